@@ -1,0 +1,42 @@
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "apps/commands.hpp"
+#include "kernels/backend.hpp"
+
+namespace corolla::app {
+
+void apply_common_options(int threads, const std::string& log_level) {
+  if (threads > 0) set_cpu_threads(threads);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+}
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"corolla: train, fine-tune and serve LLMs across heterogeneous clusters and swarms"};
+  app.set_version_flag("--version", std::string("corolla ") + COROLLA_VERSION);
+  app.require_subcommand(1);
+  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  spdlog::set_level(spdlog::level::warn);
+
+  action_fn action;
+  register_info(app, action);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return action ? action() : 0;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "corolla: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace corolla::app

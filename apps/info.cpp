@@ -1,0 +1,38 @@
+// corolla info — what this binary was built with and which devices it sees.
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/commands.hpp"
+#include "kernels/backend.hpp"
+#ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/device.hpp"
+#endif
+
+namespace corolla::app {
+
+void register_info(CLI::App& app, action_fn& action) {
+  auto* cmd = app.add_subcommand("info", "List compiled backends and visible devices");
+  cmd->callback([&action] {
+    action = [] {
+      std::printf("corolla %s\n", COROLLA_VERSION);
+      std::string list;
+      for (const auto& b : compiled_backends()) list += (list.empty() ? "" : ", ") + b;
+      std::printf("backends: %s\n", list.c_str());
+      std::printf("cpu: %d threads\n", cpu_threads());
+      int n = cuda_device_count();
+#ifdef COROLLA_HAVE_CUDA
+      if (n == 0) std::printf("cuda: no device (%s)\n", cuda::device_count_error().c_str());
+      for (int i = 0; i < n; ++i)
+        std::printf("cuda:%d: %s\n", i, cuda::device_description(i).c_str());
+#else
+      (void)n;
+      std::printf("cuda: not compiled in\n");
+#endif
+      return 0;
+    };
+  });
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,10 @@
+// apps/main.cpp — the corolla command line.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/commands.hpp"
+
+int main(int argc, char** argv) {
+  return corolla::app::run_cli(argc, argv);
+}

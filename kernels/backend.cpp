@@ -1,0 +1,62 @@
+#include "kernels/backend.hpp"
+
+#include <stdexcept>
+
+#ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/device.hpp"
+#endif
+
+namespace corolla {
+
+std::vector<std::string> compiled_backends() {
+#ifdef COROLLA_HAVE_CUDA
+  return {"cpu", "cuda"};
+#else
+  return {"cpu"};
+#endif
+}
+
+int cuda_device_count() {
+#ifdef COROLLA_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+device parse_device(const std::string& text) {
+  if (text == "cpu") return {device_kind::cpu, 0};
+  if (text == "cuda") return {device_kind::cuda, 0};
+  if (text.rfind("cuda:", 0) == 0) {
+    std::size_t used = 0;
+    int index = -1;
+    try {
+      index = std::stoi(text.substr(5), &used);
+    } catch (const std::exception&) {
+    }
+    if (index >= 0 && used == text.size() - 5) return {device_kind::cuda, index};
+  }
+  throw std::invalid_argument("unknown device '" + text + "' (expected cpu, cuda or cuda:N)");
+}
+
+Backend& backend_for(device dev) {
+  if (dev.kind == device_kind::cpu) return cpu_backend();
+#ifdef COROLLA_HAVE_CUDA
+  int n = cuda::device_count();
+  if (n == 0)
+    throw std::runtime_error("device " + dev.str() +
+                             " requested but no CUDA device is visible (" +
+                             cuda::device_count_error() + ")");
+  if (dev.index >= n)
+    throw std::runtime_error("device " + dev.str() + " requested but only " + std::to_string(n) +
+                             " CUDA device(s) are visible");
+  throw std::runtime_error("device " + dev.str() +
+                           ": the CUDA compute backend is not implemented in this build yet");
+#else
+  throw std::runtime_error("device " + dev.str() +
+                           " requested but this binary was built without CUDA "
+                           "(configure with -DCOROLLA_CUDA=ON where nvcc is installed)");
+#endif
+}
+
+}  // namespace corolla

@@ -1,0 +1,188 @@
+// kernels/backend.hpp — the coarse compute operations every backend provides.
+//
+// Conventions shared by every op (every backend must honour them):
+//  * Activations are 2-D row-major [rows, features]; a batch of B sequences
+//    of length T is B*T rows, sequence-major (row = b*T + t).
+//  * Linear weights are stored [out, in] (HuggingFace nn.Linear layout);
+//    GPT-2's Conv1D weights are transposed once at load time.
+//  * Outputs are overwritten. Gradients of *parameters* (dw, db, dtable) are
+//    accumulated (+=) so micro-batches add up; gradients of *activations*
+//    (dx, dq, ...) are overwritten.
+//  * Outputs must be preallocated by the caller with the documented shape;
+//    ops allocate nothing (the decode hot path is allocation-free).
+//  * Shapes and dtypes are checked; a mismatch throws tensor_error.
+//  * The CPU backend computes in f32 and is the numerical reference.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kernels/tensor.hpp"
+
+namespace corolla {
+
+/// Attention geometry shared by the attention ops.
+struct attention_shape {
+  int n_heads = 0;     ///< query heads (Hq)
+  int n_kv_heads = 0;  ///< key/value heads (Hkv); Hq % Hkv == 0 (grouped-query)
+  int head_dim = 0;    ///< Dh; q rows are Hq*Dh wide, k/v rows Hkv*Dh wide
+  /// Softmax scale; 0 means 1/sqrt(head_dim).
+  float scale = 0.0f;
+};
+
+/// A read-only view of one layer's paged key/value cache for one sequence.
+/// Page p holds tokens [p*page_tokens, (p+1)*page_tokens) as rows of
+/// Hkv*Dh floats (keys in k_pages[p], values in v_pages[p]).
+struct kv_pages_view {
+  std::span<const float* const> k_pages;
+  std::span<const float* const> v_pages;
+  std::int64_t page_tokens = 0;
+  std::int64_t length = 0;  ///< tokens valid in the cache
+};
+
+/// AdamW hyper-parameters (decoupled weight decay, bias-corrected moments).
+struct adamw_params {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+/// The operation set. One instance per device; thread-compatible (callers
+/// serialise use of one instance), ops are internally parallel.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  /// "cpu" or "cuda:N".
+  virtual std::string name() const = 0;
+  virtual device dev() const = 0;
+  /// Allocates an uninitialised tensor on this backend's device.
+  virtual Tensor empty(shape_t shape, dtype t = dtype::f32) = 0;
+
+  // ---- dense algebra ---------------------------------------------------------
+  /// c = alpha * op(a) @ op(b) + beta * c, with op(x) = x or x^T. a, b, c are
+  /// viewed as 2-D (leading dims folded). a: [M,K] ([K,M] if trans_a),
+  /// b: [K,N] ([N,K] if trans_b), c: [M,N].
+  virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                    float alpha = 1.0f, float beta = 0.0f) = 0;
+  /// y[N,out] = x[N,in] @ w[out,in]^T (+ bias[out] if given).
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) = 0;
+  /// Backward of linear: dx = dy @ w (if dx given, overwritten);
+  /// dw += dy^T @ x; db += column sums of dy (if db given).
+  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+                               Tensor& dw, Tensor* db) = 0;
+
+  // ---- embeddings --------------------------------------------------------------
+  /// out[i,:] = table[ids[i],:]. ids i32 [N], table [V,D], out [N,D].
+  /// Throws tensor_error for an id outside [0,V).
+  virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
+  /// dtable[ids[i],:] += dout[i,:].
+  virtual void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) = 0;
+
+  // ---- normalisation -----------------------------------------------------------
+  /// y = x / rms(x) * w, per row. x,y [N,D], w [D], rstd [N] (saved for backward).
+  virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) = 0;
+  /// dx overwritten, dw accumulated.
+  virtual void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                const Tensor& dy, Tensor& dx, Tensor& dw) = 0;
+  /// y = (x - mean) * rstd * w + b, per row. mean, rstd [N] saved if given.
+  virtual void layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
+                         Tensor* mean, Tensor* rstd) = 0;
+  /// dx overwritten, dw and db accumulated.
+  virtual void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                  const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
+                                  Tensor& db) = 0;
+
+  // ---- rotary position embedding (HuggingFace rotate-half convention) ---------
+  /// In place on x [N, H*Dh]: for each head, element i < Dh/2 pairs with
+  /// i + Dh/2, rotated by angle positions[row] * theta^(-2i/Dh).
+  /// inverse = true rotates by the negative angle (this is the backward).
+  virtual void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
+                    bool inverse = false) = 0;
+
+  // ---- attention -----------------------------------------------------------------
+  /// Causal self-attention over B sequences of length T.
+  /// q [B*T, Hq*Dh], k,v [B*T, Hkv*Dh], out [B*T, Hq*Dh], lse [B*Hq*T]
+  /// (log-sum-exp of each softmax row, saved for backward; may be null).
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq,
+                         const attention_shape& s, Tensor& out, Tensor* lse) = 0;
+  /// Backward of attention; dq, dk, dv overwritten.
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                  int batch, int seq, const attention_shape& s, Tensor& dq,
+                                  Tensor& dk, Tensor& dv) = 0;
+  /// Attention of Tq new query rows (positions start_pos .. start_pos+Tq-1)
+  /// against one sequence's paged cache, which must already hold keys and
+  /// values up to start_pos+Tq. Causal within the new rows. Covers decode
+  /// (Tq = 1) and chunked prefill. q,out [Tq, Hq*Dh].
+  virtual void attention_cached(const Tensor& q, const kv_pages_view& cache,
+                                std::int64_t start_pos, const attention_shape& s,
+                                Tensor& out) = 0;
+
+  // ---- activations and elementwise ---------------------------------------------
+  /// out = silu(gate) * up. All [N,F].
+  virtual void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  virtual void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
+                               Tensor& dgate, Tensor& dup) = 0;
+  /// GELU, tanh approximation (GPT-2's "gelu_new").
+  virtual void gelu(const Tensor& x, Tensor& y) = 0;
+  virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  /// out = a + b (out may alias a or b).
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  /// y *= alpha.
+  virtual void scale(Tensor& y, float alpha) = 0;
+  /// Sum of squares of all elements (for gradient norms), accumulated in f64.
+  virtual double sum_squares(const Tensor& x) = 0;
+
+  // ---- loss ----------------------------------------------------------------------
+  /// Softmax cross-entropy per row. logits [N,V], targets i32 [N] (-1 =
+  /// ignored row: loss 0, zero gradient), losses [N]. If dlogits is given it
+  /// receives (softmax - onehot(target)) * grad_scale (may alias logits).
+  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
+                             Tensor* dlogits, float grad_scale) = 0;
+
+  // ---- optimiser -----------------------------------------------------------------
+  /// One AdamW step on flat f32 buffers of equal size (a shard or a whole
+  /// model): m, v updated in place; step counts from 1 (bias correction).
+  virtual void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                     const adamw_params& p, std::int64_t step) = 0;
+
+  // ---- wire compression ------------------------------------------------------------
+  /// Blockwise absmax 8-bit: for each block of `block` values,
+  /// scale = max|x| / 127, q = round(x / scale). x f32 [n], q i8 [n],
+  /// scales f32 [ceil(n/block)].
+  virtual void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) = 0;
+  virtual void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) = 0;
+
+  // ---- transfers -----------------------------------------------------------------
+  /// Copies (and converts dtype) src into dst; either may be on the host.
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  /// Waits until all queued work on this backend has finished.
+  virtual void synchronize() {}
+};
+
+/// The process-wide CPU backend (OpenBLAS GEMM, OpenMP loops).
+Backend& cpu_backend();
+
+/// Backends compiled into this binary ("cpu", "cuda").
+std::vector<std::string> compiled_backends();
+
+/// Number of CUDA devices visible (0 without the CUDA backend or a GPU).
+int cuda_device_count();
+
+/// The backend for `dev`; throws std::runtime_error with a clear message
+/// when that backend is not compiled in or the device does not exist.
+Backend& backend_for(device dev);
+
+/// Parses "cpu", "cuda", "cuda:N"; throws std::invalid_argument otherwise.
+device parse_device(const std::string& text);
+
+/// Threads the CPU backend uses (OpenMP), default = hardware concurrency.
+int cpu_threads();
+void set_cpu_threads(int n);
+
+}  // namespace corolla

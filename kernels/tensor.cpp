@@ -1,0 +1,236 @@
+#include "kernels/tensor.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "kernels/half.hpp"
+
+namespace corolla {
+
+std::size_t dtype_size(dtype t) {
+  switch (t) {
+    case dtype::f32: return 4;
+    case dtype::bf16: return 2;
+    case dtype::f16: return 2;
+    case dtype::i32: return 4;
+    case dtype::i8: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(dtype t) {
+  switch (t) {
+    case dtype::f32: return "f32";
+    case dtype::bf16: return "bf16";
+    case dtype::f16: return "f16";
+    case dtype::i32: return "i32";
+    case dtype::i8: return "i8";
+  }
+  return "?";
+}
+
+std::string device::str() const {
+  return kind == device_kind::cpu ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+std::shared_ptr<storage> storage::allocate(std::size_t bytes, device dev) {
+  if (dev.kind != device_kind::cpu)
+    throw tensor_error("storage::allocate: " + dev.str() + " memory comes from its backend");
+  auto s = std::shared_ptr<storage>(new storage());
+  std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
+  s->data_ = std::aligned_alloc(64, rounded);
+  if (!s->data_) throw std::bad_alloc();
+  s->bytes_ = bytes;
+  s->dev_ = dev;
+  s->owned_ = true;
+  return s;
+}
+
+std::shared_ptr<storage> storage::borrow(void* data, std::size_t bytes,
+                                         std::shared_ptr<const void> owner, device dev) {
+  auto s = std::shared_ptr<storage>(new storage());
+  s->data_ = data;
+  s->bytes_ = bytes;
+  s->dev_ = dev;
+  s->owner_ = std::move(owner);
+  return s;
+}
+
+storage::~storage() {
+  if (owned_) std::free(data_);
+}
+
+std::string shape_str(const shape_t& s) {
+  std::ostringstream o;
+  o << '[';
+  for (std::size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << ']';
+  return o.str();
+}
+
+std::int64_t shape_numel(const shape_t& s) {
+  std::int64_t n = 1;
+  for (auto d : s) {
+    if (d < 0) throw tensor_error("negative dimension in shape " + shape_str(s));
+    n *= d;
+  }
+  return n;
+}
+
+Tensor Tensor::wrap(std::shared_ptr<storage> s, std::size_t offset, shape_t shape, dtype t) {
+  Tensor r;
+  r.numel_ = shape_numel(shape);
+  if (offset + static_cast<std::size_t>(r.numel_) * dtype_size(t) > s->bytes())
+    throw tensor_error("tensor of shape " + shape_str(shape) + " does not fit its storage");
+  r.storage_ = std::move(s);
+  r.offset_ = offset;
+  r.shape_ = std::move(shape);
+  r.type_ = t;
+  return r;
+}
+
+Tensor Tensor::empty(shape_t shape, dtype t, device dev) {
+  std::int64_t n = shape_numel(shape);
+  return wrap(storage::allocate(static_cast<std::size_t>(n) * dtype_size(t), dev), 0,
+              std::move(shape), t);
+}
+
+Tensor Tensor::zeros(shape_t shape, dtype t) {
+  Tensor r = empty(std::move(shape), t);
+  r.zero();
+  return r;
+}
+
+Tensor Tensor::from_f32(std::span<const float> values, shape_t shape) {
+  Tensor r = empty(std::move(shape), dtype::f32);
+  if (static_cast<std::size_t>(r.numel()) != values.size())
+    throw tensor_error("from_f32: " + std::to_string(values.size()) + " values for shape " +
+                       shape_str(r.shape()));
+  std::memcpy(r.raw(), values.data(), r.nbytes());
+  return r;
+}
+
+Tensor Tensor::from_i32(std::span<const std::int32_t> values, shape_t shape) {
+  Tensor r = empty(std::move(shape), dtype::i32);
+  if (static_cast<std::size_t>(r.numel()) != values.size())
+    throw tensor_error("from_i32: " + std::to_string(values.size()) + " values for shape " +
+                       shape_str(r.shape()));
+  std::memcpy(r.raw(), values.data(), r.nbytes());
+  return r;
+}
+
+std::int64_t Tensor::dim(int i) const {
+  int r = rank();
+  if (i < 0) i += r;
+  if (i < 0 || i >= r)
+    throw tensor_error("dimension " + std::to_string(i) + " of a tensor of shape " +
+                       shape_str(shape_));
+  return shape_[static_cast<std::size_t>(i)];
+}
+
+Tensor Tensor::view(shape_t shape) const {
+  int infer = -1;
+  std::int64_t known = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (infer >= 0) throw tensor_error("view: more than one -1 in " + shape_str(shape));
+      infer = static_cast<int>(i);
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel_ % known != 0)
+      throw tensor_error("view: cannot infer " + shape_str(shape) + " from " + shape_str(shape_));
+    shape[static_cast<std::size_t>(infer)] = numel_ / known;
+  }
+  if (shape_numel(shape) != numel_)
+    throw tensor_error("view: " + shape_str(shape_) + " cannot be viewed as " + shape_str(shape));
+  Tensor r = *this;
+  r.shape_ = std::move(shape);
+  return r;
+}
+
+Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
+  if (rank() == 0) throw tensor_error("slice of a scalar");
+  if (begin < 0 || end < begin || end > shape_[0])
+    throw tensor_error("slice [" + std::to_string(begin) + ", " + std::to_string(end) +
+                       ") of shape " + shape_str(shape_));
+  std::int64_t row = shape_[0] ? numel_ / shape_[0] : 0;
+  Tensor r = *this;
+  r.shape_[0] = end - begin;
+  r.numel_ = row * (end - begin);
+  r.offset_ = offset_ + static_cast<std::size_t>(begin * row) * dtype_size(type_);
+  return r;
+}
+
+Tensor Tensor::clone() const {
+  if (dev().kind != device_kind::cpu) throw tensor_error("clone: host tensors only");
+  Tensor r = empty(shape_, type_);
+  std::memcpy(r.raw(), raw(), nbytes());
+  return r;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.numel() != numel_ || src.type() != type_)
+    throw tensor_error("copy_from: " + shape_str(src.shape()) + " " + dtype_name(src.type()) +
+                       " into " + shape_str(shape_) + " " + dtype_name(type_));
+  if (dev().kind != device_kind::cpu || src.dev().kind != device_kind::cpu)
+    throw tensor_error("copy_from: host tensors only; use Backend::copy");
+  std::memmove(raw(), src.raw(), nbytes());
+}
+
+void Tensor::zero() {
+  if (dev().kind != device_kind::cpu) throw tensor_error("zero: host tensors only");
+  std::memset(raw(), 0, nbytes());
+}
+
+Tensor Tensor::to(dtype t) const {
+  if (dev().kind != device_kind::cpu) throw tensor_error("to: host tensors only");
+  if (t == type_) return clone();
+  Tensor r = empty(shape_, t);
+  auto n = static_cast<std::size_t>(numel_);
+  const auto* u16 = static_cast<const std::uint16_t*>(raw());
+  if (t == dtype::f32 && type_ == dtype::bf16) {
+    bf16_to_f32(u16, r.data<float>(), n);
+  } else if (t == dtype::f32 && type_ == dtype::f16) {
+    f16_to_f32(u16, r.data<float>(), n);
+  } else if (t == dtype::bf16 && type_ == dtype::f32) {
+    f32_to_bf16(data<float>(), r.data<std::uint16_t>(), n);
+  } else if (t == dtype::f16 && type_ == dtype::f32) {
+    f32_to_f16(data<float>(), r.data<std::uint16_t>(), n);
+  } else if (t == dtype::f32 && type_ == dtype::i32) {
+    const auto* s = data<std::int32_t>();
+    auto* d = r.data<float>();
+    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
+  } else {
+    return to(dtype::f32).to(t);
+  }
+  return r;
+}
+
+std::vector<float> Tensor::to_vector() const {
+  if (type_ == dtype::f32) {
+    const float* p = data<float>();
+    return {p, p + numel_};
+  }
+  Tensor f = to(dtype::f32);
+  const float* p = f.data<float>();
+  return {p, p + numel_};
+}
+
+void expect_shape(const Tensor& t, const shape_t& shape, const char* what) {
+  if (t.shape() != shape)
+    throw tensor_error(std::string(what) + ": expected shape " + shape_str(shape) + ", got " +
+                       shape_str(t.shape()));
+}
+
+void expect_dtype(const Tensor& t, dtype type, const char* what) {
+  if (t.type() != type)
+    throw tensor_error(std::string(what) + ": expected " + dtype_name(type) + ", got " +
+                       dtype_name(t.type()));
+}
+
+}  // namespace corolla

@@ -1,0 +1,49 @@
+// model/config.hpp — model hyper-parameters read from HuggingFace config.json.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace corolla {
+
+/// The model families corolla runs.
+enum class architecture {
+  llama,  ///< LlamaForCausalLM / MistralForCausalLM: RMSNorm, RoPE, SwiGLU, GQA, no biases
+  gpt2,   ///< GPT2LMHeadModel: LayerNorm, learned positions, GELU(tanh), biases, tied head
+};
+
+/// Everything the kernels need to know about a model's shape.
+struct model_config {
+  architecture arch = architecture::llama;
+  std::string hf_architecture;  ///< as written in config.json ("LlamaForCausalLM")
+  int vocab_size = 0;
+  int hidden_size = 0;          ///< D
+  int n_layers = 0;
+  int n_heads = 0;              ///< Hq
+  int n_kv_heads = 0;           ///< Hkv (== Hq without GQA)
+  int head_dim = 0;             ///< D / Hq unless config.json says otherwise
+  int intermediate_size = 0;    ///< F (MLP width)
+  int max_positions = 0;        ///< context length (max_position_embeddings / n_positions)
+  float norm_eps = 1e-5f;       ///< rms_norm_eps / layer_norm_epsilon
+  float rope_theta = 10000.0f;  ///< llama only
+  bool tie_embeddings = false;  ///< LM head shares the token embedding table
+  int bos_token_id = -1;        ///< -1 when unknown
+  int eos_token_id = -1;        ///< -1 when unknown
+
+  /// Throws model_error if the numbers are inconsistent (e.g. Hq % Hkv != 0).
+  void validate() const;
+  /// Parameters in the whole model (including embeddings).
+  long long parameter_count() const;
+};
+
+/// Parses config.json text. Throws model_error (naming `origin`) for an
+/// unknown architecture or a missing/invalid field.
+model_config parse_config(const nlohmann::json& j, const std::string& origin = "config.json");
+/// Reads `dir/config.json` (or the file itself if `path` is a file).
+model_config load_config(const std::filesystem::path& path);
+/// The config.json a HuggingFace loader would accept for this model.
+nlohmann::json to_hf_json(const model_config& c);
+
+}  // namespace corolla

@@ -1,0 +1,34 @@
+#include "model/params.hpp"
+
+namespace corolla {
+
+param_set::param_set(const std::vector<std::pair<std::string, shape_t>>& layout) {
+  std::int64_t offset = 0;
+  for (const auto& [name, shape] : layout) {
+    param_entry e{name, shape, offset, shape_numel(shape)};
+    offset += (e.numel + 15) / 16 * 16;
+    entries_.push_back(std::move(e));
+  }
+  flat_ = Tensor::zeros({offset});
+}
+
+param_set param_set::like() const {
+  param_set r;
+  r.entries_ = entries_;
+  r.flat_ = Tensor::zeros({size()});
+  return r;
+}
+
+bool param_set::has(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return true;
+  return false;
+}
+
+Tensor param_set::get(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return flat_.slice(e.offset, e.offset + e.numel).view(e.shape);
+  throw tensor_error("no parameter named '" + name + "'");
+}
+
+}  // namespace corolla

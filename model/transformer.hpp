@@ -1,0 +1,88 @@
+// model/transformer.hpp — a whole decoder-only model in one process:
+// head (embeddings, final norm, LM head) + every block. Used by local
+// generation and single-process training, and as the reference that
+// distributed runs must equal.
+//
+// Canonical parameter names (independent of the checkpoint's naming; the
+// loader maps HF names onto these, the saver maps back):
+//   block i  (param_set blocks()[i]):
+//     attn_norm.weight [D]            attn_norm.bias [D]        (bias: gpt2)
+//     q.weight [Hq*Dh, D]  k.weight [Hkv*Dh, D]  v.weight [Hkv*Dh, D]
+//     q.bias, k.bias, v.bias                                     (gpt2)
+//     o.weight [D, Hq*Dh]             o.bias [D]                 (gpt2)
+//     mlp_norm.weight [D]             mlp_norm.bias [D]          (gpt2)
+//     gate.weight [F, D]                                         (llama)
+//     up.weight [F, D]   down.weight [D, F]
+//     up.bias [F]        down.bias [D]                           (gpt2)
+//   head (param_set head()):
+//     embed.weight [V, D]
+//     pos_embed.weight [P, D]                                    (gpt2)
+//     final_norm.weight [D]           final_norm.bias [D]        (gpt2)
+//     lm_head.weight [V, D]                                      (untied only)
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/params.hpp"
+
+namespace corolla {
+
+/// A parameter set together with its gradient buffer (same layout).
+struct param_group {
+  param_set* params = nullptr;
+  param_set* grads = nullptr;
+};
+
+class transformer {
+ public:
+  /// Loads config.json and the weights of `dir` (converted to f32).
+  /// Throws model_error for missing files, tensors or wrong shapes.
+  static transformer load(const std::filesystem::path& dir, Backend& be);
+  /// A model with parameters set to the GPT-2 initialisation
+  /// (weights ~ N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
+  /// norms 1, biases 0), deterministic for `seed`.
+  static transformer init(const model_config& cfg, std::uint64_t seed, Backend& be);
+
+  transformer(transformer&&) noexcept;
+  transformer& operator=(transformer&&) noexcept;
+  ~transformer();
+
+  const model_config& config() const;
+  Backend& backend() const;
+  param_set& head();
+  std::vector<param_set>& blocks();
+  /// Every parameter set with its gradient buffer (allocated on first call).
+  std::vector<param_group> groups();
+  /// Zeroes every gradient buffer.
+  void zero_grads();
+
+  /// Forward and backward over a batch: ids and targets are B*T tokens
+  /// (row = b*T + t). Returns the mean cross-entropy over the B*T positions;
+  /// gradients of that mean times `grad_scale` are *added* to the gradient
+  /// buffers (so micro-batches accumulate).
+  float forward_backward(std::span<const std::int32_t> ids,
+                         std::span<const std::int32_t> targets, int batch, int seq,
+                         float grad_scale = 1.0f);
+  /// Mean loss only (no gradients).
+  float forward_loss(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets,
+                     int batch, int seq);
+  /// Logits [T, V] of one sequence (full forward, no cache).
+  Tensor forward_logits(std::span<const std::int32_t> ids);
+
+  /// Writes a HuggingFace directory (config.json + model.safetensors, in the
+  /// architecture's own tensor names and layouts) that load() reads back.
+  void save(const std::filesystem::path& dir) const;
+
+ private:
+  struct impl;
+  explicit transformer(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace corolla
