@@ -24,6 +24,10 @@ int run_cli(int argc, char** argv) {
 
   action_fn action;
   register_info(app, action);
+  register_train(app, action);
+  register_generate(app, action);
+  register_bench(app, action);
+  register_demo(app, action);
 
   try {
     app.parse(argc, argv);

@@ -20,6 +20,14 @@ using action_fn = std::function<int()>;
 int run_cli(int argc, char** argv);
 
 void register_info(CLI::App& app, action_fn& action);
+/// `corolla generate`: local generation from a model directory (apps/generate.cpp).
+void register_generate(CLI::App& app, action_fn& action);
+/// `corolla train`: single-process AdamW training (apps/train.cpp).
+void register_train(CLI::App& app, action_fn& action);
+/// `corolla bench decode|train`: speed against bounds measured in the same run (apps/bench.cpp).
+void register_bench(CLI::App& app, action_fn& action);
+/// `corolla demo`: the main job on the embedded corpus (apps/demo.cpp).
+void register_demo(CLI::App& app, action_fn& action);
 
 /// Applies --threads (0 = all cores) and --log-level to the process.
 void apply_common_options(int threads, const std::string& log_level);

@@ -167,6 +167,7 @@ Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
 }
 
 Tensor Tensor::clone() const {
+  if (!defined()) return {};  // raw() needs storage
   if (dev().kind != device_kind::cpu) throw tensor_error("clone: host tensors only");
   Tensor r = empty(shape_, type_);
   std::memcpy(r.raw(), raw(), nbytes());
@@ -183,6 +184,7 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 void Tensor::zero() {
+  if (!defined()) return;  // nothing to zero; raw() needs storage
   if (dev().kind != device_kind::cpu) throw tensor_error("zero: host tensors only");
   std::memset(raw(), 0, nbytes());
 }
@@ -205,8 +207,17 @@ Tensor Tensor::to(dtype t) const {
     const auto* s = data<std::int32_t>();
     auto* d = r.data<float>();
     for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
+  } else if (t == dtype::f32 && type_ == dtype::i8) {
+    const auto* s = data<std::int8_t>();
+    auto* d = r.data<float>();
+    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
+  } else if ((t == dtype::bf16 || t == dtype::f16) && type_ != dtype::f32) {
+    return to(dtype::f32).to(t);  // bf16 <-> f16, i32/i8 -> 16-bit float, through f32
   } else {
-    return to(dtype::f32).to(t);
+    // Reaching f32 -> i32/i8 would recurse forever through to(f32); integer
+    // targets are not conversions this method offers.
+    throw tensor_error(std::string("to: cannot convert ") + dtype_name(type_) + " to " +
+                       dtype_name(t));
   }
   return r;
 }

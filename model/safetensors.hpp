@@ -26,7 +26,7 @@ struct tensor_info {
 /// A memory-mapped .safetensors file. The header is fully validated on open
 /// (JSON, dtypes, offsets inside the file, sizes equal to shape x dtype);
 /// tensors are views into the mapping (no copy, nothing read until touched).
-class safetensors_file {
+class safetensors_file : public std::enable_shared_from_this<safetensors_file> {
  public:
   /// Throws model_error naming the file for a missing, truncated or
   /// malformed file.

@@ -1,0 +1,264 @@
+// corolla bench decode | train — speed of the compute core, each figure next
+// to a bound measured on this machine in the same run:
+//   decode: batch-1 tokens/s vs the memory-bandwidth bound (every weight is
+//           read once per generated token);
+//   train:  training tokens/s and achieved FLOP/s vs the GEMM FLOP/s this
+//           backend reaches on the model's own matrix shapes.
+// Each prints a human summary and one machine-readable JSON line.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.hpp"
+#include "apps/membw.hpp"
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/generator.hpp"
+#include "model/token_data.hpp"
+#include "model/trainer.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+/// The ~100M-parameter Llama-shaped model the decode target is stated for.
+model_config bench_llama_config() {
+  model_config c;
+  c.arch = architecture::llama;
+  c.hf_architecture = "LlamaForCausalLM";
+  c.vocab_size = 4096;
+  c.hidden_size = 1024;
+  c.n_layers = 8;
+  c.n_heads = 16;
+  c.n_kv_heads = 16;
+  c.head_dim = 64;
+  c.intermediate_size = 2816;
+  c.max_positions = 2048;
+  c.norm_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  c.tie_embeddings = false;
+  return c;
+}
+
+struct bench_common {
+  std::string model_dir;
+  std::string device = "cpu";
+  int threads = 0;
+  bool json = false;
+  std::uint64_t seed = 0;
+};
+
+void add_common(CLI::App* cmd, bench_common& o) {
+  cmd->add_option("--model", o.model_dir,
+                  "HuggingFace model directory (default: a random ~100M-parameter Llama-shaped "
+                  "model: dim 1024, 8 layers, vocab 4096)");
+  cmd->add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_flag("--json", o.json, "Print only the JSON result line");
+  cmd->add_option("--seed", o.seed, "Seed of the random default model")->capture_default_str();
+}
+
+transformer open_model(const bench_common& o, Backend& be) {
+  if (!o.model_dir.empty()) return transformer::load(o.model_dir, be);
+  return transformer::init(bench_llama_config(), o.seed, be);
+}
+
+/// Parameters in the linear layers of the blocks (what GEMMs touch per token).
+long long block_matrix_params(transformer& m) {
+  long long n = 0;
+  for (const auto& b : m.blocks())
+    for (const auto& e : b.entries())
+      if (e.shape.size() == 2) n += e.numel;
+  return n;
+}
+
+/// Bytes of weights one decode step reads: every block parameter, the final
+/// norm and the LM head (one embedding row is negligible).
+double decode_bytes_per_token(transformer& m) {
+  const auto& c = m.config();
+  long long n = 0;
+  for (const auto& b : m.blocks()) n += b.size();
+  n += static_cast<long long>(c.vocab_size) * c.hidden_size + 2LL * c.hidden_size;
+  return static_cast<double>(n) * 4.0;  // f32
+}
+
+int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int repeats) {
+  apply_common_options(o.threads, "warn");
+  Backend& be = backend_for(parse_device(o.device));
+  transformer model = open_model(o, be);
+  const auto& c = model.config();
+  if (prompt_tokens < 1 || new_tokens < 2 || prompt_tokens + new_tokens > c.max_positions)
+    throw std::invalid_argument("bench decode: need --prompt-tokens >= 1, --new-tokens >= 2 and "
+                                "their sum within the context of " +
+                                std::to_string(c.max_positions));
+  if (!o.json)
+    std::fprintf(stderr, "bench decode: %s, %.1fM parameters, %d threads; measuring...\n",
+                 c.hf_architecture.c_str(), static_cast<double>(c.parameter_count()) / 1e6,
+                 cpu_threads());
+
+  bandwidth_result bw = measure_read_bandwidth();
+
+  std::mt19937_64 rng(o.seed + 1);
+  std::uniform_int_distribution<int> pick(0, c.vocab_size - 1);
+  std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_tokens));
+  for (auto& t : prompt) t = pick(rng);
+
+  generator gen(model);
+  generation_params p;
+  p.max_new_tokens = new_tokens;
+  p.ignore_eos = true;
+  gen.generate(std::span(prompt).first(std::min<std::size_t>(prompt.size(), 8)), p);  // warm-up
+
+  double best_decode = 0, best_prefill = 0;
+  for (int r = 0; r < repeats; ++r) {
+    generation_result res = gen.generate(prompt, p);
+    if (res.decode_seconds > 0)
+      best_decode = std::max(best_decode, res.decode_steps / res.decode_seconds);
+    if (res.prefill_seconds > 0)
+      best_prefill = std::max(best_prefill, res.prompt_tokens / res.prefill_seconds);
+  }
+
+  double bytes = decode_bytes_per_token(model);
+  double bound = bw.read_gbps * 1e9 / bytes;
+  double ratio = best_decode / bound;
+  nlohmann::json j = {{"bench", "decode"},
+                      {"device", be.name()},
+                      {"threads", cpu_threads()},
+                      {"params", c.parameter_count()},
+                      {"weight_bytes_per_token", bytes},
+                      {"prompt_tokens", prompt_tokens},
+                      {"new_tokens", new_tokens},
+                      {"decode_tokens_per_s", best_decode},
+                      {"prefill_tokens_per_s", best_prefill},
+                      {"read_bandwidth_gbps", bw.read_gbps},
+                      {"bandwidth_bound_tokens_per_s", bound},
+                      {"decode_vs_bound", ratio}};
+  if (!o.json) {
+    std::printf("memory read bandwidth   %8.2f GB/s (%d threads, %.0f MiB swept)\n", bw.read_gbps,
+                bw.threads, static_cast<double>(bw.bytes) / (1 << 20));
+    std::printf("weights per token       %8.1f MB (fp32)\n", bytes / 1e6);
+    std::printf("bandwidth bound         %8.2f tokens/s\n", bound);
+    std::printf("decode (batch 1)        %8.2f tokens/s  = %.1f%% of the bound\n", best_decode,
+                100.0 * ratio);
+    std::printf("prefill (%d tokens)    %8.1f tokens/s\n", prompt_tokens, best_prefill);
+  }
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+/// Best GEMM FLOP/s of the backend on [rows x k] @ [k x n]^T, the shape of
+/// the model's largest training matmul.
+double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n) {
+  Tensor a = be.empty({rows, k}), w = be.empty({n, k}), y = be.empty({rows, n});
+  std::vector<float> fill(static_cast<std::size_t>(std::max(rows * k, n * k)), 0.01f);
+  std::copy_n(fill.data(), rows * k, a.data<float>());
+  std::copy_n(fill.data(), n * k, w.data<float>());
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    be.gemm(a, false, w, true, y);
+    be.synchronize();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * static_cast<double>(rows * k * n) / s);
+  }
+  return best;
+}
+
+int run_train(const bench_common& o, int batch, int seq, int steps) {
+  apply_common_options(o.threads, "warn");
+  Backend& be = backend_for(parse_device(o.device));
+  transformer model = open_model(o, be);
+  const auto& c = model.config();
+  if (batch < 1 || seq < 2 || steps < 1 || seq > c.max_positions)
+    throw std::invalid_argument("bench train: need --batch >= 1, --steps >= 1 and 2 <= --seq <= " +
+                                std::to_string(c.max_positions));
+  if (!o.json)
+    std::fprintf(stderr, "bench train: %s, %.1fM parameters, B=%d T=%d, %d threads; measuring...\n",
+                 c.hf_architecture.c_str(), static_cast<double>(c.parameter_count()) / 1e6, batch,
+                 seq, cpu_threads());
+
+  std::mt19937_64 rng(o.seed + 2);
+  std::uniform_int_distribution<int> pick(0, c.vocab_size - 1);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch) * seq * (steps + 1) + 1);
+  for (auto& t : tokens) t = pick(rng);
+  token_dataset data = token_dataset::from_tokens(std::move(tokens), c.vocab_size, "bench tokens");
+
+  train_options opts;
+  opts.batch = batch;
+  opts.seq = seq;
+  opts.steps = steps + 1;
+  opts.optimizer.adamw.lr = 1e-4f;
+  trainer t(model, data, opts);
+  t.step();  // warm-up: first-touch of gradients and optimiser moments
+  double seconds = 0;
+  for (int s = 0; s < steps; ++s) seconds += t.step().seconds;
+
+  double tokens_per_s = static_cast<double>(batch) * seq * steps / seconds;
+  long long matrix_params = block_matrix_params(model) +
+                            static_cast<long long>(c.vocab_size) * c.hidden_size;
+  double flops_per_token = 6.0 * static_cast<double>(matrix_params) +
+                           6.0 * c.n_layers * static_cast<double>(seq) * c.n_heads * c.head_dim;
+  double achieved = tokens_per_s * flops_per_token;
+  double gemm_peak = measure_gemm_flops(be, static_cast<std::int64_t>(batch) * seq,
+                                        c.hidden_size, c.intermediate_size);
+  double ratio = achieved / gemm_peak;
+  nlohmann::json j = {{"bench", "train"},
+                      {"device", be.name()},
+                      {"threads", cpu_threads()},
+                      {"params", c.parameter_count()},
+                      {"batch", batch},
+                      {"seq", seq},
+                      {"steps", steps},
+                      {"tokens_per_s", tokens_per_s},
+                      {"step_seconds", seconds / steps},
+                      {"achieved_gflops", achieved / 1e9},
+                      {"gemm_gflops", gemm_peak / 1e9},
+                      {"achieved_vs_gemm", ratio}};
+  if (!o.json) {
+    std::printf("training                %8.1f tokens/s (%.2f s per step of %d tokens)\n",
+                tokens_per_s, seconds / steps, batch * seq);
+    std::printf("achieved                %8.2f GFLOP/s (6N + attention per token)\n",
+                achieved / 1e9);
+    std::printf("GEMM on model shapes    %8.2f GFLOP/s ([%d x %d] @ [%d x %d]^T)\n",
+                gemm_peak / 1e9, batch * seq, c.hidden_size, c.intermediate_size, c.hidden_size);
+    std::printf("achieved / GEMM         %8.1f%%\n", 100.0 * ratio);
+  }
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app, action_fn& action) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks, each against a bound measured in the same run");
+  bench->require_subcommand(1);
+
+  static bench_common decode_opts;
+  static int prompt_tokens = 128, new_tokens = 64, repeats = 3;
+  auto* decode = bench->add_subcommand("decode", "Batch-1 decode and prefill tokens/s vs memory bandwidth");
+  add_common(decode, decode_opts);
+  decode->add_option("--prompt-tokens", prompt_tokens, "Prompt length (prefill)")->capture_default_str();
+  decode->add_option("--new-tokens", new_tokens, "Tokens generated per run")->capture_default_str();
+  decode->add_option("--repeats", repeats, "Runs; the best is reported")->capture_default_str();
+  decode->callback([&action] {
+    action = [] { return run_decode(decode_opts, prompt_tokens, new_tokens, repeats); };
+  });
+
+  static bench_common train_opts;
+  static int batch = 4, seq = 64, steps = 3;
+  auto* train = bench->add_subcommand("train", "Training tokens/s and FLOP/s vs GEMM FLOP/s");
+  add_common(train, train_opts);
+  train->add_option("--batch", batch, "Sequences per step")->capture_default_str();
+  train->add_option("--seq", seq, "Tokens per sequence")->capture_default_str();
+  train->add_option("--steps", steps, "Timed steps (after one warm-up step)")->capture_default_str();
+  train->callback([&action] { action = [] { return run_train(train_opts, batch, seq, steps); }; });
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,177 @@
+// corolla generate — local text generation from a HuggingFace model directory.
+//
+// stdout carries the generated text, streamed piece by piece as tokens are
+// sampled (when the model has a tokenizer), and with --print-ids a last line
+// holding the generated ids alone, space-separated, for scripts. Notes
+// (stopping at the context limit, --stats) go to stderr.
+#include <charconv>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/commands.hpp"
+#include "kernels/backend.hpp"
+#include "model/error.hpp"
+#include "model/generator.hpp"
+#include "model/tokenizer.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::app {
+namespace {
+
+struct generate_options {
+  std::string model;
+  std::string prompt;
+  std::string prompt_ids;
+  bool has_prompt = false;      ///< --prompt given (possibly empty)
+  bool has_prompt_ids = false;  ///< --prompt-ids given
+  int max_new_tokens = 32;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  std::uint64_t seed = 0;
+  bool ignore_eos = false;
+  bool print_ids = false;
+  bool stats = false;
+  std::string device = "cpu";
+  int threads = 0;
+  std::string log_level = "warn";
+};
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+/// "1,2,3" -> {1, 2, 3}; anything else is a clear error.
+std::vector<std::int32_t> parse_ids(const std::string& text) {
+  std::vector<std::int32_t> ids;
+  std::string_view rest = text;
+  for (;;) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    std::int32_t id = 0;
+    const auto r = std::from_chars(item.data(), item.data() + item.size(), id);
+    if (item.empty() || r.ec != std::errc() || r.ptr != item.data() + item.size())
+      throw std::invalid_argument("invalid --prompt-ids '" + text + "': '" + std::string(item) +
+                                  "' is not a token id (expected comma-separated integers, "
+                                  "e.g. 1,2,3)");
+    ids.push_back(id);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return ids;
+}
+
+void write_out(const std::string& text) {
+  if (text.empty()) return;
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+int run_generate(const generate_options& o) {
+  apply_common_options(o.threads, o.log_level);
+  if (o.has_prompt == o.has_prompt_ids)
+    throw std::invalid_argument("give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
+  std::vector<std::int32_t> prompt;
+  if (o.has_prompt_ids) prompt = parse_ids(o.prompt_ids);
+
+  Backend& be = backend_for(parse_device(o.device));
+  transformer model = transformer::load(o.model, be);
+
+  // Text needs the tokenizer; ids alone do not (text is then shown only
+  // when the directory has one).
+  std::unique_ptr<tokenizer> tok;
+  if (o.has_prompt) {
+    try {
+      tok = load_tokenizer(o.model);
+    } catch (const model_error& e) {
+      throw model_error(std::string("--prompt needs a tokenizer: ") + e.what() +
+                        " (or give --prompt-ids)");
+    }
+    // Llama-family models are trained with BOS in front; GPT-2 is not.
+    prompt = tok->encode(o.prompt, model.config().arch == architecture::llama);
+  } else {
+    try {
+      tok = load_tokenizer(o.model);
+    } catch (const model_error&) {
+      tok.reset();
+    }
+  }
+
+  generation_params p;
+  p.max_new_tokens = o.max_new_tokens;
+  p.sampling = sampling_params{o.temperature, o.top_k, o.top_p, o.seed};
+  p.ignore_eos = o.ignore_eos;
+  if (tok && model.config().eos_token_id < 0) p.eos_id = tok->eos_id();
+
+  generator gen(model);
+  std::optional<stream_decoder> text;
+  if (tok) text.emplace(*tok);
+  generation_result r = gen.generate(prompt, p, [&](std::int32_t id) {
+    if (text) write_out(text->push(id));
+  });
+  if (text) write_out(text->flush() + "\n");
+
+  if (o.print_ids || !text) {
+    std::string line;
+    for (std::int32_t id : r.tokens) line += std::to_string(id) + " ";
+    if (!line.empty()) line.pop_back();
+    write_out(line + "\n");
+  }
+  if (r.reason == stop_reason::context)
+    std::fprintf(stderr,
+                 "corolla: note: stopped after %zu new tokens at the model context of %d tokens\n",
+                 r.tokens.size(), model.config().max_positions);
+  if (o.stats) {
+    const double prefill_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0;
+    const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;
+    std::fprintf(stderr,
+                 "prefill: %d tokens in %.4f s (%.1f tokens/s); decode: %d tokens in %.4f s "
+                 "(%.1f tokens/s)\n",
+                 r.prompt_tokens, r.prefill_seconds, prefill_tps, r.decode_steps,
+                 r.decode_seconds, decode_tps);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app, action_fn& action) {
+  auto o = std::make_shared<generate_options>();
+  auto* cmd = app.add_subcommand("generate", "Generate text with a local model");
+  cmd->add_option("--model", o->model, "HuggingFace model directory")->required();
+  auto* prompt = cmd->add_option("--prompt", o->prompt, "Prompt text (needs a tokenizer)");
+  auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, e.g. 1,2,3");
+  prompt->excludes(ids);
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate at most")
+      ->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "Sampling temperature (0 = greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = all)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
+  cmd->add_flag("--print-ids", o->print_ids,
+                "End stdout with a line of the generated ids (space-separated)");
+  cmd->add_flag("--stats", o->stats, "Print prefill and decode speed on stderr");
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")
+      ->capture_default_str();
+  cmd->callback([o, prompt, ids, &action] {
+    o->has_prompt = prompt->count() > 0;
+    o->has_prompt_ids = ids->count() > 0;
+    action = [o] { return run_generate(*o); };
+  });
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,176 @@
+// corolla train — single-process training of a HuggingFace-layout model on a
+// token file, printing `step <i> loss <value>` per logged step.
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.hpp"
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/error.hpp"
+#include "model/token_data.hpp"
+#include "model/tokenizer.hpp"
+#include "model/trainer.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct train_args {
+  std::string model;
+  std::string data;
+  int batch = 0;
+  int seq = 0;
+  int steps = 0;
+  float lr = 0.0f;
+  float weight_decay = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float grad_clip = 0.0f;
+  int log_every = 1;
+  std::string save;
+  std::uint64_t seed = 0;
+  int threads = 0;
+  std::string device = "cpu";
+  bool json = false;
+};
+
+// A directory with weights is loaded; one with only config.json starts from
+// the GPT-2 initialisation for --seed.
+transformer open_model(const fs::path& dir, std::uint64_t seed, Backend& be, bool& fresh) {
+  if (!fs::is_directory(dir))
+    throw model_error("model directory " + dir.string() + " does not exist");
+  fresh = !fs::exists(dir / "model.safetensors") &&
+          !fs::exists(dir / "model.safetensors.index.json");
+  if (fresh) return transformer::init(load_config(dir), seed, be);
+  return transformer::load(dir, be);
+}
+
+// Token files (llm.c shards, raw uint16 `.bin`) need no tokenizer; anything
+// else is text and is tokenised with the model directory's tokenizer (the
+// format rule of token_dataset::open). Loading a tokenizer only for text
+// keeps config-only directories without one usable on token files.
+bool is_text_data(const fs::path& file) {
+  if (file.extension() == ".bin") return false;
+  std::ifstream in(file, std::ios::binary);
+  std::int32_t magic = 0;
+  in.read(reinterpret_cast<char*>(&magic), sizeof magic);
+  return !(in && magic == llmc_shard_magic);
+}
+
+token_dataset open_data(const fs::path& file, const fs::path& model_dir, int vocab) {
+  if (!fs::exists(file)) throw model_error("data file " + file.string() + " does not exist");
+  std::unique_ptr<tokenizer> tok;
+  if (is_text_data(file)) tok = load_tokenizer(model_dir);
+  return token_dataset::open(file, tok.get(), vocab);
+}
+
+int run_train(const train_args& a) {
+  apply_common_options(a.threads, "warn");
+  Backend& be = backend_for(parse_device(a.device));
+  bool fresh = false;
+  transformer model = open_model(a.model, a.seed, be, fresh);
+  token_dataset data = open_data(a.data, a.model, model.config().vocab_size);
+
+  train_options o;
+  o.batch = a.batch;
+  o.seq = a.seq;
+  o.steps = a.steps;
+  o.optimizer.adamw = {.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps,
+                       .weight_decay = a.weight_decay};
+  o.optimizer.max_grad_norm = a.grad_clip;
+  o.log_every = a.log_every;
+  o.progress = !a.json;
+  o.save_dir = a.save;
+  trainer train(model, data, o);
+
+  const train_summary s = train.run([&](const step_report& r) {
+    if (a.json) {
+      nlohmann::json line = {{"step", r.step}, {"loss", r.loss},
+                             {"tokens_per_s", r.tokens_per_second}};
+      if (r.grad_norm >= 0.0) line["grad_norm"] = r.grad_norm;
+      std::printf("%s\n", line.dump().c_str());
+    } else {
+      std::printf("step %d loss %.6f\n", r.step, static_cast<double>(r.loss));
+    }
+    std::fflush(stdout);
+  });
+
+  if (a.json) {
+    nlohmann::json summary = {{"steps", a.steps},
+                              {"tokens", s.tokens},
+                              {"seconds", s.seconds},
+                              {"tokens_per_s", s.tokens_per_second},
+                              {"parameters", model.config().parameter_count()},
+                              {"fresh_init", fresh},
+                              {"device", be.name()}};
+    if (!s.losses.empty()) summary["final_loss"] = s.losses.back();
+    if (!a.save.empty()) summary["saved"] = a.save;
+    std::printf("%s\n", summary.dump().c_str());
+  } else {
+    // Only `step` lines go to stdout; the summary is for people.
+    std::fprintf(stderr, "trained %d steps (%lld tokens) in %.2f s: %.0f tokens/s on %s\n",
+                 a.steps, static_cast<long long>(s.tokens), s.seconds, s.tokens_per_second,
+                 be.name().c_str());
+    if (!a.save.empty()) std::fprintf(stderr, "saved to %s\n", a.save.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_train(CLI::App& app, action_fn& action) {
+  auto args = std::make_shared<train_args>();
+  auto* cmd = app.add_subcommand(
+      "train",
+      "Train a model on a token file with AdamW. Prints `step <i> loss <value>` for each "
+      "logged step, steps numbered 1..N (step 1 = loss of the initial weights on the first "
+      "batch). Batches are read sequentially, wrapping at the end of the data.");
+  cmd->add_option("--model", args->model,
+                  "HuggingFace model directory: weights to continue from, or only a config.json "
+                  "to start from a fresh GPT-2-style initialisation (see --seed)")
+      ->required();
+  cmd->add_option("--data", args->data,
+                  "Token data: an llm.c shard, a raw uint16 .bin file, or text (tokenised with "
+                  "the model directory's tokenizer)")
+      ->required();
+  cmd->add_option("--batch", args->batch, "Sequences per step (B)")->required();
+  cmd->add_option("--seq", args->seq, "Tokens per sequence (T), at most the model's context")
+      ->required();
+  cmd->add_option("--steps", args->steps, "Optimiser steps to run (N)")->required();
+  cmd->add_option("--lr", args->lr, "AdamW learning rate")->required();
+  cmd->add_option("--weight-decay", args->weight_decay,
+                  "Decoupled weight decay, applied to every parameter")
+      ->capture_default_str();
+  cmd->add_option("--beta1", args->beta1, "AdamW beta1")->capture_default_str();
+  cmd->add_option("--beta2", args->beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--eps", args->eps, "AdamW epsilon")->capture_default_str();
+  cmd->add_option("--grad-clip", args->grad_clip,
+                  "Clip gradients to this global L2 norm (0 = no clipping)")
+      ->capture_default_str();
+  cmd->add_option("--log-every", args->log_every,
+                  "Print every K-th step (the first and last step are always printed)")
+      ->capture_default_str();
+  cmd->add_option("--save", args->save,
+                  "Write the trained model here (HuggingFace layout, loadable by generate)");
+  cmd->add_option("--seed", args->seed, "Seed of the fresh initialisation (config-only --model)")
+      ->capture_default_str();
+  cmd->add_option("--threads", args->threads, "CPU threads (0 = all cores)")
+      ->capture_default_str();
+  cmd->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_flag("--json", args->json,
+                "One JSON object per logged step, then a summary object (no progress bar)");
+  cmd->callback([&action, args] { action = [args] { return run_train(*args); }; });
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,217 @@
+// kernels/cpu/cpu_gemm.cpp — gemm and linear (forward, backward) through
+// OpenBLAS.
+//
+// Threading: OpenBLAS runs single-threaded (set when the backend is
+// created) and these wrappers split each product into one block per OpenMP
+// thread, so the whole backend uses one thread pool. With OpenBLAS's own
+// pthread pool next to OpenMP's, the two pools' idle workers spin against
+// each other on a small machine: a batch-1 decode step (matrix-vector
+// products alternating with OpenMP ops) measured 4-5x slower on 2 cores.
+//
+// A single row goes through sgemv (split over output rows): batch-1 decode
+// is a chain of matrix-vector products bound by streaming the weights from
+// memory, and sgemv avoids sgemm's packing of a 1-row panel.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/cpu_common.hpp"
+
+namespace corolla::cpu {
+namespace {
+
+blasint bi(std::int64_t v) { return static_cast<blasint>(v); }
+
+/// A tensor seen as a row-major matrix: leading dimensions folded into rows.
+struct matrix_dims {
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+};
+
+matrix_dims as_matrix(const Tensor& t, const char* what) {
+  require_host(t, dtype::f32, what);
+  require_that(t.rank() >= 1, what, "gemm operands need at least one dimension");
+  matrix_dims m;
+  m.cols = t.dim(-1);
+  m.rows = 1;
+  for (int i = 0; i + 1 < t.rank(); ++i) m.rows *= t.dim(i);
+  return m;
+}
+
+[[noreturn]] void throw_gemm_shapes(const Tensor& a, bool ta, const Tensor& b, bool tb,
+                                    const Tensor& c) {
+  throw tensor_error("gemm: incompatible shapes: a " + shape_str(a.shape()) +
+                     (ta ? "^T" : "") + ", b " + shape_str(b.shape()) + (tb ? "^T" : "") +
+                     ", c " + shape_str(c.shape()));
+}
+
+/// y = beta * y; beta = 0 writes zeros without reading y, which may be
+/// uninitialised memory holding NaN bit patterns.
+void scale_or_zero(float* y, std::int64_t n, float beta) {
+  if (beta == 0.0f) {
+    std::memset(y, 0, static_cast<std::size_t>(n) * sizeof(float));
+  } else if (beta != 1.0f) {
+#pragma omp simd
+    for (std::int64_t i = 0; i < n; ++i) y[i] *= beta;
+  }
+}
+
+/// y[rows] = alpha * W[rows, cols] @ x + beta * y (W row stride ldw), split
+/// over output rows.
+void gemv_rows(const float* w, std::int64_t rows, std::int64_t cols, std::int64_t ldw,
+               const float* x, float* y, float alpha, float beta) {
+  parallel_ranges(rows, cols, [&](std::int64_t r0, std::int64_t r1) {
+    scale_or_zero(y + r0, r1 - r0, beta);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, bi(r1 - r0), bi(cols), alpha, w + r0 * ldw, bi(ldw),
+                x, 1, 1.0f, y + r0, 1);
+  });
+}
+
+/// y[cols] = alpha * W[rows, cols]^T @ x + beta * y, split over output
+/// columns (each thread reads a column band of W).
+void gemv_cols(const float* w, std::int64_t rows, std::int64_t cols, std::int64_t ldw,
+               const float* x, float* y, float alpha, float beta) {
+  parallel_ranges(cols, rows, [&](std::int64_t c0, std::int64_t c1) {
+    scale_or_zero(y + c0, c1 - c0, beta);
+    cblas_sgemv(CblasRowMajor, CblasTrans, bi(rows), bi(c1 - c0), alpha, w + c0, bi(ldw), x, 1,
+                1.0f, y + c0, 1);
+  });
+}
+
+/// Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C, one block of rows
+/// (or of columns, whichever dimension is larger) per thread.
+void sgemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+           float* c, std::int64_t ldc) {
+  auto call = [&](std::int64_t mm, std::int64_t nn, const float* ap, const float* bp, float* cp) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                bi(mm), bi(nn), bi(k), alpha, ap, bi(lda), bp, bi(ldb), beta, cp, bi(ldc));
+  };
+  if (m >= n) {  // rows of op(A): A's rows, or A's columns when transposed
+    parallel_ranges(m, n * k, [&](std::int64_t r0, std::int64_t r1) {
+      call(r1 - r0, n, ta ? a + r0 : a + r0 * lda, b, c + r0 * ldc);
+    });
+  } else {  // columns of op(B): B's columns, or B's rows when transposed
+    parallel_ranges(n, m * k, [&](std::int64_t c0, std::int64_t c1) {
+      call(m, c1 - c0, a, tb ? b + c0 * ldb : b + c0, c + c0);
+    });
+  }
+}
+
+}  // namespace
+
+cpu_backend_impl::cpu_backend_impl() {
+  // One thread pool for the whole backend: see the file comment.
+  openblas_set_num_threads(1);
+}
+
+void cpu_backend_impl::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                            Tensor& c, float alpha, float beta) {
+  matrix_dims ad = as_matrix(a, "gemm a"), bd = as_matrix(b, "gemm b"),
+              cd = as_matrix(c, "gemm c");
+  const std::int64_t m = trans_a ? ad.cols : ad.rows, k = trans_a ? ad.rows : ad.cols;
+  const std::int64_t kb = trans_b ? bd.cols : bd.rows, n = trans_b ? bd.rows : bd.cols;
+  if (k != kb || cd.rows != m || cd.cols != n) throw_gemm_shapes(a, trans_a, b, trans_b, c);
+
+  float* cp = c.data<float>();
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // empty sum: c = beta * c
+    scale_or_zero(cp, m * n, beta);
+    return;
+  }
+  const float* ap = a.data<float>();
+  const float* bp = b.data<float>();
+  if (m == 1) {  // a is one contiguous row whether or not it is transposed
+    if (trans_b)
+      gemv_rows(bp, n, k, k, ap, cp, alpha, beta);  // b [N,K]
+    else
+      gemv_cols(bp, k, n, n, ap, cp, alpha, beta);  // b [K,N]
+    return;
+  }
+  sgemm(trans_a, trans_b, m, n, k, alpha, ap, ad.cols, bp, bd.cols, beta, cp, n);
+}
+
+void cpu_backend_impl::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  require_host(x, dtype::f32, "linear x");
+  require_that(x.rank() == 2, "linear x", "expected a 2-D [rows, in] tensor");
+  require_host(w, dtype::f32, "linear w");
+  require_that(w.rank() == 2, "linear w", "expected a 2-D [out, in] tensor");
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
+  require(w, dtype::f32, {out, in}, "linear w");
+  if (bias) require(*bias, dtype::f32, {out}, "linear bias");
+  require(y, dtype::f32, {rows, out}, "linear y");
+  if (rows == 0 || out == 0) return;
+
+  float* yp = y.data<float>();
+  float beta = 0.0f;
+  if (bias) {  // y starts as the bias broadcast over rows; BLAS adds x @ w^T
+    const float* bp = bias->data<float>();
+    parallel_for(rows, out, [&](std::int64_t r) {
+      std::memcpy(yp + r * out, bp, static_cast<std::size_t>(out) * sizeof(float));
+    });
+    beta = 1.0f;
+  }
+  if (in == 0) {
+    if (!bias) std::memset(yp, 0, y.nbytes());
+    return;
+  }
+  if (rows == 1) {
+    gemv_rows(w.data<float>(), out, in, in, x.data<float>(), yp, 1.0f, beta);
+    return;
+  }
+  sgemm(false, true, rows, out, in, 1.0f, x.data<float>(), in, w.data<float>(), in, beta, yp, out);
+}
+
+void cpu_backend_impl::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                       Tensor* dx, Tensor& dw, Tensor* db) {
+  require_host(x, dtype::f32, "linear_backward x");
+  require_that(x.rank() == 2, "linear_backward x", "expected a 2-D [rows, in] tensor");
+  require_host(w, dtype::f32, "linear_backward w");
+  require_that(w.rank() == 2, "linear_backward w", "expected a 2-D [out, in] tensor");
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
+  require(w, dtype::f32, {out, in}, "linear_backward w");
+  require(dy, dtype::f32, {rows, out}, "linear_backward dy");
+  if (dx) require(*dx, dtype::f32, {rows, in}, "linear_backward dx");
+  require(dw, dtype::f32, {out, in}, "linear_backward dw");
+  if (db) require(*db, dtype::f32, {out}, "linear_backward db");
+
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  const float* dyp = dy.data<float>();
+  if (dx && rows > 0 && in > 0) {
+    float* dxp = dx->data<float>();
+    if (out == 0)
+      std::memset(dxp, 0, dx->nbytes());
+    else if (rows == 1)  // dx = w^T dy
+      gemv_cols(wp, out, in, in, dyp, dxp, 1.0f, 0.0f);
+    else  // dx[rows,in] = dy[rows,out] @ w[out,in]
+      sgemm(false, false, rows, in, out, 1.0f, dyp, out, wp, in, 0.0f, dxp, in);
+  }
+  if (rows > 0 && out > 0 && in > 0) {
+    float* dwp = dw.data<float>();
+    if (rows == 1)  // rank-1 update dw += dy x^T, split over dw's rows
+      parallel_ranges(out, in, [&](std::int64_t r0, std::int64_t r1) {
+        cblas_sger(CblasRowMajor, bi(r1 - r0), bi(in), 1.0f, dyp + r0, 1, xp, 1, dwp + r0 * in,
+                   bi(in));
+      });
+    else  // dw[out,in] += dy^T[out,rows] @ x[rows,in]
+      sgemm(true, false, out, in, rows, 1.0f, dyp, out, xp, in, 1.0f, dwp, in);
+  }
+  if (db && rows > 0 && out > 0) {
+    float* dbp = db->data<float>();
+    // Each thread owns a range of columns and walks every row: no races, and
+    // the per-column summation order is the same for any thread count.
+    parallel_ranges(out, rows, [&](std::int64_t c0, std::int64_t c1) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* d = dyp + r * out;
+#pragma omp simd
+        for (std::int64_t c = c0; c < c1; ++c) dbp[c] += d[c];
+      }
+    });
+  }
+}
+
+}  // namespace corolla::cpu

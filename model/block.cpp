@@ -1,0 +1,264 @@
+#include "model/block.hpp"
+
+namespace corolla {
+namespace {
+
+bool is_llama(const model_config& cfg) { return cfg.arch == architecture::llama; }
+
+std::int64_t q_width(const model_config& cfg) {
+  return static_cast<std::int64_t>(cfg.n_heads) * cfg.head_dim;
+}
+std::int64_t kv_width(const model_config& cfg) {
+  return static_cast<std::int64_t>(cfg.n_kv_heads) * cfg.head_dim;
+}
+
+/// Pointer to an optional tensor: null when the family has no such tensor.
+const Tensor* opt(const Tensor& t) { return t.defined() ? &t : nullptr; }
+Tensor* opt(Tensor& t) { return t.defined() ? &t : nullptr; }
+
+/// The block's first or second norm: RMSNorm for Llama, LayerNorm for GPT-2.
+void norm_forward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
+                  const Tensor& b, Tensor& y, Tensor* mean, Tensor* rstd) {
+  if (is_llama(cfg))
+    be.rmsnorm(x, w, cfg.norm_eps, y, rstd);
+  else
+    be.layernorm(x, w, b, cfg.norm_eps, y, mean, rstd);
+}
+
+void norm_backward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
+                   const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                   Tensor& dw, Tensor& db) {
+  if (is_llama(cfg))
+    be.rmsnorm_backward(x, w, rstd, dy, dx, dw);
+  else
+    be.layernorm_backward(x, w, mean, rstd, dy, dx, dw, db);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cfg) {
+  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
+  const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
+  if (is_llama(cfg))
+    return {{"attn_norm.weight", {D}}, {"q.weight", {Q, D}},    {"k.weight", {KV, D}},
+            {"v.weight", {KV, D}},     {"o.weight", {D, Q}},    {"mlp_norm.weight", {D}},
+            {"gate.weight", {F, D}},   {"up.weight", {F, D}},   {"down.weight", {D, F}}};
+  return {{"attn_norm.weight", {D}}, {"attn_norm.bias", {D}}, {"q.weight", {Q, D}},
+          {"q.bias", {Q}},           {"k.weight", {KV, D}},   {"k.bias", {KV}},
+          {"v.weight", {KV, D}},     {"v.bias", {KV}},        {"o.weight", {D, Q}},
+          {"o.bias", {D}},           {"mlp_norm.weight", {D}}, {"mlp_norm.bias", {D}},
+          {"up.weight", {F, D}},     {"up.bias", {F}},        {"down.weight", {D, F}},
+          {"down.bias", {D}}};
+}
+
+attention_shape block_attention_shape(const model_config& cfg) {
+  return attention_shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 0.0f};
+}
+
+block_tensors block_tensors::of(const model_config& cfg, const param_set& p) {
+  block_tensors t;
+  t.attn_norm_w = p.get("attn_norm.weight");
+  t.q_w = p.get("q.weight");
+  t.k_w = p.get("k.weight");
+  t.v_w = p.get("v.weight");
+  t.o_w = p.get("o.weight");
+  t.mlp_norm_w = p.get("mlp_norm.weight");
+  t.up_w = p.get("up.weight");
+  t.down_w = p.get("down.weight");
+  if (is_llama(cfg)) {
+    t.gate_w = p.get("gate.weight");
+  } else {
+    t.attn_norm_b = p.get("attn_norm.bias");
+    t.q_b = p.get("q.bias");
+    t.k_b = p.get("k.bias");
+    t.v_b = p.get("v.bias");
+    t.o_b = p.get("o.bias");
+    t.mlp_norm_b = p.get("mlp_norm.bias");
+    t.up_b = p.get("up.bias");
+    t.down_b = p.get("down.bias");
+  }
+  return t;
+}
+
+// ---- training forward ------------------------------------------------------------
+
+void block_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
+                   const Tensor& positions, int batch, int seq, Tensor& y,
+                   block_activations& a) {
+  const std::int64_t N = static_cast<std::int64_t>(batch) * seq;
+  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
+  const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
+  expect_shape(x, {N, D}, "block_forward x");
+  expect_shape(y, {N, D}, "block_forward y");
+  const bool llama = is_llama(cfg);
+
+  a.batch = batch;
+  a.seq = seq;
+  a.x = x;
+  ensure_tensor(be, a.norm1, {N, D});
+  ensure_tensor(be, a.rstd1, {N});
+  if (!llama) ensure_tensor(be, a.mean1, {N});
+  ensure_tensor(be, a.q, {N, Q});
+  ensure_tensor(be, a.k, {N, KV});
+  ensure_tensor(be, a.v, {N, KV});
+  ensure_tensor(be, a.attn, {N, Q});
+  ensure_tensor(be, a.lse, {N * cfg.n_heads});
+  ensure_tensor(be, a.h, {N, D});
+  ensure_tensor(be, a.norm2, {N, D});
+  ensure_tensor(be, a.rstd2, {N});
+  if (!llama) ensure_tensor(be, a.mean2, {N});
+  if (llama) ensure_tensor(be, a.gate, {N, F});
+  ensure_tensor(be, a.up, {N, F});
+  ensure_tensor(be, a.act, {N, F});
+
+  // Attention half. y doubles as the scratch for the projection outputs.
+  norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, a.norm1, opt(a.mean1), &a.rstd1);
+  be.linear(a.norm1, w.q_w, opt(w.q_b), a.q);
+  be.linear(a.norm1, w.k_w, opt(w.k_b), a.k);
+  be.linear(a.norm1, w.v_w, opt(w.v_b), a.v);
+  if (llama) {
+    be.rope(a.q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
+    be.rope(a.k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
+  }
+  be.attention(a.q, a.k, a.v, batch, seq, block_attention_shape(cfg), a.attn, &a.lse);
+  be.linear(a.attn, w.o_w, opt(w.o_b), y);
+  be.add(x, y, a.h);
+
+  // MLP half.
+  norm_forward(be, cfg, a.h, w.mlp_norm_w, w.mlp_norm_b, a.norm2, opt(a.mean2), &a.rstd2);
+  if (llama) {
+    be.linear(a.norm2, w.gate_w, nullptr, a.gate);
+    be.linear(a.norm2, w.up_w, nullptr, a.up);
+    be.swiglu(a.gate, a.up, a.act);
+  } else {
+    be.linear(a.norm2, w.up_w, opt(w.up_b), a.up);
+    be.gelu(a.up, a.act);
+  }
+  be.linear(a.act, w.down_w, opt(w.down_b), y);
+  be.add(a.h, y, y);
+}
+
+// ---- backward ------------------------------------------------------------------------
+
+void block_backward(Backend& be, const model_config& cfg, const block_tensors& w,
+                    const block_activations& a, const Tensor& positions, const Tensor& dy,
+                    Tensor& dx, block_tensors& g, block_grad_scratch& s) {
+  const std::int64_t N = static_cast<std::int64_t>(a.batch) * a.seq;
+  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
+  const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
+  expect_shape(dy, {N, D}, "block_backward dy");
+  expect_shape(dx, {N, D}, "block_backward dx");
+  const bool llama = is_llama(cfg);
+
+  ensure_tensor(be, s.dnorm, {N, D});
+  ensure_tensor(be, s.dtmp, {N, D});
+  ensure_tensor(be, s.dh, {N, D});
+  ensure_tensor(be, s.dattn, {N, Q});
+  ensure_tensor(be, s.dq, {N, Q});
+  ensure_tensor(be, s.dk, {N, KV});
+  ensure_tensor(be, s.dv, {N, KV});
+  ensure_tensor(be, s.dact, {N, F});
+  ensure_tensor(be, s.dup, {N, F});
+  if (llama) ensure_tensor(be, s.dgate, {N, F});
+
+  // MLP half: y = h + down(act(n2)).
+  be.linear_backward(a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
+  if (llama) {
+    be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
+    be.linear_backward(a.norm2, w.gate_w, s.dgate, &s.dnorm, g.gate_w, nullptr);
+    be.linear_backward(a.norm2, w.up_w, s.dup, nullptr, g.up_w, nullptr);
+    be.gemm(s.dup, false, w.up_w, false, s.dnorm, 1.0f, 1.0f);  // dnorm += dup @ W_up
+  } else {
+    be.gelu_backward(a.up, s.dact, s.dup);
+    be.linear_backward(a.norm2, w.up_w, s.dup, &s.dnorm, g.up_w, opt(g.up_b));
+  }
+  norm_backward(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, s.dtmp, g.mlp_norm_w,
+                g.mlp_norm_b);
+  be.add(dy, s.dtmp, s.dh);  // the residual carries dy straight through
+
+  // Attention half: h = x + o(attn(q, k, v)).
+  be.linear_backward(a.attn, w.o_w, s.dh, &s.dattn, g.o_w, opt(g.o_b));
+  be.attention_backward(a.q, a.k, a.v, a.attn, a.lse, s.dattn, a.batch, a.seq,
+                        block_attention_shape(cfg), s.dq, s.dk, s.dv);
+  if (llama) {
+    // RoPE is a rotation: its backward rotates the gradient back.
+    be.rope(s.dq, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta, true);
+    be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta, true);
+  }
+  be.linear_backward(a.norm1, w.q_w, s.dq, &s.dnorm, g.q_w, opt(g.q_b));
+  be.linear_backward(a.norm1, w.k_w, s.dk, nullptr, g.k_w, opt(g.k_b));
+  be.gemm(s.dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
+  be.linear_backward(a.norm1, w.v_w, s.dv, nullptr, g.v_w, opt(g.v_b));
+  be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);
+  norm_backward(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dtmp, g.attn_norm_w,
+                g.attn_norm_b);
+  be.add(s.dh, s.dtmp, dx);
+}
+
+// ---- cached inference forward --------------------------------------------------------
+
+block_decode_workspace::block_decode_workspace(const model_config& cfg)
+    : norm_(cfg.hidden_size),
+      mean_(0),
+      rstd_(0),
+      q_(q_width(cfg)),
+      k_(kv_width(cfg)),
+      v_(kv_width(cfg)),
+      attn_(q_width(cfg)),
+      tmp_(cfg.hidden_size),
+      h_(cfg.hidden_size),
+      gate_(cfg.arch == architecture::llama ? cfg.intermediate_size : 1),
+      up_(cfg.intermediate_size),
+      act_(cfg.intermediate_size) {}
+
+void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
+  for (row_buffer* b : {&norm_, &mean_, &rstd_, &q_, &k_, &v_, &attn_, &tmp_, &h_, &gate_, &up_, &act_})
+    b->reserve(be, rows);
+}
+
+void block_forward_cached(Backend& be, const model_config& cfg, const block_tensors& w,
+                          const Tensor& x, const Tensor& positions, kv_sequence& kv, int layer,
+                          std::int64_t start_pos, block_decode_workspace& ws, Tensor& y) {
+  const std::int64_t T = x.dim(0);
+  const bool llama = is_llama(cfg);
+  Tensor& norm = ws.norm_.rows(be, T);
+  Tensor& mean = ws.mean_.rows(be, T);
+  Tensor& rstd = ws.rstd_.rows(be, T);
+  Tensor& q = ws.q_.rows(be, T);
+  Tensor& k = ws.k_.rows(be, T);
+  Tensor& v = ws.v_.rows(be, T);
+  Tensor& attn = ws.attn_.rows(be, T);
+  Tensor& tmp = ws.tmp_.rows(be, T);
+  Tensor& h = ws.h_.rows(be, T);
+  Tensor& up = ws.up_.rows(be, T);
+  Tensor& act = ws.act_.rows(be, T);
+
+  // The statistics (mean, 1/std) are not needed later; they land in scratch.
+  norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
+  be.linear(norm, w.q_w, opt(w.q_b), q);
+  be.linear(norm, w.k_w, opt(w.k_b), k);
+  be.linear(norm, w.v_w, opt(w.v_b), v);
+  if (llama) {
+    be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
+    be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
+  }
+  kv.append(layer, start_pos, k, v);
+  be.attention_cached(q, kv.view(layer), start_pos, block_attention_shape(cfg), attn);
+  be.linear(attn, w.o_w, opt(w.o_b), tmp);
+  be.add(x, tmp, h);
+
+  norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
+  if (llama) {
+    Tensor& gate = ws.gate_.rows(be, T);
+    be.linear(norm, w.gate_w, nullptr, gate);
+    be.linear(norm, w.up_w, nullptr, up);
+    be.swiglu(gate, up, act);
+  } else {
+    be.linear(norm, w.up_w, opt(w.up_b), up);
+    be.gelu(up, act);
+  }
+  be.linear(act, w.down_w, opt(w.down_b), tmp);
+  be.add(h, tmp, y);
+}
+
+}  // namespace corolla

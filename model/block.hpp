@@ -1,0 +1,118 @@
+// model/block.hpp — one transformer block, forward and backward written out.
+//
+//   Llama:  h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))),  n1 = rmsnorm(x)
+//           y = h + down(silu(gate(n2)) * up(n2)),             n2 = rmsnorm(h)
+//   GPT-2:  the same with layernorm, biases on every linear, no RoPE (learned
+//           positions live in the head) and y = h + down(gelu_tanh(up(n2))).
+//
+// Three entry points:
+//  * block_forward: B sequences of T tokens at positions 0..T-1, keeping the
+//    activations the backward needs (training, fine-tuning);
+//  * block_backward: dx from dy, parameter gradients accumulated (+=);
+//  * block_forward_cached: Tq new rows of one sequence at positions
+//    start_pos.., their keys and values appended to a kv_sequence (prefill
+//    with Tq = prompt length, decode with Tq = 1). It runs in a preallocated
+//    workspace and allocates nothing once the workspace has seen Tq rows.
+//
+// Parameters are a param_set in the canonical layout (block_layout), resolved
+// once into block_tensors so no hot path looks a name up.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/kv_cache.hpp"
+#include "model/params.hpp"
+#include "model/workspace.hpp"
+
+namespace corolla {
+
+/// Canonical names and shapes of one block's parameters for `cfg`, in
+/// param_set order (see model/transformer.hpp for the list).
+std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cfg);
+
+/// The attention geometry of `cfg` (default 1/sqrt(Dh) scale).
+attention_shape block_attention_shape(const model_config& cfg);
+
+/// Views of one block's tensors by role, taken from a param_set of
+/// parameters or of their gradients (same layout). Roles a family lacks stay
+/// undefined (biases for Llama, gate for GPT-2). The views share the
+/// param_set's storage: writes through them land in the set.
+struct block_tensors {
+  Tensor attn_norm_w, attn_norm_b;
+  Tensor q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b;
+  Tensor mlp_norm_w, mlp_norm_b;
+  Tensor gate_w, up_w, up_b, down_w, down_b;
+
+  /// Resolves every role of `p` (laid out by block_layout(cfg)); throws
+  /// tensor_error if `p` lacks one.
+  static block_tensors of(const model_config& cfg, const param_set& p);
+};
+
+/// What block_forward keeps for block_backward. Buffers are reused when the
+/// same struct sees the same shapes again.
+struct block_activations {
+  int batch = 0;
+  int seq = 0;
+  Tensor x;                   ///< the block input [N,D], shared with the caller (kept unchanged)
+  Tensor norm1, mean1, rstd1; ///< first norm output [N,D], its mean (GPT-2) and 1/std [N]
+  Tensor q, k, v;             ///< projections, after RoPE for Llama [N,Hq*Dh], [N,Hkv*Dh]
+  Tensor attn, lse;           ///< attention output [N,Hq*Dh] and its log-sum-exp [B*Hq*T]
+  Tensor h;                   ///< x + attention projection [N,D]
+  Tensor norm2, mean2, rstd2; ///< second norm
+  Tensor gate;                ///< Llama gate projection [N,F]
+  Tensor up;                  ///< Llama up projection / GPT-2 c_fc output before GELU [N,F]
+  Tensor act;                 ///< swiglu(gate, up) or gelu(up) [N,F]
+};
+
+/// Scratch of block_backward, grown on demand and reused across blocks.
+struct block_grad_scratch {
+  Tensor dnorm, dtmp, dh, dattn, dq, dk, dv, dact, dgate, dup;
+};
+
+/// Preallocated buffers of block_forward_cached for up to capacity() rows.
+/// One workspace serves every block of a stage (they run one after another).
+class block_decode_workspace {
+ public:
+  block_decode_workspace() = default;
+  explicit block_decode_workspace(const model_config& cfg);
+  /// Grows every buffer to `rows` rows (the only allocation the cached path
+  /// makes; do it once with the longest prefill chunk to stay allocation-free).
+  void reserve(Backend& be, std::int64_t rows);
+  std::int64_t capacity() const { return norm_.capacity(); }
+
+ private:
+  friend void block_forward_cached(Backend&, const model_config&, const block_tensors&,
+                                   const Tensor&, const Tensor&, kv_sequence&, int,
+                                   std::int64_t, block_decode_workspace&, Tensor&);
+  row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
+};
+
+/// Training forward over `batch` sequences of `seq` tokens (x, y [B*T, D],
+/// row = b*T + t). `positions` (i32 [B*T], t for row b*T+t) drives RoPE.
+/// Fills `saved` for block_backward; y must not alias x.
+void block_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
+                   const Tensor& positions, int batch, int seq, Tensor& y,
+                   block_activations& saved);
+
+/// Backward of block_forward: dx [N,D] overwritten from dy [N,D]; parameter
+/// gradients added into `grads` (block_tensors of the gradient param_set).
+/// dx must not alias dy.
+void block_backward(Backend& be, const model_config& cfg, const block_tensors& w,
+                    const block_activations& saved, const Tensor& positions, const Tensor& dy,
+                    Tensor& dx, block_tensors& grads, block_grad_scratch& scratch);
+
+/// Inference forward of x [Tq, D] at positions start_pos .. start_pos+Tq-1
+/// (`positions`, i32 [Tq], holds them): appends this block's keys and values
+/// to layer `layer` of `kv` (which must have capacity, see
+/// kv_sequence::reserve) and attends over everything cached. y [Tq, D] may
+/// alias x.
+void block_forward_cached(Backend& be, const model_config& cfg, const block_tensors& w,
+                          const Tensor& x, const Tensor& positions, kv_sequence& kv, int layer,
+                          std::int64_t start_pos, block_decode_workspace& ws, Tensor& y);
+
+}  // namespace corolla

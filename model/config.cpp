@@ -1,0 +1,346 @@
+// model/config.cpp — HuggingFace config.json <-> model_config.
+//
+// We accept only what the kernels implement exactly: a config that asks for
+// something else (rope scaling, attention biases on Llama, another GELU)
+// is rejected with a message naming the field, rather than run subtly wrong.
+#include "model/config.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/error.hpp"
+
+namespace corolla {
+namespace {
+
+using json = nlohmann::json;
+
+const char* kSupported = "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel";
+
+/// Reads config fields and names the field and file in every error.
+class field_reader {
+ public:
+  field_reader(const json& j, const std::string& origin) : j_(j), origin_(origin) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+  [[noreturn]] void fail(const char* key, const std::string& what) const {
+    throw model_error("field '" + std::string(key) + "' in " + origin_ + " " + what);
+  }
+
+  const json& required(const char* key) const {
+    if (!j_.contains(key)) throw model_error("missing field '" + std::string(key) + "' in " + origin_);
+    if (j_.at(key).is_null()) fail(key, "is null");
+    return j_.at(key);
+  }
+
+  /// A positive integer that fits an int.
+  int positive_int(const char* key) const { return check_positive(key, required(key)); }
+  int positive_int_or(const char* key, int fallback) const {
+    return has(key) ? check_positive(key, j_.at(key)) : fallback;
+  }
+
+  float positive_float(const char* key) const { return check_positive_float(key, required(key)); }
+  float positive_float_or(const char* key, float fallback) const {
+    return has(key) ? check_positive_float(key, j_.at(key)) : fallback;
+  }
+
+  bool boolean_or(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    if (!v.is_boolean()) fail(key, "must be true or false, got " + v.dump());
+    return v.get<bool>();
+  }
+
+  std::string string_or(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    if (!v.is_string()) fail(key, "must be a string, got " + v.dump());
+    return v.get<std::string>();
+  }
+
+  /// bos/eos ids: an int, a list of ints (the first is used) or null (-1).
+  int token_id(const char* key) const {
+    if (!has(key)) return -1;
+    const json* v = &j_.at(key);
+    if (v->is_array()) {
+      if (v->empty()) return -1;
+      v = &v->at(0);
+    }
+    if (!v->is_number_integer() || v->get<long long>() < 0 || v->get<long long>() > 0x7fffffff)
+      fail(key, "must be a non-negative token id (or a list of them), got " + j_.at(key).dump());
+    return v->get<int>();
+  }
+
+ private:
+  int check_positive(const char* key, const json& v) const {
+    if (!v.is_number_integer() || v.get<long long>() <= 0 || v.get<long long>() > 0x7fffffff)
+      fail(key, "must be a positive integer, got " + v.dump());
+    return v.get<int>();
+  }
+  float check_positive_float(const char* key, const json& v) const {
+    if (!v.is_number() || !(v.get<double>() > 0.0) || !std::isfinite(v.get<double>()))
+      fail(key, "must be a positive number, got " + v.dump());
+    return static_cast<float>(v.get<double>());
+  }
+
+  const json& j_;
+  const std::string& origin_;
+};
+
+model_config parse_llama(const field_reader& f, const std::string& hf_arch) {
+  model_config c;
+  c.arch = architecture::llama;
+  c.hf_architecture = hf_arch;
+  c.vocab_size = f.positive_int("vocab_size");
+  c.hidden_size = f.positive_int("hidden_size");
+  c.n_layers = f.positive_int("num_hidden_layers");
+  c.n_heads = f.positive_int("num_attention_heads");
+  c.n_kv_heads = f.positive_int_or("num_key_value_heads", c.n_heads);
+  if (f.has("head_dim")) {
+    c.head_dim = f.positive_int("head_dim");
+  } else {
+    if (c.hidden_size % c.n_heads != 0)
+      f.fail("hidden_size", "(" + std::to_string(c.hidden_size) +
+                                ") is not divisible by num_attention_heads (" +
+                                std::to_string(c.n_heads) + ") and no head_dim is given");
+    c.head_dim = c.hidden_size / c.n_heads;
+  }
+  c.intermediate_size = f.positive_int("intermediate_size");
+  c.max_positions = f.positive_int("max_position_embeddings");
+  c.norm_eps = f.positive_float("rms_norm_eps");
+  c.rope_theta = f.positive_float_or("rope_theta", 10000.0f);
+  c.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
+
+  std::string act = f.string_or("hidden_act", "silu");
+  if (act != "silu") f.fail("hidden_act", "is '" + act + "'; only 'silu' is supported");
+  if (f.has("rope_scaling"))
+    f.fail("rope_scaling", "is set; RoPE scaling is not supported (only plain RoPE)");
+  if (f.boolean_or("attention_bias", false))
+    f.fail("attention_bias", "is true; attention biases are not supported for Llama models");
+  if (f.boolean_or("mlp_bias", false))
+    f.fail("mlp_bias", "is true; MLP biases are not supported for Llama models");
+  // Mistral's sliding window only changes attention for sequences longer than
+  // the window; capping the context at the window keeps full attention exact.
+  if (f.has("sliding_window")) {
+    int window = f.positive_int("sliding_window");
+    if (window < c.max_positions) c.max_positions = window;
+  }
+
+  c.bos_token_id = f.token_id("bos_token_id");
+  c.eos_token_id = f.token_id("eos_token_id");
+  return c;
+}
+
+model_config parse_gpt2(const field_reader& f, const std::string& hf_arch) {
+  model_config c;
+  c.arch = architecture::gpt2;
+  c.hf_architecture = hf_arch;
+  c.vocab_size = f.positive_int("vocab_size");
+  c.hidden_size = f.positive_int("n_embd");
+  c.n_layers = f.positive_int("n_layer");
+  c.n_heads = f.positive_int("n_head");
+  c.n_kv_heads = c.n_heads;
+  if (c.hidden_size % c.n_heads != 0)
+    f.fail("n_embd", "(" + std::to_string(c.hidden_size) + ") is not divisible by n_head (" +
+                         std::to_string(c.n_heads) + ")");
+  c.head_dim = c.hidden_size / c.n_heads;
+  c.intermediate_size = f.positive_int_or("n_inner", 4 * c.hidden_size);
+  c.max_positions = f.has("n_positions") ? f.positive_int("n_positions") : f.positive_int("n_ctx");
+  c.norm_eps = f.positive_float_or("layer_norm_epsilon", 1e-5f);
+  c.tie_embeddings = true;
+
+  std::string act = f.string_or("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast")
+    f.fail("activation_function",
+           "is '" + act +
+               "'; only the tanh-approximated GELU is supported (gelu_new, gelu_pytorch_tanh, "
+               "gelu_fast)");
+  if (!f.boolean_or("scale_attn_weights", true))
+    f.fail("scale_attn_weights", "is false; unscaled attention is not supported");
+  if (f.boolean_or("scale_attn_by_inverse_layer_idx", false))
+    f.fail("scale_attn_by_inverse_layer_idx", "is true; this attention scaling is not supported");
+
+  c.bos_token_id = f.token_id("bos_token_id");
+  c.eos_token_id = f.token_id("eos_token_id");
+  return c;
+}
+
+/// The shortest decimal that reads back as `v`, so that 1e-5f is written
+/// as 1e-05 and not as 9.99999974737875e-06.
+double shortest(float v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::stod(std::string(buf, r.ptr));
+}
+
+std::string describe(const model_config& c) {
+  return c.hf_architecture.empty() ? std::string("model config") : c.hf_architecture + " config";
+}
+
+}  // namespace
+
+void model_config::validate() const {
+  auto positive = [&](long long v, const char* what) {
+    if (v <= 0)
+      throw model_error(describe(*this) + ": " + what + " must be positive, got " +
+                        std::to_string(v));
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden size");
+  positive(n_layers, "number of layers");
+  positive(n_heads, "number of attention heads");
+  positive(n_kv_heads, "number of key/value heads");
+  positive(head_dim, "head_dim");
+  positive(intermediate_size, "intermediate size");
+  positive(max_positions, "max positions");
+  if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps))
+    throw model_error(describe(*this) + ": norm epsilon must be positive, got " +
+                      std::to_string(norm_eps));
+  if (n_heads % n_kv_heads != 0)
+    throw model_error(describe(*this) + ": number of attention heads (" + std::to_string(n_heads) +
+                      ") is not divisible by the number of key/value heads (" +
+                      std::to_string(n_kv_heads) + ")");
+  if (arch == architecture::gpt2) {
+    if (n_kv_heads != n_heads)
+      throw model_error(describe(*this) + ": GPT-2 has no grouped-query attention (" +
+                        std::to_string(n_kv_heads) + " key/value heads for " +
+                        std::to_string(n_heads) + " heads)");
+    if (static_cast<long long>(n_heads) * head_dim != hidden_size)
+      throw model_error(describe(*this) + ": hidden size " + std::to_string(hidden_size) +
+                        " is not heads x head_dim (" + std::to_string(n_heads) + " x " +
+                        std::to_string(head_dim) + ")");
+    if (!tie_embeddings)
+      throw model_error(describe(*this) + ": GPT-2 always ties the LM head to the embeddings");
+  } else {
+    if (head_dim % 2 != 0)
+      throw model_error(describe(*this) + ": head_dim " + std::to_string(head_dim) +
+                        " must be even for rotary embeddings");
+    if (!(rope_theta > 0.0f))
+      throw model_error(describe(*this) + ": rope_theta must be positive");
+  }
+}
+
+long long model_config::parameter_count() const {
+  const long long V = vocab_size, D = hidden_size, F = intermediate_size, P = max_positions;
+  const long long q = static_cast<long long>(n_heads) * head_dim;
+  const long long kv = static_cast<long long>(n_kv_heads) * head_dim;
+  if (arch == architecture::gpt2) {
+    // ln_1, c_attn (+bias), c_proj (+bias), ln_2, c_fc (+bias), mlp c_proj (+bias)
+    long long block = 2 * D + (D * 3 * D + 3 * D) + (D * D + D) + 2 * D + (D * F + F) + (F * D + D);
+    return V * D + P * D + n_layers * block + 2 * D;
+  }
+  // input norm, q/k/v/o, post-attention norm, gate/up/down
+  long long block = D + D * q + 2 * D * kv + q * D + D + 3 * D * F;
+  return V * D + n_layers * block + D + (tie_embeddings ? 0 : V * D);
+}
+
+model_config parse_config(const nlohmann::json& j, const std::string& origin) {
+  if (!j.is_object()) throw model_error(origin + " is not a JSON object");
+  field_reader f(j, origin);
+
+  std::string arch;
+  if (j.contains("architectures") && !j.at("architectures").is_null()) {
+    const json& a = j.at("architectures");
+    if (!a.is_array() || a.empty() || !a.at(0).is_string())
+      f.fail("architectures", "must be a non-empty list of names, got " + a.dump());
+    arch = a.at(0).get<std::string>();
+  } else {
+    std::string type = f.string_or("model_type", "");
+    if (type == "llama") arch = "LlamaForCausalLM";
+    else if (type == "mistral") arch = "MistralForCausalLM";
+    else if (type == "gpt2") arch = "GPT2LMHeadModel";
+    else arch = type.empty() ? std::string("(none: no architectures or model_type)") : type;
+  }
+
+  model_config c;
+  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM")
+    c = parse_llama(f, arch);
+  else if (arch == "GPT2LMHeadModel")
+    c = parse_gpt2(f, arch);
+  else
+    throw model_error("unsupported architecture '" + arch + "' in " + origin + " (supported: " +
+                      kSupported + ")");
+  try {
+    c.validate();
+  } catch (const model_error& e) {
+    throw model_error(std::string(e.what()) + " (in " + origin + ")");
+  }
+  return c;
+}
+
+model_config load_config(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw model_error("model directory " + path.string() + " does not exist");
+  fs::path file = fs::is_directory(path, ec) ? path / "config.json" : path;
+  if (!fs::is_regular_file(file, ec))
+    throw model_error("no config.json in " + path.string());
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw model_error("cannot read " + file.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    throw model_error("invalid JSON in " + file.string() + " at byte " + std::to_string(e.byte) +
+                      ": " + e.what());
+  }
+  return parse_config(j, file.string());
+}
+
+nlohmann::json to_hf_json(const model_config& c) {
+  json j;
+  if (c.arch == architecture::gpt2) {
+    j["architectures"] = json::array({"GPT2LMHeadModel"});
+    j["model_type"] = "gpt2";
+    j["vocab_size"] = c.vocab_size;
+    j["n_embd"] = c.hidden_size;
+    j["n_layer"] = c.n_layers;
+    j["n_head"] = c.n_heads;
+    j["n_inner"] = c.intermediate_size;
+    j["n_positions"] = c.max_positions;
+    j["n_ctx"] = c.max_positions;
+    j["layer_norm_epsilon"] = shortest(c.norm_eps);
+    j["activation_function"] = "gelu_new";
+    j["tie_word_embeddings"] = true;
+    // Dropout is a training-time choice HF would otherwise default to 0.1.
+    j["resid_pdrop"] = 0.0;
+    j["embd_pdrop"] = 0.0;
+    j["attn_pdrop"] = 0.0;
+  } else {
+    std::string arch = c.hf_architecture == "MistralForCausalLM" ? "MistralForCausalLM"
+                                                                 : "LlamaForCausalLM";
+    j["architectures"] = json::array({arch});
+    j["model_type"] = arch == "MistralForCausalLM" ? "mistral" : "llama";
+    j["vocab_size"] = c.vocab_size;
+    j["hidden_size"] = c.hidden_size;
+    j["num_hidden_layers"] = c.n_layers;
+    j["num_attention_heads"] = c.n_heads;
+    j["num_key_value_heads"] = c.n_kv_heads;
+    j["head_dim"] = c.head_dim;
+    j["intermediate_size"] = c.intermediate_size;
+    j["max_position_embeddings"] = c.max_positions;
+    j["rms_norm_eps"] = shortest(c.norm_eps);
+    j["rope_theta"] = shortest(c.rope_theta);
+    j["rope_scaling"] = nullptr;
+    j["tie_word_embeddings"] = c.tie_embeddings;
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    if (arch == "MistralForCausalLM") j["sliding_window"] = nullptr;
+  }
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  j["torch_dtype"] = "float32";
+  return j;
+}
+
+}  // namespace corolla

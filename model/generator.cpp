@@ -1,0 +1,136 @@
+#include "model/generator.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "model/error.hpp"
+
+namespace corolla {
+namespace {
+
+constexpr int kPageTokens = 16;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Enough pages for one sequence of the whole context.
+std::size_t context_budget(const model_config& cfg) {
+  const std::size_t pages =
+      static_cast<std::size_t>((cfg.max_positions + kPageTokens - 1) / kPageTokens);
+  const std::size_t page_bytes = 2 * static_cast<std::size_t>(cfg.n_layers) * kPageTokens *
+                                 static_cast<std::size_t>(cfg.n_kv_heads) *
+                                 static_cast<std::size_t>(cfg.head_dim) * sizeof(float);
+  return pages * page_bytes;
+}
+
+}  // namespace
+
+generator::generator(transformer& model, std::size_t kv_budget_bytes)
+    : cfg_(model.config()),
+      be_(&model.backend()),
+      head_(cfg_, model.head(), model.backend()),
+      stage_(cfg_, 0, model.blocks(), model.backend()),
+      pool_(std::make_shared<kv_pool>(kv_budget_bytes ? kv_budget_bytes : context_budget(cfg_),
+                                      cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim,
+                                      kPageTokens, &model.backend())),
+      hidden_(cfg_.hidden_size) {
+  logits_ = be_->empty({1, cfg_.vocab_size});
+  host_logits_ = be_->dev().kind == device_kind::cpu ? logits_
+                                                      : Tensor::empty({1, cfg_.vocab_size});
+}
+
+void generator::step(std::span<const std::int32_t> ids, std::int64_t start, kv_sequence& kv) {
+  const auto T = static_cast<std::int64_t>(ids.size());
+  if (kv_reservation r = kv.reserve(start + T); !r) throw model_error(r.error);
+  Tensor& id_rows = ids_.rows(*be_, T);
+  upload_i32(*be_, ids, id_rows, staging_);
+  Tensor& pos = positions_.rows(*be_, T);
+  fill_positions(*be_, pos, start, staging_);
+  Tensor& x = hidden_.rows(*be_, T);
+  head_.embed(id_rows, pos, x);
+  stage_.forward_cached(x, kv, start, x);
+  // Only the last row's logits are needed; a decode step has just that row.
+  if (T == 1) {
+    head_.logits(x, logits_, nullptr);
+  } else {
+    Tensor last = x.slice(T - 1, T);
+    head_.logits(last, logits_, nullptr);
+  }
+  if (host_logits_.raw() != logits_.raw()) {  // a device backend: bring them home
+    be_->copy(logits_, host_logits_);
+    be_->synchronize();
+  }
+}
+
+generation_result generator::generate(std::span<const std::int32_t> prompt,
+                                      const generation_params& p,
+                                      const token_callback& on_token) {
+  const auto start_time = std::chrono::steady_clock::now();
+  const int V = cfg_.vocab_size, P = cfg_.max_positions;
+  if (prompt.empty()) throw model_error("the prompt is empty: give at least one token");
+  for (std::int32_t id : prompt)
+    if (id < 0 || id >= V)
+      throw model_error("prompt id " + std::to_string(id) + " is outside the vocabulary (" +
+                        std::to_string(V) + " tokens)");
+  const auto n = static_cast<std::int64_t>(prompt.size());
+  if (n > P)
+    throw model_error("prompt of " + std::to_string(n) + " tokens exceeds the model context of " +
+                      std::to_string(P));
+  if (p.max_new_tokens < 0)
+    throw model_error("max new tokens must be >= 0, got " + std::to_string(p.max_new_tokens));
+  if (p.prefill_chunk < 0)
+    throw model_error("prefill chunk must be >= 0, got " + std::to_string(p.prefill_chunk));
+  sampler pick(p.sampling, V);
+  const int eos = p.eos_id >= 0 ? p.eos_id : cfg_.eos_token_id;
+
+  generation_result result;
+  result.prompt_tokens = static_cast<int>(n);
+  if (p.max_new_tokens == 0) return result;
+  if (n == P) {
+    result.reason = stop_reason::context;
+    return result;
+  }
+  result.tokens.reserve(static_cast<std::size_t>(std::min<std::int64_t>(p.max_new_tokens, P - n)));
+
+  kv_sequence kv(pool_);
+  const std::int64_t chunk = p.prefill_chunk > 0 ? std::min<std::int64_t>(p.prefill_chunk, n) : n;
+  stage_.reserve_rows(chunk);
+  for (std::int64_t s = 0; s < n; s += chunk)
+    step(prompt.subspan(static_cast<std::size_t>(s),
+                        static_cast<std::size_t>(std::min(chunk, n - s))),
+         s, kv);
+  const float* logits = host_logits_.data<float>();
+  std::int32_t token = pick.sample({logits, static_cast<std::size_t>(V)});
+  result.tokens.push_back(token);
+  result.prefill_seconds = seconds_since(start_time);
+  if (on_token) on_token(token);
+
+  const auto decode_start = std::chrono::steady_clock::now();
+  for (;;) {
+    const auto generated = static_cast<std::int64_t>(result.tokens.size());
+    if (token == eos && !p.ignore_eos) {
+      result.reason = stop_reason::eos;
+      break;
+    }
+    if (generated >= p.max_new_tokens) {
+      result.reason = stop_reason::max_tokens;
+      break;
+    }
+    if (n + generated >= P) {
+      result.reason = stop_reason::context;
+      break;
+    }
+    // The last token sits at position n + generated - 1.
+    step({&token, 1}, n + generated - 1, kv);
+    token = pick.sample({logits, static_cast<std::size_t>(V)});
+    result.tokens.push_back(token);
+    ++result.decode_steps;
+    if (on_token) on_token(token);
+  }
+  result.decode_seconds = seconds_since(decode_start);
+  return result;
+}
+
+}  // namespace corolla

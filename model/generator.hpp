@@ -1,0 +1,102 @@
+// model/generator.hpp — local text generation: prefill, then decode.
+//
+// The prompt runs through the blocks once (prefill, optionally in chunks),
+// filling a paged KV cache; then each step embeds the last token, runs one
+// row through every block against the cache, and samples from the logits of
+// that row. After the first decode step the loop allocates nothing: the
+// head, the stage and the sampler work in preallocated buffers, and the KV
+// cache takes a page from the pool only every page_tokens tokens.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/head.hpp"
+#include "model/kv_cache.hpp"
+#include "model/sampler.hpp"
+#include "model/stage.hpp"
+#include "model/transformer.hpp"
+#include "model/workspace.hpp"
+
+namespace corolla {
+
+/// What one generate() call does.
+struct generation_params {
+  int max_new_tokens = 32;  ///< >= 0
+  sampling_params sampling; ///< greedy by default
+  bool ignore_eos = false;  ///< keep going past the end-of-sequence token
+  /// End-of-sequence id; -1 takes the model config's eos_token_id (none
+  /// when that is -1 too).
+  int eos_id = -1;
+  /// Rows per prefill step; 0 runs the whole prompt as one chunk.
+  int prefill_chunk = 0;
+};
+
+/// Why generation stopped.
+enum class stop_reason {
+  max_tokens,  ///< max_new_tokens were generated
+  eos,         ///< the end-of-sequence token was generated (and is included)
+  context,     ///< prompt + generated tokens reached the model context
+};
+
+/// The outcome of generate().
+struct generation_result {
+  std::vector<std::int32_t> tokens;  ///< generated ids only (not the prompt)
+  stop_reason reason = stop_reason::max_tokens;
+  int prompt_tokens = 0;
+  /// Seconds from the start until the first token was sampled (the prompt's
+  /// forward, the head and the sampler).
+  double prefill_seconds = 0.0;
+  /// Seconds of the decode steps (each: one row through the model, sampled).
+  double decode_seconds = 0.0;
+  /// Decode steps run: tokens.size() - 1 when any token was generated.
+  int decode_steps = 0;
+};
+
+/// Called with each generated id as soon as it is sampled (streaming).
+using token_callback = std::function<void(std::int32_t)>;
+
+/// Runs generation for one model in this process. Not thread-safe; one
+/// generate() at a time. The model is borrowed (its weights shared, not
+/// copied) and must outlive the generator.
+class generator {
+ public:
+  /// A generator whose KV cache may hold `kv_budget_bytes` (0 = enough for
+  /// one sequence of the full context; pages are taken lazily either way).
+  explicit generator(transformer& model, std::size_t kv_budget_bytes = 0);
+
+  /// Generates up to p.max_new_tokens tokens after `prompt`. Throws
+  /// model_error for an empty prompt, an id outside [0, V) ("prompt id X is
+  /// outside the vocabulary (V tokens)"), a prompt longer than the context
+  /// ("prompt of N tokens exceeds the model context of P"), invalid
+  /// sampling parameters, or a KV budget too small. When prompt +
+  /// max_new_tokens exceeds the context it stops there (reason = context).
+  generation_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                             const token_callback& on_token = {});
+
+  const model_config& config() const { return cfg_; }
+  /// The pool the generator's sequences draw from.
+  const kv_pool& pool() const { return *pool_; }
+
+ private:
+  /// Embeds `ids` at positions start.., runs the blocks, and leaves the
+  /// logits of the last row in logits_ (host). Throws on a full cache.
+  void step(std::span<const std::int32_t> ids, std::int64_t start, kv_sequence& kv);
+
+  model_config cfg_;
+  Backend* be_;
+  head head_;
+  stage stage_;
+  std::shared_ptr<kv_pool> pool_;
+  row_buffer ids_{0, dtype::i32};
+  row_buffer positions_{0, dtype::i32};
+  row_buffer hidden_;
+  Tensor logits_;       ///< [1, V] on the device
+  Tensor host_logits_;  ///< [1, V] on the host (== logits_ on the CPU backend)
+  Tensor staging_;
+};
+
+}  // namespace corolla

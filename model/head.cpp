@@ -1,0 +1,145 @@
+#include "model/head.hpp"
+
+#include "model/hf_names.hpp"
+
+namespace corolla {
+namespace {
+
+bool is_llama(const model_config& cfg) { return cfg.arch == architecture::llama; }
+
+}  // namespace
+
+std::vector<std::pair<std::string, shape_t>> head_layout(const model_config& cfg) {
+  const std::int64_t V = cfg.vocab_size, D = cfg.hidden_size;
+  std::vector<std::pair<std::string, shape_t>> layout{{"embed.weight", {V, D}}};
+  if (!is_llama(cfg)) layout.push_back({"pos_embed.weight", {cfg.max_positions, D}});
+  layout.push_back({"final_norm.weight", {D}});
+  if (!is_llama(cfg)) layout.push_back({"final_norm.bias", {D}});
+  if (!cfg.tie_embeddings) layout.push_back({"lm_head.weight", {V, D}});
+  return layout;
+}
+
+head::head(const model_config& cfg, Backend& be) : head(cfg, param_set(head_layout(cfg)), be) {}
+
+head::head(const model_config& cfg, param_set params, Backend& be)
+    : cfg_(cfg),
+      be_(&be),
+      params_(std::move(params)),
+      pos_rows_(cfg.hidden_size),
+      norm_rows_(cfg.hidden_size),
+      mean_rows_(0),
+      rstd_rows_(0) {
+  resolve_views();
+}
+
+head head::load(const checkpoint& ck, const model_config& cfg, Backend& be) {
+  head h(cfg, be);
+  load_head_params(ck, cfg, h.params_);
+  return h;
+}
+
+void head::resolve_views() {
+  embed_w_ = params_.get("embed.weight");
+  norm_w_ = params_.get("final_norm.weight");
+  lm_head_w_ = cfg_.tie_embeddings ? embed_w_ : params_.get("lm_head.weight");
+  if (!is_llama(cfg_)) {
+    pos_w_ = params_.get("pos_embed.weight");
+    norm_b_ = params_.get("final_norm.bias");
+  }
+}
+
+param_set& head::grads() {
+  if (!has_grads()) {
+    grads_ = params_.like();
+    g_embed_ = grads_.get("embed.weight");
+    g_norm_w_ = grads_.get("final_norm.weight");
+    g_lm_head_ = cfg_.tie_embeddings ? g_embed_ : grads_.get("lm_head.weight");
+    if (!is_llama(cfg_)) {
+      g_pos_ = grads_.get("pos_embed.weight");
+      g_norm_b_ = grads_.get("final_norm.bias");
+    }
+  }
+  return grads_;
+}
+
+void head::zero_grads() {
+  if (has_grads()) grads_.flat().zero();
+}
+
+void head::embed(const Tensor& ids, const Tensor& positions, Tensor& x) {
+  be_->embedding(ids, embed_w_, x);
+  if (!is_llama(cfg_)) {
+    Tensor& pos = pos_rows_.rows(*be_, x.dim(0));
+    be_->embedding(positions, pos_w_, pos);
+    be_->add(x, pos, x);
+  }
+}
+
+void head::embed_backward(const Tensor& ids, const Tensor& positions, const Tensor& dx) {
+  grads();
+  be_->embedding_backward(ids, dx, g_embed_);
+  if (!is_llama(cfg_)) be_->embedding_backward(positions, dx, g_pos_);
+}
+
+void head::logits(const Tensor& x, Tensor& logits, head_activations* saved) {
+  const std::int64_t N = x.dim(0), D = cfg_.hidden_size;
+  expect_rows(x, N, D, "head::logits x");
+  expect_rows(logits, N, cfg_.vocab_size, "head::logits logits");
+  Tensor* norm;
+  Tensor* mean = nullptr;
+  Tensor* rstd;
+  if (saved) {
+    saved->x = x;
+    norm = &ensure_tensor(*be_, saved->norm, {N, D});
+    rstd = &ensure_tensor(*be_, saved->rstd, {N});
+    if (!is_llama(cfg_)) mean = &ensure_tensor(*be_, saved->mean, {N});
+  } else {
+    norm = &norm_rows_.rows(*be_, N);
+    rstd = &rstd_rows_.rows(*be_, N);
+    mean = &mean_rows_.rows(*be_, N);
+  }
+  if (is_llama(cfg_))
+    be_->rmsnorm(x, norm_w_, cfg_.norm_eps, *norm, rstd);
+  else
+    be_->layernorm(x, norm_w_, norm_b_, cfg_.norm_eps, *norm, mean, rstd);
+  be_->linear(*norm, lm_head_w_, nullptr, logits);
+}
+
+void head::logits_backward(const head_activations& saved, const Tensor& dlogits, Tensor& dx) {
+  grads();
+  const std::int64_t N = saved.x.dim(0);
+  expect_shape(dx, {N, cfg_.hidden_size}, "head::logits_backward dx");
+  Tensor& dnorm = norm_rows_.rows(*be_, N);  // free here: only the no-save path uses it
+  be_->linear_backward(saved.norm, lm_head_w_, dlogits, &dnorm, g_lm_head_, nullptr);
+  if (is_llama(cfg_))
+    be_->rmsnorm_backward(saved.x, norm_w_, saved.rstd, dnorm, dx, g_norm_w_);
+  else
+    be_->layernorm_backward(saved.x, norm_w_, saved.mean, saved.rstd, dnorm, dx, g_norm_w_,
+                            g_norm_b_);
+}
+
+float head::loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_scale,
+                 head_activations& saved) {
+  const std::int64_t N = x.dim(0);
+  expect_shape(targets, {N}, "head::loss targets");
+  ensure_tensor(*be_, saved.logits, {N, cfg_.vocab_size});
+  ensure_tensor(*be_, saved.losses, {N});
+  logits(x, saved.logits, &saved);
+  // d(mean * grad_scale)/dlogits = (softmax - onehot) * grad_scale / N.
+  be_->cross_entropy(saved.logits, targets, saved.losses, dx ? &saved.logits : nullptr,
+                     grad_scale / static_cast<float>(N));
+  const Tensor* host = &saved.losses;
+  if (saved.losses.dev().kind != device_kind::cpu) {
+    ensure_tensor(cpu_backend(), host_losses_, {N});
+    be_->copy(saved.losses, host_losses_);
+    be_->synchronize();
+    host = &host_losses_;
+  }
+  const float* l = host->data<float>();
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < N; ++i) sum += l[i];
+  if (dx) logits_backward(saved, saved.logits, *dx);
+  return static_cast<float>(sum / static_cast<double>(N));
+}
+
+}  // namespace corolla

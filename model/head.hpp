@@ -1,0 +1,98 @@
+// model/head.hpp — the ends of the model: token (and, for GPT-2, position)
+// embeddings in front of the blocks, final norm and LM head after them.
+//
+// In serving this is the client's side (a swarm server only runs a stage);
+// in pipeline training it belongs to the first and last stage. It knows
+// nothing of blocks: the two meet only in hidden states [rows, D].
+// With tied embeddings the LM head is embed.weight itself, so its gradient
+// from both uses lands in the one buffer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/params.hpp"
+#include "model/safetensors.hpp"
+#include "model/workspace.hpp"
+
+namespace corolla {
+
+/// Canonical names and shapes of the head's parameters for `cfg`, in
+/// param_set order (see model/transformer.hpp for the list).
+std::vector<std::pair<std::string, shape_t>> head_layout(const model_config& cfg);
+
+/// What head::logits keeps for head::logits_backward.
+struct head_activations {
+  Tensor x;           ///< input hidden states [N,D], shared with the caller (kept unchanged)
+  Tensor norm;        ///< final norm output [N,D]
+  Tensor mean, rstd;  ///< norm statistics [N] (mean: GPT-2 only)
+  Tensor logits;      ///< [N,V]; head::loss turns it into dlogits in place
+  Tensor losses;      ///< per-row cross-entropy [N] (head::loss)
+};
+
+class head {
+ public:
+  /// The head of a model shaped by `cfg`, parameters zeroed.
+  head(const model_config& cfg, Backend& be);
+  /// A head over an existing parameter set (a shallow copy: it shares the
+  /// caller's storage).
+  head(const model_config& cfg, param_set params, Backend& be);
+  /// Loads embeddings, final norm and LM head from `ck` (nothing else).
+  /// Throws model_error (naming tensor and file) for a missing tensor or a
+  /// wrong shape.
+  static head load(const checkpoint& ck, const model_config& cfg, Backend& be);
+
+  head(head&&) noexcept = default;
+  head& operator=(head&&) noexcept = default;
+
+  const model_config& config() const { return cfg_; }
+  Backend& backend() const { return *be_; }
+  param_set& params() { return params_; }
+  const param_set& params() const { return params_; }
+  /// Gradient buffer (same layout), zeroed on first call.
+  param_set& grads();
+  bool has_grads() const { return grads_.size() > 0; }
+  void zero_grads();
+
+  /// x [N,D] = embed[ids] (+ pos_embed[positions] for GPT-2). ids and
+  /// positions are i32 [N]; throws tensor_error for an id outside the table.
+  void embed(const Tensor& ids, const Tensor& positions, Tensor& x);
+  /// Adds dx [N,D] into the embedding rows of `ids` (and position rows).
+  void embed_backward(const Tensor& ids, const Tensor& positions, const Tensor& dx);
+
+  /// logits [N,V] = lm_head(final_norm(x)). With `saved`, keeps what
+  /// logits_backward needs (x then stays unchanged until the backward).
+  /// Without, uses internal buffers that allocate nothing once they have
+  /// seen N rows (the decode path).
+  void logits(const Tensor& x, Tensor& logits, head_activations* saved);
+  /// Backward from dlogits [N,V] (may be saved.logits): dx [N,D]
+  /// overwritten, parameter gradients added into grads().
+  void logits_backward(const head_activations& saved, const Tensor& dlogits, Tensor& dx);
+
+  /// Mean softmax cross-entropy of x's logits against `targets` (i32 [N],
+  /// -1 = ignored row, still counted in the mean). With `dx`, also runs the
+  /// backward of (mean loss * grad_scale): dx [N,D] overwritten, parameter
+  /// gradients added. `saved` holds the buffers (reused across calls).
+  float loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_scale,
+             head_activations& saved);
+
+ private:
+  void resolve_views();
+
+  model_config cfg_;
+  Backend* be_;
+  param_set params_;
+  param_set grads_;
+  // Views by role (lm_head_w is embed.weight when tied).
+  Tensor embed_w_, pos_w_, norm_w_, norm_b_, lm_head_w_;
+  Tensor g_embed_, g_pos_, g_norm_w_, g_norm_b_, g_lm_head_;
+  // Inference and embedding scratch.
+  row_buffer pos_rows_, norm_rows_, mean_rows_, rstd_rows_;
+  Tensor host_losses_;
+};
+
+}  // namespace corolla

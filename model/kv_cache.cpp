@@ -1,0 +1,211 @@
+#include "model/kv_cache.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace corolla {
+
+// ---- kv_pool ----------------------------------------------------------------------
+
+kv_pool::kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int head_dim,
+                 int page_tokens, Backend* be)
+    : be_(be ? be : &cpu_backend()),
+      n_layers_(n_layers),
+      n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim),
+      page_tokens_(page_tokens),
+      budget_bytes_(budget_bytes) {
+  if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || page_tokens <= 0)
+    throw std::invalid_argument("kv_pool: layers, kv heads, head_dim and page_tokens must be "
+                                "positive (got " + std::to_string(n_layers) + ", " +
+                                std::to_string(n_kv_heads) + ", " + std::to_string(head_dim) +
+                                ", " + std::to_string(page_tokens) + ")");
+  row_width_ = static_cast<std::int64_t>(n_kv_heads) * head_dim;
+  page_bytes_ = static_cast<std::size_t>(2) * static_cast<std::size_t>(n_layers) *
+                static_cast<std::size_t>(page_tokens) * static_cast<std::size_t>(row_width_) *
+                sizeof(float);
+  max_pages_ = static_cast<std::int64_t>(budget_bytes_ / page_bytes_);
+}
+
+std::int64_t kv_pool::pages_in_use() const {
+  std::lock_guard lock(mutex_);
+  return in_use_;
+}
+
+std::int64_t kv_pool::pages_allocated() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<std::int64_t>(owned_.size());
+}
+
+std::size_t kv_pool::free_bytes() const {
+  std::lock_guard lock(mutex_);
+  return budget_bytes_ - static_cast<std::size_t>(in_use_) * page_bytes_;
+}
+
+bool kv_pool::acquire(std::int64_t n, std::vector<float*>& out) {
+  if (n <= 0) return true;
+  std::lock_guard lock(mutex_);
+  if (in_use_ + n > max_pages_) return false;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!free_.empty()) {
+      out.push_back(free_.back());
+      free_.pop_back();
+    } else {
+      // Lazily: memory is touched only when a sequence grows into it.
+      owned_.push_back(be_->empty({static_cast<std::int64_t>(page_bytes_ / sizeof(float))}));
+      out.push_back(owned_.back().data<float>());
+    }
+  }
+  in_use_ += n;
+  return true;
+}
+
+void kv_pool::release(const std::vector<float*>& pages, std::size_t first) {
+  if (first >= pages.size()) return;
+  std::lock_guard lock(mutex_);
+  free_.insert(free_.end(), pages.begin() + static_cast<std::ptrdiff_t>(first), pages.end());
+  in_use_ -= static_cast<std::int64_t>(pages.size() - first);
+}
+
+// ---- kv_sequence -------------------------------------------------------------------
+
+kv_sequence::kv_sequence(std::shared_ptr<kv_pool> pool) : pool_(std::move(pool)) {
+  if (!pool_) throw std::invalid_argument("kv_sequence: null pool");
+  auto layers = static_cast<std::size_t>(pool_->n_layers());
+  k_ptrs_.resize(layers);
+  v_ptrs_.resize(layers);
+  layer_length_.assign(layers, 0);
+}
+
+kv_sequence::~kv_sequence() { release(); }
+
+kv_sequence::kv_sequence(kv_sequence&& o) noexcept
+    : pool_(std::move(o.pool_)),
+      pages_(std::move(o.pages_)),
+      k_ptrs_(std::move(o.k_ptrs_)),
+      v_ptrs_(std::move(o.v_ptrs_)),
+      layer_length_(std::move(o.layer_length_)) {
+  o.pages_.clear();
+}
+
+kv_sequence& kv_sequence::operator=(kv_sequence&& o) noexcept {
+  if (this != &o) {
+    release();
+    pool_ = std::move(o.pool_);
+    pages_ = std::move(o.pages_);
+    k_ptrs_ = std::move(o.k_ptrs_);
+    v_ptrs_ = std::move(o.v_ptrs_);
+    layer_length_ = std::move(o.layer_length_);
+    o.pages_.clear();
+  }
+  return *this;
+}
+
+std::int64_t kv_sequence::capacity() const {
+  return static_cast<std::int64_t>(pages_.size()) * (pool_ ? pool_->page_tokens() : 0);
+}
+
+std::int64_t kv_sequence::length() const {
+  if (layer_length_.empty()) return 0;
+  return *std::min_element(layer_length_.begin(), layer_length_.end());
+}
+
+kv_reservation kv_sequence::reserve(std::int64_t n_tokens) {
+  if (n_tokens <= capacity()) return {};
+  const std::int64_t pt = pool_->page_tokens();
+  const std::int64_t need_pages = (n_tokens + pt - 1) / pt - static_cast<std::int64_t>(pages_.size());
+  const std::size_t first_new = pages_.size();
+  if (!pool_->acquire(need_pages, pages_)) {
+    const std::size_t need_bytes = static_cast<std::size_t>(need_pages) * pool_->page_bytes();
+    return {false, "KV cache full: need " + std::to_string(n_tokens - capacity()) +
+                       " more tokens (" + std::to_string(need_bytes) + " bytes), " +
+                       std::to_string(pool_->free_bytes()) + " bytes free of " +
+                       std::to_string(pool_->budget_bytes())};
+  }
+  const std::int64_t width = pool_->row_width();
+  const std::int64_t block = pt * width;  // floats of one layer's K (or V) in a page
+  for (std::size_t p = first_new; p < pages_.size(); ++p) {
+    for (std::size_t l = 0; l < k_ptrs_.size(); ++l) {
+      const float* base = pages_[p] + static_cast<std::int64_t>(2 * l) * block;
+      k_ptrs_[l].push_back(base);
+      v_ptrs_[l].push_back(base + block);
+    }
+  }
+  return {};
+}
+
+void kv_sequence::copy_rows(float* dst, const Tensor& src, std::int64_t src_row,
+                            std::int64_t rows) {
+  const std::int64_t width = pool_->row_width();
+  const std::size_t bytes = static_cast<std::size_t>(rows * width) * sizeof(float);
+  if (src.dev().kind == device_kind::cpu && pool_->backend().dev().kind == device_kind::cpu) {
+    std::memcpy(dst, src.data<float>() + src_row * width, bytes);
+    return;
+  }
+  // Device memory: describe both sides as tensors and let the backend copy.
+  Backend& be = pool_->backend();
+  Tensor from = src.slice(src_row, src_row + rows);
+  Tensor to = Tensor::wrap(storage::borrow(dst, bytes, nullptr, be.dev()), 0, {rows, width},
+                           dtype::f32);
+  be.copy(from, to);
+}
+
+void kv_sequence::append(int layer, std::int64_t start_pos, const Tensor& k, const Tensor& v) {
+  if (layer < 0 || layer >= n_layers())
+    throw tensor_error("kv_sequence::append: layer " + std::to_string(layer) + " of " +
+                       std::to_string(n_layers()));
+  const auto l = static_cast<std::size_t>(layer);
+  const std::int64_t width = pool_->row_width();
+  if (k.rank() != 2 || k.dim(1) != width || k.shape() != v.shape() || k.type() != dtype::f32 ||
+      v.type() != dtype::f32)
+    throw tensor_error("kv_sequence::append: k and v must be f32 [n, " + std::to_string(width) +
+                       "], got " + shape_str(k.shape()) + " and " + shape_str(v.shape()));
+  const std::int64_t n = k.dim(0);
+  if (start_pos < 0 || start_pos > layer_length_[l])
+    throw tensor_error("kv_sequence::append: layer " + std::to_string(layer) + " holds " +
+                       std::to_string(layer_length_[l]) + " tokens, cannot write at position " +
+                       std::to_string(start_pos));
+  if (start_pos + n > capacity())
+    throw tensor_error("kv_sequence::append: tokens up to " + std::to_string(start_pos + n) +
+                       " exceed the reserved capacity of " + std::to_string(capacity()));
+  const std::int64_t pt = pool_->page_tokens();
+  std::int64_t row = 0;
+  while (row < n) {
+    const std::int64_t pos = start_pos + row;
+    const auto page = static_cast<std::size_t>(pos / pt);
+    const std::int64_t in_page = pos % pt;
+    const std::int64_t rows = std::min(n - row, pt - in_page);
+    copy_rows(const_cast<float*>(k_ptrs_[l][page]) + in_page * width, k, row, rows);
+    copy_rows(const_cast<float*>(v_ptrs_[l][page]) + in_page * width, v, row, rows);
+    row += rows;
+  }
+  layer_length_[l] = start_pos + n;
+}
+
+kv_pages_view kv_sequence::view(int layer) const {
+  const auto l = static_cast<std::size_t>(layer);
+  kv_pages_view view;
+  view.k_pages = std::span<const float* const>(k_ptrs_.at(l));
+  view.v_pages = std::span<const float* const>(v_ptrs_.at(l));
+  view.page_tokens = pool_->page_tokens();
+  view.length = layer_length_[l];
+  return view;
+}
+
+void kv_sequence::truncate(std::int64_t n_tokens) {
+  if (!pool_) return;
+  if (n_tokens < 0) n_tokens = 0;
+  for (auto& len : layer_length_) len = std::min(len, n_tokens);
+  const std::int64_t pt = pool_->page_tokens();
+  const auto keep = static_cast<std::size_t>((n_tokens + pt - 1) / pt);
+  if (keep >= pages_.size()) return;
+  pool_->release(pages_, keep);
+  pages_.resize(keep);
+  for (auto& p : k_ptrs_) p.resize(keep);
+  for (auto& p : v_ptrs_) p.resize(keep);
+}
+
+void kv_sequence::release() { truncate(0); }
+
+}  // namespace corolla

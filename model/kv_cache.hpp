@@ -1,0 +1,148 @@
+// model/kv_cache.hpp — the paged attention (key/value) cache.
+//
+// A kv_pool is one memory budget shared by every sequence of a process (a
+// swarm server shares one pool across all client sessions). Memory comes in
+// pages of `page_tokens` tokens; one page holds those tokens' keys and values
+// for every layer the pool covers, laid out [layer][K|V][token][Hkv*Dh], so a
+// layer's keys for a page are one contiguous block of rows (what
+// kv_pages_view in kernels/backend.hpp describes).
+//
+// Pages are allocated lazily, when a sequence grows into them, and never as an
+// up-front reservation of the maximum length. A released page goes back to
+// the pool's free list and is reused before new memory is allocated; the
+// budget bounds the pages in use, not the pages ever touched.
+//
+// A kv_sequence is one session's cache: it reserves room for its tokens
+// (reserve() fails with a clear message, not an exception, when the budget is
+// exhausted: a server answers such a request with an error and keeps
+// serving), receives each layer's new K/V rows, hands layer views to the
+// attention kernel, can be truncated (rollback), and returns its pages on
+// destruction.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+
+namespace corolla {
+
+/// The outcome of kv_sequence::reserve: success, or a complete message
+/// saying how much was missing.
+struct kv_reservation {
+  bool ok = true;
+  std::string error;  ///< empty when ok
+  explicit operator bool() const { return ok; }
+};
+
+/// A byte budget of KV pages shared by many sequences. Thread-safe: pages
+/// may be acquired and released concurrently from any thread.
+class kv_pool {
+ public:
+  /// A pool of at most `budget_bytes` of pages for `n_layers` layers of
+  /// `n_kv_heads` x `head_dim` keys and values, `page_tokens` tokens per page,
+  /// in memory of `be` (the process CPU backend when null). Allocates
+  /// nothing yet. Throws std::invalid_argument for non-positive geometry.
+  kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int head_dim,
+          int page_tokens = 16, Backend* be = nullptr);
+  kv_pool(const kv_pool&) = delete;
+  kv_pool& operator=(const kv_pool&) = delete;
+
+  int n_layers() const { return n_layers_; }
+  int n_kv_heads() const { return n_kv_heads_; }
+  int head_dim() const { return head_dim_; }
+  int page_tokens() const { return page_tokens_; }
+  /// Floats in one K (or V) row: Hkv * Dh.
+  std::int64_t row_width() const { return row_width_; }
+  /// Bytes of one page (every layer, keys and values).
+  std::size_t page_bytes() const { return page_bytes_; }
+  /// Bytes one token occupies across every layer (keys and values).
+  std::size_t bytes_per_token() const { return page_bytes_ / static_cast<std::size_t>(page_tokens_); }
+  std::size_t budget_bytes() const { return budget_bytes_; }
+  /// Most pages the budget admits at once.
+  std::int64_t max_pages() const { return max_pages_; }
+  /// Pages held by sequences now.
+  std::int64_t pages_in_use() const;
+  /// Pages ever allocated from the device (in use + on the free list).
+  std::int64_t pages_allocated() const;
+  /// Bytes of the budget not held by any sequence.
+  std::size_t free_bytes() const;
+  Backend& backend() const { return *be_; }
+
+  /// Hands out `n` pages (all or none): appends their base pointers to `out`
+  /// and returns true, or returns false when the budget cannot cover them.
+  bool acquire(std::int64_t n, std::vector<float*>& out);
+  /// Returns pages to the free list.
+  void release(const std::vector<float*>& pages, std::size_t first = 0);
+
+ private:
+  Backend* be_;
+  int n_layers_, n_kv_heads_, head_dim_, page_tokens_;
+  std::int64_t row_width_;
+  std::size_t page_bytes_;
+  std::size_t budget_bytes_;
+  std::int64_t max_pages_;
+
+  mutable std::mutex mutex_;
+  std::vector<Tensor> owned_;   ///< every page ever allocated (keeps memory alive)
+  std::vector<float*> free_;    ///< pages not held by any sequence
+  std::int64_t in_use_ = 0;
+};
+
+/// One sequence's cache: pages from a shared pool, a length per layer.
+/// Not thread-safe (one session drives it); the pool it draws from is.
+class kv_sequence {
+ public:
+  /// An empty sequence drawing from `pool` (kept alive by the sequence).
+  explicit kv_sequence(std::shared_ptr<kv_pool> pool);
+  ~kv_sequence();
+  kv_sequence(kv_sequence&&) noexcept;
+  kv_sequence& operator=(kv_sequence&&) noexcept;
+  kv_sequence(const kv_sequence&) = delete;
+  kv_sequence& operator=(const kv_sequence&) = delete;
+
+  /// Makes room for `n_tokens` tokens in total, acquiring only the pages
+  /// not held yet. On an exhausted budget nothing is acquired and the result
+  /// says "KV cache full: need N more tokens (X bytes), Y bytes free of Z".
+  kv_reservation reserve(std::int64_t n_tokens);
+  /// Tokens the held pages can store.
+  std::int64_t capacity() const;
+  /// Tokens whose keys and values every layer holds.
+  std::int64_t length() const;
+  /// Tokens layer `layer` holds.
+  std::int64_t length(int layer) const { return layer_length_.at(static_cast<std::size_t>(layer)); }
+  int n_layers() const { return pool_->n_layers(); }
+  const kv_pool& pool() const { return *pool_; }
+
+  /// Writes the keys and values of tokens start_pos .. start_pos+n-1 of
+  /// `layer` (k and v: [n, Hkv*Dh] f32 on the pool's device); that layer's
+  /// length becomes start_pos + n (rewriting from start_pos drops what
+  /// followed). Throws tensor_error when start_pos is beyond the layer's
+  /// length (a gap) or the tokens exceed capacity() (reserve first).
+  void append(int layer, std::int64_t start_pos, const Tensor& k, const Tensor& v);
+  /// The attention kernel's view of `layer`. Valid until the next reserve,
+  /// truncate or release.
+  kv_pages_view view(int layer) const;
+  /// Keeps the first `n_tokens` tokens of every layer (rollback) and returns
+  /// the pages no longer needed to the pool.
+  void truncate(std::int64_t n_tokens);
+  /// Empties the sequence and returns every page.
+  void release();
+
+ private:
+  void copy_rows(float* dst, const Tensor& src, std::int64_t src_row, std::int64_t rows);
+
+  std::shared_ptr<kv_pool> pool_;
+  std::vector<float*> pages_;
+  /// Per layer, the base of its K (and V) block in each page: what view()
+  /// hands out without building anything.
+  std::vector<std::vector<const float*>> k_ptrs_;
+  std::vector<std::vector<const float*>> v_ptrs_;
+  std::vector<std::int64_t> layer_length_;
+};
+
+}  // namespace corolla

@@ -1,0 +1,84 @@
+#include "model/optimizer.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace corolla {
+
+namespace {
+
+// Moments live where the parameters live; param_set::like() allocates on the
+// host, so for a device-resident group the zeroed host buffer is copied over.
+param_set zeros_like(const param_set& params, Backend& be) {
+  param_set r = params.like();
+  if (params.flat().dev().kind != device_kind::cpu) {
+    Tensor dev = be.empty({r.size()}, dtype::f32);
+    be.copy(r.flat(), dev);
+    r.flat() = dev;
+  }
+  return r;
+}
+
+}  // namespace
+
+adamw_optimizer::adamw_optimizer(std::vector<param_group> groups,
+                                 const optimizer_settings& settings, Backend& be)
+    : groups_(std::move(groups)), settings_(settings), be_(&be) {
+  m_.reserve(groups_.size());
+  v_.reserve(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const param_group& grp = groups_[g];
+    if (grp.params == nullptr || grp.grads == nullptr)
+      throw std::invalid_argument("adamw_optimizer: group " + std::to_string(g) +
+                                  " has no parameters or no gradients");
+    if (grp.params->size() != grp.grads->size())
+      throw std::invalid_argument("adamw_optimizer: group " + std::to_string(g) + " has " +
+                                  std::to_string(grp.params->size()) + " parameters but " +
+                                  std::to_string(grp.grads->size()) + " gradients");
+    m_.push_back(zeros_like(*grp.params, be));
+    v_.push_back(zeros_like(*grp.params, be));
+  }
+}
+
+double adamw_optimizer::grad_norm() const {
+  double sum = 0.0;
+  for (const param_group& grp : groups_)
+    if (grp.grads->size() > 0) sum += be_->sum_squares(grp.grads->flat());
+  return std::sqrt(sum);
+}
+
+double adamw_optimizer::step() {
+  double norm = -1.0;
+  if (settings_.max_grad_norm > 0.0f) {
+    norm = grad_norm();
+    // Same coefficient as torch.nn.utils.clip_grad_norm_ (the 1e-6 keeps a
+    // zero norm finite); gradients below the limit are left untouched.
+    const double coef = static_cast<double>(settings_.max_grad_norm) / (norm + 1e-6);
+    if (coef < 1.0)
+      for (param_group& grp : groups_)
+        if (grp.grads->size() > 0) be_->scale(grp.grads->flat(), static_cast<float>(coef));
+  }
+  ++steps_;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    param_group& grp = groups_[g];
+    if (grp.params->size() == 0) continue;
+    be_->adamw(grp.params->flat(), grp.grads->flat(), m_[g].flat(), v_[g].flat(),
+               settings_.adamw, steps_);
+  }
+  return norm;
+}
+
+void adamw_optimizer::set_steps(std::int64_t steps) {
+  if (steps < 0) throw std::invalid_argument("adamw_optimizer: negative step count");
+  steps_ = steps;
+}
+
+std::int64_t adamw_optimizer::size() const {
+  std::int64_t n = 0;
+  for (const param_group& grp : groups_) n += grp.params->size();
+  return n;
+}
+
+}  // namespace corolla

@@ -1,0 +1,158 @@
+#include "model/stage.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "model/hf_names.hpp"
+
+namespace corolla {
+
+stage::stage(const model_config& cfg, int first, int last, Backend& be)
+    : cfg_(cfg), be_(&be), first_(first), decode_ws_(cfg) {
+  if (first < 0 || last < first || last > cfg.n_layers)
+    throw std::invalid_argument("stage: blocks [" + std::to_string(first) + ", " +
+                                std::to_string(last) + ") outside the model's " +
+                                std::to_string(cfg.n_layers) + " layers");
+  const auto layout = block_layout(cfg);
+  for (int i = first; i < last; ++i) params_.emplace_back(layout);
+  resolve_views();
+}
+
+stage::stage(const model_config& cfg, int first, std::vector<param_set> params, Backend& be)
+    : cfg_(cfg), be_(&be), first_(first), params_(std::move(params)), decode_ws_(cfg) {
+  if (first < 0 || first + size() > cfg.n_layers)
+    throw std::invalid_argument("stage: blocks [" + std::to_string(first) + ", " +
+                                std::to_string(first + size()) + ") outside the model's " +
+                                std::to_string(cfg.n_layers) + " layers");
+  resolve_views();
+}
+
+stage stage::load(const checkpoint& ck, const model_config& cfg, int first, int last,
+                  Backend& be) {
+  stage s(cfg, first, last, be);
+  for (int i = 0; i < s.size(); ++i) load_block_params(ck, cfg, first + i, s.params_[i]);
+  return s;
+}
+
+void stage::resolve_views() {
+  weights_.clear();
+  for (const auto& p : params_) weights_.push_back(block_tensors::of(cfg_, p));
+}
+
+std::vector<param_set>& stage::grads() {
+  if (grads_.empty()) {
+    for (const auto& p : params_) grads_.push_back(p.like());
+    grad_views_.clear();
+    for (const auto& g : grads_) grad_views_.push_back(block_tensors::of(cfg_, g));
+  }
+  return grads_;
+}
+
+void stage::zero_grads() {
+  for (auto& g : grads_) g.flat().zero();
+}
+
+const Tensor& stage::train_positions(int batch, int seq) {
+  if (!positions_.defined() || positions_batch_ != batch || positions_seq_ != seq) {
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(batch) * seq);
+    for (std::size_t i = 0; i < pos.size(); ++i)
+      pos[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(seq));
+    positions_ = be_->empty({static_cast<std::int64_t>(pos.size())}, dtype::i32);
+    Tensor staging;
+    upload_i32(*be_, pos, positions_, staging);
+    positions_batch_ = batch;
+    positions_seq_ = seq;
+  }
+  return positions_;
+}
+
+void stage::forward(const Tensor& x, int batch, int seq, Tensor& y, stage_activations* saved) {
+  const std::int64_t N = static_cast<std::int64_t>(batch) * seq;
+  const std::int64_t D = cfg_.hidden_size;
+  expect_shape(x, {N, D}, "stage::forward x");
+  expect_shape(y, {N, D}, "stage::forward y");
+  if (size() == 0) {
+    be_->copy(x, y);
+    return;
+  }
+  const Tensor& pos = train_positions(batch, seq);
+  if (saved) {
+    saved->blocks.resize(static_cast<std::size_t>(size()));
+    saved->inputs.resize(static_cast<std::size_t>(size()));
+    const Tensor* in = &x;
+    for (int i = 0; i < size(); ++i) {
+      const auto b = static_cast<std::size_t>(i);
+      Tensor* out = &y;
+      if (i + 1 < size()) out = &ensure_tensor(*be_, saved->inputs[b + 1], {N, D});
+      block_forward(*be_, cfg_, weights_[b], *in, pos, batch, seq, *out, saved->blocks[b]);
+      in = out;
+    }
+    return;
+  }
+  // No backward to come: ping-pong between two scratch buffers.
+  ensure_tensor(*be_, ping_, {N, D});
+  ensure_tensor(*be_, pong_, {N, D});
+  const Tensor* in = &x;
+  for (int i = 0; i < size(); ++i) {
+    Tensor* out = (i + 1 == size()) ? &y : (i % 2 == 0 ? &ping_ : &pong_);
+    block_forward(*be_, cfg_, weights_[static_cast<std::size_t>(i)], *in, pos, batch, seq, *out,
+                  scratch_acts_);
+    in = out;
+  }
+}
+
+void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& dx) {
+  if (static_cast<int>(saved.blocks.size()) != size())
+    throw tensor_error("stage::backward: activations of " + std::to_string(saved.blocks.size()) +
+                       " blocks for a stage of " + std::to_string(size()));
+  if (size() == 0) {
+    be_->copy(dy, dx);
+    return;
+  }
+  grads();
+  const int batch = saved.blocks[0].batch, seq = saved.blocks[0].seq;
+  const std::int64_t N = static_cast<std::int64_t>(batch) * seq;
+  const Tensor& pos = train_positions(batch, seq);
+  ensure_tensor(*be_, ping_, {N, cfg_.hidden_size});
+  ensure_tensor(*be_, pong_, {N, cfg_.hidden_size});
+  const Tensor* g_out = &dy;
+  for (int i = size() - 1; i >= 0; --i) {
+    const auto b = static_cast<std::size_t>(i);
+    Tensor* g_in = (i == 0) ? &dx : (i % 2 == 0 ? &ping_ : &pong_);
+    block_backward(*be_, cfg_, weights_[b], saved.blocks[b], pos, *g_out, *g_in, grad_views_[b],
+                   grad_scratch_);
+    g_out = g_in;
+  }
+}
+
+void stage::reserve_rows(std::int64_t rows) {
+  decode_ws_.reserve(*be_, rows);
+  decode_positions_.reserve(*be_, rows);
+}
+
+void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y) {
+  const std::int64_t T = x.dim(0);
+  expect_rows(x, T, cfg_.hidden_size, "stage::forward_cached x");
+  expect_rows(y, T, cfg_.hidden_size, "stage::forward_cached y");
+  if (kv.n_layers() != size())
+    throw tensor_error("stage::forward_cached: a KV cache of " + std::to_string(kv.n_layers()) +
+                       " layers for a stage of " + std::to_string(size()) + " blocks");
+  if (start_pos + T > kv.capacity())
+    throw tensor_error("stage::forward_cached: positions up to " + std::to_string(start_pos + T) +
+                       " exceed the KV capacity of " + std::to_string(kv.capacity()) +
+                       " (reserve first)");
+  if (size() == 0) {
+    if (&x != &y) be_->copy(x, y);
+    return;
+  }
+  Tensor& pos = decode_positions_.rows(*be_, T);
+  fill_positions(*be_, pos, start_pos, host_positions_);
+  const Tensor* in = &x;
+  for (int i = 0; i < size(); ++i) {
+    block_forward_cached(*be_, cfg_, weights_[static_cast<std::size_t>(i)], *in, pos, kv, i,
+                         start_pos, decode_ws_, y);
+    in = &y;
+  }
+}
+
+}  // namespace corolla

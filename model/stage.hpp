@@ -1,0 +1,109 @@
+// model/stage.hpp — a span [first, last) of transformer blocks.
+//
+// A stage is what a swarm server hosts and what a pipeline-parallel rank
+// runs: it owns the parameters of its blocks (and, once asked for, their
+// gradients), runs the training forward and backward through the span, and
+// the cached incremental forward through the span for one kv_sequence.
+// It knows nothing of embeddings or the LM head (model/head.hpp): the two
+// meet only in hidden states [rows, D].
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "model/block.hpp"
+#include "model/config.hpp"
+#include "model/kv_cache.hpp"
+#include "model/params.hpp"
+#include "model/safetensors.hpp"
+#include "model/workspace.hpp"
+
+namespace corolla {
+
+/// Activations a stage's training forward keeps for its backward: one set
+/// per block (block i's input is block i-1's output, held here).
+struct stage_activations {
+  std::vector<block_activations> blocks;
+  std::vector<Tensor> inputs;  ///< inputs[i] = input of block i for i >= 1
+};
+
+class stage {
+ public:
+  /// Blocks [first, last) of a model shaped by `cfg`, parameters zeroed.
+  /// Throws std::invalid_argument for a span outside [0, n_layers).
+  stage(const model_config& cfg, int first, int last, Backend& be);
+  /// Blocks [first, first + params.size()) over existing parameter sets. The
+  /// sets are shallow copies: they share storage with the caller's, so this
+  /// stage computes with (and its updates are seen by) the same weights.
+  stage(const model_config& cfg, int first, std::vector<param_set> params, Backend& be);
+  /// Loads blocks [first, last) from `ck`, reading only their tensors.
+  /// Throws model_error (naming tensor and file) for a missing tensor or a
+  /// wrong shape.
+  static stage load(const checkpoint& ck, const model_config& cfg, int first, int last,
+                    Backend& be);
+
+  stage(stage&&) noexcept = default;
+  stage& operator=(stage&&) noexcept = default;
+
+  const model_config& config() const { return cfg_; }
+  Backend& backend() const { return *be_; }
+  int first() const { return first_; }
+  int last() const { return first_ + size(); }
+  int size() const { return static_cast<int>(params_.size()); }
+
+  /// Parameters of block first()+i at index i. Update values in place;
+  /// replacing a set's storage is not seen by this stage's cached views.
+  std::vector<param_set>& params() { return params_; }
+  const std::vector<param_set>& params() const { return params_; }
+  /// Gradient buffers (same layouts), zeroed on first call.
+  std::vector<param_set>& grads();
+  bool has_grads() const { return !grads_.empty(); }
+  void zero_grads();
+
+  // ---- training ------------------------------------------------------------------
+  /// Forward of `batch` sequences of `seq` tokens at positions 0..seq-1
+  /// through every block: x, y [B*T, D] (distinct tensors). With `saved`,
+  /// keeps what backward() needs (x must then stay unchanged until the
+  /// backward); without, reuses internal scratch.
+  void forward(const Tensor& x, int batch, int seq, Tensor& y, stage_activations* saved);
+  /// Backward through every block in reverse: dx [B*T, D] overwritten from
+  /// dy, parameter gradients added into grads().
+  void backward(const stage_activations& saved, const Tensor& dy, Tensor& dx);
+
+  // ---- inference -----------------------------------------------------------------
+  /// Grows the inference workspace to `rows` rows (the longest prefill chunk)
+  /// so forward_cached allocates nothing afterwards.
+  void reserve_rows(std::int64_t rows);
+  /// Cached forward of x [Tq, D] at positions start_pos.. through every
+  /// block; block first()+i uses layer i of `kv` (so kv's pool has size()
+  /// layers). kv must have capacity for start_pos + Tq tokens
+  /// (kv_sequence::reserve). y [Tq, D] may alias x.
+  void forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y);
+
+ private:
+  void resolve_views();
+  const Tensor& train_positions(int batch, int seq);
+
+  model_config cfg_;
+  Backend* be_;
+  int first_ = 0;
+  std::vector<param_set> params_;
+  std::vector<param_set> grads_;
+  std::vector<block_tensors> weights_;
+  std::vector<block_tensors> grad_views_;
+
+  // Training scratch, reused across steps.
+  Tensor positions_;          ///< i32 [B*T]: t for row b*T+t
+  int positions_batch_ = 0, positions_seq_ = 0;
+  block_activations scratch_acts_;
+  Tensor ping_, pong_;
+  block_grad_scratch grad_scratch_;
+
+  // Inference workspace.
+  block_decode_workspace decode_ws_;
+  row_buffer decode_positions_{0, dtype::i32};
+  Tensor host_positions_;  ///< i32 staging for positions when the backend is not the host
+};
+
+}  // namespace corolla

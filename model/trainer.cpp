@@ -1,0 +1,141 @@
+#include "model/trainer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "model/error.hpp"
+
+namespace corolla {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+// Checked before the optimiser is built so a bad option never allocates.
+const train_options& validated(const transformer& model, const token_dataset& data,
+                               const train_options& o) {
+  if (o.batch < 1)
+    throw model_error("batch size must be at least 1 (got " + std::to_string(o.batch) + ")");
+  if (o.seq < 1)
+    throw model_error("sequence length must be at least 1 (got " + std::to_string(o.seq) + ")");
+  if (o.steps < 0)
+    throw model_error("number of steps must not be negative (got " + std::to_string(o.steps) +
+                      ")");
+  if (o.log_every < 1)
+    throw model_error("log interval must be at least 1 (got " + std::to_string(o.log_every) +
+                      ")");
+  const int context = model.config().max_positions;
+  if (context > 0 && o.seq > context)
+    throw model_error("sequence length " + std::to_string(o.seq) +
+                      " is longer than the model's context of " + std::to_string(context) +
+                      " positions");
+  const auto needed = static_cast<std::int64_t>(o.batch) * o.seq + 1;
+  if (static_cast<std::int64_t>(data.size()) < needed)
+    throw model_error("training data holds " + std::to_string(data.size()) +
+                      " tokens, but one batch of " + std::to_string(o.batch) + " x " +
+                      std::to_string(o.seq) + " needs at least " + std::to_string(needed));
+  // token_dataset checks ids when it is given the vocabulary size; one built
+  // without it must not reach the embedding with an id it cannot look up.
+  const int vocab = model.config().vocab_size;
+  const auto tokens = data.tokens();
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      throw model_error("training data holds token id " + std::to_string(tokens[i]) +
+                        " at position " + std::to_string(i) +
+                        ", outside the model's vocabulary of " + std::to_string(vocab));
+  return o;
+}
+
+// A one-line bar redrawn in place on stderr; only ever used on a terminal.
+class progress_bar {
+ public:
+  explicit progress_bar(bool wanted) : on_(wanted && isatty(STDERR_FILENO) == 1) {}
+  ~progress_bar() { finish(); }
+
+  void draw(const step_report& r) {
+    if (!on_) return;
+    constexpr int width = 30;
+    const int filled = r.total_steps > 0 ? width * r.step / r.total_steps : width;
+    std::string bar(static_cast<std::size_t>(filled), '#');
+    bar.resize(width, '.');
+    std::fprintf(stderr, "\r\033[Ktrain [%s] %d/%d  loss %.4f  %.0f tok/s", bar.c_str(), r.step,
+                 r.total_steps, r.loss, r.tokens_per_second);
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  // Clears the bar so a line written to the same terminal is not garbled.
+  void clear() {
+    if (!on_ || !drawn_) return;
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+    drawn_ = false;
+  }
+  void finish() {
+    if (!on_ || !drawn_) return;
+    std::fputc('\n', stderr);
+    drawn_ = false;
+  }
+
+ private:
+  bool on_;
+  bool drawn_ = false;
+};
+
+}  // namespace
+
+trainer::trainer(transformer& model, token_dataset& data, const train_options& options)
+    : model_(&model),
+      data_(&data),
+      options_(validated(model, data, options)),
+      optimizer_(model.groups(), options.optimizer, model.backend()) {}
+
+bool trainer::is_logged(int step, int total, int log_every) {
+  return step == 1 || step == total || (log_every > 0 && step % log_every == 0);
+}
+
+step_report trainer::step() {
+  const auto start = clock_type::now();
+  const int B = options_.batch, T = options_.seq;
+  model_->zero_grads();
+  data_->next_batch(B, T, ids_, targets_);
+  step_report r;
+  r.loss = model_->forward_backward(ids_, targets_, B, T, 1.0f);
+  r.grad_norm = optimizer_.step();
+  model_->backend().synchronize();
+  r.step = steps_done();
+  r.total_steps = std::max(options_.steps, r.step);
+  r.seconds = seconds_since(start);
+  r.tokens_per_second = r.seconds > 0.0 ? static_cast<double>(B) * T / r.seconds : 0.0;
+  return r;
+}
+
+train_summary trainer::run(const std::function<void(const step_report&)>& on_log) {
+  train_summary s;
+  progress_bar bar(options_.progress);
+  const auto start = clock_type::now();
+  while (steps_done() < options_.steps) {
+    step_report r = step();
+    s.losses.push_back(r.loss);
+    s.tokens += static_cast<std::int64_t>(options_.batch) * options_.seq;
+    if (on_log && is_logged(r.step, options_.steps, options_.log_every)) {
+      bar.clear();
+      on_log(r);
+    }
+    bar.draw(r);
+  }
+  s.seconds = seconds_since(start);
+  s.tokens_per_second = s.seconds > 0.0 ? static_cast<double>(s.tokens) / s.seconds : 0.0;
+  bar.finish();
+  if (!options_.save_dir.empty()) model_->save(options_.save_dir);
+  return s;
+}
+
+}  // namespace corolla

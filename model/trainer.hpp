@@ -1,0 +1,93 @@
+// model/trainer.hpp — the single-process training loop.
+//
+// One step = zero the gradients, take the next B x T batch from the token
+// data (sequential, wrapping; see token_data.hpp), forward and backward
+// (mean cross-entropy over the B*T positions), one AdamW step. Steps are
+// numbered from 1 to N, as llm.c and `corolla train` print them: the first
+// step reports the loss of the initial weights on the first batch.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <vector>
+
+#include "model/optimizer.hpp"
+#include "model/token_data.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla {
+
+/// What to train and how.
+struct train_options {
+  int batch = 1;       ///< B sequences per step
+  int seq = 0;         ///< T tokens per sequence; at most the model's context
+  int steps = 0;       ///< N steps to run (0 = none: only save, if asked)
+  optimizer_settings optimizer;
+  /// Step i (1-based) is logged when i == 1, i == N, or i % log_every == 0.
+  int log_every = 1;
+  /// Draw a progress bar on stderr — only when stderr is a terminal, so
+  /// piped or captured output never sees it.
+  bool progress = false;
+  /// When not empty, run() saves the trained model here (HuggingFace layout,
+  /// transformer::save) after the last step.
+  std::filesystem::path save_dir;
+};
+
+/// The outcome of one step.
+struct step_report {
+  int step = 0;                   ///< 1-based
+  int total_steps = 0;            ///< N
+  float loss = 0.0f;              ///< mean loss of the batch, before the update
+  double grad_norm = -1.0;        ///< before clipping; -1 when clipping is off
+  double seconds = 0.0;           ///< wall time of this step
+  double tokens_per_second = 0.0; ///< B*T / seconds
+};
+
+/// The outcome of a whole run.
+struct train_summary {
+  std::vector<float> losses;       ///< losses[i] is the loss of step i+1
+  std::int64_t tokens = 0;         ///< B*T*steps
+  double seconds = 0.0;            ///< wall time of the steps (not the save)
+  double tokens_per_second = 0.0;  ///< tokens / seconds (0 without steps)
+};
+
+/// Trains `model` on `data`. Both are borrowed and must outlive the trainer;
+/// the trainer owns the optimiser (and so the AdamW moments).
+class trainer {
+ public:
+  /// Validates the options against the model and the data; throws
+  /// model_error for batch < 1, seq < 1, steps < 0, log_every < 1, a
+  /// sequence longer than the model's context, data with fewer than B*T+1
+  /// tokens, or a token id outside the model's vocabulary.
+  trainer(transformer& model, token_dataset& data, const train_options& options);
+
+  /// Runs the next step (the optimiser's step counter + 1). May be called
+  /// beyond options.steps (benchmarks); the options only bound run().
+  step_report step();
+
+  /// Runs the remaining steps up to options.steps, calling `on_log` for
+  /// each logged step (see train_options::log_every), then saves if
+  /// options.save_dir is set.
+  train_summary run(const std::function<void(const step_report&)>& on_log = {});
+
+  /// Whether step `step` of `total` is logged with this log_every.
+  static bool is_logged(int step, int total, int log_every);
+
+  /// The optimiser (moments, step counter, learning rate for schedules).
+  adamw_optimizer& optimizer() { return optimizer_; }
+  /// The options as validated by the constructor.
+  const train_options& options() const { return options_; }
+  /// Steps completed so far.
+  int steps_done() const { return static_cast<int>(optimizer_.steps()); }
+
+ private:
+  transformer* model_;
+  token_dataset* data_;
+  train_options options_;
+  adamw_optimizer optimizer_;
+  std::vector<std::int32_t> ids_;
+  std::vector<std::int32_t> targets_;
+};
+
+}  // namespace corolla

@@ -1,0 +1,216 @@
+// model/transformer.cpp — the whole model in one process: a head and one
+// stage spanning every block (see model/transformer.hpp).
+#include "model/transformer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/error.hpp"
+#include "model/head.hpp"
+#include "model/hf_names.hpp"
+#include "model/safetensors.hpp"
+#include "model/stage.hpp"
+
+namespace corolla {
+
+struct transformer::impl {
+  model_config cfg;
+  Backend* be;
+  class head head_part;
+  class stage block_span;
+
+  // Training buffers, reused across steps of the same shape.
+  Tensor ids, targets, positions, staging;
+  Tensor x, y, dy, dx;
+  stage_activations acts;
+  head_activations head_acts;
+
+  impl(model_config c, class head h, class stage s, Backend& b)
+      : cfg(std::move(c)), be(&b), head_part(std::move(h)), block_span(std::move(s)) {}
+
+  /// Checks a batch against the model and uploads ids, targets and positions.
+  void prepare(std::span<const std::int32_t> id_span, std::span<const std::int32_t> target_span,
+               int batch, int seq);
+  /// Embeds ids into x and runs the blocks into y (saving activations when asked).
+  void forward(int batch, int seq, bool save);
+};
+
+void transformer::impl::prepare(std::span<const std::int32_t> id_span,
+                                std::span<const std::int32_t> target_span, int batch, int seq) {
+  if (batch <= 0 || seq <= 0)
+    throw model_error("batch (" + std::to_string(batch) + ") and sequence length (" +
+                      std::to_string(seq) + ") must be positive");
+  if (seq > cfg.max_positions)
+    throw model_error("sequence length " + std::to_string(seq) + " exceeds the model context of " +
+                      std::to_string(cfg.max_positions));
+  const auto n = static_cast<std::size_t>(batch) * static_cast<std::size_t>(seq);
+  if (id_span.size() != n || (!target_span.empty() && target_span.size() != n))
+    throw model_error("a batch of " + std::to_string(batch) + " x " + std::to_string(seq) +
+                      " needs " + std::to_string(n) + " ids and targets, got " +
+                      std::to_string(id_span.size()) + " and " +
+                      std::to_string(target_span.size()));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (id_span[i] < 0 || id_span[i] >= cfg.vocab_size)
+      throw model_error("token id " + std::to_string(id_span[i]) + " is outside the vocabulary (" +
+                        std::to_string(cfg.vocab_size) + " tokens)");
+    if (!target_span.empty() && (target_span[i] < -1 || target_span[i] >= cfg.vocab_size))
+      throw model_error("target id " + std::to_string(target_span[i]) +
+                        " is outside the vocabulary (" + std::to_string(cfg.vocab_size) +
+                        " tokens)");
+  }
+  const auto N = static_cast<std::int64_t>(n);
+  ensure_tensor(*be, ids, {N}, dtype::i32);
+  upload_i32(*be, id_span, ids, staging);
+  if (!target_span.empty()) {
+    ensure_tensor(*be, targets, {N}, dtype::i32);
+    upload_i32(*be, target_span, targets, staging);
+  }
+  std::vector<std::int32_t> pos(n);
+  for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(seq));
+  ensure_tensor(*be, positions, {N}, dtype::i32);
+  upload_i32(*be, pos, positions, staging);
+}
+
+void transformer::impl::forward(int batch, int seq, bool save) {
+  const std::int64_t N = static_cast<std::int64_t>(batch) * seq;
+  ensure_tensor(*be, x, {N, cfg.hidden_size});
+  ensure_tensor(*be, y, {N, cfg.hidden_size});
+  head_part.embed(ids, positions, x);
+  block_span.forward(x, batch, seq, y, save ? &acts : nullptr);
+}
+
+// ---- construction -----------------------------------------------------------------
+
+transformer::transformer(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+transformer::transformer(transformer&&) noexcept = default;
+transformer& transformer::operator=(transformer&&) noexcept = default;
+transformer::~transformer() = default;
+
+transformer transformer::load(const std::filesystem::path& dir, Backend& be) {
+  model_config cfg = load_config(dir);
+  checkpoint ck = checkpoint::open(dir);
+  class head h = head::load(ck, cfg, be);
+  class stage s = stage::load(ck, cfg, 0, cfg.n_layers, be);
+  return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
+}
+
+transformer transformer::init(const model_config& cfg, std::uint64_t seed, Backend& be) {
+  cfg.validate();
+  class head h(cfg, be);
+  class stage s(cfg, 0, cfg.n_layers, be);
+  // One generator drawn in a fixed order (head in layout order, then each
+  // block in layout order), so a seed names exactly one model.
+  std::mt19937_64 rng(seed);
+  const float std_dev = 0.02f;
+  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layers));
+  auto fill = [&](param_set& set) {
+    for (const auto& e : set.entries()) {
+      Tensor t = set.get(e.name);
+      float* p = t.data<float>();
+      const bool is_bias = e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
+      const bool is_norm = e.name.find("norm") != std::string::npos;
+      if (is_bias) {
+        std::fill(p, p + e.numel, 0.0f);
+      } else if (is_norm) {
+        std::fill(p, p + e.numel, 1.0f);
+      } else {
+        // The projections that write into the residual stream get the
+        // GPT-2 scaled init so the stream's variance does not grow with depth.
+        const bool residual = e.name == "o.weight" || e.name == "down.weight";
+        std::normal_distribution<float> normal(0.0f, residual ? residual_std : std_dev);
+        for (std::int64_t i = 0; i < e.numel; ++i) p[i] = normal(rng);
+      }
+    }
+  };
+  fill(h.params());
+  for (auto& block : s.params()) fill(block);
+  return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
+}
+
+// ---- accessors --------------------------------------------------------------------
+
+const model_config& transformer::config() const { return impl_->cfg; }
+Backend& transformer::backend() const { return *impl_->be; }
+param_set& transformer::head() { return impl_->head_part.params(); }
+std::vector<param_set>& transformer::blocks() { return impl_->block_span.params(); }
+
+std::vector<param_group> transformer::groups() {
+  std::vector<param_group> out;
+  out.push_back({&impl_->head_part.params(), &impl_->head_part.grads()});
+  auto& grads = impl_->block_span.grads();
+  auto& params = impl_->block_span.params();
+  for (std::size_t i = 0; i < params.size(); ++i) out.push_back({&params[i], &grads[i]});
+  return out;
+}
+
+void transformer::zero_grads() {
+  impl_->head_part.zero_grads();
+  impl_->block_span.zero_grads();
+}
+
+// ---- compute ----------------------------------------------------------------------
+
+float transformer::forward_backward(std::span<const std::int32_t> ids,
+                                    std::span<const std::int32_t> targets, int batch, int seq,
+                                    float grad_scale) {
+  impl& m = *impl_;
+  if (targets.empty()) throw model_error("forward_backward needs targets");
+  m.prepare(ids, targets, batch, seq);
+  m.forward(batch, seq, true);
+  const std::int64_t N = static_cast<std::int64_t>(batch) * seq;
+  ensure_tensor(*m.be, m.dy, {N, m.cfg.hidden_size});
+  ensure_tensor(*m.be, m.dx, {N, m.cfg.hidden_size});
+  float loss = m.head_part.loss(m.y, m.targets, &m.dy, grad_scale, m.head_acts);
+  m.block_span.backward(m.acts, m.dy, m.dx);
+  m.head_part.embed_backward(m.ids, m.positions, m.dx);
+  return loss;
+}
+
+float transformer::forward_loss(std::span<const std::int32_t> ids,
+                                std::span<const std::int32_t> targets, int batch, int seq) {
+  impl& m = *impl_;
+  if (targets.empty()) throw model_error("forward_loss needs targets");
+  m.prepare(ids, targets, batch, seq);
+  m.forward(batch, seq, false);
+  return m.head_part.loss(m.y, m.targets, nullptr, 1.0f, m.head_acts);
+}
+
+Tensor transformer::forward_logits(std::span<const std::int32_t> ids) {
+  impl& m = *impl_;
+  const int seq = static_cast<int>(ids.size());
+  m.prepare(ids, {}, 1, seq);
+  m.forward(1, seq, false);
+  Tensor logits = m.be->empty({seq, m.cfg.vocab_size});
+  m.head_part.logits(m.y, logits, nullptr);
+  return logits;
+}
+
+// ---- save -------------------------------------------------------------------------
+
+void transformer::save(const std::filesystem::path& dir) const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw model_error("cannot create " + dir.string() + ": " + ec.message());
+
+  std::vector<std::pair<std::string, Tensor>> tensors = hf_head_tensors(impl_->cfg, impl_->head_part.params());
+  const auto& blocks = impl_->block_span.params();
+  for (int i = 0; i < static_cast<int>(blocks.size()); ++i)
+    for (auto& t : hf_block_tensors(impl_->cfg, i, blocks[static_cast<std::size_t>(i)]))
+      tensors.push_back(std::move(t));
+  write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+
+  const fs::path config = dir / "config.json";
+  std::ofstream out(config, std::ios::binary | std::ios::trunc);
+  if (!out) throw model_error("cannot write " + config.string());
+  out << to_hf_json(impl_->cfg).dump(2) << '\n';
+  if (!out) throw model_error("cannot write " + config.string());
+}
+
+}  // namespace corolla

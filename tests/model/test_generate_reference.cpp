@@ -1,0 +1,302 @@
+// fp32 greedy generation equals an independent float64 reference, token for
+// token. The reference below is written from the HuggingFace model
+// definitions (LlamaForCausalLM, GPT2LMHeadModel) as plain loops over the
+// checkpoint's own tensors: it shares no kernel, no name mapping and no
+// layout conversion with corolla, only the file reader of the test fixture.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numbers>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "model/generator.hpp"
+#include "model/transformer.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+
+namespace {
+
+using vec = std::vector<double>;
+
+/// The checkpoint's tensors in double, by HF name (GPT-2's optional
+/// "transformer." prefix removed).
+struct ref_weights {
+  std::map<std::string, vec> t;
+  const vec& at(const std::string& name) const {
+    auto it = t.find(name);
+    if (it == t.end()) FAIL("reference: tensor " << name << " missing");
+    return it->second;
+  }
+};
+
+ref_weights read_weights(const std::filesystem::path& dir) {
+  ref_weights w;
+  for (auto& [name, values] : testing::read_all_f32(dir)) {
+    std::string n = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
+    w.t[n] = vec(values.begin(), values.end());
+  }
+  return w;
+}
+
+/// y[o] = sum_i W[o, i] x[i] for an nn.Linear weight [out, in].
+vec linear(const vec& W, const vec& x, std::size_t out) {
+  const std::size_t in = x.size();
+  vec y(out, 0.0);
+  for (std::size_t o = 0; o < out; ++o)
+    for (std::size_t i = 0; i < in; ++i) y[o] += W[o * in + i] * x[i];
+  return y;
+}
+
+/// y[o] = sum_i x[i] W[i, o] + b[o] for a GPT-2 Conv1D weight [in, out].
+vec conv1d(const vec& W, const vec& b, const vec& x) {
+  const std::size_t in = x.size(), out = b.size();
+  vec y(b);
+  for (std::size_t i = 0; i < in; ++i)
+    for (std::size_t o = 0; o < out; ++o) y[o] += x[i] * W[i * out + o];
+  return y;
+}
+
+vec rmsnorm(const vec& x, const vec& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double r = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  vec y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * w[i];
+  return y;
+}
+
+vec layernorm(const vec& x, const vec& w, const vec& b, double eps) {
+  double mean = 0, var = 0;
+  for (double v : x) mean += v;
+  mean /= static_cast<double>(x.size());
+  for (double v : x) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(x.size());
+  const double r = 1.0 / std::sqrt(var + eps);
+  vec y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = (x[i] - mean) * r * w[i] + b[i];
+  return y;
+}
+
+/// Causal attention of every position of one sequence. q: [T][Hq*Dh],
+/// k, v: [T][Hkv*Dh]; query head h reads key/value head h / (Hq / Hkv).
+std::vector<vec> attention(const std::vector<vec>& q, const std::vector<vec>& k,
+                           const std::vector<vec>& v, int Hq, int Hkv, int Dh) {
+  const std::size_t T = q.size();
+  std::vector<vec> out(T, vec(static_cast<std::size_t>(Hq * Dh), 0.0));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  for (std::size_t t = 0; t < T; ++t)
+    for (int h = 0; h < Hq; ++h) {
+      const int kvh = h / (Hq / Hkv);
+      vec s(t + 1);
+      double mx = -1e300;
+      for (std::size_t j = 0; j <= t; ++j) {
+        double d = 0;
+        for (int i = 0; i < Dh; ++i) d += q[t][h * Dh + i] * k[j][kvh * Dh + i];
+        s[j] = d * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double z = 0;
+      for (auto& x : s) z += (x = std::exp(x - mx));
+      for (std::size_t j = 0; j <= t; ++j)
+        for (int i = 0; i < Dh; ++i) out[t][h * Dh + i] += s[j] / z * v[j][kvh * Dh + i];
+    }
+  return out;
+}
+
+/// HF rotate-half RoPE on each head of x at position `pos`.
+void rope(vec& x, int heads, int Dh, std::size_t pos, double theta) {
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < Dh / 2; ++i) {
+      const double inv_freq = 1.0 / std::pow(theta, 2.0 * i / Dh);
+      const double a = static_cast<double>(pos) * inv_freq;
+      double& x1 = x[h * Dh + i];
+      double& x2 = x[h * Dh + i + Dh / 2];
+      const double r1 = x1 * std::cos(a) - x2 * std::sin(a);
+      const double r2 = x2 * std::cos(a) + x1 * std::sin(a);
+      x1 = r1;
+      x2 = r2;
+    }
+}
+
+/// Logits of the last position of `ids` (a full forward, no cache).
+vec llama_logits(const ref_weights& w, const testing::tiny_model_options& o,
+                 const std::vector<std::int32_t>& ids) {
+  const int D = o.hidden, Hq = o.heads, Hkv = o.kv_heads, Dh = D / Hq, F = o.intermediate;
+  const double eps = o.norm_eps;
+  std::vector<vec> x;
+  const vec& emb = w.at("model.embed_tokens.weight");
+  for (auto id : ids) x.emplace_back(emb.begin() + id * D, emb.begin() + (id + 1) * D);
+  for (int l = 0; l < o.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    std::vector<vec> q, k, v;
+    for (std::size_t t = 0; t < x.size(); ++t) {
+      vec h = rmsnorm(x[t], w.at(p + "input_layernorm.weight"), eps);
+      q.push_back(linear(w.at(p + "self_attn.q_proj.weight"), h, Hq * Dh));
+      k.push_back(linear(w.at(p + "self_attn.k_proj.weight"), h, Hkv * Dh));
+      v.push_back(linear(w.at(p + "self_attn.v_proj.weight"), h, Hkv * Dh));
+      rope(q.back(), Hq, Dh, t, o.rope_theta);
+      rope(k.back(), Hkv, Dh, t, o.rope_theta);
+    }
+    auto a = attention(q, k, v, Hq, Hkv, Dh);
+    for (std::size_t t = 0; t < x.size(); ++t) {
+      vec proj = linear(w.at(p + "self_attn.o_proj.weight"), a[t], D);
+      for (int i = 0; i < D; ++i) x[t][i] += proj[i];
+      vec h = rmsnorm(x[t], w.at(p + "post_attention_layernorm.weight"), eps);
+      vec g = linear(w.at(p + "mlp.gate_proj.weight"), h, F);
+      vec u = linear(w.at(p + "mlp.up_proj.weight"), h, F);
+      for (int i = 0; i < F; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      vec down = linear(w.at(p + "mlp.down_proj.weight"), g, D);
+      for (int i = 0; i < D; ++i) x[t][i] += down[i];
+    }
+  }
+  vec h = rmsnorm(x.back(), w.at("model.norm.weight"), eps);
+  return linear(o.tied ? emb : w.at("lm_head.weight"), h, o.vocab);
+}
+
+vec gpt2_logits(const ref_weights& w, const testing::tiny_model_options& o,
+                const std::vector<std::int32_t>& ids) {
+  const int D = o.hidden, H = o.heads, Dh = D / H;
+  const double eps = o.norm_eps;
+  const vec& wte = w.at("wte.weight");
+  const vec& wpe = w.at("wpe.weight");
+  std::vector<vec> x;
+  for (std::size_t t = 0; t < ids.size(); ++t) {
+    vec e(D);
+    for (int i = 0; i < D; ++i) e[i] = wte[ids[t] * D + i] + wpe[t * D + i];
+    x.push_back(e);
+  }
+  for (int l = 0; l < o.layers; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    std::vector<vec> q, k, v;
+    for (auto& xt : x) {
+      vec h = layernorm(xt, w.at(p + "ln_1.weight"), w.at(p + "ln_1.bias"), eps);
+      vec qkv = conv1d(w.at(p + "attn.c_attn.weight"), w.at(p + "attn.c_attn.bias"), h);
+      q.emplace_back(qkv.begin(), qkv.begin() + D);
+      k.emplace_back(qkv.begin() + D, qkv.begin() + 2 * D);
+      v.emplace_back(qkv.begin() + 2 * D, qkv.end());
+    }
+    auto a = attention(q, k, v, H, H, Dh);
+    for (std::size_t t = 0; t < x.size(); ++t) {
+      vec proj = conv1d(w.at(p + "attn.c_proj.weight"), w.at(p + "attn.c_proj.bias"), a[t]);
+      for (int i = 0; i < D; ++i) x[t][i] += proj[i];
+      vec h = layernorm(x[t], w.at(p + "ln_2.weight"), w.at(p + "ln_2.bias"), eps);
+      vec f = conv1d(w.at(p + "mlp.c_fc.weight"), w.at(p + "mlp.c_fc.bias"), h);
+      for (auto& z : f)  // gelu_new
+        z = 0.5 * z * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (z + 0.044715 * z * z * z)));
+      vec down = conv1d(w.at(p + "mlp.c_proj.weight"), w.at(p + "mlp.c_proj.bias"), f);
+      for (int i = 0; i < D; ++i) x[t][i] += down[i];
+    }
+  }
+  vec h = layernorm(x.back(), w.at("ln_f.weight"), w.at("ln_f.bias"), eps);
+  return linear(wte, h, o.vocab);
+}
+
+struct reference_run {
+  std::vector<std::int32_t> tokens;
+  double min_margin = 1e300;  ///< smallest gap between the best and second logit
+};
+
+reference_run reference_greedy(const std::filesystem::path& dir,
+                               const testing::tiny_model_options& o,
+                               std::vector<std::int32_t> ids, int new_tokens) {
+  const ref_weights w = read_weights(dir);
+  reference_run r;
+  for (int n = 0; n < new_tokens; ++n) {
+    vec logits = o.arch == architecture::gpt2 ? gpt2_logits(w, o, ids) : llama_logits(w, o, ids);
+    auto best = std::max_element(logits.begin(), logits.end());
+    double second = -1e300;
+    for (auto it = logits.begin(); it != logits.end(); ++it)
+      if (it != best) second = std::max(second, *it);
+    r.min_margin = std::min(r.min_margin, *best - second);
+    const auto id = static_cast<std::int32_t>(best - logits.begin());
+    r.tokens.push_back(id);
+    ids.push_back(id);
+  }
+  return r;
+}
+
+void check_against_reference(const testing::tiny_model_options& o) {
+  testing::temp_dir_guard dir("reference");
+  testing::write_tiny_model(dir.path(), o);
+  const std::vector<std::int32_t> prompt{3, 17, 42, 8, 29};
+  const int new_tokens = 12;
+  const reference_run ref = reference_greedy(dir.path(), o, prompt, new_tokens);
+
+  transformer model = transformer::load(dir.path(), cpu_backend());
+  generator gen(model);
+  generation_params p;
+  p.max_new_tokens = new_tokens;
+  p.ignore_eos = true;
+  generation_result r = gen.generate(prompt, p);
+  INFO("smallest top-1/top-2 logit gap in the reference: " << ref.min_margin);
+  CHECK(r.tokens == ref.tokens);
+  CHECK(r.reason == stop_reason::max_tokens);
+  // The generated sequence is not trivially constant (the check has teeth).
+  CHECK(std::set<std::int32_t>(ref.tokens.begin(), ref.tokens.end()).size() > 2);
+
+  // Values too, not only the argmax: the last step's logits of every position.
+  std::vector<std::int32_t> all = prompt;
+  all.insert(all.end(), ref.tokens.begin(), ref.tokens.end() - 1);
+  const ref_weights w = read_weights(dir.path());
+  const std::vector<float> got = model.forward_logits(all).to_vector();
+  double worst = 0;
+  for (std::size_t t = 1; t <= all.size(); t += 5) {
+    std::vector<std::int32_t> head(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(t));
+    vec want = o.arch == architecture::gpt2 ? gpt2_logits(w, o, head) : llama_logits(w, o, head);
+    for (int v = 0; v < o.vocab; ++v)
+      worst = std::max(worst, std::abs(want[static_cast<std::size_t>(v)] -
+                                       got[(t - 1) * static_cast<std::size_t>(o.vocab) +
+                                           static_cast<std::size_t>(v)]));
+  }
+  INFO("largest logit difference to the float64 reference: " << worst);
+  CHECK(worst < 1e-4);
+}
+
+testing::tiny_model_options options(architecture arch, int kv_heads, bool tied, dtype storage,
+                                    int shards, std::uint64_t seed) {
+  testing::tiny_model_options o;
+  o.arch = arch;
+  o.kv_heads = arch == architecture::gpt2 ? o.heads : kv_heads;
+  o.tied = arch == architecture::gpt2 ? true : tied;
+  o.storage = storage;
+  o.shards = shards;
+  o.seed = seed;
+  if (arch == architecture::gpt2) o.intermediate = 4 * o.hidden;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("greedy generation equals the float64 reference: llama GQA untied") {
+  check_against_reference(options(architecture::llama, 2, false, dtype::f32, 1, 11));
+}
+
+TEST_CASE("greedy generation equals the float64 reference: llama MHA tied") {
+  check_against_reference(options(architecture::llama, 4, true, dtype::f32, 1, 12));
+}
+
+TEST_CASE("greedy generation equals the float64 reference: llama MHA untied, GQA tied") {
+  check_against_reference(options(architecture::llama, 4, false, dtype::f32, 1, 13));
+  check_against_reference(options(architecture::llama, 2, true, dtype::f32, 1, 14));
+}
+
+TEST_CASE("greedy generation equals the float64 reference: gpt2") {
+  check_against_reference(options(architecture::gpt2, 4, true, dtype::f32, 1, 15));
+}
+
+TEST_CASE("bf16 and f16 checkpoints generate as the reference of their rounded weights") {
+  check_against_reference(options(architecture::llama, 2, false, dtype::bf16, 1, 16));
+  check_against_reference(options(architecture::gpt2, 4, true, dtype::bf16, 1, 17));
+  check_against_reference(options(architecture::llama, 2, true, dtype::f16, 1, 18));
+}
+
+TEST_CASE("sharded checkpoints generate as the reference") {
+  check_against_reference(options(architecture::llama, 2, false, dtype::f32, 2, 19));
+  check_against_reference(options(architecture::gpt2, 4, true, dtype::bf16, 2, 20));
+}

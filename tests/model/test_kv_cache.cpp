@@ -1,0 +1,163 @@
+// The paged KV cache: lazy pages, the byte budget and its message, reuse of
+// released pages, rollback, and what the attention kernel gets to see.
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/kv_cache.hpp"
+
+using namespace corolla;
+
+namespace {
+
+/// [n, width] rows whose values encode (position, column, salt).
+Tensor rows_for(std::int64_t start, std::int64_t n, std::int64_t width, float salt) {
+  std::vector<float> v(static_cast<std::size_t>(n * width));
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t c = 0; c < width; ++c)
+      v[static_cast<std::size_t>(r * width + c)] =
+          static_cast<float>((start + r) * 1000 + c) + salt;
+  return Tensor::from_f32(v, {n, width});
+}
+
+/// The value view() exposes for token `pos`, column `c`.
+float cached(const kv_pages_view& view, bool keys, std::int64_t pos, std::int64_t width,
+             std::int64_t c) {
+  const auto page = static_cast<std::size_t>(pos / view.page_tokens);
+  const float* base = keys ? view.k_pages[page] : view.v_pages[page];
+  return base[(pos % view.page_tokens) * width + c];
+}
+
+}  // namespace
+
+TEST_CASE("kv pool allocates pages lazily, not the whole budget") {
+  auto pool = std::make_shared<kv_pool>(1 << 20, 2, 2, 4, 16);
+  CHECK(pool->page_bytes() == 2u * 2 * 16 * 8 * 4);
+  CHECK(pool->pages_allocated() == 0);
+  kv_sequence seq(pool);
+  CHECK(seq.capacity() == 0);
+  REQUIRE(seq.reserve(1));
+  CHECK(pool->pages_allocated() == 1);
+  CHECK(seq.capacity() == 16);
+  REQUIRE(seq.reserve(16));
+  CHECK(pool->pages_allocated() == 1);
+  REQUIRE(seq.reserve(17));
+  CHECK(pool->pages_allocated() == 2);
+  CHECK(pool->pages_in_use() == 2);
+}
+
+TEST_CASE("kv cache full gives a clear message and acquires nothing") {
+  // Room for exactly 3 pages of 4 tokens.
+  const int layers = 2, heads = 1, dim = 2, page = 4;
+  const std::size_t page_bytes = 2u * layers * page * heads * dim * sizeof(float);
+  auto pool = std::make_shared<kv_pool>(3 * page_bytes, layers, heads, dim, page);
+  kv_sequence a(pool);
+  REQUIRE(a.reserve(8));  // 2 pages
+  kv_sequence b(pool);
+  kv_reservation r = b.reserve(9);  // needs 3 pages, 1 free
+  CHECK_FALSE(r);
+  CHECK(r.error == "KV cache full: need 9 more tokens (" + std::to_string(3 * page_bytes) +
+                       " bytes), " + std::to_string(page_bytes) + " bytes free of " +
+                       std::to_string(3 * page_bytes));
+  CHECK(b.capacity() == 0);
+  CHECK(pool->pages_in_use() == 2);
+  CHECK(b.reserve(4));  // the last page still fits
+  CHECK_FALSE(a.reserve(9));
+}
+
+TEST_CASE("kv pages are reused after a sequence is released") {
+  const std::size_t page_bytes = 2u * 1 * 4 * 1 * 2 * sizeof(float);
+  auto pool = std::make_shared<kv_pool>(4 * page_bytes, 1, 1, 2, 4);
+  {
+    kv_sequence a(pool);
+    REQUIRE(a.reserve(16));
+    CHECK(pool->free_bytes() == 0);
+    kv_sequence b(pool);
+    CHECK_FALSE(b.reserve(1));
+  }
+  CHECK(pool->pages_in_use() == 0);
+  CHECK(pool->free_bytes() == 4 * page_bytes);
+  kv_sequence c(pool);
+  REQUIRE(c.reserve(16));
+  CHECK(pool->pages_allocated() == 4);  // the same four pages, nothing new
+  // Moving a sequence moves its pages (no double release).
+  kv_sequence d(std::move(c));
+  CHECK(d.capacity() == 16);
+  CHECK(pool->pages_in_use() == 4);
+}
+
+TEST_CASE("kv append across pages is what view shows, per layer") {
+  const int layers = 3, heads = 2, dim = 3, page = 4;
+  const std::int64_t width = heads * dim;
+  auto pool = std::make_shared<kv_pool>(1 << 20, layers, heads, dim, page);
+  kv_sequence seq(pool);
+  REQUIRE(seq.reserve(11));
+  // Chunks 0..5, 6..6, 7..10: crossing page boundaries inside a chunk.
+  const std::int64_t chunks[][2] = {{0, 6}, {6, 1}, {7, 4}};
+  for (auto [start, n] : chunks)
+    for (int l = 0; l < layers; ++l)
+      seq.append(l, start, rows_for(start, n, width, 0.1f * l), rows_for(start, n, width, 0.5f + 0.1f * l));
+  CHECK(seq.length() == 11);
+  for (int l = 0; l < layers; ++l) {
+    kv_pages_view v = seq.view(l);
+    CHECK(v.length == 11);
+    CHECK(v.page_tokens == page);
+    CHECK(v.k_pages.size() == 3);
+    for (std::int64_t pos = 0; pos < 11; ++pos)
+      for (std::int64_t c = 0; c < width; ++c) {
+        CHECK(cached(v, true, pos, width, c) == doctest::Approx(pos * 1000 + c + 0.1f * l));
+        CHECK(cached(v, false, pos, width, c) == doctest::Approx(pos * 1000 + c + 0.5f + 0.1f * l));
+      }
+  }
+  // A gap or writing past the reserved capacity is a programming error.
+  CHECK_THROWS_AS(seq.append(0, 12, rows_for(12, 1, width, 0), rows_for(12, 1, width, 0)),
+                  tensor_error);
+  CHECK_THROWS_AS(seq.append(0, 11, rows_for(11, 2, width, 0), rows_for(11, 2, width, 0)),
+                  tensor_error);
+}
+
+TEST_CASE("kv truncate rolls back and returns pages") {
+  const std::int64_t width = 2;
+  auto pool = std::make_shared<kv_pool>(1 << 20, 2, 1, 2, 4);
+  kv_sequence seq(pool);
+  REQUIRE(seq.reserve(10));
+  for (int l = 0; l < 2; ++l) seq.append(l, 0, rows_for(0, 10, width, 0), rows_for(0, 10, width, 1));
+  CHECK(pool->pages_in_use() == 3);
+  seq.truncate(5);
+  CHECK(seq.length() == 5);
+  CHECK(seq.capacity() == 8);
+  CHECK(pool->pages_in_use() == 2);
+  CHECK(seq.view(1).length == 5);
+  // Rewrite from position 5 with different values: the old tail is gone.
+  REQUIRE(seq.reserve(7));
+  for (int l = 0; l < 2; ++l) seq.append(l, 5, rows_for(5, 2, width, 0.25f), rows_for(5, 2, width, 0.75f));
+  CHECK(seq.length() == 7);
+  kv_pages_view v = seq.view(0);
+  CHECK(cached(v, true, 4, width, 1) == doctest::Approx(4001.0f));
+  CHECK(cached(v, true, 6, width, 1) == doctest::Approx(6001.25f));
+  CHECK(cached(v, false, 5, width, 0) == doctest::Approx(5000.75f));
+  seq.truncate(0);
+  CHECK(pool->pages_in_use() == 0);
+  CHECK(seq.length() == 0);
+}
+
+TEST_CASE("kv pool hands out pages safely from many threads") {
+  const std::size_t page_bytes = 2u * 1 * 1 * 1 * 4 * sizeof(float);
+  auto pool = std::make_shared<kv_pool>(64 * page_bytes, 1, 1, 4, 1);
+  std::vector<std::thread> threads;
+  std::vector<int> granted(8, 0);
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 200; ++round) {
+        kv_sequence s(pool);
+        if (s.reserve(8)) ++granted[static_cast<std::size_t>(t)];
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(pool->pages_in_use() == 0);
+  CHECK(pool->pages_allocated() <= 64);
+  for (int g : granted) CHECK(g > 0);
+}
