@@ -93,8 +93,8 @@ int run_generate(const generate_options& o) {
     try {
       tok = load_tokenizer(o.model);
     } catch (const model_error& e) {
-      throw model_error(std::string("--prompt needs a tokenizer: ") + e.what() +
-                        " (or give --prompt-ids)");
+      throw model_error(std::string("--prompt needs a tokenizer (or use --prompt-ids): ") +
+                        e.what());
     }
     // Llama-family models are trained with BOS in front; GPT-2 is not.
     prompt = tok->encode(o.prompt, model.config().arch == architecture::llama);

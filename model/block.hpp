@@ -78,11 +78,14 @@ struct block_grad_scratch {
 /// One workspace serves every block of a stage (they run one after another).
 class block_decode_workspace {
  public:
+  /// An empty workspace (for moved-from or default-constructed stages).
   block_decode_workspace() = default;
+  /// Buffers shaped for `cfg`, allocated on the first reserve().
   explicit block_decode_workspace(const model_config& cfg);
   /// Grows every buffer to `rows` rows (the only allocation the cached path
   /// makes; do it once with the longest prefill chunk to stay allocation-free).
   void reserve(Backend& be, std::int64_t rows);
+  /// Rows the buffers hold now.
   std::int64_t capacity() const { return norm_.capacity(); }
 
  private:

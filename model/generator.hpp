@@ -77,6 +77,7 @@ class generator {
   generation_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
                              const token_callback& on_token = {});
 
+  /// The model's shape.
   const model_config& config() const { return cfg_; }
   /// The pool the generator's sequences draw from.
   const kv_pool& pool() const { return *pool_; }

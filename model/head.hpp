@@ -34,6 +34,8 @@ struct head_activations {
   Tensor losses;      ///< per-row cross-entropy [N] (head::loss)
 };
 
+/// Embeddings, final norm and LM head of one model, with their backward.
+/// Not thread-safe (shared scratch): one call at a time.
 class head {
  public:
   /// The head of a model shaped by `cfg`, parameters zeroed.
@@ -49,13 +51,17 @@ class head {
   head(head&&) noexcept = default;
   head& operator=(head&&) noexcept = default;
 
+  /// The model's shape and the backend the head computes on.
   const model_config& config() const { return cfg_; }
   Backend& backend() const { return *be_; }
+  /// Parameters in head_layout order; update values in place.
   param_set& params() { return params_; }
   const param_set& params() const { return params_; }
   /// Gradient buffer (same layout), zeroed on first call.
   param_set& grads();
+  /// Whether grads() has been allocated.
   bool has_grads() const { return grads_.size() > 0; }
+  /// Sets every gradient to zero (nothing when none are allocated).
   void zero_grads();
 
   /// x [N,D] = embed[ids] (+ pos_embed[positions] for GPT-2). ids and

@@ -36,6 +36,7 @@ namespace corolla {
 struct kv_reservation {
   bool ok = true;
   std::string error;  ///< empty when ok
+  /// True when the reservation succeeded.
   explicit operator bool() const { return ok; }
 };
 
@@ -52,6 +53,7 @@ class kv_pool {
   kv_pool(const kv_pool&) = delete;
   kv_pool& operator=(const kv_pool&) = delete;
 
+  /// The geometry given at construction.
   int n_layers() const { return n_layers_; }
   int n_kv_heads() const { return n_kv_heads_; }
   int head_dim() const { return head_dim_; }
@@ -62,6 +64,7 @@ class kv_pool {
   std::size_t page_bytes() const { return page_bytes_; }
   /// Bytes one token occupies across every layer (keys and values).
   std::size_t bytes_per_token() const { return page_bytes_ / static_cast<std::size_t>(page_tokens_); }
+  /// The byte budget given at construction.
   std::size_t budget_bytes() const { return budget_bytes_; }
   /// Most pages the budget admits at once.
   std::int64_t max_pages() const { return max_pages_; }
@@ -71,6 +74,7 @@ class kv_pool {
   std::int64_t pages_allocated() const;
   /// Bytes of the budget not held by any sequence.
   std::size_t free_bytes() const;
+  /// The backend whose device memory holds the pages.
   Backend& backend() const { return *be_; }
 
   /// Hands out `n` pages (all or none): appends their base pointers to `out`
@@ -115,7 +119,9 @@ class kv_sequence {
   std::int64_t length() const;
   /// Tokens layer `layer` holds.
   std::int64_t length(int layer) const { return layer_length_.at(static_cast<std::size_t>(layer)); }
+  /// Layers of the pool (every layer has its own length and views).
   int n_layers() const { return pool_->n_layers(); }
+  /// The pool the pages come from.
   const kv_pool& pool() const { return *pool_; }
 
   /// Writes the keys and values of tokens start_pos .. start_pos+n-1 of

@@ -27,6 +27,8 @@ struct sampling_params {
   std::uint64_t seed = 0;
 };
 
+/// Picks tokens from logits by sampling_params; owns its random stream.
+/// Not thread-safe: one sampler per generation.
 class sampler {
  public:
   /// A sampler for logits over `vocab_size` tokens. Throws model_error for a
@@ -40,6 +42,7 @@ class sampler {
 
   /// Restarts the random stream from `seed`.
   void reseed(std::uint64_t seed) { rng_.seed(seed); }
+  /// The parameters given at construction.
   const sampling_params& params() const { return params_; }
 
  private:

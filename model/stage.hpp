@@ -28,6 +28,9 @@ struct stage_activations {
   std::vector<Tensor> inputs;  ///< inputs[i] = input of block i for i >= 1
 };
 
+/// Blocks [first, last) of one model: parameters, gradients, training
+/// forward/backward and the cached inference forward. Not thread-safe (its
+/// scratch and inference workspace are shared by calls): one call at a time.
 class stage {
  public:
   /// Blocks [first, last) of a model shaped by `cfg`, parameters zeroed.
@@ -46,8 +49,10 @@ class stage {
   stage(stage&&) noexcept = default;
   stage& operator=(stage&&) noexcept = default;
 
+  /// The model's shape and the backend the stage computes on.
   const model_config& config() const { return cfg_; }
   Backend& backend() const { return *be_; }
+  /// The span: blocks [first(), last()), size() of them.
   int first() const { return first_; }
   int last() const { return first_ + size(); }
   int size() const { return static_cast<int>(params_.size()); }
@@ -58,7 +63,9 @@ class stage {
   const std::vector<param_set>& params() const { return params_; }
   /// Gradient buffers (same layouts), zeroed on first call.
   std::vector<param_set>& grads();
+  /// Whether grads() has been allocated.
   bool has_grads() const { return !grads_.empty(); }
+  /// Sets every gradient to zero (nothing when none are allocated).
   void zero_grads();
 
   // ---- training ------------------------------------------------------------------

@@ -1,10 +1,19 @@
 // kernels/cpu/cpu_attention.cpp — causal attention with grouped-query heads:
-// prefill/training forward, its backward, and decode against a paged cache.
+// prefill/training forward, its backward, and attention against a paged
+// cache (decode and chunked prefill).
 //
 // Query head h reads key/value head h / (Hq / Hkv). Scores are
 // scale * q.k; softmax is computed stably (subtract the row maximum) and its
 // log-sum-exp is kept for the backward, which recomputes the probabilities
 // instead of storing the T x T matrix.
+//
+// Many query rows at once (training, prefill) go in tiles of up to 64 rows:
+// the tile's scores against all keys it may see are one sgemm, the
+// weighted sum of values another, with only the softmax written by hand;
+// per-thread scratch holds a tile's scores. A single decode row (and tiny
+// tiles) uses dot-product loops, which beat a BLAS call at that size.
+#include <cblas.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,6 +24,10 @@
 
 namespace corolla::cpu {
 namespace {
+
+/// Query rows per tile: the tile's scores (tile x keys floats) stay in L2
+/// for a few thousand keys.
+constexpr std::int64_t tile_rows = 64;
 
 /// Validated attention geometry.
 struct geometry {
@@ -40,21 +53,93 @@ geometry check_geometry(const attention_shape& s, const char* what) {
   return g;
 }
 
-/// In place: scores[0..n) -> exp(scores - max); returns {max, sum of exps}.
-struct softmax_stats {
-  float max;
-  float sum;
-};
-softmax_stats exp_shifted(float* scores, std::int64_t n) {
+blasint bi(std::int64_t v) { return static_cast<blasint>(v); }
+
+/// Single-threaded row-major sgemm (called from inside parallel items).
+void gemm_rm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+             const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+             float* c, std::int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              bi(m), bi(n), bi(k), alpha, a, bi(lda), b, bi(ldb), beta, c, bi(ldc));
+}
+
+/// In place on one row of scores: the first n become softmax probabilities,
+/// the rest (masked, up to `width`) zero. Returns the log-sum-exp.
+float softmax_row(float* s, std::int64_t n, std::int64_t width) {
   float mx = -std::numeric_limits<float>::infinity();
-  for (std::int64_t j = 0; j < n; ++j) mx = scores[j] > mx ? scores[j] : mx;
+  for (std::int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
   float sum = 0.0f;
   for (std::int64_t j = 0; j < n; ++j) {
-    const float e = std::exp(scores[j] - mx);
-    scores[j] = e;
+    const float e = std::exp(s[j] - mx);
+    s[j] = e;
     sum += e;
   }
-  return {mx, sum};
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) s[j] *= inv;
+  for (std::int64_t j = n; j < width; ++j) s[j] = 0.0f;
+  return mx + std::log(sum);
+}
+
+/// Keys/values of one sequence and kv head, either contiguous rows
+/// (attention, stride kv_width) or pages (attention_cached).
+struct kv_source {
+  const float* const* k_pages = nullptr;  ///< pages, or one "page" of all rows
+  const float* const* v_pages = nullptr;
+  std::int64_t page_tokens = 0;
+  std::int64_t offset = 0;  ///< kv head offset within a row (kvh * dh)
+  std::int64_t stride = 0;  ///< row stride (kv_width)
+  const float* key(std::int64_t j) const {
+    return k_pages[j / page_tokens] + (j % page_tokens) * stride + offset;
+  }
+  const float* value(std::int64_t j) const {
+    return v_pages[j / page_tokens] + (j % page_tokens) * stride + offset;
+  }
+};
+
+/// One query row against keys [0, n): out = softmax(scale q.k) v. Scores
+/// go to `scores` (n floats). Returns the log-sum-exp.
+float attend_row(const float* q, const kv_source& kv, std::int64_t n, std::int64_t dh,
+                 float scale, float* scores, float* out) {
+  for (std::int64_t base = 0; base < n; base += kv.page_tokens) {
+    const std::int64_t count = n - base < kv.page_tokens ? n - base : kv.page_tokens;
+    const float* k = kv.key(base);
+    for (std::int64_t j = 0; j < count; ++j)
+      scores[base + j] = scale * dot(q, k + j * kv.stride, dh);
+  }
+  const float l = softmax_row(scores, n, n);
+  std::memset(out, 0, static_cast<std::size_t>(dh) * sizeof(float));
+  for (std::int64_t base = 0; base < n; base += kv.page_tokens) {
+    const std::int64_t count = n - base < kv.page_tokens ? n - base : kv.page_tokens;
+    const float* v = kv.value(base);
+    for (std::int64_t j = 0; j < count; ++j) axpy(scores[base + j], v + j * kv.stride, out, dh);
+  }
+  return l;
+}
+
+/// A tile of `rows` query rows (row stride q_stride) whose row i sees keys
+/// [0, first_keys + i). out rows share q's stride. lse[i] (if given) gets
+/// each row's log-sum-exp. Uses `scores` (rows * (first_keys + rows - 1)).
+void attend_tile(const float* q, std::int64_t q_stride, std::int64_t rows,
+                 std::int64_t first_keys, const kv_source& kv, std::int64_t dh, float scale,
+                 float* scores, float* out, float* lse) {
+  const std::int64_t keys = first_keys + rows - 1;  // what the last row sees
+  // scores[rows, keys] = scale * q @ k^T, one sgemm per page
+  for (std::int64_t base = 0; base < keys; base += kv.page_tokens) {
+    const std::int64_t count = keys - base < kv.page_tokens ? keys - base : kv.page_tokens;
+    gemm_rm(false, true, rows, count, dh, scale, q, q_stride, kv.key(base), kv.stride, 0.0f,
+            scores + base, keys);
+  }
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float l = softmax_row(scores + i * keys, first_keys + i, keys);
+    if (lse) lse[i] = l;
+  }
+  // out[rows, dh] = P @ v
+  for (std::int64_t base = 0; base < keys; base += kv.page_tokens) {
+    const std::int64_t count = keys - base < kv.page_tokens ? keys - base : kv.page_tokens;
+    gemm_rm(false, false, rows, dh, count, 1.0f, scores + base, keys, kv.value(base), kv.stride,
+            base == 0 ? 0.0f : 1.0f, out, q_stride);
+  }
 }
 
 }  // namespace
@@ -69,6 +154,7 @@ void cpu_backend_impl::attention(const Tensor& q, const Tensor& k, const Tensor&
   require(v, dtype::f32, {rows, g.kv_width}, "attention v");
   require(out, dtype::f32, {rows, g.q_width}, "attention out");
   if (lse) require(*lse, dtype::f32, {B * g.hq * T}, "attention lse");
+  if (rows == 0) return;
   const float* qp = q.data<float>();
   const float* kp = k.data<float>();
   const float* vp = v.data<float>();
@@ -76,27 +162,21 @@ void cpu_backend_impl::attention(const Tensor& q, const Tensor& k, const Tensor&
   float* lp = lse ? lse->data<float>() : nullptr;
   const std::int64_t dh = g.dh;
 
-  // One item per (b, h, t), t fastest so a head's keys stay in cache.
-  // Row t costs t+1 dot products: hand items out dynamically.
-  const std::int64_t items = B * g.hq * T;
-  parallel_for_dynamic(items, items * (T + 1) * dh * 2, 8, [&](std::int64_t item) {
-    const std::int64_t t = item % T, bh = item / T, h = bh % g.hq, b = bh / g.hq;
-    const std::int64_t kvh = h / g.group;
-    const float* qrow = qp + (b * T + t) * g.q_width + h * dh;
-    const float* kbase = kp + b * T * g.kv_width + kvh * dh;
-    const float* vbase = vp + b * T * g.kv_width + kvh * dh;
-    float* scores = thread_scratch(0, static_cast<std::size_t>(T));
-    const std::int64_t n = t + 1;
-    for (std::int64_t j = 0; j < n; ++j)
-      scores[j] = g.scale * dot(qrow, kbase + j * g.kv_width, dh);
-    const softmax_stats st = exp_shifted(scores, n);
-    float* o = op + (b * T + t) * g.q_width + h * dh;
-    std::memset(o, 0, static_cast<std::size_t>(dh) * sizeof(float));
-    for (std::int64_t j = 0; j < n; ++j) axpy(scores[j], vbase + j * g.kv_width, o, dh);
-    const float inv = 1.0f / st.sum;
-#pragma omp simd
-    for (std::int64_t i = 0; i < dh; ++i) o[i] *= inv;
-    if (lp) lp[item] = st.max + std::log(st.sum);
+  // One item per (b, h, tile of query rows); later tiles see more keys, so
+  // items are handed out dynamically.
+  const std::int64_t tiles = (T + tile_rows - 1) / tile_rows;
+  const std::int64_t items = B * g.hq * tiles;
+  parallel_for_dynamic(items, B * g.hq * T * (T + 1) * dh * 2, 1, [&](std::int64_t item) {
+    const std::int64_t tile = item % tiles, bh = item / tiles, h = bh % g.hq, b = bh / g.hq;
+    const std::int64_t t0 = tile * tile_rows, t1 = t0 + tile_rows < T ? t0 + tile_rows : T;
+    const float* kbase = kp + b * T * g.kv_width;
+    const float* vbase = vp + b * T * g.kv_width;
+    const kv_source kv{&kbase, &vbase, T, (h / g.group) * dh, g.kv_width};
+    const float* qrow = qp + (b * T + t0) * g.q_width + h * dh;
+    float* orow = op + (b * T + t0) * g.q_width + h * dh;
+    float* lrow = lp ? lp + (b * g.hq + h) * T + t0 : nullptr;
+    float* scores = thread_scratch(0, static_cast<std::size_t>((t1 - t0) * t1));
+    attend_tile(qrow, g.q_width, t1 - t0, t0 + 1, kv, dh, g.scale, scores, orow, lrow);
   });
 }
 
@@ -118,6 +198,7 @@ void cpu_backend_impl::attention_backward(const Tensor& q, const Tensor& k, cons
   require(dq, dtype::f32, {rows, g.q_width}, "attention_backward dq");
   require(dk, dtype::f32, {rows, g.kv_width}, "attention_backward dk");
   require(dv, dtype::f32, {rows, g.kv_width}, "attention_backward dv");
+  if (rows == 0) return;
   const float* qp = q.data<float>();
   const float* kp = k.data<float>();
   const float* vp = v.data<float>();
@@ -127,42 +208,55 @@ void cpu_backend_impl::attention_backward(const Tensor& q, const Tensor& k, cons
   float* dqp = dq.data<float>();
   float* dkp = dk.data<float>();
   float* dvp = dv.data<float>();
-  const std::int64_t dh = g.dh;
-  const std::size_t head_bytes = static_cast<std::size_t>(dh) * sizeof(float);
+  const std::int64_t dh = g.dh, qw = g.q_width, kw = g.kv_width;
 
   // One item per (b, kv head): it owns dk/dv of that head and dq of the
   // query heads of its group, so no two threads write the same row.
-  // With p = exp(s - lse), D = dout.out and ds = p * (dout.v - D):
-  //   dq_t = scale * sum_j ds_tj k_j,  dk_j = scale * sum_t ds_tj q_t,
-  //   dv_j = sum_t p_tj dout_t.
+  // Per tile of query rows, with P = exp(S - lse), D_i = dout_i . out_i and
+  // dS = scale * P o (dout @ v^T - D):
+  //   dq_tile = dS @ k,  dk += dS^T @ q_tile,  dv += P^T @ dout_tile.
+  const std::int64_t tiles = (T + tile_rows - 1) / tile_rows;
   const std::int64_t items = B * g.hkv;
   parallel_for(items, g.group * T * (T + 1) * dh * 5 / 2, [&](std::int64_t item) {
     const std::int64_t b = item / g.hkv, kvh = item % g.hkv;
-    const float* kbase = kp + b * T * g.kv_width + kvh * dh;
-    const float* vbase = vp + b * T * g.kv_width + kvh * dh;
-    float* dkbase = dkp + b * T * g.kv_width + kvh * dh;
-    float* dvbase = dvp + b * T * g.kv_width + kvh * dh;
+    const float* kb = kp + b * T * kw + kvh * dh;
+    const float* vb = vp + b * T * kw + kvh * dh;
+    float* dkb = dkp + b * T * kw + kvh * dh;
+    float* dvb = dvp + b * T * kw + kvh * dh;
     for (std::int64_t j = 0; j < T; ++j) {
-      std::memset(dkbase + j * g.kv_width, 0, head_bytes);
-      std::memset(dvbase + j * g.kv_width, 0, head_bytes);
+      std::memset(dkb + j * kw, 0, static_cast<std::size_t>(dh) * sizeof(float));
+      std::memset(dvb + j * kw, 0, static_cast<std::size_t>(dh) * sizeof(float));
     }
+    const std::int64_t tile_cap = tile_rows < T ? tile_rows : T;
+    float* p = thread_scratch(0, static_cast<std::size_t>(tile_cap * T));
+    float* ds = thread_scratch(1, static_cast<std::size_t>(tile_cap * T));
     for (std::int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
-      for (std::int64_t t = 0; t < T; ++t) {
-        const std::int64_t row = (b * T + t) * g.q_width + h * dh;
-        const float* qrow = qp + row;
-        const float* grow = gp + row;
-        float* dqrow = dqp + row;
-        std::memset(dqrow, 0, head_bytes);
-        const float l = lp[(b * g.hq + h) * T + t];
-        const float d = dot(grow, op + row, dh);
-        for (std::int64_t j = 0; j <= t; ++j) {
-          const float* krow = kbase + j * g.kv_width;
-          const float p = std::exp(g.scale * dot(qrow, krow, dh) - l);
-          const float ds = p * (dot(grow, vbase + j * g.kv_width, dh) - 0.9f * d);
-          axpy(g.scale * ds, krow, dqrow, dh);
-          axpy(g.scale * ds, qrow, dkbase + j * g.kv_width, dh);
-          axpy(p, grow, dvbase + j * g.kv_width, dh);
+      for (std::int64_t tile = 0; tile < tiles; ++tile) {
+        const std::int64_t t0 = tile * tile_rows, t1 = t0 + tile_rows < T ? t0 + tile_rows : T;
+        const std::int64_t n = t1 - t0, keys = t1;
+        const std::int64_t first = (b * T + t0) * qw + h * dh;
+        const float* qt = qp + first;
+        const float* gt = gp + first;
+        const float* ot = op + first;
+        const float* lt = lp + (b * g.hq + h) * T + t0;
+        gemm_rm(false, true, n, keys, dh, g.scale, qt, qw, kb, kw, 0.0f, p, keys);
+        gemm_rm(false, true, n, keys, dh, 1.0f, gt, qw, vb, kw, 0.0f, ds, keys);
+        for (std::int64_t i = 0; i < n; ++i) {
+          float* pr = p + i * keys;
+          float* dr = ds + i * keys;
+          const std::int64_t visible = t0 + i + 1;
+          const float l = lt[i];
+          const float d = dot(gt + i * qw, ot + i * qw, dh);
+          for (std::int64_t j = 0; j < visible; ++j) {
+            const float pj = std::exp(pr[j] - l);
+            pr[j] = pj;
+            dr[j] = g.scale * pj * (dr[j] - d);
+          }
+          for (std::int64_t j = visible; j < keys; ++j) pr[j] = dr[j] = 0.0f;
         }
+        gemm_rm(false, false, n, dh, keys, 1.0f, ds, keys, kb, kw, 0.0f, dqp + first, qw);
+        gemm_rm(true, false, keys, dh, n, 1.0f, ds, keys, qt, qw, 1.0f, dkb, kw);
+        gemm_rm(true, false, keys, dh, n, 1.0f, p, keys, gt, qw, 1.0f, dvb, kw);
       }
     }
   });
@@ -194,33 +288,36 @@ void cpu_backend_impl::attention_cached(const Tensor& q, const kv_pages_view& ca
 
   const float* qp = q.data<float>();
   float* op = out.data<float>();
-  const std::int64_t dh = g.dh, pt = cache.page_tokens;
-  // One item per (new row, query head); heads of a group are adjacent, so a
-  // thread's consecutive items reuse the same cached keys and values.
-  const std::int64_t items = tq * g.hq;
-  parallel_for(items, (start_pos + tq) * dh * 2, [&](std::int64_t item) {
-    const std::int64_t r = item / g.hq, h = item % g.hq, kvh = h / g.group;
-    const std::int64_t n = start_pos + (r > 0 ? r : 1);  // causal: positions [0, start_pos + r]
-    const float* qrow = qp + r * g.q_width + h * dh;
-    float* scores = thread_scratch(0, static_cast<std::size_t>(n));
-    for (std::int64_t base = 0, p = 0; base < n; base += pt, ++p) {
-      const float* kpage = cache.k_pages[p] + kvh * dh;
-      const std::int64_t count = n - base < pt ? n - base : pt;
-      for (std::int64_t j = 0; j < count; ++j)
-        scores[base + j] = g.scale * dot(qrow, kpage + j * g.kv_width, dh);
-    }
-    const softmax_stats st = exp_shifted(scores, n);
-    float* o = op + r * g.q_width + h * dh;
-    std::memset(o, 0, static_cast<std::size_t>(dh) * sizeof(float));
-    for (std::int64_t base = 0, p = 0; base < n; base += pt, ++p) {
-      const float* vpage = cache.v_pages[p] + kvh * dh;
-      const std::int64_t count = n - base < pt ? n - base : pt;
-      for (std::int64_t j = 0; j < count; ++j)
-        axpy(scores[base + j], vpage + j * g.kv_width, o, dh);
-    }
-    const float inv = 1.0f / st.sum;
-#pragma omp simd
-    for (std::int64_t i = 0; i < dh; ++i) o[i] *= inv;
+  const std::int64_t dh = g.dh;
+  auto source = [&](std::int64_t h) {
+    return kv_source{cache.k_pages.data(), cache.v_pages.data(), cache.page_tokens,
+                     (h / g.group) * dh, g.kv_width};
+  };
+
+  if (tq < 4) {
+    // Decode: one item per (new row, query head); heads of a group are
+    // adjacent, so a thread's consecutive items reuse the same keys/values.
+    const std::int64_t items = tq * g.hq;
+    parallel_for(items, needed * dh * 2, [&](std::int64_t item) {
+      const std::int64_t r = item / g.hq, h = item % g.hq;
+      const std::int64_t n = start_pos + r + 1;  // causal: positions [0, start_pos + r]
+      float* scores = thread_scratch(0, static_cast<std::size_t>(n));
+      attend_row(qp + r * g.q_width + h * dh, source(h), n, dh, g.scale, scores,
+                 op + r * g.q_width + h * dh);
+    });
+    return;
+  }
+  // Chunked prefill: one item per (query head, tile of new rows).
+  const std::int64_t tiles = (tq + tile_rows - 1) / tile_rows;
+  const std::int64_t items = g.hq * tiles;
+  parallel_for_dynamic(items, g.hq * tq * needed * dh * 2, 1, [&](std::int64_t item) {
+    const std::int64_t h = item / tiles, tile = item % tiles;
+    const std::int64_t r0 = tile * tile_rows, r1 = r0 + tile_rows < tq ? r0 + tile_rows : tq;
+    const std::int64_t first_keys = start_pos + r0 + 1;
+    float* scores =
+        thread_scratch(0, static_cast<std::size_t>((r1 - r0) * (first_keys + r1 - r0 - 1)));
+    attend_tile(qp + r0 * g.q_width + h * dh, g.q_width, r1 - r0, first_keys, source(h), dh,
+                g.scale, scores, op + r0 * g.q_width + h * dh, nullptr);
   });
 }
 

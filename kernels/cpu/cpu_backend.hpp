@@ -2,11 +2,12 @@
 //
 // Internal to kernels/: the rest of the tree reaches this backend through
 // cpu_backend() in kernels/backend.hpp. The op families live in one source
-// file each (cpu_gemm.cpp, cpu_norm.cpp, cpu_rope.cpp, cpu_attention.cpp,
-// cpu_elementwise.cpp, cpu_loss_optim.cpp, cpu_quant.cpp); registry, tensor
-// creation and copies in cpu_backend.cpp. Shared helpers for those files
-// (shape checks that do not allocate, the serial/parallel loop policy,
-// per-thread scratch) are in cpu_parallel.hpp.
+// file each (cpu_gemm.cpp, cpu_embedding.cpp, cpu_norm.cpp, cpu_rope.cpp,
+// cpu_attention.cpp, cpu_elementwise.cpp, cpu_loss_optim.cpp,
+// cpu_quant.cpp); registry, thread count, tensor creation and copies in
+// cpu_backend.cpp. Helpers shared by those files (shape checks that do not
+// allocate, the serial/parallel loop policy, per-thread scratch) are in
+// cpu_common.hpp.
 //
 // Layout decisions that the interface leaves open and this backend fixes:
 //  * attention's lse is ordered [b][h][t] (index (b*Hq + h)*T + t) and holds
@@ -44,6 +45,9 @@ class cpu_backend_impl final : public Backend {
   /// OpenMP threads instead (cpu_gemm.cpp says why).
   cpu_backend_impl();
 
+  // Every op below implements the contract documented on Backend
+  // (kernels/backend.hpp); what is specific to this backend is in the file
+  // comment above and in each op family's source file.
   std::string name() const override { return "cpu"; }
   device dev() const override { return {}; }
   Tensor empty(shape_t shape, dtype t = dtype::f32) override;

@@ -201,6 +201,44 @@ TEST_CASE("cached attention over pages equals the matching rows of full causal a
   }
 }
 
+TEST_CASE("attention and cached attention over several 64-row query tiles stay exact") {
+  Backend& be = cpu_backend();
+  const int hq = 4, hkv = 2, dh = 8, L = 83;
+  const std::int64_t page_tokens = 4, qw = hq * dh, kw = hkv * dh;
+  const attention_shape s{hq, hkv, dh, 0.0f};
+  rng r(13);
+  Tensor q = random_tensor({L, qw}, r, -2.0f, 2.0f), k = random_tensor({L, kw}, r, -2.0f, 2.0f),
+         v = random_tensor({L, kw}, r);
+  Tensor full = filled({L, qw}, nan_f), lse = filled({hq * L}, nan_f);
+  be.attention(q, k, v, 1, L, s, full, &lse);
+  std::vector<double> want_lse;
+  auto want = naive_attention(to_double(q), to_double(k), to_double(v), 1, L, hq, hkv, dh,
+                              1.0 / std::sqrt(double(dh)), &want_lse);
+  check_close(full, want, 1e-5, 1e-6, "attention");
+  check_close(lse, want_lse, 1e-5, 1e-6, "lse");
+
+  std::vector<Tensor> pages;
+  std::vector<const float*> kp, vp;
+  for (std::int64_t p = 0; p * page_tokens < L; ++p) {
+    const std::int64_t count = std::min<std::int64_t>(page_tokens, L - p * page_tokens);
+    pages.push_back(filled({page_tokens, kw}, nan_f));
+    pages.back().slice(0, count).copy_from(k.slice(p * page_tokens, p * page_tokens + count));
+    kp.push_back(pages.back().data<float>());
+    pages.push_back(filled({page_tokens, kw}, nan_f));
+    pages.back().slice(0, count).copy_from(v.slice(p * page_tokens, p * page_tokens + count));
+    vp.push_back(pages.back().data<float>());
+  }
+  // a 70-row chunk (tiles of 64 and 6) and a 5-row chunk, mid-page starts
+  for (std::int64_t start : {9, 2}) {
+    const std::int64_t tq = start == 9 ? 70 : 5;
+    CAPTURE(start);
+    Tensor out = filled({tq, qw}, nan_f);
+    be.attention_cached(q.slice(start, start + tq), kv_pages_view{kp, vp, page_tokens, L}, start,
+                        s, out);
+    check_close(out, to_double(full.slice(start, start + tq)), 1e-5, 1e-6, "cached rows");
+  }
+}
+
 TEST_CASE("rope matches the rotate-half formula and its inverse restores the input") {
   Backend& be = cpu_backend();
   rng r(6);

@@ -167,6 +167,27 @@ TEST_CASE("attention backward with an explicit scale matches finite differences"
   check_close(dv, numeric_grad(v, loss), grad_rtol, grad_atol, "dv");
 }
 
+TEST_CASE("attention backward across two query tiles matches finite differences") {
+  Backend& be = cpu_backend();
+  const int batch = 1, seq = 70, dh = 4;  // tiles of 64 and 6 rows
+  const attention_shape s{2, 1, dh, 0.0f};
+  const std::int64_t qw = 2 * dh, kw = dh;
+  rng r(21);
+  Tensor q = random_tensor({seq, qw}, r, -2.0f, 2.0f), k = random_tensor({seq, kw}, r, -2.0f, 2.0f),
+         v = random_tensor({seq, kw}, r), weights = random_tensor({seq, qw}, r);
+  Tensor out = Tensor::empty({seq, qw}), lse = Tensor::empty({2 * seq});
+  auto loss = [&] {
+    be.attention(q, k, v, batch, seq, s, out, nullptr);
+    return weighted_sum(out, weights);
+  };
+  be.attention(q, k, v, batch, seq, s, out, &lse);
+  Tensor dq = filled({seq, qw}, nan_f), dk = filled({seq, kw}, nan_f), dv = filled({seq, kw}, nan_f);
+  be.attention_backward(q, k, v, out, lse, weights, batch, seq, s, dq, dk, dv);
+  check_close(dq, numeric_grad(q, loss), grad_rtol, grad_atol, "dq");
+  check_close(dk, numeric_grad(k, loss), grad_rtol, grad_atol, "dk");
+  check_close(dv, numeric_grad(v, loss), grad_rtol, grad_atol, "dv");
+}
+
 TEST_CASE("swiglu backward matches finite differences") {
   Backend& be = cpu_backend();
   rng r(18);
