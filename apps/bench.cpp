@@ -103,7 +103,6 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                  c.hf_architecture.c_str(), static_cast<double>(c.parameter_count()) / 1e6,
                  cpu_threads());
 
-  bandwidth_result bw = measure_read_bandwidth();
 
   std::mt19937_64 rng(o.seed + 1);
   std::uniform_int_distribution<int> pick(0, c.vocab_size - 1);
@@ -116,8 +115,13 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
   p.ignore_eos = true;
   gen.generate(std::span(prompt).first(std::min<std::size_t>(prompt.size(), 8)), p);  // warm-up
 
+  // Bandwidth drifts on shared machines: measure it between the runs and
+  // compare the best decode with the best bandwidth seen.
+  bandwidth_result bw;
   double best_decode = 0, best_prefill = 0;
   for (int r = 0; r < repeats; ++r) {
+    bandwidth_result b = measure_read_bandwidth(std::size_t{1} << 29, 3);
+    if (b.read_gbps > bw.read_gbps) bw = b;
     generation_result res = gen.generate(prompt, p);
     if (res.decode_seconds > 0)
       best_decode = std::max(best_decode, res.decode_steps / res.decode_seconds);
@@ -241,7 +245,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   bench->require_subcommand(1);
 
   static bench_common decode_opts;
-  static int prompt_tokens = 128, new_tokens = 64, repeats = 3;
+  static int prompt_tokens = 128, new_tokens = 64, repeats = 5;
   auto* decode = bench->add_subcommand("decode", "Batch-1 decode and prefill tokens/s vs memory bandwidth");
   add_common(decode, decode_opts);
   decode->add_option("--prompt-tokens", prompt_tokens, "Prompt length (prefill)")->capture_default_str();

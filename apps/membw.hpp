@@ -15,7 +15,9 @@ struct bandwidth_result {
 
 /// Sweeps a `bytes`-sized buffer (much larger than the last-level cache) with
 /// all CPU backend threads, reading every byte, `repeats` times; returns the
-/// best sweep. Takes about repeats * bytes / bandwidth seconds.
+/// best sweep. Takes about repeats * bytes / bandwidth seconds. On shared
+/// machines bandwidth drifts by tens of percent: callers that compare against
+/// it should interleave measurements with their own runs and keep the best.
 bandwidth_result measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 29, int repeats = 5);
 
 }  // namespace corolla::app
