@@ -96,8 +96,7 @@ int run_generate(const generate_options& o) {
       throw model_error(std::string("--prompt needs a tokenizer (or use --prompt-ids): ") +
                         e.what());
     }
-    // Llama-family models are trained with BOS in front; GPT-2 is not.
-    prompt = tok->encode(o.prompt, model.config().arch == architecture::llama);
+    prompt = tok->encode(o.prompt, tok->prepends_bos());
   } else {
     try {
       tok = load_tokenizer(o.model);

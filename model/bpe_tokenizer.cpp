@@ -285,6 +285,7 @@ class bpe_tokenizer final : public tokenizer {
   int vocab_size() const override { return vocab_size_; }
   int bos_id() const override { return bos_; }
   int eos_id() const override { return eos_; }
+  bool prepends_bos() const override { return false; }
 
  private:
   /// BPE of one pre-token, through a cache (words repeat a lot in text).

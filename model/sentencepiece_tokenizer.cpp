@@ -50,6 +50,7 @@ class sentencepiece_tokenizer final : public tokenizer {
   int vocab_size() const override { return vocab_; }
   int bos_id() const override { return bos_; }
   int eos_id() const override { return eos_; }
+  bool prepends_bos() const override { return bos_ >= 0; }
 
  private:
   std::filesystem::path file_;

@@ -39,6 +39,10 @@ class tokenizer {
   virtual int bos_id() const = 0;
   /// End-of-sequence id, -1 when none.
   virtual int eos_id() const = 0;
+  /// Whether text prompts for this tokenizer's models start with BOS, as
+  /// HuggingFace's own tokenizers do: SentencePiece yes (when it has a BOS),
+  /// GPT-2 byte-level BPE no.
+  virtual bool prepends_bos() const = 0;
 };
 
 /// Turns generated ids, pushed one at a time, into text as soon as it is
