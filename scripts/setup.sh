@@ -13,7 +13,8 @@ packages=(
   libopenblas-dev doctest-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   libsentencepiece-dev libtomlplusplus-dev
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev
-  libibverbs-dev libopendht-dev libcpp-httplib-dev
+  libibverbs-dev libopendht-dev libcpp-httplib-dev libxxhash-dev
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -1,0 +1,130 @@
+// net/zmq_transport.hpp — ZeroMQ over TCP: one I/O thread owns every socket.
+//
+// A node listens on one ROUTER socket and opens one DEALER per peer it
+// connects to; a connection is usable in both directions (replies to a
+// DEALER peer go back through the ROUTER with its routing id), so a peer
+// that does not listen (behind NAT) still works. Other threads (actors)
+// never touch sockets: they push work onto a queue and wake the I/O thread
+// through an eventfd it polls together with the sockets. Encoding happens on
+// the caller's thread, decoding on the I/O thread; tensors are sent without
+// copying. Shaping (net/shaping.hpp) delays outgoing messages per connection.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <caf/expected.hpp>
+
+#include "net/codec.hpp"
+#include "net/message.hpp"
+#include "net/shaping.hpp"
+
+namespace corolla::net {
+
+/// Identifies one connection for the lifetime of a transport (never reused).
+using connection_id = std::uint64_t;
+
+/// CurveZMQ settings: with `enabled`, every connection is authenticated and
+/// encrypted; the listening side accepts only the public keys in `allowed`.
+struct curve_options {
+  bool enabled = false;
+  std::string public_key;   ///< Z85 (40 chars)
+  std::string secret_key;   ///< Z85 (40 chars)
+  std::vector<std::string> allowed;  ///< Z85 public keys of peers allowed in
+};
+
+/// Loads "<dir>/node.key" (secret) / "<dir>/node.pub" (public) and the
+/// allow-list "<dir>/allowed" (one Z85 key per line, '#' comments),
+/// creating a key pair when none exists. Throws std::runtime_error with the
+/// file named for unreadable or malformed files.
+curve_options load_curve_dir(const std::string& dir);
+
+struct transport_options {
+  /// Endpoint to bind, e.g. "tcp://127.0.0.1:0" (port 0 = any free port;
+  /// endpoint() reports the chosen one). Empty = connect-only.
+  std::string listen = "tcp://127.0.0.1:0";
+  /// Routing id this node presents on its outgoing connections (its node id).
+  std::string identity;
+  /// Messages queued per socket by ZeroMQ; the transport itself holds at
+  /// most as many again per connection (shaping delay, a full socket) before
+  /// send() returns false.
+  int send_hwm = 1000;
+  int recv_hwm = 1000;
+  std::int64_t max_frame_bytes = std::int64_t{1} << 30;  ///< ZMQ_MAXMSGSIZE
+  decode_limits limits;
+  /// Compute the XXH3 checksum of every outgoing tensor frame (receivers
+  /// verify checksums that are present, per limits.verify_checksums).
+  bool send_checksums = true;
+  curve_options curve;
+  link_profile default_profile;         ///< shaping of new connections
+  std::uint64_t shaping_seed = 0;
+};
+
+/// What the I/O thread reports. Called on the I/O thread: handlers must be
+/// quick and must not block (hand work to an actor).
+struct transport_events {
+  /// A message decoded from `conn`.
+  std::function<void(connection_id conn, message&& m)> on_message;
+  /// Frames from `conn` that failed validation (the reason), already dropped.
+  std::function<void(connection_id conn, const std::string& reason)> on_bad_message;
+  /// A new incoming connection (first message from an unknown routing id).
+  std::function<void(connection_id conn, const std::string& routing_id)> on_accept;
+  /// The TCP connection behind `conn` dropped (peer closed, reset, killed);
+  /// DEALER connections keep reconnecting until close(). Reported once per
+  /// established connection (after on_connect, or after the first message of
+  /// an incoming one).
+  std::function<void(connection_id conn)> on_disconnect;
+  /// A DEALER connection (re)established its TCP connection (handshake
+  /// done, CurveZMQ included). Also raised for an incoming connection whose
+  /// peer was reported by on_disconnect and then sends again with the same
+  /// routing id (a reconnected or restarted peer): it keeps its id.
+  std::function<void(connection_id conn)> on_connect;
+  /// CurveZMQ refused a peer (its public key is not allowed).
+  std::function<void(const std::string& reason)> on_auth_failure;
+};
+
+class zmq_transport {
+ public:
+  /// Binds (if options.listen is set) and starts the I/O thread. Errors: the
+  /// endpoint cannot be bound, bad curve keys.
+  static caf::expected<std::unique_ptr<zmq_transport>> start(transport_options options,
+                                                             transport_events events);
+  ~zmq_transport();  ///< stops the I/O thread, closes every socket (linger 0)
+
+  /// The bound endpoint with the real port ("tcp://127.0.0.1:41234"), or "".
+  std::string endpoint() const;
+
+  /// Opens a DEALER to `endpoint` (asynchronous; thread-safe). Messages sent
+  /// before the TCP connection is up are queued (up to the HWM).
+  /// `server_public_key` (Z85) is the listening peer's CurveZMQ public key,
+  /// required when options.curve.enabled (std::invalid_argument otherwise,
+  /// or for a malformed key). An endpoint ZeroMQ cannot connect to is
+  /// reported by on_disconnect(conn) and the connection is closed.
+  connection_id connect(const std::string& endpoint, const std::string& server_public_key = "");
+  /// Queues `m` for `conn` (thread-safe). Returns false (and drops it) for an
+  /// unknown or closed connection or a full queue.
+  bool send(connection_id conn, const message& m);
+  /// Changes the shaping of messages sent on `conn` from now on.
+  void set_profile(connection_id conn, const link_profile& p);
+  /// Closes `conn` (thread-safe); further sends fail and messages still
+  /// waiting in the transport for it are dropped. An incoming connection
+  /// cannot be cut from this side (ZeroMQ has no such call): its routing id
+  /// is forgotten, and a later message from that peer is a new connection.
+  void close(connection_id conn);
+
+  /// Bytes and messages sent/received so far (all connections).
+  struct counters {
+    std::uint64_t messages_sent = 0, messages_received = 0, bytes_sent = 0, bytes_received = 0,
+                  bad_messages = 0;
+  };
+  counters stats() const;
+
+ private:
+  struct impl;
+  explicit zmq_transport(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace corolla::net
