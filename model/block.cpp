@@ -262,3 +262,131 @@ void block_forward_cached(Backend& be, const model_config& cfg, const block_tens
 }
 
 }  // namespace corolla
+
+// ---- batched cached forward (concurrent sessions of a server) ----------------------
+
+namespace corolla {
+
+void block_forward_cached_batch(Backend& be, const model_config& cfg, const block_tensors& w,
+                                const Tensor& x, const Tensor& positions,
+                                std::span<const cached_rows> seqs, int layer,
+                                block_decode_workspace& ws, Tensor& y) {
+  const std::int64_t R = x.dim(0);
+  const bool llama = is_llama(cfg);
+  Tensor& norm = ws.norm_.rows(be, R);
+  Tensor& mean = ws.mean_.rows(be, R);
+  Tensor& rstd = ws.rstd_.rows(be, R);
+  Tensor& q = ws.q_.rows(be, R);
+  Tensor& k = ws.k_.rows(be, R);
+  Tensor& v = ws.v_.rows(be, R);
+  Tensor& attn = ws.attn_.rows(be, R);
+  Tensor& tmp = ws.tmp_.rows(be, R);
+  Tensor& h = ws.h_.rows(be, R);
+  Tensor& up = ws.up_.rows(be, R);
+  Tensor& act = ws.act_.rows(be, R);
+
+  // Everything row-wise runs once over the stacked rows: this is where the
+  // batch pays off (one weight read serves every session).
+  norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
+  be.linear(norm, w.q_w, opt(w.q_b), q);
+  be.linear(norm, w.k_w, opt(w.k_b), k);
+  be.linear(norm, w.v_w, opt(w.v_b), v);
+  if (llama) {
+    be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
+    be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
+  }
+  // Attention is per sequence: each has its own cache and length.
+  const attention_shape shape = block_attention_shape(cfg);
+  std::int64_t row = 0;
+  for (const cached_rows& s : seqs) {
+    const std::int64_t end = row + s.rows;
+    s.kv->append(layer, s.start_pos, k.slice(row, end), v.slice(row, end));
+    Tensor out = attn.slice(row, end);
+    be.attention_cached(q.slice(row, end), s.kv->view(layer), s.start_pos, shape, out);
+    row = end;
+  }
+  if (row != R)
+    throw tensor_error("block_forward_cached_batch: the sequences cover " + std::to_string(row) +
+                       " rows of a batch of " + std::to_string(R));
+  be.linear(attn, w.o_w, opt(w.o_b), tmp);
+  be.add(x, tmp, h);
+
+  norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
+  if (llama) {
+    Tensor& gate = ws.gate_.rows(be, R);
+    be.linear(norm, w.gate_w, nullptr, gate);
+    be.linear(norm, w.up_w, nullptr, up);
+    be.swiglu(gate, up, act);
+  } else {
+    be.linear(norm, w.up_w, opt(w.up_b), up);
+    be.gelu(up, act);
+  }
+  be.linear(act, w.down_w, opt(w.down_b), tmp);
+  be.add(h, tmp, y);
+}
+
+// ---- input-only backward (frozen weights) ------------------------------------------
+
+void block_backward_input(Backend& be, const model_config& cfg, const block_tensors& w,
+                          const block_activations& a, const Tensor& positions, const Tensor& dy,
+                          Tensor& dx, block_input_grad_scratch& scratch) {
+  const std::int64_t N = static_cast<std::int64_t>(a.batch) * a.seq;
+  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
+  const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
+  expect_shape(dy, {N, D}, "block_backward_input dy");
+  expect_shape(dx, {N, D}, "block_backward_input dx");
+  const bool llama = is_llama(cfg);
+  block_grad_scratch& s = scratch.s;
+
+  ensure_tensor(be, s.dnorm, {N, D});
+  ensure_tensor(be, s.dtmp, {N, D});
+  ensure_tensor(be, s.dh, {N, D});
+  ensure_tensor(be, s.dattn, {N, Q});
+  ensure_tensor(be, s.dq, {N, Q});
+  ensure_tensor(be, s.dk, {N, KV});
+  ensure_tensor(be, s.dv, {N, KV});
+  ensure_tensor(be, s.dact, {N, F});
+  ensure_tensor(be, s.dup, {N, F});
+  if (llama) ensure_tensor(be, s.dgate, {N, F});
+  // The norm kernels accumulate their weight gradients; the sums are thrown
+  // away, but zeroing them each call keeps them finite forever.
+  for (Tensor* t : {&scratch.norm_dw, &scratch.norm_db}) {
+    if (!t->defined() || t->numel() != D) {
+      *t = be.empty({D});
+      be.copy(Tensor::zeros({D}), *t);
+    }
+    be.scale(*t, 0.0f);
+  }
+
+  // MLP half: y = h + down(act(n2)). Activation gradients are plain GEMMs
+  // with the weights: d(in) = d(out) @ W for W [out, in].
+  be.gemm(dy, false, w.down_w, false, s.dact);
+  if (llama) {
+    be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
+    be.gemm(s.dgate, false, w.gate_w, false, s.dnorm);
+    be.gemm(s.dup, false, w.up_w, false, s.dnorm, 1.0f, 1.0f);
+  } else {
+    be.gelu_backward(a.up, s.dact, s.dup);
+    be.gemm(s.dup, false, w.up_w, false, s.dnorm);
+  }
+  norm_backward(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, s.dtmp, scratch.norm_dw,
+                scratch.norm_db);
+  be.add(dy, s.dtmp, s.dh);
+
+  // Attention half: h = x + o(attn(q, k, v)).
+  be.gemm(s.dh, false, w.o_w, false, s.dattn);
+  be.attention_backward(a.q, a.k, a.v, a.attn, a.lse, s.dattn, a.batch, a.seq,
+                        block_attention_shape(cfg), s.dq, s.dk, s.dv);
+  if (llama) {
+    be.rope(s.dq, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta, true);
+    be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta, true);
+  }
+  be.gemm(s.dq, false, w.q_w, false, s.dnorm);
+  be.gemm(s.dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
+  be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);
+  norm_backward(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dtmp, scratch.norm_dw,
+                scratch.norm_db);
+  be.add(s.dh, s.dtmp, dx);
+}
+
+}  // namespace corolla

@@ -14,11 +14,19 @@
 //    with Tq = prompt length, decode with Tq = 1). It runs in a preallocated
 //    workspace and allocates nothing once the workspace has seen Tq rows.
 //
+// Two more serve a swarm server (model/span_engine.hpp):
+//  * block_forward_cached_batch: the new rows of several sequences at once,
+//    each against its own kv_sequence (batched decode of concurrent
+//    sessions: one GEMM per projection over every session's rows);
+//  * block_backward_input: dx only, for servers whose weights are frozen
+//    (fine-tuning clients train prompts, not the server's blocks).
+//
 // Parameters are a param_set in the canonical layout (block_layout), resolved
 // once into block_tensors so no hot path looks a name up.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,6 +82,22 @@ struct block_grad_scratch {
   Tensor dnorm, dtmp, dh, dattn, dq, dk, dv, dact, dgate, dup;
 };
 
+/// Scratch of block_backward_input: block_grad_scratch plus the [D] buffers
+/// the norm backward kernels insist on accumulating into (never read).
+struct block_input_grad_scratch {
+  block_grad_scratch s;
+  Tensor norm_dw, norm_db;
+};
+
+/// One sequence's share of a batched cached forward: the next `rows` rows of
+/// the batch are that sequence's tokens at positions start_pos ..
+/// start_pos+rows-1, written to `kv` (which must have capacity for them).
+struct cached_rows {
+  kv_sequence* kv = nullptr;
+  std::int64_t start_pos = 0;
+  std::int64_t rows = 0;
+};
+
 /// Preallocated buffers of block_forward_cached for up to capacity() rows.
 /// One workspace serves every block of a stage (they run one after another).
 class block_decode_workspace {
@@ -92,6 +116,9 @@ class block_decode_workspace {
   friend void block_forward_cached(Backend&, const model_config&, const block_tensors&,
                                    const Tensor&, const Tensor&, kv_sequence&, int,
                                    std::int64_t, block_decode_workspace&, Tensor&);
+  friend void block_forward_cached_batch(Backend&, const model_config&, const block_tensors&,
+                                         const Tensor&, const Tensor&, std::span<const cached_rows>,
+                                         int, block_decode_workspace&, Tensor&);
   row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
 };
 
@@ -117,5 +144,27 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
 void block_forward_cached(Backend& be, const model_config& cfg, const block_tensors& w,
                           const Tensor& x, const Tensor& positions, kv_sequence& kv, int layer,
                           std::int64_t start_pos, block_decode_workspace& ws, Tensor& y);
+
+/// Block_forward_cached for several sequences at once: x [R, D] stacks each
+/// entry of `seqs` in order (entry i owns the next seqs[i].rows rows),
+/// `positions` (i32 [R]) holds every row's own position. The norms, the
+/// q/k/v/o and MLP projections and RoPE run once over all R rows; each
+/// sequence's keys and values go to layer `layer` of its own cache and its
+/// rows attend only to that cache. Row for row the result equals
+/// block_forward_cached run per sequence (up to GEMM rounding). The rows
+/// must sum to R; y [R, D] may alias x.
+void block_forward_cached_batch(Backend& be, const model_config& cfg, const block_tensors& w,
+                                const Tensor& x, const Tensor& positions,
+                                std::span<const cached_rows> seqs, int layer,
+                                block_decode_workspace& ws, Tensor& y);
+
+/// The input gradient of block_forward without parameter gradients: dx
+/// [N,D] overwritten from dy [N,D], given the activations `saved`. Skips the
+/// weight-gradient GEMMs (two thirds of a full backward's work) and needs no
+/// gradient buffers, so a server with frozen weights can serve backward
+/// requests without doubling its memory. dx must not alias dy.
+void block_backward_input(Backend& be, const model_config& cfg, const block_tensors& w,
+                          const block_activations& saved, const Tensor& positions,
+                          const Tensor& dy, Tensor& dx, block_input_grad_scratch& scratch);
 
 }  // namespace corolla

@@ -156,3 +156,54 @@ void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_
 }
 
 }  // namespace corolla
+
+namespace corolla {
+
+void stage::forward_cached_batch(const Tensor& x, std::span<const cached_rows> seqs, Tensor& y) {
+  const std::int64_t R = x.dim(0);
+  expect_rows(x, R, cfg_.hidden_size, "stage::forward_cached_batch x");
+  expect_rows(y, R, cfg_.hidden_size, "stage::forward_cached_batch y");
+  std::int64_t rows = 0;
+  for (const cached_rows& s : seqs) {
+    if (s.kv == nullptr || s.rows < 0 || s.start_pos < 0)
+      throw tensor_error("stage::forward_cached_batch: a sequence without a cache or with "
+                         "negative rows or position");
+    if (s.kv->n_layers() != size())
+      throw tensor_error("stage::forward_cached_batch: a KV cache of " +
+                         std::to_string(s.kv->n_layers()) + " layers for a stage of " +
+                         std::to_string(size()) + " blocks");
+    if (s.start_pos + s.rows > s.kv->capacity())
+      throw tensor_error("stage::forward_cached_batch: positions up to " +
+                         std::to_string(s.start_pos + s.rows) + " exceed the KV capacity of " +
+                         std::to_string(s.kv->capacity()) + " (reserve first)");
+    rows += s.rows;
+  }
+  if (rows != R)
+    throw tensor_error("stage::forward_cached_batch: the sequences cover " +
+                       std::to_string(rows) + " rows of a batch of " + std::to_string(R));
+  if (size() == 0) {
+    if (&x != &y) be_->copy(x, y);
+    return;
+  }
+  // Each row's own position (RoPE), written on the host and uploaded.
+  Tensor& pos = decode_positions_.rows(*be_, R);
+  Tensor* host = &pos;
+  if (pos.dev().kind != device_kind::cpu) {
+    if (!host_positions_.defined() || host_positions_.numel() != R)
+      host_positions_ = Tensor::empty({R}, dtype::i32);
+    host = &host_positions_;
+  }
+  auto* p = host->data<std::int32_t>();
+  for (const cached_rows& s : seqs)
+    for (std::int64_t i = 0; i < s.rows; ++i) *p++ = static_cast<std::int32_t>(s.start_pos + i);
+  if (host != &pos) be_->copy(*host, pos);
+
+  const Tensor* in = &x;
+  for (int i = 0; i < size(); ++i) {
+    block_forward_cached_batch(*be_, cfg_, weights_[static_cast<std::size_t>(i)], *in, pos, seqs,
+                               i, decode_ws_, y);
+    in = &y;
+  }
+}
+
+}  // namespace corolla

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -87,6 +88,14 @@ class stage {
   /// layers). kv must have capacity for start_pos + Tq tokens
   /// (kv_sequence::reserve). y [Tq, D] may alias x.
   void forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y);
+  /// Cached forward of several sequences' new rows at once through every
+  /// block (a server's batched decode): x [R, D] stacks the rows of each
+  /// entry of `seqs` in order, each at its own positions start_pos.. and
+  /// against its own kv_sequence (each with size() layers and capacity for
+  /// its rows). The projections run once over all R rows per block; the
+  /// result equals forward_cached per sequence up to GEMM rounding. y [R, D]
+  /// may alias x.
+  void forward_cached_batch(const Tensor& x, std::span<const cached_rows> seqs, Tensor& y);
 
  private:
   void resolve_views();

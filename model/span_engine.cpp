@@ -1,0 +1,336 @@
+// model/span_engine.cpp — sessions, incremental inference steps, batched
+// decode and accounting of a server's span engine. The stateless
+// forward/backward for fine-tuning clients is in span_engine_finetune.cpp.
+#include "model/span_engine.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+
+
+namespace corolla {
+
+/// One inference session: its KV cache and the last step (for retries).
+struct span_session {
+  span_session(std::string session_id, std::shared_ptr<kv_pool> pool, std::int64_t max_len)
+      : id(std::move(session_id)), kv(std::move(pool)), max_length(max_len) {}
+
+  std::string id;
+  kv_sequence kv;
+  std::int64_t max_length = 0;
+  // The last successful step. Invariant while has_last: the cache holds
+  // exactly last_start + last_rows tokens, the last of which that step
+  // wrote, so repeating it would change nothing and return last_output.
+  bool has_last = false;
+  std::uint64_t last_step_id = 0;
+  std::int64_t last_start = 0;
+  std::int64_t last_rows = 0;
+  Tensor last_output;  ///< host f32 [last_rows, D]; its buffer is reused across steps
+};
+
+namespace {
+
+span_error error(span_errc code, std::string message) { return {code, std::move(message)}; }
+
+bool is_float(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
+
+std::string in_quotes(const std::string& id) { return "'" + id + "'"; }
+
+}  // namespace
+
+const char* span_errc_name(span_errc e) {
+  switch (e) {
+    case span_errc::unknown_session: return "unknown_session";
+    case span_errc::duplicate_session: return "duplicate_session";
+    case span_errc::invalid_argument: return "invalid_argument";
+    case span_errc::bad_position: return "bad_position";
+    case span_errc::cache_full: return "cache_full";
+    case span_errc::internal: return "internal";
+  }
+  return "internal";
+}
+
+// ---- construction ------------------------------------------------------------------
+
+std::size_t span_engine::kv_bytes_per_token(const model_config& cfg, int n_blocks) {
+  return 2 * static_cast<std::size_t>(n_blocks) * static_cast<std::size_t>(cfg.n_kv_heads) *
+         static_cast<std::size_t>(cfg.head_dim) * sizeof(float);
+}
+
+span_engine::span_engine(stage blocks, std::int64_t cache_tokens,
+                         const span_engine_options& options)
+    : stage_(std::move(blocks)), options_(options), step_rows_(stage_.config().hidden_size) {
+  const model_config& cfg = stage_.config();
+  if (stage_.size() < 1)
+    throw std::invalid_argument("span_engine: a server must host at least one block");
+  if (cache_tokens < 0)
+    throw std::invalid_argument("span_engine: cache tokens must be >= 0, got " +
+                                std::to_string(cache_tokens));
+  if (options.page_tokens <= 0 || options.max_forward_rows <= 0)
+    throw std::invalid_argument("span_engine: page tokens and max forward rows must be positive");
+  const std::int64_t pt = options.page_tokens;
+  const std::int64_t tokens = (cache_tokens + pt - 1) / pt * pt;
+  const std::size_t budget =
+      static_cast<std::size_t>(tokens) * kv_bytes_per_token(cfg, stage_.size());
+  pool_ = std::make_shared<kv_pool>(budget, stage_.size(), cfg.n_kv_heads, cfg.head_dim,
+                                    options.page_tokens, &stage_.backend());
+  for (const param_set& p : stage_.params()) weights_.push_back(block_tensors::of(cfg, p));
+}
+
+span_engine span_engine::load(const checkpoint& ck, const model_config& cfg, int first, int last,
+                              Backend& be, std::int64_t cache_tokens,
+                              const span_engine_options& options) {
+  return span_engine(stage::load(ck, cfg, first, last, be), cache_tokens, options);
+}
+
+span_engine::~span_engine() = default;
+span_engine::span_engine(span_engine&&) noexcept = default;
+span_engine& span_engine::operator=(span_engine&&) noexcept = default;
+
+// ---- accounting ----------------------------------------------------------------------
+
+std::int64_t span_engine::cache_tokens() const {
+  return pool_->max_pages() * pool_->page_tokens();
+}
+
+std::int64_t span_engine::cache_tokens_left() const {
+  return (pool_->max_pages() - pool_->pages_in_use()) * pool_->page_tokens();
+}
+
+std::size_t span_engine::cache_bytes_used() const {
+  return static_cast<std::size_t>(pool_->pages_in_use()) * pool_->page_bytes();
+}
+
+std::vector<span_session_info> span_engine::sessions() const {
+  std::vector<span_session_info> out;
+  out.reserve(sessions_.size());
+  for (const auto& [id, s] : sessions_)
+    out.push_back({id, s->kv.length(), s->max_length, s->kv.capacity()});
+  return out;
+}
+
+span_expected<std::int64_t> span_engine::session_length(const std::string& id) const {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end())
+    return error(span_errc::unknown_session, "unknown session " + in_quotes(id));
+  return it->second->kv.length();
+}
+
+// ---- sessions ------------------------------------------------------------------------
+
+span_session* span_engine::find(const std::string& id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+span_expected<void> span_engine::open_session(const std::string& id, std::int64_t max_length) {
+  if (id.empty()) return error(span_errc::invalid_argument, "a session id must not be empty");
+  if (max_length <= 0)
+    return error(span_errc::invalid_argument,
+                 "max length must be positive, got " + std::to_string(max_length));
+  const int context = config().max_positions;
+  if (max_length > context)
+    return error(span_errc::invalid_argument,
+                 "max length " + std::to_string(max_length) + " exceeds the model context of " +
+                     std::to_string(context));
+  if (sessions_.count(id))
+    return error(span_errc::duplicate_session, "session " + in_quotes(id) + " is already open");
+  sessions_.emplace(id, std::make_unique<span_session>(id, pool_, max_length));
+  return {};
+}
+
+span_expected<void> span_engine::close_session(const std::string& id) {
+  if (sessions_.erase(id) == 0)
+    return error(span_errc::unknown_session, "unknown session " + in_quotes(id));
+  return {};
+}
+
+// ---- validation ----------------------------------------------------------------------
+
+span_expected<void> span_engine::check_hidden(const Tensor& hidden, const char* what) const {
+  const std::int64_t D = config().hidden_size;
+  if (!hidden.defined()) return error(span_errc::invalid_argument, std::string(what) + " are missing");
+  if (hidden.dev().kind != device_kind::cpu)
+    return error(span_errc::invalid_argument,
+                 std::string(what) + " must be in host memory, got " + hidden.dev().str());
+  if (!is_float(hidden.type()))
+    return error(span_errc::invalid_argument, std::string(what) + " must be f32, bf16 or f16, got " +
+                                                  dtype_name(hidden.type()));
+  if (hidden.rank() != 2 || hidden.dim(1) != D)
+    return error(span_errc::invalid_argument,
+                 std::string(what) + " must be [n, " + std::to_string(D) +
+                     "] (the model's hidden size is " + std::to_string(D) + "), got " +
+                     shape_str(hidden.shape()));
+  if (hidden.dim(0) == 0)
+    return error(span_errc::invalid_argument,
+                 std::string(what) + " have no rows: a request needs at least one token");
+  return {};
+}
+
+span_expected<void> span_engine::check_step(const span_session& s, const Tensor& hidden,
+                                            std::int64_t start) const {
+  const std::int64_t n = hidden.dim(0), length = s.kv.length();
+  if (start < 0)
+    return error(span_errc::bad_position,
+                 "step starts at negative position " + std::to_string(start));
+  if (start > length)
+    return error(span_errc::bad_position, "step starts at position " + std::to_string(start) +
+                                              " but the session holds " + std::to_string(length) +
+                                              " tokens");
+  if (start + n > s.max_length)
+    return error(span_errc::bad_position,
+                 "step covers positions " + std::to_string(start) + ".." +
+                     std::to_string(start + n - 1) + " but session " + in_quotes(s.id) +
+                     " was opened for " + std::to_string(s.max_length) + " tokens");
+  return {};
+}
+
+// ---- steps -----------------------------------------------------------------------------
+
+Tensor& span_engine::upload(const Tensor& host, row_buffer& buffer) {
+  Backend& be = stage_.backend();
+  Tensor& rows = buffer.rows(be, host.dim(0));
+  be.copy(host, rows);  // converts bf16/f16 to f32
+  return rows;
+}
+
+Tensor span_engine::download(const Tensor& device_rows) {
+  Tensor out = Tensor::empty(device_rows.shape(), dtype::f32);
+  stage_.backend().copy(device_rows, out);
+  return out;
+}
+
+void span_engine::finish_step(span_session& s, std::int64_t start, std::int64_t rows,
+                              std::uint64_t step_id, const Tensor& output) {
+  // After a rollback the cache may still hold pages past the new end.
+  s.kv.truncate(start + rows);
+  if (!s.last_output.defined() || s.last_output.shape() != output.shape())
+    s.last_output = Tensor::empty(output.shape(), dtype::f32);
+  s.last_output.copy_from(output);
+  s.has_last = true;
+  s.last_step_id = step_id;
+  s.last_start = start;
+  s.last_rows = rows;
+}
+
+void span_engine::fail_step(span_session& s, std::int64_t start) {
+  // Some layers may hold the new tokens and others not; positions below
+  // start are untouched in every layer, so cutting there is consistent.
+  s.kv.truncate(start);
+  s.has_last = false;
+}
+
+namespace {
+
+/// Whether a step is a retry of the session's last one.
+bool is_retry(const span_session& s, std::uint64_t step_id, std::int64_t start, std::int64_t n) {
+  return s.has_last && step_id != 0 && step_id == s.last_step_id && start == s.last_start &&
+         n == s.last_rows && s.kv.length() == s.last_start + s.last_rows;
+}
+
+}  // namespace
+
+span_expected<Tensor> span_engine::inference_step(const std::string& id, const Tensor& hidden,
+                                                  std::int64_t start, std::uint64_t step_id) {
+  span_session* s = find(id);
+  if (!s) return error(span_errc::unknown_session, "unknown session " + in_quotes(id));
+  if (auto ok = check_hidden(hidden, "hidden states"); !ok) return ok.error();
+  const std::int64_t n = hidden.dim(0);
+  if (is_retry(*s, step_id, start, n)) return s->last_output.clone();
+  if (auto ok = check_step(*s, hidden, start); !ok) return ok.error();
+  // Reserve before computing: a full pool fails the step with nothing
+  // changed. Pages past start + n are released only after success.
+  if (kv_reservation r = s->kv.reserve(start + n); !r) return error(span_errc::cache_full, r.error);
+  try {
+    Tensor& x = upload(hidden, step_rows_);
+    // kv_sequence::append rewrites from `start`, dropping what followed:
+    // the rollback needs no separate truncation before the compute.
+    stage_.forward_cached(x, s->kv, start, x);
+    Tensor out = download(x);
+    finish_step(*s, start, n, step_id, out);
+    return out;
+  } catch (const std::exception& e) {
+    fail_step(*s, start);
+    return error(span_errc::internal, std::string("span computation failed: ") + e.what());
+  }
+}
+
+std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const decode_item> items) {
+  struct pending_step {
+    std::size_t index;
+    span_session* session;
+    std::int64_t start, rows, row;
+    std::uint64_t step_id;
+  };
+  std::vector<span_expected<Tensor>> results;
+  results.reserve(items.size());
+  std::vector<pending_step> pending;
+  std::vector<cached_rows> segments;
+  std::unordered_set<const span_session*> seen;
+  std::int64_t total_rows = 0;
+
+  // Validate and reserve everything first: an item's error is its own.
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const decode_item& item = items[i];
+    span_session* s = find(item.session_id);
+    if (!s) {
+      results.emplace_back(error(span_errc::unknown_session, "unknown session " + in_quotes(item.session_id)));
+      continue;
+    }
+    if (!seen.insert(s).second) {
+      results.emplace_back(error(span_errc::invalid_argument,
+                                 "session " + in_quotes(s->id) +
+                                     " appears more than once in one decode batch"));
+      continue;
+    }
+    if (auto ok = check_hidden(item.hidden, "hidden states"); !ok) {
+      results.emplace_back(ok.error());
+      continue;
+    }
+    const std::int64_t n = item.hidden.dim(0);
+    if (is_retry(*s, item.step_id, item.start_position, n)) {
+      results.emplace_back(s->last_output.clone());
+      continue;
+    }
+    if (auto ok = check_step(*s, item.hidden, item.start_position); !ok) {
+      results.emplace_back(ok.error());
+      continue;
+    }
+    if (kv_reservation r = s->kv.reserve(item.start_position + n); !r) {
+      results.emplace_back(error(span_errc::cache_full, r.error));
+      continue;
+    }
+    pending.push_back({i, s, item.start_position, n, total_rows, item.step_id});
+    segments.push_back({&s->kv, item.start_position, n});
+    total_rows += n;
+    results.emplace_back(Tensor());  // filled below
+  }
+  if (pending.empty()) return results;
+
+  Backend& be = stage_.backend();
+  try {
+    Tensor& x = step_rows_.rows(be, total_rows);
+    for (const pending_step& p : pending) {
+      Tensor dst = x.slice(p.row, p.row + p.rows);
+      be.copy(items[p.index].hidden, dst);
+    }
+    stage_.forward_cached_batch(x, segments, x);
+    for (const pending_step& p : pending) {
+      Tensor out = download(x.slice(p.row, p.row + p.rows));
+      finish_step(*p.session, p.start, p.rows, p.step_id, out);
+      results[p.index] = std::move(out);
+    }
+  } catch (const std::exception& e) {
+    // Outputs of a failed batch are not trusted, whichever item they were.
+    for (const pending_step& p : pending) {
+      fail_step(*p.session, p.start);
+      results[p.index] =
+          error(span_errc::internal, std::string("span computation failed: ") + e.what());
+    }
+  }
+  return results;
+}
+
+}  // namespace corolla

@@ -1,0 +1,289 @@
+// model/span_engine.hpp — what a swarm server computes over its span of blocks.
+//
+// A volunteer server (Petals' role, issue 4) hosts blocks [first, last) of a
+// model and serves two kinds of clients:
+//
+//  * Inference sessions. Each session keeps the attention (KV) cache of its
+//    tokens in the server's one paged pool (model/kv_cache.hpp), sized by a
+//    token budget; pages are taken as tokens arrive, never reserved up
+//    front. A step sends hidden states [n, D] for positions
+//    [start, start + n) and gets the span's output back. A start below the
+//    session's length rolls the cache back first (replay after a failover,
+//    speculative decoding), anything up to the length is accepted. A retried
+//    step (same step id, start and size as the last one) gets the stored
+//    output back instead of being recomputed. Decode steps of many sessions
+//    run together (decode_batch): one GEMM per projection over all rows.
+//
+//  * Fine-tuning clients (stateless). forward / backward of B sequences of T
+//    tokens through the span, optionally with deep prompts: P trainable
+//    vectors per block, ADDED to the hidden states of each sequence's first
+//    P positions at the input of that block (Petals' deep prompt tuning; see
+//    docs/span_engine.md). backward recomputes the span's forward: nothing
+//    is kept between calls. The server's weights are frozen: backward
+//    returns the input gradient and the per-block prompt gradients only.
+//
+// Errors are values (span_expected): bad input from the network is normal
+// and the server keeps serving. A failed step changes nothing: everything
+// is validated and the KV pages reserved before any computation.
+//
+// Not thread-safe: no method may run concurrently with another on the same
+// engine. The server actor owns its engine and calls it from one thread at
+// a time (it serialises requests and batches decode steps itself). The KV
+// pool underneath is thread-safe, but the session table is not.
+//
+// This file knows nothing of networking or CAF: the server actor wraps it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "model/block.hpp"
+#include "model/config.hpp"
+#include "model/kv_cache.hpp"
+#include "model/safetensors.hpp"
+#include "model/stage.hpp"
+#include "model/workspace.hpp"
+
+namespace corolla {
+
+/// What went wrong with a request to a span_engine (the server actor maps
+/// these to its wire errors).
+enum class span_errc : std::uint8_t {
+  unknown_session,    ///< no open session has that id
+  duplicate_session,  ///< open_session with an id already open
+  invalid_argument,   ///< wrong shape, dtype, size, or an empty request
+  bad_position,       ///< a start beyond the session's tokens, or past its max length
+  cache_full,         ///< the KV budget cannot hold the step's tokens
+  internal,           ///< the computation itself failed (a bug or out of memory)
+};
+
+/// "unknown_session", "cache_full", ...
+const char* span_errc_name(span_errc e);
+
+/// An error value: a code and one complete message for the client.
+struct span_error {
+  span_errc code = span_errc::internal;
+  std::string message;
+};
+
+/// A value or a span_error (an expected-like type; model/ does not depend
+/// on CAF). Test it with `if (r)` before calling value().
+template <class T>
+class span_expected {
+ public:
+  /// A successful result.
+  span_expected(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  /// A failed result.
+  span_expected(span_error e) : v_(std::move(e)) {}  // NOLINT
+  /// True when a value is held.
+  bool has_value() const { return v_.index() == 0; }
+  explicit operator bool() const { return has_value(); }
+  /// The value; throws std::bad_variant_access when an error is held.
+  T& value() { return std::get<0>(v_); }
+  const T& value() const { return std::get<0>(v_); }
+  T& operator*() { return value(); }
+  const T& operator*() const { return value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  /// The error; throws std::bad_variant_access when a value is held.
+  const span_error& error() const { return std::get<1>(v_); }
+
+ private:
+  std::variant<T, span_error> v_;
+};
+
+/// Success or a span_error, for requests without a result value.
+template <>
+class span_expected<void> {
+ public:
+  /// Success.
+  span_expected() = default;
+  /// Failure.
+  span_expected(span_error e) : error_(std::move(e)), ok_(false) {}  // NOLINT
+  bool has_value() const { return ok_; }
+  explicit operator bool() const { return ok_; }
+  /// The error (meaningless when has_value()).
+  const span_error& error() const { return error_; }
+
+ private:
+  span_error error_;
+  bool ok_ = true;
+};
+
+/// How a span_engine is set up (beyond its blocks and token budget).
+struct span_engine_options {
+  /// Tokens per KV page: the granularity of cache allocation.
+  int page_tokens = 16;
+  /// Most rows (B*T) one stateless forward/backward request may carry: its
+  /// activations are about 10-20 x rows x D floats per block.
+  std::int64_t max_forward_rows = 8192;
+};
+
+/// One session's decode step in a decode_batch.
+struct decode_item {
+  std::string session_id;
+  Tensor hidden;                     ///< [n, D] float (f32, bf16 or f16), host; n is usually 1
+  std::int64_t start_position = 0;   ///< position of the first row
+  std::uint64_t step_id = 0;         ///< 0 = no retry detection
+};
+
+/// Gradients of a stateless backward.
+struct span_gradients {
+  Tensor grad_input;    ///< [B*T, D] f32, host
+  Tensor grad_prompts;  ///< [blocks, P, D] f32, host; undefined without deep prompts
+};
+
+/// One open session as seen by accounting.
+struct span_session_info {
+  std::string id;
+  std::int64_t length = 0;      ///< tokens cached
+  std::int64_t max_length = 0;  ///< as opened
+  std::int64_t held_tokens = 0; ///< tokens its pages can hold (>= length, whole pages)
+};
+
+struct span_session;
+
+/// The compute engine of one server: a stage over [first, last), a KV pool
+/// sized by a token budget, the open sessions. See the file comment for the
+/// protocol and for thread-safety (none: one call at a time).
+class span_engine {
+ public:
+  /// An engine over `blocks` (at least one block) with room for
+  /// `cache_tokens` tokens of KV cache, rounded up to whole pages:
+  /// budget bytes = ceil(cache_tokens / page_tokens) * page_tokens *
+  /// kv_bytes_per_token(). The pool lives on the stage's backend. Throws
+  /// std::invalid_argument for an empty span, negative cache_tokens or
+  /// non-positive options.
+  span_engine(stage blocks, std::int64_t cache_tokens, const span_engine_options& options = {});
+  /// Loads blocks [first, last) of `ck` (only their tensors) and builds the
+  /// engine. Throws model_error for a missing or misshapen tensor, and as
+  /// the constructor.
+  static span_engine load(const checkpoint& ck, const model_config& cfg, int first, int last,
+                          Backend& be, std::int64_t cache_tokens,
+                          const span_engine_options& options = {});
+  ~span_engine();
+  span_engine(span_engine&&) noexcept;
+  span_engine& operator=(span_engine&&) noexcept;
+
+  /// The model's shape, the span and the stage computing it.
+  const model_config& config() const { return stage_.config(); }
+  int first() const { return stage_.first(); }
+  int last() const { return stage_.last(); }
+  int size() const { return stage_.size(); }
+  stage& blocks() { return stage_; }
+
+  // ---- memory accounting ----------------------------------------------------------
+  /// Bytes one token's keys and values take over `n_blocks` blocks of `cfg`
+  /// (what `--cache-tokens N` is multiplied by): 2 * n_blocks * Hkv * Dh * 4.
+  static std::size_t kv_bytes_per_token(const model_config& cfg, int n_blocks);
+  /// Bytes one token's keys and values take over this span.
+  std::size_t kv_bytes_per_token() const { return pool_->bytes_per_token(); }
+  /// Tokens the whole budget holds (the cache_tokens asked for, rounded up
+  /// to whole pages).
+  std::int64_t cache_tokens() const;
+  /// Tokens the pages not held by any session can hold: what a new session
+  /// can count on (the DHT record's cache_tokens_left). Sessions also have
+  /// slack in their last page, which this does not count.
+  std::int64_t cache_tokens_left() const;
+  /// Bytes of KV pages held by sessions now.
+  std::size_t cache_bytes_used() const;
+  /// The KV pool (pages, budget).
+  const kv_pool& pool() const { return *pool_; }
+  /// Number of open sessions.
+  std::size_t session_count() const { return sessions_.size(); }
+  /// Every open session (order unspecified).
+  std::vector<span_session_info> sessions() const;
+  /// Tokens cached for session `id`, or unknown_session.
+  span_expected<std::int64_t> session_length(const std::string& id) const;
+
+  // ---- inference sessions ---------------------------------------------------------
+  /// Opens session `id` for up to `max_length` tokens (positions
+  /// [0, max_length)). Takes no KV pages yet. Errors: an empty id or
+  /// max_length <= 0 (invalid_argument), max_length beyond the model
+  /// context ("max length M exceeds the model context of P"), an id already
+  /// open (duplicate_session).
+  span_expected<void> open_session(const std::string& id, std::int64_t max_length);
+  /// Closes session `id` and returns its pages to the pool; unknown_session
+  /// when it is not open.
+  span_expected<void> close_session(const std::string& id);
+
+  /// Runs hidden [n, D] (f32, bf16 or f16 on the host) for positions
+  /// [start, start + n) through the span against session `id`'s cache and
+  /// returns the output [n, D] (f32, host, owned by the caller).
+  /// start < the session's length rolls the cache back to start first;
+  /// start > length is a bad_position ("step starts at position P but the
+  /// session holds L tokens"). A step whose step_id (non-zero), start and n
+  /// equal the last successful step's returns that step's output again
+  /// without computing (a retry). Other errors: n == 0, a wrong width or
+  /// dtype (invalid_argument); start + n beyond max_length (bad_position);
+  /// a full pool ("KV cache full: ...", cache_full). On any error the
+  /// session is unchanged and stays usable.
+  span_expected<Tensor> inference_step(const std::string& id, const Tensor& hidden,
+                                       std::int64_t start, std::uint64_t step_id = 0);
+
+  /// Runs several sessions' steps together: every item is validated (as
+  /// inference_step) and its pages reserved, then all valid items' rows go
+  /// through the span as one batch (one GEMM per projection per block over
+  /// all rows; attention per session against its own cache). Results are in
+  /// item order and equal running inference_step per item up to GEMM
+  /// rounding (~1e-6); an item's error fails only that item. A session may
+  /// appear once per batch (a second item for it is invalid_argument).
+  std::vector<span_expected<Tensor>> decode_batch(std::span<const decode_item> items);
+
+  // ---- stateless forward / backward (fine-tuning clients) -------------------------
+  /// Forward of `batch` sequences of `seq` tokens (hidden [B*T, D], float,
+  /// host; row b*T + t is token t of sequence b at position t) through the
+  /// span. With deep prompts ([size(), P, D], 1 <= P <= T) prompt i is added
+  /// to rows b*T + [0, P) of every sequence at the input of block first()+i.
+  /// Returns [B*T, D] f32 (host). Errors (invalid_argument): non-positive B
+  /// or T, T beyond the context, B*T beyond max_forward_rows, wrong shapes
+  /// or dtypes.
+  span_expected<Tensor> forward(const Tensor& hidden, int batch, int seq,
+                                const Tensor& deep_prompts = Tensor());
+  /// Backward of forward() for the same inputs: given grad_output [B*T, D]
+  /// (the gradient of the client's loss with respect to the span's output),
+  /// recomputes the forward and returns the gradient with respect to hidden
+  /// and, with deep prompts, with respect to each block's prompts (summed
+  /// over the batch). The blocks' weights get no gradients. Errors as
+  /// forward, plus a grad_output of another shape.
+  span_expected<span_gradients> backward(const Tensor& hidden, const Tensor& grad_output,
+                                         int batch, int seq,
+                                         const Tensor& deep_prompts = Tensor());
+
+ private:
+  span_session* find(const std::string& id);
+  span_expected<void> check_hidden(const Tensor& hidden, const char* what) const;
+  span_expected<void> check_step(const span_session& s, const Tensor& hidden,
+                                 std::int64_t start) const;
+  void finish_step(span_session& s, std::int64_t start, std::int64_t rows, std::uint64_t step_id,
+                   const Tensor& output);
+  void fail_step(span_session& s, std::int64_t start);
+  span_expected<void> check_forward(const Tensor& hidden, int batch, int seq,
+                                    const Tensor& deep_prompts) const;
+  Tensor& upload(const Tensor& host, row_buffer& buffer);
+  Tensor download(const Tensor& device_rows);
+  const Tensor& train_positions(int batch, int seq);
+  void add_prompts(Tensor& x, int batch, int seq, const Tensor& prompts, int block);
+  Tensor run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts,
+                     std::vector<block_activations>* saved);
+
+  stage stage_;
+  span_engine_options options_;
+  std::shared_ptr<kv_pool> pool_;
+  std::unordered_map<std::string, std::unique_ptr<span_session>> sessions_;
+  std::vector<block_tensors> weights_;  ///< per block, for the stateless paths
+
+  row_buffer step_rows_;   ///< device rows of inference steps and batches
+  Tensor train_positions_; ///< i32 [B*T] for the stateless paths
+  int train_batch_ = 0, train_seq_ = 0;
+};
+
+}  // namespace corolla

@@ -1,0 +1,176 @@
+// model/span_engine_finetune.cpp — the stateless forward and backward a
+// server runs for fine-tuning clients, with deep prompts.
+//
+// Deep prompts (Petals' deep prompt tuning): for block first()+i of the
+// span, prompt i ([P, D]) is added to the hidden states of positions
+// 0..P-1 of every sequence at that block's input:
+//     u_i = x_i + pad(prompt_i),  x_{i+1} = block_i(u_i)
+// so d prompt_i = sum over sequences of dL/du_i at those positions, and
+// dL/dx_i = dL/du_i (the addition passes the gradient through).
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/span_engine.hpp"
+
+namespace corolla {
+namespace {
+
+span_error invalid(std::string message) {
+  return {span_errc::invalid_argument, std::move(message)};
+}
+
+}  // namespace
+
+span_expected<void> span_engine::check_forward(const Tensor& hidden, int batch, int seq,
+                                               const Tensor& deep_prompts) const {
+  const model_config& cfg = config();
+  const std::int64_t D = cfg.hidden_size;
+  if (batch <= 0 || seq <= 0)
+    return invalid("batch size and sequence length must be positive, got " +
+                   std::to_string(batch) + " x " + std::to_string(seq));
+  if (seq > cfg.max_positions)
+    return invalid("sequence of " + std::to_string(seq) + " tokens exceeds the model context of " +
+                   std::to_string(cfg.max_positions));
+  const std::int64_t rows = static_cast<std::int64_t>(batch) * seq;
+  if (rows > options_.max_forward_rows)
+    return invalid(std::to_string(batch) + " x " + std::to_string(seq) + " = " +
+                   std::to_string(rows) + " rows exceed this server's limit of " +
+                   std::to_string(options_.max_forward_rows) + " rows per request");
+  if (auto ok = check_hidden(hidden, "hidden states"); !ok) return ok;
+  if (hidden.dim(0) != rows)
+    return invalid("hidden states have " + std::to_string(hidden.dim(0)) + " rows, expected " +
+                   std::to_string(batch) + " x " + std::to_string(seq) + " = " +
+                   std::to_string(rows));
+  if (deep_prompts.defined()) {
+    const shape_t& s = deep_prompts.shape();
+    const bool float_type = deep_prompts.type() == dtype::f32 ||
+                            deep_prompts.type() == dtype::bf16 || deep_prompts.type() == dtype::f16;
+    if (deep_prompts.dev().kind != device_kind::cpu || !float_type || s.size() != 3 ||
+        s[0] != size() || s[1] < 1 || s[1] > seq || s[2] != D)
+      return invalid("deep prompts must be float [" + std::to_string(size()) +
+                     " blocks, P, " + std::to_string(D) + "] on the host with 1 <= P <= " +
+                     std::to_string(seq) + " (the sequence length), got " +
+                     dtype_name(deep_prompts.type()) + " " + shape_str(s) + " on " +
+                     deep_prompts.dev().str());
+  }
+  return {};
+}
+
+const Tensor& span_engine::train_positions(int batch, int seq) {
+  if (!train_positions_.defined() || train_batch_ != batch || train_seq_ != seq) {
+    Backend& be = stage_.backend();
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(batch) * static_cast<std::size_t>(seq));
+    for (std::size_t i = 0; i < pos.size(); ++i)
+      pos[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(seq));
+    train_positions_ = be.empty({static_cast<std::int64_t>(pos.size())}, dtype::i32);
+    Tensor staging;
+    upload_i32(be, pos, train_positions_, staging);
+    train_batch_ = batch;
+    train_seq_ = seq;
+  }
+  return train_positions_;
+}
+
+void span_engine::add_prompts(Tensor& x, int batch, int seq, const Tensor& prompts, int block) {
+  Backend& be = stage_.backend();
+  const std::int64_t P = prompts.dim(1), D = prompts.dim(2);
+  const Tensor prompt = prompts.slice(block, block + 1).view({P, D});
+  for (std::int64_t b = 0; b < batch; ++b) {
+    Tensor rows = x.slice(b * seq, b * seq + P);
+    be.add(rows, prompt, rows);
+  }
+}
+
+Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts,
+                                std::vector<block_activations>* saved) {
+  Backend& be = stage_.backend();
+  const Tensor& pos = train_positions(batch, seq);
+  const shape_t shape = x.shape();
+  block_activations scratch;
+  Tensor in = x;  // engine-owned: the prompts are added in place
+  for (int i = 0; i < size(); ++i) {
+    if (prompts.defined()) add_prompts(in, batch, seq, prompts, i);
+    Tensor out = be.empty(shape);
+    block_activations& a = saved ? (*saved)[static_cast<std::size_t>(i)] : scratch;
+    // With `saved`, a.x keeps `in` alive for the backward; `out` becomes the
+    // next block's input and is never referenced by this block's activations.
+    block_forward(be, config(), weights_[static_cast<std::size_t>(i)], in, pos, batch, seq, out, a);
+    in = std::move(out);
+  }
+  return in;
+}
+
+span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int seq,
+                                           const Tensor& deep_prompts) {
+  if (auto ok = check_forward(hidden, batch, seq, deep_prompts); !ok) return ok.error();
+  Backend& be = stage_.backend();
+  try {
+    Tensor x = be.empty(hidden.shape());
+    be.copy(hidden, x);
+    Tensor prompts;
+    if (deep_prompts.defined()) {
+      prompts = be.empty(deep_prompts.shape());
+      be.copy(deep_prompts, prompts);
+    }
+    return download(run_forward(x, batch, seq, prompts, nullptr));
+  } catch (const std::exception& e) {
+    return span_error{span_errc::internal, std::string("span forward failed: ") + e.what()};
+  }
+}
+
+span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
+                                                    const Tensor& grad_output, int batch, int seq,
+                                                    const Tensor& deep_prompts) {
+  if (auto ok = check_forward(hidden, batch, seq, deep_prompts); !ok) return ok.error();
+  if (auto ok = check_hidden(grad_output, "output gradients"); !ok) return ok.error();
+  if (grad_output.shape() != hidden.shape())
+    return invalid("output gradients are " + shape_str(grad_output.shape()) +
+                   ", the hidden states " + shape_str(hidden.shape()));
+  Backend& be = stage_.backend();
+  try {
+    Tensor x = be.empty(hidden.shape());
+    be.copy(hidden, x);
+    Tensor prompts;
+    if (deep_prompts.defined()) {
+      prompts = be.empty(deep_prompts.shape());
+      be.copy(deep_prompts, prompts);
+    }
+    // Recompute the forward, keeping every block's activations (only for
+    // the length of this call).
+    std::vector<block_activations> saved(static_cast<std::size_t>(size()));
+    run_forward(x, batch, seq, prompts, &saved);
+
+    const Tensor& pos = train_positions(batch, seq);
+    Tensor g = be.empty(hidden.shape());
+    be.copy(grad_output, g);
+    Tensor grad_prompts;
+    std::int64_t P = 0;
+    if (prompts.defined()) {
+      grad_prompts = be.empty(prompts.shape());
+      P = prompts.dim(1);
+    }
+    block_input_grad_scratch scratch;
+    for (int i = size() - 1; i >= 0; --i) {
+      const auto b = static_cast<std::size_t>(i);
+      Tensor g_in = be.empty(hidden.shape());
+      block_backward_input(be, config(), weights_[b], saved[b], pos, g, g_in, scratch);
+      saved[b] = block_activations{};  // free this block's activations early
+      if (prompts.defined()) {
+        // d prompt_i = sum over sequences of the gradient at positions [0, P).
+        Tensor gp = grad_prompts.slice(i, i + 1).view({P, config().hidden_size});
+        be.copy(g_in.slice(0, P), gp);
+        for (std::int64_t s = 1; s < batch; ++s) be.add(gp, g_in.slice(s * seq, s * seq + P), gp);
+      }
+      g = std::move(g_in);
+    }
+    span_gradients out;
+    out.grad_input = download(g);
+    if (prompts.defined()) out.grad_prompts = download(grad_prompts);
+    return out;
+  } catch (const std::exception& e) {
+    return span_error{span_errc::internal, std::string("span backward failed: ") + e.what()};
+  }
+}
+
+}  // namespace corolla
