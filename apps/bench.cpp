@@ -263,6 +263,8 @@ void register_bench(CLI::App& app, action_fn& action) {
   train->add_option("--seq", seq, "Tokens per sequence")->capture_default_str();
   train->add_option("--steps", steps, "Timed steps (after one warm-up step)")->capture_default_str();
   train->callback([&action] { action = [] { return run_train(train_opts, batch, seq, steps); }; });
+
+  register_bench_link(bench, action);
 }
 
 }  // namespace corolla::app

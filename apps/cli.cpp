@@ -28,6 +28,9 @@ int run_cli(int argc, char** argv) {
   register_generate(app, action);
   register_bench(app, action);
   register_demo(app, action);
+  register_node(app, action);
+  register_ping(app, action);
+  register_plan(app, action);
 
   try {
     app.parse(argc, argv);

@@ -26,8 +26,17 @@ void register_generate(CLI::App& app, action_fn& action);
 void register_train(CLI::App& app, action_fn& action);
 /// `corolla bench decode|train`: speed against bounds measured in the same run (apps/bench.cpp).
 void register_bench(CLI::App& app, action_fn& action);
+/// `corolla bench link`: runtime links vs raw ZeroMQ on loopback (apps/bench_link.cpp).
+void register_bench_link(CLI::App* bench, action_fn& action);
 /// `corolla demo`: the main job on the embedded corpus (apps/demo.cpp).
 void register_demo(CLI::App& app, action_fn& action);
+/// `corolla plan`: pipeline x data-parallel plan for a cluster file (apps/plan.cpp).
+void register_plan(CLI::App& app, action_fn& action);
+
+/// `corolla node`: a node answering echo/ping until SIGINT/SIGTERM (apps/node_cmd.cpp).
+void register_node(CLI::App& app, action_fn& action);
+/// `corolla ping`: echo round trips with tensors to a node (apps/ping.cpp).
+void register_ping(CLI::App& app, action_fn& action);
 
 /// Applies --threads (0 = all cores) and --log-level to the process.
 void apply_common_options(int threads, const std::string& log_level);

@@ -1,0 +1,68 @@
+// actors/link_actor.hpp — the actor owning one connection to one peer
+// (internal; the embedding API is actors/node.hpp).
+//
+// Protocol of a link actor (messages other actors and the transport send it):
+//   (inbound_atom, net::message)          a message decoded from its connection
+//   (disconn_atom) / (reconn_atom)         the transport lost / re-established the TCP connection
+//   (tx_atom, std::string target, remote_message)
+//                                          send to actor `target` on the peer; a request
+//                                          (the message carries a request id) is answered with
+//                                          the peer's remote_message or a caf::error
+//   (hello_atom) -> std::string            the peer's node id once the hello exchange is done
+//   (stats_atom) -> link_stats             a snapshot of RTT, rates and counters
+//   (goodbye_atom)                         tell the peer we are stopping, then terminate
+//   (close_atom, std::string reason)       close the connection and terminate
+//
+// Lifecycle: handshaking -> up <-> down -> closed. A link that connected
+// (outgoing) survives its peer's death and re-runs the hello when the DEALER
+// reconnects; a link for an accepted connection closes after being down for
+// link_settings::retire_after (the peer reconnects on a new connection).
+// Heartbeats go out every heartbeat_interval in both directions; no traffic
+// for peer_timeout, a lost connection or a goodbye makes the peer "down"
+// (peer_down to subscribers), traffic from it again makes it "up" (peer_up).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <caf/actor.hpp>
+#include <caf/atom.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/node_context.hpp"
+
+namespace corolla {
+
+using inbound_atom = caf::atom_constant<caf::atom("inbound")>;
+using disconn_atom = caf::atom_constant<caf::atom("disconn")>;
+using reconn_atom = caf::atom_constant<caf::atom("reconn")>;
+using tx_atom = caf::atom_constant<caf::atom("tx")>;
+using goodbye_atom = caf::atom_constant<caf::atom("goodbye")>;
+using close_atom = caf::atom_constant<caf::atom("close")>;
+
+/// Which side of the connection a link is on.
+enum class link_role {
+  outgoing,  ///< this node connected (DEALER): sends the hello, reconnects
+  accepted,  ///< the peer connected to our ROUTER: answers the hello
+};
+
+/// How to start a link actor.
+struct link_args {
+  link_role role = link_role::outgoing;
+  net::connection_id conn = 0;  ///< the transport connection the link owns
+  std::string endpoint;         ///< outgoing: the endpoint dialled; accepted: the routing id
+  /// Outgoing: shaping for this link as text ("" = the node's profile); it is
+  /// also requested from the peer for its replies.
+  std::string profile;
+  /// Outgoing: how long the first hello exchange may take before the link
+  /// gives up (its hello waiters get errc::handshake_timeout).
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+/// Spawns a link actor for `args.conn` and records it in the directory as
+/// the owner of that connection before returning (so the transport's next
+/// event for the connection finds it). Safe from any thread.
+caf::actor spawn_link(const std::shared_ptr<node_context>& ctx, link_args args);
+
+}  // namespace corolla

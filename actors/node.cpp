@@ -1,0 +1,332 @@
+#include "actors/node.hpp"
+
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include <caf/actor_cast.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/system_messages.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/echo_actor.hpp"
+#include "actors/errors.hpp"
+#include "actors/link_actor.hpp"
+#include "actors/node_context.hpp"
+#include "actors/remote_proxy.hpp"
+
+namespace corolla {
+namespace {
+
+std::string generate_node_id() {
+  std::random_device rd;
+  std::uniform_int_distribution<std::uint32_t> dist;
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "n-%08x", dist(rd));
+  return buf;
+}
+
+bool plausible_endpoint(const std::string& e) {
+  return e.rfind("tcp://", 0) == 0 && e.find(':', 6) != std::string::npos;
+}
+
+/// Transport events arrive on the transport's I/O thread: find (or, for a
+/// new incoming connection, create) the link and hand the event over.
+net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
+  net::transport_events ev;
+  auto live = [weak]() -> std::shared_ptr<node_context> {
+    auto ctx = weak.lock();
+    if (!ctx || !ctx->ready.load(std::memory_order_acquire)) return nullptr;
+    return ctx;
+  };
+  // Only the I/O thread creates links for accepted connections, so this
+  // check-then-create cannot race with itself.
+  auto link_for = [](node_context& ctx, const std::shared_ptr<node_context>& owner, net::connection_id conn,
+                     const std::string& routing_id, bool create) -> caf::actor {
+    auto link = ctx.directory.link_for_connection(conn);
+    if (link || !create || ctx.stopping) return link;
+    link_args args;
+    args.role = link_role::accepted;
+    args.conn = conn;
+    args.endpoint = routing_id.empty() ? "connection " + std::to_string(conn) : routing_id;
+    return spawn_link(owner, std::move(args));
+  };
+  ev.on_message = [live, link_for](net::connection_id conn, net::message&& m) {
+    auto ctx = live();
+    if (!ctx) return;
+    auto link = link_for(*ctx, ctx, conn, m.sender_node, true);
+    if (link) caf::anon_send(link, inbound_atom::value, std::move(m));
+  };
+  ev.on_bad_message = [live](net::connection_id conn, const std::string& reason) {
+    auto ctx = live();
+    if (!ctx) return;
+    spdlog::warn("node {}: dropped a malformed message on connection {}: {}", ctx->node_id, conn, reason);
+  };
+  ev.on_accept = [live, link_for](net::connection_id conn, const std::string& routing_id) {
+    auto ctx = live();
+    if (!ctx) return;
+    link_for(*ctx, ctx, conn, routing_id, true);
+  };
+  ev.on_disconnect = [live](net::connection_id conn) {
+    auto ctx = live();
+    if (!ctx) return;
+    if (auto link = ctx->directory.link_for_connection(conn)) caf::anon_send(link, disconn_atom::value);
+  };
+  ev.on_connect = [live](net::connection_id conn) {
+    auto ctx = live();
+    if (!ctx) return;
+    if (auto link = ctx->directory.link_for_connection(conn)) caf::anon_send(link, reconn_atom::value);
+  };
+  ev.on_auth_failure = [live](const std::string& reason) {
+    auto ctx = live();
+    if (!ctx) return;
+    spdlog::warn("node {}: refused an unauthenticated peer: {}", ctx->node_id, reason);
+  };
+  return ev;
+}
+
+}  // namespace
+
+caf::expected<std::unique_ptr<node>> node::start(node_options options) {
+  link_settings settings;
+  if (options.heartbeat_interval.count() <= 0)
+    return make_error(errc::invalid_argument, "heartbeat interval must be positive");
+  if (options.peer_timeout <= options.heartbeat_interval)
+    return make_error(errc::invalid_argument,
+                      "peer timeout (" + std::to_string(options.peer_timeout.count()) +
+                          " ms) must exceed the heartbeat interval (" +
+                          std::to_string(options.heartbeat_interval.count()) + " ms)");
+  settings.heartbeat_interval = options.heartbeat_interval;
+  settings.peer_timeout = options.peer_timeout;
+  settings.nic_class = options.nic_class;
+  settings.profile_text = options.link_profile.empty() ? "none" : options.link_profile;
+  try {
+    settings.profile = net::parse_link_profile(settings.profile_text);
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, "invalid link profile '" + settings.profile_text + "': " + e.what());
+  }
+  net::transport_options topts;
+  topts.listen = options.listen;
+  topts.max_frame_bytes = options.max_message_bytes;
+  topts.default_profile = settings.profile;
+  if (!options.curve_dir.empty()) {
+    try {
+      topts.curve = net::load_curve_dir(options.curve_dir);
+    } catch (const std::exception& e) {
+      return make_error(errc::invalid_argument, e.what());
+    }
+    topts.curve.enabled = true;
+    settings.curve = true;
+  }
+  const std::string id = options.node_id.empty() ? generate_node_id() : options.node_id;
+  topts.identity = id;
+
+  std::unique_ptr<node> n{new node()};
+  n->config_ = std::make_unique<caf::actor_system_config>();
+  if (options.scheduler_threads > 0)
+    n->config_->set("scheduler.max-threads", static_cast<std::int64_t>(options.scheduler_threads));
+  n->config_->add_error_category(error_category, render_error);
+  n->system_ = std::make_unique<caf::actor_system>(*n->config_);
+  n->ctx_ = std::make_shared<node_context>(*n->system_, id, settings);
+  n->ctx_->max_message_bytes = static_cast<std::uint64_t>(options.max_message_bytes);
+  n->public_key_ = topts.curve.enabled ? topts.curve.public_key : "";
+
+  auto transport = net::zmq_transport::start(std::move(topts), make_events(n->ctx_));
+  if (!transport) {
+    n->stopped_ = true;
+    return make_error(errc::invalid_argument,
+                      "cannot start the transport on '" + options.listen + "': " + error_message(transport.error()));
+  }
+  n->ctx_->listen_endpoint = (*transport)->endpoint();
+  n->ctx_->set_transport(std::shared_ptr<net::zmq_transport>(std::move(*transport)));
+  n->ctx_->ready.store(true, std::memory_order_release);
+
+  if (options.publish_echo) {
+    n->echo_ = spawn_echo_actor(*n->system_);
+    if (auto err = n->publish(echo_actor_name, n->echo_)) return err;
+  }
+  spdlog::info("node {} listening on {}", id, n->ctx_->listen_endpoint.empty() ? "(nothing)" : n->ctx_->listen_endpoint);
+  return n;
+}
+
+node::~node() {
+  stop();
+  ctx_.reset();
+  system_.reset();  // waits for every actor of the system
+  config_.reset();
+}
+
+const std::string& node::id() const { return ctx_->node_id; }
+std::string node::endpoint() const { return ctx_->listen_endpoint; }
+const std::string& node::public_key() const { return public_key_; }
+caf::actor_system& node::system() { return *system_; }
+
+caf::error node::publish(const std::string& name, const caf::actor& a) {
+  return ctx_->directory.publish(name, a);
+}
+
+bool node::unpublish(const std::string& name) { return ctx_->directory.unpublish(name); }
+
+caf::actor node::local_actor(const std::string& name) const { return ctx_->directory.find(name); }
+
+caf::expected<caf::actor> node::connect_async(const std::string& endpoint, connect_options options) {
+  if (stopped_ || ctx_->stopping) return make_error(errc::stopped, "node '" + id() + "' is stopped");
+  if (!plausible_endpoint(endpoint))
+    return make_error(errc::invalid_argument,
+                      "invalid endpoint '" + endpoint + "' (expected tcp://HOST:PORT)");
+  if (!options.link_profile.empty()) {
+    try {
+      net::parse_link_profile(options.link_profile);
+    } catch (const std::exception& e) {
+      return make_error(errc::invalid_argument, "invalid link profile '" + options.link_profile + "': " + e.what());
+    }
+  }
+  auto transport = ctx_->transport();
+  if (!transport) return make_error(errc::stopped, "node '" + id() + "' is stopped");
+  link_args args;
+  args.role = link_role::outgoing;
+  args.endpoint = endpoint;
+  args.profile = options.link_profile;
+  args.connect_timeout = options.timeout;
+  try {
+    args.conn = transport->connect(endpoint, options.server_key);
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, e.what());
+  }
+  return spawn_link(ctx_, std::move(args));
+}
+
+caf::expected<std::string> node::connect(const std::string& endpoint, connect_options options) {
+  const auto timeout = options.timeout;
+  auto link = connect_async(endpoint, std::move(options));
+  if (!link) return link.error();
+  caf::expected<std::string> result{make_error(errc::handshake_timeout, "no hello from " + endpoint)};
+  caf::scoped_actor self{*system_};
+  // The link enforces `timeout` itself and answers with a precise error;
+  // the extra second only guards against a lost answer.
+  self->request(*link, timeout + std::chrono::seconds(1), hello_atom::value)
+      .receive([&](std::string& peer) { result = std::move(peer); },
+               [&](caf::error& e) {
+                 if (error_code(e) == "request_receiver_down")
+                   result = make_error(errc::handshake_timeout, "connection to " + endpoint + " closed during the hello");
+                 else
+                   result = std::move(e);
+               });
+  return result;
+}
+
+void node::disconnect(const std::string& peer) {
+  for (;;) {
+    auto link = ctx_->directory.route(peer);
+    if (!link) return;
+    caf::scoped_actor self{*system_};
+    self->monitor(link);
+    self->send(link, close_atom::value, std::string("disconnected by this node"));
+    bool done = false;
+    self->receive([&](caf::down_msg&) { done = true; },
+                  caf::after(std::chrono::seconds(2)) >> [&] { done = false; });
+    if (!done) return;
+  }
+}
+
+caf::expected<caf::actor> node::remote_actor(const std::string& peer, const std::string& name) {
+  if (name.empty()) return make_error(errc::invalid_argument, "remote_actor: empty actor name");
+  if (peer == id()) {
+    auto local = local_actor(name);
+    if (!local) return make_error(errc::unknown_actor, "no actor named '" + name + "' on node '" + peer + "'");
+    return local;
+  }
+  if (stopped_) return make_error(errc::stopped, "node '" + id() + "' is stopped");
+  if (!ctx_->directory.route(peer))
+    return make_error(errc::not_connected, "no link to peer '" + peer + "' (connect to it first)");
+  if (auto p = ctx_->directory.proxy(peer, name)) return p;
+  auto fresh = spawn_remote_proxy(ctx_, peer, name);
+  auto stored = ctx_->directory.store_proxy(peer, name, fresh);
+  if (stored != fresh) caf::anon_send_exit(fresh, caf::exit_reason::user_shutdown);
+  return stored;
+}
+
+caf::expected<remote_message> node::request(const std::string& peer, const std::string& name,
+                                            remote_message m, std::chrono::milliseconds timeout) {
+  auto target = remote_actor(peer, name);
+  if (!target) return target.error();
+  caf::expected<remote_message> result{make_error(errc::peer_down, "no answer")};
+  caf::scoped_actor self{*system_};
+  self->request(*target, timeout, std::move(m))
+      .receive([&](remote_message& reply) { result = std::move(reply); },
+               [&](caf::error& e) { result = std::move(e); });
+  return result;
+}
+
+void node::monitor_peer(const std::string& peer, const caf::actor& subscriber) {
+  ctx_->directory.subscribe(peer, subscriber);
+}
+
+void node::demonitor_peer(const std::string& peer, const caf::actor& subscriber) {
+  ctx_->directory.unsubscribe(peer, subscriber.address());
+}
+
+std::vector<std::string> node::peers() const { return ctx_->directory.peers(); }
+
+bool node::peer_is_up(const std::string& peer) const { return ctx_->directory.peer_is_up(peer); }
+
+caf::expected<link_stats> node::stats(const std::string& peer) const {
+  auto link = ctx_->directory.route(peer);
+  if (!link) return make_error(errc::not_connected, "no link to peer '" + peer + "'");
+  caf::expected<link_stats> result{make_error(errc::not_connected, "link to '" + peer + "' closed")};
+  caf::scoped_actor self{*system_};
+  self->request(link, std::chrono::seconds(2), stats_atom::value)
+      .receive([&](link_stats& s) { result = std::move(s); }, [&](caf::error& e) { result = std::move(e); });
+  return result;
+}
+
+std::vector<link_stats> node::links() const {
+  std::vector<link_stats> out;
+  caf::scoped_actor self{*system_};
+  for (const auto& link : ctx_->directory.links()) {
+    self->request(link, std::chrono::seconds(2), stats_atom::value)
+        .receive([&](link_stats& s) { out.push_back(std::move(s)); }, [&](caf::error&) {});
+  }
+  return out;
+}
+
+void node::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  ctx_->stopping = true;
+  {
+    // Goodbye to every peer; each link closes its connection and ends.
+    caf::scoped_actor self{*system_};
+    auto links = ctx_->directory.links();
+    for (const auto& link : links) {
+      self->monitor(link);
+      self->send(link, goodbye_atom::value);
+    }
+    std::size_t down = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (down < links.size()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        spdlog::warn("node {}: {} link(s) did not close in time", id(), links.size() - down);
+        break;
+      }
+      self->receive([&](caf::down_msg&) { ++down; }, caf::after(left) >> [] {});
+    }
+  }
+  for (const auto& p : ctx_->directory.proxies()) caf::anon_send_exit(p, caf::exit_reason::user_shutdown);
+  // Published actors serve the network, which is gone now; ending them here
+  // also keeps ~node (which waits for every actor) from hanging on them.
+  for (const auto& [name, a] : ctx_->directory.published()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  echo_ = caf::actor{};
+  ctx_->directory.clear();
+  // Join the I/O thread here (the links have let go of the transport).
+  auto transport = ctx_->transport();
+  ctx_->set_transport(nullptr);
+  transport.reset();
+  spdlog::info("node {} stopped", id());
+}
+
+}  // namespace corolla

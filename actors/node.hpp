@@ -1,0 +1,165 @@
+// actors/node.hpp — a corolla node: one CAF actor system plus one ZeroMQ
+// transport, whose actors reach the actors of other nodes by (node id,
+// actor name). Include actors/corolla.hpp in programs that embed a node.
+//
+// Threading: every member function is thread-safe. The blocking ones
+// (connect, request, stats, links, stop) wait on a scoped actor and must
+// not be called from inside an actor's message handler (that would block a
+// CAF worker); actors use connect_async / remote_actor + request instead.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
+#include "actors/messages.hpp"
+
+namespace corolla {
+
+struct node_context;
+
+/// How to start a node. Every default works on one machine.
+struct node_options {
+  /// ZeroMQ endpoint to listen on; port 0 picks a free port (see
+  /// node::endpoint()). Empty: connect-only (peers can still answer over
+  /// the connections this node opens).
+  std::string listen = "tcp://127.0.0.1:0";
+  /// Node id; empty = generated ("n-" and 8 hex digits).
+  std::string node_id;
+  /// Shaping of what this node sends (net/shaping.hpp): "none", a class
+  /// ("ib", "roce", "ethernet", "wan", "consumer") or numbers
+  /// ("bw=100Mbit,lat=20ms"). A node without a profile shapes its replies on
+  /// a connection as the connecting node asks in its hello.
+  std::string link_profile = "none";
+  /// Directory with CurveZMQ keys (node.key, node.pub, allowed; see
+  /// net::load_curve_dir): when set, every link is authenticated and
+  /// encrypted, and only allowed public keys may connect. Empty = no curve.
+  std::string curve_dir;
+  /// Heartbeats go out on every link this often.
+  std::chrono::milliseconds heartbeat_interval{200};
+  /// A peer that sends nothing for this long is reported down (peer_down).
+  /// With the defaults a killed or hung peer is reported within 1.4 s.
+  std::chrono::milliseconds peer_timeout{1200};
+  /// NIC class announced in hellos and recorded on links.
+  std::string nic_class = "ethernet";
+  /// CAF scheduler threads; 0 = one per core.
+  std::size_t scheduler_threads = 0;
+  /// Largest message (one frame) accepted from a peer, in bytes.
+  std::int64_t max_message_bytes = std::int64_t{1} << 30;
+  /// Publish the "echo" actor (corolla ping and liveness checks use it).
+  bool publish_echo = true;
+};
+
+/// Per-connection options of node::connect.
+struct connect_options {
+  /// How long the connection and the hello exchange may take.
+  std::chrono::milliseconds timeout{5000};
+  /// Shaping of this link ("" = the node's profile). The peer is asked to
+  /// shape its replies the same way.
+  std::string link_profile;
+  /// CurveZMQ: the Z85 public key of the peer (required when the node uses
+  /// curve, ignored otherwise).
+  std::string server_key;
+};
+
+/// A running node. Created by start(); stopped by stop() or its destructor.
+class node {
+ public:
+  /// Starts the actor system (configured here, never from the command line
+  /// or a caf-application.ini) and the transport, publishes "echo".
+  /// Errors: an invalid profile, unreadable curve keys, an endpoint that
+  /// cannot be bound (errc::invalid_argument with the reason).
+  static caf::expected<std::unique_ptr<node>> start(node_options options);
+
+  /// Stops the node (see stop()), then waits for every actor of its system
+  /// to terminate: unpublished actors the program spawned must end (or be
+  /// sent an exit) before the node is destroyed.
+  ~node();
+  node(const node&) = delete;
+  node& operator=(const node&) = delete;
+
+  /// This node's id.
+  const std::string& id() const;
+  /// The endpoint it listens on, with the real port ("" = connect-only).
+  std::string endpoint() const;
+  /// Its CurveZMQ public key (Z85), "" without curve.
+  const std::string& public_key() const;
+  /// Its actor system: spawn your own actors here.
+  caf::actor_system& system();
+
+  /// Makes `a` reachable from other nodes as `name`. Errors:
+  /// errc::already_published, errc::invalid_argument.
+  caf::error publish(const std::string& name, const caf::actor& a);
+  /// Withdraws `name`; later requests for it get errc::unknown_actor.
+  bool unpublish(const std::string& name);
+  /// The local actor published as `name`, or an invalid handle.
+  caf::actor local_actor(const std::string& name) const;
+
+  /// Connects to the node listening at `endpoint` and runs the hello
+  /// exchange; returns the peer's node id. Blocks up to options.timeout.
+  /// Errors: errc::handshake_timeout, errc::protocol_mismatch (incompatible
+  /// versions, also logged on both sides), errc::invalid_argument,
+  /// errc::stopped.
+  caf::expected<std::string> connect(const std::string& endpoint, connect_options options = {});
+  /// Non-blocking connect for actors: returns the link actor at once; ask it
+  /// `request(link, timeout, hello_atom::value)` for the peer's node id (a
+  /// std::string, or the error above).
+  caf::expected<caf::actor> connect_async(const std::string& endpoint, connect_options options = {});
+  /// Closes every link to `peer` (subscribers get peer_down).
+  void disconnect(const std::string& peer);
+
+  /// A handle for actor `name` on node `peer` (this node's id gives the
+  /// local actor). Send it remote_message with send() or request(); a reply
+  /// is a remote_message, failures are caf::error (errc::unknown_actor when
+  /// the peer has no such actor, errc::peer_down, errc::not_connected, CAF's
+  /// request_timeout). The proxy is created once and reused; it does not
+  /// check that `name` exists. Errors: errc::not_connected (no link to the
+  /// peer), errc::invalid_argument (empty name).
+  caf::expected<caf::actor> remote_actor(const std::string& peer, const std::string& name);
+  /// Blocking request to actor `name` on `peer` (for code outside actors).
+  caf::expected<remote_message> request(const std::string& peer, const std::string& name,
+                                        remote_message m, std::chrono::milliseconds timeout);
+
+  /// `subscriber` receives peer_down / peer_up messages for `peer` ("" =
+  /// every peer), like a CAF monitor on the remote node.
+  void monitor_peer(const std::string& peer, const caf::actor& subscriber);
+  /// Cancels monitor_peer(peer, subscriber).
+  void demonitor_peer(const std::string& peer, const caf::actor& subscriber);
+
+  /// Node ids of the peers this node has links to.
+  std::vector<std::string> peers() const;
+  /// Whether `peer` has a link that is up (hello done, not reported down).
+  bool peer_is_up(const std::string& peer) const;
+  /// RTT, rates and counters of the link to `peer` (the first up link
+  /// when there are several). Error: errc::not_connected.
+  caf::expected<link_stats> stats(const std::string& peer) const;
+  /// Statistics of every link, including links still in their hello.
+  std::vector<link_stats> links() const;
+
+  /// Says goodbye to every peer, closes the links and the transport, and
+  /// terminates the node's own actors (echo, proxies) and every actor
+  /// published on it (exit reason user_shutdown). Idempotent. Unpublished
+  /// actors the program spawned keep running until it ends them.
+  void stop();
+
+ private:
+  node() = default;
+
+  std::unique_ptr<caf::actor_system_config> config_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::shared_ptr<node_context> ctx_;
+  std::string public_key_;
+  caf::actor echo_;
+  bool stopped_ = false;
+};
+
+}  // namespace corolla

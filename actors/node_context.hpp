@@ -1,0 +1,79 @@
+// actors/node_context.hpp — what a node's actors share (internal): the actor
+// system, the transport, the directory, the node's identity and the
+// timing options. Links and proxies hold it by shared_ptr; the transport's
+// event callbacks hold it weakly.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <caf/actor_system.hpp>
+
+#include "actors/registry.hpp"
+#include "net/codec.hpp"
+#include "net/shaping.hpp"
+#include "net/zmq_transport.hpp"
+
+namespace corolla {
+
+/// Timing and identity of a node, as its links need them.
+struct link_settings {
+  std::chrono::milliseconds heartbeat_interval{200};
+  std::chrono::milliseconds peer_timeout{1200};
+  /// A pending request is forgotten (its promise dropped) after this long,
+  /// so a requester that gave up does not leak an entry forever.
+  std::chrono::milliseconds request_ttl{std::chrono::hours(1)};
+  /// An accepted connection that sends no hello within this long is closed.
+  std::chrono::milliseconds accept_hello_timeout{10000};
+  /// An accepted link that stays down this long is closed (the peer
+  /// reconnects on a new connection if it comes back).
+  std::chrono::milliseconds retire_after{30000};
+  std::string nic_class = "ethernet";
+  net::link_profile profile;     ///< shaping of what this node sends
+  std::string profile_text;      ///< as given ("none", "wan", "bw=..."), sent in hellos
+  bool curve = false;
+};
+
+struct node_context {
+  node_context(caf::actor_system& sys, std::string id, link_settings s)
+      : system(sys), node_id(std::move(id)), settings(std::move(s)) {}
+
+  caf::actor_system& system;
+  const std::string node_id;
+  const link_settings settings;
+  std::string listen_endpoint;  ///< set once before `ready`
+  std::uint64_t max_message_bytes = 0;  ///< announced in hellos
+  registry directory;
+  /// Set once the transport is started and the context complete; events
+  /// before that are dropped (a peer repeats its hello).
+  std::atomic<bool> ready{false};
+  /// Set when the node begins to stop: new connections are ignored.
+  std::atomic<bool> stopping{false};
+
+  /// The transport (null once the node has stopped).
+  std::shared_ptr<net::zmq_transport> transport() const {
+    std::lock_guard lock(mutex_);
+    return transport_;
+  }
+  void set_transport(std::shared_ptr<net::zmq_transport> t) {
+    std::lock_guard lock(mutex_);
+    transport_ = std::move(t);
+  }
+
+  /// The hello this node sends; `requested_profile` (may be empty) asks the
+  /// peer to shape its replies the same way (capability "shape=<profile>").
+  net::hello_info hello(const std::string& requested_profile) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::shared_ptr<net::zmq_transport> transport_;
+};
+
+/// Nanoseconds on the steady clock (heartbeat timestamps; only ever
+/// compared with the same process's clock).
+std::uint64_t steady_now_ns();
+
+}  // namespace corolla

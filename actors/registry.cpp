@@ -1,0 +1,236 @@
+#include "actors/registry.hpp"
+
+#include <algorithm>
+
+#include <caf/actor_cast.hpp>
+
+#include "actors/errors.hpp"
+
+namespace corolla {
+
+// -- published actors --------------------------------------------------------
+
+caf::error registry::publish(const std::string& name, const caf::actor& a) {
+  if (name.empty()) return make_error(errc::invalid_argument, "cannot publish an actor under an empty name");
+  if (!a) return make_error(errc::invalid_argument, "cannot publish an invalid actor as '" + name + "'");
+  std::lock_guard lock(mutex_);
+  auto [it, inserted] = names_.emplace(name, a);
+  if (!inserted && it->second != a)
+    return make_error(errc::already_published, "an actor is already published as '" + name + "'");
+  return {};
+}
+
+bool registry::unpublish(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  return names_.erase(name) > 0;
+}
+
+caf::actor registry::find(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  auto it = names_.find(name);
+  return it == names_.end() ? caf::actor{} : it->second;
+}
+
+std::string registry::name_of(const caf::actor_addr& a) const {
+  if (!a) return "";
+  std::lock_guard lock(mutex_);
+  // A node publishes a handful of names: a scan beats keeping a reverse map
+  // consistent.
+  for (const auto& [name, actor] : names_) {
+    if (actor.address() == a) return name;
+  }
+  return "";
+}
+
+std::vector<std::pair<std::string, caf::actor>> registry::published() const {
+  std::lock_guard lock(mutex_);
+  return {names_.begin(), names_.end()};
+}
+
+// -- connections -------------------------------------------------------------
+
+void registry::bind_connection(net::connection_id conn, const caf::actor& link) {
+  std::lock_guard lock(mutex_);
+  connections_[conn] = link;
+}
+
+caf::actor registry::link_for_connection(net::connection_id conn) const {
+  std::lock_guard lock(mutex_);
+  auto it = connections_.find(conn);
+  return it == connections_.end() ? caf::actor{} : it->second;
+}
+
+void registry::unbind_connection(net::connection_id conn, const caf::actor_addr& link) {
+  std::lock_guard lock(mutex_);
+  auto it = connections_.find(conn);
+  if (it != connections_.end() && it->second.address() == link) connections_.erase(it);
+}
+
+std::vector<caf::actor> registry::links() const {
+  std::lock_guard lock(mutex_);
+  std::vector<caf::actor> out;
+  out.reserve(connections_.size());
+  for (const auto& [conn, link] : connections_) out.push_back(link);
+  return out;
+}
+
+// -- peers -------------------------------------------------------------------
+
+bool registry::any_up(const std::vector<peer_link>& links) const {
+  return std::any_of(links.begin(), links.end(), [](const peer_link& l) { return l.up; });
+}
+
+bool registry::link_up(const std::string& peer, const std::string& nic_class, const caf::actor& link) {
+  std::lock_guard lock(mutex_);
+  auto& links = peers_[peer];
+  const bool was_up = any_up(links);
+  auto it = std::find_if(links.begin(), links.end(),
+                         [&](const peer_link& l) { return l.link == link; });
+  if (it == links.end()) {
+    links.push_back({link, nic_class, true});
+  } else {
+    it->nic_class = nic_class;
+    it->up = true;
+  }
+  return !was_up;
+}
+
+bool registry::link_down(const std::string& peer, const caf::actor_addr& link) {
+  std::lock_guard lock(mutex_);
+  auto p = peers_.find(peer);
+  if (p == peers_.end()) return false;
+  const bool was_up = any_up(p->second);
+  for (auto& l : p->second) {
+    if (l.link.address() == link) l.up = false;
+  }
+  return was_up && !any_up(p->second);
+}
+
+bool registry::remove_link(const std::string& peer, const caf::actor_addr& link) {
+  std::lock_guard lock(mutex_);
+  auto p = peers_.find(peer);
+  if (p == peers_.end()) return false;
+  const bool was_up = any_up(p->second);
+  auto& links = p->second;
+  links.erase(std::remove_if(links.begin(), links.end(),
+                             [&](const peer_link& l) { return l.link.address() == link; }),
+              links.end());
+  const bool now_up = any_up(links);
+  if (links.empty()) peers_.erase(p);
+  return was_up && !now_up;
+}
+
+std::vector<caf::actor> registry::stale_links(const std::string& peer,
+                                              const caf::actor_addr& keep) const {
+  std::lock_guard lock(mutex_);
+  std::vector<caf::actor> out;
+  auto p = peers_.find(peer);
+  if (p == peers_.end()) return out;
+  for (const auto& l : p->second) {
+    if (!l.up && l.link.address() != keep) out.push_back(l.link);
+  }
+  return out;
+}
+
+caf::actor registry::route(const std::string& peer, const std::string& nic_class) const {
+  std::lock_guard lock(mutex_);
+  auto p = peers_.find(peer);
+  if (p == peers_.end() || p->second.empty()) return {};
+  const peer_link* fallback = nullptr;
+  for (const auto& l : p->second) {
+    if (!nic_class.empty() && l.nic_class != nic_class) continue;
+    if (l.up) return l.link;
+    if (!fallback) fallback = &l;
+  }
+  if (fallback) return fallback->link;
+  // No link over that NIC class: any link still answers (or reports down).
+  for (const auto& l : p->second) {
+    if (l.up) return l.link;
+  }
+  return p->second.front().link;
+}
+
+std::vector<std::string> registry::peers() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> out;
+  for (const auto& [peer, links] : peers_) out.push_back(peer);
+  return out;
+}
+
+bool registry::peer_is_up(const std::string& peer) const {
+  std::lock_guard lock(mutex_);
+  auto p = peers_.find(peer);
+  return p != peers_.end() && any_up(p->second);
+}
+
+// -- subscriptions -----------------------------------------------------------
+
+void registry::subscribe(const std::string& peer, const caf::actor& subscriber) {
+  if (!subscriber) return;
+  std::lock_guard lock(mutex_);
+  auto& subs = subscribers_[peer];
+  const auto addr = subscriber.address();
+  // Drop subscribers that have terminated while we are here.
+  subs.erase(std::remove_if(subs.begin(), subs.end(),
+                            [](const caf::actor_addr& a) { return !caf::actor_cast<caf::actor>(a); }),
+             subs.end());
+  if (std::find(subs.begin(), subs.end(), addr) == subs.end()) subs.push_back(addr);
+}
+
+void registry::unsubscribe(const std::string& peer, const caf::actor_addr& subscriber) {
+  std::lock_guard lock(mutex_);
+  auto it = subscribers_.find(peer);
+  if (it == subscribers_.end()) return;
+  auto& subs = it->second;
+  subs.erase(std::remove(subs.begin(), subs.end(), subscriber), subs.end());
+  if (subs.empty()) subscribers_.erase(it);
+}
+
+std::vector<caf::actor> registry::subscribers(const std::string& peer) const {
+  std::lock_guard lock(mutex_);
+  std::vector<caf::actor> out;
+  auto add = [&](const std::string& key) {
+    auto it = subscribers_.find(key);
+    if (it == subscribers_.end()) return;
+    for (const auto& addr : it->second) {
+      auto a = caf::actor_cast<caf::actor>(addr);
+      if (a && std::find(out.begin(), out.end(), a) == out.end()) out.push_back(std::move(a));
+    }
+  };
+  add(peer);
+  if (!peer.empty()) add("");
+  return out;
+}
+
+// -- proxies -----------------------------------------------------------------
+
+caf::actor registry::proxy(const std::string& peer, const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  auto it = proxies_.find({peer, name});
+  return it == proxies_.end() ? caf::actor{} : it->second;
+}
+
+caf::actor registry::store_proxy(const std::string& peer, const std::string& name,
+                                 const caf::actor& p) {
+  std::lock_guard lock(mutex_);
+  auto [it, inserted] = proxies_.emplace(std::make_pair(peer, name), p);
+  return it->second;
+}
+
+std::vector<caf::actor> registry::proxies() const {
+  std::lock_guard lock(mutex_);
+  std::vector<caf::actor> out;
+  for (const auto& [key, p] : proxies_) out.push_back(p);
+  return out;
+}
+
+void registry::clear() {
+  std::lock_guard lock(mutex_);
+  names_.clear();
+  connections_.clear();
+  peers_.clear();
+  subscribers_.clear();
+  proxies_.clear();
+}
+
+}  // namespace corolla

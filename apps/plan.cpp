@@ -1,0 +1,278 @@
+// corolla plan — plans pipeline x data-parallel training of a model on a
+// cluster file and prints the plan next to the naive and Holmes-rule
+// baselines priced on the same cost model (docs/planner.md).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.hpp"
+#include "model/config.hpp"
+#include "model/error.hpp"
+#include "schedule/cluster.hpp"
+#include "schedule/cost_model.hpp"
+#include "schedule/planner.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+using json = nlohmann::json;
+namespace sc = corolla::schedule;
+
+struct plan_args {
+  std::string cluster;
+  std::string model;
+  int global_batch = 32;
+  int micro_batch = 1;
+  int seq = 0;
+  int pp = 0;
+  int dp = 0;
+  std::string precision = "bf16";
+  bool no_zero1 = false;
+  double dp_overlap = 0.5;
+  double headroom = 0.1;
+  bool json = false;
+};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+/// Seconds in a readable unit.
+std::string seconds(double s) {
+  if (s >= 1.0) return fmt("%.3f s", s);
+  if (s >= 1e-3) return fmt("%.1f ms", s * 1e3);
+  return fmt("%.1f us", s * 1e6);
+}
+
+std::string gib(double bytes) { return fmt("%.1f", bytes / sc::gib(1)); }
+
+std::string layers_of(const sc::stage_plan& s) {
+  std::string l = std::to_string(s.first_layer) + "-" + std::to_string(s.last_layer - 1);
+  if (s.embedding) l += " +emb";
+  if (s.head) l += " +head";
+  return l;
+}
+
+std::string cluster_name(const sc::cluster_description& c, int i) {
+  return i < 0 ? std::string("(mixed)") : c.clusters[i].name;
+}
+std::string nic_name(const sc::cluster_description& c, int i) {
+  return i < 0 ? std::string("(mixed)") : c.nics[i].name;
+}
+
+void print_cluster(const sc::cluster_description& c) {
+  std::printf("cluster %s (%s): %zu clusters, %zu nodes, %d workers\n", c.name.c_str(), c.origin.c_str(),
+              c.clusters.size(), c.nodes.size(), c.size());
+  for (const auto& cl : c.clusters) {
+    // Summarise workers by (model, speed, memory, NIC).
+    std::vector<std::pair<std::string, int>> kinds;
+    for (int n : cl.nodes)
+      for (int r : c.nodes[n].workers) {
+        const auto& w = c.workers[r];
+        std::string k = w.model + " (" + fmt("%.0f", w.flops / 1e12) + " TFLOP/s, " + gib(w.memory) +
+                        " GiB) on " + c.nics[w.nic].name + " (" + sc::describe_link(c.nics[w.nic].link) + ")";
+        auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& e) { return e.first == k; });
+        if (it == kinds.end()) kinds.emplace_back(k, 1);
+        else ++it->second;
+      }
+    std::string list;
+    for (const auto& [k, n] : kinds) list += (list.empty() ? "" : "; ") + std::to_string(n) + " x " + k;
+    std::printf("  %s: %zu nodes, %s\n", cl.name.c_str(), cl.nodes.size(), list.c_str());
+  }
+  for (std::size_t a = 0; a < c.clusters.size(); ++a)
+    for (std::size_t b = a + 1; b < c.clusters.size(); ++b)
+      std::printf("  link %s <-> %s: %s\n", c.clusters[a].name.c_str(), c.clusters[b].name.c_str(),
+                  sc::describe_link(c.cluster_link(static_cast<int>(a), static_cast<int>(b))).c_str());
+}
+
+void print_plan(const sc::cluster_description& c, const sc::plan& p) {
+  const auto& e = p.estimate;
+  std::printf("plan: PP %d x DP %d x TP %d on %d of %d workers; per replica and step %d micro-batch%s of %d x %d tokens\n",
+              p.pp, p.dp, p.tp, p.pp * p.dp, c.size(), p.micro_batches, p.micro_batches == 1 ? "" : "es",
+              p.micro_batch, p.seq);
+  std::printf("  %-5s %-16s %-28s %-12s %-10s %7s %15s %11s %9s %22s\n", "stage", "layers", "workers", "cluster",
+              "nic", "TFLOP/s", "memory GiB", "fwd+bwd/mb", "send/mb", "DP reduce (exposed)");
+  for (const auto& s : p.stages) {
+    std::string workers = sc::describe_workers(c, s.workers);
+    std::string nic = nic_name(c, s.nic);
+    if (nic.size() > 10) nic = nic.substr(0, 7) + "...";
+    if (workers.size() > 28) workers = workers.substr(0, 25) + "...";
+    std::string mem = gib(s.cost.memory.total()) + "/" + gib(s.cost.capacity);
+    std::string reduce = seconds(s.cost.reduce_s) + " (" + seconds(s.cost.exposed_reduce_s) + ")";
+    std::printf("  %-5d %-16s %-28s %-12s %-10s %7.0f %15s %11s %9s %22s\n", s.index, layers_of(s).c_str(),
+                workers.c_str(), cluster_name(c, s.cluster).c_str(), nic.c_str(),
+                s.cost.flops_per_s / 1e12, mem.c_str(), seconds(s.cost.forward_s + s.cost.backward_s).c_str(),
+                s.head ? "-" : seconds(s.cost.send_s).c_str(), reduce.c_str());
+  }
+  if (!p.idle.empty()) std::printf("  idle: %s\n", sc::describe_workers(c, p.idle).c_str());
+  std::printf("predicted step: %s = pipeline %s (steady %s + fill/drain %s) + DP tail %s; bubble %.1f%%\n",
+              seconds(e.step_s).c_str(), seconds(e.pipeline_s).c_str(), seconds(e.steady_s).c_str(),
+              seconds(e.fill_drain_s).c_str(), seconds(e.dp_tail_s).c_str(), 100 * e.bubble_fraction);
+  std::printf("throughput: %.2f samples/s, %.0f tokens/s, %.1f model TFLOP/s per worker\n", e.samples_per_s,
+              e.tokens_per_s, e.flops_per_worker / 1e12);
+}
+
+void print_baseline(const char* label, const sc::plan& base, const sc::plan& best) {
+  if (!base.feasible) {
+    std::printf("  %-46s PP %d x DP %d: %s\n", label, base.pp, base.dp,
+                base.stages.empty() ? base.reason.c_str() : ("infeasible: " + base.reason).c_str());
+    return;
+  }
+  std::string split;
+  for (const auto& s : base.stages) split += (split.empty() ? "" : "/") + std::to_string(s.last_layer - s.first_layer);
+  std::printf("  %-46s PP %d x DP %d: step %s (layers %s), planner %.2fx faster\n", label, base.pp, base.dp,
+              seconds(base.estimate.step_s).c_str(), split.c_str(), base.estimate.step_s / best.estimate.step_s);
+}
+
+json memory_json(const sc::stage_estimate& s) {
+  double g = sc::gib(1);
+  return {{"weights", s.memory.weights / g}, {"grads", s.memory.grads / g}, {"optimizer", s.memory.optimizer / g},
+          {"activations", s.memory.activations / g}, {"total", s.memory.total() / g}, {"capacity", s.capacity / g}};
+}
+
+json plan_json(const sc::cluster_description& c, const sc::plan& p) {
+  json j{{"strategy", p.strategy}, {"feasible", p.feasible}, {"pp", p.pp}, {"dp", p.dp}, {"tp", p.tp}};
+  if (!p.reason.empty()) j["reason"] = p.reason;
+  if (p.stages.empty()) return j;
+  const auto& e = p.estimate;
+  j["micro_batches"] = p.micro_batches;
+  j["step_s"] = e.step_s;
+  j["pipeline_s"] = e.pipeline_s;
+  j["steady_s"] = e.steady_s;
+  j["fill_drain_s"] = e.fill_drain_s;
+  j["dp_tail_s"] = e.dp_tail_s;
+  j["embedding_sync_s"] = e.embedding_sync_s;
+  j["bubble_fraction"] = e.bubble_fraction;
+  j["samples_per_s"] = e.samples_per_s;
+  j["tokens_per_s"] = e.tokens_per_s;
+  j["model_tflops_per_worker"] = e.flops_per_worker / 1e12;
+  json idle = json::array();
+  for (int r : p.idle) idle.push_back(c.workers[r].name);
+  j["idle"] = idle;
+  json stages = json::array();
+  for (const auto& s : p.stages) {
+    json names = json::array();
+    for (int r : s.workers) names.push_back(c.workers[r].name);
+    stages.push_back({{"index", s.index},
+                      {"first_layer", s.first_layer},
+                      {"last_layer", s.last_layer},
+                      {"embedding", s.embedding},
+                      {"head", s.head},
+                      {"workers", names},
+                      {"ranks", s.workers},
+                      {"cluster", s.cluster < 0 ? json(nullptr) : json(c.clusters[s.cluster].name)},
+                      {"nic", s.nic < 0 ? json(nullptr) : json(c.nics[s.nic].name)},
+                      {"tflops", s.cost.flops_per_s / 1e12},
+                      {"memory_gib", memory_json(s.cost)},
+                      {"in_flight", s.cost.in_flight},
+                      {"forward_s", s.cost.forward_s},
+                      {"backward_s", s.cost.backward_s},
+                      {"send_s", s.cost.send_s},
+                      {"reduce_s", s.cost.reduce_s},
+                      {"exposed_reduce_s", s.cost.exposed_reduce_s},
+                      {"grad_buckets", s.cost.grad_buckets}});
+  }
+  j["stages"] = stages;
+  return j;
+}
+
+int run_plan(const plan_args& a) {
+  sc::cluster_description cluster = sc::load_cluster(a.cluster);
+  model_config cfg = load_config(a.model);
+  sc::training_setup setup;
+  if (a.precision == "bf16") setup.set_precision(sc::precision::bf16_mixed);
+  else if (a.precision == "fp32") setup.set_precision(sc::precision::fp32);
+  else throw model_error("--precision must be bf16 or fp32, got '" + a.precision + "'");
+  setup.global_batch = a.global_batch;
+  setup.micro_batch = a.micro_batch;
+  setup.seq = a.seq;
+  setup.pp = a.pp;
+  setup.dp = a.dp;
+  setup.zero1 = !a.no_zero1;
+  setup.dp_overlap = a.dp_overlap;
+  setup.memory_headroom = a.headroom;
+
+  sc::plan_report r = sc::make_plan(cluster, cfg, setup);
+  if (!r.best.feasible) throw model_error("no feasible plan: " + r.best.reason);
+  const sc::plan& best = r.best;
+
+  if (a.json) {
+    auto ratio = [&](const sc::plan& p) {
+      return p.feasible ? json(p.estimate.step_s / best.estimate.step_s) : json(nullptr);
+    };
+    json j{{"cluster",
+            {{"name", cluster.name}, {"file", cluster.origin}, {"clusters", cluster.clusters.size()},
+             {"nodes", cluster.nodes.size()}, {"workers", cluster.size()}}},
+           {"model",
+            {{"architecture", cfg.hf_architecture}, {"layers", cfg.n_layers}, {"hidden", cfg.hidden_size},
+             {"parameters", cfg.parameter_count()}}},
+           {"setup",
+            {{"global_batch", setup.global_batch}, {"micro_batch", setup.micro_batch},
+             {"seq", setup.sequence_length(cfg)}, {"precision", a.precision}, {"zero1", setup.zero1},
+             {"dp_overlap", setup.dp_overlap}, {"memory_headroom", setup.memory_headroom}}},
+           {"plan", plan_json(cluster, best)},
+           {"baselines",
+            {{"naive", plan_json(cluster, r.naive)},
+             {"holmes", plan_json(cluster, r.holmes)},
+             {"holmes_2_stages", plan_json(cluster, r.holmes_two_stages)}}},
+           {"speedup",
+            {{"vs_naive", ratio(r.naive)},
+             {"vs_holmes", ratio(r.holmes)},
+             {"vs_holmes_2_stages", ratio(r.holmes_two_stages)}}},
+           {"layouts_priced", r.layouts_priced}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+
+  print_cluster(cluster);
+  std::printf("model: %s, %d layers, hidden %d, %.2fB parameters\n", cfg.hf_architecture.c_str(), cfg.n_layers,
+              cfg.hidden_size, cfg.parameter_count() / 1e9);
+  std::printf("job: global batch %d sequences of %d tokens, micro-batch %d, %s, AdamW%s\n\n", setup.global_batch,
+              setup.sequence_length(cfg), setup.micro_batch,
+              a.precision == "bf16" ? "bf16 mixed precision" : "fp32", setup.zero1 ? " (ZeRO-1)" : "");
+  print_plan(cluster, best);
+  std::printf("\nbaselines on the same cost model (%d layouts priced):\n", r.layouts_priced);
+  print_baseline("Holmes rule (NIC-sorted, layers by TFLOP/s)", r.holmes, best);
+  print_baseline("naive (file order, even split)", r.naive, best);
+  print_baseline("Holmes rule, 2 stages (original code)", r.holmes_two_stages, best);
+  return 0;
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app, action_fn& action) {
+  auto args = std::make_shared<plan_args>();
+  auto* cmd = app.add_subcommand(
+      "plan",
+      "Plan pipeline x data-parallel training on a cluster file: every data-parallel group stays "
+      "in one cluster and NIC class, layers are split by dynamic programming over a cost model; "
+      "prints the plan, its predicted step time and the naive and Holmes-rule baselines");
+  cmd->add_option("--cluster", args->cluster, "Cluster description (TOML, see docs/planner.md)")->required();
+  cmd->add_option("--model", args->model, "Model directory with config.json, or the config.json itself")
+      ->required();
+  cmd->add_option("--global-batch", args->global_batch, "Sequences per optimizer step")->capture_default_str();
+  cmd->add_option("--micro-batch", args->micro_batch, "Sequences per micro-batch")->capture_default_str();
+  cmd->add_option("--seq", args->seq, "Tokens per sequence (default: the model's context)");
+  cmd->add_option("--pp", args->pp, "Force this pipeline depth (default: search)");
+  cmd->add_option("--dp", args->dp, "Force this data-parallel width (default: search)");
+  cmd->add_option("--precision", args->precision, "bf16 (mixed, fp32 AdamW states) or fp32")
+      ->capture_default_str();
+  cmd->add_flag("--no-zero1", args->no_zero1, "Replicate optimizer states instead of sharding them over DP");
+  cmd->add_option("--dp-overlap", args->dp_overlap,
+                  "Share of the DP reduction that may overlap the last backward (0..1)")
+      ->capture_default_str();
+  cmd->add_option("--memory-headroom", args->headroom, "Fraction of each worker's memory left free (0..1)")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "Print one JSON object instead of the tables");
+  cmd->callback([&action, args] { action = [args] { return run_plan(*args); }; });
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,352 @@
+// Two nodes in one process: remote requests, errors, peer failure
+// notifications and link statistics, over real ZeroMQ on 127.0.0.1.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "actors/corolla.hpp"
+#include "tests/actors/raw_peer.hpp"
+
+using namespace std::chrono_literals;
+
+namespace corolla {
+namespace {
+
+std::unique_ptr<node> start_node(node_options o = {}) {
+  auto n = node::start(std::move(o));
+  REQUIRE_MESSAGE(n, error_message(n.error()));
+  return std::move(*n);
+}
+
+connect_options within(std::chrono::milliseconds timeout) {
+  connect_options c;
+  c.timeout = timeout;
+  return c;
+}
+
+/// Node options with fast failure detection, so timing tests stay short.
+node_options fast_options() {
+  node_options o;
+  o.heartbeat_interval = 50ms;
+  o.peer_timeout = 300ms;
+  return o;
+}
+
+/// Doubles every f32 value of the first tensor; answers "doubled".
+caf::behavior doubler(caf::event_based_actor*) {
+  return {
+      [](remote_message& m) -> caf::result<remote_message> {
+        if (m.tensors.empty()) return make_error(errc::invalid_argument, "doubler needs a tensor");
+        Tensor out = m.tensors[0].clone();
+        float* p = out.data<float>();
+        for (std::int64_t i = 0; i < out.numel(); ++i) p[i] *= 2;
+        remote_message r;
+        r.type = "doubled";
+        r.body = {static_cast<std::uint8_t>(m.from_node.size())};
+        r.tensors = {out, m.tensors.size() > 1 ? m.tensors[1] : Tensor{}};
+        if (!r.tensors[1].defined()) r.tensors.pop_back();
+        return r;
+      },
+  };
+}
+
+/// Never answers (requests to it time out).
+caf::behavior black_hole(caf::event_based_actor* self) {
+  return {
+      [self](remote_message&) {
+        self->make_response_promise();  // answered never
+      },
+  };
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && a.type() == b.type() && a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("a remote request carries tensors both ways and is answered bit-exact") {
+  auto a = start_node();
+  auto b = start_node();
+  REQUIRE_FALSE(b->publish("doubler", b->system().spawn(doubler)));
+
+  auto peer = a->connect(b->endpoint());
+  REQUIRE_MESSAGE(peer, error_message(peer.error()));
+  CHECK(*peer == b->id());
+
+  std::vector<float> values(1000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i) - 7.0f;
+  const std::vector<std::int32_t> ids = {3, -1, 2147483647, 0};
+  remote_message m;
+  m.type = "double";
+  m.tensors = {Tensor::from_f32(values, {10, 100}), Tensor::from_i32(ids, {2, 2})};
+  auto reply = a->request(b->id(), "doubler", m, 5s);
+  REQUIRE_MESSAGE(reply, error_message(reply.error()));
+  CHECK(reply->type == "doubled");
+  CHECK(reply->from_node == b->id());
+  REQUIRE(reply->body.size() == 1);
+  CHECK(reply->body[0] == a->id().size());  // the doubler saw who asked
+  REQUIRE(reply->tensors.size() == 2);
+  CHECK(reply->tensors[0].shape() == shape_t{10, 100});
+  const float* got = reply->tensors[0].data<float>();
+  for (std::size_t i = 0; i < values.size(); ++i) REQUIRE(got[i] == 2 * values[i]);
+  CHECK(same_bytes(reply->tensors[1], m.tensors[1]));
+
+  // The built-in echo, through a proxy used like a local actor.
+  auto echo = a->remote_actor(b->id(), "echo");
+  REQUIRE(echo);
+  caf::scoped_actor self{a->system()};
+  remote_message e;
+  e.type = "echo";
+  e.body = {1, 2, 3};
+  e.tensors = {Tensor::from_f32(values, {1000})};
+  bool answered = false;
+  self->request(*echo, 5s, e).receive(
+      [&](remote_message& r) {
+        answered = true;
+        CHECK(r.body == e.body);
+        REQUIRE(r.tensors.size() == 1);
+        CHECK(same_bytes(r.tensors[0], e.tensors[0]));
+      },
+      [&](caf::error& err) { FAIL("echo failed: " << error_message(err)); });
+  CHECK(answered);
+}
+
+TEST_CASE("a request to an actor the peer does not have gets an unknown_actor error") {
+  auto a = start_node();
+  auto b = start_node();
+  auto peer = a->connect(b->endpoint());
+  REQUIRE(peer);
+  remote_message m;
+  m.type = "hello";
+  auto reply = a->request(*peer, "nobody-here", m, 5s);
+  REQUIRE_FALSE(reply);
+  CHECK(error_code(reply.error()) == "unknown_actor");
+  CHECK(error_message(reply.error()).find("nobody-here") != std::string::npos);
+
+  // The link keeps serving afterwards.
+  m.type = "echo";
+  auto echoed = a->request(*peer, "echo", m, 5s);
+  CHECK_MESSAGE(echoed, error_message(echoed.error()));
+}
+
+TEST_CASE("errors of a remote actor keep their code across the wire") {
+  auto a = start_node();
+  auto b = start_node();
+  REQUIRE_FALSE(b->publish("doubler", b->system().spawn(doubler)));
+  auto peer = a->connect(b->endpoint());
+  REQUIRE(peer);
+  auto reply = a->request(*peer, "doubler", remote_message{}, 5s);
+  REQUIRE_FALSE(reply);
+  CHECK(error_code(reply.error()) == "invalid_argument");
+  CHECK(error_message(reply.error()) == "doubler needs a tensor");
+
+  remote_message wrong;
+  wrong.type = "not-echo";
+  auto bad = a->request(*peer, "echo", wrong, 5s);
+  REQUIRE_FALSE(bad);
+  CHECK(error_code(bad.error()) == "bad_message");
+}
+
+TEST_CASE("a request the remote actor never answers runs into the CAF timeout") {
+  auto a = start_node();
+  auto b = start_node();
+  REQUIRE_FALSE(b->publish("hole", b->system().spawn(black_hole)));
+  auto peer = a->connect(b->endpoint());
+  REQUIRE(peer);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto reply = a->request(*peer, "hole", remote_message{}, 300ms);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(reply);
+  CHECK(error_code(reply.error()) == "request_timeout");
+  CHECK(waited >= 250ms);
+  CHECK(waited < 3s);
+}
+
+TEST_CASE("a one-way send to a remote actor is delivered with the sender's node") {
+  auto a = start_node();
+  auto b = start_node();
+  caf::scoped_actor inbox{b->system()};
+  // A forwarder on b hands what it receives to the test's scoped actor.
+  auto sink = caf::actor_cast<caf::actor>(inbox);
+  auto forwarder = b->system().spawn([sink](caf::event_based_actor* self) -> caf::behavior {
+    return {[self, sink](remote_message& m) { self->send(sink, std::move(m)); }};
+  });
+  REQUIRE_FALSE(b->publish("inbox", forwarder));
+  auto peer = a->connect(b->endpoint());
+  REQUIRE(peer);
+  auto target = a->remote_actor(*peer, "inbox");
+  REQUIRE(target);
+  remote_message m;
+  m.type = "note";
+  m.body = {42};
+  caf::anon_send(*target, m);
+  bool got = false;
+  inbox->receive(
+      [&](remote_message& r) {
+        got = true;
+        CHECK(r.type == "note");
+        CHECK(r.body == std::vector<std::uint8_t>{42});
+        CHECK(r.from_node == a->id());
+      },
+      caf::after(5s) >> [] {});
+  CHECK_MESSAGE(got, "the one-way message did not arrive within 5 s");
+  caf::anon_send_exit(forwarder, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("publishing a taken name is refused and remote_actor needs a link") {
+  auto a = start_node();
+  auto first = a->system().spawn(doubler);
+  auto second = a->system().spawn(doubler);
+  CHECK_FALSE(a->publish("twice", first));
+  auto err = a->publish("twice", second);
+  CHECK(error_code(err) == "already_published");
+  CHECK(error_code(a->publish("", first)) == "invalid_argument");
+  auto nowhere = a->remote_actor("n-nosuchpeer", "echo");
+  REQUIRE_FALSE(nowhere);
+  CHECK(error_code(nowhere.error()) == "not_connected");
+  auto bad = a->connect("not-an-endpoint");
+  REQUIRE_FALSE(bad);
+  CHECK(error_code(bad.error()) == "invalid_argument");
+  CHECK(a->remote_actor(a->id(), "twice").value() == first);
+  caf::anon_send_exit(first, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(second, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a hello with an incompatible protocol version is refused with a clear error") {
+  auto n = start_node();
+  SUBCASE("a peer connecting with version 999 gets hello_reject") {
+    testing::raw_peer raw("n-raw999");
+    auto conn = raw.transport().connect(n->endpoint());
+    REQUIRE(raw.transport().send(conn, raw.hello(net::message_kind::hello, 999)));
+    auto reply = raw.wait_for(net::message_kind::hello_reject, 5s);
+    REQUIRE_MESSAGE(reply, "no hello_reject within 5 s");
+    const auto& why = reply->second.error_message;
+    INFO(why);
+    CHECK(reply->second.error_code == "protocol_mismatch");
+    CHECK(why.find("999") != std::string::npos);
+    CHECK(why.find("version") != std::string::npos);
+    CHECK(n->peers().empty());
+  }
+  SUBCASE("connecting to a peer that answers with version 999 fails") {
+    testing::raw_peer raw("n-raw999", "tcp://127.0.0.1:0");
+    std::thread answer([&] {
+      auto hello = raw.wait_for(net::message_kind::hello, 5s);
+      if (hello) raw.transport().send(hello->first, raw.hello(net::message_kind::hello_ack, 999));
+    });
+    auto peer = n->connect(raw.transport().endpoint(), within(5000ms));
+    answer.join();
+    REQUIRE_FALSE(peer);
+    INFO(error_message(peer.error()));
+    CHECK(error_code(peer.error()) == "protocol_mismatch");
+    CHECK(error_message(peer.error()).find("999") != std::string::npos);
+    // The node tells the peer why, too.
+    auto reject = raw.wait_for(net::message_kind::hello_reject, 2s);
+    REQUIRE(reject);
+    CHECK(reject->second.error_message.find("999") != std::string::npos);
+  }
+}
+
+TEST_CASE("connect to an endpoint nobody answers fails within its timeout") {
+  auto n = start_node();
+  testing::raw_peer silent("n-silent", "tcp://127.0.0.1:0");  // listens, never answers
+  const auto t0 = std::chrono::steady_clock::now();
+  auto peer = n->connect(silent.transport().endpoint(), within(300ms));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(peer);
+  CHECK(error_code(peer.error()) == "handshake_timeout");
+  CHECK(waited < 2s);
+}
+
+TEST_CASE("a stopped node is reported down to subscribers within the bound") {
+  auto a = start_node(fast_options());
+  auto b = start_node(fast_options());
+  auto peer = a->connect(b->endpoint());
+  REQUIRE(peer);
+  caf::scoped_actor watcher{a->system()};
+  a->monitor_peer("", caf::actor_cast<caf::actor>(watcher));
+  const auto t0 = std::chrono::steady_clock::now();
+  b->stop();
+  bool down = false;
+  watcher->receive(
+      [&](peer_down& d) {
+        down = true;
+        CHECK(d.peer == *peer);
+        MESSAGE("peer_down after " << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()
+                                   << " ms: " << d.reason);
+      },
+      caf::after(2s) >> [] {});
+  CHECK_MESSAGE(down, "no peer_down within 2 s of stopping the peer");
+  CHECK_FALSE(a->peer_is_up(*peer));
+  // Requests to a down peer fail at once.
+  auto reply = a->request(*peer, "echo", remote_message{}, 2s);
+  REQUIRE_FALSE(reply);
+  CHECK(error_code(reply.error()) == "peer_down");
+}
+
+TEST_CASE("a peer that goes silent is reported down after the peer timeout and up when it speaks again") {
+  auto n = start_node(fast_options());  // 50 ms heartbeats, down after 300 ms
+  testing::raw_peer raw("n-quiet", "tcp://127.0.0.1:0");
+  std::thread answer([&] {
+    auto hello = raw.wait_for(net::message_kind::hello, 5s);
+    if (hello) raw.transport().send(hello->first, raw.hello(net::message_kind::hello_ack, net::protocol_version));
+  });
+  auto peer = n->connect(raw.transport().endpoint());
+  answer.join();
+  REQUIRE_MESSAGE(peer, error_message(peer.error()));
+  CHECK(*peer == "n-quiet");
+  caf::scoped_actor watcher{n->system()};
+  n->monitor_peer("n-quiet", caf::actor_cast<caf::actor>(watcher));
+  const auto t0 = std::chrono::steady_clock::now();
+  // The raw peer never answers heartbeats.
+  std::string reason;
+  watcher->receive([&](peer_down& d) { reason = d.reason; }, caf::after(3s) >> [] {});
+  const double after_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_MESSAGE(!reason.empty(), "no peer_down within 3 s");
+  MESSAGE("silent peer reported down after " << after_ms << " ms: " << reason);
+  CHECK(after_ms >= 250);
+  CHECK(after_ms < 300 + 50 + 500);
+  // Any traffic brings it back.
+  auto hb = raw.wait_for(net::message_kind::hello, 3s);  // the node re-introduces itself
+  REQUIRE(hb);
+  net::message beat;
+  beat.kind = net::message_kind::heartbeat;
+  beat.sender_node = "n-quiet";
+  raw.transport().send(hb->first, beat);
+  bool up = false;
+  watcher->receive([&](peer_up& u) { up = u.peer == "n-quiet"; }, caf::after(3s) >> [] {});
+  CHECK_MESSAGE(up, "no peer_up after the peer spoke again");
+}
+
+TEST_CASE("heartbeats measure the round-trip time of a link") {
+  auto a = start_node(fast_options());
+  auto b = start_node(fast_options());
+  auto peer = a->connect(b->endpoint());
+  REQUIRE(peer);
+  link_stats s;
+  const auto deadline = std::chrono::steady_clock::now() + 3s;
+  do {
+    std::this_thread::sleep_for(50ms);
+    auto st = a->stats(*peer);
+    REQUIRE(st);
+    s = *st;
+  } while (s.rtt_samples < 3 && std::chrono::steady_clock::now() < deadline);
+  MESSAGE("rtt " << s.rtt_us << " us (last " << s.rtt_last_us << " us) over " << s.rtt_samples << " heartbeats");
+  CHECK(s.rtt_samples >= 3);
+  CHECK(s.rtt_us > 0);
+  CHECK(s.rtt_us < 100000);  // loopback: far below 100 ms
+  CHECK(s.up);
+  CHECK(s.outgoing);
+  CHECK(s.peer == b->id());
+  CHECK(s.endpoint == b->endpoint());
+  // The accepting side measures too.
+  auto back = b->stats(a->id());
+  REQUIRE(back);
+  CHECK_FALSE(back->outgoing);
+  CHECK(back->messages_received > 0);
+}
+
+}  // namespace corolla

@@ -1,0 +1,85 @@
+// `corolla plan` end to end: tables, JSON, and the infeasible error.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using corolla::testing::run_corolla;
+
+namespace {
+
+std::string example(const std::string& name) {
+  return (std::filesystem::path(COROLLA_SOURCE_DIR) / "docs" / "clusters" / name).string();
+}
+
+}  // namespace
+
+TEST_CASE("corolla plan prints the plan and both baselines") {
+  auto r = run_corolla({"plan", "--cluster", example("three_clusters.toml"), "--model",
+                        example("models/llama2-7b.json")});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("cluster three-clusters") != std::string::npos);
+  CHECK(r.out.find("plan: PP ") != std::string::npos);
+  CHECK(r.out.find("predicted step: ") != std::string::npos);
+  CHECK(r.out.find("Holmes rule (NIC-sorted, layers by TFLOP/s)") != std::string::npos);
+  CHECK(r.out.find("naive (file order, even split)") != std::string::npos);
+  CHECK(r.out.find("planner ") != std::string::npos);
+}
+
+TEST_CASE("corolla plan --json prints one object with the plan, baselines and speedups") {
+  corolla::testing::temp_dir_guard dir("plan-cli");
+  std::filesystem::copy_file(example("models/gpt-7.5b.json"), dir / "config.json");
+  auto r = run_corolla({"plan", "--cluster", example("unequal_gpus.toml"), "--model", dir.path().string(),
+                        "--global-batch", "64", "--json"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["plan"]["feasible"] == true);
+  CHECK(j["plan"]["tp"] == 1);
+  int pp = j["plan"]["pp"], dp = j["plan"]["dp"];
+  CHECK(static_cast<int>(j["plan"]["stages"].size()) == pp);
+  CHECK(j["plan"]["micro_batches"].get<int>() * dp == 64);
+  CHECK(j["baselines"]["holmes"]["pp"] == pp);
+  CHECK(j["speedup"]["vs_holmes"].get<double>() >= 1.0);
+  CHECK(j["speedup"]["vs_naive"].get<double>() >= 1.0);
+  int layers = 0;
+  for (const auto& s : j["plan"]["stages"]) {
+    CHECK(s["first_layer"] == layers);
+    layers = s["last_layer"];
+    CHECK(s["cluster"] == "dc");
+    CHECK(s["nic"] == "ib");
+  }
+  CHECK(layers == 36);
+}
+
+TEST_CASE("corolla plan rejects a job that fits nowhere with the reason") {
+  corolla::testing::temp_dir_guard dir("plan-cli");
+  std::ofstream(dir / "small.toml") << R"(
+[[cluster]]
+name = "tiny"
+  [[cluster.node]]
+  name = "n"
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    tflops = 10
+    memory_gib = 4
+    count = 2
+)";
+  auto r = run_corolla({"plan", "--cluster", (dir / "small.toml").string(), "--model",
+                        example("models/llama2-7b.json")});
+  CHECK(r.exit_code == 1);
+  CHECK(r.out.empty());
+  CHECK(r.err.find("corolla: error: no feasible plan: the model does not fit in memory") == 0);
+
+  auto bad = run_corolla({"plan", "--cluster", (dir / "missing.toml").string(), "--model",
+                          example("models/llama2-7b.json")});
+  CHECK(bad.exit_code == 1);
+  CHECK(bad.err.find("does not exist") != std::string::npos);
+}
