@@ -105,18 +105,29 @@ std::uint64_t payload_bytes(const net::message& m) {
 
 caf::actor self_handle(link_actor* self) { return caf::actor_cast<caf::actor>(self); }
 
-/// Hands `m` to the transport, stamped with our node id. False when the
-/// transport refused it (closed connection, full queue).
-bool send_wire(link_actor* self, net::message& m) {
+/// Hands `m` to the transport, stamped with our node id. Errors:
+/// errc::invalid_argument when a tensor cannot travel (undefined, not on the
+/// host, an int8 encoding of a non-f32 tensor: encode() throws, and an
+/// exception must not end the link), errc::send_failed when the transport
+/// refused it (closed connection, full queue).
+caf::error send_wire(link_actor* self, net::message& m) {
   auto& st = self->state;
-  if (!st.transport) return false;
+  const auto refused = [&] {
+    return make_error(errc::send_failed,
+                      "transport refused a message to " + st.label() + " (connection closed or send queue full)");
+  };
+  if (!st.transport) return refused();
   m.sender_node = st.ctx->node_id;
   const auto bytes = payload_bytes(m);
-  if (!st.transport->send(st.args.conn, m)) return false;
+  try {
+    if (!st.transport->send(st.args.conn, m)) return refused();
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, std::string("message to ") + st.label() + " cannot be encoded: " + e.what());
+  }
   st.messages_sent += 1;
   st.bytes_sent += bytes;
   st.window_sent += bytes;
-  return true;
+  return {};
 }
 
 void send_control(link_actor* self, net::message_kind kind, std::uint64_t correlation = 0,
@@ -330,8 +341,11 @@ void on_request(link_actor* self, net::message& m) {
             r.body = std::move(reply.body);
             r.tensors = std::move(reply.tensors);
             r.encodings = std::move(reply.encodings);
-            if (!send_wire(self, r))
-              spdlog::warn("could not send a response to {}: connection closed", self->state.label());
+            if (auto err = send_wire(self, r)) {
+              spdlog::warn("could not send a response to {}: {}", self->state.label(), error_message(err));
+              // The requester still gets an answer when the reply itself was the problem.
+              if (error_code(err) == "invalid_argument") send_error(self, correlation, error_code(err), error_message(err));
+            }
           },
           [self, correlation](caf::error& e) {
             send_error(self, correlation, error_code(e), error_message(e));
@@ -472,9 +486,8 @@ void on_send(link_actor* self, std::string& target, remote_message& rm) {
   m.tensors = std::move(rm.tensors);
   m.encodings = std::move(rm.encodings);
   m.sent_at_ns = steady_now_ns();
-  if (!send_wire(self, m)) {
-    refuse(make_error(errc::send_failed, "transport refused a message to " + st.label() +
-                                             " (connection closed or send queue full)"));
+  if (auto err = send_wire(self, m)) {
+    refuse(std::move(err));
     return;
   }
   if (is_request) st.pending.emplace(m.correlation_id, pending_request{std::move(promise), clock::now()});

@@ -62,7 +62,9 @@ net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
   ev.on_bad_message = [live](net::connection_id conn, const std::string& reason) {
     auto ctx = live();
     if (!ctx) return;
-    spdlog::warn("node {}: dropped a malformed message on connection {}: {}", ctx->node_id, conn, reason);
+    // The transport has logged it at warning level; this adds
+    // which node it was, for multi-node logs read at debug level.
+    spdlog::debug("node {}: dropped a malformed message on connection {}: {}", ctx->node_id, conn, reason);
   };
   ev.on_accept = [live, link_for](net::connection_id conn, const std::string& routing_id) {
     auto ctx = live();
@@ -82,7 +84,9 @@ net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
   ev.on_auth_failure = [live](const std::string& reason) {
     auto ctx = live();
     if (!ctx) return;
-    spdlog::warn("node {}: refused an unauthenticated peer: {}", ctx->node_id, reason);
+    // Reported on both sides of a refused handshake (the refusing node and
+    // the refused one) and logged by the transport already.
+    spdlog::debug("node {}: CurveZMQ authentication failed: {}", ctx->node_id, reason);
   };
   return ev;
 }

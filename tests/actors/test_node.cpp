@@ -321,6 +321,39 @@ TEST_CASE("a peer that goes silent is reported down after the peer timeout and u
   CHECK_MESSAGE(up, "no peer_up after the peer spoke again");
 }
 
+TEST_CASE("a tensor that cannot travel is a clear error on both sides and the link stays up") {
+  auto a = start_node();
+  auto b = start_node();
+  // Answers with a tensor that has no storage: the reply cannot be encoded.
+  REQUIRE_FALSE(b->publish("broken", b->system().spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](remote_message&) {
+      remote_message r;
+      r.tensors.push_back(Tensor{});
+      return r;
+    }};
+  })));
+  auto peer = a->connect(b->endpoint());
+  REQUIRE(peer);
+  remote_message bad;
+  bad.type = "echo";
+  bad.tensors.push_back(Tensor{});
+  auto sent = a->request(*peer, "echo", bad, 2s);
+  REQUIRE_FALSE(sent);
+  CHECK(error_code(sent.error()) == "invalid_argument");
+  MESSAGE("undefined tensor in a request: " << error_message(sent.error()));
+  auto answered = a->request(*peer, "broken", remote_message{}, 2s);
+  REQUIRE_FALSE(answered);
+  CHECK(error_code(answered.error()) == "invalid_argument");
+  MESSAGE("undefined tensor in a reply: " << error_message(answered.error()));
+  // Both links keep working.
+  remote_message ok;
+  ok.type = "echo";
+  ok.tensors.push_back(Tensor::zeros({4}));
+  auto echoed = a->request(*peer, "echo", ok, 2s);
+  REQUIRE_MESSAGE(echoed, error_message(echoed.error()));
+  CHECK(echoed->tensors.size() == 1);
+}
+
 TEST_CASE("heartbeats measure the round-trip time of a link") {
   auto a = start_node(fast_options());
   auto b = start_node(fast_options());
