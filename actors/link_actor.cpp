@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"
+#include "net/rdma.hpp"
 
 namespace corolla {
 namespace {
@@ -59,6 +60,7 @@ struct link_state {
   std::string peer;           // node id from the hello
   std::string peer_endpoint;  // the peer's listen endpoint from the hello
   std::string peer_nic;
+  net::transport_choice transport_choice;
   std::string requested_profile;  // asked of the peer for its replies
   net::link_profile profile;      // what we apply to our sends
 
@@ -104,6 +106,17 @@ std::uint64_t payload_bytes(const net::message& m) {
 }
 
 caf::actor self_handle(link_actor* self) { return caf::actor_cast<caf::actor>(self); }
+
+/// The transport for a link to a peer of class `peer_nic`. Links run over
+/// ZeroMQ/TCP in this version: where both ends could use verbs, the choice
+/// says so and why TCP carries the link anyway.
+net::transport_choice choose_transport(const std::vector<net::nic_info>& local, const std::string& peer_nic) {
+  net::transport_choice c = net::select_transport(local, peer_nic);
+  if (c.transport == "rdma")
+    c = {"tcp", "both ends have " + peer_nic + " RDMA ports (" + c.reason +
+                    "), but this build carries every link over ZeroMQ/TCP (no verbs transport yet)"};
+  return c;
+}
 
 /// Hands `m` to the transport, stamped with our node id. Errors:
 /// errc::invalid_argument when a tensor cannot travel (undefined, not on the
@@ -290,6 +303,8 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
   st.peer = h->node_id;
   st.peer_endpoint = h->listen_endpoint;
   st.peer_nic = h->nic_class.empty() ? st.ctx->settings.nic_class : h->nic_class;
+  st.transport_choice = choose_transport(st.ctx->settings.nics, st.peer_nic);
+  spdlog::debug("link to {} uses {}: {}", st.peer, st.transport_choice.transport, st.transport_choice.reason);
   // A connector may ask us to shape our replies like its link; we do when
   // this node has no profile of its own.
   if (st.args.role == link_role::accepted && st.ctx->settings.profile.unshaped()) {
@@ -543,6 +558,8 @@ link_stats make_stats(link_actor* self) {
   s.endpoint = st.peer_endpoint.empty() ? st.args.endpoint : st.peer_endpoint;
   s.nic_class = st.peer_nic.empty() ? st.ctx->settings.nic_class : st.peer_nic;
   s.profile = net::describe(st.profile);
+  s.transport = st.transport_choice.transport;
+  s.transport_reason = st.transport_choice.reason;
   s.outgoing = st.args.role == link_role::outgoing;
   s.up = st.phase == link_phase::up;
   s.rtt_us = st.rtt_us.value;

@@ -7,6 +7,8 @@
 #include <caf/actor_cast.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/scoped_actor.hpp>
+
+#include "net/nic.hpp"
 #include <caf/send.hpp>
 #include <caf/system_messages.hpp>
 #include <spdlog/spdlog.h>
@@ -104,7 +106,8 @@ caf::expected<std::unique_ptr<node>> node::start(node_options options) {
                           std::to_string(options.heartbeat_interval.count()) + " ms)");
   settings.heartbeat_interval = options.heartbeat_interval;
   settings.peer_timeout = options.peer_timeout;
-  settings.nic_class = options.nic_class;
+  settings.nics = net::discover_nics();
+  settings.nic_class = options.nic_class.empty() ? net::node_nic_class(settings.nics) : options.nic_class;
   settings.profile_text = options.link_profile.empty() ? "none" : options.link_profile;
   try {
     settings.profile = net::parse_link_profile(settings.profile_text);

@@ -49,8 +49,10 @@ struct node_options {
   /// A peer that sends nothing for this long is reported down (peer_down).
   /// With the defaults a killed or hung peer is reported within 1.4 s.
   std::chrono::milliseconds peer_timeout{1200};
-  /// NIC class announced in hellos and recorded on links.
-  std::string nic_class = "ethernet";
+  /// NIC class announced in hellos and recorded on links; empty = this
+  /// host's fastest active class from sysfs (net::node_nic_class: "ib",
+  /// "roce", else "ethernet").
+  std::string nic_class;
   /// CAF scheduler threads; 0 = one per core.
   std::size_t scheduler_threads = 0;
   /// Largest message (one frame) accepted from a peer, in bytes.

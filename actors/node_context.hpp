@@ -9,11 +9,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <caf/actor_system.hpp>
 
 #include "actors/registry.hpp"
 #include "net/codec.hpp"
+#include "net/nic.hpp"
 #include "net/shaping.hpp"
 #include "net/zmq_transport.hpp"
 
@@ -32,6 +34,8 @@ struct link_settings {
   /// reconnects on a new connection if it comes back).
   std::chrono::milliseconds retire_after{30000};
   std::string nic_class = "ethernet";
+  /// This host's NICs (net::discover_nics), for the transport choice per link.
+  std::vector<net::nic_info> nics;
   net::link_profile profile;     ///< shaping of what this node sends
   std::string profile_text;      ///< as given ("none", "wan", "bw=..."), sent in hellos
   bool curve = false;

@@ -29,7 +29,7 @@ struct node_args {
   std::string curve_keys;
   int heartbeat_ms = 200;
   int peer_timeout_ms = 1200;
-  std::string nic_class = "ethernet";
+  std::string nic_class;  // empty: discovered from sysfs
   std::string log_level = "info";
 };
 
@@ -95,7 +95,8 @@ void register_node(CLI::App& app, action_fn& action) {
                   "A peer silent this long is reported down (milliseconds)")
       ->check(CLI::Range(2, 3600000))
       ->capture_default_str();
-  cmd->add_option("--nic-class", a->nic_class, "NIC class announced to peers")->capture_default_str();
+  cmd->add_option("--nic-class", a->nic_class,
+                  "NIC class announced to peers: ib, roce, ethernet (default: this host's fastest active class)");
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
   cmd->callback([&action, a] { action = [a] { return run_node(*a); }; });

@@ -216,6 +216,9 @@ int run_ping(const ping_args& a) {
     if (stats) {
       j["profile"] = stats->profile;
       j["heartbeat_rtt_us"] = stats->rtt_us;
+      j["nic_class"] = stats->nic_class;
+      j["transport"] = stats->transport;
+      j["transport_reason"] = stats->transport_reason;
     }
     std::printf("%s\n", j.dump().c_str());
   } else {

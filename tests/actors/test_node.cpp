@@ -375,6 +375,10 @@ TEST_CASE("heartbeats measure the round-trip time of a link") {
   CHECK(s.outgoing);
   CHECK(s.peer == b->id());
   CHECK(s.endpoint == b->endpoint());
+  // No verbs device here (and no verbs transport yet): TCP, with the reason.
+  CHECK(s.transport == "tcp");
+  CHECK_FALSE(s.transport_reason.empty());
+  MESSAGE("transport: " << s.transport << " (" << s.transport_reason << "), NIC class " << s.nic_class);
   // The accepting side measures too.
   auto back = b->stats(a->id());
   REQUIRE(back);
