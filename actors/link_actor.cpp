@@ -248,13 +248,16 @@ void became_up(link_actor* self) {
   st.hello_waiters.clear();
 }
 
-/// The peer stopped answering. `connection_lost`: requests in flight will
-/// never be answered, fail them now; otherwise (missed heartbeats, which a
-/// slow peer can cause) they keep waiting for their own timeouts.
-void became_down(link_actor* self, const std::string& reason, bool connection_lost) {
+/// The peer stopped answering: requests in flight fail now with peer_down,
+/// whether the connection was lost or the heartbeats stopped. Heartbeats are
+/// answered by the peer's link actors, not by the actors doing its work, so a
+/// busy peer keeps answering them; one that misses them is hung (SIGSTOP, a
+/// dead host, a cut network) and its requesters should fail over at once
+/// instead of waiting for their own timeouts (Petals: 3 minutes). An answer
+/// that still arrives later is dropped as a late response.
+void became_down(link_actor* self, const std::string& reason) {
   auto& st = self->state;
-  if (connection_lost)
-    fail_pending(self, make_error(errc::peer_down, "peer " + st.label() + ": " + reason));
+  fail_pending(self, make_error(errc::peer_down, "peer " + st.label() + ": " + reason));
   if (st.phase != link_phase::up) return;
   st.phase = link_phase::down;
   st.down_since = clock::now();
@@ -462,7 +465,7 @@ void on_inbound(link_actor* self, net::message& m) {
       on_answer(self, m);
       return;
     case k::goodbye:
-      became_down(self, "peer said goodbye (node stopping)", true);
+      became_down(self, "peer said goodbye (node stopping)");
       if (st.args.role == link_role::accepted)
         close_link(self, "peer said goodbye", make_error(errc::peer_down, "peer " + st.label() + " stopped"));
       return;
@@ -535,7 +538,7 @@ void on_tick(link_actor* self) {
   }
   if (st.phase == link_phase::up && now - st.last_rx > s.peer_timeout) {
     const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - st.last_rx).count();
-    became_down(self, "no traffic for " + std::to_string(silent) + " ms (missed heartbeats)", false);
+    became_down(self, "no traffic for " + std::to_string(silent) + " ms (missed heartbeats)");
   }
   if (st.phase == link_phase::down && st.args.role == link_role::accepted &&
       now - st.down_since > s.retire_after) {
@@ -632,7 +635,7 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
       [self](disconn_atom) {
         auto& st = self->state;
         if (st.phase == link_phase::up || st.phase == link_phase::down)
-          became_down(self, "connection lost", true);
+          became_down(self, "connection lost");
       },
       [self](reconn_atom) {
         if (self->state.args.role == link_role::outgoing && self->state.phase != link_phase::closed)

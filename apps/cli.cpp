@@ -3,6 +3,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "apps/commands.hpp"
@@ -19,6 +20,8 @@ int run_cli(int argc, char** argv) {
   CLI::App app{"corolla: train, fine-tune and serve LLMs across heterogeneous clusters and swarms"};
   app.set_version_flag("--version", std::string("corolla ") + COROLLA_VERSION);
   app.require_subcommand(1);
+  // stdout carries each command's output (text, ids, JSON); logs go to stderr.
+  if (!spdlog::get("corolla-stderr")) spdlog::set_default_logger(spdlog::stderr_color_mt("corolla-stderr"));
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_level(spdlog::level::warn);
 
@@ -30,6 +33,7 @@ int run_cli(int argc, char** argv) {
   register_demo(app, action);
   register_node(app, action);
   register_ping(app, action);
+  register_serve(app, action);
   register_plan(app, action);
 
   try {

@@ -35,6 +35,8 @@ void register_plan(CLI::App& app, action_fn& action);
 
 /// `corolla node`: a node answering echo/ping until SIGINT/SIGTERM (apps/node_cmd.cpp).
 void register_node(CLI::App& app, action_fn& action);
+/// `corolla serve`: a span of blocks for swarm clients (apps/serve.cpp).
+void register_serve(CLI::App& app, action_fn& action);
 /// `corolla ping`: echo round trips with tensors to a node (apps/ping.cpp).
 void register_ping(CLI::App& app, action_fn& action);
 

@@ -8,17 +8,23 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
 
+#include "actors/corolla.hpp"
+#include "actors/swarm_client.hpp"
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
 #include "model/error.hpp"
+#include "model/config.hpp"
 #include "model/generator.hpp"
+#include "model/safetensors.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
 
@@ -38,6 +44,8 @@ struct generate_options {
   std::uint64_t seed = 0;
   bool ignore_eos = false;
   bool print_ids = false;
+  std::string swarm;  ///< --swarm servers, comma-separated ("" = local)
+  int swarm_timeout_ms = 30000;
   bool stats = false;
   std::string device = "cpu";
   int threads = 0;
@@ -76,6 +84,29 @@ void write_out(const std::string& text) {
   std::fflush(stdout);
 }
 
+/// Local head, remote blocks: a node in this process connects to the
+/// servers and routes the session through them (actors/swarm_client.hpp).
+generation_result generate_through_swarm(const generate_options& o, head& h, std::span<const std::int32_t> prompt,
+                                         const generation_params& p, const token_callback& on_token) {
+  node_options no;
+  no.listen = "";  // a client only dials out
+  auto n = node::start(no);
+  if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
+  swarm_client_options so;
+  std::stringstream list(o.swarm);
+  for (std::string e; std::getline(list, e, ',');)
+    if (!e.empty()) so.servers.push_back(e);
+  if (so.servers.empty()) throw std::invalid_argument("--swarm needs at least one HOST:PORT");
+  so.request_timeout = std::chrono::milliseconds(o.swarm_timeout_ms);
+  swarm_client client(**n, so);
+  swarm_generation g = swarm_generate(client, h, prompt, p, on_token);
+  std::string route;
+  for (const auto& hop : g.route)
+    route += (route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " on " + hop.server;
+  spdlog::info("swarm route: {}; {} failover(s)", route, g.failovers);
+  return g.result;
+}
+
 int run_generate(const generate_options& o) {
   apply_common_options(o.threads, o.log_level);
   if (o.has_prompt == o.has_prompt_ids)
@@ -84,7 +115,15 @@ int run_generate(const generate_options& o) {
   if (o.has_prompt_ids) prompt = parse_ids(o.prompt_ids);
 
   Backend& be = backend_for(parse_device(o.device));
-  transformer model = transformer::load(o.model, be);
+  // With --swarm only the head (embeddings, final norm, LM head) is loaded
+  // here; the servers hold the blocks.
+  const model_config cfg = load_config(o.model);
+  std::optional<transformer> model;
+  std::optional<head> client_head;
+  if (o.swarm.empty())
+    model.emplace(transformer::load(o.model, be));
+  else
+    client_head.emplace(head::load(checkpoint::open(o.model), cfg, be));
 
   // Text needs the tokenizer; ids alone do not (text is then shown only
   // when the directory has one).
@@ -109,14 +148,20 @@ int run_generate(const generate_options& o) {
   p.max_new_tokens = o.max_new_tokens;
   p.sampling = sampling_params{o.temperature, o.top_k, o.top_p, o.seed};
   p.ignore_eos = o.ignore_eos;
-  if (tok && model.config().eos_token_id < 0) p.eos_id = tok->eos_id();
+  if (tok && cfg.eos_token_id < 0) p.eos_id = tok->eos_id();
 
-  generator gen(model);
   std::optional<stream_decoder> text;
   if (tok) text.emplace(*tok);
-  generation_result r = gen.generate(prompt, p, [&](std::int32_t id) {
+  const token_callback on_token = [&](std::int32_t id) {
     if (text) write_out(text->push(id));
-  });
+  };
+  generation_result r;
+  if (model) {
+    generator gen(*model);
+    r = gen.generate(prompt, p, on_token);
+  } else {
+    r = generate_through_swarm(o, *client_head, prompt, p, on_token);
+  }
   if (text) write_out(text->flush() + "\n");
 
   if (o.print_ids || !text) {
@@ -128,7 +173,7 @@ int run_generate(const generate_options& o) {
   if (r.reason == stop_reason::context)
     std::fprintf(stderr,
                  "corolla: note: stopped after %zu new tokens at the model context of %d tokens\n",
-                 r.tokens.size(), model.config().max_positions);
+                 r.tokens.size(), cfg.max_positions);
   if (o.stats) {
     const double prefill_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0;
     const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;
@@ -162,6 +207,12 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_flag("--print-ids", o->print_ids,
                 "End stdout with a line of the generated ids (space-separated)");
   cmd->add_flag("--stats", o->stats, "Print prefill and decode speed on stderr");
+  cmd->add_option("--swarm", o->swarm,
+                  "Run the blocks on these corolla serve nodes (HOST:PORT,...); only the embeddings, "
+                  "final norm and LM head are loaded here");
+  cmd->add_option("--swarm-timeout-ms", o->swarm_timeout_ms, "Longest wait for one server's answer")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")

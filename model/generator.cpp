@@ -67,8 +67,23 @@ void generator::step(std::span<const std::int32_t> ids, std::int64_t start, kv_s
 generation_result generator::generate(std::span<const std::int32_t> prompt,
                                       const generation_params& p,
                                       const token_callback& on_token) {
+  kv_sequence kv(pool_);
+  bool reserved = false;
+  return generate_tokens(
+      cfg_, prompt, p,
+      [&](std::span<const std::int32_t> ids, std::int64_t start) {
+        if (!reserved) stage_.reserve_rows(static_cast<std::int64_t>(ids.size())), reserved = true;
+        step(ids, start, kv);
+        return std::span<const float>(host_logits_.data<float>(), static_cast<std::size_t>(cfg_.vocab_size));
+      },
+      on_token);
+}
+
+generation_result generate_tokens(const model_config& cfg, std::span<const std::int32_t> prompt,
+                                  const generation_params& p, const logits_step& step,
+                                  const token_callback& on_token) {
   const auto start_time = std::chrono::steady_clock::now();
-  const int V = cfg_.vocab_size, P = cfg_.max_positions;
+  const int V = cfg.vocab_size, P = cfg.max_positions;
   if (prompt.empty()) throw model_error("the prompt is empty: give at least one token");
   for (std::int32_t id : prompt)
     if (id < 0 || id >= V)
@@ -83,7 +98,7 @@ generation_result generator::generate(std::span<const std::int32_t> prompt,
   if (p.prefill_chunk < 0)
     throw model_error("prefill chunk must be >= 0, got " + std::to_string(p.prefill_chunk));
   sampler pick(p.sampling, V);
-  const int eos = p.eos_id >= 0 ? p.eos_id : cfg_.eos_token_id;
+  const int eos = p.eos_id >= 0 ? p.eos_id : cfg.eos_token_id;
 
   generation_result result;
   result.prompt_tokens = static_cast<int>(n);
@@ -94,15 +109,11 @@ generation_result generator::generate(std::span<const std::int32_t> prompt,
   }
   result.tokens.reserve(static_cast<std::size_t>(std::min<std::int64_t>(p.max_new_tokens, P - n)));
 
-  kv_sequence kv(pool_);
   const std::int64_t chunk = p.prefill_chunk > 0 ? std::min<std::int64_t>(p.prefill_chunk, n) : n;
-  stage_.reserve_rows(chunk);
+  std::span<const float> logits;
   for (std::int64_t s = 0; s < n; s += chunk)
-    step(prompt.subspan(static_cast<std::size_t>(s),
-                        static_cast<std::size_t>(std::min(chunk, n - s))),
-         s, kv);
-  const float* logits = host_logits_.data<float>();
-  std::int32_t token = pick.sample({logits, static_cast<std::size_t>(V)});
+    logits = step(prompt.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(std::min(chunk, n - s))), s);
+  std::int32_t token = pick.sample(logits);
   result.tokens.push_back(token);
   result.prefill_seconds = seconds_since(start_time);
   if (on_token) on_token(token);
@@ -123,8 +134,7 @@ generation_result generator::generate(std::span<const std::int32_t> prompt,
       break;
     }
     // The last token sits at position n + generated - 1.
-    step({&token, 1}, n + generated - 1, kv);
-    token = pick.sample({logits, static_cast<std::size_t>(V)});
+    token = pick.sample(step({&token, 1}, n + generated - 1));
     result.tokens.push_back(token);
     ++result.decode_steps;
     if (on_token) on_token(token);

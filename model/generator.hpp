@@ -59,6 +59,20 @@ struct generation_result {
 /// Called with each generated id as soon as it is sampled (streaming).
 using token_callback = std::function<void(std::int32_t)>;
 
+/// Runs `ids` (at positions [start, start + ids.size())) through the whole
+/// model and returns the logits of the last row (vocab_size values, valid
+/// until the next call). Throws model_error when it cannot.
+using logits_step = std::function<std::span<const float>(std::span<const std::int32_t> ids, std::int64_t start)>;
+
+/// The generation loop over any way of computing logits (in this process, or
+/// through a swarm): validates the request (the errors listed at
+/// generator::generate), prefills the prompt (in prefill_chunk pieces),
+/// samples, and decodes one token per step until max_new_tokens, the
+/// end-of-sequence token or the context.
+generation_result generate_tokens(const model_config& cfg, std::span<const std::int32_t> prompt,
+                                  const generation_params& p, const logits_step& step,
+                                  const token_callback& on_token = {});
+
 /// Runs generation for one model in this process. Not thread-safe; one
 /// generate() at a time. The model is borrowed (its weights shared, not
 /// copied) and must outlive the generator.

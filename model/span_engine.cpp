@@ -20,6 +20,9 @@ struct span_session {
   std::string id;
   kv_sequence kv;
   std::int64_t max_length = 0;
+  /// Blocks this session runs, as indices into the engine's stage: a client
+  /// may route through part of a server's span.
+  int from = 0, to = 0;
   // The last successful step. Invariant while has_last: the cache holds
   // exactly last_start + last_rows tokens, the last of which that step
   // wrote, so repeating it would change nothing and return last_output.
@@ -28,6 +31,10 @@ struct span_session {
   std::int64_t last_start = 0;
   std::int64_t last_rows = 0;
   Tensor last_output;  ///< host f32 [last_rows, D]; its buffer is reused across steps
+
+  /// Tokens cached: every layer the session runs holds the same number (the
+  /// layers of blocks outside its range stay empty).
+  std::int64_t length() const { return kv.length(from); }
 };
 
 namespace {
@@ -107,7 +114,7 @@ std::vector<span_session_info> span_engine::sessions() const {
   std::vector<span_session_info> out;
   out.reserve(sessions_.size());
   for (const auto& [id, s] : sessions_)
-    out.push_back({id, s->kv.length(), s->max_length, s->kv.capacity()});
+    out.push_back({id, s->length(), s->max_length, s->kv.capacity()});
   return out;
 }
 
@@ -115,7 +122,7 @@ span_expected<std::int64_t> span_engine::session_length(const std::string& id) c
   auto it = sessions_.find(id);
   if (it == sessions_.end())
     return error(span_errc::unknown_session, "unknown session " + in_quotes(id));
-  return it->second->kv.length();
+  return it->second->length();
 }
 
 // ---- sessions ------------------------------------------------------------------------
@@ -125,7 +132,8 @@ span_session* span_engine::find(const std::string& id) {
   return it == sessions_.end() ? nullptr : it->second.get();
 }
 
-span_expected<void> span_engine::open_session(const std::string& id, std::int64_t max_length) {
+span_expected<void> span_engine::open_session(const std::string& id, std::int64_t max_length, int first_block,
+                                              int last_block) {
   if (id.empty()) return error(span_errc::invalid_argument, "a session id must not be empty");
   if (max_length <= 0)
     return error(span_errc::invalid_argument,
@@ -137,7 +145,15 @@ span_expected<void> span_engine::open_session(const std::string& id, std::int64_
                      std::to_string(context));
   if (sessions_.count(id))
     return error(span_errc::duplicate_session, "session " + in_quotes(id) + " is already open");
-  sessions_.emplace(id, std::make_unique<span_session>(id, pool_, max_length));
+  const int a = first_block < 0 ? first() : first_block, b = last_block < 0 ? last() : last_block;
+  if (a < first() || b > last() || a >= b)
+    return error(span_errc::invalid_argument, "blocks [" + std::to_string(a) + ", " + std::to_string(b) +
+                                                  ") are not a non-empty part of this server's span [" +
+                                                  std::to_string(first()) + ", " + std::to_string(last()) + ")");
+  auto s = std::make_unique<span_session>(id, pool_, max_length);
+  s->from = a - first();
+  s->to = b - first();
+  sessions_.emplace(id, std::move(s));
   return {};
 }
 
@@ -171,7 +187,7 @@ span_expected<void> span_engine::check_hidden(const Tensor& hidden, const char* 
 
 span_expected<void> span_engine::check_step(const span_session& s, const Tensor& hidden,
                                             std::int64_t start) const {
-  const std::int64_t n = hidden.dim(0), length = s.kv.length();
+  const std::int64_t n = hidden.dim(0), length = s.length();
   if (start < 0)
     return error(span_errc::bad_position,
                  "step starts at negative position " + std::to_string(start));
@@ -227,7 +243,7 @@ namespace {
 /// Whether a step is a retry of the session's last one.
 bool is_retry(const span_session& s, std::uint64_t step_id, std::int64_t start, std::int64_t n) {
   return s.has_last && step_id != 0 && step_id == s.last_step_id && start == s.last_start &&
-         n == s.last_rows && s.kv.length() == s.last_start + s.last_rows;
+         n == s.last_rows && s.length() == s.last_start + s.last_rows;
 }
 
 }  // namespace
@@ -247,7 +263,7 @@ span_expected<Tensor> span_engine::inference_step(const std::string& id, const T
     Tensor& x = upload(hidden, step_rows_);
     // kv_sequence::append rewrites from `start`, dropping what followed:
     // the rollback needs no separate truncation before the compute.
-    stage_.forward_cached(x, s->kv, start, x);
+    stage_.forward_cached(x, s->kv, start, x, s->from, s->to);
     Tensor out = download(x);
     finish_step(*s, start, n, step_id, out);
     return out;
@@ -283,6 +299,11 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
       results.emplace_back(error(span_errc::invalid_argument,
                                  "session " + in_quotes(s->id) +
                                      " appears more than once in one decode batch"));
+      continue;
+    }
+    if (s->from != 0 || s->to != size()) {
+      // Part of the span: its own blocks, so it runs outside the batch.
+      results.push_back(inference_step(item.session_id, item.hidden, item.start_position, item.step_id));
       continue;
     }
     if (auto ok = check_hidden(item.hidden, "hidden states"); !ok) {

@@ -18,7 +18,7 @@
 //    tokens through the span, optionally with deep prompts: P trainable
 //    vectors per block, ADDED to the hidden states of each sequence's first
 //    P positions at the input of that block (Petals' deep prompt tuning; see
-//    docs/span_engine.md). backward recomputes the span's forward: nothing
+//    docs/swarm_serving.md). backward recomputes the span's forward: nothing
 //    is kept between calls. The server's weights are frozen: backward
 //    returns the input gradient and the per-block prompt gradients only.
 //
@@ -206,11 +206,15 @@ class span_engine {
 
   // ---- inference sessions ---------------------------------------------------------
   /// Opens session `id` for up to `max_length` tokens (positions
-  /// [0, max_length)). Takes no KV pages yet. Errors: an empty id or
+  /// [0, max_length)) over blocks [first_block, last_block) (-1: the span's
+  /// own first / last; a client may route through part of a span: every
+  /// step of the session then runs just those blocks, outside the decode
+  /// batch). Takes no KV pages yet. Errors: blocks outside the span, an empty id or
   /// max_length <= 0 (invalid_argument), max_length beyond the model
   /// context ("max length M exceeds the model context of P"), an id already
   /// open (duplicate_session).
-  span_expected<void> open_session(const std::string& id, std::int64_t max_length);
+  span_expected<void> open_session(const std::string& id, std::int64_t max_length, int first_block = -1,
+                                   int last_block = -1);
   /// Closes session `id` and returns its pages to the pool; unknown_session
   /// when it is not open.
   span_expected<void> close_session(const std::string& id);

@@ -130,7 +130,8 @@ void stage::reserve_rows(std::int64_t rows) {
   decode_positions_.reserve(*be_, rows);
 }
 
-void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y) {
+void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y, int from,
+                           int to) {
   const std::int64_t T = x.dim(0);
   expect_rows(x, T, cfg_.hidden_size, "stage::forward_cached x");
   expect_rows(y, T, cfg_.hidden_size, "stage::forward_cached y");
@@ -141,14 +142,18 @@ void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_
     throw tensor_error("stage::forward_cached: positions up to " + std::to_string(start_pos + T) +
                        " exceed the KV capacity of " + std::to_string(kv.capacity()) +
                        " (reserve first)");
-  if (size() == 0) {
+  if (to < 0) to = size();
+  if (from < 0 || from > to || to > size())
+    throw tensor_error("stage::forward_cached: blocks [" + std::to_string(from) + ", " + std::to_string(to) +
+                       ") are not a range of this stage's " + std::to_string(size()));
+  if (from == to) {
     if (&x != &y) be_->copy(x, y);
     return;
   }
   Tensor& pos = decode_positions_.rows(*be_, T);
   fill_positions(*be_, pos, start_pos, host_positions_);
   const Tensor* in = &x;
-  for (int i = 0; i < size(); ++i) {
+  for (int i = from; i < to; ++i) {
     block_forward_cached(*be_, cfg_, weights_[static_cast<std::size_t>(i)], *in, pos, kv, i,
                          start_pos, decode_ws_, y);
     in = &y;

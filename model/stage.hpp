@@ -86,8 +86,12 @@ class stage {
   /// Cached forward of x [Tq, D] at positions start_pos.. through every
   /// block; block first()+i uses layer i of `kv` (so kv's pool has size()
   /// layers). kv must have capacity for start_pos + Tq tokens
-  /// (kv_sequence::reserve). y [Tq, D] may alias x.
-  void forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y);
+  /// (kv_sequence::reserve). y [Tq, D] may alias x. With `from`/`to`
+  /// (indices into this stage, to = -1: the end) only blocks [from, to) run,
+  /// against their own layers of kv; a sequence must always run the same
+  /// range (the other layers of its cache stay empty).
+  void forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y, int from = 0,
+                      int to = -1);
   /// Cached forward of several sequences' new rows at once through every
   /// block (a server's batched decode): x [R, D] stacks the rows of each
   /// entry of `seqs` in order, each at its own positions start_pos.. and

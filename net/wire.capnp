@@ -71,3 +71,51 @@ struct Hello {
 struct Echo {
   sequence @0 :UInt64;
 }
+
+# ---- swarm serving (actors/span_server.hpp) ---------------------------------
+# Bodies of the requests a client sends to a server's "span" actor. Hidden
+# states travel as tensor frames: [n, D] float rows.
+
+# Answer to "span.info" (and to "span.open", with the cache left after it).
+struct SpanInfo {
+  model @0 :Text;            # model id the server announces (its directory name)
+  first @1 :Int32;           # blocks [first, last) of nBlocks
+  last @2 :Int32;
+  nBlocks @3 :Int32;
+  hiddenSize @4 :Int32;
+  maxPositions @5 :Int64;    # the model's context
+  cacheTokens @6 :Int64;     # KV budget in tokens
+  cacheTokensLeft @7 :Int64; # tokens a new session can count on
+  stepSPerBlock @8 :Float64; # measured seconds per block of a one-row step; 0 = not measured
+  sessions @9 :UInt32;       # open sessions
+}
+
+# "span.open": an inference session for positions [0, maxLength).
+struct SpanOpen {
+  sessionId @0 :Text;
+  maxLength @1 :Int64;
+  first @2 :Int32 = -1;      # blocks [first, last) of the server's span the
+  last @3 :Int32 = -1;       # session runs; -1 = the span's own bound
+}
+
+# "span.step": tensor 0 = hidden [n, D] for positions [start, start + n) of
+# the session; the answer carries the span's output [n, D] as tensor 0.
+struct SpanStep {
+  sessionId @0 :Text;
+  start @1 :Int64;
+  stepId @2 :UInt64;         # 0 = no retry detection
+}
+
+# "span.close".
+struct SpanClose {
+  sessionId @0 :Text;
+}
+
+# "span.forward" (tensors: hidden [B*T, D], optional deep prompts
+# [blocks, P, D]) and "span.backward" (tensors: hidden, grad_output [B*T, D],
+# optional deep prompts): stateless, for fine-tuning clients.
+struct SpanBatch {
+  batch @0 :Int32;
+  seq @1 :Int32;
+  withPrompts @2 :Bool;
+}

@@ -1,0 +1,211 @@
+#include "actors/span_server.hpp"
+
+#include <unordered_map>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/response_promise.hpp>
+#include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/errors.hpp"
+#include "actors/messages.hpp"
+#include "actors/node.hpp"
+#include "actors/swarm_wire.hpp"
+
+namespace corolla {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using flush_atom = caf::atom_constant<caf::atom("spflush")>;
+using expire_atom = caf::atom_constant<caf::atom("spexpire")>;
+
+/// A one-row step waiting for the batch it will run in.
+struct queued_step {
+  decode_item item;
+  caf::response_promise promise;
+};
+
+struct span_server_state {
+  std::shared_ptr<span_engine> engine;
+  span_server_options options;
+  std::unordered_map<std::string, clock_type::time_point> last_used;
+  std::vector<queued_step> queue;
+  /// Seconds per block of a one-row step (moving average over batches).
+  double step_s_per_block = 0;
+  static inline const char* name = "span_server";
+};
+
+using span_server_actor = caf::stateful_actor<span_server_state>;
+
+caf::error to_caf(const span_error& e) { return error_from_wire(span_errc_name(e.code), e.message); }
+
+span_info info_of(const span_server_state& st) {
+  const span_engine& e = *st.engine;
+  span_info i;
+  i.model = st.options.model;
+  i.first = e.first();
+  i.last = e.last();
+  i.n_blocks = e.config().n_layers;
+  i.hidden_size = static_cast<int>(e.config().hidden_size);
+  i.max_positions = e.config().max_positions;
+  i.cache_tokens = e.cache_tokens();
+  i.cache_tokens_left = e.cache_tokens_left();
+  i.step_s_per_block = st.step_s_per_block;
+  i.sessions = static_cast<std::uint32_t>(e.session_count());
+  return i;
+}
+
+remote_message answer(std::string type, std::vector<std::uint8_t> body = {}, std::vector<Tensor> tensors = {}) {
+  remote_message r;
+  r.type = std::move(type);
+  r.body = std::move(body);
+  r.tensors = std::move(tensors);
+  return r;
+}
+
+/// Runs every queued one-row step as one batch and answers each.
+void run_batch(span_server_actor* self) {
+  auto& st = self->state;
+  if (st.queue.empty()) return;
+  std::vector<queued_step> batch;
+  batch.swap(st.queue);
+  std::vector<decode_item> items;
+  items.reserve(batch.size());
+  for (auto& q : batch) items.push_back(q.item);
+  const auto t0 = clock_type::now();
+  auto results = st.engine->decode_batch(items);
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  const double per_block = s / st.engine->size();
+  st.step_s_per_block = st.step_s_per_block == 0 ? per_block : 0.8 * st.step_s_per_block + 0.2 * per_block;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (results[i])
+      batch[i].promise.deliver(answer(span_request::step, {}, {std::move(*results[i])}));
+    else
+      batch[i].promise.deliver(to_caf(results[i].error()));
+  }
+}
+
+void on_step(span_server_actor* self, remote_message& m, caf::response_promise& rp) {
+  auto& st = self->state;
+  auto step = decode_span_step(m.body);
+  if (!step) return rp.deliver(step.error());
+  if (m.tensors.size() != 1)
+    return rp.deliver(make_error(errc::bad_message, "span.step carries one tensor (hidden states), got " +
+                                                        std::to_string(m.tensors.size())));
+  st.last_used[step->session_id] = clock_type::now();
+  const Tensor& hidden = m.tensors[0];
+  if (hidden.shape().size() == 2 && hidden.dim(0) == 1) {
+    // Steps of other sessions already waiting in the mailbox join this one:
+    // the flush message is queued behind them.
+    decode_item item{step->session_id, hidden, step->start, step->step_id};
+    // A session appears once per batch: a second step of it runs the batch first.
+    for (const auto& q : st.queue)
+      if (q.item.session_id == item.session_id) {
+        run_batch(self);
+        break;
+      }
+    if (st.queue.empty()) self->send(self, flush_atom::value);
+    st.queue.push_back({std::move(item), rp});
+    return;
+  }
+  run_batch(self);  // steps that arrived earlier run first
+  auto out = st.engine->inference_step(step->session_id, hidden, step->start, step->step_id);
+  if (!out) return rp.deliver(to_caf(out.error()));
+  rp.deliver(answer(span_request::step, {}, {std::move(*out)}));
+}
+
+void on_stateless(span_server_actor* self, remote_message& m, caf::response_promise& rp, bool backward) {
+  auto& st = self->state;
+  auto b = decode_span_batch(m.body);
+  if (!b) return rp.deliver(b.error());
+  const std::size_t want = (backward ? 2 : 1) + (b->with_prompts ? 1 : 0);
+  if (m.tensors.size() != want)
+    return rp.deliver(make_error(errc::bad_message, std::string(backward ? "span.backward" : "span.forward") +
+                                                        " expects " + std::to_string(want) + " tensors, got " +
+                                                        std::to_string(m.tensors.size())));
+  const Tensor prompts = b->with_prompts ? m.tensors.back() : Tensor();
+  if (!backward) {
+    auto out = st.engine->forward(m.tensors[0], b->batch, b->seq, prompts);
+    if (!out) return rp.deliver(to_caf(out.error()));
+    return rp.deliver(answer(span_request::forward, {}, {std::move(*out)}));
+  }
+  auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts);
+  if (!g) return rp.deliver(to_caf(g.error()));
+  std::vector<Tensor> tensors{std::move(g->grad_input)};
+  if (g->grad_prompts.defined()) tensors.push_back(std::move(g->grad_prompts));
+  rp.deliver(answer(span_request::backward, {}, std::move(tensors)));
+}
+
+void expire_idle(span_server_actor* self) {
+  auto& st = self->state;
+  const auto now = clock_type::now();
+  for (auto it = st.last_used.begin(); it != st.last_used.end();) {
+    if (now - it->second < st.options.session_idle_timeout) {
+      ++it;
+      continue;
+    }
+    if (st.engine->close_session(it->first))
+      spdlog::info("span server: closed session {} after {} s without a request", it->first,
+                   std::chrono::duration_cast<std::chrono::seconds>(now - it->second).count());
+    it = st.last_used.erase(it);
+  }
+}
+
+caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> engine, span_server_options options) {
+  self->state.engine = std::move(engine);
+  self->state.options = std::move(options);
+  self->set_default_handler(caf::drop);
+  const auto expire_every = std::max(std::chrono::milliseconds(50), self->state.options.session_idle_timeout / 4);
+  self->delayed_send(self, expire_every, expire_atom::value);
+  return {
+      [self](remote_message& m) {
+        auto rp = self->make_response_promise();
+        auto& st = self->state;
+        if (m.type == span_request::step) return on_step(self, m, rp);
+        // Anything else first lets the waiting decode steps run, in order.
+        run_batch(self);
+        if (m.type == span_request::info) return rp.deliver(answer(span_request::info, encode_body(info_of(st))));
+        if (m.type == span_request::open) {
+          auto o = decode_span_open(m.body);
+          if (!o) return rp.deliver(o.error());
+          if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last); !r) return rp.deliver(to_caf(r.error()));
+          st.last_used[o->session_id] = clock_type::now();
+          return rp.deliver(answer(span_request::open, encode_body(info_of(st))));
+        }
+        if (m.type == span_request::close) {
+          auto id = decode_span_close(m.body);
+          if (!id) return rp.deliver(id.error());
+          st.last_used.erase(*id);
+          if (auto r = st.engine->close_session(*id); !r) return rp.deliver(to_caf(r.error()));
+          return rp.deliver(answer(span_request::close));
+        }
+        if (m.type == span_request::forward) return on_stateless(self, m, rp, false);
+        if (m.type == span_request::backward) return on_stateless(self, m, rp, true);
+        rp.deliver(make_error(errc::bad_message, "the span server answers span.info, span.open, span.step, "
+                                                 "span.close, span.forward and span.backward, not '" + m.type + "'"));
+      },
+      [self](flush_atom) { run_batch(self); },
+      [self, expire_every](expire_atom) {
+        expire_idle(self);
+        self->delayed_send(self, expire_every, expire_atom::value);
+      },
+  };
+}
+
+}  // namespace
+
+caf::expected<caf::actor> start_span_server(node& n, std::shared_ptr<span_engine> engine,
+                                            span_server_options options) {
+  caf::actor a = n.system().spawn<caf::detached>(span_server, std::move(engine), std::move(options));
+  if (auto err = n.publish("span", a)) {
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    return err;
+  }
+  return a;
+}
+
+}  // namespace corolla

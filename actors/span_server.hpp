@@ -1,0 +1,47 @@
+// actors/span_server.hpp — the volunteer server's actor: a span of blocks
+// (model/span_engine.hpp) behind the name "span" on a node.
+//
+// Requests (remote_message types, bodies in actors/swarm_wire.hpp):
+//   span.info                       -> SpanInfo
+//   span.open   SpanOpen            -> SpanInfo (cache left after opening)
+//   span.step   SpanStep, hidden    -> output [n, D] (tensor 0)
+//   span.close  SpanClose           -> empty answer
+//   span.forward / span.backward    -> output / (grad_input[, grad_prompts])
+// Errors keep the engine's code on the wire ("unknown_session",
+// "cache_full", "bad_position", "invalid_argument", ...) and the session
+// stays usable; a malformed body is "bad_message".
+//
+// One-row decode steps of different sessions that are waiting in the mailbox
+// together run as one batch (span_engine::decode_batch). The actor is
+// detached (its own thread): compute never blocks CAF's worker pool.
+// Sessions unused for session_idle_timeout are closed (a client that died
+// does not hold KV pages forever).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <caf/actor.hpp>
+#include <caf/expected.hpp>
+
+#include "model/span_engine.hpp"
+
+namespace corolla {
+
+class node;
+
+/// How a span server runs.
+struct span_server_options {
+  /// Model id announced in span.info (clients check it against theirs).
+  std::string model;
+  /// Sessions idle this long are closed and their KV pages freed.
+  std::chrono::milliseconds session_idle_timeout{std::chrono::minutes(5)};
+};
+
+/// Spawns the server actor over `engine` and publishes it on `n` as "span".
+/// Errors: the name is taken (errc::already_published).
+caf::expected<caf::actor> start_span_server(node& n, std::shared_ptr<span_engine> engine,
+                                            span_server_options options);
+
+}  // namespace corolla

@@ -1,0 +1,411 @@
+#include "actors/swarm_client.hpp"
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/errors.hpp"
+#include "actors/node.hpp"
+
+namespace corolla {
+
+bool is_recoverable(const caf::error& e) {
+  const std::string code = error_code(e);
+  return !(code == "invalid_argument" || code == "bad_message" || code == "bad_position" ||
+           code == "duplicate_session");
+}
+
+namespace {
+
+std::string with_scheme(const std::string& endpoint) {
+  return endpoint.find("://") == std::string::npos ? "tcp://" + endpoint : endpoint;
+}
+
+remote_message request_of(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {}) {
+  remote_message m;
+  m.type = type;
+  m.body = std::move(body);
+  m.tensors = std::move(tensors);
+  return m;
+}
+
+/// Rows [0, rows) of the chunks laid end to end, as one [rows, D] tensor.
+Tensor concat_rows(const std::vector<Tensor>& chunks, std::int64_t rows, std::int64_t width) {
+  Tensor out = Tensor::empty({rows, width});
+  std::int64_t r = 0;
+  for (const Tensor& c : chunks) {
+    if (r >= rows) break;
+    const std::int64_t take = std::min(c.dim(0), rows - r);
+    Tensor dst = out.slice(r, r + take);
+    dst.copy_from(c.slice(0, take));
+    r += take;
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- swarm_client ---------------------------------------------------------------
+
+swarm_client::swarm_client(node& n, swarm_client_options options)
+    : node_(n), options_(std::move(options)), n_blocks_(options_.n_blocks), hidden_size_(options_.hidden_size) {
+  for (const auto& e : options_.servers) servers_.push_back({with_scheme(e), "", {}, false});
+}
+
+void swarm_client::event(const std::string& line) const {
+  spdlog::info("swarm: {}", line);
+  if (options_.on_event) options_.on_event(line);
+}
+
+caf::error swarm_client::refresh() {
+  refreshed_ = true;
+  std::string first_problem;
+  int reachable = 0;
+  for (auto& s : servers_) {
+    connect_options c;
+    c.timeout = options_.connect_timeout;
+    // A known server keeps its link, which reconnects by itself: only
+    // servers never reached are dialled (again).
+    if (!s.node_id.empty() && !node_.peer_is_up(s.node_id)) {
+      s.reachable = false;
+      if (first_problem.empty()) first_problem = s.endpoint + ": " + s.node_id + " is down";
+      continue;
+    }
+    auto peer = s.node_id.empty() ? node_.connect(s.endpoint, c) : caf::expected<std::string>(s.node_id);
+    if (!peer) {
+      s.reachable = false;
+      if (first_problem.empty()) first_problem = s.endpoint + ": " + error_message(peer.error());
+      continue;
+    }
+    s.node_id = *peer;
+    auto reply = node_.request(s.node_id, "span", request_of(span_request::info, {}), options_.request_timeout);
+    if (!reply) {
+      s.reachable = false;
+      if (first_problem.empty()) first_problem = s.endpoint + ": " + error_message(reply.error());
+      continue;
+    }
+    // A server that answers nonsense or serves another model is left out
+    // (and said so); the others still serve.
+    auto unusable = [&](const std::string& why) {
+      s.reachable = false;
+      spdlog::warn("swarm: not using {}: {}", s.endpoint, why);
+      if (first_problem.empty()) first_problem = s.endpoint + ": " + why;
+    };
+    auto info = decode_span_info(reply->body);
+    if (!info) {
+      unusable(error_message(info.error()));
+      continue;
+    }
+    if (!options_.model.empty() && info->model != options_.model) {
+      unusable("serves model '" + info->model + "', not '" + options_.model + "'");
+      continue;
+    }
+    if (n_blocks_ == 0 && options_.n_blocks == 0) {
+      n_blocks_ = info->n_blocks;  // the first answer defines the model's shape
+      hidden_size_ = info->hidden_size;
+    }
+    if (info->n_blocks != n_blocks_ || info->hidden_size != hidden_size_) {
+      unusable("serves a model of " + std::to_string(info->n_blocks) + " blocks and width " +
+               std::to_string(info->hidden_size) + ", not " + std::to_string(n_blocks_) + " and " +
+               std::to_string(hidden_size_));
+      continue;
+    }
+    if (info->first < 0 || info->last > info->n_blocks || info->first >= info->last) {
+      unusable("announces blocks [" + std::to_string(info->first) + ", " + std::to_string(info->last) + ") of " +
+               std::to_string(info->n_blocks));
+      continue;
+    }
+    s.info = *info;
+    s.reachable = true;
+    ++reachable;
+  }
+  if (reachable == 0)
+    return make_error(errc::not_connected, "no usable swarm server" +
+                                               (first_problem.empty() ? std::string() : " (" + first_problem + ")"));
+  return {};
+}
+
+swarm::swarm_state swarm_client::state() const {
+  swarm::swarm_state st;
+  st.n_blocks = n_blocks_;
+  for (const auto& s : servers_) {
+    if (!s.reachable || !node_.peer_is_up(s.node_id)) continue;
+    swarm::server_record r;
+    r.id = s.node_id;
+    r.span = {s.info.first, s.info.last};
+    r.state = swarm::server_state::online;
+    r.cache_tokens_left = s.info.cache_tokens_left;
+    r.step_s_per_block = s.info.step_s_per_block;
+    st.servers.push_back(std::move(r));
+  }
+  return st;
+}
+
+caf::expected<swarm::route> swarm_client::route(int start, int end, const std::set<std::string>& excluded,
+                                                std::int64_t session_tokens) const {
+  swarm::route_request req;
+  req.start = start;
+  req.end = end;
+  req.excluded = excluded;
+  req.session_tokens = session_tokens;
+  for (const auto& s : servers_)
+    if (s.reachable)
+      if (auto st = node_.stats(s.node_id); st && st->rtt_samples > 0) req.client_rtt_s[s.node_id] = st->rtt_us * 1e-6;
+  auto r = swarm::min_latency_route(state(), req);
+  if (!r) return make_error(errc::not_connected, r.error().message);
+  return r.value();
+}
+
+caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::int64_t max_length) {
+  if (!refreshed_)
+    if (auto err = refresh()) return err;
+  std::mt19937_64 rng(std::random_device{}());
+  char id[24];
+  std::snprintf(id, sizeof id, "s-%016llx", static_cast<unsigned long long>(rng()));
+  std::unique_ptr<swarm_session> s(new swarm_session(*this, max_length, id));
+  std::set<std::string> excluded;
+  for (int attempt = 0;; ++attempt) {
+    auto r = route(0, n_blocks_, excluded, max_length);
+    caf::error err;
+    if (r) {
+      event("route " + swarm::to_string(*r));
+      err = s->open_hops(r->hops, 0);
+      if (!err) return s;
+    } else {
+      err = r.error();
+    }
+    if (!is_recoverable(err) || attempt + 1 >= options_.max_failovers) return err;
+    event("opening the session failed (" + error_message(err) + "); retrying");
+    std::this_thread::sleep_for(std::min(options_.retry_backoff * (1 << std::min(attempt, 5)), std::chrono::milliseconds(2000)));
+    if (auto e = refresh(); e && !is_recoverable(e)) return e;
+  }
+}
+
+// ---- swarm_session ----------------------------------------------------------------
+
+struct swarm_session::hop_state {
+  swarm::route_hop hop;
+  std::string session;         ///< the session id on hop.server
+  std::vector<Tensor> inputs;  ///< every row sent into this span, in position order
+  std::int64_t rows = 0;       ///< rows in `inputs`; -1 = not known yet (see pass())
+  bool fresh = false;          ///< a replacement whose server cache is still empty
+};
+
+swarm_session::swarm_session(swarm_client& client, std::int64_t max_length, std::string id)
+    : client_(client), max_length_(max_length), id_(std::move(id)) {}
+
+swarm_session::~swarm_session() { close(); }
+
+const std::vector<swarm::route_hop>& swarm_session::hops() const {
+  hop_view_.clear();
+  for (const auto& h : hops_) hop_view_.push_back(h.hop);
+  return hop_view_;
+}
+
+void swarm_session::close() {
+  for (auto& h : hops_) {
+    if (!client_.runtime().peer_is_up(h.hop.server)) continue;
+    auto r = client_.runtime().request(h.hop.server, "span", request_of(span_request::close, encode_close_body(h.session)),
+                                       std::chrono::milliseconds(2000));
+    if (!r) spdlog::debug("swarm: closing session {} on {}: {}", h.session, h.hop.server, error_message(r.error()));
+  }
+  hops_.clear();
+}
+
+caf::error swarm_session::open_hops(std::vector<swarm::route_hop> hops, std::size_t at) {
+  std::vector<hop_state> opened;
+  for (auto& hop : hops) {
+    hop_state h;
+    h.hop = hop;
+    h.session = id_ + "." + std::to_string(next_session_++);
+    auto r = client_.runtime().request(hop.server, "span",
+                                       request_of(span_request::open, encode_body(span_open{h.session, max_length_, hop.start, hop.end})),
+                                       client_.options().request_timeout);
+    if (!r) {
+      for (auto& o : opened)  // best effort: do not leave half a route's sessions behind
+        (void)client_.runtime().request(o.hop.server, "span", request_of(span_request::close, encode_close_body(o.session)),
+                                        std::chrono::milliseconds(1000));
+      return r.error();
+    }
+    opened.push_back(std::move(h));
+  }
+  hops_.insert(hops_.begin() + static_cast<std::ptrdiff_t>(at), std::make_move_iterator(opened.begin()),
+               std::make_move_iterator(opened.end()));
+  return {};
+}
+
+caf::expected<Tensor> swarm_session::run_hop(std::size_t i, const Tensor& input, std::int64_t start) {
+  hop_state& h = hops_[i];
+  auto r = client_.runtime().request(h.hop.server, "span",
+                                     request_of(span_request::step, encode_body(span_step{h.session, start, next_step_}),
+                                                {input}),
+                                     client_.options().request_timeout);
+  if (!r) return r.error();
+  if (r->tensors.size() != 1 || r->tensors[0].shape() != input.shape())
+    return make_error(errc::bad_message, "server " + h.hop.server + " answered a step of " +
+                                             std::to_string(input.dim(0)) + " rows with " +
+                                             std::to_string(r->tensors.size()) + " tensors of another shape");
+  return std::move(r->tensors[0]);
+}
+
+caf::error swarm_session::recover(std::size_t i, const caf::error& cause, std::set<std::string>& excluded, int attempt) {
+  // Replace hops_[i] by a route over its blocks; the caller retries the step.
+  const swarm::route_hop lost = hops_[i].hop;
+  excluded.insert(lost.server);
+  client_.event("server " + lost.server + " failed on blocks " + swarm::to_string(lost.span()) + ": " +
+                error_message(cause));
+  if (attempt > 0) {
+    std::this_thread::sleep_for(
+        std::min(client_.options().retry_backoff * (1 << std::min(attempt - 1, 5)), std::chrono::milliseconds(2000)));
+    if (auto e = client_.refresh(); e && !is_recoverable(e)) return e;
+    // A server that failed before may be back: exclude only the latest one.
+    excluded = {lost.server};
+  }
+  auto r = client_.route(lost.start, lost.end, excluded, max_length_);
+  if (!r) {
+    // Nothing else holds these blocks: the failed server is the only hope
+    // left (a restarted process, a transient error); try it again.
+    excluded.clear();
+    r = client_.route(lost.start, lost.end, excluded, max_length_);
+    if (!r) return r.error();
+  }
+  // The replacement's sessions are opened now; their caches are rebuilt
+  // with the stored inputs when the step is retried (pass()).
+  hop_state old = std::move(hops_[i]);
+  hops_.erase(hops_.begin() + static_cast<std::ptrdiff_t>(i));
+  if (auto err = open_hops(r->hops, i)) {
+    hops_.insert(hops_.begin() + static_cast<std::ptrdiff_t>(i), std::move(old));
+    return err;
+  }
+  // The first new hop inherits the lost span's inputs; the others get theirs
+  // from the replay.
+  for (std::size_t k = i; k < i + r->hops.size(); ++k) {
+    hops_[k].fresh = true;
+    hops_[k].rows = -1;  // filled by the replay of the hop before it
+  }
+  hops_[i].inputs = std::move(old.inputs);
+  hops_[i].rows = old.rows;
+  ++failovers_;
+  client_.event("replacing " + lost.server + " on " + swarm::to_string(lost.span()) + " with " +
+                swarm::to_string(*r) + "; replaying " + std::to_string(hops_[i].rows) + " stored rows");
+  if (client_.runtime().peer_is_up(lost.server))  // e.g. a full cache: free what it holds
+    (void)client_.runtime().request(lost.server, "span", request_of(span_request::close, encode_close_body(old.session)),
+                                    std::chrono::milliseconds(1000));
+  return {};
+}
+
+caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::int64_t start) {
+  hop_state& h = hops_[i];
+  const std::int64_t n = x.dim(0), D = x.dim(1);
+  if (!h.fresh) {
+    auto out = run_hop(i, x, start);
+    if (!out) return out;
+    // Keep this span's inputs for a later replay (a rollback cuts them first).
+    if (h.rows > start) {
+      h.inputs = {concat_rows(h.inputs, start, D)};
+      h.rows = start;
+    }
+    h.inputs.push_back(x.clone());
+    h.rows = start + n;
+    return out;
+  }
+  // A replacement: its cache is rebuilt from the span's stored inputs and
+  // this step's rows in one prefill from position 0.
+  if (h.rows < start)
+    return make_error(errc::invalid_argument, "cannot replay span " + swarm::to_string(h.hop.span()) +
+                                                  ": the client holds " + std::to_string(std::max<std::int64_t>(h.rows, 0)) +
+                                                  " of its " + std::to_string(start) + " rows");
+  Tensor all = Tensor::empty({start + n, D});
+  if (start > 0) {
+    Tensor stored = all.slice(0, start);
+    stored.copy_from(concat_rows(h.inputs, start, D));
+  }
+  Tensor rows = all.slice(start, start + n);
+  rows.copy_from(x);
+  auto out = run_hop(i, all, 0);
+  if (!out) return out;
+  h.fresh = false;
+  h.inputs = {all};
+  h.rows = start + n;
+  // The next hop of the same replacement gets this span's outputs as its inputs.
+  if (i + 1 < hops_.size() && hops_[i + 1].fresh && hops_[i + 1].rows < 0) {
+    hops_[i + 1].inputs = {out->slice(0, start).clone()};
+    hops_[i + 1].rows = start;
+  }
+  return out->slice(start, start + n).clone();
+}
+
+caf::expected<Tensor> swarm_session::step(const Tensor& hidden, std::int64_t start) {
+  const int D = client_.hidden_size();
+  if (hidden.shape().size() != 2 || hidden.dim(1) != D || hidden.dim(0) < 1)
+    return make_error(errc::invalid_argument, "hidden states must be [n, " + std::to_string(D) + "] with n >= 1");
+  if (start < 0 || start > length_)
+    return make_error(errc::invalid_argument, "step starts at position " + std::to_string(start) +
+                                                  " but the session holds " + std::to_string(length_) + " tokens");
+  if (start + hidden.dim(0) > max_length_)
+    return make_error(errc::invalid_argument, "step ends at position " + std::to_string(start + hidden.dim(0)) +
+                                                  ", beyond the session's " + std::to_string(max_length_) + " tokens");
+  Tensor x = hidden.type() == dtype::f32 ? hidden : hidden.to(dtype::f32);
+  for (std::size_t i = 0; i < hops_.size(); ++i) {
+    std::set<std::string> excluded;
+    for (int attempt = 0;; ++attempt) {
+      auto out = pass(i, x, start);
+      if (out) {
+        x = std::move(*out);
+        break;
+      }
+      if (!is_recoverable(out.error())) return out.error();
+      if (attempt + 1 >= client_.options().max_failovers)
+        return make_error(errc::peer_down, "gave up on blocks " + swarm::to_string(hops_[i].hop.span()) + " after " +
+                                               std::to_string(attempt + 1) + " attempts: " +
+                                               error_message(out.error()));
+      if (auto err = recover(i, out.error(), excluded, attempt); err && !is_recoverable(err)) return err;
+    }
+  }
+  ++next_step_;
+  length_ = start + hidden.dim(0);
+  return x;
+}
+
+swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const std::int32_t> prompt,
+                                const generation_params& p, const token_callback& on_token) {
+  const model_config& cfg = h.config();
+  client.expect_shape(cfg.n_layers, static_cast<int>(cfg.hidden_size));
+  // Servers of another shape are left out by refresh().
+  if (!client.refreshed())
+    if (auto err = client.refresh()) throw std::runtime_error(error_message(err));
+  const std::int64_t max_length =
+      std::min<std::int64_t>(cfg.max_positions, static_cast<std::int64_t>(prompt.size()) + std::max(p.max_new_tokens, 0));
+  std::unique_ptr<swarm_session> session;
+  Tensor logits = Tensor::empty({1, cfg.vocab_size});
+  swarm_generation out;
+  out.result = generate_tokens(
+      cfg, prompt, p,
+      [&](std::span<const std::int32_t> ids, std::int64_t start) {
+        if (!session) {
+          auto s = client.open_session(max_length);
+          if (!s) throw std::runtime_error("cannot open a swarm session: " + error_message(s.error()));
+          session = std::move(*s);
+        }
+        const auto n = static_cast<std::int64_t>(ids.size());
+        std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(start + i);
+        Tensor x = Tensor::empty({n, static_cast<std::int64_t>(cfg.hidden_size)});
+        h.embed(Tensor::from_i32({ids.begin(), ids.end()}, {n}), Tensor::from_i32(pos, {n}), x);
+        auto y = session->step(x, start);
+        if (!y) throw std::runtime_error("swarm step at position " + std::to_string(start) + " failed: " + error_message(y.error()));
+        Tensor last = y->slice(n - 1, n);
+        h.logits(last, logits, nullptr);
+        return std::span<const float>(logits.data<float>(), static_cast<std::size_t>(cfg.vocab_size));
+      },
+      on_token);
+  if (session) {
+    out.route = session->hops();
+    out.failovers = session->failovers();
+  }
+  return out;
+}
+
+}  // namespace corolla

@@ -1,0 +1,179 @@
+// actors/swarm_client.hpp — the client side of swarm serving (Petals' client):
+// it knows the servers, routes a session through them, keeps every span's
+// inputs, and on a failure replaces exactly the lost span and rebuilds its
+// attention cache by replaying those inputs in one prefill.
+//
+// Calls block the calling thread (they use node::request); run them from a
+// program's own thread, not from inside an actor.
+//
+// Failover, per step: a hop that fails with a transport or server problem
+// (peer_down, not_connected, a timeout, send_failed, unknown_session after a
+// server restart, cache_full, an internal error) is replaced by a route over
+// its blocks that avoids the failed server for this step only (it is never
+// banned: a server that comes back is used again). The replacement's
+// sessions get the span's stored inputs plus the current rows as one prefill;
+// downstream hops keep their caches. A hung server is detected by the link's
+// heartbeats (its peer_down fails the requests in flight), not by the
+// request timeout. Retries back off (doubling from retry_backoff) and give
+// up with a clear error after max_failovers failed attempts at one hop of a
+// step. Errors that a retry would only repeat (invalid_argument,
+// bad_message, bad_position, duplicate_session) are returned at once.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
+#include "actors/swarm_wire.hpp"
+#include "kernels/tensor.hpp"
+#include "model/generator.hpp"
+#include "model/head.hpp"
+#include "schedule/routing.hpp"
+
+namespace corolla {
+
+class node;
+
+/// How a swarm client finds and uses servers.
+struct swarm_client_options {
+  /// Servers to use, as "tcp://HOST:PORT" (or "HOST:PORT").
+  std::vector<std::string> servers;
+  /// Model id the servers must announce ("" = accept any).
+  std::string model;
+  /// The model's blocks and hidden size, when the client knows them (0 =
+  /// take them from the first server that answers); servers of another
+  /// shape are left out.
+  int n_blocks = 0, hidden_size = 0;
+  std::chrono::milliseconds connect_timeout{5000};
+  /// Longest wait for one server's answer (a hung server is normally
+  /// reported down by the link's heartbeats long before).
+  std::chrono::milliseconds request_timeout{30000};
+  /// Recovery attempts per step before giving up.
+  int max_failovers = 12;
+  /// First pause before re-asking the servers when nothing covers a span;
+  /// doubles up to 2 s.
+  std::chrono::milliseconds retry_backoff{100};
+  /// Called with one line per route, failure and replay (for logs, the demo).
+  std::function<void(const std::string&)> on_event;
+};
+
+/// A server as the client sees it.
+struct known_server {
+  std::string endpoint;
+  std::string node_id;  ///< "" until it answered once
+  span_info info;
+  bool reachable = false;
+};
+
+class swarm_session;
+
+/// The servers of one swarm and routes through them.
+class swarm_client {
+ public:
+  /// A client over the servers in `options` (connects lazily: refresh()).
+  swarm_client(node& n, swarm_client_options options);
+
+  /// (Re)connects to every server not known yet and asks each reachable one
+  /// for its span. Servers that do not answer, answer nonsense, serve another
+  /// model or another shape are left out (logged). Error (not_connected):
+  /// no usable server, naming the first problem.
+  caf::error refresh();
+  /// Sets the model's shape the servers must have (before refresh()).
+  void expect_shape(int n_blocks, int hidden_size) {
+    if (n_blocks_ == 0) n_blocks_ = n_blocks, hidden_size_ = hidden_size;
+  }
+  /// Whether refresh() ran at least once.
+  bool refreshed() const { return refreshed_; }
+  /// Blocks of the model (from the servers' answers; 0 before refresh()).
+  int n_blocks() const { return n_blocks_; }
+  int hidden_size() const { return hidden_size_; }
+  const std::vector<known_server>& servers() const { return servers_; }
+  /// The swarm as routing sees it: reachable servers, ONLINE.
+  swarm::swarm_state state() const;
+  /// The lowest-latency route over [start, end) avoiding `excluded`.
+  caf::expected<swarm::route> route(int start, int end, const std::set<std::string>& excluded,
+                                    std::int64_t session_tokens) const;
+  /// Opens an inference session for up to `max_length` tokens.
+  caf::expected<std::unique_ptr<swarm_session>> open_session(std::int64_t max_length);
+
+  node& runtime() { return node_; }
+  const swarm_client_options& options() const { return options_; }
+  void event(const std::string& line) const;
+
+ private:
+  node& node_;
+  swarm_client_options options_;
+  std::vector<known_server> servers_;
+  int n_blocks_ = 0, hidden_size_ = 0;
+  bool refreshed_ = false;
+};
+
+/// One inference session through the swarm.
+class swarm_session {
+ public:
+  ~swarm_session();
+  swarm_session(const swarm_session&) = delete;
+  swarm_session& operator=(const swarm_session&) = delete;
+
+  /// Runs hidden [n, D] for positions [start, start + n) through every
+  /// block and returns the last block's output [n, D]. start below the
+  /// session's length rolls back (the stored inputs are cut too).
+  caf::expected<Tensor> step(const Tensor& hidden, std::int64_t start);
+  /// Closes the servers' sessions (also done by the destructor).
+  void close();
+
+  /// The current chain of servers.
+  const std::vector<swarm::route_hop>& hops() const;
+  /// Failures recovered so far.
+  int failovers() const { return failovers_; }
+  /// Tokens processed (the session's length).
+  std::int64_t length() const { return length_; }
+
+ private:
+  friend class swarm_client;
+  struct hop_state;
+  swarm_session(swarm_client& client, std::int64_t max_length, std::string id);
+  caf::error open_hops(std::vector<swarm::route_hop> hops, std::size_t at);
+  caf::expected<Tensor> run_hop(std::size_t i, const Tensor& input, std::int64_t start);
+  caf::expected<Tensor> pass(std::size_t i, const Tensor& x, std::int64_t start);
+  caf::error recover(std::size_t i, const caf::error& cause, std::set<std::string>& excluded, int attempt);
+
+  swarm_client& client_;
+  std::int64_t max_length_ = 0;
+  std::string id_;
+  std::uint64_t next_session_ = 0;  ///< suffix of per-server session ids
+  std::uint64_t next_step_ = 1;
+  std::int64_t length_ = 0;
+  int failovers_ = 0;
+  std::vector<hop_state> hops_;
+  mutable std::vector<swarm::route_hop> hop_view_;
+};
+
+/// True for errors after which another server (or the same one, later)
+/// may well succeed.
+bool is_recoverable(const caf::error& e);
+
+/// What swarm_generate reports besides the tokens.
+struct swarm_generation {
+  generation_result result;
+  std::vector<swarm::route_hop> route;  ///< the chain at the end
+  int failovers = 0;                    ///< failures recovered on the way
+};
+
+/// Generates through the swarm: the client embeds and samples with `h`
+/// (embeddings, final norm, LM head), the servers run every block. Same
+/// loop, validation and stop rules as local generation (generate_tokens),
+/// so greedy output equals the local one. Throws model_error for a bad
+/// request and std::runtime_error when the swarm fails for good.
+swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const std::int32_t> prompt,
+                                const generation_params& p, const token_callback& on_token = {});
+
+}  // namespace corolla

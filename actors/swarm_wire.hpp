@@ -1,0 +1,68 @@
+// actors/swarm_wire.hpp — the bodies of swarm-serving requests (net/wire.capnp:
+// SpanInfo, SpanOpen, SpanStep, SpanClose, SpanBatch) as plain structs, and
+// their Cap'n Proto encoding. Decoding validates: a malformed body is a
+// bad_message error, never an exception.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+namespace corolla {
+
+/// Request types of the "span" actor.
+namespace span_request {
+inline constexpr const char* info = "span.info";
+inline constexpr const char* open = "span.open";
+inline constexpr const char* step = "span.step";
+inline constexpr const char* close = "span.close";
+inline constexpr const char* forward = "span.forward";
+inline constexpr const char* backward = "span.backward";
+}  // namespace span_request
+
+/// What a server hosts and how much room it has (wire::SpanInfo).
+struct span_info {
+  std::string model;
+  int first = 0, last = 0, n_blocks = 0, hidden_size = 0;
+  std::int64_t max_positions = 0;
+  std::int64_t cache_tokens = 0, cache_tokens_left = 0;
+  double step_s_per_block = 0;
+  std::uint32_t sessions = 0;
+};
+
+/// wire::SpanOpen.
+struct span_open {
+  std::string session_id;
+  std::int64_t max_length = 0;
+  int first = -1, last = -1;  ///< blocks the session runs; -1 = the server's span bound
+};
+
+/// wire::SpanStep.
+struct span_step {
+  std::string session_id;
+  std::int64_t start = 0;
+  std::uint64_t step_id = 0;
+};
+
+/// wire::SpanBatch.
+struct span_batch {
+  int batch = 0, seq = 0;
+  bool with_prompts = false;
+};
+
+std::vector<std::uint8_t> encode_body(const span_info& v);
+std::vector<std::uint8_t> encode_body(const span_open& v);
+std::vector<std::uint8_t> encode_body(const span_step& v);
+/// wire::SpanClose with `session_id`.
+std::vector<std::uint8_t> encode_close_body(const std::string& session_id);
+std::vector<std::uint8_t> encode_body(const span_batch& v);
+
+caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body);
+caf::expected<span_open> decode_span_open(const std::vector<std::uint8_t>& body);
+caf::expected<span_step> decode_span_step(const std::vector<std::uint8_t>& body);
+caf::expected<std::string> decode_span_close(const std::vector<std::uint8_t>& body);
+caf::expected<span_batch> decode_span_batch(const std::vector<std::uint8_t>& body);
+
+}  // namespace corolla

@@ -1,0 +1,283 @@
+// Swarm serving with real `corolla serve` processes on 127.0.0.1: remote
+// generation equals local generation for several layouts, and stays equal
+// when a server is killed (kill -9) or hung (SIGSTOP) in the middle of it;
+// bad requests get clear errors while the server keeps serving.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "actors/corolla.hpp"
+#include "actors/swarm_client.hpp"
+#include "actors/swarm_wire.hpp"
+#include "model/generator.hpp"
+#include "model/safetensors.hpp"
+#include "model/transformer.hpp"
+#include "tests/support/child_process.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace std::chrono_literals;
+using corolla::testing::child_process;
+
+namespace corolla {
+namespace {
+
+/// A tiny model on disk with its local greedy generation as the reference.
+struct swarm_model {
+  testing::temp_dir_guard dir{"swarm"};
+  testing::tiny_model_options opts;
+  model_config cfg;
+  std::vector<std::int32_t> prompt{3, 17, 9, 41, 5};
+  generation_params params;
+  std::vector<std::int32_t> expected;
+
+  explicit swarm_model(architecture arch) {
+    opts.arch = arch;
+    opts.layers = 4;
+    opts.vocab = 64;
+    opts.max_positions = 64;
+    testing::write_tiny_model(dir.path(), opts);
+    cfg = testing::tiny_config(opts);
+    params.max_new_tokens = 20;
+    params.ignore_eos = true;
+    transformer local = transformer::load(dir.path(), cpu_backend());
+    generator gen(local);
+    expected = gen.generate(prompt, params).tokens;
+  }
+};
+
+/// `corolla serve` processes by node id.
+struct swarm_processes {
+  std::map<std::string, child_process> procs;
+  std::map<std::string, std::string> endpoints;
+
+  void start(const swarm_model& m, const std::string& id, int first, int last,
+             std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"serve",       "--model",   m.dir.path().string(),
+                                  "--blocks",    std::to_string(first) + ":" + std::to_string(last),
+                                  "--node-id",   id,          "--listen",
+                                  "tcp://127.0.0.1:0", "--threads", "1", "--log-level", "warn"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    child_process p = child_process::corolla(args);
+    auto line = p.wait_line(std::regex(R"(corolla serve (\S+) blocks \[(\d+), (\d+)\) of \S+ listening on (tcp://\S+))"), 15s);
+    REQUIRE_MESSAGE(line, "corolla serve " << id << " printed no readiness line; stderr:\n" << p.err());
+    CHECK((*line)[1].str() == id);
+    endpoints[id] = (*line)[4].str();
+    procs.emplace(id, std::move(p));
+  }
+  std::vector<std::string> list() const {
+    std::vector<std::string> out;
+    for (const auto& [id, e] : endpoints) out.push_back(e);
+    return out;
+  }
+};
+
+std::unique_ptr<node> client_node() {
+  node_options o;
+  o.listen = "";
+  auto n = node::start(o);
+  REQUIRE_MESSAGE(n, error_message(n.error()));
+  return std::move(*n);
+}
+
+head load_head(const swarm_model& m) {
+  return head::load(checkpoint::open(m.dir.path()), m.cfg, cpu_backend());
+}
+
+}  // namespace
+
+TEST_CASE("swarm greedy generation equals local generation for several server layouts") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    swarm_model m(arch);
+    struct layout {
+      const char* name;
+      std::vector<std::tuple<std::string, int, int>> servers;
+    };
+    for (const layout& l : {layout{"one server", {{"s-all", 0, 4}}},
+                            layout{"three consecutive spans", {{"s-a", 0, 1}, {"s-b", 1, 3}, {"s-c", 3, 4}}},
+                            layout{"overlapping spans with redundancy",
+                                   {{"s-a", 0, 3}, {"s-b", 2, 4}, {"s-c", 0, 2}, {"s-d", 1, 4}}}}) {
+      const std::string layout_name = std::string(l.name) + (arch == architecture::llama ? ", llama" : ", gpt2");
+      CAPTURE(layout_name);
+      swarm_processes sw;
+      for (const auto& [id, a, b] : l.servers) sw.start(m, id, a, b);
+      auto n = client_node();
+      swarm_client_options o;
+      o.servers = sw.list();
+      std::vector<std::string> events;
+      o.on_event = [&](const std::string& e) { events.push_back(e); };
+      swarm_client client(*n, o);
+      head h = load_head(m);
+      swarm_generation g = swarm_generate(client, h, m.prompt, m.params);
+      CHECK(g.result.tokens == m.expected);
+      CHECK(g.failovers == 0);
+      REQUIRE_FALSE(events.empty());
+      MESSAGE(layout_name << ": " << events.front());
+    }
+  }
+}
+
+TEST_CASE("corolla generate --swarm prints the same ids as local corolla generate") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  sw.start(m, "s-a", 0, 2);
+  sw.start(m, "s-b", 2, 4);
+  std::string list;
+  for (const auto& e : sw.list()) list += (list.empty() ? "" : ",") + e.substr(6);  // HOST:PORT form
+  const std::vector<std::string> common{"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
+                                        "--max-new-tokens", "20", "--ignore-eos", "--print-ids"};
+  auto local = testing::run_corolla(common, 60s);
+  REQUIRE_MESSAGE(local.exit_code == 0, local.err);
+  auto args = common;
+  args.insert(args.end(), {"--swarm", list});
+  auto remote = testing::run_corolla(args, 60s);
+  REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+  CHECK(remote.out_lines().back() == local.out_lines().back());
+
+  // A swarm that is not there is one clear error line.
+  auto none = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "1,2", "--swarm",
+                                    "127.0.0.1:1"},
+                                   60s);
+  CHECK(none.exit_code == 1);
+  REQUIRE_FALSE(none.err_lines().empty());
+  CHECK(none.err_lines().back().find("corolla: error:") == 0);
+  MESSAGE(none.err_lines().back());
+}
+
+namespace {
+
+/// The servers of the hops in the latest "route ..." event, in order.
+std::vector<std::string> route_servers(const std::string& route_line) {
+  std::vector<std::string> out;
+  static const std::regex via(R"( via (\S+))");
+  for (auto it = std::sregex_iterator(route_line.begin(), route_line.end(), via); it != std::sregex_iterator(); ++it)
+    out.push_back((*it)[1].str());
+  return out;
+}
+
+struct failure_case {
+  int kill_after;  ///< tokens generated before the failure
+  int sig;         ///< SIGKILL or SIGSTOP
+  bool first_hop;  ///< the route's first hop fails (else its last)
+};
+
+/// Generates with `servers` running, hits the chosen hop's server with the
+/// signal after `kill_after` tokens, and checks the output is unchanged.
+void check_failover(const swarm_model& m, const std::vector<std::tuple<std::string, int, int>>& servers,
+                    const failure_case& f) {
+  const std::string what = std::string(f.sig == SIGKILL ? "kill -9" : "SIGSTOP") + " of the " +
+                           (f.first_hop ? "first" : "last") + " hop after token " + std::to_string(f.kill_after);
+  CAPTURE(what);
+  swarm_processes sw;
+  for (const auto& [id, a, b] : servers) sw.start(m, id, a, b);
+  auto n = client_node();
+  swarm_client_options o;
+  o.servers = sw.list();
+  std::string route;
+  std::vector<std::string> events;
+  o.on_event = [&](const std::string& e) {
+    events.push_back(e);
+    if (e.rfind("route ", 0) == 0) route = e;
+  };
+  swarm_client client(*n, o);
+  head h = load_head(m);
+  int produced = 0;
+  std::string victim;
+  const auto t0 = std::chrono::steady_clock::now();
+  swarm_generation g = swarm_generate(client, h, m.prompt, m.params, [&](std::int32_t) {
+    if (++produced != f.kill_after) return;
+    const auto hops = route_servers(route);
+    REQUIRE_FALSE(hops.empty());
+    victim = f.first_hop ? hops.front() : hops.back();
+    sw.procs.at(victim).signal(f.sig);
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(g.result.tokens == m.expected);
+  CHECK(g.failovers == 1);
+  for (const auto& hop : g.route) CHECK(hop.server != victim);
+  std::string log;
+  for (const auto& e : events) log += "\n  " + e;
+  MESSAGE(what << ": victim " << victim << ", " << g.failovers << " failover(s), " << s << " s:" << log);
+  CHECK(s < 10.0);  // a hang is detected by heartbeats (1.2 s), not by the 30 s request timeout
+  if (f.sig == SIGSTOP) sw.procs.at(victim).signal(SIGCONT);
+}
+
+}  // namespace
+
+TEST_CASE("a server killed or hung mid-generation is replaced by replay and the output is unchanged") {
+  swarm_model m(architecture::llama);
+  SUBCASE("a chain of two spans, each with a stand-by server") {
+    // Route: [0, 2) then [2, 4); either hop fails, the other keeps its cache.
+    const std::vector<std::tuple<std::string, int, int>> servers{
+        {"s-a", 0, 2}, {"s-e", 0, 2}, {"s-b", 2, 4}, {"s-c", 2, 4}};
+    for (int kill_after : {1, 4, 11, 19})
+      for (int sig : {SIGKILL, SIGSTOP})
+        for (bool first_hop : {true, false}) check_failover(m, servers, {kill_after, sig, first_hop});
+  }
+  SUBCASE("one whole-model server replaced by two spans") {
+    const std::vector<std::tuple<std::string, int, int>> servers{
+        {"s-a", 0, 2}, {"s-b", 2, 4}, {"s-c", 2, 4}, {"s-d", 0, 4}};
+    for (int kill_after : {1, 11, 19})
+      for (int sig : {SIGKILL, SIGSTOP}) check_failover(m, servers, {kill_after, sig, true});
+  }
+}
+
+TEST_CASE("a span server answers bad requests with clear errors and keeps serving") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  sw.start(m, "s-bad", 0, 4, {"--cache-tokens", "32"});
+  auto n = client_node();
+  auto peer = n->connect(sw.endpoints.at("s-bad"));
+  REQUIRE(peer);
+  auto ask = [&](const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {}) {
+    remote_message r;
+    r.type = type;
+    r.body = std::move(body);
+    r.tensors = std::move(tensors);
+    return n->request(*peer, "span", std::move(r), 10s);
+  };
+  const std::int64_t D = m.cfg.hidden_size;
+  auto rows = [&](std::int64_t k, dtype t = dtype::f32) { return Tensor::zeros({k, D}, t); };
+  auto code_of = [](const caf::expected<remote_message>& r) { return r ? std::string("(ok)") : error_code(r.error()); };
+
+  REQUIRE(ask(span_request::open, encode_body(span_open{"good", 16})));
+  CHECK(code_of(ask(span_request::step, encode_body(span_step{"nobody", 0, 1}), {rows(1)})) == "unknown_session");
+  CHECK(code_of(ask(span_request::step, encode_body(span_step{"good", 5, 1}), {rows(1)})) == "bad_position");
+  CHECK(code_of(ask(span_request::step, encode_body(span_step{"good", 0, 1}), {Tensor::zeros({1, D + 1})})) ==
+        "invalid_argument");
+  CHECK(code_of(ask(span_request::step, encode_body(span_step{"good", 0, 1}), {rows(1, dtype::i32)})) ==
+        "invalid_argument");
+  CHECK(code_of(ask(span_request::step, {1, 2, 3}, {rows(1)})) == "bad_message");
+  CHECK(code_of(ask(span_request::step, encode_body(span_step{"good", 0, 1}), {})) == "bad_message");
+  CHECK(code_of(ask("span.nonsense", {})) == "bad_message");
+  CHECK(code_of(ask(span_request::open, encode_body(span_open{"good", 16}))) == "duplicate_session");
+  CHECK(code_of(ask(span_request::open, encode_body(span_open{"huge", 1000}))) == "invalid_argument");
+  // A full cache fails the step and spares the other session.
+  REQUIRE(ask(span_request::open, encode_body(span_open{"greedy", 64})));
+  auto full = ask(span_request::step, encode_body(span_step{"greedy", 0, 1}), {rows(40)});
+  CHECK(code_of(full) == "cache_full");
+  if (!full) MESSAGE("full cache: " << error_message(full.error()));
+  // The good session still works, step by step.
+  for (int pos = 0; pos < 4; ++pos) {
+    auto r = ask(span_request::step, encode_body(span_step{"good", pos, static_cast<std::uint64_t>(pos + 1)}), {rows(1)});
+    REQUIRE_MESSAGE(r, error_message(r.error()));
+    CHECK(r->tensors.at(0).shape() == shape_t{1, D});
+  }
+  auto info = ask(span_request::info, {});
+  REQUIRE(info);
+  auto decoded = decode_span_info(info->body);
+  REQUIRE(decoded);
+  CHECK(decoded->first == 0);
+  CHECK(decoded->last == 4);
+  CHECK(decoded->sessions == 2);
+  CHECK(ask(span_request::close, encode_close_body("good")));
+  CHECK(code_of(ask(span_request::close, encode_close_body("good"))) == "unknown_session");
+}
+
+}  // namespace corolla
