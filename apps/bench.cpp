@@ -26,8 +26,6 @@
 
 namespace corolla::app {
 
-namespace {
-
 /// The ~100M-parameter Llama-shaped model the decode target is stated for.
 model_config bench_llama_config() {
   model_config c;
@@ -46,6 +44,8 @@ model_config bench_llama_config() {
   c.tie_embeddings = false;
   return c;
 }
+
+namespace {
 
 struct bench_common {
   std::string model_dir;
@@ -265,6 +265,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   train->callback([&action] { action = [] { return run_train(train_opts, batch, seq, steps); }; });
 
   register_bench_link(bench, action);
+  register_bench_swarm(bench, action);
 }
 
 }  // namespace corolla::app

@@ -9,6 +9,8 @@
 #include <functional>
 #include <string>
 
+#include "model/config.hpp"
+
 namespace CLI {
 class App;
 }
@@ -28,6 +30,11 @@ void register_train(CLI::App& app, action_fn& action);
 void register_bench(CLI::App& app, action_fn& action);
 /// `corolla bench link`: runtime links vs raw ZeroMQ on loopback (apps/bench_link.cpp).
 void register_bench_link(CLI::App* bench, action_fn& action);
+/// `corolla bench swarm`: a 3-server chain on loopback vs local decode (apps/bench_swarm.cpp).
+void register_bench_swarm(CLI::App* bench, action_fn& action);
+/// The random ~100M-parameter Llama-shaped model of the benches (dim 1024,
+/// 8 layers, vocab 4096), as a config.
+model_config bench_llama_config();
 /// `corolla demo`: the main job on the embedded corpus (apps/demo.cpp).
 void register_demo(CLI::App& app, action_fn& action);
 /// `corolla plan`: pipeline x data-parallel plan for a cluster file (apps/plan.cpp).

@@ -1,8 +1,11 @@
 // corolla demo — the main job on an embedded default, needing no download:
 // train a SentencePiece tokenizer and a small GPT from scratch on the corpus
 // built into the binary, for a fixed time budget with a progress display,
-// save the model as a HuggingFace directory, and generate from it.
+// save the model as a HuggingFace directory, and generate from it. Then
+// (unless --no-swarm) serve it from local `corolla serve` processes and
+// generate through them while one is killed: the output must not change.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,17 +13,27 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <regex>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <sentencepiece_trainer.h>
 
+#include "actors/corolla.hpp"
+#include "actors/swarm_client.hpp"
 #include "apps/commands.hpp"
 #include "apps/demo_corpus.hpp"
+#include "apps/local_swarm.hpp"
 #include "kernels/backend.hpp"
+#include "model/config.hpp"
 #include "model/error.hpp"
 #include "model/generator.hpp"
+#include "model/head.hpp"
+#include "model/safetensors.hpp"
 #include "model/token_data.hpp"
 #include "model/tokenizer.hpp"
 #include "model/trainer.hpp"
@@ -42,7 +55,12 @@ struct demo_options {
   int top_k = 40;
   std::uint64_t seed = 0;
   int vocab = 1024;
+  bool no_swarm = false;
 };
+
+/// Tokens the swarm stage generates (greedy); the server is killed after a
+/// third of them.
+constexpr int swarm_tokens = 48;
 
 /// The demo model: GPT-2 architecture, ~2.5M parameters, trained in a minute
 /// on two cores.
@@ -131,6 +149,120 @@ class progress_line {
   double last_ = -1e9;
 };
 
+/// The text of `prompt` followed by the generated `ids` (decoded together,
+/// so the space between them comes out as in the text).
+std::string text_of(const tokenizer& tok, std::span<const std::int32_t> prompt, std::span<const std::int32_t> ids) {
+  std::vector<std::int32_t> all(prompt.begin(), prompt.end());
+  all.insert(all.end(), ids.begin(), ids.end());
+  return tok.decode(all);
+}
+
+/// The server of the last hop of a "route [a, b) via X -> [b, c) via Y"
+/// event ("" when the line names none).
+std::string last_hop_server(const std::string& route_line) {
+  static const std::regex via(R"( via (\S+))");
+  std::string last;
+  for (auto it = std::sregex_iterator(route_line.begin(), route_line.end(), via); it != std::sregex_iterator(); ++it)
+    last = (*it)[1].str();
+  return last;
+}
+
+/// The swarm stage: the saved model served by three `corolla serve`
+/// children of this binary, the second half of the blocks twice; greedy
+/// generation through them, with the last hop's server killed (SIGKILL)
+/// after a third of the tokens, must equal local greedy generation token
+/// for token. Returns the exit code: 0 when equal, 1 when not.
+int run_swarm_stage(const demo_options& o, const fs::path& out, const fs::path& model_dir, transformer& local,
+                    const tokenizer& tok) {
+  const model_config cfg = load_config(model_dir);
+  const int half = cfg.n_layers / 2;
+  std::printf("\n== swarm: 3 servers on 127.0.0.1, blocks [%d, %d) held twice (logs: %s/serve-*.log)\n", half,
+              cfg.n_layers, out.c_str());
+  std::fflush(stdout);
+  local_swarm servers;  // every server is killed and reaped when this goes, also on an exception
+  struct layout_entry {
+    const char* id;
+    int first, last;
+  };
+  const std::string model_name = model_dir.filename().string();
+  for (const layout_entry& e : {layout_entry{"s-a", 0, half}, layout_entry{"s-b", half, cfg.n_layers},
+                                layout_entry{"s-c", half, cfg.n_layers}}) {
+    const auto& s = servers.start(model_dir, e.id, e.first, e.last, {"--threads", "1", "--log-level", "warn"},
+                                out / ("serve-" + std::string(e.id) + ".log"), std::chrono::seconds(30));
+    // The server's readiness line (local_swarm matched it; it carries no more than this).
+    std::printf("  corolla serve %s blocks [%d, %d) of %s listening on %s\n", s.id.c_str(), s.first, s.last,
+                model_name.c_str(), s.endpoint.c_str());
+    std::fflush(stdout);
+  }
+
+  generation_params gp;
+  gp.max_new_tokens = swarm_tokens;
+  gp.sampling.temperature = 0;  // greedy: the same tokens wherever the blocks run
+  gp.ignore_eos = true;
+  const std::vector<std::int32_t> prompt = tok.encode(o.prompt, true);
+  generator gen(local);
+  const generation_result reference = gen.generate(prompt, gp);
+  const int kill_after = swarm_tokens / 3;
+  std::printf("local greedy reference: %zu tokens; now through the swarm, killing the last hop's server "
+              "after token %d:\n",
+              reference.tokens.size(), kill_after);
+  std::fflush(stdout);
+
+  node_options no;
+  no.listen = "";  // the client only dials out
+  auto client_node = node::start(no);
+  if (!client_node) throw std::runtime_error("cannot start the client node: " + error_message(client_node.error()));
+  swarm_client_options co;
+  co.servers = servers.endpoints();
+  co.model = model_name;
+  std::string route;
+  co.on_event = [&route](const std::string& line) {
+    if (line.rfind("route ", 0) == 0) route = line;
+    std::printf("  %s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  swarm_client client(**client_node, co);
+  head client_head = head::load(checkpoint::open(model_dir), cfg, cpu_backend());
+
+  int produced = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  swarm_generation g = swarm_generate(client, client_head, prompt, gp, [&](std::int32_t) {
+    if (++produced != kill_after) return;
+    const std::string victim = last_hop_server(route);
+    pid_t pid = -1;
+    for (const auto& s : servers.servers())
+      if (s.id == victim) pid = s.pid;
+    if (pid <= 0) {
+      std::printf("  (no server of ours on the route's last hop '%s'; nothing killed)\n", victim.c_str());
+      return;
+    }
+    std::printf("  token %d of %d: kill -9 %s (pid %d)\n", produced, swarm_tokens, victim.c_str(),
+                static_cast<int>(pid));
+    std::fflush(stdout);
+    servers.signal(victim, SIGKILL);
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string final_route;
+  for (const auto& hop : g.route)
+    final_route += (final_route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " via " + hop.server;
+  std::printf("\n%s\n\n", text_of(tok, prompt, g.result.tokens).c_str());
+  std::printf("(%zu tokens through the swarm in %.1f s, %d failover(s); route at the end: %s)\n",
+              g.result.tokens.size(), seconds, g.failovers, final_route.c_str());
+
+  const auto& want = reference.tokens;
+  const auto& got = g.result.tokens;
+  if (got == want) {
+    std::printf("the swarm output equals the local greedy output, token for token (%zu tokens)\n", got.size());
+    return 0;
+  }
+  std::size_t at = 0;
+  while (at < got.size() && at < want.size() && got[at] == want[at]) ++at;
+  std::printf("the swarm output DIFFERS from the local greedy output from token %zu on (%zu vs %zu tokens); "
+              "local:\n%s\n",
+              at + 1, got.size(), want.size(), text_of(tok, prompt, want).c_str());
+  return 1;
+}
+
 int run_demo(const demo_options& o) {
   apply_common_options(o.threads, "warn");
   Backend& be = cpu_backend();
@@ -146,7 +278,8 @@ int run_demo(const demo_options& o) {
     f.write(corpus.data(), static_cast<std::streamsize>(corpus.size()));
     if (!f) throw model_error("cannot write " + corpus_file.string());
   }
-  std::printf("corolla demo: train a small GPT from scratch, save it, generate from it\n");
+  std::printf("corolla demo: train a small GPT from scratch, save it, generate from it%s\n",
+              o.no_swarm ? "" : ", serve it from a local swarm");
   std::printf("[1/4] corpus: %zu stories, %.0f KB, built into the binary -> %s\n", stories.size(),
               static_cast<double>(corpus.size()) / 1024.0, corpus_file.c_str());
 
@@ -228,7 +361,8 @@ int run_demo(const demo_options& o) {
   std::printf("(%zu tokens, %.1f tokens/s)  Try: corolla generate --model %s --prompt \"%s\"\n",
               res.tokens.size(), res.decode_seconds > 0 ? res.decode_steps / res.decode_seconds : 0.0,
               model_dir.c_str(), o.prompt.c_str());
-  return 0;
+  if (o.no_swarm) return 0;
+  return run_swarm_stage(o, out, model_dir, loaded, *tok);
 }
 
 }  // namespace
@@ -236,7 +370,8 @@ int run_demo(const demo_options& o) {
 void register_demo(CLI::App& app, action_fn& action) {
   static demo_options o;
   auto* cmd = app.add_subcommand(
-      "demo", "Train a small GPT on the built-in corpus for about a minute, save it, generate");
+      "demo", "Train a small GPT on the built-in corpus for about a minute, save it, generate, "
+      "then generate through a local swarm while a server is killed");
   cmd->add_option("--out", o.out, "Directory for the corpus copy and the trained model")
       ->capture_default_str();
   cmd->add_option("--seconds", o.seconds, "Training time budget")->capture_default_str()
@@ -249,6 +384,8 @@ void register_demo(CLI::App& app, action_fn& action) {
   cmd->add_option("--top-k", o.top_k, "Top-k sampling (0 = off)")->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed for initialisation and sampling")->capture_default_str();
   cmd->add_option("--vocab", o.vocab, "Tokenizer vocabulary size")->capture_default_str();
+  cmd->add_flag("--no-swarm", o.no_swarm,
+                "Skip the last stage (local corolla serve processes, one killed mid-generation)");
   cmd->callback([&action] { action = [] { return run_demo(o); }; });
 }
 

@@ -1,0 +1,254 @@
+// corolla bench swarm — decode through a chain of `corolla serve` processes on
+// loopback next to local decode of the same model in the same run:
+//  * LAN: steps/s of a 3-server chain vs one process (and the outputs must
+//    be equal, token for token);
+//  * emulated WAN links (1 Gbit/s with 5 ms RTT, 100 Mbit/s with 100 ms RTT
+//    by default): steps/s vs the bound that link latency plus compute set;
+//    the client drives every hop, so one step costs per hop a round trip and
+//    the hidden state's transmission both ways, plus the local compute;
+//  * recovery: the last hop's server is killed mid-generation (a spare holds
+//    its span): the extra time of the step that recovers (replay included).
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/corolla.hpp"
+#include "actors/swarm_client.hpp"
+#include "apps/commands.hpp"
+#include "apps/local_swarm.hpp"
+#include "kernels/backend.hpp"
+#include "model/generator.hpp"
+#include "model/safetensors.hpp"
+#include "model/transformer.hpp"
+#include "net/shaping.hpp"
+
+namespace corolla::app {
+namespace {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+struct swarm_bench_options {
+  std::string model_dir;
+  std::uint64_t seed = 0;
+  int servers = 3;
+  int prompt_tokens = 16;
+  int new_tokens = 32;
+  int wan_new_tokens = 12;
+  std::vector<std::string> wan_profiles{"bw=1Gbit,lat=2.5ms", "bw=100Mbit,lat=50ms"};
+  bool json = false;
+};
+
+/// One measured swarm run.
+struct swarm_run {
+  generation_result result;
+  std::vector<double> token_at_s;  ///< seconds from the start at each token
+  int failovers = 0;
+  std::string route;
+};
+
+/// Splits n blocks into k nearly equal consecutive spans.
+std::vector<std::pair<int, int>> even_spans(int n, int k) {
+  std::vector<std::pair<int, int>> out;
+  for (int i = 0; i < k; ++i) out.emplace_back(n * i / k, n * (i + 1) / k);
+  return out;
+}
+
+swarm_run run_swarm(local_swarm& sw, const fs::path& dir, const model_config& cfg, const std::vector<std::int32_t>& prompt,
+                    const generation_params& p, const std::string& client_profile,
+                    const std::function<void(int)>& after_token = {}) {
+  node_options no;
+  no.listen = "";
+  no.link_profile = client_profile;
+  auto n = node::start(no);
+  if (!n) throw std::runtime_error("client node: " + error_message(n.error()));
+  swarm_client_options so;
+  so.servers = sw.endpoints();
+  swarm_run run;
+  so.on_event = [&](const std::string& e) {
+    if (e.rfind("route ", 0) == 0) run.route = e.substr(6);
+  };
+  swarm_client client(**n, so);
+  head h = head::load(checkpoint::open(dir), cfg, cpu_backend());
+  if (auto err = client.refresh()) throw std::runtime_error(error_message(err));
+  const auto t0 = clock_type::now();
+  int produced = 0;
+  swarm_generation g = swarm_generate(client, h, prompt, p, [&](std::int32_t) {
+    run.token_at_s.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+    if (after_token) after_token(++produced);
+  });
+  run.result = g.result;
+  run.failovers = g.failovers;
+  return run;
+}
+
+double steps_per_s(const generation_result& r) { return r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0; }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run_bench_swarm(const swarm_bench_options& o) {
+  if (o.servers < 1) throw std::invalid_argument("--servers must be at least 1");
+  // The model on disk: servers load their blocks from it.
+  fs::path dir = o.model_dir;
+  std::optional<fs::path> temp;
+  if (dir.empty()) {
+    temp = fs::temp_directory_path() / ("corolla-bench-swarm-" + std::to_string(::getpid()));
+    fs::create_directories(*temp);
+    std::fprintf(stderr, "bench swarm: writing the random bench model to %s ...\n", temp->c_str());
+    transformer::init(bench_llama_config(), o.seed, cpu_backend()).save(*temp);
+    dir = *temp;
+  }
+  struct remove_temp {
+    std::optional<fs::path>& p;
+    ~remove_temp() {
+      std::error_code ec;
+      if (p) fs::remove_all(*p, ec);
+    }
+  } cleanup{temp};
+
+  transformer local = transformer::load(dir, cpu_backend());
+  const model_config cfg = local.config();
+  if (o.servers > cfg.n_layers) throw std::invalid_argument("more servers than blocks");
+  std::mt19937_64 rng(o.seed + 7);
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < o.prompt_tokens; ++i) prompt.push_back(static_cast<std::int32_t>(rng() % cfg.vocab_size));
+  generation_params p;
+  p.max_new_tokens = o.new_tokens;
+  p.ignore_eos = true;
+
+  std::fprintf(stderr, "bench swarm: %d layers, dim %lld, %d servers; local decode...\n", cfg.n_layers,
+               static_cast<long long>(cfg.hidden_size), o.servers);
+  generator gen(local);
+  gen.generate(prompt, p);  // warm-up
+  const generation_result local_run = gen.generate(prompt, p);
+  const double local_sps = steps_per_s(local_run);
+  const double compute_s = 1.0 / local_sps;
+
+  nlohmann::json j;
+  j["bench"] = "swarm";
+  j["servers"] = o.servers;
+  j["model"] = {{"layers", cfg.n_layers}, {"hidden", cfg.hidden_size}, {"vocab", cfg.vocab_size}};
+  j["local_steps_per_s"] = local_sps;
+
+  // LAN (unshaped loopback) chain, then the same with a spare for the last span.
+  const auto spans = even_spans(cfg.n_layers, o.servers);
+  double lan_sps = 0;
+  bool equal = true;
+  {
+    std::fprintf(stderr, "bench swarm: %d-server chain on loopback...\n", o.servers);
+    local_swarm sw;
+    for (int i = 0; i < o.servers; ++i) sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second);
+    run_swarm(sw, dir, cfg, prompt, p, "");  // warm-up (page-in of the servers' weights)
+    swarm_run r = run_swarm(sw, dir, cfg, prompt, p, "");
+    lan_sps = steps_per_s(r.result);
+    equal = r.result.tokens == local_run.tokens;
+    j["lan"] = {{"steps_per_s", lan_sps}, {"ratio_to_local", lan_sps / local_sps}, {"route", r.route},
+                {"equal_to_local", equal}};
+  }
+
+  // Emulated WAN links: both directions shaped (servers and client).
+  nlohmann::json wan = nlohmann::json::array();
+  std::vector<std::string> wan_lines;
+  for (const auto& profile_text : o.wan_profiles) {
+    const net::link_profile prof = net::parse_link_profile(profile_text);
+    std::fprintf(stderr, "bench swarm: chain over %s...\n", net::describe(prof).c_str());
+    local_swarm sw;
+    for (int i = 0; i < o.servers; ++i)
+      sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second, {"--link-profile", profile_text});
+    generation_params pw = p;
+    pw.max_new_tokens = std::min(o.wan_new_tokens, o.new_tokens);
+    swarm_run r = run_swarm(sw, dir, cfg, prompt, pw, profile_text);
+    const double sps = steps_per_s(r.result);
+    // Per hop: request and answer each carry one hidden row (D floats).
+    const double row_bits = static_cast<double>(cfg.hidden_size) * 4 * 8;
+    const double hop_s = 2 * prof.latency_s + (prof.bandwidth_bps > 0 ? 2 * row_bits / prof.bandwidth_bps : 0);
+    const double bound_sps = 1.0 / (o.servers * hop_s + compute_s);
+    wan.push_back({{"profile", profile_text}, {"steps_per_s", sps}, {"bound_steps_per_s", bound_sps},
+                   {"ratio_to_bound", sps / bound_sps}, {"equal_to_local_prefix",
+                    std::equal(r.result.tokens.begin(), r.result.tokens.end(), local_run.tokens.begin())}});
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-22s %8.2f steps/s   bound %8.2f   ratio %.3f", profile_text.c_str(), sps,
+                  bound_sps, sps / bound_sps);
+    wan_lines.push_back(line);
+  }
+  j["wan"] = wan;
+
+  // Recovery: kill the last hop's server halfway; a spare holds its span.
+  double recovery_ms = 0;
+  int failovers = 0;
+  bool recovered_equal = false;
+  {
+    std::fprintf(stderr, "bench swarm: recovery from kill -9...\n");
+    local_swarm sw;
+    for (int i = 0; i < o.servers; ++i) sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second);
+    sw.start(dir, "spare", spans.back().first, spans.back().second);
+    const int kill_at = std::max(2, o.new_tokens / 2);
+    swarm_run r = run_swarm(sw, dir, cfg, prompt, p, "", [&](int produced) {
+      if (produced == kill_at) sw.signal("s" + std::to_string(o.servers - 1), SIGKILL);
+    });
+    failovers = r.failovers;
+    recovered_equal = r.result.tokens == local_run.tokens;
+    std::vector<double> steps;
+    for (std::size_t i = 1; i < r.token_at_s.size(); ++i) steps.push_back(r.token_at_s[i] - r.token_at_s[i - 1]);
+    if (static_cast<std::size_t>(kill_at) < r.token_at_s.size()) {
+      const double recovering_step = r.token_at_s[kill_at] - r.token_at_s[kill_at - 1];
+      recovery_ms = (recovering_step - median(steps)) * 1e3;
+    }
+    j["recovery"] = {{"kill_after_token", kill_at}, {"failovers", failovers}, {"extra_ms", recovery_ms},
+                     {"equal_to_local", recovered_equal}};
+  }
+
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("local decode:           %8.2f steps/s\n", local_sps);
+    std::printf("%d-server chain (LAN):  %8.2f steps/s   ratio to local %.3f   output %s\n", o.servers, lan_sps,
+                lan_sps / local_sps, equal ? "equal" : "DIFFERENT");
+    std::printf("emulated WAN (ratio = achieved / (servers x (RTT + 2 x row transmission) + local compute)):\n");
+    for (const auto& l : wan_lines) std::printf("%s\n", l.c_str());
+    std::printf("recovery: kill -9 of the last hop's server: the next token took %.1f ms more than a step "
+                "(%d failover(s), output %s)\n",
+                recovery_ms, failovers, recovered_equal ? "equal" : "DIFFERENT");
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return equal && recovered_equal ? 0 : 1;
+}
+
+}  // namespace
+
+void register_bench_swarm(CLI::App* bench, action_fn& action) {
+  static swarm_bench_options o;
+  auto* cmd = bench->add_subcommand("swarm", "Decode through corolla serve processes on loopback vs local decode");
+  cmd->add_option("--model", o.model_dir,
+                  "HuggingFace model directory (default: the random ~100M-parameter bench model, written to a "
+                  "temporary directory)");
+  cmd->add_option("--seed", o.seed, "Seed of the random default model and the prompt")->capture_default_str();
+  cmd->add_option("--servers", o.servers, "Servers in the chain (the blocks split evenly)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens", o.prompt_tokens, "Prompt length")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--new-tokens", o.new_tokens, "Tokens generated per run")->check(CLI::Range(4, 4096))->capture_default_str();
+  cmd->add_option("--wan-new-tokens", o.wan_new_tokens, "Tokens generated per emulated WAN run")
+      ->check(CLI::Range(2, 4096))
+      ->capture_default_str();
+  cmd->add_option("--wan-profiles", o.wan_profiles, "Link profiles of the WAN runs (net/shaping.hpp syntax)")
+      ->delimiter(';')
+      ->capture_default_str();
+  cmd->add_flag("--json", o.json, "Print only the JSON result line");
+  cmd->callback([&action] { action = [] { return run_bench_swarm(o); }; });
+}
+
+}  // namespace corolla::app

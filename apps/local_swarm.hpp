@@ -1,0 +1,48 @@
+// apps/local_swarm.hpp — `corolla serve` processes of this very binary on
+// 127.0.0.1, for the demo and `corolla bench swarm`: started with a bounded
+// wait for their readiness lines, killed and reaped when the owner goes (also
+// on an exception), and killed by the kernel if this process dies first.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace corolla::app {
+
+class local_swarm {
+ public:
+  /// One running server.
+  struct server {
+    std::string id, endpoint;
+    int first = 0, last = 0;
+    pid_t pid = -1;
+  };
+
+  local_swarm() = default;
+  ~local_swarm();
+  local_swarm(const local_swarm&) = delete;
+  local_swarm& operator=(const local_swarm&) = delete;
+
+  /// Starts `corolla serve --model DIR --blocks A:B --node-id ID` listening
+  /// on a free loopback port, plus `extra` flags; its stderr goes to `log`
+  /// ("" = /dev/null). Throws std::runtime_error when it does not print its
+  /// readiness line within `timeout` (naming what it printed).
+  const server& start(const std::filesystem::path& model, const std::string& id, int first, int last,
+                      const std::vector<std::string>& extra = {}, const std::filesystem::path& log = {},
+                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  /// Sends `sig` to server `id` (SIGKILL, SIGSTOP, SIGCONT, ...).
+  void signal(const std::string& id, int sig);
+  /// Endpoints of every server started, in start order.
+  std::vector<std::string> endpoints() const;
+  const std::vector<server>& servers() const { return servers_; }
+
+ private:
+  std::vector<server> servers_;
+};
+
+}  // namespace corolla::app
