@@ -77,7 +77,14 @@ void run_batch(span_server_actor* self) {
   items.reserve(batch.size());
   for (auto& q : batch) items.push_back(q.item);
   const auto t0 = clock_type::now();
-  auto results = st.engine->decode_batch(items);
+  // One session alone takes the single-sequence path (matrix-vector
+  // products split across the thread pool), which is faster than a batch of one.
+  std::vector<span_expected<Tensor>> results;
+  if (items.size() == 1)
+    results.push_back(st.engine->inference_step(items[0].session_id, items[0].hidden, items[0].start_position,
+                                                items[0].step_id));
+  else
+    results = st.engine->decode_batch(items);
   const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
   const double per_block = s / st.engine->size();
   st.step_s_per_block = st.step_s_per_block == 0 ? per_block : 0.8 * st.step_s_per_block + 0.2 * per_block;

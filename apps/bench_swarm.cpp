@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -45,6 +46,7 @@ struct swarm_bench_options {
   int new_tokens = 32;
   int wan_new_tokens = 12;
   std::vector<std::string> wan_profiles{"bw=1Gbit,lat=2.5ms", "bw=100Mbit,lat=50ms"};
+  int server_threads = 0;  ///< 0 = cores / (servers + 1), at least 1
   bool json = false;
 };
 
@@ -137,8 +139,18 @@ int run_bench_swarm(const swarm_bench_options& o) {
   const double local_sps = steps_per_s(local_run);
   const double compute_s = 1.0 / local_sps;
 
+  // The servers share this machine: each computes on its share of the cores
+  // (one at a time works in a chain, but idle OpenMP pools of several
+  // processes would otherwise spin against the busy one), and the client,
+  // which only embeds and samples, on one thread.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int server_threads = o.server_threads > 0 ? o.server_threads : std::max(1, static_cast<int>(cores) / (o.servers + 1));
+  const std::vector<std::string> server_flags{"--threads", std::to_string(server_threads)};
+  set_cpu_threads(1);
+
   nlohmann::json j;
   j["bench"] = "swarm";
+  j["server_threads"] = server_threads;
   j["servers"] = o.servers;
   j["model"] = {{"layers", cfg.n_layers}, {"hidden", cfg.hidden_size}, {"vocab", cfg.vocab_size}};
   j["local_steps_per_s"] = local_sps;
@@ -150,7 +162,7 @@ int run_bench_swarm(const swarm_bench_options& o) {
   {
     std::fprintf(stderr, "bench swarm: %d-server chain on loopback...\n", o.servers);
     local_swarm sw;
-    for (int i = 0; i < o.servers; ++i) sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second);
+    for (int i = 0; i < o.servers; ++i) sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second, server_flags);
     run_swarm(sw, dir, cfg, prompt, p, "");  // warm-up (page-in of the servers' weights)
     swarm_run r = run_swarm(sw, dir, cfg, prompt, p, "");
     lan_sps = steps_per_s(r.result);
@@ -167,7 +179,11 @@ int run_bench_swarm(const swarm_bench_options& o) {
     std::fprintf(stderr, "bench swarm: chain over %s...\n", net::describe(prof).c_str());
     local_swarm sw;
     for (int i = 0; i < o.servers; ++i)
-      sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second, {"--link-profile", profile_text});
+      {
+        auto flags = server_flags;
+        flags.insert(flags.end(), {"--link-profile", profile_text});
+        sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second, flags);
+      }
     generation_params pw = p;
     pw.max_new_tokens = std::min(o.wan_new_tokens, o.new_tokens);
     swarm_run r = run_swarm(sw, dir, cfg, prompt, pw, profile_text);
@@ -193,8 +209,8 @@ int run_bench_swarm(const swarm_bench_options& o) {
   {
     std::fprintf(stderr, "bench swarm: recovery from kill -9...\n");
     local_swarm sw;
-    for (int i = 0; i < o.servers; ++i) sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second);
-    sw.start(dir, "spare", spans.back().first, spans.back().second);
+    for (int i = 0; i < o.servers; ++i) sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second, server_flags);
+    sw.start(dir, "spare", spans.back().first, spans.back().second, server_flags);
     const int kill_at = std::max(2, o.new_tokens / 2);
     swarm_run r = run_swarm(sw, dir, cfg, prompt, p, "", [&](int produced) {
       if (produced == kill_at) sw.signal("s" + std::to_string(o.servers - 1), SIGKILL);
@@ -246,6 +262,9 @@ void register_bench_swarm(CLI::App* bench, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--wan-profiles", o.wan_profiles, "Link profiles of the WAN runs (net/shaping.hpp syntax)")
       ->delimiter(';')
+      ->capture_default_str();
+  cmd->add_option("--server-threads", o.server_threads,
+                  "CPU threads of each server process (0 = cores / (servers + 1), at least 1)")
       ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_bench_swarm(o); }; });

@@ -92,6 +92,10 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   no.listen = "";  // a client only dials out
   auto n = node::start(no);
   if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
+  // The client only embeds and samples: one thread, unless told otherwise,
+  // so that its idle thread pool does not compete with servers sharing the
+  // machine.
+  if (o.threads == 0) set_cpu_threads(1);
   swarm_client_options so;
   std::stringstream list(o.swarm);
   for (std::string e; std::getline(list, e, ',');)
