@@ -12,14 +12,13 @@
 #include <stdexcept>
 #include <string>
 
-#include <pthread.h>
-
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include "actors/corolla.hpp"
 #include "actors/span_server.hpp"
 #include "apps/commands.hpp"
+#include "apps/node_flags.hpp"
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/safetensors.hpp"
@@ -29,16 +28,11 @@ namespace corolla::app {
 namespace {
 
 struct serve_args {
+  node_flags node;
   std::string model;
   std::string blocks;  ///< "A:B"
-  std::string listen = "tcp://127.0.0.1:0";
-  std::string node_id;
-  std::string link_profile = "none";
-  std::string curve_keys;
   std::int64_t cache_tokens = 8192;
   int session_idle_s = 300;
-  int heartbeat_ms = 200;
-  int peer_timeout_ms = 1200;
   int threads = 0;
   std::string log_level = "info";
 };
@@ -71,11 +65,7 @@ std::string model_id_of(const std::string& dir) {
 
 int run_serve(const serve_args& a) {
   apply_common_options(a.threads, a.log_level);
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
   const auto [first, last] = parse_blocks(a.blocks, cfg.n_layers);
@@ -83,14 +73,7 @@ int run_serve(const serve_args& a) {
   auto engine = std::make_shared<span_engine>(
       span_engine::load(checkpoint::open(a.model), cfg, first, last, cpu_backend(), a.cache_tokens));
 
-  node_options o;
-  o.listen = a.listen;
-  o.node_id = a.node_id;
-  o.link_profile = a.link_profile;
-  o.curve_dir = a.curve_keys;
-  o.heartbeat_interval = std::chrono::milliseconds(a.heartbeat_ms);
-  o.peer_timeout = std::chrono::milliseconds(a.peer_timeout_ms);
-  auto started = node::start(o);
+  auto started = node::start(a.node.options());
   if (!started) throw std::runtime_error(error_message(started.error()));
   auto& n = **started;
   span_server_options so;
@@ -108,9 +91,8 @@ int run_serve(const serve_args& a) {
                cfg.n_layers, engine->cache_tokens(),
                static_cast<double>(engine->cache_tokens() * engine->kv_bytes_per_token()) / (1 << 20));
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
-  spdlog::info("serve {}: {} received, stopping", n.id(), sig == SIGINT ? "SIGINT" : "SIGTERM");
+  const char* sig = wait_for_stop_signal(stop_signals);
+  spdlog::info("serve {}: {} received, stopping", n.id(), sig);
   caf::anon_send_exit(*server, caf::exit_reason::user_shutdown);
   n.stop();
   return 0;
@@ -123,24 +105,12 @@ void register_serve(CLI::App& app, action_fn& action) {
   auto* cmd = app.add_subcommand("serve", "Serve a span of a model's blocks to swarm clients until SIGINT/SIGTERM");
   cmd->add_option("--model", a->model, "HuggingFace model directory (only the span's tensors are loaded)")->required();
   cmd->add_option("--blocks", a->blocks, "Blocks to serve, A:B for [A, B)")->required();
-  cmd->add_option("--listen", a->listen, "Endpoint to listen on (port 0 = any free port)")->capture_default_str();
   cmd->add_option("--cache-tokens", a->cache_tokens, "Attention-cache budget in tokens over all sessions")
       ->capture_default_str();
   cmd->add_option("--session-idle-s", a->session_idle_s, "Close sessions unused this many seconds")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
-  cmd->add_option("--node-id", a->node_id, "Node id (default: generated n-<8 hex>)");
-  cmd->add_option("--link-profile", a->link_profile,
-                  "Shaping of what this server sends: none, ib, roce, ethernet, wan, consumer, or "
-                  "bw=100Mbit,lat=20ms,jitter=2ms,loss=0.1%")
-      ->capture_default_str();
-  cmd->add_option("--curve-keys", a->curve_keys, "Require CurveZMQ: key directory (node.key, node.pub, allowed)");
-  cmd->add_option("--heartbeat-ms", a->heartbeat_ms, "Heartbeat interval in milliseconds")
-      ->check(CLI::Range(1, 60000))
-      ->capture_default_str();
-  cmd->add_option("--peer-timeout-ms", a->peer_timeout_ms, "A peer silent this long is reported down (milliseconds)")
-      ->check(CLI::Range(2, 3600000))
-      ->capture_default_str();
+  a->node.add_to(cmd, "server");
   cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([&action, a] { action = [a] { return run_serve(*a); }; });

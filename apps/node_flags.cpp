@@ -1,0 +1,57 @@
+#include "apps/node_flags.hpp"
+
+#include <pthread.h>
+
+#include <chrono>
+
+#include <CLI/CLI.hpp>
+
+namespace corolla::app {
+
+void node_flags::add_to(CLI::App* cmd, const std::string& who) {
+  cmd->add_option("--listen", listen, "Endpoint to listen on (port 0 = any free port)")->capture_default_str();
+  cmd->add_option("--node-id", node_id, "Node id (default: generated n-<8 hex>)");
+  cmd->add_option("--link-profile", link_profile,
+                  "Shaping of what this " + who +
+                      " sends: none, ib, roce, ethernet, wan, consumer, or bw=100Mbit,lat=20ms,jitter=2ms,loss=0.1%")
+      ->capture_default_str();
+  cmd->add_option("--curve-keys", curve_keys,
+                  "Require CurveZMQ: key directory (node.key, node.pub, allowed; a key pair is created when missing)");
+  cmd->add_option("--heartbeat-ms", heartbeat_ms, "Heartbeat interval in milliseconds")
+      ->check(CLI::Range(1, 60000))
+      ->capture_default_str();
+  cmd->add_option("--peer-timeout-ms", peer_timeout_ms, "A peer silent this long is reported down (milliseconds)")
+      ->check(CLI::Range(2, 3600000))
+      ->capture_default_str();
+  cmd->add_option("--nic-class", nic_class,
+                  "NIC class announced to peers: ib, roce, ethernet (default: this host's fastest active class)");
+}
+
+node_options node_flags::options() const {
+  node_options o;
+  o.listen = listen;
+  o.node_id = node_id;
+  o.link_profile = link_profile;
+  o.curve_dir = curve_keys;
+  o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  o.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
+  o.nic_class = nic_class;
+  return o;
+}
+
+sigset_t block_stop_signals() {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &s, nullptr);
+  return s;
+}
+
+const char* wait_for_stop_signal(const sigset_t& signals) {
+  int sig = 0;
+  sigwait(&signals, &sig);
+  return sig == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
+}  // namespace corolla::app
