@@ -61,6 +61,12 @@ void swarm_client::event(const std::string& line) const {
 
 caf::error swarm_client::refresh() {
   refreshed_ = true;
+  if (options_.discover)
+    for (const auto& e : options_.discover()) {
+      const std::string ep = with_scheme(e);
+      if (std::none_of(servers_.begin(), servers_.end(), [&](const known_server& s) { return s.endpoint == ep; }))
+        servers_.push_back({ep, "", {}, false});
+    }
   std::string first_problem;
   int reachable = 0;
   for (auto& s : servers_) {

@@ -46,6 +46,9 @@ class node;
 struct swarm_client_options {
   /// Servers to use, as "tcp://HOST:PORT" (or "HOST:PORT").
   std::vector<std::string> servers;
+  /// Asked at every refresh() for more servers' endpoints (e.g. read from
+  /// the swarm's DHT); new ones are added to `servers`. Optional.
+  std::function<std::vector<std::string>()> discover;
   /// Model id the servers must announce ("" = accept any).
   std::string model;
   /// The model's blocks and hidden size, when the client knows them (0 =

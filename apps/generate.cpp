@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cstdio>
 #include <memory>
+#include <filesystem>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -25,6 +26,7 @@
 #include "model/config.hpp"
 #include "model/generator.hpp"
 #include "model/safetensors.hpp"
+#include "net/membership.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
 
@@ -45,6 +47,8 @@ struct generate_options {
   bool ignore_eos = false;
   bool print_ids = false;
   std::string swarm;  ///< --swarm servers, comma-separated ("" = local)
+  std::string swarm_dht;    ///< --swarm-dht: DHT nodes to find the servers through
+  std::string swarm_model;  ///< --swarm-model: the model id servers announce
   int swarm_timeout_ms = 30000;
   bool stats = false;
   std::string device = "cpu";
@@ -100,7 +104,27 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   std::stringstream list(o.swarm);
   for (std::string e; std::getline(list, e, ',');)
     if (!e.empty()) so.servers.push_back(e);
-  if (so.servers.empty()) throw std::invalid_argument("--swarm needs at least one HOST:PORT");
+  // With --swarm-dht the servers come from their DHT records (read again at
+  // every failover, so servers that joined since are found too).
+  net::membership members;
+  if (!o.swarm_dht.empty()) {
+    net::membership_options mo;
+    std::stringstream peers(o.swarm_dht);
+    for (std::string p; std::getline(peers, p, ',');)
+      if (!p.empty()) mo.bootstrap.push_back(p);
+    if (auto ep = members.start(mo); !ep)
+      throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
+    const std::string model_id = o.swarm_model.empty() ? std::filesystem::absolute(o.model).filename().string() : o.swarm_model;
+    const int n_blocks = h.config().n_layers;
+    so.discover = [&members, model_id, n_blocks] {
+      std::vector<std::string> endpoints;
+      for (const auto& r : members.get_span(model_id, 0, n_blocks))
+        if (r.state == net::member_state::online) endpoints.push_back(r.endpoint);
+      return endpoints;
+    };
+  }
+  if (so.servers.empty() && !so.discover)
+    throw std::invalid_argument("--swarm needs at least one HOST:PORT (or give --swarm-dht)");
   so.request_timeout = std::chrono::milliseconds(o.swarm_timeout_ms);
   swarm_client client(**n, so);
   swarm_generation g = swarm_generate(client, h, prompt, p, on_token);
@@ -124,7 +148,7 @@ int run_generate(const generate_options& o) {
   const model_config cfg = load_config(o.model);
   std::optional<transformer> model;
   std::optional<head> client_head;
-  if (o.swarm.empty())
+  if (o.swarm.empty() && o.swarm_dht.empty())
     model.emplace(transformer::load(o.model, be));
   else
     client_head.emplace(head::load(checkpoint::open(o.model), cfg, be));
@@ -214,6 +238,11 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_option("--swarm", o->swarm,
                   "Run the blocks on these corolla serve nodes (HOST:PORT,...); only the embeddings, "
                   "final norm and LM head are loaded here");
+  cmd->add_option("--swarm-dht", o->swarm_dht,
+                  "Find the servers in the swarm's DHT through these nodes (HOST:PORT,...: the 'dht' address "
+                  "corolla serve prints)");
+  cmd->add_option("--swarm-model", o->swarm_model,
+                  "Model id the servers announce (default: the --model directory's name)");
   cmd->add_option("--swarm-timeout-ms", o->swarm_timeout_ms, "Longest wait for one server's answer")
       ->check(CLI::Range(1, 3600000))
       ->capture_default_str();

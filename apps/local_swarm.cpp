@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -41,6 +42,8 @@ const local_swarm::server& local_swarm::start(const std::filesystem::path& model
   std::vector<std::string> args{"/proc/self/exe", "serve",   "--model",  model.string(),
                                 "--blocks",       std::to_string(first) + ":" + std::to_string(last),
                                 "--node-id",      id,        "--listen", "tcp://127.0.0.1:0"};
+  // The caller hands out the endpoints: no DHT unless it asks for one.
+  if (std::find(extra.begin(), extra.end(), "--initial-peers") == extra.end()) args.push_back("--no-dht");
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

@@ -29,7 +29,8 @@ class local_swarm {
   local_swarm& operator=(const local_swarm&) = delete;
 
   /// Starts `corolla serve --model DIR --blocks A:B --node-id ID` listening
-  /// on a free loopback port, plus `extra` flags; its stderr goes to `log`
+  /// on a free loopback port (with --no-dht unless `extra` has
+  /// --initial-peers), plus `extra` flags; its stderr goes to `log`
   /// ("" = /dev/null). Throws std::runtime_error when it does not print its
   /// readiness line within `timeout` (naming what it printed).
   const server& start(const std::filesystem::path& model, const std::string& id, int first, int last,

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -23,6 +24,8 @@
 #include "model/config.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
+#include "net/codec.hpp"
+#include "net/membership.hpp"
 
 namespace corolla::app {
 namespace {
@@ -31,6 +34,10 @@ struct serve_args {
   node_flags node;
   std::string model;
   std::string blocks;  ///< "A:B"
+  bool no_dht = false;
+  std::string dht_listen = "127.0.0.1:0";  ///< UDP address of the membership DHT node
+  std::string initial_peers;               ///< DHT nodes to join through, comma-separated
+  int dht_ttl_s = 15;
   std::int64_t cache_tokens = 8192;
   int session_idle_s = 300;
   int threads = 0;
@@ -57,6 +64,23 @@ std::pair<int, int> parse_blocks(const std::string& text, int n_blocks) {
   return {a, b};
 }
 
+/// Seconds one decode step (one row) takes through the whole span, measured
+/// on a scratch session: what the server announces (throughput = 1 / it).
+double measure_step_s(span_engine& e) {
+  const std::string id = "corolla-calibration";
+  if (!e.open_session(id, 4)) return 0;
+  const Tensor x = Tensor::zeros({1, static_cast<std::int64_t>(e.config().hidden_size)});
+  double best = 0;
+  for (int pos = 0; pos < 3; ++pos) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!e.inference_step(id, x, pos)) break;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (pos > 0) best = best == 0 ? s : std::min(best, s);  // the first step warms up
+  }
+  e.close_session(id);
+  return best;
+}
+
 std::string model_id_of(const std::string& dir) {
   std::filesystem::path p(dir);
   if (p.filename().empty()) p = p.parent_path();
@@ -79,12 +103,46 @@ int run_serve(const serve_args& a) {
   span_server_options so;
   so.model = model_id_of(a.model);
   so.session_idle_timeout = std::chrono::seconds(a.session_idle_s);
+  const double step_s = measure_step_s(*engine);
   auto server = start_span_server(n, engine, so);
   if (!server) throw std::runtime_error(error_message(server.error()));
+
+  // Membership: the server's record under every block it holds, refreshed
+  // until it leaves (docs/swarm_serving.md).
+  std::unique_ptr<net::membership> members;
+  std::string dht_endpoint;
+  if (!a.no_dht) {
+    net::membership_options mo;
+    const auto colon = a.dht_listen.rfind(':');
+    if (colon == std::string::npos) throw std::invalid_argument("--dht-listen must be ADDRESS:PORT, got '" + a.dht_listen + "'");
+    mo.bind_address = a.dht_listen.substr(0, colon);
+    mo.port = static_cast<std::uint16_t>(std::stoi(a.dht_listen.substr(colon + 1)));
+    std::stringstream peers(a.initial_peers);
+    for (std::string p; std::getline(peers, p, ',');)
+      if (!p.empty()) mo.bootstrap.push_back(p);
+    mo.ttl = std::chrono::seconds(a.dht_ttl_s);
+    members = std::make_unique<net::membership>();
+    auto ep = members->start(mo);
+    if (!ep) throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
+    dht_endpoint = *ep;
+    net::server_record r;
+    r.model = so.model;
+    r.node_id = n.id();
+    r.endpoint = n.endpoint();
+    r.span = {first, last};
+    r.state = net::member_state::online;
+    r.throughput = step_s > 0 ? 1.0 / step_s : 0.0;
+    r.step_s_per_block = step_s / (last - first);
+    r.cache_tokens_left = engine->cache_tokens_left();
+    r.protocol_version = net::protocol_version;
+    r.public_key = n.public_key();
+    if (auto err = members->announce(r)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
+  }
 
   std::string line = "corolla serve " + n.id() + " blocks [" + std::to_string(first) + ", " + std::to_string(last) +
                      ") of " + so.model + " listening on " + n.endpoint();
   if (!n.public_key().empty()) line += " curve-key " + n.public_key();
+  if (!dht_endpoint.empty()) line += " dht " + dht_endpoint;
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
   spdlog::info("serve: blocks [{}, {}) of {} ({} layers), KV cache for {} tokens ({:.1f} MiB)", first, last, so.model,
@@ -93,6 +151,7 @@ int run_serve(const serve_args& a) {
 
   const char* sig = wait_for_stop_signal(stop_signals);
   spdlog::info("serve {}: {} received, stopping", n.id(), sig);
+  if (members) members->withdraw_offline();  // clients stop routing here at once
   caf::anon_send_exit(*server, caf::exit_reason::user_shutdown);
   n.stop();
   return 0;
@@ -111,6 +170,15 @@ void register_serve(CLI::App& app, action_fn& action) {
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
   a->node.add_to(cmd, "server");
+  cmd->add_option("--initial-peers", a->initial_peers,
+                  "DHT nodes of the swarm to join through (HOST:PORT,...; the 'dht' address other servers "
+                  "print); none: start a new swarm");
+  cmd->add_option("--dht-listen", a->dht_listen, "UDP address of this server's DHT node (port 0 = any)")
+      ->capture_default_str();
+  cmd->add_option("--dht-ttl-s", a->dht_ttl_s, "Validity of the server's DHT record without refresh")
+      ->check(CLI::Range(1, 300))
+      ->capture_default_str();
+  cmd->add_flag("--no-dht", a->no_dht, "Do not join or announce in a DHT (clients are given the endpoint)");
   cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([&action, a] { action = [a] { return run_serve(*a); }; });

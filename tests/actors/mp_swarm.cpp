@@ -56,6 +56,7 @@ struct swarm_model {
 struct swarm_processes {
   std::map<std::string, child_process> procs;
   std::map<std::string, std::string> endpoints;
+  std::map<std::string, std::string> dht;  ///< the DHT address each printed ("" with --no-dht)
 
   void start(const swarm_model& m, const std::string& id, int first, int last,
              std::vector<std::string> extra = {}) {
@@ -63,12 +64,20 @@ struct swarm_processes {
                                   "--blocks",    std::to_string(first) + ":" + std::to_string(last),
                                   "--node-id",   id,          "--listen",
                                   "tcp://127.0.0.1:0", "--threads", "1", "--log-level", "warn"};
+    // Without --initial-peers a server would start a swarm of its own; tests
+    // that want the DHT say so.
+    if (std::find(extra.begin(), extra.end(), "--initial-peers") == extra.end() &&
+        std::find(extra.begin(), extra.end(), "--dht") == extra.end())
+      args.push_back("--no-dht");
+    std::erase(extra, std::string("--dht"));
     args.insert(args.end(), extra.begin(), extra.end());
     child_process p = child_process::corolla(args);
     auto line = p.wait_line(std::regex(R"(corolla serve (\S+) blocks \[(\d+), (\d+)\) of \S+ listening on (tcp://\S+))"), 15s);
     REQUIRE_MESSAGE(line, "corolla serve " << id << " printed no readiness line; stderr:\n" << p.err());
     CHECK((*line)[1].str() == id);
     endpoints[id] = (*line)[4].str();
+    std::smatch d;
+    dht[id] = std::regex_search(p.lines().back(), d, std::regex(R"( dht (\S+))")) ? d[1].str() : "";
     procs.emplace(id, std::move(p));
   }
   std::vector<std::string> list() const {
@@ -226,6 +235,28 @@ TEST_CASE("a server killed or hung mid-generation is replaced by replay and the 
     for (int kill_after : {1, 11, 19})
       for (int sig : {SIGKILL, SIGSTOP}) check_failover(m, servers, {kill_after, sig, true});
   }
+}
+
+TEST_CASE("servers announce themselves in the DHT and a client finds them through any one of them") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  sw.start(m, "s-a", 0, 2, {"--dht", "--dht-ttl-s", "5"});
+  const std::string first = sw.dht.at("s-a");
+  REQUIRE_FALSE(first.empty());
+  sw.start(m, "s-b", 2, 4, {"--initial-peers", first, "--dht-ttl-s", "5"});
+  sw.start(m, "s-c", 1, 3, {"--initial-peers", first, "--dht-ttl-s", "5"});
+  // The client knows one DHT node (s-b's) and no server endpoint.
+  const std::vector<std::string> common{"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
+                                        "--max-new-tokens", "20", "--ignore-eos", "--print-ids"};
+  auto local = testing::run_corolla(common, 60s);
+  REQUIRE_MESSAGE(local.exit_code == 0, local.err);
+  auto args = common;
+  args.insert(args.end(), {"--swarm-dht", sw.dht.at("s-b"), "--log-level", "info"});
+  auto remote = testing::run_corolla(args, 60s);
+  REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+  CHECK(remote.out_lines().back() == local.out_lines().back());
+  MESSAGE("client log:\n" << remote.err);
+  CHECK(remote.err.find("swarm route:") != std::string::npos);
 }
 
 TEST_CASE("a span server answers bad requests with clear errors and keeps serving") {
