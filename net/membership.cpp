@@ -13,6 +13,19 @@
 //   at or below 10 s makes it re-put in a tight loop. The DHT expiry is
 //   therefore only garbage collection; the TTL is enforced by readers from
 //   the record's own timestamp.
+// - DhtRunner runs no get, put or listen of a node that knows peers but has
+//   had no answer from any (status "connecting"): it holds them until a peer
+//   answers. A node with no search open when peers contact it, typically
+//   the first node of a swarm, only probes them with a find_node to one
+//   random peer (per routing-table bucket) 1 s after the first contact, then
+//   every 5-25 s. When that probe picks a peer that has crashed since, the
+//   node reads nothing and stops refreshing its own records for 5-25 s or
+//   more, while live peers keep storing records on it. So every node keeps
+//   one search open from start(), the keepalive: a listen on its own node
+//   id, which nobody writes. OpenDHT adds each peer that contacts us to the
+//   open searches it is close enough for and queries it at once, so live
+//   peers answer within a round trip, and a crashed one is replaced from
+//   the routing table as in any search.
 // - Locking: `mu_` guards our state and is taken by OpenDHT callbacks (DHT
 //   thread). It is never held while calling into the DhtRunner, which takes
 //   its own locks and may run callbacks.
@@ -22,6 +35,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -241,9 +255,17 @@ struct membership::impl {
       status_cv_.notify_all();
     });
 
+    // The keepalive search (see the file comment). Queued before the
+    // bootstrap pings, so a first node opens it while it knows no peer
+    // (DhtRunner runs it at once) and a joining node as soon as its
+    // bootstrap node has answered.
+    auto keepalive = runner->listen(
+        runner->getNodeId(), [](const std::vector<std::shared_ptr<dht::Value>>&, bool) { return true; },
+        [](const dht::Value&) { return false; });
+    const auto deadline = steady::now() + o.bootstrap_timeout;
+
     if (!peers.empty()) {
       runner->bootstrap(peers);
-      const auto deadline = steady::now() + o.bootstrap_timeout;
       while (count_good_peers() == 0) {
         if (steady::now() >= deadline) {
           runner->join();
@@ -259,6 +281,11 @@ struct membership::impl {
         status_cv_.wait_for(lk, milliseconds(20));
       }
     }
+    // Return only once the search is open: before that, a peer that contacts
+    // us would leave us in the state it exists to avoid.
+    if (keepalive.wait_until(deadline) != std::future_status::ready)
+      spdlog::warn("membership: DHT node {} did not open its keepalive search within {} ms", endpoint,
+                   o.bootstrap_timeout.count());
 
     started = true;
     refresher_ = std::thread([this] { refresh_loop(); });
