@@ -80,11 +80,17 @@ void run_batch(span_server_actor* self) {
   // One session alone takes the single-sequence path (matrix-vector
   // products split across the thread pool), which is faster than a batch of one.
   std::vector<span_expected<Tensor>> results;
-  if (items.size() == 1)
-    results.push_back(st.engine->inference_step(items[0].session_id, items[0].hidden, items[0].start_position,
-                                                items[0].step_id));
-  else
-    results = st.engine->decode_batch(items);
+  try {
+    if (items.size() == 1)
+      results.push_back(st.engine->inference_step(items[0].session_id, items[0].hidden, items[0].start_position,
+                                                  items[0].step_id));
+    else
+      results = st.engine->decode_batch(items);
+  } catch (const std::exception& e) {
+    // Every waiting requester gets an answer, whatever failed (out of memory).
+    for (auto& q : batch) q.promise.deliver(error_from_wire("internal", std::string("span server failed: ") + e.what()));
+    return;
+  }
   const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
   const double per_block = s / st.engine->size();
   st.step_s_per_block = st.step_s_per_block == 0 ? per_block : 0.8 * st.step_s_per_block + 0.2 * per_block;
@@ -103,7 +109,7 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
   if (m.tensors.size() != 1)
     return rp.deliver(make_error(errc::bad_message, "span.step carries one tensor (hidden states), got " +
                                                         std::to_string(m.tensors.size())));
-  st.last_used[step->session_id] = clock_type::now();
+  if (st.engine->session_length(step->session_id)) st.last_used[step->session_id] = clock_type::now();
   const Tensor& hidden = m.tensors[0];
   if (hidden.shape().size() == 2 && hidden.dim(0) == 1) {
     // Steps of other sessions already waiting in the mailbox join this one:

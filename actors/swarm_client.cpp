@@ -244,10 +244,14 @@ caf::error swarm_session::open_hops(std::vector<swarm::route_hop> hops, std::siz
 
 caf::expected<Tensor> swarm_session::run_hop(std::size_t i, const Tensor& input, std::int64_t start) {
   hop_state& h = hops_[i];
+  // A replay or a long prefill computes many rows: its time grows with them
+  // (one more request timeout per 256 rows), so it is not abandoned and
+  // recomputed over and over.
+  const auto timeout = client_.options().request_timeout * (1 + input.dim(0) / 256);
   auto r = client_.runtime().request(h.hop.server, "span",
-                                     request_of(span_request::step, encode_body(span_step{h.session, start, next_step_}),
+                                     request_of(span_request::step, encode_body(span_step{h.session, start, step_id_}),
                                                 {input}),
-                                     client_.options().request_timeout);
+                                     timeout);
   if (!r) return r.error();
   if (r->tensors.size() != 1 || r->tensors[0].shape() != input.shape())
     return make_error(errc::bad_message, "server " + h.hop.server + " answered a step of " +
@@ -354,6 +358,16 @@ caf::expected<Tensor> swarm_session::step(const Tensor& hidden, std::int64_t sta
     return make_error(errc::invalid_argument, "step ends at position " + std::to_string(start + hidden.dim(0)) +
                                                   ", beyond the session's " + std::to_string(max_length_) + " tokens");
   Tensor x = hidden.type() == dtype::f32 ? hidden : hidden.to(dtype::f32);
+  // Every call gets its own step id: a server repeats its stored answer only
+  // for a retry of this very call, never for new rows at the same position.
+  step_id_ = next_step_++;
+  // A failure part-way leaves the hops before it one step ahead: the
+  // session then counts only what every hop holds, and the next step from
+  // there rolls those hops back.
+  const auto fail = [&](caf::error e) {
+    length_ = std::min(length_, start);
+    return e;
+  };
   for (std::size_t i = 0; i < hops_.size(); ++i) {
     std::set<std::string> excluded;
     for (int attempt = 0;; ++attempt) {
@@ -362,15 +376,14 @@ caf::expected<Tensor> swarm_session::step(const Tensor& hidden, std::int64_t sta
         x = std::move(*out);
         break;
       }
-      if (!is_recoverable(out.error())) return out.error();
+      if (!is_recoverable(out.error())) return fail(out.error());
       if (attempt + 1 >= client_.options().max_failovers)
-        return make_error(errc::peer_down, "gave up on blocks " + swarm::to_string(hops_[i].hop.span()) + " after " +
-                                               std::to_string(attempt + 1) + " attempts: " +
-                                               error_message(out.error()));
-      if (auto err = recover(i, out.error(), excluded, attempt); err && !is_recoverable(err)) return err;
+        return fail(make_error(errc::peer_down, "gave up on blocks " + swarm::to_string(hops_[i].hop.span()) +
+                                                    " after " + std::to_string(attempt + 1) + " attempts: " +
+                                                    error_message(out.error())));
+      if (auto err = recover(i, out.error(), excluded, attempt); err && !is_recoverable(err)) return fail(err);
     }
   }
-  ++next_step_;
   length_ = start + hidden.dim(0);
   return x;
 }

@@ -154,6 +154,7 @@ class swarm_session {
   std::string id_;
   std::uint64_t next_session_ = 0;  ///< suffix of per-server session ids
   std::uint64_t next_step_ = 1;
+  std::uint64_t step_id_ = 0;  ///< the id of the step() call in progress
   std::int64_t length_ = 0;
   int failovers_ = 0;
   std::vector<hop_state> hops_;

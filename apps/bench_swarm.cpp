@@ -67,7 +67,7 @@ std::vector<std::pair<int, int>> even_spans(int n, int k) {
 
 swarm_run run_swarm(local_swarm& sw, const fs::path& dir, const model_config& cfg, const std::vector<std::int32_t>& prompt,
                     const generation_params& p, const std::string& client_profile,
-                    const std::function<void(int)>& after_token = {}) {
+                    const std::function<void(int)>& after_token = {}, std::string* route_now = nullptr) {
   node_options no;
   no.listen = "";
   no.link_profile = client_profile;
@@ -77,7 +77,9 @@ swarm_run run_swarm(local_swarm& sw, const fs::path& dir, const model_config& cf
   so.servers = sw.endpoints();
   swarm_run run;
   so.on_event = [&](const std::string& e) {
-    if (e.rfind("route ", 0) == 0) run.route = e.substr(6);
+    if (e.rfind("route ", 0) != 0) return;
+    run.route = e.substr(6);
+    if (route_now) *route_now = run.route;
   };
   swarm_client client(**n, so);
   head h = head::load(checkpoint::open(dir), cfg, cpu_backend());
@@ -212,9 +214,13 @@ int run_bench_swarm(const swarm_bench_options& o) {
     for (int i = 0; i < o.servers; ++i) sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second, server_flags);
     sw.start(dir, "spare", spans.back().first, spans.back().second, server_flags);
     const int kill_at = std::max(2, o.new_tokens / 2);
+    std::string route;  // the route's last hop is killed (the spare or its twin, whichever was chosen)
     swarm_run r = run_swarm(sw, dir, cfg, prompt, p, "", [&](int produced) {
-      if (produced == kill_at) sw.signal("s" + std::to_string(o.servers - 1), SIGKILL);
-    });
+      if (produced != kill_at) return;
+      const auto at = route.rfind(" via ");
+      if (at != std::string::npos) sw.signal(route.substr(at + 5), SIGKILL);
+    }, &route);
+    if (r.failovers == 0) throw std::runtime_error("the recovery run saw no failure: the kill missed the route");
     failovers = r.failovers;
     recovered_equal = r.result.tokens == local_run.tokens;
     std::vector<double> steps;

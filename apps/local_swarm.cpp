@@ -26,9 +26,10 @@ local_swarm::~local_swarm() {
     if (s.pid <= 0) continue;
     int st = 0;
     pid_t r = 0;
-    while ((r = ::waitpid(s.pid, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+    while (((r = ::waitpid(s.pid, &st, WNOHANG)) == 0 || (r < 0 && errno == EINTR)) &&
+           std::chrono::steady_clock::now() < deadline)
       ::usleep(5000);
-    if (r == 0) {
+    if (r <= 0) {
       ::kill(s.pid, SIGKILL);
       while (::waitpid(s.pid, &st, 0) < 0 && errno == EINTR) {
       }

@@ -40,6 +40,9 @@ node_options node_flags::options() const {
 }
 
 sigset_t block_stop_signals() {
+  // A write to a closed stdout (the parent read the readiness line and went)
+  // must not kill a long-lived node.
+  std::signal(SIGPIPE, SIG_IGN);
   sigset_t s;
   sigemptyset(&s);
   sigaddset(&s, SIGINT);
