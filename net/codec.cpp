@@ -201,9 +201,12 @@ bool aligned_to(const void* p, std::size_t alignment) {
 }
 
 /// The tensor of a validated raw frame: adopted without a copy when the
-/// transport keeps the bytes alive and they are 64-byte aligned.
+/// transport keeps the bytes alive and they are aligned to the element size.
+/// (ZeroMQ puts a large message's bytes right after its 40-byte header, so
+/// asking for 64-byte alignment copied every large tensor; kernels take
+/// any element-aligned pointer, as they do for row slices.)
 Tensor adopt_or_copy(const checked_header& h, const in_frame& frame) {
-  if (frame.owner && frame.size > 0 && aligned_to(frame.data, 64)) {
+  if (frame.owner && frame.size > 0 && aligned_to(frame.data, dtype_size(h.type))) {
     auto s = storage::borrow(const_cast<void*>(frame.data), frame.size, frame.owner);
     return Tensor::wrap(std::move(s), 0, h.shape, h.type);
   }

@@ -264,14 +264,18 @@ TEST_CASE("decode adopts aligned frames without copying and copies misaligned on
     kept = Tensor();
     CHECK(buffer.expired());
   }
-  SUBCASE("misaligned frames (and an unaligned envelope) are copied to aligned memory") {
-    for (std::size_t shift : {1, 4, 8, 32}) {
+  SUBCASE("frames not aligned to their element size (and an unaligned envelope) are copied to aligned memory") {
+    // ZeroMQ's large messages start 8 bytes past a 64-byte boundary at best:
+    // element alignment is all the kernels need, so those are adopted.
+    for (std::size_t shift : {1, 2, 3, 4, 8, 32, 40}) {
+      CAPTURE(shift);
       shifted_frames odd(frames, shift, true);
       auto r = decode(odd.frames);
       REQUIRE_MESSAGE(r, error_text(r.error()));
       for (std::size_t i = 0; i < 2; ++i) {
-        CHECK(r->tensors[i].raw() != odd.frames[i + 1].data);
-        CHECK(reinterpret_cast<std::uintptr_t>(r->tensors[i].raw()) % 64 == 0);
+        const bool element_aligned = shift % dtype_size(m.tensors[i].type()) == 0;
+        CHECK((r->tensors[i].raw() == odd.frames[i + 1].data) == element_aligned);
+        if (!element_aligned) CHECK(reinterpret_cast<std::uintptr_t>(r->tensors[i].raw()) % 64 == 0);
         CHECK(same_bytes(r->tensors[i], m.tensors[i]));
       }
     }
