@@ -73,7 +73,15 @@ caf::error swarm_client::refresh() {
     connect_options c;
     c.timeout = options_.connect_timeout;
     // A known server keeps its link, which reconnects by itself: only
-    // servers never reached are dialled (again).
+    // servers never reached are dialled (again). A server restarted without
+    // a fixed node id answers its endpoint under a new id: adopt it.
+    if (!s.node_id.empty() && !node_.peer_is_up(s.node_id))
+      for (const auto& peer : node_.peers())
+        if (auto st = node_.stats(peer); st && st->up && st->endpoint == s.endpoint && peer != s.node_id) {
+          spdlog::info("swarm: {} now answers as {} (was {})", s.endpoint, peer, s.node_id);
+          s.node_id = peer;
+          break;
+        }
     if (!s.node_id.empty() && !node_.peer_is_up(s.node_id)) {
       s.reachable = false;
       if (first_problem.empty()) first_problem = s.endpoint + ": " + s.node_id + " is down";

@@ -59,11 +59,11 @@ struct swarm_processes {
   std::map<std::string, std::string> dht;  ///< the DHT address each printed ("" with --no-dht)
 
   void start(const swarm_model& m, const std::string& id, int first, int last,
-             std::vector<std::string> extra = {}) {
+             std::vector<std::string> extra = {}, const std::string& listen = "tcp://127.0.0.1:0") {
     std::vector<std::string> args{"serve",       "--model",   m.dir.path().string(),
                                   "--blocks",    std::to_string(first) + ":" + std::to_string(last),
                                   "--node-id",   id,          "--listen",
-                                  "tcp://127.0.0.1:0", "--threads", "1", "--log-level", "warn"};
+                                  listen, "--threads", "1", "--log-level", "warn"};
     // Without --initial-peers a server would start a swarm of its own; tests
     // that want the DHT say so.
     if (std::find(extra.begin(), extra.end(), "--initial-peers") == extra.end() &&
@@ -235,6 +235,37 @@ TEST_CASE("a server killed or hung mid-generation is replaced by replay and the 
     for (int kill_after : {1, 11, 19})
       for (int sig : {SIGKILL, SIGSTOP}) check_failover(m, servers, {kill_after, sig, true});
   }
+}
+
+TEST_CASE("the only server of a span restarts under a new id and the generation goes on through it") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  sw.start(m, "s-a", 0, 2);
+  sw.start(m, "s-b", 2, 4);  // nobody else holds [2, 4)
+  const std::string b_endpoint = sw.endpoints.at("s-b");
+  auto n = client_node();
+  swarm_client_options o;
+  o.servers = sw.list();
+  std::vector<std::string> events;
+  o.on_event = [&](const std::string& e) { events.push_back(e); };
+  swarm_client client(*n, o);
+  head h = load_head(m);
+  int produced = 0;
+  swarm_generation g = swarm_generate(client, h, m.prompt, m.params, [&](std::int32_t) {
+    if (++produced != 7) return;
+    sw.procs.at("s-b").signal(SIGKILL);
+    sw.procs.at("s-b").wait(5s);
+    // A new process on the same endpoint, with another node id (as a restart
+    // without --node-id gets).
+    sw.start(m, "s-b-restarted", 2, 4, {}, b_endpoint);
+  });
+  CHECK(g.result.tokens == m.expected);
+  CHECK(g.failovers >= 1);
+  REQUIRE(g.route.size() == 2);
+  CHECK(g.route[1].server == "s-b-restarted");
+  std::string log;
+  for (const auto& e : events) log += "\n  " + e;
+  MESSAGE(g.failovers << " failover(s):" << log);
 }
 
 TEST_CASE("servers announce themselves in the DHT and a client finds them through any one of them") {
