@@ -99,9 +99,19 @@ link_state::~link_state() {
 
 using link_actor = caf::stateful_actor<link_state>;
 
+/// Bytes of body and tensor frames as they travel: an int8_block tensor
+/// counts its int8 values and f32 scales, not the f32 tensor it stands for
+/// (the decoded message still names each tensor's wire encoding).
 std::uint64_t payload_bytes(const net::message& m) {
   std::uint64_t n = m.body.size();
-  for (const auto& t : m.tensors) n += t.defined() ? t.nbytes() : 0;
+  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+    const Tensor& t = m.tensors[i];
+    if (!t.defined()) continue;
+    const bool int8 = i < m.encodings.size() && m.encodings[i] == net::tensor_encoding::int8_block;
+    const auto numel = static_cast<std::uint64_t>(t.numel());
+    n += int8 ? numel + sizeof(float) * ((numel + net::int8_wire_block_size - 1) / net::int8_wire_block_size)
+              : t.nbytes();
+  }
   return n;
 }
 

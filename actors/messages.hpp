@@ -71,7 +71,7 @@ struct link_stats {
   /// intervals that carried traffic (idle intervals do not pull them down).
   double send_bytes_per_s = 0;
   double recv_bytes_per_s = 0;
-  std::uint64_t bytes_sent = 0, bytes_received = 0;        ///< payload bytes (bodies and tensors)
+  std::uint64_t bytes_sent = 0, bytes_received = 0;        ///< payload bytes (bodies and tensors, as encoded on the wire)
   std::uint64_t messages_sent = 0, messages_received = 0;  ///< all kinds, heartbeats included
   std::uint64_t pending_requests = 0;                      ///< requests awaiting their answer
 };

@@ -27,6 +27,7 @@ using expire_atom = caf::atom_constant<caf::atom("spexpire")>;
 struct queued_step {
   decode_item item;
   caf::response_promise promise;
+  bool compress = false;  ///< answer int8_block on the wire
 };
 
 struct span_server_state {
@@ -67,6 +68,13 @@ remote_message answer(std::string type, std::vector<std::uint8_t> body = {}, std
   return r;
 }
 
+/// A step's answer: the span's output, int8-compressed on the wire when asked.
+remote_message step_answer(Tensor out, bool compress) {
+  remote_message r = answer(span_request::step, {}, {std::move(out)});
+  if (compress) r.encodings = {net::tensor_encoding::int8_block};
+  return r;
+}
+
 /// Runs every queued one-row step as one batch and answers each.
 void run_batch(span_server_actor* self) {
   auto& st = self->state;
@@ -96,7 +104,7 @@ void run_batch(span_server_actor* self) {
   st.step_s_per_block = st.step_s_per_block == 0 ? per_block : 0.8 * st.step_s_per_block + 0.2 * per_block;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     if (results[i])
-      batch[i].promise.deliver(answer(span_request::step, {}, {std::move(*results[i])}));
+      batch[i].promise.deliver(step_answer(std::move(*results[i]), batch[i].compress));
     else
       batch[i].promise.deliver(to_caf(results[i].error()));
   }
@@ -122,13 +130,13 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
         break;
       }
     if (st.queue.empty()) self->send(self, flush_atom::value);
-    st.queue.push_back({std::move(item), rp});
+    st.queue.push_back({std::move(item), rp, step->compress_output});
     return;
   }
   run_batch(self);  // steps that arrived earlier run first
   auto out = st.engine->inference_step(step->session_id, hidden, step->start, step->step_id);
   if (!out) return rp.deliver(to_caf(out.error()));
-  rp.deliver(answer(span_request::step, {}, {std::move(*out)}));
+  rp.deliver(step_answer(std::move(*out), step->compress_output));
 }
 
 void on_stateless(span_server_actor* self, remote_message& m, caf::response_promise& rp, bool backward) {

@@ -8,6 +8,7 @@
 
 #include "actors/errors.hpp"
 #include "actors/node.hpp"
+#include "net/codec.hpp"
 
 namespace corolla {
 
@@ -29,6 +30,21 @@ remote_message request_of(const char* type, std::vector<std::uint8_t> body, std:
   m.body = std::move(body);
   m.tensors = std::move(tensors);
   return m;
+}
+
+/// What a server receives for `x` sent as int8_block: the very wire
+/// encoding and decoding. The client keeps this (not x) as the span's input,
+/// so a replay rebuilds exactly the cache the lost server had.
+Tensor int8_wire_roundtrip(const Tensor& x) {
+  net::message m;
+  m.kind = net::message_kind::oneway;
+  m.tensors = {x};
+  m.encodings = {net::tensor_encoding::int8_block};
+  const auto frames = net::encode(m, false);
+  std::vector<net::in_frame> in;
+  for (const auto& f : frames) in.push_back({f.data, f.size, f.owner});
+  auto back = net::decode(in);
+  return back ? back->tensors.at(0) : x;
 }
 
 /// Rows [0, rows) of the chunks laid end to end, as one [rows, D] tensor.
@@ -256,10 +272,12 @@ caf::expected<Tensor> swarm_session::run_hop(std::size_t i, const Tensor& input,
   // (one more request timeout per 256 rows), so it is not abandoned and
   // recomputed over and over.
   const auto timeout = client_.options().request_timeout * (1 + input.dim(0) / 256);
-  auto r = client_.runtime().request(h.hop.server, "span",
-                                     request_of(span_request::step, encode_body(span_step{h.session, start, step_id_}),
-                                                {input}),
-                                     timeout);
+  // Compression applies to ordinary steps; a replay rebuilds a cache and
+  // goes exact, so the replacement holds what the lost server held.
+  const bool compress = client_.options().compress && !h.fresh;
+  remote_message m = request_of(span_request::step, encode_body(span_step{h.session, start, step_id_, compress}), {input});
+  if (compress) m.encodings = {net::tensor_encoding::int8_block};
+  auto r = client_.runtime().request(h.hop.server, "span", std::move(m), timeout);
   if (!r) return r.error();
   if (r->tensors.size() != 1 || r->tensors[0].shape() != input.shape())
     return make_error(errc::bad_message, "server " + h.hop.server + " answered a step of " +
@@ -318,14 +336,15 @@ caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::i
   hop_state& h = hops_[i];
   const std::int64_t n = x.dim(0), D = x.dim(1);
   if (!h.fresh) {
-    auto out = run_hop(i, x, start);
+    const Tensor sent = client_.options().compress ? int8_wire_roundtrip(x) : x;
+    auto out = run_hop(i, sent, start);
     if (!out) return out;
     // Keep this span's inputs for a later replay (a rollback cuts them first).
     if (h.rows > start) {
       h.inputs = {concat_rows(h.inputs, start, D)};
       h.rows = start;
     }
-    h.inputs.push_back(x.clone());
+    h.inputs.push_back(sent.clone());
     h.rows = start + n;
     return out;
   }
@@ -341,7 +360,7 @@ caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::i
     stored.copy_from(concat_rows(h.inputs, start, D));
   }
   Tensor rows = all.slice(start, start + n);
-  rows.copy_from(x);
+  rows.copy_from(client_.options().compress ? int8_wire_roundtrip(x) : x);
   auto out = run_hop(i, all, 0);
   if (!out) return out;
   h.fresh = false;

@@ -64,6 +64,10 @@ struct swarm_client_options {
   /// First pause before re-asking the servers when nothing covers a span;
   /// doubles up to 2 s.
   std::chrono::milliseconds retry_backoff{100};
+  /// Hidden states travel as blockwise int8 (absmax per block of 4096 values,
+  /// about 1/4 of the bytes) both ways; lossy, so greedy output may differ
+  /// from local generation. Replays travel uncompressed.
+  bool compress = false;
   /// Called with one line per route, failure and replay (for logs, the demo).
   std::function<void(const std::string&)> on_event;
 };

@@ -86,6 +86,7 @@ std::vector<std::uint8_t> encode_body(const span_step& v) {
   r.setSessionId(v.session_id);
   r.setStart(v.start);
   r.setStepId(v.step_id);
+  r.setCompressOutput(v.compress_output);
   return flat(b);
 }
 
@@ -129,7 +130,7 @@ caf::expected<span_open> decode_span_open(const std::vector<std::uint8_t>& body)
 
 caf::expected<span_step> decode_span_step(const std::vector<std::uint8_t>& body) {
   return decode<wire::SpanStep>(body, "span.step", [](wire::SpanStep::Reader r) {
-    return span_step{text(r.getSessionId(), "session id"), r.getStart(), r.getStepId()};
+    return span_step{text(r.getSessionId(), "session id"), r.getStart(), r.getStepId(), r.getCompressOutput()};
   });
 }
 

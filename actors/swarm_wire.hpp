@@ -44,6 +44,7 @@ struct span_step {
   std::string session_id;
   std::int64_t start = 0;
   std::uint64_t step_id = 0;
+  bool compress_output = false;  ///< answer with an int8_block tensor
 };
 
 /// wire::SpanBatch.

@@ -49,6 +49,7 @@ struct generate_options {
   std::string swarm;  ///< --swarm servers, comma-separated ("" = local)
   std::string swarm_dht;    ///< --swarm-dht: DHT nodes to find the servers through
   std::string swarm_model;  ///< --swarm-model: the model id servers announce
+  std::string compression = "none";  ///< --compression: hidden states on the wire
   int swarm_timeout_ms = 30000;
   bool stats = false;
   std::string device = "cpu";
@@ -126,6 +127,10 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   if (so.servers.empty() && !so.discover)
     throw std::invalid_argument("--swarm needs at least one HOST:PORT (or give --swarm-dht)");
   so.request_timeout = std::chrono::milliseconds(o.swarm_timeout_ms);
+  if (o.compression == "int8")
+    so.compress = true;
+  else if (o.compression != "none")
+    throw std::invalid_argument("--compression must be none or int8, got '" + o.compression + "'");
   swarm_client client(**n, so);
   swarm_generation g = swarm_generate(client, h, prompt, p, on_token);
   std::string route;
@@ -243,6 +248,10 @@ void register_generate(CLI::App& app, action_fn& action) {
                   "corolla serve prints)");
   cmd->add_option("--swarm-model", o->swarm_model,
                   "Model id the servers announce (default: the --model directory's name)");
+  cmd->add_option("--compression", o->compression,
+                  "Hidden states on the wire with --swarm: none, or int8 (blockwise absmax, ~1/4 of the bytes, "
+                  "lossy)")
+      ->capture_default_str();
   cmd->add_option("--swarm-timeout-ms", o->swarm_timeout_ms, "Longest wait for one server's answer")
       ->check(CLI::Range(1, 3600000))
       ->capture_default_str();

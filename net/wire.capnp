@@ -104,6 +104,7 @@ struct SpanStep {
   sessionId @0 :Text;
   start @1 :Int64;
   stepId @2 :UInt64;         # 0 = no retry detection
+  compressOutput @3 :Bool;   # answer with the output as int8Block (lossy, ~1/4 the bytes)
 }
 
 # "span.close".

@@ -268,6 +268,38 @@ TEST_CASE("the only server of a span restarts under a new id and the generation 
   MESSAGE(g.failovers << " failover(s):" << log);
 }
 
+TEST_CASE("int8 compression of hidden states cuts the bytes on the wire and still generates") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  sw.start(m, "s-a", 0, 2);
+  sw.start(m, "s-b", 2, 4);
+  auto bytes_received = [&](bool compress, std::vector<std::int32_t>& tokens) {
+    auto n = client_node();
+    swarm_client_options o;
+    o.servers = sw.list();
+    o.compress = compress;
+    swarm_client client(*n, o);
+    head h = load_head(m);
+    tokens = swarm_generate(client, h, m.prompt, m.params).result.tokens;
+    std::uint64_t bytes = 0;  // payload bytes as they travelled (link_stats)
+    for (const auto& peer : n->peers())
+      if (auto st = n->stats(peer)) bytes += st->bytes_received;
+    return bytes;
+  };
+  std::vector<std::int32_t> exact, compressed;
+  const auto raw_bytes = bytes_received(false, exact);
+  const auto int8_bytes = bytes_received(true, compressed);
+  MESSAGE("hidden-state bytes received: " << raw_bytes << " raw, " << int8_bytes << " int8");
+  CHECK(exact == m.expected);
+  CHECK(compressed.size() == m.expected.size());
+  // A 32-float row is 128 bytes raw and 36 as int8 (values and one scale);
+  // answers' bodies (span.info, span.open) do not shrink.
+  CHECK(int8_bytes * 2 < raw_bytes);
+  std::size_t same = 0;
+  while (same < compressed.size() && compressed[same] == m.expected[same]) ++same;
+  MESSAGE("int8 output agrees with local for the first " << same << " of " << compressed.size() << " tokens");
+}
+
 TEST_CASE("servers announce themselves in the DHT and a client finds them through any one of them") {
   swarm_model m(architecture::llama);
   swarm_processes sw;
