@@ -51,6 +51,13 @@ sigset_t block_stop_signals() {
   return s;
 }
 
+const char* wait_for_stop_signal(const sigset_t& signals, std::chrono::milliseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000), static_cast<long>(timeout.count() % 1000) * 1000000L};
+  const int sig = sigtimedwait(&signals, nullptr, &ts);
+  if (sig < 0) return nullptr;  // timeout (EAGAIN) or interrupted
+  return sig == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
 const char* wait_for_stop_signal(const sigset_t& signals) {
   int sig = 0;
   sigwait(&signals, &sig);

@@ -3,6 +3,7 @@
 // a command waits for SIGINT/SIGTERM.
 #pragma once
 
+#include <chrono>
 #include <csignal>
 #include <string>
 
@@ -38,5 +39,7 @@ struct node_flags {
 sigset_t block_stop_signals();
 /// Waits for SIGINT or SIGTERM; returns "SIGINT" or "SIGTERM".
 const char* wait_for_stop_signal(const sigset_t& signals);
+/// The same, waiting at most `timeout`: nullptr when none arrived.
+const char* wait_for_stop_signal(const sigset_t& signals, std::chrono::milliseconds timeout);
 
 }  // namespace corolla::app

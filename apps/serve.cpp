@@ -110,6 +110,7 @@ int run_serve(const serve_args& a) {
   // Membership: the server's record under every block it holds, refreshed
   // until it leaves (docs/swarm_serving.md).
   std::unique_ptr<net::membership> members;
+  net::server_record record;  ///< what this server announces
   std::string dht_endpoint;
   if (!a.no_dht) {
     net::membership_options mo;
@@ -125,7 +126,7 @@ int run_serve(const serve_args& a) {
     auto ep = members->start(mo);
     if (!ep) throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
     dht_endpoint = *ep;
-    net::server_record r;
+    net::server_record& r = record;
     r.model = so.model;
     r.node_id = n.id();
     r.endpoint = n.endpoint();
@@ -149,7 +150,14 @@ int run_serve(const serve_args& a) {
                cfg.n_layers, engine->cache_tokens(),
                static_cast<double>(engine->cache_tokens() * engine->kv_bytes_per_token()) / (1 << 20));
 
-  const char* sig = wait_for_stop_signal(stop_signals);
+  // While serving, the DHT record follows the cache left and the measured
+  // step time (every third of the record's TTL, as often as it is refreshed).
+  const char* sig = nullptr;
+  const auto update_every = std::chrono::milliseconds(a.dht_ttl_s * 1000 / 3);
+  while (!(sig = members ? wait_for_stop_signal(stop_signals, update_every) : wait_for_stop_signal(stop_signals))) {
+    record.cache_tokens_left = engine->cache_tokens_left();
+    if (auto err = members->update(record)) spdlog::warn("serve: updating the DHT record: {}", error_message(err));
+  }
   spdlog::info("serve {}: {} received, stopping", n.id(), sig);
   if (members) members->withdraw_offline();  // clients stop routing here at once
   caf::anon_send_exit(*server, caf::exit_reason::user_shutdown);
