@@ -241,6 +241,39 @@ TEST_CASE("replaying a span's stored inputs into a new session reproduces its ou
   }
 }
 
+TEST_CASE("a session over part of a server's span equals an engine holding just those blocks") {
+  model_dir m(llama_opts(3));
+  span_engine whole = m.engine(0, 3), part = m.engine(1, 3);
+  REQUIRE(whole.open_session("sub", 32, 1, 3));
+  REQUIRE(whole.open_session("full", 32));
+  REQUIRE(part.open_session("ref", 32));
+  std::int64_t pos = 0;
+  for (int step = 0; step < 6; ++step) {
+    const Tensor x = random_tensor({step == 0 ? 4 : 1, m.cfg.hidden_size}, 50 + static_cast<std::uint64_t>(step));
+    auto got = whole.inference_step("sub", x, pos, static_cast<std::uint64_t>(step + 1));
+    auto want = part.inference_step("ref", x, pos);
+    REQUIRE(got);
+    REQUIRE(want);
+    CHECK(same_values(*got, *want));  // the same blocks, the same arithmetic
+    pos += x.dim(0);
+  }
+  CHECK(*whole.session_length("sub") == pos);
+  // In a decode batch with a full-span session, each still runs its own blocks.
+  const Tensor a = random_tensor({1, m.cfg.hidden_size}, 70), b = random_tensor({1, m.cfg.hidden_size}, 71);
+  REQUIRE(whole.inference_step("full", random_tensor({pos, m.cfg.hidden_size}, 72), 0));
+  std::vector<decode_item> items{{"sub", a, pos, 0}, {"full", b, pos, 0}};
+  auto results = whole.decode_batch(items);
+  REQUIRE(results.size() == 2);
+  REQUIRE(results[0]);
+  REQUIRE(results[1]);
+  auto want = part.inference_step("ref", a, pos);
+  REQUIRE(want);
+  CHECK(same_values(*results[0], *want));
+  // Blocks outside the span are refused.
+  CHECK(code_of(whole.open_session("bad", 32, 2, 4)) == span_errc::invalid_argument);
+  CHECK(code_of(whole.open_session("empty", 32, 2, 2)) == span_errc::invalid_argument);
+}
+
 TEST_CASE("rollback returns the KV pages past the new end to the pool") {
   model_dir m(llama_opts());
   span_engine e = m.engine(0, 2, 64, {4, 8192});
