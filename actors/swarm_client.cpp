@@ -24,6 +24,15 @@ std::string with_scheme(const std::string& endpoint) {
   return endpoint.find("://") == std::string::npos ? "tcp://" + endpoint : endpoint;
 }
 
+/// "HOST:PORT#KEY" -> the server with its endpoint and CurveZMQ key.
+known_server server_from(const std::string& entry) {
+  known_server s;
+  const auto hash = entry.find('#');
+  s.endpoint = with_scheme(entry.substr(0, hash));
+  if (hash != std::string::npos) s.public_key = entry.substr(hash + 1);
+  return s;
+}
+
 remote_message request_of(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {}) {
   remote_message m;
   m.type = type;
@@ -67,7 +76,7 @@ Tensor concat_rows(const std::vector<Tensor>& chunks, std::int64_t rows, std::in
 
 swarm_client::swarm_client(node& n, swarm_client_options options)
     : node_(n), options_(std::move(options)), n_blocks_(options_.n_blocks), hidden_size_(options_.hidden_size) {
-  for (const auto& e : options_.servers) servers_.push_back({with_scheme(e), "", {}, false});
+  for (const auto& e : options_.servers) servers_.push_back(server_from(e));
 }
 
 void swarm_client::event(const std::string& line) const {
@@ -79,15 +88,17 @@ caf::error swarm_client::refresh() {
   refreshed_ = true;
   if (options_.discover)
     for (const auto& e : options_.discover()) {
-      const std::string ep = with_scheme(e);
-      if (std::none_of(servers_.begin(), servers_.end(), [&](const known_server& s) { return s.endpoint == ep; }))
-        servers_.push_back({ep, "", {}, false});
+      known_server found = server_from(e);
+      if (std::none_of(servers_.begin(), servers_.end(),
+                       [&](const known_server& s) { return s.endpoint == found.endpoint; }))
+        servers_.push_back(std::move(found));
     }
   std::string first_problem;
   int reachable = 0;
   for (auto& s : servers_) {
     connect_options c;
     c.timeout = options_.connect_timeout;
+    c.server_key = s.public_key;
     // A known server keeps its link, which reconnects by itself: only
     // servers never reached are dialled (again). A server restarted without
     // a fixed node id answers its endpoint under a new id: adopt it.

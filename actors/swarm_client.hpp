@@ -44,10 +44,13 @@ class node;
 
 /// How a swarm client finds and uses servers.
 struct swarm_client_options {
-  /// Servers to use, as "tcp://HOST:PORT" (or "HOST:PORT").
+  /// Servers to use, as "tcp://HOST:PORT" (or "HOST:PORT"). A server that
+  /// requires CurveZMQ is given with its public key: "HOST:PORT#KEY" (Z85
+  /// has no '#').
   std::vector<std::string> servers;
-  /// Asked at every refresh() for more servers' endpoints (e.g. read from
-  /// the swarm's DHT); new ones are added to `servers`. Optional.
+  /// Asked at every refresh() for more servers, in the same form (e.g. read
+  /// from the swarm's DHT records, which carry the key); new ones are added
+  /// to `servers`. Optional.
   std::function<std::vector<std::string>()> discover;
   /// Model id the servers must announce ("" = accept any).
   std::string model;
@@ -75,6 +78,7 @@ struct swarm_client_options {
 /// A server as the client sees it.
 struct known_server {
   std::string endpoint;
+  std::string public_key;  ///< CurveZMQ key of the server ("" = none)
   std::string node_id;  ///< "" until it answered once
   span_info info;
   bool reachable = false;

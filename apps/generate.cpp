@@ -50,6 +50,7 @@ struct generate_options {
   std::string swarm_dht;    ///< --swarm-dht: DHT nodes to find the servers through
   std::string swarm_model;  ///< --swarm-model: the model id servers announce
   std::string compression = "none";  ///< --compression: hidden states on the wire
+  std::string curve_keys;            ///< --curve-keys: this client's CurveZMQ key directory
   int swarm_timeout_ms = 30000;
   bool stats = false;
   std::string device = "cpu";
@@ -95,6 +96,7 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
                                          const generation_params& p, const token_callback& on_token) {
   node_options no;
   no.listen = "";  // a client only dials out
+  no.curve_dir = o.curve_keys;
   auto n = node::start(no);
   if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
   // The client only embeds and samples: one thread, unless told otherwise,
@@ -120,7 +122,8 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
     so.discover = [&members, model_id, n_blocks] {
       std::vector<std::string> endpoints;
       for (const auto& r : members.get_span(model_id, 0, n_blocks))
-        if (r.state == net::member_state::online) endpoints.push_back(r.endpoint);
+        if (r.state == net::member_state::online)
+          endpoints.push_back(r.public_key.empty() ? r.endpoint : r.endpoint + "#" + r.public_key);
       return endpoints;
     };
   }
@@ -248,6 +251,9 @@ void register_generate(CLI::App& app, action_fn& action) {
                   "corolla serve prints)");
   cmd->add_option("--swarm-model", o->swarm_model,
                   "Model id the servers announce (default: the --model directory's name)");
+  cmd->add_option("--curve-keys", o->curve_keys,
+                  "With --swarm: this client's CurveZMQ key directory (node.key, node.pub; created when missing), "
+                  "for servers that require CurveZMQ (their keys come from --swarm HOST:PORT#KEY or the DHT)");
   cmd->add_option("--compression", o->compression,
                   "Hidden states on the wire with --swarm: none, or int8 (blockwise absmax, ~1/4 of the bytes, "
                   "lossy)")

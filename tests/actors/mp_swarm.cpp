@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <string>
@@ -18,6 +19,7 @@
 #include "model/generator.hpp"
 #include "model/safetensors.hpp"
 #include "model/transformer.hpp"
+#include "net/zmq_transport.hpp"
 #include "tests/support/child_process.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/tiny_model.hpp"
@@ -320,6 +322,40 @@ TEST_CASE("servers announce themselves in the DHT and a client finds them throug
   CHECK(remote.out_lines().back() == local.out_lines().back());
   MESSAGE("client log:\n" << remote.err);
   CHECK(remote.err.find("swarm route:") != std::string::npos);
+}
+
+TEST_CASE("a server that requires CurveZMQ serves the clients it allows, its key read from the DHT") {
+  swarm_model m(architecture::llama);
+  testing::temp_dir_guard keys("swarm-curve");
+  const auto client = net::load_curve_dir((keys / "client").string());  // creates the key pair
+  (void)net::load_curve_dir((keys / "server").string());
+  (void)net::load_curve_dir((keys / "stranger").string());
+  {
+    std::ofstream allowed(keys / "server" / "allowed", std::ios::app);
+    allowed << client.public_key << "\n";
+  }
+  swarm_processes sw;
+  sw.start(m, "s-secure", 0, 4, {"--dht", "--curve-keys", (keys / "server").string()});
+  const std::vector<std::string> common{"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
+                                        "--max-new-tokens", "20", "--ignore-eos", "--print-ids",
+                                        "--swarm-dht", sw.dht.at("s-secure")};
+  auto local = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
+                                     "--max-new-tokens", "20", "--ignore-eos", "--print-ids"},
+                                    60s);
+  REQUIRE(local.exit_code == 0);
+  auto args = common;
+  args.insert(args.end(), {"--curve-keys", (keys / "client").string()});
+  auto allowed_run = testing::run_corolla(args, 60s);
+  REQUIRE_MESSAGE(allowed_run.exit_code == 0, allowed_run.err);
+  CHECK(allowed_run.out_lines().back() == local.out_lines().back());
+  // A key the server does not allow gets no service, and a clear error.
+  args = common;
+  args.insert(args.end(), {"--curve-keys", (keys / "stranger").string()});
+  auto refused = testing::run_corolla(args, 60s);
+  CHECK(refused.exit_code == 1);
+  REQUIRE_FALSE(refused.err_lines().empty());
+  MESSAGE("not allowed: " << refused.err_lines().back());
+  CHECK(refused.err_lines().back().find("corolla: error:") == 0);
 }
 
 TEST_CASE("a span server answers bad requests with clear errors and keeps serving") {
