@@ -26,6 +26,8 @@
 #include "model/span_engine.hpp"
 #include "net/codec.hpp"
 #include "net/membership.hpp"
+#include "net/server_record.hpp"
+#include "schedule/block_selection.hpp"
 
 namespace corolla::app {
 namespace {
@@ -34,6 +36,7 @@ struct serve_args {
   node_flags node;
   std::string model;
   std::string blocks;  ///< "A:B"
+  int num_blocks = 0;  ///< --num-blocks: choose the span from the DHT
   bool no_dht = false;
   std::string dht_listen = "127.0.0.1:0";  ///< UDP address of the membership DHT node
   std::string initial_peers;               ///< DHT nodes to join through, comma-separated
@@ -87,15 +90,47 @@ std::string model_id_of(const std::string& dir) {
   return p.filename().string();
 }
 
+/// Joins the swarm's DHT as the flags say.
+std::unique_ptr<net::membership> join_dht(const serve_args& a, std::string& endpoint) {
+  net::membership_options mo;
+  const auto colon = a.dht_listen.rfind(':');
+  if (colon == std::string::npos) throw std::invalid_argument("--dht-listen must be ADDRESS:PORT, got '" + a.dht_listen + "'");
+  mo.bind_address = a.dht_listen.substr(0, colon);
+  mo.port = static_cast<std::uint16_t>(std::stoi(a.dht_listen.substr(colon + 1)));
+  std::stringstream peers(a.initial_peers);
+  for (std::string p; std::getline(peers, p, ',');)
+    if (!p.empty()) mo.bootstrap.push_back(p);
+  mo.ttl = std::chrono::seconds(a.dht_ttl_s);
+  auto members = std::make_unique<net::membership>();
+  auto ep = members->start(mo);
+  if (!ep) throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
+  endpoint = *ep;
+  return members;
+}
+
+/// --num-blocks: the weakest window of the swarm as the DHT shows it
+/// (schedule/block_selection: gaps first, then the lowest throughputs).
+std::pair<int, int> choose_span(net::membership& members, const std::string& model, const std::string& self,
+                                int n_blocks, int num_blocks) {
+  const auto records = members.get_span(model, 0, n_blocks);
+  auto c = swarm::choose_blocks(net::to_swarm_state(n_blocks, records), num_blocks, 0.0, self);
+  if (!c) throw std::runtime_error("cannot choose blocks: " + c.error().message);
+  spdlog::info("serve: {} record(s) of {} in the DHT; the weakest window of {} block(s) is {} (swarm throughput {} -> "
+               "more once this server is online)",
+               records.size(), model, num_blocks, swarm::to_string(c.value().span), c.value().throughput_before);
+  return {c.value().span.start, c.value().span.end};
+}
+
 int run_serve(const serve_args& a) {
   apply_common_options(a.threads, a.log_level);
   const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
-  const auto [first, last] = parse_blocks(a.blocks, cfg.n_layers);
+  if (a.blocks.empty() == (a.num_blocks == 0))
+    throw std::invalid_argument("give exactly one of --blocks A:B or --num-blocks N");
+  if (a.num_blocks != 0 && a.no_dht)
+    throw std::invalid_argument("--num-blocks chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
   if (a.cache_tokens < 1) throw std::invalid_argument("--cache-tokens must be at least 1");
-  auto engine = std::make_shared<span_engine>(
-      span_engine::load(checkpoint::open(a.model), cfg, first, last, cpu_backend(), a.cache_tokens));
 
   auto started = node::start(a.node.options());
   if (!started) throw std::runtime_error(error_message(started.error()));
@@ -103,42 +138,36 @@ int run_serve(const serve_args& a) {
   span_server_options so;
   so.model = model_id_of(a.model);
   so.session_idle_timeout = std::chrono::seconds(a.session_idle_s);
+
+  // Membership (docs/swarm_serving.md): join, choose blocks when asked,
+  // announce JOINING while loading, ONLINE once serving; refreshed until the
+  // server leaves.
+  std::string dht_endpoint;
+  std::unique_ptr<net::membership> members = a.no_dht ? nullptr : join_dht(a, dht_endpoint);
+  const auto [first, last] = a.num_blocks > 0 ? choose_span(*members, so.model, n.id(), cfg.n_layers, a.num_blocks)
+                                              : parse_blocks(a.blocks, cfg.n_layers);
+  net::server_record record;  ///< what this server announces
+  record.model = so.model;
+  record.node_id = n.id();
+  record.endpoint = n.endpoint();
+  record.span = {first, last};
+  record.state = net::member_state::joining;
+  record.protocol_version = net::protocol_version;
+  record.public_key = n.public_key();
+  if (members)
+    if (auto err = members->announce(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
+
+  auto engine = std::make_shared<span_engine>(
+      span_engine::load(checkpoint::open(a.model), cfg, first, last, cpu_backend(), a.cache_tokens));
   const double step_s = measure_step_s(*engine);
   auto server = start_span_server(n, engine, so);
   if (!server) throw std::runtime_error(error_message(server.error()));
-
-  // Membership: the server's record under every block it holds, refreshed
-  // until it leaves (docs/swarm_serving.md).
-  std::unique_ptr<net::membership> members;
-  net::server_record record;  ///< what this server announces
-  std::string dht_endpoint;
-  if (!a.no_dht) {
-    net::membership_options mo;
-    const auto colon = a.dht_listen.rfind(':');
-    if (colon == std::string::npos) throw std::invalid_argument("--dht-listen must be ADDRESS:PORT, got '" + a.dht_listen + "'");
-    mo.bind_address = a.dht_listen.substr(0, colon);
-    mo.port = static_cast<std::uint16_t>(std::stoi(a.dht_listen.substr(colon + 1)));
-    std::stringstream peers(a.initial_peers);
-    for (std::string p; std::getline(peers, p, ',');)
-      if (!p.empty()) mo.bootstrap.push_back(p);
-    mo.ttl = std::chrono::seconds(a.dht_ttl_s);
-    members = std::make_unique<net::membership>();
-    auto ep = members->start(mo);
-    if (!ep) throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
-    dht_endpoint = *ep;
-    net::server_record& r = record;
-    r.model = so.model;
-    r.node_id = n.id();
-    r.endpoint = n.endpoint();
-    r.span = {first, last};
-    r.state = net::member_state::online;
-    r.throughput = step_s > 0 ? 1.0 / step_s : 0.0;
-    r.step_s_per_block = step_s / (last - first);
-    r.cache_tokens_left = engine->cache_tokens_left();
-    r.protocol_version = net::protocol_version;
-    r.public_key = n.public_key();
-    if (auto err = members->announce(r)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
-  }
+  record.state = net::member_state::online;
+  record.throughput = step_s > 0 ? 1.0 / step_s : 0.0;
+  record.step_s_per_block = step_s / (last - first);
+  record.cache_tokens_left = engine->cache_tokens_left();
+  if (members)
+    if (auto err = members->update(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
 
   std::string line = "corolla serve " + n.id() + " blocks [" + std::to_string(first) + ", " + std::to_string(last) +
                      ") of " + so.model + " listening on " + n.endpoint();
@@ -171,7 +200,10 @@ void register_serve(CLI::App& app, action_fn& action) {
   auto a = std::make_shared<serve_args>();
   auto* cmd = app.add_subcommand("serve", "Serve a span of a model's blocks to swarm clients until SIGINT/SIGTERM");
   cmd->add_option("--model", a->model, "HuggingFace model directory (only the span's tensors are loaded)")->required();
-  cmd->add_option("--blocks", a->blocks, "Blocks to serve, A:B for [A, B)")->required();
+  cmd->add_option("--blocks", a->blocks, "Blocks to serve, A:B for [A, B)");
+  cmd->add_option("--num-blocks", a->num_blocks,
+                  "Serve this many consecutive blocks where the swarm is weakest (read from its DHT) instead of --blocks")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--cache-tokens", a->cache_tokens, "Attention-cache budget in tokens over all sessions")
       ->capture_default_str();
   cmd->add_option("--session-idle-s", a->session_idle_s, "Close sessions unused this many seconds")

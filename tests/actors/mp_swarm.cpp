@@ -59,13 +59,13 @@ struct swarm_processes {
   std::map<std::string, child_process> procs;
   std::map<std::string, std::string> endpoints;
   std::map<std::string, std::string> dht;  ///< the DHT address each printed ("" with --no-dht)
+  std::map<std::string, std::pair<int, int>> spans;  ///< the blocks each serves
 
   void start(const swarm_model& m, const std::string& id, int first, int last,
              std::vector<std::string> extra = {}, const std::string& listen = "tcp://127.0.0.1:0") {
-    std::vector<std::string> args{"serve",       "--model",   m.dir.path().string(),
-                                  "--blocks",    std::to_string(first) + ":" + std::to_string(last),
-                                  "--node-id",   id,          "--listen",
-                                  listen, "--threads", "1", "--log-level", "warn"};
+    std::vector<std::string> args{"serve", "--model", m.dir.path().string(), "--node-id", id, "--listen",
+                                  listen,  "--threads", "1", "--log-level", "warn"};
+    if (first >= 0) args.insert(args.end(), {"--blocks", std::to_string(first) + ":" + std::to_string(last)});
     // Without --initial-peers a server would start a swarm of its own; tests
     // that want the DHT say so.
     if (std::find(extra.begin(), extra.end(), "--initial-peers") == extra.end() &&
@@ -78,6 +78,7 @@ struct swarm_processes {
     REQUIRE_MESSAGE(line, "corolla serve " << id << " printed no readiness line; stderr:\n" << p.err());
     CHECK((*line)[1].str() == id);
     endpoints[id] = (*line)[4].str();
+    spans[id] = {std::stoi((*line)[2].str()), std::stoi((*line)[3].str())};
     std::smatch d;
     dht[id] = std::regex_search(p.lines().back(), d, std::regex(R"( dht (\S+))")) ? d[1].str() : "";
     procs.emplace(id, std::move(p));
@@ -322,6 +323,36 @@ TEST_CASE("servers announce themselves in the DHT and a client finds them throug
   CHECK(remote.out_lines().back() == local.out_lines().back());
   MESSAGE("client log:\n" << remote.err);
   CHECK(remote.err.find("swarm route:") != std::string::npos);
+}
+
+TEST_CASE("servers given only a block count place themselves where the swarm is weakest") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  auto start = [&](const std::string& id, const std::string& peers) {
+    std::vector<std::string> extra{"--dht", "--dht-ttl-s", "5"};
+    if (!peers.empty()) extra.insert(extra.end(), {"--initial-peers", peers});
+    // The span comes from the DHT, not from the command line: --blocks is
+    // replaced by --num-blocks below.
+    extra.insert(extra.end(), {"--num-blocks", "2"});
+    sw.start(m, id, -1, -1, extra);
+  };
+  start("s-1", "");
+  start("s-2", sw.dht.at("s-1"));  // the gap [2, 4)
+  start("s-3", sw.dht.at("s-1"));  // the weaker of the two covered windows
+  CHECK(sw.spans.at("s-1") == std::make_pair(0, 2));
+  CHECK(sw.spans.at("s-2") == std::make_pair(2, 4));
+  const auto s3 = sw.spans.at("s-3");
+  CHECK((s3 == std::make_pair(0, 2) || s3 == std::make_pair(2, 4)));
+  MESSAGE("s-3 chose [" << s3.first << ", " << s3.second << ")");
+  auto local = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
+                                     "--max-new-tokens", "20", "--ignore-eos", "--print-ids"},
+                                    60s);
+  auto remote = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
+                                      "--max-new-tokens", "20", "--ignore-eos", "--print-ids", "--swarm-dht",
+                                      sw.dht.at("s-3")},
+                                     60s);
+  REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+  CHECK(remote.out_lines().back() == local.out_lines().back());
 }
 
 TEST_CASE("a server that requires CurveZMQ serves the clients it allows, its key read from the DHT") {
