@@ -8,6 +8,7 @@
 #include <caf/send.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/response_promise.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <spdlog/spdlog.h>
 
@@ -16,12 +17,16 @@
 #include "actors/node.hpp"
 #include "actors/swarm_wire.hpp"
 
+// The engine travels only between actors of this process (swap_span_engine).
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<corolla::span_engine>)
+
 namespace corolla {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 using flush_atom = caf::atom_constant<caf::atom("spflush")>;
 using expire_atom = caf::atom_constant<caf::atom("spexpire")>;
+using swap_atom = caf::atom_constant<caf::atom("spswap")>;
 
 /// A one-row step waiting for the batch it will run in.
 struct queued_step {
@@ -210,6 +215,16 @@ caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> 
                                                  "span.close, span.forward and span.backward, not '" + m.type + "'"));
       },
       [self](flush_atom) { run_batch(self); },
+      [self](swap_atom, std::shared_ptr<span_engine>& next) -> bool {
+        run_batch(self);
+        auto& st = self->state;
+        spdlog::info("span server: now serving blocks [{}, {}) (was [{}, {}), {} session(s) closed)", next->first(),
+                     next->last(), st.engine->first(), st.engine->last(), st.engine->session_count());
+        st.engine = std::move(next);
+        st.last_used.clear();
+        st.step_s_per_block = 0;
+        return true;
+      },
       [self, expire_every](expire_atom) {
         expire_idle(self);
         self->delayed_send(self, expire_every, expire_atom::value);
@@ -218,6 +233,15 @@ caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> 
 }
 
 }  // namespace
+
+caf::error swap_span_engine(caf::actor_system& system, const caf::actor& server, std::shared_ptr<span_engine> engine,
+                            std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{system};
+  caf::error result;
+  self->request(server, timeout, swap_atom::value, std::move(engine))
+      .receive([](bool) {}, [&](caf::error& e) { result = std::move(e); });
+  return result;
+}
 
 caf::expected<caf::actor> start_span_server(node& n, std::shared_ptr<span_engine> engine,
                                             span_server_options options) {

@@ -23,6 +23,7 @@
 #include <string>
 
 #include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
 #include <caf/expected.hpp>
 
 #include "model/span_engine.hpp"
@@ -43,5 +44,12 @@ struct span_server_options {
 /// Errors: the name is taken (errc::already_published).
 caf::expected<caf::actor> start_span_server(node& n, std::shared_ptr<span_engine> engine,
                                             span_server_options options);
+
+/// Makes `server` serve `engine` from now on (a server moving to other
+/// blocks). Waiting one-row steps run on the old engine first; the old
+/// engine's sessions end with it (their next steps get unknown_session, and
+/// clients fail over). Blocks until the switch is done (at most `timeout`).
+caf::error swap_span_engine(caf::actor_system& system, const caf::actor& server, std::shared_ptr<span_engine> engine,
+                            std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace corolla

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -41,6 +42,7 @@ struct serve_args {
   std::string dht_listen = "127.0.0.1:0";  ///< UDP address of the membership DHT node
   std::string initial_peers;               ///< DHT nodes to join through, comma-separated
   int dht_ttl_s = 15;
+  double rebalance_period_s = 90;  ///< mean seconds between rebalancing checks; 0 = never
   std::int64_t cache_tokens = 8192;
   int session_idle_s = 300;
   int threads = 0;
@@ -179,13 +181,56 @@ int run_serve(const serve_args& a) {
                cfg.n_layers, engine->cache_tokens(),
                static_cast<double>(engine->cache_tokens() * engine->kv_bytes_per_token()) / (1 << 20));
 
-  // While serving, the DHT record follows the cache left and the measured
-  // step time (every third of the record's TTL, as often as it is refreshed).
+  // While serving, the DHT record follows the cache left (every third of
+  // the record's TTL, as often as it is refreshed), and every rebalancing
+  // period (randomised, so servers do not all check at once) the server asks
+  // block_selection whether moving would make the swarm stronger, and moves.
   const char* sig = nullptr;
   const auto update_every = std::chrono::milliseconds(a.dht_ttl_s * 1000 / 3);
-  while (!(sig = members ? wait_for_stop_signal(stop_signals, update_every) : wait_for_stop_signal(stop_signals))) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto next_period = [&] {
+    std::uniform_real_distribution<double> d(a.rebalance_period_s * 2.0 / 3, a.rebalance_period_s * 4.0 / 3);
+    return std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<long>(d(rng) * 1000));
+  };
+  auto next_check = next_period();
+  auto next_update = std::chrono::steady_clock::now() + update_every;
+  while (!(sig = members ? wait_for_stop_signal(stop_signals, std::chrono::milliseconds(250))
+                         : wait_for_stop_signal(stop_signals))) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_update) {
+      next_update = now + update_every;
+      if (const auto left = engine->cache_tokens_left(); left != record.cache_tokens_left) {
+        record.cache_tokens_left = left;
+        if (auto err = members->update(record)) spdlog::warn("serve: updating the DHT record: {}", error_message(err));
+      }
+    }
+    if (a.rebalance_period_s <= 0 || now < next_check) continue;
+    next_check = next_period();
+    const auto records = members->get_span(so.model, 0, cfg.n_layers);
+    const auto d = swarm::should_move(net::to_swarm_state(cfg.n_layers, records), n.id());
+    spdlog::debug("serve: rebalancing check: {} ({})", swarm::to_string(d.reason), d.explanation);
+    if (!d.move) continue;
+    spdlog::info("serve: moving from {} to {}: {}", swarm::to_string(d.current), swarm::to_string(d.target),
+                 d.explanation);
+    // Load the new blocks while the old ones still serve, switch, then tell
+    // the swarm: the old blocks have other servers (should_move never opens
+    // a gap), and clients of this server's old sessions fail over by replay.
+    auto next = std::make_shared<span_engine>(span_engine::load(checkpoint::open(a.model), cfg, d.target.start,
+                                                                d.target.end, cpu_backend(), a.cache_tokens));
+    const double next_step_s = measure_step_s(*next);
+    if (auto err = swap_span_engine(n.system(), *server, next)) {
+      spdlog::error("serve: switching to {} failed: {}", swarm::to_string(d.target), error_message(err));
+      continue;
+    }
+    engine = next;
+    members->withdraw_offline(record.model, record.node_id, record.span);
+    record.span = {d.target.start, d.target.end};
+    record.throughput = next_step_s > 0 ? 1.0 / next_step_s : 0.0;
+    record.step_s_per_block = next_step_s / d.target.length();
     record.cache_tokens_left = engine->cache_tokens_left();
-    if (auto err = members->update(record)) spdlog::warn("serve: updating the DHT record: {}", error_message(err));
+    if (auto err = members->announce(record)) spdlog::error("serve: announcing {} failed: {}", swarm::to_string(d.target), error_message(err));
+    std::printf("corolla serve %s moved to blocks [%d, %d)\n", n.id().c_str(), d.target.start, d.target.end);
+    std::fflush(stdout);
   }
   spdlog::info("serve {}: {} received, stopping", n.id(), sig);
   if (members) members->withdraw_offline();  // clients stop routing here at once
@@ -219,6 +264,11 @@ void register_serve(CLI::App& app, action_fn& action) {
       ->check(CLI::Range(1, 300))
       ->capture_default_str();
   cmd->add_flag("--no-dht", a->no_dht, "Do not join or announce in a DHT (clients are given the endpoint)");
+  cmd->add_option("--rebalance-period-s", a->rebalance_period_s,
+                  "Mean seconds between checks whether moving to other blocks would strengthen the swarm "
+                  "(randomised by +-1/3; 0 = never move)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([&action, a] { action = [a] { return run_serve(*a); }; });

@@ -55,6 +55,7 @@ const char* span_errc_name(span_errc e) {
     case span_errc::bad_position: return "bad_position";
     case span_errc::cache_full: return "cache_full";
     case span_errc::internal: return "internal";
+    case span_errc::wrong_span: return "wrong_span";
   }
   return "internal";
 }
@@ -147,7 +148,7 @@ span_expected<void> span_engine::open_session(const std::string& id, std::int64_
     return error(span_errc::duplicate_session, "session " + in_quotes(id) + " is already open");
   const int a = first_block < 0 ? first() : first_block, b = last_block < 0 ? last() : last_block;
   if (a < first() || b > last() || a >= b)
-    return error(span_errc::invalid_argument, "blocks [" + std::to_string(a) + ", " + std::to_string(b) +
+    return error(a < b ? span_errc::wrong_span : span_errc::invalid_argument, "blocks [" + std::to_string(a) + ", " + std::to_string(b) +
                                                   ") are not a non-empty part of this server's span [" +
                                                   std::to_string(first()) + ", " + std::to_string(last()) + ")");
   auto s = std::make_unique<span_session>(id, pool_, max_length);

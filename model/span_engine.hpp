@@ -63,6 +63,7 @@ enum class span_errc : std::uint8_t {
   bad_position,       ///< a start beyond the session's tokens, or past its max length
   cache_full,         ///< the KV budget cannot hold the step's tokens
   internal,           ///< the computation itself failed (a bug or out of memory)
+  wrong_span,         ///< blocks this server does not hold (it moved, or the client's view is stale)
 };
 
 /// "unknown_session", "cache_full", ...
@@ -209,7 +210,8 @@ class span_engine {
   /// [0, max_length)) over blocks [first_block, last_block) (-1: the span's
   /// own first / last; a client may route through part of a span: every
   /// step of the session then runs just those blocks, outside the decode
-  /// batch). Takes no KV pages yet. Errors: blocks outside the span, an empty id or
+  /// batch). Takes no KV pages yet. Errors: blocks outside the span
+  /// (wrong_span; an empty range is invalid_argument), an empty id or
   /// max_length <= 0 (invalid_argument), max_length beyond the model
   /// context ("max length M exceeds the model context of P"), an id already
   /// open (duplicate_session).

@@ -355,6 +355,35 @@ TEST_CASE("servers given only a block count place themselves where the swarm is 
   CHECK(remote.out_lines().back() == local.out_lines().back());
 }
 
+TEST_CASE("a server moves to the blocks a crashed server left uncovered, and clients find it there") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  const std::vector<std::string> quick{"--dht-ttl-s", "3", "--rebalance-period-s", "1000"};
+  auto with = [](std::vector<std::string> a, std::initializer_list<std::string> more) {
+    a.insert(a.end(), more);
+    return a;
+  };
+  sw.start(m, "s-2", 0, 2, with(quick, {"--dht"}));
+  sw.start(m, "s-3", 2, 4, with(quick, {"--initial-peers", sw.dht.at("s-2")}));
+  // s-1 checks about every second whether moving would help.
+  sw.start(m, "s-1", 0, 2, {"--initial-peers", sw.dht.at("s-2"), "--dht-ttl-s", "3", "--rebalance-period-s", "1"});
+  const auto t0 = std::chrono::steady_clock::now();
+  sw.procs.at("s-3").signal(SIGKILL);  // [2, 4) loses its only server
+  auto moved = sw.procs.at("s-1").wait_line(std::regex(R"(moved to blocks \[2, 4\))"), 30s);
+  REQUIRE_MESSAGE(moved, "s-1 did not move to the uncovered blocks within 30 s; its log:\n" << sw.procs.at("s-1").err());
+  MESSAGE("s-1 moved to [2, 4) " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+                                 << " s after the crash");
+  auto local = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
+                                     "--max-new-tokens", "20", "--ignore-eos", "--print-ids"},
+                                    60s);
+  auto remote = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
+                                      "--max-new-tokens", "20", "--ignore-eos", "--print-ids", "--swarm-dht",
+                                      sw.dht.at("s-2")},
+                                     60s);
+  REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+  CHECK(remote.out_lines().back() == local.out_lines().back());
+}
+
 TEST_CASE("a server that requires CurveZMQ serves the clients it allows, its key read from the DHT") {
   swarm_model m(architecture::llama);
   testing::temp_dir_guard keys("swarm-curve");
