@@ -216,49 +216,64 @@ void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
     b->reserve(be, rows);
 }
 
+/// The cached forward of stacked rows, shared by one sequence and by a batch
+/// of sessions: everything row-wise runs once over all rows (in a batch, one
+/// weight read serves every session); `attend(q, k, v, attn)` appends the
+/// new keys and values to the cache(s) and attends, per sequence.
+struct cached_forward {
+  template <class Attend>
+  static void run(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
+                  const Tensor& positions, block_decode_workspace& ws, Tensor& y, Attend&& attend) {
+    const std::int64_t R = x.dim(0);
+    const bool llama = is_llama(cfg);
+    Tensor& norm = ws.norm_.rows(be, R);
+    Tensor& mean = ws.mean_.rows(be, R);
+    Tensor& rstd = ws.rstd_.rows(be, R);
+    Tensor& q = ws.q_.rows(be, R);
+    Tensor& k = ws.k_.rows(be, R);
+    Tensor& v = ws.v_.rows(be, R);
+    Tensor& attn = ws.attn_.rows(be, R);
+    Tensor& tmp = ws.tmp_.rows(be, R);
+    Tensor& h = ws.h_.rows(be, R);
+    Tensor& up = ws.up_.rows(be, R);
+    Tensor& act = ws.act_.rows(be, R);
+
+    // The statistics (mean, 1/std) are not needed later; they land in scratch.
+    norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
+    be.linear(norm, w.q_w, opt(w.q_b), q);
+    be.linear(norm, w.k_w, opt(w.k_b), k);
+    be.linear(norm, w.v_w, opt(w.v_b), v);
+    if (llama) {
+      be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
+      be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
+    }
+    attend(q, k, v, attn);
+    be.linear(attn, w.o_w, opt(w.o_b), tmp);
+    be.add(x, tmp, h);
+
+    norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
+    if (llama) {
+      Tensor& gate = ws.gate_.rows(be, R);
+      be.linear(norm, w.gate_w, nullptr, gate);
+      be.linear(norm, w.up_w, nullptr, up);
+      be.swiglu(gate, up, act);
+    } else {
+      be.linear(norm, w.up_w, opt(w.up_b), up);
+      be.gelu(up, act);
+    }
+    be.linear(act, w.down_w, opt(w.down_b), tmp);
+    be.add(h, tmp, y);
+  }
+};
+
 void block_forward_cached(Backend& be, const model_config& cfg, const block_tensors& w,
                           const Tensor& x, const Tensor& positions, kv_sequence& kv, int layer,
                           std::int64_t start_pos, block_decode_workspace& ws, Tensor& y) {
-  const std::int64_t T = x.dim(0);
-  const bool llama = is_llama(cfg);
-  Tensor& norm = ws.norm_.rows(be, T);
-  Tensor& mean = ws.mean_.rows(be, T);
-  Tensor& rstd = ws.rstd_.rows(be, T);
-  Tensor& q = ws.q_.rows(be, T);
-  Tensor& k = ws.k_.rows(be, T);
-  Tensor& v = ws.v_.rows(be, T);
-  Tensor& attn = ws.attn_.rows(be, T);
-  Tensor& tmp = ws.tmp_.rows(be, T);
-  Tensor& h = ws.h_.rows(be, T);
-  Tensor& up = ws.up_.rows(be, T);
-  Tensor& act = ws.act_.rows(be, T);
-
-  // The statistics (mean, 1/std) are not needed later; they land in scratch.
-  norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
-  be.linear(norm, w.q_w, opt(w.q_b), q);
-  be.linear(norm, w.k_w, opt(w.k_b), k);
-  be.linear(norm, w.v_w, opt(w.v_b), v);
-  if (llama) {
-    be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
-    be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
-  }
-  kv.append(layer, start_pos, k, v);
-  be.attention_cached(q, kv.view(layer), start_pos, block_attention_shape(cfg), attn);
-  be.linear(attn, w.o_w, opt(w.o_b), tmp);
-  be.add(x, tmp, h);
-
-  norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
-  if (llama) {
-    Tensor& gate = ws.gate_.rows(be, T);
-    be.linear(norm, w.gate_w, nullptr, gate);
-    be.linear(norm, w.up_w, nullptr, up);
-    be.swiglu(gate, up, act);
-  } else {
-    be.linear(norm, w.up_w, opt(w.up_b), up);
-    be.gelu(up, act);
-  }
-  be.linear(act, w.down_w, opt(w.down_b), tmp);
-  be.add(h, tmp, y);
+  // One sequence: whole buffers, no slices (the decode hot path allocates nothing).
+  cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
+    kv.append(layer, start_pos, k, v);
+    be.attention_cached(q, kv.view(layer), start_pos, block_attention_shape(cfg), attn);
+  });
 }
 
 }  // namespace corolla
@@ -272,57 +287,21 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
                                 std::span<const cached_rows> seqs, int layer,
                                 block_decode_workspace& ws, Tensor& y) {
   const std::int64_t R = x.dim(0);
-  const bool llama = is_llama(cfg);
-  Tensor& norm = ws.norm_.rows(be, R);
-  Tensor& mean = ws.mean_.rows(be, R);
-  Tensor& rstd = ws.rstd_.rows(be, R);
-  Tensor& q = ws.q_.rows(be, R);
-  Tensor& k = ws.k_.rows(be, R);
-  Tensor& v = ws.v_.rows(be, R);
-  Tensor& attn = ws.attn_.rows(be, R);
-  Tensor& tmp = ws.tmp_.rows(be, R);
-  Tensor& h = ws.h_.rows(be, R);
-  Tensor& up = ws.up_.rows(be, R);
-  Tensor& act = ws.act_.rows(be, R);
-
-  // Everything row-wise runs once over the stacked rows: this is where the
-  // batch pays off (one weight read serves every session).
-  norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
-  be.linear(norm, w.q_w, opt(w.q_b), q);
-  be.linear(norm, w.k_w, opt(w.k_b), k);
-  be.linear(norm, w.v_w, opt(w.v_b), v);
-  if (llama) {
-    be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
-    be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
-  }
-  // Attention is per sequence: each has its own cache and length.
-  const attention_shape shape = block_attention_shape(cfg);
-  std::int64_t row = 0;
-  for (const cached_rows& s : seqs) {
-    const std::int64_t end = row + s.rows;
-    s.kv->append(layer, s.start_pos, k.slice(row, end), v.slice(row, end));
-    Tensor out = attn.slice(row, end);
-    be.attention_cached(q.slice(row, end), s.kv->view(layer), s.start_pos, shape, out);
-    row = end;
-  }
-  if (row != R)
-    throw tensor_error("block_forward_cached_batch: the sequences cover " + std::to_string(row) +
-                       " rows of a batch of " + std::to_string(R));
-  be.linear(attn, w.o_w, opt(w.o_b), tmp);
-  be.add(x, tmp, h);
-
-  norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
-  if (llama) {
-    Tensor& gate = ws.gate_.rows(be, R);
-    be.linear(norm, w.gate_w, nullptr, gate);
-    be.linear(norm, w.up_w, nullptr, up);
-    be.swiglu(gate, up, act);
-  } else {
-    be.linear(norm, w.up_w, opt(w.up_b), up);
-    be.gelu(up, act);
-  }
-  be.linear(act, w.down_w, opt(w.down_b), tmp);
-  be.add(h, tmp, y);
+  cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
+    // Attention is per sequence: each has its own cache and length.
+    const attention_shape shape = block_attention_shape(cfg);
+    std::int64_t row = 0;
+    for (const cached_rows& s : seqs) {
+      const std::int64_t end = row + s.rows;
+      s.kv->append(layer, s.start_pos, k.slice(row, end), v.slice(row, end));
+      Tensor out = attn.slice(row, end);
+      be.attention_cached(q.slice(row, end), s.kv->view(layer), s.start_pos, shape, out);
+      row = end;
+    }
+    if (row != R)
+      throw tensor_error("block_forward_cached_batch: the sequences cover " + std::to_string(row) +
+                         " rows of a batch of " + std::to_string(R));
+  });
 }
 
 // ---- input-only backward (frozen weights) ------------------------------------------

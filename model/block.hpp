@@ -113,12 +113,7 @@ class block_decode_workspace {
   std::int64_t capacity() const { return norm_.capacity(); }
 
  private:
-  friend void block_forward_cached(Backend&, const model_config&, const block_tensors&,
-                                   const Tensor&, const Tensor&, kv_sequence&, int,
-                                   std::int64_t, block_decode_workspace&, Tensor&);
-  friend void block_forward_cached_batch(Backend&, const model_config&, const block_tensors&,
-                                         const Tensor&, const Tensor&, std::span<const cached_rows>,
-                                         int, block_decode_workspace&, Tensor&);
+  friend struct cached_forward;  // model/block.cpp: the cached forward of one sequence or a batch
   row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
 };
 
