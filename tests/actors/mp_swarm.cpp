@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,23 @@ head load_head(const swarm_model& m) {
   return head::load(checkpoint::open(m.dir.path()), m.cfg, cpu_backend());
 }
 
+/// `corolla generate` of m's prompt and length, greedy, plus `extra` flags.
+testing::process_result generate_cli(const swarm_model& m, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
+                                "--max-new-tokens", std::to_string(m.params.max_new_tokens), "--ignore-eos",
+                                "--print-ids"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return testing::run_corolla(args, 60s);
+}
+
+/// The ids on the last stdout line of a `generate --print-ids` run.
+std::vector<std::int32_t> printed_ids(const testing::process_result& r) {
+  std::vector<std::int32_t> ids;
+  std::istringstream line(r.out_lines().empty() ? std::string() : r.out_lines().back());
+  for (std::int32_t id; line >> id;) ids.push_back(id);
+  return ids;
+}
+
 }  // namespace
 
 TEST_CASE("swarm greedy generation equals local generation for several server layouts") {
@@ -142,13 +160,10 @@ TEST_CASE("corolla generate --swarm prints the same ids as local corolla generat
   sw.start(m, "s-b", 2, 4);
   std::string list;
   for (const auto& e : sw.list()) list += (list.empty() ? "" : ",") + e.substr(6);  // HOST:PORT form
-  const std::vector<std::string> common{"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
-                                        "--max-new-tokens", "20", "--ignore-eos", "--print-ids"};
-  auto local = testing::run_corolla(common, 60s);
+  auto local = generate_cli(m);
   REQUIRE_MESSAGE(local.exit_code == 0, local.err);
-  auto args = common;
-  args.insert(args.end(), {"--swarm", list});
-  auto remote = testing::run_corolla(args, 60s);
+  CHECK(printed_ids(local) == m.expected);
+  auto remote = generate_cli(m, {"--swarm", list});
   REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
   CHECK(remote.out_lines().back() == local.out_lines().back());
 
@@ -312,15 +327,9 @@ TEST_CASE("servers announce themselves in the DHT and a client finds them throug
   sw.start(m, "s-b", 2, 4, {"--initial-peers", first, "--dht-ttl-s", "5"});
   sw.start(m, "s-c", 1, 3, {"--initial-peers", first, "--dht-ttl-s", "5"});
   // The client knows one DHT node (s-b's) and no server endpoint.
-  const std::vector<std::string> common{"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
-                                        "--max-new-tokens", "20", "--ignore-eos", "--print-ids"};
-  auto local = testing::run_corolla(common, 60s);
-  REQUIRE_MESSAGE(local.exit_code == 0, local.err);
-  auto args = common;
-  args.insert(args.end(), {"--swarm-dht", sw.dht.at("s-b"), "--log-level", "info"});
-  auto remote = testing::run_corolla(args, 60s);
+  auto remote = generate_cli(m, {"--swarm-dht", sw.dht.at("s-b"), "--log-level", "info"});
   REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
-  CHECK(remote.out_lines().back() == local.out_lines().back());
+  CHECK(printed_ids(remote) == m.expected);
   MESSAGE("client log:\n" << remote.err);
   CHECK(remote.err.find("swarm route:") != std::string::npos);
 }
@@ -344,15 +353,9 @@ TEST_CASE("servers given only a block count place themselves where the swarm is 
   const auto s3 = sw.spans.at("s-3");
   CHECK((s3 == std::make_pair(0, 2) || s3 == std::make_pair(2, 4)));
   MESSAGE("s-3 chose [" << s3.first << ", " << s3.second << ")");
-  auto local = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
-                                     "--max-new-tokens", "20", "--ignore-eos", "--print-ids"},
-                                    60s);
-  auto remote = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
-                                      "--max-new-tokens", "20", "--ignore-eos", "--print-ids", "--swarm-dht",
-                                      sw.dht.at("s-3")},
-                                     60s);
+  auto remote = generate_cli(m, {"--swarm-dht", sw.dht.at("s-3")});
   REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
-  CHECK(remote.out_lines().back() == local.out_lines().back());
+  CHECK(printed_ids(remote) == m.expected);
 }
 
 TEST_CASE("a server moves to the blocks a crashed server left uncovered, and clients find it there") {
@@ -373,15 +376,9 @@ TEST_CASE("a server moves to the blocks a crashed server left uncovered, and cli
   REQUIRE_MESSAGE(moved, "s-1 did not move to the uncovered blocks within 30 s; its log:\n" << sw.procs.at("s-1").err());
   MESSAGE("s-1 moved to [2, 4) " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
                                  << " s after the crash");
-  auto local = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
-                                     "--max-new-tokens", "20", "--ignore-eos", "--print-ids"},
-                                    60s);
-  auto remote = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
-                                      "--max-new-tokens", "20", "--ignore-eos", "--print-ids", "--swarm-dht",
-                                      sw.dht.at("s-2")},
-                                     60s);
+  auto remote = generate_cli(m, {"--swarm-dht", sw.dht.at("s-2")});
   REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
-  CHECK(remote.out_lines().back() == local.out_lines().back());
+  CHECK(printed_ids(remote) == m.expected);
 }
 
 TEST_CASE("a server that requires CurveZMQ serves the clients it allows, its key read from the DHT") {
@@ -396,22 +393,12 @@ TEST_CASE("a server that requires CurveZMQ serves the clients it allows, its key
   }
   swarm_processes sw;
   sw.start(m, "s-secure", 0, 4, {"--dht", "--curve-keys", (keys / "server").string()});
-  const std::vector<std::string> common{"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
-                                        "--max-new-tokens", "20", "--ignore-eos", "--print-ids",
-                                        "--swarm-dht", sw.dht.at("s-secure")};
-  auto local = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "3,17,9,41,5",
-                                     "--max-new-tokens", "20", "--ignore-eos", "--print-ids"},
-                                    60s);
-  REQUIRE(local.exit_code == 0);
-  auto args = common;
-  args.insert(args.end(), {"--curve-keys", (keys / "client").string()});
-  auto allowed_run = testing::run_corolla(args, 60s);
+  const std::string dht = sw.dht.at("s-secure");
+  auto allowed_run = generate_cli(m, {"--swarm-dht", dht, "--curve-keys", (keys / "client").string()});
   REQUIRE_MESSAGE(allowed_run.exit_code == 0, allowed_run.err);
-  CHECK(allowed_run.out_lines().back() == local.out_lines().back());
+  CHECK(printed_ids(allowed_run) == m.expected);
   // A key the server does not allow gets no service, and a clear error.
-  args = common;
-  args.insert(args.end(), {"--curve-keys", (keys / "stranger").string()});
-  auto refused = testing::run_corolla(args, 60s);
+  auto refused = generate_cli(m, {"--swarm-dht", dht, "--curve-keys", (keys / "stranger").string()});
   CHECK(refused.exit_code == 1);
   REQUIRE_FALSE(refused.err_lines().empty());
   MESSAGE("not allowed: " << refused.err_lines().back());
