@@ -1,5 +1,7 @@
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +12,20 @@
 #include "kernels/backend.hpp"
 
 namespace corolla::app {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) items.push_back(item);
+  return items;
+}
+
+std::string model_id_of(const std::string& dir) {
+  auto p = std::filesystem::absolute(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
 
 void apply_common_options(int threads, const std::string& log_level) {
   if (threads > 0) set_cpu_threads(threads);

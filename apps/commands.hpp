@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "model/config.hpp"
 
@@ -46,6 +47,14 @@ void register_node(CLI::App& app, action_fn& action);
 void register_serve(CLI::App& app, action_fn& action);
 /// `corolla ping`: echo round trips with tensors to a node (apps/ping.cpp).
 void register_ping(CLI::App& app, action_fn& action);
+
+/// The non-empty items of a comma-separated flag value ("a,,b" -> a, b).
+std::vector<std::string> split_list(const std::string& text);
+
+/// The model id a swarm uses for a model directory: its name ("models/tiny/"
+/// and "models/tiny" are both "tiny"; "." is the current directory's name).
+/// Servers announce it and clients look it up, so both must derive it alike.
+std::string model_id_of(const std::string& dir);
 
 /// Applies --threads (0 = all cores) and --log-level to the process.
 void apply_common_options(int threads, const std::string& log_level);

@@ -7,9 +7,7 @@
 #include <charconv>
 #include <cstdio>
 #include <memory>
-#include <filesystem>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -104,20 +102,16 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   // machine.
   if (o.threads == 0) set_cpu_threads(1);
   swarm_client_options so;
-  std::stringstream list(o.swarm);
-  for (std::string e; std::getline(list, e, ',');)
-    if (!e.empty()) so.servers.push_back(e);
+  so.servers = split_list(o.swarm);
   // With --swarm-dht the servers come from their DHT records (read again at
   // every failover, so servers that joined since are found too).
   net::membership members;
   if (!o.swarm_dht.empty()) {
     net::membership_options mo;
-    std::stringstream peers(o.swarm_dht);
-    for (std::string p; std::getline(peers, p, ',');)
-      if (!p.empty()) mo.bootstrap.push_back(p);
+    mo.bootstrap = split_list(o.swarm_dht);
     if (auto ep = members.start(mo); !ep)
       throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
-    const std::string model_id = o.swarm_model.empty() ? std::filesystem::absolute(o.model).filename().string() : o.swarm_model;
+    const std::string model_id = o.swarm_model.empty() ? model_id_of(o.model) : o.swarm_model;
     const int n_blocks = h.config().n_layers;
     so.discover = [&members, model_id, n_blocks] {
       std::vector<std::string> endpoints;

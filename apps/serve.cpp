@@ -7,10 +7,8 @@
 //   corolla serve n-1a2b3c4d blocks [0, 4) of tiny listening on tcp://127.0.0.1:41234
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -86,11 +84,6 @@ double measure_step_s(span_engine& e) {
   return best;
 }
 
-std::string model_id_of(const std::string& dir) {
-  std::filesystem::path p(dir);
-  if (p.filename().empty()) p = p.parent_path();
-  return p.filename().string();
-}
 
 /// Joins the swarm's DHT as the flags say.
 std::unique_ptr<net::membership> join_dht(const serve_args& a, std::string& endpoint) {
@@ -99,9 +92,7 @@ std::unique_ptr<net::membership> join_dht(const serve_args& a, std::string& endp
   if (colon == std::string::npos) throw std::invalid_argument("--dht-listen must be ADDRESS:PORT, got '" + a.dht_listen + "'");
   mo.bind_address = a.dht_listen.substr(0, colon);
   mo.port = static_cast<std::uint16_t>(std::stoi(a.dht_listen.substr(colon + 1)));
-  std::stringstream peers(a.initial_peers);
-  for (std::string p; std::getline(peers, p, ',');)
-    if (!p.empty()) mo.bootstrap.push_back(p);
+  mo.bootstrap = split_list(a.initial_peers);
   mo.ttl = std::chrono::seconds(a.dht_ttl_s);
   auto members = std::make_unique<net::membership>();
   auto ep = members->start(mo);
