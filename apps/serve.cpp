@@ -89,9 +89,12 @@ double measure_step_s(span_engine& e) {
 std::unique_ptr<net::membership> join_dht(const serve_args& a, std::string& endpoint) {
   net::membership_options mo;
   const auto colon = a.dht_listen.rfind(':');
-  if (colon == std::string::npos) throw std::invalid_argument("--dht-listen must be ADDRESS:PORT, got '" + a.dht_listen + "'");
+  const std::string port = colon == std::string::npos ? "" : a.dht_listen.substr(colon + 1);
+  if (colon == 0 || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535)
+    throw std::invalid_argument("--dht-listen must be ADDRESS:PORT with a port in [0, 65535], got '" + a.dht_listen + "'");
   mo.bind_address = a.dht_listen.substr(0, colon);
-  mo.port = static_cast<std::uint16_t>(std::stoi(a.dht_listen.substr(colon + 1)));
+  mo.port = static_cast<std::uint16_t>(std::stoul(port));
   mo.bootstrap = split_list(a.initial_peers);
   mo.ttl = std::chrono::seconds(a.dht_ttl_s);
   auto members = std::make_unique<net::membership>();

@@ -17,6 +17,7 @@
 #include "model/safetensors.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
+#include "tests/support/cli_expect.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -42,17 +43,6 @@ std::vector<std::int32_t> library_generate(const fs::path& dir,
 }
 
 /// The run failed the way a user should see it: one error line, status 1.
-void check_one_error(const testing::process_result& r, const std::string& expected_part) {
-  INFO("stdout: " << r.out);
-  INFO("stderr: " << r.err);
-  REQUIRE(r.exited());
-  CHECK(r.exit_code == 1);
-  const auto lines = r.err_lines();
-  REQUIRE(lines.size() == 1);
-  CHECK(lines[0].rfind("corolla: error: ", 0) == 0);
-  CHECK(lines[0].find(expected_part) != std::string::npos);
-}
-
 void rewrite_weights(const fs::path& dir,
                      const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
   auto all = testing::read_all_f32(dir);
@@ -159,20 +149,20 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
   const std::vector<std::string> ok_prompt{"--prompt-ids", "1,2,3", "--max-new-tokens", "2"};
 
   SUBCASE("missing model directory") {
-    check_one_error(testing::run_corolla(generate_args(dir / "nowhere", ok_prompt)),
+    testing::check_one_error(testing::run_corolla(generate_args(dir / "nowhere", ok_prompt)),
                     "does not exist");
   }
   SUBCASE("truncated model.safetensors") {
     fresh();
     fs::resize_file(model / "model.safetensors", fs::file_size(model / "model.safetensors") / 2);
-    check_one_error(testing::run_corolla(generate_args(model, ok_prompt)), "truncated");
+    testing::check_one_error(testing::run_corolla(generate_args(model, ok_prompt)), "truncated");
   }
   SUBCASE("a tensor missing") {
     fresh();
     rewrite_weights(model, [](auto& tensors) {
       std::erase_if(tensors, [](const auto& t) { return t.first == "model.layers.1.mlp.up_proj.weight"; });
     });
-    check_one_error(testing::run_corolla(generate_args(model, ok_prompt)),
+    testing::check_one_error(testing::run_corolla(generate_args(model, ok_prompt)),
                     "model.layers.1.mlp.up_proj.weight");
   }
   SUBCASE("a tensor with the wrong shape") {
@@ -181,7 +171,7 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
       for (auto& [name, t] : tensors)
         if (name == "model.layers.0.self_attn.k_proj.weight") t = Tensor::zeros({16, 31});
     });
-    check_one_error(testing::run_corolla(generate_args(model, ok_prompt)),
+    testing::check_one_error(testing::run_corolla(generate_args(model, ok_prompt)),
                     "model.layers.0.self_attn.k_proj.weight");
   }
   SUBCASE("unknown architecture in config.json") {
@@ -190,11 +180,11 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
     std::ifstream(model / "config.json") >> j;
     j["architectures"] = {"FalconForCausalLM"};
     std::ofstream(model / "config.json") << j.dump();
-    check_one_error(testing::run_corolla(generate_args(model, ok_prompt)), "FalconForCausalLM");
+    testing::check_one_error(testing::run_corolla(generate_args(model, ok_prompt)), "FalconForCausalLM");
   }
   SUBCASE("prompt id outside the vocabulary") {
     fresh();
-    check_one_error(testing::run_corolla(generate_args(model, {"--prompt-ids", "1,64"})),
+    testing::check_one_error(testing::run_corolla(generate_args(model, {"--prompt-ids", "1,64"})),
                     "prompt id 64 is outside the vocabulary (64 tokens)");
   }
   SUBCASE("prompt longer than the context") {
@@ -202,28 +192,28 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
     std::string prompt;
     for (int i = 0; i < 65; ++i) prompt += std::to_string(i % 64) + ",";
     prompt.pop_back();
-    check_one_error(testing::run_corolla(generate_args(model, {"--prompt-ids", prompt})),
+    testing::check_one_error(testing::run_corolla(generate_args(model, {"--prompt-ids", prompt})),
                     "prompt of 65 tokens exceeds the model context of 64");
   }
   SUBCASE("--prompt without a tokenizer") {
     fresh();
-    check_one_error(testing::run_corolla(generate_args(model, {"--prompt", "hello"})),
+    testing::check_one_error(testing::run_corolla(generate_args(model, {"--prompt", "hello"})),
                     "--prompt needs a tokenizer");
   }
   SUBCASE("prompt ids that are not numbers") {
     fresh();
-    check_one_error(testing::run_corolla(generate_args(model, {"--prompt-ids", "1,x"})),
+    testing::check_one_error(testing::run_corolla(generate_args(model, {"--prompt-ids", "1,x"})),
                     "'x' is not a token id");
   }
   SUBCASE("neither --prompt nor --prompt-ids") {
     fresh();
-    check_one_error(testing::run_corolla(generate_args(model, {})), "--prompt");
+    testing::check_one_error(testing::run_corolla(generate_args(model, {})), "--prompt");
   }
   SUBCASE("a device this build cannot use") {
     fresh();
-    check_one_error(testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--device", "tpu"})),
+    testing::check_one_error(testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--device", "tpu"})),
                     "unknown device 'tpu'");
-    check_one_error(
+    testing::check_one_error(
         testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--device", "cuda:7"})),
         "cuda:7");
   }

@@ -1,0 +1,53 @@
+// `corolla serve` with bad input: one "corolla: error: ..." line and status 1,
+// before or right after its node starts (never a server left running).
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/support/cli_expect.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+
+namespace {
+
+testing::process_result serve(const std::string& model, std::vector<std::string> extra) {
+  std::vector<std::string> args{"serve", "--model", model, "--no-dht", "--log-level", "warn"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return testing::run_corolla(args, std::chrono::seconds(30));
+}
+
+}  // namespace
+
+TEST_CASE("serve reports bad input with one error line and status 1") {
+  testing::temp_dir_guard dir("cli-serve");
+  const std::string model = (dir / "model").string();
+  testing::write_tiny_model(model, {});  // 2 layers
+
+  SUBCASE("neither --blocks nor --num-blocks") {
+    testing::check_one_error(serve(model, {}), "give exactly one of --blocks A:B or --num-blocks N");
+  }
+  SUBCASE("both --blocks and --num-blocks") {
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--num-blocks", "1"}), "give exactly one of");
+  }
+  SUBCASE("blocks outside the model") {
+    testing::check_one_error(serve(model, {"--blocks", "1:3"}), "is not a non-empty part of the model's 2 blocks");
+  }
+  SUBCASE("blocks that do not parse") {
+    testing::check_one_error(serve(model, {"--blocks", "1-2"}), "--blocks must be A:B");
+  }
+  SUBCASE("--num-blocks without the DHT") {
+    testing::check_one_error(serve(model, {"--num-blocks", "1"}), "it needs the DHT");
+  }
+  SUBCASE("a bad DHT address") {
+    auto r = testing::run_corolla({"serve", "--model", model, "--blocks", "0:1", "--dht-listen", "127.0.0.1:x",
+                                   "--log-level", "warn"},
+                                  std::chrono::seconds(30));
+    testing::check_one_error(r, "--dht-listen must be ADDRESS:PORT");
+  }
+  SUBCASE("a missing model directory") {
+    testing::check_one_error(serve((dir / "nowhere").string(), {"--blocks", "0:1"}), "nowhere");
+  }
+}
