@@ -271,7 +271,11 @@ void became_down(link_actor* self, const std::string& reason) {
   if (st.phase != link_phase::up) return;
   st.phase = link_phase::down;
   st.down_since = clock::now();
-  spdlog::warn("peer {} is down: {}", st.label(), reason);
+  // A goodbye is a peer stopping on purpose: worth a line, not a warning.
+  if (reason.find("goodbye") != std::string::npos)
+    spdlog::info("peer {} is down: {}", st.label(), reason);
+  else
+    spdlog::warn("peer {} is down: {}", st.label(), reason);
   if (st.ctx->directory.link_down(st.peer, self->address()))
     notify(self, caf::make_message(peer_down{st.peer, reason}));
 }

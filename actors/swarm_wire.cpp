@@ -1,58 +1,14 @@
 #include "actors/swarm_wire.hpp"
 
-#include <cstring>
-
-#include <capnp/message.h>
-#include <capnp/serialize.h>
-#include <kj/exception.h>
-
+#include "actors/capnp_body.hpp"
 #include "actors/errors.hpp"
 #include "net/wire.capnp.h"
 
 namespace corolla {
-namespace {
 
-/// Session ids and model names longer than this are refused.
-constexpr std::size_t max_text_bytes = 256;
-
-std::vector<std::uint8_t> flat(capnp::MessageBuilder& b) {
-  auto words = capnp::messageToFlatArray(b);
-  auto bytes = words.asBytes();
-  return {bytes.begin(), bytes.end()};
-}
-
-/// Reads a body as message T and hands its root to `read`; any structural
-/// problem (size, pointers, limits, a text too long) is a bad_message.
-template <class T, class Read>
-auto decode(const std::vector<std::uint8_t>& body, const char* what, Read read)
-    -> caf::expected<decltype(read(std::declval<typename T::Reader>()))> {
-  const std::string name = what;
-  if (body.empty() || body.size() % sizeof(capnp::word) != 0)
-    return make_error(errc::bad_message, name + " body of " + std::to_string(body.size()) +
-                                             " bytes is not a Cap'n Proto message");
-  std::vector<capnp::word> words(body.size() / sizeof(capnp::word));
-  std::memcpy(words.data(), body.data(), body.size());
-  try {
-    capnp::ReaderOptions limits;
-    limits.traversalLimitInWords = 1 << 16;
-    limits.nestingLimit = 8;
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()), limits);
-    return read(reader.getRoot<T>());
-  } catch (const kj::Exception& e) {
-    return make_error(errc::bad_message, "malformed " + name + " body: " + e.getDescription().cStr());
-  } catch (const std::invalid_argument& e) {
-    return make_error(errc::bad_message, "malformed " + name + " body: " + e.what());
-  }
-}
-
-std::string text(capnp::Text::Reader t, const char* field) {
-  if (t.size() > max_text_bytes)
-    throw std::invalid_argument(std::string(field) + " of " + std::to_string(t.size()) + " bytes (at most " +
-                                std::to_string(max_text_bytes) + ")");
-  return t.cStr();
-}
-
-}  // namespace
+using capnp_body::decode;
+using capnp_body::flat;
+using capnp_body::text;
 
 std::vector<std::uint8_t> encode_body(const span_info& v) {
   capnp::MallocMessageBuilder b;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.hpp"
+#include "apps/train_args.hpp"
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
@@ -21,33 +22,11 @@
 
 namespace corolla::app {
 
-namespace {
-
 namespace fs = std::filesystem;
-
-struct train_args {
-  std::string model;
-  std::string data;
-  int batch = 0;
-  int seq = 0;
-  int steps = 0;
-  float lr = 0.0f;
-  float weight_decay = 0.0f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float grad_clip = 0.0f;
-  int log_every = 1;
-  std::string save;
-  std::uint64_t seed = 0;
-  int threads = 0;
-  std::string device = "cpu";
-  bool json = false;
-};
 
 // A directory with weights is loaded; one with only config.json starts from
 // the GPT-2 initialisation for --seed.
-transformer open_model(const fs::path& dir, std::uint64_t seed, Backend& be, bool& fresh) {
+transformer open_model(const std::filesystem::path& dir, std::uint64_t seed, Backend& be, bool& fresh) {
   if (!fs::is_directory(dir))
     throw model_error("model directory " + dir.string() + " does not exist");
   fresh = !fs::exists(dir / "model.safetensors") &&
@@ -56,11 +35,9 @@ transformer open_model(const fs::path& dir, std::uint64_t seed, Backend& be, boo
   return transformer::load(dir, be);
 }
 
-// Token files (llm.c shards, raw uint16 `.bin`) need no tokenizer; anything
-// else is text and is tokenised with the model directory's tokenizer (the
-// format rule of token_dataset::open). Loading a tokenizer only for text
-// keeps config-only directories without one usable on token files.
-bool is_text_data(const fs::path& file) {
+namespace {
+
+bool is_text_data(const std::filesystem::path& file) {
   if (file.extension() == ".bin") return false;
   std::ifstream in(file, std::ios::binary);
   std::int32_t magic = 0;
@@ -68,14 +45,23 @@ bool is_text_data(const fs::path& file) {
   return !(in && magic == llmc_shard_magic);
 }
 
-token_dataset open_data(const fs::path& file, const fs::path& model_dir, int vocab) {
+}  // namespace
+
+// Token files (llm.c shards, raw uint16 `.bin`) need no tokenizer; anything
+// else is text and is tokenised with the model directory's tokenizer (the
+// format rule of token_dataset::open). Loading a tokenizer only for text
+// keeps config-only directories without one usable on token files.
+token_dataset open_data(const std::filesystem::path& file, const std::filesystem::path& model_dir, int vocab) {
   if (!fs::exists(file)) throw model_error("data file " + file.string() + " does not exist");
   std::unique_ptr<tokenizer> tok;
   if (is_text_data(file)) tok = load_tokenizer(model_dir);
   return token_dataset::open(file, tok.get(), vocab);
 }
 
+namespace {
+
 int run_train(const train_args& a) {
+  if (wants_distributed(a)) return run_distributed_train(a);
   apply_common_options(a.threads, "warn");
   Backend& be = backend_for(parse_device(a.device));
   bool fresh = false;
@@ -170,6 +156,41 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--json", args->json,
                 "One JSON object per logged step, then a summary object (no progress bar)");
+  const char* dist = "Pipeline x data-parallel";
+  cmd->add_option("--pp", args->pp,
+                  "Pipeline stages: with --dp, trains on P x D processes on this machine (one per rank, "
+                  "launched here) unless --rank says this process is one rank of a larger job")
+      ->group(dist);
+  cmd->add_option("--dp", args->dp, "Data-parallel replicas of each stage (--batch splits over them)")->group(dist);
+  cmd->add_option("--micro-batch", args->micro_batch,
+                  "Sequences per pipeline micro-batch (default: 1 with --pp > 1, else the replica's whole batch)")
+      ->group(dist);
+  cmd->add_option("--rank", args->rank,
+                  "Run only this rank of a multi-host job (also from SLURM_PROCID or RANK); rank 0 hosts the "
+                  "coordinator at --coordinator")
+      ->group(dist);
+  cmd->add_option("--coordinator", args->coordinator,
+                  "HOST:PORT of the job's coordinator (also from MASTER_ADDR and MASTER_PORT)")
+      ->group(dist);
+  cmd->add_flag("--external-coordinator", args->external_coordinator,
+                "The coordinator runs in another process (the local launcher): rank 0 only joins it")
+      ->group(dist);
+  cmd->add_option("--listen", args->listen, "ZeroMQ endpoint of this rank's node")
+      ->capture_default_str()
+      ->group(dist);
+  cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
+                  "Write sharded checkpoints here (one file per rank per checkpoint; see --resume)")
+      ->group(dist);
+  cmd->add_option("--checkpoint-every", args->checkpoint_every, "Checkpoint every K steps (0 = never)")
+      ->capture_default_str()
+      ->group(dist);
+  cmd->add_flag("--resume", args->resume,
+                "Continue from the latest complete checkpoint in --checkpoint-dir (same model, layout and batch)")
+      ->group(dist);
+  cmd->add_option("--timeout-s", args->timeout_s,
+                  "Longest wait for any one message between ranks (a dead rank is reported sooner)")
+      ->capture_default_str()
+      ->group(dist);
   cmd->callback([&action, args] { action = [args] { return run_train(*args); }; });
 }
 

@@ -101,7 +101,8 @@ void stage::forward(const Tensor& x, int batch, int seq, Tensor& y, stage_activa
   }
 }
 
-void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& dx) {
+void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& dx,
+                     const std::function<void(int)>& on_block_done) {
   if (static_cast<int>(saved.blocks.size()) != size())
     throw tensor_error("stage::backward: activations of " + std::to_string(saved.blocks.size()) +
                        " blocks for a stage of " + std::to_string(size()));
@@ -122,6 +123,7 @@ void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& d
     block_backward(*be_, cfg_, weights_[b], saved.blocks[b], pos, *g_out, *g_in, grad_views_[b],
                    grad_scratch_);
     g_out = g_in;
+    if (on_block_done) on_block_done(i);
   }
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -76,8 +77,12 @@ class stage {
   /// backward); without, reuses internal scratch.
   void forward(const Tensor& x, int batch, int seq, Tensor& y, stage_activations* saved);
   /// Backward through every block in reverse: dx [B*T, D] overwritten from
-  /// dy, parameter gradients added into grads().
-  void backward(const stage_activations& saved, const Tensor& dy, Tensor& dx);
+  /// dy, parameter gradients added into grads(). `on_block_done(i)` (when
+  /// set) is called as soon as block first()+i's gradients are added, last
+  /// block first: in a step's last backward, that bucket is final and its
+  /// reduction can start while the earlier blocks still run.
+  void backward(const stage_activations& saved, const Tensor& dy, Tensor& dx,
+                const std::function<void(int)>& on_block_done = {});
 
   // ---- inference -----------------------------------------------------------------
   /// Grows the inference workspace to `rows` rows (the longest prefill chunk)

@@ -120,3 +120,59 @@ struct SpanBatch {
   seq @1 :Int32;
   withPrompts @2 :Bool;
 }
+
+# ---- pipeline x data-parallel training (actors/train_*.hpp, docs/protocol.md) ----
+# Every training message is one-way (a send, never a request): ranks and the
+# coordinator each publish an actor ("train", "train-coord") whose mailbox
+# files messages by (type, step, index, hop) until the runtime asks for them.
+
+# "train.join" rank -> coordinator: a rank is up and listening.
+struct TrainJoin {
+  rank @0 :Int32;
+  world @1 :Int32;
+  endpoint @2 :Text;       # where the rank's node listens
+  jobKey @3 :Text;         # model shape, layout and batch: ranks of another job are refused
+}
+
+# "train.roster" coordinator -> every rank, once all have joined.
+struct TrainRoster {
+  peers @0 :List(Peer);
+  struct Peer {
+    rank @0 :Int32;
+    nodeId @1 :Text;
+    endpoint @2 :Text;
+  }
+}
+
+# "train.act" (tensor 0: activations [rows, D]), "train.grad" (tensor 0:
+# their gradient), "train.rs" / "train.ag" (tensor 0: one ring chunk of a
+# bucket's gradients / parameters), "train.params" (tensor 0: a bucket's
+# whole parameters, for the final save).
+struct TrainPacket {
+  step @0 :Int64;
+  index @1 :Int32;         # micro-batch (act, grad) or bucket (rs, ag, params; -1 = the head)
+  hop @2 :Int32;           # ring hop (rs, ag); 0 otherwise
+  from @3 :Int32;          # the sender's rank
+}
+
+# "train.report" rank -> coordinator after the step's gradients are reduced.
+struct TrainReport {
+  rank @0 :Int32;
+  step @1 :Int64;
+  loss @2 :Float64;        # last stages: sum of micro-batch losses x rows / global rows
+  sumSquares @3 :Float64;  # squared L2 norm of the gradient shards this rank owns
+}
+
+# "train.norm" coordinator -> every rank: the step's global gradient norm.
+# "train.saved" rank -> coordinator: its checkpoint shard of `step` is on disk.
+# "train.done" rank -> coordinator; "train.finish" coordinator -> ranks.
+struct TrainStep {
+  step @0 :Int64;
+  rank @1 :Int32;
+  value @2 :Float64;
+}
+
+# "train.abort" coordinator -> every rank: the job failed (a rank died).
+struct TrainAbort {
+  reason @0 :Text;
+}

@@ -1,0 +1,261 @@
+#include "actors/train_comm.hpp"
+
+#include <cstring>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/errors.hpp"
+#include "actors/node.hpp"
+
+namespace corolla {
+
+std::string train_key(const std::string& type, std::int64_t step, int index, int hop) {
+  return type + "/" + std::to_string(step) + "/" + std::to_string(index) + "/" + std::to_string(hop);
+}
+
+// ---- inbox ----------------------------------------------------------------------
+
+void train_inbox::put(const std::string& key, remote_message m) {
+  {
+    std::lock_guard lock(mu_);
+    filed_[key].push_back(std::move(m));
+  }
+  cv_.notify_all();
+}
+
+remote_message train_inbox::take(const std::string& key, std::chrono::milliseconds timeout,
+                                 const std::string& what) {
+  std::unique_lock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (failure_) throw train_error(*failure_);
+    auto it = filed_.find(key);
+    if (it != filed_.end() && !it->second.empty()) {
+      remote_message m = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) filed_.erase(it);
+      return m;
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      if (failure_) throw train_error(*failure_);
+      throw train_error("no " + what + " within " + std::to_string(timeout.count()) + " ms");
+    }
+  }
+}
+
+void train_inbox::fail(const std::string& reason) {
+  {
+    std::lock_guard lock(mu_);
+    if (closing_) return;
+    // A peer that said goodbye usually stopped because of another failure,
+    // whose own reason may come a moment later: that one is kept instead.
+    const bool vague = failure_ && failure_->find("said goodbye") != std::string::npos;
+    if (failure_ && !(vague && reason.find("said goodbye") == std::string::npos)) return;
+    failure_ = reason;
+  }
+  cv_.notify_all();
+}
+
+std::optional<std::string> train_inbox::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+void train_inbox::close() {
+  std::lock_guard lock(mu_);
+  closing_ = true;
+}
+
+bool train_inbox::closing() const {
+  std::lock_guard lock(mu_);
+  return closing_;
+}
+
+void train_inbox::name_peer(const std::string& node_id, std::string label) {
+  std::lock_guard lock(mu_);
+  labels_[node_id] = std::move(label);
+}
+
+std::string train_inbox::label_of(const std::string& node_id) const {
+  std::lock_guard lock(mu_);
+  auto it = labels_.find(node_id);
+  return it != labels_.end() ? it->second : "node " + node_id;
+}
+
+// ---- mailbox actor ----------------------------------------------------------------
+
+namespace {
+
+/// The key `m` is filed under, or an error for a malformed or unknown message.
+caf::expected<std::string> key_of(const remote_message& m) {
+  const std::string& t = m.type;
+  if (t == train_msg::act || t == train_msg::grad || t == train_msg::rs || t == train_msg::ag ||
+      t == train_msg::params) {
+    auto p = decode_train_packet(m.body);
+    if (!p) return p.error();
+    return train_key(t, p->step, p->index, p->hop);
+  }
+  if (t == train_msg::join) {
+    auto j = decode_train_join(m.body);
+    if (!j) return j.error();
+    return train_key(t, 0, j->rank);
+  }
+  if (t == train_msg::roster) return train_key(t, 0, 0);
+  if (t == train_msg::report) {
+    auto r = decode_train_report(m.body);
+    if (!r) return r.error();
+    return train_key(t, r->step, r->rank);
+  }
+  if (t == train_msg::norm || t == train_msg::finish || t == train_msg::saved || t == train_msg::done) {
+    auto s = decode_train_step(m.body);
+    if (!s) return s.error();
+    const bool per_rank = t == train_msg::saved || t == train_msg::done;
+    return train_key(t, s->step, per_rank ? s->rank : 0);
+  }
+  return make_error(errc::bad_message, "unknown training message type '" + t + "'");
+}
+
+caf::behavior train_mailbox(caf::event_based_actor*, std::shared_ptr<train_inbox> inbox) {
+  return {
+      [inbox](remote_message& m) {
+        if (m.type == train_msg::abort) {
+          auto reason = decode_train_abort(m.body);
+          inbox->fail(reason ? *reason : "the coordinator aborted the job (" + error_message(reason.error()) + ")");
+          return;
+        }
+        auto key = key_of(m);
+        if (!key) {
+          spdlog::warn("dropping training message '{}' from {}: {}", m.type, inbox->label_of(m.from_node),
+                       error_message(key.error()));
+          return;
+        }
+        inbox->put(*key, std::move(m));
+      },
+      [inbox](const peer_down& d) {
+        if (!inbox->closing()) inbox->fail(inbox->label_of(d.peer) + " is down: " + d.reason);
+      },
+      [](const peer_up&) {},
+  };
+}
+
+}  // namespace
+
+caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inbox> inbox, const std::string& name) {
+  caf::actor a = n.system().spawn(train_mailbox, std::move(inbox));
+  if (auto err = n.publish(name, a)) {
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    return err;
+  }
+  n.monitor_peer("", a);
+  return a;
+}
+
+// ---- sends and receives ----------------------------------------------------------
+
+train_comm::train_comm(node& n, std::shared_ptr<train_inbox> inbox, int rank, std::vector<std::string> peers,
+                       std::string coordinator_node, std::chrono::milliseconds timeout)
+    : node_(&n),
+      inbox_(std::move(inbox)),
+      rank_(rank),
+      peers_(std::move(peers)),
+      coordinator_(std::move(coordinator_node)),
+      proxies_(peers_.size()),
+      timeout_(timeout) {}
+
+caf::actor train_comm::mailbox_of(int rank) {
+  if (rank < 0 || rank >= static_cast<int>(peers_.size()))
+    throw train_error("no rank " + std::to_string(rank) + " in a job of " + std::to_string(peers_.size()));
+  caf::actor& p = proxies_[static_cast<std::size_t>(rank)];
+  if (!p) {
+    auto a = node_->remote_actor(peers_[static_cast<std::size_t>(rank)], "train");
+    if (!a) throw train_error("cannot reach rank " + std::to_string(rank) + ": " + error_message(a.error()));
+    p = *a;
+  }
+  return p;
+}
+
+void train_comm::send(int to, const char* type, const train_packet& p, const Tensor& t) {
+  remote_message m;
+  m.type = type;
+  m.body = encode_body(p);
+  if (t.defined()) m.tensors.push_back(t);
+  caf::anon_send(mailbox_of(to), std::move(m));
+}
+
+void train_comm::send_coordinator(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors) {
+  if (!coordinator_proxy_) {
+    auto a = node_->remote_actor(coordinator_, "train-coord");
+    if (!a) throw train_error("cannot reach the coordinator: " + error_message(a.error()));
+    coordinator_proxy_ = *a;
+  }
+  remote_message m;
+  m.type = type;
+  m.body = std::move(body);
+  m.tensors = std::move(tensors);
+  caf::anon_send(coordinator_proxy_, std::move(m));
+}
+
+Tensor train_comm::receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel,
+                           const std::string& what) {
+  remote_message m = inbox_->take(train_key(type, step, index, hop), timeout_, what);
+  if (m.tensors.size() != 1)
+    throw train_error(what + " came with " + std::to_string(m.tensors.size()) + " tensors (expected 1)");
+  const Tensor& t = m.tensors[0];
+  if (t.type() != dtype::f32 || t.numel() != numel)
+    throw train_error(what + " is " + std::string(dtype_name(t.type())) + " " + shape_str(t.shape()) + ", expected " +
+                      std::to_string(numel) + " f32 values");
+  return t;
+}
+
+// ---- ring collectives ----------------------------------------------------------
+
+std::pair<std::int64_t, std::int64_t> chunk_range(std::int64_t n, int g, int c) {
+  return {n * c / g, n * (c + 1) / g};
+}
+
+int owned_chunk(const ring& r) { return (r.position + 1) % r.size(); }
+
+namespace {
+
+Tensor chunk_of(const Tensor& flat, int g, int c) {
+  auto [b, e] = chunk_range(flat.numel(), g, c);
+  return flat.slice(b, e);
+}
+
+int mod(int a, int g) { return ((a % g) + g) % g; }
+
+}  // namespace
+
+void ring_reduce_scatter(train_comm& comm, const ring& r, Tensor& flat, std::int64_t step, int bucket) {
+  const int g = r.size();
+  for (int hop = 0; hop < g - 1; ++hop) {
+    // The chunk sent is final for this member (no later hop adds into it),
+    // but it is cloned anyway: the wire may still hold it when the next
+    // step zeroes the gradients.
+    Tensor out = chunk_of(flat, g, mod(r.position - hop, g)).clone();
+    comm.send(r.next(), train_msg::rs, {step, bucket, hop, comm.rank()}, out);
+    Tensor dst = chunk_of(flat, g, mod(r.position - hop - 1, g));
+    Tensor in = comm.receive(train_msg::rs, step, bucket, hop, dst.numel(),
+                             "gradient chunk of bucket " + std::to_string(bucket) + " (hop " + std::to_string(hop) +
+                                 ") from rank " + std::to_string(r.prev()));
+    float* d = dst.data<float>();
+    const float* s = in.data<float>();
+    for (std::int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
+  }
+}
+
+void ring_all_gather(train_comm& comm, const ring& r, Tensor& flat, std::int64_t step, int bucket) {
+  const int g = r.size();
+  for (int hop = 0; hop < g - 1; ++hop) {
+    Tensor out = chunk_of(flat, g, mod(r.position + 1 - hop, g)).clone();
+    comm.send(r.next(), train_msg::ag, {step, bucket, hop, comm.rank()}, out);
+    Tensor dst = chunk_of(flat, g, mod(r.position - hop, g));
+    Tensor in = comm.receive(train_msg::ag, step, bucket, hop, dst.numel(),
+                             "parameter chunk of bucket " + std::to_string(bucket) + " (hop " + std::to_string(hop) +
+                                 ") from rank " + std::to_string(r.prev()));
+    std::memcpy(dst.data<float>(), in.data<float>(), static_cast<std::size_t>(dst.numel()) * sizeof(float));
+  }
+}
+
+}  // namespace corolla

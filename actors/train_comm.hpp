@@ -1,0 +1,143 @@
+// actors/train_comm.hpp — how the ranks of a training job talk: a mailbox
+// actor that files incoming messages by key until the runtime takes them, a
+// rank's sends to other ranks' mailboxes, and the ring collectives
+// (reduce-scatter, all-gather) over those links.
+//
+// Every training message is a one-way send to the mailbox actor published
+// as "train" on the receiving rank's node (the coordinator's is
+// "train-coord"). The mailbox files it under (type, step, index, hop)
+// (train_key); the stage and DP-group actors block on inbox::take for the
+// exact message they need next, so arrival order never matters. A peer
+// reported down, or an abort from the coordinator, fails the inbox: every
+// waiting and later take throws train_error naming the rank that died.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/expected.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/train_wire.hpp"
+#include "kernels/tensor.hpp"
+
+namespace corolla {
+
+class node;
+
+/// A training job failed: a rank died, the coordinator aborted, a message
+/// did not come in time, or one was malformed.
+class train_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// "train.act/3/1/0": the key a message is filed under.
+std::string train_key(const std::string& type, std::int64_t step, int index, int hop = 0);
+
+/// Messages received and not yet taken, by key. Thread-safe.
+class train_inbox {
+ public:
+  /// Files `m` under `key` (several messages may share a key: FIFO).
+  void put(const std::string& key, remote_message m);
+  /// The oldest message filed under `key`, waiting up to `timeout`.
+  /// Throws train_error when the inbox has failed (the reason) or at the
+  /// timeout (naming `what` is being waited for).
+  remote_message take(const std::string& key, std::chrono::milliseconds timeout, const std::string& what);
+  /// Fails the inbox with `reason`. The first reason is kept, except that a
+  /// peer's goodbye gives way to a later, more specific reason. Ignored once
+  /// closing() was called.
+  void fail(const std::string& reason);
+  /// The failure reason, if any.
+  std::optional<std::string> failure() const;
+  /// From now on peer failures are expected (the job is over).
+  void close();
+  bool closing() const;
+  /// How peer `node_id` is named in failure messages ("rank 3 (stage 1, replica 1)").
+  void name_peer(const std::string& node_id, std::string label);
+  /// The label of `node_id`, or "node <id>" when it has none.
+  std::string label_of(const std::string& node_id) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::deque<remote_message>> filed_;
+  std::map<std::string, std::string> labels_;
+  std::optional<std::string> failure_;
+  bool closing_ = false;
+};
+
+/// Spawns the mailbox actor over `inbox`, publishes it on `n` as `name`, and
+/// subscribes it to every peer's failures. Malformed or unknown messages
+/// are logged and dropped; train.abort fails the inbox with its reason.
+caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inbox> inbox, const std::string& name);
+
+/// One rank's view of the job's links: where every other rank's mailbox is.
+class train_comm {
+ public:
+  /// `peers[r]` = node id of rank r. `timeout` bounds every wait.
+  train_comm(node& n, std::shared_ptr<train_inbox> inbox, int rank, std::vector<std::string> peers,
+             std::string coordinator_node, std::chrono::milliseconds timeout);
+
+  int rank() const { return rank_; }
+  train_inbox& inbox() { return *inbox_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// Sends `t` (may be undefined: no tensor) to rank `to` as message `type`.
+  void send(int to, const char* type, const train_packet& p, const Tensor& t);
+  /// Sends a body to the coordinator's mailbox.
+  void send_coordinator(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {});
+  /// The tensor of message `type` for (step, index, hop), checked to hold
+  /// `numel` f32 values. Throws train_error (what = for the message).
+  Tensor receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel, const std::string& what);
+
+ private:
+  caf::actor mailbox_of(int rank);
+
+  node* node_;
+  std::shared_ptr<train_inbox> inbox_;
+  int rank_;
+  std::vector<std::string> peers_;
+  std::string coordinator_;
+  std::vector<caf::actor> proxies_;
+  caf::actor coordinator_proxy_;
+  std::chrono::milliseconds timeout_;
+};
+
+/// The members of one ring and this rank's position in it.
+struct ring {
+  std::vector<int> ranks;  ///< in ring order
+  int position = 0;        ///< index of this rank in `ranks`
+  int size() const { return static_cast<int>(ranks.size()); }
+  int next() const { return ranks[static_cast<std::size_t>((position + 1) % size())]; }
+  int prev() const { return ranks[static_cast<std::size_t>((position + size() - 1) % size())]; }
+};
+
+/// Elements [begin, end) of chunk `c` when `n` elements are split into `g`
+/// balanced chunks.
+std::pair<std::int64_t, std::int64_t> chunk_range(std::int64_t n, int g, int c);
+/// The chunk a ring member owns after ring_reduce_scatter: (position + 1) mod g.
+int owned_chunk(const ring& r);
+
+/// Ring reduce-scatter of `flat` (f32 [n], host) summed over the ring: g-1
+/// hops, each sending one chunk to the next member and adding the one
+/// received from the previous. Afterwards chunk owned_chunk(r) of `flat`
+/// holds the sum over all members; the other chunks hold partial sums.
+/// `bucket` and `step` key the messages (one reduction per bucket and step).
+void ring_reduce_scatter(train_comm& comm, const ring& r, Tensor& flat, std::int64_t step, int bucket);
+/// Ring all-gather: afterwards every chunk of `flat` holds the value its
+/// owner (owned_chunk) had.
+void ring_all_gather(train_comm& comm, const ring& r, Tensor& flat, std::int64_t step, int bucket);
+
+}  // namespace corolla

@@ -1,0 +1,239 @@
+// Layout rules of a training job, and its coordinator (actors/train_job.hpp).
+#include "actors/train_job.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/errors.hpp"
+#include "actors/node.hpp"
+#include "actors/train_comm.hpp"
+#include "actors/train_store.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla {
+
+// ---- layout ---------------------------------------------------------------------
+
+std::string train_layout::label(int rank) const {
+  std::string s = "rank " + std::to_string(rank) + " (stage " + std::to_string(stage_of(rank)) + ", replica " +
+                  std::to_string(replica_of(rank));
+  const auto st = static_cast<std::size_t>(stage_of(rank));
+  if (st + 1 < boundaries.size())
+    s += ", blocks " + std::to_string(boundaries[st]) + ".." + std::to_string(boundaries[st + 1] - 1);
+  return s + ")";
+}
+
+std::string train_layout::describe() const {
+  std::string s = std::to_string(pp) + "x" + std::to_string(dp);
+  for (std::size_t i = 0; i + 1 < boundaries.size(); ++i)
+    s += " [" + std::to_string(boundaries[i]) + "," + std::to_string(boundaries[i + 1]) + ")";
+  return s;
+}
+
+train_layout even_layout(int n_layers, int pp, int dp) {
+  if (pp < 1 || dp < 1) throw std::invalid_argument("--pp and --dp must be at least 1");
+  if (pp > n_layers)
+    throw std::invalid_argument(std::to_string(pp) + " pipeline stages for a model of " + std::to_string(n_layers) +
+                                " blocks (every stage needs at least one block)");
+  train_layout l;
+  l.pp = pp;
+  l.dp = dp;
+  l.boundaries.push_back(0);
+  for (int s = 0; s < pp; ++s) l.boundaries.push_back(l.boundaries.back() + n_layers / pp + (s < n_layers % pp ? 1 : 0));
+  return l;
+}
+
+void check_layout(const train_layout& l, int n_layers) {
+  if (l.pp < 1 || l.dp < 1) throw std::invalid_argument("a layout needs at least one stage and one replica");
+  if (static_cast<int>(l.boundaries.size()) != l.pp + 1)
+    throw std::invalid_argument("a layout of " + std::to_string(l.pp) + " stages needs " + std::to_string(l.pp + 1) +
+                                " block boundaries, not " + std::to_string(l.boundaries.size()));
+  if (l.boundaries.front() != 0 || l.boundaries.back() != n_layers)
+    throw std::invalid_argument("the stages must cover blocks 0.." + std::to_string(n_layers - 1) + " (layout " +
+                                l.describe() + ")");
+  for (int s = 0; s < l.pp; ++s)
+    if (l.boundaries[static_cast<std::size_t>(s)] >= l.boundaries[static_cast<std::size_t>(s + 1)])
+      throw std::invalid_argument("stage " + std::to_string(s) + " of layout " + l.describe() + " has no blocks");
+}
+
+int dist_train_options::micro_batch_size() const {
+  if (batch < 1 || seq < 1) throw std::invalid_argument("--batch and --seq must be positive");
+  if (batch % layout.dp != 0)
+    throw std::invalid_argument("--batch " + std::to_string(batch) + " does not split over " + std::to_string(layout.dp) +
+                                " data-parallel replicas");
+  const int per_replica = batch / layout.dp;
+  const int mb = micro_batch > 0 ? micro_batch : (layout.pp > 1 ? 1 : per_replica);
+  if (per_replica % mb != 0)
+    throw std::invalid_argument("--micro-batch " + std::to_string(mb) + " does not divide the " +
+                                std::to_string(per_replica) + " sequences each replica gets per step");
+  return mb;
+}
+
+std::string job_key(const dist_train_options& o, const model_config& cfg) {
+  return "layers=" + std::to_string(cfg.n_layers) + " hidden=" + std::to_string(cfg.hidden_size) +
+         " vocab=" + std::to_string(cfg.vocab_size) + " layout=" + o.layout.describe() +
+         " batch=" + std::to_string(o.batch) + " seq=" + std::to_string(o.seq) +
+         " micro=" + std::to_string(o.micro_batch_size());
+}
+
+// ---- coordinator ---------------------------------------------------------------------
+
+namespace {
+
+class coordinator {
+ public:
+  coordinator(node& n, const dist_train_options& o, const model_config& cfg, std::shared_ptr<train_inbox> inbox)
+      : node_(n), o_(o), cfg_(cfg), world_(o.layout.world()), job_(job_key(o, cfg)), inbox_(std::move(inbox)) {}
+
+  ~coordinator() {
+    if (inbox_) inbox_->close();
+    if (mailbox_) {
+      node_.unpublish("train-coord");
+      caf::anon_send_exit(mailbox_, caf::exit_reason::user_shutdown);
+    }
+  }
+
+  void run(const std::function<void(const dist_step_report&)>& on_step) {
+    if (!inbox_) inbox_ = std::make_shared<train_inbox>();
+    auto mb = start_train_mailbox(node_, inbox_, "train-coord");
+    if (!mb) throw train_error("cannot publish the coordinator: " + error_message(mb.error()));
+    mailbox_ = *mb;
+    try {
+      gather();
+      int first = 1;
+      if (o_.resume) {
+        const int s = latest_checkpoint_step(o_.checkpoint_dir);
+        if (s == 0) throw train_error("no checkpoint in " + o_.checkpoint_dir.string() + " to resume from");
+        check_manifest(o_.checkpoint_dir, s, job_);
+        first = s + 1;
+      }
+      auto last_time = std::chrono::steady_clock::now();
+      for (int step = first; step <= o_.steps; ++step) {
+        dist_step_report r;
+        r.step = step;
+        double sum_squares = 0;
+        for (int rank = 0; rank < world_; ++rank) {
+          auto rep = decode_train_report(take(train_msg::report, step, rank, "report of step " + std::to_string(step)));
+          if (!rep) throw train_error("bad report from " + o_.layout.label(rank) + ": " + error_message(rep.error()));
+          r.loss += rep->loss;
+          sum_squares += rep->sum_squares;
+        }
+        r.grad_norm = std::sqrt(sum_squares);
+        if (o_.optimizer.max_grad_norm > 0.0f)
+          for (int rank = 0; rank < world_; ++rank)
+            send(rank, train_msg::norm, encode_body(train_step_note{step, 0, r.grad_norm}));
+        const auto now = std::chrono::steady_clock::now();
+        r.seconds = std::chrono::duration<double>(now - last_time).count();
+        last_time = now;
+        if (on_step) on_step(r);
+        if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && !o_.checkpoint_dir.empty()) {
+          for (int rank = 0; rank < world_; ++rank)
+            take(train_msg::saved, step, rank, "checkpoint shard of step " + std::to_string(step));
+          commit_checkpoint(o_.checkpoint_dir, step, world_, job_);
+        }
+      }
+      if (!o_.save_dir.empty()) save_model();
+      for (int rank = 0; rank < world_; ++rank) take(train_msg::done, o_.steps, rank, "end of training");
+      inbox_->close();
+      for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::finish, encode_body(train_step_note{o_.steps, 0, 0}));
+    } catch (const std::exception& e) {
+      // Ranks that fail tell the coordinator why before their nodes say
+      // goodbye; give the root cause a moment to arrive.
+      std::string reason = e.what();
+      if (reason.find("said goodbye") != std::string::npos) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        if (auto better = inbox_->failure()) reason = *better;
+      }
+      inbox_->close();
+      for (const auto& [rank, id] : ids_) {
+        auto a = node_.remote_actor(id, "train");
+        if (!a) continue;
+        remote_message m;
+        m.type = train_msg::abort;
+        m.body = encode_abort_body("the job failed: " + reason);
+        caf::anon_send(*a, std::move(m));
+      }
+      if (reason != e.what()) throw train_error(reason);
+      throw;
+    }
+  }
+
+ private:
+  std::vector<std::uint8_t> take(const char* type, std::int64_t step, int rank, const std::string& what) {
+    return inbox_->take(train_key(type, step, rank), o_.timeout, what + " from " + o_.layout.label(rank)).body;
+  }
+
+  void send(int rank, const char* type, std::vector<std::uint8_t> body) {
+    auto a = node_.remote_actor(ids_.at(rank), "train");
+    if (!a) throw train_error("cannot reach " + o_.layout.label(rank) + ": " + error_message(a.error()));
+    remote_message m;
+    m.type = type;
+    m.body = std::move(body);
+    caf::anon_send(*a, std::move(m));
+  }
+
+  // Every rank's join, checked against this job, then the roster to all.
+  void gather() {
+    std::vector<train_peer> roster;
+    for (int rank = 0; rank < world_; ++rank) {
+      remote_message m = inbox_->take(train_key(train_msg::join, 0, rank), o_.timeout,
+                                      "join of rank " + std::to_string(rank));
+      auto j = decode_train_join(m.body);
+      if (!j) throw train_error("bad join from node " + m.from_node + ": " + error_message(j.error()));
+      if (j->world != world_ || j->job_key != job_)
+        throw train_error("rank " + std::to_string(rank) + " (node " + m.from_node + ") belongs to another job: '" +
+                          j->job_key + "' of " + std::to_string(j->world) + " ranks, this one is '" + job_ + "' of " +
+                          std::to_string(world_));
+      ids_[rank] = m.from_node;
+      inbox_->name_peer(m.from_node, o_.layout.label(rank));
+      roster.push_back({rank, m.from_node, j->endpoint});
+    }
+    const auto body = encode_body(roster);
+    for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::roster, body);
+    spdlog::info("training job {}: all {} ranks joined", o_.layout.describe(), world_);
+  }
+
+  // Replica 0 of every stage sends its blocks (rank 0 the head).
+  void save_model() {
+    transformer model = transformer::init(cfg_, 0, cpu_backend());
+    auto fill = [&](param_set& dst, int id, int rank) {
+      remote_message m = inbox_->take(train_key(train_msg::params, o_.steps, id), o_.timeout,
+                                      "parameters of " + bucket_name(id) + " from " + o_.layout.label(rank));
+      if (m.tensors.size() != 1 || m.tensors[0].numel() != dst.size() || m.tensors[0].type() != dtype::f32)
+        throw train_error("parameters of " + bucket_name(id) + " from " + o_.layout.label(rank) + " have the wrong size");
+      dst.flat().copy_from(m.tensors[0]);
+    };
+    fill(model.head(), head_bucket, 0);
+    for (int s = 0; s < o_.layout.pp; ++s)
+      for (int b = o_.layout.boundaries[static_cast<std::size_t>(s)]; b < o_.layout.boundaries[static_cast<std::size_t>(s + 1)]; ++b)
+        fill(model.blocks()[static_cast<std::size_t>(b)], b, o_.layout.rank_of(s, 0));
+    model.save(o_.save_dir);
+  }
+
+  node& node_;
+  const dist_train_options& o_;
+  model_config cfg_;
+  int world_;
+  std::string job_;
+  std::shared_ptr<train_inbox> inbox_;
+  caf::actor mailbox_;
+  std::map<int, std::string> ids_;
+};
+
+}  // namespace
+
+void run_train_coordinator(node& n, const dist_train_options& o, const model_config& cfg,
+                           const std::function<void(const dist_step_report&)>& on_step,
+                           std::shared_ptr<train_inbox> inbox) {
+  check_layout(o.layout, cfg.n_layers);
+  coordinator c(n, o, cfg, std::move(inbox));
+  c.run(on_step);
+}
+
+}  // namespace corolla

@@ -1,0 +1,133 @@
+// actors/train_job.hpp — pipeline x data-parallel training across processes:
+// the layout of a job (which rank runs which blocks), one rank's runtime,
+// and the coordinator that gathers the ranks, prints the losses and commits
+// checkpoints. docs/training.md describes the whole flow.
+//
+// Rank r runs stage r / dp of replica r % dp (stage-major, so a stage's DP
+// group is a run of consecutive ranks). Per step, every rank:
+//  - runs its 1F1B instruction list (schedule::make_1f1b) on a stage actor
+//    (detached): stage 0 embeds its micro-batches, the last stage computes
+//    the loss, activations and their gradients go to the neighbouring stage
+//    of the same replica;
+//  - during the step's last backward hands each block's gradient bucket to
+//    its DP-group actor (detached) the moment the block is done: the bucket
+//    is ring reduce-scattered over the stage's replicas while the rest of
+//    the backward runs, then (without clipping) AdamW updates this rank's
+//    shard of it and a ring all-gather spreads the new parameters (ZeRO-1);
+//  - the head (embeddings, final norm, LM head) lives on the first and last
+//    stage; its gradients are reduced over all of its holders the same way,
+//    so tied embeddings get both stages' gradients;
+//  - reports its loss share and squared gradient-shard norm to the
+//    coordinator, which sums them (the global norm for clipping comes back
+//    before any update when clipping is on).
+// The result equals single-process training on the same global batch up to
+// floating-point summation order.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.hpp"
+#include "model/optimizer.hpp"
+
+namespace corolla {
+
+class node;
+class train_inbox;
+class transformer;
+class token_dataset;
+
+/// Which rank runs which blocks.
+struct train_layout {
+  int pp = 1;                   ///< pipeline stages
+  int dp = 1;                   ///< data-parallel replicas of each stage
+  std::vector<int> boundaries;  ///< pp + 1 entries: stage s runs blocks [boundaries[s], boundaries[s+1])
+
+  int world() const { return pp * dp; }
+  int stage_of(int rank) const { return rank / dp; }
+  int replica_of(int rank) const { return rank % dp; }
+  int rank_of(int stage, int replica) const { return stage * dp + replica; }
+  /// "rank 3 (stage 1, replica 1, blocks 2..3)".
+  std::string label(int rank) const;
+  /// "2x2 [0,2) [2,4)".
+  std::string describe() const;
+};
+
+/// pp stages of about n_layers / pp blocks each (the first stages take the
+/// remainder). Throws std::invalid_argument for pp < 1, dp < 1 or
+/// pp > n_layers.
+train_layout even_layout(int n_layers, int pp, int dp);
+/// Checks explicit stage boundaries (0 = b0 < b1 < ... < bpp = n_layers).
+/// Throws std::invalid_argument naming the problem.
+void check_layout(const train_layout& l, int n_layers);
+
+/// Everything every rank and the coordinator must agree on.
+struct dist_train_options {
+  train_layout layout;
+  int batch = 1;        ///< global batch: sequences per step over all replicas
+  int seq = 0;          ///< tokens per sequence
+  int micro_batch = 0;  ///< sequences per micro-batch; 0 = 1 when pp > 1, else batch / dp
+  int steps = 0;        ///< steps to run (counted from 1, including resumed ones)
+  optimizer_settings optimizer;
+  /// Sharded checkpoints: every `checkpoint_every` steps (0 = never) each
+  /// rank writes its shard under checkpoint_dir/step-N/, and the coordinator
+  /// commits the step (manifest.json, then the `latest` pointer) once every
+  /// shard is on disk. A checkpoint is never half written: `latest` only
+  /// ever names a complete one.
+  std::filesystem::path checkpoint_dir;
+  int checkpoint_every = 0;
+  /// Continue from checkpoint_dir's latest checkpoint (same layout, batch
+  /// and model shape; anything else is refused with the difference).
+  bool resume = false;
+  /// When set, the trained model is written here (HuggingFace layout) by
+  /// the coordinator after the last step.
+  std::filesystem::path save_dir;
+  /// How long any rank waits for one message (a dead rank is reported far
+  /// sooner, by the link's failure detection).
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+
+  /// Micro-batch size after the default rule. Throws std::invalid_argument
+  /// when batch is not a multiple of dp, or batch / dp of micro_batch.
+  int micro_batch_size() const;
+  /// Micro-batches per replica per step.
+  int micro_batches() const { return batch / layout.dp / micro_batch_size(); }
+};
+
+/// A string that differs between jobs that cannot train together (model
+/// shape, layout, batch): ranks of another job are refused at join.
+std::string job_key(const dist_train_options& o, const model_config& cfg);
+
+/// What the coordinator reports per step.
+struct dist_step_report {
+  int step = 0;
+  double loss = 0;       ///< mean loss of the global batch before the update
+  double grad_norm = 0;  ///< global gradient norm before clipping
+  double seconds = 0;    ///< wall time since the previous report
+};
+
+/// Runs rank `rank` of the job on node `n` until the last step, using the
+/// full model `model` (only this rank's blocks, and the head on the first
+/// and last stage, are trained here) and the token data (every rank reads
+/// the same batches; stage 0 uses the ids, the last stage the targets).
+/// `coordinator` is the coordinator's endpoint. Throws train_error (see
+/// train_comm.hpp) naming the rank that failed, model_error for bad data.
+void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
+                    transformer& model, token_dataset& data);
+
+/// Gathers the job's ranks on node `n` (published as "train-coord"), hands
+/// them the roster, then per step sums their reports and calls `on_step`;
+/// commits checkpoints; saves the model when asked (`cfg` shapes it).
+/// Returns when every rank is done. On a failure (a rank died, a wrong
+/// job) it tells every rank to abort and throws train_error.
+/// `inbox` (optional) is the coordinator's mailbox store: failing it from
+/// outside (a launcher that saw a rank process exit) fails the job at once.
+void run_train_coordinator(node& n, const dist_train_options& o, const model_config& cfg,
+                           const std::function<void(const dist_step_report&)>& on_step,
+                           std::shared_ptr<train_inbox> inbox = nullptr);
+
+}  // namespace corolla

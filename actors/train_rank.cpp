@@ -1,0 +1,504 @@
+// One rank of a pipeline x data-parallel training job (actors/train_job.hpp).
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <fstream>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/errors.hpp"
+#include "actors/node.hpp"
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "actors/train_store.hpp"
+#include "model/error.hpp"
+#include "model/head.hpp"
+#include "model/stage.hpp"
+#include "model/token_data.hpp"
+#include "model/transformer.hpp"
+#include "schedule/pipeline.hpp"
+
+namespace corolla {
+
+namespace {
+
+namespace fs = std::filesystem;
+using schedule::pipeline_op;
+using reduce_atom = caf::atom_constant<caf::atom("reduce")>;
+
+/// A flat parameter buffer reduced and updated as one unit: a block, or the head.
+struct bucket {
+  int id = 0;  ///< block index, or head_bucket
+  param_set* params = nullptr;
+  param_set* grads = nullptr;
+  const ring* group = nullptr;
+  std::int64_t lo = 0, hi = 0;  ///< the shard this rank owns
+  Tensor m, v;                  ///< AdamW moments of the shard
+};
+
+/// Tensors of one micro-batch kept between its forward and backward.
+struct in_flight {
+  Tensor x, y, dy, dx;
+  stage_activations acts;
+};
+
+class rank_runtime {
+ public:
+  rank_runtime(node& n, const dist_train_options& o, int rank, transformer& model, token_dataset& data)
+      : node_(n), o_(o), rank_(rank), model_(model), data_(data), cfg_(model.config()), be_(model.backend()) {
+    const train_layout& l = o_.layout;
+    stage_ = l.stage_of(rank);
+    replica_ = l.replica_of(rank);
+    first_ = stage_ == 0;
+    last_ = stage_ == l.pp - 1;
+    mb_ = o_.micro_batch_size();
+    m_ = o_.micro_batches();
+    if (be_.name() != cpu_backend().name())
+      throw train_error("pipeline and data-parallel training runs on the CPU backend only (got " + be_.name() + ")");
+  }
+
+  /// Joins the job, links to the ranks it exchanges with, trains, leaves.
+  void run(const std::string& coordinator) {
+    inbox_ = std::make_shared<train_inbox>();
+    auto mailbox = start_train_mailbox(node_, inbox_, "train");
+    if (!mailbox) throw train_error("cannot publish the training mailbox: " + error_message(mailbox.error()));
+    mailbox_ = *mailbox;
+    auto coord = node_.connect(coordinator);
+    if (!coord) throw train_error("cannot reach the coordinator at " + coordinator + ": " + error_message(coord.error()));
+    inbox_->name_peer(*coord, "the coordinator");
+    try {
+      join(*coord);
+      build_model();
+      if (o_.resume) restore();
+      run_actors();
+      finish();
+    } catch (const std::exception& e) {
+      // The coordinator hears why before this node's goodbye reaches it
+      // (same connection, so in this order), and names the root cause.
+      if (comm_ && !inbox_->closing())
+        try {
+          comm_->send_coordinator(train_msg::abort, encode_abort_body(o_.layout.label(rank_) + " failed: " + e.what()));
+        } catch (const std::exception&) {
+        }
+      throw;
+    }
+  }
+
+  ~rank_runtime() {
+    if (inbox_) inbox_->close();
+    if (mailbox_) {
+      node_.unpublish("train");
+      caf::anon_send_exit(mailbox_, caf::exit_reason::user_shutdown);
+    }
+  }
+
+ private:
+  // ---- joining ------------------------------------------------------------------
+
+  void join(const std::string& coord) {
+    comm_ = std::make_unique<train_comm>(node_, inbox_, rank_, std::vector<std::string>{}, coord, o_.timeout);
+    comm_->send_coordinator(train_msg::join, encode_body(train_join{rank_, o_.layout.world(), node_.endpoint(),
+                                                                    job_key(o_, cfg_)}));
+    remote_message r = inbox_->take(train_key(train_msg::roster, 0, 0), o_.timeout, "roster from the coordinator");
+    auto roster = decode_train_roster(r.body);
+    if (!roster) throw train_error("bad roster from the coordinator: " + error_message(roster.error()));
+    const int world = o_.layout.world();
+    if (static_cast<int>(roster->size()) != world)
+      throw train_error("the coordinator's roster has " + std::to_string(roster->size()) + " ranks, expected " +
+                        std::to_string(world));
+    std::vector<std::string> ids(static_cast<std::size_t>(world));
+    std::vector<std::string> endpoints(static_cast<std::size_t>(world));
+    for (const train_peer& p : *roster) {
+      if (p.rank < 0 || p.rank >= world) throw train_error("roster names rank " + std::to_string(p.rank));
+      ids[static_cast<std::size_t>(p.rank)] = p.node_id;
+      endpoints[static_cast<std::size_t>(p.rank)] = p.endpoint;
+      inbox_->name_peer(p.node_id, o_.layout.label(p.rank));
+    }
+    make_rings();
+    // Links: the lower rank of each pair connects, the higher one waits for
+    // it, so no pair ever has two connections.
+    for (int q : neighbours()) {
+      const std::string& id = ids[static_cast<std::size_t>(q)];
+      if (q > rank_) {
+        auto c = node_.connect(endpoints[static_cast<std::size_t>(q)]);
+        if (!c) throw train_error("cannot connect to " + o_.layout.label(q) + " at " + endpoints[static_cast<std::size_t>(q)] +
+                                  ": " + error_message(c.error()));
+      } else {
+        const auto deadline = std::chrono::steady_clock::now() + o_.timeout;
+        while (!node_.peer_is_up(id)) {
+          if (auto f = inbox_->failure()) throw train_error(*f);
+          if (std::chrono::steady_clock::now() > deadline)
+            throw train_error(o_.layout.label(q) + " did not connect within " + std::to_string(o_.timeout.count()) + " ms");
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+    }
+    comm_ = std::make_unique<train_comm>(node_, inbox_, rank_, ids, coord, o_.timeout);
+  }
+
+  void make_rings() {
+    const train_layout& l = o_.layout;
+    for (int r = 0; r < l.dp; ++r) dp_ring_.ranks.push_back(l.rank_of(stage_, r));
+    dp_ring_.position = replica_;
+    if (first_ || last_) {
+      for (int r = 0; r < l.dp; ++r) head_ring_.ranks.push_back(l.rank_of(0, r));
+      if (l.pp > 1)
+        for (int r = 0; r < l.dp; ++r) head_ring_.ranks.push_back(l.rank_of(l.pp - 1, r));
+      head_ring_.position = static_cast<int>(std::find(head_ring_.ranks.begin(), head_ring_.ranks.end(), rank_) -
+                                             head_ring_.ranks.begin());
+    }
+  }
+
+  std::set<int> neighbours() const {
+    std::set<int> n;
+    const train_layout& l = o_.layout;
+    if (stage_ > 0) n.insert(l.rank_of(stage_ - 1, replica_));
+    if (stage_ + 1 < l.pp) n.insert(l.rank_of(stage_ + 1, replica_));
+    for (const ring* r : {&dp_ring_, &head_ring_})
+      if (r->size() > 1) {
+        n.insert(r->next());
+        n.insert(r->prev());
+      }
+    n.erase(rank_);
+    return n;
+  }
+
+  // ---- model ------------------------------------------------------------------
+
+  void build_model() {
+    const int first = o_.layout.boundaries[static_cast<std::size_t>(stage_)];
+    const int last = o_.layout.boundaries[static_cast<std::size_t>(stage_ + 1)];
+    std::vector<param_set> blocks(model_.blocks().begin() + first, model_.blocks().begin() + last);
+    stage_part_.emplace(cfg_, first, std::move(blocks), be_);
+    stage_part_->grads();
+    if (first_ || last_) {
+      head_part_.emplace(cfg_, model_.head(), be_);
+      head_part_->grads();
+    }
+    for (int i = 0; i < stage_part_->size(); ++i)
+      add_bucket(first + i, &stage_part_->params()[static_cast<std::size_t>(i)],
+                 &stage_part_->grads()[static_cast<std::size_t>(i)], &dp_ring_);
+    if (head_part_) add_bucket(head_bucket, &head_part_->params(), &head_part_->grads(), &head_ring_);
+  }
+
+  void add_bucket(int id, param_set* p, param_set* g, const ring* group) {
+    bucket b;
+    b.id = id;
+    b.params = p;
+    b.grads = g;
+    b.group = group;
+    std::tie(b.lo, b.hi) = chunk_range(p->size(), group->size(), owned_chunk(*group));
+    b.m = Tensor::zeros({b.hi - b.lo});
+    b.v = Tensor::zeros({b.hi - b.lo});
+    slot_of_[id] = static_cast<int>(buckets_.size());
+    buckets_.push_back(std::move(b));
+  }
+
+  // ---- checkpoints -----------------------------------------------------------------
+
+  void restore() {
+    const int step = latest_checkpoint_step(o_.checkpoint_dir);
+    if (step == 0) throw train_error("no checkpoint in " + o_.checkpoint_dir.string() + " to resume from");
+    check_manifest(o_.checkpoint_dir, step, job_key(o_, cfg_));
+    const fs::path dir = checkpoint_step_dir(o_.checkpoint_dir, step);
+    auto own = safetensors_file::open(dir / shard_file_name(rank_));
+    auto params = safetensors_file::open(dir / shard_file_name(o_.layout.rank_of(stage_, 0)));
+    auto head = safetensors_file::open(dir / shard_file_name(0));
+    for (bucket& b : buckets_) {
+      const std::string name = bucket_name(b.id);
+      load_exact(b.id == head_bucket ? *head : *params, "params." + name, b.params->flat());
+      load_exact(*own, "m." + name, b.m);
+      load_exact(*own, "v." + name, b.v);
+    }
+    steps_done_ = step;
+    std::vector<std::int32_t> ids, targets;
+    for (int s = 0; s < step; ++s) data_.next_batch(o_.batch, o_.seq, ids, targets);
+    spdlog::info("{} resumed from {} (step {})", o_.layout.label(rank_), dir.string(), step);
+  }
+
+  static void load_exact(const safetensors_file& f, const std::string& name, Tensor& dst) {
+    if (!f.find(name)) throw train_error("checkpoint shard " + f.path().string() + " has no tensor " + name);
+    Tensor src = f.view(name);
+    if (src.type() != dtype::f32 || src.numel() != dst.numel())
+      throw train_error("checkpoint tensor " + name + " in " + f.path().string() + " has " + std::to_string(src.numel()) +
+                        " values, expected " + std::to_string(dst.numel()) + " f32");
+    dst.copy_from(src);
+  }
+
+  void save_checkpoint(int step) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const bucket& b : buckets_) {
+      const std::string name = bucket_name(b.id);
+      // Parameters are the same on every replica: replica 0 writes them
+      // (and rank 0 the head, which the last stage holds too).
+      const bool writes_params = b.id == head_bucket ? rank_ == 0 : replica_ == 0;
+      if (writes_params) tensors.emplace_back("params." + name, b.params->flat());
+      tensors.emplace_back("m." + name, b.m);
+      tensors.emplace_back("v." + name, b.v);
+    }
+    write_shard(o_.checkpoint_dir, step, rank_, tensors);
+    comm_->send_coordinator(train_msg::saved, encode_body(train_step_note{step, rank_, 0}));
+  }
+
+  // ---- the step ----------------------------------------------------------------------
+
+  void run_actors() {
+    auto program = schedule::make_1f1b(o_.layout.pp, m_).programs[static_cast<std::size_t>(stage_)];
+    auto* self = this;
+    dp_actor_ = node_.system().spawn<caf::detached>([self](caf::event_based_actor*) -> caf::behavior {
+      return {[self](reduce_atom, int slot, std::int64_t step) { self->reduce_bucket(slot, step); }};
+    });
+    std::promise<void> done;
+    auto finished = done.get_future();
+    node_.system().spawn<caf::detached>([self, program, &done](caf::blocking_actor*) {
+      try {
+        for (int step = self->steps_done_ + 1; step <= self->o_.steps; ++step) self->run_step(program, step);
+        done.set_value();
+      } catch (...) {
+        done.set_exception(std::current_exception());
+      }
+    });
+    try {
+      finished.get();
+    } catch (...) {
+      // Unblock the DP-group actor before it goes away with this runtime.
+      inbox_->fail("rank " + std::to_string(rank_) + " stopped");
+      wait_reductions(enqueued_, /*rethrow=*/false);
+      caf::anon_send_exit(dp_actor_, caf::exit_reason::user_shutdown);
+      throw;
+    }
+    caf::anon_send_exit(dp_actor_, caf::exit_reason::user_shutdown);
+  }
+
+  void run_step(const std::vector<schedule::instruction>& program, int step) {
+    stage_part_->zero_grads();
+    if (head_part_) head_part_->zero_grads();
+    step_start_enqueued_ = enqueued_;
+    data_.next_batch(o_.batch, o_.seq, ids_, targets_);
+    const std::int64_t rows = static_cast<std::int64_t>(mb_) * o_.seq;
+    const std::int64_t D = cfg_.hidden_size;
+    std::map<int, in_flight> flight;
+    double loss = 0;
+    bool head_enqueued = false;
+    for (const schedule::instruction& ins : program) {
+      const int k = ins.micro_batch;
+      switch (ins.op) {
+        case pipeline_op::load_micro_batch: break;
+        case pipeline_op::recv_act:
+          flight[k].x = comm_->receive(train_msg::act, step, k, 0, rows * D,
+                                       "activations of micro-batch " + std::to_string(k) + " from " +
+                                           o_.layout.label(o_.layout.rank_of(stage_ - 1, replica_)));
+          flight[k].x = flight[k].x.view({rows, D});
+          break;
+        case pipeline_op::forward: {
+          in_flight& f = flight[k];
+          if (first_) {
+            f.x = Tensor::empty({rows, D});
+            head_part_->embed(tokens(ids_, k), positions(), f.x);
+          }
+          f.y = Tensor::empty({rows, D});
+          stage_part_->forward(f.x, mb_, o_.seq, f.y, &f.acts);
+          break;
+        }
+        case pipeline_op::send_act:
+          comm_->send(o_.layout.rank_of(stage_ + 1, replica_), train_msg::act, {step, k, 0, rank_}, flight[k].y);
+          break;
+        case pipeline_op::recv_grad:
+          flight[k].dy = comm_->receive(train_msg::grad, step, k, 0, rows * D,
+                                        "gradient of micro-batch " + std::to_string(k) + " from " +
+                                            o_.layout.label(o_.layout.rank_of(stage_ + 1, replica_)));
+          flight[k].dy = flight[k].dy.view({rows, D});
+          break;
+        case pipeline_op::backward: {
+          in_flight& f = flight[k];
+          if (last_) {
+            f.dy = Tensor::empty({rows, D});
+            const float scale = static_cast<float>(mb_) / static_cast<float>(o_.batch);
+            const float l = head_part_->loss(f.y, tokens(targets_, k), &f.dy, scale, head_acts_);
+            loss += static_cast<double>(l) * mb_ / o_.batch;
+          }
+          f.dx = Tensor::empty({rows, D});
+          std::function<void(int)> on_block;
+          if (k == m_ - 1)
+            on_block = [this, step](int i) { enqueue(stage_part_->first() + i, step); };
+          stage_part_->backward(f.acts, f.dy, f.dx, on_block);
+          if (first_) head_part_->embed_backward(tokens(ids_, k), positions(), f.dx);
+          f.acts = {};
+          f.x = f.y = f.dy = Tensor{};
+          break;
+        }
+        case pipeline_op::send_grad:
+          comm_->send(o_.layout.rank_of(stage_ - 1, replica_), train_msg::grad, {step, k, 0, rank_}, flight[k].dx);
+          flight.erase(k);
+          break;
+        case pipeline_op::reduce_grads:
+          if (head_part_ && !head_enqueued) {
+            enqueue(head_bucket, step);
+            head_enqueued = true;
+          }
+          break;
+        case pipeline_op::optimizer_step:
+          optimizer_step(step, loss);
+          break;
+      }
+    }
+  }
+
+  Tensor tokens(const std::vector<std::int32_t>& all, int k) const {
+    const std::int64_t per_replica = static_cast<std::int64_t>(o_.batch / o_.layout.dp) * o_.seq;
+    const std::int64_t rows = static_cast<std::int64_t>(mb_) * o_.seq;
+    const std::int64_t begin = replica_ * per_replica + k * rows;
+    return Tensor::from_i32(std::span(all).subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(rows)),
+                            {rows});
+  }
+
+  const Tensor& positions() {
+    if (!positions_.defined()) {
+      std::vector<std::int32_t> p(static_cast<std::size_t>(mb_) * o_.seq);
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(o_.seq));
+      positions_ = Tensor::from_i32(p, {static_cast<std::int64_t>(p.size())});
+    }
+    return positions_;
+  }
+
+  // ---- reductions and the update ----------------------------------------------------
+
+  bool clipping() const { return o_.optimizer.max_grad_norm > 0.0f; }
+
+  void enqueue(int id, std::int64_t step) {
+    ++enqueued_;
+    caf::anon_send(dp_actor_, reduce_atom::value, slot_of_.at(id), step);
+  }
+
+  // On the DP-group actor: the bucket's reduce-scatter, and without
+  // clipping its update and all-gather at once.
+  void reduce_bucket(int slot, std::int64_t step) {
+    try {
+      bucket& b = buckets_[static_cast<std::size_t>(slot)];
+      ring_reduce_scatter(*comm_, *b.group, b.grads->flat(), step, b.id);
+      if (!clipping()) {
+        update_shard(b, step);
+        ring_all_gather(*comm_, *b.group, b.params->flat(), step, b.id);
+      }
+      note_reduced({});
+    } catch (const std::exception& e) {
+      note_reduced(e.what());
+    }
+  }
+
+  void note_reduced(std::optional<std::string> error) {
+    {
+      std::lock_guard lock(dp_mu_);
+      ++reduced_;
+      if (error && !dp_error_) dp_error_ = std::move(error);
+    }
+    dp_cv_.notify_all();
+  }
+
+  void wait_reductions(int count, bool rethrow) {
+    std::unique_lock lock(dp_mu_);
+    dp_cv_.wait(lock, [&] { return reduced_ >= count; });
+    if (rethrow && dp_error_) throw train_error(*dp_error_);
+  }
+
+  void update_shard(bucket& b, std::int64_t step) {
+    Tensor p = b.params->flat().slice(b.lo, b.hi);
+    Tensor g = b.grads->flat().slice(b.lo, b.hi);
+    be_.adamw(p, g, b.m, b.v, o_.optimizer.adamw, step);
+  }
+
+  void optimizer_step(int step, double loss) {
+    if (enqueued_ - step_start_enqueued_ != static_cast<int>(buckets_.size()))
+      throw train_error("internal: " + std::to_string(enqueued_ - step_start_enqueued_) + " of " +
+                        std::to_string(buckets_.size()) + " buckets handed to the DP group in step " + std::to_string(step));
+    wait_reductions(enqueued_, true);
+    double sum_squares = 0;
+    if (clipping())
+      for (bucket& b : buckets_) sum_squares += be_.sum_squares(b.grads->flat().slice(b.lo, b.hi));
+    comm_->send_coordinator(train_msg::report, encode_body(train_report{rank_, step, loss, sum_squares}));
+    if (clipping()) {
+      remote_message m = inbox_->take(train_key(train_msg::norm, step, 0), o_.timeout,
+                                      "gradient norm of step " + std::to_string(step) + " from the coordinator");
+      auto note = decode_train_step(m.body);
+      if (!note) throw train_error("bad gradient norm from the coordinator: " + error_message(note.error()));
+      const double coef = static_cast<double>(o_.optimizer.max_grad_norm) / (note->value + 1e-6);
+      for (bucket& b : buckets_) {
+        if (coef < 1.0) {
+          Tensor g = b.grads->flat().slice(b.lo, b.hi);
+          be_.scale(g, static_cast<float>(coef));
+        }
+        update_shard(b, step);
+        ring_all_gather(*comm_, *b.group, b.params->flat(), step, b.id);
+      }
+    }
+    if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && !o_.checkpoint_dir.empty())
+      save_checkpoint(step);
+  }
+
+  // ---- the end ------------------------------------------------------------------
+
+  void finish() {
+    if (!o_.save_dir.empty())
+      for (const bucket& b : buckets_) {
+        const bool sends = b.id == head_bucket ? rank_ == 0 : replica_ == 0;
+        if (sends)
+          comm_->send_coordinator(train_msg::params, encode_body(train_packet{o_.steps, b.id, 0, rank_}),
+                                  {b.params->flat().clone()});
+      }
+    comm_->send_coordinator(train_msg::done, encode_body(train_step_note{o_.steps, rank_, 0}));
+    inbox_->take(train_key(train_msg::finish, o_.steps, 0), o_.timeout, "the coordinator's end of the job");
+    inbox_->close();
+  }
+
+  node& node_;
+  const dist_train_options& o_;
+  int rank_;
+  transformer& model_;
+  token_dataset& data_;
+  model_config cfg_;
+  Backend& be_;
+  int stage_ = 0, replica_ = 0, mb_ = 1, m_ = 1;
+  bool first_ = false, last_ = false;
+  int steps_done_ = 0;
+
+  std::shared_ptr<train_inbox> inbox_;
+  caf::actor mailbox_, dp_actor_;
+  std::unique_ptr<train_comm> comm_;
+  ring dp_ring_, head_ring_;
+  std::optional<stage> stage_part_;
+  std::optional<head> head_part_;
+  head_activations head_acts_;
+  std::vector<bucket> buckets_;
+  std::map<int, int> slot_of_;
+  std::vector<std::int32_t> ids_, targets_;
+  Tensor positions_;
+
+  std::mutex dp_mu_;
+  std::condition_variable dp_cv_;
+  int enqueued_ = 0, reduced_ = 0, step_start_enqueued_ = 0;
+  std::optional<std::string> dp_error_;
+};
+
+}  // namespace
+
+void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator, transformer& model,
+                    token_dataset& data) {
+  if (rank < 0 || rank >= o.layout.world())
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is outside a job of " +
+                                std::to_string(o.layout.world()) + " ranks");
+  check_layout(o.layout, model.config().n_layers);
+  rank_runtime rt(n, o, rank, model, data);
+  rt.run(coordinator);
+}
+
+}  // namespace corolla

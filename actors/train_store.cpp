@@ -1,0 +1,106 @@
+#include "actors/train_store.hpp"
+
+#include <fstream>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "model/error.hpp"
+#include "model/safetensors.hpp"
+
+namespace corolla {
+
+namespace fs = std::filesystem;
+
+std::string bucket_name(int id) { return id == head_bucket ? "head" : "block." + std::to_string(id); }
+
+std::string shard_file_name(int rank) { return "rank-" + std::to_string(rank) + ".safetensors"; }
+
+fs::path checkpoint_step_dir(const fs::path& dir, int step) { return dir / ("step-" + std::to_string(step)); }
+
+namespace {
+
+void write_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw train_error("cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw train_error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+}
+
+int step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return 0;
+  try {
+    std::size_t used = 0;
+    const int s = std::stoi(name.substr(5), &used);
+    return used == name.size() - 5 && s > 0 ? s : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+void write_shard(const fs::path& dir, int step, int rank, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  const fs::path step_dir = checkpoint_step_dir(dir, step);
+  std::error_code ec;
+  fs::create_directories(step_dir, ec);
+  if (ec) throw train_error("cannot create " + step_dir.string() + ": " + ec.message());
+  const fs::path final_path = step_dir / shard_file_name(rank);
+  const fs::path tmp = final_path.string() + ".tmp";
+  try {
+    write_safetensors(tmp, tensors, {{"step", std::to_string(step)}, {"rank", std::to_string(rank)}});
+  } catch (const model_error& e) {
+    throw train_error(std::string("cannot write checkpoint shard: ") + e.what());
+  }
+  fs::rename(tmp, final_path, ec);
+  if (ec) throw train_error("cannot rename " + tmp.string() + ": " + ec.message());
+}
+
+void commit_checkpoint(const fs::path& dir, int step, int world, const std::string& job) {
+  const fs::path step_dir = checkpoint_step_dir(dir, step);
+  nlohmann::json manifest = {{"step", step}, {"world", world}, {"job", job}};
+  write_atomically(step_dir / "manifest.json", manifest.dump(2) + "\n");
+  const int previous = latest_checkpoint_step(dir);
+  write_atomically(dir / "latest", "step-" + std::to_string(step) + "\n");
+  // Keep the new checkpoint and the one before it; older ones (and shards
+  // of steps that were never committed) go.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int s = step_of(e.path().filename().string());
+    if (s > 0 && s != step && s != previous && s < step) fs::remove_all(e.path(), ec);
+  }
+}
+
+int latest_checkpoint_step(const fs::path& dir) {
+  std::ifstream in(dir / "latest");
+  std::string name;
+  if (!(in >> name)) return 0;
+  const int s = step_of(name);
+  if (s == 0 || !fs::exists(checkpoint_step_dir(dir, s) / "manifest.json")) return 0;
+  return s;
+}
+
+void check_manifest(const fs::path& dir, int step, const std::string& job) {
+  const fs::path path = checkpoint_step_dir(dir, step) / "manifest.json";
+  std::ifstream in(path);
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw train_error("cannot read " + path.string() + ": " + e.what());
+  }
+  const std::string saved = m.value("job", std::string());
+  if (saved != job)
+    throw train_error("checkpoint " + path.parent_path().string() + " is of another job: it was written for '" + saved +
+                      "', this run is '" + job + "' (resume with the same model, --pp, --dp, --batch and --seq)");
+}
+
+}  // namespace corolla

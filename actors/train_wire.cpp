@@ -1,0 +1,122 @@
+#include "actors/train_wire.hpp"
+
+#include "actors/capnp_body.hpp"
+#include "net/wire.capnp.h"
+
+namespace corolla {
+
+using capnp_body::decode;
+using capnp_body::flat;
+using capnp_body::text;
+
+namespace {
+
+/// Rosters longer than this are refused (a job of more ranks is not one
+/// this runtime launches).
+constexpr unsigned max_roster = 4096;
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_body(const train_join& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainJoin>();
+  r.setRank(v.rank);
+  r.setWorld(v.world);
+  r.setEndpoint(v.endpoint);
+  r.setJobKey(v.job_key);
+  return flat(b);
+}
+
+std::vector<std::uint8_t> encode_body(const std::vector<train_peer>& roster) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainRoster>();
+  auto peers = r.initPeers(static_cast<unsigned>(roster.size()));
+  for (unsigned i = 0; i < roster.size(); ++i) {
+    peers[i].setRank(roster[i].rank);
+    peers[i].setNodeId(roster[i].node_id);
+    peers[i].setEndpoint(roster[i].endpoint);
+  }
+  return flat(b);
+}
+
+std::vector<std::uint8_t> encode_body(const train_packet& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainPacket>();
+  r.setStep(v.step);
+  r.setIndex(v.index);
+  r.setHop(v.hop);
+  r.setFrom(v.from);
+  return flat(b);
+}
+
+std::vector<std::uint8_t> encode_body(const train_report& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainReport>();
+  r.setRank(v.rank);
+  r.setStep(v.step);
+  r.setLoss(v.loss);
+  r.setSumSquares(v.sum_squares);
+  return flat(b);
+}
+
+std::vector<std::uint8_t> encode_body(const train_step_note& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainStep>();
+  r.setStep(v.step);
+  r.setRank(v.rank);
+  r.setValue(v.value);
+  return flat(b);
+}
+
+std::vector<std::uint8_t> encode_abort_body(const std::string& reason) {
+  capnp::MallocMessageBuilder b;
+  b.initRoot<wire::TrainAbort>().setReason(reason.substr(0, 4096));
+  return flat(b);
+}
+
+caf::expected<train_join> decode_train_join(const std::vector<std::uint8_t>& body) {
+  return decode<wire::TrainJoin>(body, "TrainJoin", [](wire::TrainJoin::Reader r) {
+    return train_join{r.getRank(), r.getWorld(), text(r.getEndpoint(), "endpoint"),
+                      text(r.getJobKey(), "job key")};
+  });
+}
+
+caf::expected<std::vector<train_peer>> decode_train_roster(const std::vector<std::uint8_t>& body) {
+  return decode<wire::TrainRoster>(body, "TrainRoster", [](wire::TrainRoster::Reader r) {
+    auto peers = r.getPeers();
+    if (peers.size() > max_roster)
+      throw std::invalid_argument("roster of " + std::to_string(peers.size()) + " ranks");
+    std::vector<train_peer> out;
+    out.reserve(peers.size());
+    for (auto p : peers)
+      out.push_back({p.getRank(), text(p.getNodeId(), "node id"), text(p.getEndpoint(), "endpoint")});
+    return out;
+  });
+}
+
+caf::expected<train_packet> decode_train_packet(const std::vector<std::uint8_t>& body) {
+  return decode<wire::TrainPacket>(body, "TrainPacket", [](wire::TrainPacket::Reader r) {
+    return train_packet{r.getStep(), r.getIndex(), r.getHop(), r.getFrom()};
+  });
+}
+
+caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>& body) {
+  return decode<wire::TrainReport>(body, "TrainReport", [](wire::TrainReport::Reader r) {
+    return train_report{r.getRank(), r.getStep(), r.getLoss(), r.getSumSquares()};
+  });
+}
+
+caf::expected<train_step_note> decode_train_step(const std::vector<std::uint8_t>& body) {
+  return decode<wire::TrainStep>(body, "TrainStep", [](wire::TrainStep::Reader r) {
+    return train_step_note{r.getStep(), r.getRank(), r.getValue()};
+  });
+}
+
+caf::expected<std::string> decode_train_abort(const std::vector<std::uint8_t>& body) {
+  return decode<wire::TrainAbort>(body, "TrainAbort", [](wire::TrainAbort::Reader r) {
+    std::string reason = r.getReason().cStr();
+    return reason.substr(0, 4096);
+  });
+}
+
+}  // namespace corolla

@@ -1,0 +1,80 @@
+// actors/train_wire.hpp — the bodies of pipeline x data-parallel training
+// messages (net/wire.capnp: TrainJoin, TrainRoster, TrainPacket,
+// TrainReport, TrainStep, TrainAbort) as plain structs, and their Cap'n
+// Proto encoding. Decoding validates: a malformed body is a bad_message
+// error, never an exception.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+namespace corolla {
+
+/// Message types of training (all one-way sends).
+namespace train_msg {
+inline constexpr const char* join = "train.join";      ///< rank -> coordinator
+inline constexpr const char* roster = "train.roster";  ///< coordinator -> ranks
+inline constexpr const char* act = "train.act";        ///< stage s -> s+1, activations
+inline constexpr const char* grad = "train.grad";      ///< stage s -> s-1, their gradient
+inline constexpr const char* rs = "train.rs";          ///< ring reduce-scatter chunk
+inline constexpr const char* ag = "train.ag";          ///< ring all-gather chunk
+inline constexpr const char* params = "train.params";  ///< a bucket's parameters for the final save
+inline constexpr const char* report = "train.report";  ///< rank -> coordinator, per step
+inline constexpr const char* norm = "train.norm";      ///< coordinator -> ranks, per step
+inline constexpr const char* saved = "train.saved";    ///< rank -> coordinator, checkpoint shard written
+inline constexpr const char* done = "train.done";      ///< rank -> coordinator, last step finished
+inline constexpr const char* finish = "train.finish";  ///< coordinator -> ranks, everyone is done
+inline constexpr const char* abort = "train.abort";    ///< coordinator -> ranks, the job failed
+}  // namespace train_msg
+
+/// wire::TrainJoin.
+struct train_join {
+  int rank = 0, world = 0;
+  std::string endpoint, job_key;
+};
+
+/// One entry of wire::TrainRoster.
+struct train_peer {
+  int rank = 0;
+  std::string node_id, endpoint;
+};
+
+/// wire::TrainPacket.
+struct train_packet {
+  std::int64_t step = 0;
+  int index = 0, hop = 0, from = 0;
+};
+
+/// wire::TrainReport.
+struct train_report {
+  int rank = 0;
+  std::int64_t step = 0;
+  double loss = 0, sum_squares = 0;
+};
+
+/// wire::TrainStep (norm, saved, done, finish).
+struct train_step_note {
+  std::int64_t step = 0;
+  int rank = 0;
+  double value = 0;
+};
+
+std::vector<std::uint8_t> encode_body(const train_join& v);
+std::vector<std::uint8_t> encode_body(const std::vector<train_peer>& roster);
+std::vector<std::uint8_t> encode_body(const train_packet& v);
+std::vector<std::uint8_t> encode_body(const train_report& v);
+std::vector<std::uint8_t> encode_body(const train_step_note& v);
+/// wire::TrainAbort with `reason`.
+std::vector<std::uint8_t> encode_abort_body(const std::string& reason);
+
+caf::expected<train_join> decode_train_join(const std::vector<std::uint8_t>& body);
+caf::expected<std::vector<train_peer>> decode_train_roster(const std::vector<std::uint8_t>& body);
+caf::expected<train_packet> decode_train_packet(const std::vector<std::uint8_t>& body);
+caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>& body);
+caf::expected<train_step_note> decode_train_step(const std::vector<std::uint8_t>& body);
+caf::expected<std::string> decode_train_abort(const std::vector<std::uint8_t>& body);
+
+}  // namespace corolla

@@ -1,0 +1,62 @@
+// apps/train_args.hpp — the flags of `corolla train`, and how it opens its
+// model and data; shared by single-process training (apps/train.cpp) and
+// pipeline x data-parallel training (apps/train_dist.cpp).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "kernels/backend.hpp"
+#include "model/token_data.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::app {
+
+struct train_args {
+  std::string model;
+  std::string data;
+  int batch = 0;
+  int seq = 0;
+  int steps = 0;
+  float lr = 0.0f;
+  float weight_decay = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float grad_clip = 0.0f;
+  int log_every = 1;
+  std::string save;
+  std::uint64_t seed = 0;
+  int threads = 0;
+  std::string device = "cpu";
+  bool json = false;
+
+  // Pipeline x data-parallel training (apps/train_dist.cpp).
+  int pp = 0;                      ///< pipeline stages (0 = not given)
+  int dp = 0;                      ///< data-parallel replicas (0 = not given)
+  int micro_batch = 0;             ///< sequences per micro-batch (0 = the default rule)
+  int rank = -1;                   ///< this process's rank (-1 = not given)
+  std::string coordinator;         ///< HOST:PORT of the coordinator
+  bool external_coordinator = false;  ///< rank 0 does not host the coordinator
+  std::string listen = "tcp://127.0.0.1:0";  ///< this rank's node endpoint
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  bool resume = false;
+  double timeout_s = 300;
+};
+
+/// A directory with weights is loaded; one with only config.json starts
+/// from the GPT-2 initialisation for `seed` (`fresh` says which).
+transformer open_model(const std::filesystem::path& dir, std::uint64_t seed, Backend& be, bool& fresh);
+
+/// The token data: llm.c shards and raw uint16 `.bin` files as they are,
+/// anything else as text tokenised with the model directory's tokenizer.
+token_dataset open_data(const std::filesystem::path& file, const std::filesystem::path& model_dir, int vocab);
+
+/// Whether the flags or the launcher's environment ask for a distributed run.
+bool wants_distributed(const train_args& a);
+/// Pipeline x data-parallel training (apps/train_dist.cpp).
+int run_distributed_train(train_args a);
+
+}  // namespace corolla::app

@@ -1,0 +1,343 @@
+// corolla train --pp P --dp D: pipeline x data-parallel training. Without a
+// rank identity this process is the launcher: it runs the coordinator and
+// starts one `corolla train --rank R` process per rank on 127.0.0.1. With
+// one (--rank, or the environment of Slurm or torchrun) it is that rank of
+// a job whose coordinator rank 0 hosts at --coordinator.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/errors.hpp"
+#include "actors/node.hpp"
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "actors/train_store.hpp"
+#include "apps/commands.hpp"
+#include "apps/train_args.hpp"
+#include "model/config.hpp"
+#include "model/trainer.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int env_int(const char* name, const std::string& v) {
+  try {
+    std::size_t used = 0;
+    const int n = std::stoi(v, &used);
+    if (used == v.size() && n >= 0) return n;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(std::string("environment variable ") + name + "='" + v + "' is not a count");
+}
+
+/// Rank, world size and coordinator from a launcher's environment: Slurm
+/// (SLURM_PROCID, SLURM_NTASKS) or torchrun (RANK, WORLD_SIZE,
+/// MASTER_ADDR, MASTER_PORT). world = 0 when none is set.
+struct launcher_identity {
+  int rank = -1, world = 0;
+  std::string coordinator;
+  std::string source;
+};
+
+launcher_identity from_environment() {
+  launcher_identity id;
+  if (auto r = env("RANK"), w = env("WORLD_SIZE"); r && w) {
+    id.rank = env_int("RANK", *r);
+    id.world = env_int("WORLD_SIZE", *w);
+    id.source = "RANK/WORLD_SIZE";
+  } else if (auto sr = env("SLURM_PROCID"), sw = env("SLURM_NTASKS"); sr && sw) {
+    id.rank = env_int("SLURM_PROCID", *sr);
+    id.world = env_int("SLURM_NTASKS", *sw);
+    id.source = "SLURM_PROCID/SLURM_NTASKS";
+  }
+  if (auto addr = env("MASTER_ADDR"), port = env("MASTER_PORT"); addr && port) id.coordinator = *addr + ":" + *port;
+  return id;
+}
+
+/// "tcp://HOST:PORT" from "HOST:PORT" (or an endpoint as it is).
+std::string tcp_endpoint(const std::string& where) {
+  if (where.rfind("tcp://", 0) == 0) return where;
+  if (where.find(':') == std::string::npos)
+    throw std::invalid_argument("--coordinator '" + where + "' is not HOST:PORT");
+  return "tcp://" + where;
+}
+
+void print_step(const train_args& a, const dist_step_report& r) {
+  if (!trainer::is_logged(r.step, a.steps, a.log_every)) return;
+  if (a.json) {
+    nlohmann::json line = {{"step", r.step}, {"loss", r.loss}, {"seconds", r.seconds}};
+    if (a.grad_clip > 0.0f) line["grad_norm"] = r.grad_norm;
+    std::printf("%s\n", line.dump().c_str());
+  } else {
+    std::printf("step %d loss %.6f\n", r.step, r.loss);
+  }
+  std::fflush(stdout);
+}
+
+node_options rank_node_options(const std::string& listen) {
+  node_options n;
+  n.listen = listen;
+  n.scheduler_threads = 2;
+  n.publish_echo = false;
+  return n;
+}
+
+std::unique_ptr<node> start_node(const node_options& opts, const std::string& what) {
+  auto n = node::start(opts);
+  if (!n) throw std::runtime_error("cannot start the " + what + " node: " + error_message(n.error()));
+  return std::move(*n);
+}
+
+// ---- one rank -----------------------------------------------------------------------
+
+int run_rank(const train_args& a, const dist_train_options& o, const model_config& cfg) {
+  apply_common_options(a.threads, "warn");
+  const std::string coordinator = tcp_endpoint(a.coordinator);
+  // Rank 0 of a multi-host job hosts the coordinator (like torchrun's
+  // MASTER_ADDR), on a node of its own.
+  std::unique_ptr<node> coord_node;
+  std::thread coord_thread;
+  std::exception_ptr coord_error;
+  if (a.rank == 0 && !a.external_coordinator) {
+    coord_node = start_node(rank_node_options(coordinator), "coordinator");
+    coord_thread = std::thread([&] {
+      try {
+        run_train_coordinator(*coord_node, o, cfg, [&](const dist_step_report& r) { print_step(a, r); });
+      } catch (...) {
+        coord_error = std::current_exception();
+      }
+    });
+  }
+  auto join_coordinator = [&] {
+    if (coord_thread.joinable()) coord_thread.join();
+  };
+  try {
+    auto n = start_node(rank_node_options(a.listen), "rank");
+    bool fresh = false;
+    transformer model = open_model(a.model, a.seed, cpu_backend(), fresh);
+    token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
+    run_train_rank(*n, o, a.rank, coordinator, model, data);
+  } catch (const std::exception& e) {
+    if (coord_node) coord_node->stop();
+    join_coordinator();
+    throw train_error(std::string("training failed on ") + o.layout.label(a.rank) + ": " + e.what());
+  }
+  join_coordinator();
+  if (coord_error) std::rethrow_exception(coord_error);
+  return 0;
+}
+
+// ---- the local launcher -----------------------------------------------------------------
+
+/// The rank processes of a local job: killed (SIGTERM, then SIGKILL) and
+/// reaped when the launcher is done with them; they also die with it.
+class rank_processes {
+ public:
+  ~rank_processes() { stop(); }
+
+  void start(std::vector<std::string> args) {
+    char self[4096];
+    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) throw std::runtime_error("cannot find this program's binary: " + std::string(std::strerror(errno)));
+    self[len] = '\0';
+    args.insert(args.begin(), "corolla");
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(126);
+      ::execv(self, argv.data());
+      ::_exit(127);
+    }
+    pids_.push_back(pid);
+  }
+
+  /// Waits for a rank to end: (index, status as "exit status N" or "signal
+  /// N"), or nullopt when all have ended. Returns early when `stop` is set.
+  std::optional<std::pair<int, std::string>> wait_any(const std::atomic<bool>& stop) {
+    while (!stop) {
+      bool any = false;
+      for (std::size_t i = 0; i < pids_.size(); ++i) {
+        if (pids_[i] <= 0) continue;
+        any = true;
+        int st = 0;
+        const pid_t r = ::waitpid(pids_[i], &st, WNOHANG);
+        if (r != pids_[i]) continue;
+        pids_[i] = -1;
+        if (WIFEXITED(st)) return std::pair{static_cast<int>(i), "exit status " + std::to_string(WEXITSTATUS(st))};
+        return std::pair{static_cast<int>(i), "signal " + std::to_string(WTERMSIG(st))};
+      }
+      if (!any) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return std::nullopt;
+  }
+
+  void stop() {
+    for (pid_t p : pids_)
+      if (p > 0) ::kill(p, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (pid_t& p : pids_) {
+      if (p <= 0) continue;
+      int st = 0;
+      pid_t r = 0;
+      while (((r = ::waitpid(p, &st, WNOHANG)) == 0 || (r < 0 && errno == EINTR)) &&
+             std::chrono::steady_clock::now() < deadline)
+        ::usleep(5000);
+      if (r <= 0) {
+        ::kill(p, SIGKILL);
+        while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
+        }
+      }
+      p = -1;
+    }
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator) {
+  auto num = [](auto v) { return std::to_string(v); };
+  auto flt = [](float v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+    return std::string(buf);
+  };
+  std::vector<std::string> r{"train",        "--model",      a.model,           "--data",
+                             a.data,         "--batch",      num(a.batch),      "--seq",
+                             num(a.seq),     "--steps",      num(a.steps),      "--lr",
+                             flt(a.lr),      "--weight-decay", flt(a.weight_decay), "--beta1",
+                             flt(a.beta1),   "--beta2",      flt(a.beta2),      "--eps",
+                             flt(a.eps),     "--grad-clip",  flt(a.grad_clip),  "--seed",
+                             num(a.seed),    "--threads",    num(a.threads > 0 ? a.threads : 1),
+                             "--pp",         num(a.pp),      "--dp",            num(a.dp),
+                             "--micro-batch", num(a.micro_batch), "--rank",     num(rank),
+                             "--coordinator", coordinator,   "--external-coordinator",
+                             "--timeout-s",  num(a.timeout_s)};
+  // Ranks only send their parameters; the coordinator writes --save.
+  if (!a.save.empty()) r.insert(r.end(), {"--save", a.save});
+  if (!a.checkpoint_dir.empty()) {
+    r.insert(r.end(), {"--checkpoint-dir", a.checkpoint_dir, "--checkpoint-every", num(a.checkpoint_every)});
+    if (a.resume) r.push_back("--resume");
+  }
+  return r;
+}
+
+int launch_local(const train_args& a, const dist_train_options& o, const model_config& cfg) {
+  apply_common_options(1, "warn");
+  // Bad data is one error here, not one per rank.
+  open_data(a.data, a.model, cfg.vocab_size);
+  auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "coordinator");
+  const std::string endpoint = n->endpoint();
+  spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
+
+  auto inbox = std::make_shared<train_inbox>();
+  rank_processes ranks;
+  std::atomic<bool> over{false};
+  for (int r = 0; r < o.layout.world(); ++r) ranks.start(rank_args(a, r, endpoint));
+  // A rank process that ends before the job does fails it at once (also
+  // before it joined, when no link could report it).
+  std::thread watcher([&] {
+    while (auto ended = ranks.wait_any(over)) {
+      if (ended->second != "exit status 0" && !over)
+        inbox->fail(o.layout.label(ended->first) + " exited (" + ended->second + ")");
+    }
+  });
+  try {
+    run_train_coordinator(*n, o, cfg, [&](const dist_step_report& r) { print_step(a, r); }, inbox);
+  } catch (...) {
+    over = true;
+    watcher.join();
+    ranks.stop();
+    throw;
+  }
+  over = true;
+  watcher.join();
+  ranks.stop();
+  std::fprintf(stderr, "trained %d steps on %s (%d ranks)%s\n", a.steps, o.layout.describe().c_str(),
+               o.layout.world(), a.save.empty() ? "" : ("; saved to " + a.save).c_str());
+  return 0;
+}
+
+}  // namespace
+
+bool wants_distributed(const train_args& a) {
+  return a.pp > 0 || a.dp > 0 || a.rank >= 0 || from_environment().world > 1;
+}
+
+int run_distributed_train(train_args a) {
+  const launcher_identity id = from_environment();
+  if (a.rank < 0 && id.world > 0) a.rank = id.rank;
+  if (a.coordinator.empty()) a.coordinator = id.coordinator;
+  if (a.device != "cpu")
+    throw std::invalid_argument("pipeline and data-parallel training runs on the CPU backend only (--device " +
+                                a.device + ")");
+  const model_config cfg = load_config(a.model);
+  if (a.pp <= 0) a.pp = 1;
+  if (a.dp <= 0) a.dp = id.world > 0 ? std::max(1, id.world / a.pp) : 1;
+  if (id.world > 0 && id.world != a.pp * a.dp)
+    throw std::invalid_argument(id.source + " says " + std::to_string(id.world) + " ranks, but --pp " +
+                                std::to_string(a.pp) + " x --dp " + std::to_string(a.dp) + " is " +
+                                std::to_string(a.pp * a.dp));
+  dist_train_options o;
+  o.layout = even_layout(cfg.n_layers, a.pp, a.dp);
+  o.batch = a.batch;
+  o.seq = a.seq;
+  o.micro_batch = a.micro_batch;
+  o.steps = a.steps;
+  o.optimizer.adamw = {.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay};
+  o.optimizer.max_grad_norm = a.grad_clip;
+  o.checkpoint_dir = a.checkpoint_dir;
+  o.checkpoint_every = a.checkpoint_every;
+  o.resume = a.resume;
+  o.save_dir = a.save;
+  o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000));
+  if (a.seq > cfg.max_positions)
+    throw std::invalid_argument("--seq " + std::to_string(a.seq) + " is longer than the model's context (" +
+                                std::to_string(cfg.max_positions) + ")");
+  if (a.steps < 0 || a.log_every < 1) throw std::invalid_argument("--steps must be >= 0 and --log-every >= 1");
+  o.micro_batch_size();  // checks the batch split
+  if ((a.checkpoint_every > 0 || a.resume) && a.checkpoint_dir.empty())
+    throw std::invalid_argument("--checkpoint-every and --resume need --checkpoint-dir");
+  if (a.resume) {
+    const int latest = latest_checkpoint_step(o.checkpoint_dir);
+    if (latest == 0) throw std::invalid_argument("no complete checkpoint in " + a.checkpoint_dir + " to resume from");
+    check_manifest(o.checkpoint_dir, latest, job_key(o, cfg));
+  }
+  if (a.rank >= o.layout.world())
+    throw std::invalid_argument("--rank " + std::to_string(a.rank) + " is outside a job of " +
+                                std::to_string(o.layout.world()) + " ranks");
+  if (a.rank >= 0) {
+    if (a.coordinator.empty())
+      throw std::invalid_argument("a rank needs --coordinator HOST:PORT (or MASTER_ADDR and MASTER_PORT)");
+    return run_rank(a, o, cfg);
+  }
+  return launch_local(a, o, cfg);
+}
+
+}  // namespace corolla::app

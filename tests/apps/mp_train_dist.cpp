@@ -1,0 +1,351 @@
+// `corolla train --pp P --dp D` end to end: real rank processes on
+// 127.0.0.1 against the library's single-process training on the same
+// global batch (distributed equals single-process), resume, the final save,
+// a rank killed mid-run, ranks started by a launcher's environment, and bad
+// input.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/train_store.hpp"
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/safetensors.hpp"
+#include "model/token_data.hpp"
+#include "model/trainer.hpp"
+#include "model/transformer.hpp"
+#include "tests/support/child_process.hpp"
+#include "tests/support/cli_expect.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/tiny_model.hpp"
+
+namespace {
+
+using namespace corolla;
+using namespace corolla::testing;
+namespace fs = std::filesystem;
+
+tiny_model_options tiny(architecture arch) {
+  tiny_model_options o;
+  o.arch = arch;
+  o.vocab = 64;
+  o.hidden = 32;
+  o.layers = 4;
+  o.heads = 4;
+  o.kv_heads = arch == architecture::gpt2 ? 4 : 2;
+  o.intermediate = 64;
+  o.max_positions = 32;
+  o.init_std = 0.05f;
+  return o;
+}
+
+std::vector<std::uint16_t> pattern_tokens(std::size_t n) {
+  std::vector<std::uint16_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<std::uint16_t>((i * 7 + i / 5 + (i * i) % 3) % 64);
+  return t;
+}
+
+struct job {
+  fs::path model, data;
+  int batch = 6, seq = 8, steps = 20;
+  float lr = 3e-3f, clip = 0.0f;
+};
+
+std::vector<std::string> train_args(const job& j, std::vector<std::string> extra) {
+  std::vector<std::string> a = {"train", "--model", j.model,  "--data", j.data,  "--batch", std::to_string(j.batch),
+                                "--seq", std::to_string(j.seq), "--steps", std::to_string(j.steps), "--lr",
+                                std::to_string(j.lr), "--grad-clip", std::to_string(j.clip), "--json", "--threads", "1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+struct step_line {
+  int step = 0;
+  double loss = 0, grad_norm = -1;
+};
+
+std::vector<step_line> json_steps(const std::vector<std::string>& lines) {
+  std::vector<step_line> out;
+  for (const std::string& l : lines) {
+    INFO("line: " << l);
+    auto j = nlohmann::json::parse(l);
+    if (!j.contains("step") || !j.contains("loss") || j.contains("tokens")) continue;  // the summary
+    out.push_back({j["step"].get<int>(), j["loss"].get<double>(), j.value("grad_norm", -1.0)});
+  }
+  return out;
+}
+
+/// The library's single-process run of `j` (the reference).
+std::vector<float> reference_losses(const job& j, transformer model, std::vector<double>* norms = nullptr) {
+  token_dataset data = token_dataset::open(j.data, nullptr, model.config().vocab_size);
+  train_options o;
+  o.batch = j.batch;
+  o.seq = j.seq;
+  o.steps = j.steps;
+  o.optimizer.adamw.lr = j.lr;
+  o.optimizer.max_grad_norm = j.clip;
+  trainer t(model, data, o);
+  std::vector<float> losses;
+  while (t.steps_done() < j.steps) {
+    step_report r = t.step();
+    losses.push_back(r.loss);
+    if (norms) norms->push_back(r.grad_norm);
+  }
+  return losses;
+}
+
+void check_close(const std::vector<step_line>& got, const std::vector<float>& want, double rel, int first_step = 1) {
+  REQUIRE(got.size() == want.size() - static_cast<std::size_t>(first_step - 1));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("step " << got[i].step);
+    CHECK(got[i].step == first_step + static_cast<int>(i));
+    const double w = want[static_cast<std::size_t>(got[i].step - 1)];
+    CHECK(std::abs(got[i].loss - w) <= rel * std::abs(w));
+  }
+}
+
+process_result run_layout(const job& j, int pp, int dp, std::vector<std::string> extra = {}) {
+  extra.insert(extra.end(), {"--pp", std::to_string(pp), "--dp", std::to_string(dp)});
+  return run_corolla(train_args(j, extra), std::chrono::seconds(120));
+}
+
+/// A job on a fresh GPT-2 (tied embeddings) from its config.json only.
+job fresh_gpt2_job(const temp_dir_guard& tmp) {
+  job j;
+  j.model = tmp / "gpt2";
+  fs::create_directories(j.model);
+  std::ofstream(j.model / "config.json") << to_hf_json(tiny_config(tiny(architecture::gpt2))).dump(2);
+  j.data = tmp / "tokens.bin";
+  write_raw_u16(j.data, pattern_tokens(3000));
+  return j;
+}
+
+transformer fresh_gpt2(const job& j) { return transformer::init(load_config(j.model), 0, cpu_backend()); }
+
+// The pids of the processes whose parent is `parent` and whose command line
+// holds `needle` as one argument.
+std::vector<pid_t> children_with_arg(pid_t parent, const std::vector<std::string>& needle) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
+    std::vector<std::string> args;
+    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
+    if (std::search(args.begin(), args.end(), needle.begin(), needle.end()) != args.end())
+      out.push_back(static_cast<pid_t>(std::stoi(name)));
+  }
+  return out;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+TEST_CASE("every pipeline x data-parallel layout gives the single-process losses over 20 steps") {
+  temp_dir_guard tmp("mp-train-layouts");
+  const job j = fresh_gpt2_job(tmp);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  for (auto [pp, dp] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}, {2, 2}, {4, 1}, {3, 2}}) {
+    INFO("layout " << pp << "x" << dp);
+    const process_result r = run_layout(j, pp, dp, {"--seed", "0"});
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    check_close(json_steps(r.out_lines()), want, 1e-5);
+  }
+}
+
+TEST_CASE("an untied Llama with several micro-batches per replica and clipping trains like one process") {
+  temp_dir_guard tmp("mp-train-llama");
+  tiny_model_options o = tiny(architecture::llama);
+  job j;
+  j.model = tmp / "llama";
+  write_tiny_model(j.model, o);
+  j.data = tmp / "tokens.bin";
+  write_raw_u16(j.data, pattern_tokens(3000));
+  j.batch = 8;
+  j.steps = 10;
+  j.lr = 1e-2f;
+  j.clip = 0.5f;
+  std::vector<double> norms;
+  const std::vector<float> want = reference_losses(j, transformer::load(j.model, cpu_backend()), &norms);
+  // 2 stages x 2 replicas, 4 sequences per replica in micro-batches of 2.
+  const process_result r = run_layout(j, 2, 2, {"--micro-batch", "2"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto got = json_steps(r.out_lines());
+  check_close(got, want, 1e-5);
+  // The norm the coordinator sums from the ranks' shards is the global one,
+  // and clipping was active (it is above 0.5 at the start).
+  REQUIRE(got.size() == norms.size());
+  CHECK(norms.front() > 0.5);
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i].grad_norm == doctest::Approx(norms[i]).epsilon(1e-4));
+}
+
+TEST_CASE("a resumed run continues with the losses of an uninterrupted one, and --save writes the trained model") {
+  temp_dir_guard tmp("mp-train-resume");
+  job j = fresh_gpt2_job(tmp);
+  j.steps = 10;
+  const fs::path ck = tmp / "ck";
+  const process_result whole = run_layout(j, 2, 2, {"--save", tmp / "saved"});
+  INFO("stderr: " << whole.err);
+  REQUIRE(whole.exit_code == 0);
+  const auto uninterrupted = json_steps(whole.out_lines());
+  REQUIRE(uninterrupted.size() == 10u);
+
+  job first = j;
+  first.steps = 6;
+  const process_result a = run_layout(first, 2, 2, {"--checkpoint-dir", ck, "--checkpoint-every", "3"});
+  INFO("stderr: " << a.err);
+  REQUIRE(a.exit_code == 0);
+  CHECK(latest_checkpoint_step(ck) == 6);
+  CHECK(fs::exists(ck / "step-3" / "manifest.json"));
+  for (int r = 0; r < 4; ++r) CHECK(fs::exists(ck / "step-6" / shard_file_name(r)));
+
+  const process_result b = run_layout(j, 2, 2, {"--checkpoint-dir", ck, "--resume"});
+  INFO("stderr: " << b.err);
+  REQUIRE(b.exit_code == 0);
+  const auto resumed = json_steps(b.out_lines());
+  REQUIRE(resumed.size() == 4u);
+  for (std::size_t i = 0; i < resumed.size(); ++i) {
+    CHECK(resumed[i].step == 7 + static_cast<int>(i));
+    CHECK(resumed[i].loss == uninterrupted[6 + i].loss);
+  }
+
+  // The saved model equals the library's model after the same 10 steps, up
+  // to Adam's amplification of rounding noise: the key bias's gradient is
+  // zero in exact arithmetic (softmax ignores a per-query shift), so its
+  // updates follow the sign of summation noise, up to lr per step.
+  transformer lib = fresh_gpt2(j);
+  {
+    token_dataset data = token_dataset::open(j.data, nullptr, 64);
+    train_options o;
+    o.batch = j.batch;
+    o.seq = j.seq;
+    o.steps = j.steps;
+    o.optimizer.adamw.lr = j.lr;
+    trainer t(lib, data, o);
+    t.run();
+  }
+  lib.save(tmp / "lib");
+  const auto got = read_all_f32(tmp / "saved");
+  const auto want = read_all_f32(tmp / "lib");
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, values] : want) {
+    INFO("tensor " << name);
+    REQUIRE(got.count(name) == 1);
+    REQUIRE(got.at(name).size() == values.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < values.size(); ++i) worst = std::max(worst, std::abs(double(got.at(name)[i]) - values[i]));
+    const bool has_key_bias = name.find("c_attn.bias") != std::string::npos;
+    CHECK(worst < (has_key_bias ? 10 * j.lr : 1e-4));
+  }
+
+  // Another layout cannot resume this checkpoint.
+  check_one_error(run_layout(j, 2, 1, {"--checkpoint-dir", ck, "--resume"}), "is of another job");
+}
+
+TEST_CASE("a rank killed mid-run fails the job naming its stage and rank, and the last checkpoint stays whole") {
+  temp_dir_guard tmp("mp-train-kill");
+  job j = fresh_gpt2_job(tmp);
+  j.steps = 1000000;
+  const fs::path ck = tmp / "ck";
+  std::vector<std::string> args = train_args(j, {"--pp", "2", "--dp", "2", "--checkpoint-dir", ck,
+                                                  "--checkpoint-every", "5", "--timeout-s", "60"});
+  child_process launcher = child_process::corolla(args);
+  REQUIRE(launcher.wait_line(std::regex(R"("step":12\b)"), std::chrono::seconds(60)));
+  const auto victims = children_with_arg(launcher.pid(), {"--rank", "3"});
+  REQUIRE(victims.size() == 1u);
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(victims[0], SIGKILL);
+  const auto status = launcher.wait(std::chrono::seconds(10));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status.has_value());
+  CHECK(*status == 1);
+  CHECK(seconds < 3.0);
+  CHECK(launcher.err().find("rank 3 (stage 1, replica 1") != std::string::npos);
+  // No rank outlives the launcher.
+  CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
+
+  // The latest checkpoint is complete: a 2x2 run resumes from it.
+  const int latest = latest_checkpoint_step(ck);
+  REQUIRE(latest >= 10);
+  for (int r = 0; r < 4; ++r) CHECK_NOTHROW(safetensors_file::open(ck / ("step-" + std::to_string(latest)) / shard_file_name(r)));
+  job more = j;
+  more.steps = latest + 2;
+  const process_result resumed = run_layout(more, 2, 2, {"--checkpoint-dir", ck, "--resume"});
+  INFO("resume stderr: " << resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(json_steps(resumed.out_lines()).size() == 2u);
+}
+
+TEST_CASE("ranks started by a torchrun-style environment form the job, rank 0 hosting the coordinator") {
+  temp_dir_guard tmp("mp-train-env");
+  job j = fresh_gpt2_job(tmp);
+  j.steps = 5;
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  const std::string port = std::to_string(free_port());
+  auto rank = [&](int r) {
+    std::vector<std::string> a = {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                                  "MASTER_PORT=" + port, COROLLA_BINARY};
+    for (auto& s : train_args(j, {"--pp", "2"})) a.push_back(s);
+    return a;
+  };
+  child_process second("/usr/bin/env", rank(1));
+  const process_result first = run_process("/usr/bin/env", rank(0), std::chrono::seconds(60));
+  INFO("rank 0 stderr: " << first.err);
+  INFO("rank 1 stderr: " << second.err());
+  REQUIRE(first.exit_code == 0);
+  check_close(json_steps(first.out_lines()), want, 1e-5);
+  CHECK(second.wait(std::chrono::seconds(10)) == std::optional<int>(0));
+  CHECK(second.lines().empty());  // only the coordinator prints steps
+}
+
+TEST_CASE("bad distributed training input is one clear error") {
+  temp_dir_guard tmp("mp-train-bad");
+  const job j = fresh_gpt2_job(tmp);
+  check_one_error(run_layout(j, 5, 1), "5 pipeline stages for a model of 4 blocks");
+  check_one_error(run_layout(j, 1, 4), "does not split over 4 data-parallel replicas");
+  check_one_error(run_layout(j, 2, 2, {"--micro-batch", "2"}), "--micro-batch 2 does not divide");
+  check_one_error(run_layout(j, 2, 1, {"--checkpoint-dir", tmp / "none", "--resume"}), "no complete checkpoint");
+  check_one_error(run_layout(j, 2, 1, {"--device", "cuda"}), "CPU backend only");
+  check_one_error(run_corolla(train_args(j, {"--rank", "0", "--pp", "2"})), "needs --coordinator");
+}
