@@ -26,6 +26,8 @@ std::string train_layout::label(int rank) const {
   const auto st = static_cast<std::size_t>(stage_of(rank));
   if (st + 1 < boundaries.size())
     s += ", blocks " + std::to_string(boundaries[st]) + ".." + std::to_string(boundaries[st + 1] - 1);
+  if (rank >= 0 && static_cast<std::size_t>(rank) < worker_names.size())
+    s += ", worker " + worker_names[static_cast<std::size_t>(rank)];
   return s + ")";
 }
 

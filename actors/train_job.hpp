@@ -47,6 +47,8 @@ struct train_layout {
   int pp = 1;                   ///< pipeline stages
   int dp = 1;                   ///< data-parallel replicas of each stage
   std::vector<int> boundaries;  ///< pp + 1 entries: stage s runs blocks [boundaries[s], boundaries[s+1])
+  /// Optional: the worker each rank stands for (a cluster file's "node/index"), for messages.
+  std::vector<std::string> worker_names;
 
   int world() const { return pp * dp; }
   int stage_of(int rank) const { return rank / dp; }
@@ -87,6 +89,11 @@ struct dist_train_options {
   /// When set, the trained model is written here (HuggingFace layout) by
   /// the coordinator after the last step.
   std::filesystem::path save_dir;
+  /// Shaping of the link between ranks a and b at [a * world + b] (a net
+  /// link profile such as "bw=10Gbit,lat=5us"; "" = unshaped). Empty = no
+  /// shaping anywhere. The lower rank of a pair connects with this profile
+  /// and asks the other to shape its replies alike.
+  std::vector<std::string> link_profiles;
   /// How long any rank waits for one message (a dead rank is reported far
   /// sooner, by the link's failure detection).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};

@@ -130,7 +130,11 @@ class rank_runtime {
     for (int q : neighbours()) {
       const std::string& id = ids[static_cast<std::size_t>(q)];
       if (q > rank_) {
-        auto c = node_.connect(endpoints[static_cast<std::size_t>(q)]);
+        connect_options co;
+        const auto world = static_cast<std::size_t>(o_.layout.world());
+        if (!o_.link_profiles.empty()) co.link_profile = o_.link_profiles.at(static_cast<std::size_t>(rank_) * world + static_cast<std::size_t>(q));
+        if (co.link_profile.empty()) co.link_profile = "none";
+        auto c = node_.connect(endpoints[static_cast<std::size_t>(q)], co);
         if (!c) throw train_error("cannot connect to " + o_.layout.label(q) + " at " + endpoints[static_cast<std::size_t>(q)] +
                                   ": " + error_message(c.error()));
       } else {

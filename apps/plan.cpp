@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.hpp"
+#include "apps/plan_print.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
 #include "schedule/cluster.hpp"
@@ -93,33 +94,6 @@ void print_cluster(const sc::cluster_description& c) {
                   sc::describe_link(c.cluster_link(static_cast<int>(a), static_cast<int>(b))).c_str());
 }
 
-void print_plan(const sc::cluster_description& c, const sc::plan& p) {
-  const auto& e = p.estimate;
-  std::printf("plan: PP %d x DP %d x TP %d on %d of %d workers; per replica and step %d micro-batch%s of %d x %d tokens\n",
-              p.pp, p.dp, p.tp, p.pp * p.dp, c.size(), p.micro_batches, p.micro_batches == 1 ? "" : "es",
-              p.micro_batch, p.seq);
-  std::printf("  %-5s %-16s %-28s %-12s %-10s %7s %15s %11s %9s %22s\n", "stage", "layers", "workers", "cluster",
-              "nic", "TFLOP/s", "memory GiB", "fwd+bwd/mb", "send/mb", "DP reduce (exposed)");
-  for (const auto& s : p.stages) {
-    std::string workers = sc::describe_workers(c, s.workers);
-    std::string nic = nic_name(c, s.nic);
-    if (nic.size() > 10) nic = nic.substr(0, 7) + "...";
-    if (workers.size() > 28) workers = workers.substr(0, 25) + "...";
-    std::string mem = gib(s.cost.memory.total()) + "/" + gib(s.cost.capacity);
-    std::string reduce = seconds(s.cost.reduce_s) + " (" + seconds(s.cost.exposed_reduce_s) + ")";
-    std::printf("  %-5d %-16s %-28s %-12s %-10s %7.0f %15s %11s %9s %22s\n", s.index, layers_of(s).c_str(),
-                workers.c_str(), cluster_name(c, s.cluster).c_str(), nic.c_str(),
-                s.cost.flops_per_s / 1e12, mem.c_str(), seconds(s.cost.forward_s + s.cost.backward_s).c_str(),
-                s.head ? "-" : seconds(s.cost.send_s).c_str(), reduce.c_str());
-  }
-  if (!p.idle.empty()) std::printf("  idle: %s\n", sc::describe_workers(c, p.idle).c_str());
-  std::printf("predicted step: %s = pipeline %s (steady %s + fill/drain %s) + DP tail %s; bubble %.1f%%\n",
-              seconds(e.step_s).c_str(), seconds(e.pipeline_s).c_str(), seconds(e.steady_s).c_str(),
-              seconds(e.fill_drain_s).c_str(), seconds(e.dp_tail_s).c_str(), 100 * e.bubble_fraction);
-  std::printf("throughput: %.2f samples/s, %.0f tokens/s, %.1f model TFLOP/s per worker\n", e.samples_per_s,
-              e.tokens_per_s, e.flops_per_worker / 1e12);
-}
-
 void print_baseline(const char* label, const sc::plan& base, const sc::plan& best) {
   if (!base.feasible) {
     std::printf("  %-46s PP %d x DP %d: %s\n", label, base.pp, base.dp,
@@ -184,6 +158,37 @@ json plan_json(const sc::cluster_description& c, const sc::plan& p) {
   return j;
 }
 
+}  // namespace
+
+void print_plan(std::FILE* out, const sc::cluster_description& c, const sc::plan& p) {
+  const auto& e = p.estimate;
+  std::fprintf(out, "plan: PP %d x DP %d x TP %d on %d of %d workers; per replica and step %d micro-batch%s of %d x %d tokens\n",
+              p.pp, p.dp, p.tp, p.pp * p.dp, c.size(), p.micro_batches, p.micro_batches == 1 ? "" : "es",
+              p.micro_batch, p.seq);
+  std::fprintf(out, "  %-5s %-16s %-28s %-12s %-10s %7s %15s %11s %9s %22s\n", "stage", "layers", "workers", "cluster",
+              "nic", "TFLOP/s", "memory GiB", "fwd+bwd/mb", "send/mb", "DP reduce (exposed)");
+  for (const auto& s : p.stages) {
+    std::string workers = sc::describe_workers(c, s.workers);
+    std::string nic = nic_name(c, s.nic);
+    if (nic.size() > 10) nic = nic.substr(0, 7) + "...";
+    if (workers.size() > 28) workers = workers.substr(0, 25) + "...";
+    std::string mem = gib(s.cost.memory.total()) + "/" + gib(s.cost.capacity);
+    std::string reduce = seconds(s.cost.reduce_s) + " (" + seconds(s.cost.exposed_reduce_s) + ")";
+    std::fprintf(out, "  %-5d %-16s %-28s %-12s %-10s %7.0f %15s %11s %9s %22s\n", s.index, layers_of(s).c_str(),
+                workers.c_str(), cluster_name(c, s.cluster).c_str(), nic.c_str(),
+                s.cost.flops_per_s / 1e12, mem.c_str(), seconds(s.cost.forward_s + s.cost.backward_s).c_str(),
+                s.head ? "-" : seconds(s.cost.send_s).c_str(), reduce.c_str());
+  }
+  if (!p.idle.empty()) std::fprintf(out, "  idle: %s\n", sc::describe_workers(c, p.idle).c_str());
+  std::fprintf(out, "predicted step: %s = pipeline %s (steady %s + fill/drain %s) + DP tail %s; bubble %.1f%%\n",
+              seconds(e.step_s).c_str(), seconds(e.pipeline_s).c_str(), seconds(e.steady_s).c_str(),
+              seconds(e.fill_drain_s).c_str(), seconds(e.dp_tail_s).c_str(), 100 * e.bubble_fraction);
+  std::fprintf(out, "throughput: %.2f samples/s, %.0f tokens/s, %.1f model TFLOP/s per worker\n", e.samples_per_s,
+              e.tokens_per_s, e.flops_per_worker / 1e12);
+}
+
+namespace {
+
 int run_plan(const plan_args& a) {
   sc::cluster_description cluster = sc::load_cluster(a.cluster);
   model_config cfg = load_config(a.model);
@@ -238,7 +243,7 @@ int run_plan(const plan_args& a) {
   std::printf("job: global batch %d sequences of %d tokens, micro-batch %d, %s, AdamW%s\n\n", setup.global_batch,
               setup.sequence_length(cfg), setup.micro_batch,
               a.precision == "bf16" ? "bf16 mixed precision" : "fp32", setup.zero1 ? " (ZeRO-1)" : "");
-  print_plan(cluster, best);
+  print_plan(stdout, cluster, best);
   std::printf("\nbaselines on the same cost model (%d layouts priced):\n", r.layouts_priced);
   print_baseline("Holmes rule (NIC-sorted, layers by TFLOP/s)", r.holmes, best);
   print_baseline("naive (file order, even split)", r.naive, best);

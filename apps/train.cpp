@@ -162,6 +162,15 @@ void register_train(CLI::App& app, action_fn& action) {
                   "launched here) unless --rank says this process is one rank of a larger job")
       ->group(dist);
   cmd->add_option("--dp", args->dp, "Data-parallel replicas of each stage (--batch splits over them)")->group(dist);
+  cmd->add_option("--cluster", args->cluster,
+                  "Cluster TOML (docs/planner.md): train on the planner's layout for it, one local process per "
+                  "worker the plan uses, each link shaped as the file says those workers are linked; prints the "
+                  "plan first (--pp/--dp force a depth/width)")
+      ->group(dist);
+  cmd->add_option("--link-profile", args->link_profile,
+                  "Shape every link between ranks with this profile (ib, roce, ethernet, wan, consumer, or "
+                  "bw=...,lat=...); overrides the cluster file's links")
+      ->group(dist);
   cmd->add_option("--micro-batch", args->micro_batch,
                   "Sequences per pipeline micro-batch (default: 1 with --pp > 1, else the replica's whole batch)")
       ->group(dist);

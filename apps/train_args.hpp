@@ -44,6 +44,8 @@ struct train_args {
   int checkpoint_every = 0;
   bool resume = false;
   double timeout_s = 300;
+  std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file
+  std::string link_profile;  ///< one shaping profile for every link between ranks
 };
 
 /// A directory with weights is loaded; one with only config.json starts

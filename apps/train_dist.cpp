@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,9 +27,13 @@
 #include "actors/train_job.hpp"
 #include "actors/train_store.hpp"
 #include "apps/commands.hpp"
+#include "apps/plan_print.hpp"
 #include "apps/train_args.hpp"
 #include "model/config.hpp"
 #include "model/trainer.hpp"
+#include "net/shaping.hpp"
+#include "schedule/cluster.hpp"
+#include "schedule/planner.hpp"
 
 namespace corolla::app {
 
@@ -239,6 +244,8 @@ std::vector<std::string> rank_args(const train_args& a, int rank, const std::str
                              "--micro-batch", num(a.micro_batch), "--rank",     num(rank),
                              "--coordinator", coordinator,   "--external-coordinator",
                              "--timeout-s",  num(a.timeout_s)};
+  if (!a.cluster.empty()) r.insert(r.end(), {"--cluster", a.cluster});
+  if (!a.link_profile.empty()) r.insert(r.end(), {"--link-profile", a.link_profile});
   // Ranks only send their parameters; the coordinator writes --save.
   if (!a.save.empty()) r.insert(r.end(), {"--save", a.save});
   if (!a.checkpoint_dir.empty()) {
@@ -284,10 +291,65 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
   return 0;
 }
 
+// ---- --cluster: the planner's layout, links shaped by the cluster file ----------------
+
+struct planned_cluster {
+  schedule::cluster_description cluster;
+  schedule::plan plan;
+};
+
+planned_cluster plan_cluster(const train_args& a, const model_config& cfg) {
+  planned_cluster p{schedule::load_cluster(a.cluster), {}};
+  schedule::training_setup setup;
+  setup.set_precision(schedule::precision::fp32);  // what the CPU backend trains in
+  setup.global_batch = a.batch;
+  setup.micro_batch = a.micro_batch > 0 ? a.micro_batch : 1;
+  setup.seq = a.seq;
+  setup.pp = a.pp;
+  setup.dp = a.dp;
+  setup.validate(cfg);
+  p.plan = schedule::make_plan(p.cluster, cfg, setup).best;
+  if (!p.plan.feasible) throw std::invalid_argument("no feasible plan on " + a.cluster + ": " + p.plan.reason);
+  return p;
+}
+
+/// A link of the cost model as a shaping profile ("" for an unbounded one).
+std::string profile_of(const schedule::link_spec& l) {
+  if (!std::isfinite(l.bandwidth)) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "bw=%.6gMbit,lat=%.6gus", l.bandwidth * 8 / 1e6, l.latency * 1e6);
+  return buf;
+}
+
+/// Rank r = stage * dp + replica runs on the plan's worker for that stage
+/// and replica; every pair of ranks is shaped as the cluster file says
+/// their workers are linked (`override_profile`, when set, for all links).
+void use_plan(const planned_cluster& pc, dist_train_options& o, const std::string& override_profile) {
+  const schedule::plan& p = pc.plan;
+  o.layout.pp = p.pp;
+  o.layout.dp = p.dp;
+  o.layout.boundaries = {0};
+  std::vector<int> worker;
+  for (const auto& st : p.stages) o.layout.boundaries.push_back(st.last_layer);
+  for (const auto& st : p.stages)
+    for (int r = 0; r < p.dp; ++r) {
+      worker.push_back(st.workers[static_cast<std::size_t>(r)]);
+      o.layout.worker_names.push_back(pc.cluster.workers[static_cast<std::size_t>(worker.back())].name);
+    }
+  o.micro_batch = p.micro_batch;
+  const std::size_t world = worker.size();
+  o.link_profiles.assign(world * world, "");
+  for (std::size_t x = 0; x < world; ++x)
+    for (std::size_t y = 0; y < world; ++y)
+      if (x != y)
+        o.link_profiles[x * world + y] =
+            override_profile.empty() ? profile_of(pc.cluster.link_between(worker[x], worker[y])) : override_profile;
+}
+
 }  // namespace
 
 bool wants_distributed(const train_args& a) {
-  return a.pp > 0 || a.dp > 0 || a.rank >= 0 || from_environment().world > 1;
+  return a.pp > 0 || a.dp > 0 || a.rank >= 0 || !a.cluster.empty() || from_environment().world > 1;
 }
 
 int run_distributed_train(train_args a) {
@@ -298,17 +360,31 @@ int run_distributed_train(train_args a) {
     throw std::invalid_argument("pipeline and data-parallel training runs on the CPU backend only (--device " +
                                 a.device + ")");
   const model_config cfg = load_config(a.model);
-  if (a.pp <= 0) a.pp = 1;
-  if (a.dp <= 0) a.dp = id.world > 0 ? std::max(1, id.world / a.pp) : 1;
-  if (id.world > 0 && id.world != a.pp * a.dp)
-    throw std::invalid_argument(id.source + " says " + std::to_string(id.world) + " ranks, but --pp " +
-                                std::to_string(a.pp) + " x --dp " + std::to_string(a.dp) + " is " +
-                                std::to_string(a.pp * a.dp));
+  if (!a.link_profile.empty()) {
+    try {
+      net::parse_link_profile(a.link_profile);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument("--link-profile '" + a.link_profile + "': " + e.what());
+    }
+  }
   dist_train_options o;
-  o.layout = even_layout(cfg.n_layers, a.pp, a.dp);
+  std::optional<planned_cluster> planned;
+  if (!a.cluster.empty()) {
+    planned = plan_cluster(a, cfg);
+    use_plan(*planned, o, a.link_profile);
+  } else {
+    const int pp = a.pp > 0 ? a.pp : 1;
+    const int dp = a.dp > 0 ? a.dp : (id.world > 0 ? std::max(1, id.world / pp) : 1);
+    o.layout = even_layout(cfg.n_layers, pp, dp);
+    o.micro_batch = a.micro_batch;
+    if (!a.link_profile.empty() && a.link_profile != "none")
+      o.link_profiles.assign(static_cast<std::size_t>(o.layout.world() * o.layout.world()), a.link_profile);
+  }
+  if (id.world > 0 && id.world != o.layout.world())
+    throw std::invalid_argument(id.source + " says " + std::to_string(id.world) + " ranks, but the job has " +
+                                std::to_string(o.layout.world()) + " (" + o.layout.describe() + ")");
   o.batch = a.batch;
   o.seq = a.seq;
-  o.micro_batch = a.micro_batch;
   o.steps = a.steps;
   o.optimizer.adamw = {.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay};
   o.optimizer.max_grad_norm = a.grad_clip;
@@ -336,6 +412,10 @@ int run_distributed_train(train_args a) {
     if (a.coordinator.empty())
       throw std::invalid_argument("a rank needs --coordinator HOST:PORT (or MASTER_ADDR and MASTER_PORT)");
     return run_rank(a, o, cfg);
+  }
+  if (planned) {
+    std::fprintf(stderr, "cluster %s: %d workers; ", planned->cluster.name.c_str(), planned->cluster.size());
+    print_plan(stderr, planned->cluster, planned->plan);
   }
   return launch_local(a, o, cfg);
 }

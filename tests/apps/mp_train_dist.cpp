@@ -339,6 +339,58 @@ TEST_CASE("ranks started by a torchrun-style environment form the job, rank 0 ho
   CHECK(second.lines().empty());  // only the coordinator prints steps
 }
 
+const char* two_clusters_toml = R"(
+name = "two-clusters"
+[nic.ib]
+bandwidth_gbps = 8
+latency_us = 20
+[nic.ethernet]
+bandwidth_gbps = 1
+latency_us = 100
+[[cluster]]
+name = "fast"
+  [[cluster.node]]
+  name = "fast"
+  count = 2
+  nic = "ib"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.2
+    memory_gib = 4
+[[cluster]]
+name = "slow"
+  [[cluster.node]]
+  name = "eth"
+  count = 2
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.1
+    memory_gib = 4
+[[link]]
+clusters = ["fast", "slow"]
+bandwidth_gbps = 1
+latency_us = 500
+)";
+
+TEST_CASE("--cluster trains on the planner's layout over links shaped by the file, and equals one process") {
+  temp_dir_guard tmp("mp-train-cluster");
+  job j = fresh_gpt2_job(tmp);
+  j.batch = 4;
+  j.steps = 5;
+  std::ofstream(tmp / "two.toml") << two_clusters_toml;
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  const process_result r = run_corolla(train_args(j, {"--cluster", tmp / "two.toml", "--pp", "2", "--dp", "2"}));
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  check_close(json_steps(r.out_lines()), want, 1e-5);
+  // The plan is printed first; each DP group stays inside one cluster and
+  // NIC class, so only pipeline traffic crosses the slow link.
+  CHECK(r.err.find("plan: PP 2 x DP 2") != std::string::npos);
+  CHECK(r.err.find("fast0/0, fast1/0") != std::string::npos);
+  CHECK(r.err.find("eth0/0, eth1/0") != std::string::npos);
+}
+
 TEST_CASE("bad distributed training input is one clear error") {
   temp_dir_guard tmp("mp-train-bad");
   const job j = fresh_gpt2_job(tmp);
@@ -348,4 +400,6 @@ TEST_CASE("bad distributed training input is one clear error") {
   check_one_error(run_layout(j, 2, 1, {"--checkpoint-dir", tmp / "none", "--resume"}), "no complete checkpoint");
   check_one_error(run_layout(j, 2, 1, {"--device", "cuda"}), "CPU backend only");
   check_one_error(run_corolla(train_args(j, {"--rank", "0", "--pp", "2"})), "needs --coordinator");
+  check_one_error(run_layout(j, 2, 1, {"--link-profile", "bogus"}), "--link-profile 'bogus'");
+  check_one_error(run_corolla(train_args(j, {"--cluster", tmp / "missing.toml"})), "missing.toml");
 }

@@ -1,0 +1,157 @@
+// Pure parts of distributed training: message bodies (round trips and
+// malformed input), the layout rules, ring chunking, the inbox's failure
+// semantics and the checkpoint commit protocol.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <thread>
+
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "actors/train_store.hpp"
+#include "actors/train_wire.hpp"
+#include "model/config.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+namespace fs = std::filesystem;
+
+TEST_CASE("training message bodies round-trip and malformed ones are bad_message") {
+  auto j = decode_train_join(encode_body(train_join{3, 4, "tcp://127.0.0.1:5", "layers=4"}));
+  REQUIRE(j);
+  CHECK(j->rank == 3);
+  CHECK(j->world == 4);
+  CHECK(j->endpoint == "tcp://127.0.0.1:5");
+  CHECK(j->job_key == "layers=4");
+
+  auto roster = decode_train_roster(encode_body(std::vector<train_peer>{{0, "n-a", "tcp://x:1"}, {1, "n-b", "tcp://x:2"}}));
+  REQUIRE(roster);
+  REQUIRE(roster->size() == 2u);
+  CHECK((*roster)[1].node_id == "n-b");
+
+  auto p = decode_train_packet(encode_body(train_packet{7, -1, 2, 5}));
+  REQUIRE(p);
+  CHECK(p->step == 7);
+  CHECK(p->index == -1);
+  CHECK(p->hop == 2);
+  CHECK(p->from == 5);
+
+  auto r = decode_train_report(encode_body(train_report{2, 9, 1.5, 0.25}));
+  REQUIRE(r);
+  CHECK(r->loss == 1.5);
+  CHECK(r->sum_squares == 0.25);
+
+  auto s = decode_train_step(encode_body(train_step_note{4, 1, 3.0}));
+  REQUIRE(s);
+  CHECK(s->value == 3.0);
+  auto a = decode_train_abort(encode_abort_body("rank 1 died"));
+  REQUIRE(a);
+  CHECK(*a == "rank 1 died");
+
+  CHECK_FALSE(decode_train_packet({}));
+  CHECK_FALSE(decode_train_packet({1, 2, 3}));
+  std::vector<std::uint8_t> garbage(64, 0xff);
+  CHECK_FALSE(decode_train_roster(garbage));
+  CHECK_FALSE(decode_train_join(garbage));
+  // A text over the limit is refused.
+  CHECK_FALSE(decode_train_join(encode_body(train_join{0, 1, std::string(300, 'x'), ""})));
+}
+
+TEST_CASE("layouts split blocks evenly, label ranks, and refuse impossible splits") {
+  train_layout l = even_layout(5, 2, 3);
+  CHECK(l.boundaries == std::vector<int>{0, 3, 5});
+  CHECK(l.world() == 6);
+  CHECK(l.stage_of(4) == 1);
+  CHECK(l.replica_of(4) == 1);
+  CHECK(l.rank_of(1, 2) == 5);
+  CHECK(l.label(4) == "rank 4 (stage 1, replica 1, blocks 3..4)");
+  CHECK(l.describe() == "2x3 [0,3) [3,5)");
+  CHECK_THROWS_AS(even_layout(2, 3, 1), std::invalid_argument);
+  CHECK_THROWS_AS(even_layout(2, 0, 1), std::invalid_argument);
+  train_layout bad = l;
+  bad.boundaries = {0, 5, 5};
+  CHECK_THROWS_AS(check_layout(bad, 5), std::invalid_argument);
+  bad.boundaries = {0, 2, 4};
+  CHECK_THROWS_AS(check_layout(bad, 5), std::invalid_argument);
+
+  dist_train_options o;
+  o.layout = even_layout(4, 2, 2);
+  o.batch = 8;
+  o.seq = 16;
+  CHECK(o.micro_batch_size() == 1);
+  CHECK(o.micro_batches() == 4);
+  o.micro_batch = 3;
+  CHECK_THROWS_AS(o.micro_batch_size(), std::invalid_argument);
+  o.micro_batch = 0;
+  o.layout = even_layout(4, 1, 2);
+  CHECK(o.micro_batch_size() == 4);  // one micro-batch per replica without a pipeline
+  o.batch = 7;
+  CHECK_THROWS_AS(o.micro_batch_size(), std::invalid_argument);
+}
+
+TEST_CASE("ring chunks cover the buffer and each member owns a different one") {
+  for (int g : {1, 2, 3, 5}) {
+    std::int64_t covered = 0;
+    for (int c = 0; c < g; ++c) {
+      auto [b, e] = chunk_range(101, g, c);
+      CHECK(b == covered);
+      covered = e;
+    }
+    CHECK(covered == 101);
+    std::vector<int> owned;
+    for (int pos = 0; pos < g; ++pos) owned.push_back(owned_chunk(ring{std::vector<int>(static_cast<std::size_t>(g)), pos}));
+    std::sort(owned.begin(), owned.end());
+    for (int c = 0; c < g; ++c) CHECK(owned[static_cast<std::size_t>(c)] == c);
+  }
+}
+
+TEST_CASE("the inbox hands out messages by key, times out, and fails with the most specific reason") {
+  train_inbox inbox;
+  remote_message m;
+  m.type = "x";
+  inbox.put("k", m);
+  CHECK(inbox.take("k", std::chrono::milliseconds(10), "k").type == "x");
+  CHECK_THROWS_WITH_AS(inbox.take("k", std::chrono::milliseconds(10), "the thing"), "no the thing within 10 ms",
+                       train_error);
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    inbox.put("later", m);
+  });
+  CHECK_NOTHROW(inbox.take("later", std::chrono::seconds(5), "later"));
+  late.join();
+
+  inbox.fail("rank 2 (stage 1) is down: peer said goodbye (node stopping)");
+  inbox.fail("rank 3 (stage 1) is down: connection lost");
+  inbox.fail("rank 1 is down: something else");
+  CHECK(*inbox.failure() == "rank 3 (stage 1) is down: connection lost");
+  CHECK_THROWS_WITH_AS(inbox.take("k", std::chrono::seconds(5), "k"), "rank 3 (stage 1) is down: connection lost",
+                       train_error);
+  train_inbox closed;
+  closed.close();
+  closed.fail("after the end");
+  CHECK_FALSE(closed.failure());
+}
+
+TEST_CASE("a checkpoint becomes the latest only once committed, and other jobs cannot resume it") {
+  testing::temp_dir_guard tmp("train-store");
+  const fs::path dir = tmp.path() / "ck";
+  CHECK(latest_checkpoint_step(dir) == 0);
+  Tensor t = Tensor::from_f32(std::vector<float>{1, 2, 3}, {3});
+  write_shard(dir, 5, 0, {{"m.head", t}});
+  CHECK(latest_checkpoint_step(dir) == 0);  // shards alone are not a checkpoint
+  commit_checkpoint(dir, 5, 1, "job-a");
+  CHECK(latest_checkpoint_step(dir) == 5);
+  CHECK_NOTHROW(check_manifest(dir, 5, "job-a"));
+  CHECK_THROWS_AS(check_manifest(dir, 5, "job-b"), train_error);
+  write_shard(dir, 10, 0, {{"m.head", t}});
+  commit_checkpoint(dir, 10, 1, "job-a");
+  write_shard(dir, 15, 0, {{"m.head", t}});
+  commit_checkpoint(dir, 15, 1, "job-a");
+  CHECK(latest_checkpoint_step(dir) == 15);
+  CHECK(fs::exists(dir / "step-10"));  // the one before stays
+  CHECK_FALSE(fs::exists(dir / "step-5"));
+  // A half-written pointer never names a missing checkpoint.
+  std::ofstream(dir / "latest") << "step-99\n";
+  CHECK(latest_checkpoint_step(dir) == 0);
+}
