@@ -68,6 +68,18 @@ train_layout even_layout(int n_layers, int pp, int dp);
 /// Throws std::invalid_argument naming the problem.
 void check_layout(const train_layout& l, int n_layers);
 
+/// Calibrated synthetic compute (benchmarks of emulated clusters on one
+/// machine): each rank sleeps its stage's modelled forward and backward
+/// time per micro-batch instead of computing, and skips the AdamW
+/// arithmetic, while every message (activations, gradients, the DP
+/// reductions of its real parameter buffers) still carries its real bytes
+/// over the shaped links. Losses are then 0.
+struct synthetic_compute {
+  std::vector<double> forward_s;   ///< per stage: one micro-batch's forward
+  std::vector<double> backward_s;  ///< per stage: one micro-batch's backward
+  bool enabled() const { return !forward_s.empty(); }
+};
+
 /// Everything every rank and the coordinator must agree on.
 struct dist_train_options {
   train_layout layout;
@@ -94,6 +106,8 @@ struct dist_train_options {
   /// shaping anywhere. The lower rank of a pair connects with this profile
   /// and asks the other to shape its replies alike.
   std::vector<std::string> link_profiles;
+  /// When enabled, ranks emulate compute (see synthetic_compute).
+  synthetic_compute synthetic;
   /// How long any rank waits for one message (a dead rank is reported far
   /// sooner, by the link's failure detection).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};

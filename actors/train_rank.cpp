@@ -285,8 +285,10 @@ class rank_runtime {
   }
 
   void run_step(const std::vector<schedule::instruction>& program, int step) {
-    stage_part_->zero_grads();
-    if (head_part_) head_part_->zero_grads();
+    if (!synthetic()) {
+      stage_part_->zero_grads();
+      if (head_part_) head_part_->zero_grads();
+    }
     step_start_enqueued_ = enqueued_;
     data_.next_batch(o_.batch, o_.seq, ids_, targets_);
     const std::int64_t rows = static_cast<std::int64_t>(mb_) * o_.seq;
@@ -306,6 +308,11 @@ class rank_runtime {
           break;
         case pipeline_op::forward: {
           in_flight& f = flight[k];
+          if (synthetic()) {
+            sleep_s(o_.synthetic.forward_s.at(static_cast<std::size_t>(stage_)));
+            f.y = synthetic_rows();
+            break;
+          }
           if (first_) {
             f.x = Tensor::empty({rows, D});
             head_part_->embed(tokens(ids_, k), positions(), f.x);
@@ -325,6 +332,19 @@ class rank_runtime {
           break;
         case pipeline_op::backward: {
           in_flight& f = flight[k];
+          if (synthetic()) {
+            // The modelled backward, block by block (last first), so the
+            // last micro-batch hands its buckets over as a real one would.
+            const int n = stage_part_->size();
+            const double per_block = o_.synthetic.backward_s.at(static_cast<std::size_t>(stage_)) / n;
+            for (int i = n - 1; i >= 0; --i) {
+              sleep_s(per_block);
+              if (k == m_ - 1) enqueue(stage_part_->first() + i, step);
+            }
+            f = in_flight{};
+            f.dx = synthetic_rows();
+            break;
+          }
           if (last_) {
             f.dy = Tensor::empty({rows, D});
             const float scale = static_cast<float>(mb_) / static_cast<float>(o_.batch);
@@ -375,6 +395,19 @@ class rank_runtime {
     return positions_;
   }
 
+  bool synthetic() const { return o_.synthetic.enabled(); }
+
+  static void sleep_s(double s) {
+    if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+  }
+
+  /// Activations of the right size whose values do not matter.
+  Tensor synthetic_rows() {
+    if (!synthetic_rows_.defined())
+      synthetic_rows_ = Tensor::zeros({static_cast<std::int64_t>(mb_) * o_.seq, cfg_.hidden_size});
+    return synthetic_rows_;
+  }
+
   // ---- reductions and the update ----------------------------------------------------
 
   bool clipping() const { return o_.optimizer.max_grad_norm > 0.0f; }
@@ -416,6 +449,7 @@ class rank_runtime {
   }
 
   void update_shard(bucket& b, std::int64_t step) {
+    if (synthetic()) return;
     Tensor p = b.params->flat().slice(b.lo, b.hi);
     Tensor g = b.grads->flat().slice(b.lo, b.hi);
     be_.adamw(p, g, b.m, b.v, o_.optimizer.adamw, step);
@@ -485,7 +519,7 @@ class rank_runtime {
   std::vector<bucket> buckets_;
   std::map<int, int> slot_of_;
   std::vector<std::int32_t> ids_, targets_;
-  Tensor positions_;
+  Tensor positions_, synthetic_rows_;
 
   std::mutex dp_mu_;
   std::condition_variable dp_cv_;
@@ -501,6 +535,9 @@ void run_train_rank(node& n, const dist_train_options& o, int rank, const std::s
     throw std::invalid_argument("rank " + std::to_string(rank) + " is outside a job of " +
                                 std::to_string(o.layout.world()) + " ranks");
   check_layout(o.layout, model.config().n_layers);
+  if (o.synthetic.enabled() && (o.synthetic.forward_s.size() != static_cast<std::size_t>(o.layout.pp) ||
+                                o.synthetic.backward_s.size() != static_cast<std::size_t>(o.layout.pp)))
+    throw std::invalid_argument("synthetic compute needs one forward and one backward time per stage");
   rank_runtime rt(n, o, rank, model, data);
   rt.run(coordinator);
 }

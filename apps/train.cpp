@@ -196,6 +196,9 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_flag("--resume", args->resume,
                 "Continue from the latest complete checkpoint in --checkpoint-dir (same model, layout and batch)")
       ->group(dist);
+  cmd->add_option("--job-file", args->job_file,
+                  "Internal: the job description the local launcher writes for the ranks it starts")
+      ->group(dist);
   cmd->add_option("--timeout-s", args->timeout_s,
                   "Longest wait for any one message between ranks (a dead rank is reported sooner)")
       ->capture_default_str()

@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <string>
 
+#include <functional>
+
+#include "actors/train_job.hpp"
 #include "kernels/backend.hpp"
 #include "model/token_data.hpp"
 #include "model/transformer.hpp"
@@ -46,6 +49,7 @@ struct train_args {
   double timeout_s = 300;
   std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file
   std::string link_profile;  ///< one shaping profile for every link between ranks
+  std::string job_file;      ///< internal: the job as the local launcher wrote it (JSON)
 };
 
 /// A directory with weights is loaded; one with only config.json starts
@@ -60,5 +64,11 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
 bool wants_distributed(const train_args& a);
 /// Pipeline x data-parallel training (apps/train_dist.cpp).
 int run_distributed_train(train_args a);
+/// Runs job `o` on o.layout.world() rank processes of this binary on
+/// 127.0.0.1 (their model and data flags from `a`), with the coordinator in
+/// this process calling `on_step`; kills and reaps the ranks on the way
+/// out. Throws train_error when the job fails.
+void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
+                   const std::function<void(const dist_step_report&)>& on_step);
 
 }  // namespace corolla::app

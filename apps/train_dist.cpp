@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -38,6 +40,8 @@
 namespace corolla::app {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
@@ -226,32 +230,65 @@ class rank_processes {
   std::vector<pid_t> pids_;
 };
 
-std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator) {
+// ---- the job file the launcher hands its ranks ----------------------------------------
+
+nlohmann::json job_to_json(const dist_train_options& o) {
+  const auto& w = o.optimizer.adamw;
+  return {{"pp", o.layout.pp}, {"dp", o.layout.dp}, {"boundaries", o.layout.boundaries},
+          {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
+          {"micro_batch", o.micro_batch}, {"steps", o.steps},
+          {"adamw", {{"lr", w.lr}, {"beta1", w.beta1}, {"beta2", w.beta2}, {"eps", w.eps}, {"weight_decay", w.weight_decay}}},
+          {"max_grad_norm", o.optimizer.max_grad_norm}, {"checkpoint_dir", o.checkpoint_dir.string()},
+          {"checkpoint_every", o.checkpoint_every}, {"resume", o.resume}, {"save_dir", o.save_dir.string()},
+          {"timeout_ms", o.timeout.count()}, {"link_profiles", o.link_profiles},
+          {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s}};
+}
+
+dist_train_options job_from_json(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw std::invalid_argument("cannot read job file " + file);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    dist_train_options o;
+    o.layout.pp = j.at("pp");
+    o.layout.dp = j.at("dp");
+    o.layout.boundaries = j.at("boundaries").get<std::vector<int>>();
+    o.layout.worker_names = j.at("worker_names").get<std::vector<std::string>>();
+    o.batch = j.at("batch");
+    o.seq = j.at("seq");
+    o.micro_batch = j.at("micro_batch");
+    o.steps = j.at("steps");
+    const auto& w = j.at("adamw");
+    o.optimizer.adamw = {w.at("lr"), w.at("beta1"), w.at("beta2"), w.at("eps"), w.at("weight_decay")};
+    o.optimizer.max_grad_norm = j.at("max_grad_norm");
+    o.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
+    o.checkpoint_every = j.at("checkpoint_every");
+    o.resume = j.at("resume");
+    o.save_dir = j.at("save_dir").get<std::string>();
+    o.timeout = std::chrono::milliseconds(j.at("timeout_ms").get<std::int64_t>());
+    o.link_profiles = j.at("link_profiles").get<std::vector<std::string>>();
+    o.synthetic.forward_s = j.at("synthetic_forward_s").get<std::vector<double>>();
+    o.synthetic.backward_s = j.at("synthetic_backward_s").get<std::vector<double>>();
+    return o;
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("malformed job file " + file + ": " + e.what());
+  }
+}
+
+std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
   auto num = [](auto v) { return std::to_string(v); };
   auto flt = [](float v) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
     return std::string(buf);
   };
-  std::vector<std::string> r{"train",        "--model",      a.model,           "--data",
-                             a.data,         "--batch",      num(a.batch),      "--seq",
-                             num(a.seq),     "--steps",      num(a.steps),      "--lr",
-                             flt(a.lr),      "--weight-decay", flt(a.weight_decay), "--beta1",
-                             flt(a.beta1),   "--beta2",      flt(a.beta2),      "--eps",
-                             flt(a.eps),     "--grad-clip",  flt(a.grad_clip),  "--seed",
-                             num(a.seed),    "--threads",    num(a.threads > 0 ? a.threads : 1),
-                             "--pp",         num(a.pp),      "--dp",            num(a.dp),
-                             "--micro-batch", num(a.micro_batch), "--rank",     num(rank),
-                             "--coordinator", coordinator,   "--external-coordinator",
-                             "--timeout-s",  num(a.timeout_s)};
-  if (!a.cluster.empty()) r.insert(r.end(), {"--cluster", a.cluster});
-  if (!a.link_profile.empty()) r.insert(r.end(), {"--link-profile", a.link_profile});
-  // Ranks only send their parameters; the coordinator writes --save.
-  if (!a.save.empty()) r.insert(r.end(), {"--save", a.save});
-  if (!a.checkpoint_dir.empty()) {
-    r.insert(r.end(), {"--checkpoint-dir", a.checkpoint_dir, "--checkpoint-every", num(a.checkpoint_every)});
-    if (a.resume) r.push_back("--resume");
-  }
+  // The job itself (layout, optimizer, links, checkpoints) is in the job
+  // file; the flags say where the model and data are and who this rank is.
+  std::vector<std::string> r{"train",        "--model",  a.model,       "--data",  a.data,
+                             "--batch",      num(a.batch), "--seq",     num(a.seq), "--steps",
+                             num(a.steps),   "--lr",     "0",           "--seed",  num(a.seed),
+                             "--threads",    num(a.threads > 0 ? a.threads : 1), "--rank", num(rank),
+                             "--coordinator", coordinator, "--external-coordinator", "--job-file", job_file};
   return r;
 }
 
@@ -259,33 +296,7 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
   apply_common_options(1, "warn");
   // Bad data is one error here, not one per rank.
   open_data(a.data, a.model, cfg.vocab_size);
-  auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "coordinator");
-  const std::string endpoint = n->endpoint();
-  spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
-
-  auto inbox = std::make_shared<train_inbox>();
-  rank_processes ranks;
-  std::atomic<bool> over{false};
-  for (int r = 0; r < o.layout.world(); ++r) ranks.start(rank_args(a, r, endpoint));
-  // A rank process that ends before the job does fails it at once (also
-  // before it joined, when no link could report it).
-  std::thread watcher([&] {
-    while (auto ended = ranks.wait_any(over)) {
-      if (ended->second != "exit status 0" && !over)
-        inbox->fail(o.layout.label(ended->first) + " exited (" + ended->second + ")");
-    }
-  });
-  try {
-    run_train_coordinator(*n, o, cfg, [&](const dist_step_report& r) { print_step(a, r); }, inbox);
-  } catch (...) {
-    over = true;
-    watcher.join();
-    ranks.stop();
-    throw;
-  }
-  over = true;
-  watcher.join();
-  ranks.stop();
+  run_local_job(a, o, cfg, [&](const dist_step_report& r) { print_step(a, r); });
   std::fprintf(stderr, "trained %d steps on %s (%d ranks)%s\n", a.steps, o.layout.describe().c_str(),
                o.layout.world(), a.save.empty() ? "" : ("; saved to " + a.save).c_str());
   return 0;
@@ -348,8 +359,55 @@ void use_plan(const planned_cluster& pc, dist_train_options& o, const std::strin
 
 }  // namespace
 
+void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
+                   const std::function<void(const dist_step_report&)>& on_step) {
+  auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "coordinator");
+  const std::string endpoint = n->endpoint();
+  spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
+  static std::atomic<int> jobs{0};
+  const fs::path job_file =
+      fs::temp_directory_path() / ("corolla-job-" + std::to_string(::getpid()) + "-" + std::to_string(jobs++) + ".json");
+  {
+    std::ofstream out(job_file);
+    out << job_to_json(o).dump() << "\n";
+    if (!out) throw std::runtime_error("cannot write " + job_file.string());
+  }
+  struct remove_file {
+    fs::path p;
+    ~remove_file() {
+      std::error_code ec;
+      fs::remove(p, ec);
+    }
+  } cleanup{job_file};
+
+  auto inbox = std::make_shared<train_inbox>();
+  rank_processes ranks;
+  std::atomic<bool> over{false};
+  for (int r = 0; r < o.layout.world(); ++r) ranks.start(rank_args(a, r, endpoint, job_file.string()));
+  // A rank process that ends before the job does fails it at once (also
+  // before it joined, when no link could report it).
+  std::thread watcher([&] {
+    while (auto ended = ranks.wait_any(over)) {
+      if (ended->second != "exit status 0" && !over)
+        inbox->fail(o.layout.label(ended->first) + " exited (" + ended->second + ")");
+    }
+  });
+  try {
+    run_train_coordinator(*n, o, cfg, on_step, inbox);
+  } catch (...) {
+    over = true;
+    watcher.join();
+    ranks.stop();
+    throw;
+  }
+  over = true;
+  watcher.join();
+  ranks.stop();
+}
+
 bool wants_distributed(const train_args& a) {
-  return a.pp > 0 || a.dp > 0 || a.rank >= 0 || !a.cluster.empty() || from_environment().world > 1;
+  return a.pp > 0 || a.dp > 0 || a.rank >= 0 || !a.cluster.empty() || !a.job_file.empty() ||
+         from_environment().world > 1;
 }
 
 int run_distributed_train(train_args a) {
@@ -366,6 +424,12 @@ int run_distributed_train(train_args a) {
     } catch (const std::exception& e) {
       throw std::invalid_argument("--link-profile '" + a.link_profile + "': " + e.what());
     }
+  }
+  if (!a.job_file.empty()) {
+    if (a.rank < 0) throw std::invalid_argument("--job-file is for ranks started by the local launcher (with --rank)");
+    const dist_train_options job = job_from_json(a.job_file);
+    check_layout(job.layout, cfg.n_layers);
+    return run_rank(a, job, cfg);
   }
   dist_train_options o;
   std::optional<planned_cluster> planned;
