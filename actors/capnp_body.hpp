@@ -54,11 +54,11 @@ auto decode(const std::vector<std::uint8_t>& body, const char* what, Read read)
   }
 }
 
-/// A text field, refused (std::invalid_argument) beyond max_text_bytes.
-inline std::string text(capnp::Text::Reader t, const char* field) {
-  if (t.size() > max_text_bytes)
+/// A text field, refused (std::invalid_argument) beyond `limit` bytes.
+inline std::string text(capnp::Text::Reader t, const char* field, std::size_t limit = max_text_bytes) {
+  if (t.size() > limit)
     throw std::invalid_argument(std::string(field) + " of " + std::to_string(t.size()) + " bytes (at most " +
-                                std::to_string(max_text_bytes) + ")");
+                                std::to_string(limit) + ")");
   return t.cStr();
 }
 

@@ -72,6 +72,26 @@ bool train_inbox::closing() const {
   return closing_;
 }
 
+void train_inbox::drain(const std::string& keep) {
+  std::lock_guard lock(mu_);
+  draining_keep_ = keep;
+}
+
+void train_inbox::peer_down(const std::string& node_id, const std::string& reason) {
+  std::string label;
+  {
+    std::lock_guard lock(mu_);
+    if (closing_) return;
+    // Only the job's own peers matter: a rank of an earlier job on the same
+    // port may reconnect here while it shuts down.
+    auto it = labels_.find(node_id);
+    if (it == labels_.end()) return;
+    if (draining_keep_ && *draining_keep_ != node_id) return;
+    label = it->second;
+  }
+  fail(label + " is down: " + reason);
+}
+
 void train_inbox::name_peer(const std::string& node_id, std::string label) {
   std::lock_guard lock(mu_);
   labels_[node_id] = std::move(label);
@@ -132,9 +152,7 @@ caf::behavior train_mailbox(caf::event_based_actor*, std::shared_ptr<train_inbox
         }
         inbox->put(*key, std::move(m));
       },
-      [inbox](const peer_down& d) {
-        if (!inbox->closing()) inbox->fail(inbox->label_of(d.peer) + " is down: " + d.reason);
-      },
+      [inbox](const peer_down& d) { inbox->peer_down(d.peer, d.reason); },
       [](const peer_up&) {},
   };
 }

@@ -63,6 +63,12 @@ class train_inbox {
   std::optional<std::string> failure() const;
   /// From now on peer failures are expected (the job is over).
   void close();
+  /// This rank's work is done: other ranks may leave now, only `keep`
+  /// (the coordinator, which has yet to say the job is over) still matters.
+  void drain(const std::string& keep);
+  /// A peer went down: fails the inbox, naming it, unless the peer is not
+  /// part of the job, the job is over, or it may leave (drain).
+  void peer_down(const std::string& node_id, const std::string& reason);
   bool closing() const;
   /// How peer `node_id` is named in failure messages ("rank 3 (stage 1, replica 1)").
   void name_peer(const std::string& node_id, std::string label);
@@ -76,10 +82,12 @@ class train_inbox {
   std::map<std::string, std::string> labels_;
   std::optional<std::string> failure_;
   bool closing_ = false;
+  std::optional<std::string> draining_keep_;
 };
 
 /// Spawns the mailbox actor over `inbox`, publishes it on `n` as `name`, and
-/// subscribes it to every peer's failures. Malformed or unknown messages
+/// subscribes it to every peer's failures: a named peer (name_peer) going
+/// down fails the inbox; others are ignored. Malformed or unknown messages
 /// are logged and dropped; train.abort fails the inbox with its reason.
 caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inbox> inbox, const std::string& name);
 

@@ -127,7 +127,7 @@ std::string job_key(const dist_train_options& o, const model_config& cfg);
 struct dist_step_report {
   int step = 0;
   double loss = 0;       ///< mean loss of the global batch before the update
-  double grad_norm = 0;  ///< global gradient norm before clipping
+  double grad_norm = 0;  ///< global gradient norm before clipping (0 when clipping is off: not computed)
   double seconds = 0;    ///< wall time since the previous report
 };
 

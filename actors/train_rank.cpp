@@ -76,6 +76,7 @@ class rank_runtime {
     auto coord = node_.connect(coordinator);
     if (!coord) throw train_error("cannot reach the coordinator at " + coordinator + ": " + error_message(coord.error()));
     inbox_->name_peer(*coord, "the coordinator");
+    coordinator_id_ = *coord;
     try {
       join(*coord);
       build_model();
@@ -493,6 +494,9 @@ class rank_runtime {
           comm_->send_coordinator(train_msg::params, encode_body(train_packet{o_.steps, b.id, 0, rank_}),
                                   {b.params->flat().clone()});
       }
+    // Done: other ranks may finish and leave first; only the coordinator
+    // going away now would be a failure.
+    inbox_->drain(coordinator_id_);
     comm_->send_coordinator(train_msg::done, encode_body(train_step_note{o_.steps, rank_, 0}));
     inbox_->take(train_key(train_msg::finish, o_.steps, 0), o_.timeout, "the coordinator's end of the job");
     inbox_->close();
@@ -510,6 +514,7 @@ class rank_runtime {
   int steps_done_ = 0;
 
   std::shared_ptr<train_inbox> inbox_;
+  std::string coordinator_id_;
   caf::actor mailbox_, dp_actor_;
   std::unique_ptr<train_comm> comm_;
   ring dp_ring_, head_ring_;

@@ -100,7 +100,7 @@ void check_manifest(const fs::path& dir, int step, const std::string& job) {
   const std::string saved = m.value("job", std::string());
   if (saved != job)
     throw train_error("checkpoint " + path.parent_path().string() + " is of another job: it was written for '" + saved +
-                      "', this run is '" + job + "' (resume with the same model, --pp, --dp, --batch and --seq)");
+                      "', this run is '" + job + "' (resume with the same model, layout, --batch, --seq and --micro-batch)");
 }
 
 }  // namespace corolla

@@ -14,6 +14,8 @@ namespace {
 /// Rosters longer than this are refused (a job of more ranks is not one
 /// this runtime launches).
 constexpr unsigned max_roster = 4096;
+/// Job keys list every stage boundary: they outgrow a plain text field.
+constexpr std::size_t max_job_key = 64 * 1024;
 
 }  // namespace
 
@@ -77,7 +79,7 @@ std::vector<std::uint8_t> encode_abort_body(const std::string& reason) {
 caf::expected<train_join> decode_train_join(const std::vector<std::uint8_t>& body) {
   return decode<wire::TrainJoin>(body, "TrainJoin", [](wire::TrainJoin::Reader r) {
     return train_join{r.getRank(), r.getWorld(), text(r.getEndpoint(), "endpoint"),
-                      text(r.getJobKey(), "job key")};
+                      text(r.getJobKey(), "job key", max_job_key)};
   });
 }
 

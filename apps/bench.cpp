@@ -256,13 +256,33 @@ void register_bench(CLI::App& app, action_fn& action) {
   });
 
   static bench_common train_opts;
-  static int batch = 4, seq = 64, steps = 3;
-  auto* train = bench->add_subcommand("train", "Training tokens/s and FLOP/s vs GEMM FLOP/s");
+  static int batch = 4, seq = 64, steps = 3, micro_batch = 1;
+  static std::string cluster;
+  auto* train = bench->add_subcommand(
+      "train",
+      "Training tokens/s and FLOP/s vs GEMM FLOP/s; with --cluster, an emulated heterogeneous cluster: the "
+      "planner's layout vs the Holmes rule, all-Ethernet and all-IB");
   add_common(train, train_opts);
-  train->add_option("--batch", batch, "Sequences per step")->capture_default_str();
-  train->add_option("--seq", seq, "Tokens per sequence")->capture_default_str();
+  train->add_option("--batch", batch, "Sequences per step (global batch with --cluster; default there 16)")
+      ->capture_default_str();
+  train->add_option("--seq", seq, "Tokens per sequence (default with --cluster: 128)")->capture_default_str();
   train->add_option("--steps", steps, "Timed steps (after one warm-up step)")->capture_default_str();
-  train->callback([&action] { action = [] { return run_train(train_opts, batch, seq, steps); }; });
+  train->add_option("--cluster", cluster,
+                    "Cluster TOML: one local rank process per planned worker, links shaped by the file, compute "
+                    "emulated by the cost model's times (docs/benchmarks.md)");
+  train->add_option("--micro-batch", micro_batch, "Sequences per micro-batch (with --cluster)")->capture_default_str();
+  train->callback([&action, train] {
+    if (!cluster.empty()) {
+      const int b = train->count("--batch") > 0 ? batch : 16;
+      const int t = train->count("--seq") > 0 ? seq : 128;
+      const int n = train->count("--steps") > 0 ? steps : 5;
+      action = [b, t, n] {
+        return run_bench_train_cluster(cluster, train_opts.model_dir, b, t, micro_batch, n + 1, train_opts.json);
+      };
+      return;
+    }
+    action = [] { return run_train(train_opts, batch, seq, steps); };
+  });
 
   register_bench_link(bench, action);
   register_bench_swarm(bench, action);

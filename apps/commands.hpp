@@ -33,6 +33,11 @@ void register_bench(CLI::App& app, action_fn& action);
 void register_bench_link(CLI::App* bench, action_fn& action);
 /// `corolla bench swarm`: a 3-server chain on loopback vs local decode (apps/bench_swarm.cpp).
 void register_bench_swarm(CLI::App* bench, action_fn& action);
+/// `corolla bench train --cluster FILE`: an emulated heterogeneous cluster,
+/// the planner's layout vs the Holmes rule, all-Ethernet and all-IB
+/// (apps/bench_train_cluster.cpp). `model` "" = a built-in 8.4M model.
+int run_bench_train_cluster(const std::string& cluster, const std::string& model, int batch, int seq, int micro_batch,
+                            int steps, bool json);
 /// The random ~100M-parameter Llama-shaped model of the benches (dim 1024,
 /// 8 layers, vocab 4096), as a config.
 model_config bench_llama_config();

@@ -62,6 +62,10 @@ namespace {
 
 int run_train(const train_args& a) {
   if (wants_distributed(a)) return run_distributed_train(a);
+  if (!a.checkpoint_dir.empty() || a.checkpoint_every > 0 || a.resume || a.micro_batch > 0 || !a.link_profile.empty() ||
+      !a.coordinator.empty())
+    throw model_error("--checkpoint-dir, --checkpoint-every, --resume, --micro-batch, --link-profile and --coordinator "
+                      "are for pipeline x data-parallel training: add --pp, --dp or --cluster");
   apply_common_options(a.threads, "warn");
   Backend& be = backend_for(parse_device(a.device));
   bool fresh = false;

@@ -13,6 +13,8 @@
 #include "kernels/backend.hpp"
 #include "model/token_data.hpp"
 #include "model/transformer.hpp"
+#include "schedule/cluster.hpp"
+#include "schedule/planner.hpp"
 
 namespace corolla::app {
 
@@ -64,6 +66,12 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
 bool wants_distributed(const train_args& a);
 /// Pipeline x data-parallel training (apps/train_dist.cpp).
 int run_distributed_train(train_args a);
+/// Lays job `o` out as plan `p` on `cluster` says: rank r = stage * dp +
+/// replica runs on the plan's worker for that stage and replica, and every
+/// pair of ranks is shaped as the cluster file links their workers
+/// (`override_profile`, when not empty, for every link instead).
+void use_plan(const schedule::cluster_description& cluster, const schedule::plan& p, dist_train_options& o,
+              const std::string& override_profile = {});
 /// Runs job `o` on o.layout.world() rank processes of this binary on
 /// 127.0.0.1 (their model and data flags from `a`), with the coordinator in
 /// this process calling `on_step`; kills and reaps the ranks on the way

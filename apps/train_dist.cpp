@@ -127,11 +127,12 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
   std::unique_ptr<node> coord_node;
   std::thread coord_thread;
   std::exception_ptr coord_error;
+  auto coord_inbox = std::make_shared<train_inbox>();
   if (a.rank == 0 && !a.external_coordinator) {
     coord_node = start_node(rank_node_options(coordinator), "coordinator");
     coord_thread = std::thread([&] {
       try {
-        run_train_coordinator(*coord_node, o, cfg, [&](const dist_step_report& r) { print_step(a, r); });
+        run_train_coordinator(*coord_node, o, cfg, [&](const dist_step_report& r) { print_step(a, r); }, coord_inbox);
       } catch (...) {
         coord_error = std::current_exception();
       }
@@ -147,8 +148,11 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
     run_train_rank(*n, o, a.rank, coordinator, model, data);
   } catch (const std::exception& e) {
-    if (coord_node) coord_node->stop();
+    // The coordinator this process hosts fails with it (and tells the
+    // other ranks), instead of waiting for a join that never comes.
+    coord_inbox->fail(o.layout.label(a.rank) + " (hosting the coordinator) failed: " + e.what());
     join_coordinator();
+    if (coord_node) coord_node->stop();
     throw train_error(std::string("training failed on ") + o.layout.label(a.rank) + ": " + e.what());
   }
   join_coordinator();
@@ -204,6 +208,20 @@ class rank_processes {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return std::nullopt;
+  }
+
+  /// Reaps ranks as they exit, for at most `timeout`.
+  void wait_all(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (pid_t& p : pids_) {
+      while (p > 0) {
+        int st = 0;
+        const pid_t r = ::waitpid(p, &st, WNOHANG);
+        if (r == p || (r < 0 && errno != EINTR)) p = -1;
+        else if (std::chrono::steady_clock::now() > deadline) return;
+        else ::usleep(5000);
+      }
+    }
   }
 
   void stop() {
@@ -277,11 +295,7 @@ dist_train_options job_from_json(const std::string& file) {
 
 std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
   auto num = [](auto v) { return std::to_string(v); };
-  auto flt = [](float v) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
-    return std::string(buf);
-  };
+
   // The job itself (layout, optimizer, links, checkpoints) is in the job
   // file; the flags say where the model and data are and who this rank is.
   std::vector<std::string> r{"train",        "--model",  a.model,       "--data",  a.data,
@@ -296,7 +310,24 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
   apply_common_options(1, "warn");
   // Bad data is one error here, not one per rank.
   open_data(a.data, a.model, cfg.vocab_size);
-  run_local_job(a, o, cfg, [&](const dist_step_report& r) { print_step(a, r); });
+  const auto start = std::chrono::steady_clock::now();
+  int steps_run = 0;
+  double last_loss = 0;
+  run_local_job(a, o, cfg, [&](const dist_step_report& r) {
+    ++steps_run;
+    last_loss = r.loss;
+    print_step(a, r);
+  });
+  if (a.json) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double tokens = static_cast<double>(steps_run) * a.batch * a.seq;
+    nlohmann::json summary = {{"steps", a.steps}, {"tokens", tokens}, {"seconds", seconds},
+                              {"tokens_per_s", seconds > 0 ? tokens / seconds : 0.0}, {"layout", o.layout.describe()},
+                              {"ranks", o.layout.world()}, {"device", "cpu"}};
+    if (steps_run > 0) summary["final_loss"] = last_loss;
+    if (!a.save.empty()) summary["saved"] = a.save;
+    std::printf("%s\n", summary.dump().c_str());
+  }
   std::fprintf(stderr, "trained %d steps on %s (%d ranks)%s\n", a.steps, o.layout.describe().c_str(),
                o.layout.world(), a.save.empty() ? "" : ("; saved to " + a.save).c_str());
   return 0;
@@ -332,30 +363,6 @@ std::string profile_of(const schedule::link_spec& l) {
   return buf;
 }
 
-/// Rank r = stage * dp + replica runs on the plan's worker for that stage
-/// and replica; every pair of ranks is shaped as the cluster file says
-/// their workers are linked (`override_profile`, when set, for all links).
-void use_plan(const planned_cluster& pc, dist_train_options& o, const std::string& override_profile) {
-  const schedule::plan& p = pc.plan;
-  o.layout.pp = p.pp;
-  o.layout.dp = p.dp;
-  o.layout.boundaries = {0};
-  std::vector<int> worker;
-  for (const auto& st : p.stages) o.layout.boundaries.push_back(st.last_layer);
-  for (const auto& st : p.stages)
-    for (int r = 0; r < p.dp; ++r) {
-      worker.push_back(st.workers[static_cast<std::size_t>(r)]);
-      o.layout.worker_names.push_back(pc.cluster.workers[static_cast<std::size_t>(worker.back())].name);
-    }
-  o.micro_batch = p.micro_batch;
-  const std::size_t world = worker.size();
-  o.link_profiles.assign(world * world, "");
-  for (std::size_t x = 0; x < world; ++x)
-    for (std::size_t y = 0; y < world; ++y)
-      if (x != y)
-        o.link_profiles[x * world + y] =
-            override_profile.empty() ? profile_of(pc.cluster.link_between(worker[x], worker[y])) : override_profile;
-}
 
 }  // namespace
 
@@ -402,7 +409,33 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
   }
   over = true;
   watcher.join();
+  // The ranks end by themselves once told the job is over; stop() only
+  // hurries the stragglers.
+  ranks.wait_all(std::chrono::seconds(10));
   ranks.stop();
+}
+
+void use_plan(const schedule::cluster_description& cluster, const schedule::plan& p, dist_train_options& o,
+              const std::string& override_profile) {
+  o.layout.pp = p.pp;
+  o.layout.dp = p.dp;
+  o.layout.boundaries = {0};
+  o.layout.worker_names.clear();
+  std::vector<int> worker;
+  for (const auto& st : p.stages) o.layout.boundaries.push_back(st.last_layer);
+  for (const auto& st : p.stages)
+    for (int r = 0; r < p.dp; ++r) {
+      worker.push_back(st.workers[static_cast<std::size_t>(r)]);
+      o.layout.worker_names.push_back(cluster.workers[static_cast<std::size_t>(worker.back())].name);
+    }
+  o.micro_batch = p.micro_batch;
+  const std::size_t world = worker.size();
+  o.link_profiles.assign(world * world, "");
+  for (std::size_t x = 0; x < world; ++x)
+    for (std::size_t y = 0; y < world; ++y)
+      if (x != y)
+        o.link_profiles[x * world + y] =
+            override_profile.empty() ? profile_of(cluster.link_between(worker[x], worker[y])) : override_profile;
 }
 
 bool wants_distributed(const train_args& a) {
@@ -435,7 +468,7 @@ int run_distributed_train(train_args a) {
   std::optional<planned_cluster> planned;
   if (!a.cluster.empty()) {
     planned = plan_cluster(a, cfg);
-    use_plan(*planned, o, a.link_profile);
+    use_plan(planned->cluster, planned->plan, o, a.link_profile);
   } else {
     const int pp = a.pp > 0 ? a.pp : 1;
     const int dp = a.dp > 0 ? a.dp : (id.world > 0 ? std::max(1, id.world / pp) : 1);

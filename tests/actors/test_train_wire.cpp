@@ -127,6 +127,18 @@ TEST_CASE("the inbox hands out messages by key, times out, and fails with the mo
   CHECK(*inbox.failure() == "rank 3 (stage 1) is down: connection lost");
   CHECK_THROWS_WITH_AS(inbox.take("k", std::chrono::seconds(5), "k"), "rank 3 (stage 1) is down: connection lost",
                        train_error);
+  // Peers outside the job are ignored; after drain only the kept one counts.
+  train_inbox draining;
+  draining.name_peer("n-coord", "the coordinator");
+  draining.name_peer("n-r1", "rank 1");
+  draining.peer_down("n-stranger", "connection lost");
+  CHECK_FALSE(draining.failure());
+  draining.drain("n-coord");
+  draining.peer_down("n-r1", "peer said goodbye");
+  CHECK_FALSE(draining.failure());
+  draining.peer_down("n-coord", "connection lost");
+  CHECK(*draining.failure() == "the coordinator is down: connection lost");
+
   train_inbox closed;
   closed.close();
   closed.fail("after the end");

@@ -1,0 +1,227 @@
+// corolla bench train --cluster FILE — an emulated heterogeneous cluster on
+// this machine: one rank process per planned worker, every link shaped as
+// the cluster file says, compute replaced by calibrated sleeps (each stage
+// sleeps the cost model's forward and backward time per micro-batch) while
+// activations, gradients and the DP reductions of the real parameter
+// buffers cross the shaped links with their real bytes. Four layouts run
+// in the same invocation: the planner's, the Holmes rule's, and the
+// planner's on the same cluster with every NIC made Ethernet, and made IB.
+#include <cmath>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/train_job.hpp"
+#include "apps/commands.hpp"
+#include "apps/plan_print.hpp"
+#include "apps/train_args.hpp"
+#include "model/config.hpp"
+#include "model/error.hpp"
+#include "schedule/cluster.hpp"
+#include "schedule/planner.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace sc = corolla::schedule;
+
+struct cluster_bench_args {
+  std::string cluster;
+  std::string model;
+  int batch = 16;
+  int seq = 128;
+  int micro_batch = 1;
+  int steps = 5;
+  bool json = false;
+};
+
+/// The model of the cluster bench when --model is not given: Llama-shaped,
+/// dim 128, 8 layers (2.6M parameters), small enough that the bytes eight
+/// ranks move per step stay well inside what two cores can copy, so the
+/// shaped links, not the host, set the pace.
+model_config cluster_bench_config() {
+  model_config c = bench_llama_config();
+  c.hidden_size = 128;
+  c.n_heads = 2;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.intermediate_size = 344;
+  c.max_positions = 512;
+  return c;
+}
+
+/// `c` with every node on NIC class `nic` (a built-in class; the file's own
+/// numbers for it when it defines them).
+sc::cluster_description all_on(const sc::cluster_description& c, const std::string& nic) {
+  sc::cluster_description r = c;
+  int idx = r.find_nic(nic);
+  if (idx < 0) {
+    r.nics.push_back({nic, sc::default_nic_link(nic), true});
+    idx = static_cast<int>(r.nics.size()) - 1;
+  }
+  for (auto& n : r.nodes) n.nic = idx;
+  for (auto& w : r.workers) w.nic = idx;
+  r.name = c.name + " (all " + nic + ")";
+  return r;
+}
+
+struct variant {
+  std::string name;
+  sc::cluster_description cluster;
+  sc::plan plan;
+  double measured_step_s = 0;
+  double samples_per_s = 0;
+};
+
+std::string split_of(const sc::plan& p) {
+  std::string s;
+  for (const auto& st : p.stages) s += (s.empty() ? "" : "/") + std::to_string(st.last_layer - st.first_layer);
+  return s;
+}
+
+double run_variant(variant& v, const train_args& base, const model_config& cfg, int steps) {
+  dist_train_options o;
+  use_plan(v.cluster, v.plan, o);
+  o.batch = base.batch;
+  o.seq = base.seq;
+  o.steps = steps;
+  o.optimizer.adamw.lr = 1e-3f;
+  for (const auto& st : v.plan.estimate.stages) {
+    o.synthetic.forward_s.push_back(st.forward_s);
+    o.synthetic.backward_s.push_back(st.backward_s);
+  }
+  std::vector<double> seconds;
+  run_local_job(base, o, cfg, [&](const dist_step_report& r) { seconds.push_back(r.seconds); });
+  // Step 1 also pays for the ranks' first connections: it is the warm-up.
+  double sum = 0;
+  for (std::size_t i = 1; i < seconds.size(); ++i) sum += seconds[i];
+  v.measured_step_s = sum / static_cast<double>(seconds.size() - 1);
+  v.samples_per_s = base.batch / v.measured_step_s;
+  return v.measured_step_s;
+}
+
+int run_cluster_bench(const cluster_bench_args& a) {
+  apply_common_options(1, "warn");
+  if (a.steps < 2) throw std::invalid_argument("bench train --cluster: need --steps >= 2 (the first is a warm-up)");
+  const sc::cluster_description cluster = sc::load_cluster(a.cluster);
+
+  // The model: a directory, or the bench config written to a scratch one
+  // (ranks start from a fresh initialisation; values do not matter here).
+  const fs::path scratch = fs::temp_directory_path() / ("corolla-bench-train-" + std::to_string(::getpid()));
+  struct cleanup {
+    fs::path p;
+    ~cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } remove_scratch{scratch};
+  fs::create_directories(scratch / "model");
+  fs::path model_dir = a.model;
+  if (model_dir.empty()) {
+    model_dir = scratch / "model";
+    std::ofstream(model_dir / "config.json") << to_hf_json(cluster_bench_config()).dump(2);
+  }
+  const model_config cfg = load_config(model_dir);
+  {
+    // Token data the ranks read (synthetic compute ignores the values).
+    std::vector<std::uint16_t> zeros(static_cast<std::size_t>(a.batch) * a.seq * 2 + 1, 0);
+    std::ofstream out(scratch / "tokens.bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(zeros.data()), static_cast<std::streamsize>(zeros.size() * 2));
+  }
+
+  sc::training_setup setup;
+  setup.set_precision(sc::precision::fp32);  // the bytes the ranks really send
+  setup.global_batch = a.batch;
+  setup.micro_batch = a.micro_batch;
+  setup.seq = a.seq;
+  setup.validate(cfg);
+  const sc::plan_report report = sc::make_plan(cluster, cfg, setup);
+  if (!report.best.feasible) throw model_error("no feasible plan: " + report.best.reason);
+
+  std::vector<variant> variants;
+  variants.push_back({"planner", cluster, report.best});
+  if (report.holmes.feasible) variants.push_back({"holmes rule", cluster, report.holmes});
+  for (const char* nic : {"ethernet", "ib"}) {
+    sc::cluster_description c = all_on(cluster, nic);
+    sc::plan_report r = sc::make_plan(c, cfg, setup);
+    if (r.best.feasible) variants.push_back({std::string("all ") + nic, c, r.best});
+  }
+
+  train_args base;
+  base.model = model_dir.string();
+  base.data = (scratch / "tokens.bin").string();
+  base.batch = a.batch;
+  base.seq = a.seq;
+  base.threads = 1;
+  if (!a.json) {
+    std::fprintf(stderr, "bench train --cluster %s: %s, %.1fM parameters, global batch %d x %d tokens; %d steps each "
+                         "(first is warm-up), synthetic compute, real bytes on shaped links\n",
+                 a.cluster.c_str(), cfg.hf_architecture.c_str(), cfg.parameter_count() / 1e6, a.batch, a.seq, a.steps);
+    print_plan(stderr, cluster, report.best);
+  }
+  for (variant& v : variants) {
+    if (!a.json)
+      std::fprintf(stderr, "  running %-12s PP %d x DP %d (layers %s)...\n", v.name.c_str(), v.plan.pp, v.plan.dp,
+                   split_of(v.plan).c_str());
+    run_variant(v, base, cfg, a.steps);
+  }
+
+  const variant* ib = nullptr;
+  const variant* holmes = nullptr;
+  for (const auto& v : variants) {
+    if (v.name == "all ib") ib = &v;
+    if (v.name == "holmes rule") holmes = &v;
+  }
+  const variant& planner = variants.front();
+  if (a.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& v : variants)
+      rows.push_back({{"layout", v.name}, {"pp", v.plan.pp}, {"dp", v.plan.dp}, {"layers", split_of(v.plan)},
+                      {"predicted_step_s", v.plan.estimate.step_s}, {"measured_step_s", v.measured_step_s},
+                      {"samples_per_s", v.samples_per_s},
+                      {"vs_all_ib", ib ? nlohmann::json(v.samples_per_s / ib->samples_per_s) : nlohmann::json(nullptr)}});
+    nlohmann::json j = {{"bench", "train-cluster"}, {"cluster", cluster.name}, {"parameters", cfg.parameter_count()},
+                        {"batch", a.batch}, {"seq", a.seq}, {"steps", a.steps}, {"layouts", rows}};
+    if (holmes) j["planner_vs_holmes"] = planner.samples_per_s / holmes->samples_per_s;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("%-12s %-9s %-8s %14s %14s %10s %11s %10s\n", "layout", "PP x DP", "layers", "predicted step",
+              "measured step", "meas/pred", "samples/s", "vs all-IB");
+  for (const auto& v : variants) {
+    char ratio[32] = "-";
+    if (ib) std::snprintf(ratio, sizeof ratio, "%.2f", v.samples_per_s / ib->samples_per_s);
+    const std::string layout = std::to_string(v.plan.pp) + " x " + std::to_string(v.plan.dp);
+    std::printf("%-12s %-9s %-8s %12.1f ms %12.1f ms %10.2f %11.2f %10s\n", v.name.c_str(), layout.c_str(),
+                split_of(v.plan).c_str(), v.plan.estimate.step_s * 1e3, v.measured_step_s * 1e3,
+                v.measured_step_s / v.plan.estimate.step_s, v.samples_per_s, ratio);
+  }
+  if (holmes) std::printf("planner vs Holmes rule: %.2fx the samples/s\n", planner.samples_per_s / holmes->samples_per_s);
+  return 0;
+}
+
+}  // namespace
+
+int run_bench_train_cluster(const std::string& cluster, const std::string& model, int batch, int seq, int micro_batch,
+                            int steps, bool json) {
+  cluster_bench_args a;
+  a.cluster = cluster;
+  a.model = model;
+  a.batch = batch;
+  a.seq = seq;
+  a.micro_batch = micro_batch;
+  a.steps = steps;
+  a.json = json;
+  return run_cluster_bench(a);
+}
+
+}  // namespace corolla::app
