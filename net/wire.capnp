@@ -172,7 +172,8 @@ struct TrainStep {
   value @2 :Float64;
 }
 
-# "train.abort" coordinator -> every rank: the job failed (a rank died).
+# "train.abort" coordinator -> every rank: the job failed (a rank died);
+# also a failing rank -> the coordinator, saying why, before its node stops.
 struct TrainAbort {
   reason @0 :Text;
 }

@@ -402,4 +402,7 @@ TEST_CASE("bad distributed training input is one clear error") {
   check_one_error(run_corolla(train_args(j, {"--rank", "0", "--pp", "2"})), "needs --coordinator");
   check_one_error(run_layout(j, 2, 1, {"--link-profile", "bogus"}), "--link-profile 'bogus'");
   check_one_error(run_corolla(train_args(j, {"--cluster", tmp / "missing.toml"})), "missing.toml");
+  // Distributed-only flags on a single-process run are refused, not ignored.
+  check_one_error(run_corolla(train_args(j, {"--checkpoint-dir", tmp / "ck", "--resume"})),
+                  "are for pipeline x data-parallel training");
 }
