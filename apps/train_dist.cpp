@@ -3,8 +3,6 @@
 // starts one `corolla train --rank R` process per rank on 127.0.0.1. With
 // one (--rank, or the environment of Slurm or torchrun) it is that rank of
 // a job whose coordinator rank 0 hosts at --coordinator.
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +28,7 @@
 #include "actors/train_store.hpp"
 #include "apps/commands.hpp"
 #include "apps/plan_print.hpp"
+#include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
 #include "model/config.hpp"
 #include "model/trainer.hpp"
@@ -168,26 +167,7 @@ class rank_processes {
  public:
   ~rank_processes() { stop(); }
 
-  void start(std::vector<std::string> args) {
-    char self[4096];
-    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len <= 0) throw std::runtime_error("cannot find this program's binary: " + std::string(std::strerror(errno)));
-    self[len] = '\0';
-    args.insert(args.begin(), "corolla");
-    std::vector<char*> argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(126);
-      ::execv(self, argv.data());
-      ::_exit(127);
-    }
-    pids_.push_back(pid);
-  }
+  void start(const std::vector<std::string>& args) { pids_.push_back(spawn_self(args)); }
 
   /// Waits for a rank to end: (index, status as "exit status N" or "signal
   /// N"), or nullopt when all have ended. Returns early when `stop` is set.
@@ -224,25 +204,7 @@ class rank_processes {
     }
   }
 
-  void stop() {
-    for (pid_t p : pids_)
-      if (p > 0) ::kill(p, SIGTERM);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    for (pid_t& p : pids_) {
-      if (p <= 0) continue;
-      int st = 0;
-      pid_t r = 0;
-      while (((r = ::waitpid(p, &st, WNOHANG)) == 0 || (r < 0 && errno == EINTR)) &&
-             std::chrono::steady_clock::now() < deadline)
-        ::usleep(5000);
-      if (r <= 0) {
-        ::kill(p, SIGKILL);
-        while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
-        }
-      }
-      p = -1;
-    }
-  }
+  void stop() { terminate_all(pids_, std::chrono::seconds(2)); }
 
  private:
   std::vector<pid_t> pids_;
