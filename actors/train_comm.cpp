@@ -184,6 +184,8 @@ train_comm::train_comm(node& n, std::shared_ptr<train_inbox> inbox, int rank, st
 caf::actor train_comm::mailbox_of(int rank) {
   if (rank < 0 || rank >= static_cast<int>(peers_.size()))
     throw train_error("no rank " + std::to_string(rank) + " in a job of " + std::to_string(peers_.size()));
+  // The stage and the DP-group actor send from their own threads.
+  std::lock_guard lock(mu_);
   caf::actor& p = proxies_[static_cast<std::size_t>(rank)];
   if (!p) {
     auto a = node_->remote_actor(peers_[static_cast<std::size_t>(rank)], "train");
@@ -202,16 +204,19 @@ void train_comm::send(int to, const char* type, const train_packet& p, const Ten
 }
 
 void train_comm::send_coordinator(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors) {
+  std::unique_lock lock(mu_);
   if (!coordinator_proxy_) {
     auto a = node_->remote_actor(coordinator_, "train-coord");
     if (!a) throw train_error("cannot reach the coordinator: " + error_message(a.error()));
     coordinator_proxy_ = *a;
   }
+  caf::actor target = coordinator_proxy_;
+  lock.unlock();
   remote_message m;
   m.type = type;
   m.body = std::move(body);
   m.tensors = std::move(tensors);
-  caf::anon_send(coordinator_proxy_, std::move(m));
+  caf::anon_send(target, std::move(m));
 }
 
 Tensor train_comm::receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel,

@@ -92,6 +92,7 @@ class train_inbox {
 caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inbox> inbox, const std::string& name);
 
 /// One rank's view of the job's links: where every other rank's mailbox is.
+/// Thread-safe (the stage and the DP-group actor send concurrently).
 class train_comm {
  public:
   /// `peers[r]` = node id of rank r. `timeout` bounds every wait.
@@ -118,6 +119,7 @@ class train_comm {
   int rank_;
   std::vector<std::string> peers_;
   std::string coordinator_;
+  std::mutex mu_;  ///< guards the proxies, filled on first use from either actor's thread
   std::vector<caf::actor> proxies_;
   caf::actor coordinator_proxy_;
   std::chrono::milliseconds timeout_;

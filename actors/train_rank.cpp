@@ -263,14 +263,16 @@ class rank_runtime {
     dp_actor_ = node_.system().spawn<caf::detached>([self](caf::event_based_actor*) -> caf::behavior {
       return {[self](reduce_atom, int slot, std::int64_t step) { self->reduce_bucket(slot, step); }};
     });
-    std::promise<void> done;
-    auto finished = done.get_future();
-    node_.system().spawn<caf::detached>([self, program, &done](caf::blocking_actor*) {
+    // Shared: the actor may still be inside set_value when this thread
+    // wakes up and leaves.
+    auto done = std::make_shared<std::promise<void>>();
+    auto finished = done->get_future();
+    node_.system().spawn<caf::detached>([self, program, done](caf::blocking_actor*) {
       try {
         for (int step = self->steps_done_ + 1; step <= self->o_.steps; ++step) self->run_step(program, step);
-        done.set_value();
+        done->set_value();
       } catch (...) {
-        done.set_exception(std::current_exception());
+        done->set_exception(std::current_exception());
       }
     });
     try {
@@ -279,10 +281,18 @@ class rank_runtime {
       // Unblock the DP-group actor before it goes away with this runtime.
       inbox_->fail("rank " + std::to_string(rank_) + " stopped");
       wait_reductions(enqueued_, /*rethrow=*/false);
-      caf::anon_send_exit(dp_actor_, caf::exit_reason::user_shutdown);
+      stop_dp_actor();
       throw;
     }
+    stop_dp_actor();
+  }
+
+  // The DP-group actor uses this runtime: it must be gone before the
+  // runtime is (it may still be returning from its last handler).
+  void stop_dp_actor() {
     caf::anon_send_exit(dp_actor_, caf::exit_reason::user_shutdown);
+    caf::scoped_actor waiter{node_.system()};
+    waiter->wait_for(dp_actor_);
   }
 
   void run_step(const std::vector<schedule::instruction>& program, int step) {
