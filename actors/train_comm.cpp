@@ -50,8 +50,10 @@ void train_inbox::fail(const std::string& reason) {
     if (closing_) return;
     // A peer that said goodbye usually stopped because of another failure,
     // whose own reason may come a moment later: that one is kept instead.
-    const bool vague = failure_ && failure_->find("said goodbye") != std::string::npos;
-    if (failure_ && !(vague && reason.find("said goodbye") == std::string::npos)) return;
+    auto is_vague = [](const std::string& r) {
+      return r.find("said goodbye") != std::string::npos || r.find("exited (exit status") != std::string::npos;
+    };
+    if (failure_ && !(is_vague(*failure_) && !is_vague(reason))) return;
     failure_ = reason;
   }
   cv_.notify_all();

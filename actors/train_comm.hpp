@@ -56,8 +56,8 @@ class train_inbox {
   /// timeout (naming `what` is being waited for).
   remote_message take(const std::string& key, std::chrono::milliseconds timeout, const std::string& what);
   /// Fails the inbox with `reason`. The first reason is kept, except that a
-  /// peer's goodbye gives way to a later, more specific reason. Ignored once
-  /// closing() was called.
+  /// peer's goodbye or a plain "exited (exit status N)" gives way to a later,
+  /// more specific reason. Ignored once closing() was called.
   void fail(const std::string& reason);
   /// The failure reason, if any.
   std::optional<std::string> failure() const;

@@ -148,7 +148,7 @@ class coordinator {
       // Ranks that fail tell the coordinator why before their nodes say
       // goodbye; give the root cause a moment to arrive.
       std::string reason = e.what();
-      if (reason.find("said goodbye") != std::string::npos) {
+      if (reason.find("said goodbye") != std::string::npos || reason.find("exited (exit status") != std::string::npos) {
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
         if (auto better = inbox_->failure()) reason = *better;
       }

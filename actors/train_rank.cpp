@@ -73,7 +73,10 @@ class rank_runtime {
     auto mailbox = start_train_mailbox(node_, inbox_, "train");
     if (!mailbox) throw train_error("cannot publish the training mailbox: " + error_message(mailbox.error()));
     mailbox_ = *mailbox;
-    auto coord = node_.connect(coordinator);
+    // Ranks of a multi-host job may start well before rank 0 listens.
+    connect_options co;
+    co.timeout = o_.timeout;
+    auto coord = node_.connect(coordinator, co);
     if (!coord) throw train_error("cannot reach the coordinator at " + coordinator + ": " + error_message(coord.error()));
     inbox_->name_peer(*coord, "the coordinator");
     coordinator_id_ = *coord;
@@ -352,8 +355,12 @@ class rank_runtime {
               sleep_s(per_block);
               if (k == m_ - 1) enqueue(stage_part_->first() + i, step);
             }
-            f = in_flight{};
-            f.dx = synthetic_rows();
+            if (first_) {
+              flight.erase(k);
+            } else {
+              f = in_flight{};
+              f.dx = synthetic_rows();
+            }
             break;
           }
           if (last_) {
@@ -370,6 +377,7 @@ class rank_runtime {
           if (first_) head_part_->embed_backward(tokens(ids_, k), positions(), f.dx);
           f.acts = {};
           f.x = f.y = f.dy = Tensor{};
+          if (first_) flight.erase(k);  // nothing to send back: done with this micro-batch
           break;
         }
         case pipeline_op::send_grad:
@@ -424,8 +432,8 @@ class rank_runtime {
   bool clipping() const { return o_.optimizer.max_grad_norm > 0.0f; }
 
   void enqueue(int id, std::int64_t step) {
-    ++enqueued_;
     caf::anon_send(dp_actor_, reduce_atom::value, slot_of_.at(id), step);
+    ++enqueued_;
   }
 
   // On the DP-group actor: the bucket's reduce-scatter, and without
@@ -440,6 +448,9 @@ class rank_runtime {
       }
       note_reduced({});
     } catch (const std::exception& e) {
+      // Fail the whole rank at once (the stage actor's next wait throws and
+      // the coordinator hears this reason), not one bucket per timeout.
+      inbox_->fail(o_.layout.label(rank_) + " failed reducing gradients: " + e.what());
       note_reduced(e.what());
     }
   }

@@ -111,7 +111,7 @@ double run_variant(variant& v, const train_args& base, const model_config& cfg, 
 
 int run_cluster_bench(const cluster_bench_args& a) {
   apply_common_options(1, "warn");
-  if (a.steps < 2) throw std::invalid_argument("bench train --cluster: need --steps >= 2 (the first is a warm-up)");
+  if (a.steps < 2) throw std::invalid_argument("bench train --cluster: need --steps >= 1 (timed steps after a warm-up)");
   const sc::cluster_description cluster = sc::load_cluster(a.cluster);
 
   // The model: a directory, or the bench config written to a scratch one

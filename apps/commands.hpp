@@ -35,7 +35,7 @@ void register_bench_link(CLI::App* bench, action_fn& action);
 void register_bench_swarm(CLI::App* bench, action_fn& action);
 /// `corolla bench train --cluster FILE`: an emulated heterogeneous cluster,
 /// the planner's layout vs the Holmes rule, all-Ethernet and all-IB
-/// (apps/bench_train_cluster.cpp). `model` "" = a built-in 8.4M model.
+/// (apps/bench_train_cluster.cpp). `model` "" = a built-in 2.6M-parameter model.
 int run_bench_train_cluster(const std::string& cluster, const std::string& model, int batch, int seq, int micro_batch,
                             int steps, bool json);
 /// The random ~100M-parameter Llama-shaped model of the benches (dim 1024,

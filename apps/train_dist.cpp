@@ -459,6 +459,13 @@ int run_distributed_train(train_args a) {
   o.micro_batch_size();  // checks the batch split
   if ((a.checkpoint_every > 0 || a.resume) && a.checkpoint_dir.empty())
     throw std::invalid_argument("--checkpoint-every and --resume need --checkpoint-dir");
+  if (!(a.timeout_s > 0)) throw std::invalid_argument("--timeout-s must be positive");
+  // A fresh run would write its shards over the checkpoint `latest` names.
+  if (!a.resume && a.checkpoint_every > 0 && a.rank <= 0) {
+    if (const int latest = latest_checkpoint_step(o.checkpoint_dir); latest > 0)
+      throw std::invalid_argument("--checkpoint-dir " + a.checkpoint_dir + " already holds a checkpoint (step " +
+                                  std::to_string(latest) + "): add --resume to continue it, or choose another directory");
+  }
   if (a.resume) {
     const int latest = latest_checkpoint_step(o.checkpoint_dir);
     if (latest == 0) throw std::invalid_argument("no complete checkpoint in " + a.checkpoint_dir + " to resume from");

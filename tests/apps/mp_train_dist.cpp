@@ -278,6 +278,9 @@ TEST_CASE("a resumed run continues with the losses of an uninterrupted one, and 
     CHECK(worst < (has_key_bias ? 10 * j.lr : 1e-4));
   }
 
+  // A fresh run would overwrite the checkpoint `latest` names: refused.
+  check_one_error(run_layout(first, 2, 2, {"--checkpoint-dir", ck, "--checkpoint-every", "3"}),
+                  "already holds a checkpoint");
   // Another layout cannot resume this checkpoint.
   check_one_error(run_layout(j, 2, 1, {"--checkpoint-dir", ck, "--resume"}), "is of another job");
 }
