@@ -99,6 +99,18 @@ void train_inbox::name_peer(const std::string& node_id, std::string label) {
   labels_[node_id] = std::move(label);
 }
 
+std::vector<std::string> train_inbox::named_peers() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, label] : labels_) out.push_back(id);
+  return out;
+}
+
+bool train_inbox::named(const std::string& node_id) const {
+  std::lock_guard lock(mu_);
+  return labels_.count(node_id) > 0;
+}
+
 std::string train_inbox::label_of(const std::string& node_id) const {
   std::lock_guard lock(mu_);
   auto it = labels_.find(node_id);
@@ -138,14 +150,21 @@ caf::expected<std::string> key_of(const remote_message& m) {
   return make_error(errc::bad_message, "unknown training message type '" + t + "'");
 }
 
-caf::behavior train_mailbox(caf::event_based_actor*, std::shared_ptr<train_inbox> inbox) {
+caf::behavior train_mailbox(caf::event_based_actor*, std::shared_ptr<train_inbox> inbox, bool strict) {
   return {
-      [inbox](remote_message& m) {
+      [inbox, strict](remote_message& m) {
+        if (strict && m.type != train_msg::join && !inbox->named(m.from_node)) {
+          spdlog::warn("dropping training message '{}' from node {}, which has not joined this job", m.type,
+                       m.from_node);
+          return;
+        }
         if (m.type == train_msg::abort) {
           auto reason = decode_train_abort(m.body);
           inbox->fail(reason ? *reason : "the coordinator aborted the job (" + error_message(reason.error()) + ")");
           return;
         }
+        if (strict && m.type == train_msg::join)
+          if (auto j = decode_train_join(m.body)) inbox->name_peer(m.from_node, "rank " + std::to_string(j->rank));
         auto key = key_of(m);
         if (!key) {
           spdlog::warn("dropping training message '{}' from {}: {}", m.type, inbox->label_of(m.from_node),
@@ -161,8 +180,9 @@ caf::behavior train_mailbox(caf::event_based_actor*, std::shared_ptr<train_inbox
 
 }  // namespace
 
-caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inbox> inbox, const std::string& name) {
-  caf::actor a = n.system().spawn(train_mailbox, std::move(inbox));
+caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inbox> inbox, const std::string& name,
+                                              bool joins_only_from_strangers) {
+  caf::actor a = n.system().spawn(train_mailbox, std::move(inbox), joins_only_from_strangers);
   if (auto err = n.publish(name, a)) {
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     return err;

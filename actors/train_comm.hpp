@@ -72,6 +72,10 @@ class train_inbox {
   bool closing() const;
   /// How peer `node_id` is named in failure messages ("rank 3 (stage 1, replica 1)").
   void name_peer(const std::string& node_id, std::string label);
+  /// Node ids of every named peer.
+  std::vector<std::string> named_peers() const;
+  /// Whether `node_id` was named (name_peer): it is part of the job.
+  bool named(const std::string& node_id) const;
   /// The label of `node_id`, or "node <id>" when it has none.
   std::string label_of(const std::string& node_id) const;
 
@@ -89,7 +93,13 @@ class train_inbox {
 /// subscribes it to every peer's failures: a named peer (name_peer) going
 /// down fails the inbox; others are ignored. Malformed or unknown messages
 /// are logged and dropped; train.abort fails the inbox with its reason.
-caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inbox> inbox, const std::string& name);
+/// With `joins_only_from_strangers` (the coordinator's mailbox), a message
+/// other than train.join from a node not named yet is dropped: a rank of an
+/// earlier job that reconnects to a reused port cannot slip its reports
+/// into this one. (Ranks cannot be that strict: a neighbour's first
+/// activations may arrive before the roster that names it.)
+caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inbox> inbox, const std::string& name,
+                                              bool joins_only_from_strangers = false);
 
 /// One rank's view of the job's links: where every other rank's mailbox is.
 /// Thread-safe (the stage and the DP-group actor send concurrently).

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <stdexcept>
 #include <thread>
@@ -84,6 +85,19 @@ std::string job_key(const dist_train_options& o, const model_config& cfg) {
          " micro=" + std::to_string(o.micro_batch_size());
 }
 
+std::string join_key(const dist_train_options& o, const model_config& cfg) {
+  const auto& w = o.optimizer.adamw;
+  char opt[256];
+  std::snprintf(opt, sizeof opt, " run: steps=%d lr=%.9g betas=%.9g,%.9g eps=%.9g wd=%.9g clip=%.9g", o.steps,
+                static_cast<double>(w.lr), static_cast<double>(w.beta1), static_cast<double>(w.beta2),
+                static_cast<double>(w.eps), static_cast<double>(w.weight_decay),
+                static_cast<double>(o.optimizer.max_grad_norm));
+  std::string k = job_key(o, cfg) + opt + " checkpoint_every=" + std::to_string(o.checkpoint_every) +
+                  " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
+                  " synthetic=" + (o.synthetic.enabled() ? "1" : "0");
+  return k;
+}
+
 // ---- coordinator ---------------------------------------------------------------------
 
 namespace {
@@ -91,7 +105,13 @@ namespace {
 class coordinator {
  public:
   coordinator(node& n, const dist_train_options& o, const model_config& cfg, std::shared_ptr<train_inbox> inbox)
-      : node_(n), o_(o), cfg_(cfg), world_(o.layout.world()), job_(job_key(o, cfg)), inbox_(std::move(inbox)) {}
+      : node_(n),
+        o_(o),
+        cfg_(cfg),
+        world_(o.layout.world()),
+        job_(job_key(o, cfg)),
+        join_(join_key(o, cfg)),
+        inbox_(std::move(inbox)) {}
 
   ~coordinator() {
     if (inbox_) inbox_->close();
@@ -103,7 +123,7 @@ class coordinator {
 
   void run(const std::function<void(const dist_step_report&)>& on_step) {
     if (!inbox_) inbox_ = std::make_shared<train_inbox>();
-    auto mb = start_train_mailbox(node_, inbox_, "train-coord");
+    auto mb = start_train_mailbox(node_, inbox_, "train-coord", /*joins_only_from_strangers=*/true);
     if (!mb) throw train_error("cannot publish the coordinator: " + error_message(mb.error()));
     mailbox_ = *mb;
     try {
@@ -153,7 +173,8 @@ class coordinator {
         if (auto better = inbox_->failure()) reason = *better;
       }
       inbox_->close();
-      for (const auto& [rank, id] : ids_) {
+      // Every rank that joined, also those whose join was not taken yet.
+      for (const std::string& id : inbox_->named_peers()) {
         auto a = node_.remote_actor(id, "train");
         if (!a) continue;
         remote_message m;
@@ -188,9 +209,9 @@ class coordinator {
                                       "join of rank " + std::to_string(rank));
       auto j = decode_train_join(m.body);
       if (!j) throw train_error("bad join from node " + m.from_node + ": " + error_message(j.error()));
-      if (j->world != world_ || j->job_key != job_)
+      if (j->world != world_ || j->job_key != join_)
         throw train_error("rank " + std::to_string(rank) + " (node " + m.from_node + ") belongs to another job: '" +
-                          j->job_key + "' of " + std::to_string(j->world) + " ranks, this one is '" + job_ + "' of " +
+                          j->job_key + "' of " + std::to_string(j->world) + " ranks, this one is '" + join_ + "' of " +
                           std::to_string(world_));
       ids_[rank] = m.from_node;
       inbox_->name_peer(m.from_node, o_.layout.label(rank));
@@ -222,7 +243,7 @@ class coordinator {
   const dist_train_options& o_;
   model_config cfg_;
   int world_;
-  std::string job_;
+  std::string job_, join_;
   std::shared_ptr<train_inbox> inbox_;
   caf::actor mailbox_;
   std::map<int, std::string> ids_;

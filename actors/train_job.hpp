@@ -119,9 +119,15 @@ struct dist_train_options {
   int micro_batches() const { return batch / layout.dp / micro_batch_size(); }
 };
 
-/// A string that differs between jobs that cannot train together (model
-/// shape, layout, batch): ranks of another job are refused at join.
+/// A string that differs between jobs whose checkpoints are not
+/// interchangeable (model shape, layout, batch): checkpoints of another job
+/// are refused at resume.
 std::string job_key(const dist_train_options& o, const model_config& cfg);
+/// job_key plus what every rank of one run must also agree on (steps,
+/// optimizer, clipping, checkpointing, --save, synthetic compute): ranks
+/// that differ are refused at join instead of training differently or
+/// waiting for messages that never come.
+std::string join_key(const dist_train_options& o, const model_config& cfg);
 
 /// What the coordinator reports per step.
 struct dist_step_report {

@@ -112,7 +112,7 @@ class rank_runtime {
   void join(const std::string& coord) {
     comm_ = std::make_unique<train_comm>(node_, inbox_, rank_, std::vector<std::string>{}, coord, o_.timeout);
     comm_->send_coordinator(train_msg::join, encode_body(train_join{rank_, o_.layout.world(), node_.endpoint(),
-                                                                    job_key(o_, cfg_)}));
+                                                                    join_key(o_, cfg_)}));
     remote_message r = inbox_->take(train_key(train_msg::roster, 0, 0), o_.timeout, "roster from the coordinator");
     auto roster = decode_train_roster(r.body);
     if (!roster) throw train_error("bad roster from the coordinator: " + error_message(roster.error()));
@@ -511,6 +511,12 @@ class rank_runtime {
     if (!o_.save_dir.empty())
       for (const bucket& b : buckets_) {
         const bool sends = b.id == head_bucket ? rank_ == 0 : replica_ == 0;
+        // One message per bucket: a bucket beyond a node's largest message
+        // (1 GiB by default) would be refused on the way; say so here.
+        if (sends && static_cast<std::int64_t>(b.params->flat().nbytes()) >= node_options{}.max_message_bytes)
+          throw train_error("--save: the parameters of " + bucket_name(b.id) + " (" +
+                            std::to_string(b.params->flat().nbytes()) + " bytes) exceed one message; saving a model "
+                            "this large is not supported yet (use --checkpoint-dir)");
         if (sends)
           comm_->send_coordinator(train_msg::params, encode_body(train_packet{o_.steps, b.id, 0, rank_}),
                                   {b.params->flat().clone()});

@@ -1,5 +1,10 @@
 #include "actors/train_store.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <system_error>
 
@@ -22,6 +27,17 @@ fs::path checkpoint_step_dir(const fs::path& dir, int step) { return dir / ("ste
 
 namespace {
 
+/// fsync of a file or directory: its data (or its entries) reach the disk
+/// before whatever is renamed next names them.
+void sync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw train_error("cannot open " + p.string() + " to sync it: " + std::strerror(errno));
+  const int r = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (r != 0) throw train_error("cannot sync " + p.string() + ": " + std::strerror(err));
+}
+
 void write_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
   {
@@ -30,9 +46,11 @@ void write_atomically(const fs::path& path, const std::string& text) {
     out.flush();
     if (!out) throw train_error("cannot write " + tmp.string());
   }
+  sync_path(tmp);
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) throw train_error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  sync_path(path.parent_path());
 }
 
 int step_of(const std::string& name) {
@@ -60,8 +78,10 @@ void write_shard(const fs::path& dir, int step, int rank, const std::vector<std:
   } catch (const model_error& e) {
     throw train_error(std::string("cannot write checkpoint shard: ") + e.what());
   }
+  sync_path(tmp);
   fs::rename(tmp, final_path, ec);
   if (ec) throw train_error("cannot rename " + tmp.string() + ": " + ec.message());
+  sync_path(step_dir);
 }
 
 void commit_checkpoint(const fs::path& dir, int step, int world, const std::string& job) {

@@ -9,7 +9,8 @@
 //                                   of step N is on disk: {step, world, job}
 //   DIR/latest                      "step-N": the newest complete checkpoint,
 //                                   replaced atomically (write + rename)
-// A shard is written to a temporary name and renamed, and `latest` moves
+// Every file is written to a temporary name, synced (fsync) and renamed,
+// the directory synced after the rename, and `latest` moves
 // only after the manifest exists, so a rank dying mid-save leaves the
 // previous checkpoint as the latest one, untouched.
 #pragma once

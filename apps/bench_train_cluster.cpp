@@ -84,7 +84,10 @@ struct variant {
 
 std::string split_of(const sc::plan& p) {
   std::string s;
-  for (const auto& st : p.stages) s += (s.empty() ? "" : "/") + std::to_string(st.last_layer - st.first_layer);
+  for (const auto& st : p.stages) {
+    if (!s.empty()) s += '/';
+    s += std::to_string(st.last_layer - st.first_layer);
+  }
   return s;
 }
 
@@ -153,7 +156,7 @@ int run_cluster_bench(const cluster_bench_args& a) {
   for (const char* nic : {"ethernet", "ib"}) {
     sc::cluster_description c = all_on(cluster, nic);
     sc::plan_report r = sc::make_plan(c, cfg, setup);
-    if (r.best.feasible) variants.push_back({std::string("all ") + nic, c, r.best});
+    if (r.best.feasible) variants.push_back({std::string("all ").append(nic), c, r.best});
   }
 
   train_args base;

@@ -155,6 +155,19 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     throw train_error(std::string("training failed on ") + o.layout.label(a.rank) + ": " + e.what());
   }
   join_coordinator();
+  if (coord_node) {
+    // The coordinator's last messages (train.finish) go through proxy
+    // actors, its node's goodbye straight to the links: let the ranks leave
+    // first (they do once told the job is over), so nothing overtakes them.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    auto any_up = [&] {
+      for (const auto& p : coord_node->peers())
+        if (coord_node->peer_is_up(p)) return true;
+      return false;
+    };
+    while (!coord_error && any_up() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   if (coord_error) std::rethrow_exception(coord_error);
   return 0;
 }
@@ -333,13 +346,21 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
   auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "coordinator");
   const std::string endpoint = n->endpoint();
   spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
-  static std::atomic<int> jobs{0};
-  const fs::path job_file =
-      fs::temp_directory_path() / ("corolla-job-" + std::to_string(::getpid()) + "-" + std::to_string(jobs++) + ".json");
+  // A fresh private file (mkstemp: 0600, never an existing path or link).
+  std::string name = (fs::temp_directory_path() / "corolla-job-XXXXXX").string();
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) throw std::runtime_error("cannot create a job file in " + fs::temp_directory_path().string() + ": " +
+                                       std::strerror(errno));
+  const fs::path job_file = name;
   {
-    std::ofstream out(job_file);
-    out << job_to_json(o).dump() << "\n";
-    if (!out) throw std::runtime_error("cannot write " + job_file.string());
+    const std::string text = job_to_json(o).dump() + "\n";
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::close(fd);
+    if (!ok) {
+      std::error_code ec;
+      fs::remove(job_file, ec);
+      throw std::runtime_error("cannot write " + job_file.string());
+    }
   }
   struct remove_file {
     fs::path p;

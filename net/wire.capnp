@@ -131,7 +131,7 @@ struct TrainJoin {
   rank @0 :Int32;
   world @1 :Int32;
   endpoint @2 :Text;       # where the rank's node listens
-  jobKey @3 :Text;         # model shape, layout and batch: ranks of another job are refused
+  jobKey @3 :Text;         # model shape, layout, batch and run settings: ranks of another job are refused
 }
 
 # "train.roster" coordinator -> every rank, once all have joined.
