@@ -92,7 +92,9 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
                 static_cast<double>(w.lr), static_cast<double>(w.beta1), static_cast<double>(w.beta2),
                 static_cast<double>(w.eps), static_cast<double>(w.weight_decay),
                 static_cast<double>(o.optimizer.max_grad_norm));
-  std::string k = job_key(o, cfg) + opt + " checkpoint_every=" + std::to_string(o.checkpoint_every) +
+  const lr_schedule& s = o.optimizer.schedule;
+  std::string k = job_key(o, cfg) + opt + " warmup=" + std::to_string(s.warmup_steps) +
+                  " cosine=" + (s.cosine ? "1" : "0") + " checkpoint_every=" + std::to_string(o.checkpoint_every) +
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0");
   return k;

@@ -474,7 +474,9 @@ class rank_runtime {
     if (synthetic()) return;
     Tensor p = b.params->flat().slice(b.lo, b.hi);
     Tensor g = b.grads->flat().slice(b.lo, b.hi);
-    be_.adamw(p, g, b.m, b.v, o_.optimizer.adamw, step);
+    adamw_params w = o_.optimizer.adamw;
+    w.lr = scheduled_lr(w.lr, o_.optimizer.schedule, static_cast<int>(step), o_.steps);
+    be_.adamw(p, g, b.m, b.v, w, step);
   }
 
   void optimizer_step(int step, double loss) {

@@ -1,7 +1,9 @@
 // corolla demo — the main job on an embedded default, needing no download:
 // train a SentencePiece tokenizer and a small GPT from scratch on the corpus
-// built into the binary, for a fixed time budget with a progress display,
-// save the model as a HuggingFace directory, and generate from it. Then
+// built into the binary, for about a time budget with a progress display,
+// pipeline x data-parallel on an emulated two-cluster layout the planner
+// chooses (one rank process per worker, links shaped per NIC class), save
+// the model as a HuggingFace directory, and generate from it. Then
 // (unless --no-swarm) serve it from local `corolla serve` processes and
 // generate through them while one is killed: the output must not change.
 #include <fcntl.h>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <sentencepiece_trainer.h>
 
 #include "actors/corolla.hpp"
@@ -28,6 +31,8 @@
 #include "apps/commands.hpp"
 #include "apps/demo_corpus.hpp"
 #include "apps/local_swarm.hpp"
+#include "apps/plan_print.hpp"
+#include "apps/train_args.hpp"
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
@@ -38,6 +43,8 @@
 #include "model/tokenizer.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
+#include "schedule/cluster.hpp"
+#include "schedule/planner.hpp"
 
 namespace corolla::app {
 
@@ -61,6 +68,54 @@ struct demo_options {
 /// Tokens the swarm stage generates (greedy); the server is killed after a
 /// third of them.
 constexpr int swarm_tokens = 48;
+
+/// Sequences per step and tokens per sequence of the demo's training.
+constexpr int demo_batch = 8;
+constexpr int demo_seq = 128;
+
+/// The emulated layout the demo trains on: a fast-NIC cluster and an
+/// Ethernet cluster of two single-worker CPU nodes each, at speeds scaled to
+/// this machine (the planner sees them as it would real hardware).
+constexpr const char* demo_cluster_toml = R"(# corolla demo: an emulated fast-NIC cluster next to an Ethernet cluster.
+name = "demo-two-clusters"
+
+[nic.ib]
+bandwidth_gbps = 10
+latency_us = 5
+
+[nic.ethernet]
+bandwidth_gbps = 1
+latency_us = 50
+
+[[cluster]]
+name = "fast"
+  [[cluster.node]]
+  name = "fast"
+  count = 2
+  nic = "ib"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    model = "cpu-core"
+    tflops = 0.05
+    memory_gib = 2
+
+[[cluster]]
+name = "eth"
+  [[cluster.node]]
+  name = "eth"
+  count = 2
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    model = "cpu-core"
+    tflops = 0.05
+    memory_gib = 2
+
+[[link]]
+clusters = ["fast", "eth"]
+bandwidth_gbps = 1
+latency_us = 1000
+)";
 
 /// The demo model: GPT-2 architecture, ~2.5M parameters, trained in a minute
 /// on two cores.
@@ -295,44 +350,94 @@ int run_demo(const demo_options& o) {
               tok->vocab_size(), tokens.size());
 
   model_config cfg = demo_config(tok->vocab_size(), tok->bos_id(), tok->eos_id());
-  transformer model = transformer::init(cfg, o.seed, be);
-  token_dataset data = token_dataset::from_tokens(std::move(tokens), cfg.vocab_size, "demo corpus");
-  train_options topt;
-  topt.batch = 8;
-  topt.seq = 128;
-  topt.steps = 1 << 30;  // bounded by the time budget below
-  topt.optimizer.adamw = {3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
-  topt.optimizer.max_grad_norm = 1.0f;
-  trainer train(model, data, topt);
-  std::printf("[3/4] training GPT-2-style model: %d layers, dim %d, %.2fM parameters, "
-              "batch %dx%d, AdamW, %.0f s on %d threads\n",
-              cfg.n_layers, cfg.hidden_size, static_cast<double>(cfg.parameter_count()) / 1e6,
-              topt.batch, topt.seq, o.seconds, cpu_threads());
+  const fs::path tokens_file = out / "tokens.bin";
+  {
+    // The ranks read the corpus as raw uint16 ids (the vocabulary is far
+    // below 65536).
+    std::vector<std::uint16_t> ids(tokens.begin(), tokens.end());
+    std::ofstream f(tokens_file, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * sizeof ids[0]));
+    if (!f) throw model_error("cannot write " + tokens_file.string());
+  }
+  // A fresh model: config.json only; every rank initialises it from --seed.
+  {
+    std::ofstream f(model_dir / "config.json", std::ios::trunc);
+    f << to_hf_json(cfg).dump(2) << '\n';
+    if (!f) throw model_error("cannot write " + (model_dir / "config.json").string());
+  }
+
+  // The emulated two-cluster layout, planned like any cluster file.
+  const fs::path cluster_file = out / "cluster.toml";
+  {
+    std::ofstream f(cluster_file, std::ios::trunc);
+    f << demo_cluster_toml;
+  }
+  const schedule::cluster_description cluster = schedule::load_cluster(cluster_file);
+  schedule::training_setup setup;
+  setup.set_precision(schedule::precision::fp32);
+  setup.global_batch = demo_batch;
+  setup.micro_batch = 1;
+  setup.seq = demo_seq;
+  const schedule::plan plan = schedule::make_plan(cluster, cfg, setup).best;
+  if (!plan.feasible) throw model_error("no feasible plan for the demo cluster: " + plan.reason);
+
+  // Steps for the time budget, from one timed local step (the distributed
+  // run shares these cores between its rank processes, hence the margin).
+  double local_step_s = 0;
+  {
+    transformer probe = transformer::init(cfg, o.seed, be);
+    token_dataset probe_data = token_dataset::from_tokens(tokens, cfg.vocab_size, "demo corpus");
+    train_options popt;
+    popt.batch = demo_batch;
+    popt.seq = demo_seq;
+    popt.steps = 2;
+    trainer probe_train(probe, probe_data, popt);
+    probe_train.step();  // warm-up
+    local_step_s = probe_train.step().seconds;
+  }
+  const int steps = std::max(3, static_cast<int>(o.seconds / (2.0 * local_step_s)));
+
+  std::printf("[3/4] training GPT-2-style model: %d layers, dim %d, %.2fM parameters, batch %dx%d, AdamW, "
+              "%d steps (about %.0f s), on an emulated two-cluster layout (%s):\n",
+              cfg.n_layers, cfg.hidden_size, static_cast<double>(cfg.parameter_count()) / 1e6, demo_batch, demo_seq,
+              steps, o.seconds, cluster_file.c_str());
+  print_plan(stdout, cluster, plan);
   std::fflush(stdout);
 
-  // Learning rate: short linear warm-up, then cosine decay to 10% over the
-  // time budget (the step count is not known in advance).
+  train_args targs;
+  targs.model = model_dir.string();
+  targs.data = tokens_file.string();
+  targs.batch = demo_batch;
+  targs.seq = demo_seq;
+  targs.steps = steps;
+  targs.seed = o.seed;
+  targs.threads = 1;
+  dist_train_options job;
+  use_plan(cluster, plan, job);
+  job.batch = demo_batch;
+  job.seq = demo_seq;
+  job.steps = steps;
+  // Short linear warm-up, then cosine decay to 10%.
+  job.optimizer.adamw = {3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  job.optimizer.max_grad_norm = 1.0f;
+  job.optimizer.schedule = {std::min(10, steps / 2), true, 0.1f};
+  job.save_dir = model_dir;
+
   progress_line progress;
-  auto t0 = std::chrono::steady_clock::now();
-  float first_loss = 0, last_loss = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double first_loss = 0, last_loss = 0, elapsed = 0;
   int step = 0;
-  double elapsed = 0;
-  while (elapsed < o.seconds) {
-    double frac = std::min(1.0, elapsed / o.seconds);
-    double warm = std::min(1.0, (step + 1) / 10.0);
-    train.optimizer().set_lr(static_cast<float>(
-        topt.optimizer.adamw.lr * warm * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * frac)))));
-    step_report r = train.step();
+  run_local_job(targs, job, cfg, [&](const dist_step_report& r) {
     step = r.step;
     if (step == 1) first_loss = r.loss;
     last_loss = r.loss;
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    progress.update(elapsed, o.seconds, step, r.loss, r.tokens_per_second);
-  }
+    progress.update(elapsed, o.seconds, step, static_cast<float>(r.loss),
+                    r.seconds > 0 ? demo_batch * demo_seq / r.seconds : 0.0);
+  });
   progress.done();
-  std::printf("      %d steps in %.0f s: loss %.3f -> %.3f\n", step, elapsed, first_loss, last_loss);
-
-  model.save(model_dir);
+  std::printf("      %d steps in %.0f s on %d rank processes: loss %.3f -> %.3f\n", step, elapsed, job.layout.world(),
+              first_loss, last_loss);
   std::printf("[4/4] saved %s (config.json, model.safetensors, tokenizer.model); generating:\n\n",
               model_dir.c_str());
   std::fflush(stdout);

@@ -78,7 +78,7 @@ void print_cluster(const sc::cluster_description& c) {
     for (int n : cl.nodes)
       for (int r : c.nodes[n].workers) {
         const auto& w = c.workers[r];
-        std::string k = w.model + " (" + fmt("%.0f", w.flops / 1e12) + " TFLOP/s, " + gib(w.memory) +
+        std::string k = w.model + " (" + fmt("%.3g", w.flops / 1e12) + " TFLOP/s, " + gib(w.memory) +
                         " GiB) on " + c.nics[w.nic].name + " (" + sc::describe_link(c.nics[w.nic].link) + ")";
         auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& e) { return e.first == k; });
         if (it == kinds.end()) kinds.emplace_back(k, 1);
@@ -174,7 +174,7 @@ void print_plan(std::FILE* out, const sc::cluster_description& c, const sc::plan
     if (workers.size() > 28) workers = workers.substr(0, 25) + "...";
     std::string mem = gib(s.cost.memory.total()) + "/" + gib(s.cost.capacity);
     std::string reduce = seconds(s.cost.reduce_s) + " (" + seconds(s.cost.exposed_reduce_s) + ")";
-    std::fprintf(out, "  %-5d %-16s %-28s %-12s %-10s %7.0f %15s %11s %9s %22s\n", s.index, layers_of(s).c_str(),
+    std::fprintf(out, "  %-5d %-16s %-28s %-12s %-10s %7.3g %15s %11s %9s %22s\n", s.index, layers_of(s).c_str(),
                 workers.c_str(), cluster_name(c, s.cluster).c_str(), nic.c_str(),
                 s.cost.flops_per_s / 1e12, mem.c_str(), seconds(s.cost.forward_s + s.cost.backward_s).c_str(),
                 s.head ? "-" : seconds(s.cost.send_s).c_str(), reduce.c_str());

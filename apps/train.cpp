@@ -58,6 +58,16 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
   return token_dataset::open(file, tok.get(), vocab);
 }
 
+lr_schedule schedule_of(const train_args& a) {
+  if (a.lr_schedule != "constant" && a.lr_schedule != "cosine")
+    throw std::invalid_argument("--lr-schedule must be constant or cosine, got '" + a.lr_schedule + "'");
+  if (a.warmup_steps < 0) throw std::invalid_argument("--warmup-steps must be >= 0");
+  lr_schedule s;
+  s.warmup_steps = a.warmup_steps;
+  s.cosine = a.lr_schedule == "cosine";
+  return s;
+}
+
 namespace {
 
 int run_train(const train_args& a) {
@@ -79,6 +89,7 @@ int run_train(const train_args& a) {
   o.optimizer.adamw = {.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps,
                        .weight_decay = a.weight_decay};
   o.optimizer.max_grad_norm = a.grad_clip;
+  o.optimizer.schedule = schedule_of(a);
   o.log_every = a.log_every;
   o.progress = !a.json;
   o.save_dir = a.save;
@@ -147,6 +158,13 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--eps", args->eps, "AdamW epsilon")->capture_default_str();
   cmd->add_option("--grad-clip", args->grad_clip,
                   "Clip gradients to this global L2 norm (0 = no clipping)")
+      ->capture_default_str();
+  cmd->add_option("--lr-schedule", args->lr_schedule,
+                  "constant, or cosine: a half cosine from --lr down to 10% of it at the last step (after "
+                  "the warm-up)")
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", args->warmup_steps,
+                  "Linear learning-rate warm-up over the first K steps (0 = none)")
       ->capture_default_str();
   cmd->add_option("--log-every", args->log_every,
                   "Print every K-th step (the first and last step are always printed)")

@@ -30,6 +30,8 @@ struct train_args {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float grad_clip = 0.0f;
+  int warmup_steps = 0;
+  std::string lr_schedule = "constant";
   int log_every = 1;
   std::string save;
   std::uint64_t seed = 0;
@@ -61,6 +63,10 @@ transformer open_model(const std::filesystem::path& dir, std::uint64_t seed, Bac
 /// The token data: llm.c shards and raw uint16 `.bin` files as they are,
 /// anything else as text tokenised with the model directory's tokenizer.
 token_dataset open_data(const std::filesystem::path& file, const std::filesystem::path& model_dir, int vocab);
+
+/// --lr-schedule and --warmup-steps as an lr_schedule; throws
+/// std::invalid_argument for an unknown schedule or negative warm-up.
+lr_schedule schedule_of(const train_args& a);
 
 /// Whether the flags or the launcher's environment ask for a distributed run.
 bool wants_distributed(const train_args& a);

@@ -231,7 +231,11 @@ nlohmann::json job_to_json(const dist_train_options& o) {
           {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
           {"micro_batch", o.micro_batch}, {"steps", o.steps},
           {"adamw", {{"lr", w.lr}, {"beta1", w.beta1}, {"beta2", w.beta2}, {"eps", w.eps}, {"weight_decay", w.weight_decay}}},
-          {"max_grad_norm", o.optimizer.max_grad_norm}, {"checkpoint_dir", o.checkpoint_dir.string()},
+          {"max_grad_norm", o.optimizer.max_grad_norm},
+          {"schedule",
+           {{"warmup_steps", o.optimizer.schedule.warmup_steps}, {"cosine", o.optimizer.schedule.cosine},
+            {"final_ratio", o.optimizer.schedule.final_ratio}}},
+          {"checkpoint_dir", o.checkpoint_dir.string()},
           {"checkpoint_every", o.checkpoint_every}, {"resume", o.resume}, {"save_dir", o.save_dir.string()},
           {"timeout_ms", o.timeout.count()}, {"link_profiles", o.link_profiles},
           {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s}};
@@ -254,6 +258,8 @@ dist_train_options job_from_json(const std::string& file) {
     const auto& w = j.at("adamw");
     o.optimizer.adamw = {w.at("lr"), w.at("beta1"), w.at("beta2"), w.at("eps"), w.at("weight_decay")};
     o.optimizer.max_grad_norm = j.at("max_grad_norm");
+    const auto& sch = j.at("schedule");
+    o.optimizer.schedule = {sch.at("warmup_steps"), sch.at("cosine"), sch.at("final_ratio")};
     o.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
     o.checkpoint_every = j.at("checkpoint_every");
     o.resume = j.at("resume");
@@ -468,6 +474,7 @@ int run_distributed_train(train_args a) {
   o.steps = a.steps;
   o.optimizer.adamw = {.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay};
   o.optimizer.max_grad_norm = a.grad_clip;
+  o.optimizer.schedule = schedule_of(a);
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_every = a.checkpoint_every;
   o.resume = a.resume;

@@ -1,5 +1,6 @@
 #include "model/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -22,6 +23,18 @@ param_set zeros_like(const param_set& params, Backend& be) {
 }
 
 }  // namespace
+
+float scheduled_lr(float lr, const lr_schedule& s, int step, int total) {
+  double f = 1.0;
+  if (s.warmup_steps > 0 && step <= s.warmup_steps) {
+    f = static_cast<double>(step) / s.warmup_steps;
+  } else if (s.cosine && total > s.warmup_steps) {
+    const double progress =
+        std::min(1.0, static_cast<double>(step - s.warmup_steps) / static_cast<double>(total - s.warmup_steps));
+    f = s.final_ratio + (1.0 - s.final_ratio) * 0.5 * (1.0 + std::cos(M_PI * progress));
+  }
+  return static_cast<float>(lr * f);
+}
 
 adamw_optimizer::adamw_optimizer(std::vector<param_group> groups,
                                  const optimizer_settings& settings, Backend& be)

@@ -25,12 +25,28 @@
 
 namespace corolla {
 
+/// How the learning rate moves over a run of N steps (1-based step t):
+/// linear warm-up from lr/warmup_steps to lr over the first warmup_steps
+/// steps, then constant, or with `cosine` a half cosine from lr down to
+/// final_ratio x lr at step N. Single-process and distributed training
+/// apply the same rule.
+struct lr_schedule {
+  int warmup_steps = 0;
+  bool cosine = false;
+  float final_ratio = 0.1f;
+};
+
+/// The learning rate of step `step` (1-based) of `total` for base rate `lr`.
+float scheduled_lr(float lr, const lr_schedule& s, int step, int total);
+
 /// Everything that configures an adamw_optimizer.
 struct optimizer_settings {
   adamw_params adamw;        ///< lr, betas, eps, decoupled weight decay
   /// Clip gradients so their global L2 norm (over every group) is at most
   /// this; <= 0 turns clipping off (the default).
   float max_grad_norm = 0.0f;
+  /// The learning-rate schedule (the trainers set adamw.lr from it each step).
+  lr_schedule schedule;
 };
 
 /// AdamW with bias correction over a fixed list of parameter groups.

@@ -105,6 +105,8 @@ step_report trainer::step() {
   const auto start = clock_type::now();
   const int B = options_.batch, T = options_.seq;
   model_->zero_grads();
+  optimizer_.set_lr(scheduled_lr(options_.optimizer.adamw.lr, options_.optimizer.schedule, steps_done() + 1,
+                                 std::max(options_.steps, steps_done() + 1)));
   data_->next_batch(B, T, ids_, targets_);
   step_report r;
   r.loss = model_->forward_backward(ids_, targets_, B, T, 1.0f);

@@ -48,6 +48,12 @@ TEST_CASE("demo trains, saves a loadable model, generates, and survives a killed
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("[4/4]") != std::string::npos);
   CHECK(r.out.find("Once upon a time") != std::string::npos);
+  // Training ran on the planner's layout of the emulated two-cluster file,
+  // printed before it started.
+  CHECK(r.out.find("on an emulated two-cluster layout") != std::string::npos);
+  CHECK(std::regex_search(r.out, std::regex(R"(plan: PP \d+ x DP \d+ x TP 1 on \d+ of 4 workers)")));
+  CHECK(std::regex_search(r.out, std::regex(R"(\d+ steps in \d+ s on \d+ rank processes: loss)")));
+  CHECK(fs::exists(out / "cluster.toml"));
   for (const char* f : {"config.json", "model.safetensors", "tokenizer.model"})
     CHECK(fs::exists(out / "model" / f));
 

@@ -65,12 +65,15 @@ struct job {
   fs::path model, data;
   int batch = 6, seq = 8, steps = 20;
   float lr = 3e-3f, clip = 0.0f;
+  int warmup = 0;
+  bool cosine = false;
 };
 
 std::vector<std::string> train_args(const job& j, std::vector<std::string> extra) {
   std::vector<std::string> a = {"train", "--model", j.model,  "--data", j.data,  "--batch", std::to_string(j.batch),
                                 "--seq", std::to_string(j.seq), "--steps", std::to_string(j.steps), "--lr",
-                                std::to_string(j.lr), "--grad-clip", std::to_string(j.clip), "--json", "--threads", "1"};
+                                std::to_string(j.lr), "--grad-clip", std::to_string(j.clip), "--json", "--threads", "1",
+                                "--warmup-steps", std::to_string(j.warmup), "--lr-schedule", j.cosine ? "cosine" : "constant"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -100,6 +103,7 @@ std::vector<float> reference_losses(const job& j, transformer model, std::vector
   o.steps = j.steps;
   o.optimizer.adamw.lr = j.lr;
   o.optimizer.max_grad_norm = j.clip;
+  o.optimizer.schedule = {j.warmup, j.cosine, 0.1f};
   trainer t(model, data, o);
   std::vector<float> losses;
   while (t.steps_done() < j.steps) {
@@ -192,7 +196,7 @@ TEST_CASE("every pipeline x data-parallel layout gives the single-process losses
   }
 }
 
-TEST_CASE("an untied Llama with several micro-batches per replica and clipping trains like one process") {
+TEST_CASE("an untied Llama with several micro-batches per replica, clipping and a cosine schedule trains like one process") {
   temp_dir_guard tmp("mp-train-llama");
   tiny_model_options o = tiny(architecture::llama);
   job j;
@@ -204,6 +208,8 @@ TEST_CASE("an untied Llama with several micro-batches per replica and clipping t
   j.steps = 10;
   j.lr = 1e-2f;
   j.clip = 0.5f;
+  j.warmup = 3;
+  j.cosine = true;
   std::vector<double> norms;
   const std::vector<float> want = reference_losses(j, transformer::load(j.model, cpu_backend()), &norms);
   // 2 stages x 2 replicas, 4 sequences per replica in micro-batches of 2.

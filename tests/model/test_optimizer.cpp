@@ -202,3 +202,20 @@ TEST_CASE("an optimizer group whose gradients do not match its parameters is rej
   CHECK_THROWS_AS(adamw_optimizer({{&p, nullptr}}, optimizer_settings{}, cpu_backend()),
                   std::invalid_argument);
 }
+
+TEST_CASE("the learning-rate schedule warms up linearly, then decays by a half cosine to its floor") {
+  using corolla::lr_schedule;
+  using corolla::scheduled_lr;
+  const lr_schedule constant{};
+  CHECK(scheduled_lr(0.5f, constant, 1, 10) == 0.5f);
+  CHECK(scheduled_lr(0.5f, constant, 10, 10) == 0.5f);
+  const lr_schedule warm{4, false, 0.1f};
+  CHECK(scheduled_lr(1.0f, warm, 1, 10) == doctest::Approx(0.25));
+  CHECK(scheduled_lr(1.0f, warm, 4, 10) == doctest::Approx(1.0));
+  CHECK(scheduled_lr(1.0f, warm, 9, 10) == doctest::Approx(1.0));
+  const lr_schedule cosine{2, true, 0.1f};
+  CHECK(scheduled_lr(1.0f, cosine, 2, 12) == doctest::Approx(1.0));
+  CHECK(scheduled_lr(1.0f, cosine, 7, 12) == doctest::Approx(0.55));  // halfway: 0.1 + 0.9 / 2
+  CHECK(scheduled_lr(1.0f, cosine, 12, 12) == doctest::Approx(0.1));
+  CHECK(scheduled_lr(1.0f, cosine, 20, 12) == doctest::Approx(0.1));  // past the end: the floor
+}
