@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <future>
 #include <map>
 #include <stdexcept>
 #include <thread>
@@ -258,7 +259,19 @@ void run_train_coordinator(node& n, const dist_train_options& o, const model_con
                            std::shared_ptr<train_inbox> inbox) {
   check_layout(o.layout, cfg.n_layers);
   coordinator c(n, o, cfg, std::move(inbox));
-  c.run(on_step);
+  // The trainer actor: detached (it blocks on its inbox), driving the steps;
+  // this thread waits for it.
+  auto done = std::make_shared<std::promise<void>>();
+  auto finished = done->get_future();
+  n.system().spawn<caf::detached>([&c, &on_step, done](caf::blocking_actor*) {
+    try {
+      c.run(on_step);
+      done->set_value();
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  });
+  finished.get();
 }
 
 }  // namespace corolla

@@ -147,7 +147,8 @@ void run_train_rank(node& n, const dist_train_options& o, int rank, const std::s
                     transformer& model, token_dataset& data);
 
 /// Gathers the job's ranks on node `n` (published as "train-coord"), hands
-/// them the roster, then per step sums their reports and calls `on_step`;
+/// them the roster, then per step sums their reports and calls `on_step`
+/// (from the trainer actor's own thread, a detached actor on `n`);
 /// commits checkpoints; saves the model when asked (`cfg` shapes it).
 /// Returns when every rank is done. On a failure (a rank died, a wrong
 /// job) it tells every rank to abort and throws train_error.
