@@ -543,11 +543,13 @@ void on_tick(link_actor* self) {
   const bool outgoing = st.args.role == link_role::outgoing;
   if (st.phase == link_phase::up || (st.phase == link_phase::down && !outgoing))
     send_control(self, net::message_kind::heartbeat, 0, steady_now_ns());
-  if (st.phase == link_phase::down && outgoing && now - st.last_hello >= std::chrono::seconds(1)) {
+  const bool unanswered = st.phase == link_phase::down || st.phase == link_phase::handshaking;
+  if (unanswered && outgoing && now - st.last_hello >= std::chrono::seconds(1)) {
     // The peer may be a new process behind the same endpoint, or a stalled
-    // one: introduce ourselves again (a live peer answers with a harmless
-    // hello_ack). Once a second, so little queues up for a dead peer; the
-    // transport's reconnect event triggers a hello at once anyway.
+    // one, or our first hello was lost: introduce ourselves again (a live
+    // peer answers with a harmless hello_ack). Once a second, so little
+    // queues up for a dead peer; the transport's reconnect event triggers a
+    // hello at once anyway.
     send_hello(self, net::message_kind::hello);
   }
   if (st.phase == link_phase::up && now - st.last_rx > s.peer_timeout) {

@@ -107,6 +107,10 @@ node_options rank_node_options(const std::string& listen) {
   n.listen = listen;
   n.scheduler_threads = 2;
   n.publish_echo = false;
+  // A dead rank's connection drops at once (reported within milliseconds);
+  // silence alone must last longer than a busy host can starve a process
+  // (eight ranks on two cores), or a healthy job would fail.
+  n.peer_timeout = std::chrono::seconds(10);
   return n;
 }
 
