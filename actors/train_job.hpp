@@ -32,7 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.hpp"
 #include "model/config.hpp"
+#include "model/params.hpp"
 #include "model/optimizer.hpp"
 
 namespace corolla {
@@ -137,14 +139,33 @@ struct dist_step_report {
   double seconds = 0;    ///< wall time since the previous report
 };
 
-/// Runs rank `rank` of the job on node `n` until the last step, using the
-/// full model `model` (only this rank's blocks, and the head on the first
-/// and last stage, are trained here) and the token data (every rank reads
-/// the same batches; stage 0 uses the ids, the last stage the targets).
-/// `coordinator` is the coordinator's endpoint. Throws train_error (see
-/// train_comm.hpp) naming the rank that failed, model_error for bad data.
+/// Where a rank gets its parameters: only the blocks of its stage (and the
+/// head on the first and last stage) are asked for, so a rank of a large
+/// model reads only its own tensors from a checkpoint.
+struct rank_weights {
+  model_config cfg;
+  Backend* be = nullptr;
+  /// The parameter sets of blocks [first, last).
+  std::function<std::vector<param_set>(int first, int last)> blocks;
+  /// The head's parameter set.
+  std::function<param_set()> head;
+};
+
+/// Weights from a whole model in memory (shared, not copied): a fresh
+/// initialisation, which must cover the whole model to be deterministic.
+rank_weights weights_of(transformer& model);
+/// Weights read from `dir`'s checkpoint on demand (model/stage.hpp's and
+/// model/head.hpp's loaders: only the tensors asked for are read).
+rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& be);
+
+/// Runs rank `rank` of the job on node `n` until the last step, training
+/// its blocks (and the head on the first and last stage) from `weights` on
+/// the token data (every rank reads the same batches; stage 0 uses the ids,
+/// the last stage the targets). `coordinator` is the coordinator's
+/// endpoint. Throws train_error (see train_comm.hpp) naming the rank that
+/// failed, model_error for bad data or weights.
 void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
-                    transformer& model, token_dataset& data);
+                    const rank_weights& weights, token_dataset& data);
 
 /// Gathers the job's ranks on node `n` (published as "train-coord"), hands
 /// them the roster, then per step sums their reports and calls `on_step`

@@ -54,8 +54,8 @@ struct in_flight {
 
 class rank_runtime {
  public:
-  rank_runtime(node& n, const dist_train_options& o, int rank, transformer& model, token_dataset& data)
-      : node_(n), o_(o), rank_(rank), model_(model), data_(data), cfg_(model.config()), be_(model.backend()) {
+  rank_runtime(node& n, const dist_train_options& o, int rank, const rank_weights& weights, token_dataset& data)
+      : node_(n), o_(o), rank_(rank), weights_(weights), data_(data), cfg_(weights.cfg), be_(*weights.be) {
     const train_layout& l = o_.layout;
     stage_ = l.stage_of(rank);
     replica_ = l.replica_of(rank);
@@ -186,11 +186,14 @@ class rank_runtime {
   void build_model() {
     const int first = o_.layout.boundaries[static_cast<std::size_t>(stage_)];
     const int last = o_.layout.boundaries[static_cast<std::size_t>(stage_ + 1)];
-    std::vector<param_set> blocks(model_.blocks().begin() + first, model_.blocks().begin() + last);
+    std::vector<param_set> blocks = weights_.blocks(first, last);
+    if (static_cast<int>(blocks.size()) != last - first)
+      throw train_error("the weights gave " + std::to_string(blocks.size()) + " blocks for blocks " +
+                        std::to_string(first) + ".." + std::to_string(last - 1));
     stage_part_.emplace(cfg_, first, std::move(blocks), be_);
     stage_part_->grads();
     if (first_ || last_) {
-      head_part_.emplace(cfg_, model_.head(), be_);
+      head_part_.emplace(cfg_, weights_.head(), be_);
       head_part_->grads();
     }
     for (int i = 0; i < stage_part_->size(); ++i)
@@ -534,7 +537,7 @@ class rank_runtime {
   node& node_;
   const dist_train_options& o_;
   int rank_;
-  transformer& model_;
+  const rank_weights& weights_;
   token_dataset& data_;
   model_config cfg_;
   Backend& be_;
@@ -563,16 +566,40 @@ class rank_runtime {
 
 }  // namespace
 
-void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator, transformer& model,
-                    token_dataset& data) {
+rank_weights weights_of(transformer& model) {
+  rank_weights w;
+  w.cfg = model.config();
+  w.be = &model.backend();
+  w.blocks = [&model](int first, int last) {
+    return std::vector<param_set>(model.blocks().begin() + first, model.blocks().begin() + last);
+  };
+  w.head = [&model] { return model.head(); };
+  return w;
+}
+
+rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& be) {
+  auto ck = std::make_shared<checkpoint>(checkpoint::open(dir));
+  rank_weights w;
+  w.cfg = load_config(dir);
+  w.be = &be;
+  w.blocks = [ck, cfg = w.cfg, &be](int first, int last) {
+    return stage::load(*ck, cfg, first, last, be).params();
+  };
+  w.head = [ck, cfg = w.cfg, &be] { return head::load(*ck, cfg, be).params(); };
+  return w;
+}
+
+void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
+                    const rank_weights& weights, token_dataset& data) {
   if (rank < 0 || rank >= o.layout.world())
     throw std::invalid_argument("rank " + std::to_string(rank) + " is outside a job of " +
                                 std::to_string(o.layout.world()) + " ranks");
-  check_layout(o.layout, model.config().n_layers);
+  if (!weights.be || !weights.blocks || !weights.head) throw std::invalid_argument("run_train_rank: incomplete weights");
+  check_layout(o.layout, weights.cfg.n_layers);
   if (o.synthetic.enabled() && (o.synthetic.forward_s.size() != static_cast<std::size_t>(o.layout.pp) ||
                                 o.synthetic.backward_s.size() != static_cast<std::size_t>(o.layout.pp)))
     throw std::invalid_argument("synthetic compute needs one forward and one backward time per stage");
-  rank_runtime rt(n, o, rank, model, data);
+  rank_runtime rt(n, o, rank, weights, data);
   rt.run(coordinator);
 }
 

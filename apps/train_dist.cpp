@@ -146,10 +146,21 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
   };
   try {
     auto n = start_node(rank_node_options(a.listen), "rank");
-    bool fresh = false;
-    transformer model = open_model(a.model, a.seed, cpu_backend(), fresh);
     token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
-    run_train_rank(*n, o, a.rank, coordinator, model, data);
+    // Weights: only this rank's tensors are read from a checkpoint; a fresh
+    // start initialises the whole model (the same values on every rank and
+    // in single-process training) and keeps its part.
+    const fs::path dir = a.model;
+    const bool fresh = !fs::exists(dir / "model.safetensors") && !fs::exists(dir / "model.safetensors.index.json");
+    std::optional<transformer> whole;
+    rank_weights weights;
+    if (fresh) {
+      whole.emplace(transformer::init(cfg, a.seed, cpu_backend()));
+      weights = weights_of(*whole);
+    } else {
+      weights = weights_from_checkpoint(dir, cpu_backend());
+    }
+    run_train_rank(*n, o, a.rank, coordinator, weights, data);
   } catch (const std::exception& e) {
     // The coordinator this process hosts fails with it (and tells the
     // other ranks), instead of waiting for a join that never comes.
