@@ -25,9 +25,11 @@ namespace corolla {
 std::string train_layout::label(int rank) const {
   std::string s = "rank " + std::to_string(rank) + " (stage " + std::to_string(stage_of(rank)) + ", replica " +
                   std::to_string(replica_of(rank));
-  const auto st = static_cast<std::size_t>(stage_of(rank));
-  if (st + 1 < boundaries.size())
-    s += ", blocks " + std::to_string(boundaries[st]) + ".." + std::to_string(boundaries[st + 1] - 1);
+  for (int c = 0; c < chunks; ++c) {
+    const auto v = static_cast<std::size_t>(virtual_stage(stage_of(rank), c));
+    if (v + 1 < boundaries.size())
+      s += (c == 0 ? ", blocks " : ", ") + std::to_string(boundaries[v]) + ".." + std::to_string(boundaries[v + 1] - 1);
+  }
   if (rank >= 0 && static_cast<std::size_t>(rank) < worker_names.size())
     s += ", worker " + worker_names[static_cast<std::size_t>(rank)];
   return s + ")";
@@ -35,33 +37,42 @@ std::string train_layout::label(int rank) const {
 
 std::string train_layout::describe() const {
   std::string s = std::to_string(pp) + "x" + std::to_string(dp);
+  if (chunks > 1) s += " v" + std::to_string(chunks);
   for (std::size_t i = 0; i + 1 < boundaries.size(); ++i)
     s += " [" + std::to_string(boundaries[i]) + "," + std::to_string(boundaries[i + 1]) + ")";
   return s;
 }
 
-train_layout even_layout(int n_layers, int pp, int dp) {
+train_layout even_layout(int n_layers, int pp, int dp, int chunks) {
   if (pp < 1 || dp < 1) throw std::invalid_argument("--pp and --dp must be at least 1");
-  if (pp > n_layers)
-    throw std::invalid_argument(std::to_string(pp) + " pipeline stages for a model of " + std::to_string(n_layers) +
-                                " blocks (every stage needs at least one block)");
+  if (chunks < 1) throw std::invalid_argument("--chunks must be at least 1");
+  const int v = pp * chunks;
+  if (v > n_layers)
+    throw std::invalid_argument(chunks == 1 ? std::to_string(pp) + " pipeline stages for a model of " +
+                                                  std::to_string(n_layers) + " blocks (every stage needs at least one block)"
+                                            : std::to_string(pp) + " stages x " + std::to_string(chunks) +
+                                                  " chunks for a model of " + std::to_string(n_layers) +
+                                                  " blocks (every chunk needs at least one block)");
   train_layout l;
   l.pp = pp;
   l.dp = dp;
+  l.chunks = chunks;
   l.boundaries.push_back(0);
-  for (int s = 0; s < pp; ++s) l.boundaries.push_back(l.boundaries.back() + n_layers / pp + (s < n_layers % pp ? 1 : 0));
+  for (int s = 0; s < v; ++s) l.boundaries.push_back(l.boundaries.back() + n_layers / v + (s < n_layers % v ? 1 : 0));
   return l;
 }
 
 void check_layout(const train_layout& l, int n_layers) {
-  if (l.pp < 1 || l.dp < 1) throw std::invalid_argument("a layout needs at least one stage and one replica");
-  if (static_cast<int>(l.boundaries.size()) != l.pp + 1)
-    throw std::invalid_argument("a layout of " + std::to_string(l.pp) + " stages needs " + std::to_string(l.pp + 1) +
+  if (l.pp < 1 || l.dp < 1 || l.chunks < 1)
+    throw std::invalid_argument("a layout needs at least one stage, replica and chunk");
+  const int v = l.virtual_stages();
+  if (static_cast<int>(l.boundaries.size()) != v + 1)
+    throw std::invalid_argument("a layout of " + std::to_string(v) + " (virtual) stages needs " + std::to_string(v + 1) +
                                 " block boundaries, not " + std::to_string(l.boundaries.size()));
   if (l.boundaries.front() != 0 || l.boundaries.back() != n_layers)
     throw std::invalid_argument("the stages must cover blocks 0.." + std::to_string(n_layers - 1) + " (layout " +
                                 l.describe() + ")");
-  for (int s = 0; s < l.pp; ++s)
+  for (int s = 0; s < v; ++s)
     if (l.boundaries[static_cast<std::size_t>(s)] >= l.boundaries[static_cast<std::size_t>(s + 1)])
       throw std::invalid_argument("stage " + std::to_string(s) + " of layout " + l.describe() + " has no blocks");
 }
@@ -77,6 +88,15 @@ int dist_train_options::micro_batch_size() const {
     throw std::invalid_argument("--micro-batch " + std::to_string(mb) + " does not divide the " +
                                 std::to_string(per_replica) + " sequences each replica gets per step");
   return mb;
+}
+
+int dist_train_options::micro_batches() const {
+  const int m = batch / layout.dp / micro_batch_size();
+  if (layout.chunks > 1 && m % layout.pp != 0)
+    throw std::invalid_argument("interleaved 1F1B (--chunks " + std::to_string(layout.chunks) + ") needs the " +
+                                std::to_string(m) + " micro-batches per replica to be a multiple of --pp " +
+                                std::to_string(layout.pp));
+  return m;
 }
 
 std::string job_key(const dist_train_options& o, const model_config& cfg) {
@@ -236,9 +256,9 @@ class coordinator {
       dst.flat().copy_from(m.tensors[0]);
     };
     fill(model.head(), head_bucket, 0);
-    for (int s = 0; s < o_.layout.pp; ++s)
-      for (int b = o_.layout.boundaries[static_cast<std::size_t>(s)]; b < o_.layout.boundaries[static_cast<std::size_t>(s + 1)]; ++b)
-        fill(model.blocks()[static_cast<std::size_t>(b)], b, o_.layout.rank_of(s, 0));
+    for (int v = 0; v < o_.layout.virtual_stages(); ++v)
+      for (int b = o_.layout.boundaries[static_cast<std::size_t>(v)]; b < o_.layout.boundaries[static_cast<std::size_t>(v + 1)]; ++b)
+        fill(model.blocks()[static_cast<std::size_t>(b)], b, o_.layout.rank_of(v % o_.layout.pp, 0));
     model.save(o_.save_dir);
   }
 

@@ -48,26 +48,35 @@ class token_dataset;
 struct train_layout {
   int pp = 1;                   ///< pipeline stages
   int dp = 1;                   ///< data-parallel replicas of each stage
-  std::vector<int> boundaries;  ///< pp + 1 entries: stage s runs blocks [boundaries[s], boundaries[s+1])
+  /// Model chunks per stage (interleaved 1F1B, Megatron's "virtual
+  /// pipeline"): stage s runs virtual stages c * pp + s for c < chunks. 1 =
+  /// plain 1F1B.
+  int chunks = 1;
+  /// pp * chunks + 1 entries: virtual stage v runs blocks
+  /// [boundaries[v], boundaries[v+1]) (with one chunk, stage s's blocks).
+  std::vector<int> boundaries;
   /// Optional: the worker each rank stands for (a cluster file's "node/index"), for messages.
   std::vector<std::string> worker_names;
 
   int world() const { return pp * dp; }
+  int virtual_stages() const { return pp * chunks; }
   int stage_of(int rank) const { return rank / dp; }
   int replica_of(int rank) const { return rank % dp; }
   int rank_of(int stage, int replica) const { return stage * dp + replica; }
-  /// "rank 3 (stage 1, replica 1, blocks 2..3)".
+  /// The virtual stage of chunk `chunk` on stage `stage`.
+  int virtual_stage(int stage, int chunk) const { return chunk * pp + stage; }
+  /// "rank 3 (stage 1, replica 1, blocks 2..3)" (several ranges with chunks).
   std::string label(int rank) const;
-  /// "2x2 [0,2) [2,4)".
+  /// "2x2 [0,2) [2,4)"; with chunks "2x2 v2 [0,1) [1,2) [2,3) [3,4)".
   std::string describe() const;
 };
 
-/// pp stages of about n_layers / pp blocks each (the first stages take the
-/// remainder). Throws std::invalid_argument for pp < 1, dp < 1 or
-/// pp > n_layers.
-train_layout even_layout(int n_layers, int pp, int dp);
-/// Checks explicit stage boundaries (0 = b0 < b1 < ... < bpp = n_layers).
-/// Throws std::invalid_argument naming the problem.
+/// pp stages (pp * chunks virtual stages) of about n_layers / (pp * chunks)
+/// blocks each (the first take the remainder). Throws std::invalid_argument
+/// for pp, dp or chunks < 1, or more virtual stages than blocks.
+train_layout even_layout(int n_layers, int pp, int dp, int chunks = 1);
+/// Checks explicit boundaries (0 = b0 < b1 < ... = n_layers, one range per
+/// virtual stage). Throws std::invalid_argument naming the problem.
 void check_layout(const train_layout& l, int n_layers);
 
 /// Calibrated synthetic compute (benchmarks of emulated clusters on one
@@ -117,8 +126,9 @@ struct dist_train_options {
   /// Micro-batch size after the default rule. Throws std::invalid_argument
   /// when batch is not a multiple of dp, or batch / dp of micro_batch.
   int micro_batch_size() const;
-  /// Micro-batches per replica per step.
-  int micro_batches() const { return batch / layout.dp / micro_batch_size(); }
+  /// Micro-batches per replica per step. Throws as micro_batch_size, and
+  /// with chunks > 1 unless it is a multiple of pp (interleaved 1F1B).
+  int micro_batches() const;
 };
 
 /// A string that differs between jobs whose checkpoints are not

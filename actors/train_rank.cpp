@@ -184,21 +184,28 @@ class rank_runtime {
   // ---- model ------------------------------------------------------------------
 
   void build_model() {
-    const int first = o_.layout.boundaries[static_cast<std::size_t>(stage_)];
-    const int last = o_.layout.boundaries[static_cast<std::size_t>(stage_ + 1)];
-    std::vector<param_set> blocks = weights_.blocks(first, last);
-    if (static_cast<int>(blocks.size()) != last - first)
-      throw train_error("the weights gave " + std::to_string(blocks.size()) + " blocks for blocks " +
-                        std::to_string(first) + ".." + std::to_string(last - 1));
-    stage_part_.emplace(cfg_, first, std::move(blocks), be_);
-    stage_part_->grads();
+    // One part per chunk (one without interleaving): virtual stage
+    // c * pp + stage runs blocks [boundaries[v], boundaries[v+1]).
+    parts_.reserve(static_cast<std::size_t>(o_.layout.chunks));
+    for (int c = 0; c < o_.layout.chunks; ++c) {
+      const auto v = static_cast<std::size_t>(o_.layout.virtual_stage(stage_, c));
+      const int first = o_.layout.boundaries[v];
+      const int last = o_.layout.boundaries[v + 1];
+      std::vector<param_set> blocks = weights_.blocks(first, last);
+      if (static_cast<int>(blocks.size()) != last - first)
+        throw train_error("the weights gave " + std::to_string(blocks.size()) + " blocks for blocks " +
+                          std::to_string(first) + ".." + std::to_string(last - 1));
+      parts_.emplace_back(cfg_, first, std::move(blocks), be_);
+      parts_.back().grads();
+    }
     if (first_ || last_) {
       head_part_.emplace(cfg_, weights_.head(), be_);
       head_part_->grads();
     }
-    for (int i = 0; i < stage_part_->size(); ++i)
-      add_bucket(first + i, &stage_part_->params()[static_cast<std::size_t>(i)],
-                 &stage_part_->grads()[static_cast<std::size_t>(i)], &dp_ring_);
+    for (stage& part : parts_)
+      for (int i = 0; i < part.size(); ++i)
+        add_bucket(part.first() + i, &part.params()[static_cast<std::size_t>(i)],
+                   &part.grads()[static_cast<std::size_t>(i)], &dp_ring_);
     if (head_part_) add_bucket(head_bucket, &head_part_->params(), &head_part_->grads(), &head_ring_);
   }
 
@@ -264,7 +271,9 @@ class rank_runtime {
   // ---- the step ----------------------------------------------------------------------
 
   void run_actors() {
-    auto program = schedule::make_1f1b(o_.layout.pp, m_).programs[static_cast<std::size_t>(stage_)];
+    auto program = (o_.layout.chunks > 1 ? schedule::make_interleaved(o_.layout.pp, m_, o_.layout.chunks)
+                                         : schedule::make_1f1b(o_.layout.pp, m_))
+                       .programs[static_cast<std::size_t>(stage_)];
     auto* self = this;
     dp_actor_ = node_.system().spawn<caf::detached>([self](caf::event_based_actor*) -> caf::behavior {
       return {[self](reduce_atom, int slot, std::int64_t step) { self->reduce_bucket(slot, step); }};
@@ -303,89 +312,104 @@ class rank_runtime {
 
   void run_step(const std::vector<schedule::instruction>& program, int step) {
     if (!synthetic()) {
-      stage_part_->zero_grads();
+      for (stage& part : parts_) part.zero_grads();
       if (head_part_) head_part_->zero_grads();
     }
     step_start_enqueued_ = enqueued_;
     data_.next_batch(o_.batch, o_.seq, ids_, targets_);
+    const train_layout& l = o_.layout;
+    const int V = l.virtual_stages();
     const std::int64_t rows = static_cast<std::int64_t>(mb_) * o_.seq;
     const std::int64_t D = cfg_.hidden_size;
-    std::map<int, in_flight> flight;
+    // Messages of micro-batch k for virtual stage v are filed under index
+    // k * V + v (the receiver's virtual stage).
+    auto index = [V](int k, int v) { return k * V + v; };
+    std::map<std::pair<int, int>, in_flight> flight;  // (micro-batch, chunk)
+    std::vector<int> backwards(static_cast<std::size_t>(l.chunks), 0);
     double loss = 0;
     bool head_enqueued = false;
     for (const schedule::instruction& ins : program) {
       const int k = ins.micro_batch;
+      const int c = ins.chunk;
+      const int v = l.virtual_stage(stage_, c);
+      const std::pair<int, int> key{k, c};
       switch (ins.op) {
         case pipeline_op::load_micro_batch: break;
-        case pipeline_op::recv_act:
-          flight[k].x = comm_->receive(train_msg::act, step, k, 0, rows * D,
-                                       "activations of micro-batch " + std::to_string(k) + " from " +
-                                           o_.layout.label(o_.layout.rank_of(stage_ - 1, replica_)));
-          flight[k].x = flight[k].x.view({rows, D});
+        case pipeline_op::recv_act: {
+          const int from = l.rank_of((v - 1) % l.pp, replica_);
+          Tensor x = comm_->receive(train_msg::act, step, index(k, v), 0, rows * D,
+                                    "activations of micro-batch " + std::to_string(k) + " from " + l.label(from));
+          flight[key].x = x.view({rows, D});
           break;
+        }
         case pipeline_op::forward: {
-          in_flight& f = flight[k];
+          in_flight& f = flight[key];
           if (synthetic()) {
-            sleep_s(o_.synthetic.forward_s.at(static_cast<std::size_t>(stage_)));
+            sleep_s(o_.synthetic.forward_s.at(static_cast<std::size_t>(stage_)) / l.chunks);
             f.y = synthetic_rows();
             break;
           }
-          if (first_) {
+          if (v == 0) {
             f.x = Tensor::empty({rows, D});
             head_part_->embed(tokens(ids_, k), positions(), f.x);
           }
           f.y = Tensor::empty({rows, D});
-          stage_part_->forward(f.x, mb_, o_.seq, f.y, &f.acts);
+          parts_[static_cast<std::size_t>(c)].forward(f.x, mb_, o_.seq, f.y, &f.acts);
           break;
         }
         case pipeline_op::send_act:
-          comm_->send(o_.layout.rank_of(stage_ + 1, replica_), train_msg::act, {step, k, 0, rank_}, flight[k].y);
+          comm_->send(l.rank_of((v + 1) % l.pp, replica_), train_msg::act, {step, index(k, v + 1), 0, rank_},
+                      flight[key].y);
           break;
-        case pipeline_op::recv_grad:
-          flight[k].dy = comm_->receive(train_msg::grad, step, k, 0, rows * D,
-                                        "gradient of micro-batch " + std::to_string(k) + " from " +
-                                            o_.layout.label(o_.layout.rank_of(stage_ + 1, replica_)));
-          flight[k].dy = flight[k].dy.view({rows, D});
+        case pipeline_op::recv_grad: {
+          const int from = l.rank_of((v + 1) % l.pp, replica_);
+          Tensor dy = comm_->receive(train_msg::grad, step, index(k, v), 0, rows * D,
+                                     "gradient of micro-batch " + std::to_string(k) + " from " + l.label(from));
+          flight[key].dy = dy.view({rows, D});
           break;
+        }
         case pipeline_op::backward: {
-          in_flight& f = flight[k];
+          in_flight& f = flight[key];
+          stage& part = parts_[static_cast<std::size_t>(c)];
+          // The chunk's last backward of the step: its buckets are final.
+          const bool final_backward = ++backwards[static_cast<std::size_t>(c)] == m_;
           if (synthetic()) {
             // The modelled backward, block by block (last first), so the
             // last micro-batch hands its buckets over as a real one would.
-            const int n = stage_part_->size();
-            const double per_block = o_.synthetic.backward_s.at(static_cast<std::size_t>(stage_)) / n;
+            const int n = part.size();
+            const double per_block = o_.synthetic.backward_s.at(static_cast<std::size_t>(stage_)) / l.chunks / n;
             for (int i = n - 1; i >= 0; --i) {
               sleep_s(per_block);
-              if (k == m_ - 1) enqueue(stage_part_->first() + i, step);
+              if (final_backward) enqueue(part.first() + i, step);
             }
-            if (first_) {
-              flight.erase(k);
+            if (v == 0) {
+              flight.erase(key);
             } else {
               f = in_flight{};
               f.dx = synthetic_rows();
             }
             break;
           }
-          if (last_) {
+          if (v == V - 1) {
             f.dy = Tensor::empty({rows, D});
             const float scale = static_cast<float>(mb_) / static_cast<float>(o_.batch);
-            const float l = head_part_->loss(f.y, tokens(targets_, k), &f.dy, scale, head_acts_);
-            loss += static_cast<double>(l) * mb_ / o_.batch;
+            const float lk = head_part_->loss(f.y, tokens(targets_, k), &f.dy, scale, head_acts_);
+            loss += static_cast<double>(lk) * mb_ / o_.batch;
           }
           f.dx = Tensor::empty({rows, D});
           std::function<void(int)> on_block;
-          if (k == m_ - 1)
-            on_block = [this, step](int i) { enqueue(stage_part_->first() + i, step); };
-          stage_part_->backward(f.acts, f.dy, f.dx, on_block);
-          if (first_) head_part_->embed_backward(tokens(ids_, k), positions(), f.dx);
+          if (final_backward) on_block = [this, step, &part](int i) { enqueue(part.first() + i, step); };
+          part.backward(f.acts, f.dy, f.dx, on_block);
+          if (v == 0) head_part_->embed_backward(tokens(ids_, k), positions(), f.dx);
           f.acts = {};
           f.x = f.y = f.dy = Tensor{};
-          if (first_) flight.erase(k);  // nothing to send back: done with this micro-batch
+          if (v == 0) flight.erase(key);  // nothing to send back: done with this micro-batch
           break;
         }
         case pipeline_op::send_grad:
-          comm_->send(o_.layout.rank_of(stage_ - 1, replica_), train_msg::grad, {step, k, 0, rank_}, flight[k].dx);
-          flight.erase(k);
+          comm_->send(l.rank_of((v - 1) % l.pp, replica_), train_msg::grad, {step, index(k, v - 1), 0, rank_},
+                      flight[key].dx);
+          flight.erase(key);
           break;
         case pipeline_op::reduce_grads:
           if (head_part_ && !head_enqueued) {
@@ -550,7 +574,7 @@ class rank_runtime {
   caf::actor mailbox_, dp_actor_;
   std::unique_ptr<train_comm> comm_;
   ring dp_ring_, head_ring_;
-  std::optional<stage> stage_part_;
+  std::vector<stage> parts_;  ///< one per chunk
   std::optional<head> head_part_;
   head_activations head_acts_;
   std::vector<bucket> buckets_;

@@ -73,8 +73,8 @@ namespace {
 int run_train(const train_args& a) {
   if (wants_distributed(a)) return run_distributed_train(a);
   if (!a.checkpoint_dir.empty() || a.checkpoint_every > 0 || a.resume || a.micro_batch > 0 || !a.link_profile.empty() ||
-      !a.coordinator.empty())
-    throw model_error("--checkpoint-dir, --checkpoint-every, --resume, --micro-batch, --link-profile and --coordinator "
+      !a.coordinator.empty() || a.chunks != 1)
+    throw model_error("--checkpoint-dir, --checkpoint-every, --resume, --micro-batch, --chunks, --link-profile and --coordinator "
                       "are for pipeline x data-parallel training: add --pp, --dp or --cluster");
   apply_common_options(a.threads, "warn");
   Backend& be = backend_for(parse_device(a.device));
@@ -192,6 +192,11 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--link-profile", args->link_profile,
                   "Shape every link between ranks with this profile (ib, roce, ethernet, wan, consumer, or "
                   "bw=...,lat=...); overrides the cluster file's links")
+      ->group(dist);
+  cmd->add_option("--chunks", args->chunks,
+                  "Model chunks per pipeline stage: > 1 runs Megatron's interleaved 1F1B (stage s holds virtual "
+                  "stages c*P+s; the micro-batches per replica must be a multiple of --pp)")
+      ->capture_default_str()
       ->group(dist);
   cmd->add_option("--micro-batch", args->micro_batch,
                   "Sequences per pipeline micro-batch (default: 1 with --pp > 1, else the replica's whole batch)")

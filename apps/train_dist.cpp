@@ -242,7 +242,7 @@ class rank_processes {
 
 nlohmann::json job_to_json(const dist_train_options& o) {
   const auto& w = o.optimizer.adamw;
-  return {{"pp", o.layout.pp}, {"dp", o.layout.dp}, {"boundaries", o.layout.boundaries},
+  return {{"pp", o.layout.pp}, {"dp", o.layout.dp}, {"chunks", o.layout.chunks}, {"boundaries", o.layout.boundaries},
           {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
           {"micro_batch", o.micro_batch}, {"steps", o.steps},
           {"adamw", {{"lr", w.lr}, {"beta1", w.beta1}, {"beta2", w.beta2}, {"eps", w.eps}, {"weight_decay", w.weight_decay}}},
@@ -264,6 +264,7 @@ dist_train_options job_from_json(const std::string& file) {
     dist_train_options o;
     o.layout.pp = j.at("pp");
     o.layout.dp = j.at("dp");
+    o.layout.chunks = j.at("chunks");
     o.layout.boundaries = j.at("boundaries").get<std::vector<int>>();
     o.layout.worker_names = j.at("worker_names").get<std::vector<std::string>>();
     o.batch = j.at("batch");
@@ -471,12 +472,13 @@ int run_distributed_train(train_args a) {
   dist_train_options o;
   std::optional<planned_cluster> planned;
   if (!a.cluster.empty()) {
+    if (a.chunks != 1) throw std::invalid_argument("--chunks is not planned for a --cluster yet: use --pp/--dp");
     planned = plan_cluster(a, cfg);
     use_plan(planned->cluster, planned->plan, o, a.link_profile);
   } else {
     const int pp = a.pp > 0 ? a.pp : 1;
     const int dp = a.dp > 0 ? a.dp : (id.world > 0 ? std::max(1, id.world / pp) : 1);
-    o.layout = even_layout(cfg.n_layers, pp, dp);
+    o.layout = even_layout(cfg.n_layers, pp, dp, a.chunks);
     o.micro_batch = a.micro_batch;
     if (!a.link_profile.empty() && a.link_profile != "none")
       o.link_profiles.assign(static_cast<std::size_t>(o.layout.world() * o.layout.world()), a.link_profile);
@@ -499,7 +501,7 @@ int run_distributed_train(train_args a) {
     throw std::invalid_argument("--seq " + std::to_string(a.seq) + " is longer than the model's context (" +
                                 std::to_string(cfg.max_positions) + ")");
   if (a.steps < 0 || a.log_every < 1) throw std::invalid_argument("--steps must be >= 0 and --log-every >= 1");
-  o.micro_batch_size();  // checks the batch split
+  o.micro_batches();  // checks the batch split (and interleaving's multiple of --pp)
   if ((a.checkpoint_every > 0 || a.resume) && a.checkpoint_dir.empty())
     throw std::invalid_argument("--checkpoint-every and --resume need --checkpoint-dir");
   if (!(a.timeout_s > 0)) throw std::invalid_argument("--timeout-s must be positive");

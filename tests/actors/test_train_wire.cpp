@@ -69,6 +69,13 @@ TEST_CASE("layouts split blocks evenly, label ranks, and refuse impossible split
   CHECK(l.describe() == "2x3 [0,3) [3,5)");
   CHECK_THROWS_AS(even_layout(2, 3, 1), std::invalid_argument);
   CHECK_THROWS_AS(even_layout(2, 0, 1), std::invalid_argument);
+  train_layout v = even_layout(8, 2, 1, 2);
+  CHECK(v.boundaries == std::vector<int>{0, 2, 4, 6, 8});
+  CHECK(v.virtual_stage(1, 1) == 3);
+  CHECK(v.label(1) == "rank 1 (stage 1, replica 0, blocks 2..3, 6..7)");
+  CHECK(v.describe() == "2x1 v2 [0,2) [2,4) [4,6) [6,8)");
+  CHECK_THROWS_AS(even_layout(3, 2, 1, 2), std::invalid_argument);
+  CHECK_NOTHROW(check_layout(v, 8));
   train_layout bad = l;
   bad.boundaries = {0, 5, 5};
   CHECK_THROWS_AS(check_layout(bad, 5), std::invalid_argument);
