@@ -60,6 +60,11 @@ struct link_state {
   std::string peer;           // node id from the hello
   std::string peer_endpoint;  // the peer's listen endpoint from the hello
   std::string peer_nic;
+  /// What the peer's hello announced: its capabilities and the largest
+  /// frame it accepts (0 = not announced). Sends beyond them are refused
+  /// here, with a reason, instead of vanishing at the peer.
+  std::vector<std::string> peer_capabilities;
+  std::uint64_t peer_max_message_bytes = 0;
   net::transport_choice transport_choice;
   std::string requested_profile;  // asked of the peer for its replies
   net::link_profile profile;      // what we apply to our sends
@@ -320,6 +325,8 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
   st.peer = h->node_id;
   st.peer_endpoint = h->listen_endpoint;
   st.peer_nic = h->nic_class.empty() ? st.ctx->settings.nic_class : h->nic_class;
+  st.peer_capabilities = h->capabilities;
+  st.peer_max_message_bytes = h->max_message_bytes;
   st.transport_choice = choose_transport(st.ctx->settings.nics, st.peer_nic);
   spdlog::debug("link to {} uses {}: {}", st.peer, st.transport_choice.transport, st.transport_choice.reason);
   // A connector may ask us to shape our replies like its link; we do when
@@ -337,6 +344,35 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
     }
   }
   return true;
+}
+
+/// Whether the peer, by its hello, takes `rm`: every frame within its
+/// announced largest message, and int8 tensors only when it announced
+/// "int8-tensors".
+caf::error check_peer_accepts(const link_state& st, const remote_message& rm) {
+  const auto has = [&](const char* cap) {
+    return std::find(st.peer_capabilities.begin(), st.peer_capabilities.end(), cap) != st.peer_capabilities.end();
+  };
+  const std::uint64_t limit = st.peer_max_message_bytes;
+  if (limit > 0 && rm.body.size() > limit)
+    return make_error(errc::send_failed, "a body of " + std::to_string(rm.body.size()) + " bytes exceeds the " +
+                                             std::to_string(limit) + "-byte messages peer " + st.peer + " accepts");
+  for (std::size_t i = 0; i < rm.tensors.size(); ++i) {
+    const Tensor& t = rm.tensors[i];
+    if (!t.defined()) continue;  // the encoder names this one
+    const bool int8 = i < rm.encodings.size() && rm.encodings[i] == net::tensor_encoding::int8_block;
+    if (int8 && !has("int8-tensors"))
+      return make_error(errc::send_failed, "peer " + st.peer + " does not take int8 tensors (no int8-tensors in its hello)");
+    // An int8 frame holds one byte per value plus an f32 scale per block.
+    const std::uint64_t bytes =
+        int8 ? static_cast<std::uint64_t>(t.numel()) + 4 * (static_cast<std::uint64_t>(t.numel()) / net::int8_wire_block_size + 1)
+             : t.nbytes();
+    if (limit > 0 && bytes > limit)
+      return make_error(errc::send_failed, "tensor " + std::to_string(i) + " of " + std::to_string(bytes) +
+                                               " bytes exceeds the " + std::to_string(limit) + "-byte messages peer " +
+                                               st.peer + " accepts");
+  }
+  return {};
 }
 
 void on_request(link_actor* self, net::message& m) {
@@ -366,6 +402,12 @@ void on_request(link_actor* self, net::message& m) {
   self->request(target, caf::infinite, std::move(rm))
       .then(
           [self, correlation](remote_message& reply) {
+            // A reply the requester said it cannot take becomes an error it can.
+            if (auto err = check_peer_accepts(self->state, reply)) {
+              spdlog::warn("answering {} with an error: {}", self->state.label(), error_message(err));
+              send_error(self, correlation, error_code(err), error_message(err));
+              return;
+            }
             net::message r;
             r.kind = net::message_kind::response;
             r.correlation_id = correlation;
@@ -506,6 +548,10 @@ void on_send(link_actor* self, std::string& target, remote_message& rm) {
   }
   if (st.phase == link_phase::down) {
     refuse(make_error(errc::peer_down, "peer " + st.label() + " is down"));
+    return;
+  }
+  if (auto err = check_peer_accepts(st, rm)) {
+    refuse(std::move(err));
     return;
   }
   net::message m;

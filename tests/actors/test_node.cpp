@@ -354,6 +354,47 @@ TEST_CASE("a tensor that cannot travel is a clear error on both sides and the li
   CHECK(echoed->tensors.size() == 1);
 }
 
+TEST_CASE("a message larger than the peer announced it accepts is refused by the sender, and the link stays up") {
+  auto a = start_node();
+  node_options small;
+  small.max_message_bytes = 1 << 20;  // announced in its hello
+  auto b = start_node(small);
+  auto peer = a->connect(b->endpoint());
+  REQUIRE(peer);
+  remote_message big;
+  big.type = "echo";
+  big.tensors.push_back(Tensor::zeros({(1 << 20) / 4 + 16}));  // just over 1 MiB
+  const auto t0 = std::chrono::steady_clock::now();
+  auto sent = a->request(*peer, "echo", big, 5s);
+  REQUIRE_FALSE(sent);
+  CHECK(error_code(sent.error()) == "send_failed");
+  CHECK(error_message(sent.error()).find("1048576-byte messages peer") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);  // refused here, not timed out
+  MESSAGE(error_message(sent.error()));
+  // The same bytes as int8 fit (a quarter of the size), and small messages
+  // still pass.
+  big.encodings = {net::tensor_encoding::int8_block};
+  auto compressed = a->request(*peer, "echo", big, 5s);
+  REQUIRE_MESSAGE(compressed, error_message(compressed.error()));
+  remote_message ok;
+  ok.type = "echo";
+  ok.tensors.push_back(Tensor::zeros({4}));
+  CHECK(a->request(*peer, "echo", ok, 2s));
+  // The other way: b asks a to echo, a's reply would exceed b's limit, so
+  // b gets an error answer at once instead of a reply it would drop.
+  REQUIRE_FALSE(a->publish("inflate", a->system().spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](remote_message&) {
+      remote_message r;
+      r.tensors.push_back(Tensor::zeros({1 << 19}));  // 2 MiB
+      return r;
+    }};
+  })));
+  auto answered = b->request(a->id(), "inflate", remote_message{}, 5s);
+  REQUIRE_FALSE(answered);
+  CHECK(error_code(answered.error()) == "send_failed");
+  MESSAGE(error_message(answered.error()));
+}
+
 TEST_CASE("heartbeats measure the round-trip time of a link") {
   auto a = start_node(fast_options());
   auto b = start_node(fast_options());
