@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"
+#include "net/log_limit.hpp"
 #include "net/rdma.hpp"
 
 namespace corolla {
@@ -60,6 +61,9 @@ struct link_state {
   std::string peer;           // node id from the hello
   std::string peer_endpoint;  // the peer's listen endpoint from the hello
   std::string peer_nic;
+  /// Warnings caused by what the peer sends (unknown actors, its error
+  /// reports): a few per second, then counted.
+  net::log_limiter peer_log;
   /// What the peer's hello announced: its capabilities and the largest
   /// frame it accepts (0 = not announced). Sends beyond them are refused
   /// here, with a reason, instead of vanishing at the peer.
@@ -381,7 +385,8 @@ void on_request(link_actor* self, net::message& m) {
   auto target = st.ctx->directory.find(m.target_actor);
   if (!target) {
     const std::string why = "no actor named '" + m.target_actor + "' on node '" + st.ctx->node_id + "'";
-    spdlog::warn("{} from {} (type '{}'): {}", net::kind_name(m.kind), st.label(), m.type, why);
+    if (st.peer_log.allow())
+      spdlog::warn("{} from {} (type '{}'): {}{}", net::kind_name(m.kind), st.label(), m.type, why, st.peer_log.note());
     send_error(self, is_request ? m.correlation_id : 0, errc_name(errc::unknown_actor), why);
     return;
   }
@@ -436,7 +441,8 @@ void on_answer(link_actor* self, net::message& m) {
         if (st.args.role == link_role::outgoing) send_hello(self, net::message_kind::hello);
         return;
       }
-      spdlog::warn("peer {} reports: {}: {}", st.label(), m.error_code, m.error_message);
+      if (st.peer_log.allow())
+        spdlog::warn("peer {} reports: {}: {}{}", st.label(), m.error_code, m.error_message, st.peer_log.note());
     } else {
       spdlog::debug("late response {} from {} (its request timed out)", m.correlation_id, st.label());
     }

@@ -36,6 +36,7 @@
 #include <spdlog/spdlog.h>
 #include <zmq.h>
 
+#include "net/log_limit.hpp"
 #include "net/zmq_detail.hpp"
 
 namespace corolla::net {
@@ -88,6 +89,7 @@ struct connection {
   bool shaped = false;
   std::deque<out_message> pending;  ///< FIFO of shaped or blocked messages
   std::shared_ptr<conn_shared> shared;
+  log_limiter bad_log;  ///< "dropped a bad message" lines from this connection
 };
 
 /// Which transport's I/O thread the current thread is (for the wake-up
@@ -607,7 +609,8 @@ void zmq_transport::impl::receive_from(void* socket, connection* dealer) {
       reason = error_text(decoded.error());
     }
     bad_messages_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("zmq transport: dropped a bad message on connection {}: {}", c->id, reason);
+    if (c->bad_log.allow())
+      spdlog::warn("zmq transport: dropped a bad message on connection {}: {}{}", c->id, reason, c->bad_log.note());
     notify(events_.on_bad_message, "on_bad_message", c->id, reason);
   }
 }

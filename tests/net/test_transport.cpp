@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "net/codec.hpp"
+#include "net/log_limit.hpp"
 #include "net/zmq_transport.hpp"
 #include "transport_recorder.hpp"
 
@@ -372,4 +373,19 @@ TEST_CASE("a transport that cannot bind or has bad keys does not start") {
   auto third = zmq_transport::start(bad_curve, r2.events());
   REQUIRE_FALSE(third);
   CHECK(error_text(third.error()).find("public key") != std::string::npos);
+}
+
+TEST_CASE("repeated log lines are capped per source, and the next one says how many were held back") {
+  using clock = std::chrono::steady_clock;
+  corolla::net::log_limiter limit(3, std::chrono::milliseconds(1000));
+  const auto t0 = clock::now();
+  int shown = 0;
+  for (int i = 0; i < 100; ++i)
+    if (limit.allow(t0 + std::chrono::milliseconds(i))) ++shown;
+  CHECK(shown == 3);
+  CHECK(limit.suppressed() == 97);
+  // A new window lets lines through again; the first says what was lost.
+  REQUIRE(limit.allow(t0 + std::chrono::milliseconds(1500)));
+  CHECK(limit.note() == " (97 similar lines suppressed)");
+  CHECK(limit.note().empty());
 }
