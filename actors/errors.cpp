@@ -11,7 +11,7 @@ namespace {
 constexpr errc all_codes[] = {
     errc::unknown_actor,    errc::peer_down,   errc::not_connected, errc::protocol_mismatch,
     errc::handshake_timeout, errc::remote_error, errc::bad_message, errc::send_failed,
-    errc::invalid_argument, errc::already_published, errc::stopped,
+    errc::invalid_argument, errc::already_published, errc::stopped, errc::auth_refused,
 };
 
 /// The (code name, message) context of a corolla error, if it has one.
@@ -37,6 +37,7 @@ const char* errc_name(errc code) {
     case errc::invalid_argument: return "invalid_argument";
     case errc::already_published: return "already_published";
     case errc::stopped: return "stopped";
+    case errc::auth_refused: return "auth_refused";
   }
   return "unknown";
 }

@@ -28,6 +28,7 @@ enum class errc : std::uint8_t {
   invalid_argument,   ///< a bad option, name or endpoint
   already_published,  ///< publish() with a name that is taken
   stopped,            ///< the node is stopping or stopped
+  auth_refused,       ///< CurveZMQ: the peer refused our key (allow-list) or we failed its handshake
 };
 
 /// The category atom of corolla errors.

@@ -705,6 +705,15 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
         if (st.phase == link_phase::up || st.phase == link_phase::down)
           became_down(self, "connection lost");
       },
+      [self](auth_atom, const std::string& reason) {
+        auto& st = self->state;
+        // Only a connect still waiting for its first hello gives up: ZeroMQ
+        // would retry the same refused handshake until the timeout.
+        if (st.args.role != link_role::outgoing || st.phase != link_phase::handshaking || st.ever_up) return;
+        const std::string why = "peer at " + st.args.endpoint + " refused the CurveZMQ handshake: " + reason;
+        spdlog::error("{}", why);
+        close_link(self, why, make_error(errc::auth_refused, why));
+      },
       [self](reconn_atom) {
         if (self->state.args.role == link_role::outgoing && self->state.phase != link_phase::closed)
           send_hello(self, net::message_kind::hello);

@@ -40,6 +40,8 @@ using reconn_atom = caf::atom_constant<caf::atom("reconn")>;
 using tx_atom = caf::atom_constant<caf::atom("tx")>;
 using goodbye_atom = caf::atom_constant<caf::atom("goodbye")>;
 using close_atom = caf::atom_constant<caf::atom("close")>;
+/// Transport -> link: the connection's CurveZMQ handshake failed (reason).
+using auth_atom = caf::atom_constant<caf::atom("authfail")>;
 
 /// Which side of the connection a link is on.
 enum class link_role {

@@ -83,12 +83,15 @@ net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
     if (!ctx) return;
     if (auto link = ctx->directory.link_for_connection(conn)) caf::anon_send(link, reconn_atom::value);
   };
-  ev.on_auth_failure = [live](const std::string& reason) {
+  ev.on_auth_failure = [live](net::connection_id conn, const std::string& reason) {
     auto ctx = live();
     if (!ctx) return;
     // Reported on both sides of a refused handshake (the refusing node and
-    // the refused one) and logged by the transport already.
+    // the refused one) and logged by the transport already. The connecting
+    // side's link fails its connect at once, with the reason.
     spdlog::debug("node {}: CurveZMQ authentication failed: {}", ctx->node_id, reason);
+    if (conn != 0)
+      if (auto link = ctx->directory.link_for_connection(conn)) caf::anon_send(link, auth_atom::value, reason);
   };
   return ev;
 }

@@ -271,7 +271,9 @@ void zmq_transport::impl::close_socket(void*& s, void*& monitor) {
 std::string zmq_transport::impl::setup() {
   if (opts_.curve.enabled) {
     zap_ = std::make_unique<detail::zap_handler>(
-        opts_.curve.allowed, [this](const std::string& reason) { notify(events_.on_auth_failure, "on_auth_failure", reason); });
+        opts_.curve.allowed, [this](const std::string& reason) {
+          notify(events_.on_auth_failure, "on_auth_failure", connection_id{0}, reason);
+        });
     if (auto err = zap_->bind(ctx_); !err.empty()) return err;
   }
   if (opts_.listen.empty()) return {};
@@ -451,7 +453,7 @@ void zmq_transport::impl::drain_router_monitor() {
                                    detail::describe_handshake_failure(*e);
         if (detail::is_auth_failure(*e)) {
           spdlog::warn("zmq transport: {}", reason);
-          notify(events_.on_auth_failure, "on_auth_failure", reason);
+          notify(events_.on_auth_failure, "on_auth_failure", connection_id{0}, reason);
         } else {
           spdlog::debug("zmq transport: {}", reason);
         }
@@ -483,7 +485,7 @@ void zmq_transport::impl::drain_dealer_monitor(connection& c) {
                                    detail::describe_handshake_failure(*e);
         if (detail::is_auth_failure(*e)) {
           spdlog::warn("zmq transport: {}", reason);
-          notify(events_.on_auth_failure, "on_auth_failure", reason);
+          notify(events_.on_auth_failure, "on_auth_failure", c.id, reason);
         } else {
           spdlog::debug("zmq transport: {}", reason);
         }

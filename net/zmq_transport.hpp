@@ -82,7 +82,9 @@ struct transport_events {
   /// routing id (a reconnected or restarted peer): it keeps its id.
   std::function<void(connection_id conn)> on_connect;
   /// CurveZMQ refused a peer (its public key is not allowed).
-  std::function<void(const std::string& reason)> on_auth_failure;
+  /// `conn` is the outgoing connection whose handshake failed, or 0 when
+  /// this node refused a peer connecting to it.
+  std::function<void(connection_id conn, const std::string& reason)> on_auth_failure;
 };
 
 class zmq_transport {

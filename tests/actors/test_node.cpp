@@ -4,9 +4,12 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "actors/corolla.hpp"
+#include "net/zmq_transport.hpp"
+#include "tests/support/tiny_model.hpp"
 #include "tests/actors/raw_peer.hpp"
 
 using namespace std::chrono_literals;
@@ -393,6 +396,38 @@ TEST_CASE("a message larger than the peer announced it accepts is refused by the
   REQUIRE_FALSE(answered);
   CHECK(error_code(answered.error()) == "send_failed");
   MESSAGE(error_message(answered.error()));
+}
+
+TEST_CASE("a key outside the peer's CurveZMQ allow-list fails connect at once with auth_refused") {
+  testing::temp_dir_guard keys("node-curve");
+  const auto server_keys = net::load_curve_dir((keys.path() / "server").string());  // creates the pairs
+  const auto friend_keys = net::load_curve_dir((keys.path() / "friend").string());
+  (void)net::load_curve_dir((keys.path() / "stranger").string());
+  {
+    std::ofstream allowed(keys.path() / "server" / "allowed", std::ios::app);
+    allowed << friend_keys.public_key << "\n";
+  }
+  auto start_with = [&](const char* name) {
+    node_options o;
+    o.curve_dir = (keys.path() / name).string();
+    return start_node(o);
+  };
+  auto server = start_with("server");
+  auto friend_node = start_with("friend");
+  auto stranger = start_with("stranger");
+  connect_options to_server;
+  to_server.server_key = server_keys.public_key;
+  to_server.timeout = 10s;
+  auto ok = friend_node->connect(server->endpoint(), to_server);
+  REQUIRE_MESSAGE(ok, error_message(ok.error()));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto refused = stranger->connect(server->endpoint(), to_server);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(refused);
+  CHECK(error_code(refused.error()) == "auth_refused");
+  CHECK(error_message(refused.error()).find("refused the CurveZMQ handshake") != std::string::npos);
+  CHECK(took < 3s);  // not the 10 s connect timeout
+  MESSAGE(error_message(refused.error()));
 }
 
 TEST_CASE("heartbeats measure the round-trip time of a link") {

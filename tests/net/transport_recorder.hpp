@@ -51,7 +51,7 @@ struct transport_recorder {
     e.on_accept = [this](connection_id c, const std::string& rid) { record(accepted, std::make_pair(c, rid)); };
     e.on_connect = [this](connection_id c) { record(connects, c); };
     e.on_disconnect = [this](connection_id c) { record(disconnects, c); };
-    e.on_auth_failure = [this](const std::string& why) { record(auth_failures, why); };
+    e.on_auth_failure = [this](net::connection_id, const std::string& why) { record(auth_failures, why); };
     return e;
   }
 
