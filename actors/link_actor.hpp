@@ -40,6 +40,9 @@ using reconn_atom = caf::atom_constant<caf::atom("reconn")>;
 using tx_atom = caf::atom_constant<caf::atom("tx")>;
 using goodbye_atom = caf::atom_constant<caf::atom("goodbye")>;
 using close_atom = caf::atom_constant<caf::atom("close")>;
+/// node::stop -> remote proxy: answered once every message the proxy got
+/// before it has been handed to its link (so a goodbye cannot overtake them).
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
 /// Transport -> link: the connection's CurveZMQ handshake failed (reason).
 using auth_atom = caf::atom_constant<caf::atom("authfail")>;
 

@@ -307,8 +307,13 @@ void node::stop() {
   stopped_ = true;
   ctx_->stopping = true;
   {
-    // Goodbye to every peer; each link closes its connection and ends.
     caf::scoped_actor self{*system_};
+    // Messages already sent to remote actors go out before the goodbye: each
+    // proxy hands what it holds to its link first (one-way sends that
+    // returned before stop() must not be overtaken by it).
+    for (const auto& p : ctx_->directory.proxies())
+      self->request(p, std::chrono::seconds(1), flush_atom::value).receive([](flush_atom) {}, [](caf::error&) {});
+    // Goodbye to every peer; each link closes its connection and ends.
     auto links = ctx_->directory.links();
     for (const auto& link : links) {
       self->monitor(link);

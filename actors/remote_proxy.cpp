@@ -28,6 +28,9 @@ caf::behavior remote_proxy(caf::event_based_actor* self, std::shared_ptr<node_co
         }
         self->delegate(link, tx_atom::value, name, std::move(m));
       },
+      // The mailbox is FIFO: by the time this is answered, every earlier
+      // message is in its link's mailbox.
+      [](flush_atom) { return flush_atom::value; },
   };
 }
 

@@ -2,6 +2,7 @@
 // notifications and link statistics, over real ZeroMQ on 127.0.0.1.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -198,6 +199,35 @@ TEST_CASE("a one-way send to a remote actor is delivered with the sender's node"
       caf::after(5s) >> [] {});
   CHECK_MESSAGE(got, "the one-way message did not arrive within 5 s");
   caf::anon_send_exit(forwarder, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("one-way messages sent before a node stops all arrive before its goodbye") {
+  auto b = start_node();
+  std::atomic<int> received{0};
+  auto counter = b->system().spawn([&received](caf::event_based_actor*) -> caf::behavior {
+    return {[&received](remote_message&) { ++received; }};
+  });
+  REQUIRE_FALSE(b->publish("count", counter));
+  for (int round = 0; round < 3; ++round) {
+    received = 0;
+    auto a = start_node();
+    auto peer = a->connect(b->endpoint());
+    REQUIRE(peer);
+    auto target = a->remote_actor(*peer, "count");
+    REQUIRE(target);
+    constexpr int n = 500;
+    for (int i = 0; i < n; ++i) {
+      remote_message m;
+      m.type = "tick";
+      m.tensors.push_back(Tensor::zeros({256}));
+      caf::anon_send(*target, std::move(m));
+    }
+    a->stop();  // the proxy hands all 500 to the link before the goodbye
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (received < n && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    CHECK(received == n);
+  }
+  caf::anon_send_exit(counter, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("publishing a taken name is refused and remote_actor needs a link") {
