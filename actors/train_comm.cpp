@@ -10,8 +10,9 @@
 
 namespace corolla {
 
-std::string train_key(const std::string& type, std::int64_t step, int index, int hop) {
-  return type + "/" + std::to_string(step) + "/" + std::to_string(index) + "/" + std::to_string(hop);
+std::string train_key(const std::string& type, std::uint64_t job, std::int64_t step, int index, int hop) {
+  return type + "/" + std::to_string(job) + "/" + std::to_string(step) + "/" + std::to_string(index) + "/" +
+         std::to_string(hop);
 }
 
 // ---- inbox ----------------------------------------------------------------------
@@ -128,24 +129,24 @@ caf::expected<std::string> key_of(const remote_message& m) {
       t == train_msg::params) {
     auto p = decode_train_packet(m.body);
     if (!p) return p.error();
-    return train_key(t, p->step, p->index, p->hop);
+    return train_key(t, p->job, p->step, p->index, p->hop);
   }
   if (t == train_msg::join) {
     auto j = decode_train_join(m.body);
     if (!j) return j.error();
-    return train_key(t, 0, j->rank);
+    return train_key(t, 0, 0, j->rank);
   }
-  if (t == train_msg::roster) return train_key(t, 0, 0);
+  if (t == train_msg::roster) return train_key(t, 0, 0, 0);
   if (t == train_msg::report) {
     auto r = decode_train_report(m.body);
     if (!r) return r.error();
-    return train_key(t, r->step, r->rank);
+    return train_key(t, r->job, r->step, r->rank);
   }
   if (t == train_msg::norm || t == train_msg::finish || t == train_msg::saved || t == train_msg::done) {
     auto s = decode_train_step(m.body);
     if (!s) return s.error();
     const bool per_rank = t == train_msg::saved || t == train_msg::done;
-    return train_key(t, s->step, per_rank ? s->rank : 0);
+    return train_key(t, s->job, s->step, per_rank ? s->rank : 0);
   }
   return make_error(errc::bad_message, "unknown training message type '" + t + "'");
 }
@@ -218,9 +219,11 @@ caf::actor train_comm::mailbox_of(int rank) {
 }
 
 void train_comm::send(int to, const char* type, const train_packet& p, const Tensor& t) {
+  train_packet stamped = p;
+  stamped.job = job_;
   remote_message m;
   m.type = type;
-  m.body = encode_body(p);
+  m.body = encode_body(stamped);
   if (t.defined()) m.tensors.push_back(t);
   caf::anon_send(mailbox_of(to), std::move(m));
 }
@@ -243,7 +246,7 @@ void train_comm::send_coordinator(const char* type, std::vector<std::uint8_t> bo
 
 Tensor train_comm::receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel,
                            const std::string& what) {
-  remote_message m = inbox_->take(train_key(type, step, index, hop), timeout_, what);
+  remote_message m = inbox_->take(train_key(type, job_, step, index, hop), timeout_, what);
   if (m.tensors.size() != 1)
     throw train_error(what + " came with " + std::to_string(m.tensors.size()) + " tensors (expected 1)");
   const Tensor& t = m.tensors[0];

@@ -43,8 +43,11 @@ class train_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// "train.act/3/1/0": the key a message is filed under.
-std::string train_key(const std::string& type, std::int64_t step, int index, int hop = 0);
+/// "train.act/<job>/3/1/0": the key a message is filed under. `job` is the
+/// run's id from the roster (0 for join and roster), so a message of
+/// another run (a rank of an earlier job reconnecting to a reused port) is
+/// filed where nothing ever looks.
+std::string train_key(const std::string& type, std::uint64_t job, std::int64_t step, int index, int hop = 0);
 
 /// Messages received and not yet taken, by key. Thread-safe.
 class train_inbox {
@@ -110,6 +113,10 @@ class train_comm {
              std::string coordinator_node, std::chrono::milliseconds timeout);
 
   int rank() const { return rank_; }
+  /// The run's id (from the roster): stamped on every packet sent, and part
+  /// of every key received.
+  std::uint64_t job() const { return job_; }
+  void set_job(std::uint64_t job) { job_ = job; }
   train_inbox& inbox() { return *inbox_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
@@ -133,6 +140,7 @@ class train_comm {
   std::vector<caf::actor> proxies_;
   caf::actor coordinator_proxy_;
   std::chrono::milliseconds timeout_;
+  std::uint64_t job_ = 0;
 };
 
 /// The members of one ring and this rank's position in it.

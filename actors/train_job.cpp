@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <future>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -172,7 +173,7 @@ class coordinator {
         r.grad_norm = std::sqrt(sum_squares);
         if (o_.optimizer.max_grad_norm > 0.0f)
           for (int rank = 0; rank < world_; ++rank)
-            send(rank, train_msg::norm, encode_body(train_step_note{step, 0, r.grad_norm}));
+            send(rank, train_msg::norm, encode_body(train_step_note{step, 0, r.grad_norm, run_}));
         const auto now = std::chrono::steady_clock::now();
         r.seconds = std::chrono::duration<double>(now - last_time).count();
         last_time = now;
@@ -186,7 +187,7 @@ class coordinator {
       if (!o_.save_dir.empty()) save_model();
       for (int rank = 0; rank < world_; ++rank) take(train_msg::done, o_.steps, rank, "end of training");
       inbox_->close();
-      for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::finish, encode_body(train_step_note{o_.steps, 0, 0}));
+      for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::finish, encode_body(train_step_note{o_.steps, 0, 0, run_}));
     } catch (const std::exception& e) {
       // Ranks that fail tell the coordinator why before their nodes say
       // goodbye; give the root cause a moment to arrive.
@@ -212,7 +213,7 @@ class coordinator {
 
  private:
   std::vector<std::uint8_t> take(const char* type, std::int64_t step, int rank, const std::string& what) {
-    return inbox_->take(train_key(type, step, rank), o_.timeout, what + " from " + o_.layout.label(rank)).body;
+    return inbox_->take(train_key(type, run_, step, rank), o_.timeout, what + " from " + o_.layout.label(rank)).body;
   }
 
   void send(int rank, const char* type, std::vector<std::uint8_t> body) {
@@ -226,9 +227,10 @@ class coordinator {
 
   // Every rank's join, checked against this job, then the roster to all.
   void gather() {
-    std::vector<train_peer> roster;
+    train_roster roster;
+    roster.job = run_;
     for (int rank = 0; rank < world_; ++rank) {
-      remote_message m = inbox_->take(train_key(train_msg::join, 0, rank), o_.timeout,
+      remote_message m = inbox_->take(train_key(train_msg::join, 0, 0, rank), o_.timeout,
                                       "join of rank " + std::to_string(rank));
       auto j = decode_train_join(m.body);
       if (!j) throw train_error("bad join from node " + m.from_node + ": " + error_message(j.error()));
@@ -238,7 +240,7 @@ class coordinator {
                           std::to_string(world_));
       ids_[rank] = m.from_node;
       inbox_->name_peer(m.from_node, o_.layout.label(rank));
-      roster.push_back({rank, m.from_node, j->endpoint});
+      roster.peers.push_back({rank, m.from_node, j->endpoint});
     }
     const auto body = encode_body(roster);
     for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::roster, body);
@@ -249,7 +251,7 @@ class coordinator {
   void save_model() {
     transformer model = transformer::init(cfg_, 0, cpu_backend());
     auto fill = [&](param_set& dst, int id, int rank) {
-      remote_message m = inbox_->take(train_key(train_msg::params, o_.steps, id), o_.timeout,
+      remote_message m = inbox_->take(train_key(train_msg::params, run_, o_.steps, id), o_.timeout,
                                       "parameters of " + bucket_name(id) + " from " + o_.layout.label(rank));
       if (m.tensors.size() != 1 || m.tensors[0].numel() != dst.size() || m.tensors[0].type() != dtype::f32)
         throw train_error("parameters of " + bucket_name(id) + " from " + o_.layout.label(rank) + " have the wrong size");
@@ -267,6 +269,9 @@ class coordinator {
   model_config cfg_;
   int world_;
   std::string job_, join_;
+  /// This run's id, drawn at random: every message after the roster
+  /// carries it, and only messages with it are taken.
+  std::uint64_t run_ = std::random_device{}() * std::uint64_t{0x100000000} + std::random_device{}() + 1;
   std::shared_ptr<train_inbox> inbox_;
   caf::actor mailbox_;
   std::map<int, std::string> ids_;

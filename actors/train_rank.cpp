@@ -113,16 +113,16 @@ class rank_runtime {
     comm_ = std::make_unique<train_comm>(node_, inbox_, rank_, std::vector<std::string>{}, coord, o_.timeout);
     comm_->send_coordinator(train_msg::join, encode_body(train_join{rank_, o_.layout.world(), node_.endpoint(),
                                                                     join_key(o_, cfg_)}));
-    remote_message r = inbox_->take(train_key(train_msg::roster, 0, 0), o_.timeout, "roster from the coordinator");
+    remote_message r = inbox_->take(train_key(train_msg::roster, 0, 0, 0), o_.timeout, "roster from the coordinator");
     auto roster = decode_train_roster(r.body);
     if (!roster) throw train_error("bad roster from the coordinator: " + error_message(roster.error()));
     const int world = o_.layout.world();
-    if (static_cast<int>(roster->size()) != world)
-      throw train_error("the coordinator's roster has " + std::to_string(roster->size()) + " ranks, expected " +
+    if (static_cast<int>(roster->peers.size()) != world)
+      throw train_error("the coordinator's roster has " + std::to_string(roster->peers.size()) + " ranks, expected " +
                         std::to_string(world));
     std::vector<std::string> ids(static_cast<std::size_t>(world));
     std::vector<std::string> endpoints(static_cast<std::size_t>(world));
-    for (const train_peer& p : *roster) {
+    for (const train_peer& p : roster->peers) {
       if (p.rank < 0 || p.rank >= world) throw train_error("roster names rank " + std::to_string(p.rank));
       ids[static_cast<std::size_t>(p.rank)] = p.node_id;
       endpoints[static_cast<std::size_t>(p.rank)] = p.endpoint;
@@ -152,6 +152,7 @@ class rank_runtime {
       }
     }
     comm_ = std::make_unique<train_comm>(node_, inbox_, rank_, ids, coord, o_.timeout);
+    comm_->set_job(roster->job);
   }
 
   void make_rings() {
@@ -265,7 +266,7 @@ class rank_runtime {
       tensors.emplace_back("v." + name, b.v);
     }
     write_shard(o_.checkpoint_dir, step, rank_, tensors);
-    comm_->send_coordinator(train_msg::saved, encode_body(train_step_note{step, rank_, 0}));
+    comm_->send_coordinator(train_msg::saved, encode_body(train_step_note{step, rank_, 0, comm_->job()}));
   }
 
   // ---- the step ----------------------------------------------------------------------
@@ -514,9 +515,9 @@ class rank_runtime {
     double sum_squares = 0;
     if (clipping())
       for (bucket& b : buckets_) sum_squares += be_.sum_squares(b.grads->flat().slice(b.lo, b.hi));
-    comm_->send_coordinator(train_msg::report, encode_body(train_report{rank_, step, loss, sum_squares}));
+    comm_->send_coordinator(train_msg::report, encode_body(train_report{rank_, step, loss, sum_squares, comm_->job()}));
     if (clipping()) {
-      remote_message m = inbox_->take(train_key(train_msg::norm, step, 0), o_.timeout,
+      remote_message m = inbox_->take(train_key(train_msg::norm, comm_->job(), step, 0), o_.timeout,
                                       "gradient norm of step " + std::to_string(step) + " from the coordinator");
       auto note = decode_train_step(m.body);
       if (!note) throw train_error("bad gradient norm from the coordinator: " + error_message(note.error()));
@@ -547,14 +548,14 @@ class rank_runtime {
                             std::to_string(b.params->flat().nbytes()) + " bytes) exceed one message; saving a model "
                             "this large is not supported yet (use --checkpoint-dir)");
         if (sends)
-          comm_->send_coordinator(train_msg::params, encode_body(train_packet{o_.steps, b.id, 0, rank_}),
+          comm_->send_coordinator(train_msg::params, encode_body(train_packet{o_.steps, b.id, 0, rank_, comm_->job()}),
                                   {b.params->flat().clone()});
       }
     // Done: other ranks may finish and leave first; only the coordinator
     // going away now would be a failure.
     inbox_->drain(coordinator_id_);
-    comm_->send_coordinator(train_msg::done, encode_body(train_step_note{o_.steps, rank_, 0}));
-    inbox_->take(train_key(train_msg::finish, o_.steps, 0), o_.timeout, "the coordinator's end of the job");
+    comm_->send_coordinator(train_msg::done, encode_body(train_step_note{o_.steps, rank_, 0, comm_->job()}));
+    inbox_->take(train_key(train_msg::finish, comm_->job(), o_.steps, 0), o_.timeout, "the coordinator's end of the job");
     inbox_->close();
   }
 

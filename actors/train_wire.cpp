@@ -29,14 +29,15 @@ std::vector<std::uint8_t> encode_body(const train_join& v) {
   return flat(b);
 }
 
-std::vector<std::uint8_t> encode_body(const std::vector<train_peer>& roster) {
+std::vector<std::uint8_t> encode_body(const train_roster& roster) {
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<wire::TrainRoster>();
-  auto peers = r.initPeers(static_cast<unsigned>(roster.size()));
-  for (unsigned i = 0; i < roster.size(); ++i) {
-    peers[i].setRank(roster[i].rank);
-    peers[i].setNodeId(roster[i].node_id);
-    peers[i].setEndpoint(roster[i].endpoint);
+  r.setJob(roster.job);
+  auto peers = r.initPeers(static_cast<unsigned>(roster.peers.size()));
+  for (unsigned i = 0; i < roster.peers.size(); ++i) {
+    peers[i].setRank(roster.peers[i].rank);
+    peers[i].setNodeId(roster.peers[i].node_id);
+    peers[i].setEndpoint(roster.peers[i].endpoint);
   }
   return flat(b);
 }
@@ -48,6 +49,7 @@ std::vector<std::uint8_t> encode_body(const train_packet& v) {
   r.setIndex(v.index);
   r.setHop(v.hop);
   r.setFrom(v.from);
+  r.setJob(v.job);
   return flat(b);
 }
 
@@ -58,6 +60,7 @@ std::vector<std::uint8_t> encode_body(const train_report& v) {
   r.setStep(v.step);
   r.setLoss(v.loss);
   r.setSumSquares(v.sum_squares);
+  r.setJob(v.job);
   return flat(b);
 }
 
@@ -67,6 +70,7 @@ std::vector<std::uint8_t> encode_body(const train_step_note& v) {
   r.setStep(v.step);
   r.setRank(v.rank);
   r.setValue(v.value);
+  r.setJob(v.job);
   return flat(b);
 }
 
@@ -83,34 +87,35 @@ caf::expected<train_join> decode_train_join(const std::vector<std::uint8_t>& bod
   });
 }
 
-caf::expected<std::vector<train_peer>> decode_train_roster(const std::vector<std::uint8_t>& body) {
+caf::expected<train_roster> decode_train_roster(const std::vector<std::uint8_t>& body) {
   return decode<wire::TrainRoster>(body, "TrainRoster", [](wire::TrainRoster::Reader r) {
     auto peers = r.getPeers();
     if (peers.size() > max_roster)
       throw std::invalid_argument("roster of " + std::to_string(peers.size()) + " ranks");
-    std::vector<train_peer> out;
-    out.reserve(peers.size());
+    train_roster out;
+    out.job = r.getJob();
+    out.peers.reserve(peers.size());
     for (auto p : peers)
-      out.push_back({p.getRank(), text(p.getNodeId(), "node id"), text(p.getEndpoint(), "endpoint")});
+      out.peers.push_back({p.getRank(), text(p.getNodeId(), "node id"), text(p.getEndpoint(), "endpoint")});
     return out;
   });
 }
 
 caf::expected<train_packet> decode_train_packet(const std::vector<std::uint8_t>& body) {
   return decode<wire::TrainPacket>(body, "TrainPacket", [](wire::TrainPacket::Reader r) {
-    return train_packet{r.getStep(), r.getIndex(), r.getHop(), r.getFrom()};
+    return train_packet{r.getStep(), r.getIndex(), r.getHop(), r.getFrom(), r.getJob()};
   });
 }
 
 caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>& body) {
   return decode<wire::TrainReport>(body, "TrainReport", [](wire::TrainReport::Reader r) {
-    return train_report{r.getRank(), r.getStep(), r.getLoss(), r.getSumSquares()};
+    return train_report{r.getRank(), r.getStep(), r.getLoss(), r.getSumSquares(), r.getJob()};
   });
 }
 
 caf::expected<train_step_note> decode_train_step(const std::vector<std::uint8_t>& body) {
   return decode<wire::TrainStep>(body, "TrainStep", [](wire::TrainStep::Reader r) {
-    return train_step_note{r.getStep(), r.getRank(), r.getValue()};
+    return train_step_note{r.getStep(), r.getRank(), r.getValue(), r.getJob()};
   });
 }
 

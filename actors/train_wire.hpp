@@ -46,6 +46,7 @@ struct train_peer {
 struct train_packet {
   std::int64_t step = 0;
   int index = 0, hop = 0, from = 0;
+  std::uint64_t job = 0;  ///< the run's id (train_comm stamps it)
 };
 
 /// wire::TrainReport.
@@ -53,6 +54,7 @@ struct train_report {
   int rank = 0;
   std::int64_t step = 0;
   double loss = 0, sum_squares = 0;
+  std::uint64_t job = 0;
 };
 
 /// wire::TrainStep (norm, saved, done, finish).
@@ -60,10 +62,17 @@ struct train_step_note {
   std::int64_t step = 0;
   int rank = 0;
   double value = 0;
+  std::uint64_t job = 0;
+};
+
+/// wire::TrainRoster.
+struct train_roster {
+  std::uint64_t job = 0;  ///< a random id the coordinator draws for this run
+  std::vector<train_peer> peers;
 };
 
 std::vector<std::uint8_t> encode_body(const train_join& v);
-std::vector<std::uint8_t> encode_body(const std::vector<train_peer>& roster);
+std::vector<std::uint8_t> encode_body(const train_roster& roster);
 std::vector<std::uint8_t> encode_body(const train_packet& v);
 std::vector<std::uint8_t> encode_body(const train_report& v);
 std::vector<std::uint8_t> encode_body(const train_step_note& v);
@@ -71,7 +80,7 @@ std::vector<std::uint8_t> encode_body(const train_step_note& v);
 std::vector<std::uint8_t> encode_abort_body(const std::string& reason);
 
 caf::expected<train_join> decode_train_join(const std::vector<std::uint8_t>& body);
-caf::expected<std::vector<train_peer>> decode_train_roster(const std::vector<std::uint8_t>& body);
+caf::expected<train_roster> decode_train_roster(const std::vector<std::uint8_t>& body);
 caf::expected<train_packet> decode_train_packet(const std::vector<std::uint8_t>& body);
 caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>& body);
 caf::expected<train_step_note> decode_train_step(const std::vector<std::uint8_t>& body);

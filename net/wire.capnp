@@ -137,6 +137,7 @@ struct TrainJoin {
 # "train.roster" coordinator -> every rank, once all have joined.
 struct TrainRoster {
   peers @0 :List(Peer);
+  job @1 :UInt64;          # this run's random id: every later message carries it
   struct Peer {
     rank @0 :Int32;
     nodeId @1 :Text;
@@ -153,6 +154,7 @@ struct TrainPacket {
   index @1 :Int32;         # micro-batch (act, grad) or bucket (rs, ag, params; -1 = the head)
   hop @2 :Int32;           # ring hop (rs, ag); 0 otherwise
   from @3 :Int32;          # the sender's rank
+  job @4 :UInt64;          # the run's id from the roster (messages of another run are never taken)
 }
 
 # "train.report" rank -> coordinator after the step's gradients are reduced.
@@ -161,6 +163,7 @@ struct TrainReport {
   step @1 :Int64;
   loss @2 :Float64;        # last stages: sum of micro-batch losses x rows / global rows
   sumSquares @3 :Float64;  # squared L2 norm of the gradient shards this rank owns
+  job @4 :UInt64;
 }
 
 # "train.norm" coordinator -> every rank: the step's global gradient norm.
@@ -170,6 +173,7 @@ struct TrainStep {
   step @0 :Int64;
   rank @1 :Int32;
   value @2 :Float64;
+  job @3 :UInt64;
 }
 
 # "train.abort" coordinator -> every rank: the job failed (a rank died);

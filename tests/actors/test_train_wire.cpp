@@ -25,17 +25,19 @@ TEST_CASE("training message bodies round-trip and malformed ones are bad_message
   CHECK(j->endpoint == "tcp://127.0.0.1:5");
   CHECK(j->job_key == "layers=4");
 
-  auto roster = decode_train_roster(encode_body(std::vector<train_peer>{{0, "n-a", "tcp://x:1"}, {1, "n-b", "tcp://x:2"}}));
+  auto roster = decode_train_roster(encode_body(train_roster{99, {{0, "n-a", "tcp://x:1"}, {1, "n-b", "tcp://x:2"}}}));
   REQUIRE(roster);
-  REQUIRE(roster->size() == 2u);
-  CHECK((*roster)[1].node_id == "n-b");
+  CHECK(roster->job == 99u);
+  REQUIRE(roster->peers.size() == 2u);
+  CHECK(roster->peers[1].node_id == "n-b");
 
-  auto p = decode_train_packet(encode_body(train_packet{7, -1, 2, 5}));
+  auto p = decode_train_packet(encode_body(train_packet{7, -1, 2, 5, 99}));
   REQUIRE(p);
   CHECK(p->step == 7);
   CHECK(p->index == -1);
   CHECK(p->hop == 2);
   CHECK(p->from == 5);
+  CHECK(p->job == 99u);
 
   auto r = decode_train_report(encode_body(train_report{2, 9, 1.5, 0.25}));
   REQUIRE(r);
