@@ -100,6 +100,16 @@ void train_inbox::name_peer(const std::string& node_id, std::string label) {
   labels_[node_id] = std::move(label);
 }
 
+void train_inbox::set_job(std::uint64_t job) {
+  std::lock_guard lock(mu_);
+  job_ = job;
+}
+
+std::uint64_t train_inbox::job() const {
+  std::lock_guard lock(mu_);
+  return job_;
+}
+
 std::vector<std::string> train_inbox::named_peers() const {
   std::lock_guard lock(mu_);
   std::vector<std::string> out;
@@ -160,8 +170,16 @@ caf::behavior train_mailbox(caf::event_based_actor*, std::shared_ptr<train_inbox
           return;
         }
         if (m.type == train_msg::abort) {
-          auto reason = decode_train_abort(m.body);
-          inbox->fail(reason ? *reason : "the coordinator aborted the job (" + error_message(reason.error()) + ")");
+          auto a = decode_train_abort(m.body);
+          if (!a) {
+            inbox->fail("the job was aborted (" + error_message(a.error()) + ")");
+            return;
+          }
+          if (a->job != 0 && inbox->job() != 0 && a->job != inbox->job()) {
+            spdlog::warn("ignoring an abort of another run from node {}: {}", m.from_node, a->reason);
+            return;
+          }
+          inbox->fail(a->reason);
           return;
         }
         if (strict && m.type == train_msg::join)

@@ -75,6 +75,10 @@ class train_inbox {
   bool closing() const;
   /// How peer `node_id` is named in failure messages ("rank 3 (stage 1, replica 1)").
   void name_peer(const std::string& node_id, std::string label);
+  /// The run's id once known (the coordinator's own, a rank's from its
+  /// roster): aborts of another run are ignored. 0 = not known yet.
+  void set_job(std::uint64_t job);
+  std::uint64_t job() const;
   /// Node ids of every named peer.
   std::vector<std::string> named_peers() const;
   /// Whether `node_id` was named (name_peer): it is part of the job.
@@ -90,6 +94,7 @@ class train_inbox {
   std::optional<std::string> failure_;
   bool closing_ = false;
   std::optional<std::string> draining_keep_;
+  std::uint64_t job_ = 0;
 };
 
 /// Spawns the mailbox actor over `inbox`, publishes it on `n` as `name`, and

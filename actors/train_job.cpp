@@ -147,6 +147,7 @@ class coordinator {
 
   void run(const std::function<void(const dist_step_report&)>& on_step) {
     if (!inbox_) inbox_ = std::make_shared<train_inbox>();
+    inbox_->set_job(run_);
     auto mb = start_train_mailbox(node_, inbox_, "train-coord", /*joins_only_from_strangers=*/true);
     if (!mb) throw train_error("cannot publish the coordinator: " + error_message(mb.error()));
     mailbox_ = *mb;
@@ -203,7 +204,7 @@ class coordinator {
         if (!a) continue;
         remote_message m;
         m.type = train_msg::abort;
-        m.body = encode_abort_body("the job failed: " + reason);
+        m.body = encode_abort_body("the job failed: " + reason, run_);
         caf::anon_send(*a, std::move(m));
       }
       if (reason != e.what()) throw train_error(reason);

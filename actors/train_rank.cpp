@@ -91,7 +91,8 @@ class rank_runtime {
       // (same connection, so in this order), and names the root cause.
       if (comm_ && !inbox_->closing())
         try {
-          comm_->send_coordinator(train_msg::abort, encode_abort_body(o_.layout.label(rank_) + " failed: " + e.what()));
+          comm_->send_coordinator(train_msg::abort,
+                                  encode_abort_body(o_.layout.label(rank_) + " failed: " + e.what(), comm_->job()));
         } catch (const std::exception&) {
         }
       throw;
@@ -153,6 +154,7 @@ class rank_runtime {
     }
     comm_ = std::make_unique<train_comm>(node_, inbox_, rank_, ids, coord, o_.timeout);
     comm_->set_job(roster->job);
+    inbox_->set_job(roster->job);
   }
 
   void make_rings() {

@@ -74,9 +74,11 @@ std::vector<std::uint8_t> encode_body(const train_step_note& v) {
   return flat(b);
 }
 
-std::vector<std::uint8_t> encode_abort_body(const std::string& reason) {
+std::vector<std::uint8_t> encode_abort_body(const std::string& reason, std::uint64_t job) {
   capnp::MallocMessageBuilder b;
-  b.initRoot<wire::TrainAbort>().setReason(reason.substr(0, 4096));
+  auto r = b.initRoot<wire::TrainAbort>();
+  r.setReason(reason.substr(0, 4096));
+  r.setJob(job);
   return flat(b);
 }
 
@@ -119,10 +121,10 @@ caf::expected<train_step_note> decode_train_step(const std::vector<std::uint8_t>
   });
 }
 
-caf::expected<std::string> decode_train_abort(const std::vector<std::uint8_t>& body) {
+caf::expected<train_abort> decode_train_abort(const std::vector<std::uint8_t>& body) {
   return decode<wire::TrainAbort>(body, "TrainAbort", [](wire::TrainAbort::Reader r) {
     std::string reason = r.getReason().cStr();
-    return reason.substr(0, 4096);
+    return train_abort{reason.substr(0, 4096), r.getJob()};
   });
 }
 

@@ -76,14 +76,19 @@ std::vector<std::uint8_t> encode_body(const train_roster& roster);
 std::vector<std::uint8_t> encode_body(const train_packet& v);
 std::vector<std::uint8_t> encode_body(const train_report& v);
 std::vector<std::uint8_t> encode_body(const train_step_note& v);
-/// wire::TrainAbort with `reason`.
-std::vector<std::uint8_t> encode_abort_body(const std::string& reason);
+/// wire::TrainAbort with `reason`, for run `job` (0 = before a roster).
+std::vector<std::uint8_t> encode_abort_body(const std::string& reason, std::uint64_t job = 0);
+/// wire::TrainAbort.
+struct train_abort {
+  std::string reason;
+  std::uint64_t job = 0;
+};
 
 caf::expected<train_join> decode_train_join(const std::vector<std::uint8_t>& body);
 caf::expected<train_roster> decode_train_roster(const std::vector<std::uint8_t>& body);
 caf::expected<train_packet> decode_train_packet(const std::vector<std::uint8_t>& body);
 caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>& body);
 caf::expected<train_step_note> decode_train_step(const std::vector<std::uint8_t>& body);
-caf::expected<std::string> decode_train_abort(const std::vector<std::uint8_t>& body);
+caf::expected<train_abort> decode_train_abort(const std::vector<std::uint8_t>& body);
 
 }  // namespace corolla

@@ -180,4 +180,5 @@ struct TrainStep {
 # also a failing rank -> the coordinator, saying why, before its node stops.
 struct TrainAbort {
   reason @0 :Text;
+  job @1 :UInt64;          # the run's id (0 before a roster): another run's abort is ignored
 }

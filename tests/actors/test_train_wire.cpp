@@ -47,9 +47,10 @@ TEST_CASE("training message bodies round-trip and malformed ones are bad_message
   auto s = decode_train_step(encode_body(train_step_note{4, 1, 3.0}));
   REQUIRE(s);
   CHECK(s->value == 3.0);
-  auto a = decode_train_abort(encode_abort_body("rank 1 died"));
+  auto a = decode_train_abort(encode_abort_body("rank 1 died", 99));
   REQUIRE(a);
-  CHECK(*a == "rank 1 died");
+  CHECK(a->reason == "rank 1 died");
+  CHECK(a->job == 99u);
 
   CHECK_FALSE(decode_train_packet({}));
   CHECK_FALSE(decode_train_packet({1, 2, 3}));
