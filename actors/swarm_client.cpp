@@ -86,6 +86,7 @@ void swarm_client::event(const std::string& line) const {
 
 caf::error swarm_client::refresh() {
   refreshed_ = true;
+  last_refresh_ = std::chrono::steady_clock::now();
   if (options_.discover)
     for (const auto& e : options_.discover()) {
       known_server found = server_from(e);
@@ -200,7 +201,8 @@ caf::expected<swarm::route> swarm_client::route(int start, int end, const std::s
 }
 
 caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::int64_t max_length) {
-  if (!refreshed_)
+  // Membership changes reach new sessions: a stale view is refreshed first.
+  if (!refreshed_ || std::chrono::steady_clock::now() - last_refresh_ > options_.refresh_period)
     if (auto err = refresh()) return err;
   std::mt19937_64 rng(std::random_device{}());
   char id[24];

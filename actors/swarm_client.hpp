@@ -62,6 +62,11 @@ struct swarm_client_options {
   /// Longest wait for one server's answer (a hung server is normally
   /// reported down by the link's heartbeats long before).
   std::chrono::milliseconds request_timeout{30000};
+  /// A session opened longer than this after the last refresh() refreshes
+  /// first (asking `discover` again), so servers that joined since are
+  /// routed through; sessions already open keep their route until a
+  /// failure.
+  std::chrono::milliseconds refresh_period{std::chrono::seconds(30)};
   /// Recovery attempts per step before giving up.
   int max_failovers = 12;
   /// First pause before re-asking the servers when nothing covers a span;
@@ -125,6 +130,7 @@ class swarm_client {
   std::vector<known_server> servers_;
   int n_blocks_ = 0, hidden_size_ = 0;
   bool refreshed_ = false;
+  std::chrono::steady_clock::time_point last_refresh_{};
 };
 
 /// One inference session through the swarm.

@@ -153,6 +153,38 @@ TEST_CASE("swarm greedy generation equals local generation for several server la
   }
 }
 
+TEST_CASE("a new session sees servers that joined since the last refresh") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  sw.start(m, "s-first", 0, 4);
+  auto n = client_node();
+  std::vector<std::string> announced = sw.list();  // what a DHT would return
+  swarm_client_options o;
+  o.discover = [&] { return announced; };
+  o.refresh_period = 1500ms;
+  swarm_client client(*n, o);
+  const auto first_refresh = std::chrono::steady_clock::now();
+  {
+    auto s = client.open_session(32);
+    REQUIRE_MESSAGE(s, error_message(s.error()));
+  }
+  CHECK(client.servers().size() == 1u);
+  sw.start(m, "s-joined", 0, 4);
+  announced = sw.list();
+  if (std::chrono::steady_clock::now() - first_refresh < 1200ms) {
+    auto s = client.open_session(32);  // within the period: the old view
+    REQUIRE(s);
+    CHECK(client.servers().size() == 1u);
+  }
+  std::this_thread::sleep_until(first_refresh + 1600ms);
+  {
+    auto s = client.open_session(32);  // past the period: refreshed first
+    REQUIRE(s);
+  }
+  REQUIRE(client.servers().size() == 2u);
+  for (const known_server& k : client.servers()) CHECK(k.reachable);
+}
+
 TEST_CASE("corolla generate --swarm prints the same ids as local corolla generate") {
   swarm_model m(architecture::llama);
   swarm_processes sw;
