@@ -7,6 +7,7 @@
 //   corolla serve n-1a2b3c4d blocks [0, 4) of tiny listening on tcp://127.0.0.1:41234
 #include <csignal>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -104,6 +105,32 @@ std::unique_ptr<net::membership> join_dht(const serve_args& a, std::string& endp
   return members;
 }
 
+/// Round-trip times (ms) to the ONLINE servers of the block after this
+/// server's span, as its links' heartbeats measure them (a link is opened
+/// to each the first time, with a short timeout): what clients route on
+/// between consecutive servers (Petals' next_pings).
+std::map<std::string, double> next_server_rtts(node& n, net::membership& members, const net::server_record& self,
+                                               int n_blocks) {
+  std::map<std::string, double> rtts;
+  const int next = self.span.end;
+  if (next >= n_blocks) return rtts;
+  for (const net::server_record& r : members.get_span(self.model, next, next + 1)) {
+    if (rtts.size() >= net::max_rtt_entries) break;
+    if (r.node_id == n.id() || r.state != net::member_state::online || r.endpoint.empty()) continue;
+    if (!n.peer_is_up(r.node_id)) {
+      connect_options co;
+      co.timeout = std::chrono::seconds(2);
+      co.server_key = r.public_key;
+      if (auto c = n.connect(r.endpoint, co); !c) {
+        spdlog::debug("serve: cannot reach next server {} at {}: {}", r.node_id, r.endpoint, error_message(c.error()));
+        continue;
+      }
+    }
+    if (auto st = n.stats(r.node_id); st && st->rtt_samples > 0) rtts[r.node_id] = st->rtt_us / 1000.0;
+  }
+  return rtts;
+}
+
 /// --num-blocks: the weakest window of the swarm as the DHT shows it
 /// (schedule/block_selection: gaps first, then the lowest throughputs).
 std::pair<int, int> choose_span(net::membership& members, const std::string& model, const std::string& self,
@@ -193,10 +220,17 @@ int run_serve(const serve_args& a) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_update) {
       next_update = now + update_every;
+      bool changed = false;
       if (const auto left = engine->cache_tokens_left(); left != record.cache_tokens_left) {
         record.cache_tokens_left = left;
-        if (auto err = members->update(record)) spdlog::warn("serve: updating the DHT record: {}", error_message(err));
+        changed = true;
       }
+      if (auto rtts = next_server_rtts(n, *members, record, cfg.n_layers); rtts != record.rtt_ms) {
+        record.rtt_ms = std::move(rtts);
+        changed = true;
+      }
+      if (changed)
+        if (auto err = members->update(record)) spdlog::warn("serve: updating the DHT record: {}", error_message(err));
     }
     if (a.rebalance_period_s <= 0 || now < next_check) continue;
     next_check = next_period();

@@ -12,6 +12,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "actors/corolla.hpp"
@@ -20,6 +21,7 @@
 #include "model/generator.hpp"
 #include "model/safetensors.hpp"
 #include "model/transformer.hpp"
+#include "net/membership.hpp"
 #include "net/zmq_transport.hpp"
 #include "tests/support/child_process.hpp"
 #include "tests/support/process.hpp"
@@ -364,6 +366,30 @@ TEST_CASE("servers announce themselves in the DHT and a client finds them throug
   CHECK(printed_ids(remote) == m.expected);
   MESSAGE("client log:\n" << remote.err);
   CHECK(remote.err.find("swarm route:") != std::string::npos);
+
+  // s-a's record carries its measured RTTs to the servers of block 2 (s-b
+  // and s-c), for routing between consecutive servers.
+  net::membership reader;
+  net::membership_options mo;
+  mo.bootstrap = {first};
+  mo.ttl = 5s;
+  REQUIRE(reader.start(mo));
+  const std::string model = m.dir.path().filename().string();
+  std::map<std::string, double> rtts;
+  const auto deadline = std::chrono::steady_clock::now() + 15s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const auto& r : reader.get_span(model, 0, 1))
+      if (r.node_id == "s-a") rtts = r.rtt_ms;
+    if (rtts.count("s-b") && rtts.count("s-c")) break;
+    std::this_thread::sleep_for(200ms);
+  }
+  CHECK(rtts.count("s-b") == 1);
+  CHECK(rtts.count("s-c") == 1);
+  for (const auto& [id, ms] : rtts) {
+    MESSAGE("s-a -> " << id << ": " << ms << " ms");
+    CHECK(ms > 0.0);
+    CHECK(ms < 1000.0);
+  }
 }
 
 TEST_CASE("servers given only a block count place themselves where the swarm is weakest") {
