@@ -37,6 +37,9 @@ struct queued_step {
 
 struct span_server_state {
   std::shared_ptr<span_engine> engine;
+  /// The engine before the last move, while sessions opened on it are
+  /// still running (they finish there; new sessions open on `engine`).
+  std::shared_ptr<span_engine> retiring;
   span_server_options options;
   std::unordered_map<std::string, clock_type::time_point> last_used;
   std::vector<queued_step> queue;
@@ -46,6 +49,22 @@ struct span_server_state {
 };
 
 using span_server_actor = caf::stateful_actor<span_server_state>;
+
+/// The engine a session runs on: the retiring one for sessions opened
+/// before the last move, the current one otherwise.
+span_engine& engine_of(span_server_state& st, const std::string& session) {
+  if (st.retiring && st.retiring->session_length(session)) return *st.retiring;
+  return *st.engine;
+}
+
+/// Lets the retiring engine go once its last session has ended.
+void release_retiring(span_server_state& st) {
+  if (st.retiring && st.retiring->session_count() == 0) {
+    spdlog::info("span server: the last session on blocks [{}, {}) ended; those blocks are released",
+                 st.retiring->first(), st.retiring->last());
+    st.retiring.reset();
+  }
+}
 
 caf::error to_caf(const span_error& e) { return error_from_wire(span_errc_name(e.code), e.message); }
 
@@ -84,8 +103,26 @@ remote_message step_answer(Tensor out, bool compress) {
 void run_batch(span_server_actor* self) {
   auto& st = self->state;
   if (st.queue.empty()) return;
-  std::vector<queued_step> batch;
-  batch.swap(st.queue);
+  std::vector<queued_step> all;
+  all.swap(st.queue);
+  // Steps of sessions still on the retiring engine run there, as a batch of
+  // their own, before the current engine's batch.
+  if (st.retiring) {
+    std::vector<queued_step> old_steps, new_steps;
+    for (auto& q : all)
+      (st.retiring->session_length(q.item.session_id) ? old_steps : new_steps).push_back(std::move(q));
+    if (!old_steps.empty()) {
+      // Run them with the engines swapped: in that call the retiring slot
+      // holds the current engine, which has none of these sessions.
+      st.queue = std::move(old_steps);
+      std::swap(st.engine, st.retiring);
+      run_batch(self);
+      std::swap(st.engine, st.retiring);
+    }
+    all = std::move(new_steps);
+    if (all.empty()) return;
+  }
+  std::vector<queued_step> batch = std::move(all);
   std::vector<decode_item> items;
   items.reserve(batch.size());
   for (auto& q : batch) items.push_back(q.item);
@@ -122,7 +159,8 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
   if (m.tensors.size() != 1)
     return rp.deliver(make_error(errc::bad_message, "span.step carries one tensor (hidden states), got " +
                                                         std::to_string(m.tensors.size())));
-  if (st.engine->session_length(step->session_id)) st.last_used[step->session_id] = clock_type::now();
+  span_engine& engine = engine_of(st, step->session_id);
+  if (engine.session_length(step->session_id)) st.last_used[step->session_id] = clock_type::now();
   const Tensor& hidden = m.tensors[0];
   if (hidden.shape().size() == 2 && hidden.dim(0) == 1) {
     // Steps of other sessions already waiting in the mailbox join this one:
@@ -139,7 +177,7 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
     return;
   }
   run_batch(self);  // steps that arrived earlier run first
-  auto out = st.engine->inference_step(step->session_id, hidden, step->start, step->step_id);
+  auto out = engine_of(st, step->session_id).inference_step(step->session_id, hidden, step->start, step->step_id);
   if (!out) return rp.deliver(to_caf(out.error()));
   rp.deliver(step_answer(std::move(*out), step->compress_output));
 }
@@ -174,11 +212,12 @@ void expire_idle(span_server_actor* self) {
       ++it;
       continue;
     }
-    if (st.engine->close_session(it->first))
+    if (engine_of(st, it->first).close_session(it->first))
       spdlog::info("span server: closed session {} after {} s without a request", it->first,
                    std::chrono::duration_cast<std::chrono::seconds>(now - it->second).count());
     it = st.last_used.erase(it);
   }
+  release_retiring(st);
 }
 
 caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> engine, span_server_options options) {
@@ -206,7 +245,8 @@ caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> 
           auto id = decode_span_close(m.body);
           if (!id) return rp.deliver(id.error());
           st.last_used.erase(*id);
-          if (auto r = st.engine->close_session(*id); !r) return rp.deliver(to_caf(r.error()));
+          if (auto r = engine_of(st, *id).close_session(*id); !r) return rp.deliver(to_caf(r.error()));
+          release_retiring(st);
           return rp.deliver(answer(span_request::close));
         }
         if (m.type == span_request::forward) return on_stateless(self, m, rp, false);
@@ -218,10 +258,20 @@ caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> 
       [self](swap_atom, std::shared_ptr<span_engine>& next) -> bool {
         run_batch(self);
         auto& st = self->state;
-        spdlog::info("span server: now serving blocks [{}, {}) (was [{}, {}), {} session(s) closed)", next->first(),
-                     next->last(), st.engine->first(), st.engine->last(), st.engine->session_count());
+        // Sessions opened before the move finish on the old blocks (kept
+        // loaded until the last one closes or expires); new sessions open on
+        // the new ones. A second move while an older one still drains ends
+        // the oldest sessions (their clients fail over).
+        if (st.retiring) {
+          spdlog::warn("span server: moving again; {} session(s) still on blocks [{}, {}) end now",
+                       st.retiring->session_count(), st.retiring->first(), st.retiring->last());
+          for (auto it = st.last_used.begin(); it != st.last_used.end();)
+            it = st.retiring->session_length(it->first) ? st.last_used.erase(it) : std::next(it);
+        }
+        spdlog::info("span server: now serving blocks [{}, {}) (was [{}, {}); its {} session(s) finish there)",
+                     next->first(), next->last(), st.engine->first(), st.engine->last(), st.engine->session_count());
+        st.retiring = st.engine->session_count() > 0 ? std::move(st.engine) : nullptr;
         st.engine = std::move(next);
-        st.last_used.clear();
         st.step_s_per_block = 0;
         return true;
       },

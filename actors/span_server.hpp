@@ -46,9 +46,12 @@ caf::expected<caf::actor> start_span_server(node& n, std::shared_ptr<span_engine
                                             span_server_options options);
 
 /// Makes `server` serve `engine` from now on (a server moving to other
-/// blocks). Waiting one-row steps run on the old engine first; the old
-/// engine's sessions end with it (their next steps get unknown_session, and
-/// clients fail over). Blocks until the switch is done (at most `timeout`).
+/// blocks). New sessions open on `engine`; sessions opened before keep
+/// running on the old engine, which stays loaded until the last of them
+/// closes or expires (a serving-both phase, so a move costs its clients
+/// nothing). A second move while the old engine still drains ends the
+/// oldest sessions (unknown_session; clients fail over). Blocks until the
+/// switch is done (at most `timeout`).
 caf::error swap_span_engine(caf::actor_system& system, const caf::actor& server, std::shared_ptr<span_engine> engine,
                             std::chrono::milliseconds timeout = std::chrono::seconds(60));
 

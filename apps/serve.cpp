@@ -242,7 +242,7 @@ int run_serve(const serve_args& a) {
                  d.explanation);
     // Load the new blocks while the old ones still serve, switch, then tell
     // the swarm: the old blocks have other servers (should_move never opens
-    // a gap), and clients of this server's old sessions fail over by replay.
+    // a gap); sessions already open here finish on the old blocks.
     auto next = std::make_shared<span_engine>(span_engine::load(checkpoint::open(a.model), cfg, d.target.start,
                                                                 d.target.end, cpu_backend(), a.cache_tokens));
     const double next_step_s = measure_step_s(*next);
