@@ -1,18 +1,21 @@
 #include "actors/train_comm.hpp"
 
-#include <cstring>
-
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"
 #include "actors/node.hpp"
+#include "kernels/backend.hpp"
 
 namespace corolla {
 
 std::string train_key(const std::string& type, std::uint64_t job, std::int64_t step, int index, int hop) {
   return type + "/" + std::to_string(job) + "/" + std::to_string(step) + "/" + std::to_string(index) + "/" +
          std::to_string(hop);
+}
+
+bool is_vague_failure(const std::string& reason) {
+  return reason.find("said goodbye") != std::string::npos || reason.find("exited (exit status") != std::string::npos;
 }
 
 // ---- inbox ----------------------------------------------------------------------
@@ -51,10 +54,7 @@ void train_inbox::fail(const std::string& reason) {
     if (closing_) return;
     // A peer that said goodbye usually stopped because of another failure,
     // whose own reason may come a moment later: that one is kept instead.
-    auto is_vague = [](const std::string& r) {
-      return r.find("said goodbye") != std::string::npos || r.find("exited (exit status") != std::string::npos;
-    };
-    if (failure_ && !(is_vague(*failure_) && !is_vague(reason))) return;
+    if (failure_ && !(is_vague_failure(*failure_) && !is_vague_failure(reason))) return;
     failure_ = reason;
   }
   cv_.notify_all();
@@ -305,9 +305,7 @@ void ring_reduce_scatter(train_comm& comm, const ring& r, Tensor& flat, std::int
     Tensor in = comm.receive(train_msg::rs, step, bucket, hop, dst.numel(),
                              "gradient chunk of bucket " + std::to_string(bucket) + " (hop " + std::to_string(hop) +
                                  ") from rank " + std::to_string(r.prev()));
-    float* d = dst.data<float>();
-    const float* s = in.data<float>();
-    for (std::int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
+    cpu_backend().add(dst, in, dst);
   }
 }
 
@@ -320,7 +318,7 @@ void ring_all_gather(train_comm& comm, const ring& r, Tensor& flat, std::int64_t
     Tensor in = comm.receive(train_msg::ag, step, bucket, hop, dst.numel(),
                              "parameter chunk of bucket " + std::to_string(bucket) + " (hop " + std::to_string(hop) +
                                  ") from rank " + std::to_string(r.prev()));
-    std::memcpy(dst.data<float>(), in.data<float>(), static_cast<std::size_t>(dst.numel()) * sizeof(float));
+    dst.copy_from(in);
   }
 }
 

@@ -49,6 +49,11 @@ class train_error : public std::runtime_error {
 /// filed where nothing ever looks.
 std::string train_key(const std::string& type, std::uint64_t job, std::int64_t step, int index, int hop = 0);
 
+/// Whether a failure reason only says that a peer left (its goodbye, or a
+/// launcher's "exited (exit status N)"): usually the echo of another
+/// failure whose own, more specific reason may come a moment later.
+bool is_vague_failure(const std::string& reason);
+
 /// Messages received and not yet taken, by key. Thread-safe.
 class train_inbox {
  public:

@@ -179,7 +179,7 @@ class coordinator {
         r.seconds = std::chrono::duration<double>(now - last_time).count();
         last_time = now;
         if (on_step) on_step(r);
-        if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && !o_.checkpoint_dir.empty()) {
+        if (o_.checkpoints_at(step)) {
           for (int rank = 0; rank < world_; ++rank)
             take(train_msg::saved, step, rank, "checkpoint shard of step " + std::to_string(step));
           commit_checkpoint(o_.checkpoint_dir, step, world_, job_);
@@ -193,7 +193,7 @@ class coordinator {
       // Ranks that fail tell the coordinator why before their nodes say
       // goodbye; give the root cause a moment to arrive.
       std::string reason = e.what();
-      if (reason.find("said goodbye") != std::string::npos || reason.find("exited (exit status") != std::string::npos) {
+      if (is_vague_failure(reason)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
         if (auto better = inbox_->failure()) reason = *better;
       }

@@ -123,6 +123,11 @@ struct dist_train_options {
   /// sooner, by the link's failure detection).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 
+  /// Whether a checkpoint is written after step `step`.
+  bool checkpoints_at(int step) const {
+    return checkpoint_every > 0 && !checkpoint_dir.empty() && step % checkpoint_every == 0;
+  }
+
   /// Micro-batch size after the default rule. Throws std::invalid_argument
   /// when batch is not a multiple of dp, or batch / dp of micro_batch.
   int micro_batch_size() const;

@@ -1,8 +1,6 @@
 // One rank of a pipeline x data-parallel training job (actors/train_job.hpp).
 #include <algorithm>
-#include <cmath>
 #include <condition_variable>
-#include <fstream>
 #include <future>
 #include <map>
 #include <memory>
@@ -13,7 +11,6 @@
 #include <thread>
 
 #include <caf/all.hpp>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"
@@ -88,7 +85,8 @@ class rank_runtime {
       finish();
     } catch (const std::exception& e) {
       // The coordinator hears why before this node's goodbye reaches it
-      // (same connection, so in this order), and names the root cause.
+      // (node::stop hands sent messages to the link first), and names the
+      // root cause.
       if (comm_ && !inbox_->closing())
         try {
           comm_->send_coordinator(train_msg::abort,
@@ -256,14 +254,16 @@ class rank_runtime {
     dst.copy_from(src);
   }
 
+  /// Parameters are the same on every replica: replica 0 of each stage
+  /// writes (and sends) its blocks', rank 0 the head's, which the last
+  /// stage holds too.
+  bool keeps_params(const bucket& b) const { return b.id == head_bucket ? rank_ == 0 : replica_ == 0; }
+
   void save_checkpoint(int step) {
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const bucket& b : buckets_) {
       const std::string name = bucket_name(b.id);
-      // Parameters are the same on every replica: replica 0 writes them
-      // (and rank 0 the head, which the last stage holds too).
-      const bool writes_params = b.id == head_bucket ? rank_ == 0 : replica_ == 0;
-      if (writes_params) tensors.emplace_back("params." + name, b.params->flat());
+      if (keeps_params(b)) tensors.emplace_back("params." + name, b.params->flat());
       tensors.emplace_back("m." + name, b.m);
       tensors.emplace_back("v." + name, b.v);
     }
@@ -533,8 +533,7 @@ class rank_runtime {
         ring_all_gather(*comm_, *b.group, b.params->flat(), step, b.id);
       }
     }
-    if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && !o_.checkpoint_dir.empty())
-      save_checkpoint(step);
+    if (o_.checkpoints_at(step)) save_checkpoint(step);
   }
 
   // ---- the end ------------------------------------------------------------------
@@ -542,7 +541,7 @@ class rank_runtime {
   void finish() {
     if (!o_.save_dir.empty())
       for (const bucket& b : buckets_) {
-        const bool sends = b.id == head_bucket ? rank_ == 0 : replica_ == 0;
+        const bool sends = keeps_params(b);
         // One message per bucket: a bucket beyond a node's largest message
         // (1 GiB by default) would be refused on the way; say so here.
         if (sends && static_cast<std::int64_t>(b.params->flat().nbytes()) >= node_options{}.max_message_bytes)

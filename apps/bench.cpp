@@ -273,12 +273,15 @@ void register_bench(CLI::App& app, action_fn& action) {
   train->add_option("--micro-batch", micro_batch, "Sequences per micro-batch (with --cluster)")->capture_default_str();
   train->callback([&action, train] {
     if (!cluster.empty()) {
-      const int b = train->count("--batch") > 0 ? batch : 16;
-      const int t = train->count("--seq") > 0 ? seq : 128;
-      const int n = train->count("--steps") > 0 ? steps : 5;
-      action = [b, t, n] {
-        return run_bench_train_cluster(cluster, train_opts.model_dir, b, t, micro_batch, n + 1, train_opts.json);
-      };
+      cluster_bench_options c;
+      c.cluster = cluster;
+      c.model = train_opts.model_dir;
+      if (train->count("--batch") > 0) c.batch = batch;
+      if (train->count("--seq") > 0) c.seq = seq;
+      if (train->count("--steps") > 0) c.timed_steps = steps;
+      c.micro_batch = micro_batch;
+      c.json = train_opts.json;
+      action = [c] { return run_bench_train_cluster(c); };
       return;
     }
     action = [] { return run_train(train_opts, batch, seq, steps); };

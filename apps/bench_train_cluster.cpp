@@ -34,16 +34,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace sc = corolla::schedule;
 
-struct cluster_bench_args {
-  std::string cluster;
-  std::string model;
-  int batch = 16;
-  int seq = 128;
-  int micro_batch = 1;
-  int steps = 5;
-  bool json = false;
-};
-
 /// The model of the cluster bench when --model is not given: Llama-shaped,
 /// dim 128, 8 layers (2.6M parameters), small enough that the bytes eight
 /// ranks move per step stay well inside what two cores can copy, so the
@@ -112,9 +102,13 @@ double run_variant(variant& v, const train_args& base, const model_config& cfg, 
   return v.measured_step_s;
 }
 
-int run_cluster_bench(const cluster_bench_args& a) {
+}  // namespace
+
+int run_bench_train_cluster(const cluster_bench_options& a) {
   apply_common_options(1, "warn");
-  if (a.steps < 2) throw std::invalid_argument("bench train --cluster: need --steps >= 1 (timed steps after a warm-up)");
+  if (a.timed_steps < 1)
+    throw std::invalid_argument("bench train --cluster: need --steps >= 1 (timed steps after a warm-up)");
+  const int steps = a.timed_steps + 1;
   const sc::cluster_description cluster = sc::load_cluster(a.cluster);
 
   // The model: a directory, or the bench config written to a scratch one
@@ -168,14 +162,14 @@ int run_cluster_bench(const cluster_bench_args& a) {
   if (!a.json) {
     std::fprintf(stderr, "bench train --cluster %s: %s, %.1fM parameters, global batch %d x %d tokens; %d steps each "
                          "(first is warm-up), synthetic compute, real bytes on shaped links\n",
-                 a.cluster.c_str(), cfg.hf_architecture.c_str(), cfg.parameter_count() / 1e6, a.batch, a.seq, a.steps);
+                 a.cluster.c_str(), cfg.hf_architecture.c_str(), cfg.parameter_count() / 1e6, a.batch, a.seq, steps);
     print_plan(stderr, cluster, report.best);
   }
   for (variant& v : variants) {
     if (!a.json)
       std::fprintf(stderr, "  running %-12s PP %d x DP %d (layers %s)...\n", v.name.c_str(), v.plan.pp, v.plan.dp,
                    split_of(v.plan).c_str());
-    run_variant(v, base, cfg, a.steps);
+    run_variant(v, base, cfg, steps);
   }
 
   const variant* ib = nullptr;
@@ -193,7 +187,7 @@ int run_cluster_bench(const cluster_bench_args& a) {
                       {"samples_per_s", v.samples_per_s},
                       {"vs_all_ib", ib ? nlohmann::json(v.samples_per_s / ib->samples_per_s) : nlohmann::json(nullptr)}});
     nlohmann::json j = {{"bench", "train-cluster"}, {"cluster", cluster.name}, {"parameters", cfg.parameter_count()},
-                        {"batch", a.batch}, {"seq", a.seq}, {"steps", a.steps}, {"layouts", rows}};
+                        {"batch", a.batch}, {"seq", a.seq}, {"steps", steps}, {"layouts", rows}};
     if (holmes) j["planner_vs_holmes"] = planner.samples_per_s / holmes->samples_per_s;
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -210,21 +204,6 @@ int run_cluster_bench(const cluster_bench_args& a) {
   }
   if (holmes) std::printf("planner vs Holmes rule: %.2fx the samples/s\n", planner.samples_per_s / holmes->samples_per_s);
   return 0;
-}
-
-}  // namespace
-
-int run_bench_train_cluster(const std::string& cluster, const std::string& model, int batch, int seq, int micro_batch,
-                            int steps, bool json) {
-  cluster_bench_args a;
-  a.cluster = cluster;
-  a.model = model;
-  a.batch = batch;
-  a.seq = seq;
-  a.micro_batch = micro_batch;
-  a.steps = steps;
-  a.json = json;
-  return run_cluster_bench(a);
 }
 
 }  // namespace corolla::app

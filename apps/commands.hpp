@@ -33,11 +33,19 @@ void register_bench(CLI::App& app, action_fn& action);
 void register_bench_link(CLI::App* bench, action_fn& action);
 /// `corolla bench swarm`: a 3-server chain on loopback vs local decode (apps/bench_swarm.cpp).
 void register_bench_swarm(CLI::App* bench, action_fn& action);
-/// `corolla bench train --cluster FILE`: an emulated heterogeneous cluster,
-/// the planner's layout vs the Holmes rule, all-Ethernet and all-IB
-/// (apps/bench_train_cluster.cpp). `model` "" = a built-in 2.6M-parameter model.
-int run_bench_train_cluster(const std::string& cluster, const std::string& model, int batch, int seq, int micro_batch,
-                            int steps, bool json);
+/// What `corolla bench train --cluster FILE` runs.
+struct cluster_bench_options {
+  std::string cluster;  ///< cluster TOML
+  std::string model;    ///< model directory; "" = a built-in 2.6M-parameter model
+  int batch = 16;
+  int seq = 128;
+  int micro_batch = 1;
+  int timed_steps = 5;  ///< measured steps of each layout, after one warm-up step
+  bool json = false;
+};
+/// An emulated heterogeneous cluster: the planner's layout vs the Holmes
+/// rule, all-Ethernet and all-IB (apps/bench_train_cluster.cpp).
+int run_bench_train_cluster(const cluster_bench_options& a);
 /// The random ~100M-parameter Llama-shaped model of the benches (dim 1024,
 /// 8 layers, vocab 4096), as a config.
 model_config bench_llama_config();

@@ -43,10 +43,9 @@ pid_t spawn_self(const std::vector<std::string>& args, int stdout_fd, const std:
   return pid;
 }
 
-void terminate_all(std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
-  for (pid_t p : pids)
-    if (p > 0) ::kill(p, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + grace;
+bool reap_all(std::vector<pid_t>& pids, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool all = true;
   for (pid_t& p : pids) {
     if (p <= 0) continue;
     int st = 0;
@@ -54,10 +53,23 @@ void terminate_all(std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
     while (((r = ::waitpid(p, &st, WNOHANG)) == 0 || (r < 0 && errno == EINTR)) &&
            std::chrono::steady_clock::now() < deadline)
       ::usleep(5000);
-    if (r <= 0) {
-      ::kill(p, SIGKILL);
-      while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
-      }
+    if (r == p || r < 0)
+      p = -1;  // reaped, or not (or no longer) our child
+    else
+      all = false;
+  }
+  return all;
+}
+
+void terminate_all(std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
+  for (pid_t p : pids)
+    if (p > 0) ::kill(p, SIGTERM);
+  if (reap_all(pids, grace)) return;
+  for (pid_t& p : pids) {
+    if (p <= 0) continue;
+    ::kill(p, SIGKILL);
+    int st = 0;
+    while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
     }
     p = -1;
   }

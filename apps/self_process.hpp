@@ -18,6 +18,11 @@ namespace corolla::app {
 /// and stdin is then /dev/null. Throws std::runtime_error when it cannot.
 pid_t spawn_self(const std::vector<std::string>& args, int stdout_fd = -1, const std::string& err_path = {});
 
+/// Reaps the children among `pids` (> 0) that exit within `timeout`,
+/// setting each reaped one to -1; sends no signal. Returns whether all are
+/// gone.
+bool reap_all(std::vector<pid_t>& pids, std::chrono::milliseconds timeout);
+
 /// SIGTERM to every pid > 0, SIGKILL to those still running after `grace`;
 /// all are reaped and set to -1.
 void terminate_all(std::vector<pid_t>& pids, std::chrono::milliseconds grace);

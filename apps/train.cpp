@@ -26,11 +26,14 @@ namespace fs = std::filesystem;
 
 // A directory with weights is loaded; one with only config.json starts from
 // the GPT-2 initialisation for --seed.
+bool has_weights(const std::filesystem::path& dir) {
+  return fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
+}
+
 transformer open_model(const std::filesystem::path& dir, std::uint64_t seed, Backend& be, bool& fresh) {
   if (!fs::is_directory(dir))
     throw model_error("model directory " + dir.string() + " does not exist");
-  fresh = !fs::exists(dir / "model.safetensors") &&
-          !fs::exists(dir / "model.safetensors.index.json");
+  fresh = !has_weights(dir);
   if (fresh) return transformer::init(load_config(dir), seed, be);
   return transformer::load(dir, be);
 }

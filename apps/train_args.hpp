@@ -57,6 +57,10 @@ struct train_args {
   std::string job_file;      ///< internal: the job as the local launcher wrote it (JSON)
 };
 
+/// Whether `dir` holds weights (model.safetensors or a sharded index), not
+/// only a config.json.
+bool has_weights(const std::filesystem::path& dir);
+
 /// A directory with weights is loaded; one with only config.json starts
 /// from the GPT-2 initialisation for `seed` (`fresh` says which).
 transformer open_model(const std::filesystem::path& dir, std::uint64_t seed, Backend& be, bool& fresh);

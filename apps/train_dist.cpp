@@ -150,15 +150,13 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     // Weights: only this rank's tensors are read from a checkpoint; a fresh
     // start initialises the whole model (the same values on every rank and
     // in single-process training) and keeps its part.
-    const fs::path dir = a.model;
-    const bool fresh = !fs::exists(dir / "model.safetensors") && !fs::exists(dir / "model.safetensors.index.json");
     std::optional<transformer> whole;
     rank_weights weights;
-    if (fresh) {
+    if (has_weights(a.model)) {
+      weights = weights_from_checkpoint(a.model, cpu_backend());
+    } else {
       whole.emplace(transformer::init(cfg, a.seed, cpu_backend()));
       weights = weights_of(*whole);
-    } else {
-      weights = weights_from_checkpoint(dir, cpu_backend());
     }
     run_train_rank(*n, o, a.rank, coordinator, weights, data);
   } catch (const std::exception& e) {
@@ -219,18 +217,7 @@ class rank_processes {
   }
 
   /// Reaps ranks as they exit, for at most `timeout`.
-  void wait_all(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (pid_t& p : pids_) {
-      while (p > 0) {
-        int st = 0;
-        const pid_t r = ::waitpid(p, &st, WNOHANG);
-        if (r == p || (r < 0 && errno != EINTR)) p = -1;
-        else if (std::chrono::steady_clock::now() > deadline) return;
-        else ::usleep(5000);
-      }
-    }
-  }
+  void wait_all(std::chrono::milliseconds timeout) { reap_all(pids_, timeout); }
 
   void stop() { terminate_all(pids_, std::chrono::seconds(2)); }
 
