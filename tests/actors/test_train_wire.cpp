@@ -149,6 +149,14 @@ TEST_CASE("the inbox hands out messages by key, times out, and fails with the mo
   draining.peer_down("n-coord", "connection lost");
   CHECK(*draining.failure() == "the coordinator is down: connection lost");
 
+  // A launcher's "exited" gives way to a specific reason, like a goodbye.
+  train_inbox exited;
+  exited.fail("rank 2 (stage 1) exited (exit status 1)");
+  exited.fail("rank 2 (stage 1) failed: cannot open data.bin");
+  CHECK(*exited.failure() == "rank 2 (stage 1) failed: cannot open data.bin");
+  CHECK(is_vague_failure("peer n-1 is down: peer said goodbye (node stopping)"));
+  CHECK_FALSE(is_vague_failure("rank 3 is down: connection lost"));
+
   train_inbox closed;
   closed.close();
   closed.fail("after the end");

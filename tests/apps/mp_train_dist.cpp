@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <fstream>
 #include <regex>
@@ -417,6 +418,33 @@ TEST_CASE("--cluster trains on the planner's layout over links shaped by the fil
   CHECK(r.err.find("plan: PP 2 x DP 2") != std::string::npos);
   CHECK(r.err.find("fast0/0, fast1/0") != std::string::npos);
   CHECK(r.err.find("eth0/0, eth1/0") != std::string::npos);
+}
+
+TEST_CASE("bench train --cluster runs all four layouts with synthetic compute and reports each") {
+  temp_dir_guard tmp("mp-bench-cluster");
+  // Fast emulated workers: the bench's sleeps stay in milliseconds.
+  std::string toml = two_clusters_toml;
+  for (const char* slow : {"tflops = 0.2", "tflops = 0.1"})
+    toml.replace(toml.find(slow), std::strlen(slow), "tflops = 5");
+  std::ofstream(tmp / "fast.toml") << toml;
+  const process_result r = run_corolla({"bench", "train", "--cluster", tmp / "fast.toml", "--batch", "4", "--seq",
+                                        "16", "--steps", "1", "--json"},
+                                       std::chrono::seconds(120));
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE_FALSE(r.out_lines().empty());
+  const auto j = nlohmann::json::parse(r.out_lines().back());
+  CHECK(j["bench"] == "train-cluster");
+  CHECK(j["steps"] == 2);  // one timed step after the warm-up
+  std::vector<std::string> layouts;
+  for (const auto& row : j["layouts"]) {
+    layouts.push_back(row["layout"]);
+    CHECK(row["predicted_step_s"].get<double>() > 0);
+    CHECK(row["measured_step_s"].get<double>() > 0);
+    CHECK(row["samples_per_s"].get<double>() > 0);
+  }
+  CHECK(layouts == std::vector<std::string>{"planner", "holmes rule", "all ethernet", "all ib"});
+  CHECK(j.contains("planner_vs_holmes"));
 }
 
 TEST_CASE("bad distributed training input is one clear error") {
