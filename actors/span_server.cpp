@@ -99,30 +99,9 @@ remote_message step_answer(Tensor out, bool compress) {
   return r;
 }
 
-/// Runs every queued one-row step as one batch and answers each.
-void run_batch(span_server_actor* self) {
-  auto& st = self->state;
-  if (st.queue.empty()) return;
-  std::vector<queued_step> all;
-  all.swap(st.queue);
-  // Steps of sessions still on the retiring engine run there, as a batch of
-  // their own, before the current engine's batch.
-  if (st.retiring) {
-    std::vector<queued_step> old_steps, new_steps;
-    for (auto& q : all)
-      (st.retiring->session_length(q.item.session_id) ? old_steps : new_steps).push_back(std::move(q));
-    if (!old_steps.empty()) {
-      // Run them with the engines swapped: in that call the retiring slot
-      // holds the current engine, which has none of these sessions.
-      st.queue = std::move(old_steps);
-      std::swap(st.engine, st.retiring);
-      run_batch(self);
-      std::swap(st.engine, st.retiring);
-    }
-    all = std::move(new_steps);
-    if (all.empty()) return;
-  }
-  std::vector<queued_step> batch = std::move(all);
+/// Runs `batch` (one-row steps of sessions on `engine`) as one batch and
+/// answers each.
+void run_on(span_server_state& st, span_engine& engine, std::vector<queued_step> batch) {
   std::vector<decode_item> items;
   items.reserve(batch.size());
   for (auto& q : batch) items.push_back(q.item);
@@ -132,17 +111,17 @@ void run_batch(span_server_actor* self) {
   std::vector<span_expected<Tensor>> results;
   try {
     if (items.size() == 1)
-      results.push_back(st.engine->inference_step(items[0].session_id, items[0].hidden, items[0].start_position,
-                                                  items[0].step_id));
+      results.push_back(
+          engine.inference_step(items[0].session_id, items[0].hidden, items[0].start_position, items[0].step_id));
     else
-      results = st.engine->decode_batch(items);
+      results = engine.decode_batch(items);
   } catch (const std::exception& e) {
     // Every waiting requester gets an answer, whatever failed (out of memory).
     for (auto& q : batch) q.promise.deliver(error_from_wire("internal", std::string("span server failed: ") + e.what()));
     return;
   }
   const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
-  const double per_block = s / st.engine->size();
+  const double per_block = s / engine.size();
   st.step_s_per_block = st.step_s_per_block == 0 ? per_block : 0.8 * st.step_s_per_block + 0.2 * per_block;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     if (results[i])
@@ -150,6 +129,20 @@ void run_batch(span_server_actor* self) {
     else
       batch[i].promise.deliver(to_caf(results[i].error()));
   }
+}
+
+/// Runs every queued one-row step and answers each: steps of sessions still
+/// on the retiring engine as a batch of their own there, first, then the
+/// rest as one batch on the current engine.
+void run_batch(span_server_actor* self) {
+  auto& st = self->state;
+  if (st.queue.empty()) return;
+  std::vector<queued_step> current, retiring;
+  for (auto& q : st.queue)
+    (st.retiring && st.retiring->session_length(q.item.session_id) ? retiring : current).push_back(std::move(q));
+  st.queue.clear();
+  if (!retiring.empty()) run_on(st, *st.retiring, std::move(retiring));
+  if (!current.empty()) run_on(st, *st.engine, std::move(current));
 }
 
 void on_step(span_server_actor* self, remote_message& m, caf::response_promise& rp) {
