@@ -1,6 +1,9 @@
 #include "actors/span_server.hpp"
 
+#include <algorithm>
+#include <map>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -27,13 +30,38 @@ using clock_type = std::chrono::steady_clock;
 using flush_atom = caf::atom_constant<caf::atom("spflush")>;
 using expire_atom = caf::atom_constant<caf::atom("spexpire")>;
 using swap_atom = caf::atom_constant<caf::atom("spswap")>;
+using push_timeout_atom = caf::atom_constant<caf::atom("sppushto")>;
 
 /// A one-row step waiting for the batch it will run in.
 struct queued_step {
   decode_item item;
   caf::response_promise promise;
-  bool compress = false;  ///< answer int8_block on the wire
+  span_step step;  ///< the request (compression, push target)
 };
+
+/// Steps are matched with pushes by session and step id.
+using step_key = std::pair<std::string, std::uint64_t>;
+
+/// A client's step whose input the previous server will push.
+struct awaited_step {
+  span_step step;
+  caf::response_promise promise;
+};
+
+/// A push that arrived before the client's request for it.
+struct early_push {
+  std::string from;
+  std::int64_t start = 0;
+  Tensor hidden;
+  std::chrono::steady_clock::time_point at;
+};
+
+/// Pushes kept for requests still on their way, at most (the oldest goes).
+constexpr std::size_t max_early_pushes = 256;
+/// An early push nobody asked for within this long is dropped.
+constexpr std::chrono::seconds early_push_ttl{30};
+/// A next server that could not be dialled is tried again after this long.
+constexpr std::chrono::seconds redial_after{5};
 
 struct span_server_state {
   std::shared_ptr<span_engine> engine;
@@ -45,6 +73,12 @@ struct span_server_state {
   std::vector<queued_step> queue;
   /// Seconds per block of a one-row step (moving average over batches).
   double step_s_per_block = 0;
+  /// The node, for pushing outputs to the next server of a route.
+  node* runtime = nullptr;
+  std::map<step_key, awaited_step> awaited;
+  std::map<step_key, early_push> early;
+  /// Endpoints of next servers being dialled, and since when.
+  std::map<std::string, clock_type::time_point> dialled;
   static inline const char* name = "span_server";
 };
 
@@ -92,11 +126,41 @@ remote_message answer(std::string type, std::vector<std::uint8_t> body = {}, std
   return r;
 }
 
-/// A step's answer: the span's output, int8-compressed on the wire when asked.
-remote_message step_answer(Tensor out, bool compress) {
-  remote_message r = answer(span_request::step, {}, {std::move(out)});
-  if (compress) r.encodings = {net::tensor_encoding::int8_block};
-  return r;
+/// Sends `out` on to the step's next hop (span.push), dialling it first
+/// when no link is up (that step then goes unpushed: the client carries it).
+span_step_done push_on(span_server_state& st, const span_step& step, const Tensor& out) {
+  const push_target& to = step.push_to;
+  node& n = *st.runtime;
+  if (!n.peer_is_up(to.node)) {
+    const auto now = clock_type::now();
+    auto it = st.dialled.find(to.endpoint);
+    if (!to.endpoint.empty() && (it == st.dialled.end() || now - it->second > redial_after)) {
+      st.dialled[to.endpoint] = now;
+      connect_options c;
+      c.server_key = to.public_key;
+      if (auto link = n.connect_async(to.endpoint, c); !link)
+        return {false, "cannot dial the next server at " + to.endpoint + ": " + error_message(link.error())};
+    }
+    return {false, "no link to the next server " + to.node + " yet"};
+  }
+  auto target = n.remote_actor(to.node, "span");
+  if (!target) return {false, error_message(target.error())};
+  remote_message m = answer(span_request::push, encode_body(span_step{.session_id = to.session_id, .start = step.start, .step_id = step.step_id}),
+                            {out});
+  if (step.compress_output) m.encodings = {net::tensor_encoding::int8_block};
+  caf::anon_send(*target, std::move(m));
+  return {true, {}};
+}
+
+/// Answers a step: pushes the output on first when the step names a next
+/// hop (that is the critical path), then returns it to the client,
+/// int8-compressed on the wire when asked.
+void finish_step(span_server_state& st, const span_step& step, caf::response_promise& rp, span_expected<Tensor> out) {
+  if (!out) return rp.deliver(to_caf(out.error()));
+  remote_message r = answer(span_request::step, {}, {std::move(*out)});
+  if (!step.push_to.node.empty()) r.body = encode_body(push_on(st, step, r.tensors[0]));
+  if (step.compress_output) r.encodings = {net::tensor_encoding::int8_block};
+  rp.deliver(std::move(r));
 }
 
 /// Runs `batch` (one-row steps of sessions on `engine`) as one batch and
@@ -123,12 +187,7 @@ void run_on(span_server_state& st, span_engine& engine, std::vector<queued_step>
   const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
   const double per_block = s / engine.size();
   st.step_s_per_block = st.step_s_per_block == 0 ? per_block : 0.8 * st.step_s_per_block + 0.2 * per_block;
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    if (results[i])
-      batch[i].promise.deliver(step_answer(std::move(*results[i]), batch[i].compress));
-    else
-      batch[i].promise.deliver(to_caf(results[i].error()));
-  }
+  for (std::size_t i = 0; i < batch.size(); ++i) finish_step(st, batch[i].step, batch[i].promise, std::move(results[i]));
 }
 
 /// Runs every queued one-row step and answers each: steps of sessions still
@@ -145,20 +204,16 @@ void run_batch(span_server_actor* self) {
   if (!current.empty()) run_on(st, *st.engine, std::move(current));
 }
 
-void on_step(span_server_actor* self, remote_message& m, caf::response_promise& rp) {
+/// Runs one step of `step.session_id` on `hidden` (from the request or
+/// from the previous server's push) and answers `rp`.
+void run_step(span_server_actor* self, const span_step& step, const Tensor& hidden, caf::response_promise& rp) {
   auto& st = self->state;
-  auto step = decode_span_step(m.body);
-  if (!step) return rp.deliver(step.error());
-  if (m.tensors.size() != 1)
-    return rp.deliver(make_error(errc::bad_message, "span.step carries one tensor (hidden states), got " +
-                                                        std::to_string(m.tensors.size())));
-  span_engine& engine = engine_of(st, step->session_id);
-  if (engine.session_length(step->session_id)) st.last_used[step->session_id] = clock_type::now();
-  const Tensor& hidden = m.tensors[0];
+  span_engine& engine = engine_of(st, step.session_id);
+  if (engine.session_length(step.session_id)) st.last_used[step.session_id] = clock_type::now();
   if (hidden.shape().size() == 2 && hidden.dim(0) == 1) {
     // Steps of other sessions already waiting in the mailbox join this one:
     // the flush message is queued behind them.
-    decode_item item{step->session_id, hidden, step->start, step->step_id};
+    decode_item item{step.session_id, hidden, step.start, step.step_id};
     // A session appears once per batch: a second step of it runs the batch first.
     for (const auto& q : st.queue)
       if (q.item.session_id == item.session_id) {
@@ -166,13 +221,89 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
         break;
       }
     if (st.queue.empty()) self->send(self, flush_atom::value);
-    st.queue.push_back({std::move(item), rp, step->compress_output});
+    st.queue.push_back({std::move(item), rp, step});
     return;
   }
   run_batch(self);  // steps that arrived earlier run first
-  auto out = engine_of(st, step->session_id).inference_step(step->session_id, hidden, step->start, step->step_id);
-  if (!out) return rp.deliver(to_caf(out.error()));
-  rp.deliver(step_answer(std::move(*out), step->compress_output));
+  finish_step(st, step, rp,
+              engine_of(st, step.session_id).inference_step(step.session_id, hidden, step.start, step.step_id));
+}
+
+/// A pushed input for `step` (the client's waiting request): runs it when
+/// it is the one expected.
+void take_push(span_server_actor* self, awaited_step& a, std::int64_t start, const Tensor& hidden) {
+  if (start != a.step.start)
+    return a.promise.deliver(error_from_wire(
+        "bad_position", "the previous server pushed positions from " + std::to_string(start) +
+                            " but the step starts at " + std::to_string(a.step.start)));
+  run_step(self, a.step, hidden, a.promise);
+}
+
+void on_step(span_server_actor* self, remote_message& m, caf::response_promise& rp) {
+  auto& st = self->state;
+  auto step = decode_span_step(m.body);
+  if (!step) return rp.deliver(step.error());
+  const step_key key{step->session_id, step->step_id};
+  if (step->await_push) {
+    if (!m.tensors.empty() || step->step_id == 0)
+      return rp.deliver(make_error(errc::bad_message, "a span.step awaiting a push carries no tensor and a step id"));
+    if (auto e = st.early.find(key); e != st.early.end()) {
+      early_push p = std::move(e->second);
+      st.early.erase(e);
+      awaited_step a{std::move(*step), rp};
+      if (p.from == a.step.push_from) return take_push(self, a, p.start, p.hidden);
+      spdlog::warn("span server: dropped a push for {} from {}, the step expects it from {}", key.first, p.from,
+                   a.step.push_from);
+      step = std::move(a.step);
+    }
+    const auto wait = std::chrono::milliseconds(std::max<std::uint32_t>(step->wait_ms, 1));
+    auto [it, fresh] = st.awaited.insert_or_assign(key, awaited_step{std::move(*step), rp});
+    (void)it;
+    (void)fresh;
+    self->delayed_send(self, wait, push_timeout_atom::value, key.first, key.second);
+    return;
+  }
+  if (m.tensors.size() != 1)
+    return rp.deliver(make_error(errc::bad_message, "span.step carries one tensor (hidden states), got " +
+                                                        std::to_string(m.tensors.size())));
+  // The client carries this step itself (a failure or an unpushed output
+  // upstream): a request still waiting for its push is superseded.
+  if (auto a = st.awaited.find(key); a != st.awaited.end()) {
+    a->second.promise.deliver(error_from_wire("superseded", "the client sent this step's input itself"));
+    st.awaited.erase(a);
+  }
+  run_step(self, *step, m.tensors[0], rp);
+}
+
+/// span.push from the previous server of a route: one-way, so problems are
+/// logged (rate-limited by the runtime) and the push dropped; the client's
+/// waiting request then times out and the client carries the step.
+void on_push(span_server_actor* self, remote_message& m) {
+  auto& st = self->state;
+  auto step = decode_span_step(m.body);
+  if (!step || m.tensors.size() != 1) {
+    spdlog::warn("span server: dropped a malformed span.push from {}: {}", m.from_node,
+                 step ? "it carries " + std::to_string(m.tensors.size()) + " tensors, not 1" : error_message(step.error()));
+    return;
+  }
+  const step_key key{step->session_id, step->step_id};
+  if (auto a = st.awaited.find(key); a != st.awaited.end()) {
+    if (m.from_node != a->second.step.push_from) {
+      spdlog::warn("span server: dropped a push for {} from {}, the step expects it from {}", key.first, m.from_node,
+                   a->second.step.push_from);
+      return;
+    }
+    awaited_step taken = std::move(a->second);
+    st.awaited.erase(a);
+    return take_push(self, taken, step->start, m.tensors[0]);
+  }
+  // The client's request is still on its way: keep the push for it.
+  const auto now = clock_type::now();
+  std::erase_if(st.early, [&](const auto& e) { return now - e.second.at > early_push_ttl; });
+  if (st.early.size() >= max_early_pushes)
+    st.early.erase(std::min_element(st.early.begin(), st.early.end(),
+                                    [](const auto& a, const auto& b) { return a.second.at < b.second.at; }));
+  st.early.insert_or_assign(key, early_push{m.from_node, step->start, m.tensors[0], now});
 }
 
 void on_stateless(span_server_actor* self, remote_message& m, caf::response_promise& rp, bool backward) {
@@ -213,7 +344,9 @@ void expire_idle(span_server_actor* self) {
   release_retiring(st);
 }
 
-caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> engine, span_server_options options) {
+caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_ptr<span_engine> engine,
+                          span_server_options options) {
+  self->state.runtime = runtime;
   self->state.engine = std::move(engine);
   self->state.options = std::move(options);
   self->set_default_handler(caf::drop);
@@ -224,6 +357,7 @@ caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> 
         auto rp = self->make_response_promise();
         auto& st = self->state;
         if (m.type == span_request::step) return on_step(self, m, rp);
+        if (m.type == span_request::push) return on_push(self, m);
         // Anything else first lets the waiting decode steps run, in order.
         run_batch(self);
         if (m.type == span_request::info) return rp.deliver(answer(span_request::info, encode_body(info_of(st))));
@@ -238,6 +372,14 @@ caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> 
           auto id = decode_span_close(m.body);
           if (!id) return rp.deliver(id.error());
           st.last_used.erase(*id);
+          for (auto a = st.awaited.begin(); a != st.awaited.end();) {
+            if (a->first.first != *id) {
+              ++a;
+              continue;
+            }
+            a->second.promise.deliver(error_from_wire("unknown_session", "session " + *id + " was closed"));
+            a = st.awaited.erase(a);
+          }
           if (auto r = engine_of(st, *id).close_session(*id); !r) return rp.deliver(to_caf(r.error()));
           release_retiring(st);
           return rp.deliver(answer(span_request::close));
@@ -248,6 +390,15 @@ caf::behavior span_server(span_server_actor* self, std::shared_ptr<span_engine> 
                                                  "span.close, span.forward and span.backward, not '" + m.type + "'"));
       },
       [self](flush_atom) { run_batch(self); },
+      [self](push_timeout_atom, const std::string& session, std::uint64_t step_id) {
+        auto& st = self->state;
+        auto a = st.awaited.find(step_key{session, step_id});
+        if (a == st.awaited.end()) return;
+        a->second.promise.deliver(error_from_wire(
+            "push_timeout", "no input for session " + session + " from the previous server " +
+                                a->second.step.push_from + " within " + std::to_string(a->second.step.wait_ms) + " ms"));
+        st.awaited.erase(a);
+      },
       [self](swap_atom, std::shared_ptr<span_engine>& next) -> bool {
         run_batch(self);
         auto& st = self->state;
@@ -288,7 +439,7 @@ caf::error swap_span_engine(caf::actor_system& system, const caf::actor& server,
 
 caf::expected<caf::actor> start_span_server(node& n, std::shared_ptr<span_engine> engine,
                                             span_server_options options) {
-  caf::actor a = n.system().spawn<caf::detached>(span_server, std::move(engine), std::move(options));
+  caf::actor a = n.system().spawn<caf::detached>(span_server, &n, std::move(engine), std::move(options));
   if (auto err = n.publish("span", a)) {
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     return err;

@@ -4,6 +4,8 @@
 #include <random>
 #include <thread>
 
+#include <caf/scoped_actor.hpp>
+
 #include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"
@@ -169,6 +171,12 @@ caf::error swarm_client::refresh() {
   return {};
 }
 
+const known_server* swarm_client::server(const std::string& node_id) const {
+  for (const auto& s : servers_)
+    if (s.node_id == node_id) return &s;
+  return nullptr;
+}
+
 swarm::swarm_state swarm_client::state() const {
   swarm::swarm_state st;
   st.n_blocks = n_blocks_;
@@ -288,7 +296,7 @@ caf::expected<Tensor> swarm_session::run_hop(std::size_t i, const Tensor& input,
   // Compression applies to ordinary steps; a replay rebuilds a cache and
   // goes exact, so the replacement holds what the lost server held.
   const bool compress = client_.options().compress && !h.fresh;
-  remote_message m = request_of(span_request::step, encode_body(span_step{h.session, start, step_id_, compress}), {input});
+  remote_message m = request_of(span_request::step, encode_body(span_step{.session_id = h.session, .start = start, .step_id = step_id_, .compress_output = compress}), {input});
   if (compress) m.encodings = {net::tensor_encoding::int8_block};
   auto r = client_.runtime().request(h.hop.server, "span", std::move(m), timeout);
   if (!r) return r.error();
@@ -345,6 +353,16 @@ caf::error swarm_session::recover(std::size_t i, const caf::error& cause, std::s
   return {};
 }
 
+void swarm_session::remember_input(hop_state& h, Tensor sent, std::int64_t start) {
+  // Keep this span's inputs for a later replay (a rollback cuts them first).
+  if (h.rows > start) {
+    h.inputs = {concat_rows(h.inputs, start, sent.dim(1))};
+    h.rows = start;
+  }
+  h.rows = start + sent.dim(0);
+  h.inputs.push_back(std::move(sent));
+}
+
 caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::int64_t start) {
   hop_state& h = hops_[i];
   const std::int64_t n = x.dim(0), D = x.dim(1);
@@ -352,13 +370,7 @@ caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::i
     const Tensor sent = client_.options().compress ? int8_wire_roundtrip(x) : x;
     auto out = run_hop(i, sent, start);
     if (!out) return out;
-    // Keep this span's inputs for a later replay (a rollback cuts them first).
-    if (h.rows > start) {
-      h.inputs = {concat_rows(h.inputs, start, D)};
-      h.rows = start;
-    }
-    h.inputs.push_back(sent.clone());
-    h.rows = start + n;
+    remember_input(h, sent.clone(), start);
     return out;
   }
   // A replacement: its cache is rebuilt from the span's stored inputs and
@@ -387,6 +399,61 @@ caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::i
   return out->slice(start, start + n).clone();
 }
 
+std::size_t swarm_session::push_step(Tensor& x, std::int64_t start) {
+  // Every hop's request goes out at once: the first carries the input, the
+  // others wait for their predecessor's push. The answers (each hop's
+  // output, the next hop's input) are read in route order and remembered
+  // for replays. At the first hop that fails, or whose predecessor could
+  // not push, the client carries the step from there itself (step()).
+  node& n = client_.runtime();
+  const std::size_t k = hops_.size();
+  const auto timeout = client_.options().request_timeout * (1 + x.dim(0) / 256);
+  const bool compress = client_.options().compress;
+  caf::scoped_actor self{n.system()};
+  using handle = decltype(self->request(caf::actor{}, timeout, remote_message{}));
+  std::vector<handle> answers;
+  answers.reserve(k);
+  Tensor sent = compress ? int8_wire_roundtrip(x) : x;
+  for (std::size_t i = 0; i < k; ++i) {
+    auto target = n.remote_actor(hops_[i].hop.server, "span");
+    if (!target) return 0;  // requests already out are superseded by the client's own
+    span_step st{.session_id = hops_[i].session, .start = start, .step_id = step_id_, .compress_output = compress};
+    if (i > 0) {
+      st.await_push = true;
+      st.push_from = hops_[i - 1].hop.server;
+      st.wait_ms = static_cast<std::uint32_t>(timeout.count());
+    }
+    if (i + 1 < k) {
+      const known_server* next = client_.server(hops_[i + 1].hop.server);
+      st.push_to = {hops_[i + 1].hop.server, next ? next->endpoint : "", next ? next->public_key : "",
+                    hops_[i + 1].session};
+    }
+    remote_message m = request_of(span_request::step, encode_body(st), i == 0 ? std::vector<Tensor>{sent} : std::vector<Tensor>{});
+    if (i == 0 && compress) m.encodings = {net::tensor_encoding::int8_block};
+    answers.push_back(self->request(*target, i == 0 ? timeout : 2 * timeout, std::move(m)));
+  }
+  for (std::size_t i = 0; i < k; ++i) {
+    caf::expected<remote_message> r{make_error(errc::peer_down, "no answer")};
+    answers[i].receive([&](remote_message& m) { r = std::move(m); }, [&](caf::error& e) { r = std::move(e); });
+    if (!r || r->tensors.size() != 1 || r->tensors[0].shape() != x.shape()) {
+      spdlog::debug("swarm: push step at hop {} ({}): the client carries it from here", i,
+                    r ? "an answer of another shape" : error_message(r.error()));
+      return i;
+    }
+    remember_input(hops_[i], i == 0 ? sent.clone() : x, start);
+    if (i > 0) ++pushed_hops_;
+    x = std::move(r->tensors[0]);
+    if (i + 1 == k) break;
+    auto done = decode_span_step_done(r->body);
+    if (!done || !done->pushed) {
+      spdlog::debug("swarm: {} did not push to {} ({}): the client carries the step from there", hops_[i].hop.server,
+                    hops_[i + 1].hop.server, done ? done->push_problem : error_message(done.error()));
+      return i + 1;
+    }
+  }
+  return k;
+}
+
 caf::expected<Tensor> swarm_session::step(const Tensor& hidden, std::int64_t start) {
   const int D = client_.hidden_size();
   if (hidden.shape().size() != 2 || hidden.dim(1) != D || hidden.dim(0) < 1)
@@ -408,7 +475,13 @@ caf::expected<Tensor> swarm_session::step(const Tensor& hidden, std::int64_t sta
     length_ = std::min(length_, start);
     return e;
   };
-  for (std::size_t i = 0; i < hops_.size(); ++i) {
+  // Servers push to each other while every hop is an ordinary one; a
+  // replacement still being rebuilt (replay) is carried by the client.
+  std::size_t carried_from = 0;
+  if (client_.options().server_push && hops_.size() > 1 &&
+      std::none_of(hops_.begin(), hops_.end(), [](const hop_state& h) { return h.fresh; }))
+    carried_from = push_step(x, start);
+  for (std::size_t i = carried_from; i < hops_.size(); ++i) {
     std::set<std::string> excluded;
     for (int attempt = 0;; ++attempt) {
       auto out = pass(i, x, start);
@@ -463,6 +536,7 @@ swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const s
   if (session) {
     out.route = session->hops();
     out.failovers = session->failovers();
+    out.pushed_hops = session->pushed_hops();
   }
   return out;
 }

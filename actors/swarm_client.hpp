@@ -76,6 +76,12 @@ struct swarm_client_options {
   /// about 1/4 of the bytes) both ways; lossy, so greedy output may differ
   /// from local generation. Replays travel uncompressed.
   bool compress = false;
+  /// Servers push each step's output straight to the next server of the
+  /// route and return it to the client off the critical path (one network
+  /// hop per server instead of two). Off: the client carries every hop.
+  /// A push that cannot be made (no link between the servers yet, a
+  /// failure) falls back to the client carrying the rest of that step.
+  bool server_push = true;
   /// Called with one line per route, failure and replay (for logs, the demo).
   std::function<void(const std::string&)> on_event;
 };
@@ -112,6 +118,8 @@ class swarm_client {
   int n_blocks() const { return n_blocks_; }
   int hidden_size() const { return hidden_size_; }
   const std::vector<known_server>& servers() const { return servers_; }
+  /// The server answering as `node_id`, or null.
+  const known_server* server(const std::string& node_id) const;
   /// The swarm as routing sees it: reachable servers, ONLINE.
   swarm::swarm_state state() const;
   /// The lowest-latency route over [start, end) avoiding `excluded`.
@@ -151,6 +159,9 @@ class swarm_session {
   const std::vector<swarm::route_hop>& hops() const;
   /// Failures recovered so far.
   int failovers() const { return failovers_; }
+  /// Hop inputs that came by server push, not from the client (a step
+  /// through k servers has k - 1).
+  std::uint64_t pushed_hops() const { return pushed_hops_; }
   /// Tokens processed (the session's length).
   std::int64_t length() const { return length_; }
 
@@ -161,6 +172,8 @@ class swarm_session {
   caf::error open_hops(std::vector<swarm::route_hop> hops, std::size_t at);
   caf::expected<Tensor> run_hop(std::size_t i, const Tensor& input, std::int64_t start);
   caf::expected<Tensor> pass(std::size_t i, const Tensor& x, std::int64_t start);
+  std::size_t push_step(Tensor& x, std::int64_t start);
+  void remember_input(hop_state& h, Tensor sent, std::int64_t start);
   caf::error recover(std::size_t i, const caf::error& cause, std::set<std::string>& excluded, int attempt);
 
   swarm_client& client_;
@@ -171,6 +184,7 @@ class swarm_session {
   std::uint64_t step_id_ = 0;  ///< the id of the step() call in progress
   std::int64_t length_ = 0;
   int failovers_ = 0;
+  std::uint64_t pushed_hops_ = 0;
   std::vector<hop_state> hops_;
   mutable std::vector<swarm::route_hop> hop_view_;
 };
@@ -184,6 +198,7 @@ struct swarm_generation {
   generation_result result;
   std::vector<swarm::route_hop> route;  ///< the chain at the end
   int failovers = 0;                    ///< failures recovered on the way
+  std::uint64_t pushed_hops = 0;        ///< hop inputs pushed server to server
 };
 
 /// Generates through the swarm: the client embeds and samples with `h`

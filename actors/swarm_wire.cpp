@@ -43,6 +43,24 @@ std::vector<std::uint8_t> encode_body(const span_step& v) {
   r.setStart(v.start);
   r.setStepId(v.step_id);
   r.setCompressOutput(v.compress_output);
+  r.setAwaitPush(v.await_push);
+  r.setPushFrom(v.push_from);
+  r.setWaitMs(v.wait_ms);
+  if (!v.push_to.node.empty()) {
+    auto t = r.initPushTo();
+    t.setNode(v.push_to.node);
+    t.setEndpoint(v.push_to.endpoint);
+    t.setPublicKey(v.push_to.public_key);
+    t.setSessionId(v.push_to.session_id);
+  }
+  return flat(b);
+}
+
+std::vector<std::uint8_t> encode_body(const span_step_done& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::SpanStepDone>();
+  r.setPushed(v.pushed);
+  r.setPushProblem(v.push_problem);
   return flat(b);
 }
 
@@ -86,7 +104,27 @@ caf::expected<span_open> decode_span_open(const std::vector<std::uint8_t>& body)
 
 caf::expected<span_step> decode_span_step(const std::vector<std::uint8_t>& body) {
   return decode<wire::SpanStep>(body, "span.step", [](wire::SpanStep::Reader r) {
-    return span_step{text(r.getSessionId(), "session id"), r.getStart(), r.getStepId(), r.getCompressOutput()};
+    span_step v{.session_id = text(r.getSessionId(), "session id"),
+                .start = r.getStart(),
+                .step_id = r.getStepId(),
+                .compress_output = r.getCompressOutput()};
+    v.await_push = r.getAwaitPush();
+    v.push_from = text(r.getPushFrom(), "push source");
+    v.wait_ms = r.getWaitMs();
+    if (r.hasPushTo()) {
+      auto t = r.getPushTo();
+      v.push_to = {text(t.getNode(), "push target node"), text(t.getEndpoint(), "push target endpoint"),
+                   text(t.getPublicKey(), "push target key"), text(t.getSessionId(), "push target session")};
+      if (v.push_to.node.empty()) throw std::invalid_argument("push target without a node id");
+    }
+    if (v.await_push && v.push_from.empty()) throw std::invalid_argument("awaitPush without pushFrom");
+    return v;
+  });
+}
+
+caf::expected<span_step_done> decode_span_step_done(const std::vector<std::uint8_t>& body) {
+  return decode<wire::SpanStepDone>(body, "span.step answer", [](wire::SpanStepDone::Reader r) {
+    return span_step_done{r.getPushed(), text(r.getPushProblem(), "push problem", 4096)};
   });
 }
 

@@ -17,6 +17,9 @@ namespace span_request {
 inline constexpr const char* info = "span.info";
 inline constexpr const char* open = "span.open";
 inline constexpr const char* step = "span.step";
+/// One-way, server -> next server of a route: a step's output as the next
+/// span's input (body: span_step addressed to the receiver's session).
+inline constexpr const char* push = "span.push";
 inline constexpr const char* close = "span.close";
 inline constexpr const char* forward = "span.forward";
 inline constexpr const char* backward = "span.backward";
@@ -39,12 +42,34 @@ struct span_open {
   int first = -1, last = -1;  ///< blocks the session runs; -1 = the server's span bound
 };
 
+/// wire::PushTarget: the next hop a server pushes its output to.
+struct push_target {
+  std::string node;        ///< node id of the next server
+  std::string endpoint;    ///< where to dial it when no link is up
+  std::string public_key;  ///< its CurveZMQ key ("" = none)
+  std::string session_id;  ///< the session on the next server
+};
+
 /// wire::SpanStep.
 struct span_step {
   std::string session_id;
   std::int64_t start = 0;
   std::uint64_t step_id = 0;
   bool compress_output = false;  ///< answer with an int8_block tensor
+  /// The input does not come with this request: the server `push_from`
+  /// pushes it (span.push). The server waits `wait_ms` for it, then answers
+  /// an error (timeout).
+  bool await_push = false;
+  std::string push_from{};
+  std::uint32_t wait_ms = 0;
+  /// Besides answering, push the output to this next hop (empty node = no).
+  push_target push_to{};
+};
+
+/// wire::SpanStepDone: the answer body of a step that had a push target.
+struct span_step_done {
+  bool pushed = false;
+  std::string push_problem;  ///< why the output was not pushed
 };
 
 /// wire::SpanBatch.
@@ -59,11 +84,13 @@ std::vector<std::uint8_t> encode_body(const span_step& v);
 /// wire::SpanClose with `session_id`.
 std::vector<std::uint8_t> encode_close_body(const std::string& session_id);
 std::vector<std::uint8_t> encode_body(const span_batch& v);
+std::vector<std::uint8_t> encode_body(const span_step_done& v);
 
 caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body);
 caf::expected<span_open> decode_span_open(const std::vector<std::uint8_t>& body);
 caf::expected<span_step> decode_span_step(const std::vector<std::uint8_t>& body);
 caf::expected<std::string> decode_span_close(const std::vector<std::uint8_t>& body);
 caf::expected<span_batch> decode_span_batch(const std::vector<std::uint8_t>& body);
+caf::expected<span_step_done> decode_span_step_done(const std::vector<std::uint8_t>& body);
 
 }  // namespace corolla

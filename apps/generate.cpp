@@ -50,6 +50,7 @@ struct generate_options {
   std::string compression = "none";  ///< --compression: hidden states on the wire
   std::string curve_keys;            ///< --curve-keys: this client's CurveZMQ key directory
   int swarm_timeout_ms = 30000;
+  bool no_server_push = false;  ///< --no-server-push: the client carries every hop
   bool stats = false;
   std::string device = "cpu";
   int threads = 0;
@@ -124,6 +125,7 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   if (so.servers.empty() && !so.discover)
     throw std::invalid_argument("--swarm needs at least one HOST:PORT (or give --swarm-dht)");
   so.request_timeout = std::chrono::milliseconds(o.swarm_timeout_ms);
+  so.server_push = !o.no_server_push;
   if (o.compression == "int8")
     so.compress = true;
   else if (o.compression != "none")
@@ -133,7 +135,8 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   std::string route;
   for (const auto& hop : g.route)
     route += (route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " on " + hop.server;
-  spdlog::info("swarm route: {}; {} failover(s)", route, g.failovers);
+  spdlog::info("swarm route: {}; {} failover(s); {} hop input(s) pushed server to server", route, g.failovers,
+               g.pushed_hops);
   return g.result;
 }
 
@@ -255,6 +258,9 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_option("--swarm-timeout-ms", o->swarm_timeout_ms, "Longest wait for one server's answer")
       ->check(CLI::Range(1, 3600000))
       ->capture_default_str();
+  cmd->add_flag("--no-server-push", o->no_server_push,
+               "With --swarm: the client sends every hop's input itself instead of servers pushing each step's "
+               "output to the next server (two network crossings per server instead of one)");
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")

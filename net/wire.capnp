@@ -105,6 +105,27 @@ struct SpanStep {
   start @1 :Int64;
   stepId @2 :UInt64;         # 0 = no retry detection
   compressOutput @3 :Bool;   # answer with the output as int8Block (lossy, ~1/4 the bytes)
+  # Server-to-server push (docs/protocol.md "Push along the route"):
+  awaitPush @4 :Bool;        # no tensor here: the input is pushed by server pushFrom
+  pushFrom @5 :Text;         # node id of the previous hop; pushes from others are dropped
+  waitMs @6 :UInt32;         # how long to wait for that push before answering an error
+  pushTo @7 :PushTarget;     # where to push the output besides answering (unset = nowhere)
+}
+
+# The next hop of a route, for a server that pushes its output on.
+struct PushTarget {
+  node @0 :Text;             # node id of the next server
+  endpoint @1 :Text;         # where to dial it when no link is up yet
+  publicKey @2 :Text;        # its CurveZMQ key ("" = none)
+  sessionId @3 :Text;        # the session on the next server
+}
+
+# "span.push" (one-way, server -> next server): a SpanStep whose sessionId
+# is the receiver's session; tensor 0 = the sender's output [n, D].
+# Answer body of "span.step" when pushTo was set.
+struct SpanStepDone {
+  pushed @0 :Bool;           # the output went on to pushTo
+  pushProblem @1 :Text;      # why not, when it did not
 }
 
 # "span.close".

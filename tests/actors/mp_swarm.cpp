@@ -149,8 +149,22 @@ TEST_CASE("swarm greedy generation equals local generation for several server la
       swarm_generation g = swarm_generate(client, h, m.prompt, m.params);
       CHECK(g.result.tokens == m.expected);
       CHECK(g.failovers == 0);
+      // Servers push to each other once their links are up: a server dials
+      // its successor at the first step that names it, which a step or two
+      // later carries pushes.
+      const auto steps = static_cast<std::uint64_t>(m.params.max_new_tokens);
+      const std::uint64_t inner_hops = g.route.size() - 1;
+      CHECK(g.pushed_hops >= (steps - 2 * inner_hops) * inner_hops);
+      CHECK(g.pushed_hops <= steps * inner_hops);
       REQUIRE_FALSE(events.empty());
-      MESSAGE(layout_name << ": " << events.front());
+      MESSAGE(layout_name << ": " << events.front() << "; " << g.pushed_hops << " hop inputs pushed server to server");
+      // The client carrying every hop itself gives the same output.
+      swarm_client_options carried = o;
+      carried.server_push = false;
+      swarm_client client2(*n, carried);
+      swarm_generation g2 = swarm_generate(client2, h, m.prompt, m.params);
+      CHECK(g2.result.tokens == m.expected);
+      CHECK(g2.pushed_hops == 0);
     }
   }
 }

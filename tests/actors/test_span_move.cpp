@@ -4,9 +4,7 @@
 // session ends.
 #include <doctest/doctest.h>
 
-#include <cstring>
 #include <memory>
-#include <random>
 
 #include "actors/corolla.hpp"
 #include "actors/span_server.hpp"
@@ -14,32 +12,16 @@
 #include "model/config.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
+#include "tests/actors/span_test_util.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace std::chrono_literals;
 
 namespace corolla {
-namespace {
 
-std::unique_ptr<node> start_node() {
-  auto n = node::start({});
-  REQUIRE_MESSAGE(n, error_message(n.error()));
-  return std::move(*n);
-}
-
-Tensor random_rows(std::int64_t rows, std::int64_t d, std::uint32_t seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> dist;
-  std::vector<float> v(static_cast<std::size_t>(rows * d));
-  for (float& x : v) x = dist(g);
-  return Tensor::from_f32(v, {rows, d});
-}
-
-bool same(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
-}  // namespace
+using testing::random_rows;
+using testing::same_bits;
+using testing::start_node;
 
 TEST_CASE("a span server that moves keeps its open sessions on the old blocks and opens new ones on the new") {
   testing::temp_dir_guard dir("span-move");
@@ -75,7 +57,7 @@ TEST_CASE("a span server that moves keeps its open sessions on the old blocks an
   REQUIRE_MESSAGE(first, error_message(first.error()));
   auto want_first = reference.inference_step("old", prompt, 0);
   REQUIRE(want_first);
-  CHECK(same(first->tensors.at(0), *want_first));
+  CHECK(same_bits(first->tensors.at(0), *want_first));
 
   // The server moves to blocks [2, 4).
   REQUIRE_FALSE(swap_span_engine(server_node->system(), *server, load(2, 4)));
@@ -93,7 +75,7 @@ TEST_CASE("a span server that moves keeps its open sessions on the old blocks an
     REQUIRE_MESSAGE(got, error_message(got.error()));
     auto want = reference.inference_step("old", row, t);
     REQUIRE(want);
-    CHECK(same(got->tensors.at(0), *want));
+    CHECK(same_bits(got->tensors.at(0), *want));
   }
   // A new session opens on the new blocks and runs two of them.
   REQUIRE(call(span_request::open, encode_body(span_open{"new", 16})));
@@ -104,7 +86,7 @@ TEST_CASE("a span server that moves keeps its open sessions on the old blocks an
   REQUIRE_MESSAGE(got, error_message(got.error()));
   auto want = new_reference.inference_step("new", x, 0);
   REQUIRE(want);
-  CHECK(same(got->tensors.at(0), *want));
+  CHECK(same_bits(got->tensors.at(0), *want));
   // Closing the last old session releases the old blocks; the old session
   // is gone then, the new one goes on.
   REQUIRE(call(span_request::close, encode_close_body("old")));

@@ -1,0 +1,231 @@
+// Server-to-server push (span.step with pushTo / awaitPush, span.push): a
+// server pushes its output to the next server of the route, which runs it
+// for the client's waiting request; pushes from anyone but the expected
+// server are dropped, a missing push times out with a clear error, and the
+// client sending the input itself supersedes the wait.
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <thread>
+
+#include <caf/send.hpp>
+
+#include "actors/corolla.hpp"
+#include "actors/span_server.hpp"
+#include "actors/swarm_wire.hpp"
+#include "model/config.hpp"
+#include "model/safetensors.hpp"
+#include "model/span_engine.hpp"
+#include "tests/actors/span_test_util.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace std::chrono_literals;
+
+namespace corolla {
+
+using testing::random_rows;
+using testing::same_bits;
+using testing::start_node;
+
+namespace {
+
+/// Two span servers (blocks [0, 2) on node a, [2, 4) on node b), a client
+/// node connected to both, and reference engines for the same blocks.
+struct push_fixture {
+  testing::temp_dir_guard dir{"span-push"};
+  model_config cfg;
+  std::unique_ptr<span_engine> ref_a, ref_b;
+  std::unique_ptr<node> a, b, client;
+  std::string a_id, b_id;
+  std::int64_t D = 0;
+
+  push_fixture() {
+    testing::tiny_model_options o;
+    o.layers = 4;
+    testing::write_tiny_model(dir.path(), o);
+    const checkpoint ck = checkpoint::open(dir.path());
+    cfg = load_config(dir.path());
+    D = cfg.hidden_size;
+    auto load = [&](int first, int last) {
+      return std::make_unique<span_engine>(span_engine::load(ck, cfg, first, last, cpu_backend(), 256));
+    };
+    ref_a = load(0, 2);
+    ref_b = load(2, 4);
+    a = start_node();
+    b = start_node();
+    REQUIRE(start_span_server(*a, std::shared_ptr<span_engine>(load(0, 2)), {.model = "m"}));
+    REQUIRE(start_span_server(*b, std::shared_ptr<span_engine>(load(2, 4)), {.model = "m"}));
+    client = start_node();
+    auto pa = client->connect(a->endpoint());
+    auto pb = client->connect(b->endpoint());
+    REQUIRE(pa);
+    REQUIRE(pb);
+    a_id = *pa;
+    b_id = *pb;
+  }
+
+  caf::expected<remote_message> call(const std::string& peer, const char* type, std::vector<std::uint8_t> body,
+                                     std::vector<Tensor> tensors = {}) {
+    remote_message m;
+    m.type = type;
+    m.body = std::move(body);
+    m.tensors = std::move(tensors);
+    return client->request(peer, "span", std::move(m), 10s);
+  }
+
+  void open(const std::string& session) {
+    REQUIRE(call(a_id, span_request::open, encode_body(span_open{session, 16})));
+    REQUIRE(call(b_id, span_request::open, encode_body(span_open{session, 16})));
+    REQUIRE(ref_a->open_session(session, 16));
+    REQUIRE(ref_b->open_session(session, 16));
+  }
+
+  /// The step for node a that pushes to b's `session`.
+  span_step pushing(const std::string& session, std::int64_t start, std::uint64_t step_id) const {
+    span_step s{.session_id = session, .start = start, .step_id = step_id};
+    s.push_to = {b_id, b->endpoint(), "", session};
+    return s;
+  }
+  /// The step for node b that waits for a's push.
+  span_step awaiting(const std::string& session, std::int64_t start, std::uint64_t step_id,
+                     std::uint32_t wait_ms = 5000) const {
+    span_step s{.session_id = session, .start = start, .step_id = step_id};
+    s.await_push = true;
+    s.push_from = a_id;
+    s.wait_ms = wait_ms;
+    return s;
+  }
+};
+
+/// Runs one pushed step: b's waiting request goes out first, then a's step.
+/// Returns (a's answer, b's answer).
+std::pair<caf::expected<remote_message>, caf::expected<remote_message>> pushed_step(push_fixture& f,
+                                                                                 const std::string& session,
+                                                                                 const Tensor& x, std::int64_t start,
+                                                                                 std::uint64_t step_id) {
+  caf::expected<remote_message> from_b{make_error(errc::peer_down, "no answer")};
+  std::thread waiter([&] { from_b = f.call(f.b_id, span_request::step, encode_body(f.awaiting(session, start, step_id))); });
+  std::this_thread::sleep_for(50ms);  // b's request is waiting before the push comes
+  auto from_a = f.call(f.a_id, span_request::step, encode_body(f.pushing(session, start, step_id)), {x});
+  waiter.join();
+  return {std::move(from_a), std::move(from_b)};
+}
+
+}  // namespace
+
+TEST_CASE("a server pushes its output to the next server, which answers the client's waiting request") {
+  push_fixture f;
+  f.open("s");
+  // The first step finds no link from a to b: a dials b and says so, and
+  // the client carries that step to b itself.
+  const Tensor x0 = random_rows(3, f.D, 1);
+  auto first = f.call(f.a_id, span_request::step, encode_body(f.pushing("s", 0, 1)), {x0});
+  REQUIRE_MESSAGE(first, error_message(first.error()));
+  auto done = decode_span_step_done(first->body);
+  REQUIRE(done);
+  CHECK_FALSE(done->pushed);
+  CHECK(done->push_problem.find("no link") != std::string::npos);
+  auto want_a = f.ref_a->inference_step("s", x0, 0, 1);
+  REQUIRE(want_a);
+  CHECK(same_bits(first->tensors.at(0), *want_a));
+  auto carried = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 0, .step_id = 1}),
+                        {first->tensors.at(0)});
+  REQUIRE(carried);
+  auto want_b = f.ref_b->inference_step("s", *want_a, 0, 1);
+  REQUIRE(want_b);
+  CHECK(same_bits(carried->tensors.at(0), *want_b));
+
+  // Once a's link to b is up, the steps go a -> b directly, bit-exact.
+  for (int tries = 0; tries < 100 && !f.a->peer_is_up(f.b->id()); ++tries) std::this_thread::sleep_for(20ms);
+  REQUIRE(f.a->peer_is_up(f.b->id()));
+  for (std::int64_t t = 3; t < 6; ++t) {
+    const Tensor row = random_rows(1, f.D, 10 + static_cast<std::uint32_t>(t));
+    const auto step_id = static_cast<std::uint64_t>(t);
+    auto [from_a, from_b] = pushed_step(f, "s", row, t, step_id);
+    REQUIRE_MESSAGE(from_a, error_message(from_a.error()));
+    REQUIRE_MESSAGE(from_b, error_message(from_b.error()));
+    auto d = decode_span_step_done(from_a->body);
+    REQUIRE(d);
+    CHECK_MESSAGE(d->pushed, d->push_problem);
+    auto ra = f.ref_a->inference_step("s", row, t, step_id);
+    REQUIRE(ra);
+    auto rb = f.ref_b->inference_step("s", *ra, t, step_id);
+    REQUIRE(rb);
+    CHECK(same_bits(from_a->tensors.at(0), *ra));
+    CHECK(same_bits(from_b->tensors.at(0), *rb));
+  }
+
+  // A push that arrives before the client's request waits for it.
+  const Tensor row = random_rows(1, f.D, 77);
+  auto early = f.call(f.a_id, span_request::step, encode_body(f.pushing("s", 6, 6)), {row});
+  REQUIRE(early);
+  std::this_thread::sleep_for(100ms);
+  auto late = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 6, 6)));
+  REQUIRE_MESSAGE(late, error_message(late.error()));
+  auto rb = f.ref_b->inference_step("s", *f.ref_a->inference_step("s", row, 6, 6), 6, 6);
+  REQUIRE(rb);
+  CHECK(same_bits(late->tensors.at(0), *rb));
+}
+
+TEST_CASE("a push from an unexpected node is dropped, a missing push times out, the client's own input supersedes the wait") {
+  push_fixture f;
+  f.open("s");
+  const Tensor x = random_rows(2, f.D, 3);
+
+  // A stranger pushes for b's session: dropped; the request times out.
+  auto stranger = start_node();
+  auto sb = stranger->connect(f.b->endpoint());
+  REQUIRE(sb);
+  {
+    caf::expected<remote_message> r{make_error(errc::peer_down, "no answer")};
+    std::thread waiter([&] { r = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 0, 1, 400))); });
+    std::this_thread::sleep_for(50ms);
+    auto target = stranger->remote_actor(*sb, "span");
+    REQUIRE(target);
+    remote_message push;
+    push.type = span_request::push;
+    push.body = encode_body(span_step{.session_id = "s", .start = 0, .step_id = 1});
+    push.tensors = {x};
+    caf::anon_send(*target, std::move(push));
+    waiter.join();
+    REQUIRE_FALSE(r);
+    CHECK(error_code(r.error()) == "push_timeout");
+    CHECK(error_message(r.error()).find(f.a_id) != std::string::npos);
+  }
+  // The client gives up waiting and sends the input itself.
+  {
+    caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
+    std::thread waiter([&] { waiting = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 0, 2, 8000))); });
+    std::this_thread::sleep_for(50ms);
+    auto direct = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 0, .step_id = 2}), {x});
+    waiter.join();
+    REQUIRE_MESSAGE(direct, error_message(direct.error()));
+    auto want = f.ref_b->inference_step("s", x, 0, 2);
+    REQUIRE(want);
+    CHECK(same_bits(direct->tensors.at(0), *want));
+    REQUIRE_FALSE(waiting);
+    CHECK(error_code(waiting.error()) == "superseded");
+  }
+  // Malformed waits are refused, and the session still serves.
+  auto with_tensor = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 2, 3)), {x});
+  REQUIRE_FALSE(with_tensor);
+  CHECK(error_code(with_tensor.error()) == "bad_message");
+  span_step no_source{.session_id = "s", .start = 2, .step_id = 4};
+  no_source.await_push = true;
+  auto nobody = f.call(f.b_id, span_request::step, encode_body(no_source));
+  REQUIRE_FALSE(nobody);
+  CHECK(error_code(nobody.error()) == "bad_message");
+  auto more = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 2, .step_id = 5}),
+                     {random_rows(1, f.D, 4)});
+  CHECK_MESSAGE(more, error_message(more.error()));
+  // Closing the session ends a wait on it at once.
+  caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
+  std::thread waiter([&] { waiting = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 3, 6, 8000))); });
+  std::this_thread::sleep_for(50ms);
+  REQUIRE(f.call(f.b_id, span_request::close, encode_close_body("s")));
+  waiter.join();
+  REQUIRE_FALSE(waiting);
+  CHECK(error_code(waiting.error()) == "unknown_session");
+}
+
+}  // namespace corolla
