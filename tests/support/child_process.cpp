@@ -113,8 +113,29 @@ std::string child_process::err() const {
   return s.str();
 }
 
+namespace {
+/// The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' zombie),
+/// or 0 when the process is gone.
+char process_state(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const auto paren = text.rfind(')');  // the command name may hold spaces
+  return paren != std::string::npos && paren + 2 < text.size() ? text[paren + 2] : 0;
+}
+}  // namespace
+
 void child_process::signal(int sig) {
-  if (pid_ > 0 && !status_) ::kill(pid_, sig);
+  if (pid_ <= 0 || status_) return;
+  ::kill(pid_, sig);
+  if (sig != SIGKILL && sig != SIGSTOP) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    const char st = process_state(pid_);
+    if (st == 0 || st == 'Z' || st == 'X' || (sig == SIGSTOP && st == 'T')) return;
+    if (std::chrono::steady_clock::now() > deadline) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 std::optional<int> child_process::wait(std::chrono::milliseconds timeout) {

@@ -36,7 +36,9 @@ class child_process {
   /// What the child wrote to stderr so far (for messages).
   std::string err() const;
 
-  /// Sends `sig` (SIGKILL, SIGSTOP, SIGCONT, SIGTERM, ...).
+  /// Sends `sig` (SIGKILL, SIGSTOP, SIGCONT, SIGTERM, ...). For SIGKILL and
+  /// SIGSTOP it returns once the child is dead or stopped (at most 2 s), so
+  /// a test's next request cannot be answered before the signal lands.
   void signal(int sig);
   /// Waits for the child to end (at most `timeout`); its exit status, or
   /// -signal when a signal ended it, or nullopt when it is still running.
