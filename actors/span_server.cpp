@@ -31,6 +31,7 @@ using flush_atom = caf::atom_constant<caf::atom("spflush")>;
 using expire_atom = caf::atom_constant<caf::atom("spexpire")>;
 using swap_atom = caf::atom_constant<caf::atom("spswap")>;
 using push_timeout_atom = caf::atom_constant<caf::atom("sppushto")>;
+using rtts_atom = caf::atom_constant<caf::atom("sprtts")>;
 
 /// A one-row step waiting for the batch it will run in.
 struct queued_step {
@@ -79,6 +80,8 @@ struct span_server_state {
   std::map<step_key, early_push> early;
   /// Endpoints of next servers being dialled, and since when.
   std::map<std::string, clock_type::time_point> dialled;
+  /// RTTs to the next block's servers, as the serving program measured them.
+  std::map<std::string, double> next_rtt_ms;
   static inline const char* name = "span_server";
 };
 
@@ -115,6 +118,7 @@ span_info info_of(const span_server_state& st) {
   i.cache_tokens_left = e.cache_tokens_left();
   i.step_s_per_block = st.step_s_per_block;
   i.sessions = static_cast<std::uint32_t>(e.session_count());
+  i.rtt_ms = st.next_rtt_ms;
   return i;
 }
 
@@ -390,6 +394,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
                                                  "span.close, span.forward and span.backward, not '" + m.type + "'"));
       },
       [self](flush_atom) { run_batch(self); },
+      [self](rtts_atom, std::map<std::string, double>& rtts) { self->state.next_rtt_ms = std::move(rtts); },
       [self](push_timeout_atom, const std::string& session, std::uint64_t step_id) {
         auto& st = self->state;
         auto a = st.awaited.find(step_key{session, step_id});
@@ -427,6 +432,10 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
 }
 
 }  // namespace
+
+void set_next_rtts(const caf::actor& server, std::map<std::string, double> rtt_ms) {
+  caf::anon_send(server, rtts_atom::value, std::move(rtt_ms));
+}
 
 caf::error swap_span_engine(caf::actor_system& system, const caf::actor& server, std::shared_ptr<span_engine> engine,
                             std::chrono::milliseconds timeout) {

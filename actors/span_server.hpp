@@ -19,6 +19,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,11 @@ struct span_server_options {
 /// Errors: the name is taken (errc::already_published).
 caf::expected<caf::actor> start_span_server(node& n, std::shared_ptr<span_engine> engine,
                                             span_server_options options);
+
+/// The RTTs (ms, by node id) the server measured to the servers of the block
+/// after its span; span.info announces them from now on (for routing
+/// between consecutive servers, which push to each other).
+void set_next_rtts(const caf::actor& server, std::map<std::string, double> rtt_ms);
 
 /// Makes `server` serve `engine` from now on (a server moving to other
 /// blocks). New sessions open on `engine`; sessions opened before keep

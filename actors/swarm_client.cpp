@@ -188,6 +188,7 @@ swarm::swarm_state swarm_client::state() const {
     r.state = swarm::server_state::online;
     r.cache_tokens_left = s.info.cache_tokens_left;
     r.step_s_per_block = s.info.step_s_per_block;
+    for (const auto& [peer, ms] : s.info.rtt_ms) r.rtt_s[peer] = ms / 1000.0;
     st.servers.push_back(std::move(r));
   }
   return st;

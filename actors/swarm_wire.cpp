@@ -1,7 +1,10 @@
 #include "actors/swarm_wire.hpp"
 
+#include <algorithm>
+
 #include "actors/capnp_body.hpp"
 #include "actors/errors.hpp"
+#include "net/server_record.hpp"
 #include "net/wire.capnp.h"
 
 namespace corolla {
@@ -23,6 +26,13 @@ std::vector<std::uint8_t> encode_body(const span_info& v) {
   r.setCacheTokensLeft(v.cache_tokens_left);
   r.setStepSPerBlock(v.step_s_per_block);
   r.setSessions(v.sessions);
+  auto rtts = r.initRtts(static_cast<unsigned>(std::min(v.rtt_ms.size(), net::max_rtt_entries)));
+  unsigned i = 0;
+  for (const auto& [node, ms] : v.rtt_ms) {
+    if (i == rtts.size()) break;
+    rtts[i].setNode(node);
+    rtts[i++].setMs(ms);
+  }
   return flat(b);
 }
 
@@ -92,6 +102,14 @@ caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body)
     v.cache_tokens_left = r.getCacheTokensLeft();
     v.step_s_per_block = r.getStepSPerBlock();
     v.sessions = r.getSessions();
+    if (r.getRtts().size() > net::max_rtt_entries)
+      throw std::invalid_argument(std::to_string(r.getRtts().size()) + " RTT entries (at most " +
+                                  std::to_string(net::max_rtt_entries) + ")");
+    for (auto e : r.getRtts()) {
+      const double ms = e.getMs();
+      if (!(ms >= 0) || ms > 1e7) throw std::invalid_argument("an RTT of " + std::to_string(ms) + " ms");
+      v.rtt_ms[text(e.getNode(), "RTT node id")] = ms;
+    }
     return v;
   });
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct span_info {
   std::int64_t cache_tokens = 0, cache_tokens_left = 0;
   double step_s_per_block = 0;
   std::uint32_t sessions = 0;
+  /// RTTs (ms) the server measured to servers of the block after its span,
+  /// by node id (at most net::max_rtt_entries, as in its DHT record; what
+  /// routing prices server-to-server pushes with).
+  std::map<std::string, double> rtt_ms{};
 };
 
 /// wire::SpanOpen.

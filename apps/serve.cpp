@@ -106,9 +106,9 @@ std::unique_ptr<net::membership> join_dht(const serve_args& a, std::string& endp
 }
 
 /// Round-trip times (ms) to the ONLINE servers of the block after this
-/// server's span, as its links' heartbeats measure them (a link is opened
-/// to each the first time, with a short timeout): what clients route on
-/// between consecutive servers (Petals' next_pings).
+/// server's span, as its links' heartbeats measure them (a link is dialled
+/// to each the first time; its RTT counts from the next call): what clients
+/// route on between consecutive servers (Petals' next_pings).
 std::map<std::string, double> next_server_rtts(node& n, net::membership& members, const net::server_record& self,
                                                int n_blocks) {
   std::map<std::string, double> rtts;
@@ -118,13 +118,14 @@ std::map<std::string, double> next_server_rtts(node& n, net::membership& members
     if (rtts.size() >= net::max_rtt_entries) break;
     if (r.node_id == n.id() || r.state != net::member_state::online || r.endpoint.empty()) continue;
     if (!n.peer_is_up(r.node_id)) {
+      // Dialled without waiting (the serve loop must keep answering stop
+      // signals); its RTT is there at the next update.
       connect_options co;
       co.timeout = std::chrono::seconds(2);
       co.server_key = r.public_key;
-      if (auto c = n.connect(r.endpoint, co); !c) {
-        spdlog::debug("serve: cannot reach next server {} at {}: {}", r.node_id, r.endpoint, error_message(c.error()));
-        continue;
-      }
+      if (auto c = n.connect_async(r.endpoint, co); !c)
+        spdlog::debug("serve: cannot dial next server {} at {}: {}", r.node_id, r.endpoint, error_message(c.error()));
+      continue;
     }
     if (auto st = n.stats(r.node_id); st && st->rtt_samples > 0) rtts[r.node_id] = st->rtt_us / 1000.0;
   }
@@ -227,6 +228,7 @@ int run_serve(const serve_args& a) {
       }
       if (auto rtts = next_server_rtts(n, *members, record, cfg.n_layers); rtts != record.rtt_ms) {
         record.rtt_ms = std::move(rtts);
+        set_next_rtts(*server, record.rtt_ms);  // span.info announces them too
         changed = true;
       }
       if (changed)

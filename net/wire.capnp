@@ -88,6 +88,13 @@ struct SpanInfo {
   cacheTokensLeft @7 :Int64; # tokens a new session can count on
   stepSPerBlock @8 :Float64; # measured seconds per block of a one-row step; 0 = not measured
   sessions @9 :UInt32;       # open sessions
+  rtts @10 :List(PeerRtt);   # RTTs the server measured to servers of the block after its span
+}
+
+# One measured round-trip time to another node.
+struct PeerRtt {
+  node @0 :Text;             # its node id
+  ms @1 :Float64;            # moving average, milliseconds
 }
 
 # "span.open": an inference session for positions [0, maxLength).

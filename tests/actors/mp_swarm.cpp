@@ -404,6 +404,19 @@ TEST_CASE("servers announce themselves in the DHT and a client finds them throug
     CHECK(ms > 0.0);
     CHECK(ms < 1000.0);
   }
+  // span.info announces the same RTTs, and a client routes on them between
+  // consecutive servers (which push to each other).
+  auto n = client_node();
+  swarm_client_options o;
+  o.servers = sw.list();
+  swarm_client client(*n, o);
+  REQUIRE_FALSE(client.refresh());
+  const auto* a = client.server("s-a");
+  REQUIRE(a != nullptr);
+  CHECK(a->info.rtt_ms.count("s-b") == 1);
+  CHECK(a->info.rtt_ms.count("s-c") == 1);
+  for (const auto& r : client.state().servers)
+    if (r.id == "s-a") CHECK(r.rtt_s.count("s-b") == 1);
 }
 
 TEST_CASE("servers given only a block count place themselves where the swarm is weakest") {
