@@ -24,9 +24,14 @@
 #include "model/span_engine.hpp"
 #include "model/stage.hpp"
 #include "model/transformer.hpp"
+#include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
+using corolla::testing::check_direction;
+using corolla::testing::dot;
+using corolla::testing::max_rel_diff;
+using corolla::testing::random_tensor;
 
 namespace {
 
@@ -93,25 +98,6 @@ std::vector<std::int32_t> some_ids(int n, int vocab, std::uint64_t seed) {
   std::vector<std::int32_t> ids;
   for (int i = 0; i < n; ++i) ids.push_back(static_cast<std::int32_t>(rng() % vocab));
   return ids;
-}
-
-Tensor random_tensor(shape_t shape, std::uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
-  for (auto& x : v) x = normal(rng);
-  return Tensor::from_f32(v, std::move(shape));
-}
-
-/// Largest |a - b| relative to max(1, |b|), elementwise.
-double max_rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const auto x = a.to_vector(), y = b.to_vector();
-  double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i)
-    worst = std::max(worst, std::abs(static_cast<double>(x[i]) - y[i]) /
-                                std::max(1.0, std::abs(static_cast<double>(y[i]))));
-  return worst;
 }
 
 bool same_values(const Tensor& a, const Tensor& b) {
@@ -566,37 +552,6 @@ void fill_random(param_set& p, std::uint64_t seed) {
     const float scale = e.name.find("bias") != std::string::npos ? 0.1f : norm ? 0.1f : 0.3f;
     for (std::int64_t i = 0; i < e.numel; ++i) v[i] = (norm ? 1.0f : 0.0f) + scale * normal(rng);
   }
-}
-
-double dot(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector(), y = b.to_vector();
-  double s = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) s += static_cast<double>(x[i]) * y[i];
-  return s;
-}
-
-/// <grad, d> against the central difference of `loss` along d, extrapolated
-/// (Richardson, steps h and 2h) so that neither the curvature of the loss
-/// (large steps) nor fp32 rounding in the forward (small steps) dominates.
-void check_direction(const std::string& what, Tensor target, const Tensor& grad,
-                     const std::function<double()>& loss, std::uint64_t seed, double h = 2e-3) {
-  Tensor d = random_tensor(target.shape(), seed);
-  Tensor saved = target.clone();
-  float* p = target.data<float>();
-  const float* dv = d.data<float>();
-  const float* s = saved.data<float>();
-  auto central = [&](double step) {
-    for (std::int64_t i = 0; i < target.numel(); ++i) p[i] = s[i] + static_cast<float>(step) * dv[i];
-    const double plus = loss();
-    for (std::int64_t i = 0; i < target.numel(); ++i) p[i] = s[i] - static_cast<float>(step) * dv[i];
-    const double minus = loss();
-    return (plus - minus) / (2 * step);
-  };
-  const double numeric = (4 * central(h) - central(2 * h)) / 3;
-  target.copy_from(saved);
-  const double analytic = dot(grad, d);
-  INFO(what << ": analytic " << analytic << ", numeric " << numeric);
-  CHECK(std::abs(analytic - numeric) <= 5e-3 * std::max(1.0, std::abs(analytic)));
 }
 
 void check_backward(architecture arch, int kv_heads) {

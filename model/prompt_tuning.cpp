@@ -1,0 +1,133 @@
+#include "model/prompt_tuning.hpp"
+
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "model/error.hpp"
+#include "model/safetensors.hpp"
+
+namespace corolla {
+
+namespace {
+
+[[noreturn]] void fail(const span_error& e) {
+  throw std::runtime_error(std::string(span_errc_name(e.code)) + ": " + e.message);
+}
+
+}  // namespace
+
+// ---- local_span_runner ------------------------------------------------------------
+
+Tensor local_span_runner::forward(const Tensor& hidden, int batch, int seq, const Tensor& deep_prompts) {
+  auto out = engine_.forward(hidden, batch, seq, deep_prompts);
+  if (!out) fail(out.error());
+  hidden_ = hidden;
+  prompts_ = deep_prompts;
+  batch_ = batch;
+  seq_ = seq;
+  return std::move(out.value());
+}
+
+span_gradients local_span_runner::backward(const Tensor& grad_output) {
+  if (!hidden_.defined()) throw std::runtime_error("backward without a forward");
+  auto g = engine_.backward(hidden_, grad_output, batch_, seq_, prompts_);
+  if (!g) fail(g.error());
+  return std::move(g.value());
+}
+
+// ---- prompt_tuner -------------------------------------------------------------------
+
+prompt_tuner::prompt_tuner(head& h, span_runner& runner, prompt_tuning_options options)
+    : head_(h), runner_(runner), options_(options), cfg_(h.config()) {
+  const std::int64_t P = options_.prompt_len, D = cfg_.hidden_size;
+  if (P < 1 || P >= cfg_.max_positions)
+    throw model_error("prompt length " + std::to_string(P) + " must be in [1, " +
+                      std::to_string(cfg_.max_positions - 1) + "] (the context is " +
+                      std::to_string(cfg_.max_positions) + ")");
+  prompts_ = Tensor::zeros({cfg_.n_layers, P, D});
+  std::mt19937_64 rng(options_.seed);
+  std::normal_distribution<float> dist(0.0f, options_.init_std);
+  float* p = prompts_.data<float>();
+  const std::int64_t trained = options_.deep ? prompts_.numel() : P * D;
+  for (std::int64_t i = 0; i < trained; ++i) p[i] = dist(rng);
+  grads_ = Tensor::zeros(prompts_.shape());
+  m_ = Tensor::zeros(prompts_.shape());
+  v_ = Tensor::zeros(prompts_.shape());
+}
+
+Tensor prompt_tuner::input_rows(std::span<const std::int32_t> ids, int batch, int seq) {
+  const std::int64_t P = options_.prompt_len, S = P + seq, D = cfg_.hidden_size;
+  // Prefix rows enter block 0 as zeros (prompt 0 is added to them there);
+  // token t of each sequence sits at position P + t.
+  Tensor x = Tensor::zeros({batch * S, D});
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(seq));
+  for (int t = 0; t < seq; ++t) pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(P + t);
+  const Tensor positions = Tensor::from_i32(pos, {seq});
+  for (int b = 0; b < batch; ++b) {
+    Tensor rows = x.slice(b * S + P, (b + 1) * S);
+    head_.embed(Tensor::from_i32(ids.subspan(static_cast<std::size_t>(b) * seq, static_cast<std::size_t>(seq)), {seq}),
+                positions, rows);
+  }
+  return x;
+}
+
+float prompt_tuner::run(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, int batch, int seq,
+                        pass what) {
+  if (batch < 1 || seq < 1)
+    throw model_error("a prompt-tuning batch needs B >= 1 and T >= 1, got B=" + std::to_string(batch) +
+                      " T=" + std::to_string(seq));
+  const std::int64_t P = options_.prompt_len, S = P + seq, D = cfg_.hidden_size;
+  const auto n = static_cast<std::size_t>(batch) * static_cast<std::size_t>(seq);
+  if (ids.size() != n || targets.size() != n)
+    throw model_error("a prompt-tuning batch of " + std::to_string(batch) + " x " + std::to_string(seq) +
+                      " tokens needs " + std::to_string(n) + " ids and targets, got " + std::to_string(ids.size()) +
+                      " and " + std::to_string(targets.size()));
+  if (S > cfg_.max_positions)
+    throw model_error("prompt (" + std::to_string(P) + ") plus sequence (" + std::to_string(seq) +
+                      ") is beyond the model's context of " + std::to_string(cfg_.max_positions));
+  const Tensor out = runner_.forward(input_rows(ids, batch, seq), batch, static_cast<int>(S), prompts_);
+  // The head sees the token rows only.
+  Tensor tokens = Tensor::empty({batch * static_cast<std::int64_t>(seq), D});
+  for (int b = 0; b < batch; ++b) tokens.slice(b * seq, (b + 1) * seq).copy_from(out.slice(b * S + P, (b + 1) * S));
+  const Tensor target_rows = Tensor::from_i32({targets.begin(), targets.end()}, {static_cast<std::int64_t>(n)});
+  if (what == pass::loss) return head_.loss(tokens, target_rows, nullptr, 1.0f, saved_);
+  Tensor d_tokens = Tensor::empty(tokens.shape());
+  const float loss = head_.loss(tokens, target_rows, &d_tokens, 1.0f, saved_);
+  head_.zero_grads();  // the head is frozen: its gradients are scratch
+  Tensor d_out = Tensor::zeros(out.shape());
+  for (int b = 0; b < batch; ++b) d_out.slice(b * S + P, (b + 1) * S).copy_from(d_tokens.slice(b * seq, (b + 1) * seq));
+  span_gradients g = runner_.backward(d_out);
+  if (!g.grad_prompts.defined() || g.grad_prompts.shape() != prompts_.shape())
+    throw std::runtime_error("the blocks returned no prompt gradient of shape " + shape_str(prompts_.shape()));
+  grads_.copy_from(g.grad_prompts);
+  if (!options_.deep) grads_.slice(1, cfg_.n_layers).zero();  // only prompt 0 trains
+  if (what == pass::gradients) return loss;
+  ++step_;
+  cpu_backend().adamw(prompts_, grads_, m_, v_, options_.optimizer, step_);
+  return loss;
+}
+
+float prompt_tuner::step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, int batch,
+                         int seq) {
+  return run(ids, targets, batch, seq, pass::step);
+}
+
+float prompt_tuner::gradients(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, int batch,
+                              int seq) {
+  return run(ids, targets, batch, seq, pass::gradients);
+}
+
+float prompt_tuner::loss(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, int batch,
+                         int seq) {
+  return run(ids, targets, batch, seq, pass::loss);
+}
+
+void prompt_tuner::save(const std::filesystem::path& file) const {
+  write_safetensors(file, {{"deep_prompts", prompts_}},
+                    {{"corolla.tuning", options_.deep ? "deep_ptune" : "ptune"},
+                     {"corolla.steps", std::to_string(step_)},
+                     {"corolla.prompt_len", std::to_string(options_.prompt_len)}});
+}
+
+}  // namespace corolla

@@ -1,0 +1,114 @@
+// model/prompt_tuning.hpp — (deep) prompt tuning of a frozen model, the way a
+// swarm's fine-tuning client does it (Petals' ptune / deep_ptune).
+//
+// The client holds the head (embeddings, final norm, LM head; frozen) and the
+// trainable prompts; the blocks run elsewhere, behind a span_runner: the
+// swarm's servers (actors/swarm_finetune.hpp) or local blocks (the
+// reference the swarm must equal).
+//
+// Layout of one batch: each of the B sequences gets P prefix positions in
+// front of its T tokens, so the blocks see B sequences of P + T rows. Prefix
+// rows enter block 0 as zeros; deep prompt i ([P, D]) is added to the first
+// P rows of every sequence at the input of block i (span_engine's deep
+// prompts). Shallow prompt tuning trains prompt 0 only, which is then the
+// prefix's input embedding; the others stay zero. The loss is the mean
+// next-token cross-entropy over the B*T token rows (prefix rows have no
+// target); gradients reach the prompts only (the model is frozen), and
+// AdamW updates them on the client.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kernels/backend.hpp"
+#include "model/head.hpp"
+#include "model/span_engine.hpp"
+
+namespace corolla {
+
+/// Runs the model's blocks [0, n_blocks) for a prompt tuner: stateless
+/// forward, then the backward of that same forward. Throws
+/// std::runtime_error (with the reason) when it cannot.
+class span_runner {
+ public:
+  virtual ~span_runner() = default;
+  /// hidden [B*S, D] rows of B sequences of S positions; deep_prompts
+  /// [n_blocks, P, D]. Returns the last block's output [B*S, D].
+  virtual Tensor forward(const Tensor& hidden, int batch, int seq, const Tensor& deep_prompts) = 0;
+  /// Backward of the last forward(), given the loss gradient of its output:
+  /// the gradient of the input and of every block's prompts.
+  virtual span_gradients backward(const Tensor& grad_output) = 0;
+};
+
+/// The blocks of a local checkpoint (a span_engine over all of them).
+class local_span_runner final : public span_runner {
+ public:
+  explicit local_span_runner(span_engine& engine) : engine_(engine) {}
+  Tensor forward(const Tensor& hidden, int batch, int seq, const Tensor& deep_prompts) override;
+  span_gradients backward(const Tensor& grad_output) override;
+
+ private:
+  span_engine& engine_;
+  Tensor hidden_, prompts_;
+  int batch_ = 0, seq_ = 0;
+};
+
+/// What prompt tuning trains and how.
+struct prompt_tuning_options {
+  int prompt_len = 16;  ///< P, prefix positions per sequence
+  bool deep = true;     ///< a prompt per block; false = block 0's only (shallow)
+  adamw_params optimizer{.lr = 1e-2f};
+  float init_std = 0.02f;  ///< trained prompts start as N(0, init_std) (seeded)
+  std::uint64_t seed = 0;
+};
+
+/// Prompt tuning of a frozen model through a span_runner. Not thread-safe.
+class prompt_tuner {
+ public:
+  /// `h` is the model's head (frozen; its gradient buffer is used as
+  /// scratch). Throws model_error for a bad option (P < 1, P beyond the
+  /// context).
+  prompt_tuner(head& h, span_runner& runner, prompt_tuning_options options);
+
+  /// One optimiser step on B sequences of T tokens: ids and targets are
+  /// [B, T] row-major (token_dataset::next_batch); target -1 = no loss.
+  /// Returns the mean loss over the token rows before the update. Throws
+  /// model_error for bad shapes or ids, and what the runner throws.
+  float step(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, int batch, int seq);
+  /// The mean loss on a batch, without gradients or an update.
+  float loss(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, int batch, int seq);
+  /// The mean loss and its gradient with respect to the prompts
+  /// (prompt_gradients()), without an update.
+  float gradients(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, int batch, int seq);
+
+  /// The prompts [n_blocks, P, D] (shallow: rows of blocks >= 1 stay zero);
+  /// values may be changed in place (e.g. to resume from a saved file).
+  Tensor& prompts() { return prompts_; }
+  const Tensor& prompts() const { return prompts_; }
+  /// The gradient of the last step() or gradients() call, [n_blocks, P, D]
+  /// (shallow: zero beyond block 0).
+  const Tensor& prompt_gradients() const { return grads_; }
+  /// Steps taken.
+  std::int64_t steps() const { return step_; }
+  /// Writes the prompts as safetensors ("deep_prompts", f32 [n_blocks, P, D],
+  /// with metadata: mode, steps).
+  void save(const std::filesystem::path& file) const;
+
+ private:
+  Tensor input_rows(std::span<const std::int32_t> ids, int batch, int seq);
+  enum class pass { loss, gradients, step };
+  float run(std::span<const std::int32_t> ids, std::span<const std::int32_t> targets, int batch, int seq, pass what);
+
+  head& head_;
+  span_runner& runner_;
+  prompt_tuning_options options_;
+  model_config cfg_;
+  Tensor prompts_, grads_, m_, v_;
+  head_activations saved_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace corolla
