@@ -321,11 +321,11 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
                                                         std::to_string(m.tensors.size())));
   const Tensor prompts = b->with_prompts ? m.tensors.back() : Tensor();
   if (!backward) {
-    auto out = st.engine->forward(m.tensors[0], b->batch, b->seq, prompts);
+    auto out = st.engine->forward(m.tensors[0], b->batch, b->seq, prompts, b->first, b->last);
     if (!out) return rp.deliver(to_caf(out.error()));
     return rp.deliver(answer(span_request::forward, {}, {std::move(*out)}));
   }
-  auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts);
+  auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts, b->first, b->last);
   if (!g) return rp.deliver(to_caf(g.error()));
   std::vector<Tensor> tensors{std::move(g->grad_input)};
   if (g->grad_prompts.defined()) tensors.push_back(std::move(g->grad_prompts));

@@ -209,6 +209,17 @@ caf::expected<swarm::route> swarm_client::route(int start, int end, const std::s
   return r.value();
 }
 
+caf::expected<swarm::route> swarm_client::throughput_route(int start, int end, const std::set<std::string>& excluded,
+                                                           std::mt19937_64& rng) const {
+  swarm::throughput_route_request req;
+  req.start = start;
+  req.end = end;
+  req.excluded = excluded;
+  auto r = swarm::max_throughput_route(state(), req, rng);
+  if (!r) return make_error(errc::not_connected, r.error().message);
+  return r.value();
+}
+
 caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::int64_t max_length) {
   // Membership changes reach new sessions: a stale view is refreshed first.
   if (!refreshed_ || std::chrono::steady_clock::now() - last_refresh_ > options_.refresh_period)

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -125,6 +126,10 @@ class swarm_client {
   /// The lowest-latency route over [start, end) avoiding `excluded`.
   caf::expected<swarm::route> route(int start, int end, const std::set<std::string>& excluded,
                                     std::int64_t session_tokens) const;
+  /// A max-throughput route over [start, end) avoiding `excluded` (for
+  /// fine-tuning's stateless forward and backward), drawn from `rng`.
+  caf::expected<swarm::route> throughput_route(int start, int end, const std::set<std::string>& excluded,
+                                               std::mt19937_64& rng) const;
   /// Opens an inference session for up to `max_length` tokens.
   caf::expected<std::unique_ptr<swarm_session>> open_session(std::int64_t max_length);
 

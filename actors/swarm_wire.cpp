@@ -86,6 +86,8 @@ std::vector<std::uint8_t> encode_body(const span_batch& v) {
   r.setBatch(v.batch);
   r.setSeq(v.seq);
   r.setWithPrompts(v.with_prompts);
+  r.setFirst(v.first);
+  r.setLast(v.last);
   return flat(b);
 }
 
@@ -153,7 +155,7 @@ caf::expected<std::string> decode_span_close(const std::vector<std::uint8_t>& bo
 
 caf::expected<span_batch> decode_span_batch(const std::vector<std::uint8_t>& body) {
   return decode<wire::SpanBatch>(body, "span.forward/backward", [](wire::SpanBatch::Reader r) {
-    return span_batch{r.getBatch(), r.getSeq(), r.getWithPrompts()};
+    return span_batch{r.getBatch(), r.getSeq(), r.getWithPrompts(), r.getFirst(), r.getLast()};
   });
 }
 

@@ -81,6 +81,7 @@ struct span_step_done {
 struct span_batch {
   int batch = 0, seq = 0;
   bool with_prompts = false;
+  int first = -1, last = -1;  ///< blocks of the server's span to run; -1 = its bound
 };
 
 std::vector<std::uint8_t> encode_body(const span_info& v);

@@ -3,9 +3,11 @@
 //  * LAN: steps/s of a 3-server chain vs one process (and the outputs must
 //    be equal, token for token);
 //  * emulated WAN links (1 Gbit/s with 5 ms RTT, 100 Mbit/s with 100 ms RTT
-//    by default): steps/s vs the bound that link latency plus compute set;
-//    the client drives every hop, so one step costs per hop a round trip and
-//    the hidden state's transmission both ways, plus the local compute;
+//    by default): steps/s vs the bound that link latency plus compute set,
+//    with servers pushing to each other (one step crosses servers + 1 links
+//    one way: client -> s0 -> ... -> client) and with the client carrying
+//    every hop (a round trip per server), each against its own bound and
+//    against each other;
 //  * recovery: the last hop's server is killed mid-generation (a spare holds
 //    its span): the extra time of the step that recovers (replay included).
 #include <signal.h>
@@ -55,6 +57,7 @@ struct swarm_run {
   generation_result result;
   std::vector<double> token_at_s;  ///< seconds from the start at each token
   int failovers = 0;
+  std::uint64_t pushed_hops = 0;
   std::string route;
 };
 
@@ -66,7 +69,7 @@ std::vector<std::pair<int, int>> even_spans(int n, int k) {
 }
 
 swarm_run run_swarm(local_swarm& sw, const fs::path& dir, const model_config& cfg, const std::vector<std::int32_t>& prompt,
-                    const generation_params& p, const std::string& client_profile,
+                    const generation_params& p, const std::string& client_profile, bool push = true,
                     const std::function<void(int)>& after_token = {}, std::string* route_now = nullptr) {
   node_options no;
   no.listen = "";
@@ -75,6 +78,7 @@ swarm_run run_swarm(local_swarm& sw, const fs::path& dir, const model_config& cf
   if (!n) throw std::runtime_error("client node: " + error_message(n.error()));
   swarm_client_options so;
   so.servers = sw.endpoints();
+  so.server_push = push;
   swarm_run run;
   so.on_event = [&](const std::string& e) {
     if (e.rfind("route ", 0) != 0) return;
@@ -92,6 +96,7 @@ swarm_run run_swarm(local_swarm& sw, const fs::path& dir, const model_config& cf
   });
   run.result = g.result;
   run.failovers = g.failovers;
+  run.pushed_hops = g.pushed_hops;
   return run;
 }
 
@@ -159,17 +164,24 @@ int run_bench_swarm(const swarm_bench_options& o) {
 
   // LAN (unshaped loopback) chain, then the same with a spare for the last span.
   const auto spans = even_spans(cfg.n_layers, o.servers);
-  double lan_sps = 0;
+  double lan_sps = 0, lan_carried_sps = 0;
   bool equal = true;
   {
     std::fprintf(stderr, "bench swarm: %d-server chain on loopback...\n", o.servers);
     local_swarm sw;
     for (int i = 0; i < o.servers; ++i) sw.start(dir, "s" + std::to_string(i), spans[i].first, spans[i].second, server_flags);
-    run_swarm(sw, dir, cfg, prompt, p, "");  // warm-up (page-in of the servers' weights)
+    run_swarm(sw, dir, cfg, prompt, p, "");  // warm-up (page-in of the servers' weights, server links)
     swarm_run r = run_swarm(sw, dir, cfg, prompt, p, "");
+    swarm_run carried = run_swarm(sw, dir, cfg, prompt, p, "", false);
     lan_sps = steps_per_s(r.result);
-    equal = r.result.tokens == local_run.tokens;
-    j["lan"] = {{"steps_per_s", lan_sps}, {"ratio_to_local", lan_sps / local_sps}, {"route", r.route},
+    lan_carried_sps = steps_per_s(carried.result);
+    equal = r.result.tokens == local_run.tokens && carried.result.tokens == local_run.tokens;
+    j["lan"] = {{"steps_per_s", lan_sps},
+                {"ratio_to_local", lan_sps / local_sps},
+                {"client_carried_steps_per_s", lan_carried_sps},
+                {"client_carried_ratio_to_local", lan_carried_sps / local_sps},
+                {"pushed_hops", r.pushed_hops},
+                {"route", r.route},
                 {"equal_to_local", equal}};
   }
 
@@ -188,18 +200,39 @@ int run_bench_swarm(const swarm_bench_options& o) {
       }
     generation_params pw = p;
     pw.max_new_tokens = std::min(o.wan_new_tokens, o.new_tokens);
+    // One untimed session first, so the servers' links to each other are up.
+    {
+      generation_params warm = pw;
+      warm.max_new_tokens = 2;
+      run_swarm(sw, dir, cfg, prompt, warm, profile_text);
+    }
     swarm_run r = run_swarm(sw, dir, cfg, prompt, pw, profile_text);
-    const double sps = steps_per_s(r.result);
-    // Per hop: request and answer each carry one hidden row (D floats).
-    const double row_bits = static_cast<double>(cfg.hidden_size) * 4 * 8;
-    const double hop_s = 2 * prof.latency_s + (prof.bandwidth_bps > 0 ? 2 * row_bits / prof.bandwidth_bps : 0);
-    const double bound_sps = 1.0 / (o.servers * hop_s + compute_s);
-    wan.push_back({{"profile", profile_text}, {"steps_per_s", sps}, {"bound_steps_per_s", bound_sps},
-                   {"ratio_to_bound", sps / bound_sps}, {"equal_to_local_prefix",
-                    std::equal(r.result.tokens.begin(), r.result.tokens.end(), local_run.tokens.begin())}});
-    char line[256];
-    std::snprintf(line, sizeof line, "  %-22s %8.2f steps/s   bound %8.2f   ratio %.3f", profile_text.c_str(), sps,
-                  bound_sps, sps / bound_sps);
+    swarm_run carried = run_swarm(sw, dir, cfg, prompt, pw, profile_text, false);
+    const double sps = steps_per_s(r.result), carried_sps = steps_per_s(carried.result);
+    // A hidden row (D floats) crosses every link of a step's path once.
+    const double row_s = prof.bandwidth_bps > 0 ? static_cast<double>(cfg.hidden_size) * 4 * 8 / prof.bandwidth_bps : 0;
+    const double one_way_s = prof.latency_s + row_s;
+    const double bound_sps = 1.0 / ((o.servers + 1) * one_way_s + compute_s);
+    const double carried_bound_sps = 1.0 / (2 * o.servers * one_way_s + compute_s);
+    auto prefix_equal = [&](const swarm_run& x) {
+      return std::equal(x.result.tokens.begin(), x.result.tokens.end(), local_run.tokens.begin());
+    };
+    wan.push_back({{"profile", profile_text},
+                   {"steps_per_s", sps},
+                   {"bound_steps_per_s", bound_sps},
+                   {"ratio_to_bound", sps / bound_sps},
+                   {"pushed_hops", r.pushed_hops},
+                   {"client_carried_steps_per_s", carried_sps},
+                   {"client_carried_bound_steps_per_s", carried_bound_sps},
+                   {"client_carried_ratio_to_bound", carried_sps / carried_bound_sps},
+                   {"push_speedup", sps / carried_sps},
+                   {"equal_to_local_prefix", prefix_equal(r) && prefix_equal(carried)}});
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "  %-22s push %8.2f steps/s (bound %8.2f, ratio %.3f)   client-carried %8.2f (bound %8.2f, ratio "
+                  "%.3f)   push speedup %.2fx",
+                  profile_text.c_str(), sps, bound_sps, sps / bound_sps, carried_sps, carried_bound_sps,
+                  carried_sps / carried_bound_sps, sps / carried_sps);
     wan_lines.push_back(line);
   }
   j["wan"] = wan;
@@ -215,7 +248,7 @@ int run_bench_swarm(const swarm_bench_options& o) {
     sw.start(dir, "spare", spans.back().first, spans.back().second, server_flags);
     const int kill_at = std::max(2, o.new_tokens / 2);
     std::string route;  // the route's last hop is killed (the spare or its twin, whichever was chosen)
-    swarm_run r = run_swarm(sw, dir, cfg, prompt, p, "", [&](int produced) {
+    swarm_run r = run_swarm(sw, dir, cfg, prompt, p, "", true, [&](int produced) {
       if (produced != kill_at) return;
       const auto at = route.rfind(" via ");
       if (at != std::string::npos) sw.signal(route.substr(at + 5), SIGKILL);
@@ -237,9 +270,12 @@ int run_bench_swarm(const swarm_bench_options& o) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("local decode:           %8.2f steps/s\n", local_sps);
-    std::printf("%d-server chain (LAN):  %8.2f steps/s   ratio to local %.3f   output %s\n", o.servers, lan_sps,
-                lan_sps / local_sps, equal ? "equal" : "DIFFERENT");
-    std::printf("emulated WAN (ratio = achieved / (servers x (RTT + 2 x row transmission) + local compute)):\n");
+    std::printf("%d-server chain (LAN):  %8.2f steps/s   ratio to local %.3f   (client-carried %.2f, ratio %.3f)   "
+                "output %s\n",
+                o.servers, lan_sps, lan_sps / local_sps, lan_carried_sps, lan_carried_sps / local_sps,
+                equal ? "equal" : "DIFFERENT");
+    std::printf("emulated WAN (bound = links crossed one way x (latency + row transmission) + local compute; a step "
+                "crosses servers + 1 links with push, 2 x servers client-carried):\n");
     for (const auto& l : wan_lines) std::printf("%s\n", l.c_str());
     std::printf("recovery: kill -9 of the last hop's server: the next token took %.1f ms more than a step "
                 "(%d failover(s), output %s)\n",

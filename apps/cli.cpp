@@ -45,6 +45,7 @@ int run_cli(int argc, char** argv) {
   register_info(app, action);
   register_train(app, action);
   register_generate(app, action);
+  register_finetune(app, action);
   register_bench(app, action);
   register_demo(app, action);
   register_node(app, action);

@@ -25,6 +25,8 @@ int run_cli(int argc, char** argv);
 void register_info(CLI::App& app, action_fn& action);
 /// `corolla generate`: local generation from a model directory (apps/generate.cpp).
 void register_generate(CLI::App& app, action_fn& action);
+/// `corolla finetune`: prompt tuning with the blocks on a swarm (apps/finetune.cpp).
+void register_finetune(CLI::App& app, action_fn& action);
 /// `corolla train`: single-process AdamW training (apps/train.cpp).
 void register_train(CLI::App& app, action_fn& action);
 /// `corolla bench decode|train`: speed against bounds measured in the same run (apps/bench.cpp).

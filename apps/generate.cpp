@@ -18,13 +18,13 @@
 
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
+#include "apps/swarm_flags.hpp"
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
 #include "model/error.hpp"
 #include "model/config.hpp"
 #include "model/generator.hpp"
 #include "model/safetensors.hpp"
-#include "net/membership.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
 
@@ -44,12 +44,8 @@ struct generate_options {
   std::uint64_t seed = 0;
   bool ignore_eos = false;
   bool print_ids = false;
-  std::string swarm;  ///< --swarm servers, comma-separated ("" = local)
-  std::string swarm_dht;    ///< --swarm-dht: DHT nodes to find the servers through
-  std::string swarm_model;  ///< --swarm-model: the model id servers announce
+  swarm_flags swarm;
   std::string compression = "none";  ///< --compression: hidden states on the wire
-  std::string curve_keys;            ///< --curve-keys: this client's CurveZMQ key directory
-  int swarm_timeout_ms = 30000;
   bool no_server_push = false;  ///< --no-server-push: the client carries every hop
   bool stats = false;
   std::string device = "cpu";
@@ -93,44 +89,18 @@ void write_out(const std::string& text) {
 /// servers and routes the session through them (actors/swarm_client.hpp).
 generation_result generate_through_swarm(const generate_options& o, head& h, std::span<const std::int32_t> prompt,
                                          const generation_params& p, const token_callback& on_token) {
-  node_options no;
-  no.listen = "";  // a client only dials out
-  no.curve_dir = o.curve_keys;
-  auto n = node::start(no);
-  if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
+  swarm_connection c = connect_swarm(o.swarm, o.model, h.config().n_layers);
   // The client only embeds and samples: one thread, unless told otherwise,
   // so that its idle thread pool does not compete with servers sharing the
   // machine.
   if (o.threads == 0) set_cpu_threads(1);
-  swarm_client_options so;
-  so.servers = split_list(o.swarm);
-  // With --swarm-dht the servers come from their DHT records (read again at
-  // every failover, so servers that joined since are found too).
-  net::membership members;
-  if (!o.swarm_dht.empty()) {
-    net::membership_options mo;
-    mo.bootstrap = split_list(o.swarm_dht);
-    if (auto ep = members.start(mo); !ep)
-      throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
-    const std::string model_id = o.swarm_model.empty() ? model_id_of(o.model) : o.swarm_model;
-    const int n_blocks = h.config().n_layers;
-    so.discover = [&members, model_id, n_blocks] {
-      std::vector<std::string> endpoints;
-      for (const auto& r : members.get_span(model_id, 0, n_blocks))
-        if (r.state == net::member_state::online)
-          endpoints.push_back(r.public_key.empty() ? r.endpoint : r.endpoint + "#" + r.public_key);
-      return endpoints;
-    };
-  }
-  if (so.servers.empty() && !so.discover)
-    throw std::invalid_argument("--swarm needs at least one HOST:PORT (or give --swarm-dht)");
-  so.request_timeout = std::chrono::milliseconds(o.swarm_timeout_ms);
+  swarm_client_options& so = c.options;
   so.server_push = !o.no_server_push;
   if (o.compression == "int8")
     so.compress = true;
   else if (o.compression != "none")
     throw std::invalid_argument("--compression must be none or int8, got '" + o.compression + "'");
-  swarm_client client(**n, so);
+  swarm_client client(*c.runtime, so);
   swarm_generation g = swarm_generate(client, h, prompt, p, on_token);
   std::string route;
   for (const auto& hop : g.route)
@@ -153,7 +123,7 @@ int run_generate(const generate_options& o) {
   const model_config cfg = load_config(o.model);
   std::optional<transformer> model;
   std::optional<head> client_head;
-  if (o.swarm.empty() && o.swarm_dht.empty())
+  if (!o.swarm.given())
     model.emplace(transformer::load(o.model, be));
   else
     client_head.emplace(head::load(checkpoint::open(o.model), cfg, be));
@@ -240,23 +210,10 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_flag("--print-ids", o->print_ids,
                 "End stdout with a line of the generated ids (space-separated)");
   cmd->add_flag("--stats", o->stats, "Print prefill and decode speed on stderr");
-  cmd->add_option("--swarm", o->swarm,
-                  "Run the blocks on these corolla serve nodes (HOST:PORT,...); only the embeddings, "
-                  "final norm and LM head are loaded here");
-  cmd->add_option("--swarm-dht", o->swarm_dht,
-                  "Find the servers in the swarm's DHT through these nodes (HOST:PORT,...: the 'dht' address "
-                  "corolla serve prints)");
-  cmd->add_option("--swarm-model", o->swarm_model,
-                  "Model id the servers announce (default: the --model directory's name)");
-  cmd->add_option("--curve-keys", o->curve_keys,
-                  "With --swarm: this client's CurveZMQ key directory (node.key, node.pub; created when missing), "
-                  "for servers that require CurveZMQ (their keys come from --swarm HOST:PORT#KEY or the DHT)");
+  add_swarm_flags(cmd, o->swarm);
   cmd->add_option("--compression", o->compression,
                   "Hidden states on the wire with --swarm: none, or int8 (blockwise absmax, ~1/4 of the bytes, "
                   "lossy)")
-      ->capture_default_str();
-  cmd->add_option("--swarm-timeout-ms", o->swarm_timeout_ms, "Longest wait for one server's answer")
-      ->check(CLI::Range(1, 3600000))
       ->capture_default_str();
   cmd->add_flag("--no-server-push", o->no_server_push,
                "With --swarm: the client sends every hop's input itself instead of servers pushing each step's "

@@ -133,6 +133,16 @@ span_session* span_engine::find(const std::string& id) {
   return it == sessions_.end() ? nullptr : it->second.get();
 }
 
+span_expected<std::pair<int, int>> span_engine::local_blocks(int first_block, int last_block) const {
+  const int a = first_block < 0 ? first() : first_block, b = last_block < 0 ? last() : last_block;
+  if (a < first() || b > last() || a >= b)
+    return span_error{a < b ? span_errc::wrong_span : span_errc::invalid_argument,
+                      "blocks [" + std::to_string(a) + ", " + std::to_string(b) +
+                          ") are not a non-empty part of this server's span [" + std::to_string(first()) + ", " +
+                          std::to_string(last()) + ")"};
+  return std::pair<int, int>{a - first(), b - first()};
+}
+
 span_expected<void> span_engine::open_session(const std::string& id, std::int64_t max_length, int first_block,
                                               int last_block) {
   if (id.empty()) return error(span_errc::invalid_argument, "a session id must not be empty");
@@ -146,14 +156,11 @@ span_expected<void> span_engine::open_session(const std::string& id, std::int64_
                      std::to_string(context));
   if (sessions_.count(id))
     return error(span_errc::duplicate_session, "session " + in_quotes(id) + " is already open");
-  const int a = first_block < 0 ? first() : first_block, b = last_block < 0 ? last() : last_block;
-  if (a < first() || b > last() || a >= b)
-    return error(a < b ? span_errc::wrong_span : span_errc::invalid_argument, "blocks [" + std::to_string(a) + ", " + std::to_string(b) +
-                                                  ") are not a non-empty part of this server's span [" +
-                                                  std::to_string(first()) + ", " + std::to_string(last()) + ")");
+  auto blocks = local_blocks(first_block, last_block);
+  if (!blocks) return blocks.error();
   auto s = std::make_unique<span_session>(id, pool_, max_length);
-  s->from = a - first();
-  s->to = b - first();
+  s->from = blocks.value().first;
+  s->to = blocks.value().second;
   sessions_.emplace(id, std::move(s));
   return {};
 }

@@ -246,14 +246,17 @@ class span_engine {
 
   // ---- stateless forward / backward (fine-tuning clients) -------------------------
   /// Forward of `batch` sequences of `seq` tokens (hidden [B*T, D], float,
-  /// host; row b*T + t is token t of sequence b at position t) through the
-  /// span. With deep prompts ([size(), P, D], 1 <= P <= T) prompt i is added
-  /// to rows b*T + [0, P) of every sequence at the input of block first()+i.
-  /// Returns [B*T, D] f32 (host). Errors (invalid_argument): non-positive B
-  /// or T, T beyond the context, B*T beyond max_forward_rows, wrong shapes
-  /// or dtypes.
+  /// host; row b*T + t is token t of sequence b at position t) through
+  /// blocks [first_block, last_block) of the span (-1 = the span's own
+  /// bound). With deep prompts ([blocks, P, D], 1 <= P <= T) prompt i is
+  /// added to rows b*T + [0, P) of every sequence at the input of block
+  /// first_block+i. Returns [B*T, D] f32 (host). Errors (invalid_argument):
+  /// non-positive B or T, T beyond the context, B*T beyond
+  /// max_forward_rows, wrong shapes or dtypes; wrong_span for blocks
+  /// outside the span.
   span_expected<Tensor> forward(const Tensor& hidden, int batch, int seq,
-                                const Tensor& deep_prompts = Tensor());
+                                const Tensor& deep_prompts = Tensor(), int first_block = -1,
+                                int last_block = -1);
   /// Backward of forward() for the same inputs: given grad_output [B*T, D]
   /// (the gradient of the client's loss with respect to the span's output),
   /// recomputes the forward and returns the gradient with respect to hidden
@@ -262,7 +265,8 @@ class span_engine {
   /// forward, plus a grad_output of another shape.
   span_expected<span_gradients> backward(const Tensor& hidden, const Tensor& grad_output,
                                          int batch, int seq,
-                                         const Tensor& deep_prompts = Tensor());
+                                         const Tensor& deep_prompts = Tensor(), int first_block = -1,
+                                         int last_block = -1);
 
  private:
   span_session* find(const std::string& id);
@@ -272,13 +276,16 @@ class span_engine {
   void finish_step(span_session& s, std::int64_t start, std::int64_t rows, std::uint64_t step_id,
                    const Tensor& output);
   void fail_step(span_session& s, std::int64_t start);
+  /// Blocks [first_block, last_block) (-1 = the span's bound) as indices
+  /// [from, to) into the span; wrong_span / invalid_argument otherwise.
+  span_expected<std::pair<int, int>> local_blocks(int first_block, int last_block) const;
   span_expected<void> check_forward(const Tensor& hidden, int batch, int seq,
-                                    const Tensor& deep_prompts) const;
+                                    const Tensor& deep_prompts, int blocks) const;
   Tensor& upload(const Tensor& host, row_buffer& buffer);
   Tensor download(const Tensor& device_rows);
   const Tensor& train_positions(int batch, int seq);
   void add_prompts(Tensor& x, int batch, int seq, const Tensor& prompts, int block);
-  Tensor run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts,
+  Tensor run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts, std::pair<int, int> blocks,
                      std::vector<block_activations>* saved);
 
   stage stage_;

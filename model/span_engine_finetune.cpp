@@ -23,7 +23,7 @@ span_error invalid(std::string message) {
 }  // namespace
 
 span_expected<void> span_engine::check_forward(const Tensor& hidden, int batch, int seq,
-                                               const Tensor& deep_prompts) const {
+                                               const Tensor& deep_prompts, int blocks) const {
   const model_config& cfg = config();
   const std::int64_t D = cfg.hidden_size;
   if (batch <= 0 || seq <= 0)
@@ -47,8 +47,8 @@ span_expected<void> span_engine::check_forward(const Tensor& hidden, int batch, 
     const bool float_type = deep_prompts.type() == dtype::f32 ||
                             deep_prompts.type() == dtype::bf16 || deep_prompts.type() == dtype::f16;
     if (deep_prompts.dev().kind != device_kind::cpu || !float_type || s.size() != 3 ||
-        s[0] != size() || s[1] < 1 || s[1] > seq || s[2] != D)
-      return invalid("deep prompts must be float [" + std::to_string(size()) +
+        s[0] != blocks || s[1] < 1 || s[1] > seq || s[2] != D)
+      return invalid("deep prompts must be float [" + std::to_string(blocks) +
                      " blocks, P, " + std::to_string(D) + "] on the host with 1 <= P <= " +
                      std::to_string(seq) + " (the sequence length), got " +
                      dtype_name(deep_prompts.type()) + " " + shape_str(s) + " on " +
@@ -83,16 +83,16 @@ void span_engine::add_prompts(Tensor& x, int batch, int seq, const Tensor& promp
 }
 
 Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts,
-                                std::vector<block_activations>* saved) {
+                                std::pair<int, int> blocks, std::vector<block_activations>* saved) {
   Backend& be = stage_.backend();
   const Tensor& pos = train_positions(batch, seq);
   const shape_t shape = x.shape();
   block_activations scratch;
   Tensor in = x;  // engine-owned: the prompts are added in place
-  for (int i = 0; i < size(); ++i) {
-    if (prompts.defined()) add_prompts(in, batch, seq, prompts, i);
+  for (int i = blocks.first; i < blocks.second; ++i) {
+    if (prompts.defined()) add_prompts(in, batch, seq, prompts, i - blocks.first);
     Tensor out = be.empty(shape);
-    block_activations& a = saved ? (*saved)[static_cast<std::size_t>(i)] : scratch;
+    block_activations& a = saved ? (*saved)[static_cast<std::size_t>(i - blocks.first)] : scratch;
     // With `saved`, a.x keeps `in` alive for the backward; `out` becomes the
     // next block's input and is never referenced by this block's activations.
     block_forward(be, config(), weights_[static_cast<std::size_t>(i)], in, pos, batch, seq, out, a);
@@ -102,8 +102,11 @@ Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tenso
 }
 
 span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int seq,
-                                           const Tensor& deep_prompts) {
-  if (auto ok = check_forward(hidden, batch, seq, deep_prompts); !ok) return ok.error();
+                                           const Tensor& deep_prompts, int first_block, int last_block) {
+  auto blocks = local_blocks(first_block, last_block);
+  if (!blocks) return blocks.error();
+  if (auto ok = check_forward(hidden, batch, seq, deep_prompts, blocks.value().second - blocks.value().first); !ok)
+    return ok.error();
   Backend& be = stage_.backend();
   try {
     Tensor x = be.empty(hidden.shape());
@@ -113,7 +116,7 @@ span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int 
       prompts = be.empty(deep_prompts.shape());
       be.copy(deep_prompts, prompts);
     }
-    return download(run_forward(x, batch, seq, prompts, nullptr));
+    return download(run_forward(x, batch, seq, prompts, blocks.value(), nullptr));
   } catch (const std::exception& e) {
     return span_error{span_errc::internal, std::string("span forward failed: ") + e.what()};
   }
@@ -121,8 +124,12 @@ span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int 
 
 span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
                                                     const Tensor& grad_output, int batch, int seq,
-                                                    const Tensor& deep_prompts) {
-  if (auto ok = check_forward(hidden, batch, seq, deep_prompts); !ok) return ok.error();
+                                                    const Tensor& deep_prompts, int first_block,
+                                                    int last_block) {
+  auto blocks = local_blocks(first_block, last_block);
+  if (!blocks) return blocks.error();
+  const auto [from, to] = blocks.value();
+  if (auto ok = check_forward(hidden, batch, seq, deep_prompts, to - from); !ok) return ok.error();
   if (auto ok = check_hidden(grad_output, "output gradients"); !ok) return ok.error();
   if (grad_output.shape() != hidden.shape())
     return invalid("output gradients are " + shape_str(grad_output.shape()) +
@@ -138,8 +145,8 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     }
     // Recompute the forward, keeping every block's activations (only for
     // the length of this call).
-    std::vector<block_activations> saved(static_cast<std::size_t>(size()));
-    run_forward(x, batch, seq, prompts, &saved);
+    std::vector<block_activations> saved(static_cast<std::size_t>(to - from));
+    run_forward(x, batch, seq, prompts, blocks.value(), &saved);
 
     const Tensor& pos = train_positions(batch, seq);
     Tensor g = be.empty(hidden.shape());
@@ -151,10 +158,10 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
       P = prompts.dim(1);
     }
     block_input_grad_scratch scratch;
-    for (int i = size() - 1; i >= 0; --i) {
+    for (int i = to - from - 1; i >= 0; --i) {
       const auto b = static_cast<std::size_t>(i);
       Tensor g_in = be.empty(hidden.shape());
-      block_backward_input(be, config(), weights_[b], saved[b], pos, g, g_in, scratch);
+      block_backward_input(be, config(), weights_[b + static_cast<std::size_t>(from)], saved[b], pos, g, g_in, scratch);
       saved[b] = block_activations{};  // free this block's activations early
       if (prompts.defined()) {
         // d prompt_i = sum over sequences of the gradient at positions [0, P).

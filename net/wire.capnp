@@ -147,6 +147,8 @@ struct SpanBatch {
   batch @0 :Int32;
   seq @1 :Int32;
   withPrompts @2 :Bool;
+  first @3 :Int32 = -1;      # blocks [first, last) of the server's span to run
+  last @4 :Int32 = -1;       # (-1 = the span's own bound); prompts cover exactly these
 }
 
 # ---- pipeline x data-parallel training (actors/train_*.hpp, docs/protocol.md) ----

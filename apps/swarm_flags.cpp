@@ -1,0 +1,56 @@
+#include "apps/swarm_flags.hpp"
+
+#include "apps/commands.hpp"
+
+namespace corolla::app {
+
+void add_swarm_flags(CLI::App* cmd, swarm_flags& f) {
+  cmd->add_option("--swarm", f.swarm,
+                  "Run the blocks on these corolla serve nodes (HOST:PORT,...); only the embeddings, "
+                  "final norm and LM head are loaded here");
+  cmd->add_option("--swarm-dht", f.swarm_dht,
+                  "Find the servers in the swarm's DHT through these nodes (HOST:PORT,...: the 'dht' address "
+                  "corolla serve prints)");
+  cmd->add_option("--swarm-model", f.swarm_model,
+                  "Model id the servers announce (default: the --model directory's name)");
+  cmd->add_option("--curve-keys", f.curve_keys,
+                  "With --swarm: this client's CurveZMQ key directory (node.key, node.pub; created when missing), "
+                  "for servers that require CurveZMQ (their keys come from --swarm HOST:PORT#KEY or the DHT)");
+  cmd->add_option("--swarm-timeout-ms", f.timeout_ms, "Longest wait for one server's answer")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
+}
+
+swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_dir, int n_blocks) {
+  swarm_connection c;
+  node_options no;
+  no.listen = "";  // a client only dials out
+  no.curve_dir = f.curve_keys;
+  auto n = node::start(no);
+  if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
+  c.runtime = std::move(*n);
+  c.options.servers = split_list(f.swarm);
+  // With --swarm-dht the servers come from their DHT records (read again at
+  // every refresh, so servers that joined since are found too).
+  if (!f.swarm_dht.empty()) {
+    c.members = std::make_unique<net::membership>();
+    net::membership_options mo;
+    mo.bootstrap = split_list(f.swarm_dht);
+    if (auto ep = c.members->start(mo); !ep)
+      throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
+    const std::string model_id = f.swarm_model.empty() ? model_id_of(model_dir) : f.swarm_model;
+    c.options.discover = [members = c.members.get(), model_id, n_blocks] {
+      std::vector<std::string> endpoints;
+      for (const auto& r : members->get_span(model_id, 0, n_blocks))
+        if (r.state == net::member_state::online)
+          endpoints.push_back(r.public_key.empty() ? r.endpoint : r.endpoint + "#" + r.public_key);
+      return endpoints;
+    };
+  }
+  if (c.options.servers.empty() && !c.options.discover)
+    throw std::invalid_argument("--swarm needs at least one HOST:PORT (or give --swarm-dht)");
+  c.options.request_timeout = std::chrono::milliseconds(f.timeout_ms);
+  return c;
+}
+
+}  // namespace corolla::app
