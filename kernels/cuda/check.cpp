@@ -18,8 +18,8 @@ void throw_cuda_error(cudaError_t status, const char* call, const char* file, in
 
 void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
   throw std::runtime_error(std::string("cuBLAS error: ") + call + " at " + file + ":" +
-                           std::to_string(line) + ": " + cublasGetStatusString(status) + " (" +
-                           std::to_string(static_cast<int>(status)) + ")");
+                           std::to_string(line) + ": " + cublasLtGetStatusName(status) + ": " +
+                           cublasLtGetStatusString(status));
 }
 
 namespace {
