@@ -712,3 +712,29 @@ TEST_CASE("tensors on a device refuse host-only operations instead of touching t
     CHECK(bytes == std::vector<float>(8, 1.5f));
   }
 }
+
+// ---- NCCL --------------------------------------------------------------------------------
+
+#ifdef COROLLA_HAVE_NCCL
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/nccl_comm.hpp"
+
+TEST_CASE("cuda: a one-rank NCCL group's collectives return their input") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(118);
+  auto& be = static_cast<cuda::cuda_backend&>(gpu());
+  cuda::nccl_group group(cuda::make_nccl_unique_id(), 0, 1, be);
+  CHECK(group.size() == 1);
+  Tensor x = random_tensor({100}, r);
+  Tensor dx = up(x), out = gpu().empty({100});
+  group.all_reduce(dx, out);
+  group.all_reduce(out, out);  // in place
+  Tensor gathered = gpu().empty({100}), scattered = gpu().empty({100});
+  group.all_gather(out, gathered);
+  group.reduce_scatter(gathered, scattered);
+  gpu().synchronize();
+  CHECK(same_values(down(scattered), x));
+  Tensor wrong = gpu().empty({99});
+  CHECK_THROWS_AS(group.all_reduce(dx, wrong), tensor_error);
+}
+#endif
