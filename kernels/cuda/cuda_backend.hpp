@@ -25,7 +25,10 @@
 // scratch).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -130,6 +133,20 @@ class cuda_backend final : public Backend {
                  float alpha, const void* a, dtype at, std::int64_t lda, const void* b,
                  dtype bt, std::int64_t ldb, float beta, void* c, dtype ct, std::int64_t ldc,
                  const void* bias);
+
+  /// What a cuBLASLt algorithm choice depends on (the heuristic sees the
+  /// descriptors and the preference, never alpha, beta or the data).
+  struct lt_key {
+    std::array<std::int64_t, 6> dims{};  ///< m, n, k, lda, ldb, ldc
+    std::array<std::uint32_t, 3> align{};
+    std::array<std::uint8_t, 6> flags{};  ///< trans_a, trans_b, at, bt, ct, bias
+    friend bool operator<(const lt_key& x, const lt_key& y) {
+      return std::tie(x.dims, x.align, x.flags) < std::tie(y.dims, y.align, y.flags);
+    }
+  };
+  /// Heuristic results by problem (cublasLtMatmulAlgo_t is 8 uint64_t): the
+  /// heuristic query costs far more than the product of a decode step.
+  std::map<lt_key, std::array<std::uint64_t, 8>> lt_algos_;
 
   int index_ = 0;
   stream_t stream_ = nullptr;

@@ -15,10 +15,14 @@
 // y's (the bias vector runs along cuBLAS's m = out, broadcast over rows);
 // otherwise it is broadcast into y first and the product added with beta 1.
 // db is a column-sum kernel (elementwise.cu), dw a beta = 1 product.
+//
+// The descriptors are rebuilt per call (microseconds); the heuristic's
+// choice is cached per problem shape, dtypes and pointer alignments.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "kernels/cuda/check.hpp"
@@ -157,37 +161,58 @@ void cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
                                                   trans_a ? k : m, lda));
   COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.d, cuda_type(ct), n, m, ldc));
 
-  preference_desc pref;
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
-  const std::uint64_t workspace = lt_workspace_bytes_;
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
   // The heuristic assumes 256-byte aligned pointers unless told otherwise;
   // views (slices) can start anywhere a dtype allows.
   const std::uint32_t align_a = alignment_of(b), align_b = alignment_of(a),
                       align_c = alignment_of(c);
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+  lt_key key;
+  key.dims = {m, n, k, lda, ldb, ldc};
+  key.align = {align_a, align_b, align_c};
+  key.flags = {static_cast<std::uint8_t>(trans_a), static_cast<std::uint8_t>(trans_b),
+               static_cast<std::uint8_t>(at), static_cast<std::uint8_t>(bt),
+               static_cast<std::uint8_t>(ct), static_cast<std::uint8_t>(bias != nullptr)};
+  cublasLtMatmulAlgo_t algo{};
+  static_assert(sizeof algo == sizeof(std::array<std::uint64_t, 8>), "cublasLtMatmulAlgo_t size");
+  if (auto it = lt_algos_.find(key); it != lt_algos_.end()) {
+    std::memcpy(&algo, it->second.data(), sizeof algo);
+  } else {
+    preference_desc pref;
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
+    const std::uint64_t workspace = lt_workspace_bytes_;
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
 
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, op.d, la.d, lb.d, lc.d, lc.d, pref.d,
-                                                      1, &result, &found));
-  if (found == 0)
-    throw std::runtime_error(
-        "gemm on " + name() + ": cuBLASLt has no algorithm for m=" + std::to_string(m) +
-        " n=" + std::to_string(n) + " k=" + std::to_string(k) + " (" + dtype_name(at) + " x " +
-        dtype_name(bt) + " -> " + dtype_name(ct) + (bias ? ", bias epilogue" : "") +
-        ", trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) + ")");
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        lt_, op.d, la.d, lb.d, lc.d, lc.d, pref.d, 1, &result, &found);
+    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
+      throw_cublas_error(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
+      throw std::runtime_error(
+          "gemm on " + name() + ": cuBLASLt has no algorithm for m=" + std::to_string(m) +
+          " n=" + std::to_string(n) + " k=" + std::to_string(k) + " (" + dtype_name(at) + " x " +
+          dtype_name(bt) + " -> " + dtype_name(ct) + (bias ? ", bias epilogue" : "") +
+          ", trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) +
+          ", alignments " + std::to_string(align_b) + "/" + std::to_string(align_a) + "/" +
+          std::to_string(align_c) + " bytes)");
+    algo = result.algo;
+    std::array<std::uint64_t, 8> stored{};
+    std::memcpy(stored.data(), &algo, sizeof algo);
+    lt_algos_.emplace(key, stored);
+  }
   COROLLA_CUBLAS_CHECK(cublasLtMatmul(lt_, op.d, &alpha, b, la.d, a, lb.d, &beta, c, lc.d, c,
-                                      lc.d, &result.algo, lt_workspace_, lt_workspace_bytes_,
+                                      lc.d, &algo, lt_workspace_, lt_workspace_bytes_,
                                       stream_));
+  COROLLA_CUDA_LAUNCH_CHECK("cublasLtMatmul");  // with COROLLA_CUDA_SYNC=1: faults located here
 }
 
 void cuda_backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
