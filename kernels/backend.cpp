@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device.hpp"
 #endif
 
@@ -50,8 +51,7 @@ Backend& backend_for(device dev) {
   if (dev.index >= n)
     throw std::runtime_error("device " + dev.str() + " requested but only " + std::to_string(n) +
                              " CUDA device(s) are visible");
-  throw std::runtime_error("device " + dev.str() +
-                           ": the CUDA compute backend is not implemented in this build yet");
+  return cuda::backend_for_device(dev.index);
 #else
   throw std::runtime_error("device " + dev.str() +
                            " requested but this binary was built without CUDA "

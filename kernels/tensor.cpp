@@ -1,11 +1,15 @@
 #include "kernels/tensor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 #include "kernels/half.hpp"
+#ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/allocator.hpp"
+#endif
 
 namespace corolla {
 
@@ -35,9 +39,44 @@ std::string device::str() const {
   return kind == device_kind::cpu ? std::string("cpu") : "cuda:" + std::to_string(index);
 }
 
+namespace {
+
+/// Registered operations per device kind; published once, never freed (a
+/// storage may be destroyed during static destruction and still needs them).
+std::atomic<const device_memory_ops*> g_device_ops[2] = {nullptr, nullptr};
+
+}  // namespace
+
+void register_device_memory(device_kind kind, const device_memory_ops& ops) {
+  if (kind == device_kind::cpu) throw tensor_error("register_device_memory: cpu memory is built in");
+  g_device_ops[static_cast<int>(kind)].store(new device_memory_ops(ops));
+}
+
+const device_memory_ops& device_memory(device_kind kind) {
+  const device_memory_ops* ops = g_device_ops[static_cast<int>(kind)].load();
+#ifdef COROLLA_HAVE_CUDA
+  if (!ops && kind == device_kind::cuda) {
+    cuda::install_memory_ops();
+    ops = g_device_ops[static_cast<int>(kind)].load();
+  }
+#endif
+  if (!ops)
+    throw tensor_error(std::string("no memory allocator is registered for ") +
+                       (kind == device_kind::cuda ? "cuda" : "cpu") +
+                       " devices (this binary was built without that backend)");
+  return *ops;
+}
+
 std::shared_ptr<storage> storage::allocate(std::size_t bytes, device dev) {
-  if (dev.kind != device_kind::cpu)
-    throw tensor_error("storage::allocate: " + dev.str() + " memory comes from its backend");
+  if (dev.kind != device_kind::cpu) {
+    const device_memory_ops& ops = device_memory(dev.kind);
+    auto s = std::shared_ptr<storage>(new storage());
+    s->data_ = ops.allocate(bytes, dev.index);
+    s->bytes_ = bytes;
+    s->dev_ = dev;
+    s->owned_ = true;
+    return s;
+  }
   auto s = std::shared_ptr<storage>(new storage());
   std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
   s->data_ = std::aligned_alloc(64, rounded);
@@ -59,7 +98,12 @@ std::shared_ptr<storage> storage::borrow(void* data, std::size_t bytes,
 }
 
 storage::~storage() {
-  if (owned_) std::free(data_);
+  if (!owned_) return;
+  if (dev_.kind == device_kind::cpu) {
+    std::free(data_);
+  } else if (const device_memory_ops* ops = g_device_ops[static_cast<int>(dev_.kind)].load()) {
+    ops->release(data_, dev_.index);  // registered: allocate() went through it
+  }
 }
 
 std::string shape_str(const shape_t& s) {
@@ -168,9 +212,8 @@ Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
 
 Tensor Tensor::clone() const {
   if (!defined()) return {};  // raw() needs storage
-  if (dev().kind != device_kind::cpu) throw tensor_error("clone: host tensors only");
-  Tensor r = empty(shape_, type_);
-  std::memcpy(r.raw(), raw(), nbytes());
+  Tensor r = empty(shape_, type_, dev());
+  r.copy_from(*this);
   return r;
 }
 
@@ -178,19 +221,32 @@ void Tensor::copy_from(const Tensor& src) {
   if (src.numel() != numel_ || src.type() != type_)
     throw tensor_error("copy_from: " + shape_str(src.shape()) + " " + dtype_name(src.type()) +
                        " into " + shape_str(shape_) + " " + dtype_name(type_));
-  if (dev().kind != device_kind::cpu || src.dev().kind != device_kind::cpu)
-    throw tensor_error("copy_from: host tensors only; use Backend::copy");
-  std::memmove(raw(), src.raw(), nbytes());
+  if (!defined() || !src.defined()) {
+    if (numel_ == 0) return;
+    throw tensor_error("copy_from: tensor is undefined");
+  }
+  if (dev().kind == device_kind::cpu && src.dev().kind == device_kind::cpu) {
+    std::memmove(raw(), src.raw(), nbytes());
+    return;
+  }
+  if (nbytes() == 0) return;
+  const device_kind kind = dev().kind != device_kind::cpu ? dev().kind : src.dev().kind;
+  device_memory(kind).copy(raw(), dev(), src.raw(), src.dev(), nbytes());
 }
 
 void Tensor::zero() {
   if (!defined()) return;  // nothing to zero; raw() needs storage
-  if (dev().kind != device_kind::cpu) throw tensor_error("zero: host tensors only");
+  if (dev().kind != device_kind::cpu) {
+    if (nbytes() > 0) device_memory(dev().kind).fill_zero(raw(), nbytes(), dev().index);
+    return;
+  }
   std::memset(raw(), 0, nbytes());
 }
 
 Tensor Tensor::to(dtype t) const {
-  if (dev().kind != device_kind::cpu) throw tensor_error("to: host tensors only");
+  if (dev().kind != device_kind::cpu)
+    throw tensor_error("to: host tensors only (this one is on " + dev().str() +
+                       "); convert device tensors with Backend::copy");
   if (t == type_) return clone();
   Tensor r = empty(shape_, t);
   auto n = static_cast<std::size_t>(numel_);
@@ -223,6 +279,11 @@ Tensor Tensor::to(dtype t) const {
 }
 
 std::vector<float> Tensor::to_vector() const {
+  if (defined() && dev().kind != device_kind::cpu) {
+    Tensor host = empty(shape_, type_);
+    host.copy_from(*this);
+    return host.to_vector();
+  }
   if (type_ == dtype::f32) {
     const float* p = data<float>();
     return {p, p + numel_};

@@ -45,12 +45,38 @@ class tensor_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// A block of bytes. Owned storage frees itself; borrowed storage keeps
-/// `owner` alive instead.
+/// Memory operations of one device kind, registered by that kind's backend
+/// (kernels/cuda/allocator.cpp for CUDA). storage and Tensor route every
+/// access to non-host memory through them, never through host memcpy.
+struct device_memory_ops {
+  /// `bytes` of memory on device `index`, at least 64-byte aligned. Throws
+  /// std::runtime_error (out of memory, no such device) on failure.
+  void* (*allocate)(std::size_t bytes, int index) = nullptr;
+  /// Gives back memory from `allocate`. Never throws.
+  void (*release)(void* p, int index) noexcept = nullptr;
+  /// Sets `bytes` bytes at `p` on device `index` to zero.
+  void (*fill_zero)(void* p, std::size_t bytes, int index) = nullptr;
+  /// Copies `bytes` bytes between any two of host and device memory; when
+  /// `dst` is host memory it holds the bytes when the call returns.
+  void (*copy)(void* dst, device dst_dev, const void* src, device src_dev,
+               std::size_t bytes) = nullptr;
+};
+
+/// Installs the memory operations for `kind` (replacing earlier ones).
+/// Thread-safe; normally called once by the backend's allocator.
+void register_device_memory(device_kind kind, const device_memory_ops& ops);
+/// The operations registered for `kind`; for CUDA in a CUDA build they are
+/// installed on first use. Throws tensor_error when none exist (a build
+/// without that backend).
+const device_memory_ops& device_memory(device_kind kind);
+
+/// A block of bytes. Owned storage frees itself (host memory) or goes back to
+/// its device allocator; borrowed storage keeps `owner` alive instead.
 class storage {
  public:
   /// Allocates `bytes` (64-byte aligned, uninitialised) on `dev`. Only the CPU
-  /// allocator lives here; device allocators register themselves.
+  /// allocator lives here; device memory comes from the device_memory_ops
+  /// registered for dev.kind.
   static std::shared_ptr<storage> allocate(std::size_t bytes, device dev = {});
   /// Wraps memory owned by `owner` (which must keep `data` valid).
   static std::shared_ptr<storage> borrow(void* data, std::size_t bytes,
@@ -85,7 +111,7 @@ class Tensor {
 
   /// Uninitialised tensor on `dev`.
   static Tensor empty(shape_t shape, dtype t = dtype::f32, device dev = {});
-  /// Zero-filled tensor (CPU only).
+  /// Zero-filled host tensor.
   static Tensor zeros(shape_t shape, dtype t = dtype::f32);
   /// CPU f32 tensor holding a copy of `values` with the given shape.
   static Tensor from_f32(std::span<const float> values, shape_t shape);
@@ -115,17 +141,22 @@ class Tensor {
   Tensor view(shape_t shape) const;
   /// Rows [begin, end) along the first dimension, sharing storage.
   Tensor slice(std::int64_t begin, std::int64_t end) const;
-  /// Deep copy (same dtype and device).
+  /// Deep copy (same dtype and device; device memory through its
+  /// device_memory_ops).
   Tensor clone() const;
-  /// Copy converted to `t` (CPU; f32 <-> bf16/f16 and identity).
+  /// Copy converted to `t` (host tensors only: f32 <-> bf16/f16 and
+  /// identity); device tensors convert with Backend::copy.
   Tensor to(dtype t) const;
-  /// Copies the values of `src` (same numel, same dtype) into this tensor.
+  /// Copies the values of `src` (same numel, same dtype) into this tensor;
+  /// either may be on a device (then through its device_memory_ops; device
+  /// ranges must not overlap).
   void copy_from(const Tensor& src);
-  /// Sets every byte to zero.
+  /// Sets every byte to zero (host or device).
   void zero();
 
-  /// Element values as f32 (converting bf16/f16/i32), CPU only. For tests
-  /// and small host-side work, never hot paths.
+  /// Element values as f32 (converting bf16/f16/i32); a device tensor is
+  /// first copied to the host. For tests and small host-side work, never hot
+  /// paths.
   std::vector<float> to_vector() const;
 
  private:

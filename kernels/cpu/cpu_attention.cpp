@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/cpu_common.hpp"
+#include "kernels/op_checks.hpp"
 
 namespace corolla::cpu {
 namespace {
@@ -29,28 +30,10 @@ namespace {
 /// for a few thousand keys.
 constexpr std::int64_t tile_rows = 64;
 
-/// Validated attention geometry.
-struct geometry {
-  std::int64_t hq = 0, hkv = 0, dh = 0;
-  std::int64_t group = 0;  ///< query heads per key/value head
-  std::int64_t q_width = 0, kv_width = 0;
-  float scale = 0.0f;
-};
+using geometry = attention_geometry;
 
 geometry check_geometry(const attention_shape& s, const char* what) {
-  require_that(s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0, what,
-               "n_heads, n_kv_heads and head_dim must be positive");
-  require_that(s.n_heads % s.n_kv_heads == 0, what,
-               "n_heads must be a multiple of n_kv_heads (grouped-query attention)");
-  geometry g;
-  g.hq = s.n_heads;
-  g.hkv = s.n_kv_heads;
-  g.dh = s.head_dim;
-  g.group = g.hq / g.hkv;
-  g.q_width = g.hq * g.dh;
-  g.kv_width = g.hkv * g.dh;
-  g.scale = s.scale != 0.0f ? s.scale : static_cast<float>(1.0 / std::sqrt(double(s.head_dim)));
-  return g;
+  return check_attention_geometry(s, what);
 }
 
 blasint bi(std::int64_t v) { return static_cast<blasint>(v); }
@@ -271,19 +254,8 @@ void cpu_backend_impl::attention_cached(const Tensor& q, const kv_pages_view& ca
   const std::int64_t tq = q.dim(0);
   require(q, dtype::f32, {tq, g.q_width}, "attention_cached q");
   require(out, dtype::f32, {tq, g.q_width}, "attention_cached out");
-  require_that(start_pos >= 0, "attention_cached", "start_pos must not be negative");
-  require_that(cache.page_tokens > 0, "attention_cached", "cache page_tokens must be positive");
-  require_that(cache.length >= start_pos + tq, "attention_cached",
-               "the cache must already hold keys and values up to start_pos + Tq");
-  require_that(cache.k_pages.size() == cache.v_pages.size(), "attention_cached",
-               "the cache has different numbers of key and value pages");
   const std::int64_t needed = start_pos + tq;
-  const std::int64_t pages = (needed + cache.page_tokens - 1) / cache.page_tokens;
-  require_that(static_cast<std::int64_t>(cache.k_pages.size()) >= pages, "attention_cached",
-               "the cache has fewer pages than its length needs");
-  for (std::int64_t p = 0; p < pages; ++p)
-    require_that(cache.k_pages[p] != nullptr && cache.v_pages[p] != nullptr, "attention_cached",
-                 "a cache page within the length is null");
+  check_kv_pages(cache, start_pos, tq, "attention_cached");
   if (tq == 0) return;
 
   const float* qp = q.data<float>();

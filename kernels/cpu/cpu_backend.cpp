@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_common.hpp"
 #include "kernels/half.hpp"
+#include "kernels/op_checks.hpp"
 
 namespace corolla {
 namespace cpu {
@@ -21,12 +22,6 @@ namespace {
 // threads other than the one that called set_cpu_threads; every parallel
 // region passes it explicitly with num_threads().
 std::atomic<int> g_threads{0};
-
-[[noreturn]] void throw_shape(const Tensor& t, std::initializer_list<std::int64_t> dims,
-                              const char* what) {
-  expect_shape(t, shape_t(dims), what);  // throws: the shapes differ
-  throw tensor_error(std::string(what) + ": shape mismatch");
-}
 
 }  // namespace
 
@@ -40,33 +35,23 @@ int thread_budget() {
   return g_threads.load(std::memory_order_relaxed);
 }
 
+// The checks are the shared ones (kernels/op_checks.hpp) with the host as
+// the device.
 void require_host(const Tensor& t, dtype type, const char* what) {
-  if (!t.defined()) throw tensor_error(std::string(what) + ": tensor is undefined");
-  if (t.dev().kind != device_kind::cpu)
-    throw tensor_error(std::string(what) + ": the cpu backend needs a host tensor, got one on " +
-                       t.dev().str());
-  if (t.type() != type) expect_dtype(t, type, what);
+  require_on(t, device{}, type, what);
 }
 
 void require(const Tensor& t, dtype type, std::initializer_list<std::int64_t> dims,
              const char* what) {
-  require_host(t, type, what);
-  const shape_t& s = t.shape();
-  bool same = s.size() == dims.size();
-  if (same) {
-    std::size_t i = 0;
-    for (std::int64_t d : dims) same = same && s[i++] == d;
-  }
-  if (!same) throw_shape(t, dims, what);
+  require_on(t, device{}, type, dims, what);
 }
 
 void require_like(const Tensor& t, dtype type, const Tensor& like, const char* what) {
-  require_host(t, type, what);
-  if (t.shape() != like.shape()) expect_shape(t, like.shape(), what);
+  require_like_on(t, device{}, type, like, what);
 }
 
 void require_that(bool ok, const char* what, const char* detail) {
-  if (!ok) throw tensor_error(std::string(what) + ": " + detail);
+  require_condition(ok, what, detail);
 }
 
 float* thread_scratch(int slot, std::size_t n) {

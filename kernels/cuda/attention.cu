@@ -1,0 +1,302 @@
+// kernels/cuda/attention.cu — causal grouped-query attention: forward (also
+// against a paged cache) and backward.
+//
+// One warp per (query row, head) in the forward: the lanes hold the query
+// row and an output accumulator in registers (element d in lane d % 32),
+// walk the visible keys in order with an online softmax in f32 (running max
+// m and sum l rescaled as the max grows), and write out = acc / l and
+// lse = m + log(l) (of the *scaled* scores, like the CPU backend).
+//
+// The backward recomputes probabilities from lse (P = exp(scale q.k - lse))
+// with D = dout . out per row, dS = scale * P * (dout . v - D):
+//   dq_i = sum_j dS_ij k_j        one warp per (query row, head)
+//   dk_j = sum_{h, i>=j} dS_ij q_i, dv_j = sum_{h, i>=j} P_ij dout_i
+//                                 one warp per (key row, kv head)
+// Each warp owns the rows it writes: no atomics, deterministic.
+//
+// This is the straightforward O(T^2) formulation, chosen for being easy to
+// check against kernels/cpu/cpu_attention.cpp; it re-reads keys from L2 per
+// query row instead of tiling them through shared memory.
+#include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/device_math.cuh"
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int warps_per_block = 4;
+constexpr int attn_threads = warps_per_block * 32;
+
+/// Where a sequence's keys/values are: contiguous rows (pages == nullptr;
+/// row j of batch b at base + (b*seq + j) * kv_width) or pages.
+struct kv_rows {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* const* k_pages = nullptr;
+  const float* const* v_pages = nullptr;
+  std::int64_t page_tokens = 0;
+};
+
+struct forward_params {
+  const float* q = nullptr;
+  float* out = nullptr;
+  float* lse = nullptr;
+  kv_rows kv;
+  std::int64_t rows = 0;       ///< query rows (B*T, or Tq)
+  std::int64_t seq = 0;        ///< T (contiguous)
+  std::int64_t start_pos = 0;  ///< position of query row 0 (paged)
+  attention_dims g;
+};
+
+/// Loads elements lane, lane+32, ... of a row (zeros past dh).
+template <int C>
+__device__ __forceinline__ void load_row(const float* p, int lane, int dh, float (&r)[C]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int d = lane + 32 * c;
+    r[c] = d < dh ? p[d] : 0.0f;
+  }
+}
+
+/// The warp's dot product of a register row with row p (all lanes get it).
+template <int C>
+__device__ __forceinline__ float dot_row(const float (&r)[C], const float* p, int lane, int dh) {
+  float s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int d = lane + 32 * c;
+    if (d < dh) s += r[c] * p[d];
+  }
+  return warp_sum(s);
+}
+
+template <int C>
+__device__ __forceinline__ void store_row(float* p, int lane, int dh, const float (&r)[C],
+                                          float f) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int d = lane + 32 * c;
+    if (d < dh) p[d] = r[c] * f;
+  }
+}
+
+template <int C, bool Paged>
+__global__ void attention_forward_kernel(forward_params p) {
+  const std::int64_t w = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (w >= p.rows * p.g.hq) return;  // whole warps exit together
+  const std::int64_t row = w / p.g.hq, h = w % p.g.hq, kvh = h / p.g.group;
+  const int dh = static_cast<int>(p.g.dh);
+  const std::int64_t kw = p.g.kv_width;
+
+  std::int64_t keys, b = 0, t = 0;
+  if (Paged) {
+    keys = p.start_pos + row + 1;
+  } else {
+    b = row / p.seq;
+    t = row % p.seq;
+    keys = t + 1;
+  }
+  float q[C], acc[C];
+  load_row<C>(p.q + row * p.g.q_width + h * dh, lane, dh, q);
+#pragma unroll
+  for (int c = 0; c < C; ++c) acc[c] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (std::int64_t j = 0; j < keys; ++j) {
+    const float* kr;
+    const float* vr;
+    if (Paged) {
+      const std::int64_t page = j / p.kv.page_tokens, in_page = j % p.kv.page_tokens;
+      kr = p.kv.k_pages[page] + in_page * kw + kvh * dh;
+      vr = p.kv.v_pages[page] + in_page * kw + kvh * dh;
+    } else {
+      kr = p.kv.k + (b * p.seq + j) * kw + kvh * dh;
+      vr = p.kv.v + (b * p.seq + j) * kw + kvh * dh;
+    }
+    const float s = p.g.scale * dot_row<C>(q, kr, lane, dh);
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new);  // 0 for the first key (m = -inf)
+    const float e = expf(s - m_new);
+    l = l * corr + e;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int d = lane + 32 * c;
+      acc[c] = acc[c] * corr + (d < dh ? e * vr[d] : 0.0f);
+    }
+    m = m_new;
+  }
+  store_row<C>(p.out + row * p.g.q_width + h * dh, lane, dh, acc, 1.0f / l);
+  if (!Paged && p.lse && lane == 0) p.lse[(b * p.g.hq + h) * p.seq + t] = m + logf(l);
+}
+
+struct backward_params {
+  const float *q, *k, *v, *out, *lse, *dout;
+  float *dq, *dk, *dv, *delta;
+  std::int64_t batch, seq;
+  attention_dims g;
+};
+
+/// delta[b,h,t] = dout_row . out_row (per head).
+template <int C>
+__global__ void attention_delta_kernel(backward_params p) {
+  const std::int64_t w = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (w >= p.batch * p.seq * p.g.hq) return;
+  const std::int64_t row = w / p.g.hq, h = w % p.g.hq, b = row / p.seq, t = row % p.seq;
+  const int dh = static_cast<int>(p.g.dh);
+  const std::int64_t at = row * p.g.q_width + h * dh;
+  float o[C];
+  load_row<C>(p.out + at, lane, dh, o);
+  const float d = dot_row<C>(o, p.dout + at, lane, dh);
+  if (lane == 0) p.delta[(b * p.g.hq + h) * p.seq + t] = d;
+}
+
+template <int C>
+__global__ void attention_dq_kernel(backward_params p) {
+  const std::int64_t w = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (w >= p.batch * p.seq * p.g.hq) return;
+  const std::int64_t row = w / p.g.hq, h = w % p.g.hq, b = row / p.seq, t = row % p.seq;
+  const std::int64_t kvh = h / p.g.group, kw = p.g.kv_width;
+  const int dh = static_cast<int>(p.g.dh);
+  const std::int64_t at = row * p.g.q_width + h * dh;
+  const std::int64_t stat = (b * p.g.hq + h) * p.seq + t;
+  const float lse = p.lse[stat], delta = p.delta[stat], scale = p.g.scale;
+  float q[C], g[C], acc[C];
+  load_row<C>(p.q + at, lane, dh, q);
+  load_row<C>(p.dout + at, lane, dh, g);
+#pragma unroll
+  for (int c = 0; c < C; ++c) acc[c] = 0.0f;
+  for (std::int64_t j = 0; j <= t; ++j) {
+    const float* kr = p.k + (b * p.seq + j) * kw + kvh * dh;
+    const float* vr = p.v + (b * p.seq + j) * kw + kvh * dh;
+    const float pj = expf(scale * dot_row<C>(q, kr, lane, dh) - lse);
+    const float ds = scale * pj * (dot_row<C>(g, vr, lane, dh) - delta);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int d = lane + 32 * c;
+      if (d < dh) acc[c] += ds * kr[d];
+    }
+  }
+  store_row<C>(p.dq + at, lane, dh, acc, 1.0f);
+}
+
+template <int C>
+__global__ void attention_dkdv_kernel(backward_params p) {
+  const std::int64_t w = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (w >= p.batch * p.seq * p.g.hkv) return;
+  const std::int64_t krow = w / p.g.hkv, kvh = w % p.g.hkv;
+  const std::int64_t b = krow / p.seq, j = krow % p.seq;
+  const std::int64_t kw = p.g.kv_width, qw = p.g.q_width;
+  const int dh = static_cast<int>(p.g.dh);
+  const float scale = p.g.scale;
+  float k[C], v[C], dk[C], dv[C];
+  load_row<C>(p.k + krow * kw + kvh * dh, lane, dh, k);
+  load_row<C>(p.v + krow * kw + kvh * dh, lane, dh, v);
+#pragma unroll
+  for (int c = 0; c < C; ++c) dk[c] = dv[c] = 0.0f;
+  for (std::int64_t h = kvh * p.g.group; h < (kvh + 1) * p.g.group; ++h) {
+    for (std::int64_t i = j; i < p.seq; ++i) {
+      const float* qr = p.q + (b * p.seq + i) * qw + h * dh;
+      const float* gr = p.dout + (b * p.seq + i) * qw + h * dh;
+      const std::int64_t stat = (b * p.g.hq + h) * p.seq + i;
+      const float pij = expf(scale * dot_row<C>(k, qr, lane, dh) - p.lse[stat]);
+      const float ds = scale * pij * (dot_row<C>(v, gr, lane, dh) - p.delta[stat]);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        const int d = lane + 32 * c;
+        if (d < dh) {
+          dk[c] += ds * qr[d];
+          dv[c] += pij * gr[d];
+        }
+      }
+    }
+  }
+  store_row<C>(p.dk + krow * kw + kvh * dh, lane, dh, dk, 1.0f);
+  store_row<C>(p.dv + krow * kw + kvh * dh, lane, dh, dv, 1.0f);
+}
+
+unsigned warp_blocks(std::int64_t warps) {
+  return static_cast<unsigned>((warps + warps_per_block - 1) / warps_per_block);
+}
+
+/// Calls f(std::integral_constant<int, C>) with C = registers per lane for dh.
+template <class F>
+void dispatch_chunks(std::int64_t dh, F&& f) {
+  if (dh <= 32) return f(std::integral_constant<int, 1>{});
+  if (dh <= 64) return f(std::integral_constant<int, 2>{});
+  if (dh <= 128) return f(std::integral_constant<int, 4>{});
+  if (dh <= max_head_dim) return f(std::integral_constant<int, 8>{});
+  throw std::invalid_argument("attention: head_dim " + std::to_string(dh) +
+                              " is above the CUDA kernels' limit of " +
+                              std::to_string(max_head_dim));
+}
+
+}  // namespace
+
+// ---- launchers -------------------------------------------------------------------
+
+void attention_forward(stream_t s, const attention_dims& g, const float* q, const float* k,
+                       const float* v, std::int64_t batch, std::int64_t seq, float* out,
+                       float* lse) {
+  forward_params p;
+  p.q = q;
+  p.out = out;
+  p.lse = lse;
+  p.kv.k = k;
+  p.kv.v = v;
+  p.rows = batch * seq;
+  p.seq = seq;
+  p.g = g;
+  if (p.rows <= 0) return;
+  dispatch_chunks(g.dh, [&](auto c) {
+    attention_forward_kernel<decltype(c)::value, false>
+        <<<warp_blocks(p.rows * g.hq), attn_threads, 0, s>>>(p);
+    COROLLA_CUDA_LAUNCH_CHECK("attention_forward_kernel");
+  });
+}
+
+void attention_backward(stream_t s, const attention_dims& g, const float* q, const float* k,
+                        const float* v, const float* out, const float* lse, const float* dout,
+                        std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv,
+                        float* delta) {
+  const backward_params p{q, k, v, out, lse, dout, dq, dk, dv, delta, batch, seq, g};
+  const std::int64_t rows = batch * seq;
+  if (rows <= 0) return;
+  dispatch_chunks(g.dh, [&](auto c) {
+    constexpr int C = decltype(c)::value;
+    attention_delta_kernel<C><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
+    COROLLA_CUDA_LAUNCH_CHECK("attention_delta_kernel");
+    attention_dq_kernel<C><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
+    COROLLA_CUDA_LAUNCH_CHECK("attention_dq_kernel");
+    attention_dkdv_kernel<C><<<warp_blocks(rows * g.hkv), attn_threads, 0, s>>>(p);
+    COROLLA_CUDA_LAUNCH_CHECK("attention_dkdv_kernel");
+  });
+}
+
+void attention_cached(stream_t s, const attention_dims& g, const float* q, std::int64_t tq,
+                      const float* const* k_pages, const float* const* v_pages,
+                      std::int64_t page_tokens, std::int64_t start_pos, float* out) {
+  forward_params p;
+  p.q = q;
+  p.out = out;
+  p.kv.k_pages = k_pages;
+  p.kv.v_pages = v_pages;
+  p.kv.page_tokens = page_tokens;
+  p.rows = tq;
+  p.start_pos = start_pos;
+  p.g = g;
+  if (tq <= 0) return;
+  dispatch_chunks(g.dh, [&](auto c) {
+    attention_forward_kernel<decltype(c)::value, true>
+        <<<warp_blocks(tq * g.hq), attn_threads, 0, s>>>(p);
+    COROLLA_CUDA_LAUNCH_CHECK("attention_forward_kernel (paged)");
+  });
+}
+
+}  // namespace corolla::cuda

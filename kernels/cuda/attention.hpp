@@ -1,0 +1,41 @@
+// kernels/cuda/attention.hpp — causal grouped-query attention launchers
+// (host-only; f32 device pointers; layouts as in kernels/backend.hpp and
+// lse ordered [b][h][t] like the CPU backend).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/stream.hpp"
+
+namespace corolla::cuda {
+
+/// Largest head_dim the kernels take (a warp holds a row in registers,
+/// 8 elements per lane).
+constexpr int max_head_dim = 256;
+
+/// Geometry of one attention call (validated by the caller).
+struct attention_dims {
+  std::int64_t hq = 0, hkv = 0, dh = 0, group = 0, q_width = 0, kv_width = 0;
+  float scale = 0.0f;
+};
+
+/// out, lse (may be null) for q [B*T, Hq*Dh] against k, v [B*T, Hkv*Dh].
+void attention_forward(stream_t s, const attention_dims& g, const float* q, const float* k,
+                       const float* v, std::int64_t batch, std::int64_t seq, float* out,
+                       float* lse);
+
+/// dq, dk, dv (overwritten). `delta` is scratch of B*Hq*T floats.
+void attention_backward(stream_t s, const attention_dims& g, const float* q, const float* k,
+                        const float* v, const float* out, const float* lse, const float* dout,
+                        std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv,
+                        float* delta);
+
+/// out [tq, Hq*Dh] for q [tq, Hq*Dh] at positions start_pos.. against a
+/// paged cache: k_pages/v_pages are *device* arrays of device page pointers,
+/// page p holding tokens [p*page_tokens, (p+1)*page_tokens) as rows of
+/// Hkv*Dh floats.
+void attention_cached(stream_t s, const attention_dims& g, const float* q, std::int64_t tq,
+                      const float* const* k_pages, const float* const* v_pages,
+                      std::int64_t page_tokens, std::int64_t start_pos, float* out);
+
+}  // namespace corolla::cuda

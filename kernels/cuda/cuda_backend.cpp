@@ -1,0 +1,178 @@
+// kernels/cuda/cuda_backend.cpp — the CUDA backend's registry, stream and
+// handles, tensor creation, copies (with conversion on the device), index
+// tensors and scratch.
+#include "kernels/cuda/cuda_backend.hpp"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/allocator.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/convert.hpp"
+#include "kernels/cuda/device.hpp"
+#include "kernels/op_checks.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr std::size_t lt_workspace_size = std::size_t{32} << 20;
+
+bool is_float(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
+
+elem elem_for(dtype t) {
+  switch (t) {
+    case dtype::bf16: return elem::bf16;
+    case dtype::f16: return elem::f16;
+    default: return elem::f32;
+  }
+}
+
+}  // namespace
+
+cuda_backend::cuda_backend(int index) : index_(index) {
+  install_memory_ops();
+  device_guard guard(index);
+  cudaStream_t s = nullptr;
+  // Blocking (not cudaStreamNonBlocking) on purpose: the tensor layer's
+  // memory hooks use the legacy default stream, which then orders with it.
+  COROLLA_CUDA_CHECK(cudaStreamCreate(&s));
+  stream_ = s;
+  cublasLtHandle_t lt = nullptr;
+  const cublasStatus_t st = cublasLtCreate(&lt);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cudaStreamDestroy(s);
+    throw_cublas_error(st, "cublasLtCreate(&lt)", __FILE__, __LINE__);
+  }
+  lt_ = lt;
+  lt_workspace_ = device_allocate(lt_workspace_size, index);
+  lt_workspace_bytes_ = lt_workspace_size;
+}
+
+cuda_backend::~cuda_backend() {
+  // Best effort: instances normally live until the process exits.
+  for (Tensor& t : scratch_) t = Tensor();
+  if (lt_workspace_) device_release(lt_workspace_, index_);
+  if (lt_) cublasLtDestroy(lt_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+Tensor cuda_backend::empty(shape_t shape, dtype t) { return Tensor::empty(std::move(shape), t, dev()); }
+
+void cuda_backend::synchronize() {
+  device_guard guard(index_);
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void* cuda_backend::scratch(int slot, std::size_t bytes) {
+  Tensor& t = scratch_[slot];
+  if (!t.defined() || t.nbytes() < bytes) {
+    // Grow by at least half again, so slowly growing requests reallocate rarely.
+    std::size_t want = t.defined() ? t.nbytes() + t.nbytes() / 2 : 0;
+    if (want < bytes) want = bytes;
+    if (want < 4096) want = 4096;
+    t = Tensor();  // back to the cache first: the new block may reuse it
+    t = Tensor::empty({static_cast<std::int64_t>(want)}, dtype::i8, dev());
+  }
+  return t.raw();
+}
+
+cuda_backend::index_view cuda_backend::indices(const Tensor& t, std::int64_t n, int slot,
+                                               const char* what) {
+  if (!t.defined()) throw tensor_error(std::string(what) + ": tensor is undefined");
+  const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(std::int32_t);
+  if (t.dev().kind == device_kind::cpu) {
+    require_on(t, device{}, dtype::i32, {n}, what);
+    index_view v;
+    v.host = t.data<std::int32_t>();
+    void* d = scratch(slot, bytes);
+    // From pageable memory this returns once the bytes are staged, so the
+    // host tensor may change right after.
+    if (bytes) COROLLA_CUDA_CHECK(cudaMemcpyAsync(d, v.host, bytes, cudaMemcpyHostToDevice, stream_));
+    v.dev = static_cast<const std::int32_t*>(d);
+    return v;
+  }
+  require_on(t, dev(), dtype::i32, {n}, what);
+  host_indices_.resize(static_cast<std::size_t>(n));
+  if (bytes) {
+    COROLLA_CUDA_CHECK(cudaMemcpyAsync(host_indices_.data(), t.raw(), bytes,
+                                       cudaMemcpyDeviceToHost, stream_));
+    COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  return {host_indices_.data(), t.data<std::int32_t>()};
+}
+
+void cuda_backend::copy(const Tensor& src, Tensor& dst) {
+  if (!src.defined() || !dst.defined()) throw tensor_error("copy: tensor is undefined");
+  if (src.numel() != dst.numel())
+    throw tensor_error("copy: " + shape_str(src.shape()) + " into " + shape_str(dst.shape()) +
+                       " (element counts differ)");
+  const bool src_host = src.dev().kind == device_kind::cpu;
+  const bool dst_host = dst.dev().kind == device_kind::cpu;
+  if (src_host && dst_host) {
+    cpu_backend().copy(src, dst);
+    return;
+  }
+  if (src.dev() != dev() && dst.dev() != dev())
+    throw tensor_error("copy: the " + name() + " backend copies to or from its own device (got " +
+                       src.dev().str() + " -> " + dst.dev().str() + ")");
+  const dtype from = src.type(), to = dst.type();
+  if (from != to && (!is_float(from) || !is_float(to)))
+    throw tensor_error(std::string("copy: cannot convert ") + dtype_name(from) + " to " +
+                       dtype_name(to));
+  const std::int64_t n = src.numel();
+  if (n == 0) return;
+  device_guard guard(index_);
+  if (from == to) {
+    if (!src_host && !dst_host && src.dev().index != dst.dev().index) {
+      COROLLA_CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw(), dst.dev().index, src.raw(),
+                                             src.dev().index, dst.nbytes(), stream_));
+    } else if (src.raw() != dst.raw()) {
+      COROLLA_CUDA_CHECK(
+          cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDefault, stream_));
+    }
+    if (dst_host) COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  if (!src_host && !dst_host && src.dev() != dst.dev())
+    throw tensor_error("copy: converting " + std::string(dtype_name(from)) + " to " +
+                       dtype_name(to) + " between two devices (" + src.dev().str() + " -> " +
+                       dst.dev().str() + ") is not supported; copy, then convert on one device");
+  if (src_host) {  // upload as is, convert on the device
+    void* staging = scratch(0, src.nbytes());
+    COROLLA_CUDA_CHECK(
+        cudaMemcpyAsync(staging, src.raw(), src.nbytes(), cudaMemcpyHostToDevice, stream_));
+    convert(stream_, staging, elem_for(from), dst.raw(), elem_for(to), n);
+  } else if (dst_host) {  // convert on the device, download
+    void* staging = scratch(0, dst.nbytes());
+    convert(stream_, src.raw(), elem_for(from), staging, elem_for(to), n);
+    COROLLA_CUDA_CHECK(
+        cudaMemcpyAsync(dst.raw(), staging, dst.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } else {
+    convert(stream_, src.raw(), elem_for(from), dst.raw(), elem_for(to), n);
+  }
+}
+
+cuda_backend& backend_for_device(int index) {
+  const int n = device_count();
+  if (n == 0)
+    throw std::runtime_error("device cuda:" + std::to_string(index) +
+                             " requested but no CUDA device is visible (" + device_count_error() +
+                             ")");
+  if (index < 0 || index >= n)
+    throw std::runtime_error("device cuda:" + std::to_string(index) + " requested but only " +
+                             std::to_string(n) + " CUDA device(s) are visible");
+  static std::mutex mutex;
+  // Never destroyed: see the header.
+  static auto* backends = new std::vector<cuda_backend*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (backends->size() < static_cast<std::size_t>(n)) backends->resize(static_cast<std::size_t>(n));
+  auto& b = (*backends)[static_cast<std::size_t>(index)];
+  if (!b) b = new cuda_backend(index);
+  return *b;
+}
+
+}  // namespace corolla::cuda

@@ -1,0 +1,166 @@
+// kernels/cuda/cuda_backend.hpp — the CUDA implementation of Backend
+// (host-only: no CUDA headers; C++20).
+//
+// One instance per device, created on first use by backend_for({cuda, N})
+// and never destroyed (the CUDA runtime may be torn down before static
+// destructors run). Each owns a stream (created blocking, so the memory
+// hooks' legacy-default-stream copies order with it), a cuBLASLt handle
+// with a 32 MiB workspace, and grow-only scratch buffers (the decode hot
+// path allocates nothing once warm).
+//
+// Where things live and what that costs:
+//  * Float tensors of every op must be on this device. Index tensors (ids,
+//    positions, targets) may be on the host or on this device; they are
+//    validated on the host like the CPU backend does, so a device-resident
+//    index tensor is first copied down (one small D2H copy and a stream
+//    synchronisation), a host one is uploaded.
+//  * kv_pages_view holds host arrays of page pointers; attention_cached
+//    uploads the table for the pages it reads on every call.
+//  * Ops are asynchronous on the stream except where a host value is
+//    returned or read (sum_squares, copies to the host, device index checks).
+//
+// Files: gemm.cpp (gemm, linear, linear_backward: cuBLASLt), cuda_ops.cpp
+// (every other op: checks, then a launcher from <family>.hpp whose kernels
+// are in <family>.cu), this header's cuda_backend.cpp (registry, copies,
+// scratch).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/cuda/stream.hpp"
+
+struct cublasLtContext;
+
+namespace corolla::cuda {
+
+/// Backend for CUDA device `index`. Thread-compatible (one caller at a time),
+/// like every Backend.
+class cuda_backend final : public Backend {
+ public:
+  /// Creates the stream and cuBLASLt handle on device `index`; throws
+  /// std::runtime_error naming the failing call.
+  explicit cuda_backend(int index);
+  ~cuda_backend() override;
+  cuda_backend(const cuda_backend&) = delete;
+  cuda_backend& operator=(const cuda_backend&) = delete;
+
+  std::string name() const override { return dev().str(); }
+  device dev() const override { return {device_kind::cuda, index_}; }
+  Tensor empty(shape_t shape, dtype t = dtype::f32) override;
+
+  // Ops implement the contracts documented on Backend (kernels/backend.hpp).
+  // gemm/linear/linear_backward take f32, bf16 or f16 (a and b of one dtype,
+  // accumulation in f32, outputs any float dtype); the elementwise ops
+  // (swiglu, gelu, add, scale, sum_squares) and embedding's forward take any
+  // float dtype shared by their operands; the rest are f32 like the CPU.
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+            float alpha = 1.0f, float beta = 0.0f) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+                       Tensor& dw, Tensor* db) override;
+
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
+  void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override;
+
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) override;
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                        Tensor& dx, Tensor& dw) override;
+  void layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
+                 Tensor* mean, Tensor* rstd) override;
+  void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
+                          Tensor& db) override;
+
+  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
+            bool inverse = false) override;
+
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq,
+                 const attention_shape& s, Tensor& out, Tensor* lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, const Tensor& dout, int batch, int seq,
+                          const attention_shape& s, Tensor& dq, Tensor& dk,
+                          Tensor& dv) override;
+  void attention_cached(const Tensor& q, const kv_pages_view& cache, std::int64_t start_pos,
+                        const attention_shape& s, Tensor& out) override;
+
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
+                       Tensor& dup) override;
+  void gelu(const Tensor& x, Tensor& y) override;
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void scale(Tensor& y, float alpha) override;
+  double sum_squares(const Tensor& x) override;
+
+  void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
+                     Tensor* dlogits, float grad_scale) override;
+
+  void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const adamw_params& p,
+             std::int64_t step) override;
+
+  void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) override;
+  void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) override;
+
+  /// Host <-> this device and device <-> device (same device, or another
+  /// CUDA device for equal dtypes), converting f32 <-> bf16/f16 on this
+  /// device. Returns when a host destination holds the values.
+  void copy(const Tensor& src, Tensor& dst) override;
+  /// cudaStreamSynchronize; an asynchronous kernel fault surfaces here.
+  void synchronize() override;
+
+  /// The backend's stream (cudaStream_t), for NCCL and other libraries.
+  stream_t stream() const { return stream_; }
+
+ private:
+  /// An i32 index vector readable on both sides.
+  struct index_view {
+    const std::int32_t* host = nullptr;
+    const std::int32_t* dev = nullptr;
+  };
+  /// Checks `t` is an i32 [n] tensor on the host or this device and returns
+  /// it on both sides (uploading into, or downloading through, `slot`).
+  index_view indices(const Tensor& t, std::int64_t n, int slot, const char* what);
+  /// At least `bytes` of device scratch in `slot` (grow-only; contents
+  /// garbage). Slots used by one op at the same time must differ.
+  void* scratch(int slot, std::size_t bytes);
+  /// The cuBLASLt product on device pointers (row-major, see gemm.cpp).
+  void lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                 float alpha, const void* a, dtype at, std::int64_t lda, const void* b,
+                 dtype bt, std::int64_t ldb, float beta, void* c, dtype ct, std::int64_t ldc,
+                 const void* bias);
+
+  /// What a cuBLASLt algorithm choice depends on (the heuristic sees the
+  /// descriptors and the preference, never alpha, beta or the data).
+  struct lt_key {
+    std::array<std::int64_t, 6> dims{};  ///< m, n, k, lda, ldb, ldc
+    std::array<std::uint32_t, 3> align{};
+    std::array<std::uint8_t, 6> flags{};  ///< trans_a, trans_b, at, bt, ct, bias
+    friend bool operator<(const lt_key& x, const lt_key& y) {
+      return std::tie(x.dims, x.align, x.flags) < std::tie(y.dims, y.align, y.flags);
+    }
+  };
+  /// Heuristic results by problem (cublasLtMatmulAlgo_t is 8 uint64_t): the
+  /// heuristic query costs far more than the product of a decode step.
+  std::map<lt_key, std::array<std::uint64_t, 8>> lt_algos_;
+
+  int index_ = 0;
+  stream_t stream_ = nullptr;
+  cublasLtContext* lt_ = nullptr;
+  void* lt_workspace_ = nullptr;
+  std::size_t lt_workspace_bytes_ = 0;
+  static constexpr int scratch_slots = 4;
+  Tensor scratch_[scratch_slots];
+  std::vector<std::int32_t> host_indices_;
+  std::vector<const float*> host_pages_;
+};
+
+/// The backend of device `index`, created on first use (thread-safe).
+/// Throws std::runtime_error when no such device is visible.
+cuda_backend& backend_for_device(int index);
+
+}  // namespace corolla::cuda

@@ -1,0 +1,407 @@
+// kernels/cuda/cuda_ops.cpp — every op of the CUDA backend except the
+// products (gemm.cpp): the same argument checks as the CPU backend
+// (kernels/op_checks.hpp), then one launcher per op from the family
+// headers. Index tensors are validated on the host (cuda_backend.hpp says
+// what that costs).
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/elementwise.hpp"
+#include "kernels/cuda/embedding.hpp"
+#include "kernels/cuda/loss_optim.hpp"
+#include "kernels/cuda/norm.hpp"
+#include "kernels/cuda/quant.hpp"
+#include "kernels/cuda/rope.hpp"
+#include "kernels/op_checks.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+/// Scratch slot numbers (cuda_backend::scratch): one op never uses a slot twice.
+constexpr int slot_indices = 1;
+constexpr int slot_pages = 2;
+constexpr int slot_reduce = 3;
+
+/// The storage type of a float tensor on `where`; throws for other dtypes.
+elem float_elem(const Tensor& t, device where, const char* what) {
+  require_on_device(t, where, what);
+  switch (t.type()) {
+    case dtype::f32: return elem::f32;
+    case dtype::bf16: return elem::bf16;
+    case dtype::f16: return elem::f16;
+    default:
+      throw tensor_error(std::string(what) + ": expected f32, bf16 or f16, got " +
+                         dtype_name(t.type()));
+  }
+}
+
+const float* cf(const Tensor& t) { return static_cast<const float*>(t.raw()); }
+float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
+
+attention_dims dims_of(const attention_geometry& g, const char* what) {
+  if (g.dh > max_head_dim)
+    throw tensor_error(std::string(what) + ": head_dim " + std::to_string(g.dh) +
+                       " is not implemented on CUDA (the kernels take up to " +
+                       std::to_string(max_head_dim) + ")");
+  attention_dims d;
+  d.hq = g.hq;
+  d.hkv = g.hkv;
+  d.dh = g.dh;
+  d.group = g.group;
+  d.q_width = g.q_width;
+  d.kv_width = g.kv_width;
+  d.scale = g.scale;
+  return d;
+}
+
+}  // namespace
+
+// ---- embeddings ------------------------------------------------------------------
+
+void cuda_backend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  if (!ids.defined()) throw tensor_error("embedding ids: tensor is undefined");
+  if (ids.type() != dtype::i32) expect_dtype(ids, dtype::i32, "embedding ids");
+  require_condition(ids.rank() == 1, "embedding ids", "expected a 1-D [N] tensor");
+  const elem t = float_elem(table, dev(), "embedding table");
+  require_condition(table.rank() == 2, "embedding table", "expected a 2-D [V, D] tensor");
+  const std::int64_t n = ids.dim(0), vocab = table.dim(0), d = table.dim(1);
+  require_on(out, dev(), table.type(), {n, d}, "embedding out");
+  device_guard guard(index_);
+  const index_view id = indices(ids, n, slot_indices, "embedding ids");
+  for (std::int64_t i = 0; i < n; ++i)
+    if (id.host[i] < 0 || id.host[i] >= vocab)
+      throw tensor_error("embedding: id " + std::to_string(id.host[i]) + " at position " +
+                         std::to_string(i) + " is outside the table's [0, " +
+                         std::to_string(vocab) + ")");
+  embedding_forward(stream_, t, id.dev, table.raw(), out.raw(), n, d);
+}
+
+void cuda_backend::embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  if (!ids.defined()) throw tensor_error("embedding_backward ids: tensor is undefined");
+  if (ids.type() != dtype::i32) expect_dtype(ids, dtype::i32, "embedding_backward ids");
+  require_condition(ids.rank() == 1, "embedding_backward ids", "expected a 1-D [N] tensor");
+  require_on(dtable, dev(), dtype::f32, "embedding_backward dtable");
+  require_condition(dtable.rank() == 2, "embedding_backward dtable",
+                    "expected a 2-D [V, D] tensor");
+  const std::int64_t n = ids.dim(0), vocab = dtable.dim(0), d = dtable.dim(1);
+  require_on(dout, dev(), dtype::f32, {n, d}, "embedding_backward dout");
+  device_guard guard(index_);
+  const index_view id = indices(ids, n, slot_indices, "embedding_backward ids");
+  for (std::int64_t i = 0; i < n; ++i)
+    if (id.host[i] < 0 || id.host[i] >= vocab)
+      throw tensor_error("embedding_backward: id " + std::to_string(id.host[i]) +
+                         " at position " + std::to_string(i) + " is outside the table's [0, " +
+                         std::to_string(vocab) + ")");
+  cuda::embedding_backward(stream_, id.dev, cf(dout), f(dtable), n, d);
+}
+
+// ---- normalisation ---------------------------------------------------------------
+
+void cuda_backend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) {
+  require_on(x, dev(), dtype::f32, "rmsnorm x");
+  require_condition(x.rank() == 2, "rmsnorm x", "expected a 2-D [rows, features] tensor");
+  const std::int64_t n = x.dim(0), d = x.dim(1);
+  require_on(w, dev(), dtype::f32, {d}, "rmsnorm w");
+  require_on(y, dev(), dtype::f32, {n, d}, "rmsnorm y");
+  if (rstd) require_on(*rstd, dev(), dtype::f32, {n}, "rmsnorm rstd");
+  device_guard guard(index_);
+  rmsnorm_forward(stream_, cf(x), cf(w), eps, f(y), rstd ? f(*rstd) : nullptr, n, d);
+}
+
+void cuda_backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                    const Tensor& dy, Tensor& dx, Tensor& dw) {
+  require_on(x, dev(), dtype::f32, "rmsnorm_backward x");
+  require_condition(x.rank() == 2, "rmsnorm_backward x", "expected a 2-D [rows, features] tensor");
+  const std::int64_t n = x.dim(0), d = x.dim(1);
+  require_on(w, dev(), dtype::f32, {d}, "rmsnorm_backward w");
+  require_on(rstd, dev(), dtype::f32, {n}, "rmsnorm_backward rstd");
+  require_on(dy, dev(), dtype::f32, {n, d}, "rmsnorm_backward dy");
+  require_on(dx, dev(), dtype::f32, {n, d}, "rmsnorm_backward dx");
+  require_on(dw, dev(), dtype::f32, {d}, "rmsnorm_backward dw");
+  device_guard guard(index_);
+  cuda::rmsnorm_backward(stream_, cf(x), cf(w), cf(rstd), cf(dy), f(dx), f(dw), n, d);
+}
+
+void cuda_backend::layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
+                             Tensor& y, Tensor* mean, Tensor* rstd) {
+  require_on(x, dev(), dtype::f32, "layernorm x");
+  require_condition(x.rank() == 2, "layernorm x", "expected a 2-D [rows, features] tensor");
+  const std::int64_t n = x.dim(0), d = x.dim(1);
+  require_on(w, dev(), dtype::f32, {d}, "layernorm w");
+  require_on(b, dev(), dtype::f32, {d}, "layernorm b");
+  require_on(y, dev(), dtype::f32, {n, d}, "layernorm y");
+  if (mean) require_on(*mean, dev(), dtype::f32, {n}, "layernorm mean");
+  if (rstd) require_on(*rstd, dev(), dtype::f32, {n}, "layernorm rstd");
+  device_guard guard(index_);
+  layernorm_forward(stream_, cf(x), cf(w), cf(b), eps, f(y), mean ? f(*mean) : nullptr,
+                    rstd ? f(*rstd) : nullptr, n, d);
+}
+
+void cuda_backend::layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                      const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                                      Tensor& dw, Tensor& db) {
+  require_on(x, dev(), dtype::f32, "layernorm_backward x");
+  require_condition(x.rank() == 2, "layernorm_backward x",
+                    "expected a 2-D [rows, features] tensor");
+  const std::int64_t n = x.dim(0), d = x.dim(1);
+  require_on(w, dev(), dtype::f32, {d}, "layernorm_backward w");
+  require_on(mean, dev(), dtype::f32, {n}, "layernorm_backward mean");
+  require_on(rstd, dev(), dtype::f32, {n}, "layernorm_backward rstd");
+  require_on(dy, dev(), dtype::f32, {n, d}, "layernorm_backward dy");
+  require_on(dx, dev(), dtype::f32, {n, d}, "layernorm_backward dx");
+  require_on(dw, dev(), dtype::f32, {d}, "layernorm_backward dw");
+  require_on(db, dev(), dtype::f32, {d}, "layernorm_backward db");
+  device_guard guard(index_);
+  cuda::layernorm_backward(stream_, cf(x), cf(w), cf(mean), cf(rstd), cf(dy), f(dx), f(dw),
+                           f(db), n, d);
+}
+
+// ---- rope ------------------------------------------------------------------------
+
+void cuda_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim,
+                        float theta, bool inverse) {
+  require_condition(n_heads > 0, "rope", "n_heads must be positive");
+  require_condition(head_dim > 0 && head_dim % 2 == 0, "rope",
+                    "head_dim must be positive and even");
+  require_condition(theta > 0.0f && std::isfinite(theta), "rope", "theta must be positive");
+  require_on(x, dev(), dtype::f32, "rope x");
+  require_condition(x.rank() == 2, "rope x", "expected a 2-D [rows, heads * head_dim] tensor");
+  const std::int64_t n = x.dim(0), width = std::int64_t{n_heads} * head_dim;
+  require_on(x, dev(), dtype::f32, {n, width}, "rope x");
+  if (!positions.defined()) throw tensor_error("rope positions: tensor is undefined");
+  if (positions.type() != dtype::i32) expect_dtype(positions, dtype::i32, "rope positions");
+  device_guard guard(index_);
+  const index_view pos = indices(positions, n, slot_indices, "rope positions");
+  if (n == 0) return;
+  for (std::int64_t r = 0; r < n; ++r)
+    if (pos.host[r] < 0)
+      throw tensor_error("rope: negative position " + std::to_string(pos.host[r]) + " at row " +
+                         std::to_string(r));
+  cuda::rope(stream_, f(x), pos.dev, n, n_heads, head_dim, theta, inverse);
+}
+
+// ---- attention -------------------------------------------------------------------
+
+void cuda_backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch,
+                             int seq, const attention_shape& s, Tensor& out, Tensor* lse) {
+  const attention_geometry g = check_attention_geometry(s, "attention");
+  require_condition(batch >= 0 && seq >= 0, "attention", "batch and seq must not be negative");
+  const std::int64_t B = batch, T = seq, rows = B * T;
+  require_on(q, dev(), dtype::f32, {rows, g.q_width}, "attention q");
+  require_on(k, dev(), dtype::f32, {rows, g.kv_width}, "attention k");
+  require_on(v, dev(), dtype::f32, {rows, g.kv_width}, "attention v");
+  require_on(out, dev(), dtype::f32, {rows, g.q_width}, "attention out");
+  if (lse) require_on(*lse, dev(), dtype::f32, {B * g.hq * T}, "attention lse");
+  const attention_dims d = dims_of(g, "attention");
+  if (rows == 0) return;
+  device_guard guard(index_);
+  attention_forward(stream_, d, cf(q), cf(k), cf(v), B, T, f(out), lse ? f(*lse) : nullptr);
+}
+
+void cuda_backend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                      int batch, int seq, const attention_shape& s, Tensor& dq,
+                                      Tensor& dk, Tensor& dv) {
+  const attention_geometry g = check_attention_geometry(s, "attention_backward");
+  require_condition(batch >= 0 && seq >= 0, "attention_backward",
+                    "batch and seq must not be negative");
+  const std::int64_t B = batch, T = seq, rows = B * T;
+  require_on(q, dev(), dtype::f32, {rows, g.q_width}, "attention_backward q");
+  require_on(k, dev(), dtype::f32, {rows, g.kv_width}, "attention_backward k");
+  require_on(v, dev(), dtype::f32, {rows, g.kv_width}, "attention_backward v");
+  require_on(out, dev(), dtype::f32, {rows, g.q_width}, "attention_backward out");
+  require_on(lse, dev(), dtype::f32, {B * g.hq * T}, "attention_backward lse");
+  require_on(dout, dev(), dtype::f32, {rows, g.q_width}, "attention_backward dout");
+  require_on(dq, dev(), dtype::f32, {rows, g.q_width}, "attention_backward dq");
+  require_on(dk, dev(), dtype::f32, {rows, g.kv_width}, "attention_backward dk");
+  require_on(dv, dev(), dtype::f32, {rows, g.kv_width}, "attention_backward dv");
+  const attention_dims d = dims_of(g, "attention_backward");
+  if (rows == 0) return;
+  device_guard guard(index_);
+  auto* delta = static_cast<float*>(
+      scratch(slot_reduce, static_cast<std::size_t>(B * g.hq * T) * sizeof(float)));
+  cuda::attention_backward(stream_, d, cf(q), cf(k), cf(v), cf(out), cf(lse), cf(dout), B, T,
+                           f(dq), f(dk), f(dv), delta);
+}
+
+void cuda_backend::attention_cached(const Tensor& q, const kv_pages_view& cache,
+                                    std::int64_t start_pos, const attention_shape& s,
+                                    Tensor& out) {
+  const attention_geometry g = check_attention_geometry(s, "attention_cached");
+  require_on(q, dev(), dtype::f32, "attention_cached q");
+  require_condition(q.rank() == 2, "attention_cached q",
+                    "expected a 2-D [Tq, Hq * head_dim] tensor");
+  const std::int64_t tq = q.dim(0);
+  require_on(q, dev(), dtype::f32, {tq, g.q_width}, "attention_cached q");
+  require_on(out, dev(), dtype::f32, {tq, g.q_width}, "attention_cached out");
+  const std::int64_t pages = check_kv_pages(cache, start_pos, tq, "attention_cached");
+  const attention_dims d = dims_of(g, "attention_cached");
+  if (tq == 0) return;
+  device_guard guard(index_);
+  // The pages must be memory of this device: a host cache belongs to the
+  // cpu backend. One attribute query (of the first key page) per call.
+  cudaPointerAttributes attr{};
+  COROLLA_CUDA_CHECK(cudaPointerGetAttributes(&attr, cache.k_pages[0]));
+  if (attr.type != cudaMemoryTypeDevice || attr.device != index_)
+    throw tensor_error("attention_cached: the cache pages are not memory of " + name() +
+                       " (a host-resident cache goes with the cpu backend)");
+  // Upload the page-pointer table: keys then values.
+  host_pages_.resize(static_cast<std::size_t>(2 * pages));
+  for (std::int64_t p = 0; p < pages; ++p) {
+    host_pages_[static_cast<std::size_t>(p)] = cache.k_pages[static_cast<std::size_t>(p)];
+    host_pages_[static_cast<std::size_t>(pages + p)] = cache.v_pages[static_cast<std::size_t>(p)];
+  }
+  const std::size_t bytes = host_pages_.size() * sizeof(const float*);
+  auto* table = static_cast<const float**>(scratch(slot_pages, bytes));
+  COROLLA_CUDA_CHECK(
+      cudaMemcpyAsync(table, host_pages_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  cuda::attention_cached(stream_, d, cf(q), tq, table, table + pages, cache.page_tokens,
+                         start_pos, f(out));
+}
+
+// ---- activations and elementwise -------------------------------------------------
+
+void cuda_backend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const elem t = float_elem(gate, dev(), "swiglu gate");
+  require_like_on(up, dev(), gate.type(), gate, "swiglu up");
+  require_like_on(out, dev(), gate.type(), gate, "swiglu out");
+  device_guard guard(index_);
+  swiglu_forward(stream_, t, gate.raw(), up.raw(), out.raw(), gate.numel());
+}
+
+void cuda_backend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
+                                   Tensor& dgate, Tensor& dup) {
+  const elem t = float_elem(gate, dev(), "swiglu_backward gate");
+  require_like_on(up, dev(), gate.type(), gate, "swiglu_backward up");
+  require_like_on(dout, dev(), gate.type(), gate, "swiglu_backward dout");
+  require_like_on(dgate, dev(), gate.type(), gate, "swiglu_backward dgate");
+  require_like_on(dup, dev(), gate.type(), gate, "swiglu_backward dup");
+  device_guard guard(index_);
+  cuda::swiglu_backward(stream_, t, gate.raw(), up.raw(), dout.raw(), dgate.raw(), dup.raw(),
+                        gate.numel());
+}
+
+void cuda_backend::gelu(const Tensor& x, Tensor& y) {
+  const elem t = float_elem(x, dev(), "gelu x");
+  require_like_on(y, dev(), x.type(), x, "gelu y");
+  device_guard guard(index_);
+  gelu_forward(stream_, t, x.raw(), y.raw(), x.numel());
+}
+
+void cuda_backend::gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  const elem t = float_elem(x, dev(), "gelu_backward x");
+  require_like_on(dy, dev(), x.type(), x, "gelu_backward dy");
+  require_like_on(dx, dev(), x.type(), x, "gelu_backward dx");
+  device_guard guard(index_);
+  cuda::gelu_backward(stream_, t, x.raw(), dy.raw(), dx.raw(), x.numel());
+}
+
+void cuda_backend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const elem t = float_elem(a, dev(), "add a");
+  require_like_on(b, dev(), a.type(), a, "add b");
+  require_like_on(out, dev(), a.type(), a, "add out");
+  device_guard guard(index_);
+  cuda::add(stream_, t, a.raw(), b.raw(), out.raw(), a.numel());
+}
+
+void cuda_backend::scale(Tensor& y, float alpha) {
+  const elem t = float_elem(y, dev(), "scale y");
+  device_guard guard(index_);
+  cuda::scale(stream_, t, y.raw(), alpha, y.numel());
+}
+
+double cuda_backend::sum_squares(const Tensor& x) {
+  const elem t = float_elem(x, dev(), "sum_squares x");
+  device_guard guard(index_);
+  const std::int64_t blocks = sum_squares_blocks(x.numel());
+  auto* partials = static_cast<double*>(
+      scratch(slot_reduce, static_cast<std::size_t>(blocks + 1) * sizeof(double)));
+  double* result = partials + blocks;
+  cuda::sum_squares(stream_, t, x.raw(), x.numel(), partials, result);
+  double host = 0.0;
+  COROLLA_CUDA_CHECK(
+      cudaMemcpyAsync(&host, result, sizeof host, cudaMemcpyDeviceToHost, stream_));
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return host;
+}
+
+// ---- loss ------------------------------------------------------------------------
+
+void cuda_backend::cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
+                                 Tensor* dlogits, float grad_scale) {
+  require_on(logits, dev(), dtype::f32, "cross_entropy logits");
+  require_condition(logits.rank() == 2, "cross_entropy logits", "expected a 2-D [N, V] tensor");
+  const std::int64_t n = logits.dim(0), vocab = logits.dim(1);
+  if (!targets.defined()) throw tensor_error("cross_entropy targets: tensor is undefined");
+  if (targets.type() != dtype::i32) expect_dtype(targets, dtype::i32, "cross_entropy targets");
+  require_on(losses, dev(), dtype::f32, {n}, "cross_entropy losses");
+  if (dlogits) require_on(*dlogits, dev(), dtype::f32, {n, vocab}, "cross_entropy dlogits");
+  device_guard guard(index_);
+  const index_view tp = indices(targets, n, slot_indices, "cross_entropy targets");
+  for (std::int64_t r = 0; r < n; ++r)
+    if (tp.host[r] != -1 && (tp.host[r] < 0 || tp.host[r] >= vocab))
+      throw tensor_error("cross_entropy: target " + std::to_string(tp.host[r]) + " at row " +
+                         std::to_string(r) + " is outside [0, " + std::to_string(vocab) +
+                         ") and is not -1 (ignored)");
+  cuda::cross_entropy(stream_, cf(logits), tp.dev, f(losses), dlogits ? f(*dlogits) : nullptr,
+                      grad_scale, n, vocab);
+}
+
+// ---- optimiser -------------------------------------------------------------------
+
+void cuda_backend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                         const adamw_params& p, std::int64_t step) {
+  require_on(params, dev(), dtype::f32, "adamw params");
+  require_on(grads, dev(), dtype::f32, "adamw grads");
+  require_on(m, dev(), dtype::f32, "adamw m");
+  require_on(v, dev(), dtype::f32, "adamw v");
+  const std::int64_t n = params.numel();
+  require_condition(grads.numel() == n && m.numel() == n && v.numel() == n, "adamw",
+                    "params, grads, m and v must have the same number of elements");
+  require_condition(step >= 1, "adamw", "step counts from 1");
+  // The scalars exactly as kernels/cpu/cpu_loss_optim.cpp computes them.
+  const double lr = p.lr, b1 = p.beta1, b2 = p.beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+  adamw_scalars k;
+  k.decay = static_cast<float>(1.0 - lr * p.weight_decay);
+  k.step_size = static_cast<float>(lr / bc1);
+  k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  k.beta1 = p.beta1;
+  k.beta2 = p.beta2;
+  k.eps = p.eps;
+  k.one_minus_b1 = static_cast<float>(1.0 - b1);
+  k.one_minus_b2 = static_cast<float>(1.0 - b2);
+  device_guard guard(index_);
+  cuda::adamw(stream_, f(params), cf(grads), f(m), f(v), k, n);
+}
+
+// ---- wire compression ------------------------------------------------------------
+
+void cuda_backend::quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) {
+  require_condition(block > 0, "quantize_int8", "block must be positive");
+  require_on(x, dev(), dtype::f32, "quantize_int8 x");
+  require_like_on(q, dev(), dtype::i8, x, "quantize_int8 q");
+  const std::int64_t n = x.numel(), blocks = (n + block - 1) / block;
+  require_on(scales, dev(), dtype::f32, {blocks}, "quantize_int8 scales");
+  device_guard guard(index_);
+  cuda::quantize_int8(stream_, cf(x), n, block, static_cast<std::int8_t*>(q.raw()), f(scales));
+}
+
+void cuda_backend::dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) {
+  require_condition(block > 0, "dequantize_int8", "block must be positive");
+  require_on(q, dev(), dtype::i8, "dequantize_int8 q");
+  require_like_on(x, dev(), dtype::f32, q, "dequantize_int8 x");
+  const std::int64_t n = q.numel(), blocks = (n + block - 1) / block;
+  require_on(scales, dev(), dtype::f32, {blocks}, "dequantize_int8 scales");
+  device_guard guard(index_);
+  cuda::dequantize_int8(stream_, static_cast<const std::int8_t*>(q.raw()), cf(scales), n, block,
+                        f(x));
+}
+
+}  // namespace corolla::cuda

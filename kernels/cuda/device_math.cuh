@@ -1,0 +1,88 @@
+// kernels/cuda/device_math.cuh — device-side helpers shared by the .cu files:
+// element loads/stores for f32/bf16/f16 storage (math is always f32), warp
+// and block reductions, and the launch geometry of grid-stride loops.
+// Included only by .cu files (nvcc, C++17).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace corolla::cuda {
+
+/// Threads per block of the grid-stride elementwise kernels.
+constexpr int elementwise_threads = 256;
+
+/// Blocks for a grid-stride loop over n elements: enough to fill the GPU
+/// several times over, capped (the loop covers the rest).
+inline unsigned grid_for(std::int64_t n, int threads = elementwise_threads) {
+  std::int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > 65535LL * 8) blocks = 65535LL * 8;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks);
+}
+
+__device__ __forceinline__ float load_f32(const float* p, std::int64_t i) { return p[i]; }
+__device__ __forceinline__ float load_f32(const __nv_bfloat16* p, std::int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ float load_f32(const __half* p, std::int64_t i) {
+  return __half2float(p[i]);
+}
+
+__device__ __forceinline__ void store_f32(float* p, std::int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_f32(__nv_bfloat16* p, std::int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ void store_f32(__half* p, std::int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+
+/// Sum over the 32 lanes of a warp; every lane gets the result.
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// Maximum over the 32 lanes of a warp; every lane gets the result.
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+/// thread gets the result. Contains __syncthreads: call from all threads.
+template <class T>
+__device__ T block_sum(T v) {
+  __shared__ T partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  T total = T(0);
+  for (int w = 0; w < warps; ++w) total += partial[w];  // same order in every thread
+  return total;
+}
+
+/// Maximum over the block; same rules as block_sum.
+__device__ inline float block_max(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float m = partial[0];
+  for (int w = 1; w < warps; ++w) m = fmaxf(m, partial[w]);
+  return m;
+}
+
+}  // namespace corolla::cuda

@@ -1,0 +1,50 @@
+// kernels/cuda/embedding.cu — table gathers and their scatter-add backward.
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/dispatch.cuh"
+#include "kernels/cuda/embedding.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+template <class T>
+__global__ void embedding_forward_kernel(const std::int32_t* ids, const T* table, T* out,
+                                         std::int64_t n, std::int64_t d) {
+  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < n * d;
+       k += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t i = k / d, c = k % d;
+    out[k] = table[static_cast<std::int64_t>(ids[i]) * d + c];
+  }
+}
+
+__global__ void embedding_backward_kernel(const std::int32_t* ids, const float* dout,
+                                          float* dtable, std::int64_t n, std::int64_t d) {
+  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < n * d;
+       k += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t i = k / d, c = k % d;
+    atomicAdd(dtable + static_cast<std::int64_t>(ids[i]) * d + c, dout[k]);
+  }
+}
+
+}  // namespace
+
+void embedding_forward(stream_t s, elem t, const std::int32_t* ids, const void* table, void* out,
+                       std::int64_t n, std::int64_t d) {
+  if (n <= 0 || d <= 0) return;
+  dispatch_elem(t, [&](auto tag) {
+    using T = decltype(tag);
+    embedding_forward_kernel<T><<<grid_for(n * d), elementwise_threads, 0, s>>>(
+        ids, static_cast<const T*>(table), static_cast<T*>(out), n, d);
+    COROLLA_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
+  });
+}
+
+void embedding_backward(stream_t s, const std::int32_t* ids, const float* dout, float* dtable,
+                        std::int64_t n, std::int64_t d) {
+  if (n <= 0 || d <= 0) return;
+  embedding_backward_kernel<<<grid_for(n * d), elementwise_threads, 0, s>>>(ids, dout, dtable, n,
+                                                                            d);
+  COROLLA_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
+}
+
+}  // namespace corolla::cuda

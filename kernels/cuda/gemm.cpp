@@ -1,0 +1,310 @@
+// kernels/cuda/gemm.cpp — gemm, linear and linear_backward through cuBLASLt.
+//
+// Row-major <-> column-major: cuBLAS sees a row-major [r, c] buffer as the
+// column-major c x r matrix (its transpose). So row-major C = op(A) op(B) is
+// computed as column-major C^T = op(B)^T op(A)^T: cuBLAS's "A" is our b
+// (op = trans_b), its "B" our a (op = trans_a), its m x n our n x m. Each
+// layout describes the stored buffer: rows = the buffer's row length,
+// cols = its row count, ld = its row stride.
+//
+// Precision: CUBLAS_COMPUTE_32F with f32 scale for every dtype (no TF32, so
+// f32 products match the CPU reference at f32 tolerance); bf16/f16 inputs
+// accumulate in f32. The output may be f32 or the inputs' 16-bit dtype.
+//
+// linear's bias goes through CUBLASLT_EPILOGUE_BIAS when its dtype equals
+// y's (the bias vector runs along cuBLAS's m = out, broadcast over rows);
+// otherwise it is broadcast into y first and the product added with beta 1.
+// db is a column-sum kernel (elementwise.cu), dw a beta = 1 product.
+//
+// The descriptors are rebuilt per call (microseconds); the heuristic's
+// choice is cached per problem shape, dtypes and pointer alignments.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/elementwise.hpp"
+#include "kernels/op_checks.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+cudaDataType_t cuda_type(dtype t) {
+  switch (t) {
+    case dtype::f32: return CUDA_R_32F;
+    case dtype::bf16: return CUDA_R_16BF;
+    case dtype::f16: return CUDA_R_16F;
+    default: throw tensor_error(std::string("gemm: no cuBLAS type for ") + dtype_name(t));
+  }
+}
+
+elem elem_for(dtype t) {
+  return t == dtype::bf16 ? elem::bf16 : t == dtype::f16 ? elem::f16 : elem::f32;
+}
+
+bool is_float(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
+
+/// Throws unless `t` is defined, on `where`, and of a float dtype.
+void require_float(const Tensor& t, device where, const char* what) {
+  require_on_device(t, where, what);
+  if (!is_float(t.type()))
+    throw tensor_error(std::string(what) + ": expected f32, bf16 or f16, got " +
+                       dtype_name(t.type()));
+}
+
+/// The product's dtype rule: a and b share a dtype; the output is f32 or
+/// that dtype (what cuBLASLt offers with f32 compute).
+void require_product_types(const Tensor& a, const char* a_what, const Tensor& b,
+                           const char* b_what, const Tensor& c, const char* c_what) {
+  if (a.type() != b.type())
+    throw tensor_error(std::string(a_what) + " and " + b_what + " must have the same dtype, got " +
+                       dtype_name(a.type()) + " and " + dtype_name(b.type()));
+  if (c.type() != a.type() && c.type() != dtype::f32)
+    throw tensor_error(std::string(c_what) + ": a product of " + dtype_name(a.type()) +
+                       " operands is written as " + dtype_name(a.type()) + " or f32, not " +
+                       dtype_name(c.type()));
+}
+
+/// Largest power of two (up to 256) dividing the address.
+std::uint32_t alignment_of(const void* p) {
+  auto v = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t a = 1;
+  while (a < 256 && (v & (2 * a - 1)) == 0) a *= 2;
+  return a;
+}
+
+// RAII owners of the cuBLASLt descriptors (destroy statuses are ignored:
+// nothing useful can be done with them in a destructor).
+struct matmul_desc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~matmul_desc() {
+    if (d) cublasLtMatmulDescDestroy(d);
+  }
+};
+struct layout_desc {
+  cublasLtMatrixLayout_t d = nullptr;
+  ~layout_desc() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+struct preference_desc {
+  cublasLtMatmulPreference_t d = nullptr;
+  ~preference_desc() {
+    if (d) cublasLtMatmulPreferenceDestroy(d);
+  }
+};
+
+struct matrix_dims {
+  std::int64_t rows = 0, cols = 0;
+};
+
+matrix_dims as_matrix(const Tensor& t, device where, const char* what) {
+  require_float(t, where, what);
+  require_condition(t.rank() >= 1, what, "gemm operands need at least one dimension");
+  matrix_dims m;
+  m.cols = t.dim(-1);
+  m.rows = 1;
+  for (int i = 0; i + 1 < t.rank(); ++i) m.rows *= t.dim(i);
+  return m;
+}
+
+[[noreturn]] void throw_gemm_shapes(const Tensor& a, bool ta, const Tensor& b, bool tb,
+                                    const Tensor& c) {
+  throw tensor_error("gemm: incompatible shapes: a " + shape_str(a.shape()) + (ta ? "^T" : "") +
+                     ", b " + shape_str(b.shape()) + (tb ? "^T" : "") + ", c " +
+                     shape_str(c.shape()));
+}
+
+/// c = beta * c over n elements without reading c when beta is 0.
+void scale_or_zero(stream_t s, void* c, dtype ct, std::int64_t n, float beta) {
+  if (beta == 0.0f)
+    COROLLA_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(n) * dtype_size(ct), s));
+  else if (beta != 1.0f)
+    scale(s, elem_for(ct), c, beta, n);
+}
+
+}  // namespace
+
+void cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                             std::int64_t k, float alpha, const void* a, dtype at,
+                             std::int64_t lda, const void* b, dtype bt, std::int64_t ldb,
+                             float beta, void* c, dtype ct, std::int64_t ldc, const void* bias) {
+  matmul_desc op;
+  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLAS "A" = our b, "B" = our a (see the file comment).
+  const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
+                                                      sizeof op_a));
+  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
+                                                      sizeof op_b));
+  if (bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                        &epilogue, sizeof epilogue));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                        &bias, sizeof bias));
+    const cudaDataType_t bias_type = cuda_type(ct);  // callers pass a bias of c's dtype
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+  }
+  // Stored buffers: b is [k, n] (or [n, k] when transposed), a is [m, k]
+  // (or [k, m]), c is [m, n]; each as column-major (row length, row count).
+  layout_desc la, lb, lc;
+  COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.d, cuda_type(bt), trans_b ? k : n,
+                                                  trans_b ? n : k, ldb));
+  COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.d, cuda_type(at), trans_a ? m : k,
+                                                  trans_a ? k : m, lda));
+  COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.d, cuda_type(ct), n, m, ldc));
+
+  // The heuristic assumes 256-byte aligned pointers unless told otherwise;
+  // views (slices) can start anywhere a dtype allows.
+  const std::uint32_t align_a = alignment_of(b), align_b = alignment_of(a),
+                      align_c = alignment_of(c);
+  lt_key key;
+  key.dims = {m, n, k, lda, ldb, ldc};
+  key.align = {align_a, align_b, align_c};
+  key.flags = {static_cast<std::uint8_t>(trans_a), static_cast<std::uint8_t>(trans_b),
+               static_cast<std::uint8_t>(at), static_cast<std::uint8_t>(bt),
+               static_cast<std::uint8_t>(ct), static_cast<std::uint8_t>(bias != nullptr)};
+  cublasLtMatmulAlgo_t algo{};
+  static_assert(sizeof algo == sizeof(std::array<std::uint64_t, 8>), "cublasLtMatmulAlgo_t size");
+  if (auto it = lt_algos_.find(key); it != lt_algos_.end()) {
+    std::memcpy(&algo, it->second.data(), sizeof algo);
+  } else {
+    preference_desc pref;
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
+    const std::uint64_t workspace = lt_workspace_bytes_;
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        lt_, op.d, la.d, lb.d, lc.d, lc.d, pref.d, 1, &result, &found);
+    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
+      throw_cublas_error(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
+      throw std::runtime_error(
+          "gemm on " + name() + ": cuBLASLt has no algorithm for m=" + std::to_string(m) +
+          " n=" + std::to_string(n) + " k=" + std::to_string(k) + " (" + dtype_name(at) + " x " +
+          dtype_name(bt) + " -> " + dtype_name(ct) + (bias ? ", bias epilogue" : "") +
+          ", trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) +
+          ", alignments " + std::to_string(align_b) + "/" + std::to_string(align_a) + "/" +
+          std::to_string(align_c) + " bytes)");
+    algo = result.algo;
+    std::array<std::uint64_t, 8> stored{};
+    std::memcpy(stored.data(), &algo, sizeof algo);
+    lt_algos_.emplace(key, stored);
+  }
+  COROLLA_CUBLAS_CHECK(cublasLtMatmul(lt_, op.d, &alpha, b, la.d, a, lb.d, &beta, c, lc.d, c,
+                                      lc.d, &algo, lt_workspace_, lt_workspace_bytes_,
+                                      stream_));
+  COROLLA_CUDA_LAUNCH_CHECK("cublasLtMatmul");  // with COROLLA_CUDA_SYNC=1: faults located here
+}
+
+void cuda_backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                        float alpha, float beta) {
+  const matrix_dims ad = as_matrix(a, dev(), "gemm a"), bd = as_matrix(b, dev(), "gemm b"),
+                    cd = as_matrix(c, dev(), "gemm c");
+  require_product_types(a, "gemm a", b, "gemm b", c, "gemm c");
+  const std::int64_t m = trans_a ? ad.cols : ad.rows, k = trans_a ? ad.rows : ad.cols;
+  const std::int64_t kb = trans_b ? bd.cols : bd.rows, n = trans_b ? bd.rows : bd.cols;
+  if (k != kb || cd.rows != m || cd.cols != n) throw_gemm_shapes(a, trans_a, b, trans_b, c);
+  if (m == 0 || n == 0) return;
+  device_guard guard(index_);
+  if (k == 0) {  // empty sum: c = beta * c
+    scale_or_zero(stream_, c.raw(), c.type(), m * n, beta);
+    return;
+  }
+  lt_matmul(trans_a, trans_b, m, n, k, alpha, a.raw(), a.type(), ad.cols, b.raw(), b.type(),
+            bd.cols, beta, c.raw(), c.type(), n, nullptr);
+}
+
+void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  require_float(x, dev(), "linear x");
+  require_condition(x.rank() == 2, "linear x", "expected a 2-D [rows, in] tensor");
+  require_float(w, dev(), "linear w");
+  require_condition(w.rank() == 2, "linear w", "expected a 2-D [out, in] tensor");
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
+  require_on(w, dev(), w.type(), {out, in}, "linear w");
+  if (bias) {
+    require_float(*bias, dev(), "linear bias");
+    require_on(*bias, dev(), bias->type(), {out}, "linear bias");
+  }
+  require_float(y, dev(), "linear y");
+  require_on(y, dev(), y.type(), {rows, out}, "linear y");
+  require_product_types(x, "linear x", w, "linear w", y, "linear y");
+  if (rows == 0 || out == 0) return;
+  device_guard guard(index_);
+  const bool epilogue = bias && bias->type() == y.type();
+  float beta = 0.0f;
+  if (bias && !epilogue) {  // y starts as the bias broadcast over rows
+    broadcast_rows(stream_, bias->raw(), elem_for(bias->type()), y.raw(), elem_for(y.type()),
+                   rows, out);
+    beta = 1.0f;
+  }
+  if (in == 0) {
+    if (epilogue)
+      broadcast_rows(stream_, bias->raw(), elem_for(bias->type()), y.raw(), elem_for(y.type()),
+                     rows, out);
+    else if (!bias)
+      COROLLA_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream_));
+    return;
+  }
+  lt_matmul(false, true, rows, out, in, 1.0f, x.raw(), x.type(), in, w.raw(), w.type(), in, beta,
+            y.raw(), y.type(), out, epilogue ? bias->raw() : nullptr);
+}
+
+void cuda_backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                   Tensor* dx, Tensor& dw, Tensor* db) {
+  require_float(x, dev(), "linear_backward x");
+  require_condition(x.rank() == 2, "linear_backward x", "expected a 2-D [rows, in] tensor");
+  require_float(w, dev(), "linear_backward w");
+  require_condition(w.rank() == 2, "linear_backward w", "expected a 2-D [out, in] tensor");
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
+  require_on(w, dev(), x.type(), {out, in}, "linear_backward w");
+  require_on(dy, dev(), x.type(), {rows, out}, "linear_backward dy");
+  if (dx) {
+    require_float(*dx, dev(), "linear_backward dx");
+    require_on(*dx, dev(), dx->type(), {rows, in}, "linear_backward dx");
+    require_product_types(dy, "linear_backward dy", w, "linear_backward w", *dx,
+                          "linear_backward dx");
+  }
+  require_float(dw, dev(), "linear_backward dw");
+  require_on(dw, dev(), dw.type(), {out, in}, "linear_backward dw");
+  require_product_types(dy, "linear_backward dy", x, "linear_backward x", dw,
+                        "linear_backward dw");
+  if (db) {
+    require_float(*db, dev(), "linear_backward db");
+    require_on(*db, dev(), db->type(), {out}, "linear_backward db");
+  }
+  device_guard guard(index_);
+  if (dx && rows > 0 && in > 0) {
+    if (out == 0)
+      COROLLA_CUDA_CHECK(cudaMemsetAsync(dx->raw(), 0, dx->nbytes(), stream_));
+    else  // dx[rows,in] = dy[rows,out] @ w[out,in]
+      lt_matmul(false, false, rows, in, out, 1.0f, dy.raw(), dy.type(), out, w.raw(), w.type(),
+                in, 0.0f, dx->raw(), dx->type(), in, nullptr);
+  }
+  if (rows > 0 && out > 0 && in > 0)  // dw[out,in] += dy^T[out,rows] @ x[rows,in]
+    lt_matmul(true, false, out, in, rows, 1.0f, dy.raw(), dy.type(), out, x.raw(), x.type(), in,
+              1.0f, dw.raw(), dw.type(), in, nullptr);
+  if (db && rows > 0 && out > 0)
+    column_sum_accumulate(stream_, dy.raw(), elem_for(dy.type()), rows, out, db->raw(),
+                          elem_for(db->type()));
+}
+
+}  // namespace corolla::cuda

@@ -1,0 +1,156 @@
+// kernels/cuda/norm.cu — RMSNorm (Llama) and LayerNorm (GPT-2), forward and
+// backward. One block per row for the forward and for dx; the parameter
+// gradients sum over rows, one thread per column walking the rows in order
+// (no atomics: deterministic). Formulas as in kernels/cpu/cpu_norm.cpp.
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/norm.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int row_threads = 256;
+
+__global__ void rmsnorm_forward_kernel(const float* x, const float* w, float eps, float* y,
+                                       float* rstd, std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  float* yr = y + row * d;
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += xr[i] * xr[i];
+  s = block_sum(s);
+  const float rs = 1.0f / sqrtf(s / static_cast<float>(d) + eps);
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * rs * w[i];
+  if (rstd && threadIdx.x == 0) rstd[row] = rs;
+}
+
+// dx_j = r * (w_j dy_j - x_j * r^2 * mean_i(w_i dy_i x_i)),  r = rstd
+__global__ void rmsnorm_backward_dx_kernel(const float* x, const float* w, const float* rstd,
+                                           const float* dy, float* dx, std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  const float* g = dy + row * d;
+  float* o = dx + row * d;
+  const float r = rstd[row];
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += w[i] * g[i] * xr[i];
+  s = block_sum(s);
+  const float c = r * r * s / static_cast<float>(d);
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = r * (w[i] * g[i] - xr[i] * c);
+}
+
+// dw_j += sum_rows dy_j x_j r
+__global__ void rmsnorm_backward_dw_kernel(const float* x, const float* rstd, const float* dy,
+                                           float* dw, std::int64_t n, std::int64_t d) {
+  const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (c >= d) return;
+  float s = 0.0f;
+  for (std::int64_t row = 0; row < n; ++row) s += dy[row * d + c] * x[row * d + c] * rstd[row];
+  dw[c] += s;
+}
+
+__global__ void layernorm_forward_kernel(const float* x, const float* w, const float* b,
+                                         float eps, float* y, float* mean, float* rstd,
+                                         std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  float* yr = y + row * d;
+  const float inv_d = 1.0f / static_cast<float>(d);
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += xr[i];
+  const float m = block_sum(s) * inv_d;
+  // two-pass variance: no cancellation for rows with a large mean
+  float v = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) v += (xr[i] - m) * (xr[i] - m);
+  v = block_sum(v);
+  const float rs = 1.0f / sqrtf(v * inv_d + eps);
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+  if (threadIdx.x == 0) {
+    if (mean) mean[row] = m;
+    if (rstd) rstd[row] = rs;
+  }
+}
+
+// With xhat = (x - mean) * r and g = dy * w:
+// dx = r * (g - mean(g) - xhat * mean(g * xhat))
+__global__ void layernorm_backward_dx_kernel(const float* x, const float* w, const float* mean,
+                                             const float* rstd, const float* dy, float* dx,
+                                             std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  const float* g = dy + row * d;
+  float* o = dx + row * d;
+  const float m = mean[row], r = rstd[row];
+  const float inv_d = 1.0f / static_cast<float>(d);
+  float sg = 0.0f, sgx = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float gi = g[i] * w[i];
+    sg += gi;
+    sgx += gi * (xr[i] - m) * r;
+  }
+  sg = block_sum(sg);
+  sgx = block_sum(sgx);
+  const float mg = sg * inv_d, mgx = sgx * inv_d;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    o[i] = r * (g[i] * w[i] - mg - (xr[i] - m) * r * mgx);
+}
+
+// dw += dy * xhat, db += dy, summed over rows
+__global__ void layernorm_backward_dwdb_kernel(const float* x, const float* mean,
+                                               const float* rstd, const float* dy, float* dw,
+                                               float* db, std::int64_t n, std::int64_t d) {
+  const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (c >= d) return;
+  float sw = 0.0f, sb = 0.0f;
+  for (std::int64_t row = 0; row < n; ++row) {
+    const float g = dy[row * d + c];
+    sw += g * (x[row * d + c] - mean[row]) * rstd[row];
+    sb += g;
+  }
+  dw[c] += sw;
+  db[c] += sb;
+}
+
+unsigned column_blocks(std::int64_t d) { return static_cast<unsigned>((d + 255) / 256); }
+
+}  // namespace
+
+// ---- launchers -------------------------------------------------------------------
+
+void rmsnorm_forward(stream_t s, const float* x, const float* w, float eps, float* y,
+                     float* rstd, std::int64_t n, std::int64_t d) {
+  if (n <= 0) return;
+  rmsnorm_forward_kernel<<<static_cast<unsigned>(n), row_threads, 0, s>>>(x, w, eps, y, rstd, d);
+  COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_forward_kernel");
+}
+
+void rmsnorm_backward(stream_t s, const float* x, const float* w, const float* rstd,
+                      const float* dy, float* dx, float* dw, std::int64_t n, std::int64_t d) {
+  if (n <= 0 || d <= 0) return;
+  rmsnorm_backward_dx_kernel<<<static_cast<unsigned>(n), row_threads, 0, s>>>(x, w, rstd, dy,
+                                                                              dx, d);
+  COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dx_kernel");
+  rmsnorm_backward_dw_kernel<<<column_blocks(d), 256, 0, s>>>(x, rstd, dy, dw, n, d);
+  COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dw_kernel");
+}
+
+void layernorm_forward(stream_t s, const float* x, const float* w, const float* b, float eps,
+                       float* y, float* mean, float* rstd, std::int64_t n, std::int64_t d) {
+  if (n <= 0) return;
+  layernorm_forward_kernel<<<static_cast<unsigned>(n), row_threads, 0, s>>>(x, w, b, eps, y,
+                                                                            mean, rstd, d);
+  COROLLA_CUDA_LAUNCH_CHECK("layernorm_forward_kernel");
+}
+
+void layernorm_backward(stream_t s, const float* x, const float* w, const float* mean,
+                        const float* rstd, const float* dy, float* dx, float* dw, float* db,
+                        std::int64_t n, std::int64_t d) {
+  if (n <= 0 || d <= 0) return;
+  layernorm_backward_dx_kernel<<<static_cast<unsigned>(n), row_threads, 0, s>>>(
+      x, w, mean, rstd, dy, dx, d);
+  COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dx_kernel");
+  layernorm_backward_dwdb_kernel<<<column_blocks(d), 256, 0, s>>>(x, mean, rstd, dy, dw, db, n, d);
+  COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dwdb_kernel");
+}
+
+}  // namespace corolla::cuda

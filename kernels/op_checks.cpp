@@ -1,0 +1,89 @@
+// kernels/op_checks.cpp — the argument checks shared by the backends.
+#include "kernels/op_checks.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace corolla {
+namespace {
+
+[[noreturn]] void throw_shape(const Tensor& t, std::initializer_list<std::int64_t> dims,
+                              const char* what) {
+  expect_shape(t, shape_t(dims), what);  // throws: the shapes differ
+  throw tensor_error(std::string(what) + ": shape mismatch");
+}
+
+}  // namespace
+
+void require_on_device(const Tensor& t, device where, const char* what) {
+  if (!t.defined()) throw tensor_error(std::string(what) + ": tensor is undefined");
+  if (t.dev() == where) return;
+  if (where.kind == device_kind::cpu)
+    throw tensor_error(std::string(what) + ": the cpu backend needs a host tensor, got one on " +
+                       t.dev().str());
+  throw tensor_error(std::string(what) + ": the " + where.str() + " backend needs a tensor on " +
+                     where.str() + ", got one on " + t.dev().str());
+}
+
+void require_on(const Tensor& t, device where, dtype type, const char* what) {
+  require_on_device(t, where, what);
+  if (t.type() != type) expect_dtype(t, type, what);
+}
+
+void require_on(const Tensor& t, device where, dtype type,
+                std::initializer_list<std::int64_t> dims, const char* what) {
+  require_on(t, where, type, what);
+  const shape_t& s = t.shape();
+  bool same = s.size() == dims.size();
+  if (same) {
+    std::size_t i = 0;
+    for (std::int64_t d : dims) same = same && s[i++] == d;
+  }
+  if (!same) throw_shape(t, dims, what);
+}
+
+void require_like_on(const Tensor& t, device where, dtype type, const Tensor& like,
+                     const char* what) {
+  require_on(t, where, type, what);
+  if (t.shape() != like.shape()) expect_shape(t, like.shape(), what);
+}
+
+void require_condition(bool ok, const char* what, const char* detail) {
+  if (!ok) throw tensor_error(std::string(what) + ": " + detail);
+}
+
+attention_geometry check_attention_geometry(const attention_shape& s, const char* what) {
+  require_condition(s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0, what,
+                    "n_heads, n_kv_heads and head_dim must be positive");
+  require_condition(s.n_heads % s.n_kv_heads == 0, what,
+                    "n_heads must be a multiple of n_kv_heads (grouped-query attention)");
+  attention_geometry g;
+  g.hq = s.n_heads;
+  g.hkv = s.n_kv_heads;
+  g.dh = s.head_dim;
+  g.group = g.hq / g.hkv;
+  g.q_width = g.hq * g.dh;
+  g.kv_width = g.hkv * g.dh;
+  g.scale = s.scale != 0.0f ? s.scale : static_cast<float>(1.0 / std::sqrt(double(s.head_dim)));
+  return g;
+}
+
+std::int64_t check_kv_pages(const kv_pages_view& cache, std::int64_t start_pos, std::int64_t tq,
+                            const char* what) {
+  require_condition(start_pos >= 0, what, "start_pos must not be negative");
+  require_condition(cache.page_tokens > 0, what, "cache page_tokens must be positive");
+  require_condition(cache.length >= start_pos + tq, what,
+                    "the cache must already hold keys and values up to start_pos + Tq");
+  require_condition(cache.k_pages.size() == cache.v_pages.size(), what,
+                    "the cache has different numbers of key and value pages");
+  const std::int64_t needed = start_pos + tq;
+  const std::int64_t pages = (needed + cache.page_tokens - 1) / cache.page_tokens;
+  require_condition(static_cast<std::int64_t>(cache.k_pages.size()) >= pages, what,
+                    "the cache has fewer pages than its length needs");
+  for (std::int64_t p = 0; p < pages; ++p)
+    require_condition(cache.k_pages[p] != nullptr && cache.v_pages[p] != nullptr, what,
+                      "a cache page within the length is null");
+  return pages;
+}
+
+}  // namespace corolla

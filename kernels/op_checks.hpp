@@ -1,0 +1,49 @@
+// kernels/op_checks.hpp — argument checks every backend's ops share: a tensor
+// is defined, lives on the backend's device, has the expected dtype and
+// shape; attention geometry is consistent. The checks allocate nothing
+// unless they throw (the decode hot path calls them on every op).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/backend.hpp"
+#include "kernels/tensor.hpp"
+
+namespace corolla {
+
+/// Throws tensor_error naming `what` unless `t` is defined and lives on
+/// `where`. For the CPU the message says "the cpu backend needs a host
+/// tensor, got one on cuda:0"; for a device it names both devices.
+void require_on_device(const Tensor& t, device where, const char* what);
+/// Same, and `t` has dtype `type` (any shape).
+void require_on(const Tensor& t, device where, dtype type, const char* what);
+/// Same, and `t` has exactly the shape `dims`.
+void require_on(const Tensor& t, device where, dtype type,
+                std::initializer_list<std::int64_t> dims, const char* what);
+/// Same, with the expected shape taken from `like` (elementwise operands).
+void require_like_on(const Tensor& t, device where, dtype type, const Tensor& like,
+                     const char* what);
+/// Throws tensor_error with `what` + ": " + `detail` when `ok` is false.
+void require_condition(bool ok, const char* what, const char* detail);
+
+/// Validated attention geometry (attention_shape with the defaults applied).
+struct attention_geometry {
+  std::int64_t hq = 0, hkv = 0, dh = 0;
+  std::int64_t group = 0;  ///< query heads per key/value head
+  std::int64_t q_width = 0, kv_width = 0;
+  float scale = 0.0f;  ///< s.scale, or 1/sqrt(head_dim) when s.scale is 0
+};
+
+/// Checks heads and head_dim are positive and n_heads % n_kv_heads == 0;
+/// throws tensor_error naming `what` otherwise.
+attention_geometry check_attention_geometry(const attention_shape& s, const char* what);
+
+/// Checks a paged cache view against Tq new rows starting at start_pos:
+/// positive page size, length covering start_pos + Tq, as many key as value
+/// pages, enough pages and none null within the length. Returns the number
+/// of pages the rows read.
+std::int64_t check_kv_pages(const kv_pages_view& cache, std::int64_t start_pos, std::int64_t tq,
+                            const char* what);
+
+}  // namespace corolla
