@@ -9,7 +9,9 @@
 //    every hop (a round trip per server), each against its own bound and
 //    against each other;
 //  * recovery: the last hop's server is killed mid-generation (a spare holds
-//    its span): the extra time of the step that recovers (replay included).
+//    its span): the extra time of the step that recovers (replay included);
+//  * fine-tuning: deep prompt tuning steps/s through the LAN chain
+//    (span.forward / span.backward) vs the same steps with local blocks.
 #include <signal.h>
 
 #include <algorithm>
@@ -23,13 +25,17 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
 
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
+#include "actors/swarm_finetune.hpp"
 #include "apps/commands.hpp"
 #include "apps/local_swarm.hpp"
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
+#include "model/prompt_tuning.hpp"
+#include "model/span_engine.hpp"
 #include "model/safetensors.hpp"
 #include "model/transformer.hpp"
 #include "net/shaping.hpp"
@@ -49,6 +55,7 @@ struct swarm_bench_options {
   int wan_new_tokens = 12;
   std::vector<std::string> wan_profiles{"bw=1Gbit,lat=2.5ms", "bw=100Mbit,lat=50ms"};
   int server_threads = 0;  ///< 0 = cores / (servers + 1), at least 1
+  int tune_steps = 3, tune_batch = 2, tune_seq = 64, tune_prompt_len = 8;
   bool json = false;
 };
 
@@ -145,6 +152,30 @@ int run_bench_swarm(const swarm_bench_options& o) {
   const generation_result local_run = gen.generate(prompt, p);
   const double local_sps = steps_per_s(local_run);
   const double compute_s = 1.0 / local_sps;
+  // Deep prompt tuning with local blocks, on the same cores as local decode.
+  std::fprintf(stderr, "bench swarm: local prompt tuning...\n");
+  const fs::path model_dir = dir;
+  auto tune_steps_per_s = [&](span_runner& runner) {
+    head h = head::load(checkpoint::open(model_dir), cfg, cpu_backend());
+    prompt_tuning_options to;
+    to.prompt_len = o.tune_prompt_len;
+    prompt_tuner tuner(h, runner, to);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(o.tune_batch) * o.tune_seq), targets(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<std::int32_t>(rng() % cfg.vocab_size);
+      targets[i] = static_cast<std::int32_t>(rng() % cfg.vocab_size);
+    }
+    tuner.step(ids, targets, o.tune_batch, o.tune_seq);  // warm-up
+    const auto t0 = clock_type::now();
+    for (int s = 0; s < o.tune_steps; ++s) tuner.step(ids, targets, o.tune_batch, o.tune_seq);
+    return o.tune_steps / std::chrono::duration<double>(clock_type::now() - t0).count();
+  };
+  double local_tune_sps = 0;
+  {
+    span_engine blocks = span_engine::load(checkpoint::open(dir), cfg, 0, cfg.n_layers, cpu_backend(), 16);
+    local_span_runner runner(blocks);
+    local_tune_sps = tune_steps_per_s(runner);
+  }
 
   // The servers share this machine: each computes on its share of the cores
   // (one at a time works in a chain, but idle OpenMP pools of several
@@ -165,6 +196,7 @@ int run_bench_swarm(const swarm_bench_options& o) {
   // LAN (unshaped loopback) chain, then the same with a spare for the last span.
   const auto spans = even_spans(cfg.n_layers, o.servers);
   double lan_sps = 0, lan_carried_sps = 0;
+  std::string tune_line;
   bool equal = true;
   {
     std::fprintf(stderr, "bench swarm: %d-server chain on loopback...\n", o.servers);
@@ -176,6 +208,28 @@ int run_bench_swarm(const swarm_bench_options& o) {
     lan_sps = steps_per_s(r.result);
     lan_carried_sps = steps_per_s(carried.result);
     equal = r.result.tokens == local_run.tokens && carried.result.tokens == local_run.tokens;
+    // Prompt tuning through the same chain.
+    double swarm_tune_sps = 0;
+    {
+      node_options no;
+      no.listen = "";
+      auto n = node::start(no);
+      if (!n) throw std::runtime_error("client node: " + error_message(n.error()));
+      swarm_client_options so;
+      so.servers = sw.endpoints();
+      swarm_client client(**n, so);
+      swarm_span_runner runner(client, o.seed);
+      swarm_tune_sps = tune_steps_per_s(runner);
+    }
+    j["finetune"] = {{"local_steps_per_s", local_tune_sps},
+                     {"swarm_steps_per_s", swarm_tune_sps},
+                     {"ratio_to_local", swarm_tune_sps / local_tune_sps},
+                     {"batch", o.tune_batch},
+                     {"seq", o.tune_seq},
+                     {"prompt_len", o.tune_prompt_len}};
+    tune_line = fmt::format("deep prompt tuning (B={}, T={}, P={}): local {:.2f} steps/s, chain {:.2f} steps/s, ratio {:.3f}",
+                            o.tune_batch, o.tune_seq, o.tune_prompt_len, local_tune_sps, swarm_tune_sps,
+                            swarm_tune_sps / local_tune_sps);
     j["lan"] = {{"steps_per_s", lan_sps},
                 {"ratio_to_local", lan_sps / local_sps},
                 {"client_carried_steps_per_s", lan_carried_sps},
@@ -277,6 +331,7 @@ int run_bench_swarm(const swarm_bench_options& o) {
     std::printf("emulated WAN (bound = links crossed one way x (latency + row transmission) + local compute; a step "
                 "crosses servers + 1 links with push, 2 x servers client-carried):\n");
     for (const auto& l : wan_lines) std::printf("%s\n", l.c_str());
+    std::printf("%s\n", tune_line.c_str());
     std::printf("recovery: kill -9 of the last hop's server: the next token took %.1f ms more than a step "
                 "(%d failover(s), output %s)\n",
                 recovery_ms, failovers, recovered_equal ? "equal" : "DIFFERENT");
@@ -307,6 +362,9 @@ void register_bench_swarm(CLI::App* bench, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--server-threads", o.server_threads,
                   "CPU threads of each server process (0 = cores / (servers + 1), at least 1)")
+      ->capture_default_str();
+  cmd->add_option("--tune-steps", o.tune_steps, "Timed prompt-tuning steps (after one warm-up step)")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_bench_swarm(o); }; });
