@@ -32,6 +32,7 @@ using expire_atom = caf::atom_constant<caf::atom("spexpire")>;
 using swap_atom = caf::atom_constant<caf::atom("spswap")>;
 using push_timeout_atom = caf::atom_constant<caf::atom("sppushto")>;
 using rtts_atom = caf::atom_constant<caf::atom("sprtts")>;
+using drain_atom = caf::atom_constant<caf::atom("spdrain")>;
 
 /// A one-row step waiting for the batch it will run in.
 struct queued_step {
@@ -82,6 +83,8 @@ struct span_server_state {
   std::map<std::string, clock_type::time_point> dialled;
   /// RTTs to the next block's servers, as the serving program measured them.
   std::map<std::string, double> next_rtt_ms;
+  /// Shutting down: no new sessions.
+  bool draining = false;
   static inline const char* name = "span_server";
 };
 
@@ -119,6 +122,7 @@ span_info info_of(const span_server_state& st) {
   i.step_s_per_block = st.step_s_per_block;
   i.sessions = static_cast<std::uint32_t>(e.session_count());
   i.rtt_ms = st.next_rtt_ms;
+  i.draining = st.draining;
   return i;
 }
 
@@ -368,6 +372,9 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
         if (m.type == span_request::open) {
           auto o = decode_span_open(m.body);
           if (!o) return rp.deliver(o.error());
+          if (st.draining)
+            return rp.deliver(error_from_wire("draining", "this server is shutting down: it finishes its open "
+                                                          "sessions and takes no new ones"));
           if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last); !r) return rp.deliver(to_caf(r.error()));
           st.last_used[o->session_id] = clock_type::now();
           return rp.deliver(answer(span_request::open, encode_body(info_of(st))));
@@ -395,6 +402,14 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
       },
       [self](flush_atom) { run_batch(self); },
       [self](rtts_atom, std::map<std::string, double>& rtts) { self->state.next_rtt_ms = std::move(rtts); },
+      [self](drain_atom) -> std::uint64_t {
+        auto& st = self->state;
+        run_batch(self);
+        if (!st.draining) spdlog::info("span server: draining: no new sessions");
+        st.draining = true;
+        release_retiring(st);
+        return st.engine->session_count() + (st.retiring ? st.retiring->session_count() : 0);
+      },
       [self](push_timeout_atom, const std::string& session, std::uint64_t step_id) {
         auto& st = self->state;
         auto a = st.awaited.find(step_key{session, step_id});
@@ -435,6 +450,16 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
 
 void set_next_rtts(const caf::actor& server, std::map<std::string, double> rtt_ms) {
   caf::anon_send(server, rtts_atom::value, std::move(rtt_ms));
+}
+
+caf::expected<std::size_t> drain_span_server(caf::actor_system& system, const caf::actor& server,
+                                             std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{system};
+  caf::expected<std::size_t> result{std::size_t{0}};
+  self->request(server, timeout, drain_atom::value)
+      .receive([&](std::uint64_t open) { result = static_cast<std::size_t>(open); },
+               [&](caf::error& e) { result = std::move(e); });
+  return result;
 }
 
 caf::error swap_span_engine(caf::actor_system& system, const caf::actor& server, std::shared_ptr<span_engine> engine,

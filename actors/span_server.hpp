@@ -51,6 +51,14 @@ caf::expected<caf::actor> start_span_server(node& n, std::shared_ptr<span_engine
 /// between consecutive servers, which push to each other).
 void set_next_rtts(const caf::actor& server, std::map<std::string, double> rtt_ms);
 
+/// Starts draining `server` (a graceful shutdown): span.open is refused
+/// from now on (`draining`), sessions already open go on. Returns how many
+/// sessions are still open (on the current and a retiring engine); call
+/// again to follow them down to 0. Errors: the server did not answer
+/// within `timeout`.
+caf::expected<std::size_t> drain_span_server(caf::actor_system& system, const caf::actor& server,
+                                             std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
 /// Makes `server` serve `engine` from now on (a server moving to other
 /// blocks). New sessions open on `engine`; sessions opened before keep
 /// running on the old engine, which stays loaded until the last of them

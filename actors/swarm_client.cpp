@@ -156,6 +156,12 @@ caf::error swarm_client::refresh() {
                std::to_string(hidden_size_));
       continue;
     }
+    if (info->draining) {  // normal for a server that is leaving: not a warning
+      s.reachable = false;
+      spdlog::info("swarm: not using {} for new routes: it is shutting down", s.endpoint);
+      if (first_problem.empty()) first_problem = s.endpoint + ": shutting down";
+      continue;
+    }
     if (info->first < 0 || info->last > info->n_blocks || info->first >= info->last) {
       unusable("announces blocks [" + std::to_string(info->first) + ", " + std::to_string(info->last) + ") of " +
                std::to_string(info->n_blocks));

@@ -38,6 +38,8 @@ struct span_info {
   /// by node id (at most net::max_rtt_entries, as in its DHT record; what
   /// routing prices server-to-server pushes with).
   std::map<std::string, double> rtt_ms{};
+  /// Shutting down: sessions already open go on, span.open is refused.
+  bool draining = false;
 };
 
 /// wire::SpanOpen.

@@ -44,6 +44,7 @@ struct serve_args {
   double rebalance_period_s = 90;  ///< mean seconds between rebalancing checks; 0 = never
   std::int64_t cache_tokens = 8192;
   int session_idle_s = 300;
+  int drain_timeout_s = 30;
   int threads = 0;
   std::string log_level = "info";
 };
@@ -130,6 +131,37 @@ std::map<std::string, double> next_server_rtts(node& n, net::membership& members
     if (auto st = n.stats(r.node_id); st && st->rtt_samples > 0) rtts[r.node_id] = st->rtt_us / 1000.0;
   }
   return rtts;
+}
+
+/// A graceful shutdown: new sessions are refused while the open ones go on,
+/// until none is left, `timeout` has passed, or another stop signal comes.
+void drain(node& n, const caf::actor& server, const sigset_t& stop_signals, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool announced = false;
+  for (;;) {
+    auto open = drain_span_server(n.system(), server);
+    if (!open) {
+      spdlog::warn("serve: draining: {}", error_message(open.error()));
+      return;
+    }
+    if (*open == 0) {
+      if (announced) spdlog::info("serve: every session has ended");
+      return;
+    }
+    if (!announced) {
+      spdlog::info("serve: draining {} open session(s) for at most {} s (signal again to stop now)", *open,
+                   timeout.count());
+      announced = true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      spdlog::warn("serve: stopping with {} session(s) still open after {} s of draining", *open, timeout.count());
+      return;
+    }
+    if (const char* again = wait_for_stop_signal(stop_signals, std::chrono::milliseconds(100))) {
+      spdlog::warn("serve: {} while draining: stopping with {} session(s) open", again, *open);
+      return;
+    }
+  }
 }
 
 /// --num-blocks: the weakest window of the swarm as the DHT shows it
@@ -264,6 +296,7 @@ int run_serve(const serve_args& a) {
   }
   spdlog::info("serve {}: {} received, stopping", n.id(), sig);
   if (members) members->withdraw_offline();  // clients stop routing here at once
+  drain(n, *server, stop_signals, std::chrono::seconds(a.drain_timeout_s));
   caf::anon_send_exit(*server, caf::exit_reason::user_shutdown);
   n.stop();
   return 0;
@@ -283,6 +316,11 @@ void register_serve(CLI::App& app, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--session-idle-s", a->session_idle_s, "Close sessions unused this many seconds")
       ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout-s", a->drain_timeout_s,
+                  "On SIGINT/SIGTERM, serve the open sessions (refusing new ones) for at most this long before "
+                  "stopping; a second signal stops at once (0 = stop at once)")
+      ->check(CLI::Range(0, 86400))
       ->capture_default_str();
   a->node.add_to(cmd, "server");
   cmd->add_option("--initial-peers", a->initial_peers,

@@ -89,6 +89,7 @@ struct SpanInfo {
   stepSPerBlock @8 :Float64; # measured seconds per block of a one-row step; 0 = not measured
   sessions @9 :UInt32;       # open sessions
   rtts @10 :List(PeerRtt);   # RTTs the server measured to servers of the block after its span
+  draining @11 :Bool;        # shutting down: open sessions go on, new ones are refused
 }
 
 # One measured round-trip time to another node.

@@ -26,6 +26,7 @@
 #include "tests/support/child_process.hpp"
 #include "tests/support/process.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
+#include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace std::chrono_literals;
@@ -274,6 +275,63 @@ TEST_CASE("int8 compression of hidden states cuts the bytes on the wire and stil
   std::size_t same = 0;
   while (same < compressed.size() && compressed[same] == m.expected[same]) ++same;
   MESSAGE("int8 output agrees with local for the first " << same << " of " << compressed.size() << " tokens");
+}
+
+TEST_CASE("a server told to stop finishes its open sessions, refuses new ones, and stops when they end") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  sw.start(m, "s-a", 0, 4, {"--drain-timeout-s", "30"});
+  sw.start(m, "s-b", 0, 4);
+  auto n = client_node();
+  swarm_client_options o;
+  o.servers = sw.list();
+  swarm_client client(*n, o);
+  auto first = client.open_session(16);
+  REQUIRE(first);
+  REQUIRE((*first)->hops().size() == 1u);
+  const std::string draining = (*first)->hops()[0].server;
+  const std::string other = draining == "s-a" ? "s-b" : "s-a";
+  const Tensor x = testing::random_tensor({3, m.cfg.hidden_size}, 1);
+  REQUIRE((*first)->step(x, 0));
+
+  sw.procs.at(draining).signal(SIGTERM);
+  std::this_thread::sleep_for(300ms);  // the server has begun draining
+  CHECK_FALSE(sw.procs.at(draining).wait(0ms));  // still running: a session is open
+  // The open session goes on there, without a failover.
+  for (int t = 3; t < 6; ++t) REQUIRE((*first)->step(testing::random_tensor({1, m.cfg.hidden_size}, 10 + t), t));
+  CHECK((*first)->failovers() == 0);
+  CHECK((*first)->hops()[0].server == draining);
+  // A new session goes to the other server: the draining one refuses it and
+  // says so in span.info.
+  swarm_client fresh(*n, o);
+  auto second = fresh.open_session(16);
+  REQUIRE(second);
+  CHECK((*second)->hops()[0].server == other);
+  // When the last session closes, the server stops at once, cleanly.
+  const auto closed_at = std::chrono::steady_clock::now();
+  (*first)->close();
+  auto status = sw.procs.at(draining).wait(5s);
+  REQUIRE(status);
+  CHECK(*status == 0);
+  MESSAGE("stopped " << std::chrono::duration<double>(std::chrono::steady_clock::now() - closed_at).count()
+                     << " s after its last session closed");
+
+  // With a session that never ends, the drain stops at its timeout.
+  swarm_processes sw2;
+  sw2.start(m, "s-c", 0, 4, {"--drain-timeout-s", "1"});
+  swarm_client_options o2;
+  o2.servers = sw2.list();
+  swarm_client client2(*n, o2);
+  auto held = client2.open_session(16);
+  REQUIRE(held);
+  const auto t0 = std::chrono::steady_clock::now();
+  sw2.procs.at("s-c").signal(SIGTERM);
+  auto st2 = sw2.procs.at("s-c").wait(10s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(st2);
+  CHECK(*st2 == 0);
+  CHECK(took >= 0.9);
+  CHECK(took < 5.0);
 }
 
 TEST_CASE("servers announce themselves in the DHT and a client finds them through any one of them") {
