@@ -18,6 +18,7 @@
 
 #include "actors/corolla.hpp"
 #include "actors/span_server.hpp"
+#include "actors/swarm_wire.hpp"
 #include "apps/commands.hpp"
 #include "apps/node_flags.hpp"
 #include "kernels/backend.hpp"
@@ -26,6 +27,8 @@
 #include "model/span_engine.hpp"
 #include "net/codec.hpp"
 #include "net/membership.hpp"
+#include "net/nic.hpp"
+#include "net/shaping.hpp"
 #include "net/server_record.hpp"
 #include "schedule/block_selection.hpp"
 
@@ -86,6 +89,27 @@ double measure_step_s(span_engine& e) {
   return best;
 }
 
+
+/// Bits per second this server's link carries, for the network side of its
+/// announced throughput: the emulated profile's bandwidth when one is set,
+/// else the fastest active NIC's rate (sysfs); 0 = unknown.
+double link_bps(const serve_args& a) {
+  if (a.node.link_profile != "none")
+    if (const auto p = net::parse_link_profile(a.node.link_profile); p.bandwidth_bps > 0) return p.bandwidth_bps;
+  double best = 0;
+  for (const auto& c : net::nic_classes(net::discover_nics())) best = std::max(best, c.bandwidth_bps);
+  return best;
+}
+
+/// What the DHT record says this server can do with `blocks` blocks whose
+/// one-row step takes `step_s`: the step time per block (routing) and the
+/// throughput, min(compute, network) tokens/s (block selection,
+/// rebalancing, fine-tuning routes).
+void set_speed(net::server_record& record, double step_s, int blocks, double bps, int hidden_size) {
+  record.step_s_per_block = step_s / blocks;
+  const double network_tokens_per_s = bps / (static_cast<double>(hidden_size) * 4 * 8);  // f32 rows
+  record.throughput = step_s > 0 ? swarm::announced_throughput(blocks / step_s, blocks, network_tokens_per_s) : 0.0;
+}
 
 /// Joins the swarm's DHT as the flags say.
 std::unique_ptr<net::membership> join_dht(const serve_args& a, std::string& endpoint) {
@@ -219,8 +243,10 @@ int run_serve(const serve_args& a) {
   auto server = start_span_server(n, engine, so);
   if (!server) throw std::runtime_error(error_message(server.error()));
   record.state = net::member_state::online;
-  record.throughput = step_s > 0 ? 1.0 / step_s : 0.0;
-  record.step_s_per_block = step_s / (last - first);
+  const double bps = link_bps(a);
+  set_speed(record, step_s, last - first, bps, static_cast<int>(cfg.hidden_size));
+  spdlog::info("serve: one-row step {:.2f} ms over {} block(s), link {:.0f} Mbit/s{}: announcing {:.1f} tokens/s",
+               step_s * 1e3, last - first, bps / 1e6, bps > 0 ? "" : " (unknown)", record.throughput);
   record.cache_tokens_left = engine->cache_tokens_left();
   if (members)
     if (auto err = members->update(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
@@ -258,6 +284,16 @@ int run_serve(const serve_args& a) {
         record.cache_tokens_left = left;
         changed = true;
       }
+      // Routing follows the step time the span actor measures while
+      // serving (a moving average over its batches), once it has one.
+      remote_message ask;
+      ask.type = span_request::info;
+      if (auto r = n.request(n.id(), "span", std::move(ask), std::chrono::seconds(2)))
+        if (auto info = decode_span_info(r->body);
+            info && info->step_s_per_block > 0 && info->step_s_per_block != record.step_s_per_block) {
+          record.step_s_per_block = info->step_s_per_block;
+          changed = true;
+        }
       if (auto rtts = next_server_rtts(n, *members, record, cfg.n_layers); rtts != record.rtt_ms) {
         record.rtt_ms = std::move(rtts);
         set_next_rtts(*server, record.rtt_ms);  // span.info announces them too
@@ -287,8 +323,7 @@ int run_serve(const serve_args& a) {
     engine = next;
     members->withdraw_offline(record.model, record.node_id, record.span);
     record.span = {d.target.start, d.target.end};
-    record.throughput = next_step_s > 0 ? 1.0 / next_step_s : 0.0;
-    record.step_s_per_block = next_step_s / d.target.length();
+    set_speed(record, next_step_s, d.target.length(), bps, static_cast<int>(cfg.hidden_size));
     record.cache_tokens_left = engine->cache_tokens_left();
     if (auto err = members->announce(record)) spdlog::error("serve: announcing {} failed: {}", swarm::to_string(d.target), error_message(err));
     std::printf("corolla serve %s moved to blocks [%d, %d)\n", n.id().c_str(), d.target.start, d.target.end);

@@ -342,6 +342,9 @@ TEST_CASE("servers announce themselves in the DHT and a client finds them throug
   REQUIRE_FALSE(first.empty());
   sw.start(m, "s-b", 2, 4, {"--initial-peers", first, "--dht-ttl-s", "5"});
   sw.start(m, "s-c", 1, 3, {"--initial-peers", first, "--dht-ttl-s", "5"});
+  // s-d's link carries 1 Mbit/s: its announced throughput is what the link
+  // carries, 1e6 / (32 floats x 32 bits) = 976.6 hidden states per second.
+  sw.start(m, "s-d", 2, 4, {"--initial-peers", first, "--dht-ttl-s", "5", "--link-profile", "bw=1Mbit,lat=0ms"});
   // The client knows one DHT node (s-b's) and no server endpoint.
   auto remote = generate_cli(m, {"--swarm-dht", sw.dht.at("s-b"), "--log-level", "info"});
   REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
@@ -367,6 +370,13 @@ TEST_CASE("servers announce themselves in the DHT and a client finds them throug
   }
   CHECK(rtts.count("s-b") == 1);
   CHECK(rtts.count("s-c") == 1);
+  bool found_d = false;
+  for (const auto& r : reader.get_span(model, 2, 3))
+    if (r.node_id == "s-d") {
+      found_d = true;
+      CHECK(r.throughput == doctest::Approx(1e6 / (32.0 * 32.0)).epsilon(1e-6));
+    }
+  CHECK(found_d);
   for (const auto& [id, ms] : rtts) {
     MESSAGE("s-a -> " << id << ": " << ms << " ms");
     CHECK(ms > 0.0);
