@@ -22,9 +22,8 @@ kv_pool::kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int hea
                                 std::to_string(n_kv_heads) + ", " + std::to_string(head_dim) +
                                 ", " + std::to_string(page_tokens) + ")");
   row_width_ = static_cast<std::int64_t>(n_kv_heads) * head_dim;
-  page_bytes_ = static_cast<std::size_t>(2) * static_cast<std::size_t>(n_layers) *
-                static_cast<std::size_t>(page_tokens) * static_cast<std::size_t>(row_width_) *
-                sizeof(float);
+  page_bytes_ = static_cast<std::size_t>(2) * static_cast<std::size_t>(page_tokens) *
+                static_cast<std::size_t>(row_width_) * sizeof(float);
   max_pages_ = static_cast<std::int64_t>(budget_bytes_ / page_bytes_);
 }
 
@@ -70,18 +69,27 @@ void kv_pool::release(const std::vector<float*>& pages, std::size_t first) {
 
 // ---- kv_sequence -------------------------------------------------------------------
 
-kv_sequence::kv_sequence(std::shared_ptr<kv_pool> pool) : pool_(std::move(pool)) {
+kv_sequence::kv_sequence(std::shared_ptr<kv_pool> pool, int first_layer, int last_layer) : pool_(std::move(pool)) {
   if (!pool_) throw std::invalid_argument("kv_sequence: null pool");
-  auto layers = static_cast<std::size_t>(pool_->n_layers());
-  k_ptrs_.resize(layers);
-  v_ptrs_.resize(layers);
-  layer_length_.assign(layers, 0);
+  const int layers = pool_->n_layers();
+  if (last_layer < 0) last_layer = layers;
+  if (first_layer < 0 || last_layer > layers || first_layer >= last_layer)
+    throw std::invalid_argument("kv_sequence: layers [" + std::to_string(first_layer) + ", " +
+                                std::to_string(last_layer) + ") are not a non-empty part of the pool's " +
+                                std::to_string(layers));
+  first_layer_ = first_layer;
+  last_layer_ = last_layer;
+  k_ptrs_.resize(static_cast<std::size_t>(layers));
+  v_ptrs_.resize(static_cast<std::size_t>(layers));
+  layer_length_.assign(static_cast<std::size_t>(layers), 0);
 }
 
 kv_sequence::~kv_sequence() { release(); }
 
 kv_sequence::kv_sequence(kv_sequence&& o) noexcept
     : pool_(std::move(o.pool_)),
+      first_layer_(o.first_layer_),
+      last_layer_(o.last_layer_),
       pages_(std::move(o.pages_)),
       k_ptrs_(std::move(o.k_ptrs_)),
       v_ptrs_(std::move(o.v_ptrs_)),
@@ -93,6 +101,8 @@ kv_sequence& kv_sequence::operator=(kv_sequence&& o) noexcept {
   if (this != &o) {
     release();
     pool_ = std::move(o.pool_);
+    first_layer_ = o.first_layer_;
+    last_layer_ = o.last_layer_;
     pages_ = std::move(o.pages_);
     k_ptrs_ = std::move(o.k_ptrs_);
     v_ptrs_ = std::move(o.v_ptrs_);
@@ -103,19 +113,20 @@ kv_sequence& kv_sequence::operator=(kv_sequence&& o) noexcept {
 }
 
 std::int64_t kv_sequence::capacity() const {
-  return static_cast<std::int64_t>(pages_.size()) * (pool_ ? pool_->page_tokens() : 0);
+  if (!pool_) return 0;
+  return static_cast<std::int64_t>(pages_.size()) / used_layers() * pool_->page_tokens();
 }
 
 std::int64_t kv_sequence::length() const {
   if (layer_length_.empty()) return 0;
-  return *std::min_element(layer_length_.begin(), layer_length_.end());
+  return *std::min_element(layer_length_.begin() + first_layer_, layer_length_.begin() + last_layer_);
 }
 
 kv_reservation kv_sequence::reserve(std::int64_t n_tokens) {
   if (n_tokens <= capacity()) return {};
   const std::int64_t pt = pool_->page_tokens();
-  const std::int64_t need_pages = (n_tokens + pt - 1) / pt - static_cast<std::int64_t>(pages_.size());
-  const std::size_t first_new = pages_.size();
+  const std::int64_t held = static_cast<std::int64_t>(pages_.size()) / used_layers();
+  const std::int64_t need_pages = ((n_tokens + pt - 1) / pt - held) * used_layers();
   if (!pool_->acquire(need_pages, pages_)) {
     const std::size_t need_bytes = static_cast<std::size_t>(need_pages) * pool_->page_bytes();
     return {false, "KV cache full: need " + std::to_string(n_tokens - capacity()) +
@@ -123,14 +134,11 @@ kv_reservation kv_sequence::reserve(std::int64_t n_tokens) {
                        std::to_string(pool_->free_bytes()) + " bytes free of " +
                        std::to_string(pool_->budget_bytes())};
   }
-  const std::int64_t width = pool_->row_width();
-  const std::int64_t block = pt * width;  // floats of one layer's K (or V) in a page
-  for (std::size_t p = first_new; p < pages_.size(); ++p) {
-    for (std::size_t l = 0; l < k_ptrs_.size(); ++l) {
-      const float* base = pages_[p] + static_cast<std::int64_t>(2 * l) * block;
-      k_ptrs_[l].push_back(base);
-      v_ptrs_[l].push_back(base + block);
-    }
+  const std::int64_t block = pt * pool_->row_width();  // floats of one layer's K (or V) in a page
+  for (std::size_t p = static_cast<std::size_t>(held * used_layers()); p < pages_.size(); ++p) {
+    const auto l = static_cast<std::size_t>(first_layer_) + p % static_cast<std::size_t>(used_layers());
+    k_ptrs_[l].push_back(pages_[p]);
+    v_ptrs_[l].push_back(pages_[p] + block);
   }
   return {};
 }
@@ -152,9 +160,9 @@ void kv_sequence::copy_rows(float* dst, const Tensor& src, std::int64_t src_row,
 }
 
 void kv_sequence::append(int layer, std::int64_t start_pos, const Tensor& k, const Tensor& v) {
-  if (layer < 0 || layer >= n_layers())
-    throw tensor_error("kv_sequence::append: layer " + std::to_string(layer) + " of " +
-                       std::to_string(n_layers()));
+  if (layer < first_layer_ || layer >= last_layer_)
+    throw tensor_error("kv_sequence::append: layer " + std::to_string(layer) + " is outside the sequence's layers [" +
+                       std::to_string(first_layer_) + ", " + std::to_string(last_layer_) + ")");
   const auto l = static_cast<std::size_t>(layer);
   const std::int64_t width = pool_->row_width();
   if (k.rank() != 2 || k.dim(1) != width || k.shape() != v.shape() || k.type() != dtype::f32 ||
@@ -199,11 +207,12 @@ void kv_sequence::truncate(std::int64_t n_tokens) {
   for (auto& len : layer_length_) len = std::min(len, n_tokens);
   const std::int64_t pt = pool_->page_tokens();
   const auto keep = static_cast<std::size_t>((n_tokens + pt - 1) / pt);
-  if (keep >= pages_.size()) return;
-  pool_->release(pages_, keep);
-  pages_.resize(keep);
-  for (auto& p : k_ptrs_) p.resize(keep);
-  for (auto& p : v_ptrs_) p.resize(keep);
+  const std::size_t keep_pages = keep * static_cast<std::size_t>(used_layers());
+  if (keep_pages >= pages_.size()) return;
+  pool_->release(pages_, keep_pages);
+  pages_.resize(keep_pages);
+  for (auto& p : k_ptrs_) p.resize(std::min(p.size(), keep));
+  for (auto& p : v_ptrs_) p.resize(std::min(p.size(), keep));
 }
 
 void kv_sequence::release() { truncate(0); }

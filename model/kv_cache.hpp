@@ -2,10 +2,11 @@
 //
 // A kv_pool is one memory budget shared by every sequence of a process (a
 // swarm server shares one pool across all client sessions). Memory comes in
-// pages of `page_tokens` tokens; one page holds those tokens' keys and values
-// for every layer the pool covers, laid out [layer][K|V][token][Hkv*Dh], so a
-// layer's keys for a page are one contiguous block of rows (what
-// kv_pages_view in kernels/backend.hpp describes).
+// pages of `page_tokens` tokens of ONE layer, laid out [K|V][token][Hkv*Dh],
+// so a layer's keys for a page are one contiguous block of rows (what
+// kv_pages_view in kernels/backend.hpp describes). A sequence takes pages
+// only for the layers it uses: a swarm session over part of a server's span
+// costs that part's memory, not the whole span's.
 //
 // Pages are allocated lazily, when a sequence grows into them, and never as an
 // up-front reservation of the maximum length. A released page goes back to
@@ -60,10 +61,12 @@ class kv_pool {
   int page_tokens() const { return page_tokens_; }
   /// Floats in one K (or V) row: Hkv * Dh.
   std::int64_t row_width() const { return row_width_; }
-  /// Bytes of one page (every layer, keys and values).
+  /// Bytes of one page (one layer's keys and values for page_tokens tokens).
   std::size_t page_bytes() const { return page_bytes_; }
-  /// Bytes one token occupies across every layer (keys and values).
-  std::size_t bytes_per_token() const { return page_bytes_ / static_cast<std::size_t>(page_tokens_); }
+  /// Bytes one token occupies across every layer of the pool (keys and values).
+  std::size_t bytes_per_token() const {
+    return page_bytes_ * static_cast<std::size_t>(n_layers_) / static_cast<std::size_t>(page_tokens_);
+  }
   /// The byte budget given at construction.
   std::size_t budget_bytes() const { return budget_bytes_; }
   /// Most pages the budget admits at once.
@@ -97,12 +100,16 @@ class kv_pool {
   std::int64_t in_use_ = 0;
 };
 
-/// One sequence's cache: pages from a shared pool, a length per layer.
+/// One sequence's cache: pages from a shared pool for the layers
+/// [first_layer, last_layer) it uses, a length per layer.
 /// Not thread-safe (one session drives it); the pool it draws from is.
 class kv_sequence {
  public:
-  /// An empty sequence drawing from `pool` (kept alive by the sequence).
-  explicit kv_sequence(std::shared_ptr<kv_pool> pool);
+  /// An empty sequence drawing from `pool` (kept alive by the sequence) for
+  /// layers [first_layer, last_layer) of the pool (-1 = its last layer).
+  /// Throws std::invalid_argument for a range that is empty or outside the
+  /// pool's layers.
+  explicit kv_sequence(std::shared_ptr<kv_pool> pool, int first_layer = 0, int last_layer = -1);
   ~kv_sequence();
   kv_sequence(kv_sequence&&) noexcept;
   kv_sequence& operator=(kv_sequence&&) noexcept;
@@ -115,23 +122,29 @@ class kv_sequence {
   kv_reservation reserve(std::int64_t n_tokens);
   /// Tokens the held pages can store.
   std::int64_t capacity() const;
-  /// Tokens whose keys and values every layer holds.
+  /// Tokens whose keys and values every layer of the sequence holds.
   std::int64_t length() const;
-  /// Tokens layer `layer` holds.
+  /// Tokens layer `layer` holds (0 outside the sequence's layers).
   std::int64_t length(int layer) const { return layer_length_.at(static_cast<std::size_t>(layer)); }
   /// Layers of the pool (every layer has its own length and views).
   int n_layers() const { return pool_->n_layers(); }
+  /// The layers this sequence holds pages for: [first_layer, last_layer).
+  int first_layer() const { return first_layer_; }
+  int last_layer() const { return last_layer_; }
+  /// Pages held (one per used layer per page_tokens tokens).
+  std::int64_t pages() const { return static_cast<std::int64_t>(pages_.size()); }
   /// The pool the pages come from.
   const kv_pool& pool() const { return *pool_; }
 
   /// Writes the keys and values of tokens start_pos .. start_pos+n-1 of
   /// `layer` (k and v: [n, Hkv*Dh] f32 on the pool's device); that layer's
   /// length becomes start_pos + n (rewriting from start_pos drops what
-  /// followed). Throws tensor_error when start_pos is beyond the layer's
-  /// length (a gap) or the tokens exceed capacity() (reserve first).
+  /// followed). Throws tensor_error for a layer outside the sequence's,
+  /// when start_pos is beyond the layer's length (a gap) or the tokens
+  /// exceed capacity() (reserve first).
   void append(int layer, std::int64_t start_pos, const Tensor& k, const Tensor& v);
-  /// The attention kernel's view of `layer`. Valid until the next reserve,
-  /// truncate or release.
+  /// The attention kernel's view of `layer` (empty outside the sequence's
+  /// layers). Valid until the next reserve, truncate or release.
   kv_pages_view view(int layer) const;
   /// Keeps the first `n_tokens` tokens of every layer (rollback) and returns
   /// the pages no longer needed to the pool.
@@ -142,7 +155,11 @@ class kv_sequence {
  private:
   void copy_rows(float* dst, const Tensor& src, std::int64_t src_row, std::int64_t rows);
 
+  int used_layers() const { return last_layer_ - first_layer_; }
+
   std::shared_ptr<kv_pool> pool_;
+  int first_layer_ = 0, last_layer_ = 0;
+  /// Token page p of used layer i is pages_[p * used_layers() + i].
   std::vector<float*> pages_;
   /// Per layer, the base of its K (and V) block in each page: what view()
   /// hands out without building anything.

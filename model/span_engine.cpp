@@ -14,8 +14,12 @@ namespace corolla {
 
 /// One inference session: its KV cache and the last step (for retries).
 struct span_session {
-  span_session(std::string session_id, std::shared_ptr<kv_pool> pool, std::int64_t max_len)
-      : id(std::move(session_id)), kv(std::move(pool)), max_length(max_len) {}
+  /// A session over blocks [from_block, to_block) of the stage: its cache
+  /// holds pages for those layers only.
+  span_session(std::string session_id, std::shared_ptr<kv_pool> pool, std::int64_t max_len, int from_block,
+               int to_block)
+      : id(std::move(session_id)), kv(std::move(pool), from_block, to_block), max_length(max_len),
+        from(from_block), to(to_block) {}
 
   std::string id;
   kv_sequence kv;
@@ -99,12 +103,14 @@ span_engine& span_engine::operator=(span_engine&&) noexcept = default;
 
 // ---- accounting ----------------------------------------------------------------------
 
+// Pages hold one layer each: a session over the whole span takes one page
+// per block for every page_tokens tokens.
 std::int64_t span_engine::cache_tokens() const {
-  return pool_->max_pages() * pool_->page_tokens();
+  return pool_->max_pages() / pool_->n_layers() * pool_->page_tokens();
 }
 
 std::int64_t span_engine::cache_tokens_left() const {
-  return (pool_->max_pages() - pool_->pages_in_use()) * pool_->page_tokens();
+  return (pool_->max_pages() - pool_->pages_in_use()) / pool_->n_layers() * pool_->page_tokens();
 }
 
 std::size_t span_engine::cache_bytes_used() const {
@@ -158,9 +164,7 @@ span_expected<void> span_engine::open_session(const std::string& id, std::int64_
     return error(span_errc::duplicate_session, "session " + in_quotes(id) + " is already open");
   auto blocks = local_blocks(first_block, last_block);
   if (!blocks) return blocks.error();
-  auto s = std::make_unique<span_session>(id, pool_, max_length);
-  s->from = blocks.value().first;
-  s->to = blocks.value().second;
+  auto s = std::make_unique<span_session>(id, pool_, max_length, blocks.value().first, blocks.value().second);
   sessions_.emplace(id, std::move(s));
   return {};
 }

@@ -34,25 +34,27 @@ float cached(const kv_pages_view& view, bool keys, std::int64_t pos, std::int64_
 }  // namespace
 
 TEST_CASE("kv pool allocates pages lazily, not the whole budget") {
+  // 2 layers, 2 kv heads of 4: a page is one layer's K and V for 16 tokens.
   auto pool = std::make_shared<kv_pool>(1 << 20, 2, 2, 4, 16);
-  CHECK(pool->page_bytes() == 2u * 2 * 16 * 8 * 4);
+  CHECK(pool->page_bytes() == 2u * 16 * 8 * 4);
+  CHECK(pool->bytes_per_token() == 2u * 2 * 8 * 4);
   CHECK(pool->pages_allocated() == 0);
   kv_sequence seq(pool);
   CHECK(seq.capacity() == 0);
   REQUIRE(seq.reserve(1));
-  CHECK(pool->pages_allocated() == 1);
+  CHECK(pool->pages_allocated() == 2);  // one per layer
   CHECK(seq.capacity() == 16);
   REQUIRE(seq.reserve(16));
-  CHECK(pool->pages_allocated() == 1);
-  REQUIRE(seq.reserve(17));
   CHECK(pool->pages_allocated() == 2);
-  CHECK(pool->pages_in_use() == 2);
+  REQUIRE(seq.reserve(17));
+  CHECK(pool->pages_allocated() == 4);
+  CHECK(pool->pages_in_use() == 4);
 }
 
 TEST_CASE("kv cache full gives a clear message and acquires nothing") {
-  // Room for exactly 3 pages of 4 tokens.
+  // Room for exactly 3 pages of 4 tokens over both layers.
   const int layers = 2, heads = 1, dim = 2, page = 4;
-  const std::size_t page_bytes = 2u * layers * page * heads * dim * sizeof(float);
+  const std::size_t page_bytes = 2u * layers * page * heads * dim * sizeof(float);  // both layers' pages
   auto pool = std::make_shared<kv_pool>(3 * page_bytes, layers, heads, dim, page);
   kv_sequence a(pool);
   REQUIRE(a.reserve(8));  // 2 pages
@@ -63,7 +65,7 @@ TEST_CASE("kv cache full gives a clear message and acquires nothing") {
                        " bytes), " + std::to_string(page_bytes) + " bytes free of " +
                        std::to_string(3 * page_bytes));
   CHECK(b.capacity() == 0);
-  CHECK(pool->pages_in_use() == 2);
+  CHECK(pool->pages_in_use() == 4);
   CHECK(b.reserve(4));  // the last page still fits
   CHECK_FALSE(a.reserve(9));
 }
@@ -125,11 +127,11 @@ TEST_CASE("kv truncate rolls back and returns pages") {
   kv_sequence seq(pool);
   REQUIRE(seq.reserve(10));
   for (int l = 0; l < 2; ++l) seq.append(l, 0, rows_for(0, 10, width, 0), rows_for(0, 10, width, 1));
-  CHECK(pool->pages_in_use() == 3);
+  CHECK(pool->pages_in_use() == 6);
   seq.truncate(5);
   CHECK(seq.length() == 5);
   CHECK(seq.capacity() == 8);
-  CHECK(pool->pages_in_use() == 2);
+  CHECK(pool->pages_in_use() == 4);
   CHECK(seq.view(1).length == 5);
   // Rewrite from position 5 with different values: the old tail is gone.
   REQUIRE(seq.reserve(7));
@@ -160,4 +162,31 @@ TEST_CASE("kv pool hands out pages safely from many threads") {
   CHECK(pool->pages_in_use() == 0);
   CHECK(pool->pages_allocated() <= 64);
   for (int g : granted) CHECK(g > 0);
+}
+
+TEST_CASE("a sequence over part of the pool's layers takes pages for those layers only") {
+  const std::int64_t width = 2;
+  const int layers = 4, page = 4;
+  const std::size_t layer_page = 2u * page * width * sizeof(float);
+  auto pool = std::make_shared<kv_pool>(4 * layer_page, layers, 1, 2, page);
+  kv_sequence part(pool, 1, 3);
+  CHECK(part.first_layer() == 1);
+  CHECK(part.last_layer() == 3);
+  REQUIRE(part.reserve(8));  // 2 token pages x 2 layers: the whole budget
+  CHECK(pool->pages_in_use() == 4);
+  CHECK(part.capacity() == 8);
+  kv_sequence whole(pool);
+  CHECK_FALSE(whole.reserve(1));  // would need 4 more pages
+  for (int l = 1; l < 3; ++l) part.append(l, 0, rows_for(0, 6, width, 0), rows_for(0, 6, width, 1));
+  CHECK(part.length() == 6);
+  CHECK(cached(part.view(2), true, 5, width, 1) == doctest::Approx(5001.0f));
+  CHECK(part.view(0).length == 0);
+  CHECK(part.view(0).k_pages.empty());
+  CHECK_THROWS_AS(part.append(0, 0, rows_for(0, 1, width, 0), rows_for(0, 1, width, 0)), tensor_error);
+  CHECK_THROWS_AS(part.append(3, 0, rows_for(0, 1, width, 0), rows_for(0, 1, width, 0)), tensor_error);
+  part.truncate(3);
+  CHECK(pool->pages_in_use() == 2);
+  CHECK(part.length() == 3);
+  CHECK_THROWS_AS(kv_sequence(pool, 2, 2), std::invalid_argument);
+  CHECK_THROWS_AS(kv_sequence(pool, 0, 5), std::invalid_argument);
 }

@@ -668,6 +668,15 @@ TEST_CASE("cache accounting follows the pages sessions hold") {
   REQUIRE(e.close_session("a"));
   CHECK(e.cache_tokens_left() == 112 - 16);
   CHECK(e.session_count() == 1);
+  // A session over one of the two blocks pays for that block's layer only:
+  // 48 tokens of it take what 24 whole-span tokens would.
+  REQUIRE(e.open_session("half", 64, 1, 2));
+  REQUIRE(e.inference_step("half", random_tensor({48, m.cfg.hidden_size}, 3), 0));
+  CHECK(e.cache_bytes_used() == (16 + 24) * per_token);
+  // Left for a new whole-span session: 14 - 2 - 3 = 9 free one-layer pages
+  // make 4 whole pages of 16 tokens.
+  CHECK(e.cache_tokens_left() == 64);
+  REQUIRE(e.close_session("half"));
   // A zero budget is allowed (the server then only serves forward/backward).
   span_engine none = m.engine(0, 2, 0);
   CHECK(none.cache_tokens() == 0);
