@@ -68,6 +68,35 @@ attention_geometry check_attention_geometry(const attention_shape& s, const char
   return g;
 }
 
+namespace {
+
+struct matrix_shape {
+  std::int64_t rows = 1, cols = 0;
+};
+
+matrix_shape as_matrix(const Tensor& t, const char* what) {
+  require_condition(t.rank() >= 1, what, "gemm operands need at least one dimension");
+  matrix_shape m;
+  m.cols = t.dim(-1);
+  for (int i = 0; i + 1 < t.rank(); ++i) m.rows *= t.dim(i);
+  return m;
+}
+
+}  // namespace
+
+gemm_dims check_gemm_shapes(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
+  const matrix_shape ad = as_matrix(a, "gemm a"), bd = as_matrix(b, "gemm b"), cd = as_matrix(c, "gemm c");
+  gemm_dims d;
+  d.m = trans_a ? ad.cols : ad.rows;
+  d.k = trans_a ? ad.rows : ad.cols;
+  const std::int64_t kb = trans_b ? bd.cols : bd.rows;
+  d.n = trans_b ? bd.rows : bd.cols;
+  if (d.k != kb || cd.rows != d.m || cd.cols != d.n)
+    throw tensor_error("gemm: incompatible shapes: a " + shape_str(a.shape()) + (trans_a ? "^T" : "") + ", b " +
+                       shape_str(b.shape()) + (trans_b ? "^T" : "") + ", c " + shape_str(c.shape()));
+  return d;
+}
+
 std::int64_t check_kv_pages(const kv_pages_view& cache, std::int64_t start_pos, std::int64_t tq,
                             const char* what) {
   require_condition(start_pos >= 0, what, "start_pos must not be negative");

@@ -27,6 +27,17 @@ void require_like_on(const Tensor& t, device where, dtype type, const Tensor& li
 /// Throws tensor_error with `what` + ": " + `detail` when `ok` is false.
 void require_condition(bool ok, const char* what, const char* detail);
 
+/// The sizes of a product c[m, n] = op(a)[m, k] @ op(b)[k, n].
+struct gemm_dims {
+  std::int64_t m = 0, n = 0, k = 0;
+};
+/// Sees a, b and c as matrices (leading dimensions folded into rows) and
+/// checks that they make a product with the given transpositions; throws
+/// tensor_error ("gemm: incompatible shapes: a [..]^T, b [..], c [..]", or
+/// an operand without dimensions) otherwise. Dtypes and devices are the
+/// caller's to check.
+gemm_dims check_gemm_shapes(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c);
+
 /// Validated attention geometry (attention_shape with the defaults applied).
 struct attention_geometry {
   std::int64_t hq = 0, hkv = 0, dh = 0;

@@ -19,34 +19,13 @@
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/cpu_common.hpp"
+#include "kernels/op_checks.hpp"
 
 namespace corolla::cpu {
 namespace {
 
 blasint bi(std::int64_t v) { return static_cast<blasint>(v); }
 
-/// A tensor seen as a row-major matrix: leading dimensions folded into rows.
-struct matrix_dims {
-  std::int64_t rows = 0;
-  std::int64_t cols = 0;
-};
-
-matrix_dims as_matrix(const Tensor& t, const char* what) {
-  require_host(t, dtype::f32, what);
-  require_that(t.rank() >= 1, what, "gemm operands need at least one dimension");
-  matrix_dims m;
-  m.cols = t.dim(-1);
-  m.rows = 1;
-  for (int i = 0; i + 1 < t.rank(); ++i) m.rows *= t.dim(i);
-  return m;
-}
-
-[[noreturn]] void throw_gemm_shapes(const Tensor& a, bool ta, const Tensor& b, bool tb,
-                                    const Tensor& c) {
-  throw tensor_error("gemm: incompatible shapes: a " + shape_str(a.shape()) +
-                     (ta ? "^T" : "") + ", b " + shape_str(b.shape()) + (tb ? "^T" : "") +
-                     ", c " + shape_str(c.shape()));
-}
 
 /// y = beta * y; beta = 0 writes zeros without reading y, which may be
 /// uninitialised memory holding NaN bit patterns.
@@ -110,11 +89,10 @@ cpu_backend_impl::cpu_backend_impl() {
 
 void cpu_backend_impl::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                             Tensor& c, float alpha, float beta) {
-  matrix_dims ad = as_matrix(a, "gemm a"), bd = as_matrix(b, "gemm b"),
-              cd = as_matrix(c, "gemm c");
-  const std::int64_t m = trans_a ? ad.cols : ad.rows, k = trans_a ? ad.rows : ad.cols;
-  const std::int64_t kb = trans_b ? bd.cols : bd.rows, n = trans_b ? bd.rows : bd.cols;
-  if (k != kb || cd.rows != m || cd.cols != n) throw_gemm_shapes(a, trans_a, b, trans_b, c);
+  require_host(a, dtype::f32, "gemm a");
+  require_host(b, dtype::f32, "gemm b");
+  require_host(c, dtype::f32, "gemm c");
+  const auto [m, n, k] = check_gemm_shapes(a, trans_a, b, trans_b, c);
 
   float* cp = c.data<float>();
   if (m == 0 || n == 0) return;
@@ -131,7 +109,7 @@ void cpu_backend_impl::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool
       gemv_cols(bp, k, n, n, ap, cp, alpha, beta);  // b [K,N]
     return;
   }
-  sgemm(trans_a, trans_b, m, n, k, alpha, ap, ad.cols, bp, bd.cols, beta, cp, n);
+  sgemm(trans_a, trans_b, m, n, k, alpha, ap, a.dim(-1), bp, b.dim(-1), beta, cp, n);
 }
 
 void cpu_backend_impl::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {

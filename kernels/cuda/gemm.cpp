@@ -98,26 +98,6 @@ struct preference_desc {
   }
 };
 
-struct matrix_dims {
-  std::int64_t rows = 0, cols = 0;
-};
-
-matrix_dims as_matrix(const Tensor& t, device where, const char* what) {
-  require_float(t, where, what);
-  require_condition(t.rank() >= 1, what, "gemm operands need at least one dimension");
-  matrix_dims m;
-  m.cols = t.dim(-1);
-  m.rows = 1;
-  for (int i = 0; i + 1 < t.rank(); ++i) m.rows *= t.dim(i);
-  return m;
-}
-
-[[noreturn]] void throw_gemm_shapes(const Tensor& a, bool ta, const Tensor& b, bool tb,
-                                    const Tensor& c) {
-  throw tensor_error("gemm: incompatible shapes: a " + shape_str(a.shape()) + (ta ? "^T" : "") +
-                     ", b " + shape_str(b.shape()) + (tb ? "^T" : "") + ", c " +
-                     shape_str(c.shape()));
-}
 
 /// c = beta * c over n elements without reading c when beta is 0.
 void scale_or_zero(stream_t s, void* c, dtype ct, std::int64_t n, float beta) {
@@ -217,20 +197,19 @@ void cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
 
 void cuda_backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                         float alpha, float beta) {
-  const matrix_dims ad = as_matrix(a, dev(), "gemm a"), bd = as_matrix(b, dev(), "gemm b"),
-                    cd = as_matrix(c, dev(), "gemm c");
+  require_float(a, dev(), "gemm a");
+  require_float(b, dev(), "gemm b");
+  require_float(c, dev(), "gemm c");
   require_product_types(a, "gemm a", b, "gemm b", c, "gemm c");
-  const std::int64_t m = trans_a ? ad.cols : ad.rows, k = trans_a ? ad.rows : ad.cols;
-  const std::int64_t kb = trans_b ? bd.cols : bd.rows, n = trans_b ? bd.rows : bd.cols;
-  if (k != kb || cd.rows != m || cd.cols != n) throw_gemm_shapes(a, trans_a, b, trans_b, c);
+  const auto [m, n, k] = check_gemm_shapes(a, trans_a, b, trans_b, c);
   if (m == 0 || n == 0) return;
   device_guard guard(index_);
   if (k == 0) {  // empty sum: c = beta * c
     scale_or_zero(stream_, c.raw(), c.type(), m * n, beta);
     return;
   }
-  lt_matmul(trans_a, trans_b, m, n, k, alpha, a.raw(), a.type(), ad.cols, b.raw(), b.type(),
-            bd.cols, beta, c.raw(), c.type(), n, nullptr);
+  lt_matmul(trans_a, trans_b, m, n, k, alpha, a.raw(), a.type(), a.dim(-1), b.raw(), b.type(),
+            b.dim(-1), beta, c.raw(), c.type(), n, nullptr);
 }
 
 void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
