@@ -301,8 +301,10 @@ int run_swarm_stage(const demo_options& o, const fs::path& out, const fs::path& 
   for (const auto& hop : g.route)
     final_route += (final_route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " via " + hop.server;
   std::printf("\n%s\n\n", text_of(tok, prompt, g.result.tokens).c_str());
-  std::printf("(%zu tokens through the swarm in %.1f s, %d failover(s); route at the end: %s)\n",
-              g.result.tokens.size(), seconds, g.failovers, final_route.c_str());
+  std::printf("(%zu tokens through the swarm in %.1f s, %d failover(s), %llu hop input(s) pushed server to server; "
+              "route at the end: %s)\n",
+              g.result.tokens.size(), seconds, g.failovers, static_cast<unsigned long long>(g.pushed_hops),
+              final_route.c_str());
 
   const auto& want = reference.tokens;
   const auto& got = g.result.tokens;
