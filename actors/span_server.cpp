@@ -1,7 +1,9 @@
 #include "actors/span_server.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -41,29 +43,37 @@ struct queued_step {
   span_step step;  ///< the request (compression, push target)
 };
 
-/// Steps are matched with pushes by session and step id.
-using step_key = std::pair<std::string, std::uint64_t>;
-
-/// A client's step whose input the previous server will push.
+/// A client's step whose input the previous server will push. A session
+/// has at most one: any newer step of it ends the older wait.
 struct awaited_step {
   span_step step;
   caf::response_promise promise;
+  std::uint64_t seq = 0;  ///< tells this wait's timer from an older one's
 };
 
-/// A push that arrived before the client's request for it.
+/// A push that arrived before the client's request for it, filed by
+/// (session, step id, sending node): a stranger's push never displaces the
+/// expected server's.
+using early_key = std::tuple<std::string, std::uint64_t, std::string>;
 struct early_push {
-  std::string from;
   std::int64_t start = 0;
   Tensor hidden;
   std::chrono::steady_clock::time_point at;
 };
 
-/// Pushes kept for requests still on their way, at most (the oldest goes).
+/// Early pushes kept at most, by count and by bytes (the oldest go first).
 constexpr std::size_t max_early_pushes = 256;
+constexpr std::size_t max_early_push_bytes = std::size_t{256} << 20;
 /// An early push nobody asked for within this long is dropped.
 constexpr std::chrono::seconds early_push_ttl{30};
-/// A next server that could not be dialled is tried again after this long.
+/// The longest wait for a push a client may ask for.
+constexpr std::uint32_t max_push_wait_ms = 600'000;
+/// A next server that could not be dialled is tried again after this long;
+/// dial records older than forget_dial_after are forgotten, and at most
+/// max_dialled are kept (client-named endpoints must not grow the map).
 constexpr std::chrono::seconds redial_after{5};
+constexpr std::chrono::minutes forget_dial_after{10};
+constexpr std::size_t max_dialled = 256;
 
 struct span_server_state {
   std::shared_ptr<span_engine> engine;
@@ -77,8 +87,10 @@ struct span_server_state {
   double step_s_per_block = 0;
   /// The node, for pushing outputs to the next server of a route.
   node* runtime = nullptr;
-  std::map<step_key, awaited_step> awaited;
-  std::map<step_key, early_push> early;
+  std::map<std::string, awaited_step> awaited;  ///< by session
+  std::map<early_key, early_push> early;
+  std::size_t early_bytes = 0;
+  std::uint64_t next_wait_seq = 1;
   /// Endpoints of next servers being dialled, and since when.
   std::map<std::string, clock_type::time_point> dialled;
   /// RTTs to the next block's servers, as the serving program measured them.
@@ -123,6 +135,7 @@ span_info info_of(const span_server_state& st) {
   i.sessions = static_cast<std::uint32_t>(e.session_count());
   i.rtt_ms = st.next_rtt_ms;
   i.draining = st.draining;
+  i.awaiting_pushes = static_cast<std::uint32_t>(st.awaited.size());
   return i;
 }
 
@@ -141,8 +154,10 @@ span_step_done push_on(span_server_state& st, const span_step& step, const Tenso
   node& n = *st.runtime;
   if (!n.peer_is_up(to.node)) {
     const auto now = clock_type::now();
+    std::erase_if(st.dialled, [&](const auto& d) { return now - d.second > forget_dial_after; });
     auto it = st.dialled.find(to.endpoint);
-    if (!to.endpoint.empty() && (it == st.dialled.end() || now - it->second > redial_after)) {
+    if (to.endpoint.rfind("tcp://", 0) == 0 && (it == st.dialled.end() || now - it->second > redial_after) &&
+        (it != st.dialled.end() || st.dialled.size() < max_dialled)) {
       st.dialled[to.endpoint] = now;
       connect_options c;
       c.server_key = to.public_key;
@@ -247,39 +262,78 @@ void take_push(span_server_actor* self, awaited_step& a, std::int64_t start, con
   run_step(self, a.step, hidden, a.promise);
 }
 
+/// Answers the session's waiting request (if any) with an error and forgets it.
+void end_wait(span_server_state& st, const std::string& session, const char* code, const std::string& why) {
+  auto a = st.awaited.find(session);
+  if (a == st.awaited.end()) return;
+  a->second.promise.deliver(error_from_wire(code, why));
+  st.awaited.erase(a);
+}
+
+/// Drops the session's early pushes for steps up to `last_step_id` (all of
+/// them with the default).
+void drop_early(span_server_state& st, const std::string& session,
+                std::uint64_t last_step_id = std::numeric_limits<std::uint64_t>::max()) {
+  for (auto e = st.early.lower_bound(early_key{session, 0, {}});
+       e != st.early.end() && std::get<0>(e->first) == session && std::get<1>(e->first) <= last_step_id;) {
+    st.early_bytes -= e->second.hidden.nbytes();
+    e = st.early.erase(e);
+  }
+}
+
+/// Drops early pushes older than early_push_ttl.
+void expire_early(span_server_state& st) {
+  const auto now = clock_type::now();
+  for (auto e = st.early.begin(); e != st.early.end();) {
+    if (now - e->second.at <= early_push_ttl) {
+      ++e;
+      continue;
+    }
+    st.early_bytes -= e->second.hidden.nbytes();
+    e = st.early.erase(e);
+  }
+}
+
 void on_step(span_server_actor* self, remote_message& m, caf::response_promise& rp) {
   auto& st = self->state;
   auto step = decode_span_step(m.body);
   if (!step) return rp.deliver(step.error());
-  const step_key key{step->session_id, step->step_id};
+  const std::string session = step->session_id;
   if (step->await_push) {
     if (!m.tensors.empty() || step->step_id == 0)
       return rp.deliver(make_error(errc::bad_message, "a span.step awaiting a push carries no tensor and a step id"));
-    if (auto e = st.early.find(key); e != st.early.end()) {
+    // What can be checked without the rows is checked now, not after a wait.
+    const auto length = engine_of(st, session).session_length(session);
+    if (!length) return rp.deliver(error_from_wire("unknown_session", "no open session '" + session + "'"));
+    if (step->start < 0 || step->start > *length)
+      return rp.deliver(error_from_wire("bad_position", "step starts at position " + std::to_string(step->start) +
+                                                            " but the session holds " + std::to_string(*length) +
+                                                            " tokens"));
+    // One wait per session: an older one (a step the client gave up on)
+    // ends now, and no late push for it can run after this step.
+    end_wait(st, session, "superseded", "a newer step of this session arrived");
+    drop_early(st, session, step->step_id - 1);
+    if (auto e = st.early.find(early_key{session, step->step_id, step->push_from}); e != st.early.end()) {
       early_push p = std::move(e->second);
+      st.early_bytes -= p.hidden.nbytes();
       st.early.erase(e);
       awaited_step a{std::move(*step), rp};
-      if (p.from == a.step.push_from) return take_push(self, a, p.start, p.hidden);
-      spdlog::warn("span server: dropped a push for {} from {}, the step expects it from {}", key.first, p.from,
-                   a.step.push_from);
-      step = std::move(a.step);
+      return take_push(self, a, p.start, p.hidden);
     }
-    const auto wait = std::chrono::milliseconds(std::max<std::uint32_t>(step->wait_ms, 1));
-    auto [it, fresh] = st.awaited.insert_or_assign(key, awaited_step{std::move(*step), rp});
-    (void)it;
-    (void)fresh;
-    self->delayed_send(self, wait, push_timeout_atom::value, key.first, key.second);
+    const std::uint32_t wait_ms = std::clamp<std::uint32_t>(step->wait_ms, 1, max_push_wait_ms);
+    const std::uint64_t seq = st.next_wait_seq++;
+    st.awaited.insert_or_assign(session, awaited_step{std::move(*step), rp, seq});
+    self->delayed_send(self, std::chrono::milliseconds(wait_ms), push_timeout_atom::value, session, seq);
     return;
   }
   if (m.tensors.size() != 1)
     return rp.deliver(make_error(errc::bad_message, "span.step carries one tensor (hidden states), got " +
                                                         std::to_string(m.tensors.size())));
   // The client carries this step itself (a failure or an unpushed output
-  // upstream): a request still waiting for its push is superseded.
-  if (auto a = st.awaited.find(key); a != st.awaited.end()) {
-    a->second.promise.deliver(error_from_wire("superseded", "the client sent this step's input itself"));
-    st.awaited.erase(a);
-  }
+  // upstream): a request still waiting for a push is superseded, and pushes
+  // for this or older steps are not needed any more.
+  end_wait(st, session, "superseded", "the client sent this step's input itself");
+  drop_early(st, session, step->step_id);
   run_step(self, *step, m.tensors[0], rp);
 }
 
@@ -294,24 +348,35 @@ void on_push(span_server_actor* self, remote_message& m) {
                  step ? "it carries " + std::to_string(m.tensors.size()) + " tensors, not 1" : error_message(step.error()));
     return;
   }
-  const step_key key{step->session_id, step->step_id};
-  if (auto a = st.awaited.find(key); a != st.awaited.end()) {
-    if (m.from_node != a->second.step.push_from) {
-      spdlog::warn("span server: dropped a push for {} from {}, the step expects it from {}", key.first, m.from_node,
-                   a->second.step.push_from);
-      return;
+  const std::string session = step->session_id;
+  if (auto a = st.awaited.find(session); a != st.awaited.end()) {
+    const span_step& want = a->second.step;
+    if (step->step_id < want.step_id) return;  // for a step the client has moved on from
+    if (step->step_id == want.step_id) {
+      if (m.from_node != want.push_from) {
+        spdlog::warn("span server: dropped a push for {} from {}, the step expects it from {}", session, m.from_node,
+                     want.push_from);
+        return;
+      }
+      awaited_step taken = std::move(a->second);
+      st.awaited.erase(a);
+      return take_push(self, taken, step->start, m.tensors[0]);
     }
-    awaited_step taken = std::move(a->second);
-    st.awaited.erase(a);
-    return take_push(self, taken, step->start, m.tensors[0]);
   }
-  // The client's request is still on its way: keep the push for it.
-  const auto now = clock_type::now();
-  std::erase_if(st.early, [&](const auto& e) { return now - e.second.at > early_push_ttl; });
-  if (st.early.size() >= max_early_pushes)
-    st.early.erase(std::min_element(st.early.begin(), st.early.end(),
-                                    [](const auto& a, const auto& b) { return a.second.at < b.second.at; }));
-  st.early.insert_or_assign(key, early_push{m.from_node, step->start, m.tensors[0], now});
+  // The client's request is still on its way: keep the push for it, within
+  // the count and byte limits (the oldest go first).
+  const early_key key{session, step->step_id, m.from_node};
+  const std::size_t bytes = m.tensors[0].nbytes();
+  if (st.early.count(key) || bytes > max_early_push_bytes) return;
+  expire_early(st);
+  while (!st.early.empty() && (st.early.size() >= max_early_pushes || st.early_bytes + bytes > max_early_push_bytes)) {
+    auto oldest = std::min_element(st.early.begin(), st.early.end(),
+                                   [](const auto& x, const auto& y) { return x.second.at < y.second.at; });
+    st.early_bytes -= oldest->second.hidden.nbytes();
+    st.early.erase(oldest);
+  }
+  st.early.emplace(key, early_push{step->start, m.tensors[0], clock_type::now()});
+  st.early_bytes += bytes;
 }
 
 void on_stateless(span_server_actor* self, remote_message& m, caf::response_promise& rp, bool backward) {
@@ -344,12 +409,15 @@ void expire_idle(span_server_actor* self) {
       ++it;
       continue;
     }
+    end_wait(st, it->first, "unknown_session", "session " + it->first + " expired");
+    drop_early(st, it->first);
     if (engine_of(st, it->first).close_session(it->first))
       spdlog::info("span server: closed session {} after {} s without a request", it->first,
                    std::chrono::duration_cast<std::chrono::seconds>(now - it->second).count());
     it = st.last_used.erase(it);
   }
   release_retiring(st);
+  expire_early(st);
 }
 
 caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_ptr<span_engine> engine,
@@ -383,14 +451,8 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
           auto id = decode_span_close(m.body);
           if (!id) return rp.deliver(id.error());
           st.last_used.erase(*id);
-          for (auto a = st.awaited.begin(); a != st.awaited.end();) {
-            if (a->first.first != *id) {
-              ++a;
-              continue;
-            }
-            a->second.promise.deliver(error_from_wire("unknown_session", "session " + *id + " was closed"));
-            a = st.awaited.erase(a);
-          }
+          end_wait(st, *id, "unknown_session", "session " + *id + " was closed");
+          drop_early(st, *id);
           if (auto r = engine_of(st, *id).close_session(*id); !r) return rp.deliver(to_caf(r.error()));
           release_retiring(st);
           return rp.deliver(answer(span_request::close));
@@ -410,10 +472,10 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
         release_retiring(st);
         return st.engine->session_count() + (st.retiring ? st.retiring->session_count() : 0);
       },
-      [self](push_timeout_atom, const std::string& session, std::uint64_t step_id) {
+      [self](push_timeout_atom, const std::string& session, std::uint64_t seq) {
         auto& st = self->state;
-        auto a = st.awaited.find(step_key{session, step_id});
-        if (a == st.awaited.end()) return;
+        auto a = st.awaited.find(session);
+        if (a == st.awaited.end() || a->second.seq != seq) return;
         a->second.promise.deliver(error_from_wire(
             "push_timeout", "no input for session " + session + " from the previous server " +
                                 a->second.step.push_from + " within " + std::to_string(a->second.step.wait_ms) + " ms"));

@@ -1,6 +1,7 @@
 #include "actors/swarm_client.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -431,15 +432,23 @@ std::size_t swarm_session::push_step(Tensor& x, std::int64_t start) {
   using handle = decltype(self->request(caf::actor{}, timeout, remote_message{}));
   std::vector<handle> answers;
   answers.reserve(k);
+  // Every hop must be reachable before anything goes out (else the client
+  // carries the whole step, and no server computes it twice).
+  std::vector<caf::actor> targets;
+  for (const auto& h : hops_) {
+    auto target = n.remote_actor(h.hop.server, "span");
+    if (!target) return 0;
+    targets.push_back(std::move(*target));
+  }
   Tensor sent = compress ? int8_wire_roundtrip(x) : x;
   for (std::size_t i = 0; i < k; ++i) {
-    auto target = n.remote_actor(hops_[i].hop.server, "span");
-    if (!target) return 0;  // requests already out are superseded by the client's own
     span_step st{.session_id = hops_[i].session, .start = start, .step_id = step_id_, .compress_output = compress};
     if (i > 0) {
+      // Hop i waits for i hops' work before its input comes.
       st.await_push = true;
       st.push_from = hops_[i - 1].hop.server;
-      st.wait_ms = static_cast<std::uint32_t>(timeout.count());
+      st.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(timeout.count() * static_cast<std::int64_t>(i),
+                                                                      std::numeric_limits<std::uint32_t>::max()));
     }
     if (i + 1 < k) {
       const known_server* next = client_.server(hops_[i + 1].hop.server);
@@ -448,7 +457,7 @@ std::size_t swarm_session::push_step(Tensor& x, std::int64_t start) {
     }
     remote_message m = request_of(span_request::step, encode_body(st), i == 0 ? std::vector<Tensor>{sent} : std::vector<Tensor>{});
     if (i == 0 && compress) m.encodings = {net::tensor_encoding::int8_block};
-    answers.push_back(self->request(*target, i == 0 ? timeout : 2 * timeout, std::move(m)));
+    answers.push_back(self->request(targets[i], timeout * static_cast<long>(i + 1), std::move(m)));
   }
   for (std::size_t i = 0; i < k; ++i) {
     caf::expected<remote_message> r{make_error(errc::peer_down, "no answer")};

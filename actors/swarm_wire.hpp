@@ -40,6 +40,8 @@ struct span_info {
   std::map<std::string, double> rtt_ms{};
   /// Shutting down: sessions already open go on, span.open is refused.
   bool draining = false;
+  /// Steps waiting for their input from the previous server's push.
+  std::uint32_t awaiting_pushes = 0;
 };
 
 /// wire::SpanOpen.

@@ -90,6 +90,7 @@ struct SpanInfo {
   sessions @9 :UInt32;       # open sessions
   rtts @10 :List(PeerRtt);   # RTTs the server measured to servers of the block after its span
   draining @11 :Bool;        # shutting down: open sessions go on, new ones are refused
+  awaitingPushes @12 :UInt32; # steps waiting for a push from the previous server
 }
 
 # One measured round-trip time to another node.

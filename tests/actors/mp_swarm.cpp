@@ -295,7 +295,15 @@ TEST_CASE("a server told to stop finishes its open sessions, refuses new ones, a
   REQUIRE((*first)->step(x, 0));
 
   sw.procs.at(draining).signal(SIGTERM);
-  std::this_thread::sleep_for(300ms);  // the server has begun draining
+  bool began = false;  // span.info says so once the server has begun draining
+  for (int tries = 0; tries < 500 && !began; ++tries) {
+    remote_message ask;
+    ask.type = span_request::info;
+    if (auto r = n->request(draining, "span", std::move(ask), 2s))
+      if (auto info = decode_span_info(r->body)) began = info->draining;
+    if (!began) std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(began);
   CHECK_FALSE(sw.procs.at(draining).wait(0ms));  // still running: a session is open
   // The open session goes on there, without a failover.
   for (int t = 3; t < 6; ++t) REQUIRE((*first)->step(testing::random_tensor({1, m.cfg.hidden_size}, 10 + t), t));

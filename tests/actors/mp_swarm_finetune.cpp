@@ -123,6 +123,12 @@ TEST_CASE("prompt tuning through the swarm equals prompt tuning with local block
   check_same_run(got, want);
   CHECK(remote.failovers() >= 1);
   for (const auto& hop : remote.route()) CHECK(hop.server != victim);
+  // The seeded routes make the victim's blocks go to two servers, so the
+  // backward recomputed the first one's forward to give the second its input.
+  bool two_hop_replacement = false;
+  for (const auto& e : events)
+    if (e.find("fine-tuning: blocks") == 0 && e.find(" -> ") != std::string::npos) two_hop_replacement = true;
+  CHECK(two_hop_replacement);
   std::string log;
   for (const auto& e : events) log += "\n  " + e;
   MESSAGE(remote.failovers() << " failover(s):" << log);

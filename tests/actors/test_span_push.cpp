@@ -80,6 +80,19 @@ struct push_fixture {
     REQUIRE(ref_b->open_session(session, 16));
   }
 
+  /// Waits (at most 5 s) until b has `n` steps waiting for a push.
+  void wait_awaiting(std::uint32_t n) {
+    for (int tries = 0; tries < 500; ++tries) {
+      auto r = call(b_id, span_request::info, {});
+      REQUIRE(r);
+      auto info = decode_span_info(r->body);
+      REQUIRE(info);
+      if (info->awaiting_pushes == n) return;
+      std::this_thread::sleep_for(10ms);
+    }
+    FAIL("b never had " << n << " waiting step(s)");
+  }
+
   /// The step for node a that pushes to b's `session`.
   span_step pushing(const std::string& session, std::int64_t start, std::uint64_t step_id) const {
     span_step s{.session_id = session, .start = start, .step_id = step_id};
@@ -105,7 +118,7 @@ std::pair<caf::expected<remote_message>, caf::expected<remote_message>> pushed_s
                                                                                  std::uint64_t step_id) {
   caf::expected<remote_message> from_b{make_error(errc::peer_down, "no answer")};
   std::thread waiter([&] { from_b = f.call(f.b_id, span_request::step, encode_body(f.awaiting(session, start, step_id))); });
-  std::this_thread::sleep_for(50ms);  // b's request is waiting before the push comes
+  f.wait_awaiting(1);  // b's request is waiting before the push comes
   auto from_a = f.call(f.a_id, span_request::step, encode_body(f.pushing(session, start, step_id)), {x});
   waiter.join();
   return {std::move(from_a), std::move(from_b)};
@@ -179,7 +192,7 @@ TEST_CASE("a push from an unexpected node is dropped, a missing push times out, 
   {
     caf::expected<remote_message> r{make_error(errc::peer_down, "no answer")};
     std::thread waiter([&] { r = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 0, 1, 400))); });
-    std::this_thread::sleep_for(50ms);
+    f.wait_awaiting(1);
     auto target = stranger->remote_actor(*sb, "span");
     REQUIRE(target);
     remote_message push;
@@ -196,7 +209,7 @@ TEST_CASE("a push from an unexpected node is dropped, a missing push times out, 
   {
     caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
     std::thread waiter([&] { waiting = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 0, 2, 8000))); });
-    std::this_thread::sleep_for(50ms);
+    f.wait_awaiting(1);
     auto direct = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 0, .step_id = 2}), {x});
     waiter.join();
     REQUIRE_MESSAGE(direct, error_message(direct.error()));
@@ -221,11 +234,51 @@ TEST_CASE("a push from an unexpected node is dropped, a missing push times out, 
   // Closing the session ends a wait on it at once.
   caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
   std::thread waiter([&] { waiting = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 3, 6, 8000))); });
-  std::this_thread::sleep_for(50ms);
+  f.wait_awaiting(1);
   REQUIRE(f.call(f.b_id, span_request::close, encode_close_body("s")));
   waiter.join();
   REQUIRE_FALSE(waiting);
   CHECK(error_code(waiting.error()) == "unknown_session");
+  // A wait for a session that does not exist, or past its length, is
+  // refused at once.
+  auto unknown = f.call(f.b_id, span_request::step, encode_body(f.awaiting("nobody", 0, 1, 8000)));
+  REQUIRE_FALSE(unknown);
+  CHECK(error_code(unknown.error()) == "unknown_session");
+}
+
+TEST_CASE("a newer step of a session ends its older wait, and a late push for the older step is dropped") {
+  push_fixture f;
+  f.open("s");
+  caf::expected<remote_message> old_wait{make_error(errc::peer_down, "no answer")};
+  std::thread first([&] { old_wait = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 0, 1, 8000))); });
+  f.wait_awaiting(1);
+  // The client gave up on step 1 and waits for step 2 at the same position.
+  caf::expected<remote_message> new_wait{make_error(errc::peer_down, "no answer")};
+  std::thread second([&] { new_wait = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 0, 2, 8000))); });
+  first.join();
+  REQUIRE_FALSE(old_wait);
+  CHECK(error_code(old_wait.error()) == "superseded");
+  f.wait_awaiting(1);
+  // A late push for step 1 arrives first, then step 2's: only step 2 runs.
+  auto to_b = f.a->remote_actor(f.b->id(), "span");
+  for (int tries = 0; tries < 100 && !to_b; ++tries) {
+    (void)f.a->connect(f.b->endpoint());
+    to_b = f.a->remote_actor(f.b->id(), "span");
+  }
+  REQUIRE(to_b);
+  const Tensor stale = testing::random_rows(2, f.D, 8), rows = testing::random_rows(2, f.D, 9);
+  for (const auto& [id, x] : {std::pair<std::uint64_t, Tensor>{1, stale}, {2, rows}}) {
+    remote_message push;
+    push.type = span_request::push;
+    push.body = encode_body(span_step{.session_id = "s", .start = 0, .step_id = id});
+    push.tensors = {x};
+    caf::anon_send(*to_b, std::move(push));
+  }
+  second.join();
+  REQUIRE_MESSAGE(new_wait, error_message(new_wait.error()));
+  auto want = f.ref_b->inference_step("s", rows, 0, 2);
+  REQUIRE(want);
+  CHECK(same_bits(new_wait->tensors.at(0), *want));
 }
 
 }  // namespace corolla
