@@ -1,9 +1,13 @@
 // corolla bench decode | train — speed of the compute core, each figure next
 // to a bound measured on this machine in the same run:
 //   decode: batch-1 tokens/s vs the memory-bandwidth bound (every weight is
-//           read once per generated token);
+//           read once per generated token); the bandwidth is the host's
+//           (apps/membw.hpp) on cpu, the device's HBM on cuda
+//           (kernels/cuda/bandwidth.hpp);
 //   train:  training tokens/s and achieved FLOP/s vs the GEMM FLOP/s this
-//           backend reaches on the model's own matrix shapes.
+//           backend reaches on the model's own matrix shapes, and vs the
+//           device's peak (the vendor GEMM at a large square shape: OpenBLAS
+//           f32 on cpu, cuBLASLt bf16 on cuda), the model-FLOPs utilisation.
 // Each prints a human summary and one machine-readable JSON line.
 #include <algorithm>
 #include <chrono>
@@ -18,11 +22,16 @@
 #include "apps/commands.hpp"
 #include "apps/membw.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/vendor_gemm.hpp"
 #include "model/config.hpp"
 #include "model/generator.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
+
+#ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/bandwidth.hpp"
+#endif
 
 namespace corolla::app {
 
@@ -47,8 +56,41 @@ model_config bench_llama_config() {
 
 namespace {
 
+/// Llama-2-7B's shape (6.7B parameters, 27 GB in f32).
+model_config llama7b_config() {
+  model_config c = bench_llama_config();
+  c.vocab_size = 32000;
+  c.hidden_size = 4096;
+  c.n_layers = 32;
+  c.n_heads = 32;
+  c.n_kv_heads = 32;
+  c.head_dim = 128;
+  c.intermediate_size = 11008;
+  c.max_positions = 4096;
+  return c;
+}
+
+/// GPT-2 XL's shape (1.56B parameters, tied LM head).
+model_config gpt2_xl_config() {
+  model_config c;
+  c.arch = architecture::gpt2;
+  c.hf_architecture = "GPT2LMHeadModel";
+  c.vocab_size = 50257;
+  c.hidden_size = 1600;
+  c.n_layers = 48;
+  c.n_heads = 25;
+  c.n_kv_heads = 25;
+  c.head_dim = 64;
+  c.intermediate_size = 6400;
+  c.max_positions = 1024;
+  c.norm_eps = 1e-5f;
+  c.tie_embeddings = true;
+  return c;
+}
+
 struct bench_common {
   std::string model_dir;
+  std::string preset = "small";
   std::string device = "cpu";
   int threads = 0;
   bool json = false;
@@ -59,6 +101,10 @@ void add_common(CLI::App* cmd, bench_common& o) {
   cmd->add_option("--model", o.model_dir,
                   "HuggingFace model directory (default: a random ~100M-parameter Llama-shaped "
                   "model: dim 1024, 8 layers, vocab 4096)");
+  cmd->add_option("--preset", o.preset,
+                  "Shape of the random model without --model: small (the ~100M default), llama7b "
+                  "(Llama-2-7B, 27 GB in f32) or gpt2-1.5b (GPT-2 XL)")
+      ->capture_default_str();
   cmd->add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
@@ -67,7 +113,25 @@ void add_common(CLI::App* cmd, bench_common& o) {
 
 transformer open_model(const bench_common& o, Backend& be) {
   if (!o.model_dir.empty()) return transformer::load(o.model_dir, be);
-  return transformer::init(bench_llama_config(), o.seed, be);
+  if (o.preset == "small") return transformer::init(bench_llama_config(), o.seed, be);
+  // The large shapes tile their random draws: drawing billions of values
+  // one by one takes minutes and does not change the speed measured.
+  if (o.preset == "llama7b") return transformer::init_tiled(llama7b_config(), o.seed, be);
+  if (o.preset == "gpt2-1.5b") return transformer::init_tiled(gpt2_xl_config(), o.seed, be);
+  throw std::invalid_argument("bench: unknown --preset '" + o.preset +
+                              "' (expected small, llama7b or gpt2-1.5b)");
+}
+
+/// The memory read bandwidth decode on `dev` is bound by: the host's (all
+/// CPU backend threads, 512 MiB) or the device's HBM (2 GiB, CUDA events).
+bandwidth_result measure_bound_bandwidth(device dev) {
+  if (dev.kind == device_kind::cpu) return measure_read_bandwidth(std::size_t{1} << 29, 3);
+#ifdef COROLLA_HAVE_CUDA
+  cuda::device_bandwidth d = cuda::measure_read_bandwidth(dev.index, std::size_t{2} << 30, 10);
+  return {d.read_gbps, d.bytes, 0};
+#else
+  throw std::runtime_error("device " + dev.str() + " requested but this binary was built without CUDA");
+#endif
 }
 
 /// Parameters in the linear layers of the blocks (what GEMMs touch per token).
@@ -120,7 +184,7 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
   bandwidth_result bw;
   double best_decode = 0, best_prefill = 0;
   for (int r = 0; r < repeats; ++r) {
-    bandwidth_result b = measure_read_bandwidth(std::size_t{1} << 29, 3);
+    bandwidth_result b = measure_bound_bandwidth(be.dev());
     if (b.read_gbps > bw.read_gbps) bw = b;
     generation_result res = gen.generate(prompt, p);
     if (res.decode_seconds > 0)
@@ -132,8 +196,10 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
   double bytes = decode_bytes_per_token(model);
   double bound = bw.read_gbps * 1e9 / bytes;
   double ratio = best_decode / bound;
+  const bool on_host = be.dev().kind == device_kind::cpu;
   nlohmann::json j = {{"bench", "decode"},
                       {"device", be.name()},
+                      {"bandwidth_source", on_host ? "host read sweep" : "device read sweep"},
                       {"threads", cpu_threads()},
                       {"params", c.parameter_count()},
                       {"weight_bytes_per_token", bytes},
@@ -145,8 +211,12 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                       {"bandwidth_bound_tokens_per_s", bound},
                       {"decode_vs_bound", ratio}};
   if (!o.json) {
-    std::printf("memory read bandwidth   %8.2f GB/s (%d threads, %.0f MiB swept)\n", bw.read_gbps,
-                bw.threads, static_cast<double>(bw.bytes) / (1 << 20));
+    if (on_host)
+      std::printf("memory read bandwidth   %8.2f GB/s (%d threads, %.0f MiB swept)\n",
+                  bw.read_gbps, bw.threads, static_cast<double>(bw.bytes) / (1 << 20));
+    else
+      std::printf("device read bandwidth   %8.2f GB/s (%s, %.0f MiB swept, best of 10 per run)\n",
+                  bw.read_gbps, be.name().c_str(), static_cast<double>(bw.bytes) / (1 << 20));
     std::printf("weights per token       %8.1f MB (fp32)\n", bytes / 1e6);
     std::printf("bandwidth bound         %8.2f tokens/s\n", bound);
     std::printf("decode (batch 1)        %8.2f tokens/s  = %.1f%% of the bound\n", best_decode,
@@ -161,9 +231,13 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
 /// the model's largest training matmul.
 double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n) {
   Tensor a = be.empty({rows, k}), w = be.empty({n, k}), y = be.empty({rows, n});
-  std::vector<float> fill(static_cast<std::size_t>(std::max(rows * k, n * k)), 0.01f);
-  std::copy_n(fill.data(), rows * k, a.data<float>());
-  std::copy_n(fill.data(), n * k, w.data<float>());
+  // Filled on the host and copied: the backend may be a device.
+  Tensor fill = Tensor::empty({std::max(rows * k, n * k)});
+  std::fill_n(fill.data<float>(), fill.numel(), 0.01f);
+  be.copy(fill.slice(0, rows * k).view({rows, k}), a);
+  be.copy(fill.slice(0, n * k).view({n, k}), w);
+  be.gemm(a, false, w, true, y);  // warm-up (algorithm choice on a device)
+  be.synchronize();
   double best = 0;
   for (int r = 0; r < 5; ++r) {
     auto t0 = std::chrono::steady_clock::now();
@@ -213,6 +287,15 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   double gemm_peak = measure_gemm_flops(be, static_cast<std::int64_t>(batch) * seq,
                                         c.hidden_size, c.intermediate_size);
   double ratio = achieved / gemm_peak;
+  // The device's peak: the vendor GEMM at a large square shape, in the
+  // dtype its peak is quoted for (f32 on the CPU, bf16 on CUDA).
+  const bool on_host = be.dev().kind == device_kind::cpu;
+  const std::int64_t peak_side = on_host ? 2048 : 8192;
+  const dtype peak_dtype = on_host ? dtype::f32 : dtype::bf16;
+  const vendor_gemm_timing peak_time =
+      time_vendor_linear(be.dev(), peak_dtype, peak_side, peak_side, peak_side, on_host ? 1 : 20, 3);
+  const double peak = 2.0 * static_cast<double>(peak_side) * peak_side * peak_side / peak_time.seconds;
+  const double mfu = achieved / peak;
   nlohmann::json j = {{"bench", "train"},
                       {"device", be.name()},
                       {"threads", cpu_threads()},
@@ -224,7 +307,11 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
                       {"step_seconds", seconds / steps},
                       {"achieved_gflops", achieved / 1e9},
                       {"gemm_gflops", gemm_peak / 1e9},
-                      {"achieved_vs_gemm", ratio}};
+                      {"achieved_vs_gemm", ratio},
+                      {"peak_gflops", peak / 1e9},
+                      {"peak_source", peak_time.library + " " + dtype_name(peak_dtype) + " " +
+                                          std::to_string(peak_side) + "^3"},
+                      {"mfu", mfu}};
   if (!o.json) {
     std::printf("training                %8.1f tokens/s (%.2f s per step of %d tokens)\n",
                 tokens_per_s, seconds / steps, batch * seq);
@@ -233,6 +320,10 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
     std::printf("GEMM on model shapes    %8.2f GFLOP/s ([%d x %d] @ [%d x %d]^T)\n",
                 gemm_peak / 1e9, batch * seq, c.hidden_size, c.intermediate_size, c.hidden_size);
     std::printf("achieved / GEMM         %8.1f%%\n", 100.0 * ratio);
+    std::printf("device peak             %8.2f GFLOP/s (%s %s GEMM %lld^3, called directly)\n",
+                peak / 1e9, peak_time.library.c_str(), dtype_name(peak_dtype),
+                static_cast<long long>(peak_side));
+    std::printf("model FLOPs utilisation %8.1f%% (achieved / device peak)\n", 100.0 * mfu);
   }
   std::printf("%s\n", j.dump().c_str());
   return 0;
@@ -287,6 +378,7 @@ void register_bench(CLI::App& app, action_fn& action) {
     action = [] { return run_train(train_opts, batch, seq, steps); };
   });
 
+  register_bench_gemm(bench, action);
   register_bench_link(bench, action);
   register_bench_swarm(bench, action);
 }

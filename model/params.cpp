@@ -15,7 +15,14 @@ param_set::param_set(const std::vector<std::pair<std::string, shape_t>>& layout)
 param_set param_set::like() const {
   param_set r;
   r.entries_ = entries_;
-  r.flat_ = Tensor::zeros({size()});
+  if (flat_.defined() && flat_.dev().kind != device_kind::cpu) {
+    // Gradients and moments live with the parameters (zeroed through the
+    // device's memory hooks).
+    r.flat_ = Tensor::empty({size()}, dtype::f32, flat_.dev());
+    r.flat_.zero();
+  } else {
+    r.flat_ = Tensor::zeros({size()});
+  }
   return r;
 }
 

@@ -30,7 +30,8 @@ class param_set {
   /// Lays the tensors out in order, each starting on a 16-element boundary.
   explicit param_set(const std::vector<std::pair<std::string, shape_t>>& layout);
 
-  /// Same layout, fresh zeroed storage (for gradients and optimiser moments).
+  /// Same layout, fresh zeroed storage on the same device (for gradients and
+  /// optimiser moments).
   param_set like() const;
   /// The flat buffer [size()].
   const Tensor& flat() const { return flat_; }

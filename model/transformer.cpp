@@ -92,23 +92,48 @@ transformer::transformer(transformer&&) noexcept = default;
 transformer& transformer::operator=(transformer&&) noexcept = default;
 transformer::~transformer() = default;
 
+namespace {
+
+/// Moves `set` to `be`'s device (nothing for the CPU backend): ops take
+/// parameters where the backend computes, and the stage and head resolve
+/// their views from the set's storage, so this happens before they are built.
+void place_params(param_set& set, Backend& be) {
+  if (be.dev().kind == device_kind::cpu || !set.flat().defined() || set.flat().dev() == be.dev())
+    return;
+  Tensor on_device = be.empty({set.size()});
+  be.copy(set.flat(), on_device);
+  set.flat() = std::move(on_device);  // the host copy goes when its last view does
+}
+
+}  // namespace
+
 transformer transformer::load(const std::filesystem::path& dir, Backend& be) {
   model_config cfg = load_config(dir);
   checkpoint ck = checkpoint::open(dir);
   class head h = head::load(ck, cfg, be);
   class stage s = stage::load(ck, cfg, 0, cfg.n_layers, be);
-  return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
+  if (be.dev().kind == device_kind::cpu)
+    return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
+  // Device backend: copy each group over and rebuild the views on the copies.
+  param_set head_params = h.params();
+  place_params(head_params, be);
+  std::vector<param_set> blocks = s.params();
+  for (auto& b : blocks) place_params(b, be);
+  class head dh(cfg, std::move(head_params), be);
+  class stage ds(cfg, 0, std::move(blocks), be);
+  return transformer(std::make_unique<impl>(cfg, std::move(dh), std::move(ds), be));
 }
 
-transformer transformer::init(const model_config& cfg, std::uint64_t seed, Backend& be) {
+transformer transformer::init_with(const model_config& cfg, std::uint64_t seed, Backend& be,
+                                   bool tiled) {
   cfg.validate();
-  class head h(cfg, be);
-  class stage s(cfg, 0, cfg.n_layers, be);
   // One generator drawn in a fixed order (head in layout order, then each
   // block in layout order), so a seed names exactly one model.
   std::mt19937_64 rng(seed);
   const float std_dev = 0.02f;
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layers));
+  constexpr std::int64_t tile = 65536;
+  std::vector<float> drawn;
   auto fill = [&](param_set& set) {
     for (const auto& e : set.entries()) {
       Tensor t = set.get(e.name);
@@ -124,13 +149,40 @@ transformer transformer::init(const model_config& cfg, std::uint64_t seed, Backe
         // GPT-2 scaled init so the stream's variance does not grow with depth.
         const bool residual = e.name == "o.weight" || e.name == "down.weight";
         std::normal_distribution<float> normal(0.0f, residual ? residual_std : std_dev);
-        for (std::int64_t i = 0; i < e.numel; ++i) p[i] = normal(rng);
+        if (!tiled || e.numel <= tile) {
+          for (std::int64_t i = 0; i < e.numel; ++i) p[i] = normal(rng);
+        } else {
+          drawn.resize(static_cast<std::size_t>(tile));
+          for (auto& v : drawn) v = normal(rng);
+          for (std::int64_t i = 0; i < e.numel; i += tile)
+            std::copy_n(drawn.data(), std::min(tile, e.numel - i), p + i);
+        }
       }
     }
   };
-  fill(h.params());
-  for (auto& block : s.params()) fill(block);
+  // Each group is filled on the host, then placed on the backend's device.
+  param_set head_params(head_layout(cfg));
+  fill(head_params);
+  place_params(head_params, be);
+  std::vector<param_set> blocks;
+  const auto layout = block_layout(cfg);
+  for (int i = 0; i < cfg.n_layers; ++i) {
+    param_set p(layout);
+    fill(p);
+    place_params(p, be);
+    blocks.push_back(std::move(p));
+  }
+  class head h(cfg, std::move(head_params), be);
+  class stage s(cfg, 0, std::move(blocks), be);
   return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
+}
+
+transformer transformer::init(const model_config& cfg, std::uint64_t seed, Backend& be) {
+  return init_with(cfg, seed, be, false);
+}
+
+transformer transformer::init_tiled(const model_config& cfg, std::uint64_t seed, Backend& be) {
+  return init_with(cfg, seed, be, true);
 }
 
 // ---- accessors --------------------------------------------------------------------

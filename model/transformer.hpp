@@ -42,12 +42,23 @@ struct param_group {
 class transformer {
  public:
   /// Loads config.json and the weights of `dir` (converted to f32).
-  /// Throws model_error for missing files, tensors or wrong shapes.
+  /// Throws model_error for missing files, tensors or wrong shapes. With a
+  /// device backend the parameters are read on the host, then copied to the
+  /// backend's device (the host holds the whole model meanwhile).
   static transformer load(const std::filesystem::path& dir, Backend& be);
   /// A model with parameters set to the GPT-2 initialisation
   /// (weights ~ N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
-  /// norms 1, biases 0), deterministic for `seed`.
+  /// norms 1, biases 0), deterministic for `seed`. Parameters live where
+  /// `be` computes: with a device backend each group (the head, each block)
+  /// is drawn on the host and copied to the device in turn, so the host
+  /// holds one group at a time.
   static transformer init(const model_config& cfg, std::uint64_t seed, Backend& be);
+  /// As init, but each parameter tiles one block of 65536 draws instead of
+  /// drawing every value (values repeat along the tensor; shapes,
+  /// magnitudes and bytes are init's). For speed benchmarks of large shapes,
+  /// where init's sequential draws take minutes; deterministic for `seed`,
+  /// and a different model than init(cfg, seed).
+  static transformer init_tiled(const model_config& cfg, std::uint64_t seed, Backend& be);
 
   transformer(transformer&&) noexcept;
   transformer& operator=(transformer&&) noexcept;
@@ -82,6 +93,9 @@ class transformer {
  private:
   struct impl;
   explicit transformer(std::unique_ptr<impl> p);
+  /// init (tiled = false) and init_tiled.
+  static transformer init_with(const model_config& cfg, std::uint64_t seed, Backend& be,
+                               bool tiled);
   std::unique_ptr<impl> impl_;
 };
 
