@@ -130,7 +130,7 @@ bandwidth_result measure_bound_bandwidth(device dev) {
   cuda::device_bandwidth d = cuda::measure_read_bandwidth(dev.index, std::size_t{2} << 30, 10);
   return {d.read_gbps, d.bytes, 0};
 #else
-  throw std::runtime_error("device " + dev.str() + " requested but this binary was built without CUDA");
+  throw cuda_not_built(dev);
 #endif
 }
 

@@ -53,10 +53,14 @@ Backend& backend_for(device dev) {
                              " CUDA device(s) are visible");
   return cuda::backend_for_device(dev.index);
 #else
-  throw std::runtime_error("device " + dev.str() +
-                           " requested but this binary was built without CUDA "
-                           "(configure with -DCOROLLA_CUDA=ON where nvcc is installed)");
+  throw cuda_not_built(dev);
 #endif
+}
+
+std::runtime_error cuda_not_built(device dev) {
+  return std::runtime_error("device " + dev.str() +
+                            " requested but this binary was built without CUDA "
+                            "(configure with -DCOROLLA_CUDA=ON where nvcc is installed)");
 }
 
 }  // namespace corolla

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/tensor.hpp"
@@ -177,6 +178,10 @@ int cuda_device_count();
 /// The backend for `dev`; throws std::runtime_error with a clear message
 /// when that backend is not compiled in or the device does not exist.
 Backend& backend_for(device dev);
+
+/// The error for CUDA device `dev` asked of a binary built without CUDA
+/// (saying how to configure one with it).
+std::runtime_error cuda_not_built(device dev);
 
 /// Parses "cpu", "cuda", "cuda:N"; throws std::invalid_argument otherwise.
 device parse_device(const std::string& text);

@@ -64,9 +64,7 @@ vendor_gemm_timing time_vendor_linear(device dev, dtype t, std::int64_t m, std::
 #ifdef COROLLA_HAVE_CUDA
   return {cuda::cublaslt_linear_seconds(dev.index, t, m, n, k, calls, rounds), "cuBLASLt"};
 #else
-  throw std::runtime_error("device " + dev.str() +
-                           " requested but this binary was built without CUDA "
-                           "(configure with -DCOROLLA_CUDA=ON where nvcc is installed)");
+  throw cuda_not_built(dev);
 #endif
 }
 
