@@ -463,6 +463,22 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
                                                  "span.close, span.forward and span.backward, not '" + m.type + "'"));
       },
       [self](flush_atom) { run_batch(self); },
+      // A server whose push a step waits for went down (or its link to us
+      // broke): the push will not come, so the client carries the step now
+      // instead of after waitMs.
+      [self](peer_down& d) {
+        auto& st = self->state;
+        for (auto a = st.awaited.begin(); a != st.awaited.end();) {
+          if (a->second.step.push_from != d.peer) {
+            ++a;
+            continue;
+          }
+          a->second.promise.deliver(error_from_wire(
+              "push_source_down", "the previous server " + d.peer + " is down (" + d.reason + "): its push will not come"));
+          a = st.awaited.erase(a);
+        }
+      },
+      [](peer_up&) {},
       [self](rtts_atom, std::map<std::string, double>& rtts) { self->state.next_rtt_ms = std::move(rtts); },
       [self](drain_atom) -> std::uint64_t {
         auto& st = self->state;
@@ -536,6 +552,7 @@ caf::error swap_span_engine(caf::actor_system& system, const caf::actor& server,
 caf::expected<caf::actor> start_span_server(node& n, std::shared_ptr<span_engine> engine,
                                             span_server_options options) {
   caf::actor a = n.system().spawn<caf::detached>(span_server, &n, std::move(engine), std::move(options));
+  n.monitor_peer("", a);  // peer_down ends waits for pushes from that peer
   if (auto err = n.publish("span", a)) {
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     return err;

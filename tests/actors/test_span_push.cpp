@@ -246,6 +246,29 @@ TEST_CASE("a push from an unexpected node is dropped, a missing push times out, 
   CHECK(error_code(unknown.error()) == "unknown_session");
 }
 
+TEST_CASE("a wait for a push from a server that goes down ends at once, not after waitMs") {
+  push_fixture f;
+  f.open("s");
+  REQUIRE(f.a->connect(f.b->endpoint()));  // a is b's peer: its departure is seen
+  caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread waiter([&] { waiting = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 0, 1, 20000))); });
+  f.wait_awaiting(1);
+  f.a->stop();  // a says goodbye to b: its push will never come
+  waiter.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_FALSE(waiting);
+  CHECK(error_code(waiting.error()) == "push_source_down");
+  CHECK(took < 5.0);
+  // The client then carries the step itself.
+  const Tensor x = testing::random_rows(1, f.D, 5);
+  auto direct = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 0, .step_id = 1}), {x});
+  REQUIRE_MESSAGE(direct, error_message(direct.error()));
+  auto want = f.ref_b->inference_step("s", x, 0, 1);
+  REQUIRE(want);
+  CHECK(same_bits(direct->tensors.at(0), *want));
+}
+
 TEST_CASE("a newer step of a session ends its older wait, and a late push for the older step is dropped") {
   push_fixture f;
   f.open("s");
