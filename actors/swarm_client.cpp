@@ -133,9 +133,9 @@ caf::error swarm_client::refresh() {
     }
     // A server that answers nonsense or serves another model is left out
     // (and said so); the others still serve.
-    auto unusable = [&](const std::string& why) {
+    auto unusable = [&](const std::string& why, spdlog::level::level_enum level = spdlog::level::warn) {
       s.reachable = false;
-      spdlog::warn("swarm: not using {}: {}", s.endpoint, why);
+      spdlog::log(level, "swarm: not using {}: {}", s.endpoint, why);
       if (first_problem.empty()) first_problem = s.endpoint + ": " + why;
     };
     auto info = decode_span_info(reply->body);
@@ -158,9 +158,7 @@ caf::error swarm_client::refresh() {
       continue;
     }
     if (info->draining) {  // normal for a server that is leaving: not a warning
-      s.reachable = false;
-      spdlog::info("swarm: not using {} for new routes: it is shutting down", s.endpoint);
-      if (first_problem.empty()) first_problem = s.endpoint + ": shutting down";
+      unusable("it is shutting down (draining its sessions)", spdlog::level::info);
       continue;
     }
     if (info->first < 0 || info->last > info->n_blocks || info->first >= info->last) {
@@ -216,6 +214,13 @@ caf::expected<swarm::route> swarm_client::route(int start, int end, const std::s
   return r.value();
 }
 
+caf::error swarm_client::back_off(int retry) {
+  std::this_thread::sleep_for(
+      std::min(options_.retry_backoff * (1 << std::min(retry, 5)), std::chrono::milliseconds(2000)));
+  if (auto e = refresh(); e && !is_recoverable(e)) return e;
+  return {};
+}
+
 caf::expected<swarm::route> swarm_client::throughput_route(int start, int end, const std::set<std::string>& excluded,
                                                            std::mt19937_64& rng) const {
   swarm::throughput_route_request req;
@@ -248,8 +253,7 @@ caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::in
     }
     if (!is_recoverable(err) || attempt + 1 >= options_.max_failovers) return err;
     event("opening the session failed (" + error_message(err) + "); retrying");
-    std::this_thread::sleep_for(std::min(options_.retry_backoff * (1 << std::min(attempt, 5)), std::chrono::milliseconds(2000)));
-    if (auto e = refresh(); e && !is_recoverable(e)) return e;
+    if (auto e = back_off(attempt)) return e;
   }
 }
 
@@ -333,9 +337,7 @@ caf::error swarm_session::recover(std::size_t i, const caf::error& cause, std::s
   client_.event("server " + lost.server + " failed on blocks " + swarm::to_string(lost.span()) + ": " +
                 error_message(cause));
   if (attempt > 0) {
-    std::this_thread::sleep_for(
-        std::min(client_.options().retry_backoff * (1 << std::min(attempt - 1, 5)), std::chrono::milliseconds(2000)));
-    if (auto e = client_.refresh(); e && !is_recoverable(e)) return e;
+    if (auto e = client_.back_off(attempt - 1)) return e;
     // A server that failed before may be back: exclude only the latest one.
     excluded = {lost.server};
   }

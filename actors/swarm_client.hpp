@@ -109,6 +109,10 @@ class swarm_client {
   /// model or another shape are left out (logged). Error (not_connected):
   /// no usable server, naming the first problem.
   caf::error refresh();
+  /// Before retry number `retry` (0 = the first): pauses retry_backoff
+  /// doubled per retry (at most 2 s), then refreshes. Returns refresh()'s
+  /// error only when a retry could not help (not is_recoverable).
+  caf::error back_off(int retry);
   /// Sets the model's shape the servers must have (before refresh()).
   void expect_shape(int n_blocks, int hidden_size) {
     if (n_blocks_ == 0) n_blocks_ = n_blocks, hidden_size_ = hidden_size;

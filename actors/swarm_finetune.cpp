@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <stdexcept>
-#include <thread>
 
 #include "actors/errors.hpp"
 #include "actors/node.hpp"
@@ -41,9 +40,7 @@ std::size_t swarm_span_runner::replace(std::size_t i, const caf::error& cause, i
                 error_message(cause));
   std::set<std::string> excluded{lost.server};
   if (attempt > 0) {
-    std::this_thread::sleep_for(std::min(client_.options().retry_backoff * (1 << std::min(attempt - 1, 5)),
-                                         std::chrono::milliseconds(2000)));
-    if (auto e = client_.refresh(); e && !is_recoverable(e)) give_up(hops_[i], "rerouting", e, attempt + 1);
+    if (auto e = client_.back_off(attempt - 1)) give_up(hops_[i], "rerouting", e, attempt + 1);
   }
   auto r = client_.throughput_route(lost.start, lost.end, excluded, rng_);
   if (!r) r = client_.throughput_route(lost.start, lost.end, {}, rng_);  // the failed server is all there is

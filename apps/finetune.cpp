@@ -89,10 +89,8 @@ int run_finetune(const finetune_options& o) {
   }
   if (!o.save.empty()) tuner.save(o.save);
   if (remote) {
-    std::string route;
-    for (const auto& hop : remote->route())
-      route += (route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " on " + hop.server;
-    spdlog::info("finetune: last route {}; {} failover(s)", route, remote->failovers());
+    spdlog::info("finetune: last route {}; {} failover(s)", swarm::to_string(swarm::route{remote->route()}),
+                 remote->failovers());
   }
   if (o.json) {
     nlohmann::json j{{"steps", o.steps},
