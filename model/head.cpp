@@ -105,21 +105,36 @@ void head::logits(const Tensor& x, Tensor& logits, head_activations* saved) {
   be_->linear(*norm, lm_head_w_, nullptr, logits);
 }
 
-void head::logits_backward(const head_activations& saved, const Tensor& dlogits, Tensor& dx) {
-  grads();
+void head::logits_backward(const head_activations& saved, const Tensor& dlogits, Tensor& dx,
+                           bool param_grads) {
   const std::int64_t N = saved.x.dim(0);
   expect_shape(dx, {N, cfg_.hidden_size}, "head::logits_backward dx");
   Tensor& dnorm = norm_rows_.rows(*be_, N);  // free here: only the no-save path uses it
-  be_->linear_backward(saved.norm, lm_head_w_, dlogits, &dnorm, g_lm_head_, nullptr);
+  Tensor* g_norm_w = nullptr;
+  Tensor* g_norm_b = nullptr;
+  if (param_grads) {
+    grads();
+    be_->linear_backward(saved.norm, lm_head_w_, dlogits, &dnorm, g_lm_head_, nullptr);
+    g_norm_w = &g_norm_w_;
+    g_norm_b = &g_norm_b_;
+  } else {
+    // dnorm = dlogits [N,V] @ W [V,D]; the weight gradient is never formed.
+    be_->gemm(dlogits, false, lm_head_w_, false, dnorm);
+    ensure_tensor(*be_, discard_norm_w_, norm_w_.shape()).zero();  // accumulated into, never read
+    g_norm_w = &discard_norm_w_;
+    if (norm_b_.defined()) {
+      ensure_tensor(*be_, discard_norm_b_, norm_b_.shape()).zero();
+      g_norm_b = &discard_norm_b_;
+    }
+  }
   if (is_llama(cfg_))
-    be_->rmsnorm_backward(saved.x, norm_w_, saved.rstd, dnorm, dx, g_norm_w_);
+    be_->rmsnorm_backward(saved.x, norm_w_, saved.rstd, dnorm, dx, *g_norm_w);
   else
-    be_->layernorm_backward(saved.x, norm_w_, saved.mean, saved.rstd, dnorm, dx, g_norm_w_,
-                            g_norm_b_);
+    be_->layernorm_backward(saved.x, norm_w_, saved.mean, saved.rstd, dnorm, dx, *g_norm_w, *g_norm_b);
 }
 
 float head::loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_scale,
-                 head_activations& saved) {
+                 head_activations& saved, bool param_grads) {
   const std::int64_t N = x.dim(0);
   expect_shape(targets, {N}, "head::loss targets");
   ensure_tensor(*be_, saved.logits, {N, cfg_.vocab_size});
@@ -138,7 +153,7 @@ float head::loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_
   const float* l = host->data<float>();
   double sum = 0.0;
   for (std::int64_t i = 0; i < N; ++i) sum += l[i];
-  if (dx) logits_backward(saved, saved.logits, *dx);
+  if (dx) logits_backward(saved, saved.logits, *dx, param_grads);
   return static_cast<float>(sum / static_cast<double>(N));
 }
 

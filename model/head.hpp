@@ -76,15 +76,19 @@ class head {
   /// seen N rows (the decode path).
   void logits(const Tensor& x, Tensor& logits, head_activations* saved);
   /// Backward from dlogits [N,V] (may be saved.logits): dx [N,D]
-  /// overwritten, parameter gradients added into grads().
-  void logits_backward(const head_activations& saved, const Tensor& dlogits, Tensor& dx);
+  /// overwritten, parameter gradients added into grads(). With
+  /// `param_grads` false (a frozen head, e.g. prompt tuning) only dx is
+  /// computed: no LM-head weight gradient, and grads() is left alone.
+  void logits_backward(const head_activations& saved, const Tensor& dlogits, Tensor& dx,
+                       bool param_grads = true);
 
   /// Mean softmax cross-entropy of x's logits against `targets` (i32 [N],
   /// -1 = ignored row, still counted in the mean). With `dx`, also runs the
   /// backward of (mean loss * grad_scale): dx [N,D] overwritten, parameter
-  /// gradients added. `saved` holds the buffers (reused across calls).
+  /// gradients added unless `param_grads` is false (see logits_backward).
+  /// `saved` holds the buffers (reused across calls).
   float loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_scale,
-             head_activations& saved);
+             head_activations& saved, bool param_grads = true);
 
  private:
   void resolve_views();
@@ -98,6 +102,8 @@ class head {
   Tensor g_embed_, g_pos_, g_norm_w_, g_norm_b_, g_lm_head_;
   // Inference and embedding scratch.
   row_buffer pos_rows_, norm_rows_, mean_rows_, rstd_rows_;
+  // Where a frozen head's norm backward puts the gradients nobody reads.
+  Tensor discard_norm_w_, discard_norm_b_;
   Tensor host_losses_;
 };
 

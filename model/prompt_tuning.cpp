@@ -93,8 +93,7 @@ float prompt_tuner::run(std::span<const std::int32_t> ids, std::span<const std::
   const Tensor target_rows = Tensor::from_i32({targets.begin(), targets.end()}, {static_cast<std::int64_t>(n)});
   if (what == pass::loss) return head_.loss(tokens, target_rows, nullptr, 1.0f, saved_);
   Tensor d_tokens = Tensor::empty(tokens.shape());
-  const float loss = head_.loss(tokens, target_rows, &d_tokens, 1.0f, saved_);
-  head_.zero_grads();  // the head is frozen: its gradients are scratch
+  const float loss = head_.loss(tokens, target_rows, &d_tokens, 1.0f, saved_, /*param_grads=*/false);
   Tensor d_out = Tensor::zeros(out.shape());
   for (int b = 0; b < batch; ++b) d_out.slice(b * S + P, (b + 1) * S).copy_from(d_tokens.slice(b * seq, (b + 1) * seq));
   span_gradients g = runner_.backward(d_out);

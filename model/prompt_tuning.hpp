@@ -68,8 +68,7 @@ struct prompt_tuning_options {
 /// Prompt tuning of a frozen model through a span_runner. Not thread-safe.
 class prompt_tuner {
  public:
-  /// `h` is the model's head (frozen; its gradient buffer is used as
-  /// scratch). Throws model_error for a bad option (P < 1, P beyond the
+  /// `h` is the model's head (frozen: its gradients are never formed). Throws model_error for a bad option (P < 1, P beyond the
   /// context).
   prompt_tuner(head& h, span_runner& runner, prompt_tuning_options options);
 

@@ -82,6 +82,26 @@ TEST_CASE("prompt gradients match finite differences of the loss, deep and shall
     }
 }
 
+TEST_CASE("a frozen head's backward gives the input gradient of the full backward and forms no parameter gradient") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    tuning_model m(arch);
+    const checkpoint ck = checkpoint::open(m.dir.path());
+    head full = head::load(ck, m.cfg, cpu_backend()), frozen = head::load(ck, m.cfg, cpu_backend());
+    const std::int64_t N = 6;
+    const Tensor x = testing::random_tensor({N, m.cfg.hidden_size}, 21);
+    const auto t = some_ids(static_cast<std::size_t>(N), m.cfg.vocab_size, 22);
+    const Tensor targets = Tensor::from_i32(t, {N});
+    head_activations a, b;
+    Tensor dx_full = Tensor::empty({N, m.cfg.hidden_size}), dx_frozen = Tensor::empty({N, m.cfg.hidden_size});
+    const float l_full = full.loss(x, targets, &dx_full, 1.0f, a);
+    const float l_frozen = frozen.loss(x, targets, &dx_frozen, 1.0f, b, /*param_grads=*/false);
+    CHECK(l_frozen == l_full);
+    CHECK(testing::max_rel_diff(dx_frozen, dx_full) < 1e-6);
+    CHECK(full.has_grads());
+    CHECK_FALSE(frozen.has_grads());
+  }
+}
+
 TEST_CASE("prompt tuning lowers the loss on what it trains on; the shallow kind leaves later prompts at zero") {
   tuning_model m(architecture::llama);
   for (bool deep : {true, false}) {
