@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
 #include "actors/swarm_wire.hpp"
@@ -125,6 +127,10 @@ TEST_CASE("corolla generate --swarm prints the same ids as local corolla generat
   auto remote = generate_cli(m, {"--swarm", list});
   REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
   CHECK(remote.out_lines().back() == local.out_lines().back());
+  // The client carrying every hop itself prints the same ids.
+  auto carried = generate_cli(m, {"--swarm", list, "--no-server-push"});
+  REQUIRE_MESSAGE(carried.exit_code == 0, carried.err);
+  CHECK(carried.out_lines().back() == local.out_lines().back());
 
   // A swarm that is not there is one clear error line.
   auto none = testing::run_corolla({"generate", "--model", m.dir.path().string(), "--prompt-ids", "1,2", "--swarm",
@@ -526,6 +532,32 @@ TEST_CASE("a span server answers bad requests with clear errors and keeps servin
   CHECK(decoded->sessions == 2);
   CHECK(ask(span_request::close, encode_close_body("good")));
   CHECK(code_of(ask(span_request::close, encode_close_body("good"))) == "unknown_session");
+}
+
+TEST_CASE("corolla bench swarm runs every part on a tiny model and reports push, fine-tuning and recovery") {
+  testing::temp_dir_guard dir("bench-swarm");
+  testing::tiny_model_options o;
+  o.layers = 4;
+  o.max_positions = 128;  // the prompt-tuning part runs P + T = 72 positions
+  testing::write_tiny_model(dir.path(), o);
+  auto r = testing::run_corolla({"bench", "swarm", "--model", dir.path().string(), "--new-tokens", "8",
+                                 "--wan-new-tokens", "4", "--tune-steps", "1", "--wan-profiles", "bw=100Mbit,lat=5ms",
+                                 "--server-threads", "1", "--json"},
+                                180s);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  REQUIRE_FALSE(r.out_lines().empty());
+  const auto j = nlohmann::json::parse(r.out_lines().back());
+  MESSAGE(j.dump());
+  CHECK(j["lan"]["equal_to_local"] == true);
+  CHECK(j["lan"]["pushed_hops"].get<int>() > 0);
+  CHECK(j["lan"]["client_carried_steps_per_s"].get<double>() > 0);
+  REQUIRE(j["wan"].size() == 1u);
+  CHECK(j["wan"][0]["equal_to_local_prefix"] == true);
+  CHECK(j["wan"][0]["pushed_hops"].get<int>() > 0);
+  CHECK(j["wan"][0]["push_speedup"].get<double>() > 0);
+  CHECK(j["finetune"]["ratio_to_local"].get<double>() > 0);
+  CHECK(j["recovery"]["failovers"].get<int>() >= 1);
+  CHECK(j["recovery"]["equal_to_local"] == true);
 }
 
 }  // namespace corolla
