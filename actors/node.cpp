@@ -120,6 +120,7 @@ caf::expected<std::unique_ptr<node>> node::start(node_options options) {
   net::transport_options topts;
   topts.listen = options.listen;
   topts.max_frame_bytes = options.max_message_bytes;
+  topts.busy_poll_us = options.busy_poll_us;
   topts.default_profile = settings.profile;
   if (!options.curve_dir.empty()) {
     try {

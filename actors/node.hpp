@@ -57,6 +57,10 @@ struct node_options {
   std::size_t scheduler_threads = 0;
   /// Largest message (one frame) accepted from a peer, in bytes.
   std::int64_t max_message_bytes = std::int64_t{1} << 30;
+  /// Microseconds the transport's I/O thread keeps polling (yielding the
+  /// core between polls) after traffic before it sleeps; see
+  /// net::transport_options::busy_poll_us. 0 = always sleep.
+  int busy_poll_us = 50;
   /// Publish the "echo" actor (corolla ping and liveness checks use it).
   bool publish_echo = true;
 };

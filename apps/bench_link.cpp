@@ -217,10 +217,11 @@ class raw_zmq_path final : public link_path {
 
 class transport_path final : public link_path {
  public:
-  transport_path(const net::link_profile& profile, bool checksums) {
+  transport_path(const net::link_profile& profile, bool checksums, int busy_poll_us) {
     auto options = [&](const std::string& id) {
       net::transport_options o;
       o.identity = id;
+      o.busy_poll_us = busy_poll_us;
       o.default_profile = profile;
       o.send_checksums = checksums;
       o.limits.verify_checksums = checksums;
@@ -301,6 +302,8 @@ struct link_options {
   double seconds = 1.0;
   std::string profile = "none";
   bool no_checksums = false;
+  int busy_poll_us = net::transport_options{}.busy_poll_us;
+  int rounds = 3;
   bool json = false;
 };
 
@@ -351,27 +354,42 @@ double percentile(const std::vector<double>& sorted, double q) {
 int run_link(const link_options& o) {
   const auto sizes = parse_sizes(o.sizes);
   if (o.count < 1 || o.seconds <= 0) throw std::invalid_argument("bench link: need --count >= 1 and --seconds > 0");
+  if (o.rounds < 1) throw std::invalid_argument("bench link: need --rounds >= 1");
   const net::link_profile profile = net::parse_link_profile(o.profile);
   const bool checksums = !o.no_checksums;
 
   std::vector<std::unique_ptr<link_path>> paths;
   paths.push_back(std::make_unique<raw_zmq_path>());
-  paths.push_back(std::make_unique<transport_path>(profile, checksums));
+  paths.push_back(std::make_unique<transport_path>(profile, checksums, o.busy_poll_us));
   if (!o.json)
-    std::fprintf(stderr, "bench link: loopback, %u hardware threads, profile %s, checksums %s; measuring...\n",
-                 std::thread::hardware_concurrency(), net::describe(profile).c_str(), checksums ? "on" : "off");
+    std::fprintf(stderr,
+                 "bench link: loopback, %u hardware threads, profile %s, checksums %s, busy poll %d us; "
+                 "measuring...\n",
+                 std::thread::hardware_concurrency(), net::describe(profile).c_str(), checksums ? "on" : "off",
+                 o.busy_poll_us);
 
   // figures[size][path]
   std::vector<std::vector<path_figures>> figures(sizes.size(), std::vector<path_figures>(paths.size()));
   for (std::size_t s = 0; s < sizes.size(); ++s) {
     const std::size_t size = sizes[s];
     const budget b{o.count, o.seconds, std::min(o.count, 5)};
-    for (std::size_t p = 0; p < paths.size(); ++p) {  // paths take turns for each size: same conditions
-      auto lat = paths[p]->latencies(size, b);
-      figures[s][p].p50_us = percentile(lat, 0.5);
-      figures[s][p].p99_us = percentile(lat, 0.99);
-      figures[s][p].samples = lat.size();
-      figures[s][p].mb_per_s = paths[p]->throughput(size, b) / 1e6;
+    // The paths take turns, --rounds times, so both see the same conditions
+    // (a shared VM's speed drifts within seconds). Latency samples of all
+    // rounds are pooled; throughput is the median of the rounds.
+    std::vector<std::vector<double>> lat(paths.size()), rates(paths.size());
+    for (int round = 0; round < o.rounds; ++round)
+      for (std::size_t p = 0; p < paths.size(); ++p) {
+        auto l = paths[p]->latencies(size, b);
+        lat[p].insert(lat[p].end(), l.begin(), l.end());
+        rates[p].push_back(paths[p]->throughput(size, b) / 1e6);
+      }
+    for (std::size_t p = 0; p < paths.size(); ++p) {
+      std::sort(lat[p].begin(), lat[p].end());
+      std::sort(rates[p].begin(), rates[p].end());
+      figures[s][p].p50_us = percentile(lat[p], 0.5);
+      figures[s][p].p99_us = percentile(lat[p], 0.99);
+      figures[s][p].samples = lat[p].size();
+      figures[s][p].mb_per_s = percentile(rates[p], 0.5);
     }
   }
 
@@ -400,6 +418,8 @@ int run_link(const link_options& o) {
                       {"hardware_threads", std::thread::hardware_concurrency()},
                       {"profile", o.profile},
                       {"checksums", checksums},
+                      {"busy_poll_us", o.busy_poll_us},
+                      {"rounds", o.rounds},
                       {"results", results}};
   if (profile.unshaped()) {
     j["target_throughput_90pct_of_raw_met"] = throughput_met;
@@ -455,6 +475,14 @@ void register_bench_link(CLI::App* bench, action_fn& action) {
                    "\"bw=100Mbit,lat=20ms,...\"")
       ->capture_default_str();
   link->add_flag("--no-checksums", o.no_checksums, "Send and accept tensor frames without XXH3 checksums");
+  link->add_option("--busy-poll-us", o.busy_poll_us,
+                   "Microseconds the transports' I/O threads keep polling after activity before sleeping")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
+  link->add_option("--rounds", o.rounds,
+                   "Times the two paths take turns per size (latency pooled, throughput median)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   link->add_flag("--json", o.json, "Print only the JSON result line");
   link->callback([&action] { action = [] { return run_link(o); }; });
 }

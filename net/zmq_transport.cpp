@@ -187,6 +187,8 @@ struct zmq_transport::impl {
   std::size_t fixed_items_ = 0;
   bool items_dirty_ = true;
   clock_type::time_point timer_at_ = clock_type::time_point::max();
+  std::chrono::microseconds busy_poll_{0};  // from opts_.busy_poll_us
+  clock_type::time_point last_activity_{};
 };
 
 // ---- construction and teardown ------------------------------------------------
@@ -197,6 +199,8 @@ std::string zmq_transport::impl::validate() const {
     return "transport identity must not start with a zero byte (ZeroMQ reserves those routing ids)";
   if (opts_.max_frame_bytes <= 0) return "max_frame_bytes must be positive";
   if (opts_.send_hwm < 0 || opts_.recv_hwm < 0) return "high-water marks must not be negative";
+  if (opts_.busy_poll_us < 0 || opts_.busy_poll_us > 1000000)
+    return "busy_poll_us must be between 0 and 1000000 (one second)";
   const auto& c = opts_.curve;
   if (!c.enabled) return {};
   if (!zmq_has("curve")) return "CurveZMQ requested but this libzmq was built without CURVE support";
@@ -213,6 +217,7 @@ std::string zmq_transport::impl::validate() const {
 std::string zmq_transport::impl::open() {
   // send_hwm 0 means "no limit" to ZeroMQ, and so here.
   queue_limit_ = opts_.send_hwm > 0 ? static_cast<std::size_t>(opts_.send_hwm) : SIZE_MAX;
+  busy_poll_ = std::chrono::microseconds(opts_.busy_poll_us);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return std::string("eventfd: ") + std::strerror(errno);
   timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -356,11 +361,23 @@ void zmq_transport::impl::loop() {
       std::lock_guard<std::mutex> lock(queue_mu_);
       commands_waiting = !queue_.empty();  // pushed by a handler on this thread
     }
-    if (zmq_poll(items_.data(), static_cast<int>(items_.size()), commands_waiting ? 0 : -1) < 0) {
+    // Within busy_poll of the last activity the thread polls without
+    // sleeping: a message or command arriving then is seen at once instead of
+    // after a sleeping thread's wake-up (tens of microseconds across cores on
+    // a virtual machine).
+    const bool spinning = !commands_waiting && busy_poll_.count() > 0 &&
+                          clock_type::now() - last_activity_ < busy_poll_;
+    const int ready = zmq_poll(items_.data(), static_cast<int>(items_.size()),
+                               commands_waiting || spinning ? 0 : -1);
+    if (ready < 0) {
       if (zmq_errno() != EINTR) spdlog::error("zmq transport: {}", zmq_error_text("zmq_poll"));
       continue;
     }
     if (stopping_.load(std::memory_order_relaxed)) break;
+    if (ready == 0 && spinning) {  // nothing yet: let other threads run, then poll again
+      std::this_thread::yield();
+      continue;
+    }
     std::uint64_t count;
     if (items_[0].revents & ZMQ_POLLIN) {
       [[maybe_unused]] auto n = ::read(wake_fd_, &count, sizeof count);
@@ -389,6 +406,7 @@ void zmq_transport::impl::loop() {
     }
     run_commands();
     const auto now = clock_type::now();
+    last_activity_ = now;
     // flush() may drop a connection from the list; iterate over a copy.
     const auto listed = with_pending_;
     for (connection* c : listed)

@@ -58,6 +58,13 @@ struct transport_options {
   /// verify checksums that are present, per limits.verify_checksums).
   bool send_checksums = true;
   curve_options curve;
+  /// After any activity the I/O thread keeps polling without sleeping for
+  /// this long (yielding the core between polls, so threads that have work
+  /// run first), so the next message or send is picked up without a thread
+  /// wake-up, which costs tens of microseconds across cores on virtual
+  /// machines. Costs at most this much CPU per burst of traffic; 0 = always
+  /// sleep in the poll.
+  int busy_poll_us = 50;
   link_profile default_profile;         ///< shaping of new connections
   std::uint64_t shaping_seed = 0;
 };
