@@ -70,6 +70,7 @@ struct link_state {
   std::vector<std::string> peer_capabilities;
   std::uint64_t peer_max_message_bytes = 0;
   net::transport_choice transport_choice;
+  bool offer_rdma = false;  // both ends could use RDMA: the connector offers it after the hello
   std::string requested_profile;  // asked of the peer for its replies
   net::link_profile profile;      // what we apply to our sends
 
@@ -126,15 +127,20 @@ std::uint64_t payload_bytes(const net::message& m) {
 
 caf::actor self_handle(link_actor* self) { return caf::actor_cast<caf::actor>(self); }
 
-/// The transport for a link to a peer of class `peer_nic`. Links run over
-/// ZeroMQ/TCP in this version: where both ends could use verbs, the choice
-/// says so and why TCP carries the link anyway.
-net::transport_choice choose_transport(const std::vector<net::nic_info>& local, const std::string& peer_nic) {
+/// The transport for a link to a peer of class `peer_nic`, and whether to
+/// offer the peer RDMA: a link starts on ZeroMQ/TCP and moves to an RDMA
+/// queue pair when both ends have RDMA ports of the same kind and this node
+/// opened its device (the transport reports the move with on_rdma).
+net::transport_choice choose_transport(const std::vector<net::nic_info>& local, const std::string& peer_nic,
+                                       const std::string& rdma_device, bool& offer) {
   net::transport_choice c = net::select_transport(local, peer_nic);
-  if (c.transport == "rdma")
-    c = {"tcp", "both ends have " + peer_nic + " RDMA ports (" + c.reason +
-                    "), but this build carries every link over ZeroMQ/TCP (no verbs transport yet)"};
-  return c;
+  offer = false;
+  if (c.transport != "rdma") return c;
+  if (rdma_device.empty())
+    return {"tcp", "both ends have " + peer_nic + " RDMA ports (" + c.reason +
+                       "), but this node has no RDMA device open"};
+  offer = true;
+  return {"tcp", "moving to RDMA on " + rdma_device + " (" + c.reason + ")"};
 }
 
 /// Hands `m` to the transport, stamped with our node id. Errors:
@@ -331,7 +337,11 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
   st.peer_nic = h->nic_class.empty() ? st.ctx->settings.nic_class : h->nic_class;
   st.peer_capabilities = h->capabilities;
   st.peer_max_message_bytes = h->max_message_bytes;
-  st.transport_choice = choose_transport(st.ctx->settings.nics, st.peer_nic);
+  auto choice = choose_transport(st.ctx->settings.nics, st.peer_nic,
+                                 st.transport ? st.transport->rdma_device() : "", st.offer_rdma);
+  // A repeated hello (both sides may send one when the connection comes up)
+  // leaves a running RDMA path alone; the transport reports its end.
+  if (st.transport_choice.transport != "rdma") st.transport_choice = std::move(choice);
   spdlog::debug("link to {} uses {}: {}", st.peer, st.transport_choice.transport, st.transport_choice.reason);
   // A connector may ask us to shape our replies like its link; we do when
   // this node has no profile of its own.
@@ -495,7 +505,11 @@ void on_inbound(link_actor* self, net::message& m) {
       }
       return;
     case k::hello_ack:
-      if (adopt_hello(self, m, true)) became_up(self);
+      if (adopt_hello(self, m, true)) {
+        became_up(self);
+        if (st.args.role == link_role::outgoing && st.offer_rdma && st.transport)
+          st.transport->offer_rdma(st.args.conn);
+      }
       return;
     case k::hello_reject: {
       const std::string why = m.error_message.empty() ? "no reason given" : m.error_message;
@@ -713,6 +727,17 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
         const std::string why = "peer at " + st.args.endpoint + " refused the CurveZMQ handshake: " + reason;
         spdlog::error("{}", why);
         close_link(self, why, make_error(errc::auth_refused, why));
+      },
+      [self](rdma_atom, bool up, std::string& reason) {
+        auto& st = self->state;
+        if (up) {
+          spdlog::info("link to {} runs over RDMA: {}", st.label(), reason);
+          st.transport_choice = {"rdma", reason};
+        } else {
+          if (st.transport_choice.transport == "rdma" || st.offer_rdma)
+            spdlog::warn("link to {} stays on TCP: {}", st.label(), reason);
+          st.transport_choice = {"tcp", reason};
+        }
       },
       [self](reconn_atom) {
         if (self->state.args.role == link_role::outgoing && self->state.phase != link_phase::closed)

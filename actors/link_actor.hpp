@@ -12,6 +12,7 @@
 //   (stats_atom) -> link_stats             a snapshot of RTT, rates and counters
 //   (goodbye_atom)                         tell the peer we are stopping, then terminate
 //   (close_atom, std::string reason)       close the connection and terminate
+//   (rdma_atom, bool up, std::string why)  the connection's path changed (RDMA up, or TCP and why)
 //
 // Lifecycle: handshaking -> up <-> down -> closed. A link that connected
 // (outgoing) survives its peer's death and re-runs the hello when the DEALER
@@ -45,6 +46,9 @@ using close_atom = caf::atom_constant<caf::atom("close")>;
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
 /// Transport -> link: the connection's CurveZMQ handshake failed (reason).
 using auth_atom = caf::atom_constant<caf::atom("authfail")>;
+/// Transport -> link: (rdma_atom, bool up, std::string reason) the
+/// connection moved to RDMA, or stays on / went back to TCP.
+using rdma_atom = caf::atom_constant<caf::atom("rdma")>;
 
 /// Which side of the connection a link is on.
 enum class link_role {

@@ -58,8 +58,9 @@ struct link_stats {
   std::string peer;          ///< peer node id ("" while the hello is pending)
   std::string endpoint;      ///< the peer's listen endpoint, else the one we dialled
   std::string nic_class;     ///< NIC class of the link ("ethernet", "ib", ...)
-  /// The transport carrying the link ("tcp") and why (net::select_transport
-  /// over this host's NICs and the peer's class; "" while the hello is pending).
+  /// The transport carrying the link ("tcp" or "rdma") and why
+  /// (net::select_transport over this host's NICs and the peer's class, then
+  /// the outcome of the RDMA offer; "" while the hello is pending).
   std::string transport, transport_reason;
   std::string profile;       ///< shaping of what this node sends on the link
   bool outgoing = false;     ///< this node connected (and reconnects)

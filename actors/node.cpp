@@ -1,5 +1,6 @@
 #include "actors/node.hpp"
 
+#include <algorithm>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -8,7 +9,6 @@
 #include <caf/exit_reason.hpp>
 #include <caf/scoped_actor.hpp>
 
-#include "net/nic.hpp"
 #include <caf/send.hpp>
 #include <caf/system_messages.hpp>
 #include <spdlog/spdlog.h>
@@ -18,6 +18,8 @@
 #include "actors/link_actor.hpp"
 #include "actors/node_context.hpp"
 #include "actors/remote_proxy.hpp"
+#include "net/nic.hpp"
+#include "net/rdma_verbs.hpp"
 
 namespace corolla {
 namespace {
@@ -83,6 +85,11 @@ net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
     if (!ctx) return;
     if (auto link = ctx->directory.link_for_connection(conn)) caf::anon_send(link, reconn_atom::value);
   };
+  ev.on_rdma = [live](net::connection_id conn, bool up, const std::string& reason) {
+    auto ctx = live();
+    if (!ctx) return;
+    if (auto link = ctx->directory.link_for_connection(conn)) caf::anon_send(link, rdma_atom::value, up, reason);
+  };
   ev.on_auth_failure = [live](net::connection_id conn, const std::string& reason) {
     auto ctx = live();
     if (!ctx) return;
@@ -94,6 +101,26 @@ net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
       if (auto link = ctx->directory.link_for_connection(conn)) caf::anon_send(link, auth_atom::value, reason);
   };
   return ev;
+}
+
+/// The verbs device of this host's best RDMA class (InfiniBand over RoCE),
+/// or null with the reason logged: links then stay on TCP.
+std::shared_ptr<net::rdma::device> open_best_rdma_device(const std::vector<net::nic_info>& nics) {
+  const net::nic_info* best = nullptr;
+  for (const auto& n : nics) {
+    if (!n.active || n.verbs_device.empty()) continue;
+    if (n.kind != net::nic_kind::infiniband && n.kind != net::nic_kind::roce) continue;
+    if (!best || (n.kind == net::nic_kind::infiniband && best->kind != net::nic_kind::infiniband)) best = &n;
+  }
+  if (!best) return nullptr;  // nothing to open: no log, most hosts have no RDMA
+  try {
+    std::shared_ptr<net::rdma::device> dev = net::rdma::open_verbs_device(best->verbs_device, best->port);
+    spdlog::info("RDMA device {} open: links to peers of the same class move to RDMA", dev->name());
+    return dev;
+  } catch (const std::exception& e) {
+    spdlog::warn("RDMA port {} found but not usable, links use TCP: {}", best->name, e.what());
+    return nullptr;
+  }
 }
 
 }  // namespace
@@ -110,6 +137,15 @@ caf::expected<std::unique_ptr<node>> node::start(node_options options) {
   settings.heartbeat_interval = options.heartbeat_interval;
   settings.peer_timeout = options.peer_timeout;
   settings.nics = net::discover_nics();
+  std::shared_ptr<net::rdma::device> rdma_device = options.rdma_device;
+  if (!rdma_device && options.open_rdma) rdma_device = open_best_rdma_device(settings.nics);
+  if (rdma_device) {
+    const net::nic_info port = rdma_device->nic();
+    const bool listed = std::any_of(settings.nics.begin(), settings.nics.end(), [&](const net::nic_info& n) {
+      return n.verbs_device == port.verbs_device && n.port == port.port;
+    });
+    if (!listed) settings.nics.insert(settings.nics.begin(), port);  // a fake fabric's device
+  }
   settings.nic_class = options.nic_class.empty() ? net::node_nic_class(settings.nics) : options.nic_class;
   settings.profile_text = options.link_profile.empty() ? "none" : options.link_profile;
   try {
@@ -121,6 +157,7 @@ caf::expected<std::unique_ptr<node>> node::start(node_options options) {
   topts.listen = options.listen;
   topts.max_frame_bytes = options.max_message_bytes;
   topts.busy_poll_us = options.busy_poll_us;
+  topts.rdma_device = rdma_device;
   topts.default_profile = settings.profile;
   if (!options.curve_dir.empty()) {
     try {

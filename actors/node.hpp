@@ -23,6 +23,10 @@
 
 #include "actors/messages.hpp"
 
+namespace corolla::net::rdma {
+class device;  // net/rdma_verbs.hpp
+}
+
 namespace corolla {
 
 struct node_context;
@@ -61,6 +65,13 @@ struct node_options {
   /// core between polls) after traffic before it sleeps; see
   /// net::transport_options::busy_poll_us. 0 = always sleep.
   int busy_poll_us = 50;
+  /// Open this host's RDMA device (the best active InfiniBand, else RoCE,
+  /// verbs port) so links to peers of the same class move to RDMA queue
+  /// pairs; without one, or with false, every link stays on ZeroMQ/TCP.
+  bool open_rdma = true;
+  /// An RDMA device to use instead (tests pass a net::rdma::fake_fabric
+  /// device); its port is added to this node's NICs.
+  std::shared_ptr<net::rdma::device> rdma_device;
   /// Publish the "echo" actor (corolla ping and liveness checks use it).
   bool publish_echo = true;
 };

@@ -1,8 +1,8 @@
 // net/rdma.cpp — verbs probing and transport selection (see rdma.hpp).
 //
-// The RDMA RC queue-pair transport itself is not part of this build: links
-// always use ZeroMQ over TCP, and select_transport() only states which
-// transport the two ends could use (docs/protocol.md, "Transports").
+// select_transport() decides whether a link may move to RDMA; the RC
+// queue-pair path itself is net/rdma_link.hpp (docs/protocol.md, "RDMA
+// transport").
 #include "net/rdma.hpp"
 
 #include <cerrno>

@@ -37,6 +37,7 @@
 #include <zmq.h>
 
 #include "net/log_limit.hpp"
+#include "net/rdma_link.hpp"
 #include "net/zmq_detail.hpp"
 
 namespace corolla::net {
@@ -60,11 +61,12 @@ struct conn_shared {
 struct out_message {
   std::vector<out_frame> frames;
   std::size_t bytes = 0;
+  bool tcp_only = false;  ///< RDMA control: always over ZeroMQ, whatever the path
   clock_type::time_point due{};  ///< send() time until shaping sets the due time
 };
 
 struct command {
-  enum class op : std::uint8_t { connect, send, set_profile, close } what = op::send;
+  enum class op : std::uint8_t { connect, send, set_profile, close, offer_rdma } what = op::send;
   connection_id conn = 0;
   std::shared_ptr<conn_shared> shared;
   std::string endpoint, server_key;  // connect
@@ -90,6 +92,8 @@ struct connection {
   std::deque<out_message> pending;  ///< FIFO of shaped or blocked messages
   std::shared_ptr<conn_shared> shared;
   log_limiter bad_log;  ///< "dropped a bad message" lines from this connection
+  /// The RDMA path (created by an offer either way); null until then.
+  std::unique_ptr<rdma::link> rdma;
 };
 
 /// Which transport's I/O thread the current thread is (for the wake-up
@@ -116,6 +120,7 @@ struct zmq_transport::impl {
   bool send(connection_id conn, const message& m);
   void set_profile(connection_id conn, const link_profile& p);
   void close(connection_id conn);
+  void offer_rdma(connection_id conn);
   void push(command&& c);
   std::shared_ptr<conn_shared> shared_of(connection_id conn);
 
@@ -135,7 +140,7 @@ struct zmq_transport::impl {
   std::atomic<connection_id> next_id_{1};
 
   std::atomic<std::uint64_t> messages_sent_{0}, messages_received_{0}, bytes_sent_{0}, bytes_received_{0},
-      bad_messages_{0};
+      bad_messages_{0}, rdma_messages_sent_{0}, rdma_messages_received_{0};
 
   // ---- I/O thread only ----
   std::string setup();
@@ -161,6 +166,8 @@ struct zmq_transport::impl {
   void apply_common_options(void* socket) const;
   std::string attach_monitor(void* socket, const std::string& name, void*& monitor);
   void close_socket(void*& socket, void*& monitor);
+  rdma::link& rdma_of(connection& c);
+  void rdma_progress();
 
   template <class F, class... Args>
   void notify(const F& handler, const char* name, Args&&... args) {
@@ -185,6 +192,8 @@ struct zmq_transport::impl {
   std::vector<zmq_pollitem_t> items_;
   std::vector<connection*> item_conn_;  // parallel to items_; nullptr for fixed items
   std::size_t fixed_items_ = 0;
+  std::size_t pair_items_end_ = 0;  // DEALER socket/monitor pairs end here; RDMA descriptors follow
+  std::set<connection_id> with_rdma_;  // connections that have an RDMA link
   bool items_dirty_ = true;
   clock_type::time_point timer_at_ = clock_type::time_point::max();
   std::chrono::microseconds busy_poll_{0};  // from opts_.busy_poll_us
@@ -347,6 +356,12 @@ void zmq_transport::impl::rebuild_poll_items() {
     add(c->socket, 0, c.get());
     add(c->monitor, 0, c.get());
   }
+  pair_items_end_ = items_.size();
+  for (connection_id id : with_rdma_) {
+    auto it = conns_.find(id);
+    if (it == conns_.end() || it->second->rdma->event_fd() < 0) continue;
+    add(nullptr, it->second->rdma->event_fd(), it->second.get());
+  }
   items_dirty_ = false;
 }
 
@@ -354,7 +369,7 @@ void zmq_transport::impl::loop() {
   while (!stopping_.load(std::memory_order_relaxed)) {
     if (items_dirty_) rebuild_poll_items();
     // A DEALER whose high-water mark was reached waits for POLLOUT.
-    for (std::size_t i = fixed_items_; i < items_.size(); i += 2)
+    for (std::size_t i = fixed_items_; i < pair_items_end_; i += 2)
       items_[i].events = static_cast<short>(ZMQ_POLLIN | (item_conn_[i]->blocked ? ZMQ_POLLOUT : 0));
     bool commands_waiting;
     {
@@ -398,12 +413,16 @@ void zmq_transport::impl::loop() {
       if (items_[i].revents & ZMQ_POLLIN) zap_->serve_pending();
       ++i;
     }
-    for (i = fixed_items_; i < items_.size(); i += 2) {
+    for (i = fixed_items_; i < pair_items_end_; i += 2) {
       connection* c = item_conn_[i];
       if (items_[i + 1].revents & ZMQ_POLLIN) drain_dealer_monitor(*c);
       if (items_[i].revents & ZMQ_POLLIN) receive_from(c->socket, c);
       if (items_[i].revents & ZMQ_POLLOUT) c->blocked = false;
     }
+    // Completion descriptors: re-arm, then progress below polls the queues.
+    // A handler above may have closed the connection (items_dirty_).
+    for (i = pair_items_end_; i < items_.size() && !items_dirty_; ++i)
+      if ((items_[i].revents & ZMQ_POLLIN) && item_conn_[i]->rdma) item_conn_[i]->rdma->arm();
     run_commands();
     const auto now = clock_type::now();
     last_activity_ = now;
@@ -418,6 +437,7 @@ void zmq_transport::impl::loop() {
                                          return true;
                                        }),
                         with_pending_.end());
+    rdma_progress();
     arm_timer(now);
   }
 }
@@ -515,6 +535,10 @@ void zmq_transport::impl::drain_dealer_monitor(connection& c) {
 }
 
 void zmq_transport::impl::mark_down(connection& c) {
+  if (c.rdma) {
+    c.rdma->reset();  // the peer may be gone; a new hello offers again
+    items_dirty_ = true;
+  }
   if (!c.established) return;
   c.established = false;
   notify(events_.on_disconnect, "on_disconnect", c.id);
@@ -621,8 +645,13 @@ void zmq_transport::impl::receive_from(void* socket, connection* dealer) {
         frames.push_back(in_frame{parts[i]->data(), parts[i]->size(), parts[i]});
       auto decoded = decode(std::span<const in_frame>(frames), opts_.limits);
       if (decoded) {
-        messages_received_.fetch_add(1, std::memory_order_relaxed);
         frames.clear();  // the message holds what it needs of the parts
+        if (rdma::link::is_control(*decoded)) {
+          rdma_of(*c).on_control(*decoded);
+          items_dirty_ = true;  // a queue pair may have come or gone
+          continue;
+        }
+        messages_received_.fetch_add(1, std::memory_order_relaxed);
         notify(events_.on_message, "on_message", c->id, std::move(*decoded));
         continue;
       }
@@ -664,6 +693,13 @@ void zmq_transport::impl::run_commands() {
           break;
         }
         case command::op::close: close_connection(cmd.conn); break;
+        case command::op::offer_rdma: {
+          auto it = conns_.find(cmd.conn);
+          if (it == conns_.end()) break;
+          rdma_of(*it->second).offer();
+          items_dirty_ = true;
+          break;
+        }
       }
     }
   }
@@ -747,6 +783,7 @@ void zmq_transport::impl::close_connection(connection_id id) {
   }
   if (c.listed) with_pending_.erase(std::find(with_pending_.begin(), with_pending_.end(), &c));
   c.shared->queued.fetch_sub(c.pending.size());
+  if (with_rdma_.erase(id)) items_dirty_ = true;
   conns_.erase(it);
   unregister_shared(id);
 }
@@ -806,6 +843,12 @@ void zmq_transport::impl::peer_gone(connection& c, const char* why) {
 }
 
 int zmq_transport::impl::transmit(connection& c, const out_message& m) {
+  if (c.rdma && c.rdma->sending() && !m.tcp_only) {
+    c.rdma->send(m.frames);
+    messages_sent_.fetch_add(1, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(m.bytes, std::memory_order_relaxed);
+    return 0;
+  }
   void* socket = c.socket;
   if (!c.outgoing) {
     socket = router_;
@@ -827,6 +870,67 @@ int zmq_transport::impl::transmit(connection& c, const out_message& m) {
   messages_sent_.fetch_add(1, std::memory_order_relaxed);
   bytes_sent_.fetch_add(m.bytes, std::memory_order_relaxed);
   return 0;
+}
+
+// ---- RDMA path --------------------------------------------------------------------
+
+rdma::link& zmq_transport::impl::rdma_of(connection& c) {
+  if (c.rdma) return *c.rdma;
+  const connection_id id = c.id;
+  rdma::link::hooks h;
+  h.send_control = [this, id](message&& m) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    out_message o;
+    o.frames = encode(m, false);
+    for (const auto& f : o.frames) o.bytes += f.size;
+    o.tcp_only = true;
+    o.due = clock_type::now();
+    it->second->shared->queued.fetch_add(1);
+    enqueue(*it->second, std::move(o), o.due);
+  };
+  h.deliver = [this, id](message&& m) {
+    messages_received_.fetch_add(1, std::memory_order_relaxed);
+    rdma_messages_received_.fetch_add(1, std::memory_order_relaxed);
+    notify(events_.on_message, "on_message", id, std::move(m));
+  };
+  h.bad = [this, id](const std::string& reason) {
+    bad_messages_.fetch_add(1, std::memory_order_relaxed);
+    auto it = conns_.find(id);
+    if (it != conns_.end() && it->second->bad_log.allow())
+      spdlog::warn("zmq transport: dropped a bad RDMA message on connection {}: {}{}", id, reason,
+                   it->second->bad_log.note());
+    notify(events_.on_bad_message, "on_bad_message", id, reason);
+  };
+  h.changed = [this, id](bool up, const std::string& reason) {
+    spdlog::log(up ? spdlog::level::info : spdlog::level::debug, "zmq transport: connection {} {} RDMA: {}", id,
+                up ? "now runs over" : "does not use", reason);
+    notify(events_.on_rdma, "on_rdma", id, up, reason);
+  };
+  c.rdma = std::make_unique<rdma::link>(opts_.rdma_device, opts_.limits, opts_.send_checksums, std::move(h));
+  with_rdma_.insert(id);
+  return *c.rdma;
+}
+
+void zmq_transport::impl::rdma_progress() {
+  // A failure may close nothing, but copy the ids: handlers run inside.
+  const std::vector<connection_id> ids(with_rdma_.begin(), with_rdma_.end());
+  for (connection_id id : ids) {
+    auto it = conns_.find(id);
+    if (it == conns_.end() || !it->second->rdma) continue;
+    connection& c = *it->second;
+    const std::uint64_t before = c.rdma->messages_sent();
+    const bool ok = c.rdma->progress();
+    rdma_messages_sent_.fetch_add(c.rdma->messages_sent() - before, std::memory_order_relaxed);
+    if (ok) continue;
+    // Messages on the failed path may be lost: report the connection down
+    // and up again, as after a TCP reconnect, so links re-run their hello
+    // (over TCP from now on) and requests in flight fail instead of hanging.
+    items_dirty_ = true;
+    mark_down(c);
+    c.established = true;
+    notify(events_.on_connect, "on_connect", c.id);
+  }
 }
 
 // ---- caller side ------------------------------------------------------------------
@@ -910,6 +1014,16 @@ void zmq_transport::impl::set_profile(connection_id conn, const link_profile& p)
   push(std::move(c));
 }
 
+void zmq_transport::impl::offer_rdma(connection_id conn) {
+  auto shared = shared_of(conn);
+  if (!shared) return;
+  command c;
+  c.what = command::op::offer_rdma;
+  c.conn = conn;
+  c.shared = std::move(shared);
+  push(std::move(c));
+}
+
 void zmq_transport::impl::close(connection_id conn) {
   auto shared = shared_of(conn);
   if (!shared) return;
@@ -949,6 +1063,10 @@ connection_id zmq_transport::connect(const std::string& endpoint, const std::str
 bool zmq_transport::send(connection_id conn, const message& m) { return impl_->send(conn, m); }
 void zmq_transport::set_profile(connection_id conn, const link_profile& p) { impl_->set_profile(conn, p); }
 void zmq_transport::close(connection_id conn) { impl_->close(conn); }
+void zmq_transport::offer_rdma(connection_id conn) { impl_->offer_rdma(conn); }
+std::string zmq_transport::rdma_device() const {
+  return impl_->opts_.rdma_device ? impl_->opts_.rdma_device->name() : "";
+}
 
 zmq_transport::counters zmq_transport::stats() const {
   counters c;
@@ -957,6 +1075,8 @@ zmq_transport::counters zmq_transport::stats() const {
   c.bytes_sent = impl_->bytes_sent_.load();
   c.bytes_received = impl_->bytes_received_.load();
   c.bad_messages = impl_->bad_messages_.load();
+  c.rdma_messages_sent = impl_->rdma_messages_sent_.load();
+  c.rdma_messages_received = impl_->rdma_messages_received_.load();
   return c;
 }
 

@@ -8,6 +8,10 @@
 // through an eventfd it polls together with the sockets. Encoding happens on
 // the caller's thread, decoding on the I/O thread; tensors are sent without
 // copying. Shaping (net/shaping.hpp) delays outgoing messages per connection.
+// A connection offered RDMA (offer_rdma) moves its messages to an RC queue
+// pair on options.rdma_device, driven by the same I/O thread
+// (net/rdma_link.hpp); ZeroMQ carries the upgrade and takes over again if the
+// RDMA path fails.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +23,7 @@
 
 #include "net/codec.hpp"
 #include "net/message.hpp"
+#include "net/rdma_verbs.hpp"
 #include "net/shaping.hpp"
 
 namespace corolla::net {
@@ -66,6 +71,11 @@ struct transport_options {
   /// sleep in the poll.
   int busy_poll_us = 50;
   link_profile default_profile;         ///< shaping of new connections
+  /// An opened RDMA device (net::rdma::open_verbs_device, or a test's
+  /// fake fabric): connections offered RDMA (offer_rdma) by either side
+  /// move their messages to an RC queue pair on it. Null: offers from peers
+  /// are refused and every message goes over ZeroMQ.
+  std::shared_ptr<rdma::device> rdma_device;
   std::uint64_t shaping_seed = 0;
 };
 
@@ -92,6 +102,11 @@ struct transport_events {
   /// `conn` is the outgoing connection whose handshake failed, or 0 when
   /// this node refused a peer connecting to it.
   std::function<void(connection_id conn, const std::string& reason)> on_auth_failure;
+  /// The connection's messages now travel over an RDMA queue pair (`up`),
+  /// or an offer was refused or the RDMA path failed (`!up`, with why; the
+  /// connection carries on over ZeroMQ). A failure also raises
+  /// on_disconnect and on_connect: messages on the failed path may be lost.
+  std::function<void(connection_id conn, bool up, const std::string& reason)> on_rdma;
 };
 
 class zmq_transport {
@@ -122,11 +137,19 @@ class zmq_transport {
   /// cannot be cut from this side (ZeroMQ has no such call): its routing id
   /// is forgotten, and a later message from that peer is a new connection.
   void close(connection_id conn);
+  /// Asks the peer to move `conn` to RDMA (asynchronous; thread-safe): an
+  /// RC queue pair on options.rdma_device is set up through control
+  /// messages on the connection, then both directions switch without
+  /// reordering (net/rdma_link.hpp). The outcome arrives as on_rdma.
+  void offer_rdma(connection_id conn);
+  /// Name of the RDMA device ("mlx5_0:1"), "" without one.
+  std::string rdma_device() const;
 
-  /// Bytes and messages sent/received so far (all connections).
+  /// Bytes and messages sent/received so far (all connections); the
+  /// rdma_ counters count the messages that went over RDMA.
   struct counters {
     std::uint64_t messages_sent = 0, messages_received = 0, bytes_sent = 0, bytes_received = 0,
-                  bad_messages = 0;
+                  bad_messages = 0, rdma_messages_sent = 0, rdma_messages_received = 0;
   };
   counters stats() const;
 

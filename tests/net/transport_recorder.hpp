@@ -35,6 +35,12 @@ struct transport_recorder {
   std::vector<std::pair<connection_id, std::string>> bad, accepted;
   std::vector<connection_id> connects, disconnects;
   std::vector<std::string> auth_failures;
+  struct rdma_event {
+    connection_id conn;
+    bool up;
+    std::string reason;
+  };
+  std::vector<rdma_event> rdma_events;
   /// Optional hook run on the I/O thread for each message (e.g. an echo).
   std::function<void(connection_id, const message&)> on_message_hook;
 
@@ -52,6 +58,7 @@ struct transport_recorder {
     e.on_connect = [this](connection_id c) { record(connects, c); };
     e.on_disconnect = [this](connection_id c) { record(disconnects, c); };
     e.on_auth_failure = [this](net::connection_id, const std::string& why) { record(auth_failures, why); };
+    e.on_rdma = [this](connection_id c, bool up, const std::string& why) { record(rdma_events, rdma_event{c, up, why}); };
     return e;
   }
 

@@ -1,0 +1,39 @@
+// net/rdma_fake.hpp — an in-process RDMA fabric for tests (see
+// net/rdma_verbs.hpp): queue pairs of devices opened on the same fabric
+// connect to each other by queue pair number and move bytes with memcpy.
+//
+// It enforces what the RDMA protocol must respect on real hardware, and
+// reports a violation as a failed completion (as a real queue pair would
+// fail): a send needs a receive posted by the peer (the protocol's credits
+// guarantee one; verbs would stall in RNR retries), a message must fit the
+// posted buffer, a READ needs a registered range and the right rkey, and
+// nothing moves before both sides have connected. Thread-safe: each side's
+// I/O thread posts on its own queue pair, and the fabric delivers into the
+// peer's under one lock.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "net/rdma_verbs.hpp"
+
+namespace corolla::net::rdma {
+
+class fake_fabric {
+ public:
+  static std::shared_ptr<fake_fabric> create();
+  virtual ~fake_fabric() = default;
+  /// A device on this fabric, announcing itself as a NIC of `kind`
+  /// (infiniband or roce) named "fake<N>:1".
+  virtual std::shared_ptr<device> open_device(nic_kind kind = nic_kind::infiniband) = 0;
+  /// From now on every work request posted on the fabric completes with
+  /// `reason` as its error (a broken link); "" heals it.
+  virtual void fail_all(const std::string& reason) = 0;
+  /// Work requests carried so far: sends, READs, and their bytes.
+  struct counters {
+    std::uint64_t sends = 0, reads = 0, send_bytes = 0, read_bytes = 0;
+  };
+  virtual counters stats() const = 0;
+};
+
+}  // namespace corolla::net::rdma

@@ -1,0 +1,98 @@
+// net/rdma_link.hpp — the RDMA path of one transport connection: the upgrade
+// handshake over the connection's ZeroMQ path, and the switch markers that
+// keep each direction's messages in order across the change of path.
+//
+// Handshake (control messages travel over ZeroMQ as oneway messages with no
+// target actor and a type starting with "rdma."; docs/protocol.md):
+//   connector                                acceptor
+//   rdma.offer  (its QP address)  ------->   creates and connects its QP
+//               <-------  rdma.accept (its QP address)   or rdma.refuse (why)
+//   connects its QP
+//   rdma.ready  ------->  (connector's data goes over RDMA from here on)
+//               <-------  rdma.switch (acceptor's data over RDMA from here on)
+// A side delivers what arrives over RDMA only after the other side's marker
+// (ready or switch) came over ZeroMQ, so everything the peer sent before
+// switching has been delivered first; RDMA messages that overtake the
+// marker are held until it arrives.
+//
+// A failed work request ends the RDMA path for good on this connection
+// (reset("...")): later sends go over ZeroMQ and later offers are refused.
+// Belongs to the transport's I/O thread.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "net/codec.hpp"
+#include "net/message.hpp"
+#include "net/rdma_verbs.hpp"
+
+namespace corolla::net::rdma {
+
+class channel;
+
+class link {
+ public:
+  struct hooks {
+    /// Sends a control message over the connection's ZeroMQ path.
+    std::function<void(message&&)> send_control;
+    /// A message received over RDMA, in order.
+    std::function<void(message&&)> deliver;
+    /// Frames received over RDMA that failed validation.
+    std::function<void(const std::string& reason)> bad;
+    /// The path changed: up (both directions over RDMA) or down (why).
+    std::function<void(bool up, const std::string& reason)> changed;
+  };
+
+  /// `dev` may be null (this node has no RDMA device): offers are refused.
+  link(std::shared_ptr<device> dev, decode_limits limits, bool checksums, hooks h);
+  ~link();
+
+  /// True for the control messages this class handles.
+  static bool is_control(const message& m);
+
+  /// Connector side: creates the queue pair and sends rdma.offer.
+  void offer();
+  /// Handles one control message from the peer.
+  void on_control(const message& m);
+  /// This side's data goes over RDMA.
+  bool sending() const { return state_ == state::up; }
+  /// Queues encoded frames on the RDMA path (only while sending()).
+  void send(std::vector<out_frame> frames);
+  /// Drives the queue pair. Returns false when the path failed just now
+  /// (changed(false, ...) has been called and the path is gone).
+  bool progress();
+  /// Descriptor to poll for completions (-1 without a queue pair), and its re-arm.
+  int event_fd() const;
+  void arm();
+  /// Drops the queue pair (the TCP connection is gone, the peer may be
+  /// dead), reporting changed(false) if a path was set up or on its way; a
+  /// later offer may set the path up again.
+  void reset();
+  /// RDMA messages sent and received so far on this connection.
+  std::uint64_t messages_sent() const;
+  std::uint64_t messages_received() const;
+
+ private:
+  enum class state { idle, offered, accepted, up };
+  void drop(const std::string& why, bool report);
+  void refuse(const std::string& why);
+  void control(const char* type, std::vector<std::uint8_t> body);
+  void flush_held();
+
+  std::shared_ptr<device> dev_;
+  decode_limits limits_;
+  bool checksums_;
+  hooks hooks_;
+  state state_ = state::idle;
+  bool peer_switched_ = false;
+  std::string failed_;  // sticky: why RDMA broke on this connection
+  std::unique_ptr<channel> channel_;
+  std::deque<message> held_;
+  std::uint64_t sent_before_ = 0, received_before_ = 0;  // of channels already dropped
+};
+
+}  // namespace corolla::net::rdma

@@ -1,0 +1,395 @@
+// net/rdma_verbs.cpp — the libibverbs implementation of net/rdma_verbs.hpp,
+// and the address encoding shared with the fake fabric.
+//
+// One protection domain per opened device; per queue pair one completion
+// channel and one completion queue shared by sends and receives. RoCE ports
+// address the peer through its GID (global routing header, GID index from
+// COROLLA_RDMA_GID_INDEX, default 0); InfiniBand ports through its LID.
+#include "net/rdma_verbs.hpp"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <unordered_map>
+
+#ifdef COROLLA_HAVE_VERBS
+#include <infiniband/verbs.h>
+#endif
+
+#include "net/rdma.hpp"
+
+namespace corolla::net::rdma {
+
+namespace {
+
+template <class T>
+void put(std::vector<std::uint8_t>& out, T v) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof v);  // little-endian hosts only (x86-64, aarch64)
+}
+
+template <class T>
+T get(const std::uint8_t*& p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  p += sizeof v;
+  return v;
+}
+
+constexpr std::size_t address_bytes = 4 + 4 + 2 + 1 + 1 + 16 + 4;
+
+}  // namespace
+
+std::vector<std::uint8_t> qp_address::encode() const {
+  std::vector<std::uint8_t> out;
+  out.reserve(address_bytes + 4);
+  put(out, qpn);
+  put(out, psn);
+  put(out, lid);
+  put(out, port);
+  put(out, mtu);
+  out.insert(out.end(), gid.begin(), gid.end());
+  put(out, max_read_size);
+  return out;
+}
+
+qp_address qp_address::decode(const std::uint8_t* data, std::size_t size) {
+  if (size != address_bytes)
+    throw std::invalid_argument("RDMA address is " + std::to_string(size) + " bytes, expected " +
+                                std::to_string(address_bytes));
+  qp_address a;
+  const std::uint8_t* p = data;
+  a.qpn = get<std::uint32_t>(p);
+  a.psn = get<std::uint32_t>(p) & 0xFFFFFFu;
+  a.lid = get<std::uint16_t>(p);
+  a.port = get<std::uint8_t>(p);
+  a.mtu = get<std::uint8_t>(p);
+  std::memcpy(a.gid.data(), p, 16);
+  p += 16;
+  a.max_read_size = get<std::uint32_t>(p);
+  return a;
+}
+
+#ifndef COROLLA_HAVE_VERBS
+
+std::unique_ptr<device> open_verbs_device(const std::string&, int) {
+  throw std::runtime_error("built without libibverbs (rdma-core); links use TCP");
+}
+
+#else
+
+namespace {
+
+std::string verbs_error(const std::string& what, int err) {
+  return what + " failed: " + std::strerror(err);
+}
+
+/// The protection domain and context of an opened device, shared by its
+/// queue pairs (they may outlive the device object).
+struct verbs_context {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ~verbs_context() {
+    if (pd) ibv_dealloc_pd(pd);
+    if (ctx) ibv_close_device(ctx);
+  }
+};
+
+class verbs_queue_pair final : public queue_pair {
+ public:
+  verbs_queue_pair(std::shared_ptr<verbs_context> vc, std::uint8_t port, bool roce, ibv_port_attr port_attr,
+                   int gid_index, std::uint32_t max_read_size, int depth)
+      : vc_(std::move(vc)), port_(port), roce_(roce), port_attr_(port_attr), gid_index_(gid_index) {
+    channel_ = ibv_create_comp_channel(vc_->ctx);
+    if (!channel_) throw std::runtime_error(verbs_error("ibv_create_comp_channel", errno));
+    const int flags = ::fcntl(channel_->fd, F_GETFL);
+    if (flags < 0 || ::fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+      const int err = errno;
+      cleanup();
+      throw std::runtime_error(verbs_error("making the completion channel non-blocking", err));
+    }
+    cq_ = ibv_create_cq(vc_->ctx, 2 * depth + 1, nullptr, channel_, 0);
+    if (!cq_) {
+      const int err = errno;
+      cleanup();
+      throw std::runtime_error(verbs_error("ibv_create_cq", err));
+    }
+    ibv_qp_init_attr init{};
+    init.send_cq = cq_;
+    init.recv_cq = cq_;
+    init.qp_type = IBV_QPT_RC;
+    init.sq_sig_all = 1;
+    init.cap.max_send_wr = static_cast<std::uint32_t>(depth);
+    init.cap.max_recv_wr = static_cast<std::uint32_t>(depth);
+    init.cap.max_send_sge = 1;
+    init.cap.max_recv_sge = 1;
+    qp_ = ibv_create_qp(vc_->pd, &init);
+    if (!qp_) {
+      const int err = errno;
+      cleanup();
+      throw std::runtime_error(verbs_error("ibv_create_qp", err));
+    }
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_INIT;
+    attr.pkey_index = 0;
+    attr.port_num = port_;
+    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (int rc = ibv_modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+        rc != 0) {
+      cleanup();
+      throw std::runtime_error(verbs_error("ibv_modify_qp(INIT)", rc));
+    }
+    local_.qpn = qp_->qp_num;
+    local_.psn = static_cast<std::uint32_t>(std::rand()) & 0xFFFFFFu;
+    local_.lid = port_attr_.lid;
+    local_.port = port_;
+    local_.mtu = static_cast<std::uint8_t>(port_attr_.active_mtu);
+    local_.max_read_size = max_read_size;
+    if (roce_) {
+      ibv_gid gid{};
+      if (int rc = ibv_query_gid(vc_->ctx, port_, gid_index_, &gid); rc != 0) {
+        cleanup();
+        throw std::runtime_error(verbs_error("ibv_query_gid", rc));
+      }
+      std::memcpy(local_.gid.data(), gid.raw, 16);
+    }
+    if (int rc = ibv_req_notify_cq(cq_, 0); rc != 0) {
+      cleanup();
+      throw std::runtime_error(verbs_error("ibv_req_notify_cq", rc));
+    }
+  }
+  ~verbs_queue_pair() override { cleanup(); }
+
+  qp_address local_address() const override { return local_; }
+
+  void connect(const qp_address& remote) override {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_RTR;
+    const int remote_mtu = remote.mtu ? static_cast<int>(remote.mtu) : static_cast<int>(IBV_MTU_1024);
+    attr.path_mtu = static_cast<ibv_mtu>(std::min<int>(remote_mtu, local_.mtu));
+    attr.dest_qp_num = remote.qpn;
+    attr.rq_psn = remote.psn;
+    attr.max_dest_rd_atomic = 16;
+    attr.min_rnr_timer = 12;  // 0.64 ms
+    attr.ah_attr.port_num = port_;
+    if (roce_) {
+      attr.ah_attr.is_global = 1;
+      std::memcpy(attr.ah_attr.grh.dgid.raw, remote.gid.data(), 16);
+      attr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(gid_index_);
+      attr.ah_attr.grh.hop_limit = 64;
+    } else {
+      attr.ah_attr.dlid = remote.lid;
+    }
+    if (int rc = ibv_modify_qp(qp_, &attr,
+                               IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+        rc != 0)
+      throw std::runtime_error(verbs_error("ibv_modify_qp(RTR)", rc));
+    ibv_qp_attr rts{};
+    rts.qp_state = IBV_QPS_RTS;
+    rts.timeout = 14;   // 4.096 us * 2^14 = 67 ms per retry
+    rts.retry_cnt = 7;
+    rts.rnr_retry = 7;  // the protocol's credits should make RNR impossible; retry forever if not
+    rts.sq_psn = local_.psn;
+    rts.max_rd_atomic = 16;
+    if (int rc = ibv_modify_qp(qp_, &rts,
+                               IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                   IBV_QP_MAX_QP_RD_ATOMIC);
+        rc != 0)
+      throw std::runtime_error(verbs_error("ibv_modify_qp(RTS)", rc));
+  }
+
+  memory_keys register_memory(void* data, std::size_t size) override {
+    ibv_mr* mr = ibv_reg_mr(vc_->pd, data, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (!mr) throw std::runtime_error(verbs_error("ibv_reg_mr(" + std::to_string(size) + " bytes)", errno));
+    mrs_[mr->lkey] = mr;
+    return {mr->lkey, mr->rkey};
+  }
+
+  void deregister(const memory_keys& keys) override {
+    auto it = mrs_.find(keys.lkey);
+    if (it == mrs_.end()) return;
+    ibv_dereg_mr(it->second);
+    mrs_.erase(it);
+  }
+
+  void post_recv(std::uint64_t wr_id, void* buffer, std::uint32_t size, std::uint32_t lkey) override {
+    ibv_sge sge{reinterpret_cast<std::uint64_t>(buffer), size, lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    if (int rc = ibv_post_recv(qp_, &wr, &bad); rc != 0) throw std::runtime_error(verbs_error("ibv_post_recv", rc));
+  }
+
+  void post_send(std::uint64_t wr_id, const void* data, std::uint32_t size, std::uint32_t lkey) override {
+    ibv_sge sge{reinterpret_cast<std::uint64_t>(data), size, lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0) throw std::runtime_error(verbs_error("ibv_post_send", rc));
+  }
+
+  void post_read(std::uint64_t wr_id, void* local, std::uint32_t size, std::uint32_t lkey, std::uint64_t remote_addr,
+                 std::uint32_t rkey) override {
+    ibv_sge sge{reinterpret_cast<std::uint64_t>(local), size, lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0)
+      throw std::runtime_error(verbs_error("ibv_post_send(RDMA READ)", rc));
+  }
+
+  int poll(completion* out, int max) override {
+    ibv_wc wc[16];
+    int total = 0;
+    while (total < max) {
+      const int want = std::min(16, max - total);
+      const int n = ibv_poll_cq(cq_, want, wc);
+      if (n < 0) throw std::runtime_error("ibv_poll_cq failed");
+      for (int i = 0; i < n; ++i) {
+        completion& c = out[total++];
+        c.wr_id = wc[i].wr_id;
+        c.ok = wc[i].status == IBV_WC_SUCCESS;
+        c.bytes = wc[i].byte_len;
+        c.error = c.ok ? "" : ibv_wc_status_str(wc[i].status);
+        // A failed work request's opcode is undefined; the caller knows it
+        // from the wr_id.
+        c.what = wc[i].opcode == IBV_WC_RECV ? completion::op::recv
+                 : wc[i].opcode == IBV_WC_RDMA_READ ? completion::op::read
+                                                    : completion::op::send;
+      }
+      if (n < want) break;
+    }
+    return total;
+  }
+
+  int event_fd() const override { return channel_->fd; }
+
+  void arm() override {
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    unsigned events = 0;
+    while (ibv_get_cq_event(channel_, &cq, &context) == 0) ++events;  // non-blocking fd: stops at EAGAIN
+    if (events) ibv_ack_cq_events(cq_, events);
+    ibv_req_notify_cq(cq_, 0);
+  }
+
+ private:
+  void cleanup() {
+    for (auto& [p, mr] : mrs_) ibv_dereg_mr(mr);
+    mrs_.clear();
+    if (qp_) ibv_destroy_qp(qp_);
+    qp_ = nullptr;
+    if (cq_) ibv_destroy_cq(cq_);
+    cq_ = nullptr;
+    if (channel_) ibv_destroy_comp_channel(channel_);
+    channel_ = nullptr;
+  }
+
+  std::shared_ptr<verbs_context> vc_;
+  std::uint8_t port_;
+  bool roce_;
+  ibv_port_attr port_attr_;
+  int gid_index_;
+  ibv_comp_channel* channel_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  qp_address local_;
+  std::unordered_map<std::uint32_t, ibv_mr*> mrs_;  // by lkey
+};
+
+class verbs_device final : public device {
+ public:
+  verbs_device(std::shared_ptr<verbs_context> vc, std::string name, std::uint8_t port, ibv_port_attr attr,
+               std::uint32_t max_read_size)
+      : vc_(std::move(vc)), name_(std::move(name)), port_(port), attr_(attr), max_read_size_(max_read_size) {
+    if (const char* g = std::getenv("COROLLA_RDMA_GID_INDEX")) gid_index_ = std::atoi(g);
+  }
+  std::unique_ptr<queue_pair> create_queue_pair(int depth) override {
+    return std::make_unique<verbs_queue_pair>(vc_, port_, attr_.link_layer == IBV_LINK_LAYER_ETHERNET, attr_,
+                                              gid_index_, max_read_size_, depth);
+  }
+  std::string name() const override { return name_ + ":" + std::to_string(port_); }
+  nic_info nic() const override {
+    nic_info n;
+    n.name = name();
+    n.kind = attr_.link_layer == IBV_LINK_LAYER_ETHERNET ? nic_kind::roce : nic_kind::infiniband;
+    n.bandwidth_bps = ibv_lane_gbps(attr_.active_speed) * ibv_width_lanes(attr_.active_width) * 1e9;
+    n.active = true;
+    n.verbs_device = name_;
+    n.port = port_;
+    return n;
+  }
+
+ private:
+  std::shared_ptr<verbs_context> vc_;
+  std::string name_;
+  std::uint8_t port_;
+  ibv_port_attr attr_;
+  std::uint32_t max_read_size_;
+  int gid_index_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<device> open_verbs_device(const std::string& name, int port) {
+  int count = 0;
+  ibv_device** list = ibv_get_device_list(&count);
+  if (!list) throw std::runtime_error(verbs_error("ibv_get_device_list", errno) + "; links use TCP");
+  struct list_guard {
+    ibv_device** l;
+    ~list_guard() { ibv_free_device_list(l); }
+  } guard{list};
+  if (count == 0) throw std::runtime_error("no RDMA devices found; links use TCP");
+  std::string tried;
+  for (int d = 0; d < count; ++d) {
+    const std::string dev_name = ibv_get_device_name(list[d]);
+    if (!name.empty() && dev_name != name) continue;
+    auto vc = std::make_shared<verbs_context>();
+    vc->ctx = ibv_open_device(list[d]);
+    if (!vc->ctx) {
+      tried += "; cannot open " + dev_name + ": " + std::strerror(errno);
+      continue;
+    }
+    ibv_device_attr dattr{};
+    if (int rc = ibv_query_device(vc->ctx, &dattr); rc != 0) {
+      tried += "; " + verbs_error("ibv_query_device(" + dev_name + ")", rc);
+      continue;
+    }
+    for (int p = 1; p <= dattr.phys_port_cnt; ++p) {
+      if (port != 0 && p != port) continue;
+      ibv_port_attr pa{};
+      if (ibv_query_port(vc->ctx, static_cast<std::uint8_t>(p), &pa) != 0 || pa.state != IBV_PORT_ACTIVE) {
+        tried += "; " + dev_name + " port " + std::to_string(p) + " is not active";
+        continue;
+      }
+      vc->pd = ibv_alloc_pd(vc->ctx);
+      if (!vc->pd) throw std::runtime_error(verbs_error("ibv_alloc_pd(" + dev_name + ")", errno));
+      // Devices cap one message (and so one READ) at 2^31 bytes at most.
+      const std::uint32_t max_read = pa.max_msg_sz ? std::min<std::uint32_t>(pa.max_msg_sz, 1u << 30) : 1u << 30;
+      return std::make_unique<verbs_device>(vc, dev_name, static_cast<std::uint8_t>(p), pa, max_read);
+    }
+  }
+  if (!name.empty() && tried.empty()) throw std::runtime_error("no RDMA device named " + name + "; links use TCP");
+  throw std::runtime_error("no active RDMA port" + tried + "; links use TCP");
+}
+
+#endif
+
+}  // namespace corolla::net::rdma
