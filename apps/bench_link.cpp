@@ -32,6 +32,8 @@
 
 #include "apps/commands.hpp"
 #include "net/codec.hpp"
+#include "net/rdma_fake.hpp"
+#include "net/rdma_verbs.hpp"
 #include "net/zmq_transport.hpp"
 
 namespace corolla::app {
@@ -217,11 +219,16 @@ class raw_zmq_path final : public link_path {
 
 class transport_path final : public link_path {
  public:
-  transport_path(const net::link_profile& profile, bool checksums, int busy_poll_us) {
-    auto options = [&](const std::string& id) {
+  /// With `rdma` (one device per side) the connection is moved to RDMA
+  /// before measuring.
+  transport_path(const net::link_profile& profile, bool checksums, int busy_poll_us,
+                 std::pair<std::shared_ptr<net::rdma::device>, std::shared_ptr<net::rdma::device>> rdma = {})
+      : name_(rdma.first ? "rdma" : "corolla") {
+    auto options = [&](const std::string& id, std::shared_ptr<net::rdma::device> dev) {
       net::transport_options o;
       o.identity = id;
       o.busy_poll_us = busy_poll_us;
+      o.rdma_device = std::move(dev);
       o.default_profile = profile;
       o.send_checksums = checksums;
       o.limits.verify_checksums = checksums;
@@ -238,7 +245,7 @@ class transport_path final : public link_path {
       if (m.type == "ping") reply.tensors = std::move(m.tensors);
       server_ptr_.load()->send(c, reply);
     };
-    auto server = net::zmq_transport::start(options("bench-server"), std::move(server_events));
+    auto server = net::zmq_transport::start(options("bench-server", rdma.first), std::move(server_events));
     if (!server) throw std::runtime_error("bench link: " + net::error_text(server.error()));
     server_ = std::move(*server);
     server_ptr_.store(server_.get());
@@ -249,12 +256,25 @@ class transport_path final : public link_path {
       ++replies_;
       cv_.notify_one();
     };
-    auto client = net::zmq_transport::start(options("bench-client"), std::move(client_events));
+    client_events.on_rdma = [this](net::connection_id, bool up, const std::string& why) {
+      std::lock_guard<std::mutex> lock(mu_);
+      rdma_state_ = up ? 1 : -1;
+      rdma_reason_ = why;
+      cv_.notify_one();
+    };
+    auto client = net::zmq_transport::start(options("bench-client", rdma.second), std::move(client_events));
     if (!client) throw std::runtime_error("bench link: " + net::error_text(client.error()));
     client_ = std::move(*client);
     conn_ = client_->connect(server_->endpoint());
+    if (rdma.first) {
+      client_->offer_rdma(conn_);
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, reply_timeout, [&] { return rdma_state_ != 0; }))
+        throw std::runtime_error("bench link: the RDMA offer got no answer within 10 s");
+      if (rdma_state_ < 0) throw std::runtime_error("bench link: the connection did not move to RDMA: " + rdma_reason_);
+    }
   }
-  std::string name() const override { return "corolla"; }
+  std::string name() const override { return name_; }
 
   void round_trip(std::size_t size) override {
     send_typed("ping", size);
@@ -292,6 +312,9 @@ class transport_path final : public link_path {
   std::mutex mu_;
   std::condition_variable cv_;
   int replies_ = 0;
+  int rdma_state_ = 0;  // 1 up, -1 refused
+  std::string rdma_reason_;
+  std::string name_;
 };
 
 // ---- the command ------------------------------------------------------------------
@@ -304,6 +327,7 @@ struct link_options {
   bool no_checksums = false;
   int busy_poll_us = net::transport_options{}.busy_poll_us;
   int rounds = 3;
+  std::string rdma;  // "", "fake", or a verbs device name / "auto"
   bool json = false;
 };
 
@@ -361,12 +385,27 @@ int run_link(const link_options& o) {
   std::vector<std::unique_ptr<link_path>> paths;
   paths.push_back(std::make_unique<raw_zmq_path>());
   paths.push_back(std::make_unique<transport_path>(profile, checksums, o.busy_poll_us));
+  std::string rdma_label;
+  if (!o.rdma.empty()) {
+    std::pair<std::shared_ptr<net::rdma::device>, std::shared_ptr<net::rdma::device>> devs;
+    if (o.rdma == "fake") {
+      auto fabric = net::rdma::fake_fabric::create();
+      devs = {fabric->open_device(), fabric->open_device()};
+      rdma_label = "fake fabric (in-process memcpy: the protocol's cost, not a NIC's)";
+    } else {
+      const std::string name = o.rdma == "auto" ? "" : o.rdma;
+      devs = {net::rdma::open_verbs_device(name), net::rdma::open_verbs_device(name)};  // throws why not
+      rdma_label = devs.first->name() + " (loopback through the HCA)";
+    }
+    paths.push_back(std::make_unique<transport_path>(profile, checksums, o.busy_poll_us, devs));
+  }
   if (!o.json)
     std::fprintf(stderr,
                  "bench link: loopback, %u hardware threads, profile %s, checksums %s, busy poll %d us; "
                  "measuring...\n",
                  std::thread::hardware_concurrency(), net::describe(profile).c_str(), checksums ? "on" : "off",
                  o.busy_poll_us);
+  if (!o.json && !rdma_label.empty()) std::fprintf(stderr, "bench link: rdma path on %s\n", rdma_label.c_str());
 
   // figures[size][path]
   std::vector<std::vector<path_figures>> figures(sizes.size(), std::vector<path_figures>(paths.size()));
@@ -420,6 +459,7 @@ int run_link(const link_options& o) {
                       {"checksums", checksums},
                       {"busy_poll_us", o.busy_poll_us},
                       {"rounds", o.rounds},
+                      {"rdma", o.rdma.empty() ? nlohmann::json(nullptr) : nlohmann::json(rdma_label)},
                       {"results", results}};
   if (profile.unshaped()) {
     j["target_throughput_90pct_of_raw_met"] = throughput_met;
@@ -483,6 +523,9 @@ void register_bench_link(CLI::App* bench, action_fn& action) {
                    "Times the two paths take turns per size (latency pooled, throughput median)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  link->add_option("--rdma", o.rdma,
+                   "Also measure the RDMA path: 'fake' (in-process fabric: protocol cost only), 'auto' (first "
+                   "active verbs port) or a verbs device name");
   link->add_flag("--json", o.json, "Print only the JSON result line");
   link->callback([&action] { action = [] { return run_link(o); }; });
 }
