@@ -25,6 +25,8 @@ void node_flags::add_to(CLI::App* cmd, const std::string& who) {
       ->capture_default_str();
   cmd->add_option("--nic-class", nic_class,
                   "NIC class announced to peers: ib, roce, ethernet (default: this host's fastest active class)");
+  cmd->add_flag("--no-rdma", no_rdma,
+                "Keep every link on ZeroMQ/TCP even where both ends have RDMA ports of one class");
 }
 
 node_options node_flags::options() const {
@@ -36,6 +38,7 @@ node_options node_flags::options() const {
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.peer_timeout = std::chrono::milliseconds(peer_timeout_ms);
   o.nic_class = nic_class;
+  o.open_rdma = !no_rdma;
   return o;
 }
 

@@ -16,7 +16,7 @@ class App;
 namespace corolla::app {
 
 /// The node flags: --listen, --node-id, --link-profile, --curve-keys,
-/// --heartbeat-ms, --peer-timeout-ms, --nic-class.
+/// --heartbeat-ms, --peer-timeout-ms, --nic-class, --no-rdma.
 struct node_flags {
   std::string listen = "tcp://127.0.0.1:0";
   std::string node_id;
@@ -25,6 +25,7 @@ struct node_flags {
   int heartbeat_ms = 200;
   int peer_timeout_ms = 1200;
   std::string nic_class;  ///< empty: discovered from sysfs
+  bool no_rdma = false;   ///< do not open the host's RDMA port
 
   /// Registers the flags on `cmd`; `who` names the process in help texts
   /// ("node", "server").
