@@ -65,8 +65,8 @@ channel::channel(std::unique_ptr<queue_pair> qp, decode_limits limits, bool send
     : limits_(limits), send_checksums_(send_checksums), qp_(std::move(qp)) {
   recv_area_ = allocate(std::size_t{recv_slots} * slot_bytes);
   send_area_ = allocate(std::size_t{send_slots} * slot_bytes);
-  recv_keys_ = qp_->register_memory(recv_area_.get(), std::size_t{recv_slots} * slot_bytes);
-  send_keys_ = qp_->register_memory(send_area_.get(), std::size_t{send_slots} * slot_bytes);
+  recv_keys_ = qp_->register_memory(recv_area_.get(), std::size_t{recv_slots} * slot_bytes, local_write);
+  send_keys_ = qp_->register_memory(send_area_.get(), std::size_t{send_slots} * slot_bytes, 0);
   for (int i = 0; i < recv_slots; ++i)
     qp_->post_recv(wr_id(wr_type::recv, i), recv_area_.get() + std::size_t(i) * slot_bytes, slot_bytes,
                    recv_keys_.lkey);
@@ -89,6 +89,12 @@ void channel::send_frames(std::vector<out_frame> frames) {
 bool channel::idle() const {
   return out_.empty() && fins_.empty() && rendezvous_out_.empty() && in_.empty() && reads_to_post_.empty() &&
          outstanding_ == 0;
+}
+
+std::uint64_t channel::rendezvous_bytes_out() const {
+  std::uint64_t n = 0;
+  for (const auto& [id, o] : rendezvous_out_) n += o.bytes;
+  return n;
 }
 
 void channel::fail(const std::string& why) {
@@ -227,8 +233,11 @@ void channel::on_receive(int slot, std::uint32_t bytes, const std::function<void
       incoming in;
       in.seq = next_in_seq_++;
       in.rendezvous_id = h.id;
+      // The table is copied out: the slot is re-posted below, and the
+      // READs may have to wait for earlier rendezvous to finish.
+      in.table.assign(p + header_bytes, p + header_bytes + rendezvous_entry_bytes * std::size_t{h.nframes});
       in_.push_back(std::move(in));
-      start_rendezvous(in_.back(), p + header_bytes, h.nframes);
+      start_rendezvous(in_.back(), true);
       break;
     }
     default: refuse("RDMA message of unknown kind " + std::to_string(static_cast<int>(h.what))); break;
@@ -236,12 +245,15 @@ void channel::on_receive(int slot, std::uint32_t bytes, const std::function<void
   repost();
 }
 
-void channel::start_rendezvous(incoming& in, const std::uint8_t* table, std::uint32_t nframes) {
+void channel::start_rendezvous(incoming& in, bool may_wait) {
   auto refuse = [&](const std::string& why) {
     in.ready = true;
     in.bad = why;
+    in.table.clear();
     fins_.push_back(in.rendezvous_id);
   };
+  const auto nframes = static_cast<std::uint32_t>(in.table.size() / rendezvous_entry_bytes);
+  const std::uint8_t* table = in.table.data();
   std::uint64_t total = 0;
   for (std::uint32_t i = 0; i < nframes; ++i) {
     const auto size = load<std::uint64_t>(table + rendezvous_entry_bytes * i);
@@ -249,11 +261,17 @@ void channel::start_rendezvous(incoming& in, const std::uint8_t* table, std::uin
     if (size > limit)
       return refuse("RDMA rendezvous frame " + std::to_string(i) + " of " + std::to_string(size) +
                     " bytes is over the limit of " + std::to_string(limit));
+    if (total + size < total) return refuse("RDMA rendezvous frame sizes overflow");
     total += size;
   }
-  if (incoming_bytes_ + total > max_incoming_bytes)
-    return refuse("RDMA rendezvous of " + std::to_string(total) + " bytes while " + std::to_string(incoming_bytes_) +
-                  " are being read (limit " + std::to_string(max_incoming_bytes) + ")");
+  // Past the budget a message waits (in order) until earlier ones are read;
+  // one that is larger than the whole budget still goes when nothing else is
+  // being read.
+  if (may_wait && incoming_bytes_ > 0 && (incoming_bytes_ + total > max_incoming_bytes || !deferred_.empty())) {
+    in.bytes = total;
+    deferred_.push_back(in.seq);
+    return;
+  }
   in.bytes = total;
   incoming_bytes_ += total;
   for (std::uint32_t i = 0; i < nframes; ++i) {
@@ -268,7 +286,7 @@ void channel::start_rendezvous(incoming& in, const std::uint8_t* table, std::uin
       in.keys.push_back({});
       continue;
     }
-    const memory_keys k = qp_->register_memory(buf.get(), static_cast<std::size_t>(size));
+    const memory_keys k = qp_->register_memory(buf.get(), static_cast<std::size_t>(size), local_write);
     in.keys.push_back(k);
     for (std::uint64_t off = 0; off < size; off += read_chunk_bytes) {
       const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(read_chunk_bytes, size - off));
@@ -276,6 +294,7 @@ void channel::start_rendezvous(incoming& in, const std::uint8_t* table, std::uin
       ++in.reads_left;
     }
   }
+  in.table.clear();
   if (in.reads_left == 0) finish_rendezvous(in);
 }
 
@@ -297,6 +316,14 @@ void channel::finish_rendezvous(incoming& in) {
   in.buffers.clear();
   incoming_bytes_ -= in.bytes;
   fins_.push_back(in.rendezvous_id);
+  // Start what waited for the budget, in arrival order.
+  while (!deferred_.empty()) {
+    const std::uint64_t seq = deferred_.front();
+    incoming& next = in_[seq - first_in_seq_];
+    if (incoming_bytes_ > 0 && incoming_bytes_ + next.bytes > max_incoming_bytes) break;
+    deferred_.pop_front();
+    start_rendezvous(next, false);
+  }
 }
 
 bool channel::post_header(const std::vector<std::uint8_t>& head, const std::vector<out_frame>* eager_frames) {
@@ -345,14 +372,34 @@ void channel::pump() {
       }
       post_header(head, &o.frames);
       ++stats_.eager_sent;
+    } else if (header_bytes + rendezvous_entry_bytes * std::size_t{n} > slot_bytes) {
+      // A frame table that does not fit a slot (thousands of tensors; no
+      // peer accepts that many anyway): dropped here, as the peer would.
+      spdlog::error("rdma: dropping a message of {} frames: its rendezvous table does not fit a {}-byte slot", n,
+                    slot_bytes);
+      ++stats_.dropped;
+      out_.pop_front();
+      continue;
     } else {
       const std::uint64_t id = next_rendezvous_id_++;
       head.assign(header_bytes + rendezvous_entry_bytes * std::size_t{n}, 0);
       write_header(head.data(), {kind::rendezvous, 0, n, id});
       for (std::uint32_t i = 0; i < n; ++i) {
-        const out_frame& f = o.frames[i];
+        out_frame& f = o.frames[i];
         memory_keys k{};
-        if (f.size) k = qp_->register_memory(const_cast<void*>(f.data), f.size);
+        if (f.size) {
+          try {
+            k = qp_->register_memory(const_cast<void*>(f.data), f.size, remote_read);
+          } catch (const std::exception& e) {
+            // Memory the device will not pin (some mappings): send a copy.
+            spdlog::debug("rdma: registering a {}-byte frame failed ({}); sending a copy", f.size, e.what());
+            std::shared_ptr<std::uint8_t> copy(allocate(f.size).release(), buffer_deleter{});
+            std::memcpy(copy.get(), f.data, f.size);
+            f.data = copy.get();
+            f.owner = copy;
+            k = qp_->register_memory(copy.get(), f.size, remote_read);
+          }
+        }
         o.keys.push_back(k);
         std::uint8_t* e = head.data() + header_bytes + rendezvous_entry_bytes * i;
         const std::uint64_t size = f.size, addr = reinterpret_cast<std::uint64_t>(f.data);

@@ -50,7 +50,7 @@ class channel {
  public:
   struct counters {
     std::uint64_t messages_sent = 0, messages_received = 0, eager_sent = 0, rendezvous_sent = 0,
-                  bytes_sent = 0, bytes_received = 0, bad_messages = 0;
+                  bytes_sent = 0, bytes_received = 0, bad_messages = 0, dropped = 0;
   };
 
   /// Registers and posts the receive slots. Throws std::runtime_error from
@@ -88,6 +88,9 @@ class channel {
   bool idle() const;
   /// Messages accepted by send() and not yet handed to the queue pair.
   std::size_t queued() const { return out_.size(); }
+  /// Bytes of rendezvous messages the peer has not finished reading (their
+  /// memory stays registered and alive until its FIN).
+  std::uint64_t rendezvous_bytes_out() const;
   counters stats() const { return stats_; }
 
  private:
@@ -111,6 +114,7 @@ class channel {
     std::vector<memory_keys> keys;
     std::uint64_t bytes = 0;
     int reads_left = 0;
+    std::vector<std::uint8_t> table;  // the frame table until the READs are posted
   };
   using aligned_buffer = std::unique_ptr<std::uint8_t[], buffer_deleter>;
   static aligned_buffer allocate(std::size_t size);
@@ -118,7 +122,9 @@ class channel {
   void fail(const std::string& why);
   void handle(const completion& c, const std::function<void(const std::string&)>& on_bad);
   void on_receive(int slot, std::uint32_t bytes, const std::function<void(const std::string&)>& on_bad);
-  void start_rendezvous(incoming& in, const std::uint8_t* table, std::uint32_t nframes);
+  /// Posts the READs of `in`, or (may_wait) queues it behind earlier ones
+  /// when the read budget is spent.
+  void start_rendezvous(incoming& in, bool may_wait);
   void finish_rendezvous(incoming& in);
   void pump();
   bool post_header(const std::vector<std::uint8_t>& header, const std::vector<out_frame>* eager_frames);
@@ -154,6 +160,7 @@ class channel {
   };
   std::deque<read_chunk> reads_to_post_;
   std::uint64_t incoming_bytes_ = 0;      // rendezvous bytes being read
+  std::deque<std::uint64_t> deferred_;    // rendezvous waiting for the read budget (sequence numbers)
 
   // Declared last: destroyed first, while the memory it registered lives.
   std::unique_ptr<queue_pair> qp_;

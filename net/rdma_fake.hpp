@@ -4,12 +4,16 @@
 //
 // It enforces what the RDMA protocol must respect on real hardware, and
 // reports a violation as a failed completion (as a real queue pair would
-// fail): a send needs a receive posted by the peer (the protocol's credits
-// guarantee one; verbs would stall in RNR retries), a message must fit the
-// posted buffer, a READ needs a registered range and the right rkey, and
-// nothing moves before both sides have connected. Thread-safe: each side's
-// I/O thread posts on its own queue pair, and the fabric delivers into the
-// peer's under one lock.
+// fail) or, for a bad post, an exception: a send needs a receive posted by
+// the peer (the protocol's credits guarantee one; verbs would stall in RNR
+// retries), a message must fit the posted buffer, local buffers must lie in
+// a registration of the queue pair with its lkey (and local write access for
+// receives and READ targets), a READ needs the peer's rkey, a range inside
+// its registration and remote read access, and nothing moves unless both
+// sides are connected to each other. Work requests run later, in post
+// order, when any queue pair polls, so the bytes are taken after the post
+// as a NIC would take them. Thread-safe: each side's I/O thread posts on its
+// own queue pair, and the fabric delivers into the peer's under one lock.
 #pragma once
 
 #include <memory>

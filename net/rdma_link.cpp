@@ -16,11 +16,16 @@ constexpr const char* accept_type = "rdma.accept";
 constexpr const char* refuse_type = "rdma.refuse";
 constexpr const char* ready_type = "rdma.ready";
 constexpr const char* switch_type = "rdma.switch";
+constexpr const char* down_type = "rdma.down";
 /// RDMA messages held while the peer's switch marker is on its way; more
 /// means the marker is not coming.
 constexpr std::size_t max_held = 4096;
 /// Depth of each queue pair: every receive slot plus the send queue.
 constexpr int queue_depth = recv_slots + max_outstanding;
+/// Backpressure: messages waiting for credits, and rendezvous bytes the peer
+/// has not read yet, beyond which the transport holds further sends.
+constexpr std::size_t max_backlog_messages = 1024;
+constexpr std::uint64_t max_backlog_bytes = std::uint64_t{2} << 30;
 
 }  // namespace
 
@@ -56,12 +61,32 @@ void link::drop(const std::string& why, bool report) {
   if (report) hooks_.changed(false, why);
 }
 
-void link::reset() { drop("the TCP connection was lost", state_ != state::idle); }
+void link::reset() {
+  // A new TCP connection is a fresh start: RDMA may be offered again.
+  failed_.clear();
+  drop("the TCP connection was lost", state_ != state::idle);
+}
+
+void link::fail(const std::string& why, bool tell_peer) {
+  failed_ = why;
+  failure_pending_ = true;
+  spdlog::error("rdma: {}; the connection goes back to TCP", why);
+  if (tell_peer) control(down_type, std::vector<std::uint8_t>(why.begin(), why.end()));
+  drop("RDMA failed: " + why, true);
+}
+
+bool link::take_failure() {
+  const bool f = failure_pending_;
+  failure_pending_ = false;
+  return f;
+}
 
 void link::offer() {
   if (!dev_) return hooks_.changed(false, "this node has no RDMA device");
   if (!failed_.empty()) return hooks_.changed(false, "RDMA failed earlier on this connection (" + failed_ + ")");
   if (state_ != state::idle) return;
+  if (hooks_.admit)
+    if (std::string why = hooks_.admit(); !why.empty()) return hooks_.changed(false, why);
   try {
     channel_ = std::make_unique<channel>(dev_->create_queue_pair(queue_depth), limits_, checksums_);
   } catch (const std::exception& e) {
@@ -78,7 +103,14 @@ void link::on_control(const message& m) {
   if (type == offer_type) {
     if (!dev_) return refuse("the peer has no RDMA device");
     if (!failed_.empty()) return refuse("RDMA failed earlier on this connection (" + failed_ + ")");
-    drop("", false);  // a reconnected peer offers again
+    if (state_ != state::idle) {
+      // The peer started over (its side of the connection was reset): what
+      // is queued or held on the old path is lost.
+      failure_pending_ = true;
+      drop("the peer offered RDMA again; the old queue pair is dropped", true);
+    }
+    if (hooks_.admit)
+      if (std::string why = hooks_.admit(); !why.empty()) return refuse("the peer cannot take more RDMA links: " + why);
     try {
       const qp_address remote = address();
       channel_ = std::make_unique<channel>(dev_->create_queue_pair(queue_depth), limits_, checksums_);
@@ -88,7 +120,7 @@ void link::on_control(const message& m) {
       return refuse(std::string("the peer cannot set up its queue pair: ") + e.what());
     }
     state_ = state::accepted;
-    control(accept_type, channel_->local_address().encode());
+    control(accept_type, channel_->local_address().encode());  // may reset us (peer gone)
   } else if (type == accept_type) {
     if (state_ != state::offered) return;  // stale: we gave up on that offer
     try {
@@ -100,13 +132,15 @@ void link::on_control(const message& m) {
     }
     state_ = state::up;
     control(ready_type, {});
+    if (!channel_) return;  // the send found the peer gone and reset us
     hooks_.changed(true, "RDMA RC queue pair on " + dev_->name());
   } else if (type == ready_type) {
     if (state_ != state::accepted) return;
     peer_switched_ = true;
     flush_held();
-    control(switch_type, {});
     state_ = state::up;
+    control(switch_type, {});
+    if (!channel_) return;
     hooks_.changed(true, "RDMA RC queue pair on " + dev_->name());
   } else if (type == switch_type) {
     if (state_ != state::up) return;
@@ -115,9 +149,20 @@ void link::on_control(const message& m) {
   } else if (type == refuse_type) {
     if (state_ == state::idle) return;
     drop("the peer refused RDMA: " + std::string(m.body.begin(), m.body.end()), true);
+  } else if (type == down_type) {
+    if (state_ == state::idle) return;
+    // Deliver what the peer's path carried before it broke (everything it
+    // sent over TCP after this marker comes after), then fall back too.
+    progress();
+    if (state_ == state::idle) return;  // our side failed while draining
+    fail("the peer's RDMA path failed (" + std::string(m.body.begin(), m.body.end()) + ")", false);
   } else {
     spdlog::warn("rdma: unknown control message '{}' dropped", type);
   }
+}
+
+bool link::backlog_full() const {
+  return channel_ && (channel_->queued() >= max_backlog_messages || channel_->rendezvous_bytes_out() >= max_backlog_bytes);
 }
 
 void link::send(std::vector<out_frame> frames) {
@@ -147,9 +192,7 @@ bool link::progress() {
       },
       hooks_.bad);
   if (ok && overflow.empty()) return true;
-  failed_ = ok ? overflow : channel_->failure();
-  spdlog::error("rdma: {}; the connection goes back to TCP", failed_);
-  drop("RDMA failed: " + failed_, true);
+  fail(ok ? overflow : channel_->failure(), true);
   return false;
 }
 

@@ -15,8 +15,10 @@
 // switching has been delivered first; RDMA messages that overtake the
 // marker are held until it arrives.
 //
-// A failed work request ends the RDMA path for good on this connection
-// (reset("...")): later sends go over ZeroMQ and later offers are refused.
+// A failed work request ends the RDMA path of this TCP connection: the side
+// that saw it sends rdma.down (over ZeroMQ) so the peer drains what arrived
+// and falls back too; later sends go over ZeroMQ and offers are refused
+// until the TCP connection itself is reset.
 // Belongs to the transport's I/O thread.
 #pragma once
 
@@ -45,6 +47,9 @@ class link {
     std::function<void(const std::string& reason)> bad;
     /// The path changed: up (both directions over RDMA) or down (why).
     std::function<void(bool up, const std::string& reason)> changed;
+    /// Asked before a queue pair is created: "" to go ahead, else why not
+    /// (e.g. the node's limit of queue pairs). Optional.
+    std::function<std::string()> admit;
   };
 
   /// `dev` may be null (this node has no RDMA device): offers are refused.
@@ -62,15 +67,26 @@ class link {
   bool sending() const { return state_ == state::up; }
   /// Queues encoded frames on the RDMA path (only while sending()).
   void send(std::vector<out_frame> frames);
+  /// The RDMA path holds as much as it should (messages waiting for
+  /// credits, or rendezvous memory the peer has not read yet): the
+  /// transport keeps further messages in its own queue (backpressure).
+  bool backlog_full() const;
+  /// Whether a queue pair exists (set up, or being set up).
+  bool has_queue_pair() const { return channel_ != nullptr; }
   /// Drives the queue pair. Returns false when the path failed just now
-  /// (changed(false, ...) has been called and the path is gone).
+  /// (changed(false, ...) has been called, the peer was sent rdma.down, and
+  /// the path is gone).
   bool progress();
+  /// True once after the path broke in a way that may have lost messages
+  /// (a failed work request, the peer's rdma.down, a repeated offer): the
+  /// transport then reports the connection down and up.
+  bool take_failure();
   /// Descriptor to poll for completions (-1 without a queue pair), and its re-arm.
   int event_fd() const;
   void arm();
   /// Drops the queue pair (the TCP connection is gone, the peer may be
   /// dead), reporting changed(false) if a path was set up or on its way; a
-  /// later offer may set the path up again.
+  /// later offer may set the path up again, even after a failure.
   void reset();
   /// RDMA messages sent and received so far on this connection.
   std::uint64_t messages_sent() const;
@@ -79,6 +95,7 @@ class link {
  private:
   enum class state { idle, offered, accepted, up };
   void drop(const std::string& why, bool report);
+  void fail(const std::string& why, bool tell_peer);
   void refuse(const std::string& why);
   void control(const char* type, std::vector<std::uint8_t> body);
   void flush_held();
@@ -89,7 +106,8 @@ class link {
   hooks hooks_;
   state state_ = state::idle;
   bool peer_switched_ = false;
-  std::string failed_;  // sticky: why RDMA broke on this connection
+  std::string failed_;  // why RDMA broke on this connection (until the TCP connection is reset)
+  bool failure_pending_ = false;
   std::unique_ptr<channel> channel_;
   std::deque<message> held_;
   std::uint64_t sent_before_ = 0, received_before_ = 0;  // of channels already dropped

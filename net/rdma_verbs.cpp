@@ -8,6 +8,7 @@
 #include "net/rdma_verbs.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +16,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <unordered_map>
+
+#include <spdlog/spdlog.h>
 
 #ifdef COROLLA_HAVE_VERBS
 #include <infiniband/verbs.h>
@@ -40,7 +43,7 @@ T get(const std::uint8_t*& p) {
   return v;
 }
 
-constexpr std::size_t address_bytes = 4 + 4 + 2 + 1 + 1 + 16 + 4;
+constexpr std::size_t address_bytes = 4 + 4 + 2 + 1 + 1 + 16 + 4 + 1 + 1 + 2;
 
 }  // namespace
 
@@ -54,6 +57,9 @@ std::vector<std::uint8_t> qp_address::encode() const {
   put(out, mtu);
   out.insert(out.end(), gid.begin(), gid.end());
   put(out, max_read_size);
+  put(out, max_dest_reads);
+  put(out, roce);
+  put(out, std::uint16_t{0});  // reserved
   return out;
 }
 
@@ -71,6 +77,8 @@ qp_address qp_address::decode(const std::uint8_t* data, std::size_t size) {
   std::memcpy(a.gid.data(), p, 16);
   p += 16;
   a.max_read_size = get<std::uint32_t>(p);
+  a.max_dest_reads = get<std::uint8_t>(p);
+  a.roce = get<std::uint8_t>(p);
   return a;
 }
 
@@ -99,11 +107,22 @@ struct verbs_context {
   }
 };
 
+/// What every queue pair of one opened port shares.
+struct port_params {
+  std::uint8_t port = 1;
+  bool roce = false;
+  ibv_port_attr attr{};
+  int gid_index = 0;
+  std::uint32_t max_read_size = 1u << 30;
+  int max_rd_atom = 16;       ///< READs this device answers at once per QP (responder)
+  int max_init_rd_atom = 16;  ///< READs this device issues at once per QP (initiator)
+};
+
 class verbs_queue_pair final : public queue_pair {
  public:
-  verbs_queue_pair(std::shared_ptr<verbs_context> vc, std::uint8_t port, bool roce, ibv_port_attr port_attr,
-                   int gid_index, std::uint32_t max_read_size, int depth)
-      : vc_(std::move(vc)), port_(port), roce_(roce), port_attr_(port_attr), gid_index_(gid_index) {
+  verbs_queue_pair(std::shared_ptr<verbs_context> vc, const port_params& pp, int depth)
+      : vc_(std::move(vc)), port_(pp.port), roce_(pp.roce), port_attr_(pp.attr), gid_index_(pp.gid_index),
+        max_init_rd_atom_(pp.max_init_rd_atom) {
     channel_ = ibv_create_comp_channel(vc_->ctx);
     if (!channel_) throw std::runtime_error(verbs_error("ibv_create_comp_channel", errno));
     const int flags = ::fcntl(channel_->fd, F_GETFL);
@@ -148,7 +167,9 @@ class verbs_queue_pair final : public queue_pair {
     local_.lid = port_attr_.lid;
     local_.port = port_;
     local_.mtu = static_cast<std::uint8_t>(port_attr_.active_mtu);
-    local_.max_read_size = max_read_size;
+    local_.max_read_size = pp.max_read_size;
+    local_.max_dest_reads = static_cast<std::uint8_t>(std::clamp(pp.max_rd_atom, 1, 255));
+    local_.roce = roce_ ? 1 : 0;
     if (roce_) {
       ibv_gid gid{};
       if (int rc = ibv_query_gid(vc_->ctx, port_, gid_index_, &gid); rc != 0) {
@@ -167,13 +188,16 @@ class verbs_queue_pair final : public queue_pair {
   qp_address local_address() const override { return local_; }
 
   void connect(const qp_address& remote) override {
+    if ((remote.roce != 0) != roce_)
+      throw std::runtime_error(std::string("link layers differ: this port is ") + (roce_ ? "RoCE" : "InfiniBand") +
+                               ", the peer's " + (remote.roce ? "RoCE" : "InfiniBand"));
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_RTR;
     const int remote_mtu = remote.mtu ? static_cast<int>(remote.mtu) : static_cast<int>(IBV_MTU_1024);
     attr.path_mtu = static_cast<ibv_mtu>(std::min<int>(remote_mtu, local_.mtu));
     attr.dest_qp_num = remote.qpn;
     attr.rq_psn = remote.psn;
-    attr.max_dest_rd_atomic = 16;
+    attr.max_dest_rd_atomic = local_.max_dest_reads;
     attr.min_rnr_timer = 12;  // 0.64 ms
     attr.ah_attr.port_num = port_;
     if (roce_) {
@@ -195,7 +219,9 @@ class verbs_queue_pair final : public queue_pair {
     rts.retry_cnt = 7;
     rts.rnr_retry = 7;  // the protocol's credits should make RNR impossible; retry forever if not
     rts.sq_psn = local_.psn;
-    rts.max_rd_atomic = 16;
+    // Never more READs in flight than this device issues or the peer answers.
+    rts.max_rd_atomic = static_cast<std::uint8_t>(
+        std::clamp(std::min<int>(max_init_rd_atom_, remote.max_dest_reads ? remote.max_dest_reads : 1), 1, 255));
     if (int rc = ibv_modify_qp(qp_, &rts,
                                IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                    IBV_QP_MAX_QP_RD_ATOMIC);
@@ -203,8 +229,11 @@ class verbs_queue_pair final : public queue_pair {
       throw std::runtime_error(verbs_error("ibv_modify_qp(RTS)", rc));
   }
 
-  memory_keys register_memory(void* data, std::size_t size) override {
-    ibv_mr* mr = ibv_reg_mr(vc_->pd, data, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  memory_keys register_memory(void* data, std::size_t size, unsigned access) override {
+    int flags = 0;
+    if (access & local_write) flags |= IBV_ACCESS_LOCAL_WRITE;
+    if (access & remote_read) flags |= IBV_ACCESS_REMOTE_READ;
+    ibv_mr* mr = ibv_reg_mr(vc_->pd, data, size, flags);
     if (!mr) throw std::runtime_error(verbs_error("ibv_reg_mr(" + std::to_string(size) + " bytes)", errno));
     mrs_[mr->lkey] = mr;
     return {mr->lkey, mr->rkey};
@@ -307,6 +336,7 @@ class verbs_queue_pair final : public queue_pair {
   bool roce_;
   ibv_port_attr port_attr_;
   int gid_index_;
+  int max_init_rd_atom_;
   ibv_comp_channel* channel_ = nullptr;
   ibv_cq* cq_ = nullptr;
   ibv_qp* qp_ = nullptr;
@@ -316,35 +346,59 @@ class verbs_queue_pair final : public queue_pair {
 
 class verbs_device final : public device {
  public:
-  verbs_device(std::shared_ptr<verbs_context> vc, std::string name, std::uint8_t port, ibv_port_attr attr,
-               std::uint32_t max_read_size)
-      : vc_(std::move(vc)), name_(std::move(name)), port_(port), attr_(attr), max_read_size_(max_read_size) {
-    if (const char* g = std::getenv("COROLLA_RDMA_GID_INDEX")) gid_index_ = std::atoi(g);
-  }
+  verbs_device(std::shared_ptr<verbs_context> vc, std::string name, port_params pp)
+      : vc_(std::move(vc)), name_(std::move(name)), pp_(pp) {}
   std::unique_ptr<queue_pair> create_queue_pair(int depth) override {
-    return std::make_unique<verbs_queue_pair>(vc_, port_, attr_.link_layer == IBV_LINK_LAYER_ETHERNET, attr_,
-                                              gid_index_, max_read_size_, depth);
+    return std::make_unique<verbs_queue_pair>(vc_, pp_, depth);
   }
-  std::string name() const override { return name_ + ":" + std::to_string(port_); }
+  std::string name() const override { return name_ + ":" + std::to_string(pp_.port); }
   nic_info nic() const override {
     nic_info n;
     n.name = name();
-    n.kind = attr_.link_layer == IBV_LINK_LAYER_ETHERNET ? nic_kind::roce : nic_kind::infiniband;
-    n.bandwidth_bps = ibv_lane_gbps(attr_.active_speed) * ibv_width_lanes(attr_.active_width) * 1e9;
+    n.kind = pp_.roce ? nic_kind::roce : nic_kind::infiniband;
+    n.bandwidth_bps = ibv_lane_gbps(pp_.attr.active_speed) * ibv_width_lanes(pp_.attr.active_width) * 1e9;
     n.active = true;
     n.verbs_device = name_;
-    n.port = port_;
+    n.port = pp_.port;
     return n;
   }
 
  private:
   std::shared_ptr<verbs_context> vc_;
   std::string name_;
-  std::uint8_t port_;
-  ibv_port_attr attr_;
-  std::uint32_t max_read_size_;
-  int gid_index_ = 0;
+  port_params pp_;
 };
+
+/// The GID index a RoCE port should use: COROLLA_RDMA_GID_INDEX if set, else
+/// the first RoCE v2 GID holding an IPv4-mapped address (routable, what
+/// rdma-core's tools pick), else the first RoCE v2 GID, else 0.
+int choose_gid_index(ibv_context* ctx, std::uint8_t port, int table_len) {
+  if (const char* g = std::getenv("COROLLA_RDMA_GID_INDEX")) return std::atoi(g);
+  int first_v2 = -1;
+  for (int i = 0; i < table_len; ++i) {
+    ibv_gid_entry entry{};
+    if (ibv_query_gid_ex(ctx, port, static_cast<std::uint32_t>(i), &entry, 0) != 0) continue;
+    if (entry.gid_type != IBV_GID_TYPE_ROCE_V2) continue;
+    const std::uint8_t* raw = entry.gid.raw;
+    const bool v4_mapped = std::all_of(raw, raw + 10, [](std::uint8_t b) { return b == 0; }) && raw[10] == 0xff &&
+                           raw[11] == 0xff;
+    if (v4_mapped) return i;
+    if (first_v2 < 0) first_v2 = i;
+  }
+  return first_v2 >= 0 ? first_v2 : 0;
+}
+
+/// Each queue pair pins its 8 MiB of slots: warn when the locked-memory
+/// limit will not allow many links.
+void warn_about_memlock() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return;
+  if (lim.rlim_cur < (rlim_t{64} << 20))
+    spdlog::warn("RDMA: the locked-memory limit (RLIMIT_MEMLOCK) is {} KiB; every RDMA link pins 8 MiB of buffers "
+                 "plus the tensors in flight, so registrations will fail beyond a few links (raise it with "
+                 "ulimit -l or limits.conf)",
+                 lim.rlim_cur / 1024);
+}
 
 }  // namespace
 
@@ -381,9 +435,17 @@ std::unique_ptr<device> open_verbs_device(const std::string& name, int port) {
       }
       vc->pd = ibv_alloc_pd(vc->ctx);
       if (!vc->pd) throw std::runtime_error(verbs_error("ibv_alloc_pd(" + dev_name + ")", errno));
+      port_params pp;
+      pp.port = static_cast<std::uint8_t>(p);
+      pp.roce = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
+      pp.attr = pa;
+      pp.gid_index = pp.roce ? choose_gid_index(vc->ctx, pp.port, pa.gid_tbl_len) : 0;
       // Devices cap one message (and so one READ) at 2^31 bytes at most.
-      const std::uint32_t max_read = pa.max_msg_sz ? std::min<std::uint32_t>(pa.max_msg_sz, 1u << 30) : 1u << 30;
-      return std::make_unique<verbs_device>(vc, dev_name, static_cast<std::uint8_t>(p), pa, max_read);
+      pp.max_read_size = pa.max_msg_sz ? std::min<std::uint32_t>(pa.max_msg_sz, 1u << 30) : 1u << 30;
+      pp.max_rd_atom = std::clamp(dattr.max_qp_rd_atom, 1, 16);
+      pp.max_init_rd_atom = std::clamp(dattr.max_qp_init_rd_atom, 1, 16);
+      warn_about_memlock();
+      return std::make_unique<verbs_device>(vc, dev_name, pp);
     }
   }
   if (!name.empty() && tried.empty()) throw std::runtime_error("no RDMA device named " + name + "; links use TCP");

@@ -37,10 +37,20 @@ struct qp_address {
   std::uint8_t mtu = 0;                 ///< ibv_mtu enum value of the port's active MTU
   std::array<std::uint8_t, 16> gid{};   ///< RoCE: the port's GID (all zero on InfiniBand)
   std::uint32_t max_read_size = 0;      ///< largest single READ this side's device does
+  /// READs this side answers at once (the device's max_qp_rd_atom); the
+  /// peer issues at most this many.
+  std::uint8_t max_dest_reads = 0;
+  std::uint8_t roce = 0;                ///< 1: RoCE (Ethernet link layer), 0: InfiniBand
 
   std::vector<std::uint8_t> encode() const;
   /// Throws std::invalid_argument for a body that is not 36 bytes.
   static qp_address decode(const std::uint8_t* data, std::size_t size);
+};
+
+/// What a registration allows (bit flags).
+enum access : unsigned {
+  local_write = 1,  ///< the device writes into it (receive slots, READ targets)
+  remote_read = 2,  ///< the peer READs from it (rendezvous frames)
 };
 
 /// Keys of one registered memory range.
@@ -70,8 +80,10 @@ class queue_pair {
   /// Moves the QP to ready-to-send against the peer's address
   /// (INIT -> RTR -> RTS). Throws with the verbs error.
   virtual void connect(const qp_address& remote) = 0;
-  /// Registers [data, data + size) for local writes and remote reads.
-  virtual memory_keys register_memory(void* data, std::size_t size) = 0;
+  /// Registers [data, data + size) with `access` (access flags). Memory
+  /// that is only read remotely is registered without local write, so
+  /// read-only and file-backed mappings (mmap'd weights) can be registered.
+  virtual memory_keys register_memory(void* data, std::size_t size, unsigned access) = 0;
   /// Releases a registration made by register_memory.
   virtual void deregister(const memory_keys& keys) = 0;
   virtual void post_recv(std::uint64_t wr_id, void* buffer, std::uint32_t size, std::uint32_t lkey) = 0;

@@ -86,6 +86,7 @@ struct connection {
   int peer_fd = -1;              ///< incoming: the TCP socket its last message came from
   bool established = false;      ///< up, and not reported down since
   bool blocked = false;          ///< ZeroMQ refused the head of `pending` (high-water mark)
+  bool rdma_blocked = false;     ///< the RDMA path refused the head of `pending` (backlog full)
   bool listed = false;           ///< in impl::with_pending_
   link_shaper shaper;
   bool shaped = false;
@@ -104,6 +105,8 @@ thread_local const void* current_io_owner = nullptr;
 constexpr auto router_retry = std::chrono::microseconds(500);
 /// Messages received from one socket per loop turn, so no socket starves.
 constexpr int receive_batch = 64;
+/// RDMA queue pairs one transport sets up at most (each pins 8 MiB).
+constexpr std::size_t max_queue_pairs = 256;
 
 }  // namespace
 
@@ -168,6 +171,8 @@ struct zmq_transport::impl {
   void close_socket(void*& socket, void*& monitor);
   rdma::link& rdma_of(connection& c);
   void rdma_progress();
+  void after_rdma(connection& c);
+  void report_rdma_loss(connection& c);
 
   template <class F, class... Args>
   void notify(const F& handler, const char* name, Args&&... args) {
@@ -429,7 +434,7 @@ void zmq_transport::impl::loop() {
     // flush() may drop a connection from the list; iterate over a copy.
     const auto listed = with_pending_;
     for (connection* c : listed)
-      if (!c->blocked || !c->outgoing) flush(*c, now);
+      if ((!c->blocked || !c->outgoing) && !c->rdma_blocked) flush(*c, now);
     with_pending_.erase(std::remove_if(with_pending_.begin(), with_pending_.end(),
                                        [](connection* c) {
                                          if (!c->pending.empty()) return false;
@@ -447,6 +452,7 @@ void zmq_transport::impl::arm_timer(clock_type::time_point now) {
   for (connection* c : with_pending_) {
     if (c->pending.empty()) continue;
     if (c->blocked && c->outgoing) continue;  // POLLOUT wakes us
+    if (c->rdma_blocked) continue;            // RDMA completions wake us
     next = std::min(next, c->blocked ? now + router_retry : c->pending.front().due);
   }
   if (next == timer_at_) return;
@@ -649,6 +655,7 @@ void zmq_transport::impl::receive_from(void* socket, connection* dealer) {
         if (rdma::link::is_control(*decoded)) {
           rdma_of(*c).on_control(*decoded);
           items_dirty_ = true;  // a queue pair may have come or gone
+          after_rdma(*c);
           continue;
         }
         messages_received_.fetch_add(1, std::memory_order_relaxed);
@@ -698,6 +705,7 @@ void zmq_transport::impl::run_commands() {
           if (it == conns_.end()) break;
           rdma_of(*it->second).offer();
           items_dirty_ = true;
+          after_rdma(*it->second);
           break;
         }
       }
@@ -803,14 +811,14 @@ void zmq_transport::impl::enqueue(connection& c, out_message&& m, clock_type::ti
   } else {
     m.due = now;
   }
-  if (c.pending.empty() && m.due <= now) {
+  if (c.pending.empty() && m.due <= now && !c.rdma_blocked) {
     const int err = transmit(c, m);
-    if (err != EAGAIN) {
+    if (err != EAGAIN && err != EBUSY) {
       c.shared->queued.fetch_sub(1);
       if (err == EHOSTUNREACH) peer_gone(c, "unreachable");
       return;
     }
-    c.blocked = true;
+    (err == EBUSY ? c.rdma_blocked : c.blocked) = true;
   }
   c.pending.push_back(std::move(m));
   add_pending(c);
@@ -822,6 +830,10 @@ void zmq_transport::impl::flush(connection& c, clock_type::time_point now) {
     const int err = transmit(c, c.pending.front());
     if (err == EAGAIN) {
       c.blocked = true;
+      return;
+    }
+    if (err == EBUSY) {
+      c.rdma_blocked = true;
       return;
     }
     c.pending.pop_front();
@@ -844,6 +856,7 @@ void zmq_transport::impl::peer_gone(connection& c, const char* why) {
 
 int zmq_transport::impl::transmit(connection& c, const out_message& m) {
   if (c.rdma && c.rdma->sending() && !m.tcp_only) {
+    if (c.rdma->backlog_full()) return EBUSY;  // waits in `pending` until the path drains
     c.rdma->send(m.frames);
     messages_sent_.fetch_add(1, std::memory_order_relaxed);
     bytes_sent_.fetch_add(m.bytes, std::memory_order_relaxed);
@@ -890,6 +903,9 @@ rdma::link& zmq_transport::impl::rdma_of(connection& c) {
     enqueue(*it->second, std::move(o), o.due);
   };
   h.deliver = [this, id](message&& m) {
+    std::uint64_t bytes = m.body.size();
+    for (const auto& t : m.tensors) bytes += t.defined() ? t.nbytes() : 0;
+    bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
     messages_received_.fetch_add(1, std::memory_order_relaxed);
     rdma_messages_received_.fetch_add(1, std::memory_order_relaxed);
     notify(events_.on_message, "on_message", id, std::move(m));
@@ -907,30 +923,52 @@ rdma::link& zmq_transport::impl::rdma_of(connection& c) {
                 up ? "now runs over" : "does not use", reason);
     notify(events_.on_rdma, "on_rdma", id, up, reason);
   };
+  h.admit = [this]() -> std::string {
+    std::size_t open = 0;
+    for (connection_id other : with_rdma_) {
+      auto it = conns_.find(other);
+      if (it != conns_.end() && it->second->rdma && it->second->rdma->has_queue_pair()) ++open;
+    }
+    if (open >= max_queue_pairs)
+      return "this node already has " + std::to_string(open) + " RDMA queue pairs (the limit)";
+    return "";
+  };
   c.rdma = std::make_unique<rdma::link>(opts_.rdma_device, opts_.limits, opts_.send_checksums, std::move(h));
   with_rdma_.insert(id);
   return *c.rdma;
 }
 
 void zmq_transport::impl::rdma_progress() {
-  // A failure may close nothing, but copy the ids: handlers run inside.
-  const std::vector<connection_id> ids(with_rdma_.begin(), with_rdma_.end());
+  const std::vector<connection_id> ids(with_rdma_.begin(), with_rdma_.end());  // handlers run inside
   for (connection_id id : ids) {
     auto it = conns_.find(id);
     if (it == conns_.end() || !it->second->rdma) continue;
     connection& c = *it->second;
     const std::uint64_t before = c.rdma->messages_sent();
-    const bool ok = c.rdma->progress();
+    if (!c.rdma->progress()) items_dirty_ = true;
     rdma_messages_sent_.fetch_add(c.rdma->messages_sent() - before, std::memory_order_relaxed);
-    if (ok) continue;
-    // Messages on the failed path may be lost: report the connection down
-    // and up again, as after a TCP reconnect, so links re-run their hello
-    // (over TCP from now on) and requests in flight fail instead of hanging.
-    items_dirty_ = true;
-    mark_down(c);
-    c.established = true;
-    notify(events_.on_connect, "on_connect", c.id);
+    after_rdma(c);
   }
+}
+
+void zmq_transport::impl::after_rdma(connection& c) {
+  if (c.rdma->take_failure()) report_rdma_loss(c);
+  // Messages held back for the RDMA path go out once it drained (or over
+  // ZeroMQ, if the path is gone).
+  if (c.rdma_blocked && (!c.rdma->sending() || !c.rdma->backlog_full())) {
+    c.rdma_blocked = false;
+    flush(c, clock_type::now());
+  }
+}
+
+void zmq_transport::impl::report_rdma_loss(connection& c) {
+  // Messages on the lost path may be gone: report the connection down and
+  // up again, as after a TCP reconnect, so links re-run their hello (over
+  // TCP now) and requests in flight fail instead of hanging.
+  items_dirty_ = true;
+  if (!c.established) return;  // already reported down; its reconnect will say up
+  notify(events_.on_disconnect, "on_disconnect", c.id);
+  notify(events_.on_connect, "on_connect", c.id);
 }
 
 // ---- caller side ------------------------------------------------------------------
