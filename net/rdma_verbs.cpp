@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -123,20 +124,18 @@ class verbs_queue_pair final : public queue_pair {
   verbs_queue_pair(std::shared_ptr<verbs_context> vc, const port_params& pp, int depth)
       : vc_(std::move(vc)), port_(pp.port), roce_(pp.roce), port_attr_(pp.attr), gid_index_(pp.gid_index),
         max_init_rd_atom_(pp.max_init_rd_atom) {
+    // Releases what was made so far and throws; `err` is errno or a verbs return code.
+    auto fail = [this](const std::string& what, int err) {
+      cleanup();
+      throw std::runtime_error(verbs_error(what, err));
+    };
     channel_ = ibv_create_comp_channel(vc_->ctx);
-    if (!channel_) throw std::runtime_error(verbs_error("ibv_create_comp_channel", errno));
+    if (!channel_) fail("ibv_create_comp_channel", errno);
     const int flags = ::fcntl(channel_->fd, F_GETFL);
-    if (flags < 0 || ::fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-      const int err = errno;
-      cleanup();
-      throw std::runtime_error(verbs_error("making the completion channel non-blocking", err));
-    }
+    if (flags < 0 || ::fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0)
+      fail("making the completion channel non-blocking", errno);
     cq_ = ibv_create_cq(vc_->ctx, 2 * depth + 1, nullptr, channel_, 0);
-    if (!cq_) {
-      const int err = errno;
-      cleanup();
-      throw std::runtime_error(verbs_error("ibv_create_cq", err));
-    }
+    if (!cq_) fail("ibv_create_cq", errno);
     ibv_qp_init_attr init{};
     init.send_cq = cq_;
     init.recv_cq = cq_;
@@ -147,23 +146,17 @@ class verbs_queue_pair final : public queue_pair {
     init.cap.max_send_sge = 1;
     init.cap.max_recv_sge = 1;
     qp_ = ibv_create_qp(vc_->pd, &init);
-    if (!qp_) {
-      const int err = errno;
-      cleanup();
-      throw std::runtime_error(verbs_error("ibv_create_qp", err));
-    }
+    if (!qp_) fail("ibv_create_qp", errno);
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_INIT;
     attr.pkey_index = 0;
     attr.port_num = port_;
-    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+    attr.qp_access_flags = IBV_ACCESS_REMOTE_READ;  // the peer READs rendezvous frames
     if (int rc = ibv_modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-        rc != 0) {
-      cleanup();
-      throw std::runtime_error(verbs_error("ibv_modify_qp(INIT)", rc));
-    }
+        rc != 0)
+      fail("ibv_modify_qp(INIT)", rc);
     local_.qpn = qp_->qp_num;
-    local_.psn = static_cast<std::uint32_t>(std::rand()) & 0xFFFFFFu;
+    local_.psn = std::random_device{}() & 0xFFFFFFu;
     local_.lid = port_attr_.lid;
     local_.port = port_;
     local_.mtu = static_cast<std::uint8_t>(port_attr_.active_mtu);
@@ -172,16 +165,12 @@ class verbs_queue_pair final : public queue_pair {
     local_.roce = roce_ ? 1 : 0;
     if (roce_) {
       ibv_gid gid{};
-      if (int rc = ibv_query_gid(vc_->ctx, port_, gid_index_, &gid); rc != 0) {
-        cleanup();
-        throw std::runtime_error(verbs_error("ibv_query_gid", rc));
-      }
+      if (int rc = ibv_query_gid(vc_->ctx, port_, gid_index_, &gid); rc != 0)
+        fail("ibv_query_gid", rc);
       std::memcpy(local_.gid.data(), gid.raw, 16);
     }
-    if (int rc = ibv_req_notify_cq(cq_, 0); rc != 0) {
-      cleanup();
-      throw std::runtime_error(verbs_error("ibv_req_notify_cq", rc));
-    }
+    if (int rc = ibv_req_notify_cq(cq_, 0); rc != 0)
+      fail("ibv_req_notify_cq", rc);
   }
   ~verbs_queue_pair() override { cleanup(); }
 
@@ -257,31 +246,12 @@ class verbs_queue_pair final : public queue_pair {
   }
 
   void post_send(std::uint64_t wr_id, const void* data, std::uint32_t size, std::uint32_t lkey) override {
-    ibv_sge sge{reinterpret_cast<std::uint64_t>(data), size, lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0) throw std::runtime_error(verbs_error("ibv_post_send", rc));
+    post(IBV_WR_SEND, wr_id, const_cast<void*>(data), size, lkey, 0, 0);
   }
 
   void post_read(std::uint64_t wr_id, void* local, std::uint32_t size, std::uint32_t lkey, std::uint64_t remote_addr,
                  std::uint32_t rkey) override {
-    ibv_sge sge{reinterpret_cast<std::uint64_t>(local), size, lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_READ;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = remote_addr;
-    wr.wr.rdma.rkey = rkey;
-    ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0)
-      throw std::runtime_error(verbs_error("ibv_post_send(RDMA READ)", rc));
+    post(IBV_WR_RDMA_READ, wr_id, local, size, lkey, remote_addr, rkey);
   }
 
   int poll(completion* out, int max) override {
@@ -320,6 +290,23 @@ class verbs_queue_pair final : public queue_pair {
   }
 
  private:
+  /// One signaled work request on the send queue (a SEND or a READ).
+  void post(ibv_wr_opcode opcode, std::uint64_t wr_id, void* local, std::uint32_t size, std::uint32_t lkey,
+            std::uint64_t remote_addr, std::uint32_t rkey) {
+    ibv_sge sge{reinterpret_cast<std::uint64_t>(local), size, lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = opcode;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = remote_addr;  // READ only
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0)
+      throw std::runtime_error(verbs_error(opcode == IBV_WR_SEND ? "ibv_post_send(SEND)" : "ibv_post_send(RDMA READ)", rc));
+  }
+
   void cleanup() {
     for (auto& [p, mr] : mrs_) ibv_dereg_mr(mr);
     mrs_.clear();

@@ -124,6 +124,8 @@ struct zmq_transport::impl {
   void set_profile(connection_id conn, const link_profile& p);
   void close(connection_id conn);
   void offer_rdma(connection_id conn);
+  /// Fills `c` for an open connection; false if `conn` is unknown or closed.
+  bool command_for(connection_id conn, command::op what, command& c);
   void push(command&& c);
   std::shared_ptr<conn_shared> shared_of(connection_id conn);
 
@@ -1041,25 +1043,24 @@ bool zmq_transport::impl::send(connection_id conn, const message& m) {
   return true;
 }
 
-void zmq_transport::impl::set_profile(connection_id conn, const link_profile& p) {
-  auto shared = shared_of(conn);
-  if (!shared) return;
-  command c;
-  c.what = command::op::set_profile;
+bool zmq_transport::impl::command_for(connection_id conn, command::op what, command& c) {
+  c.shared = shared_of(conn);
+  if (!c.shared) return false;
+  c.what = what;
   c.conn = conn;
-  c.shared = std::move(shared);
+  return true;
+}
+
+void zmq_transport::impl::set_profile(connection_id conn, const link_profile& p) {
+  command c;
+  if (!command_for(conn, command::op::set_profile, c)) return;
   c.profile = p;
   push(std::move(c));
 }
 
 void zmq_transport::impl::offer_rdma(connection_id conn) {
-  auto shared = shared_of(conn);
-  if (!shared) return;
   command c;
-  c.what = command::op::offer_rdma;
-  c.conn = conn;
-  c.shared = std::move(shared);
-  push(std::move(c));
+  if (command_for(conn, command::op::offer_rdma, c)) push(std::move(c));
 }
 
 void zmq_transport::impl::close(connection_id conn) {
