@@ -87,6 +87,7 @@ struct connection {
   bool established = false;      ///< up, and not reported down since
   bool blocked = false;          ///< ZeroMQ refused the head of `pending` (high-water mark)
   bool rdma_blocked = false;     ///< the RDMA path refused the head of `pending` (backlog full)
+  bool delivered = false;        ///< a message (not RDMA control) came from the peer: its hello
   bool listed = false;           ///< in impl::with_pending_
   link_shaper shaper;
   bool shaped = false;
@@ -174,6 +175,9 @@ struct zmq_transport::impl {
   rdma::link& rdma_of(connection& c);
   void rdma_progress();
   void after_rdma(connection& c);
+  /// Queues an RDMA control message on the connection's ZeroMQ path, in
+  /// order with what is already queued there.
+  void send_over_zmq(connection& c, const message& m);
   void report_rdma_loss(connection& c);
 
   template <class F, class... Args>
@@ -655,12 +659,24 @@ void zmq_transport::impl::receive_from(void* socket, connection* dealer) {
       if (decoded) {
         frames.clear();  // the message holds what it needs of the parts
         if (rdma::link::is_control(*decoded)) {
+          if (!c->delivered && decoded->type == "rdma.offer") {
+            // A queue pair pins memory: only for a peer that has said hello.
+            spdlog::warn("zmq transport: RDMA offer before any message on connection {}: refused", c->id);
+            message no;
+            no.kind = message_kind::oneway;
+            no.type = "rdma.refuse";
+            const std::string why = "offer before the hello";
+            no.body.assign(why.begin(), why.end());
+            send_over_zmq(*c, no);
+            continue;
+          }
           rdma_of(*c).on_control(*decoded);
           items_dirty_ = true;  // a queue pair may have come or gone
           after_rdma(*c);
           continue;
         }
         messages_received_.fetch_add(1, std::memory_order_relaxed);
+        c->delivered = true;
         notify(events_.on_message, "on_message", c->id, std::move(*decoded));
         continue;
       }
@@ -895,14 +911,7 @@ rdma::link& zmq_transport::impl::rdma_of(connection& c) {
   rdma::link::hooks h;
   h.send_control = [this, id](message&& m) {
     auto it = conns_.find(id);
-    if (it == conns_.end()) return;
-    out_message o;
-    o.frames = encode(m, false);
-    for (const auto& f : o.frames) o.bytes += f.size;
-    o.tcp_only = true;
-    o.due = clock_type::now();
-    it->second->shared->queued.fetch_add(1);
-    enqueue(*it->second, std::move(o), o.due);
+    if (it != conns_.end()) send_over_zmq(*it->second, m);
   };
   h.deliver = [this, id](message&& m) {
     std::uint64_t bytes = m.body.size();
@@ -938,6 +947,16 @@ rdma::link& zmq_transport::impl::rdma_of(connection& c) {
   c.rdma = std::make_unique<rdma::link>(opts_.rdma_device, opts_.limits, opts_.send_checksums, std::move(h));
   with_rdma_.insert(id);
   return *c.rdma;
+}
+
+void zmq_transport::impl::send_over_zmq(connection& c, const message& m) {
+  out_message o;
+  o.frames = encode(m, false);
+  for (const auto& f : o.frames) o.bytes += f.size;
+  o.tcp_only = true;
+  o.due = clock_type::now();
+  c.shared->queued.fetch_add(1);
+  enqueue(c, std::move(o), o.due);
 }
 
 void zmq_transport::impl::rdma_progress() {

@@ -461,3 +461,26 @@ TEST_CASE("transport: a failed RDMA path goes back to TCP, reports the connectio
     return false;
   }));
 }
+
+TEST_CASE("transport: an RDMA offer before any message from the peer is refused (queue pairs pin memory)") {
+  auto fabric = rdma::fake_fabric::create();
+  transport_recorder r1, r2;
+  auto o1 = loopback_options("listener");
+  o1.rdma_device = fabric->open_device();
+  auto t1 = start_transport(o1, r1);
+  auto o2 = loopback_options("dialer");
+  o2.listen = "";
+  o2.rdma_device = fabric->open_device();
+  auto t2 = start_transport(o2, r2);
+  const connection_id c = t2->connect(t1->endpoint());
+  t2->offer_rdma(c);  // the offer is the first thing the listener hears
+  REQUIRE(r2.wait_for([&] { return !r2.rdma_events.empty(); }));
+  {
+    std::lock_guard<std::mutex> lock(r2.mu);
+    CHECK_FALSE(r2.rdma_events[0].up);
+    CHECK(r2.rdma_events[0].reason.find("offer before the hello") != std::string::npos);
+  }
+  REQUIRE(t2->send(c, make_message(message_kind::oneway, 1)));
+  REQUIRE(r1.wait_messages(1));
+  CHECK(t2->stats().rdma_messages_sent == 0);
+}
