@@ -11,11 +11,14 @@ endforeach()
 if(NOT EXISTS ${FUZZER})
   message(FATAL_ERROR "fuzzer ${FUZZER} was not built")
 endif()
+if(NOT DEFINED MAX_LEN)
+  set(MAX_LEN 4096)
+endif()
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR}/corpus)
 execute_process(
   COMMAND ${FUZZER} -max_total_time=${SECONDS} -rss_limit_mb=2048 -timeout=10
-          -max_len=4096 -print_final_stats=1 -artifact_prefix=${WORK_DIR}/
+          -max_len=${MAX_LEN} -print_final_stats=1 -artifact_prefix=${WORK_DIR}/
           ${WORK_DIR}/corpus ${CORPUS}
   RESULT_VARIABLE rc
   OUTPUT_VARIABLE out
@@ -27,5 +30,5 @@ if(n GREATER 6000)
 endif()
 message("${out}")
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the wire decoder fuzzer found a problem (exit ${rc}); inputs in ${WORK_DIR}")
+  message(FATAL_ERROR "the fuzzer ${FUZZER} found a problem (exit ${rc}); inputs in ${WORK_DIR}")
 endif()

@@ -1,6 +1,7 @@
 # tests/fuzz/superbuild.cmake — included from tests/CMakeLists.txt: builds the
-# wire decoder fuzzer (tests/fuzz, its own CMake project compiled with
-# clang++) and registers the ctest test "fuzz: wire decoder". Skipped, with a
+# wire decoder and RDMA receive fuzzers (tests/fuzz, its own CMake project
+# compiled with clang++) and registers the ctest tests "fuzz: wire decoder"
+# and "fuzz: rdma receive". Skipped, with a
 # message, where clang++ or its libFuzzer runtime is missing.
 include(ExternalProject)
 
@@ -45,7 +46,7 @@ if(_fuzz_ok)
     BUILD_COMMAND ${CMAKE_COMMAND} --build <BINARY_DIR> --parallel 2
     INSTALL_COMMAND ""
     BUILD_ALWAYS ON
-    BUILD_BYPRODUCTS ${_fuzz_bin}/fuzz_wire_decode
+    BUILD_BYPRODUCTS ${_fuzz_bin}/fuzz_wire_decode ${_fuzz_bin}/fuzz_rdma_receive
     DEPENDS corolla_kernels corolla_net)
 
   # Rewrites tests/fuzz/corpus from make_corpus.cpp (by hand, after wire changes).
@@ -63,4 +64,13 @@ if(_fuzz_ok)
                    -D SECONDS=15
                    -P ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run_fuzzer.cmake)
   set_tests_properties("fuzz: wire decoder" PROPERTIES LABELS fuzz TIMEOUT 120 RUN_SERIAL TRUE)
+  add_test(NAME "fuzz: rdma receive"
+           COMMAND ${CMAKE_COMMAND}
+                   -D FUZZER=${_fuzz_bin}/fuzz_rdma_receive
+                   -D CORPUS=${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus_rdma
+                   -D WORK_DIR=${_fuzz_bin}/run_rdma
+                   -D SECONDS=10
+                   -D MAX_LEN=70000
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run_fuzzer.cmake)
+  set_tests_properties("fuzz: rdma receive" PROPERTIES LABELS fuzz TIMEOUT 120 RUN_SERIAL TRUE)
 endif()
