@@ -267,6 +267,10 @@ class transport_path final : public link_path {
     client_ = std::move(*client);
     conn_ = client_->connect(server_->endpoint());
     if (rdma.first) {
+      // A peer takes an offer only after a first message (the hello, for
+      // nodes): one round trip first.
+      send_typed("ping", 4);
+      wait_ack();
       client_->offer_rdma(conn_);
       std::unique_lock<std::mutex> lock(mu_);
       if (!cv_.wait_for(lock, reply_timeout, [&] { return rdma_state_ != 0; }))
