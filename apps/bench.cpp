@@ -1,7 +1,8 @@
 // corolla bench decode | train — speed of the compute core, each figure next
 // to a bound measured on this machine in the same run:
 //   decode: batch-1 tokens/s vs the memory-bandwidth bound (every weight is
-//           read once per generated token); the bandwidth is the host's
+//           read once per generated token, at 2 bytes for --weights bf16,
+//           which also measures f32 in the same run); the bandwidth is the host's
 //           (apps/membw.hpp) on cpu, the device's HBM on cuda
 //           (kernels/cuda/bandwidth.hpp);
 //   train:  training tokens/s and achieved FLOP/s vs the GEMM FLOP/s this
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -144,17 +146,25 @@ long long block_matrix_params(transformer& m) {
 }
 
 /// Bytes of weights one decode step reads: every block parameter, the final
-/// norm and the LM head (one embedding row is negligible).
-double decode_bytes_per_token(transformer& m) {
+/// norm and the LM head (one embedding row is negligible). With bf16
+/// weights the blocks' linear weights and the LM head are 2 bytes each;
+/// norms and biases stay 4.
+double decode_bytes_per_token(transformer& m, dtype weights) {
   const auto& c = m.config();
-  long long n = 0;
-  for (const auto& b : m.blocks()) n += b.size();
-  n += static_cast<long long>(c.vocab_size) * c.hidden_size + 2LL * c.hidden_size;
-  return static_cast<double>(n) * 4.0;  // f32
+  const double linear_bytes = static_cast<double>(dtype_size(weights));
+  double bytes = 0;
+  for (const auto& b : m.blocks())
+    for (const auto& e : b.entries())
+      bytes += static_cast<double>(e.numel) * (e.shape.size() == 2 ? linear_bytes : 4.0);
+  bytes += static_cast<double>(c.vocab_size) * c.hidden_size * linear_bytes;
+  bytes += 2.0 * c.hidden_size * 4.0;  // final norm weight and bias
+  return bytes;
 }
 
-int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int repeats) {
+int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int repeats,
+               const std::string& weights_flag) {
   apply_common_options(o.threads, "warn");
+  const dtype weights = parse_weights_flag(weights_flag);
   Backend& be = backend_for(parse_device(o.device));
   transformer model = open_model(o, be);
   const auto& c = model.config();
@@ -173,32 +183,42 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_tokens));
   for (auto& t : prompt) t = pick(rng);
 
-  generator gen(model);
+  // With bf16 weights the f32 model is the baseline, measured in the same
+  // run: the two generators alternate, so drift hits both alike.
+  generator gen(model, 0, weights);
+  std::optional<generator> baseline;
+  if (weights != dtype::f32) baseline.emplace(model, 0, dtype::f32);
   generation_params p;
   p.max_new_tokens = new_tokens;
   p.ignore_eos = true;
-  gen.generate(std::span(prompt).first(std::min<std::size_t>(prompt.size(), 8)), p);  // warm-up
+  const auto warm_prompt = std::span(prompt).first(std::min<std::size_t>(prompt.size(), 8));
+  gen.generate(warm_prompt, p);  // warm-up
+  if (baseline) baseline->generate(warm_prompt, p);
 
   // Bandwidth drifts on shared machines: measure it between the runs and
   // compare the best decode with the best bandwidth seen.
   bandwidth_result bw;
-  double best_decode = 0, best_prefill = 0;
+  double best_decode = 0, best_prefill = 0, base_decode = 0, base_prefill = 0;
+  auto run_once = [&](generator& g, double& decode, double& prefill) {
+    generation_result res = g.generate(prompt, p);
+    if (res.decode_seconds > 0) decode = std::max(decode, res.decode_steps / res.decode_seconds);
+    if (res.prefill_seconds > 0)
+      prefill = std::max(prefill, res.prompt_tokens / res.prefill_seconds);
+  };
   for (int r = 0; r < repeats; ++r) {
     bandwidth_result b = measure_bound_bandwidth(be.dev());
     if (b.read_gbps > bw.read_gbps) bw = b;
-    generation_result res = gen.generate(prompt, p);
-    if (res.decode_seconds > 0)
-      best_decode = std::max(best_decode, res.decode_steps / res.decode_seconds);
-    if (res.prefill_seconds > 0)
-      best_prefill = std::max(best_prefill, res.prompt_tokens / res.prefill_seconds);
+    run_once(gen, best_decode, best_prefill);
+    if (baseline) run_once(*baseline, base_decode, base_prefill);
   }
 
-  double bytes = decode_bytes_per_token(model);
+  double bytes = decode_bytes_per_token(model, weights);
   double bound = bw.read_gbps * 1e9 / bytes;
   double ratio = best_decode / bound;
   const bool on_host = be.dev().kind == device_kind::cpu;
   nlohmann::json j = {{"bench", "decode"},
                       {"device", be.name()},
+                      {"weights", dtype_name(weights)},
                       {"bandwidth_source", on_host ? "host read sweep" : "device read sweep"},
                       {"threads", cpu_threads()},
                       {"params", c.parameter_count()},
@@ -210,6 +230,12 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                       {"read_bandwidth_gbps", bw.read_gbps},
                       {"bandwidth_bound_tokens_per_s", bound},
                       {"decode_vs_bound", ratio}};
+  if (baseline) {
+    j["f32_weight_bytes_per_token"] = decode_bytes_per_token(model, dtype::f32);
+    j["f32_decode_tokens_per_s"] = base_decode;
+    j["f32_prefill_tokens_per_s"] = base_prefill;
+    j["decode_vs_f32"] = base_decode > 0 ? best_decode / base_decode : 0.0;
+  }
   if (!o.json) {
     if (on_host)
       std::printf("memory read bandwidth   %8.2f GB/s (%d threads, %.0f MiB swept)\n",
@@ -217,11 +243,19 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
     else
       std::printf("device read bandwidth   %8.2f GB/s (%s, %.0f MiB swept, best of 10 per run)\n",
                   bw.read_gbps, be.name().c_str(), static_cast<double>(bw.bytes) / (1 << 20));
-    std::printf("weights per token       %8.1f MB (fp32)\n", bytes / 1e6);
+    std::printf("weights per token       %8.1f MB (%s linear weights)\n", bytes / 1e6,
+                dtype_name(weights));
     std::printf("bandwidth bound         %8.2f tokens/s\n", bound);
     std::printf("decode (batch 1)        %8.2f tokens/s  = %.1f%% of the bound\n", best_decode,
                 100.0 * ratio);
     std::printf("prefill (%d tokens)    %8.1f tokens/s\n", prompt_tokens, best_prefill);
+    if (baseline) {
+      std::printf("f32 baseline decode     %8.2f tokens/s  (same run, alternating)\n",
+                  base_decode);
+      std::printf("f32 baseline prefill    %8.1f tokens/s\n", base_prefill);
+      std::printf("%s / f32 decode        %8.2fx\n", dtype_name(weights),
+                  base_decode > 0 ? best_decode / base_decode : 0.0);
+    }
   }
   std::printf("%s\n", j.dump().c_str());
   return 0;
@@ -342,8 +376,13 @@ void register_bench(CLI::App& app, action_fn& action) {
   decode->add_option("--prompt-tokens", prompt_tokens, "Prompt length (prefill)")->capture_default_str();
   decode->add_option("--new-tokens", new_tokens, "Tokens generated per run")->capture_default_str();
   decode->add_option("--repeats", repeats, "Runs; the best is reported")->capture_default_str();
+  static std::string weights = "f32";
+  decode->add_option("--weights", weights,
+                     "Linear weights decode reads: f32, or bf16 (then f32 is measured too, in "
+                     "the same run, and the ratio printed)")
+      ->capture_default_str();
   decode->callback([&action] {
-    action = [] { return run_decode(decode_opts, prompt_tokens, new_tokens, repeats); };
+    action = [] { return run_decode(decode_opts, prompt_tokens, new_tokens, repeats, weights); };
   });
 
   static bench_common train_opts;

@@ -32,6 +32,12 @@ void apply_common_options(int threads, const std::string& log_level) {
   spdlog::set_level(spdlog::level::from_str(log_level));
 }
 
+dtype parse_weights_flag(const std::string& text) {
+  if (text == "f32") return dtype::f32;
+  if (text == "bf16") return dtype::bf16;
+  throw std::invalid_argument("--weights must be f32 or bf16, got '" + text + "'");
+}
+
 int run_cli(int argc, char** argv) {
   CLI::App app{"corolla: train, fine-tune and serve LLMs across heterogeneous clusters and swarms"};
   app.set_version_flag("--version", std::string("corolla ") + COROLLA_VERSION);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/tensor.hpp"
 #include "model/config.hpp"
 
 namespace CLI {
@@ -75,5 +76,10 @@ std::string model_id_of(const std::string& dir);
 
 /// Applies --threads (0 = all cores) and --log-level to the process.
 void apply_common_options(int threads, const std::string& log_level);
+
+/// The dtype a --weights flag names: "f32" or "bf16" (the linear weights
+/// decode reads, see generator); throws std::invalid_argument
+/// ("--weights must be f32 or bf16, got 'x'") otherwise.
+dtype parse_weights_flag(const std::string& text);
 
 }  // namespace corolla::app

@@ -49,6 +49,7 @@ struct generate_options {
   bool no_server_push = false;  ///< --no-server-push: the client carries every hop
   bool stats = false;
   std::string device = "cpu";
+  std::string weights = "f32";  ///< --weights: dtype of the linear weights decode reads
   int threads = 0;
   std::string log_level = "warn";
 };
@@ -116,6 +117,10 @@ int run_generate(const generate_options& o) {
     throw std::invalid_argument("give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
   std::vector<std::int32_t> prompt;
   if (o.has_prompt_ids) prompt = parse_ids(o.prompt_ids);
+  const dtype weights = parse_weights_flag(o.weights);
+  if (weights != dtype::f32 && o.swarm.given())
+    throw std::invalid_argument("--weights " + o.weights +
+                                " is for local generation; with --swarm the servers hold the blocks");
 
   Backend& be = backend_for(parse_device(o.device));
   // With --swarm only the head (embeddings, final norm, LM head) is loaded
@@ -160,7 +165,7 @@ int run_generate(const generate_options& o) {
   };
   generation_result r;
   if (model) {
-    generator gen(*model);
+    generator gen(*model, 0, weights);
     r = gen.generate(prompt, p, on_token);
   } else {
     r = generate_through_swarm(o, *client_head, prompt, p, on_token);
@@ -219,6 +224,10 @@ void register_generate(CLI::App& app, action_fn& action) {
                "With --swarm: the client sends every hop's input itself instead of servers pushing each step's "
                "output to the next server (two network crossings per server instead of one)");
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--weights", o->weights,
+                  "Linear weights decode reads: f32, or bf16 (copies made at load: half the bytes "
+                  "per token; norms, biases and embeddings stay f32). Not with --swarm")
+      ->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();

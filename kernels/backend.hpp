@@ -71,9 +71,15 @@ class Backend {
   virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                     float alpha = 1.0f, float beta = 0.0f) = 0;
   /// y[N,out] = x[N,in] @ w[out,in]^T (+ bias[out] if given).
+  /// With an f32 x, w may be bf16 (an inference weight: decode is bound by
+  /// reading the weights, and bf16 halves the bytes). x, bias and y stay f32;
+  /// the products of x with the exact bf16 values are summed in f32, so the
+  /// result is f32 linear on the bf16-rounded weight up to summation order.
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) = 0;
   /// Backward of linear: dx = dy @ w (if dx given, overwritten);
-  /// dw += dy^T @ x; db += column sums of dy (if db given).
+  /// dw += dy^T @ x; db += column sums of dy (if db given). A bf16 weight
+  /// with f32 activations is refused (tensor_error "bf16 weights are for
+  /// inference; training keeps f32 weights").
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                Tensor& dw, Tensor* db) = 0;
 

@@ -52,6 +52,24 @@ void require_condition(bool ok, const char* what, const char* detail) {
   if (!ok) throw tensor_error(std::string(what) + ": " + detail);
 }
 
+void require_linear_weight(const Tensor& w, device where, dtype x_type, const char* what) {
+  require_on_device(w, where, what);
+  const bool ok = w.type() == x_type || (x_type == dtype::f32 && w.type() == dtype::bf16);
+  if (!ok) {
+    if (x_type == dtype::f32)
+      throw tensor_error(std::string(what) + ": expected an f32 or bf16 weight, got " +
+                         dtype_name(w.type()));
+    expect_dtype(w, x_type, what);
+  }
+  require_condition(w.rank() == 2, what, "expected a 2-D [out, in] tensor");
+}
+
+void refuse_inference_weight(const Tensor& w, dtype x_type, const char* what) {
+  if (w.defined() && w.type() == dtype::bf16 && x_type != dtype::bf16)
+    throw tensor_error(std::string(what) +
+                       ": bf16 weights are for inference; training keeps f32 weights");
+}
+
 attention_geometry check_attention_geometry(const attention_shape& s, const char* what) {
   require_condition(s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0, what,
                     "n_heads, n_kv_heads and head_dim must be positive");

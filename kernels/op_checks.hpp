@@ -27,6 +27,17 @@ void require_like_on(const Tensor& t, device where, dtype type, const Tensor& li
 /// Throws tensor_error with `what` + ": " + `detail` when `ok` is false.
 void require_condition(bool ok, const char* what, const char* detail);
 
+/// linear's weight: defined, on `where`, 2-D, and of x's dtype `x_type` or,
+/// for an f32 x, bf16 (an inference weight: half the bytes per token, see
+/// Backend::linear). Throws tensor_error naming `what` otherwise (for an f32
+/// x: "expected an f32 or bf16 weight, got f16"). The shape against x and y
+/// is the caller's to check.
+void require_linear_weight(const Tensor& w, device where, dtype x_type, const char* what);
+/// For the ops that have no bf16-weight form (linear_backward): throws
+/// tensor_error "<what>: bf16 weights are for inference; training keeps f32
+/// weights" when `w` is bf16 and the activations (`x_type`) are not.
+void refuse_inference_weight(const Tensor& w, dtype x_type, const char* what);
+
 /// The sizes of a product c[m, n] = op(a)[m, k] @ op(b)[k, n].
 struct gemm_dims {
   std::int64_t m = 0, n = 0, k = 0;

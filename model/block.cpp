@@ -55,6 +55,20 @@ attention_shape block_attention_shape(const model_config& cfg) {
   return attention_shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 0.0f};
 }
 
+block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t) {
+  if (t != dtype::f32 && t != dtype::bf16)
+    throw tensor_error(std::string("inference weights are f32 or bf16, not ") + dtype_name(t));
+  block_tensors out = w;
+  if (t == dtype::f32) return out;
+  for (Tensor* m : {&out.q_w, &out.k_w, &out.v_w, &out.o_w, &out.gate_w, &out.up_w, &out.down_w}) {
+    if (!m->defined()) continue;  // gate for GPT-2
+    Tensor converted = be.empty(m->shape(), t);
+    be.copy(*m, converted);
+    *m = std::move(converted);
+  }
+  return out;
+}
+
 block_tensors block_tensors::of(const model_config& cfg, const param_set& p) {
   block_tensors t;
   t.attn_norm_w = p.get("attn_norm.weight");

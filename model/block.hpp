@@ -61,6 +61,14 @@ struct block_tensors {
   static block_tensors of(const model_config& cfg, const param_set& p);
 };
 
+/// Inference weights of one block: `w` with its linear weights (q, k, v, o,
+/// gate, up, down) converted to `t` (f32 or bf16) in fresh tensors on `be`'s
+/// device, and norms and biases shared with `w` (they stay f32). With bf16
+/// the cached forwards read half the bytes per token (Backend::linear takes
+/// a bf16 weight); training refuses such weights (linear_backward throws).
+/// Throws tensor_error for another dtype.
+block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t);
+
 /// What block_forward keeps for block_backward. Buffers are reused when the
 /// same struct sees the same shapes again.
 struct block_activations {

@@ -27,7 +27,7 @@ std::size_t context_budget(const model_config& cfg) {
 
 }  // namespace
 
-generator::generator(transformer& model, std::size_t kv_budget_bytes)
+generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype weights)
     : cfg_(model.config()),
       be_(&model.backend()),
       head_(cfg_, model.head(), model.backend()),
@@ -36,6 +36,11 @@ generator::generator(transformer& model, std::size_t kv_budget_bytes)
                                       cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim,
                                       kPageTokens, &model.backend())),
       hidden_(cfg_.hidden_size) {
+  if (weights != dtype::f32 && weights != dtype::bf16)
+    throw model_error(std::string("generator: weights must be f32 or bf16, not ") +
+                      dtype_name(weights));
+  stage_.use_inference_weights(weights);
+  head_.use_inference_weights(weights);
   logits_ = be_->empty({1, cfg_.vocab_size});
   host_logits_ = be_->dev().kind == device_kind::cpu ? logits_
                                                       : Tensor::empty({1, cfg_.vocab_size});

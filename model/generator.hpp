@@ -80,7 +80,14 @@ class generator {
  public:
   /// A generator whose KV cache may hold `kv_budget_bytes` (0 = enough for
   /// one sequence of the full context; pages are taken lazily either way).
-  explicit generator(transformer& model, std::size_t kv_budget_bytes = 0);
+  /// `weights` is the dtype of the linear weights decode reads: f32 (the
+  /// model's own parameters) or bf16 (copies of every block's q, k, v, o,
+  /// gate, up, down and the LM head made here, half the bytes per token;
+  /// norms, biases and embeddings stay f32). The copies are a snapshot of
+  /// the model's parameters at construction and live next to them (the
+  /// model keeps its f32 weights). Throws model_error for another dtype.
+  explicit generator(transformer& model, std::size_t kv_budget_bytes = 0,
+                     dtype weights = dtype::f32);
 
   /// Generates up to p.max_new_tokens tokens after `prompt`. Throws
   /// model_error for an empty prompt, an id outside [0, V) ("prompt id X is
@@ -93,6 +100,8 @@ class generator {
 
   /// The model's shape.
   const model_config& config() const { return cfg_; }
+  /// The dtype of the linear weights decode reads (see the constructor).
+  dtype weights() const { return stage_.inference_dtype(); }
   /// The pool the generator's sequences draw from.
   const kv_pool& pool() const { return *pool_; }
 

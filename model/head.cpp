@@ -102,7 +102,17 @@ void head::logits(const Tensor& x, Tensor& logits, head_activations* saved) {
     be_->rmsnorm(x, norm_w_, cfg_.norm_eps, *norm, rstd);
   else
     be_->layernorm(x, norm_w_, norm_b_, cfg_.norm_eps, *norm, mean, rstd);
-  be_->linear(*norm, lm_head_w_, nullptr, logits);
+  const bool inference = !saved && lm_head_inference_.defined();
+  be_->linear(*norm, inference ? lm_head_inference_ : lm_head_w_, nullptr, logits);
+}
+
+void head::use_inference_weights(dtype t) {
+  if (t != dtype::f32 && t != dtype::bf16)
+    throw tensor_error(std::string("head: inference weights are f32 or bf16, not ") + dtype_name(t));
+  lm_head_inference_ = Tensor();
+  if (t == dtype::f32) return;
+  lm_head_inference_ = be_->empty(lm_head_w_.shape(), t);
+  be_->copy(lm_head_w_, lm_head_inference_);
 }
 
 void head::logits_backward(const head_activations& saved, const Tensor& dlogits, Tensor& dx,

@@ -73,7 +73,8 @@ class head {
   /// logits [N,V] = lm_head(final_norm(x)). With `saved`, keeps what
   /// logits_backward needs (x then stays unchanged until the backward).
   /// Without, uses internal buffers that allocate nothing once they have
-  /// seen N rows (the decode path).
+  /// seen N rows (the decode path) and reads the LM-head weight's inference
+  /// copy when use_inference_weights made one.
   void logits(const Tensor& x, Tensor& logits, head_activations* saved);
   /// Backward from dlogits [N,V] (may be saved.logits): dx [N,D]
   /// overwritten, parameter gradients added into grads(). With
@@ -90,6 +91,18 @@ class head {
   float loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_scale,
              head_activations& saved, bool param_grads = true);
 
+  /// Makes logits() without `saved` (the inference path) read a `t` copy of
+  /// the LM-head weight: bf16 halves its bytes per token; f32 (the default)
+  /// drops the copy. Embeddings, the final norm and the training path
+  /// (logits with `saved`, the backward) keep the f32 parameters, which stay
+  /// allocated. The copy is a snapshot of params() now. Throws tensor_error
+  /// for a dtype other than f32 or bf16.
+  void use_inference_weights(dtype t);
+  /// The dtype of the LM-head weight the inference path reads.
+  dtype inference_dtype() const {
+    return lm_head_inference_.defined() ? lm_head_inference_.type() : dtype::f32;
+  }
+
  private:
   void resolve_views();
 
@@ -99,6 +112,7 @@ class head {
   param_set grads_;
   // Views by role (lm_head_w is embed.weight when tied).
   Tensor embed_w_, pos_w_, norm_w_, norm_b_, lm_head_w_;
+  Tensor lm_head_inference_;  ///< bf16 copy of lm_head_w_ for logits() without saved, or undefined
   Tensor g_embed_, g_pos_, g_norm_w_, g_norm_b_, g_lm_head_;
   // Inference and embedding scratch.
   row_buffer pos_rows_, norm_rows_, mean_rows_, rstd_rows_;

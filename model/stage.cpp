@@ -39,6 +39,16 @@ void stage::resolve_views() {
   for (const auto& p : params_) weights_.push_back(block_tensors::of(cfg_, p));
 }
 
+void stage::use_inference_weights(dtype t) {
+  if (t != dtype::f32 && t != dtype::bf16)
+    throw tensor_error(std::string("stage: inference weights are f32 or bf16, not ") + dtype_name(t));
+  std::vector<block_tensors> converted;
+  if (t == dtype::bf16)
+    for (const auto& w : weights_) converted.push_back(inference_weights(*be_, w, t));
+  inference_weights_ = std::move(converted);
+  inference_dtype_ = t;
+}
+
 std::vector<param_set>& stage::grads() {
   if (grads_.empty()) {
     for (const auto& p : params_) grads_.push_back(p.like());
@@ -156,7 +166,7 @@ void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_
   fill_positions(*be_, pos, start_pos, host_positions_);
   const Tensor* in = &x;
   for (int i = from; i < to; ++i) {
-    block_forward_cached(*be_, cfg_, weights_[static_cast<std::size_t>(i)], *in, pos, kv, i,
+    block_forward_cached(*be_, cfg_, cached_weights(i), *in, pos, kv, i,
                          start_pos, decode_ws_, y);
     in = &y;
   }
@@ -207,7 +217,7 @@ void stage::forward_cached_batch(const Tensor& x, std::span<const cached_rows> s
 
   const Tensor* in = &x;
   for (int i = 0; i < size(); ++i) {
-    block_forward_cached_batch(*be_, cfg_, weights_[static_cast<std::size_t>(i)], *in, pos, seqs,
+    block_forward_cached_batch(*be_, cfg_, cached_weights(i), *in, pos, seqs,
                                i, decode_ws_, y);
     in = &y;
   }

@@ -105,8 +105,25 @@ class stage {
   /// result equals forward_cached per sequence up to GEMM rounding. y [R, D]
   /// may alias x.
   void forward_cached_batch(const Tensor& x, std::span<const cached_rows> seqs, Tensor& y);
+  /// Makes forward_cached and forward_cached_batch read `t` copies of every
+  /// block's linear weights (inference_weights in model/block.hpp): bf16
+  /// halves the bytes a decoded token reads; f32 (the default) drops the
+  /// copies and reads params() again. The copies are a snapshot of params()
+  /// now: later updates are not seen until the next call. The f32
+  /// parameters stay allocated next to them (training, backward and
+  /// params() keep using them), so bf16 adds half the blocks' linear bytes.
+  /// Throws tensor_error for a dtype other than f32 or bf16.
+  void use_inference_weights(dtype t);
+  /// The dtype of the linear weights the cached forwards read.
+  dtype inference_dtype() const { return inference_dtype_; }
 
  private:
+  /// What the cached forwards read for block first()+i.
+  const block_tensors& cached_weights(int i) const {
+    const auto k = static_cast<std::size_t>(i);
+    return inference_weights_.empty() ? weights_[k] : inference_weights_[k];
+  }
+
   void resolve_views();
   const Tensor& train_positions(int batch, int seq);
 
@@ -117,6 +134,8 @@ class stage {
   std::vector<param_set> grads_;
   std::vector<block_tensors> weights_;
   std::vector<block_tensors> grad_views_;
+  std::vector<block_tensors> inference_weights_;  ///< bf16 linear weights, or empty (use weights_)
+  dtype inference_dtype_ = dtype::f32;
 
   // Training scratch, reused across steps.
   Tensor positions_;          ///< i32 [B*T]: t for row b*T+t

@@ -80,6 +80,71 @@ void sgemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, flo
   }
 }
 
+// ---- bf16 weights -------------------------------------------------------------
+
+/// Rows up to which a bf16-weight linear takes dot products against each
+/// widened weight row (bound by reading the weight); above it, blocks of the
+/// weight are widened and multiplied with sgemm (bound by arithmetic).
+constexpr std::int64_t bf16_dot_rows = 16;
+
+/// bf16 bits -> f32: the bits are the f32's upper half (a shift, which GCC
+/// vectorises: 16 weights per AVX2 step).
+inline float widen(std::uint16_t h) { return std::bit_cast<float>(std::uint32_t{h} << 16); }
+
+void widen_row(const std::uint16_t* src, float* dst, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = widen(src[i]);
+}
+
+/// sum x[i] * widen(w[i]), widening in registers (no scratch: the 1-row case).
+float dot_bf16(const float* x, const std::uint16_t* w, std::int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (std::int64_t i = 0; i < n; ++i) s += x[i] * widen(w[i]);
+  return s;
+}
+
+/// y[rows, out] = x[rows, in] @ w[out, in]^T (+ y when accumulate, which
+/// holds the broadcast bias), w bf16, for rows <= bf16_dot_rows. Threads own
+/// ranges of output features, so every weight row is read from memory once.
+void linear_bf16_dot(const float* x, std::int64_t rows, std::int64_t in, const std::uint16_t* w,
+                     std::int64_t out, float* y, bool accumulate) {
+  parallel_ranges(out, rows * in, [&](std::int64_t o0, std::int64_t o1) {
+    float* wrow = rows > 1 ? thread_scratch(0, static_cast<std::size_t>(in)) : nullptr;
+    for (std::int64_t o = o0; o < o1; ++o) {
+      const std::uint16_t* wo = w + o * in;
+      if (rows == 1) {
+        const float v = dot_bf16(x, wo, in);
+        y[o] = accumulate ? y[o] + v : v;
+        continue;
+      }
+      widen_row(wo, wrow, in);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float v = dot(x + r * in, wrow, in);
+        float& yo = y[r * out + o];
+        yo = accumulate ? yo + v : v;
+      }
+    }
+  });
+}
+
+/// The same for many rows: each thread widens blocks of its weight rows
+/// into scratch (about 1 MiB at a time) and multiplies them with sgemm.
+void linear_bf16_blocked(const float* x, std::int64_t rows, std::int64_t in,
+                         const std::uint16_t* w, std::int64_t out, float* y, float beta) {
+  const std::int64_t block = std::max<std::int64_t>(16, (std::int64_t{1} << 18) / in);
+  parallel_ranges(out, rows * in, [&](std::int64_t o0, std::int64_t o1) {
+    const std::int64_t cap = std::min(block, o1 - o0);
+    float* wf = thread_scratch(0, static_cast<std::size_t>(cap * in));
+    for (std::int64_t b0 = o0; b0 < o1; b0 += cap) {
+      const std::int64_t nb = std::min(cap, o1 - b0);
+      for (std::int64_t o = 0; o < nb; ++o) widen_row(w + (b0 + o) * in, wf + o * in, in);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(nb), bi(in), 1.0f, x,
+                  bi(in), wf, bi(in), beta, y + b0, bi(out));
+    }
+  });
+}
+
 }  // namespace
 
 cpu_backend_impl::cpu_backend_impl() {
@@ -115,10 +180,9 @@ void cpu_backend_impl::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool
 void cpu_backend_impl::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   require_host(x, dtype::f32, "linear x");
   require_that(x.rank() == 2, "linear x", "expected a 2-D [rows, in] tensor");
-  require_host(w, dtype::f32, "linear w");
-  require_that(w.rank() == 2, "linear w", "expected a 2-D [out, in] tensor");
+  require_linear_weight(w, device{}, x.type(), "linear w");
   const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
-  require(w, dtype::f32, {out, in}, "linear w");
+  require(w, w.type(), {out, in}, "linear w");
   if (bias) require(*bias, dtype::f32, {out}, "linear bias");
   require(y, dtype::f32, {rows, out}, "linear y");
   if (rows == 0 || out == 0) return;
@@ -136,6 +200,14 @@ void cpu_backend_impl::linear(const Tensor& x, const Tensor& w, const Tensor* bi
     if (!bias) std::memset(yp, 0, y.nbytes());
     return;
   }
+  if (w.type() == dtype::bf16) {
+    const auto* wp = w.data<std::uint16_t>();
+    if (rows <= bf16_dot_rows)
+      linear_bf16_dot(x.data<float>(), rows, in, wp, out, yp, beta != 0.0f);
+    else
+      linear_bf16_blocked(x.data<float>(), rows, in, wp, out, yp, beta);
+    return;
+  }
   if (rows == 1) {
     gemv_rows(w.data<float>(), out, in, in, x.data<float>(), yp, 1.0f, beta);
     return;
@@ -147,6 +219,7 @@ void cpu_backend_impl::linear_backward(const Tensor& x, const Tensor& w, const T
                                        Tensor* dx, Tensor& dw, Tensor* db) {
   require_host(x, dtype::f32, "linear_backward x");
   require_that(x.rank() == 2, "linear_backward x", "expected a 2-D [rows, in] tensor");
+  refuse_inference_weight(w, x.type(), "linear_backward w");
   require_host(w, dtype::f32, "linear_backward w");
   require_that(w.rank() == 2, "linear_backward w", "expected a 2-D [out, in] tensor");
   const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);

@@ -55,7 +55,8 @@ class cuda_backend final : public Backend {
 
   // Ops implement the contracts documented on Backend (kernels/backend.hpp).
   // gemm/linear/linear_backward take f32, bf16 or f16 (a and b of one dtype,
-  // accumulation in f32, outputs any float dtype); the elementwise ops
+  // accumulation in f32, outputs any float dtype; linear also takes f32 x
+  // with a bf16 weight, linear_bf16.cu); the elementwise ops
   // (swiglu, gelu, add, scale, sum_squares) and embedding's forward take any
   // float dtype shared by their operands; the rest are f32 like the CPU.
   void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,

@@ -16,6 +16,10 @@
 // otherwise it is broadcast into y first and the product added with beta 1.
 // db is a column-sum kernel (elementwise.cu), dw a beta = 1 product.
 //
+// linear with f32 x and a bf16 weight (inference: half the bytes per token)
+// is no cuBLASLt product (its operands share a dtype) but the GEMV-style
+// kernel of linear_bf16.cu, bias fused; linear_backward refuses it.
+//
 // The descriptors are rebuilt per call (microseconds); the heuristic's
 // choice is cached per problem shape, dtypes and pointer alignments.
 #include <cublasLt.h>
@@ -28,6 +32,7 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/elementwise.hpp"
+#include "kernels/cuda/linear_bf16.hpp"
 #include "kernels/op_checks.hpp"
 
 namespace corolla::cuda {
@@ -215,8 +220,7 @@ void cuda_backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool tra
 void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   require_float(x, dev(), "linear x");
   require_condition(x.rank() == 2, "linear x", "expected a 2-D [rows, in] tensor");
-  require_float(w, dev(), "linear w");
-  require_condition(w.rank() == 2, "linear w", "expected a 2-D [out, in] tensor");
+  require_linear_weight(w, dev(), x.type(), "linear w");
   const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
   require_on(w, dev(), w.type(), {out, in}, "linear w");
   if (bias) {
@@ -225,6 +229,22 @@ void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, 
   }
   require_float(y, dev(), "linear y");
   require_on(y, dev(), y.type(), {rows, out}, "linear y");
+  if (x.type() == dtype::f32 && w.type() == dtype::bf16) {  // an inference weight
+    require_on(y, dev(), dtype::f32, {rows, out}, "linear y");
+    if (bias) require_on(*bias, dev(), dtype::f32, {out}, "linear bias");
+    if (rows == 0 || out == 0) return;
+    device_guard guard(index_);
+    if (in == 0) {
+      if (bias)
+        broadcast_rows(stream_, bias->raw(), elem::f32, y.raw(), elem::f32, rows, out);
+      else
+        COROLLA_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream_));
+      return;
+    }
+    linear_bf16_weight(stream_, x.data<float>(), rows, in, w.raw(), out,
+                       bias ? bias->data<float>() : nullptr, y.data<float>());
+    return;
+  }
   require_product_types(x, "linear x", w, "linear w", y, "linear y");
   if (rows == 0 || out == 0) return;
   device_guard guard(index_);
@@ -251,6 +271,7 @@ void cuda_backend::linear_backward(const Tensor& x, const Tensor& w, const Tenso
                                    Tensor* dx, Tensor& dw, Tensor* db) {
   require_float(x, dev(), "linear_backward x");
   require_condition(x.rank() == 2, "linear_backward x", "expected a 2-D [rows, in] tensor");
+  refuse_inference_weight(w, x.type(), "linear_backward w");
   require_float(w, dev(), "linear_backward w");
   require_condition(w.rank() == 2, "linear_backward w", "expected a 2-D [out, in] tensor");
   const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);

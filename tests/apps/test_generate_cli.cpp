@@ -36,9 +36,10 @@ std::vector<std::int32_t> parse_ids(const std::string& line) {
 
 std::vector<std::int32_t> library_generate(const fs::path& dir,
                                            const std::vector<std::int32_t>& prompt,
-                                           const generation_params& p) {
+                                           const generation_params& p,
+                                           dtype weights = dtype::f32) {
   transformer model = transformer::load(dir, cpu_backend());
-  generator gen(model);
+  generator gen(model, 0, weights);
   return gen.generate(prompt, p).tokens;
 }
 
@@ -83,6 +84,28 @@ TEST_CASE("generate --print-ids prints the library's greedy generation") {
     const auto expected = library_generate(dir.path(), {3, 17, 42, 8}, p);
     CHECK(expected.size() == 12);
     CHECK(parse_ids(lines.back()) == expected);
+  }
+}
+
+TEST_CASE("generate --weights bf16 prints the library's bf16-weight generation") {
+  for (auto arch : {architecture::llama, architecture::gpt2}) {
+    testing::temp_dir_guard dir("cli-bf16");
+    testing::tiny_model_options o;
+    o.arch = arch;
+    if (arch == architecture::gpt2) o.kv_heads = o.heads;
+    testing::write_tiny_model(dir.path(), o);
+    auto r = testing::run_corolla(
+        generate_args(dir.path(), {"--prompt-ids", "3,17,42,8", "--max-new-tokens", "12",
+                                   "--print-ids", "--weights", "bf16"}));
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exited());
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.err.empty());
+    generation_params p;
+    p.max_new_tokens = 12;
+    const auto expected = library_generate(dir.path(), {3, 17, 42, 8}, p, dtype::bf16);
+    CHECK(expected.size() == 12);
+    CHECK(parse_ids(r.out_lines().back()) == expected);
   }
 }
 
@@ -208,6 +231,12 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
   SUBCASE("neither --prompt nor --prompt-ids") {
     fresh();
     testing::check_one_error(testing::run_corolla(generate_args(model, {})), "--prompt");
+  }
+  SUBCASE("a --weights dtype that is neither f32 nor bf16") {
+    fresh();
+    testing::check_one_error(
+        testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--weights", "f16"})),
+        "--weights must be f32 or bf16, got 'f16'");
   }
   SUBCASE("a device this build cannot use") {
     fresh();

@@ -231,6 +231,54 @@ TEST_CASE("cuda: bf16 and f16 gemm and linear accumulate in f32 and write f32 or
   }
 }
 
+TEST_CASE("cuda: linear with a bf16 weight and f32 x matches the cpu's bf16-weight linear") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(105);
+  struct sizes {
+    std::int64_t in, out;
+  };
+  // in % 8 == 0 takes the 16-byte loads, odd widths the scalar loop; rows
+  // above 8 take several passes over each weight row
+  for (sizes s : {sizes{64, 24}, sizes{37, 29}, sizes{1024, 131}}) {
+    Tensor w16 = random_tensor({s.out, s.in}, r).to(dtype::bf16);
+    Tensor bias = random_tensor({s.out}, r);
+    Tensor dw16 = up(w16), dbias = up(bias);
+    for (std::int64_t rows : {1, 3, 8, 9, 40}) {
+      for (bool with_bias : {false, true}) {
+        CAPTURE(s.in);
+        CAPTURE(s.out);
+        CAPTURE(rows);
+        CAPTURE(with_bias);
+        Tensor x = random_tensor({rows, s.in}, r);
+        Tensor y = Tensor::empty({rows, s.out});
+        cpu().linear(x, w16, with_bias ? &bias : nullptr, y);
+        Tensor dy = gpu().empty({rows, s.out});
+        gpu().linear(up(x), dw16, with_bias ? &dbias : nullptr, dy);
+        expect_close(dy, y, red_rtol, 1e-6 * static_cast<double>(s.in), "bf16-weight linear");
+      }
+    }
+  }
+  // a row view (offset start: the scalar loop when not 16-byte aligned)
+  Tensor x = random_tensor({5, 64}, r);
+  Tensor w16 = random_tensor({24, 64}, r).to(dtype::bf16);
+  Tensor y = Tensor::empty({1, 24}), dy = gpu().empty({1, 24});
+  cpu().linear(x.slice(3, 4), w16, nullptr, y);
+  gpu().linear(up(x).slice(3, 4), up(w16), nullptr, dy);
+  expect_close(dy, y, red_rtol, red_atol, "bf16-weight linear on a row view");
+}
+
+TEST_CASE("cuda: linear_backward refuses a bf16 weight with f32 activations") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(106);
+  Tensor x = up(random_tensor({3, 8}, r)), dy = up(random_tensor({3, 4}, r));
+  Tensor w16 = up(random_tensor({4, 8}, r), dtype::bf16);
+  Tensor dx = gpu().empty({3, 8}), dw = up(Tensor::zeros({4, 8}));
+  CHECK_THROWS_WITH_AS(gpu().linear_backward(x, w16, dy, &dx, dw, nullptr),
+                       "linear_backward w: bf16 weights are for inference; training keeps f32 "
+                       "weights",
+                       tensor_error);
+}
+
 // ---- embeddings ----------------------------------------------------------------------
 
 TEST_CASE("cuda: embedding and its backward match the cpu with ids on the host or the device") {
@@ -656,8 +704,9 @@ TEST_CASE("cuda: ops reject wrong shapes, dtypes and host tensors with tensor_er
   Tensor y = gpu().empty({3, 4});
   CHECK_THROWS_WITH_AS(gpu().linear(host_x, w, nullptr, y), doctest::Contains("cuda:0"),
                        tensor_error);
-  Tensor w16 = up(random_tensor({4, 8}, r), dtype::bf16);
-  CHECK_THROWS_WITH_AS(gpu().linear(x, w16, nullptr, y), doctest::Contains("same dtype"),
+  // f32 x takes an f32 or a bf16 (inference) weight, nothing else
+  Tensor w16 = up(random_tensor({4, 8}, r), dtype::f16);
+  CHECK_THROWS_WITH_AS(gpu().linear(x, w16, nullptr, y), doctest::Contains("f32 or bf16 weight"),
                        tensor_error);
   Tensor rn = gpu().empty({3, 8});
   CHECK_THROWS_AS(gpu().rmsnorm(x, up(random_tensor({7}, r)), 1e-5f, rn, nullptr), tensor_error);

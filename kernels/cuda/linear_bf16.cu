@@ -1,0 +1,96 @@
+// kernels/cuda/linear_bf16.cu — linear with a bf16 weight and f32
+// activations: a GEMV-style kernel, one warp per output feature.
+//
+// Batch-1 decode is bound by reading the weights; each warp streams one
+// weight row once per pass (8 bf16 per lane per 16-byte load), widens them
+// to f32 in registers (a bf16 is the upper half of an f32) and keeps one
+// f32 accumulator per row of the pass, reduced across the warp with
+// shuffles at the end. The bias is added by lane 0 as it writes.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/linear_bf16.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int rows_per_pass = 8;
+constexpr int warps_per_block = 8;
+
+__device__ __forceinline__ float bf16_low(std::uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_high(std::uint32_t v) {
+  return __uint_as_float(v & 0xffff0000u);
+}
+
+template <bool Vectorised>
+__global__ void linear_bf16_kernel(const float* __restrict__ x, std::int64_t rows,
+                                   std::int64_t in, const std::uint16_t* __restrict__ w,
+                                   std::int64_t out, const float* __restrict__ bias,
+                                   float* __restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t o = std::int64_t{blockIdx.x} * warps_per_block + (threadIdx.x >> 5);
+  if (o >= out) return;  // a whole warp leaves together
+  const std::uint16_t* wo = w + o * in;
+  const float b = bias ? bias[o] : 0.0f;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += rows_per_pass) {
+    const std::int64_t left = rows - r0;
+    const int nr = left < rows_per_pass ? static_cast<int>(left) : rows_per_pass;
+    const float* xp = x + r0 * in;
+    float acc[rows_per_pass];
+#pragma unroll
+    for (int r = 0; r < rows_per_pass; ++r) acc[r] = 0.0f;
+    if constexpr (Vectorised) {
+      for (std::int64_t k = std::int64_t{lane} * 8; k < in; k += 32 * 8) {
+        const uint4 packed = *reinterpret_cast<const uint4*>(wo + k);
+        const float wf[8] = {bf16_low(packed.x), bf16_high(packed.x), bf16_low(packed.y),
+                             bf16_high(packed.y), bf16_low(packed.z), bf16_high(packed.z),
+                             bf16_low(packed.w), bf16_high(packed.w)};
+#pragma unroll
+        for (int r = 0; r < rows_per_pass; ++r) {
+          if (r < nr) {
+            const float4* xr = reinterpret_cast<const float4*>(xp + r * in + k);
+            const float4 a = xr[0], c = xr[1];
+            acc[r] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + c.x * wf[4] +
+                      c.y * wf[5] + c.z * wf[6] + c.w * wf[7];
+          }
+        }
+      }
+    } else {
+      for (std::int64_t k = lane; k < in; k += 32) {
+        const float wf = __uint_as_float(std::uint32_t{wo[k]} << 16);
+#pragma unroll
+        for (int r = 0; r < rows_per_pass; ++r)
+          if (r < nr) acc[r] += xp[r * in + k] * wf;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < rows_per_pass; ++r) {
+      float v = acc[r];
+      for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+      if (lane == 0 && r < nr) y[(r0 + r) * out + o] = v + b;
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int64_t in,
+                        const void* w, std::int64_t out, const float* bias, float* y) {
+  if (rows <= 0 || in <= 0 || out <= 0) return;
+  const auto* wp = static_cast<const std::uint16_t*>(w);
+  const unsigned blocks = static_cast<unsigned>((out + warps_per_block - 1) / warps_per_block);
+  const unsigned threads = 32 * warps_per_block;
+  if (in % 8 == 0 && aligned16(x) && aligned16(w)) {
+    linear_bf16_kernel<true><<<blocks, threads, 0, s>>>(x, rows, in, wp, out, bias, y);
+    COROLLA_CUDA_LAUNCH_CHECK("linear_bf16_kernel (16-byte loads)");
+  } else {
+    linear_bf16_kernel<false><<<blocks, threads, 0, s>>>(x, rows, in, wp, out, bias, y);
+    COROLLA_CUDA_LAUNCH_CHECK("linear_bf16_kernel");
+  }
+}
+
+}  // namespace corolla::cuda

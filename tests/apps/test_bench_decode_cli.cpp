@@ -1,0 +1,62 @@
+// `corolla bench decode --weights`: the bound counts the bytes decode reads
+// (2 per linear weight with bf16), bf16 measures f32 in the same run and
+// prints the ratio; a bad --weights value is one clear error.
+#include <doctest/doctest.h>
+
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/cli_expect.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using corolla::testing::run_corolla;
+
+namespace {
+
+nlohmann::json last_json_line(const std::string& out) {
+  std::istringstream lines(out);
+  std::string line, last;
+  while (std::getline(lines, line))
+    if (!line.empty()) last = line;
+  return nlohmann::json::parse(last);
+}
+
+}  // namespace
+
+TEST_CASE("bench decode --weights bf16 reports half the linear bytes and the ratio to f32") {
+  corolla::testing::temp_dir_guard dir("bench-decode-bf16");
+  corolla::testing::write_tiny_model(dir.path(), {});
+  const std::string model = dir.path().string();
+  auto run = [&](const std::string& weights) {
+    auto r = run_corolla({"bench", "decode", "--model", model, "--weights", weights,
+                          "--prompt-tokens", "4", "--new-tokens", "8", "--repeats", "1",
+                          "--threads", "1", "--json"});
+    CAPTURE(r.err);
+    REQUIRE(r.exit_code == 0);
+    return last_json_line(r.out);
+  };
+  const auto f32 = run("f32");
+  CHECK(f32["weights"] == "f32");
+  CHECK_FALSE(f32.contains("decode_vs_f32"));
+  const auto bf16 = run("bf16");
+  CHECK(bf16["weights"] == "bf16");
+  CHECK(bf16["decode_tokens_per_s"].get<double>() > 0);
+  CHECK(bf16["f32_decode_tokens_per_s"].get<double>() > 0);
+  CHECK(bf16["decode_vs_f32"].get<double>() > 0);
+  const double b16 = bf16["weight_bytes_per_token"].get<double>();
+  const double b32 = f32["weight_bytes_per_token"].get<double>();
+  CHECK(bf16["f32_weight_bytes_per_token"].get<double>() == b32);
+  // every linear weight at 2 bytes instead of 4; norms (a few hundred
+  // floats in the tiny model) stay at 4
+  CHECK(b16 < 0.52 * b32);
+  CHECK(b16 > 0.5 * b32);
+}
+
+TEST_CASE("bench decode with a bad --weights value is one clear error") {
+  corolla::testing::check_one_error(
+      run_corolla({"bench", "decode", "--weights", "int4", "--json"}),
+      "--weights must be f32 or bf16, got 'int4'");
+}

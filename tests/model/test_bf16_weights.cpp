@@ -1,0 +1,180 @@
+// Inference with bf16 copies of the linear weights (generator's `weights`,
+// stage/head use_inference_weights): generation equals, token for token,
+// the f32 model whose linear weights were rounded to bf16 first; the
+// logits agree to f32 summation order; the f32 parameters and the training
+// path stay untouched.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "model/error.hpp"
+#include "model/generator.hpp"
+#include "model/head.hpp"
+#include "model/kv_cache.hpp"
+#include "model/stage.hpp"
+#include "model/transformer.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+
+namespace {
+
+/// Rounds `t` (f32, host) to the nearest bf16 values in place.
+void round_to_bf16(Tensor t) { t.copy_from(t.to(dtype::bf16).to(dtype::f32)); }
+
+/// What the bf16 path converts: every block matrix and the LM head.
+void round_linear_weights(transformer& m) {
+  for (param_set& p : m.blocks())
+    for (const param_entry& e : p.entries())
+      if (e.shape.size() == 2) round_to_bf16(p.get(e.name));
+  const bool tied = m.config().tie_embeddings;
+  round_to_bf16(m.head().get(tied ? "embed.weight" : "lm_head.weight"));
+}
+
+testing::tiny_model_options options_for(architecture arch) {
+  testing::tiny_model_options o;
+  o.arch = arch;
+  if (arch == architecture::gpt2) {
+    o.kv_heads = o.heads;
+    o.intermediate = 4 * o.hidden;
+  }
+  return o;
+}
+
+std::vector<std::int32_t> some_ids(int n, int vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(static_cast<std::int32_t>(rng() % vocab));
+  return ids;
+}
+
+/// Logits of every position [n, V]: the first `prefill` ids at once, then
+/// one at a time, through head + stage with a KV cache.
+std::vector<float> cached_logits(head& h, stage& s, const std::vector<std::int32_t>& ids,
+                                 std::size_t prefill) {
+  const model_config& cfg = h.config();
+  const int V = cfg.vocab_size, D = cfg.hidden_size;
+  auto pool = std::make_shared<kv_pool>(1 << 22, s.size(), cfg.n_kv_heads, cfg.head_dim, 16);
+  kv_sequence kv(pool);
+  std::vector<float> out;
+  for (std::size_t pos = 0; pos < ids.size();) {
+    const std::size_t n = pos == 0 ? prefill : 1;
+    const auto T = static_cast<std::int64_t>(n);
+    std::vector<std::int32_t> id(ids.begin() + static_cast<std::ptrdiff_t>(pos),
+                                 ids.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    std::vector<std::int32_t> p;
+    for (std::size_t i = 0; i < n; ++i) p.push_back(static_cast<std::int32_t>(pos + i));
+    Tensor x = Tensor::empty({T, D});
+    h.embed(Tensor::from_i32(id, {T}), Tensor::from_i32(p, {T}), x);
+    REQUIRE(kv.reserve(static_cast<std::int64_t>(pos + n)));
+    s.forward_cached(x, kv, static_cast<std::int64_t>(pos), x);
+    Tensor logits = Tensor::empty({T, V});
+    h.logits(x, logits, nullptr);
+    auto v = logits.to_vector();
+    out.insert(out.end(), v.begin(), v.end());
+    pos += n;
+  }
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 weights generate what the f32 model with bf16-rounded weights generates") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::temp_dir_guard dir("bf16-weights");
+    testing::write_tiny_model(dir.path(), options_for(arch));
+    Backend& be = cpu_backend();
+    transformer model = transformer::load(dir.path(), be);
+    transformer rounded = transformer::load(dir.path(), be);
+    if (model.config().tie_embeddings) {
+      // One tensor is both the embedding (read in f32) and the LM head
+      // (read as bf16): make it bf16-exact in both models, so the rounded
+      // reference embeds what the bf16 model embeds.
+      round_to_bf16(model.head().get("embed.weight"));
+    }
+    round_linear_weights(rounded);
+    const std::vector<float> block0_before = model.blocks()[0].flat().to_vector();
+
+    generator gen16(model, 0, dtype::bf16);
+    generator gen_ref(rounded, 0, dtype::f32);
+    CHECK(gen16.weights() == dtype::bf16);
+    CHECK(gen_ref.weights() == dtype::f32);
+    generation_params p;
+    p.max_new_tokens = 24;
+    p.ignore_eos = true;
+    const auto prompt = some_ids(20, model.config().vocab_size, 5);
+    const auto got = gen16.generate(prompt, p).tokens;
+    CHECK(got.size() == 24);
+    CHECK(got == gen_ref.generate(prompt, p).tokens);
+    p.prefill_chunk = 3;  // several prefill chunks take the same path
+    CHECK(gen16.generate(prompt, p).tokens == got);
+
+    // The copies are made next to the f32 parameters, which stay as loaded.
+    CHECK(model.blocks()[0].flat().to_vector() == block0_before);
+  }
+}
+
+TEST_CASE("bf16-weight logits agree with the rounded f32 model and differ from the unrounded") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::temp_dir_guard dir("bf16-logits");
+    testing::write_tiny_model(dir.path(), options_for(arch));
+    Backend& be = cpu_backend();
+    transformer model = transformer::load(dir.path(), be);
+    transformer rounded = transformer::load(dir.path(), be);
+    if (model.config().tie_embeddings) round_to_bf16(model.head().get("embed.weight"));
+    const auto ids = some_ids(40, model.config().vocab_size, 7);
+    const std::vector<float> unrounded = model.forward_logits(ids).to_vector();
+    round_linear_weights(rounded);
+    const std::vector<float> want = rounded.forward_logits(ids).to_vector();
+
+    const model_config& cfg = model.config();
+    head h(cfg, model.head(), be);
+    stage s(cfg, 0, model.blocks(), be);
+    h.use_inference_weights(dtype::bf16);
+    s.use_inference_weights(dtype::bf16);
+    CHECK(h.inference_dtype() == dtype::bf16);
+    CHECK(s.inference_dtype() == dtype::bf16);
+    // a 24-row prefill (the blocked many-row kernel), then 16 single rows
+    const auto got = cached_logits(h, s, ids, 24);
+    CHECK(max_abs_diff(got, want) < 1e-4);
+    // the test can tell: rounding moves the logits far more than that
+    CHECK(max_abs_diff(got, unrounded) > 1e-3);
+
+    // The training path keeps the f32 parameters: the same stage's full
+    // forward equals the unrounded model's.
+    CHECK(max_abs_diff(model.forward_logits(ids).to_vector(), unrounded) == 0.0);
+    // f32 drops the copies again
+    s.use_inference_weights(dtype::f32);
+    h.use_inference_weights(dtype::f32);
+    CHECK(max_abs_diff(cached_logits(h, s, ids, 24), unrounded) < 1e-4);
+  }
+}
+
+TEST_CASE("inference weights are f32 or bf16, nothing else") {
+  testing::temp_dir_guard dir("bf16-errors");
+  testing::write_tiny_model(dir.path(), {});
+  transformer model = transformer::load(dir.path(), cpu_backend());
+  CHECK_THROWS_WITH_AS(generator(model, 0, dtype::f16),
+                       "generator: weights must be f32 or bf16, not f16", model_error);
+  stage s(model.config(), 0, model.blocks(), cpu_backend());
+  CHECK_THROWS_AS(s.use_inference_weights(dtype::i8), tensor_error);
+  head h(model.config(), model.head(), cpu_backend());
+  CHECK_THROWS_AS(h.use_inference_weights(dtype::f16), tensor_error);
+}
