@@ -20,9 +20,13 @@
 #include "model/kv_cache.hpp"
 #include "model/stage.hpp"
 #include "model/transformer.hpp"
+#include "tests/model/cached_logits.hpp"
+#include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
+using corolla::testing::max_abs_diff;
+using corolla::testing::some_ids;
 
 namespace {
 
@@ -48,48 +52,10 @@ testing::tiny_model_options options_for(architecture arch) {
   return o;
 }
 
-std::vector<std::int32_t> some_ids(int n, int vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(static_cast<std::int32_t>(rng() % vocab));
-  return ids;
-}
-
 /// Logits of every position [n, V]: the first `prefill` ids at once, then
 /// one at a time, through head + stage with a KV cache.
-std::vector<float> cached_logits(head& h, stage& s, const std::vector<std::int32_t>& ids,
-                                 std::size_t prefill) {
-  const model_config& cfg = h.config();
-  const int V = cfg.vocab_size, D = cfg.hidden_size;
-  auto pool = std::make_shared<kv_pool>(1 << 22, s.size(), cfg.n_kv_heads, cfg.head_dim, 16);
-  kv_sequence kv(pool);
-  std::vector<float> out;
-  for (std::size_t pos = 0; pos < ids.size();) {
-    const std::size_t n = pos == 0 ? prefill : 1;
-    const auto T = static_cast<std::int64_t>(n);
-    std::vector<std::int32_t> id(ids.begin() + static_cast<std::ptrdiff_t>(pos),
-                                 ids.begin() + static_cast<std::ptrdiff_t>(pos + n));
-    std::vector<std::int32_t> p;
-    for (std::size_t i = 0; i < n; ++i) p.push_back(static_cast<std::int32_t>(pos + i));
-    Tensor x = Tensor::empty({T, D});
-    h.embed(Tensor::from_i32(id, {T}), Tensor::from_i32(p, {T}), x);
-    REQUIRE(kv.reserve(static_cast<std::int64_t>(pos + n)));
-    s.forward_cached(x, kv, static_cast<std::int64_t>(pos), x);
-    Tensor logits = Tensor::empty({T, V});
-    h.logits(x, logits, nullptr);
-    auto v = logits.to_vector();
-    out.insert(out.end(), v.begin(), v.end());
-    pos += n;
-  }
-  return out;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
-  return worst;
+std::vector<float> cached_logits(head& h, stage& s, const std::vector<std::int32_t>& ids, std::size_t prefill) {
+  return testing::cached_logits(h.config(), h, {&s}, ids, {static_cast<int>(prefill)}, 16);
 }
 
 }  // namespace

@@ -21,9 +21,14 @@
 #include "model/safetensors.hpp"
 #include "model/stage.hpp"
 #include "model/transformer.hpp"
+#include "tests/model/cached_logits.hpp"
+#include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
+using corolla::testing::cached_logits;
+using corolla::testing::max_abs_diff;
+using corolla::testing::some_ids;
 namespace fs = std::filesystem;
 
 namespace {
@@ -51,58 +56,6 @@ testing::tiny_model_options gpt2() {
   o.intermediate = 64;
   o.seed = 3;
   return o;
-}
-
-std::vector<std::int32_t> some_ids(int n, int vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(static_cast<std::int32_t>(rng() % vocab));
-  return ids;
-}
-
-/// Runs `ids` through head + stage with a KV cache: prefill in the given
-/// chunks, then the rest one token at a time. Returns the logits of every
-/// position [n, V], as the full forward would.
-std::vector<float> cached_logits(const model_config& cfg, head& h,
-                                 std::vector<stage*> stages, const std::vector<std::int32_t>& ids,
-                                 const std::vector<int>& chunks, int page_tokens) {
-  const int V = cfg.vocab_size, D = cfg.hidden_size;
-  std::vector<std::unique_ptr<kv_sequence>> kv;
-  for (stage* s : stages) {
-    auto pool = std::make_shared<kv_pool>(1 << 22, s->size(), cfg.n_kv_heads, cfg.head_dim,
-                                          page_tokens);
-    kv.push_back(std::make_unique<kv_sequence>(pool));
-  }
-  std::vector<float> out;
-  std::size_t pos = 0, chunk = 0;
-  while (pos < ids.size()) {
-    const std::size_t n = chunk < chunks.size() ? static_cast<std::size_t>(chunks[chunk++]) : 1;
-    const auto T = static_cast<std::int64_t>(n);
-    std::vector<std::int32_t> id(ids.begin() + static_cast<std::ptrdiff_t>(pos),
-                                 ids.begin() + static_cast<std::ptrdiff_t>(pos + n));
-    std::vector<std::int32_t> p;
-    for (std::size_t i = 0; i < n; ++i) p.push_back(static_cast<std::int32_t>(pos + i));
-    Tensor x = Tensor::empty({T, D});
-    h.embed(Tensor::from_i32(id, {T}), Tensor::from_i32(p, {T}), x);
-    for (std::size_t s = 0; s < stages.size(); ++s) {
-      REQUIRE(kv[s]->reserve(static_cast<std::int64_t>(pos + n)));
-      stages[s]->forward_cached(x, *kv[s], static_cast<std::int64_t>(pos), x);
-    }
-    Tensor logits = Tensor::empty({T, V});
-    h.logits(x, logits, nullptr);
-    auto v = logits.to_vector();
-    out.insert(out.end(), v.begin(), v.end());
-    pos += n;
-  }
-  return out;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
-  return worst;
 }
 
 void check_decode_equals_full(const testing::tiny_model_options& o) {

@@ -36,6 +36,15 @@ inline double max_rel_diff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
+/// Largest |a - b| elementwise.
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+  return worst;
+}
+
 /// Sum of a * b over all elements, in f64.
 inline double dot(const Tensor& a, const Tensor& b) {
   const auto x = a.to_vector(), y = b.to_vector();
