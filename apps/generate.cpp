@@ -118,9 +118,6 @@ int run_generate(const generate_options& o) {
   std::vector<std::int32_t> prompt;
   if (o.has_prompt_ids) prompt = parse_ids(o.prompt_ids);
   const dtype weights = parse_weights_flag(o.weights);
-  if (weights != dtype::f32 && o.swarm.given())
-    throw std::invalid_argument("--weights " + o.weights +
-                                " is for local generation; with --swarm the servers hold the blocks");
 
   Backend& be = backend_for(parse_device(o.device));
   // With --swarm only the head (embeddings, final norm, LM head) is loaded
@@ -128,10 +125,14 @@ int run_generate(const generate_options& o) {
   const model_config cfg = load_config(o.model);
   std::optional<transformer> model;
   std::optional<head> client_head;
-  if (!o.swarm.given())
+  if (!o.swarm.given()) {
     model.emplace(transformer::load(o.model, be));
-  else
+  } else {
+    // With --swarm, --weights covers the LM head held here; the servers'
+    // blocks follow their own --weights.
     client_head.emplace(head::load(checkpoint::open(o.model), cfg, be));
+    client_head->use_inference_weights(weights);
+  }
 
   // Text needs the tokenizer; ids alone do not (text is then shown only
   // when the directory has one).

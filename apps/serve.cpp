@@ -46,6 +46,7 @@ struct serve_args {
   int dht_ttl_s = 15;
   double rebalance_period_s = 90;  ///< mean seconds between rebalancing checks; 0 = never
   std::int64_t cache_tokens = 8192;
+  std::string weights = "f32";  ///< --weights: dtype of the linear weights inference sessions read
   int session_idle_s = 300;
   int drain_timeout_s = 30;
   int threads = 0;
@@ -211,6 +212,7 @@ int run_serve(const serve_args& a) {
   if (a.num_blocks != 0 && a.no_dht)
     throw std::invalid_argument("--num-blocks chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
   if (a.cache_tokens < 1) throw std::invalid_argument("--cache-tokens must be at least 1");
+  const dtype weights = parse_weights_flag(a.weights);
 
   auto started = node::start(a.node.options());
   if (!started) throw std::runtime_error(error_message(started.error()));
@@ -239,6 +241,7 @@ int run_serve(const serve_args& a) {
 
   auto engine = std::make_shared<span_engine>(
       span_engine::load(checkpoint::open(a.model), cfg, first, last, cpu_backend(), a.cache_tokens));
+  engine->blocks().use_inference_weights(weights);
   const double step_s = measure_step_s(*engine);
   auto server = start_span_server(n, engine, so);
   if (!server) throw std::runtime_error(error_message(server.error()));
@@ -257,8 +260,8 @@ int run_serve(const serve_args& a) {
   if (!dht_endpoint.empty()) line += " dht " + dht_endpoint;
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
-  spdlog::info("serve: blocks [{}, {}) of {} ({} layers), KV cache for {} tokens ({:.1f} MiB)", first, last, so.model,
-               cfg.n_layers, engine->cache_tokens(),
+  spdlog::info("serve: blocks [{}, {}) of {} ({} layers), {} weights, KV cache for {} tokens ({:.1f} MiB)", first,
+               last, so.model, cfg.n_layers, dtype_name(weights), engine->cache_tokens(),
                static_cast<double>(engine->cache_tokens() * engine->kv_bytes_per_token()) / (1 << 20));
 
   // While serving, the DHT record follows the cache left (every third of
@@ -315,6 +318,7 @@ int run_serve(const serve_args& a) {
     // a gap); sessions already open here finish on the old blocks.
     auto next = std::make_shared<span_engine>(span_engine::load(checkpoint::open(a.model), cfg, d.target.start,
                                                                 d.target.end, cpu_backend(), a.cache_tokens));
+    next->blocks().use_inference_weights(weights);
     const double next_step_s = measure_step_s(*next);
     if (auto err = swap_span_engine(n.system(), *server, next)) {
       spdlog::error("serve: switching to {} failed: {}", swarm::to_string(d.target), error_message(err));
@@ -348,6 +352,10 @@ void register_serve(CLI::App& app, action_fn& action) {
                   "Serve this many consecutive blocks where the swarm is weakest (read from its DHT) instead of --blocks")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--cache-tokens", a->cache_tokens, "Attention-cache budget in tokens over all sessions")
+      ->capture_default_str();
+  cmd->add_option("--weights", a->weights,
+                  "Linear weights inference sessions read: f32, or bf16 (copies made at load: half the bytes per "
+                  "token; fine-tuning requests keep f32)")
       ->capture_default_str();
   cmd->add_option("--session-idle-s", a->session_idle_s, "Close sessions unused this many seconds")
       ->check(CLI::Range(1, 86400))

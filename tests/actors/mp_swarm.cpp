@@ -142,6 +142,28 @@ TEST_CASE("corolla generate --swarm prints the same ids as local corolla generat
   MESSAGE(none.err_lines().back());
 }
 
+TEST_CASE("servers and client on bf16 weights generate through the swarm what local --weights bf16 generates") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  sw.start(m, "s-a", 0, 2, {"--weights", "bf16"});
+  sw.start(m, "s-b", 2, 4, {"--weights", "bf16"});
+  std::string list;
+  for (const auto& e : sw.list()) list += (list.empty() ? "" : ",") + e.substr(6);
+  auto local = generate_cli(m, {"--weights", "bf16"});
+  REQUIRE_MESSAGE(local.exit_code == 0, local.err);
+  auto remote = generate_cli(m, {"--swarm", list, "--weights", "bf16"});
+  REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+  CHECK(remote.out_lines().back() == local.out_lines().back());
+  MESSAGE("bf16 ids: " << local.out_lines().back() << " (f32 model: " << m.expected.size() << " ids expected)");
+  // A bad value is one clear error from serve.
+  auto bad = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:1", "--no-dht",
+                                   "--weights", "int4"},
+                                  30s);
+  CHECK(bad.exit_code == 1);
+  REQUIRE_FALSE(bad.err_lines().empty());
+  CHECK(bad.err_lines().back().find("--weights must be f32 or bf16") != std::string::npos);
+}
+
 namespace {
 
 /// The servers of the hops in the latest "route ..." event, in order.
