@@ -41,6 +41,7 @@ struct finetune_options {
   bool json = false;
   int threads = 0;
   std::string log_level = "warn";
+  std::string device = "cpu";  ///< --device: where --local's blocks run
 };
 
 int run_finetune(const finetune_options& o) {
@@ -49,6 +50,9 @@ int run_finetune(const finetune_options& o) {
     throw std::invalid_argument("give exactly one of --swarm/--swarm-dht (blocks on the swarm) or --local");
   if (o.tuning != "deep" && o.tuning != "shallow")
     throw std::invalid_argument("--tuning must be deep or shallow, got '" + o.tuning + "'");
+  const device where = parse_device(o.device);
+  if (where.kind != device_kind::cpu && !o.local)
+    throw std::invalid_argument("--device " + o.device + " places --local's blocks; with a swarm the servers compute");
   const model_config cfg = load_config(o.model);
   token_dataset data = open_data(o.data, o.model, cfg.vocab_size);
   const checkpoint ck = checkpoint::open(o.model);
@@ -61,7 +65,7 @@ int run_finetune(const finetune_options& o) {
   std::unique_ptr<span_runner> runner;
   swarm_span_runner* remote = nullptr;
   if (o.local) {
-    blocks = std::make_unique<span_engine>(span_engine::load(ck, cfg, 0, cfg.n_layers, cpu_backend(), 16));
+    blocks = std::make_unique<span_engine>(span_engine::load(ck, cfg, 0, cfg.n_layers, backend_for(where), 16));
     runner = std::make_unique<local_span_runner>(*blocks);
   } else {
     conn = connect_swarm(o.swarm, o.model, cfg.n_layers);
@@ -132,6 +136,9 @@ void register_finetune(CLI::App& app, action_fn& action) {
   cmd->add_option("--save", o->save, "Write the trained prompts here (safetensors, 'deep_prompts' [blocks, P, D])");
   cmd->add_flag("--json", o->json, "Print one JSON line with every step's loss instead of one line per step");
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores; 1 with a swarm)")->capture_default_str();
+  cmd->add_option("--device", o->device,
+                  "Where --local's blocks run: cpu, cuda or cuda:N (the head and the prompts stay on the cpu)")
+      ->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([o, &action] { action = [o] { return run_finetune(*o); }; });
 }

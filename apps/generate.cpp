@@ -227,7 +227,7 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--weights", o->weights,
                   "Linear weights decode reads: f32, or bf16 (copies made at load: half the bytes "
-                  "per token; norms, biases and embeddings stay f32). Not with --swarm")
+                  "per token; norms, biases and embeddings stay f32). With --swarm: the LM head held here")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")

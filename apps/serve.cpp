@@ -47,6 +47,7 @@ struct serve_args {
   double rebalance_period_s = 90;  ///< mean seconds between rebalancing checks; 0 = never
   std::int64_t cache_tokens = 8192;
   std::string weights = "f32";  ///< --weights: dtype of the linear weights inference sessions read
+  std::string device = "cpu";   ///< --device: where the blocks and the KV cache live
   int session_idle_s = 300;
   int drain_timeout_s = 30;
   int threads = 0;
@@ -213,6 +214,7 @@ int run_serve(const serve_args& a) {
     throw std::invalid_argument("--num-blocks chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
   if (a.cache_tokens < 1) throw std::invalid_argument("--cache-tokens must be at least 1");
   const dtype weights = parse_weights_flag(a.weights);
+  Backend& be = backend_for(parse_device(a.device));
 
   auto started = node::start(a.node.options());
   if (!started) throw std::runtime_error(error_message(started.error()));
@@ -240,7 +242,7 @@ int run_serve(const serve_args& a) {
     if (auto err = members->announce(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
 
   auto engine = std::make_shared<span_engine>(
-      span_engine::load(checkpoint::open(a.model), cfg, first, last, cpu_backend(), a.cache_tokens));
+      span_engine::load(checkpoint::open(a.model), cfg, first, last, be, a.cache_tokens));
   engine->blocks().use_inference_weights(weights);
   const double step_s = measure_step_s(*engine);
   auto server = start_span_server(n, engine, so);
@@ -317,7 +319,7 @@ int run_serve(const serve_args& a) {
     // the swarm: the old blocks have other servers (should_move never opens
     // a gap); sessions already open here finish on the old blocks.
     auto next = std::make_shared<span_engine>(span_engine::load(checkpoint::open(a.model), cfg, d.target.start,
-                                                                d.target.end, cpu_backend(), a.cache_tokens));
+                                                                d.target.end, be, a.cache_tokens));
     next->blocks().use_inference_weights(weights);
     const double next_step_s = measure_step_s(*next);
     if (auto err = swap_span_engine(n.system(), *server, next)) {
@@ -352,6 +354,8 @@ void register_serve(CLI::App& app, action_fn& action) {
                   "Serve this many consecutive blocks where the swarm is weakest (read from its DHT) instead of --blocks")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--cache-tokens", a->cache_tokens, "Attention-cache budget in tokens over all sessions")
+      ->capture_default_str();
+  cmd->add_option("--device", a->device, "Where the served blocks and their KV cache live: cpu, cuda or cuda:N")
       ->capture_default_str();
   cmd->add_option("--weights", a->weights,
                   "Linear weights inference sessions read: f32, or bf16 (copies made at load: half the bytes per "

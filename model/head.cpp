@@ -35,6 +35,8 @@ head::head(const model_config& cfg, param_set params, Backend& be)
 head head::load(const checkpoint& ck, const model_config& cfg, Backend& be) {
   head h(cfg, be);
   load_head_params(ck, cfg, h.params_);
+  place_params(h.params_, be);  // a device backend computes on device parameters
+  h.resolve_views();
   return h;
 }
 

@@ -1,5 +1,7 @@
 #include "model/params.hpp"
 
+#include "kernels/backend.hpp"
+
 namespace corolla {
 
 param_set::param_set(const std::vector<std::pair<std::string, shape_t>>& layout) {
@@ -36,6 +38,13 @@ Tensor param_set::get(const std::string& name) const {
   for (const auto& e : entries_)
     if (e.name == name) return flat_.slice(e.offset, e.offset + e.numel).view(e.shape);
   throw tensor_error("no parameter named '" + name + "'");
+}
+
+void place_params(param_set& set, Backend& be) {
+  if (be.dev().kind == device_kind::cpu || !set.flat().defined() || set.flat().dev() == be.dev()) return;
+  Tensor on_device = be.empty({set.size()});
+  be.copy(set.flat(), on_device);
+  set.flat() = std::move(on_device);  // the host copy goes when its last view does
 }
 
 }  // namespace corolla

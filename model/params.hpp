@@ -15,6 +15,8 @@
 
 namespace corolla {
 
+class Backend;
+
 /// One parameter's place in a param_set.
 struct param_entry {
   std::string name;
@@ -46,5 +48,11 @@ class param_set {
   std::vector<param_entry> entries_;
   Tensor flat_;
 };
+
+/// Moves `set`'s storage to `be`'s device (nothing for the CPU backend, or
+/// when it is there already): ops take parameters where the backend
+/// computes. Views taken of the set before point at the old storage, so
+/// whoever holds views resolves them again afterwards.
+void place_params(param_set& set, Backend& be);
 
 }  // namespace corolla

@@ -30,7 +30,11 @@ stage::stage(const model_config& cfg, int first, std::vector<param_set> params, 
 stage stage::load(const checkpoint& ck, const model_config& cfg, int first, int last,
                   Backend& be) {
   stage s(cfg, first, last, be);
-  for (int i = 0; i < s.size(); ++i) load_block_params(ck, cfg, first + i, s.params_[i]);
+  for (int i = 0; i < s.size(); ++i) {
+    load_block_params(ck, cfg, first + i, s.params_[i]);
+    place_params(s.params_[i], be);  // a device backend computes on device parameters
+  }
+  s.resolve_views();
   return s;
 }
 

@@ -92,36 +92,13 @@ transformer::transformer(transformer&&) noexcept = default;
 transformer& transformer::operator=(transformer&&) noexcept = default;
 transformer::~transformer() = default;
 
-namespace {
-
-/// Moves `set` to `be`'s device (nothing for the CPU backend): ops take
-/// parameters where the backend computes, and the stage and head resolve
-/// their views from the set's storage, so this happens before they are built.
-void place_params(param_set& set, Backend& be) {
-  if (be.dev().kind == device_kind::cpu || !set.flat().defined() || set.flat().dev() == be.dev())
-    return;
-  Tensor on_device = be.empty({set.size()});
-  be.copy(set.flat(), on_device);
-  set.flat() = std::move(on_device);  // the host copy goes when its last view does
-}
-
-}  // namespace
-
 transformer transformer::load(const std::filesystem::path& dir, Backend& be) {
   model_config cfg = load_config(dir);
   checkpoint ck = checkpoint::open(dir);
+  // Both place their parameters on the backend's device.
   class head h = head::load(ck, cfg, be);
   class stage s = stage::load(ck, cfg, 0, cfg.n_layers, be);
-  if (be.dev().kind == device_kind::cpu)
-    return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
-  // Device backend: copy each group over and rebuild the views on the copies.
-  param_set head_params = h.params();
-  place_params(head_params, be);
-  std::vector<param_set> blocks = s.params();
-  for (auto& b : blocks) place_params(b, be);
-  class head dh(cfg, std::move(head_params), be);
-  class stage ds(cfg, 0, std::move(blocks), be);
-  return transformer(std::make_unique<impl>(cfg, std::move(dh), std::move(ds), be));
+  return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
 }
 
 transformer transformer::init_with(const model_config& cfg, std::uint64_t seed, Backend& be,

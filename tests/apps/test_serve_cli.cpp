@@ -47,6 +47,12 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
                                   std::chrono::seconds(30));
     testing::check_one_error(r, "--dht-listen must be ADDRESS:PORT");
   }
+  SUBCASE("a device this build or machine cannot use, and a bad --weights") {
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--device", "tpu"}), "unknown device 'tpu'");
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--device", "cuda:7"}), "cuda:7");
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--weights", "f16"}),
+                             "--weights must be f32 or bf16, got 'f16'");
+  }
   SUBCASE("a missing model directory") {
     testing::check_one_error(serve((dir / "nowhere").string(), {"--blocks", "0:1"}), "nowhere");
   }

@@ -1,0 +1,36 @@
+// `corolla finetune` with bad input: one "corolla: error: ..." line and
+// status 1 (the runs themselves are in tests/actors/mp_swarm_finetune.cpp).
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/cli_expect.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+
+TEST_CASE("finetune: a device for a swarm run, or one this build cannot use, is one clear error") {
+  testing::temp_dir_guard dir("cli-finetune");
+  const std::string model = (dir / "model").string();
+  testing::write_tiny_model(model, {});
+  const std::string data = (dir / "data.bin").string();
+  {
+    std::ofstream out(data, std::ios::binary);
+    for (std::uint16_t i = 0; i < 4096; ++i) {
+      const std::uint16_t id = static_cast<std::uint16_t>(i % 60);  // the tiny vocabulary has 64 ids
+      out.write(reinterpret_cast<const char*>(&id), sizeof id);
+    }
+  }
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{"finetune", "--model", model, "--data", data, "--steps", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return testing::run_corolla(args, std::chrono::seconds(60));
+  };
+  testing::check_one_error(run({"--swarm", "127.0.0.1:1", "--device", "cuda"}),
+                           "--device cuda places --local's blocks; with a swarm the servers compute");
+  testing::check_one_error(run({"--local", "--device", "tpu"}), "unknown device 'tpu'");
+  testing::check_one_error(run({"--local", "--device", "cuda:7"}), "cuda:7");
+}
