@@ -24,6 +24,7 @@
 #include "model/error.hpp"
 #include "model/config.hpp"
 #include "model/generator.hpp"
+#include "model/prompt_tuning.hpp"
 #include "model/safetensors.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
@@ -50,6 +51,7 @@ struct generate_options {
   bool stats = false;
   std::string device = "cpu";
   std::string weights = "f32";  ///< --weights: dtype of the linear weights decode reads
+  std::string prompts;          ///< --prompts: trained deep prompts (corolla finetune --save)
   int threads = 0;
   std::string log_level = "warn";
 };
@@ -118,6 +120,8 @@ int run_generate(const generate_options& o) {
   std::vector<std::int32_t> prompt;
   if (o.has_prompt_ids) prompt = parse_ids(o.prompt_ids);
   const dtype weights = parse_weights_flag(o.weights);
+  if (!o.prompts.empty() && o.swarm.given())
+    throw std::invalid_argument("--prompts works with local generation only: swarm sessions take no prompts yet");
 
   Backend& be = backend_for(parse_device(o.device));
   // With --swarm only the head (embeddings, final norm, LM head) is loaded
@@ -167,6 +171,7 @@ int run_generate(const generate_options& o) {
   generation_result r;
   if (model) {
     generator gen(*model, 0, weights);
+    if (!o.prompts.empty()) gen.set_deep_prompts(load_deep_prompts(o.prompts, cfg));
     r = gen.generate(prompt, p, on_token);
   } else {
     r = generate_through_swarm(o, *client_head, prompt, p, on_token);
@@ -225,6 +230,8 @@ void register_generate(CLI::App& app, action_fn& action) {
                "With --swarm: the client sends every hop's input itself instead of servers pushing each step's "
                "output to the next server (two network crossings per server instead of one)");
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--prompts", o->prompts,
+                  "Trained deep prompts to generate after (the safetensors corolla finetune --save writes)");
   cmd->add_option("--weights", o->weights,
                   "Linear weights decode reads: f32, or bf16 (copies made at load: half the bytes "
                   "per token; norms, biases and embeddings stay f32). With --swarm: the LM head held here")

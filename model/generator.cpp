@@ -69,16 +69,53 @@ void generator::step(std::span<const std::int32_t> ids, std::int64_t start, kv_s
   }
 }
 
+void generator::set_deep_prompts(const Tensor& prompts) {
+  if (!prompts.defined()) {
+    prompts_ = Tensor();
+    return;
+  }
+  const shape_t& s = prompts.shape();
+  if (prompts.type() != dtype::f32 || s.size() != 3 || s[0] != cfg_.n_layers || s[2] != cfg_.hidden_size ||
+      s[1] < 1)
+    throw model_error("deep prompts must be f32 [" + std::to_string(cfg_.n_layers) + ", P, " +
+                      std::to_string(cfg_.hidden_size) + "] (P >= 1), got " + dtype_name(prompts.type()) + " " +
+                      shape_str(s));
+  if (s[1] >= cfg_.max_positions)
+    throw model_error("deep prompts of " + std::to_string(s[1]) + " positions leave no room in the model context of " +
+                      std::to_string(cfg_.max_positions));
+  prompts_ = be_->empty(s);
+  be_->copy(prompts, prompts_);
+}
+
+void generator::prefix(kv_sequence& kv) {
+  const std::int64_t P = prompts_.dim(1), D = cfg_.hidden_size;
+  if (kv_reservation r = kv.reserve(P); !r) throw model_error(r.error);
+  Tensor& x = hidden_.rows(*be_, P);
+  x.zero();
+  for (int i = 0; i < stage_.size(); ++i) {
+    be_->add(x, prompts_.slice(i, i + 1).view({P, D}), x);  // prompt i at the input of block i
+    stage_.forward_cached(x, kv, 0, x, i, i + 1);
+  }
+}
+
 generation_result generator::generate(std::span<const std::int32_t> prompt,
                                       const generation_params& p,
                                       const token_callback& on_token) {
   kv_sequence kv(pool_);
   bool reserved = false;
+  const std::int64_t P = prefix_length();
+  // The tokens see a context shortened by the prefix positions.
+  model_config token_cfg = cfg_;
+  token_cfg.max_positions = static_cast<int>(cfg_.max_positions - P);
   return generate_tokens(
-      cfg_, prompt, p,
+      token_cfg, prompt, p,
       [&](std::span<const std::int32_t> ids, std::int64_t start) {
-        if (!reserved) stage_.reserve_rows(static_cast<std::int64_t>(ids.size())), reserved = true;
-        step(ids, start, kv);
+        if (!reserved) {
+          stage_.reserve_rows(std::max<std::int64_t>(static_cast<std::int64_t>(ids.size()), P));
+          if (P > 0) prefix(kv);
+          reserved = true;
+        }
+        step(ids, P + start, kv);
         return std::span<const float>(host_logits_.data<float>(), static_cast<std::size_t>(cfg_.vocab_size));
       },
       on_token);

@@ -98,6 +98,18 @@ class generator {
   generation_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
                              const token_callback& on_token = {});
 
+  /// Generates after trained deep prompts (what `corolla finetune` saves,
+  /// Petals' deep prompt tuning): `prompts` [n_layers, P, D] f32 on the
+  /// host. Every generation then starts with P virtual positions [0, P):
+  /// they enter block 0 as zero rows and prompt i is added to them at the
+  /// input of block i; the prompt tokens follow at positions P.., as in
+  /// prompt tuning. The context left for tokens shrinks by P. An undefined
+  /// tensor removes them. Throws model_error for a wrong shape or dtype, or
+  /// P beyond the context.
+  void set_deep_prompts(const Tensor& prompts);
+  /// Virtual prefix positions in front of every generation (0 = none).
+  std::int64_t prefix_length() const { return prompts_.defined() ? prompts_.dim(1) : 0; }
+
   /// The model's shape.
   const model_config& config() const { return cfg_; }
   /// The dtype of the linear weights decode reads (see the constructor).
@@ -109,6 +121,8 @@ class generator {
   /// Embeds `ids` at positions start.., runs the blocks, and leaves the
   /// logits of the last row in logits_ (host). Throws on a full cache.
   void step(std::span<const std::int32_t> ids, std::int64_t start, kv_sequence& kv);
+  /// Runs the P prefix positions through the blocks into `kv` (prompts set).
+  void prefix(kv_sequence& kv);
 
   model_config cfg_;
   Backend* be_;
@@ -121,6 +135,7 @@ class generator {
   Tensor logits_;       ///< [1, V] on the device
   Tensor host_logits_;  ///< [1, V] on the host (== logits_ on the CPU backend)
   Tensor staging_;
+  Tensor prompts_;  ///< deep prompts [n_layers, P, D] on the backend's device, or undefined
 };
 
 }  // namespace corolla

@@ -129,4 +129,15 @@ void prompt_tuner::save(const std::filesystem::path& file) const {
                      {"corolla.prompt_len", std::to_string(options_.prompt_len)}});
 }
 
+Tensor load_deep_prompts(const std::filesystem::path& file, const model_config& cfg) {
+  const auto f = safetensors_file::open(file);
+  const tensor_info* info = f->find("deep_prompts");
+  if (!info) throw model_error(file.string() + " has no 'deep_prompts' tensor (write it with corolla finetune --save)");
+  const shape_t& s = info->shape;
+  if (s.size() != 3 || s[0] != cfg.n_layers || s[1] < 1 || s[2] != cfg.hidden_size)
+    throw model_error(file.string() + ": deep_prompts is " + shape_str(s) + ", the model needs [" +
+                      std::to_string(cfg.n_layers) + ", P, " + std::to_string(cfg.hidden_size) + "]");
+  return f->view("deep_prompts").to(dtype::f32).clone();  // owned: the mapping goes with `f`
+}
+
 }  // namespace corolla

@@ -65,6 +65,12 @@ struct prompt_tuning_options {
   std::uint64_t seed = 0;
 };
 
+/// Reads the prompts prompt_tuner::save wrote (`deep_prompts`, any float
+/// dtype) as f32 [n_layers, P, D] host memory, for generator::
+/// set_deep_prompts. Throws model_error naming the file for a missing file or
+/// tensor, or a shape that does not fit `cfg`.
+Tensor load_deep_prompts(const std::filesystem::path& file, const model_config& cfg);
+
 /// Prompt tuning of a frozen model through a span_runner. Not thread-safe.
 class prompt_tuner {
  public:

@@ -3,6 +3,7 @@
 // exactly one "corolla: error: ..." line and exit status 1 (never a signal).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/backend.hpp"
+#include "model/config.hpp"
 #include "model/generator.hpp"
 #include "model/safetensors.hpp"
 #include "model/tokenizer.hpp"
@@ -85,6 +87,43 @@ TEST_CASE("generate --print-ids prints the library's greedy generation") {
     CHECK(expected.size() == 12);
     CHECK(parse_ids(lines.back()) == expected);
   }
+}
+
+TEST_CASE("generate --prompts prints the library's generation after the trained deep prompts") {
+  testing::temp_dir_guard dir("cli-prompts");
+  testing::write_tiny_model(dir.path(), {});
+  const model_config cfg = load_config(dir.path());
+  // What corolla finetune --save writes: deep_prompts [layers, P, D].
+  std::vector<float> values(static_cast<std::size_t>(cfg.n_layers) * 3 * cfg.hidden_size);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * std::sin(0.37f * static_cast<float>(i));
+  const Tensor prompts = Tensor::from_f32(values, {cfg.n_layers, 3, cfg.hidden_size});
+  const fs::path file = dir / "prompts.safetensors";
+  write_safetensors(file, {{"deep_prompts", prompts}});
+  auto r = testing::run_corolla(generate_args(
+      dir.path(), {"--prompt-ids", "3,17,42,8", "--max-new-tokens", "10", "--print-ids", "--prompts", file.string()}));
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  transformer model = transformer::load(dir.path(), cpu_backend());
+  generator gen(model);
+  gen.set_deep_prompts(prompts);
+  generation_params p;
+  p.max_new_tokens = 10;
+  const std::vector<std::int32_t> ids{3, 17, 42, 8};
+  CHECK(parse_ids(r.out_lines().back()) == gen.generate(ids, p).tokens);
+
+  // A file without them, a wrong shape, and --swarm are one clear error each.
+  const fs::path other = dir / "other.safetensors";
+  write_safetensors(other, {{"something_else", prompts}});
+  testing::check_one_error(testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--prompts", other.string()})),
+                           "has no 'deep_prompts' tensor");
+  const fs::path wrong = dir / "wrong.safetensors";
+  write_safetensors(wrong, {{"deep_prompts", Tensor::zeros({cfg.n_layers + 1, 3, cfg.hidden_size})}});
+  testing::check_one_error(testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--prompts", wrong.string()})),
+                           "the model needs");
+  testing::check_one_error(
+      testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--prompts", file.string(), "--swarm",
+                                                      "127.0.0.1:1"})),
+      "--prompts works with local generation only");
 }
 
 TEST_CASE("generate --weights bf16 prints the library's bf16-weight generation") {

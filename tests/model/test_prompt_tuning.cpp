@@ -3,15 +3,18 @@
 // loss falls as the prompts train, and bad batches are clear errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
 #include "model/config.hpp"
 #include "model/error.hpp"
+#include "model/generator.hpp"
 #include "model/head.hpp"
 #include "model/prompt_tuning.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
+#include "model/transformer.hpp"
 #include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -154,6 +157,74 @@ TEST_CASE("bad prompt-tuning batches are clear errors") {
   bad[3] = m.cfg.vocab_size;  // outside the embedding table
   CHECK_THROWS(tuner.step(bad, bad, 2, 4));
   CHECK(tuner.steps() == 0);
+}
+
+TEST_CASE("generation after deep prompts equals greedy decoding by full forwards through the prompt-tuning path") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    tuning_model m(arch);
+    constexpr std::int64_t P = 4;
+    const std::int64_t D = m.cfg.hidden_size;
+    const Tensor prompts = testing::random_tensor({m.cfg.n_layers, P, D}, 7, 0.5f);
+    const std::vector<std::int32_t> prompt = some_ids(5, m.cfg.vocab_size, 3);
+    constexpr int new_tokens = 8;
+
+    // Reference: the whole sequence (P prefix rows, then the tokens at
+    // positions P..) through the span engine's forward with the prompts,
+    // as prompt tuning runs it, and the head on the last row, per token.
+    std::vector<std::int32_t> seq = prompt, expected;
+    for (int k = 0; k < new_tokens; ++k) {
+      const auto T = static_cast<std::int64_t>(seq.size()), S = P + T;
+      Tensor x = Tensor::zeros({S, D});
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(T));
+      for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(P + t);
+      Tensor rows = x.slice(P, S);
+      m.h->embed(Tensor::from_i32(seq, {T}), Tensor::from_i32(pos, {T}), rows);
+      auto out = m.blocks->forward(x, 1, static_cast<int>(S), prompts);
+      REQUIRE(out);
+      Tensor logits = Tensor::empty({1, m.cfg.vocab_size});
+      m.h->logits(out.value().slice(S - 1, S), logits, nullptr);
+      const auto v = logits.to_vector();
+      const auto best = static_cast<std::int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+      expected.push_back(best);
+      seq.push_back(best);
+    }
+
+    transformer model = transformer::load(m.dir.path(), cpu_backend());
+    generator gen(model);
+    gen.set_deep_prompts(prompts);
+    CHECK(gen.prefix_length() == P);
+    generation_params p;
+    p.max_new_tokens = new_tokens;
+    p.ignore_eos = true;
+    CHECK(gen.generate(prompt, p).tokens == expected);
+    // The prompts matter: the first step's logits move with them (greedy
+    // tokens of a tiny random model may not).
+    auto first_logits = [&](const Tensor& deep) {
+      const auto T = static_cast<std::int64_t>(prompt.size()), S = P + T;
+      Tensor x = Tensor::zeros({S, D});
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(T));
+      for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(P + t);
+      Tensor rows = x.slice(P, S);
+      m.h->embed(Tensor::from_i32(prompt, {T}), Tensor::from_i32(pos, {T}), rows);
+      auto out = m.blocks->forward(x, 1, static_cast<int>(S), deep);
+      REQUIRE(out);
+      Tensor logits = Tensor::empty({1, m.cfg.vocab_size});
+      m.h->logits(out.value().slice(S - 1, S), logits, nullptr);
+      return logits.to_vector();
+    };
+    CHECK(testing::max_abs_diff(first_logits(prompts), first_logits(Tensor::zeros(prompts.shape()))) > 1e-3);
+    // Removing them is plain generation again.
+    gen.set_deep_prompts(Tensor());
+    CHECK(gen.prefix_length() == 0);
+    CHECK(gen.generate(prompt, p).tokens == generator(model).generate(prompt, p).tokens);
+    // The context left for tokens shrinks by P.
+    gen.set_deep_prompts(prompts);
+    const std::vector<std::int32_t> full(static_cast<std::size_t>(m.cfg.max_positions - P + 1), 1);
+    CHECK_THROWS_WITH_AS(gen.generate(full, p), doctest::Contains("exceeds the model context"), model_error);
+    CHECK_THROWS_WITH_AS(gen.set_deep_prompts(Tensor::zeros({m.cfg.n_layers + 1, P, D})),
+                         doctest::Contains("deep prompts must be f32"), model_error);
+  }
 }
 
 }  // namespace corolla
