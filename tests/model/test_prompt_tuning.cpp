@@ -172,19 +172,22 @@ TEST_CASE("generation after deep prompts equals greedy decoding by full forwards
     // Reference: the whole sequence (P prefix rows, then the tokens at
     // positions P..) through the span engine's forward with the prompts,
     // as prompt tuning runs it, and the head on the last row, per token.
-    std::vector<std::int32_t> seq = prompt, expected;
-    for (int k = 0; k < new_tokens; ++k) {
-      const auto T = static_cast<std::int64_t>(seq.size()), S = P + T;
+    auto last_logits = [&](const std::vector<std::int32_t>& ids, const Tensor& deep) {
+      const auto T = static_cast<std::int64_t>(ids.size()), S = P + T;
       Tensor x = Tensor::zeros({S, D});
       std::vector<std::int32_t> pos(static_cast<std::size_t>(T));
       for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(P + t);
       Tensor rows = x.slice(P, S);
-      m.h->embed(Tensor::from_i32(seq, {T}), Tensor::from_i32(pos, {T}), rows);
-      auto out = m.blocks->forward(x, 1, static_cast<int>(S), prompts);
+      m.h->embed(Tensor::from_i32(ids, {T}), Tensor::from_i32(pos, {T}), rows);
+      auto out = m.blocks->forward(x, 1, static_cast<int>(S), deep);
       REQUIRE(out);
       Tensor logits = Tensor::empty({1, m.cfg.vocab_size});
       m.h->logits(out.value().slice(S - 1, S), logits, nullptr);
-      const auto v = logits.to_vector();
+      return logits.to_vector();
+    };
+    std::vector<std::int32_t> seq = prompt, expected;
+    for (int k = 0; k < new_tokens; ++k) {
+      const auto v = last_logits(seq, prompts);
       const auto best = static_cast<std::int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
       expected.push_back(best);
       seq.push_back(best);
@@ -200,20 +203,7 @@ TEST_CASE("generation after deep prompts equals greedy decoding by full forwards
     CHECK(gen.generate(prompt, p).tokens == expected);
     // The prompts matter: the first step's logits move with them (greedy
     // tokens of a tiny random model may not).
-    auto first_logits = [&](const Tensor& deep) {
-      const auto T = static_cast<std::int64_t>(prompt.size()), S = P + T;
-      Tensor x = Tensor::zeros({S, D});
-      std::vector<std::int32_t> pos(static_cast<std::size_t>(T));
-      for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(P + t);
-      Tensor rows = x.slice(P, S);
-      m.h->embed(Tensor::from_i32(prompt, {T}), Tensor::from_i32(pos, {T}), rows);
-      auto out = m.blocks->forward(x, 1, static_cast<int>(S), deep);
-      REQUIRE(out);
-      Tensor logits = Tensor::empty({1, m.cfg.vocab_size});
-      m.h->logits(out.value().slice(S - 1, S), logits, nullptr);
-      return logits.to_vector();
-    };
-    CHECK(testing::max_abs_diff(first_logits(prompts), first_logits(Tensor::zeros(prompts.shape()))) > 1e-3);
+    CHECK(testing::max_abs_diff(last_logits(prompt, prompts), last_logits(prompt, Tensor::zeros(prompts.shape()))) > 1e-3);
     // Removing them is plain generation again.
     gen.set_deep_prompts(Tensor());
     CHECK(gen.prefix_length() == 0);
