@@ -14,6 +14,7 @@
 //  * The CPU backend computes in f32 and is the numerical reference.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -51,6 +52,35 @@ struct adamw_params {
   float eps = 1e-8f;
   float weight_decay = 0.0f;
 };
+
+/// The scalars of one AdamW step as torch.optim.AdamW's single-tensor path
+/// computes them (in double, rounded to f32 where torch hands them to an f32
+/// kernel). Every backend's adamw takes them from here, so they agree bit
+/// for bit on everything but the element-wise arithmetic.
+struct adamw_step_scalars {
+  float decay = 1.0f;      ///< 1 - lr * weight_decay
+  float step_size = 0.0f;  ///< lr / (1 - beta1^step)
+  float bc2_sqrt = 1.0f;   ///< sqrt(1 - beta2^step)
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float one_minus_b1 = 0.1f, one_minus_b2 = 0.001f;
+};
+/// The scalars of step `step` (counted from 1). Inline: backends link it
+/// without the device registry in backend.cpp.
+inline adamw_step_scalars adamw_scalars_for(const adamw_params& p, std::int64_t step) {
+  const double lr = p.lr, b1 = p.beta1, b2 = p.beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+  adamw_step_scalars k;
+  k.decay = static_cast<float>(1.0 - lr * p.weight_decay);
+  k.step_size = static_cast<float>(lr / bc1);
+  k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  k.beta1 = p.beta1;
+  k.beta2 = p.beta2;
+  k.eps = p.eps;
+  k.one_minus_b1 = static_cast<float>(1.0 - b1);
+  k.one_minus_b2 = static_cast<float>(1.0 - b2);
+  return k;
+}
 
 /// The operation set. One instance per device; thread-compatible (callers
 /// serialise use of one instance), ops are internally parallel.

@@ -70,16 +70,10 @@ void cpu_backend_impl::adamw(Tensor& params, const Tensor& grads, Tensor& m, Ten
                "params, grads, m and v must have the same number of elements");
   require_that(step >= 1, "adamw", "step counts from 1");
 
-  // torch.optim.AdamW (single-tensor path): scalars in double, rounded to
-  // f32 where torch hands them to an f32 kernel.
-  const double lr = p.lr, b1 = p.beta1, b2 = p.beta2;
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
-  const float decay = static_cast<float>(1.0 - lr * p.weight_decay);
-  const float step_size = static_cast<float>(lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float beta1 = p.beta1, beta2 = p.beta2, eps = p.eps;
-  const float one_minus_b1 = static_cast<float>(1.0 - b1), one_minus_b2 = static_cast<float>(1.0 - b2);
+  const adamw_step_scalars k = adamw_scalars_for(p, step);  // as torch.optim.AdamW computes them
+  const float decay = k.decay, step_size = k.step_size, bc2_sqrt = k.bc2_sqrt;
+  const float beta1 = k.beta1, beta2 = k.beta2, eps = k.eps;
+  const float one_minus_b1 = k.one_minus_b1, one_minus_b2 = k.one_minus_b2;
   float* pp = params.data<float>();
   const float* gp = grads.data<float>();
   float* mp = m.data<float>();

@@ -364,19 +364,17 @@ void cuda_backend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor&
   require_condition(grads.numel() == n && m.numel() == n && v.numel() == n, "adamw",
                     "params, grads, m and v must have the same number of elements");
   require_condition(step >= 1, "adamw", "step counts from 1");
-  // The scalars exactly as kernels/cpu/cpu_loss_optim.cpp computes them.
-  const double lr = p.lr, b1 = p.beta1, b2 = p.beta2;
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+  // The scalars the CPU backend uses, copied into the kernel's plain struct.
+  const adamw_step_scalars s = adamw_scalars_for(p, step);
   adamw_scalars k;
-  k.decay = static_cast<float>(1.0 - lr * p.weight_decay);
-  k.step_size = static_cast<float>(lr / bc1);
-  k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  k.beta1 = p.beta1;
-  k.beta2 = p.beta2;
-  k.eps = p.eps;
-  k.one_minus_b1 = static_cast<float>(1.0 - b1);
-  k.one_minus_b2 = static_cast<float>(1.0 - b2);
+  k.decay = s.decay;
+  k.step_size = s.step_size;
+  k.bc2_sqrt = s.bc2_sqrt;
+  k.beta1 = s.beta1;
+  k.beta2 = s.beta2;
+  k.eps = s.eps;
+  k.one_minus_b1 = s.one_minus_b1;
+  k.one_minus_b2 = s.one_minus_b2;
   device_guard guard(index_);
   cuda::adamw(stream_, f(params), cf(grads), f(m), f(v), k, n);
 }
