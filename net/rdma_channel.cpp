@@ -108,7 +108,7 @@ bool channel::progress(const std::function<void(message&&)>& on_message,
   try {
     for (;;) {
       const int n = qp_->poll(batch, 32);
-      for (int i = 0; i < n && !failed(); ++i) handle(batch[i], on_bad);
+      for (int i = 0; i < n && !failed(); ++i) handle(batch[i]);
       if (n < 32 || failed()) break;
     }
     if (!failed()) pump();
@@ -119,7 +119,7 @@ bool channel::progress(const std::function<void(message&&)>& on_message,
   return !failed();
 }
 
-void channel::handle(const completion& c, const std::function<void(const std::string&)>& on_bad) {
+void channel::handle(const completion& c) {
   const auto type = static_cast<wr_type>(c.wr_id >> 56);
   const std::uint64_t index = c.wr_id & ((std::uint64_t{1} << 56) - 1);
   if (!c.ok) {
@@ -127,7 +127,7 @@ void channel::handle(const completion& c, const std::function<void(const std::st
     return fail(std::string("RDMA ") + what + " failed: " + c.error);
   }
   switch (type) {
-    case wr_type::recv: on_receive(static_cast<int>(index), c.bytes, on_bad); break;
+    case wr_type::recv: on_receive(static_cast<int>(index), c.bytes); break;
     case wr_type::send:
       free_send_slots_.push_back(static_cast<int>(index));
       --outstanding_;
@@ -143,7 +143,7 @@ void channel::handle(const completion& c, const std::function<void(const std::st
   }
 }
 
-void channel::on_receive(int slot, std::uint32_t bytes, const std::function<void(const std::string&)>&) {
+void channel::on_receive(int slot, std::uint32_t bytes) {
   if (slot < 0 || slot >= recv_slots) return fail("RDMA receive completion for an unknown slot");
   std::uint8_t* p = recv_area_.get() + std::size_t(slot) * slot_bytes;
   auto repost = [&] {
@@ -209,16 +209,9 @@ void channel::on_receive(int slot, std::uint32_t bytes, const std::function<void
         refuse("RDMA eager message: frame sizes do not add up to the " + std::to_string(bytes) + " bytes received");
         break;
       }
-      auto decoded = decode(std::span<const in_frame>(frames), limits_);  // copies out of the slot
       incoming in;
       in.seq = next_in_seq_++;
-      in.ready = true;
-      if (decoded) {
-        in.msg = std::move(*decoded);
-        stats_.bytes_received += bytes;
-      } else {
-        in.bad = error_text(decoded.error());
-      }
+      settle(in, decode(std::span<const in_frame>(frames), limits_), bytes);  // copies out of the slot
       in_.push_back(std::move(in));
       break;
     }
@@ -267,12 +260,11 @@ void channel::start_rendezvous(incoming& in, bool may_wait) {
   // Past the budget a message waits (in order) until earlier ones are read;
   // one that is larger than the whole budget still goes when nothing else is
   // being read.
+  in.bytes = total;
   if (may_wait && incoming_bytes_ > 0 && (incoming_bytes_ + total > max_incoming_bytes || !deferred_.empty())) {
-    in.bytes = total;
     deferred_.push_back(in.seq);
     return;
   }
-  in.bytes = total;
   incoming_bytes_ += total;
   for (std::uint32_t i = 0; i < nframes; ++i) {
     const std::uint8_t* e = table + rendezvous_entry_bytes * i;
@@ -298,6 +290,16 @@ void channel::start_rendezvous(incoming& in, bool may_wait) {
   if (in.reads_left == 0) finish_rendezvous(in);
 }
 
+void channel::settle(incoming& in, caf::expected<message> decoded, std::uint64_t bytes) {
+  in.ready = true;
+  if (decoded) {
+    in.msg = std::move(*decoded);
+    stats_.bytes_received += bytes;
+  } else {
+    in.bad = error_text(decoded.error());
+  }
+}
+
 void channel::finish_rendezvous(incoming& in) {
   for (const auto& k : in.keys)
     if (k.lkey || k.rkey) qp_->deregister(k);
@@ -305,14 +307,7 @@ void channel::finish_rendezvous(incoming& in) {
   std::vector<in_frame> frames;
   for (std::size_t i = 0; i < in.buffers.size(); ++i)
     frames.push_back(in_frame{in.buffers[i].get(), in.sizes[i], in.buffers[i]});
-  auto decoded = decode(std::span<const in_frame>(frames), limits_);  // adopts the aligned buffers
-  in.ready = true;
-  if (decoded) {
-    in.msg = std::move(*decoded);
-    stats_.bytes_received += in.bytes;
-  } else {
-    in.bad = error_text(decoded.error());
-  }
+  settle(in, decode(std::span<const in_frame>(frames), limits_), in.bytes);  // adopts the aligned buffers
   in.buffers.clear();
   incoming_bytes_ -= in.bytes;
   fins_.push_back(in.rendezvous_id);

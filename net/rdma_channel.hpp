@@ -120,12 +120,17 @@ class channel {
   static aligned_buffer allocate(std::size_t size);
 
   void fail(const std::string& why);
-  void handle(const completion& c, const std::function<void(const std::string&)>& on_bad);
-  void on_receive(int slot, std::uint32_t bytes, const std::function<void(const std::string&)>& on_bad);
+  void handle(const completion& c);
+  /// Parses receive slot `slot`; bad messages are queued in order and
+  /// reported by deliver().
+  void on_receive(int slot, std::uint32_t bytes);
   /// Posts the READs of `in`, or (may_wait) queues it behind earlier ones
   /// when the read budget is spent.
   void start_rendezvous(incoming& in, bool may_wait);
   void finish_rendezvous(incoming& in);
+  /// Marks `in` ready with the decoded message (counting `bytes`) or the
+  /// reason it was refused.
+  void settle(incoming& in, caf::expected<message> decoded, std::uint64_t bytes);
   void pump();
   bool post_header(const std::vector<std::uint8_t>& header, const std::vector<out_frame>* eager_frames);
   void deliver(const std::function<void(message&&)>& on_message,

@@ -205,6 +205,7 @@ struct zmq_transport::impl {
   std::size_t fixed_items_ = 0;
   std::size_t pair_items_end_ = 0;  // DEALER socket/monitor pairs end here; RDMA descriptors follow
   std::set<connection_id> with_rdma_;  // connections that have an RDMA link
+  std::vector<connection_id> rdma_ids_;  // rdma_progress's copy of with_rdma_
   bool items_dirty_ = true;
   clock_type::time_point timer_at_ = clock_type::time_point::max();
   std::chrono::microseconds busy_poll_{0};  // from opts_.busy_poll_us
@@ -960,8 +961,11 @@ void zmq_transport::impl::send_over_zmq(connection& c, const message& m) {
 }
 
 void zmq_transport::impl::rdma_progress() {
-  const std::vector<connection_id> ids(with_rdma_.begin(), with_rdma_.end());  // handlers run inside
-  for (connection_id id : ids) {
+  if (with_rdma_.empty()) return;
+  // Handlers run inside: walk a copy (kept in a member, so a loop turn
+  // allocates nothing once it has grown).
+  rdma_ids_.assign(with_rdma_.begin(), with_rdma_.end());
+  for (connection_id id : rdma_ids_) {
     auto it = conns_.find(id);
     if (it == conns_.end() || !it->second->rdma) continue;
     connection& c = *it->second;
