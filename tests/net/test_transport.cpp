@@ -358,7 +358,7 @@ TEST_CASE("a shaped link meets the bandwidth and latency of its profile") {
   CHECK(achieved_bps == doctest::Approx(profile.bandwidth_bps).epsilon(0.10));
 }
 
-TEST_CASE("a transport that cannot bind or has bad keys does not start") {
+TEST_CASE("a transport that cannot bind, has bad keys or a busy-poll time out of range does not start") {
   transport_recorder r1, r2;
   auto first = start_transport(loopback_options("first"), r1);
   auto options = loopback_options("second");
@@ -373,6 +373,14 @@ TEST_CASE("a transport that cannot bind or has bad keys does not start") {
   auto third = zmq_transport::start(bad_curve, r2.events());
   REQUIRE_FALSE(third);
   CHECK(error_text(third.error()).find("public key") != std::string::npos);
+
+  for (int busy : {-1, 1000001}) {
+    auto spinning = loopback_options("spinning");
+    spinning.busy_poll_us = busy;
+    auto fourth = zmq_transport::start(spinning, r2.events());
+    REQUIRE_FALSE(fourth);
+    CHECK(error_text(fourth.error()).find("busy_poll_us must be between 0 and 1000000") != std::string::npos);
+  }
 }
 
 TEST_CASE("repeated log lines are capped per source, and the next one says how many were held back") {
