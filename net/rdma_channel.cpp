@@ -176,7 +176,7 @@ void channel::on_receive(int slot, std::uint32_t bytes) {
     case kind::fin: {
       auto it = rendezvous_out_.find(h.id);
       if (it == rendezvous_out_.end()) {
-        spdlog::warn("rdma: FIN for unknown rendezvous {}", h.id);
+        if (peer_log_.allow()) spdlog::warn("rdma: FIN for unknown rendezvous {}{}", h.id, peer_log_.note());
         break;
       }
       for (const auto& k : it->second.keys) qp_->deregister(k);

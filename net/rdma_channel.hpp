@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "net/codec.hpp"
+#include "net/log_limit.hpp"
 #include "net/message.hpp"
 #include "net/rdma_verbs.hpp"
 
@@ -140,6 +141,7 @@ class channel {
   bool send_checksums_;
   std::string failure_;
   counters stats_;
+  log_limiter peer_log_;  // warnings caused by what the peer sends
 
   // Registered memory: receive slots, send slots.
   aligned_buffer recv_area_, send_area_;
