@@ -49,10 +49,11 @@ generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype weig
 void generator::step(std::span<const std::int32_t> ids, std::int64_t start, kv_sequence& kv) {
   const auto T = static_cast<std::int64_t>(ids.size());
   if (kv_reservation r = kv.reserve(start + T); !r) throw model_error(r.error);
-  Tensor& id_rows = ids_.rows(*be_, T);
-  upload_i32(*be_, ids, id_rows, staging_);
-  Tensor& pos = positions_.rows(*be_, T);
-  fill_positions(*be_, pos, start, staging_);
+  // ids and positions stay on the host (see stage::train_positions)
+  Tensor& id_rows = ids_.rows(cpu_backend(), T);
+  upload_i32(cpu_backend(), ids, id_rows, staging_);
+  Tensor& pos = positions_.rows(cpu_backend(), T);
+  fill_positions(cpu_backend(), pos, start, staging_);
   Tensor& x = hidden_.rows(*be_, T);
   head_.embed(id_rows, pos, x);
   stage_.forward_cached(x, kv, start, x);

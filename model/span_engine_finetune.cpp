@@ -63,9 +63,8 @@ const Tensor& span_engine::train_positions(int batch, int seq) {
     std::vector<std::int32_t> pos(static_cast<std::size_t>(batch) * static_cast<std::size_t>(seq));
     for (std::size_t i = 0; i < pos.size(); ++i)
       pos[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(seq));
-    train_positions_ = be.empty({static_cast<std::int64_t>(pos.size())}, dtype::i32);
-    Tensor staging;
-    upload_i32(be, pos, train_positions_, staging);
+    // on the host, like every index tensor (see stage::train_positions)
+    train_positions_ = Tensor::from_i32(pos, {static_cast<std::int64_t>(pos.size())});
     train_batch_ = batch;
     train_seq_ = seq;
   }

@@ -71,9 +71,10 @@ const Tensor& stage::train_positions(int batch, int seq) {
     std::vector<std::int32_t> pos(static_cast<std::size_t>(batch) * seq);
     for (std::size_t i = 0; i < pos.size(); ++i)
       pos[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(seq));
-    positions_ = be_->empty({static_cast<std::int64_t>(pos.size())}, dtype::i32);
-    Tensor staging;
-    upload_i32(*be_, pos, positions_, staging);
+    // On the host whatever the backend: a device backend validates index
+    // tensors on the host and uploads them with the op, where a device copy
+    // would be read back (a stream synchronisation) by every op taking it.
+    positions_ = Tensor::from_i32(pos, {static_cast<std::int64_t>(pos.size())});
     positions_batch_ = batch;
     positions_seq_ = seq;
   }
@@ -143,7 +144,7 @@ void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& d
 
 void stage::reserve_rows(std::int64_t rows) {
   decode_ws_.reserve(*be_, rows);
-  decode_positions_.reserve(*be_, rows);
+  decode_positions_.reserve(cpu_backend(), rows);  // host, as train_positions
 }
 
 void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y, int from,
@@ -166,8 +167,8 @@ void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_
     if (&x != &y) be_->copy(x, y);
     return;
   }
-  Tensor& pos = decode_positions_.rows(*be_, T);
-  fill_positions(*be_, pos, start_pos, host_positions_);
+  Tensor& pos = decode_positions_.rows(cpu_backend(), T);  // host, as train_positions
+  fill_positions(cpu_backend(), pos, start_pos, host_positions_);
   const Tensor* in = &x;
   for (int i = from; i < to; ++i) {
     block_forward_cached(*be_, cfg_, cached_weights(i), *in, pos, kv, i,
@@ -206,18 +207,11 @@ void stage::forward_cached_batch(const Tensor& x, std::span<const cached_rows> s
     if (&x != &y) be_->copy(x, y);
     return;
   }
-  // Each row's own position (RoPE), written on the host and uploaded.
-  Tensor& pos = decode_positions_.rows(*be_, R);
-  Tensor* host = &pos;
-  if (pos.dev().kind != device_kind::cpu) {
-    if (!host_positions_.defined() || host_positions_.numel() != R)
-      host_positions_ = Tensor::empty({R}, dtype::i32);
-    host = &host_positions_;
-  }
-  auto* p = host->data<std::int32_t>();
+  // Each row's own position (RoPE), on the host as train_positions.
+  Tensor& pos = decode_positions_.rows(cpu_backend(), R);
+  auto* p = pos.data<std::int32_t>();
   for (const cached_rows& s : seqs)
     for (std::int64_t i = 0; i < s.rows; ++i) *p++ = static_cast<std::int32_t>(s.start_pos + i);
-  if (host != &pos) be_->copy(*host, pos);
 
   const Tensor* in = &x;
   for (int i = 0; i < size(); ++i) {

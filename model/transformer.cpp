@@ -64,17 +64,21 @@ void transformer::impl::prepare(std::span<const std::int32_t> id_span,
                         " is outside the vocabulary (" + std::to_string(cfg.vocab_size) +
                         " tokens)");
   }
+  // Index tensors stay on the host whatever the backend: a device backend
+  // validates them there and uploads them with each op, never reading
+  // them back (which would synchronise every op that takes them).
   const auto N = static_cast<std::int64_t>(n);
-  ensure_tensor(*be, ids, {N}, dtype::i32);
-  upload_i32(*be, id_span, ids, staging);
+  Backend& host = cpu_backend();
+  ensure_tensor(host, ids, {N}, dtype::i32);
+  upload_i32(host, id_span, ids, staging);
   if (!target_span.empty()) {
-    ensure_tensor(*be, targets, {N}, dtype::i32);
-    upload_i32(*be, target_span, targets, staging);
+    ensure_tensor(host, targets, {N}, dtype::i32);
+    upload_i32(host, target_span, targets, staging);
   }
   std::vector<std::int32_t> pos(n);
   for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(seq));
-  ensure_tensor(*be, positions, {N}, dtype::i32);
-  upload_i32(*be, pos, positions, staging);
+  ensure_tensor(host, positions, {N}, dtype::i32);
+  upload_i32(host, pos, positions, staging);
 }
 
 void transformer::impl::forward(int batch, int seq, bool save) {

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -32,6 +33,20 @@ elem elem_for(dtype t) {
 
 }  // namespace
 
+/// Two halves of pinned host memory used in turn. Leaving a half records an
+/// event on the stream; a half is written again only after the event of its
+/// last use completed, i.e. after the copies out of it ran. With 512 KiB
+/// halves and index vectors of a few hundred bytes, that wait comes once in
+/// thousands of uploads and is normally already over.
+struct cuda_backend::staging_ring {
+  static constexpr std::size_t half = std::size_t{512} << 10;
+  unsigned char* base = nullptr;  ///< 2 * half bytes, cudaHostAlloc; null: pinning failed
+  cudaEvent_t left[2] = {nullptr, nullptr};
+  bool pending[2] = {false, false};
+  int current = 0;
+  std::size_t offset = 0;
+};
+
 cuda_backend::cuda_backend(int index) : index_(index) {
   install_memory_ops();
   device_guard guard(index);
@@ -56,6 +71,12 @@ cuda_backend::~cuda_backend() {
   for (Tensor& t : scratch_) t = Tensor();
   if (lt_workspace_) device_release(lt_workspace_, index_);
   if (lt_) cublasLtDestroy(lt_);
+  if (ring_) {
+    if (ring_->base) cudaFreeHost(ring_->base);
+    for (cudaEvent_t e : ring_->left)
+      if (e) cudaEventDestroy(e);
+    delete ring_;
+  }
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -64,6 +85,43 @@ Tensor cuda_backend::empty(shape_t shape, dtype t) { return Tensor::empty(std::m
 void cuda_backend::synchronize() {
   device_guard guard(index_);
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void cuda_backend::upload(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (ring_ == nullptr) {
+    auto* r = new staging_ring;
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, 2 * staging_ring::half, cudaHostAllocDefault) == cudaSuccess &&
+        cudaEventCreateWithFlags(&r->left[0], cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventCreateWithFlags(&r->left[1], cudaEventDisableTiming) == cudaSuccess) {
+      r->base = static_cast<unsigned char*>(p);
+    } else {
+      cudaGetLastError();  // no pinned memory (memlock limits): copy from pageable memory
+      if (p) cudaFreeHost(p);
+    }
+    ring_ = r;
+  }
+  staging_ring& r = *ring_;
+  if (r.base == nullptr || bytes > staging_ring::half / 8) {
+    COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    return;
+  }
+  const std::size_t room = (bytes + 63) & ~std::size_t{63};
+  if (r.offset + room > staging_ring::half) {
+    COROLLA_CUDA_CHECK(cudaEventRecord(r.left[r.current], stream_));
+    r.pending[r.current] = true;
+    r.current ^= 1;
+    r.offset = 0;
+    if (r.pending[r.current]) {
+      COROLLA_CUDA_CHECK(cudaEventSynchronize(r.left[r.current]));
+      r.pending[r.current] = false;
+    }
+  }
+  unsigned char* staged = r.base + static_cast<std::size_t>(r.current) * staging_ring::half + r.offset;
+  std::memcpy(staged, src, bytes);
+  COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, stream_));
+  r.offset += room;
 }
 
 void* cuda_backend::scratch(int slot, std::size_t bytes) {
@@ -88,9 +146,7 @@ cuda_backend::index_view cuda_backend::indices(const Tensor& t, std::int64_t n, 
     index_view v;
     v.host = t.data<std::int32_t>();
     void* d = scratch(slot, bytes);
-    // From pageable memory this returns once the bytes are staged, so the
-    // host tensor may change right after.
-    if (bytes) COROLLA_CUDA_CHECK(cudaMemcpyAsync(d, v.host, bytes, cudaMemcpyHostToDevice, stream_));
+    upload(d, v.host, bytes);  // staged: the host tensor may change right after
     v.dev = static_cast<const std::int32_t*>(d);
     return v;
   }

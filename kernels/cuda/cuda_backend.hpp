@@ -129,6 +129,13 @@ class cuda_backend final : public Backend {
   /// At least `bytes` of device scratch in `slot` (grow-only; contents
   /// garbage). Slots used by one op at the same time must differ.
   void* scratch(int slot, std::size_t bytes);
+  /// Copies `bytes` of host memory at `src` to device memory `dst` in stream
+  /// order without waiting for the stream. Small copies (index vectors,
+  /// page tables) go through a pinned staging ring: a copy from pageable
+  /// memory may synchronise with the stream, which would drain the GPU's
+  /// queue before every op that takes host indices. `src` may change as
+  /// soon as this returns.
+  void upload(void* dst, const void* src, std::size_t bytes);
   /// The cuBLASLt product on device pointers (row-major, see gemm.cpp).
   void lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                  float alpha, const void* a, dtype at, std::int64_t lda, const void* b,
@@ -154,9 +161,11 @@ class cuda_backend final : public Backend {
   cublasLtContext* lt_ = nullptr;
   void* lt_workspace_ = nullptr;
   std::size_t lt_workspace_bytes_ = 0;
-  static constexpr int scratch_slots = 4;
+  static constexpr int scratch_slots = 5;
   Tensor scratch_[scratch_slots];
   std::vector<std::int32_t> host_indices_;
+  struct staging_ring;  ///< pinned host memory for upload() (cuda_backend.cpp)
+  staging_ring* ring_ = nullptr;  ///< created on first upload; lives with the backend
   std::vector<const float*> host_pages_;
 };
 

@@ -258,10 +258,11 @@ void cuda_backend::attention_cached(const Tensor& q, const kv_pages_view& cache,
   }
   const std::size_t bytes = host_pages_.size() * sizeof(const float*);
   auto* table = static_cast<const float**>(scratch(slot_pages, bytes));
-  COROLLA_CUDA_CHECK(
-      cudaMemcpyAsync(table, host_pages_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  upload(table, host_pages_.data(), bytes);
+  const std::size_t part_bytes = cuda::attention_cached_scratch_bytes(d, tq, start_pos);
+  auto* part = part_bytes ? static_cast<float*>(scratch(slot_reduce, part_bytes)) : nullptr;
   cuda::attention_cached(stream_, d, cf(q), tq, table, table + pages, cache.page_tokens,
-                         start_pos, f(out));
+                         start_pos, f(out), part);
 }
 
 // ---- activations and elementwise -------------------------------------------------

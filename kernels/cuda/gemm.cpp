@@ -25,11 +25,13 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/convert.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/linear_bf16.hpp"
@@ -37,6 +39,14 @@
 
 namespace corolla::cuda {
 namespace {
+
+/// linear with a bf16 weight: up to this many rows the GEMV kernel reads the
+/// weight once per 8 rows; above, it is widened to f32 and cuBLASLt runs.
+constexpr std::int64_t widen_above_rows = 16;
+/// The widened slice of the weight: at most 64 MiB of f32.
+constexpr std::int64_t widen_scratch_floats = std::int64_t{16} << 20;
+/// The scratch slot of the widened slice (cuda_ops.cpp uses 1 to 3, copy 0).
+constexpr int slot_widen = 4;
 
 cudaDataType_t cuda_type(dtype t) {
   switch (t) {
@@ -241,8 +251,27 @@ void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, 
         COROLLA_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream_));
       return;
     }
-    linear_bf16_weight(stream_, x.data<float>(), rows, in, w.raw(), out,
-                       bias ? bias->data<float>() : nullptr, y.data<float>());
+    if (rows <= widen_above_rows) {
+      linear_bf16_weight(stream_, x.data<float>(), rows, in, w.raw(), out,
+                         bias ? bias->data<float>() : nullptr, y.data<float>());
+      return;
+    }
+    // Many rows (prefill): the GEMV kernel would re-read the weight every 8
+    // rows. Widen it to f32 a slice of output features at a time (exact:
+    // a bf16 is the top half of an f32) and multiply with cuBLASLt in f32,
+    // as the CPU backend does above 16 rows.
+    const std::int64_t slice =
+        std::max<std::int64_t>(1, std::min<std::int64_t>(out, widen_scratch_floats / in));
+    auto* wide = static_cast<float*>(
+        scratch(slot_widen, static_cast<std::size_t>(slice * in) * sizeof(float)));
+    const auto* w16 = static_cast<const std::uint16_t*>(w.raw());
+    for (std::int64_t o0 = 0; o0 < out; o0 += slice) {
+      const std::int64_t n = std::min(slice, out - o0);
+      convert(stream_, w16 + o0 * in, elem::bf16, wide, elem::f32, n * in);
+      lt_matmul(false, true, rows, n, in, 1.0f, x.raw(), dtype::f32, in, wide, dtype::f32, in,
+                0.0f, y.data<float>() + o0, dtype::f32, out,
+                bias ? bias->data<float>() + o0 : nullptr);
+    }
     return;
   }
   require_product_types(x, "linear x", w, "linear w", y, "linear y");

@@ -42,8 +42,14 @@ __global__ void linear_bf16_kernel(const float* __restrict__ x, std::int64_t row
 #pragma unroll
     for (int r = 0; r < rows_per_pass; ++r) acc[r] = 0.0f;
     if constexpr (Vectorised) {
-      for (std::int64_t k = std::int64_t{lane} * 8; k < in; k += 32 * 8) {
-        const uint4 packed = *reinterpret_cast<const uint4*>(wo + k);
+      // Four 16-byte weight loads are issued before any is used, so each
+      // lane keeps 64 bytes in flight: one load at a time leaves HBM idle
+      // between a warp's dependent iterations. Weights are streamed
+      // (__ldcs: read once, evict first); x is re-read by every warp and
+      // stays in cache (__ldg).
+      constexpr int unroll = 4;
+      constexpr std::int64_t stride = 32 * 8;
+      auto accumulate = [&](const uint4& packed, std::int64_t k) {
         const float wf[8] = {bf16_low(packed.x), bf16_high(packed.x), bf16_low(packed.y),
                              bf16_high(packed.y), bf16_low(packed.z), bf16_high(packed.z),
                              bf16_low(packed.w), bf16_high(packed.w)};
@@ -51,12 +57,22 @@ __global__ void linear_bf16_kernel(const float* __restrict__ x, std::int64_t row
         for (int r = 0; r < rows_per_pass; ++r) {
           if (r < nr) {
             const float4* xr = reinterpret_cast<const float4*>(xp + r * in + k);
-            const float4 a = xr[0], c = xr[1];
+            const float4 a = __ldg(xr), c = __ldg(xr + 1);
             acc[r] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + c.x * wf[4] +
                       c.y * wf[5] + c.z * wf[6] + c.w * wf[7];
           }
         }
+      };
+      std::int64_t k = std::int64_t{lane} * 8;
+      for (; k + (unroll - 1) * stride < in; k += unroll * stride) {
+        uint4 packed[unroll];
+#pragma unroll
+        for (int u = 0; u < unroll; ++u)
+          packed[u] = __ldcs(reinterpret_cast<const uint4*>(wo + k + u * stride));
+#pragma unroll
+        for (int u = 0; u < unroll; ++u) accumulate(packed[u], k + u * stride);
       }
+      for (; k < in; k += stride) accumulate(__ldcs(reinterpret_cast<const uint4*>(wo + k)), k);
     } else {
       for (std::int64_t k = lane; k < in; k += 32) {
         const float wf = __uint_as_float(std::uint32_t{wo[k]} << 16);

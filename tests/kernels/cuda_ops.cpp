@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kernel_test_util.hpp"
+#include "tests/support/gpu.hpp"
 #include "kernels/backend.hpp"
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/allocator.hpp"
@@ -35,31 +36,13 @@
 
 using namespace corolla;
 using namespace kernel_test;
+using corolla::testing::gpu_skip_reason;
 
 namespace {
 
 constexpr double ew_rtol = 1e-5, ew_atol = 1e-6;
 constexpr double red_rtol = 1e-4, red_atol = 1e-5;
 constexpr double grad_rtol = 1e-4, grad_atol = 1e-4;
-
-/// Why the GPU tests cannot run in this process, or "" when they can.
-std::string gpu_skip_reason() {
-#ifndef COROLLA_HAVE_CUDA
-  return "this binary was built without the CUDA backend (COROLLA_CUDA=OFF or no nvcc)";
-#else
-  if (cuda_device_count() == 0) return "no CUDA device visible: " + cuda::device_count_error();
-  return "";
-#endif
-}
-
-#define REQUIRE_GPU_OR_SKIP()                                      \
-  do {                                                             \
-    const std::string why_ = gpu_skip_reason();                    \
-    if (!why_.empty()) {                                           \
-      MESSAGE("skipped: " << why_);                                \
-      return;                                                      \
-    }                                                              \
-  } while (0)
 
 Backend& gpu() { return backend_for({device_kind::cuda, 0}); }
 Backend& cpu() { return cpu_backend(); }
@@ -432,42 +415,58 @@ TEST_CASE("cuda: attention forward and backward match the cpu (MHA, GQA, head si
 TEST_CASE("cuda: cached attention over device pages equals full attention (decode and chunks)") {
   REQUIRE_GPU_OR_SKIP();
   rng r(109);
-  const attention_shape s{4, 2, 32, 0.0f};
-  const std::int64_t T = 23, qw = 4 * 32, kw = 2 * 32, page_tokens = 5;
-  Tensor q = random_tensor({T, qw}, r), k = random_tensor({T, kw}, r), v = random_tensor({T, kw}, r);
-  Tensor full = Tensor::empty({T, qw});
-  cpu().attention(q, k, v, 1, static_cast<int>(T), s, full, nullptr);
-  // Device pages holding the same rows (the last page partly filled).
-  const std::int64_t pages = (T + page_tokens - 1) / page_tokens;
-  std::vector<Tensor> kp, vp;
-  std::vector<const float*> kptr, vptr;
-  for (std::int64_t p = 0; p < pages; ++p) {
-    kp.push_back(gpu().empty({page_tokens, kw}));
-    vp.push_back(gpu().empty({page_tokens, kw}));
-    const std::int64_t end = std::min(T, (p + 1) * page_tokens);
-    Tensor kd = kp.back().slice(0, end - p * page_tokens), vd = vp.back().slice(0, end - p * page_tokens);
-    gpu().copy(k.slice(p * page_tokens, end), kd);
-    gpu().copy(v.slice(p * page_tokens, end), vd);
-    kptr.push_back(kp.back().data<float>());
-    vptr.push_back(vp.back().data<float>());
-  }
-  kv_pages_view view;
-  view.k_pages = kptr;
-  view.v_pages = vptr;
-  view.page_tokens = page_tokens;
-  view.length = T;
-  struct chunk {
-    std::int64_t start, tq;
+  struct geometry {
+    int hq, hkv, dh;
+    std::int64_t T, page_tokens;
   };
-  for (const chunk& c : {chunk{0, 1}, chunk{7, 1}, chunk{22, 1}, chunk{0, 23}, chunk{9, 6}}) {
-    CAPTURE(c.start);
-    CAPTURE(c.tq);
-    Tensor dq = up(q.slice(c.start, c.start + c.tq));
-    Tensor dout = gpu().empty({c.tq, qw});
-    gpu().attention_cached(dq, view, c.start, s, dout);
-    expect_close(dout, full.slice(c.start, c.start + c.tq), red_rtol, red_atol,
-                 "attention_cached vs attention");
+  // Contexts past 64 keys take several key chunks (merged by a second kernel).
+  for (const geometry& gm : {geometry{4, 2, 32, 23, 5}, geometry{4, 2, 32, 200, 5},
+                             geometry{8, 2, 128, 150, 16}, geometry{2, 1, 80, 70, 7}}) {
+    CAPTURE(gm.T);
+    CAPTURE(gm.dh);
+    const attention_shape s{gm.hq, gm.hkv, gm.dh, 0.0f};
+    const std::int64_t T = gm.T, qw = gm.hq * gm.dh, kw = gm.hkv * gm.dh, page_tokens = gm.page_tokens;
+    Tensor q = random_tensor({T, qw}, r), k = random_tensor({T, kw}, r), v = random_tensor({T, kw}, r);
+    Tensor full = Tensor::empty({T, qw});
+    cpu().attention(q, k, v, 1, static_cast<int>(T), s, full, nullptr);
+    // Device pages holding the same rows (the last page partly filled).
+    const std::int64_t pages = (T + page_tokens - 1) / page_tokens;
+    std::vector<Tensor> kp, vp;
+    std::vector<const float*> kptr, vptr;
+    for (std::int64_t p = 0; p < pages; ++p) {
+      kp.push_back(gpu().empty({page_tokens, kw}));
+      vp.push_back(gpu().empty({page_tokens, kw}));
+      const std::int64_t end = std::min(T, (p + 1) * page_tokens);
+      Tensor kd = kp.back().slice(0, end - p * page_tokens), vd = vp.back().slice(0, end - p * page_tokens);
+      gpu().copy(k.slice(p * page_tokens, end), kd);
+      gpu().copy(v.slice(p * page_tokens, end), vd);
+      kptr.push_back(kp.back().data<float>());
+      vptr.push_back(vp.back().data<float>());
+    }
+    kv_pages_view view;
+    view.k_pages = kptr;
+    view.v_pages = vptr;
+    view.page_tokens = page_tokens;
+    view.length = T;
+    struct chunk {
+      std::int64_t start, tq;
+    };
+    std::vector<chunk> chunks{{0, 1}, {7, 1}, {T - 1, 1}, {0, T}, {9, std::min<std::int64_t>(T - 9, 70)}};
+    if (T > 66) chunks.insert(chunks.end(), {{63, 1}, {64, 1}, {65, 1}, {T - 30, 30}});
+    for (const chunk& c : chunks) {
+      CAPTURE(c.start);
+      CAPTURE(c.tq);
+      Tensor dq = up(q.slice(c.start, c.start + c.tq));
+      Tensor dout = gpu().empty({c.tq, qw});
+      gpu().attention_cached(dq, view, c.start, s, dout);
+      expect_close(dout, full.slice(c.start, c.start + c.tq), red_rtol, red_atol,
+                   "attention_cached vs attention");
+    }
   }
+  const attention_shape s{4, 2, 32, 0.0f};
+  const std::int64_t T = 23, qw = 4 * 32, kw = 2 * 32;
+  Tensor q = random_tensor({T, qw}, r), k = random_tensor({T, kw}, r);
+  Tensor v = random_tensor({T, kw}, r);
   // A host-resident cache is refused by name.
   std::vector<const float*> host_k{k.data<float>()}, host_v{v.data<float>()};
   kv_pages_view host_view;
