@@ -93,7 +93,7 @@ model_config gpt2_xl_config() {
 struct bench_common {
   std::string model_dir;
   std::string preset = "small";
-  std::string device = "cpu";
+  std::string device = "auto";
   int threads = 0;
   bool json = false;
   std::uint64_t seed = 0;
@@ -107,7 +107,7 @@ void add_common(CLI::App* cmd, bench_common& o) {
                   "Shape of the random model without --model: small (the ~100M default), llama7b "
                   "(Llama-2-7B, 27 GB in f32) or gpt2-1.5b (GPT-2 XL)")
       ->capture_default_str();
-  cmd->add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
+  cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->add_option("--seed", o.seed, "Seed of the random default model")->capture_default_str();

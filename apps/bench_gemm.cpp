@@ -71,7 +71,7 @@ dtype parse_dtype(const std::string& text, device dev) {
 }
 
 struct gemm_options {
-  std::string device = "cpu";
+  std::string device = "auto";
   std::string dtype_name = "auto";
   std::string shapes = "llama7b";
   std::vector<std::int64_t> rows;
@@ -224,7 +224,7 @@ void register_bench_gemm(CLI::App* bench, action_fn& action) {
       "gemm",
       "Backend::linear on a model's GEMM shapes vs the vendor library called directly "
       "(OpenBLAS on cpu, cuBLASLt on cuda)");
-  cmd->add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
+  cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", o.dtype_name,
                   "auto (f32 on cpu, bf16 on cuda) | f32 | bf16 | f16 (cpu: f32 only)")
       ->capture_default_str();

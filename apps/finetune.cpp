@@ -41,7 +41,7 @@ struct finetune_options {
   bool json = false;
   int threads = 0;
   std::string log_level = "warn";
-  std::string device = "cpu";  ///< --device: where --local's blocks run
+  std::string device = "auto";  ///< --device: where --local's blocks run
 };
 
 int run_finetune(const finetune_options& o) {
@@ -50,7 +50,8 @@ int run_finetune(const finetune_options& o) {
     throw std::invalid_argument("give exactly one of --swarm/--swarm-dht (blocks on the swarm) or --local");
   if (o.tuning != "deep" && o.tuning != "shallow")
     throw std::invalid_argument("--tuning must be deep or shallow, got '" + o.tuning + "'");
-  const device where = parse_device(o.device);
+  // auto with a swarm: the servers compute, nothing here needs a device
+  const device where = o.device == "auto" && !o.local ? device{} : parse_device(o.device);
   if (where.kind != device_kind::cpu && !o.local)
     throw std::invalid_argument("--device " + o.device + " places --local's blocks; with a swarm the servers compute");
   const model_config cfg = load_config(o.model);
@@ -137,7 +138,7 @@ void register_finetune(CLI::App& app, action_fn& action) {
   cmd->add_flag("--json", o->json, "Print one JSON line with every step's loss instead of one line per step");
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores; 1 with a swarm)")->capture_default_str();
   cmd->add_option("--device", o->device,
-                  "Where --local's blocks run: cpu, cuda or cuda:N (the head and the prompts stay on the cpu)")
+                  "Where --local's blocks run: auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N (the head and the prompts stay on the cpu)")
       ->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([o, &action] { action = [o] { return run_finetune(*o); }; });

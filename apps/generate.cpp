@@ -49,7 +49,7 @@ struct generate_options {
   std::string compression = "none";  ///< --compression: hidden states on the wire
   bool no_server_push = false;  ///< --no-server-push: the client carries every hop
   bool stats = false;
-  std::string device = "cpu";
+  std::string device = "auto";
   std::string weights = "f32";  ///< --weights: dtype of the linear weights decode reads
   std::string prompts;          ///< --prompts: trained deep prompts (corolla finetune --save)
   int threads = 0;
@@ -229,7 +229,7 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_flag("--no-server-push", o->no_server_push,
                "With --swarm: the client sends every hop's input itself instead of servers pushing each step's "
                "output to the next server (two network crossings per server instead of one)");
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--device", o->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--prompts", o->prompts,
                   "Trained deep prompts to generate after (the safetensors corolla finetune --save writes)");
   cmd->add_option("--weights", o->weights,

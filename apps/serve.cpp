@@ -47,7 +47,7 @@ struct serve_args {
   double rebalance_period_s = 90;  ///< mean seconds between rebalancing checks; 0 = never
   std::int64_t cache_tokens = 8192;
   std::string weights = "f32";  ///< --weights: dtype of the linear weights inference sessions read
-  std::string device = "cpu";   ///< --device: where the blocks and the KV cache live
+  std::string device = "auto";   ///< --device: where the blocks and the KV cache live
   int session_idle_s = 300;
   int drain_timeout_s = 30;
   int threads = 0;
@@ -355,7 +355,7 @@ void register_serve(CLI::App& app, action_fn& action) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--cache-tokens", a->cache_tokens, "Attention-cache budget in tokens over all sessions")
       ->capture_default_str();
-  cmd->add_option("--device", a->device, "Where the served blocks and their KV cache live: cpu, cuda or cuda:N")
+  cmd->add_option("--device", a->device, "Where the served blocks and their KV cache live: auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N")
       ->capture_default_str();
   cmd->add_option("--weights", a->weights,
                   "Linear weights inference sessions read: f32, or bf16 (copies made at load: half the bytes per "

@@ -178,7 +178,7 @@ void register_train(CLI::App& app, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all cores)")
       ->capture_default_str();
-  cmd->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--device", args->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--json", args->json,
                 "One JSON object per logged step, then a summary object (no progress bar)");
   const char* dist = "Pipeline x data-parallel";

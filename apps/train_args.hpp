@@ -36,7 +36,7 @@ struct train_args {
   std::string save;
   std::uint64_t seed = 0;
   int threads = 0;
-  std::string device = "cpu";
+  std::string device = "auto";
   bool json = false;
 
   // Pipeline x data-parallel training (apps/train_dist.cpp).

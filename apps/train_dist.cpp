@@ -439,7 +439,7 @@ int run_distributed_train(train_args a) {
   const launcher_identity id = from_environment();
   if (a.rank < 0 && id.world > 0) a.rank = id.rank;
   if (a.coordinator.empty()) a.coordinator = id.coordinator;
-  if (a.device != "cpu")
+  if (a.device != "cpu" && a.device != "auto")  // auto: the cpu, the only backend here yet
     throw std::invalid_argument("pipeline and data-parallel training runs on the CPU backend only (--device " +
                                 a.device + ")");
   const model_config cfg = load_config(a.model);

@@ -26,6 +26,7 @@ int cuda_device_count() {
 }
 
 device parse_device(const std::string& text) {
+  if (text == "auto") return cuda_device_count() > 0 ? device{device_kind::cuda, 0} : device{};
   if (text == "cpu") return {device_kind::cpu, 0};
   if (text == "cuda") return {device_kind::cuda, 0};
   if (text.rfind("cuda:", 0) == 0) {
@@ -37,7 +38,7 @@ device parse_device(const std::string& text) {
     }
     if (index >= 0 && used == text.size() - 5) return {device_kind::cuda, index};
   }
-  throw std::invalid_argument("unknown device '" + text + "' (expected cpu, cuda or cuda:N)");
+  throw std::invalid_argument("unknown device '" + text + "' (expected auto, cpu, cuda or cuda:N)");
 }
 
 Backend& backend_for(device dev) {

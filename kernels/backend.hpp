@@ -219,7 +219,8 @@ Backend& backend_for(device dev);
 /// (saying how to configure one with it).
 std::runtime_error cuda_not_built(device dev);
 
-/// Parses "cpu", "cuda", "cuda:N"; throws std::invalid_argument otherwise.
+/// Parses "cpu", "cuda", "cuda:N", or "auto" (cuda:0 when a CUDA device is
+/// visible, else cpu); throws std::invalid_argument otherwise.
 device parse_device(const std::string& text);
 
 /// Threads the CPU backend uses (OpenMP), default = hardware concurrency.

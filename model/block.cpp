@@ -60,8 +60,28 @@ block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t) {
     throw tensor_error(std::string("inference weights are f32 or bf16, not ") + dtype_name(t));
   block_tensors out = w;
   if (t == dtype::f32) return out;
-  for (Tensor* m : {&out.q_w, &out.k_w, &out.v_w, &out.o_w, &out.gate_w, &out.up_w, &out.down_w}) {
-    if (!m->defined()) continue;  // gate for GPT-2
+  // Converts `parts` (f32, on be's device) into one stacked tensor of `t`
+  // along dim 0 and points each part at its slice of the stack.
+  auto stack = [&](std::initializer_list<Tensor*> parts, dtype type) {
+    std::int64_t rows = 0;
+    for (Tensor* p : parts) rows += p->dim(0);
+    shape_t shape = parts.begin()[0]->shape();
+    shape[0] = rows;
+    Tensor all = be.empty(shape, type);
+    std::int64_t at = 0;
+    for (Tensor* p : parts) {
+      Tensor dst = all.slice(at, at + p->dim(0));
+      be.copy(*p, dst);
+      *p = dst;
+      at += dst.dim(0);
+    }
+    return all;
+  };
+  out.qkv_w = stack({&out.q_w, &out.k_w, &out.v_w}, t);
+  if (out.q_b.defined()) out.qkv_b = stack({&out.q_b, &out.k_b, &out.v_b}, dtype::f32);
+  if (out.gate_w.defined()) out.gate_up_w = stack({&out.gate_w, &out.up_w}, t);
+  for (Tensor* m : {&out.o_w, &out.down_w, out.gate_w.defined() ? nullptr : &out.up_w}) {
+    if (m == nullptr) continue;
     Tensor converted = be.empty(m->shape(), t);
     be.copy(*m, converted);
     *m = std::move(converted);
@@ -223,7 +243,9 @@ block_decode_workspace::block_decode_workspace(const model_config& cfg)
       h_(cfg.hidden_size),
       gate_(cfg.arch == architecture::llama ? cfg.intermediate_size : 1),
       up_(cfg.intermediate_size),
-      act_(cfg.intermediate_size) {}
+      act_(cfg.intermediate_size),
+      qkv_(q_width(cfg) + 2 * kv_width(cfg)),
+      gate_up_(cfg.arch == architecture::llama ? 2 * cfg.intermediate_size : 1) {}
 
 void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
   for (row_buffer* b : {&norm_, &mean_, &rstd_, &q_, &k_, &v_, &attn_, &tmp_, &h_, &gate_, &up_, &act_})
@@ -240,12 +262,23 @@ struct cached_forward {
                   const Tensor& positions, block_decode_workspace& ws, Tensor& y, Attend&& attend) {
     const std::int64_t R = x.dim(0);
     const bool llama = is_llama(cfg);
+    // One row with stacked (inference) weights: one product per stack, and
+    // q, k, v (gate, up) are consecutive pieces of its output row.
+    const bool stacked = R == 1 && w.qkv_w.defined();
     Tensor& norm = ws.norm_.rows(be, R);
     Tensor& mean = ws.mean_.rows(be, R);
     Tensor& rstd = ws.rstd_.rows(be, R);
-    Tensor& q = ws.q_.rows(be, R);
-    Tensor& k = ws.k_.rows(be, R);
-    Tensor& v = ws.v_.rows(be, R);
+    Tensor q1, k1, v1;  // views into the stacked product's row
+    if (stacked) {
+      const std::int64_t qw = w.q_w.dim(0), kw = w.k_w.dim(0);
+      const Tensor all = ws.qkv_.rows(be, 1).view({qw + 2 * kw});
+      q1 = all.slice(0, qw).view({1, qw});
+      k1 = all.slice(qw, qw + kw).view({1, kw});
+      v1 = all.slice(qw + kw, qw + 2 * kw).view({1, kw});
+    }
+    Tensor& q = stacked ? q1 : ws.q_.rows(be, R);
+    Tensor& k = stacked ? k1 : ws.k_.rows(be, R);
+    Tensor& v = stacked ? v1 : ws.v_.rows(be, R);
     Tensor& attn = ws.attn_.rows(be, R);
     Tensor& tmp = ws.tmp_.rows(be, R);
     Tensor& h = ws.h_.rows(be, R);
@@ -254,9 +287,14 @@ struct cached_forward {
 
     // The statistics (mean, 1/std) are not needed later; they land in scratch.
     norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
-    be.linear(norm, w.q_w, opt(w.q_b), q);
-    be.linear(norm, w.k_w, opt(w.k_b), k);
-    be.linear(norm, w.v_w, opt(w.v_b), v);
+    if (stacked) {
+      Tensor& qkv = ws.qkv_.rows(be, 1);
+      be.linear(norm, w.qkv_w, opt(w.qkv_b), qkv);
+    } else {
+      be.linear(norm, w.q_w, opt(w.q_b), q);
+      be.linear(norm, w.k_w, opt(w.k_b), k);
+      be.linear(norm, w.v_w, opt(w.v_b), v);
+    }
     if (llama) {
       be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
       be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
@@ -266,7 +304,13 @@ struct cached_forward {
     be.add(x, tmp, h);
 
     norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
-    if (llama) {
+    if (llama && stacked) {
+      const std::int64_t F = w.gate_w.dim(0);
+      Tensor& gate_up = ws.gate_up_.rows(be, 1);
+      be.linear(norm, w.gate_up_w, nullptr, gate_up);
+      const Tensor both = gate_up.view({2 * F});
+      be.swiglu(both.slice(0, F).view({1, F}), both.slice(F, 2 * F).view({1, F}), act);
+    } else if (llama) {
       Tensor& gate = ws.gate_.rows(be, R);
       be.linear(norm, w.gate_w, nullptr, gate);
       be.linear(norm, w.up_w, nullptr, up);

@@ -55,6 +55,12 @@ struct block_tensors {
   Tensor q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b;
   Tensor mlp_norm_w, mlp_norm_b;
   Tensor gate_w, up_w, up_b, down_w, down_b;
+  /// Inference weights only (see inference_weights): q, k and v stacked in
+  /// one [Hq*Dh + 2*Hkv*Dh, D] tensor whose row slices q_w, k_w, v_w are,
+  /// with their biases stacked alike (GPT-2), and Llama's gate and up in one
+  /// [2F, D] tensor. A decode step then reads each stack in one product.
+  /// Undefined for training weights.
+  Tensor qkv_w, qkv_b, gate_up_w;
 
   /// Resolves every role of `p` (laid out by block_layout(cfg)); throws
   /// tensor_error if `p` lacks one.
@@ -66,7 +72,8 @@ struct block_tensors {
 /// device, and norms and biases shared with `w` (they stay f32). With bf16
 /// the cached forwards read half the bytes per token (Backend::linear takes
 /// a bf16 weight); training refuses such weights (linear_backward throws).
-/// Throws tensor_error for another dtype.
+/// The bf16 copies are stacked (qkv_w, gate_up_w) so that single-row steps
+/// run one product per stack. Throws tensor_error for another dtype.
 block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t);
 
 /// What block_forward keeps for block_backward. Buffers are reused when the
@@ -123,6 +130,7 @@ class block_decode_workspace {
  private:
   friend struct cached_forward;  // model/block.cpp: the cached forward of one sequence or a batch
   row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
+  row_buffer qkv_, gate_up_;  ///< single-row outputs of the stacked products
 };
 
 /// Training forward over `batch` sequences of `seq` tokens (x, y [B*T, D],

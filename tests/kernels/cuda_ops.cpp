@@ -719,6 +719,22 @@ TEST_CASE("cuda: ops reject wrong shapes, dtypes and host tensors with tensor_er
 
 // ---- without a GPU -------------------------------------------------------------------------
 
+TEST_CASE("device names parse; auto is cuda:0 with a visible GPU and the cpu without") {
+  CHECK(parse_device("cpu").kind == device_kind::cpu);
+  CHECK(parse_device("cuda").kind == device_kind::cuda);
+  CHECK(parse_device("cuda:3").index == 3);
+  const device a = parse_device("auto");
+  if (cuda_device_count() > 0) {
+    CHECK(a.kind == device_kind::cuda);
+    CHECK(a.index == 0);
+  } else {
+    CHECK(a.kind == device_kind::cpu);
+  }
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:1x", "CPU", ""})
+    CHECK_THROWS_WITH_AS(parse_device(bad), doctest::Contains("expected auto, cpu, cuda or cuda:N"),
+                         std::invalid_argument);
+}
+
 TEST_CASE("cuda device requests without a visible device fail with the reason") {
   if (cuda_device_count() > 0) {
     MESSAGE("skipped: a CUDA device is visible (the GPU tests cover the working path)");
