@@ -179,8 +179,15 @@ rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& 
 /// the last stage the targets). `coordinator` is the coordinator's
 /// endpoint. Throws train_error (see train_comm.hpp) naming the rank that
 /// failed, model_error for bad data or weights.
+///
+/// The stages compute on `compute` (null: the weights' backend); weights
+/// elsewhere are copied there. With a device backend, activations and
+/// gradients between stages and the DP group's buckets go through host
+/// memory: a bucket's gradients are copied down once its last backward is
+/// queued, reduced and updated (AdamW on the cpu) in host copies, and the
+/// gathered parameters copied back up.
 void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
-                    const rank_weights& weights, token_dataset& data);
+                    const rank_weights& weights, token_dataset& data, Backend* compute = nullptr);
 
 /// Gathers the job's ranks on node `n` (published as "train-coord"), hands
 /// them the roster, then per step sums their reports and calls `on_step`

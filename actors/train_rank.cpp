@@ -40,7 +40,18 @@ struct bucket {
   param_set* grads = nullptr;
   const ring* group = nullptr;
   std::int64_t lo = 0, hi = 0;  ///< the shard this rank owns
-  Tensor m, v;                  ///< AdamW moments of the shard
+  Tensor m, v;                  ///< AdamW moments of the shard (host)
+  /// With a device backend: host copies of the flat parameters and
+  /// gradients. The DP group reduces, updates and gathers these (the
+  /// collectives run over the actor runtime, in host memory), and the
+  /// gathered parameters go back to the device. Undefined on the cpu.
+  Tensor host_params, host_grads;
+
+  bool staged() const { return host_params.defined(); }
+  /// What the collectives and the optimiser work on.
+  Tensor& comm_params() { return staged() ? host_params : params->flat(); }
+  Tensor& comm_grads() { return staged() ? host_grads : grads->flat(); }
+  const Tensor& comm_params() const { return staged() ? host_params : params->flat(); }
 };
 
 /// Tensors of one micro-batch kept between its forward and backward.
@@ -51,8 +62,16 @@ struct in_flight {
 
 class rank_runtime {
  public:
-  rank_runtime(node& n, const dist_train_options& o, int rank, const rank_weights& weights, token_dataset& data)
-      : node_(n), o_(o), rank_(rank), weights_(weights), data_(data), cfg_(weights.cfg), be_(*weights.be) {
+  rank_runtime(node& n, const dist_train_options& o, int rank, const rank_weights& weights, token_dataset& data,
+               Backend* compute)
+      : node_(n),
+        o_(o),
+        rank_(rank),
+        weights_(weights),
+        data_(data),
+        cfg_(weights.cfg),
+        be_(compute ? *compute : *weights.be),
+        on_device_(be_.dev().kind != device_kind::cpu) {
     const train_layout& l = o_.layout;
     stage_ = l.stage_of(rank);
     replica_ = l.replica_of(rank);
@@ -60,8 +79,6 @@ class rank_runtime {
     last_ = stage_ == l.pp - 1;
     mb_ = o_.micro_batch_size();
     m_ = o_.micro_batches();
-    if (be_.name() != cpu_backend().name())
-      throw train_error("pipeline and data-parallel training runs on the CPU backend only (got " + be_.name() + ")");
   }
 
   /// Joins the job, links to the ranks it exchanges with, trains, leaves.
@@ -196,11 +213,14 @@ class rank_runtime {
       if (static_cast<int>(blocks.size()) != last - first)
         throw train_error("the weights gave " + std::to_string(blocks.size()) + " blocks for blocks " +
                           std::to_string(first) + ".." + std::to_string(last - 1));
+      for (param_set& b : blocks) place_params(b, be_);  // no-op where they already are
       parts_.emplace_back(cfg_, first, std::move(blocks), be_);
       parts_.back().grads();
     }
     if (first_ || last_) {
-      head_part_.emplace(cfg_, weights_.head(), be_);
+      param_set h = weights_.head();
+      place_params(h, be_);
+      head_part_.emplace(cfg_, std::move(h), be_);
       head_part_->grads();
     }
     for (stage& part : parts_)
@@ -219,6 +239,11 @@ class rank_runtime {
     std::tie(b.lo, b.hi) = chunk_range(p->size(), group->size(), owned_chunk(*group));
     b.m = Tensor::zeros({b.hi - b.lo});
     b.v = Tensor::zeros({b.hi - b.lo});
+    if (on_device_) {
+      b.host_params = Tensor::empty({p->size()});
+      be_.copy(p->flat(), b.host_params);
+      b.host_grads = Tensor::empty({p->size()});
+    }
     slot_of_[id] = static_cast<int>(buckets_.size());
     buckets_.push_back(std::move(b));
   }
@@ -235,7 +260,9 @@ class rank_runtime {
     auto head = safetensors_file::open(dir / shard_file_name(0));
     for (bucket& b : buckets_) {
       const std::string name = bucket_name(b.id);
-      load_exact(b.id == head_bucket ? *head : *params, "params." + name, b.params->flat());
+      Tensor dst = b.comm_params();
+      load_exact(b.id == head_bucket ? *head : *params, "params." + name, dst);
+      if (b.staged()) upload_params(b);
       load_exact(*own, "m." + name, b.m);
       load_exact(*own, "v." + name, b.v);
     }
@@ -263,7 +290,7 @@ class rank_runtime {
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const bucket& b : buckets_) {
       const std::string name = bucket_name(b.id);
-      if (keeps_params(b)) tensors.emplace_back("params." + name, b.params->flat());
+      if (keeps_params(b)) tensors.emplace_back("params." + name, b.comm_params());
       tensors.emplace_back("m." + name, b.m);
       tensors.emplace_back("v." + name, b.v);
     }
@@ -342,7 +369,7 @@ class rank_runtime {
           const int from = l.rank_of((v - 1) % l.pp, replica_);
           Tensor x = comm_->receive(train_msg::act, step, index(k, v), 0, rows * D,
                                     "activations of micro-batch " + std::to_string(k) + " from " + l.label(from));
-          flight[key].x = x.view({rows, D});
+          flight[key].x = to_compute(x.view({rows, D}));
           break;
         }
         case pipeline_op::forward: {
@@ -353,22 +380,22 @@ class rank_runtime {
             break;
           }
           if (v == 0) {
-            f.x = Tensor::empty({rows, D});
+            f.x = be_.empty({rows, D});
             head_part_->embed(tokens(ids_, k), positions(), f.x);
           }
-          f.y = Tensor::empty({rows, D});
+          f.y = be_.empty({rows, D});
           parts_[static_cast<std::size_t>(c)].forward(f.x, mb_, o_.seq, f.y, &f.acts);
           break;
         }
         case pipeline_op::send_act:
           comm_->send(l.rank_of((v + 1) % l.pp, replica_), train_msg::act, {step, index(k, v + 1), 0, rank_},
-                      flight[key].y);
+                      to_host(flight[key].y));
           break;
         case pipeline_op::recv_grad: {
           const int from = l.rank_of((v + 1) % l.pp, replica_);
           Tensor dy = comm_->receive(train_msg::grad, step, index(k, v), 0, rows * D,
                                      "gradient of micro-batch " + std::to_string(k) + " from " + l.label(from));
-          flight[key].dy = dy.view({rows, D});
+          flight[key].dy = to_compute(dy.view({rows, D}));
           break;
         }
         case pipeline_op::backward: {
@@ -394,12 +421,12 @@ class rank_runtime {
             break;
           }
           if (v == V - 1) {
-            f.dy = Tensor::empty({rows, D});
+            f.dy = be_.empty({rows, D});
             const float scale = static_cast<float>(mb_) / static_cast<float>(o_.batch);
             const float lk = head_part_->loss(f.y, tokens(targets_, k), &f.dy, scale, head_acts_);
             loss += static_cast<double>(lk) * mb_ / o_.batch;
           }
-          f.dx = Tensor::empty({rows, D});
+          f.dx = be_.empty({rows, D});
           std::function<void(int)> on_block;
           if (final_backward) on_block = [this, step, &part](int i) { enqueue(part.first() + i, step); };
           part.backward(f.acts, f.dy, f.dx, on_block);
@@ -411,7 +438,7 @@ class rank_runtime {
         }
         case pipeline_op::send_grad:
           comm_->send(l.rank_of((v - 1) % l.pp, replica_), train_msg::grad, {step, index(k, v - 1), 0, rank_},
-                      flight[key].dx);
+                      to_host(flight[key].dx));
           flight.erase(key);
           break;
         case pipeline_op::reduce_grads:
@@ -446,6 +473,22 @@ class rank_runtime {
 
   bool synthetic() const { return o_.synthetic.enabled(); }
 
+  /// A received (host) tensor where the stages compute.
+  Tensor to_compute(Tensor host) {
+    if (!on_device_) return host;
+    Tensor d = be_.empty(host.shape());
+    be_.copy(host, d);
+    return d;
+  }
+
+  /// `t` in host memory, to send (returns once copied).
+  Tensor to_host(const Tensor& t) {
+    if (t.dev().kind == device_kind::cpu) return t;
+    Tensor h = Tensor::empty(t.shape());
+    be_.copy(t, h);
+    return h;
+  }
+
   static void sleep_s(double s) {
     if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
   }
@@ -471,10 +514,12 @@ class rank_runtime {
   void reduce_bucket(int slot, std::int64_t step) {
     try {
       bucket& b = buckets_[static_cast<std::size_t>(slot)];
-      ring_reduce_scatter(*comm_, *b.group, b.grads->flat(), step, b.id);
+      // Stream-ordered after the backward that produced them; waits for it.
+      if (b.staged()) be_.copy(b.grads->flat(), b.host_grads);
+      ring_reduce_scatter(*comm_, *b.group, b.comm_grads(), step, b.id);
       if (!clipping()) {
         update_shard(b, step);
-        ring_all_gather(*comm_, *b.group, b.params->flat(), step, b.id);
+        gather_params(b, step);
       }
       note_reduced({});
     } catch (const std::exception& e) {
@@ -500,13 +545,30 @@ class rank_runtime {
     if (rethrow && dp_error_) throw train_error(*dp_error_);
   }
 
+  /// The backend of the optimiser's arithmetic: the host copies' with a
+  /// device backend (the DP actor's thread must not share the device
+  /// backend's scratch with the stage thread), else the compute backend.
+  Backend& math() { return on_device_ ? cpu_backend() : be_; }
+
   void update_shard(bucket& b, std::int64_t step) {
     if (synthetic()) return;
-    Tensor p = b.params->flat().slice(b.lo, b.hi);
-    Tensor g = b.grads->flat().slice(b.lo, b.hi);
+    Tensor p = b.comm_params().slice(b.lo, b.hi);
+    Tensor g = b.comm_grads().slice(b.lo, b.hi);
     adamw_params w = o_.optimizer.adamw;
     w.lr = scheduled_lr(w.lr, o_.optimizer.schedule, static_cast<int>(step), o_.steps);
-    be_.adamw(p, g, b.m, b.v, w, step);
+    math().adamw(p, g, b.m, b.v, w, step);
+  }
+
+  /// All-gathers the updated shards and, with a device backend, copies the
+  /// whole bucket back to the device (stream-ordered: the next forward reads it).
+  void gather_params(bucket& b, std::int64_t step) {
+    ring_all_gather(*comm_, *b.group, b.comm_params(), step, b.id);
+    if (b.staged()) upload_params(b);
+  }
+
+  void upload_params(bucket& b) {
+    Tensor dst = b.params->flat();
+    be_.copy(b.host_params, dst);
   }
 
   void optimizer_step(int step, double loss) {
@@ -516,7 +578,7 @@ class rank_runtime {
     wait_reductions(enqueued_, true);
     double sum_squares = 0;
     if (clipping())
-      for (bucket& b : buckets_) sum_squares += be_.sum_squares(b.grads->flat().slice(b.lo, b.hi));
+      for (bucket& b : buckets_) sum_squares += math().sum_squares(b.comm_grads().slice(b.lo, b.hi));
     comm_->send_coordinator(train_msg::report, encode_body(train_report{rank_, step, loss, sum_squares, comm_->job()}));
     if (clipping()) {
       remote_message m = inbox_->take(train_key(train_msg::norm, comm_->job(), step, 0), o_.timeout,
@@ -526,11 +588,11 @@ class rank_runtime {
       const double coef = static_cast<double>(o_.optimizer.max_grad_norm) / (note->value + 1e-6);
       for (bucket& b : buckets_) {
         if (coef < 1.0) {
-          Tensor g = b.grads->flat().slice(b.lo, b.hi);
-          be_.scale(g, static_cast<float>(coef));
+          Tensor g = b.comm_grads().slice(b.lo, b.hi);
+          math().scale(g, static_cast<float>(coef));
         }
         update_shard(b, step);
-        ring_all_gather(*comm_, *b.group, b.params->flat(), step, b.id);
+        gather_params(b, step);
       }
     }
     if (o_.checkpoints_at(step)) save_checkpoint(step);
@@ -544,13 +606,13 @@ class rank_runtime {
         const bool sends = keeps_params(b);
         // One message per bucket: a bucket beyond a node's largest message
         // (1 GiB by default) would be refused on the way; say so here.
-        if (sends && static_cast<std::int64_t>(b.params->flat().nbytes()) >= node_options{}.max_message_bytes)
+        if (sends && static_cast<std::int64_t>(b.comm_params().nbytes()) >= node_options{}.max_message_bytes)
           throw train_error("--save: the parameters of " + bucket_name(b.id) + " (" +
-                            std::to_string(b.params->flat().nbytes()) + " bytes) exceed one message; saving a model "
+                            std::to_string(b.comm_params().nbytes()) + " bytes) exceed one message; saving a model "
                             "this large is not supported yet (use --checkpoint-dir)");
         if (sends)
           comm_->send_coordinator(train_msg::params, encode_body(train_packet{o_.steps, b.id, 0, rank_, comm_->job()}),
-                                  {b.params->flat().clone()});
+                                  {b.comm_params().clone()});
       }
     // Done: other ranks may finish and leave first; only the coordinator
     // going away now would be a failure.
@@ -566,7 +628,8 @@ class rank_runtime {
   const rank_weights& weights_;
   token_dataset& data_;
   model_config cfg_;
-  Backend& be_;
+  Backend& be_;     ///< where the stages compute
+  bool on_device_;  ///< be_ is not the host: activations and buckets are staged through host memory
   int stage_ = 0, replica_ = 0, mb_ = 1, m_ = 1;
   bool first_ = false, last_ = false;
   int steps_done_ = 0;
@@ -616,7 +679,7 @@ rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& 
 }
 
 void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
-                    const rank_weights& weights, token_dataset& data) {
+                    const rank_weights& weights, token_dataset& data, Backend* compute) {
   if (rank < 0 || rank >= o.layout.world())
     throw std::invalid_argument("rank " + std::to_string(rank) + " is outside a job of " +
                                 std::to_string(o.layout.world()) + " ranks");
@@ -625,7 +688,7 @@ void run_train_rank(node& n, const dist_train_options& o, int rank, const std::s
   if (o.synthetic.enabled() && (o.synthetic.forward_s.size() != static_cast<std::size_t>(o.layout.pp) ||
                                 o.synthetic.backward_s.size() != static_cast<std::size_t>(o.layout.pp)))
     throw std::invalid_argument("synthetic compute needs one forward and one backward time per stage");
-  rank_runtime rt(n, o, rank, weights, data);
+  rank_runtime rt(n, o, rank, weights, data, compute);
   rt.run(coordinator);
 }
 

@@ -123,7 +123,13 @@ int run_generate(const generate_options& o) {
   if (!o.prompts.empty() && o.swarm.given())
     throw std::invalid_argument("--prompts works with local generation only: swarm sessions take no prompts yet");
 
-  Backend& be = backend_for(parse_device(o.device));
+  // With --swarm the servers compute the blocks and the head stays on the
+  // cpu (its hidden states come from and go to the wire): auto means cpu.
+  const device where = o.device == "auto" && o.swarm.given() ? device{} : parse_device(o.device);
+  if (where.kind != device_kind::cpu && o.swarm.given())
+    throw std::invalid_argument("--device " + o.device +
+                                ": with --swarm the client's head runs on the cpu; the servers' --device places the blocks");
+  Backend& be = backend_for(where);
   // With --swarm only the head (embeddings, final norm, LM head) is loaded
   // here; the servers hold the blocks.
   const model_config cfg = load_config(o.model);

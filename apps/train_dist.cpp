@@ -158,7 +158,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
       whole.emplace(transformer::init(cfg, a.seed, cpu_backend()));
       weights = weights_of(*whole);
     }
-    run_train_rank(*n, o, a.rank, coordinator, weights, data);
+    run_train_rank(*n, o, a.rank, coordinator, weights, data, &backend_for(parse_device(a.device)));
   } catch (const std::exception& e) {
     // The coordinator this process hosts fails with it (and tells the
     // other ranks), instead of waiting for a join that never comes.
@@ -285,7 +285,7 @@ std::vector<std::string> rank_args(const train_args& a, int rank, const std::str
   std::vector<std::string> r{"train",        "--model",  a.model,       "--data",  a.data,
                              "--batch",      num(a.batch), "--seq",     num(a.seq), "--steps",
                              num(a.steps),   "--lr",     "0",           "--seed",  num(a.seed),
-                             "--threads",    num(a.threads > 0 ? a.threads : 1), "--rank", num(rank),
+                             "--threads",    num(a.threads > 0 ? a.threads : 1), "--device", a.device, "--rank", num(rank),
                              "--coordinator", coordinator, "--external-coordinator", "--job-file", job_file};
   return r;
 }
@@ -307,7 +307,7 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
     const double tokens = static_cast<double>(steps_run) * a.batch * a.seq;
     nlohmann::json summary = {{"steps", a.steps}, {"tokens", tokens}, {"seconds", seconds},
                               {"tokens_per_s", seconds > 0 ? tokens / seconds : 0.0}, {"layout", o.layout.describe()},
-                              {"ranks", o.layout.world()}, {"device", "cpu"}};
+                              {"ranks", o.layout.world()}, {"device", parse_device(a.device).str()}};
     if (steps_run > 0) summary["final_loss"] = last_loss;
     if (!a.save.empty()) summary["saved"] = a.save;
     std::printf("%s\n", summary.dump().c_str());
@@ -439,9 +439,7 @@ int run_distributed_train(train_args a) {
   const launcher_identity id = from_environment();
   if (a.rank < 0 && id.world > 0) a.rank = id.rank;
   if (a.coordinator.empty()) a.coordinator = id.coordinator;
-  if (a.device != "cpu" && a.device != "auto")  // auto: the cpu, the only backend here yet
-    throw std::invalid_argument("pipeline and data-parallel training runs on the CPU backend only (--device " +
-                                a.device + ")");
+  parse_device(a.device);  // a bad name is one error here, not one per rank
   const model_config cfg = load_config(a.model);
   if (!a.link_profile.empty()) {
     try {

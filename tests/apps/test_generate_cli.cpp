@@ -284,5 +284,10 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
     testing::check_one_error(
         testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--device", "cuda:7"})),
         "cuda:7");
+    // With --swarm the head stays on the cpu: a device there is refused
+    // (before any connection), and auto is the cpu.
+    testing::check_one_error(
+        testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--swarm", "127.0.0.1:1", "--device", "cuda"})),
+        "--device cuda: with --swarm the client's head runs on the cpu");
   }
 }
