@@ -232,10 +232,19 @@ void transformer::save(const std::filesystem::path& dir) const {
   fs::create_directories(dir, ec);
   if (ec) throw model_error("cannot create " + dir.string() + ": " + ec.message());
 
-  std::vector<std::pair<std::string, Tensor>> tensors = hf_head_tensors(impl_->cfg, impl_->head_part.params());
+  // Parameters on a device are written from host copies.
+  auto on_host = [](param_set p) {
+    if (p.flat().defined() && p.flat().dev().kind != device_kind::cpu) {
+      Tensor h = Tensor::empty({p.size()});
+      h.copy_from(p.flat());
+      p.flat() = std::move(h);
+    }
+    return p;
+  };
+  std::vector<std::pair<std::string, Tensor>> tensors = hf_head_tensors(impl_->cfg, on_host(impl_->head_part.params()));
   const auto& blocks = impl_->block_span.params();
   for (int i = 0; i < static_cast<int>(blocks.size()); ++i)
-    for (auto& t : hf_block_tensors(impl_->cfg, i, blocks[static_cast<std::size_t>(i)]))
+    for (auto& t : hf_block_tensors(impl_->cfg, i, on_host(blocks[static_cast<std::size_t>(i)])))
       tensors.push_back(std::move(t));
   write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
 

@@ -65,7 +65,10 @@ std::pair<std::vector<float>, Tensor> tune(const swarm_model& m, span_runner& ru
 void check_same_run(const std::pair<std::vector<float>, Tensor>& got,
                     const std::pair<std::vector<float>, Tensor>& want) {
   REQUIRE(got.first.size() == want.first.size());
-  for (std::size_t s = 0; s < got.first.size(); ++s) CHECK(got.first[s] == doctest::Approx(want.first[s]).epsilon(1e-5));
+  // The servers compute on the GPU where one is visible (--device auto) and
+  // the reference on the cpu: summation orders differ across devices too.
+  const double eps = cuda_device_count() > 0 ? 1e-4 : 1e-5;
+  for (std::size_t s = 0; s < got.first.size(); ++s) CHECK(got.first[s] == doctest::Approx(want.first[s]).epsilon(eps));
   CHECK(testing::max_rel_diff(got.second, want.second) < 1e-4);
 }
 

@@ -51,7 +51,7 @@ TEST_CASE("bench gemm --rows overrides the preset's row counts; bf16 on the cpu 
   for (const auto& s : j["results"]) CHECK(s["m"] == 3);
 
   corolla::testing::check_one_error(
-      run_corolla({"bench", "gemm", "--shapes", "tiny", "--dtype", "bf16"}),
+      run_corolla({"bench", "gemm", "--device", "cpu", "--shapes", "tiny", "--dtype", "bf16"}),
       "the CPU backend computes in f32");
   corolla::testing::check_one_error(run_corolla({"bench", "gemm", "--shapes", "huge"}),
                                     "unknown --shapes 'huge'");

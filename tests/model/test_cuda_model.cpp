@@ -158,3 +158,18 @@ TEST_CASE("cuda: a short training run tracks the cpu's losses (GPT-2, Llama)") {
     // by O(lr) between any two summation orders.
   }
 }
+
+TEST_CASE("cuda: a model on the device saves the same checkpoint as on the cpu") {
+  REQUIRE_GPU_OR_SKIP();
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::temp_dir_guard dir("cuda-save");
+    testing::write_tiny_model(dir / "in", options_for(arch));
+    transformer on_gpu = transformer::load(dir / "in", gpu());
+    on_gpu.save(dir / "out");
+    transformer back = transformer::load(dir / "out", cpu_backend());
+    transformer original = transformer::load(dir / "in", cpu_backend());
+    const auto ids = some_ids(12, original.config().vocab_size, 4);
+    CHECK(max_abs_diff(back.forward_logits(ids).to_vector(), original.forward_logits(ids).to_vector()) == 0.0);
+  }
+}
