@@ -94,6 +94,7 @@ struct bench_common {
   std::string model_dir;
   std::string preset = "small";
   std::string device = "auto";
+  std::string matmul = "f32";  ///< bench train --matmul
   int threads = 0;
   bool json = false;
   std::uint64_t seed = 0;
@@ -285,6 +286,7 @@ double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::i
 
 int run_train(const bench_common& o, int batch, int seq, int steps) {
   apply_common_options(o.threads, "warn");
+  set_matmul_precision(parse_matmul_precision(o.matmul));
   Backend& be = backend_for(parse_device(o.device));
   transformer model = open_model(o, be);
   const auto& c = model.config();
@@ -332,6 +334,7 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   const double mfu = achieved / peak;
   nlohmann::json j = {{"bench", "train"},
                       {"device", be.name()},
+                      {"matmul", matmul_precision_name(get_matmul_precision())},
                       {"threads", cpu_threads()},
                       {"params", c.parameter_count()},
                       {"batch", batch},
@@ -397,6 +400,9 @@ void register_bench(CLI::App& app, action_fn& action) {
       ->capture_default_str();
   train->add_option("--seq", seq, "Tokens per sequence (default with --cluster: 128)")->capture_default_str();
   train->add_option("--steps", steps, "Timed steps (after one warm-up step)")->capture_default_str();
+  train->add_option("--matmul", train_opts.matmul,
+                    "Products of f32 tensors on a GPU: f32, tf32 or bf16 (tensor cores, f32 accumulation)")
+      ->capture_default_str();
   train->add_option("--cluster", cluster,
                     "Cluster TOML: one local rank process per planned worker, links shaped by the file, compute "
                     "emulated by the cost model's times (docs/benchmarks.md)");

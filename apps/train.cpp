@@ -80,6 +80,7 @@ int run_train(const train_args& a) {
     throw model_error("--checkpoint-dir, --checkpoint-every, --resume, --micro-batch, --chunks, --link-profile and --coordinator "
                       "are for pipeline x data-parallel training: add --pp, --dp or --cluster");
   apply_common_options(a.threads, "warn");
+  set_matmul_precision(parse_matmul_precision(a.matmul));
   Backend& be = backend_for(parse_device(a.device));
   bool fresh = false;
   transformer model = open_model(a.model, a.seed, be, fresh);
@@ -177,6 +178,9 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--seed", args->seed, "Seed of the fresh initialisation (config-only --model)")
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all cores)")
+      ->capture_default_str();
+  cmd->add_option("--matmul", args->matmul,
+                  "Products of f32 tensors on a GPU: f32 (exact), tf32 or bf16 (tensor cores, f32 accumulation)")
       ->capture_default_str();
   cmd->add_option("--device", args->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--json", args->json,

@@ -37,6 +37,7 @@ struct train_args {
   std::uint64_t seed = 0;
   int threads = 0;
   std::string device = "auto";
+  std::string matmul = "f32";  ///< --matmul: precision of f32 products on a GPU (set_matmul_precision)
   bool json = false;
 
   // Pipeline x data-parallel training (apps/train_dist.cpp).

@@ -285,7 +285,7 @@ std::vector<std::string> rank_args(const train_args& a, int rank, const std::str
   std::vector<std::string> r{"train",        "--model",  a.model,       "--data",  a.data,
                              "--batch",      num(a.batch), "--seq",     num(a.seq), "--steps",
                              num(a.steps),   "--lr",     "0",           "--seed",  num(a.seed),
-                             "--threads",    num(a.threads > 0 ? a.threads : 1), "--device", a.device, "--rank", num(rank),
+                             "--threads",    num(a.threads > 0 ? a.threads : 1), "--device", a.device, "--matmul", a.matmul, "--rank", num(rank),
                              "--coordinator", coordinator, "--external-coordinator", "--job-file", job_file};
   return r;
 }
@@ -439,7 +439,8 @@ int run_distributed_train(train_args a) {
   const launcher_identity id = from_environment();
   if (a.rank < 0 && id.world > 0) a.rank = id.rank;
   if (a.coordinator.empty()) a.coordinator = id.coordinator;
-  parse_device(a.device);  // a bad name is one error here, not one per rank
+  parse_device(a.device);  // bad names are one error here, not one per rank
+  set_matmul_precision(parse_matmul_precision(a.matmul));
   const model_config cfg = load_config(a.model);
   if (!a.link_profile.empty()) {
     try {

@@ -1,5 +1,6 @@
 #include "kernels/backend.hpp"
 
+#include <atomic>
 #include <stdexcept>
 
 #ifdef COROLLA_HAVE_CUDA
@@ -23,6 +24,28 @@ int cuda_device_count() {
 #else
   return 0;
 #endif
+}
+
+namespace {
+std::atomic<int> g_matmul_precision{static_cast<int>(matmul_precision::f32)};
+}  // namespace
+
+void set_matmul_precision(matmul_precision p) { g_matmul_precision.store(static_cast<int>(p)); }
+matmul_precision get_matmul_precision() { return static_cast<matmul_precision>(g_matmul_precision.load()); }
+
+matmul_precision parse_matmul_precision(const std::string& text) {
+  if (text == "f32") return matmul_precision::f32;
+  if (text == "tf32") return matmul_precision::tf32;
+  if (text == "bf16") return matmul_precision::bf16;
+  throw std::invalid_argument("unknown matmul precision '" + text + "' (expected f32, tf32 or bf16)");
+}
+
+const char* matmul_precision_name(matmul_precision p) {
+  switch (p) {
+    case matmul_precision::tf32: return "tf32";
+    case matmul_precision::bf16: return "bf16";
+    default: return "f32";
+  }
 }
 
 device parse_device(const std::string& text) {

@@ -219,6 +219,18 @@ Backend& backend_for(device dev);
 /// (saying how to configure one with it).
 std::runtime_error cuda_not_built(device dev);
 
+/// How CUDA products of f32 operands use the tensor cores: f32 (full f32
+/// arithmetic: the default, equal to the CPU reference at f32 tolerance),
+/// tf32 (operands rounded to TF32's 10-bit significand) or bf16 (rounded to
+/// bf16's 7-bit one); every variant accumulates in f32. Process-wide; 16-bit
+/// operands and the CPU backend (always f32) ignore it.
+enum class matmul_precision { f32, tf32, bf16 };
+void set_matmul_precision(matmul_precision p);
+matmul_precision get_matmul_precision();
+/// "f32", "tf32", "bf16"; throws std::invalid_argument otherwise.
+matmul_precision parse_matmul_precision(const std::string& text);
+const char* matmul_precision_name(matmul_precision p);
+
 /// Parses "cpu", "cuda", "cuda:N", or "auto" (cuda:0 when a CUDA device is
 /// visible, else cpu); throws std::invalid_argument otherwise.
 device parse_device(const std::string& text);

@@ -16,9 +16,12 @@
 //
 // This is the straightforward O(T^2) formulation, chosen for being easy to
 // check against kernels/cpu/cpu_attention.cpp; it re-reads keys from L2 per
-// query row instead of tiling them through shared memory. Attention against
-// the paged cache (decode) splits the keys over blocks instead; see there.
+// query row. Head sizes up to 128 take the tiled kernels of
+// attention_tiled.cu instead (the delta kernel here runs for both), and
+// attention against the paged cache (decode) splits the keys over blocks;
+// see there.
 #include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/attention_tiled.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
 
@@ -372,6 +375,7 @@ void attention_forward(stream_t s, const attention_dims& g, const float* q, cons
   p.seq = seq;
   p.g = g;
   if (p.rows <= 0) return;
+  if (attention_forward_tiled(s, g, q, k, v, batch, seq, out, lse)) return;
   dispatch_chunks(g.dh, [&](auto c) {
     attention_forward_kernel<decltype(c)::value>
         <<<warp_blocks(p.rows * g.hq), attn_threads, 0, s>>>(p);
@@ -390,6 +394,7 @@ void attention_backward(stream_t s, const attention_dims& g, const float* q, con
     constexpr int C = decltype(c)::value;
     attention_delta_kernel<C><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
     COROLLA_CUDA_LAUNCH_CHECK("attention_delta_kernel");
+    if (attention_backward_tiled(s, g, q, k, v, lse, dout, delta, batch, seq, dq, dk, dv)) return;
     attention_dq_kernel<C><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
     COROLLA_CUDA_LAUNCH_CHECK("attention_dq_kernel");
     attention_dkdv_kernel<C><<<warp_blocks(rows * g.hkv), attn_threads, 0, s>>>(p);

@@ -147,7 +147,7 @@ class cuda_backend final : public Backend {
   struct lt_key {
     std::array<std::int64_t, 6> dims{};  ///< m, n, k, lda, ldb, ldc
     std::array<std::uint32_t, 3> align{};
-    std::array<std::uint8_t, 6> flags{};  ///< trans_a, trans_b, at, bt, ct, bias
+    std::array<std::uint8_t, 7> flags{};  ///< trans_a, trans_b, at, bt, ct, bias, precision
     friend bool operator<(const lt_key& x, const lt_key& y) {
       return std::tie(x.dims, x.align, x.flags) < std::tie(y.dims, y.align, y.flags);
     }

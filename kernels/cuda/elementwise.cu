@@ -97,14 +97,14 @@ __global__ void broadcast_rows_kernel(const B* bias, O* out, std::int64_t rows,
   COROLLA_GRID_STRIDE(i, rows * cols) store_f32(out, i, load_f32(bias, i % cols));
 }
 
-/// One thread per column walks every row (coalesced across the warp).
+/// acc += the column sums of x (column_sums: 32 x 32 threads per 32 columns).
 template <class X, class A>
 __global__ void column_sum_kernel(const X* x, std::int64_t rows, std::int64_t cols, A* acc) {
-  const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (c >= cols) return;
-  float s = 0.0f;
-  for (std::int64_t r = 0; r < rows; ++r) s += load_f32(x, r * cols + c);
-  store_f32(acc, c, load_f32(acc, c) + s);
+  float total[1];
+  auto value = [x, cols](std::int64_t r, std::int64_t c, float* s) { s[0] += load_f32(x, r * cols + c); };
+  if (!column_sums<1>(rows, cols, value, total)) return;
+  const std::int64_t c = std::int64_t{blockIdx.x} * column_tile + threadIdx.x;
+  store_f32(acc, c, load_f32(acc, c) + total[0]);
 }
 
 }  // namespace
@@ -210,13 +210,12 @@ void broadcast_rows(stream_t s, const void* bias, elem bias_t, void* out, elem o
 void column_sum_accumulate(stream_t s, const void* x, elem x_t, std::int64_t rows,
                            std::int64_t cols, void* acc, elem acc_t) {
   if (rows <= 0 || cols <= 0) return;
-  const unsigned blocks = static_cast<unsigned>((cols + 255) / 256);
   dispatch_elem(x_t, [&](auto xtag) {
     using X = decltype(xtag);
     dispatch_elem(acc_t, [&](auto atag) {
       using A = decltype(atag);
-      column_sum_kernel<X, A><<<blocks, 256, 0, s>>>(static_cast<const X*>(x), rows, cols,
-                                                      static_cast<A*>(acc));
+      column_sum_kernel<X, A><<<column_tiles(cols), dim3(column_tile, column_tile), 0, s>>>(
+          static_cast<const X*>(x), rows, cols, static_cast<A*>(acc));
       COROLLA_CUDA_LAUNCH_CHECK("column_sum_kernel");
     });
   });

@@ -10,6 +10,9 @@
 // Precision: CUBLAS_COMPUTE_32F with f32 scale for every dtype (no TF32, so
 // f32 products match the CPU reference at f32 tolerance); bf16/f16 inputs
 // accumulate in f32. The output may be f32 or the inputs' 16-bit dtype.
+// set_matmul_precision(tf32 | bf16) lets f32 products run on the tensor
+// cores (CUBLAS_COMPUTE_32F_FAST_TF32 / _FAST_16BF: operands rounded, f32
+// accumulation), for training speed at that precision.
 //
 // linear's bias goes through CUBLASLT_EPILOGUE_BIAS when its dtype equals
 // y's (the bias vector runs along cuBLAS's m = out, broadcast over rows);
@@ -129,7 +132,13 @@ void cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
                              std::int64_t lda, const void* b, dtype bt, std::int64_t ldb,
                              float beta, void* c, dtype ct, std::int64_t ldc, const void* bias) {
   matmul_desc op;
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // f32 operands may use the tensor cores at a lower input precision.
+  const matmul_precision precision =
+      at == dtype::f32 && bt == dtype::f32 ? get_matmul_precision() : matmul_precision::f32;
+  const cublasComputeType_t compute = precision == matmul_precision::tf32   ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                      : precision == matmul_precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                                            : CUBLAS_COMPUTE_32F;
+  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, compute, CUDA_R_32F));
   // cuBLAS "A" = our b, "B" = our a (see the file comment).
   const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -165,7 +174,8 @@ void cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
   key.align = {align_a, align_b, align_c};
   key.flags = {static_cast<std::uint8_t>(trans_a), static_cast<std::uint8_t>(trans_b),
                static_cast<std::uint8_t>(at), static_cast<std::uint8_t>(bt),
-               static_cast<std::uint8_t>(ct), static_cast<std::uint8_t>(bias != nullptr)};
+               static_cast<std::uint8_t>(ct), static_cast<std::uint8_t>(bias != nullptr),
+               static_cast<std::uint8_t>(precision)};
   cublasLtMatmulAlgo_t algo{};
   static_assert(sizeof algo == sizeof(std::array<std::uint64_t, 8>), "cublasLtMatmulAlgo_t size");
   if (auto it = lt_algos_.find(key); it != lt_algos_.end()) {

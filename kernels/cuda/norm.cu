@@ -42,11 +42,9 @@ __global__ void rmsnorm_backward_dx_kernel(const float* x, const float* w, const
 // dw_j += sum_rows dy_j x_j r
 __global__ void rmsnorm_backward_dw_kernel(const float* x, const float* rstd, const float* dy,
                                            float* dw, std::int64_t n, std::int64_t d) {
-  const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (c >= d) return;
-  float s = 0.0f;
-  for (std::int64_t row = 0; row < n; ++row) s += dy[row * d + c] * x[row * d + c] * rstd[row];
-  dw[c] += s;
+  float total[1];
+  auto value = [=](std::int64_t r, std::int64_t c, float* s) { s[0] += dy[r * d + c] * x[r * d + c] * rstd[r]; };
+  if (column_sums<1>(n, d, value, total)) dw[std::int64_t{blockIdx.x} * column_tile + threadIdx.x] += total[0];
 }
 
 __global__ void layernorm_forward_kernel(const float* x, const float* w, const float* b,
@@ -99,19 +97,17 @@ __global__ void layernorm_backward_dx_kernel(const float* x, const float* w, con
 __global__ void layernorm_backward_dwdb_kernel(const float* x, const float* mean,
                                                const float* rstd, const float* dy, float* dw,
                                                float* db, std::int64_t n, std::int64_t d) {
-  const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (c >= d) return;
-  float sw = 0.0f, sb = 0.0f;
-  for (std::int64_t row = 0; row < n; ++row) {
-    const float g = dy[row * d + c];
-    sw += g * (x[row * d + c] - mean[row]) * rstd[row];
-    sb += g;
-  }
-  dw[c] += sw;
-  db[c] += sb;
+  float total[2];
+  auto value = [=](std::int64_t r, std::int64_t c, float* s) {
+    const float g = dy[r * d + c];
+    s[0] += g * (x[r * d + c] - mean[r]) * rstd[r];
+    s[1] += g;
+  };
+  if (!column_sums<2>(n, d, value, total)) return;
+  const std::int64_t c = std::int64_t{blockIdx.x} * column_tile + threadIdx.x;
+  dw[c] += total[0];
+  db[c] += total[1];
 }
-
-unsigned column_blocks(std::int64_t d) { return static_cast<unsigned>((d + 255) / 256); }
 
 }  // namespace
 
@@ -136,7 +132,7 @@ void rmsnorm_backward(stream_t s, const float* x, const float* w, const float* r
   rmsnorm_backward_dx_kernel<<<static_cast<unsigned>(n), row_threads, 0, s>>>(x, w, rstd, dy,
                                                                               dx, d);
   COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dx_kernel");
-  rmsnorm_backward_dw_kernel<<<column_blocks(d), 256, 0, s>>>(x, rstd, dy, dw, n, d);
+  rmsnorm_backward_dw_kernel<<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(x, rstd, dy, dw, n, d);
   COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dw_kernel");
 }
 
@@ -155,7 +151,7 @@ void layernorm_backward(stream_t s, const float* x, const float* w, const float*
   layernorm_backward_dx_kernel<<<static_cast<unsigned>(n), row_threads, 0, s>>>(
       x, w, mean, rstd, dy, dx, d);
   COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dx_kernel");
-  layernorm_backward_dwdb_kernel<<<column_blocks(d), 256, 0, s>>>(x, mean, rstd, dy, dw, db, n, d);
+  layernorm_backward_dwdb_kernel<<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(x, mean, rstd, dy, dw, db, n, d);
   COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dwdb_kernel");
 }
 

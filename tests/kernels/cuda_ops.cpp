@@ -19,6 +19,7 @@
 //  * int8 quantisation and dtype conversions are bit-exact.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -133,6 +134,51 @@ TEST_CASE("cuda: gemm with beta 0 ignores NaN in c, folds leading dims and takes
   cpu().gemm(e0, false, e1, false, ck, 1.0f, 0.5f);
   gpu().gemm(up(e0), false, up(e1), false, dck, 1.0f, 0.5f);
   expect_close(dck, ck, 0, 0, "gemm k=0");
+}
+
+TEST_CASE("cuda: f32 products at tf32 and bf16 precision round their operands and accumulate in f32") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(131);
+  const std::int64_t M = 37, K = 300, N = 45;
+  Tensor a = random_tensor({M, K}, r), b = random_tensor({N, K}, r);
+  Tensor exact = Tensor::empty({M, N});
+  cpu().gemm(a, false, b, true, exact);
+  // How cuBLAS rounds the operands is not specified (nearest or toward
+  // zero): each operand moves by at most u relative, a product by 2u + u^2,
+  // so |got - exact| <= (2u + u^2) sum_k |a_ik b_jk| (+ f32 summation).
+  std::vector<double> mass(static_cast<std::size_t>(M * N), 0.0);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j)
+      for (std::int64_t k = 0; k < K; ++k)
+        mass[static_cast<std::size_t>(i * N + j)] += std::abs(static_cast<double>(pa[i * K + k]) * pb[j * K + k]);
+  Tensor da = up(a), db = up(b), dc = gpu().empty({M, N});
+  struct restore {
+    ~restore() { set_matmul_precision(matmul_precision::f32); }
+  } guard;
+  const std::vector<double> want = to_double(exact);
+  for (auto [p, u] : {std::pair{matmul_precision::bf16, 1.0 / 128}, std::pair{matmul_precision::tf32, 1.0 / 1024}}) {
+    CAPTURE(matmul_precision_name(p));
+    set_matmul_precision(p);
+    gpu().gemm(da, false, db, true, dc);
+    const std::vector<double> got = to_double(down(dc));
+    double moved = 0.0;
+    int outside = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double err = std::abs(got[i] - want[i]);
+      moved = std::max(moved, err);
+      if (err > (2 * u + u * u) * mass[i] + 1e-4) ++outside;
+    }
+    CHECK(outside == 0);
+    CHECK(moved > 1e-5);  // the tensor cores ran: not the f32 result
+  }
+  set_matmul_precision(matmul_precision::f32);
+  gpu().gemm(da, false, db, true, dc);
+  expect_close(dc, exact, red_rtol, red_atol, "f32 gemm after the others");
+  CHECK(parse_matmul_precision("tf32") == matmul_precision::tf32);
+  CHECK_THROWS_WITH_AS(parse_matmul_precision("fp8"), doctest::Contains("expected f32, tf32 or bf16"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("cuda: linear and linear_backward match the cpu with and without bias") {
@@ -375,8 +421,12 @@ TEST_CASE("cuda: attention forward and backward match the cpu (MHA, GQA, head si
     int hq, hkv, dh, batch, seq;
     float scale;
   };
+  // Head sizes up to 128 take the tiled kernels (tiles of 32 rows: sequences
+  // of one, several and partial tiles), 256 the warp-per-row ones.
   for (const config& c : {config{2, 2, 16, 2, 13, 0.0f}, config{4, 2, 80, 1, 9, 0.0f},
-                          config{6, 2, 64, 2, 70, 0.3f}, config{2, 1, 256, 1, 5, 0.0f}}) {
+                          config{6, 2, 64, 2, 70, 0.3f}, config{2, 1, 256, 1, 5, 0.0f},
+                          config{4, 4, 128, 2, 100, 0.0f}, config{8, 2, 32, 1, 64, 0.0f},
+                          config{2, 2, 100, 1, 45, 0.0f}, config{2, 1, 256, 1, 40, 0.0f}}) {
     CAPTURE(c.hq);
     CAPTURE(c.hkv);
     CAPTURE(c.dh);

@@ -1,0 +1,29 @@
+// kernels/cuda/attention_tiled.hpp — tiled (flash-style) causal attention
+// for training, head sizes up to tiled_max_head_dim (host-only header; the
+// kernels are in attention_tiled.cu, layouts as in attention.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/stream.hpp"
+
+namespace corolla::cuda {
+
+/// Largest head size of the tiled kernels (attention.cu's take the rest).
+constexpr int tiled_max_head_dim = 128;
+
+/// out and lse (may be null) as attention_forward; false (nothing launched)
+/// when g.dh exceeds tiled_max_head_dim.
+bool attention_forward_tiled(stream_t s, const attention_dims& g, const float* q, const float* k,
+                             const float* v, std::int64_t batch, std::int64_t seq, float* out,
+                             float* lse);
+
+/// dq, dk, dv (overwritten) from lse and delta (dout . out per row and
+/// head, [b][h][t]); false (nothing launched) when g.dh exceeds
+/// tiled_max_head_dim.
+bool attention_backward_tiled(stream_t s, const attention_dims& g, const float* q, const float* k,
+                              const float* v, const float* lse, const float* dout, const float* delta,
+                              std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv);
+
+}  // namespace corolla::cuda
