@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# scripts/gpu/check.sh — the GPU checks of docs/cuda.md ("Verifying on a
+# GPU") from a pack made by scripts/gpu/pack.sh, run from the repository
+# root on the GPU machine. Logs go to $OUT (default ./gpu-logs).
+#
+#   scripts/gpu/check.sh PACK [quick|full]
+# quick: the CUDA unit tests and model tests; full (default): also every
+# test binary with the GPU visible (multi-process tests included), a
+# comparison with HuggingFace transformers when python3 has it, and the
+# benchmarks of docs/benchmarks.md.
+set -uo pipefail
+pack=$1
+mode=${2:-full}
+out=${OUT:-$PWD/gpu-logs}
+mkdir -p "$out" /tmp/corolla-gpu
+tar -C /tmp/corolla-gpu -xzf "$pack"
+libdirs=/tmp/corolla-gpu/lib
+for l in libcudart.so.13 libcublasLt.so.13 libnccl.so.2; do
+  p=$(ls /usr/local/cuda/lib64/$l 2>/dev/null | head -1)
+  [ -z "$p" ] && p=$(timeout 30 find / -xdev -name "$l" -not -path '/proc/*' 2>/dev/null | head -1)
+  [ -n "$p" ] && libdirs="$libdirs:$(dirname "$p")"
+done
+export LD_LIBRARY_PATH=$libdirs PATH=/tmp/corolla-gpu/bin:$PATH
+# The multi-process tests start the corolla binary by its build path.
+bin_path=$(strings /tmp/corolla-gpu/bin/test_apps_mp 2>/dev/null | grep -m1 '/apps/corolla$' || true)
+[ -n "$bin_path" ] && mkdir -p "$(dirname "$bin_path")" && ln -sf /tmp/corolla-gpu/bin/corolla "$bin_path"
+
+run() {  # name, command...: runs, logs to $out/name.log, prints the verdict
+  local name=$1; shift
+  "$@" > "$out/$name.log" 2>&1
+  echo "$name: exit $? ($(tail -n 2 "$out/$name.log" | tr '\n' ' '))"
+}
+corolla info
+run cuda_kernels env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*'
+run cuda_model test_model -tc='cuda*'
+[ "$mode" = quick ] && exit 0
+for t in test_kernels test_model test_apps test_apps_mp test_actors_mp; do run "$t" "$t"; done
+if python3 -c 'import transformers' 2>/dev/null; then
+  run hf_reference python3 scripts/gpu/hf_reference.py /tmp/corolla-gpu/hf
+fi
+run bench_gemm corolla bench gemm --dtype bf16 --shapes llama7b
+run bench_decode corolla bench decode --preset llama7b --weights bf16 --repeats 3
+run bench_train corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16
