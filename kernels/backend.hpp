@@ -16,6 +16,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <utility>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -123,6 +125,12 @@ class Backend {
   // ---- normalisation -----------------------------------------------------------
   /// y = x / rms(x) * w, per row. x,y [N,D], w [D], rstd [N] (saved for backward).
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) = 0;
+  /// sum = a + b (the residual stream) and y = rmsnorm(sum) in one pass. The
+  /// default runs add, then rmsnorm; a device backend fuses them.
+  virtual void add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps, Tensor& y) {
+    add(a, b, sum);
+    rmsnorm(sum, w, eps, y, nullptr);
+  }
   /// dx overwritten, dw accumulated.
   virtual void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                 const Tensor& dy, Tensor& dx, Tensor& dw) = 0;
@@ -140,6 +148,30 @@ class Backend {
   /// inverse = true rotates by the negative angle (this is the backward).
   virtual void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
                     bool inverse = false) = 0;
+  /// A decode step's RoPE and KV-cache append in one pass: with `rotate`,
+  /// q [rows, hq*head_dim] is rotated in place and k [rows, hkv*head_dim]
+  /// is written rotated to k_out; without, k is copied; v is copied to
+  /// v_out. k_out and v_out point at rows * hkv*head_dim floats of this
+  /// backend's device (the cache rows of these positions). k may be left
+  /// rotated (the default rotates it in place, then copies; a device
+  /// backend fuses everything into one launch and leaves k as it is).
+  /// (Defined inline, as add_rmsnorm: an out-of-line virtual would make
+  /// backend.cpp, with the CUDA registry, the home of Backend's vtable.)
+  virtual void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
+                             int head_dim, float theta, bool rotate, float* k_out, float* v_out) {
+    if (rotate) {
+      rope(q, positions, hq, head_dim, theta);
+      rope(k, positions, hkv, head_dim, theta);
+    }
+    for (auto [src, dst] : {std::pair<const Tensor*, float*>{&k, k_out}, {&v, v_out}}) {
+      if (dev().kind == device_kind::cpu) {
+        std::memcpy(dst, src->data<float>(), src->nbytes());
+      } else {
+        Tensor to = Tensor::wrap(storage::borrow(dst, src->nbytes(), nullptr, dev()), 0, src->shape(), dtype::f32);
+        copy(*src, to);
+      }
+    }
+  }
 
   // ---- attention -----------------------------------------------------------------
   /// Causal self-attention over B sequences of length T.

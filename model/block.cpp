@@ -25,6 +25,12 @@ void norm_forward(Backend& be, const model_config& cfg, const Tensor& x, const T
     be.layernorm(x, w, b, cfg.norm_eps, y, mean, rstd);
 }
 
+/// RoPE on the cached forward's q and k rows (Llama).
+void rope_qk(Backend& be, const model_config& cfg, Tensor& q, Tensor& k, const Tensor& positions) {
+  be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
+  be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
+}
+
 void norm_backward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
                    const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                    Tensor& dw, Tensor& db) {
@@ -254,8 +260,9 @@ void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
 
 /// The cached forward of stacked rows, shared by one sequence and by a batch
 /// of sessions: everything row-wise runs once over all rows (in a batch, one
-/// weight read serves every session); `attend(q, k, v, attn)` appends the
-/// new keys and values to the cache(s) and attends, per sequence.
+/// weight read serves every session); `attend(q, k, v, attn)` applies RoPE
+/// (Llama), appends the new keys and values to the cache(s) and attends,
+/// per sequence.
 struct cached_forward {
   template <class Attend>
   static void run(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
@@ -295,15 +302,14 @@ struct cached_forward {
       be.linear(norm, w.k_w, opt(w.k_b), k);
       be.linear(norm, w.v_w, opt(w.v_b), v);
     }
-    if (llama) {
-      be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
-      be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
-    }
-    attend(q, k, v, attn);
+    attend(q, k, v, attn);  // RoPE (Llama), the cache append and attention
     be.linear(attn, w.o_w, opt(w.o_b), tmp);
-    be.add(x, tmp, h);
-
-    norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
+    if (llama) {
+      be.add_rmsnorm(x, tmp, h, w.mlp_norm_w, cfg.norm_eps, norm);
+    } else {
+      be.add(x, tmp, h);
+      norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
+    }
     if (llama && stacked) {
       const std::int64_t F = w.gate_w.dim(0);
       Tensor& gate_up = ws.gate_up_.rows(be, 1);
@@ -328,8 +334,17 @@ void block_forward_cached(Backend& be, const model_config& cfg, const block_tens
                           const Tensor& x, const Tensor& positions, kv_sequence& kv, int layer,
                           std::int64_t start_pos, block_decode_workspace& ws, Tensor& y) {
   // One sequence: whole buffers, no slices (the decode hot path allocates nothing).
+  const bool llama = is_llama(cfg);
   cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
-    kv.append(layer, start_pos, k, v);
+    if (q.dim(0) == 1) {
+      // A decode step: RoPE and the cache append in one op, into the cache row.
+      auto [k_row, v_row] = kv.claim_row(layer, start_pos);
+      be.rope_store_kv(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta, llama,
+                       k_row, v_row);
+    } else {
+      if (llama) rope_qk(be, cfg, q, k, positions);
+      kv.append(layer, start_pos, k, v);
+    }
     be.attention_cached(q, kv.view(layer), start_pos, block_attention_shape(cfg), attn);
   });
 }
@@ -346,6 +361,7 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
                                 block_decode_workspace& ws, Tensor& y) {
   const std::int64_t R = x.dim(0);
   cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
+    if (is_llama(cfg)) rope_qk(be, cfg, q, k, positions);  // each row at its own position
     // Attention is per sequence: each has its own cache and length.
     const attention_shape shape = block_attention_shape(cfg);
     std::int64_t row = 0;

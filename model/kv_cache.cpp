@@ -191,6 +191,24 @@ void kv_sequence::append(int layer, std::int64_t start_pos, const Tensor& k, con
   layer_length_[l] = start_pos + n;
 }
 
+std::pair<float*, float*> kv_sequence::claim_row(int layer, std::int64_t pos) {
+  if (layer < first_layer_ || layer >= last_layer_)
+    throw tensor_error("kv_sequence::claim_row: layer " + std::to_string(layer) + " is outside the sequence's layers [" +
+                       std::to_string(first_layer_) + ", " + std::to_string(last_layer_) + ")");
+  const auto l = static_cast<std::size_t>(layer);
+  if (pos < 0 || pos > layer_length_[l])
+    throw tensor_error("kv_sequence::claim_row: layer " + std::to_string(layer) + " holds " +
+                       std::to_string(layer_length_[l]) + " tokens, cannot write at position " + std::to_string(pos));
+  if (pos + 1 > capacity())
+    throw tensor_error("kv_sequence::claim_row: position " + std::to_string(pos) + " is beyond the reserved capacity of " +
+                       std::to_string(capacity()));
+  const std::int64_t pt = pool_->page_tokens();
+  const auto page = static_cast<std::size_t>(pos / pt);
+  const std::int64_t offset = (pos % pt) * pool_->row_width();
+  layer_length_[l] = pos + 1;
+  return {const_cast<float*>(k_ptrs_[l][page]) + offset, const_cast<float*>(v_ptrs_[l][page]) + offset};
+}
+
 kv_pages_view kv_sequence::view(int layer) const {
   const auto l = static_cast<std::size_t>(layer);
   kv_pages_view view;

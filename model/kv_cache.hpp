@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,11 @@ class kv_sequence {
   /// when start_pos is beyond the layer's length (a gap) or the tokens
   /// exceed capacity() (reserve first).
   void append(int layer, std::int64_t start_pos, const Tensor& k, const Tensor& v);
+  /// Where the key and value rows of position `pos` of `layer` are (width
+  /// floats each, in the pool's device memory), for a caller that writes
+  /// them itself (Backend::rope_store_kv); the layer then holds pos + 1
+  /// tokens. Throws as append does for one row at `pos`. Allocates nothing.
+  std::pair<float*, float*> claim_row(int layer, std::int64_t pos);
   /// The attention kernel's view of `layer` (empty outside the sequence's
   /// layers). Valid until the next reserve, truncate or release.
   kv_pages_view view(int layer) const;

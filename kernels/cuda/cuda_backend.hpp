@@ -68,6 +68,8 @@ class cuda_backend final : public Backend {
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override;
 
+  void add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps,
+                   Tensor& y) override;
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) override;
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                         Tensor& dx, Tensor& dw) override;
@@ -77,6 +79,8 @@ class cuda_backend final : public Backend {
                           const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
                           Tensor& db) override;
 
+  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
+                     int head_dim, float theta, bool rotate, float* k_out, float* v_out) override;
   void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
             bool inverse = false) override;
 

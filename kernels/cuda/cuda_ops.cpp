@@ -113,6 +113,19 @@ void cuda_backend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& 
   rmsnorm_forward(stream_, cf(x), cf(w), eps, f(y), rstd ? f(*rstd) : nullptr, n, d);
 }
 
+void cuda_backend::add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps,
+                               Tensor& y) {
+  require_on(a, dev(), dtype::f32, "add_rmsnorm a");
+  require_condition(a.rank() == 2, "add_rmsnorm a", "expected a 2-D [rows, features] tensor");
+  const std::int64_t n = a.dim(0), d = a.dim(1);
+  require_on(b, dev(), dtype::f32, {n, d}, "add_rmsnorm b");
+  require_on(sum, dev(), dtype::f32, {n, d}, "add_rmsnorm sum");
+  require_on(w, dev(), dtype::f32, {d}, "add_rmsnorm w");
+  require_on(y, dev(), dtype::f32, {n, d}, "add_rmsnorm y");
+  device_guard guard(index_);
+  cuda::add_rmsnorm(stream_, cf(a), cf(b), f(sum), cf(w), eps, f(y), n, d);
+}
+
 void cuda_backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                     const Tensor& dy, Tensor& dx, Tensor& dw) {
   require_on(x, dev(), dtype::f32, "rmsnorm_backward x");
@@ -183,6 +196,33 @@ void cuda_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int hea
       throw tensor_error("rope: negative position " + std::to_string(pos.host[r]) + " at row " +
                          std::to_string(r));
   cuda::rope(stream_, f(x), pos.dev, n, n_heads, head_dim, theta, inverse);
+}
+
+void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq,
+                                 int hkv, int head_dim, float theta, bool rotate, float* k_out, float* v_out) {
+  require_condition(hq > 0 && hkv > 0, "rope_store_kv", "head counts must be positive");
+  require_condition(head_dim > 0 && head_dim % 2 == 0, "rope_store_kv", "head_dim must be positive and even");
+  require_condition(!rotate || (theta > 0.0f && std::isfinite(theta)), "rope_store_kv", "theta must be positive");
+  require_on(q, dev(), dtype::f32, "rope_store_kv q");
+  require_condition(q.rank() == 2, "rope_store_kv q", "expected a 2-D [rows, heads * head_dim] tensor");
+  const std::int64_t n = q.dim(0), qw = std::int64_t{hq} * head_dim, kw = std::int64_t{hkv} * head_dim;
+  require_on(q, dev(), dtype::f32, {n, qw}, "rope_store_kv q");
+  require_on(k, dev(), dtype::f32, {n, kw}, "rope_store_kv k");
+  require_on(v, dev(), dtype::f32, {n, kw}, "rope_store_kv v");
+  if (n > 0 && (k_out == nullptr || v_out == nullptr)) throw tensor_error("rope_store_kv: no destination rows");
+  device_guard guard(index_);
+  const std::int32_t* pos = nullptr;
+  if (rotate) {
+    if (!positions.defined()) throw tensor_error("rope_store_kv positions: tensor is undefined");
+    if (positions.type() != dtype::i32) expect_dtype(positions, dtype::i32, "rope_store_kv positions");
+    const index_view p = indices(positions, n, slot_indices, "rope_store_kv positions");
+    for (std::int64_t r = 0; r < n; ++r)
+      if (p.host[r] < 0)
+        throw tensor_error("rope_store_kv: negative position " + std::to_string(p.host[r]) + " at row " +
+                           std::to_string(r));
+    pos = p.dev;
+  }
+  cuda::rope_store_kv(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, theta, rotate, k_out, v_out);
 }
 
 // ---- attention -------------------------------------------------------------------

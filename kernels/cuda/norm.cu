@@ -24,6 +24,26 @@ __global__ void rmsnorm_forward_kernel(const float* x, const float* w, float eps
   if (rstd && threadIdx.x == 0) rstd[row] = rs;
 }
 
+/// sum = a + b, y = rmsnorm(sum): the rmsnorm kernel on the sum it writes.
+__global__ void add_rmsnorm_kernel(const float* a, const float* b, float* sum, const float* w, float eps,
+                                   float* y, std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* ar = a + row * d;
+  const float* br = b + row * d;
+  float* sr = sum + row * d;
+  float* yr = y + row * d;
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = ar[i] + br[i];
+    sr[i] = v;
+    s += v * v;
+  }
+  s = block_sum(s);
+  const float rs = 1.0f / sqrtf(s / static_cast<float>(d) + eps);
+  // Each thread reads back only the elements it wrote.
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = sr[i] * rs * w[i];
+}
+
 // dx_j = r * (w_j dy_j - x_j * r^2 * mean_i(w_i dy_i x_i)),  r = rstd
 __global__ void rmsnorm_backward_dx_kernel(const float* x, const float* w, const float* rstd,
                                            const float* dy, float* dx, std::int64_t d) {
@@ -124,6 +144,13 @@ void rmsnorm_forward(stream_t s, const float* x, const float* w, float eps, floa
   rmsnorm_forward_kernel<<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(x, w, eps, y,
                                                                                   rstd, d);
   COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_forward_kernel");
+}
+
+void add_rmsnorm(stream_t s, const float* a, const float* b, float* sum, const float* w, float eps, float* y,
+                 std::int64_t n, std::int64_t d) {
+  if (n <= 0) return;
+  add_rmsnorm_kernel<<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(a, b, sum, w, eps, y, d);
+  COROLLA_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
 }
 
 void rmsnorm_backward(stream_t s, const float* x, const float* w, const float* rstd,

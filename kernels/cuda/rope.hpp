@@ -14,4 +14,11 @@ namespace corolla::cuda {
 void rope(stream_t s, float* x, const std::int32_t* positions, std::int64_t n, int heads,
           int head_dim, float theta, bool inverse);
 
+/// Backend::rope_store_kv on device pointers: q [n, hq*head_dim] rotated in
+/// place (when `rotate`), k [n, hkv*head_dim] rotated (or copied) into
+/// k_out, v copied into v_out; one launch.
+void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
+                   std::int64_t n, int hq, int hkv, int head_dim, float theta, bool rotate, float* k_out,
+                   float* v_out);
+
 }  // namespace corolla::cuda

@@ -414,6 +414,40 @@ TEST_CASE("cuda: rope and its inverse match the cpu, positions on the host or th
 
 // ---- attention -----------------------------------------------------------------------
 
+TEST_CASE("cuda: the fused decode ops (add_rmsnorm, rope_store_kv) equal the cpu's separate ops") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(133);
+  for (std::int64_t n : {1, 3}) {
+    CAPTURE(n);
+    const std::int64_t d = 4096 + 8;
+    Tensor a = random_tensor({n, d}, r), b = random_tensor({n, d}, r), w = random_tensor({d}, r);
+    Tensor sum = Tensor::empty({n, d}), y = Tensor::empty({n, d});
+    cpu().add_rmsnorm(a, b, sum, w, 1e-5f, y);
+    Tensor dsum = gpu().empty({n, d}), dy = gpu().empty({n, d});
+    gpu().add_rmsnorm(up(a), up(b), dsum, up(w), 1e-5f, dy);
+    expect_close(dsum, sum, 0.0, 0.0, "add_rmsnorm sum");
+    expect_close(dy, y, red_rtol, red_atol, "add_rmsnorm y");
+
+    const int hq = 8, hkv = 2, dh = 64;
+    Tensor q = random_tensor({n, hq * dh}, r), k = random_tensor({n, hkv * dh}, r), v = random_tensor({n, hkv * dh}, r);
+    std::vector<std::int32_t> pos;
+    for (std::int64_t i = 0; i < n; ++i) pos.push_back(static_cast<std::int32_t>(17 + 5 * i));
+    const Tensor positions = ids_tensor(pos);
+    for (bool rotate : {true, false}) {
+      CAPTURE(rotate);
+      Tensor cq = q.clone(), ck_in = k.clone(), ck = Tensor::empty({n, hkv * dh}), cv = Tensor::empty({n, hkv * dh});
+      cpu().rope_store_kv(cq, ck_in, v, positions, hq, hkv, dh, 10000.0f, rotate, ck.data<float>(), cv.data<float>());
+      Tensor gq = up(q), gk = up(k), gk_out = gpu().empty({n, hkv * dh}), gv_out = gpu().empty({n, hkv * dh});
+      gpu().rope_store_kv(gq, gk, up(v), positions, hq, hkv, dh, 10000.0f, rotate, gk_out.data<float>(),
+                          gv_out.data<float>());
+      expect_close(gq, cq, ew_rtol, ew_atol, "rope_store_kv q");
+      expect_close(gk_out, ck, ew_rtol, ew_atol, "rope_store_kv k_out");
+      expect_close(gv_out, cv, 0.0, 0.0, "rope_store_kv v_out");
+      expect_close(gk, k, 0.0, 0.0, "rope_store_kv leaves k");
+    }
+  }
+}
+
 TEST_CASE("cuda: attention forward and backward match the cpu (MHA, GQA, head sizes)") {
   REQUIRE_GPU_OR_SKIP();
   rng r(108);
