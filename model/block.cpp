@@ -264,6 +264,27 @@ void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
 /// (Llama), appends the new keys and values to the cache(s) and attends,
 /// per sequence.
 struct cached_forward {
+  /// The workspace's views of q, k, v (gate, up) in the single-row outputs of
+  /// the stacked products; made again only when those buffers are (so a
+  /// warm decode step allocates nothing).
+  static void stacked_views(Backend& be, const block_tensors& w, bool llama, block_decode_workspace& ws) {
+    const Tensor& qkv = ws.qkv_.rows(be, 1);
+    const Tensor* gate_up = llama ? &ws.gate_up_.rows(be, 1) : nullptr;
+    if (ws.views_of_ == qkv.raw() && ws.q1_.defined()) return;
+    const std::int64_t qw = w.q_w.dim(0), kw = w.k_w.dim(0);
+    const Tensor all = qkv.view({qw + 2 * kw});
+    ws.q1_ = all.slice(0, qw).view({1, qw});
+    ws.k1_ = all.slice(qw, qw + kw).view({1, kw});
+    ws.v1_ = all.slice(qw + kw, qw + 2 * kw).view({1, kw});
+    if (gate_up) {
+      const std::int64_t F = w.gate_w.dim(0);
+      const Tensor both = gate_up->view({2 * F});
+      ws.gate1_ = both.slice(0, F).view({1, F});
+      ws.up1_ = both.slice(F, 2 * F).view({1, F});
+    }
+    ws.views_of_ = qkv.raw();
+  }
+
   template <class Attend>
   static void run(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
                   const Tensor& positions, block_decode_workspace& ws, Tensor& y, Attend&& attend) {
@@ -275,17 +296,10 @@ struct cached_forward {
     Tensor& norm = ws.norm_.rows(be, R);
     Tensor& mean = ws.mean_.rows(be, R);
     Tensor& rstd = ws.rstd_.rows(be, R);
-    Tensor q1, k1, v1;  // views into the stacked product's row
-    if (stacked) {
-      const std::int64_t qw = w.q_w.dim(0), kw = w.k_w.dim(0);
-      const Tensor all = ws.qkv_.rows(be, 1).view({qw + 2 * kw});
-      q1 = all.slice(0, qw).view({1, qw});
-      k1 = all.slice(qw, qw + kw).view({1, kw});
-      v1 = all.slice(qw + kw, qw + 2 * kw).view({1, kw});
-    }
-    Tensor& q = stacked ? q1 : ws.q_.rows(be, R);
-    Tensor& k = stacked ? k1 : ws.k_.rows(be, R);
-    Tensor& v = stacked ? v1 : ws.v_.rows(be, R);
+    if (stacked) stacked_views(be, w, llama, ws);
+    Tensor& q = stacked ? ws.q1_ : ws.q_.rows(be, R);
+    Tensor& k = stacked ? ws.k1_ : ws.k_.rows(be, R);
+    Tensor& v = stacked ? ws.v1_ : ws.v_.rows(be, R);
     Tensor& attn = ws.attn_.rows(be, R);
     Tensor& tmp = ws.tmp_.rows(be, R);
     Tensor& h = ws.h_.rows(be, R);
@@ -311,11 +325,8 @@ struct cached_forward {
       norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
     }
     if (llama && stacked) {
-      const std::int64_t F = w.gate_w.dim(0);
-      Tensor& gate_up = ws.gate_up_.rows(be, 1);
-      be.linear(norm, w.gate_up_w, nullptr, gate_up);
-      const Tensor both = gate_up.view({2 * F});
-      be.swiglu(both.slice(0, F).view({1, F}), both.slice(F, 2 * F).view({1, F}), act);
+      be.linear(norm, w.gate_up_w, nullptr, ws.gate_up_.rows(be, 1));
+      be.swiglu(ws.gate1_, ws.up1_, act);
     } else if (llama) {
       Tensor& gate = ws.gate_.rows(be, R);
       be.linear(norm, w.gate_w, nullptr, gate);

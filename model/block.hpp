@@ -131,6 +131,9 @@ class block_decode_workspace {
   friend struct cached_forward;  // model/block.cpp: the cached forward of one sequence or a batch
   row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
   row_buffer qkv_, gate_up_;  ///< single-row outputs of the stacked products
+  /// [1, width] views of q, k, v (gate, up) in those rows, made once per buffer.
+  Tensor q1_, k1_, v1_, gate1_, up1_;
+  const void* views_of_ = nullptr;
 };
 
 /// Training forward over `batch` sequences of `seq` tokens (x, y [B*T, D],

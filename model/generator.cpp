@@ -49,11 +49,11 @@ generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype weig
 void generator::step(std::span<const std::int32_t> ids, std::int64_t start, kv_sequence& kv) {
   const auto T = static_cast<std::int64_t>(ids.size());
   if (kv_reservation r = kv.reserve(start + T); !r) throw model_error(r.error);
-  // ids and positions stay on the host (see stage::train_positions)
+  // ids and positions stay on the host (model/workspace.hpp)
   Tensor& id_rows = ids_.rows(cpu_backend(), T);
-  upload_i32(cpu_backend(), ids, id_rows, staging_);
+  copy_i32(ids, id_rows);
   Tensor& pos = positions_.rows(cpu_backend(), T);
-  fill_positions(cpu_backend(), pos, start, staging_);
+  fill_positions(pos, start);
   Tensor& x = hidden_.rows(*be_, T);
   head_.embed(id_rows, pos, x);
   stage_.forward_cached(x, kv, start, x);

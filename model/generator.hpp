@@ -129,12 +129,11 @@ class generator {
   head head_;
   stage stage_;
   std::shared_ptr<kv_pool> pool_;
-  row_buffer ids_{0, dtype::i32};
-  row_buffer positions_{0, dtype::i32};
+  row_buffer ids_{0, dtype::i32};        ///< on the host (model/workspace.hpp)
+  row_buffer positions_{0, dtype::i32};  ///< on the host
   row_buffer hidden_;
   Tensor logits_;       ///< [1, V] on the device
   Tensor host_logits_;  ///< [1, V] on the host (== logits_ on the CPU backend)
-  Tensor staging_;
   Tensor prompts_;  ///< deep prompts [n_layers, P, D] on the backend's device, or undefined
 };
 

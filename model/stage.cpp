@@ -168,7 +168,7 @@ void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_
     return;
   }
   Tensor& pos = decode_positions_.rows(cpu_backend(), T);  // host, as train_positions
-  fill_positions(cpu_backend(), pos, start_pos, host_positions_);
+  fill_positions(pos, start_pos);
   const Tensor* in = &x;
   for (int i = from; i < to; ++i) {
     block_forward_cached(*be_, cfg_, cached_weights(i), *in, pos, kv, i,

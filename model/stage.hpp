@@ -138,7 +138,7 @@ class stage {
   dtype inference_dtype_ = dtype::f32;
 
   // Training scratch, reused across steps.
-  Tensor positions_;          ///< i32 [B*T]: t for row b*T+t
+  Tensor positions_;          ///< i32 [B*T] on the host: t for row b*T+t
   int positions_batch_ = 0, positions_seq_ = 0;
   block_activations scratch_acts_;
   Tensor ping_, pong_;
@@ -146,8 +146,7 @@ class stage {
 
   // Inference workspace.
   block_decode_workspace decode_ws_;
-  row_buffer decode_positions_{0, dtype::i32};
-  Tensor host_positions_;  ///< i32 staging for positions when the backend is not the host
+  row_buffer decode_positions_{0, dtype::i32};  ///< on the host
 };
 
 }  // namespace corolla

@@ -26,7 +26,7 @@ struct transformer::impl {
   class stage block_span;
 
   // Training buffers, reused across steps of the same shape.
-  Tensor ids, targets, positions, staging;
+  Tensor ids, targets, positions;
   Tensor x, y, dy, dx;
   stage_activations acts;
   head_activations head_acts;
@@ -64,21 +64,19 @@ void transformer::impl::prepare(std::span<const std::int32_t> id_span,
                         " is outside the vocabulary (" + std::to_string(cfg.vocab_size) +
                         " tokens)");
   }
-  // Index tensors stay on the host whatever the backend: a device backend
-  // validates them there and uploads them with each op, never reading
-  // them back (which would synchronise every op that takes them).
+  // Index tensors stay on the host whatever the backend (model/workspace.hpp).
   const auto N = static_cast<std::int64_t>(n);
   Backend& host = cpu_backend();
   ensure_tensor(host, ids, {N}, dtype::i32);
-  upload_i32(host, id_span, ids, staging);
+  copy_i32(id_span, ids);
   if (!target_span.empty()) {
     ensure_tensor(host, targets, {N}, dtype::i32);
-    upload_i32(host, target_span, targets, staging);
+    copy_i32(target_span, targets);
   }
   std::vector<std::int32_t> pos(n);
   for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(seq));
   ensure_tensor(host, positions, {N}, dtype::i32);
-  upload_i32(host, pos, positions, staging);
+  copy_i32(pos, positions);
 }
 
 void transformer::impl::forward(int batch, int seq, bool save) {

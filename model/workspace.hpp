@@ -71,36 +71,26 @@ inline void expect_rows(const Tensor& t, std::int64_t rows, std::int64_t width, 
                        std::to_string(width) + "], got " + shape_str(s));
 }
 
-/// Copies host `values` into the i32 tensor `dst` (same element count) on
-/// `be`'s device; non-host devices go through `staging`, a host buffer kept
-/// by the caller (grown on demand) so repeated calls allocate nothing.
-inline void upload_i32(Backend& be, std::span<const std::int32_t> values, Tensor& dst,
-                       Tensor& staging) {
-  if (static_cast<std::int64_t>(values.size()) != dst.numel())
-    throw tensor_error("upload_i32: " + std::to_string(values.size()) + " values for " +
-                       shape_str(dst.shape()));
-  if (dst.dev().kind == device_kind::cpu) {
-    if (!values.empty()) std::memcpy(dst.data<std::int32_t>(), values.data(), values.size() * 4);
-    return;
-  }
-  if (!staging.defined() || staging.numel() != dst.numel())
-    staging = Tensor::empty(dst.shape(), dtype::i32);
-  if (!values.empty()) std::memcpy(staging.data<std::int32_t>(), values.data(), values.size() * 4);
-  be.copy(staging, dst);
+// Index tensors (ids, positions, targets) live on the host whatever the
+// backend: a device backend validates them there and uploads them with the
+// op (cuda_backend::upload), where a device copy would be read back, a
+// stream synchronisation, by every op taking it.
+
+/// Copies `values` into the host i32 tensor `dst` (same element count).
+inline void copy_i32(std::span<const std::int32_t> values, Tensor& dst) {
+  if (static_cast<std::int64_t>(values.size()) != dst.numel() || dst.dev().kind != device_kind::cpu)
+    throw tensor_error("copy_i32: " + std::to_string(values.size()) + " values for " + shape_str(dst.shape()) +
+                       " on " + dst.dev().str() + " (index tensors stay on the host)");
+  if (!values.empty()) std::memcpy(dst.data<std::int32_t>(), values.data(), values.size() * 4);
 }
 
-/// Fills the i32 tensor `dst` with start, start+1, ... (positions of
-/// consecutive tokens), through `staging` on non-host devices.
-inline void fill_positions(Backend& be, Tensor& dst, std::int64_t start, Tensor& staging) {
-  Tensor* host = &dst;
-  if (dst.dev().kind != device_kind::cpu) {
-    if (!staging.defined() || staging.numel() != dst.numel())
-      staging = Tensor::empty(dst.shape(), dtype::i32);
-    host = &staging;
-  }
-  auto* p = host->data<std::int32_t>();
+/// Fills the host i32 tensor `dst` with start, start+1, ... (positions of
+/// consecutive tokens).
+inline void fill_positions(Tensor& dst, std::int64_t start) {
+  if (dst.dev().kind != device_kind::cpu)
+    throw tensor_error("fill_positions: positions stay on the host, got a tensor on " + dst.dev().str());
+  auto* p = dst.data<std::int32_t>();
   for (std::int64_t i = 0; i < dst.numel(); ++i) p[i] = static_cast<std::int32_t>(start + i);
-  if (host != &dst) be.copy(*host, dst);
 }
 
 }  // namespace corolla
