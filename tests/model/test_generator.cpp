@@ -165,10 +165,12 @@ TEST_CASE("a KV budget too small for the prompt is a clear error") {
                    std::to_string(page) + " bytes free of " + std::to_string(page));
 }
 
-TEST_CASE("decode steps allocate nothing once warm") {
-  for (auto arch : {architecture::llama, architecture::gpt2}) {
+TEST_CASE("decode steps allocate nothing once warm (f32 and stacked bf16 weights)") {
+  for (auto [arch, weights] : {std::pair{architecture::llama, dtype::f32}, std::pair{architecture::gpt2, dtype::f32},
+                               std::pair{architecture::llama, dtype::bf16}, std::pair{architecture::gpt2, dtype::bf16}}) {
+    CAPTURE(dtype_name(weights));
     fixture f(arch);
-    generator gen(f.model);
+    generator gen(f.model, 0, weights);
     generation_params p;
     p.max_new_tokens = 10;  // positions 5..14 stay inside the first KV page
     p.ignore_eos = true;
