@@ -4,10 +4,11 @@
 # root on the GPU machine. Logs go to $OUT (default ./gpu-logs).
 #
 #   scripts/gpu/check.sh PACK [quick|full]
-# quick: the CUDA unit tests and model tests; full (default): also every
-# test binary with the GPU visible (multi-process tests included), a
-# comparison with HuggingFace transformers when python3 has it, and the
-# benchmarks of docs/benchmarks.md.
+# quick: the CUDA unit tests and model tests; full (default): also
+# compute-sanitizer's memcheck over the CUDA unit tests, every test binary
+# with the GPU visible (multi-process tests included), a comparison with
+# HuggingFace transformers when python3 has it, and the benchmarks of
+# docs/benchmarks.md.
 set -uo pipefail
 pack=$1
 mode=${2:-full}
@@ -34,6 +35,8 @@ corolla info
 run cuda_kernels env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*'
 run cuda_model test_model -tc='cuda*'
 [ "$mode" = quick ] && exit 0
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+[ -n "$sanitizer" ] && run cuda_memcheck "$sanitizer" --tool memcheck --error-exitcode 1 test_kernels -tc='cuda*'
 for t in test_kernels test_model test_apps test_apps_mp test_actors_mp; do run "$t" "$t"; done
 if python3 -c 'import transformers' 2>/dev/null; then
   run hf_reference python3 scripts/gpu/hf_reference.py /tmp/corolla-gpu/hf
