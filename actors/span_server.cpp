@@ -443,7 +443,13 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
           if (st.draining)
             return rp.deliver(error_from_wire("draining", "this server is shutting down: it finishes its open "
                                                           "sessions and takes no new ones"));
-          if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last); !r) return rp.deliver(to_caf(r.error()));
+          if (o->deep_prompts != (m.tensors.size() == 1) || m.tensors.size() > 1)
+            return rp.deliver(make_error(errc::bad_message,
+                                         "span.open carries one tensor exactly when deepPrompts is set (got " +
+                                             std::to_string(m.tensors.size()) + ")"));
+          const Tensor prompts = o->deep_prompts ? m.tensors[0] : Tensor();
+          if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last, prompts); !r)
+            return rp.deliver(to_caf(r.error()));
           st.last_used[o->session_id] = clock_type::now();
           return rp.deliver(answer(span_request::open, encode_body(info_of(st))));
         }

@@ -11,6 +11,7 @@
 
 #include "actors/errors.hpp"
 #include "actors/node.hpp"
+#include "model/error.hpp"
 #include "net/codec.hpp"
 
 namespace corolla {
@@ -232,14 +233,20 @@ caf::expected<swarm::route> swarm_client::throughput_route(int start, int end, c
   return r.value();
 }
 
-caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::int64_t max_length) {
+caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::int64_t max_length,
+                                                                       const Tensor& deep_prompts) {
   // Membership changes reach new sessions: a stale view is refreshed first.
   if (!refreshed_ || std::chrono::steady_clock::now() - last_refresh_ > options_.refresh_period)
     if (auto err = refresh()) return err;
   std::mt19937_64 rng(std::random_device{}());
   char id[24];
   std::snprintf(id, sizeof id, "s-%016llx", static_cast<unsigned long long>(rng()));
-  std::unique_ptr<swarm_session> s(new swarm_session(*this, max_length, id));
+  if (deep_prompts.defined() &&
+      (deep_prompts.type() != dtype::f32 || deep_prompts.rank() != 3 || deep_prompts.dim(0) != n_blocks_ ||
+       deep_prompts.dim(2) != hidden_size_ || deep_prompts.dim(1) < 1))
+    return make_error(errc::bad_message, "deep prompts must be f32 [" + std::to_string(n_blocks_) + ", P, " +
+                                             std::to_string(hidden_size_) + "], got " + shape_str(deep_prompts.shape()));
+  std::unique_ptr<swarm_session> s(new swarm_session(*this, max_length, id, deep_prompts));
   std::set<std::string> excluded;
   for (int attempt = 0;; ++attempt) {
     auto r = route(0, n_blocks_, excluded, max_length);
@@ -267,8 +274,8 @@ struct swarm_session::hop_state {
   bool fresh = false;          ///< a replacement whose server cache is still empty
 };
 
-swarm_session::swarm_session(swarm_client& client, std::int64_t max_length, std::string id)
-    : client_(client), max_length_(max_length), id_(std::move(id)) {}
+swarm_session::swarm_session(swarm_client& client, std::int64_t max_length, std::string id, Tensor deep_prompts)
+    : client_(client), max_length_(max_length), id_(std::move(id)), deep_prompts_(std::move(deep_prompts)) {}
 
 swarm_session::~swarm_session() { close(); }
 
@@ -294,9 +301,10 @@ caf::error swarm_session::open_hops(std::vector<swarm::route_hop> hops, std::siz
     hop_state h;
     h.hop = hop;
     h.session = id_ + "." + std::to_string(next_session_++);
-    auto r = client_.runtime().request(hop.server, "span",
-                                       request_of(span_request::open, encode_body(span_open{h.session, max_length_, hop.start, hop.end})),
-                                       client_.options().request_timeout);
+    remote_message open = request_of(span_request::open, encode_body(span_open{h.session, max_length_, hop.start,
+                                                                                hop.end, deep_prompts_.defined()}));
+    if (deep_prompts_.defined()) open.tensors.push_back(deep_prompts_.slice(hop.start, hop.end).clone());
+    auto r = client_.runtime().request(hop.server, "span", std::move(open), client_.options().request_timeout);
     if (!r) {
       for (auto& o : opened)  // best effort: do not leave half a route's sessions behind
         (void)client_.runtime().request(o.hop.server, "span", request_of(span_request::close, encode_close_body(o.session)),
@@ -531,33 +539,45 @@ caf::expected<Tensor> swarm_session::step(const Tensor& hidden, std::int64_t sta
 }
 
 swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const std::int32_t> prompt,
-                                const generation_params& p, const token_callback& on_token) {
+                                const generation_params& p, const token_callback& on_token,
+                                const Tensor& deep_prompts) {
   const model_config& cfg = h.config();
   client.expect_shape(cfg.n_layers, static_cast<int>(cfg.hidden_size));
   // Servers of another shape are left out by refresh().
   if (!client.refreshed())
     if (auto err = client.refresh()) throw std::runtime_error(error_message(err));
-  const std::int64_t max_length =
-      std::min<std::int64_t>(cfg.max_positions, static_cast<std::int64_t>(prompt.size()) + std::max(p.max_new_tokens, 0));
+  // Deep prompts take positions [0, P): the tokens see a context shortened
+  // by P and follow at P.. (as generator::set_deep_prompts).
+  const std::int64_t P = deep_prompts.defined() ? deep_prompts.dim(1) : 0;
+  if (P >= cfg.max_positions)
+    throw model_error("deep prompts of " + std::to_string(P) + " positions leave no room in the model context of " +
+                      std::to_string(cfg.max_positions));
+  model_config token_cfg = cfg;
+  token_cfg.max_positions = static_cast<int>(cfg.max_positions - P);
+  const std::int64_t max_length = std::min<std::int64_t>(
+      cfg.max_positions, P + static_cast<std::int64_t>(prompt.size()) + std::max(p.max_new_tokens, 0));
   std::unique_ptr<swarm_session> session;
   Tensor logits = Tensor::empty({1, cfg.vocab_size});
   swarm_generation out;
   out.result = generate_tokens(
-      cfg, prompt, p,
+      token_cfg, prompt, p,
       [&](std::span<const std::int32_t> ids, std::int64_t start) {
         if (!session) {
-          auto s = client.open_session(max_length);
+          auto s = client.open_session(max_length, deep_prompts);
           if (!s) throw std::runtime_error("cannot open a swarm session: " + error_message(s.error()));
           session = std::move(*s);
         }
         const auto n = static_cast<std::int64_t>(ids.size());
+        // The first step carries the prefix: P zero rows before the tokens.
+        const std::int64_t lead = start == 0 ? P : 0, D = cfg.hidden_size;
         std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
-        for (std::int64_t i = 0; i < n; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(start + i);
-        Tensor x = Tensor::empty({n, static_cast<std::int64_t>(cfg.hidden_size)});
-        h.embed(Tensor::from_i32({ids.begin(), ids.end()}, {n}), Tensor::from_i32(pos, {n}), x);
-        auto y = session->step(x, start);
-        if (!y) throw std::runtime_error("swarm step at position " + std::to_string(start) + " failed: " + error_message(y.error()));
-        Tensor last = y->slice(n - 1, n);
+        for (std::int64_t i = 0; i < n; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(P + start + i);
+        Tensor x = Tensor::zeros({lead + n, D});
+        Tensor tokens = x.slice(lead, lead + n);
+        h.embed(Tensor::from_i32({ids.begin(), ids.end()}, {n}), Tensor::from_i32(pos, {n}), tokens);
+        auto y = session->step(x, start == 0 ? 0 : P + start);
+        if (!y) throw std::runtime_error("swarm step at position " + std::to_string(P + start) + " failed: " + error_message(y.error()));
+        Tensor last = y->slice(lead + n - 1, lead + n);
         h.logits(last, logits, nullptr);
         return std::span<const float>(logits.data<float>(), static_cast<std::size_t>(cfg.vocab_size));
       },

@@ -134,8 +134,12 @@ class swarm_client {
   /// fine-tuning's stateless forward and backward), drawn from `rng`.
   caf::expected<swarm::route> throughput_route(int start, int end, const std::set<std::string>& excluded,
                                                std::mt19937_64& rng) const;
-  /// Opens an inference session for up to `max_length` tokens.
-  caf::expected<std::unique_ptr<swarm_session>> open_session(std::int64_t max_length);
+  /// Opens an inference session for up to `max_length` tokens. With deep
+  /// prompts (f32 [n_layers, P, D], host), every server's session gets the
+  /// slice for its blocks (replacements too) and positions [0, P) are a
+  /// prefix: the caller's first step starts with P zero rows.
+  caf::expected<std::unique_ptr<swarm_session>> open_session(std::int64_t max_length,
+                                                             const Tensor& deep_prompts = {});
 
   node& runtime() { return node_; }
   const swarm_client_options& options() const { return options_; }
@@ -177,7 +181,7 @@ class swarm_session {
  private:
   friend class swarm_client;
   struct hop_state;
-  swarm_session(swarm_client& client, std::int64_t max_length, std::string id);
+  swarm_session(swarm_client& client, std::int64_t max_length, std::string id, Tensor deep_prompts);
   caf::error open_hops(std::vector<swarm::route_hop> hops, std::size_t at);
   caf::expected<Tensor> run_hop(std::size_t i, const Tensor& input, std::int64_t start);
   caf::expected<Tensor> pass(std::size_t i, const Tensor& x, std::int64_t start);
@@ -188,6 +192,7 @@ class swarm_session {
   swarm_client& client_;
   std::int64_t max_length_ = 0;
   std::string id_;
+  Tensor deep_prompts_;  ///< [n_layers, P, D] on the host, or undefined
   std::uint64_t next_session_ = 0;  ///< suffix of per-server session ids
   std::uint64_t next_step_ = 1;
   std::uint64_t step_id_ = 0;  ///< the id of the step() call in progress
@@ -213,9 +218,13 @@ struct swarm_generation {
 /// Generates through the swarm: the client embeds and samples with `h`
 /// (embeddings, final norm, LM head), the servers run every block. Same
 /// loop, validation and stop rules as local generation (generate_tokens),
-/// so greedy output equals the local one. Throws model_error for a bad
-/// request and std::runtime_error when the swarm fails for good.
+/// so greedy output equals the local one. With `deep_prompts` (f32
+/// [n_layers, P, D], what `corolla finetune` saves) the servers add them
+/// over a prefix of P positions, as generator::set_deep_prompts does
+/// locally, and failover replays the prefix too. Throws model_error for a
+/// bad request and std::runtime_error when the swarm fails for good.
 swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const std::int32_t> prompt,
-                                const generation_params& p, const token_callback& on_token = {});
+                                const generation_params& p, const token_callback& on_token = {},
+                                const Tensor& deep_prompts = {});
 
 }  // namespace corolla

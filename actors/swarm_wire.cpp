@@ -45,6 +45,7 @@ std::vector<std::uint8_t> encode_body(const span_open& v) {
   r.setMaxLength(v.max_length);
   r.setFirst(v.first);
   r.setLast(v.last);
+  r.setDeepPrompts(v.deep_prompts);
   return flat(b);
 }
 
@@ -122,7 +123,8 @@ caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body)
 
 caf::expected<span_open> decode_span_open(const std::vector<std::uint8_t>& body) {
   return decode<wire::SpanOpen>(body, "span.open", [](wire::SpanOpen::Reader r) {
-    return span_open{text(r.getSessionId(), "session id"), r.getMaxLength(), r.getFirst(), r.getLast()};
+    return span_open{text(r.getSessionId(), "session id"), r.getMaxLength(), r.getFirst(), r.getLast(),
+                     r.getDeepPrompts()};
   });
 }
 

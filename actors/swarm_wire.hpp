@@ -49,6 +49,7 @@ struct span_open {
   std::string session_id;
   std::int64_t max_length = 0;
   int first = -1, last = -1;  ///< blocks the session runs; -1 = the server's span bound
+  bool deep_prompts = false;  ///< tensor 0 of the request: deep prompts [blocks, P, D]
 };
 
 /// wire::PushTarget: the next hop a server pushes its output to.

@@ -92,6 +92,8 @@ void write_out(const std::string& text) {
 /// servers and routes the session through them (actors/swarm_client.hpp).
 generation_result generate_through_swarm(const generate_options& o, head& h, std::span<const std::int32_t> prompt,
                                          const generation_params& p, const token_callback& on_token) {
+  // A bad prompts file is an error before any server is contacted.
+  const Tensor deep_prompts = o.prompts.empty() ? Tensor() : load_deep_prompts(o.prompts, h.config());
   swarm_connection c = connect_swarm(o.swarm, o.model, h.config().n_layers);
   // The client only embeds and samples: one thread, unless told otherwise,
   // so that its idle thread pool does not compete with servers sharing the
@@ -104,7 +106,7 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   else if (o.compression != "none")
     throw std::invalid_argument("--compression must be none or int8, got '" + o.compression + "'");
   swarm_client client(*c.runtime, so);
-  swarm_generation g = swarm_generate(client, h, prompt, p, on_token);
+  swarm_generation g = swarm_generate(client, h, prompt, p, on_token, deep_prompts);
   std::string route;
   for (const auto& hop : g.route)
     route += (route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " on " + hop.server;
@@ -120,8 +122,6 @@ int run_generate(const generate_options& o) {
   std::vector<std::int32_t> prompt;
   if (o.has_prompt_ids) prompt = parse_ids(o.prompt_ids);
   const dtype weights = parse_weights_flag(o.weights);
-  if (!o.prompts.empty() && o.swarm.given())
-    throw std::invalid_argument("--prompts works with local generation only: swarm sessions take no prompts yet");
 
   // With --swarm the servers compute the blocks and the head stays on the
   // cpu (its hidden states come from and go to the wire): auto means cpu.

@@ -35,6 +35,9 @@ struct span_session {
   std::int64_t last_start = 0;
   std::int64_t last_rows = 0;
   Tensor last_output;  ///< host f32 [last_rows, D]; its buffer is reused across steps
+  /// Deep prompts [to - from, P, D] on the stage's device, or undefined.
+  Tensor prompts;
+  std::int64_t prefix() const { return prompts.defined() ? prompts.dim(1) : 0; }
 
   /// Tokens cached: every layer the session runs holds the same number (the
   /// layers of blocks outside its range stay empty).
@@ -150,7 +153,7 @@ span_expected<std::pair<int, int>> span_engine::local_blocks(int first_block, in
 }
 
 span_expected<void> span_engine::open_session(const std::string& id, std::int64_t max_length, int first_block,
-                                              int last_block) {
+                                              int last_block, const Tensor& prompts) {
   if (id.empty()) return error(span_errc::invalid_argument, "a session id must not be empty");
   if (max_length <= 0)
     return error(span_errc::invalid_argument,
@@ -165,6 +168,22 @@ span_expected<void> span_engine::open_session(const std::string& id, std::int64_
   auto blocks = local_blocks(first_block, last_block);
   if (!blocks) return blocks.error();
   auto s = std::make_unique<span_session>(id, pool_, max_length, blocks.value().first, blocks.value().second);
+  if (prompts.defined()) {
+    const shape_t& got = prompts.shape();
+    if (prompts.type() != dtype::f32 || got.size() != 3 || got[0] != s->to - s->from ||
+        got[2] != config().hidden_size || got[1] < 1)
+      return error(span_errc::invalid_argument,
+                   "deep prompts for " + std::to_string(s->to - s->from) + " blocks must be f32 [" +
+                       std::to_string(s->to - s->from) + ", P, " + std::to_string(config().hidden_size) +
+                       "] (P >= 1), got " + dtype_name(prompts.type()) + " " + shape_str(got));
+    if (got[1] >= max_length)
+      return error(span_errc::invalid_argument,
+                   "deep prompts of " + std::to_string(got[1]) + " positions leave no room in a session of " +
+                       std::to_string(max_length) + " tokens");
+    Backend& be = stage_.backend();
+    s->prompts = be.empty(got);
+    be.copy(prompts, s->prompts);
+  }
   sessions_.emplace(id, std::move(s));
   return {};
 }
@@ -275,7 +294,20 @@ span_expected<Tensor> span_engine::inference_step(const std::string& id, const T
     Tensor& x = upload(hidden, step_rows_);
     // kv_sequence::append rewrites from `start`, dropping what followed:
     // the rollback needs no separate truncation before the compute.
-    stage_.forward_cached(x, s->kv, start, x, s->from, s->to);
+    const std::int64_t in_prefix = std::min(n, s->prefix() - start);
+    if (in_prefix <= 0) {
+      stage_.forward_cached(x, s->kv, start, x, s->from, s->to);
+    } else {
+      // Rows of prefix positions get prompt i at the input of block i.
+      Backend& be = stage_.backend();
+      const std::int64_t D = config().hidden_size;
+      Tensor rows = x.slice(0, in_prefix);
+      for (int b = s->from; b < s->to; ++b) {
+        const Tensor prompt = s->prompts.slice(b - s->from, b - s->from + 1).view({s->prefix(), D});
+        be.add(rows, prompt.slice(start, start + in_prefix), rows);
+        stage_.forward_cached(x, s->kv, start, x, b, b + 1);
+      }
+    }
     Tensor out = download(x);
     finish_step(*s, start, n, step_id, out);
     return out;
@@ -313,8 +345,9 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
                                      " appears more than once in one decode batch"));
       continue;
     }
-    if (s->from != 0 || s->to != size()) {
-      // Part of the span: its own blocks, so it runs outside the batch.
+    if (s->from != 0 || s->to != size() || item.start_position < s->prefix()) {
+      // Part of the span (its own blocks), or deep-prompt positions (added
+      // between blocks): it runs outside the batch.
       results.push_back(inference_step(item.session_id, item.hidden, item.start_position, item.step_id));
       continue;
     }

@@ -215,8 +215,17 @@ class span_engine {
   /// max_length <= 0 (invalid_argument), max_length beyond the model
   /// context ("max length M exceeds the model context of P"), an id already
   /// open (duplicate_session).
+  ///
+  /// `prompts` (optional): trained deep prompts for the session's blocks,
+  /// f32 [to - from, P, D] on the host (what `corolla finetune` trains,
+  /// sliced to these blocks). Positions [0, P) are then a prefix: at the
+  /// input of each block i of the session, prompt i - from is added to the
+  /// rows of those positions (as generator::set_deep_prompts does locally;
+  /// the client sends zero rows for them). Steps that cover prefix
+  /// positions run outside the decode batch. Errors (invalid_argument): a
+  /// wrong dtype or shape, P < 1, or P >= max_length.
   span_expected<void> open_session(const std::string& id, std::int64_t max_length, int first_block = -1,
-                                   int last_block = -1);
+                                   int last_block = -1, const Tensor& prompts = {});
   /// Closes session `id` and returns its pages to the pool; unknown_session
   /// when it is not open.
   span_expected<void> close_session(const std::string& id);

@@ -105,6 +105,8 @@ struct SpanOpen {
   maxLength @1 :Int64;
   first @2 :Int32 = -1;      # blocks [first, last) of the server's span the
   last @3 :Int32 = -1;       # session runs; -1 = the span's own bound
+  deepPrompts @4 :Bool;      # tensor 0 = trained deep prompts f32 [blocks, P, D]
+                             # for the session's blocks: positions [0, P) are a prefix
 }
 
 # "span.step": tensor 0 = hidden [n, D] for positions [start, start + n) of

@@ -534,6 +534,14 @@ TEST_CASE("a span server answers bad requests with clear errors and keeps servin
   CHECK(code_of(ask("span.nonsense", {})) == "bad_message");
   CHECK(code_of(ask(span_request::open, encode_body(span_open{"good", 16}))) == "duplicate_session");
   CHECK(code_of(ask(span_request::open, encode_body(span_open{"huge", 1000}))) == "invalid_argument");
+  // Deep prompts: the flag and the tensor go together, and the shape must fit the session's blocks.
+  CHECK(code_of(ask(span_request::open, encode_body(span_open{"p1", 16, -1, -1, true}))) == "bad_message");
+  CHECK(code_of(ask(span_request::open, encode_body(span_open{"p2", 16}), {Tensor::zeros({4, 2, D})})) ==
+        "bad_message");
+  CHECK(code_of(ask(span_request::open, encode_body(span_open{"p3", 16, -1, -1, true}), {Tensor::zeros({3, 2, D})})) ==
+        "invalid_argument");
+  CHECK(code_of(ask(span_request::open, encode_body(span_open{"p4", 2, -1, -1, true}), {Tensor::zeros({4, 2, D})})) ==
+        "invalid_argument");
   // A full cache fails the step and spares the other session.
   REQUIRE(ask(span_request::open, encode_body(span_open{"greedy", 64})));
   auto full = ask(span_request::step, encode_body(span_step{"greedy", 0, 1}), {rows(40)});

@@ -137,6 +137,49 @@ TEST_CASE("prompt tuning through the swarm equals prompt tuning with local block
   MESSAGE(remote.failovers() << " failover(s):" << log);
 }
 
+TEST_CASE("generation after deep prompts through the swarm equals local generation, also across a killed server") {
+  swarm_model m(architecture::llama);
+  const std::int64_t P = 3;
+  const Tensor prompts = testing::random_tensor({m.cfg.n_layers, P, m.cfg.hidden_size}, 41, 0.5f);
+  transformer local = transformer::load(m.dir.path(), cpu_backend());
+  generator gen(local);
+  gen.set_deep_prompts(prompts);
+  const auto expected = gen.generate(m.prompt, m.params).tokens;
+  CHECK(expected != m.expected);  // the prompts change the output: the test can tell
+
+  swarm_processes sw;
+  sw.start(m, "s-a", 0, 2);
+  sw.start(m, "s-b", 2, 4);
+  sw.start(m, "s-c", 2, 4);
+  auto n = client_node();
+  swarm_client_options o;
+  o.servers = sw.list();
+  std::string route;
+  o.on_event = [&](const std::string& e) {
+    if (e.rfind("route ", 0) == 0) route = e;
+  };
+  swarm_client client(*n, o);
+  head h = load_head(m);
+  SUBCASE("no failure") {
+    CHECK(swarm_generate(client, h, m.prompt, m.params, {}, prompts).result.tokens == expected);
+  }
+  SUBCASE("the [2, 4) server killed after 4 tokens: its replacement gets the prompts and replays the prefix") {
+    int produced = 0;
+    std::string victim;
+    swarm_generation g = swarm_generate(
+        client, h, m.prompt, m.params,
+        [&](std::int32_t) {
+          if (++produced != 4) return;
+          victim = route.find("s-b") != std::string::npos ? "s-b" : "s-c";
+          sw.procs.at(victim).signal(SIGKILL);
+        },
+        prompts);
+    CHECK(g.result.tokens == expected);
+    CHECK(g.failovers == 1);
+    for (const auto& hop : g.route) CHECK(hop.server != victim);
+  }
+}
+
 TEST_CASE("corolla finetune --swarm prints the losses corolla finetune --local prints") {
   swarm_model m(architecture::llama);
   // Raw uint16 token ids: no tokenizer needed.
@@ -174,6 +217,14 @@ TEST_CASE("corolla finetune --swarm prints the losses corolla finetune --local p
     CHECK(remote["losses"][i].get<double>() == doctest::Approx(local["losses"][i].get<double>()).epsilon(1e-5));
   CHECK(remote["blocks"] == "swarm");
   CHECK(std::filesystem::exists(saved));
+
+  // The trained prompts generate through the swarm what they generate locally.
+  const auto local_ids = printed_ids(generate_cli(m, {"--prompts", saved.string()}));
+  const auto swarm_run = generate_cli(m, {"--prompts", saved.string(), "--swarm", list});
+  INFO("stderr: " << swarm_run.err);
+  CHECK(swarm_run.exit_code == 0);
+  CHECK(local_ids.size() == static_cast<std::size_t>(m.params.max_new_tokens));
+  CHECK(printed_ids(swarm_run) == local_ids);
 
   // Bad input: one clear error line each.
   auto both = testing::run_corolla({"finetune", "--model", m.dir.path().string(), "--data", data.string(), "--local",

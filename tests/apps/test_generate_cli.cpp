@@ -111,7 +111,8 @@ TEST_CASE("generate --prompts prints the library's generation after the trained 
   const std::vector<std::int32_t> ids{3, 17, 42, 8};
   CHECK(parse_ids(r.out_lines().back()) == gen.generate(ids, p).tokens);
 
-  // A file without them, a wrong shape, and --swarm are one clear error each.
+  // A file without them and a wrong shape are one clear error each, with
+  // --swarm too, before any server is contacted.
   const fs::path other = dir / "other.safetensors";
   write_safetensors(other, {{"something_else", prompts}});
   testing::check_one_error(testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--prompts", other.string()})),
@@ -121,9 +122,9 @@ TEST_CASE("generate --prompts prints the library's generation after the trained 
   testing::check_one_error(testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--prompts", wrong.string()})),
                            "the model needs");
   testing::check_one_error(
-      testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--prompts", file.string(), "--swarm",
+      testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--prompts", wrong.string(), "--swarm",
                                                       "127.0.0.1:1"})),
-      "--prompts works with local generation only");
+      "the model needs");
 }
 
 TEST_CASE("generate --weights bf16 prints the library's bf16-weight generation") {

@@ -173,6 +173,58 @@ TEST_CASE("a chain of two span engines and the client's head generates as local 
   SUBCASE("gpt2") { check_chain_equals_local(gpt2_opts(3), 2); }
 }
 
+TEST_CASE("span engines with deep prompts generate what local generation after the same prompts does") {
+  for (const auto& o : {llama_opts(3), gpt2_opts(3)}) {
+    CAPTURE(static_cast<int>(o.arch));
+    model_dir m(o);
+    const std::int64_t P = 4, D = m.cfg.hidden_size;
+    Tensor prompts = random_tensor({m.cfg.n_layers, P, D}, 21, 0.5f);
+    const auto prompt = some_ids(6, m.cfg.vocab_size, 8);
+    const int new_tokens = 16;
+    transformer local = transformer::load(m.dir.path(), cpu_backend());
+    generator gen(local);
+    gen.set_deep_prompts(prompts);
+    generation_params p;
+    p.max_new_tokens = new_tokens;
+    p.ignore_eos = true;
+    const auto expected = gen.generate(prompt, p).tokens;
+
+    // Blocks [0, 1) and [1, 3), each with its slice of the prompts. The
+    // first step carries P zero rows, then the tokens at positions P..
+    span_engine first = m.engine(0, 1), second = m.engine(1, m.cfg.n_layers);
+    const std::int64_t max_len = P + static_cast<std::int64_t>(prompt.size()) + new_tokens;
+    REQUIRE(first.open_session("s", max_len, -1, -1, prompts.slice(0, 1)));
+    REQUIRE(second.open_session("s", max_len, -1, -1, prompts.slice(1, m.cfg.n_layers)));
+    std::vector<std::int32_t> got;
+    std::vector<std::int32_t> input = prompt;
+    std::int64_t pos = 0;
+    std::uint64_t step = 1;
+    while (static_cast<int>(got.size()) < new_tokens) {
+      Tensor x = m.embed(input, P + pos);
+      if (pos == 0) x = concat({Tensor::zeros({P, D}), x});
+      const std::int64_t at = pos == 0 ? 0 : P + pos;
+      auto h = first.inference_step("s", x, at, step);
+      REQUIRE(h);
+      auto out = second.inference_step("s", *h, at, step);
+      REQUIRE(out);
+      got.push_back(m.next_token(*out));
+      pos += static_cast<std::int64_t>(input.size());
+      input = {got.back()};
+      ++step;
+    }
+    CHECK(got == expected);
+    // Without the prompts the output differs (the test can tell).
+    generator plain(local);
+    CHECK(plain.generate(prompt, p).tokens != expected);
+
+    // Misshapen prompts are refused.
+    span_engine third = m.engine(0, 1);
+    CHECK(error_of(third.open_session("t", max_len, -1, -1, prompts)).find("deep prompts for 1 blocks must be f32") !=
+          std::string::npos);
+    CHECK(error_of(third.open_session("t", P, -1, -1, prompts.slice(0, 1))).find("leave no room") != std::string::npos);
+  }
+}
+
 TEST_CASE("replaying a span's stored inputs into a new session reproduces its outputs") {
   for (const auto& o : {llama_opts(), gpt2_opts()}) {
     model_dir m(o);
