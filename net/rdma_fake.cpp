@@ -63,6 +63,11 @@ class fake_qp final : public queue_pair {
                  std::uint32_t rkey) override;
   int poll(completion* out, int max) override;
   int event_fd() const override { return event_fd_; }
+  /// Makes the owner's poller look (the fabric unstalled).
+  void wake() {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto r = ::write(event_fd_, &one, sizeof one);
+  }
   void arm() override {
     std::uint64_t n;
     [[maybe_unused]] auto r = ::read(event_fd_, &n, sizeof n);
@@ -127,6 +132,7 @@ class fake_fabric_impl final : public fake_fabric, public std::enable_shared_fro
     std::lock_guard<std::mutex> lock(mu);
     return totals;
   }
+  void stall(bool on) override;
 
   /// Carries out every posted transfer, in post order (under the lock).
   void run_transfers();
@@ -138,6 +144,7 @@ class fake_fabric_impl final : public fake_fabric, public std::enable_shared_fro
   std::uint32_t next_qpn = 0x100, next_key = 1;
   int next_device = 0;
   std::string failure;
+  bool stalled = false;
   counters totals;
 };
 
@@ -234,7 +241,15 @@ void fake_qp::post_read(std::uint64_t wr_id, void* local, std::uint32_t size, st
   [[maybe_unused]] auto r = ::write(event_fd_, &one, sizeof one);
 }
 
+void fake_fabric_impl::stall(bool on) {
+  std::lock_guard<std::mutex> lock(mu);
+  stalled = on;
+  if (!on)
+    for (auto& [qpn, qp] : qps) qp->wake();
+}
+
 void fake_fabric_impl::run_transfers() {
+  if (stalled) return;
   while (!transfers.empty()) {
     const transfer t = transfers.front();
     transfers.pop_front();

@@ -33,6 +33,10 @@ class fake_fabric {
   /// From now on every work request posted on the fabric completes with
   /// `reason` as its error (a broken link); "" heals it.
   virtual void fail_all(const std::string& reason) = 0;
+  /// While stalled, posted work requests wait (in post order) instead of
+  /// running at the next poll, as on a congested link; unstalling wakes
+  /// every queue pair's poller.
+  virtual void stall(bool on) = 0;
   /// Work requests carried so far: sends, READs, and their bytes.
   struct counters {
     std::uint64_t sends = 0, reads = 0, send_bytes = 0, read_bytes = 0;

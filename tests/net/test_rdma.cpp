@@ -408,6 +408,48 @@ TEST_CASE("transport: offer_rdma moves a busy connection to RDMA without losing 
   CHECK(p.t2->rdma_device().rfind("fake", 0) == 0);
 }
 
+TEST_CASE("transport: behind a stalled RDMA path, messages past its backlog wait in the transport and all arrive in order") {
+  rdma_pair p;
+  p.t2->offer_rdma(p.c21);
+  REQUIRE(p.r2.wait_for([&] { return rdma_pair::rdma_up(p.r2); }, 10s));
+  REQUIRE(p.r1.wait_for([&] { return rdma_pair::rdma_up(p.r1); }, 10s));
+  std::size_t received_before = 0;
+  {
+    std::lock_guard<std::mutex> lock(p.r1.mu);
+    received_before = p.r1.messages.size();
+  }
+  const std::uint64_t sent_before = p.t2->stats().messages_sent;
+  p.fabric->stall(true);
+  // More than the path's backlog (1024 messages beyond the 64 credits) and
+  // the transport's queue alone: the rest must wait in the transport.
+  constexpr int n = 1500;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (int i = 1; i <= n; ++i)
+    while (!p.t2->send(p.c21, make_message(message_kind::oneway, static_cast<std::uint64_t>(1000 + i)))) {
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::sleep_for(1ms);
+    }
+  std::this_thread::sleep_for(300ms);
+  const std::uint64_t handed = p.t2->stats().messages_sent - sent_before;
+  MESSAGE("handed to the stalled path: " << handed << " of " << n);
+  CHECK(handed < static_cast<std::uint64_t>(n));  // the backlog bound held the rest back
+  CHECK(handed >= 1024);
+  {
+    std::lock_guard<std::mutex> lock(p.r1.mu);
+    CHECK(p.r1.messages.size() == received_before);  // nothing crossed the stalled fabric
+  }
+  p.fabric->stall(false);
+  REQUIRE(p.r1.wait_messages(received_before + n, 20s));
+  {
+    std::lock_guard<std::mutex> lock(p.r1.mu);
+    for (int i = 1; i <= n; ++i)
+      REQUIRE(p.r1.messages[received_before + static_cast<std::size_t>(i) - 1].msg.correlation_id ==
+              static_cast<std::uint64_t>(1000 + i));
+  }
+  CHECK(p.t2->stats().messages_sent - sent_before == static_cast<std::uint64_t>(n));
+  CHECK(p.t1->stats().bad_messages == 0);
+}
+
 TEST_CASE("transport: a peer without an RDMA device refuses the offer and the connection stays on TCP") {
   rdma_pair p(false);
   p.t2->offer_rdma(p.c21);
