@@ -17,12 +17,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <utility>
 #include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
+#include "kernels/adamw_scalars.hpp"
 #include "kernels/tensor.hpp"
 
 namespace corolla {
@@ -55,17 +56,6 @@ struct adamw_params {
   float weight_decay = 0.0f;
 };
 
-/// The scalars of one AdamW step as torch.optim.AdamW's single-tensor path
-/// computes them (in double, rounded to f32 where torch hands them to an f32
-/// kernel). Every backend's adamw takes them from here, so they agree bit
-/// for bit on everything but the element-wise arithmetic.
-struct adamw_step_scalars {
-  float decay = 1.0f;      ///< 1 - lr * weight_decay
-  float step_size = 0.0f;  ///< lr / (1 - beta1^step)
-  float bc2_sqrt = 1.0f;   ///< sqrt(1 - beta2^step)
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  float one_minus_b1 = 0.1f, one_minus_b2 = 0.001f;
-};
 /// The scalars of step `step` (counted from 1). Inline: backends link it
 /// without the device registry in backend.cpp.
 inline adamw_step_scalars adamw_scalars_for(const adamw_params& p, std::int64_t step) {

@@ -197,12 +197,12 @@ void cuda_backend::copy(const Tensor& src, Tensor& dst) {
                        dtype_name(to) + " between two devices (" + src.dev().str() + " -> " +
                        dst.dev().str() + ") is not supported; copy, then convert on one device");
   if (src_host) {  // upload as is, convert on the device
-    void* staging = scratch(0, src.nbytes());
+    void* staging = scratch(slot_staging, src.nbytes());
     COROLLA_CUDA_CHECK(
         cudaMemcpyAsync(staging, src.raw(), src.nbytes(), cudaMemcpyHostToDevice, stream_));
     convert(stream_, staging, elem_for(from), dst.raw(), elem_for(to), n);
   } else if (dst_host) {  // convert on the device, download
-    void* staging = scratch(0, dst.nbytes());
+    void* staging = scratch(slot_staging, dst.nbytes());
     convert(stream_, src.raw(), elem_for(from), staging, elem_for(to), n);
     COROLLA_CUDA_CHECK(
         cudaMemcpyAsync(dst.raw(), staging, dst.nbytes(), cudaMemcpyDeviceToHost, stream_));

@@ -130,6 +130,15 @@ class cuda_backend final : public Backend {
   /// Checks `t` is an i32 [n] tensor on the host or this device and returns
   /// it on both sides (uploading into, or downloading through, `slot`).
   index_view indices(const Tensor& t, std::int64_t n, int slot, const char* what);
+  /// The scratch buffers; ops that use two at once take different ones.
+  enum scratch_slot : int {
+    slot_staging = 0,  ///< copy(): host data converted on the device
+    slot_indices,      ///< index vectors uploaded for an op
+    slot_pages,        ///< attention_cached's page-pointer table
+    slot_reduce,       ///< partial sums and softmax states
+    slot_widen,        ///< linear's bf16 weight widened to f32 (prefill)
+    scratch_slots
+  };
   /// At least `bytes` of device scratch in `slot` (grow-only; contents
   /// garbage). Slots used by one op at the same time must differ.
   void* scratch(int slot, std::size_t bytes);
@@ -165,7 +174,6 @@ class cuda_backend final : public Backend {
   cublasLtContext* lt_ = nullptr;
   void* lt_workspace_ = nullptr;
   std::size_t lt_workspace_bytes_ = 0;
-  static constexpr int scratch_slots = 5;
   Tensor scratch_[scratch_slots];
   std::vector<std::int32_t> host_indices_;
   struct staging_ring;  ///< pinned host memory for upload() (cuda_backend.cpp)

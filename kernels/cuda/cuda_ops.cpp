@@ -22,11 +22,6 @@
 namespace corolla::cuda {
 namespace {
 
-/// Scratch slot numbers (cuda_backend::scratch): one op never uses a slot twice.
-constexpr int slot_indices = 1;
-constexpr int slot_pages = 2;
-constexpr int slot_reduce = 3;
-
 /// The storage type of a float tensor on `where`; throws for other dtypes.
 elem float_elem(const Tensor& t, device where, const char* what) {
   require_on_device(t, where, what);
@@ -405,17 +400,7 @@ void cuda_backend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor&
   require_condition(grads.numel() == n && m.numel() == n && v.numel() == n, "adamw",
                     "params, grads, m and v must have the same number of elements");
   require_condition(step >= 1, "adamw", "step counts from 1");
-  // The scalars the CPU backend uses, copied into the kernel's plain struct.
-  const adamw_step_scalars s = adamw_scalars_for(p, step);
-  adamw_scalars k;
-  k.decay = s.decay;
-  k.step_size = s.step_size;
-  k.bc2_sqrt = s.bc2_sqrt;
-  k.beta1 = s.beta1;
-  k.beta2 = s.beta2;
-  k.eps = s.eps;
-  k.one_minus_b1 = s.one_minus_b1;
-  k.one_minus_b2 = s.one_minus_b2;
+  const adamw_step_scalars k = adamw_scalars_for(p, step);  // the CPU backend's scalars
   device_guard guard(index_);
   cuda::adamw(stream_, f(params), cf(grads), f(m), f(v), k, n);
 }

@@ -48,8 +48,6 @@ namespace {
 constexpr std::int64_t widen_above_rows = 16;
 /// The widened slice of the weight: at most 64 MiB of f32.
 constexpr std::int64_t widen_scratch_floats = std::int64_t{16} << 20;
-/// The scratch slot of the widened slice (cuda_ops.cpp uses 1 to 3, copy 0).
-constexpr int slot_widen = 4;
 
 cudaDataType_t cuda_type(dtype t) {
   switch (t) {

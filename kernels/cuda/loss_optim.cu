@@ -45,7 +45,7 @@ __global__ void cross_entropy_kernel(const float* logits, const std::int32_t* ta
 }
 
 __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v,
-                             adamw_scalars k, std::int64_t n) {
+                             adamw_step_scalars k, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const float g = grads[i];
@@ -69,7 +69,7 @@ void cross_entropy(stream_t s, const float* logits, const std::int32_t* targets,
 }
 
 void adamw(stream_t s, float* params, const float* grads, float* m, float* v,
-           const adamw_scalars& k, std::int64_t n) {
+           const adamw_step_scalars& k, std::int64_t n) {
   if (n <= 0) return;
   adamw_kernel<<<grid_for(n), elementwise_threads, 0, s>>>(params, grads, m, v, k, n);
   COROLLA_CUDA_LAUNCH_CHECK("adamw_kernel");
