@@ -159,24 +159,30 @@ void kv_sequence::copy_rows(float* dst, const Tensor& src, std::int64_t src_row,
   be.copy(from, to);
 }
 
-void kv_sequence::append(int layer, std::int64_t start_pos, const Tensor& k, const Tensor& v) {
+std::size_t kv_sequence::check_write(const char* what, int layer, std::int64_t start_pos, std::int64_t n) const {
+  // Strings are built only to throw: claim_row runs on every decode step.
+  auto op = [what] { return std::string("kv_sequence::") + what; };
   if (layer < first_layer_ || layer >= last_layer_)
-    throw tensor_error("kv_sequence::append: layer " + std::to_string(layer) + " is outside the sequence's layers [" +
+    throw tensor_error(op() + ": layer " + std::to_string(layer) + " is outside the sequence's layers [" +
                        std::to_string(first_layer_) + ", " + std::to_string(last_layer_) + ")");
   const auto l = static_cast<std::size_t>(layer);
+  if (start_pos < 0 || start_pos > layer_length_[l])
+    throw tensor_error(op() + ": layer " + std::to_string(layer) + " holds " + std::to_string(layer_length_[l]) +
+                       " tokens, cannot write at position " + std::to_string(start_pos));
+  if (start_pos + n > capacity())
+    throw tensor_error(op() + ": tokens up to " + std::to_string(start_pos + n) + " exceed the reserved capacity of " +
+                       std::to_string(capacity()));
+  return l;
+}
+
+void kv_sequence::append(int layer, std::int64_t start_pos, const Tensor& k, const Tensor& v) {
   const std::int64_t width = pool_->row_width();
   if (k.rank() != 2 || k.dim(1) != width || k.shape() != v.shape() || k.type() != dtype::f32 ||
       v.type() != dtype::f32)
     throw tensor_error("kv_sequence::append: k and v must be f32 [n, " + std::to_string(width) +
                        "], got " + shape_str(k.shape()) + " and " + shape_str(v.shape()));
   const std::int64_t n = k.dim(0);
-  if (start_pos < 0 || start_pos > layer_length_[l])
-    throw tensor_error("kv_sequence::append: layer " + std::to_string(layer) + " holds " +
-                       std::to_string(layer_length_[l]) + " tokens, cannot write at position " +
-                       std::to_string(start_pos));
-  if (start_pos + n > capacity())
-    throw tensor_error("kv_sequence::append: tokens up to " + std::to_string(start_pos + n) +
-                       " exceed the reserved capacity of " + std::to_string(capacity()));
+  const std::size_t l = check_write("append", layer, start_pos, n);
   const std::int64_t pt = pool_->page_tokens();
   std::int64_t row = 0;
   while (row < n) {
@@ -192,16 +198,7 @@ void kv_sequence::append(int layer, std::int64_t start_pos, const Tensor& k, con
 }
 
 std::pair<float*, float*> kv_sequence::claim_row(int layer, std::int64_t pos) {
-  if (layer < first_layer_ || layer >= last_layer_)
-    throw tensor_error("kv_sequence::claim_row: layer " + std::to_string(layer) + " is outside the sequence's layers [" +
-                       std::to_string(first_layer_) + ", " + std::to_string(last_layer_) + ")");
-  const auto l = static_cast<std::size_t>(layer);
-  if (pos < 0 || pos > layer_length_[l])
-    throw tensor_error("kv_sequence::claim_row: layer " + std::to_string(layer) + " holds " +
-                       std::to_string(layer_length_[l]) + " tokens, cannot write at position " + std::to_string(pos));
-  if (pos + 1 > capacity())
-    throw tensor_error("kv_sequence::claim_row: position " + std::to_string(pos) + " is beyond the reserved capacity of " +
-                       std::to_string(capacity()));
+  const std::size_t l = check_write("claim_row", layer, pos, 1);
   const std::int64_t pt = pool_->page_tokens();
   const auto page = static_cast<std::size_t>(pos / pt);
   const std::int64_t offset = (pos % pt) * pool_->row_width();

@@ -160,6 +160,10 @@ class kv_sequence {
 
  private:
   void copy_rows(float* dst, const Tensor& src, std::int64_t src_row, std::int64_t rows);
+  /// Throws tensor_error (naming kv_sequence::`what`) unless `n` rows can be
+  /// written to `layer` from `start_pos`: a layer of the sequence, no gap,
+  /// within the reserved capacity. Returns the layer's index.
+  std::size_t check_write(const char* what, int layer, std::int64_t start_pos, std::int64_t n) const;
 
   int used_layers() const { return last_layer_ - first_layer_; }
 

@@ -119,6 +119,24 @@ TEST_CASE("kv append across pages is what view shows, per layer") {
                   tensor_error);
   CHECK_THROWS_AS(seq.append(0, 11, rows_for(11, 2, width, 0), rows_for(11, 2, width, 0)),
                   tensor_error);
+
+  // claim_row names the row append would write, and the same mistakes fail.
+  kv_sequence one(pool);
+  REQUIRE(one.reserve(6));
+  for (std::int64_t pos = 0; pos < 6; ++pos) {
+    auto [k, v] = one.claim_row(1, pos);
+    const kv_pages_view view = one.view(1);
+    CHECK(view.length == pos + 1);
+    CHECK(k == view.k_pages[static_cast<std::size_t>(pos / page)] + (pos % page) * width);
+    CHECK(v == view.v_pages[static_cast<std::size_t>(pos / page)] + (pos % page) * width);
+  }
+  REQUIRE(one.capacity() == 8);  // two pages
+  one.claim_row(1, 6);
+  one.claim_row(1, 7);
+  CHECK_THROWS_WITH_AS(one.claim_row(1, 8), doctest::Contains("exceed the reserved capacity of 8"), tensor_error);
+  CHECK_THROWS_WITH_AS(one.claim_row(2, 1), doctest::Contains("cannot write at position 1"), tensor_error);
+  CHECK_THROWS_WITH_AS(one.claim_row(3, 0), doctest::Contains("outside the sequence's layers"), tensor_error);
+  CHECK(one.view(1).length == 8);  // the refused claims changed nothing
 }
 
 TEST_CASE("kv truncate rolls back and returns pages") {
