@@ -238,6 +238,10 @@ TEST_CASE("corolla train rejects bad input with one error line and exit code 1")
   };
   cases.push_back({"unknown device", args_for(model, data, "1", "8"), "tpu"});
   cases.back().args.insert(cases.back().args.end(), {"--device", "tpu"});
+  cases.push_back({"unknown matmul precision", args_for(model, data, "1", "8"), "unknown matmul precision 'fp8'"});
+  cases.back().args.insert(cases.back().args.end(), {"--matmul", "fp8"});
+  cases.push_back({"unknown matmul precision, distributed", args_for(model, data, "2", "8"), "unknown matmul precision"});
+  cases.back().args.insert(cases.back().args.end(), {"--matmul", "fp8", "--pp", "2"});
   for (const bad_case& c : cases) {
     std::vector<std::string> args = {"train", "--steps", "2", "--lr", "1e-3"};
     args.insert(args.end(), c.args.begin(), c.args.end());
