@@ -21,6 +21,7 @@
 // attention against the paged cache (decode) splits the keys over blocks;
 // see there.
 #include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/attention_mma.hpp"
 #include "kernels/cuda/attention_tiled.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
@@ -364,7 +365,7 @@ void dispatch_chunks(std::int64_t dh, F&& f) {
 
 void attention_forward(stream_t s, const attention_dims& g, const float* q, const float* k,
                        const float* v, std::int64_t batch, std::int64_t seq, float* out,
-                       float* lse) {
+                       float* lse, bool tensor_cores) {
   forward_params p;
   p.q = q;
   p.out = out;
@@ -375,6 +376,7 @@ void attention_forward(stream_t s, const attention_dims& g, const float* q, cons
   p.seq = seq;
   p.g = g;
   if (p.rows <= 0) return;
+  if (tensor_cores && attention_forward_mma(s, g, q, k, v, batch, seq, out, lse)) return;
   if (attention_forward_tiled(s, g, q, k, v, batch, seq, out, lse)) return;
   dispatch_chunks(g.dh, [&](auto c) {
     attention_forward_kernel<decltype(c)::value>
@@ -386,7 +388,7 @@ void attention_forward(stream_t s, const attention_dims& g, const float* q, cons
 void attention_backward(stream_t s, const attention_dims& g, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, const float* dout,
                         std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv,
-                        float* delta) {
+                        float* delta, bool tensor_cores) {
   const backward_params p{q, k, v, out, lse, dout, dq, dk, dv, delta, batch, seq, g};
   const std::int64_t rows = batch * seq;
   if (rows <= 0) return;
@@ -394,6 +396,8 @@ void attention_backward(stream_t s, const attention_dims& g, const float* q, con
     constexpr int C = decltype(c)::value;
     attention_delta_kernel<C><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
     COROLLA_CUDA_LAUNCH_CHECK("attention_delta_kernel");
+    if (tensor_cores && attention_backward_mma(s, g, q, k, v, lse, dout, delta, batch, seq, dq, dk, dv))
+      return;
     if (attention_backward_tiled(s, g, q, k, v, lse, dout, delta, batch, seq, dq, dk, dv)) return;
     attention_dq_kernel<C><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
     COROLLA_CUDA_LAUNCH_CHECK("attention_dq_kernel");

@@ -21,15 +21,19 @@ struct attention_dims {
 };
 
 /// out, lse (may be null) for q [B*T, Hq*Dh] against k, v [B*T, Hkv*Dh].
+/// With `tensor_cores`, attention_mma.cu's bf16 kernels run where they
+/// take the geometry (attention_mma_supported); otherwise, and for the
+/// rest, the f32 kernels.
 void attention_forward(stream_t s, const attention_dims& g, const float* q, const float* k,
                        const float* v, std::int64_t batch, std::int64_t seq, float* out,
-                       float* lse);
+                       float* lse, bool tensor_cores);
 
-/// dq, dk, dv (overwritten). `delta` is scratch of B*Hq*T floats.
+/// dq, dk, dv (overwritten). `delta` is scratch of B*Hq*T floats;
+/// `tensor_cores` as attention_forward.
 void attention_backward(stream_t s, const attention_dims& g, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, const float* dout,
                         std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv,
-                        float* delta);
+                        float* delta, bool tensor_cores);
 
 /// out [tq, Hq*Dh] for q [tq, Hq*Dh] at positions start_pos.. against a
 /// paged cache: k_pages/v_pages are *device* arrays of device page pointers,

@@ -235,7 +235,8 @@ void cuda_backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   const attention_dims d = dims_of(g, "attention");
   if (rows == 0) return;
   device_guard guard(index_);
-  attention_forward(stream_, d, cf(q), cf(k), cf(v), B, T, f(out), lse ? f(*lse) : nullptr);
+  attention_forward(stream_, d, cf(q), cf(k), cf(v), B, T, f(out), lse ? f(*lse) : nullptr,
+                    get_matmul_precision() == matmul_precision::bf16);
 }
 
 void cuda_backend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -261,7 +262,8 @@ void cuda_backend::attention_backward(const Tensor& q, const Tensor& k, const Te
   auto* delta = static_cast<float*>(
       scratch(slot_reduce, static_cast<std::size_t>(B * g.hq * T) * sizeof(float)));
   cuda::attention_backward(stream_, d, cf(q), cf(k), cf(v), cf(out), cf(lse), cf(dout), B, T,
-                           f(dq), f(dk), f(dv), delta);
+                           f(dq), f(dk), f(dv), delta,
+                           get_matmul_precision() == matmul_precision::bf16);
 }
 
 void cuda_backend::attention_cached(const Tensor& q, const kv_pages_view& cache,

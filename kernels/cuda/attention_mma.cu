@@ -1,0 +1,136 @@
+// kernels/cuda/attention_mma.cu — causal grouped-query attention for
+// training on the tensor cores (WMMA, bf16 x bf16 -> f32, sm_80 and newer).
+//
+// The structure of attention_tiled.cu (flash-attention: a block owns one
+// tile and walks the tiles of the other side that the causal mask leaves
+// visible; no atomics, deterministic), with the products on the tensor
+// cores:
+//   * a block has 4 warps and owns a 64-row tile; each warp owns 16 rows.
+//     Tiles are staged in shared memory as bf16 (converted from the f32
+//     tensors while loading), rows padded by 8 elements against bank
+//     conflicts;
+//   * a warp's 16 x 64 score block (and dP) is a 16x16x16 WMMA product over
+//     the head size, stored to the warp's own f32 scratch. Lanes 2r and 2r+1
+//     then own row r, 32 columns each: the mask, the exponentials and the
+//     softmax statistics are f32 arithmetic on the stored scores, and the
+//     probabilities (or dS) go back to shared memory as bf16 for the next
+//     product;
+//   * forward: the P.V product of a key tile is a fresh accumulator stored
+//     to scratch and folded into the lanes' f32 output rows with the online
+//     softmax correction (WMMA accumulators have no documented element
+//     order, so they are never rescaled in place);
+//   * dq (per query tile) and dk, dv (per key tile, over every query head
+//     of its group) accumulate in WMMA fragments across the whole walk.
+// Row statistics as attention.cu: lse natural-log, [b][h][t]; delta =
+// dout . out per row and head. Exponentials are exp2 of log2e-scaled values.
+//
+// Accuracy: q, k, v, dout, P and dS are rounded to bf16 (8-bit significand)
+// before each product; sums and statistics are f32. Errors are those of a
+// bf16 GEMM of the same depth (tests/kernels/cuda_attention_mma.cpp gives the bound).
+#include "kernels/cuda/attention_mma.hpp"
+
+#include <cstdint>
+#include <mutex>
+#include <type_traits>
+
+#include "kernels/cuda/attention_mma_kernels.cuh"
+#include "kernels/cuda/check.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+template <class Kernel>
+void allow_smem(Kernel kernel, std::size_t bytes) {
+  COROLLA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+/// Calls f(integral_constant<int, D>) for the head sizes with kernels.
+template <class F>
+bool dispatch_heads(std::int64_t dh, F&& f) {
+  switch (dh) {
+    case 32: return f(std::integral_constant<int, 32>{}), true;
+    case 64: return f(std::integral_constant<int, 64>{}), true;
+    case 96: return f(std::integral_constant<int, 96>{}), true;
+    case 128: return f(std::integral_constant<int, 128>{}), true;
+    default: return false;
+  }
+}
+
+/// Whether this binary's forward kernel was compiled for sm_80 or newer
+/// (its SASS, and the PTX it could be JIT-compiled from): a binary built
+/// only for older architectures has empty kernels here. Once per process.
+bool compiled_for_tensor_cores() {
+  static std::once_flag once;
+  static bool yes = false;
+  std::call_once(once, [] {
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, mma_forward_kernel<64>) == cudaSuccess)
+      yes = fa.binaryVersion >= 80 && fa.ptxVersion >= 80;
+    else
+      (void)cudaGetLastError();  // no device, or no image for it: the caller falls back
+  });
+  return yes;
+}
+
+unsigned tiles_of(std::int64_t seq) { return static_cast<unsigned>((seq + tile - 1) / tile); }
+
+}  // namespace
+
+bool attention_mma_supported(const attention_dims& g, std::initializer_list<const void*> pointers) {
+  if (g.dh != 32 && g.dh != 64 && g.dh != 96 && g.dh != 128) return false;
+  for (const void* p : pointers)
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  return compiled_for_tensor_cores();
+}
+
+bool attention_forward_mma(stream_t s, const attention_dims& g, const float* q, const float* k,
+                           const float* v, std::int64_t batch, std::int64_t seq, float* out,
+                           float* lse) {
+  if (!attention_mma_supported(g, {q, k, v, out})) return false;
+  mma_args a{};
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.out = out;
+  a.lse_w = lse;
+  a.seq = seq;
+  a.g = g;
+  return dispatch_heads(g.dh, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    const std::size_t smem = layout<D>::bytes(3);
+    allow_smem(mma_forward_kernel<D>, smem);  // per call: the limit is per device
+    mma_forward_kernel<D><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), threads, smem, s>>>(a);
+    COROLLA_CUDA_LAUNCH_CHECK("mma_forward_kernel");
+  });
+}
+
+bool attention_backward_mma(stream_t s, const attention_dims& g, const float* q, const float* k,
+                            const float* v, const float* lse, const float* dout, const float* delta,
+                            std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv) {
+  if (!attention_mma_supported(g, {q, k, v, dout, dq, dk, dv})) return false;
+  mma_args a{};
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.lse = lse;
+  a.dout = dout;
+  a.delta = delta;
+  a.dq = dq;
+  a.dk = dk;
+  a.dv = dv;
+  a.seq = seq;
+  a.g = g;
+  return dispatch_heads(g.dh, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    const std::size_t smem = layout<D>::bytes(4);
+    allow_smem(mma_dq_kernel<D>, smem);
+    allow_smem(mma_dkdv_kernel<D>, smem);
+    mma_dq_kernel<D><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), threads, smem, s>>>(a);
+    COROLLA_CUDA_LAUNCH_CHECK("mma_dq_kernel");
+    mma_dkdv_kernel<D><<<dim3(static_cast<unsigned>(batch * g.hkv), tiles_of(seq)), threads, smem, s>>>(a);
+    COROLLA_CUDA_LAUNCH_CHECK("mma_dkdv_kernel");
+  });
+}
+
+}  // namespace corolla::cuda

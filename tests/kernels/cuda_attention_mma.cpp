@@ -1,0 +1,148 @@
+// tests/kernels/cuda_attention_mma.cpp — training attention on the tensor
+// cores (kernels/cuda/attention_mma.cu, taken at bf16 matmul precision)
+// against the CPU's f32 attention.
+//
+// Tolerance: q, k, v, dout, P and dS are rounded to bf16 (relative 2^-8)
+// before each product, sums stay f32. With inputs in [-1, 1] every result
+// is checked against a normwise bound, |got - want| <= 3e-2 * max |want|
+// per output tensor (and lse within 3e-2 absolute, a few rounding errors
+// of the scores it is the log-sum of), while the typical error must stay
+// far below that (mean error <= 4e-3 * max |want|). The f32 kernels would
+// pass too, so each case also checks that the result moved away from the
+// f32 one: the tensor cores ran.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.hpp"
+#include "tests/support/gpu.hpp"
+#include "kernels/backend.hpp"
+#ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/attention_mma.hpp"
+#endif
+
+using namespace corolla;
+using namespace kernel_test;
+
+namespace {
+
+Backend& gpu() { return backend_for({device_kind::cuda, 0}); }
+Backend& cpu() { return cpu_backend(); }
+
+Tensor up(const Tensor& h) {
+  Tensor d = gpu().empty(h.shape(), h.type());
+  gpu().copy(h, d);
+  return d;
+}
+
+std::vector<double> down(const Tensor& d) {
+  Tensor h = Tensor::empty(d.shape(), d.type());
+  gpu().copy(d, h);
+  return to_double(h);
+}
+
+struct restore_precision {
+  ~restore_precision() { set_matmul_precision(matmul_precision::f32); }
+};
+
+/// Checks `got` against `want` normwise (see the file comment) and returns
+/// the largest difference between `got` and `f32` (the f32 kernels' result).
+double check_normwise(const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& f32,
+                      double atol_floor, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0.0, worst = 0.0, sum = 0.0, moved = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::abs(want[i]));
+    const double err = std::abs(got[i] - want[i]);
+    worst = std::max(worst, err);
+    sum += err;
+    moved = std::max(moved, std::abs(got[i] - f32[i]));
+  }
+  const double mean = want.empty() ? 0.0 : sum / static_cast<double>(want.size());
+  const double bound = std::max(3e-2 * scale, atol_floor);
+  INFO(what << ": largest error " << worst << ", mean " << mean << ", bound " << bound << " (max |want| " << scale << ")");
+  CHECK(worst <= bound);
+  CHECK(mean <= std::max(4e-3 * scale, atol_floor / 8));
+  return moved;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches the cpu within bf16 rounding") {
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  restore_precision guard;
+  rng r(211);
+  struct config {
+    int hq, hkv, dh, batch, seq;
+  };
+  // Every head size with kernels (32, 64, 96, 128), MHA and GQA, sequences
+  // of one row, of whole 64-row tiles and of partial ones.
+  for (const config& c : {config{4, 4, 64, 2, 130}, config{8, 2, 128, 1, 200}, config{6, 2, 32, 1, 64},
+                          config{2, 1, 96, 2, 65}, config{4, 2, 64, 1, 1}, config{2, 2, 128, 1, 256}}) {
+    CAPTURE(c.hq);
+    CAPTURE(c.hkv);
+    CAPTURE(c.dh);
+    CAPTURE(c.batch);
+    CAPTURE(c.seq);
+    const attention_shape s{c.hq, c.hkv, c.dh, 0.0f};
+    const std::int64_t rows = std::int64_t{c.batch} * c.seq;
+    const std::int64_t qw = std::int64_t{c.hq} * c.dh, kw = std::int64_t{c.hkv} * c.dh;
+    Tensor q = random_tensor({rows, qw}, r), k = random_tensor({rows, kw}, r), v = random_tensor({rows, kw}, r),
+           g = random_tensor({rows, qw}, r);
+    Tensor out = Tensor::empty({rows, qw}), lse = Tensor::empty({std::int64_t{c.batch} * c.hq * c.seq});
+    cpu().attention(q, k, v, c.batch, c.seq, s, out, &lse);
+    Tensor gq = Tensor::empty({rows, qw}), gk = Tensor::empty({rows, kw}), gv = Tensor::empty({rows, kw});
+    cpu().attention_backward(q, k, v, out, lse, g, c.batch, c.seq, s, gq, gk, gv);
+
+    const Tensor dq_in = up(q), dk_in = up(k), dv_in = up(v), dg = up(g), d_out_ref = up(out), d_lse_ref = up(lse);
+    cuda::attention_dims dims;
+    dims.dh = c.dh;
+    CHECK(cuda::attention_mma_supported(dims, {dq_in.raw(), dk_in.raw(), dv_in.raw()}));
+    // Both precisions on the device: f32 (the tiled kernels) and bf16.
+    std::vector<double> results[2][5];
+    for (int p = 0; p < 2; ++p) {
+      set_matmul_precision(p == 0 ? matmul_precision::f32 : matmul_precision::bf16);
+      Tensor o = gpu().empty(out.shape()), l = gpu().empty(lse.shape());
+      gpu().attention(dq_in, dk_in, dv_in, c.batch, c.seq, s, o, &l);
+      // The backward takes the cpu's out and lse, so its check is independent of the forward's.
+      Tensor a = gpu().empty(gq.shape()), b = gpu().empty(gk.shape()), d = gpu().empty(gv.shape());
+      gpu().attention_backward(dq_in, dk_in, dv_in, d_out_ref, d_lse_ref, dg, c.batch, c.seq, s, a, b, d);
+      results[p][0] = down(o);
+      results[p][1] = down(l);
+      results[p][2] = down(a);
+      results[p][3] = down(b);
+      results[p][4] = down(d);
+    }
+    const std::vector<double> want[5] = {to_double(out), to_double(lse), to_double(gq), to_double(gk), to_double(gv)};
+    const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
+    double moved = 0.0;
+    for (int i = 0; i < 5; ++i)
+      moved = std::max(moved, check_normwise(results[1][i], want[i], results[0][i], i == 1 ? 3e-2 : 0.0, names[i]));
+    CHECK(moved > 1e-5);  // bf16 rounding shows: the tensor-core kernels ran
+  }
+#endif
+}
+
+TEST_CASE("cuda: at bf16 precision, head sizes without tensor-core kernels keep the f32 kernels") {
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  restore_precision guard;
+  rng r(212);
+  const int hq = 2, hkv = 1, dh = 80, seq = 40;
+  const attention_shape s{hq, hkv, dh, 0.0f};
+  cuda::attention_dims dims;
+  dims.dh = dh;
+  CHECK_FALSE(cuda::attention_mma_supported(dims, {}));
+  Tensor q = random_tensor({seq, hq * dh}, r), k = random_tensor({seq, hkv * dh}, r), v = random_tensor({seq, hkv * dh}, r);
+  Tensor out = Tensor::empty({seq, hq * dh});
+  cpu().attention(q, k, v, 1, seq, s, out, nullptr);
+  set_matmul_precision(matmul_precision::bf16);
+  Tensor o = gpu().empty(out.shape());
+  gpu().attention(up(q), up(k), up(v), 1, seq, s, o, nullptr);
+  check_close(down(o), to_double(out), 1e-4, 1e-5, "attention out, head size 80 at bf16 precision");
+#endif
+}
