@@ -56,6 +56,26 @@ model_config bench_llama_config() {
   return c;
 }
 
+double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n) {
+  Tensor a = be.empty({rows, k}), w = be.empty({n, k}), y = be.empty({rows, n});
+  // Filled on the host and copied: the backend may be a device.
+  Tensor fill = Tensor::empty({std::max(rows * k, n * k)});
+  std::fill_n(fill.data<float>(), fill.numel(), 0.01f);
+  be.copy(fill.slice(0, rows * k).view({rows, k}), a);
+  be.copy(fill.slice(0, n * k).view({n, k}), w);
+  be.gemm(a, false, w, true, y);  // warm-up (algorithm choice on a device)
+  be.synchronize();
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    be.gemm(a, false, w, true, y);
+    be.synchronize();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * static_cast<double>(rows * k * n) / s);
+  }
+  return best;
+}
+
 namespace {
 
 /// Llama-2-7B's shape (6.7B parameters, 27 GB in f32).
@@ -262,28 +282,6 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
   return 0;
 }
 
-/// Best GEMM FLOP/s of the backend on [rows x k] @ [k x n]^T, the shape of
-/// the model's largest training matmul.
-double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n) {
-  Tensor a = be.empty({rows, k}), w = be.empty({n, k}), y = be.empty({rows, n});
-  // Filled on the host and copied: the backend may be a device.
-  Tensor fill = Tensor::empty({std::max(rows * k, n * k)});
-  std::fill_n(fill.data<float>(), fill.numel(), 0.01f);
-  be.copy(fill.slice(0, rows * k).view({rows, k}), a);
-  be.copy(fill.slice(0, n * k).view({n, k}), w);
-  be.gemm(a, false, w, true, y);  // warm-up (algorithm choice on a device)
-  be.synchronize();
-  double best = 0;
-  for (int r = 0; r < 5; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    be.gemm(a, false, w, true, y);
-    be.synchronize();
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * static_cast<double>(rows * k * n) / s);
-  }
-  return best;
-}
-
 int run_train(const bench_common& o, int batch, int seq, int steps) {
   apply_common_options(o.threads, "warn");
   set_matmul_precision(parse_matmul_precision(o.matmul));
@@ -426,6 +424,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   register_bench_gemm(bench, action);
   register_bench_link(bench, action);
   register_bench_swarm(bench, action);
+  register_bench_attention(bench, action);
 }
 
 }  // namespace corolla::app

@@ -17,6 +17,10 @@ namespace CLI {
 class App;
 }
 
+namespace corolla {
+class Backend;
+}
+
 namespace corolla::app {
 
 using action_fn = std::function<int()>;
@@ -38,6 +42,12 @@ void register_bench_link(CLI::App* bench, action_fn& action);
 void register_bench_gemm(CLI::App* bench, action_fn& action);
 /// `corolla bench swarm`: a 3-server chain on loopback vs local decode (apps/bench_swarm.cpp).
 void register_bench_swarm(CLI::App* bench, action_fn& action);
+/// `corolla bench attention`: training attention per matmul precision vs the
+/// GEMM rate at that precision (apps/bench_attention.cpp).
+void register_bench_attention(CLI::App* bench, action_fn& action);
+/// Best GEMM FLOP/s of `be` on [rows x k] @ [n x k]^T (f32 tensors, at the
+/// current matmul precision), the best of 5 after a warm-up (apps/bench.cpp).
+double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n);
 /// What `corolla bench train --cluster FILE` runs.
 struct cluster_bench_options {
   std::string cluster;  ///< cluster TOML
