@@ -73,15 +73,29 @@ bool compiled_for_tensor_cores() {
   return yes;
 }
 
+/// Whether blocks with `bytes` of dynamic shared memory fit the current
+/// device's opt-in limit (227 KiB on sm_90, 163 on sm_80, but 99 on sm_86,
+/// sm_89 and sm_120: head size 128's backward needs 102.5 KiB).
+bool fits_shared_memory(std::size_t bytes) {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return static_cast<std::size_t>(optin) >= bytes;
+}
+
 unsigned tiles_of(std::int64_t seq) { return static_cast<unsigned>((seq + tile - 1) / tile); }
 
 }  // namespace
 
 bool attention_mma_supported(const attention_dims& g, std::initializer_list<const void*> pointers) {
-  if (g.dh != 32 && g.dh != 64 && g.dh != 96 && g.dh != 128) return false;
+  std::size_t smem = 0;  // the backward kernels' blocks, the larger ones
+  if (!dispatch_heads(g.dh, [&](auto d) { smem = layout<decltype(d)::value>::bytes(4); })) return false;
   for (const void* p : pointers)
     if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
-  return compiled_for_tensor_cores();
+  return compiled_for_tensor_cores() && fits_shared_memory(smem);
 }
 
 bool attention_forward_mma(stream_t s, const attention_dims& g, const float* q, const float* k,

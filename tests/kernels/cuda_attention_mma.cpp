@@ -4,12 +4,14 @@
 //
 // Tolerance: q, k, v, dout, P and dS are rounded to bf16 (relative 2^-8)
 // before each product, sums stay f32. With inputs in [-1, 1] every result
-// is checked against a normwise bound, |got - want| <= 3e-2 * max |want|
-// per output tensor (and lse within 3e-2 absolute, a few rounding errors
-// of the scores it is the log-sum of), while the typical error must stay
-// far below that (mean error <= 4e-3 * max |want|). The f32 kernels would
-// pass too, so each case also checks that the result moved away from the
-// f32 one: the tensor cores ran.
+// is checked against a normwise bound, |got - want| <= 3e-2 * M, M = max
+// |want| of out, and of all three gradients together for dq, dk and dv
+// (lse within 3e-2 absolute, M = 1: a few rounding errors of the scores it is the
+// log-sum of), while the typical error must stay far below that (mean
+// error <= 4e-3 * M). A CPU emulation of the kernels (the issue note) gave
+// at most 1.3e-2 * M on these cases. The f32 kernels would pass too, so
+// each case also checks that the result moved away from the f32 one: the
+// tensor cores ran.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "kernels/backend.hpp"
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/attention_mma.hpp"
+#include "kernels/cuda/device.hpp"
 #endif
 
 using namespace corolla;
@@ -48,24 +51,30 @@ struct restore_precision {
   ~restore_precision() { set_matmul_precision(matmul_precision::f32); }
 };
 
-/// Checks `got` against `want` normwise (see the file comment) and returns
-/// the largest difference between `got` and `f32` (the f32 kernels' result).
+double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+/// Checks `got` against `want` normwise at magnitude `scale` (see the file
+/// comment) and returns the largest difference between `got` and `f32` (the
+/// f32 kernels' result).
 double check_normwise(const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& f32,
-                      double atol_floor, const std::string& what) {
+                      double scale, const std::string& what) {
   REQUIRE(got.size() == want.size());
-  double scale = 0.0, worst = 0.0, sum = 0.0, moved = 0.0;
+  double worst = 0.0, sum = 0.0, moved = 0.0;
   for (std::size_t i = 0; i < want.size(); ++i) {
-    scale = std::max(scale, std::abs(want[i]));
     const double err = std::abs(got[i] - want[i]);
     worst = std::max(worst, err);
     sum += err;
     moved = std::max(moved, std::abs(got[i] - f32[i]));
   }
   const double mean = want.empty() ? 0.0 : sum / static_cast<double>(want.size());
-  const double bound = std::max(3e-2 * scale, atol_floor);
-  INFO(what << ": largest error " << worst << ", mean " << mean << ", bound " << bound << " (max |want| " << scale << ")");
+  const double bound = 3e-2 * scale;
+  INFO(what << ": largest error " << worst << ", mean " << mean << ", bound " << bound << " (magnitude " << scale << ")");
   CHECK(worst <= bound);
-  CHECK(mean <= std::max(4e-3 * scale, atol_floor / 8));
+  CHECK(mean <= 4e-3 * scale);
   return moved;
 }
 
@@ -101,7 +110,12 @@ TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches
     const Tensor dq_in = up(q), dk_in = up(k), dv_in = up(v), dg = up(g), d_out_ref = up(out), d_lse_ref = up(lse);
     cuda::attention_dims dims;
     dims.dh = c.dh;
-    CHECK(cuda::attention_mma_supported(dims, {dq_in.raw(), dk_in.raw(), dv_in.raw()}));
+    // Hopper (the default build, sm_90) takes every case; another GPU may
+    // lack the shared memory for head size 128 and keep the f32 kernels.
+    const bool hopper = cuda::device_description(0).find("sm_90") != std::string::npos;
+    const bool tensor_cores = cuda::attention_mma_supported(dims, {dq_in.raw(), dk_in.raw(), dv_in.raw()});
+    if (hopper) CHECK(tensor_cores);
+    if (!tensor_cores) MESSAGE("the tensor-core kernels do not take this case on " << cuda::device_description(0));
     // Both precisions on the device: f32 (the tiled kernels) and bf16.
     std::vector<double> results[2][5];
     for (int p = 0; p < 2; ++p) {
@@ -119,10 +133,14 @@ TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches
     }
     const std::vector<double> want[5] = {to_double(out), to_double(lse), to_double(gq), to_double(gk), to_double(gv)};
     const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
+    // The gradients share one magnitude: dq and dk vanish exactly with a
+    // single key (out = v), where their bf16 residue is that of dv's scale.
+    const double grads = std::max({max_abs(want[2]), max_abs(want[3]), max_abs(want[4])});
     double moved = 0.0;
     for (int i = 0; i < 5; ++i)
-      moved = std::max(moved, check_normwise(results[1][i], want[i], results[0][i], i == 1 ? 3e-2 : 0.0, names[i]));
-    CHECK(moved > 1e-5);  // bf16 rounding shows: the tensor-core kernels ran
+      moved = std::max(moved, check_normwise(results[1][i], want[i], results[0][i],
+                                             i == 0 ? max_abs(want[0]) : i == 1 ? 1.0 : grads, names[i]));
+    if (tensor_cores) CHECK(moved > 1e-5);  // bf16 rounding shows: the tensor-core kernels ran
   }
 #endif
 }
