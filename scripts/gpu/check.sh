@@ -5,7 +5,8 @@
 #
 #   scripts/gpu/check.sh PACK [quick|full]
 # quick: the CUDA unit tests and model tests; full (default): also
-# compute-sanitizer's memcheck over the CUDA unit tests, every test binary
+# compute-sanitizer's memcheck over the CUDA unit tests and racecheck over
+# the attention tests, every test binary
 # with the GPU visible (multi-process tests included), a comparison with
 # HuggingFace transformers when python3 has it, and the benchmarks of
 # docs/benchmarks.md.
@@ -37,10 +38,15 @@ run cuda_model test_model -tc='cuda*'
 [ "$mode" = quick ] && exit 0
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 [ -n "$sanitizer" ] && run cuda_memcheck "$sanitizer" --tool memcheck --error-exitcode 1 test_kernels -tc='cuda*'
+# Shared-memory hazards of the tiled and tensor-core attention kernels.
+[ -n "$sanitizer" ] && run cuda_racecheck "$sanitizer" --tool racecheck --error-exitcode 1 test_kernels \
+  -tc='*attention*'
 for t in test_kernels test_model test_apps test_apps_mp test_actors_mp; do run "$t" "$t"; done
 if python3 -c 'import transformers' 2>/dev/null; then
   run hf_reference python3 scripts/gpu/hf_reference.py /tmp/corolla-gpu/hf
 fi
 run bench_gemm corolla bench gemm --dtype bf16 --shapes llama7b
 run bench_decode corolla bench decode --preset llama7b --weights bf16 --repeats 3
+run bench_attention corolla bench attention --shape gpt2-1.5b
+run bench_attention_7b corolla bench attention --shape llama7b
 run bench_train corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16
