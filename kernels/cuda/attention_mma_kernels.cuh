@@ -1,6 +1,8 @@
 // kernels/cuda/attention_mma_kernels.cuh — the kernels of attention_mma.cu
-// (its file comment says how they work). Included only by attention_mma.cu;
-// kept apart so that the kernels can also be compiled on their own.
+// (its file comment says how they work). Included by attention_mma.cu, and
+// by tests/cuda_emulated/, which compiles them as host C++ against an
+// emulation of WMMA, warp shuffles and barriers so they are checked on
+// machines without a GPU.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -46,6 +48,12 @@ struct layout {
     return static_cast<std::size_t>(tiles) * tile_bytes + stats_bytes + static_cast<std::size_t>(warps) * scratch_bytes;
   }
 };
+
+/// Declares the block's dynamic shared memory as `name` (the emulation
+/// defines it to a buffer of its own).
+#ifndef COROLLA_BLOCK_SMEM
+#define COROLLA_BLOCK_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
 
 struct mma_args {
   const float *q, *k, *v, *lse, *dout, *delta;
@@ -162,7 +170,7 @@ template <int D>
 __global__ void __launch_bounds__(threads) mma_forward_kernel(mma_args a) {
 #ifdef COROLLA_MMA_BODY
   using L = layout<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  COROLLA_BLOCK_SMEM(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   auto* qs = reinterpret_cast<bf16*>(smem);
   auto* ks = reinterpret_cast<bf16*>(smem + L::tile_bytes);
@@ -241,7 +249,7 @@ template <int D>
 __global__ void __launch_bounds__(threads) mma_dq_kernel(mma_args a) {
 #ifdef COROLLA_MMA_BODY
   using L = layout<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  COROLLA_BLOCK_SMEM(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   auto* qs = reinterpret_cast<bf16*>(smem);
   auto* gs = reinterpret_cast<bf16*>(smem + L::tile_bytes);
@@ -305,7 +313,7 @@ template <int D>
 __global__ void __launch_bounds__(threads) mma_dkdv_kernel(mma_args a) {
 #ifdef COROLLA_MMA_BODY
   using L = layout<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  COROLLA_BLOCK_SMEM(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   auto* ks = reinterpret_cast<bf16*>(smem);
   auto* vs = reinterpret_cast<bf16*>(smem + L::tile_bytes);

@@ -1,0 +1,142 @@
+// tests/cuda_emulated/attention_mma.cpp — the tensor-core attention kernels
+// (kernels/cuda/attention_mma_kernels.cuh), compiled as host C++ against
+// cuda_emulation.hpp and launched as attention_mma.cu launches them, against
+// the CPU backend's f32 attention. This runs everywhere, GPU or not: it
+// checks the kernels' indexing, masking, head grouping, online softmax, tile
+// walks, synchronisation points and shared-memory layout (every WMMA access
+// inside the launch's shared memory, aligned as CUDA requires). What it
+// cannot check is the hardware: tests/kernels/cuda_attention_mma.cpp runs
+// the same comparison on a GPU.
+//
+// Tolerance as on the GPU: |got - want| <= 3e-2 * M and mean error <=
+// 4e-3 * M, M = max |want| of out, 1 for lse, and of all three gradients
+// together for dq, dk, dv (inputs in [-1, 1]; q, k, v, dout, P and dS are
+// rounded to bf16 before each product).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/cuda_emulated/cuda_emulation.hpp"
+// After the emulation: the kernels see its definitions.
+#include "kernels/cuda/attention_mma_kernels.cuh"
+#include "kernels/backend.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+
+using namespace corolla;
+using corolla::cuda::attention_dims;
+using corolla::cuda::layout;
+using corolla::cuda::mma_args;
+
+namespace {
+
+struct geometry {
+  int hq, hkv, batch, seq;
+};
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+void check_normwise(const std::vector<float>& got, const std::vector<double>& want, double scale,
+                    const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0.0, sum = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    worst = std::isnan(err) ? INFINITY : std::max(worst, err);
+    sum += err;
+  }
+  const double mean = want.empty() ? 0.0 : sum / static_cast<double>(want.size());
+  INFO(what << ": largest error " << worst << ", mean " << mean << " (magnitude " << scale << ")");
+  CHECK(worst <= 3e-2 * scale);
+  CHECK(mean <= 4e-3 * scale);
+}
+
+template <int D>
+void check_case(const geometry& c, kernel_test::rng& r) {
+  CAPTURE(D);
+  CAPTURE(c.hq);
+  CAPTURE(c.hkv);
+  CAPTURE(c.batch);
+  CAPTURE(c.seq);
+  const attention_shape s{c.hq, c.hkv, D, 0.0f};
+  const std::int64_t rows = std::int64_t{c.batch} * c.seq, qw = std::int64_t{c.hq} * D, kw = std::int64_t{c.hkv} * D;
+  Tensor q = kernel_test::random_tensor({rows, qw}, r), k = kernel_test::random_tensor({rows, kw}, r),
+         v = kernel_test::random_tensor({rows, kw}, r), g = kernel_test::random_tensor({rows, qw}, r);
+  Backend& cpu = cpu_backend();
+  Tensor out = Tensor::empty({rows, qw}), lse = Tensor::empty({std::int64_t{c.batch} * c.hq * c.seq});
+  cpu.attention(q, k, v, c.batch, c.seq, s, out, &lse);
+  Tensor dq = Tensor::empty({rows, qw}), dk = Tensor::empty({rows, kw}), dv = Tensor::empty({rows, kw});
+  cpu.attention_backward(q, k, v, out, lse, g, c.batch, c.seq, s, dq, dk, dv);
+  // delta = dout . out per row and head, as attention.cu's delta kernel.
+  std::vector<float> delta(static_cast<std::size_t>(lse.numel()));
+  for (int b = 0; b < c.batch; ++b)
+    for (int h = 0; h < c.hq; ++h)
+      for (int t = 0; t < c.seq; ++t) {
+        double d = 0.0;
+        for (int e = 0; e < D; ++e) {
+          const std::int64_t i = (std::int64_t{b} * c.seq + t) * qw + std::int64_t{h} * D + e;
+          d += static_cast<double>(g.data<float>()[i]) * out.data<float>()[i];
+        }
+        delta[static_cast<std::size_t>((b * c.hq + h) * c.seq + t)] = static_cast<float>(d);
+      }
+
+  mma_args a{};
+  a.seq = c.seq;
+  a.g.hq = c.hq;
+  a.g.hkv = c.hkv;
+  a.g.dh = D;
+  a.g.group = c.hq / c.hkv;
+  a.g.q_width = qw;
+  a.g.kv_width = kw;
+  a.g.scale = 1.0f / std::sqrt(static_cast<float>(D));  // attention_shape's default
+  a.q = q.data<float>();
+  a.k = k.data<float>();
+  a.v = v.data<float>();
+  a.dout = g.data<float>();
+  a.lse = lse.data<float>();
+  a.delta = delta.data();
+  // Outputs start as NaN: an element the kernels never write fails the check.
+  std::vector<float> e_out(static_cast<std::size_t>(rows * qw), NAN), e_lse(delta.size(), NAN),
+      e_dq(e_out.size(), NAN), e_dk(static_cast<std::size_t>(rows * kw), NAN), e_dv(e_dk.size(), NAN);
+  a.out = e_out.data();
+  a.lse_w = e_lse.data();
+  a.dq = e_dq.data();
+  a.dk = e_dk.data();
+  a.dv = e_dv.data();
+  const unsigned tiles = static_cast<unsigned>((c.seq + 63) / 64);
+  const auto bq = static_cast<unsigned>(c.batch * c.hq), bkv = static_cast<unsigned>(c.batch * c.hkv);
+  emulated::launch(&cuda::mma_forward_kernel<D>, bq, tiles, layout<D>::bytes(3), a);
+  emulated::launch(&cuda::mma_dq_kernel<D>, bq, tiles, layout<D>::bytes(4), a);
+  emulated::launch(&cuda::mma_dkdv_kernel<D>, bkv, tiles, layout<D>::bytes(4), a);
+
+  const auto want = [](const Tensor& t) { return kernel_test::to_double(t); };
+  const double grads = std::max({max_abs(want(dq)), max_abs(want(dk)), max_abs(want(dv))});
+  check_normwise(e_out, want(out), max_abs(want(out)), "out");
+  check_normwise(e_lse, want(lse), 1.0, "lse");
+  check_normwise(e_dq, want(dq), grads, "dq");
+  check_normwise(e_dk, want(dk), grads, "dk");
+  check_normwise(e_dv, want(dv), grads, "dv");
+}
+
+}  // namespace
+
+TEST_CASE("emulated tensor-core attention: head sizes 32 and 64 match the cpu (one token, partial and whole tiles, GQA)") {
+  kernel_test::rng r(301);
+  check_case<32>({2, 2, 1, 1}, r);
+  check_case<32>({4, 2, 2, 65}, r);
+  check_case<64>({3, 1, 1, 130}, r);
+  check_case<64>({4, 4, 1, 17}, r);
+}
+
+TEST_CASE("emulated tensor-core attention: head sizes 96 and 128 match the cpu") {
+  kernel_test::rng r(302);
+  check_case<96>({2, 1, 2, 65}, r);
+  check_case<128>({4, 2, 1, 130}, r);
+  check_case<128>({2, 2, 1, 64}, r);
+}

@@ -1,0 +1,244 @@
+// tests/cuda_emulated/cuda_emulation.hpp — just enough of CUDA, as host C++,
+// to run kernel source on the CPU: every thread of a block is a std::thread,
+// blocks run one after another, and what the kernels use is defined here.
+//
+// What is emulated, and how strictly:
+//  * threadIdx, blockIdx, gridDim: per thread; blocks of exactly
+//    `block_threads` threads (the barriers are sized for it).
+//  * __syncthreads, __syncwarp: barriers of the block and of the warp;
+//    __shfl_xor_sync (float): through a per-warp array between two warp
+//    barriers. Full masks only.
+//  * Dynamic shared memory (COROLLA_BLOCK_SMEM): a fresh buffer of exactly
+//    the launch's size per block, filled with NaN bytes, so a read of
+//    anything not written shows up in the results.
+//  * bf16: __nv_bfloat16 and __nv_bfloat162 with round-to-nearest-even
+//    conversion (__floats2bfloat162_rn); float4 with its 16-byte alignment
+//    checked on every copy.
+//  * nvcuda::wmma for 16x16x16 bf16 x bf16 -> f32: every lane's fragment
+//    holds the whole logical matrix (CUDA's element-to-lane mapping is
+//    unspecified, and the kernels must not rely on it). load_matrix_sync
+//    reads row_major or col_major exactly as CUDA documents them;
+//    store_matrix_sync has lane l write the elements e with e % 32 == l, so
+//    a lane reading what another lane stored needs a __syncwarp in between
+//    (ThreadSanitizer sees the race otherwise). Every load and store checks
+//    CUDA's preconditions: a 32-byte aligned pointer, ldm a multiple of 8
+//    (16-bit elements) or 4 (f32), and a footprint inside the block's
+//    shared memory.
+// A broken precondition aborts with a message naming it.
+#pragma once
+
+#include <array>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __align__(n) alignas(n)
+#define __CUDA_ARCH__ 800
+#define COROLLA_BLOCK_SMEM(name) unsigned char* const name = ::corolla::emulated::block_smem()
+
+#define COROLLA_EMULATION_FAIL(...)                                              \
+  do {                                                                           \
+    std::fprintf(stderr, "cuda emulation: %s:%d: ", __FILE__, __LINE__);         \
+    std::fprintf(stderr, __VA_ARGS__);                                           \
+    std::fprintf(stderr, "\n");                                                  \
+    std::abort();                                                                \
+  } while (0)
+
+struct emulated_dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local emulated_dim3 threadIdx, blockIdx, gridDim;
+
+namespace corolla::emulated {
+
+constexpr int block_threads = 128;
+constexpr int block_warps = block_threads / 32;
+
+/// The barriers and shuffle buffers of the block running now.
+struct block_state {
+  std::barrier<> block{block_threads};
+  std::array<std::barrier<>, block_warps> warps{std::barrier<>{32}, std::barrier<>{32}, std::barrier<>{32},
+                                                std::barrier<>{32}};
+  float shuffle[block_warps][32] = {};
+  unsigned char* smem = nullptr;
+  std::size_t smem_bytes = 0;
+};
+inline block_state* current = nullptr;
+
+inline unsigned char* block_smem() { return current->smem; }
+
+/// Aborts unless bytes [p, p + bytes) lie in the block's shared memory.
+inline void check_in_smem(const void* p, std::size_t bytes, const char* what) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p), base = reinterpret_cast<std::uintptr_t>(current->smem);
+  if (a < base || a + bytes > base + current->smem_bytes)
+    COROLLA_EMULATION_FAIL("%s: %zu bytes at shared-memory offset %lld, outside the block's %zu bytes", what, bytes,
+                           static_cast<long long>(a - base), current->smem_bytes);
+}
+
+/// Runs `kernel(args)` over grid (gx, gy) with block_threads threads per
+/// block and `smem_bytes` of dynamic shared memory, one block at a time.
+template <class Args>
+void launch(void (*kernel)(Args), unsigned gx, unsigned gy, std::size_t smem_bytes, const Args& args) {
+  for (unsigned by = 0; by < gy; ++by)
+    for (unsigned bx = 0; bx < gx; ++bx) {
+      std::vector<unsigned char> smem(smem_bytes + 128, 0xff);  // 0xffffffff: a NaN
+      block_state state;
+      state.smem = smem.data() + (128 - reinterpret_cast<std::uintptr_t>(smem.data()) % 128) % 128;
+      state.smem_bytes = smem_bytes;
+      current = &state;
+      std::vector<std::thread> threads;
+      threads.reserve(block_threads);
+      for (unsigned t = 0; t < block_threads; ++t)
+        threads.emplace_back([=, &args] {
+          threadIdx = {t, 0, 0};
+          blockIdx = {bx, by, 0};
+          gridDim = {gx, gy, 1};
+          kernel(args);
+        });
+      for (auto& t : threads) t.join();
+      current = nullptr;
+    }
+}
+
+}  // namespace corolla::emulated
+
+inline void __syncthreads() { corolla::emulated::current->block.arrive_and_wait(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("__syncwarp with mask %x: only full warps", mask);
+  corolla::emulated::current->warps[threadIdx.x >> 5].arrive_and_wait();
+}
+inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+  if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("__shfl_xor_sync with mask %x: only full warps", mask);
+  auto& s = *corolla::emulated::current;
+  const unsigned w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  s.shuffle[w][lane] = v;
+  s.warps[w].arrive_and_wait();
+  const float r = s.shuffle[w][lane ^ (static_cast<unsigned>(lane_mask) & 31u)];
+  s.warps[w].arrive_and_wait();
+  return r;
+}
+
+// ---- vector types and bf16 -------------------------------------------------------
+
+struct alignas(16) float4 {
+  float x = 0, y = 0, z = 0, w = 0;
+  float4() = default;
+  float4(float a, float b, float c, float d) : x(a), y(b), z(c), w(d) {}
+  float4(const float4& o) : x(o.x), y(o.y), z(o.z), w(o.w) { check(&o); }
+  float4& operator=(const float4& o) {
+    check(this);
+    check(&o);
+    x = o.x, y = o.y, z = o.z, w = o.w;
+    return *this;
+  }
+  static void check(const void* p) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16) COROLLA_EMULATION_FAIL("float4 access at %p: not 16-byte aligned", p);
+  }
+};
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+
+struct __nv_bfloat16 {
+  std::uint16_t bits;
+};
+struct alignas(4) __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+  __nv_bfloat162(__nv_bfloat16 a, __nv_bfloat16 b) : x(a), y(b) {}
+  __nv_bfloat162(const __nv_bfloat162&) = default;
+  __nv_bfloat162& operator=(const __nv_bfloat162& o) {
+    if (reinterpret_cast<std::uintptr_t>(this) % 4)
+      COROLLA_EMULATION_FAIL("__nv_bfloat162 store at %p: not 4-byte aligned", static_cast<void*>(this));
+    x = o.x, y = o.y;
+    return *this;
+  }
+};
+
+namespace corolla::emulated {
+/// f32 -> bf16 rounding to nearest even, as __float2bfloat16_rn.
+inline std::uint16_t bf16_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+inline float to_float(__nv_bfloat16 h) {
+  const std::uint32_t u = std::uint32_t{h.bits} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace corolla::emulated
+
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+  return {{corolla::emulated::bf16_bits(a)}, {corolla::emulated::bf16_bits(b)}};
+}
+
+// ---- WMMA ---------------------------------------------------------------------------
+
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use, int M, int N, int K, class T, class Layout = void>
+struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "the emulation has 16x16x16 fragments only");
+  float m[16][16];  ///< the logical matrix (A: M x K, B: K x N, accumulator: M x N)
+};
+
+template <class Use, class T, class Layout>
+void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, float v) {
+  for (auto& row : f.m)
+    for (float& x : row) x = v;
+}
+
+template <class Use, class Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, Layout>& f, const __nv_bfloat16* p, unsigned ldm) {
+  static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
+  if (reinterpret_cast<std::uintptr_t>(p) % 32) COROLLA_EMULATION_FAIL("load_matrix_sync: pointer not 32-byte aligned");
+  if (ldm % 8) COROLLA_EMULATION_FAIL("load_matrix_sync: bf16 ldm %u is not a multiple of 8", ldm);
+  corolla::emulated::check_in_smem(p, (15 * std::size_t{ldm} + 16) * 2, "load_matrix_sync");
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      f.m[r][c] = corolla::emulated::to_float(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r]);
+}
+
+template <class TA, class TB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, TA>& a,
+              const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, TB>& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+  float t[16][16];
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float s = 0.0f;
+      for (int k = 0; k < 16; ++k) s += a.m[i][k] * b.m[k][j];  // bf16 x bf16 is exact in f32
+      t[i][j] = s + c.m[i][j];
+    }
+  std::memcpy(d.m, t, sizeof t);
+}
+
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
+                              layout_t layout) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 32) COROLLA_EMULATION_FAIL("store_matrix_sync: pointer not 32-byte aligned");
+  if (ldm % 4) COROLLA_EMULATION_FAIL("store_matrix_sync: f32 ldm %u is not a multiple of 4", ldm);
+  corolla::emulated::check_in_smem(p, (15 * std::size_t{ldm} + 16) * 4, "store_matrix_sync");
+  for (unsigned e = threadIdx.x & 31; e < 256; e += 32) {
+    const unsigned r = e / 16, c = e % 16;
+    (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.m[r][c];
+  }
+}
+}  // namespace nvcuda::wmma
