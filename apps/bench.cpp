@@ -24,6 +24,7 @@
 #include "apps/commands.hpp"
 #include "apps/membw.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/profiling_backend.hpp"
 #include "kernels/vendor_gemm.hpp"
 #include "model/config.hpp"
 #include "model/generator.hpp"
@@ -117,6 +118,7 @@ struct bench_common {
   std::string matmul = "f32";  ///< bench train --matmul
   int threads = 0;
   bool json = false;
+  bool profile = false;
   std::uint64_t seed = 0;
 };
 
@@ -132,6 +134,27 @@ void add_common(CLI::App* cmd, bench_common& o) {
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->add_option("--seed", o.seed, "Seed of the random default model")->capture_default_str();
+  cmd->add_flag("--profile", o.profile,
+                "After the measurement, run once more with every op synchronised and timed, and print "
+                "where the time goes per op (kernels/profiling_backend.hpp)");
+}
+
+/// Prints the profile of the run `what` (and puts it in the JSON).
+void report_profile(const profiling_backend& prof, const std::string& what, bool json_only, nlohmann::json& j) {
+  double total = 0;
+  for (const auto& t : prof.totals()) total += t.seconds;
+  nlohmann::json rows = nlohmann::json::array();
+  if (!json_only) {
+    std::printf("profile of %s (each op synchronised: %.1f ms in ops)\n", what.c_str(), total * 1e3);
+    std::printf("  %-28s %8s %11s %7s\n", "op", "calls", "ms", "share");
+  }
+  for (const auto& t : prof.totals()) {
+    const double share = total > 0 ? t.seconds / total : 0.0;
+    rows.push_back({{"op", t.op}, {"calls", t.calls}, {"ms", t.seconds * 1e3}, {"share", share}});
+    if (!json_only)
+      std::printf("  %-28s %8lld %11.3f %6.1f%%\n", t.op.c_str(), t.calls, t.seconds * 1e3, 100.0 * share);
+  }
+  j["profile"] = {{"run", what}, {"total_ms", total * 1e3}, {"ops", rows}};
 }
 
 transformer open_model(const bench_common& o, Backend& be) {
@@ -186,7 +209,9 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                const std::string& weights_flag) {
   apply_common_options(o.threads, "warn");
   const dtype weights = parse_weights_flag(weights_flag);
-  Backend& be = backend_for(parse_device(o.device));
+  Backend& device_be = backend_for(parse_device(o.device));
+  profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
+  Backend& be = o.profile ? static_cast<Backend&>(prof) : device_be;
   transformer model = open_model(o, be);
   const auto& c = model.config();
   if (prompt_tokens < 1 || new_tokens < 2 || prompt_tokens + new_tokens > c.max_positions)
@@ -251,6 +276,11 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                       {"read_bandwidth_gbps", bw.read_gbps},
                       {"bandwidth_bound_tokens_per_s", bound},
                       {"decode_vs_bound", ratio}};
+  if (o.profile) {
+    prof.enable(true);
+    gen.generate(std::span(prompt).first(1), p);
+    prof.enable(false);
+  }
   if (baseline) {
     j["f32_weight_bytes_per_token"] = decode_bytes_per_token(model, dtype::f32);
     j["f32_decode_tokens_per_s"] = base_decode;
@@ -278,6 +308,9 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                   base_decode > 0 ? best_decode / base_decode : 0.0);
     }
   }
+  if (o.profile)
+    report_profile(prof, "one generation: a 1-token prompt and " + std::to_string(new_tokens) + " decode steps", o.json,
+                   j);
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -285,7 +318,9 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
 int run_train(const bench_common& o, int batch, int seq, int steps) {
   apply_common_options(o.threads, "warn");
   set_matmul_precision(parse_matmul_precision(o.matmul));
-  Backend& be = backend_for(parse_device(o.device));
+  Backend& device_be = backend_for(parse_device(o.device));
+  profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
+  Backend& be = o.profile ? static_cast<Backend&>(prof) : device_be;
   transformer model = open_model(o, be);
   const auto& c = model.config();
   if (batch < 1 || seq < 2 || steps < 1 || seq > c.max_positions)
@@ -298,14 +333,14 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
 
   std::mt19937_64 rng(o.seed + 2);
   std::uniform_int_distribution<int> pick(0, c.vocab_size - 1);
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch) * seq * (steps + 1) + 1);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch) * seq * (steps + 2) + 1);
   for (auto& t : tokens) t = pick(rng);
   token_dataset data = token_dataset::from_tokens(std::move(tokens), c.vocab_size, "bench tokens");
 
   train_options opts;
   opts.batch = batch;
   opts.seq = seq;
-  opts.steps = steps + 1;
+  opts.steps = steps + (o.profile ? 2 : 1);
   opts.optimizer.adamw.lr = 1e-4f;
   trainer t(model, data, opts);
   t.step();  // warm-up: first-touch of gradients and optimiser moments
@@ -359,6 +394,12 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
                 peak / 1e9, peak_time.library.c_str(), dtype_name(peak_dtype),
                 static_cast<long long>(peak_side));
     std::printf("model FLOPs utilisation %8.1f%% (achieved / device peak)\n", 100.0 * mfu);
+  }
+  if (o.profile) {
+    prof.enable(true);
+    t.step();
+    prof.enable(false);
+    report_profile(prof, "one training step", o.json, j);
   }
   std::printf("%s\n", j.dump().c_str());
   return 0;

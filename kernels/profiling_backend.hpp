@@ -1,0 +1,171 @@
+// kernels/profiling_backend.hpp — a Backend that forwards every op to
+// another and, while enabled, times each one: per op name, the calls and
+// the seconds, each op followed by a synchronisation of the inner backend
+// so a device's asynchronous work is charged to the op that queued it.
+//
+// What the figures mean: an op's time includes its launch and its checks;
+// the overlap between consecutive ops (a GPU running one kernel while the
+// host queues the next) is lost, so a profiled run is slower than a plain
+// one and the table is a breakdown, not a speed. Disabled, the wrapper
+// only forwards (one more virtual call per op): `corolla bench train|decode
+// --profile` builds the model on it, measures with profiling off, then runs
+// once more with it on and prints the table.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+
+namespace corolla {
+
+class profiling_backend final : public Backend {
+ public:
+  /// Wraps `inner`, which must outlive this; starts disabled.
+  explicit profiling_backend(Backend& inner) : inner_(inner) {}
+
+  /// One op's totals.
+  struct op_time {
+    std::string op;
+    long long calls = 0;
+    double seconds = 0.0;
+  };
+  /// Starts (or stops) timing; totals are kept until reset().
+  void enable(bool on) { enabled_ = on; }
+  void reset() { totals_.clear(); }
+  /// The totals, the most expensive op first.
+  std::vector<op_time> totals() const {
+    std::vector<op_time> out;
+    for (const auto& [op, t] : totals_) out.push_back({op, t.calls, t.seconds});
+    std::sort(out.begin(), out.end(), [](const op_time& a, const op_time& b) { return a.seconds > b.seconds; });
+    return out;
+  }
+
+  std::string name() const override { return inner_.name(); }
+  device dev() const override { return inner_.dev(); }
+  Tensor empty(shape_t shape, dtype t = dtype::f32) override { return inner_.empty(std::move(shape), t); }
+
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
+            float beta = 0.0f) override {
+    timed("gemm", [&] { inner_.gemm(a, trans_a, b, trans_b, c, alpha, beta); });
+  }
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override {
+    timed(w.type() == x.type() ? "linear" : "linear (inference weight)", [&] { inner_.linear(x, w, bias, y); });
+  }
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
+                       Tensor* db) override {
+    timed("linear_backward", [&] { inner_.linear_backward(x, w, dy, dx, dw, db); });
+  }
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override {
+    timed("embedding", [&] { inner_.embedding(ids, table, out); });
+  }
+  void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
+    timed("embedding_backward", [&] { inner_.embedding_backward(ids, dout, dtable); });
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) override {
+    timed("rmsnorm", [&] { inner_.rmsnorm(x, w, eps, y, rstd); });
+  }
+  void add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps, Tensor& y) override {
+    timed("add_rmsnorm", [&] { inner_.add_rmsnorm(a, b, sum, w, eps, y); });
+  }
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dw) override {
+    timed("rmsnorm_backward", [&] { inner_.rmsnorm_backward(x, w, rstd, dy, dx, dw); });
+  }
+  void layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor* mean,
+                 Tensor* rstd) override {
+    timed("layernorm", [&] { inner_.layernorm(x, w, b, eps, y, mean, rstd); });
+  }
+  void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                          Tensor& dx, Tensor& dw, Tensor& db) override {
+    timed("layernorm_backward", [&] { inner_.layernorm_backward(x, w, mean, rstd, dy, dx, dw, db); });
+  }
+  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta, bool inverse = false) override {
+    timed(inverse ? "rope_backward" : "rope", [&] { inner_.rope(x, positions, n_heads, head_dim, theta, inverse); });
+  }
+  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv, int head_dim,
+                     float theta, bool rotate, float* k_out, float* v_out) override {
+    timed("rope_store_kv",
+          [&] { inner_.rope_store_kv(q, k, v, positions, hq, hkv, head_dim, theta, rotate, k_out, v_out); });
+  }
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq, const attention_shape& s,
+                 Tensor& out, Tensor* lse) override {
+    timed("attention", [&] { inner_.attention(q, k, v, batch, seq, s, out, lse); });
+  }
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, int batch, int seq, const attention_shape& s, Tensor& dq, Tensor& dk,
+                          Tensor& dv) override {
+    timed("attention_backward",
+          [&] { inner_.attention_backward(q, k, v, out, lse, dout, batch, seq, s, dq, dk, dv); });
+  }
+  void attention_cached(const Tensor& q, const kv_pages_view& cache, std::int64_t start_pos, const attention_shape& s,
+                        Tensor& out) override {
+    timed("attention_cached", [&] { inner_.attention_cached(q, cache, start_pos, s, out); });
+  }
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    timed("swiglu", [&] { inner_.swiglu(gate, up, out); });
+  }
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup) override {
+    timed("swiglu_backward", [&] { inner_.swiglu_backward(gate, up, dout, dgate, dup); });
+  }
+  void gelu(const Tensor& x, Tensor& y) override {
+    timed("gelu", [&] { inner_.gelu(x, y); });
+  }
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    timed("gelu_backward", [&] { inner_.gelu_backward(x, dy, dx); });
+  }
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    timed("add", [&] { inner_.add(a, b, out); });
+  }
+  void scale(Tensor& y, float alpha) override {
+    timed("scale", [&] { inner_.scale(y, alpha); });
+  }
+  double sum_squares(const Tensor& x) override {
+    double r = 0.0;
+    timed("sum_squares", [&] { r = inner_.sum_squares(x); });
+    return r;
+  }
+  void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor* dlogits,
+                     float grad_scale) override {
+    timed("cross_entropy", [&] { inner_.cross_entropy(logits, targets, losses, dlogits, grad_scale); });
+  }
+  void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const adamw_params& p,
+             std::int64_t step) override {
+    timed("adamw", [&] { inner_.adamw(params, grads, m, v, p, step); });
+  }
+  void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) override {
+    timed("quantize_int8", [&] { inner_.quantize_int8(x, block, q, scales); });
+  }
+  void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) override {
+    timed("dequantize_int8", [&] { inner_.dequantize_int8(q, scales, block, x); });
+  }
+  void copy(const Tensor& src, Tensor& dst) override {
+    timed("copy", [&] { inner_.copy(src, dst); });
+  }
+  void synchronize() override { inner_.synchronize(); }
+
+ private:
+  template <class F>
+  void timed(const char* op, F&& f) {
+    if (!enabled_) {
+      f();
+      return;
+    }
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    f();
+    inner_.synchronize();
+    auto& t = totals_[op];
+    ++t.calls;
+    t.seconds += std::chrono::duration<double>(clock::now() - t0).count();
+  }
+
+  Backend& inner_;
+  bool enabled_ = false;
+  std::map<std::string, op_time> totals_;
+};
+
+}  // namespace corolla

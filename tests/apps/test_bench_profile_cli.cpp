@@ -1,0 +1,86 @@
+// `corolla bench train|decode --profile`: after the measurement, one more
+// run with every op synchronised and timed; the JSON gets the per-op table.
+#include <doctest/doctest.h>
+
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using corolla::testing::run_corolla;
+
+namespace {
+
+nlohmann::json last_json_line(const std::string& out) {
+  std::istringstream lines(out);
+  std::string line, last;
+  while (std::getline(lines, line))
+    if (!line.empty()) last = line;
+  return nlohmann::json::parse(last);
+}
+
+/// The profile's op names, after checking its rows add up.
+std::set<std::string> profiled_ops(const nlohmann::json& j) {
+  REQUIRE(j.contains("profile"));
+  const auto& p = j["profile"];
+  double ms = 0, share = 0;
+  std::set<std::string> ops;
+  for (const auto& row : p["ops"]) {
+    CAPTURE(row.dump());
+    CHECK(row["calls"].get<long long>() > 0);
+    CHECK(row["ms"].get<double>() >= 0);
+    ms += row["ms"].get<double>();
+    share += row["share"].get<double>();
+    ops.insert(row["op"].get<std::string>());
+  }
+  CHECK(ms == doctest::Approx(p["total_ms"].get<double>()).epsilon(1e-9));
+  CHECK(share == doctest::Approx(1.0).epsilon(1e-9));
+  return ops;
+}
+
+}  // namespace
+
+TEST_CASE("bench train --profile breaks one step down by op; without it there is no profile") {
+  corolla::testing::temp_dir_guard dir("bench-profile-train");
+  corolla::testing::write_tiny_model(dir.path(), {});
+  std::vector<std::string> args{"bench", "train", "--model", dir.path().string(), "--device", "cpu", "--batch", "2",
+                                "--seq", "16", "--steps", "1", "--threads", "1", "--json"};
+  auto plain = run_corolla(args);
+  CAPTURE(plain.err);
+  REQUIRE(plain.exit_code == 0);
+  CHECK_FALSE(last_json_line(plain.out).contains("profile"));
+
+  args.push_back("--profile");
+  auto r = run_corolla(args);
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = last_json_line(r.out);
+  CHECK(j["profile"]["run"] == "one training step");
+  const auto ops = profiled_ops(j);
+  for (const char* op : {"linear", "linear_backward", "attention", "attention_backward", "rmsnorm_backward",
+                         "cross_entropy", "adamw", "embedding_backward"}) {
+    CAPTURE(op);
+    CHECK(ops.count(op) == 1);
+  }
+}
+
+TEST_CASE("bench decode --profile breaks a generation down by op") {
+  corolla::testing::temp_dir_guard dir("bench-profile-decode");
+  corolla::testing::write_tiny_model(dir.path(), {});
+  auto r = run_corolla({"bench", "decode", "--model", dir.path().string(), "--device", "cpu", "--weights", "bf16",
+                        "--prompt-tokens", "4", "--new-tokens", "6", "--repeats", "1", "--threads", "1", "--profile",
+                        "--json"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = last_json_line(r.out);
+  CHECK(j["profile"]["run"] == "one generation: a 1-token prompt and 6 decode steps");
+  const auto ops = profiled_ops(j);
+  for (const char* op : {"linear (inference weight)", "attention_cached", "embedding"}) {
+    CAPTURE(op);
+    CHECK(ops.count(op) == 1);
+  }
+}
