@@ -46,6 +46,10 @@ struct bucket {
   /// collectives run over the actor runtime, in host memory), and the
   /// gathered parameters go back to the device. Undefined on the cpu.
   Tensor host_params, host_grads;
+  /// With a device backend: the compute queue's point after the bucket's
+  /// last backward, recorded by the stage thread as it hands the bucket
+  /// over; the DP actor's download waits for it and nothing later.
+  std::shared_ptr<queue_marker> grads_ready;
 
   bool staged() const { return host_params.defined(); }
   /// What the collectives and the optimiser work on.
@@ -262,7 +266,7 @@ class rank_runtime {
       const std::string name = bucket_name(b.id);
       Tensor dst = b.comm_params();
       load_exact(b.id == head_bucket ? *head : *params, "params." + name, dst);
-      if (b.staged()) upload_params(b);
+      if (b.staged()) upload_params(b, be_.mark().get());  // after the model's own initial copies
       load_exact(*own, "m." + name, b.m);
       load_exact(*own, "v." + name, b.v);
     }
@@ -505,7 +509,10 @@ class rank_runtime {
   bool clipping() const { return o_.optimizer.max_grad_norm > 0.0f; }
 
   void enqueue(int id, std::int64_t step) {
-    caf::anon_send(dp_actor_, reduce_atom::value, slot_of_.at(id), step);
+    const int slot = slot_of_.at(id);
+    bucket& b = buckets_[static_cast<std::size_t>(slot)];
+    if (b.staged()) b.grads_ready = be_.mark();  // read by the DP actor after the message
+    caf::anon_send(dp_actor_, reduce_atom::value, slot, step);
     ++enqueued_;
   }
 
@@ -514,8 +521,9 @@ class rank_runtime {
   void reduce_bucket(int slot, std::int64_t step) {
     try {
       bucket& b = buckets_[static_cast<std::size_t>(slot)];
-      // Stream-ordered after the backward that produced them; waits for it.
-      if (b.staged()) be_.copy(b.grads->flat(), b.host_grads);
+      // After the backward that produced them, on the device's transfer
+      // queue: the layers whose backward was queued since keep running.
+      if (b.staged()) be_.copy_after(b.grads_ready.get(), b.grads->flat(), b.host_grads);
       ring_reduce_scatter(*comm_, *b.group, b.comm_grads(), step, b.id);
       if (!clipping()) {
         update_shard(b, step);
@@ -566,9 +574,14 @@ class rank_runtime {
     if (b.staged()) upload_params(b);
   }
 
-  void upload_params(bucket& b) {
+  /// The bucket's parameters back to the device, on the transfer queue,
+  /// after the work before `after` (from the DP actor or, with clipping, the
+  /// stage thread: none, since the bucket's backward finished before its
+  /// download, and its next forward is queued only after optimizer_step has
+  /// waited for this).
+  void upload_params(bucket& b, const queue_marker* after = nullptr) {
     Tensor dst = b.params->flat();
-    be_.copy(b.host_params, dst);
+    be_.copy_after(after, b.host_params, dst);
   }
 
   void optimizer_step(int step, double loss) {

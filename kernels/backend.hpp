@@ -74,8 +74,16 @@ inline adamw_step_scalars adamw_scalars_for(const adamw_params& p, std::int64_t 
   return k;
 }
 
+/// A point in a backend's queue of work (Backend::mark): what was queued
+/// before it. Backends subclass it; callers only hold and pass it back.
+struct queue_marker {
+  virtual ~queue_marker() = default;
+};
+
 /// The operation set. One instance per device; thread-compatible (callers
-/// serialise use of one instance), ops are internally parallel.
+/// serialise use of one instance), ops are internally parallel. The one
+/// exception is copy_after, which a second thread may call while another
+/// queues ops.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -222,6 +230,23 @@ class Backend {
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   /// Waits until all queued work on this backend has finished.
   virtual void synchronize() {}
+  /// A marker of the work queued so far (CUDA: an event recorded on the
+  /// stream), for copy_after. Null where ops finish before they return (the
+  /// cpu). (Inline, as add_rmsnorm.)
+  virtual std::shared_ptr<queue_marker> mark() { return nullptr; }
+  /// copy() of same-dtype tensors, one of them on this backend's device,
+  /// ordered after the work queued before `after` (a mark() of this
+  /// backend; null: no wait) but not after what was queued since: a device
+  /// backend runs it on a transfer queue of its own, so a gradient bucket
+  /// can leave the device while later layers' backward still runs. Returns
+  /// once dst holds the values. It may be called from one thread other than
+  /// the one queuing ops (the data-parallel group's), concurrently with
+  /// them. A device tensor written by it must not be read or written by ops
+  /// queued before it returns.
+  virtual void copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) {
+    (void)after;
+    copy(src, dst);
+  }
 };
 
 /// The process-wide CPU backend (OpenBLAS GEMM, OpenMP loops).

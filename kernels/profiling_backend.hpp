@@ -146,6 +146,11 @@ class profiling_backend final : public Backend {
     timed("copy", [&] { inner_.copy(src, dst); });
   }
   void synchronize() override { inner_.synchronize(); }
+  std::shared_ptr<queue_marker> mark() override { return inner_.mark(); }
+  /// Forwarded untimed: it runs on another thread than the ops.
+  void copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) override {
+    inner_.copy_after(after, src, dst);
+  }
 
  private:
   template <class F>

@@ -59,7 +59,6 @@ span_expected<void> span_engine::check_forward(const Tensor& hidden, int batch, 
 
 const Tensor& span_engine::train_positions(int batch, int seq) {
   if (!train_positions_.defined() || train_batch_ != batch || train_seq_ != seq) {
-    Backend& be = stage_.backend();
     std::vector<std::int32_t> pos(static_cast<std::size_t>(batch) * static_cast<std::size_t>(seq));
     for (std::size_t i = 0; i < pos.size(); ++i)
       pos[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(seq));

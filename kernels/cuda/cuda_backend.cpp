@@ -77,6 +77,7 @@ cuda_backend::~cuda_backend() {
       if (e) cudaEventDestroy(e);
     delete ring_;
   }
+  if (transfer_) cudaStreamDestroy(transfer_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -85,6 +86,54 @@ Tensor cuda_backend::empty(shape_t shape, dtype t) { return Tensor::empty(std::m
 void cuda_backend::synchronize() {
   device_guard guard(index_);
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+namespace {
+
+/// mark()'s event, destroyed with the last holder.
+struct cuda_marker final : queue_marker {
+  cudaEvent_t event = nullptr;
+  int device = -1;
+  ~cuda_marker() override {
+    if (event) cudaEventDestroy(event);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<queue_marker> cuda_backend::mark() {
+  device_guard guard(index_);
+  auto m = std::make_shared<cuda_marker>();
+  COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&m->event, cudaEventDisableTiming));
+  m->device = index_;
+  COROLLA_CUDA_CHECK(cudaEventRecord(m->event, stream_));
+  return m;
+}
+
+void cuda_backend::copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) {
+  if (!src.defined() || !dst.defined()) throw tensor_error("copy_after: tensor is undefined");
+  if (src.numel() != dst.numel() || src.type() != dst.type())
+    throw tensor_error("copy_after: " + shape_str(src.shape()) + " " + dtype_name(src.type()) + " into " +
+                       shape_str(dst.shape()) + " " + dtype_name(dst.type()) +
+                       " (it copies equal element counts of one dtype; copy() converts)");
+  for (const Tensor* t : {&src, static_cast<const Tensor*>(&dst)})
+    if (t->dev().kind != device_kind::cpu && t->dev() != dev())
+      throw tensor_error("copy_after: the " + name() + " backend copies between the host and its own device (got " +
+                         src.dev().str() + " -> " + dst.dev().str() + ")");
+  const auto* marker = dynamic_cast<const cuda_marker*>(after);
+  if (after && (marker == nullptr || marker->device != index_))
+    throw tensor_error("copy_after: the marker is not one of " + name() + "'s");
+  if (src.numel() == 0 || src.raw() == dst.raw()) return;
+  device_guard guard(index_);
+  std::lock_guard lock(transfer_mu_);
+  if (transfer_ == nullptr) {
+    cudaStream_t s = nullptr;
+    COROLLA_CUDA_CHECK(cudaStreamCreate(&s));  // blocking, as stream_ (see the constructor)
+    transfer_ = s;
+  }
+  if (marker) COROLLA_CUDA_CHECK(cudaStreamWaitEvent(transfer_, marker->event, 0));
+  COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDefault, transfer_));
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(transfer_));
 }
 
 void cuda_backend::upload(void* dst, const void* src, std::size_t bytes) {

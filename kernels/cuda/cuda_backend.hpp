@@ -28,6 +28,8 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <tuple>
 #include <vector>
 
@@ -117,6 +119,14 @@ class cuda_backend final : public Backend {
   void copy(const Tensor& src, Tensor& dst) override;
   /// cudaStreamSynchronize; an asynchronous kernel fault surfaces here.
   void synchronize() override;
+  /// An event recorded on the stream.
+  std::shared_ptr<queue_marker> mark() override;
+  /// On the transfer stream (created on first use, blocking like the main
+  /// one): waits for `after`'s event, copies (cudaMemcpyAsync), then
+  /// synchronises the transfer stream. Same dtype only (no staging scratch:
+  /// it runs beside the ops of another thread), host <-> this device or
+  /// within it.
+  void copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) override;
 
   /// The backend's stream (cudaStream_t), for NCCL and other libraries.
   stream_t stream() const { return stream_; }
@@ -179,6 +189,8 @@ class cuda_backend final : public Backend {
   struct staging_ring;  ///< pinned host memory for upload() (cuda_backend.cpp)
   staging_ring* ring_ = nullptr;  ///< created on first upload; lives with the backend
   std::vector<const float*> host_pages_;
+  std::mutex transfer_mu_;  ///< copy_after's callers, and the stream's creation
+  stream_t transfer_ = nullptr;
 };
 
 /// The backend of device `index`, created on first use (thread-safe).
