@@ -12,19 +12,8 @@
 #include "tests/support/process.hpp"
 #include "tests/support/tiny_model.hpp"
 
+using corolla::testing::last_json_line;
 using corolla::testing::run_corolla;
-
-namespace {
-
-nlohmann::json last_json_line(const std::string& out) {
-  std::istringstream lines(out);
-  std::string line, last;
-  while (std::getline(lines, line))
-    if (!line.empty()) last = line;
-  return nlohmann::json::parse(last);
-}
-
-}  // namespace
 
 TEST_CASE("bench decode --weights bf16 reports half the linear bytes and the ratio to f32") {
   corolla::testing::temp_dir_guard dir("bench-decode-bf16");

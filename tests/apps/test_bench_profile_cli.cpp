@@ -8,20 +8,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/cli_expect.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/tiny_model.hpp"
 
+using corolla::testing::last_json_line;
 using corolla::testing::run_corolla;
 
 namespace {
-
-nlohmann::json last_json_line(const std::string& out) {
-  std::istringstream lines(out);
-  std::string line, last;
-  while (std::getline(lines, line))
-    if (!line.empty()) last = line;
-  return nlohmann::json::parse(last);
-}
 
 /// The profile's op names, after checking its rows add up.
 std::set<std::string> profiled_ops(const nlohmann::json& j) {

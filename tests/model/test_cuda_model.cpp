@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,29 @@ double min_top2_gap(const std::vector<float>& logits, int vocab) {
     gap = std::min(gap, static_cast<double>(row[0] - row[1]));
   }
   return gap;
+}
+
+/// The losses of training the checkpoint in `dir` on `be` with `opts`.
+std::vector<float> train_losses(const std::filesystem::path& dir, Backend& be, const std::vector<std::int32_t>& tokens,
+                                int vocab, const train_options& opts) {
+  transformer model = transformer::load(dir, be);
+  token_dataset data = token_dataset::from_tokens(tokens, vocab);
+  trainer train(model, data, opts);
+  return train.run().losses;
+}
+
+/// Checks every step's loss on the device within `rtol` of the cpu's and
+/// returns the largest relative difference.
+double check_losses(const std::vector<float>& cpu, const std::vector<float>& cuda, double rtol) {
+  REQUIRE(cuda.size() == cpu.size());
+  double worst = 0.0;
+  for (std::size_t s = 0; s < cpu.size(); ++s) {
+    INFO("step " << s + 1 << ": cpu " << cpu[s] << ", cuda " << cuda[s]);
+    const double rel = std::abs(cuda[s] - cpu[s]) / std::abs(cpu[s]);
+    CHECK(rel < rtol);
+    worst = std::max(worst, rel);
+  }
+  return worst;
 }
 
 }  // namespace
@@ -135,24 +159,11 @@ TEST_CASE("cuda: a short training run tracks the cpu's losses (GPT-2, Llama)") {
     opts.optimizer.adamw.lr = 3e-3f;
     opts.optimizer.adamw.weight_decay = 0.1f;
 
-    std::vector<float> losses[2];
-    Backend* backends[2] = {&cpu_backend(), &gpu()};
-    for (int b = 0; b < 2; ++b) {
-      transformer model = transformer::load(dir.path(), *backends[b]);
-      token_dataset data = token_dataset::from_tokens(tokens, vocab);
-      trainer train(model, data, opts);
-      losses[b] = train.run().losses;
-    }
-    REQUIRE(losses[1].size() == losses[0].size());
-    double worst = 0.0;
-    for (std::size_t s = 0; s < losses[0].size(); ++s) {
-      INFO("step " << s + 1 << ": cpu " << losses[0][s] << ", cuda " << losses[1][s]);
-      const double rel = std::abs(losses[1][s] - losses[0][s]) / std::abs(losses[0][s]);
-      CHECK(rel < 1e-4);
-      worst = std::max(worst, rel);
-    }
+    const auto cpu_losses = train_losses(dir.path(), cpu_backend(), tokens, vocab, opts);
+    const auto cuda_losses = train_losses(dir.path(), gpu(), tokens, vocab, opts);
+    const double worst = check_losses(cpu_losses, cuda_losses, 1e-4);
     MESSAGE("largest relative loss difference cpu vs cuda: " << worst);
-    CHECK(losses[0].back() < losses[0].front() - 0.05);  // the run learned something
+    CHECK(cpu_losses.back() < cpu_losses.front() - 0.05);  // the run learned something
     // Not compared: the parameters themselves. AdamW moves a parameter whose
     // gradient is rounding noise (GPT-2's key bias: softmax ignores it) by
     // about lr per step whatever the noise's size, so such entries differ
@@ -182,26 +193,13 @@ TEST_CASE("cuda: at bf16 matmul precision a training run tracks the cpu's f32 lo
     opts.steps = 12;
     opts.optimizer.adamw.lr = 3e-3f;
 
-    std::vector<float> losses[2];
-    Backend* backends[2] = {&cpu_backend(), &gpu()};
-    for (int b = 0; b < 2; ++b) {
-      set_matmul_precision(b == 0 ? matmul_precision::f32 : matmul_precision::bf16);
-      transformer model = transformer::load(dir.path(), *backends[b]);
-      token_dataset data = token_dataset::from_tokens(tokens, o.vocab);
-      trainer train(model, data, opts);
-      losses[b] = train.run().losses;
-    }
-    REQUIRE(losses[1].size() == losses[0].size());
-    double worst = 0.0;
-    for (std::size_t s = 0; s < losses[0].size(); ++s) {
-      INFO("step " << s + 1 << ": cpu " << losses[0][s] << ", cuda bf16 " << losses[1][s]);
-      const double rel = std::abs(losses[1][s] - losses[0][s]) / std::abs(losses[0][s]);
-      CHECK(rel < 1e-2);
-      worst = std::max(worst, rel);
-    }
+    const auto cpu_losses = train_losses(dir.path(), cpu_backend(), tokens, o.vocab, opts);
+    set_matmul_precision(matmul_precision::bf16);
+    const auto cuda_losses = train_losses(dir.path(), gpu(), tokens, o.vocab, opts);
+    const double worst = check_losses(cpu_losses, cuda_losses, 1e-2);
     MESSAGE("largest relative loss difference cpu f32 vs cuda bf16: " << worst);
     CHECK(worst > 1e-7);  // the bf16 products ran
-    CHECK(losses[1].back() < losses[1].front() - 0.05);
+    CHECK(cuda_losses.back() < cuda_losses.front() - 0.05);
   }
 }
 
