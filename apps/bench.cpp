@@ -309,7 +309,7 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
     }
   }
   if (o.profile)
-    report_profile(prof, "one generation: a 1-token prompt and " + std::to_string(new_tokens) + " decode steps", o.json,
+    report_profile(prof, "one generation: a 1-token prompt and " + std::to_string(new_tokens) + " new tokens", o.json,
                    j);
   std::printf("%s\n", j.dump().c_str());
   return 0;

@@ -241,8 +241,8 @@ class Backend {
   /// can leave the device while later layers' backward still runs. Returns
   /// once dst holds the values. It may be called from one thread other than
   /// the one queuing ops (the data-parallel group's), concurrently with
-  /// them. A device tensor written by it must not be read or written by ops
-  /// queued before it returns.
+  /// them. The caller keeps ops off dst while it runs: none queued before
+  /// `after` may still use it, and none may be queued until it returns.
   virtual void copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) {
     (void)after;
     copy(src, dst);

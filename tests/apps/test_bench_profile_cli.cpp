@@ -71,7 +71,7 @@ TEST_CASE("bench decode --profile breaks a generation down by op") {
   CAPTURE(r.err);
   REQUIRE(r.exit_code == 0);
   const auto j = last_json_line(r.out);
-  CHECK(j["profile"]["run"] == "one generation: a 1-token prompt and 6 decode steps");
+  CHECK(j["profile"]["run"] == "one generation: a 1-token prompt and 6 new tokens");
   const auto ops = profiled_ops(j);
   for (const char* op : {"linear (inference weight)", "attention_cached", "embedding"}) {
     CAPTURE(op);
