@@ -30,6 +30,7 @@
 using namespace corolla;
 using namespace kernel_test;
 
+#ifdef COROLLA_HAVE_CUDA
 namespace {
 
 Backend& gpu() { return backend_for({device_kind::cuda, 0}); }
@@ -79,6 +80,7 @@ double check_normwise(const std::vector<double>& got, const std::vector<double>&
 }
 
 }  // namespace
+#endif
 
 TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches the cpu within bf16 rounding") {
   REQUIRE_GPU_OR_SKIP();
