@@ -511,7 +511,13 @@ class rank_runtime {
   void enqueue(int id, std::int64_t step) {
     const int slot = slot_of_.at(id);
     bucket& b = buckets_[static_cast<std::size_t>(slot)];
-    if (b.staged()) b.grads_ready = be_.mark();  // read by the DP actor after the message
+    // Read by the DP actor after the message. The schedules keep this
+    // invariant, which the download and the marker-less upload rely on: no
+    // op queued after a bucket's final backward reads or writes its
+    // parameters or gradients before optimizer_step has waited for the
+    // reduction (recomputation or split weight-gradient schedules would
+    // have to mark later).
+    if (b.staged()) b.grads_ready = be_.mark();
     caf::anon_send(dp_actor_, reduce_atom::value, slot, step);
     ++enqueued_;
   }

@@ -57,6 +57,7 @@ model_config bench_llama_config() {
   return c;
 }
 
+/// (commands.hpp) Best of 5 products of [rows x k] @ [n x k]^T after a warm-up.
 double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n) {
   Tensor a = be.empty({rows, k}), w = be.empty({n, k}), y = be.empty({rows, n});
   // Filled on the host and copied: the backend may be a device.

@@ -241,8 +241,12 @@ class Backend {
   /// can leave the device while later layers' backward still runs. Returns
   /// once dst holds the values. It may be called from one thread other than
   /// the one queuing ops (the data-parallel group's), concurrently with
-  /// them. The caller keeps ops off dst while it runs: none queued before
-  /// `after` may still use it, and none may be queued until it returns.
+  /// them. The caller keeps ops off the device operand while it runs: none
+  /// queued before `after` may still use it, and none may be queued until it
+  /// returns. So the device operand must be long-lived (a parameter or
+  /// gradient buffer), not one allocated since the last mark() or
+  /// synchronize(): the caching allocator may hand out a block that ops
+  /// queued earlier still use.
   virtual void copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) {
     (void)after;
     copy(src, dst);

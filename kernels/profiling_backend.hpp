@@ -6,7 +6,9 @@
 // What the figures mean: an op's time includes its launch and its checks;
 // the overlap between consecutive ops (a GPU running one kernel while the
 // host queues the next) is lost, so a profiled run is slower than a plain
-// one and the table is a breakdown, not a speed. Disabled, the wrapper
+// one and the table is a breakdown, not a speed. Only ops called through
+// the wrapper are seen (code that takes its backend from backend_for(dev)
+// bypasses it); empty() is not timed. Disabled, the wrapper
 // only forwards (one more virtual call per op): `corolla bench train|decode
 // --profile` builds the model on it, measures with profiling off, then runs
 // once more with it on and prints the table.

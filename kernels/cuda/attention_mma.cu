@@ -30,6 +30,7 @@
 #include "kernels/cuda/attention_mma.hpp"
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <type_traits>
 
@@ -57,19 +58,28 @@ bool dispatch_heads(std::int64_t dh, F&& f) {
   }
 }
 
-/// Whether this binary's forward kernel was compiled for sm_80 or newer
-/// (its SASS, and the PTX it could be JIT-compiled from): a binary built
-/// only for older architectures has empty kernels here. Once per process.
+/// Whether the image of the forward kernel that runs on the current device
+/// was compiled for sm_80 or newer (its SASS, and the PTX it could be
+/// JIT-compiled from): a binary built for older architectures too has empty
+/// kernels there. Once per device (a multi-architecture build may serve
+/// GPUs of different generations).
 bool compiled_for_tensor_cores() {
-  static std::once_flag once;
-  static bool yes = false;
-  std::call_once(once, [] {
-    cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, mma_forward_kernel<64>) == cudaSuccess)
-      yes = fa.binaryVersion >= 80 && fa.ptxVersion >= 80;
-    else
-      (void)cudaGetLastError();  // no device, or no image for it: the caller falls back
-  });
+  static std::mutex mu;
+  static std::map<int, bool> by_device;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  std::lock_guard lock(mu);
+  if (auto it = by_device.find(dev); it != by_device.end()) return it->second;
+  cudaFuncAttributes fa{};
+  bool yes = false;
+  if (cudaFuncGetAttributes(&fa, mma_forward_kernel<64>) == cudaSuccess)
+    yes = fa.binaryVersion >= 80 && fa.ptxVersion >= 80;
+  else
+    (void)cudaGetLastError();  // no image for this device: the caller falls back
+  by_device.emplace(dev, yes);
   return yes;
 }
 

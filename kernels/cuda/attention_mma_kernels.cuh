@@ -285,20 +285,23 @@ __global__ void __launch_bounds__(threads) mma_dq_kernel(mma_args a) {
     product_nt<D>(qs + warp * wrows * L::ld, ks, scratch);  // S
     product_nt<D>(gs + warp * wrows * L::ld, vs, dp);       // dP = dO V^T
     __syncwarp();
-    float ds[32];
+    __nv_bfloat162 ds2[16];  // dS as the bf16 pairs it is stored as
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const std::int64_t kj = k0 + 32 * half + c;
-      ds[c] = 0.0f;
-      if (qi < seq && kj <= qi) {
-        const float p = exp2f(scratch[r * lds + 32 * half + c] * sl2 - lse2[row]);
-        ds[c] = p * (dp[r * lds + 32 * half + c] - delta[row]);
+    for (int c = 0; c < 32; c += 2) {
+      float ds[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const std::int64_t kj = k0 + 32 * half + c + e;
+        if (qi < seq && kj <= qi) {
+          const float p = exp2f(scratch[r * lds + 32 * half + c + e] * sl2 - lse2[row]);
+          ds[e] = p * (dp[r * lds + 32 * half + c + e] - delta[row]);
+        }
       }
+      ds2[c / 2] = __floats2bfloat162_rn(ds[0], ds[1]);
     }
     __syncwarp();  // every lane has read S and dP before dS overwrites them
 #pragma unroll
-    for (int c = 0; c < 32; c += 2)
-      *reinterpret_cast<__nv_bfloat162*>(dss + r * ldp + 32 * half + c) = __floats2bfloat162_rn(ds[c], ds[c + 1]);
+    for (int c = 0; c < 32; c += 2) *reinterpret_cast<__nv_bfloat162*>(dss + r * ldp + 32 * half + c) = ds2[c / 2];
     __syncwarp();
     product_nn<D>(dss, ks, acc);  // dQ += dS K
   }
@@ -352,22 +355,28 @@ __global__ void __launch_bounds__(threads) mma_dkdv_kernel(mma_args a) {
       product_nt<D>(ks + warp * wrows * L::ld, qs, scratch);  // S^T
       product_nt<D>(vs + warp * wrows * L::ld, gs, dpt);      // dP^T = V dO^T
       __syncwarp();
-      float p[32], ds[32];
+      // P and dS held as the bf16 pairs they are stored as (half the
+      // registers of f32: the accumulators of dk and dv need them).
+      __nv_bfloat162 p2[16], ds2[16];
 #pragma unroll
-      for (int c = 0; c < 32; ++c) {
-        const int col = 32 * half + c;
-        const std::int64_t qi = q0 + col;
-        p[c] = ds[c] = 0.0f;
-        if (qi < seq && kj <= qi) {
-          p[c] = exp2f(scratch[r * lds + col] * sl2 - lse2[col]);
-          ds[c] = p[c] * (dpt[r * lds + col] - delta[col]);
+      for (int c = 0; c < 32; c += 2) {
+        float p[2] = {0.0f, 0.0f}, ds[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 32 * half + c + e;
+          if (q0 + col < seq && kj <= q0 + col) {
+            p[e] = exp2f(scratch[r * lds + col] * sl2 - lse2[col]);
+            ds[e] = p[e] * (dpt[r * lds + col] - delta[col]);
+          }
         }
+        p2[c / 2] = __floats2bfloat162_rn(p[0], p[1]);
+        ds2[c / 2] = __floats2bfloat162_rn(ds[0], ds[1]);
       }
       __syncwarp();  // every lane has read S^T and dP^T before P^T and dS^T overwrite them
 #pragma unroll
       for (int c = 0; c < 32; c += 2) {
-        *reinterpret_cast<__nv_bfloat162*>(pts + r * ldp + 32 * half + c) = __floats2bfloat162_rn(p[c], p[c + 1]);
-        *reinterpret_cast<__nv_bfloat162*>(dsts + r * ldp + 32 * half + c) = __floats2bfloat162_rn(ds[c], ds[c + 1]);
+        *reinterpret_cast<__nv_bfloat162*>(pts + r * ldp + 32 * half + c) = p2[c / 2];
+        *reinterpret_cast<__nv_bfloat162*>(dsts + r * ldp + 32 * half + c) = ds2[c / 2];
       }
       __syncwarp();
       product_nn<D>(pts, gs, dv);   // dV += P^T dO

@@ -127,8 +127,13 @@ void cuda_backend::copy_after(const queue_marker* after, const Tensor& src, Tens
   device_guard guard(index_);
   std::lock_guard lock(transfer_mu_);
   if (transfer_ == nullptr) {
+    // Non-blocking, unlike stream_: a blocking stream would also order with
+    // every legacy-stream hook copy or memset the stage thread issues, which
+    // would then wait for this whole copy. Nothing else needs ordering with
+    // it: the copy is synchronised before returning, and its operands are
+    // long-lived buffers the caller keeps other ops off (Backend::copy_after).
     cudaStream_t s = nullptr;
-    COROLLA_CUDA_CHECK(cudaStreamCreate(&s));  // blocking, as stream_ (see the constructor)
+    COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     transfer_ = s;
   }
   if (marker) COROLLA_CUDA_CHECK(cudaStreamWaitEvent(transfer_, marker->event, 0));

@@ -121,9 +121,9 @@ class cuda_backend final : public Backend {
   void synchronize() override;
   /// An event recorded on the stream.
   std::shared_ptr<queue_marker> mark() override;
-  /// On the transfer stream (created on first use, blocking like the main
-  /// one): waits for `after`'s event, copies (cudaMemcpyAsync), then
-  /// synchronises the transfer stream. Same dtype only (no staging scratch:
+  /// On the transfer stream (created on first use, non-blocking): waits for
+  /// `after`'s event, copies (cudaMemcpyAsync), then synchronises the
+  /// transfer stream. Same dtype only (no staging scratch:
   /// it runs beside the ops of another thread), host <-> this device or
   /// within it.
   void copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) override;

@@ -38,9 +38,10 @@ run cuda_model test_model -tc='cuda*'
 [ "$mode" = quick ] && exit 0
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 [ -n "$sanitizer" ] && run cuda_memcheck "$sanitizer" --tool memcheck --error-exitcode 1 test_kernels -tc='cuda*'
-# Shared-memory hazards of the tiled and tensor-core attention kernels.
+# Shared-memory hazards of the tensor-core attention kernels (racecheck is
+# slow: only their test).
 [ -n "$sanitizer" ] && run cuda_racecheck "$sanitizer" --tool racecheck --error-exitcode 1 test_kernels \
-  -tc='*attention*'
+  -tc='*tensor cores*'
 for t in test_kernels test_model test_apps test_apps_mp test_actors_mp; do run "$t" "$t"; done
 if python3 -c 'import transformers' 2>/dev/null; then
   run hf_reference python3 scripts/gpu/hf_reference.py /tmp/corolla-gpu/hf

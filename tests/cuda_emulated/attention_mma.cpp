@@ -9,9 +9,10 @@
 // the same comparison on a GPU.
 //
 // Tolerance as on the GPU: |got - want| <= 3e-2 * M and mean error <=
-// 4e-3 * M, M = max |want| of out, 1 for lse, and of all three gradients
-// together for dq, dk, dv (inputs in [-1, 1]; q, k, v, dout, P and dS are
-// rounded to bf16 before each product).
+// 4e-3 * M, M = max |want| of the tensor (1 for lse; for dq and dk at least
+// a quarter of the largest gradient, since they vanish exactly with a single
+// key while their bf16 residue does not). Inputs in [-1, 1]; q, k, v, dout,
+// P and dS are rounded to bf16 before each product.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,11 +20,12 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda_emulated/cuda_emulation.hpp"
-// After the emulation: the kernels see its definitions.
-#include "kernels/cuda/attention_mma_kernels.cuh"
 #include "kernels/backend.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
+// Last: the emulation's macros (__CUDA_ARCH__, __device__, ...) must reach
+// only the kernels.
+#include "tests/cuda_emulated/cuda_emulation.hpp"
+#include "kernels/cuda/attention_mma_kernels.cuh"
 
 using namespace corolla;
 using corolla::cuda::attention_dims;
@@ -117,11 +119,12 @@ void check_case(const geometry& c, kernel_test::rng& r) {
 
   const auto want = [](const Tensor& t) { return kernel_test::to_double(t); };
   const double grads = std::max({max_abs(want(dq)), max_abs(want(dk)), max_abs(want(dv))});
+  const auto grad_scale = [&](const Tensor& t) { return std::max(max_abs(want(t)), 0.25 * grads); };
   check_normwise(e_out, want(out), max_abs(want(out)), "out");
   check_normwise(e_lse, want(lse), 1.0, "lse");
-  check_normwise(e_dq, want(dq), grads, "dq");
-  check_normwise(e_dk, want(dk), grads, "dk");
-  check_normwise(e_dv, want(dv), grads, "dv");
+  check_normwise(e_dq, want(dq), grad_scale(dq), "dq");
+  check_normwise(e_dk, want(dk), grad_scale(dk), "dk");
+  check_normwise(e_dv, want(dv), grad_scale(dv), "dv");
 }
 
 }  // namespace

@@ -25,6 +25,13 @@
 //    (16-bit elements) or 4 (f32), and a footprint inside the block's
 //    shared memory.
 // A broken precondition aborts with a message naming it.
+//
+// What it cannot see: a __syncthreads reached by only some threads hangs
+// (until ctest's timeout) instead of failing; WMMA arguments that differ
+// between lanes are not detected (each lane uses its own); a missing
+// __syncwarp shows only when the timing exposes it (shared memory starts as
+// NaN) or under ThreadSanitizer; and nothing about speed or the hardware's
+// own rounding order.
 #pragma once
 
 #include <array>
@@ -153,6 +160,7 @@ struct __nv_bfloat16 {
 };
 struct alignas(4) __nv_bfloat162 {
   __nv_bfloat16 x, y;
+  __nv_bfloat162() = default;
   __nv_bfloat162(__nv_bfloat16 a, __nv_bfloat16 b) : x(a), y(b) {}
   __nv_bfloat162(const __nv_bfloat162&) = default;
   __nv_bfloat162& operator=(const __nv_bfloat162& o) {

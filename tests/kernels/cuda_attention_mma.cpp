@@ -5,11 +5,12 @@
 // Tolerance: q, k, v, dout, P and dS are rounded to bf16 (relative 2^-8)
 // before each product, sums stay f32. With inputs in [-1, 1] every result
 // is checked against a normwise bound, |got - want| <= 3e-2 * M, M = max
-// |want| of out, and of all three gradients together for dq, dk and dv
-// (lse within 3e-2 absolute, M = 1: a few rounding errors of the scores it is the
-// log-sum of), while the typical error must stay far below that (mean
-// error <= 4e-3 * M). A CPU emulation of the kernels (the issue note) gave
-// at most 1.3e-2 * M on these cases. The f32 kernels would pass too, so
+// |want| of the tensor (for dq, dk and dv at least a quarter of the largest
+// gradient: dq and dk vanish exactly with a single key while their bf16
+// residue does not; lse within 3e-2 absolute, M = 1: a few rounding errors
+// of the scores it is the log-sum of), while the typical error must stay far
+// below that (mean error <= 4e-3 * M). tests/cuda_emulated/ runs the same
+// kernels on the CPU under an emulation with the same bound. The f32 kernels would pass too, so
 // each case also checks that the result moved away from the f32 one: the
 // tensor cores ran.
 #include <doctest/doctest.h>
@@ -135,13 +136,16 @@ TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches
     }
     const std::vector<double> want[5] = {to_double(out), to_double(lse), to_double(gq), to_double(gk), to_double(gv)};
     const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
-    // The gradients share one magnitude: dq and dk vanish exactly with a
-    // single key (out = v), where their bf16 residue is that of dv's scale.
+    // dq and dk vanish exactly with a single key (out = v), where their bf16
+    // residue is on the scale of the other gradients.
     const double grads = std::max({max_abs(want[2]), max_abs(want[3]), max_abs(want[4])});
+    const auto magnitude = [&](int i) {
+      return i == 0 ? max_abs(want[0]) : i == 1 ? 1.0 : std::max(max_abs(want[i]), 0.25 * grads);
+    };
     double moved = 0.0;
     for (int i = 0; i < 5; ++i)
       moved = std::max(moved, check_normwise(results[1][i], want[i], results[0][i],
-                                             i == 0 ? max_abs(want[0]) : i == 1 ? 1.0 : grads, names[i]));
+                                             magnitude(i), names[i]));
     if (tensor_cores) CHECK(moved > 1e-5);  // bf16 rounding shows: the tensor-core kernels ran
   }
 #endif

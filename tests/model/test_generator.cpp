@@ -19,7 +19,9 @@
 // Counting allocator for this test binary: counts operator new calls (every
 // std::vector, std::string and Tensor shape goes through it) made by the
 // thread that enabled counting. Only that thread: a helper thread of a
-// library allocating now and then made the count flaky under load.
+// library allocating now and then made the count flaky under load. (So an
+// allocation in an OpenMP worker during a step would go unseen; the
+// decode path's own code runs on the calling thread.)
 namespace {
 thread_local bool g_counting = false;
 std::atomic<long> g_allocations{0};
