@@ -243,10 +243,10 @@ class rank_runtime {
     std::tie(b.lo, b.hi) = chunk_range(p->size(), group->size(), owned_chunk(*group));
     b.m = Tensor::zeros({b.hi - b.lo});
     b.v = Tensor::zeros({b.hi - b.lo});
-    if (on_device_) {
-      b.host_params = Tensor::empty({p->size()});
+    if (on_device_) {  // page-locked: the copies run asynchronously at full bus speed
+      b.host_params = be_.host_empty({p->size()});
       be_.copy(p->flat(), b.host_params);
-      b.host_grads = Tensor::empty({p->size()});
+      b.host_grads = be_.host_empty({p->size()});
     }
     slot_of_[id] = static_cast<int>(buckets_.size());
     buckets_.push_back(std::move(b));

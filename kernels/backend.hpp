@@ -93,6 +93,12 @@ class Backend {
   virtual device dev() const = 0;
   /// Allocates an uninitialised tensor on this backend's device.
   virtual Tensor empty(shape_t shape, dtype t = dtype::f32) = 0;
+  /// An uninitialised tensor in host memory this backend copies to and from
+  /// fastest (CUDA: page-locked, so copies run at full bus speed and
+  /// asynchronously; ordinary host memory where that cannot be had). For
+  /// long-lived staging buffers: allocating page-locked memory is slow.
+  /// (Inline, as add_rmsnorm.)
+  virtual Tensor host_empty(shape_t shape, dtype t = dtype::f32) { return Tensor::empty(std::move(shape), t); }
 
   // ---- dense algebra ---------------------------------------------------------
   /// c = alpha * op(a) @ op(b) + beta * c, with op(x) = x or x^T. a, b, c are

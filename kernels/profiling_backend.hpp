@@ -49,6 +49,7 @@ class profiling_backend final : public Backend {
   std::string name() const override { return inner_.name(); }
   device dev() const override { return inner_.dev(); }
   Tensor empty(shape_t shape, dtype t = dtype::f32) override { return inner_.empty(std::move(shape), t); }
+  Tensor host_empty(shape_t shape, dtype t = dtype::f32) override { return inner_.host_empty(std::move(shape), t); }
 
   void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
             float beta = 0.0f) override {

@@ -83,6 +83,17 @@ cuda_backend::~cuda_backend() {
 
 Tensor cuda_backend::empty(shape_t shape, dtype t) { return Tensor::empty(std::move(shape), t, dev()); }
 
+Tensor cuda_backend::host_empty(shape_t shape, dtype t) {
+  const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(t);
+  void* p = nullptr;
+  if (bytes == 0 || cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();  // no page-locked memory to be had: ordinary host memory
+    return Tensor::empty(std::move(shape), t);
+  }
+  std::shared_ptr<void> owner(p, [](void* q) { cudaFreeHost(q); });
+  return Tensor::wrap(storage::borrow(p, bytes, std::move(owner)), 0, std::move(shape), t);
+}
+
 void cuda_backend::synchronize() {
   device_guard guard(index_);
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));

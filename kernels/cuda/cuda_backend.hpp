@@ -54,6 +54,9 @@ class cuda_backend final : public Backend {
   std::string name() const override { return dev().str(); }
   device dev() const override { return {device_kind::cuda, index_}; }
   Tensor empty(shape_t shape, dtype t = dtype::f32) override;
+  /// cudaHostAlloc'd (pinned) host memory, freed with cudaFreeHost; ordinary
+  /// host memory when the driver refuses.
+  Tensor host_empty(shape_t shape, dtype t = dtype::f32) override;
 
   // Ops implement the contracts documented on Backend (kernels/backend.hpp).
   // gemm/linear/linear_backward take f32, bf16 or f16 (a and b of one dtype,

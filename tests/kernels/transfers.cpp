@@ -1,6 +1,7 @@
-// Backend::mark and copy_after: the cpu's are a null marker and copy(); the
-// CUDA backend's copy runs on a transfer stream after the marked work, from
-// another thread if need be, and refuses what it cannot do without scratch.
+// Backend::mark, copy_after and host_empty: the cpu's are a null marker,
+// copy() and ordinary memory; the CUDA backend's copy runs on a transfer
+// stream after the marked work, from another thread if need be, into
+// page-locked host memory, and refuses what it cannot do without scratch.
 #include <doctest/doctest.h>
 
 #include <thread>
@@ -13,9 +14,12 @@
 using namespace corolla;
 using namespace kernel_test;
 
-TEST_CASE("on the cpu, mark is null and copy_after is a copy") {
+TEST_CASE("on the cpu, mark is null, copy_after is a copy and host_empty is host memory") {
   Backend& cpu = cpu_backend();
   CHECK(cpu.mark() == nullptr);
+  const Tensor h = cpu.host_empty({2, 3});
+  CHECK(h.dev().kind == device_kind::cpu);
+  CHECK(h.shape() == shape_t{2, 3});
   rng r(41);
   Tensor a = random_tensor({3, 5}, r), b = Tensor::empty({3, 5});
   cpu.copy_after(nullptr, a, b);
@@ -32,7 +36,8 @@ TEST_CASE("cuda: copy_after sees the work queued before its marker, from another
   gpu.scale(dev, 2.0f);  // queued, maybe still running
   const auto ready = gpu.mark();
   REQUIRE(ready != nullptr);
-  Tensor back = Tensor::empty(host.shape());
+  Tensor back = gpu.host_empty(host.shape());  // page-locked, as the DP buckets' buffers
+  CHECK(back.dev().kind == device_kind::cpu);
   // The download runs on a second thread while this one queues more work
   // on other tensors, as the data-parallel actor does beside the stages.
   std::thread dp([&] { gpu.copy_after(ready.get(), dev, back); });
