@@ -80,6 +80,7 @@ struct link_state {
   clock::time_point last_sweep = clock::now();
   clock::time_point last_hello{};
   bool leaving = false;    // a last message sent, closing after a grace period
+  bool drain = false;      // leaving with the peer up: the transport writes what it holds first
   caf::error leave_error;  // why, for requests that arrive meanwhile
 
   std::unordered_map<std::uint64_t, pending_request> pending;
@@ -214,6 +215,13 @@ void fail_waiters(link_actor* self, const caf::error& why) {
   self->state.hello_waiters.clear();
 }
 
+/// How long a link leaving with a goodbye lets the transport write what it
+/// still holds: a second, plus the emulated latency of its profile.
+std::chrono::milliseconds goodbye_drain(const link_state& st) {
+  return std::chrono::milliseconds(1000) +
+         std::chrono::milliseconds(static_cast<long>(2000 * (st.profile.latency_s + st.profile.jitter_s)));
+}
+
 /// Closes the connection, leaves the directory and fails everything pending
 /// with `why`. Idempotent; the caller quits afterwards.
 void shutdown(link_actor* self, const std::string& reason, const caf::error& why) {
@@ -225,7 +233,10 @@ void shutdown(link_actor* self, const std::string& reason, const caf::error& why
   fail_pending(self, why);
   fail_waiters(self, why);
   st.ctx->directory.unbind_connection(st.args.conn, self->address());
-  if (st.transport) st.transport->close(st.args.conn);
+  // Leaving on purpose (goodbye) with the peer up: what was sent before
+  // still goes out, within a bound, even when the machine is too busy for
+  // the grace period.
+  if (st.transport) st.transport->close(st.args.conn, st.drain ? goodbye_drain(st) : std::chrono::milliseconds{0});
   // Release the transport now: the node joins its I/O thread once the last
   // link has let go of it.
   st.transport.reset();
@@ -759,6 +770,7 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
           return;
         }
         send_control(self, net::message_kind::goodbye);
+        st.drain = st.phase == link_phase::up;  // a peer that is down would only make the close wait
         close_link_after_grace(self, "node stopping",
                                make_error(errc::stopped, "node '" + st.ctx->node_id + "' is stopping"));
       },

@@ -27,6 +27,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -49,7 +50,11 @@ using detail::zmq_error_text;
 
 /// What callers and the I/O thread share about one connection.
 struct conn_shared {
-  std::atomic<bool> closed{false};
+  std::atomic<bool> closed{false};  ///< send() refuses from now on
+  /// Closed without a drain time: what send() accepted before and the I/O
+  /// thread has not taken up yet is dropped (a drain close keeps it: the
+  /// sends, and the connect, queued before the close still happen).
+  std::atomic<bool> drop_queued{false};
   /// Incoming connection whose peer disconnected and has not sent since:
   /// ZeroMQ would refuse (EHOSTUNREACH) anything sent to it.
   std::atomic<bool> peer_gone{false};
@@ -72,6 +77,7 @@ struct command {
   std::string endpoint, server_key;  // connect
   out_message message;                // send
   link_profile profile;              // set_profile
+  std::chrono::milliseconds drain{0};  // close: how long queued messages may still take
 };
 
 /// One connection as the I/O thread sees it.
@@ -89,6 +95,9 @@ struct connection {
   bool rdma_blocked = false;     ///< the RDMA path refused the head of `pending` (backlog full)
   bool delivered = false;        ///< a message (not RDMA control) came from the peer: its hello
   bool listed = false;           ///< in impl::with_pending_
+  /// Closing gracefully (impl::closing_): closes once `pending` is empty or
+  /// at this time, whichever comes first.
+  std::optional<clock_type::time_point> close_at;
   link_shaper shaper;
   bool shaped = false;
   std::deque<out_message> pending;  ///< FIFO of shaped or blocked messages
@@ -123,7 +132,7 @@ struct zmq_transport::impl {
   connection_id connect(const std::string& endpoint, const std::string& server_key);
   bool send(connection_id conn, const message& m);
   void set_profile(connection_id conn, const link_profile& p);
-  void close(connection_id conn);
+  void close(connection_id conn, std::chrono::milliseconds drain);
   void offer_rdma(connection_id conn);
   /// Fills `c` for an open connection; false if `conn` is unknown or closed.
   bool command_for(connection_id conn, command::op what, command& c);
@@ -159,7 +168,15 @@ struct zmq_transport::impl {
   connection* incoming_for(const std::string& routing_id, int fd);
   void run_commands();
   void open_dealer(command& c);
-  void close_connection(connection_id id);
+  void close_connection(connection_id id, std::chrono::milliseconds linger = std::chrono::milliseconds{0});
+  /// close() with a drain time: at once when nothing waits in `pending`,
+  /// else once it has gone out or the time is up (finish_closing).
+  void close_when_drained(connection_id id, std::chrono::milliseconds drain, clock_type::time_point now);
+  /// Closes the draining connections whose queue is empty or whose time is up.
+  void finish_closing(clock_type::time_point now);
+  /// Whether the loop ends: stop() was asked for and no connection is still
+  /// draining (they get their drain time first).
+  bool stop_now();
   void enqueue(connection& c, out_message&& m, clock_type::time_point now);
   void flush(connection& c, clock_type::time_point now);
   int transmit(connection& c, const out_message& m);
@@ -171,7 +188,9 @@ struct zmq_transport::impl {
   void unregister_shared(connection_id id);
   void apply_common_options(void* socket) const;
   std::string attach_monitor(void* socket, const std::string& name, void*& monitor);
-  void close_socket(void*& socket, void*& monitor);
+  /// Closes the socket; ZeroMQ may still send what it holds for
+  /// `linger` (0: dropped at once).
+  void close_socket(void*& socket, void*& monitor, std::chrono::milliseconds linger = std::chrono::milliseconds{0});
   rdma::link& rdma_of(connection& c);
   void rdma_progress();
   void after_rdma(connection& c);
@@ -200,6 +219,7 @@ struct zmq_transport::impl {
   std::unordered_map<int, connection_id> by_fd_;
   std::map<std::string, std::set<int>> suffixes_;  // endpoint -> routing-id suffixes in use
   std::vector<connection*> with_pending_;
+  std::vector<connection_id> closing_;  ///< closing gracefully (connection::close_at)
   std::vector<zmq_pollitem_t> items_;
   std::vector<connection*> item_conn_;  // parallel to items_; nullptr for fixed items
   std::size_t fixed_items_ = 0;
@@ -287,9 +307,10 @@ std::string zmq_transport::impl::attach_monitor(void* s, const std::string& name
   return {};
 }
 
-void zmq_transport::impl::close_socket(void*& s, void*& monitor) {
+void zmq_transport::impl::close_socket(void*& s, void*& monitor, std::chrono::milliseconds linger) {
   if (s && monitor) zmq_socket_monitor(s, nullptr, 0);
   if (monitor) zmq_close(monitor);
+  if (s && linger.count() > 0) detail::set_int_option(s, ZMQ_LINGER, static_cast<int>(linger.count()));
   if (s) zmq_close(s);
   s = monitor = nullptr;
 }
@@ -377,8 +398,14 @@ void zmq_transport::impl::rebuild_poll_items() {
   items_dirty_ = false;
 }
 
+bool zmq_transport::impl::stop_now() {
+  if (!stopping_.load(std::memory_order_relaxed)) return false;
+  run_commands();  // a graceful close asked for just before the stop
+  return closing_.empty();
+}
+
 void zmq_transport::impl::loop() {
-  while (!stopping_.load(std::memory_order_relaxed)) {
+  while (!stop_now()) {
     if (items_dirty_) rebuild_poll_items();
     // A DEALER whose high-water mark was reached waits for POLLOUT.
     for (std::size_t i = fixed_items_; i < pair_items_end_; i += 2)
@@ -400,7 +427,7 @@ void zmq_transport::impl::loop() {
       if (zmq_errno() != EINTR) spdlog::error("zmq transport: {}", zmq_error_text("zmq_poll"));
       continue;
     }
-    if (stopping_.load(std::memory_order_relaxed)) break;
+    if (stop_now()) break;
     if (ready == 0 && spinning) {  // nothing yet: let other threads run, then poll again
       std::this_thread::yield();
       continue;
@@ -450,12 +477,15 @@ void zmq_transport::impl::loop() {
                                        }),
                         with_pending_.end());
     rdma_progress();
+    finish_closing(now);
     arm_timer(now);
   }
 }
 
 void zmq_transport::impl::arm_timer(clock_type::time_point now) {
   auto next = clock_type::time_point::max();
+  for (const connection_id id : closing_)
+    if (auto it = conns_.find(id); it != conns_.end()) next = std::min(next, *it->second->close_at);
   for (connection* c : with_pending_) {
     if (c->pending.empty()) continue;
     if (c->blocked && c->outgoing) continue;  // POLLOUT wakes us
@@ -707,7 +737,7 @@ void zmq_transport::impl::run_commands() {
         case command::op::connect: open_dealer(cmd); break;
         case command::op::send: {
           auto it = conns_.find(cmd.conn);
-          if (it == conns_.end() || cmd.shared->closed.load()) break;  // closed meanwhile: dropped
+          if (it == conns_.end() || cmd.shared->drop_queued.load()) break;  // closed meanwhile: dropped
           enqueue(*it->second, std::move(cmd.message), now);
           break;
         }
@@ -718,7 +748,12 @@ void zmq_transport::impl::run_commands() {
           it->second->shaped = !cmd.profile.unshaped();
           break;
         }
-        case command::op::close: close_connection(cmd.conn); break;
+        case command::op::close:
+          if (cmd.drain.count() > 0)
+            close_when_drained(cmd.conn, cmd.drain, now);
+          else
+            close_connection(cmd.conn);
+          break;
         case command::op::offer_rdma: {
           auto it = conns_.find(cmd.conn);
           if (it == conns_.end()) break;
@@ -733,7 +768,7 @@ void zmq_transport::impl::run_commands() {
 }
 
 void zmq_transport::impl::open_dealer(command& cmd) {
-  if (cmd.shared->closed.load()) return;  // closed before it was opened
+  if (cmd.shared->drop_queued.load()) return;  // closed (without draining) before it was opened
   auto c = std::make_unique<connection>();
   c->id = cmd.conn;
   c->outgoing = true;
@@ -786,13 +821,44 @@ void zmq_transport::impl::open_dealer(command& cmd) {
   items_dirty_ = true;
 }
 
-void zmq_transport::impl::close_connection(connection_id id) {
+void zmq_transport::impl::close_when_drained(connection_id id, std::chrono::milliseconds drain,
+                                             clock_type::time_point now) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  connection& c = *it->second;
+  if (c.pending.empty()) return close_connection(id, drain);
+  c.close_at = now + drain;
+  closing_.push_back(id);
+}
+
+void zmq_transport::impl::finish_closing(clock_type::time_point now) {
+  for (std::size_t i = 0; i < closing_.size();) {
+    auto it = conns_.find(closing_[i]);
+    if (it == conns_.end()) {  // closed meanwhile (peer gone, teardown)
+      closing_.erase(closing_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    connection& c = *it->second;
+    if (!c.pending.empty() && now < *c.close_at) {
+      ++i;
+      continue;
+    }
+    if (!c.pending.empty())
+      spdlog::debug("zmq transport: connection {} closed with {} messages still queued (drain time up)", c.id,
+                    c.pending.size());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*c.close_at - now);
+    closing_.erase(closing_.begin() + static_cast<std::ptrdiff_t>(i));
+    close_connection(c.id, std::max(left, std::chrono::milliseconds{1}));
+  }
+}
+
+void zmq_transport::impl::close_connection(connection_id id, std::chrono::milliseconds linger) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   connection& c = *it->second;
   c.shared->closed.store(true);
   if (c.outgoing) {
-    close_socket(c.socket, c.monitor);
+    close_socket(c.socket, c.monitor, linger);
     if (!opts_.identity.empty()) {
       auto used = suffixes_.find(c.endpoint);
       if (used != suffixes_.end()) {
@@ -1086,15 +1152,17 @@ void zmq_transport::impl::offer_rdma(connection_id conn) {
   if (command_for(conn, command::op::offer_rdma, c)) push(std::move(c));
 }
 
-void zmq_transport::impl::close(connection_id conn) {
+void zmq_transport::impl::close(connection_id conn, std::chrono::milliseconds drain) {
   auto shared = shared_of(conn);
   if (!shared) return;
   shared->closed.store(true);
+  if (drain.count() <= 0) shared->drop_queued.store(true);
   unregister_shared(conn);
   command c;
   c.what = command::op::close;
   c.conn = conn;
   c.shared = std::move(shared);
+  c.drain = drain;
   push(std::move(c));
 }
 
@@ -1124,7 +1192,7 @@ connection_id zmq_transport::connect(const std::string& endpoint, const std::str
 }
 bool zmq_transport::send(connection_id conn, const message& m) { return impl_->send(conn, m); }
 void zmq_transport::set_profile(connection_id conn, const link_profile& p) { impl_->set_profile(conn, p); }
-void zmq_transport::close(connection_id conn) { impl_->close(conn); }
+void zmq_transport::close(connection_id conn, std::chrono::milliseconds drain) { impl_->close(conn, drain); }
 void zmq_transport::offer_rdma(connection_id conn) { impl_->offer_rdma(conn); }
 std::string zmq_transport::rdma_device() const {
   return impl_->opts_.rdma_device ? impl_->opts_.rdma_device->name() : "";

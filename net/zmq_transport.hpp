@@ -14,6 +14,7 @@
 // RDMA path fails.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -115,7 +116,9 @@ class zmq_transport {
   /// endpoint cannot be bound, bad curve keys.
   static caf::expected<std::unique_ptr<zmq_transport>> start(transport_options options,
                                                              transport_events events);
-  ~zmq_transport();  ///< stops the I/O thread, closes every socket (linger 0)
+  /// Stops the I/O thread (after connections closed with a drain time have
+  /// drained or run out of it) and closes every socket (linger 0).
+  ~zmq_transport();
 
   /// The bound endpoint with the real port ("tcp://127.0.0.1:41234"), or "".
   std::string endpoint() const;
@@ -132,11 +135,16 @@ class zmq_transport {
   bool send(connection_id conn, const message& m);
   /// Changes the shaping of messages sent on `conn` from now on.
   void set_profile(connection_id conn, const link_profile& p);
-  /// Closes `conn` (thread-safe); further sends fail and messages still
-  /// waiting in the transport for it are dropped. An incoming connection
-  /// cannot be cut from this side (ZeroMQ has no such call): its routing id
-  /// is forgotten, and a later message from that peer is a new connection.
-  void close(connection_id conn);
+  /// Closes `conn` (thread-safe); further sends fail. With `drain` 0,
+  /// messages still waiting in the transport or in ZeroMQ for it are
+  /// dropped. With a drain time (a node saying goodbye), they still go out:
+  /// the connection closes once the transport's queue for it is empty, or
+  /// when the time is up, and ZeroMQ may take the rest of it (linger) to
+  /// write what it holds; destroying the transport waits for that too. An
+  /// incoming connection cannot be cut from this side (ZeroMQ has no such
+  /// call): its routing id is forgotten, and a later message from that peer
+  /// is a new connection.
+  void close(connection_id conn, std::chrono::milliseconds drain = std::chrono::milliseconds{0});
   /// Asks the peer to move `conn` to RDMA (asynchronous; thread-safe): an
   /// RC queue pair on options.rdma_device is set up through control
   /// messages on the connection, then both directions switch without

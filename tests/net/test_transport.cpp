@@ -213,6 +213,36 @@ TEST_CASE("sends to an unknown or closed connection return false") {
   REQUIRE(rb.wait_messages(2));
 }
 
+TEST_CASE("a close with a drain time delivers what was queued, even when the transport is destroyed next") {
+  transport_recorder ra, rb;
+  auto b = start_transport(loopback_options("drain-b"), rb);
+  // 8 Mbit/s: twenty 64 KiB messages take about 1.3 s, so nearly all of
+  // them still wait in the transport's queue when close() is called.
+  const message m = make_message(message_kind::oneway, 0, {Tensor::zeros({64 << 8})});
+  constexpr std::size_t count = 20;
+  auto send_all = [&](zmq_transport& t, connection_id c) {
+    t.set_profile(c, parse_link_profile("bw=8Mbit"));
+    for (std::size_t i = 0; i < count; ++i) REQUIRE(t.send(c, m));
+  };
+  {
+    auto a = start_transport(loopback_options("drain-a"), ra);
+    const connection_id c = a->connect(b->endpoint());
+    send_all(*a, c);
+    a->close(c, 10s);
+    CHECK_FALSE(a->send(c, m));  // closing: nothing new is taken
+  }  // destroyed at once: it waits for the drain
+  CHECK(rb.wait_messages(count, 10s));
+  {
+    auto a = start_transport(loopback_options("drop-a"), ra);
+    const connection_id c = a->connect(b->endpoint());
+    send_all(*a, c);
+    a->close(c);  // no drain time: what waits is dropped
+  }
+  std::this_thread::sleep_for(300ms);
+  std::lock_guard<std::mutex> lock(rb.mu);
+  CHECK(rb.messages.size() < 2 * count);
+}
+
 TEST_CASE("a destroyed peer is reported as disconnected on both kinds of connection") {
   transport_recorder ra, rb, rc;
   auto a = start_transport(loopback_options("survivor"), ra);
