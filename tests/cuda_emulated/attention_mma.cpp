@@ -208,9 +208,9 @@ void check_case(const geometry& c, kernel_test::rng& r) {
   a.dv = e_dv.data();
   const unsigned tiles = static_cast<unsigned>((c.seq + 63) / 64);
   const auto bq = static_cast<unsigned>(c.batch * c.hq), bkv = static_cast<unsigned>(c.batch * c.hkv);
-  emulated::launch(&cuda::mma_forward_kernel<D>, bq, tiles, layout<D>::bytes(3), a);
-  emulated::launch(&cuda::mma_dq_kernel<D>, bq, tiles, layout<D>::bytes(4), a);
-  emulated::launch(&cuda::mma_dkdv_kernel<D>, bkv, tiles, layout<D>::bytes(4), a);
+  emulated::launch(&cuda::mma_forward_kernel<D>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, a);
+  emulated::launch(&cuda::mma_dq_kernel<D>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, a);
+  emulated::launch(&cuda::mma_dkdv_kernel<D>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, a);
 
   const auto want = [](const Tensor& t) { return kernel_test::to_double(t); };
   const double grads = std::max({max_abs(want(dq)), max_abs(want(dk)), max_abs(want(dv))});

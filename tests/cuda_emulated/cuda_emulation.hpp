@@ -3,8 +3,8 @@
 // blocks run one after another, and what the kernels use is defined here.
 //
 // What is emulated, and how strictly:
-//  * threadIdx, blockIdx, gridDim: per thread; blocks of exactly
-//    `block_threads` threads (the barriers are sized for it).
+//  * threadIdx, blockIdx, gridDim, blockDim: per thread; blocks of any
+//    whole number of warps (launch_config).
 //  * __syncthreads, __syncwarp: barriers of the block and of the warp;
 //    __shfl_xor_sync (float): through a per-warp array between two warp
 //    barriers. Full masks only.
@@ -13,7 +13,8 @@
 //    anything not written shows up in the results.
 //  * bf16: __nv_bfloat16 and __nv_bfloat162 with round-to-nearest-even
 //    conversion (__floats2bfloat162_rn); float4 with its 16-byte alignment
-//    checked on every copy.
+//    checked on every copy; uint4, __uint_as_float, and __ldg / __ldcs as
+//    plain loads with their alignment checked.
 //  * nvcuda::wmma for 16x16x16 bf16 x bf16 -> f32: every lane's fragment
 //    holds the whole logical matrix (CUDA's element-to-lane mapping is
 //    unspecified, and the kernels must not rely on it). load_matrix_sync
@@ -36,6 +37,7 @@
 
 #include <array>
 #include <barrier>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -65,19 +67,18 @@
 struct emulated_dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local emulated_dim3 threadIdx, blockIdx, gridDim;
+inline thread_local emulated_dim3 threadIdx, blockIdx, gridDim, blockDim;
 
 namespace corolla::emulated {
 
-constexpr int block_threads = 128;
-constexpr int block_warps = block_threads / 32;
-
-/// The barriers and shuffle buffers of the block running now.
+/// The barriers, shuffle buffers and shared memory of the block running now.
 struct block_state {
-  std::barrier<> block{block_threads};
-  std::array<std::barrier<>, block_warps> warps{std::barrier<>{32}, std::barrier<>{32}, std::barrier<>{32},
-                                                std::barrier<>{32}};
-  float shuffle[block_warps][32] = {};
+  explicit block_state(unsigned threads) : block(threads), warps(threads / 32), shuffle(threads) {
+    for (auto& w : warps) w = std::make_unique<std::barrier<>>(32);
+  }
+  std::barrier<> block;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<float> shuffle;  ///< one slot per thread
   unsigned char* smem = nullptr;
   std::size_t smem_bytes = 0;
 };
@@ -93,25 +94,35 @@ inline void check_in_smem(const void* p, std::size_t bytes, const char* what) {
                            static_cast<long long>(a - base), current->smem_bytes);
 }
 
-/// Runs `kernel(args)` over grid (gx, gy) with block_threads threads per
-/// block and `smem_bytes` of dynamic shared memory, one block at a time.
-template <class Args>
-void launch(void (*kernel)(Args), unsigned gx, unsigned gy, std::size_t smem_bytes, const Args& args) {
-  for (unsigned by = 0; by < gy; ++by)
-    for (unsigned bx = 0; bx < gx; ++bx) {
-      std::vector<unsigned char> smem(smem_bytes + 128, 0xff);  // 0xffffffff: a NaN
-      block_state state;
+/// The launch configuration: grid (x, y), threads per block (a multiple of
+/// 32), dynamic shared memory.
+struct launch_config {
+  unsigned grid_x = 1, grid_y = 1, threads = 128;
+  std::size_t smem_bytes = 0;
+};
+
+/// Runs kernel(args...) over the grid, one block at a time, each block's
+/// threads as std::threads.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), const launch_config& cfg, const Args&... args) {
+  if (cfg.threads == 0 || cfg.threads % 32 != 0)
+    COROLLA_EMULATION_FAIL("blocks of %u threads: the emulation runs whole warps", cfg.threads);
+  for (unsigned by = 0; by < cfg.grid_y; ++by)
+    for (unsigned bx = 0; bx < cfg.grid_x; ++bx) {
+      std::vector<unsigned char> smem(cfg.smem_bytes + 128, 0xff);  // 0xffffffff: a NaN
+      block_state state(cfg.threads);
       state.smem = smem.data() + (128 - reinterpret_cast<std::uintptr_t>(smem.data()) % 128) % 128;
-      state.smem_bytes = smem_bytes;
+      state.smem_bytes = cfg.smem_bytes;
       current = &state;
       std::vector<std::thread> threads;
-      threads.reserve(block_threads);
-      for (unsigned t = 0; t < block_threads; ++t)
-        threads.emplace_back([=, &args] {
+      threads.reserve(cfg.threads);
+      for (unsigned t = 0; t < cfg.threads; ++t)
+        threads.emplace_back([=, &args...] {
           threadIdx = {t, 0, 0};
           blockIdx = {bx, by, 0};
-          gridDim = {gx, gy, 1};
-          kernel(args);
+          gridDim = {cfg.grid_x, cfg.grid_y, 1};
+          blockDim = {cfg.threads, 1, 1};
+          kernel(args...);
         });
       for (auto& t : threads) t.join();
       current = nullptr;
@@ -123,16 +134,16 @@ void launch(void (*kernel)(Args), unsigned gx, unsigned gy, std::size_t smem_byt
 inline void __syncthreads() { corolla::emulated::current->block.arrive_and_wait(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("__syncwarp with mask %x: only full warps", mask);
-  corolla::emulated::current->warps[threadIdx.x >> 5].arrive_and_wait();
+  corolla::emulated::current->warps[threadIdx.x >> 5]->arrive_and_wait();
 }
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
   if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("__shfl_xor_sync with mask %x: only full warps", mask);
   auto& s = *corolla::emulated::current;
   const unsigned w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  s.shuffle[w][lane] = v;
-  s.warps[w].arrive_and_wait();
-  const float r = s.shuffle[w][lane ^ (static_cast<unsigned>(lane_mask) & 31u)];
-  s.warps[w].arrive_and_wait();
+  s.shuffle[threadIdx.x] = v;
+  s.warps[w]->arrive_and_wait();
+  const float r = s.shuffle[w * 32 + (lane ^ (static_cast<unsigned>(lane_mask) & 31u))];
+  s.warps[w]->arrive_and_wait();
   return r;
 }
 
@@ -154,6 +165,29 @@ struct alignas(16) float4 {
   }
 };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
+/// The read-only and streaming loads: plain loads here, their alignment checked.
+template <class T>
+T __ldg(const T* p) {
+  if (reinterpret_cast<std::uintptr_t>(p) % alignof(T))
+    COROLLA_EMULATION_FAIL("__ldg at %p: not %zu-byte aligned", static_cast<const void*>(p), alignof(T));
+  return *p;
+}
+template <class T>
+T __ldcs(const T* p) {
+  if (reinterpret_cast<std::uintptr_t>(p) % alignof(T))
+    COROLLA_EMULATION_FAIL("__ldcs at %p: not %zu-byte aligned", static_cast<const void*>(p), alignof(T));
+  return *p;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 struct __nv_bfloat16 {
   std::uint16_t bits;
