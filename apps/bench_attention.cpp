@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -53,17 +52,6 @@ struct attention_options {
   bool json = false;
 };
 
-Tensor random_on(Backend& be, shape_t shape, std::uint64_t seed) {
-  Tensor host = Tensor::empty(shape);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  float* p = host.data<float>();
-  for (std::int64_t i = 0; i < host.numel(); ++i) p[i] = u(rng);
-  Tensor t = be.empty(std::move(shape));
-  be.copy(host, t);
-  return t;
-}
-
 /// Seconds per call of f: one warm-up call, then the best of `rounds` rounds
 /// of `calls` calls and one synchronisation.
 template <class F>
@@ -100,8 +88,8 @@ int run_attention(const attention_options& o) {
   const attention_shape s{c.hq, c.hkv, c.dh, 0.0f};
   const std::int64_t rows = std::int64_t{c.batch} * c.seq;
   const std::int64_t qw = std::int64_t{c.hq} * c.dh, kw = std::int64_t{c.hkv} * c.dh;
-  Tensor q = random_on(be, {rows, qw}, 1), k = random_on(be, {rows, kw}, 2), v = random_on(be, {rows, kw}, 3),
-         dout = random_on(be, {rows, qw}, 4);
+  Tensor q = random_tensor_on(be, {rows, qw}, dtype::f32, 1), k = random_tensor_on(be, {rows, kw}, dtype::f32, 2),
+         v = random_tensor_on(be, {rows, kw}, dtype::f32, 3), dout = random_tensor_on(be, {rows, qw}, dtype::f32, 4);
   Tensor out = be.empty({rows, qw}), lse = be.empty({std::int64_t{c.batch} * c.hq * c.seq});
   Tensor dq = be.empty({rows, qw}), dk = be.empty({rows, kw}), dv = be.empty({rows, kw});
   const double pairs = static_cast<double>(c.batch) * c.hq * (static_cast<double>(c.seq) * (c.seq + 1) / 2);

@@ -25,6 +25,17 @@
 
 namespace corolla::app {
 
+Tensor random_tensor_on(Backend& be, shape_t shape, dtype t, std::uint64_t seed) {
+  Tensor host = Tensor::empty(shape);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  float* p = host.data<float>();
+  for (std::int64_t i = 0; i < host.numel(); ++i) p[i] = u(rng);
+  Tensor dev = be.empty(std::move(shape), t);
+  be.copy(host, dev);
+  return dev;
+}
+
 namespace {
 
 /// One weight matrix of a model: y[M,N] = x[M,K] @ w[N,K]^T.
@@ -81,19 +92,6 @@ struct gemm_options {
   bool json = false;
 };
 
-/// A device tensor of `shape` and dtype `t` holding pseudo-random values in
-/// [-1, 1) (drawn in f32 on the host, converted by the backend's copy).
-Tensor random_tensor(Backend& be, shape_t shape, dtype t, std::uint64_t seed) {
-  Tensor host = Tensor::empty(shape);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  float* p = host.data<float>();
-  for (std::int64_t i = 0; i < host.numel(); ++i) p[i] = u(rng);
-  Tensor dev = be.empty(std::move(shape), t);
-  be.copy(host, dev);
-  return dev;
-}
-
 struct backend_timing {
   double seconds = 0;  ///< best round's seconds per product
   int calls = 0;       ///< products per round (used for the vendor side too)
@@ -104,7 +102,7 @@ struct backend_timing {
 /// then `rounds` rounds.
 backend_timing time_backend_linear(Backend& be, dtype t, std::int64_t m, std::int64_t n,
                                    std::int64_t k, int rounds, double round_ms) {
-  Tensor x = random_tensor(be, {m, k}, t, 1), w = random_tensor(be, {n, k}, t, 2);
+  Tensor x = random_tensor_on(be, {m, k}, t, 1), w = random_tensor_on(be, {n, k}, t, 2);
   Tensor y = be.empty({m, n}, t);
   using clock = std::chrono::steady_clock;
   auto run = [&](int calls) {

@@ -45,6 +45,10 @@ void register_bench_swarm(CLI::App* bench, action_fn& action);
 /// `corolla bench attention`: training attention per matmul precision vs the
 /// GEMM rate at that precision (apps/bench_attention.cpp).
 void register_bench_attention(CLI::App* bench, action_fn& action);
+/// A tensor of `shape` and dtype `t` on `be`'s device holding pseudo-random
+/// values in [-1, 1) (drawn in f32 on the host from `seed`, converted by the
+/// backend's copy), for the benches (apps/bench_gemm.cpp).
+Tensor random_tensor_on(Backend& be, shape_t shape, dtype t, std::uint64_t seed);
 /// Best GEMM FLOP/s of `be` on [rows x k] @ [n x k]^T (f32 tensors, at the
 /// current matmul precision), the best of 5 after a warm-up (apps/bench.cpp).
 double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n);

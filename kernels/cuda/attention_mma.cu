@@ -36,15 +36,10 @@
 
 #include "kernels/cuda/attention_mma_kernels.cuh"
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/device_math.cuh"
 
 namespace corolla::cuda {
 namespace {
-
-template <class Kernel>
-void allow_smem(Kernel kernel, std::size_t bytes) {
-  COROLLA_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
 
 /// Calls f(integral_constant<int, D>) for the head sizes with kernels.
 template <class F>

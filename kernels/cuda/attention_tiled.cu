@@ -291,12 +291,6 @@ std::size_t tiled_smem(int tiles) {
   return (static_cast<std::size_t>(tiles) * tile * (32 * C + 1) + 2 * tile) * sizeof(float);
 }
 
-template <class Kernel>
-void allow_smem(Kernel kernel, std::size_t bytes) {
-  COROLLA_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 template <class F>
 bool dispatch_tiled(std::int64_t dh, F&& f) {
   if (dh <= 32) return f(std::integral_constant<int, 1>{}), true;

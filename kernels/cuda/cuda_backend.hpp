@@ -143,6 +143,9 @@ class cuda_backend final : public Backend {
   /// Checks `t` is an i32 [n] tensor on the host or this device and returns
   /// it on both sides (uploading into, or downloading through, `slot`).
   index_view indices(const Tensor& t, std::int64_t n, int slot, const char* what);
+  /// rope's and rope_store_kv's positions: i32 [n], none negative (errors
+  /// name `what`); their device copy.
+  const std::int32_t* rope_positions(const Tensor& positions, std::int64_t n, const char* what);
   /// The scratch buffers; ops that use two at once take different ones.
   enum scratch_slot : int {
     slot_staging = 0,  ///< copy(): host data converted on the device

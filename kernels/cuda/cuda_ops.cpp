@@ -181,16 +181,22 @@ void cuda_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int hea
   require_condition(x.rank() == 2, "rope x", "expected a 2-D [rows, heads * head_dim] tensor");
   const std::int64_t n = x.dim(0), width = std::int64_t{n_heads} * head_dim;
   require_on(x, dev(), dtype::f32, {n, width}, "rope x");
-  if (!positions.defined()) throw tensor_error("rope positions: tensor is undefined");
-  if (positions.type() != dtype::i32) expect_dtype(positions, dtype::i32, "rope positions");
   device_guard guard(index_);
-  const index_view pos = indices(positions, n, slot_indices, "rope positions");
+  const std::int32_t* pos = rope_positions(positions, n, "rope");
   if (n == 0) return;
+  cuda::rope(stream_, f(x), pos, n, n_heads, head_dim, theta, inverse);
+}
+
+const std::int32_t* cuda_backend::rope_positions(const Tensor& positions, std::int64_t n, const char* what) {
+  const std::string name(what);
+  if (!positions.defined()) throw tensor_error(name + " positions: tensor is undefined");
+  if (positions.type() != dtype::i32) expect_dtype(positions, dtype::i32, (name + " positions").c_str());
+  const index_view p = indices(positions, n, slot_indices, (name + " positions").c_str());
   for (std::int64_t r = 0; r < n; ++r)
-    if (pos.host[r] < 0)
-      throw tensor_error("rope: negative position " + std::to_string(pos.host[r]) + " at row " +
+    if (p.host[r] < 0)
+      throw tensor_error(name + ": negative position " + std::to_string(p.host[r]) + " at row " +
                          std::to_string(r));
-  cuda::rope(stream_, f(x), pos.dev, n, n_heads, head_dim, theta, inverse);
+  return p.dev;
 }
 
 void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq,
@@ -206,17 +212,7 @@ void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Te
   require_on(v, dev(), dtype::f32, {n, kw}, "rope_store_kv v");
   if (n > 0 && (k_out == nullptr || v_out == nullptr)) throw tensor_error("rope_store_kv: no destination rows");
   device_guard guard(index_);
-  const std::int32_t* pos = nullptr;
-  if (rotate) {
-    if (!positions.defined()) throw tensor_error("rope_store_kv positions: tensor is undefined");
-    if (positions.type() != dtype::i32) expect_dtype(positions, dtype::i32, "rope_store_kv positions");
-    const index_view p = indices(positions, n, slot_indices, "rope_store_kv positions");
-    for (std::int64_t r = 0; r < n; ++r)
-      if (p.host[r] < 0)
-        throw tensor_error("rope_store_kv: negative position " + std::to_string(p.host[r]) + " at row " +
-                           std::to_string(r));
-    pos = p.dev;
-  }
+  const std::int32_t* pos = rotate ? rope_positions(positions, n, "rope_store_kv") : nullptr;
   cuda::rope_store_kv(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, theta, rotate, k_out, v_out);
 }
 

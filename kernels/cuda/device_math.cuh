@@ -8,7 +8,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda/check.hpp"
 
 namespace corolla::cuda {
 
@@ -83,6 +86,15 @@ __device__ inline float block_max(float v) {
   float m = partial[0];
   for (int w = 1; w < warps; ++w) m = fmaxf(m, partial[w]);
   return m;
+}
+
+/// Lets `kernel` launch with `bytes` of dynamic shared memory: above 48 KiB
+/// that takes an opt-in, per device (so per call, as callers may run on
+/// several devices). Throws as COROLLA_CUDA_CHECK does.
+template <class Kernel>
+void allow_smem(Kernel kernel, std::size_t bytes) {
+  COROLLA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 /// Column sums over rows, parallel and deterministic. A block of 32 x 32

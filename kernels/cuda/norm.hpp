@@ -9,11 +9,11 @@
 namespace corolla::cuda {
 
 /// y = x * rstd * w per row; rstd[r] saved when rstd is not null.
+void rmsnorm_forward(stream_t s, const float* x, const float* w, float eps, float* y,
+                     float* rstd, std::int64_t n, std::int64_t d);
 /// sum = a + b and y = rmsnorm(sum) for [n, d] rows (no rstd).
 void add_rmsnorm(stream_t s, const float* a, const float* b, float* sum, const float* w, float eps, float* y,
                  std::int64_t n, std::int64_t d);
-void rmsnorm_forward(stream_t s, const float* x, const float* w, float eps, float* y,
-                     float* rstd, std::int64_t n, std::int64_t d);
 /// dx overwritten, dw accumulated.
 void rmsnorm_backward(stream_t s, const float* x, const float* w, const float* rstd,
                       const float* dy, float* dx, float* dw, std::int64_t n, std::int64_t d);
