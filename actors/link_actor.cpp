@@ -216,7 +216,8 @@ void fail_waiters(link_actor* self, const caf::error& why) {
 }
 
 /// How long a link leaving with a goodbye lets the transport write what it
-/// still holds: a second, plus the emulated latency of its profile.
+/// still holds: a second, plus twice the emulated latency and jitter of its
+/// profile.
 std::chrono::milliseconds goodbye_drain(const link_state& st) {
   return std::chrono::milliseconds(1000) +
          std::chrono::milliseconds(static_cast<long>(2000 * (st.profile.latency_s + st.profile.jitter_s)));
