@@ -182,10 +182,14 @@ rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& 
 ///
 /// The stages compute on `compute` (null: the weights' backend); weights
 /// elsewhere are copied there. With a device backend, activations and
-/// gradients between stages and the DP group's buckets go through host
-/// memory: a bucket's gradients are copied down once its last backward is
-/// queued, reduced and updated (AdamW on the cpu) in host copies, and the
-/// gathered parameters copied back up.
+/// gradients between stages go through host memory; parameters, gradients
+/// and AdamW moments stay on the device, where the update runs (on the
+/// backend's companion instance, from the DP group's thread). A bucket
+/// shared with other replicas goes through host copies for the
+/// collectives: its gradients come down once its last backward is queued,
+/// are reduce-scattered, this rank's reduced shard goes up to be updated,
+/// the updated shard comes down for the all-gather, and the other shards
+/// go up. A bucket of a group of one never leaves the device.
 void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
                     const rank_weights& weights, token_dataset& data, Backend* compute = nullptr);
 

@@ -40,15 +40,21 @@ struct bucket {
   param_set* grads = nullptr;
   const ring* group = nullptr;
   std::int64_t lo = 0, hi = 0;  ///< the shard this rank owns
-  Tensor m, v;                  ///< AdamW moments of the shard (host)
-  /// With a device backend: host copies of the flat parameters and
-  /// gradients. The DP group reduces, updates and gathers these (the
-  /// collectives run over the actor runtime, in host memory), and the
-  /// gathered parameters go back to the device. Undefined on the cpu.
+  /// With a device backend: the parameters, gradients and AdamW moments
+  /// live on the device, and the update runs there.
+  bool device = false;
+  Tensor m, v;  ///< AdamW moments of the shard (on the device with `device`)
+  /// With a device backend and a DP group of more than one: host copies of
+  /// the flat parameters and gradients, which the group's collectives work
+  /// on (they run over the actor runtime, in host memory). The gradients
+  /// come down, are reduce-scattered, this rank's reduced shard goes up and
+  /// is updated on the device, the updated shard comes back down, is
+  /// all-gathered, and the other shards go up. Undefined otherwise.
   Tensor host_params, host_grads;
   /// With a device backend: the compute queue's point after the bucket's
   /// last backward, recorded by the stage thread as it hands the bucket
-  /// over; the DP actor's download waits for it and nothing later.
+  /// over; the DP actor's download (or its update) waits for it and nothing
+  /// later.
   std::shared_ptr<queue_marker> grads_ready;
 
   bool staged() const { return host_params.defined(); }
@@ -76,6 +82,12 @@ class rank_runtime {
         cfg_(weights.cfg),
         be_(compute ? *compute : *weights.be),
         on_device_(be_.dev().kind != device_kind::cpu) {
+    if (on_device_) {
+      dp_be_ = be_.companion();
+      if (!dp_be_)
+        throw train_error("the " + be_.name() + " backend gives no second instance for the data-parallel " +
+                          "group's optimiser thread");
+    }
     const train_layout& l = o_.layout;
     stage_ = l.stage_of(rank);
     replica_ = l.replica_of(rank);
@@ -241,9 +253,17 @@ class rank_runtime {
     b.grads = g;
     b.group = group;
     std::tie(b.lo, b.hi) = chunk_range(p->size(), group->size(), owned_chunk(*group));
-    b.m = Tensor::zeros({b.hi - b.lo});
-    b.v = Tensor::zeros({b.hi - b.lo});
-    if (on_device_) {  // page-locked: the copies run asynchronously at full bus speed
+    b.device = on_device_;
+    if (b.device) {
+      b.m = be_.empty({b.hi - b.lo});
+      b.v = be_.empty({b.hi - b.lo});
+      b.m.zero();
+      b.v.zero();
+    } else {
+      b.m = Tensor::zeros({b.hi - b.lo});
+      b.v = Tensor::zeros({b.hi - b.lo});
+    }
+    if (b.device && group->size() > 1) {  // page-locked: the copies run asynchronously at full bus speed
       b.host_params = be_.host_empty({p->size()});
       be_.copy(p->flat(), b.host_params);
       b.host_grads = be_.host_empty({p->size()});
@@ -264,11 +284,10 @@ class rank_runtime {
     auto head = safetensors_file::open(dir / shard_file_name(0));
     for (bucket& b : buckets_) {
       const std::string name = bucket_name(b.id);
-      Tensor dst = b.comm_params();
-      load_exact(b.id == head_bucket ? *head : *params, "params." + name, dst);
+      load_into(b.id == head_bucket ? *head : *params, "params." + name, b.comm_params());
       if (b.staged()) upload_params(b, be_.mark().get());  // after the model's own initial copies
-      load_exact(*own, "m." + name, b.m);
-      load_exact(*own, "v." + name, b.v);
+      load_into(*own, "m." + name, b.m);
+      load_into(*own, "v." + name, b.v);
     }
     steps_done_ = step;
     std::vector<std::int32_t> ids, targets;
@@ -285,6 +304,14 @@ class rank_runtime {
     dst.copy_from(src);
   }
 
+  /// load_exact into `dst` on the host or where the stages compute.
+  void load_into(const safetensors_file& f, const std::string& name, Tensor& dst) {
+    if (dst.dev().kind == device_kind::cpu) return load_exact(f, name, dst);
+    Tensor host = Tensor::empty(dst.shape());
+    load_exact(f, name, host);
+    be_.copy(host, dst);
+  }
+
   /// Parameters are the same on every replica: replica 0 of each stage
   /// writes (and sends) its blocks', rank 0 the head's, which the last
   /// stage holds too.
@@ -294,9 +321,9 @@ class rank_runtime {
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const bucket& b : buckets_) {
       const std::string name = bucket_name(b.id);
-      if (keeps_params(b)) tensors.emplace_back("params." + name, b.comm_params());
-      tensors.emplace_back("m." + name, b.m);
-      tensors.emplace_back("v." + name, b.v);
+      if (keeps_params(b)) tensors.emplace_back("params." + name, to_host(b.comm_params()));
+      tensors.emplace_back("m." + name, to_host(b.m));
+      tensors.emplace_back("v." + name, to_host(b.v));
     }
     write_shard(o_.checkpoint_dir, step, rank_, tensors);
     comm_->send_coordinator(train_msg::saved, encode_body(train_step_note{step, rank_, 0, comm_->job()}));
@@ -493,6 +520,9 @@ class rank_runtime {
     return h;
   }
 
+  /// A host copy of `t` that nothing else writes.
+  Tensor own_host_copy(const Tensor& t) { return t.dev().kind == device_kind::cpu ? t.clone() : to_host(t); }
+
   static void sleep_s(double s) {
     if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
   }
@@ -517,7 +547,7 @@ class rank_runtime {
     // parameters or gradients before optimizer_step has waited for the
     // reduction (recomputation or split weight-gradient schedules would
     // have to mark later).
-    if (b.staged()) b.grads_ready = be_.mark();
+    if (b.device) b.grads_ready = be_.mark();
     caf::anon_send(dp_actor_, reduce_atom::value, slot, step);
     ++enqueued_;
   }
@@ -532,7 +562,9 @@ class rank_runtime {
       if (b.staged()) be_.copy_after(b.grads_ready.get(), b.grads->flat(), b.host_grads);
       ring_reduce_scatter(*comm_, *b.group, b.comm_grads(), step, b.id);
       if (!clipping()) {
-        update_shard(b, step);
+        // Unstaged, the update reads what the backward wrote on the device.
+        if (b.device && !b.staged()) be_.wait(b.grads_ready.get());
+        update_shard(b, step, dp_math());
         gather_params(b, step);
       }
       note_reduced({});
@@ -559,35 +591,64 @@ class rank_runtime {
     if (rethrow && dp_error_) throw train_error(*dp_error_);
   }
 
-  /// The backend of the optimiser's arithmetic: the host copies' with a
-  /// device backend (the DP actor's thread must not share the device
-  /// backend's scratch with the stage thread), else the compute backend.
-  Backend& math() { return on_device_ ? cpu_backend() : be_; }
+  /// The DP actor's backend: with a device backend its companion (the DP
+  /// actor's thread must not share the stage thread's queue and scratch),
+  /// else the compute backend (the cpu's is safe for concurrent callers).
+  Backend& dp_math() { return dp_be_ ? *dp_be_ : be_; }
 
-  void update_shard(bucket& b, std::int64_t step) {
+  /// Where arithmetic on `t` runs from the stage thread.
+  Backend& stage_math(const Tensor& t) { return t.dev().kind == device_kind::cpu ? cpu_backend() : be_; }
+
+  /// This rank's shard of the bucket's reduced gradients (on the host when
+  /// staged: where the reduce-scatter left them).
+  Tensor reduced_shard(bucket& b) { return b.comm_grads().slice(b.lo, b.hi); }
+
+  /// AdamW on this rank's shard, with backend `on` (dp_math() from the DP
+  /// actor, be_ from the stage thread), where the parameters live. Staged,
+  /// the reduced gradient shard goes up first and the updated parameter
+  /// shard comes back down for the all-gather. Returns once the update is
+  /// done.
+  void update_shard(bucket& b, std::int64_t step, Backend& on) {
     if (synthetic()) return;
-    Tensor p = b.comm_params().slice(b.lo, b.hi);
-    Tensor g = b.comm_grads().slice(b.lo, b.hi);
     adamw_params w = o_.optimizer.adamw;
     w.lr = scheduled_lr(w.lr, o_.optimizer.schedule, static_cast<int>(step), o_.steps);
-    math().adamw(p, g, b.m, b.v, w, step);
+    Tensor p = b.params->flat().slice(b.lo, b.hi);
+    Tensor g = b.grads->flat().slice(b.lo, b.hi);
+    if (b.staged()) {
+      // The device gradients are free: their backward finished before the
+      // download, and the next step zeroes them after this.
+      on.copy(b.host_grads.slice(b.lo, b.hi), g);
+      on.adamw(p, g, b.m, b.v, w, step);
+      Tensor updated = b.host_params.slice(b.lo, b.hi);
+      on.copy(p, updated);  // returns once on the host, so after the update
+      return;
+    }
+    on.adamw(p, g, b.m, b.v, w, step);
+    // The stage thread queues the next step's ops once the reductions are
+    // noted: a companion's update must be over by then.
+    if (b.device && &on != &be_) on.synchronize();
   }
 
-  /// All-gathers the updated shards and, with a device backend, copies the
-  /// whole bucket back to the device (stream-ordered: the next forward reads it).
+  /// All-gathers the updated shards and, staged, copies the other ranks'
+  /// shards back to the device (this rank's was updated there), on the
+  /// transfer queue with nothing to wait for: the bucket's backward finished
+  /// before its download, and its next forward is queued only after
+  /// optimizer_step has waited for this (from the DP actor or, with
+  /// clipping, the stage thread).
   void gather_params(bucket& b, std::int64_t step) {
     ring_all_gather(*comm_, *b.group, b.comm_params(), step, b.id);
-    if (b.staged()) upload_params(b);
+    if (!b.staged()) return;
+    upload_params(b, nullptr, 0, b.lo);
+    upload_params(b, nullptr, b.hi, b.params->size());
   }
 
-  /// The bucket's parameters back to the device, on the transfer queue,
-  /// after the work before `after` (from the DP actor or, with clipping, the
-  /// stage thread: none, since the bucket's backward finished before its
-  /// download, and its next forward is queued only after optimizer_step has
-  /// waited for this).
-  void upload_params(bucket& b, const queue_marker* after = nullptr) {
-    Tensor dst = b.params->flat();
-    be_.copy_after(after, b.host_params, dst);
+  /// Elements [lo, hi) of the bucket's host parameters (all by default) to
+  /// the device, after the work queued before `after`.
+  void upload_params(bucket& b, const queue_marker* after, std::int64_t lo = 0, std::int64_t hi = -1) {
+    if (hi < 0) hi = b.params->size();
+    if (hi <= lo) return;
+    Tensor dst = b.params->flat().slice(lo, hi);
+    be_.copy_after(after, b.host_params.slice(lo, hi), dst);
   }
 
   void optimizer_step(int step, double loss) {
@@ -597,7 +658,10 @@ class rank_runtime {
     wait_reductions(enqueued_, true);
     double sum_squares = 0;
     if (clipping())
-      for (bucket& b : buckets_) sum_squares += math().sum_squares(b.comm_grads().slice(b.lo, b.hi));
+      for (bucket& b : buckets_) {
+        const Tensor g = reduced_shard(b);
+        sum_squares += stage_math(g).sum_squares(g);
+      }
     comm_->send_coordinator(train_msg::report, encode_body(train_report{rank_, step, loss, sum_squares, comm_->job()}));
     if (clipping()) {
       remote_message m = inbox_->take(train_key(train_msg::norm, comm_->job(), step, 0), o_.timeout,
@@ -607,10 +671,10 @@ class rank_runtime {
       const double coef = static_cast<double>(o_.optimizer.max_grad_norm) / (note->value + 1e-6);
       for (bucket& b : buckets_) {
         if (coef < 1.0) {
-          Tensor g = b.comm_grads().slice(b.lo, b.hi);
-          math().scale(g, static_cast<float>(coef));
+          Tensor g = reduced_shard(b);
+          stage_math(g).scale(g, static_cast<float>(coef));
         }
-        update_shard(b, step);
+        update_shard(b, step, be_);
         gather_params(b, step);
       }
     }
@@ -631,7 +695,7 @@ class rank_runtime {
                             "this large is not supported yet (use --checkpoint-dir)");
         if (sends)
           comm_->send_coordinator(train_msg::params, encode_body(train_packet{o_.steps, b.id, 0, rank_, comm_->job()}),
-                                  {b.comm_params().clone()});
+                                  {own_host_copy(b.comm_params())});
       }
     // Done: other ranks may finish and leave first; only the coordinator
     // going away now would be a failure.
@@ -648,7 +712,8 @@ class rank_runtime {
   token_dataset& data_;
   model_config cfg_;
   Backend& be_;     ///< where the stages compute
-  bool on_device_;  ///< be_ is not the host: activations and buckets are staged through host memory
+  bool on_device_;  ///< be_ is not the host: activations go through host memory, buckets stay on the device
+  std::unique_ptr<Backend> dp_be_;  ///< be_'s companion for the DP actor (device backends only)
   int stage_ = 0, replica_ = 0, mb_ = 1, m_ = 1;
   bool first_ = false, last_ = false;
   int steps_done_ = 0;

@@ -257,6 +257,18 @@ class Backend {
     (void)after;
     copy(src, dst);
   }
+  /// Returns once the work queued before `after` (a mark() of this backend;
+  /// null: nothing to wait for) has finished. Thread-safe like copy_after:
+  /// another thread then works on what that work produced.
+  virtual void wait(const queue_marker* after) { (void)after; }
+  /// A second instance on the same device with a queue and scratch of its
+  /// own, for a thread that computes beside the one using this instance
+  /// (the data-parallel group's optimiser step): ops of the two are not
+  /// ordered with each other, so the caller orders them (wait, synchronize)
+  /// and keeps them off each other's operands. Null where this instance
+  /// may itself be used from a second thread (the cpu backend, which is
+  /// safe for concurrent callers).
+  virtual std::unique_ptr<Backend> companion() { return nullptr; }
 };
 
 /// The process-wide CPU backend (OpenBLAS GEMM, OpenMP loops).

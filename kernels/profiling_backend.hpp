@@ -154,6 +154,9 @@ class profiling_backend final : public Backend {
   void copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) override {
     inner_.copy_after(after, src, dst);
   }
+  void wait(const queue_marker* after) override { inner_.wait(after); }
+  /// The inner backend's companion, unwrapped: its ops are not timed.
+  std::unique_ptr<Backend> companion() override { return inner_.companion(); }
 
  private:
   template <class F>

@@ -67,7 +67,9 @@ cuda_backend::cuda_backend(int index) : index_(index) {
 }
 
 cuda_backend::~cuda_backend() {
-  // Best effort: instances normally live until the process exits.
+  // Best effort: shared instances live until the process exits; a
+  // companion's queued work finishes before its scratch goes back.
+  if (stream_) cudaStreamSynchronize(stream_);
   for (Tensor& t : scratch_) t = Tensor();
   if (lt_workspace_) device_release(lt_workspace_, index_);
   if (lt_) cublasLtDestroy(lt_);
@@ -151,6 +153,17 @@ void cuda_backend::copy_after(const queue_marker* after, const Tensor& src, Tens
   COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDefault, transfer_));
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(transfer_));
 }
+
+void cuda_backend::wait(const queue_marker* after) {
+  if (after == nullptr) return;
+  const auto* marker = dynamic_cast<const cuda_marker*>(after);
+  if (marker == nullptr || marker->device != index_)
+    throw tensor_error("wait: the marker is not one of " + name() + "'s");
+  device_guard guard(index_);
+  COROLLA_CUDA_CHECK(cudaEventSynchronize(marker->event));
+}
+
+std::unique_ptr<Backend> cuda_backend::companion() { return std::make_unique<cuda_backend>(index_); }
 
 void cuda_backend::upload(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;

@@ -1,9 +1,10 @@
 // kernels/cuda/cuda_backend.hpp — the CUDA implementation of Backend
 // (host-only: no CUDA headers; C++20).
 //
-// One instance per device, created on first use by backend_for({cuda, N})
-// and never destroyed (the CUDA runtime may be torn down before static
-// destructors run). Each owns a stream (created blocking, so the memory
+// One shared instance per device, created on first use by backend_for({cuda,
+// N}) and never destroyed (the CUDA runtime may be torn down before static
+// destructors run); companion() makes further ones for other threads, which
+// their owners destroy. Each owns a stream (created blocking, so the memory
 // hooks' legacy-default-stream copies order with it), a cuBLASLt handle
 // with a 32 MiB workspace, and grow-only scratch buffers (the decode hot
 // path allocates nothing once warm).
@@ -130,6 +131,11 @@ class cuda_backend final : public Backend {
   /// it runs beside the ops of another thread), host <-> this device or
   /// within it.
   void copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) override;
+  /// cudaEventSynchronize on `after`'s event.
+  void wait(const queue_marker* after) override;
+  /// A new instance on this device (a stream, cuBLASLt handle and scratch
+  /// of its own), destroyed by its owner.
+  std::unique_ptr<Backend> companion() override;
 
   /// The backend's stream (cudaStream_t), for NCCL and other libraries.
   stream_t stream() const { return stream_; }

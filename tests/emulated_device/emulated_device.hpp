@@ -1,0 +1,123 @@
+// tests/emulated_device/emulated_device.hpp — a Backend on a pretend CUDA
+// device whose memory is host memory, so code written for a device backend
+// (where tensors live, what is copied where, which thread uses which
+// instance, markers and companions) runs on machines without a GPU.
+//
+// What it checks, as the CUDA backend would fail:
+//  * every float operand of an op is on this device (index tensors: the
+//    host or this device); a host tensor passed to an op, or one of another
+//    device, is a tensor_error naming the operand;
+//  * markers passed to copy_after and wait are this device's;
+//  * two threads inside one instance's ops at once (copy_after and wait
+//    excepted) is an error: a device backend's queue and scratch belong to
+//    one thread, the reason companion() exists. Ops finish before they
+//    return, so an overlap is caught only when it happens to occur.
+// What it cannot check: ordering between queues (everything is
+// synchronous here), and host code reading device memory through
+// Tensor::data (the memory is readable).
+//
+// The arithmetic is the CPU backend's on host views of the same memory, so
+// results equal the CPU backend's bit for bit.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "kernels/backend.hpp"
+
+namespace corolla::testing {
+
+/// Registers host-memory operations for device_kind::cuda (allocate,
+/// release, fill_zero, copy). For a process that never uses a real CUDA
+/// device: this folder's test executable. Idempotent.
+void install_emulated_device_memory();
+
+class emulated_device_backend final : public Backend {
+ public:
+  /// Pretends to be cuda:`index` (installs the memory operations).
+  explicit emulated_device_backend(int index = 0);
+
+  /// What happened through this instance, for tests.
+  struct counters {
+    std::atomic<int> ops{0};           ///< ops run (copies included)
+    std::atomic<int> copy_afters{0};   ///< copy_after calls
+    std::atomic<int> waits{0};         ///< wait calls with a marker
+    std::atomic<int> companions{0};    ///< companion() calls
+    std::atomic<int> host_empties{0};  ///< host_empty calls
+  };
+  const counters& stats() const { return stats_; }
+
+  std::string name() const override { return "emulated " + dev().str(); }
+  device dev() const override { return {device_kind::cuda, index_}; }
+  Tensor empty(shape_t shape, dtype t = dtype::f32) override;
+  Tensor host_empty(shape_t shape, dtype t = dtype::f32) override;
+
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
+            float beta = 0.0f) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
+                       Tensor* db) override;
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
+  void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override;
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) override;
+  void add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps, Tensor& y) override;
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dw) override;
+  void layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor* mean,
+                 Tensor* rstd) override;
+  void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                          Tensor& dx, Tensor& dw, Tensor& db) override;
+  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta, bool inverse = false) override;
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq, const attention_shape& s,
+                 Tensor& out, Tensor* lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, int batch, int seq, const attention_shape& s, Tensor& dq, Tensor& dk,
+                          Tensor& dv) override;
+  /// The cache's pages are this device's memory, read in place.
+  void attention_cached(const Tensor& q, const kv_pages_view& cache, std::int64_t start_pos, const attention_shape& s,
+                        Tensor& out) override;
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup) override;
+  void gelu(const Tensor& x, Tensor& y) override;
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void scale(Tensor& y, float alpha) override;
+  double sum_squares(const Tensor& x) override;
+  void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses, Tensor* dlogits,
+                     float grad_scale) override;
+  void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const adamw_params& p,
+             std::int64_t step) override;
+  void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) override;
+  void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) override;
+
+  /// Host <-> this device, or within it (converting dtypes like the CUDA
+  /// backend); another device's tensor is refused.
+  void copy(const Tensor& src, Tensor& dst) override;
+  std::shared_ptr<queue_marker> mark() override;
+  /// Same dtype only, like the CUDA backend's; callable beside the ops.
+  void copy_after(const queue_marker* after, const Tensor& src, Tensor& dst) override;
+  void wait(const queue_marker* after) override;
+  /// A new instance on the same device.
+  std::unique_ptr<Backend> companion() override;
+
+ private:
+  class user;  ///< marks the calling thread as inside an op (emulated_device.cpp)
+  /// `t` (on this device, or undefined) as a host tensor over the same
+  /// memory; `what` names it in the error.
+  Tensor on_device(const Tensor& t, const char* what) const;
+  /// An index tensor: the host, or this device.
+  Tensor index_tensor(const Tensor& t, const char* what) const;
+  /// A marker of this device, or a tensor_error naming `op`.
+  void check_marker(const queue_marker* m, const char* op) const;
+
+  int index_ = 0;
+  std::atomic<std::thread::id> owner_{};  ///< the thread inside an op
+  int depth_ = 0;                         ///< nesting of that thread's ops (add_rmsnorm's default and the like)
+  std::mutex transfer_mu_;
+  counters stats_;
+};
+
+}  // namespace corolla::testing

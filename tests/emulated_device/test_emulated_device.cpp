@@ -1,0 +1,281 @@
+// Code written for device backends, run on every machine: models, the
+// trainer and pipeline x data-parallel training ranks on the emulated
+// device (emulated_device.hpp: host memory that ops treat as a CUDA
+// device's, with the CUDA backend's placement and threading rules). The
+// arithmetic is the CPU backend's, so results must equal the CPU run
+// exactly; a difference means a path that moves, skips or mis-orders data.
+// The real GPU's arithmetic is checked by tests/model/test_cuda_model.cpp
+// and tests/kernels/ wherever a GPU is present.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/errors.hpp"
+#include "actors/node.hpp"
+#include "actors/train_job.hpp"
+#include "kernels/backend.hpp"
+#include "model/generator.hpp"
+#include "model/token_data.hpp"
+#include "model/trainer.hpp"
+#include "model/transformer.hpp"
+#include "tests/emulated_device/emulated_device.hpp"
+#include "tests/model/cached_logits.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+using corolla::testing::emulated_device_backend;
+using corolla::testing::some_ids;
+
+namespace {
+
+testing::tiny_model_options options_for(architecture arch) {
+  testing::tiny_model_options o;
+  o.arch = arch;
+  o.max_positions = 96;
+  if (arch == architecture::gpt2) {
+    o.kv_heads = o.heads;
+    o.intermediate = 4 * o.hidden;
+  }
+  return o;
+}
+
+std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  REQUIRE_MESSAGE(in, "cannot read " << p);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// ---- a whole job in this process ---------------------------------------------------
+
+/// What a job run in-process gives back.
+struct job_result {
+  std::vector<dist_step_report> steps;
+  std::vector<std::unique_ptr<emulated_device_backend>> devices;  ///< one per rank (empty for cpu ranks)
+};
+
+std::unique_ptr<node> start_local_node() {
+  node_options n;
+  n.listen = "tcp://127.0.0.1:0";
+  n.scheduler_threads = 1;
+  n.publish_echo = false;
+  n.peer_timeout = std::chrono::seconds(30);
+  auto started = node::start(std::move(n));
+  REQUIRE_MESSAGE(started, error_message(started.error()));
+  return std::move(*started);
+}
+
+/// Runs job `o` with a coordinator and one node per rank on loopback, each
+/// rank on a thread of this process with its own freshly initialised copy
+/// of the model (seed 7) and its own reader of `tokens`; ranks compute on
+/// emulated devices cuda:<rank> when `on_devices`, else on the cpu.
+job_result run_job(const dist_train_options& o, const model_config& cfg, const std::vector<std::int32_t>& tokens,
+                   bool on_devices) {
+  job_result out;
+  const int world = o.layout.world();
+  auto coord = start_local_node();
+  std::vector<std::unique_ptr<node>> nodes;
+  std::vector<std::unique_ptr<transformer>> models;
+  std::vector<rank_weights> weights;
+  std::vector<token_dataset> data;
+  for (int r = 0; r < world; ++r) {
+    nodes.push_back(start_local_node());
+    models.push_back(std::make_unique<transformer>(transformer::init(cfg, 7, cpu_backend())));
+    weights.push_back(weights_of(*models.back()));
+    data.push_back(token_dataset::from_tokens(tokens, cfg.vocab_size));
+    if (on_devices) out.devices.push_back(std::make_unique<emulated_device_backend>(r));
+  }
+  std::exception_ptr coord_error;
+  std::thread coordinator([&] {
+    try {
+      run_train_coordinator(*coord, o, cfg, [&](const dist_step_report& r) { out.steps.push_back(r); });
+    } catch (...) {
+      coord_error = std::current_exception();
+    }
+  });
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      const auto i = static_cast<std::size_t>(r);
+      try {
+        run_train_rank(*nodes[i], o, r, coord->endpoint(), weights[i], data[i],
+                       on_devices ? out.devices[i].get() : nullptr);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  coordinator.join();
+  for (auto& n : nodes) n->stop();
+  coord->stop();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  if (coord_error) std::rethrow_exception(coord_error);
+  return out;
+}
+
+dist_train_options job(const model_config& cfg, int pp, int dp, int steps) {
+  dist_train_options o;
+  o.layout = even_layout(cfg.n_layers, pp, dp);
+  o.batch = 4;
+  o.seq = 16;
+  o.steps = steps;
+  o.optimizer.adamw.lr = 3e-3f;
+  o.optimizer.adamw.weight_decay = 0.1f;
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+void check_same_steps(const job_result& cpu, const job_result& dev) {
+  REQUIRE(dev.steps.size() == cpu.steps.size());
+  for (std::size_t s = 0; s < cpu.steps.size(); ++s) {
+    INFO("step " << cpu.steps[s].step << ": cpu loss " << cpu.steps[s].loss << ", device loss " << dev.steps[s].loss);
+    CHECK(dev.steps[s].step == cpu.steps[s].step);
+    CHECK(dev.steps[s].loss == cpu.steps[s].loss);
+    CHECK(dev.steps[s].grad_norm == cpu.steps[s].grad_norm);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulated device: ops refuse host operands and other devices' markers, as a device backend does") {
+  emulated_device_backend dev0(0), dev1(1);
+  Tensor a = dev0.empty({4});
+  Tensor b = dev0.empty({4});
+  a.zero();
+  b.zero();
+  Tensor host = Tensor::zeros({4});
+  CHECK_THROWS_WITH_AS(dev0.add(a, host, b), doctest::Contains("add b: tensor is on cpu, expected cuda:0"), tensor_error);
+  Tensor other = dev1.empty({4});
+  CHECK_THROWS_WITH_AS(dev0.add(a, other, b), doctest::Contains("expected cuda:0"), tensor_error);
+  dev0.add(a, a, b);  // both on the device: fine
+
+  // Copies cross between the host and the device, and convert.
+  Tensor src = Tensor::from_f32(std::vector<float>{1, 2, 3, 4}, {4});
+  dev0.copy(src, a);
+  Tensor half = dev0.empty({4}, dtype::bf16);
+  dev0.copy(a, half);
+  Tensor back = Tensor::zeros({4});
+  dev0.copy(half, back);
+  CHECK(back.to_vector() == std::vector<float>{1, 2, 3, 4});
+
+  auto m1 = dev1.mark();
+  CHECK_THROWS_WITH_AS(dev0.copy_after(m1.get(), a, back), doctest::Contains("not one of emulated cuda:0's"),
+                       tensor_error);
+  CHECK_THROWS_WITH_AS(dev0.wait(m1.get()), doctest::Contains("not one of emulated cuda:0's"), tensor_error);
+  CHECK_THROWS_WITH_AS(dev0.copy_after(nullptr, half, back), doctest::Contains("copy() converts"), tensor_error);
+  auto companion = dev0.companion();
+  REQUIRE(companion);
+  CHECK(companion->dev() == dev0.dev());
+  CHECK(cpu_backend().companion() == nullptr);  // the cpu backend takes concurrent callers itself
+}
+
+TEST_CASE("emulated device: a model on a device generates the cpu's tokens and trains to the cpu's losses") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::temp_dir_guard dir("emulated-model");
+    testing::write_tiny_model(dir.path(), options_for(arch));
+    emulated_device_backend dev;
+    transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+    transformer on_dev = transformer::load(dir.path(), dev);
+    CHECK(on_dev.blocks()[0].flat().dev() == dev.dev());
+    const int vocab = on_cpu.config().vocab_size;
+
+    generation_params p;
+    p.max_new_tokens = 24;
+    p.ignore_eos = true;
+    const auto prompt = some_ids(12, vocab, 5);
+    generator g_cpu(on_cpu), g_dev(on_dev);
+    const auto want = g_cpu.generate(prompt, p).tokens;
+    CHECK(g_dev.generate(prompt, p).tokens == want);
+    p.prefill_chunk = 5;  // chunked prefill through the paged cache
+    CHECK(g_dev.generate(prompt, p).tokens == want);
+
+    train_options opts;
+    opts.batch = 2;
+    opts.seq = 16;
+    opts.steps = 4;
+    opts.optimizer.adamw.lr = 3e-3f;
+    opts.optimizer.max_grad_norm = 1.0f;
+    const auto tokens = some_ids(300, vocab, 17);
+    token_dataset d_cpu = token_dataset::from_tokens(tokens, vocab);
+    token_dataset d_dev = token_dataset::from_tokens(tokens, vocab);
+    const auto cpu_losses = trainer(on_cpu, d_cpu, opts).run().losses;
+    const auto dev_losses = trainer(on_dev, d_dev, opts).run().losses;
+    CHECK(dev_losses == cpu_losses);
+  }
+}
+
+TEST_CASE("emulated device: pipeline x data-parallel ranks on devices train exactly as ranks on the cpu") {
+  testing::tiny_model_options tiny = options_for(architecture::gpt2);  // tied: the head ring spans both stages
+  tiny.layers = 4;
+  testing::temp_dir_guard dir("emulated-dist");
+  testing::write_tiny_model(dir / "model", tiny);
+  const model_config cfg = load_config(dir / "model");
+  const auto tokens = some_ids(2000, cfg.vocab_size, 23);
+
+  struct variant {
+    int pp, dp;
+    float clip;
+  };
+  for (const variant v : {variant{2, 2, 0.0f}, variant{2, 2, 0.5f}, variant{2, 1, 0.0f}, variant{1, 2, 0.5f}}) {
+    CAPTURE(v.pp);
+    CAPTURE(v.dp);
+    CAPTURE(v.clip);
+    dist_train_options o = job(cfg, v.pp, v.dp, 3);
+    o.optimizer.max_grad_norm = v.clip;
+    o.save_dir = dir / "cpu";
+    std::filesystem::remove_all(o.save_dir);
+    const job_result cpu = run_job(o, cfg, tokens, false);
+    o.save_dir = dir / "dev";
+    std::filesystem::remove_all(o.save_dir);
+    const job_result dev = run_job(o, cfg, tokens, true);
+    check_same_steps(cpu, dev);
+    CHECK(file_bytes(dir / "dev" / "model.safetensors") == file_bytes(dir / "cpu" / "model.safetensors"));
+
+    for (int r = 0; r < o.layout.world(); ++r) {
+      const auto& s = dev.devices[static_cast<std::size_t>(r)]->stats();
+      CAPTURE(r);
+      CHECK(s.companions == 1);  // the DP group's optimiser thread has its own instance
+      // Buckets shared by replicas (all with dp 2; the tied head across the
+      // stages) go through page-locked host copies; a group of one waits
+      // for its backward on the device instead and never leaves it.
+      CHECK(s.host_empties > 0);
+      CHECK(s.copy_afters > 0);
+      if (v.dp == 1 && v.clip == 0.0f) CHECK(s.waits > 0);
+    }
+  }
+}
+
+TEST_CASE("emulated device: device ranks resumed from a checkpoint end where an uninterrupted run does") {
+  testing::tiny_model_options tiny = options_for(architecture::llama);
+  testing::temp_dir_guard dir("emulated-resume");
+  testing::write_tiny_model(dir / "model", tiny);
+  const model_config cfg = load_config(dir / "model");
+  const auto tokens = some_ids(2000, cfg.vocab_size, 29);
+
+  dist_train_options o = job(cfg, 2, 2, 4);
+  o.save_dir = dir / "straight";
+  const job_result straight = run_job(o, cfg, tokens, true);
+
+  o.save_dir.clear();
+  o.checkpoint_dir = dir / "ckpt";
+  o.checkpoint_every = 2;
+  o.steps = 2;
+  run_job(o, cfg, tokens, true);
+  o.steps = 4;
+  o.resume = true;
+  o.save_dir = dir / "resumed";
+  const job_result resumed = run_job(o, cfg, tokens, true);
+  REQUIRE(resumed.steps.size() == 2);
+  CHECK(resumed.steps.back().loss == straight.steps.back().loss);
+  CHECK(file_bytes(dir / "resumed" / "model.safetensors") == file_bytes(dir / "straight" / "model.safetensors"));
+}
