@@ -1,5 +1,6 @@
 // One rank of a pipeline x data-parallel training job (actors/train_job.hpp).
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <future>
 #include <map>
@@ -141,11 +142,33 @@ class rank_runtime {
  private:
   // ---- joining ------------------------------------------------------------------
 
+  /// Sends the join, again every second, until the roster comes (or
+  /// o_.timeout passes). Once: a join that reaches the coordinator's node
+  /// before its mailbox is published there is dropped ("no actor named
+  /// 'train-coord'"), which a rank started before rank 0 (torchrun style)
+  /// could hit. The coordinator takes the first join of each rank; later
+  /// copies stay filed unread.
+  remote_message join_until_roster() {
+    const auto body = encode_body(train_join{rank_, o_.layout.world(), node_.endpoint(), join_key(o_, cfg_)});
+    const auto deadline = std::chrono::steady_clock::now() + o_.timeout;
+    for (;;) {
+      comm_->send_coordinator(train_msg::join, body);
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      try {
+        return inbox_->take(train_key(train_msg::roster, 0, 0, 0), std::clamp(left, std::chrono::milliseconds(0),
+                                                                               std::chrono::milliseconds(1000)),
+                            "roster from the coordinator");
+      } catch (const train_error&) {
+        if (inbox_->failure()) throw;
+        if (std::chrono::steady_clock::now() >= deadline)
+          throw train_error("no roster from the coordinator within " + std::to_string(o_.timeout.count()) + " ms");
+      }
+    }
+  }
+
   void join(const std::string& coord) {
     comm_ = std::make_unique<train_comm>(node_, inbox_, rank_, std::vector<std::string>{}, coord, o_.timeout);
-    comm_->send_coordinator(train_msg::join, encode_body(train_join{rank_, o_.layout.world(), node_.endpoint(),
-                                                                    join_key(o_, cfg_)}));
-    remote_message r = inbox_->take(train_key(train_msg::roster, 0, 0, 0), o_.timeout, "roster from the coordinator");
+    remote_message r = join_until_roster();
     auto roster = decode_train_roster(r.body);
     if (!roster) throw train_error("bad roster from the coordinator: " + error_message(roster.error()));
     const int world = o_.layout.world();
