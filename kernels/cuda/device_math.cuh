@@ -1,6 +1,7 @@
 // kernels/cuda/device_math.cuh — device-side helpers shared by the .cu files:
 // element loads/stores for f32/bf16/f16 storage (math is always f32), warp
-// and block reductions, and the launch geometry of grid-stride loops.
+// and block reductions (device_reduce.cuh), and the launch geometry of
+// grid-stride loops.
 // Included only by .cu files (nvcc, C++17).
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/device_reduce.cuh"
 
 namespace corolla::cuda {
 
@@ -41,51 +43,6 @@ __device__ __forceinline__ void store_f32(__nv_bfloat16* p, std::int64_t i, floa
 }
 __device__ __forceinline__ void store_f32(__half* p, std::int64_t i, float v) {
   p[i] = __float2half_rn(v);
-}
-
-/// Sum over the 32 lanes of a warp; every lane gets the result.
-template <class T>
-__device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-/// Maximum over the 32 lanes of a warp; every lane gets the result.
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
-/// thread gets the result. Contains __syncthreads: call from all threads.
-template <class T>
-__device__ T block_sum(T v) {
-  __shared__ T partial[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warps = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  T total = T(0);
-  for (int w = 0; w < warps; ++w) total += partial[w];  // same order in every thread
-  return total;
-}
-
-/// Maximum over the block; same rules as block_sum.
-__device__ inline float block_max(float v) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warps = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float m = partial[0];
-  for (int w = 1; w < warps; ++w) m = fmaxf(m, partial[w]);
-  return m;
 }
 
 /// Lets `kernel` launch with `bytes` of dynamic shared memory: above 48 KiB

@@ -10,7 +10,10 @@
 //    barriers. Full masks only.
 //  * Dynamic shared memory (COROLLA_BLOCK_SMEM): a fresh buffer of exactly
 //    the launch's size per block, filled with NaN bytes, so a read of
-//    anything not written shows up in the results.
+//    anything not written shows up in the results. Static __shared__
+//    arrays become function-local statics, which the threads of a block
+//    share (blocks run one after another); they keep what the previous
+//    block left instead of starting as NaN.
 //  * bf16: __nv_bfloat16 and __nv_bfloat162 with round-to-nearest-even
 //    conversion (__floats2bfloat162_rn); float4 with its 16-byte alignment
 //    checked on every copy; uint4, __uint_as_float, and __ldg / __ldcs as
@@ -53,6 +56,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(x)
 #define __align__(n) alignas(n)
+#define __shared__ static
 #define __CUDA_ARCH__ 800
 #define COROLLA_BLOCK_SMEM(name) unsigned char* const name = ::corolla::emulated::block_smem()
 

@@ -1,0 +1,104 @@
+// tests/cuda_emulated/attention_paged.cpp — attention against the paged KV
+// cache (kernels/cuda/attention_paged_kernels.cuh: the split-key kernel and
+// the combine kernel of flash-decoding), compiled as host C++ against
+// cuda_emulation.hpp and launched as attention.cu launches them, against the
+// CPU backend's attention_cached on the same pages. Covers one chunk of keys
+// (the split kernel writes the output itself) and several (partial states,
+// then the combine kernel), chunks past a row's last key, grouped-query
+// heads, and every register width (head sizes 32, 80, 64 and 256: one, four
+// with idle lanes, two and eight floats per lane). tests/kernels/ checks the
+// same on a GPU.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+// Last: the emulation's macros must reach only the kernels.
+#include "tests/cuda_emulated/cuda_emulation.hpp"
+#include "kernels/cuda/attention_paged_kernels.cuh"
+
+using namespace corolla;
+
+namespace {
+
+/// Runs attention.cu's launch sequence for `p` under the emulation.
+template <int C>
+void launch_paged(cuda::paged_params p) {
+  const std::int64_t heads = p.rows * p.g.hq;
+  emulated::launch(&cuda::attention_paged_split_kernel<C>,
+                   {static_cast<unsigned>(heads), static_cast<unsigned>(p.splits), cuda::split_warps * 32, 0}, p);
+  if (p.splits > 1) {
+    constexpr unsigned warps_per_block = 4;  // attention.cu's attn_threads / 32
+    emulated::launch(&cuda::attention_paged_combine_kernel<C>,
+                     {static_cast<unsigned>((heads + warps_per_block - 1) / warps_per_block), 1, warps_per_block * 32, 0},
+                     p);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu's attention_cached") {
+  kernel_test::rng r(733);
+  struct shape {
+    int hq, hkv, dh;
+    std::int64_t tq, start_pos, page_tokens;
+  };
+  for (const shape& c : {shape{4, 2, 64, 1, 150, 16}, shape{2, 2, 80, 3, 40, 8}, shape{8, 1, 32, 2, 200, 32},
+                         shape{2, 1, 256, 1, 70, 16}, shape{4, 4, 64, 5, 60, 16}}) {
+    CAPTURE(c.hq);
+    CAPTURE(c.hkv);
+    CAPTURE(c.dh);
+    CAPTURE(c.tq);
+    CAPTURE(c.start_pos);
+    const std::int64_t keys = c.start_pos + c.tq, kw = std::int64_t{c.hkv} * c.dh, qw = std::int64_t{c.hq} * c.dh;
+    const std::int64_t pages = (keys + c.page_tokens - 1) / c.page_tokens;
+    std::vector<Tensor> k_store, v_store;
+    std::vector<const float*> k_pages, v_pages;
+    for (std::int64_t pg = 0; pg < pages; ++pg) {
+      k_store.push_back(kernel_test::random_tensor({c.page_tokens, kw}, r));
+      v_store.push_back(kernel_test::random_tensor({c.page_tokens, kw}, r));
+      k_pages.push_back(k_store.back().data<float>());
+      v_pages.push_back(v_store.back().data<float>());
+    }
+    const Tensor q = kernel_test::random_tensor({c.tq, qw}, r);
+    attention_shape s;
+    s.n_heads = c.hq;
+    s.n_kv_heads = c.hkv;
+    s.head_dim = c.dh;
+    Tensor want = Tensor::empty({c.tq, qw});
+    const kv_pages_view view{std::span<const float* const>(k_pages), std::span<const float* const>(v_pages),
+                             c.page_tokens, keys};
+    cpu_backend().attention_cached(q, view, c.start_pos, s, want);
+
+    cuda::paged_params p;
+    p.q = q.data<float>();
+    std::vector<float> got(static_cast<std::size_t>(c.tq * qw), NAN);
+    p.out = got.data();
+    p.k_pages = k_pages.data();
+    p.v_pages = v_pages.data();
+    p.page_tokens = c.page_tokens;
+    p.start_pos = c.start_pos;
+    p.rows = c.tq;
+    p.splits = cuda::attention_cached_splits(c.tq, c.start_pos);
+    p.g = {c.hq, c.hkv, c.dh, c.hq / c.hkv, qw, kw, 1.0f / std::sqrt(static_cast<float>(c.dh))};
+    const std::int64_t heads = c.tq * c.hq;
+    std::vector<float> scratch(static_cast<std::size_t>(heads * p.splits * (c.dh + 2)), NAN);
+    p.part_acc = scratch.data();
+    p.part_ml = scratch.data() + heads * p.splits * c.dh;
+    if (c.dh <= 32)
+      launch_paged<1>(p);
+    else if (c.dh <= 64)
+      launch_paged<2>(p);
+    else if (c.dh <= 128)
+      launch_paged<4>(p);
+    else
+      launch_paged<8>(p);
+    std::vector<double> g(got.begin(), got.end());
+    kernel_test::check_close(g, kernel_test::to_double(want), 1e-5, 1e-5,
+                             "paged attention, " + std::to_string(p.splits) + " key chunk(s)");
+  }
+}
