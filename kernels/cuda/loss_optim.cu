@@ -2,63 +2,10 @@
 // the AdamW step (elementwise). Formulas as in kernels/cpu/cpu_loss_optim.cpp.
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/loss_optim_kernels.cuh"
 #include "kernels/cuda/loss_optim.hpp"
 
 namespace corolla::cuda {
-namespace {
-
-constexpr int ce_threads = 256;
-
-/// Three passes over the row: max, sum of exp (f64, like the CPU), then the
-/// gradient. Every read of a logit happens before the block's first write
-/// (block reductions separate the passes), so dlogits may alias logits; in
-/// the last pass each thread reads its element before overwriting it.
-__global__ void cross_entropy_kernel(const float* logits, const std::int32_t* targets,
-                                     float* losses, float* dlogits, float grad_scale,
-                                     std::int64_t vocab) {
-  const std::int64_t row = blockIdx.x;
-  const float* l = logits + row * vocab;
-  float* d = dlogits ? dlogits + row * vocab : nullptr;
-  const std::int32_t t = targets[row];
-  if (t == -1) {  // uniform per block: no thread reaches a reduction
-    if (threadIdx.x == 0) losses[row] = 0.0f;
-    if (d)
-      for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) d[i] = 0.0f;
-    return;
-  }
-  const float target_logit = l[t];
-  float mx = -INFINITY;
-  for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, l[i]);
-  mx = block_max(mx);
-  double sum = 0.0;
-  for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(l[i] - mx);
-  sum = block_sum(sum);
-  // loss = logsumexp - l[t] = (max - l[t]) + log(sum exp(l - max))
-  if (threadIdx.x == 0) losses[row] = (mx - target_logit) + static_cast<float>(log(sum));
-  if (d) {
-    const float f = static_cast<float>(grad_scale / sum);
-    for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const float g = expf(l[i] - mx) * f;
-      d[i] = i == t ? g - grad_scale : g;
-    }
-  }
-}
-
-__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v,
-                             adamw_step_scalars k, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const float g = grads[i];
-    const float mi = k.beta1 * m[i] + k.one_minus_b1 * g;
-    const float vi = k.beta2 * v[i] + k.one_minus_b2 * g * g;
-    const float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;
-    params[i] = params[i] * k.decay - k.step_size * (mi / denom);
-    m[i] = mi;
-    v[i] = vi;
-  }
-}
-
-}  // namespace
 
 void cross_entropy(stream_t s, const float* logits, const std::int32_t* targets, float* losses,
                    float* dlogits, float grad_scale, std::int64_t n, std::int64_t vocab) {

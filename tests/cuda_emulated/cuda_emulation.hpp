@@ -3,11 +3,12 @@
 // blocks run one after another, and what the kernels use is defined here.
 //
 // What is emulated, and how strictly:
-//  * threadIdx, blockIdx, gridDim, blockDim: per thread; blocks of any
-//    whole number of warps (launch_config).
+//  * threadIdx, blockIdx, gridDim, blockDim: per thread; 1-D or 2-D blocks
+//    of any whole number of warps (launch_config), warps formed from the
+//    linear thread index (x fastest), as on the GPU.
 //  * __syncthreads, __syncwarp: barriers of the block and of the warp;
-//    __shfl_xor_sync (float): through a per-warp array between two warp
-//    barriers. Full masks only.
+//    __shfl_xor_sync (float, double): through a per-warp array between two
+//    warp barriers. Full masks only.
 //  * Dynamic shared memory (COROLLA_BLOCK_SMEM): a fresh buffer of exactly
 //    the launch's size per block, filled with NaN bytes, so a read of
 //    anything not written shows up in the results. Static __shared__
@@ -82,7 +83,7 @@ struct block_state {
   }
   std::barrier<> block;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<float> shuffle;  ///< one slot per thread
+  std::vector<double> shuffle;  ///< one slot per thread (a float or a double)
   unsigned char* smem = nullptr;
   std::size_t smem_bytes = 0;
 };
@@ -98,34 +99,39 @@ inline void check_in_smem(const void* p, std::size_t bytes, const char* what) {
                            static_cast<long long>(a - base), current->smem_bytes);
 }
 
-/// The launch configuration: grid (x, y), threads per block (a multiple of
-/// 32), dynamic shared memory.
+/// The launch configuration: grid (x, y), threads per block along x,
+/// dynamic shared memory, threads per block along y (x * y a multiple of 32).
 struct launch_config {
   unsigned grid_x = 1, grid_y = 1, threads = 128;
   std::size_t smem_bytes = 0;
+  unsigned block_y = 1;
 };
+
+/// The calling thread's index in its block, x fastest.
+inline unsigned linear_thread() { return threadIdx.x + threadIdx.y * blockDim.x; }
 
 /// Runs kernel(args...) over the grid, one block at a time, each block's
 /// threads as std::threads.
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), const launch_config& cfg, const Args&... args) {
-  if (cfg.threads == 0 || cfg.threads % 32 != 0)
-    COROLLA_EMULATION_FAIL("blocks of %u threads: the emulation runs whole warps", cfg.threads);
+  const unsigned block_threads = cfg.threads * cfg.block_y;
+  if (block_threads == 0 || block_threads % 32 != 0)
+    COROLLA_EMULATION_FAIL("blocks of %u threads: the emulation runs whole warps", block_threads);
   for (unsigned by = 0; by < cfg.grid_y; ++by)
     for (unsigned bx = 0; bx < cfg.grid_x; ++bx) {
       std::vector<unsigned char> smem(cfg.smem_bytes + 128, 0xff);  // 0xffffffff: a NaN
-      block_state state(cfg.threads);
+      block_state state(block_threads);
       state.smem = smem.data() + (128 - reinterpret_cast<std::uintptr_t>(smem.data()) % 128) % 128;
       state.smem_bytes = cfg.smem_bytes;
       current = &state;
       std::vector<std::thread> threads;
-      threads.reserve(cfg.threads);
-      for (unsigned t = 0; t < cfg.threads; ++t)
+      threads.reserve(block_threads);
+      for (unsigned t = 0; t < block_threads; ++t)
         threads.emplace_back([=, &args...] {
-          threadIdx = {t, 0, 0};
+          threadIdx = {t % cfg.threads, t / cfg.threads, 0};
           blockIdx = {bx, by, 0};
           gridDim = {cfg.grid_x, cfg.grid_y, 1};
-          blockDim = {cfg.threads, 1, 1};
+          blockDim = {cfg.threads, cfg.block_y, 1};
           kernel(args...);
         });
       for (auto& t : threads) t.join();
@@ -138,15 +144,17 @@ void launch(void (*kernel)(Params...), const launch_config& cfg, const Args&... 
 inline void __syncthreads() { corolla::emulated::current->block.arrive_and_wait(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("__syncwarp with mask %x: only full warps", mask);
-  corolla::emulated::current->warps[threadIdx.x >> 5]->arrive_and_wait();
+  corolla::emulated::current->warps[corolla::emulated::linear_thread() >> 5]->arrive_and_wait();
 }
-inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "the emulation shuffles floats and doubles");
   if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("__shfl_xor_sync with mask %x: only full warps", mask);
   auto& s = *corolla::emulated::current;
-  const unsigned w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  s.shuffle[threadIdx.x] = v;
+  const unsigned me = corolla::emulated::linear_thread(), w = me >> 5, lane = me & 31;
+  s.shuffle[me] = v;
   s.warps[w]->arrive_and_wait();
-  const float r = s.shuffle[w * 32 + (lane ^ (static_cast<unsigned>(lane_mask) & 31u))];
+  const T r = static_cast<T>(s.shuffle[w * 32 + (lane ^ (static_cast<unsigned>(lane_mask) & 31u))]);
   s.warps[w]->arrive_and_wait();
   return r;
 }
@@ -282,7 +290,7 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
   if (reinterpret_cast<std::uintptr_t>(p) % 32) COROLLA_EMULATION_FAIL("store_matrix_sync: pointer not 32-byte aligned");
   if (ldm % 4) COROLLA_EMULATION_FAIL("store_matrix_sync: f32 ldm %u is not a multiple of 4", ldm);
   corolla::emulated::check_in_smem(p, (15 * std::size_t{ldm} + 16) * 4, "store_matrix_sync");
-  for (unsigned e = threadIdx.x & 31; e < 256; e += 32) {
+  for (unsigned e = corolla::emulated::linear_thread() & 31; e < 256; e += 32) {
     const unsigned r = e / 16, c = e % 16;
     (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.m[r][c];
   }

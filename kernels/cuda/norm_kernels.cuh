@@ -1,0 +1,136 @@
+// kernels/cuda/norm_kernels.cuh — the RMSNorm and LayerNorm kernels (norm.cu
+// says how they work). Included by norm.cu, and by tests/cuda_emulated/,
+// which runs them on the CPU against an emulation of the CUDA features they
+// use.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/device_reduce.cuh"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int row_threads = 256;
+
+__global__ void rmsnorm_forward_kernel(const float* x, const float* w, float eps, float* y,
+                                       float* rstd, std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  float* yr = y + row * d;
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += xr[i] * xr[i];
+  s = block_sum(s);
+  const float rs = 1.0f / sqrtf(s / static_cast<float>(d) + eps);
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * rs * w[i];
+  if (rstd && threadIdx.x == 0) rstd[row] = rs;
+}
+
+/// sum = a + b, y = rmsnorm(sum): the rmsnorm kernel on the sum it writes.
+__global__ void add_rmsnorm_kernel(const float* a, const float* b, float* sum, const float* w, float eps,
+                                   float* y, std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* ar = a + row * d;
+  const float* br = b + row * d;
+  float* sr = sum + row * d;
+  float* yr = y + row * d;
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = ar[i] + br[i];
+    sr[i] = v;
+    s += v * v;
+  }
+  s = block_sum(s);
+  const float rs = 1.0f / sqrtf(s / static_cast<float>(d) + eps);
+  // Each thread reads back only the elements it wrote.
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = sr[i] * rs * w[i];
+}
+
+// dx_j = r * (w_j dy_j - x_j * r^2 * mean_i(w_i dy_i x_i)),  r = rstd
+__global__ void rmsnorm_backward_dx_kernel(const float* x, const float* w, const float* rstd,
+                                           const float* dy, float* dx, std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  const float* g = dy + row * d;
+  float* o = dx + row * d;
+  const float r = rstd[row];
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += w[i] * g[i] * xr[i];
+  s = block_sum(s);
+  const float c = r * r * s / static_cast<float>(d);
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = r * (w[i] * g[i] - xr[i] * c);
+}
+
+// dw_j += sum_rows dy_j x_j r
+__global__ void rmsnorm_backward_dw_kernel(const float* x, const float* rstd, const float* dy,
+                                           float* dw, std::int64_t n, std::int64_t d) {
+  float total[1];
+  auto value = [=](std::int64_t r, std::int64_t c, float* s) { s[0] += dy[r * d + c] * x[r * d + c] * rstd[r]; };
+  if (column_sums<1>(n, d, value, total)) dw[std::int64_t{blockIdx.x} * column_tile + threadIdx.x] += total[0];
+}
+
+__global__ void layernorm_forward_kernel(const float* x, const float* w, const float* b,
+                                         float eps, float* y, float* mean, float* rstd,
+                                         std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  float* yr = y + row * d;
+  const float inv_d = 1.0f / static_cast<float>(d);
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += xr[i];
+  const float m = block_sum(s) * inv_d;
+  // two-pass variance: no cancellation for rows with a large mean
+  float v = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) v += (xr[i] - m) * (xr[i] - m);
+  v = block_sum(v);
+  const float rs = 1.0f / sqrtf(v * inv_d + eps);
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+  if (threadIdx.x == 0) {
+    if (mean) mean[row] = m;
+    if (rstd) rstd[row] = rs;
+  }
+}
+
+// With xhat = (x - mean) * r and g = dy * w:
+// dx = r * (g - mean(g) - xhat * mean(g * xhat))
+__global__ void layernorm_backward_dx_kernel(const float* x, const float* w, const float* mean,
+                                             const float* rstd, const float* dy, float* dx,
+                                             std::int64_t d) {
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  const float* g = dy + row * d;
+  float* o = dx + row * d;
+  const float m = mean[row], r = rstd[row];
+  const float inv_d = 1.0f / static_cast<float>(d);
+  float sg = 0.0f, sgx = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float gi = g[i] * w[i];
+    sg += gi;
+    sgx += gi * (xr[i] - m) * r;
+  }
+  sg = block_sum(sg);
+  sgx = block_sum(sgx);
+  const float mg = sg * inv_d, mgx = sgx * inv_d;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    o[i] = r * (g[i] * w[i] - mg - (xr[i] - m) * r * mgx);
+}
+
+// dw += dy * xhat, db += dy, summed over rows
+__global__ void layernorm_backward_dwdb_kernel(const float* x, const float* mean,
+                                               const float* rstd, const float* dy, float* dw,
+                                               float* db, std::int64_t n, std::int64_t d) {
+  float total[2];
+  auto value = [=](std::int64_t r, std::int64_t c, float* s) {
+    const float g = dy[r * d + c];
+    s[0] += g * (x[r * d + c] - mean[r]) * rstd[r];
+    s[1] += g;
+  };
+  if (!column_sums<2>(n, d, value, total)) return;
+  const std::int64_t c = std::int64_t{blockIdx.x} * column_tile + threadIdx.x;
+  dw[c] += total[0];
+  db[c] += total[1];
+}
+
+}  // namespace
+}  // namespace corolla::cuda

@@ -1,0 +1,80 @@
+// kernels/cuda/rope_kernels.cuh — the RoPE and RoPE + KV-append kernels
+// (rope.cu says how the angles are computed). Included by rope.cu, and by
+// tests/cuda_emulated/, which runs them on the CPU against an emulation of
+// the CUDA features they use.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/device_reduce.cuh"
+
+namespace corolla::cuda {
+namespace {
+
+/// cos and sin of position `pos` for pair i of a head.
+__device__ __forceinline__ void rope_angle(std::int32_t pos, int i, int head_dim, double theta, float& c,
+                                           float& sn) {
+  const double angle = static_cast<double>(pos) * pow(theta, -2.0 * i / static_cast<double>(head_dim));
+  c = static_cast<float>(cos(angle));
+  sn = static_cast<float>(sin(angle));
+}
+
+/// One thread per (row, head, i < head_dim/2).
+__global__ void rope_kernel(float* x, const std::int32_t* positions, std::int64_t n, int heads,
+                            int head_dim, double theta, float sign) {
+  const int half = head_dim / 2;
+  const std::int64_t total = n * heads * half;
+  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < total;
+       k += std::int64_t{gridDim.x} * blockDim.x) {
+    const int i = static_cast<int>(k % half);
+    const std::int64_t rh = k / half;  // row * heads + head
+    const std::int64_t row = rh / heads;
+    float c, sn;
+    rope_angle(positions[row], i, head_dim, theta, c, sn);
+    sn *= sign;
+    float* x1 = x + rh * head_dim;  // row * (heads * head_dim) + head * head_dim
+    float* x2 = x1 + half;
+    const float a = x1[i], b = x2[i];
+    x1[i] = a * c - b * sn;
+    x2[i] = b * c + a * sn;
+  }
+}
+
+/// One thread per q pair (rotated in place), per k pair (rotated into
+/// k_out, or copied) and per v element (copied into v_out).
+__global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, const std::int32_t* positions,
+                                     std::int64_t n, int hq, int hkv, int head_dim, double theta, bool rotate,
+                                     float* k_out, float* v_out) {
+  const int half = head_dim / 2;
+  const std::int64_t q_items = rotate ? n * hq * half : 0, k_items = n * hkv * half;
+  const std::int64_t total = q_items + k_items + n * hkv * head_dim;
+  for (std::int64_t t = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; t < total;
+       t += std::int64_t{gridDim.x} * blockDim.x) {
+    if (t >= q_items + k_items) {
+      const std::int64_t e = t - q_items - k_items;
+      v_out[e] = v[e];
+      continue;
+    }
+    const bool is_q = t < q_items;
+    const std::int64_t item = is_q ? t : t - q_items;
+    const int heads = is_q ? hq : hkv;
+    const int i = static_cast<int>(item % half);
+    const std::int64_t rh = item / half;  // row * heads + head
+    const float* src = (is_q ? q : k) + rh * head_dim;
+    float* dst = (is_q ? q : k_out) + rh * head_dim;
+    const float a = src[i], b = src[i + half];
+    if (!rotate) {
+      dst[i] = a;
+      dst[i + half] = b;
+      continue;
+    }
+    float c, sn;
+    rope_angle(positions[rh / heads], i, head_dim, theta, c, sn);
+    dst[i] = a * c - b * sn;
+    dst[i + half] = b * c + a * sn;
+  }
+}
+
+}  // namespace
+}  // namespace corolla::cuda

@@ -1,0 +1,177 @@
+// tests/cuda_emulated/training_kernels.cpp — the kernels every training step
+// runs besides GEMM and attention (kernels/cuda/norm_kernels.cuh,
+// loss_optim_kernels.cuh, rope_kernels.cuh), compiled as host C++ against
+// cuda_emulation.hpp and launched as their .cu launchers launch them,
+// against the CPU backend: RMSNorm and LayerNorm forward (256- and
+// 1024-thread rows) and backward (the 32 x 32 column sums of the parameter
+// gradients, accumulated, with a partial last tile), the fused add + RMSNorm, softmax cross-entropy
+// (ignored rows, dlogits aliasing the logits), AdamW, RoPE and its inverse,
+// and RoPE + KV append. Only summation order differs from the CPU (rtol
+// 1e-5); tests/kernels/cuda_ops.cpp checks the same on a GPU.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+// Last: the emulation's macros must reach only the kernels.
+#include "tests/cuda_emulated/cuda_emulation.hpp"
+#include "kernels/cuda/loss_optim_kernels.cuh"
+#include "kernels/cuda/norm_kernels.cuh"
+#include "kernels/cuda/rope_kernels.cuh"
+
+using namespace corolla;
+using kernel_test::check_close;
+using kernel_test::random_tensor;
+using kernel_test::to_double;
+
+namespace {
+
+constexpr double rel_tol = 1e-5, abs_tol = 1e-6;
+
+float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
+
+emulated::launch_config rows_of(std::int64_t n, unsigned threads) { return {static_cast<unsigned>(n), 1, threads, 0}; }
+emulated::launch_config column_blocks(std::int64_t d) {
+  return {cuda::column_tiles(d), 1, cuda::column_tile, 0, cuda::column_tile};
+}
+
+}  // namespace
+
+TEST_CASE("emulated RMSNorm and LayerNorm kernels match the cpu, forward and backward") {
+  kernel_test::rng r(907);
+  const std::int64_t n = 3;
+  for (const std::int64_t d : {std::int64_t{80}, std::int64_t{1100}}) {  // fewer and more columns than threads
+    CAPTURE(d);
+    const Tensor x = random_tensor({n, d}, r), b2 = random_tensor({n, d}, r), w = random_tensor({d}, r, 0.5f, 1.5f);
+    const Tensor bias = random_tensor({d}, r);
+    for (const unsigned threads : {256u, 1024u}) {
+      CAPTURE(threads);
+      Tensor y = Tensor::empty({n, d}), rstd = Tensor::empty({n}), want_y = Tensor::empty({n, d}),
+             want_rstd = Tensor::empty({n});
+      cpu_backend().rmsnorm(x, w, 1e-5f, want_y, &want_rstd);
+      emulated::launch(&cuda::rmsnorm_forward_kernel, rows_of(n, threads), f(x), f(w), 1e-5f, f(y), f(rstd), d);
+      check_close(y, to_double(want_y), rel_tol, abs_tol, "rmsnorm y");
+      check_close(rstd, to_double(want_rstd), rel_tol, abs_tol, "rmsnorm rstd");
+
+      Tensor sum = Tensor::empty({n, d}), want_sum = Tensor::empty({n, d});
+      cpu_backend().add_rmsnorm(x, b2, want_sum, w, 1e-5f, want_y);
+      emulated::launch(&cuda::add_rmsnorm_kernel, rows_of(n, threads), f(x), f(b2), f(sum), f(w), 1e-5f, f(y), d);
+      check_close(sum, to_double(want_sum), 0, 0, "add_rmsnorm sum");
+      check_close(y, to_double(want_y), rel_tol, abs_tol, "add_rmsnorm y");
+
+      Tensor mean = Tensor::empty({n}), want_mean = Tensor::empty({n});
+      cpu_backend().layernorm(x, w, bias, 1e-5f, want_y, &want_mean, &want_rstd);
+      emulated::launch(&cuda::layernorm_forward_kernel, rows_of(n, threads), f(x), f(w), f(bias), 1e-5f, f(y), f(mean),
+                       f(rstd), d);
+      check_close(y, to_double(want_y), rel_tol, abs_tol, "layernorm y");
+      check_close(mean, to_double(want_mean), rel_tol, abs_tol, "layernorm mean");
+      check_close(rstd, to_double(want_rstd), rel_tol, abs_tol, "layernorm rstd");
+    }
+
+    // Backward: dx overwritten, the parameter gradients added to what is
+    // there. Narrow rows only (every column tile is a 1024-thread block, and
+    // the emulation starts a thread per CUDA thread), but more rows than a
+    // tile's 32 threads along y; dx of the first rows (a block each).
+    if (d > 256) continue;
+    const std::int64_t rows = 70, dx_rows = 3;
+    const Tensor xb = random_tensor({rows, d}, r), dyb = random_tensor({rows, d}, r);
+    Tensor rstd = Tensor::empty({rows}), mean = Tensor::empty({rows}), y = Tensor::empty({rows, d});
+    auto first_rows = [&](const Tensor& t) {
+      std::vector<double> v = to_double(t);
+      v.resize(static_cast<std::size_t>(dx_rows * d));
+      return v;
+    };
+    cpu_backend().rmsnorm(xb, w, 1e-5f, y, &rstd);
+    Tensor dx = Tensor::empty({dx_rows, d}), want_dx = Tensor::empty({rows, d});
+    Tensor dw = kernel_test::filled({d}, 0.25f), want_dw = kernel_test::filled({d}, 0.25f);
+    cpu_backend().rmsnorm_backward(xb, w, rstd, dyb, want_dx, want_dw);
+    emulated::launch(&cuda::rmsnorm_backward_dx_kernel, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(rstd),
+                     f(dyb), f(dx), d);
+    emulated::launch(&cuda::rmsnorm_backward_dw_kernel, column_blocks(d), f(xb), f(rstd), f(dyb), f(dw), rows, d);
+    check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "rmsnorm dx");
+    check_close(dw, to_double(want_dw), rel_tol, abs_tol, "rmsnorm dw");
+
+    cpu_backend().layernorm(xb, w, bias, 1e-5f, y, &mean, &rstd);
+    Tensor db = kernel_test::filled({d}, -0.5f), want_db = kernel_test::filled({d}, -0.5f);
+    dw = kernel_test::filled({d}, 0.25f);
+    want_dw = kernel_test::filled({d}, 0.25f);
+    cpu_backend().layernorm_backward(xb, w, mean, rstd, dyb, want_dx, want_dw, want_db);
+    emulated::launch(&cuda::layernorm_backward_dx_kernel, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(mean),
+                     f(rstd), f(dyb), f(dx), d);
+    emulated::launch(&cuda::layernorm_backward_dwdb_kernel, column_blocks(d), f(xb), f(mean), f(rstd), f(dyb), f(dw),
+                     f(db), rows, d);
+    check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "layernorm dx");
+    check_close(dw, to_double(want_dw), rel_tol, abs_tol, "layernorm dw");
+    check_close(db, to_double(want_db), rel_tol, abs_tol, "layernorm db");
+  }
+}
+
+TEST_CASE("emulated cross-entropy and AdamW kernels match the cpu") {
+  kernel_test::rng r(911);
+  const std::int64_t n = 4, vocab = 700;
+  const Tensor logits = random_tensor({n, vocab}, r, -4.0f, 4.0f);
+  const std::vector<std::int32_t> ids = {5, -1, 699, 0};  // -1: an ignored row
+  const Tensor targets = Tensor::from_i32(ids, {n});
+  Tensor want_losses = Tensor::empty({n}), want_d = Tensor::empty({n, vocab});
+  cpu_backend().cross_entropy(logits, targets, want_losses, &want_d, 0.25f);
+  // dlogits aliasing the logits, as the model's head does.
+  Tensor l = logits.clone(), losses = Tensor::empty({n});
+  emulated::launch(&cuda::cross_entropy_kernel, rows_of(n, cuda::ce_threads), f(l), targets.data<std::int32_t>(),
+                   f(losses), f(l), 0.25f, vocab);
+  check_close(losses, to_double(want_losses), rel_tol, abs_tol, "cross-entropy losses");
+  check_close(l, to_double(want_d), rel_tol, abs_tol, "cross-entropy dlogits");
+  // Without dlogits: only the losses.
+  Tensor untouched = logits.clone();
+  emulated::launch(&cuda::cross_entropy_kernel, rows_of(n, cuda::ce_threads), f(untouched),
+                   targets.data<std::int32_t>(), f(losses), static_cast<float*>(nullptr), 0.25f, vocab);
+  check_close(losses, to_double(want_losses), rel_tol, abs_tol, "cross-entropy losses without dlogits");
+  CHECK(kernel_test::same_values(untouched, logits));
+
+  const std::int64_t count = 1000;  // over two blocks of 256 threads: the grid-stride loop wraps
+  Tensor p = random_tensor({count}, r), g = random_tensor({count}, r), m = random_tensor({count}, r, -0.1f, 0.1f),
+         v = random_tensor({count}, r, 0.0f, 0.01f);
+  Tensor want_p = p.clone(), want_m = m.clone(), want_v = v.clone();
+  adamw_params hp;
+  hp.lr = 3e-3f;
+  hp.weight_decay = 0.1f;
+  cpu_backend().adamw(want_p, g, want_m, want_v, hp, 7);
+  emulated::launch(&cuda::adamw_kernel, {2, 1, 256, 0}, f(p), f(g), f(m), f(v), adamw_scalars_for(hp, 7), count);
+  check_close(p, to_double(want_p), rel_tol, abs_tol, "adamw params");
+  check_close(m, to_double(want_m), rel_tol, abs_tol, "adamw m");
+  check_close(v, to_double(want_v), rel_tol, abs_tol, "adamw v");
+}
+
+TEST_CASE("emulated RoPE and RoPE + KV-append kernels match the cpu") {
+  kernel_test::rng r(919);
+  const std::int64_t n = 5;
+  const int hq = 4, hkv = 2, dh = 16;
+  const std::vector<std::int32_t> pos = {0, 1, 7, 300, 4095};
+  const Tensor positions = Tensor::from_i32(pos, {n});
+  for (const bool inverse : {false, true}) {
+    CAPTURE(inverse);
+    const Tensor x = random_tensor({n, hq * dh}, r);
+    Tensor want = x.clone(), got = x.clone();
+    cpu_backend().rope(want, positions, hq, dh, 10000.0f, inverse);
+    emulated::launch(&cuda::rope_kernel, {3, 1, 64, 0}, f(got), positions.data<std::int32_t>(), n, hq, dh, 10000.0,
+                     inverse ? -1.0f : 1.0f);
+    check_close(got, to_double(want), rel_tol, abs_tol, "rope");
+  }
+  for (const bool rotate : {true, false}) {
+    CAPTURE(rotate);
+    const Tensor q = random_tensor({n, hq * dh}, r), k = random_tensor({n, hkv * dh}, r),
+                 v = random_tensor({n, hkv * dh}, r);
+    Tensor want_q = q.clone(), want_k = k.clone(), want_k_out = Tensor::empty({n, hkv * dh}),
+           want_v_out = Tensor::empty({n, hkv * dh});
+    cpu_backend().rope_store_kv(want_q, want_k, v, positions, hq, hkv, dh, 10000.0f, rotate, f(want_k_out),
+                                f(want_v_out));
+    Tensor got_q = q.clone(), k_out = kernel_test::filled({n, hkv * dh}, NAN), v_out = kernel_test::filled({n, hkv * dh}, NAN);
+    emulated::launch(&cuda::rope_store_kv_kernel, {4, 1, 64, 0}, f(got_q), f(k), f(v), positions.data<std::int32_t>(),
+                     n, hq, hkv, dh, 10000.0, rotate, f(k_out), f(v_out));
+    check_close(got_q, to_double(want_q), rel_tol, abs_tol, "rope_store_kv q");
+    check_close(k_out, to_double(want_k_out), rel_tol, abs_tol, "rope_store_kv k");
+    check_close(v_out, to_double(want_v_out), 0, 0, "rope_store_kv v");
+  }
+}
