@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/block_smem.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -48,12 +49,6 @@ struct layout {
     return static_cast<std::size_t>(tiles) * tile_bytes + stats_bytes + static_cast<std::size_t>(warps) * scratch_bytes;
   }
 };
-
-/// Declares the block's dynamic shared memory as `name` (the emulation
-/// defines it to a buffer of its own).
-#ifndef COROLLA_BLOCK_SMEM
-#define COROLLA_BLOCK_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#endif
 
 struct mma_args {
   const float *q, *k, *v, *lse, *dout, *delta;

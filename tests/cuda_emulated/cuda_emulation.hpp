@@ -7,8 +7,8 @@
 //    of any whole number of warps (launch_config), warps formed from the
 //    linear thread index (x fastest), as on the GPU.
 //  * __syncthreads, __syncwarp: barriers of the block and of the warp;
-//    __shfl_xor_sync (float, double): through a per-warp array between two
-//    warp barriers. Full masks only.
+//    __shfl_xor_sync and __shfl_sync (float, double): through a per-warp
+//    array between two warp barriers. Full masks only.
 //  * Dynamic shared memory (COROLLA_BLOCK_SMEM): a fresh buffer of exactly
 //    the launch's size per block, filled with NaN bytes, so a read of
 //    anything not written shows up in the results. Static __shared__
@@ -146,17 +146,31 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("__syncwarp with mask %x: only full warps", mask);
   corolla::emulated::current->warps[corolla::emulated::linear_thread() >> 5]->arrive_and_wait();
 }
-template <class T>
-T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+namespace corolla::emulated {
+/// What lane source(lane) of the calling warp passed as `v`.
+template <class T, class Source>
+T shuffle(unsigned mask, T v, Source source, const char* what) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "the emulation shuffles floats and doubles");
-  if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("__shfl_xor_sync with mask %x: only full warps", mask);
-  auto& s = *corolla::emulated::current;
-  const unsigned me = corolla::emulated::linear_thread(), w = me >> 5, lane = me & 31;
+  if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("%s with mask %x: only full warps", what, mask);
+  auto& s = *current;
+  const unsigned me = linear_thread(), w = me >> 5, lane = me & 31;
   s.shuffle[me] = v;
   s.warps[w]->arrive_and_wait();
-  const T r = static_cast<T>(s.shuffle[w * 32 + (lane ^ (static_cast<unsigned>(lane_mask) & 31u))]);
+  const T r = static_cast<T>(s.shuffle[w * 32 + (source(lane) & 31u)]);
   s.warps[w]->arrive_and_wait();
   return r;
+}
+}  // namespace corolla::emulated
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  return corolla::emulated::shuffle(
+      mask, v, [=](unsigned lane) { return lane ^ static_cast<unsigned>(lane_mask); }, "__shfl_xor_sync");
+}
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane) {
+  return corolla::emulated::shuffle(
+      mask, v, [=](unsigned) { return static_cast<unsigned>(src_lane); }, "__shfl_sync");
 }
 
 // ---- vector types and bf16 -------------------------------------------------------
