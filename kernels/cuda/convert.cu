@@ -2,19 +2,10 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/convert.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/convert_kernels.cuh"
 #include "kernels/cuda/dispatch.cuh"
 
 namespace corolla::cuda {
-namespace {
-
-template <class Src, class Dst>
-__global__ void convert_kernel(const Src* src, Dst* dst, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    store_f32(dst, i, load_f32(src, i));
-}
-
-}  // namespace
 
 void convert(stream_t s, const void* src, elem from, void* dst, elem to, std::int64_t n) {
   if (n <= 0) return;

@@ -1,7 +1,7 @@
 // kernels/cuda/device_math.cuh — device-side helpers shared by the .cu files:
-// element loads/stores for f32/bf16/f16 storage (math is always f32), warp
-// and block reductions (device_reduce.cuh), and the launch geometry of
-// grid-stride loops.
+// element loads/stores for f32/bf16/f16 storage (device_elem.cuh; math is
+// always f32), warp, block and column reductions (device_reduce.cuh), the
+// launch geometry of grid-stride loops, and allow_smem.
 // Included only by .cu files (nvcc, C++17).
 #pragma once
 
@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
 
 namespace corolla::cuda {
@@ -27,22 +28,6 @@ inline unsigned grid_for(std::int64_t n, int threads = elementwise_threads) {
   if (blocks > 65535LL * 8) blocks = 65535LL * 8;
   if (blocks < 1) blocks = 1;
   return static_cast<unsigned>(blocks);
-}
-
-__device__ __forceinline__ float load_f32(const float* p, std::int64_t i) { return p[i]; }
-__device__ __forceinline__ float load_f32(const __nv_bfloat16* p, std::int64_t i) {
-  return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ float load_f32(const __half* p, std::int64_t i) {
-  return __half2float(p[i]);
-}
-
-__device__ __forceinline__ void store_f32(float* p, std::int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store_f32(__nv_bfloat16* p, std::int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-__device__ __forceinline__ void store_f32(__half* p, std::int64_t i, float v) {
-  p[i] = __float2half_rn(v);
 }
 
 /// Lets `kernel` launch with `bytes` of dynamic shared memory: above 48 KiB

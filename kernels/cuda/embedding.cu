@@ -1,32 +1,11 @@
 // kernels/cuda/embedding.cu — table gathers and their scatter-add backward.
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/embedding_kernels.cuh"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/embedding.hpp"
 
 namespace corolla::cuda {
-namespace {
-
-template <class T>
-__global__ void embedding_forward_kernel(const std::int32_t* ids, const T* table, T* out,
-                                         std::int64_t n, std::int64_t d) {
-  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < n * d;
-       k += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t i = k / d, c = k % d;
-    out[k] = table[static_cast<std::int64_t>(ids[i]) * d + c];
-  }
-}
-
-__global__ void embedding_backward_kernel(const std::int32_t* ids, const float* dout,
-                                          float* dtable, std::int64_t n, std::int64_t d) {
-  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < n * d;
-       k += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t i = k / d, c = k % d;
-    atomicAdd(dtable + static_cast<std::int64_t>(ids[i]) * d + c, dout[k]);
-  }
-}
-
-}  // namespace
 
 void embedding_forward(stream_t s, elem t, const std::int32_t* ids, const void* table, void* out,
                        std::int64_t n, std::int64_t d) {

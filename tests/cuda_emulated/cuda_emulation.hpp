@@ -15,8 +15,11 @@
 //    arrays become function-local statics, which the threads of a block
 //    share (blocks run one after another); they keep what the previous
 //    block left instead of starting as NaN.
-//  * bf16: __nv_bfloat16 and __nv_bfloat162 with round-to-nearest-even
-//    conversion (__floats2bfloat162_rn); float4 with its 16-byte alignment
+//  * bf16 and f16: __nv_bfloat16, __nv_bfloat162 and __half with
+//    round-to-nearest-even conversions (__floats2bfloat162_rn,
+//    __float2bfloat16_rn, __float2half_rn, subnormals included) and their
+//    widening; __fdiv_rn and __fmul_rn as host IEEE arithmetic; atomicAdd
+//    on floats as a real atomic (std::atomic_ref); float4 with its 16-byte alignment
 //    checked on every copy; uint4, __uint_as_float, and __ldg / __ldcs as
 //    plain loads with their alignment checked.
 //  * nvcuda::wmma for 16x16x16 bf16 x bf16 -> f32: every lane's fragment
@@ -40,6 +43,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <barrier>
 #include <memory>
 #include <cmath>
@@ -251,6 +255,63 @@ inline float to_float(__nv_bfloat16 h) {
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
   return {{corolla::emulated::bf16_bits(a)}, {corolla::emulated::bf16_bits(b)}};
 }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {corolla::emulated::bf16_bits(f)}; }
+inline float __bfloat162float(__nv_bfloat16 h) { return corolla::emulated::to_float(h); }
+
+struct __half {
+  std::uint16_t bits;
+};
+
+namespace corolla::emulated {
+/// f32 -> f16 rounding to nearest even (subnormals, overflow to infinity,
+/// NaN kept), as __float2half_rn.
+inline std::uint16_t f16_bits(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // 65520 and up: infinity
+  auto round_shift = [](std::uint32_t m, int shift) {
+    std::uint32_t r = m >> shift;
+    const std::uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (r & 1u))) ++r;
+    return r;
+  };
+  if (a < 0x38800000u) {  // below 2^-14: a subnormal half (or zero)
+    if (a < 0x33000000u) return static_cast<std::uint16_t>(sign);  // at most 2^-25: rounds to 0
+    const int e = static_cast<int>(a >> 23);
+    return static_cast<std::uint16_t>(sign | round_shift((a & 0x7fffffu) | 0x800000u, 126 - e));
+  }
+  return static_cast<std::uint16_t>(sign | (round_shift(a, 13) - (112u << 10)));
+}
+inline float from_f16(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  std::uint32_t x;
+  if (e == 0) {
+    const float v = std::ldexp(static_cast<float>(m), -24);
+    std::memcpy(&x, &v, 4);
+    x |= sign;
+  } else if (e == 31) {
+    x = sign | 0x7f800000u | (m << 13);
+  } else {
+    x = sign | ((e + 112) << 23) | (m << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+}  // namespace corolla::emulated
+
+inline __half __float2half_rn(float f) { return {corolla::emulated::f16_bits(f)}; }
+inline float __half2float(__half h) { return corolla::emulated::from_f16(h.bits); }
+
+// ---- arithmetic intrinsics and atomics -------------------------------------------------
+
+/// IEEE f32 division and product rounded to nearest, as the host's.
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+/// A real atomic add: the block's threads run concurrently.
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 
 // ---- WMMA ---------------------------------------------------------------------------
 
