@@ -97,75 +97,78 @@ void cuda_backend::embedding_backward(const Tensor& ids, const Tensor& dout, Ten
 
 // ---- normalisation ---------------------------------------------------------------
 
+// Norms: activations f32, bf16 or f16 (x's dtype throughout); weights,
+// statistics and parameter gradients f32.
+
 void cuda_backend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) {
-  require_on(x, dev(), dtype::f32, "rmsnorm x");
+  const elem t = float_elem(x, dev(), "rmsnorm x");
   require_condition(x.rank() == 2, "rmsnorm x", "expected a 2-D [rows, features] tensor");
   const std::int64_t n = x.dim(0), d = x.dim(1);
   require_on(w, dev(), dtype::f32, {d}, "rmsnorm w");
-  require_on(y, dev(), dtype::f32, {n, d}, "rmsnorm y");
+  require_on(y, dev(), x.type(), {n, d}, "rmsnorm y");
   if (rstd) require_on(*rstd, dev(), dtype::f32, {n}, "rmsnorm rstd");
   device_guard guard(index_);
-  rmsnorm_forward(stream_, cf(x), cf(w), eps, f(y), rstd ? f(*rstd) : nullptr, n, d);
+  rmsnorm_forward(stream_, t, x.raw(), cf(w), eps, y.raw(), rstd ? f(*rstd) : nullptr, n, d);
 }
 
 void cuda_backend::add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps,
                                Tensor& y) {
-  require_on(a, dev(), dtype::f32, "add_rmsnorm a");
+  const elem t = float_elem(a, dev(), "add_rmsnorm a");
   require_condition(a.rank() == 2, "add_rmsnorm a", "expected a 2-D [rows, features] tensor");
   const std::int64_t n = a.dim(0), d = a.dim(1);
-  require_on(b, dev(), dtype::f32, {n, d}, "add_rmsnorm b");
-  require_on(sum, dev(), dtype::f32, {n, d}, "add_rmsnorm sum");
+  require_on(b, dev(), a.type(), {n, d}, "add_rmsnorm b");
+  require_on(sum, dev(), a.type(), {n, d}, "add_rmsnorm sum");
   require_on(w, dev(), dtype::f32, {d}, "add_rmsnorm w");
-  require_on(y, dev(), dtype::f32, {n, d}, "add_rmsnorm y");
+  require_on(y, dev(), a.type(), {n, d}, "add_rmsnorm y");
   device_guard guard(index_);
-  cuda::add_rmsnorm(stream_, cf(a), cf(b), f(sum), cf(w), eps, f(y), n, d);
+  cuda::add_rmsnorm(stream_, t, a.raw(), b.raw(), sum.raw(), cf(w), eps, y.raw(), n, d);
 }
 
 void cuda_backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                     const Tensor& dy, Tensor& dx, Tensor& dw) {
-  require_on(x, dev(), dtype::f32, "rmsnorm_backward x");
+  const elem t = float_elem(x, dev(), "rmsnorm_backward x");
   require_condition(x.rank() == 2, "rmsnorm_backward x", "expected a 2-D [rows, features] tensor");
   const std::int64_t n = x.dim(0), d = x.dim(1);
   require_on(w, dev(), dtype::f32, {d}, "rmsnorm_backward w");
   require_on(rstd, dev(), dtype::f32, {n}, "rmsnorm_backward rstd");
-  require_on(dy, dev(), dtype::f32, {n, d}, "rmsnorm_backward dy");
-  require_on(dx, dev(), dtype::f32, {n, d}, "rmsnorm_backward dx");
+  require_on(dy, dev(), x.type(), {n, d}, "rmsnorm_backward dy");
+  require_on(dx, dev(), x.type(), {n, d}, "rmsnorm_backward dx");
   require_on(dw, dev(), dtype::f32, {d}, "rmsnorm_backward dw");
   device_guard guard(index_);
-  cuda::rmsnorm_backward(stream_, cf(x), cf(w), cf(rstd), cf(dy), f(dx), f(dw), n, d);
+  cuda::rmsnorm_backward(stream_, t, x.raw(), cf(w), cf(rstd), dy.raw(), dx.raw(), f(dw), n, d);
 }
 
 void cuda_backend::layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
                              Tensor& y, Tensor* mean, Tensor* rstd) {
-  require_on(x, dev(), dtype::f32, "layernorm x");
+  const elem t = float_elem(x, dev(), "layernorm x");
   require_condition(x.rank() == 2, "layernorm x", "expected a 2-D [rows, features] tensor");
   const std::int64_t n = x.dim(0), d = x.dim(1);
   require_on(w, dev(), dtype::f32, {d}, "layernorm w");
   require_on(b, dev(), dtype::f32, {d}, "layernorm b");
-  require_on(y, dev(), dtype::f32, {n, d}, "layernorm y");
+  require_on(y, dev(), x.type(), {n, d}, "layernorm y");
   if (mean) require_on(*mean, dev(), dtype::f32, {n}, "layernorm mean");
   if (rstd) require_on(*rstd, dev(), dtype::f32, {n}, "layernorm rstd");
   device_guard guard(index_);
-  layernorm_forward(stream_, cf(x), cf(w), cf(b), eps, f(y), mean ? f(*mean) : nullptr,
+  layernorm_forward(stream_, t, x.raw(), cf(w), cf(b), eps, y.raw(), mean ? f(*mean) : nullptr,
                     rstd ? f(*rstd) : nullptr, n, d);
 }
 
 void cuda_backend::layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
                                       const Tensor& rstd, const Tensor& dy, Tensor& dx,
                                       Tensor& dw, Tensor& db) {
-  require_on(x, dev(), dtype::f32, "layernorm_backward x");
+  const elem t = float_elem(x, dev(), "layernorm_backward x");
   require_condition(x.rank() == 2, "layernorm_backward x",
                     "expected a 2-D [rows, features] tensor");
   const std::int64_t n = x.dim(0), d = x.dim(1);
   require_on(w, dev(), dtype::f32, {d}, "layernorm_backward w");
   require_on(mean, dev(), dtype::f32, {n}, "layernorm_backward mean");
   require_on(rstd, dev(), dtype::f32, {n}, "layernorm_backward rstd");
-  require_on(dy, dev(), dtype::f32, {n, d}, "layernorm_backward dy");
-  require_on(dx, dev(), dtype::f32, {n, d}, "layernorm_backward dx");
+  require_on(dy, dev(), x.type(), {n, d}, "layernorm_backward dy");
+  require_on(dx, dev(), x.type(), {n, d}, "layernorm_backward dx");
   require_on(dw, dev(), dtype::f32, {d}, "layernorm_backward dw");
   require_on(db, dev(), dtype::f32, {d}, "layernorm_backward db");
   device_guard guard(index_);
-  cuda::layernorm_backward(stream_, cf(x), cf(w), cf(mean), cf(rstd), cf(dy), f(dx), f(dw),
+  cuda::layernorm_backward(stream_, t, x.raw(), cf(w), cf(mean), cf(rstd), dy.raw(), dx.raw(), f(dw),
                            f(db), n, d);
 }
 
@@ -177,14 +180,14 @@ void cuda_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int hea
   require_condition(head_dim > 0 && head_dim % 2 == 0, "rope",
                     "head_dim must be positive and even");
   require_condition(theta > 0.0f && std::isfinite(theta), "rope", "theta must be positive");
-  require_on(x, dev(), dtype::f32, "rope x");
+  const elem t = float_elem(x, dev(), "rope x");
   require_condition(x.rank() == 2, "rope x", "expected a 2-D [rows, heads * head_dim] tensor");
   const std::int64_t n = x.dim(0), width = std::int64_t{n_heads} * head_dim;
-  require_on(x, dev(), dtype::f32, {n, width}, "rope x");
+  require_on(x, dev(), x.type(), {n, width}, "rope x");
   device_guard guard(index_);
   const std::int32_t* pos = rope_positions(positions, n, "rope");
   if (n == 0) return;
-  cuda::rope(stream_, f(x), pos, n, n_heads, head_dim, theta, inverse);
+  cuda::rope(stream_, t, x.raw(), pos, n, n_heads, head_dim, theta, inverse);
 }
 
 const std::int32_t* cuda_backend::rope_positions(const Tensor& positions, std::int64_t n, const char* what) {
@@ -368,13 +371,13 @@ double cuda_backend::sum_squares(const Tensor& x) {
 
 void cuda_backend::cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
                                  Tensor* dlogits, float grad_scale) {
-  require_on(logits, dev(), dtype::f32, "cross_entropy logits");
+  const elem t = float_elem(logits, dev(), "cross_entropy logits");
   require_condition(logits.rank() == 2, "cross_entropy logits", "expected a 2-D [N, V] tensor");
   const std::int64_t n = logits.dim(0), vocab = logits.dim(1);
   if (!targets.defined()) throw tensor_error("cross_entropy targets: tensor is undefined");
   if (targets.type() != dtype::i32) expect_dtype(targets, dtype::i32, "cross_entropy targets");
   require_on(losses, dev(), dtype::f32, {n}, "cross_entropy losses");
-  if (dlogits) require_on(*dlogits, dev(), dtype::f32, {n, vocab}, "cross_entropy dlogits");
+  if (dlogits) require_on(*dlogits, dev(), logits.type(), {n, vocab}, "cross_entropy dlogits");
   device_guard guard(index_);
   const index_view tp = indices(targets, n, slot_indices, "cross_entropy targets");
   for (std::int64_t r = 0; r < n; ++r)
@@ -382,7 +385,7 @@ void cuda_backend::cross_entropy(const Tensor& logits, const Tensor& targets, Te
       throw tensor_error("cross_entropy: target " + std::to_string(tp.host[r]) + " at row " +
                          std::to_string(r) + " is outside [0, " + std::to_string(vocab) +
                          ") and is not -1 (ignored)");
-  cuda::cross_entropy(stream_, cf(logits), tp.dev, f(losses), dlogits ? f(*dlogits) : nullptr,
+  cuda::cross_entropy(stream_, t, logits.raw(), tp.dev, f(losses), dlogits ? dlogits->raw() : nullptr,
                       grad_scale, n, vocab);
 }
 

@@ -1,5 +1,5 @@
 // kernels/cuda/loss_optim.hpp — cross-entropy and AdamW launchers
-// (host-only; f32 device pointers).
+// (host-only; device pointers; AdamW's buffers are f32).
 #pragma once
 
 #include <cstdint>
@@ -9,12 +9,13 @@
 
 namespace corolla::cuda {
 
-/// Per row of logits [n, vocab]: losses[r] = logsumexp - logit[target]
-/// (0 for target -1); dlogits (may alias logits, may be null) gets
-/// (softmax - onehot) * grad_scale, zero rows for ignored targets. Targets
-/// are device i32 already checked to be -1 or in [0, vocab).
-void cross_entropy(stream_t s, const float* logits, const std::int32_t* targets, float* losses,
-                   float* dlogits, float grad_scale, std::int64_t n, std::int64_t vocab);
+/// Per row of logits [n, vocab] (element type t, read into f32):
+/// losses[r] (f32) = logsumexp - logit[target] (0 for target -1); dlogits
+/// (type t; may alias logits, may be null) gets (softmax - onehot) *
+/// grad_scale, zero rows for ignored targets. Targets are device i32
+/// already checked to be -1 or in [0, vocab).
+void cross_entropy(stream_t s, elem t, const void* logits, const std::int32_t* targets, float* losses,
+                   void* dlogits, float grad_scale, std::int64_t n, std::int64_t vocab);
 
 /// params, m, v updated in place from grads (n elements each), with the
 /// step's scalars from adamw_scalars_for (computed on the host exactly as

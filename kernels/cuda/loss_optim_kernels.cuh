@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/adamw_scalars.hpp"
+#include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
 
 namespace corolla::cuda {
@@ -18,33 +19,33 @@ constexpr int ce_threads = 256;
 /// gradient. Every read of a logit happens before the block's first write
 /// (block reductions separate the passes), so dlogits may alias logits; in
 /// the last pass each thread reads its element before overwriting it.
-__global__ void cross_entropy_kernel(const float* logits, const std::int32_t* targets,
-                                     float* losses, float* dlogits, float grad_scale,
-                                     std::int64_t vocab) {
+template <class T>
+__global__ void cross_entropy_kernel(const T* logits, const std::int32_t* targets, float* losses, T* dlogits,
+                                     float grad_scale, std::int64_t vocab) {
   const std::int64_t row = blockIdx.x;
-  const float* l = logits + row * vocab;
-  float* d = dlogits ? dlogits + row * vocab : nullptr;
+  const T* l = logits + row * vocab;
+  T* d = dlogits ? dlogits + row * vocab : nullptr;
   const std::int32_t t = targets[row];
   if (t == -1) {  // uniform per block: no thread reaches a reduction
     if (threadIdx.x == 0) losses[row] = 0.0f;
     if (d)
-      for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) d[i] = 0.0f;
+      for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) store_f32(d, i, 0.0f);
     return;
   }
-  const float target_logit = l[t];
+  const float target_logit = load_f32(l, t);
   float mx = -INFINITY;
-  for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, l[i]);
+  for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, load_f32(l, i));
   mx = block_max(mx);
   double sum = 0.0;
-  for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(l[i] - mx);
+  for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(load_f32(l, i) - mx);
   sum = block_sum(sum);
   // loss = logsumexp - l[t] = (max - l[t]) + log(sum exp(l - max))
   if (threadIdx.x == 0) losses[row] = (mx - target_logit) + static_cast<float>(log(sum));
   if (d) {
     const float f = static_cast<float>(grad_scale / sum);
     for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const float g = expf(l[i] - mx) * f;
-      d[i] = i == t ? g - grad_scale : g;
+      const float g = expf(load_f32(l, i) - mx) * f;
+      store_f32(d, i, i == t ? g - grad_scale : g);
     }
   }
 }

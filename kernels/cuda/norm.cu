@@ -5,6 +5,7 @@
 // kernels/cpu/cpu_norm.cpp. The kernels are in norm_kernels.cuh.
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
 #include "kernels/cuda/norm.hpp"
 
@@ -17,48 +18,68 @@ namespace corolla::cuda {
 /// loads per thread (9 us -> about 3 for one 4096-wide row on an H100).
 unsigned forward_threads(std::int64_t rows) { return rows < 128 ? 1024 : row_threads; }
 
-void rmsnorm_forward(stream_t s, const float* x, const float* w, float eps, float* y,
-                     float* rstd, std::int64_t n, std::int64_t d) {
+void rmsnorm_forward(stream_t s, elem t, const void* x, const float* w, float eps, void* y, float* rstd,
+                     std::int64_t n, std::int64_t d) {
   if (n <= 0) return;
-  rmsnorm_forward_kernel<<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(x, w, eps, y,
-                                                                                  rstd, d);
-  COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_forward_kernel");
+  dispatch_elem(t, [&](auto tag) {
+    using T = decltype(tag);
+    rmsnorm_forward_kernel<T><<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(
+        static_cast<const T*>(x), w, eps, static_cast<T*>(y), rstd, d);
+    COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_forward_kernel");
+  });
 }
 
-void add_rmsnorm(stream_t s, const float* a, const float* b, float* sum, const float* w, float eps, float* y,
+void add_rmsnorm(stream_t s, elem t, const void* a, const void* b, void* sum, const float* w, float eps, void* y,
                  std::int64_t n, std::int64_t d) {
   if (n <= 0) return;
-  add_rmsnorm_kernel<<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(a, b, sum, w, eps, y, d);
-  COROLLA_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
+  dispatch_elem(t, [&](auto tag) {
+    using T = decltype(tag);
+    add_rmsnorm_kernel<T><<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(sum), w, eps, static_cast<T*>(y), d);
+    COROLLA_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
+  });
 }
 
-void rmsnorm_backward(stream_t s, const float* x, const float* w, const float* rstd,
-                      const float* dy, float* dx, float* dw, std::int64_t n, std::int64_t d) {
+void rmsnorm_backward(stream_t s, elem t, const void* x, const float* w, const float* rstd, const void* dy,
+                      void* dx, float* dw, std::int64_t n, std::int64_t d) {
   if (n <= 0 || d <= 0) return;
-  rmsnorm_backward_dx_kernel<<<static_cast<unsigned>(n), row_threads, 0, s>>>(x, w, rstd, dy,
-                                                                              dx, d);
-  COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dx_kernel");
-  rmsnorm_backward_dw_kernel<<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(x, rstd, dy, dw, n, d);
-  COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dw_kernel");
+  dispatch_elem(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xt = static_cast<const T*>(x);
+    const T* dyt = static_cast<const T*>(dy);
+    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), row_threads, 0, s>>>(xt, w, rstd, dyt,
+                                                                                 static_cast<T*>(dx), d);
+    COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dx_kernel");
+    rmsnorm_backward_dw_kernel<T><<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(xt, rstd, dyt, dw, n, d);
+    COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dw_kernel");
+  });
 }
 
-void layernorm_forward(stream_t s, const float* x, const float* w, const float* b, float eps,
-                       float* y, float* mean, float* rstd, std::int64_t n, std::int64_t d) {
+void layernorm_forward(stream_t s, elem t, const void* x, const float* w, const float* b, float eps, void* y,
+                       float* mean, float* rstd, std::int64_t n, std::int64_t d) {
   if (n <= 0) return;
-  layernorm_forward_kernel<<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(
-      x, w, b, eps, y, mean, rstd, d);
-  COROLLA_CUDA_LAUNCH_CHECK("layernorm_forward_kernel");
+  dispatch_elem(t, [&](auto tag) {
+    using T = decltype(tag);
+    layernorm_forward_kernel<T><<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(
+        static_cast<const T*>(x), w, b, eps, static_cast<T*>(y), mean, rstd, d);
+    COROLLA_CUDA_LAUNCH_CHECK("layernorm_forward_kernel");
+  });
 }
 
-void layernorm_backward(stream_t s, const float* x, const float* w, const float* mean,
-                        const float* rstd, const float* dy, float* dx, float* dw, float* db,
-                        std::int64_t n, std::int64_t d) {
+void layernorm_backward(stream_t s, elem t, const void* x, const float* w, const float* mean, const float* rstd,
+                        const void* dy, void* dx, float* dw, float* db, std::int64_t n, std::int64_t d) {
   if (n <= 0 || d <= 0) return;
-  layernorm_backward_dx_kernel<<<static_cast<unsigned>(n), row_threads, 0, s>>>(
-      x, w, mean, rstd, dy, dx, d);
-  COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dx_kernel");
-  layernorm_backward_dwdb_kernel<<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(x, mean, rstd, dy, dw, db, n, d);
-  COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dwdb_kernel");
+  dispatch_elem(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xt = static_cast<const T*>(x);
+    const T* dyt = static_cast<const T*>(dy);
+    layernorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), row_threads, 0, s>>>(xt, w, mean, rstd, dyt,
+                                                                                   static_cast<T*>(dx), d);
+    COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dx_kernel");
+    layernorm_backward_dwdb_kernel<T><<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(
+        xt, mean, rstd, dyt, dw, db, n, d);
+    COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dwdb_kernel");
+  });
 }
 
 }  // namespace corolla::cuda

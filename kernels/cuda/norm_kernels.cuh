@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
 
 namespace corolla::cuda {
@@ -14,78 +15,98 @@ namespace {
 
 constexpr int row_threads = 256;
 
-__global__ void rmsnorm_forward_kernel(const float* x, const float* w, float eps, float* y,
-                                       float* rstd, std::int64_t d) {
+// Activations (x, y, a, b, sum, dy, dx) are stored as T (f32, bf16 or f16)
+// and read into f32; the weights, the saved statistics and the parameter
+// gradients are f32; every sum is f32.
+
+template <class T>
+__global__ void rmsnorm_forward_kernel(const T* x, const float* w, float eps, T* y, float* rstd,
+                                       std::int64_t d) {
   const std::int64_t row = blockIdx.x;
-  const float* xr = x + row * d;
-  float* yr = y + row * d;
+  const T* xr = x + row * d;
+  T* yr = y + row * d;
   float s = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += xr[i] * xr[i];
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = load_f32(xr, i);
+    s += v * v;
+  }
   s = block_sum(s);
   const float rs = 1.0f / sqrtf(s / static_cast<float>(d) + eps);
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * rs * w[i];
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) store_f32(yr, i, load_f32(xr, i) * rs * w[i]);
   if (rstd && threadIdx.x == 0) rstd[row] = rs;
 }
 
-/// sum = a + b, y = rmsnorm(sum): the rmsnorm kernel on the sum it writes.
-__global__ void add_rmsnorm_kernel(const float* a, const float* b, float* sum, const float* w, float eps,
-                                   float* y, std::int64_t d) {
+/// sum = a + b, y = rmsnorm(sum): the rmsnorm kernel on the sum it writes
+/// (as stored: in 16-bit storage the rounded sum, so the result equals add
+/// then rmsnorm bit for bit).
+template <class T>
+__global__ void add_rmsnorm_kernel(const T* a, const T* b, T* sum, const float* w, float eps, T* y,
+                                   std::int64_t d) {
   const std::int64_t row = blockIdx.x;
-  const float* ar = a + row * d;
-  const float* br = b + row * d;
-  float* sr = sum + row * d;
-  float* yr = y + row * d;
+  const T* ar = a + row * d;
+  const T* br = b + row * d;
+  T* sr = sum + row * d;
+  T* yr = y + row * d;
   float s = 0.0f;
   for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-    const float v = ar[i] + br[i];
-    sr[i] = v;
+    store_f32(sr, i, load_f32(ar, i) + load_f32(br, i));
+    const float v = load_f32(sr, i);
     s += v * v;
   }
   s = block_sum(s);
   const float rs = 1.0f / sqrtf(s / static_cast<float>(d) + eps);
   // Each thread reads back only the elements it wrote.
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = sr[i] * rs * w[i];
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) store_f32(yr, i, load_f32(sr, i) * rs * w[i]);
 }
 
 // dx_j = r * (w_j dy_j - x_j * r^2 * mean_i(w_i dy_i x_i)),  r = rstd
-__global__ void rmsnorm_backward_dx_kernel(const float* x, const float* w, const float* rstd,
-                                           const float* dy, float* dx, std::int64_t d) {
+template <class T>
+__global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx,
+                                           std::int64_t d) {
   const std::int64_t row = blockIdx.x;
-  const float* xr = x + row * d;
-  const float* g = dy + row * d;
-  float* o = dx + row * d;
+  const T* xr = x + row * d;
+  const T* g = dy + row * d;
+  T* o = dx + row * d;
   const float r = rstd[row];
   float s = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += w[i] * g[i] * xr[i];
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += w[i] * load_f32(g, i) * load_f32(xr, i);
   s = block_sum(s);
   const float c = r * r * s / static_cast<float>(d);
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = r * (w[i] * g[i] - xr[i] * c);
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    store_f32(o, i, r * (w[i] * load_f32(g, i) - load_f32(xr, i) * c));
 }
 
 // dw_j += sum_rows dy_j x_j r
-__global__ void rmsnorm_backward_dw_kernel(const float* x, const float* rstd, const float* dy,
-                                           float* dw, std::int64_t n, std::int64_t d) {
+template <class T>
+__global__ void rmsnorm_backward_dw_kernel(const T* x, const float* rstd, const T* dy, float* dw, std::int64_t n,
+                                           std::int64_t d) {
   float total[1];
-  auto value = [=](std::int64_t r, std::int64_t c, float* s) { s[0] += dy[r * d + c] * x[r * d + c] * rstd[r]; };
+  auto value = [=](std::int64_t r, std::int64_t c, float* s) {
+    s[0] += load_f32(dy, r * d + c) * load_f32(x, r * d + c) * rstd[r];
+  };
   if (column_sums<1>(n, d, value, total)) dw[std::int64_t{blockIdx.x} * column_tile + threadIdx.x] += total[0];
 }
 
-__global__ void layernorm_forward_kernel(const float* x, const float* w, const float* b,
-                                         float eps, float* y, float* mean, float* rstd,
-                                         std::int64_t d) {
+template <class T>
+__global__ void layernorm_forward_kernel(const T* x, const float* w, const float* b, float eps, T* y, float* mean,
+                                         float* rstd, std::int64_t d) {
   const std::int64_t row = blockIdx.x;
-  const float* xr = x + row * d;
-  float* yr = y + row * d;
+  const T* xr = x + row * d;
+  T* yr = y + row * d;
   const float inv_d = 1.0f / static_cast<float>(d);
   float s = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += xr[i];
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += load_f32(xr, i);
   const float m = block_sum(s) * inv_d;
   // two-pass variance: no cancellation for rows with a large mean
   float v = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) v += (xr[i] - m) * (xr[i] - m);
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float c = load_f32(xr, i) - m;
+    v += c * c;
+  }
   v = block_sum(v);
   const float rs = 1.0f / sqrtf(v * inv_d + eps);
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    store_f32(yr, i, (load_f32(xr, i) - m) * rs * w[i] + b[i]);
   if (threadIdx.x == 0) {
     if (mean) mean[row] = m;
     if (rstd) rstd[row] = rs;
@@ -94,36 +115,36 @@ __global__ void layernorm_forward_kernel(const float* x, const float* w, const f
 
 // With xhat = (x - mean) * r and g = dy * w:
 // dx = r * (g - mean(g) - xhat * mean(g * xhat))
-__global__ void layernorm_backward_dx_kernel(const float* x, const float* w, const float* mean,
-                                             const float* rstd, const float* dy, float* dx,
-                                             std::int64_t d) {
+template <class T>
+__global__ void layernorm_backward_dx_kernel(const T* x, const float* w, const float* mean, const float* rstd,
+                                             const T* dy, T* dx, std::int64_t d) {
   const std::int64_t row = blockIdx.x;
-  const float* xr = x + row * d;
-  const float* g = dy + row * d;
-  float* o = dx + row * d;
+  const T* xr = x + row * d;
+  const T* g = dy + row * d;
+  T* o = dx + row * d;
   const float m = mean[row], r = rstd[row];
   const float inv_d = 1.0f / static_cast<float>(d);
   float sg = 0.0f, sgx = 0.0f;
   for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-    const float gi = g[i] * w[i];
+    const float gi = load_f32(g, i) * w[i];
     sg += gi;
-    sgx += gi * (xr[i] - m) * r;
+    sgx += gi * (load_f32(xr, i) - m) * r;
   }
   sg = block_sum(sg);
   sgx = block_sum(sgx);
   const float mg = sg * inv_d, mgx = sgx * inv_d;
   for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x)
-    o[i] = r * (g[i] * w[i] - mg - (xr[i] - m) * r * mgx);
+    store_f32(o, i, r * (load_f32(g, i) * w[i] - mg - (load_f32(xr, i) - m) * r * mgx));
 }
 
 // dw += dy * xhat, db += dy, summed over rows
-__global__ void layernorm_backward_dwdb_kernel(const float* x, const float* mean,
-                                               const float* rstd, const float* dy, float* dw,
-                                               float* db, std::int64_t n, std::int64_t d) {
+template <class T>
+__global__ void layernorm_backward_dwdb_kernel(const T* x, const float* mean, const float* rstd, const T* dy,
+                                               float* dw, float* db, std::int64_t n, std::int64_t d) {
   float total[2];
   auto value = [=](std::int64_t r, std::int64_t c, float* s) {
-    const float g = dy[r * d + c];
-    s[0] += g * (x[r * d + c] - mean[r]) * rstd[r];
+    const float g = load_f32(dy, r * d + c);
+    s[0] += g * (load_f32(x, r * d + c) - mean[r]) * rstd[r];
     s[1] += g;
   };
   if (!column_sums<2>(n, d, value, total)) return;

@@ -5,6 +5,7 @@
 // cos/sin); no table is kept on the device.
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/rope_kernels.cuh"
 #include "kernels/cuda/rope.hpp"
 
@@ -20,13 +21,16 @@ void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const s
   COROLLA_CUDA_LAUNCH_CHECK("rope_store_kv_kernel");
 }
 
-void rope(stream_t s, float* x, const std::int32_t* positions, std::int64_t n, int heads,
+void rope(stream_t s, elem t, void* x, const std::int32_t* positions, std::int64_t n, int heads,
           int head_dim, float theta, bool inverse) {
   const std::int64_t total = n * heads * (head_dim / 2);
   if (total <= 0) return;
-  rope_kernel<<<grid_for(total), elementwise_threads, 0, s>>>(
-      x, positions, n, heads, head_dim, static_cast<double>(theta), inverse ? -1.0f : 1.0f);
-  COROLLA_CUDA_LAUNCH_CHECK("rope_kernel");
+  dispatch_elem(t, [&](auto tag) {
+    using T = decltype(tag);
+    rope_kernel<T><<<grid_for(total), elementwise_threads, 0, s>>>(
+        static_cast<T*>(x), positions, n, heads, head_dim, static_cast<double>(theta), inverse ? -1.0f : 1.0f);
+    COROLLA_CUDA_LAUNCH_CHECK("rope_kernel");
+  });
 }
 
 }  // namespace corolla::cuda

@@ -7,11 +7,11 @@
 
 namespace corolla::cuda {
 
-/// In place on x [n, heads*head_dim] (f32): pair (i, i + head_dim/2) of each
-/// head rotated by positions[row] * theta^(-2i/head_dim) (negated when
-/// `inverse`). Positions (device, i32) must be non-negative: checked by the
-/// caller.
-void rope(stream_t s, float* x, const std::int32_t* positions, std::int64_t n, int heads,
+/// In place on x [n, heads*head_dim] (element type t, rotated in f32):
+/// pair (i, i + head_dim/2) of each head rotated by positions[row] *
+/// theta^(-2i/head_dim) (negated when `inverse`). Positions (device, i32)
+/// must be non-negative: checked by the caller.
+void rope(stream_t s, elem t, void* x, const std::int32_t* positions, std::int64_t n, int heads,
           int head_dim, float theta, bool inverse);
 
 /// Backend::rope_store_kv on device pointers: q [n, hq*head_dim] rotated in

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cuda/device_reduce.cuh"
+#include "kernels/cuda/device_elem.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -20,8 +20,9 @@ __device__ __forceinline__ void rope_angle(std::int32_t pos, int i, int head_dim
   sn = static_cast<float>(sin(angle));
 }
 
-/// One thread per (row, head, i < head_dim/2).
-__global__ void rope_kernel(float* x, const std::int32_t* positions, std::int64_t n, int heads,
+/// One thread per (row, head, i < head_dim/2); x stored as T, rotated in f32.
+template <class T>
+__global__ void rope_kernel(T* x, const std::int32_t* positions, std::int64_t n, int heads,
                             int head_dim, double theta, float sign) {
   const int half = head_dim / 2;
   const std::int64_t total = n * heads * half;
@@ -33,11 +34,11 @@ __global__ void rope_kernel(float* x, const std::int32_t* positions, std::int64_
     float c, sn;
     rope_angle(positions[row], i, head_dim, theta, c, sn);
     sn *= sign;
-    float* x1 = x + rh * head_dim;  // row * (heads * head_dim) + head * head_dim
-    float* x2 = x1 + half;
-    const float a = x1[i], b = x2[i];
-    x1[i] = a * c - b * sn;
-    x2[i] = b * c + a * sn;
+    T* x1 = x + rh * head_dim;  // row * (heads * head_dim) + head * head_dim
+    T* x2 = x1 + half;
+    const float a = load_f32(x1, i), b = load_f32(x2, i);
+    store_f32(x1, i, a * c - b * sn);
+    store_f32(x2, i, b * c + a * sn);
   }
 }
 

@@ -7,7 +7,9 @@
 // gradients, accumulated, with a partial last tile), the fused add + RMSNorm, softmax cross-entropy
 // (ignored rows, dlogits aliasing the logits), AdamW, RoPE and its inverse,
 // and RoPE + KV append. Only summation order differs from the CPU (rtol
-// 1e-5); tests/kernels/cuda_ops.cpp checks the same on a GPU.
+// 1e-5). In bf16 and f16 storage the norm, RoPE and cross-entropy kernels
+// must equal the f32 kernels on the widened inputs, rounded once.
+// tests/kernels/cuda_ops.cpp checks the same on a GPU.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -18,6 +20,7 @@
 #include "tests/kernels/kernel_test_util.hpp"
 // Last: the emulation's macros must reach only the kernels.
 #include "tests/cuda_emulated/cuda_emulation.hpp"
+#include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/loss_optim_kernels.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
 #include "kernels/cuda/rope_kernels.cuh"
@@ -34,6 +37,7 @@ constexpr double rel_tol = 1e-5, abs_tol = 1e-6;
 float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
 
 emulated::launch_config rows_of(std::int64_t n, unsigned threads) { return {static_cast<unsigned>(n), 1, threads, 0}; }
+emulated::launch_config strided_rows() { return {2, 1, 64, 0}; }
 emulated::launch_config column_blocks(std::int64_t d) {
   return {cuda::column_tiles(d), 1, cuda::column_tile, 0, cuda::column_tile};
 }
@@ -52,19 +56,19 @@ TEST_CASE("emulated RMSNorm and LayerNorm kernels match the cpu, forward and bac
       Tensor y = Tensor::empty({n, d}), rstd = Tensor::empty({n}), want_y = Tensor::empty({n, d}),
              want_rstd = Tensor::empty({n});
       cpu_backend().rmsnorm(x, w, 1e-5f, want_y, &want_rstd);
-      emulated::launch(&cuda::rmsnorm_forward_kernel, rows_of(n, threads), f(x), f(w), 1e-5f, f(y), f(rstd), d);
+      emulated::launch(&cuda::rmsnorm_forward_kernel<float>, rows_of(n, threads), f(x), f(w), 1e-5f, f(y), f(rstd), d);
       check_close(y, to_double(want_y), rel_tol, abs_tol, "rmsnorm y");
       check_close(rstd, to_double(want_rstd), rel_tol, abs_tol, "rmsnorm rstd");
 
       Tensor sum = Tensor::empty({n, d}), want_sum = Tensor::empty({n, d});
       cpu_backend().add_rmsnorm(x, b2, want_sum, w, 1e-5f, want_y);
-      emulated::launch(&cuda::add_rmsnorm_kernel, rows_of(n, threads), f(x), f(b2), f(sum), f(w), 1e-5f, f(y), d);
+      emulated::launch(&cuda::add_rmsnorm_kernel<float>, rows_of(n, threads), f(x), f(b2), f(sum), f(w), 1e-5f, f(y), d);
       check_close(sum, to_double(want_sum), 0, 0, "add_rmsnorm sum");
       check_close(y, to_double(want_y), rel_tol, abs_tol, "add_rmsnorm y");
 
       Tensor mean = Tensor::empty({n}), want_mean = Tensor::empty({n});
       cpu_backend().layernorm(x, w, bias, 1e-5f, want_y, &want_mean, &want_rstd);
-      emulated::launch(&cuda::layernorm_forward_kernel, rows_of(n, threads), f(x), f(w), f(bias), 1e-5f, f(y), f(mean),
+      emulated::launch(&cuda::layernorm_forward_kernel<float>, rows_of(n, threads), f(x), f(w), f(bias), 1e-5f, f(y), f(mean),
                        f(rstd), d);
       check_close(y, to_double(want_y), rel_tol, abs_tol, "layernorm y");
       check_close(mean, to_double(want_mean), rel_tol, abs_tol, "layernorm mean");
@@ -88,9 +92,9 @@ TEST_CASE("emulated RMSNorm and LayerNorm kernels match the cpu, forward and bac
     Tensor dx = Tensor::empty({dx_rows, d}), want_dx = Tensor::empty({rows, d});
     Tensor dw = kernel_test::filled({d}, 0.25f), want_dw = kernel_test::filled({d}, 0.25f);
     cpu_backend().rmsnorm_backward(xb, w, rstd, dyb, want_dx, want_dw);
-    emulated::launch(&cuda::rmsnorm_backward_dx_kernel, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(rstd),
+    emulated::launch(&cuda::rmsnorm_backward_dx_kernel<float>, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(rstd),
                      f(dyb), f(dx), d);
-    emulated::launch(&cuda::rmsnorm_backward_dw_kernel, column_blocks(d), f(xb), f(rstd), f(dyb), f(dw), rows, d);
+    emulated::launch(&cuda::rmsnorm_backward_dw_kernel<float>, column_blocks(d), f(xb), f(rstd), f(dyb), f(dw), rows, d);
     check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "rmsnorm dx");
     check_close(dw, to_double(want_dw), rel_tol, abs_tol, "rmsnorm dw");
 
@@ -99,9 +103,9 @@ TEST_CASE("emulated RMSNorm and LayerNorm kernels match the cpu, forward and bac
     dw = kernel_test::filled({d}, 0.25f);
     want_dw = kernel_test::filled({d}, 0.25f);
     cpu_backend().layernorm_backward(xb, w, mean, rstd, dyb, want_dx, want_dw, want_db);
-    emulated::launch(&cuda::layernorm_backward_dx_kernel, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(mean),
+    emulated::launch(&cuda::layernorm_backward_dx_kernel<float>, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(mean),
                      f(rstd), f(dyb), f(dx), d);
-    emulated::launch(&cuda::layernorm_backward_dwdb_kernel, column_blocks(d), f(xb), f(mean), f(rstd), f(dyb), f(dw),
+    emulated::launch(&cuda::layernorm_backward_dwdb_kernel<float>, column_blocks(d), f(xb), f(mean), f(rstd), f(dyb), f(dw),
                      f(db), rows, d);
     check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "layernorm dx");
     check_close(dw, to_double(want_dw), rel_tol, abs_tol, "layernorm dw");
@@ -119,13 +123,13 @@ TEST_CASE("emulated cross-entropy and AdamW kernels match the cpu") {
   cpu_backend().cross_entropy(logits, targets, want_losses, &want_d, 0.25f);
   // dlogits aliasing the logits, as the model's head does.
   Tensor l = logits.clone(), losses = Tensor::empty({n});
-  emulated::launch(&cuda::cross_entropy_kernel, rows_of(n, cuda::ce_threads), f(l), targets.data<std::int32_t>(),
+  emulated::launch(&cuda::cross_entropy_kernel<float>, rows_of(n, cuda::ce_threads), f(l), targets.data<std::int32_t>(),
                    f(losses), f(l), 0.25f, vocab);
   check_close(losses, to_double(want_losses), rel_tol, abs_tol, "cross-entropy losses");
   check_close(l, to_double(want_d), rel_tol, abs_tol, "cross-entropy dlogits");
   // Without dlogits: only the losses.
   Tensor untouched = logits.clone();
-  emulated::launch(&cuda::cross_entropy_kernel, rows_of(n, cuda::ce_threads), f(untouched),
+  emulated::launch(&cuda::cross_entropy_kernel<float>, rows_of(n, cuda::ce_threads), f(untouched),
                    targets.data<std::int32_t>(), f(losses), static_cast<float*>(nullptr), 0.25f, vocab);
   check_close(losses, to_double(want_losses), rel_tol, abs_tol, "cross-entropy losses without dlogits");
   CHECK(kernel_test::same_values(untouched, logits));
@@ -155,7 +159,7 @@ TEST_CASE("emulated RoPE and RoPE + KV-append kernels match the cpu") {
     const Tensor x = random_tensor({n, hq * dh}, r);
     Tensor want = x.clone(), got = x.clone();
     cpu_backend().rope(want, positions, hq, dh, 10000.0f, inverse);
-    emulated::launch(&cuda::rope_kernel, {3, 1, 64, 0}, f(got), positions.data<std::int32_t>(), n, hq, dh, 10000.0,
+    emulated::launch(&cuda::rope_kernel<float>, {3, 1, 64, 0}, f(got), positions.data<std::int32_t>(), n, hq, dh, 10000.0,
                      inverse ? -1.0f : 1.0f);
     check_close(got, to_double(want), rel_tol, abs_tol, "rope");
   }
@@ -174,4 +178,102 @@ TEST_CASE("emulated RoPE and RoPE + KV-append kernels match the cpu") {
     check_close(k_out, to_double(want_k_out), rel_tol, abs_tol, "rope_store_kv k");
     check_close(v_out, to_double(want_v_out), 0, 0, "rope_store_kv v");
   }
+}
+
+namespace {
+
+template <class T>
+T* as(const Tensor& t) {
+  return static_cast<T*>(t.raw());
+}
+
+/// The 16-bit kernels against the f32 ones on the widened inputs: the
+/// arithmetic is the same f32, so the 16-bit outputs are the f32 outputs
+/// rounded once, and the f32 outputs (statistics, parameter gradients,
+/// losses) are equal.
+template <class T>
+void check_16bit(dtype dt, kernel_test::rng& r) {
+  const std::int64_t n = 3, d = 72;
+  const Tensor x = random_tensor({n, d}, r).to(dt), b2 = random_tensor({n, d}, r).to(dt),
+               dy = random_tensor({n, d}, r).to(dt);
+  const Tensor w = random_tensor({d}, r, 0.5f, 1.5f), bias = random_tensor({d}, r);
+  const Tensor xw = x.to(dtype::f32), b2w = b2.to(dtype::f32), dyw = dy.to(dtype::f32);
+  auto rounded = [&](const Tensor& t) { return to_double(t.to(dt).to(dtype::f32)); };
+  auto wide = [](const Tensor& t) { return to_double(t.to(dtype::f32)); };
+  const std::string name = dtype_name(dt);
+
+  Tensor y = Tensor::empty({n, d}, dt), yw = Tensor::empty({n, d}), rstd = Tensor::empty({n}),
+         rstdw = Tensor::empty({n}), mean = Tensor::empty({n}), meanw = Tensor::empty({n});
+  emulated::launch(&cuda::rmsnorm_forward_kernel<T>, rows_of(n, 256), as<T>(x), f(w), 1e-5f, as<T>(y), f(rstd), d);
+  emulated::launch(&cuda::rmsnorm_forward_kernel<float>, rows_of(n, 256), f(xw), f(w), 1e-5f, f(yw), f(rstdw), d);
+  check_close(wide(y), rounded(yw), 0, 0, "rmsnorm y in " + name);
+  check_close(rstd, to_double(rstdw), 0, 0, "rmsnorm rstd in " + name);
+
+  // add + rmsnorm equals add, then rmsnorm of the stored (rounded) sum.
+  Tensor sum = Tensor::empty({n, d}, dt), sum2 = Tensor::empty({n, d}, dt), y2 = Tensor::empty({n, d}, dt);
+  emulated::launch(&cuda::add_rmsnorm_kernel<T>, rows_of(n, 256), as<T>(x), as<T>(b2), as<T>(sum), f(w), 1e-5f,
+                   as<T>(y), d);
+  emulated::launch(&cuda::add_kernel<T>, strided_rows(), as<T>(x), as<T>(b2), as<T>(sum2), n * d);
+  emulated::launch(&cuda::rmsnorm_forward_kernel<T>, rows_of(n, 256), as<T>(sum2), f(w), 1e-5f, as<T>(y2),
+                   static_cast<float*>(nullptr), d);
+  CHECK(kernel_test::same_values(sum, sum2));
+  CHECK(kernel_test::same_values(y, y2));
+
+  Tensor dx = Tensor::empty({n, d}, dt), dxw = Tensor::empty({n, d});
+  Tensor dw = kernel_test::filled({d}, 0.25f), dww = kernel_test::filled({d}, 0.25f);
+  emulated::launch(&cuda::rmsnorm_backward_dx_kernel<T>, rows_of(n, cuda::row_threads), as<T>(x), f(w), f(rstd),
+                   as<T>(dy), as<T>(dx), d);
+  emulated::launch(&cuda::rmsnorm_backward_dx_kernel<float>, rows_of(n, cuda::row_threads), f(xw), f(w), f(rstd),
+                   f(dyw), f(dxw), d);
+  emulated::launch(&cuda::rmsnorm_backward_dw_kernel<T>, column_blocks(d), as<T>(x), f(rstd), as<T>(dy), f(dw), n, d);
+  emulated::launch(&cuda::rmsnorm_backward_dw_kernel<float>, column_blocks(d), f(xw), f(rstd), f(dyw), f(dww), n, d);
+  check_close(wide(dx), rounded(dxw), 0, 0, "rmsnorm dx in " + name);
+  check_close(dw, to_double(dww), 0, 0, "rmsnorm dw in " + name);
+
+  emulated::launch(&cuda::layernorm_forward_kernel<T>, rows_of(n, 256), as<T>(x), f(w), f(bias), 1e-5f, as<T>(y),
+                   f(mean), f(rstd), d);
+  emulated::launch(&cuda::layernorm_forward_kernel<float>, rows_of(n, 256), f(xw), f(w), f(bias), 1e-5f, f(yw),
+                   f(meanw), f(rstdw), d);
+  check_close(wide(y), rounded(yw), 0, 0, "layernorm y in " + name);
+  check_close(mean, to_double(meanw), 0, 0, "layernorm mean in " + name);
+  check_close(rstd, to_double(rstdw), 0, 0, "layernorm rstd in " + name);
+  Tensor db = kernel_test::filled({d}, -0.5f), dbw = kernel_test::filled({d}, -0.5f);
+  emulated::launch(&cuda::layernorm_backward_dx_kernel<T>, rows_of(n, cuda::row_threads), as<T>(x), f(w), f(mean),
+                   f(rstd), as<T>(dy), as<T>(dx), d);
+  emulated::launch(&cuda::layernorm_backward_dx_kernel<float>, rows_of(n, cuda::row_threads), f(xw), f(w), f(mean),
+                   f(rstd), f(dyw), f(dxw), d);
+  emulated::launch(&cuda::layernorm_backward_dwdb_kernel<T>, column_blocks(d), as<T>(x), f(mean), f(rstd), as<T>(dy),
+                   f(dw), f(db), n, d);
+  emulated::launch(&cuda::layernorm_backward_dwdb_kernel<float>, column_blocks(d), f(xw), f(mean), f(rstd), f(dyw),
+                   f(dww), f(dbw), n, d);
+  check_close(wide(dx), rounded(dxw), 0, 0, "layernorm dx in " + name);
+  check_close(dw, to_double(dww), 0, 0, "layernorm dw in " + name);
+  check_close(db, to_double(dbw), 0, 0, "layernorm db in " + name);
+
+  const std::vector<std::int32_t> pos = {0, 9, 4095};
+  Tensor q = random_tensor({3, 4 * 16}, r).to(dt);
+  Tensor qw = q.to(dtype::f32);
+  emulated::launch(&cuda::rope_kernel<T>, {2, 1, 64, 0}, as<T>(q), pos.data(), std::int64_t{3}, 4, 16, 10000.0, 1.0f);
+  emulated::launch(&cuda::rope_kernel<float>, {2, 1, 64, 0}, f(qw), pos.data(), std::int64_t{3}, 4, 16, 10000.0,
+                   1.0f);
+  check_close(wide(q), rounded(qw), 0, 0, "rope in " + name);
+
+  const std::int64_t vocab = 300;
+  const std::vector<std::int32_t> targets = {3, -1, 299};
+  Tensor logits = random_tensor({3, vocab}, r, -4.0f, 4.0f).to(dt);
+  Tensor lw = logits.to(dtype::f32), losses = Tensor::empty({3}), lossesw = Tensor::empty({3});
+  emulated::launch(&cuda::cross_entropy_kernel<T>, rows_of(3, cuda::ce_threads), as<T>(logits), targets.data(),
+                   f(losses), as<T>(logits), 0.5f, vocab);
+  emulated::launch(&cuda::cross_entropy_kernel<float>, rows_of(3, cuda::ce_threads), f(lw), targets.data(),
+                   f(lossesw), f(lw), 0.5f, vocab);
+  check_close(losses, to_double(lossesw), 0, 0, "cross-entropy losses in " + name);
+  check_close(wide(logits), rounded(lw), 0, 0, "cross-entropy dlogits in " + name);
+}
+
+}  // namespace
+
+TEST_CASE("emulated norm, RoPE and cross-entropy kernels in bf16 and f16 storage are the f32 kernels rounded once") {
+  kernel_test::rng r(947);
+  check_16bit<__nv_bfloat16>(dtype::bf16, r);
+  check_16bit<__half>(dtype::f16, r);
 }

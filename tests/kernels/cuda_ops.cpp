@@ -637,6 +637,65 @@ TEST_CASE("cuda: elementwise ops in bf16 and f16 compute in f32 and round once")
   }
 }
 
+TEST_CASE("cuda: norms, rope and cross_entropy in bf16 and f16 storage compute in f32 and round once") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(119);
+  const std::int64_t n = 5, d = 96;
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    CAPTURE(dtype_name(t));
+    const double rt = t == dtype::bf16 ? 1e-2 : 2e-3;
+    const Tensor x = rounded(random_tensor({n, d}, r), t), b2 = rounded(random_tensor({n, d}, r), t),
+                 dy = rounded(random_tensor({n, d}, r), t);
+    const Tensor w = random_tensor({d}, r, 0.5f, 1.5f), bias = random_tensor({d}, r);
+    const Tensor dx16 = up(x, t), db216 = up(b2, t), ddy16 = up(dy, t), dw = up(w), dbias = up(bias);
+    Tensor y = Tensor::empty({n, d}), rstd = Tensor::empty({n}), mean = Tensor::empty({n});
+    Tensor gy = gpu().empty({n, d}, t), grstd = gpu().empty({n}), gmean = gpu().empty({n});
+    cpu().rmsnorm(x, w, 1e-5f, y, &rstd);
+    gpu().rmsnorm(dx16, dw, 1e-5f, gy, &grstd);
+    expect_close(gy, y, rt, 1e-3, "rmsnorm 16-bit y");
+    expect_close(grstd, rstd, red_rtol, red_atol, "rmsnorm 16-bit rstd");
+    Tensor gdx = gpu().empty({n, d}, t), dx = Tensor::empty({n, d});
+    Tensor gw = up(kernel_test::filled({d}, 0.0f)), hw = kernel_test::filled({d}, 0.0f);
+    cpu().rmsnorm_backward(x, w, rstd, dy, dx, hw);
+    gpu().rmsnorm_backward(dx16, dw, grstd, ddy16, gdx, gw);
+    expect_close(gdx, dx, rt, 1e-3, "rmsnorm 16-bit dx");
+    expect_close(gw, hw, grad_rtol, grad_atol, "rmsnorm 16-bit dw");
+    cpu().layernorm(x, w, bias, 1e-5f, y, &mean, &rstd);
+    gpu().layernorm(dx16, dw, dbias, 1e-5f, gy, &gmean, &grstd);
+    expect_close(gy, y, rt, 1e-3, "layernorm 16-bit y");
+    Tensor gb = up(kernel_test::filled({d}, 0.0f)), hb = kernel_test::filled({d}, 0.0f);
+    gw = up(kernel_test::filled({d}, 0.0f));
+    hw = kernel_test::filled({d}, 0.0f);
+    cpu().layernorm_backward(x, w, mean, rstd, dy, dx, hw, hb);
+    gpu().layernorm_backward(dx16, dw, gmean, grstd, ddy16, gdx, gw, gb);
+    expect_close(gdx, dx, rt, 1e-3, "layernorm 16-bit dx");
+    expect_close(gw, hw, grad_rtol, grad_atol, "layernorm 16-bit dw");
+    expect_close(gb, hb, grad_rtol, grad_atol, "layernorm 16-bit db");
+    // add + rmsnorm in 16-bit storage equals add, then rmsnorm.
+    Tensor gsum = gpu().empty({n, d}, t), gsum2 = gpu().empty({n, d}, t), gy2 = gpu().empty({n, d}, t);
+    gpu().add_rmsnorm(dx16, db216, gsum, dw, 1e-5f, gy);
+    gpu().add(dx16, db216, gsum2);
+    gpu().rmsnorm(gsum2, dw, 1e-5f, gy2, nullptr);
+    CHECK(same_values(down(gsum), down(gsum2)));
+    CHECK(same_values(down(gy), down(gy2)));
+
+    const std::vector<std::int32_t> pos = {0, 1, 17, 300, 4095};
+    Tensor q = rounded(random_tensor({n, 2 * 48}, r), t), gq = up(q, t);
+    cpu().rope(q, ids_tensor(pos), 2, 48, 10000.0f);
+    gpu().rope(gq, ids_tensor(pos), 2, 48, 10000.0f);
+    expect_close(gq, q, rt, 1e-3, "rope 16-bit");
+
+    const std::int64_t vocab = 500;
+    Tensor logits = rounded(random_tensor({n, vocab}, r, -4.0f, 4.0f), t), glogits = up(logits, t);
+    const Tensor targets = ids_tensor({3, -1, 0, 499, 7});
+    Tensor losses = Tensor::empty({n}), glosses = gpu().empty({n}), dl = Tensor::empty({n, vocab});
+    cpu().cross_entropy(logits, targets, losses, &dl, 0.2f);
+    gpu().cross_entropy(glogits, targets, glosses, &glogits, 0.2f);
+    expect_close(glosses, losses, red_rtol, red_atol, "cross_entropy 16-bit losses");
+    expect_close(glogits, dl, rt, 1e-4, "cross_entropy 16-bit dlogits");
+  }
+}
+
 // ---- loss and optimiser ----------------------------------------------------------------
 
 TEST_CASE("cuda: cross_entropy matches the cpu, ignores -1 rows and may write into logits") {
@@ -793,6 +852,13 @@ TEST_CASE("cuda: ops reject wrong shapes, dtypes and host tensors with tensor_er
                        tensor_error);
   Tensor rn = gpu().empty({3, 8});
   CHECK_THROWS_AS(gpu().rmsnorm(x, up(random_tensor({7}, r)), 1e-5f, rn, nullptr), tensor_error);
+  // 16-bit activations keep one dtype; the weight stays f32
+  Tensor rn16 = gpu().empty({3, 8}, dtype::bf16);
+  CHECK_THROWS_WITH_AS(gpu().rmsnorm(x, up(random_tensor({8}, r)), 1e-5f, rn16, nullptr),
+                       doctest::Contains("rmsnorm y"), tensor_error);
+  CHECK_THROWS_WITH_AS(gpu().rmsnorm(up(random_tensor({3, 8}, r), dtype::bf16), up(random_tensor({8}, r), dtype::bf16),
+                                     1e-5f, rn16, nullptr),
+                       doctest::Contains("rmsnorm w"), tensor_error);
   CHECK_THROWS_AS(gpu().add(x, gpu().empty({8, 3}), rn), tensor_error);
   Tensor xi = gpu().empty({3, 8}, dtype::i32);
   CHECK_THROWS_AS(gpu().gelu(xi, xi), tensor_error);
