@@ -27,6 +27,7 @@
 #include "kernels/cuda/attention_tiled.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/dispatch.cuh"
 
 #include <stdexcept>
 #include <string>
@@ -55,46 +56,64 @@ void dispatch_chunks(std::int64_t dh, F&& f) {
 
 // ---- launchers -------------------------------------------------------------------
 
-void attention_forward(stream_t s, const attention_dims& g, const float* q, const float* k,
-                       const float* v, std::int64_t batch, std::int64_t seq, float* out,
-                       float* lse, bool tensor_cores) {
-  forward_params p;
-  p.q = q;
-  p.out = out;
-  p.lse = lse;
-  p.k = k;
-  p.v = v;
-  p.rows = batch * seq;
-  p.seq = seq;
-  p.g = g;
-  if (p.rows <= 0) return;
-  if (tensor_cores && attention_forward_mma(s, g, q, k, v, batch, seq, out, lse)) return;
-  if (attention_forward_tiled(s, g, q, k, v, batch, seq, out, lse)) return;
+void attention_forward(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                       const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse,
+                       bool tensor_cores) {
+  if (batch * seq <= 0) return;
+  // The tensor-core kernels read f32 operands (rounding them to bf16 on the way in).
+  if (tensor_cores && t == elem::f32 &&
+      attention_forward_mma(s, g, static_cast<const float*>(q), static_cast<const float*>(k),
+                            static_cast<const float*>(v), batch, seq, static_cast<float*>(out), lse))
+    return;
+  if (attention_forward_tiled(s, g, t, q, k, v, batch, seq, out, lse)) return;
   dispatch_chunks(g.dh, [&](auto c) {
-    attention_forward_kernel<decltype(c)::value>
-        <<<warp_blocks(p.rows * g.hq), attn_threads, 0, s>>>(p);
-    COROLLA_CUDA_LAUNCH_CHECK("attention_forward_kernel");
+    dispatch_elem(t, [&](auto tag) {
+      using T = decltype(tag);
+      forward_params<T> p;
+      p.q = static_cast<const T*>(q);
+      p.out = static_cast<T*>(out);
+      p.lse = lse;
+      p.k = static_cast<const T*>(k);
+      p.v = static_cast<const T*>(v);
+      p.rows = batch * seq;
+      p.seq = seq;
+      p.g = g;
+      attention_forward_kernel<decltype(c)::value, T><<<warp_blocks(p.rows * g.hq), attn_threads, 0, s>>>(p);
+      COROLLA_CUDA_LAUNCH_CHECK("attention_forward_kernel");
+    });
   });
 }
 
-void attention_backward(stream_t s, const attention_dims& g, const float* q, const float* k,
-                        const float* v, const float* out, const float* lse, const float* dout,
-                        std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv,
-                        float* delta, bool tensor_cores) {
-  const backward_params p{q, k, v, out, lse, dout, dq, dk, dv, delta, batch, seq, g};
+void attention_backward(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                        const void* v, const void* out, const float* lse, const void* dout,
+                        std::int64_t batch, std::int64_t seq, void* dq, void* dk, void* dv, float* delta,
+                        bool tensor_cores) {
   const std::int64_t rows = batch * seq;
   if (rows <= 0) return;
   dispatch_chunks(g.dh, [&](auto c) {
     constexpr int C = decltype(c)::value;
-    attention_delta_kernel<C><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
-    COROLLA_CUDA_LAUNCH_CHECK("attention_delta_kernel");
-    if (tensor_cores && attention_backward_mma(s, g, q, k, v, lse, dout, delta, batch, seq, dq, dk, dv))
-      return;
-    if (attention_backward_tiled(s, g, q, k, v, lse, dout, delta, batch, seq, dq, dk, dv)) return;
-    attention_dq_kernel<C><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
-    COROLLA_CUDA_LAUNCH_CHECK("attention_dq_kernel");
-    attention_dkdv_kernel<C><<<warp_blocks(rows * g.hkv), attn_threads, 0, s>>>(p);
-    COROLLA_CUDA_LAUNCH_CHECK("attention_dkdv_kernel");
+    dispatch_elem(t, [&](auto tag) {
+      using T = decltype(tag);
+      const backward_params<T> p{static_cast<const T*>(q),    static_cast<const T*>(k),
+                                 static_cast<const T*>(v),    static_cast<const T*>(out),
+                                 lse,                         static_cast<const T*>(dout),
+                                 static_cast<T*>(dq),         static_cast<T*>(dk),
+                                 static_cast<T*>(dv),         delta,
+                                 batch,                       seq,
+                                 g};
+      attention_delta_kernel<C, T><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
+      COROLLA_CUDA_LAUNCH_CHECK("attention_delta_kernel");
+      if (tensor_cores && t == elem::f32 &&
+          attention_backward_mma(s, g, static_cast<const float*>(q), static_cast<const float*>(k),
+                                 static_cast<const float*>(v), lse, static_cast<const float*>(dout), delta, batch,
+                                 seq, static_cast<float*>(dq), static_cast<float*>(dk), static_cast<float*>(dv)))
+        return;
+      if (attention_backward_tiled(s, g, t, q, k, v, lse, dout, delta, batch, seq, dq, dk, dv)) return;
+      attention_dq_kernel<C, T><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
+      COROLLA_CUDA_LAUNCH_CHECK("attention_dq_kernel");
+      attention_dkdv_kernel<C, T><<<warp_blocks(rows * g.hkv), attn_threads, 0, s>>>(p);
+      COROLLA_CUDA_LAUNCH_CHECK("attention_dkdv_kernel");
+    });
   });
 }
 

@@ -1,6 +1,6 @@
 // kernels/cuda/attention.hpp — causal grouped-query attention launchers
-// (host-only; f32 device pointers; layouts as in kernels/backend.hpp and
-// lse ordered [b][h][t] like the CPU backend).
+// (host-only; device pointers; layouts as in kernels/backend.hpp and lse
+// ordered [b][h][t] like the CPU backend).
 #pragma once
 
 #include <cstddef>
@@ -20,20 +20,22 @@ struct attention_dims {
   float scale = 0.0f;
 };
 
-/// out, lse (may be null) for q [B*T, Hq*Dh] against k, v [B*T, Hkv*Dh].
-/// With `tensor_cores`, attention_mma.cu's bf16 kernels run where they
-/// take the geometry (attention_mma_supported); otherwise, and for the
-/// rest, the f32 kernels.
-void attention_forward(stream_t s, const attention_dims& g, const float* q, const float* k,
-                       const float* v, std::int64_t batch, std::int64_t seq, float* out,
-                       float* lse, bool tensor_cores);
+/// out, lse (may be null) for q [B*T, Hq*Dh] against k, v [B*T, Hkv*Dh];
+/// q, k, v, out of element type t (read into f32, out rounded once), lse
+/// f32. With `tensor_cores` and f32 operands, attention_mma.cu's bf16
+/// kernels run where they take the geometry (attention_mma_supported);
+/// otherwise, and for the rest, the f32-arithmetic kernels.
+void attention_forward(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                       const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse,
+                       bool tensor_cores);
 
-/// dq, dk, dv (overwritten). `delta` is scratch of B*Hq*T floats;
-/// `tensor_cores` as attention_forward.
-void attention_backward(stream_t s, const attention_dims& g, const float* q, const float* k,
-                        const float* v, const float* out, const float* lse, const float* dout,
-                        std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv,
-                        float* delta, bool tensor_cores);
+/// dq, dk, dv (overwritten; all tensors of element type t but lse and
+/// delta, f32). `delta` is scratch of B*Hq*T floats; `tensor_cores` as
+/// attention_forward.
+void attention_backward(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                        const void* v, const void* out, const float* lse, const void* dout,
+                        std::int64_t batch, std::int64_t seq, void* dq, void* dk, void* dv, float* delta,
+                        bool tensor_cores);
 
 /// out [tq, Hq*Dh] for q [tq, Hq*Dh] at positions start_pos.. against a
 /// paged cache: k_pages/v_pages are *device* arrays of device page pointers,

@@ -9,40 +9,41 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
 
 namespace corolla::cuda {
 namespace {
 
-/// Loads elements lane, lane+32, ... of a row (zeros past dh).
-template <int C>
-__device__ __forceinline__ void load_row(const float* p, int lane, int dh, float (&r)[C]) {
+/// Loads elements lane, lane+32, ... of a row (zeros past dh) into f32.
+template <int C, class T>
+__device__ __forceinline__ void load_row(const T* p, int lane, int dh, float (&r)[C]) {
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     const int d = lane + 32 * c;
-    r[c] = d < dh ? p[d] : 0.0f;
+    r[c] = d < dh ? load_f32(p, d) : 0.0f;
   }
 }
 
 /// The warp's dot product of a register row with row p (all lanes get it).
-template <int C>
-__device__ __forceinline__ float dot_row(const float (&r)[C], const float* p, int lane, int dh) {
+template <int C, class T>
+__device__ __forceinline__ float dot_row(const float (&r)[C], const T* p, int lane, int dh) {
   float s = 0.0f;
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     const int d = lane + 32 * c;
-    if (d < dh) s += r[c] * p[d];
+    if (d < dh) s += r[c] * load_f32(p, d);
   }
   return warp_sum(s);
 }
 
-template <int C>
-__device__ __forceinline__ void store_row(float* p, int lane, int dh, const float (&r)[C],
-                                          float f) {
+/// Stores r * f into elements lane, lane+32, ... of a row (one rounding).
+template <int C, class T>
+__device__ __forceinline__ void store_row(T* p, int lane, int dh, const float (&r)[C], float f) {
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     const int d = lane + 32 * c;
-    if (d < dh) p[d] = r[c] * f;
+    if (d < dh) store_f32(p, d, r[c] * f);
   }
 }
 

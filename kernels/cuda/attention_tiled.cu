@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/attention_tiled_kernels.cuh"
 
 namespace corolla::cuda {
@@ -39,53 +40,59 @@ bool dispatch_tiled(std::int64_t dh, F&& f) {
 
 }  // namespace
 
-bool attention_forward_tiled(stream_t s, const attention_dims& g, const float* q, const float* k,
-                             const float* v, std::int64_t batch, std::int64_t seq, float* out,
-                             float* lse) {
-  tiled_args a{};
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.out_w = out;
-  a.lse_w = lse;
-  a.batch = batch;
-  a.seq = seq;
-  a.g = g;
+bool attention_forward_tiled(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                             const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse) {
   return dispatch_tiled(g.dh, [&](auto c) {
     constexpr int C = decltype(c)::value;
-    const std::size_t smem = tiled_smem<C>(3);
-    allow_smem(flash_forward_kernel<C>, smem);  // per call: the limit is per device
-    const dim3 grid(static_cast<unsigned>(batch * g.hq), tiles_of(seq));
-    flash_forward_kernel<C><<<grid, tile_threads, smem, s>>>(a);
-    COROLLA_CUDA_LAUNCH_CHECK("flash_forward_kernel");
+    dispatch_elem(t, [&](auto tag) {
+      using T = decltype(tag);
+      tiled_args<T> a{};
+      a.q = static_cast<const T*>(q);
+      a.k = static_cast<const T*>(k);
+      a.v = static_cast<const T*>(v);
+      a.out_w = static_cast<T*>(out);
+      a.lse_w = lse;
+      a.batch = batch;
+      a.seq = seq;
+      a.g = g;
+      const std::size_t smem = tiled_smem<C>(3);
+      allow_smem(flash_forward_kernel<C, T>, smem);  // per call: the limit is per device
+      const dim3 grid(static_cast<unsigned>(batch * g.hq), tiles_of(seq));
+      flash_forward_kernel<C, T><<<grid, tile_threads, smem, s>>>(a);
+      COROLLA_CUDA_LAUNCH_CHECK("flash_forward_kernel");
+    });
   });
 }
 
-bool attention_backward_tiled(stream_t s, const attention_dims& g, const float* q, const float* k,
-                              const float* v, const float* lse, const float* dout, const float* delta,
-                              std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv) {
-  tiled_args a{};
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.lse = lse;
-  a.dout = dout;
-  a.delta = delta;
-  a.dq = dq;
-  a.dk = dk;
-  a.dv = dv;
-  a.batch = batch;
-  a.seq = seq;
-  a.g = g;
+bool attention_backward_tiled(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                              const void* v, const float* lse, const void* dout, const float* delta,
+                              std::int64_t batch, std::int64_t seq, void* dq, void* dk, void* dv) {
   return dispatch_tiled(g.dh, [&](auto c) {
     constexpr int C = decltype(c)::value;
-    const std::size_t smem = tiled_smem<C>(4);
-    allow_smem(flash_dq_kernel<C>, smem);
-    allow_smem(flash_dkdv_kernel<C>, smem);
-    flash_dq_kernel<C><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), tile_threads, smem, s>>>(a);
-    COROLLA_CUDA_LAUNCH_CHECK("flash_dq_kernel");
-    flash_dkdv_kernel<C><<<dim3(static_cast<unsigned>(batch * g.hkv), tiles_of(seq)), tile_threads, smem, s>>>(a);
-    COROLLA_CUDA_LAUNCH_CHECK("flash_dkdv_kernel");
+    dispatch_elem(t, [&](auto tag) {
+      using T = decltype(tag);
+      tiled_args<T> a{};
+      a.q = static_cast<const T*>(q);
+      a.k = static_cast<const T*>(k);
+      a.v = static_cast<const T*>(v);
+      a.lse = lse;
+      a.dout = static_cast<const T*>(dout);
+      a.delta = delta;
+      a.dq = static_cast<T*>(dq);
+      a.dk = static_cast<T*>(dk);
+      a.dv = static_cast<T*>(dv);
+      a.batch = batch;
+      a.seq = seq;
+      a.g = g;
+      const std::size_t smem = tiled_smem<C>(4);
+      allow_smem(flash_dq_kernel<C, T>, smem);
+      allow_smem(flash_dkdv_kernel<C, T>, smem);
+      flash_dq_kernel<C, T><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), tile_threads, smem, s>>>(a);
+      COROLLA_CUDA_LAUNCH_CHECK("flash_dq_kernel");
+      flash_dkdv_kernel<C, T><<<dim3(static_cast<unsigned>(batch * g.hkv), tiles_of(seq)), tile_threads, smem, s>>>(
+          a);
+      COROLLA_CUDA_LAUNCH_CHECK("flash_dkdv_kernel");
+    });
   });
 }
 

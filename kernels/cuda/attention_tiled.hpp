@@ -13,17 +13,16 @@ namespace corolla::cuda {
 /// Largest head size of the tiled kernels (attention.cu's take the rest).
 constexpr int tiled_max_head_dim = 128;
 
-/// out and lse (may be null) as attention_forward; false (nothing launched)
-/// when g.dh exceeds tiled_max_head_dim.
-bool attention_forward_tiled(stream_t s, const attention_dims& g, const float* q, const float* k,
-                             const float* v, std::int64_t batch, std::int64_t seq, float* out,
-                             float* lse);
+/// out and lse (may be null) as attention_forward, q/k/v/out of element
+/// type t; false (nothing launched) when g.dh exceeds tiled_max_head_dim.
+bool attention_forward_tiled(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                             const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse);
 
-/// dq, dk, dv (overwritten) from lse and delta (dout . out per row and
-/// head, [b][h][t]); false (nothing launched) when g.dh exceeds
-/// tiled_max_head_dim.
-bool attention_backward_tiled(stream_t s, const attention_dims& g, const float* q, const float* k,
-                              const float* v, const float* lse, const float* dout, const float* delta,
-                              std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv);
+/// dq, dk, dv (overwritten; q/k/v/dout/dq/dk/dv of element type t) from
+/// lse and delta (dout . out per row and head, [b][h][t], f32); false
+/// (nothing launched) when g.dh exceeds tiled_max_head_dim.
+bool attention_backward_tiled(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                              const void* v, const float* lse, const void* dout, const float* delta,
+                              std::int64_t batch, std::int64_t seq, void* dq, void* dk, void* dv);
 
 }  // namespace corolla::cuda

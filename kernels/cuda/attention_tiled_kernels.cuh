@@ -10,11 +10,11 @@
 
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/block_smem.cuh"
+#include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
 
 namespace corolla::cuda {
 namespace {
-
 
 constexpr int tile = 32;          ///< rows of a tile (= lanes of a warp)
 constexpr int tile_warps = 8;     ///< warps of a block
@@ -22,23 +22,28 @@ constexpr int warp_rows = tile / tile_warps;  ///< tile rows a warp owns
 constexpr int tile_threads = tile_warps * 32;
 constexpr unsigned full = 0xffffffffu;
 
+/// Tensors of storage type T (f32, bf16 or f16: read into f32, written
+/// with one rounding); the row statistics lse and delta are f32.
+template <class T>
 struct tiled_args {
-  const float *q, *k, *v, *lse, *dout, *delta;
-  float *out_w, *lse_w, *dq, *dk, *dv;
+  const T *q, *k, *v, *dout;
+  const float *lse, *delta;
+  T *out_w, *dq, *dk, *dv;
+  float* lse_w;
   std::int64_t batch, seq;
   attention_dims g;
 };
 
 /// Loads rows [t0, t0 + tile) of one head of a [B*T, width] tensor into a
 /// [tile][S] shared array (zeros past the sequence and past dh).
-template <int C>
-__device__ __forceinline__ void load_tile(float* dst, const float* src, std::int64_t b, std::int64_t seq,
+template <int C, class T>
+__device__ __forceinline__ void load_tile(float* dst, const T* src, std::int64_t b, std::int64_t seq,
                                           std::int64_t t0, std::int64_t width, std::int64_t head, int dh) {
   constexpr int D = 32 * C, S = D + 1;
   for (int e = threadIdx.x; e < tile * D; e += tile_threads) {
     const int r = e / D, d = e % D;
     const std::int64_t t = t0 + r;
-    dst[r * S + d] = (t < seq && d < dh) ? src[(b * seq + t) * width + head * dh + d] : 0.0f;
+    dst[r * S + d] = (t < seq && d < dh) ? load_f32(src, (b * seq + t) * width + head * dh + d) : 0.0f;
   }
 }
 
@@ -60,8 +65,8 @@ __device__ __forceinline__ float dot_shared(const float* a, const float* b) {
   return s;
 }
 
-template <int C>
-__global__ void __launch_bounds__(tile_threads) flash_forward_kernel(tiled_args a) {
+template <int C, class T>
+__global__ void __launch_bounds__(tile_threads) flash_forward_kernel(tiled_args<T> a) {
   constexpr int D = 32 * C, S = D + 1;
   COROLLA_BLOCK_SMEM(smem_bytes);
   float* smem = reinterpret_cast<float*>(smem_bytes);
@@ -72,7 +77,7 @@ __global__ void __launch_bounds__(tile_threads) flash_forward_kernel(tiled_args 
   const std::int64_t bh = blockIdx.x, b = bh / a.g.hq, h = bh % a.g.hq, kvh = h / a.g.group;
   const std::int64_t q0 = std::int64_t{blockIdx.y} * tile, seq = a.seq;
   const int dh = static_cast<int>(a.g.dh);
-  load_tile<C>(qs, a.q, b, seq, q0, a.g.q_width, h, dh);
+  load_tile<C, T>(qs, a.q, b, seq, q0, a.g.q_width, h, dh);
 
   float m[warp_rows], l[warp_rows], acc[warp_rows][C];
 #pragma unroll
@@ -85,8 +90,8 @@ __global__ void __launch_bounds__(tile_threads) flash_forward_kernel(tiled_args 
   const std::int64_t last = q0 + tile - 1 < seq - 1 ? q0 + tile - 1 : seq - 1;
   for (std::int64_t k0 = 0; k0 <= last; k0 += tile) {
     __syncthreads();  // the previous tile's readers are done (and qs is visible)
-    load_tile<C>(ks, a.k, b, seq, k0, a.g.kv_width, kvh, dh);
-    load_tile<C>(vs, a.v, b, seq, k0, a.g.kv_width, kvh, dh);
+    load_tile<C, T>(ks, a.k, b, seq, k0, a.g.kv_width, kvh, dh);
+    load_tile<C, T>(vs, a.v, b, seq, k0, a.g.kv_width, kvh, dh);
     __syncthreads();
     float p[warp_rows];
 #pragma unroll
@@ -120,17 +125,17 @@ __global__ void __launch_bounds__(tile_threads) flash_forward_kernel(tiled_args 
   for (int rr = 0; rr < warp_rows; ++rr) {
     const std::int64_t qi = q0 + warp * warp_rows + rr;
     if (qi >= seq) continue;
-    float* o = a.out_w + (b * seq + qi) * a.g.q_width + h * dh;
+    T* o = a.out_w + (b * seq + qi) * a.g.q_width + h * dh;
     const float inv = 1.0f / l[rr];
 #pragma unroll
     for (int c = 0; c < C; ++c)
-      if (lane + 32 * c < dh) o[lane + 32 * c] = acc[rr][c] * inv;
+      if (lane + 32 * c < dh) store_f32(o, lane + 32 * c, acc[rr][c] * inv);
     if (a.lse_w && lane == 0) a.lse_w[(b * a.g.hq + h) * seq + qi] = m[rr] + logf(l[rr]);
   }
 }
 
-template <int C>
-__global__ void __launch_bounds__(tile_threads) flash_dq_kernel(tiled_args a) {
+template <int C, class T>
+__global__ void __launch_bounds__(tile_threads) flash_dq_kernel(tiled_args<T> a) {
   constexpr int D = 32 * C, S = D + 1;
   COROLLA_BLOCK_SMEM(smem_bytes);
   float* smem = reinterpret_cast<float*>(smem_bytes);
@@ -145,8 +150,8 @@ __global__ void __launch_bounds__(tile_threads) flash_dq_kernel(tiled_args a) {
   const std::int64_t q0 = std::int64_t{blockIdx.y} * tile, seq = a.seq;
   const int dh = static_cast<int>(a.g.dh);
   const float scale = a.g.scale;
-  load_tile<C>(qs, a.q, b, seq, q0, a.g.q_width, h, dh);
-  load_tile<C>(gs, a.dout, b, seq, q0, a.g.q_width, h, dh);
+  load_tile<C, T>(qs, a.q, b, seq, q0, a.g.q_width, h, dh);
+  load_tile<C, T>(gs, a.dout, b, seq, q0, a.g.q_width, h, dh);
   load_stats(lse, a.lse, b, h, a.g.hq, seq, q0);
   load_stats(delta, a.delta, b, h, a.g.hq, seq, q0);
 
@@ -158,8 +163,8 @@ __global__ void __launch_bounds__(tile_threads) flash_dq_kernel(tiled_args a) {
   const std::int64_t last = q0 + tile - 1 < seq - 1 ? q0 + tile - 1 : seq - 1;
   for (std::int64_t k0 = 0; k0 <= last; k0 += tile) {
     __syncthreads();
-    load_tile<C>(ks, a.k, b, seq, k0, a.g.kv_width, kvh, dh);
-    load_tile<C>(vs, a.v, b, seq, k0, a.g.kv_width, kvh, dh);
+    load_tile<C, T>(ks, a.k, b, seq, k0, a.g.kv_width, kvh, dh);
+    load_tile<C, T>(vs, a.v, b, seq, k0, a.g.kv_width, kvh, dh);
     __syncthreads();
     float ds[warp_rows];
 #pragma unroll
@@ -189,15 +194,15 @@ __global__ void __launch_bounds__(tile_threads) flash_dq_kernel(tiled_args a) {
   for (int rr = 0; rr < warp_rows; ++rr) {
     const std::int64_t qi = q0 + warp * warp_rows + rr;
     if (qi >= seq) continue;
-    float* o = a.dq + (b * seq + qi) * a.g.q_width + h * dh;
+    T* o = a.dq + (b * seq + qi) * a.g.q_width + h * dh;
 #pragma unroll
     for (int c = 0; c < C; ++c)
-      if (lane + 32 * c < dh) o[lane + 32 * c] = acc[rr][c];
+      if (lane + 32 * c < dh) store_f32(o, lane + 32 * c, acc[rr][c]);
   }
 }
 
-template <int C>
-__global__ void __launch_bounds__(tile_threads) flash_dkdv_kernel(tiled_args a) {
+template <int C, class T>
+__global__ void __launch_bounds__(tile_threads) flash_dkdv_kernel(tiled_args<T> a) {
   constexpr int D = 32 * C, S = D + 1;
   COROLLA_BLOCK_SMEM(smem_bytes);
   float* smem = reinterpret_cast<float*>(smem_bytes);
@@ -212,8 +217,8 @@ __global__ void __launch_bounds__(tile_threads) flash_dkdv_kernel(tiled_args a) 
   const std::int64_t k0 = std::int64_t{blockIdx.y} * tile, seq = a.seq;
   const int dh = static_cast<int>(a.g.dh);
   const float scale = a.g.scale;
-  load_tile<C>(ks, a.k, b, seq, k0, a.g.kv_width, kvh, dh);
-  load_tile<C>(vs, a.v, b, seq, k0, a.g.kv_width, kvh, dh);
+  load_tile<C, T>(ks, a.k, b, seq, k0, a.g.kv_width, kvh, dh);
+  load_tile<C, T>(vs, a.v, b, seq, k0, a.g.kv_width, kvh, dh);
 
   float dk[warp_rows][C], dv[warp_rows][C];
 #pragma unroll
@@ -224,8 +229,8 @@ __global__ void __launch_bounds__(tile_threads) flash_dkdv_kernel(tiled_args a) 
     // Query tiles from the key tile's own on: earlier queries see none of its keys.
     for (std::int64_t q0 = k0; q0 < seq; q0 += tile) {
       __syncthreads();
-      load_tile<C>(qs, a.q, b, seq, q0, a.g.q_width, h, dh);
-      load_tile<C>(gs, a.dout, b, seq, q0, a.g.q_width, h, dh);
+      load_tile<C, T>(qs, a.q, b, seq, q0, a.g.q_width, h, dh);
+      load_tile<C, T>(gs, a.dout, b, seq, q0, a.g.q_width, h, dh);
       load_stats(lse, a.lse, b, h, a.g.hq, seq, q0);
       load_stats(delta, a.delta, b, h, a.g.hq, seq, q0);
       __syncthreads();
@@ -264,13 +269,13 @@ __global__ void __launch_bounds__(tile_threads) flash_dkdv_kernel(tiled_args a) 
   for (int rr = 0; rr < warp_rows; ++rr) {
     const std::int64_t kj = k0 + warp * warp_rows + rr;
     if (kj >= seq) continue;
-    float* ok = a.dk + (b * seq + kj) * a.g.kv_width + kvh * dh;
-    float* ov = a.dv + (b * seq + kj) * a.g.kv_width + kvh * dh;
+    T* ok = a.dk + (b * seq + kj) * a.g.kv_width + kvh * dh;
+    T* ov = a.dv + (b * seq + kj) * a.g.kv_width + kvh * dh;
 #pragma unroll
     for (int c = 0; c < C; ++c)
       if (lane + 32 * c < dh) {
-        ok[lane + 32 * c] = dk[rr][c];
-        ov[lane + 32 * c] = dv[rr][c];
+        store_f32(ok, lane + 32 * c, dk[rr][c]);
+        store_f32(ov, lane + 32 * c, dv[rr][c]);
       }
   }
 }

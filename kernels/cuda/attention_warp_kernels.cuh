@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/attention_paged_kernels.cuh"
+#include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
 
 namespace corolla::cuda {
@@ -20,19 +21,20 @@ constexpr int warps_per_block = 4;
 constexpr int attn_threads = warps_per_block * 32;
 
 /// Row j of batch b's keys/values is at k/v + (b*seq + j) * kv_width.
+template <class T>
 struct forward_params {
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  float* out = nullptr;
+  const T* q = nullptr;
+  const T* k = nullptr;
+  const T* v = nullptr;
+  T* out = nullptr;
   float* lse = nullptr;
   std::int64_t rows = 0;  ///< query rows, B*T
   std::int64_t seq = 0;   ///< T
   attention_dims g;
 };
 
-template <int C>
-__global__ void attention_forward_kernel(forward_params p) {
+template <int C, class T>
+__global__ void attention_forward_kernel(forward_params<T> p) {
   const std::int64_t w = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (w >= p.rows * p.g.hq) return;  // whole warps exit together
@@ -47,8 +49,8 @@ __global__ void attention_forward_kernel(forward_params p) {
   for (int c = 0; c < C; ++c) acc[c] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (std::int64_t j = 0; j < keys; ++j) {
-    const float* kr = p.k + (b * p.seq + j) * kw + kvh * dh;
-    const float* vr = p.v + (b * p.seq + j) * kw + kvh * dh;
+    const T* kr = p.k + (b * p.seq + j) * kw + kvh * dh;
+    const T* vr = p.v + (b * p.seq + j) * kw + kvh * dh;
     const float s = p.g.scale * dot_row<C>(q, kr, lane, dh);
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new);  // 0 for the first key (m = -inf)
@@ -57,7 +59,7 @@ __global__ void attention_forward_kernel(forward_params p) {
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       const int d = lane + 32 * c;
-      acc[c] = acc[c] * corr + (d < dh ? e * vr[d] : 0.0f);
+      acc[c] = acc[c] * corr + (d < dh ? e * load_f32(vr, d) : 0.0f);
     }
     m = m_new;
   }
@@ -65,16 +67,21 @@ __global__ void attention_forward_kernel(forward_params p) {
   if (p.lse && lane == 0) p.lse[(b * p.g.hq + h) * p.seq + t] = m + logf(l);
 }
 
+/// q, k, v, out, dout, dq, dk, dv of storage type T; lse and delta f32.
+template <class T>
 struct backward_params {
-  const float *q, *k, *v, *out, *lse, *dout;
-  float *dq, *dk, *dv, *delta;
+  const T *q, *k, *v, *out;
+  const float* lse;
+  const T* dout;
+  T *dq, *dk, *dv;
+  float* delta;
   std::int64_t batch, seq;
   attention_dims g;
 };
 
 /// delta[b,h,t] = dout_row . out_row (per head).
-template <int C>
-__global__ void attention_delta_kernel(backward_params p) {
+template <int C, class T>
+__global__ void attention_delta_kernel(backward_params<T> p) {
   const std::int64_t w = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (w >= p.batch * p.seq * p.g.hq) return;
@@ -87,8 +94,8 @@ __global__ void attention_delta_kernel(backward_params p) {
   if (lane == 0) p.delta[(b * p.g.hq + h) * p.seq + t] = d;
 }
 
-template <int C>
-__global__ void attention_dq_kernel(backward_params p) {
+template <int C, class T>
+__global__ void attention_dq_kernel(backward_params<T> p) {
   const std::int64_t w = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (w >= p.batch * p.seq * p.g.hq) return;
@@ -104,21 +111,21 @@ __global__ void attention_dq_kernel(backward_params p) {
 #pragma unroll
   for (int c = 0; c < C; ++c) acc[c] = 0.0f;
   for (std::int64_t j = 0; j <= t; ++j) {
-    const float* kr = p.k + (b * p.seq + j) * kw + kvh * dh;
-    const float* vr = p.v + (b * p.seq + j) * kw + kvh * dh;
+    const T* kr = p.k + (b * p.seq + j) * kw + kvh * dh;
+    const T* vr = p.v + (b * p.seq + j) * kw + kvh * dh;
     const float pj = expf(scale * dot_row<C>(q, kr, lane, dh) - lse);
     const float ds = scale * pj * (dot_row<C>(g, vr, lane, dh) - delta);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       const int d = lane + 32 * c;
-      if (d < dh) acc[c] += ds * kr[d];
+      if (d < dh) acc[c] += ds * load_f32(kr, d);
     }
   }
   store_row<C>(p.dq + at, lane, dh, acc, 1.0f);
 }
 
-template <int C>
-__global__ void attention_dkdv_kernel(backward_params p) {
+template <int C, class T>
+__global__ void attention_dkdv_kernel(backward_params<T> p) {
   const std::int64_t w = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (w >= p.batch * p.seq * p.g.hkv) return;
@@ -134,8 +141,8 @@ __global__ void attention_dkdv_kernel(backward_params p) {
   for (int c = 0; c < C; ++c) dk[c] = dv[c] = 0.0f;
   for (std::int64_t h = kvh * p.g.group; h < (kvh + 1) * p.g.group; ++h) {
     for (std::int64_t i = j; i < p.seq; ++i) {
-      const float* qr = p.q + (b * p.seq + i) * qw + h * dh;
-      const float* gr = p.dout + (b * p.seq + i) * qw + h * dh;
+      const T* qr = p.q + (b * p.seq + i) * qw + h * dh;
+      const T* gr = p.dout + (b * p.seq + i) * qw + h * dh;
       const std::int64_t stat = (b * p.g.hq + h) * p.seq + i;
       const float pij = expf(scale * dot_row<C>(k, qr, lane, dh) - p.lse[stat]);
       const float ds = scale * pij * (dot_row<C>(v, gr, lane, dh) - p.delta[stat]);
@@ -143,8 +150,8 @@ __global__ void attention_dkdv_kernel(backward_params p) {
       for (int c = 0; c < C; ++c) {
         const int d = lane + 32 * c;
         if (d < dh) {
-          dk[c] += ds * qr[d];
-          dv[c] += pij * gr[d];
+          dk[c] += ds * load_f32(qr, d);
+          dv[c] += pij * load_f32(gr, d);
         }
       }
     }

@@ -226,15 +226,17 @@ void cuda_backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   const attention_geometry g = check_attention_geometry(s, "attention");
   require_condition(batch >= 0 && seq >= 0, "attention", "batch and seq must not be negative");
   const std::int64_t B = batch, T = seq, rows = B * T;
-  require_on(q, dev(), dtype::f32, {rows, g.q_width}, "attention q");
-  require_on(k, dev(), dtype::f32, {rows, g.kv_width}, "attention k");
-  require_on(v, dev(), dtype::f32, {rows, g.kv_width}, "attention v");
-  require_on(out, dev(), dtype::f32, {rows, g.q_width}, "attention out");
+  // q, k, v, out: one float dtype (f32, bf16 or f16); lse f32.
+  const elem t = float_elem(q, dev(), "attention q");
+  require_on(q, dev(), q.type(), {rows, g.q_width}, "attention q");
+  require_on(k, dev(), q.type(), {rows, g.kv_width}, "attention k");
+  require_on(v, dev(), q.type(), {rows, g.kv_width}, "attention v");
+  require_on(out, dev(), q.type(), {rows, g.q_width}, "attention out");
   if (lse) require_on(*lse, dev(), dtype::f32, {B * g.hq * T}, "attention lse");
   const attention_dims d = dims_of(g, "attention");
   if (rows == 0) return;
   device_guard guard(index_);
-  attention_forward(stream_, d, cf(q), cf(k), cf(v), B, T, f(out), lse ? f(*lse) : nullptr,
+  attention_forward(stream_, d, t, q.raw(), k.raw(), v.raw(), B, T, out.raw(), lse ? f(*lse) : nullptr,
                     get_matmul_precision() == matmul_precision::bf16);
 }
 
@@ -246,23 +248,23 @@ void cuda_backend::attention_backward(const Tensor& q, const Tensor& k, const Te
   require_condition(batch >= 0 && seq >= 0, "attention_backward",
                     "batch and seq must not be negative");
   const std::int64_t B = batch, T = seq, rows = B * T;
-  require_on(q, dev(), dtype::f32, {rows, g.q_width}, "attention_backward q");
-  require_on(k, dev(), dtype::f32, {rows, g.kv_width}, "attention_backward k");
-  require_on(v, dev(), dtype::f32, {rows, g.kv_width}, "attention_backward v");
-  require_on(out, dev(), dtype::f32, {rows, g.q_width}, "attention_backward out");
+  const elem t = float_elem(q, dev(), "attention_backward q");
+  require_on(q, dev(), q.type(), {rows, g.q_width}, "attention_backward q");
+  require_on(k, dev(), q.type(), {rows, g.kv_width}, "attention_backward k");
+  require_on(v, dev(), q.type(), {rows, g.kv_width}, "attention_backward v");
+  require_on(out, dev(), q.type(), {rows, g.q_width}, "attention_backward out");
   require_on(lse, dev(), dtype::f32, {B * g.hq * T}, "attention_backward lse");
-  require_on(dout, dev(), dtype::f32, {rows, g.q_width}, "attention_backward dout");
-  require_on(dq, dev(), dtype::f32, {rows, g.q_width}, "attention_backward dq");
-  require_on(dk, dev(), dtype::f32, {rows, g.kv_width}, "attention_backward dk");
-  require_on(dv, dev(), dtype::f32, {rows, g.kv_width}, "attention_backward dv");
+  require_on(dout, dev(), q.type(), {rows, g.q_width}, "attention_backward dout");
+  require_on(dq, dev(), q.type(), {rows, g.q_width}, "attention_backward dq");
+  require_on(dk, dev(), q.type(), {rows, g.kv_width}, "attention_backward dk");
+  require_on(dv, dev(), q.type(), {rows, g.kv_width}, "attention_backward dv");
   const attention_dims d = dims_of(g, "attention_backward");
   if (rows == 0) return;
   device_guard guard(index_);
   auto* delta = static_cast<float*>(
       scratch(slot_reduce, static_cast<std::size_t>(B * g.hq * T) * sizeof(float)));
-  cuda::attention_backward(stream_, d, cf(q), cf(k), cf(v), cf(out), cf(lse), cf(dout), B, T,
-                           f(dq), f(dk), f(dv), delta,
-                           get_matmul_precision() == matmul_precision::bf16);
+  cuda::attention_backward(stream_, d, t, q.raw(), k.raw(), v.raw(), out.raw(), cf(lse), dout.raw(), B, T,
+                           dq.raw(), dk.raw(), dv.raw(), delta, get_matmul_precision() == matmul_precision::bf16);
 }
 
 void cuda_backend::attention_cached(const Tensor& q, const kv_pages_view& cache,

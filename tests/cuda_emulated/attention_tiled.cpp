@@ -26,27 +26,28 @@ namespace {
 
 float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
 
-template <int C>
-void run_tiled(cuda::tiled_args a, bool backward) {
+template <int C, class T>
+void run_tiled(const cuda::tiled_args<T>& a, bool backward) {
   const unsigned tiles = cuda::tiles_of(a.seq);
   if (!backward) {
-    emulated::launch(&cuda::flash_forward_kernel<C>,
+    emulated::launch(&cuda::flash_forward_kernel<C, T>,
                      {static_cast<unsigned>(a.batch * a.g.hq), tiles, cuda::tile_threads, cuda::tiled_smem<C>(3)}, a);
     return;
   }
-  emulated::launch(&cuda::flash_dq_kernel<C>,
+  emulated::launch(&cuda::flash_dq_kernel<C, T>,
                    {static_cast<unsigned>(a.batch * a.g.hq), tiles, cuda::tile_threads, cuda::tiled_smem<C>(4)}, a);
-  emulated::launch(&cuda::flash_dkdv_kernel<C>,
+  emulated::launch(&cuda::flash_dkdv_kernel<C, T>,
                    {static_cast<unsigned>(a.batch * a.g.hkv), tiles, cuda::tile_threads, cuda::tiled_smem<C>(4)}, a);
 }
 
-void run(const cuda::tiled_args& a, bool backward) {
+template <class T>
+void run(const cuda::tiled_args<T>& a, bool backward) {
   if (a.g.dh <= 32)
-    run_tiled<1>(a, backward);
+    run_tiled<1, T>(a, backward);
   else if (a.g.dh <= 64)
-    run_tiled<2>(a, backward);
+    run_tiled<2, T>(a, backward);
   else
-    run_tiled<4>(a, backward);
+    run_tiled<4, T>(a, backward);
 }
 
 }  // namespace
@@ -74,7 +75,7 @@ TEST_CASE("emulated tiled training attention matches the cpu's attention, forwar
     cpu_backend().attention_backward(q, k, v, out, lse, dout, static_cast<int>(c.batch), static_cast<int>(c.seq), s,
                                      dq, dk, dv);
 
-    cuda::tiled_args a{};
+    cuda::tiled_args<float> a{};
     a.q = f(q);
     a.k = f(k);
     a.v = f(v);
@@ -113,4 +114,59 @@ TEST_CASE("emulated tiled training attention matches the cpu's attention, forwar
     check_close(got_dk, to_double(dk), 1e-4, 1e-5, "tiled attention dk");
     check_close(got_dv, to_double(dv), 1e-4, 1e-5, "tiled attention dv");
   }
+}
+
+namespace {
+
+template <class T>
+T* as(const Tensor& t) {
+  return static_cast<T*>(t.raw());
+}
+
+/// The tiled kernels in 16-bit storage against the f32 ones on the widened
+/// inputs: the same f32 arithmetic, so equal after one rounding.
+template <class T>
+void check_tiled_16bit(dtype dt, kernel_test::rng& r) {
+  const std::int64_t batch = 1, seq = 35, rows = batch * seq;
+  const int hq = 2, hkv = 1, dh = 64;
+  const std::int64_t qw = hq * dh, kw = hkv * dh;
+  const Tensor q = kernel_test::random_tensor({rows, qw}, r).to(dt), k = kernel_test::random_tensor({rows, kw}, r).to(dt),
+               v = kernel_test::random_tensor({rows, kw}, r).to(dt), dout = kernel_test::random_tensor({rows, qw}, r).to(dt);
+  const Tensor qf = q.to(dtype::f32), kf = k.to(dtype::f32), vf = v.to(dtype::f32), doutf = dout.to(dtype::f32);
+  const cuda::attention_dims g{hq, hkv, dh, hq / hkv, qw, kw, 0.125f};
+  auto rounded = [&](const Tensor& t) { return to_double(t.to(dt).to(dtype::f32)); };
+  auto wide = [](const Tensor& t) { return to_double(t.to(dtype::f32)); };
+  const std::string name = dtype_name(dt);
+
+  Tensor out = Tensor::empty({rows, qw}, dt), outf = Tensor::empty({rows, qw});
+  Tensor lse = Tensor::empty({batch * hq * seq}), lsef = Tensor::empty({batch * hq * seq});
+  cuda::tiled_args<T> a{};
+  a.q = as<T>(q), a.k = as<T>(k), a.v = as<T>(v), a.out_w = as<T>(out), a.lse_w = f(lse);
+  a.batch = batch, a.seq = seq, a.g = g;
+  cuda::tiled_args<float> af{};
+  af.q = f(qf), af.k = f(kf), af.v = f(vf), af.out_w = f(outf), af.lse_w = f(lsef);
+  af.batch = batch, af.seq = seq, af.g = g;
+  run(a, false);
+  run(af, false);
+  check_close(wide(out), rounded(outf), 0, 0, "tiled attention out in " + name);
+  check_close(lse, to_double(lsef), 0, 0, "tiled attention lse in " + name);
+
+  std::vector<float> delta(static_cast<std::size_t>(batch * hq * seq), 0.5f);
+  Tensor dq = Tensor::empty({rows, qw}, dt), dk = Tensor::empty({rows, kw}, dt), dv = Tensor::empty({rows, kw}, dt);
+  Tensor dqf = Tensor::empty({rows, qw}), dkf = Tensor::empty({rows, kw}), dvf = Tensor::empty({rows, kw});
+  a.lse = f(lsef), a.dout = as<T>(dout), a.delta = delta.data(), a.dq = as<T>(dq), a.dk = as<T>(dk), a.dv = as<T>(dv);
+  af.lse = f(lsef), af.dout = f(doutf), af.delta = delta.data(), af.dq = f(dqf), af.dk = f(dkf), af.dv = f(dvf);
+  run(a, true);
+  run(af, true);
+  check_close(wide(dq), rounded(dqf), 0, 0, "tiled attention dq in " + name);
+  check_close(wide(dk), rounded(dkf), 0, 0, "tiled attention dk in " + name);
+  check_close(wide(dv), rounded(dvf), 0, 0, "tiled attention dv in " + name);
+}
+
+}  // namespace
+
+TEST_CASE("emulated tiled training attention in bf16 and f16 storage is the f32 kernel rounded once") {
+  kernel_test::rng r(931);
+  check_tiled_16bit<__nv_bfloat16>(dtype::bf16, r);
+  check_tiled_16bit<__half>(dtype::f16, r);
 }

@@ -696,6 +696,43 @@ TEST_CASE("cuda: norms, rope and cross_entropy in bf16 and f16 storage compute i
   }
 }
 
+TEST_CASE("cuda: attention and its backward in bf16 and f16 storage compute in f32 and round once") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(121);
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    for (const int dh : {64, 160}) {  // the tiled kernels, and the warp-per-row ones past 128
+      CAPTURE(dtype_name(t));
+      CAPTURE(dh);
+      const double rt = t == dtype::bf16 ? 1e-2 : 2e-3;
+      const int B = 2, T = 37, hq = 4, hkv = 2;
+      const std::int64_t rows = B * T, qw = std::int64_t{hq} * dh, kw = std::int64_t{hkv} * dh;
+      const Tensor q = rounded(random_tensor({rows, qw}, r), t), k = rounded(random_tensor({rows, kw}, r), t),
+                   v = rounded(random_tensor({rows, kw}, r), t), g = rounded(random_tensor({rows, qw}, r), t);
+      attention_shape s;
+      s.n_heads = hq;
+      s.n_kv_heads = hkv;
+      s.head_dim = dh;
+      Tensor out = Tensor::empty({rows, qw}), lse = Tensor::empty({B * hq * T});
+      cpu().attention(q, k, v, B, T, s, out, &lse);
+      Tensor dq = Tensor::empty({rows, qw}), dk = Tensor::empty({rows, kw}), dv = Tensor::empty({rows, kw});
+      // The reference backward runs from the device's (rounded) output, as the device's does.
+      const Tensor gq = up(q, t), gk = up(k, t), gv = up(v, t), gg = up(g, t);
+      Tensor gout = gpu().empty({rows, qw}, t), glse = gpu().empty({B * hq * T});
+      gpu().attention(gq, gk, gv, B, T, s, gout, &glse);
+      expect_close(gout, out, rt, 1e-3, "attention 16-bit out");
+      expect_close(glse, lse, red_rtol, red_atol, "attention 16-bit lse");
+      Tensor out_dev = Tensor::empty({rows, qw});
+      gpu().copy(gout, out_dev);
+      cpu().attention_backward(q, k, v, out_dev, lse, g, B, T, s, dq, dk, dv);
+      Tensor gdq = gpu().empty({rows, qw}, t), gdk = gpu().empty({rows, kw}, t), gdv = gpu().empty({rows, kw}, t);
+      gpu().attention_backward(gq, gk, gv, gout, glse, gg, B, T, s, gdq, gdk, gdv);
+      expect_close(gdq, dq, rt, 1e-2, "attention 16-bit dq");
+      expect_close(gdk, dk, rt, 1e-2, "attention 16-bit dk");
+      expect_close(gdv, dv, rt, 1e-2, "attention 16-bit dv");
+    }
+  }
+}
+
 // ---- loss and optimiser ----------------------------------------------------------------
 
 TEST_CASE("cuda: cross_entropy matches the cpu, ignores -1 rows and may write into logits") {
