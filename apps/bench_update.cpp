@@ -1,0 +1,169 @@
+// corolla bench update — a training rank's update of one gradient bucket on
+// a device, as actors/train_rank.cpp does it, against the way it did before
+// (the baseline, measured in the same run):
+//
+//   device  the gradients come down to page-locked host memory (the DP
+//           group's collectives run there), this rank's reduced shard goes
+//           back up, AdamW updates it on the device (moments there, on the
+//           backend's companion instance), the updated shard comes down for
+//           the all-gather, the other shards go up. A group of one moves
+//           nothing: AdamW runs on the device buffers.
+//   host    the gradients come down, AdamW updates the shard on the cpu
+//           (moments in host memory), the whole bucket goes back up.
+//
+// The collectives themselves are left out (the same bytes in both). Sizes
+// are a bucket's parameters (default: a GPT-2-1.5B block, 30.7M); group is
+// the DP group's size (the shard is 1/group of the bucket).
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.hpp"
+#include "kernels/backend.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+struct update_options {
+  std::string device = "auto";
+  std::string sizes = "30720000";
+  std::string groups = "1,2,4";
+  int rounds = 3;
+  int threads = 0;
+  bool json = false;
+};
+
+/// Best seconds of f over `rounds` runs after one warm-up.
+template <class F>
+double best_of(int rounds, F&& f) {
+  f();
+  double best = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r == 0 || s < best) best = s;
+  }
+  return best;
+}
+
+int run_update(const update_options& o) {
+  apply_common_options(o.threads, "warn");
+  if (o.rounds < 1) throw std::invalid_argument("bench update: need --rounds >= 1");
+  std::vector<std::int64_t> sizes;
+  std::vector<int> groups;
+  for (const std::string& text : split_list(o.sizes)) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(text, &used);
+    } catch (const std::exception&) {
+    }
+    if (v < 1 || used != text.size())
+      throw std::invalid_argument("bench update: --sizes takes positive parameter counts, got '" + text + "'");
+    sizes.push_back(v);
+  }
+  for (const std::string& text : split_list(o.groups)) {
+    std::size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(text, &used);
+    } catch (const std::exception&) {
+    }
+    if (v < 1 || used != text.size())
+      throw std::invalid_argument("bench update: --groups takes positive group sizes, got '" + text + "'");
+    groups.push_back(v);
+  }
+  if (sizes.empty() || groups.empty()) throw std::invalid_argument("bench update: --sizes and --groups must not be empty");
+  const device dev = parse_device(o.device);
+  if (dev.kind == device_kind::cpu)
+    throw std::invalid_argument("bench update compares a device's update with the host's: it needs --device cuda[:N] "
+                                "(on the cpu both are the same AdamW)");
+  Backend& be = backend_for(dev);
+  std::unique_ptr<Backend> companion = be.companion();
+  if (!companion) throw std::runtime_error("bench update: the " + be.name() + " backend has no companion instance");
+  adamw_params w;
+  w.lr = 1e-4f;
+  w.weight_decay = 0.1f;
+
+  nlohmann::json results = nlohmann::json::array();
+  if (!o.json)
+    std::printf("%-12s %5s %14s %12s %8s\n", "parameters", "group", "device ms", "host ms", "host/dev");
+  for (const std::int64_t n : sizes) {
+    Tensor params = random_tensor_on(be, {n}, dtype::f32, 1), grads = random_tensor_on(be, {n}, dtype::f32, 2);
+    Tensor host_params = be.host_empty({n}), host_grads = be.host_empty({n});
+    be.copy(params, host_params);
+    for (const int g : groups) {
+      if (g > n) throw std::invalid_argument("bench update: a group of " + std::to_string(g) + " over " +
+                                             std::to_string(n) + " parameters leaves shards empty");
+      const std::int64_t lo = 0, hi = (n + g - 1) / g;  // this rank's shard: the first
+      Tensor dm = be.empty({hi - lo}), dv = be.empty({hi - lo});
+      dm.zero();
+      dv.zero();
+      Tensor hm = Tensor::zeros({hi - lo}), hv = Tensor::zeros({hi - lo});
+      Tensor p_shard = params.slice(lo, hi), g_shard = grads.slice(lo, hi);
+      Tensor rest = params.slice(hi, n);
+      std::int64_t step = 0;
+      const double device_s = best_of(o.rounds, [&] {
+        ++step;
+        if (g == 1) {  // nothing leaves the device
+          be.wait(be.mark().get());
+          companion->adamw(params, grads, dm, dv, w, step);
+          companion->synchronize();
+          return;
+        }
+        be.copy_after(be.mark().get(), grads, host_grads);
+        companion->copy(host_grads.slice(lo, hi), g_shard);
+        companion->adamw(p_shard, g_shard, dm, dv, w, step);
+        Tensor updated = host_params.slice(lo, hi);
+        companion->copy(p_shard, updated);
+        be.copy_after(nullptr, host_params.slice(hi, n), rest);
+      });
+      step = 0;
+      const double host_s = best_of(o.rounds, [&] {
+        ++step;
+        be.copy_after(be.mark().get(), grads, host_grads);
+        Tensor hp = host_params.slice(lo, hi);
+        cpu_backend().adamw(hp, host_grads.slice(lo, hi), hm, hv, w, step);
+        be.copy_after(nullptr, host_params, params);
+      });
+      results.push_back({{"parameters", n},
+                         {"group", g},
+                         {"device_ms", device_s * 1e3},
+                         {"host_ms", host_s * 1e3},
+                         {"host_over_device", host_s / device_s}});
+      if (!o.json)
+        std::printf("%-12lld %5d %14.3f %12.3f %7.1fx\n", static_cast<long long>(n), g, device_s * 1e3, host_s * 1e3,
+                    host_s / device_s);
+    }
+  }
+  const nlohmann::json j = {
+      {"bench", "update"}, {"device", be.name()}, {"threads", cpu_threads()}, {"results", results}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_update(CLI::App* bench, action_fn& action) {
+  static update_options o;
+  auto* cmd = bench->add_subcommand(
+      "update", "A training rank's bucket update on the device (AdamW there) vs on the host, per bucket and DP group");
+  cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible), cuda or cuda:N; the cpu is refused")
+      ->capture_default_str();
+  cmd->add_option("--sizes", o.sizes, "Comma-separated bucket sizes in parameters")->capture_default_str();
+  cmd->add_option("--groups", o.groups, "Comma-separated DP group sizes (the shard is 1/group)")->capture_default_str();
+  cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads of the host AdamW (0 = all cores)")->capture_default_str();
+  cmd->add_flag("--json", o.json, "Print only the JSON result line");
+  cmd->callback([&action] { action = [] { return run_update(o); }; });
+}
+
+}  // namespace corolla::app
