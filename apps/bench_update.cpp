@@ -40,6 +40,25 @@ struct update_options {
   bool json = false;
 };
 
+/// The items of a comma-separated list of positive integers, or
+/// std::invalid_argument naming `flag` and the bad item.
+std::vector<long long> positive_list(const std::string& text, const char* flag, const char* what) {
+  std::vector<long long> out;
+  for (const std::string& item : split_list(text)) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+    }
+    if (v < 1 || used != item.size())
+      throw std::invalid_argument(std::string("bench update: ") + flag + " takes positive " + what + ", got '" + item +
+                                  "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
 /// Best seconds of f over `rounds` runs after one warm-up.
 template <class F>
 double best_of(int rounds, F&& f) {
@@ -57,30 +76,8 @@ double best_of(int rounds, F&& f) {
 int run_update(const update_options& o) {
   apply_common_options(o.threads, "warn");
   if (o.rounds < 1) throw std::invalid_argument("bench update: need --rounds >= 1");
-  std::vector<std::int64_t> sizes;
-  std::vector<int> groups;
-  for (const std::string& text : split_list(o.sizes)) {
-    std::size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(text, &used);
-    } catch (const std::exception&) {
-    }
-    if (v < 1 || used != text.size())
-      throw std::invalid_argument("bench update: --sizes takes positive parameter counts, got '" + text + "'");
-    sizes.push_back(v);
-  }
-  for (const std::string& text : split_list(o.groups)) {
-    std::size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(text, &used);
-    } catch (const std::exception&) {
-    }
-    if (v < 1 || used != text.size())
-      throw std::invalid_argument("bench update: --groups takes positive group sizes, got '" + text + "'");
-    groups.push_back(v);
-  }
+  const std::vector<long long> sizes = positive_list(o.sizes, "--sizes", "parameter counts");
+  const std::vector<long long> groups = positive_list(o.groups, "--groups", "group sizes");
   if (sizes.empty() || groups.empty()) throw std::invalid_argument("bench update: --sizes and --groups must not be empty");
   const device dev = parse_device(o.device);
   if (dev.kind == device_kind::cpu)
@@ -100,7 +97,7 @@ int run_update(const update_options& o) {
     Tensor params = random_tensor_on(be, {n}, dtype::f32, 1), grads = random_tensor_on(be, {n}, dtype::f32, 2);
     Tensor host_params = be.host_empty({n}), host_grads = be.host_empty({n});
     be.copy(params, host_params);
-    for (const int g : groups) {
+    for (const std::int64_t g : groups) {
       if (g > n) throw std::invalid_argument("bench update: a group of " + std::to_string(g) + " over " +
                                              std::to_string(n) + " parameters leaves shards empty");
       const std::int64_t lo = 0, hi = (n + g - 1) / g;  // this rank's shard: the first
@@ -140,7 +137,8 @@ int run_update(const update_options& o) {
                          {"host_ms", host_s * 1e3},
                          {"host_over_device", host_s / device_s}});
       if (!o.json)
-        std::printf("%-12lld %5d %14.3f %12.3f %7.1fx\n", static_cast<long long>(n), g, device_s * 1e3, host_s * 1e3,
+        std::printf("%-12lld %5lld %14.3f %12.3f %7.1fx\n", static_cast<long long>(n), static_cast<long long>(g),
+                    device_s * 1e3, host_s * 1e3,
                     host_s / device_s);
     }
   }

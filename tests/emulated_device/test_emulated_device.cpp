@@ -36,16 +36,7 @@ using corolla::testing::some_ids;
 
 namespace {
 
-testing::tiny_model_options options_for(architecture arch) {
-  testing::tiny_model_options o;
-  o.arch = arch;
-  o.max_positions = 96;
-  if (arch == architecture::gpt2) {
-    o.kv_heads = o.heads;
-    o.intermediate = 4 * o.hidden;
-  }
-  return o;
-}
+testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch, 96); }
 
 std::string file_bytes(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -42,15 +42,7 @@ void round_linear_weights(transformer& m) {
   round_to_bf16(m.head().get(tied ? "embed.weight" : "lm_head.weight"));
 }
 
-testing::tiny_model_options options_for(architecture arch) {
-  testing::tiny_model_options o;
-  o.arch = arch;
-  if (arch == architecture::gpt2) {
-    o.kv_heads = o.heads;
-    o.intermediate = 4 * o.hidden;
-  }
-  return o;
-}
+testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch); }
 
 /// Logits of every position [n, V]: the first `prefill` ids at once, then
 /// one at a time, through head + stage with a KV cache.

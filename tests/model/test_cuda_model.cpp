@@ -36,16 +36,7 @@ namespace {
 
 Backend& gpu() { return backend_for({device_kind::cuda, 0}); }
 
-testing::tiny_model_options options_for(architecture arch) {
-  testing::tiny_model_options o;
-  o.arch = arch;
-  o.max_positions = 96;
-  if (arch == architecture::gpt2) {
-    o.kv_heads = o.heads;
-    o.intermediate = 4 * o.hidden;
-  }
-  return o;
-}
+testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch, 96); }
 
 /// The smallest gap between the two largest logits of any row of [n, V].
 double min_top2_gap(const std::vector<float>& logits, int vocab) {

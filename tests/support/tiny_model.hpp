@@ -59,6 +59,20 @@ class temp_dir_guard {
   std::filesystem::path path_;
 };
 
+/// The default tiny model of `arch`, made GPT-2-shaped for GPT-2 (as many
+/// key/value heads as heads, an intermediate size of 4 x hidden), with room
+/// for `max_positions` positions.
+inline tiny_model_options tiny_options_for(architecture arch, int max_positions = 64) {
+  tiny_model_options o;
+  o.arch = arch;
+  o.max_positions = max_positions;
+  if (arch == architecture::gpt2) {
+    o.kv_heads = o.heads;
+    o.intermediate = 4 * o.hidden;
+  }
+  return o;
+}
+
 /// The model_config that write_tiny_model(dir, o) writes to config.json
 /// (before a trained tokenizer sets bos/eos).
 model_config tiny_config(const tiny_model_options& o);
