@@ -143,11 +143,11 @@ class rank_runtime {
   // ---- joining ------------------------------------------------------------------
 
   /// Sends the join, again every second, until the roster comes (or
-  /// o_.timeout passes). Once: a join that reaches the coordinator's node
-  /// before its mailbox is published there is dropped ("no actor named
+  /// o_.timeout passes): a join that reaches the coordinator's node before
+  /// its mailbox is published there is dropped ("no actor named
   /// 'train-coord'"), which a rank started before rank 0 (torchrun style)
-  /// could hit. The coordinator takes the first join of each rank; later
-  /// copies stay filed unread.
+  /// hit when the join was sent once. The coordinator takes the first join
+  /// of each rank; later copies stay filed unread.
   remote_message join_until_roster() {
     const auto body = encode_body(train_join{rank_, o_.layout.world(), node_.endpoint(), join_key(o_, cfg_)});
     const auto deadline = std::chrono::steady_clock::now() + o_.timeout;

@@ -19,9 +19,9 @@
 //    round-to-nearest-even conversions (__floats2bfloat162_rn,
 //    __float2bfloat16_rn, __float2half_rn, subnormals included) and their
 //    widening; __fdiv_rn and __fmul_rn as host IEEE arithmetic; atomicAdd
-//    on floats as a real atomic (std::atomic_ref); float4 with its 16-byte alignment
-//    checked on every copy; uint4, __uint_as_float, and __ldg / __ldcs as
-//    plain loads with their alignment checked.
+//    on floats as a real atomic (std::atomic_ref); float4 with its 16-byte
+//    alignment checked on every copy; uint4, __uint_as_float, and __ldg /
+//    __ldcs as plain loads with their alignment checked.
 //  * nvcuda::wmma for 16x16x16 bf16 x bf16 -> f32: every lane's fragment
 //    holds the whole logical matrix (CUDA's element-to-lane mapping is
 //    unspecified, and the kernels must not rely on it). load_matrix_sync
