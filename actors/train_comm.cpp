@@ -182,7 +182,9 @@ caf::behavior train_mailbox(caf::event_based_actor*, std::shared_ptr<train_inbox
           inbox->fail(a->reason);
           return;
         }
-        if (strict && m.type == train_msg::join)
+        // A rank resends its join until the roster comes: a copy arriving
+        // after the coordinator gave it its full label keeps that label.
+        if (strict && m.type == train_msg::join && !inbox->named(m.from_node))
           if (auto j = decode_train_join(m.body)) inbox->name_peer(m.from_node, "rank " + std::to_string(j->rank));
         auto key = key_of(m);
         if (!key) {

@@ -630,7 +630,8 @@ class rank_runtime {
   /// actor, be_ from the stage thread), where the parameters live. Staged,
   /// the reduced gradient shard goes up first and the updated parameter
   /// shard comes back down for the all-gather. Returns once the update is
-  /// done.
+  /// done, except on be_ for an unstaged bucket (clipping), where it is
+  /// queued in order with everything after it.
   void update_shard(bucket& b, std::int64_t step, Backend& on) {
     if (synthetic()) return;
     adamw_params w = o_.optimizer.adamw;
@@ -736,7 +737,6 @@ class rank_runtime {
   model_config cfg_;
   Backend& be_;     ///< where the stages compute
   bool on_device_;  ///< be_ is not the host: activations go through host memory, buckets stay on the device
-  std::unique_ptr<Backend> dp_be_;  ///< be_'s companion for the DP actor (device backends only)
   int stage_ = 0, replica_ = 0, mb_ = 1, m_ = 1;
   bool first_ = false, last_ = false;
   int steps_done_ = 0;
@@ -758,6 +758,10 @@ class rank_runtime {
   std::condition_variable dp_cv_;
   int enqueued_ = 0, reduced_ = 0, step_start_enqueued_ = 0;
   std::optional<std::string> dp_error_;
+  /// be_'s companion for the DP actor (device backends only). Last, so it
+  /// is destroyed first: its stream is drained before the buffers its
+  /// queued work may still use (after a failed step) go back.
+  std::unique_ptr<Backend> dp_be_;
 };
 
 }  // namespace

@@ -259,8 +259,12 @@ class Backend {
   }
   /// Returns once the work queued before `after` (a mark() of this backend;
   /// null: nothing to wait for) has finished. Thread-safe like copy_after:
-  /// another thread then works on what that work produced.
-  virtual void wait(const queue_marker* after) { (void)after; }
+  /// another thread then works on what that work produced. The default is
+  /// for backends whose ops finish before they return (mark() gives null):
+  /// a marker given to it is an error, so a queued backend must override.
+  virtual void wait(const queue_marker* after) {
+    if (after != nullptr) throw tensor_error("wait: the " + name() + " backend has no queue markers");
+  }
   /// A second instance on the same device with a queue and scratch of its
   /// own, for a thread that computes beside the one using this instance
   /// (the data-parallel group's optimiser step): ops of the two are not

@@ -10,9 +10,11 @@
 // X MiB (Y MiB in use, Z MiB cached)").
 //
 // Stream order: blocks are shared by the work of every stream on a device
-// without events. That is safe because each device has one backend stream
-// and the memory hooks below use the legacy default stream, which the
-// backend stream (created blocking) synchronises with.
+// without events. That is safe because each device has one shared backend
+// stream, and the memory hooks below use the legacy default stream, which
+// that stream (created blocking) synchronises with. A companion backend
+// instance (cuda_backend::companion) has a stream of its own and waits for
+// the whole device before it allocates.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // kernels/cuda/attention_paged_kernels.cuh — attention against the paged
 // KV cache (decode and chunked prefill), and the register-row helpers that
-// attention.cu's f32 kernels share with it. Included by attention.cu, and
+// attention_warp_kernels.cuh's training kernels share with it. Included by attention.cu, and
 // by tests/cuda_emulated/, which runs these kernels on the CPU against an
 // emulation of the CUDA features they use.
 #pragma once
@@ -50,7 +50,7 @@ __device__ __forceinline__ void store_row(T* p, int lane, int dh, const float (&
 // ---- attention against the paged cache (decode) --------------------------------
 //
 // A decode step has one query row per head, so one warp walking every key
-// in turn (the forward kernel above) spends a global-memory round trip per
+// in turn (attention_warp_kernels.cuh's forward kernel) spends a global-memory round trip per
 // key with the rest of the GPU idle. Here the keys are split in chunks of
 // `split_keys`: block (row*Hq + h, split) covers one chunk with
 // `split_warps` warps, each taking groups of `key_batch` keys whose rows it

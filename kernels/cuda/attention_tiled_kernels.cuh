@@ -1,5 +1,6 @@
-// kernels/cuda/attention_tiled_kernels.cuh — the tiled f32 training
-// attention kernels (attention_tiled.cu says how they work). Included by
+// kernels/cuda/attention_tiled_kernels.cuh — the tiled training attention
+// kernels (f32 arithmetic on f32, bf16 or f16 tensors; attention_tiled.cu
+// says how they work). Included by
 // attention_tiled.cu, and by tests/cuda_emulated/, which runs them on the
 // CPU against an emulation of the CUDA features they use.
 #pragma once

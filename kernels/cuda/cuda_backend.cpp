@@ -47,13 +47,18 @@ struct cuda_backend::staging_ring {
   std::size_t offset = 0;
 };
 
-cuda_backend::cuda_backend(int index) : index_(index) {
+cuda_backend::cuda_backend(int index) : cuda_backend(index, false) {}
+
+cuda_backend::cuda_backend(int index, companion_tag) : cuda_backend(index, true) {}
+
+cuda_backend::cuda_backend(int index, bool companion) : index_(index), companion_(companion) {
   install_memory_ops();
   device_guard guard(index);
   cudaStream_t s = nullptr;
-  // Blocking (not cudaStreamNonBlocking) on purpose: the tensor layer's
+  // The shared instance's stream is blocking on purpose: the tensor layer's
   // memory hooks use the legacy default stream, which then orders with it.
-  COROLLA_CUDA_CHECK(cudaStreamCreate(&s));
+  // A companion's is not (see companion()).
+  COROLLA_CUDA_CHECK(companion ? cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) : cudaStreamCreate(&s));
   stream_ = s;
   cublasLtHandle_t lt = nullptr;
   const cublasStatus_t st = cublasLtCreate(&lt);
@@ -62,6 +67,7 @@ cuda_backend::cuda_backend(int index) : index_(index) {
     throw_cublas_error(st, "cublasLtCreate(&lt)", __FILE__, __LINE__);
   }
   lt_ = lt;
+  before_allocating();
   lt_workspace_ = device_allocate(lt_workspace_size, index);
   lt_workspace_bytes_ = lt_workspace_size;
 }
@@ -83,7 +89,16 @@ cuda_backend::~cuda_backend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-Tensor cuda_backend::empty(shape_t shape, dtype t) { return Tensor::empty(std::move(shape), t, dev()); }
+void cuda_backend::before_allocating() {
+  if (!companion_) return;
+  device_guard guard(index_);
+  COROLLA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+Tensor cuda_backend::empty(shape_t shape, dtype t) {
+  before_allocating();
+  return Tensor::empty(std::move(shape), t, dev());
+}
 
 Tensor cuda_backend::host_empty(shape_t shape, dtype t) {
   const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(t);
@@ -163,7 +178,9 @@ void cuda_backend::wait(const queue_marker* after) {
   COROLLA_CUDA_CHECK(cudaEventSynchronize(marker->event));
 }
 
-std::unique_ptr<Backend> cuda_backend::companion() { return std::make_unique<cuda_backend>(index_); }
+std::unique_ptr<Backend> cuda_backend::companion() {
+  return std::make_unique<cuda_backend>(index_, companion_tag{});
+}
 
 void cuda_backend::upload(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
@@ -210,6 +227,7 @@ void* cuda_backend::scratch(int slot, std::size_t bytes) {
     if (want < bytes) want = bytes;
     if (want < 4096) want = 4096;
     t = Tensor();  // back to the cache first: the new block may reuse it
+    before_allocating();
     t = Tensor::empty({static_cast<std::int64_t>(want)}, dtype::i8, dev());
   }
   return t.raw();

@@ -48,6 +48,9 @@ class cuda_backend final : public Backend {
   /// Creates the stream and cuBLASLt handle on device `index`; throws
   /// std::runtime_error naming the failing call.
   explicit cuda_backend(int index);
+  /// A companion of the shared instance (see companion()).
+  struct companion_tag {};
+  cuda_backend(int index, companion_tag);
   ~cuda_backend() override;
   cuda_backend(const cuda_backend&) = delete;
   cuda_backend& operator=(const cuda_backend&) = delete;
@@ -63,8 +66,11 @@ class cuda_backend final : public Backend {
   // gemm/linear/linear_backward take f32, bf16 or f16 (a and b of one dtype,
   // accumulation in f32, outputs any float dtype; linear also takes f32 x
   // with a bf16 weight, linear_bf16.cu); the elementwise ops
-  // (swiglu, gelu, add, scale, sum_squares) and embedding's forward take any
-  // float dtype shared by their operands; the rest are f32 like the CPU.
+  // (swiglu, gelu, add, scale, sum_squares), embedding's forward, the norms,
+  // rope, cross_entropy and training attention take f32, bf16 or f16
+  // activations (docs/cuda.md lists which operands stay f32); the decode
+  // ops against the KV cache, embedding_backward and adamw are f32 like the
+  // CPU.
   void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             float alpha = 1.0f, float beta = 0.0f) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
@@ -134,7 +140,13 @@ class cuda_backend final : public Backend {
   /// cudaEventSynchronize on `after`'s event.
   void wait(const queue_marker* after) override;
   /// A new instance on this device (a stream, cuBLASLt handle and scratch
-  /// of its own), destroyed by its owner.
+  /// of its own), destroyed by its owner. Its stream is non-blocking (the
+  /// memory hooks' legacy-stream work does not wait for it, nor it for
+  /// them: its callers order it by host waits, as Backend::companion says).
+  /// The caching allocator orders blocks by the shared instance's stream
+  /// only, so a companion synchronises the device before it allocates
+  /// (empty(), scratch growth): a block freed while another stream's queued
+  /// work still uses it is never handed to it.
   std::unique_ptr<Backend> companion() override;
 
   /// The backend's stream (cudaStream_t), for NCCL and other libraries.
@@ -191,7 +203,12 @@ class cuda_backend final : public Backend {
   /// heuristic query costs far more than the product of a decode step.
   std::map<lt_key, std::array<std::uint64_t, 8>> lt_algos_;
 
+  cuda_backend(int index, bool companion);
+  /// Before allocating, a companion waits for the device (see companion()).
+  void before_allocating();
+
   int index_ = 0;
+  bool companion_ = false;
   stream_t stream_ = nullptr;
   cublasLtContext* lt_ = nullptr;
   void* lt_workspace_ = nullptr;
