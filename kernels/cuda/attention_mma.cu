@@ -106,7 +106,8 @@ bool attention_mma_supported(const attention_dims& g, std::initializer_list<cons
 bool attention_forward_mma(stream_t s, const attention_dims& g, const float* q, const float* k,
                            const float* v, std::int64_t batch, std::int64_t seq, float* out,
                            float* lse) {
-  if (!attention_mma_supported(g, {q, k, v, out})) return false;
+  // Query tiles go along gridDim.y: longer sequences take the warp kernels.
+  if (!attention_mma_supported(g, {q, k, v, out}) || (seq + tile - 1) / tile > max_grid_y) return false;
   mma_args a{};
   a.q = q;
   a.k = k;
@@ -127,7 +128,7 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, const float* q, 
 bool attention_backward_mma(stream_t s, const attention_dims& g, const float* q, const float* k,
                             const float* v, const float* lse, const float* dout, const float* delta,
                             std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv) {
-  if (!attention_mma_supported(g, {q, k, v, dout, dq, dk, dv})) return false;
+  if (!attention_mma_supported(g, {q, k, v, dout, dq, dk, dv}) || (seq + tile - 1) / tile > max_grid_y) return false;
   mma_args a{};
   a.q = q;
   a.k = k;

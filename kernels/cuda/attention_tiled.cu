@@ -42,6 +42,7 @@ bool dispatch_tiled(std::int64_t dh, F&& f) {
 
 bool attention_forward_tiled(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
                              const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse) {
+  if (tiles_of(seq) > max_grid_y) return false;  // query tiles go along gridDim.y: the warp kernels take it
   return dispatch_tiled(g.dh, [&](auto c) {
     constexpr int C = decltype(c)::value;
     dispatch_elem(t, [&](auto tag) {
@@ -67,6 +68,7 @@ bool attention_forward_tiled(stream_t s, const attention_dims& g, elem t, const 
 bool attention_backward_tiled(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
                               const void* v, const float* lse, const void* dout, const float* delta,
                               std::int64_t batch, std::int64_t seq, void* dq, void* dk, void* dv) {
+  if (tiles_of(seq) > max_grid_y) return false;
   return dispatch_tiled(g.dh, [&](auto c) {
     constexpr int C = decltype(c)::value;
     dispatch_elem(t, [&](auto tag) {

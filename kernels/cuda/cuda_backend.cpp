@@ -67,8 +67,15 @@ cuda_backend::cuda_backend(int index, bool companion) : index_(index), companion
     throw_cublas_error(st, "cublasLtCreate(&lt)", __FILE__, __LINE__);
   }
   lt_ = lt;
+  // A companion takes its workspace on its first product (its usual ops,
+  // copies and AdamW, need none).
+  if (!companion) ensure_lt_workspace();
+}
+
+void cuda_backend::ensure_lt_workspace() {
+  if (lt_workspace_ != nullptr) return;
   before_allocating();
-  lt_workspace_ = device_allocate(lt_workspace_size, index);
+  lt_workspace_ = device_allocate(lt_workspace_size, index_);
   lt_workspace_bytes_ = lt_workspace_size;
 }
 

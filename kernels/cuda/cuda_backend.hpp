@@ -4,10 +4,11 @@
 // One shared instance per device, created on first use by backend_for({cuda,
 // N}) and never destroyed (the CUDA runtime may be torn down before static
 // destructors run); companion() makes further ones for other threads, which
-// their owners destroy. Each owns a stream (created blocking, so the memory
-// hooks' legacy-default-stream copies order with it), a cuBLASLt handle
-// with a 32 MiB workspace, and grow-only scratch buffers (the decode hot
-// path allocates nothing once warm).
+// their owners destroy. Each owns a stream (the shared instance's created
+// blocking, so the memory hooks' legacy-default-stream copies order with
+// it), a cuBLASLt handle with a 32 MiB workspace (a companion's on its
+// first product), and grow-only scratch buffers (the decode hot path
+// allocates nothing once warm).
 //
 // Where things live and what that costs:
 //  * Float tensors of every op must be on this device. Index tensors (ids,
@@ -206,6 +207,9 @@ class cuda_backend final : public Backend {
   cuda_backend(int index, bool companion);
   /// Before allocating, a companion waits for the device (see companion()).
   void before_allocating();
+  /// The cuBLASLt workspace, allocated on first need (a companion's first
+  /// product; the shared instance's at construction).
+  void ensure_lt_workspace();
 
   int index_ = 0;
   bool companion_ = false;

@@ -21,6 +21,9 @@ namespace corolla::cuda {
 /// Threads per block of the grid-stride elementwise kernels.
 constexpr int elementwise_threads = 256;
 
+/// The largest gridDim.y (and z) a launch may use.
+constexpr std::int64_t max_grid_y = 65535;
+
 /// Blocks for a grid-stride loop over n elements: enough to fill the GPU
 /// several times over, capped (the loop covers the rest).
 inline unsigned grid_for(std::int64_t n, int threads = elementwise_threads) {

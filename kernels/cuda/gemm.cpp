@@ -129,6 +129,7 @@ void cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
                              std::int64_t k, float alpha, const void* a, dtype at,
                              std::int64_t lda, const void* b, dtype bt, std::int64_t ldb,
                              float beta, void* c, dtype ct, std::int64_t ldc, const void* bias) {
+  ensure_lt_workspace();
   matmul_desc op;
   // f32 operands may use the tensor cores at a lower input precision.
   const matmul_precision precision =
