@@ -5,6 +5,8 @@
 // shape): the bound a fused attention kernel is judged against. On CUDA, f32
 // runs the f32 kernels and bf16 the tensor-core ones
 // (kernels/cuda/attention_mma.cu); the ratio bf16 / f32 is their speed-up.
+// --storage repeats it all with the tensors in bf16 or f16 (CUDA: the
+// f32-arithmetic kernels on 16-bit data; the tensor cores take f32 only).
 //
 // FLOPs are the causal algorithm's: forward 4 * Dh per visible (query, key)
 // pair and head (QK^T and PV), backward 2.5 times that (dV, dP, dS K, dS^T Q
@@ -46,6 +48,7 @@ struct attention_options {
   std::string device = "auto";
   std::string shape = "gpt2-1.5b";
   std::string precisions;  ///< "" = f32 and bf16 on a GPU, f32 on the cpu
+  std::string storage = "f32";  ///< tensor dtypes to run (f32, bf16, f16)
   int rounds = 3;
   int calls = 3;
   int threads = 0;
@@ -83,15 +86,27 @@ int run_attention(const attention_options& o) {
       if (p != matmul_precision::f32)
         throw std::invalid_argument(std::string("bench attention: the CPU backend computes in f32; no ") +
                                     matmul_precision_name(p) + " attention on cpu (use --precisions f32)");
+  std::vector<dtype> storages;
+  for (const std::string& t : split_list(o.storage)) {
+    if (t == "f32")
+      storages.push_back(dtype::f32);
+    else if (t == "bf16")
+      storages.push_back(dtype::bf16);
+    else if (t == "f16")
+      storages.push_back(dtype::f16);
+    else
+      throw std::invalid_argument("bench attention: unknown --storage '" + t + "' (expected f32, bf16 or f16)");
+    if (dev.kind == device_kind::cpu && storages.back() != dtype::f32)
+      throw std::invalid_argument("bench attention: the CPU backend keeps tensors in f32; no " + t +
+                                  " storage on cpu (use --storage f32)");
+  }
+  if (storages.empty()) throw std::invalid_argument("bench attention: --storage must not be empty");
   Backend& be = backend_for(dev);
 
   const attention_shape s{c.hq, c.hkv, c.dh, 0.0f};
   const std::int64_t rows = std::int64_t{c.batch} * c.seq;
   const std::int64_t qw = std::int64_t{c.hq} * c.dh, kw = std::int64_t{c.hkv} * c.dh;
-  Tensor q = random_tensor_on(be, {rows, qw}, dtype::f32, 1), k = random_tensor_on(be, {rows, kw}, dtype::f32, 2),
-         v = random_tensor_on(be, {rows, kw}, dtype::f32, 3), dout = random_tensor_on(be, {rows, qw}, dtype::f32, 4);
-  Tensor out = be.empty({rows, qw}), lse = be.empty({std::int64_t{c.batch} * c.hq * c.seq});
-  Tensor dq = be.empty({rows, qw}), dk = be.empty({rows, kw}), dv = be.empty({rows, kw});
+  Tensor lse = be.empty({std::int64_t{c.batch} * c.hq * c.seq});
   const double pairs = static_cast<double>(c.batch) * c.hq * (static_cast<double>(c.seq) * (c.seq + 1) / 2);
   const double fwd_flops = 4.0 * c.dh * pairs, bwd_flops = 2.5 * fwd_flops;
   if (!o.json)
@@ -102,41 +117,52 @@ int run_attention(const attention_options& o) {
   std::vector<double> totals;
   std::vector<float> first_out;
   if (!o.json)
-    std::printf("%-9s %11s %9s %11s %9s %12s %10s %8s\n", "precision", "forward ms", "TFLOP/s", "backward ms",
-                "TFLOP/s", "GEMM TFLOP/s", "vs GEMM", "out diff");
-  for (matmul_precision p : precisions) {
-    set_matmul_precision(p);
-    const double fwd = best_seconds(be, o.rounds, o.calls, [&] { be.attention(q, k, v, c.batch, c.seq, s, out, &lse); });
-    const double bwd = best_seconds(be, o.rounds, o.calls, [&] {
-      be.attention_backward(q, k, v, out, lse, dout, c.batch, c.seq, s, dq, dk, dv);
-    });
-    // The bound: the backend's products at this precision on the model's
-    // up-projection shape ([B*T, Hq*Dh] @ [4*Hq*Dh, Hq*Dh]^T).
-    const double gemm = measure_gemm_flops(be, rows, qw, 4 * qw);
-    const double rate = (fwd_flops + bwd_flops) / (fwd + bwd);
-    // How far this precision's output is from the first one's (f32 by default).
-    be.attention(q, k, v, c.batch, c.seq, s, out, &lse);
-    Tensor host = Tensor::empty(out.shape());
-    be.copy(out, host);
-    const std::vector<float> now = host.to_vector();
-    double diff = 0;
-    if (first_out.empty())
-      first_out = now;
-    else
-      for (std::size_t i = 0; i < now.size(); ++i)
-        diff = std::max(diff, static_cast<double>(std::abs(now[i] - first_out[i])));
-    totals.push_back(fwd + bwd);
-    results.push_back({{"precision", matmul_precision_name(p)},
-                       {"forward_ms", fwd * 1e3},
-                       {"backward_ms", bwd * 1e3},
-                       {"forward_tflops", fwd_flops / fwd / 1e12},
-                       {"backward_tflops", bwd_flops / bwd / 1e12},
-                       {"gemm_tflops", gemm / 1e12},
-                       {"attention_vs_gemm", rate / gemm},
-                       {"max_out_diff_vs_first", diff}});
-    if (!o.json)
-      std::printf("%-9s %11.3f %9.2f %11.3f %9.2f %12.2f %9.1f%% %8.1e\n", matmul_precision_name(p), fwd * 1e3,
-                  fwd_flops / fwd / 1e12, bwd * 1e3, bwd_flops / bwd / 1e12, gemm / 1e12, 100.0 * rate / gemm, diff);
+    std::printf("%-7s %-9s %11s %9s %11s %9s %12s %10s %8s\n", "storage", "precision", "forward ms", "TFLOP/s",
+                "backward ms", "TFLOP/s", "GEMM TFLOP/s", "vs GEMM", "out diff");
+  for (const dtype st : storages) {
+    // The same values in every storage (rounded to it): outputs compare across runs.
+    Tensor q = random_tensor_on(be, {rows, qw}, st, 1), k = random_tensor_on(be, {rows, kw}, st, 2),
+           v = random_tensor_on(be, {rows, kw}, st, 3), dout = random_tensor_on(be, {rows, qw}, st, 4);
+    Tensor out = be.empty({rows, qw}, st);
+    Tensor dq = be.empty({rows, qw}, st), dk = be.empty({rows, kw}, st), dv = be.empty({rows, kw}, st);
+    for (matmul_precision p : precisions) {
+      set_matmul_precision(p);
+      const double fwd =
+          best_seconds(be, o.rounds, o.calls, [&] { be.attention(q, k, v, c.batch, c.seq, s, out, &lse); });
+      const double bwd = best_seconds(be, o.rounds, o.calls, [&] {
+        be.attention_backward(q, k, v, out, lse, dout, c.batch, c.seq, s, dq, dk, dv);
+      });
+      // The bound: the backend's products at this precision on the model's
+      // up-projection shape ([B*T, Hq*Dh] @ [4*Hq*Dh, Hq*Dh]^T).
+      const double gemm = measure_gemm_flops(be, rows, qw, 4 * qw);
+      const double rate = (fwd_flops + bwd_flops) / (fwd + bwd);
+      // How far this run's output is from the first run's (f32 storage and
+      // precision by default).
+      be.attention(q, k, v, c.batch, c.seq, s, out, &lse);
+      Tensor host = Tensor::empty(out.shape());  // f32: copy converts
+      be.copy(out, host);
+      const std::vector<float> now = host.to_vector();
+      double diff = 0;
+      if (first_out.empty())
+        first_out = now;
+      else
+        for (std::size_t i = 0; i < now.size(); ++i)
+          diff = std::max(diff, static_cast<double>(std::abs(now[i] - first_out[i])));
+      totals.push_back(fwd + bwd);
+      results.push_back({{"storage", dtype_name(st)},
+                         {"precision", matmul_precision_name(p)},
+                         {"forward_ms", fwd * 1e3},
+                         {"backward_ms", bwd * 1e3},
+                         {"forward_tflops", fwd_flops / fwd / 1e12},
+                         {"backward_tflops", bwd_flops / bwd / 1e12},
+                         {"gemm_tflops", gemm / 1e12},
+                         {"attention_vs_gemm", rate / gemm},
+                         {"max_out_diff_vs_first", diff}});
+      if (!o.json)
+        std::printf("%-7s %-9s %11.3f %9.2f %11.3f %9.2f %12.2f %9.1f%% %8.1e\n", dtype_name(st),
+                    matmul_precision_name(p), fwd * 1e3, fwd_flops / fwd / 1e12, bwd * 1e3, bwd_flops / bwd / 1e12,
+                    gemm / 1e12, 100.0 * rate / gemm, diff);
+    }
   }
   set_matmul_precision(matmul_precision::f32);
   nlohmann::json j = {{"bench", "attention"},
@@ -152,8 +178,7 @@ int run_attention(const attention_options& o) {
   if (totals.size() > 1) {
     j["speedup_last_vs_first"] = totals.front() / totals.back();
     if (!o.json)
-      std::printf("%s / %s: %.2fx (forward + backward)\n", matmul_precision_name(precisions.back()),
-                  matmul_precision_name(precisions.front()), totals.front() / totals.back());
+      std::printf("last / first run: %.2fx (forward + backward)\n", totals.front() / totals.back());
   }
   if (!o.json)
     std::printf("(vs GEMM = attention FLOP/s over the backend's GEMM FLOP/s at the same precision on "
@@ -178,6 +203,9 @@ void register_bench_attention(CLI::App* bench, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--precisions", o.precisions,
                   "Comma-separated matmul precisions to run (f32, tf32, bf16); default f32,bf16 on a GPU, f32 on cpu");
+  cmd->add_option("--storage", o.storage,
+                  "Comma-separated tensor dtypes to run (f32, bf16, f16; 16-bit on cuda only), each at every precision")
+      ->capture_default_str();
   cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")->capture_default_str();
   cmd->add_option("--calls", o.calls, "Calls per round")->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();

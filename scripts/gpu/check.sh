@@ -51,4 +51,5 @@ run bench_decode corolla bench decode --preset llama7b --weights bf16 --repeats 
 run bench_update corolla bench update
 run bench_attention corolla bench attention --shape gpt2-1.5b
 run bench_attention_7b corolla bench attention --shape llama7b
+run bench_attention_16 corolla bench attention --shape gpt2-1.5b --precisions f32 --storage f32,bf16
 run bench_train corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 --profile

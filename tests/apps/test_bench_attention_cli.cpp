@@ -41,6 +41,7 @@ TEST_CASE("bench attention on the cpu prints forward and backward rates against 
   REQUIRE(j["results"].size() == 1);
   const auto& f32 = j["results"][0];
   CHECK(f32["precision"] == "f32");
+  CHECK(f32["storage"] == "f32");
   for (const char* key : {"forward_ms", "backward_ms", "forward_tflops", "backward_tflops", "gemm_tflops",
                           "attention_vs_gemm"}) {
     CAPTURE(key);
@@ -50,7 +51,7 @@ TEST_CASE("bench attention on the cpu prints forward and backward rates against 
   CHECK_FALSE(j.contains("speedup_last_vs_first"));
 }
 
-TEST_CASE("bench attention refuses unknown shapes and precisions, and bf16 on the cpu") {
+TEST_CASE("bench attention refuses unknown shapes, precisions and storage, and bf16 on the cpu") {
   corolla::testing::check_one_error(run_corolla({"bench", "attention", "--device", "cpu", "--shape", "huge"}),
                                     "unknown --shape 'huge'");
   corolla::testing::check_one_error(
@@ -62,6 +63,12 @@ TEST_CASE("bench attention refuses unknown shapes and precisions, and bf16 on th
   corolla::testing::check_one_error(
       run_corolla({"bench", "attention", "--device", "cpu", "--shape", "tiny", "--rounds", "0"}),
       "need --rounds >= 1");
+  corolla::testing::check_one_error(
+      run_corolla({"bench", "attention", "--device", "cpu", "--shape", "tiny", "--storage", "fp8"}),
+      "unknown --storage 'fp8'");
+  corolla::testing::check_one_error(
+      run_corolla({"bench", "attention", "--device", "cpu", "--shape", "tiny", "--storage", "f32,bf16"}),
+      "no bf16 storage on cpu");
 }
 
 TEST_CASE("bench attention on a GPU runs f32 and bf16 (tensor cores) and their outputs agree") {
@@ -80,4 +87,21 @@ TEST_CASE("bench attention on a GPU runs f32 and bf16 (tensor cores) and their o
   CHECK(diff > 0.0);   // the bf16 kernels ran
   CHECK(diff < 3e-2);  // and agree to bf16 rounding (outputs are below 1 in magnitude)
   CHECK(j["speedup_last_vs_first"].get<double>() > 0);
+}
+
+TEST_CASE("bench attention on a GPU runs 16-bit storage beside f32 and their outputs agree") {
+  if (corolla::cuda_device_count() == 0) {
+    MESSAGE("skipped: no CUDA device visible");
+    return;
+  }
+  auto r = run_corolla({"bench", "attention", "--device", "cuda", "--shape", "tiny", "--precisions", "f32", "--storage",
+                        "f32,bf16,f16", "--rounds", "1", "--json"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = only_line(r.out);
+  REQUIRE(j["results"].size() == 3);
+  CHECK(j["results"][1]["storage"] == "bf16");
+  CHECK(j["results"][2]["storage"] == "f16");
+  CHECK(j["results"][1]["max_out_diff_vs_first"].get<double>() < 3e-2);  // bf16 rounding of inputs and output
+  CHECK(j["results"][2]["max_out_diff_vs_first"].get<double>() < 4e-3);
 }
