@@ -13,7 +13,6 @@
 // and the recomputed scores), as flash-attention papers count them.
 // Timing: `calls` calls queued then one wait, best of `rounds` rounds.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -23,6 +22,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/bench_timing.hpp"
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
 
@@ -54,23 +54,6 @@ struct attention_options {
   int threads = 0;
   bool json = false;
 };
-
-/// Seconds per call of f: one warm-up call, then the best of `rounds` rounds
-/// of `calls` calls and one synchronisation.
-template <class F>
-double best_seconds(Backend& be, int rounds, int calls, F&& f) {
-  f();
-  be.synchronize();
-  double best = 0;
-  for (int r = 0; r < rounds; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int c = 0; c < calls; ++c) f();
-    be.synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
-    if (r == 0 || s < best) best = s;
-  }
-  return best;
-}
 
 int run_attention(const attention_options& o) {
   apply_common_options(o.threads, "warn");

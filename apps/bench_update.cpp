@@ -14,7 +14,6 @@
 // The collectives themselves are left out (the same bytes in both). Sizes
 // are a bucket's parameters (default: a GPT-2-1.5B block, 30.7M); group is
 // the DP group's size (the shard is 1/group of the bucket).
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -24,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/bench_timing.hpp"
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
 
@@ -57,20 +57,6 @@ std::vector<long long> positive_list(const std::string& text, const char* flag, 
     out.push_back(v);
   }
   return out;
-}
-
-/// Best seconds of f over `rounds` runs after one warm-up.
-template <class F>
-double best_of(int rounds, F&& f) {
-  f();
-  double best = 0;
-  for (int r = 0; r < rounds; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r == 0 || s < best) best = s;
-  }
-  return best;
 }
 
 int run_update(const update_options& o) {
@@ -108,7 +94,7 @@ int run_update(const update_options& o) {
       Tensor p_shard = params.slice(lo, hi), g_shard = grads.slice(lo, hi);
       Tensor rest = params.slice(hi, n);
       std::int64_t step = 0;
-      const double device_s = best_of(o.rounds, [&] {
+      const double device_s = best_seconds(be, o.rounds, 1, [&] {
         ++step;
         if (g == 1) {  // nothing leaves the device
           be.wait(be.mark().get());
@@ -124,7 +110,7 @@ int run_update(const update_options& o) {
         be.copy_after(nullptr, host_params.slice(hi, n), rest);
       });
       step = 0;
-      const double host_s = best_of(o.rounds, [&] {
+      const double host_s = best_seconds(be, o.rounds, 1, [&] {
         ++step;
         be.copy_after(be.mark().get(), grads, host_grads);
         Tensor hp = host_params.slice(lo, hi);
@@ -138,8 +124,7 @@ int run_update(const update_options& o) {
                          {"host_over_device", host_s / device_s}});
       if (!o.json)
         std::printf("%-12lld %5lld %14.3f %12.3f %7.1fx\n", static_cast<long long>(n), static_cast<long long>(g),
-                    device_s * 1e3, host_s * 1e3,
-                    host_s / device_s);
+                    device_s * 1e3, host_s * 1e3, host_s / device_s);
     }
   }
   const nlohmann::json j = {

@@ -49,8 +49,6 @@ struct cuda_backend::staging_ring {
 
 cuda_backend::cuda_backend(int index) : cuda_backend(index, false) {}
 
-cuda_backend::cuda_backend(int index, companion_tag) : cuda_backend(index, true) {}
-
 cuda_backend::cuda_backend(int index, bool companion) : index_(index), companion_(companion) {
   install_memory_ops();
   device_guard guard(index);
@@ -134,6 +132,16 @@ struct cuda_marker final : queue_marker {
   }
 };
 
+/// `after` as a marker of device `index` (null stays null), or a
+/// tensor_error naming `op` and `backend`.
+const cuda_marker* marker_of(const queue_marker* after, int index, const char* op, const std::string& backend) {
+  if (after == nullptr) return nullptr;
+  const auto* marker = dynamic_cast<const cuda_marker*>(after);
+  if (marker == nullptr || marker->device != index)
+    throw tensor_error(std::string(op) + ": the marker is not one of " + backend + "'s");
+  return marker;
+}
+
 }  // namespace
 
 std::shared_ptr<queue_marker> cuda_backend::mark() {
@@ -155,9 +163,7 @@ void cuda_backend::copy_after(const queue_marker* after, const Tensor& src, Tens
     if (t->dev().kind != device_kind::cpu && t->dev() != dev())
       throw tensor_error("copy_after: the " + name() + " backend copies between the host and its own device (got " +
                          src.dev().str() + " -> " + dst.dev().str() + ")");
-  const auto* marker = dynamic_cast<const cuda_marker*>(after);
-  if (after && (marker == nullptr || marker->device != index_))
-    throw tensor_error("copy_after: the marker is not one of " + name() + "'s");
+  const cuda_marker* marker = marker_of(after, index_, "copy_after", name());
   if (src.numel() == 0 || src.raw() == dst.raw()) return;
   device_guard guard(index_);
   std::lock_guard lock(transfer_mu_);
@@ -177,16 +183,14 @@ void cuda_backend::copy_after(const queue_marker* after, const Tensor& src, Tens
 }
 
 void cuda_backend::wait(const queue_marker* after) {
-  if (after == nullptr) return;
-  const auto* marker = dynamic_cast<const cuda_marker*>(after);
-  if (marker == nullptr || marker->device != index_)
-    throw tensor_error("wait: the marker is not one of " + name() + "'s");
+  const cuda_marker* marker = marker_of(after, index_, "wait", name());
+  if (marker == nullptr) return;
   device_guard guard(index_);
   COROLLA_CUDA_CHECK(cudaEventSynchronize(marker->event));
 }
 
 std::unique_ptr<Backend> cuda_backend::companion() {
-  return std::make_unique<cuda_backend>(index_, companion_tag{});
+  return std::unique_ptr<Backend>(new cuda_backend(index_, true));  // the private constructor
 }
 
 void cuda_backend::upload(void* dst, const void* src, std::size_t bytes) {

@@ -49,9 +49,6 @@ class cuda_backend final : public Backend {
   /// Creates the stream and cuBLASLt handle on device `index`; throws
   /// std::runtime_error naming the failing call.
   explicit cuda_backend(int index);
-  /// A companion of the shared instance (see companion()).
-  struct companion_tag {};
-  cuda_backend(int index, companion_tag);
   ~cuda_backend() override;
   cuda_backend(const cuda_backend&) = delete;
   cuda_backend& operator=(const cuda_backend&) = delete;
@@ -204,6 +201,7 @@ class cuda_backend final : public Backend {
   /// heuristic query costs far more than the product of a decode step.
   std::map<lt_key, std::array<std::uint64_t, 8>> lt_algos_;
 
+  /// The shared instance, or with `companion` one for companion().
   cuda_backend(int index, bool companion);
   /// Before allocating, a companion waits for the device (see companion()).
   void before_allocating();

@@ -13,18 +13,21 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "tests/cuda_emulated/emulated_test_util.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 // Last: the emulation's macros must reach only the kernels.
 #include "tests/cuda_emulated/cuda_emulation.hpp"
 #include "kernels/cuda/attention_tiled_kernels.cuh"
 
 using namespace corolla;
+using emulated_test::as;
+using emulated_test::f;
+using emulated_test::rounded_to;
+using emulated_test::widened;
 using kernel_test::check_close;
 using kernel_test::to_double;
 
 namespace {
-
-float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
 
 template <int C, class T>
 void run_tiled(const cuda::tiled_args<T>& a, bool backward) {
@@ -118,11 +121,6 @@ TEST_CASE("emulated tiled training attention matches the cpu's attention, forwar
 
 namespace {
 
-template <class T>
-T* as(const Tensor& t) {
-  return static_cast<T*>(t.raw());
-}
-
 /// The tiled kernels in 16-bit storage against the f32 ones on the widened
 /// inputs: the same f32 arithmetic, so equal after one rounding.
 template <class T>
@@ -134,8 +132,6 @@ void check_tiled_16bit(dtype dt, kernel_test::rng& r) {
                v = kernel_test::random_tensor({rows, kw}, r).to(dt), dout = kernel_test::random_tensor({rows, qw}, r).to(dt);
   const Tensor qf = q.to(dtype::f32), kf = k.to(dtype::f32), vf = v.to(dtype::f32), doutf = dout.to(dtype::f32);
   const cuda::attention_dims g{hq, hkv, dh, hq / hkv, qw, kw, 0.125f};
-  auto rounded = [&](const Tensor& t) { return to_double(t.to(dt).to(dtype::f32)); };
-  auto wide = [](const Tensor& t) { return to_double(t.to(dtype::f32)); };
   const std::string name = dtype_name(dt);
 
   Tensor out = Tensor::empty({rows, qw}, dt), outf = Tensor::empty({rows, qw});
@@ -148,7 +144,7 @@ void check_tiled_16bit(dtype dt, kernel_test::rng& r) {
   af.batch = batch, af.seq = seq, af.g = g;
   run(a, false);
   run(af, false);
-  check_close(wide(out), rounded(outf), 0, 0, "tiled attention out in " + name);
+  check_close(widened(out), rounded_to(outf, dt), 0, 0, "tiled attention out in " + name);
   check_close(lse, to_double(lsef), 0, 0, "tiled attention lse in " + name);
 
   std::vector<float> delta(static_cast<std::size_t>(batch * hq * seq), 0.5f);
@@ -158,9 +154,9 @@ void check_tiled_16bit(dtype dt, kernel_test::rng& r) {
   af.lse = f(lsef), af.dout = f(doutf), af.delta = delta.data(), af.dq = f(dqf), af.dk = f(dkf), af.dv = f(dvf);
   run(a, true);
   run(af, true);
-  check_close(wide(dq), rounded(dqf), 0, 0, "tiled attention dq in " + name);
-  check_close(wide(dk), rounded(dkf), 0, 0, "tiled attention dk in " + name);
-  check_close(wide(dv), rounded(dvf), 0, 0, "tiled attention dv in " + name);
+  check_close(widened(dq), rounded_to(dqf, dt), 0, 0, "tiled attention dq in " + name);
+  check_close(widened(dk), rounded_to(dkf, dt), 0, 0, "tiled attention dk in " + name);
+  check_close(widened(dv), rounded_to(dvf, dt), 0, 0, "tiled attention dv in " + name);
 }
 
 }  // namespace

@@ -12,18 +12,21 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "tests/cuda_emulated/emulated_test_util.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 // Last: the emulation's macros must reach only the kernels.
 #include "tests/cuda_emulated/cuda_emulation.hpp"
 #include "kernels/cuda/attention_warp_kernels.cuh"
 
 using namespace corolla;
+using emulated_test::as;
+using emulated_test::f;
+using emulated_test::rounded_to;
+using emulated_test::widened;
 using kernel_test::check_close;
 using kernel_test::to_double;
 
 namespace {
-
-float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
 
 /// attention.cu's grid for one warp per item.
 emulated::launch_config warps(std::int64_t items) {
@@ -100,7 +103,7 @@ TEST_CASE("emulated warp-per-row training attention in bf16 storage is the f32 k
     in16[i] = kernel_test::random_tensor({rows, widths[i]}, r).to(dtype::bf16);
     in32[i] = in16[i].to(dtype::f32);
   }
-  auto bf = [](const Tensor& t) { return static_cast<__nv_bfloat16*>(t.raw()); };
+  auto* const bf = &as<__nv_bfloat16>;
   Tensor out16 = Tensor::empty({rows, qw}, dtype::bf16), out32 = Tensor::empty({rows, qw});
   Tensor lse16 = Tensor::empty({stats}), lse32 = Tensor::empty({stats}), delta16 = Tensor::empty({stats}),
          delta32 = Tensor::empty({stats});
@@ -116,7 +119,7 @@ TEST_CASE("emulated warp-per-row training attention in bf16 storage is the f32 k
   // The backward of both runs from the 16-bit forward's out and lse, widened for the f32 one.
   emulated::launch(&cuda::attention_forward_kernel<8, __nv_bfloat16>, warps(rows * hq), f16p);
   emulated::launch(&cuda::attention_forward_kernel<8, float>, warps(rows * hq), f32p);
-  check_close(to_double(out16.to(dtype::f32)), to_double(out32.to(dtype::bf16).to(dtype::f32)), 0, 0,
+  check_close(widened(out16), rounded_to(out32, dtype::bf16), 0, 0,
               "warp attention out in bf16");
   check_close(lse16, to_double(lse32), 0, 0, "warp attention lse in bf16");
   const Tensor out_wide = out16.to(dtype::f32);
@@ -135,6 +138,6 @@ TEST_CASE("emulated warp-per-row training attention in bf16 storage is the f32 k
   check_close(delta16, to_double(delta32), 0, 0, "warp attention delta in bf16");
   const char* names[3] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; ++i)
-    check_close(to_double(g16[i].to(dtype::f32)), to_double(g32[i].to(dtype::bf16).to(dtype::f32)), 0, 0,
+    check_close(widened(g16[i]), rounded_to(g32[i], dtype::bf16), 0, 0,
                 std::string("warp attention ") + names[i] + " in bf16");
 }

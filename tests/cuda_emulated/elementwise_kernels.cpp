@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "tests/cuda_emulated/emulated_test_util.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 // Last: the emulation's macros must reach only the kernels.
 #include "tests/cuda_emulated/cuda_emulation.hpp"
@@ -31,6 +32,9 @@
 #include "kernels/cuda/quant_kernels.cuh"
 
 using namespace corolla;
+using emulated_test::as;
+using emulated_test::f;
+using emulated_test::rounded_to;
 using kernel_test::check_close;
 using kernel_test::random_tensor;
 using kernel_test::to_double;
@@ -40,14 +44,6 @@ namespace {
 constexpr double rel_tol = 1e-6, abs_tol = 1e-7;
 /// Two blocks of 64 threads: the grid-stride loops go round.
 const emulated::launch_config strided{2, 1, 64, 0};
-
-float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
-
-/// The device element type of a 16-bit host tensor's storage.
-template <class T>
-T* as(const Tensor& t) {
-  return static_cast<T*>(t.raw());
-}
 
 /// Runs the unary/binary activations in storage type T (host tensors of
 /// dtype `dt`) and returns the outputs widened to f32.
@@ -95,8 +91,8 @@ TEST_CASE("emulated activation, add, scale, reduction and bias kernels match the
     const Tensor wa = a.to(dt).to(dtype::f32), wb = b.to(dt).to(dtype::f32), wc = c.to(dt).to(dtype::f32);
     const std::vector<Tensor> ref = activations<float>(dtype::f32, wa, wb, wc);
     for (int i = 0; i < 7; ++i)
-      check_close(narrow[static_cast<std::size_t>(i)], to_double(ref[static_cast<std::size_t>(i)].to(dt).to(dtype::f32)), 0,
-                  0, std::string(names[i]) + " in " + dtype_name(dt));
+      check_close(narrow[static_cast<std::size_t>(i)], rounded_to(ref[static_cast<std::size_t>(i)], dt), 0, 0,
+                  std::string(names[i]) + " in " + dtype_name(dt));
   };
   check_storage(dtype::bf16, activations<__nv_bfloat16>(dtype::bf16, a, b, c));
   check_storage(dtype::f16, activations<__half>(dtype::f16, a, b, c));

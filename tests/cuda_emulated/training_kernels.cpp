@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "tests/cuda_emulated/emulated_test_util.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 // Last: the emulation's macros must reach only the kernels.
 #include "tests/cuda_emulated/cuda_emulation.hpp"
@@ -25,6 +26,10 @@
 #include "kernels/cuda/rope_kernels.cuh"
 
 using namespace corolla;
+using emulated_test::as;
+using emulated_test::f;
+using emulated_test::rounded_to;
+using emulated_test::widened;
 using kernel_test::check_close;
 using kernel_test::random_tensor;
 using kernel_test::to_double;
@@ -32,8 +37,6 @@ using kernel_test::to_double;
 namespace {
 
 constexpr double rel_tol = 1e-5, abs_tol = 1e-6;
-
-float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
 
 emulated::launch_config rows_of(std::int64_t n, unsigned threads) { return {static_cast<unsigned>(n), 1, threads, 0}; }
 emulated::launch_config column_blocks(std::int64_t d) {
@@ -180,11 +183,6 @@ TEST_CASE("emulated RoPE and RoPE + KV-append kernels match the cpu") {
 
 namespace {
 
-template <class T>
-T* as(const Tensor& t) {
-  return static_cast<T*>(t.raw());
-}
-
 /// The 16-bit kernels against the f32 ones on the widened inputs: the
 /// arithmetic is the same f32, so the 16-bit outputs are the f32 outputs
 /// rounded once, and the f32 outputs (statistics, parameter gradients,
@@ -196,15 +194,13 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
                dy = random_tensor({n, d}, r).to(dt);
   const Tensor w = random_tensor({d}, r, 0.5f, 1.5f), bias = random_tensor({d}, r);
   const Tensor xw = x.to(dtype::f32), b2w = b2.to(dtype::f32), dyw = dy.to(dtype::f32);
-  auto rounded = [&](const Tensor& t) { return to_double(t.to(dt).to(dtype::f32)); };
-  auto wide = [](const Tensor& t) { return to_double(t.to(dtype::f32)); };
   const std::string name = dtype_name(dt);
 
   Tensor y = Tensor::empty({n, d}, dt), yw = Tensor::empty({n, d}), rstd = Tensor::empty({n}),
          rstdw = Tensor::empty({n}), mean = Tensor::empty({n}), meanw = Tensor::empty({n});
   emulated::launch(&cuda::rmsnorm_forward_kernel<T>, rows_of(n, 256), as<T>(x), f(w), 1e-5f, as<T>(y), f(rstd), d);
   emulated::launch(&cuda::rmsnorm_forward_kernel<float>, rows_of(n, 256), f(xw), f(w), 1e-5f, f(yw), f(rstdw), d);
-  check_close(wide(y), rounded(yw), 0, 0, "rmsnorm y in " + name);
+  check_close(widened(y), rounded_to(yw, dt), 0, 0, "rmsnorm y in " + name);
   check_close(rstd, to_double(rstdw), 0, 0, "rmsnorm rstd in " + name);
 
   // add + rmsnorm equals add (f32, rounded once), then rmsnorm of that sum.
@@ -227,14 +223,14 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
                    f(dyw), f(dxw), d);
   emulated::launch(&cuda::rmsnorm_backward_dw_kernel<T>, column_blocks(d), as<T>(x), f(rstd), as<T>(dy), f(dw), n, d);
   emulated::launch(&cuda::rmsnorm_backward_dw_kernel<float>, column_blocks(d), f(xw), f(rstd), f(dyw), f(dww), n, d);
-  check_close(wide(dx), rounded(dxw), 0, 0, "rmsnorm dx in " + name);
+  check_close(widened(dx), rounded_to(dxw, dt), 0, 0, "rmsnorm dx in " + name);
   check_close(dw, to_double(dww), 0, 0, "rmsnorm dw in " + name);
 
   emulated::launch(&cuda::layernorm_forward_kernel<T>, rows_of(n, 256), as<T>(x), f(w), f(bias), 1e-5f, as<T>(y),
                    f(mean), f(rstd), d);
   emulated::launch(&cuda::layernorm_forward_kernel<float>, rows_of(n, 256), f(xw), f(w), f(bias), 1e-5f, f(yw),
                    f(meanw), f(rstdw), d);
-  check_close(wide(y), rounded(yw), 0, 0, "layernorm y in " + name);
+  check_close(widened(y), rounded_to(yw, dt), 0, 0, "layernorm y in " + name);
   check_close(mean, to_double(meanw), 0, 0, "layernorm mean in " + name);
   check_close(rstd, to_double(rstdw), 0, 0, "layernorm rstd in " + name);
   Tensor db = kernel_test::filled({d}, -0.5f), dbw = kernel_test::filled({d}, -0.5f);
@@ -246,7 +242,7 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
                    f(dw), f(db), n, d);
   emulated::launch(&cuda::layernorm_backward_dwdb_kernel<float>, column_blocks(d), f(xw), f(mean), f(rstd), f(dyw),
                    f(dww), f(dbw), n, d);
-  check_close(wide(dx), rounded(dxw), 0, 0, "layernorm dx in " + name);
+  check_close(widened(dx), rounded_to(dxw, dt), 0, 0, "layernorm dx in " + name);
   check_close(dw, to_double(dww), 0, 0, "layernorm dw in " + name);
   check_close(db, to_double(dbw), 0, 0, "layernorm db in " + name);
 
@@ -256,7 +252,7 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
   emulated::launch(&cuda::rope_kernel<T>, {2, 1, 64, 0}, as<T>(q), pos.data(), std::int64_t{3}, 4, 16, 10000.0, 1.0f);
   emulated::launch(&cuda::rope_kernel<float>, {2, 1, 64, 0}, f(qw), pos.data(), std::int64_t{3}, 4, 16, 10000.0,
                    1.0f);
-  check_close(wide(q), rounded(qw), 0, 0, "rope in " + name);
+  check_close(widened(q), rounded_to(qw, dt), 0, 0, "rope in " + name);
 
   const std::int64_t vocab = 300;
   const std::vector<std::int32_t> targets = {3, -1, 299};
@@ -267,7 +263,7 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
   emulated::launch(&cuda::cross_entropy_kernel<float>, rows_of(3, cuda::ce_threads), f(lw), targets.data(),
                    f(lossesw), f(lw), 0.5f, vocab);
   check_close(losses, to_double(lossesw), 0, 0, "cross-entropy losses in " + name);
-  check_close(wide(logits), rounded(lw), 0, 0, "cross-entropy dlogits in " + name);
+  check_close(widened(logits), rounded_to(lw, dt), 0, 0, "cross-entropy dlogits in " + name);
 }
 
 }  // namespace
