@@ -118,7 +118,8 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
   std::string k = job_key(o, cfg) + opt + " warmup=" + std::to_string(s.warmup_steps) +
                   " cosine=" + (s.cosine ? "1" : "0") + " checkpoint_every=" + std::to_string(o.checkpoint_every) +
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
-                  " synthetic=" + (o.synthetic.enabled() ? "1" : "0");
+                  " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
+                  " compute=" + dtype_name(o.compute);
   return k;
 }
 

@@ -99,6 +99,10 @@ struct dist_train_options {
   int micro_batch = 0;  ///< sequences per micro-batch; 0 = 1 when pp > 1, else batch / dp
   int steps = 0;        ///< steps to run (counted from 1, including resumed ones)
   optimizer_settings optimizer;
+  /// The dtype the ranks' blocks compute in (stage::set_compute_dtype): f32,
+  /// or bf16/f16 on device ranks (mixed precision; activations between
+  /// stages stay f32).
+  dtype compute = dtype::f32;
   /// Sharded checkpoints: every `checkpoint_every` steps (0 = never) each
   /// rank writes its shard under checkpoint_dir/step-N/, and the coordinator
   /// commits the step (manifest.json, then the `latest` pointer) once every

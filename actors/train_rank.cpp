@@ -255,6 +255,7 @@ class rank_runtime {
       for (param_set& b : blocks) place_params(b, be_);  // no-op where they already are
       parts_.emplace_back(cfg_, first, std::move(blocks), be_);
       parts_.back().grads();
+      parts_.back().set_compute_dtype(o_.compute);
     }
     if (first_ || last_) {
       param_set h = weights_.head();

@@ -28,6 +28,7 @@
 #include "kernels/vendor_gemm.hpp"
 #include "model/config.hpp"
 #include "model/generator.hpp"
+#include "model/stage.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
@@ -117,6 +118,7 @@ struct bench_common {
   std::string preset = "small";
   std::string device = "auto";
   std::string matmul = "f32";  ///< bench train --matmul
+  std::string compute = "f32";  ///< bench train --compute
   int threads = 0;
   bool json = false;
   bool profile = false;
@@ -320,6 +322,9 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   apply_common_options(o.threads, "warn");
   set_matmul_precision(parse_matmul_precision(o.matmul));
   Backend& device_be = backend_for(parse_device(o.device));
+  const dtype compute = parse_compute_dtype(o.compute);
+  if (compute != dtype::f32 && device_be.dev().kind == device_kind::cpu)
+    throw std::invalid_argument("bench train: --compute " + o.compute + " needs a GPU: the cpu backend computes in f32");
   profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
   Backend& be = o.profile ? static_cast<Backend&>(prof) : device_be;
   transformer model = open_model(o, be);
@@ -341,12 +346,21 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   train_options opts;
   opts.batch = batch;
   opts.seq = seq;
-  opts.steps = steps + (o.profile ? 2 : 1);
+  opts.steps = 2 * steps + (o.profile ? 3 : 2);
   opts.optimizer.adamw.lr = 1e-4f;
   trainer t(model, data, opts);
-  t.step();  // warm-up: first-touch of gradients and optimiser moments
-  double seconds = 0;
-  for (int s = 0; s < steps; ++s) seconds += t.step().seconds;
+  // Warm-up step each (first touch of gradients, moments and activations),
+  // then the timed ones.
+  auto timed_steps = [&](dtype in) {
+    model.set_compute_dtype(in);
+    t.step();
+    double total = 0;
+    for (int s = 0; s < steps; ++s) total += t.step().seconds;
+    return total;
+  };
+  // A 16-bit compute dtype is measured against f32 compute in the same run.
+  const double base_seconds = compute != dtype::f32 ? timed_steps(dtype::f32) : 0.0;
+  const double seconds = timed_steps(compute);
 
   double tokens_per_s = static_cast<double>(batch) * seq * steps / seconds;
   long long matrix_params = block_matrix_params(model) +
@@ -369,6 +383,7 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   nlohmann::json j = {{"bench", "train"},
                       {"device", be.name()},
                       {"matmul", matmul_precision_name(get_matmul_precision())},
+                      {"compute", dtype_name(compute)},
                       {"threads", cpu_threads()},
                       {"params", c.parameter_count()},
                       {"batch", batch},
@@ -395,6 +410,14 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
                 peak / 1e9, peak_time.library.c_str(), dtype_name(peak_dtype),
                 static_cast<long long>(peak_side));
     std::printf("model FLOPs utilisation %8.1f%% (achieved / device peak)\n", 100.0 * mfu);
+  }
+  if (compute != dtype::f32) {
+    const double base_tokens_per_s = static_cast<double>(batch) * seq * steps / base_seconds;
+    j["f32_compute_tokens_per_s"] = base_tokens_per_s;
+    j["speedup_vs_f32_compute"] = tokens_per_s / base_tokens_per_s;
+    if (!o.json)
+      std::printf("f32 compute baseline    %8.1f tokens/s (same run)  %s / f32 compute %.2fx\n", base_tokens_per_s,
+                  dtype_name(compute), tokens_per_s / base_tokens_per_s);
   }
   if (o.profile) {
     prof.enable(true);
@@ -442,6 +465,10 @@ void register_bench(CLI::App& app, action_fn& action) {
   train->add_option("--steps", steps, "Timed steps (after one warm-up step)")->capture_default_str();
   train->add_option("--matmul", train_opts.matmul,
                     "Products of f32 tensors on a GPU: f32, tf32 or bf16 (tensor cores, f32 accumulation)")
+      ->capture_default_str();
+  train->add_option("--compute", train_opts.compute,
+                    "dtype the blocks compute in: f32, or bf16/f16 on a GPU (mixed precision; then f32 compute is "
+                    "measured too, in the same run, and the speed-up printed)")
       ->capture_default_str();
   train->add_option("--cluster", cluster,
                     "Cluster TOML: one local rank process per planned worker, links shaped by the file, compute "

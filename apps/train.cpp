@@ -13,6 +13,7 @@
 #include "apps/commands.hpp"
 #include "apps/train_args.hpp"
 #include "kernels/backend.hpp"
+#include "model/stage.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
 #include "model/token_data.hpp"
@@ -61,6 +62,13 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
   return token_dataset::open(file, tok.get(), vocab);
 }
 
+dtype compute_dtype_of(const train_args& a) {
+  const dtype t = parse_compute_dtype(a.compute);
+  if (t != dtype::f32 && parse_device(a.device).kind == device_kind::cpu)
+    throw std::invalid_argument("--compute " + a.compute + " needs a GPU (--device cuda): the cpu backend computes in f32");
+  return t;
+}
+
 lr_schedule schedule_of(const train_args& a) {
   if (a.lr_schedule != "constant" && a.lr_schedule != "cosine")
     throw std::invalid_argument("--lr-schedule must be constant or cosine, got '" + a.lr_schedule + "'");
@@ -81,9 +89,11 @@ int run_train(const train_args& a) {
                       "are for pipeline x data-parallel training: add --pp, --dp or --cluster");
   apply_common_options(a.threads, "warn");
   set_matmul_precision(parse_matmul_precision(a.matmul));
+  const dtype compute = compute_dtype_of(a);
   Backend& be = backend_for(parse_device(a.device));
   bool fresh = false;
   transformer model = open_model(a.model, a.seed, be, fresh);
+  model.set_compute_dtype(compute);
   token_dataset data = open_data(a.data, a.model, model.config().vocab_size);
 
   train_options o;
@@ -181,6 +191,10 @@ void register_train(CLI::App& app, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--matmul", args->matmul,
                   "Products of f32 tensors on a GPU: f32 (exact), tf32 or bf16 (tensor cores, f32 accumulation)")
+      ->capture_default_str();
+  cmd->add_option("--compute", args->compute,
+                  "dtype the blocks' forward and backward run in: f32, or bf16/f16 on a GPU (mixed precision: "
+                  "16-bit activations and per-step weight copies; f32 master weights, gradients and optimiser)")
       ->capture_default_str();
   cmd->add_option("--device", args->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--json", args->json,

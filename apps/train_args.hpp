@@ -38,6 +38,7 @@ struct train_args {
   int threads = 0;
   std::string device = "auto";
   std::string matmul = "f32";  ///< --matmul: precision of f32 products on a GPU (set_matmul_precision)
+  std::string compute = "f32";  ///< --compute: the blocks' compute dtype (stage::set_compute_dtype)
   bool json = false;
 
   // Pipeline x data-parallel training (apps/train_dist.cpp).
@@ -73,6 +74,11 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
 /// --lr-schedule and --warmup-steps as an lr_schedule; throws
 /// std::invalid_argument for an unknown schedule or negative warm-up.
 lr_schedule schedule_of(const train_args& a);
+
+/// --compute as a dtype; throws std::invalid_argument for an unknown one, or
+/// a 16-bit one with --device cpu (or auto without a GPU): the cpu backend
+/// computes in f32.
+dtype compute_dtype_of(const train_args& a);
 
 /// Whether the flags or the launcher's environment ask for a distributed run.
 bool wants_distributed(const train_args& a);

@@ -30,6 +30,7 @@
 #include "apps/plan_print.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
+#include "model/stage.hpp"
 #include "model/config.hpp"
 #include "model/trainer.hpp"
 #include "net/shaping.hpp"
@@ -233,7 +234,7 @@ nlohmann::json job_to_json(const dist_train_options& o) {
           {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
           {"micro_batch", o.micro_batch}, {"steps", o.steps},
           {"adamw", {{"lr", w.lr}, {"beta1", w.beta1}, {"beta2", w.beta2}, {"eps", w.eps}, {"weight_decay", w.weight_decay}}},
-          {"max_grad_norm", o.optimizer.max_grad_norm},
+          {"max_grad_norm", o.optimizer.max_grad_norm}, {"compute", dtype_name(o.compute)},
           {"schedule",
            {{"warmup_steps", o.optimizer.schedule.warmup_steps}, {"cosine", o.optimizer.schedule.cosine},
             {"final_ratio", o.optimizer.schedule.final_ratio}}},
@@ -261,6 +262,7 @@ dist_train_options job_from_json(const std::string& file) {
     const auto& w = j.at("adamw");
     o.optimizer.adamw = {w.at("lr"), w.at("beta1"), w.at("beta2"), w.at("eps"), w.at("weight_decay")};
     o.optimizer.max_grad_norm = j.at("max_grad_norm");
+    o.compute = parse_compute_dtype(j.at("compute").get<std::string>());
     const auto& sch = j.at("schedule");
     o.optimizer.schedule = {sch.at("warmup_steps"), sch.at("cosine"), sch.at("final_ratio")};
     o.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
@@ -478,6 +480,7 @@ int run_distributed_train(train_args a) {
   o.optimizer.adamw = {.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay};
   o.optimizer.max_grad_norm = a.grad_clip;
   o.optimizer.schedule = schedule_of(a);
+  o.compute = compute_dtype_of(a);
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_every = a.checkpoint_every;
   o.resume = a.resume;

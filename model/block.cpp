@@ -40,6 +40,23 @@ void norm_backward(Backend& be, const model_config& cfg, const Tensor& x, const 
     be.layernorm_backward(x, w, mean, rstd, dy, dx, dw, db);
 }
 
+/// Sizes block_backward's scratch for N rows of activation dtype `act`.
+void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dtype act,
+                       block_grad_scratch& s) {
+  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
+  const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
+  ensure_tensor(be, s.dnorm, {N, D}, act);
+  ensure_tensor(be, s.dtmp, {N, D}, act);
+  ensure_tensor(be, s.dh, {N, D}, act);
+  ensure_tensor(be, s.dattn, {N, Q}, act);
+  ensure_tensor(be, s.dq, {N, Q}, act);
+  ensure_tensor(be, s.dk, {N, KV}, act);
+  ensure_tensor(be, s.dv, {N, KV}, act);
+  ensure_tensor(be, s.dact, {N, F}, act);
+  ensure_tensor(be, s.dup, {N, F}, act);
+  if (is_llama(cfg)) ensure_tensor(be, s.dgate, {N, F}, act);
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cfg) {
@@ -95,6 +112,29 @@ block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t) {
   return out;
 }
 
+namespace {
+/// The linear weights of a block (the roles mixed precision converts).
+constexpr Tensor block_tensors::*linear_roles[] = {&block_tensors::q_w,    &block_tensors::k_w,
+                                                   &block_tensors::v_w,    &block_tensors::o_w,
+                                                   &block_tensors::gate_w, &block_tensors::up_w,
+                                                   &block_tensors::down_w};
+}  // namespace
+
+block_tensors compute_weights_like(Backend& be, const block_tensors& w, dtype t) {
+  if (t != dtype::bf16 && t != dtype::f16)
+    throw tensor_error(std::string("compute weights are bf16 or f16, not ") + dtype_name(t));
+  block_tensors out = w;
+  for (Tensor block_tensors::*role : linear_roles)
+    if ((w.*role).defined()) out.*role = be.empty((w.*role).shape(), t);
+  out.qkv_w = out.qkv_b = out.gate_up_w = Tensor{};
+  return out;
+}
+
+void copy_linear_weights(Backend& be, const block_tensors& from, block_tensors& to) {
+  for (Tensor block_tensors::*role : linear_roles)
+    if ((from.*role).defined()) be.copy(from.*role, to.*role);
+}
+
 block_tensors block_tensors::of(const model_config& cfg, const param_set& p) {
   block_tensors t;
   t.attn_norm_w = p.get("attn_norm.weight");
@@ -132,24 +172,28 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   expect_shape(y, {N, D}, "block_forward y");
   const bool llama = is_llama(cfg);
 
+  // Activations take x's dtype (a 16-bit compute dtype, see
+  // stage::set_compute_dtype); norm statistics and lse stay f32.
+  const dtype act = x.type();
+  expect_dtype(y, act, "block_forward y");
   a.batch = batch;
   a.seq = seq;
   a.x = x;
-  ensure_tensor(be, a.norm1, {N, D});
+  ensure_tensor(be, a.norm1, {N, D}, act);
   ensure_tensor(be, a.rstd1, {N});
   if (!llama) ensure_tensor(be, a.mean1, {N});
-  ensure_tensor(be, a.q, {N, Q});
-  ensure_tensor(be, a.k, {N, KV});
-  ensure_tensor(be, a.v, {N, KV});
-  ensure_tensor(be, a.attn, {N, Q});
+  ensure_tensor(be, a.q, {N, Q}, act);
+  ensure_tensor(be, a.k, {N, KV}, act);
+  ensure_tensor(be, a.v, {N, KV}, act);
+  ensure_tensor(be, a.attn, {N, Q}, act);
   ensure_tensor(be, a.lse, {N * cfg.n_heads});
-  ensure_tensor(be, a.h, {N, D});
-  ensure_tensor(be, a.norm2, {N, D});
+  ensure_tensor(be, a.h, {N, D}, act);
+  ensure_tensor(be, a.norm2, {N, D}, act);
   ensure_tensor(be, a.rstd2, {N});
   if (!llama) ensure_tensor(be, a.mean2, {N});
-  if (llama) ensure_tensor(be, a.gate, {N, F});
-  ensure_tensor(be, a.up, {N, F});
-  ensure_tensor(be, a.act, {N, F});
+  if (llama) ensure_tensor(be, a.gate, {N, F}, act);
+  ensure_tensor(be, a.up, {N, F}, act);
+  ensure_tensor(be, a.act, {N, F}, act);
 
   // Attention half. y doubles as the scratch for the projection outputs.
   norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, a.norm1, opt(a.mean1), &a.rstd1);
@@ -184,22 +228,16 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
                     const block_activations& a, const Tensor& positions, const Tensor& dy,
                     Tensor& dx, block_tensors& g, block_grad_scratch& s) {
   const std::int64_t N = static_cast<std::int64_t>(a.batch) * a.seq;
-  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
-  const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
+  const std::int64_t D = cfg.hidden_size;
   expect_shape(dy, {N, D}, "block_backward dy");
   expect_shape(dx, {N, D}, "block_backward dx");
   const bool llama = is_llama(cfg);
-
-  ensure_tensor(be, s.dnorm, {N, D});
-  ensure_tensor(be, s.dtmp, {N, D});
-  ensure_tensor(be, s.dh, {N, D});
-  ensure_tensor(be, s.dattn, {N, Q});
-  ensure_tensor(be, s.dq, {N, Q});
-  ensure_tensor(be, s.dk, {N, KV});
-  ensure_tensor(be, s.dv, {N, KV});
-  ensure_tensor(be, s.dact, {N, F});
-  ensure_tensor(be, s.dup, {N, F});
-  if (llama) ensure_tensor(be, s.dgate, {N, F});
+  // Activation gradients take the activations' dtype (block_forward);
+  // parameter gradients are the caller's (f32).
+  const dtype act = a.x.type();
+  expect_dtype(dy, act, "block_backward dy");
+  expect_dtype(dx, act, "block_backward dx");
+  grow_grad_scratch(be, cfg, N, act, s);
 
   // MLP half: y = h + down(act(n2)).
   be.linear_backward(a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
@@ -395,23 +433,16 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
                           const block_activations& a, const Tensor& positions, const Tensor& dy,
                           Tensor& dx, block_input_grad_scratch& scratch) {
   const std::int64_t N = static_cast<std::int64_t>(a.batch) * a.seq;
-  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
-  const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
+  const std::int64_t D = cfg.hidden_size;
   expect_shape(dy, {N, D}, "block_backward_input dy");
   expect_shape(dx, {N, D}, "block_backward_input dx");
   const bool llama = is_llama(cfg);
   block_grad_scratch& s = scratch.s;
 
-  ensure_tensor(be, s.dnorm, {N, D});
-  ensure_tensor(be, s.dtmp, {N, D});
-  ensure_tensor(be, s.dh, {N, D});
-  ensure_tensor(be, s.dattn, {N, Q});
-  ensure_tensor(be, s.dq, {N, Q});
-  ensure_tensor(be, s.dk, {N, KV});
-  ensure_tensor(be, s.dv, {N, KV});
-  ensure_tensor(be, s.dact, {N, F});
-  ensure_tensor(be, s.dup, {N, F});
-  if (llama) ensure_tensor(be, s.dgate, {N, F});
+  const dtype act = a.x.type();
+  expect_dtype(dy, act, "block_backward_input dy");
+  expect_dtype(dx, act, "block_backward_input dx");
+  grow_grad_scratch(be, cfg, N, act, s);
   // The norm kernels accumulate their weight gradients; the sums are thrown
   // away, but zeroing them each call keeps them finite forever.
   for (Tensor* t : {&scratch.norm_dw, &scratch.norm_db}) {

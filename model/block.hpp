@@ -76,6 +76,17 @@ struct block_tensors {
 /// run one product per stack. Throws tensor_error for another dtype.
 block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t);
 
+/// Training compute weights of one block for mixed precision
+/// (stage::set_compute_dtype): fresh `t` (bf16 or f16) tensors on `be`'s
+/// device shaped like w's linear weights (q, k, v, o, gate, up, down), with
+/// norms and biases shared with `w` (they stay f32: the ops take f32 weights
+/// and biases beside 16-bit activations). The values are not filled:
+/// copy_linear_weights does that. Throws tensor_error for another dtype.
+block_tensors compute_weights_like(Backend& be, const block_tensors& w, dtype t);
+/// Copies (converting) the linear weights of `from` into those of `to`
+/// (the same block's roles, e.g. master weights into compute copies).
+void copy_linear_weights(Backend& be, const block_tensors& from, block_tensors& to);
+
 /// What block_forward keeps for block_backward. Buffers are reused when the
 /// same struct sees the same shapes again.
 struct block_activations {
@@ -138,14 +149,17 @@ class block_decode_workspace {
 
 /// Training forward over `batch` sequences of `seq` tokens (x, y [B*T, D],
 /// row = b*T + t). `positions` (i32 [B*T], t for row b*T+t) drives RoPE.
-/// Fills `saved` for block_backward; y must not alias x.
+/// Fills `saved` for block_backward; y must not alias x. The activations
+/// take x's dtype (y's must equal it): f32, or bf16/f16 with linear weights
+/// of that dtype (compute_weights_like) on a backend that computes in it.
 void block_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
                    const Tensor& positions, int batch, int seq, Tensor& y,
                    block_activations& saved);
 
 /// Backward of block_forward: dx [N,D] overwritten from dy [N,D]; parameter
-/// gradients added into `grads` (block_tensors of the gradient param_set).
-/// dx must not alias dy.
+/// gradients added into `grads` (block_tensors of the gradient param_set,
+/// f32 whatever the activations' dtype). dy and dx have the activations'
+/// dtype; dx must not alias dy.
 void block_backward(Backend& be, const model_config& cfg, const block_tensors& w,
                     const block_activations& saved, const Tensor& positions, const Tensor& dy,
                     Tensor& dx, block_tensors& grads, block_grad_scratch& scratch);

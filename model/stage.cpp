@@ -7,6 +7,13 @@
 
 namespace corolla {
 
+dtype parse_compute_dtype(const std::string& text) {
+  if (text == "f32") return dtype::f32;
+  if (text == "bf16") return dtype::bf16;
+  if (text == "f16") return dtype::f16;
+  throw std::invalid_argument("the compute dtype is f32, bf16 or f16, not '" + text + "'");
+}
+
 stage::stage(const model_config& cfg, int first, int last, Backend& be)
     : cfg_(cfg), be_(&be), first_(first), decode_ws_(cfg) {
   if (first < 0 || last < first || last > cfg.n_layers)
@@ -64,6 +71,36 @@ std::vector<param_set>& stage::grads() {
 
 void stage::zero_grads() {
   for (auto& g : grads_) g.flat().zero();
+  params_changed();
+}
+
+void stage::set_compute_dtype(dtype t) {
+  if (t != dtype::f32 && t != dtype::bf16 && t != dtype::f16)
+    throw tensor_error(std::string("stage: the compute dtype is f32, bf16 or f16, not ") + dtype_name(t));
+  if (t != dtype::f32 && be_->dev().kind == device_kind::cpu)
+    throw tensor_error(std::string("stage: the cpu backend computes in f32; a ") + dtype_name(t) +
+                       " compute dtype needs a device backend");
+  compute_weights_.clear();
+  if (t != dtype::f32)
+    for (const auto& w : weights_) compute_weights_.push_back(compute_weights_like(*be_, w, t));
+  compute_dtype_ = t;
+  compute_stale_ = true;
+}
+
+const block_tensors& stage::train_weights(int i) {
+  if (compute_weights_.empty()) return weights_[static_cast<std::size_t>(i)];
+  if (compute_stale_) {
+    for (std::size_t b = 0; b < weights_.size(); ++b) copy_linear_weights(*be_, weights_[b], compute_weights_[b]);
+    compute_stale_ = false;
+  }
+  return compute_weights_[static_cast<std::size_t>(i)];
+}
+
+const Tensor& stage::in_compute_dtype(const Tensor& t, Tensor& buffer) {
+  if (t.type() == compute_dtype_) return t;
+  ensure_tensor(*be_, buffer, t.shape(), compute_dtype_);
+  be_->copy(t, buffer);
+  return buffer;
 }
 
 const Tensor& stage::train_positions(int batch, int seq) {
@@ -91,29 +128,33 @@ void stage::forward(const Tensor& x, int batch, int seq, Tensor& y, stage_activa
     return;
   }
   const Tensor& pos = train_positions(batch, seq);
+  // The blocks compute in the compute dtype; x and y are converted at the
+  // ends when theirs differs (saved->input keeps block 0's input).
+  const dtype act = compute_dtype_;
+  const Tensor* in = saved ? &in_compute_dtype(x, saved->input) : &in_compute_dtype(x, boundary_in_);
+  if (saved && in == &x) saved->input = Tensor{};
+  Tensor* last_out = y.type() == act ? &y : &ensure_tensor(*be_, boundary_out_, {N, D}, act);
   if (saved) {
     saved->blocks.resize(static_cast<std::size_t>(size()));
     saved->inputs.resize(static_cast<std::size_t>(size()));
-    const Tensor* in = &x;
     for (int i = 0; i < size(); ++i) {
       const auto b = static_cast<std::size_t>(i);
-      Tensor* out = &y;
-      if (i + 1 < size()) out = &ensure_tensor(*be_, saved->inputs[b + 1], {N, D});
-      block_forward(*be_, cfg_, weights_[b], *in, pos, batch, seq, *out, saved->blocks[b]);
+      Tensor* out = last_out;
+      if (i + 1 < size()) out = &ensure_tensor(*be_, saved->inputs[b + 1], {N, D}, act);
+      block_forward(*be_, cfg_, train_weights(i), *in, pos, batch, seq, *out, saved->blocks[b]);
       in = out;
     }
-    return;
+  } else {
+    // No backward to come: ping-pong between two scratch buffers.
+    ensure_tensor(*be_, ping_, {N, D}, act);
+    ensure_tensor(*be_, pong_, {N, D}, act);
+    for (int i = 0; i < size(); ++i) {
+      Tensor* out = (i + 1 == size()) ? last_out : (i % 2 == 0 ? &ping_ : &pong_);
+      block_forward(*be_, cfg_, train_weights(i), *in, pos, batch, seq, *out, scratch_acts_);
+      in = out;
+    }
   }
-  // No backward to come: ping-pong between two scratch buffers.
-  ensure_tensor(*be_, ping_, {N, D});
-  ensure_tensor(*be_, pong_, {N, D});
-  const Tensor* in = &x;
-  for (int i = 0; i < size(); ++i) {
-    Tensor* out = (i + 1 == size()) ? &y : (i % 2 == 0 ? &ping_ : &pong_);
-    block_forward(*be_, cfg_, weights_[static_cast<std::size_t>(i)], *in, pos, batch, seq, *out,
-                  scratch_acts_);
-    in = out;
-  }
+  if (last_out != &y) be_->copy(*last_out, y);
 }
 
 void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& dx,
@@ -129,17 +170,24 @@ void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& d
   const int batch = saved.blocks[0].batch, seq = saved.blocks[0].seq;
   const std::int64_t N = static_cast<std::int64_t>(batch) * seq;
   const Tensor& pos = train_positions(batch, seq);
-  ensure_tensor(*be_, ping_, {N, cfg_.hidden_size});
-  ensure_tensor(*be_, pong_, {N, cfg_.hidden_size});
-  const Tensor* g_out = &dy;
+  // Gradients flow in the activations' dtype, converted at the ends as in forward.
+  const dtype act = saved.blocks[0].x.type();
+  if (act != compute_dtype_)
+    throw tensor_error(std::string("stage::backward: activations of a ") + dtype_name(act) +
+                       " forward, but the stage now computes in " + dtype_name(compute_dtype_));
+  ensure_tensor(*be_, ping_, {N, cfg_.hidden_size}, act);
+  ensure_tensor(*be_, pong_, {N, cfg_.hidden_size}, act);
+  const Tensor* g_out = &in_compute_dtype(dy, boundary_in_);
+  Tensor* first_in = dx.type() == act ? &dx : &ensure_tensor(*be_, boundary_out_, dx.shape(), act);
   for (int i = size() - 1; i >= 0; --i) {
     const auto b = static_cast<std::size_t>(i);
-    Tensor* g_in = (i == 0) ? &dx : (i % 2 == 0 ? &ping_ : &pong_);
-    block_backward(*be_, cfg_, weights_[b], saved.blocks[b], pos, *g_out, *g_in, grad_views_[b],
+    Tensor* g_in = (i == 0) ? first_in : (i % 2 == 0 ? &ping_ : &pong_);
+    block_backward(*be_, cfg_, train_weights(i), saved.blocks[b], pos, *g_out, *g_in, grad_views_[b],
                    grad_scratch_);
     g_out = g_in;
     if (on_block_done) on_block_done(i);
   }
+  if (first_in != &dx) be_->copy(*first_in, dx);
 }
 
 void stage::reserve_rows(std::int64_t rows) {

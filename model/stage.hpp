@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -28,7 +29,14 @@ namespace corolla {
 struct stage_activations {
   std::vector<block_activations> blocks;
   std::vector<Tensor> inputs;  ///< inputs[i] = input of block i for i >= 1
+  /// Block 0's input in a 16-bit compute dtype (the stage's x converted);
+  /// undefined when the stage computes in x's dtype.
+  Tensor input;
 };
+
+/// "f32", "bf16" or "f16" as a compute dtype (stage::set_compute_dtype);
+/// throws std::invalid_argument otherwise.
+dtype parse_compute_dtype(const std::string& text);
 
 /// Blocks [first, last) of one model: parameters, gradients, training
 /// forward/backward and the cached inference forward. Not thread-safe (its
@@ -67,8 +75,27 @@ class stage {
   std::vector<param_set>& grads();
   /// Whether grads() has been allocated.
   bool has_grads() const { return !grads_.empty(); }
-  /// Sets every gradient to zero (nothing when none are allocated).
+  /// Sets every gradient to zero (nothing when none are allocated). Also
+  /// params_changed(): a step's parameter updates come before the next
+  /// step's zero_grads.
   void zero_grads();
+
+  /// The dtype the training forward and backward compute in: f32 (the
+  /// default) or, on a device backend, bf16 or f16 (mixed precision). With
+  /// 16 bits the blocks' activations and activation gradients are of that
+  /// dtype, and their linear weights are per-step copies of the f32
+  /// parameters converted to it; parameters, their gradients (which the
+  /// products accumulate in f32), norm statistics and the optimiser stay
+  /// f32. forward/backward still take and give f32 hidden states (they are
+  /// converted at the stage's ends), so heads, pipelines and the wire are
+  /// unchanged. The copies add 2 bytes per linear weight. Throws
+  /// tensor_error for another dtype, or a 16-bit one on the cpu backend
+  /// (which computes in f32).
+  void set_compute_dtype(dtype t);
+  dtype compute_dtype() const { return compute_dtype_; }
+  /// Says that params() were written (an optimiser step, a restore): with a
+  /// 16-bit compute dtype the next forward converts them again.
+  void params_changed() { compute_stale_ = true; }
 
   // ---- training ------------------------------------------------------------------
   /// Forward of `batch` sequences of `seq` tokens at positions 0..seq-1
@@ -126,6 +153,11 @@ class stage {
 
   void resolve_views();
   const Tensor& train_positions(int batch, int seq);
+  /// The weights training reads for block first()+i: the parameters, or
+  /// their compute copies (converted first when params_changed()).
+  const block_tensors& train_weights(int i);
+  /// `t` in the compute dtype: `t` itself, or converted into `buffer`.
+  const Tensor& in_compute_dtype(const Tensor& t, Tensor& buffer);
 
   model_config cfg_;
   Backend* be_;
@@ -136,12 +168,16 @@ class stage {
   std::vector<block_tensors> grad_views_;
   std::vector<block_tensors> inference_weights_;  ///< bf16 linear weights, or empty (use weights_)
   dtype inference_dtype_ = dtype::f32;
+  std::vector<block_tensors> compute_weights_;  ///< 16-bit linear weights for training, or empty (use weights_)
+  dtype compute_dtype_ = dtype::f32;
+  bool compute_stale_ = true;  ///< compute_weights_ predate a params() write
 
   // Training scratch, reused across steps.
   Tensor positions_;          ///< i32 [B*T] on the host: t for row b*T+t
   int positions_batch_ = 0, positions_seq_ = 0;
   block_activations scratch_acts_;
   Tensor ping_, pong_;
+  Tensor boundary_in_, boundary_out_;  ///< x / dy and y / dx in the compute dtype
   block_grad_scratch grad_scratch_;
 
   // Inference workspace.

@@ -111,6 +111,7 @@ step_report trainer::step() {
   step_report r;
   r.loss = model_->forward_backward(ids_, targets_, B, T, 1.0f);
   r.grad_norm = optimizer_.step();
+  model_->params_changed();
   model_->backend().synchronize();
   r.step = steps_done();
   r.total_steps = std::max(options_.steps, r.step);

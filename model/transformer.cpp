@@ -185,6 +185,10 @@ void transformer::zero_grads() {
   impl_->block_span.zero_grads();
 }
 
+void transformer::set_compute_dtype(dtype t) { impl_->block_span.set_compute_dtype(t); }
+dtype transformer::compute_dtype() const { return impl_->block_span.compute_dtype(); }
+void transformer::params_changed() { impl_->block_span.params_changed(); }
+
 // ---- compute ----------------------------------------------------------------------
 
 float transformer::forward_backward(std::span<const std::int32_t> ids,

@@ -70,8 +70,17 @@ class transformer {
   std::vector<param_set>& blocks();
   /// Every parameter set with its gradient buffer (allocated on first call).
   std::vector<param_group> groups();
-  /// Zeroes every gradient buffer.
+  /// Zeroes every gradient buffer (and, as stage::zero_grads, says the
+  /// parameters may have changed since the last forward).
   void zero_grads();
+  /// The blocks' training compute dtype (stage::set_compute_dtype: f32, or
+  /// bf16/f16 on a device backend); embeddings, final norm, LM head and
+  /// loss stay f32.
+  void set_compute_dtype(dtype t);
+  dtype compute_dtype() const;
+  /// Says the parameters were written (an optimiser step): 16-bit compute
+  /// copies are converted again at the next forward.
+  void params_changed();
 
   /// Forward and backward over a batch: ids and targets are B*T tokens
   /// (row = b*T + t). Returns the mean cross-entropy over the B*T positions;

@@ -47,6 +47,8 @@ TEST_CASE("bench train --profile breaks one step down by op; without it there is
   CAPTURE(plain.err);
   REQUIRE(plain.exit_code == 0);
   CHECK_FALSE(last_json_line(plain.out).contains("profile"));
+  CHECK(last_json_line(plain.out)["compute"] == "f32");
+  CHECK_FALSE(last_json_line(plain.out).contains("speedup_vs_f32_compute"));  // no 16-bit run to compare
 
   args.push_back("--profile");
   auto r = run_corolla(args);
@@ -77,4 +79,16 @@ TEST_CASE("bench decode --profile breaks a generation down by op") {
     CAPTURE(op);
     CHECK(ops.count(op) == 1);
   }
+}
+
+TEST_CASE("bench train --compute takes f32, bf16 or f16, and 16 bits only on a GPU") {
+  corolla::testing::temp_dir_guard dir("bench-train-compute");
+  corolla::testing::write_tiny_model(dir.path(), {});
+  auto args = [&](const char* compute) {
+    return std::vector<std::string>{"bench", "train", "--model", dir.path().string(), "--device", "cpu", "--batch",
+                                    "1", "--seq", "8", "--steps", "1", "--threads", "1", "--compute", compute};
+  };
+  corolla::testing::check_one_error(run_corolla(args("bf16")),
+                                    "bench train: --compute bf16 needs a GPU: the cpu backend computes in f32");
+  corolla::testing::check_one_error(run_corolla(args("fp8")), "the compute dtype is f32, bf16 or f16, not 'fp8'");
 }

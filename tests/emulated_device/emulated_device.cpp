@@ -6,6 +6,10 @@
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "kernels/op_checks.hpp"
 
 namespace corolla::testing {
 namespace {
@@ -88,38 +92,142 @@ void emulated_device_backend::check_marker(const queue_marker* m, const char* op
     throw tensor_error(std::string(op) + ": the marker is not one of " + name() + "'s");
 }
 
+// ---- dtype rules --------------------------------------------------------------
+// The CUDA backend's (kernels/cuda/cuda_ops.cpp, gemm.cpp), so a plan that
+// hands an op a dtype CUDA refuses fails here too.
+namespace {
+
+bool is_float(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
+
+/// `t` (when defined) has dtype `type`.
+void want(const Tensor& t, dtype type, const char* what) {
+  if (t.defined() && t.type() != type)
+    throw tensor_error(std::string(what) + ": expected " + dtype_name(type) + ", got " + dtype_name(t.type()));
+}
+void want(const Tensor* t, dtype type, const char* what) {
+  if (t != nullptr) want(*t, type, what);
+}
+/// `t` (when defined) is f32, bf16 or f16.
+void want_float(const Tensor& t, const char* what) {
+  if (t.defined() && !is_float(t.type()))
+    throw tensor_error(std::string(what) + ": expected a float tensor, got " + dtype_name(t.type()));
+}
+/// A product of `in` operands is written as `in` or f32.
+void want_product(const Tensor& c, dtype in, const char* what) {
+  want_float(c, what);
+  if (c.defined() && c.type() != in && c.type() != dtype::f32)
+    throw tensor_error(std::string(what) + ": a product of " + dtype_name(in) + " operands is written as " +
+                       dtype_name(in) + " or f32, not " + dtype_name(c.type()));
+}
+
+}  // namespace
+
+// ---- the ops ------------------------------------------------------------------------
+
+/// One op's operands as the CPU backend takes them: host views of this
+/// device's memory, where 16-bit tensors are widened into f32 copies (the
+/// CUDA kernels compute in f32 on the widened values) and the outputs among
+/// them are rounded back once by finish() (the kernels' one rounding on
+/// store). An output is widened with its current values, so ops that
+/// accumulate into it or work in place see them.
+class emulated_device_backend::operands {
+ public:
+  explicit operands(const emulated_device_backend& b) : b_(b) {}
+  /// An input (read only); undefined stays undefined.
+  Tensor in(const Tensor& t, const char* what) const { return widened(b_.on_device(t, what)); }
+  /// An output (read too when the op accumulates or works in place).
+  Tensor out(const Tensor& t, const char* what) {
+    Tensor view = b_.on_device(t, what);
+    Tensor wide = widened(view);
+    if (wide.defined() && wide.type() != view.type()) written_.emplace_back(wide, view);
+    return wide;
+  }
+  /// An optional output: null stays null, else `slot` holds its view.
+  Tensor* out(Tensor* t, const char* what, Tensor& slot) {
+    if (t == nullptr) return nullptr;
+    slot = out(*t, what);
+    return &slot;
+  }
+  /// An index tensor: the host, or this device (never widened).
+  Tensor index(const Tensor& t, const char* what) const { return b_.index_tensor(t, what); }
+  /// Rounds the widened outputs into their 16-bit storage.
+  void finish() {
+    for (auto& [wide, view] : written_) view.copy_from(wide.to(view.type()));
+  }
+
+ private:
+  static Tensor widened(const Tensor& v) {
+    return v.defined() && (v.type() == dtype::bf16 || v.type() == dtype::f16) ? v.to(dtype::f32) : v;
+  }
+  const emulated_device_backend& b_;
+  std::vector<std::pair<Tensor, Tensor>> written_;  ///< (f32 copy, 16-bit view)
+};
+
 void emulated_device_backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                                    float alpha, float beta) {
   user u(*this);
-  Tensor cv = on_device(c, "gemm c");
-  cpu_backend().gemm(on_device(a, "gemm a"), trans_a, on_device(b, "gemm b"), trans_b, cv, alpha, beta);
+  want_float(a, "gemm a");
+  want(b, a.type(), "gemm b");
+  want_product(c, a.type(), "gemm c");
+  operands o(*this);
+  Tensor cv = o.out(c, "gemm c");
+  cpu_backend().gemm(o.in(a, "gemm a"), trans_a, o.in(b, "gemm b"), trans_b, cv, alpha, beta);
+  o.finish();
 }
 
 void emulated_device_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   user u(*this);
-  Tensor yv = on_device(y, "linear y");
-  const Tensor bv = bias ? on_device(*bias, "linear bias") : Tensor{};
-  cpu_backend().linear(on_device(x, "linear x"), on_device(w, "linear w"), bias ? &bv : nullptr, yv);
+  want_float(x, "linear x");
+  if (x.type() == dtype::f32 && w.type() == dtype::bf16) {  // an inference weight: the CPU takes it as it is
+    want(y, dtype::f32, "linear y");
+    want(bias, dtype::f32, "linear bias");
+  } else {
+    want(w, x.type(), "linear w");
+    want_product(y, x.type(), "linear y");
+    if (bias) want_float(*bias, "linear bias");
+  }
+  operands o(*this);
+  Tensor yv = o.out(y, "linear y");
+  const Tensor wv = x.type() == dtype::f32 ? on_device(w, "linear w") : o.in(w, "linear w");
+  const Tensor bv = bias ? o.in(*bias, "linear bias") : Tensor{};
+  cpu_backend().linear(o.in(x, "linear x"), wv, bias ? &bv : nullptr, yv);
+  o.finish();
 }
 
 void emulated_device_backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                               Tensor& dw, Tensor* db) {
   user u(*this);
-  Tensor dxv = dx ? on_device(*dx, "linear_backward dx") : Tensor{};
-  Tensor dbv = db ? on_device(*db, "linear_backward db") : Tensor{};
-  Tensor dwv = on_device(dw, "linear_backward dw");
-  cpu_backend().linear_backward(on_device(x, "linear_backward x"), on_device(w, "linear_backward w"),
-                                on_device(dy, "linear_backward dy"), dx ? &dxv : nullptr, dwv, db ? &dbv : nullptr);
+  want_float(x, "linear_backward x");
+  refuse_inference_weight(w, x.type(), "linear_backward w");
+  want(w, x.type(), "linear_backward w");
+  want(dy, x.type(), "linear_backward dy");
+  if (dx) want_product(*dx, x.type(), "linear_backward dx");
+  want_product(dw, x.type(), "linear_backward dw");
+  if (db) want_float(*db, "linear_backward db");
+  operands o(*this);
+  Tensor dxv, dbv;
+  Tensor dwv = o.out(dw, "linear_backward dw");
+  Tensor* dxp = o.out(dx, "linear_backward dx", dxv);
+  Tensor* dbp = o.out(db, "linear_backward db", dbv);
+  cpu_backend().linear_backward(o.in(x, "linear_backward x"), o.in(w, "linear_backward w"),
+                                o.in(dy, "linear_backward dy"), dxp, dwv, dbp);
+  o.finish();
 }
 
 void emulated_device_backend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   user u(*this);
-  Tensor ov = on_device(out, "embedding out");
-  cpu_backend().embedding(index_tensor(ids, "embedding ids"), on_device(table, "embedding table"), ov);
+  want_float(table, "embedding table");
+  want(out, table.type(), "embedding out");
+  operands o(*this);
+  Tensor ov = o.out(out, "embedding out");
+  cpu_backend().embedding(o.index(ids, "embedding ids"), o.in(table, "embedding table"), ov);
+  o.finish();
 }
 
 void emulated_device_backend::embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   user u(*this);
+  want(dout, dtype::f32, "embedding_backward dout");
+  want(dtable, dtype::f32, "embedding_backward dtable");
   Tensor tv = on_device(dtable, "embedding_backward dtable");
   cpu_backend().embedding_backward(index_tensor(ids, "embedding_backward ids"),
                                    on_device(dout, "embedding_backward dout"), tv);
@@ -127,14 +235,29 @@ void emulated_device_backend::embedding_backward(const Tensor& ids, const Tensor
 
 void emulated_device_backend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) {
   user u(*this);
-  Tensor yv = on_device(y, "rmsnorm y");
-  Tensor rv = rstd ? on_device(*rstd, "rmsnorm rstd") : Tensor{};
-  cpu_backend().rmsnorm(on_device(x, "rmsnorm x"), on_device(w, "rmsnorm w"), eps, yv, rstd ? &rv : nullptr);
+  want_float(x, "rmsnorm x");
+  want(y, x.type(), "rmsnorm y");
+  want(w, dtype::f32, "rmsnorm w");
+  want(rstd, dtype::f32, "rmsnorm rstd");
+  operands o(*this);
+  Tensor rv;
+  Tensor yv = o.out(y, "rmsnorm y");
+  cpu_backend().rmsnorm(o.in(x, "rmsnorm x"), o.in(w, "rmsnorm w"), eps, yv, o.out(rstd, "rmsnorm rstd", rv));
+  o.finish();
 }
 
 void emulated_device_backend::add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps,
                                           Tensor& y) {
   user u(*this);
+  want_float(a, "add_rmsnorm a");
+  for (auto [t, what] : {std::pair{&b, "add_rmsnorm b"}, {&sum, "add_rmsnorm sum"}, {&y, "add_rmsnorm y"}})
+    want(*t, a.type(), what);
+  want(w, dtype::f32, "add_rmsnorm w");
+  if (a.type() != dtype::f32) {  // as the CUDA kernel: the norm reads the stored (rounded) sum
+    add(a, b, sum);
+    rmsnorm(sum, w, eps, y, nullptr);
+    return;
+  }
   Tensor sv = on_device(sum, "add_rmsnorm sum");
   Tensor yv = on_device(y, "add_rmsnorm y");
   cpu_backend().add_rmsnorm(on_device(a, "add_rmsnorm a"), on_device(b, "add_rmsnorm b"), sv,
@@ -144,123 +267,204 @@ void emulated_device_backend::add_rmsnorm(const Tensor& a, const Tensor& b, Tens
 void emulated_device_backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                                                Tensor& dx, Tensor& dw) {
   user u(*this);
-  Tensor dxv = on_device(dx, "rmsnorm_backward dx");
-  Tensor dwv = on_device(dw, "rmsnorm_backward dw");
-  cpu_backend().rmsnorm_backward(on_device(x, "rmsnorm_backward x"), on_device(w, "rmsnorm_backward w"),
-                                 on_device(rstd, "rmsnorm_backward rstd"), on_device(dy, "rmsnorm_backward dy"), dxv,
-                                 dwv);
+  want_float(x, "rmsnorm_backward x");
+  want(dy, x.type(), "rmsnorm_backward dy");
+  want(dx, x.type(), "rmsnorm_backward dx");
+  for (auto [t, what] : {std::pair{&w, "rmsnorm_backward w"}, {&rstd, "rmsnorm_backward rstd"},
+                         {static_cast<const Tensor*>(&dw), "rmsnorm_backward dw"}})
+    want(*t, dtype::f32, what);
+  operands o(*this);
+  Tensor dxv = o.out(dx, "rmsnorm_backward dx");
+  Tensor dwv = o.out(dw, "rmsnorm_backward dw");
+  cpu_backend().rmsnorm_backward(o.in(x, "rmsnorm_backward x"), o.in(w, "rmsnorm_backward w"),
+                                 o.in(rstd, "rmsnorm_backward rstd"), o.in(dy, "rmsnorm_backward dy"), dxv, dwv);
+  o.finish();
 }
 
 void emulated_device_backend::layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                                         Tensor* mean, Tensor* rstd) {
   user u(*this);
-  Tensor yv = on_device(y, "layernorm y");
-  Tensor mv = mean ? on_device(*mean, "layernorm mean") : Tensor{};
-  Tensor rv = rstd ? on_device(*rstd, "layernorm rstd") : Tensor{};
-  cpu_backend().layernorm(on_device(x, "layernorm x"), on_device(w, "layernorm w"), on_device(b, "layernorm b"), eps,
-                          yv, mean ? &mv : nullptr, rstd ? &rv : nullptr);
+  want_float(x, "layernorm x");
+  want(y, x.type(), "layernorm y");
+  want(w, dtype::f32, "layernorm w");
+  want(b, dtype::f32, "layernorm b");
+  want(mean, dtype::f32, "layernorm mean");
+  want(rstd, dtype::f32, "layernorm rstd");
+  operands o(*this);
+  Tensor mv, rv;
+  Tensor yv = o.out(y, "layernorm y");
+  cpu_backend().layernorm(o.in(x, "layernorm x"), o.in(w, "layernorm w"), o.in(b, "layernorm b"), eps, yv,
+                          o.out(mean, "layernorm mean", mv), o.out(rstd, "layernorm rstd", rv));
+  o.finish();
 }
 
 void emulated_device_backend::layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
                                                  const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
                                                  Tensor& db) {
   user u(*this);
-  Tensor dxv = on_device(dx, "layernorm_backward dx");
-  Tensor dwv = on_device(dw, "layernorm_backward dw");
-  Tensor dbv = on_device(db, "layernorm_backward db");
-  cpu_backend().layernorm_backward(on_device(x, "layernorm_backward x"), on_device(w, "layernorm_backward w"),
-                                   on_device(mean, "layernorm_backward mean"),
-                                   on_device(rstd, "layernorm_backward rstd"), on_device(dy, "layernorm_backward dy"),
-                                   dxv, dwv, dbv);
+  want_float(x, "layernorm_backward x");
+  want(dy, x.type(), "layernorm_backward dy");
+  want(dx, x.type(), "layernorm_backward dx");
+  for (auto [t, what] : {std::pair{&w, "layernorm_backward w"}, {&mean, "layernorm_backward mean"},
+                         {&rstd, "layernorm_backward rstd"}, {static_cast<const Tensor*>(&dw), "layernorm_backward dw"},
+                         {static_cast<const Tensor*>(&db), "layernorm_backward db"}})
+    want(*t, dtype::f32, what);
+  operands o(*this);
+  Tensor dxv = o.out(dx, "layernorm_backward dx");
+  Tensor dwv = o.out(dw, "layernorm_backward dw");
+  Tensor dbv = o.out(db, "layernorm_backward db");
+  cpu_backend().layernorm_backward(o.in(x, "layernorm_backward x"), o.in(w, "layernorm_backward w"),
+                                   o.in(mean, "layernorm_backward mean"), o.in(rstd, "layernorm_backward rstd"),
+                                   o.in(dy, "layernorm_backward dy"), dxv, dwv, dbv);
+  o.finish();
 }
 
 void emulated_device_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
                                    bool inverse) {
   user u(*this);
-  Tensor xv = on_device(x, "rope x");
-  cpu_backend().rope(xv, index_tensor(positions, "rope positions"), n_heads, head_dim, theta, inverse);
+  want_float(x, "rope x");
+  operands o(*this);
+  Tensor xv = o.out(x, "rope x");
+  cpu_backend().rope(xv, o.index(positions, "rope positions"), n_heads, head_dim, theta, inverse);
+  o.finish();
 }
 
 void emulated_device_backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq,
                                         const attention_shape& s, Tensor& out, Tensor* lse) {
   user u(*this);
-  Tensor ov = on_device(out, "attention out");
-  Tensor lv = lse ? on_device(*lse, "attention lse") : Tensor{};
-  cpu_backend().attention(on_device(q, "attention q"), on_device(k, "attention k"), on_device(v, "attention v"), batch,
-                          seq, s, ov, lse ? &lv : nullptr);
+  want_float(q, "attention q");
+  for (auto [t, what] : {std::pair{&k, "attention k"}, {&v, "attention v"}, {static_cast<const Tensor*>(&out),
+                                                                                "attention out"}})
+    want(*t, q.type(), what);
+  want(lse, dtype::f32, "attention lse");
+  operands o(*this);
+  Tensor lv;
+  Tensor ov = o.out(out, "attention out");
+  cpu_backend().attention(o.in(q, "attention q"), o.in(k, "attention k"), o.in(v, "attention v"), batch, seq, s, ov,
+                          o.out(lse, "attention lse", lv));
+  o.finish();
 }
 
 void emulated_device_backend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                                  const Tensor& lse, const Tensor& dout, int batch, int seq,
                                                  const attention_shape& s, Tensor& dq, Tensor& dk, Tensor& dv) {
   user u(*this);
-  Tensor dqv = on_device(dq, "attention_backward dq");
-  Tensor dkv = on_device(dk, "attention_backward dk");
-  Tensor dvv = on_device(dv, "attention_backward dv");
-  cpu_backend().attention_backward(on_device(q, "attention_backward q"), on_device(k, "attention_backward k"),
-                                   on_device(v, "attention_backward v"), on_device(out, "attention_backward out"),
-                                   on_device(lse, "attention_backward lse"),
-                                   on_device(dout, "attention_backward dout"), batch, seq, s, dqv, dkv, dvv);
+  want_float(q, "attention_backward q");
+  for (auto [t, what] : {std::pair{&k, "attention_backward k"}, {&v, "attention_backward v"},
+                         {&out, "attention_backward out"}, {&dout, "attention_backward dout"},
+                         {static_cast<const Tensor*>(&dq), "attention_backward dq"},
+                         {static_cast<const Tensor*>(&dk), "attention_backward dk"},
+                         {static_cast<const Tensor*>(&dv), "attention_backward dv"}})
+    want(*t, q.type(), what);
+  want(lse, dtype::f32, "attention_backward lse");
+  operands o(*this);
+  Tensor dqv = o.out(dq, "attention_backward dq");
+  Tensor dkv = o.out(dk, "attention_backward dk");
+  Tensor dvv = o.out(dv, "attention_backward dv");
+  cpu_backend().attention_backward(o.in(q, "attention_backward q"), o.in(k, "attention_backward k"),
+                                   o.in(v, "attention_backward v"), o.in(out, "attention_backward out"),
+                                   o.in(lse, "attention_backward lse"), o.in(dout, "attention_backward dout"), batch,
+                                   seq, s, dqv, dkv, dvv);
+  o.finish();
 }
 
 void emulated_device_backend::attention_cached(const Tensor& q, const kv_pages_view& cache, std::int64_t start_pos,
                                                const attention_shape& s, Tensor& out) {
   user u(*this);
+  want(q, dtype::f32, "attention_cached q");
+  want(out, dtype::f32, "attention_cached out");
   Tensor ov = on_device(out, "attention_cached out");
   cpu_backend().attention_cached(on_device(q, "attention_cached q"), cache, start_pos, s, ov);
 }
 
 void emulated_device_backend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
   user u(*this);
-  Tensor ov = on_device(out, "swiglu out");
-  cpu_backend().swiglu(on_device(gate, "swiglu gate"), on_device(up, "swiglu up"), ov);
+  want_float(gate, "swiglu gate");
+  want(up, gate.type(), "swiglu up");
+  want(out, gate.type(), "swiglu out");
+  operands o(*this);
+  Tensor ov = o.out(out, "swiglu out");
+  cpu_backend().swiglu(o.in(gate, "swiglu gate"), o.in(up, "swiglu up"), ov);
+  o.finish();
 }
 
 void emulated_device_backend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
                                               Tensor& dup) {
   user u(*this);
-  Tensor gv = on_device(dgate, "swiglu_backward dgate");
-  Tensor uv = on_device(dup, "swiglu_backward dup");
-  cpu_backend().swiglu_backward(on_device(gate, "swiglu_backward gate"), on_device(up, "swiglu_backward up"),
-                                on_device(dout, "swiglu_backward dout"), gv, uv);
+  want_float(gate, "swiglu_backward gate");
+  for (auto [t, what] : {std::pair{&up, "swiglu_backward up"}, {&dout, "swiglu_backward dout"},
+                         {static_cast<const Tensor*>(&dgate), "swiglu_backward dgate"},
+                         {static_cast<const Tensor*>(&dup), "swiglu_backward dup"}})
+    want(*t, gate.type(), what);
+  operands o(*this);
+  Tensor gv = o.out(dgate, "swiglu_backward dgate");
+  Tensor uv = o.out(dup, "swiglu_backward dup");
+  cpu_backend().swiglu_backward(o.in(gate, "swiglu_backward gate"), o.in(up, "swiglu_backward up"),
+                                o.in(dout, "swiglu_backward dout"), gv, uv);
+  o.finish();
 }
 
 void emulated_device_backend::gelu(const Tensor& x, Tensor& y) {
   user u(*this);
-  Tensor yv = on_device(y, "gelu y");
-  cpu_backend().gelu(on_device(x, "gelu x"), yv);
+  want_float(x, "gelu x");
+  want(y, x.type(), "gelu y");
+  operands o(*this);
+  Tensor yv = o.out(y, "gelu y");
+  cpu_backend().gelu(o.in(x, "gelu x"), yv);
+  o.finish();
 }
 
 void emulated_device_backend::gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   user u(*this);
-  Tensor dxv = on_device(dx, "gelu_backward dx");
-  cpu_backend().gelu_backward(on_device(x, "gelu_backward x"), on_device(dy, "gelu_backward dy"), dxv);
+  want_float(x, "gelu_backward x");
+  want(dy, x.type(), "gelu_backward dy");
+  want(dx, x.type(), "gelu_backward dx");
+  operands o(*this);
+  Tensor dxv = o.out(dx, "gelu_backward dx");
+  cpu_backend().gelu_backward(o.in(x, "gelu_backward x"), o.in(dy, "gelu_backward dy"), dxv);
+  o.finish();
 }
 
 void emulated_device_backend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   user u(*this);
-  Tensor ov = on_device(out, "add out");
-  cpu_backend().add(on_device(a, "add a"), on_device(b, "add b"), ov);
+  want_float(a, "add a");
+  want(b, a.type(), "add b");
+  want(out, a.type(), "add out");
+  operands o(*this);
+  Tensor ov = o.out(out, "add out");
+  cpu_backend().add(o.in(a, "add a"), o.in(b, "add b"), ov);
+  o.finish();
 }
 
 void emulated_device_backend::scale(Tensor& y, float alpha) {
   user u(*this);
-  Tensor yv = on_device(y, "scale y");
+  want_float(y, "scale y");
+  operands o(*this);
+  Tensor yv = o.out(y, "scale y");
   cpu_backend().scale(yv, alpha);
+  o.finish();
 }
 
 double emulated_device_backend::sum_squares(const Tensor& x) {
   user u(*this);
-  return cpu_backend().sum_squares(on_device(x, "sum_squares x"));
+  want_float(x, "sum_squares x");
+  return cpu_backend().sum_squares(operands(*this).in(x, "sum_squares x"));
 }
 
 void emulated_device_backend::cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
                                             Tensor* dlogits, float grad_scale) {
   user u(*this);
-  Tensor lv = on_device(losses, "cross_entropy losses");
-  Tensor dv = dlogits ? on_device(*dlogits, "cross_entropy dlogits") : Tensor{};
-  cpu_backend().cross_entropy(on_device(logits, "cross_entropy logits"), index_tensor(targets, "cross_entropy targets"),
-                              lv, dlogits ? &dv : nullptr, grad_scale);
+  want_float(logits, "cross_entropy logits");
+  want(losses, dtype::f32, "cross_entropy losses");
+  want(dlogits, logits.type(), "cross_entropy dlogits");
+  operands o(*this);
+  Tensor dv;
+  Tensor lv = o.out(losses, "cross_entropy losses");
+  // The logits are widened before dlogits is written (they may alias).
+  const Tensor lg = o.in(logits, "cross_entropy logits");
+  cpu_backend().cross_entropy(lg, o.index(targets, "cross_entropy targets"), lv,
+                              o.out(dlogits, "cross_entropy dlogits", dv), grad_scale);
+  o.finish();
 }
 
 void emulated_device_backend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const adamw_params& p,

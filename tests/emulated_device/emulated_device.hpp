@@ -17,7 +17,12 @@
 // Tensor::data (the memory is readable).
 //
 // The arithmetic is the CPU backend's on host views of the same memory, so
-// results equal the CPU backend's bit for bit.
+// f32 results equal the CPU backend's bit for bit. 16-bit (bf16, f16)
+// operands are taken where the CUDA backend takes them (its dtype rules are
+// repeated here, so a plan handing an op a dtype CUDA refuses fails here
+// too) and computed as the CUDA kernels do: widened to f32, computed in
+// f32, each output rounded once on store. Only the summation order of
+// products differs from cuBLASLt's.
 #pragma once
 
 #include <atomic>
@@ -104,7 +109,8 @@ class emulated_device_backend final : public Backend {
   std::unique_ptr<Backend> companion() override;
 
  private:
-  class user;  ///< marks the calling thread as inside an op (emulated_device.cpp)
+  class user;      ///< marks the calling thread as inside an op (emulated_device.cpp)
+  class operands;  ///< one op's operands on the host, 16-bit ones widened (emulated_device.cpp)
   /// `t` (on this device, or undefined) as a host tensor over the same
   /// memory; `what` names it in the error.
   Tensor on_device(const Tensor& t, const char* what) const;

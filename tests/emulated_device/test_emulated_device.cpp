@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -243,6 +244,28 @@ TEST_CASE("emulated device: pipeline x data-parallel ranks on devices train exac
       CHECK(s.copy_afters > 0);
       if (v.dp == 1 && v.clip == 0.0f) CHECK(s.waits > 0);
     }
+  }
+}
+
+TEST_CASE("emulated device: pipeline x data-parallel ranks computing in bf16 train like f32 ranks on the cpu") {
+  testing::tiny_model_options tiny = options_for(architecture::llama);
+  tiny.layers = 4;
+  testing::temp_dir_guard dir("emulated-mixed-dist");
+  testing::write_tiny_model(dir / "model", tiny);
+  const model_config cfg = load_config(dir / "model");
+  const auto tokens = some_ids(2000, cfg.vocab_size, 31);
+  dist_train_options o = job(cfg, 2, 2, 4);
+  o.optimizer.max_grad_norm = 1.0f;
+  const job_result cpu = run_job(o, cfg, tokens, false);
+  o.compute = dtype::bf16;
+  const job_result dev = run_job(o, cfg, tokens, true);
+  REQUIRE(dev.steps.size() == cpu.steps.size());
+  for (std::size_t s = 0; s < cpu.steps.size(); ++s) {
+    INFO("step " << cpu.steps[s].step << ": f32 loss " << cpu.steps[s].loss << ", bf16 loss " << dev.steps[s].loss);
+    // The tolerance of test_emulated_mixed.cpp's single-process runs.
+    CHECK(std::abs(dev.steps[s].loss - cpu.steps[s].loss) <= 5e-2 * cpu.steps[s].loss);
+    CHECK(dev.steps[s].loss != cpu.steps[s].loss);  // the ranks did compute in bf16
+    CHECK(std::abs(dev.steps[s].grad_norm - cpu.steps[s].grad_norm) <= 0.1 * cpu.steps[s].grad_norm);
   }
 }
 
