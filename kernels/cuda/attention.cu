@@ -17,8 +17,9 @@
 // This is the straightforward O(T^2) formulation (attention_warp_kernels.cuh),
 // chosen for being easy to check against kernels/cpu/cpu_attention.cpp; it
 // re-reads keys from L2 per query row. Head sizes up to 128 take the tiled
-// kernels of attention_tiled.cu instead (the delta kernel here runs for
-// both), and attention against the paged cache (decode) splits the keys
+// kernels of attention_tiled.cu instead, or attention_mma.cu's tensor-core
+// ones (bf16 tensors, or f32 at bf16 matmul precision; the delta kernel
+// here runs for all), and attention against the paged cache (decode) splits the keys
 // over blocks (attention_paged_kernels.cuh).
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/attention_mma.hpp"
@@ -56,15 +57,23 @@ void dispatch_chunks(std::int64_t dh, F&& f) {
 
 // ---- launchers -------------------------------------------------------------------
 
+namespace {
+
+/// Whether attention of storage t tries the tensor-core kernels: bf16
+/// tensors always (their values are bf16 already), f32 ones at bf16 matmul
+/// precision (`tensor_cores`: rounding them to bf16 is then what was asked
+/// for); f16 never (its 11-bit values do not fit bf16).
+bool takes_tensor_cores(elem t, bool tensor_cores) {
+  return t == elem::bf16 || (t == elem::f32 && tensor_cores);
+}
+
+}  // namespace
+
 void attention_forward(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
                        const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse,
                        bool tensor_cores) {
   if (batch * seq <= 0) return;
-  // The tensor-core kernels read f32 operands (rounding them to bf16 on the way in).
-  if (tensor_cores && t == elem::f32 &&
-      attention_forward_mma(s, g, static_cast<const float*>(q), static_cast<const float*>(k),
-                            static_cast<const float*>(v), batch, seq, static_cast<float*>(out), lse))
-    return;
+  if (takes_tensor_cores(t, tensor_cores) && attention_forward_mma(s, g, t, q, k, v, batch, seq, out, lse)) return;
   if (attention_forward_tiled(s, g, t, q, k, v, batch, seq, out, lse)) return;
   dispatch_chunks(g.dh, [&](auto c) {
     dispatch_elem(t, [&](auto tag) {
@@ -103,10 +112,8 @@ void attention_backward(stream_t s, const attention_dims& g, elem t, const void*
                                  g};
       attention_delta_kernel<C, T><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);
       COROLLA_CUDA_LAUNCH_CHECK("attention_delta_kernel");
-      if (tensor_cores && t == elem::f32 &&
-          attention_backward_mma(s, g, static_cast<const float*>(q), static_cast<const float*>(k),
-                                 static_cast<const float*>(v), lse, static_cast<const float*>(dout), delta, batch,
-                                 seq, static_cast<float*>(dq), static_cast<float*>(dk), static_cast<float*>(dv)))
+      if (takes_tensor_cores(t, tensor_cores) &&
+          attention_backward_mma(s, g, t, q, k, v, lse, dout, delta, batch, seq, dq, dk, dv))
         return;
       if (attention_backward_tiled(s, g, t, q, k, v, lse, dout, delta, batch, seq, dq, dk, dv)) return;
       attention_dq_kernel<C, T><<<warp_blocks(rows * g.hq), attn_threads, 0, s>>>(p);

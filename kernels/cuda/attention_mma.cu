@@ -24,6 +24,10 @@
 // Row statistics as attention.cu: lse natural-log, [b][h][t]; delta =
 // dout . out per row and head. Exponentials are exp2 of log2e-scaled values.
 //
+// Storage: f32 tensors (rounded to bf16 as tiles are staged) or bf16 ones
+// (staged as they are; outputs rounded once on store), so a bf16 tensor
+// gives exactly the f32 tensor's results, rounded.
+//
 // Accuracy: q, k, v, dout, P and dS are rounded to bf16 (8-bit significand)
 // before each product; sums and statistics are f32. Errors are those of a
 // bf16 GEMM of the same depth (tests/kernels/cuda_attention_mma.cpp gives the bound).
@@ -70,7 +74,7 @@ bool compiled_for_tensor_cores() {
   if (auto it = by_device.find(dev); it != by_device.end()) return it->second;
   cudaFuncAttributes fa{};
   bool yes = false;
-  if (cudaFuncGetAttributes(&fa, mma_forward_kernel<64>) == cudaSuccess)
+  if (cudaFuncGetAttributes(&fa, mma_forward_kernel<64, float>) == cudaSuccess)
     yes = fa.binaryVersion >= 80 && fa.ptxVersion >= 80;
   else
     (void)cudaGetLastError();  // no image for this device: the caller falls back
@@ -103,53 +107,76 @@ bool attention_mma_supported(const attention_dims& g, std::initializer_list<cons
   return compiled_for_tensor_cores() && fits_shared_memory(smem);
 }
 
-bool attention_forward_mma(stream_t s, const attention_dims& g, const float* q, const float* k,
-                           const float* v, std::int64_t batch, std::int64_t seq, float* out,
-                           float* lse) {
+namespace {
+
+/// Calls f(T{}) for the storage types with kernels (f32, bf16).
+template <class F>
+bool dispatch_storage(elem t, F&& f) {
+  switch (t) {
+    case elem::f32: return f(float{}), true;
+    case elem::bf16: return f(bf16{}), true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                           const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse) {
   // Query tiles go along gridDim.y: longer sequences take the warp kernels.
-  if (!attention_mma_supported(g, {q, k, v, out}) || (seq + tile - 1) / tile > max_grid_y) return false;
-  mma_args a{};
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.out = out;
-  a.lse_w = lse;
-  a.seq = seq;
-  a.g = g;
-  return dispatch_heads(g.dh, [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    const std::size_t smem = layout<D>::bytes(3);
-    allow_smem(mma_forward_kernel<D>, smem);  // per call: the limit is per device
-    mma_forward_kernel<D><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), threads, smem, s>>>(a);
-    COROLLA_CUDA_LAUNCH_CHECK("mma_forward_kernel");
+  if ((t != elem::f32 && t != elem::bf16) || !attention_mma_supported(g, {q, k, v, out}) ||
+      (seq + tile - 1) / tile > max_grid_y)
+    return false;
+  return dispatch_storage(t, [&](auto tag) {
+    using T = decltype(tag);
+    mma_args<T> a{};
+    a.q = static_cast<const T*>(q);
+    a.k = static_cast<const T*>(k);
+    a.v = static_cast<const T*>(v);
+    a.out = static_cast<T*>(out);
+    a.lse_w = lse;
+    a.seq = seq;
+    a.g = g;
+    dispatch_heads(g.dh, [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      const std::size_t smem = layout<D>::bytes(3);
+      allow_smem(mma_forward_kernel<D, T>, smem);  // per call: the limit is per device
+      mma_forward_kernel<D, T><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), threads, smem, s>>>(a);
+      COROLLA_CUDA_LAUNCH_CHECK("mma_forward_kernel");
+    });
   });
 }
 
-bool attention_backward_mma(stream_t s, const attention_dims& g, const float* q, const float* k,
-                            const float* v, const float* lse, const float* dout, const float* delta,
-                            std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv) {
-  if (!attention_mma_supported(g, {q, k, v, dout, dq, dk, dv}) || (seq + tile - 1) / tile > max_grid_y) return false;
-  mma_args a{};
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.lse = lse;
-  a.dout = dout;
-  a.delta = delta;
-  a.dq = dq;
-  a.dk = dk;
-  a.dv = dv;
-  a.seq = seq;
-  a.g = g;
-  return dispatch_heads(g.dh, [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    const std::size_t smem = layout<D>::bytes(4);
-    allow_smem(mma_dq_kernel<D>, smem);
-    allow_smem(mma_dkdv_kernel<D>, smem);
-    mma_dq_kernel<D><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), threads, smem, s>>>(a);
-    COROLLA_CUDA_LAUNCH_CHECK("mma_dq_kernel");
-    mma_dkdv_kernel<D><<<dim3(static_cast<unsigned>(batch * g.hkv), tiles_of(seq)), threads, smem, s>>>(a);
-    COROLLA_CUDA_LAUNCH_CHECK("mma_dkdv_kernel");
+bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                            const void* v, const float* lse, const void* dout, const float* delta,
+                            std::int64_t batch, std::int64_t seq, void* dq, void* dk, void* dv) {
+  if ((t != elem::f32 && t != elem::bf16) || !attention_mma_supported(g, {q, k, v, dout, dq, dk, dv}) ||
+      (seq + tile - 1) / tile > max_grid_y)
+    return false;
+  return dispatch_storage(t, [&](auto tag) {
+    using T = decltype(tag);
+    mma_args<T> a{};
+    a.q = static_cast<const T*>(q);
+    a.k = static_cast<const T*>(k);
+    a.v = static_cast<const T*>(v);
+    a.lse = lse;
+    a.dout = static_cast<const T*>(dout);
+    a.delta = delta;
+    a.dq = static_cast<T*>(dq);
+    a.dk = static_cast<T*>(dk);
+    a.dv = static_cast<T*>(dv);
+    a.seq = seq;
+    a.g = g;
+    dispatch_heads(g.dh, [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      const std::size_t smem = layout<D>::bytes(4);
+      allow_smem(mma_dq_kernel<D, T>, smem);
+      allow_smem(mma_dkdv_kernel<D, T>, smem);
+      mma_dq_kernel<D, T><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), threads, smem, s>>>(a);
+      COROLLA_CUDA_LAUNCH_CHECK("mma_dq_kernel");
+      mma_dkdv_kernel<D, T><<<dim3(static_cast<unsigned>(batch * g.hkv), tiles_of(seq)), threads, smem, s>>>(a);
+      COROLLA_CUDA_LAUNCH_CHECK("mma_dkdv_kernel");
+    });
   });
 }
 

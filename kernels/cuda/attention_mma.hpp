@@ -1,9 +1,10 @@
 // kernels/cuda/attention_mma.hpp — causal grouped-query attention for
 // training on the tensor cores: bf16 operands, f32 accumulation and softmax
 // (host-only header; the kernels are in attention_mma.cu, layouts as in
-// attention.hpp). The backend takes this path when products run at bf16
-// precision (set_matmul_precision(bf16), `--matmul bf16`); the f32 and tf32
-// settings keep attention_tiled.cu's f32 kernels.
+// attention.hpp). The backend takes this path for bf16 tensors (their
+// values are bf16 already), and for f32 ones when products run at bf16
+// precision (set_matmul_precision(bf16), `--matmul bf16`); f32 at the f32 and
+// tf32 settings, and f16, keep attention_tiled.cu's f32-arithmetic kernels.
 #pragma once
 
 #include <cstdint>
@@ -22,15 +23,16 @@ namespace corolla::cuda {
 bool attention_mma_supported(const attention_dims& g, std::initializer_list<const void*> pointers);
 
 /// out and lse (may be null) as attention_forward, or false (nothing
-/// launched) when !attention_mma_supported.
-bool attention_forward_mma(stream_t s, const attention_dims& g, const float* q, const float* k,
-                           const float* v, std::int64_t batch, std::int64_t seq, float* out,
-                           float* lse);
+/// launched) when !attention_mma_supported or the storage `t` is neither
+/// f32 nor bf16. q, k, v, out of storage t; bf16 ones give the f32 path's
+/// results on the same (bf16) values, rounded once.
+bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                           const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse);
 
-/// dq, dk, dv (overwritten) from lse and delta (dout . out per row and head,
-/// [b][h][t]), or false (nothing launched) when !attention_mma_supported.
-bool attention_backward_mma(stream_t s, const attention_dims& g, const float* q, const float* k,
-                            const float* v, const float* lse, const float* dout, const float* delta,
-                            std::int64_t batch, std::int64_t seq, float* dq, float* dk, float* dv);
+/// dq, dk, dv (overwritten, storage t) from lse and delta (dout . out per
+/// row and head, [b][h][t]), or false (nothing launched) as attention_forward_mma.
+bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
+                            const void* v, const float* lse, const void* dout, const float* delta,
+                            std::int64_t batch, std::int64_t seq, void* dq, void* dk, void* dv);
 
 }  // namespace corolla::cuda

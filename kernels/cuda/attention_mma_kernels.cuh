@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/block_smem.cuh"
@@ -50,9 +51,15 @@ struct layout {
   }
 };
 
+/// The kernels' operands: q, k, v, dout, out, dq, dk, dv of storage type
+/// T (f32, rounded to bf16 as tiles are staged, or bf16, staged as it is);
+/// the row statistics f32.
+template <class T>
 struct mma_args {
-  const float *q, *k, *v, *lse, *dout, *delta;
-  float *out, *lse_w, *dq, *dk, *dv;
+  const T *q, *k, *v, *dout;
+  const float *lse, *delta;
+  T *out, *dq, *dk, *dv;
+  float* lse_w;
   std::int64_t seq;
   attention_dims g;
 };
@@ -66,22 +73,46 @@ using frag_b = wmma::fragment<wmma::matrix_b, frag, frag, frag, bf16, wmma::row_
 using frag_c = wmma::fragment<wmma::accumulator, frag, frag, frag, float>;
 #endif
 
-/// Rows [t0, t0 + 64) of head `head` of a [B*T, width] f32 tensor as bf16
-/// into dst [64][D + 8] (zeros past the sequence). 16-byte loads: the
-/// caller checked the alignment.
-template <int D>
-__device__ __forceinline__ void load_tile(bf16* dst, const float* src, std::int64_t b, std::int64_t seq,
+/// Rows [t0, t0 + 64) of head `head` of a [B*T, width] tensor as bf16 into
+/// dst [64][D + 8] (zeros past the sequence): f32 rounded, bf16 copied.
+/// 16-byte loads: the caller checked the alignment.
+template <int D, class T>
+__device__ __forceinline__ void load_tile(bf16* dst, const T* src, std::int64_t b, std::int64_t seq,
                                           std::int64_t t0, std::int64_t width, std::int64_t head) {
-  constexpr int ld = layout<D>::ld, quads = D / 4;
-  for (int e = threadIdx.x; e < tile * quads; e += threads) {
-    const int r = e / quads, c = (e % quads) * 4;
-    const std::int64_t t = t0 + r;
-    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (t < seq) x = *reinterpret_cast<const float4*>(src + (b * seq + t) * width + head * D + c);
-    auto* d = reinterpret_cast<__nv_bfloat162*>(dst + r * ld + c);
-    d[0] = __floats2bfloat162_rn(x.x, x.y);
-    d[1] = __floats2bfloat162_rn(x.z, x.w);
+  constexpr int ld = layout<D>::ld;
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr int quads = D / 4;
+    for (int e = threadIdx.x; e < tile * quads; e += threads) {
+      const int r = e / quads, c = (e % quads) * 4;
+      const std::int64_t t = t0 + r;
+      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (t < seq) x = *reinterpret_cast<const float4*>(src + (b * seq + t) * width + head * D + c);
+      auto* d = reinterpret_cast<__nv_bfloat162*>(dst + r * ld + c);
+      d[0] = __floats2bfloat162_rn(x.x, x.y);
+      d[1] = __floats2bfloat162_rn(x.z, x.w);
+    }
+  } else {
+    static_assert(std::is_same_v<T, bf16>, "tiles are staged from f32 or bf16 tensors");
+    constexpr int octs = D / 8;  // 16 bytes of bf16
+    for (int e = threadIdx.x; e < tile * octs; e += threads) {
+      const int r = e / octs, c = (e % octs) * 8;
+      const std::int64_t t = t0 + r;
+      uint4 x = {0u, 0u, 0u, 0u};
+      if (t < seq) x = __ldg(reinterpret_cast<const uint4*>(src + (b * seq + t) * width + head * D + c));
+      *reinterpret_cast<uint4*>(dst + r * ld + c) = x;
+    }
   }
+}
+
+/// Stores four consecutive values at p (16-byte aligned for f32; bf16 is
+/// rounded once, 8-byte aligned).
+__device__ __forceinline__ void store4(float* p, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+__device__ __forceinline__ void store4(bf16* p, float a, float b, float c, float d) {
+  auto* pair = reinterpret_cast<__nv_bfloat162*>(p);
+  pair[0] = __floats2bfloat162_rn(a, b);
+  pair[1] = __floats2bfloat162_rn(c, d);
 }
 
 /// Row statistics (lse scaled to log2, or delta) of rows [t0, t0 + 64) of head h.
@@ -145,8 +176,8 @@ __device__ __forceinline__ void store_rows(float* scratch, const frag_c (&acc)[D
 /// Writes the warp's 16 rows from scratch ([16][D + 4] f32, times `factor`)
 /// to rows [t0, t0 + 16) of head `head` of a [B*T, width] tensor; rows past
 /// the sequence are skipped.
-template <int D>
-__device__ __forceinline__ void write_rows(float* dst, const float* scratch, std::int64_t b, std::int64_t seq,
+template <int D, class T>
+__device__ __forceinline__ void write_rows(T* dst, const float* scratch, std::int64_t b, std::int64_t seq,
                                            std::int64_t t0, std::int64_t width, std::int64_t head, float factor) {
   const int lane = static_cast<int>(threadIdx.x & 31);
   constexpr int quads = D / 4;
@@ -155,14 +186,13 @@ __device__ __forceinline__ void write_rows(float* dst, const float* scratch, std
     const std::int64_t t = t0 + r;
     if (t >= seq) continue;
     const float* s = scratch + r * layout<D>::ldo + c;
-    *reinterpret_cast<float4*>(dst + (b * seq + t) * width + head * D + c) =
-        make_float4(s[0] * factor, s[1] * factor, s[2] * factor, s[3] * factor);
+    store4(dst + (b * seq + t) * width + head * D + c, s[0] * factor, s[1] * factor, s[2] * factor, s[3] * factor);
   }
 }
 #endif
 
-template <int D>
-__global__ void __launch_bounds__(threads) mma_forward_kernel(mma_args a) {
+template <int D, class T>
+__global__ void __launch_bounds__(threads) mma_forward_kernel(mma_args<T> a) {
 #ifdef COROLLA_MMA_BODY
   using L = layout<D>;
   COROLLA_BLOCK_SMEM(smem);
@@ -231,17 +261,16 @@ __global__ void __launch_bounds__(threads) mma_forward_kernel(mma_args a) {
   }
   if (qi < seq) {
     const float inv = 1.0f / l;
-    float* dst = a.out + (b * seq + qi) * a.g.q_width + h * D + half * (D / 2);
+    T* dst = a.out + (b * seq + qi) * a.g.q_width + h * D + half * (D / 2);
 #pragma unroll
-    for (int j = 0; j < D / 2; j += 4)
-      *reinterpret_cast<float4*>(dst + j) = make_float4(o[j] * inv, o[j + 1] * inv, o[j + 2] * inv, o[j + 3] * inv);
+    for (int j = 0; j < D / 2; j += 4) store4(dst + j, o[j] * inv, o[j + 1] * inv, o[j + 2] * inv, o[j + 3] * inv);
     if (a.lse_w && half == 0) a.lse_w[(b * a.g.hq + h) * seq + qi] = m * ln2 + logf(l);
   }
 #endif
 }
 
-template <int D>
-__global__ void __launch_bounds__(threads) mma_dq_kernel(mma_args a) {
+template <int D, class T>
+__global__ void __launch_bounds__(threads) mma_dq_kernel(mma_args<T> a) {
 #ifdef COROLLA_MMA_BODY
   using L = layout<D>;
   COROLLA_BLOCK_SMEM(smem);
@@ -307,8 +336,8 @@ __global__ void __launch_bounds__(threads) mma_dq_kernel(mma_args a) {
 #endif
 }
 
-template <int D>
-__global__ void __launch_bounds__(threads) mma_dkdv_kernel(mma_args a) {
+template <int D, class T>
+__global__ void __launch_bounds__(threads) mma_dkdv_kernel(mma_args<T> a) {
 #ifdef COROLLA_MMA_BODY
   using L = layout<D>;
   COROLLA_BLOCK_SMEM(smem);

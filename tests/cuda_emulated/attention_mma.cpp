@@ -16,6 +16,8 @@
 // a double-precision reference that rounds exactly where the kernels do:
 // within 3e-3 * M (lse within 3e-4), so an error of a few per cent that the
 // first bound would let through (a wrong scale, a missed correction) fails.
+// bf16 tensors (the storage of mixed-precision training) must give the f32
+// tensors' results rounded once, bit for bit.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "tests/cuda_emulated/emulated_test_util.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 // Last: the emulation's macros (__CUDA_ARCH__, __device__, ...) must reach
 // only the kernels.
@@ -183,7 +186,7 @@ void check_case(const geometry& c, kernel_test::rng& r) {
         delta[static_cast<std::size_t>((b * c.hq + h) * c.seq + t)] = static_cast<float>(d);
       }
 
-  mma_args a{};
+  mma_args<float> a{};
   a.seq = c.seq;
   a.g.hq = c.hq;
   a.g.hkv = c.hkv;
@@ -208,9 +211,9 @@ void check_case(const geometry& c, kernel_test::rng& r) {
   a.dv = e_dv.data();
   const unsigned tiles = static_cast<unsigned>((c.seq + 63) / 64);
   const auto bq = static_cast<unsigned>(c.batch * c.hq), bkv = static_cast<unsigned>(c.batch * c.hkv);
-  emulated::launch(&cuda::mma_forward_kernel<D>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, a);
-  emulated::launch(&cuda::mma_dq_kernel<D>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, a);
-  emulated::launch(&cuda::mma_dkdv_kernel<D>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, a);
+  emulated::launch(&cuda::mma_forward_kernel<D, float>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, a);
+  emulated::launch(&cuda::mma_dq_kernel<D, float>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, a);
+  emulated::launch(&cuda::mma_dkdv_kernel<D, float>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, a);
 
   const auto want = [](const Tensor& t) { return kernel_test::to_double(t); };
   const double grads = std::max({max_abs(want(dq)), max_abs(want(dk)), max_abs(want(dv))});
@@ -227,6 +230,44 @@ void check_case(const geometry& c, kernel_test::rng& r) {
   check_tight(e_dq, ref.dq, grad_scale(dq), "dq");
   check_tight(e_dk, ref.dk, grad_scale(dk), "dk");
   check_tight(e_dv, ref.dv, grad_scale(dv), "dv");
+
+  // bf16 storage (mixed-precision training): the same kernels on bf16
+  // tensors of these values give the f32 run's results rounded once, bit
+  // for bit: the f32 run rounds its operands to bf16 as it stages them, so
+  // the arithmetic is the same; lse stays f32 and equal.
+  using emulated_test::as;
+  const auto b16 = [](const Tensor& t) { return t.to(dtype::bf16); };
+  const auto nan16 = [](std::int64_t n, std::int64_t w) {
+    return Tensor::from_f32(std::vector<float>(static_cast<std::size_t>(n * w), NAN), {n, w}).to(dtype::bf16);
+  };
+  const Tensor bq16 = b16(q), bk16 = b16(k), bv16 = b16(v), bg16 = b16(g);
+  Tensor b_out = nan16(rows, qw), b_dq = nan16(rows, qw), b_dk = nan16(rows, kw), b_dv = nan16(rows, kw);
+  std::vector<float> b_lse(delta.size(), NAN);
+  mma_args<__nv_bfloat16> h{};
+  h.seq = a.seq;
+  h.g = a.g;
+  h.q = as<__nv_bfloat16>(bq16);
+  h.k = as<__nv_bfloat16>(bk16);
+  h.v = as<__nv_bfloat16>(bv16);
+  h.dout = as<__nv_bfloat16>(bg16);
+  h.lse = a.lse;
+  h.delta = a.delta;
+  h.out = as<__nv_bfloat16>(b_out);
+  h.lse_w = b_lse.data();
+  h.dq = as<__nv_bfloat16>(b_dq);
+  h.dk = as<__nv_bfloat16>(b_dk);
+  h.dv = as<__nv_bfloat16>(b_dv);
+  emulated::launch(&cuda::mma_forward_kernel<D, __nv_bfloat16>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, h);
+  emulated::launch(&cuda::mma_dq_kernel<D, __nv_bfloat16>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, h);
+  emulated::launch(&cuda::mma_dkdv_kernel<D, __nv_bfloat16>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, h);
+  const auto rounded = [](const std::vector<float>& v, std::int64_t w) {
+    return emulated_test::rounded_to(Tensor::from_f32(v, {static_cast<std::int64_t>(v.size()) / w, w}), dtype::bf16);
+  };
+  CHECK(emulated_test::widened(b_out) == rounded(e_out, qw));
+  CHECK(b_lse == e_lse);
+  CHECK(emulated_test::widened(b_dq) == rounded(e_dq, qw));
+  CHECK(emulated_test::widened(b_dk) == rounded(e_dk, kw));
+  CHECK(emulated_test::widened(b_dv) == rounded(e_dv, kw));
 }
 
 }  // namespace

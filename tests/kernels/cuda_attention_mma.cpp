@@ -12,7 +12,8 @@
 // below that (mean error <= 4e-3 * M). tests/cuda_emulated/ runs the same
 // kernels on the CPU under an emulation with the same bound. The f32 kernels would pass too, so
 // each case also checks that the result moved away from the f32 one: the
-// tensor cores ran.
+// tensor cores ran. bf16 tensors take the same kernels at any precision and
+// must give the f32 tensors' forward rounded once.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -147,6 +148,29 @@ TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches
       moved = std::max(moved, check_normwise(results[1][i], want[i], results[0][i],
                                              magnitude(i), names[i]));
     if (tensor_cores) CHECK(moved > 1e-5);  // bf16 rounding shows: the tensor-core kernels ran
+
+    // bf16 tensors (mixed-precision training) take the same kernels at any
+    // precision: the forward equals the f32 tensors' at bf16 precision,
+    // rounded once, lse exactly; the backward (its delta now dout . out of
+    // the bf16 values) keeps the bound.
+    if (!tensor_cores) continue;
+    set_matmul_precision(matmul_precision::f32);
+    const auto b16 = [](const Tensor& t) { return up(t.to(dtype::bf16)); };
+    const auto rounded = [](const std::vector<double>& v, const shape_t& shape) {
+      std::vector<float> f(v.begin(), v.end());
+      return to_double(Tensor::from_f32(f, shape).to(dtype::bf16));
+    };
+    const Tensor hq_in = b16(q), hk_in = b16(k), hv_in = b16(v), hg = b16(g), h_out_ref = b16(out);
+    Tensor o = gpu().empty(out.shape(), dtype::bf16), l = gpu().empty(lse.shape());
+    gpu().attention(hq_in, hk_in, hv_in, c.batch, c.seq, s, o, &l);
+    CHECK(down(o) == rounded(results[1][0], out.shape()));
+    CHECK(down(l) == results[1][1]);
+    Tensor a = gpu().empty(gq.shape(), dtype::bf16), b = gpu().empty(gk.shape(), dtype::bf16),
+           d = gpu().empty(gv.shape(), dtype::bf16);
+    gpu().attention_backward(hq_in, hk_in, hv_in, h_out_ref, d_lse_ref, hg, c.batch, c.seq, s, a, b, d);
+    check_normwise(down(a), want[2], results[0][2], magnitude(2), "dq of bf16 tensors");
+    check_normwise(down(b), want[3], results[0][3], magnitude(3), "dk of bf16 tensors");
+    check_normwise(down(d), want[4], results[0][4], magnitude(4), "dv of bf16 tensors");
   }
 #endif
 }
