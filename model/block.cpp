@@ -113,11 +113,13 @@ block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t) {
 }
 
 namespace {
-/// The linear weights of a block (the roles mixed precision converts).
-constexpr Tensor block_tensors::*linear_roles[] = {&block_tensors::q_w,    &block_tensors::k_w,
-                                                   &block_tensors::v_w,    &block_tensors::o_w,
-                                                   &block_tensors::gate_w, &block_tensors::up_w,
-                                                   &block_tensors::down_w};
+/// The linear weights and biases of a block (the roles mixed precision
+/// converts; a bias of the output's dtype fuses into the product).
+constexpr Tensor block_tensors::*linear_roles[] = {
+    &block_tensors::q_w, &block_tensors::k_w,    &block_tensors::v_w,  &block_tensors::o_w,
+    &block_tensors::gate_w, &block_tensors::up_w, &block_tensors::down_w, &block_tensors::q_b,
+    &block_tensors::k_b, &block_tensors::v_b,    &block_tensors::o_b,  &block_tensors::up_b,
+    &block_tensors::down_b};
 }  // namespace
 
 block_tensors compute_weights_like(Backend& be, const block_tensors& w, dtype t) {

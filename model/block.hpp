@@ -78,13 +78,15 @@ block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t);
 
 /// Training compute weights of one block for mixed precision
 /// (stage::set_compute_dtype): fresh `t` (bf16 or f16) tensors on `be`'s
-/// device shaped like w's linear weights (q, k, v, o, gate, up, down), with
-/// norms and biases shared with `w` (they stay f32: the ops take f32 weights
-/// and biases beside 16-bit activations). The values are not filled:
-/// copy_linear_weights does that. Throws tensor_error for another dtype.
+/// device shaped like w's linear weights (q, k, v, o, gate, up, down) and
+/// their biases (a bias of the output's dtype fuses into the product), with
+/// the norms' weights and biases shared with `w` (they stay f32: the norm
+/// ops take f32 parameters beside 16-bit activations). The values are not
+/// filled: copy_linear_weights does that. Throws tensor_error for another
+/// dtype.
 block_tensors compute_weights_like(Backend& be, const block_tensors& w, dtype t);
-/// Copies (converting) the linear weights of `from` into those of `to`
-/// (the same block's roles, e.g. master weights into compute copies).
+/// Copies (converting) the linear weights and biases of `from` into those
+/// of `to` (the same block's roles, e.g. master weights into compute copies).
 void copy_linear_weights(Backend& be, const block_tensors& from, block_tensors& to);
 
 /// What block_forward keeps for block_backward. Buffers are reused when the

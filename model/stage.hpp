@@ -83,12 +83,12 @@ class stage {
   /// The dtype the training forward and backward compute in: f32 (the
   /// default) or, on a device backend, bf16 or f16 (mixed precision). With
   /// 16 bits the blocks' activations and activation gradients are of that
-  /// dtype, and their linear weights are per-step copies of the f32
-  /// parameters converted to it; parameters, their gradients (which the
-  /// products accumulate in f32), norm statistics and the optimiser stay
-  /// f32. forward/backward still take and give f32 hidden states (they are
+  /// dtype, and their linear weights and biases are per-step copies of the
+  /// f32 parameters converted to it; parameters, their gradients (which the
+  /// products accumulate in f32), norms, norm statistics and the optimiser
+  /// stay f32. forward/backward still take and give f32 hidden states (they are
   /// converted at the stage's ends), so heads, pipelines and the wire are
-  /// unchanged. The copies add 2 bytes per linear weight. Throws
+  /// unchanged. The copies add 2 bytes per linear parameter. Throws
   /// tensor_error for another dtype, or a 16-bit one on the cpu backend
   /// (which computes in f32).
   void set_compute_dtype(dtype t);
