@@ -140,7 +140,7 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const vo
     dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
       const std::size_t smem = layout<D>::bytes(3);
-      allow_smem(mma_forward_kernel<D, T>, smem);  // per call: the limit is per device
+      allow_smem(mma_forward_kernel<D, T>, smem);  // once per device (the limit is per device)
       mma_forward_kernel<D, T><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), threads, smem, s>>>(a);
       COROLLA_CUDA_LAUNCH_CHECK("mma_forward_kernel");
     });

@@ -68,7 +68,7 @@ bool attention_forward_tiled(stream_t s, const attention_dims& g, elem t, const 
     a.out_w = static_cast<T*>(out);
     a.lse_w = lse;
     const std::size_t smem = tiled_smem<C>(3);
-    allow_smem(flash_forward_kernel<C, T>, smem);  // per call: the limit is per device
+    allow_smem(flash_forward_kernel<C, T>, smem);  // once per device (the limit is per device)
     const dim3 grid(static_cast<unsigned>(batch * g.hq), tiles_of(seq));
     flash_forward_kernel<C, T><<<grid, tile_threads, smem, s>>>(a);
     COROLLA_CUDA_LAUNCH_CHECK("flash_forward_kernel");

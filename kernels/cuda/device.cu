@@ -3,6 +3,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "kernels/cuda/check.hpp"
 
 namespace corolla::cuda {
 
@@ -40,6 +45,26 @@ std::string device_description(int index) {
                 static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), p.major,
                 p.minor);
   return buf;
+}
+
+// ---- allow_smem's record (device_math.cuh) ------------------------------------------
+
+namespace {
+std::mutex smem_mu;
+std::map<std::pair<const void*, int>, std::size_t> smem_allowed;  ///< (kernel, device) -> bytes
+}  // namespace
+
+bool smem_allowance_covers(const void* kernel, std::size_t bytes, int* device) {
+  COROLLA_CUDA_CHECK(cudaGetDevice(device));
+  std::lock_guard lock(smem_mu);
+  const auto it = smem_allowed.find({kernel, *device});
+  return it != smem_allowed.end() && it->second >= bytes;
+}
+
+void record_smem_allowance(const void* kernel, int device, std::size_t bytes) {
+  std::lock_guard lock(smem_mu);
+  std::size_t& b = smem_allowed[{kernel, device}];
+  if (bytes > b) b = bytes;
 }
 
 }  // namespace corolla::cuda

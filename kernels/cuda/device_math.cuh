@@ -33,13 +33,24 @@ inline unsigned grid_for(std::int64_t n, int threads = elementwise_threads) {
   return static_cast<unsigned>(blocks);
 }
 
+/// Whether `kernel` was already allowed at least `bytes` of dynamic shared
+/// memory on the current device (*device receives it), and the record that
+/// it now is (device.cu; thread-safe).
+bool smem_allowance_covers(const void* kernel, std::size_t bytes, int* device);
+void record_smem_allowance(const void* kernel, int device, std::size_t bytes);
+
 /// Lets `kernel` launch with `bytes` of dynamic shared memory: above 48 KiB
-/// that takes an opt-in, per device (so per call, as callers may run on
-/// several devices). Throws as COROLLA_CUDA_CHECK does.
+/// that takes an opt-in, which is per device. The attribute is set once per
+/// kernel, device and larger size (callers may run on several devices).
+/// Throws as COROLLA_CUDA_CHECK does.
 template <class Kernel>
 void allow_smem(Kernel kernel, std::size_t bytes) {
+  const void* key = reinterpret_cast<const void*>(kernel);
+  int device = 0;
+  if (smem_allowance_covers(key, bytes, &device)) return;
   COROLLA_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  record_smem_allowance(key, device, bytes);
 }
 
 }  // namespace corolla::cuda
