@@ -38,6 +38,13 @@ dtype parse_weights_flag(const std::string& text) {
   throw std::invalid_argument("--weights must be f32 or bf16, got '" + text + "'");
 }
 
+dtype parse_kv_dtype_flag(const std::string& text) {
+  if (text == "f32") return dtype::f32;
+  if (text == "bf16") return dtype::bf16;
+  if (text == "f16") return dtype::f16;
+  throw std::invalid_argument("--kv-dtype must be f32, bf16 or f16, got '" + text + "'");
+}
+
 int run_cli(int argc, char** argv) {
   CLI::App app{"corolla: train, fine-tune and serve LLMs across heterogeneous clusters and swarms"};
   app.set_version_flag("--version", std::string("corolla ") + COROLLA_VERSION);

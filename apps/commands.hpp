@@ -98,5 +98,9 @@ void apply_common_options(int threads, const std::string& log_level);
 /// decode reads, see generator); throws std::invalid_argument
 /// ("--weights must be f32 or bf16, got 'x'") otherwise.
 dtype parse_weights_flag(const std::string& text);
+/// The dtype a --kv-dtype flag names: "f32", "bf16" or "f16" (the KV
+/// cache's elements); throws std::invalid_argument ("--kv-dtype must be
+/// f32, bf16 or f16, got 'x'") otherwise.
+dtype parse_kv_dtype_flag(const std::string& text);
 
 }  // namespace corolla::app

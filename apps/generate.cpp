@@ -51,6 +51,7 @@ struct generate_options {
   bool stats = false;
   std::string device = "auto";
   std::string weights = "f32";  ///< --weights: dtype of the linear weights decode reads
+  std::string kv_dtype = "f32";  ///< --kv-dtype: element type of the local KV cache
   std::string prompts;          ///< --prompts: trained deep prompts (corolla finetune --save)
   int threads = 0;
   std::string log_level = "warn";
@@ -122,6 +123,7 @@ int run_generate(const generate_options& o) {
   std::vector<std::int32_t> prompt;
   if (o.has_prompt_ids) prompt = parse_ids(o.prompt_ids);
   const dtype weights = parse_weights_flag(o.weights);
+  const dtype kv = parse_kv_dtype_flag(o.kv_dtype);
 
   // With --swarm the servers compute the blocks and the head stays on the
   // cpu (its hidden states come from and go to the wire): auto means cpu.
@@ -176,7 +178,7 @@ int run_generate(const generate_options& o) {
   };
   generation_result r;
   if (model) {
-    generator gen(*model, 0, weights);
+    generator gen(*model, 0, weights, kv);
     if (!o.prompts.empty()) gen.set_deep_prompts(load_deep_prompts(o.prompts, cfg));
     r = gen.generate(prompt, p, on_token);
   } else {
@@ -238,6 +240,10 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_option("--device", o->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--prompts", o->prompts,
                   "Trained deep prompts to generate after (the safetensors corolla finetune --save writes)");
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "Element type of the KV cache: f32, or bf16/f16 (half its memory; keys and values rounded once "
+                  "as stored). With --swarm the servers' own --kv-dtype applies")
+      ->capture_default_str();
   cmd->add_option("--weights", o->weights,
                   "Linear weights decode reads: f32, or bf16 (copies made at load: half the bytes "
                   "per token; norms, biases and embeddings stay f32). With --swarm: the LM head held here")

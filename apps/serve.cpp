@@ -47,6 +47,7 @@ struct serve_args {
   double rebalance_period_s = 90;  ///< mean seconds between rebalancing checks; 0 = never
   std::int64_t cache_tokens = 8192;
   std::string weights = "f32";  ///< --weights: dtype of the linear weights inference sessions read
+  std::string kv_dtype = "f32";  ///< --kv-dtype: element type of the KV cache
   std::string device = "auto";   ///< --device: where the blocks and the KV cache live
   int session_idle_s = 300;
   int drain_timeout_s = 30;
@@ -214,6 +215,8 @@ int run_serve(const serve_args& a) {
     throw std::invalid_argument("--num-blocks chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
   if (a.cache_tokens < 1) throw std::invalid_argument("--cache-tokens must be at least 1");
   const dtype weights = parse_weights_flag(a.weights);
+  span_engine_options engine_options;
+  engine_options.kv_dtype = parse_kv_dtype_flag(a.kv_dtype);
   Backend& be = backend_for(parse_device(a.device));
 
   auto started = node::start(a.node.options());
@@ -242,7 +245,7 @@ int run_serve(const serve_args& a) {
     if (auto err = members->announce(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
 
   auto engine = std::make_shared<span_engine>(
-      span_engine::load(checkpoint::open(a.model), cfg, first, last, be, a.cache_tokens));
+      span_engine::load(checkpoint::open(a.model), cfg, first, last, be, a.cache_tokens, engine_options));
   engine->blocks().use_inference_weights(weights);
   const double step_s = measure_step_s(*engine);
   auto server = start_span_server(n, engine, so);
@@ -262,8 +265,9 @@ int run_serve(const serve_args& a) {
   if (!dht_endpoint.empty()) line += " dht " + dht_endpoint;
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
-  spdlog::info("serve: blocks [{}, {}) of {} ({} layers), {} weights, KV cache for {} tokens ({:.1f} MiB)", first,
-               last, so.model, cfg.n_layers, dtype_name(weights), engine->cache_tokens(),
+  spdlog::info("serve: blocks [{}, {}) of {} ({} layers), {} weights, {} KV cache for {} tokens ({:.1f} MiB)", first,
+               last, so.model, cfg.n_layers, dtype_name(weights), dtype_name(engine_options.kv_dtype),
+               engine->cache_tokens(),
                static_cast<double>(engine->cache_tokens() * engine->kv_bytes_per_token()) / (1 << 20));
 
   // While serving, the DHT record follows the cache left (every third of
@@ -319,7 +323,7 @@ int run_serve(const serve_args& a) {
     // the swarm: the old blocks have other servers (should_move never opens
     // a gap); sessions already open here finish on the old blocks.
     auto next = std::make_shared<span_engine>(span_engine::load(checkpoint::open(a.model), cfg, d.target.start,
-                                                                d.target.end, be, a.cache_tokens));
+                                                                d.target.end, be, a.cache_tokens, engine_options));
     next->blocks().use_inference_weights(weights);
     const double next_step_s = measure_step_s(*next);
     if (auto err = swap_span_engine(n.system(), *server, next)) {
@@ -356,6 +360,10 @@ void register_serve(CLI::App& app, action_fn& action) {
   cmd->add_option("--cache-tokens", a->cache_tokens, "Attention-cache budget in tokens over all sessions")
       ->capture_default_str();
   cmd->add_option("--device", a->device, "Where the served blocks and their KV cache live: auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", a->kv_dtype,
+                  "Element type of the KV cache: f32, or bf16/f16 (half the bytes per token: twice the tokens "
+                  "per budget; keys and values rounded once as stored)")
       ->capture_default_str();
   cmd->add_option("--weights", a->weights,
                   "Linear weights inference sessions read: f32, or bf16 (copies made at load: half the bytes per "

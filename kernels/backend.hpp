@@ -39,12 +39,15 @@ struct attention_shape {
 
 /// A read-only view of one layer's paged key/value cache for one sequence.
 /// Page p holds tokens [p*page_tokens, (p+1)*page_tokens) as rows of
-/// Hkv*Dh floats (keys in k_pages[p], values in v_pages[p]).
+/// Hkv*Dh elements of `type` (keys from k_pages[p], values from v_pages[p]).
 struct kv_pages_view {
-  std::span<const float* const> k_pages;
-  std::span<const float* const> v_pages;
+  std::span<const void* const> k_pages;
+  std::span<const void* const> v_pages;
   std::int64_t page_tokens = 0;
   std::int64_t length = 0;  ///< tokens valid in the cache
+  /// The pages' element type: f32, or bf16/f16 (half the cache memory; the
+  /// attention widens them and computes in f32).
+  dtype type = dtype::f32;
 };
 
 /// AdamW hyper-parameters (decoupled weight decay, bias-corrected moments).
@@ -155,25 +158,23 @@ class Backend {
   /// A decode step's RoPE and KV-cache append in one pass: with `rotate`,
   /// q [rows, hq*head_dim] is rotated in place and k [rows, hkv*head_dim]
   /// is written rotated to k_out; without, k is copied; v is copied to
-  /// v_out. k_out and v_out point at rows * hkv*head_dim floats of this
-  /// backend's device (the cache rows of these positions). k may be left
-  /// rotated (the default rotates it in place, then copies; a device
+  /// v_out. k_out and v_out point at rows * hkv*head_dim elements of
+  /// `cache_type` (f32, or bf16/f16: rounded once on store) in this
+  /// backend's device memory (the cache rows of these positions). k may be
+  /// left rotated (the default rotates it in place, then copies; a device
   /// backend fuses everything into one launch and leaves k as it is).
   /// (Defined inline, as add_rmsnorm: an out-of-line virtual would make
   /// backend.cpp, with the CUDA registry, the home of Backend's vtable.)
   virtual void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
-                             int head_dim, float theta, bool rotate, float* k_out, float* v_out) {
+                             int head_dim, float theta, bool rotate, void* k_out, void* v_out, dtype cache_type) {
     if (rotate) {
       rope(q, positions, hq, head_dim, theta);
       rope(k, positions, hkv, head_dim, theta);
     }
-    for (auto [src, dst] : {std::pair<const Tensor*, float*>{&k, k_out}, {&v, v_out}}) {
-      if (dev().kind == device_kind::cpu) {
-        std::memcpy(dst, src->data<float>(), src->nbytes());
-      } else {
-        Tensor to = Tensor::wrap(storage::borrow(dst, src->nbytes(), nullptr, dev()), 0, src->shape(), dtype::f32);
-        copy(*src, to);
-      }
+    for (auto [src, dst] : {std::pair<const Tensor*, void*>{&k, k_out}, {&v, v_out}}) {
+      const std::size_t bytes = static_cast<std::size_t>(src->numel()) * dtype_size(cache_type);
+      Tensor to = Tensor::wrap(storage::borrow(dst, bytes, nullptr, dev()), 0, src->shape(), cache_type);
+      copy(*src, to);  // converts to the cache's type
     }
   }
 

@@ -119,6 +119,8 @@ std::int64_t check_kv_pages(const kv_pages_view& cache, std::int64_t start_pos, 
                             const char* what) {
   require_condition(start_pos >= 0, what, "start_pos must not be negative");
   require_condition(cache.page_tokens > 0, what, "cache page_tokens must be positive");
+  require_condition(cache.type == dtype::f32 || cache.type == dtype::bf16 || cache.type == dtype::f16, what,
+                    "cache pages must be f32, bf16 or f16");
   require_condition(cache.length >= start_pos + tq, what,
                     "the cache must already hold keys and values up to start_pos + Tq");
   require_condition(cache.k_pages.size() == cache.v_pages.size(), what,

@@ -62,7 +62,7 @@ struct attention_geometry {
 attention_geometry check_attention_geometry(const attention_shape& s, const char* what);
 
 /// Checks a paged cache view against Tq new rows starting at start_pos:
-/// positive page size, length covering start_pos + Tq, as many key as value
+/// a float page type, positive page size, length covering start_pos + Tq, as many key as value
 /// pages, enough pages and none null within the length. Returns the number
 /// of pages the rows read.
 std::int64_t check_kv_pages(const kv_pages_view& cache, std::int64_t start_pos, std::int64_t tq,

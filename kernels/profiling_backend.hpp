@@ -90,9 +90,10 @@ class profiling_backend final : public Backend {
     timed(inverse ? "rope_backward" : "rope", [&] { inner_.rope(x, positions, n_heads, head_dim, theta, inverse); });
   }
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv, int head_dim,
-                     float theta, bool rotate, float* k_out, float* v_out) override {
-    timed("rope_store_kv",
-          [&] { inner_.rope_store_kv(q, k, v, positions, hq, hkv, head_dim, theta, rotate, k_out, v_out); });
+                     float theta, bool rotate, void* k_out, void* v_out, dtype cache_type) override {
+    timed("rope_store_kv", [&] {
+      inner_.rope_store_kv(q, k, v, positions, hq, hkv, head_dim, theta, rotate, k_out, v_out, cache_type);
+    });
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq, const attention_shape& s,
                  Tensor& out, Tensor* lse) override {

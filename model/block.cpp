@@ -391,7 +391,7 @@ void block_forward_cached(Backend& be, const model_config& cfg, const block_tens
       // A decode step: RoPE and the cache append in one op, into the cache row.
       auto [k_row, v_row] = kv.claim_row(layer, start_pos);
       be.rope_store_kv(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta, llama,
-                       k_row, v_row);
+                       k_row, v_row, kv.pool().type());
     } else {
       if (llama) rope_qk(be, cfg, q, k, positions);
       kv.append(layer, start_pos, k, v);

@@ -15,26 +15,33 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// Enough pages for one sequence of the whole context.
-std::size_t context_budget(const model_config& cfg) {
+/// Enough pages of `kv` elements for one sequence of the whole context.
+std::size_t context_budget(const model_config& cfg, dtype kv) {
   const std::size_t pages =
       static_cast<std::size_t>((cfg.max_positions + kPageTokens - 1) / kPageTokens);
   const std::size_t page_bytes = 2 * static_cast<std::size_t>(cfg.n_layers) * kPageTokens *
                                  static_cast<std::size_t>(cfg.n_kv_heads) *
-                                 static_cast<std::size_t>(cfg.head_dim) * sizeof(float);
+                                 static_cast<std::size_t>(cfg.head_dim) * dtype_size(kv);
   return pages * page_bytes;
+}
+
+/// `kv` if it is a KV-cache element type, else a model_error.
+dtype checked_kv(dtype kv) {
+  if (kv != dtype::f32 && kv != dtype::bf16 && kv != dtype::f16)
+    throw model_error(std::string("generator: the KV cache is f32, bf16 or f16, not ") + dtype_name(kv));
+  return kv;
 }
 
 }  // namespace
 
-generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype weights)
+generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype weights, dtype kv)
     : cfg_(model.config()),
       be_(&model.backend()),
       head_(cfg_, model.head(), model.backend()),
       stage_(cfg_, 0, model.blocks(), model.backend()),
-      pool_(std::make_shared<kv_pool>(kv_budget_bytes ? kv_budget_bytes : context_budget(cfg_),
-                                      cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim,
-                                      kPageTokens, &model.backend())),
+      pool_(std::make_shared<kv_pool>(kv_budget_bytes ? kv_budget_bytes : context_budget(cfg_, checked_kv(kv)),
+                                      cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, kPageTokens,
+                                      &model.backend(), checked_kv(kv))),
       hidden_(cfg_.hidden_size) {
   if (weights != dtype::f32 && weights != dtype::bf16)
     throw model_error(std::string("generator: weights must be f32 or bf16, not ") +

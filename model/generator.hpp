@@ -85,9 +85,11 @@ class generator {
   /// gate, up, down and the LM head made here, half the bytes per token;
   /// norms, biases and embeddings stay f32). The copies are a snapshot of
   /// the model's parameters at construction and live next to them (the
-  /// model keeps its f32 weights). Throws model_error for another dtype.
+  /// model keeps its f32 weights). `kv` is the KV cache's element type:
+  /// f32, or bf16/f16 (half the cache memory; keys and values rounded once
+  /// as they are stored). Throws model_error for another dtype.
   explicit generator(transformer& model, std::size_t kv_budget_bytes = 0,
-                     dtype weights = dtype::f32);
+                     dtype weights = dtype::f32, dtype kv = dtype::f32);
 
   /// Generates up to p.max_new_tokens tokens after `prompt`. Throws
   /// model_error for an empty prompt, an id outside [0, V) ("prompt id X is

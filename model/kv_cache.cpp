@@ -9,13 +9,16 @@ namespace corolla {
 // ---- kv_pool ----------------------------------------------------------------------
 
 kv_pool::kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int head_dim,
-                 int page_tokens, Backend* be)
+                 int page_tokens, Backend* be, dtype type)
     : be_(be ? be : &cpu_backend()),
       n_layers_(n_layers),
       n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
       page_tokens_(page_tokens),
+      type_(type),
       budget_bytes_(budget_bytes) {
+  if (type != dtype::f32 && type != dtype::bf16 && type != dtype::f16)
+    throw std::invalid_argument(std::string("kv_pool: pages are f32, bf16 or f16, not ") + dtype_name(type));
   if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || page_tokens <= 0)
     throw std::invalid_argument("kv_pool: layers, kv heads, head_dim and page_tokens must be "
                                 "positive (got " + std::to_string(n_layers) + ", " +
@@ -23,7 +26,7 @@ kv_pool::kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int hea
                                 ", " + std::to_string(page_tokens) + ")");
   row_width_ = static_cast<std::int64_t>(n_kv_heads) * head_dim;
   page_bytes_ = static_cast<std::size_t>(2) * static_cast<std::size_t>(page_tokens) *
-                static_cast<std::size_t>(row_width_) * sizeof(float);
+                static_cast<std::size_t>(row_width_) * dtype_size(type);
   max_pages_ = static_cast<std::int64_t>(budget_bytes_ / page_bytes_);
 }
 
@@ -42,7 +45,7 @@ std::size_t kv_pool::free_bytes() const {
   return budget_bytes_ - static_cast<std::size_t>(in_use_) * page_bytes_;
 }
 
-bool kv_pool::acquire(std::int64_t n, std::vector<float*>& out) {
+bool kv_pool::acquire(std::int64_t n, std::vector<std::byte*>& out) {
   if (n <= 0) return true;
   std::lock_guard lock(mutex_);
   if (in_use_ + n > max_pages_) return false;
@@ -52,15 +55,15 @@ bool kv_pool::acquire(std::int64_t n, std::vector<float*>& out) {
       free_.pop_back();
     } else {
       // Lazily: memory is touched only when a sequence grows into it.
-      owned_.push_back(be_->empty({static_cast<std::int64_t>(page_bytes_ / sizeof(float))}));
-      out.push_back(owned_.back().data<float>());
+      owned_.push_back(be_->empty({static_cast<std::int64_t>(page_bytes_ / dtype_size(type_))}, type_));
+      out.push_back(static_cast<std::byte*>(owned_.back().raw()));
     }
   }
   in_use_ += n;
   return true;
 }
 
-void kv_pool::release(const std::vector<float*>& pages, std::size_t first) {
+void kv_pool::release(const std::vector<std::byte*>& pages, std::size_t first) {
   if (first >= pages.size()) return;
   std::lock_guard lock(mutex_);
   free_.insert(free_.end(), pages.begin() + static_cast<std::ptrdiff_t>(first), pages.end());
@@ -134,7 +137,8 @@ kv_reservation kv_sequence::reserve(std::int64_t n_tokens) {
                        std::to_string(pool_->free_bytes()) + " bytes free of " +
                        std::to_string(pool_->budget_bytes())};
   }
-  const std::int64_t block = pt * pool_->row_width();  // floats of one layer's K (or V) in a page
+  // Bytes of one layer's K (or V) block in a page.
+  const std::size_t block = static_cast<std::size_t>(pt * pool_->row_width()) * dtype_size(pool_->type());
   for (std::size_t p = static_cast<std::size_t>(held * used_layers()); p < pages_.size(); ++p) {
     const auto l = static_cast<std::size_t>(first_layer_) + p % static_cast<std::size_t>(used_layers());
     k_ptrs_[l].push_back(pages_[p]);
@@ -143,21 +147,30 @@ kv_reservation kv_sequence::reserve(std::int64_t n_tokens) {
   return {};
 }
 
-void kv_sequence::copy_rows(float* dst, const Tensor& src, std::int64_t src_row,
+void kv_sequence::copy_rows(const void* dst, const Tensor& src, std::int64_t src_row,
                             std::int64_t rows) {
   const std::int64_t width = pool_->row_width();
-  const std::size_t bytes = static_cast<std::size_t>(rows * width) * sizeof(float);
-  if (src.dev().kind == device_kind::cpu && pool_->backend().dev().kind == device_kind::cpu) {
-    std::memcpy(dst, src.data<float>() + src_row * width, bytes);
+  const dtype type = pool_->type();
+  const std::size_t bytes = static_cast<std::size_t>(rows * width) * dtype_size(type);
+  if (type == dtype::f32 && src.dev().kind == device_kind::cpu && pool_->backend().dev().kind == device_kind::cpu) {
+    std::memcpy(const_cast<void*>(dst), src.data<float>() + src_row * width, bytes);
     return;
   }
-  // Device memory: describe both sides as tensors and let the backend copy.
+  // Device memory or a 16-bit pool: describe both sides as tensors and let
+  // the backend copy (converting to the pool's type).
   Backend& be = pool_->backend();
   Tensor from = src.slice(src_row, src_row + rows);
-  Tensor to = Tensor::wrap(storage::borrow(dst, bytes, nullptr, be.dev()), 0, {rows, width},
-                           dtype::f32);
+  Tensor to = Tensor::wrap(storage::borrow(const_cast<void*>(dst), bytes, nullptr, be.dev()), 0, {rows, width}, type);
   be.copy(from, to);
 }
+
+namespace {
+/// `base` advanced by `elements` elements of `type`.
+void* advanced(const void* base, std::int64_t elements, dtype type) {
+  return const_cast<std::byte*>(static_cast<const std::byte*>(base)) +
+         static_cast<std::size_t>(elements) * dtype_size(type);
+}
+}  // namespace
 
 std::size_t kv_sequence::check_write(const char* what, int layer, std::int64_t start_pos, std::int64_t n) const {
   // Strings are built only to throw: claim_row runs on every decode step.
@@ -190,27 +203,28 @@ void kv_sequence::append(int layer, std::int64_t start_pos, const Tensor& k, con
     const auto page = static_cast<std::size_t>(pos / pt);
     const std::int64_t in_page = pos % pt;
     const std::int64_t rows = std::min(n - row, pt - in_page);
-    copy_rows(const_cast<float*>(k_ptrs_[l][page]) + in_page * width, k, row, rows);
-    copy_rows(const_cast<float*>(v_ptrs_[l][page]) + in_page * width, v, row, rows);
+    copy_rows(advanced(k_ptrs_[l][page], in_page * width, pool_->type()), k, row, rows);
+    copy_rows(advanced(v_ptrs_[l][page], in_page * width, pool_->type()), v, row, rows);
     row += rows;
   }
   layer_length_[l] = start_pos + n;
 }
 
-std::pair<float*, float*> kv_sequence::claim_row(int layer, std::int64_t pos) {
+std::pair<void*, void*> kv_sequence::claim_row(int layer, std::int64_t pos) {
   const std::size_t l = check_write("claim_row", layer, pos, 1);
   const std::int64_t pt = pool_->page_tokens();
   const auto page = static_cast<std::size_t>(pos / pt);
   const std::int64_t offset = (pos % pt) * pool_->row_width();
   layer_length_[l] = pos + 1;
-  return {const_cast<float*>(k_ptrs_[l][page]) + offset, const_cast<float*>(v_ptrs_[l][page]) + offset};
+  return {advanced(k_ptrs_[l][page], offset, pool_->type()), advanced(v_ptrs_[l][page], offset, pool_->type())};
 }
 
 kv_pages_view kv_sequence::view(int layer) const {
   const auto l = static_cast<std::size_t>(layer);
   kv_pages_view view;
-  view.k_pages = std::span<const float* const>(k_ptrs_.at(l));
-  view.v_pages = std::span<const float* const>(v_ptrs_.at(l));
+  view.k_pages = std::span<const void* const>(k_ptrs_.at(l));
+  view.v_pages = std::span<const void* const>(v_ptrs_.at(l));
+  view.type = pool_->type();
   view.page_tokens = pool_->page_tokens();
   view.length = layer_length_[l];
   return view;

@@ -1,7 +1,10 @@
 // model/kv_cache.hpp — the paged attention (key/value) cache.
 //
 // A kv_pool is one memory budget shared by every sequence of a process (a
-// swarm server shares one pool across all client sessions). Memory comes in
+// swarm server shares one pool across all client sessions). Its elements
+// are f32, or bf16/f16 for half the memory per token (keys and values are
+// rounded once as they are stored; attention widens them and computes in
+// f32). Memory comes in
 // pages of `page_tokens` tokens of ONE layer, laid out [K|V][token][Hkv*Dh],
 // so a layer's keys for a page are one contiguous block of rows (what
 // kv_pages_view in kernels/backend.hpp describes). A sequence takes pages
@@ -47,11 +50,12 @@ struct kv_reservation {
 class kv_pool {
  public:
   /// A pool of at most `budget_bytes` of pages for `n_layers` layers of
-  /// `n_kv_heads` x `head_dim` keys and values, `page_tokens` tokens per page,
-  /// in memory of `be` (the process CPU backend when null). Allocates
-  /// nothing yet. Throws std::invalid_argument for non-positive geometry.
+  /// `n_kv_heads` x `head_dim` keys and values of `type` (f32, bf16 or f16),
+  /// `page_tokens` tokens per page, in memory of `be` (the process CPU
+  /// backend when null). Allocates nothing yet. Throws std::invalid_argument
+  /// for non-positive geometry or another type.
   kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int head_dim,
-          int page_tokens = 16, Backend* be = nullptr);
+          int page_tokens = 16, Backend* be = nullptr, dtype type = dtype::f32);
   kv_pool(const kv_pool&) = delete;
   kv_pool& operator=(const kv_pool&) = delete;
 
@@ -60,7 +64,9 @@ class kv_pool {
   int n_kv_heads() const { return n_kv_heads_; }
   int head_dim() const { return head_dim_; }
   int page_tokens() const { return page_tokens_; }
-  /// Floats in one K (or V) row: Hkv * Dh.
+  /// The element type of the pages.
+  dtype type() const { return type_; }
+  /// Elements in one K (or V) row: Hkv * Dh.
   std::int64_t row_width() const { return row_width_; }
   /// Bytes of one page (one layer's keys and values for page_tokens tokens).
   std::size_t page_bytes() const { return page_bytes_; }
@@ -83,21 +89,22 @@ class kv_pool {
 
   /// Hands out `n` pages (all or none): appends their base pointers to `out`
   /// and returns true, or returns false when the budget cannot cover them.
-  bool acquire(std::int64_t n, std::vector<float*>& out);
+  bool acquire(std::int64_t n, std::vector<std::byte*>& out);
   /// Returns pages to the free list.
-  void release(const std::vector<float*>& pages, std::size_t first = 0);
+  void release(const std::vector<std::byte*>& pages, std::size_t first = 0);
 
  private:
   Backend* be_;
   int n_layers_, n_kv_heads_, head_dim_, page_tokens_;
+  dtype type_;
   std::int64_t row_width_;
   std::size_t page_bytes_;
   std::size_t budget_bytes_;
   std::int64_t max_pages_;
 
   mutable std::mutex mutex_;
-  std::vector<Tensor> owned_;   ///< every page ever allocated (keeps memory alive)
-  std::vector<float*> free_;    ///< pages not held by any sequence
+  std::vector<Tensor> owned_;      ///< every page ever allocated (keeps memory alive)
+  std::vector<std::byte*> free_;  ///< pages not held by any sequence
   std::int64_t in_use_ = 0;
 };
 
@@ -138,17 +145,19 @@ class kv_sequence {
   const kv_pool& pool() const { return *pool_; }
 
   /// Writes the keys and values of tokens start_pos .. start_pos+n-1 of
-  /// `layer` (k and v: [n, Hkv*Dh] f32 on the pool's device); that layer's
+  /// `layer` (k and v: [n, Hkv*Dh] f32 on the pool's device, converted to
+  /// the pool's type); that layer's
   /// length becomes start_pos + n (rewriting from start_pos drops what
   /// followed). Throws tensor_error for a layer outside the sequence's,
   /// when start_pos is beyond the layer's length (a gap) or the tokens
   /// exceed capacity() (reserve first).
   void append(int layer, std::int64_t start_pos, const Tensor& k, const Tensor& v);
   /// Where the key and value rows of position `pos` of `layer` are (width
-  /// floats each, in the pool's device memory), for a caller that writes
-  /// them itself (Backend::rope_store_kv); the layer then holds pos + 1
-  /// tokens. Throws as append does for one row at `pos`. Allocates nothing.
-  std::pair<float*, float*> claim_row(int layer, std::int64_t pos);
+  /// elements of the pool's type each, in the pool's device memory), for a
+  /// caller that writes them itself (Backend::rope_store_kv); the layer then
+  /// holds pos + 1 tokens. Throws as append does for one row at `pos`.
+  /// Allocates nothing.
+  std::pair<void*, void*> claim_row(int layer, std::int64_t pos);
   /// The attention kernel's view of `layer` (empty outside the sequence's
   /// layers). Valid until the next reserve, truncate or release.
   kv_pages_view view(int layer) const;
@@ -159,7 +168,7 @@ class kv_sequence {
   void release();
 
  private:
-  void copy_rows(float* dst, const Tensor& src, std::int64_t src_row, std::int64_t rows);
+  void copy_rows(const void* dst, const Tensor& src, std::int64_t src_row, std::int64_t rows);
   /// Throws tensor_error (naming kv_sequence::`what`) unless `n` rows can be
   /// written to `layer` from `start_pos`: a layer of the sequence, no gap,
   /// within the reserved capacity. Returns the layer's index.
@@ -170,11 +179,11 @@ class kv_sequence {
   std::shared_ptr<kv_pool> pool_;
   int first_layer_ = 0, last_layer_ = 0;
   /// Token page p of used layer i is pages_[p * used_layers() + i].
-  std::vector<float*> pages_;
+  std::vector<std::byte*> pages_;
   /// Per layer, the base of its K (and V) block in each page: what view()
   /// hands out without building anything.
-  std::vector<std::vector<const float*>> k_ptrs_;
-  std::vector<std::vector<const float*>> v_ptrs_;
+  std::vector<std::vector<const void*>> k_ptrs_;
+  std::vector<std::vector<const void*>> v_ptrs_;
   std::vector<std::int64_t> layer_length_;
 };
 

@@ -69,9 +69,9 @@ const char* span_errc_name(span_errc e) {
 
 // ---- construction ------------------------------------------------------------------
 
-std::size_t span_engine::kv_bytes_per_token(const model_config& cfg, int n_blocks) {
+std::size_t span_engine::kv_bytes_per_token(const model_config& cfg, int n_blocks, dtype type) {
   return 2 * static_cast<std::size_t>(n_blocks) * static_cast<std::size_t>(cfg.n_kv_heads) *
-         static_cast<std::size_t>(cfg.head_dim) * sizeof(float);
+         static_cast<std::size_t>(cfg.head_dim) * dtype_size(type);
 }
 
 span_engine::span_engine(stage blocks, std::int64_t cache_tokens,
@@ -88,9 +88,9 @@ span_engine::span_engine(stage blocks, std::int64_t cache_tokens,
   const std::int64_t pt = options.page_tokens;
   const std::int64_t tokens = (cache_tokens + pt - 1) / pt * pt;
   const std::size_t budget =
-      static_cast<std::size_t>(tokens) * kv_bytes_per_token(cfg, stage_.size());
+      static_cast<std::size_t>(tokens) * kv_bytes_per_token(cfg, stage_.size(), options.kv_dtype);
   pool_ = std::make_shared<kv_pool>(budget, stage_.size(), cfg.n_kv_heads, cfg.head_dim,
-                                    options.page_tokens, &stage_.backend());
+                                    options.page_tokens, &stage_.backend(), options.kv_dtype);
   for (const param_set& p : stage_.params()) weights_.push_back(block_tensors::of(cfg, p));
 }
 

@@ -126,6 +126,10 @@ struct span_engine_options {
   /// Most rows (B*T) one stateless forward/backward request may carry: its
   /// activations are about 10-20 x rows x D floats per block.
   std::int64_t max_forward_rows = 8192;
+  /// Element type of the KV cache: f32, or bf16/f16 (half the bytes per
+  /// token, so twice the tokens per budget; keys and values are rounded
+  /// once as they are stored and read back into f32).
+  dtype kv_dtype = dtype::f32;
 };
 
 /// One session's decode step in a decode_batch.
@@ -182,9 +186,10 @@ class span_engine {
   stage& blocks() { return stage_; }
 
   // ---- memory accounting ----------------------------------------------------------
-  /// Bytes one token's keys and values take over `n_blocks` blocks of `cfg`
-  /// (what `--cache-tokens N` is multiplied by): 2 * n_blocks * Hkv * Dh * 4.
-  static std::size_t kv_bytes_per_token(const model_config& cfg, int n_blocks);
+  /// Bytes one token's keys and values of `type` take over `n_blocks`
+  /// blocks of `cfg` (what `--cache-tokens N` is multiplied by):
+  /// 2 * n_blocks * Hkv * Dh * (4 for f32, 2 for bf16/f16).
+  static std::size_t kv_bytes_per_token(const model_config& cfg, int n_blocks, dtype type = dtype::f32);
   /// Bytes one token's keys and values take over this span.
   std::size_t kv_bytes_per_token() const { return pool_->bytes_per_token(); }
   /// Tokens the whole budget holds (the cache_tokens asked for, rounded up

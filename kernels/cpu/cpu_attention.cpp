@@ -12,6 +12,8 @@
 // weighted sum of values another, with only the softmax written by hand;
 // per-thread scratch holds a tile's scores. A single decode row (and tiny
 // tiles) uses dot-product loops, which beat a BLAS call at that size.
+// Cache pages of bf16 or f16 are widened a page of one head at a time into
+// per-thread scratch, then read as f32 rows.
 #include <cblas.h>
 
 #include <cmath>
@@ -21,6 +23,7 @@
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/cpu_common.hpp"
+#include "kernels/half.hpp"
 #include "kernels/op_checks.hpp"
 
 namespace corolla::cpu {
@@ -64,19 +67,41 @@ float softmax_row(float* s, std::int64_t n, std::int64_t width) {
   return mx + std::log(sum);
 }
 
-/// Keys/values of one sequence and kv head, either contiguous rows
-/// (attention, stride kv_width) or pages (attention_cached).
+/// Rows of keys or values as f32: the first row and the row stride.
+struct f32_rows {
+  const float* p;
+  std::int64_t stride;
+};
+
+/// Keys/values of one sequence and kv head, either contiguous f32 rows
+/// (attention, stride kv_width) or pages of f32, bf16 or f16 elements
+/// (attention_cached).
 struct kv_source {
-  const float* const* k_pages = nullptr;  ///< pages, or one "page" of all rows
-  const float* const* v_pages = nullptr;
+  const void* const* k_pages = nullptr;  ///< pages, or one "page" of all rows
+  const void* const* v_pages = nullptr;
   std::int64_t page_tokens = 0;
   std::int64_t offset = 0;  ///< kv head offset within a row (kvh * dh)
   std::int64_t stride = 0;  ///< row stride (kv_width)
-  const float* key(std::int64_t j) const {
-    return k_pages[j / page_tokens] + (j % page_tokens) * stride + offset;
-  }
-  const float* value(std::int64_t j) const {
-    return v_pages[j / page_tokens] + (j % page_tokens) * stride + offset;
+  dtype type = dtype::f32;
+  /// Keys (or values) [j, j + count) of this head, within one page, as f32
+  /// rows of dh: f32 pages are read in place, 16-bit ones widened into the
+  /// calling thread's scratch (count * dh floats, valid until the next call).
+  f32_rows keys(std::int64_t j, std::int64_t count, std::int64_t dh) const { return rows(k_pages, j, count, dh); }
+  f32_rows values(std::int64_t j, std::int64_t count, std::int64_t dh) const { return rows(v_pages, j, count, dh); }
+
+ private:
+  f32_rows rows(const void* const* pages, std::int64_t j, std::int64_t count, std::int64_t dh) const {
+    const std::int64_t at = (j % page_tokens) * stride + offset;
+    if (type == dtype::f32) return {static_cast<const float*>(pages[j / page_tokens]) + at, stride};
+    const auto* src = static_cast<const std::uint16_t*>(pages[j / page_tokens]) + at;
+    float* buf = thread_scratch(2, static_cast<std::size_t>(count * dh));
+    for (std::int64_t r = 0; r < count; ++r) {
+      if (type == dtype::bf16)
+        bf16_to_f32(src + r * stride, buf + r * dh, static_cast<std::size_t>(dh));
+      else
+        f16_to_f32(src + r * stride, buf + r * dh, static_cast<std::size_t>(dh));
+    }
+    return {buf, dh};
   }
 };
 
@@ -86,16 +111,16 @@ float attend_row(const float* q, const kv_source& kv, std::int64_t n, std::int64
                  float scale, float* scores, float* out) {
   for (std::int64_t base = 0; base < n; base += kv.page_tokens) {
     const std::int64_t count = n - base < kv.page_tokens ? n - base : kv.page_tokens;
-    const float* k = kv.key(base);
+    const f32_rows k = kv.keys(base, count, dh);
     for (std::int64_t j = 0; j < count; ++j)
-      scores[base + j] = scale * dot(q, k + j * kv.stride, dh);
+      scores[base + j] = scale * dot(q, k.p + j * k.stride, dh);
   }
   const float l = softmax_row(scores, n, n);
   std::memset(out, 0, static_cast<std::size_t>(dh) * sizeof(float));
   for (std::int64_t base = 0; base < n; base += kv.page_tokens) {
     const std::int64_t count = n - base < kv.page_tokens ? n - base : kv.page_tokens;
-    const float* v = kv.value(base);
-    for (std::int64_t j = 0; j < count; ++j) axpy(scores[base + j], v + j * kv.stride, out, dh);
+    const f32_rows v = kv.values(base, count, dh);
+    for (std::int64_t j = 0; j < count; ++j) axpy(scores[base + j], v.p + j * v.stride, out, dh);
   }
   return l;
 }
@@ -110,8 +135,8 @@ void attend_tile(const float* q, std::int64_t q_stride, std::int64_t rows,
   // scores[rows, keys] = scale * q @ k^T, one sgemm per page
   for (std::int64_t base = 0; base < keys; base += kv.page_tokens) {
     const std::int64_t count = keys - base < kv.page_tokens ? keys - base : kv.page_tokens;
-    gemm_rm(false, true, rows, count, dh, scale, q, q_stride, kv.key(base), kv.stride, 0.0f,
-            scores + base, keys);
+    const f32_rows k = kv.keys(base, count, dh);
+    gemm_rm(false, true, rows, count, dh, scale, q, q_stride, k.p, k.stride, 0.0f, scores + base, keys);
   }
   for (std::int64_t i = 0; i < rows; ++i) {
     const float l = softmax_row(scores + i * keys, first_keys + i, keys);
@@ -120,8 +145,9 @@ void attend_tile(const float* q, std::int64_t q_stride, std::int64_t rows,
   // out[rows, dh] = P @ v
   for (std::int64_t base = 0; base < keys; base += kv.page_tokens) {
     const std::int64_t count = keys - base < kv.page_tokens ? keys - base : kv.page_tokens;
-    gemm_rm(false, false, rows, dh, count, 1.0f, scores + base, keys, kv.value(base), kv.stride,
-            base == 0 ? 0.0f : 1.0f, out, q_stride);
+    const f32_rows v = kv.values(base, count, dh);
+    gemm_rm(false, false, rows, dh, count, 1.0f, scores + base, keys, v.p, v.stride, base == 0 ? 0.0f : 1.0f, out,
+            q_stride);
   }
 }
 
@@ -152,8 +178,8 @@ void cpu_backend_impl::attention(const Tensor& q, const Tensor& k, const Tensor&
   parallel_for_dynamic(items, B * g.hq * T * (T + 1) * dh * 2, 1, [&](std::int64_t item) {
     const std::int64_t tile = item % tiles, bh = item / tiles, h = bh % g.hq, b = bh / g.hq;
     const std::int64_t t0 = tile * tile_rows, t1 = t0 + tile_rows < T ? t0 + tile_rows : T;
-    const float* kbase = kp + b * T * g.kv_width;
-    const float* vbase = vp + b * T * g.kv_width;
+    const void* kbase = kp + b * T * g.kv_width;
+    const void* vbase = vp + b * T * g.kv_width;
     const kv_source kv{&kbase, &vbase, T, (h / g.group) * dh, g.kv_width};
     const float* qrow = qp + (b * T + t0) * g.q_width + h * dh;
     float* orow = op + (b * T + t0) * g.q_width + h * dh;
@@ -262,8 +288,8 @@ void cpu_backend_impl::attention_cached(const Tensor& q, const kv_pages_view& ca
   float* op = out.data<float>();
   const std::int64_t dh = g.dh;
   auto source = [&](std::int64_t h) {
-    return kv_source{cache.k_pages.data(), cache.v_pages.data(), cache.page_tokens,
-                     (h / g.group) * dh, g.kv_width};
+    return kv_source{cache.k_pages.data(), cache.v_pages.data(), cache.page_tokens, (h / g.group) * dh, g.kv_width,
+                     cache.type};
   };
 
   if (tq < 4) {

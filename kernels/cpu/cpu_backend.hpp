@@ -72,6 +72,10 @@ class cpu_backend_impl final : public Backend {
 
   void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
             bool inverse = false) override;
+  /// rope, then the rows copied (or converted) into the cache: allocates
+  /// nothing (the decode hot path), unlike the default's tensor views.
+  void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv, int head_dim,
+                     float theta, bool rotate, void* k_out, void* v_out, dtype cache_type) override;
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq,
                  const attention_shape& s, Tensor& out, Tensor* lse) override;

@@ -12,11 +12,14 @@
 // position beyond it is seen. Decode reuses the table and allocates nothing.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/cpu_common.hpp"
+#include "kernels/half.hpp"
 
 namespace corolla::cpu {
 namespace {
@@ -101,6 +104,30 @@ void cpu_backend_impl::rope(Tensor& x, const Tensor& positions, int n_heads, int
       }
     }
   });
+}
+
+void cpu_backend_impl::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq,
+                                     int hkv, int head_dim, float theta, bool rotate, void* k_out, void* v_out,
+                                     dtype cache_type) {
+  require_host(k, dtype::f32, "rope_store_kv k");
+  require_host(v, dtype::f32, "rope_store_kv v");
+  if (k.shape() != v.shape())
+    throw tensor_error("rope_store_kv: k " + shape_str(k.shape()) + " and v " + shape_str(v.shape()) + " differ");
+  if (rotate) {
+    rope(q, positions, hq, head_dim, theta);
+    rope(k, positions, hkv, head_dim, theta);
+  }
+  const auto n = static_cast<std::size_t>(k.numel());
+  if (n > 0 && (k_out == nullptr || v_out == nullptr)) throw tensor_error("rope_store_kv: no destination rows");
+  for (auto [src, dst] : {std::pair<const Tensor*, void*>{&k, k_out}, {&v, v_out}}) {
+    switch (cache_type) {
+      case dtype::f32: std::memcpy(dst, src->data<float>(), n * sizeof(float)); break;
+      case dtype::bf16: f32_to_bf16(src->data<float>(), static_cast<std::uint16_t*>(dst), n); break;
+      case dtype::f16: f32_to_f16(src->data<float>(), static_cast<std::uint16_t*>(dst), n); break;
+      default:
+        throw tensor_error(std::string("rope_store_kv: cache rows are f32, bf16 or f16, not ") + dtype_name(cache_type));
+    }
+  }
 }
 
 }  // namespace corolla::cpu

@@ -131,33 +131,35 @@ std::size_t attention_cached_scratch_bytes(const attention_dims& g, std::int64_t
   return static_cast<std::size_t>(tq * g.hq * splits * (g.dh + 2)) * sizeof(float);
 }
 
-void attention_cached(stream_t s, const attention_dims& g, const float* q, std::int64_t tq,
-                      const float* const* k_pages, const float* const* v_pages,
-                      std::int64_t page_tokens, std::int64_t start_pos, float* out,
-                      float* scratch) {
+void attention_cached(stream_t s, const attention_dims& g, const float* q, std::int64_t tq, elem cache,
+                      const void* const* k_pages, const void* const* v_pages, std::int64_t page_tokens,
+                      std::int64_t start_pos, float* out, float* scratch) {
   if (tq <= 0) return;
-  paged_params p;
-  p.q = q;
-  p.out = out;
-  p.k_pages = k_pages;
-  p.v_pages = v_pages;
-  p.page_tokens = page_tokens;
-  p.start_pos = start_pos;
-  p.rows = tq;
-  p.splits = attention_cached_splits(tq, start_pos);
-  p.g = g;
-  const std::int64_t heads = tq * g.hq;
-  p.part_acc = scratch;
-  p.part_ml = p.splits > 1 ? scratch + heads * p.splits * g.dh : nullptr;
-  dispatch_chunks(g.dh, [&](auto c) {
-    constexpr int C = decltype(c)::value;
-    const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(p.splits));
-    attention_paged_split_kernel<C><<<grid, split_warps * 32, 0, s>>>(p);
-    COROLLA_CUDA_LAUNCH_CHECK("attention_paged_split_kernel");
-    if (p.splits > 1) {
-      attention_paged_combine_kernel<C><<<warp_blocks(heads), attn_threads, 0, s>>>(p);
-      COROLLA_CUDA_LAUNCH_CHECK("attention_paged_combine_kernel");
-    }
+  dispatch_elem(cache, [&](auto tag) {
+    using KT = decltype(tag);
+    paged_params<KT> p;
+    p.q = q;
+    p.out = out;
+    p.k_pages = reinterpret_cast<const KT* const*>(k_pages);
+    p.v_pages = reinterpret_cast<const KT* const*>(v_pages);
+    p.page_tokens = page_tokens;
+    p.start_pos = start_pos;
+    p.rows = tq;
+    p.splits = attention_cached_splits(tq, start_pos);
+    p.g = g;
+    const std::int64_t heads = tq * g.hq;
+    p.part_acc = scratch;
+    p.part_ml = p.splits > 1 ? scratch + heads * p.splits * g.dh : nullptr;
+    dispatch_chunks(g.dh, [&](auto c) {
+      constexpr int C = decltype(c)::value;
+      const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(p.splits));
+      attention_paged_split_kernel<C, KT><<<grid, split_warps * 32, 0, s>>>(p);
+      COROLLA_CUDA_LAUNCH_CHECK("attention_paged_split_kernel");
+      if (p.splits > 1) {
+        attention_paged_combine_kernel<C, KT><<<warp_blocks(heads), attn_threads, 0, s>>>(p);
+        COROLLA_CUDA_LAUNCH_CHECK("attention_paged_combine_kernel");
+      }
+    });
   });
 }
 

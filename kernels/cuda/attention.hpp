@@ -41,14 +41,13 @@ void attention_backward(stream_t s, const attention_dims& g, elem t, const void*
 /// out [tq, Hq*Dh] for q [tq, Hq*Dh] at positions start_pos.. against a
 /// paged cache: k_pages/v_pages are *device* arrays of device page pointers,
 /// page p holding tokens [p*page_tokens, (p+1)*page_tokens) as rows of
-/// Hkv*Dh floats.
+/// Hkv*Dh elements of type `cache` (f32, bf16 or f16; read into f32).
 /// The keys are split in chunks of 64 over thread blocks; with more than
 /// one chunk the partial softmax states go to `scratch`, of
 /// attention_cached_scratch_bytes(g, tq, start_pos) bytes (0: may be null).
-void attention_cached(stream_t s, const attention_dims& g, const float* q, std::int64_t tq,
-                      const float* const* k_pages, const float* const* v_pages,
-                      std::int64_t page_tokens, std::int64_t start_pos, float* out,
-                      float* scratch);
+void attention_cached(stream_t s, const attention_dims& g, const float* q, std::int64_t tq, elem cache,
+                      const void* const* k_pages, const void* const* v_pages, std::int64_t page_tokens,
+                      std::int64_t start_pos, float* out, float* scratch);
 std::size_t attention_cached_scratch_bytes(const attention_dims& g, std::int64_t tq,
                                            std::int64_t start_pos);
 

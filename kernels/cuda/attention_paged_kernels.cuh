@@ -68,11 +68,14 @@ inline std::int64_t attention_cached_splits(std::int64_t tq, std::int64_t start_
   return (start_pos + tq + split_keys - 1) / split_keys;
 }
 
+/// A paged-attention call; the cache pages hold elements of type KT (f32,
+/// bf16 or f16, read into f32).
+template <class KT>
 struct paged_params {
   const float* q = nullptr;
   float* out = nullptr;
-  const float* const* k_pages = nullptr;
-  const float* const* v_pages = nullptr;
+  const KT* const* k_pages = nullptr;
+  const KT* const* v_pages = nullptr;
   std::int64_t page_tokens = 0;
   std::int64_t start_pos = 0;  ///< position of query row 0
   std::int64_t rows = 0;       ///< query rows
@@ -82,8 +85,8 @@ struct paged_params {
   float* part_ml = nullptr;   ///< [row*Hq + h][split][2]: m, l
 };
 
-template <int C>
-__global__ void attention_paged_split_kernel(paged_params p) {
+template <int C, class KT>
+__global__ void attention_paged_split_kernel(paged_params<KT> p) {
   const std::int64_t rh = blockIdx.x, split = blockIdx.y;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const std::int64_t row = rh / p.g.hq, h = rh % p.g.hq, kvh = h / p.g.group;
@@ -99,7 +102,7 @@ __global__ void attention_paged_split_kernel(paged_params p) {
   for (int c = 0; c < C; ++c) acc[c] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (std::int64_t base = j0 + warp * key_batch; base < j1; base += split_warps * key_batch) {
-    const float* vr[key_batch];
+    const KT* vr[key_batch];
 #pragma unroll
     for (int u = 0; u < key_batch; ++u) {
       const std::int64_t j = base + u < j1 ? base + u : j1 - 1;  // past j1: masked below
@@ -169,8 +172,8 @@ __global__ void attention_paged_split_kernel(paged_params p) {
 }
 
 /// One warp per (row, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
-template <int C>
-__global__ void attention_paged_combine_kernel(paged_params p) {
+template <int C, class KT>
+__global__ void attention_paged_combine_kernel(paged_params<KT> p) {
   const std::int64_t rh = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (rh >= p.rows * p.g.hq) return;  // whole warps exit together

@@ -90,7 +90,7 @@ class cuda_backend final : public Backend {
                           Tensor& db) override;
 
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
-                     int head_dim, float theta, bool rotate, float* k_out, float* v_out) override;
+                     int head_dim, float theta, bool rotate, void* k_out, void* v_out, dtype cache_type) override;
   void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
             bool inverse = false) override;
 
@@ -219,7 +219,7 @@ class cuda_backend final : public Backend {
   std::vector<std::int32_t> host_indices_;
   struct staging_ring;  ///< pinned host memory for upload() (cuda_backend.cpp)
   staging_ring* ring_ = nullptr;  ///< created on first upload; lives with the backend
-  std::vector<const float*> host_pages_;
+  std::vector<const void*> host_pages_;
   std::mutex transfer_mu_;  ///< copy_after's callers, and the stream's creation
   stream_t transfer_ = nullptr;
 };

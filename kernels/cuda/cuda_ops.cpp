@@ -35,6 +35,17 @@ elem float_elem(const Tensor& t, device where, const char* what) {
   }
 }
 
+/// The element type of KV-cache pages; throws for other dtypes.
+elem cache_elem(dtype t, const char* what) {
+  switch (t) {
+    case dtype::f32: return elem::f32;
+    case dtype::bf16: return elem::bf16;
+    case dtype::f16: return elem::f16;
+    default:
+      throw tensor_error(std::string(what) + ": cache pages are f32, bf16 or f16, not " + dtype_name(t));
+  }
+}
+
 const float* cf(const Tensor& t) { return static_cast<const float*>(t.raw()); }
 float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
 
@@ -203,7 +214,8 @@ const std::int32_t* cuda_backend::rope_positions(const Tensor& positions, std::i
 }
 
 void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq,
-                                 int hkv, int head_dim, float theta, bool rotate, float* k_out, float* v_out) {
+                                 int hkv, int head_dim, float theta, bool rotate, void* k_out, void* v_out,
+                                 dtype cache_type) {
   require_condition(hq > 0 && hkv > 0, "rope_store_kv", "head counts must be positive");
   require_condition(head_dim > 0 && head_dim % 2 == 0, "rope_store_kv", "head_dim must be positive and even");
   require_condition(!rotate || (theta > 0.0f && std::isfinite(theta)), "rope_store_kv", "theta must be positive");
@@ -214,9 +226,10 @@ void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Te
   require_on(k, dev(), dtype::f32, {n, kw}, "rope_store_kv k");
   require_on(v, dev(), dtype::f32, {n, kw}, "rope_store_kv v");
   if (n > 0 && (k_out == nullptr || v_out == nullptr)) throw tensor_error("rope_store_kv: no destination rows");
+  const cuda::elem cache = cache_elem(cache_type, "rope_store_kv");
   device_guard guard(index_);
   const std::int32_t* pos = rotate ? rope_positions(positions, n, "rope_store_kv") : nullptr;
-  cuda::rope_store_kv(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, theta, rotate, k_out, v_out);
+  cuda::rope_store_kv(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, theta, rotate, cache, k_out, v_out);
 }
 
 // ---- attention -------------------------------------------------------------------
@@ -294,13 +307,13 @@ void cuda_backend::attention_cached(const Tensor& q, const kv_pages_view& cache,
     host_pages_[static_cast<std::size_t>(p)] = cache.k_pages[static_cast<std::size_t>(p)];
     host_pages_[static_cast<std::size_t>(pages + p)] = cache.v_pages[static_cast<std::size_t>(p)];
   }
-  const std::size_t bytes = host_pages_.size() * sizeof(const float*);
-  auto* table = static_cast<const float**>(scratch(slot_pages, bytes));
+  const std::size_t bytes = host_pages_.size() * sizeof(const void*);
+  auto* table = static_cast<const void**>(scratch(slot_pages, bytes));
   upload(table, host_pages_.data(), bytes);
   const std::size_t part_bytes = cuda::attention_cached_scratch_bytes(d, tq, start_pos);
   auto* part = part_bytes ? static_cast<float*>(scratch(slot_reduce, part_bytes)) : nullptr;
-  cuda::attention_cached(stream_, d, cf(q), tq, table, table + pages, cache.page_tokens,
-                         start_pos, f(out), part);
+  cuda::attention_cached(stream_, d, cf(q), tq, cache_elem(cache.type, "attention_cached"), table, table + pages,
+                         cache.page_tokens, start_pos, f(out), part);
 }
 
 // ---- activations and elementwise -------------------------------------------------

@@ -12,13 +12,17 @@
 namespace corolla::cuda {
 
 void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
-                   std::int64_t n, int hq, int hkv, int head_dim, float theta, bool rotate, float* k_out,
-                   float* v_out) {
+                   std::int64_t n, int hq, int hkv, int head_dim, float theta, bool rotate, elem cache,
+                   void* k_out, void* v_out) {
   const std::int64_t total = (rotate ? n * hq * (head_dim / 2) : 0) + n * hkv * (head_dim / 2) + n * hkv * head_dim;
   if (total <= 0) return;
-  rope_store_kv_kernel<<<grid_for(total), elementwise_threads, 0, s>>>(
-      q, k, v, positions, n, hq, hkv, head_dim, static_cast<double>(theta), rotate, k_out, v_out);
-  COROLLA_CUDA_LAUNCH_CHECK("rope_store_kv_kernel");
+  dispatch_elem(cache, [&](auto tag) {
+    using KT = decltype(tag);
+    rope_store_kv_kernel<KT><<<grid_for(total), elementwise_threads, 0, s>>>(
+        q, k, v, positions, n, hq, hkv, head_dim, static_cast<double>(theta), rotate, static_cast<KT*>(k_out),
+        static_cast<KT*>(v_out));
+    COROLLA_CUDA_LAUNCH_CHECK("rope_store_kv_kernel");
+  });
 }
 
 void rope(stream_t s, elem t, void* x, const std::int32_t* positions, std::int64_t n, int heads,

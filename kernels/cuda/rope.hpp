@@ -16,9 +16,10 @@ void rope(stream_t s, elem t, void* x, const std::int32_t* positions, std::int64
 
 /// Backend::rope_store_kv on device pointers: q [n, hq*head_dim] rotated in
 /// place (when `rotate`), k [n, hkv*head_dim] rotated (or copied) into
-/// k_out, v copied into v_out; one launch.
+/// k_out, v copied into v_out (cache rows of element type `cache`, rounded
+/// once on store); one launch.
 void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
-                   std::int64_t n, int hq, int hkv, int head_dim, float theta, bool rotate, float* k_out,
-                   float* v_out);
+                   std::int64_t n, int hq, int hkv, int head_dim, float theta, bool rotate, elem cache,
+                   void* k_out, void* v_out);
 
 }  // namespace corolla::cuda

@@ -43,10 +43,12 @@ __global__ void rope_kernel(T* x, const std::int32_t* positions, std::int64_t n,
 }
 
 /// One thread per q pair (rotated in place), per k pair (rotated into
-/// k_out, or copied) and per v element (copied into v_out).
+/// k_out, or copied) and per v element (copied into v_out). The cache rows
+/// are of type KT (f32, or bf16/f16 rounded once on store).
+template <class KT>
 __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, const std::int32_t* positions,
                                      std::int64_t n, int hq, int hkv, int head_dim, double theta, bool rotate,
-                                     float* k_out, float* v_out) {
+                                     KT* k_out, KT* v_out) {
   const int half = head_dim / 2;
   const std::int64_t q_items = rotate ? n * hq * half : 0, k_items = n * hkv * half;
   const std::int64_t total = q_items + k_items + n * hkv * head_dim;
@@ -54,7 +56,7 @@ __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, c
        t += std::int64_t{gridDim.x} * blockDim.x) {
     if (t >= q_items + k_items) {
       const std::int64_t e = t - q_items - k_items;
-      v_out[e] = v[e];
+      store_f32(v_out, e, v[e]);
       continue;
     }
     const bool is_q = t < q_items;
@@ -63,17 +65,21 @@ __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, c
     const int i = static_cast<int>(item % half);
     const std::int64_t rh = item / half;  // row * heads + head
     const float* src = (is_q ? q : k) + rh * head_dim;
-    float* dst = (is_q ? q : k_out) + rh * head_dim;
     const float a = src[i], b = src[i + half];
-    if (!rotate) {
-      dst[i] = a;
-      dst[i + half] = b;
-      continue;
+    float x1 = a, x2 = b;
+    if (rotate) {
+      float c, sn;
+      rope_angle(positions[rh / heads], i, head_dim, theta, c, sn);
+      x1 = a * c - b * sn;
+      x2 = b * c + a * sn;
     }
-    float c, sn;
-    rope_angle(positions[rh / heads], i, head_dim, theta, c, sn);
-    dst[i] = a * c - b * sn;
-    dst[i + half] = b * c + a * sn;
+    if (is_q) {
+      q[rh * head_dim + i] = x1;
+      q[rh * head_dim + i + half] = x2;
+    } else {
+      store_f32(k_out, rh * head_dim + i, x1);
+      store_f32(k_out, rh * head_dim + i + half, x2);
+    }
   }
 }
 

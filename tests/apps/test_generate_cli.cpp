@@ -39,9 +39,9 @@ std::vector<std::int32_t> parse_ids(const std::string& line) {
 std::vector<std::int32_t> library_generate(const fs::path& dir,
                                            const std::vector<std::int32_t>& prompt,
                                            const generation_params& p,
-                                           dtype weights = dtype::f32) {
+                                           dtype weights = dtype::f32, dtype kv = dtype::f32) {
   transformer model = transformer::load(dir, cpu_backend());
-  generator gen(model, 0, weights);
+  generator gen(model, 0, weights, kv);
   return gen.generate(prompt, p).tokens;
 }
 
@@ -125,6 +125,21 @@ TEST_CASE("generate --prompts prints the library's generation after the trained 
       testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--prompts", wrong.string(), "--swarm",
                                                       "127.0.0.1:1"})),
       "the model needs");
+}
+
+TEST_CASE("generate --kv-dtype bf16 prints the library's generation on a bf16 KV cache") {
+  testing::temp_dir_guard dir("cli-kv16");
+  testing::write_tiny_model(dir.path(), {});
+  auto r = testing::run_corolla(generate_args(
+      dir.path(), {"--prompt-ids", "3,17,42,8", "--max-new-tokens", "12", "--print-ids", "--kv-dtype", "bf16"}));
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exited());
+  REQUIRE(r.exit_code == 0);
+  generation_params p;
+  p.max_new_tokens = 12;
+  const auto expected = library_generate(dir.path(), {3, 17, 42, 8}, p, dtype::f32, dtype::bf16);
+  CHECK(expected.size() == 12);
+  CHECK(parse_ids(r.out_lines().back()) == expected);
 }
 
 TEST_CASE("generate --weights bf16 prints the library's bf16-weight generation") {
@@ -277,6 +292,9 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
     testing::check_one_error(
         testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--weights", "f16"})),
         "--weights must be f32 or bf16, got 'f16'");
+    testing::check_one_error(
+        testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--kv-dtype", "fp8"})),
+        "--kv-dtype must be f32, bf16 or f16, got 'fp8'");
   }
   SUBCASE("a device this build cannot use") {
     fresh();

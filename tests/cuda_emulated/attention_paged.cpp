@@ -6,10 +6,12 @@
 // (the split kernel writes the output itself) and several (partial states,
 // then the combine kernel), chunks past a row's last key, grouped-query
 // heads, and every register width (head sizes 32, 80, 64 and 256: one, four
-// with idle lanes, two and eight floats per lane). tests/kernels/ checks the
-// same on a GPU.
+// with idle lanes, two and eight floats per lane), and bf16 caches (the cpu
+// and the kernels reading half-size pages as the f32 pages of their
+// values). tests/kernels/ checks the same on a GPU.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <span>
 #include <string>
@@ -26,17 +28,30 @@ using namespace corolla;
 namespace {
 
 /// Runs attention.cu's launch sequence for `p` under the emulation.
-template <int C>
-void launch_paged(cuda::paged_params p) {
+template <int C, class KT>
+void launch_paged(cuda::paged_params<KT> p) {
   const std::int64_t heads = p.rows * p.g.hq;
-  emulated::launch(&cuda::attention_paged_split_kernel<C>,
+  emulated::launch(&cuda::attention_paged_split_kernel<C, KT>,
                    {static_cast<unsigned>(heads), static_cast<unsigned>(p.splits), cuda::split_warps * 32, 0}, p);
   if (p.splits > 1) {
     constexpr unsigned warps_per_block = 4;  // attention.cu's attn_threads / 32
-    emulated::launch(&cuda::attention_paged_combine_kernel<C>,
+    emulated::launch(&cuda::attention_paged_combine_kernel<C, KT>,
                      {static_cast<unsigned>((heads + warps_per_block - 1) / warps_per_block), 1, warps_per_block * 32, 0},
                      p);
   }
+}
+
+/// attention.cu's choice of register width for head size dh.
+template <class KT>
+void launch_for(int dh, const cuda::paged_params<KT>& p) {
+  if (dh <= 32)
+    launch_paged<1>(p);
+  else if (dh <= 64)
+    launch_paged<2>(p);
+  else if (dh <= 128)
+    launch_paged<4>(p);
+  else
+    launch_paged<8>(p);
 }
 
 }  // namespace
@@ -56,13 +71,24 @@ TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu'
     CAPTURE(c.start_pos);
     const std::int64_t keys = c.start_pos + c.tq, kw = std::int64_t{c.hkv} * c.dh, qw = std::int64_t{c.hq} * c.dh;
     const std::int64_t pages = (keys + c.page_tokens - 1) / c.page_tokens;
-    std::vector<Tensor> k_store, v_store;
+    std::vector<Tensor> k_store, v_store, k16_store, v16_store;
     std::vector<const float*> k_pages, v_pages;
+    std::vector<const void*> k_view, v_view, k16_view, v16_view;
+    std::vector<const __nv_bfloat16*> k16_pages, v16_pages;
     for (std::int64_t pg = 0; pg < pages; ++pg) {
       k_store.push_back(kernel_test::random_tensor({c.page_tokens, kw}, r));
       v_store.push_back(kernel_test::random_tensor({c.page_tokens, kw}, r));
       k_pages.push_back(k_store.back().data<float>());
       v_pages.push_back(v_store.back().data<float>());
+      k_view.push_back(k_pages.back());
+      v_view.push_back(v_pages.back());
+      // The same pages as a bf16 cache.
+      k16_store.push_back(k_store.back().to(dtype::bf16));
+      v16_store.push_back(v_store.back().to(dtype::bf16));
+      k16_pages.push_back(static_cast<const __nv_bfloat16*>(k16_store.back().raw()));
+      v16_pages.push_back(static_cast<const __nv_bfloat16*>(v16_store.back().raw()));
+      k16_view.push_back(k16_pages.back());
+      v16_view.push_back(v16_pages.back());
     }
     const Tensor q = kernel_test::random_tensor({c.tq, qw}, r);
     attention_shape s;
@@ -70,11 +96,10 @@ TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu'
     s.n_kv_heads = c.hkv;
     s.head_dim = c.dh;
     Tensor want = Tensor::empty({c.tq, qw});
-    const kv_pages_view view{std::span<const float* const>(k_pages), std::span<const float* const>(v_pages),
-                             c.page_tokens, keys};
+    const kv_pages_view view{k_view, v_view, c.page_tokens, keys};
     cpu_backend().attention_cached(q, view, c.start_pos, s, want);
 
-    cuda::paged_params p;
+    cuda::paged_params<float> p;
     p.q = q.data<float>();
     std::vector<float> got(static_cast<std::size_t>(c.tq * qw), NAN);
     p.out = got.data();
@@ -89,16 +114,49 @@ TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu'
     std::vector<float> scratch(static_cast<std::size_t>(heads * p.splits * (c.dh + 2)), NAN);
     p.part_acc = scratch.data();
     p.part_ml = scratch.data() + heads * p.splits * c.dh;
-    if (c.dh <= 32)
-      launch_paged<1>(p);
-    else if (c.dh <= 64)
-      launch_paged<2>(p);
-    else if (c.dh <= 128)
-      launch_paged<4>(p);
-    else
-      launch_paged<8>(p);
+    launch_for(c.dh, p);
     std::vector<double> g(got.begin(), got.end());
     kernel_test::check_close(g, kernel_test::to_double(want), 1e-5, 1e-5,
                              "paged attention, " + std::to_string(p.splits) + " key chunk(s)");
+
+    // A bf16 cache (half the memory): the cpu widens its pages, the kernels
+    // read them into f32; both must give the f32 cache's results on the
+    // rounded values. The cpu's decode rows (tq < 4) read the widened rows
+    // in the same order, so equal them exactly.
+    const kv_pages_view view16{k16_view, v16_view, c.page_tokens, keys, dtype::bf16};
+    Tensor want16 = Tensor::empty({c.tq, qw});
+    cpu_backend().attention_cached(q, view16, c.start_pos, s, want16);
+    std::vector<Tensor> k_rounded, v_rounded;
+    std::vector<const void*> kr_view, vr_view;
+    for (std::int64_t pg = 0; pg < pages; ++pg) {
+      k_rounded.push_back(k16_store[static_cast<std::size_t>(pg)].to(dtype::f32));
+      v_rounded.push_back(v16_store[static_cast<std::size_t>(pg)].to(dtype::f32));
+      kr_view.push_back(k_rounded.back().raw());
+      vr_view.push_back(v_rounded.back().raw());
+    }
+    Tensor want_rounded = Tensor::empty({c.tq, qw});
+    cpu_backend().attention_cached(q, kv_pages_view{kr_view, vr_view, c.page_tokens, keys}, c.start_pos, s,
+                                   want_rounded);
+    if (c.tq < 4)
+      CHECK(want16.to_vector() == want_rounded.to_vector());
+    else
+      kernel_test::check_close(want16, kernel_test::to_double(want_rounded), 1e-6, 1e-6, "cpu, bf16 cache");
+    cuda::paged_params<__nv_bfloat16> p16;
+    p16.q = p.q;
+    std::vector<float> got16(got.size(), NAN);
+    p16.out = got16.data();
+    p16.k_pages = k16_pages.data();
+    p16.v_pages = v16_pages.data();
+    p16.page_tokens = p.page_tokens;
+    p16.start_pos = p.start_pos;
+    p16.rows = p.rows;
+    p16.splits = p.splits;
+    p16.g = p.g;
+    std::fill(scratch.begin(), scratch.end(), NAN);
+    p16.part_acc = p.part_acc;
+    p16.part_ml = p.part_ml;
+    launch_for(c.dh, p16);
+    kernel_test::check_close(std::vector<double>(got16.begin(), got16.end()), kernel_test::to_double(want_rounded),
+                             1e-5, 1e-5, "paged attention on a bf16 cache");
   }
 }

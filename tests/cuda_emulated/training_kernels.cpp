@@ -171,13 +171,21 @@ TEST_CASE("emulated RoPE and RoPE + KV-append kernels match the cpu") {
     Tensor want_q = q.clone(), want_k = k.clone(), want_k_out = Tensor::empty({n, hkv * dh}),
            want_v_out = Tensor::empty({n, hkv * dh});
     cpu_backend().rope_store_kv(want_q, want_k, v, positions, hq, hkv, dh, 10000.0f, rotate, f(want_k_out),
-                                f(want_v_out));
+                                f(want_v_out), dtype::f32);
     Tensor got_q = q.clone(), k_out = kernel_test::filled({n, hkv * dh}, NAN), v_out = kernel_test::filled({n, hkv * dh}, NAN);
-    emulated::launch(&cuda::rope_store_kv_kernel, {4, 1, 64, 0}, f(got_q), f(k), f(v), positions.data<std::int32_t>(),
-                     n, hq, hkv, dh, 10000.0, rotate, f(k_out), f(v_out));
+    emulated::launch(&cuda::rope_store_kv_kernel<float>, {4, 1, 64, 0}, f(got_q), f(k), f(v),
+                     positions.data<std::int32_t>(), n, hq, hkv, dh, 10000.0, rotate, f(k_out), f(v_out));
     check_close(got_q, to_double(want_q), rel_tol, abs_tol, "rope_store_kv q");
     check_close(k_out, to_double(want_k_out), rel_tol, abs_tol, "rope_store_kv k");
     check_close(v_out, to_double(want_v_out), 0, 0, "rope_store_kv v");
+    // Into a bf16 cache: the same rows, rounded once.
+    Tensor q16 = q.clone(), k16 = Tensor::empty({n, hkv * dh}, dtype::bf16), v16 = Tensor::empty({n, hkv * dh}, dtype::bf16);
+    emulated::launch(&cuda::rope_store_kv_kernel<__nv_bfloat16>, {4, 1, 64, 0}, f(q16), f(k), f(v),
+                     positions.data<std::int32_t>(), n, hq, hkv, dh, 10000.0, rotate,
+                     static_cast<__nv_bfloat16*>(k16.raw()), static_cast<__nv_bfloat16*>(v16.raw()));
+    CHECK(k16.to_vector() == k_out.to(dtype::bf16).to_vector());
+    CHECK(v16.to_vector() == v_out.to(dtype::bf16).to_vector());
+    CHECK(q16.to_vector() == got_q.to_vector());
   }
 }
 

@@ -71,7 +71,7 @@ TEST_CASE("decode path speed (runs only with COROLLA_KERNEL_BENCH set)") {
     const int hq = 8, dh = 128, L = 512;
     const std::int64_t page_tokens = 16, kw = hkv * dh;
     std::vector<Tensor> pages_k, pages_v;
-    std::vector<const float*> kp, vp;
+    std::vector<const void*> kp, vp;
     for (int p = 0; p < L / page_tokens; ++p) {
       pages_k.push_back(random_tensor({page_tokens, kw}, r));
       pages_v.push_back(random_tensor({page_tokens, kw}, r));
@@ -96,7 +96,7 @@ TEST_CASE("decode path speed (runs only with COROLLA_KERNEL_BENCH set)") {
     struct block_weights {
       Tensor norm1, wq, wk, wv, wo, norm2, wg, wu, wd;
       std::vector<Tensor> k_pages, v_pages;
-      std::vector<const float*> kp, vp;
+      std::vector<const void*> kp, vp;
     };
     std::vector<block_weights> blocks(layers);
     double weight_bytes = 0.0;

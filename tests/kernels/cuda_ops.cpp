@@ -436,10 +436,11 @@ TEST_CASE("cuda: the fused decode ops (add_rmsnorm, rope_store_kv) equal the cpu
     for (bool rotate : {true, false}) {
       CAPTURE(rotate);
       Tensor cq = q.clone(), ck_in = k.clone(), ck = Tensor::empty({n, hkv * dh}), cv = Tensor::empty({n, hkv * dh});
-      cpu().rope_store_kv(cq, ck_in, v, positions, hq, hkv, dh, 10000.0f, rotate, ck.data<float>(), cv.data<float>());
+      cpu().rope_store_kv(cq, ck_in, v, positions, hq, hkv, dh, 10000.0f, rotate, ck.data<float>(), cv.data<float>(),
+                          dtype::f32);
       Tensor gq = up(q), gk = up(k), gk_out = gpu().empty({n, hkv * dh}), gv_out = gpu().empty({n, hkv * dh});
-      gpu().rope_store_kv(gq, gk, up(v), positions, hq, hkv, dh, 10000.0f, rotate, gk_out.data<float>(),
-                          gv_out.data<float>());
+      gpu().rope_store_kv(gq, gk, up(v), positions, hq, hkv, dh, 10000.0f, rotate, gk_out.raw(), gv_out.raw(),
+                          dtype::f32);
       expect_close(gq, cq, ew_rtol, ew_atol, "rope_store_kv q");
       expect_close(gk_out, ck, ew_rtol, ew_atol, "rope_store_kv k_out");
       expect_close(gv_out, cv, 0.0, 0.0, "rope_store_kv v_out");
@@ -516,7 +517,7 @@ TEST_CASE("cuda: cached attention over device pages equals full attention (decod
     // Device pages holding the same rows (the last page partly filled).
     const std::int64_t pages = (T + page_tokens - 1) / page_tokens;
     std::vector<Tensor> kp, vp;
-    std::vector<const float*> kptr, vptr;
+    std::vector<const void*> kptr, vptr;
     for (std::int64_t p = 0; p < pages; ++p) {
       kp.push_back(gpu().empty({page_tokens, kw}));
       vp.push_back(gpu().empty({page_tokens, kw}));
@@ -546,13 +547,41 @@ TEST_CASE("cuda: cached attention over device pages equals full attention (decod
       expect_close(dout, full.slice(c.start, c.start + c.tq), red_rtol, red_atol,
                    "attention_cached vs attention");
     }
+    // The same pages as a bf16 cache against the cpu's bf16 cache (both
+    // widen the stored values and compute in f32).
+    std::vector<Tensor> kp16, vp16, kh16, vh16;
+    std::vector<const void*> k16, v16, kh, vh;
+    for (std::int64_t p = 0; p < pages; ++p) {
+      kh16.push_back(Tensor::empty({page_tokens, kw}));
+      vh16.push_back(Tensor::empty({page_tokens, kw}));
+      gpu().copy(kp[static_cast<std::size_t>(p)], kh16.back());
+      gpu().copy(vp[static_cast<std::size_t>(p)], vh16.back());
+      kh16.back() = kh16.back().to(dtype::bf16);
+      vh16.back() = vh16.back().to(dtype::bf16);
+      kp16.push_back(up(kh16.back()));
+      vp16.push_back(up(vh16.back()));
+      k16.push_back(kp16.back().raw());
+      v16.push_back(vp16.back().raw());
+      kh.push_back(kh16.back().raw());
+      vh.push_back(vh16.back().raw());
+    }
+    const kv_pages_view view16{k16, v16, page_tokens, T, dtype::bf16}, host16{kh, vh, page_tokens, T, dtype::bf16};
+    for (const chunk& c : chunks) {
+      CAPTURE(c.start);
+      CAPTURE(c.tq);
+      const Tensor qs = q.slice(c.start, c.start + c.tq);
+      Tensor dout = gpu().empty({c.tq, qw}), want = Tensor::empty({c.tq, qw});
+      gpu().attention_cached(up(qs), view16, c.start, s, dout);
+      cpu().attention_cached(qs, host16, c.start, s, want);
+      expect_close(dout, want, red_rtol, red_atol, "attention_cached on a bf16 cache");
+    }
   }
   const attention_shape s{4, 2, 32, 0.0f};
   const std::int64_t T = 23, qw = 4 * 32, kw = 2 * 32;
   Tensor q = random_tensor({T, qw}, r), k = random_tensor({T, kw}, r);
   Tensor v = random_tensor({T, kw}, r);
   // A host-resident cache is refused by name.
-  std::vector<const float*> host_k{k.data<float>()}, host_v{v.data<float>()};
+  std::vector<const void*> host_k{k.data<float>()}, host_v{v.data<float>()};
   kv_pages_view host_view;
   host_view.k_pages = host_k;
   host_view.v_pages = host_v;

@@ -80,7 +80,7 @@ TEST_CASE("ops reject mismatched shapes and dtypes with tensor_error") {
   CHECK_THROWS_AS(be.attention(q2, k2, k2, 1, 4, s, o2, &lse_wrong), tensor_error);
 
   // a cache shorter than start_pos + Tq, and too few pages for its length
-  std::vector<const float*> pages{k2.data<float>()};
+  std::vector<const void*> pages{k2.data<float>()};
   kv_pages_view short_cache{pages, pages, 4, 3};
   Tensor q1 = random_tensor({1, 8}, r), o1 = Tensor::empty({1, 8});
   CHECK_THROWS_AS(be.attention_cached(q1, short_cache, 3, s, o1), tensor_error);
@@ -134,7 +134,7 @@ TEST_CASE("one thread and two threads give the same results") {
     Tensor dq = Tensor::empty({rows, qw}), dk = Tensor::empty({rows, kw}),
            dv = Tensor::empty({rows, kw});
     be.attention_backward(q, k, v, out, lse, dout, B, T, s, dq, dk, dv);
-    std::vector<const float*> pages{k.data<float>()}, vpages{v.data<float>()};
+    std::vector<const void*> pages{k.data<float>()}, vpages{v.data<float>()};
     Tensor cached = Tensor::empty({8, qw});
     be.attention_cached(q.slice(T - 8, T), kv_pages_view{pages, vpages, T, T}, T - 8, s, cached);
     Tensor y = Tensor::empty({rows, 256}), rstd = Tensor::empty({rows}),

@@ -173,7 +173,7 @@ TEST_CASE("cached attention over pages equals the matching rows of full causal a
 
   // Three separately allocated pages (4 + 4 + 3 tokens), as a paged cache has.
   std::vector<Tensor> k_pages, v_pages;
-  std::vector<const float*> kp, vp;
+  std::vector<const void*> kp, vp;
   for (std::int64_t p = 0; p * page_tokens < L; ++p) {
     k_pages.push_back(filled({page_tokens, kw}, nan_f));
     v_pages.push_back(filled({page_tokens, kw}, nan_f));
@@ -218,7 +218,7 @@ TEST_CASE("attention and cached attention over several 64-row query tiles stay e
   check_close(lse, want_lse, 1e-5, 1e-6, "lse");
 
   std::vector<Tensor> pages;
-  std::vector<const float*> kp, vp;
+  std::vector<const void*> kp, vp;
   for (std::int64_t p = 0; p * page_tokens < L; ++p) {
     const std::int64_t count = std::min<std::int64_t>(page_tokens, L - p * page_tokens);
     pages.push_back(filled({page_tokens, kw}, nan_f));

@@ -47,7 +47,7 @@ TEST_CASE("decode-path ops allocate nothing once warmed up") {
   Tensor h = Tensor::empty({1, d}), g = Tensor::empty({1, f}), u = Tensor::empty({1, f}),
          q = random_tensor({1, hq * dh}, r), att = Tensor::empty({1, hq * dh});
   std::vector<Tensor> pages;
-  std::vector<const float*> kp, vp;
+  std::vector<const void*> kp, vp;
   for (std::int64_t p = 0; p * page_tokens < L; ++p) {
     pages.push_back(random_tensor({page_tokens, hkv * dh}, r));
     kp.push_back(pages.back().data<float>());

@@ -23,17 +23,17 @@ inline std::vector<std::int32_t> some_ids(int n, int vocab, std::uint64_t seed) 
   return ids;
 }
 
-/// Runs `ids` through head + stage with a KV cache: prefill in the given
-/// chunks, then the rest one token at a time. Returns the logits of every
-/// position [n, V], as the full forward would.
+/// Runs `ids` through head + stage with a KV cache of `kv_type` elements:
+/// prefill in the given chunks, then the rest one token at a time. Returns
+/// the logits of every position [n, V], as the full forward would.
 inline std::vector<float> cached_logits(const model_config& cfg, head& h,
                                  std::vector<stage*> stages, const std::vector<std::int32_t>& ids,
-                                 const std::vector<int>& chunks, int page_tokens) {
+                                 const std::vector<int>& chunks, int page_tokens, dtype kv_type = dtype::f32) {
   const int V = cfg.vocab_size, D = cfg.hidden_size;
   std::vector<std::unique_ptr<kv_sequence>> kv;
   for (stage* s : stages) {
     auto pool = std::make_shared<kv_pool>(1 << 22, s->size(), cfg.n_kv_heads, cfg.head_dim,
-                                          page_tokens);
+                                          page_tokens, &s->backend(), kv_type);
     kv.push_back(std::make_unique<kv_sequence>(pool));
   }
   std::vector<float> out;

@@ -136,3 +136,50 @@ TEST_CASE("inference weights are f32 or bf16, nothing else") {
   head h(model.config(), model.head(), cpu_backend());
   CHECK_THROWS_AS(h.use_inference_weights(dtype::f16), tensor_error);
 }
+
+TEST_CASE("a bf16 or f16 KV cache gives the f32 cache's logits within 16-bit rounding") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::temp_dir_guard dir("kv16");
+    testing::write_tiny_model(dir.path(), options_for(arch));
+    transformer model = transformer::load(dir.path(), cpu_backend());
+    const model_config& cfg = model.config();
+    head h(cfg, model.head(), cpu_backend());
+    stage s(cfg, 0, model.blocks(), cpu_backend());
+    const auto ids = some_ids(40, cfg.vocab_size, 11);
+    // Chunked prefill (appended rows), then decode rows (written by rope_store_kv).
+    const std::vector<int> chunks = {9, 7};
+    const auto want = testing::cached_logits(cfg, h, {&s}, ids, chunks, 8);
+    double magnitude = 0;
+    for (float x : want) magnitude = std::max(magnitude, static_cast<double>(std::abs(x)));
+    // Keys and values rounded once (relative 2^-9 for bf16, 2^-12 for f16)
+    // move the largest logit error by 10-12x that of the logits' size on
+    // these models (Llama; GPT-2 less): bounded at 24x, and the two types'
+    // errors must scale with their precision (a wrong read would not).
+    double diffs[2] = {0, 0};
+    int i = 0;
+    for (auto [type, eps] : {std::pair{dtype::bf16, 0x1p-9}, {dtype::f16, 0x1p-12}}) {
+      const std::string name = dtype_name(type);
+      CAPTURE(name);
+      const auto got = testing::cached_logits(cfg, h, {&s}, ids, chunks, 8, type);
+      diffs[i] = max_abs_diff(got, want);
+      CHECK(diffs[i] <= 24 * eps * magnitude);
+      CHECK(diffs[i] > 0.0);  // the cache did hold 16-bit values
+      ++i;
+    }
+    CHECK(diffs[0] > 3 * diffs[1]);
+  }
+  transformer model = [] {
+    testing::temp_dir_guard dir("kv16-errors");
+    testing::write_tiny_model(dir.path(), {});
+    return transformer::load(dir.path(), cpu_backend());
+  }();
+  CHECK_THROWS_WITH_AS(generator(model, 0, dtype::f32, dtype::i32),
+                       "generator: the KV cache is f32, bf16 or f16, not i32", model_error);
+  // A generator on a bf16 cache generates (its cache pages are half-size).
+  generator g(model, 0, dtype::f32, dtype::bf16);
+  generation_params p;
+  p.max_new_tokens = 8;
+  p.ignore_eos = true;
+  CHECK(g.generate(some_ids(6, model.config().vocab_size, 2), p).tokens.size() == 8);
+}

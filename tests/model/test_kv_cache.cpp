@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <span>
 #include <vector>
 
 #include "model/kv_cache.hpp"
@@ -27,7 +28,7 @@ Tensor rows_for(std::int64_t start, std::int64_t n, std::int64_t width, float sa
 float cached(const kv_pages_view& view, bool keys, std::int64_t pos, std::int64_t width,
              std::int64_t c) {
   const auto page = static_cast<std::size_t>(pos / view.page_tokens);
-  const float* base = keys ? view.k_pages[page] : view.v_pages[page];
+  const auto* base = static_cast<const float*>(keys ? view.k_pages[page] : view.v_pages[page]);
   return base[(pos % view.page_tokens) * width + c];
 }
 
@@ -127,8 +128,11 @@ TEST_CASE("kv append across pages is what view shows, per layer") {
     auto [k, v] = one.claim_row(1, pos);
     const kv_pages_view view = one.view(1);
     CHECK(view.length == pos + 1);
-    CHECK(k == view.k_pages[static_cast<std::size_t>(pos / page)] + (pos % page) * width);
-    CHECK(v == view.v_pages[static_cast<std::size_t>(pos / page)] + (pos % page) * width);
+    const auto page_of = [&](std::span<const void* const> pages) {
+      return static_cast<const float*>(pages[static_cast<std::size_t>(pos / page)]);
+    };
+    CHECK(k == page_of(view.k_pages) + (pos % page) * width);
+    CHECK(v == page_of(view.v_pages) + (pos % page) * width);
   }
   REQUIRE(one.capacity() == 8);  // two pages
   one.claim_row(1, 6);
@@ -207,4 +211,54 @@ TEST_CASE("a sequence over part of the pool's layers takes pages for those layer
   CHECK(part.length() == 3);
   CHECK_THROWS_AS(kv_sequence(pool, 2, 2), std::invalid_argument);
   CHECK_THROWS_AS(kv_sequence(pool, 0, 5), std::invalid_argument);
+}
+
+TEST_CASE("a bf16 or f16 pool holds twice the tokens per budget and stores each value rounded once") {
+  const std::int64_t width = 6;
+  const int page = 4;
+  for (dtype type : {dtype::bf16, dtype::f16}) {
+    const std::string name = dtype_name(type);
+    CAPTURE(name);
+    const std::size_t budget = 4u * 2 * page * width * sizeof(float);  // 4 f32 pages of one layer
+    auto f32_pool = std::make_shared<kv_pool>(budget, 1, 2, 3, page);
+    auto pool = std::make_shared<kv_pool>(budget, 1, 2, 3, page, nullptr, type);
+    CHECK(pool->type() == type);
+    CHECK(pool->page_bytes() * 2 == f32_pool->page_bytes());
+    CHECK(pool->bytes_per_token() * 2 == f32_pool->bytes_per_token());
+    CHECK(pool->max_pages() == 2 * f32_pool->max_pages());
+
+    kv_sequence seq(pool);
+    REQUIRE(seq.reserve(10));
+    // Values a 16-bit type cannot hold exactly: 1/3 and friends.
+    std::vector<float> third(static_cast<std::size_t>(10 * width));
+    for (std::size_t i = 0; i < third.size(); ++i) third[i] = static_cast<float>(i + 1) / 3.0f;
+    const Tensor k = Tensor::from_f32(third, {10, width});
+    const Tensor v = Tensor::from_f32(third, {10, width}).clone();
+    seq.append(0, 0, k.slice(0, 9), v.slice(0, 9));
+    auto [k_row, v_row] = seq.claim_row(0, 9);  // a decode step writes its row itself
+    Tensor q_row = Tensor::zeros({1, 3}), k_last = k.slice(9, 10).clone();
+    cpu_backend().rope_store_kv(q_row, k_last, v.slice(9, 10), Tensor::from_i32(std::vector<std::int32_t>{9}, {1}), 1,
+                                2, 3, 10000.0f, false, k_row, v_row, type);
+    const kv_pages_view view = seq.view(0);
+    CHECK(view.type == type);
+    const std::vector<float> want = k.to(type).to_vector();  // each value rounded once
+    for (std::int64_t pos = 0; pos < 10; ++pos) {
+      const std::size_t bytes = static_cast<std::size_t>(width) * dtype_size(type);
+      const auto page_row = [&](std::span<const void* const> pages) {
+        const auto* base = static_cast<const std::byte*>(pages[static_cast<std::size_t>(pos / page)]);
+        Tensor row = Tensor::wrap(storage::borrow(const_cast<std::byte*>(base) + (pos % page) * bytes, bytes, nullptr),
+                                  0, {width}, type);
+        return row.to_vector();
+      };
+      const std::vector<float> kr = page_row(view.k_pages), vr = page_row(view.v_pages);
+      for (std::int64_t c = 0; c < width; ++c) {
+        CAPTURE(pos);
+        CAPTURE(c);
+        CHECK(kr[static_cast<std::size_t>(c)] == want[static_cast<std::size_t>(pos * width + c)]);
+        CHECK(vr[static_cast<std::size_t>(c)] == want[static_cast<std::size_t>(pos * width + c)]);
+      }
+    }
+  }
+  CHECK_THROWS_WITH_AS(kv_pool(1024, 1, 1, 2, 4, nullptr, dtype::i8), "kv_pool: pages are f32, bf16 or f16, not i8",
+                       std::invalid_argument);
 }

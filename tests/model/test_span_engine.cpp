@@ -323,6 +323,37 @@ TEST_CASE("rollback returns the KV pages past the new end to the pool") {
   CHECK(e.cache_tokens_left() == 64 - 8);
 }
 
+TEST_CASE("a server's bf16 KV cache holds twice the bytes' tokens and serves the f32 cache's outputs within rounding") {
+  model_dir m(llama_opts());
+  span_engine_options half;
+  half.kv_dtype = dtype::bf16;
+  span_engine f32 = m.engine(0, 2, 64), b16 = m.engine(0, 2, 64, half);
+  CHECK(b16.pool().type() == dtype::bf16);
+  CHECK(2 * b16.kv_bytes_per_token() == f32.kv_bytes_per_token());
+  CHECK(b16.kv_bytes_per_token() == span_engine::kv_bytes_per_token(m.cfg, 2, dtype::bf16));
+  CHECK(b16.cache_tokens() == f32.cache_tokens());  // the same tokens in half the bytes
+  CHECK(2 * b16.pool().budget_bytes() == f32.pool().budget_bytes());
+  for (span_engine* e : {&f32, &b16}) REQUIRE(e->open_session("s", 32));
+  const std::int64_t D = m.cfg.hidden_size;
+  // A prefill (appended rows), then decode steps (rows written by rope_store_kv).
+  for (std::int64_t start : {0, 12, 13, 14}) {
+    CAPTURE(start);
+    const Tensor x = random_tensor({start == 0 ? 12 : 1, D}, static_cast<std::uint64_t>(start + 1));
+    auto a = f32.inference_step("s", x, start);
+    auto b = b16.inference_step("s", x, start);
+    REQUIRE(a);
+    REQUIRE(b);
+    const auto want = a->to_vector(), got = b->to_vector();
+    double magnitude = 0, diff = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      magnitude = std::max(magnitude, static_cast<double>(std::abs(want[i])));
+      diff = std::max(diff, static_cast<double>(std::abs(got[i] - want[i])));
+    }
+    CHECK(diff <= 24 * 0x1p-9 * magnitude);
+    if (start > 0) CHECK(diff > 0.0);  // the cached keys and values were bf16
+  }
+}
+
 TEST_CASE("a retried step returns the stored output without recomputing") {
   model_dir m(llama_opts());
   span_engine e = m.engine(0, 2);
