@@ -114,7 +114,10 @@ class rank_runtime {
     try {
       join(*coord);
       build_model();
-      if (o_.resume) restore();
+      if (o_.resume) {
+        restore();
+        for (stage& part : parts_) part.params_changed();  // 16-bit compute copies follow the restored weights
+      }
       run_actors();
       finish();
     } catch (const std::exception& e) {
@@ -703,6 +706,9 @@ class rank_runtime {
         gather_params(b, step);
       }
     }
+    // Every bucket's update is in (waited for above, or just made): 16-bit
+    // compute copies are converted again before the next forward.
+    for (stage& part : parts_) part.params_changed();
     if (o_.checkpoints_at(step)) save_checkpoint(step);
   }
 

@@ -209,9 +209,10 @@ double decode_bytes_per_token(transformer& m, dtype weights) {
 }
 
 int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int repeats,
-               const std::string& weights_flag) {
+               const std::string& weights_flag, const std::string& kv_flag) {
   apply_common_options(o.threads, "warn");
   const dtype weights = parse_weights_flag(weights_flag);
+  const dtype kv = parse_kv_dtype_flag(kv_flag);
   Backend& device_be = backend_for(parse_device(o.device));
   profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
   Backend& be = o.profile ? static_cast<Backend&>(prof) : device_be;
@@ -232,11 +233,12 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_tokens));
   for (auto& t : prompt) t = pick(rng);
 
-  // With bf16 weights the f32 model is the baseline, measured in the same
-  // run: the two generators alternate, so drift hits both alike.
-  generator gen(model, 0, weights);
+  // With bf16 weights or a 16-bit KV cache the all-f32 generator is the
+  // baseline, measured in the same run: the two alternate, so drift hits
+  // both alike.
+  generator gen(model, 0, weights, kv);
   std::optional<generator> baseline;
-  if (weights != dtype::f32) baseline.emplace(model, 0, dtype::f32);
+  if (weights != dtype::f32 || kv != dtype::f32) baseline.emplace(model, 0, dtype::f32, dtype::f32);
   generation_params p;
   p.max_new_tokens = new_tokens;
   p.ignore_eos = true;
@@ -268,6 +270,7 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
   nlohmann::json j = {{"bench", "decode"},
                       {"device", be.name()},
                       {"weights", dtype_name(weights)},
+                      {"kv_dtype", dtype_name(kv)},
                       {"bandwidth_source", on_host ? "host read sweep" : "device read sweep"},
                       {"threads", cpu_threads()},
                       {"params", c.parameter_count()},
@@ -307,7 +310,7 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
       std::printf("f32 baseline decode     %8.2f tokens/s  (same run, alternating)\n",
                   base_decode);
       std::printf("f32 baseline prefill    %8.1f tokens/s\n", base_prefill);
-      std::printf("%s / f32 decode        %8.2fx\n", dtype_name(weights),
+      std::printf("%s weights, %s KV / f32 decode %6.2fx\n", dtype_name(weights), dtype_name(kv),
                   base_decode > 0 ? best_decode / base_decode : 0.0);
     }
   }
@@ -323,6 +326,7 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   set_matmul_precision(parse_matmul_precision(o.matmul));
   Backend& device_be = backend_for(parse_device(o.device));
   const dtype compute = parse_compute_dtype(o.compute);
+  if (compute == dtype::f16) throw std::invalid_argument(f16_compute_refusal);
   if (compute != dtype::f32 && device_be.dev().kind == device_kind::cpu)
     throw std::invalid_argument("bench train: --compute " + o.compute + " needs a GPU: the cpu backend computes in f32");
   profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
@@ -346,7 +350,8 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   train_options opts;
   opts.batch = batch;
   opts.seq = seq;
-  opts.steps = 2 * steps + (o.profile ? 3 : 2);
+  // Warm-up and timed steps per compute dtype measured, and the profile's.
+  opts.steps = (compute != dtype::f32 ? 2 : 1) * (steps + 1) + (o.profile ? 1 : 0);
   opts.optimizer.adamw.lr = 1e-4f;
   trainer t(model, data, opts);
   // Warm-up step each (first touch of gradients, moments and activations),
@@ -447,8 +452,13 @@ void register_bench(CLI::App& app, action_fn& action) {
                      "Linear weights decode reads: f32, or bf16 (then f32 is measured too, in "
                      "the same run, and the ratio printed)")
       ->capture_default_str();
+  static std::string kv_dtype = "f32";
+  decode->add_option("--kv-dtype", kv_dtype,
+                     "KV cache elements: f32, or bf16/f16 (then the all-f32 generator is measured too, in the same "
+                     "run)")
+      ->capture_default_str();
   decode->callback([&action] {
-    action = [] { return run_decode(decode_opts, prompt_tokens, new_tokens, repeats, weights); };
+    action = [] { return run_decode(decode_opts, prompt_tokens, new_tokens, repeats, weights, kv_dtype); };
   });
 
   static bench_common train_opts;
@@ -467,8 +477,8 @@ void register_bench(CLI::App& app, action_fn& action) {
                     "Products of f32 tensors on a GPU: f32, tf32 or bf16 (tensor cores, f32 accumulation)")
       ->capture_default_str();
   train->add_option("--compute", train_opts.compute,
-                    "dtype the blocks compute in: f32, or bf16/f16 on a GPU (mixed precision; then f32 compute is "
-                    "measured too, in the same run, and the speed-up printed)")
+                    "dtype the blocks compute in: f32, or bf16 on a GPU (mixed precision; then f32 compute is "
+                    "measured too, in the same run, and the speed-up printed); f16 is refused (no loss scaling)")
       ->capture_default_str();
   train->add_option("--cluster", cluster,
                     "Cluster TOML: one local rank process per planned worker, links shaped by the file, compute "
@@ -476,6 +486,12 @@ void register_bench(CLI::App& app, action_fn& action) {
   train->add_option("--micro-batch", micro_batch, "Sequences per micro-batch (with --cluster)")->capture_default_str();
   train->callback([&action, train] {
     if (!cluster.empty()) {
+      if (train->count("--compute") > 0) {
+        action = [] () -> int {
+          throw std::invalid_argument("bench train --cluster emulates compute by the cost model: --compute does not apply");
+        };
+        return;
+      }
       cluster_bench_options c;
       c.cluster = cluster;
       c.model = train_opts.model_dir;

@@ -39,9 +39,7 @@ dtype parse_weights_flag(const std::string& text) {
 }
 
 dtype parse_kv_dtype_flag(const std::string& text) {
-  if (text == "f32") return dtype::f32;
-  if (text == "bf16") return dtype::bf16;
-  if (text == "f16") return dtype::f16;
+  if (const auto t = float_dtype_named(text)) return *t;
   throw std::invalid_argument("--kv-dtype must be f32, bf16 or f16, got '" + text + "'");
 }
 

@@ -98,6 +98,11 @@ void apply_common_options(int threads, const std::string& log_level);
 /// decode reads, see generator); throws std::invalid_argument
 /// ("--weights must be f32 or bf16, got 'x'") otherwise.
 dtype parse_weights_flag(const std::string& text);
+/// Why `--compute f16` is refused (train and bench train): f16 training
+/// needs loss scaling, which is not built.
+inline constexpr const char* f16_compute_refusal =
+    "--compute f16 needs loss scaling, which is not built yet (small gradients underflow f16's range): use bf16";
+
 /// The dtype a --kv-dtype flag names: "f32", "bf16" or "f16" (the KV
 /// cache's elements); throws std::invalid_argument ("--kv-dtype must be
 /// f32, bf16 or f16, got 'x'") otherwise.

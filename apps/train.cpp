@@ -64,6 +64,7 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
 
 dtype compute_dtype_of(const train_args& a) {
   const dtype t = parse_compute_dtype(a.compute);
+  if (t == dtype::f16) throw std::invalid_argument(f16_compute_refusal);
   if (t != dtype::f32 && parse_device(a.device).kind == device_kind::cpu)
     throw std::invalid_argument("--compute " + a.compute + " needs a GPU (--device cuda): the cpu backend computes in f32");
   return t;
@@ -193,8 +194,9 @@ void register_train(CLI::App& app, action_fn& action) {
                   "Products of f32 tensors on a GPU: f32 (exact), tf32 or bf16 (tensor cores, f32 accumulation)")
       ->capture_default_str();
   cmd->add_option("--compute", args->compute,
-                  "dtype the blocks' forward and backward run in: f32, or bf16/f16 on a GPU (mixed precision: "
-                  "16-bit activations and per-step weight copies; f32 master weights, gradients and optimiser)")
+                  "dtype the blocks' forward and backward run in: f32, or bf16 on a GPU (mixed precision: "
+                  "bf16 activations and per-step weight copies; f32 master weights, gradients and optimiser). "
+                  "f16 is refused: it needs loss scaling, not built yet")
       ->capture_default_str();
   cmd->add_option("--device", args->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--json", args->json,

@@ -75,9 +75,9 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
 /// std::invalid_argument for an unknown schedule or negative warm-up.
 lr_schedule schedule_of(const train_args& a);
 
-/// --compute as a dtype; throws std::invalid_argument for an unknown one, or
-/// a 16-bit one with --device cpu (or auto without a GPU): the cpu backend
-/// computes in f32.
+/// --compute as a dtype; throws std::invalid_argument for an unknown one,
+/// for f16 (f16_compute_refusal), or for bf16 with --device cpu (or auto
+/// without a GPU): the cpu backend computes in f32.
 dtype compute_dtype_of(const train_args& a);
 
 /// Whether the flags or the launcher's environment ask for a distributed run.

@@ -70,6 +70,16 @@ void refuse_inference_weight(const Tensor& w, dtype x_type, const char* what) {
                        ": bf16 weights are for inference; training keeps f32 weights");
 }
 
+void require_product_types(const Tensor& a, const char* a_what, const Tensor& b, const char* b_what, const Tensor& c,
+                           const char* c_what) {
+  if (a.type() != b.type())
+    throw tensor_error(std::string(a_what) + " and " + b_what + " must have the same dtype, got " +
+                       dtype_name(a.type()) + " and " + dtype_name(b.type()));
+  if (c.type() != a.type() && c.type() != dtype::f32)
+    throw tensor_error(std::string(c_what) + ": a product of " + dtype_name(a.type()) + " operands is written as " +
+                       dtype_name(a.type()) + " or f32, not " + dtype_name(c.type()));
+}
+
 attention_geometry check_attention_geometry(const attention_shape& s, const char* what) {
   require_condition(s.n_heads > 0 && s.n_kv_heads > 0 && s.head_dim > 0, what,
                     "n_heads, n_kv_heads and head_dim must be positive");
@@ -119,8 +129,7 @@ std::int64_t check_kv_pages(const kv_pages_view& cache, std::int64_t start_pos, 
                             const char* what) {
   require_condition(start_pos >= 0, what, "start_pos must not be negative");
   require_condition(cache.page_tokens > 0, what, "cache page_tokens must be positive");
-  require_condition(cache.type == dtype::f32 || cache.type == dtype::bf16 || cache.type == dtype::f16, what,
-                    "cache pages must be f32, bf16 or f16");
+  require_condition(is_float_dtype(cache.type), what, "cache pages must be f32, bf16 or f16");
   require_condition(cache.length >= start_pos + tq, what,
                     "the cache must already hold keys and values up to start_pos + Tq");
   require_condition(cache.k_pages.size() == cache.v_pages.size(), what,

@@ -38,6 +38,12 @@ void require_linear_weight(const Tensor& w, device where, dtype x_type, const ch
 /// weights" when `w` is bf16 and the activations (`x_type`) are not.
 void refuse_inference_weight(const Tensor& w, dtype x_type, const char* what);
 
+/// The dtype rule of the device products (gemm, linear, linear_backward):
+/// a and b share a dtype; the output c is f32 or that dtype (what cuBLASLt
+/// offers with f32 compute). Throws tensor_error naming the operands.
+void require_product_types(const Tensor& a, const char* a_what, const Tensor& b, const char* b_what, const Tensor& c,
+                           const char* c_what);
+
 /// The sizes of a product c[m, n] = op(a)[m, k] @ op(b)[k, n].
 struct gemm_dims {
   std::int64_t m = 0, n = 0, k = 0;

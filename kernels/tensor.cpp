@@ -35,6 +35,12 @@ const char* dtype_name(dtype t) {
   return "?";
 }
 
+std::optional<dtype> float_dtype_named(const std::string& text) {
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
+    if (text == dtype_name(t)) return t;
+  return std::nullopt;
+}
+
 std::string device::str() const {
   return kind == device_kind::cpu ? std::string("cpu") : "cuda:" + std::to_string(index);
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,11 @@ enum class dtype : std::uint8_t { f32, bf16, f16, i32, i8 };
 std::size_t dtype_size(dtype t);
 /// Lower-case name ("f32", "bf16", ...), as used in docs and error messages.
 const char* dtype_name(dtype t);
+/// Whether `t` holds floating-point values (f32, bf16, f16).
+inline bool is_float_dtype(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
+/// The float dtype named "f32", "bf16" or "f16"; std::nullopt for any other
+/// text (callers word their own error).
+std::optional<dtype> float_dtype_named(const std::string& text);
 
 enum class device_kind : std::uint8_t { cpu, cuda };
 

@@ -27,7 +27,7 @@ std::size_t context_budget(const model_config& cfg, dtype kv) {
 
 /// `kv` if it is a KV-cache element type, else a model_error.
 dtype checked_kv(dtype kv) {
-  if (kv != dtype::f32 && kv != dtype::bf16 && kv != dtype::f16)
+  if (!is_float_dtype(kv))
     throw model_error(std::string("generator: the KV cache is f32, bf16 or f16, not ") + dtype_name(kv));
   return kv;
 }
@@ -39,7 +39,7 @@ generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype weig
       be_(&model.backend()),
       head_(cfg_, model.head(), model.backend()),
       stage_(cfg_, 0, model.blocks(), model.backend()),
-      pool_(std::make_shared<kv_pool>(kv_budget_bytes ? kv_budget_bytes : context_budget(cfg_, checked_kv(kv)),
+      pool_(std::make_shared<kv_pool>(kv_budget_bytes ? kv_budget_bytes : context_budget(cfg_, kv),
                                       cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, kPageTokens,
                                       &model.backend(), checked_kv(kv))),
       hidden_(cfg_.hidden_size) {

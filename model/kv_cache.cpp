@@ -17,7 +17,7 @@ kv_pool::kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int hea
       page_tokens_(page_tokens),
       type_(type),
       budget_bytes_(budget_bytes) {
-  if (type != dtype::f32 && type != dtype::bf16 && type != dtype::f16)
+  if (!is_float_dtype(type))
     throw std::invalid_argument(std::string("kv_pool: pages are f32, bf16 or f16, not ") + dtype_name(type));
   if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || page_tokens <= 0)
     throw std::invalid_argument("kv_pool: layers, kv heads, head_dim and page_tokens must be "

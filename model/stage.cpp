@@ -8,9 +8,7 @@
 namespace corolla {
 
 dtype parse_compute_dtype(const std::string& text) {
-  if (text == "f32") return dtype::f32;
-  if (text == "bf16") return dtype::bf16;
-  if (text == "f16") return dtype::f16;
+  if (const auto t = float_dtype_named(text)) return *t;
   throw std::invalid_argument("the compute dtype is f32, bf16 or f16, not '" + text + "'");
 }
 
@@ -75,7 +73,7 @@ void stage::zero_grads() {
 }
 
 void stage::set_compute_dtype(dtype t) {
-  if (t != dtype::f32 && t != dtype::bf16 && t != dtype::f16)
+  if (!is_float_dtype(t))
     throw tensor_error(std::string("stage: the compute dtype is f32, bf16 or f16, not ") + dtype_name(t));
   if (t != dtype::f32 && be_->dev().kind == device_kind::cpu)
     throw tensor_error(std::string("stage: the cpu backend computes in f32; a ") + dtype_name(t) +

@@ -109,14 +109,14 @@ bool attention_mma_supported(const attention_dims& g, std::initializer_list<cons
 
 namespace {
 
-/// Calls f(T{}) for the storage types with kernels (f32, bf16).
+/// Calls f(T{}) for the storage types with kernels (f32, bf16); others
+/// were refused by the callers.
 template <class F>
-bool dispatch_storage(elem t, F&& f) {
-  switch (t) {
-    case elem::f32: return f(float{}), true;
-    case elem::bf16: return f(bf16{}), true;
-    default: return false;
-  }
+void dispatch_storage(elem t, F&& f) {
+  if (t == elem::bf16)
+    f(bf16{});
+  else
+    f(float{});
 }
 
 }  // namespace
@@ -127,7 +127,8 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const vo
   if ((t != elem::f32 && t != elem::bf16) || !attention_mma_supported(g, {q, k, v, out}) ||
       (seq + tile - 1) / tile > max_grid_y)
     return false;
-  return dispatch_storage(t, [&](auto tag) {
+  bool launched = false;
+  dispatch_storage(t, [&](auto tag) {
     using T = decltype(tag);
     mma_args<T> a{};
     a.q = static_cast<const T*>(q);
@@ -137,7 +138,7 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const vo
     a.lse_w = lse;
     a.seq = seq;
     a.g = g;
-    dispatch_heads(g.dh, [&](auto d) {
+    launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
       const std::size_t smem = layout<D>::bytes(3);
       allow_smem(mma_forward_kernel<D, T>, smem);  // once per device (the limit is per device)
@@ -145,6 +146,7 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const vo
       COROLLA_CUDA_LAUNCH_CHECK("mma_forward_kernel");
     });
   });
+  return launched;
 }
 
 bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
@@ -153,7 +155,8 @@ bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const v
   if ((t != elem::f32 && t != elem::bf16) || !attention_mma_supported(g, {q, k, v, dout, dq, dk, dv}) ||
       (seq + tile - 1) / tile > max_grid_y)
     return false;
-  return dispatch_storage(t, [&](auto tag) {
+  bool launched = false;
+  dispatch_storage(t, [&](auto tag) {
     using T = decltype(tag);
     mma_args<T> a{};
     a.q = static_cast<const T*>(q);
@@ -167,7 +170,7 @@ bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const v
     a.dv = static_cast<T*>(dv);
     a.seq = seq;
     a.g = g;
-    dispatch_heads(g.dh, [&](auto d) {
+    launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
       const std::size_t smem = layout<D>::bytes(4);
       allow_smem(mma_dq_kernel<D, T>, smem);
@@ -178,6 +181,7 @@ bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const v
       COROLLA_CUDA_LAUNCH_CHECK("mma_dkdv_kernel");
     });
   });
+  return launched;
 }
 
 }  // namespace corolla::cuda

@@ -21,8 +21,6 @@ namespace {
 
 constexpr std::size_t lt_workspace_size = std::size_t{32} << 20;
 
-bool is_float(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
-
 elem elem_for(dtype t) {
   switch (t) {
     case dtype::bf16: return elem::bf16;
@@ -282,7 +280,7 @@ void cuda_backend::copy(const Tensor& src, Tensor& dst) {
     throw tensor_error("copy: the " + name() + " backend copies to or from its own device (got " +
                        src.dev().str() + " -> " + dst.dev().str() + ")");
   const dtype from = src.type(), to = dst.type();
-  if (from != to && (!is_float(from) || !is_float(to)))
+  if (from != to && (!is_float_dtype(from) || !is_float_dtype(to)))
     throw tensor_error(std::string("copy: cannot convert ") + dtype_name(from) + " to " +
                        dtype_name(to));
   const std::int64_t n = src.numel();

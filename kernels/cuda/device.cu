@@ -54,17 +54,15 @@ std::mutex smem_mu;
 std::map<std::pair<const void*, int>, std::size_t> smem_allowed;  ///< (kernel, device) -> bytes
 }  // namespace
 
-bool smem_allowance_covers(const void* kernel, std::size_t bytes, int* device) {
-  COROLLA_CUDA_CHECK(cudaGetDevice(device));
+void allow_smem_for(const void* kernel, std::size_t bytes) {
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard lock(smem_mu);
-  const auto it = smem_allowed.find({kernel, *device});
-  return it != smem_allowed.end() && it->second >= bytes;
-}
-
-void record_smem_allowance(const void* kernel, int device, std::size_t bytes) {
-  std::lock_guard lock(smem_mu);
-  std::size_t& b = smem_allowed[{kernel, device}];
-  if (bytes > b) b = bytes;
+  std::size_t& allowed = smem_allowed[{kernel, device}];
+  if (allowed >= bytes) return;
+  COROLLA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  allowed = bytes;
 }
 
 }  // namespace corolla::cuda

@@ -33,11 +33,10 @@ inline unsigned grid_for(std::int64_t n, int threads = elementwise_threads) {
   return static_cast<unsigned>(blocks);
 }
 
-/// Whether `kernel` was already allowed at least `bytes` of dynamic shared
-/// memory on the current device (*device receives it), and the record that
-/// it now is (device.cu; thread-safe).
-bool smem_allowance_covers(const void* kernel, std::size_t bytes, int* device);
-void record_smem_allowance(const void* kernel, int device, std::size_t bytes);
+/// allow_smem on the kernel's address (device.cu): sets the attribute on
+/// the current device unless a size at least as large was set there before
+/// (a record kept under one lock with the call, so threads never lower it).
+void allow_smem_for(const void* kernel, std::size_t bytes);
 
 /// Lets `kernel` launch with `bytes` of dynamic shared memory: above 48 KiB
 /// that takes an opt-in, which is per device. The attribute is set once per
@@ -45,12 +44,7 @@ void record_smem_allowance(const void* kernel, int device, std::size_t bytes);
 /// Throws as COROLLA_CUDA_CHECK does.
 template <class Kernel>
 void allow_smem(Kernel kernel, std::size_t bytes) {
-  const void* key = reinterpret_cast<const void*>(kernel);
-  int device = 0;
-  if (smem_allowance_covers(key, bytes, &device)) return;
-  COROLLA_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  record_smem_allowance(key, device, bytes);
+  allow_smem_for(reinterpret_cast<const void*>(kernel), bytes);
 }
 
 }  // namespace corolla::cuda

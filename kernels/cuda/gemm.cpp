@@ -62,27 +62,12 @@ elem elem_for(dtype t) {
   return t == dtype::bf16 ? elem::bf16 : t == dtype::f16 ? elem::f16 : elem::f32;
 }
 
-bool is_float(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
-
 /// Throws unless `t` is defined, on `where`, and of a float dtype.
 void require_float(const Tensor& t, device where, const char* what) {
   require_on_device(t, where, what);
-  if (!is_float(t.type()))
+  if (!is_float_dtype(t.type()))
     throw tensor_error(std::string(what) + ": expected f32, bf16 or f16, got " +
                        dtype_name(t.type()));
-}
-
-/// The product's dtype rule: a and b share a dtype; the output is f32 or
-/// that dtype (what cuBLASLt offers with f32 compute).
-void require_product_types(const Tensor& a, const char* a_what, const Tensor& b,
-                           const char* b_what, const Tensor& c, const char* c_what) {
-  if (a.type() != b.type())
-    throw tensor_error(std::string(a_what) + " and " + b_what + " must have the same dtype, got " +
-                       dtype_name(a.type()) + " and " + dtype_name(b.type()));
-  if (c.type() != a.type() && c.type() != dtype::f32)
-    throw tensor_error(std::string(c_what) + ": a product of " + dtype_name(a.type()) +
-                       " operands is written as " + dtype_name(a.type()) + " or f32, not " +
-                       dtype_name(c.type()));
 }
 
 /// Largest power of two (up to 256) dividing the address.

@@ -48,6 +48,7 @@ if python3 -c 'import transformers' 2>/dev/null; then
 fi
 run bench_gemm corolla bench gemm --dtype bf16 --shapes llama7b
 run bench_decode corolla bench decode --preset llama7b --weights bf16 --repeats 3 --profile
+run bench_decode_kv16 corolla bench decode --preset llama7b --weights bf16 --kv-dtype bf16 --prompt-tokens 2048 --new-tokens 64 --repeats 2
 run bench_update corolla bench update
 run bench_attention corolla bench attention --shape gpt2-1.5b
 run bench_attention_7b corolla bench attention --shape llama7b

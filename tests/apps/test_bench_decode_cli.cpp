@@ -19,8 +19,8 @@ TEST_CASE("bench decode --weights bf16 reports half the linear bytes and the rat
   corolla::testing::temp_dir_guard dir("bench-decode-bf16");
   corolla::testing::write_tiny_model(dir.path(), {});
   const std::string model = dir.path().string();
-  auto run = [&](const std::string& weights) {
-    auto r = run_corolla({"bench", "decode", "--model", model, "--weights", weights,
+  auto run = [&](const std::string& weights, const std::string& kv = "f32") {
+    auto r = run_corolla({"bench", "decode", "--model", model, "--weights", weights, "--kv-dtype", kv,
                           "--prompt-tokens", "4", "--new-tokens", "8", "--repeats", "1",
                           "--threads", "1", "--json"});
     CAPTURE(r.err);
@@ -42,10 +42,18 @@ TEST_CASE("bench decode --weights bf16 reports half the linear bytes and the rat
   // floats in the tiny model) stay at 4
   CHECK(b16 < 0.52 * b32);
   CHECK(b16 > 0.5 * b32);
+  CHECK(f32["kv_dtype"] == "f32");
+  // A 16-bit KV cache alone is measured against the all-f32 generator too.
+  const auto kv16 = run("f32", "f16");
+  CHECK(kv16["kv_dtype"] == "f16");
+  CHECK(kv16["weight_bytes_per_token"].get<double>() == b32);
+  CHECK(kv16["decode_vs_f32"].get<double>() > 0);
 }
 
 TEST_CASE("bench decode with a bad --weights value is one clear error") {
   corolla::testing::check_one_error(
       run_corolla({"bench", "decode", "--weights", "int4", "--json"}),
       "--weights must be f32 or bf16, got 'int4'");
+  corolla::testing::check_one_error(run_corolla({"bench", "decode", "--kv-dtype", "int4", "--json"}),
+                                    "--kv-dtype must be f32, bf16 or f16, got 'int4'");
 }

@@ -97,8 +97,6 @@ void emulated_device_backend::check_marker(const queue_marker* m, const char* op
 // hands an op a dtype CUDA refuses fails here too.
 namespace {
 
-bool is_float(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
-
 /// `t` (when defined) has dtype `type`.
 void want(const Tensor& t, dtype type, const char* what) {
   if (t.defined() && t.type() != type)
@@ -109,15 +107,8 @@ void want(const Tensor* t, dtype type, const char* what) {
 }
 /// `t` (when defined) is f32, bf16 or f16.
 void want_float(const Tensor& t, const char* what) {
-  if (t.defined() && !is_float(t.type()))
+  if (t.defined() && !is_float_dtype(t.type()))
     throw tensor_error(std::string(what) + ": expected a float tensor, got " + dtype_name(t.type()));
-}
-/// A product of `in` operands is written as `in` or f32.
-void want_product(const Tensor& c, dtype in, const char* what) {
-  want_float(c, what);
-  if (c.defined() && c.type() != in && c.type() != dtype::f32)
-    throw tensor_error(std::string(what) + ": a product of " + dtype_name(in) + " operands is written as " +
-                       dtype_name(in) + " or f32, not " + dtype_name(c.type()));
 }
 
 }  // namespace
@@ -167,8 +158,8 @@ void emulated_device_backend::gemm(const Tensor& a, bool trans_a, const Tensor& 
                                    float alpha, float beta) {
   user u(*this);
   want_float(a, "gemm a");
-  want(b, a.type(), "gemm b");
-  want_product(c, a.type(), "gemm c");
+  want_float(c, "gemm c");
+  require_product_types(a, "gemm a", b, "gemm b", c, "gemm c");
   operands o(*this);
   Tensor cv = o.out(c, "gemm c");
   cpu_backend().gemm(o.in(a, "gemm a"), trans_a, o.in(b, "gemm b"), trans_b, cv, alpha, beta);
@@ -182,8 +173,8 @@ void emulated_device_backend::linear(const Tensor& x, const Tensor& w, const Ten
     want(y, dtype::f32, "linear y");
     want(bias, dtype::f32, "linear bias");
   } else {
-    want(w, x.type(), "linear w");
-    want_product(y, x.type(), "linear y");
+    want_float(y, "linear y");
+    require_product_types(x, "linear x", w, "linear w", y, "linear y");
     if (bias) want_float(*bias, "linear bias");
   }
   operands o(*this);
@@ -201,8 +192,12 @@ void emulated_device_backend::linear_backward(const Tensor& x, const Tensor& w, 
   refuse_inference_weight(w, x.type(), "linear_backward w");
   want(w, x.type(), "linear_backward w");
   want(dy, x.type(), "linear_backward dy");
-  if (dx) want_product(*dx, x.type(), "linear_backward dx");
-  want_product(dw, x.type(), "linear_backward dw");
+  if (dx) {
+    want_float(*dx, "linear_backward dx");
+    require_product_types(dy, "linear_backward dy", w, "linear_backward w", *dx, "linear_backward dx");
+  }
+  want_float(dw, "linear_backward dw");
+  require_product_types(dy, "linear_backward dy", x, "linear_backward x", dw, "linear_backward dw");
   if (db) want_float(*db, "linear_backward db");
   operands o(*this);
   Tensor dxv, dbv;

@@ -214,7 +214,8 @@ TEST_CASE("emulated device: 16-bit operands follow the CUDA backend's dtype rule
   const Tensor x = on_dev({1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f}, {2, 3}, dtype::bf16);
   const Tensor w32 = on_dev({0.5f, 0.25f, 1.0f, -1.0f, 2.0f, 0.125f}, {2, 3}, dtype::f32);
   Tensor y = dev.empty({2, 2}, dtype::bf16);
-  CHECK_THROWS_WITH_AS(dev.linear(x, w32, nullptr, y), "linear w: expected bf16, got f32", tensor_error);
+  CHECK_THROWS_WITH_AS(dev.linear(x, w32, nullptr, y), "linear x and linear w must have the same dtype, got bf16 and f32",
+                       tensor_error);
   const Tensor w = on_dev({0.5f, 0.25f, 1.0f, -1.0f, 2.0f, 0.125f}, {2, 3}, dtype::bf16);
   Tensor y16 = dev.empty({2, 2}, dtype::f16);
   CHECK_THROWS_WITH_AS(dev.linear(x, w, nullptr, y16),

@@ -4,7 +4,7 @@
 // `corolla serve --device cuda` runs: prefill and decode steps, rollback,
 // replay into a fresh session (failover), batched decode, sessions over
 // part of the span, and the stateless forward and backward with deep
-// prompts (fine-tuning clients).
+// prompts (fine-tuning clients), with f32 and bf16 KV caches.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -38,83 +38,97 @@ std::string batch_session(int s) {
   return id;
 }
 
+/// The span engine of `arch` with a KV cache of `kv` elements, on the
+/// emulated device and on the cpu: every output equal.
+void check_span_on_device(architecture arch, dtype kv) {
+  testing::tiny_model_options o = testing::tiny_options_for(arch);
+  o.layers = 3;
+  testing::temp_dir_guard dir("emulated-span");
+  testing::write_tiny_model(dir.path(), o);
+  const model_config cfg = load_config(dir.path());
+  const checkpoint ck = checkpoint::open(dir.path());
+  emulated_device_backend dev;
+  span_engine_options opts;
+  opts.page_tokens = 8;
+  opts.kv_dtype = kv;
+  span_engine on_cpu = span_engine::load(ck, cfg, 0, 3, cpu_backend(), 512, opts);
+  span_engine on_dev = span_engine::load(ck, cfg, 0, 3, dev, 512, opts);
+  CHECK(on_dev.pool().bytes_per_token() == on_cpu.pool().bytes_per_token());
+  const std::int64_t D = cfg.hidden_size;
+
+  // Sessions: a prefill across page ends, decode steps, a rollback, and
+  // a replay of the stored inputs into a fresh session.
+  for (span_engine* e : {&on_cpu, &on_dev}) {
+    REQUIRE(e->open_session("a", 40));
+    REQUIRE(e->open_session("part", 40, 1, 3));  // blocks 1..2 of the span
+  }
+  const Tensor prompt = random_tensor({11, D}, 1);
+  CHECK(same(on_dev.inference_step("a", prompt, 0), on_cpu.inference_step("a", prompt, 0)));
+  CHECK(same(on_dev.inference_step("part", prompt, 0), on_cpu.inference_step("part", prompt, 0)));
+  std::vector<Tensor> inputs{prompt};
+  for (int t = 0; t < 6; ++t) {
+    const Tensor x = random_tensor({1, D}, 10 + static_cast<std::uint64_t>(t));
+    inputs.push_back(x);
+    CHECK(same(on_dev.inference_step("a", x, 11 + t), on_cpu.inference_step("a", x, 11 + t)));
+  }
+  const Tensor redo = random_tensor({2, D}, 30);  // back to position 14: a rejected draft
+  CHECK(same(on_dev.inference_step("a", redo, 14), on_cpu.inference_step("a", redo, 14)));
+  REQUIRE(on_dev.open_session("replay", 40));
+  std::int64_t pos = 0;
+  for (std::size_t i = 0; i < 4; ++i) {  // the prompt and the steps kept before the rollback
+    REQUIRE(on_dev.inference_step("replay", inputs[i], pos));
+    pos += inputs[i].dim(0);
+  }
+  const Tensor next = random_tensor({1, D}, 40);
+  CHECK(same(on_dev.inference_step("replay", redo, 14), on_cpu.inference_step("a", redo, 14)));
+  CHECK(same(on_dev.inference_step("replay", next, 16), on_cpu.inference_step("a", next, 16)));
+
+  // Batched decode over sessions of different lengths.
+  for (span_engine* e : {&on_cpu, &on_dev})
+    for (int s = 0; s < 3; ++s) {
+      REQUIRE(e->open_session(batch_session(s), 40));
+      REQUIRE(e->inference_step(batch_session(s), random_tensor({3 + 7 * s, D}, 50 + s), 0));
+    }
+  for (int round = 0; round < 3; ++round) {
+    std::vector<decode_item> items;
+    for (int s = 0; s < 3; ++s)
+      items.push_back({batch_session(s), random_tensor({1, D}, 60 + 3 * round + s), 3 + 7 * s + round, 0});
+    const auto got = on_dev.decode_batch(items);
+    const auto want = on_cpu.decode_batch(items);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(same(got[i], want[i]));
+  }
+  // The device's "replay" went where the cpu's "a" did; its "a" stopped a token short.
+  REQUIRE(on_dev.close_session("a"));
+  CHECK(on_dev.cache_bytes_used() == on_cpu.cache_bytes_used());
+
+  // Stateless forward and backward with deep prompts.
+  const int B = 2, T = 6;
+  const Tensor x = random_tensor({B * T, D}, 70);
+  const Tensor prompts = random_tensor({3, 2, D}, 71, 0.5f);
+  const Tensor dy = random_tensor({B * T, D}, 72);
+  CHECK(same(on_dev.forward(x, B, T, prompts), on_cpu.forward(x, B, T, prompts)));
+  const auto g_dev = on_dev.backward(x, dy, B, T, prompts);
+  const auto g_cpu = on_cpu.backward(x, dy, B, T, prompts);
+  REQUIRE_MESSAGE(g_dev, g_dev.error().message);
+  REQUIRE(g_cpu);
+  CHECK(g_dev->grad_input.dev().kind == device_kind::cpu);
+  CHECK(g_dev->grad_input.to_vector() == g_cpu->grad_input.to_vector());
+  CHECK(g_dev->grad_prompts.to_vector() == g_cpu->grad_prompts.to_vector());
+}
+
 }  // namespace
 
 TEST_CASE("emulated device: a span engine on a device returns the cpu engine's outputs") {
   for (architecture arch : {architecture::llama, architecture::gpt2}) {
     CAPTURE(static_cast<int>(arch));
-    testing::tiny_model_options o = testing::tiny_options_for(arch);
-    o.layers = 3;
-    testing::temp_dir_guard dir("emulated-span");
-    testing::write_tiny_model(dir.path(), o);
-    const model_config cfg = load_config(dir.path());
-    const checkpoint ck = checkpoint::open(dir.path());
-    emulated_device_backend dev;
-    span_engine_options opts;
-    opts.page_tokens = 8;
-    span_engine on_cpu = span_engine::load(ck, cfg, 0, 3, cpu_backend(), 512, opts);
-    span_engine on_dev = span_engine::load(ck, cfg, 0, 3, dev, 512, opts);
-    CHECK(on_dev.pool().bytes_per_token() == on_cpu.pool().bytes_per_token());
-    const std::int64_t D = cfg.hidden_size;
+    check_span_on_device(arch, dtype::f32);
+  }
+}
 
-    // Sessions: a prefill across page ends, decode steps, a rollback, and
-    // a replay of the stored inputs into a fresh session.
-    for (span_engine* e : {&on_cpu, &on_dev}) {
-      REQUIRE(e->open_session("a", 40));
-      REQUIRE(e->open_session("part", 40, 1, 3));  // blocks 1..2 of the span
-    }
-    const Tensor prompt = random_tensor({11, D}, 1);
-    CHECK(same(on_dev.inference_step("a", prompt, 0), on_cpu.inference_step("a", prompt, 0)));
-    CHECK(same(on_dev.inference_step("part", prompt, 0), on_cpu.inference_step("part", prompt, 0)));
-    std::vector<Tensor> inputs{prompt};
-    for (int t = 0; t < 6; ++t) {
-      const Tensor x = random_tensor({1, D}, 10 + static_cast<std::uint64_t>(t));
-      inputs.push_back(x);
-      CHECK(same(on_dev.inference_step("a", x, 11 + t), on_cpu.inference_step("a", x, 11 + t)));
-    }
-    const Tensor redo = random_tensor({2, D}, 30);  // back to position 14: a rejected draft
-    CHECK(same(on_dev.inference_step("a", redo, 14), on_cpu.inference_step("a", redo, 14)));
-    REQUIRE(on_dev.open_session("replay", 40));
-    std::int64_t pos = 0;
-    for (std::size_t i = 0; i < 4; ++i) {  // the prompt and the steps kept before the rollback
-      REQUIRE(on_dev.inference_step("replay", inputs[i], pos));
-      pos += inputs[i].dim(0);
-    }
-    const Tensor next = random_tensor({1, D}, 40);
-    CHECK(same(on_dev.inference_step("replay", redo, 14), on_cpu.inference_step("a", redo, 14)));
-    CHECK(same(on_dev.inference_step("replay", next, 16), on_cpu.inference_step("a", next, 16)));
-
-    // Batched decode over sessions of different lengths.
-    for (span_engine* e : {&on_cpu, &on_dev})
-      for (int s = 0; s < 3; ++s) {
-        REQUIRE(e->open_session(batch_session(s), 40));
-        REQUIRE(e->inference_step(batch_session(s), random_tensor({3 + 7 * s, D}, 50 + s), 0));
-      }
-    for (int round = 0; round < 3; ++round) {
-      std::vector<decode_item> items;
-      for (int s = 0; s < 3; ++s)
-        items.push_back({batch_session(s), random_tensor({1, D}, 60 + 3 * round + s), 3 + 7 * s + round, 0});
-      const auto got = on_dev.decode_batch(items);
-      const auto want = on_cpu.decode_batch(items);
-      REQUIRE(got.size() == want.size());
-      for (std::size_t i = 0; i < got.size(); ++i) CHECK(same(got[i], want[i]));
-    }
-    // The device's "replay" went where the cpu's "a" did; its "a" stopped a token short.
-    REQUIRE(on_dev.close_session("a"));
-    CHECK(on_dev.cache_bytes_used() == on_cpu.cache_bytes_used());
-
-    // Stateless forward and backward with deep prompts.
-    const int B = 2, T = 6;
-    const Tensor x = random_tensor({B * T, D}, 70);
-    const Tensor prompts = random_tensor({3, 2, D}, 71, 0.5f);
-    const Tensor dy = random_tensor({B * T, D}, 72);
-    CHECK(same(on_dev.forward(x, B, T, prompts), on_cpu.forward(x, B, T, prompts)));
-    const auto g_dev = on_dev.backward(x, dy, B, T, prompts);
-    const auto g_cpu = on_cpu.backward(x, dy, B, T, prompts);
-    REQUIRE_MESSAGE(g_dev, g_dev.error().message);
-    REQUIRE(g_cpu);
-    CHECK(g_dev->grad_input.dev().kind == device_kind::cpu);
-    CHECK(g_dev->grad_input.to_vector() == g_cpu->grad_input.to_vector());
-    CHECK(g_dev->grad_prompts.to_vector() == g_cpu->grad_prompts.to_vector());
+TEST_CASE("emulated device: with a bf16 KV cache too (rows converted as they are stored on the device)") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    check_span_on_device(arch, dtype::bf16);
   }
 }
