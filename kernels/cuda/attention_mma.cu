@@ -110,7 +110,7 @@ bool attention_mma_supported(const attention_dims& g, std::initializer_list<cons
 namespace {
 
 /// Calls f(T{}) for the storage types with kernels (f32, bf16); others
-/// were refused by the callers.
+/// were refused by the callers (launches).
 template <class F>
 void dispatch_storage(elem t, F&& f) {
   if (t == elem::bf16)
@@ -119,25 +119,37 @@ void dispatch_storage(elem t, F&& f) {
     f(float{});
 }
 
+/// Whether the launchers take a call of storage t on these pointers: f32 or
+/// bf16, attention_mma_supported, and query tiles within gridDim.y (longer
+/// sequences take the warp kernels).
+bool launches(elem t, const attention_dims& g, std::initializer_list<const void*> pointers, std::int64_t seq) {
+  return (t == elem::f32 || t == elem::bf16) && attention_mma_supported(g, pointers) &&
+         (seq + tile - 1) / tile <= max_grid_y;
+}
+
+/// The kernels' arguments with q, k, v, the sequence and the geometry filled.
+template <class T>
+mma_args<T> args_of(const void* q, const void* k, const void* v, std::int64_t seq, const attention_dims& g) {
+  mma_args<T> a{};
+  a.q = static_cast<const T*>(q);
+  a.k = static_cast<const T*>(k);
+  a.v = static_cast<const T*>(v);
+  a.seq = seq;
+  a.g = g;
+  return a;
+}
+
 }  // namespace
 
 bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
                            const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse) {
-  // Query tiles go along gridDim.y: longer sequences take the warp kernels.
-  if ((t != elem::f32 && t != elem::bf16) || !attention_mma_supported(g, {q, k, v, out}) ||
-      (seq + tile - 1) / tile > max_grid_y)
-    return false;
+  if (!launches(t, g, {q, k, v, out}, seq)) return false;
   bool launched = false;
   dispatch_storage(t, [&](auto tag) {
     using T = decltype(tag);
-    mma_args<T> a{};
-    a.q = static_cast<const T*>(q);
-    a.k = static_cast<const T*>(k);
-    a.v = static_cast<const T*>(v);
+    mma_args<T> a = args_of<T>(q, k, v, seq, g);
     a.out = static_cast<T*>(out);
     a.lse_w = lse;
-    a.seq = seq;
-    a.g = g;
     launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
       const std::size_t smem = layout<D>::bytes(3);
@@ -152,24 +164,17 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const vo
 bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
                             const void* v, const float* lse, const void* dout, const float* delta,
                             std::int64_t batch, std::int64_t seq, void* dq, void* dk, void* dv) {
-  if ((t != elem::f32 && t != elem::bf16) || !attention_mma_supported(g, {q, k, v, dout, dq, dk, dv}) ||
-      (seq + tile - 1) / tile > max_grid_y)
-    return false;
+  if (!launches(t, g, {q, k, v, dout, dq, dk, dv}, seq)) return false;
   bool launched = false;
   dispatch_storage(t, [&](auto tag) {
     using T = decltype(tag);
-    mma_args<T> a{};
-    a.q = static_cast<const T*>(q);
-    a.k = static_cast<const T*>(k);
-    a.v = static_cast<const T*>(v);
+    mma_args<T> a = args_of<T>(q, k, v, seq, g);
     a.lse = lse;
     a.dout = static_cast<const T*>(dout);
     a.delta = delta;
     a.dq = static_cast<T*>(dq);
     a.dk = static_cast<T*>(dk);
     a.dv = static_cast<T*>(dv);
-    a.seq = seq;
-    a.g = g;
     launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
       const std::size_t smem = layout<D>::bytes(4);

@@ -22,28 +22,20 @@
 namespace corolla::cuda {
 namespace {
 
-/// The storage type of a float tensor on `where`; throws for other dtypes.
-elem float_elem(const Tensor& t, device where, const char* what) {
-  require_on_device(t, where, what);
-  switch (t.type()) {
-    case dtype::f32: return elem::f32;
-    case dtype::bf16: return elem::bf16;
-    case dtype::f16: return elem::f16;
-    default:
-      throw tensor_error(std::string(what) + ": expected f32, bf16 or f16, got " +
-                         dtype_name(t.type()));
-  }
-}
-
-/// The element type of KV-cache pages; throws for other dtypes.
-elem cache_elem(dtype t, const char* what) {
+/// The storage type of float dtype `t`; throws naming `what` for others.
+elem elem_of(dtype t, const char* what) {
   switch (t) {
     case dtype::f32: return elem::f32;
     case dtype::bf16: return elem::bf16;
     case dtype::f16: return elem::f16;
-    default:
-      throw tensor_error(std::string(what) + ": cache pages are f32, bf16 or f16, not " + dtype_name(t));
+    default: throw tensor_error(std::string(what) + ": expected f32, bf16 or f16, got " + dtype_name(t));
   }
+}
+
+/// The storage type of a float tensor on `where`; throws for other dtypes.
+elem float_elem(const Tensor& t, device where, const char* what) {
+  require_on_device(t, where, what);
+  return elem_of(t.type(), what);
 }
 
 const float* cf(const Tensor& t) { return static_cast<const float*>(t.raw()); }
@@ -226,7 +218,7 @@ void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Te
   require_on(k, dev(), dtype::f32, {n, kw}, "rope_store_kv k");
   require_on(v, dev(), dtype::f32, {n, kw}, "rope_store_kv v");
   if (n > 0 && (k_out == nullptr || v_out == nullptr)) throw tensor_error("rope_store_kv: no destination rows");
-  const cuda::elem cache = cache_elem(cache_type, "rope_store_kv");
+  const cuda::elem cache = elem_of(cache_type, "rope_store_kv cache rows");
   device_guard guard(index_);
   const std::int32_t* pos = rotate ? rope_positions(positions, n, "rope_store_kv") : nullptr;
   cuda::rope_store_kv(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, theta, rotate, cache, k_out, v_out);
@@ -312,7 +304,7 @@ void cuda_backend::attention_cached(const Tensor& q, const kv_pages_view& cache,
   upload(table, host_pages_.data(), bytes);
   const std::size_t part_bytes = cuda::attention_cached_scratch_bytes(d, tq, start_pos);
   auto* part = part_bytes ? static_cast<float*>(scratch(slot_reduce, part_bytes)) : nullptr;
-  cuda::attention_cached(stream_, d, cf(q), tq, cache_elem(cache.type, "attention_cached"), table, table + pages,
+  cuda::attention_cached(stream_, d, cf(q), tq, elem_of(cache.type, "attention_cached pages"), table, table + pages,
                          cache.page_tokens, start_pos, f(out), part);
 }
 
