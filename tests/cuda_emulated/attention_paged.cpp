@@ -6,9 +6,9 @@
 // (the split kernel writes the output itself) and several (partial states,
 // then the combine kernel), chunks past a row's last key, grouped-query
 // heads, and every register width (head sizes 32, 80, 64 and 256: one, four
-// with idle lanes, two and eight floats per lane), and bf16 caches (the cpu
-// and the kernels reading half-size pages as the f32 pages of their
-// values). tests/kernels/ checks the same on a GPU.
+// with idle lanes, two and eight floats per lane), and bf16 and f16 caches
+// (the cpu and the kernels reading half-size pages as the f32 pages of
+// their values). tests/kernels/ checks the same on a GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -54,6 +54,61 @@ void launch_for(int dh, const cuda::paged_params<KT>& p) {
     launch_paged<8>(p);
 }
 
+/// The pages `k_store`, `v_store` as a 16-bit cache of `type` (KT its
+/// device type; half the memory): the cpu widens its pages, the kernels read
+/// them into f32, and both must give an f32 cache's results on the rounded
+/// values. The cpu's decode rows (tq < 4) read the widened rows in the same
+/// order, so they are equal exactly. `p` is the f32 call (q, geometry,
+/// splits; `scratch` behind its partial states).
+template <class KT>
+void check_16bit_cache(dtype type, const std::vector<Tensor>& k_store, const std::vector<Tensor>& v_store,
+                       const Tensor& q, const attention_shape& s, const cuda::paged_params<float>& p, int dh,
+                       std::int64_t keys, std::vector<float>& scratch) {
+  const std::string name = dtype_name(type);
+  CAPTURE(name);
+  std::vector<Tensor> k16, v16, k_rounded, v_rounded;
+  std::vector<const KT*> k16_pages, v16_pages;
+  std::vector<const void*> k16_view, v16_view, kr_view, vr_view;
+  for (std::size_t pg = 0; pg < k_store.size(); ++pg) {
+    k16.push_back(k_store[pg].to(type));
+    v16.push_back(v_store[pg].to(type));
+    k16_pages.push_back(static_cast<const KT*>(k16.back().raw()));
+    v16_pages.push_back(static_cast<const KT*>(v16.back().raw()));
+    k16_view.push_back(k16_pages.back());
+    v16_view.push_back(v16_pages.back());
+    k_rounded.push_back(k16.back().to(dtype::f32));
+    v_rounded.push_back(v16.back().to(dtype::f32));
+    kr_view.push_back(k_rounded.back().raw());
+    vr_view.push_back(v_rounded.back().raw());
+  }
+  const std::int64_t tq = p.rows, qw = p.g.q_width;
+  Tensor want16 = Tensor::empty({tq, qw}), want_rounded = Tensor::empty({tq, qw});
+  cpu_backend().attention_cached(q, kv_pages_view{k16_view, v16_view, p.page_tokens, keys, type}, p.start_pos, s,
+                                 want16);
+  cpu_backend().attention_cached(q, kv_pages_view{kr_view, vr_view, p.page_tokens, keys}, p.start_pos, s, want_rounded);
+  if (tq < 4)
+    CHECK(want16.to_vector() == want_rounded.to_vector());
+  else
+    kernel_test::check_close(want16, kernel_test::to_double(want_rounded), 1e-6, 1e-6, "cpu, 16-bit cache");
+  cuda::paged_params<KT> h;
+  h.q = p.q;
+  std::vector<float> got(static_cast<std::size_t>(tq * qw), NAN);
+  h.out = got.data();
+  h.k_pages = k16_pages.data();
+  h.v_pages = v16_pages.data();
+  h.page_tokens = p.page_tokens;
+  h.start_pos = p.start_pos;
+  h.rows = p.rows;
+  h.splits = p.splits;
+  h.g = p.g;
+  std::fill(scratch.begin(), scratch.end(), NAN);
+  h.part_acc = p.part_acc;
+  h.part_ml = p.part_ml;
+  launch_for(dh, h);
+  kernel_test::check_close(std::vector<double>(got.begin(), got.end()), kernel_test::to_double(want_rounded), 1e-5,
+                           1e-5, "paged attention on a 16-bit cache");
+}
+
 }  // namespace
 
 TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu's attention_cached") {
@@ -71,10 +126,9 @@ TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu'
     CAPTURE(c.start_pos);
     const std::int64_t keys = c.start_pos + c.tq, kw = std::int64_t{c.hkv} * c.dh, qw = std::int64_t{c.hq} * c.dh;
     const std::int64_t pages = (keys + c.page_tokens - 1) / c.page_tokens;
-    std::vector<Tensor> k_store, v_store, k16_store, v16_store;
+    std::vector<Tensor> k_store, v_store;
     std::vector<const float*> k_pages, v_pages;
-    std::vector<const void*> k_view, v_view, k16_view, v16_view;
-    std::vector<const __nv_bfloat16*> k16_pages, v16_pages;
+    std::vector<const void*> k_view, v_view;
     for (std::int64_t pg = 0; pg < pages; ++pg) {
       k_store.push_back(kernel_test::random_tensor({c.page_tokens, kw}, r));
       v_store.push_back(kernel_test::random_tensor({c.page_tokens, kw}, r));
@@ -82,13 +136,6 @@ TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu'
       v_pages.push_back(v_store.back().data<float>());
       k_view.push_back(k_pages.back());
       v_view.push_back(v_pages.back());
-      // The same pages as a bf16 cache.
-      k16_store.push_back(k_store.back().to(dtype::bf16));
-      v16_store.push_back(v_store.back().to(dtype::bf16));
-      k16_pages.push_back(static_cast<const __nv_bfloat16*>(k16_store.back().raw()));
-      v16_pages.push_back(static_cast<const __nv_bfloat16*>(v16_store.back().raw()));
-      k16_view.push_back(k16_pages.back());
-      v16_view.push_back(v16_pages.back());
     }
     const Tensor q = kernel_test::random_tensor({c.tq, qw}, r);
     attention_shape s;
@@ -119,44 +166,7 @@ TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu'
     kernel_test::check_close(g, kernel_test::to_double(want), 1e-5, 1e-5,
                              "paged attention, " + std::to_string(p.splits) + " key chunk(s)");
 
-    // A bf16 cache (half the memory): the cpu widens its pages, the kernels
-    // read them into f32; both must give the f32 cache's results on the
-    // rounded values. The cpu's decode rows (tq < 4) read the widened rows
-    // in the same order, so equal them exactly.
-    const kv_pages_view view16{k16_view, v16_view, c.page_tokens, keys, dtype::bf16};
-    Tensor want16 = Tensor::empty({c.tq, qw});
-    cpu_backend().attention_cached(q, view16, c.start_pos, s, want16);
-    std::vector<Tensor> k_rounded, v_rounded;
-    std::vector<const void*> kr_view, vr_view;
-    for (std::int64_t pg = 0; pg < pages; ++pg) {
-      k_rounded.push_back(k16_store[static_cast<std::size_t>(pg)].to(dtype::f32));
-      v_rounded.push_back(v16_store[static_cast<std::size_t>(pg)].to(dtype::f32));
-      kr_view.push_back(k_rounded.back().raw());
-      vr_view.push_back(v_rounded.back().raw());
-    }
-    Tensor want_rounded = Tensor::empty({c.tq, qw});
-    cpu_backend().attention_cached(q, kv_pages_view{kr_view, vr_view, c.page_tokens, keys}, c.start_pos, s,
-                                   want_rounded);
-    if (c.tq < 4)
-      CHECK(want16.to_vector() == want_rounded.to_vector());
-    else
-      kernel_test::check_close(want16, kernel_test::to_double(want_rounded), 1e-6, 1e-6, "cpu, bf16 cache");
-    cuda::paged_params<__nv_bfloat16> p16;
-    p16.q = p.q;
-    std::vector<float> got16(got.size(), NAN);
-    p16.out = got16.data();
-    p16.k_pages = k16_pages.data();
-    p16.v_pages = v16_pages.data();
-    p16.page_tokens = p.page_tokens;
-    p16.start_pos = p.start_pos;
-    p16.rows = p.rows;
-    p16.splits = p.splits;
-    p16.g = p.g;
-    std::fill(scratch.begin(), scratch.end(), NAN);
-    p16.part_acc = p.part_acc;
-    p16.part_ml = p.part_ml;
-    launch_for(c.dh, p16);
-    kernel_test::check_close(std::vector<double>(got16.begin(), got16.end()), kernel_test::to_double(want_rounded),
-                             1e-5, 1e-5, "paged attention on a bf16 cache");
+    check_16bit_cache<__nv_bfloat16>(dtype::bf16, k_store, v_store, q, s, p, c.dh, keys, scratch);
+    check_16bit_cache<__half>(dtype::f16, k_store, v_store, q, s, p, c.dh, keys, scratch);
   }
 }
