@@ -88,20 +88,33 @@ struct kv_source {
   /// calling thread's scratch (count * dh floats, valid until the next call).
   f32_rows keys(std::int64_t j, std::int64_t count, std::int64_t dh) const { return rows(k_pages, j, count, dh); }
   f32_rows values(std::int64_t j, std::int64_t count, std::int64_t dh) const { return rows(v_pages, j, count, dh); }
+  /// Keys and values [0, n) of this head (16-bit pages) widened into
+  /// k_dst and v_dst, n rows of dh each.
+  void widen_all(std::int64_t n, std::int64_t dh, float* k_dst, float* v_dst) const {
+    for (std::int64_t base = 0; base < n; base += page_tokens) {
+      const std::int64_t count = n - base < page_tokens ? n - base : page_tokens;
+      widen(k_pages, base, count, dh, k_dst + base * dh);
+      widen(v_pages, base, count, dh, v_dst + base * dh);
+    }
+  }
 
  private:
   f32_rows rows(const void* const* pages, std::int64_t j, std::int64_t count, std::int64_t dh) const {
     const std::int64_t at = (j % page_tokens) * stride + offset;
     if (type == dtype::f32) return {static_cast<const float*>(pages[j / page_tokens]) + at, stride};
-    const auto* src = static_cast<const std::uint16_t*>(pages[j / page_tokens]) + at;
     float* buf = thread_scratch(2, static_cast<std::size_t>(count * dh));
+    widen(pages, j, count, dh, buf);
+    return {buf, dh};
+  }
+  /// Rows [j, j + count) (within one page) of 16-bit pages into dst (stride dh).
+  void widen(const void* const* pages, std::int64_t j, std::int64_t count, std::int64_t dh, float* dst) const {
+    const auto* src = static_cast<const std::uint16_t*>(pages[j / page_tokens]) + (j % page_tokens) * stride + offset;
     for (std::int64_t r = 0; r < count; ++r) {
       if (type == dtype::bf16)
-        bf16_to_f32(src + r * stride, buf + r * dh, static_cast<std::size_t>(dh));
+        bf16_to_f32(src + r * stride, dst + r * dh, static_cast<std::size_t>(dh));
       else
-        f16_to_f32(src + r * stride, buf + r * dh, static_cast<std::size_t>(dh));
+        f16_to_f32(src + r * stride, dst + r * dh, static_cast<std::size_t>(dh));
     }
-    return {buf, dh};
   }
 };
 
@@ -292,6 +305,27 @@ void cpu_backend_impl::attention_cached(const Tensor& q, const kv_pages_view& ca
                      cache.type};
   };
 
+  if (tq < 4 && cache.type != dtype::f32 && g.group > 1) {
+    // Decode on 16-bit pages with grouped heads: one item per (new row, kv
+    // head) widens that head's keys and values once, then attends with
+    // every query head of its group (per query head, each would widen them
+    // again).
+    const std::int64_t items = tq * g.hkv;
+    parallel_for(items, needed * dh * 2 * g.group, [&](std::int64_t item) {
+      const std::int64_t r = item / g.hkv, kvh = item % g.hkv;
+      const std::int64_t n = start_pos + r + 1;
+      float* k_rows = thread_scratch(1, static_cast<std::size_t>(n * dh));
+      float* v_rows = thread_scratch(3, static_cast<std::size_t>(n * dh));
+      source(kvh * g.group).widen_all(n, dh, k_rows, v_rows);
+      const void* kb = k_rows;
+      const void* vb = v_rows;
+      const kv_source wide{&kb, &vb, n, 0, dh};  // one page of n f32 rows
+      float* scores = thread_scratch(0, static_cast<std::size_t>(n));
+      for (std::int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h)
+        attend_row(qp + r * g.q_width + h * dh, wide, n, dh, g.scale, scores, op + r * g.q_width + h * dh);
+    });
+    return;
+  }
   if (tq < 4) {
     // Decode: one item per (new row, query head); heads of a group are
     // adjacent, so a thread's consecutive items reuse the same keys/values.

@@ -57,9 +57,8 @@ void launch_for(int dh, const cuda::paged_params<KT>& p) {
 /// The pages `k_store`, `v_store` as a 16-bit cache of `type` (KT its
 /// device type; half the memory): the cpu widens its pages, the kernels read
 /// them into f32, and both must give an f32 cache's results on the rounded
-/// values. The cpu's decode rows (tq < 4) read the widened rows in the same
-/// order, so they are equal exactly. `p` is the f32 call (q, geometry,
-/// splits; `scratch` behind its partial states).
+/// values. `p` is the f32 call (q, geometry, splits; `scratch` behind its
+/// partial states).
 template <class KT>
 void check_16bit_cache(dtype type, const std::vector<Tensor>& k_store, const std::vector<Tensor>& v_store,
                        const Tensor& q, const attention_shape& s, const cuda::paged_params<float>& p, int dh,
@@ -86,10 +85,9 @@ void check_16bit_cache(dtype type, const std::vector<Tensor>& k_store, const std
   cpu_backend().attention_cached(q, kv_pages_view{k16_view, v16_view, p.page_tokens, keys, type}, p.start_pos, s,
                                  want16);
   cpu_backend().attention_cached(q, kv_pages_view{kr_view, vr_view, p.page_tokens, keys}, p.start_pos, s, want_rounded);
-  if (tq < 4)
-    CHECK(want16.to_vector() == want_rounded.to_vector());
-  else
-    kernel_test::check_close(want16, kernel_test::to_double(want_rounded), 1e-6, 1e-6, "cpu, 16-bit cache");
+  // Not bit for bit: the vectorised dot products may split their sums by
+  // the rows' alignment, which differs between pages and widened scratch.
+  kernel_test::check_close(want16, kernel_test::to_double(want_rounded), 1e-6, 1e-6, "cpu, 16-bit cache");
   cuda::paged_params<KT> h;
   h.q = p.q;
   std::vector<float> got(static_cast<std::size_t>(tq * qw), NAN);
