@@ -12,8 +12,9 @@
 // weighted sum of values another, with only the softmax written by hand;
 // per-thread scratch holds a tile's scores. A single decode row (and tiny
 // tiles) uses dot-product loops, which beat a BLAS call at that size.
-// Cache pages of bf16 or f16 are widened a page of one head at a time into
-// per-thread scratch, then read as f32 rows.
+// Cache pages of bf16 or f16 are widened into per-thread scratch and read as
+// f32 rows: a page of one head at a time, or, for a decode row with grouped
+// heads, all of a kv head's keys and values at once for its query heads.
 #include <cblas.h>
 
 #include <cmath>
