@@ -28,7 +28,6 @@
 #include "kernels/vendor_gemm.hpp"
 #include "model/config.hpp"
 #include "model/generator.hpp"
-#include "model/stage.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
@@ -325,10 +324,7 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   apply_common_options(o.threads, "warn");
   set_matmul_precision(parse_matmul_precision(o.matmul));
   Backend& device_be = backend_for(parse_device(o.device));
-  const dtype compute = parse_compute_dtype(o.compute);
-  if (compute == dtype::f16) throw std::invalid_argument(f16_compute_refusal);
-  if (compute != dtype::f32 && device_be.dev().kind == device_kind::cpu)
-    throw std::invalid_argument("bench train: --compute " + o.compute + " needs a GPU: the cpu backend computes in f32");
+  const dtype compute = parse_compute_flag(o.compute, device_be.dev());
   profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
   Backend& be = o.profile ? static_cast<Backend&>(prof) : device_be;
   transformer model = open_model(o, be);

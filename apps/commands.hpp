@@ -98,10 +98,12 @@ void apply_common_options(int threads, const std::string& log_level);
 /// decode reads, see generator); throws std::invalid_argument
 /// ("--weights must be f32 or bf16, got 'x'") otherwise.
 dtype parse_weights_flag(const std::string& text);
-/// Why `--compute f16` is refused (train and bench train): f16 training
-/// needs loss scaling, which is not built.
-inline constexpr const char* f16_compute_refusal =
-    "--compute f16 needs loss scaling, which is not built yet (small gradients underflow f16's range): use bf16";
+/// The dtype a --compute flag names for training on `where` (train and
+/// bench train): f32, or bf16 on a device. Throws std::invalid_argument for
+/// an unknown name, for f16 ("--compute f16 needs loss scaling, which is
+/// not built yet ...") and for bf16 on the cpu ("--compute bf16 needs a GPU
+/// (--device cuda): the cpu backend computes in f32").
+dtype parse_compute_flag(const std::string& text, device where);
 
 /// The dtype a --kv-dtype flag names: "f32", "bf16" or "f16" (the KV
 /// cache's elements); throws std::invalid_argument ("--kv-dtype must be

@@ -13,7 +13,6 @@
 #include "apps/commands.hpp"
 #include "apps/train_args.hpp"
 #include "kernels/backend.hpp"
-#include "model/stage.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
 #include "model/token_data.hpp"
@@ -62,13 +61,7 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
   return token_dataset::open(file, tok.get(), vocab);
 }
 
-dtype compute_dtype_of(const train_args& a) {
-  const dtype t = parse_compute_dtype(a.compute);
-  if (t == dtype::f16) throw std::invalid_argument(f16_compute_refusal);
-  if (t != dtype::f32 && parse_device(a.device).kind == device_kind::cpu)
-    throw std::invalid_argument("--compute " + a.compute + " needs a GPU (--device cuda): the cpu backend computes in f32");
-  return t;
-}
+dtype compute_dtype_of(const train_args& a) { return parse_compute_flag(a.compute, parse_device(a.device)); }
 
 lr_schedule schedule_of(const train_args& a) {
   if (a.lr_schedule != "constant" && a.lr_schedule != "cosine")

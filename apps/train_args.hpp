@@ -76,7 +76,7 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
 lr_schedule schedule_of(const train_args& a);
 
 /// --compute as a dtype; throws std::invalid_argument for an unknown one,
-/// for f16 (f16_compute_refusal), or for bf16 with --device cpu (or auto
+/// for f16 (no loss scaling), or for bf16 with --device cpu (or auto
 /// without a GPU): the cpu backend computes in f32.
 dtype compute_dtype_of(const train_args& a);
 

@@ -89,7 +89,7 @@ TEST_CASE("bench train --compute takes f32, or bf16 on a GPU; f16 and --cluster 
                                     "1", "--seq", "8", "--steps", "1", "--threads", "1", "--compute", compute};
   };
   corolla::testing::check_one_error(run_corolla(args("bf16")),
-                                    "bench train: --compute bf16 needs a GPU: the cpu backend computes in f32");
+                                    "--compute bf16 needs a GPU (--device cuda): the cpu backend computes in f32");
   corolla::testing::check_one_error(run_corolla(args("fp8")), "the compute dtype is f32, bf16 or f16, not 'fp8'");
   corolla::testing::check_one_error(run_corolla(args("f16")), "--compute f16 needs loss scaling");
   corolla::testing::check_one_error(run_corolla({"bench", "train", "--cluster", "none.toml", "--compute", "bf16"}),
