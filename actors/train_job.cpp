@@ -120,6 +120,10 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
                   " compute=" + dtype_name(o.compute);
+  const loss_scaling& ls = o.optimizer.loss_scale;
+  k += std::string(" loss_scale=") + loss_scaling_name(ls);
+  if (ls.dynamic)
+    k += " init=" + std::to_string(ls.init_scale) + " growth_interval=" + std::to_string(ls.growth_interval);
   return k;
 }
 
@@ -136,6 +140,7 @@ class coordinator {
         world_(o.layout.world()),
         job_(job_key(o, cfg)),
         join_(join_key(o, cfg)),
+        scaler_(o.optimizer.loss_scale),
         inbox_(std::move(inbox)) {}
 
   ~coordinator() {
@@ -159,6 +164,7 @@ class coordinator {
         const int s = latest_checkpoint_step(o_.checkpoint_dir);
         if (s == 0) throw train_error("no checkpoint in " + o_.checkpoint_dir.string() + " to resume from");
         check_manifest(o_.checkpoint_dir, s, job_);
+        if (const auto st = checkpoint_loss_scale(o_.checkpoint_dir, s); st && scaler_.dynamic()) scaler_.set_state(*st);
         first = s + 1;
       }
       auto last_time = std::chrono::steady_clock::now();
@@ -172,10 +178,16 @@ class coordinator {
           r.loss += rep->loss;
           sum_squares += rep->sum_squares;
         }
-        r.grad_norm = std::sqrt(sum_squares);
-        if (o_.optimizer.max_grad_norm > 0.0f)
+        // Ranks take the verdict on overflow from this norm of the scaled
+        // gradients; the coordinator's scaler follows theirs step by step.
+        const double scaled_norm = std::sqrt(sum_squares);
+        if (o_.optimizer.max_grad_norm > 0.0f || scaler_.dynamic())
           for (int rank = 0; rank < world_; ++rank)
-            send(rank, train_msg::norm, encode_body(train_step_note{step, 0, r.grad_norm, run_}));
+            send(rank, train_msg::norm, encode_body(train_step_note{step, 0, scaled_norm, run_}));
+        r.loss_scale = scaler_.scale();
+        r.grad_norm = scaled_norm / r.loss_scale;
+        r.skipped = scaler_.dynamic() && overflowed(scaled_norm);
+        scaler_.update(r.skipped);
         const auto now = std::chrono::steady_clock::now();
         r.seconds = std::chrono::duration<double>(now - last_time).count();
         last_time = now;
@@ -183,7 +195,7 @@ class coordinator {
         if (o_.checkpoints_at(step)) {
           for (int rank = 0; rank < world_; ++rank)
             take(train_msg::saved, step, rank, "checkpoint shard of step " + std::to_string(step));
-          commit_checkpoint(o_.checkpoint_dir, step, world_, job_);
+          commit_checkpoint(o_.checkpoint_dir, step, world_, job_, scaler_.dynamic() ? &scaler_.state() : nullptr);
         }
       }
       if (!o_.save_dir.empty()) save_model();
@@ -271,6 +283,9 @@ class coordinator {
   model_config cfg_;
   int world_;
   std::string job_, join_;
+  /// Mirrors every rank's loss scaler (they update from the same norms), to
+  /// report each step's scale and write it into checkpoints.
+  loss_scaler scaler_;
   /// This run's id, drawn at random: every message after the roster
   /// carries it, and only messages with it are taken.
   std::uint64_t run_ = std::random_device{}() * std::uint64_t{0x100000000} + std::random_device{}() + 1;

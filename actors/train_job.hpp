@@ -154,7 +154,11 @@ std::string join_key(const dist_train_options& o, const model_config& cfg);
 struct dist_step_report {
   int step = 0;
   double loss = 0;       ///< mean loss of the global batch before the update
-  double grad_norm = 0;  ///< global gradient norm before clipping (0 when clipping is off: not computed)
+  /// Global gradient norm before clipping, unscaled (0 when clipping and
+  /// loss scaling are off: not computed; not finite on a skipped step).
+  double grad_norm = 0;
+  double loss_scale = 1;  ///< the loss scale of this step (1 without loss scaling)
+  bool skipped = false;   ///< the gradients overflowed: no rank updated (loss scaling)
   double seconds = 0;    ///< wall time since the previous report
 };
 

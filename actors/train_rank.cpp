@@ -82,7 +82,8 @@ class rank_runtime {
         data_(data),
         cfg_(weights.cfg),
         be_(compute ? *compute : *weights.be),
-        on_device_(be_.dev().kind != device_kind::cpu) {
+        on_device_(be_.dev().kind != device_kind::cpu),
+        scaler_(o.optimizer.loss_scale) {
     if (on_device_) {
       dp_be_ = be_.companion();
       if (!dp_be_)
@@ -317,6 +318,7 @@ class rank_runtime {
       load_into(*own, "v." + name, b.v);
     }
     steps_done_ = step;
+    if (const auto st = checkpoint_loss_scale(o_.checkpoint_dir, step); st && scaler_.dynamic()) scaler_.set_state(*st);
     std::vector<std::int32_t> ids, targets;
     for (int s = 0; s < step; ++s) data_.next_batch(o_.batch, o_.seq, ids, targets);
     spdlog::info("{} resumed from {} (step {})", o_.layout.label(rank_), dir.string(), step);
@@ -480,7 +482,7 @@ class rank_runtime {
           }
           if (v == V - 1) {
             f.dy = be_.empty({rows, D});
-            const float scale = static_cast<float>(mb_) / static_cast<float>(o_.batch);
+            const float scale = static_cast<float>(mb_) / static_cast<float>(o_.batch) * scaler_.scale();
             const float lk = head_part_->loss(f.y, tokens(targets_, k), &f.dy, scale, head_acts_);
             loss += static_cast<double>(lk) * mb_ / o_.batch;
           }
@@ -563,7 +565,10 @@ class rank_runtime {
 
   // ---- reductions and the update ----------------------------------------------------
 
-  bool clipping() const { return o_.optimizer.max_grad_norm > 0.0f; }
+  /// Whether updates wait for the coordinator's global gradient norm: to
+  /// clip, or to learn whether a loss-scaled backward overflowed anywhere.
+  /// Without it each bucket is updated as soon as it is reduced.
+  bool needs_global_norm() const { return o_.optimizer.max_grad_norm > 0.0f || scaler_.dynamic(); }
 
   void enqueue(int id, std::int64_t step) {
     const int slot = slot_of_.at(id);
@@ -580,7 +585,8 @@ class rank_runtime {
   }
 
   // On the DP-group actor: the bucket's reduce-scatter, and without
-  // clipping its update and all-gather at once.
+  // without the global norm (no clipping, no loss scaling) its update and
+  // all-gather at once.
   void reduce_bucket(int slot, std::int64_t step) {
     try {
       bucket& b = buckets_[static_cast<std::size_t>(slot)];
@@ -588,7 +594,7 @@ class rank_runtime {
       // queue: the layers whose backward was queued since keep running.
       if (b.staged()) be_.copy_after(b.grads_ready.get(), b.grads->flat(), b.host_grads);
       ring_reduce_scatter(*comm_, *b.group, b.comm_grads(), step, b.id);
-      if (!clipping()) {
+      if (!needs_global_norm()) {
         // Unstaged, the update reads what the backward wrote on the device.
         if (b.device && !b.staged()) be_.wait(b.grads_ready.get());
         update_shard(b, step, dp_math());
@@ -634,12 +640,15 @@ class rank_runtime {
   /// actor, be_ from the stage thread), where the parameters live. Staged,
   /// the reduced gradient shard goes up first and the updated parameter
   /// shard comes back down for the all-gather. Returns once the update is
-  /// done, except on be_ for an unstaged bucket (clipping), where it is
+  /// done, except on be_ for an unstaged bucket (global norm), where it is
   /// queued in order with everything after it.
   void update_shard(bucket& b, std::int64_t step, Backend& on) {
     if (synthetic()) return;
     adamw_params w = o_.optimizer.adamw;
     w.lr = scheduled_lr(w.lr, o_.optimizer.schedule, static_cast<int>(step), o_.steps);
+    // AdamW counts the updates made: steps skipped for overflow are not
+    // (as a single process's adamw_optimizer); the schedule counts steps.
+    step -= scaler_.state().skipped;
     Tensor p = b.params->flat().slice(b.lo, b.hi);
     Tensor g = b.grads->flat().slice(b.lo, b.hi);
     if (b.staged()) {
@@ -662,7 +671,7 @@ class rank_runtime {
   /// transfer queue with nothing to wait for: the bucket's backward finished
   /// before its download, and its next forward is queued only after
   /// optimizer_step has waited for this (from the DP actor or, with
-  /// clipping, the stage thread).
+  /// the global norm, the stage thread).
   void gather_params(bucket& b, std::int64_t step) {
     ring_all_gather(*comm_, *b.group, b.comm_params(), step, b.id);
     if (!b.staged()) return;
@@ -685,26 +694,31 @@ class rank_runtime {
                         std::to_string(buckets_.size()) + " buckets handed to the DP group in step " + std::to_string(step));
     wait_reductions(enqueued_, true);
     double sum_squares = 0;
-    if (clipping())
+    if (needs_global_norm())
       for (bucket& b : buckets_) {
         const Tensor g = reduced_shard(b);
         sum_squares += stage_math(g).sum_squares(g);
       }
     comm_->send_coordinator(train_msg::report, encode_body(train_report{rank_, step, loss, sum_squares, comm_->job()}));
-    if (clipping()) {
+    if (needs_global_norm()) {
       remote_message m = inbox_->take(train_key(train_msg::norm, comm_->job(), step, 0), o_.timeout,
                                       "gradient norm of step " + std::to_string(step) + " from the coordinator");
       auto note = decode_train_step(m.body);
       if (!note) throw train_error("bad gradient norm from the coordinator: " + error_message(note.error()));
-      const double coef = static_cast<double>(o_.optimizer.max_grad_norm) / (note->value + 1e-6);
+      // Every rank sees the same norm, so all skip an overflowed step (the
+      // parameters stay as they are everywhere: nothing to gather).
+      const bool skip = scaler_.dynamic() && overflowed(note->value);
+      const double coef = grad_coefficient(note->value, scaler_.scale(), o_.optimizer.max_grad_norm);
       for (bucket& b : buckets_) {
-        if (coef < 1.0) {
+        if (skip) break;
+        if (coef != 1.0) {
           Tensor g = reduced_shard(b);
           stage_math(g).scale(g, static_cast<float>(coef));
         }
         update_shard(b, step, be_);
         gather_params(b, step);
       }
+      scaler_.update(skip);
     }
     // Every bucket's update is in (waited for above, or just made): 16-bit
     // compute copies are converted again before the next forward.
@@ -747,6 +761,9 @@ class rank_runtime {
   int stage_ = 0, replica_ = 0, mb_ = 1, m_ = 1;
   bool first_ = false, last_ = false;
   int steps_done_ = 0;
+  /// Updated from the coordinator's norm each step, identically on every
+  /// rank (and in the coordinator).
+  loss_scaler scaler_;
 
   std::shared_ptr<train_inbox> inbox_;
   std::string coordinator_id_;

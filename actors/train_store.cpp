@@ -84,9 +84,12 @@ void write_shard(const fs::path& dir, int step, int rank, const std::vector<std:
   sync_path(step_dir);
 }
 
-void commit_checkpoint(const fs::path& dir, int step, int world, const std::string& job) {
+void commit_checkpoint(const fs::path& dir, int step, int world, const std::string& job,
+                       const loss_scale_state* scale) {
   const fs::path step_dir = checkpoint_step_dir(dir, step);
   nlohmann::json manifest = {{"step", step}, {"world", world}, {"job", job}};
+  if (scale)
+    manifest["loss_scale"] = {{"scale", scale->scale}, {"good_steps", scale->good_steps}, {"skipped", scale->skipped}};
   write_atomically(step_dir / "manifest.json", manifest.dump(2) + "\n");
   const int previous = latest_checkpoint_step(dir);
   write_atomically(dir / "latest", "step-" + std::to_string(step) + "\n");
@@ -108,19 +111,42 @@ int latest_checkpoint_step(const fs::path& dir) {
   return s;
 }
 
-void check_manifest(const fs::path& dir, int step, const std::string& job) {
+namespace {
+
+nlohmann::json read_manifest(const fs::path& dir, int step) {
   const fs::path path = checkpoint_step_dir(dir, step) / "manifest.json";
   std::ifstream in(path);
-  nlohmann::json m;
   try {
-    m = nlohmann::json::parse(in);
+    return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     throw train_error("cannot read " + path.string() + ": " + e.what());
   }
+}
+
+}  // namespace
+
+void check_manifest(const fs::path& dir, int step, const std::string& job) {
+  const nlohmann::json m = read_manifest(dir, step);
   const std::string saved = m.value("job", std::string());
   if (saved != job)
-    throw train_error("checkpoint " + path.parent_path().string() + " is of another job: it was written for '" + saved +
-                      "', this run is '" + job + "' (resume with the same model, layout, --batch, --seq and --micro-batch)");
+    throw train_error("checkpoint " + checkpoint_step_dir(dir, step).string() + " is of another job: it was written for '" +
+                      saved + "', this run is '" + job +
+                      "' (resume with the same model, layout, --batch, --seq and --micro-batch)");
+}
+
+std::optional<loss_scale_state> checkpoint_loss_scale(const fs::path& dir, int step) {
+  const nlohmann::json m = read_manifest(dir, step);
+  if (!m.contains("loss_scale")) return std::nullopt;
+  try {
+    const nlohmann::json& j = m.at("loss_scale");
+    loss_scale_state st;
+    st.scale = j.at("scale").get<double>();
+    st.good_steps = j.at("good_steps").get<int>();
+    st.skipped = j.at("skipped").get<std::int64_t>();
+    return st;
+  } catch (const nlohmann::json::exception& e) {
+    throw train_error("bad loss_scale in the manifest of " + checkpoint_step_dir(dir, step).string() + ": " + e.what());
+  }
 }
 
 }  // namespace corolla

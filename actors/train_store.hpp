@@ -6,7 +6,9 @@
 //                                   stage its blocks' parameters ("params.<bucket>";
 //                                   rank 0 also the head)
 //   DIR/step-N/manifest.json        written by the coordinator once every shard
-//                                   of step N is on disk: {step, world, job}
+//                                   of step N is on disk: {step, world, job},
+//                                   and with dynamic loss scaling "loss_scale":
+//                                   {scale, good_steps, skipped} after step N
 //   DIR/latest                      "step-N": the newest complete checkpoint,
 //                                   replaced atomically (write + rename)
 // Every file is written to a temporary name, synced (fsync) and renamed,
@@ -20,7 +22,10 @@
 #include <utility>
 #include <vector>
 
+#include <optional>
+
 #include "kernels/tensor.hpp"
+#include "model/loss_scale.hpp"
 
 namespace corolla {
 
@@ -37,12 +42,17 @@ std::filesystem::path checkpoint_step_dir(const std::filesystem::path& dir, int 
 /// Throws train_error when the disk refuses.
 void write_shard(const std::filesystem::path& dir, int step, int rank,
                  const std::vector<std::pair<std::string, Tensor>>& tensors);
-/// Commits step `step`: its manifest, then `latest`; removes checkpoints
-/// older than the previous one. Throws train_error when the disk refuses.
-void commit_checkpoint(const std::filesystem::path& dir, int step, int world, const std::string& job);
+/// Commits step `step`: its manifest (with the loss scaler's state after
+/// the step, when given), then `latest`; removes checkpoints older than the
+/// previous one. Throws train_error when the disk refuses.
+void commit_checkpoint(const std::filesystem::path& dir, int step, int world, const std::string& job,
+                       const loss_scale_state* scale = nullptr);
 /// The step of `dir`'s latest complete checkpoint, or 0 when there is none.
 int latest_checkpoint_step(const std::filesystem::path& dir);
 /// Throws train_error unless step `step`'s manifest names job `job`.
 void check_manifest(const std::filesystem::path& dir, int step, const std::string& job);
+/// The loss scaler's state step `step`'s manifest holds, if any (a run
+/// without loss scaling writes none). Throws train_error for a malformed one.
+std::optional<loss_scale_state> checkpoint_loss_scale(const std::filesystem::path& dir, int step);
 
 }  // namespace corolla

@@ -349,6 +349,8 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   // Warm-up and timed steps per compute dtype measured, and the profile's.
   opts.steps = (compute != dtype::f32 ? 2 : 1) * (steps + 1) + (o.profile ? 1 : 0);
   opts.optimizer.adamw.lr = 1e-4f;
+  // f16 trains with its loss scaling (one more pass over the gradients).
+  opts.optimizer.loss_scale = parse_loss_scaling("auto", compute == dtype::f16);
   trainer t(model, data, opts);
   // Warm-up step each (first touch of gradients, moments and activations),
   // then the timed ones.
@@ -473,8 +475,8 @@ void register_bench(CLI::App& app, action_fn& action) {
                     "Products of f32 tensors on a GPU: f32, tf32 or bf16 (tensor cores, f32 accumulation)")
       ->capture_default_str();
   train->add_option("--compute", train_opts.compute,
-                    "dtype the blocks compute in: f32, or bf16 on a GPU (mixed precision; then f32 compute is "
-                    "measured too, in the same run, and the speed-up printed); f16 is refused (no loss scaling)")
+                    "dtype the blocks compute in: f32, or bf16/f16 on a GPU (mixed precision, f16 with dynamic "
+                    "loss scaling; then f32 compute is measured too, in the same run, and the speed-up printed)")
       ->capture_default_str();
   train->add_option("--cluster", cluster,
                     "Cluster TOML: one local rank process per planned worker, links shaped by the file, compute "

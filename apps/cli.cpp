@@ -46,9 +46,6 @@ dtype parse_kv_dtype_flag(const std::string& text) {
 
 dtype parse_compute_flag(const std::string& text, device where) {
   const dtype t = parse_compute_dtype(text);
-  if (t == dtype::f16)
-    throw std::invalid_argument(
-        "--compute f16 needs loss scaling, which is not built yet (small gradients underflow f16's range): use bf16");
   if (t != dtype::f32 && where.kind == device_kind::cpu)
     throw std::invalid_argument("--compute " + text + " needs a GPU (--device cuda): the cpu backend computes in f32");
   return t;

@@ -99,10 +99,9 @@ void apply_common_options(int threads, const std::string& log_level);
 /// ("--weights must be f32 or bf16, got 'x'") otherwise.
 dtype parse_weights_flag(const std::string& text);
 /// The dtype a --compute flag names for training on `where` (train and
-/// bench train): f32, or bf16 on a device. Throws std::invalid_argument for
-/// an unknown name, for f16 ("--compute f16 needs loss scaling, which is
-/// not built yet ...") and for bf16 on the cpu ("--compute bf16 needs a GPU
-/// (--device cuda): the cpu backend computes in f32").
+/// bench train): f32, or bf16/f16 on a device. Throws std::invalid_argument
+/// for an unknown name and for bf16/f16 on the cpu ("--compute bf16 needs a
+/// GPU (--device cuda): the cpu backend computes in f32").
 dtype parse_compute_flag(const std::string& text, device where);
 
 /// The dtype a --kv-dtype flag names: "f32", "bf16" or "f16" (the KV

@@ -63,6 +63,22 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
 
 dtype compute_dtype_of(const train_args& a) { return parse_compute_flag(a.compute, parse_device(a.device)); }
 
+loss_scaling loss_scaling_of(const train_args& a, dtype compute) {
+  return parse_loss_scaling(a.loss_scale, compute == dtype::f16);
+}
+
+void add_loss_scale(nlohmann::json& line, double scale, bool skipped) {
+  line["loss_scale"] = scale;
+  line["skipped"] = skipped;
+}
+
+std::string skipped_note(bool skipped, double scale) {
+  if (!skipped) return {};
+  char note[96];
+  std::snprintf(note, sizeof note, " (skipped: gradients overflowed at loss scale %g)", scale);
+  return note;
+}
+
 lr_schedule schedule_of(const train_args& a) {
   if (a.lr_schedule != "constant" && a.lr_schedule != "cosine")
     throw std::invalid_argument("--lr-schedule must be constant or cosine, got '" + a.lr_schedule + "'");
@@ -98,6 +114,7 @@ int run_train(const train_args& a) {
                        .weight_decay = a.weight_decay};
   o.optimizer.max_grad_norm = a.grad_clip;
   o.optimizer.schedule = schedule_of(a);
+  o.optimizer.loss_scale = loss_scaling_of(a, compute);
   o.log_every = a.log_every;
   o.progress = !a.json;
   o.save_dir = a.save;
@@ -107,10 +124,12 @@ int run_train(const train_args& a) {
     if (a.json) {
       nlohmann::json line = {{"step", r.step}, {"loss", r.loss},
                              {"tokens_per_s", r.tokens_per_second}};
-      if (r.grad_norm >= 0.0) line["grad_norm"] = r.grad_norm;
+      if (r.grad_norm >= 0.0 || r.skipped) line["grad_norm"] = r.grad_norm;
+      if (train.scaler().dynamic()) add_loss_scale(line, r.loss_scale, r.skipped);
       std::printf("%s\n", line.dump().c_str());
     } else {
-      std::printf("step %d loss %.6f\n", r.step, static_cast<double>(r.loss));
+      std::printf("step %d loss %.6f%s\n", r.step, static_cast<double>(r.loss),
+                  skipped_note(r.skipped, r.loss_scale).c_str());
     }
     std::fflush(stdout);
   });
@@ -124,6 +143,10 @@ int run_train(const train_args& a) {
                               {"fresh_init", fresh},
                               {"device", be.name()}};
     if (!s.losses.empty()) summary["final_loss"] = s.losses.back();
+    if (train.scaler().dynamic()) {
+      summary["skipped_steps"] = s.skipped_steps;
+      summary["loss_scale"] = train.scaler().scale();
+    }
     if (!a.save.empty()) summary["saved"] = a.save;
     std::printf("%s\n", summary.dump().c_str());
   } else {
@@ -189,7 +212,11 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--compute", args->compute,
                   "dtype the blocks' forward and backward run in: f32, or bf16 on a GPU (mixed precision: "
                   "bf16 activations and per-step weight copies; f32 master weights, gradients and optimiser). "
-                  "f16 is refused: it needs loss scaling, not built yet")
+                  "f16 as well, with dynamic loss scaling by default (--loss-scale)")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale", args->loss_scale,
+                  "auto (dynamic with --compute f16, else off), dynamic (scale the loss gradient by 2^16, halve "
+                  "it and skip the step when gradients overflow, double it after 2000 finite steps) or off")
       ->capture_default_str();
   cmd->add_option("--device", args->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--json", args->json,

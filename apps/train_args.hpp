@@ -9,6 +9,8 @@
 
 #include <functional>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/train_job.hpp"
 #include "kernels/backend.hpp"
 #include "model/token_data.hpp"
@@ -39,6 +41,7 @@ struct train_args {
   std::string device = "auto";
   std::string matmul = "f32";  ///< --matmul: precision of f32 products on a GPU (set_matmul_precision)
   std::string compute = "f32";  ///< --compute: the blocks' compute dtype (stage::set_compute_dtype)
+  std::string loss_scale = "auto";  ///< --loss-scale: auto (dynamic with f16 compute), dynamic or off
   bool json = false;
 
   // Pipeline x data-parallel training (apps/train_dist.cpp).
@@ -76,9 +79,17 @@ token_dataset open_data(const std::filesystem::path& file, const std::filesystem
 lr_schedule schedule_of(const train_args& a);
 
 /// --compute as a dtype; throws std::invalid_argument for an unknown one,
-/// for f16 (no loss scaling), or for bf16 with --device cpu (or auto
-/// without a GPU): the cpu backend computes in f32.
+/// or for bf16/f16 with --device cpu (or auto without a GPU): the cpu
+/// backend computes in f32.
 dtype compute_dtype_of(const train_args& a);
+/// --loss-scale for a run computing in `compute`; throws
+/// std::invalid_argument for an unknown value.
+loss_scaling loss_scaling_of(const train_args& a, dtype compute);
+/// A step line's "loss_scale" and "skipped" (--json with loss scaling).
+void add_loss_scale(nlohmann::json& line, double scale, bool skipped);
+/// " (skipped: gradients overflowed at loss scale S)" for a skipped step's
+/// text line, else "".
+std::string skipped_note(bool skipped, double scale);
 
 /// Whether the flags or the launcher's environment ask for a distributed run.
 bool wants_distributed(const train_args& a);

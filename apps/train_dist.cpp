@@ -91,14 +91,16 @@ std::string tcp_endpoint(const std::string& where) {
   return "tcp://" + where;
 }
 
-void print_step(const train_args& a, const dist_step_report& r) {
+void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r) {
   if (!trainer::is_logged(r.step, a.steps, a.log_every)) return;
   if (a.json) {
     nlohmann::json line = {{"step", r.step}, {"loss", r.loss}, {"seconds", r.seconds}};
-    if (a.grad_clip > 0.0f) line["grad_norm"] = r.grad_norm;
+    const bool scaled = o.optimizer.loss_scale.dynamic;
+    if (a.grad_clip > 0.0f || scaled) line["grad_norm"] = r.grad_norm;
+    if (scaled) add_loss_scale(line, r.loss_scale, r.skipped);
     std::printf("%s\n", line.dump().c_str());
   } else {
-    std::printf("step %d loss %.6f\n", r.step, r.loss);
+    std::printf("step %d loss %.6f%s\n", r.step, r.loss, skipped_note(r.skipped, r.loss_scale).c_str());
   }
   std::fflush(stdout);
 }
@@ -136,7 +138,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     coord_node = start_node(rank_node_options(coordinator), "coordinator");
     coord_thread = std::thread([&] {
       try {
-        run_train_coordinator(*coord_node, o, cfg, [&](const dist_step_report& r) { print_step(a, r); }, coord_inbox);
+        run_train_coordinator(*coord_node, o, cfg, [&](const dist_step_report& r) { print_step(a, o, r); }, coord_inbox);
       } catch (...) {
         coord_error = std::current_exception();
       }
@@ -235,6 +237,9 @@ nlohmann::json job_to_json(const dist_train_options& o) {
           {"micro_batch", o.micro_batch}, {"steps", o.steps},
           {"adamw", {{"lr", w.lr}, {"beta1", w.beta1}, {"beta2", w.beta2}, {"eps", w.eps}, {"weight_decay", w.weight_decay}}},
           {"max_grad_norm", o.optimizer.max_grad_norm}, {"compute", dtype_name(o.compute)},
+          {"loss_scale",
+           {{"dynamic", o.optimizer.loss_scale.dynamic}, {"init_scale", o.optimizer.loss_scale.init_scale},
+            {"growth_interval", o.optimizer.loss_scale.growth_interval}}},
           {"schedule",
            {{"warmup_steps", o.optimizer.schedule.warmup_steps}, {"cosine", o.optimizer.schedule.cosine},
             {"final_ratio", o.optimizer.schedule.final_ratio}}},
@@ -263,6 +268,10 @@ dist_train_options job_from_json(const std::string& file) {
     o.optimizer.adamw = {w.at("lr"), w.at("beta1"), w.at("beta2"), w.at("eps"), w.at("weight_decay")};
     o.optimizer.max_grad_norm = j.at("max_grad_norm");
     o.compute = parse_compute_dtype(j.at("compute").get<std::string>());
+    const auto& ls = j.at("loss_scale");
+    o.optimizer.loss_scale.dynamic = ls.at("dynamic");
+    o.optimizer.loss_scale.init_scale = ls.at("init_scale");
+    o.optimizer.loss_scale.growth_interval = ls.at("growth_interval");
     const auto& sch = j.at("schedule");
     o.optimizer.schedule = {sch.at("warmup_steps"), sch.at("cosine"), sch.at("final_ratio")};
     o.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
@@ -302,7 +311,7 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
   run_local_job(a, o, cfg, [&](const dist_step_report& r) {
     ++steps_run;
     last_loss = r.loss;
-    print_step(a, r);
+    print_step(a, o, r);
   });
   if (a.json) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -481,6 +490,7 @@ int run_distributed_train(train_args a) {
   o.optimizer.max_grad_norm = a.grad_clip;
   o.optimizer.schedule = schedule_of(a);
   o.compute = compute_dtype_of(a);
+  o.optimizer.loss_scale = loss_scaling_of(a, o.compute);
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_every = a.checkpoint_every;
   o.resume = a.resume;

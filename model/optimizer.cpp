@@ -62,17 +62,32 @@ double adamw_optimizer::grad_norm() const {
   return std::sqrt(sum);
 }
 
-double adamw_optimizer::step() {
+double grad_coefficient(double scaled_norm, float loss_scale, float max_grad_norm) {
+  const double unscale = 1.0 / static_cast<double>(loss_scale);
+  if (!(max_grad_norm > 0.0f)) return unscale;
+  // Same coefficient as torch.nn.utils.clip_grad_norm_ (the 1e-6 keeps a
+  // zero norm finite); gradients below the limit are left untouched.
+  const double clip = static_cast<double>(max_grad_norm) / (scaled_norm * unscale + 1e-6);
+  return clip < 1.0 ? unscale * clip : unscale;
+}
+
+double adamw_optimizer::step() { return update(1.0f, false); }
+
+double adamw_optimizer::step_unscaling(float loss_scale) { return update(loss_scale, true); }
+
+double adamw_optimizer::update(float loss_scale, bool check) {
+  const bool clip = settings_.max_grad_norm > 0.0f;
   double norm = -1.0;
-  if (settings_.max_grad_norm > 0.0f) {
-    norm = grad_norm();
-    // Same coefficient as torch.nn.utils.clip_grad_norm_ (the 1e-6 keeps a
-    // zero norm finite); gradients below the limit are left untouched.
-    const double coef = static_cast<double>(settings_.max_grad_norm) / (norm + 1e-6);
-    if (coef < 1.0)
-      for (param_group& grp : groups_)
-        if (grp.grads->size() > 0) be_->scale(grp.grads->flat(), static_cast<float>(coef));
+  double coef = 1.0;
+  if (clip || check) {
+    const double scaled = grad_norm();
+    if (check && overflowed(scaled)) return scaled;
+    coef = grad_coefficient(scaled, loss_scale, settings_.max_grad_norm);
+    norm = scaled / static_cast<double>(loss_scale);
   }
+  if (coef != 1.0)
+    for (param_group& grp : groups_)
+      if (grp.grads->size() > 0) be_->scale(grp.grads->flat(), static_cast<float>(coef));
   ++steps_;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     param_group& grp = groups_[g];

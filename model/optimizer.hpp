@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "model/loss_scale.hpp"
 #include "model/params.hpp"
 #include "model/transformer.hpp"
 
@@ -47,7 +48,17 @@ struct optimizer_settings {
   float max_grad_norm = 0.0f;
   /// The learning-rate schedule (the trainers set adamw.lr from it each step).
   lr_schedule schedule;
+  /// Dynamic loss scaling (loss_scale.hpp); off by default. The trainers
+  /// scale the loss gradient and call step_unscaling when it is on.
+  loss_scaling loss_scale;
 };
+
+/// The factor a step multiplies gradients by before AdamW: 1 / loss_scale
+/// (unscaling), times torch.nn.utils.clip_grad_norm_'s coefficient
+/// max_grad_norm / (norm + 1e-6) when clipping is on (max_grad_norm > 0)
+/// and the unscaled norm `scaled_norm / loss_scale` exceeds max_grad_norm.
+/// `scaled_norm` is the global L2 norm of the gradients as they are.
+double grad_coefficient(double scaled_norm, float loss_scale, float max_grad_norm);
 
 /// AdamW with bias correction over a fixed list of parameter groups.
 ///
@@ -71,6 +82,15 @@ class adamw_optimizer {
   /// norm before clipping when clipping is on, or -1 when it is off (the norm
   /// is then not computed, saving a pass over the gradients).
   double step();
+
+  /// One step on gradients of a loss multiplied by `loss_scale` (dynamic
+  /// loss scaling, loss_scale.hpp): the global norm is always computed.
+  /// When it is not finite (the scaled backward overflowed) nothing changes,
+  /// not even steps(), and that norm is returned: the caller skips the step.
+  /// Otherwise the gradients are multiplied by grad_coefficient (one pass:
+  /// unscaling and clipping together), AdamW runs, and the unscaled norm is
+  /// returned (before clipping).
+  double step_unscaling(float loss_scale);
 
   /// Steps taken so far (the bias-correction counter; 0 before the first).
   std::int64_t steps() const { return steps_; }
@@ -97,6 +117,9 @@ class adamw_optimizer {
   std::int64_t size() const;
 
  private:
+  /// step() (check = false, loss_scale 1) and step_unscaling (check = true).
+  double update(float loss_scale, bool check);
+
   std::vector<param_group> groups_;
   std::vector<param_set> m_;
   std::vector<param_set> v_;

@@ -95,7 +95,8 @@ trainer::trainer(transformer& model, token_dataset& data, const train_options& o
     : model_(&model),
       data_(&data),
       options_(validated(model, data, options)),
-      optimizer_(model.groups(), options.optimizer, model.backend()) {}
+      optimizer_(model.groups(), options.optimizer, model.backend()),
+      scaler_(options.optimizer.loss_scale) {}
 
 bool trainer::is_logged(int step, int total, int log_every) {
   return step == 1 || step == total || (log_every > 0 && step % log_every == 0);
@@ -109,10 +110,18 @@ step_report trainer::step() {
                                  std::max(options_.steps, steps_done() + 1)));
   data_->next_batch(B, T, ids_, targets_);
   step_report r;
-  r.loss = model_->forward_backward(ids_, targets_, B, T, 1.0f);
-  r.grad_norm = optimizer_.step();
-  model_->params_changed();
+  r.loss_scale = scaler_.scale();
+  r.loss = model_->forward_backward(ids_, targets_, B, T, r.loss_scale);
+  if (scaler_.dynamic()) {
+    r.grad_norm = optimizer_.step_unscaling(r.loss_scale);
+    r.skipped = overflowed(r.grad_norm);
+    scaler_.update(r.skipped);
+  } else {
+    r.grad_norm = optimizer_.step();
+  }
+  if (!r.skipped) model_->params_changed();
   model_->backend().synchronize();
+  ++steps_done_;
   r.step = steps_done();
   r.total_steps = std::max(options_.steps, r.step);
   r.seconds = seconds_since(start);
@@ -127,6 +136,7 @@ train_summary trainer::run(const std::function<void(const step_report&)>& on_log
   while (steps_done() < options_.steps) {
     step_report r = step();
     s.losses.push_back(r.loss);
+    if (r.skipped) ++s.skipped_steps;
     s.tokens += static_cast<std::int64_t>(options_.batch) * options_.seq;
     if (on_log && is_logged(r.step, options_.steps, options_.log_every)) {
       bar.clear();

@@ -12,6 +12,7 @@
 #include <functional>
 #include <vector>
 
+#include "model/loss_scale.hpp"
 #include "model/optimizer.hpp"
 #include "model/token_data.hpp"
 #include "model/transformer.hpp"
@@ -39,7 +40,11 @@ struct step_report {
   int step = 0;                   ///< 1-based
   int total_steps = 0;            ///< N
   float loss = 0.0f;              ///< mean loss of the batch, before the update
-  double grad_norm = -1.0;        ///< before clipping; -1 when clipping is off
+  /// Before clipping (unscaled); -1 when clipping and loss scaling are off.
+  /// Not finite on a step skipped for overflow.
+  double grad_norm = -1.0;
+  float loss_scale = 1.0f;        ///< the loss scale this step used (1 without scaling)
+  bool skipped = false;           ///< the gradients overflowed: no update (loss scaling)
   double seconds = 0.0;           ///< wall time of this step
   double tokens_per_second = 0.0; ///< B*T / seconds
 };
@@ -48,6 +53,7 @@ struct step_report {
 struct train_summary {
   std::vector<float> losses;       ///< losses[i] is the loss of step i+1
   std::int64_t tokens = 0;         ///< B*T*steps
+  std::int64_t skipped_steps = 0;  ///< steps skipped for overflow (loss scaling)
   double seconds = 0.0;            ///< wall time of the steps (not the save)
   double tokens_per_second = 0.0;  ///< tokens / seconds (0 without steps)
 };
@@ -62,8 +68,11 @@ class trainer {
   /// tokens, or a token id outside the model's vocabulary.
   trainer(transformer& model, token_dataset& data, const train_options& options);
 
-  /// Runs the next step (the optimiser's step counter + 1). May be called
-  /// beyond options.steps (benchmarks); the options only bound run().
+  /// Runs the next step (steps_done() + 1). With dynamic loss scaling
+  /// (options.optimizer.loss_scale) the loss gradient is multiplied by the
+  /// scaler's scale and a step whose gradients overflow updates nothing
+  /// (report.skipped). May be called beyond options.steps (benchmarks); the
+  /// options only bound run().
   step_report step();
 
   /// Runs the remaining steps up to options.steps, calling `on_log` for
@@ -78,14 +87,19 @@ class trainer {
   adamw_optimizer& optimizer() { return optimizer_; }
   /// The options as validated by the constructor.
   const train_options& options() const { return options_; }
-  /// Steps completed so far.
-  int steps_done() const { return static_cast<int>(optimizer_.steps()); }
+  /// Steps completed so far, skipped ones included (the optimiser's own
+  /// counter leaves those out).
+  int steps_done() const { return steps_done_; }
+  /// The dynamic loss scale (scale 1 and never skipping when off).
+  const loss_scaler& scaler() const { return scaler_; }
 
  private:
   transformer* model_;
   token_dataset* data_;
   train_options options_;
   adamw_optimizer optimizer_;
+  loss_scaler scaler_;
+  int steps_done_ = 0;
   std::vector<std::int32_t> ids_;
   std::vector<std::int32_t> targets_;
 };

@@ -261,6 +261,22 @@ TEST_CASE("an untied Llama with several micro-batches per replica, clipping and 
   REQUIRE(got.size() == norms.size());
   CHECK(norms.front() > 0.5);
   for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i].grad_norm == doctest::Approx(norms[i]).epsilon(1e-4));
+
+  // Dynamic loss scaling reaches the ranks through the job file; in f32 it
+  // never overflows and changes nothing but the report.
+  const process_result scaled = run_layout(j, 2, 2, {"--micro-batch", "2", "--loss-scale", "dynamic"});
+  INFO("stderr: " << scaled.err);
+  REQUIRE(scaled.exit_code == 0);
+  check_close(json_steps(scaled.out_lines()), want, 1e-5);
+  int reported = 0;
+  for (const std::string& l : scaled.out_lines()) {
+    const auto line = nlohmann::json::parse(l);
+    if (!line.contains("loss_scale")) continue;
+    CHECK(line["loss_scale"].get<double>() == 65536.0);
+    CHECK(line["skipped"].get<bool>() == false);
+    ++reported;
+  }
+  CHECK(reported == j.steps);
 }
 
 TEST_CASE("a resumed run continues with the losses of an uninterrupted one, and --save writes the trained model") {

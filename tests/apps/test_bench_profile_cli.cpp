@@ -81,7 +81,7 @@ TEST_CASE("bench decode --profile breaks a generation down by op") {
   }
 }
 
-TEST_CASE("bench train --compute takes f32, or bf16 on a GPU; f16 and --cluster are refused") {
+TEST_CASE("bench train --compute takes f32, or bf16/f16 on a GPU; --cluster refuses it") {
   corolla::testing::temp_dir_guard dir("bench-train-compute");
   corolla::testing::write_tiny_model(dir.path(), {});
   auto args = [&](const char* compute) {
@@ -91,7 +91,7 @@ TEST_CASE("bench train --compute takes f32, or bf16 on a GPU; f16 and --cluster 
   corolla::testing::check_one_error(run_corolla(args("bf16")),
                                     "--compute bf16 needs a GPU (--device cuda): the cpu backend computes in f32");
   corolla::testing::check_one_error(run_corolla(args("fp8")), "the compute dtype is f32, bf16 or f16, not 'fp8'");
-  corolla::testing::check_one_error(run_corolla(args("f16")), "--compute f16 needs loss scaling");
+  corolla::testing::check_one_error(run_corolla(args("f16")), "--compute f16 needs a GPU (--device cuda)");
   corolla::testing::check_one_error(run_corolla({"bench", "train", "--cluster", "none.toml", "--compute", "bf16"}),
                                     "--compute does not apply");
 }

@@ -212,6 +212,44 @@ TEST_CASE("corolla train --json and --log-every print the chosen steps for scrip
   CHECK(jl.back().find("\"tokens\":56") != std::string::npos);
 }
 
+TEST_CASE("corolla train --loss-scale dynamic reports its scale and, in f32, trains exactly as without") {
+  temp_dir_guard tmp("cli-train-loss-scale");
+  write_tiny_model(tmp / "gpt2", tiny_gpt2());
+  write_raw_u16(tmp / "tokens.bin", pattern_tokens(200));
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"train",   "--model", tmp / "gpt2", "--data", tmp / "tokens.bin", "--batch",
+                                     "1",       "--seq",   "8",          "--steps", "4",              "--lr",
+                                     "1e-3", "--device", "cpu"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  const process_result plain = run_corolla(with({}));
+  const process_result scaled = run_corolla(with({"--loss-scale", "dynamic"}));
+  INFO("stderr: " << scaled.err);
+  REQUIRE(plain.exit_code == 0);
+  REQUIRE(scaled.exit_code == 0);
+  // A power-of-two scale that never overflows changes no bit of f32 training.
+  CHECK(scaled.out == plain.out);
+
+  const process_result js = run_corolla(with({"--loss-scale", "dynamic", "--json"}));
+  REQUIRE(js.exit_code == 0);
+  const std::vector<std::string> lines = js.out_lines();
+  REQUIRE(lines.size() == 5u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const nlohmann::json step = nlohmann::json::parse(lines[i]);
+    CHECK(step.at("loss_scale").get<double>() == 65536.0);
+    CHECK(step.at("skipped").get<bool>() == false);
+    CHECK(step.at("grad_norm").get<double>() > 0.0);
+  }
+  const nlohmann::json summary = nlohmann::json::parse(lines.back());
+  CHECK(summary.at("skipped_steps").get<int>() == 0);
+  CHECK(summary.at("loss_scale").get<double>() == 65536.0);
+  // Off (the default for f32) prints neither.
+  const process_result off = run_corolla(with({"--json"}));
+  REQUIRE(off.exit_code == 0);
+  CHECK(off.out.find("loss_scale") == std::string::npos);
+}
+
 TEST_CASE("corolla train rejects bad input with one error line and exit code 1") {
   temp_dir_guard tmp("cli-train-bad");
   write_tiny_model(tmp / "gpt2", tiny_gpt2());  // context 32
@@ -249,9 +287,14 @@ TEST_CASE("corolla train rejects bad input with one error line and exit code 1")
   cases.back().args.insert(cases.back().args.end(), {"--compute", "bf16", "--device", "cpu"});
   cases.push_back({"16-bit compute on the cpu, distributed", args_for(model, data, "2", "8"), "--compute bf16 needs a GPU"});
   cases.back().args.insert(cases.back().args.end(), {"--compute", "bf16", "--device", "cpu", "--pp", "2"});
-  cases.push_back({"f16 compute (no loss scaling)", args_for(model, data, "1", "8"),
-                   "--compute f16 needs loss scaling, which is not built yet"});
-  cases.back().args.insert(cases.back().args.end(), {"--compute", "f16"});
+  cases.push_back({"f16 compute on the cpu", args_for(model, data, "1", "8"),
+                   "--compute f16 needs a GPU (--device cuda): the cpu backend computes in f32"});
+  cases.back().args.insert(cases.back().args.end(), {"--compute", "f16", "--device", "cpu"});
+  cases.push_back({"unknown loss scaling", args_for(model, data, "1", "8"),
+                   "--loss-scale must be auto, dynamic or off, got 'static'"});
+  cases.back().args.insert(cases.back().args.end(), {"--loss-scale", "static"});
+  cases.push_back({"unknown loss scaling, distributed", args_for(model, data, "2", "8"), "--loss-scale must be"});
+  cases.back().args.insert(cases.back().args.end(), {"--loss-scale", "2", "--pp", "2"});
   for (const bad_case& c : cases) {
     std::vector<std::string> args = {"train", "--steps", "2", "--lr", "1e-3"};
     args.insert(args.end(), c.args.begin(), c.args.end());

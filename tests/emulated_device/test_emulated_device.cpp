@@ -27,6 +27,7 @@
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
+#include "tests/emulated_device/dist_jobs.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
 #include "tests/support/tiny_model.hpp"
@@ -34,97 +35,11 @@
 using namespace corolla;
 using corolla::testing::emulated_device_backend;
 using corolla::testing::some_ids;
+using namespace corolla::testing;
 
 namespace {
 
 testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch, 96); }
-
-std::string file_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  REQUIRE_MESSAGE(in, "cannot read " << p);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// ---- a whole job in this process ---------------------------------------------------
-
-/// What a job run in-process gives back.
-struct job_result {
-  std::vector<dist_step_report> steps;
-  std::vector<std::unique_ptr<emulated_device_backend>> devices;  ///< one per rank (empty for cpu ranks)
-};
-
-std::unique_ptr<node> start_local_node() {
-  node_options n;
-  n.listen = "tcp://127.0.0.1:0";
-  n.scheduler_threads = 1;
-  n.publish_echo = false;
-  n.peer_timeout = std::chrono::seconds(30);
-  auto started = node::start(std::move(n));
-  REQUIRE_MESSAGE(started, error_message(started.error()));
-  return std::move(*started);
-}
-
-/// Runs job `o` with a coordinator and one node per rank on loopback, each
-/// rank on a thread of this process with its own freshly initialised copy
-/// of the model (seed 7) and its own reader of `tokens`; ranks compute on
-/// emulated devices cuda:<rank> when `on_devices`, else on the cpu.
-job_result run_job(const dist_train_options& o, const model_config& cfg, const std::vector<std::int32_t>& tokens,
-                   bool on_devices) {
-  job_result out;
-  const int world = o.layout.world();
-  auto coord = start_local_node();
-  std::vector<std::unique_ptr<node>> nodes;
-  std::vector<std::unique_ptr<transformer>> models;
-  std::vector<rank_weights> weights;
-  std::vector<token_dataset> data;
-  for (int r = 0; r < world; ++r) {
-    nodes.push_back(start_local_node());
-    models.push_back(std::make_unique<transformer>(transformer::init(cfg, 7, cpu_backend())));
-    weights.push_back(weights_of(*models.back()));
-    data.push_back(token_dataset::from_tokens(tokens, cfg.vocab_size));
-    if (on_devices) out.devices.push_back(std::make_unique<emulated_device_backend>(r));
-  }
-  std::exception_ptr coord_error;
-  std::thread coordinator([&] {
-    try {
-      run_train_coordinator(*coord, o, cfg, [&](const dist_step_report& r) { out.steps.push_back(r); });
-    } catch (...) {
-      coord_error = std::current_exception();
-    }
-  });
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r)
-    ranks.emplace_back([&, r] {
-      const auto i = static_cast<std::size_t>(r);
-      try {
-        run_train_rank(*nodes[i], o, r, coord->endpoint(), weights[i], data[i],
-                       on_devices ? out.devices[i].get() : nullptr);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    });
-  for (std::thread& t : ranks) t.join();
-  coordinator.join();
-  for (auto& n : nodes) n->stop();
-  coord->stop();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
-  if (coord_error) std::rethrow_exception(coord_error);
-  return out;
-}
-
-dist_train_options job(const model_config& cfg, int pp, int dp, int steps) {
-  dist_train_options o;
-  o.layout = even_layout(cfg.n_layers, pp, dp);
-  o.batch = 4;
-  o.seq = 16;
-  o.steps = steps;
-  o.optimizer.adamw.lr = 3e-3f;
-  o.optimizer.adamw.weight_decay = 0.1f;
-  o.timeout = std::chrono::seconds(60);
-  return o;
-}
 
 void check_same_steps(const job_result& cpu, const job_result& dev) {
   REQUIRE(dev.steps.size() == cpu.steps.size());

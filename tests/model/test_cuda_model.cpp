@@ -228,6 +228,70 @@ TEST_CASE("cuda: mixed precision (bf16 or f16 compute) trains like the cpu's f32
   }
 }
 
+TEST_CASE("cuda: f16 compute of a large batch needs the loss scale, and training with it skips no step") {
+  REQUIRE_GPU_OR_SKIP();
+  // tests/emulated_device/test_emulated_loss_scale.cpp's first case on the
+  // real kernels: the blocks' gradients at B x T = 16384, unscaled and
+  // scaled by 2^16, against the cpu's f32 ones.
+  testing::tiny_model_options tiny = testing::tiny_options_for(architecture::llama, 64);
+  tiny.init_std = 0.02f;
+  tiny.vocab = 512;
+  testing::temp_dir_guard dir("cuda-loss-scale");
+  testing::write_tiny_model(dir.path(), tiny);
+  constexpr int B = 256, T = 64;
+  const auto ids = some_ids(B * T, tiny.vocab, 3);
+  const auto targets = some_ids(B * T, tiny.vocab, 4);
+  auto block_grads = [](transformer& m, double factor) {
+    std::vector<double> out;
+    for (const param_group& g : m.groups())
+      if (g.params != &m.head())
+        for (float v : g.grads->flat().to_vector()) out.push_back(v * factor);
+    return out;
+  };
+  auto relative_error = [](const std::vector<double>& a, const std::vector<double>& b) {
+    REQUIRE(a.size() == b.size());
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      diff += (a[i] - b[i]) * (a[i] - b[i]);
+      norm += b[i] * b[i];
+    }
+    return std::sqrt(diff / norm);
+  };
+  transformer ref = transformer::load(dir.path(), cpu_backend());
+  ref.zero_grads();
+  ref.forward_backward(ids, targets, B, T);
+  const auto want = block_grads(ref, 1.0);
+  transformer m = transformer::load(dir.path(), gpu());
+  m.set_compute_dtype(dtype::f16);
+  m.zero_grads();
+  m.forward_backward(ids, targets, B, T);
+  const double unscaled = relative_error(block_grads(m, 1.0), want);
+  m.zero_grads();
+  m.forward_backward(ids, targets, B, T, 65536.0f);
+  const double scaled = relative_error(block_grads(m, 1.0 / 65536.0), want);
+  MESSAGE("cuda f16 block gradients against cpu f32: " << unscaled << " unscaled, " << scaled << " scaled by 2^16");
+  CHECK(scaled <= 1.2e-2);
+  CHECK(unscaled > 4 * scaled);
+
+  // A short run with the default scale: f16's range holds the scaled
+  // gradients of this model, so no step is skipped and the losses track
+  // the cpu's f32 losses within the f16 tolerance.
+  const auto tokens = some_ids(3000, tiny.vocab, 17);
+  train_options opts;
+  opts.batch = 8;
+  opts.seq = 64;
+  opts.steps = 6;
+  opts.optimizer.adamw.lr = 1e-2f;
+  opts.optimizer.loss_scale.dynamic = true;
+  const auto cpu_losses = train_losses(dir.path(), cpu_backend(), tokens, tiny.vocab, opts);
+  transformer on_gpu = transformer::load(dir.path(), gpu());
+  on_gpu.set_compute_dtype(dtype::f16);
+  token_dataset data = token_dataset::from_tokens(tokens, tiny.vocab);
+  const train_summary s = trainer(on_gpu, data, opts).run();
+  CHECK(s.skipped_steps == 0);
+  check_losses(cpu_losses, s.losses, 1e-2);
+}
+
 TEST_CASE("cuda: a model on the device saves the same checkpoint as on the cpu") {
   REQUIRE_GPU_OR_SKIP();
   for (architecture arch : {architecture::llama, architecture::gpt2}) {
