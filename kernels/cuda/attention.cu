@@ -59,12 +59,12 @@ void dispatch_chunks(std::int64_t dh, F&& f) {
 
 namespace {
 
-/// Whether attention of storage t tries the tensor-core kernels: bf16
-/// tensors always (their values are bf16 already), f32 ones at bf16 matmul
-/// precision (`tensor_cores`: rounding them to bf16 is then what was asked
-/// for); f16 never (its 11-bit values do not fit bf16).
+/// Whether attention of storage t tries the tensor-core kernels: bf16 and
+/// f16 tensors always (their values are 16-bit already; f16 tiles multiply
+/// in f16), f32 ones at bf16 matmul precision (`tensor_cores`: rounding them
+/// to bf16 is then what was asked for).
 bool takes_tensor_cores(elem t, bool tensor_cores) {
-  return t == elem::bf16 || (t == elem::f32 && tensor_cores);
+  return t == elem::bf16 || t == elem::f16 || (t == elem::f32 && tensor_cores);
 }
 
 }  // namespace

@@ -1,20 +1,21 @@
 // kernels/cuda/attention_mma.cu — causal grouped-query attention for
-// training on the tensor cores (WMMA, bf16 x bf16 -> f32, sm_80 and newer).
+// training on the tensor cores (WMMA, bf16 x bf16 or f16 x f16 -> f32, sm_80
+// and newer).
 //
 // The structure of attention_tiled.cu (flash-attention: a block owns one
 // tile and walks the tiles of the other side that the causal mask leaves
 // visible; no atomics, deterministic), with the products on the tensor
 // cores:
 //   * a block has 4 warps and owns a 64-row tile; each warp owns 16 rows.
-//     Tiles are staged in shared memory as bf16 (converted from the f32
-//     tensors while loading), rows padded by 8 elements against bank
-//     conflicts;
+//     Tiles are staged in shared memory as 16-bit values (bf16 converted
+//     from f32 tensors while loading; bf16 and f16 tensors as they are),
+//     rows padded by 8 elements against bank conflicts;
 //   * a warp's 16 x 64 score block (and dP) is a 16x16x16 WMMA product over
 //     the head size, stored to the warp's own f32 scratch. Lanes 2r and 2r+1
 //     then own row r, 32 columns each: the mask, the exponentials and the
 //     softmax statistics are f32 arithmetic on the stored scores, and the
-//     probabilities (or dS) go back to shared memory as bf16 for the next
-//     product;
+//     probabilities (or dS) go back to shared memory in the tiles' 16-bit
+//     type for the next product;
 //   * forward: the P.V product of a key tile is a fresh accumulator stored
 //     to scratch and folded into the lanes' f32 output rows with the online
 //     softmax correction (WMMA accumulators have no documented element
@@ -24,13 +25,17 @@
 // Row statistics as attention.cu: lse natural-log, [b][h][t]; delta =
 // dout . out per row and head. Exponentials are exp2 of log2e-scaled values.
 //
-// Storage: f32 tensors (rounded to bf16 as tiles are staged) or bf16 ones
+// Storage: f32 tensors (rounded to bf16 as tiles are staged), bf16 ones
 // (staged as they are; outputs rounded once on store), so a bf16 tensor
-// gives exactly the f32 tensor's results, rounded.
+// gives exactly the f32 tensor's results, rounded; or f16 ones, whose tiles,
+// P and dS are f16 (mixed-precision training in f16).
 //
-// Accuracy: q, k, v, dout, P and dS are rounded to bf16 (8-bit significand)
-// before each product; sums and statistics are f32. Errors are those of a
-// bf16 GEMM of the same depth (tests/kernels/cuda_attention_mma.cpp gives the bound).
+// Accuracy: q, k, v, dout, P and dS are rounded to bf16 (8-bit significand;
+// f16 tensors: f16, 11 bits) before each product; sums and statistics are
+// f32. Errors are those of a 16-bit GEMM of the same depth
+// (tests/kernels/cuda_attention_mma.cpp gives the bound). f16 P and dS flush
+// below 6e-8 to zero and overflow above 65504: with loss scaling, an
+// overflow skips the step.
 #include "kernels/cuda/attention_mma.hpp"
 
 #include <cstdint>
@@ -109,21 +114,23 @@ bool attention_mma_supported(const attention_dims& g, std::initializer_list<cons
 
 namespace {
 
-/// Calls f(T{}) for the storage types with kernels (f32, bf16); others
+/// Calls f(T{}) for the storage types with kernels (f32, bf16, f16); others
 /// were refused by the callers (launches).
 template <class F>
 void dispatch_storage(elem t, F&& f) {
   if (t == elem::bf16)
     f(bf16{});
+  else if (t == elem::f16)
+    f(__half{});
   else
     f(float{});
 }
 
-/// Whether the launchers take a call of storage t on these pointers: f32 or
-/// bf16, attention_mma_supported, and query tiles within gridDim.y (longer
-/// sequences take the warp kernels).
+/// Whether the launchers take a call of storage t on these pointers: f32,
+/// bf16 or f16, attention_mma_supported, and query tiles within gridDim.y
+/// (longer sequences take the warp kernels).
 bool launches(elem t, const attention_dims& g, std::initializer_list<const void*> pointers, std::int64_t seq) {
-  return (t == elem::f32 || t == elem::bf16) && attention_mma_supported(g, pointers) &&
+  return (t == elem::f32 || t == elem::bf16 || t == elem::f16) && attention_mma_supported(g, pointers) &&
          (seq + tile - 1) / tile <= max_grid_y;
 }
 

@@ -1,10 +1,11 @@
 // kernels/cuda/attention_mma.hpp — causal grouped-query attention for
-// training on the tensor cores: bf16 operands, f32 accumulation and softmax
-// (host-only header; the kernels are in attention_mma.cu, layouts as in
-// attention.hpp). The backend takes this path for bf16 tensors (their
-// values are bf16 already), and for f32 ones when products run at bf16
-// precision (set_matmul_precision(bf16), `--matmul bf16`); f32 at the f32 and
-// tf32 settings, and f16, keep attention_tiled.cu's f32-arithmetic kernels.
+// training on the tensor cores: bf16 or f16 operands, f32 accumulation and
+// softmax (host-only header; the kernels are in attention_mma.cu, layouts as
+// in attention.hpp). The backend takes this path for bf16 and f16 tensors
+// (their values are 16-bit already; f16 multiplies in f16), and for f32
+// ones when products run at bf16 precision (set_matmul_precision(bf16),
+// `--matmul bf16`); f32 at the f32 and tf32 settings keeps
+// attention_tiled.cu's f32-arithmetic kernels.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +24,10 @@ namespace corolla::cuda {
 bool attention_mma_supported(const attention_dims& g, std::initializer_list<const void*> pointers);
 
 /// out and lse (may be null) as attention_forward, or false (nothing
-/// launched) when !attention_mma_supported or the storage `t` is neither
-/// f32 nor bf16. q, k, v, out of storage t; bf16 ones give the f32 path's
-/// results on the same (bf16) values, rounded once.
+/// launched) when !attention_mma_supported or the storage `t` is not f32,
+/// bf16 or f16. q, k, v, out of storage t; bf16 ones give the f32 path's
+/// results on the same (bf16) values, rounded once; f16 ones run the same
+/// kernels with f16 tiles, P and dS.
 bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
                            const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse);
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <mma.h>
 
 #include <cstddef>
@@ -24,36 +25,54 @@ constexpr int threads = warps * 32;
 constexpr int wrows = tile / warps;        ///< tile rows a warp owns (= WMMA m)
 constexpr int frag = 16;                   ///< WMMA m = n = k
 constexpr int lds = tile + 4;              ///< f32 score row stride (multiple of 4)
-constexpr int ldp = tile + 8;              ///< bf16 P / dS row stride (multiple of 8)
+constexpr int ldp = tile + 8;              ///< 16-bit P / dS row stride (multiple of 8)
 constexpr unsigned full = 0xffffffffu;
 constexpr float log2e = 1.4426950408889634f;
 constexpr float ln2 = 0.6931471805599453f;
 
 using bf16 = __nv_bfloat16;
 
-/// Shared-memory layout for head size D: `tiles` bf16 [64][D + 8] tiles,
+/// The 16-bit type tiles of storage T are staged and multiplied in: f16
+/// for f16 tensors (their 11-bit values as they are), bf16 for f32 tensors
+/// (rounded) and bf16 ones. P and dS are rounded to it too.
+template <class T>
+struct tile_elem {
+  using type = bf16;
+  using pair = __nv_bfloat162;
+  __device__ __forceinline__ static pair pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+template <>
+struct tile_elem<__half> {
+  using type = __half;
+  using pair = __half2;
+  __device__ __forceinline__ static pair pack(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <class T>
+using tile_t = typename tile_elem<T>::type;
+
+/// Shared-memory layout for head size D: `tiles` 16-bit [64][D + 8] tiles,
 /// 2 x 64 f32 row statistics, then per warp an f32 scratch of two score
-/// blocks [16][lds] that also holds a [16][D + 4] product or two bf16
+/// blocks [16][lds] that also holds a [16][D + 4] product or two 16-bit
 /// [16][ldp] blocks. Every part starts at a multiple of 128 bytes (WMMA
 /// needs 32).
 template <int D>
 struct layout {
-  static constexpr int ld = D + 8;  ///< bf16 tile row stride (multiple of 8)
+  static constexpr int ld = D + 8;  ///< 16-bit tile row stride (multiple of 8)
   static constexpr int ldo = D + 4; ///< f32 product row stride (multiple of 4)
   static constexpr int tile_bytes = tile * ld * 2;
   static constexpr int stats_bytes = 2 * tile * 4;
   static constexpr int scratch_floats = (2 * wrows * lds > wrows * ldo) ? 2 * wrows * lds : wrows * ldo;
   static constexpr int scratch_bytes = (scratch_floats * 4 + 127) / 128 * 128;
   static_assert(tile_bytes % 128 == 0 && stats_bytes % 128 == 0, "shared-memory parts must stay 128-byte aligned");
-  static_assert(2 * wrows * ldp * 2 <= scratch_floats * 4, "two bf16 blocks fit the warp scratch");
+  static_assert(2 * wrows * ldp * 2 <= scratch_floats * 4, "two 16-bit blocks fit the warp scratch");
   __host__ __device__ static constexpr std::size_t bytes(int tiles) {
     return static_cast<std::size_t>(tiles) * tile_bytes + stats_bytes + static_cast<std::size_t>(warps) * scratch_bytes;
   }
 };
 
 /// The kernels' operands: q, k, v, dout, out, dq, dk, dv of storage type
-/// T (f32, rounded to bf16 as tiles are staged, or bf16, staged as it is);
-/// the row statistics f32.
+/// T (f32, rounded to bf16 as tiles are staged, or bf16 or f16, staged as
+/// they are); the row statistics f32.
 template <class T>
 struct mma_args {
   const T *q, *k, *v, *dout;
@@ -67,17 +86,20 @@ struct mma_args {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define COROLLA_MMA_BODY 1
 using namespace nvcuda;
-using frag_a = wmma::fragment<wmma::matrix_a, frag, frag, frag, bf16, wmma::row_major>;
-using frag_bt = wmma::fragment<wmma::matrix_b, frag, frag, frag, bf16, wmma::col_major>;  ///< B = a tile's rows, transposed
-using frag_b = wmma::fragment<wmma::matrix_b, frag, frag, frag, bf16, wmma::row_major>;
+template <class M>
+using frag_a = wmma::fragment<wmma::matrix_a, frag, frag, frag, M, wmma::row_major>;
+template <class M>
+using frag_bt = wmma::fragment<wmma::matrix_b, frag, frag, frag, M, wmma::col_major>;  ///< B = a tile's rows, transposed
+template <class M>
+using frag_b = wmma::fragment<wmma::matrix_b, frag, frag, frag, M, wmma::row_major>;
 using frag_c = wmma::fragment<wmma::accumulator, frag, frag, frag, float>;
 #endif
 
-/// Rows [t0, t0 + 64) of head `head` of a [B*T, width] tensor as bf16 into
-/// dst [64][D + 8] (zeros past the sequence): f32 rounded, bf16 copied.
-/// 16-byte loads: the caller checked the alignment.
+/// Rows [t0, t0 + 64) of head `head` of a [B*T, width] tensor as tile_t<T>
+/// into dst [64][D + 8] (zeros past the sequence): f32 rounded to bf16,
+/// bf16 and f16 copied. 16-byte loads: the caller checked the alignment.
 template <int D, class T>
-__device__ __forceinline__ void load_tile(bf16* dst, const T* src, std::int64_t b, std::int64_t seq,
+__device__ __forceinline__ void load_tile(tile_t<T>* dst, const T* src, std::int64_t b, std::int64_t seq,
                                           std::int64_t t0, std::int64_t width, std::int64_t head) {
   constexpr int ld = layout<D>::ld;
   if constexpr (std::is_same_v<T, float>) {
@@ -92,8 +114,8 @@ __device__ __forceinline__ void load_tile(bf16* dst, const T* src, std::int64_t 
       d[1] = __floats2bfloat162_rn(x.z, x.w);
     }
   } else {
-    static_assert(std::is_same_v<T, bf16>, "tiles are staged from f32 or bf16 tensors");
-    constexpr int octs = D / 8;  // 16 bytes of bf16
+    static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, __half>, "tiles are staged from f32, bf16 or f16 tensors");
+    constexpr int octs = D / 8;  // 16 bytes of 16-bit values
     for (int e = threadIdx.x; e < tile * octs; e += threads) {
       const int r = e / octs, c = (e % octs) * 8;
       const std::int64_t t = t0 + r;
@@ -104,8 +126,8 @@ __device__ __forceinline__ void load_tile(bf16* dst, const T* src, std::int64_t 
   }
 }
 
-/// Stores four consecutive values at p (16-byte aligned for f32; bf16 is
-/// rounded once, 8-byte aligned).
+/// Stores four consecutive values at p (16-byte aligned for f32; bf16 and
+/// f16 are rounded once, 8-byte aligned).
 __device__ __forceinline__ void store4(float* p, float a, float b, float c, float d) {
   *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
 }
@@ -113,6 +135,11 @@ __device__ __forceinline__ void store4(bf16* p, float a, float b, float c, float
   auto* pair = reinterpret_cast<__nv_bfloat162*>(p);
   pair[0] = __floats2bfloat162_rn(a, b);
   pair[1] = __floats2bfloat162_rn(c, d);
+}
+__device__ __forceinline__ void store4(__half* p, float a, float b, float c, float d) {
+  auto* pair = reinterpret_cast<__half2*>(p);
+  pair[0] = __floats2half2_rn(a, b);
+  pair[1] = __floats2half2_rn(c, d);
 }
 
 /// Row statistics (lse scaled to log2, or delta) of rows [t0, t0 + 64) of head h.
@@ -126,20 +153,20 @@ __device__ __forceinline__ void load_stats(float* dst, const float* src, std::in
 
 #ifdef COROLLA_MMA_BODY
 /// out[16][64] (f32, stride lds) = a[16 rows][D] . b[64 rows][D]^T, both
-/// bf16 with stride ld: one warp.
-template <int D>
-__device__ __forceinline__ void product_nt(const bf16* a, const bf16* b, float* out) {
+/// 16-bit (M) with stride ld: one warp.
+template <int D, class M>
+__device__ __forceinline__ void product_nt(const M* a, const M* b, float* out) {
   constexpr int ld = layout<D>::ld;
   frag_c acc[tile / frag];
 #pragma unroll
   for (int n = 0; n < tile / frag; ++n) wmma::fill_fragment(acc[n], 0.0f);
 #pragma unroll
   for (int kk = 0; kk < D; kk += frag) {
-    frag_a fa;
+    frag_a<M> fa;
     wmma::load_matrix_sync(fa, a + kk, ld);
 #pragma unroll
     for (int n = 0; n < tile / frag; ++n) {
-      frag_bt fb;
+      frag_bt<M> fb;
       wmma::load_matrix_sync(fb, b + n * frag * ld + kk, ld);
       wmma::mma_sync(acc[n], fa, fb, acc[n]);
     }
@@ -148,17 +175,17 @@ __device__ __forceinline__ void product_nt(const bf16* a, const bf16* b, float* 
   for (int n = 0; n < tile / frag; ++n) wmma::store_matrix_sync(out + n * frag, acc[n], lds, wmma::mem_row_major);
 }
 
-/// acc[D/16] += p[16][64] (bf16, stride ldp) . b[64 rows][D] (bf16, stride ld): one warp.
-template <int D>
-__device__ __forceinline__ void product_nn(const bf16* p, const bf16* b, frag_c (&acc)[D / frag]) {
+/// acc[D/16] += p[16][64] (M, stride ldp) . b[64 rows][D] (M, stride ld): one warp.
+template <int D, class M>
+__device__ __forceinline__ void product_nn(const M* p, const M* b, frag_c (&acc)[D / frag]) {
   constexpr int ld = layout<D>::ld;
 #pragma unroll
   for (int kk = 0; kk < tile; kk += frag) {
-    frag_a fa;
+    frag_a<M> fa;
     wmma::load_matrix_sync(fa, p + kk, ldp);
 #pragma unroll
     for (int n = 0; n < D / frag; ++n) {
-      frag_b fb;
+      frag_b<M> fb;
       wmma::load_matrix_sync(fb, b + kk * ld + n * frag, ld);
       wmma::mma_sync(acc[n], fa, fb, acc[n]);
     }
@@ -195,13 +222,15 @@ template <int D, class T>
 __global__ void __launch_bounds__(threads) mma_forward_kernel(mma_args<T> a) {
 #ifdef COROLLA_MMA_BODY
   using L = layout<D>;
+  using M = tile_t<T>;
+  using E = tile_elem<T>;
   COROLLA_BLOCK_SMEM(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  auto* qs = reinterpret_cast<bf16*>(smem);
-  auto* ks = reinterpret_cast<bf16*>(smem + L::tile_bytes);
-  auto* vs = reinterpret_cast<bf16*>(smem + 2 * L::tile_bytes);
+  auto* qs = reinterpret_cast<M*>(smem);
+  auto* ks = reinterpret_cast<M*>(smem + L::tile_bytes);
+  auto* vs = reinterpret_cast<M*>(smem + 2 * L::tile_bytes);
   auto* scratch = reinterpret_cast<float*>(smem + L::bytes(3) - (warps - warp) * L::scratch_bytes);
-  auto* ps = reinterpret_cast<bf16*>(scratch);
+  auto* ps = reinterpret_cast<M*>(scratch);
 
   const std::int64_t bh = blockIdx.x, b = bh / a.g.hq, h = bh % a.g.hq, kvh = h / a.g.group;
   // The longest walks (last query tiles) first.
@@ -242,7 +271,7 @@ __global__ void __launch_bounds__(threads) mma_forward_kernel(mma_args<T> a) {
       const float p0 = s[c] == -INFINITY ? 0.0f : exp2f(s[c] - m_new);
       const float p1 = s[c + 1] == -INFINITY ? 0.0f : exp2f(s[c + 1] - m_new);
       sum += p0 + p1;
-      *reinterpret_cast<__nv_bfloat162*>(ps + r * ldp + 32 * half + c) = __floats2bfloat162_rn(p0, p1);
+      *reinterpret_cast<typename E::pair*>(ps + r * ldp + 32 * half + c) = E::pack(p0, p1);
     }
     sum += __shfl_xor_sync(full, sum, 1);
     l = l * corr + sum;
@@ -273,17 +302,19 @@ template <int D, class T>
 __global__ void __launch_bounds__(threads) mma_dq_kernel(mma_args<T> a) {
 #ifdef COROLLA_MMA_BODY
   using L = layout<D>;
+  using M = tile_t<T>;
+  using E = tile_elem<T>;
   COROLLA_BLOCK_SMEM(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  auto* qs = reinterpret_cast<bf16*>(smem);
-  auto* gs = reinterpret_cast<bf16*>(smem + L::tile_bytes);
-  auto* ks = reinterpret_cast<bf16*>(smem + 2 * L::tile_bytes);
-  auto* vs = reinterpret_cast<bf16*>(smem + 3 * L::tile_bytes);
+  auto* qs = reinterpret_cast<M*>(smem);
+  auto* gs = reinterpret_cast<M*>(smem + L::tile_bytes);
+  auto* ks = reinterpret_cast<M*>(smem + 2 * L::tile_bytes);
+  auto* vs = reinterpret_cast<M*>(smem + 3 * L::tile_bytes);
   auto* lse2 = reinterpret_cast<float*>(smem + 4 * L::tile_bytes);
   float* delta = lse2 + tile;
   auto* scratch = reinterpret_cast<float*>(smem + L::bytes(4) - (warps - warp) * L::scratch_bytes);
   float* dp = scratch + wrows * lds;
-  auto* dss = reinterpret_cast<bf16*>(scratch);
+  auto* dss = reinterpret_cast<M*>(scratch);
 
   const std::int64_t bh = blockIdx.x, b = bh / a.g.hq, h = bh % a.g.hq, kvh = h / a.g.group;
   const std::int64_t q0 = std::int64_t{gridDim.y - 1 - blockIdx.y} * tile, seq = a.seq;
@@ -309,7 +340,7 @@ __global__ void __launch_bounds__(threads) mma_dq_kernel(mma_args<T> a) {
     product_nt<D>(qs + warp * wrows * L::ld, ks, scratch);  // S
     product_nt<D>(gs + warp * wrows * L::ld, vs, dp);       // dP = dO V^T
     __syncwarp();
-    __nv_bfloat162 ds2[16];  // dS as the bf16 pairs it is stored as
+    typename E::pair ds2[16];  // dS as the 16-bit pairs it is stored as
 #pragma unroll
     for (int c = 0; c < 32; c += 2) {
       float ds[2] = {0.0f, 0.0f};
@@ -321,11 +352,11 @@ __global__ void __launch_bounds__(threads) mma_dq_kernel(mma_args<T> a) {
           ds[e] = p * (dp[r * lds + 32 * half + c + e] - delta[row]);
         }
       }
-      ds2[c / 2] = __floats2bfloat162_rn(ds[0], ds[1]);
+      ds2[c / 2] = E::pack(ds[0], ds[1]);
     }
     __syncwarp();  // every lane has read S and dP before dS overwrites them
 #pragma unroll
-    for (int c = 0; c < 32; c += 2) *reinterpret_cast<__nv_bfloat162*>(dss + r * ldp + 32 * half + c) = ds2[c / 2];
+    for (int c = 0; c < 32; c += 2) *reinterpret_cast<typename E::pair*>(dss + r * ldp + 32 * half + c) = ds2[c / 2];
     __syncwarp();
     product_nn<D>(dss, ks, acc);  // dQ += dS K
   }
@@ -340,18 +371,20 @@ template <int D, class T>
 __global__ void __launch_bounds__(threads) mma_dkdv_kernel(mma_args<T> a) {
 #ifdef COROLLA_MMA_BODY
   using L = layout<D>;
+  using M = tile_t<T>;
+  using E = tile_elem<T>;
   COROLLA_BLOCK_SMEM(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  auto* ks = reinterpret_cast<bf16*>(smem);
-  auto* vs = reinterpret_cast<bf16*>(smem + L::tile_bytes);
-  auto* qs = reinterpret_cast<bf16*>(smem + 2 * L::tile_bytes);
-  auto* gs = reinterpret_cast<bf16*>(smem + 3 * L::tile_bytes);
+  auto* ks = reinterpret_cast<M*>(smem);
+  auto* vs = reinterpret_cast<M*>(smem + L::tile_bytes);
+  auto* qs = reinterpret_cast<M*>(smem + 2 * L::tile_bytes);
+  auto* gs = reinterpret_cast<M*>(smem + 3 * L::tile_bytes);
   auto* lse2 = reinterpret_cast<float*>(smem + 4 * L::tile_bytes);
   float* delta = lse2 + tile;
   auto* scratch = reinterpret_cast<float*>(smem + L::bytes(4) - (warps - warp) * L::scratch_bytes);
   float* dpt = scratch + wrows * lds;
-  auto* pts = reinterpret_cast<bf16*>(scratch);  // P^T, then dS^T right after it
-  bf16* dsts = pts + wrows * ldp;
+  auto* pts = reinterpret_cast<M*>(scratch);  // P^T, then dS^T right after it
+  M* dsts = pts + wrows * ldp;
 
   const std::int64_t bk = blockIdx.x, b = bk / a.g.hkv, kvh = bk % a.g.hkv;
   const std::int64_t k0 = std::int64_t{blockIdx.y} * tile, seq = a.seq;  // the longest walks (first key tiles) first
@@ -379,9 +412,9 @@ __global__ void __launch_bounds__(threads) mma_dkdv_kernel(mma_args<T> a) {
       product_nt<D>(ks + warp * wrows * L::ld, qs, scratch);  // S^T
       product_nt<D>(vs + warp * wrows * L::ld, gs, dpt);      // dP^T = V dO^T
       __syncwarp();
-      // P and dS held as the bf16 pairs they are stored as (half the
+      // P and dS held as the 16-bit pairs they are stored as (half the
       // registers of f32: the accumulators of dk and dv need them).
-      __nv_bfloat162 p2[16], ds2[16];
+      typename E::pair p2[16], ds2[16];
 #pragma unroll
       for (int c = 0; c < 32; c += 2) {
         float p[2] = {0.0f, 0.0f}, ds[2] = {0.0f, 0.0f};
@@ -393,14 +426,14 @@ __global__ void __launch_bounds__(threads) mma_dkdv_kernel(mma_args<T> a) {
             ds[e] = p[e] * (dpt[r * lds + col] - delta[col]);
           }
         }
-        p2[c / 2] = __floats2bfloat162_rn(p[0], p[1]);
-        ds2[c / 2] = __floats2bfloat162_rn(ds[0], ds[1]);
+        p2[c / 2] = E::pack(p[0], p[1]);
+        ds2[c / 2] = E::pack(ds[0], ds[1]);
       }
       __syncwarp();  // every lane has read S^T and dP^T before P^T and dS^T overwrite them
 #pragma unroll
       for (int c = 0; c < 32; c += 2) {
-        *reinterpret_cast<__nv_bfloat162*>(pts + r * ldp + 32 * half + c) = p2[c / 2];
-        *reinterpret_cast<__nv_bfloat162*>(dsts + r * ldp + 32 * half + c) = ds2[c / 2];
+        *reinterpret_cast<typename E::pair*>(pts + r * ldp + 32 * half + c) = p2[c / 2];
+        *reinterpret_cast<typename E::pair*>(dsts + r * ldp + 32 * half + c) = ds2[c / 2];
       }
       __syncwarp();
       product_nn<D>(pts, gs, dv);   // dV += P^T dO

@@ -17,7 +17,9 @@
 // within 3e-3 * M (lse within 3e-4), so an error of a few per cent that the
 // first bound would let through (a wrong scale, a missed correction) fails.
 // bf16 tensors (the storage of mixed-precision training) must give the f32
-// tensors' results rounded once, bit for bit.
+// tensors' results rounded once, bit for bit. f16 tensors run with f16
+// tiles, P and dS: checked against the same reference rounding to f16, and
+// closer to the exact attention than the bf16 run (three more bits).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -76,14 +78,17 @@ struct rounded_reference {
 double to_bf16(double x) {
   return static_cast<double>(emulated::to_float(__nv_bfloat16{emulated::bf16_bits(static_cast<float>(x))}));
 }
+double to_f16(double x) { return static_cast<double>(emulated::from_f16(emulated::f16_bits(static_cast<float>(x)))); }
 
+/// The reference, with `round` (to_bf16 or to_f16) where the kernels round.
 rounded_reference reference_with_roundings(const geometry& c, int dh, const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& dout, const float* lse_in, const float* delta_in) {
+                                           const Tensor& dout, const float* lse_in, const float* delta_in,
+                                           double (*round)(double) = to_bf16) {
   const int hq = c.hq, hkv = c.hkv, group = hq / hkv, T = c.seq;
   const std::int64_t qw = std::int64_t{hq} * dh, kw = std::int64_t{hkv} * dh;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   auto at = [&](const Tensor& t, std::int64_t width, int b, int i, int h, int d) {
-    return to_bf16(t.data<float>()[(std::int64_t{b} * T + i) * width + std::int64_t{h} * dh + d]);
+    return round(t.data<float>()[(std::int64_t{b} * T + i) * width + std::int64_t{h} * dh + d]);
   };
   rounded_reference r;
   r.out.assign(static_cast<std::size_t>(std::int64_t{c.batch} * T * qw), 0.0);
@@ -113,7 +118,7 @@ rounded_reference reference_with_roundings(const geometry& c, int dh, const Tens
           for (int j = k0; j < k1; ++j) {
             const double p = std::exp(s[static_cast<std::size_t>(j)] - m_new);
             sum += p;
-            for (int d = 0; d < dh; ++d) pv[static_cast<std::size_t>(d)] += to_bf16(p) * at(v, kw, b, j, kh, d);
+            for (int d = 0; d < dh; ++d) pv[static_cast<std::size_t>(d)] += round(p) * at(v, kw, b, j, kh, d);
           }
           l = l * corr + sum;
           m = m_new;
@@ -129,14 +134,14 @@ rounded_reference reference_with_roundings(const geometry& c, int dh, const Tens
           const double p = std::exp(s[static_cast<std::size_t>(j)] - static_cast<double>(lse_in[row]));
           double dp = 0.0;
           for (int d = 0; d < dh; ++d) dp += at(dout, qw, b, i, h, d) * at(v, kw, b, j, kh, d);
-          const double ds = to_bf16(p * (dp - static_cast<double>(delta_in[row])));
+          const double ds = round(p * (dp - static_cast<double>(delta_in[row])));
           for (int d = 0; d < dh; ++d) {
             r.dq[static_cast<std::size_t>((std::int64_t{b} * T + i) * qw + std::int64_t{h} * dh + d)] +=
                 scale * ds * at(k, kw, b, j, kh, d);
             r.dk[static_cast<std::size_t>((std::int64_t{b} * T + j) * kw + std::int64_t{kh} * dh + d)] +=
                 scale * ds * at(q, qw, b, i, h, d);
             r.dv[static_cast<std::size_t>((std::int64_t{b} * T + j) * kw + std::int64_t{kh} * dh + d)] +=
-                to_bf16(p) * at(dout, qw, b, i, h, d);
+                round(p) * at(dout, qw, b, i, h, d);
           }
         }
       }
@@ -144,15 +149,23 @@ rounded_reference reference_with_roundings(const geometry& c, int dh, const Tens
   return r;
 }
 
-/// |got - want| <= 3e-3 * scale everywhere: against the rounded reference
-/// only f32 summation order and the odd bf16 tie flipping remain.
-void check_tight(const std::vector<float>& got, const std::vector<double>& want, double scale, const std::string& what) {
+/// The largest |got - want| (infinity for a NaN).
+template <class G>
+double max_error(const std::vector<G>& got, const std::vector<double>& want) {
   REQUIRE(got.size() == want.size());
   double worst = 0.0;
   for (std::size_t i = 0; i < want.size(); ++i) {
     const double err = std::abs(static_cast<double>(got[i]) - want[i]);
     worst = std::isnan(err) ? INFINITY : std::max(worst, err);
   }
+  return worst;
+}
+
+/// |got - want| <= 3e-3 * scale everywhere: against the rounded reference
+/// only f32 summation order and the odd 16-bit tie flipping remain.
+template <class G>
+void check_tight(const std::vector<G>& got, const std::vector<double>& want, double scale, const std::string& what) {
+  const double worst = max_error(got, want);
   INFO(what << " against the rounded reference: largest error " << worst << " (magnitude " << scale << ")");
   CHECK(worst <= 3e-3 * scale);
 }
@@ -268,6 +281,41 @@ void check_case(const geometry& c, kernel_test::rng& r) {
   CHECK(emulated_test::widened(b_dq) == rounded(e_dq, qw));
   CHECK(emulated_test::widened(b_dk) == rounded(e_dk, kw));
   CHECK(emulated_test::widened(b_dv) == rounded(e_dv, kw));
+
+  // f16 storage (mixed-precision training in f16): f16 tiles, P and dS.
+  const auto f16 = [](const Tensor& t) { return t.to(dtype::f16); };
+  const Tensor fq = f16(q), fk = f16(k), fv = f16(v), fg = f16(g);
+  Tensor f_out = f16(b_out), f_dq = f16(b_dq), f_dk = f16(b_dk), f_dv = f16(b_dv);  // NaN
+  std::vector<float> f_lse(delta.size(), NAN);
+  mma_args<__half> fa{};
+  fa.seq = a.seq;
+  fa.g = a.g;
+  fa.q = as<__half>(fq);
+  fa.k = as<__half>(fk);
+  fa.v = as<__half>(fv);
+  fa.dout = as<__half>(fg);
+  fa.lse = a.lse;
+  fa.delta = a.delta;
+  fa.out = as<__half>(f_out);
+  fa.lse_w = f_lse.data();
+  fa.dq = as<__half>(f_dq);
+  fa.dk = as<__half>(f_dk);
+  fa.dv = as<__half>(f_dv);
+  emulated::launch(&cuda::mma_forward_kernel<D, __half>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, fa);
+  emulated::launch(&cuda::mma_dq_kernel<D, __half>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, fa);
+  emulated::launch(&cuda::mma_dkdv_kernel<D, __half>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, fa);
+  const rounded_reference ref16 =
+      reference_with_roundings(c, D, q, k, v, g, lse.data<float>(), delta.data(), to_f16);
+  using emulated_test::widened;
+  check_tight(widened(f_out), ref16.out, max_abs(ref16.out), "f16 out");
+  check_tight(f_lse, ref16.lse, 0.1, "f16 lse");
+  check_tight(widened(f_dq), ref16.dq, grad_scale(dq), "f16 dq");
+  check_tight(widened(f_dk), ref16.dk, grad_scale(dk), "f16 dk");
+  check_tight(widened(f_dv), ref16.dv, grad_scale(dv), "f16 dv");
+  // Three more bits than bf16: closer to the exact (cpu f32) attention.
+  const double f16_err = max_error(widened(f_out), want(out)), bf16_err = max_error(e_out, want(out));
+  INFO("largest error of out against the cpu: f16 tiles " << f16_err << ", bf16 tiles " << bf16_err);
+  CHECK(f16_err < 0.5 * bf16_err);
 }
 
 }  // namespace

@@ -15,14 +15,15 @@
 //    arrays become function-local statics, which the threads of a block
 //    share (blocks run one after another); they keep what the previous
 //    block left instead of starting as NaN.
-//  * bf16 and f16: __nv_bfloat16, __nv_bfloat162 and __half with
+//  * bf16 and f16: __nv_bfloat16, __nv_bfloat162, __half and __half2 with
 //    round-to-nearest-even conversions (__floats2bfloat162_rn,
-//    __float2bfloat16_rn, __float2half_rn, subnormals included) and their
+//    __float2bfloat16_rn, __float2half_rn, __floats2half2_rn, subnormals
+//    included) and their
 //    widening; __fdiv_rn and __fmul_rn as host IEEE arithmetic; atomicAdd
 //    on floats as a real atomic (std::atomic_ref); float4 with its 16-byte
 //    alignment checked on every copy; uint4, __uint_as_float, and __ldg /
 //    __ldcs as plain loads with their alignment checked.
-//  * nvcuda::wmma for 16x16x16 bf16 x bf16 -> f32: every lane's fragment
+//  * nvcuda::wmma for 16x16x16 bf16 x bf16 or f16 x f16 -> f32: every lane's fragment
 //    holds the whole logical matrix (CUDA's element-to-lane mapping is
 //    unspecified, and the kernels must not rely on it). load_matrix_sync
 //    reads row_major or col_major exactly as CUDA documents them;
@@ -305,6 +306,27 @@ inline float from_f16(std::uint16_t h) {
 inline __half __float2half_rn(float f) { return {corolla::emulated::f16_bits(f)}; }
 inline float __half2float(__half h) { return corolla::emulated::from_f16(h.bits); }
 
+struct alignas(4) __half2 {
+  __half x, y;
+  __half2() = default;
+  __half2(__half a, __half b) : x(a), y(b) {}
+  __half2(const __half2&) = default;
+  __half2& operator=(const __half2& o) {
+    if (reinterpret_cast<std::uintptr_t>(this) % 4)
+      COROLLA_EMULATION_FAIL("__half2 store at %p: not 4-byte aligned", static_cast<void*>(this));
+    x = o.x, y = o.y;
+    return *this;
+  }
+};
+inline __half2 __floats2half2_rn(float a, float b) {
+  return {{corolla::emulated::f16_bits(a)}, {corolla::emulated::f16_bits(b)}};
+}
+
+namespace corolla::emulated {
+/// A WMMA operand element as f32 (exact for both 16-bit types).
+inline float to_float(__half h) { return from_f16(h.bits); }
+}  // namespace corolla::emulated
+
 // ---- arithmetic intrinsics and atomics -------------------------------------------------
 
 /// IEEE f32 division and product rounded to nearest, as the host's.
@@ -335,26 +357,27 @@ void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, float v) {
     for (float& x : row) x = v;
 }
 
-template <class Use, class Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, Layout>& f, const __nv_bfloat16* p, unsigned ldm) {
+template <class Use, class E, class Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, E, Layout>& f, const E* p, unsigned ldm) {
   static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
+  static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "bf16 or f16 operands");
   if (reinterpret_cast<std::uintptr_t>(p) % 32) COROLLA_EMULATION_FAIL("load_matrix_sync: pointer not 32-byte aligned");
-  if (ldm % 8) COROLLA_EMULATION_FAIL("load_matrix_sync: bf16 ldm %u is not a multiple of 8", ldm);
+  if (ldm % 8) COROLLA_EMULATION_FAIL("load_matrix_sync: 16-bit ldm %u is not a multiple of 8", ldm);
   corolla::emulated::check_in_smem(p, (15 * std::size_t{ldm} + 16) * 2, "load_matrix_sync");
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c)
       f.m[r][c] = corolla::emulated::to_float(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r]);
 }
 
-template <class TA, class TB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, TA>& a,
-              const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, TB>& b,
-              const fragment<accumulator, 16, 16, 16, float>& c) {
+template <class E, class TA, class TB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, E, TA>& a,
+              const fragment<matrix_b, 16, 16, 16, E, TB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
+  static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "bf16 or f16 operands");
   float t[16][16];
   for (int i = 0; i < 16; ++i)
     for (int j = 0; j < 16; ++j) {
       float s = 0.0f;
-      for (int k = 0; k < 16; ++k) s += a.m[i][k] * b.m[k][j];  // bf16 x bf16 is exact in f32
+      for (int k = 0; k < 16; ++k) s += a.m[i][k] * b.m[k][j];  // 16-bit x 16-bit is exact in f32
       t[i][j] = s + c.m[i][j];
     }
   std::memcpy(d.m, t, sizeof t);

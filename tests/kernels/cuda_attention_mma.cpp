@@ -13,7 +13,8 @@
 // kernels on the CPU under an emulation with the same bound. The f32 kernels would pass too, so
 // each case also checks that the result moved away from the f32 one: the
 // tensor cores ran. bf16 tensors take the same kernels at any precision and
-// must give the f32 tensors' forward rounded once.
+// must give the f32 tensors' forward rounded once; f16 tensors take them
+// with f16 tiles and must land closer to the cpu than bf16.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -171,6 +172,30 @@ TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches
     check_normwise(down(a), want[2], results[0][2], magnitude(2), "dq of bf16 tensors");
     check_normwise(down(b), want[3], results[0][3], magnitude(3), "dk of bf16 tensors");
     check_normwise(down(d), want[4], results[0][4], magnitude(4), "dv of bf16 tensors");
+
+    // f16 tensors (mixed-precision training in f16) take them too, with f16
+    // tiles, P and dS: within the bound, and closer to the cpu than bf16
+    // (three more bits; tests/cuda_emulated/ checks the roundings exactly).
+    const auto f16 = [](const Tensor& t) { return up(t.to(dtype::f16)); };
+    const Tensor fq_in = f16(q), fk_in = f16(k), fv_in = f16(v), fg = f16(g), f_out_ref = f16(out);
+    Tensor fo = gpu().empty(out.shape(), dtype::f16), fl = gpu().empty(lse.shape());
+    gpu().attention(fq_in, fk_in, fv_in, c.batch, c.seq, s, fo, &fl);
+    const std::vector<double> f_out = down(fo);
+    check_normwise(f_out, want[0], results[0][0], magnitude(0), "out of f16 tensors");
+    check_normwise(down(fl), want[1], results[0][1], 1.0, "lse of f16 tensors");
+    double f16_err = 0.0, bf16_err = 0.0;
+    for (std::size_t i = 0; i < want[0].size(); ++i) {
+      f16_err = std::max(f16_err, std::abs(f_out[i] - want[0][i]));
+      bf16_err = std::max(bf16_err, std::abs(results[1][0][i] - want[0][i]));
+    }
+    INFO("largest error of out: f16 tensors " << f16_err << ", bf16 tiles " << bf16_err);
+    CHECK(f16_err < 0.5 * bf16_err);
+    Tensor fa = gpu().empty(gq.shape(), dtype::f16), fb = gpu().empty(gk.shape(), dtype::f16),
+           fd = gpu().empty(gv.shape(), dtype::f16);
+    gpu().attention_backward(fq_in, fk_in, fv_in, f_out_ref, d_lse_ref, fg, c.batch, c.seq, s, fa, fb, fd);
+    check_normwise(down(fa), want[2], results[0][2], magnitude(2), "dq of f16 tensors");
+    check_normwise(down(fb), want[3], results[0][3], magnitude(3), "dk of f16 tensors");
+    check_normwise(down(fd), want[4], results[0][4], magnitude(4), "dv of f16 tensors");
   }
 #endif
 }
