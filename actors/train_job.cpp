@@ -123,7 +123,8 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
   const loss_scaling& ls = o.optimizer.loss_scale;
   k += std::string(" loss_scale=") + loss_scaling_name(ls);
   if (ls.dynamic)
-    k += " init=" + std::to_string(ls.init_scale) + " growth_interval=" + std::to_string(ls.growth_interval);
+    k += " init=" + std::to_string(ls.init_scale) + " growth_interval=" + std::to_string(ls.growth_interval) +
+         " min=" + std::to_string(ls.min_scale);
   return k;
 }
 
@@ -164,7 +165,7 @@ class coordinator {
         const int s = latest_checkpoint_step(o_.checkpoint_dir);
         if (s == 0) throw train_error("no checkpoint in " + o_.checkpoint_dir.string() + " to resume from");
         check_manifest(o_.checkpoint_dir, s, job_);
-        if (const auto st = checkpoint_loss_scale(o_.checkpoint_dir, s); st && scaler_.dynamic()) scaler_.set_state(*st);
+        if (const auto st = checkpoint_loss_scale(o_.checkpoint_dir, s)) scaler_.set_state(*st);
         first = s + 1;
       }
       auto last_time = std::chrono::steady_clock::now();
@@ -195,7 +196,8 @@ class coordinator {
         if (o_.checkpoints_at(step)) {
           for (int rank = 0; rank < world_; ++rank)
             take(train_msg::saved, step, rank, "checkpoint shard of step " + std::to_string(step));
-          commit_checkpoint(o_.checkpoint_dir, step, world_, job_, scaler_.dynamic() ? &scaler_.state() : nullptr);
+          const bool scale_state = scaler_.dynamic() || scaler_.state().skipped > 0;
+          commit_checkpoint(o_.checkpoint_dir, step, world_, job_, scale_state ? &scaler_.state() : nullptr);
         }
       }
       if (!o_.save_dir.empty()) save_model();

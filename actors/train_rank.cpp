@@ -318,7 +318,8 @@ class rank_runtime {
       load_into(*own, "v." + name, b.v);
     }
     steps_done_ = step;
-    if (const auto st = checkpoint_loss_scale(o_.checkpoint_dir, step); st && scaler_.dynamic()) scaler_.set_state(*st);
+    // Also without scaling now: its skipped steps keep AdamW's count right.
+    if (const auto st = checkpoint_loss_scale(o_.checkpoint_dir, step)) scaler_.set_state(*st);
     std::vector<std::int32_t> ids, targets;
     for (int s = 0; s < step; ++s) data_.next_batch(o_.batch, o_.seq, ids, targets);
     spdlog::info("{} resumed from {} (step {})", o_.layout.label(rank_), dir.string(), step);
@@ -584,9 +585,9 @@ class rank_runtime {
     ++enqueued_;
   }
 
-  // On the DP-group actor: the bucket's reduce-scatter, and without
-  // without the global norm (no clipping, no loss scaling) its update and
-  // all-gather at once.
+  // On the DP-group actor: the bucket's reduce-scatter, and without the
+  // global norm (no clipping, no loss scaling) its update and all-gather at
+  // once.
   void reduce_bucket(int slot, std::int64_t step) {
     try {
       bucket& b = buckets_[static_cast<std::size_t>(slot)];
@@ -694,6 +695,7 @@ class rank_runtime {
                         std::to_string(buckets_.size()) + " buckets handed to the DP group in step " + std::to_string(step));
     wait_reductions(enqueued_, true);
     double sum_squares = 0;
+    bool skip = false;
     if (needs_global_norm())
       for (bucket& b : buckets_) {
         const Tensor g = reduced_shard(b);
@@ -707,7 +709,7 @@ class rank_runtime {
       if (!note) throw train_error("bad gradient norm from the coordinator: " + error_message(note.error()));
       // Every rank sees the same norm, so all skip an overflowed step (the
       // parameters stay as they are everywhere: nothing to gather).
-      const bool skip = scaler_.dynamic() && overflowed(note->value);
+      skip = scaler_.dynamic() && overflowed(note->value);
       const double coef = grad_coefficient(note->value, scaler_.scale(), o_.optimizer.max_grad_norm);
       for (bucket& b : buckets_) {
         if (skip) break;
@@ -722,7 +724,8 @@ class rank_runtime {
     }
     // Every bucket's update is in (waited for above, or just made): 16-bit
     // compute copies are converted again before the next forward.
-    for (stage& part : parts_) part.params_changed();
+    if (!skip)
+      for (stage& part : parts_) part.params_changed();
     if (o_.checkpoints_at(step)) save_checkpoint(step);
   }
 

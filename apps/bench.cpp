@@ -349,16 +349,22 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   // Warm-up and timed steps per compute dtype measured, and the profile's.
   opts.steps = (compute != dtype::f32 ? 2 : 1) * (steps + 1) + (o.profile ? 1 : 0);
   opts.optimizer.adamw.lr = 1e-4f;
-  // f16 trains with its loss scaling (one more pass over the gradients).
-  opts.optimizer.loss_scale = parse_loss_scaling("auto", compute == dtype::f16);
   trainer t(model, data, opts);
   // Warm-up step each (first touch of gradients, moments and activations),
-  // then the timed ones.
+  // then the timed ones. f16 trains with its loss scaling (two more passes
+  // over the gradients: the norm and the unscaling); a timed step skipped
+  // for overflow runs no AdamW, so they are counted and reported.
+  int skipped = 0;
   auto timed_steps = [&](dtype in) {
     model.set_compute_dtype(in);
+    t.set_loss_scaling(parse_loss_scaling("auto", in == dtype::f16));
     t.step();
     double total = 0;
-    for (int s = 0; s < steps; ++s) total += t.step().seconds;
+    for (int s = 0; s < steps; ++s) {
+      const step_report r = t.step();
+      total += r.seconds;
+      if (in == compute && r.skipped) ++skipped;
+    }
     return total;
   };
   // A 16-bit compute dtype is measured against f32 compute in the same run.
@@ -401,6 +407,7 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
                       {"peak_source", peak_time.library + " " + dtype_name(peak_dtype) + " " +
                                           std::to_string(peak_side) + "^3"},
                       {"mfu", mfu}};
+  if (t.scaler().dynamic()) j["skipped_steps"] = skipped;
   if (!o.json) {
     std::printf("training                %8.1f tokens/s (%.2f s per step of %d tokens)\n",
                 tokens_per_s, seconds / steps, batch * seq);
@@ -413,6 +420,9 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
                 peak / 1e9, peak_time.library.c_str(), dtype_name(peak_dtype),
                 static_cast<long long>(peak_side));
     std::printf("model FLOPs utilisation %8.1f%% (achieved / device peak)\n", 100.0 * mfu);
+    if (t.scaler().dynamic())
+      std::printf("loss scaling            %d of %d timed steps skipped for overflow (no update: faster)\n",
+                  skipped, steps);
   }
   if (compute != dtype::f32) {
     const double base_tokens_per_s = static_cast<double>(batch) * seq * steps / base_seconds;

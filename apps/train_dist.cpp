@@ -239,7 +239,8 @@ nlohmann::json job_to_json(const dist_train_options& o) {
           {"max_grad_norm", o.optimizer.max_grad_norm}, {"compute", dtype_name(o.compute)},
           {"loss_scale",
            {{"dynamic", o.optimizer.loss_scale.dynamic}, {"init_scale", o.optimizer.loss_scale.init_scale},
-            {"growth_interval", o.optimizer.loss_scale.growth_interval}}},
+            {"growth_interval", o.optimizer.loss_scale.growth_interval},
+            {"min_scale", o.optimizer.loss_scale.min_scale}}},
           {"schedule",
            {{"warmup_steps", o.optimizer.schedule.warmup_steps}, {"cosine", o.optimizer.schedule.cosine},
             {"final_ratio", o.optimizer.schedule.final_ratio}}},
@@ -272,6 +273,7 @@ dist_train_options job_from_json(const std::string& file) {
     o.optimizer.loss_scale.dynamic = ls.at("dynamic");
     o.optimizer.loss_scale.init_scale = ls.at("init_scale");
     o.optimizer.loss_scale.growth_interval = ls.at("growth_interval");
+    o.optimizer.loss_scale.min_scale = ls.at("min_scale");
     const auto& sch = j.at("schedule");
     o.optimizer.schedule = {sch.at("warmup_steps"), sch.at("cosine"), sch.at("final_ratio")};
     o.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();

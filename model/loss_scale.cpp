@@ -55,13 +55,12 @@ void loss_scaler::update(bool overflow) {
 }
 
 void loss_scaler::set_state(const loss_scale_state& st) {
+  if (st.good_steps < 0 || st.skipped < 0) throw std::invalid_argument("negative loss-scale step counts");
   if (!s_.dynamic) {
-    if (st.scale != 1.0 || st.skipped != 0)
-      throw std::invalid_argument("a loss-scale state was given to a run without loss scaling");
+    state_.skipped = st.skipped;
     return;
   }
   check_scale(st.scale, s_);
-  if (st.good_steps < 0 || st.skipped < 0) throw std::invalid_argument("negative loss-scale step counts");
   state_ = st;
 }
 

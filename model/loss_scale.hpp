@@ -58,6 +58,8 @@ class loss_scaler {
 
   const loss_scale_state& state() const { return state_; }
   /// Restores a checkpoint's state (validated as the constructor does).
+  /// Off, only the count of skipped steps is taken (the scale stays 1): a
+  /// run resumed without scaling still counts its optimiser updates right.
   void set_state(const loss_scale_state& st);
 
  private:

@@ -92,6 +92,9 @@ class trainer {
   int steps_done() const { return steps_done_; }
   /// The dynamic loss scale (scale 1 and never skipping when off).
   const loss_scaler& scaler() const { return scaler_; }
+  /// Starts a fresh scaler with `s` for the next steps (benchmarks time
+  /// f32 compute without the scaling an f16 phase of the same run uses).
+  void set_loss_scaling(const loss_scaling& s) { scaler_ = loss_scaler(s); }
 
  private:
   transformer* model_;

@@ -91,8 +91,10 @@ TEST_CASE("the loss scaler refuses bad settings and states, and --loss-scale par
   CHECK_THROWS_AS(s.set_state({8.0, -1, 0}), std::invalid_argument);
   s.set_state({8.0, 4, 7});
   CHECK(s.state() == loss_scale_state{8.0, 4, 7});
-  loss_scaler off;
-  CHECK_THROWS_AS(off.set_state({8.0, 0, 1}), std::invalid_argument);
+  loss_scaler off;  // takes only the skipped count: a run resumed without scaling
+  off.set_state({8.0, 2, 3});
+  CHECK(off.state() == loss_scale_state{1.0, 0, 3});
+  CHECK_THROWS_AS(off.set_state({1.0, 0, -1}), std::invalid_argument);
 
   CHECK(parse_loss_scaling("auto", true).dynamic);
   CHECK_FALSE(parse_loss_scaling("auto", false).dynamic);
