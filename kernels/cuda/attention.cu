@@ -156,7 +156,7 @@ void attention_cached(stream_t s, const attention_dims& g, const float* q, std::
       attention_paged_split_kernel<C, KT><<<grid, split_warps * 32, 0, s>>>(p);
       COROLLA_CUDA_LAUNCH_CHECK("attention_paged_split_kernel");
       if (p.splits > 1) {
-        attention_paged_combine_kernel<C, KT><<<warp_blocks(heads), attn_threads, 0, s>>>(p);
+        attention_paged_combine_kernel<C><<<warp_blocks(heads), attn_threads, 0, s>>>(p);
         COROLLA_CUDA_LAUNCH_CHECK("attention_paged_combine_kernel");
       }
     });

@@ -68,14 +68,11 @@ inline std::int64_t attention_cached_splits(std::int64_t tq, std::int64_t start_
   return (start_pos + tq + split_keys - 1) / split_keys;
 }
 
-/// A paged-attention call; the cache pages hold elements of type KT (f32,
-/// bf16 or f16, read into f32).
-template <class KT>
-struct paged_params {
+/// What a paged-attention call has apart from its cache pages (all the
+/// combine kernel reads).
+struct paged_common {
   const float* q = nullptr;
   float* out = nullptr;
-  const KT* const* k_pages = nullptr;
-  const KT* const* v_pages = nullptr;
   std::int64_t page_tokens = 0;
   std::int64_t start_pos = 0;  ///< position of query row 0
   std::int64_t rows = 0;       ///< query rows
@@ -83,6 +80,14 @@ struct paged_params {
   attention_dims g;
   float* part_acc = nullptr;  ///< [row*Hq + h][split][dh] when splits > 1
   float* part_ml = nullptr;   ///< [row*Hq + h][split][2]: m, l
+};
+
+/// A paged-attention call; the cache pages hold elements of type KT (f32,
+/// bf16 or f16, read into f32).
+template <class KT>
+struct paged_params : paged_common {
+  const KT* const* k_pages = nullptr;
+  const KT* const* v_pages = nullptr;
 };
 
 template <int C, class KT>
@@ -172,8 +177,9 @@ __global__ void attention_paged_split_kernel(paged_params<KT> p) {
 }
 
 /// One warp per (row, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
-template <int C, class KT>
-__global__ void attention_paged_combine_kernel(paged_params<KT> p) {
+/// The same for every cache type: it reads only the split kernel's partials.
+template <int C>
+__global__ void attention_paged_combine_kernel(paged_common p) {
   const std::int64_t rh = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (rh >= p.rows * p.g.hq) return;  // whole warps exit together

@@ -66,6 +66,27 @@ __device__ __forceinline__ float dot_shared(const float* a, const float* b) {
   return s;
 }
 
+/// acc[rr] += sum over the tile's rows j of w[rr] (held by lane j) times
+/// row j of `rows` ([tile][S] shared, this lane's columns lane + 32c): the
+/// forward's P.V and dq's dS.K for the warp's rows.
+template <int C>
+__device__ __forceinline__ void add_weighted_rows(const float* rows, const float (&w)[warp_rows],
+                                                  float (&acc)[warp_rows][C]) {
+  constexpr int S = 32 * C + 1;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int j = 0; j < tile; ++j) {
+    float row[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) row[c] = rows[j * S + lane + 32 * c];
+#pragma unroll
+    for (int rr = 0; rr < warp_rows; ++rr) {
+      const float wj = __shfl_sync(full, w[rr], j);
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[rr][c] += wj * row[c];
+    }
+  }
+}
+
 template <int C, class T>
 __global__ void __launch_bounds__(tile_threads) flash_forward_kernel(tiled_args<T> a) {
   constexpr int D = 32 * C, S = D + 1;
@@ -110,17 +131,7 @@ __global__ void __launch_bounds__(tile_threads) flash_forward_kernel(tiled_args<
       for (int c = 0; c < C; ++c) acc[rr][c] *= corr;
       m[rr] = m_new;
     }
-    for (int j = 0; j < tile; ++j) {
-      float vv[C];
-#pragma unroll
-      for (int c = 0; c < C; ++c) vv[c] = vs[j * S + lane + 32 * c];
-#pragma unroll
-      for (int rr = 0; rr < warp_rows; ++rr) {
-        const float pj = __shfl_sync(full, p[rr], j);
-#pragma unroll
-        for (int c = 0; c < C; ++c) acc[rr][c] += pj * vv[c];
-      }
-    }
+    add_weighted_rows<C>(vs, p, acc);
   }
 #pragma unroll
   for (int rr = 0; rr < warp_rows; ++rr) {
@@ -179,17 +190,7 @@ __global__ void __launch_bounds__(tile_threads) flash_dq_kernel(tiled_args<T> a)
         ds[rr] = scale * p * (dot_shared<C>(gs + r * S, vs + lane * S) - delta[r]);
       }
     }
-    for (int j = 0; j < tile; ++j) {
-      float kk[C];
-#pragma unroll
-      for (int c = 0; c < C; ++c) kk[c] = ks[j * S + lane + 32 * c];
-#pragma unroll
-      for (int rr = 0; rr < warp_rows; ++rr) {
-        const float dsj = __shfl_sync(full, ds[rr], j);
-#pragma unroll
-        for (int c = 0; c < C; ++c) acc[rr][c] += dsj * kk[c];
-      }
-    }
+    add_weighted_rows<C>(ks, ds, acc);
   }
 #pragma unroll
   for (int rr = 0; rr < warp_rows; ++rr) {

@@ -35,9 +35,9 @@ void launch_paged(cuda::paged_params<KT> p) {
                    {static_cast<unsigned>(heads), static_cast<unsigned>(p.splits), cuda::split_warps * 32, 0}, p);
   if (p.splits > 1) {
     constexpr unsigned warps_per_block = 4;  // attention.cu's attn_threads / 32
-    emulated::launch(&cuda::attention_paged_combine_kernel<C, KT>,
+    emulated::launch(&cuda::attention_paged_combine_kernel<C>,
                      {static_cast<unsigned>((heads + warps_per_block - 1) / warps_per_block), 1, warps_per_block * 32, 0},
-                     p);
+                     static_cast<const cuda::paged_common&>(p));
   }
 }
 
