@@ -118,6 +118,7 @@ struct bench_common {
   std::string device = "auto";
   std::string matmul = "f32";  ///< bench train --matmul
   std::string compute = "f32";  ///< bench train --compute
+  std::string loss_scale = "auto";  ///< bench train --loss-scale
   int threads = 0;
   bool json = false;
   bool profile = false;
@@ -325,6 +326,7 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   set_matmul_precision(parse_matmul_precision(o.matmul));
   Backend& device_be = backend_for(parse_device(o.device));
   const dtype compute = parse_compute_flag(o.compute, device_be.dev());
+  const loss_scaling scaling = parse_loss_scaling(o.loss_scale, compute == dtype::f16);
   profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
   Backend& be = o.profile ? static_cast<Backend&>(prof) : device_be;
   transformer model = open_model(o, be);
@@ -347,29 +349,33 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   opts.batch = batch;
   opts.seq = seq;
   // Warm-up and timed steps per compute dtype measured, and the profile's.
-  opts.steps = (compute != dtype::f32 ? 2 : 1) * (steps + 1) + (o.profile ? 1 : 0);
+  // A baseline is measured in the same run: f32 compute for a 16-bit dtype,
+  // else the run without loss scaling when it scales.
+  const bool compute_baseline = compute != dtype::f32;
+  const bool scaling_baseline = !compute_baseline && scaling.dynamic;
+  opts.steps = (compute_baseline || scaling_baseline ? 2 : 1) * (steps + 1) + (o.profile ? 1 : 0);
   opts.optimizer.adamw.lr = 1e-4f;
   trainer t(model, data, opts);
   // Warm-up step each (first touch of gradients, moments and activations),
-  // then the timed ones. f16 trains with its loss scaling (two more passes
-  // over the gradients: the norm and the unscaling); a timed step skipped
-  // for overflow runs no AdamW, so they are counted and reported.
+  // then the timed ones. Loss scaling (f16's default) costs two more passes
+  // over the gradients: the norm and the unscaling; a timed step skipped
+  // for overflow runs no AdamW, so those are counted and reported.
   int skipped = 0;
-  auto timed_steps = [&](dtype in) {
+  auto timed_steps = [&](dtype in, const loss_scaling& s, bool main) {
     model.set_compute_dtype(in);
-    t.set_loss_scaling(parse_loss_scaling("auto", in == dtype::f16));
+    t.set_loss_scaling(s);
     t.step();
     double total = 0;
-    for (int s = 0; s < steps; ++s) {
+    for (int i = 0; i < steps; ++i) {
       const step_report r = t.step();
       total += r.seconds;
-      if (in == compute && r.skipped) ++skipped;
+      if (main && r.skipped) ++skipped;
     }
     return total;
   };
-  // A 16-bit compute dtype is measured against f32 compute in the same run.
-  const double base_seconds = compute != dtype::f32 ? timed_steps(dtype::f32) : 0.0;
-  const double seconds = timed_steps(compute);
+  const double base_seconds =
+      compute_baseline || scaling_baseline ? timed_steps(dtype::f32, loss_scaling{}, false) : 0.0;
+  const double seconds = timed_steps(compute, scaling, true);
 
   double tokens_per_s = static_cast<double>(batch) * seq * steps / seconds;
   long long matrix_params = block_matrix_params(model) +
@@ -424,13 +430,22 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
       std::printf("loss scaling            %d of %d timed steps skipped for overflow (no update: faster)\n",
                   skipped, steps);
   }
-  if (compute != dtype::f32) {
+  j["loss_scale"] = loss_scaling_name(scaling);
+  if (compute_baseline) {
     const double base_tokens_per_s = static_cast<double>(batch) * seq * steps / base_seconds;
     j["f32_compute_tokens_per_s"] = base_tokens_per_s;
     j["speedup_vs_f32_compute"] = tokens_per_s / base_tokens_per_s;
     if (!o.json)
       std::printf("f32 compute baseline    %8.1f tokens/s (same run)  %s / f32 compute %.2fx\n", base_tokens_per_s,
                   dtype_name(compute), tokens_per_s / base_tokens_per_s);
+  }
+  if (scaling_baseline) {
+    const double base_tokens_per_s = static_cast<double>(batch) * seq * steps / base_seconds;
+    j["unscaled_tokens_per_s"] = base_tokens_per_s;
+    j["speed_vs_unscaled"] = tokens_per_s / base_tokens_per_s;
+    if (!o.json)
+      std::printf("without loss scaling    %8.1f tokens/s (same run)  with / without %.3fx\n", base_tokens_per_s,
+                  tokens_per_s / base_tokens_per_s);
   }
   if (o.profile) {
     prof.enable(true);
@@ -488,15 +503,20 @@ void register_bench(CLI::App& app, action_fn& action) {
                     "dtype the blocks compute in: f32, or bf16/f16 on a GPU (mixed precision, f16 with dynamic "
                     "loss scaling; then f32 compute is measured too, in the same run, and the speed-up printed)")
       ->capture_default_str();
+  train->add_option("--loss-scale", train_opts.loss_scale,
+                    "auto (dynamic with --compute f16), dynamic or off; dynamic with f32 compute also measures the "
+                    "run without it, in the same run, and prints the ratio")
+      ->capture_default_str();
   train->add_option("--cluster", cluster,
                     "Cluster TOML: one local rank process per planned worker, links shaped by the file, compute "
                     "emulated by the cost model's times (docs/benchmarks.md)");
   train->add_option("--micro-batch", micro_batch, "Sequences per micro-batch (with --cluster)")->capture_default_str();
   train->callback([&action, train] {
     if (!cluster.empty()) {
-      if (train->count("--compute") > 0) {
+      if (train->count("--compute") > 0 || train->count("--loss-scale") > 0) {
         action = [] () -> int {
-          throw std::invalid_argument("bench train --cluster emulates compute by the cost model: --compute does not apply");
+          throw std::invalid_argument(
+              "bench train --cluster emulates compute by the cost model: --compute and --loss-scale do not apply");
         };
         return;
       }

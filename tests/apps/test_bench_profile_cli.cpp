@@ -49,6 +49,20 @@ TEST_CASE("bench train --profile breaks one step down by op; without it there is
   CHECK_FALSE(last_json_line(plain.out).contains("profile"));
   CHECK(last_json_line(plain.out)["compute"] == "f32");
   CHECK_FALSE(last_json_line(plain.out).contains("speedup_vs_f32_compute"));  // no 16-bit run to compare
+  CHECK(last_json_line(plain.out)["loss_scale"] == "off");
+  CHECK_FALSE(last_json_line(plain.out).contains("speed_vs_unscaled"));
+
+  // Dynamic loss scaling in f32 is measured against the run without it.
+  std::vector<std::string> scaled_args = args;
+  scaled_args.insert(scaled_args.end(), {"--loss-scale", "dynamic"});
+  auto scaled = run_corolla(scaled_args);
+  CAPTURE(scaled.err);
+  REQUIRE(scaled.exit_code == 0);
+  const auto sj = last_json_line(scaled.out);
+  CHECK(sj["loss_scale"] == "dynamic");
+  CHECK(sj["skipped_steps"] == 0);
+  CHECK(sj["unscaled_tokens_per_s"].get<double>() > 0.0);
+  CHECK(sj["speed_vs_unscaled"].get<double>() > 0.0);
 
   args.push_back("--profile");
   auto r = run_corolla(args);
@@ -93,5 +107,10 @@ TEST_CASE("bench train --compute takes f32, or bf16/f16 on a GPU; --cluster refu
   corolla::testing::check_one_error(run_corolla(args("fp8")), "the compute dtype is f32, bf16 or f16, not 'fp8'");
   corolla::testing::check_one_error(run_corolla(args("f16")), "--compute f16 needs a GPU (--device cuda)");
   corolla::testing::check_one_error(run_corolla({"bench", "train", "--cluster", "none.toml", "--compute", "bf16"}),
-                                    "--compute does not apply");
+                                    "--compute and --loss-scale do not apply");
+  corolla::testing::check_one_error(run_corolla({"bench", "train", "--cluster", "none.toml", "--loss-scale", "off"}),
+                                    "--compute and --loss-scale do not apply");
+  std::vector<std::string> bad_scale = args("f32");
+  bad_scale.insert(bad_scale.end(), {"--loss-scale", "2"});
+  corolla::testing::check_one_error(run_corolla(bad_scale), "--loss-scale must be auto, dynamic or off, got '2'");
 }
