@@ -431,21 +431,17 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
                   skipped, steps);
   }
   j["loss_scale"] = loss_scaling_name(scaling);
-  if (compute_baseline) {
+  if (compute_baseline || scaling_baseline) {
     const double base_tokens_per_s = static_cast<double>(batch) * seq * steps / base_seconds;
-    j["f32_compute_tokens_per_s"] = base_tokens_per_s;
-    j["speedup_vs_f32_compute"] = tokens_per_s / base_tokens_per_s;
-    if (!o.json)
+    const double ratio_to_base = tokens_per_s / base_tokens_per_s;
+    j[compute_baseline ? "f32_compute_tokens_per_s" : "unscaled_tokens_per_s"] = base_tokens_per_s;
+    j[compute_baseline ? "speedup_vs_f32_compute" : "speed_vs_unscaled"] = ratio_to_base;
+    if (!o.json && compute_baseline)
       std::printf("f32 compute baseline    %8.1f tokens/s (same run)  %s / f32 compute %.2fx\n", base_tokens_per_s,
-                  dtype_name(compute), tokens_per_s / base_tokens_per_s);
-  }
-  if (scaling_baseline) {
-    const double base_tokens_per_s = static_cast<double>(batch) * seq * steps / base_seconds;
-    j["unscaled_tokens_per_s"] = base_tokens_per_s;
-    j["speed_vs_unscaled"] = tokens_per_s / base_tokens_per_s;
-    if (!o.json)
+                  dtype_name(compute), ratio_to_base);
+    if (!o.json && scaling_baseline)
       std::printf("without loss scaling    %8.1f tokens/s (same run)  with / without %.3fx\n", base_tokens_per_s,
-                  tokens_per_s / base_tokens_per_s);
+                  ratio_to_base);
   }
   if (o.profile) {
     prof.enable(true);

@@ -170,6 +170,55 @@ void check_tight(const std::vector<G>& got, const std::vector<double>& want, dou
   CHECK(worst <= 3e-3 * scale);
 }
 
+/// The forward, dq and dk/dv kernels on `a`, with attention_mma.cu's grids.
+template <int D, class T>
+void launch_kernels(const geometry& c, const mma_args<T>& a) {
+  const unsigned tiles = static_cast<unsigned>((c.seq + 63) / 64);
+  const auto bq = static_cast<unsigned>(c.batch * c.hq), bkv = static_cast<unsigned>(c.batch * c.hkv);
+  emulated::launch(&cuda::mma_forward_kernel<D, T>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, a);
+  emulated::launch(&cuda::mma_dq_kernel<D, T>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, a);
+  emulated::launch(&cuda::mma_dkdv_kernel<D, T>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, a);
+}
+
+/// What the kernels wrote for tensors of a 16-bit storage type.
+struct storage_run {
+  Tensor out, dq, dk, dv;  ///< of the storage type
+  std::vector<float> lse;
+};
+
+/// The three kernels, launched as attention_mma.cu launches them, on q, k,
+/// v and dout converted to `dt` (device type T), with the f32 run's
+/// geometry and backward statistics (`f32`); every output starts as NaN, so
+/// an element never written fails the comparisons.
+template <int D, class T>
+storage_run run_storage(const geometry& c, const mma_args<float>& f32, dtype dt, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& dout) {
+  using emulated_test::as;
+  const std::int64_t rows = std::int64_t{c.batch} * c.seq;
+  const auto nans = [&](std::int64_t w) {
+    return Tensor::from_f32(std::vector<float>(static_cast<std::size_t>(rows * w), NAN), {rows, w}).to(dt);
+  };
+  const Tensor tq = q.to(dt), tk = k.to(dt), tv = v.to(dt), tg = dout.to(dt);
+  storage_run run{nans(f32.g.q_width), nans(f32.g.q_width), nans(f32.g.kv_width), nans(f32.g.kv_width),
+                  std::vector<float>(static_cast<std::size_t>(c.batch * c.hq * c.seq), NAN)};
+  mma_args<T> a{};
+  a.seq = f32.seq;
+  a.g = f32.g;
+  a.q = as<T>(tq);
+  a.k = as<T>(tk);
+  a.v = as<T>(tv);
+  a.dout = as<T>(tg);
+  a.lse = f32.lse;
+  a.delta = f32.delta;
+  a.out = as<T>(run.out);
+  a.lse_w = run.lse.data();
+  a.dq = as<T>(run.dq);
+  a.dk = as<T>(run.dk);
+  a.dv = as<T>(run.dv);
+  launch_kernels<D>(c, a);
+  return run;
+}
+
 template <int D>
 void check_case(const geometry& c, kernel_test::rng& r) {
   CAPTURE(D);
@@ -222,11 +271,7 @@ void check_case(const geometry& c, kernel_test::rng& r) {
   a.dq = e_dq.data();
   a.dk = e_dk.data();
   a.dv = e_dv.data();
-  const unsigned tiles = static_cast<unsigned>((c.seq + 63) / 64);
-  const auto bq = static_cast<unsigned>(c.batch * c.hq), bkv = static_cast<unsigned>(c.batch * c.hkv);
-  emulated::launch(&cuda::mma_forward_kernel<D, float>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, a);
-  emulated::launch(&cuda::mma_dq_kernel<D, float>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, a);
-  emulated::launch(&cuda::mma_dkdv_kernel<D, float>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, a);
+  launch_kernels<D>(c, a);
 
   const auto want = [](const Tensor& t) { return kernel_test::to_double(t); };
   const double grads = std::max({max_abs(want(dq)), max_abs(want(dk)), max_abs(want(dv))});
@@ -248,72 +293,28 @@ void check_case(const geometry& c, kernel_test::rng& r) {
   // tensors of these values give the f32 run's results rounded once, bit
   // for bit: the f32 run rounds its operands to bf16 as it stages them, so
   // the arithmetic is the same; lse stays f32 and equal.
-  using emulated_test::as;
-  const auto b16 = [](const Tensor& t) { return t.to(dtype::bf16); };
-  const auto nan16 = [](std::int64_t n, std::int64_t w) {
-    return Tensor::from_f32(std::vector<float>(static_cast<std::size_t>(n * w), NAN), {n, w}).to(dtype::bf16);
-  };
-  const Tensor bq16 = b16(q), bk16 = b16(k), bv16 = b16(v), bg16 = b16(g);
-  Tensor b_out = nan16(rows, qw), b_dq = nan16(rows, qw), b_dk = nan16(rows, kw), b_dv = nan16(rows, kw);
-  std::vector<float> b_lse(delta.size(), NAN);
-  mma_args<__nv_bfloat16> h{};
-  h.seq = a.seq;
-  h.g = a.g;
-  h.q = as<__nv_bfloat16>(bq16);
-  h.k = as<__nv_bfloat16>(bk16);
-  h.v = as<__nv_bfloat16>(bv16);
-  h.dout = as<__nv_bfloat16>(bg16);
-  h.lse = a.lse;
-  h.delta = a.delta;
-  h.out = as<__nv_bfloat16>(b_out);
-  h.lse_w = b_lse.data();
-  h.dq = as<__nv_bfloat16>(b_dq);
-  h.dk = as<__nv_bfloat16>(b_dk);
-  h.dv = as<__nv_bfloat16>(b_dv);
-  emulated::launch(&cuda::mma_forward_kernel<D, __nv_bfloat16>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, h);
-  emulated::launch(&cuda::mma_dq_kernel<D, __nv_bfloat16>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, h);
-  emulated::launch(&cuda::mma_dkdv_kernel<D, __nv_bfloat16>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, h);
+  const storage_run bf = run_storage<D, __nv_bfloat16>(c, a, dtype::bf16, q, k, v, g);
   const auto rounded = [](const std::vector<float>& v, std::int64_t w) {
     return emulated_test::rounded_to(Tensor::from_f32(v, {static_cast<std::int64_t>(v.size()) / w, w}), dtype::bf16);
   };
-  CHECK(emulated_test::widened(b_out) == rounded(e_out, qw));
-  CHECK(b_lse == e_lse);
-  CHECK(emulated_test::widened(b_dq) == rounded(e_dq, qw));
-  CHECK(emulated_test::widened(b_dk) == rounded(e_dk, kw));
-  CHECK(emulated_test::widened(b_dv) == rounded(e_dv, kw));
+  CHECK(emulated_test::widened(bf.out) == rounded(e_out, qw));
+  CHECK(bf.lse == e_lse);
+  CHECK(emulated_test::widened(bf.dq) == rounded(e_dq, qw));
+  CHECK(emulated_test::widened(bf.dk) == rounded(e_dk, kw));
+  CHECK(emulated_test::widened(bf.dv) == rounded(e_dv, kw));
 
   // f16 storage (mixed-precision training in f16): f16 tiles, P and dS.
-  const auto f16 = [](const Tensor& t) { return t.to(dtype::f16); };
-  const Tensor fq = f16(q), fk = f16(k), fv = f16(v), fg = f16(g);
-  Tensor f_out = f16(b_out), f_dq = f16(b_dq), f_dk = f16(b_dk), f_dv = f16(b_dv);  // NaN
-  std::vector<float> f_lse(delta.size(), NAN);
-  mma_args<__half> fa{};
-  fa.seq = a.seq;
-  fa.g = a.g;
-  fa.q = as<__half>(fq);
-  fa.k = as<__half>(fk);
-  fa.v = as<__half>(fv);
-  fa.dout = as<__half>(fg);
-  fa.lse = a.lse;
-  fa.delta = a.delta;
-  fa.out = as<__half>(f_out);
-  fa.lse_w = f_lse.data();
-  fa.dq = as<__half>(f_dq);
-  fa.dk = as<__half>(f_dk);
-  fa.dv = as<__half>(f_dv);
-  emulated::launch(&cuda::mma_forward_kernel<D, __half>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, fa);
-  emulated::launch(&cuda::mma_dq_kernel<D, __half>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, fa);
-  emulated::launch(&cuda::mma_dkdv_kernel<D, __half>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, fa);
+  const storage_run fr = run_storage<D, __half>(c, a, dtype::f16, q, k, v, g);
   const rounded_reference ref16 =
       reference_with_roundings(c, D, q, k, v, g, lse.data<float>(), delta.data(), to_f16);
   using emulated_test::widened;
-  check_tight(widened(f_out), ref16.out, max_abs(ref16.out), "f16 out");
-  check_tight(f_lse, ref16.lse, 0.1, "f16 lse");
-  check_tight(widened(f_dq), ref16.dq, grad_scale(dq), "f16 dq");
-  check_tight(widened(f_dk), ref16.dk, grad_scale(dk), "f16 dk");
-  check_tight(widened(f_dv), ref16.dv, grad_scale(dv), "f16 dv");
+  check_tight(widened(fr.out), ref16.out, max_abs(ref16.out), "f16 out");
+  check_tight(fr.lse, ref16.lse, 0.1, "f16 lse");
+  check_tight(widened(fr.dq), ref16.dq, grad_scale(dq), "f16 dq");
+  check_tight(widened(fr.dk), ref16.dk, grad_scale(dk), "f16 dk");
+  check_tight(widened(fr.dv), ref16.dv, grad_scale(dv), "f16 dv");
   // Three more bits than bf16: closer to the exact (cpu f32) attention.
-  const double f16_err = max_error(widened(f_out), want(out)), bf16_err = max_error(e_out, want(out));
+  const double f16_err = max_error(widened(fr.out), want(out)), bf16_err = max_error(e_out, want(out));
   INFO("largest error of out against the cpu: f16 tiles " << f16_err << ", bf16 tiles " << bf16_err);
   CHECK(f16_err < 0.5 * bf16_err);
 }

@@ -27,24 +27,13 @@
 #include "tests/emulated_device/dist_jobs.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
+#include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
 using namespace corolla::testing;
 
 namespace {
-
-/// ||a - b|| / ||b||.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = static_cast<double>(a[i]) - b[i];
-    diff += d * d;
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
 
 /// The gradients of `m`'s blocks (the part computed in 16 bits; the
 /// head's stay f32), flattened in order, times `factor`.

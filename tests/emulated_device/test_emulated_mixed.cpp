@@ -19,27 +19,17 @@
 #include "model/transformer.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
+#include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
 using corolla::testing::emulated_device_backend;
+using corolla::testing::relative_error;
 using corolla::testing::some_ids;
 
 namespace {
 
 testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch, 96); }
-
-/// ||a - b|| / ||b|| over two equally long vectors.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = static_cast<double>(a[i]) - b[i];
-    diff += d * d;
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
 
 /// Every gradient of `m`, flattened in group order.
 std::vector<float> all_grads(transformer& m) {

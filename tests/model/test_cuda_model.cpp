@@ -33,6 +33,7 @@
 
 using namespace corolla;
 using corolla::testing::max_abs_diff;
+using corolla::testing::relative_error;
 using corolla::testing::some_ids;
 
 namespace {
@@ -247,15 +248,6 @@ TEST_CASE("cuda: f16 compute of a large batch needs the loss scale, and training
       if (g.params != &m.head())
         for (float v : g.grads->flat().to_vector()) out.push_back(v * factor);
     return out;
-  };
-  auto relative_error = [](const std::vector<double>& a, const std::vector<double>& b) {
-    REQUIRE(a.size() == b.size());
-    double diff = 0, norm = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      diff += (a[i] - b[i]) * (a[i] - b[i]);
-      norm += b[i] * b[i];
-    }
-    return std::sqrt(diff / norm);
   };
   transformer ref = transformer::load(dir.path(), cpu_backend());
   ref.zero_grads();

@@ -36,6 +36,20 @@ inline double max_rel_diff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
+/// ||a - b|| / ||b||, normwise in f64 (b is the reference; 1e-30 guards a
+/// zero one).
+template <class A, class B>
+double relative_error(const std::vector<A>& a, const std::vector<B>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    diff += d * d;
+    norm += static_cast<double>(b[i]) * static_cast<double>(b[i]);
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
 /// Largest |a - b| elementwise.
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
