@@ -535,6 +535,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   register_bench_swarm(bench, action);
   register_bench_attention(bench, action);
   register_bench_update(bench, action);
+  register_bench_loss(bench, action);
 }
 
 }  // namespace corolla::app

@@ -48,6 +48,7 @@ void register_bench_attention(CLI::App* bench, action_fn& action);
 /// `corolla bench update`: a training rank's bucket update on the device vs
 /// on the host (apps/bench_update.cpp).
 void register_bench_update(CLI::App* bench, action_fn& action);
+void register_bench_loss(CLI::App* bench, action_fn& action);
 /// A tensor of `shape` and dtype `t` on `be`'s device holding pseudo-random
 /// values in [-1, 1) (drawn in f32 on the host from `seed`, converted by the
 /// backend's copy), for the benches (apps/bench_gemm.cpp).

@@ -1,5 +1,7 @@
 #include "model/head.hpp"
 
+#include <algorithm>
+
 #include "model/hf_names.hpp"
 
 namespace corolla {
@@ -83,10 +85,8 @@ void head::embed_backward(const Tensor& ids, const Tensor& positions, const Tens
   if (!is_llama(cfg_)) be_->embedding_backward(positions, dx, g_pos_);
 }
 
-void head::logits(const Tensor& x, Tensor& logits, head_activations* saved) {
+Tensor& head::final_norm(const Tensor& x, head_activations* saved) {
   const std::int64_t N = x.dim(0), D = cfg_.hidden_size;
-  expect_rows(x, N, D, "head::logits x");
-  expect_rows(logits, N, cfg_.vocab_size, "head::logits logits");
   Tensor* norm;
   Tensor* mean = nullptr;
   Tensor* rstd;
@@ -104,8 +104,16 @@ void head::logits(const Tensor& x, Tensor& logits, head_activations* saved) {
     be_->rmsnorm(x, norm_w_, cfg_.norm_eps, *norm, rstd);
   else
     be_->layernorm(x, norm_w_, norm_b_, cfg_.norm_eps, *norm, mean, rstd);
+  return *norm;
+}
+
+void head::logits(const Tensor& x, Tensor& logits, head_activations* saved) {
+  const std::int64_t N = x.dim(0), D = cfg_.hidden_size;
+  expect_rows(x, N, D, "head::logits x");
+  expect_rows(logits, N, cfg_.vocab_size, "head::logits logits");
+  const Tensor& norm = final_norm(x, saved);
   const bool inference = !saved && lm_head_inference_.defined();
-  be_->linear(*norm, inference ? lm_head_inference_ : lm_head_w_, nullptr, logits);
+  be_->linear(norm, inference ? lm_head_inference_ : lm_head_w_, nullptr, logits);
 }
 
 void head::use_inference_weights(dtype t) {
@@ -117,23 +125,20 @@ void head::use_inference_weights(dtype t) {
   be_->copy(lm_head_w_, lm_head_inference_);
 }
 
-void head::logits_backward(const head_activations& saved, const Tensor& dlogits, Tensor& dx,
-                           bool param_grads) {
-  const std::int64_t N = saved.x.dim(0);
-  expect_shape(dx, {N, cfg_.hidden_size}, "head::logits_backward dx");
-  Tensor& dnorm = norm_rows_.rows(*be_, N);  // free here: only the no-save path uses it
-  Tensor* g_norm_w = nullptr;
-  Tensor* g_norm_b = nullptr;
-  if (param_grads) {
-    grads();
-    be_->linear_backward(saved.norm, lm_head_w_, dlogits, &dnorm, g_lm_head_, nullptr);
-    g_norm_w = &g_norm_w_;
-    g_norm_b = &g_norm_b_;
-  } else {
-    // dnorm = dlogits [N,V] @ W [V,D]; the weight gradient is never formed.
-    be_->gemm(dlogits, false, lm_head_w_, false, dnorm);
+void head::lm_head_backward(const Tensor& norm, const Tensor& dlogits, Tensor& dnorm, bool param_grads) {
+  if (param_grads)
+    be_->linear_backward(norm, lm_head_w_, dlogits, &dnorm, g_lm_head_, nullptr);
+  else
+    be_->gemm(dlogits, false, lm_head_w_, false, dnorm);  // dnorm = dlogits [N,V] @ W [V,D]; no weight gradient
+}
+
+void head::norm_backward(const head_activations& saved, const Tensor& dnorm, Tensor& dx, bool param_grads) {
+  Tensor* g_norm_w = &g_norm_w_;
+  Tensor* g_norm_b = &g_norm_b_;
+  if (!param_grads) {
     ensure_tensor(*be_, discard_norm_w_, norm_w_.shape()).zero();  // accumulated into, never read
     g_norm_w = &discard_norm_w_;
+    g_norm_b = nullptr;
     if (norm_b_.defined()) {
       ensure_tensor(*be_, discard_norm_b_, norm_b_.shape()).zero();
       g_norm_b = &discard_norm_b_;
@@ -145,16 +150,59 @@ void head::logits_backward(const head_activations& saved, const Tensor& dlogits,
     be_->layernorm_backward(saved.x, norm_w_, saved.mean, saved.rstd, dnorm, dx, *g_norm_w, *g_norm_b);
 }
 
+void head::logits_backward(const head_activations& saved, const Tensor& dlogits, Tensor& dx,
+                           bool param_grads) {
+  const std::int64_t N = saved.x.dim(0);
+  expect_shape(dx, {N, cfg_.hidden_size}, "head::logits_backward dx");
+  if (param_grads) grads();
+  Tensor& dnorm = norm_rows_.rows(*be_, N);  // free here: only the no-save path uses it
+  lm_head_backward(saved.norm, dlogits, dnorm, param_grads);
+  norm_backward(saved, dnorm, dx, param_grads);
+}
+
+void head::set_loss_chunk_rows(std::int64_t rows) {
+  if (rows < 0) throw tensor_error("head: loss chunk rows must be >= 0 (0 = by the memory budget)");
+  loss_chunk_rows_ = rows;
+}
+
+std::int64_t head::loss_chunk_rows(std::int64_t rows) const {
+  std::int64_t chunk = loss_chunk_rows_;
+  if (chunk == 0) chunk = std::max<std::int64_t>(1, loss_logits_budget / (std::int64_t{cfg_.vocab_size} * 4));
+  return std::min(chunk, rows);
+}
+
 float head::loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_scale,
                  head_activations& saved, bool param_grads) {
-  const std::int64_t N = x.dim(0);
+  const std::int64_t N = x.dim(0), D = cfg_.hidden_size, V = cfg_.vocab_size;
+  expect_rows(x, N, D, "head::loss x");
   expect_shape(targets, {N}, "head::loss targets");
-  ensure_tensor(*be_, saved.logits, {N, cfg_.vocab_size});
+  if (dx) expect_shape(*dx, {N, D}, "head::loss dx");
   ensure_tensor(*be_, saved.losses, {N});
-  logits(x, saved.logits, &saved);
-  // d(mean * grad_scale)/dlogits = (softmax - onehot) * grad_scale / N.
-  be_->cross_entropy(saved.logits, targets, saved.losses, dx ? &saved.logits : nullptr,
-                     grad_scale / static_cast<float>(N));
+  const Tensor& norm = final_norm(x, &saved);
+  // Logits of one chunk of rows at a time: [chunk, V] instead of [N, V].
+  // Each chunk's dlogits are formed in place and folded into dnorm (and the
+  // LM-head gradient) before the next chunk overwrites them.
+  const std::int64_t chunk = loss_chunk_rows(N);
+  Tensor& logits = ensure_tensor(*be_, saved.logits, {chunk, V});
+  Tensor* dnorm = nullptr;
+  if (dx) {
+    if (param_grads) grads();
+    dnorm = &norm_rows_.rows(*be_, N);  // free here: only the no-save path uses it
+  }
+  for (std::int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const std::int64_t r1 = std::min(N, r0 + chunk);
+    Tensor lg = r1 - r0 == chunk ? logits : logits.slice(0, r1 - r0);
+    const Tensor norm_c = chunk == N ? norm : norm.slice(r0, r1);
+    be_->linear(norm_c, lm_head_w_, nullptr, lg);
+    // d(mean * grad_scale)/dlogits = (softmax - onehot) * grad_scale / N.
+    Tensor losses_c = chunk == N ? saved.losses : saved.losses.slice(r0, r1);
+    be_->cross_entropy(lg, chunk == N ? targets : targets.slice(r0, r1), losses_c, dx ? &lg : nullptr,
+                       grad_scale / static_cast<float>(N));
+    if (dx) {
+      Tensor dnorm_c = chunk == N ? *dnorm : dnorm->slice(r0, r1);
+      lm_head_backward(norm_c, lg, dnorm_c, param_grads);
+    }
+  }
   const Tensor* host = &saved.losses;
   if (saved.losses.dev().kind != device_kind::cpu) {
     ensure_tensor(cpu_backend(), host_losses_, {N});
@@ -165,7 +213,7 @@ float head::loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_
   const float* l = host->data<float>();
   double sum = 0.0;
   for (std::int64_t i = 0; i < N; ++i) sum += l[i];
-  if (dx) logits_backward(saved, saved.logits, *dx, param_grads);
+  if (dx) norm_backward(saved, *dnorm, *dx, param_grads);
   return static_cast<float>(sum / static_cast<double>(N));
 }
 

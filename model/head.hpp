@@ -30,7 +30,9 @@ struct head_activations {
   Tensor x;           ///< input hidden states [N,D], shared with the caller (kept unchanged)
   Tensor norm;        ///< final norm output [N,D]
   Tensor mean, rstd;  ///< norm statistics [N] (mean: GPT-2 only)
-  Tensor logits;      ///< [N,V]; head::loss turns it into dlogits in place
+  /// head::logits: [N,V]. head::loss: [rows of one chunk, V], each chunk's
+  /// logits turned into its dlogits in place (head::set_loss_chunk_rows).
+  Tensor logits;
   Tensor losses;      ///< per-row cross-entropy [N] (head::loss)
 };
 
@@ -87,9 +89,23 @@ class head {
   /// -1 = ignored row, still counted in the mean). With `dx`, also runs the
   /// backward of (mean loss * grad_scale): dx [N,D] overwritten, parameter
   /// gradients added unless `param_grads` is false (see logits_backward).
-  /// `saved` holds the buffers (reused across calls).
+  /// `saved` holds the buffers (reused across calls). The logits are formed
+  /// a chunk of rows at a time (set_loss_chunk_rows), so at most
+  /// [chunk, V] of them exist: with one chunk the ops are those of logits()
+  /// and logits_backward(); with several, the LM-head gradient is summed
+  /// over the chunks' products.
   float loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_scale,
              head_activations& saved, bool param_grads = true);
+
+  /// Bytes of f32 logits loss() forms at once by default: rows per chunk =
+  /// this / (4 V), so GPT-2's 50257 tokens take 1335 rows a chunk and a
+  /// 128K vocabulary 512, while B*T rows of a small vocabulary stay one chunk.
+  static constexpr std::int64_t loss_logits_budget = std::int64_t{256} << 20;
+  /// Rows per chunk of loss(): 0 (the default) = by loss_logits_budget.
+  /// Throws tensor_error for a negative count.
+  void set_loss_chunk_rows(std::int64_t rows);
+  /// The rows per chunk loss() uses for `rows` rows.
+  std::int64_t loss_chunk_rows(std::int64_t rows) const;
 
   /// Makes logits() without `saved` (the inference path) read a `t` copy of
   /// the LM-head weight: bf16 halves its bytes per token; f32 (the default)
@@ -105,6 +121,15 @@ class head {
 
  private:
   void resolve_views();
+  /// The final norm of x: into `saved` (which then keeps x) or, without,
+  /// into the inference scratch. Returns the normalised rows.
+  Tensor& final_norm(const Tensor& x, head_activations* saved);
+  /// dnorm = dlogits @ W (overwritten) and, with param_grads, the LM-head
+  /// weight gradient added.
+  void lm_head_backward(const Tensor& norm, const Tensor& dlogits, Tensor& dnorm, bool param_grads);
+  /// dx from dnorm through the final norm (its parameter gradients added,
+  /// or discarded without param_grads).
+  void norm_backward(const head_activations& saved, const Tensor& dnorm, Tensor& dx, bool param_grads);
 
   model_config cfg_;
   Backend* be_;
@@ -119,6 +144,7 @@ class head {
   // Where a frozen head's norm backward puts the gradients nobody reads.
   Tensor discard_norm_w_, discard_norm_b_;
   Tensor host_losses_;
+  std::int64_t loss_chunk_rows_ = 0;
 };
 
 }  // namespace corolla

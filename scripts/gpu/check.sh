@@ -50,6 +50,8 @@ run bench_gemm corolla bench gemm --dtype bf16 --shapes llama7b
 run bench_decode corolla bench decode --preset llama7b --weights bf16 --repeats 3 --profile
 run bench_decode_kv16 corolla bench decode --preset llama7b --weights bf16 --kv-dtype bf16 --prompt-tokens 2048 --new-tokens 64 --repeats 2
 run bench_update corolla bench update
+run bench_loss corolla bench loss --rows 4096 --hidden 1600
+run bench_loss_512 corolla bench loss --rows 4096 --hidden 1600 --chunk-rows 512
 run bench_attention corolla bench attention --shape gpt2-1.5b
 run bench_attention_7b corolla bench attention --shape llama7b
 run bench_attention_16 corolla bench attention --shape gpt2-1.5b --precisions f32 --storage f32,bf16

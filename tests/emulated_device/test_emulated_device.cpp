@@ -24,6 +24,7 @@
 #include "actors/train_job.hpp"
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
+#include "model/head.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
@@ -118,6 +119,37 @@ TEST_CASE("emulated device: a model on a device generates the cpu's tokens and t
     const auto cpu_losses = trainer(on_cpu, d_cpu, opts).run().losses;
     const auto dev_losses = trainer(on_dev, d_dev, opts).run().losses;
     CHECK(dev_losses == cpu_losses);
+  }
+}
+
+TEST_CASE("emulated device: the head's loss in chunks of rows equals the cpu's, on device slices") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::temp_dir_guard dir("emulated-loss-chunks");
+    testing::write_tiny_model(dir.path(), options_for(arch));
+    emulated_device_backend dev;
+    transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+    transformer on_dev = transformer::load(dir.path(), dev);
+    const model_config& cfg = on_cpu.config();
+    const std::int64_t N = 21, D = cfg.hidden_size;
+    const auto xs = some_ids(static_cast<int>(N * D), 1000, 3);
+    std::vector<float> xf(xs.begin(), xs.end());
+    for (float& v : xf) v = v / 500.0f - 1.0f;
+    const Tensor x = Tensor::from_f32(xf, {N, D});
+    const Tensor targets = Tensor::from_i32(some_ids(static_cast<int>(N), cfg.vocab_size, 4), {N});
+    head h_cpu(cfg, on_cpu.head(), cpu_backend()), h_dev(cfg, on_dev.head(), dev);
+    h_cpu.set_loss_chunk_rows(8);  // 8, 8 and 5 rows
+    h_dev.set_loss_chunk_rows(8);
+    Tensor dx_cpu = Tensor::empty({N, D}), x_dev = dev.empty({N, D}), dx_dev = dev.empty({N, D});
+    dev.copy(x, x_dev);
+    head_activations a_cpu, a_dev;
+    CHECK(h_dev.loss(x_dev, targets, &dx_dev, 2.0f, a_dev) == h_cpu.loss(x, targets, &dx_cpu, 2.0f, a_cpu));
+    Tensor back = Tensor::empty({N, D});
+    dev.copy(dx_dev, back);
+    CHECK(back.to_vector() == dx_cpu.to_vector());
+    Tensor g = Tensor::empty({h_dev.grads().size()});
+    dev.copy(h_dev.grads().flat(), g);
+    CHECK(g.to_vector() == h_cpu.grads().flat().to_vector());
   }
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
 #include "model/head.hpp"
+#include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -135,10 +136,12 @@ void check_block_backward(const model_config& cfg) {
   CHECK(worst < 1e-4);
 }
 
-void check_head_backward(const model_config& cfg) {
+/// `chunk` > 0: the loss forms the logits that many rows at a time.
+void check_head_backward(const model_config& cfg, std::int64_t chunk = 0) {
   Backend& be = cpu_backend();
   const int N = 7, D = cfg.hidden_size, V = cfg.vocab_size;
   head h(cfg, be);
+  h.set_loss_chunk_rows(chunk);
   fill_random(h.params(), 21);
   std::vector<std::int32_t> ids_v, pos_v, tgt_v;
   for (int i = 0; i < N; ++i) {
@@ -190,6 +193,59 @@ TEST_CASE("head backward matches finite differences (llama tied)") {
 
 TEST_CASE("head backward matches finite differences (gpt2)") {
   check_head_backward(small_config(architecture::gpt2, 4));
+}
+
+TEST_CASE("head backward matches finite differences with the loss in chunks of rows") {
+  check_head_backward(small_config(architecture::llama, 2, true), 3);  // chunks of 3, 3 and 1 rows
+  check_head_backward(small_config(architecture::gpt2, 4), 2);
+}
+
+TEST_CASE("the loss in chunks of rows gives one chunk's loss and gradients, with a chunk's logits at most") {
+  for (const model_config& cfg : {small_config(architecture::llama, 2), small_config(architecture::llama, 2, true),
+                                  small_config(architecture::gpt2, 4)}) {
+    CAPTURE(cfg.hf_architecture);
+    CAPTURE(cfg.tie_embeddings);
+    const int N = 7, D = cfg.hidden_size, V = cfg.vocab_size;
+    head h(cfg, cpu_backend());
+    fill_random(h.params(), 23);
+    std::vector<std::int32_t> tgt_v;
+    for (int i = 0; i < N; ++i) tgt_v.push_back(i == 5 ? -1 : (i * 3 + 2) % V);
+    const Tensor targets = Tensor::from_i32(tgt_v, {N});
+    const Tensor x = random_tensor({N, D}, 41);
+    // One chunk (all 7 rows): the reference.
+    Tensor dx1 = Tensor::empty({N, D});
+    head_activations a1;
+    const float l1 = h.loss(x, targets, &dx1, 1.5f, a1);
+    CHECK(a1.logits.dim(0) == N);
+    const std::vector<float> g1 = h.grads().flat().to_vector();
+    for (const std::int64_t chunk : {1, 2, 3, 6}) {
+      CAPTURE(chunk);
+      h.zero_grads();
+      h.set_loss_chunk_rows(chunk);
+      CHECK(h.loss_chunk_rows(N) == chunk);
+      Tensor dx = Tensor::empty({N, D});
+      head_activations a;
+      const float l = h.loss(x, targets, &dx, 1.5f, a);
+      CHECK(a.logits.dim(0) == chunk);  // never more than a chunk of logits
+      CHECK(l == doctest::Approx(l1).epsilon(1e-6));
+      CHECK(testing::max_abs_diff(dx.to_vector(), dx1.to_vector()) < 1e-6);
+      CHECK(testing::max_abs_diff(h.grads().flat().to_vector(), g1) < 1e-5);
+      // A frozen head (prompt tuning): dx alone, the same, and no gradient.
+      h.zero_grads();
+      Tensor frozen_dx = Tensor::empty({N, D});
+      head_activations af;
+      CHECK(h.loss(x, targets, &frozen_dx, 1.5f, af, /*param_grads=*/false) == doctest::Approx(l1).epsilon(1e-6));
+      CHECK(testing::max_abs_diff(frozen_dx.to_vector(), dx1.to_vector()) < 1e-6);
+      CHECK(testing::max_abs_diff(h.grads().flat().to_vector(), std::vector<float>(g1.size(), 0.0f)) == 0.0);
+      // The loss alone.
+      head_activations al;
+      CHECK(h.loss(x, targets, nullptr, 1.0f, al) == doctest::Approx(l1).epsilon(1e-6));
+    }
+  }
+  head h(small_config(architecture::llama, 2), cpu_backend());
+  CHECK(h.loss_chunk_rows(1 << 30) == head::loss_logits_budget / (4 * 24));  // the budget, vocabulary 24
+  CHECK(h.loss_chunk_rows(5) == 5);
+  CHECK_THROWS_AS(h.set_loss_chunk_rows(-1), tensor_error);
 }
 
 TEST_CASE("block layouts follow the canonical names") {

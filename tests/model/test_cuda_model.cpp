@@ -23,6 +23,7 @@
 
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
+#include "model/head.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
@@ -282,6 +283,44 @@ TEST_CASE("cuda: f16 compute of a large batch needs the loss scale, and training
   const train_summary s = trainer(on_gpu, data, opts).run();
   CHECK(s.skipped_steps == 0);
   check_losses(cpu_losses, s.losses, 1e-2);
+}
+
+TEST_CASE("cuda: the head's loss in chunks of rows equals the cpu's in one chunk") {
+  REQUIRE_GPU_OR_SKIP();
+  // The chunked loop on the device (slices of the logits buffer, the
+  // LM-head gradient summed over the chunks' products) against the cpu.
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::temp_dir_guard dir("cuda-loss-chunks");
+    testing::write_tiny_model(dir.path(), options_for(arch));
+    transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+    transformer on_gpu = transformer::load(dir.path(), gpu());
+    const model_config& cfg = on_cpu.config();
+    const std::int64_t N = 45, D = cfg.hidden_size;
+    std::vector<float> xs(static_cast<std::size_t>(N * D));
+    for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
+    const Tensor x = Tensor::from_f32(xs, {N, D});
+    auto targets_v = some_ids(static_cast<int>(N), cfg.vocab_size, 9);
+    targets_v[7] = -1;
+    const Tensor targets = Tensor::from_i32(targets_v, {N});
+    head h_cpu(cfg, on_cpu.head(), cpu_backend());
+    head h_gpu(cfg, on_gpu.head(), gpu());
+    h_gpu.set_loss_chunk_rows(16);  // 16, 16 and 13 rows
+    Tensor dx_cpu = Tensor::empty({N, D});
+    head_activations a_cpu, a_gpu;
+    const float l_cpu = h_cpu.loss(x, targets, &dx_cpu, 1.0f, a_cpu);
+    Tensor x_gpu = gpu().empty({N, D}), dx_gpu = gpu().empty({N, D});
+    gpu().copy(x, x_gpu);
+    const float l_gpu = h_gpu.loss(x_gpu, targets, &dx_gpu, 1.0f, a_gpu);
+    CHECK(a_gpu.logits.dim(0) == 16);
+    CHECK(l_gpu == doctest::Approx(l_cpu).epsilon(1e-5));
+    Tensor dx_back = Tensor::empty({N, D});
+    gpu().copy(dx_gpu, dx_back);
+    CHECK(max_abs_diff(dx_back.to_vector(), dx_cpu.to_vector()) < 1e-5);
+    Tensor g_back = Tensor::empty({h_gpu.grads().size()});
+    gpu().copy(h_gpu.grads().flat(), g_back);
+    CHECK(max_abs_diff(g_back.to_vector(), h_cpu.grads().flat().to_vector()) < 1e-4);
+  }
 }
 
 TEST_CASE("cuda: a model on the device saves the same checkpoint as on the cpu") {
