@@ -640,12 +640,14 @@ class rank_runtime {
   /// AdamW on this rank's shard, with backend `on` (dp_math() from the DP
   /// actor, be_ from the stage thread), where the parameters live. Staged,
   /// the reduced gradient shard goes up first and the updated parameter
-  /// shard comes back down for the all-gather. Returns once the update is
-  /// done, except on be_ for an unstaged bucket (global norm), where it is
-  /// queued in order with everything after it.
-  void update_shard(bucket& b, std::int64_t step, Backend& on) {
+  /// shard comes back down for the all-gather. The gradients are taken times
+  /// `grad_scale` (unscaling and clipping, folded into AdamW's pass).
+  /// Returns once the update is done, except on be_ for an unstaged bucket
+  /// (global norm), where it is queued in order with everything after it.
+  void update_shard(bucket& b, std::int64_t step, Backend& on, float grad_scale = 1.0f) {
     if (synthetic()) return;
     adamw_params w = o_.optimizer.adamw;
+    w.grad_scale = grad_scale;
     w.lr = scheduled_lr(w.lr, o_.optimizer.schedule, static_cast<int>(step), o_.steps);
     // AdamW counts the updates made: steps skipped for overflow are not
     // (as a single process's adamw_optimizer); the schedule counts steps.
@@ -713,11 +715,7 @@ class rank_runtime {
       const double coef = grad_coefficient(note->value, scaler_.scale(), o_.optimizer.max_grad_norm);
       for (bucket& b : buckets_) {
         if (skip) break;
-        if (coef != 1.0) {
-          Tensor g = reduced_shard(b);
-          stage_math(g).scale(g, static_cast<float>(coef));
-        }
-        update_shard(b, step, be_);
+        update_shard(b, step, be_, static_cast<float>(coef));
         gather_params(b, step);
       }
       scaler_.update(skip);

@@ -357,9 +357,10 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
   opts.optimizer.adamw.lr = 1e-4f;
   trainer t(model, data, opts);
   // Warm-up step each (first touch of gradients, moments and activations),
-  // then the timed ones. Loss scaling (f16's default) costs two more passes
-  // over the gradients: the norm and the unscaling; a timed step skipped
-  // for overflow runs no AdamW, so those are counted and reported.
+  // then the timed ones. Loss scaling (f16's default) costs one more pass
+  // over the gradients, the norm (unscaling rides in AdamW's pass); a timed
+  // step skipped for overflow runs no AdamW, so those are counted and
+  // reported.
   int skipped = 0;
   auto timed_steps = [&](dtype in, const loss_scaling& s, bool main) {
     model.set_compute_dtype(in);

@@ -16,6 +16,7 @@ struct adamw_step_scalars {
   float bc2_sqrt = 1.0f;   ///< sqrt(1 - beta2^step)
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float one_minus_b1 = 0.1f, one_minus_b2 = 0.001f;
+  float grad_scale = 1.0f;  ///< gradients are multiplied by this first (adamw_params::grad_scale)
 };
 
 }  // namespace corolla

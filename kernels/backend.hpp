@@ -57,6 +57,10 @@ struct adamw_params {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
+  /// The gradients are multiplied by this (in f32) before the update:
+  /// unscaling a loss-scaled step and clipping's coefficient, folded into
+  /// the update's one pass instead of a pass of their own. 1 changes nothing.
+  float grad_scale = 1.0f;
 };
 
 /// The scalars of step `step` (counted from 1). Inline: backends link it
@@ -74,6 +78,7 @@ inline adamw_step_scalars adamw_scalars_for(const adamw_params& p, std::int64_t 
   k.eps = p.eps;
   k.one_minus_b1 = static_cast<float>(1.0 - b1);
   k.one_minus_b2 = static_cast<float>(1.0 - b2);
+  k.grad_scale = p.grad_scale;
   return k;
 }
 

@@ -85,15 +85,15 @@ double adamw_optimizer::update(float loss_scale, bool check) {
     coef = grad_coefficient(scaled, loss_scale, settings_.max_grad_norm);
     norm = scaled / static_cast<double>(loss_scale);
   }
-  if (coef != 1.0)
-    for (param_group& grp : groups_)
-      if (grp.grads->size() > 0) be_->scale(grp.grads->flat(), static_cast<float>(coef));
+  // Unscaling and clipping ride in the update's own pass (grad_scale: the
+  // same f32 product a separate scale pass would store).
+  adamw_params w = settings_.adamw;
+  w.grad_scale = static_cast<float>(coef);
   ++steps_;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     param_group& grp = groups_[g];
     if (grp.params->size() == 0) continue;
-    be_->adamw(grp.params->flat(), grp.grads->flat(), m_[g].flat(), v_[g].flat(),
-               settings_.adamw, steps_);
+    be_->adamw(grp.params->flat(), grp.grads->flat(), m_[g].flat(), v_[g].flat(), w, steps_);
   }
   return norm;
 }

@@ -76,20 +76,22 @@ class adamw_optimizer {
   double grad_norm() const;
 
   /// One optimiser step: clips the gradients if clipping is on (scaling them
-  /// in place by max_grad_norm / (norm + 1e-6) when the norm exceeds
-  /// max_grad_norm, as torch.nn.utils.clip_grad_norm_ does), then applies
-  /// AdamW to every group with step number steps() + 1. Returns the gradient
-  /// norm before clipping when clipping is on, or -1 when it is off (the norm
-  /// is then not computed, saving a pass over the gradients).
+  /// by max_grad_norm / (norm + 1e-6) when the norm exceeds max_grad_norm,
+  /// as torch.nn.utils.clip_grad_norm_ does), then applies AdamW to every
+  /// group with step number steps() + 1. The clipping factor is applied
+  /// inside AdamW's pass (adamw_params::grad_scale): the gradient buffers are
+  /// left as they were. Returns the gradient norm before clipping when
+  /// clipping is on, or -1 when it is off (the norm is then not computed,
+  /// saving a pass over the gradients).
   double step();
 
   /// One step on gradients of a loss multiplied by `loss_scale` (dynamic
   /// loss scaling, loss_scale.hpp): the global norm is always computed.
   /// When it is not finite (the scaled backward overflowed) nothing changes,
   /// not even steps(), and that norm is returned: the caller skips the step.
-  /// Otherwise the gradients are multiplied by grad_coefficient (one pass:
-  /// unscaling and clipping together), AdamW runs, and the unscaled norm is
-  /// returned (before clipping).
+  /// Otherwise AdamW runs on the gradients times grad_coefficient
+  /// (unscaling and clipping inside AdamW's pass; the buffers are left
+  /// scaled), and the unscaled norm is returned (before clipping).
   double step_unscaling(float loss_scale);
 
   /// Steps taken so far (the bias-correction counter; 0 before the first).

@@ -73,7 +73,7 @@ void cpu_backend_impl::adamw(Tensor& params, const Tensor& grads, Tensor& m, Ten
   const adamw_step_scalars k = adamw_scalars_for(p, step);  // as torch.optim.AdamW computes them
   const float decay = k.decay, step_size = k.step_size, bc2_sqrt = k.bc2_sqrt;
   const float beta1 = k.beta1, beta2 = k.beta2, eps = k.eps;
-  const float one_minus_b1 = k.one_minus_b1, one_minus_b2 = k.one_minus_b2;
+  const float one_minus_b1 = k.one_minus_b1, one_minus_b2 = k.one_minus_b2, grad_scale = k.grad_scale;
   float* pp = params.data<float>();
   const float* gp = grads.data<float>();
   float* mp = m.data<float>();
@@ -81,7 +81,7 @@ void cpu_backend_impl::adamw(Tensor& params, const Tensor& grads, Tensor& m, Ten
   parallel_ranges(n, 8, [&](std::int64_t b, std::int64_t e) {
 #pragma omp simd
     for (std::int64_t i = b; i < e; ++i) {
-      const float g = gp[i];
+      const float g = gp[i] * grad_scale;
       const float mi = beta1 * mp[i] + one_minus_b1 * g;
       const float vi = beta2 * vp[i] + one_minus_b2 * g * g;
       const float denom = std::sqrt(vi) / bc2_sqrt + eps;

@@ -54,7 +54,7 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
                              adamw_step_scalars k, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
-    const float g = grads[i];
+    const float g = grads[i] * k.grad_scale;
     const float mi = k.beta1 * m[i] + k.one_minus_b1 * g;
     const float vi = k.beta2 * v[i] + k.one_minus_b2 * g * g;
     const float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;

@@ -147,6 +147,13 @@ TEST_CASE("emulated cross-entropy and AdamW kernels match the cpu") {
   check_close(p, to_double(want_p), rel_tol, abs_tol, "adamw params");
   check_close(m, to_double(want_m), rel_tol, abs_tol, "adamw m");
   check_close(v, to_double(want_v), rel_tol, abs_tol, "adamw v");
+  // grad_scale (unscaling and clipping folded in): as the cpu with it.
+  hp.grad_scale = 0.125f;
+  cpu_backend().adamw(want_p, g, want_m, want_v, hp, 8);
+  emulated::launch(&cuda::adamw_kernel, {2, 1, 256, 0}, f(p), f(g), f(m), f(v), adamw_scalars_for(hp, 8), count);
+  check_close(p, to_double(want_p), rel_tol, abs_tol, "adamw params, scaled gradients");
+  check_close(m, to_double(want_m), rel_tol, abs_tol, "adamw m, scaled gradients");
+  check_close(v, to_double(want_v), rel_tol, abs_tol, "adamw v, scaled gradients");
 }
 
 TEST_CASE("emulated RoPE and RoPE + KV-append kernels match the cpu") {

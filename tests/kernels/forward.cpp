@@ -398,6 +398,31 @@ TEST_CASE("adamw matches a double-precision transcription of torch.optim.AdamW")
   }
 }
 
+TEST_CASE("adamw with grad_scale equals scaling the gradients first, bit for bit") {
+  Backend& be = cpu_backend();
+  rng r(12);
+  const std::int64_t n = 41;
+  adamw_params hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  Tensor p1 = random_tensor({n}, r), m1 = Tensor::zeros({n}), v1 = Tensor::zeros({n});
+  Tensor p2 = p1.clone(), m2 = m1.clone(), v2 = v1.clone();
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    const float factor = step == 2 ? 1.0f : 0.3f / static_cast<float>(step);
+    Tensor g = random_tensor({n}, r, -0.5f, 0.5f);
+    Tensor scaled = g.clone();
+    be.scale(scaled, factor);  // the separate pass grad_scale replaces
+    be.adamw(p1, scaled, m1, v1, hp, step);
+    adamw_params folded = hp;
+    folded.grad_scale = factor;
+    be.adamw(p2, g, m2, v2, folded, step);
+    CAPTURE(step);
+    CHECK(p2.to_vector() == p1.to_vector());
+    CHECK(m2.to_vector() == m1.to_vector());
+    CHECK(v2.to_vector() == v1.to_vector());
+  }
+}
+
 TEST_CASE("int8 quantisation round-trips within half a scale step per element") {
   Backend& be = cpu_backend();
   rng r(11);
