@@ -647,7 +647,7 @@ class rank_runtime {
   void update_shard(bucket& b, std::int64_t step, Backend& on, float grad_scale = 1.0f) {
     if (synthetic()) return;
     adamw_params w = o_.optimizer.adamw;
-    w.grad_scale = grad_scale;
+    w.grad_scale *= grad_scale;
     w.lr = scheduled_lr(w.lr, o_.optimizer.schedule, static_cast<int>(step), o_.steps);
     // AdamW counts the updates made: steps skipped for overflow are not
     // (as a single process's adamw_optimizer); the schedule counts steps.

@@ -6,7 +6,8 @@
 // runs the f32 kernels and bf16 the tensor-core ones
 // (kernels/cuda/attention_mma.cu); the ratio bf16 / f32 is their speed-up.
 // --storage repeats it all with the tensors in bf16 or f16 (CUDA: the
-// f32-arithmetic kernels on 16-bit data; the tensor cores take f32 only).
+// tensor-core kernels on 16-bit tiles at every precision, where the head
+// size takes them).
 //
 // FLOPs are the causal algorithm's: forward 4 * Dh per visible (query, key)
 // pair and head (QK^T and PV), backward 2.5 times that (dV, dP, dS K, dS^T Q

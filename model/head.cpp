@@ -177,6 +177,16 @@ float head::loss(const Tensor& x, const Tensor& targets, Tensor* dx, float grad_
   expect_rows(x, N, D, "head::loss x");
   expect_shape(targets, {N}, "head::loss targets");
   if (dx) expect_shape(*dx, {N, D}, "head::loss dx");
+  // Every chunk's cross_entropy checks its own targets; checked here first
+  // (host targets, the usual), a bad one fails before any chunk has added
+  // into the gradients, and names its row in the batch.
+  if (targets.dev().kind == device_kind::cpu && targets.type() == dtype::i32) {
+    const std::int32_t* t = targets.data<std::int32_t>();
+    for (std::int64_t r = 0; r < N; ++r)
+      if (t[r] != -1 && (t[r] < 0 || t[r] >= V))
+        throw tensor_error("head::loss: target " + std::to_string(t[r]) + " at row " + std::to_string(r) +
+                           " is outside the vocabulary [0, " + std::to_string(V) + ") and is not -1 (ignored)");
+  }
   ensure_tensor(*be_, saved.losses, {N});
   const Tensor& norm = final_norm(x, &saved);
   // Logits of one chunk of rows at a time: [chunk, V] instead of [N, V].

@@ -88,7 +88,7 @@ double adamw_optimizer::update(float loss_scale, bool check) {
   // Unscaling and clipping ride in the update's own pass (grad_scale: the
   // same f32 product a separate scale pass would store).
   adamw_params w = settings_.adamw;
-  w.grad_scale = static_cast<float>(coef);
+  w.grad_scale *= static_cast<float>(coef);
   ++steps_;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     param_group& grp = groups_[g];

@@ -18,7 +18,7 @@
 // chosen for being easy to check against kernels/cpu/cpu_attention.cpp; it
 // re-reads keys from L2 per query row. Head sizes up to 128 take the tiled
 // kernels of attention_tiled.cu instead, or attention_mma.cu's tensor-core
-// ones (bf16 tensors, or f32 at bf16 matmul precision; the delta kernel
+// ones (bf16 and f16 tensors, or f32 at bf16 matmul precision; the delta kernel
 // here runs for all), and attention against the paged cache (decode) splits the keys
 // over blocks (attention_paged_kernels.cuh).
 #include "kernels/cuda/attention.hpp"

@@ -22,9 +22,9 @@ struct attention_dims {
 
 /// out, lse (may be null) for q [B*T, Hq*Dh] against k, v [B*T, Hkv*Dh];
 /// q, k, v, out of element type t (read into f32, out rounded once), lse
-/// f32. attention_mma.cu's tensor-core kernels run for bf16 operands, and
-/// for f32 ones with `tensor_cores` (bf16 matmul precision), where they take
-/// the geometry (attention_mma_supported); otherwise, and for f16, the
+/// f32. attention_mma.cu's tensor-core kernels run for bf16 and f16
+/// operands, and for f32 ones with `tensor_cores` (bf16 matmul precision),
+/// where they take the geometry (attention_mma_supported); otherwise the
 /// f32-arithmetic kernels.
 void attention_forward(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
                        const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse,

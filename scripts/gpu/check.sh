@@ -54,7 +54,7 @@ run bench_loss corolla bench loss --rows 4096 --hidden 1600
 run bench_loss_512 corolla bench loss --rows 4096 --hidden 1600 --chunk-rows 512
 run bench_attention corolla bench attention --shape gpt2-1.5b
 run bench_attention_7b corolla bench attention --shape llama7b
-run bench_attention_16 corolla bench attention --shape gpt2-1.5b --precisions f32 --storage f32,bf16
+run bench_attention_16 corolla bench attention --shape gpt2-1.5b --precisions f32 --storage f32,bf16,f16
 run bench_train corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 --profile
 run bench_train_mixed corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16 --profile
 run bench_train_f16 corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute f16

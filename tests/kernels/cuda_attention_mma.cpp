@@ -27,6 +27,8 @@
 #include "kernels/backend.hpp"
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/attention_mma.hpp"
+#include "kernels/cuda/attention_tiled.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device.hpp"
 #endif
 
@@ -190,6 +192,24 @@ TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches
     }
     INFO("largest error of out: f16 tensors " << f16_err << ", bf16 tiles " << bf16_err);
     CHECK(f16_err < 0.5 * bf16_err);
+    // They ran on the tensor cores: f16 P rounding moves the result away
+    // from the tiled kernels' (f32 P) on the same f16 tensors.
+    cuda::attention_dims g16;
+    g16.hq = c.hq;
+    g16.hkv = c.hkv;
+    g16.dh = c.dh;
+    g16.group = c.hq / c.hkv;
+    g16.q_width = qw;
+    g16.kv_width = kw;
+    g16.scale = 1.0f / std::sqrt(static_cast<float>(c.dh));
+    Tensor tiled_o = gpu().empty(out.shape(), dtype::f16), tiled_l = gpu().empty(lse.shape());
+    auto& cb = static_cast<cuda::cuda_backend&>(gpu());
+    REQUIRE(cuda::attention_forward_tiled(cb.stream(), g16, cuda::elem::f16, fq_in.raw(), fk_in.raw(), fv_in.raw(),
+                                          c.batch, c.seq, tiled_o.raw(), tiled_l.data<float>()));
+    const std::vector<double> f_tiled = down(tiled_o);
+    double f16_moved = 0.0;
+    for (std::size_t i = 0; i < f_out.size(); ++i) f16_moved = std::max(f16_moved, std::abs(f_out[i] - f_tiled[i]));
+    CHECK(f16_moved > 0.0);
     Tensor fa = gpu().empty(gq.shape(), dtype::f16), fb = gpu().empty(gk.shape(), dtype::f16),
            fd = gpu().empty(gv.shape(), dtype::f16);
     gpu().attention_backward(fq_in, fk_in, fv_in, f_out_ref, d_lse_ref, fg, c.batch, c.seq, s, fa, fb, fd);

@@ -246,6 +246,15 @@ TEST_CASE("the loss in chunks of rows gives one chunk's loss and gradients, with
   CHECK(h.loss_chunk_rows(1 << 30) == head::loss_logits_budget / (4 * 24));  // the budget, vocabulary 24
   CHECK(h.loss_chunk_rows(5) == 5);
   CHECK_THROWS_AS(h.set_loss_chunk_rows(-1), tensor_error);
+  // A bad target in a later chunk fails before any chunk adds gradients.
+  h.set_loss_chunk_rows(2);
+  const Tensor x = random_tensor({5, 16}, 43);
+  Tensor dx = Tensor::empty({5, 16});
+  head_activations a;
+  CHECK_THROWS_WITH_AS(h.loss(x, Tensor::from_i32(std::vector<std::int32_t>{1, 2, 3, 4, 24}, {5}), &dx, 1.0f, a),
+                       "head::loss: target 24 at row 4 is outside the vocabulary [0, 24) and is not -1 (ignored)",
+                       tensor_error);
+  CHECK(h.grads().flat().to_vector() == std::vector<float>(static_cast<std::size_t>(h.grads().size()), 0.0f));
 }
 
 TEST_CASE("block layouts follow the canonical names") {
