@@ -48,6 +48,8 @@ void register_bench_attention(CLI::App* bench, action_fn& action);
 /// `corolla bench update`: a training rank's bucket update on the device vs
 /// on the host (apps/bench_update.cpp).
 void register_bench_update(CLI::App* bench, action_fn& action);
+/// `corolla bench loss`: the head's training loss with the logits in chunks
+/// of rows vs all rows at once (apps/bench_loss.cpp).
 void register_bench_loss(CLI::App* bench, action_fn& action);
 /// A tensor of `shape` and dtype `t` on `be`'s device holding pseudo-random
 /// values in [-1, 1) (drawn in f32 on the host from `seed`, converted by the

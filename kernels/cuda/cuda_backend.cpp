@@ -336,4 +336,13 @@ cuda_backend& backend_for_device(int index) {
   return *b;
 }
 
+elem elem_of(dtype t, const char* what) {
+  switch (t) {
+    case dtype::f32: return elem::f32;
+    case dtype::bf16: return elem::bf16;
+    case dtype::f16: return elem::f16;
+    default: throw tensor_error(std::string(what) + ": expected f32, bf16 or f16, got " + dtype_name(t));
+  }
+}
+
 }  // namespace corolla::cuda

@@ -42,6 +42,10 @@ struct cublasLtContext;
 
 namespace corolla::cuda {
 
+/// The storage type of float dtype `t` (what the launchers take); throws
+/// tensor_error naming `what` for another dtype.
+elem elem_of(dtype t, const char* what);
+
 /// Backend for CUDA device `index`. Thread-compatible (one caller at a time),
 /// like every Backend.
 class cuda_backend final : public Backend {

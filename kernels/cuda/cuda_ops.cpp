@@ -22,16 +22,6 @@
 namespace corolla::cuda {
 namespace {
 
-/// The storage type of float dtype `t`; throws naming `what` for others.
-elem elem_of(dtype t, const char* what) {
-  switch (t) {
-    case dtype::f32: return elem::f32;
-    case dtype::bf16: return elem::bf16;
-    case dtype::f16: return elem::f16;
-    default: throw tensor_error(std::string(what) + ": expected f32, bf16 or f16, got " + dtype_name(t));
-  }
-}
-
 /// The storage type of a float tensor on `where`; throws for other dtypes.
 elem float_elem(const Tensor& t, device where, const char* what) {
   require_on_device(t, where, what);

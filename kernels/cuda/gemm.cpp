@@ -58,10 +58,6 @@ cudaDataType_t cuda_type(dtype t) {
   }
 }
 
-elem elem_for(dtype t) {
-  return t == dtype::bf16 ? elem::bf16 : t == dtype::f16 ? elem::f16 : elem::f32;
-}
-
 /// Throws unless `t` is defined, on `where`, and of a float dtype.
 void require_float(const Tensor& t, device where, const char* what) {
   require_on_device(t, where, what);
@@ -105,7 +101,7 @@ void scale_or_zero(stream_t s, void* c, dtype ct, std::int64_t n, float beta) {
   if (beta == 0.0f)
     COROLLA_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(n) * dtype_size(ct), s));
   else if (beta != 1.0f)
-    scale(s, elem_for(ct), c, beta, n);
+    scale(s, elem_of(ct, "gemm c"), c, beta, n);
 }
 
 }  // namespace
@@ -273,15 +269,17 @@ void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, 
   device_guard guard(index_);
   const bool epilogue = bias && bias->type() == y.type();
   float beta = 0.0f;
-  if (bias && !epilogue) {  // y starts as the bias broadcast over rows
-    broadcast_rows(stream_, bias->raw(), elem_for(bias->type()), y.raw(), elem_for(y.type()),
+  const auto broadcast_bias = [&] {
+    broadcast_rows(stream_, bias->raw(), elem_of(bias->type(), "linear bias"), y.raw(), elem_of(y.type(), "linear y"),
                    rows, out);
+  };
+  if (bias && !epilogue) {  // y starts as the bias broadcast over rows
+    broadcast_bias();
     beta = 1.0f;
   }
   if (in == 0) {
     if (epilogue)
-      broadcast_rows(stream_, bias->raw(), elem_for(bias->type()), y.raw(), elem_for(y.type()),
-                     rows, out);
+      broadcast_bias();
     else if (!bias)
       COROLLA_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream_));
     return;
@@ -326,8 +324,8 @@ void cuda_backend::linear_backward(const Tensor& x, const Tensor& w, const Tenso
     lt_matmul(true, false, out, in, rows, 1.0f, dy.raw(), dy.type(), out, x.raw(), x.type(), in,
               1.0f, dw.raw(), dw.type(), in, nullptr);
   if (db && rows > 0 && out > 0)
-    column_sum_accumulate(stream_, dy.raw(), elem_for(dy.type()), rows, out, db->raw(),
-                          elem_for(db->type()));
+    column_sum_accumulate(stream_, dy.raw(), elem_of(dy.type(), "linear_backward dy"), rows, out, db->raw(),
+                          elem_of(db->type(), "linear_backward db"));
 }
 
 }  // namespace corolla::cuda
