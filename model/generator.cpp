@@ -19,10 +19,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 std::size_t context_budget(const model_config& cfg, dtype kv) {
   const std::size_t pages =
       static_cast<std::size_t>((cfg.max_positions + kPageTokens - 1) / kPageTokens);
-  const std::size_t page_bytes = 2 * static_cast<std::size_t>(cfg.n_layers) * kPageTokens *
-                                 static_cast<std::size_t>(cfg.n_kv_heads) *
-                                 static_cast<std::size_t>(cfg.head_dim) * dtype_size(kv);
-  return pages * page_bytes;
+  return pages * kPageTokens * kv_pool::token_bytes(cfg.n_layers, std::int64_t{cfg.n_kv_heads} * cfg.head_dim, kv);
 }
 
 /// `kv` if it is a KV-cache element type, else a model_error.

@@ -70,10 +70,13 @@ class kv_pool {
   std::int64_t row_width() const { return row_width_; }
   /// Bytes of one page (one layer's keys and values for page_tokens tokens).
   std::size_t page_bytes() const { return page_bytes_; }
-  /// Bytes one token occupies across every layer of the pool (keys and values).
-  std::size_t bytes_per_token() const {
-    return page_bytes_ * static_cast<std::size_t>(n_layers_) / static_cast<std::size_t>(page_tokens_);
+  /// Bytes one token's keys and values take over `n_layers` layers of rows
+  /// of `row_width` elements of `type` (what a pool so shaped holds per token).
+  static std::size_t token_bytes(int n_layers, std::int64_t row_width, dtype type) {
+    return 2 * static_cast<std::size_t>(n_layers) * static_cast<std::size_t>(row_width) * dtype_size(type);
   }
+  /// Bytes one token occupies across every layer of the pool (keys and values).
+  std::size_t bytes_per_token() const { return token_bytes(n_layers_, row_width_, type_); }
   /// The byte budget given at construction.
   std::size_t budget_bytes() const { return budget_bytes_; }
   /// Most pages the budget admits at once.

@@ -70,8 +70,7 @@ const char* span_errc_name(span_errc e) {
 // ---- construction ------------------------------------------------------------------
 
 std::size_t span_engine::kv_bytes_per_token(const model_config& cfg, int n_blocks, dtype type) {
-  return 2 * static_cast<std::size_t>(n_blocks) * static_cast<std::size_t>(cfg.n_kv_heads) *
-         static_cast<std::size_t>(cfg.head_dim) * dtype_size(type);
+  return kv_pool::token_bytes(n_blocks, std::int64_t{cfg.n_kv_heads} * cfg.head_dim, type);
 }
 
 span_engine::span_engine(stage blocks, std::int64_t cache_tokens,
