@@ -34,6 +34,8 @@
 
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/bandwidth.hpp"
+#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/linear_bf16.hpp"
 #endif
 
 namespace corolla::app {
@@ -183,6 +185,53 @@ bandwidth_result measure_bound_bandwidth(device dev) {
 #endif
 }
 
+/// Whether decode on `dev` launches its GEMVs early (a GPU of sm_90 or
+/// later, COROLLA_CUDA_EARLY_LAUNCH not 0); bench decode then also measures
+/// it with early launch off, in the same run.
+bool launches_early(device dev) {
+#ifdef COROLLA_HAVE_CUDA
+  return dev.kind == device_kind::cuda && cuda::early_launch_requested() && cuda::early_launch_supported(dev.index);
+#else
+  (void)dev;
+  return false;
+#endif
+}
+
+void use_early_launch(bool on) {
+#ifdef COROLLA_HAVE_CUDA
+  cuda::set_early_launch(on);
+#else
+  (void)on;
+#endif
+}
+
+/// The batch-1 GEMV variants the CUDA backend chose per weight shape, with
+/// every variant's time (kernels/cuda/linear_bf16.hpp); printed unless
+/// `json`, returned for the JSON line. Empty on the cpu.
+nlohmann::json report_gemv_choices(bool json) {
+  nlohmann::json out = nlohmann::json::array();
+#ifdef COROLLA_HAVE_CUDA
+  const std::vector<std::string> names = cuda::gemv_variant_names();
+  for (const cuda::gemv_choice& c : cuda::gemv_choices()) {
+    nlohmann::json us = nlohmann::json::object();
+    for (std::size_t i = 0; i < c.microseconds.size(); ++i) us[names[i]] = c.microseconds[i];
+    const std::string& name = names[static_cast<std::size_t>(c.chosen)];
+    out.push_back({{"in", c.in}, {"out", c.out}, {"chosen", name}, {"microseconds", us}});
+    if (json) continue;
+    if (c.microseconds.empty())
+      std::printf("GEMV %6lld -> %6lld      %s (COROLLA_GEMV)\n", static_cast<long long>(c.in),
+                  static_cast<long long>(c.out), name.c_str());
+    else
+      std::printf("GEMV %6lld -> %6lld      %s %.1f us (default %s %.1f us)\n", static_cast<long long>(c.in),
+                  static_cast<long long>(c.out), name.c_str(), c.microseconds[static_cast<std::size_t>(c.chosen)],
+                  names[0].c_str(), c.microseconds[0]);
+  }
+#else
+  (void)json;
+#endif
+  return out;
+}
+
 /// Parameters in the linear layers of the blocks (what GEMMs touch per token).
 long long block_matrix_params(transformer& m) {
   long long n = 0;
@@ -249,7 +298,9 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
   // Bandwidth drifts on shared machines: measure it between the runs and
   // compare the best decode with the best bandwidth seen.
   bandwidth_result bw;
+  const bool early = launches_early(be.dev());
   double best_decode = 0, best_prefill = 0, base_decode = 0, base_prefill = 0;
+  double serial_decode = 0, serial_prefill = 0;  // early launch off
   auto run_once = [&](generator& g, double& decode, double& prefill) {
     generation_result res = g.generate(prompt, p);
     if (res.decode_seconds > 0) decode = std::max(decode, res.decode_steps / res.decode_seconds);
@@ -260,6 +311,11 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
     bandwidth_result b = measure_bound_bandwidth(be.dev());
     if (b.read_gbps > bw.read_gbps) bw = b;
     run_once(gen, best_decode, best_prefill);
+    if (early) {
+      use_early_launch(false);
+      run_once(gen, serial_decode, serial_prefill);
+      use_early_launch(true);
+    }
     if (baseline) run_once(*baseline, base_decode, base_prefill);
   }
 
@@ -287,6 +343,11 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
     gen.generate(std::span(prompt).first(1), p);
     prof.enable(false);
   }
+  j["early_launch"] = early;
+  if (early) {
+    j["serialised_decode_tokens_per_s"] = serial_decode;
+    j["decode_vs_serialised"] = serial_decode > 0 ? best_decode / serial_decode : 0.0;
+  }
   if (baseline) {
     j["f32_weight_bytes_per_token"] = decode_bytes_per_token(model, dtype::f32);
     j["f32_decode_tokens_per_s"] = base_decode;
@@ -306,6 +367,9 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
     std::printf("decode (batch 1)        %8.2f tokens/s  = %.1f%% of the bound\n", best_decode,
                 100.0 * ratio);
     std::printf("prefill (%d tokens)    %8.1f tokens/s\n", prompt_tokens, best_prefill);
+    if (early)
+      std::printf("early launch off        %8.2f tokens/s  (same run, alternating: early launch %.2fx)\n",
+                  serial_decode, serial_decode > 0 ? best_decode / serial_decode : 0.0);
     if (baseline) {
       std::printf("f32 baseline decode     %8.2f tokens/s  (same run, alternating)\n",
                   base_decode);
@@ -314,6 +378,7 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                   base_decode > 0 ? best_decode / base_decode : 0.0);
     }
   }
+  if (nlohmann::json gemv = report_gemv_choices(o.json); !gemv.empty()) j["gemv"] = gemv;
   if (o.profile)
     report_profile(prof, "one generation: a 1-token prompt and " + std::to_string(new_tokens) + " new tokens", o.json,
                    j);

@@ -11,6 +11,7 @@
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
+#include "kernels/cuda/grid_dependency.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -92,6 +93,7 @@ struct paged_params : paged_common {
 
 template <int C, class KT>
 __global__ void attention_paged_split_kernel(paged_params<KT> p) {
+  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
   const std::int64_t rh = blockIdx.x, split = blockIdx.y;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const std::int64_t row = rh / p.g.hq, h = rh % p.g.hq, kvh = h / p.g.group;
@@ -180,6 +182,7 @@ __global__ void attention_paged_split_kernel(paged_params<KT> p) {
 /// The same for every cache type: it reads only the split kernel's partials.
 template <int C>
 __global__ void attention_paged_combine_kernel(paged_common p) {
+  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
   const std::int64_t rh = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (rh >= p.rows * p.g.hq) return;  // whole warps exit together

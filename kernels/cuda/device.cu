@@ -2,7 +2,10 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -63,6 +66,46 @@ void allow_smem_for(const void* kernel, std::size_t bytes) {
   COROLLA_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   allowed = bytes;
+}
+
+// ---- early launch (device.hpp) -----------------------------------------------------
+
+namespace {
+bool early_launch_default() {
+  const char* v = std::getenv("COROLLA_CUDA_EARLY_LAUNCH");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+std::atomic<bool>& early_launch_flag() {
+  static std::atomic<bool> on{early_launch_default()};
+  return on;
+}
+constexpr int max_devices = 64;
+/// Per device: 0 not yet asked, 1 below sm_90, 2 sm_90 or later.
+std::atomic<int> device_has_pdl[max_devices] = {};
+}  // namespace
+
+void set_early_launch(bool on) { early_launch_flag().store(on); }
+
+bool early_launch_requested() { return early_launch_flag().load(); }
+
+bool early_launch_supported(int index) {
+  if (index < 0 || index >= max_devices) return false;
+  std::atomic<int>& known = device_has_pdl[index];
+  int has = known.load(std::memory_order_relaxed);
+  if (has == 0) {
+    int major = 0;
+    COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+    has = major >= 9 ? 2 : 1;
+    known.store(has, std::memory_order_relaxed);
+  }
+  return has == 2;
+}
+
+bool early_launch_active() {
+  if (!early_launch_requested()) return false;
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  return early_launch_supported(device);
 }
 
 }  // namespace corolla::cuda

@@ -13,4 +13,18 @@ std::string device_count_error();
 /// "NVIDIA H200, 139 GiB, sm_90" for device `index`.
 std::string device_description(int index);
 
+/// Programmatic dependent launch ("early launch", kernels/cuda/
+/// grid_dependency.cuh): kernels that support it (the bf16-weight GEMV) are
+/// scheduled while the kernel before them finishes. On by default where the
+/// device has it (sm_90 and later); COROLLA_CUDA_EARLY_LAUNCH=0 in the
+/// environment turns it off. Process-wide; takes effect at the next launch.
+void set_early_launch(bool on);
+/// Whether early launch is requested (set_early_launch or the environment).
+bool early_launch_requested();
+/// Whether device `index` can launch early (compute capability 9.0 or later).
+bool early_launch_supported(int index);
+/// Whether launches on the calling thread's current device are early: the
+/// request, and early_launch_supported.
+bool early_launch_active();
+
 }  // namespace corolla::cuda

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
+#include "kernels/cuda/grid_dependency.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -23,6 +24,7 @@ constexpr float gelu_c = 0.044715f;
 
 template <class T>
 __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, std::int64_t n) {
+  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
   COROLLA_GRID_STRIDE(i, n) {
     const float x = load_f32(gate, i), u = load_f32(up, i);
     store_f32(out, i, x / (1.0f + expf(-x)) * u);
@@ -43,6 +45,7 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dout
 
 template <class T>
 __global__ void gelu_forward_kernel(const T* x, T* y, std::int64_t n) {
+  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
   COROLLA_GRID_STRIDE(i, n) {
     const float v = load_f32(x, i);
     store_f32(y, i, 0.5f * v * (1.0f + tanhf(gelu_k * (v + gelu_c * v * v * v))));

@@ -6,48 +6,67 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/grid_dependency.cuh"
+
 namespace corolla::cuda {
 namespace {
 
-constexpr int rows_per_pass = 8;
-constexpr int warps_per_block = 8;
+/// Bytes of its weight row a warp asks L2 for before await_producers, at
+/// most (one 128-byte line per lane per step).
+constexpr std::int64_t prefetch_row_bytes = 32 * 1024;
 
 __device__ __forceinline__ float bf16_low(std::uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_high(std::uint32_t v) {
   return __uint_as_float(v & 0xffff0000u);
 }
 
-template <bool Vectorised>
-__global__ void linear_bf16_kernel(const float* __restrict__ x, std::int64_t rows,
-                                   std::int64_t in, const std::uint16_t* __restrict__ w,
-                                   std::int64_t out, const float* __restrict__ bias,
-                                   float* __restrict__ y) {
+/// y[rows, out] = x @ w^T (+ bias), one warp per output feature, Warps
+/// warps per block, Rows rows of x per pass over the weight row (1 for
+/// batch-1 decode: one accumulator; 8 for up to 8 rows, which batch-1
+/// decode could run too, at the price of registers for all 8). Vectorised: 16-byte weight loads (in % 8 == 0, x and w
+/// 16-byte aligned), Unroll of them issued per lane before any is used. Every
+/// (Unroll, Warps) computes bit-identical results: an output's products are
+/// summed by the same lane in the same order, and reduced by the same
+/// shuffles. Launched as a dependent (grid_dependency.cuh): the weights are
+/// not written by the kernel before it, so the warp asks L2 for its weight
+/// row while that kernel finishes, and waits before reading x or writing y.
+template <bool Vectorised, int Unroll, int Warps, int Rows>
+__global__ void __launch_bounds__(32 * Warps)
+    linear_bf16_kernel(const float* __restrict__ x, std::int64_t rows, std::int64_t in,
+                       const std::uint16_t* __restrict__ w, std::int64_t out,
+                       const float* __restrict__ bias, float* __restrict__ y) {
+  allow_dependents();
   const int lane = threadIdx.x & 31;
-  const std::int64_t o = std::int64_t{blockIdx.x} * warps_per_block + (threadIdx.x >> 5);
+  const std::int64_t o = std::int64_t{blockIdx.x} * Warps + (threadIdx.x >> 5);
   if (o >= out) return;  // a whole warp leaves together
   const std::uint16_t* wo = w + o * in;
+  {
+    const auto* row = reinterpret_cast<const char*>(wo);
+    const std::int64_t bytes = in * 2 < prefetch_row_bytes ? in * 2 : prefetch_row_bytes;
+    for (std::int64_t b = std::int64_t{lane} * 128; b < bytes; b += 32 * 128) prefetch_l2(row + b);
+  }
+  await_producers();
   const float b = bias ? bias[o] : 0.0f;
-  for (std::int64_t r0 = 0; r0 < rows; r0 += rows_per_pass) {
+  for (std::int64_t r0 = 0; r0 < rows; r0 += Rows) {
     const std::int64_t left = rows - r0;
-    const int nr = left < rows_per_pass ? static_cast<int>(left) : rows_per_pass;
+    const int nr = left < Rows ? static_cast<int>(left) : Rows;
     const float* xp = x + r0 * in;
-    float acc[rows_per_pass];
+    float acc[Rows];
 #pragma unroll
-    for (int r = 0; r < rows_per_pass; ++r) acc[r] = 0.0f;
+    for (int r = 0; r < Rows; ++r) acc[r] = 0.0f;
     if constexpr (Vectorised) {
-      // Four 16-byte weight loads are issued before any is used, so each
-      // lane keeps 64 bytes in flight: one load at a time leaves HBM idle
-      // between a warp's dependent iterations. Weights are streamed
-      // (__ldcs: read once, evict first); x is re-read by every warp and
-      // stays in cache (__ldg).
-      constexpr int unroll = 4;
+      // Unroll 16-byte weight loads are issued before any is used, so each
+      // lane keeps Unroll * 16 bytes in flight: one load at a time leaves
+      // HBM idle between a warp's dependent iterations. Weights are
+      // streamed (__ldcs: read once, evict first); x is re-read by every
+      // warp and stays in cache (__ldg).
       constexpr std::int64_t stride = 32 * 8;
       auto accumulate = [&](const uint4& packed, std::int64_t k) {
         const float wf[8] = {bf16_low(packed.x), bf16_high(packed.x), bf16_low(packed.y),
                              bf16_high(packed.y), bf16_low(packed.z), bf16_high(packed.z),
                              bf16_low(packed.w), bf16_high(packed.w)};
 #pragma unroll
-        for (int r = 0; r < rows_per_pass; ++r) {
+        for (int r = 0; r < Rows; ++r) {
           if (r < nr) {
             const float4* xr = reinterpret_cast<const float4*>(xp + r * in + k);
             const float4 a = __ldg(xr), c = __ldg(xr + 1);
@@ -57,31 +76,70 @@ __global__ void linear_bf16_kernel(const float* __restrict__ x, std::int64_t row
         }
       };
       std::int64_t k = std::int64_t{lane} * 8;
-      for (; k + (unroll - 1) * stride < in; k += unroll * stride) {
-        uint4 packed[unroll];
+      for (; k + (Unroll - 1) * stride < in; k += Unroll * stride) {
+        uint4 packed[Unroll];
 #pragma unroll
-        for (int u = 0; u < unroll; ++u)
+        for (int u = 0; u < Unroll; ++u)
           packed[u] = __ldcs(reinterpret_cast<const uint4*>(wo + k + u * stride));
 #pragma unroll
-        for (int u = 0; u < unroll; ++u) accumulate(packed[u], k + u * stride);
+        for (int u = 0; u < Unroll; ++u) accumulate(packed[u], k + u * stride);
       }
-      for (; k < in; k += stride) accumulate(__ldcs(reinterpret_cast<const uint4*>(wo + k)), k);
+      if constexpr (Unroll <= 4) {
+        for (; k < in; k += stride) accumulate(__ldcs(reinterpret_cast<const uint4*>(wo + k)), k);
+      } else if (k < in) {
+        // The rest of the row, fewer than Unroll loads: predicated, so they
+        // are in flight together (one at a time costs a round trip each).
+        uint4 packed[Unroll];
+#pragma unroll
+        for (int u = 0; u < Unroll; ++u)
+          if (k + u * stride < in) packed[u] = __ldcs(reinterpret_cast<const uint4*>(wo + k + u * stride));
+#pragma unroll
+        for (int u = 0; u < Unroll; ++u)
+          if (k + u * stride < in) accumulate(packed[u], k + u * stride);
+      }
     } else {
       for (std::int64_t k = lane; k < in; k += 32) {
         const float wf = __uint_as_float(std::uint32_t{wo[k]} << 16);
 #pragma unroll
-        for (int r = 0; r < rows_per_pass; ++r)
-          if (r < nr) acc[r] += xp[r * in + k] * wf;
+        for (int r = 0; r < Rows; ++r)
+          if (r < nr) acc[r] += __ldg(xp + r * in + k) * wf;
       }
     }
 #pragma unroll
-    for (int r = 0; r < rows_per_pass; ++r) {
+    for (int r = 0; r < Rows; ++r) {
       float v = acc[r];
       for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
       if (lane == 0 && r < nr) y[(r0 + r) * out + o] = v + b;
     }
   }
 }
+
+using gemv_kernel = void (*)(const float*, std::int64_t, std::int64_t, const std::uint16_t*,
+                             std::int64_t, const float*, float*);
+
+/// A launch of the 16-byte kernel: `warps` warps per block, one per output
+/// feature (grid = ceil(out / warps) blocks).
+struct gemv_variant {
+  const char* name;
+  int warps;
+  gemv_kernel kernel;
+};
+
+/// Named "r<rows per pass>.u<loads in flight per lane>.w<warps per block>".
+/// The first is the default and the only one linear_bf16.cu uses for more
+/// than one row: the kernel measured on 2026-11-22 (docs/benchmarks.md).
+/// The others are batch-1 kernels (one accumulator, fewer registers; more
+/// rows would make a pass each).
+const gemv_variant gemv_variants[] = {
+    {"r8.u4.w8", 8, &linear_bf16_kernel<true, 4, 8, 8>},  {"r1.u4.w8", 8, &linear_bf16_kernel<true, 4, 8, 1>},
+    {"r1.u4.w4", 4, &linear_bf16_kernel<true, 4, 4, 1>},  {"r1.u8.w8", 8, &linear_bf16_kernel<true, 8, 8, 1>},
+    {"r1.u8.w4", 4, &linear_bf16_kernel<true, 8, 4, 1>},  {"r1.u16.w4", 4, &linear_bf16_kernel<true, 16, 4, 1>},
+};
+constexpr int gemv_variant_count = static_cast<int>(sizeof gemv_variants / sizeof gemv_variants[0]);
+
+/// The scalar kernel (any in, any alignment): 8 warps, 8 rows per pass.
+constexpr int scalar_warps = 8;
+constexpr gemv_kernel gemv_scalar = &linear_bf16_kernel<false, 1, scalar_warps, 8>;
 
 }  // namespace
 }  // namespace corolla::cuda

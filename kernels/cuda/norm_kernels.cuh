@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
+#include "kernels/cuda/grid_dependency.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -22,6 +23,7 @@ constexpr int row_threads = 256;
 template <class T>
 __global__ void rmsnorm_forward_kernel(const T* x, const float* w, float eps, T* y, float* rstd,
                                        std::int64_t d) {
+  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * d;
   T* yr = y + row * d;
@@ -42,6 +44,7 @@ __global__ void rmsnorm_forward_kernel(const T* x, const float* w, float eps, T*
 template <class T>
 __global__ void add_rmsnorm_kernel(const T* a, const T* b, T* sum, const float* w, float eps, T* y,
                                    std::int64_t d) {
+  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
   const std::int64_t row = blockIdx.x;
   const T* ar = a + row * d;
   const T* br = b + row * d;
@@ -90,6 +93,7 @@ __global__ void rmsnorm_backward_dw_kernel(const T* x, const float* rstd, const 
 template <class T>
 __global__ void layernorm_forward_kernel(const T* x, const float* w, const float* b, float eps, T* y, float* mean,
                                          float* rstd, std::int64_t d) {
+  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * d;
   T* yr = y + row * d;

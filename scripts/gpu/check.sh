@@ -48,6 +48,11 @@ if python3 -c 'import transformers' 2>/dev/null; then
 fi
 run bench_gemm corolla bench gemm --dtype bf16 --shapes llama7b
 run bench_decode corolla bench decode --preset llama7b --weights bf16 --repeats 3 --profile
+# The configuration of 2026-11-22 (default GEMV variant, no early launch),
+# to set against bench_decode's tuned GEMVs with early launch.
+run bench_decode_before env COROLLA_GEMV=r8.u4.w8 COROLLA_CUDA_EARLY_LAUNCH=0 \
+  corolla bench decode --preset llama7b --weights bf16 --repeats 3
+run bench_decode_gpt2 corolla bench decode --preset gpt2-1.5b --weights bf16 --repeats 3
 run bench_decode_kv16 corolla bench decode --preset llama7b --weights bf16 --kv-dtype bf16 --prompt-tokens 2048 --new-tokens 64 --repeats 2
 run bench_update corolla bench update
 run bench_loss corolla bench loss --rows 4096 --hidden 1600

@@ -1,6 +1,7 @@
 // `corolla bench decode --weights`: the bound counts the bytes decode reads
 // (2 per linear weight with bf16), bf16 measures f32 in the same run and
-// prints the ratio; a bad --weights value is one clear error.
+// prints the ratio (and on a GPU that launches early, early launch against
+// serialised launches); a bad --weights value is one clear error.
 #include <doctest/doctest.h>
 
 #include <sstream>
@@ -35,6 +36,15 @@ TEST_CASE("bench decode --weights bf16 reports half the linear bytes and the rat
   CHECK(bf16["decode_tokens_per_s"].get<double>() > 0);
   CHECK(bf16["f32_decode_tokens_per_s"].get<double>() > 0);
   CHECK(bf16["decode_vs_f32"].get<double>() > 0);
+  // On a GPU of sm_90 or later (the default device where one is present)
+  // early launch is measured against serialised launches in the same run.
+  REQUIRE(bf16.contains("early_launch"));
+  if (bf16["early_launch"].get<bool>()) {
+    CHECK(bf16["decode_vs_serialised"].get<double>() > 0);
+    CHECK(bf16["gemv"].size() > 0);
+  } else {
+    CHECK_FALSE(bf16.contains("decode_vs_serialised"));
+  }
   const double b16 = bf16["weight_bytes_per_token"].get<double>();
   const double b32 = f32["weight_bytes_per_token"].get<double>();
   CHECK(bf16["f32_weight_bytes_per_token"].get<double>() == b32);

@@ -23,6 +23,10 @@
 //    on floats as a real atomic (std::atomic_ref); float4 with its 16-byte
 //    alignment checked on every copy; uint4, __uint_as_float, and __ldg /
 //    __ldcs as plain loads with their alignment checked.
+//  * griddepcontrol (kernels/cuda/grid_dependency.cuh): allow_dependents and
+//    prefetch_l2 do nothing; await_producers marks the thread, and an __ldg
+//    or __ldcs of a range a test lists in emulated::produced by a thread
+//    not yet marked aborts (a read that could see stale data on the GPU).
 //  * nvcuda::wmma for 16x16x16 bf16 x bf16 or f16 x f16 -> f32: every lane's fragment
 //    holds the whole logical matrix (CUDA's element-to-lane mapping is
 //    unspecified, and the kernels must not rely on it). load_matrix_sync
@@ -201,17 +205,52 @@ struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
 
-/// The read-only and streaming loads: plain loads here, their alignment checked.
+// ---- programmatic dependent launch (kernels/cuda/grid_dependency.cuh) --------------
+
+namespace corolla::emulated {
+/// Memory a test declares written by the kernel before the one it launches
+/// (the producer, under programmatic dependent launch). An __ldg or __ldcs
+/// of it by a thread that has not called await_producers() aborts: on the
+/// GPU that read could see the producer's old data.
+struct produced_range {
+  const void* begin = nullptr;
+  std::size_t bytes = 0;
+};
+inline std::vector<produced_range> produced;
+inline thread_local bool producers_awaited = false;  ///< each emulated thread is a fresh std::thread
+inline void check_not_produced(const void* p, std::size_t bytes, const char* what) {
+  if (producers_awaited) return;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  for (const produced_range& r : produced) {
+    const auto b = reinterpret_cast<std::uintptr_t>(r.begin);
+    if (a < b + r.bytes && b < a + bytes)
+      COROLLA_EMULATION_FAIL("%s at %p reads the producer's output before await_producers()", what, p);
+  }
+}
+}  // namespace corolla::emulated
+
+#define COROLLA_CUDA_EMULATION 1
+namespace corolla::cuda {
+inline void allow_dependents() {}
+inline void await_producers() { corolla::emulated::producers_awaited = true; }
+inline void prefetch_l2(const void*) {}
+}  // namespace corolla::cuda
+
+/// The read-only and streaming loads: plain loads here, their alignment
+/// checked, and (see produced_range) that they do not read a producer's
+/// output before await_producers().
 template <class T>
 T __ldg(const T* p) {
   if (reinterpret_cast<std::uintptr_t>(p) % alignof(T))
     COROLLA_EMULATION_FAIL("__ldg at %p: not %zu-byte aligned", static_cast<const void*>(p), alignof(T));
+  corolla::emulated::check_not_produced(p, sizeof(T), "__ldg");
   return *p;
 }
 template <class T>
 T __ldcs(const T* p) {
   if (reinterpret_cast<std::uintptr_t>(p) % alignof(T))
     COROLLA_EMULATION_FAIL("__ldcs at %p: not %zu-byte aligned", static_cast<const void*>(p), alignof(T));
+  corolla::emulated::check_not_produced(p, sizeof(T), "__ldcs");
   return *p;
 }
 inline float __uint_as_float(unsigned u) {

@@ -1,0 +1,42 @@
+// kernels/cuda/launch_dependent.cuh — launching a kernel as a programmatic
+// dependent of the kernel before it in the stream (grid_dependency.cuh says
+// what the kernel must do). Host side; included only by .cu files (C++17).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/device.hpp"
+
+namespace corolla::cuda {
+
+/// Launches kernel<<<grid, threads, smem, s>>>(args...), and where
+/// early_launch_active() (device.hpp) with the programmatic stream
+/// serialisation attribute, so it may be scheduled while the previous
+/// kernel finishes. The kernel must call await_producers() before it reads
+/// or writes anything an earlier kernel may touch. `name` is for errors.
+template <class... Params, class... Args>
+void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 threads,
+                      std::size_t smem, cudaStream_t s, Args... args) {
+  if (early_launch_active()) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = threads;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t status = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (status != cudaSuccess) throw_cuda_error(status, name, __FILE__, __LINE__);
+  } else {
+    kernel<<<grid, threads, smem, s>>>(args...);
+  }
+  check_launch(name, __FILE__, __LINE__);
+}
+
+}  // namespace corolla::cuda

@@ -1,0 +1,156 @@
+// tests/kernels/cuda_decode_launch.cpp — how decode's kernels are launched
+// on a GPU: the batch-1 GEMV's launch variants and the tuner that picks
+// one per weight shape (kernels/cuda/linear_bf16.hpp), and early launch
+// (programmatic dependent launch, kernels/cuda/grid_dependency.cuh).
+//
+// What must hold: every variant writes the same bits (the tuner's choice
+// may not change what decode computes; the emulated test checks the same on
+// the CPU), the tuner keeps the variant it timed fastest, and a chain of
+// decode's ops gives the same bits with early launch on and off: the GEMV
+// reads the previous kernel's output only after waiting for it, so a race
+// would show here as different bits. Without a GPU each case says why and
+// returns.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernel_test_util.hpp"
+#include "kernels/backend.hpp"
+#include "tests/support/gpu.hpp"
+#ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/linear_bf16.hpp"
+#endif
+
+using namespace corolla;
+using namespace kernel_test;
+
+#ifdef COROLLA_HAVE_CUDA
+namespace {
+
+Backend& gpu() { return backend_for({device_kind::cuda, 0}); }
+
+Tensor up(const Tensor& h, dtype t) {
+  Tensor d = gpu().empty(h.shape(), t);
+  gpu().copy(h, d);
+  return d;
+}
+
+Tensor down(const Tensor& d) {
+  Tensor h = Tensor::empty(d.shape(), d.type());
+  gpu().copy(d, h);
+  return h;
+}
+
+/// Puts the process-wide launch settings back as they were.
+struct restore_launch_settings {
+  bool early = cuda::early_launch_requested();
+  ~restore_launch_settings() {
+    cuda::set_early_launch(early);
+    cuda::set_gemv_variant(-1);
+  }
+};
+
+}  // namespace
+#endif
+
+TEST_CASE("cuda: every batch-1 GEMV variant writes the same bits, and the tuner keeps the fastest") {
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  restore_launch_settings restore;
+  const std::vector<std::string> names = cuda::gemv_variant_names();
+  REQUIRE(names.size() >= 2);
+  rng r(71);
+  struct shape {
+    std::int64_t in, out;
+  };
+  // 4096: whole batches of loads for every variant; 4104 and 1288: a tail.
+  for (const shape& c : {shape{4096, 1000}, shape{4104, 37}, shape{1288, 13}}) {
+    CAPTURE(c.in);
+    const Tensor x = random_tensor({1, c.in}, r);
+    const Tensor w = random_tensor({c.out, c.in}, r);
+    const Tensor b = random_tensor({c.out}, r);
+    Tensor want = Tensor::empty({1, c.out});
+    cpu_backend().linear(x, w.to(dtype::bf16), &b, want);
+    const Tensor dx = up(x, dtype::f32), dw = up(w, dtype::bf16), db = up(b, dtype::f32);
+    Tensor first;
+    for (int i = 0; i < static_cast<int>(names.size()); ++i) {
+      CAPTURE(names[static_cast<std::size_t>(i)]);
+      cuda::set_gemv_variant(i);
+      Tensor dy = gpu().empty({1, c.out});
+      gpu().linear(dx, dw, &db, dy);
+      const Tensor got = down(dy);
+      check_close(got, to_double(want), 1e-4, 1e-5, "bf16-weight GEMV " + names[static_cast<std::size_t>(i)]);
+      if (i == 0)
+        first = got;
+      else
+        CHECK(same_values(got, first));
+    }
+  }
+
+  // The tuner: a shape not seen before is timed once, on every variant.
+  cuda::set_gemv_variant(-1);
+  const std::int64_t in = 2056, out = 77;
+  const Tensor x = random_tensor({1, in}, r), w = random_tensor({out, in}, r);
+  const Tensor dx = up(x, dtype::f32), dw = up(w, dtype::bf16);
+  Tensor dy = gpu().empty({1, out});
+  gpu().linear(dx, dw, nullptr, dy);
+  const Tensor tuned = down(dy);
+  const std::vector<cuda::gemv_choice> seen = cuda::gemv_choices();
+  const auto it = std::find_if(seen.begin(), seen.end(), [&](const cuda::gemv_choice& c) {
+    return c.device == 0 && c.in == in && c.out == out;
+  });
+  REQUIRE(it != seen.end());
+  REQUIRE(it->microseconds.size() == names.size());
+  for (double us : it->microseconds) CHECK(us > 0.0);
+  CHECK(it->chosen == std::min_element(it->microseconds.begin(), it->microseconds.end()) - it->microseconds.begin());
+  MESSAGE("in " << in << ", out " << out << ": chose " << names[static_cast<std::size_t>(it->chosen)] << " ("
+                << it->microseconds[static_cast<std::size_t>(it->chosen)] << " us; default "
+                << it->microseconds[0] << " us)");
+  cuda::set_gemv_variant(0);
+  gpu().linear(dx, dw, nullptr, dy);
+  CHECK(same_values(down(dy), tuned));
+
+  CHECK_THROWS_AS(cuda::set_gemv_variant(static_cast<int>(names.size())), std::out_of_range);
+#endif
+}
+
+TEST_CASE("cuda: early launch changes no bit of a chain of decode's ops") {
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  restore_launch_settings restore;
+  MESSAGE("early launch on this device: " << (cuda::early_launch_active() ? "yes" : "no (before sm_90)"));
+  rng r(72);
+  const std::int64_t D = 1024, F = 2816;
+  const Tensor norm_w = up(random_tensor({D}, r, 0.5f, 1.5f), dtype::f32);
+  const Tensor gate_w = up(random_tensor({F, D}, r, -0.05f, 0.05f), dtype::bf16);
+  const Tensor up_w = up(random_tensor({F, D}, r, -0.05f, 0.05f), dtype::bf16);
+  const Tensor down_w = up(random_tensor({D, F}, r, -0.05f, 0.05f), dtype::bf16);
+  const Tensor x0 = random_tensor({1, D}, r);
+
+  // Forty layers of norm -> GEMV, GEMV -> SwiGLU -> GEMV -> residual add,
+  // every buffer reused, as decode runs them.
+  auto run = [&](bool early) {
+    cuda::set_early_launch(early);
+    Tensor h = up(x0, dtype::f32), h2 = gpu().empty({1, D});
+    Tensor n = gpu().empty({1, D}), g = gpu().empty({1, F}), u = gpu().empty({1, F});
+    Tensor a = gpu().empty({1, F}), t = gpu().empty({1, D});
+    for (int layer = 0; layer < 40; ++layer) {
+      gpu().rmsnorm(h, norm_w, 1e-5f, n, nullptr);
+      gpu().linear(n, gate_w, nullptr, g);
+      gpu().linear(n, up_w, nullptr, u);
+      gpu().swiglu(g, u, a);
+      gpu().linear(a, down_w, nullptr, t);
+      gpu().add(h, t, h2);
+      std::swap(h, h2);
+    }
+    return down(h);
+  };
+  const Tensor serial = run(false);
+  for (int repeat = 0; repeat < 3; ++repeat) CHECK(same_values(run(true), serial));
+#endif
+}
