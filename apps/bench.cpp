@@ -219,7 +219,7 @@ nlohmann::json report_gemv_choices(bool json) {
     out.push_back({{"in", c.in}, {"out", c.out}, {"chosen", name}, {"microseconds", us}});
     if (json) continue;
     if (c.microseconds.empty())
-      std::printf("GEMV %6lld -> %6lld      %s (COROLLA_GEMV)\n", static_cast<long long>(c.in),
+      std::printf("GEMV %6lld -> %6lld      %s (not timed)\n", static_cast<long long>(c.in),
                   static_cast<long long>(c.out), name.c_str());
     else
       std::printf("GEMV %6lld -> %6lld      %s %.1f us (default %s %.1f us)\n", static_cast<long long>(c.in),

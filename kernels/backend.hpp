@@ -92,6 +92,13 @@ struct queue_marker {
 /// serialise use of one instance), ops are internally parallel. The one
 /// exception is copy_after, which a second thread may call while another
 /// queues ops.
+/// What Backend::linear_fused does after the product.
+enum class linear_epilogue {
+  add,     ///< y = residual + linear(x, w, bias): linear, then add
+  gelu,    ///< y = gelu(linear(x, w, bias)): linear, then gelu
+  swiglu,  ///< y[N, F] = swiglu(gate, up) for a stacked w [2F, in], gate rows first, no bias
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -126,6 +133,18 @@ class Backend {
   /// inference; training keeps f32 weights").
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                Tensor& dw, Tensor* db) = 0;
+  /// linear and the op after it in one pass over the weight, where this
+  /// backend has a fused form for these operands (CUDA: an f32 x of 1 to 16
+  /// rows with a bf16 weight, as decode has). Returns false, having done
+  /// nothing, where it has none: the caller then runs the two ops. When it
+  /// returns true, y is what the two ops give (on CUDA, the same bits).
+  /// residual is for linear_epilogue::add only, and may be y. (Inline, as
+  /// add_rmsnorm.)
+  virtual bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
+                            const Tensor* residual, Tensor& y) {
+    (void)x, (void)w, (void)bias, (void)e, (void)residual, (void)y;
+    return false;
+  }
 
   // ---- embeddings --------------------------------------------------------------
   /// out[i,:] = table[ids[i],:]. ids i32 [N], table [V,D], out [N,D].

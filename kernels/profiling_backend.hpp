@@ -58,6 +58,21 @@ class profiling_backend final : public Backend {
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override {
     timed(w.type() == x.type() ? "linear" : "linear (inference weight)", [&] { inner_.linear(x, w, bias, y); });
   }
+  bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,
+                    Tensor& y) override {
+    // Recorded only where the inner backend has the fused form; otherwise
+    // the caller's two ops are.
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool done = inner_.linear_fused(x, w, bias, e, residual, y);
+    if (done && enabled_) {
+      inner_.synchronize();
+      record(e == linear_epilogue::add    ? "linear + add (fused)"
+             : e == linear_epilogue::gelu ? "linear + gelu (fused)"
+                                          : "linear + swiglu (fused)",
+             t0);
+    }
+    return done;
+  }
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                        Tensor* db) override {
     timed("linear_backward", [&] { inner_.linear_backward(x, w, dy, dx, dw, db); });
@@ -166,13 +181,17 @@ class profiling_backend final : public Backend {
       f();
       return;
     }
-    using clock = std::chrono::steady_clock;
-    const auto t0 = clock::now();
+    const auto t0 = std::chrono::steady_clock::now();
     f();
     inner_.synchronize();
+    record(op, t0);
+  }
+
+  /// Adds one call of `op`, begun at t0 and finished now, to the totals.
+  void record(const char* op, std::chrono::steady_clock::time_point t0) {
     auto& t = totals_[op];
     ++t.calls;
-    t.seconds += std::chrono::duration<double>(clock::now() - t0).count();
+    t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   Backend& inner_;

@@ -357,27 +357,36 @@ struct cached_forward {
       be.linear(norm, w.v_w, opt(w.v_b), v);
     }
     attend(q, k, v, attn);  // RoPE (Llama), the cache append and attention
-    be.linear(attn, w.o_w, opt(w.o_b), tmp);
+    // A product and the op after it run as one where the backend fuses
+    // them (Backend::linear_fused: CUDA's bf16-weight GEMV), else as two.
     if (llama) {
+      be.linear(attn, w.o_w, opt(w.o_b), tmp);
       be.add_rmsnorm(x, tmp, h, w.mlp_norm_w, cfg.norm_eps, norm);
     } else {
-      be.add(x, tmp, h);
+      if (!be.linear_fused(attn, w.o_w, opt(w.o_b), linear_epilogue::add, &x, h)) {
+        be.linear(attn, w.o_w, opt(w.o_b), tmp);
+        be.add(x, tmp, h);
+      }
       norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
     }
     if (llama && stacked) {
-      be.linear(norm, w.gate_up_w, nullptr, ws.gate_up_.rows(be, 1));
-      be.swiglu(ws.gate1_, ws.up1_, act);
+      if (!be.linear_fused(norm, w.gate_up_w, nullptr, linear_epilogue::swiglu, nullptr, act)) {
+        be.linear(norm, w.gate_up_w, nullptr, ws.gate_up_.rows(be, 1));
+        be.swiglu(ws.gate1_, ws.up1_, act);
+      }
     } else if (llama) {
       Tensor& gate = ws.gate_.rows(be, R);
       be.linear(norm, w.gate_w, nullptr, gate);
       be.linear(norm, w.up_w, nullptr, up);
       be.swiglu(gate, up, act);
-    } else {
+    } else if (!be.linear_fused(norm, w.up_w, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
       be.linear(norm, w.up_w, opt(w.up_b), up);
       be.gelu(up, act);
     }
-    be.linear(act, w.down_w, opt(w.down_b), tmp);
-    be.add(h, tmp, y);
+    if (!be.linear_fused(act, w.down_w, opt(w.down_b), linear_epilogue::add, &h, y)) {
+      be.linear(act, w.down_w, opt(w.down_b), tmp);
+      be.add(h, tmp, y);
+    }
   }
 };
 

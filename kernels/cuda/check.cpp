@@ -22,7 +22,6 @@ void throw_cublas_error(cublasStatus_t status, const char* call, const char* fil
                            cublasLtGetStatusString(status));
 }
 
-namespace {
 bool sync_after_launch() {
   static const bool on = [] {
     const char* v = std::getenv("COROLLA_CUDA_SYNC");
@@ -30,7 +29,6 @@ bool sync_after_launch() {
   }();
   return on;
 }
-}  // namespace
 
 void check_launch(const char* kernel, const char* file, int line) {
   cudaError_t status = cudaGetLastError();

@@ -22,6 +22,8 @@ namespace corolla::cuda {
 /// environment it also synchronises the device, so an asynchronous fault is
 /// reported at the kernel that caused it instead of at a later call.
 void check_launch(const char* kernel, const char* file, int line);
+/// Whether COROLLA_CUDA_SYNC (set, not 0) makes every launch synchronise.
+bool sync_after_launch();
 
 /// Makes `index` the calling thread's current device for its lifetime and
 /// restores the previous one afterwards (CUDA's current device is per thread,

@@ -14,6 +14,7 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/convert.hpp"
 #include "kernels/cuda/device.hpp"
+#include "kernels/cuda/linear_bf16.hpp"
 #include "kernels/op_checks.hpp"
 
 namespace corolla::cuda {
@@ -48,6 +49,7 @@ struct cuda_backend::staging_ring {
 cuda_backend::cuda_backend(int index) : cuda_backend(index, false) {}
 
 cuda_backend::cuda_backend(int index, bool companion) : index_(index), companion_(companion) {
+  check_gemv_setting();  // a COROLLA_GEMV typo fails here, not at the first decode step
   install_memory_ops();
   device_guard guard(index);
   cudaStream_t s = nullptr;

@@ -73,7 +73,10 @@ void allow_smem_for(const void* kernel, std::size_t bytes) {
 namespace {
 bool early_launch_default() {
   const char* v = std::getenv("COROLLA_CUDA_EARLY_LAUNCH");
-  return v == nullptr || std::strcmp(v, "0") != 0;
+  if (v == nullptr) return true;
+  for (const char* off : {"0", "off", "false", "no"})
+    if (std::strcmp(v, off) == 0) return false;
+  return true;
 }
 std::atomic<bool>& early_launch_flag() {
   static std::atomic<bool> on{early_launch_default()};

@@ -16,8 +16,11 @@ std::string device_description(int index);
 /// Programmatic dependent launch ("early launch", kernels/cuda/
 /// grid_dependency.cuh): kernels that support it (the bf16-weight GEMV) are
 /// scheduled while the kernel before them finishes. On by default where the
-/// device has it (sm_90 and later); COROLLA_CUDA_EARLY_LAUNCH=0 in the
-/// environment turns it off. Process-wide; takes effect at the next launch.
+/// device has it (sm_90 and later); COROLLA_CUDA_EARLY_LAUNCH=0 (or off,
+/// false, no) in the environment turns it off. Process-wide; takes effect
+/// at the next launch. A kernel is launched early only if its binary was
+/// built for sm_90 or later (launch_dependent.cuh): one built for an older
+/// architecture has no wait in it.
 void set_early_launch(bool on);
 /// Whether early launch is requested (set_early_launch or the environment).
 bool early_launch_requested();

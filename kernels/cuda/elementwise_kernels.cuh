@@ -7,16 +7,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
 #include "kernels/cuda/grid_dependency.cuh"
 
 namespace corolla::cuda {
 namespace {
-
-/// sqrt(2/pi), the tanh-GELU constant ("gelu_new" in HuggingFace).
-constexpr float gelu_k = 0.7978845608028654f;
-constexpr float gelu_c = 0.044715f;
 
 #define COROLLA_GRID_STRIDE(i, n)                                                   \
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n); \
@@ -26,8 +23,7 @@ template <class T>
 __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, std::int64_t n) {
   allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
   COROLLA_GRID_STRIDE(i, n) {
-    const float x = load_f32(gate, i), u = load_f32(up, i);
-    store_f32(out, i, x / (1.0f + expf(-x)) * u);
+    store_f32(out, i, silu_times(load_f32(gate, i), load_f32(up, i)));
   }
 }
 
@@ -47,8 +43,7 @@ template <class T>
 __global__ void gelu_forward_kernel(const T* x, T* y, std::int64_t n) {
   allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
   COROLLA_GRID_STRIDE(i, n) {
-    const float v = load_f32(x, i);
-    store_f32(y, i, 0.5f * v * (1.0f + tanhf(gelu_k * (v + gelu_c * v * v * v))));
+    store_f32(y, i, gelu_tanh(load_f32(x, i)));
   }
 }
 

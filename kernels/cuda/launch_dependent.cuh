@@ -6,22 +6,43 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <map>
+#include <mutex>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device.hpp"
 
 namespace corolla::cuda {
 
+/// Whether `kernel`'s binary for the current device was built for sm_90 or
+/// later, so its griddepcontrol instructions are in it (a build for an
+/// older architecture, run on a newer GPU, compiles them out). Cached.
+inline bool has_grid_dependency(const void* kernel) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> known;
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard lock(mu);
+  auto [it, fresh] = known.try_emplace({kernel, device}, false);
+  if (fresh) {
+    cudaFuncAttributes attr{};
+    COROLLA_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    it->second = attr.binaryVersion >= 90;
+  }
+  return it->second;
+}
+
 /// Launches kernel<<<grid, threads, smem, s>>>(args...), and where
-/// early_launch_active() (device.hpp) with the programmatic stream
-/// serialisation attribute, so it may be scheduled while the previous
-/// kernel finishes. The kernel must call await_producers() before it reads
-/// or writes anything an earlier kernel may touch. `name` is for errors.
+/// early_launch_active() (device.hpp) and the kernel's binary has the wait
+/// (has_grid_dependency) with the programmatic stream serialisation
+/// attribute, so it may be scheduled while the previous kernel finishes.
+/// The kernel must call await_producers() before it reads or writes
+/// anything an earlier kernel may touch. `name` is for errors.
 template <class... Params, class... Args>
 void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 threads,
                       std::size_t smem, cudaStream_t s, Args... args) {
-  if (early_launch_active()) {
-    cudaLaunchAttribute attr[1];
+  if (early_launch_active() && has_grid_dependency(reinterpret_cast<const void*>(kernel))) {
+    cudaLaunchAttribute attr[1] = {};
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg{};
@@ -32,7 +53,10 @@ void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, di
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     const cudaError_t status = cudaLaunchKernelEx(&cfg, kernel, args...);
-    if (status != cudaSuccess) throw_cuda_error(status, name, __FILE__, __LINE__);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();  // clear it, so the next check does not report it again
+      throw_cuda_error(status, name, __FILE__, __LINE__);
+    }
   } else {
     kernel<<<grid, threads, smem, s>>>(args...);
   }

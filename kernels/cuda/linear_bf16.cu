@@ -15,6 +15,7 @@
 // row while the norm, attention or activation before it finishes.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -35,14 +36,13 @@ namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-/// The variant set_gemv_variant fixed (-1: time them; -2: not called, so
-/// COROLLA_GEMV decides).
-std::atomic<int> forced_variant{-2};
+/// The variant set_gemv_variant fixed, or -1: COROLLA_GEMV decides.
+std::atomic<int> forced_variant{-1};
 
 /// -1 for auto (time the variants), else the fixed index: set_gemv_variant's
 /// or COROLLA_GEMV's. Throws for a COROLLA_GEMV that names no variant.
 int fixed_variant() {
-  if (const int forced = forced_variant.load(); forced != -2) return forced;
+  if (const int forced = forced_variant.load(); forced >= 0) return forced;
   static const char* const env = std::getenv("COROLLA_GEMV");
   static const int from_env = [] {
     if (env == nullptr || *env == '\0' || std::string(env) == "auto") return -1;
@@ -59,12 +59,37 @@ int fixed_variant() {
   return from_env;
 }
 
-void launch_variant(int i, cudaStream_t s, const float* x, std::int64_t rows, std::int64_t in,
-                    const std::uint16_t* w, std::int64_t out, const float* bias, float* y) {
-  const gemv_variant& v = gemv_variants[i];
-  const unsigned blocks = static_cast<unsigned>((out + v.warps - 1) / v.warps);
-  launch_dependent("linear_bf16_kernel (16-byte loads)", v.kernel, dim3(blocks), dim3(32 * v.warps), 0, s,
-                   x, rows, in, w, out, bias, y);
+/// One GEMV launch: variant i (gemv_variants) or the scalar kernel (i < 0),
+/// epilogue e.
+struct gemv_call {
+  cudaStream_t s;
+  const float* x;
+  std::int64_t rows, in;
+  const std::uint16_t* w;
+  std::int64_t out;
+  const float* bias;
+  const float* residual;
+  float* y;
+  gemv_epilogue e;
+};
+
+template <gemv_epilogue E>
+gemv_kernel kernel_of(int i) {
+  return i < 0 ? gemv_scalar<E> : gemv_kernel_for<E>(i);
+}
+
+void launch(int i, const gemv_call& c) {
+  gemv_kernel k = nullptr;
+  switch (c.e) {
+    case gemv_epilogue::bias: k = kernel_of<gemv_epilogue::bias>(i); break;
+    case gemv_epilogue::residual: k = kernel_of<gemv_epilogue::residual>(i); break;
+    case gemv_epilogue::gelu: k = kernel_of<gemv_epilogue::gelu>(i); break;
+    case gemv_epilogue::swiglu: k = kernel_of<gemv_epilogue::swiglu>(i); break;
+  }
+  const int warps = i < 0 ? scalar_warps : gemv_variants[i].warps;
+  const unsigned blocks = static_cast<unsigned>((c.out + warps - 1) / warps);
+  launch_dependent(i < 0 ? "linear_bf16_kernel" : "linear_bf16_kernel (16-byte loads)", k, dim3(blocks),
+                   dim3(32 * warps), 0, c.s, c.x, c.rows, c.in, c.w, c.out, c.bias, c.residual, c.y);
 }
 
 using shape_key = std::tuple<int, std::int64_t, std::int64_t>;  // device, in, out
@@ -73,67 +98,113 @@ std::mutex choices_mu;
 std::map<shape_key, int> chosen;      ///< under choices_mu
 std::vector<gemv_choice> seen;         ///< under choices_mu, in the order first seen
 
-/// Microseconds per launch of each variant on this call's buffers: one
-/// launch to warm up, then `reps` between two events.
-std::vector<double> time_variants(cudaStream_t s, const float* x, std::int64_t rows, std::int64_t in,
-                                  const std::uint16_t* w, std::int64_t out, const float* bias, float* y) {
-  constexpr int reps = 5;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  COROLLA_CUDA_CHECK(cudaEventCreate(&start));
-  COROLLA_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> us(gemv_variant_count, 0.0);
-  try {
-    for (int i = 0; i < gemv_variant_count; ++i) {
-      launch_variant(i, s, x, rows, in, w, out, bias, y);
-      COROLLA_CUDA_CHECK(cudaEventRecord(start, s));
-      for (int r = 0; r < reps; ++r) launch_variant(i, s, x, rows, in, w, out, bias, y);
-      COROLLA_CUDA_CHECK(cudaEventRecord(stop, s));
-      COROLLA_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      COROLLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      us[static_cast<std::size_t>(i)] = 1000.0 * ms / reps;
-    }
-  } catch (...) {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    throw;
+/// Frees what timing allocated, on every path out.
+struct timing_resources {
+  cudaStream_t s = nullptr;
+  std::vector<cudaEvent_t> events;
+  void* scratch = nullptr;
+  void* flush = nullptr;
+  ~timing_resources() {
+    if (scratch) cudaFreeAsync(scratch, s);
+    if (flush) cudaFreeAsync(flush, s);
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
   }
-  COROLLA_CUDA_CHECK(cudaEventDestroy(start));
-  COROLLA_CUDA_CHECK(cudaEventDestroy(stop));
+  cudaEvent_t event() {
+    cudaEvent_t e = nullptr;
+    COROLLA_CUDA_CHECK(cudaEventCreate(&e));
+    events.push_back(e);
+    return e;
+  }
+};
+
+/// Microseconds of one launch of each variant: weight rows [rows_w, in],
+/// the plain epilogue, into a scratch output of its own (the call's y may
+/// be its residual). Decode reads its weights from HBM, not from L2 (the
+/// other layers' weights pass through in between), so every timed launch
+/// follows a write over twice L2's size; the variants take turns over
+/// `rounds` rounds (clock ramps and drift hit all alike) and each keeps its
+/// fastest launch.
+std::vector<double> time_variants(cudaStream_t s, const float* x, std::int64_t in, const std::uint16_t* w,
+                                  std::int64_t rows_w) {
+  constexpr int rounds = 5;
+  int device = 0, l2 = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  const std::size_t flush_bytes = 2 * static_cast<std::size_t>(l2 > 0 ? l2 : 64 << 20);
+  timing_resources r;
+  r.s = s;
+  COROLLA_CUDA_CHECK(cudaMallocAsync(&r.scratch, sizeof(float) * static_cast<std::size_t>(rows_w), s));
+  COROLLA_CUDA_CHECK(cudaMallocAsync(&r.flush, flush_bytes, s));
+  const gemv_call c{s, x, 1, in, w, rows_w, nullptr, nullptr, static_cast<float*>(r.scratch), gemv_epilogue::bias};
+  std::vector<cudaEvent_t> start, stop;
+  for (int i = 0; i < gemv_variant_count * rounds; ++i) {
+    start.push_back(r.event());
+    stop.push_back(r.event());
+  }
+  for (int i = 0; i < gemv_variant_count; ++i) launch(i, c);  // warm-up: code loaded, clocks up
+  for (int round = 0; round < rounds; ++round)
+    for (int i = 0; i < gemv_variant_count; ++i) {
+      const int at = round * gemv_variant_count + i;
+      COROLLA_CUDA_CHECK(cudaMemsetAsync(r.flush, round & 1, flush_bytes, s));
+      COROLLA_CUDA_CHECK(cudaEventRecord(start[static_cast<std::size_t>(at)], s));
+      launch(i, c);
+      COROLLA_CUDA_CHECK(cudaEventRecord(stop[static_cast<std::size_t>(at)], s));
+    }
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> us(gemv_variant_count, 1e30);
+  for (int round = 0; round < rounds; ++round)
+    for (int i = 0; i < gemv_variant_count; ++i) {
+      const auto at = static_cast<std::size_t>(round * gemv_variant_count + i);
+      float ms = 0;
+      COROLLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start[at], stop[at]));
+      us[static_cast<std::size_t>(i)] = std::min(us[static_cast<std::size_t>(i)], 1000.0 * ms);
+    }
   return us;
 }
 
-/// The variant for this shape: the default for more than one row; for one,
-/// fixed by COROLLA_GEMV, chosen before, or timed now (the default while the
-/// stream is being captured).
-int variant_for(cudaStream_t s, const float* x, std::int64_t rows, std::int64_t in,
-                const std::uint16_t* w, std::int64_t out, const float* bias, float* y) {
-  if (rows != 1) return 0;
+/// A variant other than the default is kept only if it is faster by this
+/// fraction: timing noise alone should not move decode off the kernel whose
+/// speed was measured.
+constexpr double keep_default_within = 0.03;
+
+/// The variant for a call: the default for more than one row; for one,
+/// fixed (set_gemv_variant, COROLLA_GEMV), chosen before for its weight
+/// shape, or timed now. Not timed (the default, asked again next time)
+/// while the stream is being captured into a graph; the default, recorded
+/// untimed, under COROLLA_CUDA_SYNC (every launch would time a host round
+/// trip). The lock is not held while timing: another thread's GEMVs go on.
+int variant_for(const gemv_call& c) {
+  if (c.rows != 1) return 0;
   const int fixed = fixed_variant();
   if (fixed >= 0 && forced_variant.load() >= 0) return fixed;  // a test's or benchmark's pick: not recorded
+  const std::int64_t rows_w = c.e == gemv_epilogue::swiglu ? 2 * c.out : c.out;
   int device = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-  const shape_key key{device, in, out};
-  std::lock_guard lock(choices_mu);
-  if (auto it = chosen.find(key); it != chosen.end()) return it->second;
-  gemv_choice c;
-  c.device = device;
-  c.in = in;
-  c.out = out;
-  if (fixed >= 0) {
-    c.chosen = fixed;
-  } else {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
-    if (capture != cudaStreamCaptureStatusNone) return 0;  // no timing inside a graph; ask again later
-    c.microseconds = time_variants(s, x, rows, in, w, out, bias, y);
-    for (int i = 1; i < gemv_variant_count; ++i)
-      if (c.microseconds[static_cast<std::size_t>(i)] < c.microseconds[static_cast<std::size_t>(c.chosen)])
-        c.chosen = i;
+  const shape_key key{device, c.in, rows_w};
+  {
+    std::lock_guard lock(choices_mu);
+    if (auto it = chosen.find(key); it != chosen.end()) return it->second;
   }
-  chosen.emplace(key, c.chosen);
-  seen.push_back(c);
-  return c.chosen;
+  gemv_choice choice;
+  choice.device = device;
+  choice.in = c.in;
+  choice.out = rows_w;
+  if (fixed >= 0) {
+    choice.chosen = fixed;
+  } else if (!sync_after_launch()) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    COROLLA_CUDA_CHECK(cudaStreamIsCapturing(c.s, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return 0;  // no timing inside a graph; ask again later
+    choice.microseconds = time_variants(c.s, c.x, c.in, c.w, rows_w);
+    const std::vector<double>& us = choice.microseconds;
+    for (int i = 1; i < gemv_variant_count; ++i)
+      if (us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)]) choice.chosen = i;
+    if (us[static_cast<std::size_t>(choice.chosen)] > (1.0 - keep_default_within) * us[0]) choice.chosen = 0;
+  }
+  std::lock_guard lock(choices_mu);
+  const auto [it, fresh] = chosen.emplace(key, choice.chosen);  // another thread may have timed it meanwhile
+  if (fresh) seen.push_back(choice);
+  return it->second;
 }
 
 }  // namespace
@@ -143,6 +214,8 @@ std::vector<std::string> gemv_variant_names() {
   for (const gemv_variant& v : gemv_variants) names.emplace_back(v.name);
   return names;
 }
+
+void check_gemv_setting() { (void)fixed_variant(); }
 
 void set_gemv_variant(int index) {
   if (index < -1 || index >= gemv_variant_count)
@@ -156,17 +229,11 @@ std::vector<gemv_choice> gemv_choices() {
   return seen;
 }
 
-void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int64_t in,
-                        const void* w, std::int64_t out, const float* bias, float* y) {
+void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int64_t in, const void* w,
+                        std::int64_t out, const float* bias, float* y, gemv_epilogue e, const float* residual) {
   if (rows <= 0 || in <= 0 || out <= 0) return;
-  const auto* wp = static_cast<const std::uint16_t*>(w);
-  if (in % 8 == 0 && aligned16(x) && aligned16(w)) {
-    launch_variant(variant_for(s, x, rows, in, wp, out, bias, y), s, x, rows, in, wp, out, bias, y);
-  } else {
-    const unsigned blocks = static_cast<unsigned>((out + scalar_warps - 1) / scalar_warps);
-    launch_dependent("linear_bf16_kernel", gemv_scalar, dim3(blocks),
-                     dim3(32 * scalar_warps), 0, s, x, rows, in, wp, out, bias, y);
-  }
+  const gemv_call c{s, x, rows, in, static_cast<const std::uint16_t*>(w), out, bias, residual, y, e};
+  launch(in % 8 == 0 && aligned16(x) && aligned16(w) ? variant_for(c) : -1, c);
 }
 
 }  // namespace corolla::cuda

@@ -10,23 +10,37 @@
 
 namespace corolla::cuda {
 
-/// y[rows, out] = x[rows, in] @ w[out, in]^T (+ bias[out] when not null),
-/// x, bias, y f32 and w bf16, products summed in f32 (see Backend::linear).
-/// One warp per output feature takes up to 8 rows per pass over the weight
-/// row, so batch-1 to batch-8 decode reads every weight once (16-byte loads
-/// when in % 8 == 0 and x, w are 16-byte aligned); more rows make more
-/// passes (correct, not tuned for prefill). rows, in, out > 0.
+/// What the GEMV does with an output's sum v: the op it ends with, fused
+/// (each the unfused op's expression, so the same bits).
+enum class gemv_epilogue {
+  bias,      ///< y = v + bias (bias may be null: 0)
+  residual,  ///< y = residual + (v + bias): linear, then add
+  gelu,      ///< y = gelu(v + bias): linear, then the tanh GELU
+  swiglu,    ///< y = silu(v_gate) * v_up, rows o and out + o of a [2 out, in] w: linear, then swiglu
+};
+
+/// y[rows, out] = epilogue(x[rows, in] @ w^T) (gemv_epilogue), x, bias,
+/// residual, y f32 and w bf16 ([out, in], for swiglu [2 out, in]), products
+/// summed in f32 (see Backend::linear). residual may be y itself. One warp
+/// per output feature takes up to 8 rows per pass over the weight row, so
+/// batch-1 to batch-8 decode reads every weight once (16-byte loads when
+/// in % 8 == 0 and x, w are 16-byte aligned); more rows make more passes
+/// (correct, not tuned for prefill). rows, in, out > 0.
 ///
 /// Batch-1 calls on the 16-byte path have launch variants (rows per pass,
 /// loads in flight per lane, warps per block; gemv_variant_names) that give
-/// bit-identical results. The first batch-1 call for a (device, in, out)
-/// times each on the call's own buffers and keeps the fastest (not while
-/// the stream is being captured); COROLLA_GEMV=<variant> in the environment
-/// fixes one instead (COROLLA_GEMV=auto is the default). Other calls take
-/// the default variant. The kernel is launched as an early dependent
-/// (device.hpp, set_early_launch) where the device has that.
-void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int64_t in,
-                        const void* w, std::int64_t out, const float* bias, float* y);
+/// bit-identical results. The first batch-1 call for a (device, in, weight
+/// rows) times each (plain epilogue, into a scratch buffer of its own, L2
+/// flushed before every timed launch, the variants taking turns) and keeps
+/// the fastest for every epilogue if it beats the default by 3 %; not
+/// while the stream is being captured, and not under COROLLA_CUDA_SYNC
+/// (the default). COROLLA_GEMV=<variant> in the environment fixes one
+/// instead (COROLLA_GEMV=auto is the default). Other calls take the
+/// default variant. The kernel is launched as an early dependent (device.hpp,
+/// set_early_launch) where the device has that.
+void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int64_t in, const void* w,
+                        std::int64_t out, const float* bias, float* y, gemv_epilogue e = gemv_epilogue::bias,
+                        const float* residual = nullptr);
 
 /// The 16-byte GEMV's launch variants, "r<rows per pass>.u<loads in flight
 /// per lane>.w<warps per block>"; the first is the default.
@@ -34,16 +48,21 @@ std::vector<std::string> gemv_variant_names();
 
 /// Fixes the batch-1 variant for every later call in the process (an index
 /// into gemv_variant_names(); out of range throws std::out_of_range), or
-/// with -1 goes back to timing a shape's first call (COROLLA_GEMV's role,
-/// for tests and benchmarks that compare variants in one process).
+/// with -1 goes back to what COROLLA_GEMV says (by default, timing a
+/// shape's first call). For tests and benchmarks that compare variants in
+/// one process.
 void set_gemv_variant(int index);
+
+/// Throws std::invalid_argument, naming the variants, if COROLLA_GEMV names
+/// none (the CUDA backend calls it as it starts, so a typo fails at once).
+void check_gemv_setting();
 
 /// What the first batch-1 call for one weight shape chose (linear_bf16_weight).
 struct gemv_choice {
   int device = 0;
-  std::int64_t in = 0, out = 0;
-  int chosen = 0;                   ///< index into gemv_variant_names()
-  std::vector<double> microseconds;  ///< per launch of each variant; empty when not timed
+  std::int64_t in = 0, out = 0;      ///< out: weight rows (2 x outputs for swiglu)
+  int chosen = 0;                    ///< index into gemv_variant_names()
+  std::vector<double> microseconds;  ///< fastest launch of each variant; empty when not timed
 };
 
 /// Every shape chosen for so far in this process, in the order first seen.

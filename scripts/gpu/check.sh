@@ -35,6 +35,8 @@ run() {  # name, command...: runs, logs to $out/name.log, prints the verdict
 corolla info
 run cuda_kernels env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*'
 run cuda_model test_model -tc='cuda*'
+# Early launch overlaps kernels only without COROLLA_CUDA_SYNC.
+run cuda_decode_launch test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
 [ "$mode" = quick ] && exit 0
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 [ -n "$sanitizer" ] && run cuda_memcheck "$sanitizer" --tool memcheck --error-exitcode 1 test_kernels -tc='cuda*'

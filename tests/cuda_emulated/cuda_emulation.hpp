@@ -19,7 +19,8 @@
 //    round-to-nearest-even conversions (__floats2bfloat162_rn,
 //    __float2bfloat16_rn, __float2half_rn, __floats2half2_rn, subnormals
 //    included) and their
-//    widening; __fdiv_rn and __fmul_rn as host IEEE arithmetic; atomicAdd
+//    widening; __fdiv_rn, __fmul_rn, __fadd_rn and __fmaf_rn as host IEEE
+//    arithmetic (fma rounded once); atomicAdd
 //    on floats as a real atomic (std::atomic_ref); float4 with its 16-byte
 //    alignment checked on every copy; uint4, __uint_as_float, and __ldg /
 //    __ldcs as plain loads with their alignment checked.
@@ -371,6 +372,8 @@ inline float to_float(__half h) { return from_f16(h.bits); }
 /// IEEE f32 division and product rounded to nearest, as the host's.
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 /// A real atomic add: the block's threads run concurrently.
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 

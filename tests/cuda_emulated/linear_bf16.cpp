@@ -7,13 +7,18 @@
 // that are and are not whole batches of loads) and the scalar one, one and
 // several passes of rows, partial blocks of output features, with and
 // without bias. Every launch variant must equal the default bit for bit
-// (the tuner's choice may not change what decode computes), and none may
-// read x, which the kernel before it writes, before await_producers().
+// (the tuner's choice may not change what decode computes), none may read
+// x or the residual, which the kernel before it writes, before
+// await_producers(), and each fused epilogue (residual add, GELU, SwiGLU of
+// a stacked gate/up weight) must equal the plain GEMV followed by the
+// elementwise kernels' own expression, bit for bit.
 // tests/kernels/linear_bf16.cpp and cuda_ops.cpp check it on a GPU.
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -27,17 +32,23 @@ using namespace corolla;
 namespace {
 
 /// Runs `kernel` as linear_bf16.cu launches it (`warps` outputs per block)
-/// with x declared the previous kernel's output.
+/// with x and the residual declared the previous kernel's output.
 std::vector<float> run_gemv(cuda::gemv_kernel kernel, int warps, const Tensor& x, std::int64_t rows,
-                            std::int64_t in, const Tensor& w, std::int64_t out, const float* bias) {
+                            std::int64_t in, const Tensor& w, std::int64_t out, const float* bias,
+                            const std::vector<float>* residual = nullptr) {
   std::vector<float> got(static_cast<std::size_t>(rows * out), NAN);
   const emulated::launch_config cfg{static_cast<unsigned>((out + warps - 1) / warps), 1,
                                     32 * static_cast<unsigned>(warps), 0};
   emulated::produced = {{x.raw(), x.nbytes()}};
+  if (residual) emulated::produced.push_back({residual->data(), residual->size() * sizeof(float)});
   emulated::launch(kernel, cfg, x.data<float>(), rows, in, static_cast<const std::uint16_t*>(w.raw()), out, bias,
-                   got.data());
+                   residual ? residual->data() : nullptr, got.data());
   emulated::produced.clear();
   return got;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace
@@ -64,21 +75,77 @@ TEST_CASE("emulated bf16-weight GEMV: every launch variant matches the cpu's lin
     const float* bias = c.bias ? b.data<float>() : nullptr;
 
     if (c.in % 8 != 0) {  // the launcher's choice (the tensors here are 64-byte aligned)
-      const std::vector<float> got = run_gemv(cuda::gemv_scalar, cuda::scalar_warps, x, c.rows, c.in, w, c.out, bias);
+      const std::vector<float> got = run_gemv(cuda::gemv_scalar<cuda::gemv_epilogue::bias>, cuda::scalar_warps, x,
+                                              c.rows, c.in, w, c.out, bias);
       kernel_test::check_close(std::vector<double>(got.begin(), got.end()), kernel_test::to_double(want), 1e-5,
                                1e-5, "linear_bf16 scalar path");
       continue;
     }
     std::vector<float> first;
-    for (const cuda::gemv_variant& v : cuda::gemv_variants) {
+    for (int i = 0; i < cuda::gemv_variant_count; ++i) {
+      const cuda::gemv_variant& v = cuda::gemv_variants[i];
       CAPTURE(std::string(v.name));
-      const std::vector<float> got = run_gemv(v.kernel, v.warps, x, c.rows, c.in, w, c.out, bias);
+      const std::vector<float> got =
+          run_gemv(cuda::gemv_kernel_for<cuda::gemv_epilogue::bias>(i), v.warps, x, c.rows, c.in, w, c.out, bias);
       kernel_test::check_close(std::vector<double>(got.begin(), got.end()), kernel_test::to_double(want), 1e-5,
                                1e-5, std::string("linear_bf16 ") + v.name);
       if (first.empty())
         first = got;
       else
-        CHECK(std::memcmp(got.data(), first.data(), got.size() * sizeof(float)) == 0);
+        CHECK(same_bits(got, first));
     }
+  }
+}
+
+TEST_CASE("emulated bf16-weight GEMV epilogues equal linear then add, gelu or swiglu, bit for bit") {
+  kernel_test::rng r(312);
+  using cuda::gemv_epilogue;
+  for (auto [rows, in] : {std::pair<std::int64_t, std::int64_t>{1, 1032}, {3, 264}, {2, 100}}) {
+    CAPTURE(rows);
+    CAPTURE(in);
+    const std::int64_t out = 21;
+    const Tensor x = kernel_test::random_tensor({rows, in}, r);
+    const Tensor w = kernel_test::random_tensor({2 * out, in}, r, -0.2f, 0.2f).to(dtype::bf16);
+    const Tensor w_half = w.slice(0, out);  // the first `out` rows, for add and gelu
+    const Tensor b = kernel_test::random_tensor({out}, r);
+    std::vector<float> residual(static_cast<std::size_t>(rows * out));
+    for (float& v : residual) v = r.uniform();
+    const bool vectorised = in % 8 == 0;
+    // variant i of epilogue E (the scalar kernel where the launcher takes it)
+    auto run = [&](auto e, int i, const Tensor& wt, std::int64_t n, const float* bias, const std::vector<float>* res) {
+      constexpr gemv_epilogue E = decltype(e)::value;
+      return vectorised ? run_gemv(cuda::gemv_kernel_for<E>(i), cuda::gemv_variants[i].warps, x, rows, in, wt, n,
+                                   bias, res)
+                        : run_gemv(cuda::gemv_scalar<E>, cuda::scalar_warps, x, rows, in, wt, n, bias, res);
+    };
+    using bias_e = std::integral_constant<gemv_epilogue, gemv_epilogue::bias>;
+    using residual_e = std::integral_constant<gemv_epilogue, gemv_epilogue::residual>;
+    using gelu_e = std::integral_constant<gemv_epilogue, gemv_epilogue::gelu>;
+    using swiglu_e = std::integral_constant<gemv_epilogue, gemv_epilogue::swiglu>;
+    // The unfused ops: the plain GEMV, then what the elementwise kernels do
+    // (the same device functions; add is residual + t).
+    const std::vector<float> plain = run(bias_e{}, 0, w_half, out, b.data<float>(), nullptr);
+    const std::vector<float> stacked = run(bias_e{}, 0, w, 2 * out, nullptr, nullptr);
+    std::vector<float> added(plain.size()), gelued(plain.size()), swiglued(plain.size());
+    for (std::int64_t row = 0; row < rows; ++row)
+      for (std::int64_t o = 0; o < out; ++o) {
+        const auto at = static_cast<std::size_t>(row * out + o);
+        added[at] = residual[at] + plain[at];
+        gelued[at] = cuda::gelu_tanh(plain[at]);
+        swiglued[at] = cuda::silu_times(stacked[static_cast<std::size_t>(row * 2 * out + o)],
+                                        stacked[static_cast<std::size_t>(row * 2 * out + out + o)]);
+      }
+    for (int i = 0; i < (vectorised ? cuda::gemv_variant_count : 1); ++i) {
+      CAPTURE(i);
+      CHECK(same_bits(run(residual_e{}, i, w_half, out, b.data<float>(), &residual), added));
+      CHECK(same_bits(run(gelu_e{}, i, w_half, out, b.data<float>(), nullptr), gelued));
+      CHECK(same_bits(run(swiglu_e{}, i, w, out, nullptr, nullptr), swiglued));
+    }
+    // and the composition matches the cpu's ops
+    Tensor lin = Tensor::empty({rows, out}), g = Tensor::empty({rows, out});
+    cpu_backend().linear(x, w_half, &b, lin);
+    cpu_backend().gelu(lin, g);
+    kernel_test::check_close(std::vector<double>(gelued.begin(), gelued.end()), kernel_test::to_double(g), 1e-5,
+                             1e-5, "fused gelu against the cpu");
   }
 }

@@ -185,6 +185,34 @@ void emulated_device_backend::linear(const Tensor& x, const Tensor& w, const Ten
   o.finish();
 }
 
+bool emulated_device_backend::linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
+                                           const Tensor* residual, Tensor& y) {
+  if (x.type() != dtype::f32 || w.type() != dtype::bf16 || x.rank() != 2 || w.rank() != 2) return false;
+  const std::int64_t rows = x.dim(0), rows_w = w.dim(0);
+  if (rows < 1 || rows > 16 || x.dim(1) == 0) return false;
+  Tensor t = empty({rows, rows_w});
+  linear(x, w, bias, t);
+  switch (e) {
+    case linear_epilogue::add:
+      if (!residual) throw tensor_error("linear_fused (add): no residual");
+      add(*residual, t, y);
+      break;
+    case linear_epilogue::gelu:
+      gelu(t, y);
+      break;
+    case linear_epilogue::swiglu: {
+      const std::int64_t F = rows_w / 2;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const Tensor both = t.slice(r, r + 1).view({rows_w});
+        Tensor yr = y.slice(r, r + 1);
+        swiglu(both.slice(0, F).view({1, F}), both.slice(F, 2 * F).view({1, F}), yr);
+      }
+      break;
+    }
+  }
+  return true;
+}
+
 void emulated_device_backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                               Tensor& dw, Tensor* db) {
   user u(*this);
