@@ -24,8 +24,13 @@ void register_info(CLI::App& app, action_fn& action) {
       int n = cuda_device_count();
 #ifdef COROLLA_HAVE_CUDA
       if (n == 0) std::printf("cuda: no device (%s)\n", cuda::device_count_error().c_str());
-      for (int i = 0; i < n; ++i)
-        std::printf("cuda:%d: %s\n", i, cuda::device_description(i).c_str());
+      for (int i = 0; i < n; ++i) {
+        // Early launch (programmatic dependent launch) of decode's GEMVs: docs/cuda.md.
+        const char* early = !cuda::early_launch_supported(i) ? "no (before sm_90)"
+                            : cuda::early_launch_requested() ? "on"
+                                                             : "off (COROLLA_CUDA_EARLY_LAUNCH)";
+        std::printf("cuda:%d: %s, early launch %s\n", i, cuda::device_description(i).c_str(), early);
+      }
 #else
       (void)n;
       std::printf("cuda: not compiled in\n");

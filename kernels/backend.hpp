@@ -88,10 +88,6 @@ struct queue_marker {
   virtual ~queue_marker() = default;
 };
 
-/// The operation set. One instance per device; thread-compatible (callers
-/// serialise use of one instance), ops are internally parallel. The one
-/// exception is copy_after, which a second thread may call while another
-/// queues ops.
 /// What Backend::linear_fused does after the product.
 enum class linear_epilogue {
   add,     ///< y = residual + linear(x, w, bias): linear, then add
@@ -99,6 +95,10 @@ enum class linear_epilogue {
   swiglu,  ///< y[N, F] = swiglu(gate, up) for a stacked w [2F, in], gate rows first, no bias
 };
 
+/// The operation set. One instance per device; thread-compatible (callers
+/// serialise use of one instance), ops are internally parallel. The one
+/// exception is copy_after, which a second thread may call while another
+/// queues ops.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -138,8 +138,10 @@ class Backend {
   /// rows with a bf16 weight, as decode has). Returns false, having done
   /// nothing, where it has none: the caller then runs the two ops. When it
   /// returns true, y is what the two ops give (on CUDA, the same bits).
-  /// residual is for linear_epilogue::add only, and may be y. (Inline, as
-  /// add_rmsnorm.)
+  /// Operands it takes but finds malformed (shapes, dtypes, a bias with
+  /// swiglu, a residual without add) are a tensor_error, as for linear.
+  /// residual is for linear_epilogue::add only, and may be y itself (not a
+  /// partial overlap); y may not overlap x. (Inline, as add_rmsnorm.)
   virtual bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
                             const Tensor* residual, Tensor& y) {
     (void)x, (void)w, (void)bias, (void)e, (void)residual, (void)y;

@@ -5,6 +5,28 @@
 #include <string>
 
 namespace corolla {
+
+bool check_linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
+                        const Tensor* residual, const Tensor& y, device where) {
+  if (x.type() != dtype::f32 || w.type() != dtype::bf16 || x.rank() != 2 || w.rank() != 2) return false;
+  const std::int64_t rows = x.dim(0), in = x.dim(1), rows_w = w.dim(0);
+  if (rows < 1 || rows > 16 || in == 0) return false;
+  const bool swiglu = e == linear_epilogue::swiglu;
+  const char* what = e == linear_epilogue::add ? "linear_fused (add)"
+                     : swiglu                  ? "linear_fused (swiglu)"
+                                               : "linear_fused (gelu)";
+  require_on(x, where, dtype::f32, {rows, in}, what);
+  require_on(w, where, dtype::bf16, {rows_w, in}, what);
+  require_condition(!swiglu || rows_w % 2 == 0, what, "a stacked gate/up weight has an even number of rows");
+  require_condition(!swiglu || bias == nullptr, what, "swiglu takes no bias");
+  require_condition((e == linear_epilogue::add) == (residual != nullptr), what,
+                    "a residual is given with the add epilogue, and only then");
+  const std::int64_t out = swiglu ? rows_w / 2 : rows_w;
+  if (bias) require_on(*bias, where, dtype::f32, {out}, what);
+  if (residual) require_on(*residual, where, dtype::f32, {rows, out}, what);
+  require_on(y, where, dtype::f32, {rows, out}, what);
+  return true;
+}
 namespace {
 
 [[noreturn]] void throw_shape(const Tensor& t, std::initializer_list<std::int64_t> dims,

@@ -38,6 +38,16 @@ void require_linear_weight(const Tensor& w, device where, dtype x_type, const ch
 /// weights" when `w` is bf16 and the activations (`x_type`) are not.
 void refuse_inference_weight(const Tensor& w, dtype x_type, const char* what);
 
+/// Backend::linear_fused's operands on a backend whose fused form takes an
+/// f32 x of 1 to 16 rows with a bf16 w (CUDA's GEMV; the emulated device
+/// mirrors it). Returns false when they are not that (the op is not taken:
+/// the caller runs the two ops); else checks the rest and returns true, or
+/// throws tensor_error: w [rows_w, in] (rows_w even for swiglu), bias f32
+/// [out] (none for swiglu), a residual f32 [rows, out] with add and only
+/// then, y f32 [rows, out], all on `where`; out = rows_w, or rows_w / 2.
+bool check_linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
+                        const Tensor* residual, const Tensor& y, device where);
+
 /// The dtype rule of the device products (gemm, linear, linear_backward):
 /// a and b share a dtype; the output c is f32 or that dtype (what cuBLASLt
 /// offers with f32 compute). Throws tensor_error naming the operands.

@@ -28,6 +28,7 @@
 #include "kernels/cuda/attention_tiled.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/dispatch.cuh"
 
 #include <stdexcept>
@@ -153,11 +154,11 @@ void attention_cached(stream_t s, const attention_dims& g, const float* q, std::
     dispatch_chunks(g.dh, [&](auto c) {
       constexpr int C = decltype(c)::value;
       const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(p.splits));
-      attention_paged_split_kernel<C, KT><<<grid, split_warps * 32, 0, s>>>(p);
-      COROLLA_CUDA_LAUNCH_CHECK("attention_paged_split_kernel");
+      launch_dependent("attention_paged_split_kernel", &attention_paged_split_kernel<C, KT>,
+          grid, dim3(split_warps * 32), 0, s, p);
       if (p.splits > 1) {
-        attention_paged_combine_kernel<C><<<warp_blocks(heads), attn_threads, 0, s>>>(p);
-        COROLLA_CUDA_LAUNCH_CHECK("attention_paged_combine_kernel");
+        launch_dependent("attention_paged_combine_kernel", &attention_paged_combine_kernel<C>,
+            dim3(warp_blocks(heads)), dim3(attn_threads), 0, s, p);
       }
     });
   });

@@ -93,7 +93,8 @@ struct paged_params : paged_common {
 
 template <int C, class KT>
 __global__ void attention_paged_split_kernel(paged_params<KT> p) {
-  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   const std::int64_t rh = blockIdx.x, split = blockIdx.y;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const std::int64_t row = rh / p.g.hq, h = rh % p.g.hq, kvh = h / p.g.group;
@@ -182,7 +183,8 @@ __global__ void attention_paged_split_kernel(paged_params<KT> p) {
 /// The same for every cache type: it reads only the split kernel's partials.
 template <int C>
 __global__ void attention_paged_combine_kernel(paged_common p) {
-  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   const std::int64_t rh = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (rh >= p.rows * p.g.hq) return;  // whole warps exit together

@@ -18,9 +18,9 @@ std::string device_description(int index);
 /// scheduled while the kernel before them finishes. On by default where the
 /// device has it (sm_90 and later); COROLLA_CUDA_EARLY_LAUNCH=0 (or off,
 /// false, no) in the environment turns it off. Process-wide; takes effect
-/// at the next launch. A kernel is launched early only if its binary was
-/// built for sm_90 or later (launch_dependent.cuh): one built for an older
-/// architecture has no wait in it.
+/// at the next launch. A kernel is launched early only if it was compiled
+/// for compute_90 or later (launch_dependent.cuh): one compiled for an
+/// older architecture has no wait in it.
 void set_early_launch(bool on);
 /// Whether early launch is requested (set_early_launch or the environment).
 bool early_launch_requested();

@@ -4,6 +4,7 @@
 // kernels/cpu/cpu_elementwise.cpp.
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/elementwise.hpp"
@@ -17,9 +18,9 @@ void swiglu_forward(stream_t s, elem t, const void* gate, const void* up, void* 
   if (n <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
-    swiglu_forward_kernel<T><<<grid_for(n), elementwise_threads, 0, s>>>(
+    launch_dependent("swiglu_forward_kernel", &swiglu_forward_kernel<T>,
+        dim3(grid_for(n)), dim3(elementwise_threads), 0, s,
         static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
-    COROLLA_CUDA_LAUNCH_CHECK("swiglu_forward_kernel");
   });
 }
 
@@ -39,9 +40,9 @@ void gelu_forward(stream_t s, elem t, const void* x, void* y, std::int64_t n) {
   if (n <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
-    gelu_forward_kernel<T><<<grid_for(n), elementwise_threads, 0, s>>>(
+    launch_dependent("gelu_forward_kernel", &gelu_forward_kernel<T>,
+        dim3(grid_for(n)), dim3(elementwise_threads), 0, s,
         static_cast<const T*>(x), static_cast<T*>(y), n);
-    COROLLA_CUDA_LAUNCH_CHECK("gelu_forward_kernel");
   });
 }
 
@@ -59,9 +60,8 @@ void add(stream_t s, elem t, const void* a, const void* b, void* out, std::int64
   if (n <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
-    add_kernel<T><<<grid_for(n), elementwise_threads, 0, s>>>(
+    launch_dependent("add_kernel", &add_kernel<T>, dim3(grid_for(n)), dim3(elementwise_threads), 0, s,
         static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n);
-    COROLLA_CUDA_LAUNCH_CHECK("add_kernel");
   });
 }
 

@@ -21,7 +21,8 @@ namespace {
 
 template <class T>
 __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, std::int64_t n) {
-  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   COROLLA_GRID_STRIDE(i, n) {
     store_f32(out, i, silu_times(load_f32(gate, i), load_f32(up, i)));
   }
@@ -41,7 +42,8 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dout
 
 template <class T>
 __global__ void gelu_forward_kernel(const T* x, T* y, std::int64_t n) {
-  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   COROLLA_GRID_STRIDE(i, n) {
     store_f32(y, i, gelu_tanh(load_f32(x, i)));
   }
@@ -59,6 +61,8 @@ __global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, std::int64_
 
 template <class T>
 __global__ void add_kernel(const T* a, const T* b, T* out, std::int64_t n) {
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   COROLLA_GRID_STRIDE(i, n) store_f32(out, i, load_f32(a, i) + load_f32(b, i));
 }
 

@@ -1,6 +1,7 @@
 // kernels/cuda/embedding.cu — table gathers and their scatter-add backward.
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/embedding_kernels.cuh"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/embedding.hpp"
@@ -12,9 +13,9 @@ void embedding_forward(stream_t s, elem t, const std::int32_t* ids, const void* 
   if (n <= 0 || d <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
-    embedding_forward_kernel<T><<<grid_for(n * d), elementwise_threads, 0, s>>>(
+    launch_dependent("embedding_forward_kernel", &embedding_forward_kernel<T>,
+        dim3(grid_for(n * d)), dim3(elementwise_threads), 0, s,
         ids, static_cast<const T*>(table), static_cast<T*>(out), n, d);
-    COROLLA_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
   });
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_elem.cuh"
+#include "kernels/cuda/grid_dependency.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -14,6 +15,8 @@ namespace {
 template <class T>
 __global__ void embedding_forward_kernel(const std::int32_t* ids, const T* table, T* out,
                                          std::int64_t n, std::int64_t d) {
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < n * d;
        k += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t i = k / d, c = k % d;

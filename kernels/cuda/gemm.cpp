@@ -292,23 +292,8 @@ bool cuda_backend::linear_fused(const Tensor& x, const Tensor& w, const Tensor* 
                                 const Tensor* residual, Tensor& y) {
   // Decode's case only: f32 rows with a bf16 weight, few enough rows for
   // the GEMV (linear's own path for them), a non-empty product.
-  if (x.type() != dtype::f32 || w.type() != dtype::bf16 || x.rank() != 2 || w.rank() != 2) return false;
-  const std::int64_t rows = x.dim(0), in = x.dim(1), rows_w = w.dim(0);
-  if (rows < 1 || rows > widen_above_rows || in == 0) return false;
-  const bool swiglu = e == linear_epilogue::swiglu;
-  const char* what = e == linear_epilogue::add ? "linear_fused (add)"
-                     : swiglu                  ? "linear_fused (swiglu)"
-                                               : "linear_fused (gelu)";
-  require_on(x, dev(), dtype::f32, {rows, in}, what);
-  require_on(w, dev(), dtype::bf16, {rows_w, in}, what);
-  require_condition(!swiglu || rows_w % 2 == 0, what, "a stacked gate/up weight has an even number of rows");
-  require_condition(!swiglu || bias == nullptr, what, "swiglu takes no bias");
-  require_condition((e == linear_epilogue::add) == (residual != nullptr), what,
-                    "a residual is given with the add epilogue, and only then");
-  const std::int64_t out = swiglu ? rows_w / 2 : rows_w;
-  if (bias) require_on(*bias, dev(), dtype::f32, {out}, what);
-  if (residual) require_on(*residual, dev(), dtype::f32, {rows, out}, what);
-  require_on(y, dev(), dtype::f32, {rows, out}, what);
+  if (!check_linear_fused(x, w, bias, e, residual, y, dev())) return false;
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = y.dim(1);
   device_guard guard(index_);
   const gemv_epilogue epilogue = e == linear_epilogue::add    ? gemv_epilogue::residual
                                  : e == linear_epilogue::gelu ? gemv_epilogue::gelu

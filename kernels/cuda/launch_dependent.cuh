@@ -14,9 +14,10 @@
 
 namespace corolla::cuda {
 
-/// Whether `kernel`'s binary for the current device was built for sm_90 or
-/// later, so its griddepcontrol instructions are in it (a build for an
-/// older architecture, run on a newer GPU, compiles them out). Cached.
+/// Whether `kernel` was compiled for compute_90 or later, so its
+/// griddepcontrol instructions are in it: PTX for an older virtual
+/// architecture, JIT-compiled for a newer GPU, has them compiled out
+/// (ptxVersion, not binaryVersion, which is the GPU's). Cached.
 inline bool has_grid_dependency(const void* kernel) {
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, bool> known;
@@ -27,7 +28,7 @@ inline bool has_grid_dependency(const void* kernel) {
   if (fresh) {
     cudaFuncAttributes attr{};
     COROLLA_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    it->second = attr.binaryVersion >= 90;
+    it->second = attr.ptxVersion >= 90;
   }
   return it->second;
 }

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -117,7 +118,8 @@ struct timing_resources {
   }
 };
 
-/// Microseconds of one launch of each variant: weight rows [rows_w, in],
+/// Microseconds of one launch of each variant (empty when the memory for
+/// timing cannot be had): weight rows [rows_w, in],
 /// the plain epilogue, into a scratch output of its own (the call's y may
 /// be its residual). Decode reads its weights from HBM, not from L2 (the
 /// other layers' weights pass through in between), so every timed launch
@@ -133,8 +135,13 @@ std::vector<double> time_variants(cudaStream_t s, const float* x, std::int64_t i
   const std::size_t flush_bytes = 2 * static_cast<std::size_t>(l2 > 0 ? l2 : 64 << 20);
   timing_resources r;
   r.s = s;
-  COROLLA_CUDA_CHECK(cudaMallocAsync(&r.scratch, sizeof(float) * static_cast<std::size_t>(rows_w), s));
-  COROLLA_CUDA_CHECK(cudaMallocAsync(&r.flush, flush_bytes, s));
+  // Outside the caching allocator, and not worth failing a decode step for:
+  // without the memory, no timing (the caller keeps the default).
+  if (cudaMallocAsync(&r.scratch, sizeof(float) * static_cast<std::size_t>(rows_w), s) != cudaSuccess ||
+      cudaMallocAsync(&r.flush, flush_bytes, s) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
   const gemv_call c{s, x, 1, in, w, rows_w, nullptr, nullptr, static_cast<float*>(r.scratch), gemv_epilogue::bias};
   std::vector<cudaEvent_t> start, stop;
   for (int i = 0; i < gemv_variant_count * rounds; ++i) {
@@ -167,12 +174,15 @@ std::vector<double> time_variants(cudaStream_t s, const float* x, std::int64_t i
 /// speed was measured.
 constexpr double keep_default_within = 0.03;
 
+std::set<shape_key> timing;  ///< under choices_mu: shapes a thread is timing now
+
 /// The variant for a call: the default for more than one row; for one,
 /// fixed (set_gemv_variant, COROLLA_GEMV), chosen before for its weight
-/// shape, or timed now. Not timed (the default, asked again next time)
-/// while the stream is being captured into a graph; the default, recorded
-/// untimed, under COROLLA_CUDA_SYNC (every launch would time a host round
-/// trip). The lock is not held while timing: another thread's GEMVs go on.
+/// shape, or timed now. The default, untimed: while the stream is being
+/// captured into a graph, or another thread times the shape (both ask again
+/// next time); under COROLLA_CUDA_SYNC (every launch would time a host
+/// round trip) or when timing's memory cannot be had (both recorded). The
+/// lock is not held while timing: other threads' GEMVs go on.
 int variant_for(const gemv_call& c) {
   if (c.rows != 1) return 0;
   const int fixed = fixed_variant();
@@ -181,28 +191,40 @@ int variant_for(const gemv_call& c) {
   int device = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   const shape_key key{device, c.in, rows_w};
+  const bool time_it = fixed < 0 && !sync_after_launch();
+  if (time_it) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    COROLLA_CUDA_CHECK(cudaStreamIsCapturing(c.s, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return 0;  // no timing inside a graph
+  }
   {
     std::lock_guard lock(choices_mu);
     if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+    if (time_it && !timing.insert(key).second) return 0;  // another thread is timing it
   }
   gemv_choice choice;
   choice.device = device;
   choice.in = c.in;
   choice.out = rows_w;
-  if (fixed >= 0) {
-    choice.chosen = fixed;
-  } else if (!sync_after_launch()) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    COROLLA_CUDA_CHECK(cudaStreamIsCapturing(c.s, &capture));
-    if (capture != cudaStreamCaptureStatusNone) return 0;  // no timing inside a graph; ask again later
-    choice.microseconds = time_variants(c.s, c.x, c.in, c.w, rows_w);
+  if (fixed >= 0) choice.chosen = fixed;
+  if (time_it) {
+    try {
+      choice.microseconds = time_variants(c.s, c.x, c.in, c.w, rows_w);
+    } catch (...) {
+      std::lock_guard lock(choices_mu);
+      timing.erase(key);
+      throw;
+    }
     const std::vector<double>& us = choice.microseconds;
-    for (int i = 1; i < gemv_variant_count; ++i)
-      if (us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)]) choice.chosen = i;
-    if (us[static_cast<std::size_t>(choice.chosen)] > (1.0 - keep_default_within) * us[0]) choice.chosen = 0;
+    if (!us.empty()) {
+      for (int i = 1; i < gemv_variant_count; ++i)
+        if (us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)]) choice.chosen = i;
+      if (us[static_cast<std::size_t>(choice.chosen)] > (1.0 - keep_default_within) * us[0]) choice.chosen = 0;
+    }
   }
   std::lock_guard lock(choices_mu);
-  const auto [it, fresh] = chosen.emplace(key, choice.chosen);  // another thread may have timed it meanwhile
+  timing.erase(key);
+  const auto [it, fresh] = chosen.emplace(key, choice.chosen);  // two threads fixed by COROLLA_GEMV may race
   if (fresh) seen.push_back(choice);
   return it->second;
 }

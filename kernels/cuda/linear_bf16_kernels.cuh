@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(32 * Warps)
         if constexpr (E == gemv_epilogue::bias) y[at] = v + b;
         if constexpr (E == gemv_epilogue::residual) y[at] = residual[at] + (v + b);
         if constexpr (E == gemv_epilogue::gelu) y[at] = gelu_tanh(v + b);
-        if constexpr (E == gemv_epilogue::swiglu) y[at] = silu_times(v, v_up);
+        // (+ b, which is 0 here, as the plain GEMV adds it: -0 becomes +0 alike)
+        if constexpr (E == gemv_epilogue::swiglu) y[at] = silu_times(v + b, v_up + b);
       }
     }
   }

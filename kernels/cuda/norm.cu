@@ -5,6 +5,7 @@
 // kernels/cpu/cpu_norm.cpp. The kernels are in norm_kernels.cuh.
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
 #include "kernels/cuda/norm.hpp"
@@ -23,9 +24,9 @@ void rmsnorm_forward(stream_t s, elem t, const void* x, const float* w, float ep
   if (n <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
-    rmsnorm_forward_kernel<T><<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(
+    launch_dependent("rmsnorm_forward_kernel", &rmsnorm_forward_kernel<T>,
+        dim3(static_cast<unsigned>(n)), dim3(forward_threads(n)), 0, s,
         static_cast<const T*>(x), w, eps, static_cast<T*>(y), rstd, d);
-    COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_forward_kernel");
   });
 }
 
@@ -34,9 +35,9 @@ void add_rmsnorm(stream_t s, elem t, const void* a, const void* b, void* sum, co
   if (n <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
-    add_rmsnorm_kernel<T><<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(
+    launch_dependent("add_rmsnorm_kernel", &add_rmsnorm_kernel<T>,
+        dim3(static_cast<unsigned>(n)), dim3(forward_threads(n)), 0, s,
         static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(sum), w, eps, static_cast<T*>(y), d);
-    COROLLA_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
   });
 }
 
@@ -60,9 +61,9 @@ void layernorm_forward(stream_t s, elem t, const void* x, const float* w, const 
   if (n <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
-    layernorm_forward_kernel<T><<<static_cast<unsigned>(n), forward_threads(n), 0, s>>>(
+    launch_dependent("layernorm_forward_kernel", &layernorm_forward_kernel<T>,
+        dim3(static_cast<unsigned>(n)), dim3(forward_threads(n)), 0, s,
         static_cast<const T*>(x), w, b, eps, static_cast<T*>(y), mean, rstd, d);
-    COROLLA_CUDA_LAUNCH_CHECK("layernorm_forward_kernel");
   });
 }
 

@@ -23,7 +23,8 @@ constexpr int row_threads = 256;
 template <class T>
 __global__ void rmsnorm_forward_kernel(const T* x, const float* w, float eps, T* y, float* rstd,
                                        std::int64_t d) {
-  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * d;
   T* yr = y + row * d;
@@ -44,7 +45,8 @@ __global__ void rmsnorm_forward_kernel(const T* x, const float* w, float eps, T*
 template <class T>
 __global__ void add_rmsnorm_kernel(const T* a, const T* b, T* sum, const float* w, float eps, T* y,
                                    std::int64_t d) {
-  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   const std::int64_t row = blockIdx.x;
   const T* ar = a + row * d;
   const T* br = b + row * d;
@@ -93,7 +95,8 @@ __global__ void rmsnorm_backward_dw_kernel(const T* x, const float* rstd, const 
 template <class T>
 __global__ void layernorm_forward_kernel(const T* x, const float* w, const float* b, float eps, T* y, float* mean,
                                          float* rstd, std::int64_t d) {
-  allow_dependents();  // the GEMV after it may be scheduled now (grid_dependency.cuh)
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * d;
   T* yr = y + row * d;

@@ -5,6 +5,7 @@
 // cos/sin); no table is kept on the device.
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/rope_kernels.cuh"
 #include "kernels/cuda/rope.hpp"
@@ -18,10 +19,10 @@ void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const s
   if (total <= 0) return;
   dispatch_elem(cache, [&](auto tag) {
     using KT = decltype(tag);
-    rope_store_kv_kernel<KT><<<grid_for(total), elementwise_threads, 0, s>>>(
+    launch_dependent("rope_store_kv_kernel", &rope_store_kv_kernel<KT>,
+        dim3(grid_for(total)), dim3(elementwise_threads), 0, s,
         q, k, v, positions, n, hq, hkv, head_dim, static_cast<double>(theta), rotate, static_cast<KT*>(k_out),
         static_cast<KT*>(v_out));
-    COROLLA_CUDA_LAUNCH_CHECK("rope_store_kv_kernel");
   });
 }
 

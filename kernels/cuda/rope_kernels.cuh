@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_elem.cuh"
+#include "kernels/cuda/grid_dependency.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -49,6 +50,8 @@ template <class KT>
 __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, const std::int32_t* positions,
                                      std::int64_t n, int hq, int hkv, int head_dim, double theta, bool rotate,
                                      KT* k_out, KT* v_out) {
+  allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
+  await_producers();   // and this one touches nothing before the kernel before it is done
   const int half = head_dim / 2;
   const std::int64_t q_items = rotate ? n * hq * half : 0, k_items = n * hkv * half;
   const std::int64_t total = q_items + k_items + n * hkv * head_dim;

@@ -100,7 +100,8 @@ TEST_CASE("emulated bf16-weight GEMV: every launch variant matches the cpu's lin
 TEST_CASE("emulated bf16-weight GEMV epilogues equal linear then add, gelu or swiglu, bit for bit") {
   kernel_test::rng r(312);
   using cuda::gemv_epilogue;
-  for (auto [rows, in] : {std::pair<std::int64_t, std::int64_t>{1, 1032}, {3, 264}, {2, 100}}) {
+  // 11 rows: a second pass of the eight-row kernel; in = 100: the scalar kernel.
+  for (auto [rows, in] : {std::pair<std::int64_t, std::int64_t>{1, 1032}, {3, 264}, {11, 264}, {2, 100}}) {
     CAPTURE(rows);
     CAPTURE(in);
     const std::int64_t out = 21;

@@ -187,14 +187,12 @@ void emulated_device_backend::linear(const Tensor& x, const Tensor& w, const Ten
 
 bool emulated_device_backend::linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
                                            const Tensor* residual, Tensor& y) {
-  if (x.type() != dtype::f32 || w.type() != dtype::bf16 || x.rank() != 2 || w.rank() != 2) return false;
+  if (!check_linear_fused(x, w, bias, e, residual, y, dev())) return false;  // CUDA's rules
   const std::int64_t rows = x.dim(0), rows_w = w.dim(0);
-  if (rows < 1 || rows > 16 || x.dim(1) == 0) return false;
   Tensor t = empty({rows, rows_w});
   linear(x, w, bias, t);
   switch (e) {
     case linear_epilogue::add:
-      if (!residual) throw tensor_error("linear_fused (add): no residual");
       add(*residual, t, y);
       break;
     case linear_epilogue::gelu:

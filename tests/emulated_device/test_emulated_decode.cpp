@@ -69,3 +69,43 @@ TEST_CASE("emulated device: bf16-weight decode through the fused products genera
     }
   }
 }
+
+TEST_CASE("emulated device: linear_fused takes CUDA's operands, leaves others to the caller, refuses malformed ones") {
+  emulated_device_backend dev;
+  auto on_dev = [&](shape_t shape, dtype t) {
+    Tensor d = dev.empty(shape, t);
+    Tensor h = Tensor::empty(shape, dtype::f32);
+    float* p = h.data<float>();
+    for (std::int64_t i = 0; i < h.numel(); ++i) p[i] = 0.01f * static_cast<float>(i % 17);
+    dev.copy(h, d);
+    return d;
+  };
+  const Tensor x = on_dev({1, 16}, dtype::f32), w = on_dev({8, 16}, dtype::bf16), w32 = on_dev({8, 16}, dtype::f32);
+  const Tensor bias4 = on_dev({4}, dtype::f32), res = on_dev({1, 8}, dtype::f32);
+  Tensor y8 = dev.empty({1, 8}), y4 = dev.empty({1, 4});
+  // not its operands: false, nothing done
+  CHECK_FALSE(dev.linear_fused(x, w32, nullptr, linear_epilogue::gelu, nullptr, y8));
+  const Tensor many = on_dev({17, 16}, dtype::f32);
+  Tensor y17 = dev.empty({17, 8});
+  CHECK_FALSE(dev.linear_fused(many, w, nullptr, linear_epilogue::gelu, nullptr, y17));
+  // its operands: done
+  CHECK(dev.linear_fused(x, w, nullptr, linear_epilogue::swiglu, nullptr, y4));
+  CHECK(dev.linear_fused(x, w, nullptr, linear_epilogue::add, &res, y8));
+  // malformed: one clear error each
+  auto error_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const tensor_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(error_of([&] { dev.linear_fused(x, w, &bias4, linear_epilogue::swiglu, nullptr, y4); }) ==
+        "linear_fused (swiglu): swiglu takes no bias");
+  CHECK(error_of([&] { dev.linear_fused(x, w, nullptr, linear_epilogue::gelu, &res, y8); }) ==
+        "linear_fused (gelu): a residual is given with the add epilogue, and only then");
+  CHECK(error_of([&] { dev.linear_fused(x, w, nullptr, linear_epilogue::add, nullptr, y8); }) ==
+        "linear_fused (add): a residual is given with the add epilogue, and only then");
+  CHECK(error_of([&] { dev.linear_fused(x, w, nullptr, linear_epilogue::gelu, nullptr, y4); }).find(
+            "linear_fused (gelu)") == 0);
+}

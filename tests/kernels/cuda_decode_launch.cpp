@@ -128,9 +128,11 @@ TEST_CASE("cuda: linear_fused equals linear then add, gelu or swiglu, bit for bi
   REQUIRE_GPU_OR_SKIP();
 #ifdef COROLLA_HAVE_CUDA
   rng r(73);
-  for (std::int64_t rows : {1, 3}) {
+  // 11 rows: a second pass over the weight; in = 1030: the scalar kernel.
+  for (auto [rows, in] : {std::pair<std::int64_t, std::int64_t>{1, 1032}, {3, 1032}, {11, 1032}, {2, 1030}}) {
     CAPTURE(rows);
-    const std::int64_t in = 1032, out = 300;
+    CAPTURE(in);
+    const std::int64_t out = 300;
     const Tensor x = up(random_tensor({rows, in}, r), dtype::f32);
     const Tensor w = up(random_tensor({2 * out, in}, r, -0.1f, 0.1f), dtype::bf16);
     const Tensor w_half = w.slice(0, out);

@@ -141,6 +141,34 @@ TEST_CASE("cuda: bf16 inference weights generate what the cpu's bf16 weights gen
   }
 }
 
+TEST_CASE("cuda: decode with early launch generates what it generates without (f32 and bf16 weights)") {
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  const bool was = cuda::early_launch_requested();
+  MESSAGE("early launch on cuda:0: " << (cuda::early_launch_supported(0) ? "supported" : "not supported (before sm_90)"));
+  for (architecture arch : {architecture::llama, architecture::gpt2})
+    for (dtype weights : {dtype::f32, dtype::bf16}) {
+      CAPTURE(static_cast<int>(arch));
+      CAPTURE(dtype_name(weights));
+      testing::temp_dir_guard dir("cuda-early");
+      testing::write_tiny_model(dir.path(), options_for(arch));
+      transformer on_gpu = transformer::load(dir.path(), gpu());
+      generator g(on_gpu, 0, weights);
+      generation_params p;
+      p.max_new_tokens = 40;
+      p.ignore_eos = true;
+      const auto prompt = some_ids(20, on_gpu.config().vocab_size, 11);
+      cuda::set_early_launch(false);
+      const auto serial = g.generate(prompt, p).tokens;
+      cuda::set_early_launch(true);
+      CHECK(g.generate(prompt, p).tokens == serial);
+      p.prefill_chunk = 3;
+      CHECK(g.generate(prompt, p).tokens == serial);
+    }
+  cuda::set_early_launch(was);
+#endif
+}
+
 TEST_CASE("cuda: a short training run tracks the cpu's losses (GPT-2, Llama)") {
   REQUIRE_GPU_OR_SKIP();
   for (architecture arch : {architecture::gpt2, architecture::llama}) {
