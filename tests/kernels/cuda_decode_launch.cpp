@@ -23,6 +23,7 @@
 
 #include "kernel_test_util.hpp"
 #include "kernels/backend.hpp"
+#include "tests/kernels/gpu_tensors.hpp"
 #include "tests/support/gpu.hpp"
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/device.hpp"
@@ -34,20 +35,6 @@ using namespace kernel_test;
 
 #ifdef COROLLA_HAVE_CUDA
 namespace {
-
-Backend& gpu() { return backend_for({device_kind::cuda, 0}); }
-
-Tensor up(const Tensor& h, dtype t) {
-  Tensor d = gpu().empty(h.shape(), t);
-  gpu().copy(h, d);
-  return d;
-}
-
-Tensor down(const Tensor& d) {
-  Tensor h = Tensor::empty(d.shape(), d.type());
-  gpu().copy(d, h);
-  return h;
-}
 
 /// Puts the process-wide launch settings back as they were.
 struct restore_launch_settings {

@@ -30,6 +30,7 @@
 #include "kernel_test_util.hpp"
 #include "tests/support/gpu.hpp"
 #include "kernels/backend.hpp"
+#include "tests/kernels/gpu_tensors.hpp"
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/allocator.hpp"
 #include "kernels/cuda/device.hpp"
@@ -45,23 +46,7 @@ constexpr double ew_rtol = 1e-5, ew_atol = 1e-6;
 constexpr double red_rtol = 1e-4, red_atol = 1e-5;
 constexpr double grad_rtol = 1e-4, grad_atol = 1e-4;
 
-Backend& gpu() { return backend_for({device_kind::cuda, 0}); }
 Backend& cpu() { return cpu_backend(); }
-
-/// A device copy of host tensor `h`, stored as `t` (conversion on the device).
-Tensor up(const Tensor& h, dtype t) {
-  Tensor d = gpu().empty(h.shape(), t);
-  gpu().copy(h, d);
-  return d;
-}
-Tensor up(const Tensor& h) { return up(h, h.type()); }
-
-/// A host copy of device tensor `d` (same dtype).
-Tensor down(const Tensor& d) {
-  Tensor h = Tensor::empty(d.shape(), d.type());
-  gpu().copy(d, h);
-  return h;
-}
 
 /// f32 host tensor holding `h` rounded to `t` (the reference's inputs for a
 /// 16-bit run).
