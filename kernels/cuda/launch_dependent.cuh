@@ -14,15 +14,14 @@
 
 namespace corolla::cuda {
 
-/// Whether `kernel` was compiled for compute_90 or later, so its
+/// Whether `kernel` was compiled for compute_90 or later (as run on device
+/// `device`, the current one), so its
 /// griddepcontrol instructions are in it: PTX for an older virtual
 /// architecture, JIT-compiled for a newer GPU, has them compiled out
 /// (ptxVersion, not binaryVersion, which is the GPU's). Cached.
-inline bool has_grid_dependency(const void* kernel) {
+inline bool has_grid_dependency(const void* kernel, int device) {
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, bool> known;
-  int device = 0;
-  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard lock(mu);
   auto [it, fresh] = known.try_emplace({kernel, device}, false);
   if (fresh) {
@@ -42,7 +41,13 @@ inline bool has_grid_dependency(const void* kernel) {
 template <class... Params, class... Args>
 void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 threads,
                       std::size_t smem, cudaStream_t s, Args... args) {
-  if (early_launch_active() && has_grid_dependency(reinterpret_cast<const void*>(kernel))) {
+  bool early = false;
+  if (early_launch_requested()) {  // as early_launch_active(), asking for the device once
+    int device = 0;
+    COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+    early = early_launch_supported(device) && has_grid_dependency(reinterpret_cast<const void*>(kernel), device);
+  }
+  if (early) {
     cudaLaunchAttribute attr[1] = {};
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;

@@ -191,6 +191,10 @@ int variant_for(const gemv_call& c) {
   int device = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   const shape_key key{device, c.in, rows_w};
+  {
+    std::lock_guard lock(choices_mu);  // the common case: chosen before
+    if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+  }
   const bool time_it = fixed < 0 && !sync_after_launch();
   if (time_it) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -199,8 +203,8 @@ int variant_for(const gemv_call& c) {
   }
   {
     std::lock_guard lock(choices_mu);
-    if (auto it = chosen.find(key); it != chosen.end()) return it->second;
-    if (time_it && !timing.insert(key).second) return 0;  // another thread is timing it
+    if (auto it = chosen.find(key); it != chosen.end()) return it->second;  // chosen meanwhile
+    if (time_it && !timing.insert(key).second) return 0;                    // another thread is timing it
   }
   gemv_choice choice;
   choice.device = device;
