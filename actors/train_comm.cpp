@@ -136,7 +136,7 @@ namespace {
 caf::expected<std::string> key_of(const remote_message& m) {
   const std::string& t = m.type;
   if (t == train_msg::act || t == train_msg::grad || t == train_msg::rs || t == train_msg::ag ||
-      t == train_msg::params) {
+      t == train_msg::params || t == train_msg::group) {
     auto p = decode_train_packet(m.body);
     if (!p) return p.error();
     return train_key(t, p->job, p->step, p->index, p->hop);

@@ -107,6 +107,14 @@ std::string job_key(const dist_train_options& o, const model_config& cfg) {
          " micro=" + std::to_string(o.micro_batch_size());
 }
 
+const char* dp_collectives_name(dp_collectives c) { return c == dp_collectives::device ? "device" : "host"; }
+
+dp_collectives parse_dp_collectives(const std::string& s) {
+  if (s == "host") return dp_collectives::host;
+  if (s == "device") return dp_collectives::device;
+  throw std::invalid_argument("--collectives must be host or device, got '" + s + "'");
+}
+
 std::string join_key(const dist_train_options& o, const model_config& cfg) {
   const auto& w = o.optimizer.adamw;
   char opt[256];
@@ -119,7 +127,7 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
                   " cosine=" + (s.cosine ? "1" : "0") + " checkpoint_every=" + std::to_string(o.checkpoint_every) +
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
-                  " compute=" + dtype_name(o.compute);
+                  " compute=" + dtype_name(o.compute) + " collectives=" + dp_collectives_name(o.collectives);
   const loss_scaling& ls = o.optimizer.loss_scale;
   k += std::string(" loss_scale=") + loss_scaling_name(ls);
   if (ls.dynamic)

@@ -92,6 +92,23 @@ struct synthetic_compute {
 };
 
 /// Everything every rank and the coordinator must agree on.
+/// How a data-parallel group (and the head's group) sums gradients and
+/// gathers updated parameters.
+enum class dp_collectives {
+  /// Rings over the actor runtime in host memory (train_comm.hpp): every
+  /// backend; device ranks stage their buckets through page-locked copies.
+  host,
+  /// The devices' own collectives (Backend::join_group: NCCL groups on
+  /// CUDA): buckets never leave the device. Needs every rank on a device
+  /// backend with device groups, one device per rank.
+  device,
+};
+
+/// "host" or "device".
+const char* dp_collectives_name(dp_collectives c);
+/// Parses "host" or "device"; throws std::invalid_argument naming the value.
+dp_collectives parse_dp_collectives(const std::string& s);
+
 struct dist_train_options {
   train_layout layout;
   int batch = 1;        ///< global batch: sequences per step over all replicas
@@ -103,6 +120,8 @@ struct dist_train_options {
   /// or bf16/f16 on device ranks (mixed precision; activations between
   /// stages stay f32).
   dtype compute = dtype::f32;
+  /// The data-parallel groups' collectives (every rank must agree).
+  dp_collectives collectives = dp_collectives::host;
   /// Sharded checkpoints: every `checkpoint_every` steps (0 = never) each
   /// rank writes its shard under checkpoint_dir/step-N/, and the coordinator
   /// commits the step (manifest.json, then the `latest` pointer) once every

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <future>
 #include <map>
 #include <memory>
@@ -57,8 +58,17 @@ struct bucket {
   /// over; the DP actor's download (or its update) waits for it and nothing
   /// later.
   std::shared_ptr<queue_marker> grads_ready;
+  /// With device collectives (--collectives device, a group of more than
+  /// one): the group, and this rank's chunk of the reduce-scatter on the
+  /// device, as long as the longest shard: first the reduced gradient shard
+  /// (its first hi - lo values), then the updated parameter shard the
+  /// all-gather sends. Null / undefined otherwise.
+  device_group* coll = nullptr;
+  Tensor shard;
 
   bool staged() const { return host_params.defined(); }
+  /// The length of every member's chunk in the device collectives' layout.
+  std::int64_t pad() const { return shard.numel(); }
   /// What the collectives and the optimiser work on.
   Tensor& comm_params() { return staged() ? host_params : params->flat(); }
   Tensor& comm_grads() { return staged() ? host_grads : grads->flat(); }
@@ -114,6 +124,7 @@ class rank_runtime {
     coordinator_id_ = *coord;
     try {
       join(*coord);
+      if (o_.collectives == dp_collectives::device) join_device_groups();
       build_model();
       if (o_.resume) {
         restore();
@@ -242,6 +253,94 @@ class rank_runtime {
     return n;
   }
 
+  // ---- device collectives -------------------------------------------------------
+
+  /// Joins this rank's device groups: the data-parallel group, then the
+  /// head's where it differs (every rank joins in that order: a join blocks
+  /// until the whole group is in).
+  void join_device_groups() {
+    const std::string me = o_.layout.label(rank_);
+    if (!on_device_)
+      throw train_error(me + " computes on the cpu: --collectives device needs every rank on a device (--device cuda)");
+    if (!be_.has_device_groups())
+      throw train_error("--collectives device: the " + be_.name() + " backend of " + me +
+                        " has no device collectives (corolla was built without NCCL)");
+    dp_group_ = join_device_group(dp_ring_, 0);
+    if (head_ring_.ranks != dp_ring_.ranks) head_group_ = join_device_group(head_ring_, 1);
+  }
+
+  /// The ring's first member makes the group's id; it travels along the
+  /// ring (neighbours are linked), then every member joins. Null for a ring
+  /// of one.
+  std::unique_ptr<device_group> join_device_group(const ring& r, int tag) {
+    if (r.size() < 2) return nullptr;
+    const std::string group = tag == 0 ? "data-parallel" : "head";
+    device_group_id id{};
+    if (r.position == 0) {
+      id = be_.new_group_id();
+    } else {
+      const std::string what = "the " + group + " group's device id from " + o_.layout.label(r.prev());
+      remote_message m = inbox_->take(train_key(train_msg::group, comm_->job(), 0, tag), o_.timeout, what);
+      if (m.tensors.size() != 1 || m.tensors[0].type() != dtype::i8 ||
+          m.tensors[0].numel() != static_cast<std::int64_t>(id.size()))
+        throw train_error(what + " is malformed (expected one i8 tensor of " + std::to_string(id.size()) + " values)");
+      std::memcpy(id.data(), m.tensors[0].raw(), id.size());
+    }
+    if (r.position + 1 < r.size()) {
+      Tensor t = Tensor::empty({static_cast<std::int64_t>(id.size())}, dtype::i8);
+      std::memcpy(t.raw(), id.data(), id.size());
+      comm_->send(r.next(), train_msg::group, {0, tag, 0, rank_}, t);
+    }
+    spdlog::debug("{} joins the {} device group as member {} of {}", o_.layout.label(rank_), group, r.position,
+                  r.size());
+    return be_.join_group(id, r.position, r.size());
+  }
+
+  /// The device group of `r` (null: a group of one, or host collectives).
+  device_group* group_of(const ring* r) const {
+    if (r->size() < 2) return nullptr;
+    if (r == &dp_ring_) return dp_group_.get();
+    return head_group_ ? head_group_.get() : dp_group_.get();  // the head's ring is the DP ring's (pp = 1)
+  }
+
+  /// Where chunk `k` of a bucket sits in the device collectives' layout:
+  /// member p's reduce-scatter chunk is p's, and the ring's member p owns
+  /// chunk owned_chunk = p + 1 (mod size), so shards are the host rings'
+  /// (checkpoints move between the two).
+  static std::int64_t slot_of_chunk(int k, int g) { return (k + g - 1) % g; }
+
+  /// The bucket's gradients summed over its group into b.shard, queued on
+  /// `on` (its device's backend) after the backward it waited for.
+  void device_reduce_scatter(bucket& b, Backend& on) {
+    const int g = b.group->size();
+    const std::int64_t pad = b.pad();
+    Tensor in = coll_scratch_.slice(0, g * pad);
+    const Tensor flat = b.grads->flat();
+    for (int k = 0; k < g; ++k) {
+      const auto [lo, hi] = chunk_range(flat.numel(), g, k);
+      Tensor dst = in.slice(slot_of_chunk(k, g) * pad, slot_of_chunk(k, g) * pad + (hi - lo));
+      on.copy(flat.slice(lo, hi), dst);
+    }
+    b.coll->reduce_scatter(on, in, b.shard);
+  }
+
+  /// Every member's updated shard into the bucket's parameters, queued on `on`.
+  void device_all_gather(bucket& b, Backend& on) {
+    const int g = b.group->size();
+    const std::int64_t pad = b.pad();
+    Tensor flat = b.params->flat();
+    Tensor mine = b.shard.slice(0, b.hi - b.lo);
+    on.copy(flat.slice(b.lo, b.hi), mine);
+    Tensor out = coll_scratch_.slice(0, g * pad);
+    b.coll->all_gather(on, b.shard, out);
+    for (int k = 0; k < g; ++k) {
+      if (k == owned_chunk(*b.group)) continue;
+      const auto [lo, hi] = chunk_range(flat.numel(), g, k);
+      Tensor dst = flat.slice(lo, hi);
+      on.copy(out.slice(slot_of_chunk(k, g) * pad, slot_of_chunk(k, g) * pad + (hi - lo)), dst);
+    }
+  }
+
   // ---- model ------------------------------------------------------------------
 
   void build_model() {
@@ -291,7 +390,16 @@ class rank_runtime {
       b.m = Tensor::zeros({b.hi - b.lo});
       b.v = Tensor::zeros({b.hi - b.lo});
     }
-    if (b.device && group->size() > 1) {  // page-locked: the copies run asynchronously at full bus speed
+    b.coll = o_.collectives == dp_collectives::device ? group_of(group) : nullptr;
+    if (b.coll) {  // the longest chunk, for every member (the collectives' layout)
+      const std::int64_t pad = (p->size() + group->size() - 1) / group->size();
+      b.shard = be_.empty({pad});
+      b.shard.zero();
+      if (pad * group->size() > coll_scratch_.numel()) {
+        coll_scratch_ = be_.empty({pad * group->size()});
+        coll_scratch_.zero();
+      }
+    } else if (b.device && group->size() > 1) {  // page-locked: the copies run asynchronously at full bus speed
       b.host_params = be_.host_empty({p->size()});
       be_.copy(p->flat(), b.host_params);
       b.host_grads = be_.host_empty({p->size()});
@@ -591,6 +699,21 @@ class rank_runtime {
   void reduce_bucket(int slot, std::int64_t step) {
     try {
       bucket& b = buckets_[static_cast<std::size_t>(slot)];
+      if (b.coll) {
+        // The companion queues after the bucket's backward (a host wait:
+        // its queue is not ordered with the stage thread's), and the stage
+        // thread goes on once its work is done.
+        be_.wait(b.grads_ready.get());
+        Backend& on = dp_math();
+        device_reduce_scatter(b, on);
+        if (!needs_global_norm()) {
+          update_shard(b, step, on);
+          gather_params(b, step, on);
+        }
+        on.synchronize();
+        note_reduced({});
+        return;
+      }
       // After the backward that produced them, on the device's transfer
       // queue: the layers whose backward was queued since keep running.
       if (b.staged()) be_.copy_after(b.grads_ready.get(), b.grads->flat(), b.host_grads);
@@ -599,7 +722,7 @@ class rank_runtime {
         // Unstaged, the update reads what the backward wrote on the device.
         if (b.device && !b.staged()) be_.wait(b.grads_ready.get());
         update_shard(b, step, dp_math());
-        gather_params(b, step);
+        gather_params(b, step, dp_math());
       }
       note_reduced({});
     } catch (const std::exception& e) {
@@ -635,7 +758,9 @@ class rank_runtime {
 
   /// This rank's shard of the bucket's reduced gradients (on the host when
   /// staged: where the reduce-scatter left them).
-  Tensor reduced_shard(bucket& b) { return b.comm_grads().slice(b.lo, b.hi); }
+  Tensor reduced_shard(bucket& b) {
+    return b.coll ? b.shard.slice(0, b.hi - b.lo) : b.comm_grads().slice(b.lo, b.hi);
+  }
 
   /// AdamW on this rank's shard, with backend `on` (dp_math() from the DP
   /// actor, be_ from the stage thread), where the parameters live. Staged,
@@ -653,7 +778,7 @@ class rank_runtime {
     // (as a single process's adamw_optimizer); the schedule counts steps.
     step -= scaler_.state().skipped;
     Tensor p = b.params->flat().slice(b.lo, b.hi);
-    Tensor g = b.grads->flat().slice(b.lo, b.hi);
+    Tensor g = b.coll ? reduced_shard(b) : b.grads->flat().slice(b.lo, b.hi);
     if (b.staged()) {
       // The device gradients are free: their backward finished before the
       // download, and the next step zeroes them after this.
@@ -674,8 +799,10 @@ class rank_runtime {
   /// transfer queue with nothing to wait for: the bucket's backward finished
   /// before its download, and its next forward is queued only after
   /// optimizer_step has waited for this (from the DP actor or, with
-  /// the global norm, the stage thread).
-  void gather_params(bucket& b, std::int64_t step) {
+  /// the global norm, the stage thread). With device collectives, queued
+  /// on `on` (the caller's backend: dp_math() or be_).
+  void gather_params(bucket& b, std::int64_t step, Backend& on) {
+    if (b.coll) return device_all_gather(b, on);
     ring_all_gather(*comm_, *b.group, b.comm_params(), step, b.id);
     if (!b.staged()) return;
     upload_params(b, nullptr, 0, b.lo);
@@ -716,7 +843,7 @@ class rank_runtime {
       for (bucket& b : buckets_) {
         if (skip) break;
         update_shard(b, step, be_, static_cast<float>(coef));
-        gather_params(b, step);
+        gather_params(b, step, be_);
       }
       scaler_.update(skip);
     }
@@ -783,6 +910,11 @@ class rank_runtime {
   std::condition_variable dp_cv_;
   int enqueued_ = 0, reduced_ = 0, step_start_enqueued_ = 0;
   std::optional<std::string> dp_error_;
+  /// Device collectives (--collectives device): the data-parallel group,
+  /// the head's where its ring differs, and the padded layout both use
+  /// (size * pad of the largest bucket, on the device).
+  std::unique_ptr<device_group> dp_group_, head_group_;
+  Tensor coll_scratch_;
   /// be_'s companion for the DP actor (device backends only). Last, so it
   /// is destroyed first: its stream is drained before the buffers its
   /// queued work may still use (after a failed step) go back.

@@ -21,6 +21,7 @@ inline constexpr const char* act = "train.act";        ///< stage s -> s+1, acti
 inline constexpr const char* grad = "train.grad";      ///< stage s -> s-1, their gradient
 inline constexpr const char* rs = "train.rs";          ///< ring reduce-scatter chunk
 inline constexpr const char* ag = "train.ag";          ///< ring all-gather chunk
+inline constexpr const char* group = "train.group";    ///< a device group's id, along its ring
 inline constexpr const char* params = "train.params";  ///< a bucket's parameters for the final save
 inline constexpr const char* report = "train.report";  ///< rank -> coordinator, per step
 inline constexpr const char* norm = "train.norm";      ///< coordinator -> ranks, per step

@@ -94,8 +94,9 @@ namespace {
 int run_train(const train_args& a) {
   if (wants_distributed(a)) return run_distributed_train(a);
   if (!a.checkpoint_dir.empty() || a.checkpoint_every > 0 || a.resume || a.micro_batch > 0 || !a.link_profile.empty() ||
-      !a.coordinator.empty() || a.chunks != 1)
-    throw model_error("--checkpoint-dir, --checkpoint-every, --resume, --micro-batch, --chunks, --link-profile and --coordinator "
+      !a.coordinator.empty() || a.chunks != 1 || a.collectives != "host")
+    throw model_error("--checkpoint-dir, --checkpoint-every, --resume, --micro-batch, --chunks, --link-profile, "
+                      "--collectives and --coordinator "
                       "are for pipeline x data-parallel training: add --pp, --dp or --cluster");
   apply_common_options(a.threads, "warn");
   set_matmul_precision(parse_matmul_precision(a.matmul));
@@ -239,6 +240,12 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--chunks", args->chunks,
                   "Model chunks per pipeline stage: > 1 runs Megatron's interleaved 1F1B (stage s holds virtual "
                   "stages c*P+s; the micro-batches per replica must be a multiple of --pp)")
+      ->capture_default_str()
+      ->group(dist);
+  cmd->add_option("--collectives", args->collectives,
+                  "How data-parallel groups reduce gradients: host (rings over the links, in host memory; any "
+                  "device) or device (the GPUs' own collectives, NCCL, one GPU per rank: gradients and "
+                  "parameters never leave the GPU)")
       ->capture_default_str()
       ->group(dist);
   cmd->add_option("--micro-batch", args->micro_batch,

@@ -49,6 +49,7 @@ struct train_args {
   int dp = 0;                      ///< data-parallel replicas (0 = not given)
   int micro_batch = 0;             ///< sequences per micro-batch (0 = the default rule)
   int chunks = 1;                  ///< model chunks per stage (interleaved 1F1B when > 1)
+  std::string collectives = "host";  ///< --collectives: the DP groups' (dp_collectives)
   int rank = -1;                   ///< this process's rank (-1 = not given)
   std::string coordinator;         ///< HOST:PORT of the coordinator
   bool external_coordinator = false;  ///< rank 0 does not host the coordinator

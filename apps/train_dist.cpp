@@ -237,6 +237,7 @@ nlohmann::json job_to_json(const dist_train_options& o) {
           {"micro_batch", o.micro_batch}, {"steps", o.steps},
           {"adamw", {{"lr", w.lr}, {"beta1", w.beta1}, {"beta2", w.beta2}, {"eps", w.eps}, {"weight_decay", w.weight_decay}}},
           {"max_grad_norm", o.optimizer.max_grad_norm}, {"compute", dtype_name(o.compute)},
+          {"collectives", dp_collectives_name(o.collectives)},
           {"loss_scale",
            {{"dynamic", o.optimizer.loss_scale.dynamic}, {"init_scale", o.optimizer.loss_scale.init_scale},
             {"growth_interval", o.optimizer.loss_scale.growth_interval},
@@ -269,6 +270,7 @@ dist_train_options job_from_json(const std::string& file) {
     o.optimizer.adamw = {w.at("lr"), w.at("beta1"), w.at("beta2"), w.at("eps"), w.at("weight_decay")};
     o.optimizer.max_grad_norm = j.at("max_grad_norm");
     o.compute = parse_compute_dtype(j.at("compute").get<std::string>());
+    o.collectives = parse_dp_collectives(j.at("collectives").get<std::string>());
     const auto& ls = j.at("loss_scale");
     o.optimizer.loss_scale.dynamic = ls.at("dynamic");
     o.optimizer.loss_scale.init_scale = ls.at("init_scale");
@@ -492,6 +494,11 @@ int run_distributed_train(train_args a) {
   o.optimizer.max_grad_norm = a.grad_clip;
   o.optimizer.schedule = schedule_of(a);
   o.compute = compute_dtype_of(a);
+  o.collectives = parse_dp_collectives(a.collectives);
+  // Before any rank starts (each rank checks again, for multi-host jobs).
+  if (o.collectives == dp_collectives::device && parse_device(a.device).kind == device_kind::cpu)
+    throw std::invalid_argument("--collectives device needs every rank on a GPU of its own, but --device " + a.device +
+                                " is the cpu here");
   o.optimizer.loss_scale = loss_scaling_of(a, o.compute);
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_every = a.checkpoint_every;

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "kernels/adamw_scalars.hpp"
+#include "kernels/device_group.hpp"
 #include "kernels/tensor.hpp"
 
 namespace corolla {
@@ -300,6 +301,26 @@ class Backend {
   /// may itself be used from a second thread (the cpu backend, which is
   /// safe for concurrent callers).
   virtual std::unique_ptr<Backend> companion() { return nullptr; }
+
+  // ---- device collectives (kernels/device_group.hpp) ----------------------------
+  /// Whether join_group works here (CUDA built with NCCL). (Inline, as
+  /// add_rmsnorm.)
+  virtual bool has_device_groups() const { return false; }
+  /// A fresh group id (NCCL: ncclGetUniqueId) for one member to send to the
+  /// others. Throws tensor_error where has_device_groups() is false.
+  virtual device_group_id new_group_id() {
+    throw tensor_error("the " + name() + " backend has no device collectives");
+  }
+  /// Joins group `id` as member `rank` of `size`, on this backend's device
+  /// (one device per member). Blocks until every member has joined. Throws
+  /// tensor_error where has_device_groups() is false, std::runtime_error
+  /// when joining fails.
+  virtual std::unique_ptr<device_group> join_group(const device_group_id& id, int rank, int size) {
+    (void)id;
+    (void)rank;
+    (void)size;
+    throw tensor_error("the " + name() + " backend has no device collectives");
+  }
 };
 
 /// The process-wide CPU backend (OpenBLAS GEMM, OpenMP loops).

@@ -15,6 +15,9 @@
 #include "kernels/cuda/convert.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/linear_bf16.hpp"
+#ifdef COROLLA_HAVE_NCCL
+#include "kernels/cuda/nccl_comm.hpp"
+#endif
 #include "kernels/op_checks.hpp"
 
 namespace corolla::cuda {
@@ -191,6 +194,31 @@ void cuda_backend::wait(const queue_marker* after) {
 
 std::unique_ptr<Backend> cuda_backend::companion() {
   return std::unique_ptr<Backend>(new cuda_backend(index_, true));  // the private constructor
+}
+
+bool cuda_backend::has_device_groups() const {
+#ifdef COROLLA_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+device_group_id cuda_backend::new_group_id() {
+#ifdef COROLLA_HAVE_NCCL
+  device_guard guard(index_);
+  return make_nccl_unique_id();
+#else
+  return Backend::new_group_id();  // throws: built without NCCL
+#endif
+}
+
+std::unique_ptr<device_group> cuda_backend::join_group(const device_group_id& id, int rank, int size) {
+#ifdef COROLLA_HAVE_NCCL
+  return std::make_unique<nccl_group>(id, rank, size, *this);
+#else
+  return Backend::join_group(id, rank, size);
+#endif
 }
 
 void cuda_backend::upload(void* dst, const void* src, std::size_t bytes) {

@@ -154,6 +154,11 @@ class cuda_backend final : public Backend {
   /// (empty(), scratch growth): a block freed while another stream's queued
   /// work still uses it is never handed to it.
   std::unique_ptr<Backend> companion() override;
+  /// NCCL groups (nccl_comm.hpp) when built with NCCL: one device per
+  /// member, so two members of a group need two GPUs.
+  bool has_device_groups() const override;
+  device_group_id new_group_id() override;
+  std::unique_ptr<device_group> join_group(const device_group_id& id, int rank, int size) override;
 
   /// The backend's stream (cudaStream_t), for NCCL and other libraries.
   stream_t stream() const { return stream_; }

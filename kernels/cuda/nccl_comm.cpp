@@ -54,13 +54,13 @@ nccl_unique_id make_nccl_unique_id() {
 }
 
 nccl_group::nccl_group(const nccl_unique_id& id, int rank, int n_ranks, cuda_backend& backend)
-    : backend_(&backend), rank_(rank), n_ranks_(n_ranks) {
+    : device_(backend.dev().index), rank_(rank), n_ranks_(n_ranks) {
   if (n_ranks < 1 || rank < 0 || rank >= n_ranks)
     throw std::invalid_argument("nccl_group: rank " + std::to_string(rank) + " of " +
                                 std::to_string(n_ranks) + " ranks");
   ncclUniqueId nid;
   std::memcpy(&nid, id.data(), sizeof nid);
-  device_guard guard(backend.dev().index);
+  device_guard guard(device_);
   ncclComm_t comm = nullptr;
   COROLLA_NCCL_CHECK(ncclCommInitRank(&comm, n_ranks, nid, rank));
   comm_ = comm;
@@ -70,40 +70,51 @@ nccl_group::~nccl_group() {
   if (comm_) ncclCommDestroy(comm_);  // status ignored: nothing to do with it here
 }
 
-void nccl_group::check(const Tensor& t, const char* what) const {
-  require_on_device(t, backend_->dev(), what);
+stream_t nccl_group::stream_of(Backend& on, const char* what) const {
+  auto* cuda = dynamic_cast<cuda_backend*>(&on);
+  if (cuda == nullptr || on.dev().index != device_)
+    throw tensor_error(std::string(what) + ": NCCL ops of the group on cuda:" + std::to_string(device_) +
+                       " run on a backend of that device, not " + on.name());
+  return cuda->stream();
 }
 
-void nccl_group::all_reduce(const Tensor& in, Tensor& out) {
+void nccl_group::check(const Tensor& t, const char* what) const {
+  require_on_device(t, corolla::device{device_kind::cuda, device_}, what);
+}
+
+void nccl_group::all_reduce(Backend& on, const Tensor& in, Tensor& out) {
+  cudaStream_t s = stream_of(on, "all_reduce");
   check(in, "all_reduce in");
   check(out, "all_reduce out");
   require_condition(in.type() == out.type() && in.numel() == out.numel(), "all_reduce",
                     "in and out must have the same dtype and element count");
-  device_guard guard(backend_->dev().index);
+  device_guard guard(device_);
   COROLLA_NCCL_CHECK(ncclAllReduce(in.raw(), out.raw(), static_cast<std::size_t>(in.numel()),
-                                   nccl_type(in.type()), ncclSum, comm_, backend_->stream()));
+                                   nccl_type(in.type()), ncclSum, comm_, s));
 }
 
-void nccl_group::reduce_scatter(const Tensor& in, Tensor& out) {
+void nccl_group::reduce_scatter(Backend& on, const Tensor& in, Tensor& out) {
+  cudaStream_t s = stream_of(on, "reduce_scatter");
   check(in, "reduce_scatter in");
   check(out, "reduce_scatter out");
   require_condition(in.type() == out.type(), "reduce_scatter", "in and out must share a dtype");
   require_condition(in.numel() == out.numel() * n_ranks_, "reduce_scatter",
                     "in must hold size() times out's elements");
-  device_guard guard(backend_->dev().index);
+  device_guard guard(device_);
   COROLLA_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<std::size_t>(out.numel()),
-                                       nccl_type(in.type()), ncclSum, comm_, backend_->stream()));
+                                       nccl_type(in.type()), ncclSum, comm_, s));
 }
 
-void nccl_group::all_gather(const Tensor& in, Tensor& out) {
+void nccl_group::all_gather(Backend& on, const Tensor& in, Tensor& out) {
+  cudaStream_t s = stream_of(on, "all_gather");
   check(in, "all_gather in");
   check(out, "all_gather out");
   require_condition(in.type() == out.type(), "all_gather", "in and out must share a dtype");
   require_condition(out.numel() == in.numel() * n_ranks_, "all_gather",
                     "out must hold size() times in's elements");
-  device_guard guard(backend_->dev().index);
+  device_guard guard(device_);
   COROLLA_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<std::size_t>(in.numel()),
-                                   nccl_type(in.type()), comm_, backend_->stream()));
+                                   nccl_type(in.type()), comm_, s));
 }
 
 }  // namespace corolla::cuda

@@ -12,6 +12,8 @@
 #include <array>
 #include <cstddef>
 
+#include "kernels/cuda/stream.hpp"
+#include "kernels/device_group.hpp"
 #include "kernels/tensor.hpp"
 
 struct ncclComm;
@@ -21,40 +23,42 @@ namespace corolla::cuda {
 class cuda_backend;
 
 /// NCCL's unique id (ncclUniqueId, 128 bytes): made by one rank, sent to the
-/// others out of band (e.g. in the training roster).
-using nccl_unique_id = std::array<char, 128>;
+/// others out of band (the training job passes it along the group's ring).
+using nccl_unique_id = device_group_id;
 
 /// A new unique id (ncclGetUniqueId). Throws std::runtime_error on failure.
 nccl_unique_id make_nccl_unique_id();
 
-/// One rank's membership of an NCCL communicator on one backend's device.
-/// Thread-compatible, like the backend it uses.
-class nccl_group {
+/// One rank's membership of an NCCL communicator on one backend's device
+/// (cuda_backend::join_group makes these). Thread-compatible, like the
+/// backend it uses.
+class nccl_group final : public device_group {
  public:
   /// Joins group `id` as `rank` of `n_ranks` on `backend`'s device. Blocks
   /// until every rank has joined (ncclCommInitRank). Throws
   /// std::runtime_error naming the NCCL status on failure.
   nccl_group(const nccl_unique_id& id, int rank, int n_ranks, cuda_backend& backend);
-  ~nccl_group();
+  ~nccl_group() override;
   nccl_group(const nccl_group&) = delete;
   nccl_group& operator=(const nccl_group&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return n_ranks_; }
+  int rank() const override { return rank_; }
+  int size() const override { return n_ranks_; }
 
-  /// out = sum over ranks of in (same dtype and element count; out may be in).
-  void all_reduce(const Tensor& in, Tensor& out);
-  /// out (n / size elements) = this rank's slice of the sum over ranks of
-  /// in (n elements): rank r gets elements [r*n/size, (r+1)*n/size).
-  void reduce_scatter(const Tensor& in, Tensor& out);
-  /// out (n * size elements) = every rank's in (n elements), in rank order.
-  void all_gather(const Tensor& in, Tensor& out);
+  /// out = sum over ranks of in (same dtype and element count; out may be
+  /// in), on `on`'s stream.
+  void all_reduce(Backend& on, const Tensor& in, Tensor& out);
+  /// device_group's, on `on`'s stream (a cuda_backend on this device).
+  void reduce_scatter(Backend& on, const Tensor& in, Tensor& out) override;
+  void all_gather(Backend& on, const Tensor& in, Tensor& out) override;
 
  private:
+  /// The stream of `on`, checked to be a cuda_backend on this group's device.
+  stream_t stream_of(Backend& on, const char* what) const;
   void check(const Tensor& t, const char* what) const;
 
   ncclComm* comm_ = nullptr;
-  cuda_backend* backend_ = nullptr;
+  int device_ = 0;
   int rank_ = 0;
   int n_ranks_ = 1;
 };

@@ -492,7 +492,11 @@ TEST_CASE("bad distributed training input is one clear error") {
   check_one_error(run_corolla(train_args(j, {"--rank", "0", "--pp", "2"})), "needs --coordinator");
   check_one_error(run_layout(j, 2, 1, {"--link-profile", "bogus"}), "--link-profile 'bogus'");
   check_one_error(run_corolla(train_args(j, {"--cluster", tmp / "missing.toml"})), "missing.toml");
+  check_one_error(run_layout(j, 1, 2, {"--collectives", "nccl"}), "--collectives must be host or device, got 'nccl'");
+  check_one_error(run_layout(j, 1, 2, {"--collectives", "device", "--device", "cpu"}),
+                  "--collectives device needs every rank on a GPU of its own, but --device cpu is the cpu here");
   // Distributed-only flags on a single-process run are refused, not ignored.
   check_one_error(run_corolla(train_args(j, {"--checkpoint-dir", tmp / "ck", "--resume"})),
                   "are for pipeline x data-parallel training");
+  check_one_error(run_corolla(train_args(j, {"--collectives", "device"})), "are for pipeline x data-parallel training");
 }

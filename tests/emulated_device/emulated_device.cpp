@@ -545,4 +545,10 @@ std::unique_ptr<Backend> emulated_device_backend::companion() {
   return std::make_unique<emulated_device_backend>(index_);
 }
 
+void emulated_device_backend::run_collective(const std::function<void()>& body) {
+  user u(*this);
+  ++stats_.collectives;
+  body();
+}
+
 }  // namespace corolla::testing

@@ -8,6 +8,9 @@
 //    host or this device); a host tensor passed to an op, or one of another
 //    device, is a tensor_error naming the operand;
 //  * markers passed to copy_after and wait are this device's;
+//  * device groups (join_group): members on distinct devices, every member
+//    calling the same collective with the same sizes, each queued on a
+//    backend of its member's device (emulated_group.cpp);
 //  * two threads inside one instance's ops at once (copy_after and wait
 //    excepted) is an error: a device backend's queue and scratch belong to
 //    one thread, the reason companion() exists. Ops finish before they
@@ -26,6 +29,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,6 +56,7 @@ class emulated_device_backend final : public Backend {
     std::atomic<int> waits{0};         ///< wait calls with a marker
     std::atomic<int> companions{0};    ///< companion() calls
     std::atomic<int> host_empties{0};  ///< host_empty calls
+    std::atomic<int> collectives{0};   ///< device-group collectives queued here
   };
   const counters& stats() const { return stats_; }
 
@@ -113,7 +118,19 @@ class emulated_device_backend final : public Backend {
   /// A new instance on the same device.
   std::unique_ptr<Backend> companion() override;
 
+  /// Groups of emulated devices in this process (emulated_group.cpp): ids
+  /// are unique per process; join_group blocks until every member joined
+  /// (60 s at most, then std::runtime_error).
+  bool has_device_groups() const override { return true; }
+  device_group_id new_group_id() override;
+  std::unique_ptr<device_group> join_group(const device_group_id& id, int rank, int size) override;
+
  private:
+  friend class emulated_group;
+  /// Runs `body` as one op of this instance (the one-thread check, counted
+  /// as a collective).
+  void run_collective(const std::function<void()>& body);
+
   class user;      ///< marks the calling thread as inside an op (emulated_device.cpp)
   class operands;  ///< one op's operands on the host, 16-bit ones widened (emulated_device.cpp)
   /// `t` (on this device, or undefined) as a host tensor over the same

@@ -992,18 +992,25 @@ TEST_CASE("cuda: a one-rank NCCL group's collectives return their input") {
   REQUIRE_GPU_OR_SKIP();
   rng r(118);
   auto& be = static_cast<cuda::cuda_backend&>(gpu());
-  cuda::nccl_group group(cuda::make_nccl_unique_id(), 0, 1, be);
+  CHECK(be.has_device_groups());
+  std::unique_ptr<device_group> joined = be.join_group(be.new_group_id(), 0, 1);
+  auto& group = dynamic_cast<cuda::nccl_group&>(*joined);
   CHECK(group.size() == 1);
   Tensor x = random_tensor({100}, r);
   Tensor dx = up(x), out = gpu().empty({100});
-  group.all_reduce(dx, out);
-  group.all_reduce(out, out);  // in place
+  group.all_reduce(be, dx, out);
+  group.all_reduce(be, out, out);  // in place
   Tensor gathered = gpu().empty({100}), scattered = gpu().empty({100});
-  group.all_gather(out, gathered);
-  group.reduce_scatter(gathered, scattered);
-  gpu().synchronize();
+  group.all_gather(be, out, gathered);
+  // On a companion's stream (the DP group's thread queues them there),
+  // which is not ordered after be's: wait for the gather first.
+  be.synchronize();
+  std::unique_ptr<Backend> side = be.companion();
+  group.reduce_scatter(*side, gathered, scattered);
+  side->synchronize();
   CHECK(same_values(down(scattered), x));
   Tensor wrong = gpu().empty({99});
-  CHECK_THROWS_AS(group.all_reduce(dx, wrong), tensor_error);
+  CHECK_THROWS_AS(group.all_reduce(be, dx, wrong), tensor_error);
+  CHECK_THROWS_WITH_AS(group.all_gather(cpu_backend(), dx, gathered), doctest::Contains("not cpu"), tensor_error);
 }
 #endif

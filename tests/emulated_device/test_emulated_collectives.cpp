@@ -1,0 +1,230 @@
+// Device collectives (kernels/device_group.hpp) on emulated devices: the
+// groups' semantics and the rules NCCL enforces, and pipeline x
+// data-parallel ranks whose groups reduce on their devices
+// (--collectives device) training as the host rings do. NCCL's own
+// arithmetic needs two GPUs (tests/kernels/cuda_ops.cpp has its one-rank
+// case).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/train_job.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/device_group.hpp"
+#include "tests/emulated_device/dist_jobs.hpp"
+#include "tests/emulated_device/emulated_device.hpp"
+#include "tests/model/cached_logits.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+using namespace corolla::testing;
+
+namespace {
+
+/// Runs `body(rank, device, group)` for `n` members on threads, each on
+/// emulated cuda:<rank>, and rethrows the first member's error.
+void with_group(int n, const std::function<void(int, emulated_device_backend&, device_group&)>& body) {
+  std::vector<std::unique_ptr<emulated_device_backend>> devices;
+  for (int r = 0; r < n; ++r) devices.push_back(std::make_unique<emulated_device_backend>(r));
+  const device_group_id id = devices[0]->new_group_id();
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> members;
+  for (int r = 0; r < n; ++r)
+    members.emplace_back([&, r] {
+      try {
+        emulated_device_backend& dev = *devices[static_cast<std::size_t>(r)];
+        std::unique_ptr<device_group> g = dev.join_group(id, r, n);
+        body(r, dev, *g);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (std::thread& t : members) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+Tensor device_values(Backend& dev, const std::vector<float>& v) {
+  Tensor t = dev.empty({static_cast<std::int64_t>(v.size())});
+  Tensor h = Tensor::from_f32(v, {static_cast<std::int64_t>(v.size())});
+  dev.copy(h, t);
+  return t;
+}
+
+std::vector<float> host_values(Backend& dev, const Tensor& t) {
+  Tensor h = Tensor::empty(t.shape());
+  dev.copy(t, h);
+  return h.to_vector();
+}
+
+}  // namespace
+
+TEST_CASE("emulated device groups: reduce-scatter and all-gather over three members") {
+  with_group(3, [](int r, emulated_device_backend& dev, device_group& g) {
+    CHECK(g.rank() == r);
+    CHECK(g.size() == 3);
+    // Member r holds (r + 1) * [0, 1, ..., 5]: the sum is 6 * [0..5].
+    std::vector<float> mine(6);
+    for (int i = 0; i < 6; ++i) mine[static_cast<std::size_t>(i)] = static_cast<float>((r + 1) * i);
+    Tensor in = device_values(dev, mine), out = dev.empty({2});
+    g.reduce_scatter(dev, in, out);
+    CHECK(host_values(dev, out) == std::vector<float>{6.0f * (2 * r), 6.0f * (2 * r + 1)});
+    // Queued on a companion (the DP group's thread) as well.
+    std::unique_ptr<Backend> side = dev.companion();
+    Tensor gathered = dev.empty({6});
+    g.all_gather(*side, out, gathered);
+    CHECK(host_values(dev, gathered) == std::vector<float>{0, 6, 12, 18, 24, 30});
+    CHECK(dev.stats().collectives == 1);
+  });
+}
+
+TEST_CASE("emulated device groups: misuse is a clear error, as NCCL's rules would be broken") {
+  SUBCASE("collectives that differ between members") {
+    CHECK_THROWS_WITH_AS(with_group(2,
+                                    [](int r, emulated_device_backend& dev, device_group& g) {
+                                      Tensor in = dev.empty({4}), out = dev.empty({r == 0 ? 2 : 8});
+                                      if (r == 0) g.reduce_scatter(dev, in, out);
+                                      else g.all_gather(dev, in, out);
+                                    }),
+                         doctest::Contains("mismatched collectives"), std::runtime_error);
+  }
+  SUBCASE("shapes, a host tensor, another device's backend") {
+    with_group(2, [](int r, emulated_device_backend& dev, device_group& g) {
+      Tensor in = dev.empty({4}), wrong = dev.empty({3}), host = Tensor::empty({2});
+      CHECK_THROWS_WITH_AS(g.reduce_scatter(dev, in, wrong), doctest::Contains("size() times"), tensor_error);
+      CHECK_THROWS_WITH_AS(g.reduce_scatter(dev, in, host), doctest::Contains("cpu"), tensor_error);
+      emulated_device_backend other(r + 5);
+      Tensor out = dev.empty({2});
+      CHECK_THROWS_WITH_AS(g.reduce_scatter(other, in, out), doctest::Contains("backend of that device"), tensor_error);
+      CHECK_THROWS_WITH_AS(g.reduce_scatter(cpu_backend(), in, out), doctest::Contains("not cpu"), tensor_error);
+      g.reduce_scatter(dev, in, out);  // the group still works
+    });
+  }
+  SUBCASE("two members on one device") {
+    emulated_device_backend a(0), same(0), other(1);
+    const device_group_id id = a.new_group_id();
+    std::unique_ptr<device_group> first;
+    std::thread joining([&] { first = a.join_group(id, 0, 2); });  // waits for member 1
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_THROWS_WITH_AS(same.join_group(id, 1, 2), doctest::Contains("two members on cuda:0"),
+                         std::runtime_error);
+    CHECK(other.join_group(id, 1, 2)->size() == 2);  // a member on its own device completes the group
+    joining.join();
+    CHECK(first->rank() == 0);
+  }
+  SUBCASE("a backend without device collectives") {
+    CHECK_FALSE(cpu_backend().has_device_groups());
+    CHECK_THROWS_WITH_AS(cpu_backend().new_group_id(), doctest::Contains("no device collectives"), tensor_error);
+  }
+}
+
+namespace {
+
+void check_close_steps(const job_result& a, const job_result& b, double rel) {
+  REQUIRE(a.steps.size() == b.steps.size());
+  for (std::size_t s = 0; s < a.steps.size(); ++s) {
+    INFO("step " << a.steps[s].step << ": " << a.steps[s].loss << " vs " << b.steps[s].loss);
+    CHECK(std::abs(a.steps[s].loss - b.steps[s].loss) <= rel * std::abs(a.steps[s].loss));
+    CHECK(std::abs(a.steps[s].grad_norm - b.steps[s].grad_norm) <= rel * std::abs(a.steps[s].grad_norm) + 1e-12);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulated device: ranks whose groups reduce on their devices train as the host rings do") {
+  testing::tiny_model_options tiny = testing::tiny_options_for(architecture::gpt2, 96);  // tied head
+  tiny.layers = 4;
+  testing::temp_dir_guard dir("emulated-collectives");
+  testing::write_tiny_model(dir / "model", tiny);
+  const model_config cfg = load_config(dir / "model");
+  const auto tokens = some_ids(2000, cfg.vocab_size, 41);
+
+  struct variant {
+    int pp, dp;
+    float clip;
+  };
+  for (const variant v : {variant{1, 2, 0.0f}, variant{1, 3, 0.5f}, variant{2, 2, 0.0f}, variant{2, 2, 0.5f},
+                          variant{2, 1, 0.0f}}) {
+    CAPTURE(v.pp);
+    CAPTURE(v.dp);
+    CAPTURE(v.clip);
+    dist_train_options o = job(cfg, v.pp, v.dp, 3);
+    if (v.dp == 3) o.batch = 6;
+    o.optimizer.max_grad_norm = v.clip;
+    o.save_dir = dir / "host";
+    std::filesystem::remove_all(o.save_dir);
+    const job_result host = run_job(o, cfg, tokens, false);
+    o.collectives = dp_collectives::device;
+    o.save_dir = dir / "device";
+    std::filesystem::remove_all(o.save_dir);
+    const job_result dev = run_job(o, cfg, tokens, true);
+    // Two members sum alike in any order; more may round differently from
+    // the ring's order (the emulation sums in rank order, as NCCL picks its own).
+    const int largest = v.pp == 1 ? v.dp : 2 * v.dp;  // with pp > 1 the head's group spans both ends
+    const bool exact = largest <= 2;
+    if (exact) {
+      REQUIRE(dev.steps.size() == host.steps.size());
+      for (std::size_t s = 0; s < host.steps.size(); ++s) {
+        CHECK(dev.steps[s].loss == host.steps[s].loss);
+        CHECK(dev.steps[s].grad_norm == host.steps[s].grad_norm);
+      }
+      CHECK(file_bytes(dir / "device" / "model.safetensors") == file_bytes(dir / "host" / "model.safetensors"));
+    } else {
+      check_close_steps(host, dev, 1e-5);
+    }
+    for (int r = 0; r < o.layout.world(); ++r) {
+      CAPTURE(r);
+      const auto& s = dev.devices[static_cast<std::size_t>(r)]->stats();
+      CHECK(s.host_empties == 0);  // no bucket is staged through the host
+      // Clipping waits for the global norm, so the stage thread gathers on
+      // its own instance (without, the DP group's companion does it all).
+      if (v.clip > 0) CHECK(s.collectives > 0);
+    }
+  }
+}
+
+TEST_CASE("emulated device: a checkpoint of host-ring ranks resumes with device collectives") {
+  testing::tiny_model_options tiny = testing::tiny_options_for(architecture::llama, 96);
+  testing::temp_dir_guard dir("emulated-collectives-resume");
+  testing::write_tiny_model(dir / "model", tiny);
+  const model_config cfg = load_config(dir / "model");
+  const auto tokens = some_ids(2000, cfg.vocab_size, 43);
+
+  dist_train_options o = job(cfg, 1, 2, 4);
+  o.save_dir = dir / "straight";
+  const job_result straight = run_job(o, cfg, tokens, true);
+
+  o.save_dir.clear();
+  o.checkpoint_dir = dir / "ckpt";
+  o.checkpoint_every = 2;
+  o.steps = 2;
+  run_job(o, cfg, tokens, true);
+  o.steps = 4;
+  o.resume = true;
+  o.collectives = dp_collectives::device;
+  o.save_dir = dir / "resumed";
+  const job_result resumed = run_job(o, cfg, tokens, true);
+  REQUIRE(resumed.steps.size() == 2);
+  CHECK(resumed.steps.back().loss == straight.steps.back().loss);
+  CHECK(file_bytes(dir / "resumed" / "model.safetensors") == file_bytes(dir / "straight" / "model.safetensors"));
+}
+
+TEST_CASE("emulated device: --collectives device refuses ranks on the cpu with the reason") {
+  testing::tiny_model_options tiny = testing::tiny_options_for(architecture::llama, 96);
+  testing::temp_dir_guard dir("emulated-collectives-cpu");
+  testing::write_tiny_model(dir / "model", tiny);
+  const model_config cfg = load_config(dir / "model");
+  dist_train_options o = job(cfg, 1, 2, 1);
+  o.collectives = dp_collectives::device;
+  CHECK_THROWS_WITH_AS(run_job(o, cfg, some_ids(500, cfg.vocab_size, 3), false),
+                       doctest::Contains("computes on the cpu: --collectives device needs every rank on a device"),
+                       std::exception);
+}
