@@ -1,5 +1,7 @@
 #include "actors/train_comm.hpp"
 
+#include "kernels/backend.hpp"
+
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
@@ -321,6 +323,53 @@ void ring_all_gather(train_comm& comm, const ring& r, Tensor& flat, std::int64_t
                              "parameter chunk of bucket " + std::to_string(bucket) + " (hop " + std::to_string(hop) +
                                  ") from rank " + std::to_string(r.prev()));
     dst.copy_from(in);
+  }
+}
+
+// ---- device collectives ---------------------------------------------------------
+
+namespace {
+
+/// The slot of chunk `k` in the padded layout: chunk k is owned by ring
+/// position k - 1 (owned_chunk), which is also its group rank.
+std::int64_t slot_of_chunk(int k, int g) { return mod(k - 1, g); }
+
+}  // namespace
+
+std::int64_t device_chunk_pad(std::int64_t n, int g) { return (n + g - 1) / g; }
+
+void device_reduce_scatter(device_group& group, Backend& on, const ring& r, const Tensor& flat, Tensor& scratch,
+                           Tensor& shard) {
+  const int g = r.size();
+  const std::int64_t pad = shard.numel();
+  if (group.size() != g || group.rank() != r.position || pad != device_chunk_pad(flat.numel(), g) ||
+      scratch.numel() < g * pad)
+    throw tensor_error("device_reduce_scatter: the group, ring, shard and scratch do not match");
+  Tensor in = scratch.slice(0, g * pad);
+  for (int k = 0; k < g; ++k) {
+    const auto [lo, hi] = chunk_range(flat.numel(), g, k);
+    Tensor dst = in.slice(slot_of_chunk(k, g) * pad, slot_of_chunk(k, g) * pad + (hi - lo));
+    on.copy(flat.slice(lo, hi), dst);
+  }
+  group.reduce_scatter(on, in, shard);
+}
+
+void device_all_gather(device_group& group, Backend& on, const ring& r, Tensor& flat, Tensor& scratch, Tensor& shard) {
+  const int g = r.size();
+  const std::int64_t pad = shard.numel();
+  if (group.size() != g || group.rank() != r.position || pad != device_chunk_pad(flat.numel(), g) ||
+      scratch.numel() < g * pad)
+    throw tensor_error("device_all_gather: the group, ring, shard and scratch do not match");
+  const auto [own_lo, own_hi] = chunk_range(flat.numel(), g, owned_chunk(r));
+  Tensor mine = shard.slice(0, own_hi - own_lo);
+  on.copy(flat.slice(own_lo, own_hi), mine);
+  Tensor out = scratch.slice(0, g * pad);
+  group.all_gather(on, shard, out);
+  for (int k = 0; k < g; ++k) {
+    if (k == owned_chunk(r)) continue;
+    const auto [lo, hi] = chunk_range(flat.numel(), g, k);
+    Tensor dst = flat.slice(lo, hi);
+    on.copy(out.slice(slot_of_chunk(k, g) * pad, slot_of_chunk(k, g) * pad + (hi - lo)), dst);
   }
 }
 

@@ -30,6 +30,7 @@
 
 #include "actors/messages.hpp"
 #include "actors/train_wire.hpp"
+#include "kernels/device_group.hpp"
 #include "kernels/tensor.hpp"
 
 namespace corolla {
@@ -177,5 +178,27 @@ void ring_reduce_scatter(train_comm& comm, const ring& r, Tensor& flat, std::int
 /// Ring all-gather: afterwards every chunk of `flat` holds the value its
 /// owner (owned_chunk) had.
 void ring_all_gather(train_comm& comm, const ring& r, Tensor& flat, std::int64_t step, int bucket);
+
+// Device collectives over a bucket (kernels/device_group.hpp), with the
+// ring's shards: member p of `r` ends up owning chunk owned_chunk(r) as in
+// ring_reduce_scatter, so checkpoints are the same under both. NCCL's
+// reduce-scatter takes equal chunks, so the bucket goes through a padded
+// layout in `scratch` (on the device, at least size * pad values): the
+// group's member p has slot p, `pad` values, holding the chunk p owns.
+// Both are queued on `on` (a backend of the member's device) and return at
+// once; the caller orders them after the gradients' producer and waits
+// (device_group::synchronize) before reading the results on another queue.
+
+/// Values per member in the padded layout of `n` values over `g` members:
+/// the longest chunk.
+std::int64_t device_chunk_pad(std::int64_t n, int g);
+/// `flat` (this member's gradients, n values, device) summed over the group;
+/// the sum of the member's owned chunk lands in shard[0, its length).
+/// `shard`: pad values on the device.
+void device_reduce_scatter(device_group& group, Backend& on, const ring& r, const Tensor& flat, Tensor& scratch,
+                           Tensor& shard);
+/// Every member's owned chunk, read from `flat` (n values, device) where
+/// its owner updated it, into every member's `flat`. `shard` is overwritten.
+void device_all_gather(device_group& group, Backend& on, const ring& r, Tensor& flat, Tensor& scratch, Tensor& shard);
 
 }  // namespace corolla

@@ -67,8 +67,6 @@ struct bucket {
   Tensor shard;
 
   bool staged() const { return host_params.defined(); }
-  /// The length of every member's chunk in the device collectives' layout.
-  std::int64_t pad() const { return shard.numel(); }
   /// What the collectives and the optimiser work on.
   Tensor& comm_params() { return staged() ? host_params : params->flat(); }
   Tensor& comm_grads() { return staged() ? host_grads : grads->flat(); }
@@ -293,7 +291,9 @@ class rank_runtime {
     }
     spdlog::debug("{} joins the {} device group as member {} of {}", o_.layout.label(rank_), group, r.position,
                   r.size());
-    return be_.join_group(id, r.position, r.size());
+    // A peer that dies (its link fails the inbox) or a failed job stops the
+    // join and every later wait on the group, instead of hanging them.
+    return be_.join_group(id, r.position, r.size(), [inbox = inbox_]() { return inbox->failure(); });
   }
 
   /// The device group of `r` (null: a group of one, or host collectives).
@@ -301,44 +301,6 @@ class rank_runtime {
     if (r->size() < 2) return nullptr;
     if (r == &dp_ring_) return dp_group_.get();
     return head_group_ ? head_group_.get() : dp_group_.get();  // the head's ring is the DP ring's (pp = 1)
-  }
-
-  /// Where chunk `k` of a bucket sits in the device collectives' layout:
-  /// member p's reduce-scatter chunk is p's, and the ring's member p owns
-  /// chunk owned_chunk = p + 1 (mod size), so shards are the host rings'
-  /// (checkpoints move between the two).
-  static std::int64_t slot_of_chunk(int k, int g) { return (k + g - 1) % g; }
-
-  /// The bucket's gradients summed over its group into b.shard, queued on
-  /// `on` (its device's backend) after the backward it waited for.
-  void device_reduce_scatter(bucket& b, Backend& on) {
-    const int g = b.group->size();
-    const std::int64_t pad = b.pad();
-    Tensor in = coll_scratch_.slice(0, g * pad);
-    const Tensor flat = b.grads->flat();
-    for (int k = 0; k < g; ++k) {
-      const auto [lo, hi] = chunk_range(flat.numel(), g, k);
-      Tensor dst = in.slice(slot_of_chunk(k, g) * pad, slot_of_chunk(k, g) * pad + (hi - lo));
-      on.copy(flat.slice(lo, hi), dst);
-    }
-    b.coll->reduce_scatter(on, in, b.shard);
-  }
-
-  /// Every member's updated shard into the bucket's parameters, queued on `on`.
-  void device_all_gather(bucket& b, Backend& on) {
-    const int g = b.group->size();
-    const std::int64_t pad = b.pad();
-    Tensor flat = b.params->flat();
-    Tensor mine = b.shard.slice(0, b.hi - b.lo);
-    on.copy(flat.slice(b.lo, b.hi), mine);
-    Tensor out = coll_scratch_.slice(0, g * pad);
-    b.coll->all_gather(on, b.shard, out);
-    for (int k = 0; k < g; ++k) {
-      if (k == owned_chunk(*b.group)) continue;
-      const auto [lo, hi] = chunk_range(flat.numel(), g, k);
-      Tensor dst = flat.slice(lo, hi);
-      on.copy(out.slice(slot_of_chunk(k, g) * pad, slot_of_chunk(k, g) * pad + (hi - lo)), dst);
-    }
   }
 
   // ---- model ------------------------------------------------------------------
@@ -392,7 +354,7 @@ class rank_runtime {
     }
     b.coll = o_.collectives == dp_collectives::device ? group_of(group) : nullptr;
     if (b.coll) {  // the longest chunk, for every member (the collectives' layout)
-      const std::int64_t pad = (p->size() + group->size() - 1) / group->size();
+      const std::int64_t pad = device_chunk_pad(p->size(), group->size());
       b.shard = be_.empty({pad});
       b.shard.zero();
       if (pad * group->size() > coll_scratch_.numel()) {
@@ -705,12 +667,12 @@ class rank_runtime {
         // thread goes on once its work is done.
         be_.wait(b.grads_ready.get());
         Backend& on = dp_math();
-        device_reduce_scatter(b, on);
+        device_reduce_scatter(*b.coll, on, *b.group, b.grads->flat(), coll_scratch_, b.shard);
         if (!needs_global_norm()) {
           update_shard(b, step, on);
           gather_params(b, step, on);
         }
-        on.synchronize();
+        b.coll->synchronize(on);
         note_reduced({});
         return;
       }
@@ -791,7 +753,7 @@ class rank_runtime {
     on.adamw(p, g, b.m, b.v, w, step);
     // The stage thread queues the next step's ops once the reductions are
     // noted: a companion's update must be over by then.
-    if (b.device && &on != &be_) on.synchronize();
+    if (b.device && &on != &be_ && !b.coll) on.synchronize();  // device collectives: the caller waits after the gather
   }
 
   /// All-gathers the updated shards and, staged, copies the other ranks'
@@ -802,7 +764,7 @@ class rank_runtime {
   /// the global norm, the stage thread). With device collectives, queued
   /// on `on` (the caller's backend: dp_math() or be_).
   void gather_params(bucket& b, std::int64_t step, Backend& on) {
-    if (b.coll) return device_all_gather(b, on);
+    if (b.coll) return device_all_gather(*b.coll, on, *b.group, b.params->flat(), coll_scratch_, b.shard);
     ring_all_gather(*comm_, *b.group, b.comm_params(), step, b.id);
     if (!b.staged()) return;
     upload_params(b, nullptr, 0, b.lo);
@@ -845,6 +807,10 @@ class rank_runtime {
         update_shard(b, step, be_, static_cast<float>(coef));
         gather_params(b, step, be_);
       }
+      // The gathers wait on the other members: a dead one is noticed here,
+      // not in whatever waits on this queue next.
+      for (device_group* g : {dp_group_.get(), head_group_.get()})
+        if (g != nullptr && !skip) g->synchronize(be_);
       scaler_.update(skip);
     }
     // Every bucket's update is in (waited for above, or just made): 16-bit
@@ -910,15 +876,18 @@ class rank_runtime {
   std::condition_variable dp_cv_;
   int enqueued_ = 0, reduced_ = 0, step_start_enqueued_ = 0;
   std::optional<std::string> dp_error_;
-  /// Device collectives (--collectives device): the data-parallel group,
-  /// the head's where its ring differs, and the padded layout both use
-  /// (size * pad of the largest bucket, on the device).
-  std::unique_ptr<device_group> dp_group_, head_group_;
+  /// The padded layout of the device collectives (--collectives device):
+  /// size * pad of the largest bucket, on the device.
   Tensor coll_scratch_;
-  /// be_'s companion for the DP actor (device backends only). Last, so it
-  /// is destroyed first: its stream is drained before the buffers its
+  /// be_'s companion for the DP actor (device backends only). Late, so it
+  /// is destroyed early: its stream is drained before the buffers its
   /// queued work may still use (after a failed step) go back.
   std::unique_ptr<Backend> dp_be_;
+  /// The device groups: the data-parallel group, and the head's where its
+  /// ring differs. Last, so they are finalised (or aborted: a peer gone)
+  /// before the companion drains its stream, which a collective waiting on
+  /// a dead peer would never let it do.
+  std::unique_ptr<device_group> dp_group_, head_group_;
 };
 
 }  // namespace

@@ -292,6 +292,13 @@ dist_train_options job_from_json(const std::string& file) {
   }
 }
 
+/// The device a locally launched rank computes on: with device
+/// collectives rank r takes GPU r (one GPU per rank, as NCCL requires;
+/// run_local_job checks there are enough), else every rank takes --device.
+std::string rank_device(const train_args& a, int rank) {
+  return a.collectives == "device" ? "cuda:" + std::to_string(rank) : a.device;
+}
+
 std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
   auto num = [](auto v) { return std::to_string(v); };
 
@@ -300,7 +307,7 @@ std::vector<std::string> rank_args(const train_args& a, int rank, const std::str
   std::vector<std::string> r{"train",        "--model",  a.model,       "--data",  a.data,
                              "--batch",      num(a.batch), "--seq",     num(a.seq), "--steps",
                              num(a.steps),   "--lr",     "0",           "--seed",  num(a.seed),
-                             "--threads",    num(a.threads > 0 ? a.threads : 1), "--device", a.device, "--matmul", a.matmul, "--rank", num(rank),
+                             "--threads",    num(a.threads > 0 ? a.threads : 1), "--device", rank_device(a, rank), "--matmul", a.matmul, "--rank", num(rank),
                              "--coordinator", coordinator, "--external-coordinator", "--job-file", job_file};
   return r;
 }
@@ -367,6 +374,15 @@ std::string profile_of(const schedule::link_spec& l) {
 
 void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                    const std::function<void(const dist_step_report&)>& on_step) {
+  if (o.collectives == dp_collectives::device) {
+    if (a.device != "auto" && a.device != "cuda")
+      throw std::invalid_argument("--collectives device puts local rank r on GPU r: give --device cuda (or auto), not " +
+                                  a.device);
+    if (const int gpus = cuda_device_count(); gpus < o.layout.world())
+      throw std::invalid_argument("--collectives device needs a GPU per rank: the job has " +
+                                  std::to_string(o.layout.world()) + " ranks, " + std::to_string(gpus) +
+                                  " GPU(s) are visible");
+  }
   auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "coordinator");
   const std::string endpoint = n->endpoint();
   spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
@@ -499,6 +515,11 @@ int run_distributed_train(train_args a) {
   if (o.collectives == dp_collectives::device && parse_device(a.device).kind == device_kind::cpu)
     throw std::invalid_argument("--collectives device needs every rank on a GPU of its own, but --device " + a.device +
                                 " is the cpu here");
+  // NCCL's traffic does not go through corolla's links, so their shaping
+  // would not apply to it.
+  if (o.collectives == dp_collectives::device && !o.link_profiles.empty())
+    throw std::invalid_argument("--collectives device runs the data-parallel traffic over NCCL, around the emulated "
+                                "links of --link-profile / --cluster: use --collectives host to emulate them");
   o.optimizer.loss_scale = loss_scaling_of(a, o.compute);
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_every = a.checkpoint_every;

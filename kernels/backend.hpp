@@ -312,13 +312,16 @@ class Backend {
     throw tensor_error("the " + name() + " backend has no device collectives");
   }
   /// Joins group `id` as member `rank` of `size`, on this backend's device
-  /// (one device per member). Blocks until every member has joined. Throws
+  /// (one device per member). Blocks until every member has joined, asking
+  /// `give_up` meanwhile (and later in device_group::synchronize). Throws
   /// tensor_error where has_device_groups() is false, std::runtime_error
-  /// when joining fails.
-  virtual std::unique_ptr<device_group> join_group(const device_group_id& id, int rank, int size) {
+  /// when joining fails or is given up.
+  virtual std::unique_ptr<device_group> join_group(const device_group_id& id, int rank, int size,
+                                                   const group_give_up& give_up) {
     (void)id;
     (void)rank;
     (void)size;
+    (void)give_up;
     throw tensor_error("the " + name() + " backend has no device collectives");
   }
 };

@@ -7,6 +7,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
 
 #include "kernels/tensor.hpp"
 
@@ -17,6 +20,11 @@ class Backend;
 /// Names one group (NCCL's 128-byte unique id): one member makes it
 /// (Backend::new_group_id) and sends it to the others out of band.
 using device_group_id = std::array<std::uint8_t, 128>;
+
+/// Asked again and again while a member waits for the others (joining,
+/// device_group::synchronize): a reason to stop waiting (a member is known
+/// to be gone, the job failed), or nothing to go on waiting. Empty: wait.
+using group_give_up = std::function<std::optional<std::string>()>;
 
 /// One member's handle on a group of `size()` devices, member `rank()`.
 /// Every member must call the same collectives in the same order with
@@ -36,6 +44,14 @@ class device_group {
   /// out (size() * k values) = every member's in (k values), in rank order.
   /// Same dtype; in and out must not overlap.
   virtual void all_gather(Backend& on, const Tensor& in, Tensor& out) = 0;
+  /// Returns once everything queued on `on` so far, this group's
+  /// collectives included, has finished. While it waits it asks the
+  /// group's give-up function (join_group's); on a reason, or an error the
+  /// group reports (NCCL's asynchronous errors), it aborts the group (every
+  /// later call on it throws) and throws std::runtime_error saying why. A
+  /// member that died mid-collective thus fails its peers instead of
+  /// hanging them.
+  virtual void synchronize(Backend& on) = 0;
 };
 
 }  // namespace corolla

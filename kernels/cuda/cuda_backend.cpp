@@ -213,11 +213,12 @@ device_group_id cuda_backend::new_group_id() {
 #endif
 }
 
-std::unique_ptr<device_group> cuda_backend::join_group(const device_group_id& id, int rank, int size) {
+std::unique_ptr<device_group> cuda_backend::join_group(const device_group_id& id, int rank, int size,
+                                                       const group_give_up& give_up) {
 #ifdef COROLLA_HAVE_NCCL
-  return std::make_unique<nccl_group>(id, rank, size, *this);
+  return std::make_unique<nccl_group>(id, rank, size, *this, give_up);
 #else
-  return Backend::join_group(id, rank, size);
+  return Backend::join_group(id, rank, size, give_up);
 #endif
 }
 

@@ -158,7 +158,8 @@ class cuda_backend final : public Backend {
   /// member, so two members of a group need two GPUs.
   bool has_device_groups() const override;
   device_group_id new_group_id() override;
-  std::unique_ptr<device_group> join_group(const device_group_id& id, int rank, int size) override;
+  std::unique_ptr<device_group> join_group(const device_group_id& id, int rank, int size,
+                                           const group_give_up& give_up) override;
 
   /// The backend's stream (cudaStream_t), for NCCL and other libraries.
   stream_t stream() const { return stream_; }

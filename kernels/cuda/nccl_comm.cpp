@@ -6,9 +6,13 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
@@ -53,21 +57,83 @@ nccl_unique_id make_nccl_unique_id() {
   return out;
 }
 
-nccl_group::nccl_group(const nccl_unique_id& id, int rank, int n_ranks, cuda_backend& backend)
-    : device_(backend.dev().index), rank_(rank), n_ranks_(n_ranks) {
+nccl_group::nccl_group(const nccl_unique_id& id, int rank, int n_ranks, cuda_backend& backend,
+                       group_give_up give_up)
+    : give_up_(std::move(give_up)), device_(backend.dev().index), rank_(rank), n_ranks_(n_ranks) {
   if (n_ranks < 1 || rank < 0 || rank >= n_ranks)
     throw std::invalid_argument("nccl_group: rank " + std::to_string(rank) + " of " +
                                 std::to_string(n_ranks) + " ranks");
   ncclUniqueId nid;
   std::memcpy(&nid, id.data(), sizeof nid);
   device_guard guard(device_);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // every wait below is a poll that can give up
   ncclComm_t comm = nullptr;
-  COROLLA_NCCL_CHECK(ncclCommInitRank(&comm, n_ranks, nid, rank));
+  const ncclResult_t status = ncclCommInitRankConfig(&comm, n_ranks, nid, rank, &config);
   comm_ = comm;
+  if (comm_ == nullptr) throw_nccl_error(status, "ncclCommInitRankConfig", __FILE__, __LINE__);
+  settle(status, "ncclCommInitRankConfig");
 }
 
 nccl_group::~nccl_group() {
-  if (comm_) ncclCommDestroy(comm_);  // status ignored: nothing to do with it here
+  if (comm_ == nullptr) return;  // aborted
+  // Statuses ignored: nothing to do with them here. A non-blocking
+  // communicator finalises asynchronously; one that does not within 10 s
+  // (a peer gone) is aborted instead.
+  device_guard guard(device_);
+  ncclResult_t state = ncclCommFinalize(comm_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+  }
+  if (state == ncclSuccess) ncclCommDestroy(comm_);
+  else ncclCommAbort(comm_);
+}
+
+void nccl_group::abort_with(const std::string& why) {
+  if (comm_ != nullptr) {
+    ncclCommAbort(comm_);  // its status does not change what is thrown
+    comm_ = nullptr;
+  }
+  throw std::runtime_error("NCCL group of cuda:" + std::to_string(device_) + " (member " +
+                           std::to_string(rank_) + " of " + std::to_string(n_ranks_) + ") aborted: " + why);
+}
+
+void nccl_group::check_alive(const char* what) const {
+  if (comm_ == nullptr)
+    throw std::runtime_error(std::string(what) + ": the NCCL group was aborted after an earlier failure");
+}
+
+void nccl_group::settle(int status_in, const char* call) {
+  auto status = static_cast<ncclResult_t>(status_in);
+  while (status == ncclInProgress) {
+    if (give_up_)
+      if (std::optional<std::string> why = give_up_()) abort_with(std::string(call) + " gave up: " + *why);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (const ncclResult_t q = ncclCommGetAsyncError(comm_, &status); q != ncclSuccess) status = q;
+  }
+  if (status != ncclSuccess)
+    abort_with(std::string(call) + " failed: " + ncclGetErrorString(status) + " (" + ncclGetLastError(comm_) + ")");
+}
+
+void nccl_group::synchronize(Backend& on) {
+  cudaStream_t s = stream_of(on, "synchronize");
+  check_alive("synchronize");
+  device_guard guard(device_);
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(s);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) COROLLA_CUDA_CHECK(q);
+    ncclResult_t state = ncclSuccess;
+    if (const ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
+    if (state != ncclSuccess && state != ncclInProgress)
+      abort_with(std::string("a collective failed: ") + ncclGetErrorString(state) + " (" + ncclGetLastError(comm_) +
+                 ")");
+    if (give_up_)
+      if (std::optional<std::string> why = give_up_()) abort_with("waiting for its collectives gave up: " + *why);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 stream_t nccl_group::stream_of(Backend& on, const char* what) const {
@@ -89,8 +155,10 @@ void nccl_group::all_reduce(Backend& on, const Tensor& in, Tensor& out) {
   require_condition(in.type() == out.type() && in.numel() == out.numel(), "all_reduce",
                     "in and out must have the same dtype and element count");
   device_guard guard(device_);
-  COROLLA_NCCL_CHECK(ncclAllReduce(in.raw(), out.raw(), static_cast<std::size_t>(in.numel()),
-                                   nccl_type(in.type()), ncclSum, comm_, s));
+  check_alive("all_reduce");
+  settle(ncclAllReduce(in.raw(), out.raw(), static_cast<std::size_t>(in.numel()), nccl_type(in.type()), ncclSum,
+                       comm_, s),
+         "ncclAllReduce");
 }
 
 void nccl_group::reduce_scatter(Backend& on, const Tensor& in, Tensor& out) {
@@ -101,8 +169,10 @@ void nccl_group::reduce_scatter(Backend& on, const Tensor& in, Tensor& out) {
   require_condition(in.numel() == out.numel() * n_ranks_, "reduce_scatter",
                     "in must hold size() times out's elements");
   device_guard guard(device_);
-  COROLLA_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<std::size_t>(out.numel()),
-                                       nccl_type(in.type()), ncclSum, comm_, s));
+  check_alive("reduce_scatter");
+  settle(ncclReduceScatter(in.raw(), out.raw(), static_cast<std::size_t>(out.numel()), nccl_type(in.type()),
+                           ncclSum, comm_, s),
+         "ncclReduceScatter");
 }
 
 void nccl_group::all_gather(Backend& on, const Tensor& in, Tensor& out) {
@@ -113,8 +183,9 @@ void nccl_group::all_gather(Backend& on, const Tensor& in, Tensor& out) {
   require_condition(out.numel() == in.numel() * n_ranks_, "all_gather",
                     "out must hold size() times in's elements");
   device_guard guard(device_);
-  COROLLA_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<std::size_t>(in.numel()),
-                                   nccl_type(in.type()), comm_, s));
+  check_alive("all_gather");
+  settle(ncclAllGather(in.raw(), out.raw(), static_cast<std::size_t>(in.numel()), nccl_type(in.type()), comm_, s),
+         "ncclAllGather");
 }
 
 }  // namespace corolla::cuda

@@ -31,13 +31,19 @@ nccl_unique_id make_nccl_unique_id();
 
 /// One rank's membership of an NCCL communicator on one backend's device
 /// (cuda_backend::join_group makes these). Thread-compatible, like the
-/// backend it uses.
+/// backend it uses: two threads may use it in turn (the training rank's DP
+/// thread, then its stage thread) when something orders their calls (there:
+/// the DP thread's synchronize before it reports the bucket reduced). The communicator is non-blocking (ncclConfig_t
+/// blocking = 0), so every wait on the other ranks is a poll that can give
+/// up: a dead rank fails its peers (ncclCommAbort) instead of hanging them.
 class nccl_group final : public device_group {
  public:
-  /// Joins group `id` as `rank` of `n_ranks` on `backend`'s device. Blocks
-  /// until every rank has joined (ncclCommInitRank). Throws
-  /// std::runtime_error naming the NCCL status on failure.
-  nccl_group(const nccl_unique_id& id, int rank, int n_ranks, cuda_backend& backend);
+  /// Joins group `id` as `rank` of `n_ranks` on `backend`'s device. Returns
+  /// once every rank has joined (ncclCommInitRankConfig, polled), asking
+  /// `give_up` (may be empty) meanwhile. Throws std::runtime_error naming
+  /// the NCCL status, or the reason to give up, on failure.
+  nccl_group(const nccl_unique_id& id, int rank, int n_ranks, cuda_backend& backend,
+             group_give_up give_up = {});
   ~nccl_group() override;
   nccl_group(const nccl_group&) = delete;
   nccl_group& operator=(const nccl_group&) = delete;
@@ -51,13 +57,25 @@ class nccl_group final : public device_group {
   /// device_group's, on `on`'s stream (a cuda_backend on this device).
   void reduce_scatter(Backend& on, const Tensor& in, Tensor& out) override;
   void all_gather(Backend& on, const Tensor& in, Tensor& out) override;
+  /// Polls `on`'s stream (cudaStreamQuery) and the communicator's
+  /// asynchronous error, asking give_up between polls.
+  void synchronize(Backend& on) override;
 
  private:
+  /// Waits while an NCCL call of this non-blocking communicator is in
+  /// progress (ncclCommGetAsyncError); throws after aborting on an error
+  /// or a reason to give up. `status` is the call's own return.
+  void settle(int status, const char* call);
+  /// Aborts the communicator (ncclCommAbort) and throws `why`.
+  [[noreturn]] void abort_with(const std::string& why);
+  /// Throws if the group was aborted.
+  void check_alive(const char* what) const;
   /// The stream of `on`, checked to be a cuda_backend on this group's device.
   stream_t stream_of(Backend& on, const char* what) const;
   void check(const Tensor& t, const char* what) const;
 
   ncclComm* comm_ = nullptr;
+  group_give_up give_up_;
   int device_ = 0;
   int rank_ = 0;
   int n_ranks_ = 1;

@@ -495,6 +495,13 @@ TEST_CASE("bad distributed training input is one clear error") {
   check_one_error(run_layout(j, 1, 2, {"--collectives", "nccl"}), "--collectives must be host or device, got 'nccl'");
   check_one_error(run_layout(j, 1, 2, {"--collectives", "device", "--device", "cpu"}),
                   "--collectives device needs every rank on a GPU of its own, but --device cpu is the cpu here");
+  check_one_error(run_layout(j, 1, 2, {"--collectives", "device", "--device", "cuda", "--link-profile", "ethernet"}),
+                  "around the emulated links of --link-profile / --cluster");
+  check_one_error(run_layout(j, 1, 2, {"--collectives", "device", "--device", "cuda:1"}),
+                  "puts local rank r on GPU r: give --device cuda (or auto), not cuda:1");
+  if (cuda_device_count() < 4)
+    check_one_error(run_layout(j, 2, 2, {"--collectives", "device", "--device", "cuda"}),
+                    "--collectives device needs a GPU per rank: the job has 4 ranks");
   // Distributed-only flags on a single-process run are refused, not ignored.
   check_one_error(run_corolla(train_args(j, {"--checkpoint-dir", tmp / "ck", "--resume"})),
                   "are for pipeline x data-parallel training");

@@ -123,7 +123,8 @@ class emulated_device_backend final : public Backend {
   /// (60 s at most, then std::runtime_error).
   bool has_device_groups() const override { return true; }
   device_group_id new_group_id() override;
-  std::unique_ptr<device_group> join_group(const device_group_id& id, int rank, int size) override;
+  std::unique_ptr<device_group> join_group(const device_group_id& id, int rank, int size,
+                                           const group_give_up& give_up) override;
 
  private:
   friend class emulated_group;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,17 +38,33 @@ struct rendezvous {
   std::vector<call> calls;  ///< this round's, per rank
   int arrived = 0, finished = 0;
   bool computing = false;  ///< all have arrived; members are reading the inputs
+  std::string aborted;     ///< why a member gave up (every later call fails)
 };
 
 std::mutex registry_mu;
 std::map<device_group_id, std::shared_ptr<rendezvous>> registry;
 
-/// Waits on `r.cv` until `ready`, at most join_timeout.
+/// Waits on `r.cv` until `ready`, at most join_timeout, asking `give_up`
+/// every 10 ms as the NCCL group polls: a reason aborts the group for every
+/// member. A group another member aborted fails the wait too.
 template <class Ready>
-void await(std::unique_lock<std::mutex>& lock, rendezvous& r, Ready ready, const std::string& what) {
-  if (!r.cv.wait_for(lock, join_timeout, ready))
-    throw std::runtime_error("emulated device group: " + what + " (waited " +
-                             std::to_string(join_timeout.count()) + " s)");
+void await(std::unique_lock<std::mutex>& lock, rendezvous& r, const group_give_up& give_up, Ready ready,
+           const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + join_timeout;
+  for (;;) {
+    if (!r.aborted.empty()) throw std::runtime_error("emulated device group aborted: " + r.aborted);
+    if (ready()) return;
+    if (give_up)
+      if (std::optional<std::string> why = give_up()) {
+        r.aborted = what + " gave up: " + *why;
+        r.cv.notify_all();
+        throw std::runtime_error("emulated device group aborted: " + r.aborted);
+      }
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("emulated device group: " + what + " (waited " + std::to_string(join_timeout.count()) +
+                               " s)");
+    r.cv.wait_for(lock, std::chrono::milliseconds(10));
+  }
 }
 
 /// A host tensor holding `t`'s values (emulated device memory is host memory).
@@ -62,7 +79,8 @@ Tensor host_copy(const Tensor& t) {
 /// One member's handle (emulated_device.hpp declares it a friend).
 class emulated_group final : public device_group {
  public:
-  emulated_group(std::shared_ptr<rendezvous> r, int rank, int device) : r_(std::move(r)), rank_(rank), device_(device) {}
+  emulated_group(std::shared_ptr<rendezvous> r, int rank, int device, group_give_up give_up)
+      : r_(std::move(r)), give_up_(std::move(give_up)), rank_(rank), device_(device) {}
 
   int rank() const override { return rank_; }
   int size() const override { return r_->size; }
@@ -79,6 +97,14 @@ class emulated_group final : public device_group {
     });
   }
 
+  /// The collectives finished when they returned (emulated devices queue
+  /// nothing); an aborted group still fails, as NCCL's does.
+  void synchronize(Backend& on) override {
+    check_backend("synchronize", on);
+    std::lock_guard lock(r_->mu);
+    if (!r_->aborted.empty()) throw std::runtime_error("emulated device group aborted: " + r_->aborted);
+  }
+
   void all_gather(Backend& on, const Tensor& in, Tensor& out) override {
     collective("all_gather", on, in, out, [&](const std::vector<call>& calls, Tensor& host_out) {
       const std::int64_t k = in.numel();
@@ -89,12 +115,17 @@ class emulated_group final : public device_group {
   }
 
  private:
-  template <class Compute>
-  void collective(const char* op, Backend& on, const Tensor& in, Tensor& out, Compute compute) {
+  emulated_device_backend& check_backend(const char* op, Backend& on) const {
     auto* dev = dynamic_cast<emulated_device_backend*>(&on);
     if (dev == nullptr || on.dev() != device{device_kind::cuda, device_})
       throw tensor_error(std::string(op) + ": the group's member on cuda:" + std::to_string(device_) +
                          " queues its collectives on a backend of that device, not " + on.name());
+    return *dev;
+  }
+
+  template <class Compute>
+  void collective(const char* op, Backend& on, const Tensor& in, Tensor& out, Compute compute) {
+    emulated_device_backend* dev = &check_backend(op, on);
     const device here{device_kind::cuda, device_};
     require_on_device(in, here, op);
     require_on_device(out, here, op);
@@ -111,13 +142,13 @@ class emulated_group final : public device_group {
     rendezvous& r = *r_;
     std::unique_lock lock(r.mu);
     // A member ahead of the others waits until the last round is read.
-    await(lock, r, [&] { return !r.computing; }, "the previous collective did not finish on every member");
+    await(lock, r, give_up_, [&] { return !r.computing; }, "the previous collective did not finish on every member");
     r.calls[static_cast<std::size_t>(rank_)] = call{op, in.numel(), out.numel(), in.type(), host_copy(in)};
     if (++r.arrived == r.size) {
       r.computing = true;
       r.cv.notify_all();
     }
-    await(lock, r, [&] { return r.computing; },
+    await(lock, r, give_up_, [&] { return r.computing; },
           std::string(op) + " on member " + std::to_string(rank_) + ": " + std::to_string(r.arrived) + " of " +
               std::to_string(r.size) + " members called a collective");
     // NCCL would hang or corrupt; the emulation names the mismatch.
@@ -143,6 +174,7 @@ class emulated_group final : public device_group {
   }
 
   std::shared_ptr<rendezvous> r_;
+  group_give_up give_up_;
   int rank_, device_;
 };
 
@@ -155,7 +187,8 @@ device_group_id emulated_device_backend::new_group_id() {
   return id;
 }
 
-std::unique_ptr<device_group> emulated_device_backend::join_group(const device_group_id& id, int rank, int size) {
+std::unique_ptr<device_group> emulated_device_backend::join_group(const device_group_id& id, int rank, int size,
+                                                                  const group_give_up& give_up) {
   if (size < 1 || rank < 0 || rank >= size)
     throw std::invalid_argument("join_group: rank " + std::to_string(rank) + " of " + std::to_string(size));
   std::shared_ptr<rendezvous> r;
@@ -185,10 +218,10 @@ std::unique_ptr<device_group> emulated_device_backend::join_group(const device_g
     std::lock_guard reg(registry_mu);  // everyone has it: the id is spent
     registry.erase(id);
   }
-  await(lock, *r, [&] { return r->joined == r->size; },
+  await(lock, *r, give_up, [&] { return r->joined == r->size; },
         "member " + std::to_string(rank) + " joined, but only " + std::to_string(r->joined) + " of " +
             std::to_string(size) + " did");
-  return std::make_unique<emulated_group>(r, rank, index_);
+  return std::make_unique<emulated_group>(r, rank, index_, give_up);
 }
 
 }  // namespace corolla::testing

@@ -6,16 +6,19 @@
 // case).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/device_group.hpp"
@@ -41,7 +44,7 @@ void with_group(int n, const std::function<void(int, emulated_device_backend&, d
     members.emplace_back([&, r] {
       try {
         emulated_device_backend& dev = *devices[static_cast<std::size_t>(r)];
-        std::unique_ptr<device_group> g = dev.join_group(id, r, n);
+        std::unique_ptr<device_group> g = dev.join_group(id, r, n, {});
         body(r, dev, *g);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -109,21 +112,103 @@ TEST_CASE("emulated device groups: misuse is a clear error, as NCCL's rules woul
     });
   }
   SUBCASE("two members on one device") {
+    // Whichever of the two on cuda:0 comes second is refused; a member on
+    // its own device then takes the refused rank and completes the group.
     emulated_device_backend a(0), same(0), other(1);
     const device_group_id id = a.new_group_id();
-    std::unique_ptr<device_group> first;
-    std::thread joining([&] { first = a.join_group(id, 0, 2); });  // waits for member 1
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    CHECK_THROWS_WITH_AS(same.join_group(id, 1, 2), doctest::Contains("two members on cuda:0"),
-                         std::runtime_error);
-    CHECK(other.join_group(id, 1, 2)->size() == 2);  // a member on its own device completes the group
-    joining.join();
-    CHECK(first->rank() == 0);
+    std::atomic<int> refused{-1};
+    std::string refusal;
+    std::unique_ptr<device_group> joined[2];
+    auto join = [&](emulated_device_backend& dev, int rank) {
+      try {
+        joined[rank] = dev.join_group(id, rank, 2, {});
+      } catch (const std::runtime_error& e) {
+        refusal = e.what();
+        refused = rank;
+      }
+    };
+    std::thread t0([&] { join(a, 0); });
+    std::thread t1([&] { join(same, 1); });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (refused < 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(refused >= 0);
+    CHECK(refusal.find("two members on cuda:0") != std::string::npos);
+    CHECK(other.join_group(id, refused, 2, {})->size() == 2);
+    t0.join();
+    t1.join();
+    CHECK(joined[1 - refused]->rank() == 1 - refused);
   }
   SUBCASE("a backend without device collectives") {
     CHECK_FALSE(cpu_backend().has_device_groups());
     CHECK_THROWS_WITH_AS(cpu_backend().new_group_id(), doctest::Contains("no device collectives"), tensor_error);
   }
+}
+
+TEST_CASE("emulated device groups: a member that is gone is given up on, not waited for") {
+  // The give-up function answers once 100 ms have passed, as a rank's does
+  // once its inbox has failed (a peer's link went down, the job aborted).
+  auto after_100ms = [] {
+    const auto start = std::chrono::steady_clock::now();
+    return group_give_up([start]() -> std::optional<std::string> {
+      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(100)) return std::nullopt;
+      return "rank 1 is down";
+    });
+  };
+  SUBCASE("while joining") {
+    emulated_device_backend a(0);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(a.join_group(a.new_group_id(), 0, 2, after_100ms()),
+                         doctest::Contains("gave up: rank 1 is down"), std::runtime_error);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  }
+  SUBCASE("inside a collective, and every later call") {
+    emulated_device_backend a(0), b(1);
+    const device_group_id id = a.new_group_id();
+    std::unique_ptr<device_group> second;
+    std::thread member([&] { second = b.join_group(id, 1, 2, {}); });  // joins, then calls nothing
+    std::unique_ptr<device_group> first = a.join_group(id, 0, 2, after_100ms());
+    member.join();
+    Tensor in = a.empty({4}), out = a.empty({2});
+    CHECK_THROWS_WITH_AS(first->reduce_scatter(a, in, out), doctest::Contains("gave up: rank 1 is down"),
+                         std::runtime_error);
+    CHECK_THROWS_WITH_AS(first->synchronize(a), doctest::Contains("aborted"), std::runtime_error);
+    Tensor in_b = b.empty({4}), out_b = b.empty({2});
+    CHECK_THROWS_WITH_AS(second->reduce_scatter(b, in_b, out_b), doctest::Contains("aborted"), std::runtime_error);
+  }
+}
+
+TEST_CASE("emulated device groups: a bucket's shards are the host ring's, and all-gather restores every chunk") {
+  // 10 values over 3 members: chunks of 3, 3 and 4 values, padded to 4.
+  const int g = 3;
+  const std::int64_t n = 10;
+  CHECK(device_chunk_pad(n, g) == 4);
+  with_group(g, [&](int r, emulated_device_backend& dev, device_group& group) {
+    ring ring_r;
+    ring_r.ranks = {0, 1, 2};
+    ring_r.position = r;
+    std::vector<float> grads(n), params(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      grads[static_cast<std::size_t>(i)] = static_cast<float>((r + 1) * (i + 1));  // sum: 6 * (i + 1)
+      params[static_cast<std::size_t>(i)] = -1.0f;                                 // stale but for the owned chunk
+    }
+    const auto [lo, hi] = chunk_range(n, g, owned_chunk(ring_r));
+    for (std::int64_t i = lo; i < hi; ++i) params[static_cast<std::size_t>(i)] = static_cast<float>(100 * r + i);
+    Tensor flat_grads = device_values(dev, grads), flat_params = device_values(dev, params);
+    Tensor scratch = dev.empty({g * 4 + 5}), shard = dev.empty({4});  // scratch may be longer
+    device_reduce_scatter(group, dev, ring_r, flat_grads, scratch, shard);
+    const std::vector<float> sums = host_values(dev, shard);
+    for (std::int64_t i = lo; i < hi; ++i) CHECK(sums[static_cast<std::size_t>(i - lo)] == 6.0f * static_cast<float>(i + 1));
+    device_all_gather(group, dev, ring_r, flat_params, scratch, shard);
+    const std::vector<float> all = host_values(dev, flat_params);
+    for (int owner = 0; owner < g; ++owner) {  // member `owner` owns chunk owner + 1
+      const auto [b, e] = chunk_range(n, g, (owner + 1) % g);
+      for (std::int64_t i = b; i < e; ++i) CHECK(all[static_cast<std::size_t>(i)] == static_cast<float>(100 * owner + i));
+    }
+    Tensor short_shard = dev.empty({3});
+    CHECK_THROWS_WITH_AS(device_reduce_scatter(group, dev, ring_r, flat_grads, scratch, short_shard),
+                         doctest::Contains("do not match"), tensor_error);
+  });
 }
 
 namespace {
@@ -185,8 +270,9 @@ TEST_CASE("emulated device: ranks whose groups reduce on their devices train as 
       const auto& s = dev.devices[static_cast<std::size_t>(r)]->stats();
       CHECK(s.host_empties == 0);  // no bucket is staged through the host
       // Clipping waits for the global norm, so the stage thread gathers on
-      // its own instance (without, the DP group's companion does it all).
+      // its own instance; without, the DP group's companion does it all.
       if (v.clip > 0) CHECK(s.collectives > 0);
+      else CHECK(s.collectives == 0);
     }
   }
 }

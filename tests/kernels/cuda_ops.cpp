@@ -993,7 +993,7 @@ TEST_CASE("cuda: a one-rank NCCL group's collectives return their input") {
   rng r(118);
   auto& be = static_cast<cuda::cuda_backend&>(gpu());
   CHECK(be.has_device_groups());
-  std::unique_ptr<device_group> joined = be.join_group(be.new_group_id(), 0, 1);
+  std::unique_ptr<device_group> joined = be.join_group(be.new_group_id(), 0, 1, {});
   auto& group = dynamic_cast<cuda::nccl_group&>(*joined);
   CHECK(group.size() == 1);
   Tensor x = random_tensor({100}, r);
@@ -1012,5 +1012,6 @@ TEST_CASE("cuda: a one-rank NCCL group's collectives return their input") {
   Tensor wrong = gpu().empty({99});
   CHECK_THROWS_AS(group.all_reduce(be, dx, wrong), tensor_error);
   CHECK_THROWS_WITH_AS(group.all_gather(cpu_backend(), dx, gathered), doctest::Contains("not cpu"), tensor_error);
+  group.synchronize(be);  // nothing pending: returns at once
 }
 #endif
