@@ -91,6 +91,37 @@ std::string tcp_endpoint(const std::string& where) {
   return "tcp://" + where;
 }
 
+/// Whether --device names the GPU without an index ("cuda", or "auto"
+/// with one visible): then ranks spread over the GPUs.
+bool any_gpu(const std::string& device) {
+  return (device == "cuda" || device == "auto") && cuda_device_count() > 0;
+}
+
+/// The device a locally launched rank computes on: with device
+/// collectives rank r takes GPU r (one GPU per rank, as NCCL requires;
+/// run_local_job checks there are enough); with --device cuda or auto,
+/// GPU r mod the GPUs visible; else --device as given.
+std::string rank_device(const train_args& a, int rank) {
+  if (a.collectives == "device") return "cuda:" + std::to_string(rank);
+  if (any_gpu(a.device)) return "cuda:" + std::to_string(rank % cuda_device_count());
+  return a.device;
+}
+
+/// The device of a rank started by a multi-host launcher (--rank): with
+/// --device cuda or auto, the GPU of its LOCAL_RANK (torchrun) or
+/// SLURM_LOCALID, mod the GPUs visible, so ranks sharing a host share out
+/// its GPUs; else --device as given.
+device multi_host_rank_device(const train_args& a) {
+  device d = parse_device(a.device);
+  if (!any_gpu(a.device)) return d;
+  for (const char* name : {"LOCAL_RANK", "SLURM_LOCALID"})
+    if (auto v = env(name)) {
+      d.index = env_int(name, *v) % cuda_device_count();
+      break;
+    }
+  return d;
+}
+
 void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r) {
   if (!trainer::is_logged(r.step, a.steps, a.log_every)) return;
   if (a.json) {
@@ -161,7 +192,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
       whole.emplace(transformer::init(cfg, a.seed, cpu_backend()));
       weights = weights_of(*whole);
     }
-    run_train_rank(*n, o, a.rank, coordinator, weights, data, &backend_for(parse_device(a.device)));
+    run_train_rank(*n, o, a.rank, coordinator, weights, data, &backend_for(multi_host_rank_device(a)));
   } catch (const std::exception& e) {
     // The coordinator this process hosts fails with it (and tells the
     // other ranks), instead of waiting for a join that never comes.
@@ -290,13 +321,6 @@ dist_train_options job_from_json(const std::string& file) {
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument("malformed job file " + file + ": " + e.what());
   }
-}
-
-/// The device a locally launched rank computes on: with device
-/// collectives rank r takes GPU r (one GPU per rank, as NCCL requires;
-/// run_local_job checks there are enough), else every rank takes --device.
-std::string rank_device(const train_args& a, int rank) {
-  return a.collectives == "device" ? "cuda:" + std::to_string(rank) : a.device;
 }
 
 std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
