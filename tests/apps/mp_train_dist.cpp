@@ -215,6 +215,28 @@ TEST_CASE("ranks computing on the GPU give the single-process losses (stages and
   }
 }
 
+TEST_CASE("ranks whose data-parallel groups reduce over NCCL give the single-process losses (--collectives device)") {
+  const int gpus = cuda_device_count();
+  if (gpus < 2) {
+    MESSAGE("skipped: --collectives device needs a GPU per rank, " << gpus << " visible");
+    return;
+  }
+  temp_dir_guard tmp("mp-train-nccl");
+  job j = fresh_gpt2_job(tmp);
+  for (float clip : {0.0f, 1.0f}) {  // the update on the DP thread's stream, and on the stage thread's
+    j.clip = clip;
+    const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+    for (auto [pp, dp] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}}) {
+      if (pp * dp > gpus) continue;
+      INFO("layout " << pp << "x" << dp << ", clip " << clip);
+      const process_result r = run_layout(j, pp, dp, {"--seed", "0", "--collectives", "device"});
+      INFO("stderr: " << r.err);
+      REQUIRE(r.exit_code == 0);
+      check_close(json_steps(r.out_lines()), want, 1e-5);
+    }
+  }
+}
+
 TEST_CASE("interleaved 1F1B (two chunks per stage) gives the single-process losses over 20 steps") {
   temp_dir_guard tmp("mp-train-interleaved");
   job j = fresh_gpt2_job(tmp);
