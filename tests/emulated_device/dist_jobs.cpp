@@ -78,6 +78,29 @@ job_result run_job(const dist_train_options& o, const model_config& cfg, const s
   return out;
 }
 
+void check_resume_matches(dist_train_options o, const model_config& cfg, const std::vector<std::int32_t>& tokens,
+                          const std::filesystem::path& dir,
+                          const std::function<void(dist_train_options&)>& resumed_with) {
+  const int steps = o.steps;
+  REQUIRE(steps >= 2);
+  o.save_dir = dir / "straight";
+  const job_result straight = run_job(o, cfg, tokens, true);
+
+  o.save_dir.clear();
+  o.checkpoint_dir = dir / "ckpt";
+  o.checkpoint_every = steps / 2;
+  o.steps = steps / 2;
+  run_job(o, cfg, tokens, true);
+  o.steps = steps;
+  o.resume = true;
+  o.save_dir = dir / "resumed";
+  if (resumed_with) resumed_with(o);
+  const job_result resumed = run_job(o, cfg, tokens, true);
+  REQUIRE(resumed.steps.size() == static_cast<std::size_t>(steps - steps / 2));
+  CHECK(resumed.steps.back().loss == straight.steps.back().loss);
+  CHECK(file_bytes(dir / "resumed" / "model.safetensors") == file_bytes(dir / "straight" / "model.safetensors"));
+}
+
 dist_train_options job(const model_config& cfg, int pp, int dp, int steps) {
   dist_train_options o;
   o.layout = even_layout(cfg.n_layers, pp, dp);

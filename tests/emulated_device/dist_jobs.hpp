@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,15 @@ std::unique_ptr<node> start_local_node();
 /// Rethrows the first rank's error, else the coordinator's.
 job_result run_job(const dist_train_options& o, const model_config& cfg, const std::vector<std::int32_t>& tokens,
                    bool on_devices);
+
+/// Runs `o` on emulated devices straight through (saving into
+/// dir/straight), then to half its steps with a checkpoint there
+/// (dir/ckpt), and resumes that to the end with `resumed_with` applied to
+/// the options (saving into dir/resumed); checks the resumed run ends with
+/// the straight run's loss and model bytes.
+void check_resume_matches(dist_train_options o, const model_config& cfg, const std::vector<std::int32_t>& tokens,
+                          const std::filesystem::path& dir,
+                          const std::function<void(dist_train_options&)>& resumed_with = {});
 
 /// An even pp x dp layout of `cfg`: batch 4, seq 16, AdamW lr 3e-3 with
 /// weight decay 0.1, a 60 s message timeout.
