@@ -91,7 +91,6 @@ struct synthetic_compute {
   bool enabled() const { return !forward_s.empty(); }
 };
 
-/// Everything every rank and the coordinator must agree on.
 /// How a data-parallel group (and the head's group) sums gradients and
 /// gathers updated parameters.
 enum class dp_collectives {
@@ -109,6 +108,7 @@ const char* dp_collectives_name(dp_collectives c);
 /// Parses "host" or "device"; throws std::invalid_argument naming the value.
 dp_collectives parse_dp_collectives(const std::string& s);
 
+/// Everything every rank and the coordinator must agree on.
 struct dist_train_options {
   train_layout layout;
   int batch = 1;        ///< global batch: sequences per step over all replicas
