@@ -9,6 +9,9 @@
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/device.hpp"
 #endif
+#ifdef COROLLA_HAVE_NCCL
+#include "kernels/cuda/nccl_comm.hpp"
+#endif
 
 namespace corolla::app {
 
@@ -34,6 +37,12 @@ void register_info(CLI::App& app, action_fn& action) {
 #else
       (void)n;
       std::printf("cuda: not compiled in\n");
+#endif
+      // Device collectives for train --collectives device (docs/training.md).
+#ifdef COROLLA_HAVE_NCCL
+      std::printf("nccl: %s (train --collectives device)\n", cuda::nccl_version().c_str());
+#else
+      std::printf("nccl: not compiled in (train --collectives device is unavailable)\n");
 #endif
       return 0;
     };

@@ -57,6 +57,14 @@ nccl_unique_id make_nccl_unique_id() {
   return out;
 }
 
+std::string nccl_version() {
+  int v = 0;
+  if (const ncclResult_t r = ncclGetVersion(&v); r != ncclSuccess)
+    return std::string("unknown (") + ncclGetErrorString(r) + ")";
+  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z from 2.9 on.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
 nccl_group::nccl_group(const nccl_unique_id& id, int rank, int n_ranks, cuda_backend& backend,
                        group_give_up give_up)
     : give_up_(std::move(give_up)), device_(backend.dev().index), rank_(rank), n_ranks_(n_ranks) {

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstddef>
+#include <string>
 
 #include "kernels/cuda/stream.hpp"
 #include "kernels/device_group.hpp"
@@ -28,6 +29,10 @@ using nccl_unique_id = device_group_id;
 
 /// A new unique id (ncclGetUniqueId). Throws std::runtime_error on failure.
 nccl_unique_id make_nccl_unique_id();
+
+/// The version of the NCCL library loaded ("2.28.3", from ncclGetVersion;
+/// needs no GPU), or why it cannot be had.
+std::string nccl_version();
 
 /// One rank's membership of an NCCL communicator on one backend's device
 /// (cuda_backend::join_group makes these). Thread-compatible, like the
