@@ -1,7 +1,5 @@
 #include "actors/train_comm.hpp"
 
-#include "kernels/backend.hpp"
-
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
