@@ -332,17 +332,25 @@ namespace {
 /// position k - 1 (owned_chunk), which is also its group rank.
 std::int64_t slot_of_chunk(int k, int g) { return mod(k - 1, g); }
 
+/// Throws unless `group` is `r`'s, `shard` holds the padded chunk of
+/// `flat` and `scratch` the whole padded layout.
+void check_padded_layout(const device_group& group, const ring& r, const Tensor& flat, const Tensor& scratch,
+                         const Tensor& shard, const char* what) {
+  const int g = r.size();
+  if (group.size() != g || group.rank() != r.position || shard.numel() != device_chunk_pad(flat.numel(), g) ||
+      scratch.numel() < g * shard.numel())
+    throw tensor_error(std::string(what) + ": the group, ring, shard and scratch do not match");
+}
+
 }  // namespace
 
 std::int64_t device_chunk_pad(std::int64_t n, int g) { return (n + g - 1) / g; }
 
 void device_reduce_scatter(device_group& group, Backend& on, const ring& r, const Tensor& flat, Tensor& scratch,
                            Tensor& shard) {
+  check_padded_layout(group, r, flat, scratch, shard, "device_reduce_scatter");
   const int g = r.size();
   const std::int64_t pad = shard.numel();
-  if (group.size() != g || group.rank() != r.position || pad != device_chunk_pad(flat.numel(), g) ||
-      scratch.numel() < g * pad)
-    throw tensor_error("device_reduce_scatter: the group, ring, shard and scratch do not match");
   Tensor in = scratch.slice(0, g * pad);
   for (int k = 0; k < g; ++k) {
     const auto [lo, hi] = chunk_range(flat.numel(), g, k);
@@ -353,11 +361,9 @@ void device_reduce_scatter(device_group& group, Backend& on, const ring& r, cons
 }
 
 void device_all_gather(device_group& group, Backend& on, const ring& r, Tensor& flat, Tensor& scratch, Tensor& shard) {
+  check_padded_layout(group, r, flat, scratch, shard, "device_all_gather");
   const int g = r.size();
   const std::int64_t pad = shard.numel();
-  if (group.size() != g || group.rank() != r.position || pad != device_chunk_pad(flat.numel(), g) ||
-      scratch.numel() < g * pad)
-    throw tensor_error("device_all_gather: the group, ring, shard and scratch do not match");
   const auto [own_lo, own_hi] = chunk_range(flat.numel(), g, owned_chunk(r));
   Tensor mine = shard.slice(0, own_hi - own_lo);
   on.copy(flat.slice(own_lo, own_hi), mine);

@@ -663,29 +663,23 @@ class rank_runtime {
       bucket& b = buckets_[static_cast<std::size_t>(slot)];
       if (b.coll) {
         // The companion queues after the bucket's backward (a host wait:
-        // its queue is not ordered with the stage thread's), and the stage
-        // thread goes on once its work is done.
+        // its queue is not ordered with the stage thread's).
         be_.wait(b.grads_ready.get());
-        Backend& on = dp_math();
-        device_reduce_scatter(*b.coll, on, *b.group, b.grads->flat(), coll_scratch_, b.shard);
-        if (!needs_global_norm()) {
-          update_shard(b, step, on);
-          gather_params(b, step, on);
-        }
-        b.coll->synchronize(on);
-        note_reduced({});
-        return;
+        device_reduce_scatter(*b.coll, dp_math(), *b.group, b.grads->flat(), coll_scratch_, b.shard);
+      } else {
+        // After the backward that produced them, on the device's transfer
+        // queue: the layers whose backward was queued since keep running.
+        if (b.staged()) be_.copy_after(b.grads_ready.get(), b.grads->flat(), b.host_grads);
+        ring_reduce_scatter(*comm_, *b.group, b.comm_grads(), step, b.id);
+        // Unstaged, the update below reads what the backward wrote on the device.
+        if (!needs_global_norm() && b.device && !b.staged()) be_.wait(b.grads_ready.get());
       }
-      // After the backward that produced them, on the device's transfer
-      // queue: the layers whose backward was queued since keep running.
-      if (b.staged()) be_.copy_after(b.grads_ready.get(), b.grads->flat(), b.host_grads);
-      ring_reduce_scatter(*comm_, *b.group, b.comm_grads(), step, b.id);
       if (!needs_global_norm()) {
-        // Unstaged, the update reads what the backward wrote on the device.
-        if (b.device && !b.staged()) be_.wait(b.grads_ready.get());
         update_shard(b, step, dp_math());
         gather_params(b, step, dp_math());
       }
+      // The stage thread goes on once the companion's collectives are done.
+      if (b.coll) b.coll->synchronize(dp_math());
       note_reduced({});
     } catch (const std::exception& e) {
       // Fail the whole rank at once (the stage actor's next wait throws and

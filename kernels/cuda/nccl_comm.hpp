@@ -37,10 +37,11 @@ std::string nccl_version();
 /// One rank's membership of an NCCL communicator on one backend's device
 /// (cuda_backend::join_group makes these). Thread-compatible, like the
 /// backend it uses: two threads may use it in turn (the training rank's DP
-/// thread, then its stage thread) when something orders their calls (there:
-/// the DP thread's synchronize before it reports the bucket reduced). The communicator is non-blocking (ncclConfig_t
-/// blocking = 0), so every wait on the other ranks is a poll that can give
-/// up: a dead rank fails its peers (ncclCommAbort) instead of hanging them.
+/// thread, then its stage thread) when something orders their calls
+/// (there: the DP thread's synchronize before it reports the bucket
+/// reduced). The communicator is non-blocking (ncclConfig_t blocking = 0),
+/// so every wait on the other ranks is a poll that can give up: a dead rank
+/// fails its peers (ncclCommAbort) instead of hanging them.
 class nccl_group final : public device_group {
  public:
   /// Joins group `id` as `rank` of `n_ranks` on `backend`'s device. Returns

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <fstream>
 #include <iterator>
@@ -76,6 +77,25 @@ job_result run_job(const dist_train_options& o, const model_config& cfg, const s
     if (e) std::rethrow_exception(e);
   if (coord_error) std::rethrow_exception(coord_error);
   return out;
+}
+
+void check_same_steps(const job_result& a, const job_result& b) {
+  REQUIRE(b.steps.size() == a.steps.size());
+  for (std::size_t s = 0; s < a.steps.size(); ++s) {
+    INFO("step " << a.steps[s].step << ": loss " << a.steps[s].loss << ", then " << b.steps[s].loss);
+    CHECK(b.steps[s].step == a.steps[s].step);
+    CHECK(b.steps[s].loss == a.steps[s].loss);
+    CHECK(b.steps[s].grad_norm == a.steps[s].grad_norm);
+  }
+}
+
+void check_close_steps(const job_result& a, const job_result& b, double rel) {
+  REQUIRE(a.steps.size() == b.steps.size());
+  for (std::size_t s = 0; s < a.steps.size(); ++s) {
+    INFO("step " << a.steps[s].step << ": loss " << a.steps[s].loss << ", then " << b.steps[s].loss);
+    CHECK(std::abs(a.steps[s].loss - b.steps[s].loss) <= rel * std::abs(a.steps[s].loss));
+    CHECK(std::abs(a.steps[s].grad_norm - b.steps[s].grad_norm) <= rel * std::abs(a.steps[s].grad_norm) + 1e-12);
+  }
 }
 
 void check_resume_matches(dist_train_options o, const model_config& cfg, const std::vector<std::int32_t>& tokens,

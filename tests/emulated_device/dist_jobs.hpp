@@ -37,6 +37,12 @@ std::unique_ptr<node> start_local_node();
 job_result run_job(const dist_train_options& o, const model_config& cfg, const std::vector<std::int32_t>& tokens,
                    bool on_devices);
 
+/// `b`'s steps are `a`'s: the same step numbers, losses and gradient norms,
+/// bit for bit.
+void check_same_steps(const job_result& a, const job_result& b);
+/// `b`'s losses and gradient norms are within `rel` (relative) of `a`'s.
+void check_close_steps(const job_result& a, const job_result& b, double rel);
+
 /// Runs `o` on emulated devices straight through (saving into
 /// dir/straight), then to half its steps with a checkpoint there
 /// (dir/ckpt), and resumes that to the end with `resumed_with` applied to

@@ -211,19 +211,6 @@ TEST_CASE("emulated device groups: a bucket's shards are the host ring's, and al
   });
 }
 
-namespace {
-
-void check_close_steps(const job_result& a, const job_result& b, double rel) {
-  REQUIRE(a.steps.size() == b.steps.size());
-  for (std::size_t s = 0; s < a.steps.size(); ++s) {
-    INFO("step " << a.steps[s].step << ": " << a.steps[s].loss << " vs " << b.steps[s].loss);
-    CHECK(std::abs(a.steps[s].loss - b.steps[s].loss) <= rel * std::abs(a.steps[s].loss));
-    CHECK(std::abs(a.steps[s].grad_norm - b.steps[s].grad_norm) <= rel * std::abs(a.steps[s].grad_norm) + 1e-12);
-  }
-}
-
-}  // namespace
-
 TEST_CASE("emulated device: ranks whose groups reduce on their devices train as the host rings do") {
   testing::tiny_model_options tiny = testing::tiny_options_for(architecture::gpt2, 96);  // tied head
   tiny.layers = 4;
@@ -256,11 +243,7 @@ TEST_CASE("emulated device: ranks whose groups reduce on their devices train as 
     const int largest = v.pp == 1 ? v.dp : 2 * v.dp;  // with pp > 1 the head's group spans both ends
     const bool exact = largest <= 2;
     if (exact) {
-      REQUIRE(dev.steps.size() == host.steps.size());
-      for (std::size_t s = 0; s < host.steps.size(); ++s) {
-        CHECK(dev.steps[s].loss == host.steps[s].loss);
-        CHECK(dev.steps[s].grad_norm == host.steps[s].grad_norm);
-      }
+      check_same_steps(host, dev);
       CHECK(file_bytes(dir / "device" / "model.safetensors") == file_bytes(dir / "host" / "model.safetensors"));
     } else {
       check_close_steps(host, dev, 1e-5);

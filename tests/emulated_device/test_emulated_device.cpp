@@ -42,16 +42,6 @@ namespace {
 
 testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch, 96); }
 
-void check_same_steps(const job_result& cpu, const job_result& dev) {
-  REQUIRE(dev.steps.size() == cpu.steps.size());
-  for (std::size_t s = 0; s < cpu.steps.size(); ++s) {
-    INFO("step " << cpu.steps[s].step << ": cpu loss " << cpu.steps[s].loss << ", device loss " << dev.steps[s].loss);
-    CHECK(dev.steps[s].step == cpu.steps[s].step);
-    CHECK(dev.steps[s].loss == cpu.steps[s].loss);
-    CHECK(dev.steps[s].grad_norm == cpu.steps[s].grad_norm);
-  }
-}
-
 }  // namespace
 
 TEST_CASE("emulated device: ops refuse host operands and other devices' markers, as a device backend does") {
