@@ -22,6 +22,10 @@ struct decode_limits {
   std::size_t max_tensors = 64;
   std::size_t max_rank = 8;
   std::size_t max_string_bytes = 4096;                      ///< ids, names, types
+  /// Fragmented messages (net/fragment.hpp) one connection may have
+  /// half-received at once, and the bytes reserved for them together.
+  std::size_t max_partial_messages = 64;
+  std::size_t max_reassembly_bytes = std::size_t{4} << 30;
   bool verify_checksums = true;
 };
 

@@ -42,6 +42,9 @@ class link_shaper {
   /// Non-decreasing over successive calls (order is preserved).
   shaping_clock::time_point schedule(std::size_t bytes, shaping_clock::time_point now);
   const link_profile& profile() const { return profile_; }
+  /// When the emulated link has finished transmitting everything scheduled
+  /// so far (in the past when it is idle).
+  shaping_clock::time_point link_free() const { return link_free_; }
   void set_profile(const link_profile& p) { profile_ = p; }
 
  private:

@@ -216,3 +216,17 @@ struct TrainAbort {
   reason @0 :Text;
   job @1 :UInt64;          # the run's id (0 before a roster): another run's abort is ignored
 }
+
+# ---- fragments (net/fragment.hpp) -------------------------------------------
+# A message larger than the transport's fragment size travels as fragments
+# that interleave with other traffic on the connection. A fragment is one
+# ZeroMQ message: frame 0 = the 8-byte marker FF FF FF FF 'f' 'r' 'a' 'g'
+# (no Envelope can start so: it would announce 2^32 segments) followed by
+# this struct, then one or more payload frames. The payload frames of all
+# fragments of a message, in order, are the message's own frames (envelope,
+# then tensors) laid end to end.
+struct Fragment {
+  messageId @0 :UInt64;          # per connection and direction, from 1
+  position @1 :UInt64;           # byte offset of this fragment's payload in the message
+  frameSizes @2 :List(UInt64);   # first fragment only (position 0): the message's frame sizes
+}

@@ -37,7 +37,9 @@
 #include <spdlog/spdlog.h>
 #include <zmq.h>
 
+#include "net/fragment.hpp"
 #include "net/log_limit.hpp"
+#include "net/outbox.hpp"
 #include "net/rdma_link.hpp"
 #include "net/zmq_detail.hpp"
 
@@ -60,14 +62,24 @@ struct conn_shared {
   std::atomic<bool> peer_gone{false};
   /// Messages accepted by send() and not yet handed to ZeroMQ.
   std::atomic<std::size_t> queued{0};
+  /// Fragment payload bytes handed to ZeroMQ that it has not written to the
+  /// kernel yet (decremented from ZeroMQ's thread as it releases them).
+  std::atomic<std::size_t> bulk_in_zmq{0};
 };
 
-/// An encoded message on its way out.
-struct out_message {
-  std::vector<out_frame> frames;
+/// Owns a transmitted fragment's payload until ZeroMQ releases it, then
+/// takes its bytes off the connection's bulk count and wakes the I/O thread
+/// (which may now hand ZeroMQ the next fragment).
+struct bulk_token {
+  std::vector<std::shared_ptr<const void>> owners;
+  std::shared_ptr<conn_shared> shared;
   std::size_t bytes = 0;
-  bool tcp_only = false;  ///< RDMA control: always over ZeroMQ, whatever the path
-  clock_type::time_point due{};  ///< send() time until shaping sets the due time
+  int wake_fd = -1;
+  ~bulk_token() {
+    shared->bulk_in_zmq.fetch_sub(bytes);
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof one);
+  }
 };
 
 struct command {
@@ -100,7 +112,13 @@ struct connection {
   std::optional<clock_type::time_point> close_at;
   link_shaper shaper;
   bool shaped = false;
-  std::deque<out_message> pending;  ///< FIFO of shaped or blocked messages
+  /// Messages not yet on the (emulated) link, in lanes (net/outbox.hpp).
+  outbox out;
+  /// On the link: FIFO of units (whole messages, fragments) waiting for their
+  /// shaped delivery time or for ZeroMQ to take them.
+  std::deque<out_message> pending;
+  std::size_t pending_fragments = 0;  ///< fragments in `pending`
+  reassembler in;                     ///< fragmented messages arriving
   std::shared_ptr<conn_shared> shared;
   log_limiter bad_log;  ///< "dropped a bad message" lines from this connection
   /// The RDMA path (created by an offer either way); null until then.
@@ -117,6 +135,10 @@ constexpr auto router_retry = std::chrono::microseconds(500);
 constexpr int receive_batch = 64;
 /// RDMA queue pairs one transport sets up at most (each pins 8 MiB).
 constexpr std::size_t max_queue_pairs = 256;
+/// On a shaped connection, fragments are put on the emulated link this far
+/// ahead of the time it frees up: a small message sent meanwhile waits at
+/// most this plus one fragment's transmission time.
+constexpr auto shaping_lookahead = std::chrono::milliseconds(2);
 
 }  // namespace
 
@@ -155,7 +177,10 @@ struct zmq_transport::impl {
   std::atomic<connection_id> next_id_{1};
 
   std::atomic<std::uint64_t> messages_sent_{0}, messages_received_{0}, bytes_sent_{0}, bytes_received_{0},
-      bad_messages_{0}, rdma_messages_sent_{0}, rdma_messages_received_{0};
+      bad_messages_{0}, rdma_messages_sent_{0}, rdma_messages_received_{0}, fragments_sent_{0},
+      fragments_received_{0};
+  /// Fragment payload bytes ZeroMQ may hold for one connection at once.
+  std::size_t bulk_window_ = 0;
 
   // ---- I/O thread only ----
   std::string setup();
@@ -178,7 +203,15 @@ struct zmq_transport::impl {
   /// draining (they get their drain time first).
   bool stop_now();
   void enqueue(connection& c, out_message&& m, clock_type::time_point now);
+  /// Moves what may go now from the connection's outbox onto its link
+  /// (`pending`), shaping each unit: every small message that may go, and
+  /// fragments while the link has room for them.
+  void pump(connection& c, clock_type::time_point now);
   void flush(connection& c, clock_type::time_point now);
+  /// Messages send() accepted for `c` that have not reached ZeroMQ yet.
+  static std::size_t queued_count(const connection& c);
+  /// Drops everything waiting for `c` (a peer gone, a close without drain).
+  void drop_queued(connection& c);
   int transmit(connection& c, const out_message& m);
   void peer_gone(connection& c, const char* why);
   void mark_down(connection& c);
@@ -242,6 +275,8 @@ std::string zmq_transport::impl::validate() const {
   if (opts_.send_hwm < 0 || opts_.recv_hwm < 0) return "high-water marks must not be negative";
   if (opts_.busy_poll_us < 0 || opts_.busy_poll_us > 1000000)
     return "busy_poll_us must be between 0 and 1000000 (one second)";
+  if (opts_.fragment_bytes != 0 && opts_.fragment_bytes < 4096)
+    return "fragment_bytes must be 0 (never fragment) or at least 4096";
   const auto& c = opts_.curve;
   if (!c.enabled) return {};
   if (!zmq_has("curve")) return "CurveZMQ requested but this libzmq was built without CURVE support";
@@ -259,6 +294,7 @@ std::string zmq_transport::impl::open() {
   // send_hwm 0 means "no limit" to ZeroMQ, and so here.
   queue_limit_ = opts_.send_hwm > 0 ? static_cast<std::size_t>(opts_.send_hwm) : SIZE_MAX;
   busy_poll_ = std::chrono::microseconds(opts_.busy_poll_us);
+  bulk_window_ = 2 * opts_.fragment_bytes;
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return std::string("eventfd: ") + std::strerror(errno);
   timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -471,7 +507,7 @@ void zmq_transport::impl::loop() {
       if ((!c->blocked || !c->outgoing) && !c->rdma_blocked) flush(*c, now);
     with_pending_.erase(std::remove_if(with_pending_.begin(), with_pending_.end(),
                                        [](connection* c) {
-                                         if (!c->pending.empty()) return false;
+                                         if (!c->pending.empty() || !c->out.empty()) return false;
                                          c->listed = false;
                                          return true;
                                        }),
@@ -487,6 +523,10 @@ void zmq_transport::impl::arm_timer(clock_type::time_point now) {
   for (const connection_id id : closing_)
     if (auto it = conns_.find(id); it != conns_.end()) next = std::min(next, *it->second->close_at);
   for (connection* c : with_pending_) {
+    // Fragments held back by shaping go on the link shortly before it frees
+    // up (those held back by ZeroMQ's backlog: its release wakes us).
+    if (c->shaped && !c->out.empty())
+      next = std::min(next, std::max(now, c->shaper.link_free() - shaping_lookahead));
     if (c->pending.empty()) continue;
     if (c->blocked && c->outgoing) continue;  // POLLOUT wakes us
     if (c->rdma_blocked) continue;            // RDMA completions wake us
@@ -578,6 +618,13 @@ void zmq_transport::impl::drain_dealer_monitor(connection& c) {
 }
 
 void zmq_transport::impl::mark_down(connection& c) {
+  // Half-received fragmented messages will not be completed; half-sent ones
+  // cannot be (the peer dropped its part).
+  c.in.clear();
+  if (const std::size_t dropped = c.out.drop_started(); dropped > 0) {
+    spdlog::debug("zmq transport: connection {} lost: {} partly sent large messages dropped", c.id, dropped);
+    c.shared->queued.fetch_sub(dropped);
+  }
   if (c.rdma) {
     c.rdma->reset();  // the peer may be gone; a new hello offers again
     items_dirty_ = true;
@@ -597,6 +644,8 @@ connection* zmq_transport::impl::incoming_for(const std::string& routing_id, int
     c->routing_id = routing_id;
     c->shaper = link_shaper(opts_.default_profile, opts_.shaping_seed + c->id);
     c->shaped = !opts_.default_profile.unshaped();
+    c->out = outbox(opts_.fragment_bytes);
+    c->in = reassembler(opts_.limits);
     c->shared = std::make_shared<conn_shared>();
     c->established = true;
     c->peer_fd = fd;
@@ -624,6 +673,7 @@ connection* zmq_transport::impl::incoming_for(const std::string& routing_id, int
     }
     c.peer_fd = fd;
     by_fd_[fd] = c.id;
+    c.in.clear();  // a new TCP connection does not continue a half-received message
   }
   if (!c.established) {
     c.established = true;
@@ -686,7 +736,21 @@ void zmq_transport::impl::receive_from(void* socket, connection* dealer) {
       frames.clear();
       for (std::size_t i = first_frame; i < parts.size(); ++i)
         frames.push_back(in_frame{parts[i]->data(), parts[i]->size(), parts[i]});
-      auto decoded = decode(std::span<const in_frame>(frames), opts_.limits);
+      bool whole = true;
+      if (is_fragment_header(frames[0].data, frames[0].size)) {
+        fragments_received_.fetch_add(1, std::memory_order_relaxed);
+        auto done = c->in.add(std::span<const in_frame>(frames));
+        if (!done) {
+          reason = error_text(done.error());
+          whole = false;
+        } else if (!*done) {
+          continue;  // more fragments of it to come
+        } else {
+          frames = std::move(**done);
+        }
+      }
+      auto decoded = whole ? decode(std::span<const in_frame>(frames), opts_.limits)
+                           : caf::expected<message>(caf::make_error(caf::sec::invalid_argument, reason));
       if (decoded) {
         frames.clear();  // the message holds what it needs of the parts
         if (rdma::link::is_control(*decoded)) {
@@ -776,6 +840,8 @@ void zmq_transport::impl::open_dealer(command& cmd) {
   c->shared = cmd.shared;
   c->shaper = link_shaper(opts_.default_profile, opts_.shaping_seed + c->id);
   c->shaped = !opts_.default_profile.unshaped();
+  c->out = outbox(opts_.fragment_bytes);
+  c->in = reassembler(opts_.limits);
 
   auto fail = [&](const std::string& why) {
     spdlog::error("zmq transport: connection {} to {}: {}", c->id, cmd.endpoint, why);
@@ -826,7 +892,7 @@ void zmq_transport::impl::close_when_drained(connection_id id, std::chrono::mill
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   connection& c = *it->second;
-  if (c.pending.empty()) return close_connection(id, drain);
+  if (queued_count(c) == 0) return close_connection(id, drain);
   c.close_at = now + drain;
   closing_.push_back(id);
 }
@@ -839,13 +905,13 @@ void zmq_transport::impl::finish_closing(clock_type::time_point now) {
       continue;
     }
     connection& c = *it->second;
-    if (!c.pending.empty() && now < *c.close_at) {
+    if (queued_count(c) > 0 && now < *c.close_at) {
       ++i;
       continue;
     }
-    if (!c.pending.empty())
+    if (queued_count(c) > 0)
       spdlog::debug("zmq transport: connection {} closed with {} messages still queued (drain time up)", c.id,
-                    c.pending.size());
+                    queued_count(c));
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*c.close_at - now);
     closing_.erase(closing_.begin() + static_cast<std::ptrdiff_t>(i));
     close_connection(c.id, std::max(left, std::chrono::milliseconds{1}));
@@ -875,7 +941,7 @@ void zmq_transport::impl::close_connection(connection_id id, std::chrono::millis
     }
   }
   if (c.listed) with_pending_.erase(std::find(with_pending_.begin(), with_pending_.end(), &c));
-  c.shared->queued.fetch_sub(c.pending.size());
+  c.shared->queued.fetch_sub(queued_count(c));
   if (with_rdma_.erase(id)) items_dirty_ = true;
   conns_.erase(it);
   unregister_shared(id);
@@ -890,27 +956,36 @@ void zmq_transport::impl::add_pending(connection& c) {
 }
 
 void zmq_transport::impl::enqueue(connection& c, out_message&& m, clock_type::time_point now) {
-  if (c.shaped) {
+  c.out.push(std::move(m));
+  if (c.rdma_blocked || (c.blocked && c.outgoing))
+    pump(c, now);  // what may go joins `pending`; POLLOUT or the RDMA path's drain sends it
+  else
+    flush(c, now);
+  if (!c.out.empty() || !c.pending.empty()) add_pending(c);
+}
+
+void zmq_transport::impl::pump(connection& c, clock_type::time_point now) {
+  for (;;) {
+    // Fragments go on while ZeroMQ holds less than the window of them, and
+    // (shaped) the emulated link frees up within the lookahead, or
+    // (unshaped) the last one has reached ZeroMQ: so whatever is sent next
+    // waits behind at most about a window of bytes.
+    const bool room = c.shared->bulk_in_zmq.load(std::memory_order_relaxed) < bulk_window_ &&
+                      (c.shaped ? c.shaper.link_free() <= now + shaping_lookahead : c.pending_fragments == 0);
+    // The RDMA path moves a large message without holding up the rest.
+    const bool fragment = !(c.rdma && c.rdma->sending());
+    auto unit = c.out.next(room, fragment);
+    if (!unit) return;
     // Shaped from the moment send() was called, not when this thread got it.
-    m.due = c.shaper.schedule(m.bytes, m.due);
-  } else {
-    m.due = now;
+    unit->due = c.shaped ? c.shaper.schedule(unit->bytes, unit->due) : now;
+    if (unit->fragment) ++c.pending_fragments;
+    c.pending.push_back(std::move(*unit));
   }
-  if (c.pending.empty() && m.due <= now && !c.rdma_blocked) {
-    const int err = transmit(c, m);
-    if (err != EAGAIN && err != EBUSY) {
-      c.shared->queued.fetch_sub(1);
-      if (err == EHOSTUNREACH) peer_gone(c, "unreachable");
-      return;
-    }
-    (err == EBUSY ? c.rdma_blocked : c.blocked) = true;
-  }
-  c.pending.push_back(std::move(m));
-  add_pending(c);
 }
 
 void zmq_transport::impl::flush(connection& c, clock_type::time_point now) {
   c.blocked = false;
+  pump(c, now);
   while (!c.pending.empty() && c.pending.front().due <= now) {
     const int err = transmit(c, c.pending.front());
     if (err == EAGAIN) {
@@ -921,20 +996,35 @@ void zmq_transport::impl::flush(connection& c, clock_type::time_point now) {
       c.rdma_blocked = true;
       return;
     }
+    const bool fragment = c.pending.front().fragment;
+    if (c.pending.front().last) c.shared->queued.fetch_sub(1);
+    if (fragment) --c.pending_fragments;
     c.pending.pop_front();
-    c.shared->queued.fetch_sub(1);
     if (err == EHOSTUNREACH) return peer_gone(c, "unreachable");
+    if (fragment || c.pending.empty()) pump(c, now);  // room for the next fragment
   }
+}
+
+std::size_t zmq_transport::impl::queued_count(const connection& c) {
+  std::size_t n = c.out.size();
+  for (const auto& u : c.pending) n += u.last ? 1 : 0;
+  return n;
+}
+
+void zmq_transport::impl::drop_queued(connection& c) {
+  c.shared->queued.fetch_sub(queued_count(c));
+  c.pending.clear();
+  c.pending_fragments = 0;
+  c.out.clear();
+  c.blocked = false;
 }
 
 void zmq_transport::impl::peer_gone(connection& c, const char* why) {
   // Only a ROUTER peer can be unreachable: drop what waits for it; a
   // message from it later brings the connection back.
   spdlog::debug("zmq transport: incoming connection {} {}: dropping {} queued messages", c.id, why,
-                c.pending.size());
-  c.shared->queued.fetch_sub(c.pending.size());
-  c.pending.clear();
-  c.blocked = false;
+                queued_count(c));
+  drop_queued(c);
   c.shared->peer_gone.store(true);
   mark_down(c);
 }
@@ -954,8 +1044,26 @@ int zmq_transport::impl::transmit(connection& c, const out_message& m) {
     const out_frame rid{c.routing_id.data(), c.routing_id.size(), nullptr};
     if (const int err = detail::send_frame(socket, rid, true); err != 0) return err;
   }
-  for (std::size_t i = 0; i < m.frames.size(); ++i) {
-    const int err = detail::send_frame(socket, m.frames[i], i + 1 < m.frames.size());
+  // A fragment's payload is owned by one token while ZeroMQ holds it, so
+  // the connection knows how much bulk data waits inside ZeroMQ (pump()).
+  const std::vector<out_frame>* frames = &m.frames;
+  std::vector<out_frame> tracked;
+  if (m.fragment) {
+    auto token = std::make_shared<bulk_token>();
+    token->shared = c.shared;
+    token->wake_fd = wake_fd_;
+    tracked.reserve(m.frames.size());
+    tracked.push_back(m.frames[0]);
+    for (std::size_t i = 1; i < m.frames.size(); ++i) {
+      token->owners.push_back(m.frames[i].owner);
+      token->bytes += m.frames[i].size;
+      tracked.push_back(out_frame{m.frames[i].data, m.frames[i].size, std::shared_ptr<const void>(token, m.frames[i].data)});
+    }
+    c.shared->bulk_in_zmq.fetch_add(token->bytes, std::memory_order_relaxed);
+    frames = &tracked;
+  }
+  for (std::size_t i = 0; i < frames->size(); ++i) {
+    const int err = detail::send_frame(socket, (*frames)[i], i + 1 < frames->size());
     if (err == 0) continue;
     // Once the first part is accepted ZeroMQ takes the rest of the message
     // (the high-water mark counts whole messages), so only part 0 can fail
@@ -965,7 +1073,8 @@ int zmq_transport::impl::transmit(connection& c, const out_message& m) {
                   zmq_strerror(err), i + 1, m.frames.size());
     return 0;
   }
-  messages_sent_.fetch_add(1, std::memory_order_relaxed);
+  if (m.fragment) fragments_sent_.fetch_add(1, std::memory_order_relaxed);
+  if (m.last) messages_sent_.fetch_add(1, std::memory_order_relaxed);
   bytes_sent_.fetch_add(m.bytes, std::memory_order_relaxed);
   return 0;
 }
@@ -1021,6 +1130,7 @@ void zmq_transport::impl::send_over_zmq(connection& c, const message& m) {
   o.frames = encode(m, false);
   for (const auto& f : o.frames) o.bytes += f.size;
   o.tcp_only = true;
+  o.barrier = true;  // switch markers keep the order of everything around them
   o.due = clock_type::now();
   c.shared->queued.fetch_add(1);
   enqueue(c, std::move(o), o.due);
@@ -1126,6 +1236,8 @@ bool zmq_transport::impl::send(connection_id conn, const message& m) {
   c.message.due = clock_type::now();
   c.message.frames = encode(m, opts_.send_checksums);
   for (const auto& f : c.message.frames) c.message.bytes += f.size;
+  c.message.lane = lane_of(m);
+  c.message.barrier = is_barrier(m);
   shared->queued.fetch_add(1);
   c.shared = std::move(shared);
   push(std::move(c));
@@ -1207,6 +1319,8 @@ zmq_transport::counters zmq_transport::stats() const {
   c.bad_messages = impl_->bad_messages_.load();
   c.rdma_messages_sent = impl_->rdma_messages_sent_.load();
   c.rdma_messages_received = impl_->rdma_messages_received_.load();
+  c.fragments_sent = impl_->fragments_sent_.load();
+  c.fragments_received = impl_->fragments_received_.load();
   return c;
 }
 

@@ -8,6 +8,9 @@
 // through an eventfd it polls together with the sockets. Encoding happens on
 // the caller's thread, decoding on the I/O thread; tensors are sent without
 // copying. Shaping (net/shaping.hpp) delays outgoing messages per connection.
+// Messages leave in lanes (net/outbox.hpp): order is kept between two
+// actors, and large messages go in fragments (net/fragment.hpp) that small
+// ones pass between, so a big transfer delays no heartbeat or request.
 // A connection offered RDMA (offer_rdma) moves its messages to an RC queue
 // pair on options.rdma_device, driven by the same I/O thread
 // (net/rdma_link.hpp); ZeroMQ carries the upgrade and takes over again if the
@@ -71,6 +74,12 @@ struct transport_options {
   /// machines. Costs at most this much CPU per burst of traffic; 0 = always
   /// sleep in the poll.
   int busy_poll_us = 50;
+  /// Messages larger than this (plus 1/16) leave in fragments of this size
+  /// that interleave with the connection's other messages
+  /// (net/outbox.hpp, net/fragment.hpp): heartbeats and small requests
+  /// never wait behind a large tensor. 0 = never fragment (every message
+  /// waits for the ones before it); else at least 4096.
+  std::size_t fragment_bytes = std::size_t{1} << 20;
   link_profile default_profile;         ///< shaping of new connections
   /// An opened RDMA device (net::rdma::open_verbs_device, or a test's
   /// fake fabric): connections offered RDMA (offer_rdma) by either side
@@ -154,10 +163,13 @@ class zmq_transport {
   std::string rdma_device() const;
 
   /// Bytes and messages sent/received so far (all connections); the
-  /// rdma_ counters count the messages that went over RDMA.
+  /// rdma_ counters count the messages that went over RDMA, the fragment_
+  /// ones the fragments of large messages (a fragmented message counts once
+  /// in messages_ when it is complete).
   struct counters {
     std::uint64_t messages_sent = 0, messages_received = 0, bytes_sent = 0, bytes_received = 0,
-                  bad_messages = 0, rdma_messages_sent = 0, rdma_messages_received = 0;
+                  bad_messages = 0, rdma_messages_sent = 0, rdma_messages_received = 0, fragments_sent = 0,
+                  fragments_received = 0;
   };
   counters stats() const;
 
