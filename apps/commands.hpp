@@ -38,6 +38,8 @@ void register_train(CLI::App& app, action_fn& action);
 void register_bench(CLI::App& app, action_fn& action);
 /// `corolla bench link`: runtime links vs raw ZeroMQ on loopback (apps/bench_link.cpp).
 void register_bench_link(CLI::App* bench, action_fn& action);
+/// `corolla bench interleave`: small requests during a large transfer (apps/bench_interleave.cpp).
+void register_bench_interleave(CLI::App* bench, action_fn& action);
 /// `corolla bench gemm`: Backend::linear vs the vendor GEMM called directly (apps/bench_gemm.cpp).
 void register_bench_gemm(CLI::App* bench, action_fn& action);
 /// `corolla bench swarm`: a 3-server chain on loopback vs local decode (apps/bench_swarm.cpp).
