@@ -13,6 +13,7 @@
 // (the same window for every path). Each path is a link_path, so another
 // (e.g. through the actor layer) is one more subclass in paths().
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -221,13 +222,14 @@ class transport_path final : public link_path {
  public:
   /// With `rdma` (one device per side) the connection is moved to RDMA
   /// before measuring.
-  transport_path(const net::link_profile& profile, bool checksums, int busy_poll_us,
+  transport_path(const net::link_profile& profile, bool checksums, int busy_poll_us, std::size_t fragment_bytes,
                  std::pair<std::shared_ptr<net::rdma::device>, std::shared_ptr<net::rdma::device>> rdma = {})
       : name_(rdma.first ? "rdma" : "corolla") {
     auto options = [&](const std::string& id, std::shared_ptr<net::rdma::device> dev) {
       net::transport_options o;
       o.identity = id;
       o.busy_poll_us = busy_poll_us;
+      o.fragment_bytes = fragment_bytes;
       o.rdma_device = std::move(dev);
       o.default_profile = profile;
       o.send_checksums = checksums;
@@ -330,6 +332,7 @@ struct link_options {
   std::string profile = "none";
   bool no_checksums = false;
   int busy_poll_us = net::transport_options{}.busy_poll_us;
+  std::size_t fragment_kib = net::transport_options{}.fragment_bytes / 1024;
   int rounds = 3;
   std::string rdma;  // "", "fake", or a verbs device name / "auto"
   bool json = false;
@@ -388,7 +391,7 @@ int run_link(const link_options& o) {
 
   std::vector<std::unique_ptr<link_path>> paths;
   paths.push_back(std::make_unique<raw_zmq_path>());
-  paths.push_back(std::make_unique<transport_path>(profile, checksums, o.busy_poll_us));
+  paths.push_back(std::make_unique<transport_path>(profile, checksums, o.busy_poll_us, o.fragment_kib * 1024));
   std::string rdma_label;
   if (!o.rdma.empty()) {
     std::pair<std::shared_ptr<net::rdma::device>, std::shared_ptr<net::rdma::device>> devs;
@@ -401,14 +404,14 @@ int run_link(const link_options& o) {
       devs = {net::rdma::open_verbs_device(name), net::rdma::open_verbs_device(name)};  // throws why not
       rdma_label = devs.first->name() + " (loopback through the HCA)";
     }
-    paths.push_back(std::make_unique<transport_path>(profile, checksums, o.busy_poll_us, devs));
+    paths.push_back(std::make_unique<transport_path>(profile, checksums, o.busy_poll_us, o.fragment_kib * 1024, devs));
   }
   if (!o.json)
     std::fprintf(stderr,
-                 "bench link: loopback, %u hardware threads, profile %s, checksums %s, busy poll %d us; "
-                 "measuring...\n",
+                 "bench link: loopback, %u hardware threads, profile %s, checksums %s, busy poll %d us, "
+                 "fragments %zu KiB; measuring...\n",
                  std::thread::hardware_concurrency(), net::describe(profile).c_str(), checksums ? "on" : "off",
-                 o.busy_poll_us);
+                 o.busy_poll_us, o.fragment_kib);
   if (!o.json && !rdma_label.empty()) std::fprintf(stderr, "bench link: rdma path on %s\n", rdma_label.c_str());
 
   // figures[size][path]
@@ -462,6 +465,7 @@ int run_link(const link_options& o) {
                       {"profile", o.profile},
                       {"checksums", checksums},
                       {"busy_poll_us", o.busy_poll_us},
+                      {"fragment_kib", o.fragment_kib},
                       {"rounds", o.rounds},
                       {"rdma", o.rdma.empty() ? nlohmann::json(nullptr) : nlohmann::json(rdma_label)},
                       {"results", results}};
@@ -523,6 +527,18 @@ void register_bench_link(CLI::App* bench, action_fn& action) {
                    "Microseconds the transports' I/O threads keep polling after activity before sleeping")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000));
+  link->add_option("--fragment-kib", o.fragment_kib,
+                   "Fragment size of the corolla links in KiB (0: never fragment, one FIFO per connection)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            std::size_t n = 0;
+            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+            if (ec != std::errc() || end != v.data() + v.size() || (n != 0 && n < 4))
+              return std::string("must be 0 or a whole number of at least 4");
+            return std::string();
+          },
+          "0 or >= 4"));
   link->add_option("--rounds", o.rounds,
                    "Times the two paths take turns per size (latency pooled, throughput median)")
       ->capture_default_str()

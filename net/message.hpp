@@ -17,7 +17,7 @@ namespace corolla::net {
 
 /// The protocol version this build speaks; peers with another version are
 /// refused during the hello exchange.
-inline constexpr std::uint32_t protocol_version = 1;
+inline constexpr std::uint32_t protocol_version = 2;  // 2: fragments (net/fragment.hpp)
 
 /// What an envelope is for (mirrors wire.capnp's MessageKind).
 enum class message_kind : std::uint8_t {

@@ -385,7 +385,9 @@ TEST_CASE("a rank killed mid-run fails the job naming its stage and rank, and th
   INFO("stderr: " << launcher.err());
   REQUIRE(status.has_value());
   CHECK(*status == 1);
-  CHECK(seconds < 3.0);
+  // Detection takes 1.4 s (heartbeats); the bound leaves room for a slow,
+  // busy machine and is still far below the job's 60 s timeout.
+  CHECK(seconds < 6.0);
   CHECK(launcher.err().find("rank 3 (stage 1, replica 1") != std::string::npos);
   // No rank outlives the launcher.
   CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());

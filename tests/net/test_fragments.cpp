@@ -333,25 +333,33 @@ TEST_CASE("over a shaped 1 Gbit/s link small messages pass a 64 MiB one, which a
   REQUIRE_MESSAGE(rb.wait_messages(7, 20s), "not every message arrived");
   std::lock_guard<std::mutex> lock(rb.mu);
   const transport_recorder::received* got_big = nullptr;
-  std::vector<double> small_ms;
+  std::vector<double> small_ms(5, -1);
+  std::vector<shaping_clock::time_point> small_at(5);
   for (const auto& r : rb.messages) {
     if (r.msg.correlation_id == 100) got_big = &r;
-    if (r.msg.correlation_id >= 1000) small_ms.push_back(ms(r.at - sent[r.msg.correlation_id - 1000]));
+    if (r.msg.correlation_id >= 1000) {
+      small_at[r.msg.correlation_id - 1000] = r.at;
+      small_ms[r.msg.correlation_id - 1000] = ms(r.at - sent[r.msg.correlation_id - 1000]);
+    }
   }
   REQUIRE(got_big);
-  REQUIRE(small_ms.size() == 5);
   const double big_ms = ms(got_big->at - t0);
   const double tx_ms = (64.0 * (1 << 20)) * 8 / 1e9 * 1e3;
   MESSAGE("64 MiB at 1 Gbit/s: " << big_ms << " ms (link: " << tx_ms << " ms); small messages meanwhile took "
                                  << small_ms[0] << ", " << small_ms[1] << ", " << small_ms[2] << ", " << small_ms[3]
                                  << ", " << small_ms[4] << " ms");
-  // Every small message was sent well before the big one could have
-  // arrived, and overtook it.
+  // Every small message sent well before the big one arrived (all of them,
+  // unless the machine stalled the sending thread for a long time)
+  // overtook it, after about one 1 MiB fragment (8.4 ms) plus the latency.
+  int passed = 0;
   for (std::size_t i = 0; i < small_ms.size(); ++i) {
-    CHECK(rb.messages[1 + i].msg.correlation_id == 1000 + i);
-    // One 1 MiB fragment (8.4 ms) plus the latency, with room for a busy machine.
-    CHECK(small_ms[i] < 0.5 * tx_ms);
+    REQUIRE(small_ms[i] >= 0);
+    if (sent[i] + std::chrono::milliseconds(100) > got_big->at) continue;
+    ++passed;
+    CHECK(small_at[i] < got_big->at);
+    CHECK(small_ms[i] < 0.5 * tx_ms);  // room for a busy machine; one FIFO would take up to tx_ms
   }
+  CHECK(passed >= 3);
   CHECK(big_ms > 0.9 * tx_ms);
   CHECK(got_big->msg.tensors[0].to_vector() == expected);
   CHECK(rb.bad.empty());
