@@ -16,9 +16,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "net/codec.hpp"
+#include "net/fragment.hpp"
 
 namespace corolla::fuzz {
 
@@ -76,6 +78,21 @@ inline std::vector<std::uint8_t> join_frames(const std::vector<net::out_frame>& 
     out.insert(out.end(), p, p + len);
   }
   return out;
+}
+
+/// The fragments in `frames`: each frame that starts with the fragment
+/// marker begins one, the frames after it (up to the next marker) are its
+/// payload.
+inline std::vector<std::span<const net::in_frame>> fragment_groups(const std::vector<net::in_frame>& frames) {
+  std::vector<std::span<const net::in_frame>> groups;
+  std::size_t i = 0;
+  while (i < frames.size()) {
+    std::size_t end = i + 1;
+    while (end < frames.size() && !net::is_fragment_header(frames[end].data, frames[end].size)) ++end;
+    groups.emplace_back(frames.data() + i, end - i);
+    i = end;
+  }
+  return groups;
 }
 
 }  // namespace corolla::fuzz

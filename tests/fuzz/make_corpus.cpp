@@ -10,8 +10,12 @@
 #include <string>
 #include <vector>
 
+#include <caf/sec.hpp>
+
 #include "fuzz_input.hpp"
 #include "net/codec.hpp"
+#include "net/fragment.hpp"
+#include "net/outbox.hpp"
 
 using namespace corolla;
 using namespace corolla::net;
@@ -29,7 +33,17 @@ void write(const std::filesystem::path& dir, const std::string& name,
   auto input = fuzz::split_input(bytes.data(), bytes.size());
   decode_limits limits;
   limits.verify_checksums = input.verify_checksums;
-  auto m = decode(input.frames, limits);
+  caf::expected<message> m = caf::make_error(caf::sec::invalid_argument, std::string("fragments complete no message"));
+  if (!input.frames.empty() && is_fragment_header(input.frames[0].data, input.frames[0].size)) {
+    reassembler in(limits);  // a seed of fragments: valid when they complete a message that decodes
+    for (auto fragment : fuzz::fragment_groups(input.frames)) {
+      auto done = in.add(fragment);
+      if (!done) m = done.error();
+      else if (*done) m = decode(**done, limits);
+    }
+  } else {
+    m = decode(input.frames, limits);
+  }
   const bool want_valid = name.rfind("valid_", 0) == 0;
   if (static_cast<bool>(m) != want_valid) ++failures;
   std::printf("%-26s %4zu bytes  %s%s\n", name.c_str(), bytes.size(),
@@ -99,6 +113,25 @@ int main(int argc, char** argv) {
   message hello = base(message_kind::hello);
   hello.body = encode_hello(h);
   write(dir, "valid_hello", fuzz::join_frames(encode(hello), true));
+
+  // Fragments of a message carrying a 6000-byte tensor (4096-byte pieces),
+  // and the same with its first fragment lost.
+  message large = base(message_kind::oneway);
+  large.tensors = {counting({1500}, dtype::f32)};
+  out_message whole;
+  whole.frames = encode(large);
+  for (const auto& f : whole.frames) whole.bytes += f.size;
+  outbox box(4096);
+  box.push(std::move(whole));
+  std::vector<out_frame> pieces, first_lost;
+  bool first = true;
+  while (auto piece = box.next(true)) {
+    pieces.insert(pieces.end(), piece->frames.begin(), piece->frames.end());
+    if (!first) first_lost.insert(first_lost.end(), piece->frames.begin(), piece->frames.end());
+    first = false;
+  }
+  write(dir, "valid_fragments", fuzz::join_frames(pieces, true));
+  write(dir, "bad_fragment_first_lost", fuzz::join_frames(first_lost, true));
 
   // ---- invalid ----
   auto frames = encode(one);
