@@ -3,7 +3,15 @@
 # GPU") from a pack made by scripts/gpu/pack.sh, run from the repository
 # root on the GPU machine. Logs go to $OUT (default ./gpu-logs).
 #
-#   scripts/gpu/check.sh PACK [quick|full]
+#   scripts/gpu/check.sh PACK [lean|quick|full]
+# lean: sized for one call of about 8 minutes on an H100 or H200 (the
+# 15 minutes of device time a session may get): first the correctness of
+# everything not yet run on a GPU (every CUDA kernel and model test, with a
+# time limit each), then the two target benchmarks (7B bf16 decode against
+# the HBM bound, GPT-2-1.5B bf16 training MFU), each line of progress
+# printed as it happens and at most 8 files in $OUT: info.log, one log per
+# step, summary.json (each step's exit status and seconds, and the final
+# JSON line of each benchmark). A run cut off still leaves what it finished.
 # quick: the CUDA unit tests and model tests; full (default): also
 # compute-sanitizer's memcheck over the CUDA unit tests and racecheck over
 # the attention tests, every test binary
@@ -32,6 +40,44 @@ run() {  # name, command...: runs, logs to $out/name.log, prints the verdict
   "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $? ($(tail -n 2 "$out/$name.log" | tr '\n' ' '))"
 }
+if [ "$mode" = lean ]; then
+  start=$(date +%s)
+  steps=()
+  step() {  # name, time limit in seconds, command...: logs to $out/name.log
+    local name=$1 limit=$2; shift 2
+    local t0; t0=$(date +%s)
+    timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
+    local rc=$? t1; t1=$(date +%s)
+    local verdict=PASS
+    [ "$rc" -ne 0 ] && verdict=FAIL
+    [ "$rc" -eq 124 ] && verdict="TIMEOUT after ${limit}s"
+    echo "[+$((t1 - start))s] $name: $verdict (exit $rc, $((t1 - t0))s): $(tail -n 2 "$out/$name.log" | tr '\n' ' ' | cut -c1-200)"
+    local json; json=$(grep '^{' "$out/$name.log" | tail -n 1)
+    [ -z "$json" ] && json=null
+    steps+=("{\"name\":\"$name\",\"exit\":$rc,\"seconds\":$((t1 - t0)),\"result\":$json}")
+    summary
+  }
+  summary() {  # rewritten after every step, so a cut-off run keeps what it has
+    local IFS=,
+    printf '{"mode":"lean","gpu":"%s","steps":[%s]}\n' \
+      "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" "${steps[*]}" > "$out/summary.json"
+  }
+  corolla info > "$out/info.log" 2>&1
+  echo "[+0s] $(grep -i -m2 -E 'cuda|device' "$out/info.log" | tr '\n' ' ')"
+  # 1. Correctness of what was written without a GPU: tensor-core attention,
+  # mixed precision and f16 loss scaling, the chunked loss, early launch,
+  # fused GEMV epilogues and the tuner, device AdamW, the one-rank NCCL case.
+  step cuda_kernels 180 env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*' \
+    -tce='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
+  step cuda_decode_launch 60 test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
+  step cuda_model 120 test_model -tc='cuda*'
+  # 2. The targets, each against its bound measured in the same run.
+  step bench_decode 90 corolla bench decode --preset llama7b --weights bf16 --repeats 3
+  step bench_train 90 corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 \
+    --compute bf16
+  echo "[+$(($(date +%s) - start))s] lean done: $out/summary.json"
+  exit 0
+fi
 corolla info
 run cuda_kernels env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*'
 run cuda_model test_model -tc='cuda*'
