@@ -131,10 +131,18 @@ inline constexpr auto shaping_lookahead = std::chrono::milliseconds(2);
 
 }  // namespace detail
 
+// The transport's translation units (and only they) name these unqualified.
+using detail::bulk_token;
 using detail::clock_type;
 using detail::command;
 using detail::conn_shared;
 using detail::connection;
+using detail::current_io_owner;
+using detail::max_queue_pairs;
+using detail::receive_batch;
+using detail::router_retry;
+using detail::shaping_lookahead;
+using detail::zmq_error_text;
 
 struct zmq_transport::impl {
   impl(transport_options o, transport_events e) : opts_(std::move(o)), events_(std::move(e)) {}

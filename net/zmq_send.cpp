@@ -11,14 +11,6 @@
 
 namespace corolla::net {
 
-using detail::bulk_token;
-using detail::current_io_owner;
-using detail::max_queue_pairs;
-using detail::receive_batch;
-using detail::router_retry;
-using detail::shaping_lookahead;
-using detail::zmq_error_text;
-
 // ---- sending --------------------------------------------------------------------
 
 void zmq_transport::impl::add_pending(connection& c) {

@@ -149,6 +149,29 @@ double wait_event(caf::scoped_actor& watcher, const std::string& peer, clock_typ
   }
 }
 
+/// A node in this process linked to a `corolla node` child over a shaped
+/// link (one echo checked), with a watcher subscribed to the child's
+/// peer_down / peer_up.
+struct watched_link {
+  std::unique_ptr<node> local;
+  node_process child;
+  std::string peer;
+  caf::scoped_actor watcher;
+  explicit watched_link(const std::string& profile)
+      : local(start_local_node(profile)),
+        child(start_node_process()),
+        peer(connected(*local, child.endpoint)),
+        watcher(local->system()) {
+    check_echo(*local, peer, 1.0f);
+    local->monitor_peer(peer, caf::actor_cast<caf::actor>(watcher));
+  }
+  static std::string connected(node& n, const std::string& endpoint) {
+    auto p = n.connect(endpoint);
+    REQUIRE_MESSAGE(p, "connect to " << endpoint << ": " << error_message(p.error()));
+    return *p;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("corolla ping gets every echo back bit-exact from a corolla node process") {
@@ -176,31 +199,28 @@ TEST_CASE("corolla ping gets every echo back bit-exact from a corolla node proce
 }
 
 TEST_CASE("a 1 GiB transfer over a 1 Gbit/s link keeps the peer up and small requests pass it") {
-  auto local = start_local_node("bw=1Gbit");
-  node_process n = start_node_process();
-  auto peer = local->connect(n.endpoint);
-  REQUIRE(peer);
-  check_echo(*local, *peer, 1.0f);
-  caf::scoped_actor watcher{local->system()};
-  local->monitor_peer(*peer, caf::actor_cast<caf::actor>(watcher));
+  watched_link link("bw=1Gbit");
+  node& local = *link.local;
+  const std::string& peer = link.peer;
+  caf::scoped_actor& watcher = link.watcher;
 
-  bulk_request bulk(*local, *peer, std::size_t{1} << 30);  // about 8.6 s on the link
+  bulk_request bulk(local, peer, std::size_t{1} << 30);  // about 8.6 s on the link
   std::vector<double> small_ms;
   bool down = false;
   while (!bulk.done) {
     std::this_thread::sleep_for(300ms);
     if (bulk.done) break;
     const auto t0 = clock_type::now();
-    check_echo(*local, *peer, static_cast<float>(small_ms.size()));
+    check_echo(local, peer, static_cast<float>(small_ms.size()));
     small_ms.push_back(ms_since(t0));
-    down = down || saw_peer_down(watcher, *peer);
+    down = down || saw_peer_down(watcher, peer);
   }
-  down = down || saw_peer_down(watcher, *peer);
+  down = down || saw_peer_down(watcher, peer);
   const double bulk_s = std::chrono::duration<double>(bulk.finished - bulk.started).count();
   REQUIRE_FALSE(bulk.result);  // "no actor named 'sink'": sent only once the whole tensor was in
   CHECK(error_code(bulk.result.error()) == "unknown_actor");
   CHECK_FALSE(down);
-  CHECK(local->peer_is_up(*peer));
+  CHECK(local.peer_is_up(peer));
   REQUIRE(small_ms.size() >= 5);
   std::vector<double> sorted = small_ms;
   std::sort(sorted.begin(), sorted.end());
@@ -214,28 +234,25 @@ TEST_CASE("a 1 GiB transfer over a 1 Gbit/s link keeps the peer up and small req
 }
 
 TEST_CASE("a node process killed or hung in the middle of a large transfer is reported down within 2 s") {
-  auto local = start_local_node("bw=1Gbit");
-  node_process n = start_node_process();
-  auto peer = local->connect(n.endpoint);
-  REQUIRE(peer);
-  check_echo(*local, *peer, 1.0f);
-  caf::scoped_actor watcher{local->system()};
-  local->monitor_peer(*peer, caf::actor_cast<caf::actor>(watcher));
-  bulk_request bulk(*local, *peer, std::size_t{512} << 20);  // about 4.3 s on the link
+  watched_link link("bw=1Gbit");
+  node& local = *link.local;
+  const std::string& peer = link.peer;
+  caf::scoped_actor& watcher = link.watcher;
+  bulk_request bulk(local, peer, std::size_t{512} << 20);  // about 4.3 s on the link
   std::this_thread::sleep_for(1500ms);
   REQUIRE_FALSE(bulk.done);
   int sig = SIGKILL;
   SUBCASE("kill -9") { sig = SIGKILL; }
   SUBCASE("SIGSTOP") { sig = SIGSTOP; }
   const auto t0 = clock_type::now();
-  n.proc.signal(sig);
+  link.child.proc.signal(sig);
   std::string reason;
-  const double down_ms = wait_event<peer_down>(watcher, *peer, t0, 5s, &reason);
+  const double down_ms = wait_event<peer_down>(watcher, peer, t0, 5s, &reason);
   REQUIRE_MESSAGE(down_ms >= 0, "no peer_down within 5 s");
   MESSAGE((sig == SIGKILL ? "kill -9" : "SIGSTOP") << " during a 512 MB transfer: peer_down after " << down_ms
                                                    << " ms (" << reason << ")");
   CHECK(down_ms < 2000);
-  if (sig == SIGSTOP) n.proc.signal(SIGKILL);
+  if (sig == SIGSTOP) link.child.proc.signal(SIGKILL);
   if (bulk.worker.joinable()) bulk.worker.join();
   REQUIRE_FALSE(bulk.result);  // the request fails with the peer, it does not hang
 }
