@@ -59,6 +59,7 @@ struct link_state {
   bool ever_up = false;
 
   std::string peer;           // node id from the hello
+  std::string peer_key;       // CurveZMQ key the hello was authenticated with ("" without CurveZMQ)
   std::string peer_endpoint;  // the peer's listen endpoint from the hello
   std::string peer_nic;
   /// Warnings caused by what the peer sends (unknown actors, its error
@@ -335,6 +336,25 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
                       std::to_string(h->protocol_version) + ", node '" + st.ctx->node_id +
                       "' speaks version " + std::to_string(net::protocol_version));
   if (h->node_id.empty()) return refuse(errc::bad_message, "hello without a node id");
+  // Under CurveZMQ a node id belongs to the key that first presented it:
+  // the key that authenticated an accepted connection (a hello over the
+  // connection's RDMA path carries none: the connection's), or the one
+  // dialled.
+  const bool accepted = st.args.role == link_role::accepted;
+  std::string key = accepted ? m.peer_key : st.args.server_key;
+  if (accepted && key.empty()) key = st.peer_key;
+  if (st.ctx->settings.curve && accepted && key.empty())
+    return refuse(errc::auth_refused, "hello without a CurveZMQ key on a connection that must have one");
+  if (!key.empty()) {
+    const std::string owner = st.ctx->directory.bind_key(h->node_id, key);
+    if (owner.empty())
+      return refuse(errc::auth_refused, "CurveZMQ key " + key.substr(0, 8) + "... already speaks for " +
+                                            std::to_string(registry::max_ids_per_key) + " node ids");
+    if (owner != key)
+      return refuse(errc::auth_refused, "node id '" + h->node_id + "' belongs to CurveZMQ key " + owner.substr(0, 8) +
+                                            "..., not to " + key.substr(0, 8) + "...");
+    st.peer_key = key;
+  }
   if (!st.peer.empty() && st.peer != h->node_id) {
     // The process behind the endpoint changed identity (restarted without a
     // fixed node id): the old peer is gone for good.
@@ -404,6 +424,15 @@ caf::error check_peer_accepts(const link_state& st, const remote_message& rm) {
 void on_request(link_actor* self, net::message& m) {
   auto& st = self->state;
   const bool is_request = m.kind == net::message_kind::request;
+  // Who sent it is who said hello on this link: a message naming another
+  // node is forged (it would pass for that node's with the actors that
+  // check, e.g. a swarm session's owner) and is refused.
+  if (!m.sender_node.empty() && m.sender_node != st.peer) {
+    const std::string why = "message names node '" + m.sender_node + "' but this link's hello came from '" + st.peer + "'";
+    if (st.peer_log.allow()) spdlog::warn("{} from {}: {}{}", net::kind_name(m.kind), st.label(), why, st.peer_log.note());
+    send_error(self, is_request ? m.correlation_id : 0, errc_name(errc::bad_message), why);
+    return;
+  }
   auto target = st.ctx->directory.find(m.target_actor);
   if (!target) {
     const std::string why = "no actor named '" + m.target_actor + "' on node '" + st.ctx->node_id + "'";
@@ -417,7 +446,7 @@ void on_request(link_actor* self, net::message& m) {
   rm.body = std::move(m.body);
   rm.tensors = std::move(m.tensors);
   rm.encodings = std::move(m.encodings);
-  rm.from_node = m.sender_node.empty() ? st.peer : m.sender_node;
+  rm.from_node = st.peer;
   rm.from_actor = std::move(m.sender_actor);
   if (!is_request) {
     caf::anon_send(target, std::move(rm));

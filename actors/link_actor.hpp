@@ -67,6 +67,9 @@ struct link_args {
   /// Outgoing: how long the first hello exchange may take before the link
   /// gives up (its hello waiters get errc::handshake_timeout).
   std::chrono::milliseconds connect_timeout{5000};
+  /// Outgoing under CurveZMQ: the peer's public key (Z85) that was dialled;
+  /// the node id in its hello must belong to that key.
+  std::string server_key;
 };
 
 /// Spawns a link actor for `args.conn` and records it in the directory as

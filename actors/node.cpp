@@ -54,7 +54,9 @@ net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
     link_args args;
     args.role = link_role::accepted;
     args.conn = conn;
-    args.endpoint = routing_id.empty() ? "connection " + std::to_string(conn) : routing_id;
+    // Routing ids the ROUTER made up (CurveZMQ peers present none) start
+    // with a zero byte: no label.
+    args.endpoint = routing_id.empty() || routing_id[0] == '\0' ? "connection " + std::to_string(conn) : routing_id;
     return spawn_link(owner, std::move(args));
   };
   ev.on_message = [live, link_for](net::connection_id conn, net::message&& m) {
@@ -238,6 +240,7 @@ caf::expected<caf::actor> node::connect_async(const std::string& endpoint, conne
   args.endpoint = endpoint;
   args.profile = options.link_profile;
   args.connect_timeout = options.timeout;
+  if (ctx_->settings.curve) args.server_key = options.server_key;
   try {
     args.conn = transport->connect(endpoint, options.server_key);
   } catch (const std::exception& e) {

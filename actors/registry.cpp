@@ -163,6 +163,16 @@ bool registry::peer_is_up(const std::string& peer) const {
   return p != peers_.end() && any_up(p->second);
 }
 
+std::string registry::bind_key(const std::string& peer, const std::string& key) {
+  std::lock_guard lock(mutex_);
+  if (auto it = keys_.find(peer); it != keys_.end()) return it->second;
+  int& ids = ids_per_key_[key];
+  if (ids >= max_ids_per_key) return "";
+  ++ids;
+  keys_.emplace(peer, key);
+  return key;
+}
+
 // -- subscriptions -----------------------------------------------------------
 
 void registry::subscribe(const std::string& peer, const caf::actor& subscriber) {
@@ -231,6 +241,8 @@ void registry::clear() {
   peers_.clear();
   subscribers_.clear();
   proxies_.clear();
+  keys_.clear();
+  ids_per_key_.clear();
 }
 
 }  // namespace corolla

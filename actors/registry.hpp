@@ -73,6 +73,13 @@ class registry {
   std::vector<std::string> peers() const;
   /// Whether `peer` has a link that is up.
   bool peer_is_up(const std::string& peer) const;
+  /// CurveZMQ: binds node id `peer` to public key `key` unless it is bound
+  /// already; returns the key it is bound to (the first one presented, for
+  /// the node's lifetime), or "" when `peer` is new and `key` already
+  /// speaks for max_ids_per_key node ids (bounded memory against a peer
+  /// inventing ids).
+  std::string bind_key(const std::string& peer, const std::string& key);
+  static constexpr int max_ids_per_key = 8;
 
   // -- peer failure subscriptions --------------------------------------------
 
@@ -110,6 +117,8 @@ class registry {
   std::map<std::string, std::vector<peer_link>> peers_;
   std::map<std::string, std::vector<caf::actor_addr>> subscribers_;  // weak: a dead subscriber is skipped
   std::map<std::pair<std::string, std::string>, caf::actor> proxies_;
+  std::map<std::string, std::string> keys_;  ///< node id -> CurveZMQ key
+  std::map<std::string, int> ids_per_key_;
 };
 
 }  // namespace corolla

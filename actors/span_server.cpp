@@ -82,6 +82,9 @@ struct span_server_state {
   std::shared_ptr<span_engine> retiring;
   span_server_options options;
   std::unordered_map<std::string, clock_type::time_point> last_used;
+  /// The node that opened each session ("" for this process): only it may
+  /// step or close the session. Entries of ended sessions go in expire_idle.
+  std::unordered_map<std::string, std::string> owners;
   std::vector<queued_step> queue;
   /// Seconds per block of a one-row step (moving average over batches).
   double step_s_per_block = 0;
@@ -294,11 +297,22 @@ void expire_early(span_server_state& st) {
   }
 }
 
+/// A session belongs to the node that opened it: every server of a route
+/// learns the next hop's session id, so ids are no secret. A step or close
+/// from another node is refused (the session is untouched); an id that is
+/// not open gets the request's usual answer.
+caf::error check_owner(const span_server_state& st, const std::string& session, const std::string& from) {
+  auto it = st.owners.find(session);
+  if (it == st.owners.end() || it->second == from) return {};
+  return error_from_wire("not_owner", "session '" + session + "' belongs to the node that opened it");
+}
+
 void on_step(span_server_actor* self, remote_message& m, caf::response_promise& rp) {
   auto& st = self->state;
   auto step = decode_span_step(m.body);
   if (!step) return rp.deliver(step.error());
   const std::string session = step->session_id;
+  if (auto err = check_owner(st, session, m.from_node)) return rp.deliver(std::move(err));
   if (step->await_push) {
     if (!m.tensors.empty() || step->step_id == 0)
       return rp.deliver(make_error(errc::bad_message, "a span.step awaiting a push carries no tensor and a step id"));
@@ -418,6 +432,13 @@ void expire_idle(span_server_actor* self) {
   }
   release_retiring(st);
   expire_early(st);
+  // Owners of sessions that ended any way (closed, expired, ended by a
+  // second move) are forgotten, so a later session may reuse the id.
+  for (auto it = st.owners.begin(); it != st.owners.end();) {
+    const bool open = st.engine->session_length(it->first) ||
+                      (st.retiring && st.retiring->session_length(it->first));
+    it = open ? std::next(it) : st.owners.erase(it);
+  }
 }
 
 caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_ptr<span_engine> engine,
@@ -447,16 +468,23 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
             return rp.deliver(make_error(errc::bad_message,
                                          "span.open carries one tensor exactly when deepPrompts is set (got " +
                                              std::to_string(m.tensors.size()) + ")"));
+          // An id still open anywhere (also on the blocks before a move,
+          // where the engine would not see it) is taken.
+          if (st.owners.count(o->session_id))
+            return rp.deliver(error_from_wire("duplicate_session", "session '" + o->session_id + "' is already open"));
           const Tensor prompts = o->deep_prompts ? m.tensors[0] : Tensor();
           if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last, prompts); !r)
             return rp.deliver(to_caf(r.error()));
           st.last_used[o->session_id] = clock_type::now();
+          st.owners[o->session_id] = m.from_node;
           return rp.deliver(answer(span_request::open, encode_body(info_of(st))));
         }
         if (m.type == span_request::close) {
           auto id = decode_span_close(m.body);
           if (!id) return rp.deliver(id.error());
+          if (auto err = check_owner(st, *id, m.from_node)) return rp.deliver(std::move(err));
           st.last_used.erase(*id);
+          st.owners.erase(*id);
           end_wait(st, *id, "unknown_session", "session " + *id + " was closed");
           drop_early(st, *id);
           if (auto r = engine_of(st, *id).close_session(*id); !r) return rp.deliver(to_caf(r.error()));

@@ -253,8 +253,13 @@ int run_serve(const serve_args& a) {
   record.state = net::member_state::online;
   const double bps = link_bps(a);
   set_speed(record, step_s, last - first, bps, static_cast<int>(cfg.hidden_size));
-  spdlog::info("serve: one-row step {:.2f} ms over {} block(s), link {:.0f} Mbit/s{}: announcing {:.1f} tokens/s",
-               step_s * 1e3, last - first, bps / 1e6, bps > 0 ? "" : " (unknown)", record.throughput);
+  if (bps > 0)
+    spdlog::info("serve: one-row step {:.2f} ms over {} block(s), link {:.0f} Mbit/s: announcing {:.1f} tokens/s",
+                 step_s * 1e3, last - first, bps / 1e6, record.throughput);
+  else
+    spdlog::info("serve: one-row step {:.2f} ms over {} block(s), link speed unknown: announcing the compute "
+                 "figure, {:.1f} tokens/s",
+                 step_s * 1e3, last - first, record.throughput);
   record.cache_tokens_left = engine->cache_tokens_left();
   if (members)
     if (auto err = members->update(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));

@@ -84,6 +84,17 @@ caf::expected<fragment_header> decode_fragment_header(const void* data, std::siz
 
 reassembler::reassembler(decode_limits limits) : limits_(limits) {}
 
+void reassembler::expire(std::chrono::steady_clock::time_point now) {
+  for (auto it = partial_.begin(); it != partial_.end();) {
+    if (now - it->second.last < partial_ttl) {
+      ++it;
+      continue;
+    }
+    reserved_ -= it->second.total;
+    it = partial_.erase(it);
+  }
+}
+
 void reassembler::clear() {
   partial_.clear();
   reserved_ = 0;
@@ -126,8 +137,11 @@ caf::expected<std::optional<std::vector<in_frame>>> reassembler::add(std::span<c
   if (parts.empty()) return fail("no frames");
   auto h = decode_fragment_header(parts[0].data, parts[0].size);
   if (!h) return h.error();
+  const auto now = std::chrono::steady_clock::now();
   auto it = partial_.find(h->message_id);
   if (h->position == 0) {
+    expire(now);
+    it = partial_.find(h->message_id);
     // A first fragment. One with a known id means the sender started over
     // (a restarted process behind the same routing id): the old one is dead.
     if (it != partial_.end()) {
@@ -179,6 +193,7 @@ caf::expected<std::optional<std::vector<in_frame>>> reassembler::add(std::span<c
     }
   }
   p.received = pos;
+  p.last = now;
   if (p.received < p.total) return std::optional<std::vector<in_frame>>{};
   std::vector<in_frame> frames;
   frames.reserve(p.sizes.size());

@@ -13,6 +13,7 @@
 // check apply to the reassembled message as to an unfragmented one.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -68,6 +69,9 @@ class reassembler {
   /// them will not come).
   void clear();
 
+  /// How long an incomplete message may go without a fragment.
+  static constexpr std::chrono::seconds partial_ttl{120};
+
   /// Incomplete messages held, and the bytes reserved for them.
   std::size_t partial_messages() const { return partial_.size(); }
   std::size_t reserved_bytes() const { return reserved_; }
@@ -77,7 +81,12 @@ class reassembler {
     std::vector<std::shared_ptr<unsigned char>> buffers;  ///< one per frame
     std::vector<std::uint64_t> sizes;
     std::uint64_t total = 0, received = 0;
+    std::chrono::steady_clock::time_point last{};  ///< when its last fragment came
   };
+  /// Drops messages that got no fragment for partial_ttl (their sender gave
+  /// them up without the connection dropping), so they cannot hold the
+  /// limits forever.
+  void expire(std::chrono::steady_clock::time_point now);
   caf::error start(std::uint64_t id, const std::vector<std::uint64_t>& sizes, partial& p) const;
 
   decode_limits limits_;

@@ -59,6 +59,10 @@ struct message {
   std::uint64_t sent_at_ns = 0;     ///< sender's steady clock, for RTT
   std::string error_code;           ///< kind == error: machine-readable code
   std::string error_message;        ///< kind == error / hello_reject: for humans
+  /// Receiving side only, never on the wire: the CurveZMQ public key (Z85)
+  /// that authenticated the connection this message arrived on, for
+  /// messages a listening node received under CurveZMQ; "" otherwise.
+  std::string peer_key;
 };
 
 /// Lower-case name of a kind ("request"), for logs and errors.

@@ -60,6 +60,11 @@ class outbox {
   /// of `fragment_bytes` (0: never fragment).
   explicit outbox(std::size_t fragment_bytes = std::size_t{1} << 20);
 
+  /// Changes the fragment size for what is pushed and cut from now on (a
+  /// large message already started goes on in pieces of the new size).
+  void set_fragment_bytes(std::size_t n) { fragment_bytes_ = n; }
+  std::size_t fragment_bytes() const { return fragment_bytes_; }
+
   void push(out_message&& m);
   bool empty() const { return q_.empty(); }
   /// Messages waiting (a large one counts once until its last fragment left).

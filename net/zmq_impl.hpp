@@ -107,6 +107,7 @@ struct connection {
   /// shaped delivery time or for ZeroMQ to take them.
   std::deque<out_message> pending;
   std::size_t pending_fragments = 0;  ///< fragments in `pending`
+  std::size_t max_pending_fragments = 2;  ///< shaped: how many may wait there (set_link)
   reassembler in;                     ///< fragmented messages arriving
   std::shared_ptr<conn_shared> shared;
   log_limiter bad_log;  ///< "dropped a bad message" lines from this connection
@@ -128,6 +129,10 @@ inline constexpr std::size_t max_queue_pairs = 256;
 /// ahead of the time it frees up: a small message sent meanwhile waits at
 /// most this plus one fragment's transmission time.
 inline constexpr auto shaping_lookahead = std::chrono::milliseconds(2);
+/// On a shaped link, fragments are sized to take about this long on it
+/// (within [min_fragment_bytes, transport_options::fragment_bytes]).
+inline constexpr auto fragment_airtime = std::chrono::microseconds(8500);
+inline constexpr std::size_t min_fragment_bytes = 64 * 1024;
 
 }  // namespace detail
 
@@ -138,6 +143,8 @@ using detail::command;
 using detail::conn_shared;
 using detail::connection;
 using detail::current_io_owner;
+using detail::fragment_airtime;
+using detail::min_fragment_bytes;
 using detail::max_queue_pairs;
 using detail::receive_batch;
 using detail::router_retry;
@@ -204,6 +211,8 @@ struct zmq_transport::impl {
   /// Whether the loop ends: stop() was asked for and no connection is still
   /// draining (they get their drain time first).
   bool stop_now();
+  /// Sets the shaping of `c` (and the fragment size that suits it).
+  void set_link(connection& c, const link_profile& p);
   void enqueue(connection& c, out_message&& m, clock_type::time_point now);
   /// Moves what may go now from the connection's outbox onto its link
   /// (`pending`), shaping each unit: every small message that may go, and
@@ -222,6 +231,9 @@ struct zmq_transport::impl {
   void register_shared(connection_id id, std::shared_ptr<conn_shared> s);
   void unregister_shared(connection_id id);
   void apply_common_options(void* socket) const;
+  /// Whether DEALERs present the node's identity as their routing id (not
+  /// under CurveZMQ: see open_dealer).
+  bool presents_identity() const { return !opts_.identity.empty() && !opts_.curve.enabled; }
   std::string attach_monitor(void* socket, const std::string& name, void*& monitor);
   /// Closes the socket; ZeroMQ may still send what it holds for
   /// `linger` (0: dropped at once).

@@ -108,8 +108,7 @@ connection* zmq_transport::impl::incoming_for(const std::string& routing_id, int
     c->id = next_id_.fetch_add(1);
     c->routing_id = routing_id;
     c->shaper = link_shaper(opts_.default_profile, opts_.shaping_seed + c->id);
-    c->shaped = !opts_.default_profile.unshaped();
-    c->out = outbox(opts_.fragment_bytes);
+    set_link(*c, opts_.default_profile);
     c->in = reassembler(opts_.limits);
     c->shared = std::make_shared<conn_shared>();
     c->established = true;
@@ -237,6 +236,11 @@ void zmq_transport::impl::receive_from(void* socket, connection* dealer) {
         }
         messages_received_.fetch_add(1, std::memory_order_relaxed);
         c->delivered = true;
+        if (!dealer && opts_.curve.enabled) {
+          // ZAP made the client's key the connection's user id (curve.cpp).
+          if (const char* key = zmq_msg_gets(static_cast<zmq_msg_t*>(parts[first_frame]->msg()), "User-Id"))
+            decoded->peer_key = key;
+        }
         notify(events_.on_message, "on_message", c->id, std::move(*decoded));
         continue;
       }

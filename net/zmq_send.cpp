@@ -4,6 +4,7 @@
 // path, and the RDMA path's control messages. I/O thread only.
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,29 @@ void zmq_transport::impl::add_pending(connection& c) {
   if (c.listed) return;
   c.listed = true;
   with_pending_.push_back(&c);
+}
+
+void zmq_transport::impl::set_link(connection& c, const link_profile& p) {
+  c.shaper.set_profile(p);
+  c.shaped = !p.unshaped();
+  // On a link whose rate is known (an emulated profile), a fragment takes
+  // about fragment_airtime to transmit, so a small message never waits
+  // longer than that behind one: 1 Gbit/s keeps the configured 1 MiB,
+  // 100 Mbit/s gets 64 KiB pieces. The rate of a real NIC path is unknown
+  // here: the configured size.
+  std::size_t bytes = opts_.fragment_bytes;
+  if (bytes > 0 && p.bandwidth_bps > 0) {
+    const double airtime_bytes = p.bandwidth_bps / 8 * std::chrono::duration<double>(fragment_airtime).count();
+    bytes = std::clamp(static_cast<std::size_t>(airtime_bytes), std::min(min_fragment_bytes, bytes), bytes);
+  }
+  c.out.set_fragment_bytes(bytes);
+  // Fragments in flight on the emulated link: its bandwidth-delay product
+  // (two without a bandwidth limit, where only the latency holds them).
+  c.max_pending_fragments = 2;
+  if (bytes > 0 && p.bandwidth_bps > 0) {
+    const double delay_s = p.latency_s + p.jitter_s + std::chrono::duration<double>(shaping_lookahead).count();
+    c.max_pending_fragments += static_cast<std::size_t>(std::ceil(p.bandwidth_bps / 8 * delay_s / static_cast<double>(bytes)));
+  }
 }
 
 void zmq_transport::impl::enqueue(connection& c, out_message&& m, clock_type::time_point now) {
@@ -34,13 +58,24 @@ void zmq_transport::impl::pump(connection& c, clock_type::time_point now) {
     // (shaped) the emulated link frees up within the lookahead, or
     // (unshaped) the last one has reached ZeroMQ: so whatever is sent next
     // waits behind at most about a window of bytes.
+    // (A shaped link also holds at most its bandwidth-delay product of
+    // them waiting for their delivery time: with no bandwidth limit the
+    // link never looks busy.)
     const bool room = c.shared->bulk_in_zmq.load(std::memory_order_relaxed) < bulk_window_ &&
-                      (c.shaped ? c.shaper.link_free() <= now + shaping_lookahead : c.pending_fragments == 0);
+                      (c.shaped ? c.shaper.link_free() <= now + shaping_lookahead &&
+                                      c.pending_fragments < c.max_pending_fragments
+                                : c.pending_fragments == 0);
     // The RDMA path moves a large message without holding up the rest.
-    const bool fragment = !(c.rdma && c.rdma->sending());
-    auto unit = c.out.next(room, fragment);
+    const bool rdma = c.rdma && c.rdma->sending();
+    auto unit = c.out.next(room, !rdma);
     if (!unit) return;
-    // Shaped from the moment send() was called, not when this thread got it.
+    // The path is chosen here, not when the unit leaves `pending`: a unit
+    // queued before the RDMA path came up stays on ZeroMQ, in order with the
+    // fragments after it (which always go over ZeroMQ).
+    if (!rdma) unit->tcp_only = true;
+    // Shaped from the moment send() was called, not when this thread got it;
+    // a fragment from now (its message may have waited for the link).
+    if (unit->fragment) unit->due = std::max(unit->due, now);
     unit->due = c.shaped ? c.shaper.schedule(unit->bytes, unit->due) : now;
     if (unit->fragment) ++c.pending_fragments;
     c.pending.push_back(std::move(*unit));

@@ -341,8 +341,7 @@ void zmq_transport::impl::run_commands() {
         case command::op::set_profile: {
           auto it = conns_.find(cmd.conn);
           if (it == conns_.end()) break;
-          it->second->shaper.set_profile(cmd.profile);
-          it->second->shaped = !cmd.profile.unshaped();
+          set_link(*it->second, cmd.profile);
           break;
         }
         case command::op::close:
@@ -372,8 +371,7 @@ void zmq_transport::impl::open_dealer(command& cmd) {
   c->endpoint = cmd.endpoint;
   c->shared = cmd.shared;
   c->shaper = link_shaper(opts_.default_profile, opts_.shaping_seed + c->id);
-  c->shaped = !opts_.default_profile.unshaped();
-  c->out = outbox(opts_.fragment_bytes);
+  set_link(*c, opts_.default_profile);
   c->in = reassembler(opts_.limits);
 
   auto fail = [&](const std::string& why) {
@@ -390,7 +388,13 @@ void zmq_transport::impl::open_dealer(command& cmd) {
   // it reconnects) must queue in the pipe, not fail.
   detail::set_int_option(c->socket, ZMQ_RECONNECT_IVL, 100);
   detail::set_int_option(c->socket, ZMQ_RECONNECT_IVL_MAX, 1000);
-  if (!opts_.identity.empty()) {
+  // Under CurveZMQ a DEALER presents no routing id: the peer's ROUTER makes
+  // one up (a zero byte first, which no peer may present itself), so no
+  // other key can take this connection over by presenting the same id
+  // (ROUTER handover); identities are proven at the hello instead. Without
+  // CurveZMQ the node id is the routing id, and a restarted node takes its
+  // old slot over.
+  if (presents_identity()) {
     // A second connection of this node to the same peer needs its own
     // routing id (the peer's ROUTER would hand the first one over to it);
     // the first keeps the plain identity so a restarted node takes over.
@@ -408,11 +412,11 @@ void zmq_transport::impl::open_dealer(command& cmd) {
     zmq_setsockopt(c->socket, ZMQ_CURVE_SECRETKEY, opts_.curve.secret_key.data(), 40);
   }
   if (auto err = attach_monitor(c->socket, std::to_string(c->id), c->monitor); !err.empty()) {
-    if (!opts_.identity.empty()) suffixes_[cmd.endpoint].erase(c->suffix);
+    if (presents_identity()) suffixes_[cmd.endpoint].erase(c->suffix);
     return fail(err);
   }
   if (zmq_connect(c->socket, cmd.endpoint.c_str()) != 0) {
-    if (!opts_.identity.empty()) suffixes_[cmd.endpoint].erase(c->suffix);
+    if (presents_identity()) suffixes_[cmd.endpoint].erase(c->suffix);
     return fail(zmq_error_text("zmq_connect"));
   }
   spdlog::debug("zmq transport: connection {} connecting to {}", c->id, cmd.endpoint);
@@ -458,7 +462,7 @@ void zmq_transport::impl::close_connection(connection_id id, std::chrono::millis
   c.shared->closed.store(true);
   if (c.outgoing) {
     close_socket(c.socket, c.monitor, linger);
-    if (!opts_.identity.empty()) {
+    if (presents_identity()) {
       auto used = suffixes_.find(c.endpoint);
       if (used != suffixes_.end()) {
         used->second.erase(c.suffix);

@@ -54,7 +54,9 @@ struct transport_options {
   /// Endpoint to bind, e.g. "tcp://127.0.0.1:0" (port 0 = any free port;
   /// endpoint() reports the chosen one). Empty = connect-only.
   std::string listen = "tcp://127.0.0.1:0";
-  /// Routing id this node presents on its outgoing connections (its node id).
+  /// Routing id this node presents on its outgoing connections (its node
+  /// id). Not presented under CurveZMQ: the peer's ROUTER makes one up, so
+  /// no other key can take a connection over by presenting the same id.
   std::string identity;
   /// Messages queued per socket by ZeroMQ; the transport itself holds at
   /// most as many again per connection (shaping delay, a full socket) before

@@ -126,8 +126,9 @@ std::vector<int> uncovered_blocks(const swarm_state& swarm) {
 }
 
 double announced_throughput(double compute_tokens_per_s, int n_blocks, double network_tokens_per_s) {
-  if (n_blocks <= 0 || !(compute_tokens_per_s > 0) || !(network_tokens_per_s > 0)) return 0.0;
-  return std::min(compute_tokens_per_s / n_blocks, network_tokens_per_s);
+  if (n_blocks <= 0 || !(compute_tokens_per_s > 0)) return 0.0;
+  const double compute = compute_tokens_per_s / n_blocks;
+  return network_tokens_per_s > 0 ? std::min(compute, network_tokens_per_s) : compute;
 }
 
 swarm_state with_server_moved(const swarm_state& swarm, const server_id& id, block_span span) {

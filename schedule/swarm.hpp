@@ -180,8 +180,11 @@ std::vector<int> uncovered_blocks(const swarm_state& swarm);
 /// min(compute_tokens_per_s / n_blocks, network_tokens_per_s), where
 /// compute_tokens_per_s is its measured forward rate through ONE block and
 /// network_tokens_per_s the hidden states per second its link carries
-/// (bandwidth / bytes per hidden state). Returns 0 for n_blocks <= 0 or
-/// non-positive rates.
+/// (bandwidth / bytes per hidden state). A network rate of 0 means unknown
+/// (the NIC's speed cannot be read: VMs, Wi-Fi, many consumer machines):
+/// the compute figure alone, never 0, so such servers still count in block
+/// selection and rebalancing. Returns 0 for n_blocks <= 0 or a non-positive
+/// compute rate.
 double announced_throughput(double compute_tokens_per_s, int n_blocks,
                             double network_tokens_per_s);
 

@@ -20,11 +20,13 @@ namespace corolla::testing {
 
 class raw_peer {
  public:
-  /// Starts a transport listening on `listen` ("" = connect-only) under `id`.
-  explicit raw_peer(std::string id, std::string listen = "") : id_(std::move(id)) {
+  /// Starts a transport listening on `listen` ("" = connect-only) under `id`
+  /// (its routing id), with CurveZMQ when `curve.enabled`.
+  explicit raw_peer(std::string id, std::string listen = "", net::curve_options curve = {}) : id_(std::move(id)) {
     net::transport_options o;
     o.listen = std::move(listen);
     o.identity = id_;
+    o.curve = std::move(curve);
     net::transport_events ev;
     ev.on_message = [this](net::connection_id conn, net::message&& m) {
       std::lock_guard lock(mutex_);
@@ -39,11 +41,12 @@ class raw_peer {
   net::zmq_transport& transport() { return *transport_; }
   const std::string& id() const { return id_; }
 
-  /// A hello (or hello_ack) of this peer speaking `version`.
-  net::message hello(net::message_kind kind, std::uint32_t version) const {
+  /// A hello (or hello_ack) of this peer speaking `version`, claiming node
+  /// id `claimed` ("" = its own id).
+  net::message hello(net::message_kind kind, std::uint32_t version, const std::string& claimed = "") const {
     net::hello_info h;
     h.protocol_version = version;
-    h.node_id = id_;
+    h.node_id = claimed.empty() ? id_ : claimed;
     h.listen_endpoint = transport_->endpoint();
     h.nic_class = "ethernet";
     net::message m;

@@ -461,6 +461,81 @@ TEST_CASE("a key outside the peer's CurveZMQ allow-list fails connect at once wi
   MESSAGE(error_message(refused.error()));
 }
 
+TEST_CASE("under CurveZMQ a node id belongs to its key: another allowed key can neither claim it nor take its connection") {
+  testing::temp_dir_guard keys("node-curve-id");
+  const auto server_keys = net::load_curve_dir((keys.path() / "server").string());
+  const auto friend_keys = net::load_curve_dir((keys.path() / "friend").string());
+  const auto impostor_keys = net::load_curve_dir((keys.path() / "impostor").string());
+  {
+    std::ofstream allowed(keys.path() / "server" / "allowed", std::ios::app);
+    allowed << friend_keys.public_key << "\n" << impostor_keys.public_key << "\n";
+  }
+  node_options so;
+  so.curve_dir = (keys.path() / "server").string();
+  auto server = start_node(so);
+  node_options fo;
+  fo.curve_dir = (keys.path() / "friend").string();
+  fo.node_id = "n-friend";
+  auto friend_node = start_node(fo);
+  connect_options to_server;
+  to_server.server_key = server_keys.public_key;
+  auto ok = friend_node->connect(server->endpoint(), to_server);
+  REQUIRE_MESSAGE(ok, error_message(ok.error()));
+  auto friend_echo = [&](float v) {
+    remote_message e;
+    e.type = "echo";
+    e.tensors = {Tensor::from_f32(std::vector<float>{v}, {1})};
+    auto r = friend_node->request(*ok, "echo", e, 5s);
+    REQUIRE_MESSAGE(r, error_message(r.error()));
+    CHECK(r->tensors.at(0).to_vector() == std::vector<float>{v});
+  };
+  friend_echo(1.0f);
+
+  net::curve_options impostor_curve = impostor_keys;
+  SUBCASE("a hello claiming the friend's node id under another key is refused") {
+    testing::raw_peer impostor("n-impostor", "", impostor_curve);
+    const auto conn = impostor.transport().connect(server->endpoint(), server_keys.public_key);
+    REQUIRE(impostor.transport().send(conn, impostor.hello(net::message_kind::hello, net::protocol_version, "n-friend")));
+    auto reject = impostor.wait_for(net::message_kind::hello_reject, 5s);
+    REQUIRE_MESSAGE(reject, "no hello_reject for the impostor");
+    CHECK(reject->second.error_code == "auth_refused");
+    CHECK(reject->second.error_message.find("node id 'n-friend' belongs to CurveZMQ key " +
+                                            friend_keys.public_key.substr(0, 8)) != std::string::npos);
+    MESSAGE("impostor refused: " << reject->second.error_message);
+  }
+  SUBCASE("a connection presenting the friend's node id as its routing id takes nothing over") {
+    // Under CurveZMQ the friend presents no routing id (the server's ROUTER
+    // made one up), so this one is just another connection, and its hello
+    // is refused as above.
+    testing::raw_peer impostor("n-friend", "", impostor_curve);
+    const auto conn = impostor.transport().connect(server->endpoint(), server_keys.public_key);
+    REQUIRE(impostor.transport().send(conn, impostor.hello(net::message_kind::hello, net::protocol_version)));
+    auto reject = impostor.wait_for(net::message_kind::hello_reject, 5s);
+    REQUIRE_MESSAGE(reject, "no hello_reject for the impostor");
+    CHECK(reject->second.error_code == "auth_refused");
+  }
+  SUBCASE("a message naming the friend's node on the impostor's own link is refused") {
+    testing::raw_peer impostor("n-impostor", "", impostor_curve);
+    const auto conn = impostor.transport().connect(server->endpoint(), server_keys.public_key);
+    REQUIRE(impostor.transport().send(conn, impostor.hello(net::message_kind::hello, net::protocol_version)));
+    REQUIRE(impostor.wait_for(net::message_kind::hello_ack, 5s));
+    net::message forged;
+    forged.kind = net::message_kind::request;
+    forged.sender_node = "n-friend";
+    forged.target_actor = "echo";
+    forged.type = "echo";
+    forged.correlation_id = 7;
+    REQUIRE(impostor.transport().send(conn, forged));
+    auto err = impostor.wait_for(net::message_kind::error, 5s);
+    REQUIRE_MESSAGE(err, "no error for the forged request");
+    CHECK(err->second.error_code == "bad_message");
+    CHECK(err->second.error_message.find("names node 'n-friend'") != std::string::npos);
+  }
+  // The friend's link and identity are untouched either way.
+  CHECK(server->peer_is_up("n-friend"));
+  friend_echo(2.0f);
+}
+
 TEST_CASE("heartbeats measure the round-trip time of a link") {
   auto a = start_node(fast_options());
   auto b = start_node(fast_options());

@@ -304,4 +304,51 @@ TEST_CASE("a newer step of a session ends its older wait, and a late push for th
   CHECK(same_bits(new_wait->tensors.at(0), *want));
 }
 
+
+TEST_CASE("a session belongs to the node that opened it: another node's step and close are refused") {
+  push_fixture f;
+  f.open("owned");
+  // Server a learns b's session id from every pushing step; here a plain
+  // node plays a peer that learnt it and tries to use the session.
+  auto stranger = start_node();
+  auto to_b = stranger->connect(f.b->endpoint());
+  REQUIRE(to_b);
+  auto stranger_call = [&](const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {}) {
+    remote_message m;
+    m.type = type;
+    m.body = std::move(body);
+    m.tensors = std::move(tensors);
+    return stranger->request(*to_b, "span", std::move(m), 10s);
+  };
+  auto refused = [](const caf::expected<remote_message>& r) {
+    REQUIRE_FALSE(r);
+    CHECK(error_code(r.error()) == "not_owner");
+    CHECK(error_message(r.error()).find("owned") != std::string::npos);
+  };
+  const Tensor x = random_rows(2, f.D, 5);
+  refused(stranger_call(span_request::step, encode_body(span_step{.session_id = "owned", .start = 0, .step_id = 1}), {x}));
+  span_step wait = f.awaiting("owned", 0, 1, 100);
+  refused(stranger_call(span_request::step, encode_body(wait)));
+  refused(stranger_call(span_request::close, encode_close_body("owned")));
+
+  // The owner's session is untouched: empty, open, and its steps equal the reference's.
+  auto info = f.call(f.b_id, span_request::info, {});
+  REQUIRE(info);
+  auto i = decode_span_info(info->body);
+  REQUIRE(i);
+  CHECK(i->sessions == 1);
+  auto mine = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "owned", .start = 0, .step_id = 1}), {x});
+  REQUIRE_MESSAGE(mine, error_message(mine.error()));
+  auto want = f.ref_b->inference_step("owned", x, 0, 1);
+  REQUIRE(want);
+  CHECK(same_bits(mine->tensors.at(0), *want));
+  // A session id nobody opened still gets the usual answer, and the owner may close.
+  auto none = stranger_call(span_request::step, encode_body(span_step{.session_id = "nobody", .start = 0, .step_id = 1}), {x});
+  REQUIRE_FALSE(none);
+  CHECK(error_code(none.error()) == "unknown_session");
+  REQUIRE(f.call(f.b_id, span_request::close, encode_close_body("owned")));
+  // Once closed, the id is free again, for anyone.
+  REQUIRE(stranger_call(span_request::open, encode_body(span_open{"owned", 16})));
+}
+
 }  // namespace corolla

@@ -398,3 +398,32 @@ TEST_CASE("a raw peer's bad fragments are dropped with a reason and the connecti
   REQUIRE(a->send(to_b, make_message(message_kind::oneway, 6)));
   CHECK(rb.wait_messages(2));
 }
+
+TEST_CASE("on a slow shaped link fragments shrink to about 8.5 ms of transmission each") {
+  transport_recorder ra, rb;
+  auto a = start_transport(loopback_options("slow-a"), ra);
+  auto b = start_transport(loopback_options("slow-b"), rb);
+  const connection_id to_b = a->connect(b->endpoint());
+  REQUIRE(a->send(to_b, make_message(message_kind::oneway, 1)));
+  REQUIRE_MESSAGE(rb.wait_messages(1), "the first message did not arrive");
+  a->set_profile(to_b, parse_link_profile("bw=100Mbit"));
+
+  message big = tensor_message(100, 1 << 20, 1.0f);  // 4 MiB: about 335 ms at 100 Mbit/s
+  big.kind = message_kind::oneway;
+  const auto t0 = shaping_clock::now();
+  REQUIRE(a->send(to_b, big));
+  message small = make_message(message_kind::request, 200);
+  small.sender_actor.clear();
+  REQUIRE(a->send(to_b, small));
+  const auto sent_small = shaping_clock::now();
+  REQUIRE_MESSAGE(rb.wait_messages(3, 10s), "not every message arrived");
+  std::lock_guard<std::mutex> lock(rb.mu);
+  CHECK(rb.messages[1].msg.correlation_id == 200);
+  CHECK(rb.messages[2].msg.correlation_id == 100);
+  const double small_ms = ms(rb.messages[1].at - sent_small), big_ms = ms(rb.messages[2].at - t0);
+  MESSAGE("4 MiB at 100 Mbit/s: " << big_ms << " ms in " << a->stats().fragments_sent
+                                  << " fragments; a small message sent after it arrived in " << small_ms << " ms");
+  // 104 KiB pieces: about 40 of them (1 MiB pieces would be 4, at 84 ms each).
+  CHECK(a->stats().fragments_sent >= 30);
+  CHECK(big_ms > 300);
+}

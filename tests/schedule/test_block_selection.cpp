@@ -181,6 +181,10 @@ TEST_CASE("throughput is per span and additive per block") {
   CHECK(announced_throughput(1000, 10, 500) == 100);
   CHECK(announced_throughput(1000, 10, 50) == 50);  // the network is the limit
   CHECK(announced_throughput(1000, 0, 50) == 0);
+  CHECK(announced_throughput(0, 10, 50) == 0);
+  // An unknown network rate (0) is not a zero-speed server: the compute figure.
+  CHECK(announced_throughput(1000, 10, 0) == 100);
+  CHECK(announced_throughput(1000, 10, -1) == 100);
   swarm_state s{4, {srv("a", 0, 4, 1.5), srv("b", 1, 3, 2)}};
   CHECK(block_throughputs(s) == std::vector<double>{1.5, 3.5, 3.5, 1.5});
   CHECK(swarm_throughput(s) == 1.5);
