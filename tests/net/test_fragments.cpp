@@ -79,6 +79,22 @@ out_message encoded(const message& m) {
 
 double ms(shaping_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+/// Two transports on loopback; a's connection to b has carried one message
+/// (received as rb.messages[0]) and is then shaped with `profile`.
+struct shaped_pair {
+  transport_recorder ra, rb;
+  std::unique_ptr<zmq_transport> a, b;
+  connection_id to_b = 0;
+  explicit shaped_pair(const std::string& profile) {
+    a = start_transport(loopback_options("pair-a"), ra);
+    b = start_transport(loopback_options("pair-b"), rb);
+    to_b = a->connect(b->endpoint());
+    REQUIRE(a->send(to_b, make_message(message_kind::oneway, 1)));
+    REQUIRE_MESSAGE(rb.wait_messages(1), "the first message did not arrive");
+    a->set_profile(to_b, parse_link_profile(profile));
+  }
+};
+
 }  // namespace
 
 TEST_CASE("lanes: two named actors keep their order, anonymous requests and answers each have their own") {
@@ -306,14 +322,8 @@ TEST_CASE("the reassembler refuses hostile fragments and holds nothing for them"
 }
 
 TEST_CASE("over a shaped 1 Gbit/s link small messages pass a 64 MiB one, which arrives bit-exact") {
-  transport_recorder ra, rb;
-  auto a = start_transport(loopback_options("frag-a"), ra);
-  auto b = start_transport(loopback_options("frag-b"), rb);
-  const connection_id to_b = a->connect(b->endpoint());
-  REQUIRE(a->send(to_b, make_message(message_kind::oneway, 1)));
-  REQUIRE_MESSAGE(rb.wait_messages(1), "the first message did not arrive");
-  const link_profile profile = parse_link_profile("bw=1Gbit,lat=1ms");
-  a->set_profile(to_b, profile);
+  shaped_pair pair("bw=1Gbit,lat=1ms");
+  auto& [ra, rb, a, b, to_b] = pair;
 
   message big = tensor_message(100, std::int64_t{16} << 20, 2.0f);  // 64 MiB: about 540 ms at 1 Gbit/s
   big.kind = message_kind::oneway;
@@ -400,13 +410,8 @@ TEST_CASE("a raw peer's bad fragments are dropped with a reason and the connecti
 }
 
 TEST_CASE("on a slow shaped link fragments shrink to about 8.5 ms of transmission each") {
-  transport_recorder ra, rb;
-  auto a = start_transport(loopback_options("slow-a"), ra);
-  auto b = start_transport(loopback_options("slow-b"), rb);
-  const connection_id to_b = a->connect(b->endpoint());
-  REQUIRE(a->send(to_b, make_message(message_kind::oneway, 1)));
-  REQUIRE_MESSAGE(rb.wait_messages(1), "the first message did not arrive");
-  a->set_profile(to_b, parse_link_profile("bw=100Mbit"));
+  shaped_pair pair("bw=100Mbit");
+  auto& [ra, rb, a, b, to_b] = pair;
 
   message big = tensor_message(100, 1 << 20, 1.0f);  // 4 MiB: about 335 ms at 100 Mbit/s
   big.kind = message_kind::oneway;
