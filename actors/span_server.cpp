@@ -439,6 +439,8 @@ void expire_idle(span_server_actor* self) {
                       (st.retiring && st.retiring->session_length(it->first));
     it = open ? std::next(it) : st.owners.erase(it);
   }
+  // (A stale owner until then is harmless: span.open overwrites it, and a
+  // step or close of an id that is not open fails anyway.)
 }
 
 caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_ptr<span_engine> engine,
@@ -468,9 +470,10 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
             return rp.deliver(make_error(errc::bad_message,
                                          "span.open carries one tensor exactly when deepPrompts is set (got " +
                                              std::to_string(m.tensors.size()) + ")"));
-          // An id still open anywhere (also on the blocks before a move,
-          // where the engine would not see it) is taken.
-          if (st.owners.count(o->session_id))
+          // An id still open on the blocks before a move is taken too (the
+          // engine checks its own); an owner left from an ended session
+          // (not swept yet) is not.
+          if (st.retiring && st.retiring->session_length(o->session_id))
             return rp.deliver(error_from_wire("duplicate_session", "session '" + o->session_id + "' is already open"));
           const Tensor prompts = o->deep_prompts ? m.tensors[0] : Tensor();
           if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last, prompts); !r)
