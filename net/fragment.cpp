@@ -1,6 +1,7 @@
 // net/fragment.cpp — fragment headers and reassembly (net/fragment.hpp).
 #include "net/fragment.hpp"
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -34,6 +35,25 @@ std::shared_ptr<unsigned char> aligned_buffer(std::size_t size) {
 
 bool is_fragment_header(const void* data, std::size_t size) {
   return size >= marker_bytes && std::memcmp(data, fragment_marker, marker_bytes) == 0;
+}
+
+namespace {
+constexpr unsigned char credit_marker[8] = {0xff, 0xff, 0xff, 0xff, 'f', 'c', 'r', 'd'};
+}  // namespace
+
+out_frame encode_credit(std::uint64_t bytes) {
+  auto buf = std::make_shared<std::array<unsigned char, 16>>();
+  std::memcpy(buf->data(), credit_marker, 8);
+  for (int i = 0; i < 8; ++i) (*buf)[8 + i] = static_cast<unsigned char>(bytes >> (8 * i));
+  return out_frame{buf->data(), buf->size(), buf};
+}
+
+std::optional<std::uint64_t> decode_credit(const void* data, std::size_t size) {
+  if (size != 16 || std::memcmp(data, credit_marker, 8) != 0) return std::nullopt;
+  const auto* p = static_cast<const unsigned char*>(data) + 8;
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
 }
 
 out_frame encode_fragment_header(const fragment_header& h) {

@@ -35,6 +35,15 @@ inline constexpr unsigned char fragment_marker[8] = {0xff, 0xff, 0xff, 0xff, 'f'
 /// True when `frame` is a fragment's header frame (starts with the marker).
 bool is_fragment_header(const void* data, std::size_t size);
 
+/// A credit: the receiver of fragments tells the sender it has taken in
+/// `bytes` more of their payload (one frame: FF FF FF FF 'f' 'c' 'r' 'd',
+/// then the count as 8 bytes little-endian). The sender keeps at most a
+/// window of fragment bytes unacknowledged, so a receiver slower than the
+/// link does not queue a whole transfer in front of the next small message.
+out_frame encode_credit(std::uint64_t bytes);
+/// The count of a credit frame; nothing when `data` is not one (or is malformed).
+std::optional<std::uint64_t> decode_credit(const void* data, std::size_t size);
+
 /// What a fragment's header says.
 struct fragment_header {
   std::uint64_t message_id = 0;            ///< per connection and direction, from 1

@@ -108,6 +108,10 @@ struct connection {
   std::deque<out_message> pending;
   std::size_t pending_fragments = 0;  ///< fragments in `pending`
   std::size_t max_pending_fragments = 2;  ///< shaped: how many may wait there (set_link)
+  /// Fragment payload bytes sent that the peer has not credited yet, and
+  /// how many may be (set_link).
+  std::size_t unacked_fragment_bytes = 0;
+  std::size_t credit_window = 0;
   reassembler in;                     ///< fragmented messages arriving
   std::shared_ptr<conn_shared> shared;
   log_limiter bad_log;  ///< "dropped a bad message" lines from this connection
@@ -129,10 +133,17 @@ inline constexpr std::size_t max_queue_pairs = 256;
 /// ahead of the time it frees up: a small message sent meanwhile waits at
 /// most this plus one fragment's transmission time.
 inline constexpr auto shaping_lookahead = std::chrono::milliseconds(2);
+/// How late the I/O thread may wake for the next fragment without leaving
+/// a gap on a shaped link (and the largest burst after an idle wait).
+inline constexpr auto wake_slack = std::chrono::milliseconds(20);
 /// On a shaped link, fragments are sized to take about this long on it
 /// (within [min_fragment_bytes, transport_options::fragment_bytes]).
 inline constexpr auto fragment_airtime = std::chrono::microseconds(8500);
 inline constexpr std::size_t min_fragment_bytes = 64 * 1024;
+/// Fragment payload a sender may have uncredited on an unshaped link:
+/// enough for 320 MB/s at 50 ms round trips, and at most about 16 ms of
+/// queue in front of a small message at a receiver taking in 1 GB/s.
+inline constexpr std::size_t min_credit_window = std::size_t{16} << 20;
 
 }  // namespace detail
 
@@ -144,11 +155,13 @@ using detail::conn_shared;
 using detail::connection;
 using detail::current_io_owner;
 using detail::fragment_airtime;
+using detail::min_credit_window;
 using detail::min_fragment_bytes;
 using detail::max_queue_pairs;
 using detail::receive_batch;
 using detail::router_retry;
 using detail::shaping_lookahead;
+using detail::wake_slack;
 using detail::zmq_error_text;
 
 struct zmq_transport::impl {
@@ -244,6 +257,8 @@ struct zmq_transport::impl {
   /// Queues an RDMA control message on the connection's ZeroMQ path, in
   /// order with what is already queued there.
   void send_over_zmq(connection& c, const message& m);
+  /// Credits the peer with `bytes` of fragment payload taken in.
+  void send_credit(connection& c, std::uint64_t bytes);
   void report_rdma_loss(connection& c);
 
   template <class F, class... Args>

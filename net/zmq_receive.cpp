@@ -86,6 +86,7 @@ void zmq_transport::impl::mark_down(connection& c) {
   // Half-received fragmented messages will not be completed; half-sent ones
   // cannot be (the peer dropped its part).
   c.in.clear();
+  c.unacked_fragment_bytes = 0;  // credits for what was in flight will not come
   if (const std::size_t dropped = c.out.drop_started(); dropped > 0) {
     spdlog::debug("zmq transport: connection {} lost: {} partly sent large messages dropped", c.id, dropped);
     c.shared->queued.fetch_sub(dropped);
@@ -200,9 +201,16 @@ void zmq_transport::impl::receive_from(void* socket, connection* dealer) {
       frames.clear();
       for (std::size_t i = first_frame; i < parts.size(); ++i)
         frames.push_back(in_frame{parts[i]->data(), parts[i]->size(), parts[i]});
+      if (auto credit = decode_credit(frames[0].data, frames[0].size); credit && frames.size() == 1) {
+        c->unacked_fragment_bytes -= std::min<std::size_t>(c->unacked_fragment_bytes, *credit);
+        continue;  // the loop's flush sends what the window now lets go
+      }
       bool whole = true;
       if (is_fragment_header(frames[0].data, frames[0].size)) {
         fragments_received_.fetch_add(1, std::memory_order_relaxed);
+        std::uint64_t payload = 0;
+        for (std::size_t i = 1; i < frames.size(); ++i) payload += frames[i].size;
+        send_credit(*c, payload);  // taken in, whatever the reassembler makes of it
         auto done = c->in.add(std::span<const in_frame>(frames));
         if (!done) {
           reason = error_text(done.error());

@@ -36,10 +36,14 @@ void zmq_transport::impl::set_link(connection& c, const link_profile& p) {
   c.out.set_fragment_bytes(bytes);
   // Fragments in flight on the emulated link: its bandwidth-delay product
   // (two without a bandwidth limit, where only the latency holds them).
+  // Credits come back over the peer's link, shaped alike: the window
+  // covers the round trip.
   c.max_pending_fragments = 2;
+  c.credit_window = min_credit_window;
   if (bytes > 0 && p.bandwidth_bps > 0) {
     const double delay_s = p.latency_s + p.jitter_s + std::chrono::duration<double>(shaping_lookahead).count();
     c.max_pending_fragments += static_cast<std::size_t>(std::ceil(p.bandwidth_bps / 8 * delay_s / static_cast<double>(bytes)));
+    c.credit_window = std::max(c.credit_window, 2 * c.max_pending_fragments * bytes);
   }
 }
 
@@ -62,6 +66,7 @@ void zmq_transport::impl::pump(connection& c, clock_type::time_point now) {
     // them waiting for their delivery time: with no bandwidth limit the
     // link never looks busy.)
     const bool room = c.shared->bulk_in_zmq.load(std::memory_order_relaxed) < bulk_window_ &&
+                      c.unacked_fragment_bytes < c.credit_window &&
                       (c.shaped ? c.shaper.link_free() <= now + shaping_lookahead &&
                                       c.pending_fragments < c.max_pending_fragments
                                 : c.pending_fragments == 0);
@@ -73,9 +78,12 @@ void zmq_transport::impl::pump(connection& c, clock_type::time_point now) {
     // queued before the RDMA path came up stays on ZeroMQ, in order with the
     // fragments after it (which always go over ZeroMQ).
     if (!rdma) unit->tcp_only = true;
-    // Shaped from the moment send() was called, not when this thread got it;
-    // a fragment from now (its message may have waited for the link).
-    if (unit->fragment) unit->due = std::max(unit->due, now);
+    // Shaped from the moment send() was called, not when this thread got it.
+    // A fragment whose message waited for the link's window is shaped from
+    // at most wake_slack ago: the link idled meanwhile, and should not make
+    // up for it in a burst; within the slack, a late wake-up of this thread
+    // leaves no gap between the fragments of a message.
+    if (unit->fragment) unit->due = std::max(unit->due, now - wake_slack);
     unit->due = c.shaped ? c.shaper.schedule(unit->bytes, unit->due) : now;
     if (unit->fragment) ++c.pending_fragments;
     c.pending.push_back(std::move(*unit));
@@ -159,6 +167,7 @@ int zmq_transport::impl::transmit(connection& c, const out_message& m) {
       tracked.push_back(out_frame{m.frames[i].data, m.frames[i].size, std::shared_ptr<const void>(token, m.frames[i].data)});
     }
     c.shared->bulk_in_zmq.fetch_add(token->bytes, std::memory_order_relaxed);
+    c.unacked_fragment_bytes += token->bytes;
     frames = &tracked;
   }
   for (std::size_t i = 0; i < frames->size(); ++i) {
@@ -230,6 +239,17 @@ void zmq_transport::impl::send_over_zmq(connection& c, const message& m) {
   for (const auto& f : o.frames) o.bytes += f.size;
   o.tcp_only = true;
   o.barrier = true;  // switch markers keep the order of everything around them
+  o.due = clock_type::now();
+  c.shared->queued.fetch_add(1);
+  enqueue(c, std::move(o), o.due);
+}
+
+void zmq_transport::impl::send_credit(connection& c, std::uint64_t bytes) {
+  out_message o;
+  o.frames.push_back(encode_credit(bytes));
+  o.bytes = o.frames[0].size;
+  o.lane = 0;  // with the heartbeats: never behind a large message
+  o.tcp_only = true;
   o.due = clock_type::now();
   c.shared->queued.fetch_add(1);
   enqueue(c, std::move(o), o.due);

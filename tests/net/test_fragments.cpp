@@ -432,3 +432,31 @@ TEST_CASE("on a slow shaped link fragments shrink to about 8.5 ms of transmissio
   CHECK(a->stats().fragments_sent >= 30);
   CHECK(big_ms > 300);
 }
+
+TEST_CASE("a receiver that stops taking fragments in stops the sender after its credit window") {
+  transport_recorder ra, rb;
+  auto a = start_transport(loopback_options("credit-a"), ra);
+  auto b = start_transport(loopback_options("credit-b"), rb);
+  const connection_id to_b = a->connect(b->endpoint());
+  // Message 99 holds b's I/O thread for 1.5 s, as a receiver too busy to
+  // read would be; ZeroMQ itself goes on reading from TCP meanwhile.
+  rb.on_message_hook = [](connection_id, const message& m) {
+    if (m.correlation_id == 99) std::this_thread::sleep_for(1500ms);
+  };
+  REQUIRE(a->send(to_b, make_message(message_kind::oneway, 99)));
+  message big = tensor_message(100, std::int64_t{16} << 20, 3.0f);  // 64 MiB and its envelope: 65 fragments
+  big.kind = message_kind::oneway;
+  const auto expected = big.tensors[0].to_vector();
+  REQUIRE(a->send(to_b, big));
+  big = message();
+  std::this_thread::sleep_for(1000ms);
+  const auto held = a->stats().fragments_sent;
+  MESSAGE("fragments sent while the receiver was stalled: " << held << " of 65");
+  CHECK(held >= 4);
+  CHECK(held <= 17);  // 16 MiB of credit, and the one that filled it
+  REQUIRE_MESSAGE(rb.wait_messages(2, 20s), "the large message did not arrive");
+  std::lock_guard<std::mutex> lock(rb.mu);
+  CHECK(rb.messages[1].msg.tensors.at(0).to_vector() == expected);
+  CHECK(a->stats().fragments_sent == 65);  // 64 MiB and the envelope
+  CHECK(rb.bad.empty());
+}

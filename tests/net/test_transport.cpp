@@ -370,7 +370,11 @@ TEST_CASE("a shaped link meets the bandwidth and latency of its profile") {
   const double expected_ms = profile.latency_s * 1e3 + tx_ms;
   MESSAGE("1 MiB one-way: unshaped " << baseline_ms << " ms, shaped " << shaped_ms << " ms, added " << added_ms
                                      << " ms, profile " << expected_ms << " ms (10 ms + " << tx_ms << " ms transmission)");
-  CHECK(std::abs(added_ms - expected_ms) < 1.0);
+  // Never faster than the link; no slower than the link plus what the
+  // unshaped path itself costs (a busy machine inflates that baseline, so
+  // it bounds from above only).
+  CHECK(shaped_ms >= expected_ms - 1.0);
+  CHECK(shaped_ms <= expected_ms + baseline_ms + 1.0);
 
   // Back-to-back messages: the link's bandwidth between first and last arrival.
   constexpr int burst = 10;
