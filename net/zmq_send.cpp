@@ -26,8 +26,8 @@ void zmq_transport::impl::set_link(connection& c, const link_profile& p) {
   // On a link whose rate is known (an emulated profile), a fragment takes
   // about fragment_airtime to transmit, so a small message never waits
   // longer than that behind one: 1 Gbit/s keeps the configured 1 MiB,
-  // 100 Mbit/s gets 64 KiB pieces. The rate of a real NIC path is unknown
-  // here: the configured size.
+  // 100 Mbit/s gets 104 KiB pieces, 10 Mbit/s the 64 KiB minimum. The rate
+  // of a real NIC path is unknown here: the configured size.
   std::size_t bytes = opts_.fragment_bytes;
   if (bytes > 0 && p.bandwidth_bps > 0) {
     const double airtime_bytes = p.bandwidth_bps / 8 * std::chrono::duration<double>(fragment_airtime).count();
@@ -167,7 +167,6 @@ int zmq_transport::impl::transmit(connection& c, const out_message& m) {
       tracked.push_back(out_frame{m.frames[i].data, m.frames[i].size, std::shared_ptr<const void>(token, m.frames[i].data)});
     }
     c.shared->bulk_in_zmq.fetch_add(token->bytes, std::memory_order_relaxed);
-    c.unacked_fragment_bytes += token->bytes;
     frames = &tracked;
   }
   for (std::size_t i = 0; i < frames->size(); ++i) {
@@ -181,7 +180,11 @@ int zmq_transport::impl::transmit(connection& c, const out_message& m) {
                   zmq_strerror(err), i + 1, m.frames.size());
     return 0;
   }
-  if (m.fragment) fragments_sent_.fetch_add(1, std::memory_order_relaxed);
+  if (m.fragment) {
+    fragments_sent_.fetch_add(1, std::memory_order_relaxed);
+    // Counted once it went out: a fragment refused (EAGAIN) is sent again.
+    c.unacked_fragment_bytes += m.bytes - m.frames[0].size;
+  }
   if (m.last) messages_sent_.fetch_add(1, std::memory_order_relaxed);
   bytes_sent_.fetch_add(m.bytes, std::memory_order_relaxed);
   return 0;
