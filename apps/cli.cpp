@@ -70,6 +70,7 @@ int run_cli(int argc, char** argv) {
   register_node(app, action);
   register_ping(app, action);
   register_serve(app, action);
+  register_api(app, action);
   register_plan(app, action);
 
   try {

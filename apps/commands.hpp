@@ -30,6 +30,8 @@ int run_cli(int argc, char** argv);
 void register_info(CLI::App& app, action_fn& action);
 /// `corolla generate`: local generation from a model directory (apps/generate.cpp).
 void register_generate(CLI::App& app, action_fn& action);
+/// `corolla api`: the OpenAI-compatible HTTP API over a local model or a swarm (apps/api.cpp).
+void register_api(CLI::App& app, action_fn& action);
 /// `corolla finetune`: prompt tuning with the blocks on a swarm (apps/finetune.cpp).
 void register_finetune(CLI::App& app, action_fn& action);
 /// `corolla train`: single-process AdamW training (apps/train.cpp).

@@ -164,12 +164,19 @@ generation_result generate_tokens(const model_config& cfg, std::span<const std::
   result.tokens.push_back(token);
   result.prefill_seconds = seconds_since(start_time);
   if (on_token) on_token(token);
+  const auto ends = [&](std::int32_t t) {
+    return !p.ignore_eos && (t == eos || std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end());
+  };
 
   const auto decode_start = std::chrono::steady_clock::now();
   for (;;) {
     const auto generated = static_cast<std::int64_t>(result.tokens.size());
-    if (token == eos && !p.ignore_eos) {
+    if (ends(token)) {
       result.reason = stop_reason::eos;
+      break;
+    }
+    if (p.should_stop && p.should_stop()) {
+      result.reason = stop_reason::caller;
       break;
     }
     if (generated >= p.max_new_tokens) {

@@ -33,13 +33,22 @@ struct generation_params {
   int eos_id = -1;
   /// Rows per prefill step; 0 runs the whole prompt as one chunk.
   int prefill_chunk = 0;
+  /// More ids that end generation like the end-of-sequence token (a chat
+  /// template's end of turn, e.g. Llama 3's <|eot_id|>, ChatML's
+  /// <|im_end|>); also ignored with ignore_eos.
+  std::vector<std::int32_t> stop_ids;
+  /// Asked after each generated token (after the token callback): true
+  /// stops generation there (reason = caller), e.g. a stop string matched
+  /// or the client went away.
+  std::function<bool()> should_stop;
 };
 
 /// Why generation stopped.
 enum class stop_reason {
   max_tokens,  ///< max_new_tokens were generated
-  eos,         ///< the end-of-sequence token was generated (and is included)
+  eos,         ///< the end-of-sequence token (or a stop id) was generated (and is included)
   context,     ///< prompt + generated tokens reached the model context
+  caller,      ///< generation_params::should_stop said so
 };
 
 /// The outcome of generate().

@@ -1,0 +1,148 @@
+#include "api/completion_engine.hpp"
+
+#include <optional>
+#include <stdexcept>
+
+#include "actors/errors.hpp"
+#include "api/openai_request.hpp"
+#include "model/error.hpp"
+
+namespace corolla::api {
+
+slot_pool::slot_pool(int slots) : free_(static_cast<std::size_t>(std::max(slots, 1)), true) {}
+
+int slot_pool::acquire() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    for (std::size_t i = 0; i < free_.size(); ++i)
+      if (free_[i]) {
+        free_[i] = false;
+        return static_cast<int>(i);
+      }
+    freed_.wait(lock);
+  }
+}
+
+void slot_pool::release(int slot) {
+  {
+    std::lock_guard lock(mutex_);
+    free_.at(static_cast<std::size_t>(slot)) = true;
+  }
+  freed_.notify_one();
+}
+
+int slot_pool::busy() const {
+  std::lock_guard lock(mutex_);
+  int n = 0;
+  for (bool f : free_) n += f ? 0 : 1;
+  return n;
+}
+
+namespace {
+
+/// Holds a slot for the lifetime of one request.
+class slot_lease {
+ public:
+  explicit slot_lease(slot_pool& pool) : pool_(pool), slot_(pool.acquire()) {}
+  ~slot_lease() { pool_.release(slot_); }
+  slot_lease(const slot_lease&) = delete;
+  slot_lease& operator=(const slot_lease&) = delete;
+  std::size_t index() const { return static_cast<std::size_t>(slot_); }
+
+ private:
+  slot_pool& pool_;
+  int slot_;
+};
+
+class local_engine final : public completion_engine {
+ public:
+  local_engine(transformer& model, int slots, dtype weights, dtype kv) : cfg_(model.config()), pool_(slots) {
+    for (int i = 0; i < pool_.size(); ++i) generators_.push_back(std::make_unique<generator>(model, 0, weights, kv));
+  }
+  const model_config& config() const override { return cfg_; }
+  void check_ready() override {}
+  engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                         const token_callback& on_token) override {
+    slot_lease slot(pool_);
+    return {generators_[slot.index()]->generate(prompt, p, on_token), 0};
+  }
+  int busy() const override { return pool_.busy(); }
+  int slots() const override { return pool_.size(); }
+
+ private:
+  model_config cfg_;
+  slot_pool pool_;
+  std::vector<std::unique_ptr<generator>> generators_;
+};
+
+class swarm_engine final : public completion_engine {
+ public:
+  swarm_engine(node& runtime, swarm_client_options options, head client_head, int slots, dtype weights)
+      : cfg_(client_head.config()), pool_(slots), shared_head_(std::move(client_head)), probe_(runtime, options) {
+    probe_.expect_shape(cfg_.n_layers, static_cast<int>(cfg_.hidden_size));
+    for (int i = 0; i < pool_.size(); ++i) {
+      slots_.push_back(std::make_unique<slot>(slot{head(cfg_, shared_head_.params(), shared_head_.backend()),
+                                                   swarm_client(runtime, options)}));
+      slots_.back()->h.use_inference_weights(weights);
+    }
+  }
+  const model_config& config() const override { return cfg_; }
+
+  void check_ready() override {
+    std::lock_guard lock(probe_mutex_);
+    // Asks the servers again when the last answer has no route: a server
+    // may have joined (or come back) since.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (!probe_.refreshed() || attempt > 0)
+        if (auto err = probe_.refresh())
+          throw api_error(503, "service_unavailable", "no server of the swarm answers: " + error_message(err), {},
+                          "swarm_unavailable");
+      auto r = probe_.route(0, cfg_.n_layers, {}, 1);
+      if (r) return;
+      if (attempt > 0)
+        throw api_error(503, "service_unavailable",
+                        "the swarm cannot serve this model now: " + error_message(r.error()), {}, "swarm_unavailable");
+    }
+  }
+
+  engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                         const token_callback& on_token) override {
+    slot_lease lease(pool_);
+    slot& s = *slots_[lease.index()];
+    try {
+      swarm_generation g = swarm_generate(s.client, s.h, prompt, p, on_token);
+      return {std::move(g.result), g.failovers};
+    } catch (const model_error&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      throw api_error(503, "service_unavailable", std::string("the swarm failed: ") + e.what(), {}, "swarm_unavailable");
+    }
+  }
+  int busy() const override { return pool_.busy(); }
+  int slots() const override { return pool_.size(); }
+
+ private:
+  struct slot {
+    head h;
+    swarm_client client;
+  };
+  model_config cfg_;
+  slot_pool pool_;
+  head shared_head_;
+  std::mutex probe_mutex_;
+  swarm_client probe_;  ///< answers check_ready(), guarded by probe_mutex_
+  std::vector<std::unique_ptr<slot>> slots_;
+};
+
+}  // namespace
+
+std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, dtype weights, dtype kv) {
+  return std::make_unique<local_engine>(model, slots, weights, kv);
+}
+
+std::unique_ptr<completion_engine> make_swarm_engine(node& runtime, swarm_client_options options, head client_head,
+                                                     int slots, dtype weights) {
+  return std::make_unique<swarm_engine>(runtime, std::move(options), std::move(client_head), slots, weights);
+}
+
+}  // namespace corolla::api

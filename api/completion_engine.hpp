@@ -1,0 +1,83 @@
+// api/completion_engine.hpp — where the API's completions are computed: the
+// model in this process, or a swarm of servers holding its blocks.
+//
+// Each engine serves up to `slots` requests at once; more wait for a free
+// slot in arrival order. A local slot is a generator of its own (its own
+// KV cache, the model's weights shared); a swarm slot is a swarm client and
+// a head of its own (embeddings and LM head shared), and every request opens
+// its own session on the servers, which batch decode steps across sessions.
+// A request keeps its slot until generation ends; ending it early (a stop
+// string, a client that went away) closes its session and frees its cache.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "actors/corolla.hpp"
+#include "actors/swarm_client.hpp"
+#include "model/generator.hpp"
+#include "model/head.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::api {
+
+/// What one generation reports besides the tokens.
+struct engine_result {
+  generation_result result;
+  int failovers = 0;  ///< swarm failures recovered on the way
+};
+
+/// A fixed number of slots; acquire() waits for a free one.
+class slot_pool {
+ public:
+  explicit slot_pool(int slots);
+  /// Blocks until a slot is free; returns its index.
+  int acquire();
+  void release(int slot);
+  int size() const { return static_cast<int>(free_.size()); }
+  /// Requests holding a slot now.
+  int busy() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable freed_;
+  std::vector<bool> free_;
+};
+
+/// Computes completions. Thread-safe: HTTP threads call it concurrently.
+class completion_engine {
+ public:
+  virtual ~completion_engine() = default;
+  /// The model's shape.
+  virtual const model_config& config() const = 0;
+  /// Throws api_error 503 when the engine cannot serve a request now (no
+  /// chain of servers covers every block), naming what is missing.
+  virtual void check_ready() = 0;
+  /// Generates after `prompt` (waiting for a free slot first). Throws
+  /// model_error for a bad request (400), api_error 503 when the swarm fails
+  /// for good.
+  virtual engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                                 const token_callback& on_token) = 0;
+  /// Requests holding a slot now, and the number of slots.
+  virtual int busy() const = 0;
+  virtual int slots() const = 0;
+};
+
+/// The model in this process (borrowed; it must outlive the engine), one
+/// generator per slot with `weights` / `kv` as generator's.
+std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, dtype weights = dtype::f32,
+                                                     dtype kv = dtype::f32);
+
+/// Through the swarm `options` describe, over `runtime` (borrowed; it and
+/// whatever options.discover reads must outlive the engine). `client_head`
+/// is the model's embeddings and LM head, shared by the slots (each slot
+/// reads its LM head in `weights`, as head::use_inference_weights).
+std::unique_ptr<completion_engine> make_swarm_engine(node& runtime, swarm_client_options options, head client_head,
+                                                     int slots, dtype weights = dtype::f32);
+
+}  // namespace corolla::api

@@ -1,0 +1,379 @@
+#include "api/http_api.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <stdexcept>
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include "api/openai_request.hpp"
+#include "api/stop_text.hpp"
+#include "model/error.hpp"
+
+namespace corolla::api {
+namespace {
+
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+const char* endpoint_label(endpoint e) { return e == endpoint::completions ? "completions" : "chat_completions"; }
+
+/// Names of the API's metrics.
+constexpr const char* kRequests = "corolla_api_requests_total";
+constexpr const char* kDuration = "corolla_api_request_duration_seconds";
+constexpr const char* kFirstToken = "corolla_api_time_to_first_token_seconds";
+constexpr const char* kPerToken = "corolla_api_time_per_output_token_seconds";
+constexpr const char* kPromptTokens = "corolla_api_prompt_tokens_total";
+constexpr const char* kCompletionTokens = "corolla_api_completion_tokens_total";
+constexpr const char* kInFlight = "corolla_api_requests_in_flight";
+constexpr const char* kSlotsBusy = "corolla_api_slots_busy";
+constexpr const char* kSlots = "corolla_api_slots";
+constexpr const char* kFailovers = "corolla_api_failovers_total";
+constexpr const char* kDisconnects = "corolla_api_client_disconnects_total";
+
+void declare_metrics(metrics_registry& m) {
+  using k = metrics_registry::kind;
+  const std::vector<double> seconds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+  m.declare(kRequests, k::counter, "Requests answered, by endpoint and HTTP status.");
+  m.declare(kDuration, k::histogram, "Seconds from a completion request's arrival to its last byte.", seconds);
+  m.declare(kFirstToken, k::histogram, "Seconds from a completion request's arrival to its first generated token.",
+            seconds);
+  m.declare(kPerToken, k::histogram, "Seconds per generated token after the first (decode steps).",
+            {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
+  m.declare(kPromptTokens, k::counter, "Prompt tokens of the completion requests run.");
+  m.declare(kCompletionTokens, k::counter, "Tokens generated.");
+  m.declare(kInFlight, k::gauge, "Completion requests being answered (running or waiting for a slot).");
+  m.declare(kSlotsBusy, k::gauge, "Engine slots generating now.");
+  m.declare(kSlots, k::gauge, "Engine slots (requests generated at once).");
+  m.declare(kFailovers, k::counter, "Swarm server failures recovered during requests.");
+  m.declare(kDisconnects, k::counter, "Streamed requests whose client went away before the end.");
+}
+
+/// Everything one completion needs once validated, and its progress.
+struct completion_job {
+  completion_request request;
+  response_header header;
+  std::vector<std::int32_t> prompt;
+  generation_params params;
+  std::vector<std::int32_t> end_ids;  ///< ids that end generation; never shown as text
+  clock_type::time_point arrived;
+};
+
+/// The outcome of running a job.
+struct completion_outcome {
+  std::string finish_reason;  ///< "stop" or "length"
+  usage counts;
+  bool disconnected = false;
+};
+
+std::string random_id(const char* prefix) {
+  static std::atomic<std::uint64_t> counter{0};
+  thread_local std::mt19937_64 rng(std::random_device{}() ^ (counter.fetch_add(1) << 32));
+  static constexpr char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += digits[rng() % (sizeof digits - 1)];
+  return id;
+}
+
+}  // namespace
+
+struct http_api::impl {
+  completion_engine& engine;
+  const tokenizer& tok;
+  std::optional<chat_template> chat;
+  std::string chat_error;
+  api_config config;
+  metrics_registry metrics;
+  httplib::Server server;
+  std::int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+
+  impl(completion_engine& e, const tokenizer& t, std::optional<chat_template> c, std::string ce, api_config cfg)
+      : engine(e), tok(t), chat(std::move(c)), chat_error(std::move(ce)), config(std::move(cfg)) {
+    declare_metrics(metrics);
+    metrics.set(kSlots, {}, engine.slots());
+    routes();
+  }
+
+  static void send_error(httplib::Response& res, const api_error& e) {
+    res.status = e.status();
+    res.set_content(e.body().dump(), "application/json");
+  }
+
+  void authorize(const httplib::Request& req) const {
+    if (config.api_key.empty()) return;
+    const std::string expected = "Bearer " + config.api_key;
+    const std::string given = req.get_header_value("Authorization");
+    // Compared in constant time: the key is a secret.
+    unsigned diff = given.size() ^ expected.size();
+    for (std::size_t i = 0; i < expected.size(); ++i) diff |= static_cast<unsigned char>(expected[i]) ^
+                                                              static_cast<unsigned char>(i < given.size() ? given[i] : 0);
+    if (diff != 0)
+      throw api_error(401, "invalid_request_error",
+                      given.empty() ? "You didn't provide an API key: send it as 'Authorization: Bearer KEY'."
+                                    : "Incorrect API key provided.",
+                      {}, "invalid_api_key");
+  }
+
+  json model_object() const {
+    return {{"id", config.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "corolla"}};
+  }
+
+  void routes() {
+    server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, "models", [&] {
+        authorize(req);
+        res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
+      });
+    });
+    server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, "models", [&] {
+        authorize(req);
+        if (req.matches[1] != config.model_id)
+          throw api_error(404, "invalid_request_error", "The model '" + req.matches[1].str() + "' does not exist.",
+                          "model", "model_not_found");
+        res.set_content(model_object().dump(), "application/json");
+      });
+    });
+    server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      complete(req, res, endpoint::completions);
+    });
+    server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      complete(req, res, endpoint::chat_completions);
+    });
+    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      metrics.set(kSlotsBusy, {}, engine.busy());
+      res.set_content(metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json{{"status", "ok"}, {"model", config.model_id}, {"slots", engine.slots()}, {"busy", engine.busy()}}
+                          .dump(),
+                      "application/json");
+    });
+    // Unknown routes and methods get an error object too.
+    server.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      const int status = res.status;
+      send_error(res, api_error(status, "invalid_request_error",
+                                status == 404 ? "Unknown route " + req.method + " " + req.path
+                                              : "The request failed with HTTP status " + std::to_string(status)));
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(res, api_error(500, "server_error", "internal error: " + what));
+    });
+  }
+
+  /// Runs `body`, turning exceptions into error responses, and counts the
+  /// request under `label` with its final status.
+  template <typename F>
+  void guarded(httplib::Response& res, const char* label, F&& body) {
+    try {
+      body();
+    } catch (const api_error& e) {
+      send_error(res, e);
+    } catch (const model_error& e) {
+      send_error(res, invalid_request(e.what()));
+    } catch (const std::exception& e) {
+      spdlog::error("api: {}", e.what());
+      send_error(res, api_error(500, "server_error", e.what()));
+    }
+    metrics.add(kRequests, {{"endpoint", label}, {"status", std::to_string(res.status == -1 ? 200 : res.status)}});
+  }
+
+  /// Validates a request into a job (throws api_error / model_error).
+  std::shared_ptr<completion_job> prepare(const httplib::Request& req, endpoint to) {
+    authorize(req);
+    auto job = std::make_shared<completion_job>();
+    job->arrived = clock_type::now();
+    job->request = parse_request(req.body, to);
+    const completion_request& r = job->request;
+    if (r.model != config.model_id)
+      throw api_error(404, "invalid_request_error",
+                      "The model '" + r.model + "' does not exist; this server serves '" + config.model_id + "'.",
+                      "model", "model_not_found");
+    const model_config& cfg = engine.config();
+    if (to == endpoint::chat_completions) {
+      if (!chat) throw invalid_request(chat_error, "messages");
+      job->prompt = chat->encode(r.messages, tok);
+      if (auto end = single_token_id(tok, chat->end_of_turn())) job->end_ids.push_back(*end);
+    } else if (!r.prompt_ids.empty()) {
+      job->prompt = r.prompt_ids;
+    } else {
+      job->prompt = tok.encode(r.prompt, tok.prepends_bos());
+    }
+    const char* prompt_param = to == endpoint::chat_completions ? "messages" : "prompt";
+    if (job->prompt.empty()) throw invalid_request("the prompt is empty: it encodes to no tokens", prompt_param);
+    const auto n = static_cast<int>(job->prompt.size());
+    if (n >= cfg.max_positions)
+      throw invalid_request("This model's maximum context length is " + std::to_string(cfg.max_positions) +
+                                " tokens; the prompt has " + std::to_string(n) + " tokens and leaves no room to generate.",
+                            prompt_param, "context_length_exceeded");
+    generation_params& p = job->params;
+    p.max_new_tokens = r.max_tokens ? *r.max_tokens : to == endpoint::completions ? 16 : cfg.max_positions - n;
+    p.sampling.temperature = r.temperature;
+    p.sampling.top_p = r.top_p;
+    p.sampling.seed = r.seed ? *r.seed : std::random_device{}();
+    p.stop_ids = job->end_ids;
+    // As corolla generate: the tokenizer's EOS when config.json names none.
+    p.eos_id = cfg.eos_token_id >= 0 ? cfg.eos_token_id : tok.eos_id();
+    if (p.eos_id >= 0) job->end_ids.push_back(p.eos_id);
+    job->header = {random_id(to == endpoint::completions ? "cmpl-" : "chatcmpl-"),
+                   std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                       .count(),
+                   config.model_id, to};
+    return job;
+  }
+
+  /// Generates `job`, handing each piece of releasable text to `emit`;
+  /// `gone` says the client went away (generation stops there).
+  completion_outcome run(completion_job& job, const std::function<void(const std::string&)>& emit,
+                         const std::function<bool()>& gone) {
+    stream_decoder text(tok);
+    stop_text stops(job.request.stop);
+    bool disconnected = false;
+    bool first = true;
+    const auto end_label = endpoint_label(job.request.to);
+    generation_params p = job.params;
+    p.should_stop = [&] {
+      if (!disconnected && gone && gone()) disconnected = true;
+      return disconnected || stops.matched();
+    };
+    const auto on_token = [&](std::int32_t id) {
+      if (first) {
+        metrics.observe(kFirstToken, {{"endpoint", end_label}}, seconds_since(job.arrived));
+        first = false;
+      }
+      if (std::find(job.end_ids.begin(), job.end_ids.end(), id) != job.end_ids.end()) return;
+      const std::string piece = stops.push(text.push(id));
+      if (!piece.empty()) emit(piece);
+    };
+    metrics.set(kSlotsBusy, {}, engine.busy());
+    engine_result r = engine.generate(job.prompt, p, on_token);
+    metrics.set(kSlotsBusy, {}, engine.busy());
+    if (!disconnected) {
+      std::string tail = stops.push(text.flush());
+      tail += stops.finish();
+      if (!tail.empty()) emit(tail);
+    }
+    completion_outcome out;
+    out.disconnected = disconnected;
+    out.finish_reason = r.result.reason == stop_reason::max_tokens || r.result.reason == stop_reason::context ? "length"
+                                                                                                                : "stop";
+    out.counts = {static_cast<int>(job.prompt.size()), static_cast<int>(r.result.tokens.size())};
+    metrics.add(kPromptTokens, {}, out.counts.prompt_tokens);
+    metrics.add(kCompletionTokens, {}, out.counts.completion_tokens);
+    if (r.failovers > 0) metrics.add(kFailovers, {}, r.failovers);
+    if (r.result.decode_steps > 0) metrics.observe(kPerToken, {}, r.result.decode_seconds / r.result.decode_steps);
+    if (disconnected) metrics.add(kDisconnects);
+    return out;
+  }
+
+  void complete(const httplib::Request& req, httplib::Response& res, endpoint to) {
+    const char* label = endpoint_label(to);
+    // Counts the request in flight until the last owner lets go: this
+    // handler, or the stream's content provider (which httplib may also
+    // drop unrun when the client is already gone).
+    struct in_flight_count {
+      metrics_registry& m;
+      explicit in_flight_count(metrics_registry& r) : m(r) { m.add(kInFlight, {}, 1); }
+      ~in_flight_count() { m.add(kInFlight, {}, -1); }
+    };
+    std::shared_ptr<void> in_flight = std::make_shared<in_flight_count>(metrics);
+    guarded(res, label, [&] {
+      auto job = prepare(req, to);
+      engine.check_ready();
+      if (job->request.stream) {
+        stream(res, job, in_flight);
+        return;
+      }
+      std::string text;
+      const completion_outcome out = run(*job, [&](const std::string& piece) { text += piece; }, {});
+      res.set_content(response_json(job->header, text, out.finish_reason, out.counts).dump(), "application/json");
+      metrics.observe(kDuration, {{"endpoint", label}}, seconds_since(job->arrived));
+    });
+  }
+
+  /// Answers with server-sent events, generated as the client reads them.
+  void stream(httplib::Response& res, std::shared_ptr<completion_job> job, std::shared_ptr<void> in_flight) {
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", [this, job, in_flight](std::size_t, httplib::DataSink& sink) {
+      bool open = true;
+      const auto write = [&](const std::string& event) {
+        if (open && !sink.write(event.data(), event.size())) open = false;
+      };
+      bool first = true;
+      const auto label = endpoint_label(job->request.to);
+      try {
+        if (job->request.to == endpoint::chat_completions) {
+          write(sse_event(chunk_json(job->header, "", "", true)));
+          first = false;
+        }
+        const completion_outcome out = run(
+            *job,
+            [&](const std::string& piece) {
+              write(sse_event(chunk_json(job->header, piece, "", first)));
+              first = false;
+            },
+            [&] { return !open || (sink.is_writable && !sink.is_writable()); });
+        if (!out.disconnected) {
+          write(sse_event(chunk_json(job->header, "", out.finish_reason, first)));
+          if (job->request.include_usage) write(sse_event(usage_chunk_json(job->header, out.counts)));
+          write(sse_done());
+        }
+      } catch (const api_error& e) {
+        write(sse_event(e.body()));
+        write(sse_done());
+      } catch (const std::exception& e) {
+        write(sse_event(api_error(500, "server_error", e.what()).body()));
+        write(sse_done());
+      }
+      metrics.observe(kDuration, {{"endpoint", label}}, seconds_since(job->arrived));
+      if (open) sink.done();
+      return open;
+    });
+  }
+};
+
+http_api::http_api(completion_engine& engine, const tokenizer& tok, std::optional<chat_template> chat,
+                   std::string chat_error, api_config config)
+    : impl_(std::make_unique<impl>(engine, tok, std::move(chat), std::move(chat_error), std::move(config))) {
+  const int threads = std::max(impl_->config.http_threads, 2);
+  impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  // A streamed answer can pause for as long as a swarm failover takes.
+  impl_->server.set_write_timeout(60, 0);
+}
+
+http_api::~http_api() { stop(); }
+
+int http_api::bind(const std::string& host, int port) {
+  const int bound = port == 0 ? impl_->server.bind_to_any_port(host) : (impl_->server.bind_to_port(host, port) ? port : -1);
+  if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
+  return bound;
+}
+
+void http_api::run() { impl_->server.listen_after_bind(); }
+
+void http_api::stop() {
+  if (impl_) impl_->server.stop();
+}
+
+metrics_registry& http_api::metrics() { return impl_->metrics; }
+
+}  // namespace corolla::api

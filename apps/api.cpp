@@ -1,0 +1,157 @@
+// corolla api — an OpenAI-compatible HTTP API over a model in this process
+// (--local) or over a swarm (--swarm / --swarm-dht), see docs/api.md.
+//
+// Prints one line on stdout once it listens, so scripts and tests can read
+// the address:
+//   corolla api tiny listening on http://127.0.0.1:8000
+// and serves until SIGINT or SIGTERM.
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "api/chat_template.hpp"
+#include "api/completion_engine.hpp"
+#include "api/http_api.hpp"
+#include "apps/commands.hpp"
+#include "apps/node_flags.hpp"
+#include "apps/swarm_flags.hpp"
+#include "kernels/backend.hpp"
+#include "model/error.hpp"
+#include "model/safetensors.hpp"
+#include "model/tokenizer.hpp"
+
+namespace corolla::app {
+namespace {
+
+struct api_args {
+  std::string model;
+  bool local = false;
+  swarm_flags swarm;
+  std::string listen = "127.0.0.1:8000";
+  std::string api_key;
+  std::string chat_template;
+  int parallel = 4;
+  int http_threads = 64;
+  std::string device = "auto";
+  std::string weights = "f32";
+  std::string kv_dtype = "f32";
+  int threads = 0;
+  std::string log_level = "warn";
+};
+
+std::pair<std::string, int> parse_listen(const std::string& text) {
+  const auto colon = text.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    try {
+      std::size_t used = 0;
+      port = std::stoi(text.substr(colon + 1), &used);
+      if (used != text.size() - colon - 1) port = -1;
+    } catch (const std::exception&) {
+      port = -1;
+    }
+  }
+  if (port < 0 || port > 65535)
+    throw std::invalid_argument("--listen must be HOST:PORT with a port in [0, 65535], got '" + text + "'");
+  return {text.substr(0, colon), port};
+}
+
+int run_api(const api_args& a) {
+  apply_common_options(a.threads, a.log_level);
+  if (a.local == a.swarm.given())
+    throw std::invalid_argument("give exactly one of --local (the model in this process) or --swarm / --swarm-dht");
+  if (a.parallel < 1) throw std::invalid_argument("--parallel must be at least 1");
+  const auto [host, port] = parse_listen(a.listen);
+  const sigset_t stop_signals = block_stop_signals();
+
+  const model_config cfg = load_config(a.model);
+  std::unique_ptr<tokenizer> tok;
+  try {
+    tok = load_tokenizer(a.model);
+  } catch (const model_error& e) {
+    throw model_error(std::string("corolla api needs the model's tokenizer: ") + e.what());
+  }
+  // A chat template given on the command line must work; the model's own
+  // may be missing (a base model), and then only chat requests fail.
+  std::optional<api::chat_template> chat;
+  std::string chat_error;
+  if (!a.chat_template.empty()) {
+    chat = api::chat_template::for_model(a.model, a.chat_template);
+  } else {
+    try {
+      chat = api::chat_template::for_model(a.model);
+    } catch (const model_error& e) {
+      chat_error = e.what();
+      spdlog::warn("api: {}; /v1/chat/completions will refuse requests", chat_error);
+    }
+  }
+
+  const dtype weights = parse_weights_flag(a.weights);
+  // The engine borrows the model or the swarm connection: declared after
+  // them, it goes first.
+  std::optional<transformer> model;
+  swarm_connection swarm;
+  std::unique_ptr<api::completion_engine> engine;
+  if (a.local) {
+    Backend& be = backend_for(parse_device(a.device));
+    model.emplace(transformer::load(a.model, be));
+    engine = api::make_local_engine(*model, a.parallel, weights, parse_kv_dtype_flag(a.kv_dtype));
+  } else {
+    const device where = a.device == "auto" ? device{} : parse_device(a.device);
+    if (where.kind != device_kind::cpu)
+      throw std::invalid_argument("--device " + a.device +
+                                  ": with --swarm the API's head runs on the cpu; the servers' --device places the blocks");
+    Backend& be = backend_for(where);
+    swarm = connect_swarm(a.swarm, a.model, cfg.n_layers);
+    head h = head::load(checkpoint::open(a.model), cfg, be);
+    engine = api::make_swarm_engine(*swarm.runtime, swarm.options, std::move(h), a.parallel, weights);
+  }
+
+  api::api_config config;
+  config.model_id = model_id_of(a.model);
+  config.api_key = a.api_key;
+  config.http_threads = std::max(a.http_threads, a.parallel + 2);
+  api::http_api server(*engine, *tok, std::move(chat), chat_error, config);
+  const int bound = server.bind(host, port);
+  std::printf("corolla api %s listening on http://%s:%d\n", config.model_id.c_str(), host.c_str(), bound);
+  std::fflush(stdout);
+  std::thread serving([&] { server.run(); });
+  const char* sig = wait_for_stop_signal(stop_signals);
+  spdlog::info("api: {}: stopping", sig);
+  server.stop();
+  serving.join();
+  return 0;
+}
+
+}  // namespace
+
+void register_api(CLI::App& app, action_fn& action) {
+  auto a = std::make_shared<api_args>();
+  auto* cmd = app.add_subcommand("api", "OpenAI-compatible HTTP API (completions, chat, /metrics) over a model or a swarm");
+  cmd->add_option("--model", a->model, "HuggingFace model directory (its name is the API's model id)")->required();
+  cmd->add_flag("--local", a->local, "Compute in this process (no swarm)");
+  add_swarm_flags(cmd, a->swarm);
+  cmd->add_option("--listen", a->listen, "HOST:PORT to serve HTTP on (port 0 = any)")->capture_default_str();
+  cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 requests");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "Chat template: " + api::known_chat_templates() +
+                      ", or a Jinja file of one of those families (default: tokenizer_config.json's)");
+  cmd->add_option("--parallel", a->parallel,
+                  "Requests generated at once (each its own generator or swarm session); more wait")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")->capture_default_str();
+  cmd->add_option("--device", a->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")
+      ->capture_default_str();
+  cmd->add_option("--weights", a->weights, "Linear weights decode reads: f32 or bf16 (with --swarm: the LM head)")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache elements with --local: f32, bf16 or f16")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+  cmd->callback([a, &action] { action = [a] { return run_api(*a); }; });
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,464 @@
+// The OpenAI-compatible server driven by a real HTTP client over loopback:
+// greedy text equals local generation, streaming equals non-streaming, stop
+// sequences, concurrent requests, every error status, a client that goes
+// away mid-stream, and /metrics moving with the traffic.
+#include <doctest/doctest.h>
+
+#include <httplib.h>
+
+#include <chrono>
+#include <future>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/corolla.hpp"
+#include "api/completion_engine.hpp"
+#include "api/openai_request.hpp"
+#include "model/generator.hpp"
+#include "model/safetensors.hpp"
+#include "tests/api/api_test_util.hpp"
+#include "tests/api/prometheus_text.hpp"
+
+using namespace corolla;
+using namespace corolla::api;
+using json = nlohmann::json;
+
+namespace {
+
+/// Greedy generation in this process, as text without the end token.
+struct reference_output {
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  stop_reason reason;
+};
+
+reference_output greedy(transformer& model, const tokenizer& tok, const std::vector<std::int32_t>& prompt,
+                        int max_tokens) {
+  generator g(model);
+  generation_params p;
+  p.max_new_tokens = max_tokens;
+  p.eos_id = model.config().eos_token_id >= 0 ? model.config().eos_token_id : tok.eos_id();
+  const auto r = g.generate(prompt, p);
+  std::vector<std::int32_t> shown = r.tokens;
+  if (r.reason == stop_reason::eos) shown.pop_back();
+  return {r.tokens, tok.decode(shown), r.reason};
+}
+
+httplib::Client client_for(int port) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  return c;
+}
+
+json post(httplib::Client& c, const std::string& path, const json& body, int want_status = 200,
+          const httplib::Headers& headers = {}) {
+  auto res = c.Post(path, headers, body.dump(), "application/json");
+  REQUIRE_MESSAGE(res, "no response to " << path);
+  INFO(res->body);
+  CHECK(res->status == want_status);
+  CHECK(res->get_header_value("Content-Type").find("application/json") == 0);
+  return json::parse(res->body);
+}
+
+/// The data events of a server-sent event stream, without the final [DONE]
+/// (which must be there, last).
+std::vector<json> stream_events(httplib::Client& c, const std::string& path, const json& body) {
+  std::string raw;
+  auto res = c.Post(path, {}, body.dump(), "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(res->get_header_value("Content-Type") == "text/event-stream");
+  raw = res->body;
+  std::vector<json> events;
+  bool done = false;
+  std::size_t at = 0;
+  while (at < raw.size()) {
+    const std::size_t end = raw.find("\n\n", at);
+    REQUIRE_MESSAGE(end != std::string::npos, "an event without its blank line: " << raw.substr(at));
+    const std::string event = raw.substr(at, end - at);
+    at = end + 2;
+    REQUIRE(event.rfind("data: ", 0) == 0);
+    CHECK_FALSE(done);
+    if (event == "data: [DONE]")
+      done = true;
+    else
+      events.push_back(json::parse(event.substr(6)));
+  }
+  CHECK(done);
+  return events;
+}
+
+/// The streamed text of completion or chat chunks, and the finish reason.
+std::pair<std::string, std::string> streamed_text(const std::vector<json>& events) {
+  std::string text, finish;
+  for (const auto& e : events) {
+    if (e["choices"].empty()) continue;
+    const auto& c = e["choices"][0];
+    if (c.contains("text")) text += c["text"].get<std::string>();
+    if (c.contains("delta") && c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) {
+      CHECK(finish.empty());
+      finish = c["finish_reason"];
+    }
+  }
+  return {text, finish};
+}
+
+double metric(int port, const std::string& series) {
+  auto c = client_for(port);
+  auto res = c.Get("/metrics");
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  const auto samples = parse_prometheus_text(res->body);
+  const auto it = samples.find(series);
+  return it == samples.end() ? 0.0 : it->second;
+}
+
+/// The local engine, slowed down per generated token, so a test can act
+/// while a generation runs.
+class slow_engine final : public completion_engine {
+ public:
+  slow_engine(completion_engine& inner, std::chrono::milliseconds per_token) : inner_(inner), per_token_(per_token) {}
+  const model_config& config() const override { return inner_.config(); }
+  void check_ready() override { inner_.check_ready(); }
+  engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                         const token_callback& on_token) override {
+    return inner_.generate(prompt, p, [&](std::int32_t id) {
+      std::this_thread::sleep_for(per_token_);
+      on_token(id);
+    });
+  }
+  int busy() const override { return inner_.busy(); }
+  int slots() const override { return inner_.slots(); }
+
+ private:
+  completion_engine& inner_;
+  std::chrono::milliseconds per_token_;
+};
+
+/// An engine that fails the way a bug would (500).
+class broken_engine final : public completion_engine {
+ public:
+  explicit broken_engine(completion_engine& inner) : inner_(inner) {}
+  const model_config& config() const override { return inner_.config(); }
+  void check_ready() override {}
+  engine_result generate(std::span<const std::int32_t>, const generation_params&, const token_callback&) override {
+    throw std::logic_error("something impossible happened");
+  }
+  int busy() const override { return 0; }
+  int slots() const override { return 1; }
+
+ private:
+  completion_engine& inner_;
+};
+
+/// A prompt whose greedy continuation has at least `min_chars` of text (the
+/// tiny random model may end early on some prompts).
+std::string long_running_prompt(local_api_server& s, std::size_t min_chars) {
+  for (const char* p : {"the cat", "a dog and", "once upon", "we the people", "in the"}) {
+    const auto ids = s.tok().encode(p, s.tok().prepends_bos());
+    if (greedy(s.model(), s.tok(), ids, 24).text.size() >= min_chars) return p;
+  }
+  FAIL("no prompt with a long enough greedy continuation");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("greedy completions equal local generation, for text and token-id prompts") {
+  testing::temp_dir_guard dir("api-greedy");
+  write_chat_model(dir.path());
+  local_api_server s(dir.path());
+  auto c = client_for(s.port());
+
+  auto models = c.Get("/v1/models");
+  REQUIRE(models);
+  CHECK(models->status == 200);
+  CHECK(json::parse(models->body)["data"][0]["id"] == "tiny");
+  CHECK(c.Get("/v1/models/tiny")->status == 200);
+  CHECK(json::parse(c.Get("/v1/models/other")->body)["error"]["code"] == "model_not_found");
+
+  for (const std::string prompt : {"the cat", "once upon a time"}) {
+    CAPTURE(prompt);
+    const auto ids = s.tok().encode(prompt, s.tok().prepends_bos());
+    const auto want = greedy(s.model(), s.tok(), ids, 12);
+    const json r = post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}});
+    CHECK(r["object"] == "text_completion");
+    CHECK(r["model"] == "tiny");
+    CHECK(r["id"].get<std::string>().rfind("cmpl-", 0) == 0);
+    CHECK(r["choices"][0]["text"] == want.text);
+    CHECK(r["choices"][0]["finish_reason"] == (want.reason == stop_reason::eos ? "stop" : "length"));
+    CHECK(r["usage"]["prompt_tokens"] == ids.size());
+    CHECK(r["usage"]["completion_tokens"] == want.tokens.size());
+    const json by_ids = post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}});
+    CHECK(by_ids["choices"][0]["text"] == want.text);
+  }
+  // Without max_tokens a completion is 16 tokens at most (the API's default).
+  const json dflt = post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the"}, {"temperature", 0}});
+  CHECK(dflt["usage"]["completion_tokens"].get<int>() <= 16);
+  // Sampling with a seed repeats itself.
+  const json sampled = {{"model", "tiny"}, {"prompt", "the"}, {"max_tokens", 10}, {"temperature", 1.0}, {"seed", 42}};
+  CHECK(post(c, "/v1/completions", sampled)["choices"][0]["text"] ==
+        post(c, "/v1/completions", sampled)["choices"][0]["text"]);
+}
+
+TEST_CASE("chat completions apply the model's template and equal local generation") {
+  testing::temp_dir_guard dir("api-chat");
+  write_chat_model(dir.path());
+  local_api_server s(dir.path());
+  auto c = client_for(s.port());
+  const std::vector<chat_message> messages = {{"system", "be short."}, {"user", "the cat and the dog"}};
+  const auto ids = chat_template::for_model(dir.path()).encode(messages, s.tok());
+  CHECK(ids.front() == s.tok().bos_id());
+  const auto want = greedy(s.model(), s.tok(), ids, 20);
+  const json body = {{"model", "tiny"},
+                     {"messages", {{{"role", "system"}, {"content", "be short."}}, {{"role", "user"}, {"content", "the cat and the dog"}}}},
+                     {"max_tokens", 20},
+                     {"temperature", 0}};
+  const json r = post(c, "/v1/chat/completions", body);
+  CHECK(r["object"] == "chat.completion");
+  CHECK(r["choices"][0]["message"]["role"] == "assistant");
+  CHECK(r["choices"][0]["message"]["content"] == want.text);
+  CHECK(r["usage"]["prompt_tokens"] == ids.size());
+  CHECK(r["usage"]["completion_tokens"] == want.tokens.size());
+
+  json streamed = body;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  const auto events = stream_events(c, "/v1/chat/completions", streamed);
+  REQUIRE(events.size() >= 3);
+  CHECK(events.front()["choices"][0]["delta"]["role"] == "assistant");
+  const auto [text, finish] = streamed_text(events);
+  CHECK(text == want.text);
+  CHECK(finish == r["choices"][0]["finish_reason"]);
+  CHECK(events.back()["choices"].empty());
+  CHECK(events.back()["usage"] == r["usage"]);
+  for (const auto& e : events) CHECK(e["id"] == events.front()["id"]);
+
+  // A conversation the template cannot render is a 400, not a dropped connection.
+  const json bad = post(c, "/v1/chat/completions",
+                        {{"model", "tiny"}, {"messages", {{{"role", "assistant"}, {"content", "x"}}}}}, 400);
+  CHECK(bad["error"]["message"].get<std::string>().find("alternate") != std::string::npos);
+}
+
+TEST_CASE("streaming equals non-streaming, and stop sequences cut both alike") {
+  testing::temp_dir_guard dir("api-stream");
+  write_chat_model(dir.path());
+  local_api_server s(dir.path());
+  auto c = client_for(s.port());
+  const std::string prompt = long_running_prompt(s, 8);
+  const json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}};
+  const json whole = post(c, "/v1/completions", body);
+  const std::string full = whole["choices"][0]["text"];
+  json streaming = body;
+  streaming["stream"] = true;
+  const auto [text, finish] = streamed_text(stream_events(c, "/v1/completions", streaming));
+  CHECK(text == full);
+  CHECK(finish == whole["choices"][0]["finish_reason"]);
+
+  // A stop sequence from the middle of the text: both answers end before
+  // its first occurrence, with finish_reason "stop".
+  const std::string stop = full.substr(full.size() / 2, 2);
+  const std::string cut = full.substr(0, full.find(stop));
+  json stopped = body;
+  stopped["stop"] = json::array({"\x01never", stop});
+  const json r = post(c, "/v1/completions", stopped);
+  CHECK(r["choices"][0]["text"] == cut);
+  CHECK(r["choices"][0]["finish_reason"] == "stop");
+  // Generation ended at the stop sequence, not at max_tokens.
+  CHECK(r["usage"]["completion_tokens"].get<int>() < whole["usage"]["completion_tokens"].get<int>());
+  stopped["stream"] = true;
+  const auto [stext, sfinish] = streamed_text(stream_events(c, "/v1/completions", stopped));
+  CHECK(stext == cut);
+  CHECK(sfinish == "stop");
+}
+
+TEST_CASE("concurrent requests each get the answer they would get alone") {
+  testing::temp_dir_guard dir("api-concurrent");
+  write_chat_model(dir.path());
+  local_api_server s(dir.path(), {}, 3);  // 3 slots for 6 requests: some wait
+  const std::vector<std::string> prompts = {"the cat", "a dog", "once", "in the", "we", "the end of"};
+  std::vector<std::string> alone;
+  for (const auto& p : prompts)
+    alone.push_back(greedy(s.model(), s.tok(), s.tok().encode(p, s.tok().prepends_bos()), 16).text);
+  std::vector<std::future<std::string>> answers;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    answers.push_back(std::async(std::launch::async, [&, i] {
+      auto c = client_for(s.port());
+      json body = {{"model", "tiny"}, {"prompt", prompts[i]}, {"max_tokens", 16}, {"temperature", 0}};
+      if (i % 2 == 1) {
+        body["stream"] = true;
+        auto res = c.Post("/v1/completions", body.dump(), "application/json");
+        if (!res || res->status != 200) return std::string("(failed)");
+        std::string text;
+        std::size_t at = 0;
+        while ((at = res->body.find("data: {", at)) != std::string::npos) {
+          const auto end = res->body.find("\n\n", at);
+          text += json::parse(res->body.substr(at + 6, end - at - 6))["choices"][0]["text"].get<std::string>();
+          at = end;
+        }
+        return text;
+      }
+      auto res = c.Post("/v1/completions", body.dump(), "application/json");
+      if (!res || res->status != 200) return std::string("(failed)");
+      return json::parse(res->body)["choices"][0]["text"].get<std::string>();
+    }));
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(prompts[i]);
+    CHECK(answers[i].get() == alone[i]);
+  }
+  CHECK(metric(s.port(), "corolla_api_requests_in_flight") == 0);
+}
+
+TEST_CASE("every error is an OpenAI error object with its status") {
+  testing::temp_dir_guard dir("api-errors");
+  write_chat_model(dir.path(), 32);
+  local_api_server s(dir.path(), "sekrit");
+  auto c = client_for(s.port());
+  const json ok = {{"model", "tiny"}, {"prompt", "the"}, {"max_tokens", 2}};
+  const httplib::Headers auth = {{"Authorization", "Bearer sekrit"}};
+
+  // 401: no key, a wrong key; the right one works.
+  CHECK(post(c, "/v1/completions", ok, 401)["error"]["code"] == "invalid_api_key");
+  CHECK(post(c, "/v1/completions", ok, 401, {{"Authorization", "Bearer wrong"}})["error"]["message"] ==
+        "Incorrect API key provided.");
+  CHECK(c.Get("/v1/models")->status == 401);
+  post(c, "/v1/completions", ok, 200, auth);
+  // 400: broken JSON, a bad parameter, a prompt beyond the context.
+  auto broken = c.Post("/v1/completions", auth, "{\"model\":", "application/json");
+  REQUIRE(broken);
+  CHECK(broken->status == 400);
+  CHECK(json::parse(broken->body)["error"]["type"] == "invalid_request_error");
+  json hot = ok;
+  hot["temperature"] = 9;
+  CHECK(post(c, "/v1/completions", hot, 400, auth)["error"]["param"] == "temperature");
+  json too_long = ok;
+  too_long["prompt"] = std::vector<int>(40, 5);
+  const json ctx = post(c, "/v1/completions", too_long, 400, auth);
+  CHECK(ctx["error"]["code"] == "context_length_exceeded");
+  CHECK(ctx["error"]["message"].get<std::string>().find("maximum context length is 32 tokens") != std::string::npos);
+  json out_of_vocab = ok;
+  out_of_vocab["prompt"] = {1, 100000};
+  CHECK(post(c, "/v1/completions", out_of_vocab, 400, auth)["error"]["message"].get<std::string>().find(
+            "outside the vocabulary") != std::string::npos);
+  // 404: an unknown model, an unknown route.
+  json other = ok;
+  other["model"] = "gpt-4";
+  CHECK(post(c, "/v1/completions", other, 404, auth)["error"]["code"] == "model_not_found");
+  auto route = c.Get("/v1/nothing", auth);
+  REQUIRE(route);
+  CHECK(route->status == 404);
+  CHECK(json::parse(route->body)["error"]["message"] == "Unknown route GET /v1/nothing");
+  // /metrics needs no key; the refusals were counted by status.
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"401\"}") == 2);
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"400\"}") == 4);
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"404\"}") == 1);
+}
+
+TEST_CASE("an engine failure is a 500 with an error object, before and during a stream") {
+  testing::temp_dir_guard dir("api-500");
+  write_chat_model(dir.path());
+  local_api_server s(dir.path(), {}, 1,
+                     [](completion_engine& local) { return std::make_unique<broken_engine>(local); });
+  auto c = client_for(s.port());
+  const json e = post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the"}}, 500);
+  CHECK(e["error"]["type"] == "server_error");
+  CHECK(e["error"]["message"].get<std::string>().find("something impossible happened") != std::string::npos);
+  // In a stream the status is already sent: the error comes as an event.
+  const auto events = stream_events(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the"}, {"stream", true}});
+  REQUIRE_FALSE(events.empty());
+  CHECK(events.back()["error"]["type"] == "server_error");
+}
+
+TEST_CASE("a swarm with no server covering the blocks answers 503") {
+  testing::temp_dir_guard dir("api-503");
+  write_chat_model(dir.path());
+  auto runtime = node::start({});
+  REQUIRE(runtime);
+  swarm_client_options o;
+  o.servers = {"tcp://127.0.0.1:1"};  // nothing listens there
+  o.connect_timeout = std::chrono::milliseconds(300);
+  o.model = "tiny";
+  const model_config cfg = load_config(dir.path());
+  auto engine = make_swarm_engine(**runtime, o, head::load(checkpoint::open(dir.path()), cfg, cpu_backend()), 2);
+  const auto tok = load_tokenizer(dir.path());
+  api_config ac;
+  ac.model_id = "tiny";
+  http_api server(*engine, *tok, std::nullopt, "this model has no chat template", ac);
+  const int port = server.bind("127.0.0.1", 0);
+  std::thread serving([&] { server.run(); });
+  auto c = client_for(port);
+  const json e = post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the"}}, 503);
+  CHECK(e["error"]["code"] == "swarm_unavailable");
+  // No chat template: chat requests are refused with the reason.
+  const json chat = post(c, "/v1/chat/completions",
+                         {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}}, 400);
+  CHECK(chat["error"]["message"] == "this model has no chat template");
+  server.stop();
+  serving.join();
+}
+
+TEST_CASE("a client that goes away mid-stream ends its generation and frees its slot") {
+  testing::temp_dir_guard dir("api-disconnect");
+  write_chat_model(dir.path());
+  local_api_server s(dir.path(), {}, 1, [](completion_engine& local) {
+    return std::make_unique<slow_engine>(local, std::chrono::milliseconds(25));
+  });
+  {
+    auto c = client_for(s.port());
+    int chunks = 0;
+    const json body = {{"model", "tiny"}, {"prompt", "the"}, {"max_tokens", 100}, {"temperature", 0},
+                       {"stream", true}, {"stop", "\x01"}};
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, std::size_t, std::uint64_t, std::uint64_t) { return ++chunks < 2; };
+    c.send(req);  // ends with an error: the receiver gave up
+    CHECK(chunks == 2);
+  }
+  // The server notices at its next write and stops generating.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (metric(s.port(), "corolla_api_client_disconnects_total") < 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(metric(s.port(), "corolla_api_client_disconnects_total") == 1);
+  CHECK(metric(s.port(), "corolla_api_requests_in_flight") == 0);
+  CHECK(s.engine().busy() == 0);
+  CHECK(metric(s.port(), "corolla_api_completion_tokens_total") < 100);
+  // The one slot serves the next request.
+  auto c = client_for(s.port());
+  post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the"}, {"max_tokens", 2}});
+}
+
+TEST_CASE("/metrics counts requests, tokens and latencies") {
+  testing::temp_dir_guard dir("api-metrics");
+  write_chat_model(dir.path());
+  local_api_server s(dir.path());
+  auto c = client_for(s.port());
+  int completion_tokens = 0, prompt_tokens = 0;
+  for (int i = 0; i < 3; ++i) {
+    const json r = post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the cat"}, {"max_tokens", 5}});
+    completion_tokens += r["usage"]["completion_tokens"].get<int>();
+    prompt_tokens += r["usage"]["prompt_tokens"].get<int>();
+  }
+  stream_events(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the cat"}, {"max_tokens", 5}, {"stream", true}});
+  auto res = c.Get("/metrics");
+  REQUIRE(res);
+  CHECK(res->get_header_value("Content-Type").find("text/plain; version=0.0.4") == 0);
+  const auto m = parse_prometheus_text(res->body);
+  CHECK(m.at("corolla_api_requests_total{endpoint=\"completions\",status=\"200\"}") == 4);
+  CHECK(m.at("corolla_api_prompt_tokens_total") == prompt_tokens + prompt_tokens / 3);
+  CHECK(m.at("corolla_api_completion_tokens_total") >= completion_tokens + 1);
+  CHECK(m.at("corolla_api_request_duration_seconds_count{endpoint=\"completions\"}") == 4);
+  CHECK(m.at("corolla_api_time_to_first_token_seconds_count{endpoint=\"completions\"}") == 4);
+  CHECK(m.at("corolla_api_slots") == 4);
+  CHECK(m.at("corolla_api_requests_in_flight") == 0);
+  auto health = c.Get("/health");
+  REQUIRE(health);
+  CHECK(json::parse(health->body)["status"] == "ok");
+}
