@@ -105,7 +105,7 @@ struct http_api::impl {
 
   static void send_error(httplib::Response& res, const api_error& e) {
     res.status = e.status();
-    res.set_content(e.body().dump(), "application/json");
+    res.set_content(to_body(e.body()), "application/json");
   }
 
   void authorize(const httplib::Request& req) const {
@@ -229,6 +229,7 @@ struct http_api::impl {
     p.sampling.temperature = r.temperature;
     p.sampling.top_p = r.top_p;
     p.sampling.seed = r.seed ? *r.seed : std::random_device{}();
+    p.ignore_eos = r.ignore_eos;
     p.stop_ids = job->end_ids;
     // As corolla generate: the tokenizer's EOS when config.json names none.
     p.eos_id = cfg.eos_token_id >= 0 ? cfg.eos_token_id : tok.eos_id();
@@ -304,7 +305,7 @@ struct http_api::impl {
       }
       std::string text;
       const completion_outcome out = run(*job, [&](const std::string& piece) { text += piece; }, {});
-      res.set_content(response_json(job->header, text, out.finish_reason, out.counts).dump(), "application/json");
+      res.set_content(to_body(response_json(job->header, text, out.finish_reason, out.counts)), "application/json");
       metrics.observe(kDuration, {{"endpoint", label}}, seconds_since(job->arrived));
     });
   }

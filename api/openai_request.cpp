@@ -211,6 +211,10 @@ completion_request parse_request(const std::string& body, endpoint to) {
     if (!j.at("stream").is_boolean()) throw invalid_request("stream must be a boolean", "stream");
     r.stream = j.at("stream").get<bool>();
   }
+  if (j.contains("ignore_eos") && !j.at("ignore_eos").is_null()) {
+    if (!j.at("ignore_eos").is_boolean()) throw invalid_request("ignore_eos must be a boolean", "ignore_eos");
+    r.ignore_eos = j.at("ignore_eos").get<bool>();
+  }
   if (j.contains("stream_options") && !j.at("stream_options").is_null()) {
     const auto& so = j.at("stream_options");
     if (!so.is_object()) throw invalid_request("stream_options must be an object", "stream_options");
@@ -282,7 +286,9 @@ json usage_chunk_json(const response_header& h, const usage& u) {
   return r;
 }
 
-std::string sse_event(const json& j) { return "data: " + j.dump() + "\n\n"; }
+std::string to_body(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse_event(const json& j) { return "data: " + to_body(j) + "\n\n"; }
 
 std::string sse_done() { return "data: [DONE]\n\n"; }
 

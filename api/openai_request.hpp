@@ -63,6 +63,9 @@ struct completion_request {
   std::vector<std::string> stop;  ///< at most 4 non-empty strings
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage
+  /// Extension (vLLM's name): keep generating past the end-of-sequence and
+  /// end-of-turn tokens, up to max_tokens (for benchmarks).
+  bool ignore_eos = false;
 };
 
 /// Parses and validates a request body. Throws api_error (400, naming the
@@ -96,6 +99,10 @@ nlohmann::json chunk_json(const response_header& h, const std::string& text, con
 /// choices, the usage.
 nlohmann::json usage_chunk_json(const response_header& h, const usage& u);
 
+/// `j` as a response body. Generated text may hold invalid UTF-8 (a model
+/// is free to sample bytes that form no character): such bytes become
+/// U+FFFD, as OpenAI-compatible servers do, instead of failing the answer.
+std::string to_body(const nlohmann::json& j);
 /// One server-sent event: "data: <json>\n\n".
 std::string sse_event(const nlohmann::json& j);
 /// The event that ends an OpenAI stream: "data: [DONE]\n\n".

@@ -46,6 +46,9 @@ void register_bench_interleave(CLI::App* bench, action_fn& action);
 void register_bench_gemm(CLI::App* bench, action_fn& action);
 /// `corolla bench swarm`: a 3-server chain on loopback vs local decode (apps/bench_swarm.cpp).
 void register_bench_swarm(CLI::App* bench, action_fn& action);
+/// `corolla bench api`: the OpenAI-compatible API over a local swarm vs the
+/// swarm engine directly (apps/bench_api.cpp).
+void register_bench_api(CLI::App* bench, action_fn& action);
 /// `corolla bench attention`: training attention per matmul precision vs the
 /// GEMM rate at that precision (apps/bench_attention.cpp).
 void register_bench_attention(CLI::App* bench, action_fn& action);

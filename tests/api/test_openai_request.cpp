@@ -39,7 +39,7 @@ TEST_CASE("a completion request is parsed with OpenAI's defaults") {
   const auto ids = parse_request(
       R"({"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0, "top_p": 0.5, "seed": 7,
           "stop": ["a", "bc"], "stream": true, "stream_options": {"include_usage": true}, "n": 1,
-          "presence_penalty": 0, "user": "someone"})",
+          "presence_penalty": 0, "user": "someone", "ignore_eos": true})",
       endpoint::completions);
   CHECK(ids.prompt_ids == std::vector<std::int32_t>{1, 2, 3});
   CHECK(ids.max_tokens == 5);
@@ -49,6 +49,7 @@ TEST_CASE("a completion request is parsed with OpenAI's defaults") {
   CHECK(ids.stop == std::vector<std::string>{"a", "bc"});
   CHECK(ids.stream);
   CHECK(ids.include_usage);
+  CHECK(ids.ignore_eos);
   CHECK(parse_request(R"({"model": "m", "prompt": ["only one"], "stop": "x"})", endpoint::completions).stop ==
         std::vector<std::string>{"x"});
 }
@@ -93,6 +94,7 @@ TEST_CASE("invalid requests are refused with a 400 naming the parameter") {
       {with("stop", ""), "stop", "must not be empty"},
       {with("stop", 3), "stop", "string or an array"},
       {with("stream", "yes"), "stream", "boolean"},
+      {with("ignore_eos", 1), "ignore_eos", "boolean"},
       {with("stream_options", {{"include_usage", true}}), "stream_options", "only allowed with stream"},
       {with("seed", "x"), "seed", "integer"},
       {with("logprobs", 2), "logprobs", "not supported"},
@@ -161,6 +163,10 @@ TEST_CASE("responses and stream chunks have the OpenAI shapes") {
   CHECK(u["usage"]["completion_tokens"] == 6);
   CHECK(sse_event(json{{"a", 1}}) == "data: {\"a\":1}\n\n");
   CHECK(sse_done() == "data: [DONE]\n\n");
+  // Bytes a model sampled that form no UTF-8 character become U+FFFD
+  // instead of failing the answer.
+  CHECK(to_body(json("ok \xff\xfe!")) == "\"ok \xEF\xBF\xBD\xEF\xBF\xBD!\"");
+  CHECK(sse_event(json{{"text", "\xc3"}}) == "data: {\"text\":\"\xEF\xBF\xBD\"}\n\n");
 }
 
 TEST_CASE("stop sequences cut streamed text where the whole text would be cut") {

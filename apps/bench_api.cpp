@@ -1,0 +1,350 @@
+// corolla bench api — the OpenAI-compatible API over a local swarm of
+// `corolla serve` processes, under 1, 8 and 32 concurrent streaming
+// clients, next to the same load put on the same swarm engine directly (what
+// `corolla generate --swarm` does in-process) in the same run:
+//  * requests/s and generated tokens/s of each;
+//  * time to first token (the first streamed chunk; directly: the first
+//    sampled token), median and worst;
+//  * the API's overhead per token: the mean request time through HTTP minus
+//    the direct one, divided by the tokens of a request;
+//  * greedy text through the API must equal the direct tokens' text.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <httplib.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "actors/corolla.hpp"
+#include "api/completion_engine.hpp"
+#include "api/http_api.hpp"
+#include "api/openai_request.hpp"
+#include "apps/commands.hpp"
+#include "apps/local_swarm.hpp"
+#include "kernels/backend.hpp"
+#include "model/safetensors.hpp"
+#include "model/tokenizer.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::app {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+struct api_bench_options {
+  std::string model_dir;
+  std::uint64_t seed = 0;
+  int servers = 2;
+  std::vector<int> clients{1, 8, 32};
+  int prompt_tokens = 16;
+  int new_tokens = 16;
+  bool json_only = false;
+};
+
+double seconds_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+/// A byte-level BPE tokenizer.json with exactly `vocab` ids: the 256 bytes,
+/// then merges of printable byte pairs, so every id the random model can
+/// generate decodes to text.
+void write_bench_tokenizer(const fs::path& dir, int vocab) {
+  std::vector<std::string> chars(256);
+  int shifted = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    const int cp = printable ? b : 256 + shifted++;
+    std::string s;
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else {
+      s += static_cast<char>(0xc0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3f));
+    }
+    chars[static_cast<std::size_t>(b)] = s;
+  }
+  json v = json::object();
+  for (int b = 0; b < 256; ++b) v[chars[static_cast<std::size_t>(b)]] = b;
+  json merges = json::array();
+  int id = 256;
+  for (int a = '!'; a <= '~' && id < vocab; ++a)
+    for (int b = '!'; b <= '~' && id < vocab; ++b) {
+      const std::string l = chars[static_cast<std::size_t>(a)], r = chars[static_cast<std::size_t>(b)];
+      merges.push_back(l + " " + r);
+      v[l + r] = id++;
+    }
+  if (id < vocab) throw std::invalid_argument("bench api: the default tokenizer covers at most " + std::to_string(id) + " ids");
+  const json tok = {{"version", "1.0"},
+                    {"added_tokens", json::array()},
+                    {"normalizer", nullptr},
+                    {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                    {"post_processor", nullptr},
+                    {"decoder", {{"type", "ByteLevel"}}},
+                    {"model", {{"type", "BPE"}, {"vocab", v}, {"merges", merges}}}};
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+}
+
+/// What one level of concurrency measured, one way.
+struct load_result {
+  double wall_s = 0;
+  std::vector<double> first_token_s;  ///< per request
+  std::vector<double> request_s;      ///< per request
+  std::vector<std::string> texts;     ///< per request
+  int tokens = 0;                     ///< generated in all
+  int failed = 0;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+/// `clients` requests at once, straight on the engine.
+load_result run_direct(api::completion_engine& engine, const tokenizer& tok,
+                       const std::vector<std::vector<std::int32_t>>& prompts, int clients, int new_tokens) {
+  load_result r;
+  r.first_token_s.resize(static_cast<std::size_t>(clients));
+  r.request_s.resize(static_cast<std::size_t>(clients));
+  r.texts.resize(static_cast<std::size_t>(clients));
+  std::vector<int> counts(static_cast<std::size_t>(clients));
+  const auto t0 = clock_type::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i)
+    threads.emplace_back([&, i] {
+      const auto u = static_cast<std::size_t>(i);
+      const auto start = clock_type::now();
+      generation_params p;
+      p.max_new_tokens = new_tokens;
+      p.ignore_eos = true;
+      bool first = true;
+      try {
+        const auto out = engine.generate(prompts[u % prompts.size()], p, [&](std::int32_t) {
+          if (first) r.first_token_s[u] = seconds_between(start, clock_type::now()), first = false;
+        });
+        // As the API writes text: bytes that form no UTF-8 character as U+FFFD.
+        r.texts[u] = json::parse(api::to_body(json(tok.decode(out.result.tokens)))).get<std::string>();
+        counts[u] = static_cast<int>(out.result.tokens.size());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench api: direct request %d failed: %s\n", i, e.what());
+        counts[u] = -1;
+      }
+      r.request_s[u] = seconds_between(start, clock_type::now());
+    });
+  for (auto& t : threads) t.join();
+  r.wall_s = seconds_between(t0, clock_type::now());
+  for (int c : counts) c < 0 ? ++r.failed : r.tokens += c;
+  return r;
+}
+
+/// `clients` streaming requests at once through the HTTP API.
+load_result run_http(int port, const std::string& model_id, const std::vector<std::vector<std::int32_t>>& prompts,
+                     int clients, int new_tokens) {
+  load_result r;
+  r.first_token_s.resize(static_cast<std::size_t>(clients));
+  r.request_s.resize(static_cast<std::size_t>(clients));
+  r.texts.resize(static_cast<std::size_t>(clients));
+  std::vector<int> counts(static_cast<std::size_t>(clients));
+  const auto t0 = clock_type::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i)
+    threads.emplace_back([&, i] {
+      const auto u = static_cast<std::size_t>(i);
+      httplib::Client c("127.0.0.1", port);
+      c.set_read_timeout(300, 0);
+      const json body = {{"model", model_id},         {"prompt", prompts[u % prompts.size()]},
+                         {"max_tokens", new_tokens},  {"temperature", 0},
+                         {"ignore_eos", true},        {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = body.dump();
+      req.set_header("Content-Type", "application/json");
+      std::string raw;
+      bool first = true;
+      const auto start = clock_type::now();
+      req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+        if (first) r.first_token_s[u] = seconds_between(start, clock_type::now()), first = false;
+        raw.append(data, n);
+        return true;
+      };
+      auto res = c.send(req);
+      r.request_s[u] = seconds_between(start, clock_type::now());
+      if (!res || res->status != 200) {
+        std::fprintf(stderr, "bench api: request %d failed (%s)\n", i, res ? std::to_string(res->status).c_str() : "no answer");
+        counts[u] = -1;
+        return;
+      }
+      for (std::size_t at = 0; (at = raw.find("data: {", at)) != std::string::npos;) {
+        const auto end = raw.find("\n\n", at);
+        const json e = json::parse(raw.substr(at + 6, end - at - 6));
+        if (e.contains("usage") && e["usage"].is_object()) counts[u] = e["usage"]["completion_tokens"].get<int>();
+        if (e.contains("choices") && !e["choices"].empty()) r.texts[u] += e["choices"][0]["text"].get<std::string>();
+        at = end;
+      }
+    });
+  for (auto& t : threads) t.join();
+  r.wall_s = seconds_between(t0, clock_type::now());
+  for (int c : counts) c < 0 ? ++r.failed : r.tokens += c;
+  return r;
+}
+
+int run_bench_api(const api_bench_options& o) {
+  if (o.servers < 1) throw std::invalid_argument("--servers must be at least 1");
+  for (int c : o.clients)
+    if (c < 1) throw std::invalid_argument("--clients must be positive");
+  fs::path dir = o.model_dir;
+  std::optional<fs::path> temp;
+  if (dir.empty()) {
+    temp = fs::temp_directory_path() / ("corolla-bench-api-" + std::to_string(::getpid()));
+    fs::create_directories(*temp);
+    std::fprintf(stderr, "bench api: writing the random bench model and a tokenizer to %s ...\n", temp->c_str());
+    transformer::init(bench_llama_config(), o.seed, cpu_backend()).save(*temp);
+    write_bench_tokenizer(*temp, bench_llama_config().vocab_size);
+    dir = *temp;
+  }
+  struct remove_temp {
+    std::optional<fs::path>& p;
+    ~remove_temp() {
+      std::error_code ec;
+      if (p) fs::remove_all(*p, ec);
+    }
+  } cleanup{temp};
+
+  const model_config cfg = load_config(dir);
+  if (o.servers > cfg.n_layers) throw std::invalid_argument("more servers than blocks");
+  const auto tok = load_tokenizer(dir);
+  std::mt19937_64 rng(o.seed + 11);
+  std::vector<std::vector<std::int32_t>> prompts(4);
+  for (auto& p : prompts)
+    for (int i = 0; i < o.prompt_tokens; ++i) p.push_back(static_cast<std::int32_t>(rng() % cfg.vocab_size));
+
+  std::fprintf(stderr, "bench api: %d layers, dim %lld; starting %d server(s)...\n", cfg.n_layers,
+               static_cast<long long>(cfg.hidden_size), o.servers);
+  local_swarm sw;
+  const int server_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / (o.servers + 1));
+  for (int i = 0; i < o.servers; ++i)
+    sw.start(dir, "s-" + std::to_string(i), cfg.n_layers * i / o.servers, cfg.n_layers * (i + 1) / o.servers,
+             {"--threads", std::to_string(server_threads), "--log-level", "error"});
+  auto runtime = node::start([] {
+    node_options no;
+    no.listen = "";
+    return no;
+  }());
+  if (!runtime) throw std::runtime_error("bench api: the client node did not start: " + error_message(runtime.error()));
+  swarm_client_options so;
+  so.servers = sw.endpoints();
+  so.model = model_id_of(dir.string());
+  const int slots = *std::max_element(o.clients.begin(), o.clients.end());
+  auto engine = api::make_swarm_engine(**runtime, so, head::load(checkpoint::open(dir), cfg, cpu_backend()), slots);
+  api::api_config ac;
+  ac.model_id = so.model;
+  ac.http_threads = slots + 4;
+  api::http_api server(*engine, *tok, std::nullopt, "bench api: no chat", ac);
+  const int port = server.bind("127.0.0.1", 0);
+  std::thread serving([&] { server.run(); });
+  struct stop_server {
+    api::http_api& s;
+    std::thread& t;
+    ~stop_server() {
+      s.stop();
+      t.join();
+    }
+  } stopper{server, serving};
+
+  // Warm-up: routes, caches, the first connection.
+  engine->check_ready();
+  run_direct(*engine, *tok, prompts, 1, 2);
+  run_http(port, ac.model_id, prompts, 1, 2);
+
+  json levels = json::array();
+  bool equal = true;
+  if (!o.json_only)
+    std::printf("%8s  %-6s  %9s  %9s  %10s  %10s  %13s\n", "clients", "path", "req/s", "tokens/s", "TTFT p50",
+                "TTFT max", "overhead/tok");
+  for (int c : o.clients) {
+    std::fprintf(stderr, "bench api: %d concurrent client(s)...\n", c);
+    const load_result direct = run_direct(*engine, *tok, prompts, c, o.new_tokens);
+    const load_result http = run_http(port, ac.model_id, prompts, c, o.new_tokens);
+    const bool same = direct.failed == 0 && http.failed == 0 && direct.texts == http.texts;
+    equal = equal && same;
+    const double overhead_ms = (mean(http.request_s) - mean(direct.request_s)) / o.new_tokens * 1e3;
+    const auto row = [&](const char* path, const load_result& r, bool with_overhead) {
+      if (o.json_only) return;
+      std::printf("%8d  %-6s  %9.2f  %9.1f  %8.1fms  %8.1fms  %11s\n", c, path, c / r.wall_s, r.tokens / r.wall_s,
+                  median(r.first_token_s) * 1e3, *std::max_element(r.first_token_s.begin(), r.first_token_s.end()) * 1e3,
+                  with_overhead ? (std::to_string(overhead_ms).substr(0, 6) + "ms").c_str() : "");
+    };
+    row("direct", direct, false);
+    row("http", http, true);
+    const auto level_json = [&](const load_result& r) {
+      return json{{"requests_per_s", c / r.wall_s},
+                  {"tokens_per_s", r.tokens / r.wall_s},
+                  {"ttft_p50_ms", median(r.first_token_s) * 1e3},
+                  {"ttft_max_ms", *std::max_element(r.first_token_s.begin(), r.first_token_s.end()) * 1e3},
+                  {"failed", r.failed}};
+    };
+    levels.push_back({{"clients", c},
+                      {"direct", level_json(direct)},
+                      {"http", level_json(http)},
+                      {"http_to_direct_tokens_per_s", (http.tokens / http.wall_s) / (direct.tokens / direct.wall_s)},
+                      {"overhead_ms_per_token", overhead_ms},
+                      {"same_text", same}});
+  }
+  const json out = {{"bench", "api"},
+                    {"layers", cfg.n_layers},
+                    {"hidden", cfg.hidden_size},
+                    {"servers", o.servers},
+                    {"prompt_tokens", o.prompt_tokens},
+                    {"new_tokens", o.new_tokens},
+                    {"levels", levels},
+                    {"same_text", equal}};
+  if (!o.json_only)
+    std::printf("greedy text through the API equals the direct tokens' text: %s\n", equal ? "yes" : "NO");
+  std::printf("%s\n", out.dump().c_str());
+  return equal ? 0 : 1;
+}
+
+}  // namespace
+
+void register_bench_api(CLI::App* bench, action_fn& action) {
+  static api_bench_options o;
+  auto* cmd = bench->add_subcommand(
+      "api", "The OpenAI-compatible API over a local swarm vs the same load on the swarm engine directly");
+  cmd->add_option("--model", o.model_dir,
+                  "HuggingFace model directory with a tokenizer (default: the random ~100M-parameter bench model "
+                  "with a byte-level BPE tokenizer, written to a temporary directory)");
+  cmd->add_option("--seed", o.seed, "Seed of the random default model and the prompts")->capture_default_str();
+  cmd->add_option("--servers", o.servers, "Servers in the chain (the blocks split evenly)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--clients", o.clients, "Concurrent streaming clients, one run each")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens", o.prompt_tokens, "Prompt length")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--new-tokens", o.new_tokens, "Tokens generated per request")
+      ->check(CLI::Range(2, 4096))
+      ->capture_default_str();
+  cmd->add_flag("--json", o.json_only, "Print only the JSON result line");
+  cmd->callback([&action] { action = [] { return run_bench_api(o); }; });
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,174 @@
+// `corolla api` as a process, over a swarm of `corolla serve` processes on
+// loopback: greedy text equals `corolla generate`'s (local and --swarm), a
+// server killed mid-stream is replaced and the text does not change, and the
+// process stops cleanly on SIGTERM.
+#include <doctest/doctest.h>
+
+#include <httplib.h>
+#include <signal.h>
+
+#include <regex>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/actors/swarm_fixtures.hpp"
+#include "tests/api/api_test_util.hpp"
+#include "tests/api/prometheus_text.hpp"
+#include "tests/support/cli_expect.hpp"
+
+using namespace corolla;
+using namespace corolla::swarm_test;
+using json = nlohmann::json;
+
+namespace {
+
+/// `corolla api` started with `args` after the common ones; returns it and
+/// its port once it printed its readiness line.
+std::pair<child_process, int> start_api(const std::string& model, std::vector<std::string> args) {
+  std::vector<std::string> all{"api", "--model", model, "--listen", "127.0.0.1:0", "--threads", "1", "--log-level", "info"};
+  all.insert(all.end(), args.begin(), args.end());
+  child_process p = child_process::corolla(all);
+  auto line = p.wait_line(std::regex(R"(corolla api (\S+) listening on http://127\.0\.0\.1:(\d+))"), 30s);
+  REQUIRE_MESSAGE(line, "corolla api printed no readiness line; stderr:\n" << p.err());
+  const int port = std::stoi((*line)[2].str());
+  return {std::move(p), port};
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+/// The servers of the last route the API's swarm client logged.
+std::vector<std::string> last_route(const child_process& api) {
+  const std::string err = api.err();
+  const auto at = err.rfind("swarm: route ");
+  if (at == std::string::npos) return {};
+  const std::string line = err.substr(at, err.find('\n', at) - at);
+  std::vector<std::string> out;
+  static const std::regex via(R"( via (\S+))");
+  for (auto it = std::sregex_iterator(line.begin(), line.end(), via); it != std::sregex_iterator(); ++it)
+    out.push_back((*it)[1].str());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("corolla api over a swarm answers as corolla generate does, through a server killed mid-stream") {
+  swarm_model m(architecture::llama);
+  // The swarm model again, with a tokenizer and a chat template.
+  testing::tiny_model_options o = m.opts;
+  o.vocab = 128;
+  o.max_positions = 128;
+  o.sentencepiece_tokenizer = true;
+  testing::write_tiny_model(m.dir.path(), o);
+  const std::string model = m.dir.path().string();
+  const std::string prompt = "the cat and the dog";
+  const int max_tokens = 24;
+
+  const auto local = testing::run_corolla(
+      {"generate", "--model", model, "--prompt", prompt, "--max-new-tokens", std::to_string(max_tokens)}, 60s);
+  REQUIRE_MESSAGE(local.exit_code == 0, local.err);
+  REQUIRE(local.out.size() > 1);
+  const std::string want = local.out.substr(0, local.out.size() - 1);  // generate ends the text with a newline
+
+  // Each span held twice; every server's messages take 30 ms, so a
+  // generation lasts long enough to lose a server in the middle of it.
+  swarm_processes sw;
+  for (const auto& [id, a, b] : std::vector<std::tuple<std::string, int, int>>{
+           {"s-a", 0, 2}, {"s-c", 0, 2}, {"s-b", 2, 4}, {"s-d", 2, 4}})
+    sw.start(m, id, a, b, {"--link-profile", "lat=30ms"});
+  const auto through_swarm = testing::run_corolla({"generate", "--model", model, "--prompt", prompt, "--max-new-tokens",
+                                                   std::to_string(max_tokens), "--swarm", join(sw.list())},
+                                                  60s);
+  REQUIRE_MESSAGE(through_swarm.exit_code == 0, through_swarm.err);
+  CHECK(through_swarm.out == local.out);
+
+  auto [api, port] = start_api(model, {"--swarm", join(sw.list())});
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  const json body = {{"model", m.dir.path().filename().string()},
+                     {"prompt", prompt},
+                     {"max_tokens", max_tokens},
+                     {"temperature", 0}};
+  auto res = c.Post("/v1/completions", body.dump(), "application/json");
+  REQUIRE(res);
+  REQUIRE_MESSAGE(res->status == 200, res->body);
+  CHECK(json::parse(res->body)["choices"][0]["text"] == want);
+
+  // Streamed, with the route's first server killed after a few tokens.
+  json streamed = body;
+  streamed["stream"] = true;
+  std::string raw, victim;
+  int chunks = 0;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = streamed.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+    raw.append(data, n);
+    if (++chunks == 3) {
+      const auto route = last_route(api);
+      REQUIRE_FALSE(route.empty());
+      victim = route.front();
+      sw.procs.at(victim).signal(SIGKILL);
+    }
+    return true;
+  };
+  auto streamed_res = c.send(req);
+  REQUIRE(streamed_res);
+  CHECK(streamed_res->status == 200);
+  REQUIRE_FALSE(victim.empty());
+  std::string text;
+  for (std::size_t at = 0; (at = raw.find("data: {", at)) != std::string::npos;) {
+    const auto end = raw.find("\n\n", at);
+    const json e = json::parse(raw.substr(at + 6, end - at - 6));
+    REQUIRE_MESSAGE(!e.contains("error"), e.dump());
+    text += e["choices"][0]["text"].get<std::string>();
+    at = end;
+  }
+  CHECK(raw.find("data: [DONE]\n\n") != std::string::npos);
+  CHECK(text == want);
+  auto metrics = c.Get("/metrics");
+  REQUIRE(metrics);
+  const auto samples = api::parse_prometheus_text(metrics->body);
+  CHECK(samples.at("corolla_api_failovers_total") >= 1);
+  MESSAGE("killed " << victim << " at chunk 3 of " << chunks << "; failovers "
+                    << samples.at("corolla_api_failovers_total"));
+
+  api.signal(SIGTERM);
+  CHECK(api.wait(10s) == 0);
+}
+
+TEST_CASE("corolla api --local serves, and bad flags are one error line") {
+  testing::temp_dir_guard dir("api-cli");
+  api::write_chat_model(dir.path());
+  const std::string model = dir.path().string();
+  auto [api, port] = start_api(model, {"--local", "--api-key", "k"});
+  httplib::Client c("127.0.0.1", port);
+  auto res = c.Post("/v1/chat/completions", {{"Authorization", "Bearer k"}},
+                    json{{"model", dir.path().filename().string()},
+                         {"messages", {{{"role", "user"}, {"content", "the cat"}}}},
+                         {"max_tokens", 4}}
+                        .dump(),
+                    "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(json::parse(res->body)["choices"][0]["message"]["role"] == "assistant");
+  api.signal(SIGTERM);
+  CHECK(api.wait(10s) == 0);
+
+  const auto error_of = [&](std::vector<std::string> args) {
+    std::vector<std::string> all{"api", "--model", model};
+    all.insert(all.end(), args.begin(), args.end());
+    return testing::run_corolla(all, 30s);
+  };
+  testing::check_one_error(error_of({}), "give exactly one of --local");
+  testing::check_one_error(error_of({"--local", "--swarm", "127.0.0.1:1"}), "give exactly one of --local");
+  testing::check_one_error(error_of({"--local", "--listen", "nowhere"}), "--listen must be HOST:PORT");
+  testing::check_one_error(error_of({"--local", "--chat-template", "vicuna"}), "'vicuna' is neither a known template");
+  testing::check_one_error(error_of({"--local", "--parallel", "0"}), "--parallel must be at least 1");
+}
