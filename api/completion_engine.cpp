@@ -1,5 +1,6 @@
 #include "api/completion_engine.hpp"
 
+#include <chrono>
 #include <optional>
 #include <stdexcept>
 
@@ -90,6 +91,11 @@ class swarm_engine final : public completion_engine {
 
   void check_ready() override {
     std::lock_guard lock(probe_mutex_);
+    // A route found less than a second ago still stands: asking the links
+    // for every server's state and RTT costs milliseconds per request, and
+    // a swarm that failed since is met by the request's own failover (or
+    // its 503) anyway.
+    if (std::chrono::steady_clock::now() - last_ready_ < std::chrono::seconds(1)) return;
     // Asks the servers again when the last answer has no route: a server
     // may have joined (or come back) since.
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -98,7 +104,10 @@ class swarm_engine final : public completion_engine {
           throw api_error(503, "service_unavailable", "no server of the swarm answers: " + error_message(err), {},
                           "swarm_unavailable");
       auto r = probe_.route(0, cfg_.n_layers, {}, 1);
-      if (r) return;
+      if (r) {
+        last_ready_ = std::chrono::steady_clock::now();
+        return;
+      }
       if (attempt > 0)
         throw api_error(503, "service_unavailable",
                         "the swarm cannot serve this model now: " + error_message(r.error()), {}, "swarm_unavailable");
@@ -131,6 +140,7 @@ class swarm_engine final : public completion_engine {
   head shared_head_;
   std::mutex probe_mutex_;
   swarm_client probe_;  ///< answers check_ready(), guarded by probe_mutex_
+  std::chrono::steady_clock::time_point last_ready_{};  ///< the last route found, guarded by probe_mutex_
   std::vector<std::unique_ptr<slot>> slots_;
 };
 

@@ -357,6 +357,11 @@ http_api::http_api(completion_engine& engine, const tokenizer& tok, std::optiona
     : impl_(std::make_unique<impl>(engine, tok, std::move(chat), std::move(chat_error), std::move(config))) {
   const int threads = std::max(impl_->config.http_threads, 2);
   impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  // Stream chunks leave as soon as they are written: with Nagle's algorithm
+  // the first chunk after the headers waited for the client's delayed ACK
+  // (~40 ms on Linux; measured by corolla bench api as 30 ms more time to
+  // first token at one client).
+  impl_->server.set_tcp_nodelay(true);
   // A streamed answer can pause for as long as a swarm failover takes.
   impl_->server.set_write_timeout(60, 0);
 }

@@ -107,6 +107,11 @@ int run_api(const api_args& a) {
                                   ": with --swarm the API's head runs on the cpu; the servers' --device places the blocks");
     Backend& be = backend_for(where);
     swarm = connect_swarm(a.swarm, a.model, cfg.n_layers);
+    // The API only embeds and samples: one thread each, unless told
+    // otherwise (as generate --swarm): every request runs on its own HTTP
+    // thread, and a team of OpenMP threads per HTTP thread would crowd out
+    // servers sharing the machine.
+    if (a.threads == 0) set_cpu_threads(1);
     head h = head::load(checkpoint::open(a.model), cfg, be);
     engine = api::make_swarm_engine(*swarm.runtime, swarm.options, std::move(h), a.parallel, weights);
   }

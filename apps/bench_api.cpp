@@ -3,10 +3,11 @@
 // clients, next to the same load put on the same swarm engine directly (what
 // `corolla generate --swarm` does in-process) in the same run:
 //  * requests/s and generated tokens/s of each;
-//  * time to first token (the first streamed chunk; directly: the first
-//    sampled token), median and worst;
+//  * time to first text (the first streamed chunk; directly: the first
+//    token that completes text), median and worst;
 //  * the API's overhead per token: the mean request time through HTTP minus
-//    the direct one, divided by the tokens of a request;
+//    the direct one, divided by the tokens of a request (the median over
+//    --rounds rounds that alternate which path goes first);
 //  * greedy text through the API must equal the direct tokens' text.
 #include <algorithm>
 #include <chrono>
@@ -49,6 +50,7 @@ struct api_bench_options {
   std::vector<int> clients{1, 8, 32};
   int prompt_tokens = 16;
   int new_tokens = 16;
+  int rounds = 3;
   bool json_only = false;
 };
 
@@ -117,6 +119,15 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
+/// Adds round `r` to the pooled figures `into`.
+void pool(load_result& into, const load_result& r) {
+  into.wall_s += r.wall_s;
+  into.tokens += r.tokens;
+  into.failed += r.failed;
+  into.first_token_s.insert(into.first_token_s.end(), r.first_token_s.begin(), r.first_token_s.end());
+  into.request_s.insert(into.request_s.end(), r.request_s.begin(), r.request_s.end());
+}
+
 /// `clients` requests at once, straight on the engine.
 load_result run_direct(api::completion_engine& engine, const tokenizer& tok,
                        const std::vector<std::vector<std::int32_t>>& prompts, int clients, int new_tokens) {
@@ -135,9 +146,13 @@ load_result run_direct(api::completion_engine& engine, const tokenizer& tok,
       p.max_new_tokens = new_tokens;
       p.ignore_eos = true;
       bool first = true;
+      // Time to the first text, as generate --swarm prints it (and as the
+      // API streams it): a token that ends in the middle of a UTF-8
+      // character shows nothing until the next one.
+      stream_decoder text(tok);
       try {
-        const auto out = engine.generate(prompts[u % prompts.size()], p, [&](std::int32_t) {
-          if (first) r.first_token_s[u] = seconds_between(start, clock_type::now()), first = false;
+        const auto out = engine.generate(prompts[u % prompts.size()], p, [&](std::int32_t id) {
+          if (first && !text.push(id).empty()) r.first_token_s[u] = seconds_between(start, clock_type::now()), first = false;
         });
         // As the API writes text: bytes that form no UTF-8 character as U+FFFD.
         r.texts[u] = json::parse(api::to_body(json(tok.decode(out.result.tokens)))).get<std::string>();
@@ -169,6 +184,7 @@ load_result run_http(int port, const std::string& model_id, const std::vector<st
       const auto u = static_cast<std::size_t>(i);
       httplib::Client c("127.0.0.1", port);
       c.set_read_timeout(300, 0);
+      c.set_tcp_nodelay(true);  // the body must not wait for the ACK of the headers
       const json body = {{"model", model_id},         {"prompt", prompts[u % prompts.size()]},
                          {"max_tokens", new_tokens},  {"temperature", 0},
                          {"ignore_eos", true},        {"stream", true},
@@ -253,6 +269,9 @@ int run_bench_api(const api_bench_options& o) {
   swarm_client_options so;
   so.servers = sw.endpoints();
   so.model = model_id_of(dir.string());
+  // The client side only embeds and samples, on many threads at once: one
+  // CPU thread each, as corolla api --swarm.
+  set_cpu_threads(1);
   const int slots = *std::max_element(o.clients.begin(), o.clients.end());
   auto engine = api::make_swarm_engine(**runtime, so, head::load(checkpoint::open(dir), cfg, cpu_backend()), slots);
   api::api_config ac;
@@ -282,21 +301,38 @@ int run_bench_api(const api_bench_options& o) {
                 "TTFT max", "overhead/tok");
   for (int c : o.clients) {
     std::fprintf(stderr, "bench api: %d concurrent client(s)...\n", c);
-    const load_result direct = run_direct(*engine, *tok, prompts, c, o.new_tokens);
-    const load_result http = run_http(port, ac.model_id, prompts, c, o.new_tokens);
-    const bool same = direct.failed == 0 && http.failed == 0 && direct.texts == http.texts;
+    // Rounds alternate which path goes first; the figures pool the rounds
+    // and the overhead is the median of the rounds' differences (the
+    // swarm's own run-to-run swings are far larger than the API's cost).
+    load_result direct, http;
+    std::vector<double> overheads;
+    bool same = true;
+    for (int round = 0; round < o.rounds; ++round) {
+      load_result d, h;
+      if (round % 2 == 0) {
+        d = run_direct(*engine, *tok, prompts, c, o.new_tokens);
+        h = run_http(port, ac.model_id, prompts, c, o.new_tokens);
+      } else {
+        h = run_http(port, ac.model_id, prompts, c, o.new_tokens);
+        d = run_direct(*engine, *tok, prompts, c, o.new_tokens);
+      }
+      same = same && d.failed == 0 && h.failed == 0 && d.texts == h.texts;
+      overheads.push_back((mean(h.request_s) - mean(d.request_s)) / o.new_tokens * 1e3);
+      pool(direct, d);
+      pool(http, h);
+    }
     equal = equal && same;
-    const double overhead_ms = (mean(http.request_s) - mean(direct.request_s)) / o.new_tokens * 1e3;
+    const double overhead_ms = median(overheads);
     const auto row = [&](const char* path, const load_result& r, bool with_overhead) {
       if (o.json_only) return;
-      std::printf("%8d  %-6s  %9.2f  %9.1f  %8.1fms  %8.1fms  %11s\n", c, path, c / r.wall_s, r.tokens / r.wall_s,
+      std::printf("%8d  %-6s  %9.2f  %9.1f  %8.1fms  %8.1fms  %11s\n", c, path, c * o.rounds / r.wall_s, r.tokens / r.wall_s,
                   median(r.first_token_s) * 1e3, *std::max_element(r.first_token_s.begin(), r.first_token_s.end()) * 1e3,
                   with_overhead ? (std::to_string(overhead_ms).substr(0, 6) + "ms").c_str() : "");
     };
     row("direct", direct, false);
     row("http", http, true);
     const auto level_json = [&](const load_result& r) {
-      return json{{"requests_per_s", c / r.wall_s},
+      return json{{"requests_per_s", c * o.rounds / r.wall_s},
                   {"tokens_per_s", r.tokens / r.wall_s},
                   {"ttft_p50_ms", median(r.first_token_s) * 1e3},
                   {"ttft_max_ms", *std::max_element(r.first_token_s.begin(), r.first_token_s.end()) * 1e3},
@@ -315,6 +351,7 @@ int run_bench_api(const api_bench_options& o) {
                     {"servers", o.servers},
                     {"prompt_tokens", o.prompt_tokens},
                     {"new_tokens", o.new_tokens},
+                    {"rounds", o.rounds},
                     {"levels", levels},
                     {"same_text", equal}};
   if (!o.json_only)
@@ -342,6 +379,9 @@ void register_bench_api(CLI::App* bench, action_fn& action) {
   cmd->add_option("--prompt-tokens", o.prompt_tokens, "Prompt length")->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--new-tokens", o.new_tokens, "Tokens generated per request")
       ->check(CLI::Range(2, 4096))
+      ->capture_default_str();
+  cmd->add_option("--rounds", o.rounds, "Runs of each path per level, alternating which goes first")
+      ->check(CLI::Range(1, 100))
       ->capture_default_str();
   cmd->add_flag("--json", o.json_only, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_bench_api(o); }; });

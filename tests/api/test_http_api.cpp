@@ -259,6 +259,13 @@ TEST_CASE("streaming equals non-streaming, and stop sequences cut both alike") {
   const auto [text, finish] = streamed_text(stream_events(c, "/v1/completions", streaming));
   CHECK(text == full);
   CHECK(finish == whole["choices"][0]["finish_reason"]);
+  // A client that accepts gzip (OpenAI's Python SDK does) gets the events
+  // uncompressed: a compressor would hold them back until it had a block.
+  auto gz = c.Post("/v1/completions", {{"Accept-Encoding", "gzip, deflate"}}, streaming.dump(), "application/json");
+  REQUIRE(gz);
+  CHECK(gz->status == 200);
+  CHECK(gz->get_header_value("Content-Encoding").empty());
+  CHECK(gz->body.rfind("data: {", 0) == 0);
 
   // A stop sequence from the middle of the text: both answers end before
   // its first occurrence, with finish_reason "stop".
