@@ -172,3 +172,23 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   testing::check_one_error(error_of({"--local", "--chat-template", "vicuna"}), "'vicuna' is neither a known template");
   testing::check_one_error(error_of({"--local", "--parallel", "0"}), "--parallel must be at least 1");
 }
+
+TEST_CASE("corolla bench api runs every part on a tiny model and finds the same text both ways") {
+  testing::temp_dir_guard dir("api-bench");
+  api::write_chat_model(dir.path());
+  const auto r = testing::run_corolla({"bench", "api", "--model", dir.path().string(), "--clients", "1,3",
+                                       "--new-tokens", "4", "--rounds", "2", "--json"},
+                                      120s);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  const json j = testing::last_json_line(r.out);
+  CHECK(j["bench"] == "api");
+  CHECK(j["same_text"] == true);
+  REQUIRE(j["levels"].size() == 2);
+  for (const auto& level : j["levels"]) {
+    CHECK(level["http"]["failed"] == 0);
+    CHECK(level["direct"]["failed"] == 0);
+    CHECK(level["http"]["tokens_per_s"].get<double>() > 0);
+    CHECK(level["http"]["ttft_p50_ms"].get<double>() > 0);
+  }
+  CHECK(j["levels"][1]["clients"] == 3);
+}
