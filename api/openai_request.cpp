@@ -242,6 +242,13 @@ json header_json(const response_header& h, const char* object) {
 
 json finish(const std::string& reason) { return reason.empty() ? json() : json(reason); }
 
+/// The one choice of an answer: `key` ("text", "message" or "delta") holds
+/// `content`.
+json one_choice(const char* key, json content, const std::string& finish_reason) {
+  return json::array(
+      {{{key, std::move(content)}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(finish_reason)}}});
+}
+
 }  // namespace
 
 json response_json(const response_header& h, const std::string& text, const std::string& finish_reason,
@@ -249,14 +256,10 @@ json response_json(const response_header& h, const std::string& text, const std:
   json r;
   if (h.to == endpoint::completions) {
     r = header_json(h, "text_completion");
-    r["choices"] = json::array(
-        {{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(finish_reason)}}});
+    r["choices"] = one_choice("text", text, finish_reason);
   } else {
     r = header_json(h, "chat.completion");
-    r["choices"] = json::array({{{"index", 0},
-                                 {"message", {{"role", "assistant"}, {"content", text}}},
-                                 {"logprobs", nullptr},
-                                 {"finish_reason", finish(finish_reason)}}});
+    r["choices"] = one_choice("message", {{"role", "assistant"}, {"content", text}}, finish_reason);
   }
   r["usage"] = usage_json(u);
   return r;
@@ -266,15 +269,13 @@ json chunk_json(const response_header& h, const std::string& text, const std::st
   json r;
   if (h.to == endpoint::completions) {
     r = header_json(h, "text_completion");
-    r["choices"] = json::array(
-        {{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(finish_reason)}}});
+    r["choices"] = one_choice("text", text, finish_reason);
   } else {
     r = header_json(h, "chat.completion.chunk");
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!text.empty() || (first && finish_reason.empty())) delta["content"] = text;
-    r["choices"] = json::array(
-        {{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish(finish_reason)}}});
+    r["choices"] = one_choice("delta", std::move(delta), finish_reason);
   }
   return r;
 }

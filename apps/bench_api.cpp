@@ -23,13 +23,13 @@
 #include <httplib.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "actors/corolla.hpp"
 #include "api/completion_engine.hpp"
 #include "api/http_api.hpp"
 #include "api/openai_request.hpp"
 #include "apps/commands.hpp"
+#include "apps/bench_model.hpp"
 #include "apps/local_swarm.hpp"
 #include "kernels/backend.hpp"
 #include "model/safetensors.hpp"
@@ -62,27 +62,14 @@ double seconds_between(clock_type::time_point a, clock_type::time_point b) {
 /// then merges of printable byte pairs, so every id the random model can
 /// generate decodes to text.
 void write_bench_tokenizer(const fs::path& dir, int vocab) {
-  std::vector<std::string> chars(256);
-  int shifted = 0;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    const int cp = printable ? b : 256 + shifted++;
-    std::string s;
-    if (cp < 0x80) {
-      s += static_cast<char>(cp);
-    } else {
-      s += static_cast<char>(0xc0 | (cp >> 6));
-      s += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-    chars[static_cast<std::size_t>(b)] = s;
-  }
+  const auto chars = [](int b) { return byte_level_char(static_cast<unsigned char>(b)); };
   json v = json::object();
-  for (int b = 0; b < 256; ++b) v[chars[static_cast<std::size_t>(b)]] = b;
+  for (int b = 0; b < 256; ++b) v[chars(b)] = b;
   json merges = json::array();
   int id = 256;
   for (int a = '!'; a <= '~' && id < vocab; ++a)
     for (int b = '!'; b <= '~' && id < vocab; ++b) {
-      const std::string l = chars[static_cast<std::size_t>(a)], r = chars[static_cast<std::size_t>(b)];
+      const std::string l = chars(a), r = chars(b);
       merges.push_back(l + " " + r);
       v[l + r] = id++;
     }
@@ -105,6 +92,16 @@ struct load_result {
   std::vector<std::string> texts;     ///< per request
   int tokens = 0;                     ///< generated in all
   int failed = 0;
+
+  /// Room for the figures of `clients` requests.
+  static load_result for_clients(int clients) {
+    load_result r;
+    const auto n = static_cast<std::size_t>(clients);
+    r.first_token_s.resize(n);
+    r.request_s.resize(n);
+    r.texts.resize(n);
+    return r;
+  }
 };
 
 double median(std::vector<double> v) {
@@ -131,10 +128,7 @@ void pool(load_result& into, const load_result& r) {
 /// `clients` requests at once, straight on the engine.
 load_result run_direct(api::completion_engine& engine, const tokenizer& tok,
                        const std::vector<std::vector<std::int32_t>>& prompts, int clients, int new_tokens) {
-  load_result r;
-  r.first_token_s.resize(static_cast<std::size_t>(clients));
-  r.request_s.resize(static_cast<std::size_t>(clients));
-  r.texts.resize(static_cast<std::size_t>(clients));
+  load_result r = load_result::for_clients(clients);
   std::vector<int> counts(static_cast<std::size_t>(clients));
   const auto t0 = clock_type::now();
   std::vector<std::thread> threads;
@@ -172,10 +166,7 @@ load_result run_direct(api::completion_engine& engine, const tokenizer& tok,
 /// `clients` streaming requests at once through the HTTP API.
 load_result run_http(int port, const std::string& model_id, const std::vector<std::vector<std::int32_t>>& prompts,
                      int clients, int new_tokens) {
-  load_result r;
-  r.first_token_s.resize(static_cast<std::size_t>(clients));
-  r.request_s.resize(static_cast<std::size_t>(clients));
-  r.texts.resize(static_cast<std::size_t>(clients));
+  load_result r = load_result::for_clients(clients);
   std::vector<int> counts(static_cast<std::size_t>(clients));
   const auto t0 = clock_type::now();
   std::vector<std::thread> threads;
@@ -227,23 +218,10 @@ int run_bench_api(const api_bench_options& o) {
   if (o.servers < 1) throw std::invalid_argument("--servers must be at least 1");
   for (int c : o.clients)
     if (c < 1) throw std::invalid_argument("--clients must be positive");
-  fs::path dir = o.model_dir;
-  std::optional<fs::path> temp;
-  if (dir.empty()) {
-    temp = fs::temp_directory_path() / ("corolla-bench-api-" + std::to_string(::getpid()));
-    fs::create_directories(*temp);
-    std::fprintf(stderr, "bench api: writing the random bench model and a tokenizer to %s ...\n", temp->c_str());
-    transformer::init(bench_llama_config(), o.seed, cpu_backend()).save(*temp);
-    write_bench_tokenizer(*temp, bench_llama_config().vocab_size);
-    dir = *temp;
-  }
-  struct remove_temp {
-    std::optional<fs::path>& p;
-    ~remove_temp() {
-      std::error_code ec;
-      if (p) fs::remove_all(*p, ec);
-    }
-  } cleanup{temp};
+  const bench_model_dir on_disk(o.model_dir, "api", o.seed, [](const fs::path& d) {
+    write_bench_tokenizer(d, bench_llama_config().vocab_size);
+  });
+  const fs::path& dir = on_disk.path();
 
   const model_config cfg = load_config(dir);
   if (o.servers > cfg.n_layers) throw std::invalid_argument("more servers than blocks");

@@ -31,6 +31,7 @@
 #include "actors/swarm_client.hpp"
 #include "actors/swarm_finetune.hpp"
 #include "apps/commands.hpp"
+#include "apps/bench_model.hpp"
 #include "apps/local_swarm.hpp"
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
@@ -118,22 +119,8 @@ double median(std::vector<double> v) {
 int run_bench_swarm(const swarm_bench_options& o) {
   if (o.servers < 1) throw std::invalid_argument("--servers must be at least 1");
   // The model on disk: servers load their blocks from it.
-  fs::path dir = o.model_dir;
-  std::optional<fs::path> temp;
-  if (dir.empty()) {
-    temp = fs::temp_directory_path() / ("corolla-bench-swarm-" + std::to_string(::getpid()));
-    fs::create_directories(*temp);
-    std::fprintf(stderr, "bench swarm: writing the random bench model to %s ...\n", temp->c_str());
-    transformer::init(bench_llama_config(), o.seed, cpu_backend()).save(*temp);
-    dir = *temp;
-  }
-  struct remove_temp {
-    std::optional<fs::path>& p;
-    ~remove_temp() {
-      std::error_code ec;
-      if (p) fs::remove_all(*p, ec);
-    }
-  } cleanup{temp};
+  const bench_model_dir on_disk(o.model_dir, "swarm", o.seed);
+  const fs::path& dir = on_disk.path();
 
   transformer local = transformer::load(dir, cpu_backend());
   const model_config cfg = local.config();

@@ -90,6 +90,12 @@ const byte_table& bytes() {
   return t;
 }
 
+}  // namespace
+
+const std::string& byte_level_char(unsigned char b) { return bytes().to_text[b]; }
+
+namespace {
+
 // ---- pre-tokenisation -------------------------------------------------------------
 
 enum class char_class : std::uint8_t { letter, number, space, other };

@@ -97,6 +97,11 @@ std::unique_ptr<tokenizer> load_bpe_vocab_merges(const std::filesystem::path& vo
                                                  const std::filesystem::path& merges,
                                                  int bos_id = -1, int eos_id = -1);
 
+/// GPT-2's byte-level character for byte `b` (UTF-8): printable bytes are
+/// themselves, the others U+0100 onwards; how vocab.json and tokenizer.json
+/// spell bytes (for tools and tests that write such files).
+const std::string& byte_level_char(unsigned char b);
+
 /// The pre-tokens byte-level BPE splits `text` into before merging
 /// (GPT-2's pattern with the approximation described at the top of this
 /// file). The views point into `text`; their concatenation is `text`.

@@ -14,6 +14,7 @@
 
 #include "api/http_api.hpp"
 #include "kernels/backend.hpp"
+#include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -26,22 +27,8 @@ inline constexpr std::int32_t kNewline = 10, kImStart = 256, kImEnd = 257, kEndO
 /// tokens <|im_start|>, <|im_end|>, <|endoftext|> into `dir`.
 inline void write_chatml_bpe(const std::filesystem::path& dir) {
   using json = nlohmann::json;
-  // GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest
-  // to U+0100 upwards in byte order.
   json vocab = json::object();
-  int shifted = 0;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    const int cp = printable ? b : 256 + shifted++;
-    std::string s;
-    if (cp < 0x80) {
-      s += static_cast<char>(cp);
-    } else {
-      s += static_cast<char>(0xc0 | (cp >> 6));
-      s += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-    vocab[s] = b;
-  }
+  for (int b = 0; b < 256; ++b) vocab[byte_level_char(static_cast<unsigned char>(b))] = b;
   json added = json::array();
   const std::pair<const char*, int> specials[] = {{"<|im_start|>", kImStart}, {"<|im_end|>", kImEnd}, {"<|endoftext|>", kEndOfText}};
   for (const auto& [text, id] : specials) {

@@ -1,0 +1,39 @@
+#include "apps/bench_model.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "apps/commands.hpp"
+#include "kernels/backend.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::app {
+
+bench_model_dir::bench_model_dir(const std::string& given, const std::string& tag, std::uint64_t seed,
+                                 const std::function<void(const std::filesystem::path&)>& add_files) {
+  if (!given.empty()) {
+    path_ = given;
+    return;
+  }
+  path_ = std::filesystem::temp_directory_path() / ("corolla-bench-" + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(path_);
+  temporary_ = true;
+  std::fprintf(stderr, "bench %s: writing the random bench model to %s ...\n", tag.c_str(), path_.c_str());
+  try {
+    transformer::init(bench_llama_config(), seed, cpu_backend()).save(path_);
+    if (add_files) add_files(path_);
+  } catch (...) {
+    // No destructor runs for an object whose constructor threw.
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+    throw;
+  }
+}
+
+bench_model_dir::~bench_model_dir() {
+  std::error_code ec;
+  if (temporary_) std::filesystem::remove_all(path_, ec);
+}
+
+}  // namespace corolla::app
