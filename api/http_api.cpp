@@ -219,6 +219,13 @@ struct http_api::impl {
     }
     const char* prompt_param = to == endpoint::chat_completions ? "messages" : "prompt";
     if (job->prompt.empty()) throw invalid_request("the prompt is empty: it encodes to no tokens", prompt_param);
+    // Generation checks this too, but a stream has sent its 200 by then:
+    // ids from the client are checked here, so a bad one is a 400 either way.
+    for (std::int32_t id : r.prompt_ids)
+      if (id >= cfg.vocab_size)
+        throw invalid_request("prompt id " + std::to_string(id) + " is outside the vocabulary (" +
+                                  std::to_string(cfg.vocab_size) + " tokens)",
+                              prompt_param);
     const auto n = static_cast<int>(job->prompt.size());
     if (n >= cfg.max_positions)
       throw invalid_request("This model's maximum context length is " + std::to_string(cfg.max_positions) +
@@ -264,9 +271,7 @@ struct http_api::impl {
       const std::string piece = stops.push(text.push(id));
       if (!piece.empty()) emit(piece);
     };
-    metrics.set(kSlotsBusy, {}, engine.busy());
     engine_result r = engine.generate(job.prompt, p, on_token);
-    metrics.set(kSlotsBusy, {}, engine.busy());
     if (!disconnected) {
       std::string tail = stops.push(text.flush());
       tail += stops.finish();
@@ -357,10 +362,8 @@ http_api::http_api(completion_engine& engine, const tokenizer& tok, std::optiona
     : impl_(std::make_unique<impl>(engine, tok, std::move(chat), std::move(chat_error), std::move(config))) {
   const int threads = std::max(impl_->config.http_threads, 2);
   impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
-  // Stream chunks leave as soon as they are written: with Nagle's algorithm
-  // the first chunk after the headers waited for the client's delayed ACK
-  // (~40 ms on Linux; measured by corolla bench api as 30 ms more time to
-  // first token at one client).
+  // Stream chunks leave as soon as they are written, not held back by
+  // Nagle's algorithm until the client acknowledges the previous segment.
   impl_->server.set_tcp_nodelay(true);
   // A streamed answer can pause for as long as a swarm failover takes.
   impl_->server.set_write_timeout(60, 0);

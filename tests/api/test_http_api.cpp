@@ -352,6 +352,9 @@ TEST_CASE("every error is an OpenAI error object with its status") {
   out_of_vocab["prompt"] = {1, 100000};
   CHECK(post(c, "/v1/completions", out_of_vocab, 400, auth)["error"]["message"].get<std::string>().find(
             "outside the vocabulary") != std::string::npos);
+  // Streamed, the same id is a 400 too, not an error event after a 200.
+  out_of_vocab["stream"] = true;
+  CHECK(post(c, "/v1/completions", out_of_vocab, 400, auth)["error"]["param"] == "prompt");
   // 404: an unknown model, an unknown route.
   json other = ok;
   other["model"] = "gpt-4";
@@ -362,7 +365,7 @@ TEST_CASE("every error is an OpenAI error object with its status") {
   CHECK(json::parse(route->body)["error"]["message"] == "Unknown route GET /v1/nothing");
   // /metrics needs no key; the refusals were counted by status.
   CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"401\"}") == 2);
-  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"400\"}") == 4);
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"400\"}") == 5);
   CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"404\"}") == 1);
 }
 
