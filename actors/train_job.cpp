@@ -100,11 +100,10 @@ int dist_train_options::micro_batches() const {
   return m;
 }
 
-std::string job_key(const dist_train_options& o, const model_config& cfg) {
+std::string checkpoint_key(const dist_train_options& o, const model_config& cfg) {
   return "layers=" + std::to_string(cfg.n_layers) + " hidden=" + std::to_string(cfg.hidden_size) +
-         " vocab=" + std::to_string(cfg.vocab_size) + " layout=" + o.layout.describe() +
-         " batch=" + std::to_string(o.batch) + " seq=" + std::to_string(o.seq) +
-         " micro=" + std::to_string(o.micro_batch_size());
+         " vocab=" + std::to_string(cfg.vocab_size) + " batch=" + std::to_string(o.batch) +
+         " seq=" + std::to_string(o.seq);
 }
 
 const char* dp_collectives_name(dp_collectives c) { return c == dp_collectives::device ? "device" : "host"; }
@@ -123,7 +122,8 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
                 static_cast<double>(w.eps), static_cast<double>(w.weight_decay),
                 static_cast<double>(o.optimizer.max_grad_norm));
   const lr_schedule& s = o.optimizer.schedule;
-  std::string k = job_key(o, cfg) + opt + " warmup=" + std::to_string(s.warmup_steps) +
+  std::string k = checkpoint_key(o, cfg) + " layout=" + o.layout.describe() +
+                  " micro=" + std::to_string(o.micro_batch_size()) + opt + " warmup=" + std::to_string(s.warmup_steps) +
                   " cosine=" + (s.cosine ? "1" : "0") + " checkpoint_every=" + std::to_string(o.checkpoint_every) +
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
@@ -147,7 +147,7 @@ class coordinator {
         o_(o),
         cfg_(cfg),
         world_(o.layout.world()),
-        job_(job_key(o, cfg)),
+        job_(checkpoint_key(o, cfg)),
         join_(join_key(o, cfg)),
         scaler_(o.optimizer.loss_scale),
         inbox_(std::move(inbox)) {}
@@ -205,7 +205,7 @@ class coordinator {
           for (int rank = 0; rank < world_; ++rank)
             take(train_msg::saved, step, rank, "checkpoint shard of step " + std::to_string(step));
           const bool scale_state = scaler_.dynamic() || scaler_.state().skipped > 0;
-          commit_checkpoint(o_.checkpoint_dir, step, world_, job_, scale_state ? &scaler_.state() : nullptr);
+          commit_checkpoint(o_.checkpoint_dir, step, world_, job_, o_.layout.describe(), scale_state ? &scaler_.state() : nullptr);
         }
       }
       if (!o_.save_dir.empty()) save_model();

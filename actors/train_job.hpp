@@ -160,11 +160,13 @@ struct dist_train_options {
 };
 
 /// A string that differs between jobs whose checkpoints are not
-/// interchangeable (model shape, layout, batch): checkpoints of another job
-/// are refused at resume.
-std::string job_key(const dist_train_options& o, const model_config& cfg);
-/// job_key plus what every rank of one run must also agree on (steps,
-/// optimizer, clipping, checkpointing, --save, synthetic compute): ranks
+/// interchangeable (model shape, global batch, sequence length): checkpoints
+/// of another job are refused at resume. The layout and the micro-batch are
+/// not part of it: a checkpoint restores into any layout.
+std::string checkpoint_key(const dist_train_options& o, const model_config& cfg);
+/// checkpoint_key plus the layout, the micro-batch and what every rank of
+/// one run must also agree on (steps, optimizer, clipping, checkpointing,
+/// --save, synthetic compute): ranks
 /// that differ are refused at join instead of training differently or
 /// waiting for messages that never come.
 std::string join_key(const dist_train_options& o, const model_config& cfg);

@@ -372,43 +372,40 @@ class rank_runtime {
 
   // ---- checkpoints -----------------------------------------------------------------
 
+  /// Restores the latest checkpoint, whatever layout wrote it: this rank's
+  /// blocks' parameters from the shard that holds them, its moment shards
+  /// assembled from the pieces of the writers' shards.
   void restore() {
     const int step = latest_checkpoint_step(o_.checkpoint_dir);
     if (step == 0) throw train_error("no checkpoint in " + o_.checkpoint_dir.string() + " to resume from");
-    check_manifest(o_.checkpoint_dir, step, job_key(o_, cfg_));
-    const fs::path dir = checkpoint_step_dir(o_.checkpoint_dir, step);
-    auto own = safetensors_file::open(dir / shard_file_name(rank_));
-    auto params = safetensors_file::open(dir / shard_file_name(o_.layout.rank_of(stage_, 0)));
-    auto head = safetensors_file::open(dir / shard_file_name(0));
+    check_manifest(o_.checkpoint_dir, step, checkpoint_key(o_, cfg_));
+    const checkpoint_shards shards(o_.checkpoint_dir, step);
     for (bucket& b : buckets_) {
       const std::string name = bucket_name(b.id);
-      load_into(b.id == head_bucket ? *head : *params, "params." + name, b.comm_params());
+      const std::int64_t n = b.params->size();
+      Tensor& params = b.comm_params();
+      with_host(params, [&](Tensor& host) { shards.read_params(name, host); });
       if (b.staged()) upload_params(b, be_.mark().get());  // after the model's own initial copies
-      load_into(*own, "m." + name, b.m);
-      load_into(*own, "v." + name, b.v);
+      with_host(b.m, [&](Tensor& host) { shards.read_moment("m", name, b.lo, n, host); });
+      with_host(b.v, [&](Tensor& host) { shards.read_moment("v", name, b.lo, n, host); });
     }
     steps_done_ = step;
     // Also without scaling now: its skipped steps keep AdamW's count right.
     if (const auto st = checkpoint_loss_scale(o_.checkpoint_dir, step)) scaler_.set_state(*st);
     std::vector<std::int32_t> ids, targets;
     for (int s = 0; s < step; ++s) data_.next_batch(o_.batch, o_.seq, ids, targets);
-    spdlog::info("{} resumed from {} (step {})", o_.layout.label(rank_), dir.string(), step);
+    const std::string from = checkpoint_layout(o_.checkpoint_dir, step);
+    spdlog::info("{} resumed from {} (step {}{})", o_.layout.label(rank_), checkpoint_step_dir(o_.checkpoint_dir, step).string(),
+                 step, from.empty() || from == o_.layout.describe() ? "" : ", written by layout " + from);
   }
 
-  static void load_exact(const safetensors_file& f, const std::string& name, Tensor& dst) {
-    if (!f.find(name)) throw train_error("checkpoint shard " + f.path().string() + " has no tensor " + name);
-    Tensor src = f.view(name);
-    if (src.type() != dtype::f32 || src.numel() != dst.numel())
-      throw train_error("checkpoint tensor " + name + " in " + f.path().string() + " has " + std::to_string(src.numel()) +
-                        " values, expected " + std::to_string(dst.numel()) + " f32");
-    dst.copy_from(src);
-  }
-
-  /// load_exact into `dst` on the host or where the stages compute.
-  void load_into(const safetensors_file& f, const std::string& name, Tensor& dst) {
-    if (dst.dev().kind == device_kind::cpu) return load_exact(f, name, dst);
+  /// Calls `fill` with `dst` itself on the host, or with a host buffer
+  /// copied to `dst` afterwards where the stages compute.
+  template <class F>
+  void with_host(Tensor& dst, F&& fill) {
+    if (dst.dev().kind == device_kind::cpu) return fill(dst);
     Tensor host = Tensor::empty(dst.shape());
-    load_exact(f, name, host);
+    fill(host);
     be_.copy(host, dst);
   }
 
@@ -419,13 +416,15 @@ class rank_runtime {
 
   void save_checkpoint(int step) {
     std::vector<std::pair<std::string, Tensor>> tensors;
+    std::map<std::string, shard_range> ranges;
     for (const bucket& b : buckets_) {
       const std::string name = bucket_name(b.id);
       if (keeps_params(b)) tensors.emplace_back("params." + name, to_host(b.comm_params()));
       tensors.emplace_back("m." + name, to_host(b.m));
       tensors.emplace_back("v." + name, to_host(b.v));
+      ranges[name] = {b.lo, b.hi, b.params->size()};
     }
-    write_shard(o_.checkpoint_dir, step, rank_, tensors);
+    write_shard(o_.checkpoint_dir, step, rank_, tensors, ranges);
     comm_->send_coordinator(train_msg::saved, encode_body(train_step_note{step, rank_, 0, comm_->job()}));
   }
 

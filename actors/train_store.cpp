@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <system_error>
 
 #include <nlohmann/json.hpp>
@@ -26,6 +27,9 @@ std::string shard_file_name(int rank) { return "rank-" + std::to_string(rank) + 
 fs::path checkpoint_step_dir(const fs::path& dir, int step) { return dir / ("step-" + std::to_string(step)); }
 
 namespace {
+
+/// 2: moment shards carry their ranges, any layout restores (1: the same layout only).
+constexpr int checkpoint_format = 2;
 
 /// fsync of a file or directory: its data (or its entries) reach the disk
 /// before whatever is renamed next names them.
@@ -66,7 +70,8 @@ int step_of(const std::string& name) {
 
 }  // namespace
 
-void write_shard(const fs::path& dir, int step, int rank, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+void write_shard(const fs::path& dir, int step, int rank, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                 const std::map<std::string, shard_range>& ranges) {
   const fs::path step_dir = checkpoint_step_dir(dir, step);
   std::error_code ec;
   fs::create_directories(step_dir, ec);
@@ -74,7 +79,10 @@ void write_shard(const fs::path& dir, int step, int rank, const std::vector<std:
   const fs::path final_path = step_dir / shard_file_name(rank);
   const fs::path tmp = final_path.string() + ".tmp";
   try {
-    write_safetensors(tmp, tensors, {{"step", std::to_string(step)}, {"rank", std::to_string(rank)}});
+    std::map<std::string, std::string> meta = {{"step", std::to_string(step)}, {"rank", std::to_string(rank)}};
+    for (const auto& [bucket, r] : ranges)
+      meta["range." + bucket] = std::to_string(r.lo) + " " + std::to_string(r.hi) + " " + std::to_string(r.n);
+    write_safetensors(tmp, tensors, meta);
   } catch (const model_error& e) {
     throw train_error(std::string("cannot write checkpoint shard: ") + e.what());
   }
@@ -84,10 +92,11 @@ void write_shard(const fs::path& dir, int step, int rank, const std::vector<std:
   sync_path(step_dir);
 }
 
-void commit_checkpoint(const fs::path& dir, int step, int world, const std::string& job,
+void commit_checkpoint(const fs::path& dir, int step, int world, const std::string& job, const std::string& layout,
                        const loss_scale_state* scale) {
   const fs::path step_dir = checkpoint_step_dir(dir, step);
-  nlohmann::json manifest = {{"step", step}, {"world", world}, {"job", job}};
+  nlohmann::json manifest = {
+      {"format", checkpoint_format}, {"step", step}, {"world", world}, {"job", job}, {"layout", layout}};
   if (scale)
     manifest["loss_scale"] = {{"scale", scale->scale}, {"good_steps", scale->good_steps}, {"skipped", scale->skipped}};
   write_atomically(step_dir / "manifest.json", manifest.dump(2) + "\n");
@@ -130,8 +139,92 @@ void check_manifest(const fs::path& dir, int step, const std::string& job) {
   const std::string saved = m.value("job", std::string());
   if (saved != job)
     throw train_error("checkpoint " + checkpoint_step_dir(dir, step).string() + " is of another job: it was written for '" +
-                      saved + "', this run is '" + job +
-                      "' (resume with the same model, layout, --batch, --seq and --micro-batch)");
+                      saved + "', this run is '" + job + "' (resume with the same model, --batch and --seq)");
+}
+
+std::string checkpoint_layout(const fs::path& dir, int step) {
+  const nlohmann::json m = read_manifest(dir, step);
+  const auto it = m.find("layout");
+  return it != m.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+checkpoint_shards::checkpoint_shards(const fs::path& dir, int step) : step_dir_(checkpoint_step_dir(dir, step)) {
+  const nlohmann::json m = read_manifest(dir, step);
+  const int format = m.value("format", 1);
+  if (format != checkpoint_format)
+    throw train_error("checkpoint " + step_dir_.string() + " has format " + std::to_string(format) + ", this corolla reads " +
+                      std::to_string(checkpoint_format) + " (format 1 predates layout-independent checkpoints: resume it "
+                      "with the corolla that wrote it)");
+  const int world = m.value("world", 0);
+  if (world < 1) throw train_error("the manifest of " + step_dir_.string() + " names no ranks");
+  for (int r = 0; r < world; ++r) {
+    std::shared_ptr<safetensors_file> f;
+    try {
+      f = safetensors_file::open(step_dir_ / shard_file_name(r));
+    } catch (const model_error& e) {
+      throw train_error(std::string("checkpoint shard: ") + e.what());
+    }
+    const std::size_t index = files_.size();
+    for (const auto& [name, info] : f->tensors())
+      if (name.rfind("params.", 0) == 0) params_.emplace(name.substr(7), index);
+    for (const auto& [key, value] : f->metadata()) {
+      if (key.rfind("range.", 0) != 0) continue;
+      piece p{index, {}};
+      std::istringstream in(value);
+      if (!(in >> p.range.lo >> p.range.hi >> p.range.n) || p.range.lo < 0 || p.range.hi < p.range.lo ||
+          p.range.n < p.range.hi)
+        throw train_error("checkpoint shard " + f->path().string() + " has a malformed " + key + " '" + value + "'");
+      moments_[key.substr(6)].push_back(p);
+    }
+    files_.push_back(std::move(f));
+  }
+}
+
+namespace {
+
+/// `dst` (f32, host) from the f32 tensor `name` of `f`, values [from, from + dst.numel()).
+void copy_values(const safetensors_file& f, const std::string& name, std::int64_t from, Tensor dst) {
+  if (!f.find(name)) throw train_error("checkpoint shard " + f.path().string() + " has no tensor " + name);
+  const Tensor src = f.view(name);
+  if (src.type() != dtype::f32 || from + dst.numel() > src.numel())
+    throw train_error("checkpoint tensor " + name + " in " + f.path().string() + " has " + std::to_string(src.numel()) +
+                      " " + dtype_name(src.type()) + " values, expected at least " +
+                      std::to_string(from + dst.numel()) + " f32");
+  std::memcpy(dst.data<float>(), src.data<float>() + from, static_cast<std::size_t>(dst.numel()) * sizeof(float));
+}
+
+}  // namespace
+
+void checkpoint_shards::read_params(const std::string& bucket, Tensor& dst) const {
+  const auto it = params_.find(bucket);
+  if (it == params_.end()) throw train_error("no shard of checkpoint " + step_dir_.string() + " holds the parameters of " + bucket);
+  const safetensors_file& f = *files_[it->second];
+  if (const std::int64_t held = f.view("params." + bucket).numel(); held != dst.numel())
+    throw train_error("checkpoint " + step_dir_.string() + " holds " + std::to_string(held) + " parameters of " + bucket +
+                      ", this model has " + std::to_string(dst.numel()));
+  copy_values(f, "params." + bucket, 0, dst);
+}
+
+void checkpoint_shards::read_moment(const std::string& which, const std::string& bucket, std::int64_t lo,
+                                    std::int64_t n, Tensor& dst) const {
+  const std::int64_t hi = lo + dst.numel();
+  const auto it = moments_.find(bucket);
+  if (it == moments_.end())
+    throw train_error("no shard of checkpoint " + step_dir_.string() + " holds optimizer state of " + bucket);
+  std::int64_t covered = 0;
+  for (const piece& p : it->second) {
+    if (p.range.n != n)
+      throw train_error("checkpoint " + step_dir_.string() + " has " + std::to_string(p.range.n) + " values of " + bucket +
+                        ", this model " + std::to_string(n));
+    const std::int64_t a = std::max(lo, p.range.lo), b = std::min(hi, p.range.hi);
+    if (a >= b) continue;
+    copy_values(*files_[p.file], which + "." + bucket, a - p.range.lo, dst.slice(a - lo, b - lo));
+    covered += b - a;
+  }
+  // Pieces of one checkpoint never overlap (a bucket's shards partition it).
+  if (covered != hi - lo)
+    throw train_error("the shards of checkpoint " + step_dir_.string() + " cover " + std::to_string(covered) + " of values [" +
+                      std::to_string(lo) + ", " + std::to_string(hi) + ") of " + which + "." + bucket);
 }
 
 std::optional<loss_scale_state> checkpoint_loss_scale(const fs::path& dir, int step) {

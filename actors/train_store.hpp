@@ -4,11 +4,19 @@
 //                                   the parameter shards it owns ("m.<bucket>",
 //                                   "v.<bucket>"), and on replica 0 of each
 //                                   stage its blocks' parameters ("params.<bucket>";
-//                                   rank 0 also the head)
+//                                   rank 0 also the head). The header's metadata
+//                                   says where each moment shard lies in its
+//                                   bucket: "range.<bucket>" = "LO HI N"
+//                                   (values [LO, HI) of the bucket's N).
 //   DIR/step-N/manifest.json        written by the coordinator once every shard
-//                                   of step N is on disk: {step, world, job},
-//                                   and with dynamic loss scaling "loss_scale":
-//                                   {scale, good_steps, skipped} after step N
+//                                   of step N is on disk: {format: 2, step,
+//                                   world, job, layout}, and with dynamic loss
+//                                   scaling "loss_scale": {scale, good_steps,
+//                                   skipped} after step N
+// Checkpoints do not depend on the layout that wrote them: a rank of any
+// other pipeline x data-parallel layout finds its blocks' parameters and
+// assembles its moment shards from whichever files hold the pieces
+// (checkpoint_shards), so a 2x2 checkpoint resumes on 1x4 or 3x1.
 //   DIR/latest                      "step-N": the newest complete checkpoint,
 //                                   replaced atomically (write + rename)
 // Every file is written to a temporary name, synced (fsync) and renamed,
@@ -17,7 +25,10 @@
 // previous checkpoint as the latest one, untouched.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +40,8 @@
 
 namespace corolla {
 
+class safetensors_file;
+
 /// The bucket id of the head (blocks use their block index).
 inline constexpr int head_bucket = -1;
 
@@ -38,19 +51,58 @@ std::string bucket_name(int id);
 std::string shard_file_name(int rank);
 /// DIR/step-N.
 std::filesystem::path checkpoint_step_dir(const std::filesystem::path& dir, int step);
-/// Writes rank `rank`'s shard of step `step` (temporary file, then rename).
-/// Throws train_error when the disk refuses.
+/// Where a rank's moment shard of one bucket lies: values [lo, hi) of n.
+struct shard_range {
+  std::int64_t lo = 0, hi = 0, n = 0;
+};
+
+/// Writes rank `rank`'s shard of step `step` (temporary file, then rename):
+/// `tensors`, and `ranges` (bucket name -> where its "m." and "v." tensors
+/// lie) in the header. Throws train_error when the disk refuses.
 void write_shard(const std::filesystem::path& dir, int step, int rank,
-                 const std::vector<std::pair<std::string, Tensor>>& tensors);
-/// Commits step `step`: its manifest (with the loss scaler's state after
-/// the step, when given), then `latest`; removes checkpoints older than the
-/// previous one. Throws train_error when the disk refuses.
+                 const std::vector<std::pair<std::string, Tensor>>& tensors,
+                 const std::map<std::string, shard_range>& ranges = {});
+/// Commits step `step`: its manifest (the layout that wrote it, for people
+/// and messages; the loss scaler's state after the step, when given), then
+/// `latest`; removes checkpoints older than the previous one. Throws
+/// train_error when the disk refuses.
 void commit_checkpoint(const std::filesystem::path& dir, int step, int world, const std::string& job,
-                       const loss_scale_state* scale = nullptr);
+                       const std::string& layout = "", const loss_scale_state* scale = nullptr);
 /// The step of `dir`'s latest complete checkpoint, or 0 when there is none.
 int latest_checkpoint_step(const std::filesystem::path& dir);
 /// Throws train_error unless step `step`'s manifest names job `job`.
 void check_manifest(const std::filesystem::path& dir, int step, const std::string& job);
+/// The layout that wrote step `step` ("2x2 [0,2) [2,4)"), "" when not recorded.
+std::string checkpoint_layout(const std::filesystem::path& dir, int step);
+
+/// Every shard of one committed checkpoint step, read by a rank of any
+/// layout. Opening maps the files and reads their headers only.
+class checkpoint_shards {
+ public:
+  /// Throws train_error for a missing or malformed manifest or shard, or a
+  /// checkpoint of an older format (no shard ranges).
+  checkpoint_shards(const std::filesystem::path& dir, int step);
+  /// The whole parameter vector of `bucket` (bucket_name) into `dst` (f32,
+  /// host). Throws train_error when no shard holds it or its size differs.
+  void read_params(const std::string& bucket, Tensor& dst) const;
+  /// Values [lo, lo + dst.numel()) of AdamW moment `which` ("m" or "v") of
+  /// `bucket`, whose parameter vector has `n` values, assembled from the
+  /// shards that hold pieces of it. Throws train_error when the pieces do
+  /// not cover the range or disagree on `n`.
+  void read_moment(const std::string& which, const std::string& bucket, std::int64_t lo, std::int64_t n,
+                   Tensor& dst) const;
+
+ private:
+  struct piece {
+    std::size_t file = 0;
+    shard_range range;
+  };
+  std::filesystem::path step_dir_;
+  std::vector<std::shared_ptr<safetensors_file>> files_;
+  std::map<std::string, std::size_t> params_;        ///< bucket -> file holding "params.<bucket>"
+  std::map<std::string, std::vector<piece>> moments_;  ///< bucket -> its moment shards
+};
+
 /// The loss scaler's state step `step`'s manifest holds, if any (a run
 /// without loss scaling writes none). Throws train_error for a malformed one.
 std::optional<loss_scale_state> checkpoint_loss_scale(const std::filesystem::path& dir, int step);

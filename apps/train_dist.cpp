@@ -567,7 +567,14 @@ int run_distributed_train(train_args a) {
   if (a.resume) {
     const int latest = latest_checkpoint_step(o.checkpoint_dir);
     if (latest == 0) throw std::invalid_argument("no complete checkpoint in " + a.checkpoint_dir + " to resume from");
-    check_manifest(o.checkpoint_dir, latest, job_key(o, cfg));
+    check_manifest(o.checkpoint_dir, latest, checkpoint_key(o, cfg));
+    if (a.rank < 0) {
+      const std::string from = checkpoint_layout(o.checkpoint_dir, latest);
+      std::fprintf(stderr, "resuming from step %d of %s%s\n", latest, a.checkpoint_dir.c_str(),
+                   from.empty() || from == o.layout.describe()
+                       ? ""
+                       : (" (written by layout " + from + ", re-sharded to " + o.layout.describe() + ")").c_str());
+    }
   }
   if (a.rank >= o.layout.world())
     throw std::invalid_argument("--rank " + std::to_string(a.rank) + " is outside a job of " +

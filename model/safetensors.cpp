@@ -127,7 +127,13 @@ std::shared_ptr<safetensors_file> safetensors_file::open(const std::filesystem::
     throw model_error(where + " has an invalid safetensors header: not a JSON object");
 
   for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      // Optional string-to-string map; values of other types are ignored.
+      if (entry.is_object())
+        for (const auto& [k, v] : entry.items())
+          if (v.is_string()) f->metadata_[k] = v.get<std::string>();
+      continue;
+    }
     auto bad = [&](const std::string& what) {
       return model_error("tensor " + name + " in " + where + " " + what);
     };

@@ -35,6 +35,8 @@ class safetensors_file : public std::enable_shared_from_this<safetensors_file> {
   const std::filesystem::path& path() const { return path_; }
   const std::map<std::string, tensor_info>& tensors() const { return tensors_; }
   const tensor_info* find(const std::string& name) const;
+  /// The header's "__metadata__" (string values only; empty when absent).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   /// A view of the tensor in its stored dtype, borrowing the mapping.
   Tensor view(const std::string& name) const;
   ~safetensors_file();
@@ -43,6 +45,7 @@ class safetensors_file : public std::enable_shared_from_this<safetensors_file> {
   safetensors_file() = default;
   std::filesystem::path path_;
   std::map<std::string, tensor_info> tensors_;
+  std::map<std::string, std::string> metadata_;
   void* map_ = nullptr;
   std::size_t map_bytes_ = 0;
   std::size_t data_offset_ = 0;

@@ -363,8 +363,34 @@ TEST_CASE("a resumed run continues with the losses of an uninterrupted one, and 
   // A fresh run would overwrite the checkpoint `latest` names: refused.
   check_one_error(run_layout(first, 2, 2, {"--checkpoint-dir", ck, "--checkpoint-every", "3"}),
                   "already holds a checkpoint");
-  // Another layout cannot resume this checkpoint.
-  check_one_error(run_layout(j, 2, 1, {"--checkpoint-dir", ck, "--resume"}), "is of another job");
+  // Another global batch cannot resume this checkpoint (another layout can: below).
+  job other_batch = j;
+  other_batch.batch = 4;
+  check_one_error(run_layout(other_batch, 2, 2, {"--checkpoint-dir", ck, "--resume"}), "is of another job");
+}
+
+TEST_CASE("a checkpoint written by 2x2 resumes on 1x4 and on 3x1 with the single-process losses") {
+  temp_dir_guard tmp("mp-train-relayout");
+  job j = fresh_gpt2_job(tmp);
+  j.batch = 12;  // divisible by every replica count below
+  j.steps = 8;
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  const fs::path ck = tmp / "ck";
+  job first = j;
+  first.steps = 4;
+  const process_result a = run_layout(first, 2, 2, {"--checkpoint-dir", ck, "--checkpoint-every", "4"});
+  INFO("stderr: " << a.err);
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(latest_checkpoint_step(ck) == 4);
+  CHECK(checkpoint_layout(ck, 4) == "2x2 [0,2) [2,4)");
+  for (auto [pp, dp] : std::vector<std::pair<int, int>>{{1, 4}, {3, 1}}) {
+    INFO("resumed on " << pp << "x" << dp);
+    const process_result r = run_layout(j, pp, dp, {"--checkpoint-dir", ck, "--resume"});
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    check_close(json_steps(r.out_lines()), want, 1e-5, 5);
+    CHECK(r.err.find("written by layout 2x2") != std::string::npos);
+  }
 }
 
 TEST_CASE("a rank killed mid-run fails the job naming its stage and rank, and the last checkpoint stays whole") {
