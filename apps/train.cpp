@@ -271,7 +271,15 @@ void register_train(CLI::App& app, action_fn& action) {
       ->capture_default_str()
       ->group(dist);
   cmd->add_flag("--resume", args->resume,
-                "Continue from the latest complete checkpoint in --checkpoint-dir (same model, layout and batch)")
+                "Continue from the latest complete checkpoint in --checkpoint-dir (same model, batch and seq; any "
+                "layout)")
+      ->group(dist);
+  cmd->add_flag("--elastic", args->elastic,
+                "Local launcher: when ranks die or hang, re-plan the grid on the ranks left and continue from the "
+                "last checkpoint (or the start), re-sharded, printing each step once")
+      ->group(dist);
+  cmd->add_option("--min-ranks", args->min_ranks, "With --elastic: stop when fewer ranks than this remain")
+      ->capture_default_str()
       ->group(dist);
   cmd->add_option("--job-file", args->job_file,
                   "Internal: the job description the local launcher writes for the ranks it starts")

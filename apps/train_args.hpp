@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include <chrono>
 #include <functional>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +58,8 @@ struct train_args {
   std::string checkpoint_dir;
   int checkpoint_every = 0;
   bool resume = false;
+  bool elastic = false;  ///< --elastic: the local launcher re-plans on the ranks left when some die
+  int min_ranks = 1;     ///< --min-ranks: with --elastic, the fewest ranks a job continues on
   double timeout_s = 300;
   std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file
   std::string link_profile;  ///< one shaping profile for every link between ranks
@@ -105,8 +108,25 @@ void use_plan(const schedule::cluster_description& cluster, const schedule::plan
 /// Runs job `o` on o.layout.world() rank processes of this binary on
 /// 127.0.0.1 (their model and data flags from `a`), with the coordinator in
 /// this process calling `on_step`; kills and reaps the ranks on the way
-/// out. Throws train_error when the job fails.
+/// out. Throws train_error when the job fails; then `lost` (when given)
+/// holds the ranks the job lost: those whose process a signal ended while
+/// the job ran, and the rank the failure names (a rank that hung, or whose
+/// process exited first).
 void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
-                   const std::function<void(const dist_step_report&)>& on_step);
+                   const std::function<void(const dist_step_report&)>& on_step, std::vector<int>* lost = nullptr);
+/// A step's line on stdout (text, or JSON with --json), for the steps
+/// --log-every shows.
+void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r);
+/// The local launcher's last words: the --json summary line (with `extra`'s
+/// keys) and "trained N steps on LAYOUT" on stderr. `o` is the final layout.
+void print_local_summary(const train_args& a, const dist_train_options& o, int steps_run, double last_loss,
+                         std::chrono::steady_clock::duration took, nlohmann::json extra = {});
+/// The local launcher with --elastic (apps/train_elastic.cpp): runs `o`,
+/// and whenever ranks die or hang, re-plans the grid on the ranks left
+/// (schedule::regrid), continues from the latest committed checkpoint
+/// re-sharded to the new grid (or from the start without one), and prints
+/// every step once plus one line per re-plan. Throws train_error when fewer
+/// than --min-ranks remain or no grid fits. Returns the exit status.
+int launch_local_elastic(const train_args& a, dist_train_options o, const model_config& cfg);
 
 }  // namespace corolla::app

@@ -14,7 +14,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
+#include <regex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -30,6 +33,7 @@
 #include "apps/plan_print.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
+#include "apps/train_job_file.hpp"
 #include "model/stage.hpp"
 #include "model/config.hpp"
 #include "model/trainer.hpp"
@@ -122,6 +126,8 @@ device multi_host_rank_device(const train_args& a) {
   return d;
 }
 
+}  // namespace
+
 void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r) {
   if (!trainer::is_logged(r.step, a.steps, a.log_every)) return;
   if (a.json) {
@@ -135,6 +141,25 @@ void print_step(const train_args& a, const dist_train_options& o, const dist_ste
   }
   std::fflush(stdout);
 }
+
+void print_local_summary(const train_args& a, const dist_train_options& o, int steps_run, double last_loss,
+                         std::chrono::steady_clock::duration took, nlohmann::json extra) {
+  if (a.json) {
+    const double seconds = std::chrono::duration<double>(took).count();
+    const double tokens = static_cast<double>(steps_run) * a.batch * a.seq;
+    nlohmann::json summary = {{"steps", a.steps}, {"tokens", tokens}, {"seconds", seconds},
+                              {"tokens_per_s", seconds > 0 ? tokens / seconds : 0.0}, {"layout", o.layout.describe()},
+                              {"ranks", o.layout.world()}, {"device", parse_device(a.device).str()}};
+    if (steps_run > 0) summary["final_loss"] = last_loss;
+    if (!a.save.empty()) summary["saved"] = a.save;
+    if (extra.is_object()) summary.update(extra);
+    std::printf("%s\n", summary.dump().c_str());
+  }
+  std::fprintf(stderr, "trained %d steps on %s (%d ranks)%s\n", a.steps, o.layout.describe().c_str(),
+               o.layout.world(), a.save.empty() ? "" : ("; saved to " + a.save).c_str());
+}
+
+namespace {
 
 node_options rank_node_options(const std::string& listen) {
   node_options n;
@@ -250,6 +275,22 @@ class rank_processes {
     return std::nullopt;
   }
 
+  /// The ranks whose processes are stopped (SIGSTOP, a debugger): hung,
+  /// as far as the job is concerned.
+  std::vector<int> stopped() const {
+    std::vector<int> out;
+    for (std::size_t i = 0; i < pids_.size(); ++i) {
+      if (pids_[i] <= 0) continue;
+      std::ifstream stat("/proc/" + std::to_string(pids_[i]) + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      const auto close = line.rfind(')');
+      if (close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't'))
+        out.push_back(static_cast<int>(i));
+    }
+    return out;
+  }
+
   /// Reaps ranks as they exit, for at most `timeout`.
   void wait_all(std::chrono::milliseconds timeout) { reap_all(pids_, timeout); }
 
@@ -258,70 +299,6 @@ class rank_processes {
  private:
   std::vector<pid_t> pids_;
 };
-
-// ---- the job file the launcher hands its ranks ----------------------------------------
-
-nlohmann::json job_to_json(const dist_train_options& o) {
-  const auto& w = o.optimizer.adamw;
-  return {{"pp", o.layout.pp}, {"dp", o.layout.dp}, {"chunks", o.layout.chunks}, {"boundaries", o.layout.boundaries},
-          {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
-          {"micro_batch", o.micro_batch}, {"steps", o.steps},
-          {"adamw", {{"lr", w.lr}, {"beta1", w.beta1}, {"beta2", w.beta2}, {"eps", w.eps}, {"weight_decay", w.weight_decay}}},
-          {"max_grad_norm", o.optimizer.max_grad_norm}, {"compute", dtype_name(o.compute)},
-          {"collectives", dp_collectives_name(o.collectives)},
-          {"loss_scale",
-           {{"dynamic", o.optimizer.loss_scale.dynamic}, {"init_scale", o.optimizer.loss_scale.init_scale},
-            {"growth_interval", o.optimizer.loss_scale.growth_interval},
-            {"min_scale", o.optimizer.loss_scale.min_scale}}},
-          {"schedule",
-           {{"warmup_steps", o.optimizer.schedule.warmup_steps}, {"cosine", o.optimizer.schedule.cosine},
-            {"final_ratio", o.optimizer.schedule.final_ratio}}},
-          {"checkpoint_dir", o.checkpoint_dir.string()},
-          {"checkpoint_every", o.checkpoint_every}, {"resume", o.resume}, {"save_dir", o.save_dir.string()},
-          {"timeout_ms", o.timeout.count()}, {"link_profiles", o.link_profiles},
-          {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s}};
-}
-
-dist_train_options job_from_json(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) throw std::invalid_argument("cannot read job file " + file);
-  try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    dist_train_options o;
-    o.layout.pp = j.at("pp");
-    o.layout.dp = j.at("dp");
-    o.layout.chunks = j.at("chunks");
-    o.layout.boundaries = j.at("boundaries").get<std::vector<int>>();
-    o.layout.worker_names = j.at("worker_names").get<std::vector<std::string>>();
-    o.batch = j.at("batch");
-    o.seq = j.at("seq");
-    o.micro_batch = j.at("micro_batch");
-    o.steps = j.at("steps");
-    const auto& w = j.at("adamw");
-    o.optimizer.adamw = {w.at("lr"), w.at("beta1"), w.at("beta2"), w.at("eps"), w.at("weight_decay")};
-    o.optimizer.max_grad_norm = j.at("max_grad_norm");
-    o.compute = parse_compute_dtype(j.at("compute").get<std::string>());
-    o.collectives = parse_dp_collectives(j.at("collectives").get<std::string>());
-    const auto& ls = j.at("loss_scale");
-    o.optimizer.loss_scale.dynamic = ls.at("dynamic");
-    o.optimizer.loss_scale.init_scale = ls.at("init_scale");
-    o.optimizer.loss_scale.growth_interval = ls.at("growth_interval");
-    o.optimizer.loss_scale.min_scale = ls.at("min_scale");
-    const auto& sch = j.at("schedule");
-    o.optimizer.schedule = {sch.at("warmup_steps"), sch.at("cosine"), sch.at("final_ratio")};
-    o.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
-    o.checkpoint_every = j.at("checkpoint_every");
-    o.resume = j.at("resume");
-    o.save_dir = j.at("save_dir").get<std::string>();
-    o.timeout = std::chrono::milliseconds(j.at("timeout_ms").get<std::int64_t>());
-    o.link_profiles = j.at("link_profiles").get<std::vector<std::string>>();
-    o.synthetic.forward_s = j.at("synthetic_forward_s").get<std::vector<double>>();
-    o.synthetic.backward_s = j.at("synthetic_backward_s").get<std::vector<double>>();
-    return o;
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument("malformed job file " + file + ": " + e.what());
-  }
-}
 
 std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
   auto num = [](auto v) { return std::to_string(v); };
@@ -340,6 +317,7 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
   apply_common_options(1, "warn");
   // Bad data is one error here, not one per rank.
   open_data(a.data, a.model, cfg.vocab_size);
+  if (a.elastic) return launch_local_elastic(a, o, cfg);
   const auto start = std::chrono::steady_clock::now();
   int steps_run = 0;
   double last_loss = 0;
@@ -348,18 +326,7 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
     last_loss = r.loss;
     print_step(a, o, r);
   });
-  if (a.json) {
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double tokens = static_cast<double>(steps_run) * a.batch * a.seq;
-    nlohmann::json summary = {{"steps", a.steps}, {"tokens", tokens}, {"seconds", seconds},
-                              {"tokens_per_s", seconds > 0 ? tokens / seconds : 0.0}, {"layout", o.layout.describe()},
-                              {"ranks", o.layout.world()}, {"device", parse_device(a.device).str()}};
-    if (steps_run > 0) summary["final_loss"] = last_loss;
-    if (!a.save.empty()) summary["saved"] = a.save;
-    std::printf("%s\n", summary.dump().c_str());
-  }
-  std::fprintf(stderr, "trained %d steps on %s (%d ranks)%s\n", a.steps, o.layout.describe().c_str(),
-               o.layout.world(), a.save.empty() ? "" : ("; saved to " + a.save).c_str());
+  print_local_summary(a, o, steps_run, last_loss, std::chrono::steady_clock::now() - start);
   return 0;
 }
 
@@ -397,7 +364,7 @@ std::string profile_of(const schedule::link_spec& l) {
 }  // namespace
 
 void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
-                   const std::function<void(const dist_step_report&)>& on_step) {
+                   const std::function<void(const dist_step_report&)>& on_step, std::vector<int>* lost) {
   if (o.collectives == dp_collectives::device) {
     if (a.device != "auto" && a.device != "cuda")
       throw std::invalid_argument("--collectives device puts local rank r on GPU r: give --device cuda (or auto), not " +
@@ -440,18 +407,42 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
   for (int r = 0; r < o.layout.world(); ++r) ranks.start(rank_args(a, r, endpoint, job_file.string()));
   // A rank process that ends before the job does fails it at once (also
   // before it joined, when no link could report it).
+  std::mutex signalled_mu;
+  std::set<int> signalled;  // ranks a signal ended while the job ran
   std::thread watcher([&] {
     while (auto ended = ranks.wait_any(over)) {
-      if (ended->second != "exit status 0" && !over)
+      if (ended->second != "exit status 0" && !over) {
+        if (ended->second.rfind("signal", 0) == 0) {
+          std::lock_guard lock(signalled_mu);
+          signalled.insert(ended->first);
+        }
         inbox->fail(o.layout.label(ended->first) + " exited (" + ended->second + ")");
+      }
     }
   });
   try {
     run_train_coordinator(*n, o, cfg, on_step, inbox);
-  } catch (...) {
+  } catch (const std::exception& e) {
     over = true;
     watcher.join();
+    const std::vector<int> stopped = ranks.stopped();
     ranks.stop();
+    if (lost) {
+      // Ranks a signal ended or stopped; else the rank the failure's root
+      // cause names first ("rank 3 (stage 1, ...) exited", "no activations
+      // ... from rank 3 (...)").
+      std::lock_guard lock(signalled_mu);
+      std::set<int> gone(signalled.begin(), signalled.end());
+      gone.insert(stopped.begin(), stopped.end());
+      if (gone.empty()) {
+        static const std::regex named(R"(\brank (\d+) \()");
+        std::smatch m;
+        const std::string what = e.what();
+        if (std::regex_search(what, m, named))
+          if (const int r = std::stoi(m[1]); r >= 0 && r < o.layout.world()) gone.insert(r);
+      }
+      lost->assign(gone.begin(), gone.end());
+    }
     throw;
   }
   over = true;
@@ -576,6 +567,10 @@ int run_distributed_train(train_args a) {
                        : (" (written by layout " + from + ", re-sharded to " + o.layout.describe() + ")").c_str());
     }
   }
+  if (a.elastic && (a.rank >= 0 || id.world > 0))
+    throw std::invalid_argument("--elastic is for the local launcher (--pp/--dp or --cluster without --rank) for now; "
+                                "multi-host ranks cannot re-plan yet");
+  if (a.min_ranks < 1) throw std::invalid_argument("--min-ranks must be at least 1");
   if (a.rank >= o.layout.world())
     throw std::invalid_argument("--rank " + std::to_string(a.rank) + " is outside a job of " +
                                 std::to_string(o.layout.world()) + " ranks");

@@ -1,0 +1,178 @@
+// `corolla train --pp P --dp D --elastic`: the local launcher that keeps a
+// job going when ranks die or hang. On a failure that lost ranks it asks
+// schedule::regrid for the grid of the ranks left, continues from the
+// latest committed checkpoint re-sharded to that grid (layout-independent
+// checkpoints, actors/train_store.hpp), or from the start when there is
+// none, and prints every step once: steps replayed after the checkpoint are
+// computed again but not printed again. The global batch, the data order
+// and the hyper-parameters never change, so the losses are those of the
+// failure-free run up to the reduction order.
+//
+// This is the checkpoint-restart path of issue 20 (what the elastic
+// scheduler falls back to when a failure takes state that exists nowhere
+// else); re-planning in place from replicas' memory is not built yet.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "actors/train_store.hpp"
+#include "apps/train_args.hpp"
+#include "schedule/regrid.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+/// Bytes of the shards of checkpoint step `step` (what a restart reads).
+double checkpoint_bytes(const fs::path& dir, int step) {
+  double bytes = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(checkpoint_step_dir(dir, step), ec))
+    if (e.path().extension() == ".safetensors") bytes += static_cast<double>(e.file_size(ec));
+  return bytes;
+}
+
+/// "rank 3 (stage 1, replica 1, blocks 2..3), rank 1 (...)".
+std::string labels(const train_layout& l, const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + l.label(r);
+  return s;
+}
+
+/// One re-plan, printed once the new grid completes its first step (so
+/// that its time is the whole recovery: from the failure to the next step).
+struct replan_event {
+  std::string reason;
+  std::vector<int> lost;
+  std::string lost_labels, from, to;
+  int ranks_left = 0;
+  int resume_step = 0;       ///< the checkpoint continued from (0: the start)
+  int last_done = 0;         ///< the last step completed before the failure
+  double bytes = 0;          ///< checkpoint bytes the new grid reads
+  clock_type::time_point failed_at;
+
+  nlohmann::json json(double seconds, bool completed) const {
+    nlohmann::json j = {{"event", "replan"},       {"reason", reason},         {"lost_ranks", lost},
+                        {"from", from},            {"to", to},                 {"ranks", ranks_left},
+                        {"resume_from", resume_step}, {"replayed_steps", std::max(0, last_done - resume_step)},
+                        {"bytes", bytes},          {"completed", completed}};
+    if (completed) j["seconds"] = seconds;
+    return j;
+  }
+
+  void print(const train_args& a, bool completed) const {
+    const double seconds = std::chrono::duration<double>(clock_type::now() - failed_at).count();
+    if (a.json) {
+      std::printf("%s\n", json(seconds, completed).dump().c_str());
+    } else {
+      std::printf("replan: lost %s (%s); %s -> %s on %d ranks; continued from %s, %d step(s) replayed, %.3g MB read",
+                  lost_labels.c_str(), reason.c_str(), from.c_str(), to.c_str(), ranks_left,
+                  resume_step > 0 ? ("the checkpoint of step " + std::to_string(resume_step)).c_str() : "the start",
+                  std::max(0, last_done - resume_step), bytes / 1e6);
+      if (completed)
+        std::printf("; next step done %.2f s after the failure\n", seconds);
+      else
+        std::printf("; failed again before its first step\n");
+    }
+    std::fflush(stdout);
+  }
+};
+
+}  // namespace
+
+int launch_local_elastic(const train_args& a, dist_train_options o, const model_config& cfg) {
+  if (o.collectives == dp_collectives::device)
+    throw std::invalid_argument("--elastic re-plans host collectives only (NCCL groups are fixed at start): use "
+                                "--collectives host");
+  if (!a.cluster.empty())
+    throw std::invalid_argument("--elastic with --cluster is not supported yet (the planner would have to re-plan "
+                                "without the lost workers): use --pp/--dp");
+  const bool uniform_links = !o.link_profiles.empty();
+  const std::string link_profile = uniform_links ? o.link_profiles.back() : std::string();
+  const auto start = clock_type::now();
+  int printed = 0;  // the last step printed: replayed steps are not printed again
+  int steps_run = 0;
+  double last_loss = 0;
+  std::optional<replan_event> pending;
+  nlohmann::json replans = nlohmann::json::array();
+  for (;;) {
+    std::vector<int> lost;
+    try {
+      run_local_job(
+          a, o, cfg,
+          [&](const dist_step_report& r) {
+            if (pending) {
+              pending->print(a, true);
+              replans.push_back(
+                  pending->json(std::chrono::duration<double>(clock_type::now() - pending->failed_at).count(), true));
+              pending.reset();
+            }
+            if (r.step <= printed) return;
+            printed = r.step;
+            ++steps_run;
+            last_loss = r.loss;
+            print_step(a, o, r);
+          },
+          &lost);
+      break;
+    } catch (const train_error& e) {
+      const auto failed_at = clock_type::now();
+      if (pending) {
+        pending->print(a, false);
+        replans.push_back(pending->json(0, false));
+        pending.reset();
+      }
+      // A failure that lost no rank (bad weights, a full disk) would fail
+      // again on any grid.
+      if (lost.empty()) throw;
+      const int left = o.layout.world() - static_cast<int>(lost.size());
+      if (left < a.min_ranks)
+        throw train_error(std::string(e.what()) + "; " + std::to_string(left) + " rank(s) left, fewer than --min-ranks " +
+                          std::to_string(a.min_ranks));
+      schedule::grid_limits limits;
+      limits.ranks = left;
+      limits.n_layers = cfg.n_layers;
+      limits.global_batch = o.batch;
+      limits.micro_batch = o.micro_batch;
+      limits.chunks = o.layout.chunks;
+      limits.prefer_pp = o.layout.pp;
+      std::string why;
+      const auto g = schedule::regrid(limits, &why);
+      if (!g) throw train_error(std::string(e.what()) + "; cannot continue: " + why);
+      replan_event ev;
+      ev.reason = e.what();
+      ev.lost = lost;
+      ev.lost_labels = labels(o.layout, lost);
+      ev.from = o.layout.describe();
+      ev.last_done = printed;
+      ev.failed_at = failed_at;
+      o.layout = even_layout(cfg.n_layers, g->pp, g->dp, o.layout.chunks);
+      ev.to = o.layout.describe();
+      ev.ranks_left = left;
+      const std::size_t world = static_cast<std::size_t>(o.layout.world());
+      if (uniform_links) o.link_profiles.assign(world * world, link_profile);
+      ev.resume_step = o.checkpoint_dir.empty() ? 0 : latest_checkpoint_step(o.checkpoint_dir);
+      // Without a checkpoint the job starts over: the same initialisation
+      // (--seed, or the model's weights) and the same data order.
+      o.resume = ev.resume_step > 0;
+      if (o.resume) ev.bytes = checkpoint_bytes(o.checkpoint_dir, ev.resume_step);
+      std::fprintf(stderr, "elastic: %s; re-planning on %d rank(s): %s -> %s\n", e.what(), left, ev.from.c_str(),
+                   ev.to.c_str());
+      pending = std::move(ev);
+    }
+  }
+  print_local_summary(a, o, steps_run, last_loss, clock_type::now() - start, {{"replans", replans}});
+  return 0;
+}
+
+}  // namespace corolla::app

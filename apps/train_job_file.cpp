@@ -1,0 +1,78 @@
+// The job file the local launcher hands its rank processes: the whole
+// dist_train_options as JSON (apps/train_job_file.hpp).
+#include "apps/train_job_file.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/stage.hpp"
+
+namespace corolla::app {
+
+nlohmann::json job_to_json(const dist_train_options& o) {
+  const auto& w = o.optimizer.adamw;
+  return {{"pp", o.layout.pp}, {"dp", o.layout.dp}, {"chunks", o.layout.chunks}, {"boundaries", o.layout.boundaries},
+          {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
+          {"micro_batch", o.micro_batch}, {"steps", o.steps},
+          {"adamw", {{"lr", w.lr}, {"beta1", w.beta1}, {"beta2", w.beta2}, {"eps", w.eps}, {"weight_decay", w.weight_decay}}},
+          {"max_grad_norm", o.optimizer.max_grad_norm}, {"compute", dtype_name(o.compute)},
+          {"collectives", dp_collectives_name(o.collectives)},
+          {"loss_scale",
+           {{"dynamic", o.optimizer.loss_scale.dynamic}, {"init_scale", o.optimizer.loss_scale.init_scale},
+            {"growth_interval", o.optimizer.loss_scale.growth_interval},
+            {"min_scale", o.optimizer.loss_scale.min_scale}}},
+          {"schedule",
+           {{"warmup_steps", o.optimizer.schedule.warmup_steps}, {"cosine", o.optimizer.schedule.cosine},
+            {"final_ratio", o.optimizer.schedule.final_ratio}}},
+          {"checkpoint_dir", o.checkpoint_dir.string()},
+          {"checkpoint_every", o.checkpoint_every}, {"resume", o.resume}, {"save_dir", o.save_dir.string()},
+          {"timeout_ms", o.timeout.count()}, {"link_profiles", o.link_profiles},
+          {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s}};
+}
+
+dist_train_options job_from_json(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw std::invalid_argument("cannot read job file " + file);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    dist_train_options o;
+    o.layout.pp = j.at("pp");
+    o.layout.dp = j.at("dp");
+    o.layout.chunks = j.at("chunks");
+    o.layout.boundaries = j.at("boundaries").get<std::vector<int>>();
+    o.layout.worker_names = j.at("worker_names").get<std::vector<std::string>>();
+    o.batch = j.at("batch");
+    o.seq = j.at("seq");
+    o.micro_batch = j.at("micro_batch");
+    o.steps = j.at("steps");
+    const auto& w = j.at("adamw");
+    o.optimizer.adamw = {w.at("lr"), w.at("beta1"), w.at("beta2"), w.at("eps"), w.at("weight_decay")};
+    o.optimizer.max_grad_norm = j.at("max_grad_norm");
+    o.compute = parse_compute_dtype(j.at("compute").get<std::string>());
+    o.collectives = parse_dp_collectives(j.at("collectives").get<std::string>());
+    const auto& ls = j.at("loss_scale");
+    o.optimizer.loss_scale.dynamic = ls.at("dynamic");
+    o.optimizer.loss_scale.init_scale = ls.at("init_scale");
+    o.optimizer.loss_scale.growth_interval = ls.at("growth_interval");
+    o.optimizer.loss_scale.min_scale = ls.at("min_scale");
+    const auto& sch = j.at("schedule");
+    o.optimizer.schedule = {sch.at("warmup_steps"), sch.at("cosine"), sch.at("final_ratio")};
+    o.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
+    o.checkpoint_every = j.at("checkpoint_every");
+    o.resume = j.at("resume");
+    o.save_dir = j.at("save_dir").get<std::string>();
+    o.timeout = std::chrono::milliseconds(j.at("timeout_ms").get<std::int64_t>());
+    o.link_profiles = j.at("link_profiles").get<std::vector<std::string>>();
+    o.synthetic.forward_s = j.at("synthetic_forward_s").get<std::vector<double>>();
+    o.synthetic.backward_s = j.at("synthetic_backward_s").get<std::vector<double>>();
+    return o;
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("malformed job file " + file + ": " + e.what());
+  }
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,21 @@
+// apps/train_job_file.hpp — the job file the local launcher writes for its
+// rank processes (`--job-file`): every field of dist_train_options as JSON,
+// so a rank runs exactly the job the launcher planned (also after an
+// elastic re-plan changed its layout).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/train_job.hpp"
+
+namespace corolla::app {
+
+/// `o` as the job file's JSON.
+nlohmann::json job_to_json(const dist_train_options& o);
+/// Reads a job file; throws std::invalid_argument naming the file for an
+/// unreadable or malformed one.
+dist_train_options job_from_json(const std::string& file);
+
+}  // namespace corolla::app

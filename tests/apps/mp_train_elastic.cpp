@@ -1,0 +1,141 @@
+// `corolla train --pp P --dp D --elastic`: rank processes killed (SIGKILL)
+// or hung (SIGSTOP) mid-run; the launcher re-plans the grid on the ranks
+// left, continues from the last checkpoint re-sharded (or from the start),
+// prints every step once, and the losses equal the single-process run.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/train_store.hpp"
+#include "tests/apps/train_test_util.hpp"
+#include "tests/support/child_process.hpp"
+#include "tests/support/cli_expect.hpp"
+
+namespace {
+
+using namespace corolla;
+using namespace corolla::testing;
+using namespace corolla::testing::train_test;
+
+/// A job whose steps take long enough (links with 4 ms of latency) for a
+/// test to hit a rank mid-run on a busy machine.
+job slow_job(const temp_dir_guard& tmp, int steps) {
+  job j = fresh_gpt2_job(tmp);
+  j.batch = 12;  // splits over 4, 3, 2 and 1 replicas
+  j.steps = steps;
+  return j;
+}
+
+std::vector<std::string> elastic_args(const job& j, std::vector<std::string> extra) {
+  extra.insert(extra.end(), {"--pp", "2", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--timeout-s", "60"});
+  return train_args(j, extra);
+}
+
+/// The pid of the launcher's rank process `rank` (of the current grid).
+pid_t rank_pid(const child_process& launcher, int rank) {
+  const auto pids = children_with_arg(launcher.pid(), {"--rank", std::to_string(rank)});
+  REQUIRE(pids.size() == 1u);
+  return pids[0];
+}
+
+/// The re-plan events of a --json run.
+std::vector<nlohmann::json> replans(const std::vector<std::string>& lines) {
+  std::vector<nlohmann::json> out;
+  for (const std::string& l : lines) {
+    auto j = nlohmann::json::parse(l, nullptr, false);
+    if (j.is_object() && j.value("event", "") == "replan") out.push_back(j);
+  }
+  return out;
+}
+
+/// Reads the launcher's stdout to its end and waits for it.
+int finish(child_process& launcher) {
+  launcher.wait_line(std::regex("^$a"), std::chrono::seconds(180));  // never matches: reads until stdout closes
+  const auto status = launcher.wait(std::chrono::seconds(10));
+  REQUIRE(status.has_value());
+  return *status;
+}
+
+}  // namespace
+
+TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, continues from checkpoints and keeps the "
+          "single-process losses") {
+  temp_dir_guard tmp("mp-train-elastic-kill");
+  const job j = slow_job(tmp, 40);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  const fs::path ck = tmp / "ck";
+  child_process launcher = child_process::corolla(elastic_args(j, {"--checkpoint-dir", ck, "--checkpoint-every", "3"}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":5\b)"), std::chrono::seconds(60)));
+  ::kill(rank_pid(launcher, 3), SIGKILL);  // 2x2 -> 1x3
+  REQUIRE(launcher.wait_line(std::regex(R"("event":"replan")"), std::chrono::seconds(60)));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":1[3-9]\b)"), std::chrono::seconds(60)));
+  ::kill(rank_pid(launcher, 1), SIGKILL);  // 1x3 -> 1x2
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  // Every step exactly once, in order, each equal to one process's.
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 2u);
+  CHECK(events[0]["from"] == "2x2 [0,2) [2,4)");
+  CHECK(events[0]["to"] == "1x3 [0,4)");
+  CHECK(events[0]["lost_ranks"] == nlohmann::json::array({3}));
+  CHECK(events[0]["completed"] == true);
+  CHECK(events[0]["resume_from"].get<int>() >= 3);
+  CHECK(events[0]["bytes"].get<double>() > 0);
+  CHECK(events[1]["from"] == "1x3 [0,4)");
+  CHECK(events[1]["to"] == "1x2 [0,4)");
+  CHECK(events[1]["lost_ranks"] == nlohmann::json::array({1}));
+  CHECK(events[1]["resume_from"].get<int>() >= 12);
+  CHECK(events[1]["reason"].get<std::string>().find("rank 1 (stage 0, replica 1") != std::string::npos);
+  // No rank outlives the launcher; the job's last checkpoint is the 1x2 grid's.
+  CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
+  CHECK(checkpoint_layout(ck, latest_checkpoint_step(ck)) == "1x2 [0,4)");
+}
+
+TEST_CASE("--elastic: a hung rank (SIGSTOP) is a failure too: without checkpoints the job starts over on the ranks "
+          "left with the same losses") {
+  temp_dir_guard tmp("mp-train-elastic-hang");
+  const job j = slow_job(tmp, 20);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
+  const pid_t hung = rank_pid(launcher, 2);
+  ::kill(hung, SIGSTOP);
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 1u);
+  CHECK(events[0]["lost_ranks"] == nlohmann::json::array({2}));
+  CHECK(events[0]["resume_from"] == 0);
+  CHECK(events[0]["replayed_steps"].get<int>() >= 3);
+  CHECK(events[0]["to"] == "1x3 [0,4)");
+  ::kill(hung, SIGKILL);  // the launcher killed it already; nothing may be left stopped
+}
+
+TEST_CASE("--elastic stops with one clear error when fewer than --min-ranks remain, and bad combinations are refused") {
+  temp_dir_guard tmp("mp-train-elastic-min");
+  const job j = slow_job(tmp, 1000);
+  child_process launcher = child_process::corolla(elastic_args(j, {"--min-ranks", "4"}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":2\b)"), std::chrono::seconds(60)));
+  ::kill(rank_pid(launcher, 0), SIGKILL);
+  const int status = finish(launcher);
+  CHECK(status == 1);
+  CHECK(launcher.err().find("3 rank(s) left, fewer than --min-ranks 4") != std::string::npos);
+  CHECK(launcher.err().find("rank 0 (stage 0, replica 0") != std::string::npos);
+  CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
+
+  check_one_error(run_corolla(train_args(j, {"--pp", "2", "--dp", "2", "--elastic", "--min-ranks", "0"})),
+                  "--min-ranks must be at least 1");
+  check_one_error(run_corolla(train_args(j, {"--pp", "2", "--elastic", "--rank", "0", "--coordinator", "127.0.0.1:1"})),
+                  "--elastic is for the local launcher");
+}

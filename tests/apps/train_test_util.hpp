@@ -1,0 +1,164 @@
+// Helpers of the distributed-training process tests (mp_train_dist.cpp,
+// mp_train_elastic.cpp): a tiny GPT-2 job on a token pattern, the
+// library's single-process losses as the reference, `--json` step lines,
+// and the rank processes of a local launcher.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/token_data.hpp"
+#include "model/trainer.hpp"
+#include "model/transformer.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/tiny_model.hpp"
+
+namespace corolla::testing::train_test {
+
+using namespace corolla;
+using namespace corolla::testing;
+namespace fs = std::filesystem;
+
+
+inline tiny_model_options tiny(architecture arch) {
+  tiny_model_options o;
+  o.arch = arch;
+  o.vocab = 64;
+  o.hidden = 32;
+  o.layers = 4;
+  o.heads = 4;
+  o.kv_heads = arch == architecture::gpt2 ? 4 : 2;
+  o.intermediate = 64;
+  o.max_positions = 32;
+  o.init_std = 0.05f;
+  return o;
+}
+
+inline std::vector<std::uint16_t> pattern_tokens(std::size_t n) {
+  std::vector<std::uint16_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<std::uint16_t>((i * 7 + i / 5 + (i * i) % 3) % 64);
+  return t;
+}
+
+struct job {
+  fs::path model, data;
+  int batch = 6, seq = 8, steps = 20;
+  float lr = 3e-3f, clip = 0.0f;
+  int warmup = 0;
+  bool cosine = false;
+};
+
+inline std::vector<std::string> train_args(const job& j, std::vector<std::string> extra) {
+  std::vector<std::string> a = {"train", "--model", j.model,  "--data", j.data,  "--batch", std::to_string(j.batch),
+                                "--seq", std::to_string(j.seq), "--steps", std::to_string(j.steps), "--lr",
+                                std::to_string(j.lr), "--grad-clip", std::to_string(j.clip), "--json", "--threads", "1",
+                                "--warmup-steps", std::to_string(j.warmup), "--lr-schedule", j.cosine ? "cosine" : "constant"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+struct step_line {
+  int step = 0;
+  double loss = 0, grad_norm = -1;
+};
+
+inline std::vector<step_line> json_steps(const std::vector<std::string>& lines) {
+  std::vector<step_line> out;
+  for (const std::string& l : lines) {
+    INFO("line: " << l);
+    auto j = nlohmann::json::parse(l);
+    if (!j.contains("step") || !j.contains("loss") || j.contains("tokens")) continue;  // the summary
+    out.push_back({j["step"].get<int>(), j["loss"].get<double>(), j.value("grad_norm", -1.0)});
+  }
+  return out;
+}
+
+/// The library's single-process run of `j` (the reference).
+inline std::vector<float> reference_losses(const job& j, transformer model, std::vector<double>* norms = nullptr) {
+  token_dataset data = token_dataset::open(j.data, nullptr, model.config().vocab_size);
+  train_options o;
+  o.batch = j.batch;
+  o.seq = j.seq;
+  o.steps = j.steps;
+  o.optimizer.adamw.lr = j.lr;
+  o.optimizer.max_grad_norm = j.clip;
+  o.optimizer.schedule = {j.warmup, j.cosine, 0.1f};
+  trainer t(model, data, o);
+  std::vector<float> losses;
+  while (t.steps_done() < j.steps) {
+    step_report r = t.step();
+    losses.push_back(r.loss);
+    if (norms) norms->push_back(r.grad_norm);
+  }
+  return losses;
+}
+
+inline void check_close(const std::vector<step_line>& got, const std::vector<float>& want, double rel, int first_step = 1) {
+  REQUIRE(got.size() == want.size() - static_cast<std::size_t>(first_step - 1));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("step " << got[i].step);
+    CHECK(got[i].step == first_step + static_cast<int>(i));
+    const double w = want[static_cast<std::size_t>(got[i].step - 1)];
+    CHECK(std::abs(got[i].loss - w) <= rel * std::abs(w));
+  }
+}
+
+inline process_result run_layout(const job& j, int pp, int dp, std::vector<std::string> extra = {}) {
+  extra.insert(extra.end(), {"--pp", std::to_string(pp), "--dp", std::to_string(dp)});
+  return run_corolla(train_args(j, extra), std::chrono::seconds(120));
+}
+
+/// A job on a fresh GPT-2 (tied embeddings) from its config.json only.
+inline job fresh_gpt2_job(const temp_dir_guard& tmp) {
+  job j;
+  j.model = tmp / "gpt2";
+  fs::create_directories(j.model);
+  std::ofstream(j.model / "config.json") << to_hf_json(tiny_config(tiny(architecture::gpt2))).dump(2);
+  j.data = tmp / "tokens.bin";
+  write_raw_u16(j.data, pattern_tokens(3000));
+  return j;
+}
+
+inline transformer fresh_gpt2(const job& j) { return transformer::init(load_config(j.model), 0, cpu_backend()); }
+
+// The pids of the processes whose parent is `parent` and whose command line
+// holds `needle` as one argument.
+inline std::vector<pid_t> children_with_arg(pid_t parent, const std::vector<std::string>& needle) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
+    std::vector<std::string> args;
+    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
+    if (std::search(args.begin(), args.end(), needle.begin(), needle.end()) != args.end())
+      out.push_back(static_cast<pid_t>(std::stoi(name)));
+  }
+  return out;
+}
+
+}  // namespace corolla::testing::train_test
