@@ -9,6 +9,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "api/dashboard.hpp"
 #include "api/openai_request.hpp"
 #include "api/stop_text.hpp"
 #include "model/error.hpp"
@@ -153,6 +154,15 @@ struct http_api::impl {
       metrics.set(kSlotsBusy, {}, engine.busy());
       res.set_content(metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
     });
+    // The dashboard (api/dashboard.hpp): public like /metrics, since the
+    // swarm's records are public in its DHT anyway.
+    server.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(dashboard_html(), "text/html; charset=utf-8");
+    });
+    server.Get("/swarm.json", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(swarm_body(config.swarm, config.model_id, engine.config().n_layers), "application/json");
+    });
     server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(json{{"status", "ok"}, {"model", config.model_id}, {"slots", engine.slots()}, {"busy", engine.busy()}}
                           .dump(),
@@ -284,7 +294,11 @@ struct http_api::impl {
     out.counts = {static_cast<int>(job.prompt.size()), static_cast<int>(r.result.tokens.size())};
     metrics.add(kPromptTokens, {}, out.counts.prompt_tokens);
     metrics.add(kCompletionTokens, {}, out.counts.completion_tokens);
-    if (r.failovers > 0) metrics.add(kFailovers, {}, r.failovers);
+    if (r.failovers > 0) {
+      metrics.add(kFailovers, {}, r.failovers);
+      if (config.swarm)
+        config.swarm->note_failover(std::to_string(r.failovers) + " server failure(s) recovered during a request");
+    }
     if (r.result.decode_steps > 0) metrics.observe(kPerToken, {}, r.result.decode_seconds / r.result.decode_steps);
     if (disconnected) metrics.add(kDisconnects);
     return out;

@@ -5,6 +5,8 @@
 //   POST /v1/completions, /v1/chat/completions (stream: server-sent events)
 //   GET  /metrics   Prometheus text format (never behind --api-key)
 //   GET  /health    {"status": "ok", "slots": N, "busy": B}
+//   GET  /          the swarm dashboard page; GET /swarm.json its data
+//                   (api/dashboard.hpp; never behind --api-key)
 // Every error is an OpenAI error object with its HTTP status: 400 invalid
 // request, 401 wrong or missing key, 404 unknown model or route, 503 when no
 // chain of servers covers the model, 500 otherwise; a failure after a
@@ -18,6 +20,7 @@
 #include "api/chat_template.hpp"
 #include "api/completion_engine.hpp"
 #include "api/metrics.hpp"
+#include "api/swarm_view.hpp"
 #include "model/tokenizer.hpp"
 
 namespace corolla::api {
@@ -27,6 +30,9 @@ struct api_config {
   std::string model_id;  ///< the id of /v1/models (the model directory's name)
   std::string api_key;   ///< "" = no key required
   int http_threads = 64; ///< connections served at once (requests beyond the engine's slots wait)
+  /// The swarm the dashboard shows (GET /, GET /swarm.json); null for a
+  /// local engine. Borrowed: it must outlive the server.
+  swarm_watch* swarm = nullptr;
 };
 
 /// The HTTP server. Borrowed objects must outlive it.

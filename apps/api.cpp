@@ -16,6 +16,7 @@
 #include "api/chat_template.hpp"
 #include "api/completion_engine.hpp"
 #include "api/http_api.hpp"
+#include "api/swarm_view.hpp"
 #include "apps/commands.hpp"
 #include "apps/node_flags.hpp"
 #include "apps/swarm_flags.hpp"
@@ -43,29 +44,12 @@ struct api_args {
   std::string log_level = "warn";
 };
 
-std::pair<std::string, int> parse_listen(const std::string& text) {
-  const auto colon = text.rfind(':');
-  int port = -1;
-  if (colon != std::string::npos && colon > 0) {
-    try {
-      std::size_t used = 0;
-      port = std::stoi(text.substr(colon + 1), &used);
-      if (used != text.size() - colon - 1) port = -1;
-    } catch (const std::exception&) {
-      port = -1;
-    }
-  }
-  if (port < 0 || port > 65535)
-    throw std::invalid_argument("--listen must be HOST:PORT with a port in [0, 65535], got '" + text + "'");
-  return {text.substr(0, colon), port};
-}
-
 int run_api(const api_args& a) {
   apply_common_options(a.threads, a.log_level);
   if (a.local == a.swarm.given())
     throw std::invalid_argument("give exactly one of --local (the model in this process) or --swarm / --swarm-dht");
   if (a.parallel < 1) throw std::invalid_argument("--parallel must be at least 1");
-  const auto [host, port] = parse_listen(a.listen);
+  const auto [host, port] = parse_http_listen(a.listen);
   const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
@@ -96,6 +80,7 @@ int run_api(const api_args& a) {
   std::optional<transformer> model;
   swarm_connection swarm;
   std::unique_ptr<api::completion_engine> engine;
+  std::optional<api::swarm_watch> watch;
   if (a.local) {
     Backend& be = backend_for(parse_device(a.device));
     model.emplace(transformer::load(a.model, be));
@@ -114,12 +99,19 @@ int run_api(const api_args& a) {
     if (a.threads == 0) set_cpu_threads(1);
     head h = head::load(checkpoint::open(a.model), cfg, be);
     engine = api::make_swarm_engine(*swarm.runtime, swarm.options, std::move(h), a.parallel, weights);
+    // The dashboard reads the servers' DHT records (with a list of servers
+    // and no DHT it shows only the failovers).
+    watch.emplace(model_id_of_swarm(a.swarm, a.model), cfg.n_layers,
+                  [members = swarm.members.get(), id = model_id_of_swarm(a.swarm, a.model), n = cfg.n_layers] {
+                    return members ? members->get_span(id, 0, n) : std::vector<net::server_record>{};
+                  });
   }
 
   api::api_config config;
   config.model_id = model_id_of(a.model);
   config.api_key = a.api_key;
   config.http_threads = std::max(a.http_threads, a.parallel + 2);
+  config.swarm = watch ? &*watch : nullptr;
   api::http_api server(*engine, *tok, std::move(chat), chat_error, config);
   const int bound = server.bind(host, port);
   std::printf("corolla api %s listening on http://%s:%d\n", config.model_id.c_str(), host.c_str(), bound);

@@ -32,6 +32,8 @@ void register_info(CLI::App& app, action_fn& action);
 void register_generate(CLI::App& app, action_fn& action);
 /// `corolla api`: the OpenAI-compatible HTTP API over a local model or a swarm (apps/api.cpp).
 void register_api(CLI::App& app, action_fn& action);
+/// `corolla dashboard`: the swarm dashboard page from the DHT, without an API (apps/dashboard.cpp).
+void register_dashboard(CLI::App& app, action_fn& action);
 /// `corolla finetune`: prompt tuning with the blocks on a swarm (apps/finetune.cpp).
 void register_finetune(CLI::App& app, action_fn& action);
 /// `corolla train`: single-process AdamW training (apps/train.cpp).

@@ -3,6 +3,8 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <stdexcept>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -65,6 +67,23 @@ const char* wait_for_stop_signal(const sigset_t& signals) {
   int sig = 0;
   sigwait(&signals, &sig);
   return sig == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
+std::pair<std::string, int> parse_http_listen(const std::string& text) {
+  const auto colon = text.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    try {
+      std::size_t used = 0;
+      port = std::stoi(text.substr(colon + 1), &used);
+      if (used != text.size() - colon - 1) port = -1;
+    } catch (const std::exception&) {
+      port = -1;
+    }
+  }
+  if (port < 0 || port > 65535)
+    throw std::invalid_argument("--listen must be HOST:PORT with a port in [0, 65535], got '" + text + "'");
+  return {text.substr(0, colon), port};
 }
 
 }  // namespace corolla::app

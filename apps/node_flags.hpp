@@ -6,6 +6,7 @@
 #include <chrono>
 #include <csignal>
 #include <string>
+#include <utility>
 
 #include "actors/node.hpp"
 
@@ -42,5 +43,9 @@ sigset_t block_stop_signals();
 const char* wait_for_stop_signal(const sigset_t& signals);
 /// The same, waiting at most `timeout`: nullptr when none arrived.
 const char* wait_for_stop_signal(const sigset_t& signals, std::chrono::milliseconds timeout);
+
+/// "HOST:PORT" of an HTTP --listen flag (port 0 = any free port). Throws
+/// std::invalid_argument naming the text when it is not that.
+std::pair<std::string, int> parse_http_listen(const std::string& text);
 
 }  // namespace corolla::app

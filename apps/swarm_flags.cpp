@@ -38,7 +38,7 @@ swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_di
     mo.bootstrap = split_list(f.swarm_dht);
     if (auto ep = c.members->start(mo); !ep)
       throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
-    const std::string model_id = f.swarm_model.empty() ? model_id_of(model_dir) : f.swarm_model;
+    const std::string model_id = model_id_of_swarm(f, model_dir);
     c.options.discover = [members = c.members.get(), model_id, n_blocks] {
       std::vector<std::string> endpoints;
       for (const auto& r : members->get_span(model_id, 0, n_blocks))
@@ -51,6 +51,10 @@ swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_di
     throw std::invalid_argument("--swarm needs at least one HOST:PORT (or give --swarm-dht)");
   c.options.request_timeout = std::chrono::milliseconds(f.timeout_ms);
   return c;
+}
+
+std::string model_id_of_swarm(const swarm_flags& f, const std::string& model_dir) {
+  return f.swarm_model.empty() ? model_id_of(model_dir) : f.swarm_model;
 }
 
 }  // namespace corolla::app

@@ -44,4 +44,8 @@ struct swarm_connection {
 /// server, std::runtime_error when the node or the DHT cannot start.
 swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_dir, int n_blocks);
 
+/// The model id the servers announce: --swarm-model, else the model
+/// directory's name.
+std::string model_id_of_swarm(const swarm_flags& f, const std::string& model_dir);
+
 }  // namespace corolla::app

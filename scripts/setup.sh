@@ -15,6 +15,7 @@ packages=(
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev
   libibverbs-dev libopendht-dev libcpp-httplib-dev libxxhash-dev
   clang libclang-rt-14-dev
+  chromium nodejs
 )
 
 missing=()
@@ -35,6 +36,21 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq || { echo "setup: apt-get update failed" >&2; exit 1; }
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
     || { echo "setup: apt-get install failed for: ${missing[*]}" >&2; exit 1; }
+fi
+
+# The browser test of the dashboard drives Debian's chromium with
+# playwright-core from npm (tests/web/package-lock.json pins it). Debian's
+# nodejs comes without npm; NodeSource's includes it.
+if ! command -v npm >/dev/null; then
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends npm >/dev/null \
+    || { echo "setup: apt-get install failed for: npm" >&2; exit 1; }
+fi
+if [[ ! -d $root/tests/web/node_modules/playwright-core ]] ||
+   [[ $root/tests/web/package-lock.json -nt $root/tests/web/node_modules/.package-lock.json ]]; then
+  (cd "$root/tests/web" && npm ci --no-audit --no-fund --silent) \
+    || { echo "setup: npm ci in tests/web failed (playwright-core for the browser test)" >&2; exit 1; }
 fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
