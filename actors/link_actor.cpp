@@ -232,6 +232,9 @@ void shutdown(link_actor* self, const std::string& reason, const caf::error& why
   st.phase = link_phase::closed;
   if (!st.peer.empty() && st.ctx->directory.remove_link(st.peer, self->address()))
     notify(self, caf::make_message(peer_down{st.peer, reason}));
+  // The node's totals keep this link's traffic (after the link left the
+  // directory: a reader may miss it for a moment, never count it twice).
+  st.ctx->ended_traffic.add(st.bytes_sent, st.bytes_received, st.messages_sent, st.messages_received);
   fail_pending(self, why);
   fail_waiters(self, why);
   st.ctx->directory.unbind_connection(st.args.conn, self->address());

@@ -77,6 +77,12 @@ struct link_stats {
   std::uint64_t pending_requests = 0;                      ///< requests awaiting their answer
 };
 
+/// A node's traffic over all its links, ended ones included (node::traffic).
+struct node_traffic {
+  std::uint64_t bytes_sent = 0, bytes_received = 0;        ///< payload bytes
+  std::uint64_t messages_sent = 0, messages_received = 0;  ///< all kinds, heartbeats included
+};
+
 // Atoms of the runtime's protocol (names are at most 10 characters).
 
 /// node::connect_async: request (hello_atom) from a link -> std::string peer

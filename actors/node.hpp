@@ -161,6 +161,9 @@ class node {
   caf::expected<link_stats> stats(const std::string& peer) const;
   /// Statistics of every link, including links still in their hello.
   std::vector<link_stats> links() const;
+  /// Payload bytes and messages over every link since the node started,
+  /// those of links that ended included (links() has only live ones).
+  node_traffic traffic() const;
 
   /// Says goodbye to every peer, closes the links and the transport, and
   /// terminates the node's own actors (echo, proxies) and every actor

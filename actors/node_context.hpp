@@ -41,6 +41,17 @@ struct link_settings {
   bool curve = false;
 };
 
+/// Payload bytes and messages, summed over links; thread-safe.
+struct traffic_counters {
+  std::atomic<std::uint64_t> bytes_sent{0}, bytes_received{0}, messages_sent{0}, messages_received{0};
+  void add(std::uint64_t bs, std::uint64_t br, std::uint64_t ms, std::uint64_t mr) {
+    bytes_sent += bs;
+    bytes_received += br;
+    messages_sent += ms;
+    messages_received += mr;
+  }
+};
+
 struct node_context {
   node_context(caf::actor_system& sys, std::string id, link_settings s)
       : system(sys), node_id(std::move(id)), settings(std::move(s)) {}
@@ -51,6 +62,8 @@ struct node_context {
   std::string listen_endpoint;  ///< set once before `ready`
   std::uint64_t max_message_bytes = 0;  ///< announced in hellos
   registry directory;
+  /// Traffic of the links that ended (node::traffic adds the live ones).
+  traffic_counters ended_traffic;
   /// Set once the transport is started and the context complete; events
   /// before that are dropped (a peer repeats its hello).
   std::atomic<bool> ready{false};

@@ -20,88 +20,25 @@
 #include "actors/errors.hpp"
 #include "actors/messages.hpp"
 #include "actors/node.hpp"
+#include "actors/span_server_state.hpp"
 #include "actors/swarm_wire.hpp"
 
 // The engine travels only between actors of this process (swap_span_engine).
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<corolla::span_engine>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(corolla::span_server_stats)
 
 namespace corolla {
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using namespace span_detail;
+
 using flush_atom = caf::atom_constant<caf::atom("spflush")>;
 using expire_atom = caf::atom_constant<caf::atom("spexpire")>;
 using swap_atom = caf::atom_constant<caf::atom("spswap")>;
 using push_timeout_atom = caf::atom_constant<caf::atom("sppushto")>;
 using rtts_atom = caf::atom_constant<caf::atom("sprtts")>;
 using drain_atom = caf::atom_constant<caf::atom("spdrain")>;
-
-/// A one-row step waiting for the batch it will run in.
-struct queued_step {
-  decode_item item;
-  caf::response_promise promise;
-  span_step step;  ///< the request (compression, push target)
-};
-
-/// A client's step whose input the previous server will push. A session
-/// has at most one: any newer step of it ends the older wait.
-struct awaited_step {
-  span_step step;
-  caf::response_promise promise;
-  std::uint64_t seq = 0;  ///< tells this wait's timer from an older one's
-};
-
-/// A push that arrived before the client's request for it, filed by
-/// (session, step id, sending node): a stranger's push never displaces the
-/// expected server's.
-using early_key = std::tuple<std::string, std::uint64_t, std::string>;
-struct early_push {
-  std::int64_t start = 0;
-  Tensor hidden;
-  std::chrono::steady_clock::time_point at;
-};
-
-/// Early pushes kept at most, by count and by bytes (the oldest go first).
-constexpr std::size_t max_early_pushes = 256;
-constexpr std::size_t max_early_push_bytes = std::size_t{256} << 20;
-/// An early push nobody asked for within this long is dropped.
-constexpr std::chrono::seconds early_push_ttl{30};
-/// The longest wait for a push a client may ask for.
-constexpr std::uint32_t max_push_wait_ms = 600'000;
-/// A next server that could not be dialled is tried again after this long;
-/// dial records older than forget_dial_after are forgotten, and at most
-/// max_dialled are kept (client-named endpoints must not grow the map).
-constexpr std::chrono::seconds redial_after{5};
-constexpr std::chrono::minutes forget_dial_after{10};
-constexpr std::size_t max_dialled = 256;
-
-struct span_server_state {
-  std::shared_ptr<span_engine> engine;
-  /// The engine before the last move, while sessions opened on it are
-  /// still running (they finish there; new sessions open on `engine`).
-  std::shared_ptr<span_engine> retiring;
-  span_server_options options;
-  std::unordered_map<std::string, clock_type::time_point> last_used;
-  /// The node that opened each session ("" for this process): only it may
-  /// step or close the session. Entries of ended sessions go in expire_idle.
-  std::unordered_map<std::string, std::string> owners;
-  std::vector<queued_step> queue;
-  /// Seconds per block of a one-row step (moving average over batches).
-  double step_s_per_block = 0;
-  /// The node, for pushing outputs to the next server of a route.
-  node* runtime = nullptr;
-  std::map<std::string, awaited_step> awaited;  ///< by session
-  std::map<early_key, early_push> early;
-  std::size_t early_bytes = 0;
-  std::uint64_t next_wait_seq = 1;
-  /// Endpoints of next servers being dialled, and since when.
-  std::map<std::string, clock_type::time_point> dialled;
-  /// RTTs to the next block's servers, as the serving program measured them.
-  std::map<std::string, double> next_rtt_ms;
-  /// Shutting down: no new sessions.
-  bool draining = false;
-  static inline const char* name = "span_server";
-};
+using span_stats_atom = caf::atom_constant<caf::atom("spstats")>;
 
 using span_server_actor = caf::stateful_actor<span_server_state>;
 
@@ -208,9 +145,16 @@ void run_on(span_server_state& st, span_engine& engine, std::vector<queued_step>
   } catch (const std::exception& e) {
     // Every waiting requester gets an answer, whatever failed (out of memory).
     for (auto& q : batch) q.promise.deliver(error_from_wire("internal", std::string("span server failed: ") + e.what()));
+    st.stats.step_errors += batch.size();
     return;
   }
   const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  ++st.stats.decode_batches;
+  for (const auto& r : results) {
+    ++st.stats.decode_steps;
+    st.stats.decode_seconds.observe(s);  // each step waited for its whole batch
+    if (!r) ++st.stats.step_errors;
+  }
   const double per_block = s / engine.size();
   st.step_s_per_block = st.step_s_per_block == 0 ? per_block : 0.8 * st.step_s_per_block + 0.2 * per_block;
   for (std::size_t i = 0; i < batch.size(); ++i) finish_step(st, batch[i].step, batch[i].promise, std::move(results[i]));
@@ -251,8 +195,13 @@ void run_step(span_server_actor* self, const span_step& step, const Tensor& hidd
     return;
   }
   run_batch(self);  // steps that arrived earlier run first
-  finish_step(st, step, rp,
-              engine_of(st, step.session_id).inference_step(step.session_id, hidden, step.start, step.step_id));
+  const auto t0 = clock_type::now();
+  auto out = engine_of(st, step.session_id).inference_step(step.session_id, hidden, step.start, step.step_id);
+  ++st.stats.prefill_steps;
+  st.stats.prefill_tokens += hidden.shape().empty() ? 0 : static_cast<std::uint64_t>(hidden.dim(0));
+  st.stats.prefill_seconds.observe(std::chrono::duration<double>(clock_type::now() - t0).count());
+  if (!out) ++st.stats.step_errors;
+  finish_step(st, step, rp, std::move(out));
 }
 
 /// A pushed input for `step` (the client's waiting request): runs it when
@@ -403,13 +352,25 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
                                                         " expects " + std::to_string(want) + " tensors, got " +
                                                         std::to_string(m.tensors.size())));
   const Tensor prompts = b->with_prompts ? m.tensors.back() : Tensor();
+  const auto t0 = clock_type::now();
+  auto took = [&] { return std::chrono::duration<double>(clock_type::now() - t0).count(); };
   if (!backward) {
     auto out = st.engine->forward(m.tensors[0], b->batch, b->seq, prompts, b->first, b->last);
-    if (!out) return rp.deliver(to_caf(out.error()));
+    ++st.stats.forward_passes;
+    st.stats.forward_seconds.observe(took());
+    if (!out) {
+      ++st.stats.step_errors;
+      return rp.deliver(to_caf(out.error()));
+    }
     return rp.deliver(answer(span_request::forward, {}, {std::move(*out)}));
   }
   auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts, b->first, b->last);
-  if (!g) return rp.deliver(to_caf(g.error()));
+  ++st.stats.backward_passes;
+  st.stats.backward_seconds.observe(took());
+  if (!g) {
+    ++st.stats.step_errors;
+    return rp.deliver(to_caf(g.error()));
+  }
   std::vector<Tensor> tensors{std::move(g->grad_input)};
   if (g->grad_prompts.defined()) tensors.push_back(std::move(g->grad_prompts));
   rp.deliver(answer(span_request::backward, {}, std::move(tensors)));
@@ -425,9 +386,11 @@ void expire_idle(span_server_actor* self) {
     }
     end_wait(st, it->first, "unknown_session", "session " + it->first + " expired");
     drop_early(st, it->first);
-    if (engine_of(st, it->first).close_session(it->first))
+    if (engine_of(st, it->first).close_session(it->first)) {
+      ++st.stats.sessions_expired;
       spdlog::info("span server: closed session {} after {} s without a request", it->first,
                    std::chrono::duration_cast<std::chrono::seconds>(now - it->second).count());
+    }
     it = st.last_used.erase(it);
   }
   release_retiring(st);
@@ -480,6 +443,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
             return rp.deliver(to_caf(r.error()));
           st.last_used[o->session_id] = clock_type::now();
           st.owners[o->session_id] = m.from_node;
+          ++st.stats.sessions_opened;
           return rp.deliver(answer(span_request::open, encode_body(info_of(st))));
         }
         if (m.type == span_request::close) {
@@ -491,6 +455,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
           end_wait(st, *id, "unknown_session", "session " + *id + " was closed");
           drop_early(st, *id);
           if (auto r = engine_of(st, *id).close_session(*id); !r) return rp.deliver(to_caf(r.error()));
+          ++st.stats.sessions_closed;
           release_retiring(st);
           return rp.deliver(answer(span_request::close));
         }
@@ -500,6 +465,18 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
                                                  "span.close, span.forward and span.backward, not '" + m.type + "'"));
       },
       [self](flush_atom) { run_batch(self); },
+      [self](span_stats_atom) -> span_server_stats {
+        auto& st = self->state;
+        span_server_stats out = st.stats;
+        out.sessions_open = st.engine->session_count() + (st.retiring ? st.retiring->session_count() : 0);
+        out.cache_tokens = st.engine->cache_tokens();
+        out.cache_tokens_left = st.engine->cache_tokens_left();
+        out.step_s_per_block = st.step_s_per_block;
+        out.first = st.engine->first();
+        out.last = st.engine->last();
+        out.draining = st.draining;
+        return out;
+      },
       // A server whose push a step waits for went down (or its link to us
       // broke): the push will not come, so the client carries the step now
       // instead of after waitMs.
@@ -529,6 +506,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
         auto& st = self->state;
         auto a = st.awaited.find(session);
         if (a == st.awaited.end() || a->second.seq != seq) return;
+        ++st.stats.push_timeouts;
         a->second.promise.deliver(error_from_wire(
             "push_timeout", "no input for session " + session + " from the previous server " +
                                 a->second.step.push_from + " within " + std::to_string(a->second.step.wait_ms) + " ms"));
@@ -574,6 +552,15 @@ caf::expected<std::size_t> drain_span_server(caf::actor_system& system, const ca
   self->request(server, timeout, drain_atom::value)
       .receive([&](std::uint64_t open) { result = static_cast<std::size_t>(open); },
                [&](caf::error& e) { result = std::move(e); });
+  return result;
+}
+
+caf::expected<span_server_stats> span_server_stats_of(caf::actor_system& system, const caf::actor& server,
+                                                      std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{system};
+  caf::expected<span_server_stats> result{span_server_stats{}};
+  self->request(server, timeout, span_stats_atom::value)
+      .receive([&](span_server_stats& s) { result = std::move(s); }, [&](caf::error& e) { result = std::move(e); });
   return result;
 }
 

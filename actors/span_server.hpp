@@ -27,6 +27,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/expected.hpp>
 
+#include "actors/span_stats.hpp"
 #include "model/span_engine.hpp"
 
 namespace corolla {
@@ -58,6 +59,11 @@ void set_next_rtts(const caf::actor& server, std::map<std::string, double> rtt_m
 /// within `timeout`.
 caf::expected<std::size_t> drain_span_server(caf::actor_system& system, const caf::actor& server,
                                              std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+/// The server's counters and state now (actors/span_stats.hpp). Errors: it
+/// did not answer within `timeout`.
+caf::expected<span_server_stats> span_server_stats_of(caf::actor_system& system, const caf::actor& server,
+                                                      std::chrono::milliseconds timeout = std::chrono::seconds(2));
 
 /// Makes `server` serve `engine` from now on (a server moving to other
 /// blocks). New sessions open on `engine`; sessions opened before keep

@@ -95,6 +95,19 @@ void metrics_registry::observe(const std::string& name, const metric_labels& lab
   s.count += 1;
 }
 
+void metrics_registry::set_histogram(const std::string& name, const metric_labels& labels,
+                                     const std::vector<double>& bucket_counts, double sum, double count) {
+  std::lock_guard lock(mutex_);
+  family& f = get(name, kind::histogram);
+  if (bucket_counts.size() < f.buckets.size())
+    throw std::invalid_argument("histogram " + name + " has " + std::to_string(f.buckets.size()) + " buckets, given " +
+                                std::to_string(bucket_counts.size()) + " counts");
+  series& s = f.series_by_labels[labels];
+  s.bucket_counts.assign(bucket_counts.begin(), bucket_counts.begin() + static_cast<std::ptrdiff_t>(f.buckets.size()));
+  s.sum = sum;
+  s.count = count;
+}
+
 double metrics_registry::value(const std::string& name, const metric_labels& labels) const {
   std::lock_guard lock(mutex_);
   auto it = families_.find(name);

@@ -36,6 +36,12 @@ class metrics_registry {
   void set(const std::string& name, const metric_labels& labels, double value);
   /// Records one observation of a histogram.
   void observe(const std::string& name, const metric_labels& labels, double value);
+  /// Sets a histogram series from counts kept elsewhere: per bucket, not
+  /// cumulative, in the declared buckets' order (a trailing +Inf count is
+  /// ignored: `count` covers it), their sum and number. Throws
+  /// std::invalid_argument for fewer counts than buckets.
+  void set_histogram(const std::string& name, const metric_labels& labels, const std::vector<double>& bucket_counts,
+                     double sum, double count);
 
   /// The current value of a counter or gauge series (0 when never touched),
   /// for tests and benches.

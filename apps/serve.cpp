@@ -19,6 +19,7 @@
 #include "actors/corolla.hpp"
 #include "actors/span_server.hpp"
 #include "actors/swarm_wire.hpp"
+#include "api/server_metrics.hpp"
 #include "apps/commands.hpp"
 #include "apps/node_flags.hpp"
 #include "kernels/backend.hpp"
@@ -44,6 +45,7 @@ struct serve_args {
   std::string dht_listen = "127.0.0.1:0";  ///< UDP address of the membership DHT node
   std::string initial_peers;               ///< DHT nodes to join through, comma-separated
   int dht_ttl_s = 15;
+  std::string metrics_listen;  ///< --metrics-listen HOST:PORT: GET /metrics (Prometheus)
   double rebalance_period_s = 90;  ///< mean seconds between rebalancing checks; 0 = never
   std::int64_t cache_tokens = 8192;
   std::string weights = "f32";  ///< --weights: dtype of the linear weights inference sessions read
@@ -211,6 +213,7 @@ int run_serve(const serve_args& a) {
   const model_config cfg = load_config(a.model);
   if (a.blocks.empty() == (a.num_blocks == 0))
     throw std::invalid_argument("give exactly one of --blocks A:B or --num-blocks N");
+  if (!a.metrics_listen.empty()) parse_http_listen(a.metrics_listen);  // a bad address fails before the model loads
   if (a.num_blocks != 0 && a.no_dht)
     throw std::invalid_argument("--num-blocks chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
   if (a.cache_tokens < 1) throw std::invalid_argument("--cache-tokens must be at least 1");
@@ -268,6 +271,20 @@ int run_serve(const serve_args& a) {
                      ") of " + so.model + " listening on " + n.endpoint();
   if (!n.public_key().empty()) line += " curve-key " + n.public_key();
   if (!dht_endpoint.empty()) line += " dht " + dht_endpoint;
+  // GET /metrics: the span server's counters and the node's links, asked
+  // for at every scrape (api/server_metrics.hpp).
+  std::unique_ptr<api::metrics_server> metrics;
+  if (!a.metrics_listen.empty()) {
+    const auto [mhost, mport] = parse_http_listen(a.metrics_listen);
+    metrics = std::make_unique<api::metrics_server>(
+        [&n, actor = *server, seen = std::map<std::string, link_stats>()]() mutable {
+          auto stats = span_server_stats_of(n.system(), actor);
+          if (!stats) throw std::runtime_error("the span server did not answer: " + error_message(stats.error()));
+          const node_traffic traffic = n.traffic();
+          return api::render_server_metrics(n.id(), *stats, traffic, api::remember_links(seen, n.links()));
+        });
+    line += " metrics http://" + mhost + ":" + std::to_string(metrics->start(mhost, mport));
+  }
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
   spdlog::info("serve: blocks [{}, {}) of {} ({} layers), {} weights, {} KV cache for {} tokens ({:.1f} MiB)", first,
@@ -388,6 +405,9 @@ void register_serve(CLI::App& app, action_fn& action) {
                   "print); none: start a new swarm");
   cmd->add_option("--dht-listen", a->dht_listen, "UDP address of this server's DHT node (port 0 = any)")
       ->capture_default_str();
+  cmd->add_option("--metrics-listen", a->metrics_listen,
+                  "HOST:PORT to serve Prometheus metrics on (GET /metrics: steps and their times, sessions, cache, "
+                  "links; port 0 = any)");
   cmd->add_option("--dht-ttl-s", a->dht_ttl_s, "Validity of the server's DHT record without refresh")
       ->check(CLI::Range(1, 300))
       ->capture_default_str();

@@ -1,0 +1,164 @@
+#include "api/server_metrics.hpp"
+
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+
+#include <httplib.h>
+
+#include "api/metrics.hpp"
+
+namespace corolla::api {
+
+namespace {
+
+std::vector<double> as_doubles(const std::vector<std::uint64_t>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+std::string render_server_metrics(const std::string& node, const span_server_stats& s, const node_traffic& traffic,
+                                  const std::vector<link_stats>& links) {
+  using k = metrics_registry::kind;
+  metrics_registry m;
+  const metric_labels self = {{"node", node}};
+  auto with = [&](const char* key, const std::string& value) {
+    metric_labels l = self;
+    l.emplace_back(key, value);
+    return l;
+  };
+  m.declare("corolla_server_steps_total", k::counter,
+            "Steps answered, by kind: decode (one row, batched across sessions), prefill (several rows), forward and "
+            "backward (fine-tuning passes)");
+  m.declare("corolla_server_step_seconds", k::histogram,
+            "Compute time of one step on this server (the hop's share of a token), by kind; a decode step counts its "
+            "batch's time",
+            duration_histogram::bounds());
+  m.declare("corolla_server_decode_batches_total", k::counter, "Batches the decode steps ran in");
+  m.declare("corolla_server_prefill_tokens_total", k::counter, "Rows of the prefill steps");
+  m.declare("corolla_server_step_errors_total", k::counter, "Steps and passes answered with an error");
+  m.declare("corolla_server_push_timeouts_total", k::counter,
+            "Steps whose input the previous server was to push and never did");
+  m.declare("corolla_server_sessions_total", k::counter, "Sessions by event: opened, closed, expired (idle)");
+  m.declare("corolla_server_sessions_open", k::gauge, "Sessions open now");
+  m.declare("corolla_server_cache_tokens", k::gauge, "Attention-cache capacity in tokens");
+  m.declare("corolla_server_cache_tokens_left", k::gauge, "Attention-cache tokens a new session could still get");
+  m.declare("corolla_server_step_seconds_per_block", k::gauge, "Moving average of a one-row step per block");
+  m.declare("corolla_server_blocks", k::gauge, "The span served: first block and one past the last (label edge)");
+  m.declare("corolla_server_draining", k::gauge, "1 while shutting down (no new sessions)");
+  m.declare("corolla_node_bytes_total", k::counter,
+            "Payload bytes over all links since the node started (direction: sent, received), ended links included");
+  m.declare("corolla_node_messages_total", k::counter,
+            "Messages over all links since the node started (direction: sent, received), heartbeats included");
+  m.add("corolla_node_bytes_total", with("direction", "sent"), double(traffic.bytes_sent));
+  m.add("corolla_node_bytes_total", with("direction", "received"), double(traffic.bytes_received));
+  m.add("corolla_node_messages_total", with("direction", "sent"), double(traffic.messages_sent));
+  m.add("corolla_node_messages_total", with("direction", "received"), double(traffic.messages_received));
+  // Link families only with links: an empty family would render as one
+  // unlabelled 0.
+  bool any_link = false;
+  for (const link_stats& l : links) any_link = any_link || !l.peer.empty();
+  if (any_link) {
+    m.declare("corolla_link_bytes_sent_total", k::counter,
+              "Payload bytes sent to a peer (while its link was up at a scrape; corolla_node_bytes_total has them all)");
+    m.declare("corolla_link_bytes_received_total", k::counter, "Payload bytes received from a peer");
+    m.declare("corolla_link_messages_sent_total", k::counter, "Messages sent to a peer, heartbeats included");
+    m.declare("corolla_link_messages_received_total", k::counter, "Messages received from a peer, heartbeats included");
+    m.declare("corolla_link_rtt_seconds", k::gauge, "Heartbeat round-trip time to a peer (moving average)");
+    m.declare("corolla_link_up", k::gauge, "1 while the link to a peer is up");
+  }
+
+  const std::pair<const char*, const duration_histogram*> kinds[] = {{"decode", &s.decode_seconds},
+                                                                     {"prefill", &s.prefill_seconds},
+                                                                     {"forward", &s.forward_seconds},
+                                                                     {"backward", &s.backward_seconds}};
+  const double counts[] = {double(s.decode_steps), double(s.prefill_steps), double(s.forward_passes),
+                           double(s.backward_passes)};
+  for (std::size_t i = 0; i < 4; ++i) {
+    m.add("corolla_server_steps_total", with("kind", kinds[i].first), counts[i]);
+    m.set_histogram("corolla_server_step_seconds", with("kind", kinds[i].first), as_doubles(kinds[i].second->counts),
+                    kinds[i].second->sum, double(kinds[i].second->count));
+  }
+  m.add("corolla_server_decode_batches_total", self, double(s.decode_batches));
+  m.add("corolla_server_prefill_tokens_total", self, double(s.prefill_tokens));
+  m.add("corolla_server_step_errors_total", self, double(s.step_errors));
+  m.add("corolla_server_push_timeouts_total", self, double(s.push_timeouts));
+  m.add("corolla_server_sessions_total", with("event", "opened"), double(s.sessions_opened));
+  m.add("corolla_server_sessions_total", with("event", "closed"), double(s.sessions_closed));
+  m.add("corolla_server_sessions_total", with("event", "expired"), double(s.sessions_expired));
+  m.set("corolla_server_sessions_open", self, double(s.sessions_open));
+  m.set("corolla_server_cache_tokens", self, double(s.cache_tokens));
+  m.set("corolla_server_cache_tokens_left", self, double(s.cache_tokens_left));
+  m.set("corolla_server_step_seconds_per_block", self, s.step_s_per_block);
+  m.set("corolla_server_blocks", with("edge", "first"), s.first);
+  m.set("corolla_server_blocks", with("edge", "last"), s.last);
+  m.set("corolla_server_draining", self, s.draining ? 1 : 0);
+  for (const link_stats& l : links) {
+    if (l.peer.empty()) continue;  // hello pending: no name yet
+    const metric_labels peer = with("peer", l.peer);
+    m.add("corolla_link_bytes_sent_total", peer, double(l.bytes_sent));
+    m.add("corolla_link_bytes_received_total", peer, double(l.bytes_received));
+    m.add("corolla_link_messages_sent_total", peer, double(l.messages_sent));
+    m.add("corolla_link_messages_received_total", peer, double(l.messages_received));
+    m.set("corolla_link_rtt_seconds", peer, l.rtt_us / 1e6);
+    m.set("corolla_link_up", peer, l.up ? 1 : 0);
+  }
+  return m.render();
+}
+
+std::vector<link_stats> remember_links(std::map<std::string, link_stats>& seen, const std::vector<link_stats>& now,
+                                       std::size_t max_peers) {
+  std::set<std::string> live;
+  for (const link_stats& l : now) {
+    if (l.peer.empty()) continue;
+    seen[l.peer] = l;
+    live.insert(l.peer);
+  }
+  for (auto& [peer, l] : seen)
+    if (!live.count(peer)) l.up = false;
+  // Too many: forget gone peers first (map order; every live one stays).
+  for (auto it = seen.begin(); seen.size() > max_peers && it != seen.end();)
+    it = live.count(it->first) ? std::next(it) : seen.erase(it);
+  std::vector<link_stats> out;
+  for (const auto& [peer, l] : seen) out.push_back(l);
+  return out;
+}
+
+struct metrics_server::impl {
+  std::mutex scraping;  ///< one scrape at a time: `scrape` need not be thread-safe
+  std::function<std::string()> scrape;
+  httplib::Server server;
+  std::thread thread;
+};
+
+metrics_server::metrics_server(std::function<std::string()> scrape) : impl_(std::make_unique<impl>()) {
+  impl_->scrape = std::move(scrape);
+  auto* p = impl_.get();
+  p->server.Get("/metrics", [p](const httplib::Request&, httplib::Response& res) {
+    try {
+      std::lock_guard lock(p->scraping);
+      res.set_content(p->scrape(), "text/plain; version=0.0.4; charset=utf-8");
+    } catch (const std::exception& e) {
+      res.status = 500;
+      res.set_content(std::string("cannot collect the metrics: ") + e.what() + "\n", "text/plain");
+    }
+  });
+  p->server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\": \"ok\"}", "application/json");
+  });
+}
+
+metrics_server::~metrics_server() {
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int metrics_server::start(const std::string& host, int port) {
+  const int bound = port == 0 ? impl_->server.bind_to_any_port(host) : (impl_->server.bind_to_port(host, port) ? port : -1);
+  if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
+  impl_->thread = std::thread([p = impl_.get()] { p->server.listen_after_bind(); });
+  return bound;
+}
+
+}  // namespace corolla::api

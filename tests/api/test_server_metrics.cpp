@@ -1,0 +1,105 @@
+// api/server_metrics: `corolla serve --metrics-listen`'s text from a span
+// server's counters and its links (parsed strictly), and link counters that
+// survive their link closing.
+#include <doctest/doctest.h>
+
+#include <httplib.h>
+
+#include <map>
+#include <string>
+
+#include "api/server_metrics.hpp"
+#include "tests/api/prometheus_text.hpp"
+
+using namespace corolla;
+using namespace corolla::api;
+
+namespace {
+
+link_stats link(const std::string& peer, std::uint64_t sent, std::uint64_t received) {
+  link_stats l;
+  l.peer = peer;
+  l.up = true;
+  l.bytes_sent = sent;
+  l.bytes_received = received;
+  l.messages_sent = 3;
+  l.messages_received = 4;
+  l.rtt_us = 250;
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("server metrics render steps by kind with their histograms, sessions, cache and links") {
+  span_server_stats s;
+  s.decode_steps = 7;
+  s.decode_batches = 5;
+  for (double t : {0.0002, 0.0002, 0.003, 0.003, 0.003, 0.003, 0.2}) s.decode_seconds.observe(t);
+  s.prefill_steps = 1;
+  s.prefill_tokens = 12;
+  s.prefill_seconds.observe(0.02);
+  s.sessions_opened = 2;
+  s.sessions_closed = 1;
+  s.sessions_open = 1;
+  s.cache_tokens = 8192;
+  s.cache_tokens_left = 8000;
+  s.first = 2;
+  s.last = 6;
+  const auto m = parse_prometheus_text(render_server_metrics("srv", s, {100, 2000, 3, 4}, {link("client", 100, 2000)}));
+  CHECK(m.at(R"(corolla_server_steps_total{node="srv",kind="decode"})") == 7);
+  CHECK(m.at(R"(corolla_server_steps_total{node="srv",kind="prefill"})") == 1);
+  CHECK(m.at(R"(corolla_server_step_seconds_count{node="srv",kind="decode"})") == 7);
+  CHECK(m.at(R"(corolla_server_step_seconds_bucket{node="srv",kind="decode",le="0.00025"})") == 2);
+  CHECK(m.at(R"(corolla_server_step_seconds_bucket{node="srv",kind="decode",le="0.005"})") == 6);
+  CHECK(m.at(R"(corolla_server_step_seconds_bucket{node="srv",kind="decode",le="+Inf"})") == 7);
+  CHECK(m.at(R"(corolla_server_step_seconds_sum{node="srv",kind="decode"})") == doctest::Approx(0.2124));
+  CHECK(m.at(R"(corolla_server_prefill_tokens_total{node="srv"})") == 12);
+  CHECK(m.at(R"(corolla_server_sessions_total{node="srv",event="opened"})") == 2);
+  CHECK(m.at(R"(corolla_server_sessions_open{node="srv"})") == 1);
+  CHECK(m.at(R"(corolla_server_cache_tokens_left{node="srv"})") == 8000);
+  CHECK(m.at(R"(corolla_server_blocks{node="srv",edge="last"})") == 6);
+  CHECK(m.at(R"(corolla_link_bytes_received_total{node="srv",peer="client"})") == 2000);
+  CHECK(m.at(R"(corolla_link_rtt_seconds{node="srv",peer="client"})") == doctest::Approx(0.00025));
+  CHECK(m.at(R"(corolla_link_up{node="srv",peer="client"})") == 1);
+  CHECK(m.at(R"(corolla_node_bytes_total{node="srv",direction="received"})") == 2000);
+  CHECK(m.at(R"(corolla_node_messages_total{node="srv",direction="sent"})") == 3);
+  // Without links there are no link series at all.
+  const auto none = parse_prometheus_text(render_server_metrics("srv", s, {}, {}));
+  for (const auto& [series, value] : none) CHECK(series.rfind("corolla_link_", 0) != 0);
+}
+
+TEST_CASE("link counters stay when the link closes, and the oldest gone peers are forgotten first") {
+  std::map<std::string, link_stats> seen;
+  auto all = remember_links(seen, {link("a", 10, 20), link("b", 1, 2)});
+  CHECK(all.size() == 2u);
+  all = remember_links(seen, {link("b", 5, 6)});  // a's link closed
+  REQUIRE(all.size() == 2u);
+  CHECK(all[0].peer == "a");
+  CHECK(all[0].bytes_received == 20);
+  CHECK_FALSE(all[0].up);
+  CHECK(all[1].up);
+  // A bound of 2 with a third peer: the gone peer goes, the live ones stay.
+  all = remember_links(seen, {link("b", 5, 6), link("c", 1, 1)}, 2);
+  REQUIRE(all.size() == 2u);
+  CHECK(all[0].peer == "b");
+  CHECK(all[1].peer == "c");
+}
+
+TEST_CASE("the metrics server answers GET /metrics, and a failing scrape is a 500 naming why") {
+  bool fail = false;
+  metrics_server server([&] {
+    if (fail) throw std::runtime_error("the span server did not answer");
+    return std::string("# HELP x x\n# TYPE x counter\nx 1\n");
+  });
+  const int port = server.start("127.0.0.1", 0);
+  httplib::Client c("127.0.0.1", port);
+  auto ok = c.Get("/metrics");
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+  CHECK(parse_prometheus_text(ok->body).at("x") == 1);
+  fail = true;
+  auto bad = c.Get("/metrics");
+  REQUIRE(bad);
+  CHECK(bad->status == 500);
+  CHECK(bad->body.find("did not answer") != std::string::npos);
+}
