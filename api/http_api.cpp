@@ -333,7 +333,8 @@ struct http_api::impl {
   void stream(httplib::Response& res, std::shared_ptr<completion_job> job, std::shared_ptr<void> in_flight) {
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", [this, job, in_flight](std::size_t, httplib::DataSink& sink) {
+    res.set_chunked_content_provider("text/event-stream", [this, job, in_flight](std::size_t,
+                                                                                   httplib::DataSink& sink) mutable {
       bool open = true;
       const auto write = [&](const std::string& event) {
         if (open && !sink.write(event.data(), event.size())) open = false;
@@ -365,6 +366,10 @@ struct http_api::impl {
         write(sse_done());
       }
       metrics.observe(kDuration, {{"endpoint", label}}, seconds_since(job->arrived));
+      // Done before the stream's end reaches the client: a scrape after its
+      // [DONE] never counts it in flight (the provider itself lives on in
+      // the response until the connection is done with it).
+      in_flight.reset();
       if (open) sink.done();
       return open;
     });

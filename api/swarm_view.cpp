@@ -58,6 +58,7 @@ json swarm_view_json(const std::string& model, int n_blocks, const std::vector<n
                     {"step_ms_per_block", r.step_s_per_block * 1e3},
                     {"rtt_ms", rtt},
                     {"dtype", r.dtype},
+                    {"weights", r.weights},
                     // No relays exist yet (issue 22): every server is dialled directly.
                     {"relayed", false},
                     {"age_ms", std::max<std::int64_t>(0, now_ms - r.timestamp_ms)},

@@ -244,6 +244,7 @@ int run_serve(const serve_args& a) {
   record.state = net::member_state::joining;
   record.protocol_version = net::protocol_version;
   record.public_key = n.public_key();
+  record.weights = dtype_name(weights);
   if (members)
     if (auto err = members->announce(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
 

@@ -116,6 +116,7 @@ bool read_field(const std::string& key, const msgpack::object& v, server_record&
   if (key == "sp") return read_double(v, r.step_s_per_block);
   if (key == "r") return read_rtts(v, r.rtt_ms);
   if (key == "d") return read_string(v, r.dtype);
+  if (key == "w") return read_string(v, r.weights);
   if (key == "pv") return read_u32(v, r.protocol_version);
   if (key == "q") return read_uint(v, r.seq);
   if (key == "ts") return read_int(v, r.timestamp_ms);
@@ -141,6 +142,7 @@ std::string check_record_fields(const server_record& r) {
                                     std::tuple{&r.node_id, "node id", true},
                                     std::tuple{&r.endpoint, "endpoint", false},
                                     std::tuple{&r.dtype, "dtype", false},
+                                    std::tuple{&r.weights, "weights dtype", false},
                                     std::tuple{&r.public_key, "public key", false}}) {
     if (auto e = check_string(*s, field, required); !e.empty()) return e;
   }
@@ -165,7 +167,7 @@ std::string check_record_fields(const server_record& r) {
 std::vector<std::uint8_t> encode_record(const server_record& r) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_map(18);
+  pk.pack_map(19);
   pk.pack(std::string_view("v")), pk.pack(record_format_version);
   pk.pack(std::string_view("m")), pk.pack(r.model);
   pk.pack(std::string_view("n")), pk.pack(r.node_id);
@@ -180,6 +182,7 @@ std::vector<std::uint8_t> encode_record(const server_record& r) {
   pk.pack_map(static_cast<std::uint32_t>(r.rtt_ms.size()));
   for (const auto& [id, ms] : r.rtt_ms) pk.pack(id), pk.pack_double(ms);
   pk.pack(std::string_view("d")), pk.pack(r.dtype);
+  pk.pack(std::string_view("w")), pk.pack(r.weights);
   pk.pack(std::string_view("pv")), pk.pack(r.protocol_version);
   pk.pack(std::string_view("q")), pk.pack(r.seq);
   pk.pack(std::string_view("ts")), pk.pack(r.timestamp_ms);

@@ -68,6 +68,9 @@ struct server_record {
   /// blocks, by node id (moving averages). At most max_rtt_entries.
   std::map<std::string, double> rtt_ms;
   std::string dtype = "f32";          ///< compute/wire dtype of hidden states ("f32", "bf16", ...)
+  /// How the server holds its blocks' weights ("f32", "bf16", ...); shown
+  /// to people (the dashboard), not used for routing.
+  std::string weights = "f32";
   std::uint32_t protocol_version = 0; ///< wire protocol version the server speaks
   /// Grows with every put by the same server, also across restarts (it is
   /// seeded from the wall clock): of two records of one server, the larger

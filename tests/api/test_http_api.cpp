@@ -10,6 +10,7 @@
 #include <future>
 #include <stdexcept>
 #include <string>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -457,10 +458,17 @@ TEST_CASE("/metrics counts requests, tokens and latencies") {
     prompt_tokens += r["usage"]["prompt_tokens"].get<int>();
   }
   stream_events(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the cat"}, {"max_tokens", 5}, {"stream", true}});
-  auto res = c.Get("/metrics");
-  REQUIRE(res);
-  CHECK(res->get_header_value("Content-Type").find("text/plain; version=0.0.4") == 0);
-  const auto m = parse_prometheus_text(res->body);
+  // The stream's request leaves the in-flight gauge once its provider
+  // returns, which may be a moment after the client read [DONE].
+  std::map<std::string, double> m;
+  for (int i = 0; i < 200; ++i) {
+    auto res = c.Get("/metrics");
+    REQUIRE(res);
+    CHECK(res->get_header_value("Content-Type").find("text/plain; version=0.0.4") == 0);
+    m = parse_prometheus_text(res->body);
+    if (m.at("corolla_api_requests_in_flight") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
   CHECK(m.at("corolla_api_requests_total{endpoint=\"completions\",status=\"200\"}") == 4);
   CHECK(m.at("corolla_api_prompt_tokens_total") == prompt_tokens + prompt_tokens / 3);
   CHECK(m.at("corolla_api_completion_tokens_total") >= completion_tokens + 1);

@@ -36,6 +36,7 @@ net::server_record record(const std::string& id, int start, int end, double thro
   r.cache_tokens_left = 4096;
   r.step_s_per_block = 0.002;
   r.rtt_ms = {{"other", 1.5}};
+  r.weights = "bf16";
   r.seq = seq;
   r.timestamp_ms = wall_ms() - 500;
   r.ttl_ms = 15000;
@@ -73,6 +74,7 @@ TEST_CASE("the swarm view counts online servers per block and finds the bottlene
   CHECK(a["step_ms_per_block"].get<double>() == doctest::Approx(2.0));
   CHECK(a["rtt_ms"]["other"].get<double>() == doctest::Approx(1.5));
   CHECK(a["relayed"] == false);
+  CHECK(a["weights"] == "bf16");
   CHECK(a["age_ms"].get<std::int64_t>() >= 500);
   CHECK(server_named(v, "d")["state"] == "joining");
 

@@ -179,6 +179,7 @@ TEST_CASE("a membership record survives encoding and decoding unchanged") {
   auto r = stamped(make_record("llama-tiny", "node-7", {3, 9}, member_state::joining), 1234567, unix_ms_now());
   r.public_key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
   r.cache_tokens_left = -1;
+  r.weights = "bf16";
   auto bytes = encode_record(r);
   CHECK(bytes.size() < 400);  // compact: well under one UDP packet
   auto back = decode_record(bytes_of(bytes));
