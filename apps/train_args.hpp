@@ -127,6 +127,14 @@ void print_local_summary(const train_args& a, const dist_train_options& o, int s
 /// re-sharded to the new grid (or from the start without one), and prints
 /// every step once plus one line per re-plan. Throws train_error when fewer
 /// than --min-ranks remain or no grid fits. Returns the exit status.
-int launch_local_elastic(const train_args& a, dist_train_options o, const model_config& cfg);
+/// With `cluster` (a --cluster job) the planner re-plans on the cluster
+/// without the lost ranks' workers instead (plan_on, use_plan).
+int launch_local_elastic(const train_args& a, dist_train_options o, const model_config& cfg,
+                         const schedule::cluster_description* cluster = nullptr);
+/// The planner's best plan for the flags' batch, micro-batch and sequence
+/// length on `cluster` (pp, dp: fixed depth and width; 0 = the planner's
+/// choice). Check plan::feasible.
+schedule::plan plan_on(const train_args& a, const model_config& cfg, const schedule::cluster_description& cluster,
+                       int pp = 0, int dp = 0);
 
 }  // namespace corolla::app

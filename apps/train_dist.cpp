@@ -313,11 +313,12 @@ std::vector<std::string> rank_args(const train_args& a, int rank, const std::str
   return r;
 }
 
-int launch_local(const train_args& a, const dist_train_options& o, const model_config& cfg) {
+int launch_local(const train_args& a, const dist_train_options& o, const model_config& cfg,
+                 const schedule::cluster_description* cluster) {
   apply_common_options(1, "warn");
   // Bad data is one error here, not one per rank.
   open_data(a.data, a.model, cfg.vocab_size);
-  if (a.elastic) return launch_local_elastic(a, o, cfg);
+  if (a.elastic) return launch_local_elastic(a, o, cfg, cluster);
   const auto start = std::chrono::steady_clock::now();
   int steps_run = 0;
   double last_loss = 0;
@@ -339,15 +340,7 @@ struct planned_cluster {
 
 planned_cluster plan_cluster(const train_args& a, const model_config& cfg) {
   planned_cluster p{schedule::load_cluster(a.cluster), {}};
-  schedule::training_setup setup;
-  setup.set_precision(schedule::precision::fp32);  // what the CPU backend trains in
-  setup.global_batch = a.batch;
-  setup.micro_batch = a.micro_batch > 0 ? a.micro_batch : 1;
-  setup.seq = a.seq;
-  setup.pp = a.pp;
-  setup.dp = a.dp;
-  setup.validate(cfg);
-  p.plan = schedule::make_plan(p.cluster, cfg, setup).best;
+  p.plan = plan_on(a, cfg, p.cluster, a.pp, a.dp);
   if (!p.plan.feasible) throw std::invalid_argument("no feasible plan on " + a.cluster + ": " + p.plan.reason);
   return p;
 }
@@ -362,6 +355,19 @@ std::string profile_of(const schedule::link_spec& l) {
 
 
 }  // namespace
+
+schedule::plan plan_on(const train_args& a, const model_config& cfg, const schedule::cluster_description& cluster,
+                       int pp, int dp) {
+  schedule::training_setup setup;
+  setup.set_precision(schedule::precision::fp32);  // what the CPU backend trains in
+  setup.global_batch = a.batch;
+  setup.micro_batch = a.micro_batch > 0 ? a.micro_batch : 1;
+  setup.seq = a.seq;
+  setup.pp = pp;
+  setup.dp = dp;
+  setup.validate(cfg);
+  return schedule::make_plan(cluster, cfg, setup).best;
+}
 
 void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                    const std::function<void(const dist_step_report&)>& on_step, std::vector<int>* lost) {
@@ -583,7 +589,7 @@ int run_distributed_train(train_args a) {
     std::fprintf(stderr, "cluster %s: %d workers; ", planned->cluster.name.c_str(), planned->cluster.size());
     print_plan(stderr, planned->cluster, planned->plan);
   }
-  return launch_local(a, o, cfg);
+  return launch_local(a, o, cfg, planned ? &planned->cluster : nullptr);
 }
 
 }  // namespace corolla::app

@@ -1,6 +1,7 @@
 // `corolla train --pp P --dp D --elastic`: the local launcher that keeps a
 // job going when ranks die or hang. On a failure that lost ranks it asks
-// schedule::regrid for the grid of the ranks left, continues from the
+// schedule::regrid for the grid of the ranks left (with --cluster: the
+// planner, on the cluster without the lost ranks' workers), continues from the
 // latest committed checkpoint re-sharded to that grid (layout-independent
 // checkpoints, actors/train_store.hpp), or from the start when there is
 // none, and prints every step once: steps replayed after the checkpoint are
@@ -23,7 +24,9 @@
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
 #include "actors/train_store.hpp"
+#include "apps/plan_print.hpp"
 #include "apps/train_args.hpp"
+#include "schedule/cluster.hpp"
 #include "schedule/regrid.hpp"
 
 namespace corolla::app {
@@ -55,7 +58,8 @@ struct replan_event {
   std::string reason;
   std::vector<int> lost;
   std::string lost_labels, from, to;
-  int ranks_left = 0;
+  int ranks_left = 0;                 ///< ranks (or, with --cluster, workers) left to plan on
+  const char* left_unit = "rank(s)";
   int resume_step = 0;       ///< the checkpoint continued from (0: the start)
   int last_done = 0;         ///< the last step completed before the failure
   double bytes = 0;          ///< checkpoint bytes the new grid reads
@@ -75,8 +79,8 @@ struct replan_event {
     if (a.json) {
       std::printf("%s\n", json(seconds, completed).dump().c_str());
     } else {
-      std::printf("replan: lost %s (%s); %s -> %s on %d ranks; continued from %s, %d step(s) replayed, %.3g MB read",
-                  lost_labels.c_str(), reason.c_str(), from.c_str(), to.c_str(), ranks_left,
+      std::printf("replan: lost %s (%s); %s -> %s, %d %s left; continued from %s, %d step(s) replayed, %.3g MB read",
+                  lost_labels.c_str(), reason.c_str(), from.c_str(), to.c_str(), ranks_left, left_unit,
                   resume_step > 0 ? ("the checkpoint of step " + std::to_string(resume_step)).c_str() : "the start",
                   std::max(0, last_done - resume_step), bytes / 1e6);
       if (completed)
@@ -90,13 +94,14 @@ struct replan_event {
 
 }  // namespace
 
-int launch_local_elastic(const train_args& a, dist_train_options o, const model_config& cfg) {
+int launch_local_elastic(const train_args& a, dist_train_options o, const model_config& cfg,
+                         const schedule::cluster_description* cluster) {
   if (o.collectives == dp_collectives::device)
     throw std::invalid_argument("--elastic re-plans host collectives only (NCCL groups are fixed at start): use "
                                 "--collectives host");
-  if (!a.cluster.empty())
-    throw std::invalid_argument("--elastic with --cluster is not supported yet (the planner would have to re-plan "
-                                "without the lost workers): use --pp/--dp");
+  // With --cluster: the machines still there, which the planner plans on again.
+  std::optional<schedule::cluster_description> machines;
+  if (cluster) machines = *cluster;
   const bool uniform_links = !o.link_profiles.empty();
   const std::string link_profile = uniform_links ? o.link_profiles.back() : std::string();
   const auto start = clock_type::now();
@@ -135,20 +140,6 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       // A failure that lost no rank (bad weights, a full disk) would fail
       // again on any grid.
       if (lost.empty()) throw;
-      const int left = o.layout.world() - static_cast<int>(lost.size());
-      if (left < a.min_ranks)
-        throw train_error(std::string(e.what()) + "; " + std::to_string(left) + " rank(s) left, fewer than --min-ranks " +
-                          std::to_string(a.min_ranks));
-      schedule::grid_limits limits;
-      limits.ranks = left;
-      limits.n_layers = cfg.n_layers;
-      limits.global_batch = o.batch;
-      limits.micro_batch = o.micro_batch;
-      limits.chunks = o.layout.chunks;
-      limits.prefer_pp = o.layout.pp;
-      std::string why;
-      const auto g = schedule::regrid(limits, &why);
-      if (!g) throw train_error(std::string(e.what()) + "; cannot continue: " + why);
       replan_event ev;
       ev.reason = e.what();
       ev.lost = lost;
@@ -156,17 +147,57 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       ev.from = o.layout.describe();
       ev.last_done = printed;
       ev.failed_at = failed_at;
-      o.layout = even_layout(cfg.n_layers, g->pp, g->dp, o.layout.chunks);
+      if (machines) {
+        // The lost ranks' machines go; the planner plans again on the rest,
+        // free to choose depth, width, placement and micro-batch.
+        std::vector<int> gone;
+        for (int r : lost) {
+          const std::string& name = o.layout.worker_names.at(static_cast<std::size_t>(r));
+          for (const auto& w : machines->workers)
+            if (w.name == name) gone.push_back(w.rank);
+        }
+        try {
+          machines = schedule::without_workers(*machines, gone);
+        } catch (const std::exception& x) {
+          throw train_error(std::string(e.what()) + "; cannot continue: " + x.what());
+        }
+        ev.ranks_left = machines->size();
+        ev.left_unit = "worker(s)";
+        if (ev.ranks_left < a.min_ranks)
+          throw train_error(std::string(e.what()) + "; " + std::to_string(ev.ranks_left) +
+                            " worker(s) left, fewer than --min-ranks " + std::to_string(a.min_ranks));
+        const schedule::plan p = plan_on(a, cfg, *machines);
+        if (!p.feasible) throw train_error(std::string(e.what()) + "; no feasible plan on the workers left: " + p.reason);
+        use_plan(*machines, p, o, a.link_profile);
+        std::fprintf(stderr, "elastic: re-planned on %d worker(s) of %s: ", machines->size(), machines->name.c_str());
+        print_plan(stderr, *machines, p);
+      } else {
+        ev.ranks_left = o.layout.world() - static_cast<int>(lost.size());
+        if (ev.ranks_left < a.min_ranks)
+          throw train_error(std::string(e.what()) + "; " + std::to_string(ev.ranks_left) +
+                            " rank(s) left, fewer than --min-ranks " + std::to_string(a.min_ranks));
+        schedule::grid_limits limits;
+        limits.ranks = ev.ranks_left;
+        limits.n_layers = cfg.n_layers;
+        limits.global_batch = o.batch;
+        limits.micro_batch = o.micro_batch;
+        limits.chunks = o.layout.chunks;
+        limits.prefer_pp = o.layout.pp;
+        std::string why;
+        const auto g = schedule::regrid(limits, &why);
+        if (!g) throw train_error(std::string(e.what()) + "; cannot continue: " + why);
+        o.layout = even_layout(cfg.n_layers, g->pp, g->dp, o.layout.chunks);
+        const std::size_t world = static_cast<std::size_t>(o.layout.world());
+        if (uniform_links) o.link_profiles.assign(world * world, link_profile);
+      }
       ev.to = o.layout.describe();
-      ev.ranks_left = left;
-      const std::size_t world = static_cast<std::size_t>(o.layout.world());
-      if (uniform_links) o.link_profiles.assign(world * world, link_profile);
+      const int left = ev.ranks_left;
       ev.resume_step = o.checkpoint_dir.empty() ? 0 : latest_checkpoint_step(o.checkpoint_dir);
       // Without a checkpoint the job starts over: the same initialisation
       // (--seed, or the model's weights) and the same data order.
       o.resume = ev.resume_step > 0;
       if (o.resume) ev.bytes = checkpoint_bytes(o.checkpoint_dir, ev.resume_step);
-      std::fprintf(stderr, "elastic: %s; re-planning on %d rank(s): %s -> %s\n", e.what(), left, ev.from.c_str(),
+      std::fprintf(stderr, "elastic: %s; %d %s left: %s -> %s\n", e.what(), left, ev.left_unit, ev.from.c_str(),
                    ev.to.c_str());
       pending = std::move(ev);
     }

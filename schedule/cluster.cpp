@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "model/error.hpp"
 
@@ -122,6 +123,49 @@ void cluster_description::validate() const {
       if (a != b && !good_link(cluster_link(static_cast<int>(a), static_cast<int>(b))))
         fail("the link between clusters '" + clusters[a].name + "' and '" + clusters[b].name +
              "' has a non-positive bandwidth or a negative latency");
+}
+
+cluster_description without_workers(const cluster_description& c, const std::vector<int>& gone) {
+  const std::set<int> drop(gone.begin(), gone.end());
+  cluster_description out;
+  out.name = c.name;
+  out.origin = c.origin;
+  out.nics = c.nics;
+  std::vector<int> cluster_map(c.clusters.size(), -1);
+  for (std::size_t ci = 0; ci < c.clusters.size(); ++ci) {
+    cluster_spec kept{c.clusters[ci].name, {}};
+    for (int n : c.clusters[ci].nodes) {
+      node_spec node = c.nodes[static_cast<std::size_t>(n)];
+      node.workers.clear();
+      node.cluster = static_cast<int>(out.clusters.size());
+      const int node_index = static_cast<int>(out.nodes.size());
+      for (int r : c.nodes[static_cast<std::size_t>(n)].workers) {
+        if (drop.count(r)) continue;
+        worker_spec w = c.workers[static_cast<std::size_t>(r)];
+        w.rank = out.size();
+        w.node = node_index;
+        w.cluster = node.cluster;
+        node.workers.push_back(w.rank);
+        out.workers.push_back(std::move(w));
+      }
+      if (node.workers.empty()) continue;
+      kept.nodes.push_back(node_index);
+      out.nodes.push_back(std::move(node));
+    }
+    if (kept.nodes.empty()) continue;
+    cluster_map[ci] = static_cast<int>(out.clusters.size());
+    out.clusters.push_back(std::move(kept));
+  }
+  if (out.workers.empty()) throw model_error("no worker of " + c.origin + " is left");
+  const std::size_t k = out.clusters.size(), n = c.clusters.size();
+  out.inter_cluster.assign(k * k, link_spec{});
+  for (std::size_t a = 0; a < n; ++a)
+    for (std::size_t b = 0; b < n; ++b)
+      if (cluster_map[a] >= 0 && cluster_map[b] >= 0)
+        out.inter_cluster[static_cast<std::size_t>(cluster_map[a]) * k + static_cast<std::size_t>(cluster_map[b])] =
+            c.inter_cluster[a * n + b];
+  out.validate();
+  return out;
 }
 
 cluster_description uniform_cluster(int node_count, int workers_per_node, std::string_view nic,

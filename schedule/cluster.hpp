@@ -118,6 +118,13 @@ struct cluster_description {
   void validate() const;
 };
 
+/// `c` without the workers `gone` (ranks of `c`): the machines an elastic
+/// job lost. Nodes and clusters left without workers go too (and their rows
+/// of the inter-cluster links); the others keep their order, and the
+/// workers are numbered again from 0. Throws model_error when no worker is
+/// left.
+cluster_description without_workers(const cluster_description& c, const std::vector<int>& gone);
+
 /// Parses cluster TOML text; `origin` (a file name) appears in every error.
 /// Throws model_error naming the file, the key (and its line) and what is wrong.
 cluster_description parse_cluster(std::string_view toml_text, const std::string& origin);

@@ -327,39 +327,7 @@ TEST_CASE("ranks started by a torchrun-style environment form the job, rank 0 ho
   CHECK(second.lines().empty());  // only the coordinator prints steps
 }
 
-const char* two_clusters_toml = R"(
-name = "two-clusters"
-[nic.ib]
-bandwidth_gbps = 8
-latency_us = 20
-[nic.ethernet]
-bandwidth_gbps = 1
-latency_us = 100
-[[cluster]]
-name = "fast"
-  [[cluster.node]]
-  name = "fast"
-  count = 2
-  nic = "ib"
-    [[cluster.node.worker]]
-    kind = "cpu"
-    tflops = 0.2
-    memory_gib = 4
-[[cluster]]
-name = "slow"
-  [[cluster.node]]
-  name = "eth"
-  count = 2
-  nic = "ethernet"
-    [[cluster.node.worker]]
-    kind = "cpu"
-    tflops = 0.1
-    memory_gib = 4
-[[link]]
-clusters = ["fast", "slow"]
-bandwidth_gbps = 1
-latency_us = 500
-)";
+
 
 TEST_CASE("--cluster trains on the planner's layout over links shaped by the file, and equals one process") {
   temp_dir_guard tmp("mp-train-cluster");

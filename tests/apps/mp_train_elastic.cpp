@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <fstream>
 #include <regex>
 #include <string>
 #include <vector>
@@ -138,4 +139,34 @@ TEST_CASE("--elastic stops with one clear error when fewer than --min-ranks rema
                   "--min-ranks must be at least 1");
   check_one_error(run_corolla(train_args(j, {"--pp", "2", "--elastic", "--rank", "0", "--coordinator", "127.0.0.1:1"})),
                   "--elastic is for the local launcher");
+}
+
+TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left and the losses stay those of one process") {
+  temp_dir_guard tmp("mp-train-elastic-cluster");
+  job j = fresh_gpt2_job(tmp);
+  j.batch = 4;
+  j.steps = 40;
+  std::ofstream(tmp / "two.toml") << two_clusters_toml;
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  const fs::path ck = tmp / "ck";
+  child_process launcher = child_process::corolla(train_args(
+      j, {"--cluster", tmp / "two.toml", "--pp", "2", "--dp", "2", "--elastic", "--checkpoint-dir", ck,
+          "--checkpoint-every", "3", "--timeout-s", "60"}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  ::kill(rank_pid(launcher, 3), SIGKILL);  // a worker of the slow cluster
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 1u);
+  CHECK(events[0]["from"].get<std::string>().rfind("2x2", 0) == 0);
+  CHECK(events[0]["ranks"] == 3);  // machines left for the planner
+  CHECK(events[0]["completed"] == true);
+  // The planner's new plan is printed, on the three workers left.
+  const std::string err = launcher.err();
+  const auto replanned = err.find("elastic: re-planned on 3 worker(s) of two-clusters: plan: PP");
+  REQUIRE(replanned != std::string::npos);
+  const std::string plan = err.substr(replanned, err.find("throughput:", replanned) - replanned);
+  CHECK(plan.find("eth1/0") == std::string::npos);  // the lost worker (rank 3) is not in it
 }

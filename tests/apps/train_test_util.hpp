@@ -161,4 +161,40 @@ inline std::vector<pid_t> children_with_arg(pid_t parent, const std::vector<std:
   return out;
 }
 
+/// Two clusters of two CPU workers each (IB inside "fast", Ethernet inside
+/// "slow", a 1 Gbit/s link between them), for --cluster jobs.
+inline const char* two_clusters_toml = R"(
+name = "two-clusters"
+[nic.ib]
+bandwidth_gbps = 8
+latency_us = 20
+[nic.ethernet]
+bandwidth_gbps = 1
+latency_us = 100
+[[cluster]]
+name = "fast"
+  [[cluster.node]]
+  name = "fast"
+  count = 2
+  nic = "ib"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.2
+    memory_gib = 4
+[[cluster]]
+name = "slow"
+  [[cluster.node]]
+  name = "eth"
+  count = 2
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.1
+    memory_gib = 4
+[[link]]
+clusters = ["fast", "slow"]
+bandwidth_gbps = 1
+latency_us = 500
+)";
+
 }  // namespace corolla::testing::train_test

@@ -274,3 +274,77 @@ TEST_CASE("uniform clusters and worker lists for messages") {
   CHECK_THROWS_AS(uniform_cluster(0, 1, "ib", 1, 1), model_error);
   CHECK_THROWS_AS(uniform_cluster(1, 1, "myrinet", 1, 1), model_error);
 }
+
+TEST_CASE("a cluster without the workers an elastic job lost: nodes and clusters left empty go, links follow") {
+  cluster_description c = parse_cluster(R"(
+name = "two"
+[nic.ib]
+bandwidth_gbps = 8
+latency_us = 20
+[nic.ethernet]
+bandwidth_gbps = 1
+latency_us = 100
+[[cluster]]
+name = "fast"
+  [[cluster.node]]
+  name = "fast"
+  count = 2
+  nic = "ib"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.2
+    memory_gib = 4
+[[cluster]]
+name = "slow"
+  [[cluster.node]]
+  name = "eth"
+  count = 1
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.1
+    memory_gib = 4
+    count = 2
+[[cluster]]
+name = "far"
+  [[cluster.node]]
+  name = "far"
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.1
+    memory_gib = 4
+[[link]]
+clusters = ["fast", "slow"]
+bandwidth_gbps = 1
+latency_us = 500
+[[link]]
+clusters = ["slow", "far"]
+bandwidth_gbps = 0.5
+latency_us = 900
+[[link]]
+clusters = ["fast", "far"]
+bandwidth_gbps = 0.25
+latency_us = 1000
+)", "two.toml");
+  REQUIRE(c.size() == 5);  // fast0/0, fast1/0, eth/0, eth/1, far/0
+  // One worker of a two-worker node: its node stays with the other.
+  cluster_description a = without_workers(c, {3});
+  CHECK(a.size() == 4);
+  CHECK(a.workers[2].name == "eth/0");
+  CHECK(a.workers[3].name == "far/0");
+  CHECK(a.workers[3].rank == 3);
+  CHECK(a.nodes[a.workers[2].node].workers == std::vector<int>{2});
+  CHECK(a.link_between(2, 3).latency == doctest::Approx(c.link_between(2, 4).latency));
+  // A whole node (fast1) and then a whole cluster (far): gone with their links.
+  cluster_description b = without_workers(c, {1, 4});
+  CHECK(b.size() == 3);
+  CHECK(b.clusters.size() == 2u);
+  CHECK(b.nodes.size() == 2u);
+  CHECK(b.workers[0].name == "fast0/0");
+  CHECK(b.workers[1].name == "eth/0");
+  CHECK(b.link_between(0, 1).latency == doctest::Approx(c.link_between(0, 2).latency));
+  CHECK(b.link_between(0, 1).bandwidth == doctest::Approx(c.link_between(0, 2).bandwidth));
+  CHECK_NOTHROW(b.validate());
+  CHECK_THROWS_AS(without_workers(c, {0, 1, 2, 3, 4}), model_error);
+}
