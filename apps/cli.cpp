@@ -72,6 +72,7 @@ int run_cli(int argc, char** argv) {
   register_serve(app, action);
   register_api(app, action);
   register_dashboard(app, action);
+  register_faultlab(app, action);
   register_plan(app, action);
 
   try {

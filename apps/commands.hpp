@@ -34,6 +34,8 @@ void register_generate(CLI::App& app, action_fn& action);
 void register_api(CLI::App& app, action_fn& action);
 /// `corolla dashboard`: the swarm dashboard page from the DHT, without an API (apps/dashboard.cpp).
 void register_dashboard(CLI::App& app, action_fn& action);
+/// `corolla faultlab`: fault-injection scenarios against local swarms and training jobs (apps/faultlab.cpp).
+void register_faultlab(CLI::App& app, action_fn& action);
 /// `corolla finetune`: prompt tuning with the blocks on a swarm (apps/finetune.cpp).
 void register_finetune(CLI::App& app, action_fn& action);
 /// `corolla train`: single-process AdamW training (apps/train.cpp).

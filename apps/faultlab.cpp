@@ -1,0 +1,225 @@
+// corolla faultlab — the fault-injection harness (docs/faultlab.md):
+//   corolla faultlab run SCENARIO.toml [--json] [--report DIR] [--seed S]
+//   corolla faultlab random (--swarm | --train) --model DIR [--data FILE] [--faults N] [--seed S] [--json] [--report DIR]
+// runs the scenario's job as real local processes twice, first without
+// faults (the reference) and then with them, checks the expectations and
+// exits 0 when every one holds, 1 otherwise.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.hpp"
+#include "apps/faultlab.hpp"
+#include "model/config.hpp"
+
+namespace corolla::app {
+namespace {
+
+namespace fs = std::filesystem;
+namespace fl = faultlab;
+using json = nlohmann::json;
+
+struct faultlab_args {
+  std::string scenario;
+  bool json_out = false;
+  std::string report;
+  std::int64_t seed = -1;  ///< -1: the scenario's
+  // random
+  bool swarm = false, train = false;
+  std::string model, data;
+  int faults = 2;
+};
+
+struct check {
+  std::string name;
+  bool ok = false;
+  std::string detail;
+};
+
+std::vector<check> judge(const fl::scenario& s, const faultlab_run& ref, const faultlab_run& hit) {
+  std::vector<check> out;
+  out.push_back({"reference completed", ref.completed, ref.completed ? "" : ref.error});
+  out.push_back({"faulted run completed", hit.completed, hit.completed ? "" : hit.error});
+  if (s.expect.same_output_as_reference) {
+    const bool same = ref.completed && hit.completed && ref.tokens == hit.tokens;
+    std::string detail;
+    if (!same && hit.completed && ref.completed) {
+      std::size_t i = 0;
+      while (i < ref.tokens.size() && i < hit.tokens.size() && ref.tokens[i] == hit.tokens[i]) ++i;
+      detail = "first difference at token " + std::to_string(i + 1) + " of " + std::to_string(ref.tokens.size());
+    }
+    out.push_back({"same output as the reference", same, detail});
+  }
+  if (s.expect.same_losses_as_reference) {
+    bool same = ref.completed && hit.completed && ref.losses.size() == hit.losses.size();
+    std::string detail;
+    for (std::size_t i = 0; same && i < ref.losses.size(); ++i)
+      if (std::abs(ref.losses[i] - hit.losses[i]) > 1e-5 * std::abs(ref.losses[i])) {
+        same = false;
+        detail = "step " + std::to_string(i + 1) + ": " + std::to_string(hit.losses[i]) + " against " +
+                 std::to_string(ref.losses[i]);
+      }
+    if (same || detail.empty())
+      detail = std::to_string(hit.losses.size()) + " steps (reference " + std::to_string(ref.losses.size()) + ")";
+    out.push_back({"same losses as the reference (1e-5 relative)", same, detail});
+  }
+  if (s.expect.max_stall_s > 0) {
+    char d[96];
+    std::snprintf(d, sizeof d, "longest wait %.2f s (limit %.2f s)", hit.max_stall_s, s.expect.max_stall_s);
+    out.push_back({"no stall longer than the limit", hit.max_stall_s <= s.expect.max_stall_s, d});
+  }
+  return out;
+}
+
+json run_json(const faultlab_run& r) {
+  json j = {{"completed", r.completed}, {"seconds", r.seconds}, {"max_stall_s", r.max_stall_s},
+            {"recoveries", r.recoveries}, {"events", r.events}};
+  if (!r.error.empty()) j["error"] = r.error;
+  if (!r.tokens.empty()) j["tokens"] = r.tokens;
+  if (!r.losses.empty()) j["losses"] = r.losses;
+  return j;
+}
+
+/// Runs `s` (reference, then faults), prints the verdict; returns the exit status.
+int run_scenario(const fl::scenario& s, const faultlab_args& a) {
+  fs::path dir = a.report.empty() ? fs::temp_directory_path() / ("corolla-faultlab-" + std::to_string(::getpid()))
+                                  : fs::path(a.report);
+  fs::create_directories(dir);
+  const std::uint64_t seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed) : s.seed;
+  std::mt19937_64 rng(seed);
+  auto run = [&](bool inject) {
+    const fs::path logs = dir / (inject ? "faults" : "reference");
+    fs::create_directories(logs);
+    if (!a.json_out) std::fprintf(stderr, "faultlab: %s run of '%s'...\n", inject ? "faulted" : "reference", s.name.c_str());
+    return s.swarm ? run_swarm_scenario(s, inject, rng, logs) : run_train_scenario(s, inject, rng, logs);
+  };
+  const faultlab_run ref = run(false);
+  const faultlab_run hit = run(true);
+  const std::vector<check> checks = judge(s, ref, hit);
+  bool pass = true;
+  for (const check& c : checks) pass = pass && c.ok;
+  json report = {{"scenario", s.name}, {"seed", seed}, {"kind", s.swarm ? "swarm" : "train"}, {"pass", pass},
+                 {"reference", run_json(ref)}, {"faulted", run_json(hit)}, {"checks", json::array()}};
+  for (const check& c : checks) report["checks"].push_back({{"name", c.name}, {"ok", c.ok}, {"detail", c.detail}});
+  report["report_dir"] = dir.string();
+  std::ofstream(dir / "report.json") << report.dump(2) << "\n";
+  if (a.json_out) {
+    std::printf("%s\n", report.dump().c_str());
+  } else {
+    std::printf("faultlab: %s (seed %llu)\n", s.name.c_str(), static_cast<unsigned long long>(seed));
+    for (const std::string& e : hit.events) std::printf("  fault  %s\n", e.c_str());
+    std::printf("  reference: %s in %.1f s; faulted: %s in %.1f s, %d recover%s, longest wait %.2f s\n",
+                ref.completed ? "completed" : "FAILED", ref.seconds, hit.completed ? "completed" : "FAILED", hit.seconds,
+                hit.recoveries, hit.recoveries == 1 ? "y" : "ies", hit.max_stall_s);
+    for (const check& c : checks)
+      std::printf("  %s  %s%s\n", c.ok ? "pass" : "FAIL", c.name.c_str(), c.detail.empty() ? "" : (": " + c.detail).c_str());
+    std::printf("%s; report and logs in %s\n", pass ? "PASS" : "FAIL", dir.string().c_str());
+    if (!pass) std::printf("replay: corolla faultlab run <scenario> --seed %llu\n", static_cast<unsigned long long>(seed));
+  }
+  std::fflush(stdout);
+  return pass ? 0 : 1;
+}
+
+/// A random campaign (Jepsen style): for a swarm, every block served twice
+/// (two chains of two servers and one server of the whole model) and
+/// `faults` kills at random tokens, never of a server whose blocks nobody
+/// else holds any more; for training, a 2x2 elastic job with checkpoints
+/// and `faults` (at most 3) kills of random ranks at random steps.
+fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const model_config cfg = load_config(a.model);
+  std::ostringstream t;
+  t << "name = \"random " << (a.swarm ? "swarm" : "train") << " campaign\"\nseed = " << seed << "\n";
+  if (a.swarm) {
+    const int n = cfg.n_layers, half = std::max(1, n / 2);
+    const int tokens = 24;
+    t << "[swarm]\nmodel = \"" << a.model << "\"\nservers = [\"0:" << half << "\", \"" << half << ":" << n
+      << "\", \"0:" << n << "\", \"0:" << half << "\", \"" << half << ":" << n << "\"]\n";
+    t << "[swarm.client]\nprompt_ids = [1, 2, 3]\nnew_tokens = " << tokens << "\n";
+    // Kill order among servers 0..4 keeping every block served: never both
+    // of {0, 3} and 2, nor both of {1, 4} and 2.
+    std::vector<int> order = {0, 1, 2, 3, 4};
+    std::shuffle(order.begin(), order.end(), rng);
+    std::set<int> dead;
+    // Blocks [0, half) are held by servers 0, 2 and 3, [half, n) by 1, 2 and 4.
+    auto covered = [](const std::set<int>& d) {
+      return !(d.count(0) && d.count(2) && d.count(3)) && !(d.count(1) && d.count(2) && d.count(4));
+    };
+    std::uniform_int_distribution<int> at(2, tokens - 2);
+    int made = 0;
+    for (int k : order) {
+      if (made >= a.faults) break;
+      std::set<int> next = dead;
+      next.insert(k);
+      if (!covered(next)) continue;
+      dead = next;
+      t << "[[fault]]\nat = \"token " << at(rng) << "\"\ndo = \"kill\"\ntarget = \"server " << k << "\"\n";
+      ++made;
+    }
+    t << "[expect]\nsame_output_as_reference = true\nmax_stall_s = 30\n";
+  } else {
+    if (a.data.empty()) throw std::invalid_argument("faultlab random --train needs --data FILE");
+    const int steps = 24;
+    t << "[train]\nmodel = \"" << a.model << "\"\ndata = \"" << a.data << "\"\nargs = \"--batch 12 --seq 8 --steps "
+      << steps << " --lr 0.003 --threads 1 --link-profile lat=2ms\"\nlayout = \"--pp 2 --dp 2\"\nelastic = true\n"
+      << "checkpoint_every = 3\n";
+    std::uniform_int_distribution<int> at(2, steps - 4);
+    for (int k = 0; k < std::min(a.faults, 3); ++k)
+      t << "[[fault]]\nat = \"step " << at(rng) << "\"\ndo = \"kill\"\ntarget = \"random rank\"\n";
+    t << "[expect]\nsame_losses_as_reference = true\nmax_stall_s = 60\n";
+  }
+  return fl::parse_scenario(t.str(), "random campaign (seed " + std::to_string(seed) + ")");
+}
+
+}  // namespace
+
+void register_faultlab(CLI::App& app, action_fn& action) {
+  auto a = std::make_shared<faultlab_args>();
+  auto* cmd = app.add_subcommand("faultlab", "Fault injection against real local swarms and training jobs");
+  cmd->require_subcommand(1);
+  auto* run = cmd->add_subcommand("run", "Run a scenario: the failure-free reference, then with its faults; check it");
+  run->add_option("scenario", a->scenario, "Scenario TOML file (docs/faultlab.md)")->required();
+  auto* random = cmd->add_subcommand("random", "Run a random campaign of kills (prints the seed to replay it)");
+  random->add_flag("--swarm", a->swarm, "A swarm campaign (needs --model)");
+  random->add_flag("--train", a->train, "A training campaign (needs --model and --data)");
+  random->add_option("--model", a->model, "HuggingFace model directory")->required();
+  random->add_option("--data", a->data, "Training tokens (with --train)");
+  random->add_option("--faults", a->faults, "Faults to inject")->capture_default_str();
+  for (CLI::App* c : {run, random}) {
+    c->add_flag("--json", a->json_out, "One JSON report on stdout");
+    c->add_option("--report", a->report, "Write report.json and every process's log here");
+    c->add_option("--seed", a->seed, "Seed of random targets (default: the scenario's; random: the time)");
+  }
+  run->callback([a, &action] {
+    action = [a] {
+      apply_common_options(1, "warn");
+      return run_scenario(fl::load_scenario(a->scenario), *a);
+    };
+  });
+  random->callback([a, &action] {
+    action = [a] {
+      apply_common_options(1, "warn");
+      if (a->swarm == a->train) throw std::invalid_argument("give exactly one of --swarm and --train");
+      if (a->faults < 1) throw std::invalid_argument("--faults must be at least 1");
+      const std::uint64_t seed =
+          a->seed >= 0 ? static_cast<std::uint64_t>(a->seed)
+                       : static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
+      faultlab_args b = *a;
+      b.seed = static_cast<std::int64_t>(seed);
+      return run_scenario(random_scenario(b, seed), b);
+    };
+  });
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,243 @@
+// `corolla faultlab` on a swarm: the scenario's servers as local `corolla
+// serve` processes, the client in this process generating greedily through
+// them, and the faults fired at their token (or second) from the client's
+// token callback, so "token 10" means exactly after the 10th token.
+#include <signal.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <stdexcept>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/corolla.hpp"
+#include "actors/swarm_client.hpp"
+#include "apps/commands.hpp"
+#include "apps/faultlab.hpp"
+#include "apps/local_swarm.hpp"
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/head.hpp"
+#include "model/safetensors.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+namespace fl = faultlab;
+
+/// The servers of the client's current route, hop by hop, from its events
+/// ("route [0, 2) via s0 -> [2, 4) via s1", "replacing s1 on [2, 4) with ...").
+class route_tracker {
+ public:
+  void on_event(const std::string& line) {
+    std::lock_guard lock(mu_);
+    if (line.rfind("route ", 0) == 0) {
+      hops_ = parse(line.substr(6));
+    } else if (line.rfind("replacing ", 0) == 0) {
+      const auto with = line.find(" with ");
+      const auto lost_end = line.find(" on ");
+      if (with == std::string::npos || lost_end == std::string::npos) return;
+      const std::string lost = line.substr(10, lost_end - 10);
+      const auto replacement = parse(line.substr(with + 6, line.find("; replaying") - with - 6));
+      for (std::size_t i = 0; i < hops_.size(); ++i)
+        if (hops_[i].second == lost) {
+          hops_.erase(hops_.begin() + static_cast<std::ptrdiff_t>(i));
+          hops_.insert(hops_.begin() + static_cast<std::ptrdiff_t>(i), replacement.begin(), replacement.end());
+          break;
+        }
+    }
+  }
+  /// The server of hop `k`, or "" when the route has fewer hops.
+  std::string hop(int k) const {
+    std::lock_guard lock(mu_);
+    return k >= 0 && k < static_cast<int>(hops_.size()) ? hops_[static_cast<std::size_t>(k)].second : std::string();
+  }
+
+ private:
+  static std::vector<std::pair<std::string, std::string>> parse(const std::string& text) {
+    static const std::regex hop(R"((\[\d+, \d+\)) via (\S+))");
+    std::vector<std::pair<std::string, std::string>> out;
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), hop); it != std::sregex_iterator(); ++it)
+      out.emplace_back((*it)[1].str(), (*it)[2].str());
+    return out;
+  }
+  mutable std::mutex mu_;
+  std::vector<std::pair<std::string, std::string>> hops_;
+};
+
+/// The servers and what faults did to them.
+struct swarm_state {
+  const fl::swarm_job& job;
+  const std::filesystem::path& logs;
+  local_swarm procs;
+  std::map<std::string, std::pair<int, int>> blocks;  ///< by id
+  std::set<std::string> running, stopped, dead;
+  int joined = 0;
+  mutable std::mutex mu;  ///< the endpoints list, read by the client's discover
+
+  void start(const std::string& id, int first, int last) {
+    procs.start(job.model, id, first, last, {"--threads", "1", "--log-level", "warn"}, logs / (id + ".log"));
+    std::lock_guard lock(mu);
+    blocks[id] = {first, last};
+    running.insert(id);
+    dead.erase(id);
+    stopped.erase(id);
+  }
+  /// Endpoints of the servers not killed (the latest process of each id).
+  std::vector<std::string> live_endpoints() const {
+    std::lock_guard lock(mu);
+    std::map<std::string, std::string> latest;
+    for (const auto& s : procs.servers()) latest[s.id] = s.endpoint;
+    std::vector<std::string> out;
+    for (const auto& [id, e] : latest)
+      if (!dead.count(id)) out.push_back(e);
+    return out;
+  }
+  std::string pick(std::mt19937_64& rng, const std::set<std::string>& from) const {
+    if (from.empty()) return "";
+    std::uniform_int_distribution<std::size_t> d(0, from.size() - 1);
+    return *std::next(from.begin(), static_cast<std::ptrdiff_t>(d(rng)));
+  }
+};
+
+std::string fire(const fl::fault& f, swarm_state& st, const route_tracker& route, std::mt19937_64& rng) {
+  using tk = fl::target::kind;
+  if (f.what == fl::action::join) {
+    const auto [a, b] = fl::parse_blocks(f.blocks);
+    const std::string id = "j" + std::to_string(st.joined++);
+    st.start(id, a, b);
+    return "join " + id + " on blocks [" + std::to_string(a) + ", " + std::to_string(b) + ")";
+  }
+  std::string id;
+  switch (f.whom.k) {
+    case tk::server: id = "s" + std::to_string(f.whom.index); break;
+    case tk::route_hop: id = route.hop(f.whom.index); break;
+    case tk::random_server:
+      id = st.pick(rng, f.what == fl::action::resume ? st.stopped
+                        : f.what == fl::action::restart ? st.dead
+                                                        : st.running);
+      break;
+    default: break;
+  }
+  const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
+  if (id.empty()) return what + ": no server to hit (skipped)";
+  switch (f.what) {
+    case fl::action::kill:
+      if (st.dead.count(id)) return what + ": " + id + " is dead already (skipped)";
+      st.procs.signal(id, SIGKILL);
+      {
+        std::lock_guard lock(st.mu);
+        st.running.erase(id);
+        st.stopped.erase(id);
+        st.dead.insert(id);
+      }
+      return what + " (" + id + ")";
+    case fl::action::stop:
+      if (!st.running.count(id)) return what + ": " + id + " is not running (skipped)";
+      st.procs.signal(id, SIGSTOP);
+      st.running.erase(id);
+      st.stopped.insert(id);
+      return what + " (" + id + ")";
+    case fl::action::resume:
+      if (!st.stopped.count(id)) return what + ": " + id + " is not stopped (skipped)";
+      st.procs.signal(id, SIGCONT);
+      st.stopped.erase(id);
+      st.running.insert(id);
+      return what + " (" + id + ")";
+    case fl::action::restart: {
+      if (!st.dead.count(id)) {  // a running (or stopped) server dies first
+        st.procs.signal(id, SIGKILL);
+        std::lock_guard lock(st.mu);
+        st.dead.insert(id);
+      }
+      const auto [a, b] = st.blocks.at(id);
+      st.start(id, a, b);
+      return what + " (" + id + ", a new process)";
+    }
+    case fl::action::join: break;
+  }
+  return what;
+}
+
+}  // namespace
+
+faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937_64& rng,
+                                const std::filesystem::path& logs) {
+  const fl::swarm_job& job = *s.swarm;
+  faultlab_run run;
+  const auto t0 = clock_type::now();
+  auto last = t0;  // the last token (or the start)
+  try {
+    const model_config cfg = load_config(job.model);
+    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}};
+    for (std::size_t i = 0; i < job.servers.size(); ++i) {
+      const auto [a, b] = job.servers[i];
+      if (b > cfg.n_layers)
+        throw std::invalid_argument("server " + std::to_string(i) + " holds blocks up to " + std::to_string(b) +
+                                    ", the model has " + std::to_string(cfg.n_layers));
+      st.start("s" + std::to_string(i), a, b);
+    }
+    auto n = node::start([] {
+      node_options o;
+      o.listen = "";
+      return o;
+    }());
+    if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
+    route_tracker route;
+    swarm_client_options o;
+    o.model = model_id_of(job.model);
+    o.discover = [&st] { return st.live_endpoints(); };
+    o.refresh_period = std::chrono::seconds(1);  // joined and restarted servers are found soon
+    o.request_timeout = std::chrono::seconds(5);  // a stopped server is given up on within this
+    o.on_event = [&route](const std::string& line) {
+      spdlog::info("faultlab client: {}", line);
+      route.on_event(line);
+    };
+    swarm_client client(**n, o);
+    head h = head::load(checkpoint::open(job.model), cfg, cpu_backend());
+    generation_params p;
+    p.max_new_tokens = job.new_tokens;
+    p.ignore_eos = true;
+    std::vector<bool> fired(s.faults.size(), false);
+    last = clock_type::now();
+    int count = 0;
+    const auto on_token = [&](std::int32_t) {
+      const auto now = clock_type::now();
+      run.max_stall_s = std::max(run.max_stall_s, std::chrono::duration<double>(now - last).count());
+      last = now;
+      ++count;
+      if (!inject) return;
+      const double elapsed = std::chrono::duration<double>(now - t0).count();
+      for (std::size_t i = 0; i < s.faults.size(); ++i) {
+        const fl::fault& f = s.faults[i];
+        const bool due = f.at.k == fl::moment::kind::token ? count >= f.at.value : elapsed >= f.at.value;
+        if (fired[i] || !due) continue;
+        fired[i] = true;
+        run.events.push_back("token " + std::to_string(count) + ": " + fire(f, st, route, rng));
+      }
+      // Waiting for a joined or restarted server to load is the harness's
+      // time, not a stall of the swarm.
+      last = clock_type::now();
+    };
+    swarm_generation g = swarm_generate(client, h, job.prompt_ids, p, on_token);
+    run.tokens = g.result.tokens;
+    run.recoveries = g.failovers;
+    run.completed = true;
+    for (std::size_t i = 0; i < s.faults.size(); ++i)
+      if (inject && !fired[i]) run.events.push_back(fl::to_string(s.faults[i].at) + ": never reached (the run ended first)");
+    (*n)->stop();
+  } catch (const std::exception& e) {
+    run.error = e.what();
+    // Waiting for the token that never came counts as a stall too.
+    run.max_stall_s = std::max(run.max_stall_s, std::chrono::duration<double>(clock_type::now() - last).count());
+  }
+  run.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return run;
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,187 @@
+// `corolla faultlab` on a training job: `corolla train ... --json` (with
+// --elastic) as a child process of this binary, its step lines read as they
+// come, and the faults fired on the launcher's rank processes (found by
+// their `--rank K` argument) when the job reaches their step or second.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/faultlab.hpp"
+#include "apps/self_process.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+namespace fl = faultlab;
+namespace fs = std::filesystem;
+
+std::vector<std::string> words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+/// The rank processes of launcher `parent`: rank -> pid, from /proc.
+std::map<int, pid_t> ranks_of(pid_t parent) {
+  std::map<int, pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
+    std::vector<std::string> args;
+    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
+    for (std::size_t i = 0; i + 1 < args.size(); ++i)
+      if (args[i] == "--rank") out[std::stoi(args[i + 1])] = static_cast<pid_t>(std::stoi(name));
+  }
+  return out;
+}
+
+std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, std::mt19937_64& rng) {
+  const std::map<int, pid_t> ranks = ranks_of(launcher);
+  const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
+  std::vector<std::pair<int, pid_t>> candidates;
+  for (const auto& [r, pid] : ranks) {
+    const bool is_stopped = stopped.count(pid) > 0;
+    if (f.what == fl::action::resume ? is_stopped : !is_stopped) candidates.emplace_back(r, pid);
+  }
+  std::pair<int, pid_t> hit{-1, -1};
+  if (f.whom.k == fl::target::kind::rank) {
+    for (const auto& c : candidates)
+      if (c.first == f.whom.index) hit = c;
+  } else if (!candidates.empty()) {
+    std::uniform_int_distribution<std::size_t> d(0, candidates.size() - 1);
+    hit = candidates[d(rng)];
+  }
+  if (hit.second < 0) return what + ": no such rank process now (skipped)";
+  const int sig = f.what == fl::action::kill ? SIGKILL : f.what == fl::action::stop ? SIGSTOP : SIGCONT;
+  ::kill(hit.second, sig);
+  if (f.what == fl::action::stop) stopped.insert(hit.second);
+  if (f.what == fl::action::resume) stopped.erase(hit.second);
+  return what + " (rank " + std::to_string(hit.first) + ", pid " + std::to_string(hit.second) + ")";
+}
+
+}  // namespace
+
+faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937_64& rng, const fs::path& logs) {
+  const fl::train_job& job = *s.train;
+  faultlab_run run;
+  const auto t0 = clock_type::now();
+  std::vector<std::string> args = {"train", "--model", job.model, "--data", job.data, "--json"};
+  for (const auto& w : words(job.args)) args.push_back(w);
+  for (const auto& w : words(job.layout)) args.push_back(w);
+  if (job.elastic) args.push_back("--elastic");
+  if (job.checkpoint_every > 0) {
+    // Each run checkpoints into a directory of its own, fresh.
+    const fs::path ck = logs / "checkpoints";
+    std::error_code ec;
+    fs::remove_all(ck, ec);
+    args.insert(args.end(), {"--checkpoint-dir", ck.string(), "--checkpoint-every", std::to_string(job.checkpoint_every)});
+  }
+  int out[2];
+  if (::pipe(out) != 0) {
+    run.error = std::string("cannot create a pipe: ") + std::strerror(errno);
+    return run;
+  }
+  const std::string err_log = (logs / (inject ? "train-faults.log" : "train-reference.log")).string();
+  pid_t pid = -1;
+  try {
+    pid = spawn_self(args, out[1], err_log);
+  } catch (const std::exception& e) {
+    ::close(out[0]);
+    ::close(out[1]);
+    run.error = e.what();
+    return run;
+  }
+  ::close(out[1]);
+  std::vector<bool> fired(s.faults.size(), false);
+  std::set<pid_t> stopped;
+  auto last = clock_type::now();
+  int step = 0;
+  std::string pending;
+  bool open = true;
+  while (open) {
+    pollfd p{out[0], POLLIN, 0};
+    ::poll(&p, 1, 100);
+    const auto now = clock_type::now();
+    if (p.revents & (POLLIN | POLLHUP)) {
+      char buf[4096];
+      const ssize_t got = ::read(out[0], buf, sizeof buf);
+      if (got <= 0) {
+        open = false;
+      } else {
+        pending.append(buf, static_cast<std::size_t>(got));
+        for (std::size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+          const std::string line = pending.substr(0, nl);
+          pending.erase(0, nl + 1);
+          const auto j = nlohmann::json::parse(line, nullptr, false);
+          if (!j.is_object()) continue;
+          if (j.value("event", "") == "replan") ++run.recoveries;
+          if (!j.contains("step") || !j.contains("loss") || j.contains("tokens")) continue;
+          step = j["step"].get<int>();
+          if (static_cast<int>(run.losses.size()) < step) run.losses.resize(static_cast<std::size_t>(step));
+          run.losses[static_cast<std::size_t>(step - 1)] = j["loss"].get<double>();
+          run.max_stall_s = std::max(run.max_stall_s, std::chrono::duration<double>(now - last).count());
+          last = now;
+        }
+      }
+    }
+    if (!inject) continue;
+    const double elapsed = std::chrono::duration<double>(now - t0).count();
+    for (std::size_t i = 0; i < s.faults.size(); ++i) {
+      const fl::fault& f = s.faults[i];
+      const bool due = f.at.k == fl::moment::kind::step ? step >= f.at.value : elapsed >= f.at.value;
+      if (fired[i] || !due) continue;
+      fired[i] = true;
+      run.events.push_back("step " + std::to_string(step) + ": " + fire(f, pid, stopped, rng));
+    }
+  }
+  ::close(out[0]);
+  // The stall since the last step line counts too (a job that hung and died).
+  run.max_stall_s = std::max(run.max_stall_s, std::chrono::duration<double>(clock_type::now() - last).count());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  run.completed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (!run.completed) {
+    std::ifstream err(err_log);
+    std::string line, lastline;
+    while (std::getline(err, line))
+      if (line.find("error") != std::string::npos) lastline = line;
+    run.error = "corolla train ended with " +
+                (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
+                                   : "signal " + std::to_string(WTERMSIG(status))) +
+                (lastline.empty() ? "" : ": " + lastline);
+  }
+  for (std::size_t i = 0; i < s.faults.size(); ++i)
+    if (inject && !fired[i]) run.events.push_back(fl::to_string(s.faults[i].at) + ": never reached (the run ended first)");
+  run.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return run;
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,302 @@
+#include "faultlab/scenario.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include <toml++/toml.h>
+
+namespace corolla::faultlab {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& origin, const toml::node* at, const std::string& what) {
+  std::string loc = origin;
+  if (at && at->source().begin.line > 0) loc += ":" + std::to_string(at->source().begin.line);
+  throw std::invalid_argument(loc + ": " + what);
+}
+
+/// A non-negative whole number in `text` after `prefix`, or -1.
+long whole_after(const std::string& text, const std::string& prefix) {
+  if (text.rfind(prefix, 0) != 0) return -1;
+  const std::string rest = text.substr(prefix.size());
+  if (rest.empty() || rest.find_first_not_of("0123456789") != std::string::npos || rest.size() > 9) return -1;
+  return std::stol(rest);
+}
+
+class reader {
+ public:
+  reader(const toml::table& root, std::string origin) : root_(root), origin_(std::move(origin)) {}
+
+  scenario read() {
+    only(root_, "", {"name", "seed", "swarm", "train", "fault", "expect"});
+    scenario s;
+    s.name = text(root_, "name", "", "unnamed scenario");
+    s.seed = static_cast<std::uint64_t>(integer(root_, "seed", "", 1, 0));
+    if (const toml::table* t = table(root_, "swarm", "")) s.swarm = read_swarm(*t);
+    if (const toml::table* t = table(root_, "train", "")) s.train = read_train(*t);
+    if (s.swarm.has_value() == s.train.has_value())
+      fail(origin_, nullptr, "give exactly one of [swarm] and [train]");
+    if (const toml::node* n = root_.get("fault")) {
+      const toml::array* faults = n->as_array();
+      if (!faults) fail(origin_, n, "'fault' must be an array of tables ([[fault]])");
+      for (std::size_t i = 0; i < faults->size(); ++i) {
+        const toml::table* f = faults->get(i)->as_table();
+        if (!f) fail(origin_, faults->get(i), "each [[fault]] must be a table");
+        s.faults.push_back(read_fault(*f, "fault[" + std::to_string(i) + "].", s));
+      }
+    }
+    if (const toml::table* t = table(root_, "expect", "")) {
+      only(*t, "expect.", {"same_output_as_reference", "same_losses_as_reference", "max_stall_s"});
+      s.expect.same_output_as_reference = boolean(*t, "same_output_as_reference", "expect.", false);
+      s.expect.same_losses_as_reference = boolean(*t, "same_losses_as_reference", "expect.", false);
+      s.expect.max_stall_s = number(*t, "max_stall_s", "expect.", 0);
+      if (s.expect.same_output_as_reference && !s.swarm)
+        fail(origin_, t, "expect.same_output_as_reference is for [swarm] scenarios (training has same_losses_as_reference)");
+      if (s.expect.same_losses_as_reference && !s.train)
+        fail(origin_, t, "expect.same_losses_as_reference is for [train] scenarios (a swarm has same_output_as_reference)");
+    }
+    return s;
+  }
+
+ private:
+  swarm_job read_swarm(const toml::table& t) {
+    only(t, "swarm.", {"model", "servers", "client", "link"});
+    swarm_job j;
+    j.model = text(t, "model", "swarm.", "");
+    if (j.model.empty()) fail(origin_, &t, "swarm.model is required (a HuggingFace model directory)");
+    if (t.get("link")) fail(origin_, t.get("link"), "swarm.link (shaping every link) is not built yet in faultlab");
+    const toml::array* servers = t.get("servers") ? t.get("servers")->as_array() : nullptr;
+    if (!servers || servers->empty()) fail(origin_, &t, "swarm.servers is required: the blocks of each server, e.g. [\"0:2\", \"2:4\"]");
+    for (const toml::node& n : *servers) {
+      const auto v = n.value<std::string>();
+      if (!v) fail(origin_, &n, "swarm.servers holds strings \"A:B\"");
+      try {
+        j.servers.push_back(parse_blocks(*v));
+      } catch (const std::invalid_argument& e) {
+        fail(origin_, &n, std::string("swarm.servers: ") + e.what());
+      }
+    }
+    if (const toml::table* c = table(t, "client", "swarm.")) {
+      only(*c, "swarm.client.", {"prompt_ids", "new_tokens"});
+      if (const toml::node* p = c->get("prompt_ids")) {
+        const toml::array* ids = p->as_array();
+        if (!ids || ids->empty()) fail(origin_, p, "swarm.client.prompt_ids must be a non-empty array of token ids");
+        for (const toml::node& id : *ids) {
+          const auto v = id.value<std::int64_t>();
+          if (!v || *v < 0 || *v > INT32_MAX) fail(origin_, &id, "swarm.client.prompt_ids holds token ids >= 0");
+          j.prompt_ids.push_back(static_cast<std::int32_t>(*v));
+        }
+      }
+      j.new_tokens = static_cast<int>(integer(*c, "new_tokens", "swarm.client.", 32, 1));
+    }
+    if (j.prompt_ids.empty()) j.prompt_ids = {1, 2, 3};
+    return j;
+  }
+
+  train_job read_train(const toml::table& t) {
+    only(t, "train.", {"model", "data", "args", "layout", "elastic", "checkpoint_every"});
+    train_job j;
+    j.model = text(t, "model", "train.", "");
+    j.data = text(t, "data", "train.", "");
+    if (j.model.empty() || j.data.empty()) fail(origin_, &t, "train.model and train.data are required");
+    j.args = text(t, "args", "train.", "");
+    j.layout = text(t, "layout", "train.", "--pp 2 --dp 2");
+    j.elastic = boolean(t, "elastic", "train.", true);
+    j.checkpoint_every = static_cast<int>(integer(t, "checkpoint_every", "train.", 5, 0));
+    for (const char* owned : {"--json", "--elastic", "--model", "--data", "--checkpoint-dir", "--checkpoint-every",
+                              "--resume"})
+      if ((" " + j.args + " ").find(std::string(" ") + owned + " ") != std::string::npos)
+        fail(origin_, t.get("args"), std::string("train.args must not hold ") + owned + " (faultlab sets it)");
+    return j;
+  }
+
+  fault read_fault(const toml::table& t, const std::string& where, const scenario& s) {
+    only(t, where, {"at", "do", "target", "blocks", "profile"});
+    fault f;
+    try {
+      f.at = parse_moment(text(t, "at", where, ""));
+      f.what = parse_action(text(t, "do", where, ""));
+      f.whom = parse_target(text(t, "target", where, f.what == action::join ? "" : "random server"));
+    } catch (const std::invalid_argument& e) {
+      fail(origin_, &t, where + " " + e.what());
+    }
+    if (t.get("profile")) fail(origin_, t.get("profile"), where + "profile: throttling is not built yet in faultlab");
+    f.blocks = text(t, "blocks", where, "");
+    const bool train = s.train.has_value();
+    if (f.at.k == moment::kind::token && train) fail(origin_, &t, where + "at: a training job counts steps, not tokens");
+    if (f.at.k == moment::kind::step && !train) fail(origin_, &t, where + "at: a swarm counts tokens, not steps");
+    using tk = target::kind;
+    if (f.what == action::join) {
+      if (train) fail(origin_, &t, where + "do: join is for swarms (a new server); a training job cannot grow yet");
+      if (f.blocks.empty()) fail(origin_, &t, where + "blocks: a join needs the new server's blocks, \"A:B\"");
+      try {
+        parse_blocks(f.blocks);
+      } catch (const std::invalid_argument& e) {
+        fail(origin_, t.get("blocks"), where + "blocks: " + e.what());
+      }
+      f.whom = {};
+      return f;
+    }
+    if (!f.blocks.empty()) fail(origin_, t.get("blocks"), where + "blocks is only for do = \"join\"");
+    if (train) {
+      if (f.whom.k == tk::random_server) f.whom.k = tk::random_rank;  // the default target
+      if (f.whom.k != tk::rank && f.whom.k != tk::random_rank)
+        fail(origin_, &t, where + "target: a training job's faults hit \"rank K\" or \"random rank\"");
+      if (f.what == action::restart)
+        fail(origin_, &t, where + "do: restart is for swarm servers; a lost rank is replaced by --elastic's re-plan");
+    } else {
+      if (f.whom.k == tk::rank || f.whom.k == tk::random_rank)
+        fail(origin_, &t, where + "target: a swarm's faults hit \"server K\", \"route.hop K\" or \"random server\"");
+      if (f.whom.k == tk::server && f.whom.index >= static_cast<int>(s.swarm->servers.size()))
+        fail(origin_, &t, where + "target: server " + std::to_string(f.whom.index) + " does not exist (there are " +
+                              std::to_string(s.swarm->servers.size()) + ", from 0)");
+    }
+    return f;
+  }
+
+  void only(const toml::table& t, const std::string& where, std::set<std::string> keys) {
+    for (const auto& [k, v] : t)
+      if (!keys.count(std::string(k.str())))
+        fail(origin_, &v, "unknown key '" + where + std::string(k.str()) + "'");
+  }
+  const toml::table* table(const toml::table& t, const char* key, const std::string& where) {
+    const toml::node* n = t.get(key);
+    if (!n) return nullptr;
+    if (!n->as_table()) fail(origin_, n, "'" + where + key + "' must be a table");
+    return n->as_table();
+  }
+  std::string text(const toml::table& t, const char* key, const std::string& where, const std::string& fallback) {
+    const toml::node* n = t.get(key);
+    if (!n) return fallback;
+    const auto v = n->value<std::string>();
+    if (!v) fail(origin_, n, "'" + where + key + "' must be a string");
+    return *v;
+  }
+  bool boolean(const toml::table& t, const char* key, const std::string& where, bool fallback) {
+    const toml::node* n = t.get(key);
+    if (!n) return fallback;
+    const auto v = n->value<bool>();
+    if (!v) fail(origin_, n, "'" + where + key + "' must be true or false");
+    return *v;
+  }
+  double number(const toml::table& t, const char* key, const std::string& where, double fallback) {
+    const toml::node* n = t.get(key);
+    if (!n) return fallback;
+    const auto v = n->value<double>();
+    if (!v || !std::isfinite(*v) || *v < 0) fail(origin_, n, "'" + where + key + "' must be a number >= 0");
+    return *v;
+  }
+  std::int64_t integer(const toml::table& t, const char* key, const std::string& where, std::int64_t fallback,
+                       std::int64_t min) {
+    const toml::node* n = t.get(key);
+    if (!n) return fallback;
+    const auto v = n->value<std::int64_t>();
+    if (!v || *v < min) fail(origin_, n, "'" + where + key + "' must be a whole number >= " + std::to_string(min));
+    return *v;
+  }
+
+  const toml::table& root_;
+  std::string origin_;
+};
+
+}  // namespace
+
+moment parse_moment(const std::string& text) {
+  if (const long n = whole_after(text, "token "); n >= 0) return {moment::kind::token, double(n)};
+  if (const long n = whole_after(text, "step "); n >= 0) return {moment::kind::step, double(n)};
+  if (text.size() > 1 && text.back() == 's') {
+    try {
+      std::size_t used = 0;
+      const double s = std::stod(text.substr(0, text.size() - 1), &used);
+      if (used == text.size() - 1 && std::isfinite(s) && s >= 0) return {moment::kind::seconds, s};
+    } catch (const std::exception&) {
+    }
+  }
+  throw std::invalid_argument("at: '" + text + "' is not \"token N\", \"step N\" or seconds such as \"2.5s\"");
+}
+
+std::string to_string(const moment& m) {
+  std::ostringstream o;
+  if (m.k == moment::kind::token) o << "token " << m.value;
+  else if (m.k == moment::kind::step) o << "step " << m.value;
+  else o << m.value << "s";
+  return o.str();
+}
+
+action parse_action(const std::string& text) {
+  if (text == "kill") return action::kill;
+  if (text == "stop") return action::stop;
+  if (text == "resume") return action::resume;
+  if (text == "restart") return action::restart;
+  if (text == "join") return action::join;
+  for (const char* later : {"partition", "heal", "throttle", "corrupt"})
+    if (text == later)
+      throw std::invalid_argument("do: '" + text + "' is not built yet in faultlab (built: kill, stop, resume, restart, join)");
+  throw std::invalid_argument("do: '" + text + "' is not one of kill, stop, resume, restart, join");
+}
+
+const char* to_string(action a) {
+  switch (a) {
+    case action::kill: return "kill";
+    case action::stop: return "stop";
+    case action::resume: return "resume";
+    case action::restart: return "restart";
+    case action::join: return "join";
+  }
+  return "?";
+}
+
+target parse_target(const std::string& text) {
+  if (text.empty()) return {};
+  if (text == "random server") return {target::kind::random_server, 0};
+  if (text == "random rank") return {target::kind::random_rank, 0};
+  if (const long n = whole_after(text, "server "); n >= 0) return {target::kind::server, int(n)};
+  if (const long n = whole_after(text, "rank "); n >= 0) return {target::kind::rank, int(n)};
+  if (const long n = whole_after(text, "route.hop "); n >= 0) return {target::kind::route_hop, int(n)};
+  throw std::invalid_argument("target: '" + text +
+                              "' is not \"server K\", \"rank K\", \"route.hop K\", \"random server\" or \"random rank\"");
+}
+
+std::string to_string(const target& t) {
+  switch (t.k) {
+    case target::kind::server: return "server " + std::to_string(t.index);
+    case target::kind::rank: return "rank " + std::to_string(t.index);
+    case target::kind::route_hop: return "route.hop " + std::to_string(t.index);
+    case target::kind::random_server: return "random server";
+    case target::kind::random_rank: return "random rank";
+    case target::kind::none: return "";
+  }
+  return "";
+}
+
+std::pair<int, int> parse_blocks(const std::string& text) {
+  const auto colon = text.find(':');
+  const long a = colon == std::string::npos ? -1 : whole_after(text.substr(0, colon), "");
+  const long b = colon == std::string::npos ? -1 : whole_after(text.substr(colon + 1), "");
+  if (a < 0 || b <= a) throw std::invalid_argument("'" + text + "' is not blocks \"A:B\" with A < B");
+  return {int(a), int(b)};
+}
+
+scenario parse_scenario(const std::string& text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw std::invalid_argument(origin + ":" + std::to_string(e.source().begin.line) + ": " +
+                                std::string(e.description()));
+  }
+  return reader(root, origin).read();
+}
+
+scenario load_scenario(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read scenario " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_scenario(text.str(), path);
+}
+
+}  // namespace corolla::faultlab

@@ -1,0 +1,92 @@
+// faultlab/scenario.hpp — a fault-injection scenario (`corolla faultlab
+// run SCENARIO.toml`): the job to run (a swarm of servers with a client
+// generating, or a training job), the faults to inject at named moments,
+// and what must hold. Pure: TOML text in, a checked description out, every
+// error naming the key. docs/faultlab.md has the format.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace corolla::faultlab {
+
+/// When a fault fires.
+struct moment {
+  enum class kind { token, step, seconds } k = kind::seconds;
+  double value = 0;  ///< the token or step number, or seconds after the start
+};
+
+/// "token N" | "step N" | "2.5s". Throws std::invalid_argument naming the text.
+moment parse_moment(const std::string& text);
+/// "token 10", "step 3", "2.5s".
+std::string to_string(const moment& m);
+
+enum class action { kill, stop, resume, restart, join };
+/// "kill" ...; throws std::invalid_argument listing the known actions (and
+/// naming the ones not built yet: partition, heal, throttle, corrupt).
+action parse_action(const std::string& text);
+const char* to_string(action a);
+
+/// Whom a fault hits.
+struct target {
+  enum class kind { server, rank, route_hop, random_server, random_rank, none } k = kind::none;
+  int index = 0;  ///< server K (in `servers` order), rank K, or route hop K
+};
+/// "server K" | "rank K" | "route.hop K" | "random server" | "random rank".
+target parse_target(const std::string& text);
+std::string to_string(const target& t);
+
+struct fault {
+  moment at;
+  action what = action::kill;
+  target whom;
+  std::string blocks;  ///< join: the new server's blocks, "A:B"
+};
+
+struct swarm_job {
+  std::string model;                ///< a HuggingFace directory
+  std::vector<std::pair<int, int>> servers;  ///< each server's blocks [first, last)
+  std::vector<std::int32_t> prompt_ids;
+  int new_tokens = 32;
+};
+
+struct train_job {
+  std::string model, data;
+  std::string args;    ///< extra `corolla train` flags, e.g. "--batch 4 --seq 32 --steps 24 --lr 0.001"
+  std::string layout;  ///< "--pp 2 --dp 2" (or "--cluster FILE")
+  bool elastic = true;
+  /// Checkpoints every this many steps (0 = none: a lost rank restarts the
+  /// job from step 1), in a directory of each run's own.
+  int checkpoint_every = 5;
+};
+
+struct expectations {
+  bool same_output_as_reference = false;  ///< swarm: greedy ids equal the failure-free run's
+  bool same_losses_as_reference = false;  ///< train: every step's loss within 1e-5 relative
+  double max_stall_s = 0;                 ///< no token / step waits longer (0 = not checked)
+};
+
+struct scenario {
+  std::string name;
+  std::uint64_t seed = 1;
+  std::optional<swarm_job> swarm;
+  std::optional<train_job> train;
+  std::vector<fault> faults;  ///< in the file's order
+  expectations expect;
+};
+
+/// Parses and checks a scenario; `origin` (a file name) starts every error.
+/// Throws std::invalid_argument naming the key and what is wrong: neither or
+/// both of [swarm] and [train], a fault whose moment does not fit the job
+/// (tokens for a swarm, steps for training), a target of the wrong kind or
+/// out of range, a join without blocks, an unknown key.
+scenario parse_scenario(const std::string& text, const std::string& origin);
+/// Reads and parses a file (errors as parse_scenario, or the file unreadable).
+scenario load_scenario(const std::string& path);
+
+/// "0:3" -> {0, 3}; throws std::invalid_argument for anything else.
+std::pair<int, int> parse_blocks(const std::string& text);
+
+}  // namespace corolla::faultlab

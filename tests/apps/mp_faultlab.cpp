@@ -1,0 +1,150 @@
+// `corolla faultlab` end to end: scenarios run against real local swarms
+// and training jobs, a scenario whose faults break the job is reported as
+// failing (exit 1) with the reason and the seed to replay, and a random
+// campaign passes.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/actors/swarm_fixtures.hpp"
+#include "tests/apps/train_test_util.hpp"
+#include "tests/support/cli_expect.hpp"
+
+using namespace corolla;
+using namespace corolla::testing;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// `corolla faultlab run FILE --json --report DIR`: the report, and the exit status.
+std::pair<json, int> faultlab(const fs::path& scenario, const fs::path& report, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"faultlab", "run", scenario.string(), "--json", "--report", report.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const process_result r = run_corolla(args, std::chrono::seconds(180));
+  INFO("faultlab stderr: " << r.err);
+  REQUIRE(!r.out_lines().empty());
+  const json j = json::parse(r.out_lines().back());
+  CHECK(fs::exists(report / "report.json"));
+  return {j, r.exit_code};
+}
+
+std::vector<std::string> events(const json& report) { return report["faulted"]["events"].get<std::vector<std::string>>(); }
+
+}  // namespace
+
+TEST_CASE("faultlab: a swarm survives two kills on its route and a join, with the reference's output") {
+  swarm_test::swarm_model m(architecture::llama);
+  temp_dir_guard tmp("faultlab-swarm");
+  std::ofstream(tmp / "s.toml") << "name = \"two kills and a join\"\nseed = 3\n[swarm]\nmodel = \"" << m.dir.path().string()
+                                << R"("
+servers = ["0:2", "2:4", "0:4", "0:2", "2:4"]
+[swarm.client]
+prompt_ids = [3, 17, 9]
+new_tokens = 24
+[[fault]]
+at = "token 6"
+do = "kill"
+target = "route.hop 0"
+[[fault]]
+at = "token 12"
+do = "kill"
+target = "route.hop 1"
+[[fault]]
+at = "token 16"
+do = "join"
+blocks = "0:4"
+[expect]
+same_output_as_reference = true
+max_stall_s = 20
+)";
+  const auto [report, status] = faultlab(tmp / "s.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["kind"] == "swarm");
+  CHECK(report["faulted"]["tokens"] == report["reference"]["tokens"]);
+  CHECK(report["faulted"]["tokens"].size() == 24u);
+  CHECK(report["faulted"]["recoveries"].get<int>() >= 2);
+  const auto ev = events(report);
+  REQUIRE(ev.size() == 3u);
+  CHECK(ev[0].find("token 6: kill route.hop 0 (s") == 0);
+  CHECK(ev[2].find("join j0 on blocks [0, 4)") != std::string::npos);
+  // Every server's log is kept.
+  CHECK(fs::exists(tmp / "report" / "faults" / "j0.log"));
+}
+
+TEST_CASE("faultlab: killing the only server of some blocks fails the scenario with the reason and the seed") {
+  swarm_test::swarm_model m(architecture::llama);
+  temp_dir_guard tmp("faultlab-broken");
+  std::ofstream(tmp / "s.toml") << "name = \"no spare\"\n[swarm]\nmodel = \"" << m.dir.path().string() << R"("
+servers = ["0:2", "2:4"]
+[swarm.client]
+new_tokens = 16
+[[fault]]
+at = "token 4"
+do = "kill"
+target = "server 1"
+[expect]
+same_output_as_reference = true
+)";
+  const auto [report, status] = faultlab(tmp / "s.toml", tmp / "report", {"--seed", "11"});
+  CHECK(status == 1);
+  CHECK(report["pass"] == false);
+  CHECK(report["seed"] == 11);
+  CHECK(report["reference"]["completed"] == true);
+  CHECK(report["faulted"]["completed"] == false);
+  CHECK(report["faulted"]["error"].get<std::string>().find("gave up on blocks [2, 4)") != std::string::npos);
+  // The text report says FAIL and how to replay.
+  const process_result text = run_corolla({"faultlab", "run", (tmp / "s.toml").string(), "--seed", "11"},
+                                          std::chrono::seconds(120));
+  CHECK(text.exit_code == 1);
+  CHECK(text.out.find("FAIL  faulted run completed") != std::string::npos);
+  CHECK(text.out.find("replay: corolla faultlab run <scenario> --seed 11") != std::string::npos);
+}
+
+TEST_CASE("faultlab: an elastic training job loses a rank and keeps the reference's losses; a random campaign passes") {
+  temp_dir_guard tmp("faultlab-train");
+  train_test::job j = train_test::fresh_gpt2_job(tmp);
+  std::ofstream(tmp / "t.toml") << "name = \"a rank lost\"\n[train]\nmodel = \"" << j.model.string() << "\"\ndata = \""
+                                << j.data.string() << R"("
+args = "--batch 12 --seq 8 --steps 16 --lr 0.003 --threads 1 --link-profile lat=2ms"
+layout = "--pp 2 --dp 2"
+checkpoint_every = 3
+[[fault]]
+at = "step 4"
+do = "kill"
+target = "rank 2"
+[expect]
+same_losses_as_reference = true
+max_stall_s = 60
+)";
+  const auto [report, status] = faultlab(tmp / "t.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["losses"].size() == 16u);
+  CHECK(report["faulted"]["recoveries"] == 1);
+  REQUIRE(events(report).size() == 1u);
+  CHECK(events(report)[0].find("kill rank 2 (rank 2, pid ") != std::string::npos);
+
+  swarm_test::swarm_model m(architecture::llama);
+  const process_result r = run_corolla({"faultlab", "random", "--swarm", "--model", m.dir.path().string(), "--faults",
+                                        "2", "--seed", "5", "--report", (tmp / "random").string()},
+                                       std::chrono::seconds(180));
+  INFO("random: " << r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("random swarm campaign (seed 5)") != std::string::npos);
+  CHECK(r.out.find("PASS") != std::string::npos);
+}
+
+TEST_CASE("faultlab: bad scenarios and flags are one error line") {
+  temp_dir_guard tmp("faultlab-bad");
+  std::ofstream(tmp / "bad.toml") << "[swarm]\nmodel = 'm'\nservers = ['0:2']\n[[fault]]\nat = 'step 2'\ndo = 'kill'\n";
+  check_one_error(run_corolla({"faultlab", "run", (tmp / "bad.toml").string()}), "a swarm counts tokens, not steps");
+  check_one_error(run_corolla({"faultlab", "run", (tmp / "missing.toml").string()}), "cannot read scenario");
+  check_one_error(run_corolla({"faultlab", "random", "--model", tmp.path().string()}), "exactly one of --swarm and --train");
+}

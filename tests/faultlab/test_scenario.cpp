@@ -1,0 +1,120 @@
+// faultlab/scenario: the scenario format of `corolla faultlab run`, its
+// defaults, and one clear error per mistake (naming the key and its line).
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "faultlab/scenario.hpp"
+
+using namespace corolla::faultlab;
+
+namespace {
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_scenario(text, "s.toml");
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+const char* kSwarm = R"(
+name = "two kills during generation"
+seed = 7
+[swarm]
+model = "DIR"
+servers = ["0:3", "3:6", "0:6"]
+[swarm.client]
+prompt_ids = [1, 2, 3]
+new_tokens = 64
+[[fault]]
+at = "token 10"
+do = "kill"
+target = "route.hop 1"
+[[fault]]
+at = "2.5s"
+do = "join"
+blocks = "0:3"
+[expect]
+same_output_as_reference = true
+max_stall_s = 5
+)";
+
+}  // namespace
+
+TEST_CASE("a swarm scenario parses with its servers, client, faults and expectations") {
+  const scenario s = parse_scenario(kSwarm, "s.toml");
+  CHECK(s.name == "two kills during generation");
+  CHECK(s.seed == 7);
+  REQUIRE(s.swarm);
+  CHECK_FALSE(s.train);
+  CHECK(s.swarm->servers == std::vector<std::pair<int, int>>{{0, 3}, {3, 6}, {0, 6}});
+  CHECK(s.swarm->prompt_ids == std::vector<std::int32_t>{1, 2, 3});
+  CHECK(s.swarm->new_tokens == 64);
+  REQUIRE(s.faults.size() == 2u);
+  CHECK(s.faults[0].at.k == moment::kind::token);
+  CHECK(s.faults[0].at.value == 10);
+  CHECK(s.faults[0].what == action::kill);
+  CHECK(to_string(s.faults[0].whom) == "route.hop 1");
+  CHECK(s.faults[1].at.k == moment::kind::seconds);
+  CHECK(s.faults[1].at.value == 2.5);
+  CHECK(s.faults[1].what == action::join);
+  CHECK(s.faults[1].blocks == "0:3");
+  CHECK(s.expect.same_output_as_reference);
+  CHECK(s.expect.max_stall_s == 5);
+}
+
+TEST_CASE("a training scenario parses; its faults default to a random rank") {
+  const scenario s = parse_scenario(R"(
+[train]
+model = "M"
+data = "D"
+args = "--batch 4 --seq 32 --steps 24 --lr 0.001"
+[[fault]]
+at = "step 5"
+do = "stop"
+[expect]
+same_losses_as_reference = true
+)", "t.toml");
+  REQUIRE(s.train);
+  CHECK(s.train->layout == "--pp 2 --dp 2");
+  CHECK(s.train->elastic);
+  REQUIRE(s.faults.size() == 1u);
+  CHECK(s.faults[0].whom.k == target::kind::random_rank);
+  CHECK(s.faults[0].what == action::stop);
+  CHECK(s.name == "unnamed scenario");
+}
+
+TEST_CASE("scenario mistakes are one error naming the key") {
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[train]\nmodel='m'\ndata='d'\n").find("exactly one of [swarm] and [train]") != std::string::npos);
+  CHECK(error_of("").find("exactly one of") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['2:1']\n").find("swarm.servers: '2:1' is not blocks") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\nspeed=1\n").find("unknown key 'swarm.speed'") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='step 3'\ndo='kill'\n").find("a swarm counts tokens") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='kill'\ntarget='server 4'\n").find("server 4 does not exist") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='partition'\n").find("'partition' is not built yet") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='explode'\n").find("not one of kill, stop") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='soon'\ndo='kill'\n").find("'soon' is not") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='join'\n").find("a join needs the new server's blocks") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='server 1'\n").find("\"rank K\" or \"random rank\"") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nargs='--json'\n").find("must not hold --json") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[expect]\nsame_output_as_reference=true\n").find("is for [swarm] scenarios") != std::string::npos);
+  // Errors carry the line.
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n\n[[fault]]\nat='token 3'\ndo='kill'\ntarget='server 4'\n").rfind("s.toml:5:", 0) == 0);
+}
+
+TEST_CASE("moments, actions, targets and blocks in their text form") {
+  CHECK(to_string(parse_moment("token 12")) == "token 12");
+  CHECK(to_string(parse_moment("step 3")) == "step 3");
+  CHECK(parse_moment("0.5s").value == 0.5);
+  CHECK_THROWS_AS(parse_moment("token -1"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_moment("token 1.5"), std::invalid_argument);
+  CHECK(std::string(to_string(parse_action("restart"))) == "restart");
+  CHECK(to_string(parse_target("random rank")) == "random rank");
+  CHECK(parse_target("server 2").index == 2);
+  CHECK_THROWS_AS(parse_target("server x"), std::invalid_argument);
+  CHECK(parse_blocks("3:6") == std::pair{3, 6});
+  CHECK_THROWS_AS(parse_blocks("3"), std::invalid_argument);
+}
