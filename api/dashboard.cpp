@@ -5,6 +5,8 @@
 
 #include <httplib.h>
 
+#include "api/http_bind.hpp"
+
 namespace corolla::api {
 
 using nlohmann::json;
@@ -43,8 +45,7 @@ dashboard_server::dashboard_server(const swarm_watch& watch, std::string model_i
 dashboard_server::~dashboard_server() { stop(); }
 
 int dashboard_server::bind(const std::string& host, int port) {
-  const int bound = port == 0 ? impl_->server.bind_to_any_port(host) : (impl_->server.bind_to_port(host, port) ? port : -1);
-  if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
+  const int bound = bind_http(impl_->server, host, port);
   return bound;
 }
 

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api/dashboard.hpp"
+#include "api/http_bind.hpp"
 #include "api/openai_request.hpp"
 #include "api/stop_text.hpp"
 #include "model/error.hpp"
@@ -391,8 +392,7 @@ http_api::http_api(completion_engine& engine, const tokenizer& tok, std::optiona
 http_api::~http_api() { stop(); }
 
 int http_api::bind(const std::string& host, int port) {
-  const int bound = port == 0 ? impl_->server.bind_to_any_port(host) : (impl_->server.bind_to_port(host, port) ? port : -1);
-  if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
+  const int bound = bind_http(impl_->server, host, port);
   return bound;
 }
 

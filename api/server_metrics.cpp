@@ -8,6 +8,7 @@
 
 #include <httplib.h>
 
+#include "api/http_bind.hpp"
 #include "api/metrics.hpp"
 
 namespace corolla::api {
@@ -155,8 +156,7 @@ metrics_server::~metrics_server() {
 }
 
 int metrics_server::start(const std::string& host, int port) {
-  const int bound = port == 0 ? impl_->server.bind_to_any_port(host) : (impl_->server.bind_to_port(host, port) ? port : -1);
-  if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
+  const int bound = bind_http(impl_->server, host, port);
   impl_->thread = std::thread([p = impl_.get()] { p->server.listen_after_bind(); });
   return bound;
 }
