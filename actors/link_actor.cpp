@@ -683,6 +683,7 @@ void on_tick(link_actor* self) {
 link_stats make_stats(link_actor* self) {
   auto& st = self->state;
   link_stats s;
+  s.link = self->id();
   s.peer = st.peer;
   s.endpoint = st.peer_endpoint.empty() ? st.args.endpoint : st.peer_endpoint;
   s.nic_class = st.peer_nic.empty() ? st.ctx->settings.nic_class : st.peer_nic;

@@ -55,6 +55,7 @@ struct peer_up {
 
 /// A snapshot of one link (one peer, one NIC class), see node::link_stats().
 struct link_stats {
+  std::uint64_t link = 0;    ///< which link (its actor's id: unique in the node's life)
   std::string peer;          ///< peer node id ("" while the hello is pending)
   std::string endpoint;      ///< the peer's listen endpoint, else the one we dialled
   std::string nic_class;     ///< NIC class of the link ("ethernet", "ib", ...)

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -142,6 +143,17 @@ void check_manifest(const fs::path& dir, int step, const std::string& job) {
                       saved + "', this run is '" + job + "' (resume with the same model, --batch and --seq)");
 }
 
+std::uintmax_t checkpoint_shard_bytes(const fs::path& dir, int step) {
+  const int world = read_manifest(dir, step).value("world", 0);
+  std::uintmax_t bytes = 0;
+  for (int r = 0; r < world; ++r) {
+    std::error_code ec;
+    const std::uintmax_t size = fs::file_size(checkpoint_step_dir(dir, step) / shard_file_name(r), ec);
+    if (!ec) bytes += size;
+  }
+  return bytes;
+}
+
 std::string checkpoint_layout(const fs::path& dir, int step) {
   const nlohmann::json m = read_manifest(dir, step);
   const auto it = m.find("layout");
@@ -177,6 +189,24 @@ checkpoint_shards::checkpoint_shards(const fs::path& dir, int step) : step_dir_(
       moments_[key.substr(6)].push_back(p);
     }
     files_.push_back(std::move(f));
+  }
+  // A bucket's pieces must tile its values [0, n) exactly: no gap, no
+  // overlap (a shard of another checkpoint copied in would make one).
+  for (auto& [bucket, pieces] : moments_) {
+    std::sort(pieces.begin(), pieces.end(),
+              [](const piece& x, const piece& y) { return std::pair{x.range.lo, x.range.hi} < std::pair{y.range.lo, y.range.hi}; });
+    std::int64_t next = 0;
+    for (const piece& p : pieces) {
+      if (p.range.n != pieces.front().range.n || p.range.lo != next)
+        throw train_error("the shards of checkpoint " + step_dir_.string() + " do not tile the optimizer state of " + bucket +
+                          ": " + files_[p.file]->path().filename().string() + " holds [" + std::to_string(p.range.lo) +
+                          ", " + std::to_string(p.range.hi) + ") of " + std::to_string(p.range.n) + " where [" +
+                          std::to_string(next) + ", ...) of " + std::to_string(pieces.front().range.n) + " was due");
+      next = p.range.hi;
+    }
+    if (next != pieces.front().range.n)
+      throw train_error("the shards of checkpoint " + step_dir_.string() + " hold values [0, " + std::to_string(next) +
+                        ") of the " + std::to_string(pieces.front().range.n) + " of the optimizer state of " + bucket);
   }
 }
 
@@ -221,7 +251,7 @@ void checkpoint_shards::read_moment(const std::string& which, const std::string&
     copy_values(*files_[p.file], which + "." + bucket, a - p.range.lo, dst.slice(a - lo, b - lo));
     covered += b - a;
   }
-  // Pieces of one checkpoint never overlap (a bucket's shards partition it).
+  // The pieces tile [0, n) (checked when opened): each value is copied once.
   if (covered != hi - lo)
     throw train_error("the shards of checkpoint " + step_dir_.string() + " cover " + std::to_string(covered) + " of values [" +
                       std::to_string(lo) + ", " + std::to_string(hi) + ") of " + which + "." + bucket);

@@ -72,6 +72,9 @@ void commit_checkpoint(const std::filesystem::path& dir, int step, int world, co
 int latest_checkpoint_step(const std::filesystem::path& dir);
 /// Throws train_error unless step `step`'s manifest names job `job`.
 void check_manifest(const std::filesystem::path& dir, int step, const std::string& job);
+/// The bytes of step `step`'s shards (those of the ranks its manifest
+/// names: what a resume reads). Throws train_error without a manifest.
+std::uintmax_t checkpoint_shard_bytes(const std::filesystem::path& dir, int step);
 /// The layout that wrote step `step` ("2x2 [0,2) [2,4)"), "" when not recorded.
 std::string checkpoint_layout(const std::filesystem::path& dir, int step);
 

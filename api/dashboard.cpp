@@ -25,6 +25,7 @@ struct dashboard_server::impl {
   std::string model_id;
   int n_blocks;
   httplib::Server server;
+  http_listener listener{server};
 };
 
 dashboard_server::dashboard_server(const swarm_watch& watch, std::string model_id, int n_blocks)
@@ -49,10 +50,10 @@ int dashboard_server::bind(const std::string& host, int port) {
   return bound;
 }
 
-void dashboard_server::run() { impl_->server.listen_after_bind(); }
+void dashboard_server::run() { impl_->listener.run(); }
 
 void dashboard_server::stop() {
-  if (impl_) impl_->server.stop();
+  if (impl_) impl_->listener.stop();
 }
 
 }  // namespace corolla::api

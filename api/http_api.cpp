@@ -94,6 +94,7 @@ struct http_api::impl {
   api_config config;
   metrics_registry metrics;
   httplib::Server server;
+  http_listener listener{server};
   std::int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
@@ -396,10 +397,10 @@ int http_api::bind(const std::string& host, int port) {
   return bound;
 }
 
-void http_api::run() { impl_->server.listen_after_bind(); }
+void http_api::run() { impl_->listener.run(); }
 
 void http_api::stop() {
-  if (impl_) impl_->server.stop();
+  if (impl_) impl_->listener.stop();
 }
 
 metrics_registry& http_api::metrics() { return impl_->metrics; }

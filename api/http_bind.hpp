@@ -1,9 +1,12 @@
-// api/http_bind.hpp — binding a cpp-httplib server (internal to api/: the
-// API, the dashboard and the server metrics share it).
+// api/http_bind.hpp — binding and running a cpp-httplib server (internal to
+// api/: the API, the dashboard and the server metrics share it).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <httplib.h>
 
@@ -16,5 +19,33 @@ inline int bind_http(httplib::Server& server, const std::string& host, int port)
   if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
   return bound;
 }
+
+/// Serving a bound server on one thread and stopping it from another, in
+/// either order. httplib's stop() does nothing to a server that is not
+/// listening yet, so a stop that overtakes run() would leave run() serving
+/// for ever: here run() after stop() returns at once, and stop() during
+/// run()'s start waits until the server listens, then stops it.
+class http_listener {
+ public:
+  explicit http_listener(httplib::Server& server) : server_(server) {}
+
+  /// Serves until stop() (returns at once when stop() came first).
+  void run() {
+    run_called_ = true;
+    if (!stopping_) server_.listen_after_bind();
+    run_ended_ = true;
+  }
+
+  void stop() {
+    stopping_ = true;
+    if (!run_called_) return;
+    while (!server_.is_running() && !run_ended_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    server_.stop();
+  }
+
+ private:
+  httplib::Server& server_;
+  std::atomic<bool> run_called_{false}, stopping_{false}, run_ended_{false};
+};
 
 }  // namespace corolla::api

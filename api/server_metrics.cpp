@@ -1,5 +1,6 @@
 #include "api/server_metrics.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -62,7 +63,7 @@ std::string render_server_metrics(const std::string& node, const span_server_sta
   for (const link_stats& l : links) any_link = any_link || !l.peer.empty();
   if (any_link) {
     m.declare("corolla_link_bytes_sent_total", k::counter,
-              "Payload bytes sent to a peer (while its link was up at a scrape; corolla_node_bytes_total has them all)");
+              "Payload bytes sent to a peer over all links to it (a closed link as last scraped; corolla_node_bytes_total has every byte)");
     m.declare("corolla_link_bytes_received_total", k::counter, "Payload bytes received from a peer");
     m.declare("corolla_link_messages_sent_total", k::counter, "Messages sent to a peer, heartbeats included");
     m.declare("corolla_link_messages_received_total", k::counter, "Messages received from a peer, heartbeats included");
@@ -108,28 +109,87 @@ std::string render_server_metrics(const std::string& node, const span_server_sta
   return m.render();
 }
 
-std::vector<link_stats> remember_links(std::map<std::string, link_stats>& seen, const std::vector<link_stats>& now,
-                                       std::size_t max_peers) {
-  std::set<std::string> live;
+namespace {
+
+void add_counters(link_stats& to, const link_stats& l) {
+  to.bytes_sent += l.bytes_sent;
+  to.bytes_received += l.bytes_received;
+  to.messages_sent += l.messages_sent;
+  to.messages_received += l.messages_received;
+}
+
+}  // namespace
+
+std::vector<link_stats> link_history::by_peer(const std::vector<link_stats>& now) {
+  ++updates_;
+  std::map<std::string, std::set<std::uint64_t>> live_now;
   for (const link_stats& l : now) {
     if (l.peer.empty()) continue;
-    seen[l.peer] = l;
-    live.insert(l.peer);
+    peer_links& p = peers_[l.peer];
+    p.live[l.link] = l;
+    p.last_seen = updates_;
+    live_now[l.peer].insert(l.link);
   }
-  for (auto& [peer, l] : seen)
-    if (!live.count(peer)) l.up = false;
-  // Too many: forget gone peers first (map order; every live one stays).
-  for (auto it = seen.begin(); seen.size() > max_peers && it != seen.end();)
-    it = live.count(it->first) ? std::next(it) : seen.erase(it);
+  // Links gone since the last look: their last counters move to `ended`.
+  for (auto& [peer, p] : peers_)
+    for (auto it = p.live.begin(); it != p.live.end();) {
+      const auto alive = live_now.find(peer);
+      if (alive != live_now.end() && alive->second.count(it->first)) {
+        ++it;
+        continue;
+      }
+      add_counters(p.ended, it->second);
+      it = p.live.erase(it);
+    }
+  // Too many peers: forget the longest gone first (every live one stays).
+  while (peers_.size() > max_peers_) {
+    auto oldest = peers_.end();
+    for (auto it = peers_.begin(); it != peers_.end(); ++it)
+      if (it->second.live.empty() && (oldest == peers_.end() || it->second.last_seen < oldest->second.last_seen))
+        oldest = it;
+    if (oldest == peers_.end()) break;
+    peers_.erase(oldest);
+  }
   std::vector<link_stats> out;
-  for (const auto& [peer, l] : seen) out.push_back(l);
+  for (const auto& [peer, p] : peers_) {
+    link_stats shown = p.ended;
+    shown.peer = peer;
+    shown.up = false;
+    const link_stats* busiest = nullptr;
+    for (const auto& [id, l] : p.live) {
+      add_counters(shown, l);
+      shown.up = shown.up || l.up;
+      if (!busiest || l.messages_sent + l.messages_received > busiest->messages_sent + busiest->messages_received)
+        busiest = &l;
+    }
+    if (busiest) {
+      shown.link = busiest->link;
+      shown.endpoint = busiest->endpoint;
+      shown.nic_class = busiest->nic_class;
+      shown.transport = busiest->transport;
+      shown.rtt_us = busiest->rtt_us;
+      shown.rtt_last_us = busiest->rtt_last_us;
+      shown.send_bytes_per_s = busiest->send_bytes_per_s;
+      shown.recv_bytes_per_s = busiest->recv_bytes_per_s;
+    }
+    out.push_back(std::move(shown));
+  }
   return out;
+}
+
+node_traffic link_history::totals(const node_traffic& now) {
+  totals_.bytes_sent = std::max(totals_.bytes_sent, now.bytes_sent);
+  totals_.bytes_received = std::max(totals_.bytes_received, now.bytes_received);
+  totals_.messages_sent = std::max(totals_.messages_sent, now.messages_sent);
+  totals_.messages_received = std::max(totals_.messages_received, now.messages_received);
+  return totals_;
 }
 
 struct metrics_server::impl {
   std::mutex scraping;  ///< one scrape at a time: `scrape` need not be thread-safe
   std::function<std::string()> scrape;
   httplib::Server server;
+  http_listener listener{server};
   std::thread thread;
 };
 
@@ -151,13 +211,13 @@ metrics_server::metrics_server(std::function<std::string()> scrape) : impl_(std:
 }
 
 metrics_server::~metrics_server() {
-  impl_->server.stop();
+  impl_->listener.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 int metrics_server::start(const std::string& host, int port) {
   const int bound = bind_http(impl_->server, host, port);
-  impl_->thread = std::thread([p = impl_.get()] { p->server.listen_after_bind(); });
+  impl_->thread = std::thread([p = impl_.get()] { p->listener.run(); });
   return bound;
 }
 

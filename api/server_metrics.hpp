@@ -23,12 +23,35 @@ namespace corolla::api {
 std::string render_server_metrics(const std::string& node, const span_server_stats& stats, const node_traffic& traffic,
                                   const std::vector<link_stats>& links);
 
-/// Links keep their counters only while they are up; `seen` keeps the last
-/// snapshot of every peer (at most `max_peers`, the longest gone first) so
-/// that a peer's counters do not drop when its link closes. Returns them
-/// all, those of gone peers marked down.
-std::vector<link_stats> remember_links(std::map<std::string, link_stats>& seen, const std::vector<link_stats>& now,
-                                       std::size_t max_peers = 1024);
+/// What scrapes show of a node's links. A link keeps its counters only
+/// while it lives, a reconnect starts a new link at 0, and a peer may have a
+/// link each way; the node's totals are read apart from its links. This
+/// keeps, per peer, the sum over every link the node has had to it (at most
+/// `max_peers` peers, the gone ones forgotten first), and totals that never
+/// go down between scrapes, as Prometheus counters must not.
+class link_history {
+ public:
+  explicit link_history(std::size_t max_peers = 1024) : max_peers_(max_peers) {}
+
+  /// One link_stats per peer from the node's links `now`: counters summed
+  /// over its links, gone ones included; RTT and rates of its live links
+  /// (the busiest); `up` while any is. Links without a peer yet are left out.
+  std::vector<link_stats> by_peer(const std::vector<link_stats>& now);
+
+  /// `now`, each counter at least what the previous call returned.
+  node_traffic totals(const node_traffic& now);
+
+ private:
+  struct peer_links {
+    link_stats ended;                          ///< the counters of its closed links, summed
+    std::map<std::uint64_t, link_stats> live;  ///< by link, as last seen
+    std::uint64_t last_seen = 0;               ///< the update that last saw a live link
+  };
+  std::size_t max_peers_;
+  std::uint64_t updates_ = 0;
+  std::map<std::string, peer_links> peers_;
+  node_traffic totals_;
+};
 
 /// Answers GET /metrics with what `scrape` returns (called on an HTTP
 /// thread, one scrape at a time; an exception is a 500 naming it) and GET

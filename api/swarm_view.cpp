@@ -112,6 +112,7 @@ void swarm_watch::add_event(swarm_event e) {
 }
 
 void swarm_watch::refresh() {
+  std::lock_guard one_at_a_time(reading_);
   std::vector<net::server_record> records;
   try {
     records = distinct(read_());

@@ -49,7 +49,8 @@ class swarm_watch {
  public:
   using reader = std::function<std::vector<net::server_record>()>;
   /// `read` returns the records of every block (e.g. membership::get_span);
-  /// it runs on the watch's thread only.
+  /// it runs on the watch's thread, and on the caller's in refresh() (one
+  /// read at a time: it need not be thread-safe).
   swarm_watch(std::string model, int n_blocks, reader read,
               std::chrono::milliseconds period = std::chrono::milliseconds(1000), std::size_t max_events = 50);
   ~swarm_watch();
@@ -72,6 +73,7 @@ class swarm_watch {
   reader read_;
   std::chrono::milliseconds period_;
   std::size_t max_events_;
+  std::mutex reading_;  ///< one refresh() at a time (read_ need not be thread-safe)
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;

@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <toml++/toml.h>
 
 #include "apps/commands.hpp"
 #include "apps/faultlab.hpp"
@@ -136,6 +137,13 @@ int run_scenario(const fl::scenario& s, const faultlab_args& a) {
 /// `faults` kills at random tokens, never of a server whose blocks nobody
 /// else holds any more; for training, a 2x2 elastic job with checkpoints
 /// and `faults` (at most 3) kills of random ranks at random steps.
+/// `s` as a TOML string, quoted and escaped (paths may hold anything).
+std::string toml_quoted(const std::string& s) {
+  std::ostringstream out;
+  out << toml::value<std::string>(s);
+  return out.str();
+}
+
 fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   const model_config cfg = load_config(a.model);
@@ -144,7 +152,7 @@ fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   if (a.swarm) {
     const int n = cfg.n_layers, half = std::max(1, n / 2);
     const int tokens = 24;
-    t << "[swarm]\nmodel = \"" << a.model << "\"\nservers = [\"0:" << half << "\", \"" << half << ":" << n
+    t << "[swarm]\nmodel = " << toml_quoted(a.model) << "\nservers = [\"0:" << half << "\", \"" << half << ":" << n
       << "\", \"0:" << n << "\", \"0:" << half << "\", \"" << half << ":" << n << "\"]\n";
     t << "[swarm.client]\nprompt_ids = [1, 2, 3]\nnew_tokens = " << tokens << "\n";
     // Kill order among servers 0..4 keeping every block served: never both
@@ -171,7 +179,7 @@ fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   } else {
     if (a.data.empty()) throw std::invalid_argument("faultlab random --train needs --data FILE");
     const int steps = 24;
-    t << "[train]\nmodel = \"" << a.model << "\"\ndata = \"" << a.data << "\"\nargs = \"--batch 12 --seq 8 --steps "
+    t << "[train]\nmodel = " << toml_quoted(a.model) << "\ndata = " << toml_quoted(a.data) << "\nargs = \"--batch 12 --seq 8 --steps "
       << steps << " --lr 0.003 --threads 1 --link-profile lat=2ms\"\nlayout = \"--pp 2 --dp 2\"\nelastic = true\n"
       << "checkpoint_every = 3\n";
     std::uniform_int_distribution<int> at(2, steps - 4);

@@ -124,6 +124,9 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
   std::set<pid_t> stopped;
   auto last = clock_type::now();
   int step = 0;
+  const auto hang_limit = std::chrono::duration_cast<clock_type::duration>(
+      std::chrono::duration<double>(s.expect.max_stall_s > 0 ? 3 * s.expect.max_stall_s + 60 : 600));
+  bool hung = false;
   std::string pending;
   bool open = true;
   while (open) {
@@ -144,6 +147,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
           if (!j.is_object()) continue;
           if (j.value("event", "") == "replan") ++run.recoveries;
           if (!j.contains("step") || !j.contains("loss") || j.contains("tokens")) continue;
+          if (!j["step"].is_number_integer() || !j["loss"].is_number() || j["step"].get<int>() < 1) continue;
           step = j["step"].get<int>();
           if (static_cast<int>(run.losses.size()) < step) run.losses.resize(static_cast<std::size_t>(step));
           run.losses[static_cast<std::size_t>(step - 1)] = j["loss"].get<double>();
@@ -151,6 +155,13 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
           last = now;
         }
       }
+    }
+    // A job that makes no step for far longer than the scenario allows
+    // (a rank stopped and never resumed, a hang the job does not notice)
+    // would keep faultlab waiting for ever: it is killed and the run fails.
+    if (open && !hung && now - last > hang_limit) {
+      ::kill(pid, SIGKILL);  // its rank processes die with it
+      hung = true;
     }
     if (!inject) continue;
     const double elapsed = std::chrono::duration<double>(now - t0).count();
@@ -168,7 +179,12 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
   int status = 0;
   ::waitpid(pid, &status, 0);
   run.completed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  if (!run.completed) {
+  if (hung) {
+    run.completed = false;
+    run.error = "no step for " +
+                std::to_string(static_cast<int>(std::chrono::duration<double>(hang_limit).count())) +
+                " s after step " + std::to_string(step) + ": faultlab killed the job";
+  } else if (!run.completed) {
     std::ifstream err(err_log);
     std::string line, lastline;
     while (std::getline(err, line))

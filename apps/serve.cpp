@@ -278,11 +278,11 @@ int run_serve(const serve_args& a) {
   if (!a.metrics_listen.empty()) {
     const auto [mhost, mport] = parse_http_listen(a.metrics_listen);
     metrics = std::make_unique<api::metrics_server>(
-        [&n, actor = *server, seen = std::map<std::string, link_stats>()]() mutable {
+        [&n, actor = *server, history = api::link_history()]() mutable {
           auto stats = span_server_stats_of(n.system(), actor);
           if (!stats) throw std::runtime_error("the span server did not answer: " + error_message(stats.error()));
-          const node_traffic traffic = n.traffic();
-          return api::render_server_metrics(n.id(), *stats, traffic, api::remember_links(seen, n.links()));
+          const node_traffic traffic = history.totals(n.traffic());
+          return api::render_server_metrics(n.id(), *stats, traffic, history.by_peer(n.links()));
         });
     line += " metrics http://" + mhost + ":" + std::to_string(metrics->start(mhost, mport));
   }

@@ -3,7 +3,6 @@
 // starts one `corolla train --rank R` process per rank on 127.0.0.1. With
 // one (--rank, or the environment of Slurm or torchrun) it is that rank of
 // a job whose coordinator rank 0 hosts at --coordinator.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,10 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <mutex>
 #include <optional>
-#include <regex>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -31,6 +27,7 @@
 #include "actors/train_store.hpp"
 #include "apps/commands.hpp"
 #include "apps/plan_print.hpp"
+#include "apps/rank_processes.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_job_file.hpp"
@@ -246,59 +243,6 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
 
 // ---- the local launcher -----------------------------------------------------------------
 
-/// The rank processes of a local job: killed (SIGTERM, then SIGKILL) and
-/// reaped when the launcher is done with them; they also die with it.
-class rank_processes {
- public:
-  ~rank_processes() { stop(); }
-
-  void start(const std::vector<std::string>& args) { pids_.push_back(spawn_self(args)); }
-
-  /// Waits for a rank to end: (index, status as "exit status N" or "signal
-  /// N"), or nullopt when all have ended. Returns early when `stop` is set.
-  std::optional<std::pair<int, std::string>> wait_any(const std::atomic<bool>& stop) {
-    while (!stop) {
-      bool any = false;
-      for (std::size_t i = 0; i < pids_.size(); ++i) {
-        if (pids_[i] <= 0) continue;
-        any = true;
-        int st = 0;
-        const pid_t r = ::waitpid(pids_[i], &st, WNOHANG);
-        if (r != pids_[i]) continue;
-        pids_[i] = -1;
-        if (WIFEXITED(st)) return std::pair{static_cast<int>(i), "exit status " + std::to_string(WEXITSTATUS(st))};
-        return std::pair{static_cast<int>(i), "signal " + std::to_string(WTERMSIG(st))};
-      }
-      if (!any) return std::nullopt;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return std::nullopt;
-  }
-
-  /// The ranks whose processes are stopped (SIGSTOP, a debugger): hung,
-  /// as far as the job is concerned.
-  std::vector<int> stopped() const {
-    std::vector<int> out;
-    for (std::size_t i = 0; i < pids_.size(); ++i) {
-      if (pids_[i] <= 0) continue;
-      std::ifstream stat("/proc/" + std::to_string(pids_[i]) + "/stat");
-      std::string line;
-      std::getline(stat, line);
-      const auto close = line.rfind(')');
-      if (close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't'))
-        out.push_back(static_cast<int>(i));
-    }
-    return out;
-  }
-
-  /// Reaps ranks as they exit, for at most `timeout`.
-  void wait_all(std::chrono::milliseconds timeout) { reap_all(pids_, timeout); }
-
-  void stop() { terminate_all(pids_, std::chrono::seconds(2)); }
-
- private:
-  std::vector<pid_t> pids_;
-};
 
 std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
   auto num = [](auto v) { return std::to_string(v); };
@@ -413,42 +357,22 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
   for (int r = 0; r < o.layout.world(); ++r) ranks.start(rank_args(a, r, endpoint, job_file.string()));
   // A rank process that ends before the job does fails it at once (also
   // before it joined, when no link could report it).
-  std::mutex signalled_mu;
-  std::set<int> signalled;  // ranks a signal ended while the job ran
+  std::set<int> signalled;  // ranks a signal ended while the job ran (the watcher's until it is joined)
   std::thread watcher([&] {
     while (auto ended = ranks.wait_any(over)) {
       if (ended->second != "exit status 0" && !over) {
-        if (ended->second.rfind("signal", 0) == 0) {
-          std::lock_guard lock(signalled_mu);
-          signalled.insert(ended->first);
-        }
+        if (ended->second.rfind("signal", 0) == 0) signalled.insert(ended->first);
         inbox->fail(o.layout.label(ended->first) + " exited (" + ended->second + ")");
       }
     }
   });
   try {
     run_train_coordinator(*n, o, cfg, on_step, inbox);
-  } catch (const std::exception& e) {
+  } catch (...) {
     over = true;
     watcher.join();
-    const std::vector<int> stopped = ranks.stopped();
+    if (lost) *lost = lost_ranks(ranks, signalled, o.layout.world(), std::current_exception());
     ranks.stop();
-    if (lost) {
-      // Ranks a signal ended or stopped; else the rank the failure's root
-      // cause names first ("rank 3 (stage 1, ...) exited", "no activations
-      // ... from rank 3 (...)").
-      std::lock_guard lock(signalled_mu);
-      std::set<int> gone(signalled.begin(), signalled.end());
-      gone.insert(stopped.begin(), stopped.end());
-      if (gone.empty()) {
-        static const std::regex named(R"(\brank (\d+) \()");
-        std::smatch m;
-        const std::string what = e.what();
-        if (std::regex_search(what, m, named))
-          if (const int r = std::stoi(m[1]); r >= 0 && r < o.layout.world()) gone.insert(r);
-      }
-      lost->assign(gone.begin(), gone.end());
-    }
     throw;
   }
   over = true;

@@ -36,15 +36,6 @@ namespace {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-/// Bytes of the shards of checkpoint step `step` (what a restart reads).
-double checkpoint_bytes(const fs::path& dir, int step) {
-  double bytes = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(checkpoint_step_dir(dir, step), ec))
-    if (e.path().extension() == ".safetensors") bytes += static_cast<double>(e.file_size(ec));
-  return bytes;
-}
-
 /// "rank 3 (stage 1, replica 1, blocks 2..3), rank 1 (...)".
 std::string labels(const train_layout& l, const std::vector<int>& ranks) {
   std::string s;
@@ -196,7 +187,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       // Without a checkpoint the job starts over: the same initialisation
       // (--seed, or the model's weights) and the same data order.
       o.resume = ev.resume_step > 0;
-      if (o.resume) ev.bytes = checkpoint_bytes(o.checkpoint_dir, ev.resume_step);
+      if (o.resume) ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, ev.resume_step));
       std::fprintf(stderr, "elastic: %s; %d %s left: %s -> %s\n", e.what(), left, ev.left_unit, ev.from.c_str(),
                    ev.to.c_str());
       pending = std::move(ev);

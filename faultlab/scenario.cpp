@@ -106,10 +106,15 @@ class reader {
     j.layout = text(t, "layout", "train.", "--pp 2 --dp 2");
     j.elastic = boolean(t, "elastic", "train.", true);
     j.checkpoint_every = static_cast<int>(integer(t, "checkpoint_every", "train.", 5, 0));
-    for (const char* owned : {"--json", "--elastic", "--model", "--data", "--checkpoint-dir", "--checkpoint-every",
-                              "--resume"})
-      if ((" " + j.args + " ").find(std::string(" ") + owned + " ") != std::string::npos)
-        fail(origin_, t.get("args"), std::string("train.args must not hold ") + owned + " (faultlab sets it)");
+    // Flags faultlab sets itself, as "--flag value" or "--flag=value".
+    const std::set<std::string> owned = {"--json",           "--elastic",          "--model", "--data",
+                                         "--checkpoint-dir", "--checkpoint-every", "--resume"};
+    for (const char* key : {"args", "layout"}) {
+      std::istringstream words(key == std::string("args") ? j.args : j.layout);
+      for (std::string w; words >> w;)
+        if (const std::string flag = w.substr(0, w.find('=')); owned.count(flag))
+          fail(origin_, t.get(key), "train." + std::string(key) + " must not hold " + flag + " (faultlab sets it)");
+    }
     return j;
   }
 

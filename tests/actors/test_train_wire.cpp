@@ -185,3 +185,38 @@ TEST_CASE("a checkpoint becomes the latest only once committed, and other jobs c
   std::ofstream(dir / "latest") << "step-99\n";
   CHECK(latest_checkpoint_step(dir) == 0);
 }
+
+TEST_CASE("optimizer state is read across shard boundaries, and shards that overlap or leave a gap are refused") {
+  testing::temp_dir_guard tmp("train-store-tiles");
+  const fs::path dir = tmp.path() / "ck";
+  auto values = [](std::vector<float> v) { return Tensor::from_f32(v, {static_cast<std::int64_t>(v.size())}); };
+  auto checkpoint = [&](int step, shard_range a, std::vector<float> va, shard_range b, std::vector<float> vb) {
+    write_shard(dir, step, 0, {{"m.head", values(va)}}, {{"head", a}});
+    write_shard(dir, step, 1, {{"m.head", values(vb)}}, {{"head", b}});
+    commit_checkpoint(dir, step, 2, "job");
+  };
+  // Two ranks hold [0, 3) and [3, 5) of 5: a reader of [2, 5) takes one
+  // value from the first and two from the second.
+  checkpoint(1, {0, 3, 5}, {0, 1, 2}, {3, 5, 5}, {3, 4});
+  {
+    const checkpoint_shards shards(dir, 1);
+    Tensor dst = Tensor::zeros({3});
+    shards.read_moment("m", "head", 2, 5, dst);
+    CHECK(dst.to_vector() == std::vector<float>{2, 3, 4});
+    CHECK_THROWS_AS(shards.read_moment("m", "head", 0, 6, dst), train_error);  // another model's size
+  }
+  auto error_of = [&](int step) {
+    try {
+      checkpoint_shards shards(dir, step);
+    } catch (const train_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  checkpoint(2, {0, 3, 5}, {0, 1, 2}, {2, 5, 5}, {2, 3, 4});  // [2, 3) twice
+  CHECK(error_of(2).find("do not tile the optimizer state of head") != std::string::npos);
+  checkpoint(3, {0, 2, 5}, {0, 1}, {3, 5, 5}, {3, 4});  // [2, 3) missing
+  CHECK(error_of(3).find("do not tile") != std::string::npos);
+  checkpoint(4, {0, 2, 5}, {0, 1}, {2, 4, 5}, {2, 3});  // [4, 5) missing
+  CHECK(error_of(4).find("hold values [0, 4) of the 5") != std::string::npos);
+}

@@ -16,8 +16,9 @@ using namespace corolla::api;
 
 namespace {
 
-link_stats link(const std::string& peer, std::uint64_t sent, std::uint64_t received) {
+link_stats link(std::uint64_t id, const std::string& peer, std::uint64_t sent, std::uint64_t received) {
   link_stats l;
+  l.link = id;
   l.peer = peer;
   l.up = true;
   l.bytes_sent = sent;
@@ -45,7 +46,7 @@ TEST_CASE("server metrics render steps by kind with their histograms, sessions, 
   s.cache_tokens_left = 8000;
   s.first = 2;
   s.last = 6;
-  const auto m = parse_prometheus_text(render_server_metrics("srv", s, {100, 2000, 3, 4}, {link("client", 100, 2000)}));
+  const auto m = parse_prometheus_text(render_server_metrics("srv", s, {100, 2000, 3, 4}, {link(1, "client", 100, 2000)}));
   CHECK(m.at(R"(corolla_server_steps_total{node="srv",kind="decode"})") == 7);
   CHECK(m.at(R"(corolla_server_steps_total{node="srv",kind="prefill"})") == 1);
   CHECK(m.at(R"(corolla_server_step_seconds_count{node="srv",kind="decode"})") == 7);
@@ -68,21 +69,45 @@ TEST_CASE("server metrics render steps by kind with their histograms, sessions, 
   for (const auto& [series, value] : none) CHECK(series.rfind("corolla_link_", 0) != 0);
 }
 
-TEST_CASE("link counters stay when the link closes, and the oldest gone peers are forgotten first") {
-  std::map<std::string, link_stats> seen;
-  auto all = remember_links(seen, {link("a", 10, 20), link("b", 1, 2)});
+TEST_CASE("a peer's link counters sum its links and survive closes and reconnects, the gone forgotten first") {
+  link_history h(2);
+  auto all = h.by_peer({link(1, "a", 10, 20), link(2, "b", 1, 2)});
   CHECK(all.size() == 2u);
-  all = remember_links(seen, {link("b", 5, 6)});  // a's link closed
+  all = h.by_peer({link(2, "b", 5, 6)});  // a's link closed
   REQUIRE(all.size() == 2u);
   CHECK(all[0].peer == "a");
   CHECK(all[0].bytes_received == 20);
   CHECK_FALSE(all[0].up);
   CHECK(all[1].up);
+  // b reconnects (a new link, counting from 0) and has a second link the
+  // other way: its counters are the old link's plus both new ones.
+  all = h.by_peer({link(3, "b", 1, 1), link(4, "b", 2, 2), link(5, "a", 4, 4)});
+  REQUIRE(all.size() == 2u);
+  CHECK(all[0].peer == "a");
+  CHECK(all[0].bytes_received == 24);
+  CHECK(all[0].up);
+  CHECK(all[1].bytes_sent == 5 + 1 + 2);
+  CHECK(all[1].messages_received == 3 * 4);
   // A bound of 2 with a third peer: the gone peer goes, the live ones stay.
-  all = remember_links(seen, {link("b", 5, 6), link("c", 1, 1)}, 2);
+  all = h.by_peer({link(3, "b", 1, 1), link(6, "c", 1, 1)});
   REQUIRE(all.size() == 2u);
   CHECK(all[0].peer == "b");
   CHECK(all[1].peer == "c");
+  // A link still waiting for its hello has no peer: not shown.
+  CHECK(h.by_peer({link(7, "", 1, 1)}).size() == 2u);
+}
+
+TEST_CASE("node totals never go down between scrapes") {
+  link_history h;
+  node_traffic t;
+  t.bytes_sent = 100;
+  t.messages_received = 7;
+  CHECK(h.totals(t).bytes_sent == 100);
+  t.bytes_sent = 60;  // a closing link counted in neither part for a moment
+  t.messages_received = 9;
+  const node_traffic shown = h.totals(t);
+  CHECK(shown.bytes_sent == 100);
+  CHECK(shown.messages_received == 9);
 }
 
 TEST_CASE("the metrics server answers GET /metrics, and a failing scrape is a 500 naming why") {

@@ -106,7 +106,7 @@ same_output_as_reference = true
   CHECK(text.out.find("replay: corolla faultlab run <scenario> --seed 11") != std::string::npos);
 }
 
-TEST_CASE("faultlab: an elastic training job loses a rank and keeps the reference's losses; a random campaign passes") {
+TEST_CASE("faultlab: an elastic training job loses a rank and keeps the reference's losses, a random campaign passes") {
   temp_dir_guard tmp("faultlab-train");
   train_test::job j = train_test::fresh_gpt2_job(tmp);
   std::ofstream(tmp / "t.toml") << "name = \"a rank lost\"\n[train]\nmodel = \"" << j.model.string() << "\"\ndata = \""

@@ -41,7 +41,7 @@ TEST_CASE("bench gemm on the cpu prints a JSON line with backend vs OpenBLAS for
   CHECK_FALSE(std::getline(lines, line));  // --json: nothing but the one line
 }
 
-TEST_CASE("bench gemm --rows overrides the preset's row counts; bf16 on the cpu is refused") {
+TEST_CASE("bench gemm --rows overrides the preset's row counts, bf16 on the cpu is refused") {
   auto r = run_corolla({"bench", "gemm", "--shapes", "tiny", "--rows", "3", "--threads", "1",
                         "--rounds", "1", "--round-ms", "1", "--json"});
   CAPTURE(r.err);

@@ -38,7 +38,7 @@ std::set<std::string> profiled_ops(const nlohmann::json& j) {
 
 }  // namespace
 
-TEST_CASE("bench train --profile breaks one step down by op; without it there is no profile") {
+TEST_CASE("bench train --profile breaks one step down by op, without it there is no profile") {
   corolla::testing::temp_dir_guard dir("bench-profile-train");
   corolla::testing::write_tiny_model(dir.path(), {});
   std::vector<std::string> args{"bench", "train", "--model", dir.path().string(), "--device", "cpu", "--batch", "2",
@@ -95,7 +95,7 @@ TEST_CASE("bench decode --profile breaks a generation down by op") {
   }
 }
 
-TEST_CASE("bench train --compute takes f32, or bf16/f16 on a GPU; --cluster refuses it") {
+TEST_CASE("bench train --compute takes f32, or bf16/f16 on a GPU, --cluster refuses it") {
   corolla::testing::temp_dir_guard dir("bench-train-compute");
   corolla::testing::write_tiny_model(dir.path(), {});
   auto args = [&](const char* compute) {

@@ -66,7 +66,7 @@ TEST_CASE("a swarm scenario parses with its servers, client, faults and expectat
   CHECK(s.expect.max_stall_s == 5);
 }
 
-TEST_CASE("a training scenario parses; its faults default to a random rank") {
+TEST_CASE("a training scenario parses, its faults default to a random rank") {
   const scenario s = parse_scenario(R"(
 [train]
 model = "M"
@@ -100,6 +100,10 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='join'\n").find("a join needs the new server's blocks") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='server 1'\n").find("\"rank K\" or \"random rank\"") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nargs='--json'\n").find("must not hold --json") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nargs='--steps 4 --checkpoint-dir=/tmp/x'\n")
+            .find("must not hold --checkpoint-dir") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--pp 2 --resume'\n").find("train.layout must not hold --resume") !=
+        std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[expect]\nsame_output_as_reference=true\n").find("is for [swarm] scenarios") != std::string::npos);
   // Errors carry the line.
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n\n[[fault]]\nat='token 3'\ndo='kill'\ntarget='server 4'\n").rfind("s.toml:5:", 0) == 0);

@@ -924,7 +924,7 @@ TEST_CASE("cuda: ops reject wrong shapes, dtypes and host tensors with tensor_er
 
 // ---- without a GPU -------------------------------------------------------------------------
 
-TEST_CASE("device names parse; auto is cuda:0 with a visible GPU and the cpu without") {
+TEST_CASE("device names parse, auto is cuda:0 with a visible GPU and the cpu without") {
   CHECK(parse_device("cpu").kind == device_kind::cpu);
   CHECK(parse_device("cuda").kind == device_kind::cuda);
   CHECK(parse_device("cuda:3").index == 3);

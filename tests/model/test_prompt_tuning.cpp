@@ -105,7 +105,7 @@ TEST_CASE("a frozen head's backward gives the input gradient of the full backwar
   }
 }
 
-TEST_CASE("prompt tuning lowers the loss on what it trains on; the shallow kind leaves later prompts at zero") {
+TEST_CASE("prompt tuning lowers the loss on what it trains on, the shallow kind leaves later prompts at zero") {
   tuning_model m(architecture::llama);
   for (bool deep : {true, false}) {
     CAPTURE(deep);

@@ -133,7 +133,7 @@ TEST_CASE("lanes: two named actors keep their order, anonymous requests and answ
   CHECK_FALSE(is_barrier(a));
 }
 
-TEST_CASE("outbox: small messages of other lanes pass a large one; a lane keeps its order") {
+TEST_CASE("outbox: small messages of other lanes pass a large one, a lane keeps its order") {
   outbox box(4096);
   box.push(unit(1, 5 * 4096, 'L'));  // large: 5 fragments
   box.push(unit(1, 100, 'a'));       // same lane: must wait for L

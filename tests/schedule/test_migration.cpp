@@ -165,7 +165,7 @@ TEST_CASE("migration: a dead replica's optimizer slice is lost without a buddy a
   }
 }
 
-TEST_CASE("migration: a stage whose only replica died loses its parameters; buddies do not keep parameters") {
+TEST_CASE("migration: a stage whose only replica died loses its parameters, buddies do not keep parameters") {
   const auto c = two_sites();
   const plan from = make_plan({{0, 4, {0}}, {4, 8, {2}}});
   const plan to = make_plan({{0, 4, {0}}, {4, 8, {3}}});
@@ -177,7 +177,7 @@ TEST_CASE("migration: a stage whose only replica died loses its parameters; budd
   for (const auto& l : m.lost) CHECK(l.find("parameters of ") == 0);
 }
 
-TEST_CASE("migration: a joining rank gets its stage's parameters and its new optimizer slice; the others keep theirs") {
+TEST_CASE("migration: a joining rank gets its stage's parameters and its new optimizer slice, the others keep theirs") {
   const auto c = two_sites();
   const plan from = make_plan({{0, 4, {0}}, {4, 8, {2}}});
   const plan to = make_plan({{0, 4, {0, 4}}, {4, 8, {2, 5}}});

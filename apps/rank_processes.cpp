@@ -1,0 +1,101 @@
+// apps/rank_processes.cpp — see rank_processes.hpp.
+#include "apps/rank_processes.hpp"
+
+#include <sys/wait.h>
+
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "apps/self_process.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+std::string how_it_ended(int st) {
+  return WIFEXITED(st) ? "exit status " + std::to_string(WEXITSTATUS(st)) : "signal " + std::to_string(WTERMSIG(st));
+}
+
+}  // namespace
+
+void rank_processes::start(const std::vector<std::string>& args) { pids_.push_back(spawn_self(args)); }
+
+std::optional<std::pair<int, std::string>> rank_processes::wait_any(const std::atomic<bool>& stop) {
+  while (!stop) {
+    bool any = false;
+    for (std::size_t i = 0; i < pids_.size(); ++i) {
+      if (pids_[i] <= 0) continue;
+      any = true;
+      int st = 0;
+      if (::waitpid(pids_[i], &st, WNOHANG) != pids_[i]) continue;
+      pids_[i] = -1;
+      return std::pair{static_cast<int>(i), how_it_ended(st)};
+    }
+    if (!any) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return std::nullopt;
+}
+
+std::vector<std::pair<int, std::string>> rank_processes::reap_now() {
+  std::vector<std::pair<int, std::string>> out;
+  for (std::size_t i = 0; i < pids_.size(); ++i) {
+    if (pids_[i] <= 0) continue;
+    int st = 0;
+    if (::waitpid(pids_[i], &st, WNOHANG) != pids_[i]) continue;
+    pids_[i] = -1;
+    out.emplace_back(static_cast<int>(i), how_it_ended(st));
+  }
+  return out;
+}
+
+std::vector<int> rank_processes::stopped() const {
+  std::vector<int> out;
+  for (std::size_t i = 0; i < pids_.size(); ++i) {
+    if (pids_[i] <= 0) continue;
+    std::ifstream stat("/proc/" + std::to_string(pids_[i]) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
+    const auto close = line.rfind(')');
+    if (close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't'))
+      out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+void rank_processes::wait_all(std::chrono::milliseconds timeout) { reap_all(pids_, timeout); }
+
+void rank_processes::stop() { terminate_all(pids_, std::chrono::seconds(2)); }
+
+std::vector<int> lost_ranks(rank_processes& ranks, const std::set<int>& signalled, int world,
+                            const std::exception_ptr& failure) {
+  std::set<int> gone(signalled.begin(), signalled.end());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  for (;;) {
+    for (const auto& [rank, how] : ranks.reap_now())
+      if (how.rfind("signal", 0) == 0) gone.insert(rank);
+    const std::vector<int> stopped = ranks.stopped();
+    gone.insert(stopped.begin(), stopped.end());
+    if (!gone.empty() || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (gone.empty() && failure) {
+    std::string what;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    static const std::regex named(R"(\brank (\d+) \()");
+    int last = -1;
+    for (auto it = std::sregex_iterator(what.begin(), what.end(), named); it != std::sregex_iterator(); ++it)
+      last = std::stoi((*it)[1]);
+    if (last >= 0 && last < world) gone.insert(last);
+  }
+  return {gone.begin(), gone.end()};
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,61 @@
+// apps/rank_processes.hpp — the rank processes of a local training job
+// (`corolla train` without --rank): started as children of this binary,
+// watched, and, when the job fails, told apart into the ranks it lost
+// (ended by a signal, stopped) and those that only reported the failure.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace corolla::app {
+
+/// The rank processes of a local job: killed (SIGTERM, then SIGKILL) and
+/// reaped when the launcher is done with them; they also die with it.
+class rank_processes {
+ public:
+  rank_processes() = default;
+  rank_processes(const rank_processes&) = delete;
+  rank_processes& operator=(const rank_processes&) = delete;
+  ~rank_processes() { stop(); }
+
+  /// Starts rank `size()` as `corolla ARGS...`.
+  void start(const std::vector<std::string>& args);
+
+  /// Waits for a rank to end: (index, status as "exit status N" or "signal
+  /// N"), or nullopt when all have ended. Returns early when `stop` is set.
+  std::optional<std::pair<int, std::string>> wait_any(const std::atomic<bool>& stop);
+
+  /// One pass without waiting: the ranks that have ended since the last
+  /// look, each with how ("exit status N" or "signal N").
+  std::vector<std::pair<int, std::string>> reap_now();
+
+  /// The ranks whose processes are stopped (SIGSTOP, a debugger): hung,
+  /// as far as the job is concerned.
+  std::vector<int> stopped() const;
+
+  /// Reaps ranks as they exit, for at most `timeout`.
+  void wait_all(std::chrono::milliseconds timeout);
+
+  void stop();
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+/// The ranks a failed job lost: those a signal ended (`signalled`, seen by
+/// the watcher, and any that die within half a second: a lost connection
+/// can be reported a moment before its process is reapable) or that are
+/// stopped; else the rank the failure's root cause names, which is the last
+/// one its message names ("rank 1 (...) failed: rank 3 (...) is down").
+std::vector<int> lost_ranks(rank_processes& ranks, const std::set<int>& signalled, int world,
+                            const std::exception_ptr& failure);
+
+}  // namespace corolla::app
