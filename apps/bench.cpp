@@ -54,7 +54,7 @@ model_config bench_llama_config() {
   c.intermediate_size = 2816;
   c.max_positions = 2048;
   c.norm_eps = 1e-5f;
-  c.rope_theta = 10000.0f;
+  c.rope = rope_spec(10000.0);
   c.tie_embeddings = false;
   return c;
 }

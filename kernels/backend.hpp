@@ -25,6 +25,7 @@
 
 #include "kernels/adamw_scalars.hpp"
 #include "kernels/device_group.hpp"
+#include "kernels/rope_spec.hpp"
 #include "kernels/tensor.hpp"
 
 namespace corolla {
@@ -178,9 +179,11 @@ class Backend {
 
   // ---- rotary position embedding (HuggingFace rotate-half convention) ---------
   /// In place on x [N, H*Dh]: for each head, element i < Dh/2 pairs with
-  /// i + Dh/2, rotated by angle positions[row] * theta^(-2i/Dh).
-  /// inverse = true rotates by the negative angle (this is the backward).
-  virtual void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
+  /// i + Dh/2, rotated by angle positions[row] * rope.inv_freq(i, Dh) and
+  /// scaled by rope.scale() (kernels/rope_spec.hpp; a float is a plain
+  /// theta). inverse = true rotates by the negative angle, same scale (this
+  /// is the backward).
+  virtual void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, const rope_spec& rope,
                     bool inverse = false) = 0;
   /// A decode step's RoPE and KV-cache append in one pass: with `rotate`,
   /// q [rows, hq*head_dim] is rotated in place and k [rows, hkv*head_dim]
@@ -193,10 +196,11 @@ class Backend {
   /// (Defined inline, as add_rmsnorm: an out-of-line virtual would make
   /// backend.cpp, with the CUDA registry, the home of Backend's vtable.)
   virtual void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
-                             int head_dim, float theta, bool rotate, void* k_out, void* v_out, dtype cache_type) {
+                             int head_dim, const rope_spec& spec, bool rotate, void* k_out, void* v_out,
+                             dtype cache_type) {
     if (rotate) {
-      rope(q, positions, hq, head_dim, theta);
-      rope(k, positions, hkv, head_dim, theta);
+      rope(q, positions, hq, head_dim, spec);
+      rope(k, positions, hkv, head_dim, spec);
     }
     for (auto [src, dst] : {std::pair<const Tensor*, void*>{&k, k_out}, {&v, v_out}}) {
       const std::size_t bytes = static_cast<std::size_t>(src->numel()) * dtype_size(cache_type);

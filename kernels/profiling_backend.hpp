@@ -101,13 +101,14 @@ class profiling_backend final : public Backend {
                           Tensor& dx, Tensor& dw, Tensor& db) override {
     timed("layernorm_backward", [&] { inner_.layernorm_backward(x, w, mean, rstd, dy, dx, dw, db); });
   }
-  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta, bool inverse = false) override {
-    timed(inverse ? "rope_backward" : "rope", [&] { inner_.rope(x, positions, n_heads, head_dim, theta, inverse); });
+  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, const rope_spec& spec,
+            bool inverse = false) override {
+    timed(inverse ? "rope_backward" : "rope", [&] { inner_.rope(x, positions, n_heads, head_dim, spec, inverse); });
   }
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv, int head_dim,
-                     float theta, bool rotate, void* k_out, void* v_out, dtype cache_type) override {
+                     const rope_spec& spec, bool rotate, void* k_out, void* v_out, dtype cache_type) override {
     timed("rope_store_kv", [&] {
-      inner_.rope_store_kv(q, k, v, positions, hq, hkv, head_dim, theta, rotate, k_out, v_out, cache_type);
+      inner_.rope_store_kv(q, k, v, positions, hq, hkv, head_dim, spec, rotate, k_out, v_out, cache_type);
     });
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq, const attention_shape& s,

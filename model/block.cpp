@@ -25,10 +25,33 @@ void norm_forward(Backend& be, const model_config& cfg, const Tensor& x, const T
     be.layernorm(x, w, b, cfg.norm_eps, y, mean, rstd);
 }
 
+/// Qwen3's per-head RMSNorm of the rows of x [N, heads*Dh] into y (as
+/// [N*heads, Dh] rows sharing one [Dh] weight), 1/rms per head row into
+/// rstd when given.
+void head_rmsnorm(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w, Tensor& y,
+                  Tensor* rstd) {
+  const std::int64_t rows = x.numel() / cfg.head_dim;
+  Tensor xv = x.view({rows, cfg.head_dim}), yv = y.view({rows, cfg.head_dim});
+  if (rstd) {
+    Tensor rv = rstd->view({rows});
+    be.rmsnorm(xv, w, cfg.norm_eps, yv, &rv);
+  } else {
+    be.rmsnorm(xv, w, cfg.norm_eps, yv, nullptr);
+  }
+}
+
+/// The backward of head_rmsnorm: dx from dy, dw accumulated.
+void head_rmsnorm_backward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
+                           const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw) {
+  const std::int64_t rows = x.numel() / cfg.head_dim;
+  Tensor dxv = dx.view({rows, cfg.head_dim});
+  be.rmsnorm_backward(x.view({rows, cfg.head_dim}), w, rstd.view({rows}), dy.view({rows, cfg.head_dim}), dxv, dw);
+}
+
 /// RoPE on the cached forward's q and k rows (Llama).
 void rope_qk(Backend& be, const model_config& cfg, Tensor& q, Tensor& k, const Tensor& positions) {
-  be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
-  be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
+  be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope);
+  be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope);
 }
 
 void norm_backward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
@@ -55,6 +78,10 @@ void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dty
   ensure_tensor(be, s.dact, {N, F}, act);
   ensure_tensor(be, s.dup, {N, F}, act);
   if (is_llama(cfg)) ensure_tensor(be, s.dgate, {N, F}, act);
+  if (cfg.qk_norm) {
+    ensure_tensor(be, s.dq_pre, {N, Q}, act);
+    ensure_tensor(be, s.dk_pre, {N, KV}, act);
+  }
 }
 
 }  // namespace
@@ -62,10 +89,17 @@ void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dty
 std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cfg) {
   const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
   const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
-  if (is_llama(cfg))
-    return {{"attn_norm.weight", {D}}, {"q.weight", {Q, D}},    {"k.weight", {KV, D}},
-            {"v.weight", {KV, D}},     {"o.weight", {D, Q}},    {"mlp_norm.weight", {D}},
-            {"gate.weight", {F, D}},   {"up.weight", {F, D}},   {"down.weight", {D, F}}};
+  if (is_llama(cfg)) {
+    std::vector<std::pair<std::string, shape_t>> l = {{"attn_norm.weight", {D}}, {"q.weight", {Q, D}},
+                                                      {"k.weight", {KV, D}},     {"v.weight", {KV, D}},
+                                                      {"o.weight", {D, Q}},      {"mlp_norm.weight", {D}},
+                                                      {"gate.weight", {F, D}},   {"up.weight", {F, D}},
+                                                      {"down.weight", {D, F}}};
+    if (cfg.qkv_bias) l.insert(l.end(), {{"q.bias", {Q}}, {"k.bias", {KV}}, {"v.bias", {KV}}});
+    if (cfg.o_bias) l.push_back({"o.bias", {D}});
+    if (cfg.qk_norm) l.insert(l.end(), {{"q_norm.weight", {cfg.head_dim}}, {"k_norm.weight", {cfg.head_dim}}});
+    return l;
+  }
   return {{"attn_norm.weight", {D}}, {"attn_norm.bias", {D}}, {"q.weight", {Q, D}},
           {"q.bias", {Q}},           {"k.weight", {KV, D}},   {"k.bias", {KV}},
           {"v.weight", {KV, D}},     {"v.bias", {KV}},        {"o.weight", {D, Q}},
@@ -149,6 +183,16 @@ block_tensors block_tensors::of(const model_config& cfg, const param_set& p) {
   t.down_w = p.get("down.weight");
   if (is_llama(cfg)) {
     t.gate_w = p.get("gate.weight");
+    if (cfg.qkv_bias) {
+      t.q_b = p.get("q.bias");
+      t.k_b = p.get("k.bias");
+      t.v_b = p.get("v.bias");
+    }
+    if (cfg.o_bias) t.o_b = p.get("o.bias");
+    if (cfg.qk_norm) {
+      t.q_norm_w = p.get("q_norm.weight");
+      t.k_norm_w = p.get("k_norm.weight");
+    }
   } else {
     t.attn_norm_b = p.get("attn_norm.bias");
     t.q_b = p.get("q.bias");
@@ -186,6 +230,12 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   if (!llama) ensure_tensor(be, a.mean1, {N});
   ensure_tensor(be, a.q, {N, Q}, act);
   ensure_tensor(be, a.k, {N, KV}, act);
+  if (cfg.qk_norm) {
+    ensure_tensor(be, a.q_pre, {N, Q}, act);
+    ensure_tensor(be, a.k_pre, {N, KV}, act);
+    ensure_tensor(be, a.rstd_q, {N * cfg.n_heads});
+    ensure_tensor(be, a.rstd_k, {N * cfg.n_kv_heads});
+  }
   ensure_tensor(be, a.v, {N, KV}, act);
   ensure_tensor(be, a.attn, {N, Q}, act);
   ensure_tensor(be, a.lse, {N * cfg.n_heads});
@@ -199,12 +249,16 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
 
   // Attention half. y doubles as the scratch for the projection outputs.
   norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, a.norm1, opt(a.mean1), &a.rstd1);
-  be.linear(a.norm1, w.q_w, opt(w.q_b), a.q);
-  be.linear(a.norm1, w.k_w, opt(w.k_b), a.k);
+  be.linear(a.norm1, w.q_w, opt(w.q_b), cfg.qk_norm ? a.q_pre : a.q);
+  be.linear(a.norm1, w.k_w, opt(w.k_b), cfg.qk_norm ? a.k_pre : a.k);
   be.linear(a.norm1, w.v_w, opt(w.v_b), a.v);
+  if (cfg.qk_norm) {
+    head_rmsnorm(be, cfg, a.q_pre, w.q_norm_w, a.q, &a.rstd_q);
+    head_rmsnorm(be, cfg, a.k_pre, w.k_norm_w, a.k, &a.rstd_k);
+  }
   if (llama) {
-    be.rope(a.q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
-    be.rope(a.k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
+    be.rope(a.q, positions, cfg.n_heads, cfg.head_dim, cfg.rope);
+    be.rope(a.k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope);
   }
   be.attention(a.q, a.k, a.v, batch, seq, block_attention_shape(cfg), a.attn, &a.lse);
   be.linear(a.attn, w.o_w, opt(w.o_b), y);
@@ -262,12 +316,19 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
                         block_attention_shape(cfg), s.dq, s.dk, s.dv);
   if (llama) {
     // RoPE is a rotation: its backward rotates the gradient back.
-    be.rope(s.dq, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta, true);
-    be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta, true);
+    be.rope(s.dq, positions, cfg.n_heads, cfg.head_dim, cfg.rope, true);
+    be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope, true);
   }
-  be.linear_backward(a.norm1, w.q_w, s.dq, &s.dnorm, g.q_w, opt(g.q_b));
-  be.linear_backward(a.norm1, w.k_w, s.dk, nullptr, g.k_w, opt(g.k_b));
-  be.gemm(s.dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
+  // Gradients of the projections' outputs (before Qwen3's q/k norms).
+  Tensor& dq = cfg.qk_norm ? s.dq_pre : s.dq;
+  Tensor& dk = cfg.qk_norm ? s.dk_pre : s.dk;
+  if (cfg.qk_norm) {
+    head_rmsnorm_backward(be, cfg, a.q_pre, w.q_norm_w, a.rstd_q, s.dq, dq, g.q_norm_w);
+    head_rmsnorm_backward(be, cfg, a.k_pre, w.k_norm_w, a.rstd_k, s.dk, dk, g.k_norm_w);
+  }
+  be.linear_backward(a.norm1, w.q_w, dq, &s.dnorm, g.q_w, opt(g.q_b));
+  be.linear_backward(a.norm1, w.k_w, dk, nullptr, g.k_w, opt(g.k_b));
+  be.gemm(dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
   be.linear_backward(a.norm1, w.v_w, s.dv, nullptr, g.v_w, opt(g.v_b));
   be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);
   norm_backward(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dtmp, g.attn_norm_w,
@@ -291,10 +352,12 @@ block_decode_workspace::block_decode_workspace(const model_config& cfg)
       up_(cfg.intermediate_size),
       act_(cfg.intermediate_size),
       qkv_(q_width(cfg) + 2 * kv_width(cfg)),
-      gate_up_(cfg.arch == architecture::llama ? 2 * cfg.intermediate_size : 1) {}
+      gate_up_(cfg.arch == architecture::llama ? 2 * cfg.intermediate_size : 1) ,
+      qn_(cfg.qk_norm ? q_width(cfg) : 1),
+      kn_(cfg.qk_norm ? kv_width(cfg) : 1) {}
 
 void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
-  for (row_buffer* b : {&norm_, &mean_, &rstd_, &q_, &k_, &v_, &attn_, &tmp_, &h_, &gate_, &up_, &act_})
+  for (row_buffer* b : {&norm_, &mean_, &rstd_, &q_, &k_, &v_, &attn_, &tmp_, &h_, &gate_, &up_, &act_, &qn_, &kn_})
     b->reserve(be, rows);
 }
 
@@ -356,7 +419,16 @@ struct cached_forward {
       be.linear(norm, w.k_w, opt(w.k_b), k);
       be.linear(norm, w.v_w, opt(w.v_b), v);
     }
-    attend(q, k, v, attn);  // RoPE (Llama), the cache append and attention
+    if (cfg.qk_norm) {
+      // Qwen3: q and k normed per head before RoPE, into their own rows.
+      Tensor& qn = ws.qn_.rows(be, R);
+      Tensor& kn = ws.kn_.rows(be, R);
+      head_rmsnorm(be, cfg, q, w.q_norm_w, qn, nullptr);
+      head_rmsnorm(be, cfg, k, w.k_norm_w, kn, nullptr);
+      attend(qn, kn, v, attn);
+    } else {
+      attend(q, k, v, attn);  // RoPE (Llama), the cache append and attention
+    }
     // A product and the op after it run as one where the backend fuses
     // them (Backend::linear_fused: CUDA's bf16-weight GEMV), else as two.
     if (llama) {
@@ -399,7 +471,7 @@ void block_forward_cached(Backend& be, const model_config& cfg, const block_tens
     if (q.dim(0) == 1) {
       // A decode step: RoPE and the cache append in one op, into the cache row.
       auto [k_row, v_row] = kv.claim_row(layer, start_pos);
-      be.rope_store_kv(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta, llama,
+      be.rope_store_kv(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope, llama,
                        k_row, v_row, kv.pool().type());
     } else {
       if (llama) rope_qk(be, cfg, q, k, positions);
@@ -456,10 +528,11 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
   grow_grad_scratch(be, cfg, N, act, s);
   // The norm kernels accumulate their weight gradients; the sums are thrown
   // away, but zeroing them each call keeps them finite forever.
-  for (Tensor* t : {&scratch.norm_dw, &scratch.norm_db}) {
-    if (!t->defined() || t->numel() != D) {
-      *t = be.empty({D});
-      be.copy(Tensor::zeros({D}), *t);
+  for (auto [t, n] : {std::pair{&scratch.norm_dw, D}, {&scratch.norm_db, D},
+                      {&scratch.head_norm_dw, std::int64_t{cfg.head_dim}}}) {
+    if (!t->defined() || t->numel() != n) {
+      *t = be.empty({n});
+      be.copy(Tensor::zeros({n}), *t);
     }
     be.scale(*t, 0.0f);
   }
@@ -484,11 +557,17 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
   be.attention_backward(a.q, a.k, a.v, a.attn, a.lse, s.dattn, a.batch, a.seq,
                         block_attention_shape(cfg), s.dq, s.dk, s.dv);
   if (llama) {
-    be.rope(s.dq, positions, cfg.n_heads, cfg.head_dim, cfg.rope_theta, true);
-    be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta, true);
+    be.rope(s.dq, positions, cfg.n_heads, cfg.head_dim, cfg.rope, true);
+    be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope, true);
   }
-  be.gemm(s.dq, false, w.q_w, false, s.dnorm);
-  be.gemm(s.dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
+  Tensor& dq = cfg.qk_norm ? s.dq_pre : s.dq;
+  Tensor& dk = cfg.qk_norm ? s.dk_pre : s.dk;
+  if (cfg.qk_norm) {
+    head_rmsnorm_backward(be, cfg, a.q_pre, w.q_norm_w, a.rstd_q, s.dq, dq, scratch.head_norm_dw);
+    head_rmsnorm_backward(be, cfg, a.k_pre, w.k_norm_w, a.rstd_k, s.dk, dk, scratch.head_norm_dw);
+  }
+  be.gemm(dq, false, w.q_w, false, s.dnorm);
+  be.gemm(dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
   be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);
   norm_backward(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dtmp, scratch.norm_dw,
                 scratch.norm_db);

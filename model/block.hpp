@@ -2,6 +2,9 @@
 //
 //   Llama:  h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))),  n1 = rmsnorm(x)
 //           y = h + down(silu(gate(n2)) * up(n2)),             n2 = rmsnorm(h)
+//           Qwen2 adds biases to q, k, v (Llama's attention_bias: and o);
+//           Qwen3 norms each head of q and k (RMSNorm, one [Dh] weight
+//           each) before RoPE; RoPE may be scaled (kernels/rope_spec.hpp).
 //   GPT-2:  the same with layernorm, biases on every linear, no RoPE (learned
 //           positions live in the head) and y = h + down(gelu_tanh(up(n2))).
 //
@@ -48,13 +51,14 @@ attention_shape block_attention_shape(const model_config& cfg);
 
 /// Views of one block's tensors by role, taken from a param_set of
 /// parameters or of their gradients (same layout). Roles a family lacks stay
-/// undefined (biases for Llama, gate for GPT-2). The views share the
+/// undefined (Llama's biases unless its config has them, gate for GPT-2). The views share the
 /// param_set's storage: writes through them land in the set.
 struct block_tensors {
   Tensor attn_norm_w, attn_norm_b;
   Tensor q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b;
   Tensor mlp_norm_w, mlp_norm_b;
   Tensor gate_w, up_w, up_b, down_w, down_b;
+  Tensor q_norm_w, k_norm_w;  ///< Qwen3's per-head RMSNorm weights [Dh] of q and k
   /// Inference weights only (see inference_weights): q, k and v stacked in
   /// one [Hq*Dh + 2*Hkv*Dh, D] tensor whose row slices q_w, k_w, v_w are,
   /// with their biases stacked alike (GPT-2), and Llama's gate and up in one
@@ -97,6 +101,8 @@ struct block_activations {
   Tensor x;                   ///< the block input [N,D], shared with the caller (kept unchanged)
   Tensor norm1, mean1, rstd1; ///< first norm output [N,D], its mean (GPT-2) and 1/std [N]
   Tensor q, k, v;             ///< projections, after RoPE for Llama [N,Hq*Dh], [N,Hkv*Dh]
+  Tensor q_pre, k_pre;        ///< Qwen3: q and k before their per-head norms
+  Tensor rstd_q, rstd_k;      ///< Qwen3: 1/rms of each head's q and k row [N*Hq], [N*Hkv]
   Tensor attn, lse;           ///< attention output [N,Hq*Dh] and its log-sum-exp [B*Hq*T]
   Tensor h;                   ///< x + attention projection [N,D]
   Tensor norm2, mean2, rstd2; ///< second norm
@@ -108,13 +114,14 @@ struct block_activations {
 /// Scratch of block_backward, grown on demand and reused across blocks.
 struct block_grad_scratch {
   Tensor dnorm, dtmp, dh, dattn, dq, dk, dv, dact, dgate, dup;
+  Tensor dq_pre, dk_pre;  ///< Qwen3: gradients before the per-head norms
 };
 
 /// Scratch of block_backward_input: block_grad_scratch plus the [D] buffers
 /// the norm backward kernels insist on accumulating into (never read).
 struct block_input_grad_scratch {
   block_grad_scratch s;
-  Tensor norm_dw, norm_db;
+  Tensor norm_dw, norm_db, head_norm_dw;
 };
 
 /// One sequence's share of a batched cached forward: the next `rows` rows of
@@ -144,6 +151,7 @@ class block_decode_workspace {
   friend struct cached_forward;  // model/block.cpp: the cached forward of one sequence or a batch
   row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
   row_buffer qkv_, gate_up_;  ///< single-row outputs of the stacked products
+  row_buffer qn_, kn_;        ///< Qwen3: q and k after their per-head norms
   /// [1, width] views of q, k, v (gate, up) in those rows, made once per buffer.
   Tensor q1_, k1_, v1_, gate1_, up1_;
   const void* views_of_ = nullptr;

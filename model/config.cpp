@@ -1,10 +1,11 @@
 // model/config.cpp — HuggingFace config.json <-> model_config.
 //
 // We accept only what the kernels implement exactly: a config that asks for
-// something else (rope scaling, attention biases on Llama, another GELU)
+// something else (dynamic or LongRoPE scaling, MLP biases, another GELU)
 // is rejected with a message naming the field, rather than run subtly wrong.
 #include "model/config.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <fstream>
@@ -20,7 +21,8 @@ namespace {
 
 using json = nlohmann::json;
 
-const char* kSupported = "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel";
+const char* kSupported =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel";
 
 /// Reads config fields and names the field and file in every error.
 class field_reader {
@@ -93,7 +95,71 @@ class field_reader {
   const std::string& origin_;
 };
 
-model_config parse_llama(const field_reader& f, const std::string& hf_arch) {
+/// config.json's rope_scaling (null: plain RoPE), as
+/// transformers/modeling_rope_utils.py reads it: "rope_type" (or the older
+/// "type") default, linear, llama3 or yarn. yarn's ramp is found from
+/// beta_fast/beta_slow over original_max_position_embeddings (default: the
+/// model's max_position_embeddings), floored/ceiled unless truncate is
+/// false; its attention factor is given, or from mscale/mscale_all_dim, or
+/// 0.1 ln(factor) + 1.
+rope_spec parse_rope_scaling(const field_reader& f, const json& j, const std::string& origin, double theta,
+                             int head_dim, int max_positions) {
+  rope_spec r(theta);
+  if (!f.has("rope_scaling")) return r;
+  const json& s = j.at("rope_scaling");
+  if (!s.is_object()) f.fail("rope_scaling", "must be an object or null, got " + s.dump());
+  const std::string where = "rope_scaling in " + origin;
+  field_reader g(s, where);
+  const std::string type = g.has("rope_type") ? g.string_or("rope_type", "") : g.string_or("type", "default");
+  if (type == "default") return r;
+  if (type == "dynamic")
+    throw model_error("rope_scaling type 'dynamic' in " + origin +
+                      " is not supported: its frequencies change with the sequence length, so keys cached at one "
+                      "length would be rotated for another (supported: default, linear, llama3, yarn)");
+  if (type != "linear" && type != "llama3" && type != "yarn")
+    throw model_error("rope_scaling type '" + type + "' in " + origin +
+                      " is not supported (supported: default, linear, llama3, yarn)");
+  r.factor = g.positive_float("factor");
+  if (type == "linear") {
+    r.kind = rope_kind::linear;
+    return r;
+  }
+  if (type == "llama3") {
+    r.kind = rope_kind::llama3;
+    r.low_freq_factor = g.positive_float("low_freq_factor");
+    r.high_freq_factor = g.positive_float("high_freq_factor");
+    r.original_max_positions = g.positive_int("original_max_position_embeddings");
+    if (!(r.high_freq_factor > r.low_freq_factor))
+      g.fail("high_freq_factor", "must be greater than low_freq_factor");
+    return r;
+  }
+  r.kind = rope_kind::yarn;
+  const double original = g.positive_int_or("original_max_position_embeddings", max_positions);
+  auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  if (g.has("attention_factor")) {
+    r.attention_factor = g.positive_float("attention_factor");
+  } else if (g.has("mscale") && g.has("mscale_all_dim") && g.positive_float("mscale") > 0 &&
+             g.positive_float("mscale_all_dim") > 0) {
+    r.attention_factor = mscale(r.factor, g.positive_float("mscale")) / mscale(r.factor, g.positive_float("mscale_all_dim"));
+  } else {
+    r.attention_factor = mscale(r.factor, 1.0);
+  }
+  const double beta_fast = g.positive_float_or("beta_fast", 32.0f), beta_slow = g.positive_float_or("beta_slow", 1.0f);
+  const double dim = head_dim;
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(original / (rotations * 2 * 3.14159265358979323846)) / (2 * std::log(theta));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (g.boolean_or("truncate", true)) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  r.ramp_low = std::max(low, 0.0);
+  r.ramp_high = std::min(high, dim - 1);
+  return r;
+}
+
+model_config parse_llama(const field_reader& f, const json& j, const std::string& origin, const std::string& hf_arch) {
   model_config c;
   c.arch = architecture::llama;
   c.hf_architecture = hf_arch;
@@ -114,20 +180,31 @@ model_config parse_llama(const field_reader& f, const std::string& hf_arch) {
   c.intermediate_size = f.positive_int("intermediate_size");
   c.max_positions = f.positive_int("max_position_embeddings");
   c.norm_eps = f.positive_float("rms_norm_eps");
-  c.rope_theta = f.positive_float_or("rope_theta", 10000.0f);
+  const bool qwen2 = hf_arch == "Qwen2ForCausalLM", qwen3 = hf_arch == "Qwen3ForCausalLM";
+  c.rope = parse_rope_scaling(f, j, origin, f.positive_float_or("rope_theta", 10000.0f), c.head_dim,
+                              c.max_positions);
+  if (c.rope.kind != rope_kind::plain) c.rope_scaling = j.at("rope_scaling").dump();
+  // Qwen2 and Qwen3 tie small models' embeddings and say so; HF's default
+  // for both is untied, as for Llama.
   c.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
 
   std::string act = f.string_or("hidden_act", "silu");
   if (act != "silu") f.fail("hidden_act", "is '" + act + "'; only 'silu' is supported");
-  if (f.has("rope_scaling"))
-    f.fail("rope_scaling", "is set; RoPE scaling is not supported (only plain RoPE)");
-  if (f.boolean_or("attention_bias", false))
-    f.fail("attention_bias", "is true; attention biases are not supported for Llama models");
+  // Qwen2's q, k and v always have biases (o never); Llama and Qwen3 put
+  // one on all four when attention_bias is true; Mistral has none.
+  if (qwen2) {
+    c.qkv_bias = true;
+  } else if (hf_arch != "MistralForCausalLM" && f.boolean_or("attention_bias", false)) {
+    c.qkv_bias = c.o_bias = true;
+  }
+  c.qk_norm = qwen3;
   if (f.boolean_or("mlp_bias", false))
-    f.fail("mlp_bias", "is true; MLP biases are not supported for Llama models");
-  // Mistral's sliding window only changes attention for sequences longer than
-  // the window; capping the context at the window keeps full attention exact.
-  if (f.has("sliding_window")) {
+    f.fail("mlp_bias", "is true; MLP biases are not supported for " + hf_arch + " models");
+  // A sliding window only changes attention for sequences longer than the
+  // window; capping the context at the window keeps full attention exact.
+  // Qwen2/3 configs carry a window they use only with use_sliding_window.
+  const bool windowed = (qwen2 || qwen3) ? f.boolean_or("use_sliding_window", false) : true;
+  if (windowed && f.has("sliding_window")) {
     int window = f.positive_int("sliding_window");
     if (window < c.max_positions) c.max_positions = window;
   }
@@ -221,8 +298,8 @@ void model_config::validate() const {
     if (head_dim % 2 != 0)
       throw model_error(describe(*this) + ": head_dim " + std::to_string(head_dim) +
                         " must be even for rotary embeddings");
-    if (!(rope_theta > 0.0f))
-      throw model_error(describe(*this) + ": rope_theta must be positive");
+    if (!rope.valid())
+      throw model_error(describe(*this) + ": rope_theta and the rope_scaling factors must be positive");
   }
 }
 
@@ -235,8 +312,11 @@ long long model_config::parameter_count() const {
     long long block = 2 * D + (D * 3 * D + 3 * D) + (D * D + D) + 2 * D + (D * F + F) + (F * D + D);
     return V * D + P * D + n_layers * block + 2 * D;
   }
-  // input norm, q/k/v/o, post-attention norm, gate/up/down
+  // input norm, q/k/v/o (and their biases), q/k norms, post-attention norm, gate/up/down
   long long block = D + D * q + 2 * D * kv + q * D + D + 3 * D * F;
+  if (qkv_bias) block += q + 2 * kv;
+  if (o_bias) block += D;
+  if (qk_norm) block += 2LL * head_dim;
   return V * D + n_layers * block + D + (tie_embeddings ? 0 : V * D);
 }
 
@@ -254,13 +334,16 @@ model_config parse_config(const nlohmann::json& j, const std::string& origin) {
     std::string type = f.string_or("model_type", "");
     if (type == "llama") arch = "LlamaForCausalLM";
     else if (type == "mistral") arch = "MistralForCausalLM";
+    else if (type == "qwen2") arch = "Qwen2ForCausalLM";
+    else if (type == "qwen3") arch = "Qwen3ForCausalLM";
     else if (type == "gpt2") arch = "GPT2LMHeadModel";
     else arch = type.empty() ? std::string("(none: no architectures or model_type)") : type;
   }
 
   model_config c;
-  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM")
-    c = parse_llama(f, arch);
+  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
+      arch == "Qwen3ForCausalLM")
+    c = parse_llama(f, j, origin, arch);
   else if (arch == "GPT2LMHeadModel")
     c = parse_gpt2(f, arch);
   else
@@ -316,10 +399,15 @@ nlohmann::json to_hf_json(const model_config& c) {
     j["embd_pdrop"] = 0.0;
     j["attn_pdrop"] = 0.0;
   } else {
-    std::string arch = c.hf_architecture == "MistralForCausalLM" ? "MistralForCausalLM"
-                                                                 : "LlamaForCausalLM";
+    const std::string& h = c.hf_architecture;
+    const std::string arch = h == "MistralForCausalLM" || h == "Qwen2ForCausalLM" || h == "Qwen3ForCausalLM"
+                                 ? h
+                                 : std::string("LlamaForCausalLM");
     j["architectures"] = json::array({arch});
-    j["model_type"] = arch == "MistralForCausalLM" ? "mistral" : "llama";
+    j["model_type"] = arch == "MistralForCausalLM" ? "mistral"
+                      : arch == "Qwen2ForCausalLM" ? "qwen2"
+                      : arch == "Qwen3ForCausalLM" ? "qwen3"
+                                                   : "llama";
     j["vocab_size"] = c.vocab_size;
     j["hidden_size"] = c.hidden_size;
     j["num_hidden_layers"] = c.n_layers;
@@ -329,11 +417,11 @@ nlohmann::json to_hf_json(const model_config& c) {
     j["intermediate_size"] = c.intermediate_size;
     j["max_position_embeddings"] = c.max_positions;
     j["rms_norm_eps"] = shortest(c.norm_eps);
-    j["rope_theta"] = shortest(c.rope_theta);
-    j["rope_scaling"] = nullptr;
+    j["rope_theta"] = shortest(static_cast<float>(c.rope.theta));
+    j["rope_scaling"] = c.rope_scaling.empty() ? json(nullptr) : json::parse(c.rope_scaling);
     j["tie_word_embeddings"] = c.tie_embeddings;
     j["hidden_act"] = "silu";
-    j["attention_bias"] = false;
+    if (arch != "Qwen2ForCausalLM") j["attention_bias"] = c.o_bias;
     j["mlp_bias"] = false;
     if (arch == "MistralForCausalLM") j["sliding_window"] = nullptr;
   }

@@ -6,11 +6,16 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "kernels/rope_spec.hpp"
+
 namespace corolla {
 
 /// The model families corolla runs.
 enum class architecture {
-  llama,  ///< LlamaForCausalLM / MistralForCausalLM: RMSNorm, RoPE, SwiGLU, GQA, no biases
+  /// LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
+  /// Qwen3ForCausalLM: RMSNorm, RoPE (optionally scaled), SwiGLU, GQA, and
+  /// the family's optional q/k/v(/o) biases and per-head q/k norms
+  llama,
   gpt2,   ///< GPT2LMHeadModel: LayerNorm, learned positions, GELU(tanh), biases, tied head
 };
 
@@ -27,7 +32,11 @@ struct model_config {
   int intermediate_size = 0;    ///< F (MLP width)
   int max_positions = 0;        ///< context length (max_position_embeddings / n_positions)
   float norm_eps = 1e-5f;       ///< rms_norm_eps / layer_norm_epsilon
-  float rope_theta = 10000.0f;  ///< llama only
+  rope_spec rope;               ///< llama only: rope_theta and rope_scaling
+  std::string rope_scaling;     ///< config.json's rope_scaling object as written ("" for plain RoPE)
+  bool qkv_bias = false;        ///< q, k, v projections have biases (Qwen2; Llama's attention_bias)
+  bool o_bias = false;          ///< the output projection has a bias (Llama's attention_bias)
+  bool qk_norm = false;         ///< per-head RMSNorm of q and k before RoPE (Qwen3's q_norm, k_norm)
   bool tie_embeddings = false;  ///< LM head shares the token embedding table
   int bos_token_id = -1;        ///< -1 when unknown
   int eos_token_id = -1;        ///< -1 when unknown

@@ -45,6 +45,12 @@ std::string llama_block_name(int layer, const std::string& canonical) {
   if (canonical == "gate.weight") return p + "mlp.gate_proj.weight";
   if (canonical == "up.weight") return p + "mlp.up_proj.weight";
   if (canonical == "down.weight") return p + "mlp.down_proj.weight";
+  if (canonical == "q.bias") return p + "self_attn.q_proj.bias";
+  if (canonical == "k.bias") return p + "self_attn.k_proj.bias";
+  if (canonical == "v.bias") return p + "self_attn.v_proj.bias";
+  if (canonical == "o.bias") return p + "self_attn.o_proj.bias";
+  if (canonical == "q_norm.weight") return p + "self_attn.q_norm.weight";
+  if (canonical == "k_norm.weight") return p + "self_attn.k_norm.weight";
   throw tensor_error("no HuggingFace Llama name for block tensor '" + canonical + "'");
 }
 

@@ -14,7 +14,7 @@
 //    the log-sum-exp of the *scaled* scores scale * q.k.
 //  * OpenBLAS runs single-threaded inside OpenMP-split products, so the
 //    backend has exactly one thread pool (set_cpu_threads sizes it).
-//  * rope caches cos/sin tables per (theta, head_dim); a table grows (one
+//  * rope caches cos/sin tables per (rope_spec, head_dim); a table grows (one
 //    allocation) the first time a larger position is seen, never otherwise.
 #pragma once
 
@@ -27,10 +27,10 @@
 
 namespace corolla::cpu {
 
-/// cos/sin of pos * theta^(-2i/Dh) for pos < positions, i < head_dim/2,
-/// row-major [positions][head_dim/2]. Immutable once published.
+/// scale * cos/sin of pos * inv_freq(i) for pos < positions, i <
+/// head_dim/2, row-major [positions][head_dim/2]. Immutable once published.
 struct rope_table {
-  float theta = 0.0f;
+  rope_spec spec;
   int head_dim = 0;
   std::int64_t positions = 0;
   std::vector<float> cos;
@@ -70,12 +70,12 @@ class cpu_backend_impl final : public Backend {
                           const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
                           Tensor& db) override;
 
-  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
+  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, const rope_spec& spec,
             bool inverse = false) override;
   /// rope, then the rows copied (or converted) into the cache: allocates
   /// nothing (the decode hot path), unlike the default's tensor views.
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv, int head_dim,
-                     float theta, bool rotate, void* k_out, void* v_out, dtype cache_type) override;
+                     const rope_spec& spec, bool rotate, void* k_out, void* v_out, dtype cache_type) override;
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq,
                  const attention_shape& s, Tensor& out, Tensor* lse) override;
@@ -107,10 +107,10 @@ class cpu_backend_impl final : public Backend {
   void copy(const Tensor& src, Tensor& dst) override;
 
  private:
-  /// The table for (theta, head_dim) covering at least `positions`
+  /// The table for (spec, head_dim) covering at least `positions`
   /// positions; builds or grows it on first need (the only allocation rope
   /// ever makes).
-  std::shared_ptr<const rope_table> rope_table_for(float theta, int head_dim,
+  std::shared_ptr<const rope_table> rope_table_for(const rope_spec& spec, int head_dim,
                                                    std::int64_t positions);
 
   std::mutex rope_mutex_;

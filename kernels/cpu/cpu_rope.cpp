@@ -2,12 +2,13 @@
 // rotate-half convention, with cached cos/sin tables.
 //
 // For head h and i < Dh/2 the pair (x[i], x[i + Dh/2]) is rotated by
-// angle = pos * theta^(-2i/Dh). inv_freq and the angle are computed in
-// double, then cos/sin rounded to f32 once, so the table matches a float64
-// reference to f32 rounding even at large positions (an f32 angle would
-// already be off by pos * 2^-24 radians).
+// angle = pos * inv_freq(i) (kernels/rope_spec.hpp: plain theta^(-2i/Dh) or
+// a HuggingFace rope_scaling type) and scaled by the spec's scale. inv_freq
+// and the angle are computed in double, then cos/sin rounded to f32 once,
+// so the table matches a float64 reference to f32 rounding even at large
+// positions (an f32 angle would already be off by pos * 2^-24 radians).
 //
-// Allocation: a table per (theta, head_dim) is built the first time that
+// Allocation: a table per (spec, head_dim) is built the first time that
 // pair is seen and rebuilt (doubling its positions) the first time a
 // position beyond it is seen. Decode reuses the table and allocates nothing.
 #include <algorithm>
@@ -27,22 +28,22 @@ namespace {
 /// Smallest table built; positions are doubled from there.
 constexpr std::int64_t min_table_positions = 256;
 
-std::shared_ptr<const rope_table> build_table(float theta, int head_dim, std::int64_t positions) {
+std::shared_ptr<const rope_table> build_table(const rope_spec& spec, int head_dim, std::int64_t positions) {
   auto t = std::make_shared<rope_table>();
-  t->theta = theta;
+  t->spec = spec;
   t->head_dim = head_dim;
   t->positions = positions;
   const int half = head_dim / 2;
   t->cos.resize(static_cast<std::size_t>(positions * half));
   t->sin.resize(static_cast<std::size_t>(positions * half));
+  const double scale = spec.scale();
   for (int i = 0; i < half; ++i) {
-    const double inv_freq =
-        std::pow(static_cast<double>(theta), -2.0 * i / static_cast<double>(head_dim));
+    const double inv_freq = spec.inv_freq(i, head_dim);
     for (std::int64_t p = 0; p < positions; ++p) {
       const double angle = static_cast<double>(p) * inv_freq;
       const auto k = static_cast<std::size_t>(p * half + i);
-      t->cos[k] = static_cast<float>(std::cos(angle));
-      t->sin[k] = static_cast<float>(std::sin(angle));
+      t->cos[k] = static_cast<float>(scale * std::cos(angle));
+      t->sin[k] = static_cast<float>(scale * std::sin(angle));
     }
   }
   return t;
@@ -50,25 +51,25 @@ std::shared_ptr<const rope_table> build_table(float theta, int head_dim, std::in
 
 }  // namespace
 
-std::shared_ptr<const rope_table> cpu_backend_impl::rope_table_for(float theta, int head_dim,
+std::shared_ptr<const rope_table> cpu_backend_impl::rope_table_for(const rope_spec& spec, int head_dim,
                                                                    std::int64_t positions) {
   std::lock_guard<std::mutex> lock(rope_mutex_);
   for (auto& t : rope_tables_) {
-    if (t->theta != theta || t->head_dim != head_dim) continue;
+    if (!(t->spec == spec) || t->head_dim != head_dim) continue;
     if (t->positions < positions)
-      t = build_table(theta, head_dim, std::max(positions, 2 * t->positions));
+      t = build_table(spec, head_dim, std::max(positions, 2 * t->positions));
     return t;  // a copy: callers keep their table alive if it is replaced
   }
   rope_tables_.push_back(
-      build_table(theta, head_dim, std::max(positions, min_table_positions)));
+      build_table(spec, head_dim, std::max(positions, min_table_positions)));
   return rope_tables_.back();
 }
 
 void cpu_backend_impl::rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim,
-                            float theta, bool inverse) {
+                            const rope_spec& spec, bool inverse) {
   require_that(n_heads > 0, "rope", "n_heads must be positive");
   require_that(head_dim > 0 && head_dim % 2 == 0, "rope", "head_dim must be positive and even");
-  require_that(theta > 0.0f && std::isfinite(theta), "rope", "theta must be positive");
+  require_that(spec.valid(), "rope", "theta and the scaling factors must be positive");
   require_host(x, dtype::f32, "rope x");
   require_that(x.rank() == 2, "rope x", "expected a 2-D [rows, heads * head_dim] tensor");
   const std::int64_t n = x.dim(0), width = std::int64_t{n_heads} * head_dim;
@@ -85,7 +86,7 @@ void cpu_backend_impl::rope(Tensor& x, const Tensor& positions, int n_heads, int
     max_pos = std::max(max_pos, pos[r]);
   }
   const std::shared_ptr<const rope_table> table =
-      rope_table_for(theta, head_dim, std::int64_t{max_pos} + 1);
+      rope_table_for(spec, head_dim, std::int64_t{max_pos} + 1);
 
   const int half = head_dim / 2;
   const float sign = inverse ? -1.0f : 1.0f;
@@ -107,15 +108,15 @@ void cpu_backend_impl::rope(Tensor& x, const Tensor& positions, int n_heads, int
 }
 
 void cpu_backend_impl::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq,
-                                     int hkv, int head_dim, float theta, bool rotate, void* k_out, void* v_out,
+                                     int hkv, int head_dim, const rope_spec& spec, bool rotate, void* k_out, void* v_out,
                                      dtype cache_type) {
   require_host(k, dtype::f32, "rope_store_kv k");
   require_host(v, dtype::f32, "rope_store_kv v");
   if (k.shape() != v.shape())
     throw tensor_error("rope_store_kv: k " + shape_str(k.shape()) + " and v " + shape_str(v.shape()) + " differ");
   if (rotate) {
-    rope(q, positions, hq, head_dim, theta);
-    rope(k, positions, hkv, head_dim, theta);
+    rope(q, positions, hq, head_dim, spec);
+    rope(k, positions, hkv, head_dim, spec);
   }
   const auto n = static_cast<std::size_t>(k.numel());
   if (n > 0 && (k_out == nullptr || v_out == nullptr)) throw tensor_error("rope_store_kv: no destination rows");

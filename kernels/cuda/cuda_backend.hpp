@@ -98,8 +98,9 @@ class cuda_backend final : public Backend {
                           Tensor& db) override;
 
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
-                     int head_dim, float theta, bool rotate, void* k_out, void* v_out, dtype cache_type) override;
-  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
+                     int head_dim, const rope_spec& spec, bool rotate, void* k_out, void* v_out,
+                     dtype cache_type) override;
+  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, const rope_spec& spec,
             bool inverse = false) override;
 
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq,

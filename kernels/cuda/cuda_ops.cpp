@@ -168,11 +168,11 @@ void cuda_backend::layernorm_backward(const Tensor& x, const Tensor& w, const Te
 // ---- rope ------------------------------------------------------------------------
 
 void cuda_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim,
-                        float theta, bool inverse) {
+                        const rope_spec& spec, bool inverse) {
   require_condition(n_heads > 0, "rope", "n_heads must be positive");
   require_condition(head_dim > 0 && head_dim % 2 == 0, "rope",
                     "head_dim must be positive and even");
-  require_condition(theta > 0.0f && std::isfinite(theta), "rope", "theta must be positive");
+  require_condition(spec.valid(), "rope", "theta and the scaling factors must be positive");
   const elem t = float_elem(x, dev(), "rope x");
   require_condition(x.rank() == 2, "rope x", "expected a 2-D [rows, heads * head_dim] tensor");
   const std::int64_t n = x.dim(0), width = std::int64_t{n_heads} * head_dim;
@@ -180,7 +180,7 @@ void cuda_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int hea
   device_guard guard(index_);
   const std::int32_t* pos = rope_positions(positions, n, "rope");
   if (n == 0) return;
-  cuda::rope(stream_, t, x.raw(), pos, n, n_heads, head_dim, theta, inverse);
+  cuda::rope(stream_, t, x.raw(), pos, n, n_heads, head_dim, spec, inverse);
 }
 
 const std::int32_t* cuda_backend::rope_positions(const Tensor& positions, std::int64_t n, const char* what) {
@@ -196,11 +196,11 @@ const std::int32_t* cuda_backend::rope_positions(const Tensor& positions, std::i
 }
 
 void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq,
-                                 int hkv, int head_dim, float theta, bool rotate, void* k_out, void* v_out,
+                                 int hkv, int head_dim, const rope_spec& spec, bool rotate, void* k_out, void* v_out,
                                  dtype cache_type) {
   require_condition(hq > 0 && hkv > 0, "rope_store_kv", "head counts must be positive");
   require_condition(head_dim > 0 && head_dim % 2 == 0, "rope_store_kv", "head_dim must be positive and even");
-  require_condition(!rotate || (theta > 0.0f && std::isfinite(theta)), "rope_store_kv", "theta must be positive");
+  require_condition(!rotate || spec.valid(), "rope_store_kv", "theta and the scaling factors must be positive");
   require_on(q, dev(), dtype::f32, "rope_store_kv q");
   require_condition(q.rank() == 2, "rope_store_kv q", "expected a 2-D [rows, heads * head_dim] tensor");
   const std::int64_t n = q.dim(0), qw = std::int64_t{hq} * head_dim, kw = std::int64_t{hkv} * head_dim;
@@ -211,7 +211,7 @@ void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Te
   const cuda::elem cache = elem_of(cache_type, "rope_store_kv cache rows");
   device_guard guard(index_);
   const std::int32_t* pos = rotate ? rope_positions(positions, n, "rope_store_kv") : nullptr;
-  cuda::rope_store_kv(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, theta, rotate, cache, k_out, v_out);
+  cuda::rope_store_kv(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, spec, rotate, cache, k_out, v_out);
 }
 
 // ---- attention -------------------------------------------------------------------

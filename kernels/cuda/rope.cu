@@ -13,7 +13,7 @@
 namespace corolla::cuda {
 
 void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
-                   std::int64_t n, int hq, int hkv, int head_dim, float theta, bool rotate, elem cache,
+                   std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
                    void* k_out, void* v_out) {
   const std::int64_t total = (rotate ? n * hq * (head_dim / 2) : 0) + n * hkv * (head_dim / 2) + n * hkv * head_dim;
   if (total <= 0) return;
@@ -21,19 +21,19 @@ void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const s
     using KT = decltype(tag);
     launch_dependent("rope_store_kv_kernel", &rope_store_kv_kernel<KT>,
         dim3(grid_for(total)), dim3(elementwise_threads), 0, s,
-        q, k, v, positions, n, hq, hkv, head_dim, static_cast<double>(theta), rotate, static_cast<KT*>(k_out),
+        q, k, v, positions, n, hq, hkv, head_dim, spec, rotate, static_cast<KT*>(k_out),
         static_cast<KT*>(v_out));
   });
 }
 
 void rope(stream_t s, elem t, void* x, const std::int32_t* positions, std::int64_t n, int heads,
-          int head_dim, float theta, bool inverse) {
+          int head_dim, const rope_spec& spec, bool inverse) {
   const std::int64_t total = n * heads * (head_dim / 2);
   if (total <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
     rope_kernel<T><<<grid_for(total), elementwise_threads, 0, s>>>(
-        static_cast<T*>(x), positions, n, heads, head_dim, static_cast<double>(theta), inverse ? -1.0f : 1.0f);
+        static_cast<T*>(x), positions, n, heads, head_dim, spec, inverse ? -1.0f : 1.0f);
     COROLLA_CUDA_LAUNCH_CHECK("rope_kernel");
   });
 }

@@ -4,22 +4,24 @@
 #include <cstdint>
 
 #include "kernels/cuda/stream.hpp"
+#include "kernels/rope_spec.hpp"
 
 namespace corolla::cuda {
 
 /// In place on x [n, heads*head_dim] (element type t, rotated in f32):
 /// pair (i, i + head_dim/2) of each head rotated by positions[row] *
-/// theta^(-2i/head_dim) (negated when `inverse`). Positions (device, i32)
-/// must be non-negative: checked by the caller.
+/// spec.inv_freq(i, head_dim) (negated when `inverse`) and scaled by
+/// spec.scale(). Positions (device, i32) must be non-negative: checked by
+/// the caller.
 void rope(stream_t s, elem t, void* x, const std::int32_t* positions, std::int64_t n, int heads,
-          int head_dim, float theta, bool inverse);
+          int head_dim, const rope_spec& spec, bool inverse);
 
 /// Backend::rope_store_kv on device pointers: q [n, hq*head_dim] rotated in
 /// place (when `rotate`), k [n, hkv*head_dim] rotated (or copied) into
 /// k_out, v copied into v_out (cache rows of element type `cache`, rounded
 /// once on store); one launch.
 void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
-                   std::int64_t n, int hq, int hkv, int head_dim, float theta, bool rotate, elem cache,
+                   std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
                    void* k_out, void* v_out);
 
 }  // namespace corolla::cuda

@@ -9,22 +9,24 @@
 
 #include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/grid_dependency.cuh"
+#include "kernels/rope_spec.hpp"
 
 namespace corolla::cuda {
 namespace {
 
-/// cos and sin of position `pos` for pair i of a head.
-__device__ __forceinline__ void rope_angle(std::int32_t pos, int i, int head_dim, double theta, float& c,
-                                           float& sn) {
-  const double angle = static_cast<double>(pos) * pow(theta, -2.0 * i / static_cast<double>(head_dim));
-  c = static_cast<float>(cos(angle));
-  sn = static_cast<float>(sin(angle));
+/// cos and sin of position `pos` for pair i of a head (times the spec's scale).
+__device__ __forceinline__ void rope_angle(std::int32_t pos, int i, int head_dim, const rope_spec& spec,
+                                           float& c, float& sn) {
+  const double angle = static_cast<double>(pos) * spec.inv_freq(i, head_dim);
+  const double scale = spec.scale();
+  c = static_cast<float>(scale * cos(angle));
+  sn = static_cast<float>(scale * sin(angle));
 }
 
 /// One thread per (row, head, i < head_dim/2); x stored as T, rotated in f32.
 template <class T>
 __global__ void rope_kernel(T* x, const std::int32_t* positions, std::int64_t n, int heads,
-                            int head_dim, double theta, float sign) {
+                            int head_dim, rope_spec spec, float sign) {
   const int half = head_dim / 2;
   const std::int64_t total = n * heads * half;
   for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < total;
@@ -33,7 +35,7 @@ __global__ void rope_kernel(T* x, const std::int32_t* positions, std::int64_t n,
     const std::int64_t rh = k / half;  // row * heads + head
     const std::int64_t row = rh / heads;
     float c, sn;
-    rope_angle(positions[row], i, head_dim, theta, c, sn);
+    rope_angle(positions[row], i, head_dim, spec, c, sn);
     sn *= sign;
     T* x1 = x + rh * head_dim;  // row * (heads * head_dim) + head * head_dim
     T* x2 = x1 + half;
@@ -48,7 +50,7 @@ __global__ void rope_kernel(T* x, const std::int32_t* positions, std::int64_t n,
 /// are of type KT (f32, or bf16/f16 rounded once on store).
 template <class KT>
 __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, const std::int32_t* positions,
-                                     std::int64_t n, int hq, int hkv, int head_dim, double theta, bool rotate,
+                                     std::int64_t n, int hq, int hkv, int head_dim, rope_spec spec, bool rotate,
                                      KT* k_out, KT* v_out) {
   allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
   await_producers();   // and this one touches nothing before the kernel before it is done
@@ -72,7 +74,7 @@ __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, c
     float x1 = a, x2 = b;
     if (rotate) {
       float c, sn;
-      rope_angle(positions[rh / heads], i, head_dim, theta, c, sn);
+      rope_angle(positions[rh / heads], i, head_dim, spec, c, sn);
       x1 = a * c - b * sn;
       x2 = b * c + a * sn;
     }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <regex>
@@ -37,11 +38,13 @@ struct swarm_model {
   generation_params params;
   std::vector<std::int32_t> expected;
 
-  explicit swarm_model(architecture arch) {
+  /// `tweak` adjusts the model before it is written (a family, RoPE scaling).
+  explicit swarm_model(architecture arch, const std::function<void(testing::tiny_model_options&)>& tweak = {}) {
     opts.arch = arch;
     opts.layers = 4;
     opts.vocab = 64;
     opts.max_positions = 64;
+    if (tweak) tweak(opts);
     testing::write_tiny_model(dir.path(), opts);
     cfg = testing::tiny_config(opts);
     params.max_new_tokens = 20;

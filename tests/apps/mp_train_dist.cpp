@@ -176,6 +176,40 @@ TEST_CASE("an untied Llama with several micro-batches per replica, clipping and 
   CHECK(reported == j.steps);
 }
 
+TEST_CASE("Qwen2 and Qwen3 models with scaled RoPE train in 2x2 like one process, and --save writes their biases and norms") {
+  temp_dir_guard tmp("mp-train-qwen");
+  for (const char* family : {"Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+    CAPTURE(family);
+    tiny_model_options o = tiny(architecture::llama);
+    o.family = family;
+    o.rope_scaling = R"({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8})";
+    if (o.family == "Qwen3ForCausalLM") {
+      o.head_dim = 16;
+      o.attention_bias = true;
+    }
+    job j;
+    j.model = tmp / family;
+    write_tiny_model(j.model, o);
+    j.data = tmp / "tokens.bin";
+    write_raw_u16(j.data, pattern_tokens(3000));
+    j.steps = 8;
+    j.lr = 1e-2f;
+    const std::vector<float> want = reference_losses(j, transformer::load(j.model, cpu_backend()));
+    const fs::path saved = tmp / (std::string(family) + "-trained");
+    const process_result r = run_layout(j, 2, 2, {"--save", saved.string()});
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    check_close(json_steps(r.out_lines()), want, 1e-5);
+    // The saved model is the same family, with its extra tensors.
+    const model_config back = load_config(saved);
+    CHECK(back.hf_architecture == family);
+    CHECK(back.rope == load_config(j.model).rope);
+    const auto tensors = read_all_f32(saved);
+    CHECK(tensors.count("model.layers.3.self_attn.q_proj.bias") == 1);
+    CHECK(tensors.count("model.layers.3.self_attn.k_norm.weight") == (o.family == "Qwen3ForCausalLM" ? 1u : 0u));
+  }
+}
+
 TEST_CASE("a resumed run continues with the losses of an uninterrupted one, and --save writes the trained model") {
   temp_dir_guard tmp("mp-train-resume");
   job j = fresh_gpt2_job(tmp);

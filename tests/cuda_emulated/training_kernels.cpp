@@ -196,6 +196,52 @@ TEST_CASE("emulated RoPE and RoPE + KV-append kernels match the cpu") {
   }
 }
 
+TEST_CASE("emulated RoPE kernels with HF's rope_scaling (linear, llama3, yarn) match the cpu") {
+  kernel_test::rng r(920);
+  const std::int64_t n = 4;
+  const int hq = 2, hkv = 1, dh = 32;
+  const std::vector<std::int32_t> pos = {0, 5, 900, 20000};
+  const Tensor positions = Tensor::from_i32(pos, {n});
+  rope_spec linear(500000.0), llama3(500000.0), yarn(1000000.0);
+  linear.kind = rope_kind::linear;
+  linear.factor = 2.5;
+  llama3.kind = rope_kind::llama3;
+  llama3.factor = 8;
+  llama3.original_max_positions = 64;
+  yarn.kind = rope_kind::yarn;
+  yarn.factor = 4;
+  yarn.ramp_low = 3;
+  yarn.ramp_high = 9;
+  yarn.attention_factor = 1.1386;
+  for (const rope_spec& spec : {linear, llama3, yarn}) {
+    CAPTURE(static_cast<int>(spec.kind));
+    for (const bool inverse : {false, true}) {
+      const Tensor x = random_tensor({n, hq * dh}, r);
+      Tensor want = x.clone(), got = x.clone(), plain = x.clone();
+      cpu_backend().rope(want, positions, hq, dh, spec, inverse);
+      cpu_backend().rope(plain, positions, hq, dh, rope_spec(spec.theta), inverse);
+      emulated::launch(&cuda::rope_kernel<float>, {3, 1, 64, 0}, f(got), positions.data<std::int32_t>(), n, hq, dh, spec,
+                       inverse ? -1.0f : 1.0f);
+      check_close(got, to_double(want), rel_tol, abs_tol, "scaled rope");
+      // The scaling changes the rotation (the comparison has teeth).
+      double moved = 0;
+      const std::vector<float> a = want.to_vector(), b = plain.to_vector();
+      for (std::size_t i = 0; i < a.size(); ++i) moved = std::max(moved, double(std::abs(a[i] - b[i])));
+      CHECK(moved > 1e-2);
+    }
+    const Tensor q = random_tensor({n, hq * dh}, r), k = random_tensor({n, hkv * dh}, r), v = random_tensor({n, hkv * dh}, r);
+    Tensor want_q = q.clone(), want_k = k.clone(), want_k_out = Tensor::empty({n, hkv * dh}),
+           want_v_out = Tensor::empty({n, hkv * dh});
+    cpu_backend().rope_store_kv(want_q, want_k, v, positions, hq, hkv, dh, spec, true, f(want_k_out), f(want_v_out),
+                                dtype::f32);
+    Tensor got_q = q.clone(), k_out = Tensor::empty({n, hkv * dh}), v_out = Tensor::empty({n, hkv * dh});
+    emulated::launch(&cuda::rope_store_kv_kernel<float>, {4, 1, 64, 0}, f(got_q), f(k), f(v),
+                     positions.data<std::int32_t>(), n, hq, hkv, dh, spec, true, f(k_out), f(v_out));
+    check_close(got_q, to_double(want_q), rel_tol, abs_tol, "scaled rope_store_kv q");
+    check_close(k_out, to_double(want_k_out), rel_tol, abs_tol, "scaled rope_store_kv k");
+  }
+}
+
 namespace {
 
 /// The 16-bit kernels against the f32 ones on the widened inputs: the

@@ -340,7 +340,7 @@ void emulated_device_backend::layernorm_backward(const Tensor& x, const Tensor& 
   o.finish();
 }
 
-void emulated_device_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta,
+void emulated_device_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, const rope_spec& theta,
                                    bool inverse) {
   user u(*this);
   want_float(x, "rope x");

@@ -85,7 +85,7 @@ class emulated_device_backend final : public Backend {
                  Tensor* rstd) override;
   void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                           Tensor& dx, Tensor& dw, Tensor& db) override;
-  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, float theta, bool inverse = false) override;
+  void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, const rope_spec& theta, bool inverse = false) override;
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq, const attention_shape& s,
                  Tensor& out, Tensor* lse) override;
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,

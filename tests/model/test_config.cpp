@@ -65,7 +65,7 @@ TEST_CASE("llama config.json parses every field with HF defaults") {
   CHECK(c.intermediate_size == 14336);
   CHECK(c.max_positions == 8192);
   CHECK(c.norm_eps == doctest::Approx(1e-5));
-  CHECK(c.rope_theta == doctest::Approx(500000.0));
+  CHECK(c.rope.theta == doctest::Approx(500000.0));
   CHECK_FALSE(c.tie_embeddings);
   CHECK(c.bos_token_id == 128000);
   CHECK(c.eos_token_id == 128001);  // first of the list
@@ -78,7 +78,7 @@ TEST_CASE("llama config.json parses every field with HF defaults") {
   j["head_dim"] = 64;  // explicit head_dim wins over hidden/heads
   c = parse_config(j);
   CHECK(c.n_kv_heads == 32);
-  CHECK(c.rope_theta == doctest::Approx(10000.0));
+  CHECK(c.rope.theta == doctest::Approx(10000.0));
   CHECK_FALSE(c.tie_embeddings);
   CHECK(c.eos_token_id == -1);
   CHECK(c.head_dim == 64);
@@ -141,12 +141,18 @@ TEST_CASE("parameter_count is exact for llama shapes") {
 }
 
 TEST_CASE("parameter_count equals the element count of the written tiny checkpoints") {
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 5; ++variant) {
     testing::tiny_model_options o;
     if (variant == 1) o.tied = true;
     if (variant == 2) {
       o.arch = architecture::gpt2;
       o.heads = 4;
+    }
+    if (variant == 3) o.family = "Qwen2ForCausalLM";
+    if (variant == 4) {
+      o.family = "Qwen3ForCausalLM";
+      o.head_dim = 16;
+      o.attention_bias = true;
     }
     testing::temp_dir_guard dir("config-count");
     testing::write_tiny_model(dir.path(), o);
@@ -165,14 +171,26 @@ TEST_CASE("unsupported architectures and features are named in the error") {
   j["architectures"] = {"FalconForCausalLM"};
   CHECK(error_of(j) ==
         "unsupported architecture 'FalconForCausalLM' in /models/x/config.json (supported: "
-        "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel)");
+        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel)");
 
   j = llama_json();
-  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
   std::string e = error_of(j);
-  CHECK(contains(e, "rope_scaling"));
+  CHECK(contains(e, "rope_scaling type 'dynamic'"));
   CHECK(contains(e, "not supported"));
   CHECK(contains(e, "/models/x/config.json"));
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
+  CHECK(contains(error_of(j), "rope_scaling type 'longrope' in /models/x/config.json is not supported"));
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  CHECK(contains(error_of(j), "missing field 'low_freq_factor' in rope_scaling in /models/x/config.json"));
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", -1}};
+  CHECK(contains(error_of(j), "field 'factor' in rope_scaling"));
+  j["rope_scaling"] = 3;
+  CHECK(contains(error_of(j), "must be an object or null"));
+
+  j = llama_json();
+  j["mlp_bias"] = true;
+  CHECK(contains(error_of(j), "mlp_bias"));
 
   j = llama_json();
   j["hidden_act"] = "gelu";
@@ -184,6 +202,91 @@ TEST_CASE("unsupported architectures and features are named in the error") {
   CHECK(contains(e, "activation_function"));
   CHECK(contains(e, "relu"));
   CHECK(contains(e, "gelu_new"));
+}
+
+TEST_CASE("rope_scaling types give HF's frequencies: linear, llama3 (Llama 3.1's numbers), yarn (Qwen's)") {
+  json j = llama_json();  // rope_theta 500000, head_dim 128
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  const model_config c = parse_config(j);
+  CHECK(c.rope.kind == rope_kind::llama3);
+  const rope_spec plain(500000.0);
+  // Short wavelengths (< 8192/4) stay, long ones (> 8192) are divided by 8,
+  // those between are mixed.
+  CHECK(c.rope.inv_freq(0, 128) == plain.inv_freq(0, 128));
+  CHECK(c.rope.inv_freq(63, 128) == doctest::Approx(plain.inv_freq(63, 128) / 8));
+  int mixed = 0;
+  for (int i = 0; i < 64; ++i) {
+    const double f = c.rope.inv_freq(i, 128), p = plain.inv_freq(i, 128);
+    CHECK(f <= p);
+    CHECK(f >= p / 8 * (1 - 1e-12));
+    mixed += f < p && f > p / 8 * (1 + 1e-9);
+  }
+  CHECK(mixed > 0);
+  CHECK(c.rope.scale() == 1.0);
+
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // the older key
+  CHECK(parse_config(j).rope.inv_freq(5, 128) == doctest::Approx(plain.inv_freq(5, 128) / 2));
+
+  // Qwen2.5's long-context setting: factor 4 over 32768 positions.
+  j["rope_theta"] = 1000000.0;
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  const model_config y = parse_config(j);
+  CHECK(y.rope.kind == rope_kind::yarn);
+  CHECK(y.rope.scale() == doctest::Approx(0.1 * std::log(4.0) + 1.0));
+  // dim 128, base 1e6, 32768 positions: the ramp spans dimensions
+  // [floor(23.6), ceil(39.65)] = [23, 40].
+  CHECK(y.rope.ramp_low == 23.0);
+  CHECK(y.rope.ramp_high == 40.0);
+  const rope_spec base(1000000.0);
+  CHECK(y.rope.inv_freq(3, 128) == base.inv_freq(3, 128));
+  CHECK(y.rope.inv_freq(60, 128) == doctest::Approx(base.inv_freq(60, 128) / 4));
+  const double mid = y.rope.inv_freq(31, 128) / base.inv_freq(31, 128);  // ramp (31 - 23) / 17
+  CHECK(mid == doctest::Approx(1.0 / 4 * (8.0 / 17) + (1 - 8.0 / 17)));
+  // Round trip keeps the scaling.
+  CHECK(parse_config(to_hf_json(y)).rope == y.rope);
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  CHECK(parse_config(j).rope == rope_spec(1000000.0));
+}
+
+TEST_CASE("qwen2 and qwen3 configs: q/k/v biases, q/k norms, their own head_dim, sliding windows only when used") {
+  json j = llama_json();
+  j["architectures"] = {"Qwen2ForCausalLM"};
+  j["sliding_window"] = 1024;
+  j["use_sliding_window"] = false;
+  model_config c = parse_config(j);
+  CHECK(c.qkv_bias);
+  CHECK_FALSE(c.o_bias);
+  CHECK_FALSE(c.qk_norm);
+  CHECK(c.max_positions == 8192);
+  j["use_sliding_window"] = true;
+  CHECK(parse_config(j).max_positions == 1024);
+  CHECK(parse_config(to_hf_json(c)).qkv_bias);
+
+  j = llama_json();
+  j.erase("architectures");
+  j["model_type"] = "qwen3";
+  j["head_dim"] = 64;  // 32 heads x 64 != hidden 4096
+  c = parse_config(j);
+  CHECK(c.hf_architecture == "Qwen3ForCausalLM");
+  CHECK(c.qk_norm);
+  CHECK(c.head_dim == 64);
+  CHECK_FALSE(c.qkv_bias);
+  j["attention_bias"] = true;
+  c = parse_config(j);
+  CHECK(c.qkv_bias);
+  CHECK(c.o_bias);
+  const model_config back = parse_config(to_hf_json(c));
+  CHECK(back.qk_norm);
+  CHECK(back.o_bias);
+  CHECK(back.head_dim == 64);
+  // Parameters: the four biases of each of the 32 layers.
+  j["attention_bias"] = false;
+  const long long plain = parse_config(j).parameter_count();
+  CHECK(c.parameter_count() - plain == 32LL * (32 * 64 + 2 * 8 * 64 + 4096));
 }
 
 TEST_CASE("missing or invalid fields are named with the file") {
@@ -277,7 +380,7 @@ TEST_CASE("to_hf_json round-trips through parse_config") {
     CHECK(b.intermediate_size == a.intermediate_size);
     CHECK(b.max_positions == a.max_positions);
     CHECK(b.norm_eps == a.norm_eps);
-    CHECK(b.rope_theta == a.rope_theta);
+    CHECK(b.rope == a.rope);
     CHECK(b.tie_embeddings == a.tie_embeddings);
     CHECK(b.bos_token_id == a.bos_token_id);
     CHECK(b.eos_token_id == a.eos_token_id);

@@ -1,8 +1,10 @@
 // fp32 greedy generation equals an independent float64 reference, token for
 // token. The reference below is written from the HuggingFace model
-// definitions (LlamaForCausalLM, GPT2LMHeadModel) as plain loops over the
-// checkpoint's own tensors: it shares no kernel, no name mapping and no
-// layout conversion with corolla, only the file reader of the test fixture.
+// definitions (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+// GPT2LMHeadModel, and modeling_rope_utils.py's rope_scaling types) as plain
+// loops over the checkpoint's own tensors and config text: it shares no
+// kernel, no name mapping, no layout conversion and no config parsing with
+// corolla, only the file reader of the test fixture.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -12,6 +14,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
@@ -109,26 +113,95 @@ std::vector<vec> attention(const std::vector<vec>& q, const std::vector<vec>& k,
   return out;
 }
 
+/// The inverse frequencies and the cos/sin scale HF's rotary embedding uses
+/// for `o`'s config (modeling_rope_utils.py: default, linear, llama3, yarn).
+struct ref_rope {
+  vec inv_freq;
+  double scale = 1.0;
+};
+
+ref_rope reference_rope(const testing::tiny_model_options& o, int Dh) {
+  ref_rope r;
+  const double base = o.rope_theta;
+  for (int i = 0; i < Dh / 2; ++i) r.inv_freq.push_back(1.0 / std::pow(base, 2.0 * i / Dh));
+  if (o.rope_scaling.empty()) return r;
+  const nlohmann::json s = nlohmann::json::parse(o.rope_scaling);
+  const std::string type = s.value("rope_type", s.value("type", std::string("default")));
+  const double factor = s.value("factor", 1.0);
+  if (type == "linear") {
+    for (double& f : r.inv_freq) f /= factor;
+  } else if (type == "llama3") {
+    const double low = s.at("low_freq_factor"), high = s.at("high_freq_factor");
+    const double old_len = s.at("original_max_position_embeddings");
+    for (double& f : r.inv_freq) {
+      const double wavelen = 2 * std::numbers::pi / f;
+      const double scaled = wavelen > old_len / low ? f / factor : f;
+      const double smooth = (old_len / wavelen - low) / (high - low);
+      const bool medium = !(wavelen < old_len / high) && !(wavelen > old_len / low);
+      f = medium ? (1 - smooth) * scaled / factor + smooth * scaled : scaled;
+    }
+  } else if (type == "yarn") {
+    const double original = s.value("original_max_position_embeddings", static_cast<double>(o.max_positions));
+    r.scale = s.contains("attention_factor") ? s.at("attention_factor").get<double>()
+                                             : (factor <= 1 ? 1.0 : 0.1 * std::log(factor) + 1.0);
+    auto correction_dim = [&](double rotations) {
+      return Dh * std::log(original / (rotations * 2 * std::numbers::pi)) / (2 * std::log(base));
+    };
+    const double lo = std::max(std::floor(correction_dim(s.value("beta_fast", 32.0))), 0.0);
+    double hi = std::min(std::ceil(correction_dim(s.value("beta_slow", 1.0))), Dh - 1.0);
+    if (lo == hi) hi += 0.001;
+    for (int i = 0; i < Dh / 2; ++i) {
+      const double extrapolation = 1.0 - std::clamp((i - lo) / (hi - lo), 0.0, 1.0);
+      const double f = r.inv_freq[static_cast<std::size_t>(i)];
+      r.inv_freq[static_cast<std::size_t>(i)] = f / factor * (1 - extrapolation) + f * extrapolation;
+    }
+  } else if (type != "default") {
+    FAIL("reference: rope type " << type);
+  }
+  return r;
+}
+
 /// HF rotate-half RoPE on each head of x at position `pos`.
-void rope(vec& x, int heads, int Dh, std::size_t pos, double theta) {
+void rope(vec& x, int heads, int Dh, std::size_t pos, const ref_rope& r) {
   for (int h = 0; h < heads; ++h)
     for (int i = 0; i < Dh / 2; ++i) {
-      const double inv_freq = 1.0 / std::pow(theta, 2.0 * i / Dh);
-      const double a = static_cast<double>(pos) * inv_freq;
+      const double a = static_cast<double>(pos) * r.inv_freq[static_cast<std::size_t>(i)];
+      const double c = std::cos(a) * r.scale, s = std::sin(a) * r.scale;
       double& x1 = x[h * Dh + i];
       double& x2 = x[h * Dh + i + Dh / 2];
-      const double r1 = x1 * std::cos(a) - x2 * std::sin(a);
-      const double r2 = x2 * std::cos(a) + x1 * std::sin(a);
+      const double r1 = x1 * c - x2 * s;
+      const double r2 = x2 * c + x1 * s;
       x1 = r1;
       x2 = r2;
     }
 }
 
+/// x + b when the checkpoint holds bias `name`, else x.
+vec plus_bias(const ref_weights& w, const std::string& name, vec x) {
+  if (!w.t.count(name)) return x;
+  const vec& b = w.at(name);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] += b[i];
+  return x;
+}
+
+/// Qwen3's q_norm / k_norm: RMSNorm of each head's Dh values, when the
+/// checkpoint has the weight.
+void head_norm(const ref_weights& w, const std::string& name, vec& x, int heads, int Dh, double eps) {
+  if (!w.t.count(name)) return;
+  for (int h = 0; h < heads; ++h) {
+    vec part(x.begin() + h * Dh, x.begin() + (h + 1) * Dh);
+    part = rmsnorm(part, w.at(name), eps);
+    std::copy(part.begin(), part.end(), x.begin() + h * Dh);
+  }
+}
+
 /// Logits of the last position of `ids` (a full forward, no cache).
 vec llama_logits(const ref_weights& w, const testing::tiny_model_options& o,
                  const std::vector<std::int32_t>& ids) {
-  const int D = o.hidden, Hq = o.heads, Hkv = o.kv_heads, Dh = D / Hq, F = o.intermediate;
+  const int D = o.hidden, Hq = o.heads, Hkv = o.kv_heads, F = o.intermediate;
+  const int Dh = o.head_dim > 0 ? o.head_dim : D / Hq;
   const double eps = o.norm_eps;
+  const ref_rope rot = reference_rope(o, Dh);
   std::vector<vec> x;
   const vec& emb = w.at("model.embed_tokens.weight");
   for (auto id : ids) x.emplace_back(emb.begin() + id * D, emb.begin() + (id + 1) * D);
@@ -137,15 +210,17 @@ vec llama_logits(const ref_weights& w, const testing::tiny_model_options& o,
     std::vector<vec> q, k, v;
     for (std::size_t t = 0; t < x.size(); ++t) {
       vec h = rmsnorm(x[t], w.at(p + "input_layernorm.weight"), eps);
-      q.push_back(linear(w.at(p + "self_attn.q_proj.weight"), h, Hq * Dh));
-      k.push_back(linear(w.at(p + "self_attn.k_proj.weight"), h, Hkv * Dh));
-      v.push_back(linear(w.at(p + "self_attn.v_proj.weight"), h, Hkv * Dh));
-      rope(q.back(), Hq, Dh, t, o.rope_theta);
-      rope(k.back(), Hkv, Dh, t, o.rope_theta);
+      q.push_back(plus_bias(w, p + "self_attn.q_proj.bias", linear(w.at(p + "self_attn.q_proj.weight"), h, Hq * Dh)));
+      k.push_back(plus_bias(w, p + "self_attn.k_proj.bias", linear(w.at(p + "self_attn.k_proj.weight"), h, Hkv * Dh)));
+      v.push_back(plus_bias(w, p + "self_attn.v_proj.bias", linear(w.at(p + "self_attn.v_proj.weight"), h, Hkv * Dh)));
+      head_norm(w, p + "self_attn.q_norm.weight", q.back(), Hq, Dh, eps);
+      head_norm(w, p + "self_attn.k_norm.weight", k.back(), Hkv, Dh, eps);
+      rope(q.back(), Hq, Dh, t, rot);
+      rope(k.back(), Hkv, Dh, t, rot);
     }
     auto a = attention(q, k, v, Hq, Hkv, Dh);
     for (std::size_t t = 0; t < x.size(); ++t) {
-      vec proj = linear(w.at(p + "self_attn.o_proj.weight"), a[t], D);
+      vec proj = plus_bias(w, p + "self_attn.o_proj.bias", linear(w.at(p + "self_attn.o_proj.weight"), a[t], D));
       for (int i = 0; i < D; ++i) x[t][i] += proj[i];
       vec h = rmsnorm(x[t], w.at(p + "post_attention_layernorm.weight"), eps);
       vec g = linear(w.at(p + "mlp.gate_proj.weight"), h, F);
@@ -284,6 +359,51 @@ TEST_CASE("greedy generation equals the float64 reference: llama MHA tied") {
 TEST_CASE("greedy generation equals the float64 reference: llama MHA untied, GQA tied") {
   check_against_reference(options(architecture::llama, 4, false, dtype::f32, 1, 13));
   check_against_reference(options(architecture::llama, 2, true, dtype::f32, 1, 14));
+}
+
+TEST_CASE("greedy generation equals the float64 reference: qwen2 (q/k/v biases), tied and untied") {
+  auto o = options(architecture::llama, 2, true, dtype::f32, 1, 21);
+  o.family = "Qwen2ForCausalLM";
+  check_against_reference(o);
+  o.tied = false;
+  o.seed = 22;
+  check_against_reference(o);
+}
+
+TEST_CASE("greedy generation equals the float64 reference: qwen3 (q/k norms, head_dim 16 for hidden 32 / 4 heads)") {
+  auto o = options(architecture::llama, 2, false, dtype::f32, 1, 41);
+  o.family = "Qwen3ForCausalLM";
+  // The per-head norms bound the attention logits: with the default weights
+  // greedy decoding settles into a two-token loop at once.
+  o.init_std = 0.6f;
+  o.head_dim = 16;
+  check_against_reference(o);
+  o.attention_bias = true;  // Qwen3's attention_bias: q, k, v and o
+  o.kv_heads = 4;
+  o.seed = 24;
+  check_against_reference(o);
+}
+
+TEST_CASE("greedy generation equals the float64 reference: llama with attention_bias") {
+  auto o = options(architecture::llama, 2, false, dtype::f32, 1, 25);
+  o.attention_bias = true;
+  check_against_reference(o);
+}
+
+TEST_CASE("greedy generation equals the float64 reference: scaled RoPE (llama3, linear, yarn), rope_theta 500000") {
+  // Original contexts of a few positions, so that the scaling changes the
+  // angles of the 17 positions generated.
+  for (const char* scaling : {
+           R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16})",
+           R"({"type": "linear", "factor": 2.5})",
+           R"({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8})",
+           R"({"rope_type": "yarn", "factor": 2.0, "beta_fast": 8, "beta_slow": 2, "attention_factor": 1.3})"}) {
+    CAPTURE(scaling);
+    auto o = options(architecture::llama, 2, false, dtype::f32, 1, 26);
+    o.rope_theta = 500000.0f;
+    o.rope_scaling = scaling;
+    check_against_reference(o);
+  }
 }
 
 TEST_CASE("greedy generation equals the float64 reference: gpt2") {

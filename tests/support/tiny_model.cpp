@@ -73,7 +73,9 @@ using named_tensors = std::vector<std::pair<std::string, Tensor>>;
 
 named_tensors llama_weights(const tiny_model_options& o) {
   const std::int64_t V = o.vocab, D = o.hidden, F = o.intermediate;
-  const std::int64_t Dh = o.hidden / o.heads, q = o.heads * Dh, kv = o.kv_heads * Dh;
+  const std::int64_t Dh = o.head_dim > 0 ? o.head_dim : o.hidden / o.heads, q = o.heads * Dh, kv = o.kv_heads * Dh;
+  const bool qkv_bias = o.family == "Qwen2ForCausalLM" || o.attention_bias;
+  const bool o_bias = o.family != "Qwen2ForCausalLM" && o.attention_bias;
   named_tensors w;
   auto add = [&](const std::string& name, shape_t s, init_kind k) {
     w.emplace_back(name, random_tensor(name, std::move(s), k, o));
@@ -86,6 +88,16 @@ named_tensors llama_weights(const tiny_model_options& o) {
     add(p + "self_attn.k_proj.weight", {kv, D}, init_kind::matrix);
     add(p + "self_attn.v_proj.weight", {kv, D}, init_kind::matrix);
     add(p + "self_attn.o_proj.weight", {D, q}, init_kind::matrix);
+    if (qkv_bias) {
+      add(p + "self_attn.q_proj.bias", {q}, init_kind::bias);
+      add(p + "self_attn.k_proj.bias", {kv}, init_kind::bias);
+      add(p + "self_attn.v_proj.bias", {kv}, init_kind::bias);
+    }
+    if (o_bias) add(p + "self_attn.o_proj.bias", {D}, init_kind::bias);
+    if (o.family == "Qwen3ForCausalLM") {
+      add(p + "self_attn.q_norm.weight", {Dh}, init_kind::norm);
+      add(p + "self_attn.k_norm.weight", {Dh}, init_kind::norm);
+    }
     add(p + "post_attention_layernorm.weight", {D}, init_kind::norm);
     add(p + "mlp.gate_proj.weight", {F, D}, init_kind::matrix);
     add(p + "mlp.up_proj.weight", {F, D}, init_kind::matrix);
@@ -195,7 +207,7 @@ model_config tiny_config(const tiny_model_options& o) {
   c.hidden_size = o.hidden;
   c.n_layers = o.layers;
   c.n_heads = o.heads;
-  c.head_dim = o.heads > 0 ? o.hidden / o.heads : 0;
+  c.head_dim = o.head_dim > 0 ? o.head_dim : o.heads > 0 ? o.hidden / o.heads : 0;
   c.intermediate_size = o.intermediate;
   c.max_positions = o.max_positions;
   c.norm_eps = o.norm_eps;
@@ -206,10 +218,16 @@ model_config tiny_config(const tiny_model_options& o) {
     c.n_kv_heads = o.heads;
     c.tie_embeddings = true;
   } else {
-    c.hf_architecture = "LlamaForCausalLM";
+    c.hf_architecture = o.family;
     c.n_kv_heads = o.kv_heads;
     c.tie_embeddings = o.tied;
-    c.rope_theta = o.rope_theta;
+    c.rope = rope_spec(o.rope_theta);
+    c.rope_scaling = o.rope_scaling;
+    c.qkv_bias = o.family == "Qwen2ForCausalLM" || o.attention_bias;
+    c.o_bias = o.family != "Qwen2ForCausalLM" && o.attention_bias;
+    c.qk_norm = o.family == "Qwen3ForCausalLM";
+    // The rope spec (scaled frequencies) as the loader computes it.
+    if (!o.rope_scaling.empty()) c.rope = parse_config(to_hf_json(c)).rope;
   }
   return c;
 }
@@ -218,7 +236,7 @@ void write_tiny_model(const fs::path& dir, const tiny_model_options& o) {
   fs::create_directories(dir);
   model_config cfg = tiny_config(o);
   cfg.validate();
-  if (o.arch == architecture::llama && o.hidden % o.heads != 0)
+  if (o.arch == architecture::llama && o.head_dim == 0 && o.hidden % o.heads != 0)
     throw std::invalid_argument("tiny model: hidden must be divisible by heads");
 
   if (o.sentencepiece_tokenizer) {

@@ -35,6 +35,13 @@ struct tiny_model_options {
   int bos = -1;             ///< written to config.json when >= 0 (a trained tokenizer overrides)
   int eos = -1;             ///< written to config.json when >= 0 (a trained tokenizer overrides)
   float rope_theta = 10000.0f;  ///< llama only
+  /// Llama-family variants (arch llama): "LlamaForCausalLM",
+  /// "Qwen2ForCausalLM" (biases on q, k, v) or "Qwen3ForCausalLM" (per-head
+  /// q/k norms).
+  std::string family = "LlamaForCausalLM";
+  bool attention_bias = false;  ///< Llama / Qwen3: biases on q, k, v and o
+  int head_dim = 0;             ///< llama family: 0 = hidden / heads
+  std::string rope_scaling;     ///< config.json's rope_scaling object as JSON text ("" = none)
   float norm_eps = 1e-5f;
 };
 
