@@ -1,8 +1,12 @@
-// model/bpe_tokenizer.cpp — GPT-2 style byte-level BPE (tokenizer.json, or
-// vocab.json + merges.txt).
+// model/bpe_tokenizer.cpp — byte-level BPE (tokenizer.json, or vocab.json +
+// merges.txt): GPT-2's, and Llama 3's and Qwen's (a Split on the file's own
+// regex before the byte-level mapping, NFC for Qwen, ignore_merges for
+// Llama 3).
 //
-// Encoding: split on added (special) tokens; pre-tokenise each piece with
-// GPT-2's pattern (by hand, see tokenizer.hpp for the one approximation);
+// Encoding: split on added (special) tokens; normalise each piece (NFC,
+// when the file says so); pre-tokenise it with the file's regex
+// (model/regex_split.hpp, on ICU) or GPT-2's pattern (by hand, see
+// tokenizer.hpp for the one approximation);
 // map each pre-token's bytes to GPT-2's printable "byte-level" characters;
 // apply merges lowest rank first; look the symbols up in the vocabulary.
 // Decoding maps each token back to its bytes.
@@ -17,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/error.hpp"
+#include "model/regex_split.hpp"
 #include "model/tokenizer.hpp"
 
 namespace corolla {
@@ -180,6 +185,9 @@ struct bpe_spec {
   std::vector<std::pair<std::string, std::string>> merges;
   std::vector<std::pair<std::string, int>> added;  ///< special tokens: content, id
   bool add_prefix_space = false;
+  std::shared_ptr<const regex_split> split;  ///< the file's Split regex (null: GPT-2's pattern)
+  bool nfc = false;                          ///< NFC normalizer
+  bool ignore_merges = false;                ///< a pre-token in the vocabulary is one token (Llama 3)
   int bos = -1;
   int eos = -1;
 };
@@ -188,7 +196,8 @@ class bpe_tokenizer final : public tokenizer {
  public:
   explicit bpe_tokenizer(bpe_spec spec)
       : origin_(std::move(spec.origin)), vocab_(std::move(spec.vocab)),
-        add_prefix_space_(spec.add_prefix_space) {
+        add_prefix_space_(spec.add_prefix_space), split_(std::move(spec.split)), nfc_(spec.nfc),
+        ignore_merges_(spec.ignore_merges) {
     for (std::size_t r = 0; r < spec.merges.size(); ++r)
       merge_rank_.emplace(spec.merges[r].first + " " + spec.merges[r].second, static_cast<int>(r));
     int max_id = -1;
@@ -252,7 +261,11 @@ class bpe_tokenizer final : public tokenizer {
     auto flush_segment = [&](std::size_t end) {
       if (end <= segment) return;
       words.clear();
-      pretokenize(text.substr(segment, end - segment), words);
+      std::string_view piece = text.substr(segment, end - segment);
+      std::string normal;
+      if (nfc_) piece = normal = nfc(piece);
+      if (split_) split_->split(piece, words);
+      else pretokenize(piece, words);
       for (auto w : words) encode_word(w, out);
     };
     while (i < text.size()) {
@@ -306,6 +319,14 @@ class bpe_tokenizer final : public tokenizer {
       }
     }
     const auto& table = bytes();
+    if (ignore_merges_) {
+      std::string whole;
+      for (unsigned char b : word) whole += table.to_text[b];
+      if (auto it = vocab_.find(whole); it != vocab_.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
     std::vector<std::string> syms;
     syms.reserve(word.size());
     for (unsigned char b : word) syms.push_back(table.to_text[b]);
@@ -360,6 +381,9 @@ class bpe_tokenizer final : public tokenizer {
   int bos_ = -1;
   int eos_ = -1;
   bool add_prefix_space_ = false;
+  std::shared_ptr<const regex_split> split_;
+  bool nfc_ = false;
+  bool ignore_merges_ = false;
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache_;
 };
@@ -429,21 +453,43 @@ std::unique_ptr<tokenizer> load_bpe_json(const std::filesystem::path& file, int 
       !null_or_empty("byte_fallback"))
     throw model_error(where + ": BPE with subword prefixes/suffixes or byte fallback is not "
                       "supported (only GPT-2 style byte-level BPE)");
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    throw model_error(where + ": tokenizer normalizers are not supported (only GPT-2 style "
-                      "byte-level BPE)");
+  bpe_spec spec;
+  const json norm = j.value("normalizer", json());
+  if (!norm.is_null()) {
+    if (!norm.is_object() || norm.value("type", std::string()) != "NFC")
+      throw model_error(where + ": normalizer " + norm.dump() + " is not supported (only none or NFC)");
+    spec.nfc = true;
+  }
+  // ByteLevel with GPT-2's pattern, or (Llama 3, Qwen) a Sequence of an
+  // isolating Split on a regex and a ByteLevel that splits no further.
   const json pre = j.value("pre_tokenizer", json());
-  if (!pre.is_object() || pre.value("type", std::string()) != "ByteLevel" ||
-      !pre.value("use_regex", true))
-    throw model_error(where + ": pre_tokenizer " + pre.dump() +
-                      " is not supported (only ByteLevel with GPT-2's split pattern)");
+  auto type_of = [](const json& o) { return o.is_object() ? o.value("type", std::string()) : std::string(); };
+  const std::string unsupported = where + ": pre_tokenizer " + pre.dump() +
+                                  " is not supported (only ByteLevel with GPT-2's pattern, or a Sequence of an "
+                                  "isolating Split on a regex and a ByteLevel without use_regex)";
+  json byte_level = pre;
+  if (type_of(pre) == "Sequence") {
+    const json steps = pre.value("pretokenizers", json());
+    if (!steps.is_array() || steps.size() != 2 || type_of(steps[0]) != "Split" || type_of(steps[1]) != "ByteLevel")
+      throw model_error(unsupported);
+    const json& s = steps[0];
+    const json pattern = s.value("pattern", json());
+    if (!pattern.is_object() || !pattern.contains("Regex") || !pattern["Regex"].is_string() ||
+        s.value("behavior", std::string()) != "Isolated" || s.value("invert", false))
+      throw model_error(unsupported);
+    byte_level = steps[1];
+    if (byte_level.value("use_regex", true)) throw model_error(unsupported);
+    spec.split = std::make_shared<const regex_split>(pattern["Regex"].get<std::string>(), where);
+  } else if (type_of(pre) != "ByteLevel" || !pre.value("use_regex", true)) {
+    throw model_error(unsupported);
+  }
   const json dec = j.value("decoder", json());
   if (!dec.is_null() && (!dec.is_object() || dec.value("type", std::string()) != "ByteLevel"))
     throw model_error(where + ": decoder " + dec.dump() + " is not supported (only ByteLevel)");
 
-  bpe_spec spec;
   spec.origin = where;
-  spec.add_prefix_space = pre.value("add_prefix_space", false);
+  spec.add_prefix_space = byte_level.value("add_prefix_space", false);
+  spec.ignore_merges = m.contains("ignore_merges") && m["ignore_merges"].is_boolean() && m["ignore_merges"].get<bool>();
   spec.vocab = read_vocab(m.value("vocab", json()), where);
   const json merges = m.value("merges", json::array());
   if (!merges.is_array()) throw model_error(where + ": \"merges\" is not a list");

@@ -68,15 +68,21 @@ class field_reader {
 
   /// bos/eos ids: an int, a list of ints (the first is used) or null (-1).
   int token_id(const char* key) const {
-    if (!has(key)) return -1;
-    const json* v = &j_.at(key);
-    if (v->is_array()) {
-      if (v->empty()) return -1;
-      v = &v->at(0);
+    const std::vector<int> ids = token_ids(key);
+    return ids.empty() ? -1 : ids.front();
+  }
+
+  /// Every id of an int or a list of ints (none for null).
+  std::vector<int> token_ids(const char* key) const {
+    std::vector<int> out;
+    if (!has(key)) return out;
+    const json& v = j_.at(key);
+    for (const json& e : v.is_array() ? v : json::array({v})) {
+      if (!e.is_number_integer() || e.get<long long>() < 0 || e.get<long long>() > 0x7fffffff)
+        fail(key, "must be a non-negative token id (or a list of them), got " + v.dump());
+      out.push_back(e.get<int>());
     }
-    if (!v->is_number_integer() || v->get<long long>() < 0 || v->get<long long>() > 0x7fffffff)
-      fail(key, "must be a non-negative token id (or a list of them), got " + j_.at(key).dump());
-    return v->get<int>();
+    return out;
   }
 
  private:
@@ -211,6 +217,7 @@ model_config parse_llama(const field_reader& f, const json& j, const std::string
 
   c.bos_token_id = f.token_id("bos_token_id");
   c.eos_token_id = f.token_id("eos_token_id");
+  c.eos_token_ids = f.token_ids("eos_token_id");
   return c;
 }
 
@@ -245,6 +252,7 @@ model_config parse_gpt2(const field_reader& f, const std::string& hf_arch) {
 
   c.bos_token_id = f.token_id("bos_token_id");
   c.eos_token_id = f.token_id("eos_token_id");
+  c.eos_token_ids = f.token_ids("eos_token_id");
   return c;
 }
 
@@ -376,7 +384,27 @@ model_config load_config(const std::filesystem::path& path) {
     throw model_error("invalid JSON in " + file.string() + " at byte " + std::to_string(e.byte) +
                       ": " + e.what());
   }
-  return parse_config(j, file.string());
+  model_config c = parse_config(j, file.string());
+  // generation_config.json's end-of-sequence ids (an int or a list) join
+  // config.json's: Llama 3.1 instruct lists <|eot_id|> only there.
+  const fs::path gen = file.parent_path() / "generation_config.json";
+  if (fs::is_regular_file(gen, ec)) {
+    std::ifstream g(gen, std::ios::binary);
+    std::stringstream gtext;
+    gtext << g.rdbuf();
+    json gj;
+    try {
+      gj = json::parse(gtext.str());
+    } catch (const json::parse_error& e) {
+      throw model_error("invalid JSON in " + gen.string() + " at byte " + std::to_string(e.byte) + ": " + e.what());
+    }
+    if (!gj.is_object()) throw model_error(gen.string() + " is not a JSON object");
+    for (int id : field_reader(gj, gen.string()).token_ids("eos_token_id"))
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+        c.eos_token_ids.push_back(id);
+    if (c.eos_token_id < 0 && !c.eos_token_ids.empty()) c.eos_token_id = c.eos_token_ids.front();
+  }
+  return c;
 }
 
 nlohmann::json to_hf_json(const model_config& c) {
@@ -426,7 +454,8 @@ nlohmann::json to_hf_json(const model_config& c) {
     if (arch == "MistralForCausalLM") j["sliding_window"] = nullptr;
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
-  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  if (c.eos_token_ids.size() > 1) j["eos_token_id"] = c.eos_token_ids;
+  else if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   j["torch_dtype"] = "float32";
   return j;
 }

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -40,6 +41,10 @@ struct model_config {
   bool tie_embeddings = false;  ///< LM head shares the token embedding table
   int bos_token_id = -1;        ///< -1 when unknown
   int eos_token_id = -1;        ///< -1 when unknown
+  /// Every end-of-sequence id (Llama 3.1 instruct ends turns with
+  /// <|eot_id|> and <|eom_id|> as well as <|end_of_text|>): config.json's
+  /// list, then generation_config.json's; eos_token_id is the first.
+  std::vector<int> eos_token_ids;
 
   /// Throws model_error if the numbers are inconsistent (e.g. Hq % Hkv != 0).
   void validate() const;
@@ -50,7 +55,8 @@ struct model_config {
 /// Parses config.json text. Throws model_error (naming `origin`) for an
 /// unknown architecture or a missing/invalid field.
 model_config parse_config(const nlohmann::json& j, const std::string& origin = "config.json");
-/// Reads `dir/config.json` (or the file itself if `path` is a file).
+/// Reads `dir/config.json` (or the file itself if `path` is a file), and
+/// the end-of-sequence ids of generation_config.json beside it.
 model_config load_config(const std::filesystem::path& path);
 /// The config.json a HuggingFace loader would accept for this model.
 nlohmann::json to_hf_json(const model_config& c);

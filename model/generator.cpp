@@ -164,8 +164,12 @@ generation_result generate_tokens(const model_config& cfg, std::span<const std::
   result.tokens.push_back(token);
   result.prefill_seconds = seconds_since(start_time);
   if (on_token) on_token(token);
+  // The model's own end (no eos_id given) is any of its end-of-sequence ids.
+  const std::vector<int> no_more_ids;
+  const std::vector<int>& model_ends = p.eos_id >= 0 ? no_more_ids : cfg.eos_token_ids;
   const auto ends = [&](std::int32_t t) {
-    return !p.ignore_eos && (t == eos || std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end());
+    return !p.ignore_eos && (t == eos || std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end() ||
+                             std::find(model_ends.begin(), model_ends.end(), t) != model_ends.end());
   };
 
   const auto decode_start = std::chrono::steady_clock::now();

@@ -11,7 +11,7 @@ build=${COROLLA_BUILD_DIR:-$root/build}
 packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev doctest-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
-  libsentencepiece-dev libtomlplusplus-dev
+  libsentencepiece-dev libtomlplusplus-dev libicu-dev
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev
   libibverbs-dev libopendht-dev libcpp-httplib-dev libxxhash-dev
   clang libclang-rt-14-dev

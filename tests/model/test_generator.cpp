@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <new>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "model/config.hpp"
 #include "model/error.hpp"
 #include "model/generator.hpp"
 #include "model/transformer.hpp"
@@ -122,6 +124,48 @@ TEST_CASE("generation stops at max tokens, at the context, and at eos") {
   CHECK(eos.tokens == std::vector<std::int32_t>(full.tokens.begin(), first + 1));
   p.ignore_eos = true;
   CHECK(gen.generate(ids(5), p).tokens == full.tokens);
+}
+
+TEST_CASE("generation ends at any of the model's end-of-sequence ids, generation_config.json's included") {
+  // The greedy tokens of a model without end-of-sequence ids.
+  std::vector<std::int32_t> full;
+  {
+    fixture f;
+    generator gen(f.model);
+    generation_params p;
+    p.max_new_tokens = 10;
+    full = gen.generate(ids(5), p).tokens;
+  }
+  // config.json says 63 (never generated first); generation_config.json adds
+  // the 4th greedy token: generation ends there, as with Llama 3.1's <|eot_id|>.
+  testing::temp_dir_guard dir("generator-eos");
+  testing::tiny_model_options o;
+  o.eos = 63;
+  testing::write_tiny_model(dir.path(), o);
+  REQUIRE(std::find(full.begin(), full.begin() + 3, 63) == full.begin() + 3);
+  std::ofstream(dir / "generation_config.json") << "{\"eos_token_id\": [63, " << full[3] << "], \"do_sample\": false}";
+  const model_config cfg = load_config(dir.path());
+  CHECK(cfg.eos_token_id == 63);
+  CHECK(cfg.eos_token_ids == std::vector<int>{63, full[3]});
+  transformer model = transformer::load(dir.path(), cpu_backend());
+  generator gen(model);
+  generation_params p;
+  p.max_new_tokens = 10;
+  const generation_result r = gen.generate(ids(5), p);
+  const auto first = std::find(full.begin(), full.end(), full[3]);
+  CHECK(r.reason == stop_reason::eos);
+  CHECK(r.tokens == std::vector<std::int32_t>(full.begin(), first + 1));
+  // A caller's own eos_id replaces the model's list.
+  p.eos_id = 62;
+  CHECK(gen.generate(ids(5), p).tokens.size() >= 4);
+  // A malformed generation_config.json is one clear error.
+  std::ofstream(dir / "generation_config.json") << "{\"eos_token_id\": \"x\"}";
+  try {
+    load_config(dir.path());
+    FAIL("no error");
+  } catch (const model_error& e) {
+    CHECK(std::string(e.what()).find("generation_config.json") != std::string::npos);
+  }
 }
 
 TEST_CASE("streamed tokens, chunked prefill and whole prefill agree") {

@@ -1,0 +1,37 @@
+// model/regex_split.hpp — the pre-tokenizer and normalizer steps of
+// HuggingFace tokenizer.json files that Llama 3 and Qwen2/3 use: a Split on
+// the file's own regex (behavior "Isolated": each match, and any text
+// between matches, is a pre-token) and the NFC normalizer. Both run on ICU
+// (its regex engine has the Unicode classes, case-insensitive groups and
+// look-ahead these patterns use), not on a hand-written approximation.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace corolla {
+
+class regex_split {
+ public:
+  /// Compiles `pattern`; throws model_error naming `where` when ICU refuses it.
+  regex_split(const std::string& pattern, const std::string& where);
+  ~regex_split();
+  regex_split(const regex_split&) = delete;
+  regex_split& operator=(const regex_split&) = delete;
+
+  /// Appends the pre-tokens of `text` (UTF-8) to `out`: views into `text`
+  /// whose concatenation is `text`. Thread-safe.
+  void split(std::string_view text, std::vector<std::string_view>& out) const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// `text` (UTF-8) in Unicode normalization form C. Throws model_error when
+/// ICU cannot.
+std::string nfc(std::string_view text);
+
+}  // namespace corolla

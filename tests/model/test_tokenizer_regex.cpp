@@ -1,0 +1,144 @@
+// Llama 3's and Qwen's tokenizer.json: the pre-tokenizer's own regex (a
+// Split, isolated, on ICU), Qwen's NFC normalizer, Llama 3's ignore_merges,
+// special tokens. The expected pre-tokens are worked out by hand from the
+// regexes' alternatives, tried in order as the regex engine of HF's
+// tokenizers library tries them.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/error.hpp"
+#include "model/regex_split.hpp"
+#include "model/tokenizer.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+using json = nlohmann::json;
+
+namespace {
+
+// The patterns of Llama 3's and Qwen2's tokenizer.json.
+const std::string kLlama3 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const std::string kQwen2 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+std::vector<std::string> pieces(const regex_split& s, std::string_view text) {
+  std::vector<std::string_view> v;
+  s.split(text, v);
+  return {v.begin(), v.end()};
+}
+
+using list = std::vector<std::string>;
+
+/// A tokenizer.json with Llama 3's (or Qwen's) pre-tokenizer: ids 0..255 are
+/// the bytes, then "Ġa", "12", "123", "Ġabc" (no merge builds it), and two
+/// special tokens.
+json regex_tokenizer_json(const std::string& pattern, bool ignore_merges, bool nfc) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_level_char(static_cast<unsigned char>(b))] = b;
+  const std::string G = byte_level_char(' ');
+  vocab[G + "a"] = 256;
+  vocab["12"] = 257;
+  vocab["123"] = 258;
+  vocab[G + "abc"] = 259;
+  json model = {{"type", "BPE"},           {"dropout", nullptr}, {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},           {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},       {"byte_fallback", false},
+                {"ignore_merges", ignore_merges},                 {"vocab", vocab},
+                {"merges", {G + " a", "1 2", "12 3"}}};
+  auto special = [](int id, const char* content) {
+    return json{{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
+  };
+  return {{"version", "1.0"},
+          {"added_tokens", {special(260, "<|begin_of_text|>"), special(261, "<|eot_id|>")}},
+          {"normalizer", nfc ? json{{"type", "NFC"}} : json(nullptr)},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
+          {"post_processor", nullptr},
+          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"model", model}};
+}
+
+std::unique_ptr<tokenizer> write_and_load(const testing::temp_dir_guard& dir, const json& j) {
+  std::ofstream(dir / "tokenizer.json") << j.dump();
+  return load_tokenizer(dir.path());
+}
+
+}  // namespace
+
+TEST_CASE("Llama 3's pre-tokenizer regex splits contractions, letters, digits in threes, punctuation and whitespace runs") {
+  const regex_split s(kLlama3, "test");
+  CHECK(pieces(s, "Hello world's 12345 abc\n\n  def") ==
+        list{"Hello", " world", "'s", " ", "123", "45", " abc", "\n\n", " ", " def"});
+  CHECK(pieces(s, "I'M here, you'LL see") == list{"I", "'M", " here", ",", " you", "'LL", " see"});
+  CHECK(pieces(s, "a+b=c!!\n") == list{"a", "+b", "=c", "!!\n"});
+  CHECK(pieces(s, "x  \ty") == list{"x", "  ", "\ty"});
+  // Letters and digits of any script: ï and 東京 are \p{L}, Arabic-Indic digits \p{N}.
+  CHECK(pieces(s, "naïve 東京 ١٢٣٤") == list{"naïve", " 東京", " ", "١٢٣", "٤"});
+  CHECK(pieces(s, "trailing  ") == list{"trailing", "  "});
+  CHECK(pieces(s, "").empty());
+}
+
+TEST_CASE("Qwen2's pre-tokenizer regex splits digits one at a time") {
+  const regex_split s(kQwen2, "test");
+  CHECK(pieces(s, "year 2024!") == list{"year", " ", "2", "0", "2", "4", "!"});
+  CHECK_THROWS_AS(regex_split("(unclosed", "bad.json"), model_error);
+}
+
+TEST_CASE("a Llama 3 tokenizer.json encodes with its regex, ignore_merges and special tokens, and decodes back") {
+  testing::temp_dir_guard dir("tok-llama3");
+  auto tok = write_and_load(dir, regex_tokenizer_json(kLlama3, true, false));
+  const std::string text = "<|begin_of_text|>x 1234 abc<|eot_id|>";
+  // " " alone, "123" and "4" (digits in threes), " abc" whole: ignore_merges
+  // takes a pre-token found in the vocabulary though no merge builds it.
+  const std::vector<std::int32_t> want = {260, 'x', ' ', 258, '4', 259, 261};
+  CHECK(tok->encode(text, false) == want);
+  CHECK(tok->decode(want) == text);
+  // Without ignore_merges " abc" is merged by rank: "Ġa" then b, c.
+  auto plain = write_and_load(dir, regex_tokenizer_json(kLlama3, false, false));
+  CHECK(plain->encode(" abc", false) == std::vector<std::int32_t>{256, 'b', 'c'});
+  // Any text round-trips, multi-byte characters included.
+  for (const std::string s : {"naïve café — 日本語\n\n  x", "it's 3.14159, don't!", "\t\tlead"})
+    CHECK(tok->decode(tok->encode(s, false)) == s);
+}
+
+TEST_CASE("a Qwen tokenizer.json applies NFC before splitting, and its digits never merge") {
+  testing::temp_dir_guard dir("tok-qwen");
+  auto tok = write_and_load(dir, regex_tokenizer_json(kQwen2, false, true));
+  // e + combining acute becomes é (U+00E9: bytes C3 A9).
+  CHECK(tok->encode("e\xcc\x81", false) == std::vector<std::int32_t>{0xc3, 0xa9});
+  CHECK(tok->decode(tok->encode("e\xcc\x81", false)) == "\xc3\xa9");
+  // "123" is in the vocabulary, but the pre-tokens are single digits.
+  CHECK(tok->encode("123", false) == std::vector<std::int32_t>{'1', '2', '3'});
+}
+
+TEST_CASE("tokenizer.json pre-tokenizers and normalizers corolla does not run are one clear error") {
+  testing::temp_dir_guard dir("tok-regex-bad");
+  auto error_of = [&](const json& j) {
+    std::ofstream(dir / "tokenizer.json") << j.dump();
+    try {
+      load_tokenizer(dir.path());
+    } catch (const model_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  json j = regex_tokenizer_json(kLlama3, true, false);
+  j["normalizer"] = {{"type", "NFKC"}};
+  CHECK(error_of(j).find("normalizer {\"type\":\"NFKC\"} is not supported (only none or NFC)") != std::string::npos);
+  j = regex_tokenizer_json(kLlama3, true, false);
+  j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed";
+  CHECK(error_of(j).find("is not supported (only ByteLevel with GPT-2's pattern, or a Sequence") != std::string::npos);
+  j = regex_tokenizer_json(kLlama3, true, false);
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(unclosed"}};
+  CHECK(error_of(j).find("does not compile") != std::string::npos);
+}
