@@ -42,6 +42,23 @@ namespace {
 
 testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch, 96); }
 
+/// Llama, GPT-2, and the Llama-family members with their own tensors:
+/// Qwen2 (q/k/v biases, yarn RoPE) and Qwen3 (per-head q/k norms, its own
+/// head_dim, attention_bias, llama3 RoPE).
+std::vector<testing::tiny_model_options> every_family() {
+  std::vector<testing::tiny_model_options> out = {options_for(architecture::llama), options_for(architecture::gpt2)};
+  testing::tiny_model_options q2 = options_for(architecture::llama), q3 = q2;
+  q2.family = "Qwen2ForCausalLM";
+  q2.rope_scaling = R"({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})";
+  q3.family = "Qwen3ForCausalLM";
+  q3.head_dim = 16;
+  q3.attention_bias = true;
+  q3.rope_scaling = R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16})";
+  out.push_back(q2);
+  out.push_back(q3);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("emulated device: ops refuse host operands and other devices' markers, as a device backend does") {
@@ -76,11 +93,12 @@ TEST_CASE("emulated device: ops refuse host operands and other devices' markers,
   CHECK(cpu_backend().companion() == nullptr);  // the cpu backend takes concurrent callers itself
 }
 
-TEST_CASE("emulated device: a model on a device generates the cpu's tokens and trains to the cpu's losses") {
-  for (architecture arch : {architecture::llama, architecture::gpt2}) {
-    CAPTURE(static_cast<int>(arch));
+TEST_CASE("emulated device: a model of every family on a device generates the cpu's tokens and trains to the cpu's losses") {
+  for (const testing::tiny_model_options& o : every_family()) {
+    CAPTURE(static_cast<int>(o.arch));
+    CAPTURE(o.family);
     testing::temp_dir_guard dir("emulated-model");
-    testing::write_tiny_model(dir.path(), options_for(arch));
+    testing::write_tiny_model(dir.path(), o);
     emulated_device_backend dev;
     transformer on_cpu = transformer::load(dir.path(), cpu_backend());
     transformer on_dev = transformer::load(dir.path(), dev);
