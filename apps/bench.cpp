@@ -243,8 +243,9 @@ long long block_matrix_params(transformer& m) {
 
 /// Bytes of weights one decode step reads: every block parameter, the final
 /// norm and the LM head (one embedding row is negligible). With bf16
-/// weights the blocks' linear weights and the LM head are 2 bytes each;
-/// norms and biases stay 4.
+/// weights the blocks' linear weights and the LM head are 2 bytes each,
+/// with int8 1 (their 4-byte scale per output channel is left out); norms
+/// and biases stay 4.
 double decode_bytes_per_token(transformer& m, dtype weights) {
   const auto& c = m.config();
   const double linear_bytes = static_cast<double>(dtype_size(weights));
@@ -534,7 +535,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   decode->add_option("--repeats", repeats, "Runs; the best is reported")->capture_default_str();
   static std::string weights = "f32";
   decode->add_option("--weights", weights,
-                     "Linear weights decode reads: f32, or bf16 (then f32 is measured too, in "
+                     "Linear weights decode reads: f32, bf16 or int8 (then f32 is measured too, in "
                      "the same run, and the ratio printed)")
       ->capture_default_str();
   static std::string kv_dtype = "f32";

@@ -36,7 +36,8 @@ void apply_common_options(int threads, const std::string& log_level) {
 dtype parse_weights_flag(const std::string& text) {
   if (text == "f32") return dtype::f32;
   if (text == "bf16") return dtype::bf16;
-  throw std::invalid_argument("--weights must be f32 or bf16, got '" + text + "'");
+  if (text == "int8") return dtype::i8;
+  throw std::invalid_argument("--weights must be f32, bf16 or int8, got '" + text + "'");
 }
 
 dtype parse_kv_dtype_flag(const std::string& text) {

@@ -245,8 +245,9 @@ void register_generate(CLI::App& app, action_fn& action) {
                   "as stored). With --swarm the servers' own --kv-dtype applies")
       ->capture_default_str();
   cmd->add_option("--weights", o->weights,
-                  "Linear weights decode reads: f32, or bf16 (copies made at load: half the bytes "
-                  "per token; norms, biases and embeddings stay f32). With --swarm: the LM head held here")
+                  "Linear weights decode reads: f32, bf16 (copies made at load: half the bytes per token) or "
+                  "int8 (quantised at load per output channel: a quarter); norms, biases and embeddings stay "
+                  "f32. With --swarm: the LM head held here")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")

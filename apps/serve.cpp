@@ -389,8 +389,8 @@ void register_serve(CLI::App& app, action_fn& action) {
                   "per budget; keys and values rounded once as stored)")
       ->capture_default_str();
   cmd->add_option("--weights", a->weights,
-                  "Linear weights inference sessions read: f32, or bf16 (copies made at load: half the bytes per "
-                  "token; fine-tuning requests keep f32)")
+                  "Linear weights inference sessions read: f32, bf16 (copies made at load: half the bytes per "
+                  "token) or int8 (quantised at load per output channel: a quarter); fine-tuning requests keep f32")
       ->capture_default_str();
   cmd->add_option("--session-idle-s", a->session_idle_s, "Close sessions unused this many seconds")
       ->check(CLI::Range(1, 86400))

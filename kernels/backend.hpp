@@ -129,6 +129,12 @@ class Backend {
   /// the products of x with the exact bf16 values are summed in f32, so the
   /// result is f32 linear on the bf16-rounded weight up to summation order.
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) = 0;
+  /// y[N,out] = (x[N,in] @ q[out,in]^T) * scale[out] (+ bias[out] if given):
+  /// an int8 inference weight quantised per output channel
+  /// (kernels/quantize.hpp), read one byte per weight. x, scale, bias and y
+  /// are f32; each dot product of x with the exact int8 values is summed in
+  /// f32, then scaled.
+  virtual void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) = 0;
   /// Backward of linear: dx = dy @ w (if dx given, overwritten);
   /// dw += dy^T @ x; db += column sums of dy (if db given). A bf16 weight
   /// with f32 activations is refused (tensor_error "bf16 weights are for

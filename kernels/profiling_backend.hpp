@@ -58,6 +58,9 @@ class profiling_backend final : public Backend {
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override {
     timed(w.type() == x.type() ? "linear" : "linear (inference weight)", [&] { inner_.linear(x, w, bias, y); });
   }
+  void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) override {
+    timed("linear_q8", [&] { inner_.linear_q8(x, q, scale, bias, y); });
+  }
   bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,
                     Tensor& y) override {
     // Recorded only where the inner backend has the fused form; otherwise

@@ -1,5 +1,7 @@
 #include "model/block.hpp"
 
+#include <tuple>
+
 namespace corolla {
 namespace {
 
@@ -112,11 +114,63 @@ attention_shape block_attention_shape(const model_config& cfg) {
   return attention_shape{cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 0.0f};
 }
 
+namespace {
+
+/// Quantises the f32 weights `parts` (on be's device) as one stacked int8
+/// tensor with per-row scales (rows quantise independently, so the stack
+/// equals its parts quantised apart), and points each part and its scale
+/// at their slices. Returns the stack and its scales.
+std::pair<Tensor, Tensor> quantize_stack(Backend& be, std::initializer_list<std::pair<Tensor*, Tensor*>> parts) {
+  std::int64_t rows = 0;
+  const std::int64_t cols = parts.begin()->first->dim(1);
+  for (const auto& [p, s] : parts) rows += p->dim(0);
+  Tensor f32 = be.empty({rows, cols});
+  std::int64_t at = 0;
+  for (const auto& [p, s] : parts) {
+    Tensor dst = f32.slice(at, at + p->dim(0));
+    be.copy(*p, dst);
+    at += p->dim(0);
+  }
+  Tensor q = be.empty({rows, cols}, dtype::i8), scale = be.empty({rows});
+  Tensor flat_q = q.view({rows * cols});
+  be.quantize_int8(f32.view({rows * cols}), static_cast<int>(cols), flat_q, scale);
+  at = 0;
+  for (const auto& [p, s] : parts) {
+    const std::int64_t n = p->dim(0);
+    *p = q.slice(at, at + n);
+    *s = scale.slice(at, at + n);
+    at += n;
+  }
+  return {q, scale};
+}
+
+}  // namespace
+
 block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t) {
-  if (t != dtype::f32 && t != dtype::bf16)
-    throw tensor_error(std::string("inference weights are f32 or bf16, not ") + dtype_name(t));
+  if (t != dtype::f32 && t != dtype::bf16 && t != dtype::i8)
+    throw tensor_error(std::string("inference weights are f32, bf16 or i8, not ") + dtype_name(t));
   block_tensors out = w;
   if (t == dtype::f32) return out;
+  if (t == dtype::i8) {
+    std::tie(out.qkv_w, out.qkv_s) = quantize_stack(be, {{&out.q_w, &out.q_s}, {&out.k_w, &out.k_s}, {&out.v_w, &out.v_s}});
+    if (out.q_b.defined()) {
+      out.qkv_b = be.empty({out.q_b.dim(0) + 2 * out.k_b.dim(0)});
+      std::int64_t at = 0;
+      for (Tensor* b : {&out.q_b, &out.k_b, &out.v_b}) {
+        Tensor dst = out.qkv_b.slice(at, at + b->dim(0));
+        be.copy(*b, dst);
+        *b = dst;
+        at += dst.dim(0);
+      }
+    }
+    if (out.gate_w.defined())
+      std::tie(out.gate_up_w, out.gate_up_s) = quantize_stack(be, {{&out.gate_w, &out.gate_s}, {&out.up_w, &out.up_s}});
+    else
+      quantize_stack(be, {{&out.up_w, &out.up_s}});
+    quantize_stack(be, {{&out.o_w, &out.o_s}});
+    quantize_stack(be, {{&out.down_w, &out.down_s}});
+    return out;
+  }
   // Converts `parts` (f32, on be's device) into one stacked tensor of `t`
   // along dim 0 and points each part at its slice of the stack.
   auto stack = [&](std::initializer_list<Tensor*> parts, dtype type) {
@@ -361,6 +415,24 @@ void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
     b->reserve(be, rows);
 }
 
+namespace {
+
+/// A product with an inference weight: int8 (with its scales) or f32/bf16.
+void lin(Backend& be, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor* bias, Tensor& y) {
+  if (scale.defined())
+    be.linear_q8(x, w, scale, bias, y);
+  else
+    be.linear(x, w, bias, y);
+}
+
+/// Backend::linear_fused where the weight is not int8 (no fused int8 op).
+bool fused(Backend& be, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor* bias, linear_epilogue e,
+           const Tensor* residual, Tensor& y) {
+  return !scale.defined() && be.linear_fused(x, w, bias, e, residual, y);
+}
+
+}  // namespace
+
 /// The cached forward of stacked rows, shared by one sequence and by a batch
 /// of sessions: everything row-wise runs once over all rows (in a batch, one
 /// weight read serves every session); `attend(q, k, v, attn)` applies RoPE
@@ -413,11 +485,11 @@ struct cached_forward {
     norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
     if (stacked) {
       Tensor& qkv = ws.qkv_.rows(be, 1);
-      be.linear(norm, w.qkv_w, opt(w.qkv_b), qkv);
+      lin(be, norm, w.qkv_w, w.qkv_s, opt(w.qkv_b), qkv);
     } else {
-      be.linear(norm, w.q_w, opt(w.q_b), q);
-      be.linear(norm, w.k_w, opt(w.k_b), k);
-      be.linear(norm, w.v_w, opt(w.v_b), v);
+      lin(be, norm, w.q_w, w.q_s, opt(w.q_b), q);
+      lin(be, norm, w.k_w, w.k_s, opt(w.k_b), k);
+      lin(be, norm, w.v_w, w.v_s, opt(w.v_b), v);
     }
     if (cfg.qk_norm) {
       // Qwen3: q and k normed per head before RoPE, into their own rows.
@@ -432,31 +504,31 @@ struct cached_forward {
     // A product and the op after it run as one where the backend fuses
     // them (Backend::linear_fused: CUDA's bf16-weight GEMV), else as two.
     if (llama) {
-      be.linear(attn, w.o_w, opt(w.o_b), tmp);
+      lin(be, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
       be.add_rmsnorm(x, tmp, h, w.mlp_norm_w, cfg.norm_eps, norm);
     } else {
-      if (!be.linear_fused(attn, w.o_w, opt(w.o_b), linear_epilogue::add, &x, h)) {
-        be.linear(attn, w.o_w, opt(w.o_b), tmp);
+      if (!fused(be, attn, w.o_w, w.o_s, opt(w.o_b), linear_epilogue::add, &x, h)) {
+        lin(be, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
         be.add(x, tmp, h);
       }
       norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
     }
     if (llama && stacked) {
-      if (!be.linear_fused(norm, w.gate_up_w, nullptr, linear_epilogue::swiglu, nullptr, act)) {
-        be.linear(norm, w.gate_up_w, nullptr, ws.gate_up_.rows(be, 1));
+      if (!fused(be, norm, w.gate_up_w, w.gate_up_s, nullptr, linear_epilogue::swiglu, nullptr, act)) {
+        lin(be, norm, w.gate_up_w, w.gate_up_s, nullptr, ws.gate_up_.rows(be, 1));
         be.swiglu(ws.gate1_, ws.up1_, act);
       }
     } else if (llama) {
       Tensor& gate = ws.gate_.rows(be, R);
-      be.linear(norm, w.gate_w, nullptr, gate);
-      be.linear(norm, w.up_w, nullptr, up);
+      lin(be, norm, w.gate_w, w.gate_s, nullptr, gate);
+      lin(be, norm, w.up_w, w.up_s, nullptr, up);
       be.swiglu(gate, up, act);
-    } else if (!be.linear_fused(norm, w.up_w, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
-      be.linear(norm, w.up_w, opt(w.up_b), up);
+    } else if (!fused(be, norm, w.up_w, w.up_s, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
+      lin(be, norm, w.up_w, w.up_s, opt(w.up_b), up);
       be.gelu(up, act);
     }
-    if (!be.linear_fused(act, w.down_w, opt(w.down_b), linear_epilogue::add, &h, y)) {
-      be.linear(act, w.down_w, opt(w.down_b), tmp);
+    if (!fused(be, act, w.down_w, w.down_s, opt(w.down_b), linear_epilogue::add, &h, y)) {
+      lin(be, act, w.down_w, w.down_s, opt(w.down_b), tmp);
       be.add(h, tmp, y);
     }
   }

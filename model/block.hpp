@@ -65,6 +65,10 @@ struct block_tensors {
   /// [2F, D] tensor. A decode step then reads each stack in one product.
   /// Undefined for training weights.
   Tensor qkv_w, qkv_b, gate_up_w;
+  /// int8 inference weights only: the per-output-channel scales of each
+  /// linear weight (Backend::linear_q8), slices of the stacks' like the
+  /// weights; undefined otherwise.
+  Tensor q_s, k_s, v_s, o_s, gate_s, up_s, down_s, qkv_s, gate_up_s;
 
   /// Resolves every role of `p` (laid out by block_layout(cfg)); throws
   /// tensor_error if `p` lacks one.
@@ -72,8 +76,9 @@ struct block_tensors {
 };
 
 /// Inference weights of one block: `w` with its linear weights (q, k, v, o,
-/// gate, up, down) converted to `t` (f32 or bf16) in fresh tensors on `be`'s
-/// device, and norms and biases shared with `w` (they stay f32). With bf16
+/// gate, up, down) converted to `t` (f32, bf16, or i8: int8 quantised per
+/// output channel, with scales) in fresh tensors on `be`'s device, and
+/// norms and biases shared with `w` (they stay f32). With bf16
 /// the cached forwards read half the bytes per token (Backend::linear takes
 /// a bf16 weight); training refuses such weights (linear_backward throws).
 /// The bf16 copies are stacked (qkv_w, gate_up_w) so that single-row steps

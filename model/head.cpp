@@ -113,14 +113,26 @@ void head::logits(const Tensor& x, Tensor& logits, head_activations* saved) {
   expect_rows(logits, N, cfg_.vocab_size, "head::logits logits");
   const Tensor& norm = final_norm(x, saved);
   const bool inference = !saved && lm_head_inference_.defined();
-  be_->linear(norm, inference ? lm_head_inference_ : lm_head_w_, nullptr, logits);
+  if (inference && lm_head_scale_.defined())
+    be_->linear_q8(norm, lm_head_inference_, lm_head_scale_, nullptr, logits);
+  else
+    be_->linear(norm, inference ? lm_head_inference_ : lm_head_w_, nullptr, logits);
 }
 
 void head::use_inference_weights(dtype t) {
-  if (t != dtype::f32 && t != dtype::bf16)
-    throw tensor_error(std::string("head: inference weights are f32 or bf16, not ") + dtype_name(t));
+  if (t != dtype::f32 && t != dtype::bf16 && t != dtype::i8)
+    throw tensor_error(std::string("head: inference weights are f32, bf16 or i8, not ") + dtype_name(t));
   lm_head_inference_ = Tensor();
+  lm_head_scale_ = Tensor();
   if (t == dtype::f32) return;
+  if (t == dtype::i8) {  // per output channel (a vocabulary row), as the blocks' weights
+    const std::int64_t rows = lm_head_w_.dim(0), cols = lm_head_w_.dim(1);
+    lm_head_inference_ = be_->empty({rows, cols}, dtype::i8);
+    lm_head_scale_ = be_->empty({rows});
+    Tensor flat_q = lm_head_inference_.view({rows * cols});
+    be_->quantize_int8(lm_head_w_.view({rows * cols}), static_cast<int>(cols), flat_q, lm_head_scale_);
+    return;
+  }
   lm_head_inference_ = be_->empty(lm_head_w_.shape(), t);
   be_->copy(lm_head_w_, lm_head_inference_);
 }

@@ -108,11 +108,12 @@ class head {
   std::int64_t loss_chunk_rows(std::int64_t rows) const;
 
   /// Makes logits() without `saved` (the inference path) read a `t` copy of
-  /// the LM-head weight: bf16 halves its bytes per token; f32 (the default)
-  /// drops the copy. Embeddings, the final norm and the training path
+  /// the LM-head weight: bf16 halves its bytes per token, i8 (quantised per
+  /// vocabulary row, with scales) quarters them; f32 (the default) drops
+  /// the copy. Embeddings, the final norm and the training path
   /// (logits with `saved`, the backward) keep the f32 parameters, which stay
   /// allocated. The copy is a snapshot of params() now. Throws tensor_error
-  /// for a dtype other than f32 or bf16.
+  /// for a dtype other than f32, bf16 or i8.
   void use_inference_weights(dtype t);
   /// The dtype of the LM-head weight the inference path reads.
   dtype inference_dtype() const {
@@ -137,7 +138,8 @@ class head {
   param_set grads_;
   // Views by role (lm_head_w is embed.weight when tied).
   Tensor embed_w_, pos_w_, norm_w_, norm_b_, lm_head_w_;
-  Tensor lm_head_inference_;  ///< bf16 copy of lm_head_w_ for logits() without saved, or undefined
+  Tensor lm_head_inference_;  ///< bf16 or int8 copy of lm_head_w_ for logits() without saved, or undefined
+  Tensor lm_head_scale_;      ///< its per-row scales when int8, else undefined
   Tensor g_embed_, g_pos_, g_norm_w_, g_norm_b_, g_lm_head_;
   // Inference and embedding scratch.
   row_buffer pos_rows_, norm_rows_, mean_rows_, rstd_rows_;

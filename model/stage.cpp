@@ -49,10 +49,10 @@ void stage::resolve_views() {
 }
 
 void stage::use_inference_weights(dtype t) {
-  if (t != dtype::f32 && t != dtype::bf16)
-    throw tensor_error(std::string("stage: inference weights are f32 or bf16, not ") + dtype_name(t));
+  if (t != dtype::f32 && t != dtype::bf16 && t != dtype::i8)
+    throw tensor_error(std::string("stage: inference weights are f32, bf16 or i8, not ") + dtype_name(t));
   std::vector<block_tensors> converted;
-  if (t == dtype::bf16)
+  if (t != dtype::f32)
     for (const auto& w : weights_) converted.push_back(inference_weights(*be_, w, t));
   inference_weights_ = std::move(converted);
   inference_dtype_ = t;

@@ -139,7 +139,9 @@ class stage {
   /// now: later updates are not seen until the next call. The f32
   /// parameters stay allocated next to them (training, backward and
   /// params() keep using them), so bf16 adds half the blocks' linear bytes.
-  /// Throws tensor_error for a dtype other than f32 or bf16.
+  /// i8 quantises them per output channel (a quarter of the bytes, with
+  /// scales; Backend::linear_q8). Throws tensor_error for a dtype other than
+  /// f32, bf16 or i8.
   void use_inference_weights(dtype t);
   /// The dtype of the linear weights the cached forwards read.
   dtype inference_dtype() const { return inference_dtype_; }
@@ -166,7 +168,7 @@ class stage {
   std::vector<param_set> grads_;
   std::vector<block_tensors> weights_;
   std::vector<block_tensors> grad_views_;
-  std::vector<block_tensors> inference_weights_;  ///< bf16 linear weights, or empty (use weights_)
+  std::vector<block_tensors> inference_weights_;  ///< bf16 or int8 linear weights, or empty (use weights_)
   dtype inference_dtype_ = dtype::f32;
   std::vector<block_tensors> compute_weights_;  ///< 16-bit linear weights for training, or empty (use weights_)
   dtype compute_dtype_ = dtype::f32;

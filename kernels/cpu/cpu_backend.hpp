@@ -55,6 +55,9 @@ class cpu_backend_impl final : public Backend {
   void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             float alpha = 1.0f, float beta = 0.0f) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
+  /// One pass over the int8 rows per output channel, for every row of x
+  /// (cpu_linear_q8.cpp): decode reads each weight byte once.
+  void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                        Tensor& dw, Tensor* db) override;
 

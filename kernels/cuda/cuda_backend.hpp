@@ -76,6 +76,9 @@ class cuda_backend final : public Backend {
   void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             float alpha = 1.0f, float beta = 0.0f) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
+  /// The int8 GEMV of linear_q8.cu for every row (decode; prefill re-reads
+  /// the weight every 8 rows).
+  void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) override;
   /// The bf16-weight GEMV with its epilogue (linear_bf16.hpp) for f32 x of
   /// 1 to 16 rows and a bf16 w; false for anything else.
   bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,

@@ -38,6 +38,7 @@
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/linear_bf16.hpp"
+#include "kernels/cuda/linear_q8.hpp"
 #include "kernels/op_checks.hpp"
 
 namespace corolla::cuda {
@@ -301,6 +302,31 @@ bool cuda_backend::linear_fused(const Tensor& x, const Tensor& w, const Tensor* 
   linear_bf16_weight(stream_, x.data<float>(), rows, in, w.raw(), out, bias ? bias->data<float>() : nullptr,
                      y.data<float>(), epilogue, residual ? residual->data<float>() : nullptr);
   return true;
+}
+
+void cuda_backend::linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) {
+  require_on(x, dev(), dtype::f32, "linear_q8 x");
+  require_condition(x.rank() == 2, "linear_q8 x", "expected a 2-D [rows, in] tensor");
+  require_on(q, dev(), dtype::i8, "linear_q8 q");
+  require_condition(q.rank() == 2, "linear_q8 q", "expected a 2-D [out, in] tensor");
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = q.dim(0);
+  require_on(q, dev(), dtype::i8, {out, in}, "linear_q8 q");
+  require_on(scale, dev(), dtype::f32, {out}, "linear_q8 scale");
+  if (bias) require_on(*bias, dev(), dtype::f32, {out}, "linear_q8 bias");
+  require_on(y, dev(), dtype::f32, {rows, out}, "linear_q8 y");
+  if (rows == 0 || out == 0) return;
+  device_guard guard(index_);
+  if (in == 0) {
+    if (bias)
+      broadcast_rows(stream_, bias->raw(), elem::f32, y.raw(), elem::f32, rows, out);
+    else
+      COROLLA_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream_));
+    return;
+  }
+  // Every row goes through the GEMV (8 rows per pass over the weight):
+  // right for decode; prefill re-reads the int8 weight every 8 rows.
+  cuda::linear_q8(stream_, x.data<float>(), rows, in, q.data<std::int8_t>(), scale.data<float>(),
+                  bias ? bias->data<float>() : nullptr, out, y.data<float>());
 }
 
 void cuda_backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,

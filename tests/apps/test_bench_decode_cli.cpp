@@ -16,7 +16,7 @@
 using corolla::testing::last_json_line;
 using corolla::testing::run_corolla;
 
-TEST_CASE("bench decode --weights bf16 reports half the linear bytes and the ratio to f32") {
+TEST_CASE("bench decode --weights bf16 and int8 report half and a quarter of the linear bytes, and the ratio to f32") {
   corolla::testing::temp_dir_guard dir("bench-decode-bf16");
   corolla::testing::write_tiny_model(dir.path(), {});
   const std::string model = dir.path().string();
@@ -53,6 +53,13 @@ TEST_CASE("bench decode --weights bf16 reports half the linear bytes and the rat
   CHECK(b16 < 0.52 * b32);
   CHECK(b16 > 0.5 * b32);
   CHECK(f32["kv_dtype"] == "f32");
+  // int8: a quarter of the linear bytes (the scales are left out), f32 in the same run.
+  const auto i8 = run("int8");
+  CHECK(i8["weights"] == "i8");
+  CHECK(i8["decode_vs_f32"].get<double>() > 0);
+  const double b8 = i8["weight_bytes_per_token"].get<double>();
+  CHECK(b8 < 0.27 * b32);
+  CHECK(b8 > 0.25 * b32);
   // A 16-bit KV cache alone is measured against the all-f32 generator too.
   const auto kv16 = run("f32", "f16");
   CHECK(kv16["kv_dtype"] == "f16");
@@ -63,7 +70,7 @@ TEST_CASE("bench decode --weights bf16 reports half the linear bytes and the rat
 TEST_CASE("bench decode with a bad --weights value is one clear error") {
   corolla::testing::check_one_error(
       run_corolla({"bench", "decode", "--weights", "int4", "--json"}),
-      "--weights must be f32 or bf16, got 'int4'");
+      "--weights must be f32, bf16 or int8, got 'int4'");
   corolla::testing::check_one_error(run_corolla({"bench", "decode", "--kv-dtype", "int4", "--json"}),
                                     "--kv-dtype must be f32, bf16 or f16, got 'int4'");
 }

@@ -291,7 +291,7 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
     fresh();
     testing::check_one_error(
         testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--weights", "f16"})),
-        "--weights must be f32 or bf16, got 'f16'");
+        "--weights must be f32, bf16 or int8, got 'f16'");
     testing::check_one_error(
         testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--kv-dtype", "fp8"})),
         "--kv-dtype must be f32, bf16 or f16, got 'fp8'");

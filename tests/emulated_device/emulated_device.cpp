@@ -185,6 +185,22 @@ void emulated_device_backend::linear(const Tensor& x, const Tensor& w, const Ten
   o.finish();
 }
 
+void emulated_device_backend::linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias,
+                                        Tensor& y) {
+  user u(*this);
+  want(x, dtype::f32, "linear_q8 x");
+  want(q, dtype::i8, "linear_q8 q");
+  want(scale, dtype::f32, "linear_q8 scale");
+  want(bias, dtype::f32, "linear_q8 bias");
+  want(y, dtype::f32, "linear_q8 y");
+  operands o(*this);
+  Tensor yv = o.out(y, "linear_q8 y");
+  const Tensor bv = bias ? o.in(*bias, "linear_q8 bias") : Tensor{};
+  cpu_backend().linear_q8(o.in(x, "linear_q8 x"), on_device(q, "linear_q8 q"), o.in(scale, "linear_q8 scale"),
+                          bias ? &bv : nullptr, yv);
+  o.finish();
+}
+
 bool emulated_device_backend::linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
                                            const Tensor* residual, Tensor& y) {
   if (!check_linear_fused(x, w, bias, e, residual, y, dev())) return false;  // CUDA's rules

@@ -68,6 +68,7 @@ class emulated_device_backend final : public Backend {
   void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
             float beta = 0.0f) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
+  void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) override;
   /// Takes what the CUDA backend takes (f32 x of 1 to 16 rows, a bf16 w) and
   /// runs the two ops (its own linear, then add, gelu or swiglu), so the
   /// model's fused decode path runs here with the cpu's arithmetic.

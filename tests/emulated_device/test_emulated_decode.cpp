@@ -109,3 +109,20 @@ TEST_CASE("emulated device: linear_fused takes CUDA's operands, leaves others to
   CHECK(error_of([&] { dev.linear_fused(x, w, nullptr, linear_epilogue::gelu, nullptr, y4); }).find(
             "linear_fused (gelu)") == 0);
 }
+
+TEST_CASE("emulated device: int8-weight decode (quantised on the device) generates the cpu's tokens") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::temp_dir_guard dir("emulated-q8-decode");
+    testing::write_tiny_model(dir.path(), testing::tiny_options_for(arch, 96));
+    emulated_device_backend dev;
+    transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+    transformer on_dev = transformer::load(dir.path(), dev);
+    generation_params p;
+    p.max_new_tokens = 16;
+    p.ignore_eos = true;
+    generator g_cpu(on_cpu, 0, dtype::i8), g_dev(on_dev, 0, dtype::i8);
+    const auto prompt = some_ids(12, on_cpu.config().vocab_size, 9);
+    CHECK(g_dev.generate(prompt, p).tokens == g_cpu.generate(prompt, p).tokens);
+  }
+}

@@ -1,8 +1,9 @@
-// Inference with bf16 copies of the linear weights (generator's `weights`,
-// stage/head use_inference_weights): generation equals, token for token,
-// the f32 model whose linear weights were rounded to bf16 first; the
-// logits agree to f32 summation order; the f32 parameters and the training
-// path stay untouched.
+// Inference with bf16 or int8 copies of the linear weights (generator's
+// `weights`, stage/head use_inference_weights): generation equals, token for
+// token, the f32 model whose linear weights were rounded to bf16 (or
+// quantised to int8 per output channel and back) first; the logits agree to
+// f32 summation order; the f32 parameters and the training path stay
+// untouched.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -30,16 +32,28 @@ using corolla::testing::some_ids;
 
 namespace {
 
-/// Rounds `t` (f32, host) to the nearest bf16 values in place.
-void round_to_bf16(Tensor t) { t.copy_from(t.to(dtype::bf16).to(dtype::f32)); }
+/// Rounds `t` (f32, host, [rows, cols]) in place to what a `type` inference
+/// weight holds: the nearest bf16 values, or int8 quantised per row (as
+/// Backend::quantize_int8 with one block per row) and dequantised.
+void round_to(Tensor t, dtype type) {
+  if (type == dtype::bf16) {
+    t.copy_from(t.to(dtype::bf16).to(dtype::f32));
+    return;
+  }
+  const std::int64_t n = t.numel(), cols = t.dim(1);
+  Tensor q = Tensor::empty({n}, dtype::i8), scale = Tensor::empty({n / cols});
+  Tensor flat = t.view({n});
+  cpu_backend().quantize_int8(flat, static_cast<int>(cols), q, scale);
+  cpu_backend().dequantize_int8(q, scale, static_cast<int>(cols), flat);
+}
 
-/// What the bf16 path converts: every block matrix and the LM head.
-void round_linear_weights(transformer& m) {
+/// What the inference path converts: every block matrix and the LM head.
+void round_linear_weights(transformer& m, dtype type) {
   for (param_set& p : m.blocks())
     for (const param_entry& e : p.entries())
-      if (e.shape.size() == 2) round_to_bf16(p.get(e.name));
+      if (e.shape.size() == 2) round_to(p.get(e.name), type);
   const bool tied = m.config().tie_embeddings;
-  round_to_bf16(m.head().get(tied ? "embed.weight" : "lm_head.weight"));
+  round_to(m.head().get(tied ? "embed.weight" : "lm_head.weight"), type);
 }
 
 testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch); }
@@ -52,9 +66,11 @@ std::vector<float> cached_logits(head& h, stage& s, const std::vector<std::int32
 
 }  // namespace
 
-TEST_CASE("bf16 weights generate what the f32 model with bf16-rounded weights generates") {
-  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+TEST_CASE("bf16 and int8 weights generate what the f32 model with rounded weights generates") {
+  for (const auto& [arch, type] : {std::pair{architecture::llama, dtype::bf16}, {architecture::gpt2, dtype::bf16},
+                                   {architecture::llama, dtype::i8}, {architecture::gpt2, dtype::i8}}) {
     CAPTURE(static_cast<int>(arch));
+    CAPTURE(dtype_name(type));
     testing::temp_dir_guard dir("bf16-weights");
     testing::write_tiny_model(dir.path(), options_for(arch));
     Backend& be = cpu_backend();
@@ -64,14 +80,14 @@ TEST_CASE("bf16 weights generate what the f32 model with bf16-rounded weights ge
       // One tensor is both the embedding (read in f32) and the LM head
       // (read as bf16): make it bf16-exact in both models, so the rounded
       // reference embeds what the bf16 model embeds.
-      round_to_bf16(model.head().get("embed.weight"));
+      round_to(model.head().get("embed.weight"), type);
     }
-    round_linear_weights(rounded);
+    round_linear_weights(rounded, type);
     const std::vector<float> block0_before = model.blocks()[0].flat().to_vector();
 
-    generator gen16(model, 0, dtype::bf16);
+    generator gen16(model, 0, type);
     generator gen_ref(rounded, 0, dtype::f32);
-    CHECK(gen16.weights() == dtype::bf16);
+    CHECK(gen16.weights() == type);
     CHECK(gen_ref.weights() == dtype::f32);
     generation_params p;
     p.max_new_tokens = 24;
@@ -88,27 +104,29 @@ TEST_CASE("bf16 weights generate what the f32 model with bf16-rounded weights ge
   }
 }
 
-TEST_CASE("bf16-weight logits agree with the rounded f32 model and differ from the unrounded") {
-  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+TEST_CASE("bf16- and int8-weight logits agree with the rounded f32 model and differ from the unrounded") {
+  for (const auto& [arch, type] : {std::pair{architecture::llama, dtype::bf16}, {architecture::gpt2, dtype::bf16},
+                                   {architecture::llama, dtype::i8}, {architecture::gpt2, dtype::i8}}) {
     CAPTURE(static_cast<int>(arch));
+    CAPTURE(dtype_name(type));
     testing::temp_dir_guard dir("bf16-logits");
     testing::write_tiny_model(dir.path(), options_for(arch));
     Backend& be = cpu_backend();
     transformer model = transformer::load(dir.path(), be);
     transformer rounded = transformer::load(dir.path(), be);
-    if (model.config().tie_embeddings) round_to_bf16(model.head().get("embed.weight"));
+    if (model.config().tie_embeddings) round_to(model.head().get("embed.weight"), type);
     const auto ids = some_ids(40, model.config().vocab_size, 7);
     const std::vector<float> unrounded = model.forward_logits(ids).to_vector();
-    round_linear_weights(rounded);
+    round_linear_weights(rounded, type);
     const std::vector<float> want = rounded.forward_logits(ids).to_vector();
 
     const model_config& cfg = model.config();
     head h(cfg, model.head(), be);
     stage s(cfg, 0, model.blocks(), be);
-    h.use_inference_weights(dtype::bf16);
-    s.use_inference_weights(dtype::bf16);
-    CHECK(h.inference_dtype() == dtype::bf16);
-    CHECK(s.inference_dtype() == dtype::bf16);
+    h.use_inference_weights(type);
+    s.use_inference_weights(type);
+    CHECK(h.inference_dtype() == type);
+    CHECK(s.inference_dtype() == type);
     // a 24-row prefill (the blocked many-row kernel), then 16 single rows
     const auto got = cached_logits(h, s, ids, 24);
     CHECK(max_abs_diff(got, want) < 1e-4);
@@ -125,14 +143,14 @@ TEST_CASE("bf16-weight logits agree with the rounded f32 model and differ from t
   }
 }
 
-TEST_CASE("inference weights are f32 or bf16, nothing else") {
+TEST_CASE("inference weights are f32, bf16 or int8, nothing else") {
   testing::temp_dir_guard dir("bf16-errors");
   testing::write_tiny_model(dir.path(), {});
   transformer model = transformer::load(dir.path(), cpu_backend());
   CHECK_THROWS_WITH_AS(generator(model, 0, dtype::f16),
-                       "generator: weights must be f32 or bf16, not f16", model_error);
+                       "generator: weights must be f32, bf16 or i8, not f16", model_error);
   stage s(model.config(), 0, model.blocks(), cpu_backend());
-  CHECK_THROWS_AS(s.use_inference_weights(dtype::i8), tensor_error);
+  CHECK_THROWS_AS(s.use_inference_weights(dtype::i32), tensor_error);
   head h(model.config(), model.head(), cpu_backend());
   CHECK_THROWS_AS(h.use_inference_weights(dtype::f16), tensor_error);
 }
