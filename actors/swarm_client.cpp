@@ -148,6 +148,11 @@ caf::error swarm_client::refresh() {
       unusable("serves model '" + info->model + "', not '" + options_.model + "'");
       continue;
     }
+    if (!options_.weights.empty() && info->weights != options_.weights) {
+      unusable("decodes from " + (info->weights.empty() ? std::string("unannounced") : info->weights) +
+               " weights, not " + options_.weights);
+      continue;
+    }
     if (n_blocks_ == 0 && options_.n_blocks == 0) {
       n_blocks_ = info->n_blocks;  // the first answer defines the model's shape
       hidden_size_ = info->hidden_size;

@@ -55,6 +55,9 @@ struct swarm_client_options {
   std::function<std::vector<std::string>()> discover;
   /// Model id the servers must announce ("" = accept any).
   std::string model;
+  /// The dtype of the linear weights servers must decode from ("f32",
+  /// "bf16", "i8"; "" = accept any): quantised weights change the output.
+  std::string weights;
   /// The model's blocks and hidden size, when the client knows them (0 =
   /// take them from the first server that answers); servers of another
   /// shape are left out.

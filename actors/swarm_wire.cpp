@@ -28,6 +28,7 @@ std::vector<std::uint8_t> encode_body(const span_info& v) {
   r.setSessions(v.sessions);
   r.setDraining(v.draining);
   r.setAwaitingPushes(v.awaiting_pushes);
+  r.setWeights(v.weights);
   auto rtts = r.initRtts(static_cast<unsigned>(std::min(v.rtt_ms.size(), net::max_rtt_entries)));
   unsigned i = 0;
   for (const auto& [node, ms] : v.rtt_ms) {
@@ -109,6 +110,7 @@ caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body)
     v.sessions = r.getSessions();
     v.draining = r.getDraining();
     v.awaiting_pushes = r.getAwaitingPushes();
+    v.weights = text(r.getWeights(), "weights");
     if (r.getRtts().size() > net::max_rtt_entries)
       throw std::invalid_argument(std::to_string(r.getRtts().size()) + " RTT entries (at most " +
                                   std::to_string(net::max_rtt_entries) + ")");

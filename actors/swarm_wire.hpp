@@ -42,6 +42,9 @@ struct span_info {
   bool draining = false;
   /// Steps waiting for their input from the previous server's push.
   std::uint32_t awaiting_pushes = 0;
+  /// The dtype of the linear weights its decode reads ("f32", "bf16",
+  /// "i8"; "" when an older server does not say).
+  std::string weights;
 };
 
 /// wire::SpanOpen.

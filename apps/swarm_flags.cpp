@@ -1,5 +1,7 @@
 #include "apps/swarm_flags.hpp"
 
+#include <stdexcept>
+
 #include "apps/commands.hpp"
 
 namespace corolla::app {
@@ -19,9 +21,14 @@ void add_swarm_flags(CLI::App* cmd, swarm_flags& f) {
   cmd->add_option("--swarm-timeout-ms", f.timeout_ms, "Longest wait for one server's answer")
       ->check(CLI::Range(1, 3600000))
       ->capture_default_str();
+  cmd->add_option("--swarm-weights", f.weights,
+                  "Route only through servers whose decode reads these linear weights: f32, bf16 or int8 "
+                  "(serve --weights; quantised weights change the output)");
 }
 
 swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_dir, int n_blocks) {
+  if (!f.weights.empty() && f.weights != "f32" && f.weights != "bf16" && f.weights != "int8")
+    throw std::invalid_argument("--swarm-weights must be f32, bf16 or int8, got '" + f.weights + "'");
   swarm_connection c;
   node_options no;
   no.listen = "";  // a client only dials out
@@ -50,6 +57,7 @@ swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_di
   if (c.options.servers.empty() && !c.options.discover)
     throw std::invalid_argument("--swarm needs at least one HOST:PORT (or give --swarm-dht)");
   c.options.request_timeout = std::chrono::milliseconds(f.timeout_ms);
+  if (!f.weights.empty()) c.options.weights = dtype_name(parse_weights_flag(f.weights));
   return c;
 }
 

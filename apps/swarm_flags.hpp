@@ -22,6 +22,7 @@ struct swarm_flags {
   std::string swarm_model;  ///< --swarm-model: the model id servers announce
   std::string curve_keys;   ///< --curve-keys: this client's CurveZMQ key directory
   int timeout_ms = 30000;   ///< --swarm-timeout-ms
+  std::string weights;      ///< --swarm-weights: the weights' dtype servers must decode from ("" = any)
   /// Whether any swarm was given (--swarm or --swarm-dht).
   bool given() const { return !swarm.empty() || !swarm_dht.empty(); }
 };

@@ -91,6 +91,7 @@ struct SpanInfo {
   rtts @10 :List(PeerRtt);   # RTTs the server measured to servers of the block after its span
   draining @11 :Bool;        # shutting down: open sessions go on, new ones are refused
   awaitingPushes @12 :UInt32; # steps waiting for a push from the previous server
+  weights @13 :Text;         # dtype of the linear weights its decode reads ("f32", "bf16", "i8"); "" from older servers
 }
 
 # One measured round-trip time to another node.
