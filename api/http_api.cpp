@@ -249,6 +249,11 @@ struct http_api::impl {
     p.sampling.top_p = r.top_p;
     p.sampling.seed = r.seed ? *r.seed : std::random_device{}();
     p.ignore_eos = r.ignore_eos;
+    // Every end-of-sequence id of the model (config.json's list and
+    // generation_config.json's: Llama 3.1 instruct ends turns with
+    // <|eot_id|>) ends generation and is left out of the text.
+    for (int id : cfg.eos_token_ids)
+      if (std::find(job->end_ids.begin(), job->end_ids.end(), id) == job->end_ids.end()) job->end_ids.push_back(id);
     p.stop_ids = job->end_ids;
     // As corolla generate: the tokenizer's EOS when config.json names none.
     p.eos_id = cfg.eos_token_id >= 0 ? cfg.eos_token_id : tok.eos_id();

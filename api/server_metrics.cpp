@@ -118,17 +118,51 @@ void add_counters(link_stats& to, const link_stats& l) {
   to.messages_received += l.messages_received;
 }
 
+void subtract_counters(link_stats& from, const link_stats& base) {
+  auto minus = [](std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; };
+  from.bytes_sent = minus(from.bytes_sent, base.bytes_sent);
+  from.bytes_received = minus(from.bytes_received, base.bytes_received);
+  from.messages_sent = minus(from.messages_sent, base.messages_sent);
+  from.messages_received = minus(from.messages_received, base.messages_received);
+}
+
 }  // namespace
 
 std::vector<link_stats> link_history::by_peer(const std::vector<link_stats>& now) {
   ++updates_;
   std::map<std::string, std::set<std::uint64_t>> live_now;
+  std::set<std::uint64_t> links_now;
   for (const link_stats& l : now) {
     if (l.peer.empty()) continue;
+    // A link whose peer changed (a new node behind its endpoint) keeps its
+    // counters: what it counted for the old peer is that peer's, and is
+    // left out of the new one's from here on.
+    auto [was, fresh] = link_peer_.try_emplace(l.link, l.peer);
+    if (!fresh && was->second != l.peer) {
+      const auto old = peers_.find(was->second);
+      if (old != peers_.end())
+        if (auto it = old->second.live.find(l.link); it != old->second.live.end()) {
+          link_stats base = link_base_[l.link];
+          add_counters(base, it->second);
+          link_base_[l.link] = base;
+        }
+      was->second = l.peer;
+    }
+    link_stats counted = l;
+    if (auto base = link_base_.find(l.link); base != link_base_.end()) subtract_counters(counted, base->second);
     peer_links& p = peers_[l.peer];
-    p.live[l.link] = l;
+    p.live[l.link] = counted;
     p.last_seen = updates_;
     live_now[l.peer].insert(l.link);
+    links_now.insert(l.link);
+  }
+  for (auto it = link_peer_.begin(); it != link_peer_.end();) {
+    if (links_now.count(it->first)) {
+      ++it;
+      continue;
+    }
+    link_base_.erase(it->first);
+    it = link_peer_.erase(it);
   }
   // Links gone since the last look: their last counters move to `ended`.
   for (auto& [peer, p] : peers_)

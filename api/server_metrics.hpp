@@ -50,6 +50,8 @@ class link_history {
   std::size_t max_peers_;
   std::uint64_t updates_ = 0;
   std::map<std::string, peer_links> peers_;
+  std::map<std::uint64_t, std::string> link_peer_;  ///< live links' peers, as last seen
+  std::map<std::uint64_t, link_stats> link_base_;   ///< counters a live link made for earlier peers
   node_traffic totals_;
 };
 

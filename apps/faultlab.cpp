@@ -132,11 +132,6 @@ int run_scenario(const fl::scenario& s, const faultlab_args& a) {
   return pass ? 0 : 1;
 }
 
-/// A random campaign (Jepsen style): for a swarm, every block served twice
-/// (two chains of two servers and one server of the whole model) and
-/// `faults` kills at random tokens, never of a server whose blocks nobody
-/// else holds any more; for training, a 2x2 elastic job with checkpoints
-/// and `faults` (at most 3) kills of random ranks at random steps.
 /// `s` as a TOML string, quoted and escaped (paths may hold anything).
 std::string toml_quoted(const std::string& s) {
   std::ostringstream out;
@@ -144,6 +139,11 @@ std::string toml_quoted(const std::string& s) {
   return out.str();
 }
 
+/// A random campaign (Jepsen style): for a swarm, every block served twice
+/// (two chains of two servers and one server of the whole model) and
+/// `faults` kills at random tokens, never of a server whose blocks nobody
+/// else holds any more; for training, a 2x2 elastic job with checkpoints
+/// and `faults` (at most 3) kills of random ranks at random steps.
 fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   const model_config cfg = load_config(a.model);

@@ -147,7 +147,9 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
           if (!j.is_object()) continue;
           if (j.value("event", "") == "replan") ++run.recoveries;
           if (!j.contains("step") || !j.contains("loss") || j.contains("tokens")) continue;
-          if (!j["step"].is_number_integer() || !j["loss"].is_number() || j["step"].get<int>() < 1) continue;
+          if (!j["step"].is_number_integer() || !j["loss"].is_number() || j["step"].get<std::int64_t>() < 1 ||
+              j["step"].get<std::int64_t>() > 10000000)
+            continue;
           step = j["step"].get<int>();
           if (static_cast<int>(run.losses.size()) < step) run.losses.resize(static_cast<std::size_t>(step));
           run.losses[static_cast<std::size_t>(step - 1)] = j["loss"].get<double>();

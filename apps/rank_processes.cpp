@@ -92,7 +92,7 @@ std::vector<int> lost_ranks(rank_processes& ranks, const std::set<int>& signalle
     static const std::regex named(R"(\brank (\d+) \()");
     int last = -1;
     for (auto it = std::sregex_iterator(what.begin(), what.end(), named); it != std::sregex_iterator(); ++it)
-      last = std::stoi((*it)[1]);
+      if ((*it)[1].length() <= 6) last = std::stoi((*it)[1]);  // a rank number, not a stray long one
     if (last >= 0 && last < world) gone.insert(last);
   }
   return {gone.begin(), gone.end()};

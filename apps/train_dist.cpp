@@ -371,7 +371,14 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
   } catch (...) {
     over = true;
     watcher.join();
-    if (lost) *lost = lost_ranks(ranks, signalled, o.layout.world(), std::current_exception());
+    if (lost) {
+      // Finding the lost ranks must not replace the job's own failure.
+      try {
+        *lost = lost_ranks(ranks, signalled, o.layout.world(), std::current_exception());
+      } catch (...) {
+        lost->clear();
+      }
+    }
     ranks.stop();
     throw;
   }

@@ -12,7 +12,8 @@
 //           factor (0.1 ln(factor) + 1 by default)
 //
 // Both backends evaluate inv_freq(i) in double from this one definition
-// (the CUDA kernels on the device), so they rotate by the same f32 cos/sin.
+// (the CUDA kernels on the device), so they rotate by the same f32 cos/sin
+// up to the last bit of the two libms' double pow/cos/sin.
 // Dynamic NTK scaling changes the frequencies with the sequence length
 // (keys cached at one length would be rotated for another): not offered;
 // model/config.cpp refuses it with the reason.
@@ -76,7 +77,8 @@ struct rope_spec {
   /// Whether the numbers are usable (theta and factors positive and finite).
   bool valid() const {
     auto pos = [](double v) { return v > 0.0 && isfinite(v); };
-    return pos(theta) && pos(factor) && pos(attention_factor) &&
+    return pos(theta) && pos(factor) && pos(attention_factor) && isfinite(ramp_low) && isfinite(ramp_high) &&
+           ramp_low <= ramp_high &&
            (kind != rope_kind::llama3 ||
             (pos(low_freq_factor) && pos(high_freq_factor) && pos(original_max_positions) &&
              high_freq_factor != low_freq_factor));

@@ -190,6 +190,9 @@ struct bpe_spec {
   bool ignore_merges = false;                ///< a pre-token in the vocabulary is one token (Llama 3)
   int bos = -1;
   int eos = -1;
+  /// The special token the post-processor's template puts in front of
+  /// every text (Llama 3's <|begin_of_text|>), or -1.
+  int template_bos = -1;
 };
 
 class bpe_tokenizer final : public tokenizer {
@@ -242,7 +245,8 @@ class bpe_tokenizer final : public tokenizer {
       return -1;
     };
     int eot = special_id("<|endoftext|>");
-    bos_ = spec.bos >= 0 ? spec.bos : eot >= 0 ? eot : special_id("<s>");
+    bos_ = spec.bos >= 0 ? spec.bos : spec.template_bos >= 0 ? spec.template_bos : eot >= 0 ? eot : special_id("<s>");
+    prepends_bos_ = spec.template_bos >= 0;
     eos_ = spec.eos >= 0 ? spec.eos : eot >= 0 ? eot : special_id("</s>");
   }
 
@@ -304,7 +308,7 @@ class bpe_tokenizer final : public tokenizer {
   int vocab_size() const override { return vocab_size_; }
   int bos_id() const override { return bos_; }
   int eos_id() const override { return eos_; }
-  bool prepends_bos() const override { return false; }
+  bool prepends_bos() const override { return prepends_bos_; }
 
  private:
   /// BPE of one pre-token, through a cache (words repeat a lot in text).
@@ -384,6 +388,7 @@ class bpe_tokenizer final : public tokenizer {
   std::shared_ptr<const regex_split> split_;
   bool nfc_ = false;
   bool ignore_merges_ = false;
+  bool prepends_bos_ = false;
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache_;
 };
@@ -512,6 +517,26 @@ std::unique_ptr<tokenizer> load_bpe_json(const std::filesystem::path& file, int 
   }
   spec.bos = bos_id;
   spec.eos = eos_id;
+  // HF's post-processor: a TemplateProcessing (alone or in a Sequence)
+  // whose single-text template starts with a special token prepends it
+  // (Llama 3: <|begin_of_text|>); anything else adds nothing.
+  const json post = j.value("post_processor", json());
+  std::vector<json> processors;
+  if (type_of(post) == "Sequence" && post.value("processors", json()).is_array())
+    for (const json& p : post["processors"]) processors.push_back(p);
+  else if (post.is_object())
+    processors.push_back(post);
+  for (const json& p : processors) {
+    if (type_of(p) != "TemplateProcessing") continue;
+    const json single = p.value("single", json());
+    if (!single.is_array() || single.empty() || !single[0].is_object() || !single[0].contains("SpecialToken")) continue;
+    const std::string name = single[0]["SpecialToken"].value("id", std::string());
+    const json ids = p.value("special_tokens", json()).value(name, json()).value("ids", json());
+    if (!ids.is_array() || ids.size() != 1 || !ids[0].is_number_integer())
+      throw model_error(where + ": the post-processor's template names special token '" + name +
+                        "' without exactly one id");
+    spec.template_bos = ids[0].get<int>();
+  }
   return std::make_unique<bpe_tokenizer>(std::move(spec));
 }
 

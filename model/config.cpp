@@ -101,13 +101,22 @@ class field_reader {
   const std::string& origin_;
 };
 
+/// A number under `key` of `o`, 0 when absent, null or not a number (HF
+/// treats those, and 0, as unset).
+double number_or_zero(const json& o, const char* key) {
+  return o.contains(key) && o.at(key).is_number() ? o.at(key).get<double>() : 0.0;
+}
+
 /// config.json's rope_scaling (null: plain RoPE), as
 /// transformers/modeling_rope_utils.py reads it: "rope_type" (or the older
 /// "type") default, linear, llama3 or yarn. yarn's ramp is found from
 /// beta_fast/beta_slow over original_max_position_embeddings (default: the
 /// model's max_position_embeddings), floored/ceiled unless truncate is
 /// false; its attention factor is given, or from mscale/mscale_all_dim, or
-/// 0.1 ln(factor) + 1.
+/// 0.1 ln(factor) + 1. yarn's `factor` is taken as written, as vLLM, TGI
+/// and transformers do outside 4.50-4.55 (which replaced it with
+/// max_position_embeddings / original_max_position_embeddings whenever the
+/// latter was given; transformers PR #40320 went back).
 rope_spec parse_rope_scaling(const field_reader& f, const json& j, const std::string& origin, double theta,
                              int head_dim, int max_positions) {
   rope_spec r(theta);
@@ -144,9 +153,8 @@ rope_spec parse_rope_scaling(const field_reader& f, const json& j, const std::st
   auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
   if (g.has("attention_factor")) {
     r.attention_factor = g.positive_float("attention_factor");
-  } else if (g.has("mscale") && g.has("mscale_all_dim") && g.positive_float("mscale") > 0 &&
-             g.positive_float("mscale_all_dim") > 0) {
-    r.attention_factor = mscale(r.factor, g.positive_float("mscale")) / mscale(r.factor, g.positive_float("mscale_all_dim"));
+  } else if (const double m = number_or_zero(s, "mscale"), all = number_or_zero(s, "mscale_all_dim"); m != 0 && all != 0) {
+    r.attention_factor = mscale(r.factor, m) / mscale(r.factor, all);  // DeepSeek's pair (HF: both truthy)
   } else {
     r.attention_factor = mscale(r.factor, 1.0);
   }
@@ -189,7 +197,14 @@ model_config parse_llama(const field_reader& f, const json& j, const std::string
   const bool qwen2 = hf_arch == "Qwen2ForCausalLM", qwen3 = hf_arch == "Qwen3ForCausalLM";
   c.rope = parse_rope_scaling(f, j, origin, f.positive_float_or("rope_theta", 10000.0f), c.head_dim,
                               c.max_positions);
-  if (c.rope.kind != rope_kind::plain) c.rope_scaling = j.at("rope_scaling").dump();
+  if (c.rope.kind != rope_kind::plain) {
+    // Kept as written, for to_hf_json; yarn's default original context is
+    // made explicit (to_hf_json writes a sliding window's capped context).
+    json scaling = j.at("rope_scaling");
+    if (c.rope.kind == rope_kind::yarn && !scaling.contains("original_max_position_embeddings"))
+      scaling["original_max_position_embeddings"] = c.max_positions;
+    c.rope_scaling = scaling.dump();
+  }
   // Qwen2 and Qwen3 tie small models' embeddings and say so; HF's default
   // for both is untied, as for Llama.
   c.tie_embeddings = f.boolean_or("tie_word_embeddings", false);

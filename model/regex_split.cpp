@@ -1,6 +1,10 @@
 // model/regex_split.cpp — see regex_split.hpp.
 #include "model/regex_split.hpp"
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
 #include <unicode/normalizer2.h>
 #include <unicode/regex.h>
 #include <unicode/unistr.h>
@@ -50,12 +54,17 @@ void regex_split::split(std::string_view text, std::vector<std::string_view>& ou
 }
 
 std::string nfc(std::string_view text) {
+  // ASCII is NFC as it is (the common case: no UTF-16 round trip).
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; }))
+    return std::string(text);
+  if (text.size() > static_cast<std::size_t>(INT32_MAX / 2))
+    throw model_error("a text of " + std::to_string(text.size()) + " bytes is too long to normalise");
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(status);
   if (U_FAILURE(status)) throw model_error(std::string("NFC normalization is not available: ") + u_errorName(status));
   const icu::UnicodeString in = icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
-  if (n->isNormalized(in, status) && U_SUCCESS(status)) return std::string(text);
-  status = U_ZERO_ERROR;
+  // Always the normalised copy: bytes that are not UTF-8 become U+FFFD the
+  // same way wherever they stand.
   const icu::UnicodeString normal = n->normalize(in, status);
   if (U_FAILURE(status)) throw model_error(std::string("NFC normalization failed: ") + u_errorName(status));
   std::string out;

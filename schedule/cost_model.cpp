@@ -113,8 +113,13 @@ double block_params(const model_config& cfg) {
     // ln_1 (w, b), c_attn (+bias), attn c_proj (+bias), ln_2, c_fc (+bias), mlp c_proj (+bias)
     return 2 * D + (D * (q + 2 * kv) + q + 2 * kv) + (q * D + D) + 2 * D + (D * F + F) + (F * D + D);
   }
-  // two RMSNorm weights + the matrices (no biases)
-  return 2 * D + block_matrix_params(cfg);
+  // two RMSNorm weights + the matrices, and the family's extras: q/k/v
+  // biases (Qwen2, attention_bias), the o bias, Qwen3's q/k norm weights
+  double extras = 0;
+  if (cfg.qkv_bias) extras += q + 2 * kv;
+  if (cfg.o_bias) extras += D;
+  if (cfg.qk_norm) extras += 2.0 * cfg.head_dim;
+  return 2 * D + block_matrix_params(cfg) + extras;
 }
 
 double block_activation_bytes(const model_config& cfg, int seq, int sequences, double bytes) {
@@ -127,8 +132,10 @@ double block_activation_bytes(const model_config& cfg, int seq, int sequences, d
   // the MLP: gate, up and swiglu output (3F) for Llama, fc output and GELU
   // output (2F) for GPT-2. Per-row norm statistics and the attention
   // log-sum-exp are O(tokens) and left out; attention probabilities are
-  // never stored (fused attention recomputes them).
+  // never stored (fused attention recomputes them). Qwen3 also keeps q and
+  // k before their per-head norms (q + kv).
   double per_token = 4 * D + 2 * q + 2 * kv + (cfg.arch == architecture::llama ? 3 * F : 2 * F);
+  if (cfg.qk_norm) per_token += q + kv;
   return tokens * per_token * bytes;
 }
 

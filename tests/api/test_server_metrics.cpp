@@ -97,6 +97,21 @@ TEST_CASE("a peer's link counters sum its links and survive closes and reconnect
   CHECK(h.by_peer({link(7, "", 1, 1)}).size() == 2u);
 }
 
+TEST_CASE("a link whose peer changes counts its bytes for each peer once") {
+  link_history h;
+  h.by_peer({link(9, "a", 10, 20)});
+  auto all = h.by_peer({link(9, "b", 15, 26)});  // a new node behind the same endpoint, counters kept
+  REQUIRE(all.size() == 2u);
+  CHECK(all[0].peer == "a");
+  CHECK(all[0].bytes_sent == 10);
+  CHECK_FALSE(all[0].up);
+  CHECK(all[1].peer == "b");
+  CHECK(all[1].bytes_sent == 5);
+  CHECK(all[1].bytes_received == 6);
+  all = h.by_peer({link(9, "b", 17, 26)});
+  CHECK(all[1].bytes_sent == 7);
+}
+
 TEST_CASE("node totals never go down between scrapes") {
   link_history h;
   node_traffic t;

@@ -142,3 +142,23 @@ TEST_CASE("tokenizer.json pre-tokenizers and normalizers corolla does not run ar
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(unclosed"}};
   CHECK(error_of(j).find("does not compile") != std::string::npos);
 }
+
+TEST_CASE("a Llama 3 post-processor template prepends <|begin_of_text|>, as HF's tokenizer does") {
+  testing::temp_dir_guard dir("tok-llama3-bos");
+  json j = regex_tokenizer_json(kLlama3, true, false);
+  j["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}},
+        {{"type", "TemplateProcessing"},
+         {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"special_tokens",
+          {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {260}}, {"tokens", {"<|begin_of_text|>"}}}}}}}}}};
+  auto tok = write_and_load(dir, j);
+  CHECK(tok->prepends_bos());
+  CHECK(tok->bos_id() == 260);
+  CHECK(tok->encode("x", tok->prepends_bos()) == std::vector<std::int32_t>{260, 'x'});
+  // Without a template nothing is prepended (Qwen).
+  auto plain = write_and_load(dir, regex_tokenizer_json(kQwen2, false, true));
+  CHECK_FALSE(plain->prepends_bos());
+}

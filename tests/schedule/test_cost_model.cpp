@@ -73,7 +73,14 @@ TEST_CASE("block FLOPs, parameters and activations match hand counts") {
 }
 
 TEST_CASE("embeddings, blocks and head add up to the model's parameter count") {
-  for (model_config c : {tiny_llama(), tiny_gpt2()}) {
+  model_config qwen3 = tiny_llama();  // with Qwen3's q/k norms and every attention bias
+  qwen3.hf_architecture = "Qwen3ForCausalLM";
+  qwen3.qk_norm = qwen3.qkv_bias = qwen3.o_bias = true;
+  model_config qwen2 = tiny_llama();
+  qwen2.hf_architecture = "Qwen2ForCausalLM";
+  qwen2.qkv_bias = true;
+  CHECK(block_activation_bytes(qwen3, 16, 1, 4.0) > block_activation_bytes(tiny_llama(), 16, 1, 4.0));
+  for (model_config c : {tiny_llama(), tiny_gpt2(), qwen2, qwen3}) {
     CAPTURE(c.hf_architecture);
     model_costs m = compute_costs(c, tiny_setup(4, 1, 4));
     double sum = m.embedding.params + m.head.params;
