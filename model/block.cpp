@@ -1,69 +1,13 @@
 #include "model/block.hpp"
 
 #include <tuple>
+#include <utility>
+
+#include "model/block_ops.hpp"
 
 namespace corolla {
+using namespace block_ops;
 namespace {
-
-bool is_llama(const model_config& cfg) { return cfg.arch == architecture::llama; }
-
-std::int64_t q_width(const model_config& cfg) {
-  return static_cast<std::int64_t>(cfg.n_heads) * cfg.head_dim;
-}
-std::int64_t kv_width(const model_config& cfg) {
-  return static_cast<std::int64_t>(cfg.n_kv_heads) * cfg.head_dim;
-}
-
-/// Pointer to an optional tensor: null when the family has no such tensor.
-const Tensor* opt(const Tensor& t) { return t.defined() ? &t : nullptr; }
-Tensor* opt(Tensor& t) { return t.defined() ? &t : nullptr; }
-
-/// The block's first or second norm: RMSNorm for Llama, LayerNorm for GPT-2.
-void norm_forward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
-                  const Tensor& b, Tensor& y, Tensor* mean, Tensor* rstd) {
-  if (is_llama(cfg))
-    be.rmsnorm(x, w, cfg.norm_eps, y, rstd);
-  else
-    be.layernorm(x, w, b, cfg.norm_eps, y, mean, rstd);
-}
-
-/// Qwen3's per-head RMSNorm of the rows of x [N, heads*Dh] into y (as
-/// [N*heads, Dh] rows sharing one [Dh] weight), 1/rms per head row into
-/// rstd when given.
-void head_rmsnorm(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w, Tensor& y,
-                  Tensor* rstd) {
-  const std::int64_t rows = x.numel() / cfg.head_dim;
-  Tensor xv = x.view({rows, cfg.head_dim}), yv = y.view({rows, cfg.head_dim});
-  if (rstd) {
-    Tensor rv = rstd->view({rows});
-    be.rmsnorm(xv, w, cfg.norm_eps, yv, &rv);
-  } else {
-    be.rmsnorm(xv, w, cfg.norm_eps, yv, nullptr);
-  }
-}
-
-/// The backward of head_rmsnorm: dx from dy, dw accumulated.
-void head_rmsnorm_backward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
-                           const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw) {
-  const std::int64_t rows = x.numel() / cfg.head_dim;
-  Tensor dxv = dx.view({rows, cfg.head_dim});
-  be.rmsnorm_backward(x.view({rows, cfg.head_dim}), w, rstd.view({rows}), dy.view({rows, cfg.head_dim}), dxv, dw);
-}
-
-/// RoPE on the cached forward's q and k rows (Llama).
-void rope_qk(Backend& be, const model_config& cfg, Tensor& q, Tensor& k, const Tensor& positions) {
-  be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope);
-  be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope);
-}
-
-void norm_backward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
-                   const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                   Tensor& dw, Tensor& db) {
-  if (is_llama(cfg))
-    be.rmsnorm_backward(x, w, rstd, dy, dx, dw);
-  else
-    be.layernorm_backward(x, w, mean, rstd, dy, dx, dw, db);
-}
 
 /// Sizes block_backward's scratch for N rows of activation dtype `act`.
 void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dtype act,
@@ -84,6 +28,19 @@ void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dty
     ensure_tensor(be, s.dq_pre, {N, Q}, act);
     ensure_tensor(be, s.dk_pre, {N, KV}, act);
   }
+}
+
+/// The gradients of the q and k projections' outputs: with Qwen3's
+/// per-head norms, those before the norms (into s.dq_pre, s.dk_pre, the
+/// norm weights' gradients accumulated into dwq and dwk), else s.dq and
+/// s.dk themselves.
+std::pair<Tensor*, Tensor*> qk_projection_grads(Backend& be, const model_config& cfg, const block_tensors& w,
+                                                const block_activations& a, block_grad_scratch& s, Tensor& dwq,
+                                                Tensor& dwk) {
+  if (!cfg.qk_norm) return {&s.dq, &s.dk};
+  head_rmsnorm_backward(be, cfg, a.q_pre, w.q_norm_w, a.rstd_q, s.dq, s.dq_pre, dwq);
+  head_rmsnorm_backward(be, cfg, a.k_pre, w.k_norm_w, a.rstd_k, s.dk, s.dk_pre, dwk);
+  return {&s.dq_pre, &s.dk_pre};
 }
 
 }  // namespace
@@ -374,12 +331,9 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope, true);
   }
   // Gradients of the projections' outputs (before Qwen3's q/k norms).
-  Tensor& dq = cfg.qk_norm ? s.dq_pre : s.dq;
-  Tensor& dk = cfg.qk_norm ? s.dk_pre : s.dk;
-  if (cfg.qk_norm) {
-    head_rmsnorm_backward(be, cfg, a.q_pre, w.q_norm_w, a.rstd_q, s.dq, dq, g.q_norm_w);
-    head_rmsnorm_backward(be, cfg, a.k_pre, w.k_norm_w, a.rstd_k, s.dk, dk, g.k_norm_w);
-  }
+  const auto [dq_p, dk_p] = qk_projection_grads(be, cfg, w, a, s, g.q_norm_w, g.k_norm_w);
+  Tensor& dq = *dq_p;
+  Tensor& dk = *dk_p;
   be.linear_backward(a.norm1, w.q_w, dq, &s.dnorm, g.q_w, opt(g.q_b));
   be.linear_backward(a.norm1, w.k_w, dk, nullptr, g.k_w, opt(g.k_b));
   be.gemm(dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
@@ -388,198 +342,6 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
   norm_backward(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dtmp, g.attn_norm_w,
                 g.attn_norm_b);
   be.add(s.dh, s.dtmp, dx);
-}
-
-// ---- cached inference forward --------------------------------------------------------
-
-block_decode_workspace::block_decode_workspace(const model_config& cfg)
-    : norm_(cfg.hidden_size),
-      mean_(0),
-      rstd_(0),
-      q_(q_width(cfg)),
-      k_(kv_width(cfg)),
-      v_(kv_width(cfg)),
-      attn_(q_width(cfg)),
-      tmp_(cfg.hidden_size),
-      h_(cfg.hidden_size),
-      gate_(cfg.arch == architecture::llama ? cfg.intermediate_size : 1),
-      up_(cfg.intermediate_size),
-      act_(cfg.intermediate_size),
-      qkv_(q_width(cfg) + 2 * kv_width(cfg)),
-      gate_up_(cfg.arch == architecture::llama ? 2 * cfg.intermediate_size : 1) ,
-      qn_(cfg.qk_norm ? q_width(cfg) : 1),
-      kn_(cfg.qk_norm ? kv_width(cfg) : 1) {}
-
-void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
-  for (row_buffer* b : {&norm_, &mean_, &rstd_, &q_, &k_, &v_, &attn_, &tmp_, &h_, &gate_, &up_, &act_, &qn_, &kn_})
-    b->reserve(be, rows);
-}
-
-namespace {
-
-/// A product with an inference weight: int8 (with its scales) or f32/bf16.
-void lin(Backend& be, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor* bias, Tensor& y) {
-  if (scale.defined())
-    be.linear_q8(x, w, scale, bias, y);
-  else
-    be.linear(x, w, bias, y);
-}
-
-/// Backend::linear_fused where the weight is not int8 (no fused int8 op).
-bool fused(Backend& be, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor* bias, linear_epilogue e,
-           const Tensor* residual, Tensor& y) {
-  return !scale.defined() && be.linear_fused(x, w, bias, e, residual, y);
-}
-
-}  // namespace
-
-/// The cached forward of stacked rows, shared by one sequence and by a batch
-/// of sessions: everything row-wise runs once over all rows (in a batch, one
-/// weight read serves every session); `attend(q, k, v, attn)` applies RoPE
-/// (Llama), appends the new keys and values to the cache(s) and attends,
-/// per sequence.
-struct cached_forward {
-  /// The workspace's views of q, k, v (gate, up) in the single-row outputs of
-  /// the stacked products; made again only when those buffers are (so a
-  /// warm decode step allocates nothing).
-  static void stacked_views(Backend& be, const block_tensors& w, bool llama, block_decode_workspace& ws) {
-    const Tensor& qkv = ws.qkv_.rows(be, 1);
-    const Tensor* gate_up = llama ? &ws.gate_up_.rows(be, 1) : nullptr;
-    if (ws.views_of_ == qkv.raw() && ws.q1_.defined()) return;
-    const std::int64_t qw = w.q_w.dim(0), kw = w.k_w.dim(0);
-    const Tensor all = qkv.view({qw + 2 * kw});
-    ws.q1_ = all.slice(0, qw).view({1, qw});
-    ws.k1_ = all.slice(qw, qw + kw).view({1, kw});
-    ws.v1_ = all.slice(qw + kw, qw + 2 * kw).view({1, kw});
-    if (gate_up) {
-      const std::int64_t F = w.gate_w.dim(0);
-      const Tensor both = gate_up->view({2 * F});
-      ws.gate1_ = both.slice(0, F).view({1, F});
-      ws.up1_ = both.slice(F, 2 * F).view({1, F});
-    }
-    ws.views_of_ = qkv.raw();
-  }
-
-  template <class Attend>
-  static void run(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
-                  const Tensor& positions, block_decode_workspace& ws, Tensor& y, Attend&& attend) {
-    const std::int64_t R = x.dim(0);
-    const bool llama = is_llama(cfg);
-    // One row with stacked (inference) weights: one product per stack, and
-    // q, k, v (gate, up) are consecutive pieces of its output row.
-    const bool stacked = R == 1 && w.qkv_w.defined();
-    Tensor& norm = ws.norm_.rows(be, R);
-    Tensor& mean = ws.mean_.rows(be, R);
-    Tensor& rstd = ws.rstd_.rows(be, R);
-    if (stacked) stacked_views(be, w, llama, ws);
-    Tensor& q = stacked ? ws.q1_ : ws.q_.rows(be, R);
-    Tensor& k = stacked ? ws.k1_ : ws.k_.rows(be, R);
-    Tensor& v = stacked ? ws.v1_ : ws.v_.rows(be, R);
-    Tensor& attn = ws.attn_.rows(be, R);
-    Tensor& tmp = ws.tmp_.rows(be, R);
-    Tensor& h = ws.h_.rows(be, R);
-    Tensor& up = ws.up_.rows(be, R);
-    Tensor& act = ws.act_.rows(be, R);
-
-    // The statistics (mean, 1/std) are not needed later; they land in scratch.
-    norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
-    if (stacked) {
-      Tensor& qkv = ws.qkv_.rows(be, 1);
-      lin(be, norm, w.qkv_w, w.qkv_s, opt(w.qkv_b), qkv);
-    } else {
-      lin(be, norm, w.q_w, w.q_s, opt(w.q_b), q);
-      lin(be, norm, w.k_w, w.k_s, opt(w.k_b), k);
-      lin(be, norm, w.v_w, w.v_s, opt(w.v_b), v);
-    }
-    if (cfg.qk_norm) {
-      // Qwen3: q and k normed per head before RoPE, into their own rows.
-      Tensor& qn = ws.qn_.rows(be, R);
-      Tensor& kn = ws.kn_.rows(be, R);
-      head_rmsnorm(be, cfg, q, w.q_norm_w, qn, nullptr);
-      head_rmsnorm(be, cfg, k, w.k_norm_w, kn, nullptr);
-      attend(qn, kn, v, attn);
-    } else {
-      attend(q, k, v, attn);  // RoPE (Llama), the cache append and attention
-    }
-    // A product and the op after it run as one where the backend fuses
-    // them (Backend::linear_fused: CUDA's bf16-weight GEMV), else as two.
-    if (llama) {
-      lin(be, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
-      be.add_rmsnorm(x, tmp, h, w.mlp_norm_w, cfg.norm_eps, norm);
-    } else {
-      if (!fused(be, attn, w.o_w, w.o_s, opt(w.o_b), linear_epilogue::add, &x, h)) {
-        lin(be, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
-        be.add(x, tmp, h);
-      }
-      norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
-    }
-    if (llama && stacked) {
-      if (!fused(be, norm, w.gate_up_w, w.gate_up_s, nullptr, linear_epilogue::swiglu, nullptr, act)) {
-        lin(be, norm, w.gate_up_w, w.gate_up_s, nullptr, ws.gate_up_.rows(be, 1));
-        be.swiglu(ws.gate1_, ws.up1_, act);
-      }
-    } else if (llama) {
-      Tensor& gate = ws.gate_.rows(be, R);
-      lin(be, norm, w.gate_w, w.gate_s, nullptr, gate);
-      lin(be, norm, w.up_w, w.up_s, nullptr, up);
-      be.swiglu(gate, up, act);
-    } else if (!fused(be, norm, w.up_w, w.up_s, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
-      lin(be, norm, w.up_w, w.up_s, opt(w.up_b), up);
-      be.gelu(up, act);
-    }
-    if (!fused(be, act, w.down_w, w.down_s, opt(w.down_b), linear_epilogue::add, &h, y)) {
-      lin(be, act, w.down_w, w.down_s, opt(w.down_b), tmp);
-      be.add(h, tmp, y);
-    }
-  }
-};
-
-void block_forward_cached(Backend& be, const model_config& cfg, const block_tensors& w,
-                          const Tensor& x, const Tensor& positions, kv_sequence& kv, int layer,
-                          std::int64_t start_pos, block_decode_workspace& ws, Tensor& y) {
-  // One sequence: whole buffers, no slices (the decode hot path allocates nothing).
-  const bool llama = is_llama(cfg);
-  cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
-    if (q.dim(0) == 1) {
-      // A decode step: RoPE and the cache append in one op, into the cache row.
-      auto [k_row, v_row] = kv.claim_row(layer, start_pos);
-      be.rope_store_kv(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope, llama,
-                       k_row, v_row, kv.pool().type());
-    } else {
-      if (llama) rope_qk(be, cfg, q, k, positions);
-      kv.append(layer, start_pos, k, v);
-    }
-    be.attention_cached(q, kv.view(layer), start_pos, block_attention_shape(cfg), attn);
-  });
-}
-
-}  // namespace corolla
-
-// ---- batched cached forward (concurrent sessions of a server) ----------------------
-
-namespace corolla {
-
-void block_forward_cached_batch(Backend& be, const model_config& cfg, const block_tensors& w,
-                                const Tensor& x, const Tensor& positions,
-                                std::span<const cached_rows> seqs, int layer,
-                                block_decode_workspace& ws, Tensor& y) {
-  const std::int64_t R = x.dim(0);
-  cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
-    if (is_llama(cfg)) rope_qk(be, cfg, q, k, positions);  // each row at its own position
-    // Attention is per sequence: each has its own cache and length.
-    const attention_shape shape = block_attention_shape(cfg);
-    std::int64_t row = 0;
-    for (const cached_rows& s : seqs) {
-      const std::int64_t end = row + s.rows;
-      s.kv->append(layer, s.start_pos, k.slice(row, end), v.slice(row, end));
-      Tensor out = attn.slice(row, end);
-      be.attention_cached(q.slice(row, end), s.kv->view(layer), s.start_pos, shape, out);
-      row = end;
-    }
-    if (row != R)
-      throw tensor_error("block_forward_cached_batch: the sequences cover " + std::to_string(row) +
-                         " rows of a batch of " + std::to_string(R));
-  });
 }
 
 // ---- input-only backward (frozen weights) ------------------------------------------
@@ -632,12 +394,9 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
     be.rope(s.dq, positions, cfg.n_heads, cfg.head_dim, cfg.rope, true);
     be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope, true);
   }
-  Tensor& dq = cfg.qk_norm ? s.dq_pre : s.dq;
-  Tensor& dk = cfg.qk_norm ? s.dk_pre : s.dk;
-  if (cfg.qk_norm) {
-    head_rmsnorm_backward(be, cfg, a.q_pre, w.q_norm_w, a.rstd_q, s.dq, dq, scratch.head_norm_dw);
-    head_rmsnorm_backward(be, cfg, a.k_pre, w.k_norm_w, a.rstd_k, s.dk, dk, scratch.head_norm_dw);
-  }
+  const auto [dq_p, dk_p] = qk_projection_grads(be, cfg, w, a, s, scratch.head_norm_dw, scratch.head_norm_dw);
+  Tensor& dq = *dq_p;
+  Tensor& dk = *dk_p;
   be.gemm(dq, false, w.q_w, false, s.dnorm);
   be.gemm(dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
   be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);

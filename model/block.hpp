@@ -153,7 +153,7 @@ class block_decode_workspace {
   std::int64_t capacity() const { return norm_.capacity(); }
 
  private:
-  friend struct cached_forward;  // model/block.cpp: the cached forward of one sequence or a batch
+  friend struct cached_forward;  // model/block_cached.cpp: the cached forward of one sequence or a batch
   row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
   row_buffer qkv_, gate_up_;  ///< single-row outputs of the stacked products
   row_buffer qn_, kn_;        ///< Qwen3: q and k after their per-head norms

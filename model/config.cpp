@@ -279,6 +279,20 @@ double shortest(float v) {
   return std::stod(std::string(buf, r.ptr));
 }
 
+/// The JSON text of `file`; model_error naming it (and the byte) when it
+/// cannot be read or parsed.
+json read_json_file(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw model_error("cannot read " + file.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    throw model_error("invalid JSON in " + file.string() + " at byte " + std::to_string(e.byte) + ": " + e.what());
+  }
+}
+
 std::string describe(const model_config& c) {
   return c.hf_architecture.empty() ? std::string("model config") : c.hf_architecture + " config";
 }
@@ -388,31 +402,12 @@ model_config load_config(const std::filesystem::path& path) {
   fs::path file = fs::is_directory(path, ec) ? path / "config.json" : path;
   if (!fs::is_regular_file(file, ec))
     throw model_error("no config.json in " + path.string());
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw model_error("cannot read " + file.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    throw model_error("invalid JSON in " + file.string() + " at byte " + std::to_string(e.byte) +
-                      ": " + e.what());
-  }
-  model_config c = parse_config(j, file.string());
+  model_config c = parse_config(read_json_file(file), file.string());
   // generation_config.json's end-of-sequence ids (an int or a list) join
   // config.json's: Llama 3.1 instruct lists <|eot_id|> only there.
   const fs::path gen = file.parent_path() / "generation_config.json";
   if (fs::is_regular_file(gen, ec)) {
-    std::ifstream g(gen, std::ios::binary);
-    std::stringstream gtext;
-    gtext << g.rdbuf();
-    json gj;
-    try {
-      gj = json::parse(gtext.str());
-    } catch (const json::parse_error& e) {
-      throw model_error("invalid JSON in " + gen.string() + " at byte " + std::to_string(e.byte) + ": " + e.what());
-    }
+    const json gj = read_json_file(gen);
     if (!gj.is_object()) throw model_error(gen.string() + " is not a JSON object");
     for (int id : field_reader(gj, gen.string()).token_ids("eos_token_id"))
       if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())

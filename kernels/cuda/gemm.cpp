@@ -218,6 +218,19 @@ void cuda_backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool tra
             b.dim(-1), beta, c.raw(), c.type(), n, nullptr);
 }
 
+namespace {
+
+/// y [rows, out] (f32) = the f32 bias broadcast over the rows, or 0: a
+/// product over an empty input width.
+void fill_bias_rows(stream_t s, const Tensor* bias, Tensor& y, std::int64_t rows, std::int64_t out) {
+  if (bias)
+    broadcast_rows(s, bias->raw(), elem::f32, y.raw(), elem::f32, rows, out);
+  else
+    COROLLA_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), s));
+}
+
+}  // namespace
+
 void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   require_float(x, dev(), "linear x");
   require_condition(x.rank() == 2, "linear x", "expected a 2-D [rows, in] tensor");
@@ -236,10 +249,7 @@ void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, 
     if (rows == 0 || out == 0) return;
     device_guard guard(index_);
     if (in == 0) {
-      if (bias)
-        broadcast_rows(stream_, bias->raw(), elem::f32, y.raw(), elem::f32, rows, out);
-      else
-        COROLLA_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream_));
+      fill_bias_rows(stream_, bias, y, rows, out);
       return;
     }
     if (rows <= widen_above_rows) {
@@ -317,10 +327,7 @@ void cuda_backend::linear_q8(const Tensor& x, const Tensor& q, const Tensor& sca
   if (rows == 0 || out == 0) return;
   device_guard guard(index_);
   if (in == 0) {
-    if (bias)
-      broadcast_rows(stream_, bias->raw(), elem::f32, y.raw(), elem::f32, rows, out);
-    else
-      COROLLA_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream_));
+    fill_bias_rows(stream_, bias, y, rows, out);
     return;
   }
   // Every row goes through the GEMV (8 rows per pass over the weight):

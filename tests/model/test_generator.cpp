@@ -29,6 +29,9 @@ thread_local bool g_counting = false;
 std::atomic<long> g_allocations{0};
 }  // namespace
 
+// GCC 12 sees std::allocator's inlined ::operator new and the free() below
+// and warns of a mismatch; both are this file's (malloc inside).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t n) {
   if (g_counting) g_allocations.fetch_add(1);
   if (void* p = std::malloc(n ? n : 1)) return p;

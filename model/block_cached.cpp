@@ -1,0 +1,201 @@
+// model/block_cached.cpp — the cached inference forwards of a block (see
+// model/block.hpp): one sequence's rows (prefill, decode) and a batch of
+// sessions' rows, into a preallocated workspace, with f32, bf16 or int8
+// inference weights.
+#include <string>
+
+#include "model/block.hpp"
+#include "model/block_ops.hpp"
+
+namespace corolla {
+using namespace block_ops;
+
+// ---- cached inference forward --------------------------------------------------------
+
+block_decode_workspace::block_decode_workspace(const model_config& cfg)
+    : norm_(cfg.hidden_size),
+      mean_(0),
+      rstd_(0),
+      q_(q_width(cfg)),
+      k_(kv_width(cfg)),
+      v_(kv_width(cfg)),
+      attn_(q_width(cfg)),
+      tmp_(cfg.hidden_size),
+      h_(cfg.hidden_size),
+      gate_(cfg.arch == architecture::llama ? cfg.intermediate_size : 1),
+      up_(cfg.intermediate_size),
+      act_(cfg.intermediate_size),
+      qkv_(q_width(cfg) + 2 * kv_width(cfg)),
+      gate_up_(cfg.arch == architecture::llama ? 2 * cfg.intermediate_size : 1) ,
+      qn_(cfg.qk_norm ? q_width(cfg) : 1),
+      kn_(cfg.qk_norm ? kv_width(cfg) : 1) {}
+
+void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
+  for (row_buffer* b : {&norm_, &mean_, &rstd_, &q_, &k_, &v_, &attn_, &tmp_, &h_, &gate_, &up_, &act_, &qn_, &kn_})
+    b->reserve(be, rows);
+}
+
+namespace {
+
+/// A product with an inference weight: int8 (with its scales) or f32/bf16.
+void lin(Backend& be, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor* bias, Tensor& y) {
+  if (scale.defined())
+    be.linear_q8(x, w, scale, bias, y);
+  else
+    be.linear(x, w, bias, y);
+}
+
+/// Backend::linear_fused where the weight is not int8 (no fused int8 op).
+bool fused(Backend& be, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor* bias, linear_epilogue e,
+           const Tensor* residual, Tensor& y) {
+  return !scale.defined() && be.linear_fused(x, w, bias, e, residual, y);
+}
+
+}  // namespace
+
+/// The cached forward of stacked rows, shared by one sequence and by a batch
+/// of sessions: everything row-wise runs once over all rows (in a batch, one
+/// weight read serves every session); `attend(q, k, v, attn)` applies RoPE
+/// (Llama), appends the new keys and values to the cache(s) and attends,
+/// per sequence.
+struct cached_forward {
+  /// The workspace's views of q, k, v (gate, up) in the single-row outputs of
+  /// the stacked products; made again only when those buffers are (so a
+  /// warm decode step allocates nothing).
+  static void stacked_views(Backend& be, const block_tensors& w, bool llama, block_decode_workspace& ws) {
+    const Tensor& qkv = ws.qkv_.rows(be, 1);
+    const Tensor* gate_up = llama ? &ws.gate_up_.rows(be, 1) : nullptr;
+    if (ws.views_of_ == qkv.raw() && ws.q1_.defined()) return;
+    const std::int64_t qw = w.q_w.dim(0), kw = w.k_w.dim(0);
+    const Tensor all = qkv.view({qw + 2 * kw});
+    ws.q1_ = all.slice(0, qw).view({1, qw});
+    ws.k1_ = all.slice(qw, qw + kw).view({1, kw});
+    ws.v1_ = all.slice(qw + kw, qw + 2 * kw).view({1, kw});
+    if (gate_up) {
+      const std::int64_t F = w.gate_w.dim(0);
+      const Tensor both = gate_up->view({2 * F});
+      ws.gate1_ = both.slice(0, F).view({1, F});
+      ws.up1_ = both.slice(F, 2 * F).view({1, F});
+    }
+    ws.views_of_ = qkv.raw();
+  }
+
+  template <class Attend>
+  static void run(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
+                  const Tensor& positions, block_decode_workspace& ws, Tensor& y, Attend&& attend) {
+    const std::int64_t R = x.dim(0);
+    const bool llama = is_llama(cfg);
+    // One row with stacked (inference) weights: one product per stack, and
+    // q, k, v (gate, up) are consecutive pieces of its output row.
+    const bool stacked = R == 1 && w.qkv_w.defined();
+    Tensor& norm = ws.norm_.rows(be, R);
+    Tensor& mean = ws.mean_.rows(be, R);
+    Tensor& rstd = ws.rstd_.rows(be, R);
+    if (stacked) stacked_views(be, w, llama, ws);
+    Tensor& q = stacked ? ws.q1_ : ws.q_.rows(be, R);
+    Tensor& k = stacked ? ws.k1_ : ws.k_.rows(be, R);
+    Tensor& v = stacked ? ws.v1_ : ws.v_.rows(be, R);
+    Tensor& attn = ws.attn_.rows(be, R);
+    Tensor& tmp = ws.tmp_.rows(be, R);
+    Tensor& h = ws.h_.rows(be, R);
+    Tensor& up = ws.up_.rows(be, R);
+    Tensor& act = ws.act_.rows(be, R);
+
+    // The statistics (mean, 1/std) are not needed later; they land in scratch.
+    norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
+    if (stacked) {
+      Tensor& qkv = ws.qkv_.rows(be, 1);
+      lin(be, norm, w.qkv_w, w.qkv_s, opt(w.qkv_b), qkv);
+    } else {
+      lin(be, norm, w.q_w, w.q_s, opt(w.q_b), q);
+      lin(be, norm, w.k_w, w.k_s, opt(w.k_b), k);
+      lin(be, norm, w.v_w, w.v_s, opt(w.v_b), v);
+    }
+    if (cfg.qk_norm) {
+      // Qwen3: q and k normed per head before RoPE, into their own rows.
+      Tensor& qn = ws.qn_.rows(be, R);
+      Tensor& kn = ws.kn_.rows(be, R);
+      head_rmsnorm(be, cfg, q, w.q_norm_w, qn, nullptr);
+      head_rmsnorm(be, cfg, k, w.k_norm_w, kn, nullptr);
+      attend(qn, kn, v, attn);
+    } else {
+      attend(q, k, v, attn);  // RoPE (Llama), the cache append and attention
+    }
+    // A product and the op after it run as one where the backend fuses
+    // them (Backend::linear_fused: CUDA's bf16-weight GEMV), else as two.
+    if (llama) {
+      lin(be, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
+      be.add_rmsnorm(x, tmp, h, w.mlp_norm_w, cfg.norm_eps, norm);
+    } else {
+      if (!fused(be, attn, w.o_w, w.o_s, opt(w.o_b), linear_epilogue::add, &x, h)) {
+        lin(be, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
+        be.add(x, tmp, h);
+      }
+      norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
+    }
+    if (llama && stacked) {
+      if (!fused(be, norm, w.gate_up_w, w.gate_up_s, nullptr, linear_epilogue::swiglu, nullptr, act)) {
+        lin(be, norm, w.gate_up_w, w.gate_up_s, nullptr, ws.gate_up_.rows(be, 1));
+        be.swiglu(ws.gate1_, ws.up1_, act);
+      }
+    } else if (llama) {
+      Tensor& gate = ws.gate_.rows(be, R);
+      lin(be, norm, w.gate_w, w.gate_s, nullptr, gate);
+      lin(be, norm, w.up_w, w.up_s, nullptr, up);
+      be.swiglu(gate, up, act);
+    } else if (!fused(be, norm, w.up_w, w.up_s, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
+      lin(be, norm, w.up_w, w.up_s, opt(w.up_b), up);
+      be.gelu(up, act);
+    }
+    if (!fused(be, act, w.down_w, w.down_s, opt(w.down_b), linear_epilogue::add, &h, y)) {
+      lin(be, act, w.down_w, w.down_s, opt(w.down_b), tmp);
+      be.add(h, tmp, y);
+    }
+  }
+};
+
+void block_forward_cached(Backend& be, const model_config& cfg, const block_tensors& w,
+                          const Tensor& x, const Tensor& positions, kv_sequence& kv, int layer,
+                          std::int64_t start_pos, block_decode_workspace& ws, Tensor& y) {
+  // One sequence: whole buffers, no slices (the decode hot path allocates nothing).
+  const bool llama = is_llama(cfg);
+  cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
+    if (q.dim(0) == 1) {
+      // A decode step: RoPE and the cache append in one op, into the cache row.
+      auto [k_row, v_row] = kv.claim_row(layer, start_pos);
+      be.rope_store_kv(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope, llama,
+                       k_row, v_row, kv.pool().type());
+    } else {
+      if (llama) rope_qk(be, cfg, q, k, positions);
+      kv.append(layer, start_pos, k, v);
+    }
+    be.attention_cached(q, kv.view(layer), start_pos, block_attention_shape(cfg), attn);
+  });
+}
+
+// ---- batched cached forward (concurrent sessions of a server) ----------------------
+
+void block_forward_cached_batch(Backend& be, const model_config& cfg, const block_tensors& w,
+                                const Tensor& x, const Tensor& positions,
+                                std::span<const cached_rows> seqs, int layer,
+                                block_decode_workspace& ws, Tensor& y) {
+  const std::int64_t R = x.dim(0);
+  cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
+    if (is_llama(cfg)) rope_qk(be, cfg, q, k, positions);  // each row at its own position
+    // Attention is per sequence: each has its own cache and length.
+    const attention_shape shape = block_attention_shape(cfg);
+    std::int64_t row = 0;
+    for (const cached_rows& s : seqs) {
+      const std::int64_t end = row + s.rows;
+      s.kv->append(layer, s.start_pos, k.slice(row, end), v.slice(row, end));
+      Tensor out = attn.slice(row, end);
+      be.attention_cached(q.slice(row, end), s.kv->view(layer), s.start_pos, shape, out);
+      row = end;
+    }
+    if (row != R)
+      throw tensor_error("block_forward_cached_batch: the sequences cover " + std::to_string(row) +
+                         " rows of a batch of " + std::to_string(R));
+  });
+}
+
+}  // namespace corolla

@@ -1,0 +1,75 @@
+// model/block_ops.hpp — the small steps model/block.cpp (training forward
+// and backward) and model/block_cached.cpp (the cached inference forwards)
+// share: family checks, widths, the norms of each family, Qwen3's per-head
+// q/k norm and RoPE of q and k. Internal to model/.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.hpp"
+#include "model/block.hpp"
+#include "model/config.hpp"
+
+namespace corolla::block_ops {
+
+inline bool is_llama(const model_config& cfg) { return cfg.arch == architecture::llama; }
+
+inline std::int64_t q_width(const model_config& cfg) {
+  return static_cast<std::int64_t>(cfg.n_heads) * cfg.head_dim;
+}
+inline std::int64_t kv_width(const model_config& cfg) {
+  return static_cast<std::int64_t>(cfg.n_kv_heads) * cfg.head_dim;
+}
+
+/// Pointer to an optional tensor: null when the family has no such tensor.
+inline const Tensor* opt(const Tensor& t) { return t.defined() ? &t : nullptr; }
+inline Tensor* opt(Tensor& t) { return t.defined() ? &t : nullptr; }
+
+/// The block's first or second norm: RMSNorm for Llama, LayerNorm for GPT-2.
+inline void norm_forward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
+                  const Tensor& b, Tensor& y, Tensor* mean, Tensor* rstd) {
+  if (is_llama(cfg))
+    be.rmsnorm(x, w, cfg.norm_eps, y, rstd);
+  else
+    be.layernorm(x, w, b, cfg.norm_eps, y, mean, rstd);
+}
+
+/// Qwen3's per-head RMSNorm of the rows of x [N, heads*Dh] into y (as
+/// [N*heads, Dh] rows sharing one [Dh] weight), 1/rms per head row into
+/// rstd when given.
+inline void head_rmsnorm(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w, Tensor& y,
+                  Tensor* rstd) {
+  const std::int64_t rows = x.numel() / cfg.head_dim;
+  Tensor xv = x.view({rows, cfg.head_dim}), yv = y.view({rows, cfg.head_dim});
+  if (rstd) {
+    Tensor rv = rstd->view({rows});
+    be.rmsnorm(xv, w, cfg.norm_eps, yv, &rv);
+  } else {
+    be.rmsnorm(xv, w, cfg.norm_eps, yv, nullptr);
+  }
+}
+
+/// The backward of head_rmsnorm: dx from dy, dw accumulated.
+inline void head_rmsnorm_backward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
+                           const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw) {
+  const std::int64_t rows = x.numel() / cfg.head_dim;
+  Tensor dxv = dx.view({rows, cfg.head_dim});
+  be.rmsnorm_backward(x.view({rows, cfg.head_dim}), w, rstd.view({rows}), dy.view({rows, cfg.head_dim}), dxv, dw);
+}
+
+/// RoPE on the cached forward's q and k rows (Llama).
+inline void rope_qk(Backend& be, const model_config& cfg, Tensor& q, Tensor& k, const Tensor& positions) {
+  be.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope);
+  be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope);
+}
+
+inline void norm_backward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
+                   const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                   Tensor& dw, Tensor& db) {
+  if (is_llama(cfg))
+    be.rmsnorm_backward(x, w, rstd, dy, dx, dw);
+  else
+    be.layernorm_backward(x, w, mean, rstd, dy, dx, dw, db);
+}
+
+}  // namespace corolla::block_ops
