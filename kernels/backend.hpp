@@ -133,7 +133,8 @@ class Backend {
   /// an int8 inference weight quantised per output channel
   /// (kernels/quantize.hpp), read one byte per weight. x, scale, bias and y
   /// are f32; each dot product of x with the exact int8 values is summed in
-  /// f32, then scaled.
+  /// f32, then scaled (a backend may instead widen many rows' worth of
+  /// weight to the f32 values q * scale and multiply those: prefill).
   virtual void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) = 0;
   /// Backward of linear: dx = dy @ w (if dx given, overwritten);
   /// dw += dy^T @ x; db += column sums of dy (if db given). A bf16 weight
