@@ -64,6 +64,15 @@ device parse_device(const std::string& text) {
   throw std::invalid_argument("unknown device '" + text + "' (expected auto, cpu, cuda or cuda:N)");
 }
 
+q8_weight quantize_rows(Backend& be, const Tensor& w) {
+  if (!w.defined() || w.rank() != 2) throw tensor_error("quantize_rows: expected a 2-D [out, in] weight");
+  const std::int64_t rows = w.dim(0), cols = w.dim(1);
+  q8_weight r{be.empty({rows, cols}, dtype::i8), be.empty({rows})};
+  Tensor flat_q = r.q.view({rows * cols});
+  be.quantize_int8(w.view({rows * cols}), static_cast<int>(cols), flat_q, r.scale);
+  return r;
+}
+
 Backend& backend_for(device dev) {
   if (dev.kind == device_kind::cpu) return cpu_backend();
 #ifdef COROLLA_HAVE_CUDA

@@ -340,6 +340,15 @@ class Backend {
 /// The process-wide CPU backend (OpenBLAS GEMM, OpenMP loops).
 Backend& cpu_backend();
 
+/// An int8 inference weight for Backend::linear_q8: q i8 [out, in] and its
+/// per-output-channel scales f32 [out].
+struct q8_weight {
+  Tensor q, scale;
+};
+/// `w` (f32 [out, in], on be's device) quantised per output channel:
+/// Backend::quantize_int8 with one block per row.
+q8_weight quantize_rows(Backend& be, const Tensor& w);
+
 /// Backends compiled into this binary ("cpu", "cuda").
 std::vector<std::string> compiled_backends();
 

@@ -73,32 +73,40 @@ attention_shape block_attention_shape(const model_config& cfg) {
 
 namespace {
 
-/// Quantises the f32 weights `parts` (on be's device) as one stacked int8
+/// Copies `parts` (on be's device) into one tensor of `type` stacked along
+/// dim 0 (converting) and points each part at its slice of the stack.
+Tensor stack_rows(Backend& be, const std::vector<Tensor*>& parts, dtype type) {
+  std::int64_t rows = 0;
+  for (Tensor* p : parts) rows += p->dim(0);
+  shape_t shape = parts.front()->shape();
+  shape[0] = rows;
+  Tensor all = be.empty(shape, type);
+  std::int64_t at = 0;
+  for (Tensor* p : parts) {
+    Tensor dst = all.slice(at, at + p->dim(0));
+    be.copy(*p, dst);
+    *p = dst;
+    at += dst.dim(0);
+  }
+  return all;
+}
+
+/// Quantises the f32 weights `parts` (weight, scale) as one stacked int8
 /// tensor with per-row scales (rows quantise independently, so the stack
-/// equals its parts quantised apart), and points each part and its scale
+/// equals its parts quantised apart), and points each weight and its scale
 /// at their slices. Returns the stack and its scales.
 std::pair<Tensor, Tensor> quantize_stack(Backend& be, std::initializer_list<std::pair<Tensor*, Tensor*>> parts) {
-  std::int64_t rows = 0;
-  const std::int64_t cols = parts.begin()->first->dim(1);
-  for (const auto& [p, s] : parts) rows += p->dim(0);
-  Tensor f32 = be.empty({rows, cols});
+  std::vector<Tensor*> weights;
+  for (const auto& [w, s] : parts) weights.push_back(w);
+  const q8_weight stack = quantize_rows(be, stack_rows(be, weights, dtype::f32));
   std::int64_t at = 0;
-  for (const auto& [p, s] : parts) {
-    Tensor dst = f32.slice(at, at + p->dim(0));
-    be.copy(*p, dst);
-    at += p->dim(0);
-  }
-  Tensor q = be.empty({rows, cols}, dtype::i8), scale = be.empty({rows});
-  Tensor flat_q = q.view({rows * cols});
-  be.quantize_int8(f32.view({rows * cols}), static_cast<int>(cols), flat_q, scale);
-  at = 0;
-  for (const auto& [p, s] : parts) {
-    const std::int64_t n = p->dim(0);
-    *p = q.slice(at, at + n);
-    *s = scale.slice(at, at + n);
+  for (const auto& [w, s] : parts) {
+    const std::int64_t n = w->dim(0);
+    *w = stack.q.slice(at, at + n);
+    *s = stack.scale.slice(at, at + n);
     at += n;
   }
-  return {q, scale};
+  return {stack.q, stack.scale};
 }
 
 }  // namespace
@@ -108,18 +116,10 @@ block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t) {
     throw tensor_error(std::string("inference weights are f32, bf16 or i8, not ") + dtype_name(t));
   block_tensors out = w;
   if (t == dtype::f32) return out;
+  // Biases stay f32, stacked alike (GPT-2, Qwen2).
+  if (out.q_b.defined()) out.qkv_b = stack_rows(be, {&out.q_b, &out.k_b, &out.v_b}, dtype::f32);
   if (t == dtype::i8) {
     std::tie(out.qkv_w, out.qkv_s) = quantize_stack(be, {{&out.q_w, &out.q_s}, {&out.k_w, &out.k_s}, {&out.v_w, &out.v_s}});
-    if (out.q_b.defined()) {
-      out.qkv_b = be.empty({out.q_b.dim(0) + 2 * out.k_b.dim(0)});
-      std::int64_t at = 0;
-      for (Tensor* b : {&out.q_b, &out.k_b, &out.v_b}) {
-        Tensor dst = out.qkv_b.slice(at, at + b->dim(0));
-        be.copy(*b, dst);
-        *b = dst;
-        at += dst.dim(0);
-      }
-    }
     if (out.gate_w.defined())
       std::tie(out.gate_up_w, out.gate_up_s) = quantize_stack(be, {{&out.gate_w, &out.gate_s}, {&out.up_w, &out.up_s}});
     else
@@ -128,26 +128,8 @@ block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t) {
     quantize_stack(be, {{&out.down_w, &out.down_s}});
     return out;
   }
-  // Converts `parts` (f32, on be's device) into one stacked tensor of `t`
-  // along dim 0 and points each part at its slice of the stack.
-  auto stack = [&](std::initializer_list<Tensor*> parts, dtype type) {
-    std::int64_t rows = 0;
-    for (Tensor* p : parts) rows += p->dim(0);
-    shape_t shape = parts.begin()[0]->shape();
-    shape[0] = rows;
-    Tensor all = be.empty(shape, type);
-    std::int64_t at = 0;
-    for (Tensor* p : parts) {
-      Tensor dst = all.slice(at, at + p->dim(0));
-      be.copy(*p, dst);
-      *p = dst;
-      at += dst.dim(0);
-    }
-    return all;
-  };
-  out.qkv_w = stack({&out.q_w, &out.k_w, &out.v_w}, t);
-  if (out.q_b.defined()) out.qkv_b = stack({&out.q_b, &out.k_b, &out.v_b}, dtype::f32);
-  if (out.gate_w.defined()) out.gate_up_w = stack({&out.gate_w, &out.up_w}, t);
+  out.qkv_w = stack_rows(be, {&out.q_w, &out.k_w, &out.v_w}, t);
+  if (out.gate_w.defined()) out.gate_up_w = stack_rows(be, {&out.gate_w, &out.up_w}, t);
   for (Tensor* m : {&out.o_w, &out.down_w, out.gate_w.defined() ? nullptr : &out.up_w}) {
     if (m == nullptr) continue;
     Tensor converted = be.empty(m->shape(), t);

@@ -15,12 +15,12 @@
 #include <climits>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
 #include "model/error.hpp"
+#include "model/json_file.hpp"
 #include "model/regex_split.hpp"
 #include "model/tokenizer.hpp"
 
@@ -399,16 +399,7 @@ json read_json(const std::filesystem::path& file) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec))
     throw model_error("tokenizer file " + file.string() + " does not exist");
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) throw model_error("cannot read " + file.string());
-  try {
-    return json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    throw model_error("invalid JSON in " + file.string() + " at byte " + std::to_string(e.byte) +
-                      ": " + e.what());
-  }
+  return read_json_file(file);
 }
 
 std::unordered_map<std::string, int> read_vocab(const json& v, const std::string& where) {
@@ -439,10 +430,11 @@ std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
   return out;
 }
 
-std::unique_ptr<tokenizer> load_bpe_json(const std::filesystem::path& file, int bos_id,
-                                         int eos_id) {
-  const std::string where = file.string();
-  const json j = read_json(file);
+namespace {
+
+/// load_bpe_json's work; a field of the wrong JSON type throws
+/// json::exception, which load_bpe_json names the file in.
+std::unique_ptr<tokenizer> bpe_of_json(const json& j, const std::string& where, int bos_id, int eos_id) {
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
     throw model_error(where + " has no \"model\" section");
   const json& m = j["model"];
@@ -538,6 +530,17 @@ std::unique_ptr<tokenizer> load_bpe_json(const std::filesystem::path& file, int 
     spec.template_bos = ids[0].get<int>();
   }
   return std::make_unique<bpe_tokenizer>(std::move(spec));
+}
+
+}  // namespace
+
+std::unique_ptr<tokenizer> load_bpe_json(const std::filesystem::path& file, int bos_id, int eos_id) {
+  const json j = read_json(file);
+  try {
+    return bpe_of_json(j, file.string(), bos_id, eos_id);
+  } catch (const json::exception& e) {
+    throw model_error(file.string() + ": a field has the wrong JSON type (" + e.what() + ")");
+  }
 }
 
 std::unique_ptr<tokenizer> load_bpe_vocab_merges(const std::filesystem::path& vocab,

@@ -8,13 +8,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "model/error.hpp"
+#include "model/json_file.hpp"
 
 namespace corolla {
 namespace {
@@ -277,20 +276,6 @@ double shortest(float v) {
   char buf[64];
   auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::stod(std::string(buf, r.ptr));
-}
-
-/// The JSON text of `file`; model_error naming it (and the byte) when it
-/// cannot be read or parsed.
-json read_json_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw model_error("cannot read " + file.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    throw model_error("invalid JSON in " + file.string() + " at byte " + std::to_string(e.byte) + ": " + e.what());
-  }
 }
 
 std::string describe(const model_config& c) {

@@ -126,11 +126,9 @@ void head::use_inference_weights(dtype t) {
   lm_head_scale_ = Tensor();
   if (t == dtype::f32) return;
   if (t == dtype::i8) {  // per output channel (a vocabulary row), as the blocks' weights
-    const std::int64_t rows = lm_head_w_.dim(0), cols = lm_head_w_.dim(1);
-    lm_head_inference_ = be_->empty({rows, cols}, dtype::i8);
-    lm_head_scale_ = be_->empty({rows});
-    Tensor flat_q = lm_head_inference_.view({rows * cols});
-    be_->quantize_int8(lm_head_w_.view({rows * cols}), static_cast<int>(cols), flat_q, lm_head_scale_);
+    q8_weight q = quantize_rows(*be_, lm_head_w_);
+    lm_head_inference_ = std::move(q.q);
+    lm_head_scale_ = std::move(q.scale);
     return;
   }
   lm_head_inference_ = be_->empty(lm_head_w_.shape(), t);

@@ -15,14 +15,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "kernels/half.hpp"
 #include "model/error.hpp"
+#include "model/json_file.hpp"
 
 namespace corolla {
 namespace {
@@ -281,17 +280,7 @@ checkpoint checkpoint::open(const std::filesystem::path& dir) {
   if (!fs::exists(index, ec))
     throw model_error("no model.safetensors or model.safetensors.index.json in " + dir.string());
 
-  std::ifstream in(index, std::ios::binary);
-  if (!in) throw model_error("cannot read " + index.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    throw model_error("invalid JSON in " + index.string() + " at byte " + std::to_string(e.byte) +
-                      ": " + e.what());
-  }
+  const json j = read_json_file(index);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw model_error(index.string() + " has no \"weight_map\" object");
 

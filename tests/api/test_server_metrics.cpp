@@ -1,13 +1,16 @@
 // api/server_metrics: `corolla serve --metrics-listen`'s text from a span
-// server's counters and its links (parsed strictly), and link counters that
-// survive their link closing.
+// server's counters and its links (parsed strictly), link counters that
+// survive their link closing, and the HTTP listener every api/ server
+// shares stopping in any order.
 #include <doctest/doctest.h>
 
 #include <httplib.h>
 
 #include <map>
 #include <string>
+#include <thread>
 
+#include "api/http_bind.hpp"
 #include "api/server_metrics.hpp"
 #include "tests/api/prometheus_text.hpp"
 
@@ -142,4 +145,23 @@ TEST_CASE("the metrics server answers GET /metrics, and a failing scrape is a 50
   REQUIRE(bad);
   CHECK(bad->status == 500);
   CHECK(bad->body.find("did not answer") != std::string::npos);
+}
+
+TEST_CASE("an HTTP listener stopped before it runs, or while it starts, never serves for ever") {
+  for (int order = 0; order < 2; ++order) {
+    CAPTURE(order);
+    httplib::Server server;
+    const int port = bind_http(server, "127.0.0.1", 0);
+    CHECK(port > 0);
+    http_listener listener(server);
+    if (order == 0) {
+      listener.stop();  // before run(): run() returns at once
+      listener.run();
+    } else {
+      std::thread serving([&] { listener.run(); });
+      listener.stop();  // races run()'s start: waits until it listens, then stops it
+      serving.join();
+    }
+    CHECK_FALSE(server.is_running());
+  }
 }

@@ -141,6 +141,12 @@ TEST_CASE("tokenizer.json pre-tokenizers and normalizers corolla does not run ar
   j = regex_tokenizer_json(kLlama3, true, false);
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(unclosed"}};
   CHECK(error_of(j).find("does not compile") != std::string::npos);
+  // A field of the wrong JSON type is an error naming the file, not a bare JSON exception.
+  j = regex_tokenizer_json(kLlama3, true, false);
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}}}}}},
+                         {"special_tokens", 7}};
+  CHECK(error_of(j).find("tokenizer.json: a field has the wrong JSON type") != std::string::npos);
 }
 
 TEST_CASE("a Llama 3 post-processor template prepends <|begin_of_text|>, as HF's tokenizer does") {
