@@ -1,7 +1,7 @@
 // actors/train_comm.hpp — how the ranks of a training job talk: a mailbox
 // actor that files incoming messages by key until the runtime takes them, a
-// rank's sends to other ranks' mailboxes, and the ring collectives
-// (reduce-scatter, all-gather) over those links.
+// rank's sends to other ranks' mailboxes, and the channel the ring
+// collectives (net/collectives.hpp) run over between those mailboxes.
 //
 // Every training message is a one-way send to the mailbox actor published
 // as "train" on the receiving rank's node (the coordinator's is
@@ -30,8 +30,8 @@
 
 #include "actors/messages.hpp"
 #include "actors/train_wire.hpp"
-#include "kernels/device_group.hpp"
 #include "kernels/tensor.hpp"
+#include "net/collectives.hpp"
 
 namespace corolla {
 
@@ -115,9 +115,10 @@ class train_inbox {
 caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inbox> inbox, const std::string& name,
                                               bool joins_only_from_strangers = false);
 
-/// One rank's view of the job's links: where every other rank's mailbox is.
+/// One rank's view of the job's links: where every other rank's mailbox is,
+/// and the channel its data-parallel rings (net/collectives.hpp) run over.
 /// Thread-safe (the stage and the DP-group actor send concurrently).
-class train_comm {
+class train_comm : public ring_channel {
  public:
   /// `peers[r]` = node id of rank r. `timeout` bounds every wait.
   train_comm(node& n, std::shared_ptr<train_inbox> inbox, int rank, std::vector<std::string> peers,
@@ -139,6 +140,12 @@ class train_comm {
   /// `numel` f32 values. Throws train_error (what = for the message).
   Tensor receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel, const std::string& what);
 
+  /// A ring chunk as train.rs / train.ag to rank `to`'s mailbox.
+  void send_chunk(int to, ring_phase phase, std::int64_t step, int bucket, int hop, Tensor chunk) override;
+  /// The ring chunk rank `from` sent. Throws train_error.
+  Tensor receive_chunk(int from, ring_phase phase, std::int64_t step, int bucket, int hop,
+                       std::int64_t numel) override;
+
  private:
   caf::actor mailbox_of(int rank);
 
@@ -153,52 +160,5 @@ class train_comm {
   std::chrono::milliseconds timeout_;
   std::uint64_t job_ = 0;
 };
-
-/// The members of one ring and this rank's position in it.
-struct ring {
-  std::vector<int> ranks;  ///< in ring order
-  int position = 0;        ///< index of this rank in `ranks`
-  int size() const { return static_cast<int>(ranks.size()); }
-  int next() const { return ranks[static_cast<std::size_t>((position + 1) % size())]; }
-  int prev() const { return ranks[static_cast<std::size_t>((position + size() - 1) % size())]; }
-};
-
-/// Elements [begin, end) of chunk `c` when `n` elements are split into `g`
-/// balanced chunks.
-std::pair<std::int64_t, std::int64_t> chunk_range(std::int64_t n, int g, int c);
-/// The chunk a ring member owns after ring_reduce_scatter: (position + 1) mod g.
-int owned_chunk(const ring& r);
-
-/// Ring reduce-scatter of `flat` (f32 [n], host) summed over the ring: g-1
-/// hops, each sending one chunk to the next member and adding the one
-/// received from the previous. Afterwards chunk owned_chunk(r) of `flat`
-/// holds the sum over all members; the other chunks hold partial sums.
-/// `bucket` and `step` key the messages (one reduction per bucket and step).
-void ring_reduce_scatter(train_comm& comm, const ring& r, Tensor& flat, std::int64_t step, int bucket);
-/// Ring all-gather: afterwards every chunk of `flat` holds the value its
-/// owner (owned_chunk) had.
-void ring_all_gather(train_comm& comm, const ring& r, Tensor& flat, std::int64_t step, int bucket);
-
-// Device collectives over a bucket (kernels/device_group.hpp), with the
-// ring's shards: member p of `r` ends up owning chunk owned_chunk(r) as in
-// ring_reduce_scatter, so checkpoints are the same under both. NCCL's
-// reduce-scatter takes equal chunks, so the bucket goes through a padded
-// layout in `scratch` (on the device, at least size * pad values): the
-// group's member p has slot p, `pad` values, holding the chunk p owns.
-// Both are queued on `on` (a backend of the member's device) and return at
-// once; the caller orders them after the gradients' producer and waits
-// (device_group::synchronize) before reading the results on another queue.
-
-/// Values per member in the padded layout of `n` values over `g` members:
-/// the longest chunk.
-std::int64_t device_chunk_pad(std::int64_t n, int g);
-/// `flat` (this member's gradients, n values, device) summed over the group;
-/// the sum of the member's owned chunk lands in shard[0, its length).
-/// `shard`: pad values on the device.
-void device_reduce_scatter(device_group& group, Backend& on, const ring& r, const Tensor& flat, Tensor& scratch,
-                           Tensor& shard);
-/// Every member's owned chunk, read from `flat` (n values, device) where
-/// its owner updated it, into every member's `flat`. `shard` is overwritten.
-void device_all_gather(device_group& group, Backend& on, const ring& r, Tensor& flat, Tensor& scratch, Tensor& shard);
 
 }  // namespace corolla

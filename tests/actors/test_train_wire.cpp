@@ -100,22 +100,6 @@ TEST_CASE("layouts split blocks evenly, label ranks, and refuse impossible split
   CHECK_THROWS_AS(o.micro_batch_size(), std::invalid_argument);
 }
 
-TEST_CASE("ring chunks cover the buffer and each member owns a different one") {
-  for (int g : {1, 2, 3, 5}) {
-    std::int64_t covered = 0;
-    for (int c = 0; c < g; ++c) {
-      auto [b, e] = chunk_range(101, g, c);
-      CHECK(b == covered);
-      covered = e;
-    }
-    CHECK(covered == 101);
-    std::vector<int> owned;
-    for (int pos = 0; pos < g; ++pos) owned.push_back(owned_chunk(ring{std::vector<int>(static_cast<std::size_t>(g)), pos}));
-    std::sort(owned.begin(), owned.end());
-    for (int c = 0; c < g; ++c) CHECK(owned[static_cast<std::size_t>(c)] == c);
-  }
-}
-
 TEST_CASE("the inbox hands out messages by key, times out, and fails with the most specific reason") {
   train_inbox inbox;
   remote_message m;

@@ -1,0 +1,268 @@
+// The DP-group actor of a training rank (actors/dp_group.hpp).
+#include "actors/dp_group.hpp"
+
+#include <exception>
+#include <map>
+#include <utility>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/node.hpp"
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "actors/train_store.hpp"
+#include "model/optimizer.hpp"
+
+namespace corolla {
+
+dp_group::dp_group(dp_group_setup s) : s_(std::move(s)) {}
+
+bool dp_group::needs_global_norm() const {
+  // Clipping, or learning whether a loss-scaled backward overflowed
+  // anywhere: updates wait for the coordinator's global norm.
+  return s_.options->optimizer.max_grad_norm > 0.0f || loss_scaler(s_.options->optimizer.loss_scale).dynamic();
+}
+
+bool dp_group::keeps_params(const grad_bucket& b) const {
+  return b.id == head_bucket ? s_.keeps_head_params : s_.keeps_block_params;
+}
+
+void dp_group::add_bucket(int id, param_set* p, param_set* g, const ring* group, device_group* coll) {
+  Backend& be = *s_.compute;
+  grad_bucket b;
+  b.id = id;
+  b.params = p;
+  b.grads = g;
+  b.group = group;
+  std::tie(b.lo, b.hi) = chunk_range(p->size(), group->size(), owned_chunk(*group));
+  b.device = be.dev().kind != device_kind::cpu;
+  if (b.device) {
+    b.m = be.empty({b.hi - b.lo});
+    b.v = be.empty({b.hi - b.lo});
+    b.m.zero();
+    b.v.zero();
+  } else {
+    b.m = Tensor::zeros({b.hi - b.lo});
+    b.v = Tensor::zeros({b.hi - b.lo});
+  }
+  b.coll = coll;
+  if (b.coll) {  // the longest chunk, for every member (the collectives' layout)
+    const std::int64_t pad = device_chunk_pad(p->size(), group->size());
+    b.shard = be.empty({pad});
+    b.shard.zero();
+    if (pad * group->size() > coll_scratch_.numel()) {
+      coll_scratch_ = be.empty({pad * group->size()});
+      coll_scratch_.zero();
+    }
+  } else if (b.device && group->size() > 1) {  // page-locked: the copies run asynchronously at full bus speed
+    b.host_params = be.host_empty({p->size()});
+    be.copy(p->flat(), b.host_params);
+    b.host_grads = be.host_empty({p->size()});
+  }
+  slot_of_[id] = static_cast<int>(buckets_.size());
+  buckets_.push_back(std::move(b));
+}
+
+namespace {
+
+/// Calls `fill` with `dst` itself on the host, or with a host buffer copied
+/// to `dst` (on `be`'s device) afterwards.
+template <class F>
+void with_host(Backend& be, Tensor& dst, F&& fill) {
+  if (dst.dev().kind == device_kind::cpu) return fill(dst);
+  Tensor host = Tensor::empty(dst.shape());
+  fill(host);
+  be.copy(host, dst);
+}
+
+}  // namespace
+
+void dp_group::restore(const checkpoint_shards& shards) {
+  for (grad_bucket& b : buckets_) {
+    const std::string name = bucket_name(b.id);
+    const std::int64_t n = b.params->size();
+    Tensor& params = b.comm_params();
+    with_host(*s_.compute, params, [&](Tensor& host) { shards.read_params(name, host); });
+    if (b.staged()) upload_params(b, s_.compute->mark().get());  // after the model's own initial copies
+    with_host(*s_.compute, b.m, [&](Tensor& host) { shards.read_moment("m", name, b.lo, n, host); });
+    with_host(*s_.compute, b.v, [&](Tensor& host) { shards.read_moment("v", name, b.lo, n, host); });
+  }
+}
+
+Tensor dp_group::to_host(const Tensor& t) {
+  if (t.dev().kind == device_kind::cpu) return t;
+  Tensor h = Tensor::empty(t.shape());
+  s_.math->copy(t, h);
+  return h;
+}
+
+Tensor dp_group::reduced_shard(grad_bucket& b) {
+  return b.coll ? b.shard.slice(0, b.hi - b.lo) : b.comm_grads().slice(b.lo, b.hi);
+}
+
+std::string dp_group::reduce(int slot, std::int64_t step, std::int64_t adam_step,
+                             std::shared_ptr<queue_marker> grads_ready) {
+  try {
+    grad_bucket& b = buckets_.at(static_cast<std::size_t>(slot));
+    Backend& be = *s_.compute;
+    Backend& math = *s_.math;
+    b.grads_ready = std::move(grads_ready);
+    if (b.coll) {
+      // The companion queues after the bucket's backward (a host wait: its
+      // queue is not ordered with the stage's).
+      be.wait(b.grads_ready.get());
+      device_reduce_scatter(*b.coll, math, *b.group, b.grads->flat(), coll_scratch_, b.shard);
+    } else {
+      // After the backward that produced them, on the device's transfer
+      // queue: the layers whose backward was queued since keep running.
+      if (b.staged()) be.copy_after(b.grads_ready.get(), b.grads->flat(), b.host_grads);
+      ring_reduce_scatter(*s_.comm, *b.group, b.comm_grads(), step, b.id);
+      // Unstaged, what reads the gradients next runs on the companion and
+      // must see what the backward wrote on the device.
+      if (b.device && !b.staged()) be.wait(b.grads_ready.get());
+    }
+    if (!needs_global_norm()) {
+      update_shard(b, step, adam_step, 1.0f);
+      gather_params(b, step);
+    }
+    // The stage goes on once the companion's collectives are done.
+    if (b.coll) b.coll->synchronize(math);
+    return {};
+  } catch (const std::exception& e) {
+    // Fail the whole rank at once (the stage's next wait throws and the
+    // coordinator hears this reason), not one bucket per timeout.
+    std::string why = s_.label + " failed reducing gradients: " + e.what();
+    s_.inbox->fail(why);
+    return why;
+  }
+}
+
+double dp_group::reduced_sum_squares() {
+  double sum = 0;
+  for (grad_bucket& b : buckets_) {
+    const Tensor g = reduced_shard(b);
+    sum += (g.dev().kind == device_kind::cpu ? cpu_backend() : *s_.math).sum_squares(g);
+  }
+  return sum;
+}
+
+void dp_group::update_shard(grad_bucket& b, std::int64_t step, std::int64_t adam_step, float grad_scale) {
+  const dist_train_options& o = *s_.options;
+  if (o.synthetic.enabled()) return;
+  Backend& on = *s_.math;
+  adamw_params w = o.optimizer.adamw;
+  w.grad_scale *= grad_scale;
+  w.lr = scheduled_lr(w.lr, o.optimizer.schedule, static_cast<int>(step), o.steps);
+  Tensor p = b.params->flat().slice(b.lo, b.hi);
+  Tensor g = b.coll ? reduced_shard(b) : b.grads->flat().slice(b.lo, b.hi);
+  if (b.staged()) {
+    // The device gradients are free: their backward finished before the
+    // download, and the next step zeroes them after this.
+    on.copy(b.host_grads.slice(b.lo, b.hi), g);
+    on.adamw(p, g, b.m, b.v, w, adam_step);
+    Tensor updated = b.host_params.slice(b.lo, b.hi);
+    on.copy(p, updated);  // returns once on the host, so after the update
+    return;
+  }
+  on.adamw(p, g, b.m, b.v, w, adam_step);
+  // The stage queues the next step's ops once the bucket is answered: a
+  // companion's update must be over by then (device collectives: the
+  // caller waits after the gather).
+  if (b.device && &on != s_.compute && !b.coll) on.synchronize();
+}
+
+void dp_group::gather_params(grad_bucket& b, std::int64_t step) {
+  // Staged, the other ranks' shards go back up on the transfer queue with
+  // nothing to wait for: the bucket's backward finished before its
+  // download, and its next forward is queued only after the stage had the
+  // answer. With device collectives, queued on the companion.
+  if (b.coll) return device_all_gather(*b.coll, *s_.math, *b.group, b.params->flat(), coll_scratch_, b.shard);
+  ring_all_gather(*s_.comm, *b.group, b.comm_params(), step, b.id);
+  if (!b.staged()) return;
+  upload_params(b, nullptr, 0, b.lo);
+  upload_params(b, nullptr, b.hi, b.params->size());
+}
+
+void dp_group::upload_params(grad_bucket& b, const queue_marker* after, std::int64_t lo, std::int64_t hi) {
+  if (hi < 0) hi = b.params->size();
+  if (hi <= lo) return;
+  Tensor dst = b.params->flat().slice(lo, hi);
+  s_.compute->copy_after(after, b.host_params.slice(lo, hi), dst);
+}
+
+std::string dp_group::update(std::int64_t step, std::int64_t adam_step, double coef) {
+  try {
+    for (grad_bucket& b : buckets_) {
+      update_shard(b, step, adam_step, static_cast<float>(coef));
+      gather_params(b, step);
+      // The gathers wait on the other members: a dead one is noticed here,
+      // not in whatever waits on this queue next.
+      if (b.coll) b.coll->synchronize(*s_.math);
+    }
+    return {};
+  } catch (const std::exception& e) {
+    std::string why = s_.label + " failed updating its shards: " + e.what();
+    s_.inbox->fail(why);
+    return why;
+  }
+}
+
+std::string dp_group::save_checkpoint(int step) {
+  try {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    std::map<std::string, shard_range> ranges;
+    for (const grad_bucket& b : buckets_) {
+      const std::string name = bucket_name(b.id);
+      if (keeps_params(b)) tensors.emplace_back("params." + name, to_host(b.comm_params()));
+      tensors.emplace_back("m." + name, to_host(b.m));
+      tensors.emplace_back("v." + name, to_host(b.v));
+      ranges[name] = {b.lo, b.hi, b.params->size()};
+    }
+    write_shard(s_.options->checkpoint_dir, step, s_.rank, tensors, ranges);
+    s_.comm->send_coordinator(train_msg::saved, encode_body(train_step_note{step, s_.rank, 0, s_.comm->job()}));
+    return {};
+  } catch (const std::exception& e) {
+    return s_.label + " failed writing its checkpoint shard of step " + std::to_string(step) + ": " + e.what();
+  }
+}
+
+std::string dp_group::publish_params(int steps) {
+  try {
+    for (const grad_bucket& b : buckets_) {
+      if (!keeps_params(b)) continue;
+      // One message per bucket: a bucket beyond a node's largest message
+      // (1 GiB by default) would be refused on the way; say so here.
+      if (static_cast<std::int64_t>(b.comm_params().nbytes()) >= node_options{}.max_message_bytes)
+        return "--save: the parameters of " + bucket_name(b.id) + " (" + std::to_string(b.comm_params().nbytes()) +
+               " bytes) exceed one message; saving a model this large is not supported yet (use --checkpoint-dir)";
+      const Tensor& p = b.comm_params();
+      s_.comm->send_coordinator(train_msg::params, encode_body(train_packet{steps, b.id, 0, s_.rank, s_.comm->job()}),
+                                {p.dev().kind == device_kind::cpu ? p.clone() : to_host(p)});
+    }
+    return {};
+  } catch (const std::exception& e) {
+    return s_.label + " failed sending its parameters: " + e.what();
+  }
+}
+
+caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g) {
+  using namespace dp_msg;
+  return n.system().spawn<caf::detached>([g](caf::event_based_actor* self) -> caf::behavior {
+    return {
+        [self, g](reduce_atom, int slot, std::int64_t step, std::int64_t adam_step,
+                  std::shared_ptr<queue_marker>& ready) {
+          std::string error = g->reduce(slot, step, adam_step, std::move(ready));
+          self->send(caf::actor_cast<caf::actor>(self->current_sender()), reduced_atom::value, slot, std::move(error));
+        },
+        [g](norm_atom, std::int64_t) { return g->reduced_sum_squares(); },
+        [g](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
+          return g->update(step, adam_step, coef);
+        },
+        [g](save_atom, int step) { return g->save_checkpoint(step); },
+        [g](publish_atom, int steps) { return g->publish_params(steps); },
+    };
+  });
+}
+
+}  // namespace corolla

@@ -1,0 +1,172 @@
+// actors/dp_group.hpp — the data-parallel side of one training rank: the
+// DP-group actor, which owns the rank's gradient buckets (one per block,
+// one for the head), their optimizer state and their collectives.
+//
+// The stage actor hands each bucket over in a message the moment the
+// step's last backward is done with it (reduce), and the DP-group actor
+// answers when it is reduced (reduced). From then on only the DP-group
+// actor touches the bucket's gradients, moments and shard until the stage
+// sends the next step's work: the stage zeroes the gradients and runs its
+// forward only after every bucket of the step was answered. Everything the
+// stage needs from the buckets is a request: the squared norm of the
+// reduced shards (for clipping and loss scaling), the update with the
+// coordinator's coefficient, a checkpoint shard, the final parameters.
+// Failures come back as values (an error string, empty when fine); a failed
+// reduction also fails the rank's inbox so the stage's next wait throws.
+//
+// Protocol (all handled in order on one detached actor):
+//   stage -> dp   reduce_atom, slot, step, adam_step, grads_ready
+//   dp -> stage   reduced_atom, slot, error
+//   stage -> dp   request norm_atom, step                 -> double
+//   stage -> dp   request update_atom, step, adam_step, coef -> error
+//   stage -> dp   request save_atom, step                 -> error
+//   stage -> dp   request publish_atom, steps             -> error
+// Without clipping and loss scaling (no global norm), reduce also updates
+// the bucket's shard and all-gathers it, so the update overlaps the rest of
+// the backward.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+
+#include "kernels/backend.hpp"
+#include "kernels/device_group.hpp"
+#include "model/params.hpp"
+#include "net/collectives.hpp"
+
+namespace corolla {
+
+class node;
+class train_comm;
+class train_inbox;
+class checkpoint_shards;
+struct dist_train_options;
+
+namespace dp_msg {
+using reduce_atom = caf::atom_constant<caf::atom("dpreduce")>;
+using reduced_atom = caf::atom_constant<caf::atom("dpreduced")>;
+using norm_atom = caf::atom_constant<caf::atom("dpnorm")>;
+using update_atom = caf::atom_constant<caf::atom("dpupdate")>;
+using save_atom = caf::atom_constant<caf::atom("dpsave")>;
+using publish_atom = caf::atom_constant<caf::atom("dppublish")>;
+}  // namespace dp_msg
+
+/// A flat parameter buffer reduced and updated as one unit: a block, or the head.
+struct grad_bucket {
+  int id = 0;  ///< block index, or head_bucket
+  param_set* params = nullptr;
+  param_set* grads = nullptr;
+  const ring* group = nullptr;
+  std::int64_t lo = 0, hi = 0;  ///< the shard this rank owns
+  /// With a device backend: the parameters, gradients and AdamW moments
+  /// live on the device, and the update runs there.
+  bool device = false;
+  Tensor m, v;  ///< AdamW moments of the shard (on the device with `device`)
+  /// With a device backend and a DP group of more than one: host copies of
+  /// the flat parameters and gradients, which the group's collectives work
+  /// on (they run over the actor runtime, in host memory). The gradients
+  /// come down, are reduce-scattered, this rank's reduced shard goes up and
+  /// is updated on the device, the updated shard comes back down, is
+  /// all-gathered, and the other shards go up. Undefined otherwise.
+  Tensor host_params, host_grads;
+  /// With a device backend: the compute queue's point after the bucket's
+  /// last backward of the step, recorded by the stage as it hands the
+  /// bucket over (in the reduce message); the download (or the update)
+  /// waits for it and nothing later.
+  std::shared_ptr<queue_marker> grads_ready;
+  /// With device collectives (--collectives device, a group of more than
+  /// one): the group, and this rank's chunk of the reduce-scatter on the
+  /// device, as long as the longest shard: first the reduced gradient shard
+  /// (its first hi - lo values), then the updated parameter shard the
+  /// all-gather sends. Null / undefined otherwise.
+  device_group* coll = nullptr;
+  Tensor shard;
+
+  bool staged() const { return host_params.defined(); }
+  /// What the collectives and the optimiser work on.
+  Tensor& comm_params() { return staged() ? host_params : params->flat(); }
+  Tensor& comm_grads() { return staged() ? host_grads : grads->flat(); }
+  const Tensor& comm_params() const { return staged() ? host_params : params->flat(); }
+};
+
+/// What the DP group works with; every pointer outlives the actor.
+struct dp_group_setup {
+  const dist_train_options* options = nullptr;
+  int rank = 0;
+  std::string label;          ///< the rank's label, for errors
+  bool keeps_block_params = false;  ///< replica 0: writes its blocks' parameters (checkpoints, --save)
+  bool keeps_head_params = false;   ///< rank 0: writes the head's
+  Backend* compute = nullptr;  ///< the stage's backend (where parameters and gradients live)
+  /// Where the DP group's arithmetic runs: the compute backend's companion
+  /// on a device (its own queue), else the compute backend itself.
+  Backend* math = nullptr;
+  train_comm* comm = nullptr;
+  std::shared_ptr<train_inbox> inbox;
+};
+
+/// The buckets of one rank and everything done to them. Built and restored
+/// by the rank before the actor starts; then only the actor uses it.
+class dp_group {
+ public:
+  explicit dp_group(dp_group_setup s);
+
+  /// Adds the bucket of block `id` (or head_bucket): `p` and `g` are the
+  /// stage's parameter and gradient sets, `group` the ring it is reduced
+  /// over, `coll` its device group (null: host rings, or a group of one).
+  void add_bucket(int id, param_set* p, param_set* g, const ring* group, device_group* coll);
+  /// Bucket id -> slot (the reduce message's index).
+  const std::map<int, int>& slots() const { return slot_of_; }
+  int size() const { return static_cast<int>(buckets_.size()); }
+
+  /// Parameters and moment shards from a checkpoint (any layout wrote it).
+  void restore(const checkpoint_shards& shards);
+
+  // The handlers; each returns its error as a value ("" = done).
+  /// Reduce-scatters bucket `slot`; without the global norm also updates
+  /// and all-gathers it.
+  std::string reduce(int slot, std::int64_t step, std::int64_t adam_step, std::shared_ptr<queue_marker> grads_ready);
+  /// The squared norm of this rank's reduced gradient shards (every bucket).
+  double reduced_sum_squares();
+  /// AdamW on every bucket's shard with the gradients times `coef`, then
+  /// the all-gathers.
+  std::string update(std::int64_t step, std::int64_t adam_step, double coef);
+  /// Writes this rank's checkpoint shard of step `step` and tells the coordinator.
+  std::string save_checkpoint(int step);
+  /// Sends the parameters this rank keeps to the coordinator (--save).
+  std::string publish_params(int steps);
+
+ private:
+  bool needs_global_norm() const;
+  bool keeps_params(const grad_bucket& b) const;
+  Tensor reduced_shard(grad_bucket& b);
+  void update_shard(grad_bucket& b, std::int64_t step, std::int64_t adam_step, float grad_scale);
+  void gather_params(grad_bucket& b, std::int64_t step);
+  void upload_params(grad_bucket& b, const queue_marker* after, std::int64_t lo = 0, std::int64_t hi = -1);
+  Tensor to_host(const Tensor& t);
+
+  dp_group_setup s_;
+  std::vector<grad_bucket> buckets_;
+  std::map<int, int> slot_of_;
+  /// The padded layout of the device collectives (--collectives device):
+  /// size * pad of the largest bucket, on the device.
+  Tensor coll_scratch_;
+};
+
+/// Spawns the DP-group actor (detached: its collectives block) over
+/// `group`, which only the actor uses from now on (the caller may hold a
+/// reference to choose when it is released, never to use it).
+caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> group);
+
+}  // namespace corolla
+
+// A compute queue's marker travels only between a rank's stage and DP-group
+// actors, in one process.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<corolla::queue_marker>)
