@@ -16,9 +16,12 @@ namespace corolla {
 
 struct regex_split::impl {
   std::unique_ptr<icu::RegexPattern> pattern;
+  regex_bounds bounds;
 };
 
-regex_split::regex_split(const std::string& pattern, const std::string& where) : impl_(std::make_unique<impl>()) {
+regex_split::regex_split(const std::string& pattern, const std::string& where, regex_bounds bounds)
+    : impl_(std::make_unique<impl>()) {
+  impl_->bounds = bounds;
   UErrorCode status = U_ZERO_ERROR;
   UParseError parse{};
   impl_->pattern.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(pattern), 0, parse, status));
@@ -40,6 +43,11 @@ void regex_split::split(std::string_view text, std::vector<std::string_view>& ou
     throw model_error(std::string("the pre-tokenizer's regex cannot run: ") + u_errorName(status));
   }
   m->reset(ut);
+  const regex_bounds& b = impl_->bounds;
+  const std::int64_t steps =
+      std::min<std::int64_t>(INT32_MAX, b.base_steps + static_cast<std::int64_t>(text.size() / 1024) * b.steps_per_kib);
+  m->setTimeLimit(static_cast<std::int32_t>(steps), status);
+  m->setStackLimit(b.stack_bytes, status);
   std::size_t at = 0;
   while (m->find(status) && U_SUCCESS(status)) {
     const auto b = static_cast<std::size_t>(m->start64(status)), e = static_cast<std::size_t>(m->end64(status));
@@ -49,6 +57,9 @@ void regex_split::split(std::string_view text, std::vector<std::string_view>& ou
     at = std::max(at, e);
   }
   utext_close(ut);
+  if (status == U_REGEX_TIME_OUT || status == U_REGEX_STACK_OVERFLOW)
+    throw model_error("the pre-tokenizer's regex gave up on a text of " + std::to_string(text.size()) + " bytes (" +
+                      u_errorName(status) + "): the pattern backtracks too much on this input");
   if (U_FAILURE(status)) throw model_error(std::string("the pre-tokenizer's regex failed: ") + u_errorName(status));
   if (at < text.size()) out.push_back(text.substr(at));
 }

@@ -5,6 +5,7 @@
 // tokenizers library tries them.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -92,6 +93,32 @@ TEST_CASE("Qwen2's pre-tokenizer regex splits digits one at a time") {
   const regex_split s(kQwen2, "test");
   CHECK(pieces(s, "year 2024!") == list{"year", " ", "2", "0", "2", "4", "!"});
   CHECK_THROWS_AS(regex_split("(unclosed", "bad.json"), model_error);
+}
+
+TEST_CASE("a pattern that backtracks catastrophically gives up with a clear error instead of hanging") {
+  // (a+)+$ on a's followed by a b tries every partition of the a's: 2^40 of them.
+  regex_bounds tight;
+  tight.base_steps = 50;
+  tight.steps_per_kib = 0;
+  const regex_split evil("(a+)+$", "evil.json", tight);
+  std::vector<std::string_view> out;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(evil.split(std::string(40, 'a') + "b", out),
+                       doctest::Contains("the pattern backtracks too much on this input"), model_error);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  // The same bounds leave ordinary input alone, and the default bounds a
+  // megabyte of text through Llama 3's pattern.
+  out.clear();
+  evil.split("aaa", out);
+  CHECK(out == std::vector<std::string_view>{"aaa"});
+  const regex_split llama(kLlama3, "test");
+  std::string big;
+  while (big.size() < (1u << 20)) big += "The quick brown fox's 12345 jumps,\n over  the lazy dog. ";
+  out.clear();
+  llama.split(big, out);
+  std::size_t total = 0;
+  for (std::string_view p : out) total += p.size();
+  CHECK(total == big.size());
 }
 
 TEST_CASE("a Llama 3 tokenizer.json encodes with its regex, ignore_merges and special tokens, and decodes back") {
