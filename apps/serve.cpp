@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/corolla.hpp"
+#include "actors/link_probe.hpp"
 #include "actors/span_server.hpp"
 #include "actors/swarm_wire.hpp"
 #include "api/server_metrics.hpp"
@@ -47,6 +48,9 @@ struct serve_args {
   int dht_ttl_s = 15;
   std::string metrics_listen;  ///< --metrics-listen HOST:PORT: GET /metrics (Prometheus)
   double rebalance_period_s = 90;  ///< mean seconds between rebalancing checks; 0 = never
+  /// --network-speed: auto (the link profile, else the NIC, else measured
+  /// against a swarm peer), measure (always measured), or a bandwidth ("20Mbit").
+  std::string network_speed = "auto";
   std::int64_t cache_tokens = 8192;
   std::string weights = "f32";  ///< --weights: dtype of the linear weights inference sessions read
   std::string kv_dtype = "f32";  ///< --kv-dtype: element type of the KV cache
@@ -96,9 +100,12 @@ double measure_step_s(span_engine& e) {
 
 
 /// Bits per second this server's link carries, for the network side of its
-/// announced throughput: the emulated profile's bandwidth when one is set,
-/// else the fastest active NIC's rate (sysfs); 0 = unknown.
+/// announced throughput: --network-speed's figure; with auto the emulated
+/// profile's bandwidth when one is set, else the fastest active NIC's rate
+/// (sysfs); 0 = to be measured (measure, or auto where neither is known).
 double link_bps(const serve_args& a) {
+  if (a.network_speed == "measure") return 0;
+  if (a.network_speed != "auto") return net::parse_link_profile("bw=" + a.network_speed).bandwidth_bps;
   if (a.node.link_profile != "none")
     if (const auto p = net::parse_link_profile(a.node.link_profile); p.bandwidth_bps > 0) return p.bandwidth_bps;
   double best = 0;
@@ -114,6 +121,38 @@ void set_speed(net::server_record& record, double step_s, int blocks, double bps
   record.step_s_per_block = step_s / blocks;
   const double network_tokens_per_s = bps / (static_cast<double>(hidden_size) * 4 * 8);  // f32 rows
   record.throughput = step_s > 0 ? swarm::announced_throughput(blocks / step_s, blocks, network_tokens_per_s) : 0.0;
+}
+
+/// Measures the network against another ONLINE server of the swarm (the
+/// first of up to three that answers; probe_link: echoes of 1 MiB there and
+/// back): bits per second, or 0 when no server is there yet or none could
+/// be measured (the caller tries again later).
+double measure_network_bps(node& n, net::membership& members, const net::server_record& self, int n_blocks) {
+  int tried = 0;
+  for (const net::server_record& r : members.get_span(self.model, 0, n_blocks)) {
+    if (r.node_id == n.id() || r.state != net::member_state::online || r.endpoint.empty()) continue;
+    if (++tried > 3) break;
+    connect_options co;
+    co.timeout = std::chrono::seconds(2);
+    co.server_key = r.public_key;
+    if (!n.peer_is_up(r.node_id))
+      if (auto c = n.connect(r.endpoint, co); !c) {
+        spdlog::debug("serve: cannot reach {} to measure the network: {}", r.node_id, error_message(c.error()));
+        continue;
+      }
+    link_probe_options po;
+    po.bytes = 1 << 20;
+    po.timeout = std::chrono::seconds(5);
+    auto m = probe_link(n, r.node_id, po);
+    if (!m) {
+      spdlog::debug("serve: measuring the network against {} failed: {}", r.node_id, error_message(m.error()));
+      continue;
+    }
+    spdlog::info("serve: measured {:.0f} Mbit/s to {} (echo of {} KiB in {:.1f} ms, round trip {:.2f} ms)",
+                 m->bps / 1e6, r.node_id, po.bytes >> 10, m->payload_s * 1e3, m->rtt_s * 1e3);
+    return m->bps;
+  }
+  return 0;
 }
 
 /// Joins the swarm's DHT as the flags say.
@@ -255,14 +294,15 @@ int run_serve(const serve_args& a) {
   auto server = start_span_server(n, engine, so);
   if (!server) throw std::runtime_error(error_message(server.error()));
   record.state = net::member_state::online;
-  const double bps = link_bps(a);
+  double bps = link_bps(a);
+  if (bps <= 0 && members) bps = measure_network_bps(n, *members, record, cfg.n_layers);
   set_speed(record, step_s, last - first, bps, static_cast<int>(cfg.hidden_size));
   if (bps > 0)
     spdlog::info("serve: one-row step {:.2f} ms over {} block(s), link {:.0f} Mbit/s: announcing {:.1f} tokens/s",
                  step_s * 1e3, last - first, bps / 1e6, record.throughput);
   else
-    spdlog::info("serve: one-row step {:.2f} ms over {} block(s), link speed unknown: announcing the compute "
-                 "figure, {:.1f} tokens/s",
+    spdlog::info("serve: one-row step {:.2f} ms over {} block(s), link speed not known yet (no other server to "
+                 "measure against): announcing the compute figure, {:.1f} tokens/s",
                  step_s * 1e3, last - first, record.throughput);
   record.cache_tokens_left = engine->cache_tokens_left();
   if (members)
@@ -312,6 +352,14 @@ int run_serve(const serve_args& a) {
     if (now >= next_update) {
       next_update = now + update_every;
       bool changed = false;
+      // Not measured yet (no other server was there): try again.
+      if (bps <= 0)
+        if (bps = measure_network_bps(n, *members, record, cfg.n_layers); bps > 0) {
+          set_speed(record, record.step_s_per_block * record.span.length(), record.span.length(), bps,
+                    static_cast<int>(cfg.hidden_size));
+          spdlog::info("serve: link {:.0f} Mbit/s: announcing {:.1f} tokens/s", bps / 1e6, record.throughput);
+          changed = true;
+        }
       if (const auto left = engine->cache_tokens_left(); left != record.cache_tokens_left) {
         record.cache_tokens_left = left;
         changed = true;
@@ -411,6 +459,19 @@ void register_serve(CLI::App& app, action_fn& action) {
                   "links; port 0 = any)");
   cmd->add_option("--dht-ttl-s", a->dht_ttl_s, "Validity of the server's DHT record without refresh")
       ->check(CLI::Range(1, 300))
+      ->capture_default_str();
+  cmd->add_option("--network-speed", a->network_speed,
+                  "The network side of the throughput this server announces: auto (the --link-profile's bandwidth, "
+                  "else the NIC's rate, else measured against another server of the swarm), measure (always "
+                  "measured), or a bandwidth such as 20Mbit (an uplink slower than the NIC)")
+      ->check([](const std::string& v) -> std::string {
+        if (v == "auto" || v == "measure") return {};
+        try {
+          if (net::parse_link_profile("bw=" + v).bandwidth_bps > 0) return {};
+        } catch (const std::exception&) {
+        }
+        return "expected auto, measure or a bandwidth above 0 such as 20Mbit, got '" + v + "'";
+      })
       ->capture_default_str();
   cmd->add_flag("--no-dht", a->no_dht, "Do not join or announce in a DHT (clients are given the endpoint)");
   cmd->add_option("--rebalance-period-s", a->rebalance_period_s,

@@ -65,7 +65,8 @@ struct swarm_processes {
   void start(const swarm_model& m, const std::string& id, int first, int last,
              std::vector<std::string> extra = {}, const std::string& listen = "tcp://127.0.0.1:0") {
     std::vector<std::string> args{"serve", "--model", m.dir.path().string(), "--node-id", id, "--listen",
-                                  listen,  "--threads", "1", "--log-level", "warn"};
+                                  listen,  "--threads", "1"};
+    if (std::find(extra.begin(), extra.end(), "--log-level") == extra.end()) args.insert(args.end(), {"--log-level", "warn"});
     if (first >= 0) args.insert(args.end(), {"--blocks", std::to_string(first) + ":" + std::to_string(last)});
     // Without --initial-peers a server would start a swarm of its own; tests
     // that want the DHT say so.
