@@ -144,7 +144,6 @@ class dp_group {
   std::string publish_params(int steps);
 
  private:
-  bool needs_global_norm() const;
   bool keeps_params(const grad_bucket& b) const;
   Tensor reduced_shard(grad_bucket& b);
   void update_shard(grad_bucket& b, std::int64_t step, std::int64_t adam_step, float grad_scale);
@@ -153,6 +152,7 @@ class dp_group {
   Tensor to_host(const Tensor& t);
 
   dp_group_setup s_;
+  bool global_norm_;  ///< updates wait for the coordinator's norm (clipping, dynamic loss scaling)
   std::vector<grad_bucket> buckets_;
   std::map<int, int> slot_of_;
   /// The padded layout of the device collectives (--collectives device):

@@ -1,5 +1,5 @@
 // corolla bench update — a training rank's update of one gradient bucket on
-// a device, as actors/train_rank.cpp does it, against the way it did before
+// a device, as actors/dp_group.cpp does it, against the way it did before
 // (the baseline, measured in the same run):
 //
 //   device  the gradients come down to page-locked host memory (the DP
