@@ -74,6 +74,7 @@ struct link_state {
   bool offer_rdma = false;  // both ends could use RDMA: the connector offers it after the hello
   std::string requested_profile;  // asked of the peer for its replies
   net::link_profile profile;      // what we apply to our sends
+  net::link_profile setup_profile;  // what the link was set up with (a reshape back to none restores it)
 
   clock::time_point created = clock::now();
   clock::time_point last_rx = clock::now();
@@ -384,7 +385,9 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
     for (const auto& cap : h->capabilities) {
       if (cap.rfind("shape=", 0) != 0) continue;
       try {
-        st.profile = net::parse_link_profile(cap.substr(6));
+        st.setup_profile = net::parse_link_profile(cap.substr(6));
+        if (st.ctx->reshaped()) continue;  // the node was reshaped at runtime: that shaping holds
+        st.profile = st.setup_profile;
         if (st.transport) st.transport->set_profile(st.args.conn, st.profile);
         spdlog::info("shaping replies to {} as requested: {}", st.peer, net::describe(st.profile));
       } catch (const std::exception& e) {
@@ -722,6 +725,8 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
       }
     }
   }
+  st.setup_profile = st.profile;
+  if (auto r = st.ctx->reshaped()) st.profile = *r;
   self->set_default_handler(caf::drop);
   self->set_exit_handler([self](caf::exit_msg& m) {
     shutdown(self, "node stopping", make_error(errc::stopped, "node '" + self->state.ctx->node_id + "' is stopping"));
@@ -796,6 +801,14 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
         return caf::delegated<std::string>{};
       },
       [self](stats_atom) { return make_stats(self); },
+      [self](reshape_atom) {
+        auto& st = self->state;
+        const auto r = st.ctx->reshaped();
+        st.profile = r ? *r : st.setup_profile;
+        if (st.transport) st.transport->set_profile(st.args.conn, st.profile);
+        spdlog::info("link to {}: sends shaped {}", st.peer.empty() ? st.args.endpoint : st.peer,
+                     net::describe(st.profile));
+      },
       [self](goodbye_atom) {
         auto& st = self->state;
         if (st.leaving) return;

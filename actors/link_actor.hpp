@@ -49,6 +49,10 @@ using auth_atom = caf::atom_constant<caf::atom("authfail")>;
 /// Transport -> link: (rdma_atom, bool up, std::string reason) the
 /// connection moved to RDMA, or stays on / went back to TCP.
 using rdma_atom = caf::atom_constant<caf::atom("rdma")>;
+/// node::reshape_links -> link: (reshape_atom) shape this link's sends as
+/// node_context::reshaped() says now (or as the link was set up, when it
+/// says nothing).
+using reshape_atom = caf::atom_constant<caf::atom("reshape")>;
 
 /// Which side of the connection a link is on.
 enum class link_role {

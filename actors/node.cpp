@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/echo_actor.hpp"
+#include "actors/node_control.hpp"
 #include "actors/errors.hpp"
 #include "actors/link_actor.hpp"
 #include "actors/node_context.hpp"
@@ -197,6 +198,9 @@ caf::expected<std::unique_ptr<node>> node::start(node_options options) {
     n->echo_ = spawn_echo_actor(*n->system_);
     if (auto err = n->publish(echo_actor_name, n->echo_)) return err;
   }
+  if (!options.control_token.empty())
+    if (auto err = n->publish(control_actor_name, spawn_control_actor(*n->system_, n->ctx_, options.control_token)))
+      return err;
   spdlog::info("node {} listening on {}", id, n->ctx_->listen_endpoint.empty() ? "(nothing)" : n->ctx_->listen_endpoint);
   return n;
 }
@@ -332,6 +336,8 @@ caf::expected<link_stats> node::stats(const std::string& peer) const {
       .receive([&](link_stats& s) { result = std::move(s); }, [&](caf::error& e) { result = std::move(e); });
   return result;
 }
+
+caf::error node::reshape_links(const std::string& profile) { return corolla::reshape_links(*ctx_, profile); }
 
 std::vector<link_stats> node::links() const {
   std::vector<link_stats> out;

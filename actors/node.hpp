@@ -74,6 +74,9 @@ struct node_options {
   std::shared_ptr<net::rdma::device> rdma_device;
   /// Publish the "echo" actor (corolla ping and liveness checks use it).
   bool publish_echo = true;
+  /// When set, publish the "control" actor (actors/node_control.hpp), which
+  /// obeys a local harness that holds this token (faultlab's throttle).
+  std::string control_token;
 };
 
 /// Per-connection options of node::connect.
@@ -161,6 +164,11 @@ class node {
   caf::expected<link_stats> stats(const std::string& peer) const;
   /// Statistics of every link, including links still in their hello.
   std::vector<link_stats> links() const;
+  /// Shapes everything this node sends with `profile` (net/shaping.hpp
+  /// syntax) from now on, on its links and on links that start later: a
+  /// throttled uplink. "" = back to the shaping each link was set up with.
+  /// Errors: errc::invalid_argument for a profile that does not parse.
+  caf::error reshape_links(const std::string& profile);
   /// Payload bytes and messages over every link since the node started,
   /// those of links that ended included (links() has only live ones).
   node_traffic traffic() const;

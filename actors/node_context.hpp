@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,9 +85,22 @@ struct node_context {
   /// peer to shape its replies the same way (capability "shape=<profile>").
   net::hello_info hello(const std::string& requested_profile) const;
 
+  /// Shaping a node::reshape_links put on everything the node sends, for
+  /// links that start later too; nullopt = none (each link shapes as it
+  /// was set up).
+  std::optional<net::link_profile> reshaped() const {
+    std::lock_guard lock(mutex_);
+    return reshaped_;
+  }
+  void set_reshaped(std::optional<net::link_profile> p) {
+    std::lock_guard lock(mutex_);
+    reshaped_ = std::move(p);
+  }
+
  private:
   mutable std::mutex mutex_;
   std::shared_ptr<net::zmq_transport> transport_;
+  std::optional<net::link_profile> reshaped_;
 };
 
 /// Nanoseconds on the steady clock (heartbeat timestamps; only ever

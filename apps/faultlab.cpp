@@ -140,9 +140,9 @@ std::string toml_quoted(const std::string& s) {
 }
 
 /// A random campaign (Jepsen style): for a swarm, every block served twice
-/// (two chains of two servers and one server of the whole model) and
-/// `faults` kills at random tokens, never of a server whose blocks nobody
-/// else holds any more; for training, a 2x2 elastic job with checkpoints
+/// (two chains of two servers and one server of the whole model), `faults`
+/// kills at random tokens, never of a server whose blocks nobody else holds
+/// any more, and one random server throttled for four tokens; for training, a 2x2 elastic job with checkpoints
 /// and `faults` (at most 3) kills of random ranks at random steps.
 fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -175,6 +175,15 @@ fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
       t << "[[fault]]\nat = \"token " << at(rng) << "\"\ndo = \"kill\"\ntarget = \"server " << k << "\"\n";
       ++made;
     }
+    // A slow uplink on a random server for a while: it must not change the output.
+    static const char* profiles[] = {"bw=5Mbit,lat=10ms", "bw=50Mbit,lat=2ms", "lat=20ms,jitter=5ms"};
+    std::uniform_int_distribution<int> which(0, 2), server(0, 4);
+    const int slow = server(rng);
+    const int from = at(rng);
+    t << "[[fault]]\nat = \"token " << from << "\"\ndo = \"throttle\"\ntarget = \"server " << slow
+      << "\"\nprofile = \"" << profiles[which(rng)] << "\"\n";
+    t << "[[fault]]\nat = \"token " << std::min(tokens - 1, from + 4) << "\"\ndo = \"heal\"\ntarget = \"server " << slow
+      << "\"\n";
     t << "[expect]\nsame_output_as_reference = true\nmax_stall_s = 30\n";
   } else {
     if (a.data.empty()) throw std::invalid_argument("faultlab random --train needs --data FILE");

@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -14,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/corolla.hpp"
+#include "actors/node_control.hpp"
 #include "actors/swarm_client.hpp"
 #include "apps/commands.hpp"
 #include "apps/faultlab.hpp"
@@ -78,6 +81,9 @@ struct swarm_state {
   std::map<std::string, std::pair<int, int>> blocks;  ///< by id
   std::set<std::string> running, stopped, dead;
   int joined = 0;
+  /// Reshapes server `id`'s sends through its control actor ("" = as it
+  /// started); returns the error's text, "" when done.
+  std::function<std::string(const std::string& id, const std::string& profile)> reshape;
   mutable std::mutex mu;  ///< the endpoints list, read by the client's discover
 
   void start(const std::string& id, int first, int last) {
@@ -159,10 +165,36 @@ std::string fire(const fl::fault& f, swarm_state& st, const route_tracker& route
       st.start(id, a, b);
       return what + " (" + id + ", a new process)";
     }
+    case fl::action::throttle:
+    case fl::action::heal: {
+      if (st.dead.count(id)) return what + ": " + id + " is dead (skipped)";
+      const std::string profile = f.what == fl::action::throttle ? f.profile : "";
+      if (const std::string err = st.reshape(id, profile); !err.empty()) return what + " (" + id + "): failed: " + err;
+      return what + " (" + id + (profile.empty() ? ", back to its own shaping)" : ", sends shaped " + profile + ")");
+    }
     case fl::action::join: break;
   }
   return what;
 }
+
+/// A control token for one run's servers: they get it in their environment
+/// (COROLLA_CONTROL_TOKEN, read by apps/node_flags.cpp) and obey only it.
+class control_token_env {
+ public:
+  control_token_env() {
+    std::random_device rd;
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 32; ++i) token_ += hex[rd() % 16];
+    ::setenv("COROLLA_CONTROL_TOKEN", token_.c_str(), 1);
+  }
+  ~control_token_env() { ::unsetenv("COROLLA_CONTROL_TOKEN"); }
+  control_token_env(const control_token_env&) = delete;
+  control_token_env& operator=(const control_token_env&) = delete;
+  const std::string& token() const { return token_; }
+
+ private:
+  std::string token_;
+};
 
 }  // namespace
 
@@ -174,7 +206,8 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
   auto last = t0;  // the last token (or the start)
   try {
     const model_config cfg = load_config(job.model);
-    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}};
+    const control_token_env control;
+    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}, {}};
     for (std::size_t i = 0; i < job.servers.size(); ++i) {
       const auto [a, b] = job.servers[i];
       if (b > cfg.n_layers)
@@ -188,6 +221,18 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
       return o;
     }());
     if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
+    st.reshape = [&st, &n, &control](const std::string& id, const std::string& profile) -> std::string {
+      if (!(*n)->peer_is_up(id)) {
+        std::string endpoint;
+        for (const auto& s : st.procs.servers())
+          if (s.id == id) endpoint = s.endpoint;  // the latest process of the id
+        connect_options co;
+        co.timeout = std::chrono::seconds(5);
+        if (auto c = (*n)->connect(endpoint, co); !c) return error_message(c.error());
+      }
+      const caf::error err = request_reshape(**n, id, control.token(), profile);
+      return err ? error_message(err) : std::string();
+    };
     route_tracker route;
     swarm_client_options o;
     o.model = model_id_of(job.model);

@@ -8,6 +8,8 @@
 
 #include <toml++/toml.h>
 
+#include "net/shaping.hpp"
+
 namespace corolla::faultlab {
 
 namespace {
@@ -128,8 +130,18 @@ class reader {
     } catch (const std::invalid_argument& e) {
       fail(origin_, &t, where + " " + e.what());
     }
-    if (t.get("profile")) fail(origin_, t.get("profile"), where + "profile: throttling is not built yet in faultlab");
     f.blocks = text(t, "blocks", where, "");
+    f.profile = text(t, "profile", where, "");
+    if (f.what == action::throttle) {
+      if (f.profile.empty()) fail(origin_, &t, where + "profile: a throttle needs the link profile, e.g. \"bw=20Mbit,lat=40ms\"");
+      try {
+        net::parse_link_profile(f.profile);
+      } catch (const std::invalid_argument& e) {
+        fail(origin_, t.get("profile"), where + "profile: " + e.what());
+      }
+    } else if (!f.profile.empty()) {
+      fail(origin_, t.get("profile"), where + "profile is only for do = \"throttle\"");
+    }
     const bool train = s.train.has_value();
     if (f.at.k == moment::kind::token && train) fail(origin_, &t, where + "at: a training job counts steps, not tokens");
     if (f.at.k == moment::kind::step && !train) fail(origin_, &t, where + "at: a swarm counts tokens, not steps");
@@ -152,6 +164,8 @@ class reader {
         fail(origin_, &t, where + "target: a training job's faults hit \"rank K\" or \"random rank\"");
       if (f.what == action::restart)
         fail(origin_, &t, where + "do: restart is for swarm servers; a lost rank is replaced by --elastic's re-plan");
+      if (f.what == action::throttle || f.what == action::heal)
+        fail(origin_, &t, where + "do: " + to_string(f.what) + " is built for swarm servers only so far");
     } else {
       if (f.whom.k == tk::rank || f.whom.k == tk::random_rank)
         fail(origin_, &t, where + "target: a swarm's faults hit \"server K\", \"route.hop K\" or \"random server\"");
@@ -237,10 +251,13 @@ action parse_action(const std::string& text) {
   if (text == "resume") return action::resume;
   if (text == "restart") return action::restart;
   if (text == "join") return action::join;
-  for (const char* later : {"partition", "heal", "throttle", "corrupt"})
+  if (text == "throttle") return action::throttle;
+  if (text == "heal") return action::heal;
+  for (const char* later : {"partition", "corrupt"})
     if (text == later)
-      throw std::invalid_argument("do: '" + text + "' is not built yet in faultlab (built: kill, stop, resume, restart, join)");
-  throw std::invalid_argument("do: '" + text + "' is not one of kill, stop, resume, restart, join");
+      throw std::invalid_argument("do: '" + text +
+                                  "' is not built yet in faultlab (built: kill, stop, resume, restart, join, throttle, heal)");
+  throw std::invalid_argument("do: '" + text + "' is not one of kill, stop, resume, restart, join, throttle, heal");
 }
 
 const char* to_string(action a) {
@@ -250,6 +267,8 @@ const char* to_string(action a) {
     case action::resume: return "resume";
     case action::restart: return "restart";
     case action::join: return "join";
+    case action::throttle: return "throttle";
+    case action::heal: return "heal";
   }
   return "?";
 }

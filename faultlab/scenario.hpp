@@ -23,7 +23,10 @@ moment parse_moment(const std::string& text);
 /// "token 10", "step 3", "2.5s".
 std::string to_string(const moment& m);
 
-enum class action { kill, stop, resume, restart, join };
+/// throttle: the target's sends are shaped with the fault's profile from
+/// then on (a slow uplink; its links stay up); heal: back to the shaping it
+/// started with.
+enum class action { kill, stop, resume, restart, join, throttle, heal };
 /// "kill" ...; throws std::invalid_argument listing the known actions (and
 /// naming the ones not built yet: partition, heal, throttle, corrupt).
 action parse_action(const std::string& text);
@@ -42,7 +45,8 @@ struct fault {
   moment at;
   action what = action::kill;
   target whom;
-  std::string blocks;  ///< join: the new server's blocks, "A:B"
+  std::string blocks;   ///< join: the new server's blocks, "A:B"
+  std::string profile;  ///< throttle: the link profile (net/shaping.hpp syntax)
 };
 
 struct swarm_job {

@@ -218,6 +218,16 @@ struct TrainAbort {
   job @1 :UInt64;          # the run's id (0 before a roster): another run's abort is ignored
 }
 
+# ---- node control (actors/node_control.hpp) ------------------------------------
+# "control.reshape" harness -> a node's "control" actor (published only when
+# the node was given a control token): shape everything the node sends with
+# `profile` from now on, "" = as each link was set up. Obeyed only when
+# `token` is the node's; the answer is "control.ok" (no body) or an error.
+struct ControlReshape {
+  token @0 :Text;
+  profile @1 :Text;
+}
+
 # ---- fragments (net/fragment.hpp) -------------------------------------------
 # A message larger than the transport's fragment size travels as fragments
 # that interleave with other traffic on the connection. A fragment is one

@@ -7,14 +7,15 @@
 
 #include "actors/corolla.hpp"
 #include "actors/link_probe.hpp"
+#include "actors/node_control.hpp"
 
 using namespace std::chrono_literals;
 
 namespace corolla {
 namespace {
 
-std::unique_ptr<node> start_probe_node() {
-  auto n = node::start(node_options{});
+std::unique_ptr<node> start_probe_node(node_options o = {}) {
+  auto n = node::start(std::move(o));
   if (!n) FAIL(error_message(n.error()));
   return std::move(*n);
 }
@@ -48,6 +49,59 @@ TEST_CASE("probing a node this one has no link to is an error, not a figure") {
   link_probe_options none;
   none.rounds = 0;
   CHECK_FALSE(probe_link(*a, a->id(), none));
+}
+
+TEST_CASE("a node's links reshaped at runtime carry the new rate, and the old one once healed") {
+  node_options with_control;
+  with_control.control_token = "local-harness-secret";
+  auto a = start_probe_node(with_control);
+  auto b = start_probe_node();
+  auto peer = b->connect(a->endpoint());
+  if (!peer) FAIL(error_message(peer.error()));
+  link_probe_options o;
+  o.bytes = 256 << 10;
+  auto before = probe_link(*b, *peer, o);
+  // Unshaped loopback: far above 20 Mbit/s (or too fast to tell at all).
+  if (before) CHECK(before->bps > 100e6);
+
+  // b throttles its own sends; a is told to throttle its replies through its control actor.
+  REQUIRE_FALSE(b->reshape_links("bw=20Mbit,lat=1ms"));
+  REQUIRE_FALSE(request_reshape(*b, *peer, "local-harness-secret", "bw=20Mbit,lat=1ms"));
+  auto throttled = probe_link(*b, *peer, o);
+  if (!throttled) FAIL(error_message(throttled.error()));
+  MESSAGE("throttled: " << throttled->bps / 1e6 << " Mbit/s");
+  CHECK(throttled->bps <= 20e6 * 1.15);
+  CHECK(throttled->bps >= 20e6 * 0.3);
+  CHECK(throttled->rtt_s >= 0.002);
+
+  // Healed: back to the shaping each link was set up with (none).
+  REQUIRE_FALSE(b->reshape_links(""));
+  REQUIRE_FALSE(request_reshape(*b, *peer, "local-harness-secret", ""));
+  auto healed = probe_link(*b, *peer, o);
+  if (healed) CHECK(healed->bps > 100e6);
+
+  // A bad profile changes nothing and says why.
+  CHECK(b->reshape_links("bw=fast"));
+  CHECK(request_reshape(*b, *peer, "local-harness-secret", "lat=-1ms"));
+}
+
+TEST_CASE("a node's control actor obeys only its token, and a node without one has none") {
+  node_options with_control;
+  with_control.control_token = "local-harness-secret";
+  auto a = start_probe_node(with_control);
+  auto b = start_probe_node();
+  auto c = start_probe_node();
+  auto to_a = b->connect(a->endpoint());
+  auto to_c = b->connect(c->endpoint());
+  if (!to_a || !to_c) FAIL("cannot connect");
+  const caf::error wrong = request_reshape(*b, *to_a, "guess", "bw=1Mbit");
+  REQUIRE(wrong);
+  CHECK(error_message(wrong).find("wrong control token") != std::string::npos);
+  CHECK(request_reshape(*b, *to_c, "local-harness-secret", "bw=1Mbit"));  // c publishes no control actor
+  // Nothing was reshaped: a's echo still comes back at loopback speed.
+  link_probe_options o;
+  o.bytes = 256 << 10;
+  if (auto m = probe_link(*b, *to_a, o)) CHECK(m->bps > 100e6);
 }
 
 }  // namespace corolla

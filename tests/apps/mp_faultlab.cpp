@@ -77,6 +77,39 @@ max_stall_s = 20
   CHECK(fs::exists(tmp / "report" / "faults" / "j0.log"));
 }
 
+TEST_CASE("faultlab: a throttled hop keeps the reference's output, and heals") {
+  swarm_test::swarm_model m(architecture::llama);
+  temp_dir_guard tmp("faultlab-throttle");
+  std::ofstream(tmp / "s.toml") << "name = \"a slow uplink\"\n[swarm]\nmodel = \"" << m.dir.path().string() << R"("
+servers = ["0:2", "2:4"]
+[swarm.client]
+prompt_ids = [3, 17, 9]
+new_tokens = 14
+[[fault]]
+at = "token 4"
+do = "throttle"
+target = "route.hop 1"
+profile = "bw=2Mbit,lat=15ms"
+[[fault]]
+at = "token 9"
+do = "heal"
+target = "route.hop 1"
+[expect]
+same_output_as_reference = true
+max_stall_s = 20
+)";
+  const auto [report, status] = faultlab(tmp / "s.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["tokens"] == report["reference"]["tokens"]);
+  const auto ev = events(report);
+  REQUIRE(ev.size() == 2u);
+  CHECK(ev[0] == "token 4: throttle route.hop 1 (s1, sends shaped bw=2Mbit,lat=15ms)");
+  CHECK(ev[1] == "token 9: heal route.hop 1 (s1, back to its own shaping)");
+  // That the links really carry the new rate is tests/actors/test_link_probe.cpp's.
+}
+
 TEST_CASE("faultlab: killing the only server of some blocks fails the scenario with the reason and the seed") {
   swarm_test::swarm_model m(architecture::llama);
   temp_dir_guard tmp("faultlab-broken");

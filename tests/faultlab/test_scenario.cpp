@@ -87,6 +87,19 @@ same_losses_as_reference = true
   CHECK(s.name == "unnamed scenario");
 }
 
+TEST_CASE("a throttle carries its link profile and a heal needs none") {
+  const scenario s = parse_scenario(
+      "[swarm]\nmodel='m'\nservers=['0:2', '2:4']\n[[fault]]\nat='token 3'\ndo='throttle'\ntarget='route.hop 1'\n"
+      "profile='bw=5Mbit,lat=20ms'\n[[fault]]\nat='token 6'\ndo='heal'\ntarget='route.hop 1'\n",
+      "s.toml");
+  REQUIRE(s.faults.size() == 2u);
+  CHECK(s.faults[0].what == action::throttle);
+  CHECK(s.faults[0].profile == "bw=5Mbit,lat=20ms");
+  CHECK(s.faults[0].whom.k == target::kind::route_hop);
+  CHECK(s.faults[1].what == action::heal);
+  CHECK(s.faults[1].profile.empty());
+}
+
 TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[train]\nmodel='m'\ndata='d'\n").find("exactly one of [swarm] and [train]") != std::string::npos);
   CHECK(error_of("").find("exactly one of") != std::string::npos);
@@ -96,6 +109,10 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='kill'\ntarget='server 4'\n").find("server 4 does not exist") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='partition'\n").find("'partition' is not built yet") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='explode'\n").find("not one of kill, stop") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='throttle'\n").find("a throttle needs the link profile") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='throttle'\nprofile='bw=fast'\n").find("profile: ") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='kill'\nprofile='bw=1Mbit'\n").find("profile is only for do = \"throttle\"") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='throttle'\nprofile='bw=1Mbit'\ntarget='rank 1'\n").find("built for swarm servers only") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='soon'\ndo='kill'\n").find("'soon' is not") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='join'\n").find("a join needs the new server's blocks") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='server 1'\n").find("\"rank K\" or \"random rank\"") != std::string::npos);

@@ -1,0 +1,48 @@
+// actors/node_control.hpp — what a local fault-injection harness may change
+// in a running node: the shaping of everything it sends (a throttled or
+// restored uplink). A node given a control token (node_options::
+// control_token; `COROLLA_CONTROL_TOKEN` for the apps) publishes the
+// "control" actor, which obeys "control.reshape" requests carrying that
+// token and refuses every other sender; a node without a token has no
+// such actor. Bodies: wire::ControlReshape (docs/protocol.md).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/error.hpp>
+
+namespace corolla {
+
+class node;
+struct node_context;
+
+/// Name the control actor is published under.
+inline constexpr const char* control_actor_name = "control";
+
+namespace control_msg {
+inline constexpr const char* reshape = "control.reshape";  ///< harness -> node
+inline constexpr const char* ok = "control.ok";            ///< the answer
+}  // namespace control_msg
+
+/// Shapes everything the node of `ctx` sends with `profile` from now on
+/// ("" = as each link was set up), on its links and on links that start
+/// later. Errors: errc::invalid_argument for a profile that does not parse.
+caf::error reshape_links(node_context& ctx, const std::string& profile);
+
+/// Spawns the control actor of the node of `ctx`, obeying `token` (not empty).
+caf::actor spawn_control_actor(caf::actor_system& system, std::shared_ptr<node_context> ctx, std::string token);
+
+/// Asks node `peer` (connected to `n`) to shape its sends with `profile`.
+/// Errors: the peer's (errc::auth_refused for a wrong token,
+/// errc::unknown_actor when it has no control actor, invalid_argument for a
+/// bad profile), or the link's.
+caf::error request_reshape(node& n, const std::string& peer, const std::string& token, const std::string& profile,
+                           std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+}  // namespace corolla
