@@ -14,10 +14,10 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/echo_actor.hpp"
-#include "actors/node_control.hpp"
 #include "actors/errors.hpp"
 #include "actors/link_actor.hpp"
 #include "actors/node_context.hpp"
+#include "actors/node_control.hpp"
 #include "actors/remote_proxy.hpp"
 #include "net/nic.hpp"
 #include "net/rdma_verbs.hpp"
