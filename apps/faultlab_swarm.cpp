@@ -87,7 +87,9 @@ struct swarm_state {
   mutable std::mutex mu;  ///< the endpoints list, read by the client's discover
 
   void start(const std::string& id, int first, int last) {
-    procs.start(job.model, id, first, last, {"--threads", "1", "--log-level", "warn"}, logs / (id + ".log"));
+    std::vector<std::string> flags{"--threads", "1", "--log-level", "warn"};
+    if (!job.link.empty()) flags.insert(flags.end(), {"--link-profile", job.link});
+    procs.start(job.model, id, first, last, flags, logs / (id + ".log"));
     std::lock_guard lock(mu);
     blocks[id] = {first, last};
     running.insert(id);
@@ -215,9 +217,10 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
                                     ", the model has " + std::to_string(cfg.n_layers));
       st.start("s" + std::to_string(i), a, b);
     }
-    auto n = node::start([] {
+    auto n = node::start([&job] {
       node_options o;
       o.listen = "";
+      if (!job.link.empty()) o.link_profile = job.link;
       return o;
     }());
     if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));

@@ -69,7 +69,12 @@ class reader {
     swarm_job j;
     j.model = text(t, "model", "swarm.", "");
     if (j.model.empty()) fail(origin_, &t, "swarm.model is required (a HuggingFace model directory)");
-    if (t.get("link")) fail(origin_, t.get("link"), "swarm.link (shaping every link) is not built yet in faultlab");
+    j.link = text(t, "link", "swarm.", "");
+    if (!j.link.empty()) try {
+        net::parse_link_profile(j.link);
+      } catch (const std::invalid_argument& e) {
+        fail(origin_, t.get("link"), std::string("swarm.link: ") + e.what());
+      }
     const toml::array* servers = t.get("servers") ? t.get("servers")->as_array() : nullptr;
     if (!servers || servers->empty()) fail(origin_, &t, "swarm.servers is required: the blocks of each server, e.g. [\"0:2\", \"2:4\"]");
     for (const toml::node& n : *servers) {

@@ -54,6 +54,9 @@ struct swarm_job {
   std::vector<std::pair<int, int>> servers;  ///< each server's blocks [first, last)
   std::vector<std::int32_t> prompt_ids;
   int new_tokens = 32;
+  /// The shaping of every link, servers' and client's (net/shaping.hpp
+  /// syntax; "" = none): what a heal goes back to.
+  std::string link;
 };
 
 struct train_job {

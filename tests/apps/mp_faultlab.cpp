@@ -77,11 +77,12 @@ max_stall_s = 20
   CHECK(fs::exists(tmp / "report" / "faults" / "j0.log"));
 }
 
-TEST_CASE("faultlab: a throttled hop keeps the reference's output, and heals") {
+TEST_CASE("faultlab: on shaped links, a throttled hop keeps the reference's output, and heals") {
   swarm_test::swarm_model m(architecture::llama);
   temp_dir_guard tmp("faultlab-throttle");
   std::ofstream(tmp / "s.toml") << "name = \"a slow uplink\"\n[swarm]\nmodel = \"" << m.dir.path().string() << R"("
 servers = ["0:2", "2:4"]
+link = "lat=1ms"
 [swarm.client]
 prompt_ids = [3, 17, 9]
 new_tokens = 14

@@ -97,6 +97,8 @@ TEST_CASE("a throttle carries its link profile and a heal needs none") {
   CHECK(s.faults[0].profile == "bw=5Mbit,lat=20ms");
   CHECK(s.faults[0].whom.k == target::kind::route_hop);
   CHECK(s.faults[1].what == action::heal);
+  CHECK(s.swarm->link.empty());
+  CHECK(parse_scenario("[swarm]\nmodel='m'\nservers=['0:2']\nlink='wan,lat=10ms'\n", "s.toml").swarm->link == "wan,lat=10ms");
   CHECK(s.faults[1].profile.empty());
 }
 
@@ -110,6 +112,7 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='partition'\n").find("'partition' is not built yet") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='explode'\n").find("not one of kill, stop") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='throttle'\n").find("a throttle needs the link profile") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\nlink='fast'\n").find("swarm.link: ") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='throttle'\nprofile='bw=fast'\n").find("profile: ") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='kill'\nprofile='bw=1Mbit'\n").find("profile is only for do = \"throttle\"") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='throttle'\nprofile='bw=1Mbit'\ntarget='rank 1'\n").find("built for swarm servers only") != std::string::npos);
