@@ -17,11 +17,7 @@
 namespace corolla {
 
 dp_group::dp_group(dp_group_setup s)
-    : s_(std::move(s)),
-      // Clipping, or learning whether a loss-scaled backward overflowed
-      // anywhere: updates wait for the coordinator's global norm.
-      global_norm_(s_.options->optimizer.max_grad_norm > 0.0f ||
-                   loss_scaler(s_.options->optimizer.loss_scale).dynamic()) {}
+    : s_(std::move(s)) {}
 
 bool dp_group::keeps_params(const grad_bucket& b) const {
   return b.id == head_bucket ? s_.keeps_head_params : s_.keeps_block_params;
@@ -121,7 +117,7 @@ std::string dp_group::reduce(int slot, std::int64_t step, std::int64_t adam_step
       // must see what the backward wrote on the device.
       if (b.device && !b.staged()) be.wait(b.grads_ready.get());
     }
-    if (!global_norm_) {
+    if (!s_.global_norm) {
       update_shard(b, step, adam_step, 1.0f);
       gather_params(b, step);
     }

@@ -104,6 +104,9 @@ struct dp_group_setup {
   std::string label;          ///< the rank's label, for errors
   bool keeps_block_params = false;  ///< replica 0: writes its blocks' parameters (checkpoints, --save)
   bool keeps_head_params = false;   ///< rank 0: writes the head's
+  /// Updates wait for the coordinator's global norm (clipping, or learning
+  /// whether a loss-scaled backward overflowed anywhere).
+  bool global_norm = false;
   Backend* compute = nullptr;  ///< the stage's backend (where parameters and gradients live)
   /// Where the DP group's arithmetic runs: the compute backend's companion
   /// on a device (its own queue), else the compute backend itself.
@@ -152,7 +155,6 @@ class dp_group {
   Tensor to_host(const Tensor& t);
 
   dp_group_setup s_;
-  bool global_norm_;  ///< updates wait for the coordinator's norm (clipping, dynamic loss scaling)
   std::vector<grad_bucket> buckets_;
   std::map<int, int> slot_of_;
   /// The padded layout of the device collectives (--collectives device):

@@ -130,6 +130,8 @@ class train_comm : public ring_channel {
   std::uint64_t job() const { return job_; }
   void set_job(std::uint64_t job) { job_ = job; }
   train_inbox& inbox() { return *inbox_; }
+  /// The coordinator's node id.
+  const std::string& coordinator() const { return coordinator_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   /// Sends `t` (may be undefined: no tensor) to rank `to` as message `type`.

@@ -77,7 +77,7 @@ class rank_runtime {
     // Until the roster comes: the coordinator hears why a join failed.
     comm_ = std::make_unique<train_comm>(node_, inbox_, rank_, std::vector<std::string>{}, *coord, o_.timeout);
     try {
-      comm_ = join_train_job(node_, o_, cfg_, rank_, inbox_, *coord, rings_);
+      comm_ = join_train_job(node_, o_, cfg_, rank_, inbox_, *comm_, rings_);
       if (o_.collectives == dp_collectives::device) join_device_groups();
       build_model();
       if (o_.resume) {
@@ -145,6 +145,7 @@ class rank_runtime {
     // stage holds too.
     s.keeps_block_params = replica_ == 0;
     s.keeps_head_params = rank_ == 0;
+    s.global_norm = needs_global_norm();
     s.compute = &be_;
     s.math = dp_be_ ? dp_be_.get() : &be_;
     s.comm = comm_.get();
@@ -225,7 +226,7 @@ class rank_runtime {
         for (int step = self->steps_done_ + 1; step <= self->o_.steps; ++step) self->run_step(program, step);
         // --save: the parameters this rank keeps go to the coordinator.
         if (!self->o_.save_dir.empty())
-          if (std::string e = self->ask_dp(dp_msg::publish_atom::value, self->o_.steps); !e.empty()) throw train_error(e);
+          self->tell_dp(dp_msg::publish_atom::value, self->o_.steps);
         done->set_value();
       } catch (...) {
         done->set_exception(std::current_exception());
@@ -378,32 +379,31 @@ class rank_runtime {
     if (!error.empty()) throw train_error(error);
   }
 
-  /// A request to the DP group whose answer is an error ("" = done).
-  template <class... Ts>
-  std::string ask_dp(Ts... xs) {
-    std::string error;
+  /// A request to the DP group, answered with a `Result` (an error string
+  /// for most: "" = done; the norm's double). Throws train_error when the
+  /// DP group itself failed.
+  template <class Result, class... Ts>
+  Result ask_dp(Ts... xs) {
+    Result r{};
+    std::string failure;
     stage_self_->request(dp_actor_, caf::infinite, xs...)
-        .receive([&](std::string& e) { error = std::move(e); },
-                 [&](caf::error& e) { error = "the data-parallel group failed: " + to_string(e); });
-    return error;
+        .receive([&](Result& x) { r = std::move(x); },
+                 [&](caf::error& e) { failure = "the data-parallel group failed: " + to_string(e); });
+    if (!failure.empty()) throw train_error(failure);
+    return r;
   }
 
-  /// The squared norm of the rank's reduced gradient shards.
-  double reduced_sum_squares(int step) {
-    double sum = 0;
-    std::string error;
-    stage_self_->request(dp_actor_, caf::infinite, dp_msg::norm_atom::value, std::int64_t{step})
-        .receive([&](double s) { sum = s; },
-                 [&](caf::error& e) { error = "the data-parallel group failed: " + to_string(e); });
-    if (!error.empty()) throw train_error(error);
-    return sum;
+  /// Asks the DP group to do `xs`; throws its error.
+  template <class... Ts>
+  void tell_dp(Ts... xs) {
+    if (std::string e = ask_dp<std::string>(xs...); !e.empty()) throw train_error(e);
   }
 
   void optimizer_step(int step, double loss) {
     wait_reductions(step);
     double sum_squares = 0;
     bool skip = false;
-    if (needs_global_norm()) sum_squares = reduced_sum_squares(step);
+    if (needs_global_norm()) sum_squares = ask_dp<double>(dp_msg::norm_atom::value, std::int64_t{step});
     comm_->send_coordinator(train_msg::report, encode_body(train_report{rank_, step, loss, sum_squares, comm_->job()}));
     if (needs_global_norm()) {
       remote_message m = inbox_->take(train_key(train_msg::norm, comm_->job(), step, 0), o_.timeout,
@@ -414,17 +414,14 @@ class rank_runtime {
       // parameters stay as they are everywhere: nothing to gather).
       skip = scaler_.dynamic() && overflowed(note->value);
       const double coef = grad_coefficient(note->value, scaler_.scale(), o_.optimizer.max_grad_norm);
-      if (!skip)
-        if (std::string e = ask_dp(dp_msg::update_atom::value, std::int64_t{step}, adam_step(step), coef); !e.empty())
-          throw train_error(e);
+      if (!skip) tell_dp(dp_msg::update_atom::value, std::int64_t{step}, adam_step(step), coef);
       scaler_.update(skip);
     }
     // Every bucket's update is in (waited for above, or just made): 16-bit
     // compute copies are converted again before the next forward.
     if (!skip)
       for (stage& part : model_.parts) part.params_changed();
-    if (o_.checkpoints_at(step))
-      if (std::string e = ask_dp(dp_msg::save_atom::value, step); !e.empty()) throw train_error(e);
+    if (o_.checkpoints_at(step)) tell_dp(dp_msg::save_atom::value, step);
   }
 
   // ---- the end ------------------------------------------------------------------

@@ -74,10 +74,10 @@ remote_message join_until_roster(node& n, const dist_train_options& o, const mod
 }  // namespace
 
 std::unique_ptr<train_comm> join_train_job(node& n, const dist_train_options& o, const model_config& cfg, int rank,
-                                           const std::shared_ptr<train_inbox>& inbox, const std::string& coordinator,
+                                           const std::shared_ptr<train_inbox>& inbox, train_comm& joining,
                                            const rank_rings& rings) {
   const train_layout& l = o.layout;
-  train_comm joining(n, inbox, rank, {}, coordinator, o.timeout);
+  const std::string coordinator = joining.coordinator();
   remote_message r = join_until_roster(n, o, cfg, rank, *inbox, joining);
   auto roster = decode_train_roster(r.body);
   if (!roster) throw train_error("bad roster from the coordinator: " + error_message(roster.error()));

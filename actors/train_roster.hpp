@@ -31,13 +31,14 @@ rank_rings rings_of(const train_layout& l, int rank);
 /// of the same replica and its neighbours in both rings.
 std::set<int> neighbours_of(const train_layout& l, int rank, const rank_rings& rings);
 
-/// Joins the job for rank `rank`: sends its join to the coordinator (node
-/// `coordinator`, already connected) until the roster comes, checks it,
+/// Joins the job for rank `rank`: sends its join to the coordinator (the
+/// node `joining` talks to, already connected; `joining` is the rank's
+/// provisional comm, which knows no peers yet) until the roster comes, checks it,
 /// names every rank in `inbox`, links to every neighbour (the lower rank of
 /// each pair connects with the job's link profile, the other waits), and
 /// returns the rank's comm, stamped with the run's id. Throws train_error.
 std::unique_ptr<train_comm> join_train_job(node& n, const dist_train_options& o, const model_config& cfg, int rank,
-                                           const std::shared_ptr<train_inbox>& inbox, const std::string& coordinator,
+                                           const std::shared_ptr<train_inbox>& inbox, train_comm& joining,
                                            const rank_rings& rings);
 
 /// Joins the device group of ring `r` (tag 0: data-parallel, 1: the head):
