@@ -51,6 +51,8 @@ link_spec cluster_description::link_between(int rank_a, int rank_b) const {
   const worker_spec& a = workers.at(rank_a);
   const worker_spec& b = workers.at(rank_b);
   if (rank_a == rank_b) return {std::numeric_limits<double>::infinity(), 0.0};
+  if (!measured.empty())
+    if (auto m = measured.find({a.name, b.name}); m != measured.end()) return m->second;
   if (a.node == b.node) return nodes[a.node].intra;
   const link_spec& na = nics[a.nic].link;
   const link_spec& nb = nics[b.nic].link;
@@ -131,6 +133,14 @@ cluster_description without_workers(const cluster_description& c, const std::vec
   out.name = c.name;
   out.origin = c.origin;
   out.nics = c.nics;
+  for (const auto& [pair, l] : c.measured) {
+    bool kept = true;
+    for (int r : drop)
+      if (c.workers.at(static_cast<std::size_t>(r)).name == pair.first ||
+          c.workers.at(static_cast<std::size_t>(r)).name == pair.second)
+        kept = false;
+    if (kept) out.measured[pair] = l;
+  }
   std::vector<int> cluster_map(c.clusters.size(), -1);
   for (std::size_t ci = 0; ci < c.clusters.size(); ++ci) {
     cluster_spec kept{c.clusters[ci].name, {}};

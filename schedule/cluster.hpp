@@ -9,6 +9,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -90,9 +91,14 @@ struct cluster_description {
   /// inter_cluster[a * clusters.size() + b]: the WAN/backbone link between
   /// clusters a and b (a != b). Not capped by the nodes' NICs: see link_between.
   std::vector<link_spec> inter_cluster;
+  /// Links measured while a job ran that replace the rule below, by the
+  /// worker names of (sender, receiver) (names survive without_workers'
+  /// renumbering). Set by schedule::with_measurements (replan.hpp), never
+  /// read from a file.
+  std::map<std::pair<std::string, std::string>, link_spec> measured;
 
-  /// The link between two workers, by rank. The rule (docs/planner.md):
-  /// the same worker: infinite bandwidth, no latency; the same node: the
+  /// The link between two workers, by rank: a measured one when there is
+  /// one (`measured`), else the rule (docs/planner.md): the same worker: infinite bandwidth, no latency; the same node: the
   /// node's intra link; the same cluster and NIC class: the class link;
   /// the same cluster, different classes (a mixed group falls back to TCP,
   /// as in Holmes): the slower of the two classes (min bandwidth, max
