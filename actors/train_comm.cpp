@@ -48,6 +48,16 @@ remote_message train_inbox::take(const std::string& key, std::chrono::millisecon
   }
 }
 
+std::optional<remote_message> train_inbox::try_take(const std::string& key) {
+  std::lock_guard lock(mu_);
+  auto it = filed_.find(key);
+  if (it == filed_.end() || it->second.empty()) return std::nullopt;
+  remote_message m = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) filed_.erase(it);
+  return m;
+}
+
 void train_inbox::fail(const std::string& reason) {
   {
     std::lock_guard lock(mu_);
@@ -157,6 +167,11 @@ caf::expected<std::string> key_of(const remote_message& m) {
     if (!s) return s.error();
     const bool per_rank = t == train_msg::saved || t == train_msg::done;
     return train_key(t, s->job, s->step, per_rank ? s->rank : 0);
+  }
+  if (t == train_msg::drain) {  // filed at step 0: a rank looks for it without knowing the step
+    auto s = decode_train_step(m.body);
+    if (!s) return s.error();
+    return train_key(t, s->job, 0, 0);
   }
   return make_error(errc::bad_message, "unknown training message type '" + t + "'");
 }

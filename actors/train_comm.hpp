@@ -64,6 +64,8 @@ class train_inbox {
   /// Throws train_error when the inbox has failed (the reason) or at the
   /// timeout (naming `what` is being waited for).
   remote_message take(const std::string& key, std::chrono::milliseconds timeout, const std::string& what);
+  /// The oldest message filed under `key`, if one is there now.
+  std::optional<remote_message> try_take(const std::string& key);
   /// Fails the inbox with `reason`. The first reason is kept, except that a
   /// peer's goodbye or a plain "exited (exit status N)" gives way to a later,
   /// more specific reason. Ignored once closing() was called.
@@ -130,6 +132,8 @@ class train_comm : public ring_channel {
   std::uint64_t job() const { return job_; }
   void set_job(std::uint64_t job) { job_ = job; }
   train_inbox& inbox() { return *inbox_; }
+  /// Node id of rank `r` (from the roster).
+  const std::string& peer_id(int r) const { return peers_.at(static_cast<std::size_t>(r)); }
   /// The coordinator's node id.
   const std::string& coordinator() const { return coordinator_; }
   std::chrono::milliseconds timeout() const { return timeout_; }

@@ -125,6 +125,7 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
   std::string k = checkpoint_key(o, cfg) + " layout=" + o.layout.describe() +
                   " micro=" + std::to_string(o.micro_batch_size()) + opt + " warmup=" + std::to_string(s.warmup_steps) +
                   " cosine=" + (s.cosine ? "1" : "0") + " checkpoint_every=" + std::to_string(o.checkpoint_every) +
+                  " probe_every=" + std::to_string(o.probe_every) +
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
                   " compute=" + dtype_name(o.compute) + " collectives=" + dp_collectives_name(o.collectives);
@@ -160,14 +161,14 @@ class coordinator {
     }
   }
 
-  void run(const std::function<void(const dist_step_report&)>& on_step) {
+  int run(const coordinator_hooks& hooks) {
     if (!inbox_) inbox_ = std::make_shared<train_inbox>();
     inbox_->set_job(run_);
     auto mb = start_train_mailbox(node_, inbox_, "train-coord", /*joins_only_from_strangers=*/true);
     if (!mb) throw train_error("cannot publish the coordinator: " + error_message(mb.error()));
     mailbox_ = *mb;
     try {
-      gather();
+      gather(hooks);
       int first = 1;
       if (o_.resume) {
         const int s = latest_checkpoint_step(o_.checkpoint_dir);
@@ -177,7 +178,8 @@ class coordinator {
         first = s + 1;
       }
       auto last_time = std::chrono::steady_clock::now();
-      for (int step = first; step <= o_.steps; ++step) {
+      int last = o_.steps;  // a drain moves it closer
+      for (int step = first; step <= last; ++step) {
         dist_step_report r;
         r.step = step;
         double sum_squares = 0;
@@ -186,6 +188,8 @@ class coordinator {
           if (!rep) throw train_error("bad report from " + o_.layout.label(rank) + ": " + error_message(rep.error()));
           r.loss += rep->loss;
           sum_squares += rep->sum_squares;
+          for (const train_link_rate& l : rep->links)
+            if (l.peer > rank && l.peer < world_) r.links.push_back({rank, l.peer, l.bytes_per_s});
         }
         // Ranks take the verdict on overflow from this norm of the scaled
         // gradients; the coordinator's scaler follows theirs step by step.
@@ -200,18 +204,27 @@ class coordinator {
         const auto now = std::chrono::steady_clock::now();
         r.seconds = std::chrono::duration<double>(now - last_time).count();
         last_time = now;
-        if (on_step) on_step(r);
-        if (o_.checkpoints_at(step)) {
+        if (hooks.on_step) hooks.on_step(r);
+        if (hooks.drain && last == o_.steps && step + 2 < o_.steps && !o_.checkpoint_dir.empty() && hooks.drain(r)) {
+          // No rank can have finished step + 2 yet: each needs every other
+          // rank's step + 1 first, which waits for this step's reports.
+          last = step + 2;
+          for (int rank = 0; rank < world_; ++rank)
+            send(rank, train_msg::drain, encode_body(train_step_note{last, 0, 0, run_}));
+          spdlog::info("training job {}: drained after step {}", o_.layout.describe(), last);
+        }
+        if (o_.checkpoints_at(step) || (step == last && last < o_.steps)) {
           for (int rank = 0; rank < world_; ++rank)
             take(train_msg::saved, step, rank, "checkpoint shard of step " + std::to_string(step));
           const bool scale_state = scaler_.dynamic() || scaler_.state().skipped > 0;
           commit_checkpoint(o_.checkpoint_dir, step, world_, job_, o_.layout.describe(), scale_state ? &scaler_.state() : nullptr);
         }
       }
-      if (!o_.save_dir.empty()) save_model();
-      for (int rank = 0; rank < world_; ++rank) take(train_msg::done, o_.steps, rank, "end of training");
+      if (!o_.save_dir.empty() && last == o_.steps) save_model();
+      for (int rank = 0; rank < world_; ++rank) take(train_msg::done, last, rank, "end of training");
       inbox_->close();
-      for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::finish, encode_body(train_step_note{o_.steps, 0, 0, run_}));
+      for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::finish, encode_body(train_step_note{last, 0, 0, run_}));
+      return last;
     } catch (const std::exception& e) {
       // Ranks that fail tell the coordinator why before their nodes say
       // goodbye; give the root cause a moment to arrive.
@@ -250,7 +263,7 @@ class coordinator {
   }
 
   // Every rank's join, checked against this job, then the roster to all.
-  void gather() {
+  void gather(const coordinator_hooks& hooks) {
     train_roster roster;
     roster.job = run_;
     for (int rank = 0; rank < world_; ++rank) {
@@ -268,6 +281,7 @@ class coordinator {
     }
     const auto body = encode_body(roster);
     for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::roster, body);
+    if (hooks.on_roster) hooks.on_roster(roster.peers);
     spdlog::info("training job {}: all {} ranks joined", o_.layout.describe(), world_);
   }
 
@@ -309,21 +323,27 @@ class coordinator {
 void run_train_coordinator(node& n, const dist_train_options& o, const model_config& cfg,
                            const std::function<void(const dist_step_report&)>& on_step,
                            std::shared_ptr<train_inbox> inbox) {
+  coordinator_hooks hooks;
+  hooks.on_step = on_step;
+  run_train_coordinator(n, o, cfg, hooks, std::move(inbox));
+}
+
+int run_train_coordinator(node& n, const dist_train_options& o, const model_config& cfg, const coordinator_hooks& hooks,
+                          std::shared_ptr<train_inbox> inbox) {
   check_layout(o.layout, cfg.n_layers);
   coordinator c(n, o, cfg, std::move(inbox));
   // The trainer actor: detached (it blocks on its inbox), driving the steps;
   // this thread waits for it.
-  auto done = std::make_shared<std::promise<void>>();
+  auto done = std::make_shared<std::promise<int>>();
   auto finished = done->get_future();
-  n.system().spawn<caf::detached>([&c, &on_step, done](caf::blocking_actor*) {
+  n.system().spawn<caf::detached>([&c, &hooks, done](caf::blocking_actor*) {
     try {
-      c.run(on_step);
-      done->set_value();
+      done->set_value(c.run(hooks));
     } catch (...) {
       done->set_exception(std::current_exception());
     }
   });
-  finished.get();
+  return finished.get();
 }
 
 }  // namespace corolla

@@ -41,6 +41,7 @@ namespace corolla {
 
 class node;
 class train_inbox;
+struct train_peer;
 class transformer;
 class token_dataset;
 
@@ -129,6 +130,11 @@ struct dist_train_options {
   /// ever names a complete one.
   std::filesystem::path checkpoint_dir;
   int checkpoint_every = 0;
+  /// Every `probe_every` steps (0 = never) each rank measures its links to
+  /// its neighbours of higher rank with echoes (actors/link_probe.hpp) and
+  /// reports the rates with the step: what the elastic scheduler re-plans
+  /// on when a link changes under the job. Costs a pause of the step.
+  int probe_every = 0;
   /// Continue from checkpoint_dir's latest checkpoint (same layout, batch
   /// and model shape; anything else is refused with the difference).
   bool resume = false;
@@ -181,6 +187,13 @@ struct dist_step_report {
   double loss_scale = 1;  ///< the loss scale of this step (1 without loss scaling)
   bool skipped = false;   ///< the gradients overflowed: no rank updated (loss scaling)
   double seconds = 0;    ///< wall time since the previous report
+  /// On probe steps (dist_train_options::probe_every): each link a rank
+  /// measured, from the lower rank to the higher.
+  struct link_rate {
+    int from = 0, to = 0;
+    double bytes_per_s = 0;  ///< both ways averaged; 0 = too fast to tell
+  };
+  std::vector<link_rate> links;
 };
 
 /// Where a rank gets its parameters: only the blocks of its stage (and the
@@ -233,5 +246,23 @@ void run_train_rank(node& n, const dist_train_options& o, int rank, const std::s
 void run_train_coordinator(node& n, const dist_train_options& o, const model_config& cfg,
                            const std::function<void(const dist_step_report&)>& on_step,
                            std::shared_ptr<train_inbox> inbox = nullptr);
+
+/// What a launcher hears from the coordinator, and how it asks for a drain.
+/// Every callback runs on the coordinator's trainer thread.
+struct coordinator_hooks {
+  std::function<void(const dist_step_report&)> on_step;
+  /// Once every rank joined: who they are (rank, node id, endpoint).
+  std::function<void(const std::vector<train_peer>&)> on_roster;
+  /// After on_step: true asks the ranks to stop two steps later (a step
+  /// no rank can have finished yet), where a checkpoint is written and
+  /// committed; the job then ends there. Needs o.checkpoint_dir; ignored
+  /// when fewer than three steps are left.
+  std::function<bool(const dist_step_report&)> drain;
+};
+
+/// As above, with hooks; returns the last step run: o.steps, or the step a
+/// drain stopped the job after (its checkpoint is committed).
+int run_train_coordinator(node& n, const dist_train_options& o, const model_config& cfg, const coordinator_hooks& hooks,
+                          std::shared_ptr<train_inbox> inbox = nullptr);
 
 }  // namespace corolla

@@ -13,6 +13,7 @@
 
 #include "actors/dp_group.hpp"
 #include "actors/errors.hpp"
+#include "actors/link_probe.hpp"
 #include "actors/node.hpp"
 #include "actors/stage_compute.hpp"
 #include "actors/train_comm.hpp"
@@ -59,6 +60,7 @@ class rank_runtime {
     mb_ = o_.micro_batch_size();
     m_ = o_.micro_batches();
     rings_ = rings_of(l, rank);
+    last_step_ = o_.steps;
   }
 
   /// Joins the job, links to the ranks it exchanges with, trains, leaves.
@@ -223,9 +225,9 @@ class rank_runtime {
     node_.system().spawn<caf::detached>([self, program, done](caf::blocking_actor* stage_self) {
       try {
         self->stage_self_ = stage_self;
-        for (int step = self->steps_done_ + 1; step <= self->o_.steps; ++step) self->run_step(program, step);
+        for (int step = self->steps_done_ + 1; step <= self->last_step_; ++step) self->run_step(program, step);
         // --save: the parameters this rank keeps go to the coordinator.
-        if (!self->o_.save_dir.empty())
+        if (!self->o_.save_dir.empty() && self->last_step_ == self->o_.steps)
           self->tell_dp(dp_msg::publish_atom::value, self->o_.steps);
         done->set_value();
       } catch (...) {
@@ -404,7 +406,9 @@ class rank_runtime {
     double sum_squares = 0;
     bool skip = false;
     if (needs_global_norm()) sum_squares = ask_dp<double>(dp_msg::norm_atom::value, std::int64_t{step});
-    comm_->send_coordinator(train_msg::report, encode_body(train_report{rank_, step, loss, sum_squares, comm_->job()}));
+    train_report report{rank_, step, loss, sum_squares, comm_->job()};
+    if (o_.probe_every > 0 && step % o_.probe_every == 0) report.links = probe_links();
+    comm_->send_coordinator(train_msg::report, encode_body(report));
     if (needs_global_norm()) {
       remote_message m = inbox_->take(train_key(train_msg::norm, comm_->job(), step, 0), o_.timeout,
                                       "gradient norm of step " + std::to_string(step) + " from the coordinator");
@@ -421,7 +425,50 @@ class rank_runtime {
     // compute copies are converted again before the next forward.
     if (!skip)
       for (stage& part : model_.parts) part.params_changed();
-    if (o_.checkpoints_at(step)) tell_dp(dp_msg::save_atom::value, step);
+    take_drain(step);
+    // A drained job's last step is always saved: the next layout starts there.
+    if (o_.checkpoints_at(step) || (step == last_step_ && last_step_ < o_.steps)) tell_dp(dp_msg::save_atom::value, step);
+  }
+
+  /// The rates of the links to this rank's neighbours of higher rank (each
+  /// link is probed from one end), with echoes over the running links. A
+  /// link too fast for the payload to tell reports 0; a probe that fails
+  /// is left out (the step goes on: a dead peer is the inbox's business).
+  std::vector<train_link_rate> probe_links() {
+    std::vector<train_link_rate> out;
+    link_probe_options po;
+    po.bytes = 64 << 10;
+    po.rounds = 2;
+    po.timeout = std::min(o_.timeout, std::chrono::milliseconds(10000));
+    for (int q : neighbours_of(o_.layout, rank_, rings_)) {
+      if (q <= rank_) continue;
+      auto m = probe_link(node_, comm_->peer_id(q), po);
+      if (m) {
+        out.push_back({q, m->bps / 8});
+      } else if (m.error().category() == error_category &&
+                 m.error().code() == static_cast<std::uint8_t>(errc::invalid_argument)) {
+        out.push_back({q, 0});
+      } else {
+        spdlog::warn("{}: cannot probe the link to {}: {}", o_.layout.label(rank_), o_.layout.label(q),
+                     error_message(m.error()));
+      }
+    }
+    return out;
+  }
+
+  /// The coordinator's drain, when it came: the job stops after its step
+  /// (the layout is about to change). A drain for a step already passed
+  /// fails the rank (the job then falls back to its last checkpoint).
+  void take_drain(int step) {
+    auto m = inbox_->try_take(train_key(train_msg::drain, comm_->job(), 0, 0));
+    if (!m) return;
+    auto note = decode_train_step(m->body);
+    if (!note) throw train_error("bad drain from the coordinator: " + error_message(note.error()));
+    if (note->step < step)
+      throw train_error("the coordinator asked to stop after step " + std::to_string(note->step) +
+                        ", but this rank is already at step " + std::to_string(step));
+    last_step_ = std::min<int>(last_step_, static_cast<int>(note->step));
+    spdlog::info("{} stops after step {}: the job is re-planned", o_.layout.label(rank_), last_step_);
   }
 
   // ---- the end ------------------------------------------------------------------
@@ -430,8 +477,8 @@ class rank_runtime {
     // Done: other ranks may finish and leave first; only the coordinator
     // going away now would be a failure.
     inbox_->drain(coordinator_id_);
-    comm_->send_coordinator(train_msg::done, encode_body(train_step_note{o_.steps, rank_, 0, comm_->job()}));
-    inbox_->take(train_key(train_msg::finish, comm_->job(), o_.steps, 0), o_.timeout, "the coordinator's end of the job");
+    comm_->send_coordinator(train_msg::done, encode_body(train_step_note{last_step_, rank_, 0, comm_->job()}));
+    inbox_->take(train_key(train_msg::finish, comm_->job(), last_step_, 0), o_.timeout, "the coordinator's end of the job");
     inbox_->close();
   }
 
@@ -446,6 +493,7 @@ class rank_runtime {
   int stage_ = 0, replica_ = 0, mb_ = 1, m_ = 1;
   bool first_ = false, last_ = false;
   int steps_done_ = 0;
+  int last_step_ = 0;  ///< the step this rank stops after: o_.steps, or a drain's
   /// Updated from the coordinator's norm each step, identically on every
   /// rank (and in the coordinator).
   loss_scaler scaler_;

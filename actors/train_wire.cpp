@@ -1,5 +1,8 @@
 #include "actors/train_wire.hpp"
 
+#include <cmath>
+#include <stdexcept>
+
 #include "actors/capnp_body.hpp"
 #include "net/wire.capnp.h"
 
@@ -61,6 +64,11 @@ std::vector<std::uint8_t> encode_body(const train_report& v) {
   r.setLoss(v.loss);
   r.setSumSquares(v.sum_squares);
   r.setJob(v.job);
+  auto links = r.initLinks(static_cast<unsigned>(v.links.size()));
+  for (std::size_t i = 0; i < v.links.size(); ++i) {
+    links[static_cast<unsigned>(i)].setPeer(v.links[i].peer);
+    links[static_cast<unsigned>(i)].setBytesPerS(v.links[i].bytes_per_s);
+  }
   return flat(b);
 }
 
@@ -111,7 +119,15 @@ caf::expected<train_packet> decode_train_packet(const std::vector<std::uint8_t>&
 
 caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>& body) {
   return decode<wire::TrainReport>(body, "TrainReport", [](wire::TrainReport::Reader r) {
-    return train_report{r.getRank(), r.getStep(), r.getLoss(), r.getSumSquares(), r.getJob()};
+    auto links = r.getLinks();
+    if (links.size() > max_roster) throw std::invalid_argument("report of " + std::to_string(links.size()) + " links");
+    train_report out{r.getRank(), r.getStep(), r.getLoss(), r.getSumSquares(), r.getJob()};
+    for (auto l : links) {
+      const double rate = l.getBytesPerS();
+      if (!std::isfinite(rate) || rate < 0) throw std::invalid_argument("a link rate of " + std::to_string(rate));
+      out.links.push_back({l.getPeer(), rate});
+    }
+    return out;
   });
 }
 

@@ -28,6 +28,7 @@ inline constexpr const char* norm = "train.norm";      ///< coordinator -> ranks
 inline constexpr const char* saved = "train.saved";    ///< rank -> coordinator, checkpoint shard written
 inline constexpr const char* done = "train.done";      ///< rank -> coordinator, last step finished
 inline constexpr const char* finish = "train.finish";  ///< coordinator -> ranks, everyone is done
+inline constexpr const char* drain = "train.drain";    ///< coordinator -> ranks, stop after a step (re-plan)
 inline constexpr const char* abort = "train.abort";    ///< coordinator -> ranks (the job failed), or a failing rank -> coordinator (why)
 }  // namespace train_msg
 
@@ -50,15 +51,22 @@ struct train_packet {
   std::uint64_t job = 0;  ///< the run's id (train_comm stamps it)
 };
 
+/// A link's rate as a rank measured it (wire::TrainReport.LinkRate).
+struct train_link_rate {
+  int peer = 0;             ///< the neighbour's rank
+  double bytes_per_s = 0;   ///< both ways averaged; 0 = too fast to tell
+};
+
 /// wire::TrainReport.
 struct train_report {
   int rank = 0;
   std::int64_t step = 0;
   double loss = 0, sum_squares = 0;
   std::uint64_t job = 0;
+  std::vector<train_link_rate> links{};  ///< probe steps only
 };
 
-/// wire::TrainStep (norm, saved, done, finish).
+/// wire::TrainStep (norm, saved, done, finish, drain).
 struct train_step_note {
   std::int64_t step = 0;
   int rank = 0;

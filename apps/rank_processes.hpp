@@ -46,6 +46,9 @@ class rank_processes {
 
   void stop();
 
+  /// The process id of rank `r`.
+  pid_t pid(int r) const { return pids_.at(static_cast<std::size_t>(r)); }
+
  private:
   std::vector<pid_t> pids_;
 };

@@ -281,6 +281,11 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--min-ranks", args->min_ranks, "With --elastic: stop when fewer ranks than this remain")
       ->capture_default_str()
       ->group(dist);
+  cmd->add_option("--probe-every", args->probe_every,
+                  "Measure every rank's links to its neighbours every K steps (0 = never); with --elastic "
+                  "--cluster the job re-plans at a step boundary when a measured link makes another plan pay")
+      ->capture_default_str()
+      ->group(dist);
   cmd->add_option("--job-file", args->job_file,
                   "Internal: the job description the local launcher writes for the ranks it starts")
       ->group(dist);

@@ -60,6 +60,7 @@ struct train_args {
   bool resume = false;
   bool elastic = false;  ///< --elastic: the local launcher re-plans on the ranks left when some die
   int min_ranks = 1;     ///< --min-ranks: with --elastic, the fewest ranks a job continues on
+  int probe_every = 0;   ///< --probe-every: measure the ranks' links every K steps (--elastic --cluster re-plans on them)
   double timeout_s = 300;
   std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file
   std::string link_profile;  ///< one shaping profile for every link between ranks
@@ -95,6 +96,10 @@ void add_loss_scale(nlohmann::json& line, double scale, bool skipped);
 /// text line, else "".
 std::string skipped_note(bool skipped, double scale);
 
+/// The planner's training setup for `a` (fp32, the global batch, the
+/// micro-batch or 1, the sequence length; pp and dp free).
+schedule::training_setup training_setup_of(const train_args& a);
+
 /// Whether the flags or the launcher's environment ask for a distributed run.
 bool wants_distributed(const train_args& a);
 /// Pipeline x data-parallel training (apps/train_dist.cpp).
@@ -114,6 +119,13 @@ void use_plan(const schedule::cluster_description& cluster, const schedule::plan
 /// process exited first).
 void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                    const std::function<void(const dist_step_report&)>& on_step, std::vector<int>* lost = nullptr);
+/// As above with the coordinator's hooks (a drain: the return value is the
+/// step the job stopped after). With --json, once every rank joined, one
+/// line `{"event": "ranks", "layout", "ranks": [{"rank", "label", "pid",
+/// "endpoint"}]}` says which process is which rank and where its node
+/// listens (what a harness needs to shape or kill one).
+int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
+                  const coordinator_hooks& hooks, std::vector<int>* lost = nullptr);
 /// A step's line on stdout (text, or JSON with --json), for the steps
 /// --log-every shows.
 void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r);
@@ -128,9 +140,14 @@ void print_local_summary(const train_args& a, const dist_train_options& o, int s
 /// every step once plus one line per re-plan. Throws train_error when fewer
 /// than --min-ranks remain or no grid fits. Returns the exit status.
 /// With `cluster` (a --cluster job) the planner re-plans on the cluster
-/// without the lost ranks' workers instead (plan_on, use_plan).
+/// without the lost ranks' workers instead (plan_on, use_plan); `plan` is
+/// the plan the job starts on. With --probe-every too, the ranks' measured
+/// links go into the description (schedule::with_measurements), and when
+/// schedule::advise_replan says another plan pays, the job drains at a
+/// step boundary and continues on that plan from there: no step lost.
 int launch_local_elastic(const train_args& a, dist_train_options o, const model_config& cfg,
-                         const schedule::cluster_description* cluster = nullptr);
+                         const schedule::cluster_description* cluster = nullptr,
+                         const schedule::plan* plan = nullptr);
 /// The planner's best plan for the flags' batch, micro-batch and sequence
 /// length on `cluster` (pp, dp: fixed depth and width; 0 = the planner's
 /// choice). Check plan::feasible.

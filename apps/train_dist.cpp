@@ -132,6 +132,11 @@ void print_step(const train_args& a, const dist_train_options& o, const dist_ste
     const bool scaled = o.optimizer.loss_scale.dynamic;
     if (a.grad_clip > 0.0f || scaled) line["grad_norm"] = r.grad_norm;
     if (scaled) add_loss_scale(line, r.loss_scale, r.skipped);
+    if (!r.links.empty()) {  // --probe-every: what the ranks measured
+      nlohmann::json links = nlohmann::json::array();
+      for (const auto& l : r.links) links.push_back({{"from", l.from}, {"to", l.to}, {"bytes_per_s", l.bytes_per_s}});
+      line["links"] = links;
+    }
     std::printf("%s\n", line.dump().c_str());
   } else {
     std::printf("step %d loss %.6f%s\n", r.step, r.loss, skipped_note(r.skipped, r.loss_scale).c_str());
@@ -162,7 +167,11 @@ node_options rank_node_options(const std::string& listen) {
   node_options n;
   n.listen = listen;
   n.scheduler_threads = 2;
-  n.publish_echo = false;
+  // Ranks answer echoes: the link probes of --probe-every.
+  n.publish_echo = true;
+  // A local harness (a test, faultlab) may reshape a rank's links at
+  // runtime with a token only it and the rank processes know.
+  if (const char* token = std::getenv("COROLLA_CONTROL_TOKEN"); token != nullptr) n.control_token = token;
   // A dead rank's connection drops at once (reported within milliseconds);
   // silence alone must last longer than a busy host can starve a process
   // (eight ranks on two cores), or a healthy job would fail.
@@ -258,11 +267,11 @@ std::vector<std::string> rank_args(const train_args& a, int rank, const std::str
 }
 
 int launch_local(const train_args& a, const dist_train_options& o, const model_config& cfg,
-                 const schedule::cluster_description* cluster) {
+                 const schedule::cluster_description* cluster, const schedule::plan* plan) {
   apply_common_options(1, "warn");
   // Bad data is one error here, not one per rank.
   open_data(a.data, a.model, cfg.vocab_size);
-  if (a.elastic) return launch_local_elastic(a, o, cfg, cluster);
+  if (a.elastic) return launch_local_elastic(a, o, cfg, cluster, plan);
   const auto start = std::chrono::steady_clock::now();
   int steps_run = 0;
   double last_loss = 0;
@@ -300,13 +309,18 @@ std::string profile_of(const schedule::link_spec& l) {
 
 }  // namespace
 
-schedule::plan plan_on(const train_args& a, const model_config& cfg, const schedule::cluster_description& cluster,
-                       int pp, int dp) {
+schedule::training_setup training_setup_of(const train_args& a) {
   schedule::training_setup setup;
   setup.set_precision(schedule::precision::fp32);  // what the CPU backend trains in
   setup.global_batch = a.batch;
   setup.micro_batch = a.micro_batch > 0 ? a.micro_batch : 1;
   setup.seq = a.seq;
+  return setup;
+}
+
+schedule::plan plan_on(const train_args& a, const model_config& cfg, const schedule::cluster_description& cluster,
+                       int pp, int dp) {
+  schedule::training_setup setup = training_setup_of(a);
   setup.pp = pp;
   setup.dp = dp;
   setup.validate(cfg);
@@ -315,6 +329,13 @@ schedule::plan plan_on(const train_args& a, const model_config& cfg, const sched
 
 void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                    const std::function<void(const dist_step_report&)>& on_step, std::vector<int>* lost) {
+  coordinator_hooks hooks;
+  hooks.on_step = on_step;
+  run_local_job(a, o, cfg, hooks, lost);
+}
+
+int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
+                  const coordinator_hooks& given, std::vector<int>* lost) {
   if (o.collectives == dp_collectives::device) {
     if (a.device != "auto" && a.device != "cuda")
       throw std::invalid_argument("--collectives device puts local rank r on GPU r: give --device cuda (or auto), not " +
@@ -366,8 +387,20 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
       }
     }
   });
+  coordinator_hooks hooks = given;
+  if (a.json)
+    hooks.on_roster = [&, then = given.on_roster](const std::vector<train_peer>& peers) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const train_peer& p : peers)
+        list.push_back({{"rank", p.rank}, {"label", o.layout.label(p.rank)}, {"pid", ranks.pid(p.rank)},
+                        {"endpoint", p.endpoint}});
+      std::printf("%s\n", nlohmann::json{{"event", "ranks"}, {"layout", o.layout.describe()}, {"ranks", list}}.dump().c_str());
+      std::fflush(stdout);
+      if (then) then(peers);
+    };
+  int last = 0;
   try {
-    run_train_coordinator(*n, o, cfg, on_step, inbox);
+    last = run_train_coordinator(*n, o, cfg, hooks, inbox);
   } catch (...) {
     over = true;
     watcher.join();
@@ -388,6 +421,7 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
   // hurries the stragglers.
   ranks.wait_all(std::chrono::seconds(10));
   ranks.stop();
+  return last;
 }
 
 void use_plan(const schedule::cluster_description& cluster, const schedule::plan& p, dist_train_options& o,
@@ -475,6 +509,8 @@ int run_distributed_train(train_args a) {
   o.optimizer.loss_scale = loss_scaling_of(a, o.compute);
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_every = a.checkpoint_every;
+  if (a.probe_every < 0) throw std::invalid_argument("--probe-every must be >= 0");
+  o.probe_every = a.probe_every;
   o.resume = a.resume;
   o.save_dir = a.save;
   o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000));
@@ -520,7 +556,7 @@ int run_distributed_train(train_args a) {
     std::fprintf(stderr, "cluster %s: %d workers; ", planned->cluster.name.c_str(), planned->cluster.size());
     print_plan(stderr, planned->cluster, planned->plan);
   }
-  return launch_local(a, o, cfg, planned ? &planned->cluster : nullptr);
+  return launch_local(a, o, cfg, planned ? &planned->cluster : nullptr, planned ? &planned->plan : nullptr);
 }
 
 }  // namespace corolla::app

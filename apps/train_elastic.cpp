@@ -9,9 +9,19 @@
 // and the hyper-parameters never change, so the losses are those of the
 // failure-free run up to the reduction order.
 //
-// This is the checkpoint-restart path of issue 20 (what the elastic
-// scheduler falls back to when a failure takes state that exists nowhere
-// else); re-planning in place from replicas' memory is not built yet.
+// With --cluster and --probe-every it also re-plans when a link changes
+// under the job: the ranks' measured link rates go into the cluster
+// description (schedule::with_measurements), and when
+// schedule::advise_replan says another plan pays off, the coordinator
+// drains the job at a step boundary (a committed checkpoint there) and the
+// new plan continues from it: no step is lost or replayed.
+//
+// A failure takes the checkpoint-restart path of issue 20 (what the
+// elastic scheduler falls back to when a failure takes state that exists
+// nowhere else); re-planning in place from replicas' memory is not built yet.
+#include <stdlib.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -28,6 +38,7 @@
 #include "apps/train_args.hpp"
 #include "schedule/cluster.hpp"
 #include "schedule/regrid.hpp"
+#include "schedule/replan.hpp"
 
 namespace corolla::app {
 
@@ -46,6 +57,9 @@ std::string labels(const train_layout& l, const std::vector<int>& ranks) {
 /// One re-plan, printed once the new grid completes its first step (so
 /// that its time is the whole recovery: from the failure to the next step).
 struct replan_event {
+  /// Non-empty for a planned re-plan: the measured links that changed.
+  std::vector<std::string> links;
+  double predicted_from_s = 0, predicted_to_s = 0;  ///< the cost model's step, as running and re-planned
   std::string reason;
   std::vector<int> lost;
   std::string lost_labels, from, to;
@@ -62,6 +76,11 @@ struct replan_event {
                         {"resume_from", resume_step}, {"replayed_steps", std::max(0, last_done - resume_step)},
                         {"bytes", bytes},          {"completed", completed}};
     if (completed) j["seconds"] = seconds;
+    if (!links.empty()) {
+      j["reason"] = "links changed";
+      j["links"] = links;
+      j["predicted_step_s"] = {predicted_from_s, predicted_to_s};
+    }
     return j;
   }
 
@@ -69,6 +88,16 @@ struct replan_event {
     const double seconds = std::chrono::duration<double>(clock_type::now() - failed_at).count();
     if (a.json) {
       std::printf("%s\n", json(seconds, completed).dump().c_str());
+    } else if (!links.empty()) {
+      std::string changed;
+      for (const std::string& l : links) changed += (changed.empty() ? "" : "; ") + l;
+      std::printf("replan: %s; %s -> %s, predicted %.3g s -> %.3g s per step; stopped after step %d, 0 step(s) "
+                  "replayed, %.3g MB moved",
+                  changed.c_str(), from.c_str(), to.c_str(), predicted_from_s, predicted_to_s, resume_step, bytes / 1e6);
+      if (completed)
+        std::printf("; next step done %.2f s after the drain\n", seconds);
+      else
+        std::printf("; failed before its first step\n");
     } else {
       std::printf("replan: lost %s (%s); %s -> %s, %d %s left; continued from %s, %d step(s) replayed, %.3g MB read",
                   lost_labels.c_str(), reason.c_str(), from.c_str(), to.c_str(), ranks_left, left_unit,
@@ -86,13 +115,33 @@ struct replan_event {
 }  // namespace
 
 int launch_local_elastic(const train_args& a, dist_train_options o, const model_config& cfg,
-                         const schedule::cluster_description* cluster) {
+                         const schedule::cluster_description* cluster, const schedule::plan* plan) {
   if (o.collectives == dp_collectives::device)
     throw std::invalid_argument("--elastic re-plans host collectives only (NCCL groups are fixed at start): use "
                                 "--collectives host");
-  // With --cluster: the machines still there, which the planner plans on again.
+  // With --cluster: the machines still there, which the planner plans on
+  // again, with the links measured so far; and the plan running on them.
   std::optional<schedule::cluster_description> machines;
+  std::optional<schedule::plan> running;
   if (cluster) machines = *cluster;
+  if (cluster && plan) running = *plan;
+  const bool probing = running && o.probe_every > 0;
+  // A drain writes a checkpoint where the next plan starts: without
+  // --checkpoint-dir, a private one that goes with the job.
+  struct private_dir {
+    fs::path path;
+    ~private_dir() {
+      std::error_code ec;
+      if (!path.empty()) fs::remove_all(path, ec);
+    }
+  } drains;
+  if (probing && o.checkpoint_dir.empty()) {
+    std::string name = (fs::temp_directory_path() / "corolla-drain-XXXXXX").string();
+    if (!::mkdtemp(name.data())) throw std::runtime_error("cannot create a directory in " + fs::temp_directory_path().string());
+    drains.path = name;
+    o.checkpoint_dir = drains.path;
+  }
+  const schedule::training_setup setup = training_setup_of(a);
   const bool uniform_links = !o.link_profiles.empty();
   const std::string link_profile = uniform_links ? o.link_profiles.back() : std::string();
   const auto start = clock_type::now();
@@ -101,28 +150,89 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   double last_loss = 0;
   std::optional<replan_event> pending;
   nlohmann::json replans = nlohmann::json::array();
+  // The measured cost of switching grids: from starting one to its first
+  // step (rank processes, joins, a restore, one step).
+  double switch_s = 0;
+  clock_type::time_point grid_started;
+  bool grid_stepped = false;
+  std::optional<replan_event> drained;  // what the drain asked for is for
+  std::optional<schedule::plan> next_plan;
+  schedule::link_watch watch;  // a link counts as changed when probes in a row agree
+
+  coordinator_hooks hooks;
+  hooks.on_step = [&](const dist_step_report& r) {
+    if (!grid_stepped) {
+      grid_stepped = true;
+      switch_s = std::max(switch_s, std::chrono::duration<double>(clock_type::now() - grid_started).count());
+    }
+    if (pending) {
+      pending->print(a, true);
+      replans.push_back(pending->json(std::chrono::duration<double>(clock_type::now() - pending->failed_at).count(), true));
+      pending.reset();
+    }
+    if (r.step <= printed) return;
+    printed = r.step;
+    ++steps_run;
+    last_loss = r.loss;
+    print_step(a, o, r);
+  };
+  if (probing)
+    hooks.drain = [&](const dist_step_report& r) {
+      if (r.links.empty()) return false;
+      auto worker_of = [&](int rank) {
+        const std::string& name = o.layout.worker_names.at(static_cast<std::size_t>(rank));
+        for (const auto& w : machines->workers)
+          if (w.name == name) return w.rank;
+        return -1;
+      };
+      std::vector<schedule::link_measurement> seen;
+      for (const auto& l : r.links)
+        if (const int x = worker_of(l.from), y = worker_of(l.to); x >= 0 && y >= 0) seen.push_back({x, y, l.bytes_per_s});
+      std::vector<std::string> changes;
+      machines = schedule::with_measurements(*machines, watch.sustained(*machines, seen), {}, &changes);
+      if (changes.empty()) return false;
+      for (const std::string& c : changes) std::fprintf(stderr, "elastic: link %s (step %d)\n", c.c_str(), r.step);
+      // The drain stops the job two steps on; the new plan runs the rest.
+      const long left = static_cast<long>(o.steps) - (r.step + 2);
+      const schedule::replan_advice advice = schedule::advise_replan(*machines, *running, cfg, setup, left, switch_s);
+      std::fprintf(stderr, "elastic: %s\n", advice.why.c_str());
+      if (!advice.move) return false;
+      replan_event ev;
+      ev.links = changes;
+      ev.predicted_from_s = advice.current_s;
+      ev.predicted_to_s = advice.next_s;
+      ev.from = o.layout.describe();
+      drained = std::move(ev);
+      next_plan = advice.next;
+      return true;
+    };
   for (;;) {
     std::vector<int> lost;
     try {
-      run_local_job(
-          a, o, cfg,
-          [&](const dist_step_report& r) {
-            if (pending) {
-              pending->print(a, true);
-              replans.push_back(
-                  pending->json(std::chrono::duration<double>(clock_type::now() - pending->failed_at).count(), true));
-              pending.reset();
-            }
-            if (r.step <= printed) return;
-            printed = r.step;
-            ++steps_run;
-            last_loss = r.loss;
-            print_step(a, o, r);
-          },
-          &lost);
-      break;
+      grid_started = clock_type::now();
+      grid_stepped = false;
+      const int last = run_local_job(a, o, cfg, hooks, &lost);
+      if (last >= o.steps) break;
+      // Drained after `last` for a better plan: it continues from there.
+      replan_event ev = std::move(*drained);
+      drained.reset();
+      ev.failed_at = clock_type::now();
+      ev.resume_step = last;
+      ev.last_done = last;
+      use_plan(*machines, *next_plan, o, a.link_profile);
+      running = std::move(next_plan);
+      next_plan.reset();
+      ev.to = o.layout.describe();
+      ev.ranks_left = machines->size();
+      o.resume = true;
+      ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, last));
+      std::fprintf(stderr, "elastic: drained after step %d; re-planned on the measured links: ", last);
+      print_plan(stderr, *machines, *running);
+      pending = std::move(ev);
     } catch (const train_error& e) {
       const auto failed_at = clock_type::now();
+      drained.reset();  // a drain the failure cut short
+      next_plan.reset();
       if (pending) {
         pending->print(a, false);
         replans.push_back(pending->json(0, false));
@@ -160,6 +270,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         const schedule::plan p = plan_on(a, cfg, *machines);
         if (!p.feasible) throw train_error(std::string(e.what()) + "; no feasible plan on the workers left: " + p.reason);
         use_plan(*machines, p, o, a.link_profile);
+        running = p;
         std::fprintf(stderr, "elastic: re-planned on %d worker(s) of %s: ", machines->size(), machines->name.c_str());
         print_plan(stderr, *machines, p);
       } else {

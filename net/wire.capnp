@@ -199,11 +199,18 @@ struct TrainReport {
   loss @2 :Float64;        # last stages: sum of micro-batch losses x rows / global rows
   sumSquares @3 :Float64;  # squared L2 norm of the gradient shards this rank owns
   job @4 :UInt64;
+  links @5 :List(LinkRate); # on probe steps (--probe-every): the rank's links to its higher neighbours
+  struct LinkRate {
+    peer @0 :Int32;         # the neighbour's rank
+    bytesPerS @1 :Float64;  # measured with echoes, both ways averaged; 0 = too fast to tell
+  }
 }
 
 # "train.norm" coordinator -> every rank: the step's global gradient norm.
 # "train.saved" rank -> coordinator: its checkpoint shard of `step` is on disk.
 # "train.done" rank -> coordinator; "train.finish" coordinator -> ranks.
+# "train.drain" coordinator -> every rank: stop after `step` (a checkpoint
+# is written there), the layout is about to change.
 struct TrainStep {
   step @0 :Int64;
   rank @1 :Int32;

@@ -30,7 +30,51 @@ bool same_layout(const plan& a, const plan& b) {
   return true;
 }
 
+enum class verdict { same, slower, back };
+
+/// What measurement `x` says about its link in `c` (`rule`: `c` without
+/// measured links).
+verdict judge(const cluster_description& c, const cluster_description& rule, const link_measurement& x,
+              const replan_policy& policy) {
+  const std::string& a = c.workers[static_cast<std::size_t>(x.from)].name;
+  const std::string& b = c.workers[static_cast<std::size_t>(x.to)].name;
+  const link_spec planned = rule.link_between(x.from, x.to);
+  const auto it = c.measured.find({a, b});
+  if (x.bandwidth > 0 && x.bandwidth < policy.slower * planned.bandwidth) {
+    // A small wobble of a link already measured slow is not a change.
+    const bool changed = it == c.measured.end() ||
+                         std::abs(it->second.bandwidth - x.bandwidth) > (1 - policy.slower) * it->second.bandwidth;
+    return changed ? verdict::slower : verdict::same;
+  }
+  return it != c.measured.end() ? verdict::back : verdict::same;
+}
+
+bool valid(const cluster_description& c, const link_measurement& x) {
+  return x.from != x.to && x.from >= 0 && x.to >= 0 && x.from < c.size() && x.to < c.size();
+}
+
 }  // namespace
+
+std::vector<link_measurement> link_watch::sustained(const cluster_description& c, const std::vector<link_measurement>& m,
+                                                    const replan_policy& policy) {
+  cluster_description rule = c;
+  rule.measured.clear();
+  std::vector<link_measurement> out;
+  for (const link_measurement& x : m) {
+    if (!valid(c, x)) continue;
+    std::string a = c.workers[static_cast<std::size_t>(x.from)].name;
+    std::string b = c.workers[static_cast<std::size_t>(x.to)].name;
+    if (b < a) std::swap(a, b);
+    if (judge(c, rule, x, policy) == verdict::same) {
+      streak_.erase({a, b});
+      continue;
+    }
+    if (++streak_[{a, b}] < policy.confirmations) continue;
+    streak_.erase({a, b});
+    out.push_back(x);
+  }
+  return out;
+}
 
 cluster_description with_measurements(const cluster_description& c, const std::vector<link_measurement>& m,
                                        const replan_policy& policy, std::vector<std::string>* changes) {
@@ -38,25 +82,19 @@ cluster_description with_measurements(const cluster_description& c, const std::v
   cluster_description rule = c;
   rule.measured.clear();
   for (const link_measurement& x : m) {
-    if (x.from == x.to || x.from < 0 || x.to < 0 || x.from >= c.size() || x.to >= c.size()) continue;
+    if (!valid(c, x)) continue;
     const std::string& a = c.workers[static_cast<std::size_t>(x.from)].name;
     const std::string& b = c.workers[static_cast<std::size_t>(x.to)].name;
     const link_spec planned = rule.link_between(x.from, x.to);
-    const bool known = out.measured.count({a, b}) > 0;
-    const bool slower = x.bandwidth > 0 && x.bandwidth < policy.slower * planned.bandwidth;
-    if (slower) {
+    const verdict v = judge(out, rule, x, policy);
+    if (v == verdict::slower) {
       const link_spec seen{x.bandwidth, planned.latency};
-      const auto it = out.measured.find({a, b});
-      // A small wobble of a link already measured slow is not a change.
-      const bool changed = it == out.measured.end() || std::abs(it->second.bandwidth - x.bandwidth) >
-                                                           (1 - policy.slower) * it->second.bandwidth;
-      if (!changed) continue;
       out.measured[{a, b}] = seen;
       out.measured[{b, a}] = seen;
       if (changes)
         changes->push_back(a + " <-> " + b + ": " + mbit(x.bandwidth) + " measured, " + mbit(planned.bandwidth) +
                            " planned");
-    } else if (known) {
+    } else if (v == verdict::back) {
       out.measured.erase({a, b});
       out.measured.erase({b, a});
       if (changes)

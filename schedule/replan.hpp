@@ -3,7 +3,9 @@
 // description, price the running layout on what was measured, plan again,
 // and say whether moving pays off. Pure: descriptions in, a decision out.
 #pragma once
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.hpp"
@@ -30,6 +32,24 @@ struct replan_policy {
   /// The new plan must save more than this fraction of the restart's cost
   /// on top of it (migration_pays_off's margin).
   double margin = 0.2;
+  /// Probes in a row that must agree before a link counts as changed (a
+  /// busy host makes single echoes slow now and then).
+  int confirmations = 2;
+};
+
+/// Which measurements have said the same thing `policy.confirmations`
+/// times in a row: a link slower than planned (or than measured before),
+/// or one measured slow before that is back. Keeps the streaks between
+/// probes.
+class link_watch {
+ public:
+  /// The measurements of `m` that are sustained changes against `c`; a
+  /// link whose probe says nothing new loses its streak.
+  std::vector<link_measurement> sustained(const cluster_description& c, const std::vector<link_measurement>& m,
+                                          const replan_policy& policy = {});
+
+ private:
+  std::map<std::pair<std::string, std::string>, int> streak_;  ///< by worker names, (lower, higher)
 };
 
 /// `c` with the measurements folded in: a link slower than `policy.slower`

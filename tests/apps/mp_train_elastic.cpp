@@ -6,7 +6,11 @@
 
 #include <signal.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <string>
@@ -14,6 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/corolla.hpp"
+#include "actors/node_control.hpp"
 #include "actors/train_store.hpp"
 #include "tests/apps/train_test_util.hpp"
 #include "tests/support/child_process.hpp"
@@ -169,4 +175,115 @@ TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left a
   REQUIRE(replanned != std::string::npos);
   const std::string plan = err.substr(replanned, err.find("throughput:", replanned) - replanned);
   CHECK(plan.find("eth1/0") == std::string::npos);  // the lost worker (rank 3) is not in it
+}
+
+namespace {
+
+/// Three single-worker nodes on 50 Mbit/s Ethernet, so slow at compute (as
+/// modelled) that the planner takes two of them as data-parallel replicas
+/// (PP 1 x DP 2 on n0/0 and n1/0; n2/0 idle).
+const char* three_nodes_toml = R"(
+name = "three-nodes"
+[nic.ethernet]
+bandwidth_gbps = 0.05
+latency_us = 200
+[[cluster]]
+name = "site"
+  [[cluster.node]]
+  name = "n"
+  count = 3
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.00002
+    memory_gib = 4
+)";
+
+/// The median of the step lines' "seconds" for steps in [first, last].
+double median_seconds(const std::vector<std::string>& lines, int first, int last) {
+  std::vector<double> s;
+  for (const std::string& l : lines) {
+    auto j = nlohmann::json::parse(l, nullptr, false);
+    if (!j.is_object() || !j.contains("step") || !j.contains("seconds")) continue;
+    if (const int step = j["step"]; step >= first && step <= last) s.push_back(j["seconds"]);
+  }
+  REQUIRE_FALSE(s.empty());
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
+}  // namespace
+
+TEST_CASE("--elastic --probe-every: a rank's links throttled mid-run, the job re-plans around it at a step boundary "
+          "without losing a step, steps get faster again, and the losses stay those of one process") {
+  temp_dir_guard tmp("mp-train-elastic-throttle");
+  job j = fresh_gpt2_job(tmp);
+  j.batch = 4;
+  j.steps = 60;
+  std::ofstream(tmp / "three.toml") << three_nodes_toml;
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  // The rank processes obey this token (read from the environment they inherit).
+  const std::string token = "elastic-test-" + std::to_string(::getpid());
+  ::setenv("COROLLA_CONTROL_TOKEN", token.c_str(), 1);
+  child_process launcher = child_process::corolla(train_args(
+      j, {"--cluster", tmp / "three.toml", "--elastic", "--probe-every", "2", "--timeout-s", "60"}));
+  ::unsetenv("COROLLA_CONTROL_TOKEN");
+  REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks")"), std::chrono::seconds(60)));
+  // Where rank 1 (n1/0) listens.
+  std::string endpoint;
+  for (const std::string& l : launcher.lines()) {
+    auto e = nlohmann::json::parse(l, nullptr, false);
+    if (e.is_object() && e.value("event", "") == "ranks") {
+      CHECK(e["layout"] == "1x2 [0,4)");
+      for (const auto& r : e["ranks"])
+        if (r["rank"] == 1) endpoint = r["endpoint"];
+    }
+  }
+  REQUIRE_FALSE(endpoint.empty());
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  // Throttle everything rank 1 sends to 1 Mbit/s, through its node's control actor.
+  auto harness = node::start({});
+  if (!harness) FAIL(error_message(harness.error()));
+  auto peer = (*harness)->connect(endpoint);
+  if (!peer) FAIL(error_message(peer.error()));
+  REQUIRE_FALSE(request_reshape(**harness, *peer, token, "bw=1Mbit,lat=200us"));
+  int throttled_from = 0;
+  for (const std::string& l : launcher.lines())
+    if (auto s = nlohmann::json::parse(l, nullptr, false); s.is_object() && s.contains("step")) throttled_from = s["step"];
+  throttled_from += 2;  // a step or so for the reshape to land
+  (*harness)->stop();
+
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  // Every step once, equal to one process's: nothing lost or replayed.
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 1u);
+  const auto& e = events[0];
+  CHECK(e["reason"] == "links changed");
+  REQUIRE(e["links"].size() >= 1u);
+  CHECK(e["links"][0].get<std::string>().find("n1/0") != std::string::npos);
+  CHECK(e["from"] == "1x2 [0,4)");
+  CHECK(e["replayed_steps"] == 0);
+  CHECK(e["completed"] == true);
+  const int drained = e["resume_from"];
+  CHECK(drained > throttled_from);
+  CHECK(e["predicted_step_s"][0].get<double>() > e["predicted_step_s"][1].get<double>());
+  // The new plan no longer reduces gradients over the slow link. (Only
+  // n0/0 <-> n1/0 was probed, so the planner may still pipeline through
+  // n1/0 over its other links, priced at the rule.)
+  const std::string err = launcher.err();
+  const auto replanned = err.find("re-planned on the measured links: plan:");
+  REQUIRE(replanned != std::string::npos);
+  const std::string plan = err.substr(replanned, err.find("throughput:", replanned) - replanned);
+  CHECK(plan.find("n0/0, n1/0") == std::string::npos);
+  CHECK(e["to"] != e["from"]);
+  // Steps after the move are faster than the throttled ones before it.
+  const double slow = median_seconds(launcher.lines(), throttled_from, drained);
+  const double fast = median_seconds(launcher.lines(), drained + 2, j.steps);
+  MESSAGE("median step: " << slow << " s throttled, " << fast << " s after the re-plan (drained after step " << drained
+                          << ")");
+  CHECK(fast < slow);
+  CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
 }

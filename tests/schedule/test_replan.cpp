@@ -150,3 +150,23 @@ TEST_CASE("the scheduler re-plans around a throttled link when it pays, and stay
   CHECK_FALSE(late.move);
   CHECK(late.why.find("staying") != std::string::npos);
 }
+
+TEST_CASE("a link counts as changed only when probes in a row agree") {
+  const cluster_description c = sites();
+  link_watch watch;
+  const link_measurement slow{0, 2, 125e3};
+  CHECK(watch.sustained(c, {slow}).empty());  // once: a busy host, maybe
+  CHECK(watch.sustained(c, {{0, 2, c.link_between(0, 2).bandwidth}}).empty());  // then fine: the streak ends
+  CHECK(watch.sustained(c, {slow}).empty());
+  const auto twice = watch.sustained(c, {{2, 0, 130e3}});  // either end may probe
+  REQUIRE(twice.size() == 1);
+  CHECK(twice[0].bandwidth == doctest::Approx(130e3));
+  // Folded in, the same rate again is no news; its return to the rule is, twice.
+  const cluster_description m = with_measurements(c, twice);
+  CHECK(watch.sustained(m, {slow}).empty());
+  CHECK(watch.sustained(m, {{0, 2, 0}}).empty());
+  CHECK(watch.sustained(m, {{0, 2, 0}}).size() == 1);
+  replan_policy once;
+  once.confirmations = 1;
+  CHECK(link_watch{}.sustained(c, {slow}, once).size() == 1);
+}
