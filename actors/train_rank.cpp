@@ -434,14 +434,19 @@ class rank_runtime {
   /// link is probed from one end), with echoes over the running links. A
   /// link too fast for the payload to tell reports 0; a probe that fails
   /// is left out (the step goes on: a dead peer is the inbox's business).
+  /// The payload is 64 KiB, or about 25 ms at the rate last measured on a
+  /// slower link (at least 8 KiB): a probe of a throttled link costs tens
+  /// of milliseconds, not seconds.
   std::vector<train_link_rate> probe_links() {
     std::vector<train_link_rate> out;
-    link_probe_options po;
-    po.bytes = 64 << 10;
-    po.rounds = 2;
-    po.timeout = std::min(o_.timeout, std::chrono::milliseconds(10000));
     for (int q : neighbours_of(o_.layout, rank_, rings_)) {
       if (q <= rank_) continue;
+      link_probe_options po;
+      po.bytes = 64 << 10;
+      if (const auto last = probe_rates_.find(q); last != probe_rates_.end() && last->second > 0)
+        po.bytes = static_cast<std::size_t>(std::clamp(last->second * 0.025, 8192.0, 65536.0));
+      po.rounds = 2;
+      po.timeout = std::min(o_.timeout, std::chrono::milliseconds(10000));
       auto m = probe_link(node_, comm_->peer_id(q), po);
       if (m) {
         out.push_back({q, m->bps / 8});
@@ -451,7 +456,9 @@ class rank_runtime {
       } else {
         spdlog::warn("{}: cannot probe the link to {}: {}", o_.layout.label(rank_), o_.layout.label(q),
                      error_message(m.error()));
+        continue;
       }
+      probe_rates_[q] = out.back().bytes_per_s;
     }
     return out;
   }
@@ -494,6 +501,7 @@ class rank_runtime {
   bool first_ = false, last_ = false;
   int steps_done_ = 0;
   int last_step_ = 0;  ///< the step this rank stops after: o_.steps, or a drain's
+  std::map<int, double> probe_rates_;  ///< neighbour rank -> the rate last probed (bytes/s; 0 = too fast)
   /// Updated from the coordinator's norm each step, identically on every
   /// rank (and in the coordinator).
   loss_scaler scaler_;

@@ -601,6 +601,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   register_bench_link(bench, action);
   register_bench_interleave(bench, action);
   register_bench_swarm(bench, action);
+  register_bench_elastic(bench, action);
   register_bench_api(bench, action);
   register_bench_attention(bench, action);
   register_bench_update(bench, action);

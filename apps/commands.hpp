@@ -48,6 +48,8 @@ void register_bench_link(CLI::App* bench, action_fn& action);
 void register_bench_interleave(CLI::App* bench, action_fn& action);
 /// `corolla bench gemm`: Backend::linear vs the vendor GEMM called directly (apps/bench_gemm.cpp).
 void register_bench_gemm(CLI::App* bench, action_fn& action);
+/// `corolla bench elastic`: a throttled rank, re-planned on measured links vs the static plan (apps/bench_elastic.cpp).
+void register_bench_elastic(CLI::App* bench, action_fn& action);
 /// `corolla bench swarm`: a 3-server chain on loopback vs local decode (apps/bench_swarm.cpp).
 void register_bench_swarm(CLI::App* bench, action_fn& action);
 /// `corolla bench api`: the OpenAI-compatible API over a local swarm vs the

@@ -20,6 +20,7 @@ struct faultlab_run {
   std::string error;                 ///< why the job failed (when not completed)
   std::vector<std::int32_t> tokens;  ///< swarm: the generated ids
   std::vector<double> losses;        ///< train: loss by step (index step - 1)
+  std::vector<double> step_seconds;  ///< train: each step's wall time as the job reported it (index step - 1)
   double max_stall_s = 0;            ///< longest wait between tokens / steps (from the start too)
   double seconds = 0;
   int recoveries = 0;                ///< swarm failovers, or training re-plans

@@ -19,6 +19,7 @@
 #include "actors/node_control.hpp"
 #include "actors/swarm_client.hpp"
 #include "apps/commands.hpp"
+#include "apps/control_token_env.hpp"
 #include "apps/faultlab.hpp"
 #include "apps/local_swarm.hpp"
 #include "kernels/backend.hpp"
@@ -178,25 +179,6 @@ std::string fire(const fl::fault& f, swarm_state& st, const route_tracker& route
   }
   return what;
 }
-
-/// A control token for one run's servers: they get it in their environment
-/// (COROLLA_CONTROL_TOKEN, read by apps/node_flags.cpp) and obey only it.
-class control_token_env {
- public:
-  control_token_env() {
-    std::random_device rd;
-    static const char hex[] = "0123456789abcdef";
-    for (int i = 0; i < 32; ++i) token_ += hex[rd() % 16];
-    ::setenv("COROLLA_CONTROL_TOKEN", token_.c_str(), 1);
-  }
-  ~control_token_env() { ::unsetenv("COROLLA_CONTROL_TOKEN"); }
-  control_token_env(const control_token_env&) = delete;
-  control_token_env& operator=(const control_token_env&) = delete;
-  const std::string& token() const { return token_; }
-
- private:
-  std::string token_;
-};
 
 }  // namespace
 

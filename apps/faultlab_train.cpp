@@ -1,7 +1,10 @@
 // `corolla faultlab` on a training job: `corolla train ... --json` (with
 // --elastic) as a child process of this binary, its step lines read as they
 // come, and the faults fired on the launcher's rank processes (found by
-// their `--rank K` argument) when the job reaches their step or second.
+// their `--rank K` argument) when the job reaches their step or second:
+// signals for kill, stop and resume; throttle and heal through the rank
+// node's control actor (its endpoint from the job's "ranks" event, the
+// run's control token from the environment the ranks inherit).
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,12 +16,17 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
+#include "actors/corolla.hpp"
+#include "actors/node_control.hpp"
+#include "apps/control_token_env.hpp"
 #include "apps/faultlab.hpp"
 #include "apps/self_process.hpp"
 
@@ -63,28 +71,77 @@ std::map<int, pid_t> ranks_of(pid_t parent) {
   return out;
 }
 
-std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, std::mt19937_64& rng) {
-  const std::map<int, pid_t> ranks = ranks_of(launcher);
+/// What throttle and heal need: the current grid's rank endpoints (from the
+/// job's "ranks" event), which of them are throttled, and a harness node
+/// that reaches their control actors.
+struct rank_control {
+  const control_token_env* token = nullptr;
+  std::map<int, std::string> endpoints;  ///< rank -> where its node listens
+  std::set<int> throttled;
+  std::unique_ptr<node> harness;
+
+  /// Reshapes what rank `r` sends: "" on success, else why not.
+  std::string reshape(int r, const std::string& profile) {
+    if (!harness) {
+      auto n = node::start([] {
+        node_options o;
+        o.listen = "";
+        return o;
+      }());
+      if (!n) return "cannot start faultlab's node: " + error_message(n.error());
+      harness = std::move(*n);
+    }
+    connect_options co;
+    co.timeout = std::chrono::seconds(5);
+    auto peer = harness->connect(endpoints.at(r), co);
+    if (!peer) return error_message(peer.error());
+    const caf::error err = request_reshape(*harness, *peer, token->token(), profile);
+    return err ? error_message(err) : std::string();
+  }
+};
+
+/// The rank fault `f` hits among `candidates` (rank -> anything), or -1.
+template <class Map>
+int pick(const fl::fault& f, const Map& candidates, std::mt19937_64& rng) {
+  if (candidates.empty()) return -1;
+  if (f.whom.k == fl::target::kind::rank) return candidates.count(f.whom.index) ? f.whom.index : -1;
+  std::uniform_int_distribution<std::size_t> d(0, candidates.size() - 1);
+  return std::next(candidates.begin(), static_cast<std::ptrdiff_t>(d(rng)))->first;
+}
+
+std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, std::mt19937_64& rng,
+                 rank_control& control) {
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
-  std::vector<std::pair<int, pid_t>> candidates;
+  if (f.what == fl::action::throttle || f.what == fl::action::heal) {
+    std::map<int, bool> candidates;
+    for (const auto& [r, endpoint] : control.endpoints)
+      if ((f.what == fl::action::heal) == (control.throttled.count(r) > 0)) candidates[r] = true;
+    const int r = pick(f, candidates, rng);
+    if (r < 0) return what + ": no such rank " + (f.what == fl::action::heal ? "throttled " : "") + "now (skipped)";
+    const std::string profile = f.what == fl::action::throttle ? f.profile : std::string();
+    if (std::string err = control.reshape(r, profile); !err.empty())
+      return what + ": rank " + std::to_string(r) + " refused (" + err + ")";
+    if (f.what == fl::action::throttle)
+      control.throttled.insert(r);
+    else
+      control.throttled.erase(r);
+    return what + " (rank " + std::to_string(r) +
+           (profile.empty() ? ", back to its own shaping)" : ", sends shaped " + profile + ")");
+  }
+  const std::map<int, pid_t> ranks = ranks_of(launcher);
+  std::map<int, pid_t> candidates;
   for (const auto& [r, pid] : ranks) {
     const bool is_stopped = stopped.count(pid) > 0;
-    if (f.what == fl::action::resume ? is_stopped : !is_stopped) candidates.emplace_back(r, pid);
+    if (f.what == fl::action::resume ? is_stopped : !is_stopped) candidates[r] = pid;
   }
-  std::pair<int, pid_t> hit{-1, -1};
-  if (f.whom.k == fl::target::kind::rank) {
-    for (const auto& c : candidates)
-      if (c.first == f.whom.index) hit = c;
-  } else if (!candidates.empty()) {
-    std::uniform_int_distribution<std::size_t> d(0, candidates.size() - 1);
-    hit = candidates[d(rng)];
-  }
-  if (hit.second < 0) return what + ": no such rank process now (skipped)";
+  const int r = pick(f, candidates, rng);
+  if (r < 0) return what + ": no such rank process now (skipped)";
+  const pid_t pid = candidates.at(r);
   const int sig = f.what == fl::action::kill ? SIGKILL : f.what == fl::action::stop ? SIGSTOP : SIGCONT;
-  ::kill(hit.second, sig);
-  if (f.what == fl::action::stop) stopped.insert(hit.second);
-  if (f.what == fl::action::resume) stopped.erase(hit.second);
-  return what + " (rank " + std::to_string(hit.first) + ", pid " + std::to_string(hit.second) + ")";
+  ::kill(pid, sig);
+  if (f.what == fl::action::stop) stopped.insert(pid);
+  if (f.what == fl::action::resume) stopped.erase(pid);
+  return what + " (rank " + std::to_string(r) + ", pid " + std::to_string(pid) + ")";
 }
 
 }  // namespace
@@ -110,6 +167,10 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
     return run;
   }
   const std::string err_log = (logs / (inject ? "train-faults.log" : "train-reference.log")).string();
+  // The rank processes inherit the token: throttle and heal use it.
+  const control_token_env token;
+  rank_control control;
+  control.token = &token;
   pid_t pid = -1;
   try {
     pid = spawn_self(args, out[1], err_log);
@@ -146,6 +207,15 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
           const auto j = nlohmann::json::parse(line, nullptr, false);
           if (!j.is_object()) continue;
           if (j.value("event", "") == "replan") ++run.recoveries;
+          if (j.value("event", "") == "ranks" && j.contains("ranks") && j["ranks"].is_array()) {
+            // A new grid: fresh processes, unshaped.
+            control.endpoints.clear();
+            control.throttled.clear();
+            for (const auto& r : j["ranks"])
+              if (r.is_object() && r.value("rank", -1) >= 0 && r.contains("endpoint") && r["endpoint"].is_string())
+                control.endpoints[r["rank"].get<int>()] = r["endpoint"].get<std::string>();
+            continue;
+          }
           if (!j.contains("step") || !j.contains("loss") || j.contains("tokens")) continue;
           if (!j["step"].is_number_integer() || !j["loss"].is_number() || j["step"].get<std::int64_t>() < 1 ||
               j["step"].get<std::int64_t>() > 10000000)
@@ -153,6 +223,9 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
           step = j["step"].get<int>();
           if (static_cast<int>(run.losses.size()) < step) run.losses.resize(static_cast<std::size_t>(step));
           run.losses[static_cast<std::size_t>(step - 1)] = j["loss"].get<double>();
+          if (static_cast<int>(run.step_seconds.size()) < step) run.step_seconds.resize(static_cast<std::size_t>(step));
+          if (j.contains("seconds") && j["seconds"].is_number())
+            run.step_seconds[static_cast<std::size_t>(step - 1)] = j["seconds"].get<double>();
           run.max_stall_s = std::max(run.max_stall_s, std::chrono::duration<double>(now - last).count());
           last = now;
         }
@@ -172,7 +245,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
       const bool due = f.at.k == fl::moment::kind::step ? step >= f.at.value : elapsed >= f.at.value;
       if (fired[i] || !due) continue;
       fired[i] = true;
-      run.events.push_back("step " + std::to_string(step) + ": " + fire(f, pid, stopped, rng));
+      run.events.push_back("step " + std::to_string(step) + ": " + fire(f, pid, stopped, rng, control));
     }
   }
   ::close(out[0]);

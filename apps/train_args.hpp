@@ -122,7 +122,7 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
 /// As above with the coordinator's hooks (a drain: the return value is the
 /// step the job stopped after). With --json, once every rank joined, one
 /// line `{"event": "ranks", "layout", "ranks": [{"rank", "label", "pid",
-/// "endpoint"}]}` says which process is which rank and where its node
+/// "endpoint", "worker" (--cluster)}]}` says which process is which rank and where its node
 /// listens (what a harness needs to shape or kill one).
 int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                   const coordinator_hooks& hooks, std::vector<int>* lost = nullptr);

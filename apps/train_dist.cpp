@@ -392,8 +392,13 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
     hooks.on_roster = [&, then = given.on_roster](const std::vector<train_peer>& peers) {
       nlohmann::json list = nlohmann::json::array();
       for (const train_peer& p : peers)
-        list.push_back({{"rank", p.rank}, {"label", o.layout.label(p.rank)}, {"pid", ranks.pid(p.rank)},
-                        {"endpoint", p.endpoint}});
+      {
+        nlohmann::json r = {{"rank", p.rank}, {"label", o.layout.label(p.rank)}, {"pid", ranks.pid(p.rank)},
+                            {"endpoint", p.endpoint}};
+        if (static_cast<std::size_t>(p.rank) < o.layout.worker_names.size())
+          r["worker"] = o.layout.worker_names[static_cast<std::size_t>(p.rank)];  // --cluster: the machine it stands for
+        list.push_back(r);
+      }
       std::printf("%s\n", nlohmann::json{{"event", "ranks"}, {"layout", o.layout.describe()}, {"ranks", list}}.dump().c_str());
       std::fflush(stdout);
       if (then) then(peers);

@@ -169,8 +169,6 @@ class reader {
         fail(origin_, &t, where + "target: a training job's faults hit \"rank K\" or \"random rank\"");
       if (f.what == action::restart)
         fail(origin_, &t, where + "do: restart is for swarm servers; a lost rank is replaced by --elastic's re-plan");
-      if (f.what == action::throttle || f.what == action::heal)
-        fail(origin_, &t, where + "do: " + to_string(f.what) + " is built for swarm servers only so far");
     } else {
       if (f.whom.k == tk::rank || f.whom.k == tk::random_rank)
         fail(origin_, &t, where + "target: a swarm's faults hit \"server K\", \"route.hop K\" or \"random server\"");

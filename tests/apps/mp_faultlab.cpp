@@ -175,6 +175,49 @@ max_stall_s = 60
   CHECK(r.out.find("PASS") != std::string::npos);
 }
 
+TEST_CASE("faultlab: a training rank throttled through its control actor, the elastic job re-plans on the measured "
+          "link and keeps the reference's losses") {
+  temp_dir_guard tmp("faultlab-train-throttle");
+  train_test::job j = train_test::fresh_gpt2_job(tmp);
+  // Three single-worker nodes on 50 Mbit/s: the planner runs 1x2 on n0/0, n1/0.
+  std::ofstream(tmp / "three.toml") << R"(name = "three-nodes"
+[nic.ethernet]
+bandwidth_gbps = 0.05
+latency_us = 200
+[[cluster]]
+name = "site"
+  [[cluster.node]]
+  name = "n"
+  count = 3
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.00002
+    memory_gib = 4
+)";
+  std::ofstream(tmp / "t.toml") << "name = \"a slow uplink\"\n[train]\nmodel = \"" << j.model.string() << "\"\ndata = \""
+                                << j.data.string() << "\"\nlayout = \"--cluster " << (tmp / "three.toml").string() << R"("
+args = "--batch 4 --seq 8 --steps 40 --lr 0.003 --threads 1 --probe-every 2"
+checkpoint_every = 0
+[[fault]]
+at = "step 4"
+do = "throttle"
+target = "rank 1"
+profile = "bw=1Mbit,lat=200us"
+[expect]
+same_losses_as_reference = true
+max_stall_s = 60
+)";
+  const auto [report, status] = faultlab(tmp / "t.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["losses"].size() == 40u);
+  CHECK(report["faulted"]["recoveries"] == 1);  // the re-plan on the measured link
+  REQUIRE(events(report).size() == 1u);
+  CHECK(events(report)[0].find("throttle rank 1 (rank 1, sends shaped bw=1Mbit,lat=200us)") != std::string::npos);
+}
+
 TEST_CASE("faultlab: bad scenarios and flags are one error line") {
   temp_dir_guard tmp("faultlab-bad");
   std::ofstream(tmp / "bad.toml") << "[swarm]\nmodel = 'm'\nservers = ['0:2']\n[[fault]]\nat = 'step 2'\ndo = 'kill'\n";

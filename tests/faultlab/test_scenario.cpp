@@ -100,6 +100,15 @@ TEST_CASE("a throttle carries its link profile and a heal needs none") {
   CHECK(s.swarm->link.empty());
   CHECK(parse_scenario("[swarm]\nmodel='m'\nservers=['0:2']\nlink='wan,lat=10ms'\n", "s.toml").swarm->link == "wan,lat=10ms");
   CHECK(s.faults[1].profile.empty());
+  // Training ranks too.
+  const scenario t = parse_scenario(
+      "[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='throttle'\ntarget='rank 1'\nprofile='bw=1Mbit'\n"
+      "[[fault]]\nat='step 9'\ndo='heal'\n",
+      "t.toml");
+  REQUIRE(t.faults.size() == 2u);
+  CHECK(t.faults[0].what == action::throttle);
+  CHECK(t.faults[0].whom.k == target::kind::rank);
+  CHECK(t.faults[1].whom.k == target::kind::random_rank);
 }
 
 TEST_CASE("scenario mistakes are one error naming the key") {
@@ -115,7 +124,7 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\nlink='fast'\n").find("swarm.link: ") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='throttle'\nprofile='bw=fast'\n").find("profile: ") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='kill'\nprofile='bw=1Mbit'\n").find("profile is only for do = \"throttle\"") != std::string::npos);
-  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='throttle'\nprofile='bw=1Mbit'\ntarget='rank 1'\n").find("built for swarm servers only") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='throttle'\ntarget='rank 1'\n").find("a throttle needs the link profile") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='soon'\ndo='kill'\n").find("'soon' is not") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='join'\n").find("a join needs the new server's blocks") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='server 1'\n").find("\"rank K\" or \"random rank\"") != std::string::npos);

@@ -1,0 +1,194 @@
+// corolla bench elastic — what re-planning on measured links saves. A job on
+// three single-worker nodes (50 Mbit/s Ethernet; the planner runs 1x2 on
+// two of them) whose rank 1 has everything it sends throttled mid-run, run
+// twice in the same invocation through faultlab's training runner: with
+// --probe-every (the job measures the link, drains at a step boundary and
+// continues on a plan around it) and without (a static plan, as Holmes,
+// Megatron-LM or TorchElastic keep while no rank dies). Both runs must
+// compute the same losses; the figures are the wall time after the
+// throttle and the median step time once the re-planned job runs.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.hpp"
+#include "apps/faultlab.hpp"
+#include "model/config.hpp"
+#include "model/error.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace fl = faultlab;
+
+struct elastic_bench_options {
+  int steps = 60;
+  int throttle_step = 4;
+  int probe_every = 2;
+  std::string profile = "bw=1Mbit,lat=200us";
+  bool json = false;
+};
+
+const char* bench_cluster_toml = R"(name = "three-nodes"
+[nic.ethernet]
+bandwidth_gbps = 0.05
+latency_us = 200
+[[cluster]]
+name = "site"
+  [[cluster.node]]
+  name = "n"
+  count = 3
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.00002
+    memory_gib = 4
+)";
+
+/// GPT-2 shaped, 4 blocks of width 32: small enough that two cores keep up
+/// with three ranks and the links set the pace.
+model_config bench_model() {
+  model_config c;
+  c.arch = architecture::gpt2;
+  c.hf_architecture = "GPT2LMHeadModel";
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.n_layers = 4;
+  c.n_heads = 4;
+  c.n_kv_heads = 4;
+  c.head_dim = 8;
+  c.intermediate_size = 48;
+  c.max_positions = 64;
+  c.tie_embeddings = true;
+  return c;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double sum_from(const std::vector<double>& v, int first_step) {
+  double s = 0;
+  for (std::size_t i = static_cast<std::size_t>(std::max(0, first_step - 1)); i < v.size(); ++i) s += v[i];
+  return s;
+}
+
+int run_bench_elastic(const elastic_bench_options& o) {
+  if (o.steps < o.throttle_step + 10)
+    throw std::invalid_argument("--steps must leave at least 10 steps after --throttle-step");
+  const fs::path scratch = fs::temp_directory_path() / ("corolla-bench-elastic-" + std::to_string(::getpid()));
+  struct cleanup {
+    fs::path p;
+    ~cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } guard{scratch};
+  fs::create_directories(scratch / "model");
+  std::ofstream(scratch / "model" / "config.json") << to_hf_json(bench_model()).dump(2) << '\n';
+  {
+    std::vector<std::uint16_t> ids(4000);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::uint16_t>((i * 7 + i / 5) % 64);
+    std::ofstream f(scratch / "tokens.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 2));
+  }
+  std::ofstream(scratch / "three.toml") << bench_cluster_toml;
+
+  auto scenario = [&](bool probe) {
+    fl::scenario s;
+    s.name = probe ? "re-planned" : "static";
+    fl::train_job j;
+    j.model = (scratch / "model").string();
+    j.data = (scratch / "tokens.bin").string();
+    j.args = "--batch 4 --seq 8 --lr 0.003 --threads 1 --steps " + std::to_string(o.steps) +
+             (probe ? " --probe-every " + std::to_string(o.probe_every) : std::string());
+    j.layout = "--cluster " + (scratch / "three.toml").string();
+    j.elastic = true;
+    j.checkpoint_every = 0;
+    s.train = j;
+    fl::fault f;
+    f.at = {fl::moment::kind::step, static_cast<double>(o.throttle_step)};
+    f.what = fl::action::throttle;
+    f.whom = {fl::target::kind::rank, 1};
+    f.profile = o.profile;
+    s.faults = {f};
+    return s;
+  };
+  std::mt19937_64 rng(1);
+  std::fprintf(stderr, "bench elastic: %d steps on three-nodes (1x2 planned), rank 1 throttled to %s at step %d; "
+                       "static plan, then --probe-every %d\n",
+               o.steps, o.profile.c_str(), o.throttle_step, o.probe_every);
+  const faultlab_run fixed = run_train_scenario(scenario(false), true, rng, scratch / "static");
+  const faultlab_run moved = run_train_scenario(scenario(true), true, rng, scratch / "replanned");
+  for (const faultlab_run* r : {&fixed, &moved})
+    if (!r->completed) throw model_error("bench elastic: a run failed: " + r->error);
+  double worst = 0;
+  for (std::size_t i = 0; i < std::min(fixed.losses.size(), moved.losses.size()); ++i)
+    worst = std::max(worst, std::abs(fixed.losses[i] - moved.losses[i]) / std::max(1e-12, std::abs(fixed.losses[i])));
+  const int after = o.throttle_step + 1;
+  const double fixed_after = sum_from(fixed.step_seconds, after), moved_after = sum_from(moved.step_seconds, after);
+  const int tail_from = std::max(after, o.steps - 10);  // the last ten steps: long after any re-plan
+  auto tail = [tail_from](const std::vector<double>& v) {
+    const std::size_t from = std::min(v.size(), static_cast<std::size_t>(tail_from - 1));
+    return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(from), v.end());
+  };
+  const std::vector<double> fixed_tail = tail(fixed.step_seconds), moved_tail = tail(moved.step_seconds);
+  const double speedup = moved_after > 0 ? fixed_after / moved_after : 0;
+  nlohmann::json j = {{"bench", "elastic"},
+                      {"steps", o.steps},
+                      {"throttle", o.profile},
+                      {"throttle_step", o.throttle_step},
+                      {"probe_every", o.probe_every},
+                      {"static_s_after_throttle", fixed_after},
+                      {"replanned_s_after_throttle", moved_after},
+                      {"speedup", speedup},
+                      {"static_median_step_s", median(fixed_tail)},
+                      {"replanned_median_step_s", median(moved_tail)},
+                      {"replans", moved.recoveries},
+                      {"max_loss_rel_diff", worst}};
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("static plan:   %.2f s for steps %d..%d, median of the last ten steps %.3f s\n", fixed_after, after,
+                o.steps, median(fixed_tail));
+    std::printf("re-planned:    %.2f s for steps %d..%d, median of the last ten steps %.3f s (%d re-plan%s)\n",
+                moved_after, after, o.steps, median(moved_tail), moved.recoveries, moved.recoveries == 1 ? "" : "s");
+    std::printf("speedup after the throttle: %.2fx; losses equal within %.1e relative\n", speedup, worst);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_elastic(CLI::App* bench, action_fn& action) {
+  static elastic_bench_options o;
+  auto* cmd = bench->add_subcommand(
+      "elastic", "A rank's uplink throttled mid-run: the job re-planned on measured links vs the static plan");
+  cmd->add_option("--steps", o.steps, "Steps of each run")->check(CLI::Range(14, 100000))->capture_default_str();
+  cmd->add_option("--throttle-step", o.throttle_step, "Step after which rank 1 is throttled")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_option("--probe-every", o.probe_every, "Probe period of the re-planned run")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--profile", o.profile, "What rank 1's sends are shaped to (net/shaping.hpp syntax)")
+      ->capture_default_str();
+  cmd->add_flag("--json", o.json, "Print only the JSON result line");
+  cmd->callback([&action] { action = [] { return run_bench_elastic(o); }; });
+}
+
+}  // namespace corolla::app
