@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "actors/swarm_records.hpp"
 #include "schedule/swarm.hpp"
 
 namespace corolla::api {
@@ -65,7 +66,7 @@ json swarm_view_json(const std::string& model, int n_blocks, const std::vector<n
                     {"public_key", r.public_key}});
     if (r.state == net::member_state::online) online.push_back(r);
   }
-  const swarm::swarm_state state = net::to_swarm_state(n_blocks, online);
+  const swarm::swarm_state state = to_swarm_state(n_blocks, online);
   const std::vector<int> coverage = swarm::online_coverage(state);
   const std::vector<double> throughput = swarm::block_throughputs(state);
   const bool complete = n_blocks > 0 && std::all_of(coverage.begin(), coverage.end(), [](int c) { return c > 0; });

@@ -19,6 +19,7 @@
 #include "actors/corolla.hpp"
 #include "actors/link_probe.hpp"
 #include "actors/span_server.hpp"
+#include "actors/swarm_records.hpp"
 #include "actors/swarm_wire.hpp"
 #include "api/server_metrics.hpp"
 #include "apps/commands.hpp"
@@ -237,7 +238,7 @@ void drain(node& n, const caf::actor& server, const sigset_t& stop_signals, std:
 std::pair<int, int> choose_span(net::membership& members, const std::string& model, const std::string& self,
                                 int n_blocks, int num_blocks) {
   const auto records = members.get_span(model, 0, n_blocks);
-  auto c = swarm::choose_blocks(net::to_swarm_state(n_blocks, records), num_blocks, 0.0, self);
+  auto c = swarm::choose_blocks(to_swarm_state(n_blocks, records), num_blocks, 0.0, self);
   if (!c) throw std::runtime_error("cannot choose blocks: " + c.error().message);
   spdlog::info("serve: {} record(s) of {} in the DHT; the weakest window of {} block(s) is {} (swarm throughput {} -> "
                "more once this server is online)",
@@ -385,7 +386,7 @@ int run_serve(const serve_args& a) {
     if (a.rebalance_period_s <= 0 || now < next_check) continue;
     next_check = next_period();
     const auto records = members->get_span(so.model, 0, cfg.n_layers);
-    const auto d = swarm::should_move(net::to_swarm_state(cfg.n_layers, records), n.id());
+    const auto d = swarm::should_move(to_swarm_state(cfg.n_layers, records), n.id());
     spdlog::debug("serve: rebalancing check: {} ({})", swarm::to_string(d.reason), d.explanation);
     if (!d.move) continue;
     spdlog::info("serve: moving from {} to {}: {}", swarm::to_string(d.current), swarm::to_string(d.target),

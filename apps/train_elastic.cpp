@@ -150,8 +150,9 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   double last_loss = 0;
   std::optional<replan_event> pending;
   nlohmann::json replans = nlohmann::json::array();
-  // The measured cost of switching grids: from starting one to its first
-  // step (rank processes, joins, a restore, one step).
+  // The measured cost of switching grids: the longest from starting one to
+  // its first step (rank processes, joins, a restore, one step), or from a
+  // drain or failure to the next grid's first step.
   double switch_s = 0;
   clock_type::time_point grid_started;
   bool grid_stepped = false;
@@ -166,9 +167,11 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       switch_s = std::max(switch_s, std::chrono::duration<double>(clock_type::now() - grid_started).count());
     }
     if (pending) {
+      const double took = std::chrono::duration<double>(clock_type::now() - pending->failed_at).count();
       pending->print(a, true);
-      replans.push_back(pending->json(std::chrono::duration<double>(clock_type::now() - pending->failed_at).count(), true));
+      replans.push_back(pending->json(took, true));
       pending.reset();
+      switch_s = std::max(switch_s, took);  // a whole switch, drain or restore included
     }
     if (r.step <= printed) return;
     printed = r.step;

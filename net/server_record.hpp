@@ -17,7 +17,6 @@
 #include <caf/expected.hpp>
 #include <caf/sec.hpp>
 
-#include "schedule/swarm.hpp"
 
 namespace corolla::net {
 
@@ -140,13 +139,5 @@ std::vector<server_record> newest_per_server(std::vector<server_record> records)
 /// Merges per-block views into one list of distinct records: one per
 /// (node id, span), the newest, ordered by (node id, span.start).
 std::vector<server_record> merge_spans(const std::vector<std::vector<server_record>>& per_block);
-
-/// The swarm as schedule/ sees it: node_id -> id, span, state, throughput,
-/// cache, step time, rtt_ms / 1000 -> rtt_s. OFFLINE records are left out
-/// (every algorithm ignores them). Spans are clipped to [0, n_blocks) and
-/// records outside are dropped. Where records of one server overlap (a move
-/// in progress seen half-propagated), the newest wins and older overlapping
-/// ones are dropped, so swarm::validate's no-overlap rule holds.
-swarm::swarm_state to_swarm_state(int n_blocks, const std::vector<server_record>& records);
 
 }  // namespace corolla::net

@@ -278,28 +278,6 @@ TEST_CASE("the newest record per server wins, and spans merge one record per ser
   CHECK(merged[2].node_id == "b");
 }
 
-TEST_CASE("membership records convert to the swarm description of schedule/") {
-  auto a = stamped(make_record("m", "a", {0, 4}, member_state::online), 10, 1000);
-  auto a_old = stamped(make_record("m", "a", {2, 6}, member_state::joining), 3, 900);  // overlaps a newer record
-  auto b = stamped(make_record("m", "b", {4, 12}, member_state::joining), 7, 1000);       // clipped to 8 blocks
-  auto c = stamped(make_record("m", "c", {0, 8}, member_state::offline), 9, 1000);        // offline: left out
-  auto d = stamped(make_record("m", "d", {9, 10}), 9, 1000);                              // outside: dropped
-  auto s = to_swarm_state(8, {a_old, b, c, a, d});
-  CHECK(s.n_blocks == 8);
-  REQUIRE(s.servers.size() == 2);
-  const auto& sa = s.servers[0];
-  CHECK(sa.id == "a");
-  CHECK(sa.span == swarm::block_span{0, 4});
-  CHECK(sa.state == swarm::server_state::online);
-  CHECK(sa.throughput == doctest::Approx(120.5));
-  CHECK(sa.cache_tokens_left == 4096);
-  CHECK(sa.step_s_per_block == doctest::Approx(0.002));
-  CHECK(sa.rtt_s.at("next-b") == doctest::Approx(0.01225));
-  CHECK(s.servers[1].id == "b");
-  CHECK(s.servers[1].span == swarm::block_span{4, 8});
-  CHECK(s.servers[1].state == swarm::server_state::joining);
-}
-
 // ---- membership over OpenDHT ------------------------------------------------------
 
 TEST_CASE("membership start rejects bad options and an unreachable bootstrap node") {
