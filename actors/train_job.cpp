@@ -183,11 +183,13 @@ class coordinator {
         dist_step_report r;
         r.step = step;
         double sum_squares = 0;
+        r.compute_s.assign(static_cast<std::size_t>(world_), 0.0);
         for (int rank = 0; rank < world_; ++rank) {
           auto rep = decode_train_report(take(train_msg::report, step, rank, "report of step " + std::to_string(step)));
           if (!rep) throw train_error("bad report from " + o_.layout.label(rank) + ": " + error_message(rep.error()));
           r.loss += rep->loss;
           sum_squares += rep->sum_squares;
+          r.compute_s[static_cast<std::size_t>(rank)] = rep->compute_s;
           for (const train_link_rate& l : rep->links)
             if (l.peer > rank && l.peer < world_) r.links.push_back({rank, l.peer, l.bytes_per_s});
         }

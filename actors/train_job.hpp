@@ -194,6 +194,9 @@ struct dist_step_report {
     double bytes_per_s = 0;  ///< both ways averaged; 0 = too fast to tell
   };
   std::vector<link_rate> links;
+  /// Each rank's seconds inside its stage's forward and backward this
+  /// step (0 = not measured: device ranks).
+  std::vector<double> compute_s;
 };
 
 /// Where a rank gets its parameters: only the blocks of its stage (and the

@@ -255,6 +255,7 @@ class rank_runtime {
 
   void run_step(const std::vector<schedule::instruction>& program, int step) {
     handed_ = 0;
+    compute_s_ = 0;
     data_.next_batch(o_.batch, o_.seq, ids_, targets_);
     compute_->begin_step(ids_, targets_);
     const train_layout& l = o_.layout;
@@ -282,9 +283,12 @@ class rank_runtime {
           flight[key].x = to_compute(x.view({rows, D}));
           break;
         }
-        case pipeline_op::forward:
+        case pipeline_op::forward: {
+          const auto t0 = std::chrono::steady_clock::now();
           compute_->forward(k, c, v, flight[key]);
+          compute_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           break;
+        }
         case pipeline_op::send_act:
           comm_->send(l.rank_of((v + 1) % l.pp, replica_), train_msg::act, {step, index(k, v + 1), 0, rank_},
                       to_host(flight[key].y));
@@ -299,8 +303,10 @@ class rank_runtime {
         case pipeline_op::backward: {
           // The chunk's last backward of the step: its buckets are final.
           const bool final_backward = ++backwards[static_cast<std::size_t>(c)] == m_;
+          const auto t0 = std::chrono::steady_clock::now();
           loss += compute_->backward(k, c, v, flight[key], final_backward, scaler_.scale(),
                                      [this, step](int block) { enqueue(block, step); });
+          compute_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           if (v == 0) flight.erase(key);  // nothing to send back: done with this micro-batch
           break;
         }
@@ -407,6 +413,8 @@ class rank_runtime {
     bool skip = false;
     if (needs_global_norm()) sum_squares = ask_dp<double>(dp_msg::norm_atom::value, std::int64_t{step});
     train_report report{rank_, step, loss, sum_squares, comm_->job()};
+    // A device queues its work: the host's time in the calls says nothing.
+    report.compute_s = on_device_ ? 0.0 : compute_s_;
     if (o_.probe_every > 0 && step % o_.probe_every == 0) report.links = probe_links();
     comm_->send_coordinator(train_msg::report, encode_body(report));
     if (needs_global_norm()) {
@@ -501,6 +509,7 @@ class rank_runtime {
   bool first_ = false, last_ = false;
   int steps_done_ = 0;
   int last_step_ = 0;  ///< the step this rank stops after: o_.steps, or a drain's
+  double compute_s_ = 0;  ///< this step's seconds inside forward and backward (host backends)
   std::map<int, double> probe_rates_;  ///< neighbour rank -> the rate last probed (bytes/s; 0 = too fast)
   /// Updated from the coordinator's norm each step, identically on every
   /// rank (and in the coordinator).

@@ -64,6 +64,7 @@ std::vector<std::uint8_t> encode_body(const train_report& v) {
   r.setLoss(v.loss);
   r.setSumSquares(v.sum_squares);
   r.setJob(v.job);
+  r.setComputeS(v.compute_s);
   auto links = r.initLinks(static_cast<unsigned>(v.links.size()));
   for (std::size_t i = 0; i < v.links.size(); ++i) {
     links[static_cast<unsigned>(i)].setPeer(v.links[i].peer);
@@ -127,6 +128,9 @@ caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>&
       if (!std::isfinite(rate) || rate < 0) throw std::invalid_argument("a link rate of " + std::to_string(rate));
       out.links.push_back({l.getPeer(), rate});
     }
+    out.compute_s = r.getComputeS();
+    if (!std::isfinite(out.compute_s) || out.compute_s < 0)
+      throw std::invalid_argument("compute seconds of " + std::to_string(out.compute_s));
     return out;
   });
 }

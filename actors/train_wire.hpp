@@ -64,6 +64,7 @@ struct train_report {
   double loss = 0, sum_squares = 0;
   std::uint64_t job = 0;
   std::vector<train_link_rate> links{};  ///< probe steps only
+  double compute_s = 0;  ///< seconds in the stage's forward and backward this step (0 = not measured)
 };
 
 /// wire::TrainStep (norm, saved, done, finish, drain).

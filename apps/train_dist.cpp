@@ -136,6 +136,7 @@ void print_step(const train_args& a, const dist_train_options& o, const dist_ste
       nlohmann::json links = nlohmann::json::array();
       for (const auto& l : r.links) links.push_back({{"from", l.from}, {"to", l.to}, {"bytes_per_s", l.bytes_per_s}});
       line["links"] = links;
+      line["compute_s"] = r.compute_s;  // each rank's seconds in forward and backward
     }
     std::printf("%s\n", line.dump().c_str());
   } else {

@@ -57,8 +57,10 @@ std::string labels(const train_layout& l, const std::vector<int>& ranks) {
 /// One re-plan, printed once the new grid completes its first step (so
 /// that its time is the whole recovery: from the failure to the next step).
 struct replan_event {
-  /// Non-empty for a planned re-plan: the measured links that changed.
-  std::vector<std::string> links;
+  /// Non-empty for a planned re-plan: what measurements changed (links,
+  /// workers' speeds), and `cause` says which kinds.
+  std::vector<std::string> changes;
+  std::string cause;
   double predicted_from_s = 0, predicted_to_s = 0;  ///< the cost model's step, as running and re-planned
   std::string reason;
   std::vector<int> lost;
@@ -76,9 +78,9 @@ struct replan_event {
                         {"resume_from", resume_step}, {"replayed_steps", std::max(0, last_done - resume_step)},
                         {"bytes", bytes},          {"completed", completed}};
     if (completed) j["seconds"] = seconds;
-    if (!links.empty()) {
-      j["reason"] = "links changed";
-      j["links"] = links;
+    if (!changes.empty()) {
+      j["reason"] = cause;
+      j["changes"] = changes;
       j["predicted_step_s"] = {predicted_from_s, predicted_to_s};
     }
     return j;
@@ -88,9 +90,9 @@ struct replan_event {
     const double seconds = std::chrono::duration<double>(clock_type::now() - failed_at).count();
     if (a.json) {
       std::printf("%s\n", json(seconds, completed).dump().c_str());
-    } else if (!links.empty()) {
+    } else if (!changes.empty()) {
       std::string changed;
-      for (const std::string& l : links) changed += (changed.empty() ? "" : "; ") + l;
+      for (const std::string& l : changes) changed += (changed.empty() ? "" : "; ") + l;
       std::printf("replan: %s; %s -> %s, predicted %.3g s -> %.3g s per step; stopped after step %d, 0 step(s) "
                   "replayed, %.3g MB moved",
                   changed.c_str(), from.c_str(), to.c_str(), predicted_from_s, predicted_to_s, resume_step, bytes / 1e6);
@@ -158,7 +160,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   bool grid_stepped = false;
   std::optional<replan_event> drained;  // what the drain asked for is for
   std::optional<schedule::plan> next_plan;
-  schedule::link_watch watch;  // a link counts as changed when probes in a row agree
+  schedule::change_watch watch;  // a link counts as changed when probes in a row agree
 
   coordinator_hooks hooks;
   hooks.on_step = [&](const dist_step_report& r) {
@@ -179,9 +181,18 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     last_loss = r.loss;
     print_step(a, o, r);
   };
+  // Each rank's compute seconds since the last probe step.
+  std::vector<double> computed;
+  int computed_steps = 0;
   if (probing)
     hooks.drain = [&](const dist_step_report& r) {
-      if (r.links.empty()) return false;
+      if (computed.size() != r.compute_s.size()) {
+        computed.assign(r.compute_s.size(), 0.0);  // a new grid
+        computed_steps = 0;
+      }
+      for (std::size_t i = 0; i < r.compute_s.size(); ++i) computed[i] += r.compute_s[i];
+      ++computed_steps;
+      if (r.step % o.probe_every != 0) return false;
       auto worker_of = [&](int rank) {
         const std::string& name = o.layout.worker_names.at(static_cast<std::size_t>(rank));
         for (const auto& w : machines->workers)
@@ -191,17 +202,32 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       std::vector<schedule::link_measurement> seen;
       for (const auto& l : r.links)
         if (const int x = worker_of(l.from), y = worker_of(l.to); x >= 0 && y >= 0) seen.push_back({x, y, l.bytes_per_s});
-      std::vector<std::string> changes;
-      machines = schedule::with_measurements(*machines, watch.sustained(*machines, seen), {}, &changes);
-      if (changes.empty()) return false;
-      for (const std::string& c : changes) std::fprintf(stderr, "elastic: link %s (step %d)\n", c.c_str(), r.step);
+      std::vector<std::string> link_changes, speed_changes;
+      machines = schedule::with_measurements(*machines, watch.sustained(*machines, seen), {}, &link_changes);
+      // Compute per step, against the cost model's figure for the same work,
+      // averaged over at least 8 steps (one step's few milliseconds on a
+      // busy host say little).
+      if (computed_steps >= 8) {
+        std::vector<schedule::compute_measurement> speeds = schedule::modeled_compute(*machines, *running);
+        for (auto& x : speeds)
+          for (std::size_t rank = 0; rank < computed.size(); ++rank)
+            if (worker_of(static_cast<int>(rank)) == x.worker) x.seconds = computed[rank] / computed_steps;
+        computed.assign(computed.size(), 0.0);
+        computed_steps = 0;
+        machines = schedule::with_compute(*machines, watch.sustained_compute(*machines, speeds), {}, &speed_changes);
+      }
+      if (link_changes.empty() && speed_changes.empty()) return false;
+      for (const std::string& c : link_changes) std::fprintf(stderr, "elastic: link %s (step %d)\n", c.c_str(), r.step);
+      for (const std::string& c : speed_changes) std::fprintf(stderr, "elastic: %s (step %d)\n", c.c_str(), r.step);
       // The drain stops the job two steps on; the new plan runs the rest.
       const long left = static_cast<long>(o.steps) - (r.step + 2);
       const schedule::replan_advice advice = schedule::advise_replan(*machines, *running, cfg, setup, left, switch_s);
       std::fprintf(stderr, "elastic: %s\n", advice.why.c_str());
       if (!advice.move) return false;
       replan_event ev;
-      ev.links = changes;
+      ev.changes = link_changes;
+      ev.changes.insert(ev.changes.end(), speed_changes.begin(), speed_changes.end());
+      ev.cause = link_changes.empty() ? "speeds changed" : speed_changes.empty() ? "links changed" : "links and speeds changed";
       ev.predicted_from_s = advice.current_s;
       ev.predicted_to_s = advice.next_s;
       ev.from = o.layout.describe();
@@ -229,7 +255,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       ev.ranks_left = machines->size();
       o.resume = true;
       ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, last));
-      std::fprintf(stderr, "elastic: drained after step %d; re-planned on the measured links: ", last);
+      std::fprintf(stderr, "elastic: drained after step %d; re-planned on what was measured: ", last);
       print_plan(stderr, *machines, *running);
       pending = std::move(ev);
     } catch (const train_error& e) {

@@ -200,6 +200,7 @@ struct TrainReport {
   sumSquares @3 :Float64;  # squared L2 norm of the gradient shards this rank owns
   job @4 :UInt64;
   links @5 :List(LinkRate); # on probe steps (--probe-every): the rank's links to its higher neighbours
+  computeS @6 :Float64;     # seconds of this step inside the stage's forward and backward (0 = not measured: device ranks)
   struct LinkRate {
     peer @0 :Int32;         # the neighbour's rank
     bytesPerS @1 :Float64;  # measured with echoes, both ways averaged; 0 = too fast to tell

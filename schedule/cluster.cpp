@@ -141,6 +141,12 @@ cluster_description without_workers(const cluster_description& c, const std::vec
         kept = false;
     if (kept) out.measured[pair] = l;
   }
+  for (const auto& [name, flops] : c.nominal_flops) {
+    bool kept = true;
+    for (int r : drop)
+      if (c.workers.at(static_cast<std::size_t>(r)).name == name) kept = false;
+    if (kept) out.nominal_flops[name] = flops;
+  }
   std::vector<int> cluster_map(c.clusters.size(), -1);
   for (std::size_t ci = 0; ci < c.clusters.size(); ++ci) {
     cluster_spec kept{c.clusters[ci].name, {}};

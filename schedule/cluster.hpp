@@ -96,6 +96,10 @@ struct cluster_description {
   /// renumbering). Set by schedule::with_measurements (replan.hpp), never
   /// read from a file.
   std::map<std::pair<std::string, std::string>, link_spec> measured;
+  /// Workers whose `flops` a measurement replaced (a straggler), by worker
+  /// name: the file's figure, what a recovery goes back to. Set by
+  /// schedule::with_compute (replan.hpp), never read from a file.
+  std::map<std::string, double> nominal_flops;
 
   /// The link between two workers, by rank: a measured one when there is
   /// one (`measured`), else the rule (docs/planner.md): the same worker: infinite bandwidth, no latency; the same node: the

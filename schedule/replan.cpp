@@ -53,9 +53,110 @@ bool valid(const cluster_description& c, const link_measurement& x) {
   return x.from != x.to && x.from >= 0 && x.to >= 0 && x.from < c.size() && x.to < c.size();
 }
 
+double nominal(const cluster_description& c, int worker) {
+  const worker_spec& w = c.workers[static_cast<std::size_t>(worker)];
+  const auto it = c.nominal_flops.find(w.name);
+  return it != c.nominal_flops.end() ? it->second : w.flops;
+}
+
+/// measured / modeled of each usable measurement, and the fastest of them.
+double fastest_ratio(const cluster_description& c, const std::vector<compute_measurement>& m) {
+  double best = 0;
+  for (const compute_measurement& x : m)
+    if (x.worker >= 0 && x.worker < c.size() && x.seconds > 0 && x.modeled > 0) {
+      const double r = x.seconds / x.modeled;
+      if (best == 0 || r < best) best = r;
+    }
+  return best;
+}
+
+/// What compute measurement `x` says about its worker (`fastest`: the
+/// fastest ratio of the same round).
+verdict judge_compute(const cluster_description& c, const compute_measurement& x, double fastest,
+                      const replan_policy& policy) {
+  if (fastest <= 0 || x.worker < 0 || x.worker >= c.size() || x.seconds <= 0 || x.modeled <= 0) return verdict::same;
+  const worker_spec& w = c.workers[static_cast<std::size_t>(x.worker)];
+  const double ratio = x.seconds / x.modeled;
+  const bool known = c.nominal_flops.count(w.name) > 0;
+  if (ratio > policy.straggler * fastest) {
+    const double flops = nominal(c, x.worker) * fastest / ratio;
+    // A wobble of a straggler already measured is not a change.
+    const bool changed = !known || std::abs(flops - w.flops) > (1 - policy.slower) * w.flops;
+    return changed ? verdict::slower : verdict::same;
+  }
+  return known ? verdict::back : verdict::same;
+}
+
 }  // namespace
 
-std::vector<link_measurement> link_watch::sustained(const cluster_description& c, const std::vector<link_measurement>& m,
+std::vector<compute_measurement> change_watch::sustained_compute(const cluster_description& c,
+                                                       const std::vector<compute_measurement>& m,
+                                                       const replan_policy& policy) {
+  const double fastest = fastest_ratio(c, m);
+  std::vector<compute_measurement> out;
+  for (const compute_measurement& x : m) {
+    if (x.worker < 0 || x.worker >= c.size()) continue;
+    const std::pair<std::string, std::string> key{c.workers[static_cast<std::size_t>(x.worker)].name, ""};
+    if (judge_compute(c, x, fastest, policy) == verdict::same) {
+      streak_.erase(key);
+      continue;
+    }
+    if (++streak_[key] < policy.confirmations) continue;
+    streak_.erase(key);
+    out.push_back(x);
+  }
+  // The fastest worker is the reference of the round: keep it in.
+  if (!out.empty())
+    for (const compute_measurement& x : m)
+      if (x.seconds > 0 && x.modeled > 0 && x.seconds / x.modeled == fastest) {
+        bool in = false;
+        for (const auto& o : out) in = in || o.worker == x.worker;
+        if (!in) out.push_back(x);
+      }
+  return out;
+}
+
+std::vector<compute_measurement> modeled_compute(const cluster_description& c, const plan& p) {
+  std::vector<compute_measurement> out;
+  for (const stage_plan& st : p.stages) {
+    const double work = (st.cost.forward_s + st.cost.backward_s) * st.cost.flops_per_s * p.micro_batches;
+    for (int w : st.workers)
+      if (w >= 0 && w < c.size() && nominal(c, w) > 0) out.push_back({w, 0.0, work / nominal(c, w)});
+  }
+  return out;
+}
+
+cluster_description with_compute(const cluster_description& c, const std::vector<compute_measurement>& m,
+                                 const replan_policy& policy, std::vector<std::string>* changes) {
+  cluster_description out = c;
+  const double fastest = fastest_ratio(c, m);
+  std::string fastest_name;
+  for (const compute_measurement& x : m)
+    if (x.seconds > 0 && x.modeled > 0 && x.seconds / x.modeled == fastest)
+      fastest_name = c.workers[static_cast<std::size_t>(x.worker)].name;
+  for (const compute_measurement& x : m) {
+    const verdict v = judge_compute(out, x, fastest, policy);
+    if (v == verdict::same) continue;
+    worker_spec& w = out.workers[static_cast<std::size_t>(x.worker)];
+    const double file = nominal(out, x.worker);
+    char buf[200];
+    if (v == verdict::slower) {
+      const double ratio = x.seconds / x.modeled / fastest;
+      out.nominal_flops[w.name] = file;
+      w.flops = file / ratio;
+      std::snprintf(buf, sizeof buf, "%s computes %.3gx slower than %s (per the cost model): %.3g FLOP/s instead of %.3g",
+                    w.name.c_str(), ratio, fastest_name.c_str(), w.flops, file);
+    } else {
+      out.nominal_flops.erase(w.name);
+      w.flops = file;
+      std::snprintf(buf, sizeof buf, "%s computes at its nominal %.3g FLOP/s again", w.name.c_str(), file);
+    }
+    if (changes) changes->push_back(buf);
+  }
+  return out;
+}
+
+std::vector<link_measurement> change_watch::sustained(const cluster_description& c, const std::vector<link_measurement>& m,
                                                     const replan_policy& policy) {
   cluster_description rule = c;
   rule.measured.clear();

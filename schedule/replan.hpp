@@ -23,6 +23,14 @@ struct link_measurement {
   double bandwidth = 0;
 };
 
+/// One worker's measured compute over some steps, next to what the cost
+/// model predicts for the same work at the worker's file (nominal) speed.
+struct compute_measurement {
+  int worker = 0;        ///< rank in the description
+  double seconds = 0;    ///< measured inside forward and backward (<= 0: not measured)
+  double modeled = 0;    ///< predicted at the nominal FLOP/s (> 0)
+};
+
 /// When a measurement counts as a change.
 struct replan_policy {
   /// A link measured below `slower` x what the description says is slower
@@ -35,18 +43,26 @@ struct replan_policy {
   /// Probes in a row that must agree before a link counts as changed (a
   /// busy host makes single echoes slow now and then).
   int confirmations = 2;
+  /// A worker whose measured/modeled compute time is more than `straggler`
+  /// x the fastest measured worker's is a straggler; at or below it again,
+  /// one measured before is back at its nominal speed.
+  double straggler = 2.0;
 };
 
 /// Which measurements have said the same thing `policy.confirmations`
 /// times in a row: a link slower than planned (or than measured before),
 /// or one measured slow before that is back. Keeps the streaks between
 /// probes.
-class link_watch {
+class change_watch {
  public:
   /// The measurements of `m` that are sustained changes against `c`; a
   /// link whose probe says nothing new loses its streak.
   std::vector<link_measurement> sustained(const cluster_description& c, const std::vector<link_measurement>& m,
                                           const replan_policy& policy = {});
+  /// The same for workers' compute (with_compute's verdicts); the round's
+  /// fastest worker, the reference, comes along with any straggler.
+  std::vector<compute_measurement> sustained_compute(const cluster_description& c, const std::vector<compute_measurement>& m,
+                                             const replan_policy& policy = {});
 
  private:
   std::map<std::pair<std::string, std::string>, int> streak_;  ///< by worker names, (lower, higher)
@@ -60,6 +76,21 @@ class link_watch {
 /// measured, 1 Gbit/s planned".
 cluster_description with_measurements(const cluster_description& c, const std::vector<link_measurement>& m,
                                        const replan_policy& policy = {}, std::vector<std::string>* changes = nullptr);
+
+/// What the cost model predicts each worker of `p` computes per step at
+/// its nominal speed (c.nominal_flops where a measurement replaced it):
+/// its stage's forward and backward for every micro-batch. `worker` and
+/// `modeled` set, `seconds` 0.
+std::vector<compute_measurement> modeled_compute(const cluster_description& c, const plan& p);
+
+/// `c` with compute measurements folded in: a straggler (policy.straggler)
+/// gets flops = nominal x fastest ratio / its ratio (the nominal kept in
+/// c.nominal_flops); one measured before that is no straggler any more
+/// gets its nominal flops back. `changes` as for with_measurements, e.g.
+/// "n1/0 computes 3.1x slower than n0/0 (per the cost model): 6.5e+06
+/// FLOP/s instead of 2e+07".
+cluster_description with_compute(const cluster_description& c, const std::vector<compute_measurement>& m,
+                                 const replan_policy& policy = {}, std::vector<std::string>* changes = nullptr);
 
 /// What the scheduler decided.
 struct replan_advice {

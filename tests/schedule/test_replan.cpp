@@ -153,7 +153,7 @@ TEST_CASE("the scheduler re-plans around a throttled link when it pays, and stay
 
 TEST_CASE("a link counts as changed only when probes in a row agree") {
   const cluster_description c = sites();
-  link_watch watch;
+  change_watch watch;
   const link_measurement slow{0, 2, 125e3};
   CHECK(watch.sustained(c, {slow}).empty());  // once: a busy host, maybe
   CHECK(watch.sustained(c, {{0, 2, c.link_between(0, 2).bandwidth}}).empty());  // then fine: the streak ends
@@ -168,5 +168,43 @@ TEST_CASE("a link counts as changed only when probes in a row agree") {
   CHECK(watch.sustained(m, {{0, 2, 0}}).size() == 1);
   replan_policy once;
   once.confirmations = 1;
-  CHECK(link_watch{}.sustained(c, {slow}, once).size() == 1);
+  CHECK(change_watch{}.sustained(c, {slow}, once).size() == 1);
+}
+
+TEST_CASE("a straggler's measured compute lowers its speed in the description, and its recovery restores it") {
+  const cluster_description c = sites();
+  const model_config cfg = llama_7b();
+  const plan running = make_plan(c, cfg, setup32()).best;
+  REQUIRE(running.feasible);
+  std::vector<compute_measurement> m = modeled_compute(c, running);
+  REQUIRE(m.size() >= 2u);
+  for (const auto& x : m) CHECK(x.modeled > 0);
+  // Every worker runs at half the modelled time (a faster host than the
+  // file says), except one at three times that: a straggler.
+  const int slow = m[1].worker;
+  for (auto& x : m) x.seconds = x.modeled * 0.5 * (x.worker == slow ? 3.0 : 1.0);
+  change_watch watch;
+  CHECK(watch.sustained_compute(c, m).empty());  // once is not enough
+  const auto twice = watch.sustained_compute(c, m);
+  REQUIRE(twice.size() == m.size());  // the straggler and the reference(s): the fastest, here all others
+  std::vector<std::string> changes;
+  const cluster_description d = with_compute(c, twice, {}, &changes);
+  REQUIRE(changes.size() == 1u);
+  CHECK(changes[0].find(c.workers[static_cast<std::size_t>(slow)].name + " computes 3x slower") == 0);
+  CHECK(d.workers[static_cast<std::size_t>(slow)].flops == doctest::Approx(c.workers[static_cast<std::size_t>(slow)].flops / 3));
+  CHECK(d.nominal_flops.at(c.workers[static_cast<std::size_t>(slow)].name) ==
+        doctest::Approx(c.workers[static_cast<std::size_t>(slow)].flops));
+  // Modelled at the nominal speed still: the straggler stays one until it is not.
+  CHECK(modeled_compute(d, running)[1].modeled == doctest::Approx(m[1].modeled));
+  CHECK(with_compute(d, m).workers[static_cast<std::size_t>(slow)].flops ==
+        doctest::Approx(d.workers[static_cast<std::size_t>(slow)].flops));  // the same news: no change
+  // A slow worker is priced slower, so the planner's step gets no faster.
+  CHECK(advise_replan(d, running, cfg, setup32(), 1000, 5.0).current_s >= running.step_s());
+  for (auto& x : m) x.seconds = x.modeled * 0.5;
+  changes.clear();
+  const cluster_description back = with_compute(d, m, {}, &changes);
+  REQUIRE(changes.size() == 1u);
+  CHECK(changes[0].find("at its nominal") != std::string::npos);
+  CHECK(back.nominal_flops.empty());
+  CHECK(back.workers[static_cast<std::size_t>(slow)].flops == doctest::Approx(c.workers[static_cast<std::size_t>(slow)].flops));
 }
