@@ -162,17 +162,14 @@ caf::expected<std::string> key_of(const remote_message& m) {
     if (!r) return r.error();
     return train_key(t, r->job, r->step, r->rank);
   }
-  if (t == train_msg::norm || t == train_msg::finish || t == train_msg::saved || t == train_msg::done) {
+  if (t == train_msg::norm || t == train_msg::finish || t == train_msg::saved || t == train_msg::done ||
+      t == train_msg::drain) {
     auto s = decode_train_step(m.body);
     if (!s) return s.error();
     const bool per_rank = t == train_msg::saved || t == train_msg::done;
     return train_key(t, s->job, s->step, per_rank ? s->rank : 0);
   }
-  if (t == train_msg::drain) {  // filed at step 0: a rank looks for it without knowing the step
-    auto s = decode_train_step(m.body);
-    if (!s) return s.error();
-    return train_key(t, s->job, 0, 0);
-  }
+
   return make_error(errc::bad_message, "unknown training message type '" + t + "'");
 }
 

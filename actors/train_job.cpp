@@ -207,13 +207,15 @@ class coordinator {
         r.seconds = std::chrono::duration<double>(now - last_time).count();
         last_time = now;
         if (hooks.on_step) hooks.on_step(r);
-        if (hooks.drain && last == o_.steps && step + 2 < o_.steps && !o_.checkpoint_dir.empty() && hooks.drain(r)) {
-          // No rank can have finished step + 2 yet: each needs every other
-          // rank's step + 1 first, which waits for this step's reports.
-          last = step + 2;
+        if (o_.probe_every > 0 && step % o_.probe_every == 0 && step < o_.steps) {
+          // Every rank waits at this step boundary for the verdict.
+          const bool stop = hooks.drain && !o_.checkpoint_dir.empty() && hooks.drain(r);
           for (int rank = 0; rank < world_; ++rank)
-            send(rank, train_msg::drain, encode_body(train_step_note{last, 0, 0, run_}));
-          spdlog::info("training job {}: drained after step {}", o_.layout.describe(), last);
+            send(rank, train_msg::drain, encode_body(train_step_note{step, 0, stop ? 1.0 : 0.0, run_}));
+          if (stop) {
+            last = step;
+            spdlog::info("training job {}: drained after step {}", o_.layout.describe(), last);
+          }
         }
         if (o_.checkpoints_at(step) || (step == last && last < o_.steps)) {
           for (int rank = 0; rank < world_; ++rank)

@@ -133,7 +133,9 @@ struct dist_train_options {
   /// Every `probe_every` steps (0 = never) each rank measures its links to
   /// its neighbours of higher rank with echoes (actors/link_probe.hpp) and
   /// reports the rates with the step: what the elastic scheduler re-plans
-  /// on when a link changes under the job. Costs a pause of the step.
+  /// on when a link changes under the job. Costs a pause of the step, and
+  /// at each probe step every rank waits for the coordinator's verdict
+  /// (train.drain: go on, or stop here for a new layout).
   int probe_every = 0;
   /// Continue from checkpoint_dir's latest checkpoint (same layout, batch
   /// and model shape; anything else is refused with the difference).
@@ -256,10 +258,10 @@ struct coordinator_hooks {
   std::function<void(const dist_step_report&)> on_step;
   /// Once every rank joined: who they are (rank, node id, endpoint).
   std::function<void(const std::vector<train_peer>&)> on_roster;
-  /// After on_step: true asks the ranks to stop two steps later (a step
-  /// no rank can have finished yet), where a checkpoint is written and
-  /// committed; the job then ends there. Needs o.checkpoint_dir; ignored
-  /// when fewer than three steps are left.
+  /// After on_step of a probe step (o.probe_every; not the last step),
+  /// while every rank waits at that step boundary for the verdict: true
+  /// stops the job after this step, with a checkpoint written and
+  /// committed there. Needs o.checkpoint_dir (else never asked).
   std::function<bool(const dist_step_report&)> drain;
 };
 

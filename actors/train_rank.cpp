@@ -433,7 +433,7 @@ class rank_runtime {
     // compute copies are converted again before the next forward.
     if (!skip)
       for (stage& part : model_.parts) part.params_changed();
-    take_drain(step);
+    if (o_.probe_every > 0 && step % o_.probe_every == 0 && step < o_.steps) take_verdict(step);
     // A drained job's last step is always saved: the next layout starts there.
     if (o_.checkpoints_at(step) || (step == last_step_ && last_step_ < o_.steps)) tell_dp(dp_msg::save_atom::value, step);
   }
@@ -471,19 +471,19 @@ class rank_runtime {
     return out;
   }
 
-  /// The coordinator's drain, when it came: the job stops after its step
-  /// (the layout is about to change). A drain for a step already passed
-  /// fails the rank (the job then falls back to its last checkpoint).
-  void take_drain(int step) {
-    auto m = inbox_->try_take(train_key(train_msg::drain, comm_->job(), 0, 0));
-    if (!m) return;
-    auto note = decode_train_step(m->body);
-    if (!note) throw train_error("bad drain from the coordinator: " + error_message(note.error()));
-    if (note->step < step)
-      throw train_error("the coordinator asked to stop after step " + std::to_string(note->step) +
-                        ", but this rank is already at step " + std::to_string(step));
-    last_step_ = std::min<int>(last_step_, static_cast<int>(note->step));
-    spdlog::info("{} stops after step {}: the job is re-planned", o_.layout.label(rank_), last_step_);
+  /// At a probe step: the coordinator's verdict on the measurements (a
+  /// train.drain naming this step; value 1 = the layout changes, stop after
+  /// it, 0 = go on). Waiting here keeps every rank at this step boundary
+  /// while the scheduler decides, so a stop can never come too late.
+  void take_verdict(int step) {
+    remote_message m = inbox_->take(train_key(train_msg::drain, comm_->job(), step, 0), o_.timeout,
+                                    "the coordinator's verdict after step " + std::to_string(step));
+    auto note = decode_train_step(m.body);
+    if (!note) throw train_error("bad verdict from the coordinator: " + error_message(note.error()));
+    if (note->value != 0) {
+      last_step_ = step;
+      spdlog::info("{} stops after step {}: the job is re-planned", o_.layout.label(rank_), step);
+    }
   }
 
   // ---- the end ------------------------------------------------------------------

@@ -13,8 +13,9 @@
 // under the job: the ranks' measured link rates go into the cluster
 // description (schedule::with_measurements), and when
 // schedule::advise_replan says another plan pays off, the coordinator
-// drains the job at a step boundary (a committed checkpoint there) and the
-// new plan continues from it: no step is lost or replayed.
+// stops the job at that probe step, where every rank waits for its verdict
+// (a committed checkpoint there), and the new plan continues from it: no
+// step is lost or replayed.
 //
 // A failure takes the checkpoint-restart path of issue 20 (what the
 // elastic scheduler falls back to when a failure takes state that exists
@@ -162,8 +163,17 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   std::optional<schedule::plan> next_plan;
   schedule::change_watch watch;  // a link counts as changed when probes in a row agree
 
+  // Each rank's compute seconds since the last probe step.
+  std::vector<double> computed;
+  int computed_steps = 0;
   coordinator_hooks hooks;
   hooks.on_step = [&](const dist_step_report& r) {
+    if (computed.size() != r.compute_s.size()) {
+      computed.assign(r.compute_s.size(), 0.0);  // a new grid
+      computed_steps = 0;
+    }
+    for (std::size_t i = 0; i < r.compute_s.size(); ++i) computed[i] += r.compute_s[i];
+    ++computed_steps;
     if (!grid_stepped) {
       grid_stepped = true;
       switch_s = std::max(switch_s, std::chrono::duration<double>(clock_type::now() - grid_started).count());
@@ -181,18 +191,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     last_loss = r.loss;
     print_step(a, o, r);
   };
-  // Each rank's compute seconds since the last probe step.
-  std::vector<double> computed;
-  int computed_steps = 0;
   if (probing)
     hooks.drain = [&](const dist_step_report& r) {
-      if (computed.size() != r.compute_s.size()) {
-        computed.assign(r.compute_s.size(), 0.0);  // a new grid
-        computed_steps = 0;
-      }
-      for (std::size_t i = 0; i < r.compute_s.size(); ++i) computed[i] += r.compute_s[i];
-      ++computed_steps;
-      if (r.step % o.probe_every != 0) return false;
       auto worker_of = [&](int rank) {
         const std::string& name = o.layout.worker_names.at(static_cast<std::size_t>(rank));
         for (const auto& w : machines->workers)
@@ -219,8 +219,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       if (link_changes.empty() && speed_changes.empty()) return false;
       for (const std::string& c : link_changes) std::fprintf(stderr, "elastic: link %s (step %d)\n", c.c_str(), r.step);
       for (const std::string& c : speed_changes) std::fprintf(stderr, "elastic: %s (step %d)\n", c.c_str(), r.step);
-      // The drain stops the job two steps on; the new plan runs the rest.
-      const long left = static_cast<long>(o.steps) - (r.step + 2);
+      // The drain stops the job after this step; the new plan runs the rest.
+      const long left = static_cast<long>(o.steps) - r.step;
       const schedule::replan_advice advice = schedule::advise_replan(*machines, *running, cfg, setup, left, switch_s);
       std::fprintf(stderr, "elastic: %s\n", advice.why.c_str());
       if (!advice.move) return false;

@@ -210,8 +210,9 @@ struct TrainReport {
 # "train.norm" coordinator -> every rank: the step's global gradient norm.
 # "train.saved" rank -> coordinator: its checkpoint shard of `step` is on disk.
 # "train.done" rank -> coordinator; "train.finish" coordinator -> ranks.
-# "train.drain" coordinator -> every rank: stop after `step` (a checkpoint
-# is written there), the layout is about to change.
+# "train.drain" coordinator -> every rank after each probe step (--probe-every),
+# which every rank waits for: value 1 = stop after `step` (a checkpoint is
+# written there, the layout is about to change), 0 = go on.
 struct TrainStep {
   step @0 :Int64;
   rank @1 :Int32;

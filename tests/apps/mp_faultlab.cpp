@@ -179,22 +179,7 @@ TEST_CASE("faultlab: a training rank throttled through its control actor, the el
           "link and keeps the reference's losses") {
   temp_dir_guard tmp("faultlab-train-throttle");
   train_test::job j = train_test::fresh_gpt2_job(tmp);
-  // Three single-worker nodes on 50 Mbit/s: the planner runs 1x2 on n0/0, n1/0.
-  std::ofstream(tmp / "three.toml") << R"(name = "three-nodes"
-[nic.ethernet]
-bandwidth_gbps = 0.05
-latency_us = 200
-[[cluster]]
-name = "site"
-  [[cluster.node]]
-  name = "n"
-  count = 3
-  nic = "ethernet"
-    [[cluster.node.worker]]
-    kind = "cpu"
-    tflops = 0.00002
-    memory_gib = 4
-)";
+  std::ofstream(tmp / "three.toml") << train_test::three_nodes_toml;  // the planner runs 1x2 on n0/0, n1/0
   std::ofstream(tmp / "t.toml") << "name = \"a slow uplink\"\n[train]\nmodel = \"" << j.model.string() << "\"\ndata = \""
                                 << j.data.string() << "\"\nlayout = \"--cluster " << (tmp / "three.toml").string() << R"("
 args = "--batch 4 --seq 8 --steps 40 --lr 0.003 --threads 1 --probe-every 2"

@@ -182,25 +182,19 @@ TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left a
 
 namespace {
 
-/// Three single-worker nodes on 50 Mbit/s Ethernet, so slow at compute (as
-/// modelled) that the planner takes two of them as data-parallel replicas
-/// (PP 1 x DP 2 on n0/0 and n1/0; n2/0 idle).
-const char* three_nodes_toml = R"(
-name = "three-nodes"
-[nic.ethernet]
-bandwidth_gbps = 0.05
-latency_us = 200
-[[cluster]]
-name = "site"
-  [[cluster.node]]
-  name = "n"
-  count = 3
-  nic = "ethernet"
-    [[cluster.node.worker]]
-    kind = "cpu"
-    tflops = 0.00002
-    memory_gib = 4
-)";
+
+/// Rank `rank`'s entry in the latest "ranks" event of a --json run (pid,
+/// endpoint, ...), or null.
+nlohmann::json rank_entry(const std::vector<std::string>& lines, int rank) {
+  nlohmann::json found;
+  for (const std::string& l : lines) {
+    auto e = nlohmann::json::parse(l, nullptr, false);
+    if (e.is_object() && e.value("event", "") == "ranks")
+      for (const auto& r : e["ranks"])
+        if (r["rank"] == rank) found = r;
+  }
+  return found;
+}
 
 /// The median of the step lines' "seconds" for steps in [first, last].
 double median_seconds(const std::vector<std::string>& lines, int first, int last) {
@@ -233,15 +227,10 @@ TEST_CASE("--elastic --probe-every: a rank's links throttled mid-run, the job re
   ::unsetenv("COROLLA_CONTROL_TOKEN");
   REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks")"), std::chrono::seconds(60)));
   // Where rank 1 (n1/0) listens.
-  std::string endpoint;
-  for (const std::string& l : launcher.lines()) {
-    auto e = nlohmann::json::parse(l, nullptr, false);
-    if (e.is_object() && e.value("event", "") == "ranks") {
-      CHECK(e["layout"] == "1x2 [0,4)");
-      for (const auto& r : e["ranks"])
-        if (r["rank"] == 1) endpoint = r["endpoint"];
-    }
-  }
+  const nlohmann::json one = rank_entry(launcher.lines(), 1);
+  REQUIRE(one.is_object());
+  CHECK(one["worker"] == "n1/0");
+  const std::string endpoint = one["endpoint"];
   REQUIRE_FALSE(endpoint.empty());
   REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
   // Throttle everything rank 1 sends to 1 Mbit/s, through its node's control actor.
@@ -348,13 +337,9 @@ TEST_CASE("--elastic --probe-every: a straggler (a rank sharing its core with fi
   child_process launcher = child_process::corolla(train_args(
       j, {"--cluster", tmp / "three.toml", "--elastic", "--probe-every", "8", "--timeout-s", "60"}));
   REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks")"), std::chrono::seconds(60)));
-  pid_t slow = -1;
-  for (const std::string& l : launcher.lines()) {
-    auto e = nlohmann::json::parse(l, nullptr, false);
-    if (e.is_object() && e.value("event", "") == "ranks")
-      for (const auto& r : e["ranks"])
-        if (r["rank"] == 1) slow = r["pid"].get<pid_t>();
-  }
+  const nlohmann::json one = rank_entry(launcher.lines(), 1);
+  REQUIRE(one.is_object());
+  const pid_t slow = one["pid"].get<pid_t>();
   REQUIRE(slow > 0);
   int status = 0;
   {

@@ -197,4 +197,24 @@ bandwidth_gbps = 1
 latency_us = 500
 )";
 
+/// Three single-worker nodes on 50 Mbit/s Ethernet, so slow at compute (as
+/// modelled) that the planner takes two of them as data-parallel replicas
+/// (PP 1 x DP 2 on n0/0 and n1/0; n2/0 idle).
+inline const char* three_nodes_toml = R"(
+name = "three-nodes"
+[nic.ethernet]
+bandwidth_gbps = 0.05
+latency_us = 200
+[[cluster]]
+name = "site"
+  [[cluster.node]]
+  name = "n"
+  count = 3
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.00002
+    memory_gib = 4
+)";
+
 }  // namespace corolla::testing::train_test

@@ -8,45 +8,14 @@
 #include <vector>
 
 #include "schedule/replan.hpp"
+#include "tests/schedule/two_sites.hpp"
 
 using namespace corolla;
 using namespace corolla::schedule;
 
 namespace {
 
-/// Four IB workers on two nodes of cluster "a", two RoCE workers of "b",
-/// joined by 10 Gbit/s.
-cluster_description sites() {
-  return parse_cluster(R"(
-name = "sites"
-[[cluster]]
-name = "a"
-  [[cluster.node]]
-  name = "a"
-  count = 2
-  nic = "ib"
-    [[cluster.node.worker]]
-    model = "gpu"
-    tflops = 100
-    memory_gib = 80
-    count = 2
-[[cluster]]
-name = "b"
-  [[cluster.node]]
-  name = "b"
-  nic = "roce"
-    [[cluster.node.worker]]
-    model = "gpu"
-    tflops = 100
-    memory_gib = 80
-    count = 2
-[[link]]
-clusters = ["a", "b"]
-bandwidth_gbps = 10
-latency_us = 100
-)",
-                       "sites.toml");
-}
+cluster_description sites() { return corolla::schedule::testing::two_sites(); }
 
 model_config llama_7b() {
   return load_config(std::filesystem::path(COROLLA_SOURCE_DIR) / "docs" / "clusters" / "models" / "llama2-7b.json");
