@@ -159,7 +159,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   double switch_s = 0;
   clock_type::time_point grid_started;
   bool grid_stepped = false;
-  std::optional<replan_event> drained;  // what the drain asked for is for
+  std::optional<replan_event> drained;  // the re-plan a drain was asked for
   std::optional<schedule::plan> next_plan;
   schedule::change_watch watch;  // a link counts as changed when probes in a row agree
 
@@ -240,8 +240,13 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     try {
       grid_started = clock_type::now();
       grid_stepped = false;
+      computed.clear();  // measurements of the previous grid's ranks
+      computed_steps = 0;
       const int last = run_local_job(a, o, cfg, hooks, &lost);
       if (last >= o.steps) break;
+      if (!drained || !next_plan)
+        throw train_error("the job stopped after step " + std::to_string(last) + " of " + std::to_string(o.steps) +
+                          " without a re-plan");
       // Drained after `last` for a better plan: it continues from there.
       replan_event ev = std::move(*drained);
       drained.reset();

@@ -1,4 +1,4 @@
-// The elastic scheduler's decision on measured links (schedule/replan.hpp).
+// The elastic scheduler's decision on measured links and speeds (schedule/replan.hpp).
 #include "schedule/replan.hpp"
 
 #include <cmath>

@@ -1,7 +1,8 @@
-// schedule/replan.hpp — the elastic scheduler's decision when links change
-// under a running job: fold measured link rates into the cluster
-// description, price the running layout on what was measured, plan again,
-// and say whether moving pays off. Pure: descriptions in, a decision out.
+// schedule/replan.hpp — the elastic scheduler's decision when links or
+// workers' speeds change under a running job: fold measured link rates and
+// compute times into the cluster description, price the running layout on
+// what was measured, plan again, and say whether moving pays off. Pure:
+// descriptions in, a decision out.
 #pragma once
 #include <map>
 #include <string>
