@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "actors/train_comm.hpp"
@@ -43,6 +44,27 @@ TEST_CASE("training message bodies round-trip and malformed ones are bad_message
   REQUIRE(r);
   CHECK(r->loss == 1.5);
   CHECK(r->sum_squares == 0.25);
+  CHECK(r->links.empty());
+  CHECK(r->compute_s == 0);
+  // A probe step's report: measured links (0 = too fast to tell) and compute seconds.
+  train_report probed{2, 10, 1.25, 0, 99, {{3, 125e3}, {5, 0}}, 0.0125};
+  auto pr = decode_train_report(encode_body(probed));
+  REQUIRE(pr);
+  REQUIRE(pr->links.size() == 2u);
+  CHECK(pr->links[0].peer == 3);
+  CHECK(pr->links[0].bytes_per_s == 125e3);
+  CHECK(pr->links[1].bytes_per_s == 0);
+  CHECK(pr->compute_s == 0.0125);
+  // Rates and times that cannot be are refused, not passed on to the scheduler.
+  probed.links[0].bytes_per_s = -1;
+  CHECK_FALSE(decode_train_report(encode_body(probed)));
+  probed.links[0].bytes_per_s = std::numeric_limits<double>::quiet_NaN();
+  CHECK_FALSE(decode_train_report(encode_body(probed)));
+  probed.links[0].bytes_per_s = 1;
+  probed.compute_s = -0.5;
+  CHECK_FALSE(decode_train_report(encode_body(probed)));
+  probed.compute_s = std::numeric_limits<double>::infinity();
+  CHECK_FALSE(decode_train_report(encode_body(probed)));
 
   auto s = decode_train_step(encode_body(train_step_note{4, 1, 3.0}));
   REQUIRE(s);

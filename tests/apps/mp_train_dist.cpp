@@ -418,6 +418,7 @@ TEST_CASE("bad distributed training input is one clear error") {
   check_one_error(run_layout(j, 2, 1, {"--device", "gpu"}), "unknown device 'gpu'");
   check_one_error(run_corolla(train_args(j, {"--rank", "0", "--pp", "2"})), "needs --coordinator");
   check_one_error(run_layout(j, 2, 1, {"--link-profile", "bogus"}), "--link-profile 'bogus'");
+  check_one_error(run_layout(j, 2, 1, {"--probe-every", "-1"}), "--probe-every must be >= 0");
   check_one_error(run_corolla(train_args(j, {"--cluster", tmp / "missing.toml"})), "missing.toml");
   check_one_error(run_layout(j, 1, 2, {"--collectives", "nccl"}), "--collectives must be host or device, got 'nccl'");
   check_one_error(run_layout(j, 1, 2, {"--collectives", "device", "--device", "cpu"}),
