@@ -48,16 +48,6 @@ remote_message train_inbox::take(const std::string& key, std::chrono::millisecon
   }
 }
 
-std::optional<remote_message> train_inbox::try_take(const std::string& key) {
-  std::lock_guard lock(mu_);
-  auto it = filed_.find(key);
-  if (it == filed_.end() || it->second.empty()) return std::nullopt;
-  remote_message m = std::move(it->second.front());
-  it->second.pop_front();
-  if (it->second.empty()) filed_.erase(it);
-  return m;
-}
-
 void train_inbox::fail(const std::string& reason) {
   {
     std::lock_guard lock(mu_);
@@ -169,7 +159,6 @@ caf::expected<std::string> key_of(const remote_message& m) {
     const bool per_rank = t == train_msg::saved || t == train_msg::done;
     return train_key(t, s->job, s->step, per_rank ? s->rank : 0);
   }
-
   return make_error(errc::bad_message, "unknown training message type '" + t + "'");
 }
 

@@ -64,8 +64,6 @@ class train_inbox {
   /// Throws train_error when the inbox has failed (the reason) or at the
   /// timeout (naming `what` is being waited for).
   remote_message take(const std::string& key, std::chrono::milliseconds timeout, const std::string& what);
-  /// The oldest message filed under `key`, if one is there now.
-  std::optional<remote_message> try_take(const std::string& key);
   /// Fails the inbox with `reason`. The first reason is kept, except that a
   /// peer's goodbye or a plain "exited (exit status N)" gives way to a later,
   /// more specific reason. Ignored once closing() was called.

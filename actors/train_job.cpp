@@ -207,7 +207,7 @@ class coordinator {
         r.seconds = std::chrono::duration<double>(now - last_time).count();
         last_time = now;
         if (hooks.on_step) hooks.on_step(r);
-        if (o_.probe_every > 0 && step % o_.probe_every == 0 && step < o_.steps) {
+        if (o_.verdict_at(step)) {
           // Every rank waits at this step boundary for the verdict.
           const bool stop = hooks.drain && !o_.checkpoint_dir.empty() && hooks.drain(r);
           for (int rank = 0; rank < world_; ++rank)

@@ -158,6 +158,11 @@ struct dist_train_options {
   bool checkpoints_at(int step) const {
     return checkpoint_every > 0 && !checkpoint_dir.empty() && step % checkpoint_every == 0;
   }
+  /// Whether the ranks probe their links at step `step` (probe_every).
+  bool probes_at(int step) const { return probe_every > 0 && step % probe_every == 0; }
+  /// Whether every rank waits for the coordinator's verdict (train.drain)
+  /// after step `step`: a probe step that is not the last.
+  bool verdict_at(int step) const { return probes_at(step) && step < steps; }
 
   /// Micro-batch size after the default rule. Throws std::invalid_argument
   /// when batch is not a multiple of dp, or batch / dp of micro_batch.

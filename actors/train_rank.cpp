@@ -415,7 +415,7 @@ class rank_runtime {
     train_report report{rank_, step, loss, sum_squares, comm_->job()};
     // A device queues its work: the host's time in the calls says nothing.
     report.compute_s = on_device_ ? 0.0 : compute_s_;
-    if (o_.probe_every > 0 && step % o_.probe_every == 0) report.links = probe_links();
+    if (o_.probes_at(step)) report.links = probe_links();
     comm_->send_coordinator(train_msg::report, encode_body(report));
     if (needs_global_norm()) {
       remote_message m = inbox_->take(train_key(train_msg::norm, comm_->job(), step, 0), o_.timeout,
@@ -433,7 +433,7 @@ class rank_runtime {
     // compute copies are converted again before the next forward.
     if (!skip)
       for (stage& part : model_.parts) part.params_changed();
-    if (o_.probe_every > 0 && step % o_.probe_every == 0 && step < o_.steps) take_verdict(step);
+    if (o_.verdict_at(step)) take_verdict(step);
     // A drained job's last step is always saved: the next layout starts there.
     if (o_.checkpoints_at(step) || (step == last_step_ && last_step_ < o_.steps)) tell_dp(dp_msg::save_atom::value, step);
   }

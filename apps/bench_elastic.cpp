@@ -7,8 +7,6 @@
 // Megatron-LM or TorchElastic keep while no rank dies). Both runs must
 // compute the same losses; the figures are the wall time after the
 // throttle and the median step time once the re-planned job runs.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +21,7 @@
 
 #include "apps/commands.hpp"
 #include "apps/faultlab.hpp"
+#include "apps/scratch_dir.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
 
@@ -90,14 +89,8 @@ double sum_from(const std::vector<double>& v, int first_step) {
 int run_bench_elastic(const elastic_bench_options& o) {
   if (o.steps < o.throttle_step + 10)
     throw std::invalid_argument("--steps must leave at least 10 steps after --throttle-step");
-  const fs::path scratch = fs::temp_directory_path() / ("corolla-bench-elastic-" + std::to_string(::getpid()));
-  struct cleanup {
-    fs::path p;
-    ~cleanup() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
-    }
-  } guard{scratch};
+  const scratch_dir scratch_holder("corolla-bench-elastic");
+  const fs::path& scratch = scratch_holder.path();
   fs::create_directories(scratch / "model");
   std::ofstream(scratch / "model" / "config.json") << to_hf_json(bench_model()).dump(2) << '\n';
   {

@@ -7,7 +7,6 @@
 // in the same invocation: the planner's, the Holmes rule's, and the
 // planner's on the same cluster with every NIC made Ethernet, and made IB.
 #include <cmath>
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +20,7 @@
 #include "actors/train_job.hpp"
 #include "apps/commands.hpp"
 #include "apps/plan_print.hpp"
+#include "apps/scratch_dir.hpp"
 #include "apps/train_args.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
@@ -113,14 +113,8 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
 
   // The model: a directory, or the bench config written to a scratch one
   // (ranks start from a fresh initialisation; values do not matter here).
-  const fs::path scratch = fs::temp_directory_path() / ("corolla-bench-train-" + std::to_string(::getpid()));
-  struct cleanup {
-    fs::path p;
-    ~cleanup() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
-    }
-  } remove_scratch{scratch};
+  const scratch_dir scratch_holder("corolla-bench-train");
+  const fs::path& scratch = scratch_holder.path();
   fs::create_directories(scratch / "model");
   fs::path model_dir = a.model;
   if (model_dir.empty()) {

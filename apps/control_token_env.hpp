@@ -7,10 +7,18 @@
 
 #include <stdlib.h>
 
+#include <cstdlib>
 #include <random>
 #include <string>
 
 namespace corolla::app {
+
+/// The control token this process was started with ("" = none): a node
+/// given it publishes its control actor (node_options::control_token).
+inline std::string inherited_control_token() {
+  const char* token = std::getenv("COROLLA_CONTROL_TOKEN");
+  return token ? token : "";
+}
 
 class control_token_env {
  public:

@@ -9,6 +9,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "apps/control_token_env.hpp"
+
 namespace corolla::app {
 
 void node_flags::add_to(CLI::App* cmd, const std::string& who) {
@@ -44,7 +46,7 @@ node_options node_flags::options() const {
   o.open_rdma = !no_rdma;
   // A local harness (faultlab) that starts this process may reshape its
   // links at runtime: it hands over a token only it and the process know.
-  if (const char* token = std::getenv("COROLLA_CONTROL_TOKEN"); token != nullptr) o.control_token = token;
+  o.control_token = inherited_control_token();
   return o;
 }
 

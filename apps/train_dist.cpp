@@ -26,6 +26,7 @@
 #include "actors/train_job.hpp"
 #include "actors/train_store.hpp"
 #include "apps/commands.hpp"
+#include "apps/control_token_env.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/rank_processes.hpp"
 #include "apps/self_process.hpp"
@@ -172,7 +173,7 @@ node_options rank_node_options(const std::string& listen) {
   n.publish_echo = true;
   // A local harness (a test, faultlab) may reshape a rank's links at
   // runtime with a token only it and the rank processes know.
-  if (const char* token = std::getenv("COROLLA_CONTROL_TOKEN"); token != nullptr) n.control_token = token;
+  n.control_token = inherited_control_token();
   // A dead rank's connection drops at once (reported within milliseconds);
   // silence alone must last longer than a busy host can starve a process
   // (eight ranks on two cores), or a healthy job would fail.

@@ -20,8 +20,6 @@
 // A failure takes the checkpoint-restart path of issue 20 (what the
 // elastic scheduler falls back to when a failure takes state that exists
 // nowhere else); re-planning in place from replicas' memory is not built yet.
-#include <stdlib.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +34,7 @@
 #include "actors/train_job.hpp"
 #include "actors/train_store.hpp"
 #include "apps/plan_print.hpp"
+#include "apps/scratch_dir.hpp"
 #include "apps/train_args.hpp"
 #include "schedule/cluster.hpp"
 #include "schedule/regrid.hpp"
@@ -131,19 +130,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   const bool probing = running && o.probe_every > 0;
   // A drain writes a checkpoint where the next plan starts: without
   // --checkpoint-dir, a private one that goes with the job.
-  struct private_dir {
-    fs::path path;
-    ~private_dir() {
-      std::error_code ec;
-      if (!path.empty()) fs::remove_all(path, ec);
-    }
-  } drains;
-  if (probing && o.checkpoint_dir.empty()) {
-    std::string name = (fs::temp_directory_path() / "corolla-drain-XXXXXX").string();
-    if (!::mkdtemp(name.data())) throw std::runtime_error("cannot create a directory in " + fs::temp_directory_path().string());
-    drains.path = name;
-    o.checkpoint_dir = drains.path;
-  }
+  std::optional<scratch_dir> drains;
+  if (probing && o.checkpoint_dir.empty()) o.checkpoint_dir = drains.emplace("corolla-drain").path();
   const schedule::training_setup setup = training_setup_of(a);
   const bool uniform_links = !o.link_profiles.empty();
   const std::string link_profile = uniform_links ? o.link_profiles.back() : std::string();
@@ -159,8 +147,12 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   double switch_s = 0;
   clock_type::time_point grid_started;
   bool grid_stepped = false;
-  std::optional<replan_event> drained;  // the re-plan a drain was asked for
-  std::optional<schedule::plan> next_plan;
+  // The re-plan a drain was asked for: its event and the plan to continue on.
+  struct planned_switch {
+    replan_event event;
+    schedule::plan next;
+  };
+  std::optional<planned_switch> drained;
   schedule::change_watch watch;  // a link counts as changed when probes in a row agree
 
   // Each rank's compute seconds since the last probe step.
@@ -231,8 +223,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       ev.predicted_from_s = advice.current_s;
       ev.predicted_to_s = advice.next_s;
       ev.from = o.layout.describe();
-      drained = std::move(ev);
-      next_plan = advice.next;
+      drained = planned_switch{std::move(ev), advice.next};
       return true;
     };
   for (;;) {
@@ -244,18 +235,17 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       computed_steps = 0;
       const int last = run_local_job(a, o, cfg, hooks, &lost);
       if (last >= o.steps) break;
-      if (!drained || !next_plan)
+      if (!drained)
         throw train_error("the job stopped after step " + std::to_string(last) + " of " + std::to_string(o.steps) +
                           " without a re-plan");
       // Drained after `last` for a better plan: it continues from there.
-      replan_event ev = std::move(*drained);
+      replan_event ev = std::move(drained->event);
+      running = std::move(drained->next);
       drained.reset();
       ev.failed_at = clock_type::now();
       ev.resume_step = last;
       ev.last_done = last;
-      use_plan(*machines, *next_plan, o, a.link_profile);
-      running = std::move(next_plan);
-      next_plan.reset();
+      use_plan(*machines, *running, o, a.link_profile);
       ev.to = o.layout.describe();
       ev.ranks_left = machines->size();
       o.resume = true;
@@ -266,7 +256,6 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     } catch (const train_error& e) {
       const auto failed_at = clock_type::now();
       drained.reset();  // a drain the failure cut short
-      next_plan.reset();
       if (pending) {
         pending->print(a, false);
         replans.push_back(pending->json(0, false));

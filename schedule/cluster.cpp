@@ -133,20 +133,13 @@ cluster_description without_workers(const cluster_description& c, const std::vec
   out.name = c.name;
   out.origin = c.origin;
   out.nics = c.nics;
-  for (const auto& [pair, l] : c.measured) {
-    bool kept = true;
-    for (int r : drop)
-      if (c.workers.at(static_cast<std::size_t>(r)).name == pair.first ||
-          c.workers.at(static_cast<std::size_t>(r)).name == pair.second)
-        kept = false;
-    if (kept) out.measured[pair] = l;
-  }
-  for (const auto& [name, flops] : c.nominal_flops) {
-    bool kept = true;
-    for (int r : drop)
-      if (c.workers.at(static_cast<std::size_t>(r)).name == name) kept = false;
-    if (kept) out.nominal_flops[name] = flops;
-  }
+  // Measurements of the workers that stay stay with them (by name).
+  std::set<std::string> dropped_names;
+  for (int r : drop) dropped_names.insert(c.workers.at(static_cast<std::size_t>(r)).name);
+  for (const auto& [pair, l] : c.measured)
+    if (!dropped_names.count(pair.first) && !dropped_names.count(pair.second)) out.measured[pair] = l;
+  for (const auto& [name, flops] : c.nominal_flops)
+    if (!dropped_names.count(name)) out.nominal_flops[name] = flops;
   std::vector<int> cluster_map(c.clusters.size(), -1);
   for (std::size_t ci = 0; ci < c.clusters.size(); ++ci) {
     cluster_spec kept{c.clusters[ci].name, {}};

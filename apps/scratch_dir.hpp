@@ -1,0 +1,35 @@
+// apps/scratch_dir.hpp — a private temporary directory (mkdtemp: a fresh
+// name, mode 0700) that goes, with everything in it, when its owner does.
+#pragma once
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+namespace corolla::app {
+
+class scratch_dir {
+ public:
+  /// Creates <temp>/<prefix>-XXXXXX. Throws std::runtime_error when it cannot.
+  explicit scratch_dir(const std::string& prefix) {
+    std::string name = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    if (!::mkdtemp(name.data()))
+      throw std::runtime_error("cannot create a directory in " + std::filesystem::temp_directory_path().string());
+    path_ = name;
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace corolla::app
