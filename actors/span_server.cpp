@@ -76,7 +76,7 @@ span_info info_of(const span_server_state& st) {
   i.rtt_ms = st.next_rtt_ms;
   i.draining = st.draining;
   i.awaiting_pushes = static_cast<std::uint32_t>(st.awaited.size());
-  i.weights = dtype_name(st.engine->blocks().inference_dtype());
+  i.weights = weight_format_name(st.engine->blocks().inference_format());
   return i;
 }
 

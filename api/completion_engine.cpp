@@ -57,7 +57,7 @@ class slot_lease {
 
 class local_engine final : public completion_engine {
  public:
-  local_engine(transformer& model, int slots, dtype weights, dtype kv) : cfg_(model.config()), pool_(slots) {
+  local_engine(transformer& model, int slots, weight_format weights, dtype kv) : cfg_(model.config()), pool_(slots) {
     for (int i = 0; i < pool_.size(); ++i) generators_.push_back(std::make_unique<generator>(model, 0, weights, kv));
   }
   const model_config& config() const override { return cfg_; }
@@ -78,7 +78,7 @@ class local_engine final : public completion_engine {
 
 class swarm_engine final : public completion_engine {
  public:
-  swarm_engine(node& runtime, swarm_client_options options, head client_head, int slots, dtype weights)
+  swarm_engine(node& runtime, swarm_client_options options, head client_head, int slots, weight_format weights)
       : cfg_(client_head.config()), pool_(slots), shared_head_(std::move(client_head)), probe_(runtime, options) {
     probe_.expect_shape(cfg_.n_layers, static_cast<int>(cfg_.hidden_size));
     for (int i = 0; i < pool_.size(); ++i) {
@@ -146,12 +146,12 @@ class swarm_engine final : public completion_engine {
 
 }  // namespace
 
-std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, dtype weights, dtype kv) {
+std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, weight_format weights, dtype kv) {
   return std::make_unique<local_engine>(model, slots, weights, kv);
 }
 
 std::unique_ptr<completion_engine> make_swarm_engine(node& runtime, swarm_client_options options, head client_head,
-                                                     int slots, dtype weights) {
+                                                     int slots, weight_format weights) {
   return std::make_unique<swarm_engine>(runtime, std::move(options), std::move(client_head), slots, weights);
 }
 

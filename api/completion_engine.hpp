@@ -70,7 +70,7 @@ class completion_engine {
 
 /// The model in this process (borrowed; it must outlive the engine), one
 /// generator per slot with `weights` / `kv` as generator's.
-std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, dtype weights = dtype::f32,
+std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, weight_format weights = weight_format::f32,
                                                      dtype kv = dtype::f32);
 
 /// Through the swarm `options` describe, over `runtime` (borrowed; it and
@@ -78,6 +78,6 @@ std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slo
 /// is the model's embeddings and LM head, shared by the slots (each slot
 /// reads its LM head in `weights`, as head::use_inference_weights).
 std::unique_ptr<completion_engine> make_swarm_engine(node& runtime, swarm_client_options options, head client_head,
-                                                     int slots, dtype weights = dtype::f32);
+                                                     int slots, weight_format weights = weight_format::f32);
 
 }  // namespace corolla::api

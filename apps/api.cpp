@@ -74,7 +74,7 @@ int run_api(const api_args& a) {
     }
   }
 
-  const dtype weights = parse_weights_flag(a.weights);
+  const weight_format weights = parse_weights_flag(a.weights);
   // The engine borrows the model or the swarm connection: declared after
   // them, it goes first.
   std::optional<transformer> model;
@@ -143,7 +143,7 @@ void register_api(CLI::App& app, action_fn& action) {
   cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")->capture_default_str();
   cmd->add_option("--device", a->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")
       ->capture_default_str();
-  cmd->add_option("--weights", a->weights, "Linear weights decode reads: f32, bf16 or int8 (with --swarm: the LM head)")
+  cmd->add_option("--weights", a->weights, "Linear weights decode reads: f32, bf16, int8 or nf4 (with --swarm: the LM head, int8 for nf4)")
       ->capture_default_str();
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache elements with --local: f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();

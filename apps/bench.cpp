@@ -1,10 +1,7 @@
-// corolla bench decode | train — speed of the compute core, each figure next
-// to a bound measured on this machine in the same run:
-//   decode: batch-1 tokens/s vs the memory-bandwidth bound (every weight is
-//           read once per generated token, at 2 bytes for --weights bf16,
-//           which also measures f32 in the same run); the bandwidth is the host's
-//           (apps/membw.hpp) on cpu, the device's HBM on cuda
-//           (kernels/cuda/bandwidth.hpp);
+// corolla bench train (and the flags and helpers every compute bench shares,
+// apps/bench_common.hpp; bench decode is apps/bench_decode.cpp) — speed of
+// the compute core, each figure next to a bound measured on this machine in
+// the same run:
 //   train:  training tokens/s and achieved FLOP/s vs the GEMM FLOP/s this
 //           backend reaches on the model's own matrix shapes, and vs the
 //           device's peak (the vendor GEMM at a large square shape: OpenBLAS
@@ -21,13 +18,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/bench_common.hpp"
 #include "apps/commands.hpp"
 #include "apps/membw.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/profiling_backend.hpp"
 #include "kernels/vendor_gemm.hpp"
 #include "model/config.hpp"
-#include "model/generator.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
@@ -35,7 +32,6 @@
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/bandwidth.hpp"
 #include "kernels/cuda/device.hpp"
-#include "kernels/cuda/linear_bf16.hpp"
 #endif
 
 namespace corolla::app {
@@ -114,18 +110,7 @@ model_config gpt2_xl_config() {
   return c;
 }
 
-struct bench_common {
-  std::string model_dir;
-  std::string preset = "small";
-  std::string device = "auto";
-  std::string matmul = "f32";  ///< bench train --matmul
-  std::string compute = "f32";  ///< bench train --compute
-  std::string loss_scale = "auto";  ///< bench train --loss-scale
-  int threads = 0;
-  bool json = false;
-  bool profile = false;
-  std::uint64_t seed = 0;
-};
+}  // namespace
 
 void add_common(CLI::App* cmd, bench_common& o) {
   cmd->add_option("--model", o.model_dir,
@@ -144,7 +129,7 @@ void add_common(CLI::App* cmd, bench_common& o) {
                 "where the time goes per op (kernels/profiling_backend.hpp)");
 }
 
-/// Prints the profile of the run `what` (and puts it in the JSON).
+/// (bench_common.hpp)
 void report_profile(const profiling_backend& prof, const std::string& what, bool json_only, nlohmann::json& j) {
   double total = 0;
   for (const auto& t : prof.totals()) total += t.seconds;
@@ -173,8 +158,7 @@ transformer open_model(const bench_common& o, Backend& be) {
                               "' (expected small, llama7b or gpt2-1.5b)");
 }
 
-/// The memory read bandwidth decode on `dev` is bound by: the host's (all
-/// CPU backend threads, 512 MiB) or the device's HBM (2 GiB, CUDA events).
+/// (bench_common.hpp)
 bandwidth_result measure_bound_bandwidth(device dev) {
   if (dev.kind == device_kind::cpu) return measure_read_bandwidth(std::size_t{1} << 29, 3);
 #ifdef COROLLA_HAVE_CUDA
@@ -185,9 +169,7 @@ bandwidth_result measure_bound_bandwidth(device dev) {
 #endif
 }
 
-/// Whether decode on `dev` launches its GEMVs early (a GPU of sm_90 or
-/// later, COROLLA_CUDA_EARLY_LAUNCH not 0); bench decode then also measures
-/// it with early launch off, in the same run.
+/// (bench_common.hpp)
 bool launches_early(device dev) {
 #ifdef COROLLA_HAVE_CUDA
   return dev.kind == device_kind::cuda && cuda::early_launch_requested() && cuda::early_launch_supported(dev.index);
@@ -197,40 +179,7 @@ bool launches_early(device dev) {
 #endif
 }
 
-void use_early_launch(bool on) {
-#ifdef COROLLA_HAVE_CUDA
-  cuda::set_early_launch(on);
-#else
-  (void)on;
-#endif
-}
-
-/// The batch-1 GEMV variants the CUDA backend chose per weight shape, with
-/// every variant's time (kernels/cuda/linear_bf16.hpp); printed unless
-/// `json`, returned for the JSON line. Empty on the cpu.
-nlohmann::json report_gemv_choices(bool json) {
-  nlohmann::json out = nlohmann::json::array();
-#ifdef COROLLA_HAVE_CUDA
-  const std::vector<std::string> names = cuda::gemv_variant_names();
-  for (const cuda::gemv_choice& c : cuda::gemv_choices()) {
-    nlohmann::json us = nlohmann::json::object();
-    for (std::size_t i = 0; i < c.microseconds.size(); ++i) us[names[i]] = c.microseconds[i];
-    const std::string& name = names[static_cast<std::size_t>(c.chosen)];
-    out.push_back({{"in", c.in}, {"out", c.out}, {"chosen", name}, {"microseconds", us}});
-    if (json) continue;
-    if (c.microseconds.empty())
-      std::printf("GEMV %6lld -> %6lld      %s (not timed)\n", static_cast<long long>(c.in),
-                  static_cast<long long>(c.out), name.c_str());
-    else
-      std::printf("GEMV %6lld -> %6lld      %s %.1f us (default %s %.1f us)\n", static_cast<long long>(c.in),
-                  static_cast<long long>(c.out), name.c_str(), c.microseconds[static_cast<std::size_t>(c.chosen)],
-                  names[0].c_str(), c.microseconds[0]);
-  }
-#else
-  (void)json;
-#endif
-  return out;
-}
+namespace {
 
 /// Parameters in the linear layers of the blocks (what GEMMs touch per token).
 long long block_matrix_params(transformer& m) {
@@ -239,152 +188,6 @@ long long block_matrix_params(transformer& m) {
     for (const auto& e : b.entries())
       if (e.shape.size() == 2) n += e.numel;
   return n;
-}
-
-/// Bytes of weights one decode step reads: every block parameter, the final
-/// norm and the LM head (one embedding row is negligible). With bf16
-/// weights the blocks' linear weights and the LM head are 2 bytes each,
-/// with int8 1 (their 4-byte scale per output channel is left out); norms
-/// and biases stay 4.
-double decode_bytes_per_token(transformer& m, dtype weights) {
-  const auto& c = m.config();
-  const double linear_bytes = static_cast<double>(dtype_size(weights));
-  double bytes = 0;
-  for (const auto& b : m.blocks())
-    for (const auto& e : b.entries())
-      bytes += static_cast<double>(e.numel) * (e.shape.size() == 2 ? linear_bytes : 4.0);
-  bytes += static_cast<double>(c.vocab_size) * c.hidden_size * linear_bytes;
-  bytes += 2.0 * c.hidden_size * 4.0;  // final norm weight and bias
-  return bytes;
-}
-
-int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int repeats,
-               const std::string& weights_flag, const std::string& kv_flag) {
-  apply_common_options(o.threads, "warn");
-  const dtype weights = parse_weights_flag(weights_flag);
-  const dtype kv = parse_kv_dtype_flag(kv_flag);
-  Backend& device_be = backend_for(parse_device(o.device));
-  profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
-  Backend& be = o.profile ? static_cast<Backend&>(prof) : device_be;
-  transformer model = open_model(o, be);
-  const auto& c = model.config();
-  if (prompt_tokens < 1 || new_tokens < 2 || prompt_tokens + new_tokens > c.max_positions)
-    throw std::invalid_argument("bench decode: need --prompt-tokens >= 1, --new-tokens >= 2 and "
-                                "their sum within the context of " +
-                                std::to_string(c.max_positions));
-  if (!o.json)
-    std::fprintf(stderr, "bench decode: %s, %.1fM parameters, %d threads; measuring...\n",
-                 c.hf_architecture.c_str(), static_cast<double>(c.parameter_count()) / 1e6,
-                 cpu_threads());
-
-
-  std::mt19937_64 rng(o.seed + 1);
-  std::uniform_int_distribution<int> pick(0, c.vocab_size - 1);
-  std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_tokens));
-  for (auto& t : prompt) t = pick(rng);
-
-  // With bf16 weights or a 16-bit KV cache the all-f32 generator is the
-  // baseline, measured in the same run: the two alternate, so drift hits
-  // both alike.
-  generator gen(model, 0, weights, kv);
-  std::optional<generator> baseline;
-  if (weights != dtype::f32 || kv != dtype::f32) baseline.emplace(model, 0, dtype::f32, dtype::f32);
-  generation_params p;
-  p.max_new_tokens = new_tokens;
-  p.ignore_eos = true;
-  const auto warm_prompt = std::span(prompt).first(std::min<std::size_t>(prompt.size(), 8));
-  gen.generate(warm_prompt, p);  // warm-up
-  if (baseline) baseline->generate(warm_prompt, p);
-
-  // Bandwidth drifts on shared machines: measure it between the runs and
-  // compare the best decode with the best bandwidth seen.
-  bandwidth_result bw;
-  const bool early = launches_early(be.dev());
-  double best_decode = 0, best_prefill = 0, base_decode = 0, base_prefill = 0;
-  double serial_decode = 0, serial_prefill = 0;  // early launch off
-  auto run_once = [&](generator& g, double& decode, double& prefill) {
-    generation_result res = g.generate(prompt, p);
-    if (res.decode_seconds > 0) decode = std::max(decode, res.decode_steps / res.decode_seconds);
-    if (res.prefill_seconds > 0)
-      prefill = std::max(prefill, res.prompt_tokens / res.prefill_seconds);
-  };
-  for (int r = 0; r < repeats; ++r) {
-    bandwidth_result b = measure_bound_bandwidth(be.dev());
-    if (b.read_gbps > bw.read_gbps) bw = b;
-    run_once(gen, best_decode, best_prefill);
-    if (early) {
-      use_early_launch(false);
-      run_once(gen, serial_decode, serial_prefill);
-      use_early_launch(true);
-    }
-    if (baseline) run_once(*baseline, base_decode, base_prefill);
-  }
-
-  double bytes = decode_bytes_per_token(model, weights);
-  double bound = bw.read_gbps * 1e9 / bytes;
-  double ratio = best_decode / bound;
-  const bool on_host = be.dev().kind == device_kind::cpu;
-  nlohmann::json j = {{"bench", "decode"},
-                      {"device", be.name()},
-                      {"weights", dtype_name(weights)},
-                      {"kv_dtype", dtype_name(kv)},
-                      {"bandwidth_source", on_host ? "host read sweep" : "device read sweep"},
-                      {"threads", cpu_threads()},
-                      {"params", c.parameter_count()},
-                      {"weight_bytes_per_token", bytes},
-                      {"prompt_tokens", prompt_tokens},
-                      {"new_tokens", new_tokens},
-                      {"decode_tokens_per_s", best_decode},
-                      {"prefill_tokens_per_s", best_prefill},
-                      {"read_bandwidth_gbps", bw.read_gbps},
-                      {"bandwidth_bound_tokens_per_s", bound},
-                      {"decode_vs_bound", ratio}};
-  if (o.profile) {
-    prof.enable(true);
-    gen.generate(std::span(prompt).first(1), p);
-    prof.enable(false);
-  }
-  j["early_launch"] = early;
-  if (early) {
-    j["serialised_decode_tokens_per_s"] = serial_decode;
-    j["decode_vs_serialised"] = serial_decode > 0 ? best_decode / serial_decode : 0.0;
-  }
-  if (baseline) {
-    j["f32_weight_bytes_per_token"] = decode_bytes_per_token(model, dtype::f32);
-    j["f32_decode_tokens_per_s"] = base_decode;
-    j["f32_prefill_tokens_per_s"] = base_prefill;
-    j["decode_vs_f32"] = base_decode > 0 ? best_decode / base_decode : 0.0;
-  }
-  if (!o.json) {
-    if (on_host)
-      std::printf("memory read bandwidth   %8.2f GB/s (%d threads, %.0f MiB swept)\n",
-                  bw.read_gbps, bw.threads, static_cast<double>(bw.bytes) / (1 << 20));
-    else
-      std::printf("device read bandwidth   %8.2f GB/s (%s, %.0f MiB swept, best of 10 per run)\n",
-                  bw.read_gbps, be.name().c_str(), static_cast<double>(bw.bytes) / (1 << 20));
-    std::printf("weights per token       %8.1f MB (%s linear weights)\n", bytes / 1e6,
-                dtype_name(weights));
-    std::printf("bandwidth bound         %8.2f tokens/s\n", bound);
-    std::printf("decode (batch 1)        %8.2f tokens/s  = %.1f%% of the bound\n", best_decode,
-                100.0 * ratio);
-    std::printf("prefill (%d tokens)    %8.1f tokens/s\n", prompt_tokens, best_prefill);
-    if (early)
-      std::printf("early launch off        %8.2f tokens/s  (same run, alternating: early launch %.2fx)\n",
-                  serial_decode, serial_decode > 0 ? best_decode / serial_decode : 0.0);
-    if (baseline) {
-      std::printf("f32 baseline decode     %8.2f tokens/s  (same run, alternating)\n",
-                  base_decode);
-      std::printf("f32 baseline prefill    %8.1f tokens/s\n", base_prefill);
-      std::printf("%s weights, %s KV / f32 decode %6.2fx\n", dtype_name(weights), dtype_name(kv),
-                  base_decode > 0 ? best_decode / base_decode : 0.0);
-    }
-  }
-  if (nlohmann::json gemv = report_gemv_choices(o.json); !gemv.empty()) j["gemv"] = gemv;
-  if (o.profile)
-    report_profile(prof, "one generation: a 1-token prompt and " + std::to_string(new_tokens) + " new tokens", o.json,
-                   j);
-  std::printf("%s\n", j.dump().c_str());
-  return 0;
 }
 
 int run_train(const bench_common& o, int batch, int seq, int steps) {
@@ -526,26 +329,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   auto* bench = app.add_subcommand("bench", "Benchmarks, each against a bound measured in the same run");
   bench->require_subcommand(1);
 
-  static bench_common decode_opts;
-  static int prompt_tokens = 128, new_tokens = 64, repeats = 5;
-  auto* decode = bench->add_subcommand("decode", "Batch-1 decode and prefill tokens/s vs memory bandwidth");
-  add_common(decode, decode_opts);
-  decode->add_option("--prompt-tokens", prompt_tokens, "Prompt length (prefill)")->capture_default_str();
-  decode->add_option("--new-tokens", new_tokens, "Tokens generated per run")->capture_default_str();
-  decode->add_option("--repeats", repeats, "Runs; the best is reported")->capture_default_str();
-  static std::string weights = "f32";
-  decode->add_option("--weights", weights,
-                     "Linear weights decode reads: f32, bf16 or int8 (then f32 is measured too, in "
-                     "the same run, and the ratio printed)")
-      ->capture_default_str();
-  static std::string kv_dtype = "f32";
-  decode->add_option("--kv-dtype", kv_dtype,
-                     "KV cache elements: f32, or bf16/f16 (then the all-f32 generator is measured too, in the same "
-                     "run)")
-      ->capture_default_str();
-  decode->callback([&action] {
-    action = [] { return run_decode(decode_opts, prompt_tokens, new_tokens, repeats, weights, kv_dtype); };
-  });
+  register_bench_decode(bench, action);
 
   static bench_common train_opts;
   static int batch = 4, seq = 64, steps = 3, micro_batch = 1;

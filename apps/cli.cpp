@@ -33,11 +33,10 @@ void apply_common_options(int threads, const std::string& log_level) {
   spdlog::set_level(spdlog::level::from_str(log_level));
 }
 
-dtype parse_weights_flag(const std::string& text) {
-  if (text == "f32") return dtype::f32;
-  if (text == "bf16") return dtype::bf16;
-  if (text == "int8") return dtype::i8;
-  throw std::invalid_argument("--weights must be f32, bf16 or int8, got '" + text + "'");
+weight_format parse_weights_flag(const std::string& text) {
+  if (text != "i8")  // the flag says int8; i8 is the wire's name
+    if (const auto f = weight_format_named(text)) return *f;
+  throw std::invalid_argument("--weights must be f32, bf16, int8 or nf4, got '" + text + "'");
 }
 
 dtype parse_kv_dtype_flag(const std::string& text) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/tensor.hpp"
+#include "kernels/weight_format.hpp"
 #include "model/config.hpp"
 
 namespace CLI {
@@ -113,7 +114,7 @@ void apply_common_options(int threads, const std::string& log_level);
 /// The dtype a --weights flag names: "f32" or "bf16" (the linear weights
 /// decode reads, see generator); throws std::invalid_argument
 /// ("--weights must be f32 or bf16, got 'x'") otherwise.
-dtype parse_weights_flag(const std::string& text);
+weight_format parse_weights_flag(const std::string& text);
 /// The dtype a --compute flag names for training on `where` (train and
 /// bench train): f32, or bf16/f16 on a device. Throws std::invalid_argument
 /// for an unknown name and for bf16/f16 on the cpu ("--compute bf16 needs a

@@ -122,7 +122,7 @@ int run_generate(const generate_options& o) {
     throw std::invalid_argument("give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
   std::vector<std::int32_t> prompt;
   if (o.has_prompt_ids) prompt = parse_ids(o.prompt_ids);
-  const dtype weights = parse_weights_flag(o.weights);
+  const weight_format weights = parse_weights_flag(o.weights);
   const dtype kv = parse_kv_dtype_flag(o.kv_dtype);
 
   // With --swarm the servers compute the blocks and the head stays on the
@@ -245,9 +245,10 @@ void register_generate(CLI::App& app, action_fn& action) {
                   "as stored). With --swarm the servers' own --kv-dtype applies")
       ->capture_default_str();
   cmd->add_option("--weights", o->weights,
-                  "Linear weights decode reads: f32, bf16 (copies made at load: half the bytes per token) or "
-                  "int8 (quantised at load per output channel: a quarter); norms, biases and embeddings stay "
-                  "f32. With --swarm: the LM head held here")
+                  "Linear weights decode reads: f32, bf16 (copies made at load: half the bytes per token), "
+                  "int8 (quantised at load per output channel: a quarter) or nf4 (4-bit NormalFloat in blocks "
+                  "of 64, int8 LM head: about an eighth); norms, biases and embeddings stay f32. With --swarm: "
+                  "the LM head held here")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")

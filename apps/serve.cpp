@@ -257,7 +257,7 @@ int run_serve(const serve_args& a) {
   if (a.num_blocks != 0 && a.no_dht)
     throw std::invalid_argument("--num-blocks chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
   if (a.cache_tokens < 1) throw std::invalid_argument("--cache-tokens must be at least 1");
-  const dtype weights = parse_weights_flag(a.weights);
+  const weight_format weights = parse_weights_flag(a.weights);
   span_engine_options engine_options;
   engine_options.kv_dtype = parse_kv_dtype_flag(a.kv_dtype);
   Backend& be = backend_for(parse_device(a.device));
@@ -284,7 +284,7 @@ int run_serve(const serve_args& a) {
   record.state = net::member_state::joining;
   record.protocol_version = net::protocol_version;
   record.public_key = n.public_key();
-  record.weights = dtype_name(weights);
+  record.weights = weight_format_name(weights);
   if (members)
     if (auto err = members->announce(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
 
@@ -330,7 +330,7 @@ int run_serve(const serve_args& a) {
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
   spdlog::info("serve: blocks [{}, {}) of {} ({} layers), {} weights, {} KV cache for {} tokens ({:.1f} MiB)", first,
-               last, so.model, cfg.n_layers, dtype_name(weights), dtype_name(engine_options.kv_dtype),
+               last, so.model, cfg.n_layers, weight_format_name(weights), dtype_name(engine_options.kv_dtype),
                engine->cache_tokens(),
                static_cast<double>(engine->cache_tokens() * engine->kv_bytes_per_token()) / (1 << 20));
 
@@ -439,7 +439,8 @@ void register_serve(CLI::App& app, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--weights", a->weights,
                   "Linear weights inference sessions read: f32, bf16 (copies made at load: half the bytes per "
-                  "token) or int8 (quantised at load per output channel: a quarter); fine-tuning requests keep f32")
+                  "token), int8 (quantised at load per output channel: a quarter) or nf4 (4-bit NormalFloat in "
+                  "blocks of 64: about an eighth); fine-tuning requests keep f32")
       ->capture_default_str();
   cmd->add_option("--session-idle-s", a->session_idle_s, "Close sessions unused this many seconds")
       ->check(CLI::Range(1, 86400))

@@ -22,13 +22,16 @@ void add_swarm_flags(CLI::App* cmd, swarm_flags& f) {
       ->check(CLI::Range(1, 3600000))
       ->capture_default_str();
   cmd->add_option("--swarm-weights", f.weights,
-                  "Route only through servers whose decode reads these linear weights: f32, bf16 or int8 "
+                  "Route only through servers whose decode reads these linear weights: f32, bf16, int8 or nf4 "
                   "(serve --weights; quantised weights change the output)");
 }
 
 swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_dir, int n_blocks) {
-  if (!f.weights.empty() && f.weights != "f32" && f.weights != "bf16" && f.weights != "int8")
-    throw std::invalid_argument("--swarm-weights must be f32, bf16 or int8, got '" + f.weights + "'");
+  if (!f.weights.empty()) try {
+      parse_weights_flag(f.weights);
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument("--swarm-weights must be f32, bf16, int8 or nf4, got '" + f.weights + "'");
+    }
   swarm_connection c;
   node_options no;
   no.listen = "";  // a client only dials out
@@ -57,7 +60,7 @@ swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_di
   if (c.options.servers.empty() && !c.options.discover)
     throw std::invalid_argument("--swarm needs at least one HOST:PORT (or give --swarm-dht)");
   c.options.request_timeout = std::chrono::milliseconds(f.timeout_ms);
-  if (!f.weights.empty()) c.options.weights = dtype_name(parse_weights_flag(f.weights));
+  if (!f.weights.empty()) c.options.weights = weight_format_name(parse_weights_flag(f.weights));
   return c;
 }
 

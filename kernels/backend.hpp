@@ -27,6 +27,7 @@
 #include "kernels/device_group.hpp"
 #include "kernels/rope_spec.hpp"
 #include "kernels/tensor.hpp"
+#include "kernels/weight_format.hpp"
 
 namespace corolla {
 
@@ -136,6 +137,13 @@ class Backend {
   /// f32, then scaled (a backend may instead widen many rows' worth of
   /// weight to the f32 values q * scale and multiply those: prefill).
   virtual void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) = 0;
+  /// y[N,out] = x[N,in] @ w'^T (+ bias[out] if given), w' the NF4 weight
+  /// (q, absmax) of quantize_nf4 dequantised (kernels/nf4.hpp), read half a
+  /// byte per weight: q i8 [out, nf4_row_bytes(in)], absmax f32
+  /// [out, nf4_row_blocks(in)]. Each w' value is the f32 product code *
+  /// absmax, so the result is linear on dequantize_nf4's weight up to
+  /// summation order.
+  virtual void linear_nf4(const Tensor& x, const Tensor& q, const Tensor& absmax, const Tensor* bias, Tensor& y) = 0;
   /// Backward of linear: dx = dy @ w (if dx given, overwritten);
   /// dw += dy^T @ x; db += column sums of dy (if db given). A bf16 weight
   /// with f32 activations is refused (tensor_error "bf16 weights are for
@@ -270,6 +278,14 @@ class Backend {
   virtual void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) = 0;
   virtual void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) = 0;
 
+  // ---- 4-bit inference weights ---------------------------------------------------
+  /// w f32 [out, in] as NF4 (kernels/nf4.hpp): q i8 [out, nf4_row_bytes(in)],
+  /// absmax f32 [out, nf4_row_blocks(in)], bit for bit bitsandbytes' codes
+  /// when in % 64 == 0.
+  virtual void quantize_nf4(const Tensor& w, Tensor& q, Tensor& absmax) = 0;
+  /// w f32 [out, in] = the NF4 weight (q, absmax) dequantised.
+  virtual void dequantize_nf4(const Tensor& q, const Tensor& absmax, Tensor& w) = 0;
+
   // ---- transfers -----------------------------------------------------------------
   /// Copies (and converts dtype) src into dst; either may be on the host.
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
@@ -340,14 +356,22 @@ class Backend {
 /// The process-wide CPU backend (OpenBLAS GEMM, OpenMP loops).
 Backend& cpu_backend();
 
-/// An int8 inference weight for Backend::linear_q8: q i8 [out, in] and its
-/// per-output-channel scales f32 [out].
-struct q8_weight {
+/// A quantised inference weight: int8 (Backend::linear_q8: q i8 [out, in],
+/// scale f32 [out], one per output channel) or NF4 (Backend::linear_nf4:
+/// q i8 [out, nf4_row_bytes(in)] of packed codes, scale f32
+/// [out, nf4_row_blocks(in)] the blocks' absmax). Rows are independent in
+/// both, so row slices of q and scale are weights of their own.
+struct quantized_weight {
   Tensor q, scale;
 };
-/// `w` (f32 [out, in], on be's device) quantised per output channel:
-/// Backend::quantize_int8 with one block per row.
-q8_weight quantize_rows(Backend& be, const Tensor& w);
+/// `w` (f32 [out, in], on be's device) quantised as `f` (int8: per output
+/// channel, Backend::quantize_int8 with one block per row; nf4:
+/// Backend::quantize_nf4). Throws tensor_error for another format.
+quantized_weight quantize_rows(Backend& be, const Tensor& w, weight_format f = weight_format::int8);
+/// y = x @ w^T (+ bias) for a weight of format `f` with its scales (the
+/// undefined tensor for f32 and bf16): linear_q8, linear_nf4 or linear.
+void linear_as(Backend& be, weight_format f, const Tensor& x, const Tensor& w, const Tensor& scale,
+               const Tensor* bias, Tensor& y);
 
 /// Backends compiled into this binary ("cpu", "cuda").
 std::vector<std::string> compiled_backends();

@@ -61,6 +61,9 @@ class profiling_backend final : public Backend {
   void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) override {
     timed("linear_q8", [&] { inner_.linear_q8(x, q, scale, bias, y); });
   }
+  void linear_nf4(const Tensor& x, const Tensor& q, const Tensor& absmax, const Tensor* bias, Tensor& y) override {
+    timed("linear_nf4", [&] { inner_.linear_nf4(x, q, absmax, bias, y); });
+  }
   bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,
                     Tensor& y) override {
     // Recorded only where the inner backend has the fused form; otherwise
@@ -164,6 +167,12 @@ class profiling_backend final : public Backend {
   }
   void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) override {
     timed("dequantize_int8", [&] { inner_.dequantize_int8(q, scales, block, x); });
+  }
+  void quantize_nf4(const Tensor& w, Tensor& q, Tensor& absmax) override {
+    timed("quantize_nf4", [&] { inner_.quantize_nf4(w, q, absmax); });
+  }
+  void dequantize_nf4(const Tensor& q, const Tensor& absmax, Tensor& w) override {
+    timed("dequantize_nf4", [&] { inner_.dequantize_nf4(q, absmax, w); });
   }
   void copy(const Tensor& src, Tensor& dst) override {
     timed("copy", [&] { inner_.copy(src, dst); });

@@ -91,14 +91,15 @@ Tensor stack_rows(Backend& be, const std::vector<Tensor*>& parts, dtype type) {
   return all;
 }
 
-/// Quantises the f32 weights `parts` (weight, scale) as one stacked int8
-/// tensor with per-row scales (rows quantise independently, so the stack
-/// equals its parts quantised apart), and points each weight and its scale
-/// at their slices. Returns the stack and its scales.
-std::pair<Tensor, Tensor> quantize_stack(Backend& be, std::initializer_list<std::pair<Tensor*, Tensor*>> parts) {
+/// Quantises the f32 weights `parts` (weight, scale) as one stacked tensor
+/// of format `f` (rows quantise independently, so the stack equals its parts
+/// quantised apart), and points each weight and its scale at their slices.
+/// Returns the stack and its scales.
+std::pair<Tensor, Tensor> quantize_stack(Backend& be, weight_format f,
+                                         std::initializer_list<std::pair<Tensor*, Tensor*>> parts) {
   std::vector<Tensor*> weights;
   for (const auto& [w, s] : parts) weights.push_back(w);
-  const q8_weight stack = quantize_rows(be, stack_rows(be, weights, dtype::f32));
+  const quantized_weight stack = quantize_rows(be, stack_rows(be, weights, dtype::f32), f);
   std::int64_t at = 0;
   for (const auto& [w, s] : parts) {
     const std::int64_t n = w->dim(0);
@@ -111,23 +112,24 @@ std::pair<Tensor, Tensor> quantize_stack(Backend& be, std::initializer_list<std:
 
 }  // namespace
 
-block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t) {
-  if (t != dtype::f32 && t != dtype::bf16 && t != dtype::i8)
-    throw tensor_error(std::string("inference weights are f32, bf16 or i8, not ") + dtype_name(t));
+block_tensors inference_weights(Backend& be, const block_tensors& w, weight_format f) {
   block_tensors out = w;
-  if (t == dtype::f32) return out;
+  if (f == weight_format::f32) return out;
+  out.format = f;
   // Biases stay f32, stacked alike (GPT-2, Qwen2).
   if (out.q_b.defined()) out.qkv_b = stack_rows(be, {&out.q_b, &out.k_b, &out.v_b}, dtype::f32);
-  if (t == dtype::i8) {
-    std::tie(out.qkv_w, out.qkv_s) = quantize_stack(be, {{&out.q_w, &out.q_s}, {&out.k_w, &out.k_s}, {&out.v_w, &out.v_s}});
+  if (is_quantized(f)) {
+    std::tie(out.qkv_w, out.qkv_s) =
+        quantize_stack(be, f, {{&out.q_w, &out.q_s}, {&out.k_w, &out.k_s}, {&out.v_w, &out.v_s}});
     if (out.gate_w.defined())
-      std::tie(out.gate_up_w, out.gate_up_s) = quantize_stack(be, {{&out.gate_w, &out.gate_s}, {&out.up_w, &out.up_s}});
+      std::tie(out.gate_up_w, out.gate_up_s) = quantize_stack(be, f, {{&out.gate_w, &out.gate_s}, {&out.up_w, &out.up_s}});
     else
-      quantize_stack(be, {{&out.up_w, &out.up_s}});
-    quantize_stack(be, {{&out.o_w, &out.o_s}});
-    quantize_stack(be, {{&out.down_w, &out.down_s}});
+      quantize_stack(be, f, {{&out.up_w, &out.up_s}});
+    quantize_stack(be, f, {{&out.o_w, &out.o_s}});
+    quantize_stack(be, f, {{&out.down_w, &out.down_s}});
     return out;
   }
+  const dtype t = dtype::bf16;
   out.qkv_w = stack_rows(be, {&out.q_w, &out.k_w, &out.v_w}, t);
   if (out.gate_w.defined()) out.gate_up_w = stack_rows(be, {&out.gate_w, &out.up_w}, t);
   for (Tensor* m : {&out.o_w, &out.down_w, out.gate_w.defined() ? nullptr : &out.up_w}) {

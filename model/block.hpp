@@ -65,10 +65,13 @@ struct block_tensors {
   /// [2F, D] tensor. A decode step then reads each stack in one product.
   /// Undefined for training weights.
   Tensor qkv_w, qkv_b, gate_up_w;
-  /// int8 inference weights only: the per-output-channel scales of each
-  /// linear weight (Backend::linear_q8), slices of the stacks' like the
-  /// weights; undefined otherwise.
+  /// Quantised inference weights only: the scales of each linear weight,
+  /// slices of the stacks' like the weights (int8: one per output channel,
+  /// Backend::linear_q8; nf4: one absmax per block of 64 of a row,
+  /// Backend::linear_nf4); undefined otherwise.
   Tensor q_s, k_s, v_s, o_s, gate_s, up_s, down_s, qkv_s, gate_up_s;
+  /// How the linear weights are stored (f32 for training weights).
+  weight_format format = weight_format::f32;
 
   /// Resolves every role of `p` (laid out by block_layout(cfg)); throws
   /// tensor_error if `p` lacks one.
@@ -76,14 +79,15 @@ struct block_tensors {
 };
 
 /// Inference weights of one block: `w` with its linear weights (q, k, v, o,
-/// gate, up, down) converted to `t` (f32, bf16, or i8: int8 quantised per
-/// output channel, with scales) in fresh tensors on `be`'s device, and
-/// norms and biases shared with `w` (they stay f32). With bf16
+/// gate, up, down) stored as `f` in fresh tensors on `be`'s device (bf16;
+/// int8 quantised per output channel, or nf4 in blocks of 64, each with
+/// scales), and norms and biases shared with `w` (they stay f32). With bf16
 /// the cached forwards read half the bytes per token (Backend::linear takes
-/// a bf16 weight); training refuses such weights (linear_backward throws).
-/// The bf16 copies are stacked (qkv_w, gate_up_w) so that single-row steps
-/// run one product per stack. Throws tensor_error for another dtype.
-block_tensors inference_weights(Backend& be, const block_tensors& w, dtype t);
+/// a bf16 weight), int8 a quarter, nf4 an eighth (plus an f32 absmax per 64
+/// weights); training refuses such weights (linear_backward throws). The
+/// copies are stacked (qkv_w, gate_up_w) so that single-row steps run one
+/// product per stack. f32 returns `w` itself.
+block_tensors inference_weights(Backend& be, const block_tensors& w, weight_format f);
 
 /// Training compute weights of one block for mixed precision
 /// (stage::set_compute_dtype): fresh `t` (bf16 or f16) tensors on `be`'s

@@ -37,15 +37,7 @@ void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
 
 namespace {
 
-/// A product with an inference weight: int8 (with its scales) or f32/bf16.
-void lin(Backend& be, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor* bias, Tensor& y) {
-  if (scale.defined())
-    be.linear_q8(x, w, scale, bias, y);
-  else
-    be.linear(x, w, bias, y);
-}
-
-/// Backend::linear_fused where the weight is not int8 (no fused int8 op).
+/// Backend::linear_fused where the weight is not quantised (no fused quantised op).
 bool fused(Backend& be, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor* bias, linear_epilogue e,
            const Tensor* residual, Tensor& y) {
   return !scale.defined() && be.linear_fused(x, w, bias, e, residual, y);
@@ -105,11 +97,11 @@ struct cached_forward {
     norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
     if (stacked) {
       Tensor& qkv = ws.qkv_.rows(be, 1);
-      lin(be, norm, w.qkv_w, w.qkv_s, opt(w.qkv_b), qkv);
+      linear_as(be, w.format, norm, w.qkv_w, w.qkv_s, opt(w.qkv_b), qkv);
     } else {
-      lin(be, norm, w.q_w, w.q_s, opt(w.q_b), q);
-      lin(be, norm, w.k_w, w.k_s, opt(w.k_b), k);
-      lin(be, norm, w.v_w, w.v_s, opt(w.v_b), v);
+      linear_as(be, w.format, norm, w.q_w, w.q_s, opt(w.q_b), q);
+      linear_as(be, w.format, norm, w.k_w, w.k_s, opt(w.k_b), k);
+      linear_as(be, w.format, norm, w.v_w, w.v_s, opt(w.v_b), v);
     }
     if (cfg.qk_norm) {
       // Qwen3: q and k normed per head before RoPE, into their own rows.
@@ -124,31 +116,31 @@ struct cached_forward {
     // A product and the op after it run as one where the backend fuses
     // them (Backend::linear_fused: CUDA's bf16-weight GEMV), else as two.
     if (llama) {
-      lin(be, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
+      linear_as(be, w.format, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
       be.add_rmsnorm(x, tmp, h, w.mlp_norm_w, cfg.norm_eps, norm);
     } else {
       if (!fused(be, attn, w.o_w, w.o_s, opt(w.o_b), linear_epilogue::add, &x, h)) {
-        lin(be, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
+        linear_as(be, w.format, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
         be.add(x, tmp, h);
       }
       norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
     }
     if (llama && stacked) {
       if (!fused(be, norm, w.gate_up_w, w.gate_up_s, nullptr, linear_epilogue::swiglu, nullptr, act)) {
-        lin(be, norm, w.gate_up_w, w.gate_up_s, nullptr, ws.gate_up_.rows(be, 1));
+        linear_as(be, w.format, norm, w.gate_up_w, w.gate_up_s, nullptr, ws.gate_up_.rows(be, 1));
         be.swiglu(ws.gate1_, ws.up1_, act);
       }
     } else if (llama) {
       Tensor& gate = ws.gate_.rows(be, R);
-      lin(be, norm, w.gate_w, w.gate_s, nullptr, gate);
-      lin(be, norm, w.up_w, w.up_s, nullptr, up);
+      linear_as(be, w.format, norm, w.gate_w, w.gate_s, nullptr, gate);
+      linear_as(be, w.format, norm, w.up_w, w.up_s, nullptr, up);
       be.swiglu(gate, up, act);
     } else if (!fused(be, norm, w.up_w, w.up_s, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
-      lin(be, norm, w.up_w, w.up_s, opt(w.up_b), up);
+      linear_as(be, w.format, norm, w.up_w, w.up_s, opt(w.up_b), up);
       be.gelu(up, act);
     }
     if (!fused(be, act, w.down_w, w.down_s, opt(w.down_b), linear_epilogue::add, &h, y)) {
-      lin(be, act, w.down_w, w.down_s, opt(w.down_b), tmp);
+      linear_as(be, w.format, act, w.down_w, w.down_s, opt(w.down_b), tmp);
       be.add(h, tmp, y);
     }
   }

@@ -31,7 +31,7 @@ dtype checked_kv(dtype kv) {
 
 }  // namespace
 
-generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype weights, dtype kv)
+generator::generator(transformer& model, std::size_t kv_budget_bytes, weight_format weights, dtype kv)
     : cfg_(model.config()),
       be_(&model.backend()),
       head_(cfg_, model.head(), model.backend()),
@@ -40,9 +40,6 @@ generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype weig
                                       cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, kPageTokens,
                                       &model.backend(), checked_kv(kv))),
       hidden_(cfg_.hidden_size) {
-  if (weights != dtype::f32 && weights != dtype::bf16 && weights != dtype::i8)
-    throw model_error(std::string("generator: weights must be f32, bf16 or i8, not ") +
-                      dtype_name(weights));
   stage_.use_inference_weights(weights);
   head_.use_inference_weights(weights);
   logits_ = be_->empty({1, cfg_.vocab_size});

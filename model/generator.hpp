@@ -89,16 +89,17 @@ class generator {
  public:
   /// A generator whose KV cache may hold `kv_budget_bytes` (0 = enough for
   /// one sequence of the full context; pages are taken lazily either way).
-  /// `weights` is the dtype of the linear weights decode reads: f32 (the
-  /// model's own parameters) or bf16 (copies of every block's q, k, v, o,
-  /// gate, up, down and the LM head made here, half the bytes per token;
-  /// norms, biases and embeddings stay f32). The copies are a snapshot of
+  /// `weights` is the format of the linear weights decode reads: f32 (the
+  /// model's own parameters), or bf16, int8 or nf4 (copies of every block's
+  /// q, k, v, o, gate, up, down and of the LM head made here,
+  /// stage::use_inference_weights and head::use_inference_weights; norms,
+  /// biases and embeddings stay f32). The copies are a snapshot of
   /// the model's parameters at construction and live next to them (the
   /// model keeps its f32 weights). `kv` is the KV cache's element type:
   /// f32, or bf16/f16 (half the cache memory; keys and values rounded once
-  /// as they are stored). Throws model_error for another dtype.
+  /// as they are stored). Throws model_error for another KV dtype.
   explicit generator(transformer& model, std::size_t kv_budget_bytes = 0,
-                     dtype weights = dtype::f32, dtype kv = dtype::f32);
+                     weight_format weights = weight_format::f32, dtype kv = dtype::f32);
 
   /// Generates up to p.max_new_tokens tokens after `prompt`. Throws
   /// model_error for an empty prompt, an id outside [0, V) ("prompt id X is
@@ -123,8 +124,8 @@ class generator {
 
   /// The model's shape.
   const model_config& config() const { return cfg_; }
-  /// The dtype of the linear weights decode reads (see the constructor).
-  dtype weights() const { return stage_.inference_dtype(); }
+  /// The format of the linear weights decode reads (see the constructor).
+  weight_format weights() const { return stage_.inference_format(); }
   /// The pool the generator's sequences draw from.
   const kv_pool& pool() const { return *pool_; }
 

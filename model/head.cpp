@@ -113,25 +113,24 @@ void head::logits(const Tensor& x, Tensor& logits, head_activations* saved) {
   expect_rows(logits, N, cfg_.vocab_size, "head::logits logits");
   const Tensor& norm = final_norm(x, saved);
   const bool inference = !saved && lm_head_inference_.defined();
-  if (inference && lm_head_scale_.defined())
-    be_->linear_q8(norm, lm_head_inference_, lm_head_scale_, nullptr, logits);
+  if (inference)
+    linear_as(*be_, lm_head_format(), norm, lm_head_inference_, lm_head_scale_, nullptr, logits);
   else
-    be_->linear(norm, inference ? lm_head_inference_ : lm_head_w_, nullptr, logits);
+    be_->linear(norm, lm_head_w_, nullptr, logits);
 }
 
-void head::use_inference_weights(dtype t) {
-  if (t != dtype::f32 && t != dtype::bf16 && t != dtype::i8)
-    throw tensor_error(std::string("head: inference weights are f32, bf16 or i8, not ") + dtype_name(t));
+void head::use_inference_weights(weight_format f) {
   lm_head_inference_ = Tensor();
   lm_head_scale_ = Tensor();
-  if (t == dtype::f32) return;
-  if (t == dtype::i8) {  // per output channel (a vocabulary row), as the blocks' weights
-    q8_weight q = quantize_rows(*be_, lm_head_w_);
+  inference_format_ = f;
+  if (f == weight_format::f32) return;
+  if (is_quantized(f)) {  // int8 per output channel (a vocabulary row), also for nf4 blocks
+    quantized_weight q = quantize_rows(*be_, lm_head_w_, weight_format::int8);
     lm_head_inference_ = std::move(q.q);
     lm_head_scale_ = std::move(q.scale);
     return;
   }
-  lm_head_inference_ = be_->empty(lm_head_w_.shape(), t);
+  lm_head_inference_ = be_->empty(lm_head_w_.shape(), dtype::bf16);
   be_->copy(lm_head_w_, lm_head_inference_);
 }
 

@@ -107,17 +107,20 @@ class head {
   /// The rows per chunk loss() uses for `rows` rows.
   std::int64_t loss_chunk_rows(std::int64_t rows) const;
 
-  /// Makes logits() without `saved` (the inference path) read a `t` copy of
-  /// the LM-head weight: bf16 halves its bytes per token, i8 (quantised per
-  /// vocabulary row, with scales) quarters them; f32 (the default) drops
-  /// the copy. Embeddings, the final norm and the training path
-  /// (logits with `saved`, the backward) keep the f32 parameters, which stay
-  /// allocated. The copy is a snapshot of params() now. Throws tensor_error
-  /// for a dtype other than f32, bf16 or i8.
-  void use_inference_weights(dtype t);
-  /// The dtype of the LM-head weight the inference path reads.
-  dtype inference_dtype() const {
-    return lm_head_inference_.defined() ? lm_head_inference_.type() : dtype::f32;
+  /// Makes logits() without `saved` (the inference path) read a copy of
+  /// the LM-head weight for blocks stored as `f`: bf16 halves its bytes per
+  /// token; int8 and nf4 quantise it to int8 per vocabulary row (a quarter
+  /// of the bytes, with scales: 4 bits would cost the logits too much, as
+  /// HF's 4-bit loading keeps the LM head out of it); f32 (the default)
+  /// drops the copy. Embeddings, the final norm and the training path
+  /// (logits with `saved`, the backward) keep the f32 parameters, which
+  /// stay allocated. The copy is a snapshot of params() now.
+  void use_inference_weights(weight_format f);
+  /// The format the blocks' weights were asked for (see above).
+  weight_format inference_format() const { return inference_format_; }
+  /// The format of the LM-head weight the inference path reads.
+  weight_format lm_head_format() const {
+    return is_quantized(inference_format_) ? weight_format::int8 : inference_format_;
   }
 
  private:
@@ -140,6 +143,7 @@ class head {
   Tensor embed_w_, pos_w_, norm_w_, norm_b_, lm_head_w_;
   Tensor lm_head_inference_;  ///< bf16 or int8 copy of lm_head_w_ for logits() without saved, or undefined
   Tensor lm_head_scale_;      ///< its per-row scales when int8, else undefined
+  weight_format inference_format_ = weight_format::f32;
   Tensor g_embed_, g_pos_, g_norm_w_, g_norm_b_, g_lm_head_;
   // Inference and embedding scratch.
   row_buffer pos_rows_, norm_rows_, mean_rows_, rstd_rows_;

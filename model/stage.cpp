@@ -48,14 +48,12 @@ void stage::resolve_views() {
   for (const auto& p : params_) weights_.push_back(block_tensors::of(cfg_, p));
 }
 
-void stage::use_inference_weights(dtype t) {
-  if (t != dtype::f32 && t != dtype::bf16 && t != dtype::i8)
-    throw tensor_error(std::string("stage: inference weights are f32, bf16 or i8, not ") + dtype_name(t));
+void stage::use_inference_weights(weight_format f) {
   std::vector<block_tensors> converted;
-  if (t != dtype::f32)
-    for (const auto& w : weights_) converted.push_back(inference_weights(*be_, w, t));
+  if (f != weight_format::f32)
+    for (const auto& w : weights_) converted.push_back(inference_weights(*be_, w, f));
   inference_weights_ = std::move(converted);
-  inference_dtype_ = t;
+  inference_format_ = f;
 }
 
 std::vector<param_set>& stage::grads() {

@@ -132,19 +132,18 @@ class stage {
   /// result equals forward_cached per sequence up to GEMM rounding. y [R, D]
   /// may alias x.
   void forward_cached_batch(const Tensor& x, std::span<const cached_rows> seqs, Tensor& y);
-  /// Makes forward_cached and forward_cached_batch read `t` copies of every
-  /// block's linear weights (inference_weights in model/block.hpp): bf16
-  /// halves the bytes a decoded token reads; f32 (the default) drops the
-  /// copies and reads params() again. The copies are a snapshot of params()
-  /// now: later updates are not seen until the next call. The f32
-  /// parameters stay allocated next to them (training, backward and
-  /// params() keep using them), so bf16 adds half the blocks' linear bytes.
-  /// i8 quantises them per output channel (a quarter of the bytes, with
-  /// scales; Backend::linear_q8). Throws tensor_error for a dtype other than
-  /// f32, bf16 or i8.
-  void use_inference_weights(dtype t);
-  /// The dtype of the linear weights the cached forwards read.
-  dtype inference_dtype() const { return inference_dtype_; }
+  /// Makes forward_cached and forward_cached_batch read every block's
+  /// linear weights stored as `f` (inference_weights in model/block.hpp):
+  /// bf16 halves the bytes a decoded token reads, int8 (per output channel,
+  /// Backend::linear_q8) quarters them, nf4 (blocks of 64,
+  /// Backend::linear_nf4) takes an eighth plus an absmax per block; f32 (the
+  /// default) drops the copies and reads params() again. The copies are a
+  /// snapshot of params() now: later updates are not seen until the next
+  /// call. The f32 parameters stay allocated next to them (training,
+  /// backward and params() keep using them).
+  void use_inference_weights(weight_format f);
+  /// The format of the linear weights the cached forwards read.
+  weight_format inference_format() const { return inference_format_; }
 
  private:
   /// What the cached forwards read for block first()+i.
@@ -169,7 +168,7 @@ class stage {
   std::vector<block_tensors> weights_;
   std::vector<block_tensors> grad_views_;
   std::vector<block_tensors> inference_weights_;  ///< bf16 or int8 linear weights, or empty (use weights_)
-  dtype inference_dtype_ = dtype::f32;
+  weight_format inference_format_ = weight_format::f32;
   std::vector<block_tensors> compute_weights_;  ///< 16-bit linear weights for training, or empty (use weights_)
   dtype compute_dtype_ = dtype::f32;
   bool compute_stale_ = true;  ///< compute_weights_ predate a params() write

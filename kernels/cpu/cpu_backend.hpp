@@ -58,6 +58,8 @@ class cpu_backend_impl final : public Backend {
   /// One pass over the int8 rows per output channel, for every row of x
   /// (cpu_linear_q8.cpp): decode reads each weight byte once.
   void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) override;
+  /// NF4 weights (cpu_nf4.cpp): decode reads each packed byte once.
+  void linear_nf4(const Tensor& x, const Tensor& q, const Tensor& absmax, const Tensor* bias, Tensor& y) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                        Tensor& dw, Tensor* db) override;
 
@@ -106,6 +108,8 @@ class cpu_backend_impl final : public Backend {
 
   void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) override;
   void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) override;
+  void quantize_nf4(const Tensor& w, Tensor& q, Tensor& absmax) override;
+  void dequantize_nf4(const Tensor& q, const Tensor& absmax, Tensor& w) override;
 
   void copy(const Tensor& src, Tensor& dst) override;
 

@@ -8,15 +8,14 @@
 // and multiplied with sgemm, as the bf16 path does.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
-#include <cblas.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/cpu_common.hpp"
+#include "kernels/cpu/cpu_widened_gemm.hpp"
 
 namespace corolla::cpu {
 namespace {
@@ -79,29 +78,14 @@ void cpu_backend_impl::linear_q8(const Tensor& x, const Tensor& q, const Tensor&
     });
     return;
   }
-  // Many rows: blocks of about 1 MiB of widened (scaled) weight rows.
-  const std::int64_t block = std::max<std::int64_t>(16, (std::int64_t{1} << 18) / std::max<std::int64_t>(in, 1));
-  parallel_ranges(out, rows * in, [&](std::int64_t o0, std::int64_t o1) {
-    const std::int64_t cap = std::min(block, o1 - o0);
-    float* wf = thread_scratch(0, static_cast<std::size_t>(cap * in));
-    for (std::int64_t b0 = o0; b0 < o1; b0 += cap) {
-      const std::int64_t nb = std::min(cap, o1 - b0);
-      for (std::int64_t o = 0; o < nb; ++o) {
-        const std::int8_t* src = qp + (b0 + o) * in;
-        float* dst = wf + o * in;
-        const float s = sp[b0 + o];
+  // Many rows: blocks of widened (scaled) weight rows through sgemm.
+  linear_widened(xp, rows, in, out, bp, yp, [&](std::int64_t o0, std::int64_t n, float* wf) {
+    for (std::int64_t o = 0; o < n; ++o) {
+      const std::int8_t* src = qp + (o0 + o) * in;
+      float* dst = wf + o * in;
+      const float s = sp[o0 + o];
 #pragma omp simd
-        for (std::int64_t i = 0; i < in; ++i) dst[i] = static_cast<float>(src[i]) * s;
-      }
-      float beta = 0.0f;
-      if (bp) {
-        for (std::int64_t r = 0; r < rows; ++r)
-          std::memcpy(yp + r * out + b0, bp + b0, static_cast<std::size_t>(nb) * sizeof(float));
-        beta = 1.0f;
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(nb),
-                  static_cast<int>(in), 1.0f, xp, static_cast<int>(in), wf, static_cast<int>(in), beta, yp + b0,
-                  static_cast<int>(out));
+      for (std::int64_t i = 0; i < in; ++i) dst[i] = static_cast<float>(src[i]) * s;
     }
   });
 }

@@ -76,9 +76,14 @@ class cuda_backend final : public Backend {
   void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             float alpha = 1.0f, float beta = 0.0f) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
-  /// The int8 GEMV of linear_q8.cu for every row (decode; prefill re-reads
-  /// the weight every 8 rows).
+  /// The int8 GEMV of linear_q8.cu for up to gemv_rows rows (decode); more
+  /// rows (prefill) dequantise the weight into a temporary f32 copy once and
+  /// run linear().
   void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) override;
+  /// The NF4 GEMV of nf4.cu for up to gemv_rows rows, else as linear_q8.
+  void linear_nf4(const Tensor& x, const Tensor& q, const Tensor& absmax, const Tensor* bias, Tensor& y) override;
+  /// Rows up to which the quantised products run their GEMV.
+  static constexpr std::int64_t gemv_rows = 16;
   /// The bf16-weight GEMV with its epilogue (linear_bf16.hpp) for f32 x of
   /// 1 to 16 rows and a bf16 w; false for anything else.
   bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,
@@ -132,6 +137,8 @@ class cuda_backend final : public Backend {
 
   void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) override;
   void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) override;
+  void quantize_nf4(const Tensor& w, Tensor& q, Tensor& absmax) override;
+  void dequantize_nf4(const Tensor& q, const Tensor& absmax, Tensor& w) override;
 
   /// Host <-> this device and device <-> device (same device, or another
   /// CUDA device for equal dtypes), converting f32 <-> bf16/f16 on this

@@ -15,8 +15,10 @@
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/loss_optim.hpp"
 #include "kernels/cuda/norm.hpp"
+#include "kernels/cuda/nf4.hpp"
 #include "kernels/cuda/quant.hpp"
 #include "kernels/cuda/rope.hpp"
+#include "kernels/nf4.hpp"
 #include "kernels/op_checks.hpp"
 
 namespace corolla::cuda {
@@ -424,6 +426,30 @@ void cuda_backend::dequantize_int8(const Tensor& q, const Tensor& scales, int bl
   device_guard guard(index_);
   cuda::dequantize_int8(stream_, static_cast<const std::int8_t*>(q.raw()), cf(scales), n, block,
                         f(x));
+}
+
+// ---- 4-bit inference weights -----------------------------------------------------
+
+void cuda_backend::quantize_nf4(const Tensor& w, Tensor& q, Tensor& absmax) {
+  require_on(w, dev(), dtype::f32, "quantize_nf4 w");
+  require_condition(w.rank() == 2, "quantize_nf4 w", "expected a 2-D [out, in] tensor");
+  const std::int64_t out = w.dim(0), in = w.dim(1);
+  require_on(q, dev(), dtype::i8, {out, nf4_row_bytes(in)}, "quantize_nf4 q");
+  require_on(absmax, dev(), dtype::f32, {out, nf4_row_blocks(in)}, "quantize_nf4 absmax");
+  if (out == 0 || in == 0) return;
+  device_guard guard(index_);
+  cuda::quantize_nf4(stream_, cf(w), out, in, static_cast<std::uint8_t*>(q.raw()), f(absmax));
+}
+
+void cuda_backend::dequantize_nf4(const Tensor& q, const Tensor& absmax, Tensor& w) {
+  require_on(w, dev(), dtype::f32, "dequantize_nf4 w");
+  require_condition(w.rank() == 2, "dequantize_nf4 w", "expected a 2-D [out, in] tensor");
+  const std::int64_t out = w.dim(0), in = w.dim(1);
+  require_on(q, dev(), dtype::i8, {out, nf4_row_bytes(in)}, "dequantize_nf4 q");
+  require_on(absmax, dev(), dtype::f32, {out, nf4_row_blocks(in)}, "dequantize_nf4 absmax");
+  if (out == 0 || in == 0) return;
+  device_guard guard(index_);
+  cuda::dequantize_nf4(stream_, static_cast<const std::uint8_t*>(q.raw()), cf(absmax), out, in, f(w));
 }
 
 }  // namespace corolla::cuda

@@ -39,6 +39,9 @@
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/linear_bf16.hpp"
 #include "kernels/cuda/linear_q8.hpp"
+#include "kernels/cuda/nf4.hpp"
+#include "kernels/cuda/quant.hpp"
+#include "kernels/nf4.hpp"
 #include "kernels/op_checks.hpp"
 
 namespace corolla::cuda {
@@ -330,10 +333,44 @@ void cuda_backend::linear_q8(const Tensor& x, const Tensor& q, const Tensor& sca
     fill_bias_rows(stream_, bias, y, rows, out);
     return;
   }
-  // Every row goes through the GEMV (8 rows per pass over the weight):
-  // right for decode; prefill re-reads the int8 weight every 8 rows.
+  if (rows > gemv_rows) {  // prefill: widen the weight once and run the f32 GEMM
+    Tensor w = empty({out, in});
+    cuda::dequantize_int8(stream_, q.data<std::int8_t>(), scale.data<float>(), out * in, static_cast<int>(in),
+                          w.data<float>());
+    linear(x, w, bias, y);
+    return;
+  }
+  // Decode: the GEMV reads each int8 weight once for up to 8 rows.
   cuda::linear_q8(stream_, x.data<float>(), rows, in, q.data<std::int8_t>(), scale.data<float>(),
                   bias ? bias->data<float>() : nullptr, out, y.data<float>());
+}
+
+void cuda_backend::linear_nf4(const Tensor& x, const Tensor& q, const Tensor& absmax, const Tensor* bias,
+                              Tensor& y) {
+  require_on(x, dev(), dtype::f32, "linear_nf4 x");
+  require_condition(x.rank() == 2, "linear_nf4 x", "expected a 2-D [rows, in] tensor");
+  require_on(q, dev(), dtype::i8, "linear_nf4 q");
+  require_condition(q.rank() == 2, "linear_nf4 q", "expected a 2-D [out, in / 2] tensor");
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = q.dim(0);
+  require_on(q, dev(), dtype::i8, {out, nf4_row_bytes(in)}, "linear_nf4 q");
+  require_on(absmax, dev(), dtype::f32, {out, nf4_row_blocks(in)}, "linear_nf4 absmax");
+  if (bias) require_on(*bias, dev(), dtype::f32, {out}, "linear_nf4 bias");
+  require_on(y, dev(), dtype::f32, {rows, out}, "linear_nf4 y");
+  if (rows == 0 || out == 0) return;
+  device_guard guard(index_);
+  if (in == 0) {
+    fill_bias_rows(stream_, bias, y, rows, out);
+    return;
+  }
+  const auto* packed = static_cast<const std::uint8_t*>(q.raw());
+  if (rows > gemv_rows) {  // prefill: dequantise once and run the f32 GEMM
+    Tensor w = empty({out, in});
+    cuda::dequantize_nf4(stream_, packed, absmax.data<float>(), out, in, w.data<float>());
+    linear(x, w, bias, y);
+    return;
+  }
+  cuda::linear_nf4(stream_, x.data<float>(), rows, in, packed, absmax.data<float>(),
+                   bias ? bias->data<float>() : nullptr, out, y.data<float>());
 }
 
 void cuda_backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,

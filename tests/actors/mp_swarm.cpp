@@ -161,7 +161,7 @@ TEST_CASE("servers and client on bf16 weights generate through the swarm what lo
                                   30s);
   CHECK(bad.exit_code == 1);
   REQUIRE_FALSE(bad.err_lines().empty());
-  CHECK(bad.err_lines().back().find("--weights must be f32, bf16 or int8") != std::string::npos);
+  CHECK(bad.err_lines().back().find("--weights must be f32, bf16, int8 or nf4") != std::string::npos);
 }
 
 namespace {

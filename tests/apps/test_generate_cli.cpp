@@ -39,7 +39,7 @@ std::vector<std::int32_t> parse_ids(const std::string& line) {
 std::vector<std::int32_t> library_generate(const fs::path& dir,
                                            const std::vector<std::int32_t>& prompt,
                                            const generation_params& p,
-                                           dtype weights = dtype::f32, dtype kv = dtype::f32) {
+                                           weight_format weights = weight_format::f32, dtype kv = dtype::f32) {
   transformer model = transformer::load(dir, cpu_backend());
   generator gen(model, 0, weights, kv);
   return gen.generate(prompt, p).tokens;
@@ -137,7 +137,7 @@ TEST_CASE("generate --kv-dtype bf16 prints the library's generation on a bf16 KV
   REQUIRE(r.exit_code == 0);
   generation_params p;
   p.max_new_tokens = 12;
-  const auto expected = library_generate(dir.path(), {3, 17, 42, 8}, p, dtype::f32, dtype::bf16);
+  const auto expected = library_generate(dir.path(), {3, 17, 42, 8}, p, weight_format::f32, dtype::bf16);
   CHECK(expected.size() == 12);
   CHECK(parse_ids(r.out_lines().back()) == expected);
 }
@@ -158,7 +158,7 @@ TEST_CASE("generate --weights bf16 prints the library's bf16-weight generation")
     CHECK(r.err.empty());
     generation_params p;
     p.max_new_tokens = 12;
-    const auto expected = library_generate(dir.path(), {3, 17, 42, 8}, p, dtype::bf16);
+    const auto expected = library_generate(dir.path(), {3, 17, 42, 8}, p, weight_format::bf16);
     CHECK(expected.size() == 12);
     CHECK(parse_ids(r.out_lines().back()) == expected);
   }
@@ -291,7 +291,7 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
     fresh();
     testing::check_one_error(
         testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--weights", "f16"})),
-        "--weights must be f32, bf16 or int8, got 'f16'");
+        "--weights must be f32, bf16, int8 or nf4, got 'f16'");
     testing::check_one_error(
         testing::run_corolla(generate_args(model, {"--prompt-ids", "1", "--kv-dtype", "fp8"})),
         "--kv-dtype must be f32, bf16 or f16, got 'fp8'");

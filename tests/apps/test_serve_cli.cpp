@@ -51,7 +51,7 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
     testing::check_one_error(serve(model, {"--blocks", "0:1", "--device", "tpu"}), "unknown device 'tpu'");
     testing::check_one_error(serve(model, {"--blocks", "0:1", "--device", "cuda:7"}), "cuda:7");
     testing::check_one_error(serve(model, {"--blocks", "0:1", "--weights", "f16"}),
-                             "--weights must be f32, bf16 or int8, got 'f16'");
+                             "--weights must be f32, bf16, int8 or nf4, got 'f16'");
     testing::check_one_error(serve(model, {"--blocks", "0:1", "--kv-dtype", "i8"}),
                              "--kv-dtype must be f32, bf16 or f16, got 'i8'");
   }

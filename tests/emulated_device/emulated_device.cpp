@@ -201,6 +201,22 @@ void emulated_device_backend::linear_q8(const Tensor& x, const Tensor& q, const 
   o.finish();
 }
 
+void emulated_device_backend::linear_nf4(const Tensor& x, const Tensor& q, const Tensor& absmax, const Tensor* bias,
+                                         Tensor& y) {
+  user u(*this);
+  want(x, dtype::f32, "linear_nf4 x");
+  want(q, dtype::i8, "linear_nf4 q");
+  want(absmax, dtype::f32, "linear_nf4 absmax");
+  want(bias, dtype::f32, "linear_nf4 bias");
+  want(y, dtype::f32, "linear_nf4 y");
+  operands o(*this);
+  Tensor yv = o.out(y, "linear_nf4 y");
+  const Tensor bv = bias ? o.in(*bias, "linear_nf4 bias") : Tensor{};
+  cpu_backend().linear_nf4(o.in(x, "linear_nf4 x"), on_device(q, "linear_nf4 q"), o.in(absmax, "linear_nf4 absmax"),
+                           bias ? &bv : nullptr, yv);
+  o.finish();
+}
+
 bool emulated_device_backend::linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
                                            const Tensor* residual, Tensor& y) {
   if (!check_linear_fused(x, w, bias, e, residual, y, dev())) return false;  // CUDA's rules
@@ -525,6 +541,19 @@ void emulated_device_backend::dequantize_int8(const Tensor& q, const Tensor& sca
   Tensor xv = on_device(x, "dequantize_int8 x");
   cpu_backend().dequantize_int8(on_device(q, "dequantize_int8 q"), on_device(scales, "dequantize_int8 scales"), block,
                                 xv);
+}
+
+void emulated_device_backend::quantize_nf4(const Tensor& w, Tensor& q, Tensor& absmax) {
+  user u(*this);
+  Tensor qv = on_device(q, "quantize_nf4 q");
+  Tensor av = on_device(absmax, "quantize_nf4 absmax");
+  cpu_backend().quantize_nf4(on_device(w, "quantize_nf4 w"), qv, av);
+}
+
+void emulated_device_backend::dequantize_nf4(const Tensor& q, const Tensor& absmax, Tensor& w) {
+  user u(*this);
+  Tensor wv = on_device(w, "dequantize_nf4 w");
+  cpu_backend().dequantize_nf4(on_device(q, "dequantize_nf4 q"), on_device(absmax, "dequantize_nf4 absmax"), wv);
 }
 
 void emulated_device_backend::copy(const Tensor& src, Tensor& dst) {

@@ -69,6 +69,7 @@ class emulated_device_backend final : public Backend {
             float beta = 0.0f) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
   void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) override;
+  void linear_nf4(const Tensor& x, const Tensor& q, const Tensor& absmax, const Tensor* bias, Tensor& y) override;
   /// Takes what the CUDA backend takes (f32 x of 1 to 16 rows, a bf16 w) and
   /// runs the two ops (its own linear, then add, gelu or swiglu), so the
   /// model's fused decode path runs here with the cpu's arithmetic.
@@ -108,6 +109,8 @@ class emulated_device_backend final : public Backend {
              std::int64_t step) override;
   void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) override;
   void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) override;
+  void quantize_nf4(const Tensor& w, Tensor& q, Tensor& absmax) override;
+  void dequantize_nf4(const Tensor& q, const Tensor& absmax, Tensor& w) override;
 
   /// Host <-> this device, or within it (converting dtypes like the CUDA
   /// backend); another device's tensor is refused.

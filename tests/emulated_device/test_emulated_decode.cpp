@@ -36,7 +36,7 @@ TEST_CASE("emulated device: bf16-weight decode through the fused products genera
     generation_params p;
     p.max_new_tokens = 24;
     p.ignore_eos = true;
-    generator g_cpu(on_cpu, 0, dtype::bf16), g_dev(on_dev, 0, dtype::bf16);
+    generator g_cpu(on_cpu, 0, weight_format::bf16), g_dev(on_dev, 0, weight_format::bf16);
     for (std::uint64_t seed : {5, 6, 7}) {
       const auto prompt = some_ids(12, vocab, seed);
       counted.reset();
@@ -110,19 +110,22 @@ TEST_CASE("emulated device: linear_fused takes CUDA's operands, leaves others to
             "linear_fused (gelu)") == 0);
 }
 
-TEST_CASE("emulated device: int8-weight decode (quantised on the device) generates the cpu's tokens") {
+TEST_CASE("emulated device: int8- and nf4-weight decode (quantised on the device) generates the cpu's tokens") {
   for (architecture arch : {architecture::llama, architecture::gpt2}) {
-    CAPTURE(static_cast<int>(arch));
-    testing::temp_dir_guard dir("emulated-q8-decode");
-    testing::write_tiny_model(dir.path(), testing::tiny_options_for(arch, 96));
-    emulated_device_backend dev;
-    transformer on_cpu = transformer::load(dir.path(), cpu_backend());
-    transformer on_dev = transformer::load(dir.path(), dev);
-    generation_params p;
-    p.max_new_tokens = 16;
-    p.ignore_eos = true;
-    generator g_cpu(on_cpu, 0, dtype::i8), g_dev(on_dev, 0, dtype::i8);
-    const auto prompt = some_ids(12, on_cpu.config().vocab_size, 9);
-    CHECK(g_dev.generate(prompt, p).tokens == g_cpu.generate(prompt, p).tokens);
+    for (weight_format f : {weight_format::int8, weight_format::nf4}) {
+      CAPTURE(static_cast<int>(arch));
+      CAPTURE(weight_format_name(f));
+      testing::temp_dir_guard dir("emulated-q8-decode");
+      testing::write_tiny_model(dir.path(), testing::tiny_options_for(arch, 96));
+      emulated_device_backend dev;
+      transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+      transformer on_dev = transformer::load(dir.path(), dev);
+      generation_params p;
+      p.max_new_tokens = 16;
+      p.ignore_eos = true;
+      generator g_cpu(on_cpu, 0, f), g_dev(on_dev, 0, f);
+      const auto prompt = some_ids(12, on_cpu.config().vocab_size, 9);
+      CHECK(g_dev.generate(prompt, p).tokens == g_cpu.generate(prompt, p).tokens);
+    }
   }
 }

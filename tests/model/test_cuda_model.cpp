@@ -127,9 +127,9 @@ TEST_CASE("cuda: bf16 inference weights generate what the cpu's bf16 weights gen
     testing::write_tiny_model(dir.path(), options_for(arch));
     transformer on_cpu = transformer::load(dir.path(), cpu_backend());
     transformer on_gpu = transformer::load(dir.path(), gpu());
-    generator g_cpu(on_cpu, 0, dtype::bf16);
-    generator g_gpu(on_gpu, 0, dtype::bf16);
-    CHECK(g_gpu.weights() == dtype::bf16);
+    generator g_cpu(on_cpu, 0, weight_format::bf16);
+    generator g_gpu(on_gpu, 0, weight_format::bf16);
+    CHECK(g_gpu.weights() == weight_format::bf16);
     generation_params p;
     p.max_new_tokens = 40;
     p.ignore_eos = true;
@@ -141,15 +141,15 @@ TEST_CASE("cuda: bf16 inference weights generate what the cpu's bf16 weights gen
   }
 }
 
-TEST_CASE("cuda: decode with early launch generates what it generates without (f32 and bf16 weights)") {
+TEST_CASE("cuda: decode with early launch generates what it generates without (f32, bf16, int8 and nf4 weights)") {
   REQUIRE_GPU_OR_SKIP();
 #ifdef COROLLA_HAVE_CUDA
   const bool was = cuda::early_launch_requested();
   MESSAGE("early launch on cuda:0: " << (cuda::early_launch_supported(0) ? "supported" : "not supported (before sm_90)"));
   for (architecture arch : {architecture::llama, architecture::gpt2})
-    for (dtype weights : {dtype::f32, dtype::bf16}) {
+    for (weight_format weights : {weight_format::f32, weight_format::bf16, weight_format::int8, weight_format::nf4}) {
       CAPTURE(static_cast<int>(arch));
-      CAPTURE(dtype_name(weights));
+      CAPTURE(weight_format_name(weights));
       testing::temp_dir_guard dir("cuda-early");
       testing::write_tiny_model(dir.path(), options_for(arch));
       transformer on_gpu = transformer::load(dir.path(), gpu());

@@ -216,32 +216,32 @@ TEST_CASE("a KV budget too small for the prompt is a clear error") {
                    std::to_string(page) + " bytes free of " + std::to_string(page));
 }
 
-TEST_CASE("decode steps allocate nothing once warm (f32 and stacked bf16 weights)") {
-  for (auto [arch, weights] : {std::pair{architecture::llama, dtype::f32}, std::pair{architecture::gpt2, dtype::f32},
-                               std::pair{architecture::llama, dtype::bf16}, std::pair{architecture::gpt2, dtype::bf16}}) {
-    CAPTURE(dtype_name(weights));
-    fixture f(arch);
-    generator gen(f.model, 0, weights);
-    generation_params p;
-    p.max_new_tokens = 10;  // positions 5..14 stay inside the first KV page
-    p.ignore_eos = true;
-    gen.generate(ids(5), p);  // warm-up: workspaces sized
-    int seen = 0;
-    long at_second = 0, at_last = 0;
-    gen.generate(ids(5), p, [&](std::int32_t) {
-      ++seen;
-      if (seen == 2) {
-        at_second = g_allocations.load();
-        g_counting = true;
-      }
-      if (seen == 10) {
-        g_counting = false;
-        at_last = g_allocations.load();
-      }
-    });
-    g_counting = false;
-    CHECK(seen == 10);
-    INFO("allocations during 8 decode steps: " << at_last - at_second);
-    CHECK(at_last - at_second == 0);
-  }
+TEST_CASE("decode steps allocate nothing once warm (f32, stacked bf16, int8 and nf4 weights)") {
+  for (architecture arch : {architecture::llama, architecture::gpt2})
+    for (weight_format weights : {weight_format::f32, weight_format::bf16, weight_format::int8, weight_format::nf4}) {
+      CAPTURE(weight_format_name(weights));
+      fixture f(arch);
+      generator gen(f.model, 0, weights);
+      generation_params p;
+      p.max_new_tokens = 10;  // positions 5..14 stay inside the first KV page
+      p.ignore_eos = true;
+      gen.generate(ids(5), p);  // warm-up: workspaces sized
+      int seen = 0;
+      long at_second = 0, at_last = 0;
+      gen.generate(ids(5), p, [&](std::int32_t) {
+        ++seen;
+        if (seen == 2) {
+          at_second = g_allocations.load();
+          g_counting = true;
+        }
+        if (seen == 10) {
+          g_counting = false;
+          at_last = g_allocations.load();
+        }
+      });
+      g_counting = false;
+      CHECK(seen == 10);
+      INFO("allocations during 8 decode steps: " << at_last - at_second);
+      CHECK(at_last - at_second == 0);
+    }
 }

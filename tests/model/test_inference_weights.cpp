@@ -1,9 +1,9 @@
-// Inference with bf16 or int8 copies of the linear weights (generator's
-// `weights`, stage/head use_inference_weights): generation equals, token for
-// token, the f32 model whose linear weights were rounded to bf16 (or
-// quantised to int8 per output channel and back) first; the logits agree to
-// f32 summation order; the f32 parameters and the training path stay
-// untouched.
+// Inference with bf16, int8 or nf4 copies of the linear weights
+// (generator's `weights`, stage/head use_inference_weights): generation
+// equals, token for token, the f32 model whose linear weights were rounded
+// to bf16 (or quantised to int8 per output channel, or to nf4 in blocks of
+// 64 with an int8 LM head, and back) first; the logits agree to f32
+// summation order; the f32 parameters and the training path stay untouched.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -32,12 +32,18 @@ using corolla::testing::some_ids;
 
 namespace {
 
-/// Rounds `t` (f32, host, [rows, cols]) in place to what a `type` inference
-/// weight holds: the nearest bf16 values, or int8 quantised per row (as
-/// Backend::quantize_int8 with one block per row) and dequantised.
-void round_to(Tensor t, dtype type) {
-  if (type == dtype::bf16) {
+/// Rounds `t` (f32, host, [rows, cols]) in place to what a weight of
+/// format `f` holds: the nearest bf16 values, or int8 quantised per row (as
+/// Backend::quantize_int8 with one block per row) or nf4
+/// (Backend::quantize_nf4), and dequantised.
+void round_to(Tensor t, weight_format f) {
+  if (f == weight_format::bf16) {
     t.copy_from(t.to(dtype::bf16).to(dtype::f32));
+    return;
+  }
+  if (f == weight_format::nf4) {
+    const quantized_weight q = quantize_rows(cpu_backend(), t, weight_format::nf4);
+    cpu_backend().dequantize_nf4(q.q, q.scale, t);
     return;
   }
   const std::int64_t n = t.numel(), cols = t.dim(1);
@@ -47,13 +53,24 @@ void round_to(Tensor t, dtype type) {
   cpu_backend().dequantize_int8(q, scale, static_cast<int>(cols), flat);
 }
 
+/// The LM head's format for blocks of format `f` (head::lm_head_format).
+weight_format head_format(weight_format f) { return is_quantized(f) ? weight_format::int8 : f; }
+
 /// What the inference path converts: every block matrix and the LM head.
-void round_linear_weights(transformer& m, dtype type) {
+void round_linear_weights(transformer& m, weight_format f) {
   for (param_set& p : m.blocks())
     for (const param_entry& e : p.entries())
-      if (e.shape.size() == 2) round_to(p.get(e.name), type);
+      if (e.shape.size() == 2) round_to(p.get(e.name), f);
   const bool tied = m.config().tie_embeddings;
-  round_to(m.head().get(tied ? "embed.weight" : "lm_head.weight"), type);
+  round_to(m.head().get(tied ? "embed.weight" : "lm_head.weight"), head_format(f));
+}
+
+/// Every architecture with every non-f32 format.
+std::vector<std::pair<architecture, weight_format>> cases() {
+  std::vector<std::pair<architecture, weight_format>> out;
+  for (weight_format f : {weight_format::bf16, weight_format::int8, weight_format::nf4})
+    for (architecture a : {architecture::llama, architecture::gpt2}) out.emplace_back(a, f);
+  return out;
 }
 
 testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch); }
@@ -66,11 +83,10 @@ std::vector<float> cached_logits(head& h, stage& s, const std::vector<std::int32
 
 }  // namespace
 
-TEST_CASE("bf16 and int8 weights generate what the f32 model with rounded weights generates") {
-  for (const auto& [arch, type] : {std::pair{architecture::llama, dtype::bf16}, {architecture::gpt2, dtype::bf16},
-                                   {architecture::llama, dtype::i8}, {architecture::gpt2, dtype::i8}}) {
+TEST_CASE("bf16, int8 and nf4 weights generate what the f32 model with rounded weights generates") {
+  for (const auto& [arch, type] : cases()) {
     CAPTURE(static_cast<int>(arch));
-    CAPTURE(dtype_name(type));
+    CAPTURE(weight_format_name(type));
     testing::temp_dir_guard dir("bf16-weights");
     testing::write_tiny_model(dir.path(), options_for(arch));
     Backend& be = cpu_backend();
@@ -80,15 +96,15 @@ TEST_CASE("bf16 and int8 weights generate what the f32 model with rounded weight
       // One tensor is both the embedding (read in f32) and the LM head
       // (read as bf16): make it bf16-exact in both models, so the rounded
       // reference embeds what the bf16 model embeds.
-      round_to(model.head().get("embed.weight"), type);
+      round_to(model.head().get("embed.weight"), head_format(type));
     }
     round_linear_weights(rounded, type);
     const std::vector<float> block0_before = model.blocks()[0].flat().to_vector();
 
     generator gen16(model, 0, type);
-    generator gen_ref(rounded, 0, dtype::f32);
+    generator gen_ref(rounded, 0, weight_format::f32);
     CHECK(gen16.weights() == type);
-    CHECK(gen_ref.weights() == dtype::f32);
+    CHECK(gen_ref.weights() == weight_format::f32);
     generation_params p;
     p.max_new_tokens = 24;
     p.ignore_eos = true;
@@ -104,17 +120,16 @@ TEST_CASE("bf16 and int8 weights generate what the f32 model with rounded weight
   }
 }
 
-TEST_CASE("bf16- and int8-weight logits agree with the rounded f32 model and differ from the unrounded") {
-  for (const auto& [arch, type] : {std::pair{architecture::llama, dtype::bf16}, {architecture::gpt2, dtype::bf16},
-                                   {architecture::llama, dtype::i8}, {architecture::gpt2, dtype::i8}}) {
+TEST_CASE("bf16-, int8- and nf4-weight logits agree with the rounded f32 model and differ from the unrounded") {
+  for (const auto& [arch, type] : cases()) {
     CAPTURE(static_cast<int>(arch));
-    CAPTURE(dtype_name(type));
+    CAPTURE(weight_format_name(type));
     testing::temp_dir_guard dir("bf16-logits");
     testing::write_tiny_model(dir.path(), options_for(arch));
     Backend& be = cpu_backend();
     transformer model = transformer::load(dir.path(), be);
     transformer rounded = transformer::load(dir.path(), be);
-    if (model.config().tie_embeddings) round_to(model.head().get("embed.weight"), type);
+    if (model.config().tie_embeddings) round_to(model.head().get("embed.weight"), head_format(type));
     const auto ids = some_ids(40, model.config().vocab_size, 7);
     const std::vector<float> unrounded = model.forward_logits(ids).to_vector();
     round_linear_weights(rounded, type);
@@ -125,8 +140,9 @@ TEST_CASE("bf16- and int8-weight logits agree with the rounded f32 model and dif
     stage s(cfg, 0, model.blocks(), be);
     h.use_inference_weights(type);
     s.use_inference_weights(type);
-    CHECK(h.inference_dtype() == type);
-    CHECK(s.inference_dtype() == type);
+    CHECK(h.inference_format() == type);
+    CHECK(h.lm_head_format() == head_format(type));
+    CHECK(s.inference_format() == type);
     // a 24-row prefill (the blocked many-row kernel), then 16 single rows
     const auto got = cached_logits(h, s, ids, 24);
     CHECK(max_abs_diff(got, want) < 1e-4);
@@ -137,22 +153,20 @@ TEST_CASE("bf16- and int8-weight logits agree with the rounded f32 model and dif
     // forward equals the unrounded model's.
     CHECK(max_abs_diff(model.forward_logits(ids).to_vector(), unrounded) == 0.0);
     // f32 drops the copies again
-    s.use_inference_weights(dtype::f32);
-    h.use_inference_weights(dtype::f32);
+    s.use_inference_weights(weight_format::f32);
+    h.use_inference_weights(weight_format::f32);
     CHECK(max_abs_diff(cached_logits(h, s, ids, 24), unrounded) < 1e-4);
   }
 }
 
-TEST_CASE("inference weights are f32, bf16 or int8, nothing else") {
-  testing::temp_dir_guard dir("bf16-errors");
-  testing::write_tiny_model(dir.path(), {});
-  transformer model = transformer::load(dir.path(), cpu_backend());
-  CHECK_THROWS_WITH_AS(generator(model, 0, dtype::f16),
-                       "generator: weights must be f32, bf16 or i8, not f16", model_error);
-  stage s(model.config(), 0, model.blocks(), cpu_backend());
-  CHECK_THROWS_AS(s.use_inference_weights(dtype::i32), tensor_error);
-  head h(model.config(), model.head(), cpu_backend());
-  CHECK_THROWS_AS(h.use_inference_weights(dtype::f16), tensor_error);
+TEST_CASE("weight formats by name: f32, bf16, int8 (i8 on the wire) and nf4, nothing else") {
+  for (weight_format f : {weight_format::f32, weight_format::bf16, weight_format::int8, weight_format::nf4})
+    CHECK(weight_format_named(weight_format_name(f)) == f);
+  CHECK(weight_format_named("int8") == weight_format::int8);
+  CHECK(std::string(weight_format_name(weight_format::int8)) == "i8");  // what servers announced before nf4
+  for (const char* bad : {"f16", "int4", "", "NF4", "i32"}) CHECK_FALSE(weight_format_named(bad).has_value());
+  CHECK(is_quantized(weight_format::nf4));
+  CHECK_FALSE(is_quantized(weight_format::bf16));
 }
 
 TEST_CASE("a bf16 or f16 KV cache gives the f32 cache's logits within 16-bit rounding") {
@@ -192,10 +206,10 @@ TEST_CASE("a bf16 or f16 KV cache gives the f32 cache's logits within 16-bit rou
     testing::write_tiny_model(dir.path(), {});
     return transformer::load(dir.path(), cpu_backend());
   }();
-  CHECK_THROWS_WITH_AS(generator(model, 0, dtype::f32, dtype::i32),
+  CHECK_THROWS_WITH_AS(generator(model, 0, weight_format::f32, dtype::i32),
                        "generator: the KV cache is f32, bf16 or f16, not i32", model_error);
   // A generator on a bf16 cache generates (its cache pages are half-size).
-  generator g(model, 0, dtype::f32, dtype::bf16);
+  generator g(model, 0, weight_format::f32, dtype::bf16);
   generation_params p;
   p.max_new_tokens = 8;
   p.ignore_eos = true;

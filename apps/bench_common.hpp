@@ -1,0 +1,49 @@
+// apps/bench_common.hpp — what `corolla bench decode` and `bench train`
+// share (apps/bench.cpp): their common flags, the model they run on, the
+// bandwidth bound of decode, and the per-op profile.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.hpp"
+#include "apps/membw.hpp"
+#include "kernels/profiling_backend.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::app {
+
+struct bench_common {
+  std::string model_dir;
+  std::string preset = "small";
+  std::string device = "auto";
+  std::string matmul = "f32";  ///< bench train --matmul
+  std::string compute = "f32";  ///< bench train --compute
+  std::string loss_scale = "auto";  ///< bench train --loss-scale
+  int threads = 0;
+  bool json = false;
+  bool profile = false;
+  std::uint64_t seed = 0;
+};
+
+/// --model, --preset, --device, --threads, --json, --seed, --profile.
+void add_common(CLI::App* cmd, bench_common& o);
+/// Prints the profile of the run `what` (and puts it in the JSON).
+void report_profile(const profiling_backend& prof, const std::string& what, bool json_only, nlohmann::json& j);
+/// The model of --model, else the random model of --preset.
+transformer open_model(const bench_common& o, Backend& be);
+/// The memory read bandwidth decode on `dev` is bound by: the host's (all
+/// CPU backend threads, 512 MiB) or the device's HBM (2 GiB, CUDA events).
+bandwidth_result measure_bound_bandwidth(device dev);
+/// Whether decode on `dev` launches its GEMVs early (a GPU of sm_90 or
+/// later, COROLLA_CUDA_EARLY_LAUNCH not 0); bench decode then also measures
+/// it with early launch off, in the same run.
+bool launches_early(device dev);
+
+/// `corolla bench decode` (apps/bench_decode.cpp).
+void register_bench_decode(CLI::App* bench, action_fn& action);
+
+}  // namespace corolla::app
