@@ -66,13 +66,15 @@ if [ "$mode" = lean ]; then
   echo "[+0s] $(grep -i -m2 -E 'cuda|device' "$out/info.log" | tr '\n' ' ')"
   # 1. Correctness of what was written without a GPU: tensor-core attention,
   # mixed precision and f16 loss scaling, the chunked loss, early launch,
-  # fused GEMV epilogues and the tuner, device AdamW, the one-rank NCCL case.
+  # fused GEMV epilogues and the tuner, device AdamW, the one-rank NCCL case,
+  # the int8 and nf4 GEMVs and their prefill GEMMs.
   step cuda_kernels 180 env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*' \
     -tce='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
   step cuda_decode_launch 60 test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
   step cuda_model 120 test_model -tc='cuda*'
   # 2. The targets, each against its bound measured in the same run.
-  step bench_decode 90 corolla bench decode --preset llama7b --weights bf16 --repeats 3
+  # nf4 decode measures bf16 and f32 weights in the same run (three generators).
+  step bench_decode 120 corolla bench decode --preset llama7b --weights nf4 --repeats 2
   step bench_train 90 corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 \
     --compute bf16
   echo "[+$(($(date +%s) - start))s] lean done: $out/summary.json"
