@@ -121,6 +121,7 @@ void on_answer(link_actor* self, net::message& m) {
 void on_inbound(link_actor* self, net::message& m) {
   auto& st = self->state;
   if (st.phase == link_phase::closed || st.leaving) return;
+  if (st.ctx->drops(st.peer.empty() ? m.sender_node : st.peer)) return;  // partitioned: never arrived
   const auto now = clock::now();
   st.last_rx = now;
   st.messages_received += 1;

@@ -56,7 +56,8 @@ net::transport_choice choose_transport(const std::vector<net::nic_info>& local, 
   return {"tcp", "moving to RDMA on " + rdma_device + " (" + c.reason + ")"};
 }
 
-/// Hands `m` to the transport, stamped with our node id. Errors:
+/// Hands `m` to the transport, stamped with our node id (or drops it
+/// silently while a partition cuts this peer off: node_context::drops). Errors:
 /// errc::invalid_argument when a tensor cannot travel (undefined, not on the
 /// host, an int8 encoding of a non-f32 tensor: encode() throws, and an
 /// exception must not end the link), errc::send_failed when the transport
@@ -68,6 +69,7 @@ caf::error send_wire(link_actor* self, net::message& m) {
                       "transport refused a message to " + st.label() + " (connection closed or send queue full)");
   };
   if (!st.transport) return refused();
+  if (st.ctx->drops(st.peer)) return {};  // a harness's partition: lost on the way, as on a cut network
   m.sender_node = st.ctx->node_id;
   const auto bytes = payload_bytes(m);
   try {

@@ -97,10 +97,28 @@ struct node_context {
     reshaped_ = std::move(p);
   }
 
+  /// A partition a harness put on the node (node_control.hpp): every
+  /// message to or from a peer other than `keep` (the harness) is dropped
+  /// by the link actors, handshakes and heartbeats included; nullopt ends it.
+  void set_partition(std::optional<std::string> keep) {
+    std::lock_guard lock(mutex_);
+    partition_keep_ = std::move(keep);
+    partitioned_.store(partition_keep_.has_value(), std::memory_order_release);
+  }
+  /// Whether traffic with node `peer` is dropped now (one atomic load while
+  /// no partition is on: every message asks).
+  bool drops(const std::string& peer) const {
+    if (!partitioned_.load(std::memory_order_acquire)) return false;
+    std::lock_guard lock(mutex_);
+    return partition_keep_ && peer != *partition_keep_;
+  }
+
  private:
   mutable std::mutex mutex_;
   std::shared_ptr<net::zmq_transport> transport_;
   std::optional<net::link_profile> reshaped_;
+  std::optional<std::string> partition_keep_;
+  std::atomic<bool> partitioned_{false};
 };
 
 /// Nanoseconds on the steady clock (heartbeat timestamps; only ever

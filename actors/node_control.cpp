@@ -38,6 +38,25 @@ caf::expected<reshape_request> decode_reshape(const std::vector<std::uint8_t>& b
   });
 }
 
+struct partition_request {
+  std::string token;
+  bool on = false;
+};
+
+std::vector<std::uint8_t> encode_partition(const partition_request& r) {
+  capnp::MallocMessageBuilder b;
+  auto w = b.initRoot<wire::ControlPartition>();
+  w.setToken(r.token);
+  w.setOn(r.on);
+  return capnp_body::flat(b);
+}
+
+caf::expected<partition_request> decode_partition(const std::vector<std::uint8_t>& body) {
+  return capnp_body::decode<wire::ControlPartition>(body, "ControlPartition", [](wire::ControlPartition::Reader r) {
+    return partition_request{capnp_body::text(r.getToken(), "token", 1024), r.getOn()};
+  });
+}
+
 /// Compares in time independent of where the strings differ.
 bool same_token(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -49,19 +68,36 @@ caf::behavior control(caf::event_based_actor* self, std::shared_ptr<node_context
   self->set_default_handler(caf::drop);
   return {
       [ctx, token](remote_message& m) -> caf::result<remote_message> {
-        if (m.type != control_msg::reshape)
-          return make_error(errc::bad_message, "the control actor answers '" + std::string(control_msg::reshape) +
-                                                   "', not '" + m.type + "'");
-        auto r = decode_reshape(m.body);
-        if (!r) return r.error();
-        if (!same_token(r->token, token)) {
-          spdlog::warn("control: refused a reshape from {}: wrong token", m.from_node.empty() ? "this process" : m.from_node);
+        const auto refuse = [&](const char* what) {
+          spdlog::warn("control: refused a {} from {}: wrong token", what,
+                       m.from_node.empty() ? "this process" : m.from_node);
           return make_error(errc::auth_refused, "wrong control token");
-        }
-        if (auto err = reshape_links(*ctx, r->profile)) return err;
+        };
         remote_message ok;
         ok.type = control_msg::ok;
-        return ok;
+        if (m.type == control_msg::reshape) {
+          auto r = decode_reshape(m.body);
+          if (!r) return r.error();
+          if (!same_token(r->token, token)) return refuse("reshape");
+          if (auto err = reshape_links(*ctx, r->profile)) return err;
+          return ok;
+        }
+        if (m.type == control_msg::partition) {
+          auto r = decode_partition(m.body);
+          if (!r) return r.error();
+          if (!same_token(r->token, token)) return refuse("partition");
+          if (r->on && m.from_node.empty())
+            return make_error(errc::invalid_argument, "a partition is ordered over a link (its harness keeps it)");
+          ctx->set_partition(r->on ? std::optional<std::string>(m.from_node) : std::nullopt);
+          if (r->on)
+            spdlog::warn("node {}: partitioned by {}: traffic with every other peer is dropped", ctx->node_id,
+                         m.from_node);
+          else
+            spdlog::info("node {}: partition ended", ctx->node_id);
+          return ok;
+        }
+        return make_error(errc::bad_message, "the control actor answers '" + std::string(control_msg::reshape) +
+                                                 "' and '" + control_msg::partition + "', not '" + m.type + "'");
       },
   };
 }
@@ -85,16 +121,32 @@ caf::actor spawn_control_actor(caf::actor_system& system, std::shared_ptr<node_c
   return system.spawn(control, std::move(ctx), std::move(token));
 }
 
-caf::error request_reshape(node& n, const std::string& peer, const std::string& token, const std::string& profile,
-                           std::chrono::milliseconds timeout) {
-  remote_message m;
-  m.type = control_msg::reshape;
-  m.body = encode_reshape({token, profile});
+namespace {
+
+caf::error request_control(node& n, const std::string& peer, remote_message m, std::chrono::milliseconds timeout) {
   auto r = n.request(peer, control_actor_name, std::move(m), timeout);
   if (!r) return r.error();
   if (r->type != control_msg::ok)
     return make_error(errc::bad_message, "the control actor of " + peer + " answered '" + r->type + "'");
   return {};
+}
+
+}  // namespace
+
+caf::error request_reshape(node& n, const std::string& peer, const std::string& token, const std::string& profile,
+                           std::chrono::milliseconds timeout) {
+  remote_message m;
+  m.type = control_msg::reshape;
+  m.body = encode_reshape({token, profile});
+  return request_control(n, peer, std::move(m), timeout);
+}
+
+caf::error request_partition(node& n, const std::string& peer, const std::string& token, bool on,
+                             std::chrono::milliseconds timeout) {
+  remote_message m;
+  m.type = control_msg::partition;
+  m.body = encode_partition({token, on});
+  return request_control(n, peer, std::move(m), timeout);
 }
 
 }  // namespace corolla

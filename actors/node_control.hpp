@@ -1,10 +1,12 @@
 // actors/node_control.hpp — what a local fault-injection harness may change
 // in a running node: the shaping of everything it sends (a throttled or
-// restored uplink). A node given a control token (node_options::
-// control_token; `COROLLA_CONTROL_TOKEN` for the apps) publishes the
-// "control" actor, which obeys "control.reshape" requests carrying that
-// token and refuses every other sender; a node without a token has no
-// such actor. Bodies: wire::ControlReshape (docs/protocol.md).
+// restored uplink), and a partition (every message to and from every peer
+// but the harness dropped, both ways, until it is lifted). A node given a
+// control token (node_options::control_token; `COROLLA_CONTROL_TOKEN` for
+// the apps) publishes the "control" actor, which obeys "control.reshape"
+// and "control.partition" requests carrying that token and refuses every
+// other sender; a node without a token has no such actor. Bodies:
+// wire::ControlReshape, wire::ControlPartition (docs/protocol.md).
 #pragma once
 
 #include <chrono>
@@ -27,6 +29,7 @@ inline constexpr const char* control_actor_name = "control";
 
 namespace control_msg {
 inline constexpr const char* reshape = "control.reshape";  ///< harness -> node
+inline constexpr const char* partition = "control.partition";  ///< harness -> node
 inline constexpr const char* ok = "control.ok";            ///< the answer
 }  // namespace control_msg
 
@@ -44,5 +47,11 @@ caf::actor spawn_control_actor(caf::actor_system& system, std::shared_ptr<node_c
 /// bad profile), or the link's.
 caf::error request_reshape(node& n, const std::string& peer, const std::string& token, const std::string& profile,
                            std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+/// Asks node `peer` to drop (on) or stop dropping (off) all traffic with
+/// every peer except `n`, which keeps its link (to lift it again). Errors as
+/// request_reshape.
+caf::error request_partition(node& n, const std::string& peer, const std::string& token, bool on,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
 }  // namespace corolla

@@ -141,8 +141,9 @@ std::string toml_quoted(const std::string& s) {
 
 /// A random campaign (Jepsen style): for a swarm, every block served twice
 /// (two chains of two servers and one server of the whole model), `faults`
-/// kills at random tokens, never of a server whose blocks nobody else holds
-/// any more, and one random server throttled for four tokens; for training, a 2x2 elastic job with checkpoints
+/// kills or partitions at random tokens, never of a server whose blocks
+/// nobody else holds any more, and one random server throttled for four
+/// tokens; for training, a 2x2 elastic job with checkpoints
 /// and `faults` (at most 3) kills of random ranks at random steps.
 fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -172,7 +173,9 @@ fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
       next.insert(k);
       if (!covered(next)) continue;
       dead = next;
-      t << "[[fault]]\nat = \"token " << at(rng) << "\"\ndo = \"kill\"\ntarget = \"server " << k << "\"\n";
+      // A partitioned server is as lost to the client as a killed one.
+      const char* how = std::uniform_int_distribution<int>(0, 1)(rng) ? "partition" : "kill";
+      t << "[[fault]]\nat = \"token " << at(rng) << "\"\ndo = \"" << how << "\"\ntarget = \"server " << k << "\"\n";
       ++made;
     }
     // A slow uplink on a random server for a while: it must not change the output.

@@ -20,6 +20,7 @@
 #include "actors/swarm_client.hpp"
 #include "apps/commands.hpp"
 #include "apps/control_token_env.hpp"
+#include "apps/faultlab_harness.hpp"
 #include "apps/faultlab.hpp"
 #include "apps/local_swarm.hpp"
 #include "kernels/backend.hpp"
@@ -82,9 +83,13 @@ struct swarm_state {
   std::map<std::string, std::pair<int, int>> blocks;  ///< by id
   std::set<std::string> running, stopped, dead;
   int joined = 0;
-  /// Reshapes server `id`'s sends through its control actor ("" = as it
-  /// started); returns the error's text, "" when done.
-  std::function<std::string(const std::string& id, const std::string& profile)> reshape;
+  /// Where server `id` listens (its latest process), "" when it never started.
+  std::string endpoint_of(const std::string& id) const {
+    std::string endpoint;
+    for (const auto& s : procs.servers())
+      if (s.id == id) endpoint = s.endpoint;
+    return endpoint;
+  }
   mutable std::mutex mu;  ///< the endpoints list, read by the client's discover
 
   void start(const std::string& id, int first, int last) {
@@ -114,7 +119,8 @@ struct swarm_state {
   }
 };
 
-std::string fire(const fl::fault& f, swarm_state& st, const route_tracker& route, std::mt19937_64& rng) {
+std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness, const route_tracker& route,
+                 std::mt19937_64& rng) {
   using tk = fl::target::kind;
   if (f.what == fl::action::join) {
     const auto [a, b] = fl::parse_blocks(f.blocks);
@@ -169,11 +175,17 @@ std::string fire(const fl::fault& f, swarm_state& st, const route_tracker& route
       return what + " (" + id + ", a new process)";
     }
     case fl::action::throttle:
+    case fl::action::partition:
     case fl::action::heal: {
       if (st.dead.count(id)) return what + ": " + id + " is dead (skipped)";
-      const std::string profile = f.what == fl::action::throttle ? f.profile : "";
-      if (const std::string err = st.reshape(id, profile); !err.empty()) return what + " (" + id + "): failed: " + err;
-      return what + " (" + id + (profile.empty() ? ", back to its own shaping)" : ", sends shaped " + profile + ")");
+      const std::string endpoint = st.endpoint_of(id);
+      const std::string err = f.what == fl::action::heal        ? harness.heal(endpoint)
+                              : f.what == fl::action::partition ? harness.partition(endpoint, true)
+                                                                : harness.reshape(endpoint, f.profile);
+      if (!err.empty()) return what + " (" + id + "): failed: " + err;
+      if (f.what == fl::action::heal) return what + " (" + id + ", back to its own shaping, no partition)";
+      if (f.what == fl::action::partition) return what + " (" + id + ", traffic with every peer dropped)";
+      return what + " (" + id + ", sends shaped " + f.profile + ")";
     }
     case fl::action::join: break;
   }
@@ -191,7 +203,7 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
   try {
     const model_config cfg = load_config(job.model);
     const control_token_env control;
-    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}, {}};
+    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}};
     for (std::size_t i = 0; i < job.servers.size(); ++i) {
       const auto [a, b] = job.servers[i];
       if (b > cfg.n_layers)
@@ -206,18 +218,7 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
       return o;
     }());
     if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
-    st.reshape = [&st, &n, &control](const std::string& id, const std::string& profile) -> std::string {
-      if (!(*n)->peer_is_up(id)) {
-        std::string endpoint;
-        for (const auto& s : st.procs.servers())
-          if (s.id == id) endpoint = s.endpoint;  // the latest process of the id
-        connect_options co;
-        co.timeout = std::chrono::seconds(5);
-        if (auto c = (*n)->connect(endpoint, co); !c) return error_message(c.error());
-      }
-      const caf::error err = request_reshape(**n, id, control.token(), profile);
-      return err ? error_message(err) : std::string();
-    };
+    faultlab_harness harness(control.token());
     route_tracker route;
     swarm_client_options o;
     o.model = model_id_of(job.model);
@@ -248,7 +249,7 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
         const bool due = f.at.k == fl::moment::kind::token ? count >= f.at.value : elapsed >= f.at.value;
         if (fired[i] || !due) continue;
         fired[i] = true;
-        run.events.push_back("token " + std::to_string(count) + ": " + fire(f, st, route, rng));
+        run.events.push_back("token " + std::to_string(count) + ": " + fire(f, st, harness, route, rng));
       }
       // Waiting for a joined or restarted server to load is the harness's
       // time, not a stall of the swarm.

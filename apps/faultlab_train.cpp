@@ -2,8 +2,8 @@
 // --elastic) as a child process of this binary, its step lines read as they
 // come, and the faults fired on the launcher's rank processes (found by
 // their `--rank K` argument) when the job reaches their step or second:
-// signals for kill, stop and resume; throttle and heal through the rank
-// node's control actor (its endpoint from the job's "ranks" event, the
+// signals for kill, stop and resume; throttle, partition and heal through
+// the rank node's control actor (its endpoint from the job's "ranks" event, the
 // run's control token from the environment the ranks inherit).
 #include <poll.h>
 #include <signal.h>
@@ -27,6 +27,7 @@
 #include "actors/corolla.hpp"
 #include "actors/node_control.hpp"
 #include "apps/control_token_env.hpp"
+#include "apps/faultlab_harness.hpp"
 #include "apps/faultlab.hpp"
 #include "apps/self_process.hpp"
 
@@ -71,33 +72,13 @@ std::map<int, pid_t> ranks_of(pid_t parent) {
   return out;
 }
 
-/// What throttle and heal need: the current grid's rank endpoints (from the
-/// job's "ranks" event), which of them are throttled, and a harness node
-/// that reaches their control actors.
+/// What throttle, partition and heal need: the current grid's rank
+/// endpoints (from the job's "ranks" event), which of them are throttled or
+/// partitioned, and faultlab's node that reaches their control actors.
 struct rank_control {
-  const control_token_env* token = nullptr;
+  std::unique_ptr<faultlab_harness> harness;
   std::map<int, std::string> endpoints;  ///< rank -> where its node listens
-  std::set<int> throttled;
-  std::unique_ptr<node> harness;
-
-  /// Reshapes what rank `r` sends: "" on success, else why not.
-  std::string reshape(int r, const std::string& profile) {
-    if (!harness) {
-      auto n = node::start([] {
-        node_options o;
-        o.listen = "";
-        return o;
-      }());
-      if (!n) return "cannot start faultlab's node: " + error_message(n.error());
-      harness = std::move(*n);
-    }
-    connect_options co;
-    co.timeout = std::chrono::seconds(5);
-    auto peer = harness->connect(endpoints.at(r), co);
-    if (!peer) return error_message(peer.error());
-    const caf::error err = request_reshape(*harness, *peer, token->token(), profile);
-    return err ? error_message(err) : std::string();
-  }
+  std::set<int> throttled, partitioned;
 };
 
 /// The rank fault `f` hits among `candidates` (rank -> anything), or -1.
@@ -112,21 +93,33 @@ int pick(const fl::fault& f, const Map& candidates, std::mt19937_64& rng) {
 std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, std::mt19937_64& rng,
                  rank_control& control) {
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
-  if (f.what == fl::action::throttle || f.what == fl::action::heal) {
+  if (f.what == fl::action::throttle || f.what == fl::action::partition || f.what == fl::action::heal) {
+    const bool heal = f.what == fl::action::heal;
     std::map<int, bool> candidates;
-    for (const auto& [r, endpoint] : control.endpoints)
-      if ((f.what == fl::action::heal) == (control.throttled.count(r) > 0)) candidates[r] = true;
+    for (const auto& [r, endpoint] : control.endpoints) {
+      const bool throttled = control.throttled.count(r) > 0, partitioned = control.partitioned.count(r) > 0;
+      if (heal ? throttled || partitioned : f.what == fl::action::partition ? !partitioned : !throttled)
+        candidates[r] = true;
+    }
     const int r = pick(f, candidates, rng);
-    if (r < 0) return what + ": no such rank " + (f.what == fl::action::heal ? "throttled " : "") + "now (skipped)";
-    const std::string profile = f.what == fl::action::throttle ? f.profile : std::string();
-    if (std::string err = control.reshape(r, profile); !err.empty())
-      return what + ": rank " + std::to_string(r) + " refused (" + err + ")";
-    if (f.what == fl::action::throttle)
-      control.throttled.insert(r);
-    else
+    if (r < 0) return what + ": no such rank " + (heal ? "throttled or partitioned " : "") + "now (skipped)";
+    const std::string& endpoint = control.endpoints.at(r);
+    const std::string err = heal ? control.harness->heal(endpoint)
+                            : f.what == fl::action::partition ? control.harness->partition(endpoint, true)
+                                                              : control.harness->reshape(endpoint, f.profile);
+    if (!err.empty()) return what + ": rank " + std::to_string(r) + " refused (" + err + ")";
+    const std::string rank = "rank " + std::to_string(r);
+    if (heal) {
       control.throttled.erase(r);
-    return what + " (rank " + std::to_string(r) +
-           (profile.empty() ? ", back to its own shaping)" : ", sends shaped " + profile + ")");
+      control.partitioned.erase(r);
+      return what + " (" + rank + ", back to its own shaping, no partition)";
+    }
+    if (f.what == fl::action::partition) {
+      control.partitioned.insert(r);
+      return what + " (" + rank + ", traffic with every peer dropped)";
+    }
+    control.throttled.insert(r);
+    return what + " (" + rank + ", sends shaped " + f.profile + ")";
   }
   const std::map<int, pid_t> ranks = ranks_of(launcher);
   std::map<int, pid_t> candidates;
@@ -170,7 +163,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
   // The rank processes inherit the token: throttle and heal use it.
   const control_token_env token;
   rank_control control;
-  control.token = &token;
+  control.harness = std::make_unique<faultlab_harness>(token.token());
   pid_t pid = -1;
   try {
     pid = spawn_self(args, out[1], err_log);
@@ -211,6 +204,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
             // A new grid: fresh processes, unshaped.
             control.endpoints.clear();
             control.throttled.clear();
+            control.partitioned.clear();
             for (const auto& r : j["ranks"])
               if (r.is_object() && r.value("rank", -1) >= 0 && r.contains("endpoint") && r["endpoint"].is_string())
                 control.endpoints[r["rank"].get<int>()] = r["endpoint"].get<std::string>();

@@ -256,11 +256,12 @@ action parse_action(const std::string& text) {
   if (text == "join") return action::join;
   if (text == "throttle") return action::throttle;
   if (text == "heal") return action::heal;
-  for (const char* later : {"partition", "corrupt"})
-    if (text == later)
-      throw std::invalid_argument("do: '" + text +
-                                  "' is not built yet in faultlab (built: kill, stop, resume, restart, join, throttle, heal)");
-  throw std::invalid_argument("do: '" + text + "' is not one of kill, stop, resume, restart, join, throttle, heal");
+  if (text == "partition") return action::partition;
+  if (text == "corrupt")
+    throw std::invalid_argument(
+        "do: 'corrupt' is not built yet in faultlab (built: kill, stop, resume, restart, join, throttle, partition, heal)");
+  throw std::invalid_argument("do: '" + text +
+                              "' is not one of kill, stop, resume, restart, join, throttle, partition, heal");
 }
 
 const char* to_string(action a) {
@@ -272,6 +273,7 @@ const char* to_string(action a) {
     case action::join: return "join";
     case action::throttle: return "throttle";
     case action::heal: return "heal";
+    case action::partition: return "partition";
   }
   return "?";
 }

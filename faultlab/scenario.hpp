@@ -24,11 +24,13 @@ moment parse_moment(const std::string& text);
 std::string to_string(const moment& m);
 
 /// throttle: the target's sends are shaped with the fault's profile from
-/// then on (a slow uplink; its links stay up); heal: back to the shaping it
-/// started with.
-enum class action { kill, stop, resume, restart, join, throttle, heal };
+/// then on (a slow uplink; its links stay up); partition: every message to
+/// and from the target's peers is dropped, both ways (faultlab's own node
+/// keeps its control link); heal: back to the shaping it started with, and
+/// no partition.
+enum class action { kill, stop, resume, restart, join, throttle, heal, partition };
 /// "kill" ...; throws std::invalid_argument listing the known actions (and
-/// naming the ones not built yet: partition, heal, throttle, corrupt).
+/// naming the one not built yet: corrupt).
 action parse_action(const std::string& text);
 const char* to_string(action a);
 

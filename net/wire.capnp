@@ -237,6 +237,14 @@ struct ControlReshape {
   profile @1 :Text;
 }
 
+# control.partition: from the harness holding the node's control token.
+# on: drop every message to and from every peer except the sender of this
+# request (the harness keeps its control link); off: traffic flows again.
+struct ControlPartition {
+  token @0 :Text;
+  on @1 :Bool;
+}
+
 # ---- fragments (net/fragment.hpp) -------------------------------------------
 # A message larger than the transport's fragment size travels as fragments
 # that interleave with other traffic on the connection. A fragment is one

@@ -1,11 +1,14 @@
 // Measuring a link with echoes (actors/link_probe.hpp): what a server whose
-// NIC speed is unknown announces as its network side.
+// NIC speed is unknown announces as its network side; and the control
+// actor's reshape and partition, seen through such echoes.
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <memory>
+#include <thread>
 
 #include "actors/corolla.hpp"
+#include "actors/echo_actor.hpp"
 #include "actors/link_probe.hpp"
 #include "actors/node_control.hpp"
 
@@ -18,6 +21,14 @@ std::unique_ptr<node> start_probe_node(node_options o = {}) {
   auto n = node::start(std::move(o));
   if (!n) FAIL(error_message(n.error()));
   return std::move(*n);
+}
+
+/// Whether an empty echo from `n` to `peer` comes back within `timeout`
+/// (generous where it must: a loaded machine can stall an echo for seconds).
+bool reaches(node& n, const std::string& peer, std::chrono::milliseconds timeout = 10000ms) {
+  remote_message m;
+  m.type = "echo";
+  return static_cast<bool>(n.request(peer, echo_actor_name, std::move(m), timeout));
 }
 
 }  // namespace
@@ -107,6 +118,36 @@ TEST_CASE("a node's control actor obeys only its token, and a node without one h
   o.bytes = 256 << 10;
   o.rounds = 4;
   if (auto m = probe_link(*b, *to_a, o)) CHECK(m->bps > 10 * 1e6);  // ten times the refused 1 Mbit/s
+}
+
+TEST_CASE("a partitioned node loses its traffic with its peers both ways, the harness keeps its link, a heal restores it") {
+  node_options with_control;
+  with_control.control_token = "local-harness-secret";
+  auto a = start_probe_node(with_control);  // the node cut off
+  auto b = start_probe_node();              // its peer
+  auto h = start_probe_node();              // the harness
+  auto b_to_a = b->connect(a->endpoint());
+  auto h_to_a = h->connect(a->endpoint());
+  if (!b_to_a || !h_to_a) FAIL("cannot connect");
+  REQUIRE(reaches(*b, *b_to_a));  // echoes come back before
+
+  CHECK(request_partition(*h, *h_to_a, "guess", true));  // only the token holder may
+  CHECK(reaches(*b, *b_to_a));
+  REQUIRE_FALSE(request_partition(*h, *h_to_a, "local-harness-secret", true));
+  CHECK_FALSE(reaches(*b, *b_to_a, 1500ms));  // b -> a is lost
+  CHECK_FALSE(reaches(*a, b->id(), 1500ms));  // and a -> b
+  CHECK(reaches(*h, *h_to_a));        // the harness still reaches a
+
+  REQUIRE_FALSE(request_partition(*h, *h_to_a, "local-harness-secret", false));
+  // Healed: traffic flows again. Both links went down meanwhile (missed
+  // heartbeats); a's heartbeats and b's hellos, once a second, bring them up.
+  bool back = false;
+  for (int i = 0; i < 60 && !back; ++i) {
+    back = reaches(*b, *b_to_a, 1000ms);
+    if (!back) std::this_thread::sleep_for(250ms);
+  }
+  CHECK(back);
+  CHECK(reaches(*a, b->id()));
 }
 
 }  // namespace corolla

@@ -34,6 +34,18 @@ std::pair<json, int> faultlab(const fs::path& scenario, const fs::path& report, 
 
 std::vector<std::string> events(const json& report) { return report["faulted"]["events"].get<std::vector<std::string>>(); }
 
+/// A 2x2 elastic training scenario over `steps` steps of job `j`, with
+/// checkpoints every 3 steps, the reference's losses expected, and one
+/// fault: `what` on `target` at step 4.
+void write_train_scenario(const fs::path& file, const train_test::job& j, int steps, const std::string& what,
+                          const std::string& target, int max_stall_s) {
+  std::ofstream(file) << "name = \"" << what << " " << target << "\"\n[train]\nmodel = \"" << j.model.string()
+                      << "\"\ndata = \"" << j.data.string() << "\"\nargs = \"--batch 12 --seq 8 --steps " << steps
+                      << " --lr 0.003 --threads 1 --link-profile lat=2ms\"\nlayout = \"--pp 2 --dp 2\"\n"
+                      << "checkpoint_every = 3\n[[fault]]\nat = \"step 4\"\ndo = \"" << what << "\"\ntarget = \""
+                      << target << "\"\n[expect]\nsame_losses_as_reference = true\nmax_stall_s = " << max_stall_s << "\n";
+}
+
 }  // namespace
 
 TEST_CASE("faultlab: a swarm survives two kills on its route and a join, with the reference's output") {
@@ -107,8 +119,37 @@ max_stall_s = 20
   const auto ev = events(report);
   REQUIRE(ev.size() == 2u);
   CHECK(ev[0] == "token 4: throttle route.hop 1 (s1, sends shaped bw=2Mbit,lat=15ms)");
-  CHECK(ev[1] == "token 9: heal route.hop 1 (s1, back to its own shaping)");
+  CHECK(ev[1] == "token 9: heal route.hop 1 (s1, back to its own shaping, no partition)");
   // That the links really carry the new rate is tests/actors/test_link_probe.cpp's.
+}
+
+TEST_CASE("faultlab: a partitioned hop is given up on and replaced, with the reference's output") {
+  swarm_test::swarm_model m(architecture::llama);
+  temp_dir_guard tmp("faultlab-partition");
+  std::ofstream(tmp / "s.toml") << "name = \"a server cut off\"\n[swarm]\nmodel = \"" << m.dir.path().string() << R"("
+servers = ["0:2", "2:4", "2:4"]
+[swarm.client]
+prompt_ids = [3, 17, 9]
+new_tokens = 12
+[[fault]]
+at = "token 4"
+do = "partition"
+target = "route.hop 1"
+[expect]
+same_output_as_reference = true
+max_stall_s = 30
+)";
+  const auto [report, status] = faultlab(tmp / "s.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["tokens"] == report["reference"]["tokens"]);
+  const auto ev = events(report);
+  REQUIRE(ev.size() == 1u);
+  CHECK(ev[0].rfind("token 4: partition route.hop 1 (s", 0) == 0);
+  CHECK(ev[0].find("traffic with every peer dropped") != std::string::npos);
+  // The cut-off server answered nothing more: the client failed over.
+  CHECK(report["faulted"]["recoveries"].get<int>() >= 1);
 }
 
 TEST_CASE("faultlab: killing the only server of some blocks fails the scenario with the reason and the seed") {
@@ -143,19 +184,7 @@ same_output_as_reference = true
 TEST_CASE("faultlab: an elastic training job loses a rank and keeps the reference's losses, a random campaign passes") {
   temp_dir_guard tmp("faultlab-train");
   train_test::job j = train_test::fresh_gpt2_job(tmp);
-  std::ofstream(tmp / "t.toml") << "name = \"a rank lost\"\n[train]\nmodel = \"" << j.model.string() << "\"\ndata = \""
-                                << j.data.string() << R"("
-args = "--batch 12 --seq 8 --steps 16 --lr 0.003 --threads 1 --link-profile lat=2ms"
-layout = "--pp 2 --dp 2"
-checkpoint_every = 3
-[[fault]]
-at = "step 4"
-do = "kill"
-target = "rank 2"
-[expect]
-same_losses_as_reference = true
-max_stall_s = 60
-)";
+  write_train_scenario(tmp / "t.toml", j, 16, "kill", "rank 2", 60);
   const auto [report, status] = faultlab(tmp / "t.toml", tmp / "report");
   INFO(report.dump(2));
   CHECK(status == 0);
@@ -173,6 +202,20 @@ max_stall_s = 60
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("random swarm campaign (seed 5)") != std::string::npos);
   CHECK(r.out.find("PASS") != std::string::npos);
+}
+
+TEST_CASE("faultlab: a training rank cut off by a partition, the elastic job re-plans and keeps the reference's losses") {
+  temp_dir_guard tmp("faultlab-train-partition");
+  train_test::job j = train_test::fresh_gpt2_job(tmp);
+  write_train_scenario(tmp / "t.toml", j, 12, "partition", "rank 3", 90);
+  const auto [report, status] = faultlab(tmp / "t.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["losses"].size() == 12u);
+  CHECK(report["faulted"]["recoveries"].get<int>() >= 1);  // its peers saw it go silent, the job re-planned
+  REQUIRE(events(report).size() == 1u);
+  CHECK(events(report)[0] == "step 4: partition rank 3 (rank 3, traffic with every peer dropped)");
 }
 
 TEST_CASE("faultlab: a training rank throttled through its control actor, the elastic job re-plans on the measured "

@@ -1,0 +1,60 @@
+// apps/faultlab_harness.hpp — faultlab's own node for the control actors of
+// the processes it starts (actors/node_control.hpp): throttle and heal
+// reshape a target's sends, partition cuts it off from every peer but this
+// node (which keeps its link, so the heal reaches it). It is a node of its
+// own, not the swarm client's: a partition must cut the client off too.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "actors/corolla.hpp"
+#include "actors/node_control.hpp"
+
+namespace corolla::app {
+
+class faultlab_harness {
+ public:
+  explicit faultlab_harness(std::string token) : token_(std::move(token)) {}
+
+  /// Shapes what the node at `endpoint` sends ("" = as it was set up); cuts
+  /// it off from every peer but this node (on) or lets it back (off). ""
+  /// when done, else why not.
+  std::string reshape(const std::string& endpoint, const std::string& profile) { return act(endpoint, &profile, nullptr); }
+  std::string partition(const std::string& endpoint, bool on) { return act(endpoint, nullptr, &on); }
+  /// A heal: the node's own shaping back, and no partition.
+  std::string heal(const std::string& endpoint) {
+    const std::string none;
+    const bool off = false;
+    return act(endpoint, &none, &off);
+  }
+
+ private:
+  std::string act(const std::string& endpoint, const std::string* profile, const bool* partition) {
+    if (!node_) {
+      auto n = node::start([] {
+        node_options o;
+        o.listen = "";  // dials out only
+        return o;
+      }());
+      if (!n) return "cannot start faultlab's node: " + error_message(n.error());
+      node_ = std::move(*n);
+    }
+    connect_options co;
+    co.timeout = std::chrono::seconds(5);
+    auto peer = node_->connect(endpoint, co);
+    if (!peer) return error_message(peer.error());
+    // Lift a partition first: the reshape of a heal then travels a whole link.
+    if (partition)
+      if (const caf::error err = request_partition(*node_, *peer, token_, *partition)) return error_message(err);
+    if (profile)
+      if (const caf::error err = request_reshape(*node_, *peer, token_, *profile)) return error_message(err);
+    return {};
+  }
+
+  std::string token_;
+  std::unique_ptr<node> node_;
+};
+
+}  // namespace corolla::app
