@@ -21,7 +21,6 @@
 #include "apps/bench_common.hpp"
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
-#include "kernels/nf4.hpp"
 #include "model/generator.hpp"
 
 #ifdef COROLLA_HAVE_CUDA
@@ -68,19 +67,6 @@ nlohmann::json report_gemv_choices(bool json) {
 }
 
 
-/// Bytes one linear weight [out, in] of format `f` takes, scales included.
-double linear_weight_bytes(std::int64_t out, std::int64_t in, weight_format f) {
-  const auto o = static_cast<double>(out), i = static_cast<double>(in);
-  switch (f) {
-    case weight_format::f32: return 4.0 * o * i;
-    case weight_format::bf16: return 2.0 * o * i;
-    case weight_format::int8: return o * i + 4.0 * o;
-    case weight_format::nf4:
-      return o * static_cast<double>(nf4_row_bytes(in)) + 4.0 * o * static_cast<double>(nf4_row_blocks(in));
-  }
-  return 4.0 * o * i;
-}
-
 /// Bytes of weights one decode step reads: every block parameter, the final
 /// norm and the LM head (one embedding row is negligible). The blocks'
 /// linear weights are stored as `weights`, the LM head as
@@ -90,10 +76,10 @@ double decode_bytes_per_token(transformer& m, weight_format weights) {
   double bytes = 0;
   for (const auto& b : m.blocks())
     for (const auto& e : b.entries())
-      bytes += e.shape.size() == 2 ? linear_weight_bytes(e.shape[0], e.shape[1], weights)
+      bytes += e.shape.size() == 2 ? static_cast<double>(stored_weight_bytes(e.shape[0], e.shape[1], weights))
                                    : 4.0 * static_cast<double>(e.numel);
   const weight_format lm_head = is_quantized(weights) ? weight_format::int8 : weights;
-  bytes += linear_weight_bytes(c.vocab_size, c.hidden_size, lm_head);
+  bytes += static_cast<double>(stored_weight_bytes(c.vocab_size, c.hidden_size, lm_head));
   bytes += 2.0 * c.hidden_size * 4.0;  // final norm weight and bias
   return bytes;
 }

@@ -39,6 +39,31 @@ weight_format parse_weights_flag(const std::string& text) {
   throw std::invalid_argument("--weights must be f32, bf16, int8 or nf4, got '" + text + "'");
 }
 
+std::int64_t parse_byte_size(const std::string& text, const std::string& flag) {
+  const auto bad = [&] {
+    return std::invalid_argument(flag + " must be a size such as 6GiB, 512MiB or 2.5GB, got '" + text + "'");
+  };
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  const std::string unit = text.substr(used);
+  static const std::pair<const char*, double> units[] = {
+      {"", 1.0},      {"B", 1.0},       {"KB", 1e3},      {"MB", 1e6},      {"GB", 1e9},      {"TB", 1e12},
+      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"K", 1024.0},
+      {"M", 1048576.0}, {"G", 1073741824.0}, {"T", 1099511627776.0}};
+  for (const auto& [name, scale] : units)
+    if (unit == name) {
+      const double bytes = value * scale;
+      if (!(bytes >= 1) || bytes > 9e18) throw bad();
+      return static_cast<std::int64_t>(bytes);
+    }
+  throw bad();
+}
+
 dtype parse_kv_dtype_flag(const std::string& text) {
   if (const auto t = float_dtype_named(text)) return *t;
   throw std::invalid_argument("--kv-dtype must be f32, bf16 or f16, got '" + text + "'");

@@ -115,6 +115,11 @@ void apply_common_options(int threads, const std::string& log_level);
 /// decode reads, see generator); throws std::invalid_argument
 /// ("--weights must be f32 or bf16, got 'x'") otherwise.
 weight_format parse_weights_flag(const std::string& text);
+/// A byte count as "6GiB", "512MiB", "2.5GB", "4G" or "1000000": units B,
+/// KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB and K/M/G/T (powers of
+/// 1024). Throws std::invalid_argument naming `flag` for anything else or a
+/// count below one byte.
+std::int64_t parse_byte_size(const std::string& text, const std::string& flag);
 /// The dtype a --compute flag names for training on `where` (train and
 /// bench train): f32, or bf16/f16 on a device. Throws std::invalid_argument
 /// for an unknown name and for bf16/f16 on the cpu ("--compute bf16 needs a

@@ -14,6 +14,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/corolla.hpp"
@@ -25,6 +26,7 @@
 #include "apps/commands.hpp"
 #include "apps/node_flags.hpp"
 #include "kernels/backend.hpp"
+#include "model/block.hpp"
 #include "model/config.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
@@ -43,6 +45,7 @@ struct serve_args {
   std::string model;
   std::string blocks;  ///< "A:B"
   int num_blocks = 0;  ///< --num-blocks: choose the span from the DHT
+  std::string max_memory;  ///< --max-memory: as many blocks as fit (chosen from the DHT)
   bool no_dht = false;
   std::string dht_listen = "127.0.0.1:0";  ///< UDP address of the membership DHT node
   std::string initial_peers;               ///< DHT nodes to join through, comma-separated
@@ -233,6 +236,30 @@ void drain(node& n, const caf::actor& server, const sigset_t& stop_signals, std:
   }
 }
 
+/// --max-memory: the blocks that fit, each counted with its weights (the
+/// f32 parameters and the inference copies, model/block.hpp
+/// served_block_bytes) and its share of the KV cache for --cache-tokens;
+/// at most the model's blocks. Throws std::invalid_argument when not even
+/// one fits, naming what one needs.
+int blocks_that_fit(const serve_args& a, const model_config& cfg, weight_format weights, dtype kv) {
+  const std::int64_t budget = parse_byte_size(a.max_memory, "--max-memory");
+  const auto kv_bytes = static_cast<std::int64_t>(span_engine::kv_bytes_per_token(cfg, 1, kv)) * a.cache_tokens;
+  const std::int64_t weight_bytes = served_block_bytes(cfg, weights);
+  const std::int64_t per_block = weight_bytes + kv_bytes;
+  const auto mib = [](std::int64_t b) { return static_cast<double>(b) / (1 << 20); };
+  const std::int64_t n = std::min<std::int64_t>(budget / per_block, cfg.n_layers);
+  if (n < 1)
+    throw std::invalid_argument(fmt::format(
+        "--max-memory {} holds no block: one needs {:.1f} MiB ({:.1f} MiB of {} weights, {:.1f} MiB of KV cache for "
+        "--cache-tokens {}); lower --cache-tokens, quantise (--weights int8 or nf4) or give more memory",
+        a.max_memory, mib(per_block), mib(weight_bytes), weight_format_name(weights), mib(kv_bytes), a.cache_tokens));
+  spdlog::info("serve: --max-memory {} holds {} block(s) of {} at {:.1f} MiB each ({:.1f} MiB of {} weights, {:.1f} "
+               "MiB of KV cache for {} tokens)",
+               a.max_memory, n, cfg.n_layers, mib(per_block), mib(weight_bytes), weight_format_name(weights),
+               mib(kv_bytes), a.cache_tokens);
+  return static_cast<int>(n);
+}
+
 /// --num-blocks: the weakest window of the swarm as the DHT shows it
 /// (schedule/block_selection: gaps first, then the lowest throughputs).
 std::pair<int, int> choose_span(net::membership& members, const std::string& model, const std::string& self,
@@ -251,15 +278,18 @@ int run_serve(const serve_args& a) {
   const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
-  if (a.blocks.empty() == (a.num_blocks == 0))
-    throw std::invalid_argument("give exactly one of --blocks A:B or --num-blocks N");
+  if (!a.blocks.empty() + (a.num_blocks != 0) + !a.max_memory.empty() != 1)
+    throw std::invalid_argument("give exactly one of --blocks A:B, --num-blocks N or --max-memory SIZE");
   if (!a.metrics_listen.empty()) parse_http_listen(a.metrics_listen);  // a bad address fails before the model loads
-  if (a.num_blocks != 0 && a.no_dht)
-    throw std::invalid_argument("--num-blocks chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
+  if ((a.num_blocks != 0 || !a.max_memory.empty()) && a.no_dht)
+    throw std::invalid_argument(std::string(a.num_blocks != 0 ? "--num-blocks" : "--max-memory") +
+                                " chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
   if (a.cache_tokens < 1) throw std::invalid_argument("--cache-tokens must be at least 1");
   const weight_format weights = parse_weights_flag(a.weights);
   span_engine_options engine_options;
   engine_options.kv_dtype = parse_kv_dtype_flag(a.kv_dtype);
+  const int num_blocks =
+      a.max_memory.empty() ? a.num_blocks : blocks_that_fit(a, cfg, weights, engine_options.kv_dtype);
   Backend& be = backend_for(parse_device(a.device));
 
   auto started = node::start(a.node.options());
@@ -274,7 +304,7 @@ int run_serve(const serve_args& a) {
   // server leaves.
   std::string dht_endpoint;
   std::unique_ptr<net::membership> members = a.no_dht ? nullptr : join_dht(a, dht_endpoint);
-  const auto [first, last] = a.num_blocks > 0 ? choose_span(*members, so.model, n.id(), cfg.n_layers, a.num_blocks)
+  const auto [first, last] = num_blocks > 0 ? choose_span(*members, so.model, n.id(), cfg.n_layers, num_blocks)
                                               : parse_blocks(a.blocks, cfg.n_layers);
   net::server_record record;  ///< what this server announces
   record.model = so.model;
@@ -429,6 +459,9 @@ void register_serve(CLI::App& app, action_fn& action) {
   cmd->add_option("--num-blocks", a->num_blocks,
                   "Serve this many consecutive blocks where the swarm is weakest (read from its DHT) instead of --blocks")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-memory", a->max_memory,
+                  "Serve as many consecutive blocks as fit in this much memory (e.g. 6GiB, 512MiB: weights and the "
+                  "KV cache for --cache-tokens), placed where the swarm is weakest (read from its DHT)");
   cmd->add_option("--cache-tokens", a->cache_tokens, "Attention-cache budget in tokens over all sessions")
       ->capture_default_str();
   cmd->add_option("--device", a->device, "Where the served blocks and their KV cache live: auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N")

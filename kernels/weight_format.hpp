@@ -8,6 +8,8 @@
 #include <optional>
 #include <string_view>
 
+#include "kernels/nf4.hpp"
+
 namespace corolla {
 
 enum class weight_format : std::uint8_t { f32, bf16, int8, nf4 };
@@ -37,5 +39,19 @@ constexpr std::optional<weight_format> weight_format_named(std::string_view text
 /// Formats read with scales through a quantised product (linear_q8 or
 /// linear_nf4) rather than Backend::linear.
 constexpr bool is_quantized(weight_format f) { return f == weight_format::int8 || f == weight_format::nf4; }
+
+/// Bytes a linear weight [out, in] stored as `f` takes, scales included:
+/// 4 or 2 per value (f32, bf16); 1 per value and a 4-byte scale per row
+/// (int8); half a byte per value, rows padded to whole bytes, and a 4-byte
+/// absmax per block of 64 (nf4).
+constexpr std::int64_t stored_weight_bytes(std::int64_t out, std::int64_t in, weight_format f) {
+  switch (f) {
+    case weight_format::f32: return 4 * out * in;
+    case weight_format::bf16: return 2 * out * in;
+    case weight_format::int8: return out * in + 4 * out;
+    case weight_format::nf4: return out * nf4_row_bytes(in) + 4 * out * nf4_row_blocks(in);
+  }
+  return 4 * out * in;
+}
 
 }  // namespace corolla

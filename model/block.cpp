@@ -112,6 +112,21 @@ std::pair<Tensor, Tensor> quantize_stack(Backend& be, weight_format f,
 
 }  // namespace
 
+std::int64_t served_block_bytes(const model_config& cfg, weight_format f) {
+  std::int64_t bytes = 0;
+  for (const auto& [name, shape] : block_layout(cfg)) {
+    std::int64_t numel = 1;
+    for (std::int64_t d : shape) numel *= d;
+    bytes += 4 * numel;  // the f32 parameter
+    if (f == weight_format::f32) continue;
+    if (shape.size() == 2)
+      bytes += stored_weight_bytes(shape[0], shape[1], f);
+    else if (name == "q.bias" || name == "k.bias" || name == "v.bias")
+      bytes += 4 * numel;  // stacked into qkv_b
+  }
+  return bytes;
+}
+
 block_tensors inference_weights(Backend& be, const block_tensors& w, weight_format f) {
   block_tensors out = w;
   if (f == weight_format::f32) return out;

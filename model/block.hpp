@@ -89,6 +89,12 @@ struct block_tensors {
 /// product per stack. f32 returns `w` itself.
 block_tensors inference_weights(Backend& be, const block_tensors& w, weight_format f);
 
+/// Bytes one served block holds in weights with inference weights of format
+/// `f`: its f32 parameters (kept for fine-tuning requests and training) and,
+/// unless f32, the inference copies inference_weights makes (the linear
+/// weights as `f` with their scales, the q/k/v biases stacked again).
+std::int64_t served_block_bytes(const model_config& cfg, weight_format f);
+
 /// Training compute weights of one block for mixed precision
 /// (stage::set_compute_dtype): fresh `t` (bf16 or f16) tensors on `be`'s
 /// device shaped like w's linear weights (q, k, v, o, gate, up, down) and

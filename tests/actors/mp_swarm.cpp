@@ -20,8 +20,11 @@
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
 #include "actors/swarm_wire.hpp"
+#include "model/block.hpp"
+#include "model/config.hpp"
 #include "model/generator.hpp"
 #include "model/safetensors.hpp"
+#include "model/span_engine.hpp"
 #include "model/transformer.hpp"
 #include "net/membership.hpp"
 #include "net/zmq_transport.hpp"
@@ -455,6 +458,24 @@ TEST_CASE("servers given only a block count place themselves where the swarm is 
   auto remote = generate_cli(m, {"--swarm-dht", sw.dht.at("s-3")});
   REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
   CHECK(printed_ids(remote) == m.expected);
+}
+
+TEST_CASE("a server given --max-memory serves as many blocks as fit, where the swarm is weakest") {
+  swarm_model m(architecture::llama);
+  const model_config cfg = load_config(m.dir.path().string());
+  // Two blocks' weights (f32 parameters and int8 copies) and KV cache for
+  // 512 tokens, and half of a third.
+  const std::int64_t per_block = served_block_bytes(cfg, weight_format::int8) +
+                                 static_cast<std::int64_t>(span_engine::kv_bytes_per_token(cfg, 1)) * 512;
+  const std::string budget = std::to_string(per_block * 5 / 2);
+  swarm_processes sw;
+  sw.start(m, "s-1", -1, -1,
+           {"--dht", "--dht-ttl-s", "5", "--weights", "int8", "--cache-tokens", "512", "--max-memory", budget});
+  CHECK(sw.spans.at("s-1").second - sw.spans.at("s-1").first == 2);
+  // A second server of the same size fills the gap.
+  sw.start(m, "s-2", -1, -1,
+           {"--initial-peers", sw.dht.at("s-1"), "--weights", "int8", "--cache-tokens", "512", "--max-memory", budget});
+  CHECK(sw.spans.at("s-2") == (sw.spans.at("s-1").first == 0 ? std::make_pair(2, 4) : std::make_pair(0, 2)));
 }
 
 TEST_CASE("a server moves to the blocks a crashed server left uncovered, and clients find it there") {

@@ -27,7 +27,7 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
   testing::write_tiny_model(model, {});  // 2 layers
 
   SUBCASE("neither --blocks nor --num-blocks") {
-    testing::check_one_error(serve(model, {}), "give exactly one of --blocks A:B or --num-blocks N");
+    testing::check_one_error(serve(model, {}), "give exactly one of --blocks A:B, --num-blocks N or --max-memory SIZE");
   }
   SUBCASE("both --blocks and --num-blocks") {
     testing::check_one_error(serve(model, {"--blocks", "0:1", "--num-blocks", "1"}), "give exactly one of");
@@ -40,6 +40,20 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
   }
   SUBCASE("--num-blocks without the DHT") {
     testing::check_one_error(serve(model, {"--num-blocks", "1"}), "it needs the DHT");
+  }
+  SUBCASE("--max-memory: with --blocks, without the DHT, a bad size, too little for one block") {
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--max-memory", "1GiB"}), "give exactly one of");
+    testing::check_one_error(serve(model, {"--max-memory", "1GiB"}), "--max-memory chooses blocks from the swarm's DHT");
+    // With the DHT (no --no-dht), the size is read before anything starts.
+    auto with_dht = [&](const std::string& size, std::vector<std::string> more = {}) {
+      std::vector<std::string> args{"serve", "--model", model, "--max-memory", size, "--log-level", "warn"};
+      args.insert(args.end(), more.begin(), more.end());
+      return testing::run_corolla(args, std::chrono::seconds(30));
+    };
+    testing::check_one_error(with_dht("lots"), "--max-memory must be a size such as 6GiB, 512MiB or 2.5GB, got 'lots'");
+    testing::check_one_error(with_dht("-2GB"), "got '-2GB'");
+    testing::check_one_error(with_dht("12XB"), "got '12XB'");
+    testing::check_one_error(with_dht("64KiB", {"--cache-tokens", "100000"}), "--max-memory 64KiB holds no block: one needs");
   }
   SUBCASE("a bad DHT address") {
     auto r = testing::run_corolla({"serve", "--model", model, "--blocks", "0:1", "--dht-listen", "127.0.0.1:x",
