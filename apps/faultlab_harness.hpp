@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -41,20 +42,28 @@ class faultlab_harness {
       if (!n) return "cannot start faultlab's node: " + error_message(n.error());
       node_ = std::move(*n);
     }
-    connect_options co;
-    co.timeout = std::chrono::seconds(5);
-    auto peer = node_->connect(endpoint, co);
-    if (!peer) return error_message(peer.error());
+    // One link per target, kept while it is up: faults on the same process
+    // reuse it instead of opening a connection each.
+    auto known = peers_.find(endpoint);
+    if (known == peers_.end() || !node_->peer_is_up(known->second)) {
+      connect_options co;
+      co.timeout = std::chrono::seconds(5);
+      auto peer = node_->connect(endpoint, co);
+      if (!peer) return error_message(peer.error());
+      known = peers_.insert_or_assign(endpoint, *peer).first;
+    }
+    const std::string& peer = known->second;
     // Lift a partition first: the reshape of a heal then travels a whole link.
     if (partition)
-      if (const caf::error err = request_partition(*node_, *peer, token_, *partition)) return error_message(err);
+      if (const caf::error err = request_partition(*node_, peer, token_, *partition)) return error_message(err);
     if (profile)
-      if (const caf::error err = request_reshape(*node_, *peer, token_, *profile)) return error_message(err);
+      if (const caf::error err = request_reshape(*node_, peer, token_, *profile)) return error_message(err);
     return {};
   }
 
   std::string token_;
   std::unique_ptr<node> node_;
+  std::map<std::string, std::string> peers_;  ///< endpoint -> node id of the link to it
 };
 
 }  // namespace corolla::app

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <regex>

@@ -38,9 +38,9 @@ void block_decode_workspace::reserve(Backend& be, std::int64_t rows) {
 namespace {
 
 /// Backend::linear_fused where the weight is not quantised (no fused quantised op).
-bool fused(Backend& be, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor* bias, linear_epilogue e,
+bool fused(Backend& be, weight_format f, const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
            const Tensor* residual, Tensor& y) {
-  return !scale.defined() && be.linear_fused(x, w, bias, e, residual, y);
+  return !is_quantized(f) && be.linear_fused(x, w, bias, e, residual, y);
 }
 
 }  // namespace
@@ -119,14 +119,14 @@ struct cached_forward {
       linear_as(be, w.format, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
       be.add_rmsnorm(x, tmp, h, w.mlp_norm_w, cfg.norm_eps, norm);
     } else {
-      if (!fused(be, attn, w.o_w, w.o_s, opt(w.o_b), linear_epilogue::add, &x, h)) {
+      if (!fused(be, w.format, attn, w.o_w, opt(w.o_b), linear_epilogue::add, &x, h)) {
         linear_as(be, w.format, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
         be.add(x, tmp, h);
       }
       norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
     }
     if (llama && stacked) {
-      if (!fused(be, norm, w.gate_up_w, w.gate_up_s, nullptr, linear_epilogue::swiglu, nullptr, act)) {
+      if (!fused(be, w.format, norm, w.gate_up_w, nullptr, linear_epilogue::swiglu, nullptr, act)) {
         linear_as(be, w.format, norm, w.gate_up_w, w.gate_up_s, nullptr, ws.gate_up_.rows(be, 1));
         be.swiglu(ws.gate1_, ws.up1_, act);
       }
@@ -135,11 +135,11 @@ struct cached_forward {
       linear_as(be, w.format, norm, w.gate_w, w.gate_s, nullptr, gate);
       linear_as(be, w.format, norm, w.up_w, w.up_s, nullptr, up);
       be.swiglu(gate, up, act);
-    } else if (!fused(be, norm, w.up_w, w.up_s, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
+    } else if (!fused(be, w.format, norm, w.up_w, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
       linear_as(be, w.format, norm, w.up_w, w.up_s, opt(w.up_b), up);
       be.gelu(up, act);
     }
-    if (!fused(be, act, w.down_w, w.down_s, opt(w.down_b), linear_epilogue::add, &h, y)) {
+    if (!fused(be, w.format, act, w.down_w, opt(w.down_b), linear_epilogue::add, &h, y)) {
       linear_as(be, w.format, act, w.down_w, w.down_s, opt(w.down_b), tmp);
       be.add(h, tmp, y);
     }
