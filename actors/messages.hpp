@@ -91,6 +91,10 @@ struct node_traffic {
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 /// Request (stats_atom) from a link -> link_stats.
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
+/// (corrupt_atom, bool on) from the node's control actor to a published
+/// actor (faultlab's `corrupt`): wrong outputs from now on, or correct ones
+/// again. Local only: peers reach actors with remote_message, never this.
+using corrupt_atom = caf::atom_constant<caf::atom("corrupt")>;
 
 }  // namespace corolla
 

@@ -57,6 +57,27 @@ caf::expected<partition_request> decode_partition(const std::vector<std::uint8_t
   });
 }
 
+struct corrupt_request {
+  std::string token, actor;
+  bool on = false;
+};
+
+std::vector<std::uint8_t> encode_corrupt(const corrupt_request& r) {
+  capnp::MallocMessageBuilder b;
+  auto w = b.initRoot<wire::ControlCorrupt>();
+  w.setToken(r.token);
+  w.setActor(r.actor);
+  w.setOn(r.on);
+  return capnp_body::flat(b);
+}
+
+caf::expected<corrupt_request> decode_corrupt(const std::vector<std::uint8_t>& body) {
+  return capnp_body::decode<wire::ControlCorrupt>(body, "ControlCorrupt", [](wire::ControlCorrupt::Reader r) {
+    return corrupt_request{capnp_body::text(r.getToken(), "token", 1024), capnp_body::text(r.getActor(), "actor", 256),
+                           r.getOn()};
+  });
+}
+
 /// Compares in time independent of where the strings differ.
 bool same_token(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -96,8 +117,23 @@ caf::behavior control(caf::event_based_actor* self, std::shared_ptr<node_context
             spdlog::info("node {}: partition ended", ctx->node_id);
           return ok;
         }
+        if (m.type == control_msg::corrupt) {
+          auto r = decode_corrupt(m.body);
+          if (!r) return r.error();
+          if (!same_token(r->token, token)) return refuse("corrupt");
+          auto target = ctx->directory.find(r->actor);
+          if (!target)
+            return make_error(errc::unknown_actor, "node " + ctx->node_id + " publishes no actor '" + r->actor + "'");
+          // Sent before the answer: whatever the harness does after it
+          // reaches the actor behind this.
+          caf::anon_send(target, corrupt_atom::value, r->on);
+          spdlog::warn("node {}: its '{}' actor {} on the harness's order", ctx->node_id, r->actor,
+                       r->on ? "returns wrong outputs from now on" : "returns correct outputs again");
+          return ok;
+        }
         return make_error(errc::bad_message, "the control actor answers '" + std::string(control_msg::reshape) +
-                                                 "' and '" + control_msg::partition + "', not '" + m.type + "'");
+                                                 "', '" + control_msg::partition + "' and '" + control_msg::corrupt +
+                                                 "', not '" + m.type + "'");
       },
   };
 }
@@ -146,6 +182,14 @@ caf::error request_partition(node& n, const std::string& peer, const std::string
   remote_message m;
   m.type = control_msg::partition;
   m.body = encode_partition({token, on});
+  return request_control(n, peer, std::move(m), timeout);
+}
+
+caf::error request_corrupt(node& n, const std::string& peer, const std::string& token, const std::string& actor,
+                           bool on, std::chrono::milliseconds timeout) {
+  remote_message m;
+  m.type = control_msg::corrupt;
+  m.body = encode_corrupt({token, actor, on});
   return request_control(n, peer, std::move(m), timeout);
 }
 

@@ -3,10 +3,12 @@
 // restored uplink), and a partition (every message to and from every peer
 // but the harness dropped, both ways, until it is lifted). A node given a
 // control token (node_options::control_token; `COROLLA_CONTROL_TOKEN` for
-// the apps) publishes the "control" actor, which obeys "control.reshape"
-// and "control.partition" requests carrying that token and refuses every
-// other sender; a node without a token has no such actor. Bodies:
-// wire::ControlReshape, wire::ControlPartition (docs/protocol.md).
+// the apps) publishes the "control" actor, which obeys "control.reshape",
+// "control.partition" and "control.corrupt" (a published actor of the node
+// returns wrong outputs: a broken volunteer) requests carrying that token
+// and refuses every other sender; a node without a token has no such
+// actor. Bodies: wire::ControlReshape, wire::ControlPartition,
+// wire::ControlCorrupt (docs/protocol.md).
 #pragma once
 
 #include <chrono>
@@ -30,6 +32,7 @@ inline constexpr const char* control_actor_name = "control";
 namespace control_msg {
 inline constexpr const char* reshape = "control.reshape";  ///< harness -> node
 inline constexpr const char* partition = "control.partition";  ///< harness -> node
+inline constexpr const char* corrupt = "control.corrupt";  ///< harness -> node
 inline constexpr const char* ok = "control.ok";            ///< the answer
 }  // namespace control_msg
 
@@ -53,5 +56,12 @@ caf::error request_reshape(node& n, const std::string& peer, const std::string& 
 /// request_reshape.
 caf::error request_partition(node& n, const std::string& peer, const std::string& token, bool on,
                              std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+/// Asks node `peer` to make its actor published as `actor` return wrong
+/// outputs (on) or correct ones again (off); the actor must understand
+/// corrupt_atom (the span server does). Errors as request_reshape, and
+/// errc::unknown_actor when the node publishes no such actor.
+caf::error request_corrupt(node& n, const std::string& peer, const std::string& token, const std::string& actor,
+                           bool on, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
 }  // namespace corolla

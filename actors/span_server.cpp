@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"
+#include "actors/fault_corruption.hpp"
 #include "actors/messages.hpp"
 #include "actors/node.hpp"
 #include "actors/span_server_state.hpp"
@@ -121,6 +122,7 @@ span_step_done push_on(span_server_state& st, const span_step& step, const Tenso
 /// int8-compressed on the wire when asked.
 void finish_step(span_server_state& st, const span_step& step, caf::response_promise& rp, span_expected<Tensor> out) {
   if (!out) return rp.deliver(to_caf(out.error()));
+  if (st.corrupt) *out = corrupted_copy(*out, step.step_id);
   remote_message r = answer(span_request::step, {}, {std::move(*out)});
   if (!step.push_to.node.empty()) r.body = encode_body(push_on(st, step, r.tensors[0]));
   if (step.compress_output) r.encodings = {net::tensor_encoding::int8_block};
@@ -363,6 +365,7 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
       ++st.stats.step_errors;
       return rp.deliver(to_caf(out.error()));
     }
+    if (st.corrupt) *out = corrupted_copy(*out, st.stats.forward_passes);
     return rp.deliver(answer(span_request::forward, {}, {std::move(*out)}));
   }
   auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts, b->first, b->last);
@@ -371,6 +374,14 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
   if (!g) {
     ++st.stats.step_errors;
     return rp.deliver(to_caf(g.error()));
+  }
+  if (st.corrupt) {  // wrong gradients too (faultlab's corrupt)
+    g->grad_input = corrupted_copy(g->grad_input, st.stats.backward_passes);
+    if (g->grad_prompts.defined()) {
+      const shape_t shape = g->grad_prompts.shape();
+      g->grad_prompts = corrupted_copy(g->grad_prompts.view({shape[0] * shape[1], shape[2]}), st.stats.backward_passes)
+                            .view(shape);
+    }
   }
   std::vector<Tensor> tensors{std::move(g->grad_input)};
   if (g->grad_prompts.defined()) tensors.push_back(std::move(g->grad_prompts));
@@ -466,6 +477,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
                                                  "span.close, span.forward and span.backward, not '" + m.type + "'"));
       },
       [self](flush_atom) { run_batch(self); },
+      [self](corrupt_atom, bool on) { self->state.corrupt = on; },
       [self](span_stats_atom) -> span_server_stats {
         auto& st = self->state;
         span_server_stats out = st.stats;

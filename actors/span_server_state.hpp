@@ -88,6 +88,9 @@ struct span_server_state {
   std::map<std::string, double> next_rtt_ms;
   /// Shutting down: no new sessions.
   bool draining = false;
+  /// faultlab's `corrupt`: every step and forward answer is wrong on
+  /// purpose (actors/fault_corruption.hpp), pushes included.
+  bool corrupt = false;
   /// What GET /metrics of `corolla serve` reports (span_server_stats_of).
   span_server_stats stats;
   static inline const char* name = "span_server";

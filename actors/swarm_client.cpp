@@ -1,4 +1,5 @@
 #include "actors/swarm_client.hpp"
+#include "actors/swarm_hop_state.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -60,8 +61,9 @@ Tensor int8_wire_roundtrip(const Tensor& x) {
   return back ? back->tensors.at(0) : x;
 }
 
-/// Rows [0, rows) of the chunks laid end to end, as one [rows, D] tensor.
-Tensor concat_rows(const std::vector<Tensor>& chunks, std::int64_t rows, std::int64_t width) {
+}  // namespace
+
+Tensor swarm_detail::concat_rows(const std::vector<Tensor>& chunks, std::int64_t rows, std::int64_t width) {
   Tensor out = Tensor::empty({rows, width});
   std::int64_t r = 0;
   for (const Tensor& c : chunks) {
@@ -74,12 +76,15 @@ Tensor concat_rows(const std::vector<Tensor>& chunks, std::int64_t rows, std::in
   return out;
 }
 
-}  // namespace
 
 // ---- swarm_client ---------------------------------------------------------------
 
 swarm_client::swarm_client(node& n, swarm_client_options options)
-    : node_(n), options_(std::move(options)), n_blocks_(options_.n_blocks), hidden_size_(options_.hidden_size) {
+    : node_(n),
+      options_(std::move(options)),
+      spot_rng_(options_.spot_check_seed ? options_.spot_check_seed : std::random_device{}()),
+      n_blocks_(options_.n_blocks),
+      hidden_size_(options_.hidden_size) {
   for (const auto& e : options_.servers) servers_.push_back(server_from(e));
 }
 
@@ -98,6 +103,10 @@ caf::error swarm_client::refresh() {
                        [&](const known_server& s) { return s.endpoint == found.endpoint; }))
         servers_.push_back(std::move(found));
     }
+  if (options_.reported) {
+    auto ids = options_.reported();
+    reported_ = {ids.begin(), ids.end()};
+  }
   std::string first_problem;
   int reachable = 0;
   for (auto& s : servers_) {
@@ -192,7 +201,7 @@ swarm::swarm_state swarm_client::state() const {
   swarm::swarm_state st;
   st.n_blocks = n_blocks_;
   for (const auto& s : servers_) {
-    if (!s.reachable || !node_.peer_is_up(s.node_id)) continue;
+    if (!s.reachable || !node_.peer_is_up(s.node_id) || distrusted(s.node_id)) continue;
     swarm::server_record r;
     r.id = s.node_id;
     r.span = {s.info.first, s.info.last};
@@ -271,14 +280,6 @@ caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::in
 
 // ---- swarm_session ----------------------------------------------------------------
 
-struct swarm_session::hop_state {
-  swarm::route_hop hop;
-  std::string session;         ///< the session id on hop.server
-  std::vector<Tensor> inputs;  ///< every row sent into this span, in position order
-  std::int64_t rows = 0;       ///< rows in `inputs`; -1 = not known yet (see pass())
-  bool fresh = false;          ///< a replacement whose server cache is still empty
-};
-
 swarm_session::swarm_session(swarm_client& client, std::int64_t max_length, std::string id, Tensor deep_prompts)
     : client_(client), max_length_(max_length), id_(std::move(id)), deep_prompts_(std::move(deep_prompts)) {}
 
@@ -347,6 +348,7 @@ caf::error swarm_session::recover(std::size_t i, const caf::error& cause, std::s
   // Replace hops_[i] by a route over its blocks; the caller retries the step.
   const swarm::route_hop lost = hops_[i].hop;
   excluded.insert(lost.server);
+  client_.on_probation(lost.server);
   client_.event("server " + lost.server + " failed on blocks " + swarm::to_string(lost.span()) + ": " +
                 error_message(cause));
   if (attempt > 0) {
@@ -390,7 +392,7 @@ caf::error swarm_session::recover(std::size_t i, const caf::error& cause, std::s
 void swarm_session::remember_input(hop_state& h, Tensor sent, std::int64_t start) {
   // Keep this span's inputs for a later replay (a rollback cuts them first).
   if (h.rows > start) {
-    h.inputs = {concat_rows(h.inputs, start, sent.dim(1))};
+    h.inputs = {swarm_detail::concat_rows(h.inputs, start, sent.dim(1))};
     h.rows = start;
   }
   h.rows = start + sent.dim(0);
@@ -416,7 +418,7 @@ caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::i
   Tensor all = Tensor::empty({start + n, D});
   if (start > 0) {
     Tensor stored = all.slice(0, start);
-    stored.copy_from(concat_rows(h.inputs, start, D));
+    stored.copy_from(swarm_detail::concat_rows(h.inputs, start, D));
   }
   Tensor rows = all.slice(start, start + n);
   rows.copy_from(client_.options().compress ? int8_wire_roundtrip(x) : x);
@@ -433,7 +435,7 @@ caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::i
   return out->slice(start, start + n).clone();
 }
 
-std::size_t swarm_session::push_step(Tensor& x, std::int64_t start) {
+std::size_t swarm_session::push_step(const Tensor& x, std::int64_t start, std::vector<Tensor>& outs) {
   // Every hop's request goes out at once: the first carries the input, the
   // others wait for their predecessor's push. The answers (each hop's
   // output, the next hop's input) are read in route order and remembered
@@ -482,9 +484,9 @@ std::size_t swarm_session::push_step(Tensor& x, std::int64_t start) {
                     r ? "an answer of another shape" : error_message(r.error()));
       return i;
     }
-    remember_input(hops_[i], i == 0 ? sent.clone() : x, start);
+    remember_input(hops_[i], i == 0 ? sent.clone() : outs[i - 1], start);
     if (i > 0) ++pushed_hops_;
-    x = std::move(r->tensors[0]);
+    outs[i] = std::move(r->tensors[0]);
     if (i + 1 == k) break;
     auto done = decode_span_step_done(r->body);
     if (!done || !done->pushed) {
@@ -494,6 +496,34 @@ std::size_t swarm_session::push_step(Tensor& x, std::int64_t start) {
     }
   }
   return k;
+}
+
+caf::error swarm_session::run_hops(std::size_t from, const Tensor& x, std::int64_t start, std::vector<Tensor>& outs) {
+  // Servers push to each other while every hop is an ordinary one; a
+  // replacement still being rebuilt (replay) is carried by the client.
+  outs.resize(hops_.size());
+  std::size_t i = from;
+  if (from == 0 && client_.options().server_push && hops_.size() > 1 &&
+      std::none_of(hops_.begin(), hops_.end(), [](const hop_state& h) { return h.fresh; }))
+    i = push_step(x, start, outs);
+  for (; i < hops_.size(); ++i) {
+    const Tensor in = i == from ? x : outs[i - 1];  // a handle: recover() may resize outs
+    std::set<std::string> excluded;
+    for (int attempt = 0;; ++attempt) {
+      auto out = pass(i, in, start);
+      if (out) {
+        outs[i] = std::move(*out);
+        break;
+      }
+      if (!is_recoverable(out.error())) return out.error();
+      if (attempt + 1 >= client_.options().max_failovers)
+        return make_error(errc::peer_down, "gave up on blocks " + swarm::to_string(hops_[i].hop.span()) + " after " +
+                                               std::to_string(attempt + 1) + " attempts: " + error_message(out.error()));
+      if (auto err = recover(i, out.error(), excluded, attempt); err && !is_recoverable(err)) return err;
+      outs.resize(hops_.size());  // a replacement may be several hops
+    }
+  }
+  return {};
 }
 
 caf::expected<Tensor> swarm_session::step(const Tensor& hidden, std::int64_t start) {
@@ -506,10 +536,7 @@ caf::expected<Tensor> swarm_session::step(const Tensor& hidden, std::int64_t sta
   if (start + hidden.dim(0) > max_length_)
     return make_error(errc::invalid_argument, "step ends at position " + std::to_string(start + hidden.dim(0)) +
                                                   ", beyond the session's " + std::to_string(max_length_) + " tokens");
-  Tensor x = hidden.type() == dtype::f32 ? hidden : hidden.to(dtype::f32);
-  // Every call gets its own step id: a server repeats its stored answer only
-  // for a retry of this very call, never for new rows at the same position.
-  step_id_ = next_step_++;
+  const Tensor x = hidden.type() == dtype::f32 ? hidden : hidden.to(dtype::f32);
   // A failure part-way leaves the hops before it one step ahead: the
   // session then counts only what every hop holds, and the next step from
   // there rolls those hops back.
@@ -517,82 +544,32 @@ caf::expected<Tensor> swarm_session::step(const Tensor& hidden, std::int64_t sta
     length_ = std::min(length_, start);
     return e;
   };
-  // Servers push to each other while every hop is an ordinary one; a
-  // replacement still being rebuilt (replay) is carried by the client.
-  std::size_t carried_from = 0;
-  if (client_.options().server_push && hops_.size() > 1 &&
-      std::none_of(hops_.begin(), hops_.end(), [](const hop_state& h) { return h.fresh; }))
-    carried_from = push_step(x, start);
-  for (std::size_t i = carried_from; i < hops_.size(); ++i) {
+  std::vector<Tensor> outs;  // each hop's output of this step
+  std::size_t from = 0;
+  for (int redo = 0;; ++redo) {
+    // Every round gets its own step id: a server repeats its stored answer
+    // only for a retry within one round, never for rows it must compute
+    // again (new rows at a position it has seen, or a redo after a wrong
+    // answer upstream).
+    step_id_ = next_step_++;
+    const Tensor in = from == 0 ? x : outs[from - 1];  // a handle: run_hops may resize outs
+    if (auto err = run_hops(from, in, start, outs)) return fail(err);
+    const std::size_t wrong = check_hops(from, outs, start, hidden.dim(0));
+    if (wrong == hops_.size()) break;
+    // A spot check's majority found hop `wrong` answering wrong: it is
+    // replaced (the server is not routed through again) and the step is
+    // redone from there; the hops after it roll back to `start`.
+    const std::string server = hops_[wrong].hop.server;
+    if (redo + 1 >= client_.options().max_failovers)
+      return fail(make_error(errc::peer_down, "gave up after " + std::to_string(redo + 1) +
+                                                  " wrong answers in one step (last from " + server + ")"));
     std::set<std::string> excluded;
-    for (int attempt = 0;; ++attempt) {
-      auto out = pass(i, x, start);
-      if (out) {
-        x = std::move(*out);
-        break;
-      }
-      if (!is_recoverable(out.error())) return fail(out.error());
-      if (attempt + 1 >= client_.options().max_failovers)
-        return fail(make_error(errc::peer_down, "gave up on blocks " + swarm::to_string(hops_[i].hop.span()) +
-                                                    " after " + std::to_string(attempt + 1) + " attempts: " +
-                                                    error_message(out.error())));
-      if (auto err = recover(i, out.error(), excluded, attempt); err && !is_recoverable(err)) return fail(err);
-    }
+    auto cause = error_from_wire("wrong_output", "a spot check's majority disagrees with its output");
+    if (auto err = recover(wrong, cause, excluded, 0)) return fail(err);
+    from = wrong;
   }
   length_ = start + hidden.dim(0);
-  return x;
-}
-
-swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const std::int32_t> prompt,
-                                const generation_params& p, const token_callback& on_token,
-                                const Tensor& deep_prompts) {
-  const model_config& cfg = h.config();
-  client.expect_shape(cfg.n_layers, static_cast<int>(cfg.hidden_size));
-  // Servers of another shape are left out by refresh().
-  if (!client.refreshed())
-    if (auto err = client.refresh()) throw std::runtime_error(error_message(err));
-  // Deep prompts take positions [0, P): the tokens see a context shortened
-  // by P and follow at P.. (as generator::set_deep_prompts).
-  const std::int64_t P = deep_prompts.defined() ? deep_prompts.dim(1) : 0;
-  if (P >= cfg.max_positions)
-    throw model_error("deep prompts of " + std::to_string(P) + " positions leave no room in the model context of " +
-                      std::to_string(cfg.max_positions));
-  model_config token_cfg = cfg;
-  token_cfg.max_positions = static_cast<int>(cfg.max_positions - P);
-  const std::int64_t max_length = std::min<std::int64_t>(
-      cfg.max_positions, P + static_cast<std::int64_t>(prompt.size()) + std::max(p.max_new_tokens, 0));
-  std::unique_ptr<swarm_session> session;
-  Tensor logits = Tensor::empty({1, cfg.vocab_size});
-  swarm_generation out;
-  out.result = generate_tokens(
-      token_cfg, prompt, p,
-      [&](std::span<const std::int32_t> ids, std::int64_t start) {
-        if (!session) {
-          auto s = client.open_session(max_length, deep_prompts);
-          if (!s) throw std::runtime_error("cannot open a swarm session: " + error_message(s.error()));
-          session = std::move(*s);
-        }
-        const auto n = static_cast<std::int64_t>(ids.size());
-        // The first step carries the prefix: P zero rows before the tokens.
-        const std::int64_t lead = start == 0 ? P : 0, D = cfg.hidden_size;
-        std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
-        for (std::int64_t i = 0; i < n; ++i) pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(P + start + i);
-        Tensor x = Tensor::zeros({lead + n, D});
-        Tensor tokens = x.slice(lead, lead + n);
-        h.embed(Tensor::from_i32({ids.begin(), ids.end()}, {n}), Tensor::from_i32(pos, {n}), tokens);
-        auto y = session->step(x, start == 0 ? 0 : P + start);
-        if (!y) throw std::runtime_error("swarm step at position " + std::to_string(P + start) + " failed: " + error_message(y.error()));
-        Tensor last = y->slice(lead + n - 1, lead + n);
-        h.logits(last, logits, nullptr);
-        return std::span<const float>(logits.data<float>(), static_cast<std::size_t>(cfg.vocab_size));
-      },
-      on_token);
-  if (session) {
-    out.route = session->hops();
-    out.failovers = session->failovers();
-    out.pushed_hops = session->pushed_hops();
-  }
-  return out;
+  return outs.back();
 }
 
 }  // namespace corolla

@@ -18,6 +18,15 @@
 // up with a clear error after max_failovers failed attempts at one hop of a
 // step. Errors that a retry would only repeat (invalid_argument,
 // bad_message, bad_position, duplicate_session) are returned at once.
+//
+// Spot checks (actors/swarm_spot_check.cpp, schedule/spot_check.hpp): some
+// steps of a hop are recomputed by another server holding the same blocks
+// (a stateless span.forward of the hop's stored inputs) and compared; when
+// they disagree, more servers are asked until a majority decides. A server
+// outvoted is never routed through again by this client, reported
+// (on_wrong_server: the apps put it in the DHT), and the step is redone from
+// its hop on a replacement, so a wrong answer caught never reaches the
+// caller.
 #pragma once
 
 #include <chrono>
@@ -35,13 +44,23 @@
 
 #include "actors/swarm_wire.hpp"
 #include "kernels/tensor.hpp"
-#include "model/generator.hpp"
-#include "model/head.hpp"
 #include "schedule/routing.hpp"
+#include "schedule/spot_check.hpp"
 
 namespace corolla {
 
 class node;
+
+/// A server that a spot check's majority found answering wrong.
+struct wrong_server_report {
+  std::string server;    ///< its node id
+  std::string endpoint;  ///< where the client reached it
+  int start = 0, end = 0;  ///< the blocks it was checked on
+  /// Its answer's distance to the majority's (relative, per row) and the
+  /// tolerance it exceeded.
+  double difference = 0, tolerance = 0;
+  std::vector<std::string> majority;  ///< node ids of the servers that agreed
+};
 
 /// How a swarm client finds and uses servers.
 struct swarm_client_options {
@@ -88,6 +107,27 @@ struct swarm_client_options {
   bool server_push = true;
   /// Called with one line per route, failure and replay (for logs, the demo).
   std::function<void(const std::string&)> on_event;
+  /// Which steps are recomputed by a second server and compared
+  /// (schedule/spot_check.hpp); fraction 0 and probation 0 = no checks.
+  swarm::spot_check_policy spot_checks{};
+  /// Seed of the random choice of steps and checkers (0 = from the OS).
+  std::uint64_t spot_check_seed = 0;
+  /// Called for every server a spot check found wrong (after it is already
+  /// excluded): e.g. to report it in the swarm's DHT.
+  std::function<void(const wrong_server_report&)> on_wrong_server;
+  /// Asked at every refresh() for the node ids of servers others reported
+  /// wrong (e.g. the DHT's reports): every step of theirs is checked.
+  /// Optional.
+  std::function<std::vector<std::string>()> reported;
+};
+
+/// What the spot checks of a client have done so far.
+struct spot_check_stats {
+  std::uint64_t checks = 0;       ///< hop steps compared with another server
+  std::uint64_t unchecked = 0;    ///< steps chosen for a check with no other server to ask
+  std::uint64_t disagreements = 0;  ///< checks where some answer differed
+  std::uint64_t undecided = 0;    ///< disagreements with no majority (no third server)
+  std::vector<wrong_server_report> wrong;  ///< servers found wrong, in order
 };
 
 /// A server as the client sees it.
@@ -148,10 +188,36 @@ class swarm_client {
   const swarm_client_options& options() const { return options_; }
   void event(const std::string& line) const;
 
+  /// Spot checks so far (all sessions of this client).
+  const spot_check_stats& spot_checks() const { return spot_stats_; }
+  /// Whether a spot check found `node_id` wrong (it is routed around).
+  bool distrusted(const std::string& node_id) const { return distrusted_.count(node_id) > 0; }
+  /// A server that failed a step goes back on probation: its next steps
+  /// are all checked again.
+  void on_probation(const std::string& node_id) { agreed_[node_id] = 0; }
+  /// Whether `node_id`'s next answer gets a spot check: on probation,
+  /// reported by others, or drawn with options().spot_checks.fraction.
+  bool should_spot_check(const std::string& node_id);
+  /// Spot-checks `answer` (f32 [rows, width]) that `hop.server` gave for
+  /// blocks [hop.start, hop.end): `ask(other)` must return what server
+  /// `other` computes for the same request, and is called for servers
+  /// holding all those blocks with the same weights, until two answers
+  /// agree or a majority decides. Returns false when the majority found
+  /// `hop.server` wrong; every server it outvotes (the checked one or a
+  /// checker) is distrusted, counted and reported (on_wrong_server).
+  bool spot_check(const swarm::route_hop& hop, const Tensor& answer,
+                  const std::function<caf::expected<Tensor>(const std::string& server)>& ask);
+
  private:
+  friend class swarm_session;
   node& node_;
   swarm_client_options options_;
   std::vector<known_server> servers_;
+  std::map<std::string, int> agreed_;  ///< checks each server passed since it was new or failed
+  std::set<std::string> distrusted_;   ///< servers a spot check found wrong
+  std::set<std::string> reported_;     ///< servers others reported wrong (options_.reported)
+  spot_check_stats spot_stats_;
+  std::mt19937_64 spot_rng_;
   int n_blocks_ = 0, hidden_size_ = 0;
   bool refreshed_ = false;
   std::chrono::steady_clock::time_point last_refresh_{};
@@ -188,7 +254,13 @@ class swarm_session {
   caf::error open_hops(std::vector<swarm::route_hop> hops, std::size_t at);
   caf::expected<Tensor> run_hop(std::size_t i, const Tensor& input, std::int64_t start);
   caf::expected<Tensor> pass(std::size_t i, const Tensor& x, std::int64_t start);
-  std::size_t push_step(Tensor& x, std::int64_t start);
+  std::size_t push_step(const Tensor& x, std::int64_t start, std::vector<Tensor>& outs);
+  caf::error run_hops(std::size_t from, const Tensor& x, std::int64_t start, std::vector<Tensor>& outs);
+  /// Spot-checks hops [from, end) of this step (outs: their outputs);
+  /// returns the first hop a majority found wrong, or hops_.size().
+  std::size_t check_hops(std::size_t from, const std::vector<Tensor>& outs, std::int64_t start, std::int64_t n);
+  caf::expected<Tensor> recompute(const std::string& server, const swarm::route_hop& hop, const Tensor& inputs,
+                                  std::int64_t start, std::int64_t n);
   void remember_input(hop_state& h, Tensor sent, std::int64_t start);
   caf::error recover(std::size_t i, const caf::error& cause, std::set<std::string>& excluded, int attempt);
 
@@ -209,25 +281,5 @@ class swarm_session {
 /// True for errors after which another server (or the same one, later)
 /// may well succeed.
 bool is_recoverable(const caf::error& e);
-
-/// What swarm_generate reports besides the tokens.
-struct swarm_generation {
-  generation_result result;
-  std::vector<swarm::route_hop> route;  ///< the chain at the end
-  int failovers = 0;                    ///< failures recovered on the way
-  std::uint64_t pushed_hops = 0;        ///< hop inputs pushed server to server
-};
-
-/// Generates through the swarm: the client embeds and samples with `h`
-/// (embeddings, final norm, LM head), the servers run every block. Same
-/// loop, validation and stop rules as local generation (generate_tokens),
-/// so greedy output equals the local one. With `deep_prompts` (f32
-/// [n_layers, P, D], what `corolla finetune` saves) the servers add them
-/// over a prefix of P positions, as generator::set_deep_prompts does
-/// locally, and failover replays the prefix too. Throws model_error for a
-/// bad request and std::runtime_error when the swarm fails for good.
-swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const std::int32_t> prompt,
-                                const generation_params& p, const token_callback& on_token = {},
-                                const Tensor& deep_prompts = {});
 
 }  // namespace corolla

@@ -55,18 +55,53 @@ std::size_t swarm_span_runner::replace(std::size_t i, const caf::error& cause, i
   return fresh.size();
 }
 
+namespace {
+
+/// A backward's answer as one [rows, D] tensor for a spot check: the input
+/// gradient's rows, then the prompt gradients' [blocks * P] rows.
+caf::expected<Tensor> backward_rows(caf::expected<remote_message> r, const Tensor& g, std::int64_t prompt_rows) {
+  if (!r) return r.error();
+  if (r->tensors.size() != 2 || r->tensors[0].shape() != g.shape() ||
+      r->tensors[1].numel() != prompt_rows * g.dim(1))
+    return make_error(errc::bad_message, "a backward answered with tensors of other shapes");
+  Tensor rows = Tensor::empty({g.dim(0) + prompt_rows, g.dim(1)});
+  rows.slice(0, g.dim(0)).copy_from(r->tensors[0]);
+  rows.slice(g.dim(0), g.dim(0) + prompt_rows).copy_from(r->tensors[1].view({prompt_rows, g.dim(1)}));
+  return rows;
+}
+
+caf::error wrong_output() {
+  return error_from_wire("wrong_output", "a spot check's majority disagrees with its answer");
+}
+
+}  // namespace
+
 std::pair<std::size_t, Tensor> swarm_span_runner::run_forward(std::size_t from, std::size_t to, Tensor x) {
   for (std::size_t i = from; i < to; ++i) {
     for (int attempt = 0;; ++attempt) {
       hops_[i].input = x;
       auto r = call(hops_[i], span_request::forward, {x});
+      caf::error e;
       if (r && r->tensors.size() == 1 && r->tensors[0].shape() == x.shape()) {
-        x = std::move(r->tensors[0]);
-        break;
+        // Spot check: the same forward on another server holding the blocks.
+        const swarm::route_hop hop = hops_[i].hop;
+        if (!client_.should_spot_check(hop.server) ||
+            client_.spot_check(hop, r->tensors[0], [&](const std::string& other) -> caf::expected<Tensor> {
+              hop_state h{{other, hop.start, hop.end}, x};
+              auto z = call(h, span_request::forward, {x});
+              if (!z) return z.error();
+              if (z->tensors.size() != 1) return make_error(errc::bad_message, "a forward answered with several tensors");
+              return std::move(z->tensors[0]);
+            })) {
+          x = std::move(r->tensors[0]);
+          break;
+        }
+        e = wrong_output();
+      } else {
+        e = r ? make_error(errc::bad_message,
+                           "server " + hops_[i].hop.server + " answered a forward with tensors of another shape")
+              : r.error();
       }
-      const caf::error e = r ? make_error(errc::bad_message, "server " + hops_[i].hop.server +
-                                                                 " answered a forward with tensors of another shape")
-                             : r.error();
       if (!is_recoverable(e) || attempt + 1 >= client_.options().max_failovers)
         give_up(hops_[i], "forward", e, attempt + 1);
       to += replace(i, e, attempt) - 1;
@@ -104,15 +139,30 @@ span_gradients swarm_span_runner::backward(const Tensor& grad_output) {
       const hop_state& h = hops_[i];
       auto r = call(h, span_request::backward, {h.input, g});
       const std::int64_t blocks = h.hop.end - h.hop.start;
+      caf::error e;
       if (r && r->tensors.size() == 2 && r->tensors[0].shape() == g.shape() &&
           r->tensors[1].shape() == shape_t{blocks, prompts_.dim(1), prompts_.dim(2)}) {
-        out.grad_prompts.slice(h.hop.start, h.hop.end).copy_from(r->tensors[1]);
-        g = std::move(r->tensors[0]);
-        break;
+        // Spot check: both gradients against another server's backward.
+        bool right = true;
+        if (client_.should_spot_check(h.hop.server)) {
+          const std::int64_t prompt_rows = blocks * prompts_.dim(1);
+          auto mine = backward_rows(*r, g, prompt_rows);
+          right = !mine || client_.spot_check(h.hop, *mine, [&](const std::string& other) {
+            hop_state c{{other, h.hop.start, h.hop.end}, h.input};
+            return backward_rows(call(c, span_request::backward, {h.input, g}), g, prompt_rows);
+          });
+        }
+        if (right) {
+          out.grad_prompts.slice(h.hop.start, h.hop.end).copy_from(r->tensors[1]);
+          g = std::move(r->tensors[0]);
+          break;
+        }
+        e = wrong_output();
+      } else {
+        e = r ? make_error(errc::bad_message,
+                           "server " + h.hop.server + " answered a backward with tensors of other shapes")
+              : r.error();
       }
-      const caf::error e = r ? make_error(errc::bad_message, "server " + h.hop.server +
-                                                                 " answered a backward with tensors of other shapes")
-                             : r.error();
       if (!is_recoverable(e) || attempt + 1 >= client_.options().max_failovers) give_up(h, "backward", e, attempt + 1);
       // The replacement hops need their own inputs: a forward through all
       // of them but the last gives those; then the backward goes on from

@@ -20,6 +20,7 @@
 
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
+#include "actors/swarm_generate.hpp"
 #include "model/generator.hpp"
 #include "model/head.hpp"
 #include "model/transformer.hpp"

@@ -29,6 +29,7 @@
 
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
+#include "actors/swarm_generate.hpp"
 #include "actors/swarm_finetune.hpp"
 #include "apps/commands.hpp"
 #include "apps/bench_model.hpp"

@@ -28,6 +28,7 @@
 
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
+#include "actors/swarm_generate.hpp"
 #include "apps/commands.hpp"
 #include "apps/demo_corpus.hpp"
 #include "apps/local_swarm.hpp"

@@ -75,6 +75,19 @@ std::vector<check> judge(const fl::scenario& s, const faultlab_run& ref, const f
       detail = std::to_string(hit.losses.size()) + " steps (reference " + std::to_string(ref.losses.size()) + ")";
     out.push_back({"same losses as the reference (1e-5 relative)", same, detail});
   }
+  if (s.expect.wrong_servers_caught) {
+    std::set<std::string> corrupted(hit.corrupted.begin(), hit.corrupted.end()),
+        caught(hit.wrong_servers.begin(), hit.wrong_servers.end());
+    auto list = [](const std::set<std::string>& ids) {
+      std::string out;
+      for (const auto& id : ids) out += (out.empty() ? "" : ", ") + id;
+      return out.empty() ? std::string("none") : out;
+    };
+    out.push_back({"spot checks caught every corrupted server and nobody else",
+                   hit.completed && corrupted == caught && ref.wrong_servers.empty(),
+                   "corrupted: " + list(corrupted) + "; found wrong: " + list(caught) + " (" +
+                       std::to_string(hit.spot_checks) + " checks)"});
+  }
   if (s.expect.max_stall_s > 0) {
     char d[96];
     std::snprintf(d, sizeof d, "longest wait %.2f s (limit %.2f s)", hit.max_stall_s, s.expect.max_stall_s);
@@ -86,6 +99,11 @@ std::vector<check> judge(const fl::scenario& s, const faultlab_run& ref, const f
 json run_json(const faultlab_run& r) {
   json j = {{"completed", r.completed}, {"seconds", r.seconds}, {"max_stall_s", r.max_stall_s},
             {"recoveries", r.recoveries}, {"events", r.events}};
+  if (!r.corrupted.empty() || !r.wrong_servers.empty() || r.spot_checks > 0) {
+    j["corrupted"] = r.corrupted;
+    j["wrong_servers"] = r.wrong_servers;
+    j["spot_checks"] = r.spot_checks;
+  }
   if (!r.error.empty()) j["error"] = r.error;
   if (!r.tokens.empty()) j["tokens"] = r.tokens;
   if (!r.losses.empty()) j["losses"] = r.losses;

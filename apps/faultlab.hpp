@@ -25,6 +25,9 @@ struct faultlab_run {
   double seconds = 0;
   int recoveries = 0;                ///< swarm failovers, or training re-plans
   std::vector<std::string> events;   ///< the faults injected, "token 10: kill server 1 (s1, pid 123)"
+  std::vector<std::string> corrupted;      ///< swarm: servers told to corrupt their outputs
+  std::vector<std::string> wrong_servers;  ///< swarm: servers the client's spot checks found wrong
+  std::uint64_t spot_checks = 0;           ///< swarm: hop steps the client compared with another server
 };
 
 /// Runs the scenario's swarm: its servers as `corolla serve` processes of

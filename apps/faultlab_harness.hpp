@@ -1,8 +1,9 @@
 // apps/faultlab_harness.hpp — faultlab's own node for the control actors of
 // the processes it starts (actors/node_control.hpp): throttle and heal
 // reshape a target's sends, partition cuts it off from every peer but this
-// node (which keeps its link, so the heal reaches it). It is a node of its
-// own, not the swarm client's: a partition must cut the client off too.
+// node (which keeps its link, so the heal reaches it), corrupt makes a
+// server's span actor answer wrong. It is a node of its own, not the swarm
+// client's: a partition must cut the client off too.
 #pragma once
 
 #include <chrono>
@@ -24,6 +25,11 @@ class faultlab_harness {
   /// when done, else why not.
   std::string reshape(const std::string& endpoint, const std::string& profile) { return act(endpoint, &profile, nullptr); }
   std::string partition(const std::string& endpoint, bool on) { return act(endpoint, nullptr, &on); }
+  /// The span server of the node at `endpoint` answers wrong from now on.
+  std::string corrupt(const std::string& endpoint) {
+    const bool on = true;
+    return act(endpoint, nullptr, nullptr, &on);
+  }
   /// A heal: the node's own shaping back, and no partition.
   std::string heal(const std::string& endpoint) {
     const std::string none;
@@ -32,7 +38,8 @@ class faultlab_harness {
   }
 
  private:
-  std::string act(const std::string& endpoint, const std::string* profile, const bool* partition) {
+  std::string act(const std::string& endpoint, const std::string* profile, const bool* partition,
+                  const bool* corrupt = nullptr) {
     if (!node_) {
       auto n = node::start([] {
         node_options o;
@@ -58,6 +65,8 @@ class faultlab_harness {
       if (const caf::error err = request_partition(*node_, peer, token_, *partition)) return error_message(err);
     if (profile)
       if (const caf::error err = request_reshape(*node_, peer, token_, *profile)) return error_message(err);
+    if (corrupt)
+      if (const caf::error err = request_corrupt(*node_, peer, token_, "span", *corrupt)) return error_message(err);
     return {};
   }
 

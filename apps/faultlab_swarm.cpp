@@ -17,6 +17,7 @@
 #include "actors/corolla.hpp"
 #include "actors/node_control.hpp"
 #include "actors/swarm_client.hpp"
+#include "actors/swarm_generate.hpp"
 #include "apps/commands.hpp"
 #include "apps/control_token_env.hpp"
 #include "apps/faultlab_harness.hpp"
@@ -82,6 +83,7 @@ struct swarm_state {
   std::map<std::string, std::pair<int, int>> blocks;  ///< by id
   std::set<std::string> running, stopped, dead;
   int joined = 0;
+  std::set<std::string> corrupted;  ///< told to answer wrong (and not restarted since)
   /// Where server `id` listens (its latest process), "" when it never started.
   std::string endpoint_of(const std::string& id) const {
     std::string endpoint;
@@ -171,6 +173,7 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
       }
       const auto [a, b] = st.blocks.at(id);
       st.start(id, a, b);
+      st.corrupted.erase(id);  // a new process answers right
       return what + " (" + id + ", a new process)";
     }
     case fl::action::throttle:
@@ -185,6 +188,13 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
       if (f.what == fl::action::heal) return what + " (" + id + ", back to its own shaping, no partition)";
       if (f.what == fl::action::partition) return what + " (" + id + ", traffic with every peer dropped)";
       return what + " (" + id + ", sends shaped " + f.profile + ")";
+    }
+    case fl::action::corrupt: {
+      if (st.dead.count(id)) return what + ": " + id + " is dead (skipped)";
+      if (const std::string err = harness.corrupt(st.endpoint_of(id)); !err.empty())
+        return what + " (" + id + "): failed: " + err;
+      st.corrupted.insert(id);
+      return what + " (" + id + ", wrong outputs from now on)";
     }
     case fl::action::join: break;
   }
@@ -202,7 +212,7 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
   try {
     const model_config cfg = load_config(job.model);
     const control_token_env control;
-    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}};
+    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}, {}};
     for (std::size_t i = 0; i < job.servers.size(); ++i) {
       const auto [a, b] = job.servers[i];
       if (b > cfg.n_layers)
@@ -228,6 +238,9 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
       spdlog::info("faultlab client: {}", line);
       route.on_event(line);
     };
+    o.spot_checks.fraction = job.spot_checks;
+    o.spot_checks.probation_steps = job.spot_check_probation;
+    o.spot_check_seed = rng();
     swarm_client client(**n, o);
     head h = head::load(checkpoint::open(job.model), cfg, cpu_backend());
     generation_params p;
@@ -258,6 +271,9 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
     run.tokens = g.result.tokens;
     run.recoveries = g.failovers;
     run.completed = true;
+    run.corrupted.assign(st.corrupted.begin(), st.corrupted.end());
+    for (const auto& w : g.spot_checks.wrong) run.wrong_servers.push_back(w.server);
+    run.spot_checks = g.spot_checks.checks;
     for (std::size_t i = 0; i < s.faults.size(); ++i)
       if (inject && !fired[i]) run.events.push_back(fl::to_string(s.faults[i].at) + ": never reached (the run ended first)");
     (*n)->stop();

@@ -18,6 +18,7 @@
 
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
+#include "actors/swarm_generate.hpp"
 #include "apps/swarm_flags.hpp"
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
@@ -113,6 +114,10 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
     route += (route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " on " + hop.server;
   spdlog::info("swarm route: {}; {} failover(s); {} hop input(s) pushed server to server", route, g.failovers,
                g.pushed_hops);
+  const spot_check_stats& sc = g.spot_checks;
+  spdlog::info("spot checks: {} step(s) compared with another server, {} with none to ask, {} disagreement(s), "
+               "{} undecided, {} server(s) found wrong",
+               sc.checks, sc.unchecked, sc.disagreements, sc.undecided, sc.wrong.size());
   return g.result;
 }
 

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include <spdlog/spdlog.h>
+
 #include "apps/commands.hpp"
 
 namespace corolla::app {
@@ -24,6 +26,16 @@ void add_swarm_flags(CLI::App* cmd, swarm_flags& f) {
   cmd->add_option("--swarm-weights", f.weights,
                   "Route only through servers whose decode reads these linear weights: f32, bf16, int8 or nf4 "
                   "(serve --weights; quantised weights change the output)");
+  cmd->add_option("--spot-checks", f.spot_checks,
+                  "Fraction of steps of each hop that another server holding the same blocks recomputes, to catch "
+                  "servers that answer wrong (0 = only a new server's first steps)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--spot-check-probation", f.spot_check_probation,
+                  "Every step of a server is checked until it passed this many checks (0 with --spot-checks 0 = "
+                  "no checks)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
 }
 
 swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_dir, int n_blocks) {
@@ -56,11 +68,26 @@ swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_di
           endpoints.push_back(r.public_key.empty() ? r.endpoint : r.endpoint + "#" + r.public_key);
       return endpoints;
     };
+    c.options.reported = [members = c.members.get(), model_id] {
+      std::vector<std::string> ids;
+      for (const auto& r : members->wrong_output_reports(model_id)) ids.push_back(r.server);
+      return ids;
+    };
+    c.options.on_wrong_server = [members = c.members.get(), model_id, reporter = c.runtime->id()](
+                                    const wrong_server_report& w) {
+      net::wrong_output_report r{model_id, w.server, reporter, {w.start, w.end}, w.difference};
+      if (auto err = members->report_wrong_output(r))
+        spdlog::warn("cannot report {} in the DHT: {}", w.server, error_message(err));
+      else
+        spdlog::warn("reported {} in the swarm's DHT: it answered blocks [{}, {}) wrong", w.server, w.start, w.end);
+    };
   }
   if (c.options.servers.empty() && !c.options.discover)
     throw std::invalid_argument("--swarm needs at least one HOST:PORT (or give --swarm-dht)");
   c.options.request_timeout = std::chrono::milliseconds(f.timeout_ms);
   if (!f.weights.empty()) c.options.weights = weight_format_name(parse_weights_flag(f.weights));
+  c.options.spot_checks.fraction = f.spot_checks;
+  c.options.spot_checks.probation_steps = f.spot_check_probation;
   return c;
 }
 

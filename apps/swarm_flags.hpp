@@ -23,6 +23,8 @@ struct swarm_flags {
   std::string curve_keys;   ///< --curve-keys: this client's CurveZMQ key directory
   int timeout_ms = 30000;   ///< --swarm-timeout-ms
   std::string weights;      ///< --swarm-weights: the weights' dtype servers must decode from ("" = any)
+  double spot_checks = 0.05;     ///< --spot-checks: fraction of steps per hop checked by a second server
+  int spot_check_probation = 4;  ///< --spot-check-probation: checks a new server must pass before sampling
   /// Whether any swarm was given (--swarm or --swarm-dht).
   bool given() const { return !swarm.empty() || !swarm_dht.empty(); }
 };
@@ -39,7 +41,9 @@ struct swarm_connection {
   swarm_client_options options;
 };
 
-/// Starts the client node (dial-out only) and joins the DHT when asked.
+/// Starts the client node (dial-out only) and joins the DHT when asked;
+/// with the DHT, servers that spot checks find wrong are reported there,
+/// and servers others reported are checked on every step.
 /// `model_dir` names the default model id, `n_blocks` the blocks whose
 /// records are read. Throws std::invalid_argument for flags that name no
 /// server, std::runtime_error when the node or the DHT cannot start.

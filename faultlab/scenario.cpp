@@ -51,10 +51,13 @@ class reader {
       }
     }
     if (const toml::table* t = table(root_, "expect", "")) {
-      only(*t, "expect.", {"same_output_as_reference", "same_losses_as_reference", "max_stall_s"});
+      only(*t, "expect.", {"same_output_as_reference", "same_losses_as_reference", "max_stall_s", "wrong_servers_caught"});
       s.expect.same_output_as_reference = boolean(*t, "same_output_as_reference", "expect.", false);
       s.expect.same_losses_as_reference = boolean(*t, "same_losses_as_reference", "expect.", false);
       s.expect.max_stall_s = number(*t, "max_stall_s", "expect.", 0);
+      s.expect.wrong_servers_caught = boolean(*t, "wrong_servers_caught", "expect.", false);
+      if (s.expect.wrong_servers_caught && !s.swarm)
+        fail(origin_, t, "expect.wrong_servers_caught is for [swarm] scenarios (their client runs the spot checks)");
       if (s.expect.same_output_as_reference && !s.swarm)
         fail(origin_, t, "expect.same_output_as_reference is for [swarm] scenarios (training has same_losses_as_reference)");
       if (s.expect.same_losses_as_reference && !s.train)
@@ -87,7 +90,11 @@ class reader {
       }
     }
     if (const toml::table* c = table(t, "client", "swarm.")) {
-      only(*c, "swarm.client.", {"prompt_ids", "new_tokens"});
+      only(*c, "swarm.client.", {"prompt_ids", "new_tokens", "spot_checks", "spot_check_probation"});
+      j.spot_checks = number(*c, "spot_checks", "swarm.client.", 0.05);
+      if (j.spot_checks < 0 || j.spot_checks > 1)
+        fail(origin_, c->get("spot_checks"), "swarm.client.spot_checks is a fraction of steps, from 0 to 1");
+      j.spot_check_probation = static_cast<int>(integer(*c, "spot_check_probation", "swarm.client.", 4, 0));
       if (const toml::node* p = c->get("prompt_ids")) {
         const toml::array* ids = p->as_array();
         if (!ids || ids->empty()) fail(origin_, p, "swarm.client.prompt_ids must be a non-empty array of token ids");
@@ -169,6 +176,9 @@ class reader {
         fail(origin_, &t, where + "target: a training job's faults hit \"rank K\" or \"random rank\"");
       if (f.what == action::restart)
         fail(origin_, &t, where + "do: restart is for swarm servers; a lost rank is replaced by --elastic's re-plan");
+      if (f.what == action::corrupt)
+        fail(origin_, &t, where + "do: corrupt is for swarm servers (the client's spot checks catch them); training "
+                              "ranks have no such check yet");
     } else {
       if (f.whom.k == tk::rank || f.whom.k == tk::random_rank)
         fail(origin_, &t, where + "target: a swarm's faults hit \"server K\", \"route.hop K\" or \"random server\"");
@@ -257,11 +267,9 @@ action parse_action(const std::string& text) {
   if (text == "throttle") return action::throttle;
   if (text == "heal") return action::heal;
   if (text == "partition") return action::partition;
-  if (text == "corrupt")
-    throw std::invalid_argument(
-        "do: 'corrupt' is not built yet in faultlab (built: kill, stop, resume, restart, join, throttle, partition, heal)");
+  if (text == "corrupt") return action::corrupt;
   throw std::invalid_argument("do: '" + text +
-                              "' is not one of kill, stop, resume, restart, join, throttle, partition, heal");
+                              "' is not one of kill, stop, resume, restart, join, throttle, partition, heal, corrupt");
 }
 
 const char* to_string(action a) {
@@ -274,6 +282,7 @@ const char* to_string(action a) {
     case action::throttle: return "throttle";
     case action::heal: return "heal";
     case action::partition: return "partition";
+    case action::corrupt: return "corrupt";
   }
   return "?";
 }

@@ -27,10 +27,11 @@ std::string to_string(const moment& m);
 /// then on (a slow uplink; its links stay up); partition: every message to
 /// and from the target's peers is dropped, both ways (faultlab's own node
 /// keeps its control link); heal: back to the shaping it started with, and
-/// no partition.
-enum class action { kill, stop, resume, restart, join, throttle, heal, partition };
-/// "kill" ...; throws std::invalid_argument listing the known actions (and
-/// naming the one not built yet: corrupt).
+/// no partition; corrupt: the target server returns wrong activations from
+/// then on (its steps, pushes and forwards; a broken GPU or a malicious
+/// volunteer), until it is restarted.
+enum class action { kill, stop, resume, restart, join, throttle, heal, partition, corrupt };
+/// "kill" ...; throws std::invalid_argument listing the known actions.
 action parse_action(const std::string& text);
 const char* to_string(action a);
 
@@ -56,6 +57,11 @@ struct swarm_job {
   std::vector<std::pair<int, int>> servers;  ///< each server's blocks [first, last)
   std::vector<std::int32_t> prompt_ids;
   int new_tokens = 32;
+  /// The client's spot checks: the fraction of steps per hop recomputed by
+  /// another server, and the checks a new server must pass first
+  /// (schedule/spot_check.hpp).
+  double spot_checks = 0.05;
+  int spot_check_probation = 4;
   /// The shaping of every link, servers' and client's (net/shaping.hpp
   /// syntax; "" = none): what a heal goes back to.
   std::string link;
@@ -75,6 +81,9 @@ struct expectations {
   bool same_output_as_reference = false;  ///< swarm: greedy ids equal the failure-free run's
   bool same_losses_as_reference = false;  ///< train: every step's loss within 1e-5 relative
   double max_stall_s = 0;                 ///< no token / step waits longer (0 = not checked)
+  /// swarm: every corrupted server was found wrong by the client's spot
+  /// checks (and nobody else was).
+  bool wrong_servers_caught = false;
 };
 
 struct scenario {

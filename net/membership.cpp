@@ -54,6 +54,8 @@ using std::chrono::milliseconds;
 
 /// OpenDHT value type of membership records (registered on every node).
 constexpr dht::ValueType::Id record_value_type = 0xC011;
+/// OpenDHT value type of wrong-output reports (net/wrong_output_report.hpp).
+constexpr dht::ValueType::Id report_value_type = 0xC012;
 /// OpenDHT re-announces (expiration - 10 s) after an acknowledgement.
 constexpr milliseconds min_dht_expiration{12'000};
 
@@ -249,6 +251,11 @@ struct membership::impl {
           if (!v || v->data.size() > max_record_bytes) return false;
           auto r = decode_record(v->data);
           return r && is_fresh(*r, unix_ms_now(), skew);
+        }));
+    runner->registerType(dht::ValueType(
+        report_value_type, "corolla.wrong", milliseconds(wrong_output_report_ttl_ms),
+        [](dht::InfoHash, const std::shared_ptr<dht::Value>& v, const dht::InfoHash&, const dht::SockAddr&) {
+          return v && static_cast<bool>(decode_report(v->data));
         }));
     runner->setOnStatusChanged([this](dht::NodeStatus, dht::NodeStatus) {
       std::lock_guard<std::mutex> lk(status_mu_);
@@ -712,6 +719,50 @@ listen_id membership::listen(const std::string& model, const std::vector<int>& b
 void membership::unlisten(listen_id id) { impl_->unlisten(id); }
 
 void membership::stop() { impl_->shutdown(); }
+
+caf::error membership::report_wrong_output(wrong_output_report r) {
+  if (!impl_->started) return fail("a report before start()");
+  r.timestamp_ms = unix_ms_now();
+  r.network_id = impl_->opt.network_id;
+  auto blob = encode_report(r);
+  if (auto back = decode_report(blob); !back) return back.error();
+  std::uint64_t id = splitmix64(std::hash<std::string>{}(r.reporter + '\n' + r.server) ^ unix_us_now());
+  if (id == dht::Value::INVALID_ID) id = 1;
+  impl_->runner->put(dht::InfoHash(wrong_output_key(r.model)),
+                     std::make_shared<dht::Value>(report_value_type, blob, id), [](bool ok) {
+                       if (!ok) spdlog::debug("membership: a wrong-output report was not acknowledged by any peer");
+                     });
+  return {};
+}
+
+std::vector<wrong_output_report> membership::wrong_output_reports(const std::string& model) {
+  std::vector<wrong_output_report> out;
+  if (!impl_->started) return out;
+  auto q = impl_->start_query(dht::InfoHash(wrong_output_key(model)));
+  std::vector<std::shared_ptr<dht::Value>> values;
+  {
+    std::unique_lock<std::mutex> lk(q->mu);
+    q->cv.wait_until(lk, steady::now() + impl_->opt.query_timeout, [&] { return q->done; });
+    values = q->values;
+  }
+  const std::int64_t now = unix_ms_now(), skew = impl_->opt.max_clock_skew.count();
+  for (const auto& v : values) {
+    if (!v || v->type != report_value_type) continue;
+    auto r = decode_report(v->data);
+    if (!r || r->model != model || r->network_id != impl_->opt.network_id || r->timestamp_ms > now + skew ||
+        now - r->timestamp_ms > wrong_output_report_ttl_ms + skew)
+      continue;
+    // One report per (server, reporter, span): the newest.
+    auto same = std::find_if(out.begin(), out.end(), [&](const wrong_output_report& o) {
+      return o.server == r->server && o.reporter == r->reporter && o.span == r->span;
+    });
+    if (same == out.end())
+      out.push_back(std::move(*r));
+    else if (same->timestamp_ms < r->timestamp_ms)
+      *same = std::move(*r);
+  }
+  return out;
+}
 
 std::size_t membership::good_peers() const { return impl_->started ? impl_->count_good_peers() : 0; }
 

@@ -24,6 +24,7 @@
 #include <caf/expected.hpp>
 
 #include "net/server_record.hpp"
+#include "net/wrong_output_report.hpp"
 
 namespace corolla::net {
 
@@ -157,6 +158,15 @@ class membership {
 
   /// Stops refreshing, listening and the DHT node (same as the destructor).
   void stop();
+
+  /// Puts `r` (stamped with the time and network id) under the model's
+  /// report key once; it stays wrong_output_report_ttl_ms. Fails before
+  /// start() or for a report that would not decode (empty names, bad span).
+  caf::error report_wrong_output(wrong_output_report r);
+
+  /// The reports of `model` now in the DHT (of this network, not expired,
+  /// newest per server, reporter and span). Blocks up to query_timeout.
+  std::vector<wrong_output_report> wrong_output_reports(const std::string& model);
 
   /// Number of DHT peers this node currently considers good.
   std::size_t good_peers() const;

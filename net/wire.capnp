@@ -245,6 +245,16 @@ struct ControlPartition {
   on @1 :Bool;
 }
 
+# control.corrupt: from the harness holding the node's control token. The
+# node's actor published as `actor` (e.g. "span") returns wrong outputs
+# from now on (on) or correct ones again (off): a broken or malicious
+# volunteer that the swarm client's spot checks must catch.
+struct ControlCorrupt {
+  token @0 :Text;
+  actor @1 :Text;
+  on @2 :Bool;
+}
+
 # ---- fragments (net/fragment.hpp) -------------------------------------------
 # A message larger than the transport's fragment size travels as fragments
 # that interleave with other traffic on the connection. A fragment is one

@@ -19,6 +19,7 @@
 
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
+#include "actors/swarm_generate.hpp"
 #include "actors/swarm_wire.hpp"
 #include "model/block.hpp"
 #include "model/config.hpp"

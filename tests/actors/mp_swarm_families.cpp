@@ -10,6 +10,7 @@
 
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
+#include "actors/swarm_generate.hpp"
 #include "model/generator.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
 #include "tests/support/tiny_model.hpp"

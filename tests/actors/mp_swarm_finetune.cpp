@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/swarm_finetune.hpp"
+#include "actors/swarm_generate.hpp"
 #include "model/prompt_tuning.hpp"
 #include "model/span_engine.hpp"
 #include "tests/actors/swarm_fixtures.hpp"

@@ -152,6 +152,53 @@ max_stall_s = 30
   CHECK(report["faulted"]["recoveries"].get<int>() >= 1);
 }
 
+TEST_CASE("faultlab: a corrupted hop is caught by spot checks and replaced with the reference's output, and unchecked it "
+          "changes the output") {
+  swarm_test::swarm_model m(architecture::llama);
+  temp_dir_guard tmp("faultlab-corrupt");
+  auto write = [&](const fs::path& file, double spot_checks) {
+    std::ofstream(file) << "name = \"a server answers wrong\"\n[swarm]\nmodel = \"" << m.dir.path().string() << R"("
+servers = ["0:2", "2:4", "2:4", "2:4"]
+[swarm.client]
+prompt_ids = [3, 17, 9]
+new_tokens = 12
+spot_checks = )" << spot_checks << R"(
+spot_check_probation = 0
+[[fault]]
+at = "token 4"
+do = "corrupt"
+target = "route.hop 1"
+[expect]
+same_output_as_reference = true
+wrong_servers_caught = true
+)";
+  };
+  write(tmp / "checked.toml", 1.0);
+  const auto [report, status] = faultlab(tmp / "checked.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["tokens"] == report["reference"]["tokens"]);
+  const auto ev = events(report);
+  REQUIRE(ev.size() == 1u);
+  CHECK(ev[0].rfind("token 4: corrupt route.hop 1 (s", 0) == 0);
+  const auto corrupted = report["faulted"]["corrupted"].get<std::vector<std::string>>();
+  REQUIRE(corrupted.size() == 1u);
+  CHECK(report["faulted"]["wrong_servers"].get<std::vector<std::string>>() == corrupted);
+  CHECK(report["faulted"]["recoveries"].get<int>() == 1);
+  CHECK(report["reference"]["wrong_servers"].get<std::vector<std::string>>().empty());
+
+  // Without spot checks the wrong activations reach the output: the
+  // scenario fails, naming the first token that differs.
+  write(tmp / "unchecked.toml", 0.0);
+  const auto [bad, bad_status] = faultlab(tmp / "unchecked.toml", tmp / "report-unchecked");
+  INFO(bad.dump(2));
+  CHECK(bad_status == 1);
+  CHECK(bad["pass"] == false);
+  CHECK(bad["faulted"]["tokens"] != bad["reference"]["tokens"]);
+  CHECK(bad["faulted"]["wrong_servers"].get<std::vector<std::string>>().empty());
+}
+
 TEST_CASE("faultlab: killing the only server of some blocks fails the scenario with the reason and the seed") {
   swarm_test::swarm_model m(architecture::llama);
   temp_dir_guard tmp("faultlab-broken");

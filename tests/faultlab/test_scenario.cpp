@@ -118,7 +118,12 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\nspeed=1\n").find("unknown key 'swarm.speed'") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='step 3'\ndo='kill'\n").find("a swarm counts tokens") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='kill'\ntarget='server 4'\n").find("server 4 does not exist") != std::string::npos);
-  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='corrupt'\n").find("'corrupt' is not built yet") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--pp 2'\n[[fault]]\nat='step 3'\ndo='corrupt'\ntarget='rank 1'\n")
+            .find("corrupt is for swarm servers") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[swarm.client]\nspot_checks=1.5\n").find("spot_checks") !=
+        std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--pp 2'\n[expect]\nwrong_servers_caught=true\n")
+            .find("wrong_servers_caught is for [swarm]") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='explode'\n").find("not one of kill, stop") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='throttle'\n").find("a throttle needs the link profile") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\nlink='fast'\n").find("swarm.link: ") != std::string::npos);

@@ -1,0 +1,28 @@
+// actors/swarm_hop_state.hpp — what a swarm session keeps per hop of its
+// route (private to actors/swarm_client.cpp and swarm_spot_check.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/swarm_client.hpp"
+#include "kernels/tensor.hpp"
+
+namespace corolla {
+
+struct swarm_session::hop_state {
+  swarm::route_hop hop;
+  std::string session;         ///< the session id on hop.server
+  std::vector<Tensor> inputs;  ///< every row sent into this span, in position order
+  std::int64_t rows = 0;       ///< rows in `inputs`; -1 = not known yet (see pass())
+  bool fresh = false;          ///< a replacement whose server cache is still empty
+};
+
+namespace swarm_detail {
+
+/// Rows [0, rows) of the chunks laid end to end, as one [rows, width] tensor.
+Tensor concat_rows(const std::vector<Tensor>& chunks, std::int64_t rows, std::int64_t width);
+
+}  // namespace swarm_detail
+}  // namespace corolla

@@ -1,0 +1,170 @@
+// The swarm client's spot checks against wrong servers (actors/swarm_client.hpp;
+// the decisions are schedule/spot_check.hpp's). An answer is compared with
+// what another server holding the same blocks computes for the same request;
+// on a disagreement more servers are asked until a strict majority agrees
+// with one answer, and whoever it outvotes is distrusted (never routed
+// through again by this client) and reported. Inference sessions check a
+// hop by sending its stored inputs for the whole session so far as one
+// stateless span.forward; fine-tuning repeats the hop's forward or backward.
+#include <algorithm>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/errors.hpp"
+#include "actors/node.hpp"
+#include "actors/swarm_hop_state.hpp"
+#include "actors/swarm_wire.hpp"
+
+namespace corolla {
+
+namespace {
+
+/// The largest prefix an inference check recomputes: span.forward's row limit.
+constexpr std::int64_t max_check_rows = 8192;
+
+std::string percent(double x) {
+  std::ostringstream s;
+  s.precision(3);
+  s << x * 100 << "%";
+  return s.str();
+}
+
+double distance(const Tensor& a, const Tensor& b) {
+  return swarm::relative_difference(a.data<float>(), b.data<float>(), static_cast<std::size_t>(a.dim(0)),
+                                    static_cast<std::size_t>(a.dim(1)));
+}
+
+}  // namespace
+
+bool swarm_client::should_spot_check(const std::string& node_id) {
+  const auto& policy = options_.spot_checks;
+  if (policy.fraction <= 0 && policy.probation_steps <= 0) return false;  // checks are off
+  const double draw = std::uniform_real_distribution<double>(0.0, 1.0)(spot_rng_);
+  // A server others reported wrong is checked on every answer.
+  return reported_.count(node_id) > 0 || swarm::should_check(policy, agreed_[node_id], draw);
+}
+
+bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
+                              const std::function<caf::expected<Tensor>(const std::string& server)>& ask) {
+  const known_server* checked = server(hop.server);
+  if (!checked || answer.shape().size() != 2 || answer.type() != dtype::f32) return true;
+  // Checkers: other servers holding all of the hop's blocks, decoding from
+  // the same weights (another format changes the output more than any
+  // tolerance that still catches a wrong server), in random order.
+  std::vector<const known_server*> checkers;
+  for (const auto& s : servers_)
+    if (s.reachable && s.node_id != hop.server && !distrusted(s.node_id) && node_.peer_is_up(s.node_id) &&
+        s.info.first <= hop.start && hop.end <= s.info.last && s.info.weights == checked->info.weights)
+      checkers.push_back(&s);
+  std::shuffle(checkers.begin(), checkers.end(), spot_rng_);
+  const auto& policy = options_.spot_checks;
+  const double tol =
+      policy.tolerance > 0 ? policy.tolerance : swarm::spot_check_tolerance(checked->info.weights, options_.compress);
+  std::vector<Tensor> answers{answer};
+  std::vector<std::string> who{hop.server};
+  std::vector<std::vector<bool>> agree{{true}};
+  swarm::spot_verdict verdict;
+  for (const known_server* s : checkers) {
+    if (static_cast<int>(answers.size()) > policy.max_checkers) break;
+    auto z = ask(s->node_id);
+    if (!z || z->shape() != answer.shape() || z->type() != dtype::f32) {
+      spdlog::debug("swarm: spot check of {} on {} could not use {}: {}", hop.server, swarm::to_string(hop.span()),
+                    s->node_id, z ? "an answer of another shape" : error_message(z.error()));
+      continue;
+    }
+    // The new answer against every answer so far.
+    const std::size_t k = answers.size();
+    agree.push_back(std::vector<bool>(k + 1, true));
+    for (std::size_t j = 0; j < k; ++j) {
+      const bool same = distance(*z, answers[j]) <= tol;
+      agree[k][j] = same;
+      agree[j].push_back(same);
+    }
+    answers.push_back(std::move(*z));
+    who.push_back(s->node_id);
+    verdict = swarm::judge(agree);
+    if (verdict.decided) break;  // (two answers that agree decide at once)
+  }
+  if (answers.size() == 1) {
+    ++spot_stats_.unchecked;
+    return true;
+  }
+  ++spot_stats_.checks;
+  if (!verdict.decided || !verdict.wrong.empty()) ++spot_stats_.disagreements;
+  if (!verdict.decided) {
+    ++spot_stats_.undecided;
+    event("spot check of blocks " + swarm::to_string(hop.span()) + ": " + hop.server + " and " + who[1] +
+          " disagree by " + percent(distance(answers[1], answers[0])) + " (tolerance " + percent(tol) +
+          ") and no other server decides; both stay in use");
+    return true;
+  }
+  const auto outvoted = [&](std::size_t j) {
+    return std::find(verdict.wrong.begin(), verdict.wrong.end(), j) != verdict.wrong.end();
+  };
+  // Everyone in the majority passed a check.
+  for (std::size_t j = 0; j < who.size(); ++j)
+    if (!outvoted(j)) ++agreed_[who[j]];
+  for (std::size_t w : verdict.wrong) {
+    wrong_server_report rep;
+    rep.server = who[w];
+    if (const known_server* s = server(who[w])) rep.endpoint = s->endpoint;
+    rep.start = hop.start;
+    rep.end = hop.end;
+    rep.tolerance = tol;
+    for (std::size_t j = 0; j < who.size(); ++j)
+      if (!outvoted(j)) {
+        if (rep.majority.empty()) rep.difference = distance(answers[w], answers[j]);
+        rep.majority.push_back(who[j]);
+      }
+    distrusted_.insert(rep.server);
+    spot_stats_.wrong.push_back(rep);
+    std::string majority;
+    for (const auto& m : rep.majority) majority += (majority.empty() ? "" : ", ") + m;
+    event("spot check: " + rep.server + " answered blocks " + swarm::to_string(hop.span()) + " wrong (off by " +
+          percent(rep.difference) + ", tolerance " + percent(tol) + "; " + majority + " agree): it is not used again");
+    if (options_.on_wrong_server) options_.on_wrong_server(rep);
+  }
+  return !outvoted(0);
+}
+
+caf::expected<Tensor> swarm_session::recompute(const std::string& server, const swarm::route_hop& hop,
+                                               const Tensor& inputs, std::int64_t start, std::int64_t n) {
+  remote_message m;
+  m.type = span_request::forward;
+  m.body = encode_body(span_batch{.batch = 1,
+                                  .seq = static_cast<int>(inputs.dim(0)),
+                                  .with_prompts = deep_prompts_.defined(),
+                                  .first = hop.start,
+                                  .last = hop.end});
+  m.tensors.push_back(inputs);
+  if (deep_prompts_.defined()) m.tensors.push_back(deep_prompts_.slice(hop.start, hop.end).clone());
+  const auto timeout = client_.options().request_timeout * (1 + inputs.dim(0) / 256);
+  auto r = client_.runtime().request(server, "span", std::move(m), timeout);
+  if (!r) return r.error();
+  if (r->tensors.size() != 1 || r->tensors[0].shape() != inputs.shape())
+    return make_error(errc::bad_message, "server " + server + " answered a check of " +
+                                             std::to_string(inputs.dim(0)) + " rows with tensors of another shape");
+  return r->tensors[0].slice(start, start + n).clone();
+}
+
+std::size_t swarm_session::check_hops(std::size_t from, const std::vector<Tensor>& outs, std::int64_t start,
+                                      std::int64_t n) {
+  for (std::size_t i = from; i < hops_.size(); ++i) {
+    const hop_state& h = hops_[i];
+    // A server found wrong as another hop's checker leaves this route too.
+    if (client_.distrusted(h.hop.server)) return i;
+    if (!client_.should_spot_check(h.hop.server)) continue;
+    if (h.rows != start + n || start + n > max_check_rows) continue;
+    // The hop's inputs for the whole session so far, recomputed statelessly.
+    const Tensor inputs = swarm_detail::concat_rows(h.inputs, start + n, outs[i].dim(1));
+    const swarm::route_hop hop = h.hop;
+    if (!client_.spot_check(hop, outs[i], [&](const std::string& other) {
+          return recompute(other, hop, inputs, start, n);
+        }))
+      return i;
+  }
+  return hops_.size();
+}
+
+}  // namespace corolla

@@ -1,0 +1,147 @@
+// Spot checks against wrong servers, with real `corolla serve` processes on
+// 127.0.0.1: a server told (through its control actor, as faultlab does)
+// to corrupt its outputs mid-generation is caught by the client's spot
+// checks, outvoted, routed around and reported in the swarm's DHT, and the
+// generated ids still equal local generation.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/node_control.hpp"
+#include "actors/swarm_generate.hpp"
+#include "net/membership.hpp"
+#include "tests/actors/swarm_fixtures.hpp"
+
+namespace corolla {
+using namespace swarm_test;
+
+namespace {
+
+constexpr const char* token = "spot-check-test-token";
+
+/// Sets COROLLA_CONTROL_TOKEN for the servers this test starts.
+struct control_token_guard {
+  control_token_guard() { ::setenv("COROLLA_CONTROL_TOKEN", token, 1); }
+  ~control_token_guard() { ::unsetenv("COROLLA_CONTROL_TOKEN"); }
+};
+
+}  // namespace
+
+TEST_CASE("a server that starts answering wrong mid-generation is caught, routed around and reported") {
+  swarm_model m(architecture::llama);
+  control_token_guard env;
+  swarm_processes sw;
+  // Three servers of the whole model: the route takes one, the others check it.
+  sw.start(m, "s-a", 0, 4, {"--dht", "--dht-ttl-s", "5"});
+  const std::string dht = sw.dht.at("s-a");
+  sw.start(m, "s-b", 0, 4, {"--initial-peers", dht, "--dht-ttl-s", "5"});
+  sw.start(m, "s-c", 0, 4, {"--initial-peers", dht, "--dht-ttl-s", "5"});
+  const std::string model = m.dir.path().filename().string();
+
+  auto n = client_node();
+  net::membership members;
+  net::membership_options mo;
+  mo.bootstrap = {dht};
+  mo.ttl = 5s;
+  REQUIRE(members.start(mo));
+
+  swarm_client_options o;
+  o.servers = sw.list();
+  o.spot_checks.fraction = 1.0;  // every step once the probation is over
+  o.spot_checks.probation_steps = 2;
+  o.spot_check_seed = 11;
+  std::string routed;  // the first route's server
+  std::vector<std::string> events;
+  o.on_event = [&](const std::string& line) {
+    events.push_back(line);
+    std::smatch s;
+    if (routed.empty() && std::regex_search(line, s, std::regex(R"(^route \[0, 4\) via (\S+))"))) routed = s[1].str();
+  };
+  o.on_wrong_server = [&](const wrong_server_report& w) {
+    net::wrong_output_report r{model, w.server, n->id(), {w.start, w.end}, w.difference};
+    CHECK_FALSE(members.report_wrong_output(r));
+  };
+  swarm_client client(*n, o);
+  head h = load_head(m);
+  int tokens = 0;
+  std::string corrupted;
+  swarm_generation g = swarm_generate(client, h, m.prompt, m.params, [&](std::int32_t) {
+    // After token 5 the server of the route starts answering wrong.
+    if (++tokens == 5) {
+      REQUIRE_FALSE(routed.empty());
+      corrupted = routed;
+      CHECK_FALSE(request_corrupt(*n, corrupted, token, "span", true));
+    }
+    return true;
+  });
+  std::string log;
+  for (const auto& e : events) log += e + "\n";
+  MESSAGE("client events:\n" << log);
+  CHECK(g.result.tokens == m.expected);
+  REQUIRE(g.spot_checks.wrong.size() == 1);
+  const wrong_server_report& w = g.spot_checks.wrong[0];
+  CHECK(w.server == corrupted);
+  CHECK(w.majority.size() == 2);
+  CHECK(w.difference > w.tolerance);
+  CHECK(client.distrusted(corrupted));
+  for (const auto& hop : g.route) CHECK(hop.server != corrupted);
+  CHECK(g.failovers == 1);
+  CHECK(g.spot_checks.checks >= 15);
+  CHECK(g.spot_checks.undecided == 0);
+
+  // The report is in the DHT for every client to read.
+  net::membership reader;
+  REQUIRE(reader.start(mo));
+  std::vector<net::wrong_output_report> reports;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (reports.empty() && std::chrono::steady_clock::now() < deadline) {
+    reports = reader.wrong_output_reports(model);
+    if (reports.empty()) std::this_thread::sleep_for(100ms);
+  }
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].server == corrupted);
+  CHECK(reports[0].reporter == n->id());
+  CHECK(reports[0].span == net::block_range{0, 4});
+  CHECK(reader.wrong_output_reports("another-model").empty());
+}
+
+TEST_CASE("corolla generate --swarm-dht reports a wrong server and still prints the local ids") {
+  swarm_model m(architecture::llama);
+  control_token_guard env;
+  swarm_processes sw;
+  sw.start(m, "s-a", 0, 2, {"--dht", "--dht-ttl-s", "5"});
+  const std::string dht = sw.dht.at("s-a");
+  sw.start(m, "s-b", 2, 4, {"--initial-peers", dht, "--dht-ttl-s", "5"});
+  sw.start(m, "s-c", 2, 4, {"--initial-peers", dht, "--dht-ttl-s", "5"});
+  sw.start(m, "s-d", 2, 4, {"--initial-peers", dht, "--dht-ttl-s", "5"});
+  // Every server of blocks [2, 4) but one is honest; s-b answers wrong from the start.
+  {
+    auto n = client_node();
+    REQUIRE(n->connect(sw.endpoints.at("s-b")));
+    REQUIRE_FALSE(request_corrupt(*n, "s-b", token, "span", true));
+  }
+  // Every step is checked: when s-b serves [2, 4) it is caught at once;
+  // when it does not, it is the first checker asked about a step half the
+  // time (two candidates, shuffled), so over 20 steps it is caught but for
+  // a chance of 2^-20.
+  auto r = generate_cli(m, {"--swarm-dht", dht, "--log-level", "info", "--spot-checks", "1"});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  MESSAGE("client log:\n" << r.err);
+  CHECK(printed_ids(r) == m.expected);
+  CHECK(r.err.find("spot check: s-b answered blocks [2, 4) wrong") != std::string::npos);
+  CHECK(r.err.find("reported s-b in the swarm's DHT") != std::string::npos);
+  CHECK(r.err.find("1 server(s) found wrong") != std::string::npos);
+}
+
+TEST_CASE("a bad --spot-checks is one clear error") {
+  swarm_model m(architecture::llama);
+  auto r = generate_cli(m, {"--swarm", "127.0.0.1:1", "--spot-checks", "2"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("--spot-checks") != std::string::npos);
+}
+
+}  // namespace corolla
