@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/node_control.hpp"
 #include "actors/swarm_finetune.hpp"
 #include "actors/swarm_generate.hpp"
 #include "model/prompt_tuning.hpp"
@@ -136,6 +137,60 @@ TEST_CASE("prompt tuning through the swarm equals prompt tuning with local block
   std::string log;
   for (const auto& e : events) log += "\n  " + e;
   MESSAGE(remote.failovers() << " failover(s):" << log);
+}
+
+TEST_CASE("prompt tuning catches a server whose gradients turn wrong and equals prompt tuning with local blocks") {
+  swarm_model m(architecture::llama);
+  const batches data(m.cfg.vocab_size);
+  span_engine local_blocks =
+      span_engine::load(checkpoint::open(m.dir.path()), m.cfg, 0, m.cfg.n_layers, cpu_backend(), 16);
+  local_span_runner local(local_blocks);
+  const auto want = tune(m, local, data);
+
+  ::setenv("COROLLA_CONTROL_TOKEN", "finetune-spot-check", 1);
+  swarm_processes sw;
+  for (const char* id : {"s-a", "s-b", "s-c"}) sw.start(m, id, 0, 4);
+  ::unsetenv("COROLLA_CONTROL_TOKEN");
+  auto n = client_node();
+  swarm_client_options o;
+  o.servers = sw.list();
+  o.spot_checks.fraction = 1.0;  // every forward and backward
+  o.spot_check_seed = 3;
+  std::vector<std::string> events;
+  o.on_event = [&](const std::string& e) { events.push_back(e); };
+  swarm_client client(*n, o);
+  swarm_span_runner remote(client, 5);
+  // Between step 3's forward and its backward the server of the route
+  // starts answering wrong: the backward's check catches it.
+  struct corrupting_runner final : span_runner {
+    swarm_span_runner& inner;
+    std::function<void()> after_forward;
+    corrupting_runner(swarm_span_runner& r, std::function<void()> f) : inner(r), after_forward(std::move(f)) {}
+    Tensor forward(const Tensor& h, int b, int t, const Tensor& p) override {
+      Tensor out = inner.forward(h, b, t, p);
+      after_forward();
+      return out;
+    }
+    span_gradients backward(const Tensor& g) override { return inner.backward(g); }
+  };
+  int forwards = 0;
+  std::string victim;
+  corrupting_runner runner(remote, [&] {
+    if (++forwards != 3) return;
+    victim = remote.route().front().server;
+    REQUIRE_FALSE(request_corrupt(*n, victim, "finetune-spot-check", "span", true));
+  });
+  const auto got = tune(m, runner, data);
+  std::string log;
+  for (const auto& e : events) log += "\n  " + e;
+  MESSAGE("events:" << log);
+  check_same_run(got, want);
+  REQUIRE(client.spot_checks().wrong.size() == 1);
+  CHECK(client.spot_checks().wrong[0].server == victim);
+  CHECK(client.distrusted(victim));
+  CHECK(remote.failovers() == 1);
+  for (const auto& hop : remote.route()) CHECK(hop.server != victim);
+  CHECK(client.spot_checks().checks >= 2 * steps);
 }
 
 TEST_CASE("generation after deep prompts through the swarm equals local generation, also across a killed server") {
