@@ -12,6 +12,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -28,6 +29,7 @@
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
 #include "model/config.hpp"
+#include "model/progress_bar.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
 #include "net/codec.hpp"
@@ -273,8 +275,15 @@ std::pair<int, int> choose_span(net::membership& members, const std::string& mod
   return {c.value().span.start, c.value().span.end};
 }
 
+/// The CPU threads a server computes with: --threads, else every core but
+/// one, so that a volunteer's own machine stays usable while it serves.
+int serve_threads(int flag) {
+  if (flag > 0) return flag;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+}
+
 int run_serve(const serve_args& a) {
-  apply_common_options(a.threads, a.log_level);
+  apply_common_options(serve_threads(a.threads), a.log_level);
   const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
@@ -318,8 +327,21 @@ int run_serve(const serve_args& a) {
   if (members)
     if (auto err = members->announce(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
 
+  // Loading takes a while for real models: a bar on a terminal, a line in logs.
+  const auto load_start = std::chrono::steady_clock::now();
+  progress_bar bar(true);
+  const std::string label = "serve: loading blocks [" + std::to_string(first) + ", " + std::to_string(last) + ")";
+  engine_options.on_block_loaded = [&](int done, int total) {
+    bar.draw(label, done, total);
+    spdlog::debug("serve: loaded block {} ({} of {})", first + done - 1, done, total);
+  };
   auto engine = std::make_shared<span_engine>(
       span_engine::load(checkpoint::open(a.model), cfg, first, last, be, a.cache_tokens, engine_options));
+  engine_options.on_block_loaded = nullptr;  // later loads (moves) run while serving
+  bar.finish();
+  spdlog::info("serve: loaded blocks [{}, {}) in {:.1f} s on {} thread(s)", first, last,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
+               serve_threads(a.threads));
   engine->blocks().use_inference_weights(weights);
   const double step_s = measure_step_s(*engine);
   auto server = start_span_server(n, engine, so);
@@ -514,7 +536,9 @@ void register_serve(CLI::App& app, action_fn& action) {
                   "(randomised by +-1/3; 0 = never move)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
-  cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", a->threads,
+                  "CPU threads (0 = every core but one, so the machine stays usable while it serves)")
+      ->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([&action, a] { action = [a] { return run_serve(*a); }; });
 }

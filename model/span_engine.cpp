@@ -96,7 +96,7 @@ span_engine::span_engine(stage blocks, std::int64_t cache_tokens,
 span_engine span_engine::load(const checkpoint& ck, const model_config& cfg, int first, int last,
                               Backend& be, std::int64_t cache_tokens,
                               const span_engine_options& options) {
-  return span_engine(stage::load(ck, cfg, first, last, be), cache_tokens, options);
+  return span_engine(stage::load(ck, cfg, first, last, be, options.on_block_loaded), cache_tokens, options);
 }
 
 span_engine::~span_engine() = default;

@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -130,6 +131,8 @@ struct span_engine_options {
   /// token, so twice the tokens per budget; keys and values are rounded
   /// once as they are stored and read back into f32).
   dtype kv_dtype = dtype::f32;
+  /// Called after each block load() read: (blocks done, blocks in all).
+  std::function<void(int done, int total)> on_block_loaded;
 };
 
 /// One session's decode step in a decode_batch.

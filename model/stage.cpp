@@ -33,11 +33,12 @@ stage::stage(const model_config& cfg, int first, std::vector<param_set> params, 
 }
 
 stage stage::load(const checkpoint& ck, const model_config& cfg, int first, int last,
-                  Backend& be) {
+                  Backend& be, const std::function<void(int done, int total)>& on_block) {
   stage s(cfg, first, last, be);
   for (int i = 0; i < s.size(); ++i) {
     load_block_params(ck, cfg, first + i, s.params_[i]);
     place_params(s.params_[i], be);  // a device backend computes on device parameters
+    if (on_block) on_block(i + 1, s.size());
   }
   s.resolve_views();
   return s;

@@ -50,11 +50,12 @@ class stage {
   /// sets are shallow copies: they share storage with the caller's, so this
   /// stage computes with (and its updates are seen by) the same weights.
   stage(const model_config& cfg, int first, std::vector<param_set> params, Backend& be);
-  /// Loads blocks [first, last) from `ck`, reading only their tensors.
+  /// Loads blocks [first, last) from `ck`, reading only their tensors;
+  /// `on_block(done, total)` is called after each block (a progress bar).
   /// Throws model_error (naming tensor and file) for a missing tensor or a
   /// wrong shape.
   static stage load(const checkpoint& ck, const model_config& cfg, int first, int last,
-                    Backend& be);
+                    Backend& be, const std::function<void(int done, int total)>& on_block = {});
 
   stage(stage&&) noexcept = default;
   stage& operator=(stage&&) noexcept = default;

@@ -1,13 +1,12 @@
 #include "model/trainer.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
 
 #include "model/error.hpp"
+#include "model/progress_bar.hpp"
 
 namespace corolla {
 
@@ -54,41 +53,6 @@ const train_options& validated(const transformer& model, const token_dataset& da
   return o;
 }
 
-// A one-line bar redrawn in place on stderr; only ever used on a terminal.
-class progress_bar {
- public:
-  explicit progress_bar(bool wanted) : on_(wanted && isatty(STDERR_FILENO) == 1) {}
-  ~progress_bar() { finish(); }
-
-  void draw(const step_report& r) {
-    if (!on_) return;
-    constexpr int width = 30;
-    const int filled = r.total_steps > 0 ? width * r.step / r.total_steps : width;
-    std::string bar(static_cast<std::size_t>(filled), '#');
-    bar.resize(width, '.');
-    std::fprintf(stderr, "\r\033[Ktrain [%s] %d/%d  loss %.4f  %.0f tok/s", bar.c_str(), r.step,
-                 r.total_steps, r.loss, r.tokens_per_second);
-    std::fflush(stderr);
-    drawn_ = true;
-  }
-  // Clears the bar so a line written to the same terminal is not garbled.
-  void clear() {
-    if (!on_ || !drawn_) return;
-    std::fputs("\r\033[K", stderr);
-    std::fflush(stderr);
-    drawn_ = false;
-  }
-  void finish() {
-    if (!on_ || !drawn_) return;
-    std::fputc('\n', stderr);
-    drawn_ = false;
-  }
-
- private:
-  bool on_;
-  bool drawn_ = false;
-};
-
 }  // namespace
 
 trainer::trainer(transformer& model, token_dataset& data, const train_options& options)
@@ -132,6 +96,7 @@ step_report trainer::step() {
 train_summary trainer::run(const std::function<void(const step_report&)>& on_log) {
   train_summary s;
   progress_bar bar(options_.progress);
+  char detail[64];
   const auto start = clock_type::now();
   while (steps_done() < options_.steps) {
     step_report r = step();
@@ -142,7 +107,8 @@ train_summary trainer::run(const std::function<void(const step_report&)>& on_log
       bar.clear();
       on_log(r);
     }
-    bar.draw(r);
+    std::snprintf(detail, sizeof detail, "loss %.4f  %.0f tok/s", r.loss, r.tokens_per_second);
+    bar.draw("train", r.step, r.total_steps, detail);
   }
   s.seconds = seconds_since(start);
   s.tokens_per_second = s.seconds > 0.0 ? static_cast<double>(s.tokens) / s.seconds : 0.0;

@@ -32,6 +32,9 @@ TEST_CASE("a server that cannot read its link speed measures it against the next
   sw.start(m, "s-b", 2, 4,
            {"--initial-peers", sw.dht.at("s-a"), "--dht-ttl-s", "3", "--network-speed", "50Mbit", "--log-level", "info"});
   CHECK(sw.procs.at("s-b").err().find("link 50 Mbit/s: announcing") != std::string::npos);
+  // Its log says how long loading took, and on how many threads (--threads 1).
+  CHECK(sw.procs.at("s-b").err().find("serve: loaded blocks [2, 4) in ") != std::string::npos);
+  CHECK(sw.procs.at("s-b").err().find("on 1 thread(s)") != std::string::npos);
 
   // s-a measures its link against s-b at its next record update.
   const std::regex measured(R"(serve: measured ([0-9.]+) Mbit/s to s-b)");

@@ -139,11 +139,25 @@ TEST_CASE("a stage loads only its own blocks, the head only its tensors") {
     Backend& be = cpu_backend();
     CHECK_NOTHROW(stage::load(ck, cfg, 0, 1, be));
     CHECK_NOTHROW(head::load(ck, cfg, be));
+
     const std::string err = error_of([&] { stage::load(ck, cfg, 1, 2, be); });
     INFO(err);
     CHECK(err.find(o.arch == architecture::llama ? "model.layers.1." : "h.1.") != std::string::npos);
     CHECK(err.find("missing") != std::string::npos);
   }
+}
+
+TEST_CASE("a stage's load reports each block as it is read") {
+  testing::tiny_model_options o = llama_gqa();
+  o.layers = 4;
+  testing::temp_dir_guard dir("progress");
+  testing::write_tiny_model(dir.path(), o);
+  const model_config cfg = load_config(dir.path());
+  std::vector<std::pair<int, int>> progress;
+  stage s = stage::load(checkpoint::open(dir.path()), cfg, 1, 4, cpu_backend(),
+                        [&](int done, int total) { progress.emplace_back(done, total); });
+  CHECK(s.size() == 3);
+  CHECK(progress == std::vector<std::pair<int, int>>{{1, 3}, {2, 3}, {3, 3}});
 }
 
 TEST_CASE("a tensor of the wrong shape is named with its file") {
