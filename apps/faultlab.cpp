@@ -98,7 +98,7 @@ std::vector<check> judge(const fl::scenario& s, const faultlab_run& ref, const f
 
 json run_json(const faultlab_run& r) {
   json j = {{"completed", r.completed}, {"seconds", r.seconds}, {"max_stall_s", r.max_stall_s},
-            {"recoveries", r.recoveries}, {"events", r.events}};
+            {"recoveries", r.recoveries}, {"events", r.events}, {"progress_s", r.progress_s}};
   if (!r.corrupted.empty() || !r.wrong_servers.empty() || r.spot_checks > 0) {
     j["corrupted"] = r.corrupted;
     j["wrong_servers"] = r.wrong_servers;
@@ -129,15 +129,35 @@ int run_scenario(const fl::scenario& s, const faultlab_args& a) {
   bool pass = true;
   for (const check& c : checks) pass = pass && c.ok;
   json report = {{"scenario", s.name}, {"seed", seed}, {"kind", s.swarm ? "swarm" : "train"}, {"pass", pass},
-                 {"reference", run_json(ref)}, {"faulted", run_json(hit)}, {"checks", json::array()}};
+                 {"held", pass}, {"reference", run_json(ref)}, {"faulted", run_json(hit)},
+                 {"checks", json::array()}, {"faults", json::array()}};
   for (const check& c : checks) report["checks"].push_back({{"name", c.name}, {"ok", c.ok}, {"detail", c.detail}});
+  const auto seconds = [](double t) { return t < 0 ? json(nullptr) : json(t); };
+  for (const fault_timeline& f : hit.faults)
+    report["faults"].push_back({{"at", f.at}, {"do", f.what}, {"target", f.target}, {"hit", f.hit},
+                                {"outcome", f.outcome}, {"injected_at_s", seconds(f.injected_at_s)},
+                                {"detected_at_s", seconds(f.detected_at_s)}, {"recovered_at_s", seconds(f.recovered_at_s)},
+                                {"detected_by", f.detected_by}});
   report["report_dir"] = dir.string();
+  write_timeline_svg(dir, s.name, s.swarm ? "tokens" : "steps", ref, hit);
   std::ofstream(dir / "report.json") << report.dump(2) << "\n";
   if (a.json_out) {
     std::printf("%s\n", report.dump().c_str());
   } else {
     std::printf("faultlab: %s (seed %llu)\n", s.name.c_str(), static_cast<unsigned long long>(seed));
     for (const std::string& e : hit.events) std::printf("  fault  %s\n", e.c_str());
+    for (const fault_timeline& f : hit.faults) {
+      if (f.injected_at_s < 0) continue;
+      std::printf("  when   %s %s at %.2f s: ", f.what.c_str(), f.hit.empty() ? f.target.c_str() : f.hit.c_str(),
+                  f.injected_at_s);
+      if (f.detected_at_s < 0)
+        std::printf("not noticed by the job\n");
+      else if (f.recovered_at_s < 0)
+        std::printf("noticed at %.2f s, no progress after\n", f.detected_at_s);
+      else
+        std::printf("noticed at %.2f s, next %s at %.2f s\n", f.detected_at_s, s.swarm ? "token" : "step",
+                    f.recovered_at_s);
+    }
     std::printf("  reference: %s in %.1f s; faulted: %s in %.1f s, %d recover%s, longest wait %.2f s\n",
                 ref.completed ? "completed" : "FAILED", ref.seconds, hit.completed ? "completed" : "FAILED", hit.seconds,
                 hit.recoveries, hit.recoveries == 1 ? "y" : "ies", hit.max_stall_s);

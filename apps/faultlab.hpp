@@ -4,6 +4,7 @@
 // and checks the expectations; docs/faultlab.md.
 #pragma once
 
+#include <cctype>
 #include <cstdint>
 #include <filesystem>
 #include <random>
@@ -13,6 +14,17 @@
 #include "faultlab/scenario.hpp"
 
 namespace corolla::app {
+
+/// One injected fault and when its effects were seen.
+struct fault_timeline {
+  std::string at, what, target;  ///< as the scenario says ("token 10", "kill", "route.hop 1")
+  std::string hit;               ///< whom it hit ("s1", "j0"; "" when skipped or not known)
+  std::string outcome;           ///< the harness's line ("kill route.hop 1 (s1)")
+  double injected_at_s = -1;     ///< seconds after the run's start; -1 = never fired
+  double detected_at_s = -1;     ///< the job noticed (a failover, a spot check, a re-plan); -1 = never
+  double recovered_at_s = -1;    ///< the first token / step after that; -1 = never
+  std::string detected_by;       ///< who noticed, and the line that says so
+};
 
 /// What one run observed.
 struct faultlab_run {
@@ -28,7 +40,40 @@ struct faultlab_run {
   std::vector<std::string> corrupted;      ///< swarm: servers told to corrupt their outputs
   std::vector<std::string> wrong_servers;  ///< swarm: servers the client's spot checks found wrong
   std::uint64_t spot_checks = 0;           ///< swarm: hop steps the client compared with another server
+  std::vector<fault_timeline> faults;      ///< every fault of the scenario, in its order (faulted run)
+  std::vector<double> progress_s;          ///< when each token / step arrived, seconds after the start
+
+  /// A token or step arrived at `t`: recoveries of faults detected by then.
+  void progressed(double t) {
+    progress_s.push_back(t);
+    for (auto& f : faults)
+      if (f.detected_at_s >= 0 && f.recovered_at_s < 0 && f.detected_at_s <= t) f.recovered_at_s = t;
+  }
+  /// `who` reported `line` at `t`: the faults still undetected that it
+  /// names (by the id they hit as a whole word; any, when `any`) are
+  /// detected now.
+  void noticed(const std::string& who, const std::string& line, double t, bool any = false) {
+    for (auto& f : faults) {
+      if (f.injected_at_s < 0 || f.detected_at_s >= 0) continue;
+      bool named = any;
+      for (std::size_t p = f.hit.empty() ? std::string::npos : line.find(f.hit); !named && p != std::string::npos;
+           p = line.find(f.hit, p + 1)) {
+        const std::size_t e = p + f.hit.size();
+        const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; };
+        named = (p == 0 || !word(line[p - 1])) && (e == line.size() || !word(line[e]));
+      }
+      if (!named) continue;
+      f.detected_at_s = t;
+      f.detected_by = who + ": " + line;
+    }
+  }
 };
+
+/// Writes `timeline.svg` into `dir`: tokens (or steps) over time for the
+/// reference and the faulted run, each fault marked where it was injected
+/// and where it was recovered from.
+void write_timeline_svg(const std::filesystem::path& dir, const std::string& title, const std::string& unit,
+                        const faultlab_run& reference, const faultlab_run& faulted);
 
 /// Runs the scenario's swarm: its servers as `corolla serve` processes of
 /// this binary, the client in this process generating greedily; with

@@ -121,12 +121,13 @@ struct swarm_state {
 };
 
 std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness, const route_tracker& route,
-                 std::mt19937_64& rng) {
+                 std::mt19937_64& rng, std::string& hit) {
   using tk = fl::target::kind;
   if (f.what == fl::action::join) {
     const auto [a, b] = fl::parse_blocks(f.blocks);
     const std::string id = "j" + std::to_string(st.joined++);
     st.start(id, a, b);
+    hit = id;
     return "join " + id + " on blocks [" + std::to_string(a) + ", " + std::to_string(b) + ")";
   }
   std::string id;
@@ -142,6 +143,7 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
   }
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
   if (id.empty()) return what + ": no server to hit (skipped)";
+  hit = id;
   switch (f.what) {
     case fl::action::kill:
       if (st.dead.count(id)) return what + ": " + id + " is dead already (skipped)";
@@ -234,9 +236,16 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
     o.discover = [&st] { return st.live_endpoints(); };
     o.refresh_period = std::chrono::seconds(1);  // joined and restarted servers are found soon
     o.request_timeout = std::chrono::seconds(5);  // a stopped server is given up on within this
-    o.on_event = [&route](const std::string& line) {
+    for (const fl::fault& f : s.faults)
+      run.faults.push_back({fl::to_string(f.at), fl::to_string(f.what),
+                            f.what == fl::action::join ? "blocks " + f.blocks : fl::to_string(f.whom)});
+    const auto since_start = [&t0] { return std::chrono::duration<double>(clock_type::now() - t0).count(); };
+    o.on_event = [&route, &run, &since_start](const std::string& line) {
       spdlog::info("faultlab client: {}", line);
       route.on_event(line);
+      // The client noticed a server's failure (or a wrong answer).
+      if (line.find("failed") != std::string::npos || line.find("wrong") != std::string::npos)
+        run.noticed("client", line, since_start());
     };
     o.spot_checks.fraction = job.spot_checks;
     o.spot_checks.probation_steps = job.spot_check_probation;
@@ -254,14 +263,18 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
       run.max_stall_s = std::max(run.max_stall_s, std::chrono::duration<double>(now - last).count());
       last = now;
       ++count;
-      if (!inject) return;
       const double elapsed = std::chrono::duration<double>(now - t0).count();
+      run.progressed(elapsed);
+      if (!inject) return;
       for (std::size_t i = 0; i < s.faults.size(); ++i) {
         const fl::fault& f = s.faults[i];
         const bool due = f.at.k == fl::moment::kind::token ? count >= f.at.value : elapsed >= f.at.value;
         if (fired[i] || !due) continue;
         fired[i] = true;
-        run.events.push_back("token " + std::to_string(count) + ": " + fire(f, st, harness, route, rng));
+        fault_timeline& t = run.faults[i];
+        t.injected_at_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+        t.outcome = fire(f, st, harness, route, rng, t.hit);
+        run.events.push_back("token " + std::to_string(count) + ": " + t.outcome);
       }
       // Waiting for a joined or restarted server to load is the harness's
       // time, not a stall of the swarm.

@@ -175,6 +175,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
   }
   ::close(out[1]);
   std::vector<bool> fired(s.faults.size(), false);
+  for (const fl::fault& f : s.faults) run.faults.push_back({fl::to_string(f.at), fl::to_string(f.what), fl::to_string(f.whom)});
   std::set<pid_t> stopped;
   auto last = clock_type::now();
   int step = 0;
@@ -199,7 +200,12 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
           pending.erase(0, nl + 1);
           const auto j = nlohmann::json::parse(line, nullptr, false);
           if (!j.is_object()) continue;
-          if (j.value("event", "") == "replan") ++run.recoveries;
+          const double at = std::chrono::duration<double>(now - t0).count();
+          if (j.value("event", "") == "replan") {
+            ++run.recoveries;
+            // A re-plan answers whatever fault the job has not answered yet.
+            run.noticed("launcher", "re-plan: " + j.dump(), at, true);
+          }
           if (j.value("event", "") == "ranks" && j.contains("ranks") && j["ranks"].is_array()) {
             // A new grid: fresh processes, unshaped.
             control.endpoints.clear();
@@ -222,6 +228,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
             run.step_seconds[static_cast<std::size_t>(step - 1)] = j["seconds"].get<double>();
           run.max_stall_s = std::max(run.max_stall_s, std::chrono::duration<double>(now - last).count());
           last = now;
+          run.progressed(at);
         }
       }
     }
@@ -239,7 +246,10 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
       const bool due = f.at.k == fl::moment::kind::step ? step >= f.at.value : elapsed >= f.at.value;
       if (fired[i] || !due) continue;
       fired[i] = true;
-      run.events.push_back("step " + std::to_string(step) + ": " + fire(f, pid, stopped, rng, control));
+      fault_timeline& t = run.faults[i];
+      t.injected_at_s = elapsed;
+      t.outcome = fire(f, pid, stopped, rng, control);
+      run.events.push_back("step " + std::to_string(step) + ": " + t.outcome);
     }
   }
   ::close(out[0]);

@@ -87,6 +87,35 @@ max_stall_s = 20
   CHECK(ev[2].find("join j0 on blocks [0, 4)") != std::string::npos);
   // Every server's log is kept.
   CHECK(fs::exists(tmp / "report" / "faults" / "j0.log"));
+  // Each fault's timeline: a killed hop is noticed by the client after it
+  // was killed, and the next token follows.
+  CHECK(report["held"] == true);
+  const json& faults = report["faults"];
+  REQUIRE(faults.size() == 3u);
+  for (int k : {0, 1}) {
+    const json& f = faults[k];
+    INFO("fault " << k << ": " << f.dump());
+    CHECK(f["do"] == "kill");
+    CHECK(f["hit"].get<std::string>().rfind("s", 0) == 0);
+    REQUIRE(f["detected_at_s"].is_number());
+    CHECK(f["detected_at_s"].get<double>() >= f["injected_at_s"].get<double>());
+    REQUIRE(f["recovered_at_s"].is_number());
+    CHECK(f["recovered_at_s"].get<double>() >= f["detected_at_s"].get<double>());
+    CHECK(f["detected_by"].get<std::string>().rfind("client: server " + f["hit"].get<std::string>() + " failed", 0) == 0);
+  }
+  CHECK(faults[0]["at"] == "token 6");
+  CHECK(faults[2]["do"] == "join");
+  CHECK(faults[2]["hit"] == "j0");
+  CHECK(faults[2]["injected_at_s"].is_number());
+  CHECK(faults[2]["detected_at_s"].is_null());  // a join is no failure
+  CHECK(report["faulted"]["progress_s"].size() == 24u);
+  // The picture: both runs' lines and every fault marked.
+  std::ifstream svg(tmp / "report" / "timeline.svg");
+  const std::string picture((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(picture.rfind("<svg", 0) == 0);
+  CHECK(picture.find("reference (24 tokens") != std::string::npos);
+  CHECK(picture.find("kill " + faults[0]["hit"].get<std::string>()) != std::string::npos);
+  CHECK(picture.find("join j0") != std::string::npos);
 }
 
 TEST_CASE("faultlab: on shaped links, a throttled hop keeps the reference's output, and heals") {
@@ -187,6 +216,7 @@ wrong_servers_caught = true
   CHECK(report["faulted"]["wrong_servers"].get<std::vector<std::string>>() == corrupted);
   CHECK(report["faulted"]["recoveries"].get<int>() == 1);
   CHECK(report["reference"]["wrong_servers"].get<std::vector<std::string>>().empty());
+  CHECK(report["faults"][0]["detected_by"].get<std::string>().find("client: spot check: " + corrupted[0]) == 0);
 
   // Without spot checks the wrong activations reach the output: the
   // scenario fails, naming the first token that differs.
@@ -240,6 +270,14 @@ TEST_CASE("faultlab: an elastic training job loses a rank and keeps the referenc
   CHECK(report["faulted"]["recoveries"] == 1);
   REQUIRE(events(report).size() == 1u);
   CHECK(events(report)[0].find("kill rank 2 (rank 2, pid ") != std::string::npos);
+  // The launcher's re-plan is when the job noticed; the next step is its recovery.
+  const json& f = report["faults"][0];
+  REQUIRE(f["detected_at_s"].is_number());
+  CHECK(f["detected_at_s"].get<double>() >= f["injected_at_s"].get<double>());
+  CHECK(f["detected_by"].get<std::string>().rfind("launcher: re-plan", 0) == 0);
+  REQUIRE(f["recovered_at_s"].is_number());
+  CHECK(f["recovered_at_s"].get<double>() >= f["detected_at_s"].get<double>());
+  CHECK(fs::exists(tmp / "report" / "timeline.svg"));
 
   swarm_test::swarm_model m(architecture::llama);
   const process_result r = run_corolla({"faultlab", "random", "--swarm", "--model", m.dir.path().string(), "--faults",
