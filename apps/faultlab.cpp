@@ -111,10 +111,11 @@ json run_json(const faultlab_run& r) {
 }
 
 /// Runs `s` (reference, then faults), prints the verdict; returns the exit status.
-int run_scenario(const fl::scenario& s, const faultlab_args& a) {
+int run_scenario(fl::scenario s, const faultlab_args& a) {
   fs::path dir = a.report.empty() ? fs::temp_directory_path() / ("corolla-faultlab-" + std::to_string(::getpid()))
                                   : fs::path(a.report);
   fs::create_directories(dir);
+  materialize_builtins(s, dir);
   const std::uint64_t seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed) : s.seed;
   std::mt19937_64 rng(seed);
   auto run = [&](bool inject) {

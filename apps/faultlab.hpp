@@ -69,6 +69,12 @@ struct faultlab_run {
   }
 };
 
+/// Replaces built-in names in `s` (`model = "builtin:llama"` or
+/// "builtin:gpt2", `data = "builtin:tokens"`) with files written under
+/// `dir`: a seeded random model as real HuggingFace files (4 blocks, width
+/// 64), raw uint16 tokens. Throws std::invalid_argument for an unknown name.
+void materialize_builtins(faultlab::scenario& s, const std::filesystem::path& dir);
+
 /// Writes `timeline.svg` into `dir`: tokens (or steps) over time for the
 /// reference and the faulted run, each fault marked where it was injected
 /// and where it was recovered from.

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +33,9 @@ std::pair<json, int> faultlab(const fs::path& scenario, const fs::path& report, 
   return {j, r.exit_code};
 }
 
+/// A scenario that ships in the repository's scenarios/.
+fs::path shipped(const std::string& name) { return fs::path(COROLLA_SOURCE_DIR) / "scenarios" / name; }
+
 std::vector<std::string> events(const json& report) { return report["faulted"]["events"].get<std::vector<std::string>>(); }
 
 /// A 2x2 elastic training scenario over `steps` steps of job `j`, with
@@ -49,35 +53,14 @@ void write_train_scenario(const fs::path& file, const train_test::job& j, int st
 }  // namespace
 
 TEST_CASE("faultlab: a swarm survives two kills on its route and a join, with the reference's output") {
-  swarm_test::swarm_model m(architecture::llama);
+  // The scenario that ships in scenarios/ (its model is built in).
   temp_dir_guard tmp("faultlab-swarm");
-  std::ofstream(tmp / "s.toml") << "name = \"two kills and a join\"\nseed = 3\n[swarm]\nmodel = \"" << m.dir.path().string()
-                                << R"("
-servers = ["0:2", "2:4", "0:4", "0:2", "2:4"]
-[swarm.client]
-prompt_ids = [3, 17, 9]
-new_tokens = 24
-[[fault]]
-at = "token 6"
-do = "kill"
-target = "route.hop 0"
-[[fault]]
-at = "token 12"
-do = "kill"
-target = "route.hop 1"
-[[fault]]
-at = "token 16"
-do = "join"
-blocks = "0:4"
-[expect]
-same_output_as_reference = true
-max_stall_s = 20
-)";
-  const auto [report, status] = faultlab(tmp / "s.toml", tmp / "report");
+  const auto [report, status] = faultlab(shipped("swarm-kills-and-join.toml"), tmp / "report");
   INFO(report.dump(2));
   CHECK(status == 0);
   CHECK(report["pass"] == true);
   CHECK(report["kind"] == "swarm");
+  CHECK(fs::exists(tmp / "report" / "builtin-llama" / "model.safetensors"));
   CHECK(report["faulted"]["tokens"] == report["reference"]["tokens"]);
   CHECK(report["faulted"]["tokens"].size() == 24u);
   CHECK(report["faulted"]["recoveries"].get<int>() >= 2);
@@ -183,34 +166,16 @@ max_stall_s = 30
 
 TEST_CASE("faultlab: a corrupted hop is caught by spot checks and replaced with the reference's output, and unchecked it "
           "changes the output") {
-  swarm_test::swarm_model m(architecture::llama);
+  // The scenario that ships in scenarios/, with every step checked.
   temp_dir_guard tmp("faultlab-corrupt");
-  auto write = [&](const fs::path& file, double spot_checks) {
-    std::ofstream(file) << "name = \"a server answers wrong\"\n[swarm]\nmodel = \"" << m.dir.path().string() << R"("
-servers = ["0:2", "2:4", "2:4", "2:4"]
-[swarm.client]
-prompt_ids = [3, 17, 9]
-new_tokens = 12
-spot_checks = )" << spot_checks << R"(
-spot_check_probation = 0
-[[fault]]
-at = "token 4"
-do = "corrupt"
-target = "route.hop 1"
-[expect]
-same_output_as_reference = true
-wrong_servers_caught = true
-)";
-  };
-  write(tmp / "checked.toml", 1.0);
-  const auto [report, status] = faultlab(tmp / "checked.toml", tmp / "report");
+  const auto [report, status] = faultlab(shipped("swarm-corrupt.toml"), tmp / "report");
   INFO(report.dump(2));
   CHECK(status == 0);
   CHECK(report["pass"] == true);
   CHECK(report["faulted"]["tokens"] == report["reference"]["tokens"]);
   const auto ev = events(report);
   REQUIRE(ev.size() == 1u);
-  CHECK(ev[0].rfind("token 4: corrupt route.hop 1 (s", 0) == 0);
+  CHECK(ev[0].rfind("token 5: corrupt route.hop 1 (s", 0) == 0);
   const auto corrupted = report["faulted"]["corrupted"].get<std::vector<std::string>>();
   REQUIRE(corrupted.size() == 1u);
   CHECK(report["faulted"]["wrong_servers"].get<std::vector<std::string>>() == corrupted);
@@ -220,13 +185,41 @@ wrong_servers_caught = true
 
   // Without spot checks the wrong activations reach the output: the
   // scenario fails, naming the first token that differs.
-  write(tmp / "unchecked.toml", 0.0);
+  std::ifstream in(shipped("swarm-corrupt.toml"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto replace = [&](const std::string& from, const std::string& to) {
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+  };
+  replace("spot_checks = 1.0", "spot_checks = 0");
+  std::ofstream(tmp / "unchecked.toml") << text;
   const auto [bad, bad_status] = faultlab(tmp / "unchecked.toml", tmp / "report-unchecked");
   INFO(bad.dump(2));
   CHECK(bad_status == 1);
   CHECK(bad["pass"] == false);
   CHECK(bad["faulted"]["tokens"] != bad["reference"]["tokens"]);
   CHECK(bad["faulted"]["wrong_servers"].get<std::vector<std::string>>().empty());
+}
+
+TEST_CASE("faultlab: the scenarios that ship in scenarios/ hold") {
+  // Every shipped scenario runs in some test: this one here, the others
+  // in the tests above.
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(fs::path(COROLLA_SOURCE_DIR) / "scenarios")) files.insert(e.path().filename());
+  CHECK(files == std::set<std::string>{"swarm-corrupt.toml", "swarm-kills-and-join.toml", "swarm-partition-and-stop.toml",
+                                       "train-kill-rank.toml"});
+  temp_dir_guard tmp("faultlab-shipped");
+  const auto [report, status] = faultlab(shipped("swarm-partition-and-stop.toml"), tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["held"] == true);
+  REQUIRE(report["faults"].size() == 2u);
+  for (const json& f : report["faults"]) {
+    CHECK(f["injected_at_s"].is_number());
+    CHECK(f["detected_at_s"].is_number());  // the client gave up on each hop
+    CHECK(f["recovered_at_s"].is_number());
+  }
 }
 
 TEST_CASE("faultlab: killing the only server of some blocks fails the scenario with the reason and the seed") {
@@ -260,9 +253,7 @@ same_output_as_reference = true
 
 TEST_CASE("faultlab: an elastic training job loses a rank and keeps the reference's losses, a random campaign passes") {
   temp_dir_guard tmp("faultlab-train");
-  train_test::job j = train_test::fresh_gpt2_job(tmp);
-  write_train_scenario(tmp / "t.toml", j, 16, "kill", "rank 2", 60);
-  const auto [report, status] = faultlab(tmp / "t.toml", tmp / "report");
+  const auto [report, status] = faultlab(shipped("train-kill-rank.toml"), tmp / "report");
   INFO(report.dump(2));
   CHECK(status == 0);
   CHECK(report["pass"] == true);
@@ -337,4 +328,7 @@ TEST_CASE("faultlab: bad scenarios and flags are one error line") {
   check_one_error(run_corolla({"faultlab", "run", (tmp / "bad.toml").string()}), "a swarm counts tokens, not steps");
   check_one_error(run_corolla({"faultlab", "run", (tmp / "missing.toml").string()}), "cannot read scenario");
   check_one_error(run_corolla({"faultlab", "random", "--model", tmp.path().string()}), "exactly one of --swarm and --train");
+  std::ofstream(tmp / "builtin.toml") << "[swarm]\nmodel = 'builtin:falcon'\nservers = ['0:2']\n";
+  check_one_error(run_corolla({"faultlab", "run", (tmp / "builtin.toml").string(), "--report", (tmp / "r").string()}),
+                  "'builtin:falcon' is not a built-in model (builtin:llama, builtin:gpt2)");
 }
