@@ -11,8 +11,11 @@
 //  * recovery: the last hop's server is killed mid-generation (a spare holds
 //    its span): the extra time of the step that recovers (replay included);
 //  * fine-tuning: deep prompt tuning steps/s through the LAN chain
-//    (span.forward / span.backward) vs the same steps with local blocks.
+//    (span.forward / span.backward) vs the same steps with local blocks;
+//  * per-hop overhead: ms per decode step of a tiny model (negligible
+//    compute) locally, through one server and through two.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -115,6 +118,64 @@ double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+/// The fixed cost of a hop, on a model whose compute is negligible (2
+/// blocks of width 64): ms per decode step locally, through one server
+/// holding both blocks, and through two servers of one block each (push
+/// on), every process on one thread. The second server's extra time is
+/// what one more hop costs: a link crossing, a wake-up, a decode and an
+/// encode, whatever the model.
+struct hop_overhead {
+  double local_ms = 0, one_server_ms = 0, two_servers_ms = 0;
+  bool equal = false;
+};
+
+hop_overhead measure_hop_overhead(std::uint64_t seed) {
+  model_config c;
+  c.arch = architecture::llama;
+  c.hf_architecture = "LlamaForCausalLM";
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 4;
+  c.head_dim = 16;
+  c.intermediate_size = 128;
+  c.max_positions = 256;
+  c.rope = rope_spec(10000.0);
+  const fs::path dir = fs::temp_directory_path() / ("corolla-bench-hop-" + std::to_string(::getpid()));
+  struct remove_after {
+    fs::path p;
+    ~remove_after() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{dir};
+  transformer::init(c, seed, cpu_backend()).save(dir);
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < 8; ++i) prompt.push_back(static_cast<std::int32_t>((i * 37 + 11) % c.vocab_size));
+  generation_params p;
+  p.max_new_tokens = 128;
+  p.ignore_eos = true;
+  hop_overhead h;
+  transformer local = transformer::load(dir, cpu_backend());
+  generator gen(local);
+  gen.generate(prompt, p);  // warm-up
+  const generation_result l = gen.generate(prompt, p);
+  h.local_ms = 1e3 / steps_per_s(l);
+  const std::vector<std::string> flags{"--threads", "1"};
+  const auto through = [&](const std::vector<std::pair<int, int>>& spans, double& ms) {
+    local_swarm sw;
+    for (std::size_t i = 0; i < spans.size(); ++i) sw.start(dir, "h" + std::to_string(i), spans[i].first, spans[i].second, flags);
+    run_swarm(sw, dir, c, prompt, p, "");  // warm-up: links between the servers
+    const swarm_run r = run_swarm(sw, dir, c, prompt, p, "");
+    ms = 1e3 / steps_per_s(r.result);
+    return r.result.tokens == l.tokens;
+  };
+  h.equal = through({{0, 2}}, h.one_server_ms);
+  h.equal = through({{0, 1}, {1, 2}}, h.two_servers_ms) && h.equal;
+  return h;
 }
 
 int run_bench_swarm(const swarm_bench_options& o) {
@@ -308,6 +369,14 @@ int run_bench_swarm(const swarm_bench_options& o) {
                      {"equal_to_local", recovered_equal}};
   }
 
+  std::fprintf(stderr, "bench swarm: per-hop overhead on a tiny model...\n");
+  const hop_overhead hop = measure_hop_overhead(o.seed);
+  j["hop_overhead"] = {{"local_ms_per_step", hop.local_ms},
+                       {"one_server_ms_per_step", hop.one_server_ms},
+                       {"two_servers_ms_per_step", hop.two_servers_ms},
+                       {"ms_per_extra_hop", hop.two_servers_ms - hop.one_server_ms},
+                       {"equal_to_local", hop.equal}};
+
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -323,9 +392,13 @@ int run_bench_swarm(const swarm_bench_options& o) {
     std::printf("recovery: kill -9 of the last hop's server: the next token took %.1f ms more than a step "
                 "(%d failover(s), output %s)\n",
                 recovery_ms, failovers, recovered_equal ? "equal" : "DIFFERENT");
+    std::printf("per-hop overhead (2 blocks of width 64, one thread each): local %.3f ms/step, 1 server %.3f ms "
+                "(+%.3f), 2 servers %.3f ms: %.3f ms per extra hop (output %s)\n",
+                hop.local_ms, hop.one_server_ms, hop.one_server_ms - hop.local_ms, hop.two_servers_ms,
+                hop.two_servers_ms - hop.one_server_ms, hop.equal ? "equal" : "DIFFERENT");
     std::printf("%s\n", j.dump().c_str());
   }
-  return equal && recovered_equal ? 0 : 1;
+  return equal && recovered_equal && hop.equal ? 0 : 1;
 }
 
 }  // namespace

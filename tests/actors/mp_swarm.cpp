@@ -586,7 +586,7 @@ TEST_CASE("a span server answers bad requests with clear errors and keeps servin
   CHECK(code_of(ask(span_request::close, encode_close_body("good"))) == "unknown_session");
 }
 
-TEST_CASE("corolla bench swarm runs every part on a tiny model and reports push, fine-tuning and recovery") {
+TEST_CASE("corolla bench swarm runs every part on a tiny model and reports push, fine-tuning, recovery and the per-hop overhead") {
   testing::temp_dir_guard dir("bench-swarm");
   testing::tiny_model_options o;
   o.layers = 4;
@@ -610,6 +610,11 @@ TEST_CASE("corolla bench swarm runs every part on a tiny model and reports push,
   CHECK(j["finetune"]["ratio_to_local"].get<double>() > 0);
   CHECK(j["recovery"]["failovers"].get<int>() >= 1);
   CHECK(j["recovery"]["equal_to_local"] == true);
+  // The fixed cost of a hop, measured on a model of its own.
+  CHECK(j["hop_overhead"]["equal_to_local"] == true);
+  CHECK(j["hop_overhead"]["local_ms_per_step"].get<double>() > 0);
+  CHECK(j["hop_overhead"]["two_servers_ms_per_step"].get<double>() > 0);
+  CHECK(j["hop_overhead"].contains("ms_per_extra_hop"));
 }
 
 }  // namespace corolla
