@@ -76,7 +76,6 @@ Tensor swarm_detail::concat_rows(const std::vector<Tensor>& chunks, std::int64_t
   return out;
 }
 
-
 // ---- swarm_client ---------------------------------------------------------------
 
 swarm_client::swarm_client(node& n, swarm_client_options options)

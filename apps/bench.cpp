@@ -54,6 +54,29 @@ model_config bench_llama_config() {
   return c;
 }
 
+model_config tiny_random_config(architecture arch, int layers) {
+  model_config c;
+  c.arch = arch;
+  if (arch == architecture::gpt2) {
+    c.hf_architecture = "GPT2LMHeadModel";
+    c.n_kv_heads = 4;
+    c.tie_embeddings = true;
+  } else {
+    c.hf_architecture = "LlamaForCausalLM";
+    c.n_kv_heads = 2;
+    c.rope = rope_spec(10000.0);
+  }
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.n_layers = layers;
+  c.n_heads = 4;
+  c.head_dim = 16;
+  c.intermediate_size = 128;
+  c.max_positions = 256;
+  c.norm_eps = 1e-5f;
+  return c;
+}
+
 /// (commands.hpp) Best of 5 products of [rows x k] @ [n x k]^T after a warm-up.
 double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n) {
   Tensor a = be.empty({rows, k}), w = be.empty({n, k}), y = be.empty({rows, n});

@@ -132,18 +132,7 @@ struct hop_overhead {
 };
 
 hop_overhead measure_hop_overhead(std::uint64_t seed) {
-  model_config c;
-  c.arch = architecture::llama;
-  c.hf_architecture = "LlamaForCausalLM";
-  c.vocab_size = 256;
-  c.hidden_size = 64;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 4;
-  c.head_dim = 16;
-  c.intermediate_size = 128;
-  c.max_positions = 256;
-  c.rope = rope_spec(10000.0);
+  const model_config c = tiny_random_config(architecture::llama, 2);
   const fs::path dir = fs::temp_directory_path() / ("corolla-bench-hop-" + std::to_string(::getpid()));
   struct remove_after {
     fs::path p;

@@ -88,6 +88,11 @@ int run_bench_train_cluster(const cluster_bench_options& a);
 /// The random ~100M-parameter Llama-shaped model of the benches (dim 1024,
 /// 8 layers, vocab 4096), as a config.
 model_config bench_llama_config();
+/// A tiny random-model shape (width 64, 4 heads of 16, MLP 128, vocab 256,
+/// context 256): Llama with grouped-query attention (2 key-value heads) or
+/// GPT-2 with tied embeddings. What faultlab's built-in models and bench
+/// swarm's per-hop measurement run on: compute that costs next to nothing.
+model_config tiny_random_config(architecture arch, int layers);
 /// `corolla demo`: the main job on the embedded corpus (apps/demo.cpp).
 void register_demo(CLI::App& app, action_fn& action);
 /// `corolla plan`: pipeline x data-parallel plan for a cluster file (apps/plan.cpp).

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "apps/commands.hpp"
 #include "apps/faultlab.hpp"
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
@@ -19,29 +20,9 @@ namespace {
 constexpr const char* prefix = "builtin:";
 
 model_config builtin_config(const std::string& name) {
-  model_config c;
-  if (name == "llama") {
-    c.arch = architecture::llama;
-    c.hf_architecture = "LlamaForCausalLM";
-    c.n_kv_heads = 2;  // grouped-query attention, as Llama 3 has
-    c.rope = rope_spec(10000.0);
-  } else if (name == "gpt2") {
-    c.arch = architecture::gpt2;
-    c.hf_architecture = "GPT2LMHeadModel";
-    c.n_kv_heads = 4;
-    c.tie_embeddings = true;
-  } else {
-    throw std::invalid_argument("model: 'builtin:" + name + "' is not a built-in model (builtin:llama, builtin:gpt2)");
-  }
-  c.vocab_size = 256;
-  c.hidden_size = 64;
-  c.n_layers = 4;
-  c.n_heads = 4;
-  c.head_dim = 16;
-  c.intermediate_size = 128;
-  c.max_positions = 128;
-  c.norm_eps = 1e-5f;
-  return c;
+  if (name == "llama") return tiny_random_config(architecture::llama, 4);
+  if (name == "gpt2") return tiny_random_config(architecture::gpt2, 4);
+  throw std::invalid_argument("model: 'builtin:" + name + "' is not a built-in model (builtin:llama, builtin:gpt2)");
 }
 
 }  // namespace

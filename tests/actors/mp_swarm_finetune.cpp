@@ -74,6 +74,20 @@ void check_same_run(const std::pair<std::vector<float>, Tensor>& got,
   CHECK(testing::max_rel_diff(got.second, want.second) < 1e-4);
 }
 
+/// A swarm runner that calls `after_forward` after each forward (to kill or
+/// corrupt a server between a step's forward and its backward).
+struct hooked_runner final : span_runner {
+  swarm_span_runner& inner;
+  std::function<void()> after_forward;
+  hooked_runner(swarm_span_runner& r, std::function<void()> f) : inner(r), after_forward(std::move(f)) {}
+  Tensor forward(const Tensor& h, int b, int t, const Tensor& p) override {
+    Tensor out = inner.forward(h, b, t, p);
+    after_forward();
+    return out;
+  }
+  span_gradients backward(const Tensor& g) override { return inner.backward(g); }
+};
+
 }  // namespace
 
 TEST_CASE("prompt tuning through the swarm equals prompt tuning with local blocks, also across a killed server") {
@@ -104,22 +118,11 @@ TEST_CASE("prompt tuning through the swarm equals prompt tuning with local block
   // The last hop's server dies between step 3's forward and its backward:
   // the backward reroutes its blocks, recomputes the new hops' inputs and
   // goes on; later routes leave the dead server out.
-  struct killing_runner final : span_runner {
-    swarm_span_runner& inner;
-    std::function<void()> after_forward;
-    killing_runner(swarm_span_runner& r, std::function<void()> f) : inner(r), after_forward(std::move(f)) {}
-    Tensor forward(const Tensor& h, int b, int t, const Tensor& p) override {
-      Tensor out = inner.forward(h, b, t, p);
-      after_forward();
-      return out;
-    }
-    span_gradients backward(const Tensor& g) override { return inner.backward(g); }
-  };
   swarm_client client(*n, o);
   swarm_span_runner remote(client, 2);
   int forwards = 0;
   std::string victim;
-  killing_runner killer(remote, [&] {
+  hooked_runner killer(remote, [&] {
     if (++forwards != 4) return;
     victim = remote.route().back().server;
     sw.procs.at(victim).signal(SIGKILL);
@@ -162,20 +165,9 @@ TEST_CASE("prompt tuning catches a server whose gradients turn wrong and equals 
   swarm_span_runner remote(client, 5);
   // Between step 3's forward and its backward the server of the route
   // starts answering wrong: the backward's check catches it.
-  struct corrupting_runner final : span_runner {
-    swarm_span_runner& inner;
-    std::function<void()> after_forward;
-    corrupting_runner(swarm_span_runner& r, std::function<void()> f) : inner(r), after_forward(std::move(f)) {}
-    Tensor forward(const Tensor& h, int b, int t, const Tensor& p) override {
-      Tensor out = inner.forward(h, b, t, p);
-      after_forward();
-      return out;
-    }
-    span_gradients backward(const Tensor& g) override { return inner.backward(g); }
-  };
   int forwards = 0;
   std::string victim;
-  corrupting_runner runner(remote, [&] {
+  hooked_runner runner(remote, [&] {
     if (++forwards != 3) return;
     victim = remote.route().front().server;
     REQUIRE_FALSE(request_corrupt(*n, victim, "finetune-spot-check", "span", true));
