@@ -4,14 +4,19 @@
 // campaign passes.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "tests/actors/swarm_fixtures.hpp"
 #include "tests/apps/train_test_util.hpp"
+#include "tests/support/child_process.hpp"
 #include "tests/support/cli_expect.hpp"
 
 using namespace corolla;
@@ -220,6 +225,43 @@ TEST_CASE("faultlab: the scenarios that ship in scenarios/ hold") {
     CHECK(f["detected_at_s"].is_number());  // the client gave up on each hop
     CHECK(f["recovered_at_s"].is_number());
   }
+}
+
+namespace {
+
+/// Processes whose command line mentions `needle`.
+int processes_mentioning(const std::string& needle) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "cmdline");
+    const std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (cmd.find(needle) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("faultlab: interrupted with SIGINT, a run leaves no process of its own behind") {
+  temp_dir_guard tmp("faultlab-sigint");
+  const std::string report = (tmp / "report").string();
+  child_process run = child_process::corolla({"faultlab", "run", shipped("swarm-kills-and-join.toml").string(),
+                                              "--report", report});
+  // Its servers load the built-in model from the report directory: wait
+  // until they run.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (processes_mentioning(report + "/builtin-llama") == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE_MESSAGE(processes_mentioning(report + "/builtin-llama") > 0, "no server started; stderr:\n" << run.err());
+  run.signal(SIGINT);
+  REQUIRE(run.wait(std::chrono::seconds(20)));
+  // Its servers die with it (they are its children, with a parent-death signal).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (processes_mentioning(report + "/builtin-llama") > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(processes_mentioning(report + "/builtin-llama") == 0);
 }
 
 TEST_CASE("faultlab: killing the only server of some blocks fails the scenario with the reason and the seed") {
