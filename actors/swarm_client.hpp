@@ -209,7 +209,6 @@ class swarm_client {
                   const std::function<caf::expected<Tensor>(const std::string& server)>& ask);
 
  private:
-  friend class swarm_session;
   node& node_;
   swarm_client_options options_;
   std::vector<known_server> servers_;

@@ -53,13 +53,13 @@ struct faultlab_run {
   /// names (by the id they hit as a whole word; any, when `any`) are
   /// detected now.
   void noticed(const std::string& who, const std::string& line, double t, bool any = false) {
+    const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; };
     for (auto& f : faults) {
       if (f.injected_at_s < 0 || f.detected_at_s >= 0) continue;
       bool named = any;
       for (std::size_t p = f.hit.empty() ? std::string::npos : line.find(f.hit); !named && p != std::string::npos;
            p = line.find(f.hit, p + 1)) {
         const std::size_t e = p + f.hit.size();
-        const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; };
         named = (p == 0 || !word(line[p - 1])) && (e == line.size() || !word(line[e]));
       }
       if (!named) continue;

@@ -283,7 +283,8 @@ int serve_threads(int flag) {
 }
 
 int run_serve(const serve_args& a) {
-  apply_common_options(serve_threads(a.threads), a.log_level);
+  const int threads = serve_threads(a.threads);
+  apply_common_options(threads, a.log_level);
   const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
@@ -340,8 +341,7 @@ int run_serve(const serve_args& a) {
   engine_options.on_block_loaded = nullptr;  // later loads (moves) run while serving
   bar.finish();
   spdlog::info("serve: loaded blocks [{}, {}) in {:.1f} s on {} thread(s)", first, last,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
-               serve_threads(a.threads));
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(), threads);
   engine->blocks().use_inference_weights(weights);
   const double step_s = measure_step_s(*engine);
   auto server = start_span_server(n, engine, so);

@@ -124,6 +124,13 @@ struct query_state {
   std::condition_variable cv;
   std::vector<std::shared_ptr<dht::Value>> values;
   bool done = false;
+
+  /// The values received once the get is done, or whatever came by `deadline`.
+  std::vector<std::shared_ptr<dht::Value>> wait(steady::time_point deadline) {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait_until(lk, deadline, [&] { return done; });
+    return values;
+  }
 };
 
 /// Acknowledgements of a batch of puts (withdraw_offline waits on it).
@@ -526,14 +533,7 @@ struct membership::impl {
     for (int b = start; b < end; ++b) queries.push_back(start_query(block_key(model, b)));
     const auto deadline = steady::now() + opt.query_timeout;
     for (int b = start; b < end; ++b) {
-      auto& q = *queries[static_cast<std::size_t>(b - start)];
-      std::vector<std::shared_ptr<dht::Value>> values;
-      {
-        std::unique_lock<std::mutex> lk(q.mu);
-        q.cv.wait_until(lk, deadline, [&] { return q.done; });
-        values = q.values;
-      }
-      per_block.push_back(collect(values, model, b));
+      per_block.push_back(collect(queries[static_cast<std::size_t>(b - start)]->wait(deadline), model, b));
     }
     return per_block;
   }
@@ -738,13 +738,8 @@ caf::error membership::report_wrong_output(wrong_output_report r) {
 std::vector<wrong_output_report> membership::wrong_output_reports(const std::string& model) {
   std::vector<wrong_output_report> out;
   if (!impl_->started) return out;
-  auto q = impl_->start_query(dht::InfoHash(wrong_output_key(model)));
-  std::vector<std::shared_ptr<dht::Value>> values;
-  {
-    std::unique_lock<std::mutex> lk(q->mu);
-    q->cv.wait_until(lk, steady::now() + impl_->opt.query_timeout, [&] { return q->done; });
-    values = q->values;
-  }
+  const auto values =
+      impl_->start_query(dht::InfoHash(wrong_output_key(model)))->wait(steady::now() + impl_->opt.query_timeout);
   const std::int64_t now = unix_ms_now(), skew = impl_->opt.max_clock_skew.count();
   for (const auto& v : values) {
     if (!v || v->type != report_value_type) continue;
