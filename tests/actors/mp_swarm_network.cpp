@@ -72,6 +72,18 @@ TEST_CASE("a server that cannot read its link speed measures it against the next
   CHECK(throughput <= mbit * 1e6 / (32.0 * 32.0) * 1.01);
 }
 
+TEST_CASE("a server without --threads computes on every core but one, and says so") {
+  swarm_model m(architecture::llama);
+  child_process p = child_process::corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--no-dht",
+                                            "--listen", "tcp://127.0.0.1:0", "--log-level", "info"});
+  REQUIRE_MESSAGE(p.wait_line(std::regex(R"(corolla serve \S+ blocks \[0, 2\))"), 30s), p.err());
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int want = std::max(1, cores - 1);
+  INFO(p.err());
+  CHECK(p.err().find("serve: loaded blocks [0, 2) in ") != std::string::npos);
+  CHECK(p.err().find("on " + std::to_string(want) + " thread(s)") != std::string::npos);
+}
+
 TEST_CASE("a bad --network-speed is one clear error") {
   swarm_model m(architecture::llama);
   const auto r = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--no-dht",
