@@ -152,7 +152,7 @@ void on_inbound(link_actor* self, net::message& m) {
     case k::hello_ack:
       if (adopt_hello(self, m, true)) {
         became_up(self);
-        if (st.args.role == link_role::outgoing && st.offer_rdma && st.transport)
+        if (st.args.role == link_role::outgoing && st.offer_rdma && st.transport && !relayed(st))
           st.transport->offer_rdma(st.args.conn);
       }
       return;
@@ -291,6 +291,10 @@ link_stats make_stats(link_actor* self) {
   s.profile = net::describe(st.profile);
   s.transport = st.transport_choice.transport;
   s.transport_reason = st.transport_choice.reason;
+  if (relayed(st)) {
+    s.transport = "relay";
+    s.transport_reason = "through node " + st.ctx->directory.peer_of(st.args.conn);
+  }
   s.outgoing = st.args.role == link_role::outgoing;
   s.up = st.phase == link_phase::up;
   s.rtt_us = st.rtt_us.value;
@@ -335,7 +339,7 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
     self->quit();
     return {};
   }
-  st.transport->set_profile(st.args.conn, st.profile);
+  if (!relayed(st)) st.transport->set_profile(st.args.conn, st.profile);
   if (st.args.role == link_role::outgoing) {
     send_hello(self, net::message_kind::hello);
     self->delayed_send(self, st.args.connect_timeout, hs_timeout_atom::value);
@@ -403,7 +407,7 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
         auto& st = self->state;
         const auto r = st.ctx->reshaped();
         st.profile = r ? *r : st.setup_profile;
-        if (st.transport) st.transport->set_profile(st.args.conn, st.profile);
+        if (st.transport && !relayed(st)) st.transport->set_profile(st.args.conn, st.profile);
         spdlog::info("link to {}: sends shaped {}", st.peer.empty() ? st.args.endpoint : st.peer,
                      net::describe(st.profile));
       },
@@ -433,8 +437,12 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
 
 caf::actor spawn_link(const std::shared_ptr<node_context>& ctx, link_args args) {
   const auto conn = args.conn;
+  const std::string relay_peer = args.relay_peer;
   auto link = ctx->system.spawn(link_behavior, ctx, std::move(args));
-  ctx->directory.bind_connection(conn, link);
+  if (relay_peer.empty())
+    ctx->directory.bind_connection(conn, link);
+  else
+    ctx->directory.bind_relayed(conn, relay_peer, link);
   return link;
 }
 

@@ -74,11 +74,18 @@ struct link_args {
   /// Outgoing under CurveZMQ: the peer's public key (Z85) that was dialled;
   /// the node id in its hello must belong to that key.
   std::string server_key;
+  /// Non-empty: a relayed link (actors/relay.hpp) with node `relay_peer`,
+  /// whose messages travel over `conn`, the connection to a relay, which
+  /// passes them on. Shaping, RDMA and closing the connection are the
+  /// relay link's business, never this one's; a relayed link has no
+  /// CurveZMQ key of its own (the relay is trusted with the peer's id).
+  std::string relay_peer;
 };
 
 /// Spawns a link actor for `args.conn` and records it in the directory as
-/// the owner of that connection before returning (so the transport's next
-/// event for the connection finds it). Safe from any thread.
+/// the owner of that connection (or, relayed, of (conn, relay_peer)) before
+/// returning (so the transport's next event for it finds it). Safe from any
+/// thread.
 caf::actor spawn_link(const std::shared_ptr<node_context>& ctx, link_args args);
 
 }  // namespace corolla

@@ -18,7 +18,7 @@ link_state::~link_state() {
   // Backstop for a link that terminated without shutdown() (killed): the
   // directory must not route to it and the connection must not leak.
   if (phase != link_phase::closed && ctx) {
-    if (transport) transport->close(args.conn);
+    if (transport && args.relay_peer.empty()) transport->close(args.conn);
   }
 }
 
@@ -71,6 +71,7 @@ caf::error send_wire(link_actor* self, net::message& m) {
   if (!st.transport) return refused();
   if (st.ctx->drops(st.peer)) return {};  // a harness's partition: lost on the way, as on a cut network
   m.sender_node = st.ctx->node_id;
+  m.relay_to = st.args.relay_peer;
   const auto bytes = payload_bytes(m);
   try {
     if (!st.transport->send(st.args.conn, m)) return refused();
@@ -149,6 +150,13 @@ void shutdown(link_actor* self, const std::string& reason, const caf::error& why
   st.ctx->ended_traffic.add(st.bytes_sent, st.bytes_received, st.messages_sent, st.messages_received);
   fail_pending(self, why);
   fail_waiters(self, why);
+  if (relayed(st)) {
+    // The connection is the relay's: it stays open for its own link.
+    st.ctx->directory.unbind_relayed(st.args.conn, st.args.relay_peer, self->address());
+    st.transport.reset();
+    return;
+  }
+  if (!st.peer.empty()) st.ctx->directory.set_direct(st.peer, st.args.conn, false);
   st.ctx->directory.unbind_connection(st.args.conn, self->address());
   // Leaving on purpose (goodbye) with the peer up: what was sent before
   // still goes out, within a bound, even when the machine is too busy for
@@ -186,6 +194,7 @@ void became_up(link_actor* self) {
   st.phase = link_phase::up;
   st.ever_up = true;
   st.last_rx = clock::now();
+  if (!relayed(st)) st.ctx->directory.set_direct(st.peer, st.args.conn, true);
   if (st.ctx->directory.link_up(st.peer, st.peer_nic, self_handle(self))) {
     if (first)
       spdlog::info("link to {} ({}) is up", st.peer, st.peer_endpoint.empty() ? st.args.endpoint : st.peer_endpoint);
@@ -258,7 +267,9 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
   const bool accepted = st.args.role == link_role::accepted;
   std::string key = accepted ? m.peer_key : st.args.server_key;
   if (accepted && key.empty()) key = st.peer_key;
-  if (st.ctx->settings.curve && accepted && key.empty())
+  // A relayed hello is vouched for by the relay's authenticated link only.
+  if (relayed(st)) key.clear();
+  if (st.ctx->settings.curve && accepted && key.empty() && !relayed(st))
     return refuse(errc::auth_refused, "hello without a CurveZMQ key on a connection that must have one");
   if (!key.empty()) {
     const std::string owner = st.ctx->directory.bind_key(h->node_id, key);
@@ -274,6 +285,7 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
     // The process behind the endpoint changed identity (restarted without a
     // fixed node id): the old peer is gone for good.
     spdlog::warn("{} now answers as node {} (was {})", st.args.endpoint, h->node_id, st.peer);
+    if (!relayed(st)) st.ctx->directory.set_direct(st.peer, st.args.conn, false);
     if (st.ctx->directory.remove_link(st.peer, self->address()))
       notify(self, caf::make_message(peer_down{st.peer, "replaced by node " + h->node_id}));
     fail_pending(self, make_error(errc::peer_down, "peer " + st.peer + " was replaced by " + h->node_id));

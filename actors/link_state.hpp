@@ -105,6 +105,9 @@ struct link_state {
 
 using link_actor = caf::stateful_actor<link_state>;
 
+/// Whether the link's messages travel through a relay (link_args::relay_peer).
+inline bool relayed(const link_state& st) { return !st.args.relay_peer.empty(); }
+
 /// Bytes of body and tensor frames as they travel: an int8_block tensor
 /// counts its int8 values and f32 scales, not the f32 tensor it stands for.
 std::uint64_t payload_bytes(const net::message& m);

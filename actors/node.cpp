@@ -18,6 +18,7 @@
 #include "actors/link_actor.hpp"
 #include "actors/node_context.hpp"
 #include "actors/node_control.hpp"
+#include "actors/relay.hpp"
 #include "actors/remote_proxy.hpp"
 #include "net/nic.hpp"
 #include "net/rdma_verbs.hpp"
@@ -63,6 +64,8 @@ net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
   ev.on_message = [live, link_for](net::connection_id conn, net::message&& m) {
     auto ctx = live();
     if (!ctx) return;
+    if (!m.relay_to.empty()) return relay_pass_on(*ctx, conn, std::move(m));
+    if (!m.relay_from.empty()) return relay_deliver(ctx, conn, std::move(m));
     auto link = link_for(*ctx, ctx, conn, m.sender_node, true);
     if (link) caf::anon_send(link, inbound_atom::value, std::move(m));
   };
@@ -82,11 +85,13 @@ net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
     auto ctx = live();
     if (!ctx) return;
     if (auto link = ctx->directory.link_for_connection(conn)) caf::anon_send(link, disconn_atom::value);
+    for (const auto& link : ctx->directory.relayed_links(conn)) caf::anon_send(link, disconn_atom::value);
   };
   ev.on_connect = [live](net::connection_id conn) {
     auto ctx = live();
     if (!ctx) return;
     if (auto link = ctx->directory.link_for_connection(conn)) caf::anon_send(link, reconn_atom::value);
+    for (const auto& link : ctx->directory.relayed_links(conn)) caf::anon_send(link, reconn_atom::value);
   };
   ev.on_rdma = [live](net::connection_id conn, bool up, const std::string& reason) {
     auto ctx = live();
@@ -182,6 +187,8 @@ caf::expected<std::unique_ptr<node>> node::start(node_options options) {
   n->system_ = std::make_unique<caf::actor_system>(*n->config_);
   n->ctx_ = std::make_shared<node_context>(*n->system_, id, settings);
   n->ctx_->max_message_bytes = static_cast<std::uint64_t>(options.max_message_bytes);
+  n->ctx_->relay_service = options.relay_service;
+  n->ctx_->accept_relayed = options.accept_relayed;
   n->public_key_ = topts.curve.enabled ? topts.curve.public_key : "";
 
   auto transport = net::zmq_transport::start(std::move(topts), make_events(n->ctx_));
@@ -253,9 +260,44 @@ caf::expected<caf::actor> node::connect_async(const std::string& endpoint, conne
   return spawn_link(ctx_, std::move(args));
 }
 
+caf::expected<caf::actor> node::connect_via_async(const std::string& relay, const std::string& peer,
+                                                  connect_options options) {
+  if (stopped_ || ctx_->stopping) return make_error(errc::stopped, "node '" + id() + "' is stopped");
+  if (peer.empty() || peer == id() || peer == relay)
+    return make_error(errc::invalid_argument, "connect_via: cannot reach '" + peer + "' through relay '" + relay + "'");
+  const net::connection_id conn = ctx_->directory.direct_connection(relay);
+  if (conn == 0)
+    return make_error(errc::not_connected, "no link to relay '" + relay + "' (connect to it first)");
+  if (auto existing = ctx_->directory.relayed_link(conn, peer)) {
+    if (ctx_->directory.peer_is_up(peer)) return existing;
+    // Down (the peer left the relay, or came back): hello anew on a fresh link.
+    ctx_->directory.unbind_relayed(conn, peer, existing.address());
+    caf::anon_send(existing, close_atom::value, std::string("replaced by a new relayed link"));
+  }
+  link_args args;
+  args.role = link_role::outgoing;
+  args.conn = conn;
+  args.relay_peer = peer;
+  args.endpoint = peer + " via " + relay;
+  args.connect_timeout = options.timeout;
+  return spawn_link(ctx_, std::move(args));
+}
+
+caf::expected<std::string> node::connect_via(const std::string& relay, const std::string& peer,
+                                             connect_options options) {
+  const auto timeout = options.timeout;
+  return await_hello(connect_via_async(relay, peer, std::move(options)), timeout, peer + " via " + relay);
+}
+
+std::uint64_t node::relayed_messages() const { return ctx_->relayed_messages.load(std::memory_order_relaxed); }
+
 caf::expected<std::string> node::connect(const std::string& endpoint, connect_options options) {
   const auto timeout = options.timeout;
-  auto link = connect_async(endpoint, std::move(options));
+  return await_hello(connect_async(endpoint, std::move(options)), timeout, endpoint);
+}
+
+caf::expected<std::string> node::await_hello(caf::expected<caf::actor> link, std::chrono::milliseconds timeout,
+                                             const std::string& endpoint) {
   if (!link) return link.error();
   caf::expected<std::string> result{make_error(errc::handshake_timeout, "no hello from " + endpoint)};
   caf::scoped_actor self{*system_};

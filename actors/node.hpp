@@ -74,6 +74,13 @@ struct node_options {
   std::shared_ptr<net::rdma::device> rdma_device;
   /// Publish the "echo" actor (corolla ping and liveness checks use it).
   bool publish_echo = true;
+  /// Pass messages on between peers that cannot reach each other: servers
+  /// behind NAT keep a connection to such a relay and clients reach them
+  /// through it (actors/relay.hpp). Off: relayed messages are refused.
+  bool relay_service = false;
+  /// Accept links relayed to this node by a relay (a node behind NAT
+  /// turns this on); off: relayed hellos are refused.
+  bool accept_relayed = false;
   /// When set, publish the "control" actor (actors/node_control.hpp), which
   /// obeys a local harness that holds this token (faultlab's throttle).
   std::string control_token;
@@ -134,6 +141,21 @@ class node {
   /// `request(link, timeout, hello_atom::value)` for the peer's node id (a
   /// std::string, or the error above).
   caf::expected<caf::actor> connect_async(const std::string& endpoint, connect_options options = {});
+  /// Opens a link to node `peer` through `relay`, a peer this node is
+  /// connected to that offers relay_service (and to which `peer` keeps a
+  /// connection): how clients reach servers behind NAT. Blocking like
+  /// connect(); returns `peer` once its hello arrived. options.timeout
+  /// applies; profile and key do not (the relay link's hold). Errors:
+  /// errc::not_connected (no link to the relay, or the relay has none to
+  /// the peer), errc::auth_refused (the peer accepts no relayed links),
+  /// errc::handshake_timeout, errc::invalid_argument.
+  caf::expected<std::string> connect_via(const std::string& relay, const std::string& peer,
+                                         connect_options options = {});
+  /// connect_via without waiting: the new (or existing) relayed link.
+  caf::expected<caf::actor> connect_via_async(const std::string& relay, const std::string& peer,
+                                              connect_options options = {});
+  /// Messages this node passed on as a relay so far.
+  std::uint64_t relayed_messages() const;
   /// Closes every link to `peer` (subscribers get peer_down).
   void disconnect(const std::string& peer);
 
@@ -181,6 +203,8 @@ class node {
 
  private:
   node() = default;
+  caf::expected<std::string> await_hello(caf::expected<caf::actor> link, std::chrono::milliseconds timeout,
+                                         const std::string& endpoint);
 
   std::unique_ptr<caf::actor_system_config> config_;
   std::unique_ptr<caf::actor_system> system_;

@@ -63,6 +63,12 @@ struct node_context {
   std::string listen_endpoint;  ///< set once before `ready`
   std::uint64_t max_message_bytes = 0;  ///< announced in hellos
   registry directory;
+  /// Relaying (actors/relay.hpp), set once before `ready`: pass messages on
+  /// between peers, and accept links relayed to this node.
+  bool relay_service = false;
+  bool accept_relayed = false;
+  /// Messages this node passed on as a relay.
+  std::atomic<std::uint64_t> relayed_messages{0};
   /// Traffic of the links that ended (node::traffic adds the live ones).
   traffic_counters ended_traffic;
   /// Set once the transport is started and the context complete; events

@@ -71,7 +71,59 @@ std::vector<caf::actor> registry::links() const {
   std::vector<caf::actor> out;
   out.reserve(connections_.size());
   for (const auto& [conn, link] : connections_) out.push_back(link);
+  for (const auto& [key, link] : relayed_) out.push_back(link);
   return out;
+}
+
+// -- relayed links -------------------------------------------------------------
+
+void registry::bind_relayed(net::connection_id conn, const std::string& peer, const caf::actor& link) {
+  std::lock_guard lock(mutex_);
+  relayed_[{conn, peer}] = link;
+}
+
+caf::actor registry::relayed_link(net::connection_id conn, const std::string& peer) const {
+  std::lock_guard lock(mutex_);
+  auto it = relayed_.find({conn, peer});
+  return it == relayed_.end() ? caf::actor{} : it->second;
+}
+
+void registry::unbind_relayed(net::connection_id conn, const std::string& peer, const caf::actor_addr& link) {
+  std::lock_guard lock(mutex_);
+  auto it = relayed_.find({conn, peer});
+  if (it != relayed_.end() && it->second.address() == link) relayed_.erase(it);
+}
+
+std::vector<caf::actor> registry::relayed_links(net::connection_id conn) const {
+  std::lock_guard lock(mutex_);
+  std::vector<caf::actor> out;
+  for (auto it = relayed_.lower_bound({conn, std::string()}); it != relayed_.end() && it->first.first == conn; ++it)
+    out.push_back(it->second);
+  return out;
+}
+
+void registry::set_direct(const std::string& peer, net::connection_id conn, bool up) {
+  std::lock_guard lock(mutex_);
+  if (up) {
+    if (auto old = direct_.find(peer); old != direct_.end()) direct_peer_.erase(old->second);
+    direct_[peer] = conn;
+    direct_peer_[conn] = peer;
+    return;
+  }
+  if (auto it = direct_.find(peer); it != direct_.end() && it->second == conn) direct_.erase(it);
+  if (auto it = direct_peer_.find(conn); it != direct_peer_.end() && it->second == peer) direct_peer_.erase(it);
+}
+
+net::connection_id registry::direct_connection(const std::string& peer) const {
+  std::lock_guard lock(mutex_);
+  auto it = direct_.find(peer);
+  return it == direct_.end() ? 0 : it->second;
+}
+
+std::string registry::peer_of(net::connection_id conn) const {
+  std::lock_guard lock(mutex_);
+  auto it = direct_peer_.find(conn);
+  return it == direct_peer_.end() ? std::string() : it->second;
 }
 
 // -- peers -------------------------------------------------------------------
@@ -238,6 +290,9 @@ void registry::clear() {
   std::lock_guard lock(mutex_);
   names_.clear();
   connections_.clear();
+  relayed_.clear();
+  direct_.clear();
+  direct_peer_.clear();
   peers_.clear();
   subscribers_.clear();
   proxies_.clear();

@@ -48,8 +48,28 @@ class registry {
   caf::actor link_for_connection(net::connection_id conn) const;
   /// Forgets `conn` if `link` still owns it.
   void unbind_connection(net::connection_id conn, const caf::actor_addr& link);
-  /// Every link actor (one per connection).
+  /// Every link actor (one per connection, and the relayed ones).
   std::vector<caf::actor> links() const;
+
+  // -- relayed links (actors/relay.hpp) --------------------------------------
+
+  /// Records that `link` carries the traffic with node `peer` that a relay
+  /// passes over connection `conn`.
+  void bind_relayed(net::connection_id conn, const std::string& peer, const caf::actor& link);
+  /// The link for `peer` relayed over `conn`, or an invalid handle.
+  caf::actor relayed_link(net::connection_id conn, const std::string& peer) const;
+  /// Forgets (conn, peer) if `link` still owns it.
+  void unbind_relayed(net::connection_id conn, const std::string& peer, const caf::actor_addr& link);
+  /// The links relayed over `conn` (they learn of its loss with it).
+  std::vector<caf::actor> relayed_links(net::connection_id conn) const;
+  /// Records (`up`) or forgets (`!up`, if it is still the one recorded) the
+  /// direct connection over which `peer` is up: what a relay passes
+  /// messages on over, and how it names where a message came from.
+  void set_direct(const std::string& peer, net::connection_id conn, bool up);
+  /// The connection `peer` is up on directly, or 0.
+  net::connection_id direct_connection(const std::string& peer) const;
+  /// The peer that is up on connection `conn` directly, or "".
+  std::string peer_of(net::connection_id conn) const;
 
   // -- peers -----------------------------------------------------------------
 
@@ -114,6 +134,9 @@ class registry {
   mutable std::mutex mutex_;
   std::map<std::string, caf::actor> names_;
   std::unordered_map<net::connection_id, caf::actor> connections_;
+  std::map<std::pair<net::connection_id, std::string>, caf::actor> relayed_;
+  std::map<std::string, net::connection_id> direct_;           ///< peer -> connection
+  std::unordered_map<net::connection_id, std::string> direct_peer_;  ///< connection -> peer
   std::map<std::string, std::vector<peer_link>> peers_;
   std::map<std::string, std::vector<caf::actor_addr>> subscribers_;  // weak: a dead subscriber is skipped
   std::map<std::pair<std::string, std::string>, caf::actor> proxies_;

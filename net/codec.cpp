@@ -288,7 +288,8 @@ std::vector<out_frame> encode(const message& m, bool with_checksums) {
   // Enough words for the usual envelope in one segment (one allocation).
   std::size_t hint = 32 + m.body.size() / word_bytes + m.tensors.size() * 8 +
                      (m.sender_node.size() + m.sender_actor.size() + m.target_actor.size() +
-                      m.type.size() + m.error_code.size() + m.error_message.size()) /
+                      m.type.size() + m.error_code.size() + m.error_message.size() + m.relay_to.size() +
+                      m.relay_from.size()) /
                          word_bytes;
   for (const auto& t : m.tensors) hint += t.shape().size();
   capnp::MallocMessageBuilder builder(static_cast<unsigned>(hint));
@@ -303,6 +304,8 @@ std::vector<out_frame> encode(const message& m, bool with_checksums) {
   env.setSentAtNs(m.sent_at_ns);
   if (!m.error_code.empty()) env.setErrorCode(m.error_code);
   if (!m.error_message.empty()) env.setErrorMessage(m.error_message);
+  if (!m.relay_to.empty()) env.setRelayTo(m.relay_to);
+  if (!m.relay_from.empty()) env.setRelayFrom(m.relay_from);
   auto headers = env.initTensors(static_cast<unsigned>(m.tensors.size()));
   for (std::size_t i = 0; i < m.tensors.size(); ++i) {
     const Tensor& t = m.tensors[i];
@@ -365,11 +368,14 @@ caf::expected<message> decode(std::span<const in_frame> frames, const decode_lim
     auto type = env.getType();
     auto error_code = env.getErrorCode();
     auto error_message = env.getErrorMessage();
+    auto relay_to = env.getRelayTo();
+    auto relay_from = env.getRelayFrom();
     const std::size_t limit = limits.max_string_bytes;
     const std::pair<capnp::Text::Reader, const char*> texts[] = {
         {sender_node, "senderNode"}, {sender_actor, "senderActor"},
         {target_actor, "targetActor"}, {type, "type"},
-        {error_code, "errorCode"},     {error_message, "errorMessage"}};
+        {error_code, "errorCode"},     {error_message, "errorMessage"},
+        {relay_to, "relayTo"},         {relay_from, "relayFrom"}};
     for (const auto& [text, field] : texts)
       if (auto err = check_text(text, field, limit)) return err;
 
@@ -390,6 +396,8 @@ caf::expected<message> decode(std::span<const in_frame> frames, const decode_lim
     m.type.assign(type.cStr(), type.size());
     m.error_code.assign(error_code.cStr(), error_code.size());
     m.error_message.assign(error_message.cStr(), error_message.size());
+    m.relay_to.assign(relay_to.cStr(), relay_to.size());
+    m.relay_from.assign(relay_from.cStr(), relay_from.size());
     m.correlation_id = env.getCorrelationId();
     m.sent_at_ns = env.getSentAtNs();
     auto body = env.getBody();

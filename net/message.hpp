@@ -59,6 +59,12 @@ struct message {
   std::uint64_t sent_at_ns = 0;     ///< sender's steady clock, for RTT
   std::string error_code;           ///< kind == error: machine-readable code
   std::string error_message;        ///< kind == error / hello_reject: for humans
+  /// Relaying (actors/relay.hpp): on a message to a relay, the node id it
+  /// is for; the relay clears it when it passes the message on.
+  std::string relay_to;
+  /// Set by a relay on a message it passes on: the node it came from (as
+  /// the relay's link to it authenticated it). "" = not relayed.
+  std::string relay_from;
   /// Receiving side only, never on the wire: the CurveZMQ public key (Z85)
   /// that authenticated the connection this message arrived on, for
   /// messages a listening node received under CurveZMQ; "" otherwise.

@@ -55,6 +55,11 @@ struct Envelope {
   sentAtNs @8 :UInt64;
   errorCode @9 :Text;
   errorMessage @10 :Text;
+  # Relaying (docs/protocol.md, "Relays"): a message a node asks a relay to
+  # pass on names the final node in relayTo; the relay sends it on with
+  # relayTo cleared and relayFrom set to the node it came from.
+  relayTo @11 :Text;
+  relayFrom @12 :Text;
 }
 
 # Body of hello / helloAck.

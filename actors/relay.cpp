@@ -1,0 +1,90 @@
+// Relaying between nodes that cannot reach each other (actors/relay.hpp).
+#include "actors/relay.hpp"
+
+#include <caf/send.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/errors.hpp"
+#include "actors/link_actor.hpp"
+
+namespace corolla {
+namespace {
+
+/// Answers the sender of `m` (over `conn`) that its message to `m.relay_to`
+/// cannot go through: a hello gets hello_reject, a request an error, both
+/// appearing to come from the target (relay_from) so that the sender's
+/// relayed link for it takes them. Anything else is dropped.
+void refuse(node_context& ctx, net::zmq_transport& t, net::connection_id conn, const net::message& m, errc code,
+            const std::string& why) {
+  if (m.kind != net::message_kind::hello && m.kind != net::message_kind::request) return;
+  net::message r;
+  r.kind = m.kind == net::message_kind::hello ? net::message_kind::hello_reject : net::message_kind::error;
+  r.sender_node = ctx.node_id;
+  r.target_actor = m.sender_actor;
+  r.correlation_id = m.correlation_id;
+  r.error_code = errc_name(code);
+  r.error_message = why;
+  r.relay_from = m.relay_to;
+  t.send(conn, r);
+}
+
+}  // namespace
+
+void relay_pass_on(node_context& ctx, net::connection_id conn, net::message&& m) {
+  auto t = ctx.transport();
+  if (!t) return;
+  const std::string from = ctx.directory.peer_of(conn);
+  if (from.empty()) return;  // no hello on this connection yet: nobody to answer
+  const std::string here = "relay " + ctx.node_id;
+  if (!ctx.relay_service)
+    return refuse(ctx, *t, conn, m, errc::not_connected, "node " + ctx.node_id + " does not relay (node " + m.relay_to +
+                                                             " is not reachable through it)");
+  if (!m.relay_from.empty() || m.relay_to == ctx.node_id || m.relay_to == from)
+    return refuse(ctx, *t, conn, m, errc::invalid_argument,
+                  here + " passes on only messages from its own peers to other peers");
+  if (ctx.drops(from) || ctx.drops(m.relay_to)) return;  // partitioned: never arrived
+  const net::connection_id to = ctx.directory.direct_connection(m.relay_to);
+  if (to == 0)
+    return refuse(ctx, *t, conn, m, errc::not_connected, here + " has no connection to node " + m.relay_to);
+  const std::string target = m.relay_to;
+  net::message fwd = std::move(m);
+  fwd.relay_to.clear();
+  fwd.relay_from = from;
+  fwd.peer_key.clear();
+  if (!t->send(to, fwd)) {
+    fwd.relay_to = target;  // for the answer: which relayed link it concerns
+    return refuse(ctx, *t, conn, fwd, errc::send_failed, here + " could not queue a message for node " + target);
+  }
+  ctx.relayed_messages.fetch_add(1, std::memory_order_relaxed);
+}
+
+void relay_deliver(const std::shared_ptr<node_context>& ctx, net::connection_id conn, net::message&& m) {
+  m.peer_key.clear();  // the relay's key, not the sender's
+  auto link = ctx->directory.relayed_link(conn, m.relay_from);
+  if (!link) {
+    if (ctx->stopping) return;
+    if (!ctx->accept_relayed) {
+      spdlog::debug("node {}: dropping a relayed {} from {}: this node accepts no relayed links", ctx->node_id,
+                    net::kind_name(m.kind), m.relay_from);
+      if (auto t = ctx->transport(); t && m.kind == net::message_kind::hello) {
+        net::message r;
+        r.kind = net::message_kind::hello_reject;
+        r.sender_node = ctx->node_id;
+        r.error_code = errc_name(errc::auth_refused);
+        r.error_message = "node " + ctx->node_id + " accepts no relayed links";
+        r.relay_to = m.relay_from;  // back through the relay to the sender
+        t->send(conn, r);
+      }
+      return;
+    }
+    link_args args;
+    args.role = link_role::accepted;
+    args.conn = conn;
+    args.relay_peer = m.relay_from;
+    args.endpoint = m.relay_from + " (relayed)";
+    link = spawn_link(ctx, std::move(args));
+  }
+  caf::anon_send(link, inbound_atom::value, std::move(m));
+}
+
+}  // namespace corolla

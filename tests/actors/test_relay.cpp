@@ -1,0 +1,202 @@
+// Relaying (actors/relay.hpp): a node without a listening socket (behind
+// NAT) is reached through a relay it keeps a connection to. Three nodes in
+// one process over real ZeroMQ on 127.0.0.1.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "actors/corolla.hpp"
+
+using namespace std::chrono_literals;
+
+namespace corolla {
+namespace {
+
+std::unique_ptr<node> start_node(node_options o) {
+  auto n = node::start(std::move(o));
+  REQUIRE_MESSAGE(n, error_message(n.error()));
+  return std::move(*n);
+}
+
+node_options fast(node_options o = {}) {
+  o.heartbeat_interval = 50ms;
+  o.peer_timeout = 400ms;
+  return o;
+}
+
+node_options relay_options() {
+  node_options o = fast();
+  o.relay_service = true;
+  return o;
+}
+
+/// A node behind NAT: no listening socket, accepts relayed links.
+node_options natted_options() {
+  node_options o = fast();
+  o.listen = "";
+  o.accept_relayed = true;
+  return o;
+}
+
+/// Answers with its input times two and the node the request came from.
+caf::behavior doubler(caf::event_based_actor*) {
+  return {
+      [](remote_message& m) -> caf::result<remote_message> {
+        if (m.tensors.empty()) return make_error(errc::invalid_argument, "doubler needs a tensor");
+        Tensor out = m.tensors[0].clone();
+        for (std::int64_t i = 0; i < out.numel(); ++i) out.data<float>()[i] *= 2;
+        remote_message r;
+        r.type = "doubled";
+        r.body.assign(m.from_node.begin(), m.from_node.end());
+        r.tensors = {out};
+        return r;
+      },
+  };
+}
+
+/// Waits (bounded) until `n` sees `peer` up.
+bool wait_up(node& n, const std::string& peer) {
+  for (int i = 0; i < 200 && !n.peer_is_up(peer); ++i) std::this_thread::sleep_for(10ms);
+  return n.peer_is_up(peer);
+}
+
+remote_message doubling_request(std::int64_t n) {
+  remote_message m;
+  Tensor t = Tensor::empty({n}, dtype::f32);
+  for (std::int64_t i = 0; i < n; ++i) t.data<float>()[i] = 0.5f * static_cast<float>(i) - 3.0f;
+  m.tensors = {t};
+  return m;
+}
+
+void check_doubled(const caf::expected<remote_message>& r, const remote_message& sent, const std::string& from) {
+  REQUIRE_MESSAGE(r, error_message(r.error()));
+  CHECK(std::string(r->body.begin(), r->body.end()) == from);
+  REQUIRE(r->tensors.size() == 1);
+  const Tensor& in = sent.tensors[0];
+  REQUIRE(r->tensors[0].numel() == in.numel());
+  for (std::int64_t i = 0; i < in.numel(); ++i) CHECK(r->tensors[0].data<float>()[i] == 2 * in.data<float>()[i]);
+}
+
+/// Relay R, NAT'd server X connected to R, client C connected to R.
+struct relayed_trio {
+  std::unique_ptr<node> relay = start_node(relay_options());
+  std::unique_ptr<node> server = start_node(natted_options());
+  std::unique_ptr<node> client = start_node(fast());
+  relayed_trio() {
+    REQUIRE(server->endpoint().empty());
+    REQUIRE_FALSE(server->publish("doubler", server->system().spawn(doubler)));
+    REQUIRE_FALSE(client->publish("doubler", client->system().spawn(doubler)));
+    REQUIRE(server->connect(relay->endpoint()));
+    REQUIRE(client->connect(relay->endpoint()));
+    REQUIRE(wait_up(*relay, server->id()));
+    REQUIRE(wait_up(*relay, client->id()));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a node without a listening socket serves requests through a relay, tensors bit-exact both ways") {
+  relayed_trio t;
+  auto peer = t.client->connect_via(t.relay->id(), t.server->id());
+  REQUIRE_MESSAGE(peer, error_message(peer.error()));
+  CHECK(*peer == t.server->id());
+  CHECK(t.client->peer_is_up(t.server->id()));
+  auto st = t.client->stats(t.server->id());
+  REQUIRE(st);
+  CHECK(st->transport == "relay");
+  CHECK(st->transport_reason == "through node " + t.relay->id());
+
+  const auto before = t.relay->relayed_messages();
+  auto sent = doubling_request(70000);  // 280 kB: more than one fragment's worth of small messages
+  check_doubled(t.client->request(t.server->id(), "doubler", sent, 5s), sent, t.client->id());
+  CHECK(t.relay->relayed_messages() >= before + 2);  // the request and its answer
+  // The server reaches the client back over the link the client opened.
+  REQUIRE(wait_up(*t.server, t.client->id()));
+  check_doubled(t.server->request(t.client->id(), "doubler", sent, 5s), sent, t.server->id());
+  // Errors of the far actor keep their code through the relay.
+  auto bad = t.client->request(t.server->id(), "doubler", remote_message{}, 5s);
+  REQUIRE_FALSE(bad);
+  CHECK(error_code(bad.error()) == "invalid_argument");
+  auto unknown = t.client->request(t.server->id(), "nobody", remote_message{}, 5s);
+  REQUIRE_FALSE(unknown);
+  CHECK(error_code(unknown.error()) == "unknown_actor");
+  // Heartbeats measure the round trip through the relay.
+  for (int i = 0; i < 100 && t.client->stats(t.server->id())->rtt_samples == 0; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(t.client->stats(t.server->id())->rtt_samples > 0);
+}
+
+TEST_CASE("what cannot be relayed fails connect_via at once with the reason") {
+  relayed_trio t;
+  SUBCASE("a relay that offers no relaying") {
+    auto plain = start_node(fast());
+    REQUIRE(t.server->connect(plain->endpoint()));
+    REQUIRE(t.client->connect(plain->endpoint()));
+    REQUIRE(wait_up(*plain, t.server->id()));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = t.client->connect_via(plain->id(), t.server->id());
+    REQUIRE_FALSE(r);
+    CHECK(error_code(r.error()) == "not_connected");
+    CHECK(error_message(r.error()).find("does not relay") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // refused, not timed out (5 s)
+    CHECK(plain->relayed_messages() == 0);
+  }
+  SUBCASE("a target the relay has no connection to") {
+    auto r = t.client->connect_via(t.relay->id(), "n-nowhere");
+    REQUIRE_FALSE(r);
+    CHECK(error_code(r.error()) == "not_connected");
+    CHECK(error_message(r.error()).find("has no connection to node n-nowhere") != std::string::npos);
+  }
+  SUBCASE("a target that accepts no relayed links") {
+    auto listening = start_node(fast());  // accept_relayed off
+    REQUIRE(listening->connect(t.relay->endpoint()));
+    REQUIRE(wait_up(*t.relay, listening->id()));
+    auto r = t.client->connect_via(t.relay->id(), listening->id());
+    REQUIRE_FALSE(r);
+    CHECK(error_code(r.error()) == "auth_refused");
+    CHECK(error_message(r.error()).find("accepts no relayed links") != std::string::npos);
+  }
+  SUBCASE("no link to the relay") {
+    auto r = t.client->connect_via("n-unknown", t.server->id());
+    REQUIRE_FALSE(r);
+    CHECK(error_code(r.error()) == "not_connected");
+  }
+}
+
+TEST_CASE("a relayed peer is reported down when the relay or the peer dies, and a new relay reaches it again") {
+  relayed_trio t;
+  REQUIRE(t.client->connect_via(t.relay->id(), t.server->id()));
+  caf::scoped_actor watcher{t.client->system()};
+  t.client->monitor_peer(t.server->id(), caf::actor_cast<caf::actor>(watcher));
+  const auto t0 = std::chrono::steady_clock::now();
+  t.relay->stop();
+  bool down = false;
+  watcher->receive([&](peer_down& d) { down = d.peer == t.server->id(); }, caf::after(3s) >> [] {});
+  CHECK_MESSAGE(down, "no peer_down for the relayed server within 3 s of its relay stopping");
+  MESSAGE("relayed peer down after "
+          << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() << " ms");
+  auto r = t.client->request(t.server->id(), "doubler", doubling_request(4), 2s);
+  REQUIRE_FALSE(r);
+
+  // The server moves to another relay; the client reaches it through that one.
+  auto second = start_node(relay_options());
+  REQUIRE(t.server->connect(second->endpoint()));
+  REQUIRE(t.client->connect(second->endpoint()));
+  REQUIRE(wait_up(*second, t.server->id()));
+  REQUIRE(wait_up(*second, t.client->id()));
+  auto again = t.client->connect_via(second->id(), t.server->id());
+  REQUIRE_MESSAGE(again, error_message(again.error()));
+  auto sent = doubling_request(16);
+  check_doubled(t.client->request(t.server->id(), "doubler", sent, 5s), sent, t.client->id());
+  CHECK(second->relayed_messages() > 0);
+
+  // The server dies: heartbeats through the relay stop, the client hears of it.
+  t.client->monitor_peer(t.server->id(), caf::actor_cast<caf::actor>(watcher));
+  t.server->stop();
+  down = false;
+  watcher->receive([&](peer_down& d) { down = d.peer == t.server->id(); }, caf::after(3s) >> [] {});
+  CHECK_MESSAGE(down, "no peer_down within 3 s of the relayed server stopping");
+}
+
+}  // namespace corolla
