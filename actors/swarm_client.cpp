@@ -29,13 +29,28 @@ std::string with_scheme(const std::string& endpoint) {
   return endpoint.find("://") == std::string::npos ? "tcp://" + endpoint : endpoint;
 }
 
-/// "HOST:PORT#KEY" -> the server with its endpoint and CurveZMQ key.
+/// "HOST:PORT#KEY" -> the server with its endpoint and CurveZMQ key;
+/// "NODE_ID@HOST:PORT#KEY" -> server NODE_ID behind the relay at HOST:PORT
+/// (with the relay's key).
 known_server server_from(const std::string& entry) {
   known_server s;
   const auto hash = entry.find('#');
-  s.endpoint = with_scheme(entry.substr(0, hash));
+  std::string where = entry.substr(0, hash);
+  if (const auto at = where.find('@'); at != std::string::npos) {
+    s.node_id = where.substr(0, at);
+    s.relayed = true;
+    where = where.substr(at + 1);
+  }
+  s.endpoint = with_scheme(where);
   if (hash != std::string::npos) s.public_key = entry.substr(hash + 1);
   return s;
+}
+
+/// The same server: by endpoint, or for a relayed one by its id (several
+/// share their relay's endpoint, and it may move to another relay).
+bool same_server(const known_server& a, const known_server& b) {
+  if (a.relayed != b.relayed) return false;
+  return a.relayed ? a.node_id == b.node_id : a.endpoint == b.endpoint;
 }
 
 remote_message request_of(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {}) {
@@ -98,9 +113,17 @@ caf::error swarm_client::refresh() {
   if (options_.discover)
     for (const auto& e : options_.discover()) {
       known_server found = server_from(e);
-      if (std::none_of(servers_.begin(), servers_.end(),
-                       [&](const known_server& s) { return s.endpoint == found.endpoint; }))
+      auto known = std::find_if(servers_.begin(), servers_.end(),
+                                [&](const known_server& s) { return same_server(s, found); });
+      if (known == servers_.end()) {
         servers_.push_back(std::move(found));
+      } else if (found.relayed && (known->endpoint != found.endpoint || known->public_key != found.public_key)) {
+        // A server behind NAT moved to another relay.
+        event(known->node_id + " is now reached through " + found.endpoint);
+        known->endpoint = found.endpoint;
+        known->public_key = found.public_key;
+        known->relay_id.clear();
+      }
     }
   if (options_.reported) {
     auto ids = options_.reported();
@@ -112,10 +135,17 @@ caf::error swarm_client::refresh() {
     connect_options c;
     c.timeout = options_.connect_timeout;
     c.server_key = s.public_key;
+    if (s.relayed) {
+      if (auto err = reach_through_relay(s, c)) {
+        s.reachable = false;
+        if (first_problem.empty()) first_problem = s.node_id + " via " + s.endpoint + ": " + error_message(err);
+        continue;
+      }
+    }
     // A known server keeps its link, which reconnects by itself: only
     // servers never reached are dialled (again). A server restarted without
     // a fixed node id answers its endpoint under a new id: adopt it.
-    if (!s.node_id.empty() && !node_.peer_is_up(s.node_id))
+    if (!s.relayed && !s.node_id.empty() && !node_.peer_is_up(s.node_id))
       for (const auto& peer : node_.peers())
         if (auto st = node_.stats(peer); st && st->up && st->endpoint == s.endpoint && peer != s.node_id) {
           spdlog::info("swarm: {} now answers as {} (was {})", s.endpoint, peer, s.node_id);
@@ -190,6 +220,26 @@ caf::error swarm_client::refresh() {
   return {};
 }
 
+caf::error swarm_client::reach_through_relay(known_server& s, const connect_options& c) {
+  if (node_.peer_is_up(s.node_id)) return {};
+  if (s.relay_id.empty() || !node_.peer_is_up(s.relay_id)) {
+    s.relay_id.clear();
+    // The relay is often a server of the swarm this client uses already.
+    for (const auto& other : servers_)
+      if (!other.relayed && other.endpoint == s.endpoint && !other.node_id.empty() && node_.peer_is_up(other.node_id))
+        s.relay_id = other.node_id;
+  }
+  if (s.relay_id.empty()) {
+    auto relay = node_.connect(s.endpoint, c);
+    if (!relay) return relay.error();
+    s.relay_id = *relay;
+  }
+  auto peer = node_.connect_via(s.relay_id, s.node_id, c);
+  if (!peer) return peer.error();
+  spdlog::debug("swarm: reached {} through relay {}", s.node_id, s.relay_id);
+  return {};
+}
+
 const known_server* swarm_client::server(const std::string& node_id) const {
   for (const auto& s : servers_)
     if (s.node_id == node_id) return &s;
@@ -207,6 +257,7 @@ swarm::swarm_state swarm_client::state() const {
     r.state = swarm::server_state::online;
     r.cache_tokens_left = s.info.cache_tokens_left;
     r.step_s_per_block = s.info.step_s_per_block;
+    r.relayed = s.relayed;
     for (const auto& [peer, ms] : s.info.rtt_ms) r.rtt_s[peer] = ms / 1000.0;
     st.servers.push_back(std::move(r));
   }
@@ -502,8 +553,13 @@ caf::error swarm_session::run_hops(std::size_t from, const Tensor& x, std::int64
   // replacement still being rebuilt (replay) is carried by the client.
   outs.resize(hops_.size());
   std::size_t i = from;
+  // Servers behind NAT take no pushes (nobody dials them): the client
+  // carries steps through routes that have one.
   if (from == 0 && client_.options().server_push && hops_.size() > 1 &&
-      std::none_of(hops_.begin(), hops_.end(), [](const hop_state& h) { return h.fresh; }))
+      std::none_of(hops_.begin(), hops_.end(), [this](const hop_state& h) {
+        const known_server* s = client_.server(h.hop.server);
+        return h.fresh || (s && s->relayed);
+      }))
     i = push_step(x, start, outs);
   for (; i < hops_.size(); ++i) {
     const Tensor in = i == from ? x : outs[i - 1];  // a handle: recover() may resize outs

@@ -50,6 +50,7 @@
 namespace corolla {
 
 class node;
+struct connect_options;
 
 /// A server that a spot check's majority found answering wrong.
 struct wrong_server_report {
@@ -65,8 +66,10 @@ struct wrong_server_report {
 /// How a swarm client finds and uses servers.
 struct swarm_client_options {
   /// Servers to use, as "tcp://HOST:PORT" (or "HOST:PORT"). A server that
-  /// requires CurveZMQ is given with its public key: "HOST:PORT#KEY" (Z85
-  /// has no '#').
+  /// requires CurveZMQ is given with its public key: "HOST:PORT#KEY" (the
+  /// first '#' ends the endpoint). A server behind NAT is given as
+  /// "NODE_ID@HOST:PORT" with its relay's endpoint (and the relay's key):
+  /// the client reaches it through the relay (actors/relay.hpp).
   std::vector<std::string> servers;
   /// Asked at every refresh() for more servers, in the same form (e.g. read
   /// from the swarm's DHT records, which carry the key); new ones are added
@@ -132,9 +135,13 @@ struct spot_check_stats {
 
 /// A server as the client sees it.
 struct known_server {
-  std::string endpoint;
-  std::string public_key;  ///< CurveZMQ key of the server ("" = none)
-  std::string node_id;  ///< "" until it answered once
+  std::string endpoint;    ///< the server's, or for a relayed one its relay's
+  std::string public_key;  ///< CurveZMQ key of the server (relayed: of its relay) ("" = none)
+  std::string node_id;  ///< "" until it answered once (a relayed one is named up front)
+  /// Reached through the relay at `endpoint` (actors/relay.hpp): a server
+  /// behind NAT, given as "NODE_ID@HOST:PORT".
+  bool relayed = false;
+  std::string relay_id;  ///< the relay's node id, once dialled
   span_info info;
   bool reachable = false;
 };
@@ -209,6 +216,9 @@ class swarm_client {
                   const std::function<caf::expected<Tensor>(const std::string& server)>& ask);
 
  private:
+  /// Dials a relayed server's relay (once) and opens the relayed link.
+  caf::error reach_through_relay(known_server& s, const connect_options& c);
+
   node& node_;
   swarm_client_options options_;
   std::vector<known_server> servers_;

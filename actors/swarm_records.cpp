@@ -38,10 +38,16 @@ swarm::swarm_state to_swarm_state(int n_blocks, const std::vector<server_record>
     out.throughput = r->throughput;
     out.cache_tokens_left = r->cache_tokens_left;
     out.step_s_per_block = r->step_s_per_block;
+    out.relayed = !r->relay.empty();
     for (const auto& [id, ms] : r->rtt_ms) out.rtt_s.emplace(id, ms / 1000.0);
     s.servers.push_back(std::move(out));
   }
   return s;
+}
+
+std::string server_entry(const server_record& r) {
+  std::string e = r.relay.empty() ? r.endpoint : r.node_id + "@" + r.endpoint;
+  return r.public_key.empty() ? e : e + "#" + r.public_key;
 }
 
 }  // namespace corolla

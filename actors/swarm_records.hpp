@@ -3,6 +3,7 @@
 // both layers: net/ knows nothing of schedule/.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "net/server_record.hpp"
@@ -17,5 +18,10 @@ namespace corolla {
 /// in progress seen half-propagated), the newest wins and older overlapping
 /// ones are dropped, so swarm::validate's no-overlap rule holds.
 swarm::swarm_state to_swarm_state(int n_blocks, const std::vector<net::server_record>& records);
+
+/// How a swarm client is told of the server a record announces
+/// (swarm_client_options::servers): "ENDPOINT", "ENDPOINT#KEY", or for a
+/// server behind NAT "NODE_ID@RELAY_ENDPOINT[#RELAY_KEY]".
+std::string server_entry(const net::server_record& r);
 
 }  // namespace corolla

@@ -26,6 +26,7 @@
 #include "api/server_metrics.hpp"
 #include "apps/commands.hpp"
 #include "apps/node_flags.hpp"
+#include "apps/serve_relay.hpp"
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
 #include "model/config.hpp"
@@ -65,6 +66,9 @@ struct serve_args {
   int drain_timeout_s = 30;
   int threads = 0;
   std::string log_level = "info";
+  bool no_listen = false;          ///< --no-listen: behind NAT, reached through a relay
+  std::string relays;              ///< --relay HOST:PORT[#KEY],...: relays to try first
+  bool no_relay_service = false;   ///< --no-relay-service: do not relay for servers behind NAT
 };
 
 /// "A:B" -> [A, B) within [0, n_blocks).
@@ -136,7 +140,8 @@ void set_speed(net::server_record& record, double step_s, int blocks, double bps
 double measure_network_bps(node& n, net::membership& members, const net::server_record& self, int n_blocks) {
   int tried = 0;
   for (const net::server_record& r : members.get_span(self.model, 0, n_blocks)) {
-    if (r.node_id == n.id() || r.state != net::member_state::online || r.endpoint.empty()) continue;
+    if (r.node_id == n.id() || r.state != net::member_state::online || r.endpoint.empty() || !r.relay.empty())
+      continue;
     if (++tried > 3) break;
     connect_options co;
     co.timeout = std::chrono::seconds(2);
@@ -191,7 +196,8 @@ std::map<std::string, double> next_server_rtts(node& n, net::membership& members
   if (next >= n_blocks) return rtts;
   for (const net::server_record& r : members.get_span(self.model, next, next + 1)) {
     if (rtts.size() >= net::max_rtt_entries) break;
-    if (r.node_id == n.id() || r.state != net::member_state::online || r.endpoint.empty()) continue;
+    if (r.node_id == n.id() || r.state != net::member_state::online || r.endpoint.empty() || !r.relay.empty())
+      continue;
     if (!n.peer_is_up(r.node_id)) {
       // Dialled without waiting (the serve loop must keep answering stop
       // signals); its RTT is there at the next update.
@@ -302,7 +308,18 @@ int run_serve(const serve_args& a) {
       a.max_memory.empty() ? a.num_blocks : blocks_that_fit(a, cfg, weights, engine_options.kv_dtype);
   Backend& be = backend_for(parse_device(a.device));
 
-  auto started = node::start(a.node.options());
+  if (a.no_listen && a.no_dht && a.relays.empty())
+    throw std::invalid_argument("--no-listen needs a relay: give --relay HOST:PORT, or drop --no-dht to find one "
+                                "in the swarm's DHT");
+  if (!a.no_listen && !a.relays.empty()) throw std::invalid_argument("--relay is for servers started with --no-listen");
+  node_options node_opts = a.node.options();
+  if (a.no_listen) {
+    node_opts.listen = "";  // behind NAT: nobody can dial in
+    node_opts.accept_relayed = true;
+  } else {
+    node_opts.relay_service = !a.no_relay_service;
+  }
+  auto started = node::start(node_opts);
   if (!started) throw std::runtime_error(error_message(started.error()));
   auto& n = **started;
   span_server_options so;
@@ -325,6 +342,20 @@ int run_serve(const serve_args& a) {
   record.protocol_version = net::protocol_version;
   record.public_key = n.public_key();
   record.weights = weight_format_name(weights);
+  record.relay_service = node_opts.relay_service;
+  // Behind NAT: a relay first, so that the record says how to reach us.
+  std::unique_ptr<relay_keeper> keeper;
+  const auto relay_grace = 2 * node_opts.peer_timeout;
+  if (a.no_listen) {
+    keeper = std::make_unique<relay_keeper>(n, split_list(a.relays), members.get(), so.model, cfg.n_layers);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!keeper->keep(record, relay_grace) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (!keeper->has_relay())
+      throw std::runtime_error("--no-listen: no relay answered within 30 s (give --relay HOST:PORT of a server "
+                               "that listens, or start one in the swarm first: listening servers relay unless "
+                               "started with --no-relay-service)");
+  }
   if (members)
     if (auto err = members->announce(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
 
@@ -362,7 +393,9 @@ int run_serve(const serve_args& a) {
     if (auto err = members->update(record)) throw std::runtime_error("cannot announce in the DHT: " + error_message(err));
 
   std::string line = "corolla serve " + n.id() + " blocks [" + std::to_string(first) + ", " + std::to_string(last) +
-                     ") of " + so.model + " listening on " + n.endpoint();
+                     ") of " + so.model +
+                     (keeper ? " reached through relay " + keeper->relay_id() + " at " + keeper->relay_endpoint()
+                             : " listening on " + n.endpoint());
   if (!n.public_key().empty()) line += " curve-key " + n.public_key();
   if (!dht_endpoint.empty()) line += " dht " + dht_endpoint;
   // GET /metrics: the span server's counters and the node's links, asked
@@ -399,8 +432,16 @@ int run_serve(const serve_args& a) {
   };
   auto next_check = next_period();
   auto next_update = std::chrono::steady_clock::now() + update_every;
-  while (!(sig = members ? wait_for_stop_signal(stop_signals, std::chrono::milliseconds(250))
-                         : wait_for_stop_signal(stop_signals))) {
+  while (!(sig = members || keeper ? wait_for_stop_signal(stop_signals, std::chrono::milliseconds(250))
+                                    : wait_for_stop_signal(stop_signals))) {
+    if (keeper && keeper->keep(record, relay_grace)) {
+      std::printf("corolla serve %s reached through relay %s at %s\n", n.id().c_str(), keeper->relay_id().c_str(),
+                  keeper->relay_endpoint().c_str());
+      std::fflush(stdout);
+      if (members)
+        if (auto err = members->update(record)) spdlog::warn("serve: announcing the new relay: {}", error_message(err));
+    }
+    if (!members) continue;
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_update) {
       next_update = now + update_every;
@@ -536,6 +577,13 @@ void register_serve(CLI::App& app, action_fn& action) {
                   "(randomised by +-1/3; 0 = never move)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  cmd->add_flag("--no-listen", a->no_listen,
+               "Open no listening socket (a machine behind NAT): keep a connection to a relay instead, chosen "
+               "from the swarm's DHT or given with --relay, and announce that clients reach this server through it");
+  cmd->add_option("--relay", a->relays,
+                  "With --no-listen: relays to try first, HOST:PORT[#CURVEKEY],... (any server that listens)");
+  cmd->add_flag("--no-relay-service", a->no_relay_service,
+                "Do not pass messages on for servers behind NAT (a listening server does by default)");
   cmd->add_option("--threads", a->threads,
                   "CPU threads (0 = every core but one, so the machine stays usable while it serves)")
       ->capture_default_str();

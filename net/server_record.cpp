@@ -123,6 +123,13 @@ bool read_field(const std::string& key, const msgpack::object& v, server_record&
   if (key == "ttl") return read_u32(v, r.ttl_ms);
   if (key == "net") return read_u32(v, r.network_id);
   if (key == "pk") return read_string(v, r.public_key);
+  if (key == "rl") return read_string(v, r.relay);
+  if (key == "rs") {
+    std::uint64_t b = 0;
+    if (!read_uint(v, b) || b > 1) return false;
+    r.relay_service = b == 1;
+    return true;
+  }
   return true;
 }
 
@@ -143,7 +150,8 @@ std::string check_record_fields(const server_record& r) {
                                     std::tuple{&r.endpoint, "endpoint", false},
                                     std::tuple{&r.dtype, "dtype", false},
                                     std::tuple{&r.weights, "weights dtype", false},
-                                    std::tuple{&r.public_key, "public key", false}}) {
+                                    std::tuple{&r.public_key, "public key", false},
+                                    std::tuple{&r.relay, "relay node id", false}}) {
     if (auto e = check_string(*s, field, required); !e.empty()) return e;
   }
   if (r.span.start < 0 || r.span.end > max_block_index || r.span.length() == 0)
@@ -167,7 +175,7 @@ std::string check_record_fields(const server_record& r) {
 std::vector<std::uint8_t> encode_record(const server_record& r) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_map(19);
+  pk.pack_map(19 + (r.relay.empty() ? 0 : 1) + (r.relay_service ? 1 : 0));
   pk.pack(std::string_view("v")), pk.pack(record_format_version);
   pk.pack(std::string_view("m")), pk.pack(r.model);
   pk.pack(std::string_view("n")), pk.pack(r.node_id);
@@ -189,6 +197,8 @@ std::vector<std::uint8_t> encode_record(const server_record& r) {
   pk.pack(std::string_view("ttl")), pk.pack(r.ttl_ms);
   pk.pack(std::string_view("net")), pk.pack(r.network_id);
   pk.pack(std::string_view("pk")), pk.pack(r.public_key);
+  if (!r.relay.empty()) pk.pack(std::string_view("rl")), pk.pack(r.relay);
+  if (r.relay_service) pk.pack(std::string_view("rs")), pk.pack(std::uint32_t{1});
   const auto* p = reinterpret_cast<const std::uint8_t*>(buf.data());
   return std::vector<std::uint8_t>(p, p + buf.size());
 }

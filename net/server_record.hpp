@@ -83,6 +83,13 @@ struct server_record {
   std::uint32_t network_id = 0;
   /// Optional public key of the server (e.g. its CurveZMQ key, Z85); "" = none.
   std::string public_key;
+  /// A server behind NAT (`serve --no-listen`): the node id of the relay it
+  /// is reached through; `endpoint` and `public_key` are then the relay's
+  /// (clients dial the relay, then node::connect_via). "" = reached directly.
+  std::string relay;
+  /// The server passes messages on for servers behind NAT (it started its
+  /// node with relay_service and listens).
+  bool relay_service = false;
 
   friend bool operator==(const server_record&, const server_record&) = default;
 };

@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <queue>
+#include <set>
 #include <unordered_map>
 
 namespace corolla::swarm {
@@ -60,7 +61,10 @@ schedule_error no_server(const swarm_state& swarm, int b, block_span range, cons
 class edge_costs {
  public:
   edge_costs(const swarm_state& swarm, const route_request& req, const routing_params& p) : req_(req), p_(p) {
-    for (const auto& r : swarm.servers) pings_[r.id].push_back(&r.rtt_s);
+    for (const auto& r : swarm.servers) {
+      pings_[r.id].push_back(&r.rtt_s);
+      if (r.relayed) relayed_.insert(r.id);
+    }
   }
 
   // One-way delay between two servers from the pings either of them announced.
@@ -73,16 +77,16 @@ class edge_costs {
   // Entering the range at server s: from the upstream server or the client.
   double entry(const server_id& s) const {
     if (req_.upstream) return transfer(*req_.upstream, s);
-    return client(s) + p_.hop_overhead_s;
+    return client(s) + p_.hop_overhead_s + relay(s);
   }
   // Leaving the range from server s: to the downstream server or the client.
   double exit(const server_id& s) const {
     if (req_.downstream) return transfer(s, *req_.downstream);
-    return client(s) + p_.hop_overhead_s;
+    return client(s) + p_.hop_overhead_s + relay(s);
   }
   // Moving the hidden state from server a to server b (a message unless same process).
   double transfer(const server_id& a, const server_id& b) const {
-    return a == b ? 0.0 : between(a, b) + p_.hop_overhead_s;
+    return a == b ? 0.0 : between(a, b) + p_.hop_overhead_s + relay(a) + relay(b);
   }
   double step(const server_record& r) const {
     return r.step_s_per_block > 0 ? r.step_s_per_block : p_.default_step_s_per_block;
@@ -94,6 +98,7 @@ class edge_costs {
 
  private:
   double capped(double rtt) const { return std::min(rtt, p_.max_rtt_s); }
+  double relay(const server_id& s) const { return relayed_.count(s) ? p_.relay_penalty_s : 0.0; }
   double client(const server_id& s) const {
     auto it = req_.client_rtt_s.find(s);
     const double rtt = it != req_.client_rtt_s.end() && it->second >= 0 ? it->second : p_.unknown_rtt_s;
@@ -113,6 +118,7 @@ class edge_costs {
   const routing_params& p_;
   // Every record's pings by server id (a server mid-move has several records).
   std::unordered_map<server_id, std::vector<const std::map<server_id, double>*>> pings_;
+  std::set<server_id> relayed_;
 };
 
 // Groups consecutive blocks of one server into hops.

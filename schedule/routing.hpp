@@ -79,6 +79,12 @@ struct routing_params {
   /// Fixed cost of every message between processes (serialisation, queues);
   /// also makes the route prefer fewer hops when latencies tie.
   double hop_overhead_s = 0.001;
+  /// Added to every hand-off into or out of a server reached through a
+  /// relay (server_record::relayed): the relay's extra leg and queues, and
+  /// the client carrying the hand-off (servers do not push to relayed
+  /// servers). Measured client RTTs to it include the leg already; this
+  /// makes a directly reachable server win when latencies are close.
+  double relay_penalty_s = 0.005;
   /// Added on entering a server that lacks cache for the session.
   double cache_penalty_s = 10.0;
   /// Drop servers lacking cache instead of penalising them.

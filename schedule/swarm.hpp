@@ -81,6 +81,10 @@ struct server_record {
   /// Round-trip times in seconds this server measured to other servers
   /// (moving averages of its pings), by server id. Missing = unknown.
   std::map<server_id, double> rtt_s;
+  /// Reached through a relay (a server behind NAT): every message to or
+  /// from it takes one more leg, which routing prices
+  /// (routing_params::relay_penalty_s).
+  bool relayed = false;
 };
 
 /// The swarm as one observer sees it at one moment.

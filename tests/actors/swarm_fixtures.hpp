@@ -61,6 +61,9 @@ struct swarm_processes {
   std::map<std::string, std::string> endpoints;
   std::map<std::string, std::string> dht;  ///< the DHT address each printed ("" with --no-dht)
   std::map<std::string, std::pair<int, int>> spans;  ///< the blocks each serves
+  /// The relay a server behind NAT is reached through ("" = listens);
+  /// its endpoints entry is then "ID@RELAY_ENDPOINT" (a client's form).
+  std::map<std::string, std::string> relays;
 
   void start(const swarm_model& m, const std::string& id, int first, int last,
              std::vector<std::string> extra = {}, const std::string& listen = "tcp://127.0.0.1:0") {
@@ -76,10 +79,14 @@ struct swarm_processes {
     std::erase(extra, std::string("--dht"));
     args.insert(args.end(), extra.begin(), extra.end());
     child_process p = child_process::corolla(args);
-    auto line = p.wait_line(std::regex(R"(corolla serve (\S+) blocks \[(\d+), (\d+)\) of \S+ listening on (tcp://\S+))"), 15s);
+    // A server behind NAT (--no-listen) names the relay it is reached through.
+    auto line = p.wait_line(std::regex(R"(corolla serve (\S+) blocks \[(\d+), (\d+)\) of \S+ )"
+                                       R"((?:listening on|reached through relay (\S+) at) (tcp://\S+))"),
+                            45s);
     REQUIRE_MESSAGE(line, "corolla serve " << id << " printed no readiness line; stderr:\n" << p.err());
     CHECK((*line)[1].str() == id);
-    endpoints[id] = (*line)[4].str();
+    relays[id] = (*line)[4].str();
+    endpoints[id] = relays[id].empty() ? (*line)[5].str() : id + "@" + (*line)[5].str();
     spans[id] = {std::stoi((*line)[2].str()), std::stoi((*line)[3].str())};
     std::smatch d;
     dht[id] = std::regex_search(p.lines().back(), d, std::regex(R"( dht (\S+))")) ? d[1].str() : "";

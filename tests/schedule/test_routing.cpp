@@ -178,6 +178,31 @@ TEST_CASE("servers short of cache are penalised or excluded") {
   CHECK(routed(s, req).hops == hops({{"fast", 0, 4, true}}));
 }
 
+TEST_CASE("a server reached through a relay costs its extra leg: a direct twin wins, a much faster relayed one still does") {
+  // Two servers hold every block at equal measured RTTs; one sits behind NAT.
+  swarm_state s{4, {srv("direct", 0, 4), srv("natted", 0, 4)}};
+  s.servers[1].relayed = true;
+  route_request req;
+  req.client_rtt_s = {{"direct", 0.02}, {"natted", 0.02}};
+  CHECK(routed(s, req).hops == hops({{"direct", 0, 4, true}}));
+  routing_params p;
+  auto direct_latency = predicted_latency(s, {{"direct", 0, 4, true}}, req, p);
+  auto natted_latency = predicted_latency(s, {{"natted", 0, 4, true}}, req, p);
+  REQUIRE(direct_latency.ok());
+  REQUIRE(natted_latency.ok());
+  // Entry and exit each pay the relay once.
+  CHECK(natted_latency.value() - direct_latency.value() == doctest::Approx(2 * p.relay_penalty_s));
+  // Much faster compute behind the relay is worth its leg.
+  s.servers[1].step_s_per_block = 0.001;
+  CHECK(routed(s, req).hops == hops({{"natted", 0, 4, true}}));
+  // Between two servers, either end being relayed costs the leg.
+  swarm_state chain{4, {srv("a", 0, 2), srv("b", 2, 4), srv("b-natted", 2, 4)}};
+  chain.servers[2].relayed = true;
+  route_request all_known;
+  all_known.client_rtt_s = {{"a", 0.02}, {"b", 0.02}, {"b-natted", 0.02}};
+  CHECK(routed(chain, all_known).hops == hops({{"a", 0, 2, true}, {"b", 2, 4, true}}));
+}
+
 TEST_CASE("no route when a block has no usable server, with an error naming the block") {
   // Block 3 is held only by a JOINING server: clients cannot use it yet.
   swarm_state s{6, {srv("a", 0, 3), srv("j", 3, 4, 0.01, server_state::joining), srv("b", 4, 6)}};

@@ -1,0 +1,57 @@
+// apps/serve_relay.hpp — how `corolla serve --no-listen` (a server behind
+// NAT) stays reachable: it keeps a connection to a relay (actors/relay.hpp)
+// and announces itself as reached through it, moving to another relay when
+// that one goes.
+#pragma once
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "net/server_record.hpp"
+
+namespace corolla {
+class node;
+namespace net {
+class membership;
+}
+}  // namespace corolla
+
+namespace corolla::app {
+
+class relay_keeper {
+ public:
+  /// `relays`: "HOST:PORT[#KEY]" given with --relay, tried first (in
+  /// order); then servers of `model` whose DHT records offer relaying.
+  relay_keeper(node& n, std::vector<std::string> relays, net::membership* members, std::string model, int n_blocks);
+
+  /// Makes sure `record` names a relay that is up: dials one when there is
+  /// none, or when the current one has been down longer than `grace` (its
+  /// link reconnects by itself after a short outage). Returns true when
+  /// the record changed (to announce again). When no relay answers, the
+  /// record keeps the last one and the caller tries again later.
+  bool keep(net::server_record& record, std::chrono::milliseconds grace);
+  /// Whether a relay has been found.
+  bool has_relay() const { return !relay_id_.empty(); }
+  const std::string& relay_id() const { return relay_id_; }
+  const std::string& relay_endpoint() const { return endpoint_; }
+
+ private:
+  struct candidate {
+    std::string endpoint, key, id;  ///< id "" when given by address only
+  };
+  std::vector<candidate> candidates() const;
+
+  node& n_;
+  std::vector<std::string> given_;
+  net::membership* members_;
+  std::string model_;
+  int n_blocks_;
+  std::string relay_id_, endpoint_, key_;
+  std::chrono::steady_clock::time_point down_since_{};
+  bool down_ = false;
+  std::set<std::string> failed_;  ///< endpoints of relays that went away: tried last
+};
+
+}  // namespace corolla::app

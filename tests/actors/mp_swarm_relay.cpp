@@ -1,0 +1,100 @@
+// Servers behind NAT (`corolla serve --no-listen`, actors/relay.hpp), with
+// real processes on 127.0.0.1: such a server keeps a connection to a relay
+// (a listening server of the swarm), announces itself as reached through
+// it, and clients reach it there; when its relay dies it moves to another,
+// and a session in progress fails over without a wrong token.
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "actors/swarm_generate.hpp"
+#include "actors/swarm_records.hpp"
+#include "net/membership.hpp"
+#include "tests/actors/swarm_fixtures.hpp"
+
+namespace corolla {
+using namespace swarm_test;
+
+namespace {
+
+/// The servers of `model` as the swarm's DHT announces them, in a client's form.
+std::vector<std::string> discovered(net::membership& members, const std::string& model, int n_blocks) {
+  std::vector<std::string> out;
+  for (const auto& r : members.get_span(model, 0, n_blocks))
+    if (r.state == net::member_state::online) out.push_back(server_entry(r));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a server behind NAT serves through a relay: output equals local, also after its relay dies mid-session") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  // Two listening servers of [0, 2): both relay (the default). The only
+  // server of [2, 4) has no listening socket and takes s-a as its relay.
+  sw.start(m, "s-a", 0, 2, {"--dht", "--dht-ttl-s", "3"});
+  const std::string dht = sw.dht.at("s-a");
+  sw.start(m, "s-b", 0, 2, {"--initial-peers", dht, "--dht-ttl-s", "3"});
+  sw.start(m, "s-n", 2, 4,
+           {"--no-listen", "--relay", sw.endpoints.at("s-a"), "--initial-peers", dht, "--dht-ttl-s", "3",
+            "--log-level", "info"});
+  CHECK(sw.relays.at("s-n") == "s-a");
+  CHECK(sw.endpoints.at("s-n") == "s-n@" + sw.endpoints.at("s-a"));
+
+  // The command line finds it through the DHT and reaches it through s-a.
+  auto remote = generate_cli(m, {"--swarm-dht", dht, "--log-level", "debug"});
+  REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+  CHECK(printed_ids(remote) == m.expected);
+  CHECK(remote.err.find("reached s-n through relay s-a") != std::string::npos);
+
+  // A session in progress: its relay is killed after 6 tokens. s-n moves to
+  // s-b (the other relay in the DHT); the client fails over to it there.
+  net::membership reader;
+  net::membership_options mo;
+  mo.bootstrap = {dht};
+  mo.ttl = 3s;
+  REQUIRE(reader.start(mo));
+  const std::string model = m.dir.path().filename().string();
+  auto n = client_node();
+  swarm_client_options o;
+  o.discover = [&] { return discovered(reader, model, m.cfg.n_layers); };
+  std::vector<std::string> events;
+  o.on_event = [&](const std::string& e) { events.push_back(e); };
+  swarm_client client(*n, o);
+  head h = load_head(m);
+  int produced = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  swarm_generation g = swarm_generate(client, h, m.prompt, m.params, [&](std::int32_t) {
+    if (++produced == 6) sw.procs.at("s-a").signal(SIGKILL);
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string log;
+  for (const auto& e : events) log += "\n  " + e;
+  MESSAGE(g.failovers << " failover(s) in " << s << " s:" << log << "\ns-n's log:\n" << sw.procs.at("s-n").err());
+  CHECK(g.result.tokens == m.expected);
+  CHECK(g.failovers >= 1);
+  REQUIRE(g.route.size() == 2);
+  CHECK(g.route[0].server == "s-b");
+  CHECK(g.route[1].server == "s-n");
+  CHECK(sw.procs.at("s-n").err().find("reachable through relay s-b") != std::string::npos);
+  CHECK(s < 30.0);
+}
+
+TEST_CASE("a server behind NAT without a relay to use says so and exits") {
+  swarm_model m(architecture::llama);
+  auto r = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--no-listen",
+                                 "--no-dht"},
+                                30s);
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("--no-listen needs a relay") != std::string::npos);
+  auto both = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--relay",
+                                    "127.0.0.1:1", "--no-dht"},
+                                   30s);
+  CHECK(both.exit_code != 0);
+  CHECK(both.err.find("--relay is for servers started with --no-listen") != std::string::npos);
+}
+
+}  // namespace corolla
