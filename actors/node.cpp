@@ -13,6 +13,7 @@
 #include <caf/system_messages.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/dialback.hpp"
 #include "actors/echo_actor.hpp"
 #include "actors/errors.hpp"
 #include "actors/link_actor.hpp"
@@ -205,6 +206,8 @@ caf::expected<std::unique_ptr<node>> node::start(node_options options) {
     n->echo_ = spawn_echo_actor(*n->system_);
     if (auto err = n->publish(echo_actor_name, n->echo_)) return err;
   }
+  if (options.relay_service)
+    if (auto err = n->publish(reach_actor_name, spawn_reach_actor(*n->system_, n->ctx_))) return err;
   if (!options.control_token.empty())
     if (auto err = n->publish(control_actor_name, spawn_control_actor(*n->system_, n->ctx_, options.control_token)))
       return err;

@@ -77,6 +77,8 @@ struct node_options {
   /// Pass messages on between peers that cannot reach each other: servers
   /// behind NAT keep a connection to such a relay and clients reach them
   /// through it (actors/relay.hpp). Off: relayed messages are refused.
+  /// Such a node also publishes the "reach" actor, which dials peers back
+  /// to tell them whether they can be reached (actors/dialback.hpp).
   bool relay_service = false;
   /// Accept links relayed to this node by a relay (a node behind NAT
   /// turns this on); off: relayed hellos are refused.

@@ -69,6 +69,7 @@ struct serve_args {
   bool no_listen = false;          ///< --no-listen: behind NAT, reached through a relay
   std::string relays;              ///< --relay HOST:PORT[#KEY],...: relays to try first
   bool no_relay_service = false;   ///< --no-relay-service: do not relay for servers behind NAT
+  std::string announce_endpoint;   ///< --announce-endpoint: what the record says instead of the bound one
 };
 
 /// "A:B" -> [A, B) within [0, n_blocks).
@@ -311,14 +312,12 @@ int run_serve(const serve_args& a) {
   if (a.no_listen && a.no_dht && a.relays.empty())
     throw std::invalid_argument("--no-listen needs a relay: give --relay HOST:PORT, or drop --no-dht to find one "
                                 "in the swarm's DHT");
-  if (!a.no_listen && !a.relays.empty()) throw std::invalid_argument("--relay is for servers started with --no-listen");
   node_options node_opts = a.node.options();
-  if (a.no_listen) {
-    node_opts.listen = "";  // behind NAT: nobody can dial in
-    node_opts.accept_relayed = true;
-  } else {
-    node_opts.relay_service = !a.no_relay_service;
-  }
+  if (a.no_listen && !a.announce_endpoint.empty())
+    throw std::invalid_argument("--announce-endpoint is for servers that listen (drop --no-listen)");
+  if (a.no_listen) node_opts.listen = "";  // behind NAT: nobody can dial in
+  node_opts.relay_service = !a.no_listen && !a.no_relay_service;
+  node_opts.accept_relayed = true;  // a server that turns out unreachable is reached through a relay
   auto started = node::start(node_opts);
   if (!started) throw std::runtime_error(error_message(started.error()));
   auto& n = **started;
@@ -336,23 +335,26 @@ int run_serve(const serve_args& a) {
   net::server_record record;  ///< what this server announces
   record.model = so.model;
   record.node_id = n.id();
-  record.endpoint = n.endpoint();
+  record.endpoint = a.announce_endpoint.empty() ? n.endpoint() : a.announce_endpoint;
   record.span = {first, last};
   record.state = net::member_state::joining;
   record.protocol_version = net::protocol_version;
   record.public_key = n.public_key();
   record.weights = weight_format_name(weights);
-  record.relay_service = node_opts.relay_service;
-  // Behind NAT: a relay first, so that the record says how to reach us.
+  // Behind NAT (--no-listen, or nobody could dial us back): a relay first,
+  // so that the record says how to reach us.
+  const bool relayed =
+      a.no_listen || (members && !reachable_from_swarm(n, *members, so.model, cfg.n_layers, record.endpoint));
+  record.relay_service = node_opts.relay_service && !relayed;
   std::unique_ptr<relay_keeper> keeper;
   const auto relay_grace = 2 * node_opts.peer_timeout;
-  if (a.no_listen) {
+  if (relayed) {
     keeper = std::make_unique<relay_keeper>(n, split_list(a.relays), members.get(), so.model, cfg.n_layers);
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (!keeper->keep(record, relay_grace) && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (!keeper->has_relay())
-      throw std::runtime_error("--no-listen: no relay answered within 30 s (give --relay HOST:PORT of a server "
+      throw std::runtime_error("this server cannot be dialled and no relay answered within 30 s (give --relay HOST:PORT of a server "
                                "that listens, or start one in the swarm first: listening servers relay unless "
                                "started with --no-relay-service)");
   }
@@ -580,8 +582,12 @@ void register_serve(CLI::App& app, action_fn& action) {
   cmd->add_flag("--no-listen", a->no_listen,
                "Open no listening socket (a machine behind NAT): keep a connection to a relay instead, chosen "
                "from the swarm's DHT or given with --relay, and announce that clients reach this server through it");
+  cmd->add_option("--announce-endpoint", a->announce_endpoint,
+                  "Endpoint to announce instead of the one bound (port forwarding, a 0.0.0.0 bind); a server of "
+                  "the swarm dials it back, and a server it cannot reach uses a relay");
   cmd->add_option("--relay", a->relays,
-                  "With --no-listen: relays to try first, HOST:PORT[#CURVEKEY],... (any server that listens)");
+                  "Relays to try first when this server cannot be dialled (--no-listen, or a failed dial-back): "
+                  "HOST:PORT[#CURVEKEY],... (any server that listens)");
   cmd->add_flag("--no-relay-service", a->no_relay_service,
                 "Do not pass messages on for servers behind NAT (a listening server does by default)");
   cmd->add_option("--threads", a->threads,

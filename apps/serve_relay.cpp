@@ -6,9 +6,43 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/corolla.hpp"
+#include "actors/dialback.hpp"
 #include "net/membership.hpp"
 
 namespace corolla::app {
+
+bool reachable_from_swarm(node& n, net::membership& members, const std::string& model, int n_blocks,
+                          const std::string& endpoint) {
+  int asked = 0;
+  for (const auto& r : members.get_span(model, 0, n_blocks)) {
+    if (!r.relay_service || !r.relay.empty() || r.endpoint.empty() || r.node_id == n.id() ||
+        r.state != net::member_state::online)
+      continue;
+    if (++asked > 3) break;
+    connect_options co;
+    co.timeout = std::chrono::seconds(3);
+    co.server_key = r.public_key;
+    if (!n.peer_is_up(r.node_id))
+      if (auto c = n.connect(r.endpoint, co); !c) {
+        spdlog::debug("serve: cannot reach {} to ask for a dial-back: {}", r.node_id, error_message(c.error()));
+        continue;
+      }
+    auto verdict = request_dialback(n, r.node_id, endpoint);
+    if (!verdict) {
+      spdlog::info("serve: {} did not dial back: {}", r.node_id, error_message(verdict.error()));
+      continue;
+    }
+    if (verdict->reached) {
+      spdlog::info("serve: reachable at {} ({} dialled back)", endpoint, r.node_id);
+      return true;
+    }
+    spdlog::warn("serve: {} could not dial back {} ({}): this server uses a relay", r.node_id, endpoint,
+                 verdict->reason);
+    return false;
+  }
+  spdlog::info("serve: no server of the swarm could check that {} is reachable yet: assuming it is", endpoint);
+  return true;
+}
 
 relay_keeper::relay_keeper(node& n, std::vector<std::string> relays, net::membership* members, std::string model,
                            int n_blocks)

@@ -20,6 +20,14 @@ class membership;
 
 namespace corolla::app {
 
+/// Whether this listening server can be reached at `endpoint`: asks up to
+/// three servers of `model` that offer relaying to dial it back
+/// (actors/dialback.hpp). False only on a clear "could not dial"; true when
+/// one answered, or when nobody could be asked (the first server of a
+/// swarm), with the outcome logged.
+bool reachable_from_swarm(node& n, net::membership& members, const std::string& model, int n_blocks,
+                          const std::string& endpoint);
+
 class relay_keeper {
  public:
   /// `relays`: "HOST:PORT[#KEY]" given with --relay, tried first (in

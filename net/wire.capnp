@@ -260,6 +260,19 @@ struct ControlCorrupt {
   on @2 :Bool;
 }
 
+# ---- reachability (actors/dialback.hpp) --------------------------------------
+# Body of "reach.dialback": a node asks a relay-offering peer to dial it back
+# at the endpoint it would announce. The answer ("reach.result") says
+# whether that node answered the hello there.
+struct DialBack {
+  endpoint @0 :Text;
+}
+
+struct DialBackResult {
+  reached @0 :Bool;
+  reason @1 :Text;     # why not, for the log
+}
+
 # ---- fragments (net/fragment.hpp) -------------------------------------------
 # A message larger than the transport's fragment size travels as fragments
 # that interleave with other traffic on the connection. A fragment is one

@@ -83,6 +83,32 @@ TEST_CASE("a server behind NAT serves through a relay: output equals local, also
   CHECK(s < 30.0);
 }
 
+TEST_CASE("a listening server that the swarm cannot dial back uses a relay, and clients reach it there") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  sw.start(m, "s-a", 0, 2, {"--dht", "--dht-ttl-s", "3"});
+  const std::string dht = sw.dht.at("s-a");
+  // s-b is reachable: s-a dials it back.
+  sw.start(m, "s-b", 0, 2, {"--initial-peers", dht, "--dht-ttl-s", "3", "--log-level", "info"});
+  CHECK(sw.relays.at("s-b").empty());
+  CHECK(sw.procs.at("s-b").err().find("serve: reachable at " + sw.endpoints.at("s-b") + " (s-a dialled back)") !=
+        std::string::npos);
+  // s-u listens, but announces an endpoint nobody answers at (as a server
+  // behind NAT that guessed its address wrong would): the dial-back fails
+  // and it takes a relay.
+  sw.start(m, "s-u", 2, 4,
+           {"--initial-peers", dht, "--dht-ttl-s", "3", "--announce-endpoint", "tcp://127.0.0.1:1", "--log-level",
+            "info"});
+  const std::string u_log = sw.procs.at("s-u").err();
+  INFO("s-b's log:\n" << sw.procs.at("s-b").err() << "\ns-u's log:\n" << u_log);
+  CHECK(u_log.find("could not dial back tcp://127.0.0.1:1") != std::string::npos);
+  CHECK_FALSE(sw.relays.at("s-u").empty());
+  auto remote = generate_cli(m, {"--swarm-dht", dht, "--log-level", "debug"});
+  REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+  CHECK(printed_ids(remote) == m.expected);
+  CHECK(remote.err.find("reached s-u through relay " + sw.relays.at("s-u")) != std::string::npos);
+}
+
 TEST_CASE("a server behind NAT without a relay to use says so and exits") {
   swarm_model m(architecture::llama);
   auto r = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--no-listen",
@@ -90,11 +116,11 @@ TEST_CASE("a server behind NAT without a relay to use says so and exits") {
                                 30s);
   CHECK(r.exit_code != 0);
   CHECK(r.err.find("--no-listen needs a relay") != std::string::npos);
-  auto both = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--relay",
-                                    "127.0.0.1:1", "--no-dht"},
+  auto both = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--no-listen",
+                                    "--announce-endpoint", "tcp://127.0.0.1:1", "--relay", "127.0.0.1:1"},
                                    30s);
   CHECK(both.exit_code != 0);
-  CHECK(both.err.find("--relay is for servers started with --no-listen") != std::string::npos);
+  CHECK(both.err.find("--announce-endpoint is for servers that listen") != std::string::npos);
 }
 
 }  // namespace corolla

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "actors/corolla.hpp"
+#include "actors/dialback.hpp"
 
 using namespace std::chrono_literals;
 
@@ -197,6 +198,38 @@ TEST_CASE("a relayed peer is reported down when the relay or the peer dies, and 
   down = false;
   watcher->receive([&](peer_down& d) { down = d.peer == t.server->id(); }, caf::after(3s) >> [] {});
   CHECK_MESSAGE(down, "no peer_down within 3 s of the relayed server stopping");
+}
+
+}  // namespace corolla
+
+namespace corolla {
+
+TEST_CASE("a relay dials a peer back: it reaches a listening node, not a wrong endpoint, and not a node that is someone else") {
+  auto relay = start_node(relay_options());
+  auto listening = start_node(fast());
+  auto other = start_node(fast());
+  REQUIRE(listening->connect(relay->endpoint()));
+  auto yes = request_dialback(*listening, relay->id(), listening->endpoint());
+  if (!yes) FAIL(error_message(yes.error()));
+  CHECK(yes->reached);
+  CHECK(yes->reason.empty());
+  auto closed = request_dialback(*listening, relay->id(), "tcp://127.0.0.1:1");
+  REQUIRE_MESSAGE(closed, error_message(closed.error()));
+  CHECK_FALSE(closed->reached);
+  CHECK(closed->reason.find("no hello from tcp://127.0.0.1:1") != std::string::npos);
+  // Another node's endpoint answers, but not as the asker.
+  auto someone_else = request_dialback(*listening, relay->id(), other->endpoint());
+  REQUIRE_MESSAGE(someone_else, error_message(someone_else.error()));
+  CHECK_FALSE(someone_else->reached);
+  CHECK(someone_else->reason.find("node " + other->id() + " answered") != std::string::npos);
+  auto nonsense = request_dialback(*listening, relay->id(), "udp://x");
+  REQUIRE_FALSE(nonsense);
+  CHECK(error_code(nonsense.error()) == "invalid_argument");
+  // A node without relay service offers no dial-backs.
+  REQUIRE(relay->connect(other->endpoint()));
+  auto none = request_dialback(*relay, other->id(), relay->endpoint());
+  REQUIRE_FALSE(none);
+  CHECK(error_code(none.error()) == "unknown_actor");
 }
 
 }  // namespace corolla
