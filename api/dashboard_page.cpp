@@ -140,7 +140,7 @@ function render(v) {
     cell(row, rtts.length ? rtts.join(", ") : "–");
     cell(row, s.weights || "–");
     cell(row, s.dtype);
-    cell(row, s.relayed ? "relayed" : "direct");
+    cell(row, s.relayed ? "through " + s.relay : (s.relay_service ? "direct, relays" : "direct"));
     cell(row, fmt(s.age_ms / 1000, 1) + " s");
     cell(row, s.endpoint);
   }

@@ -60,8 +60,9 @@ json swarm_view_json(const std::string& model, int n_blocks, const std::vector<n
                     {"rtt_ms", rtt},
                     {"dtype", r.dtype},
                     {"weights", r.weights},
-                    // No relays exist yet (issue 22): every server is dialled directly.
-                    {"relayed", false},
+                    {"relayed", !r.relay.empty()},
+                    {"relay", r.relay},
+                    {"relay_service", r.relay_service},
                     {"age_ms", std::max<std::int64_t>(0, now_ms - r.timestamp_ms)},
                     {"public_key", r.public_key}});
     if (r.state == net::member_state::online) online.push_back(r);

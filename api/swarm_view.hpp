@@ -36,7 +36,7 @@ struct swarm_event {
 /// The dashboard's JSON (docs/api.md, "Dashboard"): {model, blocks, now_ms,
 /// servers: [{node_id, endpoint, span: [start, end], state, throughput,
 /// cache_tokens_left, step_ms_per_block, rtt_ms: {node: ms}, dtype, weights,
-/// relayed, age_ms, public_key}], coverage: [online servers per block],
+/// relayed, relay (its relay's node id), relay_service, age_ms, public_key}], coverage: [online servers per block],
 /// block_throughput: [tokens/s per block over its online servers],
 /// bottleneck_throughput, complete (every block has an online server),
 /// events: [...newest first]}. Of several records of one server and span,

@@ -82,14 +82,15 @@ std::vector<std::pair<int, int>> even_spans(int n, int k) {
 
 swarm_run run_swarm(local_swarm& sw, const fs::path& dir, const model_config& cfg, const std::vector<std::int32_t>& prompt,
                     const generation_params& p, const std::string& client_profile, bool push = true,
-                    const std::function<void(int)>& after_token = {}, std::string* route_now = nullptr) {
+                    const std::function<void(int)>& after_token = {}, std::string* route_now = nullptr,
+                    const std::vector<std::string>& servers = {}) {
   node_options no;
   no.listen = "";
   no.link_profile = client_profile;
   auto n = node::start(no);
   if (!n) throw std::runtime_error("client node: " + error_message(n.error()));
   swarm_client_options so;
-  so.servers = sw.endpoints();
+  so.servers = servers.empty() ? sw.endpoints() : servers;
   so.server_push = push;
   swarm_run run;
   so.on_event = [&](const std::string& e) {
@@ -128,6 +129,9 @@ double median(std::vector<double> v) {
 /// encode, whatever the model.
 struct hop_overhead {
   double local_ms = 0, one_server_ms = 0, two_servers_ms = 0;
+  /// The one server behind NAT (--no-listen), reached through a relay
+  /// node in this process: what the relay's leg adds per step.
+  double relayed_ms = 0;
   bool equal = false;
 };
 
@@ -154,16 +158,28 @@ hop_overhead measure_hop_overhead(std::uint64_t seed) {
   const generation_result l = gen.generate(prompt, p);
   h.local_ms = 1e3 / steps_per_s(l);
   const std::vector<std::string> flags{"--threads", "1"};
-  const auto through = [&](const std::vector<std::pair<int, int>>& spans, double& ms) {
+  const auto through = [&](const std::vector<std::pair<int, int>>& spans, double& ms, const std::string& relay = "") {
     local_swarm sw;
-    for (std::size_t i = 0; i < spans.size(); ++i) sw.start(dir, "h" + std::to_string(i), spans[i].first, spans[i].second, flags);
-    run_swarm(sw, dir, c, prompt, p, "");  // warm-up: links between the servers
-    const swarm_run r = run_swarm(sw, dir, c, prompt, p, "");
+    std::vector<std::string> servers;
+    for (std::size_t i = 0; i < spans.size(); ++i) {
+      const std::string id = "h" + std::to_string(i);
+      auto f = flags;
+      if (!relay.empty()) f.insert(f.end(), {"--no-listen", "--relay", relay});
+      sw.start(dir, id, spans[i].first, spans[i].second, f);
+      if (!relay.empty()) servers.push_back(id + "@" + relay);
+    }
+    run_swarm(sw, dir, c, prompt, p, "", true, {}, nullptr, servers);  // warm-up: links between the servers
+    const swarm_run r = run_swarm(sw, dir, c, prompt, p, "", true, {}, nullptr, servers);
     ms = 1e3 / steps_per_s(r.result);
     return r.result.tokens == l.tokens;
   };
   h.equal = through({{0, 2}}, h.one_server_ms);
   h.equal = through({{0, 1}, {1, 2}}, h.two_servers_ms) && h.equal;
+  node_options ro;
+  ro.relay_service = true;
+  auto relay = node::start(ro);
+  if (!relay) throw std::runtime_error("relay node: " + error_message(relay.error()));
+  h.equal = through({{0, 2}}, h.relayed_ms, (*relay)->endpoint()) && h.equal;
   return h;
 }
 
@@ -364,6 +380,8 @@ int run_bench_swarm(const swarm_bench_options& o) {
                        {"one_server_ms_per_step", hop.one_server_ms},
                        {"two_servers_ms_per_step", hop.two_servers_ms},
                        {"ms_per_extra_hop", hop.two_servers_ms - hop.one_server_ms},
+                       {"relayed_server_ms_per_step", hop.relayed_ms},
+                       {"ms_per_relay_leg", hop.relayed_ms - hop.one_server_ms},
                        {"equal_to_local", hop.equal}};
 
   if (o.json) {
@@ -385,6 +403,9 @@ int run_bench_swarm(const swarm_bench_options& o) {
                 "(+%.3f), 2 servers %.3f ms: %.3f ms per extra hop (output %s)\n",
                 hop.local_ms, hop.one_server_ms, hop.one_server_ms - hop.local_ms, hop.two_servers_ms,
                 hop.two_servers_ms - hop.one_server_ms, hop.equal ? "equal" : "DIFFERENT");
+    std::printf("behind NAT: the 1 server reached through a relay %.3f ms/step: %.3f ms for the relay's leg "
+                "(ratio to direct %.3f)\n",
+                hop.relayed_ms, hop.relayed_ms - hop.one_server_ms, hop.one_server_ms / hop.relayed_ms);
     std::printf("%s\n", j.dump().c_str());
   }
   return equal && recovered_equal && hop.equal ? 0 : 1;

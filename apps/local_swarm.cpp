@@ -49,7 +49,9 @@ const local_swarm::server& local_swarm::start(const std::filesystem::path& model
   servers_.push_back({id, "", first, last, pid});
 
   // The readiness line, within the timeout.
-  static const std::regex ready(R"(corolla serve \S+ blocks \[\d+, \d+\) of \S+ listening on (tcp://\S+))");
+  // A server behind NAT (--no-listen) names its relay's endpoint instead.
+  static const std::regex ready(
+      R"(corolla serve \S+ blocks \[\d+, \d+\) of \S+ (?:listening on|reached through relay \S+ at) (tcp://\S+))");
   std::string text;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::smatch m;

@@ -5,6 +5,9 @@
 // line on stdout once it listens, so scripts and tests can read the address
 // back:
 //   corolla serve n-1a2b3c4d blocks [0, 4) of tiny listening on tcp://127.0.0.1:41234
+// or, for a server that cannot be dialled (--no-listen, a failed dial-back;
+// apps/serve_relay.hpp), the relay clients reach it through:
+//   corolla serve n-1a2b3c4d blocks [0, 4) of tiny reached through relay n-5e6f7a8b at tcp://10.0.0.5:7000
 #include <csignal>
 #include <cstdio>
 #include <map>

@@ -22,12 +22,16 @@ bool reachable_from_swarm(node& n, net::membership& members, const std::string& 
     connect_options co;
     co.timeout = std::chrono::seconds(3);
     co.server_key = r.public_key;
-    if (!n.peer_is_up(r.node_id))
+    const bool linked = n.peer_is_up(r.node_id);
+    if (!linked)
       if (auto c = n.connect(r.endpoint, co); !c) {
         spdlog::debug("serve: cannot reach {} to ask for a dial-back: {}", r.node_id, error_message(c.error()));
         continue;
       }
     auto verdict = request_dialback(n, r.node_id, endpoint);
+    // A link opened only to ask goes again: the check leaves the links as it
+    // found them (later links, e.g. for measuring, are set up as usual).
+    if (!linked) n.disconnect(r.node_id);
     if (!verdict) {
       spdlog::info("serve: {} did not dial back: {}", r.node_id, error_message(verdict.error()));
       continue;

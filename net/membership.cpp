@@ -1,7 +1,7 @@
 // net/membership.cpp — membership records in OpenDHT: announce, refresh,
 // withdraw, read, listen.
 //
-// Design notes (measured against libopendht 2.4.12, see docs/membership.md):
+// Design notes (measured against libopendht 2.4.12):
 // - Every put carries a fresh value id. OpenDHT does not notify listeners
 //   when a stored value is replaced under the same id, so an update that
 //   reused the id would never reach listen(); with fresh ids each refresh is

@@ -115,7 +115,7 @@ inline constexpr std::uint32_t record_format_version = 1;
 /// problem as one sentence. Stamped fields (seq, ttl...) are not checked.
 std::string check_record_fields(const server_record& r);
 
-/// The record as a msgpack map with short keys (see docs/membership.md).
+/// The record as a msgpack map with short keys (see docs/swarm_serving.md, "DHT records").
 /// Precondition: check_record_fields(r) is empty (the output may otherwise
 /// exceed max_record_bytes).
 std::vector<std::uint8_t> encode_record(const server_record& r);

@@ -54,10 +54,12 @@ const json& server_named(const json& view, const std::string& id) {
 }  // namespace
 
 TEST_CASE("the swarm view counts online servers per block and finds the bottleneck") {
-  const std::vector<net::server_record> records = {
+  std::vector<net::server_record> records = {
       record("a", 0, 3, 100), record("b", 3, 6, 40), record("c", 0, 6, 25),
       record("d", 2, 4, 1000, net::member_state::joining),  // not routable: no coverage, no throughput
   };
+  records[0].relay_service = true;
+  records[1].relay = "a";
   const json v = swarm_view_json("tiny", 6, records, wall_ms(), {});
   CHECK(v["model"] == "tiny");
   CHECK(v["blocks"] == 6);
@@ -74,6 +76,11 @@ TEST_CASE("the swarm view counts online servers per block and finds the bottlene
   CHECK(a["step_ms_per_block"].get<double>() == doctest::Approx(2.0));
   CHECK(a["rtt_ms"]["other"].get<double>() == doctest::Approx(1.5));
   CHECK(a["relayed"] == false);
+  CHECK(a["relay_service"] == true);
+  // b sits behind NAT, reached through a.
+  const json& b = server_named(v, "b");
+  CHECK(b["relayed"] == true);
+  CHECK(b["relay"] == "a");
   CHECK(a["weights"] == "bf16");
   CHECK(a["age_ms"].get<std::int64_t>() >= 500);
   CHECK(server_named(v, "d")["state"] == "joining");
