@@ -292,6 +292,8 @@ caf::expected<std::string> node::connect_via(const std::string& relay, const std
   return await_hello(connect_via_async(relay, peer, std::move(options)), timeout, peer + " via " + relay);
 }
 
+void node::accept_relayed_from(const std::string& relay) { ctx_->directory.trust_relay(relay); }
+
 std::uint64_t node::relayed_messages() const { return ctx_->relayed_messages.load(std::memory_order_relaxed); }
 
 caf::expected<std::string> node::connect(const std::string& endpoint, connect_options options) {

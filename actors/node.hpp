@@ -80,8 +80,9 @@ struct node_options {
   /// Such a node also publishes the "reach" actor, which dials peers back
   /// to tell them whether they can be reached (actors/dialback.hpp).
   bool relay_service = false;
-  /// Accept links relayed to this node by a relay (a node behind NAT
-  /// turns this on); off: relayed hellos are refused.
+  /// Accept links relayed to this node by the relays it chose
+  /// (accept_relayed_from; a node behind NAT turns this on); off: relayed
+  /// hellos are refused.
   bool accept_relayed = false;
   /// When set, publish the "control" actor (actors/node_control.hpp), which
   /// obeys a local harness that holds this token (faultlab's throttle).
@@ -158,6 +159,11 @@ class node {
                                               connect_options options = {});
   /// Messages this node passed on as a relay so far.
   std::uint64_t relayed_messages() const;
+  /// With node_options::accept_relayed: new relayed links may reach this
+  /// node through `relay` (a peer it connected to as its relay). Relayed
+  /// hellos over any other peer's connection are dropped: a peer could
+  /// otherwise claim to relay for any node id.
+  void accept_relayed_from(const std::string& relay);
   /// Closes every link to `peer` (subscribers get peer_down).
   void disconnect(const std::string& peer);
 

@@ -120,6 +120,16 @@ net::connection_id registry::direct_connection(const std::string& peer) const {
   return it == direct_.end() ? 0 : it->second;
 }
 
+void registry::trust_relay(const std::string& relay) {
+  std::lock_guard lock(mutex_);
+  trusted_relays_.insert(relay);
+}
+
+bool registry::trusts_relay(const std::string& relay) const {
+  std::lock_guard lock(mutex_);
+  return trusted_relays_.count(relay) > 0;
+}
+
 std::string registry::peer_of(net::connection_id conn) const {
   std::lock_guard lock(mutex_);
   auto it = direct_peer_.find(conn);
@@ -293,6 +303,7 @@ void registry::clear() {
   relayed_.clear();
   direct_.clear();
   direct_peer_.clear();
+  trusted_relays_.clear();
   peers_.clear();
   subscribers_.clear();
   proxies_.clear();

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -70,6 +71,10 @@ class registry {
   net::connection_id direct_connection(const std::string& peer) const;
   /// The peer that is up on connection `conn` directly, or "".
   std::string peer_of(net::connection_id conn) const;
+  /// Relays this node chose (node::accept_relayed_from): only through them
+  /// may new relayed links reach it.
+  void trust_relay(const std::string& relay);
+  bool trusts_relay(const std::string& relay) const;
 
   // -- peers -----------------------------------------------------------------
 
@@ -137,6 +142,7 @@ class registry {
   std::map<std::pair<net::connection_id, std::string>, caf::actor> relayed_;
   std::map<std::string, net::connection_id> direct_;           ///< peer -> connection
   std::unordered_map<net::connection_id, std::string> direct_peer_;  ///< connection -> peer
+  std::set<std::string> trusted_relays_;
   std::map<std::string, std::vector<peer_link>> peers_;
   std::map<std::string, std::vector<caf::actor_addr>> subscribers_;  // weak: a dead subscriber is skipped
   std::map<std::pair<std::string, std::string>, caf::actor> proxies_;

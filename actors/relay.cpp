@@ -63,9 +63,13 @@ void relay_deliver(const std::shared_ptr<node_context>& ctx, net::connection_id 
   auto link = ctx->directory.relayed_link(conn, m.relay_from);
   if (!link) {
     if (ctx->stopping) return;
-    if (!ctx->accept_relayed) {
-      spdlog::debug("node {}: dropping a relayed {} from {}: this node accepts no relayed links", ctx->node_id,
-                    net::kind_name(m.kind), m.relay_from);
+    const std::string via = ctx->directory.peer_of(conn);
+    if (!ctx->accept_relayed || via.empty() || !ctx->directory.trusts_relay(via)) {
+      // Only a relay this node chose may bring it new peers: any other
+      // peer could claim to relay for anyone (and take their sessions).
+      spdlog::debug("node {}: dropping a relayed {} from {} via {}: {}", ctx->node_id, net::kind_name(m.kind),
+                    m.relay_from, via.empty() ? "an unknown connection" : via,
+                    ctx->accept_relayed ? "not a relay this node chose" : "this node accepts no relayed links");
       if (auto t = ctx->transport(); t && m.kind == net::message_kind::hello) {
         net::message r;
         r.kind = net::message_kind::hello_reject;

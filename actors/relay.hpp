@@ -11,7 +11,9 @@
 // connection to that node, with relay_to cleared and relay_from = the node
 // the message came from as the relay's link authenticated it. The receiver
 // hands it to its relayed link for (connection, relay_from), creating an
-// accepted one for a new peer when it accepts relayed links. From then on a
+// accepted one for a new peer only when it accepts relayed links and the
+// connection is to a relay it chose (node::accept_relayed_from): any other
+// peer could claim to relay for any node id. From then on a
 // relayed link is an ordinary link (hello, heartbeats, requests, peer_down)
 // whose frames happen to travel two connections.
 //

@@ -102,6 +102,7 @@ bool relay_keeper::keep(net::server_record& record, std::chrono::milliseconds gr
       continue;
     }
     relay_id_ = *id;
+    n_.accept_relayed_from(relay_id_);
     endpoint_ = c.endpoint;
     key_ = c.key;
     down_ = false;

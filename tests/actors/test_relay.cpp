@@ -9,6 +9,8 @@
 
 #include "actors/corolla.hpp"
 #include "actors/dialback.hpp"
+#include "tests/actors/doubler.hpp"
+#include "tests/actors/raw_peer.hpp"
 
 using namespace std::chrono_literals;
 
@@ -41,21 +43,7 @@ node_options natted_options() {
   return o;
 }
 
-/// Answers with its input times two and the node the request came from.
-caf::behavior doubler(caf::event_based_actor*) {
-  return {
-      [](remote_message& m) -> caf::result<remote_message> {
-        if (m.tensors.empty()) return make_error(errc::invalid_argument, "doubler needs a tensor");
-        Tensor out = m.tensors[0].clone();
-        for (std::int64_t i = 0; i < out.numel(); ++i) out.data<float>()[i] *= 2;
-        remote_message r;
-        r.type = "doubled";
-        r.body.assign(m.from_node.begin(), m.from_node.end());
-        r.tensors = {out};
-        return r;
-      },
-  };
-}
+using testing::doubler;
 
 /// Waits (bounded) until `n` sees `peer` up.
 bool wait_up(node& n, const std::string& peer) {
@@ -90,6 +78,7 @@ struct relayed_trio {
     REQUIRE_FALSE(server->publish("doubler", server->system().spawn(doubler)));
     REQUIRE_FALSE(client->publish("doubler", client->system().spawn(doubler)));
     REQUIRE(server->connect(relay->endpoint()));
+    server->accept_relayed_from(relay->id());
     REQUIRE(client->connect(relay->endpoint()));
     REQUIRE(wait_up(*relay, server->id()));
     REQUIRE(wait_up(*relay, client->id()));
@@ -133,6 +122,7 @@ TEST_CASE("what cannot be relayed fails connect_via at once with the reason") {
   SUBCASE("a relay that offers no relaying") {
     auto plain = start_node(fast());
     REQUIRE(t.server->connect(plain->endpoint()));
+    t.server->accept_relayed_from(plain->id());
     REQUIRE(t.client->connect(plain->endpoint()));
     REQUIRE(wait_up(*plain, t.server->id()));
     const auto t0 = std::chrono::steady_clock::now();
@@ -183,6 +173,7 @@ TEST_CASE("a relayed peer is reported down when the relay or the peer dies, and 
   // The server moves to another relay; the client reaches it through that one.
   auto second = start_node(relay_options());
   REQUIRE(t.server->connect(second->endpoint()));
+  t.server->accept_relayed_from(second->id());
   REQUIRE(t.client->connect(second->endpoint()));
   REQUIRE(wait_up(*second, t.server->id()));
   REQUIRE(wait_up(*second, t.client->id()));
@@ -230,6 +221,47 @@ TEST_CASE("a relay dials a peer back: it reaches a listening node, not a wrong e
   auto none = request_dialback(*relay, other->id(), relay->endpoint());
   REQUIRE_FALSE(none);
   CHECK(error_code(none.error()) == "unknown_actor");
+}
+
+}  // namespace corolla
+
+namespace corolla {
+
+TEST_CASE("a peer that is not the node's relay cannot bring it relayed links: it could claim any node id") {
+  auto natted = start_node(natted_options());
+  testing::raw_peer hostile("n-hostile", "tcp://127.0.0.1:0");
+  // The node dials the hostile peer (as a server dials its next servers).
+  std::thread answer([&] {
+    auto hello = hostile.wait_for(net::message_kind::hello, 5s);
+    if (hello) hostile.transport().send(hello->first, hostile.hello(net::message_kind::hello_ack, net::protocol_version));
+  });
+  auto peer = natted->connect(hostile.transport().endpoint());
+  answer.join();
+  REQUIRE_MESSAGE(peer, error_message(peer.error()));
+  REQUIRE(wait_up(*natted, "n-hostile"));
+  const auto conn = [&] {
+    // The connection the node's hello came in on: where the hostile peer answers.
+    auto hb = hostile.wait_for(net::message_kind::heartbeat, 5s);
+    REQUIRE(hb);
+    return hb->first;
+  }();
+  // It "relays" a hello from n-victim, whose sessions it would then own.
+  auto forged = [&] {
+    net::message m = hostile.hello(net::message_kind::hello, net::protocol_version, "n-victim");
+    m.sender_node = "n-victim";
+    m.relay_from = "n-victim";
+    return m;
+  };
+  hostile.transport().send(conn, forged());
+  std::this_thread::sleep_for(300ms);
+  auto peers = natted->peers();
+  CHECK(std::find(peers.begin(), peers.end(), "n-victim") == peers.end());
+  // The same hello through a relay the node chose does make a link: the
+  // check above can fail.
+  natted->accept_relayed_from("n-hostile");
+  hostile.transport().send(conn, forged());
+  for (int i = 0; i < 100 && !natted->peer_is_up("n-victim"); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(natted->peer_is_up("n-victim"));
 }
 
 }  // namespace corolla
