@@ -224,10 +224,13 @@ caf::error swarm_client::reach_through_relay(known_server& s, const connect_opti
   if (node_.peer_is_up(s.node_id)) return {};
   if (s.relay_id.empty() || !node_.peer_is_up(s.relay_id)) {
     s.relay_id.clear();
-    // The relay is often a server of the swarm this client uses already.
-    for (const auto& other : servers_)
-      if (!other.relayed && other.endpoint == s.endpoint && !other.node_id.empty() && node_.peer_is_up(other.node_id))
-        s.relay_id = other.node_id;
+    // The relay is often a server of the swarm this client uses already,
+    // or the relay of another server behind NAT: one link to it serves all.
+    for (const auto& other : servers_) {
+      if (&other == &s || other.endpoint != s.endpoint) continue;
+      const std::string& id = other.relayed ? other.relay_id : other.node_id;
+      if (!id.empty() && node_.peer_is_up(id)) s.relay_id = id;
+    }
   }
   if (s.relay_id.empty()) {
     auto relay = node_.connect(s.endpoint, c);

@@ -3,7 +3,9 @@
 // Prints one readiness line on stdout once it listens (with the real port
 // when the given one is 0), so scripts and tests can read the address back:
 //   corolla node n-1a2b3c4d listening on tcp://127.0.0.1:41234
-// With --curve-keys the line ends in "curve-key <Z85 public key>".
+// With --curve-keys the line ends in "curve-key <Z85 public key>". With
+// --relay-service it is a relay for servers behind NAT (actors/relay.hpp):
+// a dedicated one, on a machine with an open port, that serves no blocks.
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -23,13 +25,16 @@ namespace {
 
 struct node_args {
   node_flags node;
+  bool relay_service = false;
   std::string log_level = "info";
 };
 
 int run_node(const node_args& a) {
   apply_common_options(0, a.log_level);  // logs go to stderr (run_cli), stdout has the readiness line
   const sigset_t stop_signals = block_stop_signals();
-  auto started = node::start(a.node.options());
+  node_options o = a.node.options();
+  o.relay_service = a.relay_service;
+  auto started = node::start(o);
   if (!started) throw std::runtime_error(error_message(started.error()));
   auto& n = **started;
 
@@ -40,6 +45,7 @@ int run_node(const node_args& a) {
 
   const char* sig = wait_for_stop_signal(stop_signals);
   spdlog::info("node {}: {} received, saying goodbye to {} peer(s)", n.id(), sig, n.peers().size());
+  if (a.relay_service) spdlog::info("node {}: passed on {} relayed message(s)", n.id(), n.relayed_messages());
   n.stop();
   return 0;
 }
@@ -50,6 +56,9 @@ void register_node(CLI::App& app, action_fn& action) {
   auto a = std::make_shared<node_args>();
   auto* cmd = app.add_subcommand("node", "Run a node that answers echo/ping until SIGINT/SIGTERM");
   a->node.add_to(cmd, "node");
+  cmd->add_flag("--relay-service", a->relay_service,
+                "Relay for servers behind NAT (serve --no-listen --relay THIS_ENDPOINT) and dial peers back to "
+                "check they can be reached");
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
   cmd->callback([&action, a] { action = [a] { return run_node(*a); }; });

@@ -109,6 +109,32 @@ TEST_CASE("a listening server that the swarm cannot dial back uses a relay, and 
   CHECK(remote.err.find("reached s-u through relay " + sw.relays.at("s-u")) != std::string::npos);
 }
 
+TEST_CASE("a dedicated relay (corolla node --relay-service) serves a chain of two servers behind NAT") {
+  swarm_model m(architecture::llama);
+  child_process relay = child_process::corolla({"node", "--relay-service", "--log-level", "info"});
+  auto ready = relay.wait_line(std::regex(R"(corolla node (\S+) listening on (tcp://\S+))"), 15s);
+  REQUIRE_MESSAGE(ready, "corolla node printed no readiness line; stderr:\n" << relay.err());
+  const std::string relay_id = (*ready)[1].str(), relay_endpoint = (*ready)[2].str();
+  swarm_processes sw;
+  sw.start(m, "s-x", 0, 2, {"--no-listen", "--relay", relay_endpoint});
+  sw.start(m, "s-y", 2, 4, {"--no-listen", "--relay", relay_endpoint});
+  CHECK(sw.relays.at("s-x") == relay_id);
+  CHECK(sw.relays.at("s-y") == relay_id);
+  // The client is given both as ID@RELAY (what their readiness lines say).
+  auto remote = generate_cli(m, {"--swarm", sw.endpoints.at("s-x") + "," + sw.endpoints.at("s-y"), "--log-level",
+                                 "info"});
+  REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+  CHECK(printed_ids(remote) == m.expected);
+  // One link to the relay carries both servers' traffic.
+  std::size_t relay_links = 0;
+  for (std::size_t at = 0; (at = remote.err.find("link to " + relay_id + " (", at)) != std::string::npos; ++at)
+    ++relay_links;
+  CHECK(relay_links == 1);
+  relay.signal(SIGTERM);
+  relay.wait(10s);
+  CHECK(relay.err().find("passed on ") != std::string::npos);
+}
+
 TEST_CASE("a server behind NAT without a relay to use says so and exits") {
   swarm_model m(architecture::llama);
   auto r = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--no-listen",
