@@ -67,15 +67,17 @@ void relay_deliver(const std::shared_ptr<node_context>& ctx, net::connection_id 
     if (!ctx->accept_relayed || via.empty() || !ctx->directory.trusts_relay(via)) {
       // Only a relay this node chose may bring it new peers: any other
       // peer could claim to relay for anyone (and take their sessions).
+      const std::string why = ctx->accept_relayed
+                                  ? "node " + ctx->node_id + " takes relayed links only through relays it chose"
+                                  : "node " + ctx->node_id + " accepts no relayed links";
       spdlog::debug("node {}: dropping a relayed {} from {} via {}: {}", ctx->node_id, net::kind_name(m.kind),
-                    m.relay_from, via.empty() ? "an unknown connection" : via,
-                    ctx->accept_relayed ? "not a relay this node chose" : "this node accepts no relayed links");
+                    m.relay_from, via.empty() ? "an unknown connection" : via, why);
       if (auto t = ctx->transport(); t && m.kind == net::message_kind::hello) {
         net::message r;
         r.kind = net::message_kind::hello_reject;
         r.sender_node = ctx->node_id;
         r.error_code = errc_name(errc::auth_refused);
-        r.error_message = "node " + ctx->node_id + " accepts no relayed links";
+        r.error_message = why;
         r.relay_to = m.relay_from;  // back through the relay to the sender
         t->send(conn, r);
       }

@@ -253,7 +253,10 @@ TEST_CASE("a peer that is not the node's relay cannot bring it relayed links: it
     return m;
   };
   hostile.transport().send(conn, forged());
-  std::this_thread::sleep_for(300ms);
+  auto refused = hostile.wait_for(net::message_kind::hello_reject, 5s);
+  REQUIRE(refused);
+  CHECK(refused->second.error_message.find("takes relayed links only through relays it chose") != std::string::npos);
+  CHECK(refused->second.relay_to == "n-victim");
   auto peers = natted->peers();
   CHECK(std::find(peers.begin(), peers.end(), "n-victim") == peers.end());
   // The same hello through a relay the node chose does make a link: the
