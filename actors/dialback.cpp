@@ -73,28 +73,19 @@ caf::behavior reach(caf::stateful_actor<reach_state>* self, std::shared_ptr<node
         if (m.from_node.empty()) return make_error(errc::invalid_argument, "a dial-back is asked for over a link");
         auto endpoint = decode_dialback(m.body);
         if (!endpoint) return endpoint.error();
-        if (endpoint->rfind("tcp://", 0) != 0 || endpoint->find(':', 6) == std::string::npos)
-          return make_error(errc::invalid_argument, "cannot dial back '" + *endpoint + "' (expected tcp://HOST:PORT)");
         auto& st = self->state;
         const auto now = clock::now();
         while (!st.recent.empty() && now - st.recent.front() > std::chrono::minutes(1)) st.recent.pop_front();
         if (st.busy || st.recent.size() >= static_cast<std::size_t>(dialback_per_minute))
           return make_error(errc::invalid_argument, "node " + ctx->node_id + " is busy with other dial-backs; ask later");
-        auto transport = ctx->transport();
-        if (!transport || ctx->stopping) return make_error(errc::stopped, "node " + ctx->node_id + " is stopping");
+        if (ctx->stopping) return make_error(errc::stopped, "node " + ctx->node_id + " is stopping");
+        link_args args;
+        args.connect_timeout = dial_timeout;
+        auto dialled = dial_link(ctx, *endpoint, "", std::move(args));
+        if (!dialled) return dialled.error();
         st.busy = true;
         st.recent.push_back(now);
-        link_args args;
-        args.role = link_role::outgoing;
-        args.endpoint = *endpoint;
-        args.connect_timeout = dial_timeout;
-        try {
-          args.conn = transport->connect(*endpoint);
-        } catch (const std::exception& e) {
-          st.busy = false;
-          return make_error(errc::invalid_argument, e.what());
-        }
-        auto link = spawn_link(ctx, std::move(args));
+        auto link = *dialled;
         auto rp = self->make_response_promise();
         const std::string asker = m.from_node, where = *endpoint;
         auto done = [self, link, rp, where](reach_result r) mutable {

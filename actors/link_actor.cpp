@@ -446,4 +446,27 @@ caf::actor spawn_link(const std::shared_ptr<node_context>& ctx, link_args args) 
   return link;
 }
 
+caf::expected<caf::actor> dial_link(const std::shared_ptr<node_context>& ctx, const std::string& endpoint,
+                                    const std::string& server_key, link_args args) {
+  if (endpoint.rfind("tcp://", 0) != 0 || endpoint.find(':', 6) == std::string::npos)
+    return make_error(errc::invalid_argument, "invalid endpoint '" + endpoint + "' (expected tcp://HOST:PORT)");
+  if (!args.profile.empty()) {
+    try {
+      net::parse_link_profile(args.profile);
+    } catch (const std::exception& e) {
+      return make_error(errc::invalid_argument, "invalid link profile '" + args.profile + "': " + e.what());
+    }
+  }
+  auto transport = ctx->transport();
+  if (!transport) return make_error(errc::stopped, "node '" + ctx->node_id + "' is stopped");
+  args.role = link_role::outgoing;
+  args.endpoint = endpoint;
+  try {
+    args.conn = transport->connect(endpoint, server_key);
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, e.what());
+  }
+  return spawn_link(ctx, std::move(args));
+}
+
 }  // namespace corolla

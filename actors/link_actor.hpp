@@ -29,6 +29,7 @@
 
 #include <caf/actor.hpp>
 #include <caf/atom.hpp>
+#include <caf/expected.hpp>
 
 #include "actors/messages.hpp"
 #include "actors/node_context.hpp"
@@ -87,5 +88,14 @@ struct link_args {
 /// returning (so the transport's next event for it finds it). Safe from any
 /// thread.
 caf::actor spawn_link(const std::shared_ptr<node_context>& ctx, link_args args);
+
+/// Dials `endpoint` ("tcp://HOST:PORT") on the node's transport, with the
+/// listening peer's CurveZMQ key `server_key`, and spawns the outgoing link
+/// for it (`args` gives the rest: timeout, profile, the key the hello must
+/// match). Errors: errc::invalid_argument (an endpoint that is not
+/// tcp://HOST:PORT, a profile that does not parse, a key the transport
+/// refuses), errc::stopped.
+caf::expected<caf::actor> dial_link(const std::shared_ptr<node_context>& ctx, const std::string& endpoint,
+                                    const std::string& server_key, link_args args);
 
 }  // namespace corolla

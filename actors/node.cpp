@@ -35,10 +35,6 @@ std::string generate_node_id() {
   return buf;
 }
 
-bool plausible_endpoint(const std::string& e) {
-  return e.rfind("tcp://", 0) == 0 && e.find(':', 6) != std::string::npos;
-}
-
 /// Transport events arrive on the transport's I/O thread: find (or, for a
 /// new incoming connection, create) the link and hand the event over.
 net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
@@ -237,30 +233,11 @@ caf::actor node::local_actor(const std::string& name) const { return ctx_->direc
 
 caf::expected<caf::actor> node::connect_async(const std::string& endpoint, connect_options options) {
   if (stopped_ || ctx_->stopping) return make_error(errc::stopped, "node '" + id() + "' is stopped");
-  if (!plausible_endpoint(endpoint))
-    return make_error(errc::invalid_argument,
-                      "invalid endpoint '" + endpoint + "' (expected tcp://HOST:PORT)");
-  if (!options.link_profile.empty()) {
-    try {
-      net::parse_link_profile(options.link_profile);
-    } catch (const std::exception& e) {
-      return make_error(errc::invalid_argument, "invalid link profile '" + options.link_profile + "': " + e.what());
-    }
-  }
-  auto transport = ctx_->transport();
-  if (!transport) return make_error(errc::stopped, "node '" + id() + "' is stopped");
   link_args args;
-  args.role = link_role::outgoing;
-  args.endpoint = endpoint;
   args.profile = options.link_profile;
   args.connect_timeout = options.timeout;
   if (ctx_->settings.curve) args.server_key = options.server_key;
-  try {
-    args.conn = transport->connect(endpoint, options.server_key);
-  } catch (const std::exception& e) {
-    return make_error(errc::invalid_argument, e.what());
-  }
-  return spawn_link(ctx_, std::move(args));
+  return dial_link(ctx_, endpoint, options.server_key, std::move(args));
 }
 
 caf::expected<caf::actor> node::connect_via_async(const std::string& relay, const std::string& peer,
