@@ -3,7 +3,7 @@
 # GPU") from a pack made by scripts/gpu/pack.sh, run from the repository
 # root on the GPU machine. Logs go to $OUT (default ./gpu-logs).
 #
-#   scripts/gpu/check.sh PACK [lean|quick|full]
+#   scripts/gpu/check.sh PACK [lean|profile|quick|full]
 # lean: sized for one call of about 8 minutes on an H100 or H200 (the
 # 15 minutes of device time a session may get): first the correctness of
 # everything not yet run on a GPU (every CUDA kernel and model test, with a
@@ -12,6 +12,10 @@
 # printed as it happens and at most 8 files in $OUT: info.log, one log per
 # step, summary.json (each step's exit status and seconds, and the final
 # JSON line of each benchmark). A run cut off still leaves what it finished.
+# profile: about 4 minutes of where-the-time-goes for the two targets:
+# `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
+# batch 8 unprofiled), Nsight Compute's counters over the decode
+# GEMVs, and PyTorch's figures on the same GPU (torch_reference.py).
 # quick: the CUDA unit tests and model tests; full (default): also
 # compute-sanitizer's memcheck over the CUDA unit tests and racecheck over
 # the attention tests, every test binary
@@ -40,7 +44,7 @@ run() {  # name, command...: runs, logs to $out/name.log, prints the verdict
   "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $? ($(tail -n 2 "$out/$name.log" | tr '\n' ' '))"
 }
-if [ "$mode" = lean ]; then
+if [ "$mode" = lean ] || [ "$mode" = profile ]; then
   start=$(date +%s)
   steps=()
   step() {  # name, time limit in seconds, command...: logs to $out/name.log
@@ -59,11 +63,28 @@ if [ "$mode" = lean ]; then
   }
   summary() {  # rewritten after every step, so a cut-off run keeps what it has
     local IFS=,
-    printf '{"mode":"lean","gpu":"%s","steps":[%s]}\n' \
+    printf '{"mode":"%s","gpu":"%s","steps":[%s]}\n' "$mode" \
       "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" "${steps[*]}" > "$out/summary.json"
   }
   corolla info > "$out/info.log" 2>&1
   echo "[+0s] $(grep -i -m2 -E 'cuda|device' "$out/info.log" | tr '\n' ' ')"
+  if [ "$mode" = profile ]; then
+    step cuda_fixed 60 bash -c "test_kernels -tc='*tensor cores (bf16*' && test_model -tc='cuda: at bf16 matmul*'"
+    step profile_decode 120 corolla bench decode --preset llama7b --weights bf16 --repeats 1 --profile
+    step profile_train 90 corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 2 --matmul bf16 \
+      --compute bf16 --profile
+    step train_b8 90 corolla bench train --preset gpt2-1.5b --batch 8 --seq 1024 --steps 2 --matmul bf16 \
+      --compute bf16
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    # The decode GEMVs after the tuner's launches: one of each shape of a layer.
+    [ -n "$ncu" ] && step ncu_gemv 120 "$ncu" --clock-control none -k regex:linear_bf16 --launch-skip 3000 \
+      --launch-count 5 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section Occupancy --section LaunchStats corolla bench decode --preset llama7b --weights bf16 --repeats 1
+    # PyTorch's own libraries, not the pack's.
+    step torch_reference 150 env -u LD_LIBRARY_PATH python3 scripts/gpu/torch_reference.py
+    echo "[+$(($(date +%s) - start))s] profile done: $out/summary.json"
+    exit 0
+  fi
   # 1. Correctness of what was written without a GPU: tensor-core attention,
   # mixed precision and f16 loss scaling, the chunked loss, early launch,
   # fused GEMV epilogues and the tuner, device AdamW, the one-rank NCCL case,

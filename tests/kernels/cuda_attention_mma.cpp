@@ -193,7 +193,8 @@ TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches
     INFO("largest error of out: f16 tensors " << f16_err << ", bf16 tiles " << bf16_err);
     CHECK(f16_err < 0.5 * bf16_err);
     // They ran on the tensor cores: f16 P rounding moves the result away
-    // from the tiled kernels' (f32 P) on the same f16 tensors.
+    // from the tiled kernels' (f32 P) on the same f16 tensors. Not at one
+    // position: its only P is exactly 1, which f16 holds.
     cuda::attention_dims g16;
     g16.hq = c.hq;
     g16.hkv = c.hkv;
@@ -209,7 +210,7 @@ TEST_CASE("cuda: training attention on the tensor cores (bf16 precision) matches
     const std::vector<double> f_tiled = down(tiled_o);
     double f16_moved = 0.0;
     for (std::size_t i = 0; i < f_out.size(); ++i) f16_moved = std::max(f16_moved, std::abs(f_out[i] - f_tiled[i]));
-    CHECK(f16_moved > 0.0);
+    if (c.seq > 1) CHECK(f16_moved > 0.0);
     Tensor fa = gpu().empty(gq.shape(), dtype::f16), fb = gpu().empty(gk.shape(), dtype::f16),
            fd = gpu().empty(gv.shape(), dtype::f16);
     gpu().attention_backward(fq_in, fk_in, fv_in, f_out_ref, d_lse_ref, fg, c.batch, c.seq, s, fa, fb, fd);
