@@ -88,9 +88,11 @@ void launch(int i, const gemv_call& c) {
     case gemv_epilogue::swiglu: k = kernel_of<gemv_epilogue::swiglu>(i); break;
   }
   const int warps = i < 0 ? scalar_warps : gemv_variants[i].warps;
+  const std::size_t smem = i < 0 ? 0 : gemv_smem_bytes(gemv_variants[i]);
   const unsigned blocks = static_cast<unsigned>((c.out + warps - 1) / warps);
-  launch_dependent(i < 0 ? "linear_bf16_kernel" : "linear_bf16_kernel (16-byte loads)", k, dim3(blocks),
-                   dim3(32 * warps), 0, c.s, c.x, c.rows, c.in, c.w, c.out, c.bias, c.residual, c.y);
+  launch_dependent(i < 0 ? "linear_bf16_kernel" : smem ? "linear_bf16_async_kernel" : "linear_bf16_kernel (16-byte loads)",
+                   k, dim3(blocks), dim3(32 * warps), smem, c.s, c.x, c.rows, c.in, c.w, c.out, c.bias, c.residual,
+                   c.y);
 }
 
 using shape_key = std::tuple<int, std::int64_t, std::int64_t>;  // device, in, out
@@ -178,8 +180,8 @@ std::set<shape_key> timing;  ///< under choices_mu: shapes a thread is timing no
 
 /// The variant for a call: the default for more than one row; for one,
 /// fixed (set_gemv_variant, COROLLA_GEMV), chosen before for its weight
-/// shape, or timed now. The default, untimed: while the stream is being
-/// captured into a graph, or another thread times the shape (both ask again
+/// shape, or timed now (the fastest tuned variant, gemv_variant::tuned).
+/// The default, untimed: while the stream is being captured into a graph, or another thread times the shape (both ask again
 /// next time); under COROLLA_CUDA_SYNC (every launch would time a host
 /// round trip) or when timing's memory cannot be had (both recorded). The
 /// lock is not held while timing: other threads' GEMVs go on.
@@ -221,8 +223,9 @@ int variant_for(const gemv_call& c) {
     }
     const std::vector<double>& us = choice.microseconds;
     if (!us.empty()) {
-      for (int i = 1; i < gemv_variant_count; ++i)
-        if (us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)]) choice.chosen = i;
+      for (int i = 1; i < gemv_variant_count; ++i)  // untuned variants are timed for the record only
+        if (gemv_variants[i].tuned && us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)])
+          choice.chosen = i;
       if (us[static_cast<std::size_t>(choice.chosen)] > (1.0 - keep_default_within) * us[0]) choice.chosen = 0;
     }
   }
@@ -240,6 +243,8 @@ std::vector<std::string> gemv_variant_names() {
   for (const gemv_variant& v : gemv_variants) names.emplace_back(v.name);
   return names;
 }
+
+bool gemv_variant_tuned(int index) { return index >= 0 && index < gemv_variant_count && gemv_variants[index].tuned; }
 
 void check_gemv_setting() { (void)fixed_variant(); }
 

@@ -32,7 +32,8 @@ enum class gemv_epilogue {
 /// bit-identical results. The first batch-1 call for a (device, in, weight
 /// rows) times each (plain epilogue, into a scratch buffer of its own, L2
 /// flushed before every timed launch, the variants taking turns) and keeps
-/// the fastest for every epilogue if it beats the default by 3 %; not
+/// the fastest tuned one (gemv_variant_tuned) for every epilogue if it
+/// beats the default by 3 %; not
 /// while the stream is being captured, and not under COROLLA_CUDA_SYNC
 /// (the default). COROLLA_GEMV=<variant> in the environment fixes one
 /// instead (COROLLA_GEMV=auto is the default). Other calls take the
@@ -43,8 +44,14 @@ void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int6
                         const float* residual = nullptr);
 
 /// The 16-byte GEMV's launch variants, "r<rows per pass>.u<loads in flight
-/// per lane>.w<warps per block>"; the first is the default.
+/// per lane>.w<warps per block>" (the register kernel), "p<loads in
+/// flight>.w<warps>" (the pipelined register kernel) and "a<loads in
+/// flight>.w<warps>" (the cp.async kernel); the first is the default.
 std::vector<std::string> gemv_variant_names();
+
+/// Whether the tuner may choose variant `index` (the cp.async variants are
+/// timed for the record but never chosen; COROLLA_GEMV can still fix them).
+bool gemv_variant_tuned(int index);
 
 /// Fixes the batch-1 variant for every later call in the process (an index
 /// into gemv_variant_names(); out of range throws std::out_of_range), or

@@ -4,9 +4,12 @@
 // against an emulation of the CUDA features it uses.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/async_copy.cuh"
+#include "kernels/cuda/block_smem.cuh"
 #include "kernels/cuda/grid_dependency.cuh"
 #include "kernels/cuda/linear_bf16.hpp"
 
@@ -31,6 +34,22 @@ __device__ __forceinline__ void prefetch_row(const std::uint16_t* wo, std::int64
   for (std::int64_t b = std::int64_t{lane} * 128; b < bytes; b += 32 * 128) prefetch_l2(row + b);
 }
 
+/// The sum of the 8 products of a 16-byte load of bf16 weights with
+/// x[0, 8), in one fixed order. Spelled out (no contraction left to the
+/// compiler), so every kernel that uses it rounds the same way.
+__device__ __forceinline__ float dot8(const uint4& packed, const float* __restrict__ xk) {
+  const float4* xr = reinterpret_cast<const float4*>(xk);
+  const float4 a = __ldg(xr), c = __ldg(xr + 1);
+  float t = __fmul_rn(a.x, bf16_low(packed.x));
+  t = __fmaf_rn(a.y, bf16_high(packed.x), t);
+  t = __fmaf_rn(a.z, bf16_low(packed.y), t);
+  t = __fmaf_rn(a.w, bf16_high(packed.y), t);
+  t = __fmaf_rn(c.x, bf16_low(packed.z), t);
+  t = __fmaf_rn(c.y, bf16_high(packed.z), t);
+  t = __fmaf_rn(c.z, bf16_low(packed.w), t);
+  return __fmaf_rn(c.w, bf16_high(packed.w), t);
+}
+
 /// Adds this lane's products of weight row `wo` with rows [0, nr) of xp
 /// into acc (the lane's share of the dot products; the warp reduces them).
 template <bool Vectorised, int Unroll, int Rows>
@@ -44,26 +63,9 @@ __device__ __forceinline__ void lane_products(const std::uint16_t* __restrict__ 
     // stays in cache (__ldg).
     constexpr std::int64_t stride = 32 * 8;
     auto accumulate = [&](const uint4& packed, std::int64_t k) {
-      const float wf[8] = {bf16_low(packed.x), bf16_high(packed.x), bf16_low(packed.y), bf16_high(packed.y),
-                           bf16_low(packed.z), bf16_high(packed.z), bf16_low(packed.w), bf16_high(packed.w)};
 #pragma unroll
-      for (int r = 0; r < Rows; ++r) {
-        if (r < nr) {
-          const float4* xr = reinterpret_cast<const float4*>(xp + r * in + k);
-          const float4 a = __ldg(xr), c = __ldg(xr + 1);
-          // Spelled out (no contraction left to the compiler), so every
-          // instantiation rounds the same way.
-          float t = __fmul_rn(a.x, wf[0]);
-          t = __fmaf_rn(a.y, wf[1], t);
-          t = __fmaf_rn(a.z, wf[2], t);
-          t = __fmaf_rn(a.w, wf[3], t);
-          t = __fmaf_rn(c.x, wf[4], t);
-          t = __fmaf_rn(c.y, wf[5], t);
-          t = __fmaf_rn(c.z, wf[6], t);
-          t = __fmaf_rn(c.w, wf[7], t);
-          acc[r] = __fadd_rn(acc[r], t);
-        }
-      }
+      for (int r = 0; r < Rows; ++r)
+        if (r < nr) acc[r] = __fadd_rn(acc[r], dot8(packed, xp + r * in + k));
     };
     std::int64_t k = std::int64_t{lane} * 8;
     for (; k + (Unroll - 1) * stride < in; k += Unroll * stride) {
@@ -99,6 +101,18 @@ __device__ __forceinline__ void lane_products(const std::uint16_t* __restrict__ 
 __device__ __forceinline__ float warp_total(float v) {
   for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
   return v;
+}
+
+/// Writes output `at` of epilogue E from the warp's totals v (and v_up, the
+/// up row's, for swiglu) and the bias b: each the unfused op's expression.
+template <gemv_epilogue E>
+__device__ __forceinline__ void store_output(float* y, const float* residual, std::int64_t at, float v, float v_up,
+                                             float b) {
+  if constexpr (E == gemv_epilogue::bias) y[at] = v + b;
+  if constexpr (E == gemv_epilogue::residual) y[at] = residual[at] + (v + b);
+  if constexpr (E == gemv_epilogue::gelu) y[at] = gelu_tanh(v + b);
+  // (+ b, which is 0 here, as the plain GEMV adds it: -0 becomes +0 alike)
+  if constexpr (E == gemv_epilogue::swiglu) y[at] = silu_times(v + b, v_up + b);
 }
 
 /// y[rows, out] from x @ w^T, one warp per output feature, Warps warps per
@@ -142,15 +156,161 @@ __global__ void __launch_bounds__(32 * Warps)
     for (int r = 0; r < Rows; ++r) {
       const float v = warp_total(acc[r]);
       const float v_up = E == gemv_epilogue::swiglu ? warp_total(acc_up[r]) : 0.0f;
-      if (lane == 0 && r < nr) {
-        const std::int64_t at = (r0 + r) * out + o;
-        if constexpr (E == gemv_epilogue::bias) y[at] = v + b;
-        if constexpr (E == gemv_epilogue::residual) y[at] = residual[at] + (v + b);
-        if constexpr (E == gemv_epilogue::gelu) y[at] = gelu_tanh(v + b);
-        // (+ b, which is 0 here, as the plain GEMV adds it: -0 becomes +0 alike)
-        if constexpr (E == gemv_epilogue::swiglu) y[at] = silu_times(v + b, v_up + b);
+      if (lane == 0 && r < nr) store_output<E>(y, residual, (r0 + r) * out + o, v, v_up, b);
+    }
+  }
+}
+
+/// A lane's share of one weight row in flight as a pipeline of Depth
+/// 16-byte loads held in registers: each load's slot is refilled with the
+/// load Depth further on as soon as it is read, so Depth loads stay in
+/// flight until the row runs out (the register kernel issues Unroll, waits
+/// for all of them, multiplies, and only then issues more).
+template <int Depth>
+struct row_pipeline {
+  static constexpr std::int64_t stride = 32 * 8;
+  uint4 buf[Depth];
+  const std::uint16_t* src = nullptr;  ///< the lane's first load of the row
+  int n = 0;                           ///< the lane's loads in the row
+
+  /// Issues the row's first Depth loads (weights only: safe before
+  /// await_producers).
+  __device__ __forceinline__ void start(const std::uint16_t* row, std::int64_t in, int lane) {
+    const std::int64_t first = std::int64_t{lane} * 8;
+    n = first < in ? static_cast<int>((in - first + stride - 1) / stride) : 0;
+    src = row + first;
+#pragma unroll
+    for (int u = 0; u < Depth; ++u)
+      if (u < n) buf[u] = __ldcs(reinterpret_cast<const uint4*>(src + u * stride));
+  }
+
+  /// The lane's sum over the row with x (x + lane * 8 the lane's first), in
+  /// lane_products' order.
+  __device__ __forceinline__ float finish(const float* __restrict__ xk) {
+    float acc = 0.0f;
+    for (int base = 0; base < n; base += Depth) {
+#pragma unroll
+      for (int u = 0; u < Depth; ++u) {
+        if (base + u < n) {
+          const uint4 cur = buf[u];
+          if (base + u + Depth < n) buf[u] = __ldcs(reinterpret_cast<const uint4*>(src + (base + u + Depth) * stride));
+          acc = __fadd_rn(acc, dot8(cur, xk + (base + u) * stride));
+        }
       }
     }
+    return acc;
+  }
+};
+
+/// The same products as linear_bf16_kernel<true, U, Warps, 1, E> (one warp
+/// per output feature, the same order, the same shuffles: bit-identical
+/// results), each row read through a row_pipeline of Depth loads, whose
+/// first loads are issued before await_producers. The up row of swiglu is
+/// asked of L2 then and read after the gate row.
+template <int Depth, int Warps, gemv_epilogue E>
+__global__ void __launch_bounds__(32 * Warps)
+    linear_bf16_pipelined_kernel(const float* __restrict__ x, std::int64_t rows, std::int64_t in,
+                                 const std::uint16_t* __restrict__ w, std::int64_t out,
+                                 const float* __restrict__ bias, const float* residual, float* y) {
+  allow_dependents();
+  const int lane = threadIdx.x & 31;
+  const std::int64_t o = std::int64_t{blockIdx.x} * Warps + (threadIdx.x >> 5);
+  if (o >= out) return;  // a whole warp leaves together
+  const std::uint16_t* wo = w + o * in;
+  const std::uint16_t* wu = E == gemv_epilogue::swiglu ? w + (out + o) * in : nullptr;
+  row_pipeline<Depth> p;
+  for (std::int64_t row = 0; row < rows; ++row) {
+    p.start(wo, in, lane);
+    if (row == 0) {
+      if constexpr (E == gemv_epilogue::swiglu) prefetch_row(wu, in, lane);
+      await_producers();
+    }
+    const float* xk = x + row * in + std::int64_t{lane} * 8;
+    const float acc = p.finish(xk);
+    float acc_up = 0.0f;
+    if constexpr (E == gemv_epilogue::swiglu) {
+      p.start(wu, in, lane);
+      acc_up = p.finish(xk);
+    }
+    const float v = warp_total(acc);
+    const float v_up = E == gemv_epilogue::swiglu ? warp_total(acc_up) : 0.0f;
+    if (lane == 0) store_output<E>(y, residual, row * out + o, v, v_up, bias ? __ldg(bias + o) : 0.0f);
+  }
+}
+
+/// The same products as linear_bf16_kernel<true, U, Warps, 1, E> (one warp
+/// per output feature, each lane's 16-byte loads summed in the same order,
+/// the same shuffles: bit-identical results), but the weights reach the
+/// lanes through shared memory by cp.async (async_copy.cuh): each lane has
+/// a ring of Stages 16-byte slots of its own and keeps Stages loads in
+/// flight all the time, refilling a slot as soon as it has read it. The
+/// register kernel holds its loads in registers, which caps its warps per
+/// multiprocessor, and has none in flight while it multiplies; with 4096
+/// outputs (a 7B model's o and down projections) there are only 31 warps a
+/// multiprocessor, and an H200 read the down projection's weights at 53 %
+/// of its bandwidth that way (2026-11-30). A lane reads only the slots it
+/// filled itself, so no barrier is needed. The first Stages loads are
+/// issued before await_producers: the weights are no earlier kernel's
+/// output. Dynamic shared memory: Warps * 32 * Stages * 16 bytes. Rows of x
+/// are taken one at a time, each over the whole weight row again (batch-1
+/// decode has one).
+template <int Stages, int Warps, gemv_epilogue E>
+__global__ void __launch_bounds__(32 * Warps)
+    linear_bf16_async_kernel(const float* __restrict__ x, std::int64_t rows, std::int64_t in,
+                             const std::uint16_t* __restrict__ w, std::int64_t out, const float* __restrict__ bias,
+                             const float* residual, float* y) {
+  allow_dependents();
+  COROLLA_BLOCK_SMEM(smem);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const std::int64_t o = std::int64_t{blockIdx.x} * Warps + warp;
+  if (o >= out) return;  // a whole warp leaves together
+  uint4* const ring = reinterpret_cast<uint4*>(smem) + (std::int64_t{warp} * Stages) * 32 + lane;
+  const std::uint16_t* wo = w + o * in;
+  const std::uint16_t* wu = E == gemv_epilogue::swiglu ? w + (out + o) * in : nullptr;
+  constexpr std::int64_t stride = 32 * 8;
+  const std::int64_t first = std::int64_t{lane} * 8;
+  // The lane's loads: per_row of the gate (or only) row, then as many of
+  // the up row for swiglu, in lane_products' order. Running pointers, not
+  // indices, keep the registers down (a load's address is one add away).
+  const int per_row = first < in ? static_cast<int>((in - first + stride - 1) / stride) : 0;
+  const int total = E == gemv_epilogue::swiglu ? 2 * per_row : per_row;
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const std::uint16_t* next = wo + first;  // the next load to issue
+    int issued = 0;
+    auto issue = [&](uint4* slot) {
+      if (issued < total) {
+        async_copy16(slot, next);
+        next += stride;
+        if constexpr (E == gemv_epilogue::swiglu)
+          if (++issued == per_row) next = wu + first;
+        if constexpr (E != gemv_epilogue::swiglu) ++issued;
+      }
+      async_commit();  // empty groups too: the wait below counts groups
+    };
+#pragma unroll
+    for (int s = 0; s < Stages; ++s) issue(ring + s * 32);
+    if (row == 0) await_producers();
+    const float* const xp = x + row * in + first;
+    const float* xk = xp;
+    float acc = 0.0f, acc_up = 0.0f;
+    int slot = 0;
+    for (int i = 0; i < total; ++i) {
+      async_wait<Stages - 1>();  // load i has landed
+      const uint4 packed = ring[slot * 32];
+      const float t = dot8(packed, xk);
+      xk += stride;
+      if (E == gemv_epilogue::swiglu && i >= per_row)
+        acc_up = __fadd_rn(acc_up, t);
+      else
+        acc = __fadd_rn(acc, t);
+      if constexpr (E == gemv_epilogue::swiglu)
+        if (i + 1 == per_row) xk = xp;  // on to the up row: the same x
+      issue(ring + slot * 32);           // load i + Stages, into the slot just read
+      slot = slot + 1 == Stages ? 0 : slot + 1;
+    }
+    const float v = warp_total(acc);
+    const float v_up = E == gemv_epilogue::swiglu ? warp_total(acc_up) : 0.0f;
+    if (lane == 0) store_output<E>(y, residual, row * out + o, v, v_up, bias ? __ldg(bias + o) : 0.0f);
   }
 }
 
@@ -162,16 +322,34 @@ using gemv_kernel = void (*)(const float*, std::int64_t, std::int64_t, const std
 struct gemv_variant {
   const char* name;
   int warps;
+  int stages = 0;  ///< the cp.async kernel's ring slots per lane; 0: a register kernel
+  /// Timed by the tuner. The cp.async variants are not (COROLLA_GEMV or
+  /// set_gemv_variant only): alone they read the down projection 15 %
+  /// faster, but in decode the shared memory they ask for keeps the kernels
+  /// around them from overlapping with them under early launch, and an
+  /// H200 decoded 5 % slower with them chosen (2026-11-30,
+  /// docs/benchmarks.md).
+  bool tuned = true;
 };
+
+/// Dynamic shared memory of variant v's launch.
+constexpr std::size_t gemv_smem_bytes(const gemv_variant& v) {
+  return static_cast<std::size_t>(v.warps) * 32 * static_cast<std::size_t>(v.stages) * 16;
+}
 
 /// Named "r<rows per pass>.u<loads in flight per lane>.w<warps per block>".
 /// The first is the default and the only one linear_bf16.cu uses for more
 /// than one row: the kernel measured on 2026-11-22 (docs/benchmarks.md).
 /// The others are batch-1 kernels (one accumulator; more rows would make a
 /// pass each): at 4 loads 44 registers against the default's 56, at 8 and
-/// 16 loads more (88, 154) for more bytes in flight.
-constexpr gemv_variant gemv_variants[] = {{"r8.u4.w8", 8}, {"r1.u4.w8", 8}, {"r1.u4.w4", 4},
-                                          {"r1.u8.w8", 8}, {"r1.u8.w4", 4}, {"r1.u16.w4", 4}};
+/// 16 loads more (88, 154) for more bytes in flight. "p<depth>.w<warps>"
+/// are the pipelined register kernel (linear_bf16_pipelined_kernel),
+/// "a<stages>.w<warps>" the cp.async kernel (linear_bf16_async_kernel,
+/// untuned: see gemv_variant::tuned).
+constexpr gemv_variant gemv_variants[] = {
+    {"r8.u4.w8", 8},  {"r1.u4.w8", 8},  {"r1.u4.w4", 4},         {"r1.u8.w8", 8},        {"r1.u8.w4", 4},
+    {"r1.u16.w4", 4}, {"a6.w8", 8, 6, false}, {"a8.w8", 8, 8, false}, {"a8.w4", 4, 8, false}, {"p4.w8", 8},
+    {"p6.w8", 8},     {"p8.w8", 8},     {"p4.w4", 4},            {"p8.w4", 4}};
 constexpr int gemv_variant_count = static_cast<int>(sizeof gemv_variants / sizeof gemv_variants[0]);
 
 /// The 16-byte kernel of variant i (as gemv_variants) with epilogue E.
@@ -183,6 +361,14 @@ gemv_kernel gemv_kernel_for(int i) {
     case 3: return &linear_bf16_kernel<true, 8, 8, 1, E>;
     case 4: return &linear_bf16_kernel<true, 8, 4, 1, E>;
     case 5: return &linear_bf16_kernel<true, 16, 4, 1, E>;
+    case 6: return &linear_bf16_async_kernel<6, 8, E>;
+    case 7: return &linear_bf16_async_kernel<8, 8, E>;
+    case 8: return &linear_bf16_async_kernel<8, 4, E>;
+    case 9: return &linear_bf16_pipelined_kernel<4, 8, E>;
+    case 10: return &linear_bf16_pipelined_kernel<6, 8, E>;
+    case 11: return &linear_bf16_pipelined_kernel<8, 8, E>;
+    case 12: return &linear_bf16_pipelined_kernel<4, 4, E>;
+    case 13: return &linear_bf16_pipelined_kernel<8, 4, E>;
     default: return &linear_bf16_kernel<true, 4, 8, 8, E>;
   }
 }

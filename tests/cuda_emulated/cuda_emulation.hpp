@@ -28,6 +28,12 @@
 //    prefetch_l2 do nothing; await_producers marks the thread, and an __ldg
 //    or __ldcs of a range a test lists in emulated::produced by a thread
 //    not yet marked aborts (a read that could see stale data on the GPU).
+//  * cp.async (kernels/cuda/async_copy.cuh): async_copy16 checks that the
+//    destination lies in the block's shared memory, both addresses are
+//    16-byte aligned and the source is not a producer's output (as __ldcs),
+//    and queues the copy; async_commit closes the thread's queued copies
+//    into a group; async_wait<N> performs the copies of all but the newest
+//    N groups. Shared memory read before its wait still holds its NaN.
 //  * nvcuda::wmma for 16x16x16 bf16 x bf16 or f16 x f16 -> f32: every lane's fragment
 //    holds the whole logical matrix (CUDA's element-to-lane mapping is
 //    unspecified, and the kernels must not rely on it). load_matrix_sync
@@ -59,6 +65,7 @@
 #include <cstring>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -235,6 +242,39 @@ namespace corolla::cuda {
 inline void allow_dependents() {}
 inline void await_producers() { corolla::emulated::producers_awaited = true; }
 inline void prefetch_l2(const void*) {}
+}  // namespace corolla::cuda
+
+namespace corolla::emulated {
+/// The calling thread's cp.async copies: committed groups, oldest first,
+/// and the copies issued since the last commit.
+struct async_copy {
+  void* dst;
+  const void* src;
+};
+inline thread_local std::vector<std::vector<async_copy>> async_groups;
+inline thread_local std::vector<async_copy> async_open;
+}  // namespace corolla::emulated
+
+namespace corolla::cuda {
+inline void async_copy16(void* dst, const void* src) {
+  if (reinterpret_cast<std::uintptr_t>(dst) % 16 || reinterpret_cast<std::uintptr_t>(src) % 16)
+    COROLLA_EMULATION_FAIL("async_copy16 from %p to %p: not 16-byte aligned", src, dst);
+  corolla::emulated::check_in_smem(dst, 16, "async_copy16");
+  corolla::emulated::check_not_produced(src, 16, "async_copy16");
+  corolla::emulated::async_open.push_back({dst, src});
+}
+inline void async_commit() {
+  corolla::emulated::async_groups.push_back(std::move(corolla::emulated::async_open));
+  corolla::emulated::async_open.clear();
+}
+template <int N>
+void async_wait() {
+  auto& groups = corolla::emulated::async_groups;
+  while (groups.size() > static_cast<std::size_t>(N)) {
+    for (const auto& c : groups.front()) std::memcpy(c.dst, c.src, 16);
+    groups.erase(groups.begin());
+  }
+}
 }  // namespace corolla::cuda
 
 /// The read-only and streaming loads: plain loads here, their alignment

@@ -6,7 +6,9 @@
 // differs (rtol 1e-5). Covers the 16-byte path (in % 8 == 0, with rows
 // that are and are not whole batches of loads) and the scalar one, one and
 // several passes of rows, partial blocks of output features, with and
-// without bias. Every launch variant must equal the default bit for bit
+// without bias. Every launch variant (the register kernels and the cp.async
+// one, whose copies the emulation performs only at their wait) must equal
+// the default bit for bit
 // (the tuner's choice may not change what decode computes), none may read
 // x or the residual, which the kernel before it writes, before
 // await_producers(), and each fused epilogue (residual add, GELU, SwiGLU of
@@ -33,12 +35,12 @@ namespace {
 
 /// Runs `kernel` as linear_bf16.cu launches it (`warps` outputs per block)
 /// with x and the residual declared the previous kernel's output.
-std::vector<float> run_gemv(cuda::gemv_kernel kernel, int warps, const Tensor& x, std::int64_t rows,
-                            std::int64_t in, const Tensor& w, std::int64_t out, const float* bias,
-                            const std::vector<float>* residual = nullptr) {
+std::vector<float> run_gemv(cuda::gemv_kernel kernel, int warps, std::size_t smem, const Tensor& x,
+                            std::int64_t rows, std::int64_t in, const Tensor& w, std::int64_t out,
+                            const float* bias, const std::vector<float>* residual = nullptr) {
   std::vector<float> got(static_cast<std::size_t>(rows * out), NAN);
   const emulated::launch_config cfg{static_cast<unsigned>((out + warps - 1) / warps), 1,
-                                    32 * static_cast<unsigned>(warps), 0};
+                                    32 * static_cast<unsigned>(warps), smem};
   emulated::produced = {{x.raw(), x.nbytes()}};
   if (residual) emulated::produced.push_back({residual->data(), residual->size() * sizeof(float)});
   emulated::launch(kernel, cfg, x.data<float>(), rows, in, static_cast<const std::uint16_t*>(w.raw()), out, bias,
@@ -75,7 +77,7 @@ TEST_CASE("emulated bf16-weight GEMV: every launch variant matches the cpu's lin
     const float* bias = c.bias ? b.data<float>() : nullptr;
 
     if (c.in % 8 != 0) {  // the launcher's choice (the tensors here are 64-byte aligned)
-      const std::vector<float> got = run_gemv(cuda::gemv_scalar<cuda::gemv_epilogue::bias>, cuda::scalar_warps, x,
+      const std::vector<float> got = run_gemv(cuda::gemv_scalar<cuda::gemv_epilogue::bias>, cuda::scalar_warps, 0, x,
                                               c.rows, c.in, w, c.out, bias);
       kernel_test::check_close(std::vector<double>(got.begin(), got.end()), kernel_test::to_double(want), 1e-5,
                                1e-5, "linear_bf16 scalar path");
@@ -86,7 +88,8 @@ TEST_CASE("emulated bf16-weight GEMV: every launch variant matches the cpu's lin
       const cuda::gemv_variant& v = cuda::gemv_variants[i];
       CAPTURE(std::string(v.name));
       const std::vector<float> got =
-          run_gemv(cuda::gemv_kernel_for<cuda::gemv_epilogue::bias>(i), v.warps, x, c.rows, c.in, w, c.out, bias);
+          run_gemv(cuda::gemv_kernel_for<cuda::gemv_epilogue::bias>(i), v.warps, cuda::gemv_smem_bytes(v), x,
+                   c.rows, c.in, w, c.out, bias);
       kernel_test::check_close(std::vector<double>(got.begin(), got.end()), kernel_test::to_double(want), 1e-5,
                                1e-5, std::string("linear_bf16 ") + v.name);
       if (first.empty())
@@ -115,9 +118,10 @@ TEST_CASE("emulated bf16-weight GEMV epilogues equal linear then add, gelu or sw
     // variant i of epilogue E (the scalar kernel where the launcher takes it)
     auto run = [&](auto e, int i, const Tensor& wt, std::int64_t n, const float* bias, const std::vector<float>* res) {
       constexpr gemv_epilogue E = decltype(e)::value;
-      return vectorised ? run_gemv(cuda::gemv_kernel_for<E>(i), cuda::gemv_variants[i].warps, x, rows, in, wt, n,
-                                   bias, res)
-                        : run_gemv(cuda::gemv_scalar<E>, cuda::scalar_warps, x, rows, in, wt, n, bias, res);
+      const cuda::gemv_variant& v = cuda::gemv_variants[i];
+      return vectorised ? run_gemv(cuda::gemv_kernel_for<E>(i), v.warps, cuda::gemv_smem_bytes(v), x, rows, in, wt,
+                                   n, bias, res)
+                        : run_gemv(cuda::gemv_scalar<E>, cuda::scalar_warps, 0, x, rows, in, wt, n, bias, res);
     };
     using bias_e = std::integral_constant<gemv_epilogue, gemv_epilogue::bias>;
     using residual_e = std::integral_constant<gemv_epilogue, gemv_epilogue::residual>;
