@@ -6,8 +6,12 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device.hpp"
@@ -32,6 +36,37 @@ inline bool has_grid_dependency(const void* kernel, int device) {
   return it->second;
 }
 
+/// COROLLA_CUDA_CARVEOUT=<0-100>: the shared-memory share of L1 (percent)
+/// every early-launchable kernel asks for, so that kernels of different
+/// shared-memory needs run under one configuration and may share a
+/// multiprocessor (an SM changes its split only when idle). -1 (unset): the
+/// driver picks per kernel. Anything else throws.
+inline int carveout_setting() {
+  static const int percent = [] {
+    const char* env = std::getenv("COROLLA_CUDA_CARVEOUT");
+    if (env == nullptr || *env == '\0') return -1;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 0 || v > 100)
+      throw std::invalid_argument(std::string("COROLLA_CUDA_CARVEOUT=") + env + ": not a percentage from 0 to 100");
+    return static_cast<int>(v);
+  }();
+  return percent;
+}
+
+/// Sets carveout_setting() on `kernel` for the current device, once.
+inline void apply_carveout(const void* kernel) {
+  const int percent = carveout_setting();
+  if (percent < 0) return;
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  std::lock_guard lock(mu);
+  if (done.emplace(kernel, device).second)
+    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+}
+
 /// Launches kernel<<<grid, threads, smem, s>>>(args...), and where
 /// early_launch_active() (device.hpp) and the kernel's binary has the wait
 /// (has_grid_dependency) with the programmatic stream serialisation
@@ -41,6 +76,7 @@ inline bool has_grid_dependency(const void* kernel, int device) {
 template <class... Params, class... Args>
 void launch_dependent(const char* name, void (*kernel)(Params...), dim3 grid, dim3 threads,
                       std::size_t smem, cudaStream_t s, Args... args) {
+  apply_carveout(reinterpret_cast<const void*>(kernel));
   bool early = false;
   if (early_launch_requested()) {  // as early_launch_active(), asking for the device once
     int device = 0;

@@ -37,6 +37,16 @@ namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
+/// COROLLA_GEMV=all: the tuner may choose every variant, the untuned too
+/// (gemv_variant::tuned; for measuring them in decode).
+bool tune_all() {
+  static const bool all = [] {
+    const char* env = std::getenv("COROLLA_GEMV");
+    return env != nullptr && std::string(env) == "all";
+  }();
+  return all;
+}
+
 /// The variant set_gemv_variant fixed, or -1: COROLLA_GEMV decides.
 std::atomic<int> forced_variant{-1};
 
@@ -46,13 +56,13 @@ int fixed_variant() {
   if (const int forced = forced_variant.load(); forced >= 0) return forced;
   static const char* const env = std::getenv("COROLLA_GEMV");
   static const int from_env = [] {
-    if (env == nullptr || *env == '\0' || std::string(env) == "auto") return -1;
+    if (env == nullptr || *env == '\0' || std::string(env) == "auto" || std::string(env) == "all") return -1;
     for (int i = 0; i < gemv_variant_count; ++i)
       if (std::string(env) == gemv_variants[i].name) return i;
     return -2;
   }();
   if (from_env == -2) {
-    std::string names = "auto";
+    std::string names = "auto, all";
     for (const gemv_variant& c : gemv_variants) names += std::string(", ") + c.name;
     throw std::invalid_argument("COROLLA_GEMV=" + std::string(env) + ": not a GEMV launch variant (" + names +
                                 ")");
@@ -224,7 +234,8 @@ int variant_for(const gemv_call& c) {
     const std::vector<double>& us = choice.microseconds;
     if (!us.empty()) {
       for (int i = 1; i < gemv_variant_count; ++i)  // untuned variants are timed for the record only
-        if (gemv_variants[i].tuned && us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)])
+        if ((gemv_variants[i].tuned || tune_all()) &&
+            us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)])
           choice.chosen = i;
       if (us[static_cast<std::size_t>(choice.chosen)] > (1.0 - keep_default_within) * us[0]) choice.chosen = 0;
     }

@@ -3,7 +3,7 @@
 # GPU") from a pack made by scripts/gpu/pack.sh, run from the repository
 # root on the GPU machine. Logs go to $OUT (default ./gpu-logs).
 #
-#   scripts/gpu/check.sh PACK [lean|profile|quick|full]
+#   scripts/gpu/check.sh PACK [lean|profile|gemv|quick|full]
 # lean: sized for one call of about 8 minutes on an H100 or H200 (the
 # 15 minutes of device time a session may get): first the correctness of
 # everything not yet run on a GPU (every CUDA kernel and model test, with a
@@ -17,6 +17,10 @@
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
 # batch 8 unprofiled), Nsight Compute's counters over the decode
 # GEMVs, and PyTorch's figures on the same GPU (torch_reference.py).
+# gemv: about 2 minutes: the GEMV tests, then 7B bf16 decode four ways:
+# the tuner over its own variants or over all (COROLLA_GEMV=all), each with
+# the driver's shared-memory carve-out or a common 50 % one
+# (COROLLA_CUDA_CARVEOUT=50).
 # quick: the CUDA unit tests and model tests; full (default): also
 # compute-sanitizer's memcheck over the CUDA unit tests and racecheck over
 # the attention tests, every test binary
@@ -45,7 +49,7 @@ run() {  # name, command...: runs, logs to $out/name.log, prints the verdict
   "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $? ($(tail -n 2 "$out/$name.log" | tr '\n' ' '))"
 }
-if [ "$mode" = lean ] || [ "$mode" = profile ]; then
+if [ "$mode" = lean ] || [ "$mode" = profile ] || [ "$mode" = gemv ]; then
   start=$(date +%s)
   steps=()
   step() {  # name, time limit in seconds, command...: logs to $out/name.log
@@ -69,6 +73,17 @@ if [ "$mode" = lean ] || [ "$mode" = profile ]; then
   }
   corolla info > "$out/info.log" 2>&1
   echo "[+0s] $(grep -i -m2 -E 'cuda|device' "$out/info.log" | tr '\n' ' ')"
+  if [ "$mode" = gemv ]; then
+    step cuda_decode_launch 60 test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
+    for run in default:auto:- all:all:- all_c50:all:50 c50:auto:50; do
+      IFS=: read -r name gemv carveout <<< "$run"
+      extra=(); [ "$carveout" != - ] && extra=(COROLLA_CUDA_CARVEOUT="$carveout")
+      step "decode_$name" 90 env COROLLA_GEMV="$gemv" "${extra[@]}" corolla bench decode --preset llama7b \
+        --weights bf16 --repeats 2
+    done
+    echo "[+$(($(date +%s) - start))s] gemv done: $out/summary.json"
+    exit 0
+  fi
   if [ "$mode" = profile ]; then
     step cuda_fixed 60 bash -c "test_kernels -tc='*tensor cores (bf16*' && test_model -tc='cuda: at bf16 matmul*'"
     step profile_decode 120 corolla bench decode --preset llama7b --weights bf16 --repeats 1 --profile
