@@ -52,11 +52,14 @@ struct faultlab_run {
   /// `who` reported `line` at `t`: the faults still undetected that it
   /// names (by the id they hit as a whole word; any, when `any`) are
   /// detected now.
-  void noticed(const std::string& who, const std::string& line, double t, bool any = false) {
+  /// `also` counts as named too (a relay, when the line names a server
+  /// reached through it).
+  void noticed(const std::string& who, const std::string& line, double t, bool any = false,
+               const std::string& also = "") {
     const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; };
     for (auto& f : faults) {
       if (f.injected_at_s < 0 || f.detected_at_s >= 0) continue;
-      bool named = any;
+      bool named = any || (!also.empty() && f.hit == also);
       for (std::size_t p = f.hit.empty() ? std::string::npos : line.find(f.hit); !named && p != std::string::npos;
            p = line.find(f.hit, p + 1)) {
         const std::size_t e = p + f.hit.size();

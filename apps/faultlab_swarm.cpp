@@ -4,6 +4,7 @@
 // token callback, so "token 10" means exactly after the 10th token.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -84,6 +85,8 @@ struct swarm_state {
   std::set<std::string> running, stopped, dead;
   int joined = 0;
   std::set<std::string> corrupted;  ///< told to answer wrong (and not restarted since)
+  std::vector<std::string> relays;   ///< the relays' ids, "r0", ...: in every NAT server's --relay order
+  std::set<std::string> behind_nat;  ///< the servers started with --no-listen
   /// Where server `id` listens (its latest process), "" when it never started.
   std::string endpoint_of(const std::string& id) const {
     std::string endpoint;
@@ -96,6 +99,11 @@ struct swarm_state {
   void start(const std::string& id, int first, int last) {
     std::vector<std::string> flags{"--threads", "1", "--log-level", "warn"};
     if (!job.link.empty()) flags.insert(flags.end(), {"--link-profile", job.link});
+    if (behind_nat.count(id)) {
+      std::string list;
+      for (const std::string& r : relays) list += (list.empty() ? "" : ",") + endpoint_of(r);
+      flags.insert(flags.end(), {"--no-listen", "--relay", list});
+    }
     procs.start(job.model, id, first, last, flags, logs / (id + ".log"));
     std::lock_guard lock(mu);
     blocks[id] = {first, last};
@@ -103,14 +111,33 @@ struct swarm_state {
     dead.erase(id);
     stopped.erase(id);
   }
-  /// Endpoints of the servers not killed (the latest process of each id).
+  void start_relay(const std::string& id) {
+    std::vector<std::string> flags{"--log-level", "warn"};
+    if (!job.link.empty()) flags.insert(flags.end(), {"--link-profile", job.link});
+    procs.start_relay(id, flags, logs / (id + ".log"));
+    std::lock_guard lock(mu);
+    relays.push_back(id);
+    running.insert(id);
+  }
+  /// The servers not killed, as the client dials them (the latest process
+  /// of each id): an endpoint, or ID@RELAY for one behind NAT, through the
+  /// first of its relays still running, which is where it goes when the
+  /// relay it had stops answering (none running: left out, unreachable).
   std::vector<std::string> live_endpoints() const {
     std::lock_guard lock(mu);
     std::map<std::string, std::string> latest;
     for (const auto& s : procs.servers()) latest[s.id] = s.endpoint;
+    std::string relay;
+    for (const std::string& r : relays)
+      if (running.count(r) && relay.empty()) relay = latest[r];
     std::vector<std::string> out;
-    for (const auto& [id, e] : latest)
-      if (!dead.count(id)) out.push_back(e);
+    for (const auto& [id, e] : latest) {
+      if (dead.count(id) || std::find(relays.begin(), relays.end(), id) != relays.end()) continue;
+      if (!behind_nat.count(id))
+        out.push_back(e);
+      else if (!relay.empty())
+        out.push_back(id + "@" + relay);
+    }
     return out;
   }
   std::string pick(std::mt19937_64& rng, const std::set<std::string>& from) const {
@@ -134,11 +161,15 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
   switch (f.whom.k) {
     case tk::server: id = "s" + std::to_string(f.whom.index); break;
     case tk::route_hop: id = route.hop(f.whom.index); break;
-    case tk::random_server:
-      id = st.pick(rng, f.what == fl::action::resume ? st.stopped
-                        : f.what == fl::action::restart ? st.dead
-                                                        : st.running);
+    case tk::relay: id = "r" + std::to_string(f.whom.index); break;
+    case tk::random_server: {
+      std::set<std::string> from = f.what == fl::action::resume    ? st.stopped
+                                   : f.what == fl::action::restart ? st.dead
+                                                                   : st.running;
+      for (const std::string& r : st.relays) from.erase(r);  // servers only
+      id = st.pick(rng, from);
       break;
+    }
     default: break;
   }
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
@@ -182,6 +213,8 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
     case fl::action::partition:
     case fl::action::heal: {
       if (st.dead.count(id)) return what + ": " + id + " is dead (skipped)";
+      if (st.behind_nat.count(id))
+        return what + ": " + id + " is behind NAT, and the harness reaches control actors by dialling them (skipped)";
       const std::string endpoint = st.endpoint_of(id);
       const std::string err = f.what == fl::action::heal        ? harness.heal(endpoint)
                               : f.what == fl::action::partition ? harness.partition(endpoint, true)
@@ -193,6 +226,8 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
     }
     case fl::action::corrupt: {
       if (st.dead.count(id)) return what + ": " + id + " is dead (skipped)";
+      if (st.behind_nat.count(id))
+        return what + ": " + id + " is behind NAT, and the harness reaches control actors by dialling them (skipped)";
       if (const std::string err = harness.corrupt(st.endpoint_of(id)); !err.empty())
         return what + " (" + id + "): failed: " + err;
       st.corrupted.insert(id);
@@ -214,7 +249,9 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
   try {
     const model_config cfg = load_config(job.model);
     const control_token_env control;
-    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}, {}};
+    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}, {}, {}, {}};
+    for (int r = 0; r < job.relays; ++r) st.start_relay("r" + std::to_string(r));
+    for (int k : job.nat) st.behind_nat.insert("s" + std::to_string(k));
     for (std::size_t i = 0; i < job.servers.size(); ++i) {
       const auto [a, b] = job.servers[i];
       if (b > cfg.n_layers)
@@ -240,12 +277,19 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
       run.faults.push_back({fl::to_string(f.at), fl::to_string(f.what),
                             f.what == fl::action::join ? "blocks " + f.blocks : fl::to_string(f.whom)});
     const auto since_start = [&t0] { return std::chrono::duration<double>(clock_type::now() - t0).count(); };
-    o.on_event = [&route, &run, &since_start](const std::string& line) {
+    o.on_event = [&route, &run, &since_start, &st](const std::string& line) {
       spdlog::info("faultlab client: {}", line);
       route.on_event(line);
       // The client noticed a server's failure (or a wrong answer).
-      if (line.find("failed") != std::string::npos || line.find("wrong") != std::string::npos)
-        run.noticed("client", line, since_start());
+      if (line.find("failed") != std::string::npos || line.find("wrong") != std::string::npos) {
+        const double t = since_start();
+        run.noticed("client", line, t);
+        // A server behind NAT that failed was reached through a relay: a
+        // fault on a relay shows to the client as its servers failing.
+        for (const std::string& id : st.behind_nat)
+          if (line.find("server " + id + " failed") != std::string::npos)
+            for (const std::string& r : st.relays) run.noticed("client", line, t, false, r);
+      }
     };
     o.spot_checks.fraction = job.spot_checks;
     o.spot_checks.probation_steps = job.spot_check_probation;

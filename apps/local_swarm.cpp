@@ -33,25 +33,40 @@ const local_swarm::server& local_swarm::start(const std::filesystem::path& model
   // The caller hands out the endpoints: no DHT unless it asks for one.
   if (std::find(extra.begin(), extra.end(), "--initial-peers") == extra.end()) args.push_back("--no-dht");
   args.insert(args.end(), extra.begin(), extra.end());
-  const std::string err_path = log.empty() ? std::string("/dev/null") : log.string();
+  // A server behind NAT (--no-listen) names its relay's endpoint instead.
+  return spawn({id, "", first, last, -1}, args, log,
+               R"(corolla serve \S+ blocks \[\d+, \d+\) of \S+ (?:listening on|reached through relay \S+ at) (tcp://\S+))",
+               timeout,
+               "corolla serve " + id + " (blocks " + std::to_string(first) + ":" + std::to_string(last) + ")");
+}
 
+const local_swarm::server& local_swarm::start_relay(const std::string& id, const std::vector<std::string>& extra,
+                                                    const std::filesystem::path& log,
+                                                    std::chrono::milliseconds timeout) {
+  std::vector<std::string> args{"node", "--relay-service", "--node-id", id, "--listen", "tcp://127.0.0.1:0"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return spawn({id, "", 0, 0, -1}, args, log, R"(corolla node \S+ listening on (tcp://\S+))", timeout,
+               "corolla node --relay-service " + id);
+}
+
+const local_swarm::server& local_swarm::spawn(server s, const std::vector<std::string>& args,
+                                              const std::filesystem::path& log, const std::string& pattern,
+                                              std::chrono::milliseconds timeout, const std::string& what) {
+  const std::string err_path = log.empty() ? std::string("/dev/null") : log.string();
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe: " + std::string(std::strerror(errno)));
-  pid_t pid = -1;
   try {
-    pid = spawn_self(args, out[1], err_path);
+    s.pid = spawn_self(args, out[1], err_path);
   } catch (...) {
     ::close(out[0]);
     ::close(out[1]);
     throw;
   }
   ::close(out[1]);
-  servers_.push_back({id, "", first, last, pid});
+  servers_.push_back(s);
 
   // The readiness line, within the timeout.
-  // A server behind NAT (--no-listen) names its relay's endpoint instead.
-  static const std::regex ready(
-      R"(corolla serve \S+ blocks \[\d+, \d+\) of \S+ (?:listening on|reached through relay \S+ at) (tcp://\S+))");
+  const std::regex ready(pattern);
   std::string text;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::smatch m;
@@ -65,14 +80,13 @@ const local_swarm::server& local_swarm::start(const std::filesystem::path& model
     if (r <= 0) break;
     char buf[1024];
     const ssize_t n = ::read(out[0], buf, sizeof buf);
-    if (n <= 0) break;  // the server exited
+    if (n <= 0) break;  // the process exited
     text.append(buf, static_cast<std::size_t>(n));
     found = std::regex_search(text, m, ready);
   }
   ::close(out[0]);
   if (!found)
-    throw std::runtime_error("corolla serve " + id + " (blocks " + std::to_string(first) + ":" + std::to_string(last) +
-                             ") did not report that it listens" +
+    throw std::runtime_error(what + " did not report that it listens" +
                              (text.empty() ? std::string() : ": it printed '" + text + "'") +
                              (log.empty() ? std::string() : "; see " + log.string()));
   servers_.back().endpoint = m[1].str();

@@ -1,5 +1,6 @@
-// apps/local_swarm.hpp — `corolla serve` processes of this very binary on
-// 127.0.0.1, for the demo and `corolla bench swarm`: started with a bounded
+// apps/local_swarm.hpp — `corolla serve` (and relay `corolla node`)
+// processes of this very binary on 127.0.0.1, for the demo, `corolla bench
+// swarm` and `corolla faultlab`: started with a bounded
 // wait for their readiness lines, killed and reaped when the owner goes (also
 // on an exception), and killed by the kernel if this process dies first.
 #pragma once
@@ -36,6 +37,12 @@ class local_swarm {
   const server& start(const std::filesystem::path& model, const std::string& id, int first, int last,
                       const std::vector<std::string>& extra = {}, const std::filesystem::path& log = {},
                       std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  /// Starts `corolla node --relay-service --node-id ID` listening on a free
+  /// loopback port, plus `extra`, as a relay for servers behind NAT; listed
+  /// and signalled with the servers (blocks [0, 0)). Throws as start().
+  const server& start_relay(const std::string& id, const std::vector<std::string>& extra = {},
+                            const std::filesystem::path& log = {},
+                            std::chrono::milliseconds timeout = std::chrono::seconds(30));
   /// Sends `sig` to server `id` (SIGKILL, SIGSTOP, SIGCONT, ...).
   void signal(const std::string& id, int sig);
   /// Endpoints of every server started, in start order.
@@ -43,6 +50,11 @@ class local_swarm {
   const std::vector<server>& servers() const { return servers_; }
 
  private:
+  /// Spawns this binary with `args` (stderr to `log`) as `s`, and waits for
+  /// the line `ready` matches on its stdout: its group 1 is the endpoint.
+  const server& spawn(server s, const std::vector<std::string>& args, const std::filesystem::path& log,
+                      const std::string& pattern, std::chrono::milliseconds timeout, const std::string& what);
+
   std::vector<server> servers_;
 };
 

@@ -68,7 +68,7 @@ class reader {
 
  private:
   swarm_job read_swarm(const toml::table& t) {
-    only(t, "swarm.", {"model", "servers", "client", "link"});
+    only(t, "swarm.", {"model", "servers", "client", "link", "relays", "nat"});
     swarm_job j;
     j.model = text(t, "model", "swarm.", "");
     if (j.model.empty()) fail(origin_, &t, "swarm.model is required (a HuggingFace model directory)");
@@ -88,6 +88,19 @@ class reader {
       } catch (const std::invalid_argument& e) {
         fail(origin_, &n, std::string("swarm.servers: ") + e.what());
       }
+    }
+    j.relays = static_cast<int>(integer(t, "relays", "swarm.", 0, 0));
+    if (const toml::node* n = t.get("nat")) {
+      const toml::array* list = n->as_array();
+      if (!list) fail(origin_, n, "swarm.nat holds the indices of the servers behind NAT, e.g. [1]");
+      for (const toml::node& k : *list) {
+        const auto v = k.value<std::int64_t>();
+        if (!v || *v < 0 || *v >= static_cast<std::int64_t>(j.servers.size()))
+          fail(origin_, &k, "swarm.nat: servers are numbered from 0 to " + std::to_string(j.servers.size() - 1));
+        j.nat.push_back(static_cast<int>(*v));
+      }
+      if (!j.nat.empty() && j.relays == 0)
+        fail(origin_, n, "swarm.nat: servers behind NAT need a relay (swarm.relays = N)");
     }
     if (const toml::table* c = table(t, "client", "swarm.")) {
       only(*c, "swarm.client.", {"prompt_ids", "new_tokens", "spot_checks", "spot_check_probation"});
@@ -181,10 +194,20 @@ class reader {
                               "ranks have no such check yet");
     } else {
       if (f.whom.k == tk::rank || f.whom.k == tk::random_rank)
-        fail(origin_, &t, where + "target: a swarm's faults hit \"server K\", \"route.hop K\" or \"random server\"");
+        fail(origin_, &t,
+             where + "target: a swarm's faults hit \"server K\", \"route.hop K\", \"random server\" or \"relay K\"");
       if (f.whom.k == tk::server && f.whom.index >= static_cast<int>(s.swarm->servers.size()))
         fail(origin_, &t, where + "target: server " + std::to_string(f.whom.index) + " does not exist (there are " +
                               std::to_string(s.swarm->servers.size()) + ", from 0)");
+      if (f.whom.k == tk::relay) {
+        if (f.whom.index >= s.swarm->relays)
+          fail(origin_, &t, where + "target: relay " + std::to_string(f.whom.index) + " does not exist (swarm.relays = " +
+                                std::to_string(s.swarm->relays) + ")");
+        if (f.what == action::restart)
+          fail(origin_, &t, where + "do: a relay is not restarted (a new process listens on a port its servers do not "
+                                "know); kill it, or stop and resume it");
+        if (f.what == action::corrupt) fail(origin_, &t, where + "do: corrupt is for servers; a relay computes nothing");
+      }
     }
     return f;
   }
@@ -294,8 +317,10 @@ target parse_target(const std::string& text) {
   if (const long n = whole_after(text, "server "); n >= 0) return {target::kind::server, int(n)};
   if (const long n = whole_after(text, "rank "); n >= 0) return {target::kind::rank, int(n)};
   if (const long n = whole_after(text, "route.hop "); n >= 0) return {target::kind::route_hop, int(n)};
+  if (const long n = whole_after(text, "relay "); n >= 0) return {target::kind::relay, int(n)};
   throw std::invalid_argument("target: '" + text +
-                              "' is not \"server K\", \"rank K\", \"route.hop K\", \"random server\" or \"random rank\"");
+                              "' is not \"server K\", \"rank K\", \"route.hop K\", \"random server\", \"random rank\" "
+                              "or \"relay K\"");
 }
 
 std::string to_string(const target& t) {
@@ -305,6 +330,7 @@ std::string to_string(const target& t) {
     case target::kind::route_hop: return "route.hop " + std::to_string(t.index);
     case target::kind::random_server: return "random server";
     case target::kind::random_rank: return "random rank";
+    case target::kind::relay: return "relay " + std::to_string(t.index);
     case target::kind::none: return "";
   }
   return "";

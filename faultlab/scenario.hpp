@@ -37,10 +37,11 @@ const char* to_string(action a);
 
 /// Whom a fault hits.
 struct target {
-  enum class kind { server, rank, route_hop, random_server, random_rank, none } k = kind::none;
-  int index = 0;  ///< server K (in `servers` order), rank K, or route hop K
+  enum class kind { server, rank, route_hop, random_server, random_rank, relay, none } k = kind::none;
+  int index = 0;  ///< server K (in `servers` order), rank K, route hop K or relay K
 };
-/// "server K" | "rank K" | "route.hop K" | "random server" | "random rank".
+/// "server K" | "rank K" | "route.hop K" | "random server" | "random rank" |
+/// "relay K".
 target parse_target(const std::string& text);
 std::string to_string(const target& t);
 
@@ -65,6 +66,12 @@ struct swarm_job {
   /// The shaping of every link, servers' and client's (net/shaping.hpp
   /// syntax; "" = none): what a heal goes back to.
   std::string link;
+  /// Dedicated relays (`corolla node --relay-service`), "relay 0" ... in
+  /// faults, and the servers (indices into `servers`) behind NAT: started
+  /// with no listening socket and every relay, in order, as their --relay
+  /// list; the client reaches them through the first relay alive.
+  int relays = 0;
+  std::vector<int> nat;
 };
 
 struct train_job {

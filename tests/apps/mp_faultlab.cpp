@@ -212,8 +212,8 @@ TEST_CASE("faultlab: the scenarios that ship in scenarios/ hold") {
   // in the tests above.
   std::set<std::string> files;
   for (const auto& e : fs::directory_iterator(fs::path(COROLLA_SOURCE_DIR) / "scenarios")) files.insert(e.path().filename());
-  CHECK(files == std::set<std::string>{"swarm-corrupt.toml", "swarm-kills-and-join.toml", "swarm-partition-and-stop.toml",
-                                       "train-kill-rank.toml"});
+  CHECK(files == std::set<std::string>{"swarm-corrupt.toml", "swarm-kill-relay.toml", "swarm-kills-and-join.toml",
+                                       "swarm-partition-and-stop.toml", "train-kill-rank.toml"});
   temp_dir_guard tmp("faultlab-shipped");
   const auto [report, status] = faultlab(shipped("swarm-partition-and-stop.toml"), tmp / "report");
   INFO(report.dump(2));
@@ -225,6 +225,29 @@ TEST_CASE("faultlab: the scenarios that ship in scenarios/ hold") {
     CHECK(f["detected_at_s"].is_number());  // the client gave up on each hop
     CHECK(f["recovered_at_s"].is_number());
   }
+}
+
+TEST_CASE("faultlab: the relay of a server behind NAT is killed, the server moves to the other relay, same output") {
+  temp_dir_guard tmp("faultlab-relay");
+  const auto [report, status] = faultlab(shipped("swarm-kill-relay.toml"), tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["held"] == true);
+  CHECK(report["faulted"]["tokens"] == report["reference"]["tokens"]);
+  CHECK(report["faulted"]["recoveries"].get<int>() >= 1);
+  REQUIRE(report["faults"].size() == 1u);
+  const json& f = report["faults"][0];
+  CHECK(f["target"] == "relay 0");
+  CHECK(f["injected_at_s"].is_number());
+  // The client noticed through the server it reached through r0, and went on.
+  CHECK(f["detected_at_s"].is_number());
+  CHECK(f["recovered_at_s"].is_number());
+  // Both relays ran; the NAT server's log says it left the dead one.
+  CHECK(fs::exists(tmp / "report" / "faults" / "r1.log"));
+  std::ifstream log(tmp / "report" / "faults" / "s1.log");
+  const std::string s1((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  CHECK(s1.find("relay r0 at ") != std::string::npos);
+  CHECK(s1.find("looking for another") != std::string::npos);
 }
 
 namespace {

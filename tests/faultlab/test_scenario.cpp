@@ -143,6 +143,34 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n\n[[fault]]\nat='token 3'\ndo='kill'\ntarget='server 4'\n").rfind("s.toml:5:", 0) == 0);
 }
 
+TEST_CASE("servers behind NAT and their relays: parsed, and their mistakes named") {
+  const scenario s = parse_scenario(
+      "[swarm]\nmodel='m'\nservers=['0:2', '2:4']\nrelays=2\nnat=[1]\n[[fault]]\nat='token 3'\ndo='kill'\n"
+      "target='relay 1'\n[[fault]]\nat='token 5'\ndo='stop'\ntarget='relay 0'\n",
+      "s.toml");
+  CHECK(s.swarm->relays == 2);
+  CHECK(s.swarm->nat == std::vector<int>{1});
+  REQUIRE(s.faults.size() == 2u);
+  CHECK(s.faults[0].whom.k == target::kind::relay);
+  CHECK(s.faults[0].whom.index == 1);
+  CHECK(to_string(s.faults[1].whom) == "relay 0");
+  CHECK(parse_scenario("[swarm]\nmodel='m'\nservers=['0:2']\n", "s.toml").swarm->relays == 0);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\nnat=[0]\n").find("servers behind NAT need a relay") !=
+        std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\nrelays=1\nnat=[1]\n").find("swarm.nat: servers are numbered") !=
+        std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\nrelays=1\nnat='all'\n").find("swarm.nat holds the indices") !=
+        std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\nrelays=-1\n").find("relays") != std::string::npos);
+  const std::string base = "[swarm]\nmodel='m'\nservers=['0:2']\nrelays=1\n[[fault]]\nat='token 3'\n";
+  CHECK(error_of(base + "do='kill'\ntarget='relay 1'\n").find("relay 1 does not exist (swarm.relays = 1)") !=
+        std::string::npos);
+  CHECK(error_of(base + "do='restart'\ntarget='relay 0'\n").find("a relay is not restarted") != std::string::npos);
+  CHECK(error_of(base + "do='corrupt'\ntarget='relay 0'\n").find("a relay computes nothing") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='relay 0'\n")
+            .find("\"rank K\" or \"random rank\"") != std::string::npos);
+}
+
 TEST_CASE("moments, actions, targets and blocks in their text form") {
   CHECK(to_string(parse_moment("token 12")) == "token 12");
   CHECK(to_string(parse_moment("step 3")) == "step 3");
@@ -152,6 +180,7 @@ TEST_CASE("moments, actions, targets and blocks in their text form") {
   CHECK(std::string(to_string(parse_action("restart"))) == "restart");
   CHECK(to_string(parse_target("random rank")) == "random rank");
   CHECK(parse_target("server 2").index == 2);
+  CHECK(to_string(parse_target("relay 3")) == "relay 3");
   CHECK_THROWS_AS(parse_target("server x"), std::invalid_argument);
   CHECK(parse_blocks("3:6") == std::pair{3, 6});
   CHECK_THROWS_AS(parse_blocks("3"), std::invalid_argument);
