@@ -3,7 +3,9 @@
 // reshape a target's sends, partition cuts it off from every peer but this
 // node (which keeps its link, so the heal reaches it), corrupt makes a
 // server's span actor answer wrong. It is a node of its own, not the swarm
-// client's: a partition must cut the client off too.
+// client's: a partition must cut the client off too. A target is an
+// endpoint, or ID@RELAY_ENDPOINT for a node behind NAT, reached through its
+// relay as clients reach it (node::connect_via).
 #pragma once
 
 #include <chrono>
@@ -20,7 +22,7 @@ class faultlab_harness {
  public:
   explicit faultlab_harness(std::string token) : token_(std::move(token)) {}
 
-  /// Shapes what the node at `endpoint` sends ("" = as it was set up); cuts
+  /// Shapes what the node at `endpoint` (or ID@RELAY) sends ("" = as it was set up); cuts
   /// it off from every peer but this node (on) or lets it back (off). ""
   /// when done, else why not.
   std::string reshape(const std::string& endpoint, const std::string& profile) { return act(endpoint, &profile, nullptr); }
@@ -55,7 +57,10 @@ class faultlab_harness {
     if (known == peers_.end() || !node_->peer_is_up(known->second)) {
       connect_options co;
       co.timeout = std::chrono::seconds(5);
-      auto peer = node_->connect(endpoint, co);
+      const auto at = endpoint.find('@');
+      auto direct = node_->connect(at == std::string::npos ? endpoint : endpoint.substr(at + 1), co);
+      if (!direct) return error_message(direct.error());
+      auto peer = at == std::string::npos ? direct : node_->connect_via(*direct, endpoint.substr(0, at), co);
       if (!peer) return error_message(peer.error());
       known = peers_.insert_or_assign(endpoint, *peer).first;
     }

@@ -94,6 +94,15 @@ struct swarm_state {
       if (s.id == id) endpoint = s.endpoint;
     return endpoint;
   }
+  /// How the client (and the harness) reach server `id`: its endpoint, or
+  /// ID@RELAY through the first of the relays still running ("" when none
+  /// runs). A server behind NAT moves there when its relay stops answering.
+  std::string address_of(const std::string& id) const {
+    if (!behind_nat.count(id)) return endpoint_of(id);
+    for (const std::string& r : relays)
+      if (running.count(r)) return id + "@" + endpoint_of(r);
+    return "";
+  }
   mutable std::mutex mu;  ///< the endpoints list, read by the client's discover
 
   void start(const std::string& id, int first, int last) {
@@ -125,18 +134,12 @@ struct swarm_state {
   /// relay it had stops answering (none running: left out, unreachable).
   std::vector<std::string> live_endpoints() const {
     std::lock_guard lock(mu);
-    std::map<std::string, std::string> latest;
-    for (const auto& s : procs.servers()) latest[s.id] = s.endpoint;
-    std::string relay;
-    for (const std::string& r : relays)
-      if (running.count(r) && relay.empty()) relay = latest[r];
+    std::set<std::string> ids;
+    for (const auto& s : procs.servers()) ids.insert(s.id);
     std::vector<std::string> out;
-    for (const auto& [id, e] : latest) {
+    for (const std::string& id : ids) {
       if (dead.count(id) || std::find(relays.begin(), relays.end(), id) != relays.end()) continue;
-      if (!behind_nat.count(id))
-        out.push_back(e);
-      else if (!relay.empty())
-        out.push_back(id + "@" + relay);
+      if (std::string address = address_of(id); !address.empty()) out.push_back(std::move(address));
     }
     return out;
   }
@@ -213,9 +216,8 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
     case fl::action::partition:
     case fl::action::heal: {
       if (st.dead.count(id)) return what + ": " + id + " is dead (skipped)";
-      if (st.behind_nat.count(id))
-        return what + ": " + id + " is behind NAT, and the harness reaches control actors by dialling them (skipped)";
-      const std::string endpoint = st.endpoint_of(id);
+      const std::string endpoint = st.address_of(id);
+      if (endpoint.empty()) return what + ": " + id + " is behind NAT and no relay runs (skipped)";
       const std::string err = f.what == fl::action::heal        ? harness.heal(endpoint)
                               : f.what == fl::action::partition ? harness.partition(endpoint, true)
                                                                 : harness.reshape(endpoint, f.profile);
@@ -226,9 +228,9 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
     }
     case fl::action::corrupt: {
       if (st.dead.count(id)) return what + ": " + id + " is dead (skipped)";
-      if (st.behind_nat.count(id))
-        return what + ": " + id + " is behind NAT, and the harness reaches control actors by dialling them (skipped)";
-      if (const std::string err = harness.corrupt(st.endpoint_of(id)); !err.empty())
+      const std::string address = st.address_of(id);
+      if (address.empty()) return what + ": " + id + " is behind NAT and no relay runs (skipped)";
+      if (const std::string err = harness.corrupt(address); !err.empty())
         return what + " (" + id + "): failed: " + err;
       st.corrupted.insert(id);
       return what + " (" + id + ", wrong outputs from now on)";

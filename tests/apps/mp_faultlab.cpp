@@ -250,6 +250,29 @@ TEST_CASE("faultlab: the relay of a server behind NAT is killed, the server move
   CHECK(s1.find("looking for another") != std::string::npos);
 }
 
+TEST_CASE("faultlab: a server behind NAT corrupted through its relay is caught by spot checks, the reference's output") {
+  // Every server of blocks [2, 4) is behind NAT: the harness reaches the
+  // corrupted one's control actor through the relay, as the client does.
+  temp_dir_guard tmp("faultlab-nat-corrupt");
+  std::ofstream(tmp / "nat-corrupt.toml")
+      << "name = \"corrupt behind NAT\"\nseed = 11\n[swarm]\nmodel = \"builtin:llama\"\n"
+      << "servers = [\"0:2\", \"2:4\", \"2:4\", \"2:4\"]\nrelays = 1\nnat = [1, 2, 3]\n[swarm.client]\n"
+      << "prompt_ids = [3, 17, 9]\nnew_tokens = 12\nspot_checks = 1.0\nspot_check_probation = 0\n"
+      << "[[fault]]\nat = \"token 4\"\ndo = \"corrupt\"\ntarget = \"route.hop 1\"\n"
+      << "[expect]\nsame_output_as_reference = true\nwrong_servers_caught = true\n";
+  const auto [report, status] = faultlab(tmp / "nat-corrupt.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["held"] == true);
+  const auto ev = events(report);
+  REQUIRE(ev.size() == 1u);
+  CHECK(ev[0].find("wrong outputs from now on") != std::string::npos);
+  const auto corrupted = report["faulted"]["corrupted"].get<std::vector<std::string>>();
+  REQUIRE(corrupted.size() == 1u);
+  CHECK(corrupted[0] != "s0");
+  CHECK(report["faulted"]["wrong_servers"].get<std::vector<std::string>>() == corrupted);
+}
+
 namespace {
 
 /// Processes whose command line mentions `needle`.
