@@ -7,8 +7,9 @@
 // f32 accumulator per row of the pass, reduced across the warp with
 // shuffles at the end. The bias is added by lane 0 as it writes.
 //
-// Launch variants (loads in flight per lane x warps per block) all sum an
-// output's products in the same lane order, so they give bit-identical
+// Launch variants (the register, pipelined and cp.async kernels of
+// linear_bf16_kernels.cuh; loads in flight per lane x warps per block) all
+// sum an output's products in the same lane order, so they give bit-identical
 // results and the fastest can be picked per weight shape by timing, with
 // no effect on what decode computes (linear_bf16.hpp). The kernel is an
 // early-launch dependent (grid_dependency.cuh): it asks L2 for its weight
@@ -100,9 +101,11 @@ void launch(int i, const gemv_call& c) {
   const int warps = i < 0 ? scalar_warps : gemv_variants[i].warps;
   const std::size_t smem = i < 0 ? 0 : gemv_smem_bytes(gemv_variants[i]);
   const unsigned blocks = static_cast<unsigned>((c.out + warps - 1) / warps);
-  launch_dependent(i < 0 ? "linear_bf16_kernel" : smem ? "linear_bf16_async_kernel" : "linear_bf16_kernel (16-byte loads)",
-                   k, dim3(blocks), dim3(32 * warps), smem, c.s, c.x, c.rows, c.in, c.w, c.out, c.bias, c.residual,
-                   c.y);
+  const char* name = i < 0  ? "linear_bf16_kernel"
+                     : smem ? "linear_bf16_async_kernel"
+                            : "linear_bf16_kernel (16-byte loads)";
+  launch_dependent(name, k, dim3(blocks), dim3(32 * warps), smem, c.s, c.x, c.rows, c.in, c.w, c.out, c.bias,
+                   c.residual, c.y);
 }
 
 using shape_key = std::tuple<int, std::int64_t, std::int64_t>;  // device, in, out
@@ -257,7 +260,10 @@ std::vector<std::string> gemv_variant_names() {
 
 bool gemv_variant_tuned(int index) { return index >= 0 && index < gemv_variant_count && gemv_variants[index].tuned; }
 
-void check_gemv_setting() { (void)fixed_variant(); }
+void check_gemv_setting() {
+  (void)fixed_variant();
+  (void)carveout_setting();
+}
 
 void set_gemv_variant(int index) {
   if (index < -1 || index >= gemv_variant_count)

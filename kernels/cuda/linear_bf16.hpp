@@ -61,7 +61,9 @@ bool gemv_variant_tuned(int index);
 void set_gemv_variant(int index);
 
 /// Throws std::invalid_argument, naming the variants, if COROLLA_GEMV names
-/// none (the CUDA backend calls it as it starts, so a typo fails at once).
+/// none, or if COROLLA_CUDA_CARVEOUT is not a percentage
+/// (launch_dependent.cuh); the CUDA backend calls it as it starts, so a
+/// typo fails at once.
 void check_gemv_setting();
 
 /// What the first batch-1 call for one weight shape chose (linear_bf16_weight).

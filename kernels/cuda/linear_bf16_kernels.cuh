@@ -1,5 +1,7 @@
-// kernels/cuda/linear_bf16_kernels.cuh — the GEMV-style kernel of
-// linear_bf16.cu (its file comment says how it works). Included by
+// kernels/cuda/linear_bf16_kernels.cuh — the GEMV-style kernels of
+// linear_bf16.cu (its file comment says how they work): the register
+// kernel, the pipelined register kernel and the cp.async kernel, with the
+// launch variants the tuner chooses among. Included by
 // linear_bf16.cu, and by tests/cuda_emulated/, which runs it on the CPU
 // against an emulation of the CUDA features it uses.
 #pragma once
@@ -323,12 +325,12 @@ struct gemv_variant {
   const char* name;
   int warps;
   int stages = 0;  ///< the cp.async kernel's ring slots per lane; 0: a register kernel
-  /// Timed by the tuner. The cp.async variants are not (COROLLA_GEMV or
-  /// set_gemv_variant only): alone they read the down projection 15 %
-  /// faster, but in decode the shared memory they ask for keeps the kernels
-  /// around them from overlapping with them under early launch, and an
-  /// H200 decoded 5 % slower with them chosen (2026-11-30,
-  /// docs/benchmarks.md).
+  /// Chosen by the tuner when fastest. The cp.async variants are timed but
+  /// not chosen (COROLLA_GEMV=all or a fixed name only): alone they read
+  /// the down projection 15 % faster, but chosen in decode they cost early
+  /// launch its overlap (an H200 decoded 5 % slower), and the common
+  /// shared-memory carve-out that restores it slows the register kernels as
+  /// much (2026-11-30, docs/benchmarks.md).
   bool tuned = true;
 };
 

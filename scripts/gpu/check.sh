@@ -13,7 +13,7 @@
 # printed as it happens and at most 8 files in $OUT: info.log, one log per
 # step, summary.json (each step's exit status and seconds, and the final
 # JSON line of each benchmark). A run cut off still leaves what it finished.
-# profile: about 4 minutes of where-the-time-goes for the two targets:
+# profile: about 2 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
 # batch 8 unprofiled), Nsight Compute's counters over the decode
 # GEMVs, and PyTorch's figures on the same GPU (torch_reference.py).
@@ -85,7 +85,6 @@ if [ "$mode" = lean ] || [ "$mode" = profile ] || [ "$mode" = gemv ]; then
     exit 0
   fi
   if [ "$mode" = profile ]; then
-    step cuda_fixed 60 bash -c "test_kernels -tc='*tensor cores (bf16*' && test_model -tc='cuda: at bf16 matmul*'"
     step profile_decode 120 corolla bench decode --preset llama7b --weights bf16 --repeats 1 --profile
     step profile_train 90 corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 2 --matmul bf16 \
       --compute bf16 --profile
