@@ -1,11 +1,13 @@
 // actors/swarm_hop_state.hpp — what a swarm session keeps per hop of its
-// route (private to actors/swarm_client.cpp and swarm_spot_check.cpp).
+// route, and the helpers the client's files share (private to
+// actors/swarm_client.cpp, swarm_session.cpp and swarm_spot_check.cpp).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "actors/messages.hpp"
 #include "actors/swarm_client.hpp"
 #include "kernels/tensor.hpp"
 
@@ -23,6 +25,9 @@ namespace swarm_detail {
 
 /// Rows [0, rows) of the chunks laid end to end, as one [rows, width] tensor.
 Tensor concat_rows(const std::vector<Tensor>& chunks, std::int64_t rows, std::int64_t width);
+
+/// A span request of `type` with its body and tensors.
+remote_message request_of(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {});
 
 }  // namespace swarm_detail
 }  // namespace corolla

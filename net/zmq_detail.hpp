@@ -1,6 +1,6 @@
 // net/zmq_detail.hpp — pieces of the ZeroMQ transport shared by its
-// translation units (zmq_transport.cpp, zmq_send.cpp, zmq_receive.cpp,
-// zmq_io.cpp, curve.cpp). Internal:
+// translation units (zmq_transport.cpp, zmq_commands.cpp, zmq_send.cpp,
+// zmq_receive.cpp, zmq_io.cpp, curve.cpp). Internal:
 // nothing outside net/ includes this header, and it keeps <zmq.h> out of the
 // public one.
 #pragma once

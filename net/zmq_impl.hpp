@@ -1,8 +1,9 @@
 // net/zmq_impl.hpp — the ZeroMQ transport's state: what callers and the I/O
 // thread share about a connection, the I/O thread's view of one, and
 // zmq_transport::impl, whose members live in zmq_transport.cpp (setup, the
-// loop, commands, the caller side), zmq_receive.cpp (monitors, receiving,
-// reassembly) and zmq_send.cpp (lanes, shaping, sending, the RDMA path).
+// loop, the caller side), zmq_commands.cpp (running commands, opening and
+// closing connections), zmq_receive.cpp (monitors, receiving, reassembly)
+// and zmq_send.cpp (lanes, shaping, sending, the RDMA path).
 // Internal: nothing outside net/ includes this header.
 #pragma once
 

@@ -1,119 +1,36 @@
-// The server's span engine: remote equals local (a chain of engines and the
-// client's head generate what local generation does), rollback and replay
-// (what failover does), retried steps, every validation error, a full KV
-// cache, batched decode against single steps, the stateless forward and
-// backward with deep prompts (against the stage and finite differences),
-// and the accounting a server announces.
+// tests/model/test_span_engine_sessions.cpp — the server's span engine and
+// its sessions: remote equals local (a chain of engines and the client's head
+// generate what local generation does, deep prompts included), rollback and
+// replay (what failover does), a session over part of the span, retried
+// steps, every validation error, the KV cache (bf16, full) and the
+// accounting a server announces.
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <functional>
-#include <iomanip>
-#include <random>
-#include <sstream>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
-#include "model/head.hpp"
-#include "model/safetensors.hpp"
-#include "model/sampler.hpp"
 #include "model/span_engine.hpp"
-#include "model/stage.hpp"
 #include "model/transformer.hpp"
+#include "tests/model/span_engine_test_util.hpp"
 #include "tests/support/numeric_checks.hpp"
-#include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
-using corolla::testing::check_direction;
-using corolla::testing::dot;
+using corolla::testing::code_of;
+using corolla::testing::error_of;
+using corolla::testing::gpt2_opts;
+using corolla::testing::llama_opts;
 using corolla::testing::max_rel_diff;
+using corolla::testing::model_dir;
 using corolla::testing::random_tensor;
+using corolla::testing::same_values;
+using corolla::testing::some_ids;
 
 namespace {
-
-testing::tiny_model_options llama_opts(int layers = 2) {
-  testing::tiny_model_options o;
-  o.arch = architecture::llama;
-  o.kv_heads = 2;
-  o.layers = layers;
-  return o;
-}
-
-testing::tiny_model_options gpt2_opts(int layers = 2) {
-  testing::tiny_model_options o;
-  o.arch = architecture::gpt2;
-  o.kv_heads = o.heads;
-  o.intermediate = 64;
-  o.layers = layers;
-  o.seed = 3;
-  return o;
-}
-
-/// A tiny model on disk with its head loaded (the client's side).
-struct model_dir {
-  testing::temp_dir_guard dir{"span-engine"};
-  model_config cfg;
-  checkpoint ck;
-  head client;
-
-  explicit model_dir(const testing::tiny_model_options& o)
-      : cfg(write(dir.path(), o)), ck(checkpoint::open(dir.path())),
-        client(head::load(ck, cfg, cpu_backend())) {}
-
-  static model_config write(const std::filesystem::path& p, const testing::tiny_model_options& o) {
-    testing::write_tiny_model(p, o);
-    return load_config(p);
-  }
-
-  span_engine engine(int first, int last, std::int64_t cache_tokens = 4096,
-                     const span_engine_options& opts = {}) {
-    return span_engine::load(ck, cfg, first, last, cpu_backend(), cache_tokens, opts);
-  }
-
-  /// Embeddings of `ids` at positions start.. [n, D].
-  Tensor embed(const std::vector<std::int32_t>& ids, std::int64_t start) {
-    const auto n = static_cast<std::int64_t>(ids.size());
-    std::vector<std::int32_t> pos;
-    for (std::int64_t i = 0; i < n; ++i) pos.push_back(static_cast<std::int32_t>(start + i));
-    Tensor x = Tensor::empty({n, cfg.hidden_size});
-    client.embed(Tensor::from_i32(ids, {n}), Tensor::from_i32(pos, {n}), x);
-    return x;
-  }
-
-  /// Greedy next token from the last row of the span chain's output.
-  std::int32_t next_token(const Tensor& hidden) {
-    Tensor last = hidden.slice(hidden.dim(0) - 1, hidden.dim(0));
-    Tensor logits = Tensor::empty({1, cfg.vocab_size});
-    client.logits(last, logits, nullptr);
-    return argmax({logits.data<float>(), static_cast<std::size_t>(cfg.vocab_size)});
-  }
-};
-
-std::vector<std::int32_t> some_ids(int n, int vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(static_cast<std::int32_t>(rng() % vocab));
-  return ids;
-}
-
-bool same_values(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.to_vector() == b.to_vector();
-}
-
-template <class T>
-std::string error_of(const span_expected<T>& r) {
-  return r ? std::string("(no error)") : r.error().message;
-}
-
-template <class T>
-span_errc code_of(const span_expected<T>& r) {
-  REQUIRE_FALSE(r.has_value());
-  return r.error().code;
-}
 
 /// Rows [begin, end) of several [n_i, D] tensors laid end to end.
 Tensor concat(const std::vector<Tensor>& parts) {
@@ -488,239 +405,6 @@ TEST_CASE("a full KV cache fails the step, keeps the session and spares the othe
   CHECK(e.inference_step("b", random_tensor({1, D}, 2), 0));
 }
 
-TEST_CASE("batched decode of five sessions at different lengths equals single steps") {
-  for (const auto& o : {llama_opts(), gpt2_opts()}) {
-    model_dir m(o);
-    const std::int64_t D = m.cfg.hidden_size;
-    span_engine e = m.engine(0, 2);
-    const std::vector<std::int64_t> prompt_len = {3, 7, 16, 17, 30};  // across page ends
-    std::vector<std::int64_t> len;
-    for (std::size_t i = 0; i < prompt_len.size(); ++i) {
-      const Tensor x = random_tensor({prompt_len[i], D}, i);
-      for (const std::string prefix : {"batch", "single"}) {
-        REQUIRE(e.open_session(prefix + std::to_string(i), 64));
-        REQUIRE(e.inference_step(prefix + std::to_string(i), x, 0));
-      }
-      len.push_back(prompt_len[i]);
-    }
-    double worst = 0;
-    for (int round = 0; round < 6; ++round) {
-      std::vector<decode_item> items;
-      for (std::size_t i = 0; i < len.size(); ++i) {
-        decode_item it;
-        it.session_id = "batch" + std::to_string(i);
-        it.hidden = random_tensor({1, D}, 1000 + 10 * round + i);
-        it.start_position = len[i];
-        it.step_id = static_cast<std::uint64_t>(round + 1);
-        // Round 3: session 2 rolls back two tokens (a rejected draft).
-        if (round == 3 && i == 2) it.start_position -= 2;
-        items.push_back(it);
-      }
-      auto results = e.decode_batch(items);
-      REQUIRE(results.size() == items.size());
-      for (std::size_t i = 0; i < items.size(); ++i) {
-        auto single = e.inference_step("single" + std::to_string(i), items[i].hidden,
-                                       items[i].start_position);
-        REQUIRE(single);
-        REQUIRE(results[i]);
-        worst = std::max(worst, max_rel_diff(*results[i], *single));
-        len[i] = items[i].start_position + 1;
-        CHECK(*e.session_length("batch" + std::to_string(i)) == len[i]);
-      }
-    }
-    INFO("largest relative difference batched vs single: " << worst);
-    CHECK(worst < 1e-4);
-  }
-}
-
-TEST_CASE("one bad item in a decode batch fails only itself") {
-  model_dir m(llama_opts());
-  const std::int64_t D = m.cfg.hidden_size;
-  span_engine e = m.engine(0, 2, 48);  // three pages
-  span_engine ref = m.engine(0, 2);
-  for (const std::string id : {"a", "b", "c", "d"}) {
-    REQUIRE(e.open_session(id, 64));
-    REQUIRE(ref.open_session(id, 64));
-  }
-  // "d" takes two pages, "a" one: the pool is full; "b" and "c" have none.
-  REQUIRE(e.inference_step("d", random_tensor({17, D}, 1), 0));
-  REQUIRE(e.inference_step("a", random_tensor({2, D}, 2), 0, 5));
-  REQUIRE(ref.inference_step("a", random_tensor({2, D}, 2), 0));
-
-  const Tensor xa = random_tensor({1, D}, 3);
-  std::vector<decode_item> items = {
-      {"a", xa, 2, 6},
-      {"nope", random_tensor({1, D}, 4), 0, 1},
-      {"b", random_tensor({1, 8}, 4), 0, 1},
-      {"c", random_tensor({1, D}, 4), 0, 1},  // needs a page: the pool is full
-      {"a", xa, 2, 6},                        // the same session twice
-      {"d", random_tensor({1, D}, 4), 30, 1},
-  };
-  auto r = e.decode_batch(items);
-  REQUIRE(r.size() == 6);
-  REQUIRE(r[0]);
-  CHECK(same_values(*r[0], *ref.inference_step("a", xa, 2)));
-  CHECK(error_of(r[1]) == "unknown session 'nope'");
-  CHECK(code_of(r[2]) == span_errc::invalid_argument);
-  CHECK(code_of(r[3]) == span_errc::cache_full);
-  CHECK(error_of(r[4]) == "session 'a' appears more than once in one decode batch");
-  CHECK(error_of(r[5]) == "step starts at position 30 but the session holds 17 tokens");
-  CHECK(*e.session_length("c") == 0);
-  CHECK(*e.session_length("d") == 17);
-  // A retried item in a batch returns the stored output.
-  std::vector<decode_item> retry = {{"a", random_tensor({1, D}, 9), 2, 6}};
-  auto again = e.decode_batch(retry);
-  REQUIRE(again[0]);
-  CHECK(same_values(*again[0], *r[0]));
-  CHECK(e.decode_batch({}).empty());
-}
-
-TEST_CASE("the stateless forward equals the stage's forward and each sequence's prefill") {
-  for (const auto& o : {llama_opts(), gpt2_opts()}) {
-    model_dir m(o);
-    const int B = 3, T = 9;
-    const std::int64_t D = m.cfg.hidden_size;
-    span_engine e = m.engine(0, 2);
-    stage s = stage::load(m.ck, m.cfg, 0, 2, cpu_backend());
-    const Tensor x = random_tensor({B * T, D}, 1);
-    auto got = e.forward(x, B, T);
-    REQUIRE(got);
-    Tensor want = Tensor::empty({B * T, D});
-    s.forward(x, B, T, want, nullptr);
-    CHECK(same_values(*got, want));
-    // Zero deep prompts change nothing.
-    auto zero = e.forward(x, B, T, Tensor::zeros({2, 4, D}));
-    REQUIRE(zero);
-    CHECK(same_values(*zero, want));
-    // Each sequence alone, through a session, gives the same rows.
-    for (int b = 0; b < B; ++b) {
-      const std::string id = "seq" + std::to_string(b);
-      REQUIRE(e.open_session(id, T));
-      auto out = e.inference_step(id, x.slice(b * T, (b + 1) * T), 0);
-      REQUIRE(out);
-      CHECK(max_rel_diff(*out, got->slice(b * T, (b + 1) * T)) < 1e-4);
-    }
-    // Deep prompts: block i's prompt added to the first P rows of each
-    // sequence at block i's input, by hand with the stage's blocks.
-    const Tensor prompts = random_tensor({2, 4, D}, 2, 0.5f);
-    auto with = e.forward(x, B, T, prompts);
-    REQUIRE(with);
-    std::vector<param_set> blocks0(s.params().begin(), s.params().begin() + 1);
-    std::vector<param_set> blocks1(s.params().begin() + 1, s.params().end());
-    stage s0(m.cfg, 0, blocks0, cpu_backend()), s1(m.cfg, 1, blocks1, cpu_backend());
-    Tensor h = x.clone(), h1 = Tensor::empty({B * T, D}), h2 = Tensor::empty({B * T, D});
-    auto add_prompt = [&](Tensor& t, int block) {
-      for (int b = 0; b < B; ++b)
-        for (int p = 0; p < 4; ++p)
-          for (std::int64_t d = 0; d < D; ++d)
-            t.data<float>()[(b * T + p) * D + d] += prompts.data<float>()[(block * 4 + p) * D + d];
-    };
-    add_prompt(h, 0);
-    s0.forward(h, B, T, h1, nullptr);
-    add_prompt(h1, 1);
-    s1.forward(h1, B, T, h2, nullptr);
-    CHECK(max_rel_diff(*with, h2) < 1e-6);
-  }
-}
-
-namespace {
-
-void fill_random(param_set& p, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const auto& e : p.entries()) {
-    Tensor t = p.get(e.name);
-    float* v = t.data<float>();
-    const bool norm = e.name.find("norm.weight") != std::string::npos;
-    const float scale = e.name.find("bias") != std::string::npos ? 0.1f : norm ? 0.1f : 0.3f;
-    for (std::int64_t i = 0; i < e.numel; ++i) v[i] = (norm ? 1.0f : 0.0f) + scale * normal(rng);
-  }
-}
-
-void check_backward(architecture arch, int kv_heads) {
-  testing::tiny_model_options o;
-  o.arch = arch;
-  o.hidden = 16;
-  o.heads = 4;
-  o.kv_heads = arch == architecture::gpt2 ? 4 : kv_heads;
-  o.intermediate = 24;
-  o.layers = 3;
-  o.max_positions = 16;
-  const model_config cfg = testing::tiny_config(o);
-  Backend& be = cpu_backend();
-  std::vector<param_set> params;
-  for (int i = 0; i < 2; ++i) {
-    params.emplace_back(block_layout(cfg));
-    fill_random(params.back(), 11 + static_cast<std::uint64_t>(i));
-  }
-  // The engine hosts blocks [1, 3); a reference stage shares its weights.
-  span_engine e(stage(cfg, 1, params, be), 64);
-  stage ref(cfg, 1, params, be);
-  const int B = 2, T = 5, P = 3;
-  const std::int64_t N = B * T, D = cfg.hidden_size;
-  Tensor x = random_tensor({N, D}, 5);
-  Tensor prompts = random_tensor({2, P, D}, 6, 0.5f);
-  const Tensor r = random_tensor({N, D}, 7);  // L = sum(out * r): dL/dout = r
-
-  // Without prompts: the input gradient equals the full stage backward's.
-  auto plain = e.backward(x, r, B, T);
-  REQUIRE(plain);
-  CHECK_FALSE(plain->grad_prompts.defined());
-  stage_activations acts;
-  Tensor y = Tensor::empty({N, D}), dx = Tensor::empty({N, D});
-  ref.forward(x, B, T, y, &acts);
-  ref.backward(acts, r, dx);
-  CHECK(max_rel_diff(plain->grad_input, dx) < 1e-4);
-  auto loss_plain = [&] { return dot(*e.forward(x, B, T), r); };
-  check_direction("input (no prompts)", x, plain->grad_input, loss_plain, 100);
-
-  // With deep prompts: input and prompt gradients by finite differences.
-  auto grads = e.backward(x, r, B, T, prompts);
-  REQUIRE(grads);
-  REQUIRE(grads->grad_prompts.shape() == shape_t{2, P, D});
-  auto loss = [&] { return dot(*e.forward(x, B, T, prompts), r); };
-  check_direction("input", x, grads->grad_input, loss, 200);
-  check_direction("prompts", prompts, grads->grad_prompts, loss, 300);
-  // Each block's prompt on its own.
-  for (int i = 0; i < 2; ++i) {
-    Tensor one = prompts.slice(i, i + 1);
-    check_direction("prompt of block " + std::to_string(1 + i), one,
-                    grads->grad_prompts.slice(i, i + 1), loss, 400 + static_cast<std::uint64_t>(i));
-  }
-}
-
-}  // namespace
-
-TEST_CASE("stateless backward gradients match finite differences, deep prompts included") {
-  SUBCASE("llama GQA") { check_backward(architecture::llama, 2); }
-  SUBCASE("llama MHA") { check_backward(architecture::llama, 4); }
-  SUBCASE("gpt2") { check_backward(architecture::gpt2, 4); }
-}
-
-TEST_CASE("stateless requests with bad shapes are clear errors") {
-  model_dir m(llama_opts());
-  const std::int64_t D = m.cfg.hidden_size;
-  span_engine e = m.engine(0, 2, 64, {16, 100});
-  const Tensor x = random_tensor({2 * 5, D}, 1);
-  CHECK(error_of(e.forward(x, 0, 5)) == "batch size and sequence length must be positive, got 0 x 5");
-  CHECK(error_of(e.forward(random_tensor({65, D}, 1), 1, 65)) ==
-        "sequence of 65 tokens exceeds the model context of 64");
-  CHECK(error_of(e.forward(random_tensor({101, D}, 1), 101, 1)) ==
-        "101 x 1 = 101 rows exceed this server's limit of 100 rows per request");
-  CHECK(error_of(e.forward(x, 2, 4)) == "hidden states have 10 rows, expected 2 x 4 = 8");
-  CHECK(error_of(e.forward(random_tensor({10, 8}, 1), 2, 5)) ==
-        "hidden states must be [n, 32] (the model's hidden size is 32), got [10, 8]");
-  CHECK(error_of(e.forward(x, 2, 5, Tensor::zeros({2, 6, D}))) ==
-        "deep prompts must be float [2 blocks, P, 32] on the host with 1 <= P <= 5 (the "
-        "sequence length), got f32 [2, 6, 32] on cpu");
-  CHECK(code_of(e.forward(x, 2, 5, Tensor::zeros({1, 2, D}))) == span_errc::invalid_argument);
-  CHECK(error_of(e.backward(x, random_tensor({2 * 5, 8}, 1), 2, 5)) ==
-        "output gradients must be [n, 32] (the model's hidden size is 32), got [10, 8]");
-  CHECK(error_of(e.backward(x, random_tensor({8, D}, 1), 2, 5)) ==
-        "output gradients are [8, 32], the hidden states [10, 32]");
-  CHECK(e.forward(x, 2, 5));
-}
-
 TEST_CASE("cache accounting follows the pages sessions hold") {
   model_dir m(llama_opts());  // 2 layers, 2 kv heads x 8 dims
   const std::size_t per_token = 2 * 2 * 2 * 8 * 4;
@@ -766,72 +450,4 @@ TEST_CASE("cache accounting follows the pages sessions hold") {
   REQUIRE(none.open_session("s", 8));
   CHECK(code_of(none.inference_step("s", random_tensor({1, m.cfg.hidden_size}, 1), 0)) ==
         span_errc::cache_full);
-}
-
-// ---- decode throughput: batched vs one session at a time ------------------------------
-
-namespace {
-
-double steps_per_second(const std::function<void()>& one_round, int rounds, int steps_per_round) {
-  one_round();  // warm-up: workspaces, pages
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < rounds; ++i) one_round();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return rounds * steps_per_round / s;
-}
-
-}  // namespace
-
-TEST_CASE("bench: decode steps/s of 1 and 8 sessions, batched and unbatched" * doctest::skip()) {
-  testing::tiny_model_options o;
-  o.arch = architecture::llama;
-  o.hidden = 512;
-  o.heads = 8;
-  o.kv_heads = 4;
-  o.intermediate = 1408;
-  o.layers = 4;
-  o.max_positions = 512;
-  const model_config cfg = testing::tiny_config(o);
-  Backend& be = cpu_backend();
-  transformer model = transformer::init(cfg, 1, be);  // GPT-2 initialisation
-  std::vector<param_set> params = model.blocks();
-  span_engine e(stage(cfg, 0, params, be), 16 * 512);
-  const std::int64_t D = cfg.hidden_size;
-  const int prompt = 64, rounds = 30;
-  std::ostringstream report;
-  report << std::fixed << std::setprecision(1);
-  for (int sessions : {1, 8}) {
-    std::vector<std::string> ids;
-    std::vector<std::int64_t> len;
-    for (int i = 0; i < sessions; ++i) {
-      ids.push_back(std::to_string(sessions) + "-" + std::to_string(i));
-      REQUIRE(e.open_session(ids.back(), 512));
-      REQUIRE(e.inference_step(ids.back(), random_tensor({prompt, D}, i, 0.1f), 0));
-      len.push_back(prompt);
-    }
-    const Tensor row = random_tensor({1, D}, 7, 0.1f);
-    // Unbatched rounds run first, then batched ones at ~30 positions later:
-    // the attention's share of the work is small at these lengths.
-    auto unbatched = [&] {
-      for (int i = 0; i < sessions; ++i) {
-        REQUIRE(e.inference_step(ids[static_cast<std::size_t>(i)], row, len[i]));
-        ++len[static_cast<std::size_t>(i)];
-      }
-    };
-    auto batched = [&] {
-      std::vector<decode_item> items;
-      for (int i = 0; i < sessions; ++i)
-        items.push_back({ids[static_cast<std::size_t>(i)], row, len[static_cast<std::size_t>(i)], 0});
-      for (auto& r : e.decode_batch(items)) REQUIRE(r);
-      for (auto& l : len) ++l;
-    };
-    const double u = steps_per_second(unbatched, rounds, sessions);
-    const double b = steps_per_second(batched, rounds, sessions);
-    report << sessions << " session(s): unbatched " << u << " steps/s, batched " << b
-           << " steps/s (x" << std::setprecision(2) << b / u << std::setprecision(1) << ")\n";
-    for (const auto& id : ids) REQUIRE(e.close_session(id));
-  }
-  MESSAGE("decode, dim 512, 4 layers, GQA 8/4, context ~64-130, " << cpu_threads()
-                                                                  << " threads:\n"
-                                                                  << report.str());
 }
