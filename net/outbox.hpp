@@ -18,7 +18,7 @@
 //     (net/fragment.hpp); small messages of other lanes go out between two
 //     fragments, and large messages of different lanes take turns.
 // Pure bookkeeping, no sockets or clocks: the transport asks next() when the
-// link can take more (net/zmq_transport.cpp), and the unit tests drive it
+// link can take more (net/zmq_send.cpp), and the unit tests drive it
 // directly. Not thread-safe (the transport's I/O thread owns it).
 #pragma once
 
