@@ -87,6 +87,8 @@ struct swarm_state {
   std::set<std::string> corrupted;  ///< told to answer wrong (and not restarted since)
   std::vector<std::string> relays;   ///< the relays' ids, "r0", ...: in every NAT server's --relay order
   std::set<std::string> behind_nat;  ///< the servers started with --no-listen
+  std::set<std::string> partitioned; ///< cut off by a partition and not healed since
+  bool is_relay(const std::string& id) const { return std::find(relays.begin(), relays.end(), id) != relays.end(); }
   /// Where server `id` listens (its latest process), "" when it never started.
   std::string endpoint_of(const std::string& id) const {
     std::string endpoint;
@@ -95,12 +97,13 @@ struct swarm_state {
     return endpoint;
   }
   /// How the client (and the harness) reach server `id`: its endpoint, or
-  /// ID@RELAY through the first of the relays still running ("" when none
-  /// runs). A server behind NAT moves there when its relay stops answering.
+  /// ID@RELAY through the first of the relays still answering (running and
+  /// not partitioned; "" when none does). A server behind NAT moves there
+  /// when its relay stops answering.
   std::string address_of(const std::string& id) const {
     if (!behind_nat.count(id)) return endpoint_of(id);
     for (const std::string& r : relays)
-      if (running.count(r)) return id + "@" + endpoint_of(r);
+      if (running.count(r) && !partitioned.count(r)) return id + "@" + endpoint_of(r);
     return "";
   }
   mutable std::mutex mu;  ///< the endpoints list, read by the client's discover
@@ -119,6 +122,7 @@ struct swarm_state {
     running.insert(id);
     dead.erase(id);
     stopped.erase(id);
+    partitioned.erase(id);  // a new process
   }
   void start_relay(const std::string& id) {
     std::vector<std::string> flags{"--log-level", "warn"};
@@ -138,7 +142,7 @@ struct swarm_state {
     for (const auto& s : procs.servers()) ids.insert(s.id);
     std::vector<std::string> out;
     for (const std::string& id : ids) {
-      if (dead.count(id) || std::find(relays.begin(), relays.end(), id) != relays.end()) continue;
+      if (dead.count(id) || is_relay(id)) continue;
       if (std::string address = address_of(id); !address.empty()) out.push_back(std::move(address));
     }
     return out;
@@ -169,7 +173,7 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
       std::set<std::string> from = f.what == fl::action::resume    ? st.stopped
                                    : f.what == fl::action::restart ? st.dead
                                                                    : st.running;
-      for (const std::string& r : st.relays) from.erase(r);  // servers only
+      std::erase_if(from, [&st](const std::string& r) { return st.is_relay(r); });  // servers only
       id = st.pick(rng, from);
       break;
     }
@@ -222,6 +226,13 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
                               : f.what == fl::action::partition ? harness.partition(endpoint, true)
                                                                 : harness.reshape(endpoint, f.profile);
       if (!err.empty()) return what + " (" + id + "): failed: " + err;
+      if (f.what != fl::action::throttle) {  // the client's discovery reads it
+        std::lock_guard lock(st.mu);
+        if (f.what == fl::action::heal)
+          st.partitioned.erase(id);
+        else
+          st.partitioned.insert(id);
+      }
       if (f.what == fl::action::heal) return what + " (" + id + ", back to its own shaping, no partition)";
       if (f.what == fl::action::partition) return what + " (" + id + ", traffic with every peer dropped)";
       return what + " (" + id + ", sends shaped " + f.profile + ")";
@@ -251,7 +262,7 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
   try {
     const model_config cfg = load_config(job.model);
     const control_token_env control;
-    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}, {}, {}, {}};
+    swarm_state st{job, logs, {}, {}, {}, {}, {}, 0, {}, {}, {}, {}, {}};
     for (int r = 0; r < job.relays; ++r) st.start_relay("r" + std::to_string(r));
     for (int k : job.nat) st.behind_nat.insert("s" + std::to_string(k));
     for (std::size_t i = 0; i < job.servers.size(); ++i) {

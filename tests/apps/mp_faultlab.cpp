@@ -250,6 +250,27 @@ TEST_CASE("faultlab: the relay of a server behind NAT is killed, the server move
   CHECK(s1.find("looking for another") != std::string::npos);
 }
 
+TEST_CASE("faultlab: the relay of a server behind NAT partitioned: the server and the client move to the other relay") {
+  // The shipped scenario with a partition instead of a kill: the relay
+  // process lives on but answers nobody, and the client must be sent to
+  // where the server goes, not to the partitioned relay.
+  std::ifstream in(shipped("swarm-kill-relay.toml"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = text.find("do = \"kill\"");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 11, "do = \"partition\"");
+  temp_dir_guard tmp("faultlab-relay-partition");
+  std::ofstream(tmp / "partition-relay.toml") << text;
+  const auto [report, status] = faultlab(tmp / "partition-relay.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["held"] == true);
+  const auto ev = events(report);
+  REQUIRE(ev.size() == 1u);
+  CHECK(ev[0].find("partition relay 0 (r0, traffic with every peer dropped)") != std::string::npos);
+  CHECK(report["faulted"]["recoveries"].get<int>() >= 1);
+}
+
 TEST_CASE("faultlab: a server behind NAT corrupted through its relay is caught by spot checks, the reference's output") {
   // Every server of blocks [2, 4) is behind NAT: the harness reaches the
   // corrupted one's control actor through the relay, as the client does.
