@@ -132,6 +132,23 @@ model_config gpt2_xl_config() {
   return c;
 }
 
+/// A Mixtral-shaped mixture of experts at the default model's scale: 8
+/// layers of dim 1024, GQA (16 heads, 8 key/value heads), 8 SwiGLU experts
+/// of width 1408 with top-2 routing. It holds 302M parameters, of which a
+/// token reads about 94M (the attention, the router and its 2 experts),
+/// about what the dense default reads.
+model_config moe_config() {
+  model_config c = bench_llama_config();
+  c.hf_architecture = "MixtralForCausalLM";
+  c.n_kv_heads = 8;
+  c.intermediate_size = 1408;
+  c.n_experts = 8;
+  c.experts_per_token = 2;
+  c.norm_topk_prob = true;
+  c.rope = rope_spec(1e6);
+  return c;
+}
+
 }  // namespace
 
 void add_common(CLI::App* cmd, bench_common& o) {
@@ -139,8 +156,9 @@ void add_common(CLI::App* cmd, bench_common& o) {
                   "HuggingFace model directory (default: a random ~100M-parameter Llama-shaped "
                   "model: dim 1024, 8 layers, vocab 4096)");
   cmd->add_option("--preset", o.preset,
-                  "Shape of the random model without --model: small (the ~100M default), llama7b "
-                  "(Llama-2-7B, 27 GB in f32) or gpt2-1.5b (GPT-2 XL)")
+                  "Shape of the random model without --model: small (the ~100M default), moe (a "
+                  "Mixtral-shaped mixture of 8 experts, top-2, reading about as much per token as small), "
+                  "llama7b (Llama-2-7B, 27 GB in f32) or gpt2-1.5b (GPT-2 XL)")
       ->capture_default_str();
   cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
@@ -172,12 +190,13 @@ void report_profile(const profiling_backend& prof, const std::string& what, bool
 transformer open_model(const bench_common& o, Backend& be) {
   if (!o.model_dir.empty()) return transformer::load(o.model_dir, be);
   if (o.preset == "small") return transformer::init(bench_llama_config(), o.seed, be);
+  if (o.preset == "moe") return transformer::init(moe_config(), o.seed, be);
   // The large shapes tile their random draws: drawing billions of values
   // one by one takes minutes and does not change the speed measured.
   if (o.preset == "llama7b") return transformer::init_tiled(llama7b_config(), o.seed, be);
   if (o.preset == "gpt2-1.5b") return transformer::init_tiled(gpt2_xl_config(), o.seed, be);
   throw std::invalid_argument("bench: unknown --preset '" + o.preset +
-                              "' (expected small, llama7b or gpt2-1.5b)");
+                              "' (expected small, moe, llama7b or gpt2-1.5b)");
 }
 
 /// (bench_common.hpp)

@@ -70,14 +70,20 @@ nlohmann::json report_gemv_choices(bool json) {
 /// Bytes of weights one decode step reads: every block parameter, the final
 /// norm and the LM head (one embedding row is negligible). The blocks'
 /// linear weights are stored as `weights`, the LM head as
-/// head::lm_head_format says (int8 for nf4); norms and biases stay f32.
+/// head::lm_head_format says (int8 for nf4); norms, biases and a mixture of
+/// experts' router stay f32. A token of a mixture of experts reads only the
+/// k experts it is routed to: k / E of the experts' bytes.
 double decode_bytes_per_token(transformer& m, weight_format weights) {
   const auto& c = m.config();
+  const double expert_share = c.is_moe() ? static_cast<double>(c.experts_per_token) / c.n_experts : 1.0;
   double bytes = 0;
   for (const auto& b : m.blocks())
-    for (const auto& e : b.entries())
-      bytes += e.shape.size() == 2 ? static_cast<double>(stored_weight_bytes(e.shape[0], e.shape[1], weights))
+    for (const auto& e : b.entries()) {
+      const bool linear = e.shape.size() == 2 && e.name != "router.weight";
+      const double stored = linear ? static_cast<double>(stored_weight_bytes(e.shape[0], e.shape[1], weights))
                                    : 4.0 * static_cast<double>(e.numel);
+      bytes += e.name.rfind("experts.", 0) == 0 ? stored * expert_share : stored;
+    }
   const weight_format lm_head = is_quantized(weights) ? weight_format::int8 : weights;
   bytes += static_cast<double>(stored_weight_bytes(c.vocab_size, c.hidden_size, lm_head));
   bytes += 2.0 * c.hidden_size * 4.0;  // final norm weight and bias

@@ -172,6 +172,26 @@ class Backend {
   /// dtable[ids[i],:] += dout[i,:].
   virtual void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) = 0;
 
+  // ---- mixture of experts -------------------------------------------------------
+  // The rows of a mixture-of-experts MLP (model/moe.hpp) are routed on the
+  // host; these move them to and from the experts' contiguous row ranges.
+  // Index tensors are i32 on the host or this backend's device; float
+  // operands are f32 on the device.
+  /// out[r,:] = src[rows[r],:] * (weights ? weights[r] : 1). src [N,D], rows
+  /// [M] in [0,N), weights [M], out [M,D]. Throws tensor_error for a row
+  /// outside [0,N).
+  virtual void moe_gather(const Tensor& src, const Tensor& rows, const Tensor* weights, Tensor& out) = 0;
+  /// out[t,:] = (accumulate ? out[t,:] : 0) + sum over j of weights[t,j] *
+  /// src[slots[t,j],:], the k slots of each row summed in order j
+  /// (deterministic). src [M,D], slots [N,K] in [0,M), weights [N,K] (null:
+  /// all 1), out [N,D] (must not alias src).
+  virtual void moe_combine(const Tensor& src, const Tensor& slots, const Tensor* weights, bool accumulate,
+                           Tensor& out) = 0;
+  /// The gradient of moe_combine's weights: dweights[t,j] = dot(dy[t,:],
+  /// src[slots[t,j],:]). dy [N,D], src [M,D], slots [N,K], dweights [N,K].
+  virtual void moe_combine_weight_grad(const Tensor& dy, const Tensor& src, const Tensor& slots,
+                                       Tensor& dweights) = 0;
+
   // ---- normalisation -----------------------------------------------------------
   /// y = x / rms(x) * w, per row. x,y [N,D], w [D], rstd [N] (saved for backward).
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) = 0;

@@ -89,6 +89,16 @@ class profiling_backend final : public Backend {
   void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
     timed("embedding_backward", [&] { inner_.embedding_backward(ids, dout, dtable); });
   }
+  void moe_gather(const Tensor& src, const Tensor& rows, const Tensor* weights, Tensor& out) override {
+    timed("moe_gather", [&] { inner_.moe_gather(src, rows, weights, out); });
+  }
+  void moe_combine(const Tensor& src, const Tensor& slots, const Tensor* weights, bool accumulate,
+                   Tensor& out) override {
+    timed("moe_combine", [&] { inner_.moe_combine(src, slots, weights, accumulate, out); });
+  }
+  void moe_combine_weight_grad(const Tensor& dy, const Tensor& src, const Tensor& slots, Tensor& dweights) override {
+    timed("moe_combine_weight_grad", [&] { inner_.moe_combine_weight_grad(dy, src, slots, dweights); });
+  }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) override {
     timed("rmsnorm", [&] { inner_.rmsnorm(x, w, eps, y, rstd); });
   }

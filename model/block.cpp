@@ -1,5 +1,6 @@
 #include "model/block.hpp"
 
+#include <algorithm>
 #include <tuple>
 #include <utility>
 
@@ -21,9 +22,11 @@ void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dty
   ensure_tensor(be, s.dq, {N, Q}, act);
   ensure_tensor(be, s.dk, {N, KV}, act);
   ensure_tensor(be, s.dv, {N, KV}, act);
-  ensure_tensor(be, s.dact, {N, F}, act);
-  ensure_tensor(be, s.dup, {N, F}, act);
-  if (is_llama(cfg)) ensure_tensor(be, s.dgate, {N, F}, act);
+  if (!cfg.is_moe()) {  // the experts' rows have their own scratch (moe_grad_scratch)
+    ensure_tensor(be, s.dact, {N, F}, act);
+    ensure_tensor(be, s.dup, {N, F}, act);
+    if (is_llama(cfg)) ensure_tensor(be, s.dgate, {N, F}, act);
+  }
   if (cfg.qk_norm) {
     ensure_tensor(be, s.dq_pre, {N, Q}, act);
     ensure_tensor(be, s.dk_pre, {N, KV}, act);
@@ -57,6 +60,19 @@ std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cf
     if (cfg.qkv_bias) l.insert(l.end(), {{"q.bias", {Q}}, {"k.bias", {KV}}, {"v.bias", {KV}}});
     if (cfg.o_bias) l.push_back({"o.bias", {D}});
     if (cfg.qk_norm) l.insert(l.end(), {{"q_norm.weight", {cfg.head_dim}}, {"k_norm.weight", {cfg.head_dim}}});
+    if (cfg.is_moe()) {
+      // The router and E experts in place of the dense MLP.
+      l.erase(std::remove_if(l.begin(), l.end(),
+                             [](const auto& e) {
+                               return e.first == "gate.weight" || e.first == "up.weight" || e.first == "down.weight";
+                             }),
+              l.end());
+      l.push_back({"router.weight", {cfg.n_experts, D}});
+      for (int e = 0; e < cfg.n_experts; ++e) {
+        const std::string p = "experts." + std::to_string(e) + ".";
+        l.insert(l.end(), {{p + "gate.weight", {F, D}}, {p + "up.weight", {F, D}}, {p + "down.weight", {D, F}}});
+      }
+    }
     return l;
   }
   return {{"attn_norm.weight", {D}}, {"attn_norm.bias", {D}}, {"q.weight", {Q, D}},
@@ -119,7 +135,7 @@ std::int64_t served_block_bytes(const model_config& cfg, weight_format f) {
     for (std::int64_t d : shape) numel *= d;
     bytes += 4 * numel;  // the f32 parameter
     if (f == weight_format::f32) continue;
-    if (shape.size() == 2)
+    if (shape.size() == 2 && name != "router.weight")  // the router stays f32
       bytes += stored_weight_bytes(shape[0], shape[1], f);
     else if (name == "q.bias" || name == "k.bias" || name == "v.bias")
       bytes += 4 * numel;  // stacked into qkv_b
@@ -133,22 +149,34 @@ block_tensors inference_weights(Backend& be, const block_tensors& w, weight_form
   out.format = f;
   // Biases stay f32, stacked alike (GPT-2, Qwen2).
   if (out.q_b.defined()) out.qkv_b = stack_rows(be, {&out.q_b, &out.k_b, &out.v_b}, dtype::f32);
+  const bool moe = !out.experts.empty();
   if (is_quantized(f)) {
     std::tie(out.qkv_w, out.qkv_s) =
         quantize_stack(be, f, {{&out.q_w, &out.q_s}, {&out.k_w, &out.k_s}, {&out.v_w, &out.v_s}});
     if (out.gate_w.defined())
       std::tie(out.gate_up_w, out.gate_up_s) = quantize_stack(be, f, {{&out.gate_w, &out.gate_s}, {&out.up_w, &out.up_s}});
-    else
+    else if (!moe)
       quantize_stack(be, f, {{&out.up_w, &out.up_s}});
     quantize_stack(be, f, {{&out.o_w, &out.o_s}});
-    quantize_stack(be, f, {{&out.down_w, &out.down_s}});
+    if (!moe) quantize_stack(be, f, {{&out.down_w, &out.down_s}});
+    // Each expert's gate and up as one stack, its down apart; the router stays f32.
+    for (expert_tensors& e : out.experts) {
+      quantize_stack(be, f, {{&e.gate_w, &e.gate_s}, {&e.up_w, &e.up_s}});
+      quantize_stack(be, f, {{&e.down_w, &e.down_s}});
+    }
     return out;
   }
   const dtype t = dtype::bf16;
   out.qkv_w = stack_rows(be, {&out.q_w, &out.k_w, &out.v_w}, t);
   if (out.gate_w.defined()) out.gate_up_w = stack_rows(be, {&out.gate_w, &out.up_w}, t);
-  for (Tensor* m : {&out.o_w, &out.down_w, out.gate_w.defined() ? nullptr : &out.up_w}) {
-    if (m == nullptr) continue;
+  std::vector<Tensor*> singles = {&out.o_w};
+  if (!moe) singles.push_back(&out.down_w);
+  if (!moe && !out.gate_w.defined()) singles.push_back(&out.up_w);
+  for (expert_tensors& e : out.experts) {
+    stack_rows(be, {&e.gate_w, &e.up_w}, t);
+    singles.push_back(&e.down_w);
+  }
+  for (Tensor* m : singles) {
     Tensor converted = be.empty(m->shape(), t);
     be.copy(*m, converted);
     *m = std::move(converted);
@@ -169,6 +197,8 @@ constexpr Tensor block_tensors::*linear_roles[] = {
 block_tensors compute_weights_like(Backend& be, const block_tensors& w, dtype t) {
   if (t != dtype::bf16 && t != dtype::f16)
     throw tensor_error(std::string("compute weights are bf16 or f16, not ") + dtype_name(t));
+  if (!w.experts.empty())
+    throw tensor_error("mixed-precision training of mixture-of-experts blocks is not supported: train them in f32");
   block_tensors out = w;
   for (Tensor block_tensors::*role : linear_roles)
     if ((w.*role).defined()) out.*role = be.empty((w.*role).shape(), t);
@@ -189,10 +219,22 @@ block_tensors block_tensors::of(const model_config& cfg, const param_set& p) {
   t.v_w = p.get("v.weight");
   t.o_w = p.get("o.weight");
   t.mlp_norm_w = p.get("mlp_norm.weight");
-  t.up_w = p.get("up.weight");
-  t.down_w = p.get("down.weight");
+  if (cfg.is_moe()) {
+    t.router_w = p.get("router.weight");
+    for (int e = 0; e < cfg.n_experts; ++e) {
+      const std::string x = "experts." + std::to_string(e) + ".";
+      expert_tensors ex;
+      ex.gate_w = p.get(x + "gate.weight");
+      ex.up_w = p.get(x + "up.weight");
+      ex.down_w = p.get(x + "down.weight");
+      t.experts.push_back(std::move(ex));
+    }
+  } else {
+    t.up_w = p.get("up.weight");
+    t.down_w = p.get("down.weight");
+  }
   if (is_llama(cfg)) {
-    t.gate_w = p.get("gate.weight");
+    if (!cfg.is_moe()) t.gate_w = p.get("gate.weight");
     if (cfg.qkv_bias) {
       t.q_b = p.get("q.bias");
       t.k_b = p.get("k.bias");
@@ -253,9 +295,12 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   ensure_tensor(be, a.norm2, {N, D}, act);
   ensure_tensor(be, a.rstd2, {N});
   if (!llama) ensure_tensor(be, a.mean2, {N});
-  if (llama) ensure_tensor(be, a.gate, {N, F}, act);
-  ensure_tensor(be, a.up, {N, F}, act);
-  ensure_tensor(be, a.act, {N, F}, act);
+  const bool moe = cfg.is_moe();
+  if (llama && !moe) ensure_tensor(be, a.gate, {N, F}, act);
+  if (!moe) {
+    ensure_tensor(be, a.up, {N, F}, act);
+    ensure_tensor(be, a.act, {N, F}, act);
+  }
 
   // Attention half. y doubles as the scratch for the projection outputs.
   norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, a.norm1, opt(a.mean1), &a.rstd1);
@@ -276,7 +321,9 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
 
   // MLP half.
   norm_forward(be, cfg, a.h, w.mlp_norm_w, w.mlp_norm_b, a.norm2, opt(a.mean2), &a.rstd2);
-  if (llama) {
+  if (moe) {
+    moe_forward(be, cfg, w.router_w, w.experts, w.format, a.norm2, y, a.moe);
+  } else if (llama) {
     be.linear(a.norm2, w.gate_w, nullptr, a.gate);
     be.linear(a.norm2, w.up_w, nullptr, a.up);
     be.swiglu(a.gate, a.up, a.act);
@@ -284,7 +331,7 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
     be.linear(a.norm2, w.up_w, opt(w.up_b), a.up);
     be.gelu(a.up, a.act);
   }
-  be.linear(a.act, w.down_w, opt(w.down_b), y);
+  if (!moe) be.linear(a.act, w.down_w, opt(w.down_b), y);
   be.add(a.h, y, y);
 }
 
@@ -305,14 +352,17 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
   expect_dtype(dx, act, "block_backward dx");
   grow_grad_scratch(be, cfg, N, act, s);
 
-  // MLP half: y = h + down(act(n2)).
-  be.linear_backward(a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
-  if (llama) {
+  // MLP half: y = h + down(act(n2)) (or the experts' mixture of n2).
+  if (cfg.is_moe()) {
+    moe_backward(be, cfg, w.router_w, w.experts, a.moe, a.norm2, dy, s.dnorm, &g.router_w, g.experts, s.moe);
+  } else if (llama) {
+    be.linear_backward(a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
     be.linear_backward(a.norm2, w.gate_w, s.dgate, &s.dnorm, g.gate_w, nullptr);
     be.linear_backward(a.norm2, w.up_w, s.dup, nullptr, g.up_w, nullptr);
     be.gemm(s.dup, false, w.up_w, false, s.dnorm, 1.0f, 1.0f);  // dnorm += dup @ W_up
   } else {
+    be.linear_backward(a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
     be.gelu_backward(a.up, s.dact, s.dup);
     be.linear_backward(a.norm2, w.up_w, s.dup, &s.dnorm, g.up_w, opt(g.up_b));
   }
@@ -372,12 +422,15 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
 
   // MLP half: y = h + down(act(n2)). Activation gradients are plain GEMMs
   // with the weights: d(in) = d(out) @ W for W [out, in].
-  be.gemm(dy, false, w.down_w, false, s.dact);
-  if (llama) {
+  if (cfg.is_moe()) {
+    moe_backward(be, cfg, w.router_w, w.experts, a.moe, a.norm2, dy, s.dnorm, nullptr, {}, s.moe);
+  } else if (llama) {
+    be.gemm(dy, false, w.down_w, false, s.dact);
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
     be.gemm(s.dgate, false, w.gate_w, false, s.dnorm);
     be.gemm(s.dup, false, w.up_w, false, s.dnorm, 1.0f, 1.0f);
   } else {
+    be.gemm(dy, false, w.down_w, false, s.dact);
     be.gelu_backward(a.up, s.dact, s.dup);
     be.gemm(s.dup, false, w.up_w, false, s.dnorm);
   }

@@ -5,6 +5,8 @@
 //           Qwen2 adds biases to q, k, v (Llama's attention_bias: and o);
 //           Qwen3 norms each head of q and k (RMSNorm, one [Dh] weight
 //           each) before RoPE; RoPE may be scaled (kernels/rope_spec.hpp).
+//   Mixtral, Qwen3-MoE: Llama's (Qwen3's) attention, and in place of the
+//           MLP a mixture of SwiGLU experts (model/moe.hpp).
 //   GPT-2:  the same with layernorm, biases on every linear, no RoPE (learned
 //           positions live in the head) and y = h + down(gelu_tanh(up(n2))).
 //
@@ -37,6 +39,7 @@
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/kv_cache.hpp"
+#include "model/moe.hpp"
 #include "model/params.hpp"
 #include "model/workspace.hpp"
 
@@ -59,6 +62,10 @@ struct block_tensors {
   Tensor mlp_norm_w, mlp_norm_b;
   Tensor gate_w, up_w, up_b, down_w, down_b;
   Tensor q_norm_w, k_norm_w;  ///< Qwen3's per-head RMSNorm weights [Dh] of q and k
+  /// Mixture-of-experts blocks (model_config::is_moe): the router [E, D] and
+  /// the experts, in place of gate, up and down (which stay undefined).
+  Tensor router_w;
+  std::vector<expert_tensors> experts;
   /// Inference weights only (see inference_weights): q, k and v stacked in
   /// one [Hq*Dh + 2*Hkv*Dh, D] tensor whose row slices q_w, k_w, v_w are,
   /// with their biases stacked alike (GPT-2), and Llama's gate and up in one
@@ -124,12 +131,14 @@ struct block_activations {
   Tensor gate;                ///< Llama gate projection [N,F]
   Tensor up;                  ///< Llama up projection / GPT-2 c_fc output before GELU [N,F]
   Tensor act;                 ///< swiglu(gate, up) or gelu(up) [N,F]
+  moe_buffers moe;            ///< mixture-of-experts blocks: the routing and the experts' rows
 };
 
 /// Scratch of block_backward, grown on demand and reused across blocks.
 struct block_grad_scratch {
   Tensor dnorm, dtmp, dh, dattn, dq, dk, dv, dact, dgate, dup;
   Tensor dq_pre, dk_pre;  ///< Qwen3: gradients before the per-head norms
+  moe_grad_scratch moe;   ///< mixture-of-experts blocks
 };
 
 /// Scratch of block_backward_input: block_grad_scratch plus the [D] buffers
@@ -167,6 +176,7 @@ class block_decode_workspace {
   row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
   row_buffer qkv_, gate_up_;  ///< single-row outputs of the stacked products
   row_buffer qn_, kn_;        ///< Qwen3: q and k after their per-head norms
+  moe_buffers moe_;           ///< mixture-of-experts blocks (grown to the rows of the longest call)
   /// [1, width] views of q, k, v (gate, up) in those rows, made once per buffer.
   Tensor q1_, k1_, v1_, gate1_, up1_;
   const void* views_of_ = nullptr;

@@ -22,9 +22,10 @@ block_decode_workspace::block_decode_workspace(const model_config& cfg)
       attn_(q_width(cfg)),
       tmp_(cfg.hidden_size),
       h_(cfg.hidden_size),
-      gate_(cfg.arch == architecture::llama ? cfg.intermediate_size : 1),
-      up_(cfg.intermediate_size),
-      act_(cfg.intermediate_size),
+      // A mixture of experts keeps its rows in moe_ (they are N*k, not N).
+      gate_(cfg.arch == architecture::llama && !cfg.is_moe() ? cfg.intermediate_size : 1),
+      up_(cfg.is_moe() ? 1 : cfg.intermediate_size),
+      act_(cfg.is_moe() ? 1 : cfg.intermediate_size),
       qkv_(q_width(cfg) + 2 * kv_width(cfg)),
       gate_up_(cfg.arch == architecture::llama ? 2 * cfg.intermediate_size : 1) ,
       qn_(cfg.qk_norm ? q_width(cfg) : 1),
@@ -54,9 +55,9 @@ struct cached_forward {
   /// The workspace's views of q, k, v (gate, up) in the single-row outputs of
   /// the stacked products; made again only when those buffers are (so a
   /// warm decode step allocates nothing).
-  static void stacked_views(Backend& be, const block_tensors& w, bool llama, block_decode_workspace& ws) {
+  static void stacked_views(Backend& be, const block_tensors& w, block_decode_workspace& ws) {
     const Tensor& qkv = ws.qkv_.rows(be, 1);
-    const Tensor* gate_up = llama ? &ws.gate_up_.rows(be, 1) : nullptr;
+    const Tensor* gate_up = w.gate_up_w.defined() ? &ws.gate_up_.rows(be, 1) : nullptr;
     if (ws.views_of_ == qkv.raw() && ws.q1_.defined()) return;
     const std::int64_t qw = w.q_w.dim(0), kw = w.k_w.dim(0);
     const Tensor all = qkv.view({qw + 2 * kw});
@@ -83,15 +84,13 @@ struct cached_forward {
     Tensor& norm = ws.norm_.rows(be, R);
     Tensor& mean = ws.mean_.rows(be, R);
     Tensor& rstd = ws.rstd_.rows(be, R);
-    if (stacked) stacked_views(be, w, llama, ws);
+    if (stacked) stacked_views(be, w, ws);
     Tensor& q = stacked ? ws.q1_ : ws.q_.rows(be, R);
     Tensor& k = stacked ? ws.k1_ : ws.k_.rows(be, R);
     Tensor& v = stacked ? ws.v1_ : ws.v_.rows(be, R);
     Tensor& attn = ws.attn_.rows(be, R);
     Tensor& tmp = ws.tmp_.rows(be, R);
     Tensor& h = ws.h_.rows(be, R);
-    Tensor& up = ws.up_.rows(be, R);
-    Tensor& act = ws.act_.rows(be, R);
 
     // The statistics (mean, 1/std) are not needed later; they land in scratch.
     norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
@@ -125,6 +124,14 @@ struct cached_forward {
       }
       norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
     }
+    if (cfg.is_moe()) {
+      // The experts' mixture of the normed rows (model/moe.hpp).
+      moe_forward(be, cfg, w.router_w, w.experts, w.format, norm, tmp, ws.moe_);
+      be.add(h, tmp, y);
+      return;
+    }
+    Tensor& up = ws.up_.rows(be, R);
+    Tensor& act = ws.act_.rows(be, R);
     if (llama && stacked) {
       if (!fused(be, w.format, norm, w.gate_up_w, nullptr, linear_epilogue::swiglu, nullptr, act)) {
         linear_as(be, w.format, norm, w.gate_up_w, w.gate_up_s, nullptr, ws.gate_up_.rows(be, 1));

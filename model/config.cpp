@@ -21,7 +21,8 @@ namespace {
 using json = nlohmann::json;
 
 const char* kSupported =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel";
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, "
+    "Qwen3MoeForCausalLM, GPT2LMHeadModel";
 
 /// Reads config fields and names the field and file in every error.
 class field_reader {
@@ -190,10 +191,33 @@ model_config parse_llama(const field_reader& f, const json& j, const std::string
                                 std::to_string(c.n_heads) + ") and no head_dim is given");
     c.head_dim = c.hidden_size / c.n_heads;
   }
-  c.intermediate_size = f.positive_int("intermediate_size");
+  const bool qwen2 = hf_arch == "Qwen2ForCausalLM";
+  const bool qwen3_moe = hf_arch == "Qwen3MoeForCausalLM", mixtral = hf_arch == "MixtralForCausalLM";
+  const bool qwen3 = hf_arch == "Qwen3ForCausalLM" || qwen3_moe;
+  c.intermediate_size = f.positive_int(qwen3_moe ? "moe_intermediate_size" : "intermediate_size");
   c.max_positions = f.positive_int("max_position_embeddings");
   c.norm_eps = f.positive_float("rms_norm_eps");
-  const bool qwen2 = hf_arch == "Qwen2ForCausalLM", qwen3 = hf_arch == "Qwen3ForCausalLM";
+  if (mixtral || qwen3_moe) {
+    // Every block is sparse: Qwen3-MoE's dense layers (mlp_only_layers,
+    // decoder_sparse_step > 1) are refused rather than run as experts.
+    c.n_experts = f.positive_int(mixtral ? "num_local_experts" : "num_experts");
+    c.experts_per_token = f.positive_int("num_experts_per_tok");
+    if (c.experts_per_token > c.n_experts)
+      f.fail("num_experts_per_tok", "(" + std::to_string(c.experts_per_token) + ") exceeds the number of experts (" +
+                                        std::to_string(c.n_experts) + ")");
+    c.norm_topk_prob = mixtral || f.boolean_or("norm_topk_prob", false);
+    if (qwen3_moe) {
+      if (f.positive_int_or("decoder_sparse_step", 1) != 1)
+        f.fail("decoder_sparse_step", "is not 1; dense MLP layers between sparse ones are not supported");
+      if (f.has("mlp_only_layers") && !(j.at("mlp_only_layers").is_array() && j.at("mlp_only_layers").empty()))
+        f.fail("mlp_only_layers", "is not empty; dense MLP layers between sparse ones are not supported");
+    }
+    if (f.has("router_jitter_noise") && j.at("router_jitter_noise").is_number() &&
+        j.at("router_jitter_noise").get<double>() != 0)
+      f.fail("router_jitter_noise", "is not 0; random jitter of the router's input is not supported");
+    if (f.has("shared_expert_intermediate_size") && j.at("shared_expert_intermediate_size") != 0)
+      f.fail("shared_expert_intermediate_size", "is set; shared experts are not supported");
+  }
   c.rope = parse_rope_scaling(f, j, origin, f.positive_float_or("rope_theta", 10000.0f), c.head_dim,
                               c.max_positions);
   if (c.rope.kind != rope_kind::plain) {
@@ -214,7 +238,7 @@ model_config parse_llama(const field_reader& f, const json& j, const std::string
   // one on all four when attention_bias is true; Mistral has none.
   if (qwen2) {
     c.qkv_bias = true;
-  } else if (hf_arch != "MistralForCausalLM" && f.boolean_or("attention_bias", false)) {
+  } else if (hf_arch != "MistralForCausalLM" && !mixtral && f.boolean_or("attention_bias", false)) {
     c.qkv_bias = c.o_bias = true;
   }
   c.qk_norm = qwen3;
@@ -301,6 +325,9 @@ void model_config::validate() const {
   if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps))
     throw model_error(describe(*this) + ": norm epsilon must be positive, got " +
                       std::to_string(norm_eps));
+  if (n_experts < 0 || (n_experts > 0 && (experts_per_token < 1 || experts_per_token > n_experts)))
+    throw model_error(describe(*this) + ": " + std::to_string(experts_per_token) + " experts per token of " +
+                      std::to_string(n_experts));
   if (n_heads % n_kv_heads != 0)
     throw model_error(describe(*this) + ": number of attention heads (" + std::to_string(n_heads) +
                       ") is not divisible by the number of key/value heads (" +
@@ -335,7 +362,8 @@ long long model_config::parameter_count() const {
     return V * D + P * D + n_layers * block + 2 * D;
   }
   // input norm, q/k/v/o (and their biases), q/k norms, post-attention norm, gate/up/down
-  long long block = D + D * q + 2 * D * kv + q * D + D + 3 * D * F;
+  long long block = D + D * q + 2 * D * kv + q * D + D + 3 * D * F * std::max(1, n_experts);
+  if (n_experts > 0) block += static_cast<long long>(n_experts) * D;  // the router
   if (qkv_bias) block += q + 2 * kv;
   if (o_bias) block += D;
   if (qk_norm) block += 2LL * head_dim;
@@ -358,13 +386,15 @@ model_config parse_config(const nlohmann::json& j, const std::string& origin) {
     else if (type == "mistral") arch = "MistralForCausalLM";
     else if (type == "qwen2") arch = "Qwen2ForCausalLM";
     else if (type == "qwen3") arch = "Qwen3ForCausalLM";
+    else if (type == "mixtral") arch = "MixtralForCausalLM";
+    else if (type == "qwen3_moe") arch = "Qwen3MoeForCausalLM";
     else if (type == "gpt2") arch = "GPT2LMHeadModel";
     else arch = type.empty() ? std::string("(none: no architectures or model_type)") : type;
   }
 
   model_config c;
   if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
-      arch == "Qwen3ForCausalLM")
+      arch == "Qwen3ForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM")
     c = parse_llama(f, j, origin, arch);
   else if (arch == "GPT2LMHeadModel")
     c = parse_gpt2(f, arch);
@@ -423,14 +453,17 @@ nlohmann::json to_hf_json(const model_config& c) {
     j["attn_pdrop"] = 0.0;
   } else {
     const std::string& h = c.hf_architecture;
-    const std::string arch = h == "MistralForCausalLM" || h == "Qwen2ForCausalLM" || h == "Qwen3ForCausalLM"
+    const std::string arch = h == "MistralForCausalLM" || h == "Qwen2ForCausalLM" || h == "Qwen3ForCausalLM" ||
+                                     h == "MixtralForCausalLM" || h == "Qwen3MoeForCausalLM"
                                  ? h
                                  : std::string("LlamaForCausalLM");
     j["architectures"] = json::array({arch});
-    j["model_type"] = arch == "MistralForCausalLM" ? "mistral"
-                      : arch == "Qwen2ForCausalLM" ? "qwen2"
-                      : arch == "Qwen3ForCausalLM" ? "qwen3"
-                                                   : "llama";
+    j["model_type"] = arch == "MistralForCausalLM"    ? "mistral"
+                      : arch == "Qwen2ForCausalLM"    ? "qwen2"
+                      : arch == "Qwen3ForCausalLM"    ? "qwen3"
+                      : arch == "MixtralForCausalLM"  ? "mixtral"
+                      : arch == "Qwen3MoeForCausalLM" ? "qwen3_moe"
+                                                      : "llama";
     j["vocab_size"] = c.vocab_size;
     j["hidden_size"] = c.hidden_size;
     j["num_hidden_layers"] = c.n_layers;
@@ -446,7 +479,20 @@ nlohmann::json to_hf_json(const model_config& c) {
     j["hidden_act"] = "silu";
     if (arch != "Qwen2ForCausalLM") j["attention_bias"] = c.o_bias;
     j["mlp_bias"] = false;
-    if (arch == "MistralForCausalLM") j["sliding_window"] = nullptr;
+    if (arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") j["sliding_window"] = nullptr;
+    if (arch == "MixtralForCausalLM") {
+      j["num_local_experts"] = c.n_experts;
+      j["num_experts_per_tok"] = c.experts_per_token;
+      j["output_router_logits"] = false;  // the loss is the LM loss alone (no auxiliary balancing loss)
+    } else if (arch == "Qwen3MoeForCausalLM") {
+      j["num_experts"] = c.n_experts;
+      j["num_experts_per_tok"] = c.experts_per_token;
+      j["moe_intermediate_size"] = c.intermediate_size;
+      j["norm_topk_prob"] = c.norm_topk_prob;
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = json::array();
+      j["output_router_logits"] = false;
+    }
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() > 1) j["eos_token_id"] = c.eos_token_ids;

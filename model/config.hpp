@@ -15,7 +15,9 @@ namespace corolla {
 enum class architecture {
   /// LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
   /// Qwen3ForCausalLM: RMSNorm, RoPE (optionally scaled), SwiGLU, GQA, and
-  /// the family's optional q/k/v(/o) biases and per-head q/k norms
+  /// the family's optional q/k/v(/o) biases and per-head q/k norms;
+  /// MixtralForCausalLM / Qwen3MoeForCausalLM: the same attention with a
+  /// mixture of SwiGLU experts in place of the MLP (model/moe.hpp)
   llama,
   gpt2,   ///< GPT2LMHeadModel: LayerNorm, learned positions, GELU(tanh), biases, tied head
 };
@@ -30,7 +32,7 @@ struct model_config {
   int n_heads = 0;              ///< Hq
   int n_kv_heads = 0;           ///< Hkv (== Hq without GQA)
   int head_dim = 0;             ///< D / Hq unless config.json says otherwise
-  int intermediate_size = 0;    ///< F (MLP width)
+  int intermediate_size = 0;    ///< F (MLP width; with experts, each expert's: Qwen3-MoE's moe_intermediate_size)
   int max_positions = 0;        ///< context length (max_position_embeddings / n_positions)
   float norm_eps = 1e-5f;       ///< rms_norm_eps / layer_norm_epsilon
   rope_spec rope;               ///< llama only: rope_theta and rope_scaling
@@ -39,6 +41,14 @@ struct model_config {
   bool o_bias = false;          ///< the output projection has a bias (Llama's attention_bias)
   bool qk_norm = false;         ///< per-head RMSNorm of q and k before RoPE (Qwen3's q_norm, k_norm)
   bool tie_embeddings = false;  ///< LM head shares the token embedding table
+  /// Mixture of experts (Mixtral's num_local_experts, Qwen3-MoE's
+  /// num_experts): every block's MLP is this many SwiGLU experts of width F
+  /// and a router; 0 = a dense MLP.
+  int n_experts = 0;
+  int experts_per_token = 0;    ///< top-k experts per token (num_experts_per_tok)
+  /// The top-k routing probabilities are renormalised to sum to 1 (Mixtral
+  /// always; Qwen3-MoE's norm_topk_prob).
+  bool norm_topk_prob = false;
   int bos_token_id = -1;        ///< -1 when unknown
   int eos_token_id = -1;        ///< -1 when unknown
   /// Every end-of-sequence id (Llama 3.1 instruct ends turns with
@@ -46,6 +56,7 @@ struct model_config {
   /// list, then generation_config.json's; eos_token_id is the first.
   std::vector<int> eos_token_ids;
 
+  bool is_moe() const { return n_experts > 0; }
   /// Throws model_error if the numbers are inconsistent (e.g. Hq % Hkv != 0).
   void validate() const;
   /// Parameters in the whole model (including embeddings).

@@ -34,8 +34,28 @@ void copy_floats(const Tensor& src, Tensor dst, std::int64_t src_offset = 0) {
 
 // ---- Llama ----------------------------------------------------------------------------
 
-std::string llama_block_name(int layer, const std::string& canonical) {
+/// A mixture-of-experts tensor's name: Mixtral's block_sparse_moe.gate and
+/// experts.E.w1 (gate) / w3 (up) / w2 (down), Qwen3-MoE's mlp.gate and
+/// experts.E.gate_proj / up_proj / down_proj. Empty for other tensors.
+std::string moe_name(const model_config& cfg, const std::string& p, const std::string& canonical) {
+  const bool mixtral = cfg.hf_architecture == "MixtralForCausalLM";
+  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  if (canonical == "router.weight") return moe + "gate.weight";
+  if (canonical.rfind("experts.", 0) != 0) return {};
+  const std::size_t dot = canonical.find('.', 8);
+  if (dot == std::string::npos) return {};
+  const std::string expert = canonical.substr(0, dot + 1), role = canonical.substr(dot + 1);
+  const char* name = role == "gate.weight" ? (mixtral ? "w1.weight" : "gate_proj.weight")
+                     : role == "up.weight" ? (mixtral ? "w3.weight" : "up_proj.weight")
+                     : role == "down.weight" ? (mixtral ? "w2.weight" : "down_proj.weight")
+                                             : nullptr;
+  return name ? moe + expert + name : std::string();
+}
+
+std::string llama_block_name(const model_config& cfg, int layer, const std::string& canonical) {
   const std::string p = "model.layers." + std::to_string(layer) + ".";
+  if (cfg.is_moe())
+    if (std::string name = moe_name(cfg, p, canonical); !name.empty()) return name;
   if (canonical == "attn_norm.weight") return p + "input_layernorm.weight";
   if (canonical == "mlp_norm.weight") return p + "post_attention_layernorm.weight";
   if (canonical == "q.weight") return p + "self_attn.q_proj.weight";
@@ -141,7 +161,7 @@ void load_block_params(const checkpoint& ck, const model_config& cfg, int layer,
   }
   for (const auto& e : dst.entries()) {
     Tensor t = dst.get(e.name);
-    ck.load_into(llama_block_name(layer, e.name), t);
+    ck.load_into(llama_block_name(cfg, layer, e.name), t);
   }
 }
 
@@ -161,7 +181,7 @@ std::vector<std::pair<std::string, Tensor>> hf_block_tensors(const model_config&
   std::vector<std::pair<std::string, Tensor>> out;
   if (cfg.arch == architecture::llama) {
     for (const auto& e : block.entries())
-      out.emplace_back(llama_block_name(layer, e.name), block.get(e.name).clone());
+      out.emplace_back(llama_block_name(cfg, layer, e.name), block.get(e.name).clone());
     return out;
   }
   // GPT-2, named as GPT2LMHeadModel.save_pretrained names it.

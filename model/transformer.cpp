@@ -126,7 +126,7 @@ transformer transformer::init_with(const model_config& cfg, std::uint64_t seed, 
       } else {
         // The projections that write into the residual stream get the
         // GPT-2 scaled init so the stream's variance does not grow with depth.
-        const bool residual = e.name == "o.weight" || e.name == "down.weight";
+        const bool residual = e.name == "o.weight" || e.name.ends_with("down.weight");  // experts' too
         std::normal_distribution<float> normal(0.0f, residual ? residual_std : std_dev);
         if (!tiled || e.numel <= tile) {
           for (std::int64_t i = 0; i < e.numel; ++i) p[i] = normal(rng);

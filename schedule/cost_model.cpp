@@ -81,14 +81,17 @@ void training_setup::validate(const model_config& cfg) const {
 
 namespace {
 
-/// Parameters of the matrices a token is multiplied with in one block.
-double block_matrix_params(const model_config& cfg) {
+/// Parameters of the matrices a token is multiplied with in one block: with
+/// a mixture of experts, the router and the k experts the token is routed
+/// to (`stored`: all E experts, the parameters the block holds).
+double block_matrix_params(const model_config& cfg, bool stored = false) {
   const double D = cfg.hidden_size, F = cfg.intermediate_size;
   const double q = static_cast<double>(cfg.n_heads) * cfg.head_dim;
   const double kv = static_cast<double>(cfg.n_kv_heads) * cfg.head_dim;
   // attention: Q, K, V in, O out; MLP: gate + up + down (Llama) or fc + proj (GPT-2)
   double attention = D * q + 2 * D * kv + q * D;
   double mlp = cfg.arch == architecture::llama ? 3 * D * F : 2 * D * F;
+  if (cfg.is_moe()) mlp = D * cfg.n_experts + mlp * (stored ? cfg.n_experts : cfg.experts_per_token);
   return attention + mlp;
 }
 
@@ -119,7 +122,7 @@ double block_params(const model_config& cfg) {
   if (cfg.qkv_bias) extras += q + 2 * kv;
   if (cfg.o_bias) extras += D;
   if (cfg.qk_norm) extras += 2.0 * cfg.head_dim;
-  return 2 * D + block_matrix_params(cfg) + extras;
+  return 2 * D + block_matrix_params(cfg, true) + extras;
 }
 
 double block_activation_bytes(const model_config& cfg, int seq, int sequences, double bytes) {
@@ -135,6 +138,9 @@ double block_activation_bytes(const model_config& cfg, int seq, int sequences, d
   // never stored (fused attention recomputes them). Qwen3 also keeps q and
   // k before their per-head norms (q + kv).
   double per_token = 4 * D + 2 * q + 2 * kv + (cfg.arch == architecture::llama ? 3 * F : 2 * F);
+  // A mixture of experts keeps k copies of each row (gathered input, three
+  // F-wide, the output) and the router's logits.
+  if (cfg.is_moe()) per_token = 4 * D + 2 * q + 2 * kv + cfg.experts_per_token * (2 * D + 3 * F) + cfg.n_experts;
   if (cfg.qk_norm) per_token += q + kv;
   return tokens * per_token * bytes;
 }

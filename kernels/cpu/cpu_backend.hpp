@@ -3,7 +3,7 @@
 // Internal to kernels/: the rest of the tree reaches this backend through
 // cpu_backend() in kernels/backend.hpp. The op families live in one source
 // file each (cpu_gemm.cpp, cpu_embedding.cpp, cpu_norm.cpp, cpu_rope.cpp,
-// cpu_attention.cpp, cpu_elementwise.cpp, cpu_loss_optim.cpp,
+// cpu_attention.cpp, cpu_elementwise.cpp, cpu_loss_optim.cpp, cpu_moe.cpp,
 // cpu_quant.cpp); registry, thread count, tensor creation and copies in
 // cpu_backend.cpp. Helpers shared by those files (shape checks that do not
 // allocate, the serial/parallel loop policy, per-thread scratch) are in
@@ -65,6 +65,10 @@ class cpu_backend_impl final : public Backend {
 
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override;
+  void moe_gather(const Tensor& src, const Tensor& rows, const Tensor* weights, Tensor& out) override;
+  void moe_combine(const Tensor& src, const Tensor& slots, const Tensor* weights, bool accumulate,
+                   Tensor& out) override;
+  void moe_combine_weight_grad(const Tensor& dy, const Tensor& src, const Tensor& slots, Tensor& dweights) override;
 
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) override;
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,

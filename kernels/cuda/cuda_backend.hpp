@@ -93,6 +93,12 @@ class cuda_backend final : public Backend {
 
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override;
+  // Mixture-of-experts row moves (cuda_moe.cpp): f32, indices on the host
+  // or the device, checked on the host.
+  void moe_gather(const Tensor& src, const Tensor& rows, const Tensor* weights, Tensor& out) override;
+  void moe_combine(const Tensor& src, const Tensor& slots, const Tensor* weights, bool accumulate,
+                   Tensor& out) override;
+  void moe_combine_weight_grad(const Tensor& dy, const Tensor& src, const Tensor& slots, Tensor& dweights) override;
 
   void add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps,
                    Tensor& y) override;

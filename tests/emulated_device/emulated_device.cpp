@@ -286,6 +286,42 @@ void emulated_device_backend::embedding_backward(const Tensor& ids, const Tensor
                                    on_device(dout, "embedding_backward dout"), tv);
 }
 
+// The MoE row moves are f32 only, as on CUDA; indices on the host or here.
+void emulated_device_backend::moe_gather(const Tensor& src, const Tensor& rows, const Tensor* weights, Tensor& out) {
+  user u(*this);
+  want(src, dtype::f32, "moe_gather src");
+  want(out, dtype::f32, "moe_gather out");
+  if (weights) want(*weights, dtype::f32, "moe_gather weights");
+  Tensor ov = on_device(out, "moe_gather out");
+  Tensor wv = weights ? on_device(*weights, "moe_gather weights") : Tensor();
+  cpu_backend().moe_gather(on_device(src, "moe_gather src"), index_tensor(rows, "moe_gather rows"),
+                           weights ? &wv : nullptr, ov);
+}
+
+void emulated_device_backend::moe_combine(const Tensor& src, const Tensor& slots, const Tensor* weights,
+                                          bool accumulate, Tensor& out) {
+  user u(*this);
+  want(src, dtype::f32, "moe_combine src");
+  want(out, dtype::f32, "moe_combine out");
+  if (weights) want(*weights, dtype::f32, "moe_combine weights");
+  Tensor ov = on_device(out, "moe_combine out");
+  Tensor wv = weights ? on_device(*weights, "moe_combine weights") : Tensor();
+  cpu_backend().moe_combine(on_device(src, "moe_combine src"), index_tensor(slots, "moe_combine slots"),
+                            weights ? &wv : nullptr, accumulate, ov);
+}
+
+void emulated_device_backend::moe_combine_weight_grad(const Tensor& dy, const Tensor& src, const Tensor& slots,
+                                                      Tensor& dweights) {
+  user u(*this);
+  want(dy, dtype::f32, "moe_combine_weight_grad dy");
+  want(src, dtype::f32, "moe_combine_weight_grad src");
+  want(dweights, dtype::f32, "moe_combine_weight_grad dweights");
+  Tensor wv = on_device(dweights, "moe_combine_weight_grad dweights");
+  cpu_backend().moe_combine_weight_grad(on_device(dy, "moe_combine_weight_grad dy"),
+                                        on_device(src, "moe_combine_weight_grad src"),
+                                        index_tensor(slots, "moe_combine_weight_grad slots"), wv);
+}
+
 void emulated_device_backend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) {
   user u(*this);
   want_float(x, "rmsnorm x");

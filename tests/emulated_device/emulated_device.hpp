@@ -78,6 +78,10 @@ class emulated_device_backend final : public Backend {
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                        Tensor* db) override;
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
+  void moe_gather(const Tensor& src, const Tensor& rows, const Tensor* weights, Tensor& out) override;
+  void moe_combine(const Tensor& src, const Tensor& slots, const Tensor* weights, bool accumulate,
+                   Tensor& out) override;
+  void moe_combine_weight_grad(const Tensor& dy, const Tensor& src, const Tensor& slots, Tensor& dweights) override;
   void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) override;
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) override;
   void add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps, Tensor& y) override;

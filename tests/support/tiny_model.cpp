@@ -94,14 +94,32 @@ named_tensors llama_weights(const tiny_model_options& o) {
       add(p + "self_attn.v_proj.bias", {kv}, init_kind::bias);
     }
     if (o_bias) add(p + "self_attn.o_proj.bias", {D}, init_kind::bias);
-    if (o.family == "Qwen3ForCausalLM") {
+    if (o.family == "Qwen3ForCausalLM" || o.family == "Qwen3MoeForCausalLM") {
       add(p + "self_attn.q_norm.weight", {Dh}, init_kind::norm);
       add(p + "self_attn.k_norm.weight", {Dh}, init_kind::norm);
     }
     add(p + "post_attention_layernorm.weight", {D}, init_kind::norm);
-    add(p + "mlp.gate_proj.weight", {F, D}, init_kind::matrix);
-    add(p + "mlp.up_proj.weight", {F, D}, init_kind::matrix);
-    add(p + "mlp.down_proj.weight", {D, F}, init_kind::matrix);
+    if (o.family == "MixtralForCausalLM") {
+      add(p + "block_sparse_moe.gate.weight", {o.experts, D}, init_kind::matrix);
+      for (int e = 0; e < o.experts; ++e) {
+        const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        add(x + "w1.weight", {F, D}, init_kind::matrix);
+        add(x + "w2.weight", {D, F}, init_kind::matrix);
+        add(x + "w3.weight", {F, D}, init_kind::matrix);
+      }
+    } else if (o.family == "Qwen3MoeForCausalLM") {
+      add(p + "mlp.gate.weight", {o.experts, D}, init_kind::matrix);
+      for (int e = 0; e < o.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        add(x + "gate_proj.weight", {F, D}, init_kind::matrix);
+        add(x + "up_proj.weight", {F, D}, init_kind::matrix);
+        add(x + "down_proj.weight", {D, F}, init_kind::matrix);
+      }
+    } else {
+      add(p + "mlp.gate_proj.weight", {F, D}, init_kind::matrix);
+      add(p + "mlp.up_proj.weight", {F, D}, init_kind::matrix);
+      add(p + "mlp.down_proj.weight", {D, F}, init_kind::matrix);
+    }
   }
   add("model.norm.weight", {D}, init_kind::norm);
   if (!o.tied) add("lm_head.weight", {V, D}, init_kind::matrix);
@@ -225,7 +243,12 @@ model_config tiny_config(const tiny_model_options& o) {
     c.rope_scaling = o.rope_scaling;
     c.qkv_bias = o.family == "Qwen2ForCausalLM" || o.attention_bias;
     c.o_bias = o.family != "Qwen2ForCausalLM" && o.attention_bias;
-    c.qk_norm = o.family == "Qwen3ForCausalLM";
+    c.qk_norm = o.family == "Qwen3ForCausalLM" || o.family == "Qwen3MoeForCausalLM";
+    if (o.family == "MixtralForCausalLM" || o.family == "Qwen3MoeForCausalLM") {
+      c.n_experts = o.experts;
+      c.experts_per_token = o.experts_per_token;
+      c.norm_topk_prob = o.family == "MixtralForCausalLM" || o.norm_topk_prob;
+    }
     // The rope spec (scaled frequencies) as the loader computes it.
     if (!o.rope_scaling.empty()) c.rope = parse_config(to_hf_json(c)).rope;
   }

@@ -36,9 +36,14 @@ struct tiny_model_options {
   int eos = -1;             ///< written to config.json when >= 0 (a trained tokenizer overrides)
   float rope_theta = 10000.0f;  ///< llama only
   /// Llama-family variants (arch llama): "LlamaForCausalLM",
-  /// "Qwen2ForCausalLM" (biases on q, k, v) or "Qwen3ForCausalLM" (per-head
-  /// q/k norms).
+  /// "Qwen2ForCausalLM" (biases on q, k, v), "Qwen3ForCausalLM" (per-head
+  /// q/k norms), and the mixtures of experts "MixtralForCausalLM" and
+  /// "Qwen3MoeForCausalLM" (Qwen3's attention), with `experts` experts of
+  /// width `intermediate` each.
   std::string family = "LlamaForCausalLM";
+  int experts = 4;              ///< mixture-of-experts families only
+  int experts_per_token = 2;    ///< mixture-of-experts families only
+  bool norm_topk_prob = true;   ///< Qwen3-MoE only (Mixtral always renormalises)
   bool attention_bias = false;  ///< Llama / Qwen3: biases on q, k, v and o
   int head_dim = 0;             ///< llama family: 0 = hidden / heads
   std::string rope_scaling;     ///< config.json's rope_scaling object as JSON text ("" = none)

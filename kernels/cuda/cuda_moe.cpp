@@ -1,0 +1,73 @@
+// kernels/cuda/cuda_moe.cpp — the CUDA backend's mixture-of-experts row
+// moves: the CPU backend's argument checks (kernels/cpu/cpu_moe.cpp), the
+// indices checked on the host (uploaded when they live there, as the
+// router's always do), then one launcher each (kernels/cuda/moe.hpp).
+#include <string>
+
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/moe.hpp"
+#include "kernels/op_checks.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+void check_indices(const std::int32_t* idx, std::int64_t n, std::int64_t limit, const char* what) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (idx[i] < 0 || idx[i] >= limit)
+      throw tensor_error(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " +
+                         std::to_string(i) + " is outside [0, " + std::to_string(limit) + ")");
+}
+
+const float* cf(const Tensor* t) { return t ? static_cast<const float*>(t->raw()) : nullptr; }
+const float* cf(const Tensor& t) { return static_cast<const float*>(t.raw()); }
+float* mf(Tensor& t) { return static_cast<float*>(t.raw()); }
+
+}  // namespace
+
+void cuda_backend::moe_gather(const Tensor& src, const Tensor& rows, const Tensor* weights, Tensor& out) {
+  require_on(src, dev(), dtype::f32, "moe_gather src");
+  require_condition(src.rank() == 2, "moe_gather src", "expected a 2-D [N, D] tensor");
+  if (!rows.defined()) throw tensor_error("moe_gather rows: tensor is undefined");
+  require_condition(rows.rank() == 1, "moe_gather rows", "expected a 1-D [M] tensor");
+  const std::int64_t n = src.dim(0), d = src.dim(1), m = rows.dim(0);
+  require_on(out, dev(), dtype::f32, {m, d}, "moe_gather out");
+  if (weights) require_on(*weights, dev(), dtype::f32, {m}, "moe_gather weights");
+  device_guard guard(index_);
+  const index_view r = indices(rows, m, slot_indices, "moe_gather rows");
+  check_indices(r.host, m, n, "moe_gather rows");
+  cuda::moe_gather(stream_, cf(src), r.dev, cf(weights), mf(out), m, d);
+}
+
+void cuda_backend::moe_combine(const Tensor& src, const Tensor& slots, const Tensor* weights, bool accumulate,
+                               Tensor& out) {
+  require_on(src, dev(), dtype::f32, "moe_combine src");
+  require_condition(src.rank() == 2, "moe_combine src", "expected a 2-D [M, D] tensor");
+  if (!slots.defined()) throw tensor_error("moe_combine slots: tensor is undefined");
+  require_condition(slots.rank() == 2, "moe_combine slots", "expected a 2-D [N, K] tensor");
+  const std::int64_t m = src.dim(0), d = src.dim(1), n = slots.dim(0), k = slots.dim(1);
+  require_on(out, dev(), dtype::f32, {n, d}, "moe_combine out");
+  require_condition(out.raw() != src.raw(), "moe_combine out", "must not alias src");
+  if (weights) require_on(*weights, dev(), dtype::f32, {n, k}, "moe_combine weights");
+  device_guard guard(index_);
+  const index_view s = indices(slots.view({n * k}), n * k, slot_indices, "moe_combine slots");
+  check_indices(s.host, n * k, m, "moe_combine slots");
+  cuda::moe_combine(stream_, cf(src), s.dev, cf(weights), mf(out), n, k, d, accumulate);
+}
+
+void cuda_backend::moe_combine_weight_grad(const Tensor& dy, const Tensor& src, const Tensor& slots,
+                                           Tensor& dweights) {
+  require_on(src, dev(), dtype::f32, "moe_combine_weight_grad src");
+  require_condition(src.rank() == 2, "moe_combine_weight_grad src", "expected a 2-D [M, D] tensor");
+  if (!slots.defined()) throw tensor_error("moe_combine_weight_grad slots: tensor is undefined");
+  require_condition(slots.rank() == 2, "moe_combine_weight_grad slots", "expected a 2-D [N, K] tensor");
+  const std::int64_t m = src.dim(0), d = src.dim(1), n = slots.dim(0), k = slots.dim(1);
+  require_on(dy, dev(), dtype::f32, {n, d}, "moe_combine_weight_grad dy");
+  require_on(dweights, dev(), dtype::f32, {n, k}, "moe_combine_weight_grad dweights");
+  device_guard guard(index_);
+  const index_view s = indices(slots.view({n * k}), n * k, slot_indices, "moe_combine_weight_grad slots");
+  check_indices(s.host, n * k, m, "moe_combine_weight_grad slots");
+  cuda::moe_combine_weight_grad(stream_, cf(dy), cf(src), s.dev, mf(dweights), n, k, d);
+}
+
+}  // namespace corolla::cuda

@@ -1,0 +1,208 @@
+// model/moe.cpp — the mixture-of-experts MLP (see model/moe.hpp).
+#include "model/moe.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "model/workspace.hpp"
+
+namespace corolla {
+namespace {
+
+/// Makes `t` a host tensor of exactly `shape` and `type`, reusing it when it is one already.
+Tensor& ensure_host(Tensor& t, const shape_t& shape, dtype type = dtype::f32) {
+  if (!t.defined() || t.shape() != shape || t.type() != type || t.dev().kind != device_kind::cpu)
+    t = Tensor::empty(shape, type);
+  return t;
+}
+
+/// The rows [o0, o1) of expert-sorted buffers, as views.
+struct expert_rows {
+  std::int64_t begin, end;
+  Tensor of(const Tensor& t) const { return t.slice(begin, end); }
+};
+
+void check_experts(const model_config& cfg, std::size_t n, const char* what) {
+  if (!cfg.is_moe() || static_cast<int>(n) != cfg.n_experts)
+    throw tensor_error(std::string(what) + ": " + std::to_string(n) + " experts for a config with " +
+                       std::to_string(cfg.n_experts));
+}
+
+}  // namespace
+
+void route_rows(int k, bool renormalise, moe_routing& r) {
+  const Tensor& logits = r.logits;
+  if (!logits.defined() || logits.rank() != 2 || logits.type() != dtype::f32)
+    throw tensor_error("route_rows: the logits must be a host f32 [N, E] tensor");
+  const std::int64_t n = logits.dim(0);
+  const int e_count = static_cast<int>(logits.dim(1));
+  if (k < 1 || k > e_count)
+    throw tensor_error("route_rows: " + std::to_string(k) + " experts per row of " + std::to_string(e_count));
+  const std::int64_t m = n * k;
+  r.rows = n;
+  r.k = k;
+  r.experts = e_count;
+  r.renormalised = renormalise;
+  r.probs.resize(static_cast<std::size_t>(n * e_count));
+  r.chosen.resize(static_cast<std::size_t>(m));
+  r.offsets.assign(static_cast<std::size_t>(e_count) + 1, 0);
+  float* w = ensure_host(r.weights_host, {n, k}).data<float>();
+  std::int32_t* slots = ensure_host(r.slots, {n, k}, dtype::i32).data<std::int32_t>();
+  std::int32_t* sorted = ensure_host(r.sorted_rows, {m}, dtype::i32).data<std::int32_t>();
+  float* row_w = ensure_host(r.row_weights_host, {m}).data<float>();
+  const float* l = logits.data<float>();
+  for (std::int64_t t = 0; t < n; ++t) {
+    // Softmax over the experts (in double, rounded once to f32 as HF's f32 softmax).
+    const float* row = l + t * e_count;
+    float* p = r.probs.data() + t * e_count;
+    double top = row[0];
+    for (int e = 1; e < e_count; ++e) top = std::fmax(top, static_cast<double>(row[e]));
+    double sum = 0;
+    for (int e = 0; e < e_count; ++e) sum += std::exp(static_cast<double>(row[e]) - top);
+    for (int e = 0; e < e_count; ++e) p[e] = static_cast<float>(std::exp(static_cast<double>(row[e]) - top) / sum);
+    // Top-k by repeated selection (E is small), largest first, ties to the lower index.
+    std::int32_t* pick = r.chosen.data() + t * k;
+    float chosen_sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      for (int e = 0; e < e_count; ++e) {
+        bool taken = false;
+        for (int i = 0; i < j; ++i) taken = taken || pick[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      pick[j] = best;
+      w[t * k + j] = p[best];
+      chosen_sum += p[best];
+      ++r.offsets[static_cast<std::size_t>(best) + 1];
+    }
+    if (renormalise)
+      for (int j = 0; j < k; ++j) w[t * k + j] /= chosen_sum;
+  }
+  for (int e = 0; e < e_count; ++e) r.offsets[e + 1] += r.offsets[e];
+  // Counting sort by expert: within an expert, rows keep their order.
+  std::vector<std::int64_t> next(r.offsets.begin(), r.offsets.end() - 1);
+  for (std::int64_t t = 0; t < n; ++t)
+    for (int j = 0; j < k; ++j) {
+      const std::int64_t at = next[static_cast<std::size_t>(r.chosen[t * k + j])]++;
+      slots[t * k + j] = static_cast<std::int32_t>(at);
+      sorted[at] = static_cast<std::int32_t>(t);
+      row_w[at] = w[t * k + j];
+    }
+}
+
+void route_rows_backward(const moe_routing& r, const Tensor& dweights, Tensor& dlogits) {
+  const std::int64_t n = r.rows;
+  const int k = r.k, e_count = r.experts;
+  expect_shape(dweights, {n, k}, "route_rows_backward dweights");
+  expect_shape(dlogits, {n, e_count}, "route_rows_backward dlogits");
+  const float* dw = dweights.data<float>();
+  float* dl = dlogits.data<float>();
+  std::vector<double> dp(static_cast<std::size_t>(k));
+  for (std::int64_t t = 0; t < n; ++t) {
+    const float* p = r.probs.data() + t * e_count;
+    const std::int32_t* pick = r.chosen.data() + t * k;
+    // Through the renormalisation w_j = p_j / S, S = sum_i p_i:
+    // dL/dp_j = (dw_j - sum_i dw_i w_i) / S.
+    double s = 0, dot = 0;
+    for (int j = 0; j < k; ++j) s += p[pick[j]];
+    for (int j = 0; j < k; ++j) dot += static_cast<double>(dw[t * k + j]) * p[pick[j]] / s;
+    for (int j = 0; j < k; ++j) dp[j] = r.renormalised ? (dw[t * k + j] - dot) / s : dw[t * k + j];
+    // Through the softmax: dL/dl_e = p_e (dL/dp_e - sum_f p_f dL/dp_f),
+    // where only the chosen experts have a dL/dp.
+    double pdp = 0;
+    for (int j = 0; j < k; ++j) pdp += p[pick[j]] * dp[j];
+    float* out = dl + t * e_count;
+    for (int e = 0; e < e_count; ++e) out[e] = static_cast<float>(-p[e] * pdp);
+    for (int j = 0; j < k; ++j) out[pick[j]] = static_cast<float>(p[pick[j]] * (dp[j] - pdp));
+  }
+}
+
+void moe_forward(Backend& be, const model_config& cfg, const Tensor& router_w, std::span<const expert_tensors> experts,
+                 weight_format f, const Tensor& x, Tensor& y, moe_buffers& b) {
+  check_experts(cfg, experts.size(), "moe_forward");
+  const std::int64_t n = x.dim(0), d = cfg.hidden_size, ff = cfg.intermediate_size;
+  const int k = cfg.experts_per_token;
+  const std::int64_t m = n * k;
+  expect_shape(x, {n, d}, "moe_forward x");
+  expect_shape(y, {n, d}, "moe_forward y");
+  expect_dtype(x, dtype::f32, "moe_forward x (mixture-of-experts activations are f32)");
+  ensure_tensor(be, b.logits, {n, cfg.n_experts});
+  be.linear(x, router_w, nullptr, b.logits);
+  moe_routing& r = b.route;
+  be.copy(b.logits, ensure_host(r.logits, {n, cfg.n_experts}));
+  route_rows(k, cfg.norm_topk_prob, r);
+  be.copy(r.weights_host, ensure_tensor(be, r.weights, {n, k}));
+  ensure_tensor(be, b.xs, {m, d});
+  ensure_tensor(be, b.gate, {m, ff});
+  ensure_tensor(be, b.up, {m, ff});
+  ensure_tensor(be, b.act, {m, ff});
+  ensure_tensor(be, b.ys, {m, d});
+  be.moe_gather(x, r.sorted_rows, nullptr, b.xs);
+  for (int e = 0; e < cfg.n_experts; ++e) {
+    const expert_rows rows{r.offsets[e], r.offsets[e + 1]};
+    if (rows.begin == rows.end) continue;  // no row chose this expert
+    const expert_tensors& ex = experts[static_cast<std::size_t>(e)];
+    const Tensor xe = rows.of(b.xs);
+    Tensor ge = rows.of(b.gate), ue = rows.of(b.up), ae = rows.of(b.act), ye = rows.of(b.ys);
+    linear_as(be, f, xe, ex.gate_w, ex.gate_s, nullptr, ge);
+    linear_as(be, f, xe, ex.up_w, ex.up_s, nullptr, ue);
+    be.swiglu(ge, ue, ae);
+    linear_as(be, f, ae, ex.down_w, ex.down_s, nullptr, ye);
+  }
+  be.moe_combine(b.ys, r.slots, &r.weights, false, y);
+}
+
+void moe_backward(Backend& be, const model_config& cfg, const Tensor& router_w,
+                  std::span<const expert_tensors> experts, const moe_buffers& b, const Tensor& x, const Tensor& dy,
+                  Tensor& dx, Tensor* drouter_w, std::span<expert_tensors> dexperts, moe_grad_scratch& s) {
+  check_experts(cfg, experts.size(), "moe_backward");
+  const bool params = drouter_w != nullptr;
+  if (params) check_experts(cfg, dexperts.size(), "moe_backward gradients");
+  const moe_routing& r = b.route;
+  const std::int64_t n = r.rows, d = cfg.hidden_size, ff = cfg.intermediate_size;
+  const int k = r.k;
+  const std::int64_t m = n * k;
+  expect_shape(dy, {n, d}, "moe_backward dy");
+  expect_shape(dx, {n, d}, "moe_backward dx");
+  // The routing weights' gradient, then the router logits' (on the host).
+  be.moe_combine_weight_grad(dy, b.ys, r.slots, ensure_tensor(be, s.dweights, {n, k}));
+  be.copy(s.dweights, ensure_host(s.dweights_host, {n, k}));
+  route_rows_backward(r, s.dweights_host, ensure_host(s.dlogits_host, {n, cfg.n_experts}));
+  be.copy(s.dlogits_host, ensure_tensor(be, s.dlogits, {n, cfg.n_experts}));
+  // Each expert output row's gradient is its row's dy times its weight.
+  Tensor& row_w = ensure_tensor(be, s.row_weights, {m});
+  be.copy(r.row_weights_host, row_w);
+  ensure_tensor(be, s.dys, {m, d});
+  ensure_tensor(be, s.dact, {m, ff});
+  ensure_tensor(be, s.dgate, {m, ff});
+  ensure_tensor(be, s.dup, {m, ff});
+  ensure_tensor(be, s.dxs, {m, d});
+  be.moe_gather(dy, r.sorted_rows, &row_w, s.dys);
+  for (int e = 0; e < cfg.n_experts; ++e) {
+    const expert_rows rows{r.offsets[e], r.offsets[e + 1]};
+    if (rows.begin == rows.end) continue;
+    const expert_tensors& ex = experts[static_cast<std::size_t>(e)];
+    const Tensor xe = rows.of(b.xs), ge = rows.of(b.gate), ue = rows.of(b.up), ae = rows.of(b.act);
+    const Tensor dye = rows.of(s.dys);
+    Tensor dae = rows.of(s.dact), dge = rows.of(s.dgate), due = rows.of(s.dup), dxe = rows.of(s.dxs);
+    if (params) {
+      expert_tensors& g = dexperts[static_cast<std::size_t>(e)];
+      be.linear_backward(ae, ex.down_w, dye, &dae, g.down_w, nullptr);
+      be.swiglu_backward(ge, ue, dae, dge, due);
+      be.linear_backward(xe, ex.gate_w, dge, &dxe, g.gate_w, nullptr);
+      be.linear_backward(xe, ex.up_w, due, nullptr, g.up_w, nullptr);
+    } else {
+      // Frozen weights: activation gradients are plain products, d(in) = d(out) @ W.
+      be.gemm(dye, false, ex.down_w, false, dae);
+      be.swiglu_backward(ge, ue, dae, dge, due);
+      be.gemm(dge, false, ex.gate_w, false, dxe);
+    }
+    be.gemm(due, false, ex.up_w, false, dxe, 1.0f, 1.0f);  // dxe += dup @ W_up
+  }
+  // dx: each row's k expert input gradients, plus the router's.
+  be.moe_combine(s.dxs, r.slots, nullptr, false, dx);
+  if (params) be.linear_backward(x, router_w, s.dlogits, nullptr, *drouter_w, nullptr);
+  be.gemm(s.dlogits, false, router_w, false, dx, 1.0f, 1.0f);
+}
+
+}  // namespace corolla

@@ -1,0 +1,109 @@
+// model/moe.hpp — the mixture-of-experts MLP of Mixtral and Qwen3-MoE
+// blocks, in place of the dense SwiGLU MLP (model/block.hpp):
+//
+//   p = softmax(router(x))                   per row, over the E experts
+//   e_1..e_k = the k largest p (top-k), w_j = p[e_j]
+//              (/ sum_j p[e_j] with norm_topk_prob: Mixtral always)
+//   y = sum_j w_j * down_ej(silu(gate_ej(x)) * up_ej(x))
+//
+// exactly as HuggingFace's MixtralSparseMoeBlock and Qwen3MoeSparseMoeBlock
+// compute it (softmax in f32, the top-k weights renormalised in f32).
+//
+// Rows are routed on the host: the router's [N, E] logits come back (one
+// small copy per block; on a GPU, one synchronisation), each row's k
+// (row, slot) pairs are sorted by expert into one [N*k, D] tensor where
+// expert e's rows are one contiguous range (Backend::moe_gather), and every
+// expert runs one product per projection over all of its rows: experts are
+// grouped GEMMs, not a loop over tokens. Backend::moe_combine sums each
+// row's k expert outputs back, weighted, in slot order (deterministic).
+//
+// Backward: moe_combine_weight_grad gives dL/dw_j; the host turns it into
+// the router logits' gradient (through the renormalisation and the
+// softmax; experts not chosen get no gradient through w, as in HF, where
+// top-k is a selection); the experts' products run backward per expert; and
+// dx sums each row's k expert input gradients plus the router's.
+//
+// No auxiliary load-balancing loss: the loss is the language-model loss,
+// as HF computes it with output_router_logits = false (their default).
+// Activations are f32 (mixed-precision training of MoE blocks is refused in
+// compute_weights_like).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/weight_format.hpp"
+#include "model/config.hpp"
+
+namespace corolla {
+
+/// One expert's SwiGLU weights: gate [F, D], up [F, D], down [D, F] (f32
+/// parameters, or inference copies of the block's weight format with their
+/// scales; the scales stay undefined for f32 and bf16).
+struct expert_tensors {
+  Tensor gate_w, up_w, down_w;
+  Tensor gate_s, up_s, down_s;
+};
+
+/// Where N rows go: the top-k experts of each row and the order of the
+/// expert-sorted rows. Host tensors (indices are uploaded by the ops that
+/// take them), with device copies of the weights.
+struct moe_routing {
+  std::int64_t rows = 0;        ///< N
+  int k = 0;                    ///< experts per row
+  int experts = 0;              ///< E
+  bool renormalised = false;    ///< the top-k weights were divided by their sum
+  Tensor logits;                ///< host f32 [N, E]: the router's output
+  std::vector<float> probs;     ///< softmax of each row's logits [N * E]
+  std::vector<std::int32_t> chosen;  ///< the expert of (row t, slot j) [N * k], largest p first
+  /// Expert e's rows are [offsets[e], offsets[e + 1]) of the sorted rows (E + 1 entries).
+  std::vector<std::int64_t> offsets;
+  Tensor slots;                 ///< host i32 [N, k]: the sorted row of (row t, slot j)
+  Tensor sorted_rows;           ///< host i32 [N * k]: the input row of each sorted row
+  Tensor weights_host;          ///< host f32 [N, k]: w_j of (row t, slot j)
+  Tensor row_weights_host;      ///< host f32 [N * k]: the weight of each sorted row
+  Tensor weights, row_weights;  ///< the two weight tensors on the backend's device
+};
+
+/// Routes N rows of router logits (host f32 [N, E] in r.logits) to their
+/// top `k` experts: fills everything but the device copies. Ties go to the
+/// lower expert index.
+void route_rows(int k, bool renormalise, moe_routing& r);
+
+/// The gradient of the router logits (host f32 [N, E], overwritten) from
+/// that of the routing weights (host f32 [N, k]), for routing `r`.
+void route_rows_backward(const moe_routing& r, const Tensor& dweights, Tensor& dlogits);
+
+/// What one MoE forward computes: kept for the backward in training, reused
+/// as the workspace of the cached (inference) forwards. Grown on demand.
+struct moe_buffers {
+  Tensor logits;                 ///< [N, E] on the device
+  moe_routing route;
+  Tensor xs, gate, up, act, ys;  ///< the expert-sorted rows: [N*k, D], three [N*k, F], [N*k, D]
+};
+
+/// Scratch of moe_backward, grown on demand.
+struct moe_grad_scratch {
+  Tensor dweights, dweights_host, dlogits, dlogits_host;
+  Tensor row_weights;  ///< the routing's row weights on the device
+  Tensor dys, dact, dgate, dup, dxs;
+};
+
+/// y [N, D] = the mixture of experts of x [N, D] (the block's second norm).
+/// `experts` holds E experts stored as `f` (f32 in training); the router
+/// stays f32. y must not alias x.
+void moe_forward(Backend& be, const model_config& cfg, const Tensor& router_w, std::span<const expert_tensors> experts,
+                 weight_format f, const Tensor& x, Tensor& y, moe_buffers& b);
+
+/// The backward of moe_forward (whose buffers are `b`, input `x`): dx
+/// [N, D] overwritten from dy [N, D]. With `drouter_w` and `dexperts` (the
+/// gradient tensors of the same roles, f32) the parameter gradients are
+/// added into them; without (null, empty) only dx is computed (frozen
+/// weights: a server's input-only backward).
+void moe_backward(Backend& be, const model_config& cfg, const Tensor& router_w,
+                  std::span<const expert_tensors> experts, const moe_buffers& b, const Tensor& x, const Tensor& dy,
+                  Tensor& dx, Tensor* drouter_w, std::span<expert_tensors> dexperts, moe_grad_scratch& s);
+
+}  // namespace corolla
