@@ -1,7 +1,9 @@
 // Swarm serving of every Llama-family member with real `corolla serve`
 // processes on 127.0.0.1: Qwen2 (q/k/v biases, tied embeddings) and Qwen3
 // (per-head q/k norms, its own head_dim) with scaled RoPE (yarn, llama3)
-// generate through a two-server chain as they do locally.
+// generate through a two-server chain as they do locally; so do the
+// mixtures of experts Mixtral and Qwen3-MoE (each server routes its blocks'
+// rows to their experts).
 #include <doctest/doctest.h>
 
 #include <functional>
@@ -34,6 +36,38 @@ TEST_CASE("swarm greedy generation equals local generation for Qwen2 and Qwen3 m
   for (const auto& family : families) {
     swarm_model m(architecture::llama, family);
     CAPTURE(m.opts.family);
+    swarm_processes sw;
+    sw.start(m, "s-a", 0, 2);
+    sw.start(m, "s-b", 2, 4);
+    auto n = client_node();
+    swarm_client_options o;
+    o.servers = sw.list();
+    swarm_client client(*n, o);
+    head h = load_head(m);
+    const swarm_generation g = swarm_generate(client, h, m.prompt, m.params);
+    CHECK(g.result.tokens == m.expected);
+    CHECK(g.route.size() == 2u);
+  }
+}
+
+TEST_CASE("swarm greedy generation equals local generation for Mixtral and Qwen3-MoE models") {
+  const std::vector<std::function<void(testing::tiny_model_options&)>> families = {
+      [](auto& o) {
+        o.family = "MixtralForCausalLM";
+        o.init_std = 0.6f;
+      },
+      [](auto& o) {
+        o.family = "Qwen3MoeForCausalLM";
+        o.head_dim = 16;
+        o.experts = 6;
+        o.experts_per_token = 3;
+        o.norm_topk_prob = false;
+        o.init_std = 0.6f;
+      }};
+  for (const auto& family : families) {
+    swarm_model m(architecture::llama, family);
+    CAPTURE(m.opts.family);
+    REQUIRE(m.cfg.is_moe());
     swarm_processes sw;
     sw.start(m, "s-a", 0, 2);
     sw.start(m, "s-b", 2, 4);

@@ -210,6 +210,89 @@ TEST_CASE("Qwen2 and Qwen3 models with scaled RoPE train in 2x2 like one process
   }
 }
 
+TEST_CASE("a Mixtral model trains in one process and in 2x2 with the library's losses, and --save writes its experts") {
+  temp_dir_guard tmp("mp-train-moe");
+  tiny_model_options o = tiny(architecture::llama);
+  o.family = "MixtralForCausalLM";
+  o.init_std = 0.3f;  // routing that differs from token to token
+  job j;
+  j.model = tmp / "mixtral";
+  write_tiny_model(j.model, o);
+  j.data = tmp / "tokens.bin";
+  write_raw_u16(j.data, pattern_tokens(3000));
+  j.batch = 4;
+  j.steps = 4;
+  j.lr = 1e-2f;
+  j.clip = 1.0f;
+  const std::vector<float> want = reference_losses(j, transformer::load(j.model, cpu_backend()));
+  REQUIRE(want.back() < want.front());  // the updates matter to the losses
+
+  // `corolla train` in one process.
+  const process_result single = run_corolla(train_args(j, {}), std::chrono::seconds(60));
+  INFO("stderr: " << single.err);
+  REQUIRE(single.exit_code == 0);
+  check_close(json_steps(single.out_lines()), want, 1e-5);
+
+  // Two stages of two blocks, two replicas each.
+  const fs::path saved = tmp / "mixtral-trained";
+  const process_result r = run_layout(j, 2, 2, {"--save", saved.string()});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  check_close(json_steps(r.out_lines()), want, 1e-5);
+  // The saved model is a Mixtral with its router and experts, trained.
+  const model_config back = load_config(saved);
+  CHECK(back.hf_architecture == "MixtralForCausalLM");
+  CHECK(back.n_experts == o.experts);
+  CHECK(back.experts_per_token == o.experts_per_token);
+  const auto before = read_all_f32(j.model), after = read_all_f32(saved);
+  CHECK(after.size() == before.size());
+  for (const char* name : {"model.layers.0.block_sparse_moe.gate.weight", "model.layers.3.block_sparse_moe.gate.weight",
+                           "model.layers.1.block_sparse_moe.experts.2.w3.weight",
+                           "model.layers.2.block_sparse_moe.experts.3.w2.weight"}) {
+    CAPTURE(name);
+    REQUIRE(after.count(name) == 1);
+    CHECK(after.at(name) != before.at(name));
+  }
+  CHECK(after.count("model.layers.0.mlp.gate_proj.weight") == 0);
+}
+
+TEST_CASE("Mixtral ranks on the GPU give the single-process losses, and --compute bf16 refuses MoE blocks with the reason") {
+  if (cuda_device_count() == 0) {
+    MESSAGE("skipped: no CUDA device visible");
+    return;
+  }
+  temp_dir_guard tmp("mp-train-moe-cuda");
+  tiny_model_options o = tiny(architecture::llama);
+  o.family = "MixtralForCausalLM";
+  o.init_std = 0.3f;
+  job j;
+  j.model = tmp / "mixtral";
+  write_tiny_model(j.model, o);
+  j.data = tmp / "tokens.bin";
+  write_raw_u16(j.data, pattern_tokens(3000));
+  j.batch = 4;
+  j.steps = 4;
+  j.lr = 1e-2f;
+  const std::vector<float> want = reference_losses(j, transformer::load(j.model, cpu_backend()));
+  // The router's logits come back to the host each block: a top-k tie the
+  // GPU's rounding breaks the other way would change a loss by far more.
+  const process_result single = run_corolla(train_args(j, {"--device", "cuda"}), std::chrono::seconds(60));
+  INFO("stderr: " << single.err);
+  REQUIRE(single.exit_code == 0);
+  check_close(json_steps(single.out_lines()), want, 1e-4);
+  const process_result r = run_layout(j, 2, 2, {"--device", "cuda"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  check_close(json_steps(r.out_lines()), want, 1e-4);
+  // Mixed precision is f32-only for MoE blocks: one clear error, in one process and in ranks.
+  const char* reason = "mixed-precision training of mixture-of-experts blocks is not supported";
+  check_one_error(run_corolla(train_args(j, {"--device", "cuda", "--compute", "bf16"}), std::chrono::seconds(60)),
+                  reason);
+  const process_result ranks = run_layout(j, 2, 1, {"--device", "cuda", "--compute", "bf16"});
+  CHECK(ranks.exit_code == 1);
+  CHECK_MESSAGE(ranks.err.find(reason) != std::string::npos, "stderr: " << ranks.err);
+}
+
 TEST_CASE("a resumed run continues with the losses of an uninterrupted one, and --save writes the trained model") {
   temp_dir_guard tmp("mp-train-resume");
   job j = fresh_gpt2_job(tmp);

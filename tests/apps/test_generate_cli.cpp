@@ -164,6 +164,33 @@ TEST_CASE("generate --weights bf16 prints the library's bf16-weight generation")
   }
 }
 
+TEST_CASE("generate --print-ids prints the library's generation for Mixtral and Qwen3-MoE models") {
+  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+    CAPTURE(family);
+    testing::temp_dir_guard dir("cli-moe");
+    testing::tiny_model_options o;
+    o.family = family;
+    o.init_std = 0.6f;
+    testing::write_tiny_model(dir.path(), o);
+    REQUIRE(load_config(dir.path()).is_moe());
+    for (const char* weights : {"f32", "int8"}) {
+      CAPTURE(weights);
+      auto r = testing::run_corolla(generate_args(
+          dir.path(), {"--prompt-ids", "3,17,42,8", "--max-new-tokens", "12", "--print-ids", "--weights", weights}));
+      INFO("stderr: " << r.err);
+      REQUIRE(r.exited());
+      REQUIRE(r.exit_code == 0);
+      CHECK(r.err.empty());
+      generation_params p;
+      p.max_new_tokens = 12;
+      const auto expected = library_generate(dir.path(), {3, 17, 42, 8}, p, *weight_format_named(weights));
+      CHECK(expected.size() == 12);
+      REQUIRE(!r.out_lines().empty());
+      CHECK(parse_ids(r.out_lines().back()) == expected);
+    }
+  }
+}
+
 TEST_CASE("generate samples as the library does for a seed") {
   testing::temp_dir_guard dir("cli-sample");
   testing::write_tiny_model(dir.path(), {});

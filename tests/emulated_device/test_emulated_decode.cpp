@@ -129,3 +129,27 @@ TEST_CASE("emulated device: int8- and nf4-weight decode (quantised on the device
     }
   }
 }
+
+TEST_CASE("emulated device: bf16-, int8- and nf4-weight decode of mixture-of-experts models generates the cpu's tokens") {
+  // Each expert's weights converted (quantised) on the device, the router
+  // kept f32; prefill and one-row decode steps route through the same experts.
+  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+    CAPTURE(family);
+    testing::tiny_model_options o = testing::tiny_options_for(architecture::llama, 96);
+    o.family = family;
+    testing::temp_dir_guard dir("emulated-moe-decode");
+    testing::write_tiny_model(dir.path(), o);
+    emulated_device_backend dev;
+    transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+    transformer on_dev = transformer::load(dir.path(), dev);
+    for (weight_format f : {weight_format::bf16, weight_format::int8, weight_format::nf4}) {
+      CAPTURE(weight_format_name(f));
+      generation_params p;
+      p.max_new_tokens = 16;
+      p.ignore_eos = true;
+      generator g_cpu(on_cpu, 0, f), g_dev(on_dev, 0, f);
+      const auto prompt = some_ids(12, on_cpu.config().vocab_size, 9);
+      CHECK(g_dev.generate(prompt, p).tokens == g_cpu.generate(prompt, p).tokens);
+    }
+  }
+}

@@ -43,19 +43,29 @@ namespace {
 testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch, 96); }
 
 /// Llama, GPT-2, and the Llama-family members with their own tensors:
-/// Qwen2 (q/k/v biases, yarn RoPE) and Qwen3 (per-head q/k norms, its own
-/// head_dim, attention_bias, llama3 RoPE).
+/// Qwen2 (q/k/v biases, yarn RoPE), Qwen3 (per-head q/k norms, its own
+/// head_dim, attention_bias, llama3 RoPE), and the mixtures of experts
+/// Mixtral (4 experts, top 2, renormalised) and Qwen3-MoE (5 experts, top
+/// 3, not renormalised: norm_topk_prob false).
 std::vector<testing::tiny_model_options> every_family() {
   std::vector<testing::tiny_model_options> out = {options_for(architecture::llama), options_for(architecture::gpt2)};
-  testing::tiny_model_options q2 = options_for(architecture::llama), q3 = q2;
+  testing::tiny_model_options q2 = options_for(architecture::llama), q3 = q2, mixtral = q2, q3moe = q2;
   q2.family = "Qwen2ForCausalLM";
   q2.rope_scaling = R"({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})";
   q3.family = "Qwen3ForCausalLM";
   q3.head_dim = 16;
   q3.attention_bias = true;
   q3.rope_scaling = R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16})";
+  mixtral.family = "MixtralForCausalLM";
+  q3moe.family = "Qwen3MoeForCausalLM";
+  q3moe.head_dim = 16;
+  q3moe.experts = 5;
+  q3moe.experts_per_token = 3;
+  q3moe.norm_topk_prob = false;
   out.push_back(q2);
   out.push_back(q3);
+  out.push_back(mixtral);
+  out.push_back(q3moe);
   return out;
 }
 
@@ -200,6 +210,50 @@ TEST_CASE("emulated device: pipeline x data-parallel ranks on devices train exac
       if (v.dp == 1 && v.clip == 0.0f) CHECK(s.waits > 0);
     }
   }
+}
+
+TEST_CASE("emulated device: pipeline x data-parallel ranks of a mixture-of-experts model train exactly as ranks on the cpu") {
+  testing::tiny_model_options tiny = options_for(architecture::llama);
+  tiny.family = "MixtralForCausalLM";
+  tiny.layers = 4;
+  testing::temp_dir_guard dir("emulated-moe-dist");
+  testing::write_tiny_model(dir / "model", tiny);
+  const model_config cfg = load_config(dir / "model");
+  REQUIRE(cfg.is_moe());
+  const auto tokens = some_ids(2000, cfg.vocab_size, 37);
+  dist_train_options o = job(cfg, 2, 2, 3);
+  o.optimizer.max_grad_norm = 0.5f;
+  o.save_dir = dir / "cpu";
+  const job_result cpu = run_job(o, cfg, tokens, false);
+  o.save_dir = dir / "dev";
+  const job_result dev = run_job(o, cfg, tokens, true);
+  REQUIRE(cpu.steps.size() == 3u);
+  check_same_steps(cpu, dev);
+  CHECK(file_bytes(dir / "dev" / "model.safetensors") == file_bytes(dir / "cpu" / "model.safetensors"));
+  // The router and the experts were trained and saved under Mixtral's names:
+  // each moved away from the ranks' initial model (seed 7).
+  transformer::init(cfg, 7, cpu_backend()).save(dir / "init");
+  const auto before = read_all_f32(dir / "init"), after = read_all_f32(dir / "dev");
+  for (const char* name : {"model.layers.0.block_sparse_moe.gate.weight", "model.layers.3.block_sparse_moe.gate.weight",
+                           "model.layers.1.block_sparse_moe.experts.0.w1.weight",
+                           "model.layers.2.block_sparse_moe.experts.3.w2.weight"}) {
+    CAPTURE(name);
+    REQUIRE(after.count(name) == 1);
+    REQUIRE(before.count(name) == 1);
+    CHECK(after.at(name) != before.at(name));
+  }
+
+  // Ranks asked to compute in bf16 refuse, with the reason, and the job ends.
+  o.compute = dtype::bf16;
+  o.save_dir.clear();
+  std::string error;
+  try {
+    run_job(o, cfg, tokens, true);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  CHECK_MESSAGE(error.find("mixed-precision training of mixture-of-experts blocks is not supported") != std::string::npos,
+                "the job's error: " << error);
 }
 
 TEST_CASE("emulated device: pipeline x data-parallel ranks computing in bf16 train like f32 ranks on the cpu") {

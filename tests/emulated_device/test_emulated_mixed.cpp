@@ -237,3 +237,36 @@ TEST_CASE("emulated device: 16-bit operands follow the CUDA backend's dtype rule
   CHECK(dw32.to_vector() == std::vector<float>{2.0f, 3.25f, 4.5f, 8.5f, 11.0f, 13.5f});
   CHECK(dx.type() == dtype::bf16);
 }
+
+TEST_CASE("emulated device: 16-bit compute of a mixture-of-experts model is refused with the reason, and f32 training goes on") {
+  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+    CAPTURE(family);
+    testing::tiny_model_options o = options_for(architecture::llama);
+    o.family = family;
+    testing::temp_dir_guard dir("mixed-moe-refused");
+    testing::write_tiny_model(dir.path(), o);
+    emulated_device_backend dev;
+    transformer m = transformer::load(dir.path(), dev);
+    REQUIRE(m.config().is_moe());
+    const std::string reason =
+        "mixed-precision training of mixture-of-experts blocks is not supported: train them in f32";
+    for (dtype t : {dtype::bf16, dtype::f16}) {
+      CAPTURE(dtype_name(t));
+      CHECK_THROWS_WITH_AS(m.set_compute_dtype(t), reason.c_str(), tensor_error);
+      CHECK(m.compute_dtype() == dtype::f32);
+      stage s(m.config(), 0, m.blocks(), dev);
+      CHECK_THROWS_WITH_AS(s.set_compute_dtype(t), reason.c_str(), tensor_error);
+      CHECK(s.compute_dtype() == dtype::f32);
+    }
+    // The refused model still trains in f32, exactly as on the cpu.
+    train_options opts;
+    opts.batch = 2;
+    opts.seq = 16;
+    opts.steps = 2;
+    transformer ref = transformer::load(dir.path(), cpu_backend());
+    const int vocab = ref.config().vocab_size;
+    const auto tokens = some_ids(200, vocab, 19);
+    token_dataset d_ref = token_dataset::from_tokens(tokens, vocab), d = token_dataset::from_tokens(tokens, vocab);
+    CHECK(trainer(m, d, opts).run().losses == trainer(ref, d_ref, opts).run().losses);
+  }
+}

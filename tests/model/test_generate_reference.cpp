@@ -1,14 +1,17 @@
 // fp32 greedy generation equals an independent float64 reference, token for
 // token. The reference below is written from the HuggingFace model
 // definitions (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-// GPT2LMHeadModel, and modeling_rope_utils.py's rope_scaling types) as plain
-// loops over the checkpoint's own tensors and config text: it shares no
-// kernel, no name mapping, no layout conversion and no config parsing with
-// corolla, only the file reader of the test fixture.
+// MixtralForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel, and
+// modeling_rope_utils.py's rope_scaling types) as plain loops over the
+// checkpoint's own tensors and config text: it shares no kernel, no name
+// mapping, no layout conversion and no config parsing with corolla, only the
+// file reader of the test fixture. (The mixtures of experts read their
+// config.json fields themselves.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <numbers>
 #include <set>
@@ -28,10 +31,25 @@ namespace {
 
 using vec = std::vector<double>;
 
+/// A sparse mixture-of-experts MLP as config.json describes it (HF's
+/// MixtralConfig / Qwen3MoeConfig fields); experts == 0 for a dense MLP.
+struct ref_moe {
+  int experts = 0;      ///< num_local_experts (Mixtral) / num_experts (Qwen3-MoE)
+  int top_k = 0;        ///< num_experts_per_tok
+  int width = 0;        ///< each expert's: intermediate_size (Mixtral) / moe_intermediate_size (Qwen3-MoE)
+  bool renormalise = false;  ///< Mixtral always; Qwen3-MoE's norm_topk_prob (default false)
+  bool mixtral = false;      ///< names: block_sparse_moe.{gate, experts.E.w1/w2/w3} vs mlp.{gate, experts.E.*_proj}
+};
+
 /// The checkpoint's tensors in double, by HF name (GPT-2's optional
-/// "transformer." prefix removed).
+/// "transformer." prefix removed), and the mixture of experts of its
+/// config.json.
 struct ref_weights {
   std::map<std::string, vec> t;
+  ref_moe moe;
+  /// The smallest gap between the k-th and (k+1)-th router logit of any
+  /// token routed so far (a tie there would make f32 and f64 route apart).
+  mutable double min_router_margin = 1e300;
   const vec& at(const std::string& name) const {
     auto it = t.find(name);
     if (it == t.end()) FAIL("reference: tensor " << name << " missing");
@@ -39,12 +57,37 @@ struct ref_weights {
   }
 };
 
+ref_moe read_moe(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "config.json");
+  if (!in) FAIL("reference: no config.json in " << dir);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const std::string type = j.value("model_type", std::string());
+  ref_moe m;
+  if (type == "mixtral") {
+    m.mixtral = true;
+    m.experts = j.at("num_local_experts").get<int>();
+    m.width = j.at("intermediate_size").get<int>();
+    m.renormalise = true;  // MixtralSparseMoeBlock: routing_weights /= routing_weights.sum(...), always
+  } else if (type == "qwen3_moe") {
+    m.experts = j.at("num_experts").get<int>();
+    m.width = j.at("moe_intermediate_size").get<int>();
+    m.renormalise = j.value("norm_topk_prob", false);
+    if (j.value("decoder_sparse_step", 1) != 1 || !j.value("mlp_only_layers", nlohmann::json::array()).empty())
+      FAIL("reference: only all-sparse Qwen3-MoE layers");
+  } else {
+    return m;
+  }
+  m.top_k = j.at("num_experts_per_tok").get<int>();
+  return m;
+}
+
 ref_weights read_weights(const std::filesystem::path& dir) {
   ref_weights w;
   for (auto& [name, values] : testing::read_all_f32(dir)) {
     std::string n = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
     w.t[n] = vec(values.begin(), values.end());
   }
+  w.moe = read_moe(dir);
   return w;
 }
 
@@ -195,6 +238,41 @@ void head_norm(const ref_weights& w, const std::string& name, vec& x, int heads,
   }
 }
 
+/// The sparse MoE MLP of layer prefix `p` on one normed row h, as
+/// MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock compute it: router logits,
+/// softmax over the experts (f32 in HF, double here), torch.topk (largest
+/// first; ties to the lower index), the top-k probabilities renormalised
+/// when configured, and the weighted sum of the chosen SwiGLU experts.
+vec sparse_moe(const ref_weights& w, const std::string& p, const vec& h) {
+  const ref_moe& m = w.moe;
+  const std::size_t D = h.size(), E = static_cast<std::size_t>(m.experts), k = static_cast<std::size_t>(m.top_k);
+  const std::string block = p + (m.mixtral ? "block_sparse_moe." : "mlp.");
+  const vec logits = linear(w.at(block + "gate.weight"), h, E);
+  const double top = *std::max_element(logits.begin(), logits.end());
+  vec probs(E);
+  double z = 0;
+  for (std::size_t e = 0; e < E; ++e) z += (probs[e] = std::exp(logits[e] - top));
+  for (double& x : probs) x /= z;
+  std::vector<std::size_t> order(E);
+  for (std::size_t e = 0; e < E; ++e) order[e] = e;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return probs[a] > probs[b]; });
+  if (k < E) w.min_router_margin = std::min(w.min_router_margin, logits[order[k - 1]] - logits[order[k]]);
+  double chosen = 0;
+  for (std::size_t j = 0; j < k; ++j) chosen += probs[order[j]];
+  vec y(D, 0.0);
+  for (std::size_t j = 0; j < k; ++j) {
+    const double weight = m.renormalise ? probs[order[j]] / chosen : probs[order[j]];
+    const std::string x = block + "experts." + std::to_string(order[j]) + ".";
+    const auto F = static_cast<std::size_t>(m.width);
+    vec g = linear(w.at(x + (m.mixtral ? "w1.weight" : "gate_proj.weight")), h, F);
+    const vec u = linear(w.at(x + (m.mixtral ? "w3.weight" : "up_proj.weight")), h, F);
+    for (std::size_t i = 0; i < F; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    const vec down = linear(w.at(x + (m.mixtral ? "w2.weight" : "down_proj.weight")), g, D);
+    for (std::size_t i = 0; i < D; ++i) y[i] += weight * down[i];
+  }
+  return y;
+}
+
 /// Logits of the last position of `ids` (a full forward, no cache).
 vec llama_logits(const ref_weights& w, const testing::tiny_model_options& o,
                  const std::vector<std::int32_t>& ids) {
@@ -223,6 +301,11 @@ vec llama_logits(const ref_weights& w, const testing::tiny_model_options& o,
       vec proj = plus_bias(w, p + "self_attn.o_proj.bias", linear(w.at(p + "self_attn.o_proj.weight"), a[t], D));
       for (int i = 0; i < D; ++i) x[t][i] += proj[i];
       vec h = rmsnorm(x[t], w.at(p + "post_attention_layernorm.weight"), eps);
+      if (w.moe.experts > 0) {
+        const vec y = sparse_moe(w, p, h);
+        for (int i = 0; i < D; ++i) x[t][i] += y[i];
+        continue;
+      }
       vec g = linear(w.at(p + "mlp.gate_proj.weight"), h, F);
       vec u = linear(w.at(p + "mlp.up_proj.weight"), h, F);
       for (int i = 0; i < F; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
@@ -275,6 +358,7 @@ vec gpt2_logits(const ref_weights& w, const testing::tiny_model_options& o,
 struct reference_run {
   std::vector<std::int32_t> tokens;
   double min_margin = 1e300;  ///< smallest gap between the best and second logit
+  double min_router_margin = 1e300;  ///< mixtures of experts: smallest top-k router logit gap
 };
 
 reference_run reference_greedy(const std::filesystem::path& dir,
@@ -293,6 +377,7 @@ reference_run reference_greedy(const std::filesystem::path& dir,
     r.tokens.push_back(id);
     ids.push_back(id);
   }
+  r.min_router_margin = w.min_router_margin;
   return r;
 }
 
@@ -310,6 +395,7 @@ void check_against_reference(const testing::tiny_model_options& o) {
   p.ignore_eos = true;
   generation_result r = gen.generate(prompt, p);
   INFO("smallest top-1/top-2 logit gap in the reference: " << ref.min_margin);
+  INFO("smallest top-k router logit gap in the reference (mixtures of experts): " << ref.min_router_margin);
   CHECK(r.tokens == ref.tokens);
   CHECK(r.reason == stop_reason::max_tokens);
   // The generated sequence is not trivially constant (the check has teeth).
@@ -419,4 +505,42 @@ TEST_CASE("bf16 and f16 checkpoints generate as the reference of their rounded w
 TEST_CASE("sharded checkpoints generate as the reference") {
   check_against_reference(options(architecture::llama, 2, false, dtype::f32, 2, 19));
   check_against_reference(options(architecture::gpt2, 4, true, dtype::bf16, 2, 20));
+}
+
+TEST_CASE("greedy generation equals the float64 reference: mixtral (top-2 of 4 experts, GQA, untied)") {
+  auto o = options(architecture::llama, 2, false, dtype::f32, 1, 51);
+  o.family = "MixtralForCausalLM";
+  o.experts = 4;
+  o.experts_per_token = 2;
+  check_against_reference(o);
+}
+
+TEST_CASE("greedy generation equals the float64 reference: qwen3-moe (tied, norm_topk_prob, q/k norms)") {
+  auto o = options(architecture::llama, 2, true, dtype::f32, 1, 52);
+  o.family = "Qwen3MoeForCausalLM";
+  o.init_std = 0.6f;  // as for Qwen3: the per-head norms bound the attention logits
+  o.head_dim = 16;
+  o.experts = 4;
+  o.experts_per_token = 2;
+  o.norm_topk_prob = true;
+  check_against_reference(o);
+}
+
+TEST_CASE("greedy generation equals the float64 reference: qwen3-moe with top-1 routing and norm_topk_prob false") {
+  auto o = options(architecture::llama, 2, false, dtype::f32, 1, 53);
+  o.family = "Qwen3MoeForCausalLM";
+  o.init_std = 0.6f;
+  o.experts = 5;
+  o.experts_per_token = 1;
+  o.norm_topk_prob = false;  // the one weight is the expert's probability, not 1
+  check_against_reference(o);
+  o.experts_per_token = 3;  // and top-3 of 5, not renormalised
+  o.seed = 54;
+  check_against_reference(o);
+}
+
+TEST_CASE("greedy generation equals the float64 reference: mixtral from a sharded bf16 checkpoint") {
+  auto o = options(architecture::llama, 4, false, dtype::bf16, 2, 55);
+  o.family = "MixtralForCausalLM";
+  check_against_reference(o);
 }

@@ -4,6 +4,8 @@
 // to bf16 (or quantised to int8 per output channel, or to nf4 in blocks of
 // 64 with an int8 LM head, and back) first; the logits agree to f32
 // summation order; the f32 parameters and the training path stay untouched.
+// Mixtures of experts (Mixtral, Qwen3-MoE) convert every expert's matrices;
+// their routers stay f32.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -56,24 +58,49 @@ void round_to(Tensor t, weight_format f) {
 /// The LM head's format for blocks of format `f` (head::lm_head_format).
 weight_format head_format(weight_format f) { return is_quantized(f) ? weight_format::int8 : f; }
 
-/// What the inference path converts: every block matrix and the LM head.
+/// What the inference path converts: every block matrix but a mixture of
+/// experts' router, and the LM head.
 void round_linear_weights(transformer& m, weight_format f) {
   for (param_set& p : m.blocks())
     for (const param_entry& e : p.entries())
-      if (e.shape.size() == 2) round_to(p.get(e.name), f);
+      if (e.shape.size() == 2 && e.name != "router.weight") round_to(p.get(e.name), f);
   const bool tied = m.config().tie_embeddings;
   round_to(m.head().get(tied ? "embed.weight" : "lm_head.weight"), head_format(f));
 }
 
-/// Every architecture with every non-f32 format.
-std::vector<std::pair<architecture, weight_format>> cases() {
-  std::vector<std::pair<architecture, weight_format>> out;
+/// A model family of the tests: an architecture, and for llama the HF family.
+struct family {
+  architecture arch;
+  const char* name;  ///< tiny_model_options::family (llama only)
+};
+
+/// Llama, GPT-2 and the two mixtures of experts.
+constexpr family kFamilies[] = {{architecture::llama, "LlamaForCausalLM"},
+                                {architecture::gpt2, "GPT2LMHeadModel"},
+                                {architecture::llama, "MixtralForCausalLM"},
+                                {architecture::llama, "Qwen3MoeForCausalLM"}};
+
+/// Every family with every non-f32 format.
+std::vector<std::pair<family, weight_format>> cases() {
+  std::vector<std::pair<family, weight_format>> out;
   for (weight_format f : {weight_format::bf16, weight_format::int8, weight_format::nf4})
-    for (architecture a : {architecture::llama, architecture::gpt2}) out.emplace_back(a, f);
+    for (const family& a : kFamilies) out.emplace_back(a, f);
   return out;
 }
 
-testing::tiny_model_options options_for(architecture arch) { return testing::tiny_options_for(arch); }
+testing::tiny_model_options options_for(const family& f) {
+  testing::tiny_model_options o = testing::tiny_options_for(f.arch);
+  if (f.arch == architecture::llama) o.family = f.name;
+  if (o.family == "Qwen3MoeForCausalLM") {
+    // Top-3 of 5 experts, not renormalised, tied (its LM head is the int8 embedding).
+    o.experts = 5;
+    o.experts_per_token = 3;
+    o.norm_topk_prob = false;
+    o.tied = true;
+    o.head_dim = 16;
+  }
+  return o;
+}
 
 /// Logits of every position [n, V]: the first `prefill` ids at once, then
 /// one at a time, through head + stage with a KV cache.
@@ -84,11 +111,12 @@ std::vector<float> cached_logits(head& h, stage& s, const std::vector<std::int32
 }  // namespace
 
 TEST_CASE("bf16, int8 and nf4 weights generate what the f32 model with rounded weights generates") {
-  for (const auto& [arch, type] : cases()) {
-    CAPTURE(static_cast<int>(arch));
-    CAPTURE(weight_format_name(type));
+  for (const auto& [fam, type] : cases()) {
+    const std::string family_name = fam.name, format = weight_format_name(type);
+    CAPTURE(family_name);
+    CAPTURE(format);
     testing::temp_dir_guard dir("bf16-weights");
-    testing::write_tiny_model(dir.path(), options_for(arch));
+    testing::write_tiny_model(dir.path(), options_for(fam));
     Backend& be = cpu_backend();
     transformer model = transformer::load(dir.path(), be);
     transformer rounded = transformer::load(dir.path(), be);
@@ -121,11 +149,12 @@ TEST_CASE("bf16, int8 and nf4 weights generate what the f32 model with rounded w
 }
 
 TEST_CASE("bf16-, int8- and nf4-weight logits agree with the rounded f32 model and differ from the unrounded") {
-  for (const auto& [arch, type] : cases()) {
-    CAPTURE(static_cast<int>(arch));
-    CAPTURE(weight_format_name(type));
+  for (const auto& [fam, type] : cases()) {
+    const std::string family_name = fam.name, format = weight_format_name(type);
+    CAPTURE(family_name);
+    CAPTURE(format);
     testing::temp_dir_guard dir("bf16-logits");
-    testing::write_tiny_model(dir.path(), options_for(arch));
+    testing::write_tiny_model(dir.path(), options_for(fam));
     Backend& be = cpu_backend();
     transformer model = transformer::load(dir.path(), be);
     transformer rounded = transformer::load(dir.path(), be);
@@ -173,7 +202,7 @@ TEST_CASE("a bf16 or f16 KV cache gives the f32 cache's logits within 16-bit rou
   for (architecture arch : {architecture::llama, architecture::gpt2}) {
     CAPTURE(static_cast<int>(arch));
     testing::temp_dir_guard dir("kv16");
-    testing::write_tiny_model(dir.path(), options_for(arch));
+    testing::write_tiny_model(dir.path(), testing::tiny_options_for(arch));
     transformer model = transformer::load(dir.path(), cpu_backend());
     const model_config& cfg = model.config();
     head h(cfg, model.head(), cpu_backend());

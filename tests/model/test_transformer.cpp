@@ -58,6 +58,29 @@ testing::tiny_model_options gpt2() {
   return o;
 }
 
+testing::tiny_model_options mixtral() {
+  testing::tiny_model_options o;
+  o.family = "MixtralForCausalLM";
+  o.kv_heads = 2;
+  o.experts = 4;
+  o.experts_per_token = 2;
+  o.seed = 4;
+  return o;
+}
+
+testing::tiny_model_options qwen3_moe() {
+  testing::tiny_model_options o;
+  o.family = "Qwen3MoeForCausalLM";
+  o.kv_heads = 2;
+  o.tied = true;
+  o.head_dim = 16;
+  o.experts = 5;
+  o.experts_per_token = 3;
+  o.norm_topk_prob = false;
+  o.seed = 5;
+  return o;
+}
+
 void check_decode_equals_full(const testing::tiny_model_options& o) {
   testing::temp_dir_guard dir("decode");
   testing::write_tiny_model(dir.path(), o);
@@ -124,6 +147,14 @@ TEST_CASE("decode with cache equals full forward (llama MHA tied)") {
 
 TEST_CASE("decode with cache equals full forward (gpt2)") { check_decode_equals_full(gpt2()); }
 
+TEST_CASE("decode with cache equals full forward (mixtral: top-2 of 4 experts)") {
+  check_decode_equals_full(mixtral());
+}
+
+TEST_CASE("decode with cache equals full forward (qwen3-moe: top-3 of 5 experts, not renormalised, tied)") {
+  check_decode_equals_full(qwen3_moe());
+}
+
 TEST_CASE("a stage loads only its own blocks, the head only its tensors") {
   for (auto o : {llama_gqa(), gpt2()}) {
     testing::temp_dir_guard dir("partial");
@@ -189,7 +220,7 @@ TEST_CASE("gpt2 loads with the transformer. prefix and attention buffers present
 }
 
 TEST_CASE("save writes HF names and layouts that load reads back exactly") {
-  for (auto o : {llama_gqa(), llama_mha_tied(), gpt2()}) {
+  for (auto o : {llama_gqa(), llama_mha_tied(), gpt2(), mixtral(), qwen3_moe()}) {
     testing::temp_dir_guard src("save-src"), dst("save-dst");
     testing::write_tiny_model(src.path(), o);
     transformer model = transformer::load(src.path(), cpu_backend());
