@@ -63,6 +63,7 @@ struct serve_args {
   std::string network_speed = "auto";
   std::int64_t cache_tokens = 8192;
   std::string weights = "f32";  ///< --weights: dtype of the linear weights inference sessions read
+  bool keep_f32 = false;         ///< --keep-f32-weights: keep the f32 parameters beside --weights' copies
   std::string kv_dtype = "f32";  ///< --kv-dtype: element type of the KV cache
   std::string device = "auto";   ///< --device: where the blocks and the KV cache live
   int session_idle_s = 300;
@@ -188,14 +189,14 @@ void drain(node& n, const caf::actor& server, const sigset_t& stop_signals, std:
 }
 
 /// --max-memory: the blocks that fit, each counted with its weights (the
-/// f32 parameters and the inference copies, model/block.hpp
-/// served_block_bytes) and its share of the KV cache for --cache-tokens;
+/// inference copies, and the f32 parameters where they are kept,
+/// model/block.hpp served_block_bytes) and its share of the KV cache for --cache-tokens;
 /// at most the model's blocks. Throws std::invalid_argument when not even
 /// one fits, naming what one needs.
 int blocks_that_fit(const serve_args& a, const model_config& cfg, weight_format weights, dtype kv) {
   const std::int64_t budget = parse_byte_size(a.max_memory, "--max-memory");
   const auto kv_bytes = static_cast<std::int64_t>(span_engine::kv_bytes_per_token(cfg, 1, kv)) * a.cache_tokens;
-  const std::int64_t weight_bytes = served_block_bytes(cfg, weights);
+  const std::int64_t weight_bytes = served_block_bytes(cfg, weights, a.keep_f32);
   const std::int64_t per_block = weight_bytes + kv_bytes;
   const auto mib = [](std::int64_t b) { return static_cast<double>(b) / (1 << 20); };
   const std::int64_t n = std::min<std::int64_t>(budget / per_block, cfg.n_layers);
@@ -247,6 +248,8 @@ int run_serve(const serve_args& a) {
   const weight_format weights = parse_weights_flag(a.weights);
   span_engine_options engine_options;
   engine_options.kv_dtype = parse_kv_dtype_flag(a.kv_dtype);
+  engine_options.weights = weights;
+  engine_options.keep_parameters = a.keep_f32;
   const int num_blocks =
       a.max_memory.empty() ? a.num_blocks : blocks_that_fit(a, cfg, weights, engine_options.kv_dtype);
   Backend& be = backend_for(parse_device(a.device));
@@ -317,7 +320,6 @@ int run_serve(const serve_args& a) {
   bar.finish();
   spdlog::info("serve: loaded blocks [{}, {}) in {:.1f} s on {} thread(s)", first, last,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(), threads);
-  engine->blocks().use_inference_weights(weights);
   const double step_s = measure_step_s(*engine);
   auto server = start_span_server(n, engine, so);
   if (!server) throw std::runtime_error(error_message(server.error()));
@@ -433,7 +435,6 @@ int run_serve(const serve_args& a) {
     // a gap); sessions already open here finish on the old blocks.
     auto next = std::make_shared<span_engine>(span_engine::load(checkpoint::open(a.model), cfg, d.target.start,
                                                                 d.target.end, be, a.cache_tokens, engine_options));
-    next->blocks().use_inference_weights(weights);
     const double next_step_s = measure_step_s(*next);
     if (auto err = swap_span_engine(n.system(), *server, next)) {
       spdlog::error("serve: switching to {} failed: {}", swarm::to_string(d.target), error_message(err));
@@ -480,8 +481,13 @@ void register_serve(CLI::App& app, action_fn& action) {
   cmd->add_option("--weights", a->weights,
                   "Linear weights inference sessions read: f32, bf16 (copies made at load: half the bytes per "
                   "token), int8 (quantised at load per output channel: a quarter) or nf4 (4-bit NormalFloat in "
-                  "blocks of 64: about an eighth); fine-tuning requests keep f32")
+                  "blocks of 64: about an eighth). Each block is converted as it loads and its f32 parameters "
+                  "freed, so the server holds these copies only; fine-tuning requests compute with them, widened "
+                  "one block at a time")
       ->capture_default_str();
+  cmd->add_flag("--keep-f32-weights", a->keep_f32,
+                "With --weights other than f32: also keep the f32 parameters (fine-tuning requests then compute "
+                "with the exact f32 weights; the blocks take that much more memory)");
   cmd->add_option("--session-idle-s", a->session_idle_s, "Close sessions unused this many seconds")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();

@@ -82,6 +82,21 @@ quantized_weight quantize_rows(Backend& be, const Tensor& w, weight_format f) {
   return r;
 }
 
+void dequantize_rows(Backend& be, weight_format f, const Tensor& q, const Tensor& scale, Tensor& w) {
+  if (!w.defined() || w.rank() != 2) throw tensor_error("dequantize_rows: expected a 2-D [out, in] f32 weight");
+  const std::int64_t rows = w.dim(0), cols = w.dim(1);
+  switch (f) {
+    case weight_format::nf4: be.dequantize_nf4(q, scale, w); return;
+    case weight_format::int8: {
+      Tensor flat = w.view({rows * cols});
+      be.dequantize_int8(q.view({rows * cols}), scale.view({rows}), static_cast<int>(cols), flat);
+      return;
+    }
+    case weight_format::f32:
+    case weight_format::bf16: be.copy(q, w); return;
+  }
+}
+
 void linear_as(Backend& be, weight_format f, const Tensor& x, const Tensor& w, const Tensor& scale,
                const Tensor* bias, Tensor& y) {
   switch (f) {

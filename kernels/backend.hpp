@@ -388,6 +388,10 @@ struct quantized_weight {
 /// channel, Backend::quantize_int8 with one block per row; nf4:
 /// Backend::quantize_nf4). Throws tensor_error for another format.
 quantized_weight quantize_rows(Backend& be, const Tensor& w, weight_format f = weight_format::int8);
+/// The inverse, for any format: w (f32 [out, in], on be's device) = the
+/// weight `q` of format `f` with its scales (undefined for f32 and bf16)
+/// widened: dequantised (int8, nf4) or converted (bf16), or copied (f32).
+void dequantize_rows(Backend& be, weight_format f, const Tensor& q, const Tensor& scale, Tensor& w);
 /// y = x @ w^T (+ bias) for a weight of format `f` with its scales (the
 /// undefined tensor for f32 and bf16): linear_q8, linear_nf4 or linear.
 void linear_as(Backend& be, weight_format f, const Tensor& x, const Tensor& w, const Tensor& scale,

@@ -128,15 +128,16 @@ std::pair<Tensor, Tensor> quantize_stack(Backend& be, weight_format f,
 
 }  // namespace
 
-std::int64_t served_block_bytes(const model_config& cfg, weight_format f) {
+std::int64_t served_block_bytes(const model_config& cfg, weight_format f, bool with_parameters) {
+  if (f == weight_format::f32) with_parameters = true;  // the parameters are the inference weights
   std::int64_t bytes = 0;
   for (const auto& [name, shape] : block_layout(cfg)) {
     std::int64_t numel = 1;
     for (std::int64_t d : shape) numel *= d;
-    bytes += 4 * numel;  // the f32 parameter
+    const bool linear = shape.size() == 2 && name != "router.weight";  // the router stays f32
+    if (with_parameters || !linear) bytes += 4 * numel;  // the f32 parameter (norms, biases, router: always)
     if (f == weight_format::f32) continue;
-    if (shape.size() == 2 && name != "router.weight")  // the router stays f32
-      bytes += stored_weight_bytes(shape[0], shape[1], f);
+    if (linear) bytes += stored_weight_bytes(shape[0], shape[1], f);
     else if (name == "q.bias" || name == "k.bias" || name == "v.bias")
       bytes += 4 * numel;  // stacked into qkv_b
   }
@@ -209,6 +210,85 @@ block_tensors compute_weights_like(Backend& be, const block_tensors& w, dtype t)
 void copy_linear_weights(Backend& be, const block_tensors& from, block_tensors& to) {
   for (Tensor block_tensors::*role : linear_roles)
     if ((from.*role).defined()) be.copy(from.*role, to.*role);
+}
+
+namespace {
+
+/// Every tensor role of a block, for the passes that treat them alike.
+constexpr Tensor block_tensors::*all_roles[] = {
+    &block_tensors::attn_norm_w, &block_tensors::attn_norm_b, &block_tensors::q_w,       &block_tensors::q_b,
+    &block_tensors::k_w,         &block_tensors::k_b,         &block_tensors::v_w,       &block_tensors::v_b,
+    &block_tensors::o_w,         &block_tensors::o_b,         &block_tensors::mlp_norm_w, &block_tensors::mlp_norm_b,
+    &block_tensors::gate_w,      &block_tensors::up_w,        &block_tensors::up_b,      &block_tensors::down_w,
+    &block_tensors::down_b,      &block_tensors::q_norm_w,    &block_tensors::k_norm_w,  &block_tensors::router_w,
+    &block_tensors::qkv_w,       &block_tensors::qkv_b,       &block_tensors::gate_up_w, &block_tensors::q_s,
+    &block_tensors::k_s,         &block_tensors::v_s,         &block_tensors::o_s,       &block_tensors::gate_s,
+    &block_tensors::up_s,        &block_tensors::down_s,      &block_tensors::qkv_s,     &block_tensors::gate_up_s};
+constexpr Tensor expert_tensors::*expert_roles[] = {&expert_tensors::gate_w, &expert_tensors::up_w,
+                                                    &expert_tensors::down_w, &expert_tensors::gate_s,
+                                                    &expert_tensors::up_s,   &expert_tensors::down_s};
+
+/// Calls f on every defined tensor of `w`, the experts' included.
+template <class F>
+void for_each_tensor(block_tensors& w, F&& f) {
+  for (Tensor block_tensors::*role : all_roles)
+    if ((w.*role).defined()) f(w.*role);
+  for (expert_tensors& e : w.experts)
+    for (Tensor expert_tensors::*role : expert_roles)
+      if ((e.*role).defined()) f(e.*role);
+}
+
+}  // namespace
+
+block_tensors own_shared_views(Backend& be, block_tensors w, const param_set& p) {
+  const Tensor& flat = p.flat();
+  const auto* lo = static_cast<const unsigned char*>(flat.raw());
+  const auto* hi = lo + flat.nbytes();
+  for_each_tensor(w, [&](Tensor& t) {
+    const auto* at = static_cast<const unsigned char*>(t.raw());
+    if (at < lo || at >= hi) return;
+    Tensor own = be.empty(t.shape(), t.type());
+    be.copy(t, own);
+    t = std::move(own);
+  });
+  return w;
+}
+
+void widen_block_weights(Backend& be, const model_config& cfg, const block_tensors& w, block_tensors& out) {
+  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
+  const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
+  // Keep out's own linear tensors (reused), take everything else from w.
+  block_tensors widened = w;
+  widened.format = weight_format::f32;
+  widened.qkv_w = widened.qkv_s = widened.gate_up_w = widened.gate_up_s = Tensor{};
+  widened.experts.resize(w.experts.size());
+  auto widen = [&](Tensor block_tensors::*role, Tensor block_tensors::*scale, shape_t shape) {
+    if (!(w.*role).defined()) return;
+    widened.*role = out.*role;
+    dequantize_rows(be, w.format, w.*role, w.*scale, ensure_tensor(be, widened.*role, shape));
+    widened.*scale = Tensor{};
+  };
+  widen(&block_tensors::q_w, &block_tensors::q_s, {Q, D});
+  widen(&block_tensors::k_w, &block_tensors::k_s, {KV, D});
+  widen(&block_tensors::v_w, &block_tensors::v_s, {KV, D});
+  widen(&block_tensors::o_w, &block_tensors::o_s, {D, Q});
+  widen(&block_tensors::gate_w, &block_tensors::gate_s, {F, D});
+  widen(&block_tensors::up_w, &block_tensors::up_s, {F, D});
+  widen(&block_tensors::down_w, &block_tensors::down_s, {D, F});
+  for (std::size_t e = 0; e < w.experts.size(); ++e) {
+    const expert_tensors& from = w.experts[e];
+    expert_tensors& to = widened.experts[e];
+    const expert_tensors mine = e < out.experts.size() ? out.experts[e] : expert_tensors{};
+    auto widen_expert = [&](Tensor expert_tensors::*role, Tensor expert_tensors::*scale, shape_t shape) {
+      to.*role = mine.*role;
+      dequantize_rows(be, w.format, from.*role, from.*scale, ensure_tensor(be, to.*role, shape));
+      to.*scale = Tensor{};
+    };
+    widen_expert(&expert_tensors::gate_w, &expert_tensors::gate_s, {F, D});
+    widen_expert(&expert_tensors::up_w, &expert_tensors::up_s, {F, D});
+    widen_expert(&expert_tensors::down_w, &expert_tensors::down_s, {D, F});
+  }
+  out = std::move(widened);
 }
 
 block_tensors block_tensors::of(const model_config& cfg, const param_set& p) {

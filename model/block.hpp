@@ -97,10 +97,23 @@ struct block_tensors {
 block_tensors inference_weights(Backend& be, const block_tensors& w, weight_format f);
 
 /// Bytes one served block holds in weights with inference weights of format
-/// `f`: its f32 parameters (kept for fine-tuning requests and training) and,
+/// `f`: its f32 parameters (kept for fine-tuning requests and training,
+/// unless `with_parameters` is false: an inference-only server, see
+/// stage::load_inference, keeps only its norms and biases of them) and,
 /// unless f32, the inference copies inference_weights makes (the linear
 /// weights as `f` with their scales, the q/k/v biases stacked again).
-std::int64_t served_block_bytes(const model_config& cfg, weight_format f);
+std::int64_t served_block_bytes(const model_config& cfg, weight_format f, bool with_parameters = true);
+
+/// `w` with every f32 tensor that shares storage with `p` (norms, biases,
+/// the router: what inference_weights shares with the parameters) replaced
+/// by its own copy on be's device, so that `p` can be freed.
+block_tensors own_shared_views(Backend& be, block_tensors w, const param_set& p);
+
+/// f32 weights of the block whose inference weights are `w` (any format),
+/// for a training-style forward and backward with frozen weights: the
+/// linear weights (shapes from `cfg`) widened into `out`'s own tensors
+/// (reused when their shapes match), everything else shared with `w`.
+void widen_block_weights(Backend& be, const model_config& cfg, const block_tensors& w, block_tensors& out);
 
 /// Training compute weights of one block for mixed precision
 /// (stage::set_compute_dtype): fresh `t` (bf16 or f16) tensors on `be`'s

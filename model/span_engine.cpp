@@ -90,13 +90,17 @@ span_engine::span_engine(stage blocks, std::int64_t cache_tokens,
       static_cast<std::size_t>(tokens) * kv_bytes_per_token(cfg, stage_.size(), options.kv_dtype);
   pool_ = std::make_shared<kv_pool>(budget, stage_.size(), cfg.n_kv_heads, cfg.head_dim,
                                     options.page_tokens, &stage_.backend(), options.kv_dtype);
-  for (const param_set& p : stage_.params()) weights_.push_back(block_tensors::of(cfg, p));
 }
 
 span_engine span_engine::load(const checkpoint& ck, const model_config& cfg, int first, int last,
                               Backend& be, std::int64_t cache_tokens,
                               const span_engine_options& options) {
-  return span_engine(stage::load(ck, cfg, first, last, be, options.on_block_loaded), cache_tokens, options);
+  if (options.weights != weight_format::f32 && !options.keep_parameters)
+    return span_engine(stage::load_inference(ck, cfg, first, last, be, options.weights, options.on_block_loaded),
+                       cache_tokens, options);
+  span_engine e(stage::load(ck, cfg, first, last, be, options.on_block_loaded), cache_tokens, options);
+  e.stage_.use_inference_weights(options.weights);
+  return e;
 }
 
 span_engine::~span_engine() = default;

@@ -133,6 +133,15 @@ struct span_engine_options {
   dtype kv_dtype = dtype::f32;
   /// Called after each block load() read: (blocks done, blocks in all).
   std::function<void(int done, int total)> on_block_loaded;
+  /// The linear weights the cached forwards read (stage::use_inference_weights).
+  weight_format weights = weight_format::f32;
+  /// With `weights` other than f32: keep the f32 parameters beside them
+  /// (fine-tuning requests then compute with the exact f32 weights). When
+  /// false, load() reads each block's parameters, makes its inference
+  /// weights and frees them (stage::load_inference): the server holds the
+  /// `weights` copies only, and fine-tuning requests compute with those,
+  /// widened one block at a time.
+  bool keep_parameters = true;
 };
 
 /// One session's decode step in a decode_batch.
@@ -309,7 +318,6 @@ class span_engine {
   span_engine_options options_;
   std::shared_ptr<kv_pool> pool_;
   std::unordered_map<std::string, std::unique_ptr<span_session>> sessions_;
-  std::vector<block_tensors> weights_;  ///< per block, for the stateless paths
 
   row_buffer step_rows_;   ///< device rows of inference steps and batches
   Tensor train_positions_; ///< i32 [B*T] for the stateless paths

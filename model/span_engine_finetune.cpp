@@ -93,7 +93,7 @@ Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tenso
     block_activations& a = saved ? (*saved)[static_cast<std::size_t>(i - blocks.first)] : scratch;
     // With `saved`, a.x keeps `in` alive for the backward; `out` becomes the
     // next block's input and is never referenced by this block's activations.
-    block_forward(be, config(), weights_[static_cast<std::size_t>(i)], in, pos, batch, seq, out, a);
+    block_forward(be, config(), stage_.frozen_weights(i), in, pos, batch, seq, out, a);
     in = std::move(out);
   }
   return in;
@@ -159,7 +159,8 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     for (int i = to - from - 1; i >= 0; --i) {
       const auto b = static_cast<std::size_t>(i);
       Tensor g_in = be.empty(hidden.shape());
-      block_backward_input(be, config(), weights_[b + static_cast<std::size_t>(from)], saved[b], pos, g, g_in, scratch);
+      block_backward_input(be, config(), stage_.frozen_weights(static_cast<int>(b) + from), saved[b], pos, g, g_in,
+                           scratch);
       saved[b] = block_activations{};  // free this block's activations early
       if (prompts.defined()) {
         // d prompt_i = sum over sequences of the gradient at positions [0, P).

@@ -20,11 +20,13 @@ stage::stage(const model_config& cfg, int first, int last, Backend& be)
                                 std::to_string(cfg.n_layers) + " layers");
   const auto layout = block_layout(cfg);
   for (int i = first; i < last; ++i) params_.emplace_back(layout);
+  blocks_ = last - first;
   resolve_views();
 }
 
 stage::stage(const model_config& cfg, int first, std::vector<param_set> params, Backend& be)
-    : cfg_(cfg), be_(&be), first_(first), params_(std::move(params)), decode_ws_(cfg) {
+    : cfg_(cfg), be_(&be), first_(first), blocks_(static_cast<int>(params.size())), params_(std::move(params)),
+      decode_ws_(cfg) {
   if (first < 0 || first + size() > cfg.n_layers)
     throw std::invalid_argument("stage: blocks [" + std::to_string(first) + ", " +
                                 std::to_string(first + size()) + ") outside the model's " +
@@ -44,12 +46,50 @@ stage stage::load(const checkpoint& ck, const model_config& cfg, int first, int 
   return s;
 }
 
+stage stage::load_inference(const checkpoint& ck, const model_config& cfg, int first, int last, Backend& be,
+                            weight_format f, const std::function<void(int done, int total)>& on_block) {
+  if (f == weight_format::f32)
+    throw tensor_error("stage::load_inference: f32 inference weights are the parameters (use stage::load)");
+  stage s(cfg, first, first, be);
+  if (last < first || last > cfg.n_layers)
+    throw std::invalid_argument("stage: blocks [" + std::to_string(first) + ", " + std::to_string(last) +
+                                ") outside the model's " + std::to_string(cfg.n_layers) + " layers");
+  const auto layout = block_layout(cfg);
+  for (int i = first; i < last; ++i) {
+    param_set p(layout);
+    load_block_params(ck, cfg, i, p);
+    place_params(p, be);
+    s.inference_weights_.push_back(own_shared_views(be, inference_weights(be, block_tensors::of(cfg, p), f), p));
+    if (on_block) on_block(i - first + 1, last - first);
+  }  // each block's parameters are freed here, before the next is read
+  s.blocks_ = last - first;
+  s.inference_format_ = f;
+  return s;
+}
+
+void stage::require_parameters(const char* what) const {
+  if (inference_only())
+    throw tensor_error(std::string("stage::") + what + ": this stage holds inference weights only (" +
+                       weight_format_name(inference_format_) + "; its f32 parameters were not kept)");
+}
+
+const block_tensors& stage::frozen_weights(int i) {
+  const auto k = static_cast<std::size_t>(i);
+  if (!inference_only()) return weights_.at(k);
+  widen_block_weights(*be_, cfg_, inference_weights_.at(k), widened_);
+  return widened_;
+}
+
 void stage::resolve_views() {
   weights_.clear();
   for (const auto& p : params_) weights_.push_back(block_tensors::of(cfg_, p));
 }
 
 void stage::use_inference_weights(weight_format f) {
+  if (inference_only()) {
+    if (f == inference_format_) return;
+    require_parameters("use_inference_weights");
+  }
   std::vector<block_tensors> converted;
   if (f != weight_format::f32)
     for (const auto& w : weights_) converted.push_back(inference_weights(*be_, w, f));
@@ -58,6 +98,7 @@ void stage::use_inference_weights(weight_format f) {
 }
 
 std::vector<param_set>& stage::grads() {
+  require_parameters("grads");
   if (grads_.empty()) {
     for (const auto& p : params_) grads_.push_back(p.like());
     grad_views_.clear();
@@ -72,6 +113,7 @@ void stage::zero_grads() {
 }
 
 void stage::set_compute_dtype(dtype t) {
+  require_parameters("set_compute_dtype");
   if (!is_float_dtype(t))
     throw tensor_error(std::string("stage: the compute dtype is f32, bf16 or f16, not ") + dtype_name(t));
   if (t != dtype::f32 && be_->dev().kind == device_kind::cpu)
@@ -120,6 +162,7 @@ void stage::forward(const Tensor& x, int batch, int seq, Tensor& y, stage_activa
   const std::int64_t D = cfg_.hidden_size;
   expect_shape(x, {N, D}, "stage::forward x");
   expect_shape(y, {N, D}, "stage::forward y");
+  require_parameters("forward");
   if (size() == 0) {
     be_->copy(x, y);
     return;
@@ -159,6 +202,7 @@ void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& d
   if (static_cast<int>(saved.blocks.size()) != size())
     throw tensor_error("stage::backward: activations of " + std::to_string(saved.blocks.size()) +
                        " blocks for a stage of " + std::to_string(size()));
+  require_parameters("backward");
   if (size() == 0) {
     be_->copy(dy, dx);
     return;

@@ -56,6 +56,16 @@ class stage {
   /// wrong shape.
   static stage load(const checkpoint& ck, const model_config& cfg, int first, int last,
                     Backend& be, const std::function<void(int done, int total)>& on_block = {});
+  /// Loads blocks [first, last) for inference only: each block's f32
+  /// parameters are read, turned into inference weights of format `f`
+  /// (bf16, int8 or nf4; inference_weights in model/block.hpp) and freed
+  /// before the next block is read, so the stage holds (and its load peaks
+  /// at) the `f` weights plus one block of f32. Such a stage has no params()
+  /// or grads(); its training forward and backward throw; frozen_weights()
+  /// widens one block at a time for frozen-weight passes (a server's
+  /// fine-tuning requests). Throws tensor_error for f32.
+  static stage load_inference(const checkpoint& ck, const model_config& cfg, int first, int last, Backend& be,
+                              weight_format f, const std::function<void(int done, int total)>& on_block = {});
 
   stage(stage&&) noexcept = default;
   stage& operator=(stage&&) noexcept = default;
@@ -66,7 +76,15 @@ class stage {
   /// The span: blocks [first(), last()), size() of them.
   int first() const { return first_; }
   int last() const { return first_ + size(); }
-  int size() const { return static_cast<int>(params_.size()); }
+  int size() const { return blocks_; }
+  /// Whether the f32 parameters were dropped (load_inference): the stage
+  /// holds its inference weights only.
+  bool inference_only() const { return params_.empty() && blocks_ > 0; }
+  /// Block first()+i's weights in f32 for a frozen-weight forward and
+  /// backward (block_forward, block_backward_input): the parameters, or for
+  /// an inference-only stage its inference weights widened (dequantised)
+  /// into a scratch block, valid until the next call.
+  const block_tensors& frozen_weights(int i);
 
   /// Parameters of block first()+i at index i. Update values in place;
   /// replacing a set's storage is not seen by this stage's cached views.
@@ -141,7 +159,8 @@ class stage {
   /// default) drops the copies and reads params() again. The copies are a
   /// snapshot of params() now: later updates are not seen until the next
   /// call. The f32 parameters stay allocated next to them (training,
-  /// backward and params() keep using them).
+  /// backward and params() keep using them). On an inference-only stage
+  /// only its own format is accepted (tensor_error otherwise).
   void use_inference_weights(weight_format f);
   /// The format of the linear weights the cached forwards read.
   weight_format inference_format() const { return inference_format_; }
@@ -161,14 +180,19 @@ class stage {
   /// `t` in the compute dtype: `t` itself, or converted into `buffer`.
   const Tensor& in_compute_dtype(const Tensor& t, Tensor& buffer);
 
+  /// Throws tensor_error naming `what` on an inference-only stage.
+  void require_parameters(const char* what) const;
+
   model_config cfg_;
   Backend* be_;
   int first_ = 0;
+  int blocks_ = 0;
   std::vector<param_set> params_;
   std::vector<param_set> grads_;
   std::vector<block_tensors> weights_;
   std::vector<block_tensors> grad_views_;
-  std::vector<block_tensors> inference_weights_;  ///< bf16 or int8 linear weights, or empty (use weights_)
+  std::vector<block_tensors> inference_weights_;  ///< bf16, int8 or nf4 linear weights, or empty (use weights_)
+  block_tensors widened_;  ///< frozen_weights' scratch on an inference-only stage
   weight_format inference_format_ = weight_format::f32;
   std::vector<block_tensors> compute_weights_;  ///< 16-bit linear weights for training, or empty (use weights_)
   dtype compute_dtype_ = dtype::f32;
