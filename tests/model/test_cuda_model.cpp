@@ -1,6 +1,7 @@
 // Whole models on the CUDA backend against the CPU backend: the same tiny
 // HuggingFace checkpoint loaded on both generates the same tokens (f32 and
-// bf16 inference weights), gives the same logits, and trains to the same
+// bf16 inference weights; mixtures of experts with every weight format),
+// gives the same logits, and trains to the same
 // losses. Without a GPU each case says why and returns.
 //
 // Tolerances: logits within 1e-4 (f32 summation order differs, as in the
@@ -369,5 +370,46 @@ TEST_CASE("cuda: a model on the device saves the same checkpoint as on the cpu")
     transformer original = transformer::load(dir / "in", cpu_backend());
     const auto ids = some_ids(12, original.config().vocab_size, 4);
     CHECK(max_abs_diff(back.forward_logits(ids).to_vector(), original.forward_logits(ids).to_vector()) == 0.0);
+  }
+}
+
+TEST_CASE("cuda: mixture-of-experts models generate the cpu's tokens (f32, bf16, int8, nf4 weights) and train to its losses") {
+  REQUIRE_GPU_OR_SKIP();
+  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+    CAPTURE(family);
+    testing::tiny_model_options o = options_for(architecture::llama);
+    o.family = family;
+    o.experts = 4;
+    o.experts_per_token = 2;
+    o.norm_topk_prob = std::string(family) == "MixtralForCausalLM";
+    testing::temp_dir_guard dir("cuda-moe");
+    testing::write_tiny_model(dir.path(), o);
+    transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+    transformer on_gpu = transformer::load(dir.path(), gpu());
+    const int vocab = on_cpu.config().vocab_size;
+    const auto ids = some_ids(40, vocab, 3);
+    CHECK(max_abs_diff(on_gpu.forward_logits(ids).to_vector(), on_cpu.forward_logits(ids).to_vector()) < 1e-4);
+    for (weight_format weights : {weight_format::f32, weight_format::bf16, weight_format::int8, weight_format::nf4}) {
+      CAPTURE(weight_format_name(weights));
+      generator g_cpu(on_cpu, 0, weights);
+      generator g_gpu(on_gpu, 0, weights);
+      generation_params p;
+      p.max_new_tokens = 32;
+      p.ignore_eos = true;
+      const auto prompt = some_ids(20, vocab, 5);
+      const auto want = g_cpu.generate(prompt, p).tokens;
+      CHECK(g_gpu.generate(prompt, p).tokens == want);
+      p.prefill_chunk = 3;
+      CHECK(g_gpu.generate(prompt, p).tokens == want);
+    }
+    train_options opts;
+    opts.batch = 3;
+    opts.seq = 32;
+    opts.steps = 8;
+    opts.optimizer.adamw.lr = 3e-3f;
+    const auto tokens = some_ids(600, vocab, 17);
+    const auto cpu_losses = train_losses(dir.path(), cpu_backend(), tokens, vocab, opts);
+    const auto cuda_losses = train_losses(dir.path(), gpu(), tokens, vocab, opts);
+    MESSAGE(family << ": largest relative loss difference cpu vs cuda: " << check_losses(cpu_losses, cuda_losses, 1e-4));
   }
 }
