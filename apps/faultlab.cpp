@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <algorithm>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -178,12 +180,18 @@ std::string toml_quoted(const std::string& s) {
   return out.str();
 }
 
-/// A random campaign (Jepsen style): for a swarm, every block served twice
-/// (two chains of two servers and one server of the whole model), `faults`
-/// kills or partitions at random tokens, never of a server whose blocks
-/// nobody else holds any more, and one random server throttled for four
-/// tokens; for training, a 2x2 elastic job with checkpoints
-/// and `faults` (at most 3) kills of random ranks at random steps.
+/// A random campaign (Jepsen style). For a swarm: every block served three
+/// times, by two chains of two half-model servers and one server of the
+/// whole model, `faults` kills or partitions at random tokens, never of a
+/// server whose blocks nobody else holds any more, and one random server
+/// throttled for four tokens. In about a third of the campaigns one of the
+/// faults is instead a wrong server: three chains of two half-model
+/// servers, the client spot-checking every step, and whoever serves the
+/// first hop at a random token answering wrong from then on; its blocks'
+/// two other holders outvote it (so they are never killed), and the
+/// campaign expects it caught. For training, a 2x2 elastic job with
+/// checkpoints and `faults` (at most 3) kills of random ranks at random
+/// steps.
 fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   const model_config cfg = load_config(a.model);
@@ -192,25 +200,46 @@ fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   if (a.swarm) {
     const int n = cfg.n_layers, half = std::max(1, n / 2);
     const int tokens = 24;
-    t << "[swarm]\nmodel = " << toml_quoted(a.model) << "\nservers = [\"0:" << half << "\", \"" << half << ":" << n
-      << "\", \"0:" << n << "\", \"0:" << half << "\", \"" << half << ":" << n << "\"]\n";
-    t << "[swarm.client]\nprompt_ids = [1, 2, 3]\nnew_tokens = " << tokens << "\n";
-    // Kill order among servers 0..4 keeping every block served: never both
-    // of {0, 3} and 2, nor both of {1, 4} and 2.
-    std::vector<int> order = {0, 1, 2, 3, 4};
+    std::uniform_int_distribution<int> at(2, tokens - 2);
+    const bool wrong = a.faults > 0 && std::uniform_int_distribution<int>(0, 2)(rng) == 0;
+    const std::string first = "\"0:" + std::to_string(half) + "\"", second = "\"" + std::to_string(half) + ":" +
+                                                                           std::to_string(n) + "\"";
+    // Who holds each half: a kill must leave every block a server (and,
+    // with a wrong server, leave its two honest peers alone).
+    std::vector<std::set<int>> holders;
+    std::set<int> protect;
+    int servers = 0, made = 0;
+    if (wrong) {
+      servers = 6;  // even: [0, half), odd: [half, n)
+      t << "[swarm]\nmodel = " << toml_quoted(a.model) << "\nservers = [" << first << ", " << second << ", " << first
+        << ", " << second << ", " << first << ", " << second << "]\n";
+      holders = {{0, 2, 4}, {1, 3, 5}};
+      protect = holders[0];
+      t << "[swarm.client]\nprompt_ids = [1, 2, 3]\nnew_tokens = " << tokens
+        << "\nspot_checks = 1.0\nspot_check_probation = 0\n";
+      t << "[[fault]]\nat = \"token " << at(rng) << "\"\ndo = \"corrupt\"\ntarget = \"route.hop 0\"\n";
+      ++made;
+    } else {
+      servers = 5;
+      t << "[swarm]\nmodel = " << toml_quoted(a.model) << "\nservers = [" << first << ", " << second << ", \"0:" << n
+        << "\", " << first << ", " << second << "]\n";
+      holders = {{0, 2, 3}, {1, 2, 4}};
+      t << "[swarm.client]\nprompt_ids = [1, 2, 3]\nnew_tokens = " << tokens << "\n";
+    }
+    std::vector<int> order(static_cast<std::size_t>(servers));
+    std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
     std::set<int> dead;
-    // Blocks [0, half) are held by servers 0, 2 and 3, [half, n) by 1, 2 and 4.
-    auto covered = [](const std::set<int>& d) {
-      return !(d.count(0) && d.count(2) && d.count(3)) && !(d.count(1) && d.count(2) && d.count(4));
+    auto covered = [&](const std::set<int>& d) {
+      for (const std::set<int>& h : holders)
+        if (std::all_of(h.begin(), h.end(), [&](int s) { return d.count(s) > 0; })) return false;
+      return true;
     };
-    std::uniform_int_distribution<int> at(2, tokens - 2);
-    int made = 0;
     for (int k : order) {
       if (made >= a.faults) break;
       std::set<int> next = dead;
       next.insert(k);
-      if (!covered(next)) continue;
+      if (protect.count(k) || !covered(next)) continue;
       dead = next;
       // A partitioned server is as lost to the client as a killed one.
       const char* how = std::uniform_int_distribution<int>(0, 1)(rng) ? "partition" : "kill";
@@ -219,7 +248,7 @@ fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
     }
     // A slow uplink on a random server for a while: it must not change the output.
     static const char* profiles[] = {"bw=5Mbit,lat=10ms", "bw=50Mbit,lat=2ms", "lat=20ms,jitter=5ms"};
-    std::uniform_int_distribution<int> which(0, 2), server(0, 4);
+    std::uniform_int_distribution<int> which(0, 2), server(0, servers - 1);
     const int slow = server(rng);
     const int from = at(rng);
     t << "[[fault]]\nat = \"token " << from << "\"\ndo = \"throttle\"\ntarget = \"server " << slow
@@ -227,6 +256,7 @@ fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
     t << "[[fault]]\nat = \"token " << std::min(tokens - 1, from + 4) << "\"\ndo = \"heal\"\ntarget = \"server " << slow
       << "\"\n";
     t << "[expect]\nsame_output_as_reference = true\nmax_stall_s = 30\n";
+    if (wrong) t << "wrong_servers_caught = true\n";
   } else {
     if (a.data.empty()) throw std::invalid_argument("faultlab random --train needs --data FILE");
     const int steps = 24;

@@ -389,6 +389,22 @@ TEST_CASE("faultlab: an elastic training job loses a rank and keeps the referenc
   CHECK(r.out.find("PASS") != std::string::npos);
 }
 
+TEST_CASE("faultlab: a random swarm campaign with a server answering wrong keeps the reference's output") {
+  temp_dir_guard tmp("faultlab-random-corrupt");
+  swarm_test::swarm_model m(architecture::llama);
+  // Seed 1 draws a corrupt half-model server (server 0) and one more fault.
+  const process_result r = run_corolla({"faultlab", "random", "--swarm", "--model", m.dir.path().string(), "--faults",
+                                        "2", "--seed", "1", "--json", "--report", (tmp / "random").string()},
+                                       std::chrono::seconds(180));
+  INFO("random: " << r.out << r.err);
+  CHECK(r.exit_code == 0);
+  const json report = json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+  CHECK(report["pass"] == true);
+  bool corrupt = false;
+  for (const json& f : report["faults"]) corrupt = corrupt || f.dump().find("corrupt") != std::string::npos;
+  CHECK(corrupt);
+}
+
 TEST_CASE("faultlab: a training rank cut off by a partition, the elastic job re-plans and keeps the reference's losses") {
   temp_dir_guard tmp("faultlab-train-partition");
   train_test::job j = train_test::fresh_gpt2_job(tmp);

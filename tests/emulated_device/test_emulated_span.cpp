@@ -4,13 +4,15 @@
 // `corolla serve --device cuda` runs: prefill and decode steps, rollback,
 // replay into a fresh session (failover), batched decode, sessions over
 // part of the span, and the stateless forward and backward with deep
-// prompts (fine-tuning clients), with f32 and bf16 KV caches.
+// prompts (fine-tuning clients), with f32 and bf16 KV caches; and servers
+// holding only bf16, int8 or nf4 weights (keep_parameters = false).
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/profiling_backend.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
@@ -150,5 +152,105 @@ TEST_CASE("emulated device: a mixture-of-experts span engine on a device returns
       o.norm_topk_prob = false;
     }
     check_span_on_device(o, family == std::string("MixtralForCausalLM") ? dtype::f32 : dtype::bf16);
+  }
+}
+
+namespace {
+
+/// An inference-only span engine (keep_parameters = false: stage::
+/// load_inference) of the model `base` (2 blocks deep) with `f` weights,
+/// on the emulated device and on the cpu: the weights converted and the
+/// norms, biases and router copied out of each block's parameters on the
+/// device (own_shared_views), prefill and decode through the served
+/// weights, and the fine-tuning forward and backward through weights
+/// widened on the device (widen_block_weights, dequantize_rows) all equal
+/// the cpu's.
+void check_inference_only_span_on_device(const testing::tiny_model_options& base, weight_format f) {
+  testing::tiny_model_options o = base;
+  o.layers = 2;
+  testing::temp_dir_guard dir("emulated-lean-span");
+  testing::write_tiny_model(dir.path(), o);
+  const model_config cfg = load_config(dir.path());
+  const checkpoint ck = checkpoint::open(dir.path());
+  emulated_device_backend emulated;
+  profiling_backend dev(emulated);  // counts the widening's dequantize ops
+  span_engine_options opts;
+  opts.page_tokens = 8;
+  opts.weights = f;
+  opts.keep_parameters = false;
+  span_engine on_cpu = span_engine::load(ck, cfg, 0, 2, cpu_backend(), 64, opts);
+  span_engine on_dev = span_engine::load(ck, cfg, 0, 2, dev, 64, opts);
+  REQUIRE(on_dev.blocks().inference_only());
+  CHECK(on_dev.blocks().params().empty());
+  CHECK(on_dev.blocks().inference_format() == f);
+  const std::int64_t D = cfg.hidden_size;
+
+  // A prefill across a page end, decode steps, a rollback.
+  for (span_engine* e : {&on_cpu, &on_dev}) REQUIRE(e->open_session("s", 32));
+  const Tensor prompt = random_tensor({9, D}, 1);
+  CHECK(same(on_dev.inference_step("s", prompt, 0), on_cpu.inference_step("s", prompt, 0)));
+  for (int t = 0; t < 3; ++t) {
+    const Tensor x = random_tensor({1, D}, 10 + static_cast<std::uint64_t>(t));
+    CHECK(same(on_dev.inference_step("s", x, 9 + t), on_cpu.inference_step("s", x, 9 + t)));
+  }
+  const Tensor redo = random_tensor({2, D}, 20);  // back to position 10
+  CHECK(same(on_dev.inference_step("s", redo, 10), on_cpu.inference_step("s", redo, 10)));
+
+  // Batched decode over two sessions.
+  for (span_engine* e : {&on_cpu, &on_dev})
+    for (int s = 0; s < 2; ++s) {
+      REQUIRE(e->open_session(batch_session(s), 32));
+      REQUIRE(e->inference_step(batch_session(s), random_tensor({2 + 5 * s, D}, 30 + s), 0));
+    }
+  std::vector<decode_item> items;
+  for (int s = 0; s < 2; ++s) items.push_back({batch_session(s), random_tensor({1, D}, 40 + s), 2 + 5 * s, 0});
+  const auto got = on_dev.decode_batch(items);
+  const auto want = on_cpu.decode_batch(items);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(same(got[i], want[i]));
+
+  // Stateless forward and backward with deep prompts: every block widened
+  // on the device, one at a time.
+  const int B = 2, T = 4;
+  const Tensor x = random_tensor({B * T, D}, 50);
+  const Tensor prompts = random_tensor({2, 2, D}, 51, 0.5f);
+  const Tensor dy = random_tensor({B * T, D}, 52);
+  CHECK(same(on_dev.forward(x, B, T, prompts), on_cpu.forward(x, B, T, prompts)));
+  dev.reset();
+  dev.enable(true);
+  const auto g_dev = on_dev.backward(x, dy, B, T, prompts);
+  dev.enable(false);
+  const auto g_cpu = on_cpu.backward(x, dy, B, T, prompts);
+  if (!g_dev) FAIL(g_dev.error().message);
+  if (f != weight_format::bf16) {  // the linear weights dequantised on the device, whole blocks each time
+    const std::string op = f == weight_format::int8 ? "dequantize_int8" : "dequantize_nf4";
+    const long long per_block = cfg.is_moe() ? 4 + 3LL * cfg.n_experts : cfg.arch == architecture::llama ? 7 : 6;
+    long long calls = 0;
+    for (const auto& t : dev.totals())
+      if (t.op == op) calls = t.calls;
+    CHECK(calls > 0);
+    CHECK(calls % (2 * per_block) == 0);
+  }
+  if (!g_cpu) FAIL(g_cpu.error().message);
+  CHECK(g_dev->grad_input.dev().kind == device_kind::cpu);
+  CHECK(g_dev->grad_input.to_vector() == g_cpu->grad_input.to_vector());
+  CHECK(g_dev->grad_prompts.to_vector() == g_cpu->grad_prompts.to_vector());
+}
+
+}  // namespace
+
+TEST_CASE("emulated device: an inference-only span engine (f32 parameters dropped) returns the cpu engine's outputs") {
+  testing::tiny_model_options mixtral = testing::tiny_options_for(architecture::llama);  // 4 experts, 2 a token
+  mixtral.family = "MixtralForCausalLM";
+  const testing::tiny_model_options llama = testing::tiny_options_for(architecture::llama);
+  const testing::tiny_model_options gpt2 = testing::tiny_options_for(architecture::gpt2);  // its biases owned too
+  for (const auto& o : {llama, mixtral, gpt2}) {
+    for (weight_format f : {weight_format::bf16, weight_format::int8, weight_format::nf4}) {
+      CAPTURE(static_cast<int>(o.arch));
+      CAPTURE(o.family);
+      const std::string format = weight_format_name(f);
+      CAPTURE(format);
+      check_inference_only_span_on_device(o, f);
+    }
   }
 }
