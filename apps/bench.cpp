@@ -136,7 +136,7 @@ model_config gpt2_xl_config() {
 /// layers of dim 1024, GQA (16 heads, 8 key/value heads), 8 SwiGLU experts
 /// of width 1408 with top-2 routing. It holds 302M parameters, of which a
 /// token reads about 94M (the attention, the router and its 2 experts),
-/// about what the dense default reads.
+/// about what the dense default reads (310.5M with the embeddings and head).
 model_config moe_config() {
   model_config c = bench_llama_config();
   c.hf_architecture = "MixtralForCausalLM";
@@ -222,13 +222,17 @@ bool launches_early(device dev) {
 
 namespace {
 
-/// Parameters in the linear layers of the blocks (what GEMMs touch per token).
+/// Parameters in the linear layers of the blocks (what GEMMs touch per
+/// token): of a mixture of experts, the router and the k of E experts each
+/// token is routed to.
 long long block_matrix_params(transformer& m) {
-  long long n = 0;
+  const model_config& c = m.config();
+  long long n = 0, experts = 0;
   for (const auto& b : m.blocks())
     for (const auto& e : b.entries())
-      if (e.shape.size() == 2) n += e.numel;
-  return n;
+      if (e.shape.size() == 2) (e.name.rfind("experts.", 0) == 0 ? experts : n) += e.numel;
+  if (c.is_moe()) experts = experts / c.n_experts * c.experts_per_token;
+  return n + experts;
 }
 
 int run_train(const bench_common& o, int batch, int seq, int steps) {

@@ -190,25 +190,33 @@ void drain(node& n, const caf::actor& server, const sigset_t& stop_signals, std:
 
 /// --max-memory: the blocks that fit, each counted with its weights (the
 /// inference copies, and the f32 parameters where they are kept,
-/// model/block.hpp served_block_bytes) and its share of the KV cache for --cache-tokens;
-/// at most the model's blocks. Throws std::invalid_argument when not even
-/// one fits, naming what one needs.
+/// model/block.hpp served_block_bytes) and its share of the KV cache for
+/// --cache-tokens; at most the model's blocks. Without the f32 parameters,
+/// one block of them is set aside first: a block loads as f32 before it is
+/// converted, and a fine-tuning request widens one block back to f32 while
+/// it runs. Throws std::invalid_argument when not even one fits, naming
+/// what one needs.
 int blocks_that_fit(const serve_args& a, const model_config& cfg, weight_format weights, dtype kv) {
   const std::int64_t budget = parse_byte_size(a.max_memory, "--max-memory");
   const auto kv_bytes = static_cast<std::int64_t>(span_engine::kv_bytes_per_token(cfg, 1, kv)) * a.cache_tokens;
   const std::int64_t weight_bytes = served_block_bytes(cfg, weights, a.keep_f32);
+  const bool lean = weights != weight_format::f32 && !a.keep_f32;
+  const std::int64_t scratch = lean ? served_block_bytes(cfg, weight_format::f32) : 0;
   const std::int64_t per_block = weight_bytes + kv_bytes;
   const auto mib = [](std::int64_t b) { return static_cast<double>(b) / (1 << 20); };
-  const std::int64_t n = std::min<std::int64_t>(budget / per_block, cfg.n_layers);
+  const std::int64_t n = std::min<std::int64_t>(std::max<std::int64_t>(budget - scratch, 0) / per_block, cfg.n_layers);
   if (n < 1)
     throw std::invalid_argument(fmt::format(
         "--max-memory {} holds no block: one needs {:.1f} MiB ({:.1f} MiB of {} weights, {:.1f} MiB of KV cache for "
-        "--cache-tokens {}); lower --cache-tokens, quantise (--weights int8 or nf4) or give more memory",
-        a.max_memory, mib(per_block), mib(weight_bytes), weight_format_name(weights), mib(kv_bytes), a.cache_tokens));
+        "--cache-tokens {}){}; lower --cache-tokens, quantise (--weights int8 or nf4) or give more memory",
+        a.max_memory, mib(per_block), mib(weight_bytes), weight_format_name(weights), mib(kv_bytes), a.cache_tokens,
+        lean ? fmt::format(", after {:.1f} MiB for one block in f32 (loading, fine-tuning requests)", mib(scratch))
+             : std::string()));
   spdlog::info("serve: --max-memory {} holds {} block(s) of {} at {:.1f} MiB each ({:.1f} MiB of {} weights, {:.1f} "
-               "MiB of KV cache for {} tokens)",
+               "MiB of KV cache for {} tokens){}",
                a.max_memory, n, cfg.n_layers, mib(per_block), mib(weight_bytes), weight_format_name(weights),
-               mib(kv_bytes), a.cache_tokens);
+               mib(kv_bytes), a.cache_tokens,
+               lean ? fmt::format(", after {:.1f} MiB for one block in f32", mib(scratch)) : std::string());
   return static_cast<int>(n);
 }
 

@@ -189,7 +189,9 @@ class block_decode_workspace {
   row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
   row_buffer qkv_, gate_up_;  ///< single-row outputs of the stacked products
   row_buffer qn_, kn_;        ///< Qwen3: q and k after their per-head norms
-  moe_buffers moe_;           ///< mixture-of-experts blocks (grown to the rows of the longest call)
+  /// Mixture-of-experts blocks: sized to each call's rows (a change of row
+  /// count reallocates, so MoE decode is not allocation-free).
+  moe_buffers moe_;
   /// [1, width] views of q, k, v (gate, up) in those rows, made once per buffer.
   Tensor q1_, k1_, v1_, gate1_, up1_;
   const void* views_of_ = nullptr;

@@ -328,6 +328,10 @@ void model_config::validate() const {
   if (n_experts < 0 || (n_experts > 0 && (experts_per_token < 1 || experts_per_token > n_experts)))
     throw model_error(describe(*this) + ": " + std::to_string(experts_per_token) + " experts per token of " +
                       std::to_string(n_experts));
+  if (n_experts > 0 && hf_architecture != "MixtralForCausalLM" && hf_architecture != "Qwen3MoeForCausalLM")
+    throw model_error(describe(*this) + ": mixtures of experts are MixtralForCausalLM or Qwen3MoeForCausalLM models");
+  if (n_experts > 0 && hf_architecture == "MixtralForCausalLM" && !norm_topk_prob)
+    throw model_error(describe(*this) + ": Mixtral always renormalises its top-k routing weights (norm_topk_prob)");
   if (n_heads % n_kv_heads != 0)
     throw model_error(describe(*this) + ": number of attention heads (" + std::to_string(n_heads) +
                       ") is not divisible by the number of key/value heads (" +

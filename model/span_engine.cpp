@@ -90,6 +90,8 @@ span_engine::span_engine(stage blocks, std::int64_t cache_tokens,
       static_cast<std::size_t>(tokens) * kv_bytes_per_token(cfg, stage_.size(), options.kv_dtype);
   pool_ = std::make_shared<kv_pool>(budget, stage_.size(), cfg.n_kv_heads, cfg.head_dim,
                                     options.page_tokens, &stage_.backend(), options.kv_dtype);
+  // (An inference-only stage already reads them: then this does nothing.)
+  if (options.weights != weight_format::f32) stage_.use_inference_weights(options.weights);
 }
 
 span_engine span_engine::load(const checkpoint& ck, const model_config& cfg, int first, int last,
@@ -98,9 +100,7 @@ span_engine span_engine::load(const checkpoint& ck, const model_config& cfg, int
   if (options.weights != weight_format::f32 && !options.keep_parameters)
     return span_engine(stage::load_inference(ck, cfg, first, last, be, options.weights, options.on_block_loaded),
                        cache_tokens, options);
-  span_engine e(stage::load(ck, cfg, first, last, be, options.on_block_loaded), cache_tokens, options);
-  e.stage_.use_inference_weights(options.weights);
-  return e;
+  return span_engine(stage::load(ck, cfg, first, last, be, options.on_block_loaded), cache_tokens, options);
 }
 
 span_engine::~span_engine() = default;

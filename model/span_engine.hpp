@@ -133,11 +133,12 @@ struct span_engine_options {
   dtype kv_dtype = dtype::f32;
   /// Called after each block load() read: (blocks done, blocks in all).
   std::function<void(int done, int total)> on_block_loaded;
-  /// The linear weights the cached forwards read (stage::use_inference_weights).
+  /// The linear weights the cached forwards read (stage::use_inference_weights,
+  /// applied by the constructor when not f32).
   weight_format weights = weight_format::f32;
   /// With `weights` other than f32: keep the f32 parameters beside them
   /// (fine-tuning requests then compute with the exact f32 weights). When
-  /// false, load() reads each block's parameters, makes its inference
+  /// false (seen by load() only), load() reads each block's parameters, makes its inference
   /// weights and frees them (stage::load_inference): the server holds the
   /// `weights` copies only, and fine-tuning requests compute with those,
   /// widened one block at a time.

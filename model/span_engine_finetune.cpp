@@ -57,6 +57,17 @@ span_expected<void> span_engine::check_forward(const Tensor& hidden, int batch, 
   return {};
 }
 
+namespace {
+
+/// Frees the stage's widened weights (inference-only stages) when a
+/// stateless request is done, however it ends.
+struct frozen_scope {
+  stage& s;
+  ~frozen_scope() { s.release_frozen_weights(); }
+};
+
+}  // namespace
+
 const Tensor& span_engine::train_positions(int batch, int seq) {
   if (!train_positions_.defined() || train_batch_ != batch || train_seq_ != seq) {
     std::vector<std::int32_t> pos(static_cast<std::size_t>(batch) * static_cast<std::size_t>(seq));
@@ -106,6 +117,7 @@ span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int 
   if (auto ok = check_forward(hidden, batch, seq, deep_prompts, blocks.value().second - blocks.value().first); !ok)
     return ok.error();
   Backend& be = stage_.backend();
+  const frozen_scope frozen{stage_};
   try {
     Tensor x = be.empty(hidden.shape());
     be.copy(hidden, x);
@@ -133,6 +145,7 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     return invalid("output gradients are " + shape_str(grad_output.shape()) +
                    ", the hidden states " + shape_str(hidden.shape()));
   Backend& be = stage_.backend();
+  const frozen_scope frozen{stage_};
   try {
     Tensor x = be.empty(hidden.shape());
     be.copy(hidden, x);

@@ -85,6 +85,10 @@ class stage {
   /// an inference-only stage its inference weights widened (dequantised)
   /// into a scratch block, valid until the next call.
   const block_tensors& frozen_weights(int i);
+  /// Frees frozen_weights' scratch (one f32 block on an inference-only
+  /// stage): a server calls it when a request is done, so the block's
+  /// worth of memory is held only while one runs.
+  void release_frozen_weights() { widened_ = block_tensors{}; }
 
   /// Parameters of block first()+i at index i. Update values in place;
   /// replacing a set's storage is not seen by this stage's cached views.

@@ -141,6 +141,8 @@ double block_activation_bytes(const model_config& cfg, int seq, int sequences, d
   // A mixture of experts keeps k copies of each row (gathered input, three
   // F-wide, the output) and the router's logits.
   if (cfg.is_moe()) per_token = 4 * D + 2 * q + 2 * kv + cfg.experts_per_token * (2 * D + 3 * F) + cfg.n_experts;
+  // Mixture-of-experts blocks train in f32 (16-bit compute is refused for them).
+  if (cfg.is_moe()) bytes = std::max(bytes, 4.0);
   if (cfg.qk_norm) per_token += q + kv;
   return tokens * per_token * bytes;
 }

@@ -464,11 +464,12 @@ TEST_CASE("servers given only a block count place themselves where the swarm is 
 TEST_CASE("a server given --max-memory serves as many blocks as fit, where the swarm is weakest") {
   swarm_model m(architecture::llama);
   const model_config cfg = load_config(m.dir.path().string());
-  // Two blocks' weights (int8 copies, norms: the f32 parameters are not
-  // kept) and KV cache for 512 tokens, and half of a third.
+  // One f32 block set aside (loading, fine-tuning requests), then two
+  // blocks' weights (int8 copies, norms: the f32 parameters are not kept)
+  // and KV cache for 512 tokens, and half of a third.
   const std::int64_t per_block = served_block_bytes(cfg, weight_format::int8, false) +
                                  static_cast<std::int64_t>(span_engine::kv_bytes_per_token(cfg, 1)) * 512;
-  const std::string budget = std::to_string(per_block * 5 / 2);
+  const std::string budget = std::to_string(served_block_bytes(cfg, weight_format::f32) + per_block * 5 / 2);
   swarm_processes sw;
   sw.start(m, "s-1", -1, -1,
            {"--dht", "--dht-ttl-s", "5", "--weights", "int8", "--cache-tokens", "512", "--max-memory", budget});
