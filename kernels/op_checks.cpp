@@ -166,4 +166,11 @@ std::int64_t check_kv_pages(const kv_pages_view& cache, std::int64_t start_pos, 
   return pages;
 }
 
+void require_indices(const std::int32_t* idx, std::int64_t n, std::int64_t limit, const char* what) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (idx[i] < 0 || idx[i] >= limit)
+      throw tensor_error(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " +
+                         std::to_string(i) + " is outside [0, " + std::to_string(limit) + ")");
+}
+
 }  // namespace corolla

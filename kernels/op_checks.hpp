@@ -26,6 +26,9 @@ void require_like_on(const Tensor& t, device where, dtype type, const Tensor& li
                      const char* what);
 /// Throws tensor_error with `what` + ": " + `detail` when `ok` is false.
 void require_condition(bool ok, const char* what, const char* detail);
+/// Throws tensor_error naming `what`, the index and its position unless
+/// every one of the `n` host indices `idx` lies in [0, limit).
+void require_indices(const std::int32_t* idx, std::int64_t n, std::int64_t limit, const char* what);
 
 /// linear's weight: defined, on `where`, 2-D, and of x's dtype `x_type` or,
 /// for an f32 x, bf16 (an inference weight: half the bytes per token, see

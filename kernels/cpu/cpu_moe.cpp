@@ -5,24 +5,17 @@
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/cpu_common.hpp"
+#include "kernels/op_checks.hpp"
 
 namespace corolla::cpu {
 namespace {
-
-/// Indices are validated before any parallel loop (nothing may throw inside one).
-void check_indices(const std::int32_t* idx, std::int64_t n, std::int64_t limit, const char* what) {
-  for (std::int64_t i = 0; i < n; ++i)
-    if (idx[i] < 0 || idx[i] >= limit)
-      throw tensor_error(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " +
-                         std::to_string(i) + " is outside [0, " + std::to_string(limit) + ")");
-}
 
 /// The [N,K] slots of moe_combine and its weight gradient, checked against M rows.
 const std::int32_t* slots_of(const Tensor& slots, std::int64_t m, const char* what) {
   require_host(slots, dtype::i32, what);
   require_that(slots.rank() == 2, what, "expected a 2-D [N, K] tensor");
   const std::int32_t* s = slots.data<std::int32_t>();
-  check_indices(s, slots.numel(), m, what);
+  require_indices(s, slots.numel(), m, what);  // before any parallel loop (nothing may throw inside one)
   return s;
 }
 
@@ -37,7 +30,7 @@ void cpu_backend_impl::moe_gather(const Tensor& src, const Tensor& rows, const T
   require(out, dtype::f32, {m, d}, "moe_gather out");
   if (weights) require(*weights, dtype::f32, {m}, "moe_gather weights");
   const std::int32_t* r = rows.data<std::int32_t>();
-  check_indices(r, m, n, "moe_gather rows");
+  require_indices(r, m, n, "moe_gather rows");
   const float* sp = src.data<float>();
   const float* wp = weights ? weights->data<float>() : nullptr;
   float* op = out.data<float>();

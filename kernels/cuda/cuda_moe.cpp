@@ -12,13 +12,6 @@
 namespace corolla::cuda {
 namespace {
 
-void check_indices(const std::int32_t* idx, std::int64_t n, std::int64_t limit, const char* what) {
-  for (std::int64_t i = 0; i < n; ++i)
-    if (idx[i] < 0 || idx[i] >= limit)
-      throw tensor_error(std::string(what) + ": index " + std::to_string(idx[i]) + " at position " +
-                         std::to_string(i) + " is outside [0, " + std::to_string(limit) + ")");
-}
-
 const float* cf(const Tensor* t) { return t ? static_cast<const float*>(t->raw()) : nullptr; }
 const float* cf(const Tensor& t) { return static_cast<const float*>(t.raw()); }
 float* mf(Tensor& t) { return static_cast<float*>(t.raw()); }
@@ -35,7 +28,7 @@ void cuda_backend::moe_gather(const Tensor& src, const Tensor& rows, const Tenso
   if (weights) require_on(*weights, dev(), dtype::f32, {m}, "moe_gather weights");
   device_guard guard(index_);
   const index_view r = indices(rows, m, slot_indices, "moe_gather rows");
-  check_indices(r.host, m, n, "moe_gather rows");
+  require_indices(r.host, m, n, "moe_gather rows");
   cuda::moe_gather(stream_, cf(src), r.dev, cf(weights), mf(out), m, d);
 }
 
@@ -51,7 +44,7 @@ void cuda_backend::moe_combine(const Tensor& src, const Tensor& slots, const Ten
   if (weights) require_on(*weights, dev(), dtype::f32, {n, k}, "moe_combine weights");
   device_guard guard(index_);
   const index_view s = indices(slots.view({n * k}), n * k, slot_indices, "moe_combine slots");
-  check_indices(s.host, n * k, m, "moe_combine slots");
+  require_indices(s.host, n * k, m, "moe_combine slots");
   cuda::moe_combine(stream_, cf(src), s.dev, cf(weights), mf(out), n, k, d, accumulate);
 }
 
@@ -66,7 +59,7 @@ void cuda_backend::moe_combine_weight_grad(const Tensor& dy, const Tensor& src, 
   require_on(dweights, dev(), dtype::f32, {n, k}, "moe_combine_weight_grad dweights");
   device_guard guard(index_);
   const index_view s = indices(slots.view({n * k}), n * k, slot_indices, "moe_combine_weight_grad slots");
-  check_indices(s.host, n * k, m, "moe_combine_weight_grad slots");
+  require_indices(s.host, n * k, m, "moe_combine_weight_grad slots");
   cuda::moe_combine_weight_grad(stream_, cf(dy), cf(src), s.dev, mf(dweights), n, k, d);
 }
 
