@@ -205,18 +205,18 @@ int blocks_that_fit(const serve_args& a, const model_config& cfg, weight_format 
   const std::int64_t per_block = weight_bytes + kv_bytes;
   const auto mib = [](std::int64_t b) { return static_cast<double>(b) / (1 << 20); };
   const std::int64_t n = std::min<std::int64_t>(std::max<std::int64_t>(budget - scratch, 0) / per_block, cfg.n_layers);
+  const std::string aside =
+      lean ? fmt::format(", after {:.1f} MiB for one block in f32 (loading, fine-tuning requests)", mib(scratch)) : "";
   if (n < 1)
     throw std::invalid_argument(fmt::format(
         "--max-memory {} holds no block: one needs {:.1f} MiB ({:.1f} MiB of {} weights, {:.1f} MiB of KV cache for "
         "--cache-tokens {}){}; lower --cache-tokens, quantise (--weights int8 or nf4) or give more memory",
         a.max_memory, mib(per_block), mib(weight_bytes), weight_format_name(weights), mib(kv_bytes), a.cache_tokens,
-        lean ? fmt::format(", after {:.1f} MiB for one block in f32 (loading, fine-tuning requests)", mib(scratch))
-             : std::string()));
+        aside));
   spdlog::info("serve: --max-memory {} holds {} block(s) of {} at {:.1f} MiB each ({:.1f} MiB of {} weights, {:.1f} "
                "MiB of KV cache for {} tokens){}",
                a.max_memory, n, cfg.n_layers, mib(per_block), mib(weight_bytes), weight_format_name(weights),
-               mib(kv_bytes), a.cache_tokens,
-               lean ? fmt::format(", after {:.1f} MiB for one block in f32", mib(scratch)) : std::string());
+               mib(kv_bytes), a.cache_tokens, aside);
   return static_cast<int>(n);
 }
 

@@ -1,6 +1,5 @@
 #include "model/block.hpp"
 
-#include <algorithm>
 #include <tuple>
 #include <utility>
 
@@ -54,19 +53,13 @@ std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cf
   if (is_llama(cfg)) {
     std::vector<std::pair<std::string, shape_t>> l = {{"attn_norm.weight", {D}}, {"q.weight", {Q, D}},
                                                       {"k.weight", {KV, D}},     {"v.weight", {KV, D}},
-                                                      {"o.weight", {D, Q}},      {"mlp_norm.weight", {D}},
-                                                      {"gate.weight", {F, D}},   {"up.weight", {F, D}},
-                                                      {"down.weight", {D, F}}};
+                                                      {"o.weight", {D, Q}},      {"mlp_norm.weight", {D}}};
+    if (!cfg.is_moe()) l.insert(l.end(), {{"gate.weight", {F, D}}, {"up.weight", {F, D}}, {"down.weight", {D, F}}});
     if (cfg.qkv_bias) l.insert(l.end(), {{"q.bias", {Q}}, {"k.bias", {KV}}, {"v.bias", {KV}}});
     if (cfg.o_bias) l.push_back({"o.bias", {D}});
     if (cfg.qk_norm) l.insert(l.end(), {{"q_norm.weight", {cfg.head_dim}}, {"k_norm.weight", {cfg.head_dim}}});
     if (cfg.is_moe()) {
       // The router and E experts in place of the dense MLP.
-      l.erase(std::remove_if(l.begin(), l.end(),
-                             [](const auto& e) {
-                               return e.first == "gate.weight" || e.first == "up.weight" || e.first == "down.weight";
-                             }),
-              l.end());
       l.push_back({"router.weight", {cfg.n_experts, D}});
       for (int e = 0; e < cfg.n_experts; ++e) {
         const std::string p = "experts." + std::to_string(e) + ".";
@@ -254,6 +247,22 @@ block_tensors own_shared_views(Backend& be, block_tensors w, const param_set& p)
   return w;
 }
 
+namespace {
+
+/// to.*role = the f32 widening of from.*role (a weight of format `f` with
+/// its scale from.*scale), into `own`'s tensor when its shape fits (reused);
+/// the scale is dropped. Nothing when from has no such weight.
+template <class T>
+void widen_role(Backend& be, weight_format f, const T& from, const T& own, T& to, Tensor T::*role, Tensor T::*scale,
+                const shape_t& shape) {
+  if (!(from.*role).defined()) return;
+  to.*role = own.*role;
+  dequantize_rows(be, f, from.*role, from.*scale, ensure_tensor(be, to.*role, shape));
+  to.*scale = Tensor{};
+}
+
+}  // namespace
+
 void widen_block_weights(Backend& be, const model_config& cfg, const block_tensors& w, block_tensors& out) {
   const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
   const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
@@ -261,32 +270,22 @@ void widen_block_weights(Backend& be, const model_config& cfg, const block_tenso
   block_tensors widened = w;
   widened.format = weight_format::f32;
   widened.qkv_w = widened.qkv_s = widened.gate_up_w = widened.gate_up_s = Tensor{};
-  widened.experts.resize(w.experts.size());
-  auto widen = [&](Tensor block_tensors::*role, Tensor block_tensors::*scale, shape_t shape) {
-    if (!(w.*role).defined()) return;
-    widened.*role = out.*role;
-    dequantize_rows(be, w.format, w.*role, w.*scale, ensure_tensor(be, widened.*role, shape));
-    widened.*scale = Tensor{};
-  };
-  widen(&block_tensors::q_w, &block_tensors::q_s, {Q, D});
-  widen(&block_tensors::k_w, &block_tensors::k_s, {KV, D});
-  widen(&block_tensors::v_w, &block_tensors::v_s, {KV, D});
-  widen(&block_tensors::o_w, &block_tensors::o_s, {D, Q});
-  widen(&block_tensors::gate_w, &block_tensors::gate_s, {F, D});
-  widen(&block_tensors::up_w, &block_tensors::up_s, {F, D});
-  widen(&block_tensors::down_w, &block_tensors::down_s, {D, F});
+  using B = block_tensors;
+  const weight_format f = w.format;
+  widen_role(be, f, w, out, widened, &B::q_w, &B::q_s, {Q, D});
+  widen_role(be, f, w, out, widened, &B::k_w, &B::k_s, {KV, D});
+  widen_role(be, f, w, out, widened, &B::v_w, &B::v_s, {KV, D});
+  widen_role(be, f, w, out, widened, &B::o_w, &B::o_s, {D, Q});
+  widen_role(be, f, w, out, widened, &B::gate_w, &B::gate_s, {F, D});
+  widen_role(be, f, w, out, widened, &B::up_w, &B::up_s, {F, D});
+  widen_role(be, f, w, out, widened, &B::down_w, &B::down_s, {D, F});
+  using E = expert_tensors;
   for (std::size_t e = 0; e < w.experts.size(); ++e) {
-    const expert_tensors& from = w.experts[e];
-    expert_tensors& to = widened.experts[e];
-    const expert_tensors mine = e < out.experts.size() ? out.experts[e] : expert_tensors{};
-    auto widen_expert = [&](Tensor expert_tensors::*role, Tensor expert_tensors::*scale, shape_t shape) {
-      to.*role = mine.*role;
-      dequantize_rows(be, w.format, from.*role, from.*scale, ensure_tensor(be, to.*role, shape));
-      to.*scale = Tensor{};
-    };
-    widen_expert(&expert_tensors::gate_w, &expert_tensors::gate_s, {F, D});
-    widen_expert(&expert_tensors::up_w, &expert_tensors::up_s, {F, D});
-    widen_expert(&expert_tensors::down_w, &expert_tensors::down_s, {D, F});
+    const E own = e < out.experts.size() ? out.experts[e] : E{};
+    E& to = widened.experts[e];
+    widen_role(be, f, w.experts[e], own, to, &E::gate_w, &E::gate_s, {F, D});
+    widen_role(be, f, w.experts[e], own, to, &E::up_w, &E::up_s, {F, D});
+    widen_role(be, f, w.experts[e], own, to, &E::down_w, &E::down_s, {D, F});
   }
   out = std::move(widened);
 }
