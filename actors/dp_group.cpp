@@ -11,6 +11,7 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "model/optimizer.hpp"
 
@@ -241,6 +242,42 @@ std::string dp_group::publish_params(int steps) {
   }
 }
 
+std::string dp_group::snapshot(int step, const std::string& loss_scale) {
+  try {
+    rank_snapshot snap;
+    snap.owner = s_.rank;
+    snap.step = step;
+    snap.job = s_.comm->job();
+    snap.loss_scale = loss_scale;
+    // Copies: the live buffers change with the next step.
+    auto copy = [this](const Tensor& t) { return t.dev().kind == device_kind::cpu ? t.clone() : to_host(t); };
+    for (const grad_bucket& b : buckets_) {
+      const std::string name = bucket_name(b.id);
+      snap.tensors.emplace_back("params." + name, copy(b.comm_params()));
+      snap.tensors.emplace_back("m." + name, copy(b.m));
+      snap.tensors.emplace_back("v." + name, copy(b.v));
+      snap.ranges[name] = {b.lo, b.hi, b.params->size()};
+    }
+    caf::anon_send(s_.keeper, encode_snapshot(snap));
+    if (s_.buddy < 0) return {};
+    const std::size_t bytes = s_.buddy_params ? snap.bytes() : snap.without_params().bytes();
+    if (static_cast<std::int64_t>(bytes) >= node_options{}.max_message_bytes) {
+      spdlog::warn("{}: its snapshot of step {} ({} bytes) exceeds one message: its buddy keeps no copy", s_.label,
+                   step, bytes);
+      return {};
+    }
+    try {
+      if (!buddy_keeper_) buddy_keeper_ = s_.comm->actor_of(s_.buddy, "train-snap");
+      caf::anon_send(buddy_keeper_, encode_snapshot(s_.buddy_params ? snap : snap.without_params()));
+    } catch (const train_error& e) {
+      spdlog::warn("{}: no copy of its snapshot of step {} at its buddy: {}", s_.label, step, e.what());
+    }
+    return {};
+  } catch (const std::exception& e) {
+    return s_.label + " failed taking its snapshot of step " + std::to_string(step) + ": " + e.what();
+  }
+}
+
 caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g) {
   using namespace dp_msg;
   return n.system().spawn<caf::detached>([g](caf::event_based_actor* self) -> caf::behavior {
@@ -256,6 +293,7 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g) {
         },
         [g](save_atom, int step) { return g->save_checkpoint(step); },
         [g](publish_atom, int steps) { return g->publish_params(steps); },
+        [g](snapshot_atom, int step, std::string& loss_scale) { return g->snapshot(step, loss_scale); },
     };
   });
 }

@@ -21,6 +21,7 @@
 //   stage -> dp   request update_atom, step, adam_step, coef -> error
 //   stage -> dp   request save_atom, step                 -> error
 //   stage -> dp   request publish_atom, steps             -> error
+//   stage -> dp   request snapshot_atom, step, loss_scale -> error
 // Without clipping and loss scaling (no global norm), reduce also updates
 // the bucket's shard and all-gathers it, so the update overlaps the rest of
 // the backward.
@@ -57,6 +58,7 @@ using norm_atom = caf::atom_constant<caf::atom("dpnorm")>;
 using update_atom = caf::atom_constant<caf::atom("dpupdate")>;
 using save_atom = caf::atom_constant<caf::atom("dpsave")>;
 using publish_atom = caf::atom_constant<caf::atom("dppublish")>;
+using snapshot_atom = caf::atom_constant<caf::atom("dpsnap")>;
 }  // namespace dp_msg
 
 /// A flat parameter buffer reduced and updated as one unit: a block, or the head.
@@ -113,6 +115,12 @@ struct dp_group_setup {
   Backend* math = nullptr;
   train_comm* comm = nullptr;
   std::shared_ptr<train_inbox> inbox;
+  /// In-memory snapshots (actors/train_snapshots.hpp): this rank's keeper,
+  /// the buddy rank that keeps a copy (-1: none), and whether that copy
+  /// carries the parameters.
+  caf::actor keeper;
+  int buddy = -1;
+  bool buddy_params = false;
 };
 
 /// The buckets of one rank and everything done to them. Built and restored
@@ -145,6 +153,11 @@ class dp_group {
   std::string save_checkpoint(int step);
   /// Sends the parameters this rank keeps to the coordinator (--save).
   std::string publish_params(int steps);
+  /// Copies this rank's state after step `step` (what its checkpoint shard
+  /// would hold, with every bucket's parameters, and `loss_scale`) to host
+  /// memory and sends it to this rank's keeper and its buddy's. A buddy
+  /// that cannot be reached only costs this step's copy there (logged).
+  std::string snapshot(int step, const std::string& loss_scale);
 
  private:
   bool keeps_params(const grad_bucket& b) const;
@@ -160,6 +173,7 @@ class dp_group {
   /// The padded layout of the device collectives (--collectives device):
   /// size * pad of the largest bucket, on the device.
   Tensor coll_scratch_;
+  caf::actor buddy_keeper_;  ///< the buddy's keeper, once looked up
 };
 
 /// Spawns the DP-group actor (detached: its collectives block) over

@@ -239,6 +239,14 @@ caf::actor train_comm::mailbox_of(int rank) {
   return p;
 }
 
+caf::actor train_comm::actor_of(int to, const std::string& name) {
+  if (to < 0 || to >= static_cast<int>(peers_.size()))
+    throw train_error("no rank " + std::to_string(to) + " in a job of " + std::to_string(peers_.size()));
+  auto a = node_->remote_actor(peers_[static_cast<std::size_t>(to)], name);
+  if (!a) throw train_error("cannot reach " + name + " on rank " + std::to_string(to) + ": " + error_message(a.error()));
+  return *a;
+}
+
 void train_comm::send(int to, const char* type, const train_packet& p, const Tensor& t) {
   train_packet stamped = p;
   stamped.job = job_;

@@ -138,6 +138,9 @@ class train_comm : public ring_channel {
 
   /// Sends `t` (may be undefined: no tensor) to rank `to` as message `type`.
   void send(int to, const char* type, const train_packet& p, const Tensor& t);
+  /// The actor published as `name` on rank `to`'s node (looked up each
+  /// call: callers keep it). Throws train_error when it cannot be reached.
+  caf::actor actor_of(int to, const std::string& name);
   /// Sends a body to the coordinator's mailbox.
   void send_coordinator(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {});
   /// The tensor of message `type` for (step, index, hop), checked to hold

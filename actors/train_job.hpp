@@ -137,6 +137,13 @@ struct dist_train_options {
   /// at each probe step every rank waits for the coordinator's verdict
   /// (train.drain: go on, or stop here for a new layout).
   int probe_every = 0;
+  /// In-memory snapshots (elastic jobs, actors/train_snapshots.hpp): every
+  /// `snapshot_every` steps (0 = never) each rank keeps a copy of what its
+  /// checkpoint shard of that step would hold and sends one to its buddy
+  /// rank (snapshot_buddy); a rank whose job fails writes the snapshots it
+  /// holds under checkpoint_dir/memory/, from which the launcher assembles
+  /// the newest complete step: a single failure loses no step.
+  int snapshot_every = 0;
   /// Continue from checkpoint_dir's latest checkpoint (same layout, batch
   /// and model shape; anything else is refused with the difference).
   bool resume = false;
@@ -157,6 +164,10 @@ struct dist_train_options {
   /// Whether a checkpoint is written after step `step`.
   bool checkpoints_at(int step) const {
     return checkpoint_every > 0 && !checkpoint_dir.empty() && step % checkpoint_every == 0;
+  }
+  /// Whether the ranks take in-memory snapshots after step `step`.
+  bool snapshots_at(int step) const {
+    return snapshot_every > 0 && !checkpoint_dir.empty() && step % snapshot_every == 0;
   }
   /// Whether the ranks probe their links at step `step` (probe_every).
   bool probes_at(int step) const { return probe_every > 0 && step % probe_every == 0; }

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
 #include "actors/train_roster.hpp"
+#include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "model/error.hpp"
 #include "model/head.hpp"
@@ -80,6 +82,7 @@ class rank_runtime {
     comm_ = std::make_unique<train_comm>(node_, inbox_, rank_, std::vector<std::string>{}, *coord, o_.timeout);
     try {
       comm_ = join_train_job(node_, o_, cfg_, rank_, inbox_, *comm_, rings_);
+      if (o_.snapshot_every > 0 && !o_.checkpoint_dir.empty()) start_keeper();
       if (o_.collectives == dp_collectives::device) join_device_groups();
       build_model();
       if (o_.resume) {
@@ -98,12 +101,17 @@ class rank_runtime {
                                   encode_abort_body(o_.layout.label(rank_) + " failed: " + e.what(), comm_->job()));
         } catch (const std::exception&) {
         }
+      flush_snapshots();
       throw;
     }
   }
 
   ~rank_runtime() {
     if (inbox_) inbox_->close();
+    if (keeper_) {
+      node_.unpublish("train-snap");
+      caf::anon_send_exit(keeper_, caf::exit_reason::user_shutdown);
+    }
     if (mailbox_) {
       node_.unpublish("train");
       caf::anon_send_exit(mailbox_, caf::exit_reason::user_shutdown);
@@ -152,6 +160,9 @@ class rank_runtime {
     s.math = dp_be_ ? dp_be_.get() : &be_;
     s.comm = comm_.get();
     s.inbox = inbox_;
+    s.keeper = keeper_;
+    s.buddy = keeper_ ? snapshot_buddy(o_.layout, rank_) : -1;
+    s.buddy_params = buddy_needs_params(o_.layout, rank_);
     buckets_ = std::make_shared<dp_group>(std::move(s));
     const bool device_coll = o_.collectives == dp_collectives::device;
     for (stage& part : model_.parts)
@@ -205,6 +216,44 @@ class rank_runtime {
     const std::string from = checkpoint_layout(o_.checkpoint_dir, step);
     spdlog::info("{} resumed from {} (step {}{})", o_.layout.label(rank_), checkpoint_step_dir(o_.checkpoint_dir, step).string(),
                  step, from.empty() || from == o_.layout.describe() ? "" : ", written by layout " + from);
+  }
+
+  // ---- in-memory snapshots (actors/train_snapshots.hpp) ---------------------------------
+
+  void start_keeper() {
+    snapshot_keeper_setup k;
+    k.holder = rank_;
+    k.owners = snapshot_owners(o_.layout, rank_);
+    k.inbox = inbox_;
+    k.dir = memory_snapshot_dir(o_.checkpoint_dir);
+    auto a = start_snapshot_keeper(node_, std::move(k), comm_->job());
+    if (!a) throw train_error("cannot publish the snapshot keeper: " + error_message(a.error()));
+    keeper_ = *a;
+  }
+
+  /// The job failed: the snapshots this rank holds go to disk, where the
+  /// launcher assembles the newest complete step from every survivor's.
+  void flush_snapshots() {
+    if (!keeper_) return;
+    caf::scoped_actor self{node_.system()};
+    self->request(keeper_, std::chrono::seconds(60), snap_msg::flush_atom::value)
+        .receive(
+            [&](std::string& e) {
+              if (!e.empty()) spdlog::error("{}: flushing its snapshots failed: {}", o_.layout.label(rank_), e);
+            },
+            [&](caf::error& e) {
+              spdlog::error("{}: flushing its snapshots failed: {}", o_.layout.label(rank_), to_string(e));
+            });
+  }
+
+  /// "scale good_steps skipped" with dynamic loss scaling, else "".
+  std::string loss_scale_text() const {
+    if (!scaler_.dynamic()) return {};
+    const loss_scale_state st = scaler_.state();
+    std::ostringstream out;
+    out.precision(17);
+    out << st.scale << ' ' << st.good_steps << ' ' << st.skipped;
+    return out.str();
   }
 
   // ---- the step ----------------------------------------------------------------------
@@ -436,6 +485,8 @@ class rank_runtime {
     if (o_.verdict_at(step)) take_verdict(step);
     // A drained job's last step is always saved: the next layout starts there.
     if (o_.checkpoints_at(step) || (step == last_step_ && last_step_ < o_.steps)) tell_dp(dp_msg::save_atom::value, step);
+    if (keeper_ && o_.snapshots_at(step) && step < o_.steps)
+      tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text());
   }
 
   /// The rates of the links to this rank's neighbours of higher rank (each
@@ -518,6 +569,7 @@ class rank_runtime {
   std::shared_ptr<train_inbox> inbox_;
   std::string coordinator_id_;
   caf::actor mailbox_, dp_actor_;
+  caf::actor keeper_;  ///< this rank's snapshot keeper (snapshot_every > 0)
   std::unique_ptr<train_comm> comm_;
   rank_rings rings_;
   stage_model model_;

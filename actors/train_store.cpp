@@ -72,7 +72,7 @@ int step_of(const std::string& name) {
 }  // namespace
 
 void write_shard(const fs::path& dir, int step, int rank, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                 const std::map<std::string, shard_range>& ranges) {
+                 const std::map<std::string, shard_range>& ranges, const std::map<std::string, std::string>& extra) {
   const fs::path step_dir = checkpoint_step_dir(dir, step);
   std::error_code ec;
   fs::create_directories(step_dir, ec);
@@ -80,7 +80,9 @@ void write_shard(const fs::path& dir, int step, int rank, const std::vector<std:
   const fs::path final_path = step_dir / shard_file_name(rank);
   const fs::path tmp = final_path.string() + ".tmp";
   try {
-    std::map<std::string, std::string> meta = {{"step", std::to_string(step)}, {"rank", std::to_string(rank)}};
+    std::map<std::string, std::string> meta = extra;
+    meta["step"] = std::to_string(step);
+    meta["rank"] = std::to_string(rank);
     for (const auto& [bucket, r] : ranges)
       meta["range." + bucket] = std::to_string(r.lo) + " " + std::to_string(r.hi) + " " + std::to_string(r.n);
     write_safetensors(tmp, tensors, meta);

@@ -58,10 +58,11 @@ struct shard_range {
 
 /// Writes rank `rank`'s shard of step `step` (temporary file, then rename):
 /// `tensors`, and `ranges` (bucket name -> where its "m." and "v." tensors
-/// lie) in the header. Throws train_error when the disk refuses.
+/// lie) and `meta` in the header. Throws train_error when the disk refuses.
 void write_shard(const std::filesystem::path& dir, int step, int rank,
                  const std::vector<std::pair<std::string, Tensor>>& tensors,
-                 const std::map<std::string, shard_range>& ranges = {});
+                 const std::map<std::string, shard_range>& ranges = {},
+                 const std::map<std::string, std::string>& meta = {});
 /// Commits step `step`: its manifest (the layout that wrote it, for people
 /// and messages; the loss scaler's state after the step, when given), then
 /// `latest`; removes checkpoints older than the previous one. Throws
@@ -88,6 +89,8 @@ class checkpoint_shards {
   /// The whole parameter vector of `bucket` (bucket_name) into `dst` (f32,
   /// host). Throws train_error when no shard holds it or its size differs.
   void read_params(const std::string& bucket, Tensor& dst) const;
+  /// Whether some shard holds the parameters of `bucket`.
+  bool has_params(const std::string& bucket) const { return params_.count(bucket) > 0; }
   /// Values [lo, lo + dst.numel()) of AdamW moment `which` ("m" or "v") of
   /// `bucket`, whose parameter vector has `n` values, assembled from the
   /// shards that hold pieces of it. Throws train_error when the pieces do

@@ -7,6 +7,13 @@
 // Megatron-LM or TorchElastic keep while no rank dies). Both runs must
 // compute the same losses; the figures are the wall time after the
 // throttle and the median step time once the re-planned job runs.
+//
+// With --kill: a 2x2 job (links of 4 ms) loses rank 3 to SIGKILL at
+// --kill-step, twice: recovering from the survivors' in-memory snapshots
+// (--elastic's default), and the TorchElastic way (every rank restarts from
+// the last checkpoint; both runs checkpoint every --checkpoint-every
+// steps). The figure is the time lost: from the kill to the next new step,
+// less one median step.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -38,6 +45,9 @@ struct elastic_bench_options {
   int probe_every = 2;
   std::string profile = "bw=1Mbit,lat=200us";
   bool json = false;
+  bool kill = false;          ///< --kill: the failure half
+  int kill_step = 45;         ///< step after which rank 3 is killed
+  int checkpoint_every = 50;  ///< both kill runs' checkpoints
 };
 
 const char* bench_cluster_toml = R"(name = "three-nodes"
@@ -86,19 +96,100 @@ double sum_from(const std::vector<double>& v, int first_step) {
   return s;
 }
 
+/// The model and token file of both halves under `scratch`.
+void write_bench_job(const fs::path& scratch) {
+  fs::create_directories(scratch / "model");
+  std::ofstream(scratch / "model" / "config.json") << to_hf_json(bench_model()).dump(2) << '\n';
+  std::vector<std::uint16_t> ids(4000);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::uint16_t>((i * 7 + i / 5) % 64);
+  std::ofstream f(scratch / "tokens.bin", std::ios::binary);
+  f.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 2));
+}
+
+/// The largest relative difference of two runs' losses.
+double loss_diff(const faultlab_run& a, const faultlab_run& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < std::min(a.losses.size(), b.losses.size()); ++i)
+    worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]) / std::max(1e-12, std::abs(a.losses[i])));
+  return worst;
+}
+
+int run_bench_elastic_kill(const elastic_bench_options& o) {
+  if (o.kill_step < 1 || o.steps < o.kill_step + 5)
+    throw std::invalid_argument("--steps must leave at least 5 steps after --kill-step");
+  const scratch_dir scratch_holder("corolla-bench-elastic");
+  const fs::path& scratch = scratch_holder.path();
+  write_bench_job(scratch);
+  auto scenario = [&](bool memory) {
+    fl::scenario s;
+    s.name = memory ? "in-memory" : "checkpoint-restart";
+    fl::train_job j;
+    j.model = (scratch / "model").string();
+    j.data = (scratch / "tokens.bin").string();
+    j.args = "--batch 4 --seq 8 --lr 0.003 --threads 1 --link-profile lat=4ms --steps " + std::to_string(o.steps) +
+             (memory ? "" : " --snapshot-every 0");
+    j.layout = "--pp 2 --dp 2";
+    j.elastic = true;
+    j.checkpoint_every = o.checkpoint_every;
+    s.train = j;
+    fl::fault f;
+    f.at = {fl::moment::kind::step, static_cast<double>(o.kill_step)};
+    f.what = fl::action::kill;
+    f.whom = {fl::target::kind::rank, 3};
+    s.faults = {f};
+    return s;
+  };
+  std::mt19937_64 rng(1);
+  std::fprintf(stderr, "bench elastic --kill: %d steps of 2x2 (lat=4ms), rank 3 killed after step %d, checkpoints "
+                       "every %d steps; in-memory snapshots, then checkpoint-restart\n",
+               o.steps, o.kill_step, o.checkpoint_every);
+  const faultlab_run memory = run_train_scenario(scenario(true), true, rng, scratch / "memory");
+  const faultlab_run restart = run_train_scenario(scenario(false), true, rng, scratch / "restart");
+  for (const faultlab_run* r : {&memory, &restart}) {
+    if (!r->completed) throw model_error("bench elastic: a run failed: " + r->error);
+    if (r->faults.empty() || r->faults[0].recovered_at_s < 0)
+      throw model_error("bench elastic: a run did not recover from the kill");
+  }
+  // Lost: from the kill to the first step after it, less a normal step.
+  auto lost = [&](const faultlab_run& r) {
+    std::vector<double> normal(r.step_seconds.begin(), r.step_seconds.begin() + o.kill_step);
+    const double step = median(normal);
+    return std::max(0.0, r.faults[0].recovered_at_s - r.faults[0].injected_at_s - step);
+  };
+  const double mem_lost = lost(memory), restart_lost = lost(restart);
+  // The snapshots' price: the steps before the kill, with and without them.
+  auto before_kill = [&](const faultlab_run& r) {
+    return median(std::vector<double>(r.step_seconds.begin(), r.step_seconds.begin() + o.kill_step));
+  };
+  const double step_s = before_kill(memory), plain_step_s = before_kill(restart);
+  const double ratio = mem_lost > 0 ? restart_lost / mem_lost : 0;
+  const double worst = loss_diff(memory, restart);
+  nlohmann::json j = {{"bench", "elastic-kill"},        {"steps", o.steps},
+                      {"kill_step", o.kill_step},        {"checkpoint_every", o.checkpoint_every},
+                      {"median_step_s", step_s},         {"median_step_without_snapshots_s", plain_step_s},
+                      {"in_memory_lost_s", mem_lost},
+                      {"checkpoint_restart_lost_s", restart_lost}, {"ratio", ratio},
+                      {"max_loss_rel_diff", worst}};
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("in-memory snapshots: %.2f s lost (kill to the next new step, less a %.3f s step)\n", mem_lost, step_s);
+    std::printf("checkpoint-restart:  %.2f s lost (the last checkpoint is %d step(s) old)\n", restart_lost,
+                o.kill_step % o.checkpoint_every);
+    std::printf("%.1fx less time lost; losses equal within %.1e relative; median step before the kill %.3f s with "
+                "snapshots, %.3f s without\n",
+                ratio, worst, step_s, plain_step_s);
+  }
+  return 0;
+}
+
 int run_bench_elastic(const elastic_bench_options& o) {
+  if (o.kill) return run_bench_elastic_kill(o);
   if (o.steps < o.throttle_step + 10)
     throw std::invalid_argument("--steps must leave at least 10 steps after --throttle-step");
   const scratch_dir scratch_holder("corolla-bench-elastic");
   const fs::path& scratch = scratch_holder.path();
-  fs::create_directories(scratch / "model");
-  std::ofstream(scratch / "model" / "config.json") << to_hf_json(bench_model()).dump(2) << '\n';
-  {
-    std::vector<std::uint16_t> ids(4000);
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::uint16_t>((i * 7 + i / 5) % 64);
-    std::ofstream f(scratch / "tokens.bin", std::ios::binary);
-    f.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 2));
-  }
+  write_bench_job(scratch);
   std::ofstream(scratch / "three.toml") << bench_cluster_toml;
 
   auto scenario = [&](bool probe) {
@@ -107,7 +198,9 @@ int run_bench_elastic(const elastic_bench_options& o) {
     fl::train_job j;
     j.model = (scratch / "model").string();
     j.data = (scratch / "tokens.bin").string();
-    j.args = "--batch 4 --seq 8 --lr 0.003 --threads 1 --steps " + std::to_string(o.steps) +
+    // No in-memory snapshots: their copies would share the throttled link
+    // with the job, and this measures re-planning around it.
+    j.args = "--batch 4 --seq 8 --lr 0.003 --threads 1 --snapshot-every 0 --steps " + std::to_string(o.steps) +
              (probe ? " --probe-every " + std::to_string(o.probe_every) : std::string());
     j.layout = "--cluster " + (scratch / "three.toml").string();
     j.elastic = true;
@@ -129,9 +222,7 @@ int run_bench_elastic(const elastic_bench_options& o) {
   const faultlab_run moved = run_train_scenario(scenario(true), true, rng, scratch / "replanned");
   for (const faultlab_run* r : {&fixed, &moved})
     if (!r->completed) throw model_error("bench elastic: a run failed: " + r->error);
-  double worst = 0;
-  for (std::size_t i = 0; i < std::min(fixed.losses.size(), moved.losses.size()); ++i)
-    worst = std::max(worst, std::abs(fixed.losses[i] - moved.losses[i]) / std::max(1e-12, std::abs(fixed.losses[i])));
+  const double worst = loss_diff(fixed, moved);
   const int after = o.throttle_step + 1;
   const double fixed_after = sum_from(fixed.step_seconds, after), moved_after = sum_from(moved.step_seconds, after);
   const int tail_from = std::max(after, o.steps - 10);  // the last ten steps: long after any re-plan
@@ -179,6 +270,15 @@ void register_bench_elastic(CLI::App* bench, action_fn& action) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_option("--profile", o.profile, "What rank 1's sends are shaped to (net/shaping.hpp syntax)")
+      ->capture_default_str();
+  cmd->add_flag("--kill", o.kill,
+                "The failure half instead: rank 3 of a 2x2 job killed, recovered from in-memory snapshots vs "
+                "restarted from the last checkpoint");
+  cmd->add_option("--kill-step", o.kill_step, "With --kill: the step after which rank 3 is killed")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_option("--checkpoint-every", o.checkpoint_every, "With --kill: both runs' checkpoint period")
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_bench_elastic(o); }; });

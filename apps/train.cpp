@@ -276,10 +276,15 @@ void register_train(CLI::App& app, action_fn& action) {
       ->group(dist);
   cmd->add_flag("--elastic", args->elastic,
                 "Local launcher: when ranks die or hang, re-plan the grid on the ranks left and continue from the "
-                "last checkpoint (or the start), re-sharded, printing each step once")
+                "survivors' in-memory snapshots (else the last checkpoint, or the start), re-sharded, printing each "
+                "step once")
       ->group(dist);
   cmd->add_option("--min-ranks", args->min_ranks, "With --elastic: stop when fewer ranks than this remain")
       ->capture_default_str()
+      ->group(dist);
+  cmd->add_option("--snapshot-every", args->snapshot_every,
+                  "With --elastic: every K steps each rank keeps its state in memory and a copy at a buddy rank, so "
+                  "that a single failure loses no step (0 = off: fall back to --checkpoint-dir; default 1)")
       ->group(dist);
   cmd->add_option("--probe-every", args->probe_every,
                   "Measure every rank's links to its neighbours every K steps (0 = never); with --elastic "

@@ -60,6 +60,9 @@ struct train_args {
   bool resume = false;
   bool elastic = false;  ///< --elastic: the local launcher re-plans on the ranks left when some die
   int min_ranks = 1;     ///< --min-ranks: with --elastic, the fewest ranks a job continues on
+  /// --snapshot-every: with --elastic, in-memory snapshots every K steps
+  /// (0 = none; -1 = the default, every step with --elastic).
+  int snapshot_every = -1;
   int probe_every = 0;   ///< --probe-every: measure the ranks' links every K steps (--elastic --cluster re-plans on them)
   double timeout_s = 300;
   std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file

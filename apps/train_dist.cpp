@@ -3,6 +3,7 @@
 // starts one `corolla train --rank R` process per rank on 127.0.0.1. With
 // one (--rank, or the environment of Slurm or torchrun) it is that rank of
 // a job whose coordinator rank 0 hosts at --coordinator.
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -411,13 +412,21 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   } catch (...) {
     over = true;
     watcher.join();
-    if (lost) {
-      // Finding the lost ranks must not replace the job's own failure.
-      try {
-        *lost = lost_ranks(ranks, signalled, o.layout.world(), std::current_exception());
-      } catch (...) {
-        lost->clear();
-      }
+    std::vector<int> gone;
+    // Finding the lost ranks must not replace the job's own failure.
+    try {
+      gone = lost_ranks(ranks, signalled, o.layout.world(), std::current_exception());
+    } catch (...) {
+      gone.clear();
+    }
+    if (lost) *lost = gone;
+    if (o.snapshot_every > 0) {
+      // The survivors write their in-memory snapshots before they exit
+      // (actors/train_snapshots.hpp): let them, and do not wait for the
+      // lost (a hung rank never exits by itself).
+      for (int r : gone)
+        if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
+      ranks.wait_all(std::chrono::seconds(60));
     }
     ranks.stop();
     throw;
@@ -518,6 +527,10 @@ int run_distributed_train(train_args a) {
   o.checkpoint_every = a.checkpoint_every;
   if (a.probe_every < 0) throw std::invalid_argument("--probe-every must be >= 0");
   o.probe_every = a.probe_every;
+  if (a.snapshot_every < -1) throw std::invalid_argument("--snapshot-every must be >= 0");
+  if (a.snapshot_every > 0 && !a.elastic)
+    throw std::invalid_argument("--snapshot-every keeps in-memory snapshots for --elastic to recover from: add --elastic");
+  o.snapshot_every = a.elastic ? (a.snapshot_every < 0 ? 1 : a.snapshot_every) : 0;
   o.resume = a.resume;
   o.save_dir = a.save;
   o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000));

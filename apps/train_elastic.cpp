@@ -32,6 +32,7 @@
 
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/scratch_dir.hpp"
@@ -68,6 +69,7 @@ struct replan_event {
   int ranks_left = 0;                 ///< ranks (or, with --cluster, workers) left to plan on
   const char* left_unit = "rank(s)";
   int resume_step = 0;       ///< the checkpoint continued from (0: the start)
+  bool from_memory = false;  ///< that checkpoint was assembled from the survivors' in-memory snapshots
   int last_done = 0;         ///< the last step completed before the failure
   double bytes = 0;          ///< checkpoint bytes the new grid reads
   clock_type::time_point failed_at;
@@ -76,7 +78,7 @@ struct replan_event {
     nlohmann::json j = {{"event", "replan"},       {"reason", reason},         {"lost_ranks", lost},
                         {"from", from},            {"to", to},                 {"ranks", ranks_left},
                         {"resume_from", resume_step}, {"replayed_steps", std::max(0, last_done - resume_step)},
-                        {"bytes", bytes},          {"completed", completed}};
+                        {"bytes", bytes},          {"completed", completed}, {"from_memory", from_memory}};
     if (completed) j["seconds"] = seconds;
     if (!changes.empty()) {
       j["reason"] = cause;
@@ -103,7 +105,9 @@ struct replan_event {
     } else {
       std::printf("replan: lost %s (%s); %s -> %s, %d %s left; continued from %s, %d step(s) replayed, %.3g MB read",
                   lost_labels.c_str(), reason.c_str(), from.c_str(), to.c_str(), ranks_left, left_unit,
-                  resume_step > 0 ? ("the checkpoint of step " + std::to_string(resume_step)).c_str() : "the start",
+                  resume_step == 0 ? "the start"
+                  : from_memory   ? ("the survivors' in-memory snapshots of step " + std::to_string(resume_step)).c_str()
+                                  : ("the checkpoint of step " + std::to_string(resume_step)).c_str(),
                   std::max(0, last_done - resume_step), bytes / 1e6);
       if (completed)
         std::printf("; next step done %.2f s after the failure\n", seconds);
@@ -128,10 +132,12 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   if (cluster) machines = *cluster;
   if (cluster && plan) running = *plan;
   const bool probing = running && o.probe_every > 0;
-  // A drain writes a checkpoint where the next plan starts: without
+  // A drain writes a checkpoint where the next plan starts, and in-memory
+  // snapshots are flushed to one when ranks fail: without
   // --checkpoint-dir, a private one that goes with the job.
   std::optional<scratch_dir> drains;
-  if (probing && o.checkpoint_dir.empty()) o.checkpoint_dir = drains.emplace("corolla-drain").path();
+  if ((probing || o.snapshot_every > 0) && o.checkpoint_dir.empty())
+    o.checkpoint_dir = drains.emplace("corolla-elastic").path();
   const schedule::training_setup setup = training_setup_of(a);
   const bool uniform_links = !o.link_profiles.empty();
   const std::string link_profile = uniform_links ? o.link_profiles.back() : std::string();
@@ -271,6 +277,19 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       ev.from = o.layout.describe();
       ev.last_done = printed;
       ev.failed_at = failed_at;
+      // The survivors flushed what they hold in memory: the newest step
+      // every rank's state survived becomes a checkpoint (no step lost).
+      if (o.snapshot_every > 0) {
+        const memory_recovery rec = commit_memory_snapshots(o.checkpoint_dir, o.layout.world(), cfg.n_layers,
+                                                            checkpoint_key(o, cfg), o.layout.describe());
+        ev.from_memory = rec.step > 0;
+        if (rec.step > 0)
+          std::fprintf(stderr, "elastic: the survivors' snapshots of step %d cover every rank (%d rank(s) flushed)\n",
+                       rec.step, rec.holders);
+        else
+          std::fprintf(stderr, "elastic: no complete in-memory snapshot (%s); falling back to %s\n", rec.why_not.c_str(),
+                       latest_checkpoint_step(o.checkpoint_dir) > 0 ? "the last checkpoint" : "the start");
+      }
       if (machines) {
         // The lost ranks' machines go; the planner plans again on the rest,
         // free to choose depth, width, placement and micro-batch.

@@ -225,6 +225,26 @@ struct TrainStep {
   job @3 :UInt64;
 }
 
+# "train.snap" rank -> its buddy's "train-snap" actor after every
+# --snapshot-every'th step of an elastic job (actors/train_snapshots.hpp):
+# what the owner's checkpoint shard of that step would hold, kept in the
+# buddy's memory so that the owner's death loses no step. Tensor i is
+# names[i] ("params.block.3", "m.block.3", "v.head", ...).
+struct TrainSnapshot {
+  owner @0 :Int32;         # the rank whose state this is
+  step @1 :Int64;          # taken after this step's update
+  job @2 :UInt64;          # the run's id from the roster
+  names @3 :List(Text);
+  ranges @4 :List(Range);  # where each bucket's moment shard lies in the bucket
+  lossScale @5 :Text;      # "scale good_steps skipped" with dynamic loss scaling, else ""
+  struct Range {
+    bucket @0 :Text;       # "block.3", "head"
+    lo @1 :Int64;
+    hi @2 :Int64;
+    n @3 :Int64;
+  }
+}
+
 # "train.abort" coordinator -> every rank: the job failed (a rank died);
 # also a failing rank -> the coordinator, saying why, before its node stops.
 struct TrainAbort {

@@ -1,7 +1,8 @@
 // `corolla train --pp P --dp D --elastic`: rank processes killed (SIGKILL)
 // or hung (SIGSTOP) mid-run; the launcher re-plans the grid on the ranks
-// left, continues from the last checkpoint re-sharded (or from the start),
-// prints every step once, and the losses equal the single-process run.
+// left, continues from the survivors' in-memory snapshots (else the last
+// checkpoint, or the start) re-sharded, prints every step once, and the
+// losses equal the single-process run.
 #include <doctest/doctest.h>
 
 #include <sched.h>
@@ -75,8 +76,8 @@ int finish(child_process& launcher) {
 
 }  // namespace
 
-TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, continues from checkpoints and keeps the "
-          "single-process losses") {
+TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, continues from the survivors' in-memory "
+          "snapshots without losing a step and keeps the single-process losses") {
   temp_dir_guard tmp("mp-train-elastic-kill");
   const job j = slow_job(tmp, 40);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
@@ -98,11 +99,18 @@ TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, conti
   CHECK(events[0]["to"] == "1x3 [0,4)");
   CHECK(events[0]["lost_ranks"] == nlohmann::json::array({3}));
   CHECK(events[0]["completed"] == true);
-  CHECK(events[0]["resume_from"].get<int>() >= 3);
+  // From memory: at most the step in flight is computed again (a copy
+  // still on its way to the buddy when the rank died costs one more).
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+  CHECK(events[0]["resume_from"].get<int>() >= 4);
   CHECK(events[0]["bytes"].get<double>() > 0);
   CHECK(events[1]["from"] == "1x3 [0,4)");
   CHECK(events[1]["to"] == "1x2 [0,4)");
   CHECK(events[1]["lost_ranks"] == nlohmann::json::array({1}));
+  // A checkpoint of the same step as the newest complete snapshot is used as it is.
+  if (events[1]["resume_from"].get<int>() % 3 != 0) CHECK(events[1]["from_memory"] == true);
+  CHECK(events[1]["replayed_steps"].get<int>() <= 1);
   CHECK(events[1]["resume_from"].get<int>() >= 12);
   CHECK(events[1]["reason"].get<std::string>().find("rank 1 (stage 0, replica 1") != std::string::npos);
   // No rank outlives the launcher; the job's last checkpoint is the 1x2 grid's.
@@ -110,12 +118,12 @@ TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, conti
   CHECK(checkpoint_layout(ck, latest_checkpoint_step(ck)) == "1x2 [0,4)");
 }
 
-TEST_CASE("--elastic: a hung rank (SIGSTOP) is a failure too: without checkpoints the job starts over on the ranks "
-          "left with the same losses") {
+TEST_CASE("--elastic: a hung rank (SIGSTOP) is a failure too: without snapshots or checkpoints the job starts over on "
+          "the ranks left with the same losses") {
   temp_dir_guard tmp("mp-train-elastic-hang");
   const job j = slow_job(tmp, 20);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  child_process launcher = child_process::corolla(elastic_args(j, {"--snapshot-every", "0"}));
   REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
   const pid_t hung = rank_pid(launcher, 2);
   ::kill(hung, SIGSTOP);
@@ -130,6 +138,54 @@ TEST_CASE("--elastic: a hung rank (SIGSTOP) is a failure too: without checkpoint
   CHECK(events[0]["replayed_steps"].get<int>() >= 3);
   CHECK(events[0]["to"] == "1x3 [0,4)");
   ::kill(hung, SIGKILL);  // the launcher killed it already; nothing may be left stopped
+}
+
+TEST_CASE("--elastic, one replica per stage: the dead stage's parameters and moments come from the next stage's "
+          "memory, no step is lost") {
+  temp_dir_guard tmp("mp-train-elastic-pp");
+  const job j = slow_job(tmp, 16);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  std::vector<std::string> args = train_args(
+      j, {"--pp", "2", "--dp", "1", "--elastic", "--link-profile", "lat=4ms", "--timeout-s", "60"});
+  child_process launcher = child_process::corolla(args);
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  ::kill(rank_pid(launcher, 0), SIGKILL);  // stage 0, the head's first holder: 2x1 -> 1x1
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 1u);
+  CHECK(events[0]["from"] == "2x1 [0,2) [2,4)");
+  CHECK(events[0]["to"] == "1x1 [0,4)");
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+  CHECK(events[0]["resume_from"].get<int>() >= 3);
+}
+
+TEST_CASE("--elastic: a rank and its buddy killed together take state that exists nowhere else: the job falls back "
+          "to the last checkpoint by itself") {
+  temp_dir_guard tmp("mp-train-elastic-buddies");
+  const job j = slow_job(tmp, 16);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  const fs::path ck = tmp / "ck";
+  child_process launcher = child_process::corolla(elastic_args(j, {"--checkpoint-dir", ck, "--checkpoint-every", "3"}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  // Ranks 2 and 3 (stage 1) keep each other's copies.
+  const pid_t a = rank_pid(launcher, 2), b = rank_pid(launcher, 3);
+  ::kill(a, SIGKILL);
+  ::kill(b, SIGKILL);
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 1u);
+  CHECK(events[0]["lost_ranks"] == nlohmann::json::array({2, 3}));
+  CHECK(events[0]["from_memory"] == false);
+  CHECK(events[0]["resume_from"].get<int>() % 3 == 0);
+  CHECK(events[0]["resume_from"].get<int>() >= 3);
+  CHECK(launcher.err().find("no complete in-memory snapshot") != std::string::npos);
 }
 
 TEST_CASE("--elastic stops with one clear error when fewer than --min-ranks remain, and bad combinations are refused") {
@@ -223,7 +279,8 @@ TEST_CASE("--elastic --probe-every: a rank's links throttled mid-run, the job re
   const std::string token = "elastic-test-" + std::to_string(::getpid());
   ::setenv("COROLLA_CONTROL_TOKEN", token.c_str(), 1);
   child_process launcher = child_process::corolla(train_args(
-      j, {"--cluster", tmp / "three.toml", "--elastic", "--probe-every", "2", "--timeout-s", "60"}));
+      j, {"--cluster", tmp / "three.toml", "--elastic", "--probe-every", "2", "--snapshot-every", "0",
+          "--timeout-s", "60"}));
   ::unsetenv("COROLLA_CONTROL_TOKEN");
   REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks")"), std::chrono::seconds(60)));
   // Where rank 1 (n1/0) listens.
@@ -335,7 +392,8 @@ TEST_CASE("--elastic --probe-every: a straggler (a rank sharing its core with fi
   std::ofstream(tmp / "three.toml") << three_nodes_toml;
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
   child_process launcher = child_process::corolla(train_args(
-      j, {"--cluster", tmp / "three.toml", "--elastic", "--probe-every", "8", "--timeout-s", "60"}));
+      j, {"--cluster", tmp / "three.toml", "--elastic", "--probe-every", "8", "--snapshot-every", "0",
+          "--timeout-s", "60"}));
   REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks")"), std::chrono::seconds(60)));
   const nlohmann::json one = rank_entry(launcher.lines(), 1);
   REQUIRE(one.is_object());

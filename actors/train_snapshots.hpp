@@ -1,0 +1,125 @@
+// actors/train_snapshots.hpp — in-memory snapshots of an elastic training
+// job: how a single rank's death loses no step.
+//
+// Every `snapshot_every` steps (dist_train_options), after the step's
+// update, each rank's DP group copies to host memory what its checkpoint
+// shard of that step would hold (the AdamW moments of the shards it owns,
+// the parameters of its buckets, the loss scaler's state) and sends it:
+//  - to its own rank's keeper (kept for when the rank survives), and
+//  - to its buddy's keeper (snapshot_buddy: the next replica of its stage,
+//    which holds the same parameters, so only the moments travel; with one
+//    replica the first replica of the next stage, and the parameters travel
+//    too).
+// The keeper is an actor published as "train-snap" on every rank's node. It
+// keeps the two newest steps of each owner it is buddy to (the newest may
+// not have reached every holder when the job fails) and takes snapshots
+// only of this run, from ranks of the job, for owners it keeps.
+//
+// When the job fails, every surviving rank asks its keeper to write what it
+// holds (flush) under checkpoint_dir/memory/h<holder>/step-N/rank-R.safetensors,
+// in the checkpoint shard format, and exits. The launcher then
+// (commit_memory_snapshots) picks the newest step whose snapshots cover
+// every rank of the failed grid and every bucket's parameters, assembles
+// them into checkpoint_dir/step-N and commits it when it is newer than the
+// latest checkpoint on disk; the new grid restores from it re-sharded, as
+// from any checkpoint. When a failure took both copies of some state (a
+// rank and its buddy), no step is complete and the job falls back to the
+// last committed checkpoint, or to the start.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/atom.hpp>
+#include <caf/expected.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/train_store.hpp"
+
+namespace corolla {
+
+class node;
+class train_inbox;
+struct train_layout;
+
+namespace train_msg {
+inline constexpr const char* snap = "train.snap";  ///< rank -> a keeper: an in-memory snapshot
+}  // namespace train_msg
+
+namespace snap_msg {
+/// keeper <- rank, a request: write every snapshot held; answers an error
+/// string ("" = done).
+using flush_atom = caf::atom_constant<caf::atom("snapflush")>;
+}  // namespace snap_msg
+
+/// The rank that keeps a copy of rank `rank`'s snapshots: the next replica
+/// of its stage (dp > 1), else the first replica of the next stage (dp = 1,
+/// pp > 1); -1 in a job of one rank.
+int snapshot_buddy(const train_layout& l, int rank);
+/// Whether the buddy's copy must carry the parameters (it sits on another
+/// stage: dp = 1).
+bool buddy_needs_params(const train_layout& l, int rank);
+/// The owners whose snapshots rank `holder` keeps: itself and those it is
+/// the buddy of.
+std::set<int> snapshot_owners(const train_layout& l, int holder);
+
+/// One rank's state after one step, in host memory.
+struct rank_snapshot {
+  int owner = 0;
+  std::int64_t step = 0;
+  std::uint64_t job = 0;
+  std::vector<std::pair<std::string, Tensor>> tensors;  ///< checkpoint shard names: "params.block.3", "m.head", ...
+  std::map<std::string, shard_range> ranges;             ///< bucket -> where its moment shard lies
+  std::string loss_scale;  ///< "scale good_steps skipped" with dynamic loss scaling, else ""
+
+  std::size_t bytes() const;
+  /// The same snapshot without the parameters (a buddy on the same stage holds them).
+  rank_snapshot without_params() const;
+};
+
+/// `s` as a train.snap message (wire::TrainSnapshot; tensor i is entry i).
+remote_message encode_snapshot(const rank_snapshot& s);
+/// A train.snap message back; a bad_message error for a malformed one.
+caf::expected<rank_snapshot> decode_snapshot(const remote_message& m);
+
+/// What a keeper needs.
+struct snapshot_keeper_setup {
+  int holder = 0;                        ///< this rank
+  std::set<int> owners;                  ///< snapshot_owners(layout, holder)
+  std::shared_ptr<train_inbox> inbox;    ///< who is part of the job (its named peers)
+  std::filesystem::path dir;             ///< where a flush writes: <checkpoint_dir>/memory
+};
+
+/// Spawns the keeper of run `job` (snapshots of other runs are dropped)
+/// and publishes it on `n` as "train-snap".
+caf::expected<caf::actor> start_snapshot_keeper(node& n, snapshot_keeper_setup s, std::uint64_t job);
+
+/// checkpoint_dir/memory: where keepers flush.
+std::filesystem::path memory_snapshot_dir(const std::filesystem::path& checkpoint_dir);
+
+/// What commit_memory_snapshots found.
+struct memory_recovery {
+  int step = 0;                  ///< the step assembled and committed (0: none)
+  std::uintmax_t bytes = 0;      ///< the bytes of its shards
+  int holders = 0;               ///< ranks whose keepers flushed
+  std::string why_not;           ///< when step = 0: why no step could be used
+};
+
+/// After a failed grid of `world` ranks running `n_layers` blocks: the
+/// newest step whose flushed snapshots (memory_snapshot_dir) hold every
+/// rank's shard and every bucket's parameters, assembled into
+/// checkpoint_dir/step-N and committed (manifest with `job`, `layout`, the
+/// snapshots' loss scale; then `latest`) when it is newer than the latest
+/// checkpoint there. The flushed files are removed either way. Throws
+/// train_error only when the disk refuses.
+memory_recovery commit_memory_snapshots(const std::filesystem::path& checkpoint_dir, int world, int n_layers,
+                                        const std::string& job, const std::string& layout);
+
+}  // namespace corolla

@@ -1,0 +1,214 @@
+// In-memory snapshots of elastic training (actors/train_snapshots.hpp):
+// who keeps whose, the wire form, the keeper actor (what it accepts, what
+// it keeps, what a flush writes), and the launcher's assembly of the newest
+// complete step into a committed checkpoint.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <caf/all.hpp>
+
+#include "actors/corolla.hpp"
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "actors/train_snapshots.hpp"
+#include "actors/train_store.hpp"
+#include "model/safetensors.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+namespace fs = std::filesystem;
+
+namespace {
+
+Tensor values(std::vector<float> v) { return Tensor::from_f32(v, {static_cast<std::int64_t>(v.size())}); }
+
+/// Rank `owner`'s snapshot of a dp = 2, pp = 1 job over buckets block.0 and
+/// the head (4 values each): owner r holds moment values [2r, 2r + 2).
+rank_snapshot snapshot_of(int owner, int step, std::uint64_t job, float base) {
+  rank_snapshot s;
+  s.owner = owner;
+  s.step = step;
+  s.job = job;
+  for (const std::string bucket : {"block.0", "head"}) {
+    s.tensors.emplace_back("params." + bucket, values({base, base + 1, base + 2, base + 3}));
+    s.tensors.emplace_back("m." + bucket, values({base + 10 * owner, base + 10 * owner + 1}));
+    s.tensors.emplace_back("v." + bucket, values({base + 20 * owner, base + 20 * owner + 1}));
+    s.ranges[bucket] = {2 * owner, 2 * owner + 2, 4};
+  }
+  return s;
+}
+
+std::unique_ptr<node> start_test_node() {
+  auto n = node::start(node_options{});
+  if (!n) FAIL(error_message(n.error()));
+  return std::move(*n);
+}
+
+std::string flush(node& n, const caf::actor& keeper) {
+  std::string out = "no answer";
+  caf::scoped_actor self{n.system()};
+  self->request(keeper, std::chrono::seconds(30), snap_msg::flush_atom::value)
+      .receive([&](std::string& e) { out = e; }, [&](caf::error& e) { out = to_string(e); });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("snapshot buddies: the next replica of the stage, else the next stage's first replica") {
+  const train_layout l22 = even_layout(4, 2, 2);
+  CHECK(snapshot_buddy(l22, 0) == 1);
+  CHECK(snapshot_buddy(l22, 1) == 0);
+  CHECK(snapshot_buddy(l22, 2) == 3);
+  CHECK(snapshot_buddy(l22, 3) == 2);
+  CHECK_FALSE(buddy_needs_params(l22, 0));  // the replica holds the same parameters
+  const train_layout l13 = even_layout(4, 1, 3);
+  CHECK(snapshot_buddy(l13, 2) == 0);
+  CHECK(snapshot_owners(l13, 0) == std::set<int>{0, 2});
+  const train_layout l31 = even_layout(3, 3, 1);
+  CHECK(snapshot_buddy(l31, 0) == 1);
+  CHECK(snapshot_buddy(l31, 2) == 0);  // the last stage's copy goes to the first
+  CHECK(buddy_needs_params(l31, 2));
+  CHECK(snapshot_owners(l31, 1) == std::set<int>{0, 1});
+  CHECK(snapshot_buddy(even_layout(2, 1, 1), 0) == -1);
+}
+
+TEST_CASE("a snapshot round-trips as a train.snap message, and malformed ones are bad_message") {
+  rank_snapshot s = snapshot_of(1, 7, 42, 0.5f);
+  s.loss_scale = "65536 3 1";
+  const remote_message m = encode_snapshot(s);
+  CHECK(m.type == train_msg::snap);
+  auto back = decode_snapshot(m);
+  REQUIRE(back);
+  CHECK(back->owner == 1);
+  CHECK(back->step == 7);
+  CHECK(back->job == 42u);
+  CHECK(back->loss_scale == "65536 3 1");
+  REQUIRE(back->tensors.size() == s.tensors.size());
+  CHECK(back->tensors[1].first == "m.block.0");
+  CHECK(back->tensors[1].second.to_vector() == std::vector<float>{10.5f, 11.5f});
+  CHECK(back->ranges.at("head").lo == 2);
+  CHECK(back->bytes() == s.bytes());
+  CHECK(s.without_params().tensors.size() == 4u);
+
+  remote_message fewer = m;
+  fewer.tensors.pop_back();  // a name without its tensor
+  CHECK_FALSE(decode_snapshot(fewer));
+  rank_snapshot bad_name = s;
+  bad_name.tensors[0].first = "../../etc/passwd";
+  CHECK_FALSE(decode_snapshot(encode_snapshot(bad_name)));
+  rank_snapshot bad_range = s;
+  bad_range.ranges["head"] = {3, 2, 4};
+  CHECK_FALSE(decode_snapshot(encode_snapshot(bad_range)));
+  remote_message garbage = m;
+  garbage.body.assign(24, 0xff);
+  CHECK_FALSE(decode_snapshot(garbage));
+}
+
+TEST_CASE("a keeper holds the two newest snapshots of the owners it keeps, only from the job, and flushes them as "
+          "checkpoint shards") {
+  testing::temp_dir_guard tmp("snapshot-keeper");
+  auto holder = start_test_node();
+  auto peer = start_test_node();
+  auto inbox = std::make_shared<train_inbox>();
+  inbox->name_peer(peer->id(), "rank 0 (stage 0, replica 0)");
+  snapshot_keeper_setup setup;
+  setup.holder = 1;
+  setup.owners = snapshot_owners(even_layout(2, 1, 2), 1);  // {0, 1}
+  setup.inbox = inbox;
+  setup.dir = tmp / "memory";
+  auto keeper = start_snapshot_keeper(*holder, setup, 42);
+  REQUIRE(keeper);
+  // Its own snapshot comes from this process.
+  caf::anon_send(*keeper, encode_snapshot(snapshot_of(1, 3, 42, 1)));
+
+  auto connected = peer->connect(holder->endpoint());
+  REQUIRE(connected);
+  auto remote = peer->remote_actor(holder->id(), "train-snap");
+  REQUIRE(remote);
+  caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 1, 42, 0)));
+  caf::anon_send(*remote, encode_snapshot(snapshot_of(1, 2, 42, 0)));   // rank 1's is its own business
+  caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 2, 7, 0)));    // another run
+  caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 2, 42, 0)));
+  caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 3, 42, 0)));   // step 1 goes: two are kept
+
+  const fs::path h = tmp / "memory" / "h1";
+  // The peer's messages arrive in order: once step 3 is on disk, all were seen.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!fs::exists(checkpoint_step_dir(h, 3) / shard_file_name(0)) && std::chrono::steady_clock::now() < deadline) {
+    CHECK(flush(*holder, *keeper) == "");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(fs::exists(checkpoint_step_dir(h, 3) / shard_file_name(0)));
+  CHECK(fs::exists(checkpoint_step_dir(h, 3) / shard_file_name(1)));
+  CHECK(fs::exists(checkpoint_step_dir(h, 2) / shard_file_name(0)));
+  CHECK_FALSE(fs::exists(checkpoint_step_dir(h, 1)));                     // older than the two kept
+  CHECK_FALSE(fs::exists(checkpoint_step_dir(h, 2) / shard_file_name(1)));  // a peer cannot speak for the holder
+  auto f = safetensors_file::open(checkpoint_step_dir(h, 3) / shard_file_name(0));
+  CHECK(f->metadata().at("range.head") == "0 2 4");
+  CHECK(f->metadata().at("holder") == "1");
+  holder->unpublish("train-snap");
+  caf::anon_send_exit(*keeper, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the launcher commits the newest step every rank's snapshot survived, and falls back when none is complete") {
+  testing::temp_dir_guard tmp("snapshot-commit");
+  const fs::path ck = tmp / "ck";
+  const fs::path mem = memory_snapshot_dir(ck);
+  // n_layers = 1: buckets block.0 and the head. Holder 0 flushed steps 4
+  // and 5 of itself and step 4 of rank 1 (rank 1 died before its step-5
+  // copy arrived); holder 1 is gone.
+  auto flushed = [&](int holder, int owner, int step, bool params, const std::string& scale = "") {
+    rank_snapshot s = snapshot_of(owner, step, 1, static_cast<float>(step));
+    if (!params) s = s.without_params();
+    std::map<std::string, std::string> meta;
+    if (!scale.empty()) meta["loss_scale"] = scale;
+    write_shard(mem / ("h" + std::to_string(holder)), step, owner, s.tensors, s.ranges, meta);
+  };
+  flushed(0, 0, 4, true, "1024 5 2");
+  flushed(0, 0, 5, true);
+  flushed(0, 1, 4, false);
+  const memory_recovery rec = commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)");
+  CHECK(rec.step == 4);
+  CHECK(rec.holders == 1);
+  CHECK(rec.bytes > 0);
+  CHECK(latest_checkpoint_step(ck) == 4);
+  CHECK(checkpoint_layout(ck, 4) == "1x2 [0,1)");
+  check_manifest(ck, 4, "job-key");
+  const auto scale = checkpoint_loss_scale(ck, 4);
+  REQUIRE(scale);
+  CHECK(scale->scale == 1024);
+  CHECK(scale->skipped == 2);
+  {
+    const checkpoint_shards shards(ck, 4);
+    Tensor m = Tensor::zeros({4});
+    shards.read_moment("m", "head", 0, 4, m);
+    CHECK(m.to_vector() == std::vector<float>{4, 5, 14, 15});  // rank 1's half from its buddy's copy
+    Tensor p = Tensor::zeros({4});
+    shards.read_params("block.0", p);
+    CHECK(p.to_vector() == std::vector<float>{4, 5, 6, 7});
+  }
+  CHECK_FALSE(fs::exists(mem));  // flushed files go either way
+
+  // Both copies of rank 1 lost: nothing newer than the checkpoint is complete.
+  flushed(0, 0, 6, true);
+  const memory_recovery none = commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)");
+  CHECK(none.step == 0);
+  CHECK(none.why_not.find("step 6: no snapshot of rank(s) 1") != std::string::npos);
+  CHECK(latest_checkpoint_step(ck) == 4);
+  // Moments of every rank but no parameters of the head anywhere.
+  flushed(0, 1, 7, false);
+  {
+    rank_snapshot s = snapshot_of(0, 7, 1, 7).without_params();
+    s.tensors.emplace_back("params.block.0", values({1, 2, 3, 4}));
+    write_shard(mem / "h0", 7, 0, s.tensors, s.ranges);
+  }
+  const memory_recovery partial = commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)");
+  CHECK(partial.step == 0);
+  CHECK(partial.why_not.find("parameters of head") != std::string::npos);
+  CHECK(latest_checkpoint_step(ck) == 4);
+  // No snapshots at all.
+  CHECK(commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)").why_not == "no rank flushed a snapshot");
+}
