@@ -127,6 +127,7 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
                   " cosine=" + (s.cosine ? "1" : "0") + " checkpoint_every=" + std::to_string(o.checkpoint_every) +
                   " probe_every=" + std::to_string(o.probe_every) +
                   " snapshot_every=" + std::to_string(o.snapshot_every) +
+                  " drain_every=" + std::to_string(o.drain_every) +
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
                   " compute=" + dtype_name(o.compute) + " collectives=" + dp_collectives_name(o.collectives);

@@ -144,6 +144,10 @@ struct dist_train_options {
   /// holds under checkpoint_dir/memory/, from which the launcher assembles
   /// the newest complete step: a single failure loses no step.
   int snapshot_every = 0;
+  /// Every `drain_every` steps (0 = only at probe steps) every rank also
+  /// waits for the coordinator's verdict (train.drain): where an elastic
+  /// launcher may stop the job to grow it onto workers that joined.
+  int drain_every = 0;
   /// Continue from checkpoint_dir's latest checkpoint (same layout, batch
   /// and model shape; anything else is refused with the difference).
   bool resume = false;
@@ -172,8 +176,10 @@ struct dist_train_options {
   /// Whether the ranks probe their links at step `step` (probe_every).
   bool probes_at(int step) const { return probe_every > 0 && step % probe_every == 0; }
   /// Whether every rank waits for the coordinator's verdict (train.drain)
-  /// after step `step`: a probe step that is not the last.
-  bool verdict_at(int step) const { return probes_at(step) && step < steps; }
+  /// after step `step`: a probe or drain_every step that is not the last.
+  bool verdict_at(int step) const {
+    return (probes_at(step) || (drain_every > 0 && step % drain_every == 0)) && step < steps;
+  }
 
   /// Micro-batch size after the default rule. Throws std::invalid_argument
   /// when batch is not a multiple of dp, or batch / dp of micro_batch.

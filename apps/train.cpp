@@ -6,12 +6,14 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.hpp"
 #include "apps/train_args.hpp"
+#include "apps/train_lobby.hpp"
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
@@ -92,6 +94,7 @@ lr_schedule schedule_of(const train_args& a) {
 namespace {
 
 int run_train(const train_args& a) {
+  if (!a.join.empty()) return run_train_join(a);
   if (wants_distributed(a)) return run_distributed_train(a);
   if (!a.checkpoint_dir.empty() || a.checkpoint_every > 0 || a.resume || a.micro_batch > 0 || !a.link_profile.empty() ||
       !a.coordinator.empty() || a.chunks != 1 || a.collectives != "host")
@@ -169,19 +172,19 @@ void register_train(CLI::App& app, action_fn& action) {
       "Train a model on a token file with AdamW. Prints `step <i> loss <value>` for each "
       "logged step, steps numbered 1..N (step 1 = loss of the initial weights on the first "
       "batch). Batches are read sequentially, wrapping at the end of the data.");
-  cmd->add_option("--model", args->model,
-                  "HuggingFace model directory: weights to continue from, or only a config.json "
-                  "to start from a fresh GPT-2-style initialisation (see --seed)")
-      ->required();
-  cmd->add_option("--data", args->data,
-                  "Token data: an llm.c shard, a raw uint16 .bin file, or text (tokenised with "
-                  "the model directory's tokenizer)")
-      ->required();
-  cmd->add_option("--batch", args->batch, "Sequences per step (B)")->required();
-  cmd->add_option("--seq", args->seq, "Tokens per sequence (T), at most the model's context")
-      ->required();
-  cmd->add_option("--steps", args->steps, "Optimiser steps to run (N)")->required();
-  cmd->add_option("--lr", args->lr, "AdamW learning rate")->required();
+  // Required, except for a worker that joins (--join): it learns the job.
+  std::vector<CLI::Option*> needed;
+  needed.push_back(cmd->add_option("--model", args->model,
+                                   "HuggingFace model directory: weights to continue from, or only a config.json "
+                                   "to start from a fresh GPT-2-style initialisation (see --seed) (required)"));
+  needed.push_back(cmd->add_option("--data", args->data,
+                                   "Token data: an llm.c shard, a raw uint16 .bin file, or text (tokenised with "
+                                   "the model directory's tokenizer) (required)"));
+  needed.push_back(cmd->add_option("--batch", args->batch, "Sequences per step (B) (required)"));
+  needed.push_back(
+      cmd->add_option("--seq", args->seq, "Tokens per sequence (T), at most the model's context (required)"));
+  needed.push_back(cmd->add_option("--steps", args->steps, "Optimiser steps to run (N) (required)"));
+  needed.push_back(cmd->add_option("--lr", args->lr, "AdamW learning rate (required)"));
   cmd->add_option("--weight-decay", args->weight_decay,
                   "Decoupled weight decay, applied to every parameter")
       ->capture_default_str();
@@ -286,6 +289,19 @@ void register_train(CLI::App& app, action_fn& action) {
                   "With --elastic: every K steps each rank keeps its state in memory and a copy at a buddy rank, so "
                   "that a single failure loses no step (0 = off: fall back to --checkpoint-dir; default 1)")
       ->group(dist);
+  cmd->add_option("--join", args->join,
+                  "Offer this process as a worker to the elastic launcher whose lobby is at HOST:PORT (it prints it); "
+                  "it runs the ranks it is given until the job ends")
+      ->group(dist);
+  cmd->add_option("--join-name", args->join_name, "With --join: how the launcher names this worker")->group(dist);
+  cmd->add_option("--join-listen", args->join_listen,
+                  "With --elastic (--pp/--dp): where workers join (default tcp://127.0.0.1:0, printed at start)")
+      ->group(dist);
+  cmd->add_option("--join-check-every", args->join_check_every,
+                  "With --elastic (--pp/--dp): every K steps the job stops at a step boundary to grow onto joined "
+                  "workers when a larger grid fits (0 = never)")
+      ->capture_default_str()
+      ->group(dist);
   cmd->add_option("--probe-every", args->probe_every,
                   "Measure every rank's links to its neighbours every K steps (0 = never); with --elastic "
                   "--cluster the job re-plans at a step boundary when a measured link makes another plan pay")
@@ -298,7 +314,12 @@ void register_train(CLI::App& app, action_fn& action) {
                   "Longest wait for any one message between ranks (a dead rank is reported sooner)")
       ->capture_default_str()
       ->group(dist);
-  cmd->callback([&action, args] { action = [args] { return run_train(*args); }; });
+  cmd->callback([&action, args, needed] {
+    if (args->join.empty())
+      for (const CLI::Option* o : needed)
+        if (o->count() == 0) throw CLI::RequiredError(o->get_name());
+    action = [args] { return run_train(*args); };
+  });
 }
 
 }  // namespace corolla::app

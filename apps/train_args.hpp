@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -19,7 +20,18 @@
 #include "schedule/cluster.hpp"
 #include "schedule/planner.hpp"
 
+namespace corolla {
+struct node_options;
+}
+
 namespace corolla::app {
+
+/// The options of a training node (a rank's, the coordinator's, the
+/// elastic launcher's lobby): listening on `listen`, answering echoes, a
+/// peer timeout of 10 s (eight ranks on two cores can starve a heartbeat).
+node_options rank_node_options(const std::string& listen);
+/// Starts a node; throws std::runtime_error naming `what` when it cannot.
+std::unique_ptr<node> start_node(const node_options& opts, const std::string& what);
 
 struct train_args {
   std::string model;
@@ -63,6 +75,14 @@ struct train_args {
   /// --snapshot-every: with --elastic, in-memory snapshots every K steps
   /// (0 = none; -1 = the default, every step with --elastic).
   int snapshot_every = -1;
+  /// --join ENDPOINT: offer this process as a worker to the elastic
+  /// launcher listening there (apps/train_lobby.hpp) instead of training.
+  std::string join;
+  std::string join_name;  ///< --join-name: how the launcher names this worker
+  /// --join-listen: where an elastic launcher takes offers of workers ("" =
+  /// tcp://127.0.0.1:0); --join-check-every K: how often it looks at them.
+  std::string join_listen;
+  int join_check_every = 5;
   int probe_every = 0;   ///< --probe-every: measure the ranks' links every K steps (--elastic --cluster re-plans on them)
   double timeout_s = 300;
   std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file
@@ -127,8 +147,17 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
 /// line `{"event": "ranks", "layout", "ranks": [{"rank", "label", "pid",
 /// "endpoint", "worker" (--cluster)}]}` says which process is which rank and where its node
 /// listens (what a harness needs to shape or kill one).
+///
+/// With `remote`, ranks [remote->local, world) are not started here:
+/// remote->assign(rank, args, job_json) hands each the command line of its
+/// rank and the job description (workers that joined, apps/train_lobby.hpp).
+struct remote_ranks {
+  int local = 0;
+  std::function<void(int rank, const std::vector<std::string>& args, const std::string& job_json)> assign;
+};
 int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
-                  const coordinator_hooks& hooks, std::vector<int>* lost = nullptr);
+                  const coordinator_hooks& hooks, std::vector<int>* lost = nullptr,
+                  const remote_ranks* remote = nullptr);
 /// A step's line on stdout (text, or JSON with --json), for the steps
 /// --log-every shows.
 void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r);

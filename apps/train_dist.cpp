@@ -164,8 +164,6 @@ void print_local_summary(const train_args& a, const dist_train_options& o, int s
                o.layout.world(), a.save.empty() ? "" : ("; saved to " + a.save).c_str());
 }
 
-namespace {
-
 node_options rank_node_options(const std::string& listen) {
   node_options n;
   n.listen = listen;
@@ -187,6 +185,8 @@ std::unique_ptr<node> start_node(const node_options& opts, const std::string& wh
   if (!n) throw std::runtime_error("cannot start the " + what + " node: " + error_message(n.error()));
   return std::move(*n);
 }
+
+namespace {
 
 // ---- one rank -----------------------------------------------------------------------
 
@@ -338,7 +338,7 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
 }
 
 int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
-                  const coordinator_hooks& given, std::vector<int>* lost) {
+                  const coordinator_hooks& given, std::vector<int>* lost, const remote_ranks* remote) {
   if (o.collectives == dp_collectives::device) {
     if (a.device != "auto" && a.device != "cuda")
       throw std::invalid_argument("--collectives device puts local rank r on GPU r: give --device cuda (or auto), not " +
@@ -357,8 +357,9 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   if (fd < 0) throw std::runtime_error("cannot create a job file in " + fs::temp_directory_path().string() + ": " +
                                        std::strerror(errno));
   const fs::path job_file = name;
+  const std::string job_text = job_to_json(o).dump() + "\n";
   {
-    const std::string text = job_to_json(o).dump() + "\n";
+    const std::string& text = job_text;
     const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
     ::close(fd);
     if (!ok) {
@@ -378,7 +379,13 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   auto inbox = std::make_shared<train_inbox>();
   rank_processes ranks;
   std::atomic<bool> over{false};
-  for (int r = 0; r < o.layout.world(); ++r) ranks.start(rank_args(a, r, endpoint, job_file.string()));
+  const int local = remote ? remote->local : o.layout.world();
+  for (int r = 0; r < o.layout.world(); ++r) {
+    if (r < local)
+      ranks.start(rank_args(a, r, endpoint, job_file.string()));
+    else
+      remote->assign(r, rank_args(a, r, endpoint, job_file.string()), job_text);
+  }
   // A rank process that ends before the job does fails it at once (also
   // before it joined, when no link could report it).
   std::set<int> signalled;  // ranks a signal ended while the job ran (the watcher's until it is joined)
@@ -396,8 +403,9 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       nlohmann::json list = nlohmann::json::array();
       for (const train_peer& p : peers)
       {
-        nlohmann::json r = {{"rank", p.rank}, {"label", o.layout.label(p.rank)}, {"pid", ranks.pid(p.rank)},
-                            {"endpoint", p.endpoint}};
+        nlohmann::json r = {{"rank", p.rank}, {"label", o.layout.label(p.rank)},
+                            {"pid", p.rank < local ? ranks.pid(p.rank) : 0}, {"endpoint", p.endpoint}};
+        if (p.rank >= local) r["joined"] = true;  // a worker's child process, not this launcher's
         if (static_cast<std::size_t>(p.rank) < o.layout.worker_names.size())
           r["worker"] = o.layout.worker_names[static_cast<std::size_t>(p.rank)];  // --cluster: the machine it stands for
         list.push_back(r);
@@ -425,7 +433,8 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       // (actors/train_snapshots.hpp): let them, and do not wait for the
       // lost (a hung rank never exits by itself).
       for (int r : gone)
-        if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
+        if (r < local)
+          if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
       ranks.wait_all(std::chrono::seconds(60));
     }
     ranks.stop();

@@ -37,6 +37,7 @@
 #include "apps/plan_print.hpp"
 #include "apps/scratch_dir.hpp"
 #include "apps/train_args.hpp"
+#include "apps/train_lobby.hpp"
 #include "schedule/cluster.hpp"
 #include "schedule/regrid.hpp"
 #include "schedule/replan.hpp"
@@ -53,6 +54,13 @@ std::string labels(const train_layout& l, const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + l.label(r);
   return s;
+}
+
+/// `x` as %.3g.
+std::string fmt(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
 }
 
 /// One re-plan, printed once the new grid completes its first step (so
@@ -83,7 +91,7 @@ struct replan_event {
     if (!changes.empty()) {
       j["reason"] = cause;
       j["changes"] = changes;
-      j["predicted_step_s"] = {predicted_from_s, predicted_to_s};
+      if (predicted_from_s > 0) j["predicted_step_s"] = {predicted_from_s, predicted_to_s};
     }
     return j;
   }
@@ -95,9 +103,11 @@ struct replan_event {
     } else if (!changes.empty()) {
       std::string changed;
       for (const std::string& l : changes) changed += (changed.empty() ? "" : "; ") + l;
-      std::printf("replan: %s; %s -> %s, predicted %.3g s -> %.3g s per step; stopped after step %d, 0 step(s) "
-                  "replayed, %.3g MB moved",
-                  changed.c_str(), from.c_str(), to.c_str(), predicted_from_s, predicted_to_s, resume_step, bytes / 1e6);
+      const std::string predicted =
+          predicted_from_s > 0 ? ", predicted " + fmt(predicted_from_s) + " s -> " + fmt(predicted_to_s) + " s per step"
+                               : std::string();
+      std::printf("replan: %s; %s -> %s%s; stopped after step %d, 0 step(s) replayed, %.3g MB moved", changed.c_str(),
+                  from.c_str(), to.c_str(), predicted.c_str(), resume_step, bytes / 1e6);
       if (completed)
         std::printf("; next step done %.2f s after the drain\n", seconds);
       else
@@ -156,9 +166,36 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   // The re-plan a drain was asked for: its event and the plan to continue on.
   struct planned_switch {
     replan_event event;
-    schedule::plan next;
+    schedule::plan next;                  ///< --cluster: the plan to continue on
+    std::optional<train_layout> grown;    ///< workers joined: the larger grid
+    std::vector<lobby_worker> joiners;    ///< ... and the workers running its highest ranks
   };
   std::optional<planned_switch> drained;
+
+  // Workers may join a --pp/--dp job (apps/train_lobby.hpp): ranks [0,
+  // local) are this launcher's processes, the rest run on `joined`.
+  std::optional<train_lobby> lobby;
+  int local = o.layout.world();
+  std::vector<lobby_worker> joined;
+  if (!cluster && a.join_check_every > 0) {
+    lobby.emplace(a.join_listen.empty() ? "tcp://127.0.0.1:0" : a.join_listen);
+    o.drain_every = a.join_check_every;
+    if (o.checkpoint_dir.empty()) o.checkpoint_dir = drains.emplace("corolla-elastic").path();
+    std::fprintf(stderr, "elastic: workers join with: corolla train --join %s\n", lobby->endpoint().c_str());
+    if (a.json)
+      std::printf("%s\n", nlohmann::json{{"event", "lobby"}, {"endpoint", lobby->endpoint()}}.dump().c_str());
+    std::fflush(stdout);
+  }
+  auto grid_for = [&](int ranks, std::string* why) {
+    schedule::grid_limits limits;
+    limits.ranks = ranks;
+    limits.n_layers = cfg.n_layers;
+    limits.global_batch = o.batch;
+    limits.micro_batch = o.micro_batch;
+    limits.chunks = o.layout.chunks;
+    limits.prefer_pp = o.layout.pp;
+    return schedule::regrid(limits, why);
+  };
   schedule::change_watch watch;  // a link counts as changed when probes in a row agree
 
   // Each rank's compute seconds since the last probe step.
@@ -232,6 +269,37 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       drained = planned_switch{std::move(ev), advice.next};
       return true;
     };
+  if (lobby)
+    hooks.drain = [&](const dist_step_report& r) {
+      std::vector<lobby_worker> waiting;
+      for (const lobby_worker& w : lobby->pool())
+        if (std::none_of(joined.begin(), joined.end(), [&](const lobby_worker& j) { return j.node_id == w.node_id; }))
+          waiting.push_back(w);
+      if (waiting.empty()) return false;
+      const int have = local + static_cast<int>(joined.size());
+      std::string why;
+      const auto g = grid_for(have + static_cast<int>(waiting.size()), &why);
+      if (!g || g->pp * g->dp <= o.layout.world()) return false;  // no larger grid fits: they wait
+      planned_switch s;
+      s.grown = even_layout(cfg.n_layers, g->pp, g->dp, o.layout.chunks);
+      s.joiners = joined;
+      for (const lobby_worker& w : waiting)
+        if (static_cast<int>(s.joiners.size()) < g->pp * g->dp - local) s.joiners.push_back(w);
+      std::string names;
+      for (std::size_t i = joined.size(); i < s.joiners.size(); ++i)
+        names += (names.empty() ? "" : ", ") + s.joiners[i].name;
+      s.event.changes = {"worker(s) " + names + " joined"};
+      s.event.cause = "workers joined";
+      s.event.from = o.layout.describe();
+      std::fprintf(stderr, "elastic: worker(s) %s joined: growing %s to %dx%d after step %d\n", names.c_str(),
+                   o.layout.describe().c_str(), g->pp, g->dp, r.step);
+      drained = std::move(s);
+      return true;
+    };
+  remote_ranks remote;
+  remote.assign = [&](int rank, const std::vector<std::string>& args, const std::string& job) {
+    lobby->assign(joined.at(static_cast<std::size_t>(rank - local)).node_id, args, job);
+  };
   for (;;) {
     std::vector<int> lost;
     try {
@@ -239,13 +307,33 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       grid_stepped = false;
       computed.clear();  // measurements of the previous grid's ranks
       computed_steps = 0;
-      const int last = run_local_job(a, o, cfg, hooks, &lost);
+      remote.local = local;
+      const int last = run_local_job(a, o, cfg, hooks, &lost, joined.empty() ? nullptr : &remote);
       if (last >= o.steps) break;
       if (!drained)
         throw train_error("the job stopped after step " + std::to_string(last) + " of " + std::to_string(o.steps) +
                           " without a re-plan");
       // Drained after `last` for a better plan: it continues from there.
       replan_event ev = std::move(drained->event);
+      if (drained->grown) {
+        // Workers joined: the larger grid, their ranks the highest.
+        o.layout = *drained->grown;
+        joined = std::move(drained->joiners);
+        if (uniform_links) {
+          const std::size_t world = static_cast<std::size_t>(o.layout.world());
+          o.link_profiles.assign(world * world, link_profile);
+        }
+        drained.reset();
+        ev.failed_at = clock_type::now();
+        ev.resume_step = last;
+        ev.last_done = last;
+        ev.to = o.layout.describe();
+        ev.ranks_left = o.layout.world();
+        o.resume = true;
+        ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, last));
+        pending = std::move(ev);
+        continue;
+      }
       running = std::move(drained->next);
       drained.reset();
       ev.failed_at = clock_type::now();
@@ -316,21 +404,23 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         std::fprintf(stderr, "elastic: re-planned on %d worker(s) of %s: ", machines->size(), machines->name.c_str());
         print_plan(stderr, *machines, p);
       } else {
-        ev.ranks_left = o.layout.world() - static_cast<int>(lost.size());
+        // The lost: this launcher's processes below `local`, joined workers' above.
+        std::vector<lobby_worker> kept;
+        for (std::size_t i = 0; i < joined.size(); ++i)
+          if (std::find(lost.begin(), lost.end(), local + static_cast<int>(i)) == lost.end()) kept.push_back(joined[i]);
+        local -= static_cast<int>(std::count_if(lost.begin(), lost.end(), [&](int r) { return r < local; }));
+        joined = std::move(kept);
+        ev.ranks_left = local + static_cast<int>(joined.size());
         if (ev.ranks_left < a.min_ranks)
           throw train_error(std::string(e.what()) + "; " + std::to_string(ev.ranks_left) +
                             " rank(s) left, fewer than --min-ranks " + std::to_string(a.min_ranks));
-        schedule::grid_limits limits;
-        limits.ranks = ev.ranks_left;
-        limits.n_layers = cfg.n_layers;
-        limits.global_batch = o.batch;
-        limits.micro_batch = o.micro_batch;
-        limits.chunks = o.layout.chunks;
-        limits.prefer_pp = o.layout.pp;
         std::string why;
-        const auto g = schedule::regrid(limits, &why);
+        const auto g = grid_for(ev.ranks_left, &why);
         if (!g) throw train_error(std::string(e.what()) + "; cannot continue: " + why);
         o.layout = even_layout(cfg.n_layers, g->pp, g->dp, o.layout.chunks);
+        // A grid smaller than the ranks left leaves workers out first.
+        if (o.layout.world() < local) local = o.layout.world();
+        joined.resize(static_cast<std::size_t>(o.layout.world() - local));
         const std::size_t world = static_cast<std::size_t>(o.layout.world());
         if (uniform_links) o.link_profiles.assign(world * world, link_profile);
       }

@@ -245,6 +245,21 @@ struct TrainSnapshot {
   }
 }
 
+# "train.offer" a worker (`corolla train --join`) -> the elastic launcher's
+# "train-lobby" actor: it is ready to run a rank (apps/train_lobby.hpp).
+struct TrainOffer {
+  name @0 :Text;           # how the launcher names it in its messages
+}
+
+# "train.assign" launcher -> a pooled worker's "train-joiner" actor: run
+# `corolla <args>` with `job` as the job file (its "--job-file" value is
+# replaced by the worker's own copy). "train.release" (no body): the job is
+# over, leave the pool.
+struct TrainAssign {
+  args @0 :List(Text);
+  job @1 :Text;            # the job description (apps/train_job_file.hpp), JSON
+}
+
 # "train.abort" coordinator -> every rank: the job failed (a rank died);
 # also a failing rank -> the coordinator, saying why, before its node stops.
 struct TrainAbort {

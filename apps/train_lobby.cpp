@@ -1,0 +1,266 @@
+#include "apps/train_lobby.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/capnp_body.hpp"
+#include "actors/errors.hpp"
+#include "actors/node.hpp"
+#include "actors/train_comm.hpp"
+#include "apps/commands.hpp"
+#include "apps/self_process.hpp"
+#include "apps/train_args.hpp"
+#include "net/wire.capnp.h"
+
+namespace corolla::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* offer_type = "train.offer";
+constexpr const char* assign_type = "train.assign";
+constexpr const char* release_type = "train.release";
+using pool_atom = caf::atom_constant<caf::atom("lobbypool")>;
+
+/// A job description is a few kilobytes; its limit leaves room for many boundaries.
+constexpr std::size_t max_job_bytes = 256 << 10;
+constexpr unsigned max_args = 256;
+
+remote_message offer_message(const std::string& name) {
+  capnp::MallocMessageBuilder b;
+  b.initRoot<wire::TrainOffer>().setName(name);
+  remote_message m;
+  m.type = offer_type;
+  m.body = capnp_body::flat(b);
+  return m;
+}
+
+remote_message assign_message(const std::vector<std::string>& args, const std::string& job) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainAssign>();
+  auto list = r.initArgs(static_cast<unsigned>(args.size()));
+  for (unsigned i = 0; i < args.size(); ++i) list.set(i, args[i]);
+  r.setJob(job);
+  remote_message m;
+  m.type = assign_type;
+  m.body = capnp_body::flat(b);
+  return m;
+}
+
+struct assignment {
+  std::vector<std::string> args;
+  std::string job;
+};
+
+caf::expected<assignment> decode_assign(const remote_message& m) {
+  // A job description outgrows the default traversal limit's share for text.
+  return capnp_body::decode<wire::TrainAssign>(m.body, "TrainAssign", [](wire::TrainAssign::Reader r) {
+    assignment out;
+    auto args = r.getArgs();
+    if (args.size() == 0 || args.size() > max_args)
+      throw std::invalid_argument(std::to_string(args.size()) + " arguments");
+    for (auto x : args) out.args.push_back(capnp_body::text(x, "argument", 4096));
+    out.job = capnp_body::text(r.getJob(), "job", max_job_bytes);
+    return out;
+  });
+}
+
+struct lobby_state {
+  std::vector<lobby_worker> pool;
+};
+
+caf::behavior lobby_actor(caf::event_based_actor*, std::shared_ptr<lobby_state> st) {
+  return {
+      [st](remote_message& m) {
+        if (m.type != offer_type || m.from_node.empty()) return;
+        auto name = capnp_body::decode<wire::TrainOffer>(m.body, "TrainOffer", [](wire::TrainOffer::Reader r) {
+          return capnp_body::text(r.getName(), "name");
+        });
+        if (!name) {
+          spdlog::warn("dropping an offer from node {}: {}", m.from_node, error_message(name.error()));
+          return;
+        }
+        for (const lobby_worker& w : st->pool)
+          if (w.node_id == m.from_node) return;
+        std::fprintf(stderr, "elastic: worker %s (node %s) joined the pool\n", name->c_str(), m.from_node.c_str());
+        st->pool.push_back({m.from_node, *name});
+      },
+      [st](const peer_down& d) {
+        for (auto it = st->pool.begin(); it != st->pool.end(); ++it)
+          if (it->node_id == d.peer) {
+            std::fprintf(stderr, "elastic: worker %s left the pool (%s)\n", it->name.c_str(), d.reason.c_str());
+            st->pool.erase(it);
+            return;
+          }
+      },
+      [](const peer_up&) {},
+      [st](pool_atom) {
+        std::vector<std::string> flat;
+        for (const lobby_worker& w : st->pool) {
+          flat.push_back(w.node_id);
+          flat.push_back(w.name);
+        }
+        return flat;
+      },
+  };
+}
+
+}  // namespace
+
+// ---- the launcher's side ----------------------------------------------------------
+
+train_lobby::train_lobby(const std::string& endpoint) {
+  node_ = start_node(rank_node_options(endpoint), "lobby");
+  actor_ = node_->system().spawn(lobby_actor, std::make_shared<lobby_state>());
+  if (auto err = node_->publish("train-lobby", actor_)) {
+    caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
+    throw std::runtime_error("cannot publish the lobby: " + error_message(err));
+  }
+  node_->monitor_peer("", actor_);
+}
+
+train_lobby::~train_lobby() {
+  try {
+    release_all();
+  } catch (const std::exception&) {
+  }
+  node_->unpublish("train-lobby");
+  caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
+}
+
+std::string train_lobby::endpoint() const { return node_->endpoint(); }
+
+std::vector<lobby_worker> train_lobby::pool() {
+  std::vector<lobby_worker> out;
+  caf::scoped_actor self{node_->system()};
+  self->request(actor_, std::chrono::seconds(10), pool_atom::value)
+      .receive(
+          [&](std::vector<std::string>& flat) {
+            for (std::size_t i = 0; i + 1 < flat.size(); i += 2) out.push_back({flat[i], flat[i + 1]});
+          },
+          [](caf::error&) {});
+  return out;
+}
+
+void train_lobby::assign(const std::string& node_id, const std::vector<std::string>& args, const std::string& job_json) {
+  auto joiner = node_->remote_actor(node_id, "train-joiner");
+  if (!joiner) throw std::runtime_error("cannot reach worker " + node_id + ": " + error_message(joiner.error()));
+  caf::anon_send(*joiner, assign_message(args, job_json));
+}
+
+void train_lobby::release_all() {
+  for (const lobby_worker& w : pool())
+    if (auto joiner = node_->remote_actor(w.node_id, "train-joiner")) {
+      remote_message m;
+      m.type = release_type;
+      caf::anon_send(*joiner, std::move(m));
+    }
+  // The releases leave before the node goes (node::stop hands sent messages to the link first).
+}
+
+// ---- the worker's side ---------------------------------------------------------------
+
+int run_train_join(const train_args& a) {
+  apply_common_options(1, "warn");
+  const std::string lobby_ep = a.join.rfind("tcp://", 0) == 0 ? a.join : "tcp://" + a.join;
+  auto n = start_node(rank_node_options(a.listen), "worker");
+  connect_options co;
+  co.timeout = std::chrono::seconds(30);
+  auto lobby = n->connect(lobby_ep, co);
+  if (!lobby) throw std::runtime_error("cannot reach the launcher at " + lobby_ep + ": " + error_message(lobby.error()));
+  // The launcher's words in their order; its going away is the last one
+  // (a release sent just before its node stopped is still taken first).
+  auto inbox = std::make_shared<train_inbox>();
+  auto gone = std::make_shared<std::atomic<bool>>(false);
+  const std::string from = *lobby;
+  caf::actor box = n->system().spawn([inbox, gone, from](caf::event_based_actor*) -> caf::behavior {
+    return {
+        [inbox, from](remote_message& m) {
+          // Only the launcher this worker joined gives it work.
+          if (m.from_node == from && (m.type == assign_type || m.type == release_type)) inbox->put("lobby", std::move(m));
+        },
+        [inbox, gone, from](const peer_down& d) {
+          if (d.peer != from) return;
+          *gone = true;
+          remote_message m;
+          m.type = "gone";
+          m.body.assign(d.reason.begin(), d.reason.end());
+          inbox->put("lobby", std::move(m));
+        },
+        [](const peer_up&) {},
+    };
+  });
+  if (auto err = n->publish("train-joiner", box)) throw std::runtime_error("cannot publish train-joiner: " + error_message(err));
+  n->monitor_peer("", box);
+  auto target = n->remote_actor(*lobby, "train-lobby");
+  if (!target) throw std::runtime_error(lobby_ep + " takes no workers: " + error_message(target.error()));
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string name = a.join_name.empty() ? std::string(host) + "-" + std::to_string(::getpid()) : a.join_name;
+  caf::anon_send(*target, offer_message(name));
+  std::fprintf(stderr, "joined the pool of %s as %s; waiting for a rank\n", lobby_ep.c_str(), name.c_str());
+  std::fflush(stderr);
+  int status = 1;
+  for (;;) {
+    remote_message m;
+    try {
+      m = inbox->take("lobby", std::chrono::hours(24 * 365), "the launcher's word");
+    } catch (const train_error& e) {
+      std::fprintf(stderr, "corolla: error: %s\n", e.what());
+      break;
+    }
+    if (m.type == release_type) {
+      std::fprintf(stderr, "released: the job is over\n");
+      status = 0;
+      break;
+    }
+    if (m.type == "gone") {
+      std::fprintf(stderr, "corolla: error: the launcher at %s is down: %s\n", lobby_ep.c_str(),
+                   std::string(m.body.begin(), m.body.end()).c_str());
+      break;
+    }
+    auto work = decode_assign(m);
+    if (!work) {
+      spdlog::warn("ignoring a bad assignment: {}", error_message(work.error()));
+      continue;
+    }
+    auto at = std::find(work->args.begin(), work->args.end(), "--job-file");
+    if (work->args.front() != "train" || at == work->args.end() || at + 1 == work->args.end() ||
+        std::find(work->args.begin(), work->args.end(), "--rank") == work->args.end()) {
+      spdlog::warn("ignoring an assignment that is not a training rank");
+      continue;
+    }
+    std::string path = (fs::temp_directory_path() / "corolla-joined-XXXXXX").string();
+    const int fd = ::mkstemp(path.data());
+    if (fd < 0) throw std::runtime_error("cannot create a job file: " + std::string(std::strerror(errno)));
+    const bool written = ::write(fd, work->job.data(), work->job.size()) == static_cast<ssize_t>(work->job.size());
+    ::close(fd);
+    if (!written) throw std::runtime_error("cannot write " + path);
+    *(at + 1) = path;
+    const auto rank = std::find(work->args.begin(), work->args.end(), "--rank") + 1;
+    std::fprintf(stderr, "running rank %s\n", rank != work->args.end() ? rank->c_str() : "?");
+    std::fflush(stderr);
+    std::vector<pid_t> child{spawn_self(work->args)};
+    // The rank ends with its grid (or dies with it); the launcher going away ends it too.
+    while (!reap_all(child, std::chrono::milliseconds(500)))
+      if (*gone) terminate_all(child, std::chrono::seconds(2));
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+  return status;
+}
+
+}  // namespace corolla::app
