@@ -5,7 +5,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -234,26 +233,7 @@ class rank_runtime {
   /// The job failed: the snapshots this rank holds go to disk, where the
   /// launcher assembles the newest complete step from every survivor's.
   void flush_snapshots() {
-    if (!keeper_) return;
-    caf::scoped_actor self{node_.system()};
-    self->request(keeper_, std::chrono::seconds(60), snap_msg::flush_atom::value)
-        .receive(
-            [&](std::string& e) {
-              if (!e.empty()) spdlog::error("{}: flushing its snapshots failed: {}", o_.layout.label(rank_), e);
-            },
-            [&](caf::error& e) {
-              spdlog::error("{}: flushing its snapshots failed: {}", o_.layout.label(rank_), to_string(e));
-            });
-  }
-
-  /// "scale good_steps skipped" with dynamic loss scaling, else "".
-  std::string loss_scale_text() const {
-    if (!scaler_.dynamic()) return {};
-    const loss_scale_state st = scaler_.state();
-    std::ostringstream out;
-    out.precision(17);
-    out << st.scale << ' ' << st.good_steps << ' ' << st.skipped;
-    return out.str();
+    if (keeper_) flush_snapshot_keeper(node_, keeper_, o_.layout.label(rank_));
   }
 
   // ---- the step ----------------------------------------------------------------------
@@ -486,7 +466,7 @@ class rank_runtime {
     // A drained job's last step is always saved: the next layout starts there.
     if (o_.checkpoints_at(step) || (step == last_step_ && last_step_ < o_.steps)) tell_dp(dp_msg::save_atom::value, step);
     if (keeper_ && o_.snapshots_at(step) && step < o_.steps)
-      tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text());
+      tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text(scaler_));
   }
 
   /// The rates of the links to this rank's neighbours of higher rank (each
@@ -596,29 +576,6 @@ class rank_runtime {
 };
 
 }  // namespace
-
-rank_weights weights_of(transformer& model) {
-  rank_weights w;
-  w.cfg = model.config();
-  w.be = &model.backend();
-  w.blocks = [&model](int first, int last) {
-    return std::vector<param_set>(model.blocks().begin() + first, model.blocks().begin() + last);
-  };
-  w.head = [&model] { return model.head(); };
-  return w;
-}
-
-rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& be) {
-  auto ck = std::make_shared<checkpoint>(checkpoint::open(dir));
-  rank_weights w;
-  w.cfg = load_config(dir);
-  w.be = &be;
-  w.blocks = [ck, cfg = w.cfg, &be](int first, int last) {
-    return stage::load(*ck, cfg, first, last, be).params();
-  };
-  w.head = [ck, cfg = w.cfg, &be] { return head::load(*ck, cfg, be).params(); };
-  return w;
-}
 
 void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
                     const rank_weights& weights, token_dataset& data, Backend* compute) {

@@ -214,6 +214,25 @@ caf::expected<caf::actor> start_snapshot_keeper(node& n, snapshot_keeper_setup s
   return a;
 }
 
+std::string loss_scale_text(const loss_scaler& s) {
+  if (!s.dynamic()) return {};
+  const loss_scale_state& st = s.state();
+  std::ostringstream out;
+  out.precision(17);
+  out << st.scale << ' ' << st.good_steps << ' ' << st.skipped;
+  return out.str();
+}
+
+void flush_snapshot_keeper(node& n, const caf::actor& keeper, const std::string& label) {
+  caf::scoped_actor self{n.system()};
+  self->request(keeper, std::chrono::seconds(60), snap_msg::flush_atom::value)
+      .receive(
+          [&](std::string& e) {
+            if (!e.empty()) spdlog::error("{}: flushing its snapshots failed: {}", label, e);
+          },
+          [&](caf::error& e) { spdlog::error("{}: flushing its snapshots failed: {}", label, to_string(e)); });
+}
+
 // ---- recovery --------------------------------------------------------------------------
 
 fs::path memory_snapshot_dir(const fs::path& checkpoint_dir) { return checkpoint_dir / "memory"; }

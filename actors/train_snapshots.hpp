@@ -97,6 +97,13 @@ struct snapshot_keeper_setup {
   std::filesystem::path dir;             ///< where a flush writes: <checkpoint_dir>/memory
 };
 
+/// "scale good_steps skipped" with dynamic loss scaling, else "" (what a
+/// snapshot carries, and a flushed shard's "loss_scale" metadata).
+std::string loss_scale_text(const loss_scaler& s);
+/// Asks `keeper` (of the rank labelled `label`) to write what it holds;
+/// logs what fails. Waits up to a minute.
+void flush_snapshot_keeper(node& n, const caf::actor& keeper, const std::string& label);
+
 /// Spawns the keeper of run `job` (snapshots of other runs are dropped)
 /// and publishes it on `n` as "train-snap".
 caf::expected<caf::actor> start_snapshot_keeper(node& n, snapshot_keeper_setup s, std::uint64_t job);
