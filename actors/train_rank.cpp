@@ -438,6 +438,11 @@ class rank_runtime {
 
   void optimizer_step(int step, double loss) {
     wait_reductions(step);
+    // Without the global norm every update is in already: the snapshot
+    // leaves before the report, so a step the coordinator printed has every
+    // rank's copy on its way to the buddy (with it, after the update).
+    const bool snapshot = keeper_ && o_.snapshots_at(step) && step < o_.steps;
+    if (snapshot && !needs_global_norm()) tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text(scaler_));
     double sum_squares = 0;
     bool skip = false;
     if (needs_global_norm()) sum_squares = ask_dp<double>(dp_msg::norm_atom::value, std::int64_t{step});
@@ -465,8 +470,7 @@ class rank_runtime {
     if (o_.verdict_at(step)) take_verdict(step);
     // A drained job's last step is always saved: the next layout starts there.
     if (o_.checkpoints_at(step) || (step == last_step_ && last_step_ < o_.steps)) tell_dp(dp_msg::save_atom::value, step);
-    if (keeper_ && o_.snapshots_at(step) && step < o_.steps)
-      tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text(scaler_));
+    if (snapshot && needs_global_norm()) tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text(scaler_));
   }
 
   /// The rates of the links to this rank's neighbours of higher rank (each

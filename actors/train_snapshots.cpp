@@ -161,7 +161,8 @@ std::string flush(const keeper_state& st) {
       try {
         std::map<std::string, std::string> meta = {{"holder", std::to_string(st.setup.holder)}};
         if (!s.loss_scale.empty()) meta["loss_scale"] = s.loss_scale;
-        write_shard(dir, static_cast<int>(step), owner, s.tensors, s.ranges, meta);
+        // Not synced: the launcher reads them back on this machine at once.
+        write_shard(dir, static_cast<int>(step), owner, s.tensors, s.ranges, meta, false);
         ++written;
       } catch (const std::exception& e) {
         if (error.empty()) error = e.what();

@@ -72,7 +72,8 @@ int step_of(const std::string& name) {
 }  // namespace
 
 void write_shard(const fs::path& dir, int step, int rank, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                 const std::map<std::string, shard_range>& ranges, const std::map<std::string, std::string>& extra) {
+                 const std::map<std::string, shard_range>& ranges, const std::map<std::string, std::string>& extra,
+                 bool durable) {
   const fs::path step_dir = checkpoint_step_dir(dir, step);
   std::error_code ec;
   fs::create_directories(step_dir, ec);
@@ -89,10 +90,10 @@ void write_shard(const fs::path& dir, int step, int rank, const std::vector<std:
   } catch (const model_error& e) {
     throw train_error(std::string("cannot write checkpoint shard: ") + e.what());
   }
-  sync_path(tmp);
+  if (durable) sync_path(tmp);
   fs::rename(tmp, final_path, ec);
   if (ec) throw train_error("cannot rename " + tmp.string() + ": " + ec.message());
-  sync_path(step_dir);
+  if (durable) sync_path(step_dir);
 }
 
 void commit_checkpoint(const fs::path& dir, int step, int world, const std::string& job, const std::string& layout,

@@ -59,10 +59,12 @@ struct shard_range {
 /// Writes rank `rank`'s shard of step `step` (temporary file, then rename):
 /// `tensors`, and `ranges` (bucket name -> where its "m." and "v." tensors
 /// lie) and `meta` in the header. Throws train_error when the disk refuses.
+/// Without `durable` nothing is synced (files read back at once by the
+/// same machine, such as flushed in-memory snapshots).
 void write_shard(const std::filesystem::path& dir, int step, int rank,
                  const std::vector<std::pair<std::string, Tensor>>& tensors,
                  const std::map<std::string, shard_range>& ranges = {},
-                 const std::map<std::string, std::string>& meta = {});
+                 const std::map<std::string, std::string>& meta = {}, bool durable = true);
 /// Commits step `step`: its manifest (the layout that wrote it, for people
 /// and messages; the loss scaler's state after the step, when given), then
 /// `latest`; removes checkpoints older than the previous one. Throws
