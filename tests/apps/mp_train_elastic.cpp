@@ -140,6 +140,27 @@ TEST_CASE("--elastic: a hung rank (SIGSTOP) is a failure too: without snapshots 
   ::kill(hung, SIGKILL);  // the launcher killed it already; nothing may be left stopped
 }
 
+TEST_CASE("--elastic: a hung rank's state comes from its buddy's memory too: the launcher kills it, the survivors "
+          "flush, and no step is lost") {
+  temp_dir_guard tmp("mp-train-elastic-hang-memory");
+  const job j = slow_job(tmp, 16);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
+  const pid_t hung = rank_pid(launcher, 1);
+  ::kill(hung, SIGSTOP);
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 1u);
+  CHECK(events[0]["lost_ranks"] == nlohmann::json::array({1}));
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+  ::kill(hung, SIGKILL);  // the launcher killed it already; nothing may be left stopped
+}
+
 TEST_CASE("--elastic, one replica per stage: the dead stage's parameters and moments come from the next stage's "
           "memory, no step is lost") {
   temp_dir_guard tmp("mp-train-elastic-pp");
