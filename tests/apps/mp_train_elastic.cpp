@@ -74,6 +74,30 @@ int finish(child_process& launcher) {
   return *status;
 }
 
+/// Runs an elastic job (`args`), sends `sig` to each of `ranks` once step
+/// `after` is printed, and checks that the job finished with every step
+/// printed once and equal to `want` within 1e-5; returns its re-plan
+/// events and its stderr.
+struct faulted {
+  std::vector<nlohmann::json> events;
+  std::string err;
+};
+faulted faulted_run(const std::vector<std::string>& args, int after, const std::vector<int>& ranks,
+                                        int sig, const std::vector<float>& want) {
+  child_process launcher = child_process::corolla(args);
+  REQUIRE(launcher.wait_line(std::regex("\"step\":" + std::to_string(after) + "\\b"), std::chrono::seconds(60)));
+  std::vector<pid_t> pids;
+  for (int r : ranks) pids.push_back(rank_pid(launcher, r));
+  for (pid_t p : pids) ::kill(p, sig);
+  const int status = finish(launcher);
+  for (pid_t p : pids) ::kill(p, SIGKILL);  // the launcher killed a stopped one already; nothing may be left stopped
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
+  return {replans(launcher.lines()), launcher.err()};
+}
+
 }  // namespace
 
 TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, continues from the survivors' in-memory "
@@ -122,60 +146,34 @@ TEST_CASE("--elastic: a hung rank (SIGSTOP) is a failure too: without snapshots 
           "the ranks left with the same losses") {
   temp_dir_guard tmp("mp-train-elastic-hang");
   const job j = slow_job(tmp, 20);
-  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  child_process launcher = child_process::corolla(elastic_args(j, {"--snapshot-every", "0"}));
-  REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
-  const pid_t hung = rank_pid(launcher, 2);
-  ::kill(hung, SIGSTOP);
-  const int status = finish(launcher);
-  INFO("stderr: " << launcher.err());
-  REQUIRE(status == 0);
-  check_close(json_steps(launcher.lines()), want, 1e-5);
-  const auto events = replans(launcher.lines());
+  const auto [events, err] = faulted_run(elastic_args(j, {"--snapshot-every", "0"}), 3, {2}, SIGSTOP,
+                                  reference_losses(j, fresh_gpt2(j)));
   REQUIRE(events.size() == 1u);
   CHECK(events[0]["lost_ranks"] == nlohmann::json::array({2}));
   CHECK(events[0]["resume_from"] == 0);
   CHECK(events[0]["replayed_steps"].get<int>() >= 3);
   CHECK(events[0]["to"] == "1x3 [0,4)");
-  ::kill(hung, SIGKILL);  // the launcher killed it already; nothing may be left stopped
 }
 
 TEST_CASE("--elastic: a hung rank's state comes from its buddy's memory too: the launcher kills it, the survivors "
           "flush, and no step is lost") {
   temp_dir_guard tmp("mp-train-elastic-hang-memory");
   const job j = slow_job(tmp, 16);
-  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  child_process launcher = child_process::corolla(elastic_args(j, {}));
-  REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
-  const pid_t hung = rank_pid(launcher, 1);
-  ::kill(hung, SIGSTOP);
-  const int status = finish(launcher);
-  INFO("stderr: " << launcher.err());
-  REQUIRE(status == 0);
-  check_close(json_steps(launcher.lines()), want, 1e-5);
-  const auto events = replans(launcher.lines());
+  const auto [events, err] = faulted_run(elastic_args(j, {}), 3, {1}, SIGSTOP, reference_losses(j, fresh_gpt2(j)));
   REQUIRE(events.size() == 1u);
   CHECK(events[0]["lost_ranks"] == nlohmann::json::array({1}));
   CHECK(events[0]["from_memory"] == true);
   CHECK(events[0]["replayed_steps"].get<int>() <= 1);
-  ::kill(hung, SIGKILL);  // the launcher killed it already; nothing may be left stopped
 }
 
 TEST_CASE("--elastic, one replica per stage: the dead stage's parameters and moments come from the next stage's "
           "memory, no step is lost") {
   temp_dir_guard tmp("mp-train-elastic-pp");
   const job j = slow_job(tmp, 16);
-  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  std::vector<std::string> args = train_args(
-      j, {"--pp", "2", "--dp", "1", "--elastic", "--link-profile", "lat=4ms", "--timeout-s", "60"});
-  child_process launcher = child_process::corolla(args);
-  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
-  ::kill(rank_pid(launcher, 0), SIGKILL);  // stage 0, the head's first holder: 2x1 -> 1x1
-  const int status = finish(launcher);
-  INFO("stderr: " << launcher.err());
-  REQUIRE(status == 0);
-  check_close(json_steps(launcher.lines()), want, 1e-5);
-  const auto events = replans(launcher.lines());
+  // Stage 0, the head's first holder: 2x1 -> 1x1.
+  const auto [events, err] = faulted_run(
+      train_args(j, {"--pp", "2", "--dp", "1", "--elastic", "--link-profile", "lat=4ms", "--timeout-s", "60"}), 4, {0},
+      SIGKILL, reference_losses(j, fresh_gpt2(j)));
   REQUIRE(events.size() == 1u);
   CHECK(events[0]["from"] == "2x1 [0,2) [2,4)");
   CHECK(events[0]["to"] == "1x1 [0,4)");
@@ -188,19 +186,10 @@ TEST_CASE("--elastic: a rank and its buddy killed together take state that exist
           "to the last checkpoint by itself") {
   temp_dir_guard tmp("mp-train-elastic-buddies");
   const job j = slow_job(tmp, 16);
-  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  const fs::path ck = tmp / "ck";
-  child_process launcher = child_process::corolla(elastic_args(j, {"--checkpoint-dir", ck, "--checkpoint-every", "3"}));
-  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
   // Ranks 2 and 3 (stage 1) keep each other's copies.
-  const pid_t a = rank_pid(launcher, 2), b = rank_pid(launcher, 3);
-  ::kill(a, SIGKILL);
-  ::kill(b, SIGKILL);
-  const int status = finish(launcher);
-  INFO("stderr: " << launcher.err());
-  REQUIRE(status == 0);
-  check_close(json_steps(launcher.lines()), want, 1e-5);
-  const auto events = replans(launcher.lines());
+  const auto [events, err] =
+      faulted_run(elastic_args(j, {"--checkpoint-dir", tmp / "ck", "--checkpoint-every", "3"}), 4, {2, 3}, SIGKILL,
+                  reference_losses(j, fresh_gpt2(j)));
   REQUIRE(events.size() == 1u);
   // Both, or the first the launcher saw (the other's process is fresh on the new grid anyway).
   REQUIRE_FALSE(events[0]["lost_ranks"].empty());
@@ -208,7 +197,7 @@ TEST_CASE("--elastic: a rank and its buddy killed together take state that exist
   CHECK(events[0]["from_memory"] == false);
   CHECK(events[0]["resume_from"].get<int>() % 3 == 0);
   CHECK(events[0]["resume_from"].get<int>() >= 3);
-  CHECK(launcher.err().find("no complete in-memory snapshot") != std::string::npos);
+  CHECK(err.find("no complete in-memory snapshot") != std::string::npos);
 }
 
 TEST_CASE("--elastic: a worker joins a running job with corolla train --join, the grid grows onto it at a step "
