@@ -280,6 +280,18 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       std::string why;
       const auto g = grid_for(have + static_cast<int>(waiting.size()), &why);
       if (!g || g->pp * g->dp <= o.layout.world()) return false;  // no larger grid fits: they wait
+      // Pays off? The global batch splits over more ranks: a step is
+      // predicted to take world / new world of this one's, over the steps
+      // left, against the measured cost of a switch (20 % margin).
+      const int grown_world = g->pp * g->dp;
+      const double saving = static_cast<double>(o.steps - r.step) * r.seconds *
+                            (1.0 - static_cast<double>(o.layout.world()) / grown_world);
+      if (saving < 1.2 * switch_s) {
+        std::fprintf(stderr, "elastic: %zu worker(s) wait: growing to %dx%d would save about %.2f s over the %d step(s) "
+                             "left, a switch costs about %.2f s\n",
+                     waiting.size(), g->pp, g->dp, saving, o.steps - r.step, switch_s);
+        return false;
+      }
       planned_switch s;
       s.grown = even_layout(cfg.n_layers, g->pp, g->dp, o.layout.chunks);
       s.joiners = joined;
@@ -291,8 +303,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       s.event.changes = {"worker(s) " + names + " joined"};
       s.event.cause = "workers joined";
       s.event.from = o.layout.describe();
-      std::fprintf(stderr, "elastic: worker(s) %s joined: growing %s to %dx%d after step %d\n", names.c_str(),
-                   o.layout.describe().c_str(), g->pp, g->dp, r.step);
+      std::fprintf(stderr, "elastic: worker(s) %s joined: growing %s to %dx%d after step %d (about %.2f s saved)\n",
+                   names.c_str(), o.layout.describe().c_str(), g->pp, g->dp, r.step, saving);
       drained = std::move(s);
       return true;
     };

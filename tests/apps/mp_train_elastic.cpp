@@ -203,7 +203,7 @@ TEST_CASE("--elastic: a rank and its buddy killed together take state that exist
 TEST_CASE("--elastic: a worker joins a running job with corolla train --join, the grid grows onto it at a step "
           "boundary without losing a step, and the losses stay those of one process") {
   temp_dir_guard tmp("mp-train-elastic-join");
-  const job j = slow_job(tmp, 48);
+  const job j = slow_job(tmp, 80);  // enough steps left for a larger grid to pay for the switch
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
   child_process launcher = child_process::corolla(train_args(
       j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--join-check-every", "3",
