@@ -79,6 +79,9 @@ struct rank_control {
   std::unique_ptr<faultlab_harness> harness;
   std::map<int, std::string> endpoints;  ///< rank -> where its node listens
   std::set<int> throttled, partitioned;
+  std::string lobby;              ///< where workers join (the job's "lobby" event)
+  std::vector<pid_t> workers;     ///< joined workers (`corolla train --join`), reaped at the end
+  std::filesystem::path logs;     ///< where their stderr goes
 };
 
 /// The rank fault `f` hits among `candidates` (rank -> anything), or -1.
@@ -93,6 +96,17 @@ int pick(const fl::fault& f, const Map& candidates, std::mt19937_64& rng) {
 std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, std::mt19937_64& rng,
                  rank_control& control) {
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
+  if (f.what == fl::action::join) {
+    if (control.lobby.empty()) return "join: the job takes no workers (no lobby; skipped)";
+    const std::string name = "j" + std::to_string(control.workers.size() + 1);
+    try {
+      control.workers.push_back(spawn_self({"train", "--join", control.lobby, "--join-name", name}, -1,
+                                           (control.logs / ("worker-" + name + ".log")).string()));
+    } catch (const std::exception& e) {
+      return "join: cannot start a worker (" + std::string(e.what()) + ")";
+    }
+    return "join (worker " + name + ", pid " + std::to_string(control.workers.back()) + ")";
+  }
   if (f.what == fl::action::throttle || f.what == fl::action::partition || f.what == fl::action::heal) {
     const bool heal = f.what == fl::action::heal;
     std::map<int, bool> candidates;
@@ -164,6 +178,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
   const control_token_env token;
   rank_control control;
   control.harness = std::make_unique<faultlab_harness>(token.token());
+  control.logs = logs;
   pid_t pid = -1;
   try {
     pid = spawn_self(args, out[1], err_log);
@@ -205,6 +220,10 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
             ++run.recoveries;
             // A re-plan answers whatever fault the job has not answered yet.
             run.noticed("launcher", "re-plan: " + j.dump(), at, true);
+          }
+          if (j.value("event", "") == "lobby" && j.contains("endpoint") && j["endpoint"].is_string()) {
+            control.lobby = j["endpoint"].get<std::string>();
+            continue;
           }
           if (j.value("event", "") == "ranks" && j.contains("ranks") && j["ranks"].is_array()) {
             // A new grid: fresh processes, unshaped.
@@ -257,6 +276,8 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
   run.max_stall_s = std::max(run.max_stall_s, std::chrono::duration<double>(clock_type::now() - last).count());
   int status = 0;
   ::waitpid(pid, &status, 0);
+  // Released workers exit by themselves; any left are stopped.
+  if (!reap_all(control.workers, std::chrono::seconds(10))) terminate_all(control.workers, std::chrono::seconds(2));
   run.completed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   if (hung) {
     run.completed = false;

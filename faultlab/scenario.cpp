@@ -171,8 +171,14 @@ class reader {
     if (f.at.k == moment::kind::token && train) fail(origin_, &t, where + "at: a training job counts steps, not tokens");
     if (f.at.k == moment::kind::step && !train) fail(origin_, &t, where + "at: a swarm counts tokens, not steps");
     using tk = target::kind;
+    if (f.what == action::join && train) {
+      // A worker offered to the elastic launcher (corolla train --join).
+      if (!f.blocks.empty()) fail(origin_, t.get("blocks"), where + "blocks: a training job's join is a whole worker");
+      if (!s.train->elastic) fail(origin_, &t, where + "do: a join needs an elastic job (elastic = true)");
+      f.whom = {};
+      return f;
+    }
     if (f.what == action::join) {
-      if (train) fail(origin_, &t, where + "do: join is for swarms (a new server); a training job cannot grow yet");
       if (f.blocks.empty()) fail(origin_, &t, where + "blocks: a join needs the new server's blocks, \"A:B\"");
       try {
         parse_blocks(f.blocks);

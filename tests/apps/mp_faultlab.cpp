@@ -213,7 +213,8 @@ TEST_CASE("faultlab: the scenarios that ship in scenarios/ hold") {
   std::set<std::string> files;
   for (const auto& e : fs::directory_iterator(fs::path(COROLLA_SOURCE_DIR) / "scenarios")) files.insert(e.path().filename());
   CHECK(files == std::set<std::string>{"swarm-corrupt.toml", "swarm-kill-relay.toml", "swarm-kills-and-join.toml",
-                                       "swarm-partition-and-stop.toml", "train-kill-rank.toml"});
+                                       "swarm-partition-and-stop.toml", "train-join-worker.toml",
+                                       "train-kill-rank.toml"});
   temp_dir_guard tmp("faultlab-shipped");
   const auto [report, status] = faultlab(shipped("swarm-partition-and-stop.toml"), tmp / "report");
   INFO(report.dump(2));
@@ -445,6 +446,20 @@ max_stall_s = 60
   CHECK(report["faulted"]["recoveries"] == 1);  // the re-plan on the measured link
   REQUIRE(events(report).size() == 1u);
   CHECK(events(report)[0].find("throttle rank 1 (rank 1, sends shaped bw=1Mbit,lat=200us)") != std::string::npos);
+}
+
+TEST_CASE("faultlab: a worker joins an elastic training job, which grows onto it, then loses a rank, and keeps the "
+          "reference's losses") {
+  temp_dir_guard tmp("faultlab-train-join");
+  const auto [report, status] = faultlab(shipped("train-join-worker.toml"), tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["losses"].size() == 80u);
+  CHECK(report["faulted"]["recoveries"].get<int>() == 2);  // grown onto the worker, re-planned without rank 0
+  REQUIRE(events(report).size() == 2u);
+  CHECK(events(report)[0].find("join (worker j1, pid") != std::string::npos);
+  CHECK(events(report)[1].find("kill rank 0 (rank 0, pid") != std::string::npos);
 }
 
 TEST_CASE("faultlab: bad scenarios and flags are one error line") {

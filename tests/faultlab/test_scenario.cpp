@@ -87,6 +87,14 @@ same_losses_as_reference = true
   CHECK(s.name == "unnamed scenario");
 }
 
+TEST_CASE("a training job's join is a worker offered to its elastic launcher: no target, no blocks") {
+  const scenario s = parse_scenario("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='join'\n", "s.toml");
+  REQUIRE(s.faults.size() == 1u);
+  CHECK(s.faults[0].what == action::join);
+  CHECK(s.faults[0].whom.k == target::kind::none);
+  CHECK(s.faults[0].blocks.empty());
+}
+
 TEST_CASE("a throttle carries its link profile and a heal needs none") {
   const scenario s = parse_scenario(
       "[swarm]\nmodel='m'\nservers=['0:2', '2:4']\n[[fault]]\nat='token 3'\ndo='throttle'\ntarget='route.hop 1'\n"
@@ -134,6 +142,10 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='join'\n").find("a join needs the new server's blocks") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='server 1'\n").find("\"rank K\" or \"random rank\"") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nargs='--json'\n").find("must not hold --json") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='join'\nblocks='0:2'\n")
+            .find("a training job's join is a whole worker") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nelastic=false\n[[fault]]\nat='step 3'\ndo='join'\n")
+            .find("a join needs an elastic job") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nargs='--steps 4 --checkpoint-dir=/tmp/x'\n")
             .find("must not hold --checkpoint-dir") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--pp 2 --resume'\n").find("train.layout must not hold --resume") !=
