@@ -18,6 +18,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -180,6 +181,52 @@ TEST_CASE("--elastic, one replica per stage: the dead stage's parameters and mom
   CHECK(events[0]["from_memory"] == true);
   CHECK(events[0]["replayed_steps"].get<int>() <= 1);
   CHECK(events[0]["resume_from"].get<int>() >= 3);
+}
+
+TEST_CASE("--elastic on 1x4 and 3x2: a rank killed, recovered from memory, the single-process losses") {
+  for (const auto& [pp, dp, victim] : std::vector<std::tuple<int, int, int>>{{1, 4, 2}, {3, 2, 3}}) {
+    CAPTURE(pp);
+    CAPTURE(dp);
+    temp_dir_guard tmp("mp-train-elastic-layouts");
+    const job j = slow_job(tmp, 16);
+    const auto [events, err] = faulted_run(
+        train_args(j, {"--pp", std::to_string(pp), "--dp", std::to_string(dp), "--elastic", "--link-profile", "lat=4ms",
+                       "--timeout-s", "60"}),
+        5, {victim}, SIGKILL, reference_losses(j, fresh_gpt2(j)));
+    REQUIRE(events.size() == 1u);
+    CHECK(events[0]["lost_ranks"] == nlohmann::json::array({victim}));
+    CHECK(events[0]["from_memory"] == true);
+    CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+  }
+}
+
+TEST_CASE("--elastic: a failure during a re-plan (a rank of the new grid killed before its first step) still loses no "
+          "step") {
+  temp_dir_guard tmp("mp-train-elastic-during");
+  const job j = slow_job(tmp, 16);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  // Slow links (20 ms): the new grid's first step takes long enough to be hit before it ends.
+  child_process launcher = child_process::corolla(
+      train_args(j, {"--pp", "2", "--dp", "2", "--elastic", "--link-profile", "lat=20ms", "--timeout-s", "60"}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":5\b)"), std::chrono::seconds(60)));
+  ::kill(rank_pid(launcher, 3), SIGKILL);  // 2x2 -> 1x3
+  // The new grid's ranks joined; before its first step, one of them dies too.
+  REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks","layout":"1x3)"), std::chrono::seconds(60)));
+  ::kill(rank_pid(launcher, 0), SIGKILL);  // 1x3 -> 1x2
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 2u);
+  CHECK(events[0]["completed"] == false);  // the 1x3 grid failed before its first step
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[1]["from"] == "1x3 [0,4)");
+  CHECK(events[1]["to"] == "1x2 [0,4)");
+  CHECK(events[1]["completed"] == true);
+  // Its own snapshots had nothing yet: the step the first recovery assembled is the checkpoint.
+  CHECK(events[1]["resume_from"] == events[0]["resume_from"]);
+  CHECK(events[1]["replayed_steps"].get<int>() <= 1);
 }
 
 TEST_CASE("--elastic: a rank and its buddy killed together take state that exists nowhere else: the job falls back "
