@@ -292,6 +292,7 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--join", args->join,
                   "Offer this process as a worker to the elastic launcher whose lobby is at HOST:PORT (it prints it); "
                   "it runs the ranks it is given until the job ends")
+      ->envname("COROLLA_JOIN")
       ->group(dist);
   cmd->add_option("--join-name", args->join_name, "With --join: how the launcher names this worker")->group(dist);
   cmd->add_option("--join-listen", args->join_listen,
