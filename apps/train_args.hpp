@@ -10,6 +10,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -151,9 +152,12 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
 /// With `remote`, ranks [remote->local, world) are not started here:
 /// remote->assign(rank, args, job_json) hands each the command line of its
 /// rank and the job description (workers that joined, apps/train_lobby.hpp).
+/// remote->gone (polled while the job runs) names a remote rank whose
+/// worker went away, which fails the job as a dead child process would.
 struct remote_ranks {
   int local = 0;
   std::function<void(int rank, const std::vector<std::string>& args, const std::string& job_json)> assign;
+  std::function<std::optional<std::string>()> gone;
 };
 int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                   const coordinator_hooks& hooks, std::vector<int>* lost = nullptr,

@@ -397,6 +397,27 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       }
     }
   });
+  // Workers' ranks are not this launcher's children: one whose worker went
+  // away (before its rank joined, no link could say so) fails the job too.
+  std::thread remote_watch;
+  if (remote && remote->gone)
+    remote_watch = std::thread([&] {
+      while (!over) {
+        if (auto why = remote->gone()) {
+          inbox->fail(*why);
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  struct join_on_exit {
+    std::atomic<bool>& over;
+    std::thread& t;
+    ~join_on_exit() {
+      over = true;
+      if (t.joinable()) t.join();
+    }
+  } remote_watch_joined{over, remote_watch};
   coordinator_hooks hooks = given;
   if (a.json)
     hooks.on_roster = [&, then = given.on_roster](const std::vector<train_peer>& peers) {

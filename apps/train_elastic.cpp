@@ -271,8 +271,14 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     };
   if (lobby)
     hooks.drain = [&](const dist_step_report& r) {
-      std::vector<lobby_worker> waiting;
-      for (const lobby_worker& w : lobby->pool())
+      std::vector<lobby_worker> waiting, pool;
+      try {
+        pool = lobby->pool();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "elastic: %s\n", e.what());
+        return false;
+      }
+      for (const lobby_worker& w : pool)
         if (std::none_of(joined.begin(), joined.end(), [&](const lobby_worker& j) { return j.node_id == w.node_id; }))
           waiting.push_back(w);
       if (waiting.empty()) return false;
@@ -311,6 +317,19 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   remote_ranks remote;
   remote.assign = [&](int rank, const std::vector<std::string>& args, const std::string& job) {
     lobby->assign(joined.at(static_cast<std::size_t>(rank - local)).node_id, args, job);
+  };
+  remote.gone = [&]() -> std::optional<std::string> {
+    std::vector<lobby_worker> pool;
+    try {
+      pool = lobby->pool();
+    } catch (const std::exception&) {
+      return std::nullopt;  // no answer says nothing about the workers
+    }
+    for (std::size_t i = 0; i < joined.size(); ++i)
+      if (std::none_of(pool.begin(), pool.end(), [&](const lobby_worker& w) { return w.node_id == joined[i].node_id; }))
+        return o.layout.label(local + static_cast<int>(i)) + " is down: its worker " + joined[i].name +
+               " left the pool";
+    return std::nullopt;
   };
   for (;;) {
     std::vector<int> lost;

@@ -145,13 +145,15 @@ std::string train_lobby::endpoint() const { return node_->endpoint(); }
 
 std::vector<lobby_worker> train_lobby::pool() {
   std::vector<lobby_worker> out;
+  std::string failed;
   caf::scoped_actor self{node_->system()};
   self->request(actor_, std::chrono::seconds(10), pool_atom::value)
       .receive(
           [&](std::vector<std::string>& flat) {
             for (std::size_t i = 0; i + 1 < flat.size(); i += 2) out.push_back({flat[i], flat[i + 1]});
           },
-          [](caf::error&) {});
+          [&](caf::error& e) { failed = to_string(e); });
+  if (!failed.empty()) throw std::runtime_error("the lobby did not answer: " + failed);
   return out;
 }
 

@@ -53,7 +53,7 @@ class train_lobby {
   /// Where workers join ("tcp://127.0.0.1:PORT").
   std::string endpoint() const;
   /// The workers that offered themselves and are still connected, in the
-  /// order they came.
+  /// order they came. Throws std::runtime_error when the lobby does not answer.
   std::vector<lobby_worker> pool();
   /// Tells worker `node_id` to run `corolla <args>` with `job_json` as its
   /// job file. Throws std::runtime_error when it cannot be reached.

@@ -280,6 +280,65 @@ TEST_CASE("--elastic: a worker joins a running job with corolla train --join, th
   CHECK(worker.err().find("released") != std::string::npos);
 }
 
+TEST_CASE("--elastic: a joined worker killed while it runs a rank is a lost rank: the job shrinks again and keeps the "
+          "single-process losses") {
+  temp_dir_guard tmp("mp-train-elastic-join-kill");
+  const job j = slow_job(tmp, 80);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  child_process launcher = child_process::corolla(train_args(
+      j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--join-check-every", "3",
+          "--timeout-s", "60"}));
+  const auto lobby = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
+  REQUIRE(lobby);
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  child_process worker = child_process::corolla({"train", "--join", std::string((*lobby)[1]), "--join-name", "w1"});
+  REQUIRE(launcher.wait_line(std::regex(R"("reason":"workers joined")"), std::chrono::seconds(60)));
+  ::kill(worker.pid(), SIGKILL);  // its rank (a child of the worker) dies with it
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 2u);
+  CHECK(events[0]["to"] == "1x3 [0,4)");
+  CHECK(events[1]["from"] == "1x3 [0,4)");
+  CHECK(events[1]["lost_ranks"] == nlohmann::json::array({2}));
+  CHECK(events[1]["to"] == "1x2 [0,4)");
+  CHECK(events[1]["replayed_steps"].get<int>() <= 1);
+}
+
+TEST_CASE("--elastic: a worker that hangs after joining the pool never starts its rank: the lobby sees it go, the job "
+          "fails over at once instead of waiting for the join timeout") {
+  temp_dir_guard tmp("mp-train-elastic-join-hang");
+  const job j = slow_job(tmp, 80);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  child_process launcher = child_process::corolla(train_args(
+      j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--join-check-every", "3",
+          "--timeout-s", "120"}));
+  const auto lobby = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
+  REQUIRE(lobby);
+  REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
+  child_process worker = child_process::corolla({"train", "--join", std::string((*lobby)[1]), "--join-name", "w1"});
+  // Stopped once it is in the pool: it is still there at the next check (the
+  // peer timeout is 10 s), so the job grows onto a worker that never acts.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (launcher.err().find("worker w1") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ::kill(worker.pid(), SIGSTOP);
+  const int status = finish(launcher);
+  ::kill(worker.pid(), SIGKILL);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 2u);
+  CHECK(events[0]["completed"] == false);  // the grown grid never made its first step
+  CHECK(events[1]["lost_ranks"] == nlohmann::json::array({2}));
+  CHECK(events[1]["reason"].get<std::string>().find("its worker w1 left the pool") != std::string::npos);
+  CHECK(events[1]["to"] == "1x2 [0,4)");
+  CHECK(events[1]["replayed_steps"] == 0);
+}
+
 TEST_CASE("--elastic stops with one clear error when fewer than --min-ranks remain, and bad combinations are refused") {
   temp_dir_guard tmp("mp-train-elastic-min");
   const job j = slow_job(tmp, 1000);
