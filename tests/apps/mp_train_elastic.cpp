@@ -99,6 +99,23 @@ faulted faulted_run(const std::vector<std::string>& args, int after, const std::
   return {replans(launcher.lines()), launcher.err()};
 }
 
+/// A 1x2 elastic job of `j` that takes workers (a check every 3 steps);
+/// `lobby` gets where they join.
+child_process start_joinable(const job& j, int timeout_s, std::string& lobby) {
+  child_process launcher = child_process::corolla(
+      train_args(j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--join-check-every", "3",
+                     "--timeout-s", std::to_string(timeout_s)}));
+  const auto m = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
+  REQUIRE(m);
+  lobby = (*m)[1];
+  return launcher;
+}
+
+/// A worker named w1 joining at `lobby`.
+child_process start_worker(const std::string& lobby) {
+  return child_process::corolla({"train", "--join", lobby, "--join-name", "w1"});
+}
+
 }  // namespace
 
 TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, continues from the survivors' in-memory "
@@ -252,14 +269,10 @@ TEST_CASE("--elastic: a worker joins a running job with corolla train --join, th
   temp_dir_guard tmp("mp-train-elastic-join");
   const job j = slow_job(tmp, 80);  // enough steps left for a larger grid to pay for the switch
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  child_process launcher = child_process::corolla(train_args(
-      j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--join-check-every", "3",
-          "--timeout-s", "60"}));
-  const auto lobby = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
-  REQUIRE(lobby);
-  const std::string endpoint = (*lobby)[1];
+  std::string lobby;
+  child_process launcher = start_joinable(j, 60, lobby);
   REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
-  child_process worker = child_process::corolla({"train", "--join", endpoint, "--join-name", "w1"});
+  child_process worker = start_worker(lobby);
   const int status = finish(launcher);
   INFO("stderr: " << launcher.err());
   INFO("worker: " << worker.err());
@@ -285,13 +298,10 @@ TEST_CASE("--elastic: a joined worker killed while it runs a rank is a lost rank
   temp_dir_guard tmp("mp-train-elastic-join-kill");
   const job j = slow_job(tmp, 80);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  child_process launcher = child_process::corolla(train_args(
-      j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--join-check-every", "3",
-          "--timeout-s", "60"}));
-  const auto lobby = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
-  REQUIRE(lobby);
+  std::string lobby;
+  child_process launcher = start_joinable(j, 60, lobby);
   REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
-  child_process worker = child_process::corolla({"train", "--join", std::string((*lobby)[1]), "--join-name", "w1"});
+  child_process worker = start_worker(lobby);
   REQUIRE(launcher.wait_line(std::regex(R"("reason":"workers joined")"), std::chrono::seconds(60)));
   ::kill(worker.pid(), SIGKILL);  // its rank (a child of the worker) dies with it
   const int status = finish(launcher);
@@ -312,13 +322,10 @@ TEST_CASE("--elastic: a worker that hangs after joining the pool never starts it
   temp_dir_guard tmp("mp-train-elastic-join-hang");
   const job j = slow_job(tmp, 80);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  child_process launcher = child_process::corolla(train_args(
-      j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--join-check-every", "3",
-          "--timeout-s", "120"}));
-  const auto lobby = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
-  REQUIRE(lobby);
+  std::string lobby;
+  child_process launcher = start_joinable(j, 120, lobby);
   REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
-  child_process worker = child_process::corolla({"train", "--join", std::string((*lobby)[1]), "--join-name", "w1"});
+  child_process worker = start_worker(lobby);
   // Stopped once it is in the pool: it is still there at the next check (the
   // peer timeout is 10 s), so the job grows onto a worker that never acts.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
