@@ -260,7 +260,9 @@ std::string dp_group::snapshot(int step, const std::string& loss_scale) {
     }
     caf::anon_send(s_.keeper, encode_snapshot(snap));
     if (s_.buddy < 0) return {};
-    const std::size_t bytes = s_.buddy_params ? snap.bytes() : snap.without_params().bytes();
+    // The buddy on the same stage holds the parameters already.
+    const rank_snapshot for_buddy = s_.buddy_params ? snap : snap.without_params();
+    const std::size_t bytes = for_buddy.bytes();
     if (static_cast<std::int64_t>(bytes) >= node_options{}.max_message_bytes) {
       spdlog::warn("{}: its snapshot of step {} ({} bytes) exceeds one message: its buddy keeps no copy", s_.label,
                    step, bytes);
@@ -268,7 +270,7 @@ std::string dp_group::snapshot(int step, const std::string& loss_scale) {
     }
     try {
       if (!buddy_keeper_) buddy_keeper_ = s_.comm->actor_of(s_.buddy, "train-snap");
-      caf::anon_send(buddy_keeper_, encode_snapshot(s_.buddy_params ? snap : snap.without_params()));
+      caf::anon_send(buddy_keeper_, encode_snapshot(for_buddy));
     } catch (const train_error& e) {
       spdlog::warn("{}: no copy of its snapshot of step {} at its buddy: {}", s_.label, step, e.what());
     }

@@ -66,7 +66,6 @@ struct assignment {
 };
 
 caf::expected<assignment> decode_assign(const remote_message& m) {
-  // A job description outgrows the default traversal limit's share for text.
   return capnp_body::decode<wire::TrainAssign>(m.body, "TrainAssign", [](wire::TrainAssign::Reader r) {
     assignment out;
     auto args = r.getArgs();
