@@ -190,8 +190,9 @@ std::string toml_quoted(const std::string& s) {
 /// first hop at a random token answering wrong from then on; its blocks'
 /// two other holders outvote it (so they are never killed), and the
 /// campaign expects it caught. For training, a 2x2 elastic job with
-/// checkpoints and `faults` (at most 3) kills of random ranks at random
-/// steps.
+/// checkpoints and `faults` faults at random steps, each a kill or a hang
+/// (SIGSTOP) of a random rank (at most 3 in all), a random rank's link
+/// throttled for three steps, or a worker joining (at most 2).
 fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   const model_config cfg = load_config(a.model);
@@ -263,9 +264,30 @@ fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
     t << "[train]\nmodel = " << toml_quoted(a.model) << "\ndata = " << toml_quoted(a.data) << "\nargs = \"--batch 12 --seq 8 --steps "
       << steps << " --lr 0.003 --threads 1 --link-profile lat=2ms\"\nlayout = \"--pp 2 --dp 2\"\nelastic = true\n"
       << "checkpoint_every = 3\n";
-    std::uniform_int_distribution<int> at(2, steps - 4);
-    for (int k = 0; k < std::min(a.faults, 3); ++k)
-      t << "[[fault]]\nat = \"step " << at(rng) << "\"\ndo = \"kill\"\ntarget = \"random rank\"\n";
+    std::uniform_int_distribution<int> at(2, steps - 4), kind(0, 3);
+    static const char* profiles[] = {"bw=20Mbit,lat=4ms", "lat=10ms,jitter=2ms"};
+    int lost = 0, joins = 0;
+    for (int k = 0; k < a.faults; ++k) {
+      int what = kind(rng);
+      if (what == 3 && joins >= 2) what = 0;
+      if (what <= 1 && lost >= 3) what = 2;  // at least one of the first four ranks stays
+      const int when = at(rng);
+      if (what <= 1) {
+        // A kill, or a hang (SIGSTOP) the launcher must notice.
+        t << "[[fault]]\nat = \"step " << when << "\"\ndo = \"" << (what == 0 ? "kill" : "stop")
+          << "\"\ntarget = \"random rank\"\n";
+        ++lost;
+      } else if (what == 2) {
+        // A slow link for three steps: the losses must not change.
+        t << "[[fault]]\nat = \"step " << when << "\"\ndo = \"throttle\"\ntarget = \"random rank\"\nprofile = \""
+          << profiles[std::uniform_int_distribution<int>(0, 1)(rng)] << "\"\n";
+        t << "[[fault]]\nat = \"step " << when + 3 << "\"\ndo = \"heal\"\ntarget = \"random rank\"\n";
+      } else {
+        // A worker offers itself (corolla train --join): used when growing pays.
+        t << "[[fault]]\nat = \"step " << when << "\"\ndo = \"join\"\n";
+        ++joins;
+      }
+    }
     t << "[expect]\nsame_losses_as_reference = true\nmax_stall_s = 60\n";
   }
   return fl::parse_scenario(t.str(), "random campaign (seed " + std::to_string(seed) + ")");

@@ -406,6 +406,36 @@ TEST_CASE("faultlab: a random swarm campaign with a server answering wrong keeps
   CHECK(corrupt);
 }
 
+TEST_CASE("faultlab: a random training campaign mixes kills, throttles and joins, and the same seed gives the same "
+          "campaign") {
+  temp_dir_guard tmp("faultlab-random-train");
+  train_test::job j = train_test::fresh_gpt2_job(tmp);
+  // Seed 4's four faults: a worker joins, a rank throttled then healed, two kills.
+  auto campaign = [&](const char* report) {
+    const process_result r =
+        run_corolla({"faultlab", "random", "--train", "--model", j.model.string(), "--data", j.data.string(), "--faults",
+                     "4", "--seed", "4", "--json", "--report", (tmp / report).string()},
+                    std::chrono::seconds(240));
+    INFO("random: " << r.out << r.err);
+    CHECK(r.exit_code == 0);
+    REQUIRE(!r.out_lines().empty());
+    return json::parse(r.out_lines().back());
+  };
+  const json first = campaign("a");
+  CHECK(first["pass"] == true);
+  CHECK(first["scenario"] == "random train campaign");
+  std::multiset<std::string> kinds;
+  for (const json& f : first["faults"]) kinds.insert(f["do"].get<std::string>() + " " + f["at"].get<std::string>());
+  CHECK(kinds == std::multiset<std::string>{"join step 10", "throttle step 3", "heal step 6", "kill step 16",
+                                            "kill step 17"});
+  CHECK(first["faulted"]["losses"].size() == 24u);  // the losses equal the reference's: "pass" above
+  CHECK(first["faulted"]["recoveries"].get<int>() >= 2);
+  const json again = campaign("b");
+  std::multiset<std::string> kinds_again;
+  for (const json& f : again["faults"]) kinds_again.insert(f["do"].get<std::string>() + " " + f["at"].get<std::string>());
+  CHECK(kinds_again == kinds);
+}
+
 TEST_CASE("faultlab: a training rank cut off by a partition, the elastic job re-plans and keeps the reference's losses") {
   temp_dir_guard tmp("faultlab-train-partition");
   train_test::job j = train_test::fresh_gpt2_job(tmp);
