@@ -1,6 +1,6 @@
 // apps/train_args.hpp — the flags of `corolla train`, and how it opens its
 // model and data; shared by single-process training (apps/train.cpp) and
-// pipeline x data-parallel training (apps/train_dist.cpp).
+// pipeline x data-parallel training (apps/train_dist.cpp, apps/train_local.cpp).
 #pragma once
 
 #include <cstdint>
@@ -134,6 +134,14 @@ int run_distributed_train(train_args a);
 /// (`override_profile`, when not empty, for every link instead).
 void use_plan(const schedule::cluster_description& cluster, const schedule::plan& p, dist_train_options& o,
               const std::string& override_profile = {});
+/// Whether --device names the GPU without an index ("cuda", or "auto"
+/// with one visible): then ranks spread over the GPUs.
+bool any_gpu(const std::string& device);
+/// The command line (after the binary) of rank `rank` of a job the local
+/// launcher runs: the model and data flags from `a`, the job in `job_file`
+/// (apps/train_local.cpp).
+std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator,
+                                   const std::string& job_file);
 /// Runs job `o` on o.layout.world() rank processes of this binary on
 /// 127.0.0.1 (their model and data flags from `a`), with the coordinator in
 /// this process calling `on_step`; kills and reaps the ranks on the way

@@ -3,23 +3,15 @@
 // starts one `corolla train --rank R` process per rank on 127.0.0.1. With
 // one (--rank, or the environment of Slurm or torchrun) it is that rank of
 // a job whose coordinator rank 0 hosts at --coordinator.
-#include <signal.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <thread>
 
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"
 #include "actors/node.hpp"
@@ -29,8 +21,6 @@
 #include "apps/commands.hpp"
 #include "apps/control_token_env.hpp"
 #include "apps/plan_print.hpp"
-#include "apps/rank_processes.hpp"
-#include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_job_file.hpp"
 #include "model/stage.hpp"
@@ -43,8 +33,6 @@
 namespace corolla::app {
 
 namespace {
-
-namespace fs = std::filesystem;
 
 std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
@@ -94,22 +82,6 @@ std::string tcp_endpoint(const std::string& where) {
   return "tcp://" + where;
 }
 
-/// Whether --device names the GPU without an index ("cuda", or "auto"
-/// with one visible): then ranks spread over the GPUs.
-bool any_gpu(const std::string& device) {
-  return (device == "cuda" || device == "auto") && cuda_device_count() > 0;
-}
-
-/// The device a locally launched rank computes on: with device
-/// collectives rank r takes GPU r (one GPU per rank, as NCCL requires;
-/// run_local_job checks there are enough); with --device cuda or auto,
-/// GPU r mod the GPUs visible; else --device as given.
-std::string rank_device(const train_args& a, int rank) {
-  if (a.collectives == "device") return "cuda:" + std::to_string(rank);
-  if (any_gpu(a.device)) return "cuda:" + std::to_string(rank % cuda_device_count());
-  return a.device;
-}
-
 /// The device of a rank started by a multi-host launcher (--rank): with
 /// --device cuda or auto, the GPU of its LOCAL_RANK (torchrun) or
 /// SLURM_LOCALID, mod the GPUs visible, so ranks sharing a host share out
@@ -126,6 +98,10 @@ device multi_host_rank_device(const train_args& a) {
 }
 
 }  // namespace
+
+bool any_gpu(const std::string& device) {
+  return (device == "cuda" || device == "auto") && cuda_device_count() > 0;
+}
 
 void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r) {
   if (!trainer::is_logged(r.step, a.steps, a.log_every)) return;
@@ -255,20 +231,6 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
 
 // ---- the local launcher -----------------------------------------------------------------
 
-
-std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
-  auto num = [](auto v) { return std::to_string(v); };
-
-  // The job itself (layout, optimizer, links, checkpoints) is in the job
-  // file; the flags say where the model and data are and who this rank is.
-  std::vector<std::string> r{"train",        "--model",  a.model,       "--data",  a.data,
-                             "--batch",      num(a.batch), "--seq",     num(a.seq), "--steps",
-                             num(a.steps),   "--lr",     "0",           "--seed",  num(a.seed),
-                             "--threads",    num(a.threads > 0 ? a.threads : 1), "--device", rank_device(a, rank), "--matmul", a.matmul, "--rank", num(rank),
-                             "--coordinator", coordinator, "--external-coordinator", "--job-file", job_file};
-  return r;
-}
-
 int launch_local(const train_args& a, const dist_train_options& o, const model_config& cfg,
                  const schedule::cluster_description* cluster, const schedule::plan* plan) {
   apply_common_options(1, "warn");
@@ -309,7 +271,6 @@ std::string profile_of(const schedule::link_spec& l) {
   return buf;
 }
 
-
 }  // namespace
 
 schedule::training_setup training_setup_of(const train_args& a) {
@@ -328,146 +289,6 @@ schedule::plan plan_on(const train_args& a, const model_config& cfg, const sched
   setup.dp = dp;
   setup.validate(cfg);
   return schedule::make_plan(cluster, cfg, setup).best;
-}
-
-void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
-                   const std::function<void(const dist_step_report&)>& on_step, std::vector<int>* lost) {
-  coordinator_hooks hooks;
-  hooks.on_step = on_step;
-  run_local_job(a, o, cfg, hooks, lost);
-}
-
-int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
-                  const coordinator_hooks& given, std::vector<int>* lost, const remote_ranks* remote) {
-  if (o.collectives == dp_collectives::device) {
-    if (a.device != "auto" && a.device != "cuda")
-      throw std::invalid_argument("--collectives device puts local rank r on GPU r: give --device cuda (or auto), not " +
-                                  a.device);
-    if (const int gpus = cuda_device_count(); gpus < o.layout.world())
-      throw std::invalid_argument("--collectives device needs a GPU per rank: the job has " +
-                                  std::to_string(o.layout.world()) + " ranks, " + std::to_string(gpus) +
-                                  " GPU(s) are visible");
-  }
-  auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "coordinator");
-  const std::string endpoint = n->endpoint();
-  spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
-  // A fresh private file (mkstemp: 0600, never an existing path or link).
-  std::string name = (fs::temp_directory_path() / "corolla-job-XXXXXX").string();
-  const int fd = ::mkstemp(name.data());
-  if (fd < 0) throw std::runtime_error("cannot create a job file in " + fs::temp_directory_path().string() + ": " +
-                                       std::strerror(errno));
-  const fs::path job_file = name;
-  const std::string job_text = job_to_json(o).dump() + "\n";
-  {
-    const std::string& text = job_text;
-    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    ::close(fd);
-    if (!ok) {
-      std::error_code ec;
-      fs::remove(job_file, ec);
-      throw std::runtime_error("cannot write " + job_file.string());
-    }
-  }
-  struct remove_file {
-    fs::path p;
-    ~remove_file() {
-      std::error_code ec;
-      fs::remove(p, ec);
-    }
-  } cleanup{job_file};
-
-  auto inbox = std::make_shared<train_inbox>();
-  rank_processes ranks;
-  std::atomic<bool> over{false};
-  const int local = remote ? remote->local : o.layout.world();
-  for (int r = 0; r < o.layout.world(); ++r) {
-    if (r < local)
-      ranks.start(rank_args(a, r, endpoint, job_file.string()));
-    else
-      remote->assign(r, rank_args(a, r, endpoint, job_file.string()), job_text);
-  }
-  // A rank process that ends before the job does fails it at once (also
-  // before it joined, when no link could report it).
-  std::set<int> signalled;  // ranks a signal ended while the job ran (the watcher's until it is joined)
-  std::thread watcher([&] {
-    while (auto ended = ranks.wait_any(over)) {
-      if (ended->second != "exit status 0" && !over) {
-        if (ended->second.rfind("signal", 0) == 0) signalled.insert(ended->first);
-        inbox->fail(o.layout.label(ended->first) + " exited (" + ended->second + ")");
-      }
-    }
-  });
-  // Workers' ranks are not this launcher's children: one whose worker went
-  // away (before its rank joined, no link could say so) fails the job too.
-  std::thread remote_watch;
-  if (remote && remote->gone)
-    remote_watch = std::thread([&] {
-      while (!over) {
-        if (auto why = remote->gone()) {
-          inbox->fail(*why);
-          return;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      }
-    });
-  struct join_on_exit {
-    std::atomic<bool>& over;
-    std::thread& t;
-    ~join_on_exit() {
-      over = true;
-      if (t.joinable()) t.join();
-    }
-  } remote_watch_joined{over, remote_watch};
-  coordinator_hooks hooks = given;
-  if (a.json)
-    hooks.on_roster = [&, then = given.on_roster](const std::vector<train_peer>& peers) {
-      nlohmann::json list = nlohmann::json::array();
-      for (const train_peer& p : peers)
-      {
-        nlohmann::json r = {{"rank", p.rank}, {"label", o.layout.label(p.rank)},
-                            {"pid", p.rank < local ? ranks.pid(p.rank) : 0}, {"endpoint", p.endpoint}};
-        if (p.rank >= local) r["joined"] = true;  // a worker's child process, not this launcher's
-        if (static_cast<std::size_t>(p.rank) < o.layout.worker_names.size())
-          r["worker"] = o.layout.worker_names[static_cast<std::size_t>(p.rank)];  // --cluster: the machine it stands for
-        list.push_back(r);
-      }
-      std::printf("%s\n", nlohmann::json{{"event", "ranks"}, {"layout", o.layout.describe()}, {"ranks", list}}.dump().c_str());
-      std::fflush(stdout);
-      if (then) then(peers);
-    };
-  int last = 0;
-  try {
-    last = run_train_coordinator(*n, o, cfg, hooks, inbox);
-  } catch (...) {
-    over = true;
-    watcher.join();
-    std::vector<int> gone;
-    // Finding the lost ranks must not replace the job's own failure.
-    try {
-      gone = lost_ranks(ranks, signalled, o.layout.world(), std::current_exception());
-    } catch (...) {
-      gone.clear();
-    }
-    if (lost) *lost = gone;
-    if (o.snapshot_every > 0) {
-      // The survivors write their in-memory snapshots before they exit
-      // (actors/train_snapshots.hpp): let them, and do not wait for the
-      // lost (a hung rank never exits by itself).
-      for (int r : gone)
-        if (r < local)
-          if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
-      ranks.wait_all(std::chrono::seconds(60));
-    }
-    ranks.stop();
-    throw;
-  }
-  over = true;
-  watcher.join();
-  // The ranks end by themselves once told the job is over; stop() only
-  // hurries the stragglers.
-  ranks.wait_all(std::chrono::seconds(10));
-  ranks.stop();
-  return last;
 }
 
 void use_plan(const schedule::cluster_description& cluster, const schedule::plan& p, dist_train_options& o,

@@ -266,7 +266,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       ev.predicted_from_s = advice.current_s;
       ev.predicted_to_s = advice.next_s;
       ev.from = o.layout.describe();
-      drained = planned_switch{std::move(ev), advice.next};
+      drained = planned_switch{std::move(ev), advice.next, std::nullopt, {}};
       return true;
     };
   if (lobby)

@@ -1,0 +1,198 @@
+// The local launcher's job (apps/train_args.hpp, run_local_job): one
+// `corolla train --rank R` process per rank of the grid on 127.0.0.1 (or a
+// joined worker's, apps/train_lobby.hpp), the coordinator in this process,
+// every rank reaped on the way out; on a failure, the ranks it lost.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/node.hpp"
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "apps/rank_processes.hpp"
+#include "apps/train_args.hpp"
+#include "apps/train_job_file.hpp"
+#include "kernels/backend.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// The device a locally launched rank computes on: with device
+/// collectives rank r takes GPU r (one GPU per rank, as NCCL requires;
+/// run_local_job checks there are enough); with --device cuda or auto,
+/// GPU r mod the GPUs visible; else --device as given.
+std::string rank_device(const train_args& a, int rank) {
+  if (a.collectives == "device") return "cuda:" + std::to_string(rank);
+  if (any_gpu(a.device)) return "cuda:" + std::to_string(rank % cuda_device_count());
+  return a.device;
+}
+
+}  // namespace
+
+std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
+  auto num = [](auto v) { return std::to_string(v); };
+
+  // The job itself (layout, optimizer, links, checkpoints) is in the job
+  // file; the flags say where the model and data are and who this rank is.
+  std::vector<std::string> r{"train",        "--model",  a.model,       "--data",  a.data,
+                             "--batch",      num(a.batch), "--seq",     num(a.seq), "--steps",
+                             num(a.steps),   "--lr",     "0",           "--seed",  num(a.seed),
+                             "--threads",    num(a.threads > 0 ? a.threads : 1), "--device", rank_device(a, rank), "--matmul", a.matmul, "--rank", num(rank),
+                             "--coordinator", coordinator, "--external-coordinator", "--job-file", job_file};
+  return r;
+}
+
+void run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
+                   const std::function<void(const dist_step_report&)>& on_step, std::vector<int>* lost) {
+  coordinator_hooks hooks;
+  hooks.on_step = on_step;
+  run_local_job(a, o, cfg, hooks, lost);
+}
+
+int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
+                  const coordinator_hooks& given, std::vector<int>* lost, const remote_ranks* remote) {
+  if (o.collectives == dp_collectives::device) {
+    if (a.device != "auto" && a.device != "cuda")
+      throw std::invalid_argument("--collectives device puts local rank r on GPU r: give --device cuda (or auto), not " +
+                                  a.device);
+    if (const int gpus = cuda_device_count(); gpus < o.layout.world())
+      throw std::invalid_argument("--collectives device needs a GPU per rank: the job has " +
+                                  std::to_string(o.layout.world()) + " ranks, " + std::to_string(gpus) +
+                                  " GPU(s) are visible");
+  }
+  auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "coordinator");
+  const std::string endpoint = n->endpoint();
+  spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
+  // A fresh private file (mkstemp: 0600, never an existing path or link).
+  std::string name = (fs::temp_directory_path() / "corolla-job-XXXXXX").string();
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) throw std::runtime_error("cannot create a job file in " + fs::temp_directory_path().string() + ": " +
+                                       std::strerror(errno));
+  const fs::path job_file = name;
+  const std::string job_text = job_to_json(o).dump() + "\n";
+  {
+    const std::string& text = job_text;
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::close(fd);
+    if (!ok) {
+      std::error_code ec;
+      fs::remove(job_file, ec);
+      throw std::runtime_error("cannot write " + job_file.string());
+    }
+  }
+  struct remove_file {
+    fs::path p;
+    ~remove_file() {
+      std::error_code ec;
+      fs::remove(p, ec);
+    }
+  } cleanup{job_file};
+
+  auto inbox = std::make_shared<train_inbox>();
+  rank_processes ranks;
+  std::atomic<bool> over{false};
+  const int local = remote ? remote->local : o.layout.world();
+  for (int r = 0; r < o.layout.world(); ++r) {
+    if (r < local)
+      ranks.start(rank_args(a, r, endpoint, job_file.string()));
+    else
+      remote->assign(r, rank_args(a, r, endpoint, job_file.string()), job_text);
+  }
+  // A rank process that ends before the job does fails it at once (also
+  // before it joined, when no link could report it).
+  std::set<int> signalled;  // ranks a signal ended while the job ran (the watcher's until it is joined)
+  std::thread watcher([&] {
+    while (auto ended = ranks.wait_any(over)) {
+      if (ended->second != "exit status 0" && !over) {
+        if (ended->second.rfind("signal", 0) == 0) signalled.insert(ended->first);
+        inbox->fail(o.layout.label(ended->first) + " exited (" + ended->second + ")");
+      }
+    }
+  });
+  // Workers' ranks are not this launcher's children: one whose worker went
+  // away (before its rank joined, no link could say so) fails the job too.
+  std::thread remote_watch;
+  if (remote && remote->gone)
+    remote_watch = std::thread([&] {
+      while (!over) {
+        if (auto why = remote->gone()) {
+          inbox->fail(*why);
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  struct join_on_exit {
+    std::atomic<bool>& over;
+    std::thread& t;
+    ~join_on_exit() {
+      over = true;
+      if (t.joinable()) t.join();
+    }
+  } remote_watch_joined{over, remote_watch};
+  coordinator_hooks hooks = given;
+  if (a.json)
+    hooks.on_roster = [&, then = given.on_roster](const std::vector<train_peer>& peers) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const train_peer& p : peers)
+      {
+        nlohmann::json r = {{"rank", p.rank}, {"label", o.layout.label(p.rank)},
+                            {"pid", p.rank < local ? ranks.pid(p.rank) : 0}, {"endpoint", p.endpoint}};
+        if (p.rank >= local) r["joined"] = true;  // a worker's child process, not this launcher's
+        if (static_cast<std::size_t>(p.rank) < o.layout.worker_names.size())
+          r["worker"] = o.layout.worker_names[static_cast<std::size_t>(p.rank)];  // --cluster: the machine it stands for
+        list.push_back(r);
+      }
+      std::printf("%s\n", nlohmann::json{{"event", "ranks"}, {"layout", o.layout.describe()}, {"ranks", list}}.dump().c_str());
+      std::fflush(stdout);
+      if (then) then(peers);
+    };
+  int last = 0;
+  try {
+    last = run_train_coordinator(*n, o, cfg, hooks, inbox);
+  } catch (...) {
+    over = true;
+    watcher.join();
+    std::vector<int> gone;
+    // Finding the lost ranks must not replace the job's own failure.
+    try {
+      gone = lost_ranks(ranks, signalled, o.layout.world(), std::current_exception());
+    } catch (...) {
+      gone.clear();
+    }
+    if (lost) *lost = gone;
+    if (o.snapshot_every > 0) {
+      // The survivors write their in-memory snapshots before they exit
+      // (actors/train_snapshots.hpp): let them, and do not wait for the
+      // lost (a hung rank never exits by itself).
+      for (int r : gone)
+        if (r < local)
+          if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
+      ranks.wait_all(std::chrono::seconds(60));
+    }
+    ranks.stop();
+    throw;
+  }
+  over = true;
+  watcher.join();
+  // The ranks end by themselves once told the job is over; stop() only
+  // hurries the stragglers.
+  ranks.wait_all(std::chrono::seconds(10));
+  ranks.stop();
+  return last;
+}
+
+}  // namespace corolla::app
