@@ -153,10 +153,10 @@ caf::expected<std::string> key_of(const remote_message& m) {
     return train_key(t, r->job, r->step, r->rank);
   }
   if (t == train_msg::norm || t == train_msg::finish || t == train_msg::saved || t == train_msg::done ||
-      t == train_msg::drain) {
+      t == train_msg::drain || t == train_msg::kept) {
     auto s = decode_train_step(m.body);
     if (!s) return s.error();
-    const bool per_rank = t == train_msg::saved || t == train_msg::done;
+    const bool per_rank = t == train_msg::saved || t == train_msg::done || t == train_msg::kept;
     return train_key(t, s->job, s->step, per_rank ? s->rank : 0);
   }
   return make_error(errc::bad_message, "unknown training message type '" + t + "'");

@@ -16,6 +16,7 @@
 #include "actors/errors.hpp"
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
+#include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "model/transformer.hpp"
 
@@ -208,6 +209,13 @@ class coordinator {
         const auto now = std::chrono::steady_clock::now();
         r.seconds = std::chrono::duration<double>(now - last_time).count();
         last_time = now;
+        // In-memory snapshots: a printed step survives any one rank's loss.
+        // Its buddy's keeper holds every rank's copy of it before it is
+        // printed (train.kept; a few milliseconds, and the ranks go on).
+        if (o_.snapshot_every > 0 && !o_.checkpoint_dir.empty() && o_.snapshots_at(step) && step < o_.steps)
+          for (int rank = 0; rank < world_; ++rank)
+            if (snapshot_buddy(o_.layout, rank) >= 0)
+              take(train_msg::kept, step, rank, "the buddy's copy of the snapshot of step " + std::to_string(step));
         if (hooks.on_step) hooks.on_step(r);
         if (o_.verdict_at(step)) {
           // Every rank waits at this step boundary for the verdict.

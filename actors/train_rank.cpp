@@ -225,6 +225,7 @@ class rank_runtime {
     k.owners = snapshot_owners(o_.layout, rank_);
     k.inbox = inbox_;
     k.dir = memory_snapshot_dir(o_.checkpoint_dir);
+    k.coordinator = coordinator_id_;
     auto a = start_snapshot_keeper(node_, std::move(k), comm_->job());
     if (!a) throw train_error("cannot publish the snapshot keeper: " + error_message(a.error()));
     keeper_ = *a;
@@ -439,8 +440,8 @@ class rank_runtime {
   void optimizer_step(int step, double loss) {
     wait_reductions(step);
     // Without the global norm every update is in already: the snapshot
-    // leaves before the report, so a step the coordinator printed has every
-    // rank's copy on its way to the buddy (with it, after the update).
+    // leaves before the report (with it, after the update). The
+    // coordinator prints the step once every buddy said it holds its copy.
     const bool snapshot = keeper_ && o_.snapshots_at(step) && step < o_.steps;
     if (snapshot && !needs_global_norm()) tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text(scaler_));
     double sum_squares = 0;
@@ -467,10 +468,12 @@ class rank_runtime {
     // compute copies are converted again before the next forward.
     if (!skip)
       for (stage& part : model_.parts) part.params_changed();
+    // Before the verdict: the coordinator waits for the buddies' copies
+    // before it decides (train.kept).
+    if (snapshot && needs_global_norm()) tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text(scaler_));
     if (o_.verdict_at(step)) take_verdict(step);
     // A drained job's last step is always saved: the next layout starts there.
     if (o_.checkpoints_at(step) || (step == last_step_ && last_step_ < o_.steps)) tell_dp(dp_msg::save_atom::value, step);
-    if (snapshot && needs_global_norm()) tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text(scaler_));
   }
 
   /// The rates of the links to this rank's neighbours of higher rank (each

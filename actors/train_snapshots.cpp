@@ -146,6 +146,7 @@ namespace {
 
 struct keeper_state {
   snapshot_keeper_setup setup;
+  node* n = nullptr;
   std::uint64_t job = 0;
   /// owner -> step -> snapshot (at most kept_steps steps per owner)
   std::map<int, std::map<std::int64_t, rank_snapshot>> held;
@@ -194,8 +195,22 @@ caf::behavior snapshot_keeper(caf::event_based_actor*, std::shared_ptr<keeper_st
         }
         auto& steps = st->held[s->owner];
         const std::int64_t step = s->step;
+        const int owner = s->owner;
         steps[step] = std::move(*s);
         while (steps.size() > kept_steps) steps.erase(steps.begin());
+        // A buddy's copy: the coordinator prints the step once every rank's is in.
+        if (!local && !st->setup.coordinator.empty()) {
+          auto coord = st->n->remote_actor(st->setup.coordinator, "train-coord");
+          if (!coord) {
+            spdlog::warn("rank {}: cannot tell the coordinator of rank {}'s snapshot of step {}: {}", st->setup.holder,
+                         owner, step, error_message(coord.error()));
+            return;
+          }
+          remote_message note;
+          note.type = train_msg::kept;
+          note.body = encode_body(train_step_note{step, owner, static_cast<double>(st->setup.holder), st->job});
+          caf::anon_send(*coord, std::move(note));
+        }
       },
       [st](snap_msg::flush_atom) { return flush(*st); },
   };
@@ -206,6 +221,7 @@ caf::behavior snapshot_keeper(caf::event_based_actor*, std::shared_ptr<keeper_st
 caf::expected<caf::actor> start_snapshot_keeper(node& n, snapshot_keeper_setup s, std::uint64_t job) {
   auto st = std::make_shared<keeper_state>();
   st->setup = std::move(s);
+  st->n = &n;
   st->job = job;
   caf::actor a = n.system().spawn(snapshot_keeper, st);
   if (auto err = n.publish("train-snap", a)) {

@@ -95,6 +95,10 @@ struct snapshot_keeper_setup {
   std::set<int> owners;                  ///< snapshot_owners(layout, holder)
   std::shared_ptr<train_inbox> inbox;    ///< who is part of the job (its named peers)
   std::filesystem::path dir;             ///< where a flush writes: <checkpoint_dir>/memory
+  /// The coordinator's node: told (train.kept) of every buddy's snapshot
+  /// this keeper stores, so that it prints a step only once every rank's
+  /// state of it is in two processes ("" = nobody is told).
+  std::string coordinator;
 };
 
 /// "scale good_steps skipped" with dynamic loss scaling, else "" (what a

@@ -29,6 +29,7 @@ inline constexpr const char* saved = "train.saved";    ///< rank -> coordinator,
 inline constexpr const char* done = "train.done";      ///< rank -> coordinator, last step finished
 inline constexpr const char* finish = "train.finish";  ///< coordinator -> ranks, everyone is done
 inline constexpr const char* drain = "train.drain";    ///< coordinator -> ranks at probe steps: go on, or stop (re-plan)
+inline constexpr const char* kept = "train.kept";      ///< a buddy's keeper -> coordinator: it holds rank R's snapshot of step N
 inline constexpr const char* abort = "train.abort";    ///< coordinator -> ranks (the job failed), or a failing rank -> coordinator (why)
 }  // namespace train_msg
 
