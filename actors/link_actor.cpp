@@ -418,10 +418,15 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
           close_link(self, "node stopping", make_error(errc::stopped, "node '" + st.ctx->node_id + "' is stopping"));
           return;
         }
+        const caf::error why = make_error(errc::stopped, "node '" + st.ctx->node_id + "' is stopping");
+        if (st.phase == link_phase::down) {
+          // Nothing would reach the peer: no goodbye, no grace to wait out.
+          close_link(self, "node stopping", why);
+          return;
+        }
         send_control(self, net::message_kind::goodbye);
-        st.drain = st.phase == link_phase::up;  // a peer that is down would only make the close wait
-        close_link_after_grace(self, "node stopping",
-                               make_error(errc::stopped, "node '" + st.ctx->node_id + "' is stopping"));
+        st.drain = true;
+        close_link_after_grace(self, "node stopping", why);
       },
       [self](close_atom, std::string& reason) {
         spdlog::info("closing link to {}: {}", self->state.label(), reason);

@@ -176,10 +176,14 @@ caf::expected<std::unique_ptr<node>> node::start(node_options options) {
   const std::string id = options.node_id.empty() ? generate_node_id() : options.node_id;
   topts.identity = id;
 
+  if (options.scheduler_policy != "sharing" && options.scheduler_policy != "stealing")
+    return make_error(errc::invalid_argument,
+                      "scheduler policy '" + options.scheduler_policy + "' is neither 'sharing' nor 'stealing'");
   std::unique_ptr<node> n{new node()};
   n->config_ = std::make_unique<caf::actor_system_config>();
   if (options.scheduler_threads > 0)
     n->config_->set("scheduler.max-threads", static_cast<std::int64_t>(options.scheduler_threads));
+  n->config_->set("scheduler.policy", caf::atom_from_string(options.scheduler_policy));
   n->config_->add_error_category(error_category, render_error);
   n->system_ = std::make_unique<caf::actor_system>(*n->config_);
   n->ctx_ = std::make_shared<node_context>(*n->system_, id, settings);

@@ -59,6 +59,15 @@ struct node_options {
   std::string nic_class;
   /// CAF scheduler threads; 0 = one per core.
   std::size_t scheduler_threads = 0;
+  /// How idle scheduler threads wait for work: "sharing" (one queue, idle
+  /// threads block on a condition variable: a message wakes one at once) or
+  /// "stealing" (CAF's default: per-thread queues, idle threads poll, every
+  /// 50 us for a while, then every 10 ms). Sharing is the default: a swarm
+  /// hop or a pipeline stage is a chain of hand-offs between actors that
+  /// are mostly idle, where polling adds a wake-up delay to each and burns
+  /// the cores the busy processes need (bench swarm's two-hop decode step:
+  /// 1.72 ms stealing, 1.07 ms sharing, on this project's 2-core VM).
+  std::string scheduler_policy = "sharing";
   /// Largest message (one frame) accepted from a peer, in bytes.
   std::int64_t max_message_bytes = std::int64_t{1} << 30;
   /// Microseconds the transport's I/O thread keeps polling (yielding the

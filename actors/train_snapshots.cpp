@@ -1,6 +1,7 @@
 #include "actors/train_snapshots.hpp"
 
 #include <algorithm>
+#include <fstream>
 #include <optional>
 #include <sstream>
 #include <system_error>
@@ -169,6 +170,11 @@ std::string flush(const keeper_state& st) {
         if (error.empty()) error = e.what();
       }
     }
+  // Last: the launcher goes on once every survivor's marker is there
+  // (the process's exit, its node's goodbyes, would take longer).
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::ofstream(dir / "flushed") << written << "\n";
   spdlog::info("rank {} flushed {} in-memory snapshot(s) to {}", st.setup.holder, written, dir.string());
   return error;
 }
@@ -253,6 +259,11 @@ void flush_snapshot_keeper(node& n, const caf::actor& keeper, const std::string&
 // ---- recovery --------------------------------------------------------------------------
 
 fs::path memory_snapshot_dir(const fs::path& checkpoint_dir) { return checkpoint_dir / "memory"; }
+
+bool snapshots_flushed(const fs::path& checkpoint_dir, int holder) {
+  std::error_code ec;
+  return fs::exists(memory_snapshot_dir(checkpoint_dir) / ("h" + std::to_string(holder)) / "flushed", ec);
+}
 
 memory_recovery commit_memory_snapshots(const fs::path& checkpoint_dir, int world, int n_layers, const std::string& job,
                                         const std::string& layout) {

@@ -114,6 +114,9 @@ caf::expected<caf::actor> start_snapshot_keeper(node& n, snapshot_keeper_setup s
 
 /// checkpoint_dir/memory: where keepers flush.
 std::filesystem::path memory_snapshot_dir(const std::filesystem::path& checkpoint_dir);
+/// Whether rank `holder`'s keeper finished its flush (its marker, written
+/// after its snapshots, is there; even when some failed to write).
+bool snapshots_flushed(const std::filesystem::path& checkpoint_dir, int holder);
 
 /// What commit_memory_snapshots found.
 struct memory_recovery {

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_snapshots.hpp"
 #include "apps/rank_processes.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_job_file.hpp"
@@ -176,12 +178,24 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
     if (lost) *lost = gone;
     if (o.snapshot_every > 0) {
       // The survivors write their in-memory snapshots before they exit
-      // (actors/train_snapshots.hpp): let them, and do not wait for the
-      // lost (a hung rank never exits by itself).
+      // (actors/train_snapshots.hpp): wait for that (each one's marker, or
+      // its exit), not for the lost (a hung rank never exits by itself),
+      // nor for the survivors' goodbyes: once flushed, they are done.
       for (int r : gone)
         if (r < local)
           if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
-      ranks.wait_all(std::chrono::seconds(60));
+      std::set<int> flushing;
+      for (int r = 0; r < o.layout.world(); ++r)
+        if (std::find(gone.begin(), gone.end(), r) == gone.end()) flushing.insert(r);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!flushing.empty() && std::chrono::steady_clock::now() < deadline) {
+        for (const auto& ended : ranks.reap_now()) flushing.erase(ended.first);
+        for (auto it = flushing.begin(); it != flushing.end();)
+          it = snapshots_flushed(o.checkpoint_dir, *it) ? flushing.erase(it) : std::next(it);
+        if (!flushing.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      for (int r = 0; r < local; ++r)
+        if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
     }
     ranks.stop();
     throw;

@@ -216,7 +216,12 @@ TEST_CASE("a relay dials a peer back: it reaches a listening node, not a wrong e
   auto nonsense = request_dialback(*listening, relay->id(), "udp://x");
   REQUIRE_FALSE(nonsense);
   CHECK(error_code(nonsense.error()) == "invalid_argument");
-  // A node without relay service offers no dial-backs.
+  // A node without relay service offers no dial-backs. (First the relay's
+  // dial-back link to it closes: a connect racing that close could be
+  // handed the closing link.)
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (relay->peer_is_up(other->id()) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   REQUIRE(relay->connect(other->endpoint()));
   auto none = request_dialback(*relay, other->id(), relay->endpoint());
   REQUIRE_FALSE(none);
