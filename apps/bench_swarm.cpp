@@ -59,7 +59,7 @@ struct swarm_bench_options {
   int new_tokens = 32;
   int wan_new_tokens = 12;
   std::vector<std::string> wan_profiles{"bw=1Gbit,lat=2.5ms", "bw=100Mbit,lat=50ms"};
-  int server_threads = 0;  ///< 0 = cores / (servers + 1), at least 1
+  int server_threads = 0;  ///< 0 = every core (the servers of a chain compute one at a time)
   int tune_steps = 3, tune_batch = 2, tune_seq = 64, tune_prompt_len = 8;
   bool json = false;
 };
@@ -231,12 +231,12 @@ int run_bench_swarm(const swarm_bench_options& o) {
     local_tune_sps = tune_steps_per_s(runner);
   }
 
-  // The servers share this machine: each computes on its share of the cores
-  // (one at a time works in a chain, but idle OpenMP pools of several
-  // processes would otherwise spin against the busy one), and the client,
-  // which only embeds and samples, on one thread.
+  // The servers share this machine, and in a chain one computes at a time:
+  // each gets every core (idle OpenMP threads spin only briefly,
+  // apps/openmp_spin.hpp, so the idle servers leave the busy one its
+  // cores), and the client, which only embeds and samples, one thread.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int server_threads = o.server_threads > 0 ? o.server_threads : std::max(1, static_cast<int>(cores) / (o.servers + 1));
+  const int server_threads = o.server_threads > 0 ? o.server_threads : static_cast<int>(cores);
   const std::vector<std::string> server_flags{"--threads", std::to_string(server_threads)};
   set_cpu_threads(1);
 
@@ -432,7 +432,7 @@ void register_bench_swarm(CLI::App* bench, action_fn& action) {
       ->delimiter(';')
       ->capture_default_str();
   cmd->add_option("--server-threads", o.server_threads,
-                  "CPU threads of each server process (0 = cores / (servers + 1), at least 1)")
+                  "CPU threads of each server process (0 = every core: a chain's servers compute one at a time)")
       ->capture_default_str();
   cmd->add_option("--tune-steps", o.tune_steps, "Timed prompt-tuning steps (after one warm-up step)")
       ->check(CLI::Range(1, 1000))

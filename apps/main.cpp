@@ -1,4 +1,4 @@
-// apps/main.cpp — the corolla command line.
+// apps/main.cpp — the corolla command line (idle OpenMP threads: apps/openmp_spin.hpp).
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
