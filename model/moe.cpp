@@ -80,14 +80,17 @@ void route_rows(int k, bool renormalise, moe_routing& r) {
   }
   for (int e = 0; e < e_count; ++e) r.offsets[e + 1] += r.offsets[e];
   // Counting sort by expert: within an expert, rows keep their order.
-  std::vector<std::int64_t> next(r.offsets.begin(), r.offsets.end() - 1);
+  // offsets[e] serves as expert e's cursor (no scratch to allocate per
+  // step) and ends at expert e's end, offsets[e + 1]: shifted back after.
   for (std::int64_t t = 0; t < n; ++t)
     for (int j = 0; j < k; ++j) {
-      const std::int64_t at = next[static_cast<std::size_t>(r.chosen[t * k + j])]++;
+      const std::int64_t at = r.offsets[static_cast<std::size_t>(r.chosen[t * k + j])]++;
       slots[t * k + j] = static_cast<std::int32_t>(at);
       sorted[at] = static_cast<std::int32_t>(t);
       row_w[at] = w[t * k + j];
     }
+  for (int e = e_count; e > 0; --e) r.offsets[static_cast<std::size_t>(e)] = r.offsets[static_cast<std::size_t>(e) - 1];
+  r.offsets[0] = 0;
 }
 
 void route_rows_backward(const moe_routing& r, const Tensor& dweights, Tensor& dlogits) {
