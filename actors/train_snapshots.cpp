@@ -266,7 +266,7 @@ bool snapshots_flushed(const fs::path& checkpoint_dir, int holder) {
 }
 
 memory_recovery commit_memory_snapshots(const fs::path& checkpoint_dir, int world, int n_layers, const std::string& job,
-                                        const std::string& layout) {
+                                        const std::string& layout, int newest) {
   memory_recovery out;
   const fs::path mem = memory_snapshot_dir(checkpoint_dir);
   struct remover {
@@ -308,6 +308,11 @@ memory_recovery commit_memory_snapshots(const fs::path& checkpoint_dir, int worl
   std::string why;
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     const int step = it->first;
+    if (newest >= 0 && step > newest) {
+      why += (why.empty() ? "" : "; ") + std::string("step ") + std::to_string(step) + ": after the last step printed, " +
+             std::to_string(newest);
+      continue;
+    }
     if (step <= latest) {
       why += (why.empty() ? "" : "; ") + std::string("the checkpoint of step ") + std::to_string(latest) +
              " is as new as any snapshot left";

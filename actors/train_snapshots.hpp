@@ -131,9 +131,11 @@ struct memory_recovery {
 /// rank's shard and every bucket's parameters, assembled into
 /// checkpoint_dir/step-N and committed (manifest with `job`, `layout`, the
 /// snapshots' loss scale; then `latest`) when it is newer than the latest
-/// checkpoint there. The flushed files are removed either way. Throws
-/// train_error only when the disk refuses.
+/// checkpoint there. With `newest` >= 0 only steps up to it count: the
+/// last step the job printed, since a later step's loss was never shown
+/// and the next grid starts after the step committed. The flushed files
+/// are removed either way. Throws train_error only when the disk refuses.
 memory_recovery commit_memory_snapshots(const std::filesystem::path& checkpoint_dir, int world, int n_layers,
-                                        const std::string& job, const std::string& layout);
+                                        const std::string& job, const std::string& layout, int newest = -1);
 
 }  // namespace corolla

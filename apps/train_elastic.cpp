@@ -399,8 +399,10 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       // The survivors flushed what they hold in memory: the newest step
       // every rank's state survived becomes a checkpoint (no step lost).
       if (o.snapshot_every > 0) {
-        const memory_recovery rec = commit_memory_snapshots(o.checkpoint_dir, o.layout.world(), cfg.n_layers,
-                                                            checkpoint_key(o, cfg), o.layout.describe());
+        // Up to the last step printed: a later one's loss was never shown.
+        const memory_recovery rec =
+            commit_memory_snapshots(o.checkpoint_dir, o.layout.world(), cfg.n_layers, checkpoint_key(o, cfg),
+                                    o.layout.describe(), printed);
         ev.from_memory = rec.step > 0;
         if (rec.step > 0)
           std::fprintf(stderr, "elastic: the survivors' snapshots of step %d cover every rank (%d rank(s) flushed)\n",

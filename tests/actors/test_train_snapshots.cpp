@@ -209,6 +209,15 @@ TEST_CASE("the launcher commits the newest step every rank's snapshot survived, 
   CHECK(partial.step == 0);
   CHECK(partial.why_not.find("parameters of head") != std::string::npos);
   CHECK(latest_checkpoint_step(ck) == 4);
+  // Steps 9 and 10 complete, but only step 9 was printed: 10 is not used
+  // (its loss was never shown, the next grid would start after it).
+  for (int step : {9, 10}) {
+    flushed(0, 0, step, true);
+    flushed(0, 1, step, false);
+  }
+  const memory_recovery printed = commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)", 9);
+  CHECK(printed.step == 9);
+  CHECK(latest_checkpoint_step(ck) == 9);
   // No snapshots at all.
   CHECK(commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)").why_not == "no rank flushed a snapshot");
 }
