@@ -203,6 +203,18 @@ Tensor Tensor::view(shape_t shape) const {
   return r;
 }
 
+void Tensor::slice_into(std::int64_t begin, std::int64_t end, Tensor& out) const {
+  if (rank() == 0) throw tensor_error("slice of a scalar");
+  if (begin < 0 || end < begin || end > shape_[0])
+    throw tensor_error("slice [" + std::to_string(begin) + ", " + std::to_string(end) + ") of shape " +
+                       shape_str(shape_));
+  const std::int64_t row = shape_[0] ? numel_ / shape_[0] : 0;
+  out = *this;  // copy-assignment: the shape vector keeps its capacity
+  out.shape_[0] = end - begin;
+  out.numel_ = row * (end - begin);
+  out.offset_ = offset_ + static_cast<std::size_t>(begin * row) * dtype_size(type_);
+}
+
 Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
   if (rank() == 0) throw tensor_error("slice of a scalar");
   if (begin < 0 || end < begin || end > shape_[0])

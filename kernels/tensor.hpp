@@ -147,6 +147,10 @@ class Tensor {
   Tensor view(shape_t shape) const;
   /// Rows [begin, end) along the first dimension, sharing storage.
   Tensor slice(std::int64_t begin, std::int64_t end) const;
+  /// The same view, assigned to `out`: reuses out's shape storage, so a
+  /// hot path that keeps `out` allocates nothing once it held a tensor of
+  /// this rank.
+  void slice_into(std::int64_t begin, std::int64_t end, Tensor& out) const;
   /// Deep copy (same dtype and device; device memory through its
   /// device_memory_ops).
   Tensor clone() const;

@@ -16,6 +16,26 @@ Tensor& ensure_host(Tensor& t, const shape_t& shape, dtype type = dtype::f32) {
   return t;
 }
 
+/// Whether `t` is a `type` tensor of shape [rows, width] (or [rows] with
+/// width < 0), without building a shape.
+bool has_shape(const Tensor& t, std::int64_t rows, std::int64_t width, dtype type) {
+  if (!t.defined() || t.type() != type) return false;
+  const shape_t& s = t.shape();
+  return width < 0 ? s.size() == 1 && s[0] == rows : s.size() == 2 && s[0] == rows && s[1] == width;
+}
+
+/// ensure_host for the decode path: builds a shape only when it allocates.
+Tensor& host_rows(Tensor& t, std::int64_t rows, std::int64_t width, dtype type = dtype::f32) {
+  if (has_shape(t, rows, width, type) && t.dev().kind == device_kind::cpu) return t;
+  return ensure_host(t, width < 0 ? shape_t{rows} : shape_t{rows, width}, type);
+}
+
+/// ensure_tensor for the decode path: builds a shape only when it allocates.
+Tensor& backend_rows(Backend& be, Tensor& t, std::int64_t rows, std::int64_t width) {
+  if (has_shape(t, rows, width, dtype::f32)) return t;
+  return ensure_tensor(be, t, width < 0 ? shape_t{rows} : shape_t{rows, width});
+}
+
 /// The rows [o0, o1) of expert-sorted buffers, as views.
 struct expert_rows {
   std::int64_t begin, end;
@@ -46,10 +66,10 @@ void route_rows(int k, bool renormalise, moe_routing& r) {
   r.probs.resize(static_cast<std::size_t>(n * e_count));
   r.chosen.resize(static_cast<std::size_t>(m));
   r.offsets.assign(static_cast<std::size_t>(e_count) + 1, 0);
-  float* w = ensure_host(r.weights_host, {n, k}).data<float>();
-  std::int32_t* slots = ensure_host(r.slots, {n, k}, dtype::i32).data<std::int32_t>();
-  std::int32_t* sorted = ensure_host(r.sorted_rows, {m}, dtype::i32).data<std::int32_t>();
-  float* row_w = ensure_host(r.row_weights_host, {m}).data<float>();
+  float* w = host_rows(r.weights_host, n, k).data<float>();
+  std::int32_t* slots = host_rows(r.slots, n, k, dtype::i32).data<std::int32_t>();
+  std::int32_t* sorted = host_rows(r.sorted_rows, m, -1, dtype::i32).data<std::int32_t>();
+  float* row_w = host_rows(r.row_weights_host, m, -1).data<float>();
   const float* l = logits.data<float>();
   for (std::int64_t t = 0; t < n; ++t) {
     // Softmax over the experts (in double, rounded once to f32 as HF's f32 softmax).
@@ -126,31 +146,35 @@ void moe_forward(Backend& be, const model_config& cfg, const Tensor& router_w, s
   const std::int64_t n = x.dim(0), d = cfg.hidden_size, ff = cfg.intermediate_size;
   const int k = cfg.experts_per_token;
   const std::int64_t m = n * k;
-  expect_shape(x, {n, d}, "moe_forward x");
-  expect_shape(y, {n, d}, "moe_forward y");
+  // Nothing here allocates once the shapes repeat (a decode step).
+  expect_rows(x, n, d, "moe_forward x");
+  expect_rows(y, n, d, "moe_forward y");
   expect_dtype(x, dtype::f32, "moe_forward x (mixture-of-experts activations are f32)");
-  ensure_tensor(be, b.logits, {n, cfg.n_experts});
+  backend_rows(be, b.logits, n, cfg.n_experts);
   be.linear(x, router_w, nullptr, b.logits);
   moe_routing& r = b.route;
-  be.copy(b.logits, ensure_host(r.logits, {n, cfg.n_experts}));
+  be.copy(b.logits, host_rows(r.logits, n, cfg.n_experts));
   route_rows(k, cfg.norm_topk_prob, r);
-  be.copy(r.weights_host, ensure_tensor(be, r.weights, {n, k}));
-  ensure_tensor(be, b.xs, {m, d});
-  ensure_tensor(be, b.gate, {m, ff});
-  ensure_tensor(be, b.up, {m, ff});
-  ensure_tensor(be, b.act, {m, ff});
-  ensure_tensor(be, b.ys, {m, d});
+  be.copy(r.weights_host, backend_rows(be, r.weights, n, k));
+  backend_rows(be, b.xs, m, d);
+  backend_rows(be, b.gate, m, ff);
+  backend_rows(be, b.up, m, ff);
+  backend_rows(be, b.act, m, ff);
+  backend_rows(be, b.ys, m, d);
   be.moe_gather(x, r.sorted_rows, nullptr, b.xs);
   for (int e = 0; e < cfg.n_experts; ++e) {
-    const expert_rows rows{r.offsets[e], r.offsets[e + 1]};
-    if (rows.begin == rows.end) continue;  // no row chose this expert
+    const std::int64_t begin = r.offsets[e], end = r.offsets[e + 1];
+    if (begin == end) continue;  // no row chose this expert
     const expert_tensors& ex = experts[static_cast<std::size_t>(e)];
-    const Tensor xe = rows.of(b.xs);
-    Tensor ge = rows.of(b.gate), ue = rows.of(b.up), ae = rows.of(b.act), ye = rows.of(b.ys);
-    linear_as(be, f, xe, ex.gate_w, ex.gate_s, nullptr, ge);
-    linear_as(be, f, xe, ex.up_w, ex.up_s, nullptr, ue);
-    be.swiglu(ge, ue, ae);
-    linear_as(be, f, ae, ex.down_w, ex.down_s, nullptr, ye);
+    b.xs.slice_into(begin, end, b.xe);
+    b.gate.slice_into(begin, end, b.ge);
+    b.up.slice_into(begin, end, b.ue);
+    b.act.slice_into(begin, end, b.ae);
+    b.ys.slice_into(begin, end, b.ye);
+    linear_as(be, f, b.xe, ex.gate_w, ex.gate_s, nullptr, b.ge);
+    linear_as(be, f, b.xe, ex.up_w, ex.up_s, nullptr, b.ue);
+    be.swiglu(b.ge, b.ue, b.ae);
+    linear_as(be, f, b.ae, ex.down_w, ex.down_s, nullptr, b.ye);
   }
   be.moe_combine(b.ys, r.slots, &r.weights, false, y);
 }

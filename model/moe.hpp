@@ -82,6 +82,9 @@ struct moe_buffers {
   Tensor logits;                 ///< [N, E] on the device
   moe_routing route;
   Tensor xs, gate, up, act, ys;  ///< the expert-sorted rows: [N*k, D], three [N*k, F], [N*k, D]
+  /// Views of one expert's rows of those five, kept so that a decode step
+  /// allocates nothing (Tensor::slice_into).
+  Tensor xe, ge, ue, ae, ye;
 };
 
 /// Scratch of moe_backward, grown on demand.

@@ -48,6 +48,17 @@ TEST_CASE("tensor slices are windows along the first dimension") {
   Tensor c = s.clone();  // a deep copy
   c.data<float>()[1] = 99.0f;
   CHECK(t.data<float>()[4] == 4.0f);
+  // slice_into: the same window, into a kept tensor (whose shape storage it reuses).
+  Tensor into = Tensor::zeros({7, 7});
+  const auto* shape_storage = into.shape().data();
+  t.slice_into(2, 4, into);
+  CHECK(into.shape() == shape_t{2, 3});
+  CHECK(into.numel() == 6);
+  CHECK(into.to_vector() == std::vector<float>{6, 7, 8, 9, 10, 11});
+  CHECK(into.shape().data() == shape_storage);
+  t.slice_into(0, 0, into);
+  CHECK(into.numel() == 0);
+  CHECK_THROWS_AS(t.slice_into(3, 5, into), tensor_error);
 }
 
 TEST_CASE("tensor typed access, construction and conversion errors are tensor_error") {

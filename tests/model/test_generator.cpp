@@ -51,12 +51,14 @@ struct fixture {
   testing::temp_dir_guard dir{"generator"};
   transformer model;
 
-  explicit fixture(architecture arch = architecture::llama)
-      : model(load(dir.path(), arch)) {}
+  /// `family`: a llama-family variant (tiny_model_options::family).
+  explicit fixture(architecture arch = architecture::llama, const std::string& family = "")
+      : model(load(dir.path(), arch, family)) {}
 
-  static transformer load(const std::filesystem::path& dir, architecture arch) {
+  static transformer load(const std::filesystem::path& dir, architecture arch, const std::string& family = "") {
     testing::tiny_model_options o;
     o.arch = arch;
+    if (!family.empty()) o.family = family;
     if (arch == architecture::gpt2) {
       o.kv_heads = o.heads;
       o.intermediate = 4 * o.hidden;
@@ -216,11 +218,18 @@ TEST_CASE("a KV budget too small for the prompt is a clear error") {
                    std::to_string(page) + " bytes free of " + std::to_string(page));
 }
 
-TEST_CASE("decode steps allocate nothing once warm (f32, stacked bf16, int8 and nf4 weights)") {
-  for (architecture arch : {architecture::llama, architecture::gpt2})
+TEST_CASE("decode steps allocate nothing once warm (f32, stacked bf16, int8 and nf4 weights; dense and "
+          "mixture-of-experts)") {
+  struct kind {
+    architecture arch;
+    std::string family;
+  };
+  for (const kind& k : {kind{architecture::llama, ""}, kind{architecture::gpt2, ""},
+                        kind{architecture::llama, "MixtralForCausalLM"}})
     for (weight_format weights : {weight_format::f32, weight_format::bf16, weight_format::int8, weight_format::nf4}) {
       CAPTURE(weight_format_name(weights));
-      fixture f(arch);
+      CAPTURE(k.family);
+      fixture f(k.arch, k.family);
       generator gen(f.model, 0, weights);
       generation_params p;
       p.max_new_tokens = 10;  // positions 5..14 stay inside the first KV page
