@@ -142,6 +142,11 @@ TEST_CASE("a keeper holds the two newest snapshots of the owners it keeps, only 
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   REQUIRE(fs::exists(checkpoint_step_dir(h, 3) / shard_file_name(0)));
+  // What the keeper holds now, alone (a flush above may have caught step 1
+  // while it was still among the two newest).
+  fs::remove_all(h);
+  CHECK(flush(*holder, *keeper) == "");
+  CHECK(fs::exists(h / "flushed"));
   CHECK(fs::exists(checkpoint_step_dir(h, 3) / shard_file_name(1)));
   CHECK(fs::exists(checkpoint_step_dir(h, 2) / shard_file_name(0)));
   CHECK_FALSE(fs::exists(checkpoint_step_dir(h, 1)));                     // older than the two kept
