@@ -218,7 +218,7 @@ TEST_CASE("a KV budget too small for the prompt is a clear error") {
                    std::to_string(page) + " bytes free of " + std::to_string(page));
 }
 
-TEST_CASE("decode steps allocate nothing once warm (f32, stacked bf16, int8 and nf4 weights; dense and "
+TEST_CASE("decode steps allocate nothing once warm (f32, stacked bf16, int8 and nf4 weights, dense and "
           "mixture-of-experts)") {
   struct kind {
     architecture arch;
