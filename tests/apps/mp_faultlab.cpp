@@ -272,6 +272,41 @@ TEST_CASE("faultlab: the relay of a server behind NAT partitioned: the server an
   CHECK(report["faulted"]["recoveries"].get<int>() >= 1);
 }
 
+TEST_CASE("faultlab: stop, resume, kill and restart each take effect: a resumed and a restarted server serve alone") {
+  // Two servers of the whole model. The one serving is hung (stop), then
+  // resumed; the other, serving now, is killed, so the resumed one must
+  // serve alone; the killed one is restarted (a new process) and the
+  // resumed one killed, so the restarted one must serve alone. The output
+  // is the reference's only if each fault did what it says.
+  temp_dir_guard tmp("faultlab-stop-resume-restart");
+  std::ofstream(tmp / "s.toml")
+      << "name = \"stop, resume, kill, restart\"\nseed = 3\n[swarm]\nmodel = \"builtin:llama\"\n"
+      << "servers = [\"0:4\", \"0:4\"]\n[swarm.client]\nprompt_ids = [4, 9, 2]\nnew_tokens = 24\n"
+      << "[[fault]]\nat = \"token 4\"\ndo = \"stop\"\ntarget = \"route.hop 0\"\n"
+      << "[[fault]]\nat = \"token 8\"\ndo = \"resume\"\ntarget = \"random server\"\n"
+      << "[[fault]]\nat = \"token 12\"\ndo = \"kill\"\ntarget = \"route.hop 0\"\n"
+      << "[[fault]]\nat = \"token 16\"\ndo = \"restart\"\ntarget = \"random server\"\n"
+      << "[[fault]]\nat = \"token 20\"\ndo = \"kill\"\ntarget = \"route.hop 0\"\n"
+      << "[expect]\nsame_output_as_reference = true\nmax_stall_s = 60\n";
+  const auto [report, status] = faultlab(tmp / "s.toml", tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["held"] == true);
+  CHECK(report["faulted"]["tokens"] == report["reference"]["tokens"]);
+  const json& faults = report["faults"];
+  REQUIRE(faults.size() == 5u);
+  std::vector<std::string> hit;
+  for (const json& f : faults) hit.push_back(f["hit"].get<std::string>());
+  REQUIRE(hit.size() == 5u);
+  CHECK(hit[0] != hit[2]);  // the hung server was not serving when the other was killed
+  CHECK(hit[1] == hit[0]);  // the hung one resumed
+  CHECK(hit[3] == hit[2]);  // the killed one restarted
+  CHECK(hit[4] == hit[0]);  // the resumed one served alone until killed
+  CHECK(faults[0]["detected_at_s"].is_number());  // the client gave up on the hung hop
+  CHECK(faults[3]["outcome"].get<std::string>().find("a new process") != std::string::npos);
+  CHECK(report["faulted"]["recoveries"].get<int>() >= 3);
+}
+
 TEST_CASE("faultlab: a server behind NAT corrupted through its relay is caught by spot checks, the reference's output") {
   // Every server of blocks [2, 4) is behind NAT: the harness reaches the
   // corrupted one's control actor through the relay, as the client does.
