@@ -16,24 +16,13 @@ Tensor& ensure_host(Tensor& t, const shape_t& shape, dtype type = dtype::f32) {
   return t;
 }
 
-/// Whether `t` is a `type` tensor of shape [rows, width] (or [rows] with
-/// width < 0), without building a shape.
-bool has_shape(const Tensor& t, std::int64_t rows, std::int64_t width, dtype type) {
-  if (!t.defined() || t.type() != type) return false;
-  const shape_t& s = t.shape();
-  return width < 0 ? s.size() == 1 && s[0] == rows : s.size() == 2 && s[0] == rows && s[1] == width;
-}
-
-/// ensure_host for the decode path: builds a shape only when it allocates.
+/// ensure_host for the decode path ([rows, width], or [rows] with width <
+/// 0): builds a shape only when it allocates.
 Tensor& host_rows(Tensor& t, std::int64_t rows, std::int64_t width, dtype type = dtype::f32) {
-  if (has_shape(t, rows, width, type) && t.dev().kind == device_kind::cpu) return t;
+  const bool same = t.defined() && t.type() == type && t.dev().kind == device_kind::cpu &&
+                    (width < 0 ? t.shape().size() == 1 && t.shape()[0] == rows : has_rows(t, rows, width));
+  if (same) return t;
   return ensure_host(t, width < 0 ? shape_t{rows} : shape_t{rows, width}, type);
-}
-
-/// ensure_tensor for the decode path: builds a shape only when it allocates.
-Tensor& backend_rows(Backend& be, Tensor& t, std::int64_t rows, std::int64_t width) {
-  if (has_shape(t, rows, width, dtype::f32)) return t;
-  return ensure_tensor(be, t, width < 0 ? shape_t{rows} : shape_t{rows, width});
 }
 
 /// The rows [o0, o1) of expert-sorted buffers, as views.
@@ -150,17 +139,17 @@ void moe_forward(Backend& be, const model_config& cfg, const Tensor& router_w, s
   expect_rows(x, n, d, "moe_forward x");
   expect_rows(y, n, d, "moe_forward y");
   expect_dtype(x, dtype::f32, "moe_forward x (mixture-of-experts activations are f32)");
-  backend_rows(be, b.logits, n, cfg.n_experts);
+  ensure_rows(be, b.logits, n, cfg.n_experts);
   be.linear(x, router_w, nullptr, b.logits);
   moe_routing& r = b.route;
   be.copy(b.logits, host_rows(r.logits, n, cfg.n_experts));
   route_rows(k, cfg.norm_topk_prob, r);
-  be.copy(r.weights_host, backend_rows(be, r.weights, n, k));
-  backend_rows(be, b.xs, m, d);
-  backend_rows(be, b.gate, m, ff);
-  backend_rows(be, b.up, m, ff);
-  backend_rows(be, b.act, m, ff);
-  backend_rows(be, b.ys, m, d);
+  be.copy(r.weights_host, ensure_rows(be, r.weights, n, k));
+  ensure_rows(be, b.xs, m, d);
+  ensure_rows(be, b.gate, m, ff);
+  ensure_rows(be, b.up, m, ff);
+  ensure_rows(be, b.act, m, ff);
+  ensure_rows(be, b.ys, m, d);
   be.moe_gather(x, r.sorted_rows, nullptr, b.xs);
   for (int e = 0; e < cfg.n_experts; ++e) {
     const std::int64_t begin = r.offsets[e], end = r.offsets[e + 1];

@@ -62,11 +62,24 @@ inline Tensor& ensure_tensor(Backend& be, Tensor& t, const shape_t& shape, dtype
   return t;
 }
 
+/// Whether `t` is [rows, width], without building a shape vector.
+inline bool has_rows(const Tensor& t, std::int64_t rows, std::int64_t width) {
+  const shape_t& s = t.shape();
+  return s.size() == 2 && s[0] == rows && s[1] == width;
+}
+
+/// ensure_tensor for [rows, width] on hot paths: builds a shape vector only
+/// when it allocates.
+inline Tensor& ensure_rows(Backend& be, Tensor& t, std::int64_t rows, std::int64_t width, dtype type = dtype::f32) {
+  if (t.defined() && t.type() == type && has_rows(t, rows, width)) return t;
+  return ensure_tensor(be, t, {rows, width}, type);
+}
+
 /// Throws tensor_error naming `what` unless `t` is [rows, width]. Unlike
 /// expect_shape it builds no shape vector unless it fails (hot paths).
 inline void expect_rows(const Tensor& t, std::int64_t rows, std::int64_t width, const char* what) {
   const shape_t& s = t.shape();
-  if (s.size() != 2 || s[0] != rows || s[1] != width)
+  if (!has_rows(t, rows, width))
     throw tensor_error(std::string(what) + ": expected shape [" + std::to_string(rows) + ", " +
                        std::to_string(width) + "], got " + shape_str(s));
 }

@@ -456,19 +456,21 @@ TEST_CASE("faultlab: a random training campaign mixes kills, throttles and joins
     REQUIRE(!r.out_lines().empty());
     return json::parse(r.out_lines().back());
   };
+  // Each fault as "<do> <at>".
+  auto kinds_of = [](const json& report) {
+    std::multiset<std::string> out;
+    for (const json& f : report["faults"]) out.insert(f["do"].get<std::string>() + " " + f["at"].get<std::string>());
+    return out;
+  };
   const json first = campaign("a");
   CHECK(first["pass"] == true);
   CHECK(first["scenario"] == "random train campaign");
-  std::multiset<std::string> kinds;
-  for (const json& f : first["faults"]) kinds.insert(f["do"].get<std::string>() + " " + f["at"].get<std::string>());
+  const std::multiset<std::string> kinds = kinds_of(first);
   CHECK(kinds == std::multiset<std::string>{"join step 10", "throttle step 3", "heal step 6", "kill step 16",
                                             "kill step 17"});
   CHECK(first["faulted"]["losses"].size() == 24u);  // the losses equal the reference's: "pass" above
   CHECK(first["faulted"]["recoveries"].get<int>() >= 2);
-  const json again = campaign("b");
-  std::multiset<std::string> kinds_again;
-  for (const json& f : again["faults"]) kinds_again.insert(f["do"].get<std::string>() + " " + f["at"].get<std::string>());
-  CHECK(kinds_again == kinds);
+  CHECK(kinds_of(campaign("b")) == kinds);
 }
 
 TEST_CASE("faultlab: a training rank cut off by a partition, the elastic job re-plans and keeps the reference's losses") {
