@@ -5,8 +5,8 @@
 //
 // Encoding: split on added (special) tokens; normalise each piece (NFC,
 // when the file says so); pre-tokenise it with the file's regex
-// (model/regex_split.hpp, on ICU) or GPT-2's pattern (by hand, see
-// tokenizer.hpp for the one approximation);
+// (model/regex_split.hpp, on ICU) or GPT-2's pattern (by hand, with ICU's
+// character properties);
 // map each pre-token's bytes to GPT-2's printable "byte-level" characters;
 // apply merges lowest rank first; look the symbols up in the vocabulary.
 // Decoding maps each token back to its bytes.
@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
+#include <unicode/uchar.h>
 
 #include "model/error.hpp"
 #include "model/json_file.hpp"
@@ -105,11 +106,8 @@ namespace {
 
 enum class char_class : std::uint8_t { letter, number, space, other };
 
-bool unicode_space(std::uint32_t cp) {
-  return cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) ||
-         cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
-}
-
+/// GPT-2's classes of a code point: \p{L}, \p{N}, \s (Unicode White_Space)
+/// as the regex engine of HF's tokenizers reads them; ASCII without a call.
 char_class classify(std::uint32_t cp, bool valid) {
   if (!valid) return char_class::other;
   if (cp < 0x80) {
@@ -118,7 +116,22 @@ char_class classify(std::uint32_t cp, bool valid) {
     if (cp == ' ' || (cp >= '\t' && cp <= '\r')) return char_class::space;
     return char_class::other;
   }
-  return unicode_space(cp) ? char_class::space : char_class::letter;
+  const auto c = static_cast<UChar32>(cp);
+  if (u_isUWhiteSpace(c)) return char_class::space;
+  switch (u_charType(c)) {
+    case U_UPPERCASE_LETTER:
+    case U_LOWERCASE_LETTER:
+    case U_TITLECASE_LETTER:
+    case U_MODIFIER_LETTER:
+    case U_OTHER_LETTER:
+      return char_class::letter;
+    case U_DECIMAL_DIGIT_NUMBER:
+    case U_LETTER_NUMBER:
+    case U_OTHER_NUMBER:
+      return char_class::number;
+    default:
+      return char_class::other;
+  }
 }
 
 struct code_point {

@@ -3,12 +3,10 @@
 //
 // Byte-level BPE pre-tokenises with GPT-2's pattern
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// implemented by hand over UTF-8 code points. ASCII is classified exactly;
-// a non-ASCII code point counts as a letter unless it is Unicode whitespace
-// (so non-ASCII digits and punctuation group with letters). This only
-// changes how text is split before merging, never the round trip
-// decode(encode(x)) == x, and matches HF for ASCII text and for letters of
-// any script.
+// implemented by hand over UTF-8 code points, with ICU's character
+// properties for \p{L}, \p{N} and \s (White_Space) beyond ASCII. The
+// tokenizer.json tests compare encodings with HF's tokenizers library on
+// hundreds of texts of many scripts (tests/model/test_tokenizer_hf.cpp).
 #pragma once
 
 #include <cstdint>
@@ -103,8 +101,7 @@ std::unique_ptr<tokenizer> load_bpe_vocab_merges(const std::filesystem::path& vo
 const std::string& byte_level_char(unsigned char b);
 
 /// The pre-tokens byte-level BPE splits `text` into before merging
-/// (GPT-2's pattern with the approximation described at the top of this
-/// file). The views point into `text`; their concatenation is `text`.
+/// (GPT-2's pattern, as described at the top of this file). The views point into `text`; their concatenation is `text`.
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
 
 }  // namespace corolla

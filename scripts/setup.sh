@@ -38,19 +38,20 @@ if ((${#missing[@]})); then
     || { echo "setup: apt-get install failed for: ${missing[*]}" >&2; exit 1; }
 fi
 
-# The browser test of the dashboard drives Debian's chromium with
-# playwright-core from npm (tests/web/package-lock.json pins it). Debian's
-# nodejs comes without npm; NodeSource's includes it.
+# Node tools the tests drive, from npm (tests/web/package-lock.json pins
+# them): playwright-core for the dashboard's browser test (Debian's
+# chromium) and HF's tokenizers, the reference the tokenizer.json tests
+# compare with. Debian's nodejs comes without npm; NodeSource's includes it.
 if ! command -v npm >/dev/null; then
   sudo_cmd=()
   [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends npm >/dev/null \
     || { echo "setup: apt-get install failed for: npm" >&2; exit 1; }
 fi
-if [[ ! -d $root/tests/web/node_modules/playwright-core ]] ||
+if [[ ! -d $root/tests/web/node_modules/playwright-core ]] || [[ ! -d $root/tests/web/node_modules/tokenizers ]] ||
    [[ $root/tests/web/package-lock.json -nt $root/tests/web/node_modules/.package-lock.json ]]; then
   (cd "$root/tests/web" && npm ci --no-audit --no-fund --silent) \
-    || { echo "setup: npm ci in tests/web failed (playwright-core for the browser test)" >&2; exit 1; }
+    || { echo "setup: npm ci in tests/web failed (playwright-core, tokenizers for the tests)" >&2; exit 1; }
 fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
