@@ -21,6 +21,7 @@
 #include "apps/bench_common.hpp"
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cpu/cpu_isa.hpp"
 #include "model/generator.hpp"
 
 #ifdef COROLLA_HAVE_CUDA
@@ -176,6 +177,7 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                       {"kv_dtype", dtype_name(kv)},
                       {"bandwidth_source", on_host ? "host read sweep" : "device read sweep"},
                       {"threads", cpu_threads()},
+                      {"cpu_decode_isa", cpu::isa_name(cpu::decode_isa())},
                       {"params", c.parameter_count()},
                       {"weight_bytes_per_token", bytes},
                       {"prompt_tokens", prompt_tokens},
@@ -211,6 +213,9 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                   bw.read_gbps, be.name().c_str(), static_cast<double>(bw.bytes) / (1 << 20));
     std::printf("weights per token       %8.1f MB (%s linear weights)\n", bytes / 1e6,
                 weight_format_name(weights));
+    if (on_host && is_quantized(weights))
+      std::printf("int8/nf4 CPU kernels    %8s (COROLLA_CPU_ISA=avx2 for the build's AVX2)\n",
+                  cpu::isa_name(cpu::decode_isa()));
     std::printf("bandwidth bound         %8.2f tokens/s\n", bound);
     std::printf("decode (batch 1)        %8.2f tokens/s  = %.1f%% of the bound\n", best_decode,
                 100.0 * ratio);

@@ -105,6 +105,24 @@ float* thread_scratch(int slot, std::size_t n);
 /// The same for doubles (one slot).
 double* thread_scratch_f64(std::size_t n);
 
+// ---- streaming weights ---------------------------------------------------------
+
+/// How far ahead of the row being read the one-row decode kernels (bf16,
+/// int8, nf4) ask for the weight bytes they will read next. Their loops
+/// stream rows of about a kilobyte, each ending in a reduction, and the
+/// hardware prefetcher alone left them at about half the memory bandwidth
+/// a plain read sweep gets; 8 KiB ahead (a few rows) measured best on the
+/// bench model (docs/benchmarks.md, 2026-11-30).
+inline constexpr std::size_t weight_prefetch_distance = 8192;
+
+/// Prefetch hints for the `bytes` that lie weight_prefetch_distance past
+/// `p` (one per cache line): called for each weight row as its read
+/// begins. Hints never fault, past the end of the weights included.
+inline void prefetch_ahead(const void* p, std::size_t bytes) {
+  const char* c = static_cast<const char*>(p) + weight_prefetch_distance;
+  for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+}
+
 // ---- vector primitives ---------------------------------------------------------
 
 /// sum a[i] * b[i] in f32 (vectorised, so summed in lane-wise partials).

@@ -113,6 +113,7 @@ void linear_bf16_dot(const float* x, std::int64_t rows, std::int64_t in, const s
     float* wrow = rows > 1 ? thread_scratch(0, static_cast<std::size_t>(in)) : nullptr;
     for (std::int64_t o = o0; o < o1; ++o) {
       const std::uint16_t* wo = w + o * in;
+      prefetch_ahead(wo, static_cast<std::size_t>(in) * sizeof(std::uint16_t));
       if (rows == 1) {
         const float v = dot_bf16(x, wo, in);
         y[o] = accumulate ? y[o] + v : v;

@@ -6,7 +6,11 @@
 // 16 codes are scaled by its absmax once (two f32 tables of 8); 8 packed
 // bytes widen to 32-bit lanes once, their high and low nibbles index the
 // tables with vpermps straight into the FMAs (against x reordered once per
-// call into even and odd values), never widening the row into memory. Up to 8 rows (batched decode): a row is
+// call into even and odd values), never widening the row into memory. With
+// AVX-512 (cpu_isa.hpp) 16 packed bytes widen at once and one vpermps looks
+// up all 16 codes of the scaled table (and rows decoded into scratch, below,
+// are written 32 weights per two lookups and two interleaves). Up to 8 rows
+// (batched decode): a row is
 // decoded once into per-thread scratch and dotted with every x row. More
 // rows (prefill): blocks of rows are decoded into scratch and multiplied
 // with sgemm. Every weight value used is the f32 product code * absmax,
@@ -16,12 +20,13 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/cpu_common.hpp"
+#include "kernels/cpu/cpu_isa.hpp"
 #include "kernels/cpu/cpu_widened_gemm.hpp"
 #include "kernels/nf4.hpp"
 
@@ -63,22 +68,89 @@ inline __m256 lookup8(__m256i idx, __m256 lo, __m256 hi) {
 }
 #endif
 
-/// x of one row reordered for dot_nf4: in each group of 16 values of the
-/// whole blocks, the 8 even-indexed values (those of the bytes' high
-/// nibbles) and then the 8 odd ones, so 8 packed bytes widen once into
-/// lanes whose high and low nibbles pair with two plain loads of x. Done
-/// once per call; every output channel reuses it.
-void split_even_odd(const float* x, std::int64_t in, float* out) {
+/// x of one row reordered for the fused dot products: in each group of
+/// `group` values of the whole blocks (16 for AVX2, 32 for AVX-512), the
+/// even-indexed values (those of the bytes' high nibbles) and then the odd
+/// ones, so packed bytes widen once into lanes whose high and low nibbles
+/// pair with two plain loads of x. Done once per call; every output
+/// channel reuses it.
+void split_even_odd(const float* x, std::int64_t in, float* out, int group) {
   const std::int64_t whole = in / nf4_block * nf4_block;
-  for (std::int64_t g = 0; g < whole; g += 16)
-    for (int i = 0; i < 8; ++i) {
+  const int half = group / 2;
+  for (std::int64_t g = 0; g < whole; g += group)
+    for (int i = 0; i < half; ++i) {
       out[g + i] = x[g + 2 * i];
-      out[g + 8 + i] = x[g + 2 * i + 1];
+      out[g + half + i] = x[g + 2 * i + 1];
     }
 }
 
+/// The partial block's share of x . w' (scalar), from value `from` on.
+float dot_nf4_tail(const float* x, const std::uint8_t* q, const float* absmax, std::int64_t from, std::int64_t in) {
+  float s = 0.0f;
+  for (std::int64_t k = from; k < in; ++k) s += x[k] * (nf4_codes[code_at(q, k)] * absmax[k / nf4_block]);
+  return s;
+}
+
+#ifdef COROLLA_HAVE_AVX512_KERNELS
+COROLLA_AVX512_BEGIN
+/// dot_nf4 with AVX-512: per block of 64 values, the 16 codes scaled by
+/// the absmax fill one register; 16 packed bytes widen to 16 lanes, whose
+/// high nibbles (shifted down) and low nibbles (vpermps reads only the low
+/// four bits of an index) look up 16 weights each. `xs` is x after
+/// split_even_odd with groups of 32.
+COROLLA_AVX512 float dot_nf4_avx512(const float* x, const float* xs, const std::uint8_t* q, const float* absmax,
+                                    std::int64_t in) {
+  const __m512 codes = _mm512_loadu_ps(nf4_codes);
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  std::int64_t blk = 0;
+  for (; (blk + 1) * nf4_block <= in; ++blk) {
+    const __m512 table = _mm512_mul_ps(codes, _mm512_set1_ps(absmax[blk]));
+    const std::uint8_t* qb = q + blk * (nf4_block / 2);
+    const float* xb = xs + blk * nf4_block;
+    const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb)));
+    const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + 16)));
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(xb), _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), table), a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(xb + 16), _mm512_permutexvar_ps(v0, table), a1);
+    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(xb + 32), _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), table), a2);
+    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(xb + 48), _mm512_permutexvar_ps(v1, table), a3);
+  }
+  const float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  return s + dot_nf4_tail(x, q, absmax, blk * nf4_block, in);
+}
+
+/// Where each output lane of a 16-value half of 32 decoded weights comes
+/// from in permutex2var(even, idx, odd): even values are lanes 0..15, odd
+/// ones 16..31. Loaded from memory, not written as 512-bit constants (see
+/// cpu_isa.hpp on GCC 12).
+alignas(64) constexpr std::int32_t interleave_first[16] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+alignas(64) constexpr std::int32_t interleave_second[16] = {8,  24, 9,  25, 10, 26, 11, 27,
+                                                            12, 28, 13, 29, 14, 30, 15, 31};
+
+/// decode_row with AVX-512: per 16 packed bytes, two lookups (high and low
+/// nibbles) and two interleaves write 32 weights in order.
+COROLLA_AVX512 void decode_row_avx512(const std::uint8_t* q, const float* absmax, std::int64_t in, float* out) {
+  const __m512 codes = _mm512_loadu_ps(nf4_codes);
+  const __m512i first = _mm512_load_si512(interleave_first), second = _mm512_load_si512(interleave_second);
+  std::int64_t blk = 0;
+  for (; (blk + 1) * nf4_block <= in; ++blk) {
+    const __m512 table = _mm512_mul_ps(codes, _mm512_set1_ps(absmax[blk]));
+    for (int h = 0; h < 2; ++h) {
+      const __m512i v =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + blk * (nf4_block / 2) + 16 * h)));
+      const __m512 even = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+      const __m512 odd = _mm512_permutexvar_ps(v, table);
+      float* o = out + blk * nf4_block + 32 * h;
+      _mm512_storeu_ps(o, _mm512_permutex2var_ps(even, first, odd));
+      _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(even, second, odd));
+    }
+  }
+  for (std::int64_t k = blk * nf4_block; k < in; ++k) out[k] = nf4_codes[code_at(q, k)] * absmax[k / nf4_block];
+}
+COROLLA_AVX512_END
+#endif
+
 /// x . w' over one packed row of `in` values; `xs` is x after
-/// split_even_odd (whole blocks), `x` itself serves the partial block.
+/// split_even_odd with groups of 16, `x` itself serves the partial block.
 float dot_nf4(const float* x, const float* xs, const std::uint8_t* q, const float* absmax, std::int64_t in) {
   std::int64_t blk = 0;
   float s = 0.0f;
@@ -107,8 +179,30 @@ float dot_nf4(const float* x, const float* xs, const std::uint8_t* q, const floa
 #else
   (void)xs;
 #endif
-  for (std::int64_t k = blk * nf4_block; k < in; ++k) s += x[k] * (nf4_codes[code_at(q, k)] * absmax[k / nf4_block]);
-  return s;
+  return s + dot_nf4_tail(x, q, absmax, blk * nf4_block, in);
+}
+
+/// The fused one-row dot product decode_isa() says to use, and the group
+/// size of the x reordering it reads.
+struct fused_dot {
+  float (*dot)(const float* x, const float* xs, const std::uint8_t* q, const float* absmax, std::int64_t in);
+  int group;
+};
+
+fused_dot fused_dot_for_isa() {
+#ifdef COROLLA_HAVE_AVX512_KERNELS
+  if (decode_isa() == vector_isa::avx512) return {dot_nf4_avx512, 32};
+#endif
+  return {dot_nf4, 16};
+}
+
+/// The row decoder decode_isa() says to use.
+using decode_row_fn = void (*)(const std::uint8_t* q, const float* absmax, std::int64_t in, float* out);
+decode_row_fn decode_row_for_isa() {
+#ifdef COROLLA_HAVE_AVX512_KERNELS
+  if (decode_isa() == vector_isa::avx512) return decode_row_avx512;
+#endif
+  return decode_row;
 }
 
 void require_nf4(const Tensor& q, const Tensor& absmax, std::int64_t out, std::int64_t in, const char* what_q,
@@ -157,7 +251,8 @@ void cpu_backend_impl::dequantize_nf4(const Tensor& q, const Tensor& absmax, Ten
   const float* ap = absmax.data<float>();
   float* wp = w.data<float>();
   const std::int64_t row_bytes = nf4_row_bytes(in), blocks = nf4_row_blocks(in);
-  parallel_for(out, 2 * in, [&](std::int64_t o) { decode_row(qp + o * row_bytes, ap + o * blocks, in, wp + o * in); });
+  const decode_row_fn decode = decode_row_for_isa();
+  parallel_for(out, 2 * in, [&](std::int64_t o) { decode(qp + o * row_bytes, ap + o * blocks, in, wp + o * in); });
 }
 
 void cpu_backend_impl::linear_nf4(const Tensor& x, const Tensor& q, const Tensor& absmax, const Tensor* bias,
@@ -180,18 +275,23 @@ void cpu_backend_impl::linear_nf4(const Tensor& x, const Tensor& q, const Tensor
   const std::int64_t row_bytes = nf4_row_bytes(in), blocks = nf4_row_blocks(in);
   if (rows == 1) {
     float* xs = thread_scratch(1, static_cast<std::size_t>(in));  // the calling thread's, read by all
-    split_even_odd(xp, in, xs);
+    const fused_dot d = fused_dot_for_isa();
+    split_even_odd(xp, in, xs, d.group);
     parallel_ranges(out, in, [&](std::int64_t o0, std::int64_t o1) {
-      for (std::int64_t o = o0; o < o1; ++o)
-        yp[o] = dot_nf4(xp, xs, qp + o * row_bytes, ap + o * blocks, in) + (bp ? bp[o] : 0.0f);
+      for (std::int64_t o = o0; o < o1; ++o) {
+        prefetch_ahead(qp + o * row_bytes, static_cast<std::size_t>(row_bytes));
+        yp[o] = d.dot(xp, xs, qp + o * row_bytes, ap + o * blocks, in) + (bp ? bp[o] : 0.0f);
+      }
     });
     return;
   }
+  const decode_row_fn decode = decode_row_for_isa();
   if (rows <= nf4_dot_rows) {
     parallel_ranges(out, rows * in, [&](std::int64_t o0, std::int64_t o1) {
       float* wf = thread_scratch(0, static_cast<std::size_t>(in));
       for (std::int64_t o = o0; o < o1; ++o) {
-        decode_row(qp + o * row_bytes, ap + o * blocks, in, wf);
+        prefetch_ahead(qp + o * row_bytes, static_cast<std::size_t>(row_bytes));
+        decode(qp + o * row_bytes, ap + o * blocks, in, wf);
         for (std::int64_t r = 0; r < rows; ++r) yp[r * out + o] = dot(xp + r * in, wf, in) + (bp ? bp[o] : 0.0f);
       }
     });
@@ -199,7 +299,7 @@ void cpu_backend_impl::linear_nf4(const Tensor& x, const Tensor& q, const Tensor
   }
   // Many rows: blocks of decoded weight rows through sgemm.
   linear_widened(xp, rows, in, out, bp, yp, [&](std::int64_t o0, std::int64_t n, float* wf) {
-    for (std::int64_t o = 0; o < n; ++o) decode_row(qp + (o0 + o) * row_bytes, ap + (o0 + o) * blocks, in, wf + o * in);
+    for (std::int64_t o = 0; o < n; ++o) decode(qp + (o0 + o) * row_bytes, ap + (o0 + o) * blocks, in, wf + o * in);
   });
 }
 

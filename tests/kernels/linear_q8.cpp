@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "decode_isa_paths.hpp"
 #include "kernel_test_util.hpp"
 #include "kernels/backend.hpp"
 
@@ -62,20 +63,22 @@ TEST_CASE("linear with an int8 weight equals f32 linear on the dequantised weigh
     const Tensor w = random_tensor({s.out, s.in}, r);
     const q8 x8 = quantise(w);
     const Tensor bias = random_tensor({s.out}, r);
-    for (std::int64_t rows : {1, 3, 8, 9, 40}) {
-      const Tensor x = random_tensor({rows, s.in}, r);
-      for (bool with_bias : {false, true}) {
-        CAPTURE(s.in);
-        CAPTURE(rows);
-        CAPTURE(with_bias);
-        const Tensor* b = with_bias ? &bias : nullptr;
-        Tensor want = filled({rows, s.out}, std::nanf(""));
-        be.linear(x, x8.dequantised, b, want);
-        Tensor got = filled({rows, s.out}, std::nanf(""));
-        be.linear_q8(x, x8.q, x8.scale, b, got);
-        check_close(got, to_double(want), 1e-5, 1e-6 * static_cast<double>(s.in), "int8-weight linear");
+    for_each_decode_isa([&](const char*) {
+      for (std::int64_t rows : {1, 3, 8, 9, 40}) {
+        const Tensor x = random_tensor({rows, s.in}, r);
+        for (bool with_bias : {false, true}) {
+          CAPTURE(s.in);
+          CAPTURE(rows);
+          CAPTURE(with_bias);
+          const Tensor* b = with_bias ? &bias : nullptr;
+          Tensor want = filled({rows, s.out}, std::nanf(""));
+          be.linear(x, x8.dequantised, b, want);
+          Tensor got = filled({rows, s.out}, std::nanf(""));
+          be.linear_q8(x, x8.q, x8.scale, b, got);
+          check_close(got, to_double(want), 1e-5, 1e-6 * static_cast<double>(s.in), "int8-weight linear");
+        }
       }
-    }
+    });
   }
   // Operands of the wrong kind are refused.
   const q8 small = quantise(random_tensor({4, 8}, r));

@@ -5,7 +5,8 @@
 // within nf4_max_error of each block's absmax and hits the codes exactly;
 // linear_nf4 equals f32 linear on the dequantised weight in every path (one
 // row fused, a few rows decoded, many rows through sgemm; whole and partial
-// blocks, odd rows), with and without bias; bad operands are refused.
+// blocks, odd rows; with the build's AVX2 and, where the CPU has it,
+// AVX-512), with and without bias; bad operands are refused.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "decode_isa_paths.hpp"
 #include "kernel_test_util.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/nf4.hpp"
@@ -93,36 +95,38 @@ TEST_CASE("nf4 codes are bitsandbytes' codes, packed high nibble first, blocks o
 }
 
 TEST_CASE("nf4 round trip: every value is code * absmax, within nf4_max_error of its block's absmax") {
-  rng r(42);
-  for (std::int64_t in : {64, 192, 100, 37}) {
-    CAPTURE(in);
-    const Tensor w = random_tensor({9, in}, r, -2.0f, 2.0f);
-    const nf4 x = quantise(w);
-    const std::vector<float> want = w.to_vector(), got = x.dequantised.to_vector(), a = x.absmax.to_vector();
-    const std::int64_t blocks = x.absmax.dim(1);
-    std::size_t bad = 0;
-    for (std::int64_t o = 0; o < 9; ++o)
-      for (std::int64_t k = 0; k < in; ++k) {
-        const auto i = static_cast<std::size_t>(o * in + k);
-        const float amax = a[static_cast<std::size_t>(o * blocks + k / 64)];
-        if (got[i] != nf4_codes[code_of(x, o, k)] * amax) ++bad;
-        if (std::abs(got[i] - want[i]) > nf4_max_error * amax * (1 + 1e-6f)) ++bad;
-      }
-    CHECK(bad == 0);
-    // The block's largest value comes back exactly (code +-1).
-    for (std::int64_t o = 0; o < 9; ++o) {
-      float m = 0;
-      std::int64_t at = 0;
-      for (std::int64_t k = 0; k < std::min<std::int64_t>(in, 64); ++k) {
-        const float v = std::abs(want[static_cast<std::size_t>(o * in + k)]);
-        if (v > m) {
-          m = v;
-          at = k;
+  for_each_decode_isa([&](const char*) {
+    rng r(42);
+    for (std::int64_t in : {64, 192, 100, 37}) {
+      CAPTURE(in);
+      const Tensor w = random_tensor({9, in}, r, -2.0f, 2.0f);
+      const nf4 x = quantise(w);
+      const std::vector<float> want = w.to_vector(), got = x.dequantised.to_vector(), a = x.absmax.to_vector();
+      const std::int64_t blocks = x.absmax.dim(1);
+      std::size_t bad = 0;
+      for (std::int64_t o = 0; o < 9; ++o)
+        for (std::int64_t k = 0; k < in; ++k) {
+          const auto i = static_cast<std::size_t>(o * in + k);
+          const float amax = a[static_cast<std::size_t>(o * blocks + k / 64)];
+          if (got[i] != nf4_codes[code_of(x, o, k)] * amax) ++bad;
+          if (std::abs(got[i] - want[i]) > nf4_max_error * amax * (1 + 1e-6f)) ++bad;
         }
+      CHECK(bad == 0);
+      // The block's largest value comes back exactly (code +-1).
+      for (std::int64_t o = 0; o < 9; ++o) {
+        float m = 0;
+        std::int64_t at = 0;
+        for (std::int64_t k = 0; k < std::min<std::int64_t>(in, 64); ++k) {
+          const float v = std::abs(want[static_cast<std::size_t>(o * in + k)]);
+          if (v > m) {
+            m = v;
+            at = k;
+          }
+        }
+        CHECK(got[static_cast<std::size_t>(o * in + at)] == want[static_cast<std::size_t>(o * in + at)]);
       }
-      CHECK(got[static_cast<std::size_t>(o * in + at)] == want[static_cast<std::size_t>(o * in + at)]);
     }
-  }
+  });
 }
 
 TEST_CASE("linear with an nf4 weight equals f32 linear on the dequantised weight") {
@@ -135,20 +139,22 @@ TEST_CASE("linear with an nf4 weight equals f32 linear on the dequantised weight
     const Tensor w = random_tensor({s.out, s.in}, r);
     const nf4 x4 = quantise(w);
     const Tensor bias = random_tensor({s.out}, r);
-    for (std::int64_t rows : {1, 3, 8, 9, 40}) {
-      const Tensor x = random_tensor({rows, s.in}, r);
-      for (bool with_bias : {false, true}) {
-        CAPTURE(s.in);
-        CAPTURE(rows);
-        CAPTURE(with_bias);
-        const Tensor* b = with_bias ? &bias : nullptr;
-        Tensor want = filled({rows, s.out}, std::nanf(""));
-        be.linear(x, x4.dequantised, b, want);
-        Tensor got = filled({rows, s.out}, std::nanf(""));
-        be.linear_nf4(x, x4.q, x4.absmax, b, got);
-        check_close(got, to_double(want), 1e-5, 1e-6 * static_cast<double>(s.in), "nf4-weight linear");
+    for_each_decode_isa([&](const char*) {
+      for (std::int64_t rows : {1, 3, 8, 9, 40}) {
+        const Tensor x = random_tensor({rows, s.in}, r);
+        for (bool with_bias : {false, true}) {
+          CAPTURE(s.in);
+          CAPTURE(rows);
+          CAPTURE(with_bias);
+          const Tensor* b = with_bias ? &bias : nullptr;
+          Tensor want = filled({rows, s.out}, std::nanf(""));
+          be.linear(x, x4.dequantised, b, want);
+          Tensor got = filled({rows, s.out}, std::nanf(""));
+          be.linear_nf4(x, x4.q, x4.absmax, b, got);
+          check_close(got, to_double(want), 1e-5, 1e-6 * static_cast<double>(s.in), "nf4-weight linear");
+        }
       }
-    }
+    });
   }
   // A row slice of a stacked weight is a weight of its own (q, k, v in one stack).
   const Tensor w = random_tensor({12, 128}, r);
