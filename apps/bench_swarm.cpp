@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -126,14 +127,22 @@ double median(std::vector<double> v) {
 /// holding both blocks, and through two servers of one block each (push
 /// on), every process on one thread. The second server's extra time is
 /// what one more hop costs: a link crossing, a wake-up, a decode and an
-/// encode, whatever the model.
+/// encode, whatever the model. The routes' servers all run at once and the
+/// routes take turns, hop_rounds times: a figure is the median of its
+/// rounds, a difference the median of the rounds' differences (one route
+/// run against the other a moment later), with its smallest and largest.
 struct hop_overhead {
   double local_ms = 0, one_server_ms = 0, two_servers_ms = 0;
   /// The one server behind NAT (--no-listen), reached through a relay
   /// node in this process: what the relay's leg adds per step.
   double relayed_ms = 0;
+  double per_hop_ms = 0, per_hop_min_ms = 0, per_hop_max_ms = 0;
+  double relay_leg_ms = 0;
+  int rounds = 0;
   bool equal = false;
 };
+
+constexpr int hop_rounds = 7;
 
 hop_overhead measure_hop_overhead(std::uint64_t seed) {
   const model_config c = tiny_random_config(architecture::llama, 2);
@@ -157,29 +166,51 @@ hop_overhead measure_hop_overhead(std::uint64_t seed) {
   gen.generate(prompt, p);  // warm-up
   const generation_result l = gen.generate(prompt, p);
   h.local_ms = 1e3 / steps_per_s(l);
-  const std::vector<std::string> flags{"--threads", "1"};
-  const auto through = [&](const std::vector<std::pair<int, int>>& spans, double& ms, const std::string& relay = "") {
-    local_swarm sw;
-    std::vector<std::string> servers;
-    for (std::size_t i = 0; i < spans.size(); ++i) {
-      const std::string id = "h" + std::to_string(i);
-      auto f = flags;
-      if (!relay.empty()) f.insert(f.end(), {"--no-listen", "--relay", relay});
-      sw.start(dir, id, spans[i].first, spans[i].second, f);
-      if (!relay.empty()) servers.push_back(id + "@" + relay);
-    }
-    run_swarm(sw, dir, c, prompt, p, "", true, {}, nullptr, servers);  // warm-up: links between the servers
-    const swarm_run r = run_swarm(sw, dir, c, prompt, p, "", true, {}, nullptr, servers);
-    ms = 1e3 / steps_per_s(r.result);
-    return r.result.tokens == l.tokens;
-  };
-  h.equal = through({{0, 2}}, h.one_server_ms);
-  h.equal = through({{0, 1}, {1, 2}}, h.two_servers_ms) && h.equal;
+
   node_options ro;
   ro.relay_service = true;
   auto relay = node::start(ro);
   if (!relay) throw std::runtime_error("relay node: " + error_message(relay.error()));
-  h.equal = through({{0, 2}}, h.relayed_ms, (*relay)->endpoint()) && h.equal;
+  struct route {
+    local_swarm sw;
+    std::vector<std::string> servers;  ///< empty: every server of `sw`, directly
+    std::vector<double> ms;
+  };
+  std::array<route, 3> routes;  // one server, two servers, one server behind the relay
+  const auto start = [&](route& r, const std::string& prefix, const std::vector<std::pair<int, int>>& spans,
+                         const std::string& via = "") {
+    for (std::size_t i = 0; i < spans.size(); ++i) {
+      const std::string id = prefix + std::to_string(i);
+      std::vector<std::string> f{"--threads", "1"};
+      if (!via.empty()) f.insert(f.end(), {"--no-listen", "--relay", via});
+      r.sw.start(dir, id, spans[i].first, spans[i].second, f);
+      if (!via.empty()) r.servers.push_back(id + "@" + via);
+    }
+  };
+  start(routes[0], "a", {{0, 2}});
+  start(routes[1], "b", {{0, 1}, {1, 2}});
+  start(routes[2], "c", {{0, 2}}, (*relay)->endpoint());
+  h.equal = true;
+  const auto run = [&](route& r) {
+    const swarm_run out = run_swarm(r.sw, dir, c, prompt, p, "", true, {}, nullptr, r.servers);
+    h.equal = h.equal && out.result.tokens == l.tokens;
+    return 1e3 / steps_per_s(out.result);
+  };
+  for (route& r : routes) run(r);  // warm-up: links between the servers
+  std::vector<double> hop, leg;
+  for (int round = 0; round < hop_rounds; ++round) {
+    for (route& r : routes) r.ms.push_back(run(r));
+    hop.push_back(routes[1].ms.back() - routes[0].ms.back());
+    leg.push_back(routes[2].ms.back() - routes[0].ms.back());
+  }
+  h.rounds = hop_rounds;
+  h.one_server_ms = median(routes[0].ms);
+  h.two_servers_ms = median(routes[1].ms);
+  h.relayed_ms = median(routes[2].ms);
+  h.per_hop_ms = median(hop);
+  h.per_hop_min_ms = *std::min_element(hop.begin(), hop.end());
+  h.per_hop_max_ms = *std::max_element(hop.begin(), hop.end());
+  h.relay_leg_ms = median(leg);
   return h;
 }
 
@@ -379,9 +410,12 @@ int run_bench_swarm(const swarm_bench_options& o) {
   j["hop_overhead"] = {{"local_ms_per_step", hop.local_ms},
                        {"one_server_ms_per_step", hop.one_server_ms},
                        {"two_servers_ms_per_step", hop.two_servers_ms},
-                       {"ms_per_extra_hop", hop.two_servers_ms - hop.one_server_ms},
+                       {"ms_per_extra_hop", hop.per_hop_ms},
+                       {"ms_per_extra_hop_min", hop.per_hop_min_ms},
+                       {"ms_per_extra_hop_max", hop.per_hop_max_ms},
+                       {"rounds", hop.rounds},
                        {"relayed_server_ms_per_step", hop.relayed_ms},
-                       {"ms_per_relay_leg", hop.relayed_ms - hop.one_server_ms},
+                       {"ms_per_relay_leg", hop.relay_leg_ms},
                        {"equal_to_local", hop.equal}};
 
   if (o.json) {
@@ -399,13 +433,14 @@ int run_bench_swarm(const swarm_bench_options& o) {
     std::printf("recovery: kill -9 of the last hop's server: the next token took %.1f ms more than a step "
                 "(%d failover(s), output %s)\n",
                 recovery_ms, failovers, recovered_equal ? "equal" : "DIFFERENT");
-    std::printf("per-hop overhead (2 blocks of width 64, one thread each): local %.3f ms/step, 1 server %.3f ms "
-                "(+%.3f), 2 servers %.3f ms: %.3f ms per extra hop (output %s)\n",
-                hop.local_ms, hop.one_server_ms, hop.one_server_ms - hop.local_ms, hop.two_servers_ms,
-                hop.two_servers_ms - hop.one_server_ms, hop.equal ? "equal" : "DIFFERENT");
+    std::printf("per-hop overhead (2 blocks of width 64, one thread each; medians of %d alternating rounds): local "
+                "%.3f ms/step, 1 server %.3f ms (+%.3f), 2 servers %.3f ms: %.3f ms per extra hop (rounds %.3f to "
+                "%.3f; output %s)\n",
+                hop.rounds, hop.local_ms, hop.one_server_ms, hop.one_server_ms - hop.local_ms, hop.two_servers_ms,
+                hop.per_hop_ms, hop.per_hop_min_ms, hop.per_hop_max_ms, hop.equal ? "equal" : "DIFFERENT");
     std::printf("behind NAT: the 1 server reached through a relay %.3f ms/step: %.3f ms for the relay's leg "
                 "(ratio to direct %.3f)\n",
-                hop.relayed_ms, hop.relayed_ms - hop.one_server_ms, hop.one_server_ms / hop.relayed_ms);
+                hop.relayed_ms, hop.relay_leg_ms, hop.one_server_ms / hop.relayed_ms);
     std::printf("%s\n", j.dump().c_str());
   }
   return equal && recovered_equal && hop.equal ? 0 : 1;
