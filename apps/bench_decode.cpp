@@ -213,9 +213,9 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
                   bw.read_gbps, be.name().c_str(), static_cast<double>(bw.bytes) / (1 << 20));
     std::printf("weights per token       %8.1f MB (%s linear weights)\n", bytes / 1e6,
                 weight_format_name(weights));
-    if (on_host && is_quantized(weights))
-      std::printf("int8/nf4 CPU kernels    %8s (COROLLA_CPU_ISA=avx2 for the build's AVX2)\n",
-                  cpu::isa_name(cpu::decode_isa()));
+    if (on_host && weights != weight_format::f32)
+      std::printf("%-4s CPU kernels        %8s (COROLLA_CPU_ISA=avx2 for the build's AVX2)\n",
+                  weight_format_name(weights), cpu::isa_name(cpu::decode_isa()));
     std::printf("bandwidth bound         %8.2f tokens/s\n", bound);
     std::printf("decode (batch 1)        %8.2f tokens/s  = %.1f%% of the bound\n", best_decode,
                 100.0 * ratio);

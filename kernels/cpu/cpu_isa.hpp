@@ -1,14 +1,15 @@
-// kernels/cpu/cpu_isa.hpp — which vector instructions the quantised decode
-// kernels (int8, nf4) run with.
+// kernels/cpu/cpu_isa.hpp — which vector instructions the one-row decode
+// kernels of 16-bit and quantised weights (bf16, int8, nf4) run with.
 //
 // The build compiles for the build machine without AVX-512 (GCC 12
-// miscompiles some 512-bit constants; top-level CMakeLists.txt). The int8
-// and nf4 dot products are bound by the instructions that widen and look
-// up weights, not by memory, and AVX-512 cuts those to a half or a third
-// (one vpermps looks up all 16 NF4 codes; AVX2 needs two and a blend), so
-// those kernels carry an AVX-512 version compiled for that function alone
-// and chosen here at run time: when the CPU has AVX-512 F/BW/VL/DQ, unless
-// COROLLA_CPU_ISA=avx2 (read once) or a caller's limit says otherwise.
+// miscompiles some 512-bit constants; top-level CMakeLists.txt). The bf16,
+// int8 and nf4 dot products are bound by the instructions that widen and
+// look up weights as much as by memory, and AVX-512 cuts those to a half or
+// a third (one vpermps looks up all 16 NF4 codes; AVX2 needs two and a
+// blend), so those kernels carry an AVX-512 version compiled for that
+// function alone and chosen here at run time: when the CPU has AVX-512
+// F/BW/VL/DQ, unless COROLLA_CPU_ISA=avx2 (read once) or a caller's limit
+// says otherwise.
 #pragma once
 
 namespace corolla::cpu {
@@ -18,7 +19,7 @@ enum class vector_isa {
   avx512,    ///< AVX-512 F/BW/VL/DQ, in the kernels that have a version for it
 };
 
-/// The instructions the int8 and nf4 decode kernels use now.
+/// The instructions the bf16, int8 and nf4 decode kernels use now.
 vector_isa decode_isa();
 
 /// Whether this CPU (and compiler) can run the AVX-512 kernels at all.

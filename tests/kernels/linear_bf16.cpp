@@ -1,6 +1,7 @@
 // tests/kernels/linear_bf16.cpp — CPU linear with a bf16 (inference) weight
-// against f32 linear on the same bf16-rounded weight, and the ops that
-// refuse a bf16 weight.
+// against f32 linear on the same bf16-rounded weight (with the build's AVX2
+// and, where the CPU has it, AVX-512), and the ops that refuse a bf16
+// weight.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "decode_isa_paths.hpp"
 #include "kernel_test_util.hpp"
 #include "kernels/backend.hpp"
 
@@ -27,24 +29,26 @@ TEST_CASE("linear with a bf16 weight equals f32 linear on the bf16-rounded weigh
     Tensor w16 = w.to(dtype::bf16);
     Tensor w_rounded = w16.to(dtype::f32);
     Tensor bias = random_tensor({s.out}, r);
-    for (std::int64_t rows : {1, 3, 16, 17, 40}) {
-      Tensor x = random_tensor({rows, s.in}, r);
-      for (bool with_bias : {false, true}) {
-        CAPTURE(s.in);
-        CAPTURE(s.out);
-        CAPTURE(rows);
-        CAPTURE(with_bias);
-        const Tensor* b = with_bias ? &bias : nullptr;
-        Tensor want = filled({rows, s.out}, std::nanf(""));
-        be.linear(x, w_rounded, b, want);
-        Tensor got = filled({rows, s.out}, std::nanf(""));  // overwritten, never read
-        be.linear(x, w16, b, got);
-        // same products, summed in another order: f32 rounding of sums of
-        // s.in terms of magnitude <= 1
-        check_close(got, to_double(want), 1e-5, 1e-6 * static_cast<double>(s.in),
-                    "bf16-weight linear");
+    for_each_decode_isa([&](const char*) {
+      for (std::int64_t rows : {1, 3, 16, 17, 40}) {
+        Tensor x = random_tensor({rows, s.in}, r);
+        for (bool with_bias : {false, true}) {
+          CAPTURE(s.in);
+          CAPTURE(s.out);
+          CAPTURE(rows);
+          CAPTURE(with_bias);
+          const Tensor* b = with_bias ? &bias : nullptr;
+          Tensor want = filled({rows, s.out}, std::nanf(""));
+          be.linear(x, w_rounded, b, want);
+          Tensor got = filled({rows, s.out}, std::nanf(""));  // overwritten, never read
+          be.linear(x, w16, b, got);
+          // same products, summed in another order: f32 rounding of sums of
+          // s.in terms of magnitude <= 1
+          check_close(got, to_double(want), 1e-5, 1e-6 * static_cast<double>(s.in),
+                      "bf16-weight linear");
+        }
       }
-    }
+    });
   }
 }
 
