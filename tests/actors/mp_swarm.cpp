@@ -281,6 +281,8 @@ TEST_CASE("corolla bench swarm runs every part on a tiny model and reports push,
   CHECK(j["hop_overhead"]["local_ms_per_step"].get<double>() > 0);
   CHECK(j["hop_overhead"]["two_servers_ms_per_step"].get<double>() > 0);
   CHECK(j["hop_overhead"].contains("ms_per_extra_hop"));
+  CHECK(j["hop_overhead"]["rounds"].get<int>() >= 5);
+  CHECK(j["hop_overhead"]["ms_per_extra_hop_min"].get<double>() <= j["hop_overhead"]["ms_per_extra_hop_max"].get<double>());
   // Through a server behind NAT, reached over a relay (its output is in equal_to_local too).
   CHECK(j["hop_overhead"]["relayed_server_ms_per_step"].get<double>() > 0);
   CHECK(j["hop_overhead"].contains("ms_per_relay_leg"));
