@@ -24,6 +24,9 @@
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/cpu_common.hpp"
 #include "kernels/cpu/cpu_isa.hpp"
+#if defined(__x86_64__)
+#include "kernels/cpu/cpu_avx512_dot.hpp"
+#endif
 #include "kernels/op_checks.hpp"
 
 namespace corolla::cpu {
@@ -117,20 +120,8 @@ COROLLA_AVX512 inline __m512 widened16(const std::uint16_t* w) {
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))), 16));
 }
 
-/// dot_bf16 with AVX-512: 64 weights per iteration into four accumulators.
-COROLLA_AVX512 float dot_bf16_avx512(const float* x, const std::uint16_t* w, std::int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-  std::int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), widened16(w + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), widened16(w + i + 16), a1);
-    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), widened16(w + i + 32), a2);
-    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), widened16(w + i + 48), a3);
-  }
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  for (; i < n; ++i) s += x[i] * widen(w[i]);
-  return s;
-}
+/// dot_bf16 with AVX-512.
+constexpr auto dot_bf16_avx512 = dot_widened_avx512<std::uint16_t, widened16, widen>;
 COROLLA_AVX512_END
 #endif
 

@@ -17,6 +17,9 @@
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/cpu_common.hpp"
 #include "kernels/cpu/cpu_isa.hpp"
+#if defined(__x86_64__)
+#include "kernels/cpu/cpu_avx512_dot.hpp"
+#endif
 #include "kernels/cpu/cpu_widened_gemm.hpp"
 
 namespace corolla::cpu {
@@ -59,20 +62,11 @@ COROLLA_AVX512 inline __m512 widened16(const std::int8_t* q) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
 }
 
-/// dot_q8 with AVX-512: 64 weights per iteration, 16 widened per load.
-COROLLA_AVX512 float dot_q8_avx512(const float* x, const std::int8_t* q, std::int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-  std::int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), widened16(q + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), widened16(q + i + 16), a1);
-    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), widened16(q + i + 32), a2);
-    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), widened16(q + i + 48), a3);
-  }
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  for (; i < n; ++i) s += x[i] * static_cast<float>(q[i]);
-  return s;
-}
+/// One int8 weight as f32.
+inline float widen_q8(std::int8_t q) { return static_cast<float>(q); }
+
+/// dot_q8 with AVX-512.
+constexpr auto dot_q8_avx512 = dot_widened_avx512<std::int8_t, widened16, widen_q8>;
 COROLLA_AVX512_END
 #endif
 

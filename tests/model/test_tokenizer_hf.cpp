@@ -27,6 +27,7 @@
 
 #include "model/regex_split.hpp"
 #include "model/tokenizer.hpp"
+#include "tests/model/tokenizer_patterns.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -35,12 +36,6 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-const std::string kLlama3 =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-const std::string kQwen2 =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-const std::string kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 /// Text the merges are learned from: several scripts, numbers, code.
 const char* const kCorpus =
@@ -129,7 +124,7 @@ json bpe_model(const learned_bpe& b, bool ignore_merges) {
 /// <|begin_of_text|>. Whole pre-tokens no merge builds are in the
 /// vocabulary too (ignore_merges takes them as they are).
 json llama3_json() {
-  learned_bpe b = learn(kLlama3, 300);
+  learned_bpe b = learn(testing::llama3_pattern, 300);
   // The extra whole-word tokens, spelt in byte-level characters.
   for (const std::string w : {" swarm", " corolla", "ization", "Tokenizer", " quickly"}) {
     std::string spelt;
@@ -145,7 +140,7 @@ json llama3_json() {
           {"pre_tokenizer",
            {{"type", "Sequence"},
             {"pretokenizers",
-             {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3}}}, {"behavior", "Isolated"}, {"invert", false}},
+             {{{"type", "Split"}, {"pattern", {{"Regex", testing::llama3_pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
               byte_level(false)}}}},
           {"post_processor",
            {{"type", "Sequence"},
@@ -170,7 +165,7 @@ json llama3_json() {
 /// Qwen2's shape: NFC, its regex (digits one by one), merges by rank, no
 /// template.
 json qwen2_json() {
-  learned_bpe b = learn(kQwen2, 300);
+  learned_bpe b = learn(testing::qwen2_pattern, 300);
   const int eot = b.next_id;
   return {{"version", "1.0"},
           {"truncation", nullptr},
@@ -180,7 +175,7 @@ json qwen2_json() {
           {"pre_tokenizer",
            {{"type", "Sequence"},
             {"pretokenizers",
-             {{{"type", "Split"}, {"pattern", {{"Regex", kQwen2}}}, {"behavior", "Isolated"}, {"invert", false}},
+             {{{"type", "Split"}, {"pattern", {{"Regex", testing::qwen2_pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
               byte_level(false)}}}},
           {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
           {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
@@ -189,7 +184,7 @@ json qwen2_json() {
 
 /// GPT-2's shape: the ByteLevel pre-tokenizer with its own regex.
 json gpt2_json() {
-  learned_bpe b = learn(kGpt2, 300);
+  learned_bpe b = learn(testing::gpt2_pattern, 300);
   const int eot = b.next_id;
   return {{"version", "1.0"},
           {"truncation", nullptr},

@@ -15,18 +15,13 @@
 #include "model/error.hpp"
 #include "model/regex_split.hpp"
 #include "model/tokenizer.hpp"
+#include "tests/model/tokenizer_patterns.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
 using json = nlohmann::json;
 
 namespace {
-
-// The patterns of Llama 3's and Qwen2's tokenizer.json.
-const std::string kLlama3 =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-const std::string kQwen2 =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 std::vector<std::string> pieces(const regex_split& s, std::string_view text) {
   std::vector<std::string_view> v;
@@ -77,7 +72,7 @@ std::unique_ptr<tokenizer> write_and_load(const testing::temp_dir_guard& dir, co
 }  // namespace
 
 TEST_CASE("Llama 3's pre-tokenizer regex splits contractions, letters, digits in threes, punctuation and whitespace runs") {
-  const regex_split s(kLlama3, "test");
+  const regex_split s(testing::llama3_pattern, "test");
   CHECK(pieces(s, "Hello world's 12345 abc\n\n  def") ==
         list{"Hello", " world", "'s", " ", "123", "45", " abc", "\n\n", " ", " def"});
   CHECK(pieces(s, "I'M here, you'LL see") == list{"I", "'M", " here", ",", " you", "'LL", " see"});
@@ -90,7 +85,7 @@ TEST_CASE("Llama 3's pre-tokenizer regex splits contractions, letters, digits in
 }
 
 TEST_CASE("Qwen2's pre-tokenizer regex splits digits one at a time") {
-  const regex_split s(kQwen2, "test");
+  const regex_split s(testing::qwen2_pattern, "test");
   CHECK(pieces(s, "year 2024!") == list{"year", " ", "2", "0", "2", "4", "!"});
   CHECK_THROWS_AS(regex_split("(unclosed", "bad.json"), model_error);
 }
@@ -111,7 +106,7 @@ TEST_CASE("a pattern that backtracks catastrophically gives up with a clear erro
   out.clear();
   evil.split("aaa", out);
   CHECK(out == std::vector<std::string_view>{"aaa"});
-  const regex_split llama(kLlama3, "test");
+  const regex_split llama(testing::llama3_pattern, "test");
   std::string big;
   while (big.size() < (1u << 20)) big += "The quick brown fox's 12345 jumps,\n over  the lazy dog. ";
   out.clear();
@@ -123,7 +118,7 @@ TEST_CASE("a pattern that backtracks catastrophically gives up with a clear erro
 
 TEST_CASE("a Llama 3 tokenizer.json encodes with its regex, ignore_merges and special tokens, and decodes back") {
   testing::temp_dir_guard dir("tok-llama3");
-  auto tok = write_and_load(dir, regex_tokenizer_json(kLlama3, true, false));
+  auto tok = write_and_load(dir, regex_tokenizer_json(testing::llama3_pattern, true, false));
   const std::string text = "<|begin_of_text|>x 1234 abc<|eot_id|>";
   // " " alone, "123" and "4" (digits in threes), " abc" whole: ignore_merges
   // takes a pre-token found in the vocabulary though no merge builds it.
@@ -131,7 +126,7 @@ TEST_CASE("a Llama 3 tokenizer.json encodes with its regex, ignore_merges and sp
   CHECK(tok->encode(text, false) == want);
   CHECK(tok->decode(want) == text);
   // Without ignore_merges " abc" is merged by rank: "Ġa" then b, c.
-  auto plain = write_and_load(dir, regex_tokenizer_json(kLlama3, false, false));
+  auto plain = write_and_load(dir, regex_tokenizer_json(testing::llama3_pattern, false, false));
   CHECK(plain->encode(" abc", false) == std::vector<std::int32_t>{256, 'b', 'c'});
   // Any text round-trips, multi-byte characters included.
   for (const std::string s : {"naïve café — 日本語\n\n  x", "it's 3.14159, don't!", "\t\tlead"})
@@ -140,7 +135,7 @@ TEST_CASE("a Llama 3 tokenizer.json encodes with its regex, ignore_merges and sp
 
 TEST_CASE("a Qwen tokenizer.json applies NFC before splitting, and its digits never merge") {
   testing::temp_dir_guard dir("tok-qwen");
-  auto tok = write_and_load(dir, regex_tokenizer_json(kQwen2, false, true));
+  auto tok = write_and_load(dir, regex_tokenizer_json(testing::qwen2_pattern, false, true));
   // e + combining acute becomes é (U+00E9: bytes C3 A9).
   CHECK(tok->encode("e\xcc\x81", false) == std::vector<std::int32_t>{0xc3, 0xa9});
   CHECK(tok->decode(tok->encode("e\xcc\x81", false)) == "\xc3\xa9");
@@ -159,17 +154,17 @@ TEST_CASE("tokenizer.json pre-tokenizers and normalizers corolla does not run ar
     }
     return std::string();
   };
-  json j = regex_tokenizer_json(kLlama3, true, false);
+  json j = regex_tokenizer_json(testing::llama3_pattern, true, false);
   j["normalizer"] = {{"type", "NFKC"}};
   CHECK(error_of(j).find("normalizer {\"type\":\"NFKC\"} is not supported (only none or NFC)") != std::string::npos);
-  j = regex_tokenizer_json(kLlama3, true, false);
+  j = regex_tokenizer_json(testing::llama3_pattern, true, false);
   j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed";
   CHECK(error_of(j).find("is not supported (only ByteLevel with GPT-2's pattern, or a Sequence") != std::string::npos);
-  j = regex_tokenizer_json(kLlama3, true, false);
+  j = regex_tokenizer_json(testing::llama3_pattern, true, false);
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(unclosed"}};
   CHECK(error_of(j).find("does not compile") != std::string::npos);
   // A field of the wrong JSON type is an error naming the file, not a bare JSON exception.
-  j = regex_tokenizer_json(kLlama3, true, false);
+  j = regex_tokenizer_json(testing::llama3_pattern, true, false);
   j["post_processor"] = {{"type", "TemplateProcessing"},
                          {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}}}}}},
                          {"special_tokens", 7}};
@@ -178,7 +173,7 @@ TEST_CASE("tokenizer.json pre-tokenizers and normalizers corolla does not run ar
 
 TEST_CASE("a Llama 3 post-processor template prepends <|begin_of_text|>, as HF's tokenizer does") {
   testing::temp_dir_guard dir("tok-llama3-bos");
-  json j = regex_tokenizer_json(kLlama3, true, false);
+  json j = regex_tokenizer_json(testing::llama3_pattern, true, false);
   j["post_processor"] = {
       {"type", "Sequence"},
       {"processors",
@@ -192,6 +187,6 @@ TEST_CASE("a Llama 3 post-processor template prepends <|begin_of_text|>, as HF's
   CHECK(tok->bos_id() == 260);
   CHECK(tok->encode("x", tok->prepends_bos()) == std::vector<std::int32_t>{260, 'x'});
   // Without a template nothing is prepended (Qwen).
-  auto plain = write_and_load(dir, regex_tokenizer_json(kQwen2, false, true));
+  auto plain = write_and_load(dir, regex_tokenizer_json(testing::qwen2_pattern, false, true));
   CHECK_FALSE(plain->prepends_bos());
 }
