@@ -101,7 +101,8 @@ std::unique_ptr<tokenizer> load_bpe_vocab_merges(const std::filesystem::path& vo
 const std::string& byte_level_char(unsigned char b);
 
 /// The pre-tokens byte-level BPE splits `text` into before merging
-/// (GPT-2's pattern, as described at the top of this file). The views point into `text`; their concatenation is `text`.
+/// (GPT-2's pattern, as described at the top of this file). The views
+/// point into `text`; their concatenation is `text`.
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
 
 }  // namespace corolla

@@ -10,11 +10,10 @@
 // AVX-512 (cpu_isa.hpp) 16 packed bytes widen at once and one vpermps looks
 // up all 16 codes of the scaled table (and rows decoded into scratch, below,
 // are written 32 weights per two lookups and two interleaves). Up to 8 rows
-// (batched decode): a row is
-// decoded once into per-thread scratch and dotted with every x row. More
-// rows (prefill): blocks of rows are decoded into scratch and multiplied
-// with sgemm. Every weight value used is the f32 product code * absmax,
-// as dequantize_nf4 writes it.
+// (batched decode): a row is decoded once into per-thread scratch and
+// dotted with every x row. More rows (prefill): blocks of rows are decoded
+// into scratch and multiplied with sgemm. Every weight value used is the
+// f32 product code * absmax, as dequantize_nf4 writes it.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
