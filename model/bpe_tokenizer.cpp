@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <unicode/uchar.h>
 
+#include "model/added_tokens.hpp"
 #include "model/error.hpp"
 #include "model/json_file.hpp"
 #include "model/regex_split.hpp"
@@ -196,7 +197,7 @@ struct bpe_spec {
   std::string origin;  ///< file name(s) for messages
   std::unordered_map<std::string, int> vocab;
   std::vector<std::pair<std::string, std::string>> merges;
-  std::vector<std::pair<std::string, int>> added;  ///< special tokens: content, id
+  std::vector<added_token> added;
   bool add_prefix_space = false;
   std::shared_ptr<const regex_split> split;  ///< the file's Split regex (null: GPT-2's pattern)
   bool nfc = false;                          ///< NFC normalizer
@@ -221,10 +222,10 @@ class bpe_tokenizer final : public tokenizer {
       if (id < 0) throw model_error(origin_ + ": token '" + tok + "' has negative id");
       max_id = std::max(max_id, id);
     }
-    for (const auto& [content, id] : spec.added) {
-      if (id < 0 || content.empty())
-        throw model_error(origin_ + ": invalid added token '" + content + "'");
-      max_id = std::max(max_id, id);
+    for (const added_token& a : spec.added) {
+      if (a.id < 0 || a.content.empty())
+        throw model_error(origin_ + ": invalid added token '" + a.content + "'");
+      max_id = std::max(max_id, a.id);
     }
     vocab_size_ = max_id + 1;
     decoded_.assign(static_cast<std::size_t>(vocab_size_), std::string());
@@ -244,19 +245,12 @@ class bpe_tokenizer final : public tokenizer {
       decoded_[static_cast<std::size_t>(id)] = std::move(raw);
       present_[static_cast<std::size_t>(id)] = true;
     }
-    for (auto& [content, id] : spec.added) {
-      decoded_[static_cast<std::size_t>(id)] = content;
-      present_[static_cast<std::size_t>(id)] = true;
-      specials_.emplace_back(content, id);
+    for (const added_token& a : spec.added) {
+      decoded_[static_cast<std::size_t>(a.id)] = a.content;
+      present_[static_cast<std::size_t>(a.id)] = true;
     }
-    // Longest first, so that a special token containing another wins.
-    std::sort(specials_.begin(), specials_.end(),
-              [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-    auto special_id = [&](const char* content) {
-      for (const auto& [c, id] : specials_)
-        if (c == content) return id;
-      return -1;
-    };
+    added_ = added_token_matcher(std::move(spec.added));
+    auto special_id = [&](const char* content) { return added_.id_of(content); };
     int eot = special_id("<|endoftext|>");
     bos_ = spec.bos >= 0 ? spec.bos : spec.template_bos >= 0 ? spec.template_bos : eot >= 0 ? eot : special_id("<s>");
     prepends_bos_ = spec.template_bos >= 0;
@@ -274,7 +268,7 @@ class bpe_tokenizer final : public tokenizer {
       text = prefixed;
     }
     std::vector<std::string_view> words;
-    std::size_t segment = 0, i = 0;
+    std::size_t segment = 0;
     auto flush_segment = [&](std::size_t end) {
       if (end <= segment) return;
       words.clear();
@@ -285,21 +279,10 @@ class bpe_tokenizer final : public tokenizer {
       else pretokenize(piece, words);
       for (auto w : words) encode_word(w, out);
     };
-    while (i < text.size()) {
-      const std::pair<std::string, int>* hit = nullptr;
-      for (const auto& s : specials_)
-        if (text.compare(i, s.first.size(), s.first) == 0) {
-          hit = &s;
-          break;
-        }
-      if (!hit) {
-        ++i;
-        continue;
-      }
-      flush_segment(i);
-      out.push_back(hit->second);
-      i += hit->first.size();
-      segment = i;
+    while (const auto hit = added_.next(text, segment, segment)) {
+      flush_segment(hit->begin);
+      out.push_back(hit->id);
+      segment = hit->end;
     }
     flush_segment(text.size());
     return out;
@@ -391,7 +374,7 @@ class bpe_tokenizer final : public tokenizer {
   std::string origin_;
   std::unordered_map<std::string, int> vocab_;  ///< byte-level text -> id
   std::unordered_map<std::string, int> merge_rank_;  ///< "a b" -> rank
-  std::vector<std::pair<std::string, int>> specials_;
+  added_token_matcher added_;
   std::vector<std::string> decoded_;  ///< id -> bytes
   std::vector<bool> present_;
   int vocab_size_ = 0;
@@ -512,14 +495,7 @@ std::unique_ptr<tokenizer> bpe_of_json(const json& j, const std::string& where, 
       throw model_error(where + ": malformed merge " + e.dump());
     }
   }
-  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-    for (const auto& t : j["added_tokens"]) {
-      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
-          !t.contains("content") || !t["content"].is_string())
-        throw model_error(where + ": malformed added token " + t.dump());
-      spec.added.emplace_back(t["content"].get<std::string>(), t["id"].get<int>());
-    }
-  }
+  spec.added = read_added_tokens(j, where, spec.nfc);
   spec.bos = bos_id;
   spec.eos = eos_id;
   // HF's post-processor: a TemplateProcessing (alone or in a Sequence)
@@ -581,7 +557,7 @@ std::unique_ptr<tokenizer> load_bpe_vocab_merges(const std::filesystem::path& vo
   if (in.bad()) throw model_error("cannot read " + merges.string());
   // GPT-2 keeps its one special token in the vocabulary itself.
   auto eot = spec.vocab.find("<|endoftext|>");
-  if (eot != spec.vocab.end()) spec.added.emplace_back(eot->first, eot->second);
+  if (eot != spec.vocab.end()) spec.added.push_back({eot->first, eot->second});
   spec.bos = bos_id;
   spec.eos = eos_id;
   return std::make_unique<bpe_tokenizer>(std::move(spec));

@@ -5,7 +5,8 @@
 // Qwen2's and GPT-2's files, with a few hundred merges learned here from a
 // multilingual corpus, encode a fixed list of edge cases and 400 random texts
 // (letters of several scripts, digits ASCII and not, whitespace runs of every
-// kind, punctuation, contractions, emoji, decomposed accents, special tokens);
+// kind, punctuation, contractions, emoji, decomposed accents, special and
+// non-special added tokens, some taking the whitespace beside them);
 // the ids (with and without the special tokens the post-processor adds) and
 // the decoded text must be HF's, text for text.
 //
@@ -103,9 +104,9 @@ learned_bpe learn(const std::string& pattern, int n_merges) {
   return b;
 }
 
-json added(int id, const std::string& content) {
-  return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
-          {"rstrip", false}, {"normalized", false}, {"special", true}};
+json added(int id, const std::string& content, bool lstrip = false, bool rstrip = false, bool special = true) {
+  return {{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", lstrip},
+          {"rstrip", rstrip}, {"normalized", !special}, {"special", special}};
 }
 
 json byte_level(bool use_regex) {
@@ -135,7 +136,9 @@ json llama3_json() {
   return {{"version", "1.0"},
           {"truncation", nullptr},
           {"padding", nullptr},
-          {"added_tokens", {added(bos, "<|begin_of_text|>"), added(eot, "<|eot_id|>")}},
+          {"added_tokens",
+           {added(bos, "<|begin_of_text|>"), added(eot, "<|eot_id|>"), added(eot + 1, "<mask>", true, false),
+            added(eot + 2, "<tool>", false, true, false), added(eot + 3, "<sep>", true, true)}},
           {"normalizer", nullptr},
           {"pre_tokenizer",
            {{"type", "Sequence"},
@@ -170,7 +173,9 @@ json qwen2_json() {
   return {{"version", "1.0"},
           {"truncation", nullptr},
           {"padding", nullptr},
-          {"added_tokens", {added(eot, "<|endoftext|>"), added(eot + 1, "<|im_start|>"), added(eot + 2, "<|im_end|>")}},
+          {"added_tokens",
+           {added(eot, "<|endoftext|>"), added(eot + 1, "<|im_start|>"), added(eot + 2, "<|im_end|>"),
+            added(eot + 3, "<tool_call>", false, true, false), added(eot + 4, "<|fim|>", true, false)}},
           {"normalizer", {{"type", "NFC"}}},
           {"pre_tokenizer",
            {{"type", "Sequence"},
@@ -211,6 +216,8 @@ std::vector<std::string> texts(const std::vector<std::string>& specials, std::ui
     out.push_back(s);
     out.push_back(s + "hello" + s);
     out.push_back(" " + s + " x");
+    out.push_back("a \t\n " + s + " \n\xc2\xa0" "b");
+    out.push_back(s + "  " + s + "  ");
   }
   const std::vector<std::string> words = {"the", "The", "quick", "fox", "tokenizer", "tokenization", "swarm",
                                           "corolla", "café", "déjà", "naïve", "мир", "Привет", "東京", "中文",
@@ -295,11 +302,11 @@ void check_against_hf(const std::string& name, const json& tokenizer_json, const
 }  // namespace
 
 TEST_CASE("a Llama 3 tokenizer.json encodes and decodes as HF's tokenizers library does") {
-  check_against_hf("llama3", llama3_json(), {"<|begin_of_text|>", "<|eot_id|>"});
+  check_against_hf("llama3", llama3_json(), {"<|begin_of_text|>", "<|eot_id|>", "<mask>", "<tool>", "<sep>"});
 }
 
 TEST_CASE("a Qwen2 tokenizer.json encodes and decodes as HF's tokenizers library does") {
-  check_against_hf("qwen2", qwen2_json(), {"<|endoftext|>", "<|im_start|>", "<|im_end|>"});
+  check_against_hf("qwen2", qwen2_json(), {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "<|fim|>"});
 }
 
 TEST_CASE("a GPT-2 tokenizer.json encodes and decodes as HF's tokenizers library does") {

@@ -143,7 +143,7 @@ TEST_CASE("a Qwen tokenizer.json applies NFC before splitting, and its digits ne
   CHECK(tok->encode("123", false) == std::vector<std::int32_t>{'1', '2', '3'});
 }
 
-TEST_CASE("tokenizer.json pre-tokenizers and normalizers corolla does not run are one clear error") {
+TEST_CASE("tokenizer.json pre-tokenizers, normalizers and added-token flags corolla does not run are one clear error") {
   testing::temp_dir_guard dir("tok-regex-bad");
   auto error_of = [&](const json& j) {
     std::ofstream(dir / "tokenizer.json") << j.dump();
@@ -163,6 +163,14 @@ TEST_CASE("tokenizer.json pre-tokenizers and normalizers corolla does not run ar
   j = regex_tokenizer_json(testing::llama3_pattern, true, false);
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(unclosed"}};
   CHECK(error_of(j).find("does not compile") != std::string::npos);
+  // Added-token flags corolla does not run (lstrip and rstrip it does).
+  j = regex_tokenizer_json(testing::llama3_pattern, true, false);
+  j["added_tokens"][0]["single_word"] = true;
+  CHECK(error_of(j).find("added token '<|begin_of_text|>' is single_word, which corolla does not support") !=
+        std::string::npos);
+  j = regex_tokenizer_json(testing::qwen2_pattern, false, true);
+  j["added_tokens"].push_back({{"id", 262}, {"content", "e\xcc\x81"}, {"normalized", true}, {"special", false}});
+  CHECK(error_of(j).find("is matched on normalized text and NFC changes it") != std::string::npos);
   // A field of the wrong JSON type is an error naming the file, not a bare JSON exception.
   j = regex_tokenizer_json(testing::llama3_pattern, true, false);
   j["post_processor"] = {{"type", "TemplateProcessing"},
