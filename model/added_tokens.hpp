@@ -7,7 +7,9 @@
 // normalizer would change, are refused with a clear error.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,6 +57,10 @@ class added_token_matcher {
 
  private:
   std::vector<added_token> tokens_;
+  /// Indices into tokens_ of the tokens starting with each byte, longest
+  /// first: most bytes of a text start no token and cost one lookup (Llama
+  /// 3's files hold 256 added tokens).
+  std::array<std::vector<std::uint16_t>, 256> by_first_byte_;
 };
 
 }  // namespace corolla
