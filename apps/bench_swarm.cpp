@@ -142,7 +142,7 @@ struct hop_overhead {
   bool equal = false;
 };
 
-constexpr int hop_rounds = 7;
+constexpr int hop_rounds = 15;
 
 hop_overhead measure_hop_overhead(std::uint64_t seed) {
   const model_config c = tiny_random_config(architecture::llama, 2);
