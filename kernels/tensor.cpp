@@ -216,15 +216,8 @@ void Tensor::slice_into(std::int64_t begin, std::int64_t end, Tensor& out) const
 }
 
 Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
-  if (rank() == 0) throw tensor_error("slice of a scalar");
-  if (begin < 0 || end < begin || end > shape_[0])
-    throw tensor_error("slice [" + std::to_string(begin) + ", " + std::to_string(end) +
-                       ") of shape " + shape_str(shape_));
-  std::int64_t row = shape_[0] ? numel_ / shape_[0] : 0;
-  Tensor r = *this;
-  r.shape_[0] = end - begin;
-  r.numel_ = row * (end - begin);
-  r.offset_ = offset_ + static_cast<std::size_t>(begin * row) * dtype_size(type_);
+  Tensor r;
+  slice_into(begin, end, r);
   return r;
 }
 

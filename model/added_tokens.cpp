@@ -63,13 +63,13 @@ added_token_matcher::added_token_matcher(std::vector<added_token> tokens) : toke
                    [](const added_token& a, const added_token& b) { return a.content.size() > b.content.size(); });
   if (tokens_.size() > 65535) throw model_error("more than 65535 added tokens");
   for (std::size_t k = 0; k < tokens_.size(); ++k) {
-    if (tokens_[k].content.empty()) throw model_error("an added token (id " + std::to_string(tokens_[k].id) + ") is empty");
+    if (tokens_[k].content.empty())
+      throw model_error("an added token (id " + std::to_string(tokens_[k].id) + ") is empty");
     by_first_byte_[static_cast<unsigned char>(tokens_[k].content.front())].push_back(static_cast<std::uint16_t>(k));
   }
 }
 
-std::optional<added_token_matcher::match> added_token_matcher::next(std::string_view text, std::size_t from,
-                                                                   std::size_t floor) const {
+std::optional<added_token_matcher::match> added_token_matcher::next(std::string_view text, std::size_t from) const {
   if (tokens_.empty()) return std::nullopt;
   for (std::size_t i = from; i < text.size(); ++i)
     for (const std::uint16_t k : by_first_byte_[static_cast<unsigned char>(text[i])]) {
@@ -77,7 +77,7 @@ std::optional<added_token_matcher::match> added_token_matcher::next(std::string_
       if (text.compare(i, t.content.size(), t.content) != 0) continue;
       match m{i, i + t.content.size(), t.id};
       if (t.lstrip) {
-        for (std::size_t n = space_before(text, m.begin); n > 0 && m.begin - n >= floor;
+        for (std::size_t n = space_before(text, m.begin); n > 0 && m.begin - n >= from;
              n = space_before(text, m.begin))
           m.begin -= n;
       }

@@ -45,9 +45,9 @@ class added_token_matcher {
   added_token_matcher() = default;
   explicit added_token_matcher(std::vector<added_token> tokens);
 
-  /// The first token at or after byte `from` of `text`; its lstrip never
-  /// reaches before `floor` (the end of the previous match).
-  std::optional<match> next(std::string_view text, std::size_t from, std::size_t floor) const;
+  /// The first token at or after byte `from` of `text` (the end of the
+  /// previous match); its lstrip never reaches before `from`.
+  std::optional<match> next(std::string_view text, std::size_t from) const;
 
   /// The id of the token whose content is `content`, or -1.
   int id_of(std::string_view content) const;

@@ -250,11 +250,10 @@ class bpe_tokenizer final : public tokenizer {
       present_[static_cast<std::size_t>(a.id)] = true;
     }
     added_ = added_token_matcher(std::move(spec.added));
-    auto special_id = [&](const char* content) { return added_.id_of(content); };
-    int eot = special_id("<|endoftext|>");
-    bos_ = spec.bos >= 0 ? spec.bos : spec.template_bos >= 0 ? spec.template_bos : eot >= 0 ? eot : special_id("<s>");
+    const int eot = added_.id_of("<|endoftext|>");
+    bos_ = spec.bos >= 0 ? spec.bos : spec.template_bos >= 0 ? spec.template_bos : eot >= 0 ? eot : added_.id_of("<s>");
     prepends_bos_ = spec.template_bos >= 0;
-    eos_ = spec.eos >= 0 ? spec.eos : eot >= 0 ? eot : special_id("</s>");
+    eos_ = spec.eos >= 0 ? spec.eos : eot >= 0 ? eot : added_.id_of("</s>");
   }
 
   std::vector<std::int32_t> encode(std::string_view text, bool add_bos) const override {
@@ -279,7 +278,7 @@ class bpe_tokenizer final : public tokenizer {
       else pretokenize(piece, words);
       for (auto w : words) encode_word(w, out);
     };
-    while (const auto hit = added_.next(text, segment, segment)) {
+    while (const auto hit = added_.next(text, segment)) {
       flush_segment(hit->begin);
       out.push_back(hit->id);
       segment = hit->end;

@@ -28,12 +28,13 @@
 
 #include "model/regex_split.hpp"
 #include "model/tokenizer.hpp"
-#include "tests/model/tokenizer_patterns.hpp"
+#include "tests/model/tokenizer_json.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
 using json = nlohmann::json;
+using testing::added_token_json;
 namespace fs = std::filesystem;
 
 namespace {
@@ -104,23 +105,6 @@ learned_bpe learn(const std::string& pattern, int n_merges) {
   return b;
 }
 
-json added(int id, const std::string& content, bool lstrip = false, bool rstrip = false, bool special = true) {
-  return {{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", lstrip},
-          {"rstrip", rstrip}, {"normalized", !special}, {"special", special}};
-}
-
-json byte_level(bool use_regex) {
-  return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", use_regex}};
-}
-
-json bpe_model(const learned_bpe& b, bool ignore_merges) {
-  return {{"type", "BPE"},          {"dropout", nullptr},
-          {"unk_token", nullptr},   {"continuing_subword_prefix", nullptr},
-          {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-          {"byte_fallback", false}, {"ignore_merges", ignore_merges},
-          {"vocab", b.vocab},       {"merges", b.merges}};
-}
-
 /// Llama 3's shape: its regex, ignore_merges, a template that prepends
 /// <|begin_of_text|>. Whole pre-tokens no merge builds are in the
 /// vocabulary too (ignore_merges takes them as they are).
@@ -137,14 +121,11 @@ json llama3_json() {
           {"truncation", nullptr},
           {"padding", nullptr},
           {"added_tokens",
-           {added(bos, "<|begin_of_text|>"), added(eot, "<|eot_id|>"), added(eot + 1, "<mask>", true, false),
-            added(eot + 2, "<tool>", false, true, false), added(eot + 3, "<sep>", true, true)}},
+           {added_token_json(bos, "<|begin_of_text|>"), added_token_json(eot, "<|eot_id|>"),
+            added_token_json(eot + 1, "<mask>", true, false), added_token_json(eot + 2, "<tool>", false, true, false),
+            added_token_json(eot + 3, "<sep>", true, true)}},
           {"normalizer", nullptr},
-          {"pre_tokenizer",
-           {{"type", "Sequence"},
-            {"pretokenizers",
-             {{{"type", "Split"}, {"pattern", {{"Regex", testing::llama3_pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-              byte_level(false)}}}},
+          {"pre_tokenizer", testing::split_pre_tokenizer_json(testing::llama3_pattern)},
           {"post_processor",
            {{"type", "Sequence"},
             {"processors",
@@ -162,7 +143,7 @@ json llama3_json() {
                 {{"<|begin_of_text|>",
                   {{"id", "<|begin_of_text|>"}, {"ids", {bos}}, {"tokens", {"<|begin_of_text|>"}}}}}}}}}}},
           {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-          {"model", bpe_model(b, true)}};
+          {"model", testing::bpe_model_json(b.vocab, b.merges, true)}};
 }
 
 /// Qwen2's shape: NFC, its regex (digits one by one), merges by rank, no
@@ -174,17 +155,14 @@ json qwen2_json() {
           {"truncation", nullptr},
           {"padding", nullptr},
           {"added_tokens",
-           {added(eot, "<|endoftext|>"), added(eot + 1, "<|im_start|>"), added(eot + 2, "<|im_end|>"),
-            added(eot + 3, "<tool_call>", false, true, false), added(eot + 4, "<|fim|>", true, false)}},
+           {added_token_json(eot, "<|endoftext|>"), added_token_json(eot + 1, "<|im_start|>"),
+            added_token_json(eot + 2, "<|im_end|>"), added_token_json(eot + 3, "<tool_call>", false, true, false),
+            added_token_json(eot + 4, "<|fim|>", true, false)}},
           {"normalizer", {{"type", "NFC"}}},
-          {"pre_tokenizer",
-           {{"type", "Sequence"},
-            {"pretokenizers",
-             {{{"type", "Split"}, {"pattern", {{"Regex", testing::qwen2_pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-              byte_level(false)}}}},
+          {"pre_tokenizer", testing::split_pre_tokenizer_json(testing::qwen2_pattern)},
           {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
           {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
-          {"model", bpe_model(b, false)}};
+          {"model", testing::bpe_model_json(b.vocab, b.merges, false)}};
 }
 
 /// GPT-2's shape: the ByteLevel pre-tokenizer with its own regex.
@@ -194,12 +172,12 @@ json gpt2_json() {
   return {{"version", "1.0"},
           {"truncation", nullptr},
           {"padding", nullptr},
-          {"added_tokens", {added(eot, "<|endoftext|>")}},
+          {"added_tokens", {added_token_json(eot, "<|endoftext|>")}},
           {"normalizer", nullptr},
-          {"pre_tokenizer", byte_level(true)},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
           {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}},
           {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-          {"model", bpe_model(b, false)}};
+          {"model", testing::bpe_model_json(b.vocab, b.merges, false)}};
 }
 
 /// Edge cases written out, then random texts made of fragments of every

@@ -15,7 +15,7 @@
 #include "model/error.hpp"
 #include "model/regex_split.hpp"
 #include "model/tokenizer.hpp"
-#include "tests/model/tokenizer_patterns.hpp"
+#include "tests/model/tokenizer_json.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -42,26 +42,14 @@ json regex_tokenizer_json(const std::string& pattern, bool ignore_merges, bool n
   vocab["12"] = 257;
   vocab["123"] = 258;
   vocab[G + "abc"] = 259;
-  json model = {{"type", "BPE"},           {"dropout", nullptr}, {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},           {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},       {"byte_fallback", false},
-                {"ignore_merges", ignore_merges},                 {"vocab", vocab},
-                {"merges", {G + " a", "1 2", "12 3"}}};
-  auto special = [](int id, const char* content) {
-    return json{{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
-                {"rstrip", false}, {"normalized", false}, {"special", true}};
-  };
   return {{"version", "1.0"},
-          {"added_tokens", {special(260, "<|begin_of_text|>"), special(261, "<|eot_id|>")}},
+          {"added_tokens",
+           {testing::added_token_json(260, "<|begin_of_text|>"), testing::added_token_json(261, "<|eot_id|>")}},
           {"normalizer", nfc ? json{{"type", "NFC"}} : json(nullptr)},
-          {"pre_tokenizer",
-           {{"type", "Sequence"},
-            {"pretokenizers",
-             {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
+          {"pre_tokenizer", testing::split_pre_tokenizer_json(pattern)},
           {"post_processor", nullptr},
           {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-          {"model", model}};
+          {"model", testing::bpe_model_json(vocab, {G + " a", "1 2", "12 3"}, ignore_merges)}};
 }
 
 std::unique_ptr<tokenizer> write_and_load(const testing::temp_dir_guard& dir, const json& j) {
