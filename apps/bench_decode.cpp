@@ -22,6 +22,7 @@
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/cpu_isa.hpp"
+#include "model/block.hpp"
 #include "model/generator.hpp"
 
 #ifdef COROLLA_HAVE_CUDA
@@ -72,15 +73,16 @@ nlohmann::json report_gemv_choices(bool json) {
 /// norm and the LM head (one embedding row is negligible). The blocks'
 /// linear weights are stored as `weights`, the LM head as
 /// head::lm_head_format says (int8 for nf4); norms, biases and a mixture of
-/// experts' router stay f32. A token of a mixture of experts reads only the
-/// k experts it is routed to: k / E of the experts' bytes.
+/// experts' router and shared expert gate stay f32. A token of a mixture of
+/// experts reads only the k experts it is routed to: k / E of the experts'
+/// bytes (and all of a shared expert's, which every token goes through).
 double decode_bytes_per_token(transformer& m, weight_format weights) {
   const auto& c = m.config();
   const double expert_share = c.is_moe() ? static_cast<double>(c.experts_per_token) / c.n_experts : 1.0;
   double bytes = 0;
   for (const auto& b : m.blocks())
     for (const auto& e : b.entries()) {
-      const bool linear = e.shape.size() == 2 && e.name != "router.weight";
+      const bool linear = stored_in_weight_format(e.name, e.shape);
       const double stored = linear ? static_cast<double>(stored_weight_bytes(e.shape[0], e.shape[1], weights))
                                    : 4.0 * static_cast<double>(e.numel);
       bytes += e.name.rfind("experts.", 0) == 0 ? stored * expert_share : stored;

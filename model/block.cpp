@@ -65,6 +65,13 @@ std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cf
         const std::string p = "experts." + std::to_string(e) + ".";
         l.insert(l.end(), {{p + "gate.weight", {F, D}}, {p + "up.weight", {F, D}}, {p + "down.weight", {D, F}}});
       }
+      if (cfg.has_shared_expert()) {
+        const std::int64_t S = cfg.shared_expert_size;
+        l.insert(l.end(), {{"shared.gate.weight", {S, D}},
+                           {"shared.up.weight", {S, D}},
+                           {"shared.down.weight", {D, S}},
+                           {"shared_gate.weight", {1, D}}});
+      }
     }
     return l;
   }
@@ -74,6 +81,10 @@ std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cf
           {"o.bias", {D}},           {"mlp_norm.weight", {D}}, {"mlp_norm.bias", {D}},
           {"up.weight", {F, D}},     {"up.bias", {F}},        {"down.weight", {D, F}},
           {"down.bias", {D}}};
+}
+
+bool stored_in_weight_format(const std::string& name, const shape_t& shape) {
+  return shape.size() == 2 && name != "router.weight" && name != "shared_gate.weight";
 }
 
 attention_shape block_attention_shape(const model_config& cfg) {
@@ -127,7 +138,7 @@ std::int64_t served_block_bytes(const model_config& cfg, weight_format f, bool w
   for (const auto& [name, shape] : block_layout(cfg)) {
     std::int64_t numel = 1;
     for (std::int64_t d : shape) numel *= d;
-    const bool linear = shape.size() == 2 && name != "router.weight";  // the router stays f32
+    const bool linear = stored_in_weight_format(name, shape);
     if (with_parameters || !linear) bytes += 4 * numel;  // the f32 parameter (norms, biases, router: always)
     if (f == weight_format::f32) continue;
     if (linear) bytes += stored_weight_bytes(shape[0], shape[1], f);
@@ -214,6 +225,7 @@ constexpr Tensor block_tensors::*all_roles[] = {
     &block_tensors::o_w,         &block_tensors::o_b,         &block_tensors::mlp_norm_w, &block_tensors::mlp_norm_b,
     &block_tensors::gate_w,      &block_tensors::up_w,        &block_tensors::up_b,      &block_tensors::down_w,
     &block_tensors::down_b,      &block_tensors::q_norm_w,    &block_tensors::k_norm_w,  &block_tensors::router_w,
+    &block_tensors::shared_gate_w,
     &block_tensors::qkv_w,       &block_tensors::qkv_b,       &block_tensors::gate_up_w, &block_tensors::q_s,
     &block_tensors::k_s,         &block_tensors::v_s,         &block_tensors::o_s,       &block_tensors::gate_s,
     &block_tensors::up_s,        &block_tensors::down_s,      &block_tensors::qkv_s,     &block_tensors::gate_up_s};
@@ -283,9 +295,10 @@ void widen_block_weights(Backend& be, const model_config& cfg, const block_tenso
   for (std::size_t e = 0; e < w.experts.size(); ++e) {
     const E own = e < out.experts.size() ? out.experts[e] : E{};
     E& to = widened.experts[e];
-    widen_role(be, f, w.experts[e], own, to, &E::gate_w, &E::gate_s, {F, D});
-    widen_role(be, f, w.experts[e], own, to, &E::up_w, &E::up_s, {F, D});
-    widen_role(be, f, w.experts[e], own, to, &E::down_w, &E::down_s, {D, F});
+    const std::int64_t W = expert_width(cfg, static_cast<int>(e));  // the shared expert's differs
+    widen_role(be, f, w.experts[e], own, to, &E::gate_w, &E::gate_s, {W, D});
+    widen_role(be, f, w.experts[e], own, to, &E::up_w, &E::up_s, {W, D});
+    widen_role(be, f, w.experts[e], own, to, &E::down_w, &E::down_s, {D, W});
   }
   out = std::move(widened);
 }
@@ -300,13 +313,17 @@ block_tensors block_tensors::of(const model_config& cfg, const param_set& p) {
   t.mlp_norm_w = p.get("mlp_norm.weight");
   if (cfg.is_moe()) {
     t.router_w = p.get("router.weight");
-    for (int e = 0; e < cfg.n_experts; ++e) {
-      const std::string x = "experts." + std::to_string(e) + ".";
+    auto expert = [&](const std::string& x) {
       expert_tensors ex;
       ex.gate_w = p.get(x + "gate.weight");
       ex.up_w = p.get(x + "up.weight");
       ex.down_w = p.get(x + "down.weight");
       t.experts.push_back(std::move(ex));
+    };
+    for (int e = 0; e < cfg.n_experts; ++e) expert("experts." + std::to_string(e) + ".");
+    if (cfg.has_shared_expert()) {
+      expert("shared.");
+      t.shared_gate_w = p.get("shared_gate.weight");
     }
   } else {
     t.up_w = p.get("up.weight");
@@ -401,7 +418,7 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   // MLP half.
   norm_forward(be, cfg, a.h, w.mlp_norm_w, w.mlp_norm_b, a.norm2, opt(a.mean2), &a.rstd2);
   if (moe) {
-    moe_forward(be, cfg, w.router_w, w.experts, w.format, a.norm2, y, a.moe);
+    moe_forward(be, cfg, w, a.norm2, y, a.moe);
   } else if (llama) {
     be.linear(a.norm2, w.gate_w, nullptr, a.gate);
     be.linear(a.norm2, w.up_w, nullptr, a.up);
@@ -433,7 +450,7 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
 
   // MLP half: y = h + down(act(n2)) (or the experts' mixture of n2).
   if (cfg.is_moe()) {
-    moe_backward(be, cfg, w.router_w, w.experts, a.moe, a.norm2, dy, s.dnorm, &g.router_w, g.experts, s.moe);
+    moe_backward(be, cfg, w, a.moe, a.norm2, dy, s.dnorm, &g, s.moe);
   } else if (llama) {
     be.linear_backward(a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
@@ -502,7 +519,7 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
   // MLP half: y = h + down(act(n2)). Activation gradients are plain GEMMs
   // with the weights: d(in) = d(out) @ W for W [out, in].
   if (cfg.is_moe()) {
-    moe_backward(be, cfg, w.router_w, w.experts, a.moe, a.norm2, dy, s.dnorm, nullptr, {}, s.moe);
+    moe_backward(be, cfg, w, a.moe, a.norm2, dy, s.dnorm, nullptr, s.moe);
   } else if (llama) {
     be.gemm(dy, false, w.down_w, false, s.dact);
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);

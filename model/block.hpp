@@ -5,8 +5,9 @@
 //           Qwen2 adds biases to q, k, v (Llama's attention_bias: and o);
 //           Qwen3 norms each head of q and k (RMSNorm, one [Dh] weight
 //           each) before RoPE; RoPE may be scaled (kernels/rope_spec.hpp).
-//   Mixtral, Qwen3-MoE: Llama's (Qwen3's) attention, and in place of the
-//           MLP a mixture of SwiGLU experts (model/moe.hpp).
+//   Mixtral, Qwen2-MoE, Qwen3-MoE: Llama's (Qwen2's, Qwen3's) attention,
+//           and in place of the MLP a mixture of SwiGLU experts, with
+//           Qwen2-MoE's gated shared expert (model/moe.hpp).
 //   GPT-2:  the same with layernorm, biases on every linear, no RoPE (learned
 //           positions live in the head) and y = h + down(gelu_tanh(up(n2))).
 //
@@ -49,6 +50,11 @@ namespace corolla {
 /// param_set order (see model/transformer.hpp for the list).
 std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cfg);
 
+/// Whether block tensor `name` of block_layout, shaped `shape`, is a linear
+/// weight that inference weights store in their weight format: every matrix
+/// but a mixture of experts' router and shared expert gate (they stay f32).
+bool stored_in_weight_format(const std::string& name, const shape_t& shape);
+
 /// The attention geometry of `cfg` (default 1/sqrt(Dh) scale).
 attention_shape block_attention_shape(const model_config& cfg);
 
@@ -63,8 +69,11 @@ struct block_tensors {
   Tensor gate_w, up_w, up_b, down_w, down_b;
   Tensor q_norm_w, k_norm_w;  ///< Qwen3's per-head RMSNorm weights [Dh] of q and k
   /// Mixture-of-experts blocks (model_config::is_moe): the router [E, D] and
-  /// the experts, in place of gate, up and down (which stay undefined).
-  Tensor router_w;
+  /// the E experts, in place of gate, up and down (which stay undefined);
+  /// with a shared expert (model_config::has_shared_expert, Qwen2-MoE) it
+  /// is experts[E] (width shared_expert_size) and its gate is
+  /// shared_gate_w [1, D] (f32 like the router).
+  Tensor router_w, shared_gate_w;
   std::vector<expert_tensors> experts;
   /// Inference weights only (see inference_weights): q, k and v stacked in
   /// one [Hq*Dh + 2*Hkv*Dh, D] tensor whose row slices q_w, k_w, v_w are,

@@ -126,7 +126,7 @@ struct cached_forward {
     }
     if (cfg.is_moe()) {
       // The experts' mixture of the normed rows (model/moe.hpp).
-      moe_forward(be, cfg, w.router_w, w.experts, w.format, norm, tmp, ws.moe_);
+      moe_forward(be, cfg, w, norm, tmp, ws.moe_);
       be.add(h, tmp, y);
       return;
     }

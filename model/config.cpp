@@ -22,7 +22,7 @@ using json = nlohmann::json;
 
 const char* kSupported =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, "
-    "Qwen3MoeForCausalLM, GPT2LMHeadModel";
+    "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel";
 
 /// Reads config fields and names the field and file in every error.
 class field_reader {
@@ -191,14 +191,15 @@ model_config parse_llama(const field_reader& f, const json& j, const std::string
                                 std::to_string(c.n_heads) + ") and no head_dim is given");
     c.head_dim = c.hidden_size / c.n_heads;
   }
-  const bool qwen2 = hf_arch == "Qwen2ForCausalLM";
+  const bool qwen2_moe = hf_arch == "Qwen2MoeForCausalLM", qwen2 = hf_arch == "Qwen2ForCausalLM" || qwen2_moe;
   const bool qwen3_moe = hf_arch == "Qwen3MoeForCausalLM", mixtral = hf_arch == "MixtralForCausalLM";
   const bool qwen3 = hf_arch == "Qwen3ForCausalLM" || qwen3_moe;
-  c.intermediate_size = f.positive_int(qwen3_moe ? "moe_intermediate_size" : "intermediate_size");
+  const bool qwen_moe = qwen2_moe || qwen3_moe;
+  c.intermediate_size = f.positive_int(qwen_moe ? "moe_intermediate_size" : "intermediate_size");
   c.max_positions = f.positive_int("max_position_embeddings");
   c.norm_eps = f.positive_float("rms_norm_eps");
-  if (mixtral || qwen3_moe) {
-    // Every block is sparse: Qwen3-MoE's dense layers (mlp_only_layers,
+  if (mixtral || qwen_moe) {
+    // Every block is sparse: Qwen-MoE's dense layers (mlp_only_layers,
     // decoder_sparse_step > 1) are refused rather than run as experts.
     c.n_experts = f.positive_int(mixtral ? "num_local_experts" : "num_experts");
     c.experts_per_token = f.positive_int("num_experts_per_tok");
@@ -206,7 +207,7 @@ model_config parse_llama(const field_reader& f, const json& j, const std::string
       f.fail("num_experts_per_tok", "(" + std::to_string(c.experts_per_token) + ") exceeds the number of experts (" +
                                         std::to_string(c.n_experts) + ")");
     c.norm_topk_prob = mixtral || f.boolean_or("norm_topk_prob", false);
-    if (qwen3_moe) {
+    if (qwen_moe) {
       if (f.positive_int_or("decoder_sparse_step", 1) != 1)
         f.fail("decoder_sparse_step", "is not 1; dense MLP layers between sparse ones are not supported");
       if (f.has("mlp_only_layers") && !(j.at("mlp_only_layers").is_array() && j.at("mlp_only_layers").empty()))
@@ -215,8 +216,13 @@ model_config parse_llama(const field_reader& f, const json& j, const std::string
     if (f.has("router_jitter_noise") && j.at("router_jitter_noise").is_number() &&
         j.at("router_jitter_noise").get<double>() != 0)
       f.fail("router_jitter_noise", "is not 0; random jitter of the router's input is not supported");
-    if (f.has("shared_expert_intermediate_size") && j.at("shared_expert_intermediate_size") != 0)
-      f.fail("shared_expert_intermediate_size", "is set; shared experts are not supported");
+    // Qwen2-MoE's shared expert (Qwen2MoeConfig's default width 5632; a
+    // width of 0 adds nothing, as in HF). Other families have none.
+    const bool shared_zero = f.has("shared_expert_intermediate_size") && j.at("shared_expert_intermediate_size") == 0;
+    if (qwen2_moe && !shared_zero)
+      c.shared_expert_size = f.positive_int_or("shared_expert_intermediate_size", 5632);
+    else if (!qwen2_moe && f.has("shared_expert_intermediate_size") && !shared_zero)
+      f.fail("shared_expert_intermediate_size", "is set; shared experts are Qwen2MoeForCausalLM's, not " + hf_arch + "'s");
   }
   c.rope = parse_rope_scaling(f, j, origin, f.positive_float_or("rope_theta", 10000.0f), c.head_dim,
                               c.max_positions);
@@ -237,7 +243,7 @@ model_config parse_llama(const field_reader& f, const json& j, const std::string
   // Qwen2's q, k and v always have biases (o never); Llama and Qwen3 put
   // one on all four when attention_bias is true; Mistral has none.
   if (qwen2) {
-    c.qkv_bias = true;
+    c.qkv_bias = !qwen2_moe || f.boolean_or("qkv_bias", true);  // Qwen2MoeConfig names it; Qwen2's are always on
   } else if (hf_arch != "MistralForCausalLM" && !mixtral && f.boolean_or("attention_bias", false)) {
     c.qkv_bias = c.o_bias = true;
   }
@@ -328,8 +334,13 @@ void model_config::validate() const {
   if (n_experts < 0 || (n_experts > 0 && (experts_per_token < 1 || experts_per_token > n_experts)))
     throw model_error(describe(*this) + ": " + std::to_string(experts_per_token) + " experts per token of " +
                       std::to_string(n_experts));
-  if (n_experts > 0 && hf_architecture != "MixtralForCausalLM" && hf_architecture != "Qwen3MoeForCausalLM")
-    throw model_error(describe(*this) + ": mixtures of experts are MixtralForCausalLM or Qwen3MoeForCausalLM models");
+  if (n_experts > 0 && hf_architecture != "MixtralForCausalLM" && hf_architecture != "Qwen2MoeForCausalLM" &&
+      hf_architecture != "Qwen3MoeForCausalLM")
+    throw model_error(describe(*this) +
+                      ": mixtures of experts are MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM models");
+  if (shared_expert_size < 0 || (shared_expert_size > 0 && (n_experts == 0 || hf_architecture != "Qwen2MoeForCausalLM")))
+    throw model_error(describe(*this) + ": a shared expert (width " + std::to_string(shared_expert_size) +
+                      ") belongs to a Qwen2MoeForCausalLM mixture of experts");
   if (n_experts > 0 && hf_architecture == "MixtralForCausalLM" && !norm_topk_prob)
     throw model_error(describe(*this) + ": Mixtral always renormalises its top-k routing weights (norm_topk_prob)");
   if (n_heads % n_kv_heads != 0)
@@ -368,6 +379,7 @@ long long model_config::parameter_count() const {
   // input norm, q/k/v/o (and their biases), q/k norms, post-attention norm, gate/up/down
   long long block = D + D * q + 2 * D * kv + q * D + D + 3 * D * F * std::max(1, n_experts);
   if (n_experts > 0) block += static_cast<long long>(n_experts) * D;  // the router
+  if (shared_expert_size > 0) block += 3 * D * shared_expert_size + D;  // the shared expert and its gate
   if (qkv_bias) block += q + 2 * kv;
   if (o_bias) block += D;
   if (qk_norm) block += 2LL * head_dim;
@@ -391,6 +403,7 @@ model_config parse_config(const nlohmann::json& j, const std::string& origin) {
     else if (type == "qwen2") arch = "Qwen2ForCausalLM";
     else if (type == "qwen3") arch = "Qwen3ForCausalLM";
     else if (type == "mixtral") arch = "MixtralForCausalLM";
+    else if (type == "qwen2_moe") arch = "Qwen2MoeForCausalLM";
     else if (type == "qwen3_moe") arch = "Qwen3MoeForCausalLM";
     else if (type == "gpt2") arch = "GPT2LMHeadModel";
     else arch = type.empty() ? std::string("(none: no architectures or model_type)") : type;
@@ -398,7 +411,8 @@ model_config parse_config(const nlohmann::json& j, const std::string& origin) {
 
   model_config c;
   if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
-      arch == "Qwen3ForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM")
+      arch == "Qwen3ForCausalLM" || arch == "MixtralForCausalLM" || arch == "Qwen2MoeForCausalLM" ||
+      arch == "Qwen3MoeForCausalLM")
     c = parse_llama(f, j, origin, arch);
   else if (arch == "GPT2LMHeadModel")
     c = parse_gpt2(f, arch);
@@ -458,7 +472,8 @@ nlohmann::json to_hf_json(const model_config& c) {
   } else {
     const std::string& h = c.hf_architecture;
     const std::string arch = h == "MistralForCausalLM" || h == "Qwen2ForCausalLM" || h == "Qwen3ForCausalLM" ||
-                                     h == "MixtralForCausalLM" || h == "Qwen3MoeForCausalLM"
+                                     h == "MixtralForCausalLM" || h == "Qwen2MoeForCausalLM" ||
+                                     h == "Qwen3MoeForCausalLM"
                                  ? h
                                  : std::string("LlamaForCausalLM");
     j["architectures"] = json::array({arch});
@@ -466,6 +481,7 @@ nlohmann::json to_hf_json(const model_config& c) {
                       : arch == "Qwen2ForCausalLM"    ? "qwen2"
                       : arch == "Qwen3ForCausalLM"    ? "qwen3"
                       : arch == "MixtralForCausalLM"  ? "mixtral"
+                      : arch == "Qwen2MoeForCausalLM" ? "qwen2_moe"
                       : arch == "Qwen3MoeForCausalLM" ? "qwen3_moe"
                                                       : "llama";
     j["vocab_size"] = c.vocab_size;
@@ -481,14 +497,16 @@ nlohmann::json to_hf_json(const model_config& c) {
     j["rope_scaling"] = c.rope_scaling.empty() ? json(nullptr) : json::parse(c.rope_scaling);
     j["tie_word_embeddings"] = c.tie_embeddings;
     j["hidden_act"] = "silu";
-    if (arch != "Qwen2ForCausalLM") j["attention_bias"] = c.o_bias;
+    if (arch == "Qwen2MoeForCausalLM") j["qkv_bias"] = c.qkv_bias;
+    else if (arch != "Qwen2ForCausalLM") j["attention_bias"] = c.o_bias;
     j["mlp_bias"] = false;
     if (arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") j["sliding_window"] = nullptr;
     if (arch == "MixtralForCausalLM") {
       j["num_local_experts"] = c.n_experts;
       j["num_experts_per_tok"] = c.experts_per_token;
       j["output_router_logits"] = false;  // the loss is the LM loss alone (no auxiliary balancing loss)
-    } else if (arch == "Qwen3MoeForCausalLM") {
+    } else if (arch == "Qwen2MoeForCausalLM" || arch == "Qwen3MoeForCausalLM") {
+      if (arch == "Qwen2MoeForCausalLM") j["shared_expert_intermediate_size"] = c.shared_expert_size;
       j["num_experts"] = c.n_experts;
       j["num_experts_per_tok"] = c.experts_per_token;
       j["moe_intermediate_size"] = c.intermediate_size;

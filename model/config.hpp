@@ -16,8 +16,9 @@ enum class architecture {
   /// LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
   /// Qwen3ForCausalLM: RMSNorm, RoPE (optionally scaled), SwiGLU, GQA, and
   /// the family's optional q/k/v(/o) biases and per-head q/k norms;
-  /// MixtralForCausalLM / Qwen3MoeForCausalLM: the same attention with a
-  /// mixture of SwiGLU experts in place of the MLP (model/moe.hpp)
+  /// MixtralForCausalLM / Qwen2MoeForCausalLM / Qwen3MoeForCausalLM: the
+  /// same attention with a mixture of SwiGLU experts in place of the MLP
+  /// (model/moe.hpp)
   llama,
   gpt2,   ///< GPT2LMHeadModel: LayerNorm, learned positions, GELU(tanh), biases, tied head
 };
@@ -49,6 +50,11 @@ struct model_config {
   /// The top-k routing probabilities are renormalised to sum to 1 (Mixtral
   /// always; Qwen3-MoE's norm_topk_prob).
   bool norm_topk_prob = false;
+  /// Qwen2-MoE's shared expert (shared_expert_intermediate_size): one more
+  /// SwiGLU MLP of this width that every token goes through, its output
+  /// scaled by sigmoid(shared_expert_gate(x)) and added to the experts'
+  /// mixture; 0 = none.
+  int shared_expert_size = 0;
   int bos_token_id = -1;        ///< -1 when unknown
   int eos_token_id = -1;        ///< -1 when unknown
   /// Every end-of-sequence id (Llama 3.1 instruct ends turns with
@@ -57,6 +63,7 @@ struct model_config {
   std::vector<int> eos_token_ids;
 
   bool is_moe() const { return n_experts > 0; }
+  bool has_shared_expert() const { return shared_expert_size > 0; }
   /// Throws model_error if the numbers are inconsistent (e.g. Hq % Hkv != 0).
   void validate() const;
   /// Parameters in the whole model (including embeddings).

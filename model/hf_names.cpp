@@ -35,16 +35,27 @@ void copy_floats(const Tensor& src, Tensor dst, std::int64_t src_offset = 0) {
 // ---- Llama ----------------------------------------------------------------------------
 
 /// A mixture-of-experts tensor's name: Mixtral's block_sparse_moe.gate and
-/// experts.E.w1 (gate) / w3 (up) / w2 (down), Qwen3-MoE's mlp.gate and
-/// experts.E.gate_proj / up_proj / down_proj. Empty for other tensors.
+/// experts.E.w1 (gate) / w3 (up) / w2 (down), Qwen-MoE's mlp.gate and
+/// experts.E.gate_proj / up_proj / down_proj, and Qwen2-MoE's
+/// mlp.shared_expert.*_proj and mlp.shared_expert_gate. Empty for other
+/// tensors.
 std::string moe_name(const model_config& cfg, const std::string& p, const std::string& canonical) {
   const bool mixtral = cfg.hf_architecture == "MixtralForCausalLM";
   const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
   if (canonical == "router.weight") return moe + "gate.weight";
-  if (canonical.rfind("experts.", 0) != 0) return {};
-  const std::size_t dot = canonical.find('.', 8);
-  if (dot == std::string::npos) return {};
-  const std::string expert = canonical.substr(0, dot + 1), role = canonical.substr(dot + 1);
+  if (canonical == "shared_gate.weight") return moe + "shared_expert_gate.weight";
+  std::string expert, role;
+  if (canonical.rfind("shared.", 0) == 0) {
+    expert = "shared_expert.";
+    role = canonical.substr(7);
+  } else if (canonical.rfind("experts.", 0) == 0) {
+    const std::size_t dot = canonical.find('.', 8);
+    if (dot == std::string::npos) return {};
+    expert = canonical.substr(0, dot + 1);
+    role = canonical.substr(dot + 1);
+  } else {
+    return {};
+  }
   const char* name = role == "gate.weight" ? (mixtral ? "w1.weight" : "gate_proj.weight")
                      : role == "up.weight" ? (mixtral ? "w3.weight" : "up_proj.weight")
                      : role == "down.weight" ? (mixtral ? "w2.weight" : "down_proj.weight")

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "model/block.hpp"
 #include "model/workspace.hpp"
 
 namespace corolla {
@@ -31,10 +32,13 @@ struct expert_rows {
   Tensor of(const Tensor& t) const { return t.slice(begin, end); }
 };
 
+/// Throws unless `n` is the number of experts a block of `cfg` holds (the
+/// shared expert included).
 void check_experts(const model_config& cfg, std::size_t n, const char* what) {
-  if (!cfg.is_moe() || static_cast<int>(n) != cfg.n_experts)
+  const int want = cfg.n_experts + (cfg.has_shared_expert() ? 1 : 0);
+  if (!cfg.is_moe() || static_cast<int>(n) != want)
     throw tensor_error(std::string(what) + ": " + std::to_string(n) + " experts for a config with " +
-                       std::to_string(cfg.n_experts));
+                       std::to_string(cfg.n_experts) + (cfg.has_shared_expert() ? " and a shared expert" : ""));
 }
 
 }  // namespace
@@ -129,9 +133,94 @@ void route_rows_backward(const moe_routing& r, const Tensor& dweights, Tensor& d
   }
 }
 
-void moe_forward(Backend& be, const model_config& cfg, const Tensor& router_w, std::span<const expert_tensors> experts,
-                 weight_format f, const Tensor& x, Tensor& y, moe_buffers& b) {
-  check_experts(cfg, experts.size(), "moe_forward");
+namespace {
+
+/// One SwiGLU expert over the rows x: gate, up and act kept for the
+/// backward, y written.
+void expert_forward(Backend& be, weight_format f, const expert_tensors& ex, const Tensor& x, Tensor& gate, Tensor& up,
+                    Tensor& act, Tensor& y) {
+  linear_as(be, f, x, ex.gate_w, ex.gate_s, nullptr, gate);
+  linear_as(be, f, x, ex.up_w, ex.up_s, nullptr, up);
+  be.swiglu(gate, up, act);
+  linear_as(be, f, act, ex.down_w, ex.down_s, nullptr, y);
+}
+
+/// Its backward: dx overwritten from dy (with expert_forward's x, gate, up
+/// and act); the weights' gradients added into `g` when given (f32
+/// weights), else frozen weights.
+void expert_backward(Backend& be, const expert_tensors& ex, const Tensor& x, const Tensor& gate, const Tensor& up,
+                     const Tensor& act, const Tensor& dy, Tensor& dact, Tensor& dgate, Tensor& dup, Tensor& dx,
+                     expert_tensors* g) {
+  if (g) {
+    be.linear_backward(act, ex.down_w, dy, &dact, g->down_w, nullptr);
+    be.swiglu_backward(gate, up, dact, dgate, dup);
+    be.linear_backward(x, ex.gate_w, dgate, &dx, g->gate_w, nullptr);
+    be.linear_backward(x, ex.up_w, dup, nullptr, g->up_w, nullptr);
+  } else {
+    // Frozen weights: activation gradients are plain products, d(in) = d(out) @ W.
+    be.gemm(dy, false, ex.down_w, false, dact);
+    be.swiglu_backward(gate, up, dact, dgate, dup);
+    be.gemm(dgate, false, ex.gate_w, false, dx);
+  }
+  be.gemm(dup, false, ex.up_w, false, dx, 1.0f, 1.0f);  // dx += dup @ W_up
+}
+
+/// The rows 0..n-1 (host i32 [n]): the shared expert's routing.
+const Tensor& identity_rows(moe_buffers& b, std::int64_t n) {
+  Tensor& t = host_rows(b.identity, n, -1, dtype::i32);
+  std::int32_t* p = t.data<std::int32_t>();
+  for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<std::int32_t>(i);
+  return t;
+}
+
+/// y += sigmoid(shared_gate(x)) * shared(x), row by row (Qwen2-MoE).
+void shared_expert_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x, Tensor& y,
+                           moe_buffers& b) {
+  const std::int64_t n = x.dim(0), S = cfg.shared_expert_size;
+  ensure_rows(be, b.shared_logit, n, 1);
+  be.linear(x, w.shared_gate_w, nullptr, b.shared_logit);
+  Tensor& gate = host_rows(b.shared_w_host, n, 1);
+  be.copy(b.shared_logit, gate);
+  float* g = gate.data<float>();
+  for (std::int64_t t = 0; t < n; ++t) g[t] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(g[t]))));
+  be.copy(gate, ensure_rows(be, b.shared_w, n, 1));
+  expert_forward(be, w.format, w.experts[static_cast<std::size_t>(cfg.n_experts)], x, ensure_rows(be, b.sgate, n, S),
+                 ensure_rows(be, b.sup, n, S), ensure_rows(be, b.sact, n, S), ensure_rows(be, b.sy, n, x.dim(1)));
+  be.moe_combine(b.sy, identity_rows(b, n).view({n, 1}), &b.shared_w, true, y);
+}
+
+/// Its backward: dx += the shared expert's and its gate's input gradients;
+/// with `g`, their weights' gradients added.
+void shared_expert_backward(Backend& be, const model_config& cfg, const block_tensors& w, const moe_buffers& b,
+                            const Tensor& x, const Tensor& dy, Tensor& dx, block_tensors* g, moe_grad_scratch& s) {
+  const std::int64_t n = x.dim(0), d = x.dim(1), S = cfg.shared_expert_size;
+  const Tensor slots = b.identity.view({n, 1});
+  // dL/dgate_t = dot(dy_t, shared_t), then through the sigmoid: z = the
+  // gate's logit, dL/dz = dL/dgate * g (1 - g).
+  be.moe_combine_weight_grad(dy, b.sy, slots, ensure_tensor(be, s.dshared_w, {n, 1}));
+  Tensor& dz = ensure_host(s.dshared_w_host, {n, 1});
+  be.copy(s.dshared_w, dz);
+  float* dzp = dz.data<float>();
+  const float* gp = b.shared_w_host.data<float>();
+  for (std::int64_t t = 0; t < n; ++t) dzp[t] *= gp[t] * (1.0f - gp[t]);
+  be.copy(dz, ensure_tensor(be, s.dshared_z, {n, 1}));
+  // The shared expert's output rows' gradient: dy scaled by each row's gate.
+  const Tensor row_gates = b.shared_w.view({n});
+  be.moe_gather(dy, b.identity, &row_gates, ensure_tensor(be, s.dsy, {n, d}));
+  expert_backward(be, w.experts[static_cast<std::size_t>(cfg.n_experts)], x, b.sgate, b.sup, b.sact, s.dsy,
+                  ensure_tensor(be, s.dsact, {n, S}), ensure_tensor(be, s.dsgate, {n, S}),
+                  ensure_tensor(be, s.dsup, {n, S}), ensure_tensor(be, s.dsx, {n, d}),
+                  g ? &g->experts[static_cast<std::size_t>(cfg.n_experts)] : nullptr);
+  be.moe_combine(s.dsx, slots, nullptr, true, dx);
+  if (g) be.linear_backward(x, w.shared_gate_w, s.dshared_z, nullptr, g->shared_gate_w, nullptr);
+  be.gemm(s.dshared_z, false, w.shared_gate_w, false, dx, 1.0f, 1.0f);
+}
+
+}  // namespace
+
+void moe_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x, Tensor& y,
+                 moe_buffers& b) {
+  check_experts(cfg, w.experts.size(), "moe_forward");
   const std::int64_t n = x.dim(0), d = cfg.hidden_size, ff = cfg.intermediate_size;
   const int k = cfg.experts_per_token;
   const std::int64_t m = n * k;
@@ -140,7 +229,7 @@ void moe_forward(Backend& be, const model_config& cfg, const Tensor& router_w, s
   expect_rows(y, n, d, "moe_forward y");
   expect_dtype(x, dtype::f32, "moe_forward x (mixture-of-experts activations are f32)");
   ensure_rows(be, b.logits, n, cfg.n_experts);
-  be.linear(x, router_w, nullptr, b.logits);
+  be.linear(x, w.router_w, nullptr, b.logits);
   moe_routing& r = b.route;
   be.copy(b.logits, host_rows(r.logits, n, cfg.n_experts));
   route_rows(k, cfg.norm_topk_prob, r);
@@ -154,26 +243,21 @@ void moe_forward(Backend& be, const model_config& cfg, const Tensor& router_w, s
   for (int e = 0; e < cfg.n_experts; ++e) {
     const std::int64_t begin = r.offsets[e], end = r.offsets[e + 1];
     if (begin == end) continue;  // no row chose this expert
-    const expert_tensors& ex = experts[static_cast<std::size_t>(e)];
     b.xs.slice_into(begin, end, b.xe);
     b.gate.slice_into(begin, end, b.ge);
     b.up.slice_into(begin, end, b.ue);
     b.act.slice_into(begin, end, b.ae);
     b.ys.slice_into(begin, end, b.ye);
-    linear_as(be, f, b.xe, ex.gate_w, ex.gate_s, nullptr, b.ge);
-    linear_as(be, f, b.xe, ex.up_w, ex.up_s, nullptr, b.ue);
-    be.swiglu(b.ge, b.ue, b.ae);
-    linear_as(be, f, b.ae, ex.down_w, ex.down_s, nullptr, b.ye);
+    expert_forward(be, w.format, w.experts[static_cast<std::size_t>(e)], b.xe, b.ge, b.ue, b.ae, b.ye);
   }
   be.moe_combine(b.ys, r.slots, &r.weights, false, y);
+  if (cfg.has_shared_expert()) shared_expert_forward(be, cfg, w, x, y, b);
 }
 
-void moe_backward(Backend& be, const model_config& cfg, const Tensor& router_w,
-                  std::span<const expert_tensors> experts, const moe_buffers& b, const Tensor& x, const Tensor& dy,
-                  Tensor& dx, Tensor* drouter_w, std::span<expert_tensors> dexperts, moe_grad_scratch& s) {
-  check_experts(cfg, experts.size(), "moe_backward");
-  const bool params = drouter_w != nullptr;
-  if (params) check_experts(cfg, dexperts.size(), "moe_backward gradients");
+void moe_backward(Backend& be, const model_config& cfg, const block_tensors& w, const moe_buffers& b, const Tensor& x,
+                  const Tensor& dy, Tensor& dx, block_tensors* g, moe_grad_scratch& s) {
+  check_experts(cfg, w.experts.size(), "moe_backward");
+  if (g) check_experts(cfg, g->experts.size(), "moe_backward gradients");
   const moe_routing& r = b.route;
   const std::int64_t n = r.rows, d = cfg.hidden_size, ff = cfg.intermediate_size;
   const int k = r.k;
@@ -197,28 +281,16 @@ void moe_backward(Backend& be, const model_config& cfg, const Tensor& router_w,
   for (int e = 0; e < cfg.n_experts; ++e) {
     const expert_rows rows{r.offsets[e], r.offsets[e + 1]};
     if (rows.begin == rows.end) continue;
-    const expert_tensors& ex = experts[static_cast<std::size_t>(e)];
-    const Tensor xe = rows.of(b.xs), ge = rows.of(b.gate), ue = rows.of(b.up), ae = rows.of(b.act);
-    const Tensor dye = rows.of(s.dys);
     Tensor dae = rows.of(s.dact), dge = rows.of(s.dgate), due = rows.of(s.dup), dxe = rows.of(s.dxs);
-    if (params) {
-      expert_tensors& g = dexperts[static_cast<std::size_t>(e)];
-      be.linear_backward(ae, ex.down_w, dye, &dae, g.down_w, nullptr);
-      be.swiglu_backward(ge, ue, dae, dge, due);
-      be.linear_backward(xe, ex.gate_w, dge, &dxe, g.gate_w, nullptr);
-      be.linear_backward(xe, ex.up_w, due, nullptr, g.up_w, nullptr);
-    } else {
-      // Frozen weights: activation gradients are plain products, d(in) = d(out) @ W.
-      be.gemm(dye, false, ex.down_w, false, dae);
-      be.swiglu_backward(ge, ue, dae, dge, due);
-      be.gemm(dge, false, ex.gate_w, false, dxe);
-    }
-    be.gemm(due, false, ex.up_w, false, dxe, 1.0f, 1.0f);  // dxe += dup @ W_up
+    expert_backward(be, w.experts[static_cast<std::size_t>(e)], rows.of(b.xs), rows.of(b.gate), rows.of(b.up),
+                    rows.of(b.act), rows.of(s.dys), dae, dge, due, dxe,
+                    g ? &g->experts[static_cast<std::size_t>(e)] : nullptr);
   }
   // dx: each row's k expert input gradients, plus the router's.
   be.moe_combine(s.dxs, r.slots, nullptr, false, dx);
-  if (params) be.linear_backward(x, router_w, s.dlogits, nullptr, *drouter_w, nullptr);
-  be.gemm(s.dlogits, false, router_w, false, dx, 1.0f, 1.0f);
+  if (g) be.linear_backward(x, w.router_w, s.dlogits, nullptr, g->router_w, nullptr);
+  be.gemm(s.dlogits, false, w.router_w, false, dx, 1.0f, 1.0f);
+  if (cfg.has_shared_expert()) shared_expert_backward(be, cfg, w, b, x, dy, dx, g, s);
 }
 
 }  // namespace corolla

@@ -1,13 +1,18 @@
-// model/moe.hpp — the mixture-of-experts MLP of Mixtral and Qwen3-MoE
-// blocks, in place of the dense SwiGLU MLP (model/block.hpp):
+// model/moe.hpp — the mixture-of-experts MLP of Mixtral, Qwen2-MoE and
+// Qwen3-MoE blocks, in place of the dense SwiGLU MLP (model/block.hpp):
 //
 //   p = softmax(router(x))                   per row, over the E experts
 //   e_1..e_k = the k largest p (top-k), w_j = p[e_j]
 //              (/ sum_j p[e_j] with norm_topk_prob: Mixtral always)
 //   y = sum_j w_j * down_ej(silu(gate_ej(x)) * up_ej(x))
+//   Qwen2-MoE's shared expert s, which every row goes through:
+//   y += sigmoid(shared_gate(x)) * down_s(silu(gate_s(x)) * up_s(x))
 //
-// exactly as HuggingFace's MixtralSparseMoeBlock and Qwen3MoeSparseMoeBlock
-// compute it (softmax in f32, the top-k weights renormalised in f32).
+// exactly as HuggingFace's MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock
+// and Qwen3MoeSparseMoeBlock compute it (softmax in f32, the top-k weights
+// renormalised in f32). The shared expert is one more product per
+// projection over all N rows; its gate's N logits come to the host with the
+// router's (sigmoid there) and scale its rows as moe_combine adds them.
 //
 // Rows are routed on the host: the router's [N, E] logits come back (one
 // small copy per block; on a GPU, one synchronisation), each row's k
@@ -39,6 +44,8 @@
 
 namespace corolla {
 
+struct block_tensors;
+
 /// One expert's SwiGLU weights: gate [F, D], up [F, D], down [D, F] (f32
 /// parameters, or inference copies of the block's weight format with their
 /// scales; the scales stay undefined for f32 and bf16).
@@ -46,6 +53,12 @@ struct expert_tensors {
   Tensor gate_w, up_w, down_w;
   Tensor gate_s, up_s, down_s;
 };
+
+/// The width of expert `e` of a block of `cfg`: intermediate_size, or
+/// shared_expert_size for the shared expert (e == n_experts).
+inline std::int64_t expert_width(const model_config& cfg, int e) {
+  return e == cfg.n_experts ? cfg.shared_expert_size : cfg.intermediate_size;
+}
 
 /// Where N rows go: the top-k experts of each row and the order of the
 /// expert-sorted rows. Host tensors (indices are uploaded by the ops that
@@ -85,6 +98,11 @@ struct moe_buffers {
   /// Views of one expert's rows of those five, kept so that a decode step
   /// allocates nothing (Tensor::slice_into).
   Tensor xe, ge, ue, ae, ye;
+  /// The shared expert (Qwen2-MoE): its gate's logits [N, 1], their sigmoid
+  /// (host, and on the device), its rows' three [N, S] products and output
+  /// [N, D], and the rows 0..N-1 (host i32 [N]: the identity routing that
+  /// moe_combine and moe_gather take).
+  Tensor shared_logit, shared_w_host, shared_w, sgate, sup, sact, sy, identity;
 };
 
 /// Scratch of moe_backward, grown on demand.
@@ -92,21 +110,26 @@ struct moe_grad_scratch {
   Tensor dweights, dweights_host, dlogits, dlogits_host;
   Tensor row_weights;  ///< the routing's row weights on the device
   Tensor dys, dact, dgate, dup, dxs;
+  /// The shared expert's: its gate weights' gradient [N, 1] (device and
+  /// host), its gate logits' [N, 1], its output rows' [N, D], three [N, S],
+  /// and its input's [N, D].
+  Tensor dshared_w, dshared_w_host, dshared_z, dsy, dsact, dsgate, dsup, dsx;
 };
 
-/// y [N, D] = the mixture of experts of x [N, D] (the block's second norm).
-/// `experts` holds E experts stored as `f` (f32 in training); the router
-/// stays f32. y must not alias x.
-void moe_forward(Backend& be, const model_config& cfg, const Tensor& router_w, std::span<const expert_tensors> experts,
-                 weight_format f, const Tensor& x, Tensor& y, moe_buffers& b);
+/// y [N, D] = the mixture of experts of x [N, D] (the block's second norm),
+/// with w's router, experts (E, then the shared expert when cfg has one)
+/// and shared expert gate (model/block.hpp). The experts are stored as
+/// w.format (f32 in training); the router and the shared gate stay f32. y
+/// must not alias x.
+void moe_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x, Tensor& y,
+                 moe_buffers& b);
 
 /// The backward of moe_forward (whose buffers are `b`, input `x`): dx
-/// [N, D] overwritten from dy [N, D]. With `drouter_w` and `dexperts` (the
-/// gradient tensors of the same roles, f32) the parameter gradients are
-/// added into them; without (null, empty) only dx is computed (frozen
-/// weights: a server's input-only backward).
-void moe_backward(Backend& be, const model_config& cfg, const Tensor& router_w,
-                  std::span<const expert_tensors> experts, const moe_buffers& b, const Tensor& x, const Tensor& dy,
-                  Tensor& dx, Tensor* drouter_w, std::span<expert_tensors> dexperts, moe_grad_scratch& s);
+/// [N, D] overwritten from dy [N, D]. With `g` (the block's gradients, f32)
+/// the router's, the experts' and the shared gate's gradients are added
+/// into it; without (null) only dx is computed (frozen weights: a server's
+/// input-only backward).
+void moe_backward(Backend& be, const model_config& cfg, const block_tensors& w, const moe_buffers& b, const Tensor& x,
+                  const Tensor& dy, Tensor& dx, block_tensors* g, moe_grad_scratch& s);
 
 }  // namespace corolla

@@ -92,6 +92,8 @@ double block_matrix_params(const model_config& cfg, bool stored = false) {
   double attention = D * q + 2 * D * kv + q * D;
   double mlp = cfg.arch == architecture::llama ? 3 * D * F : 2 * D * F;
   if (cfg.is_moe()) mlp = D * cfg.n_experts + mlp * (stored ? cfg.n_experts : cfg.experts_per_token);
+  // Qwen2-MoE's shared expert and its gate: every token goes through them.
+  if (cfg.has_shared_expert()) mlp += 3 * D * cfg.shared_expert_size + D;
   return attention + mlp;
 }
 
@@ -141,6 +143,8 @@ double block_activation_bytes(const model_config& cfg, int seq, int sequences, d
   // A mixture of experts keeps k copies of each row (gathered input, three
   // F-wide, the output) and the router's logits.
   if (cfg.is_moe()) per_token = 4 * D + 2 * q + 2 * kv + cfg.experts_per_token * (2 * D + 3 * F) + cfg.n_experts;
+  // A shared expert keeps its three S-wide rows, its output and its gate.
+  if (cfg.has_shared_expert()) per_token += 3.0 * cfg.shared_expert_size + D + 1;
   // Mixture-of-experts blocks train in f32 (16-bit compute is refused for them).
   if (cfg.is_moe()) bytes = std::max(bytes, 4.0);
   if (cfg.qk_norm) per_token += q + kv;

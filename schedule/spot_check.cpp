@@ -23,23 +23,50 @@ double spot_check_tolerance(const std::string& weights, bool compressed) {
   return tol;
 }
 
+namespace {
+
+/// ||a - b|| / max(||a||, ||b||) of one row; infinite for a NaN or an infinity.
+double row_difference(const float* a, const float* b, std::size_t width) {
+  double diff = 0, na = 0, nb = 0;
+  for (std::size_t c = 0; c < width; ++c) {
+    const double x = a[c], y = b[c];
+    diff += (x - y) * (x - y);
+    na += x * x;
+    nb += y * y;
+  }
+  const double norm = std::max(na, nb);
+  // NaN or infinity in an answer is as wrong as it gets.
+  const double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  return std::isfinite(rel) ? rel : INFINITY;
+}
+
+}  // namespace
+
 double relative_difference(const float* a, const float* b, std::size_t rows, std::size_t width) {
   double worst = 0;
-  for (std::size_t r = 0; r < rows; ++r) {
-    double diff = 0, na = 0, nb = 0;
-    for (std::size_t c = 0; c < width; ++c) {
-      const double x = a[r * width + c], y = b[r * width + c];
-      diff += (x - y) * (x - y);
-      na += x * x;
-      nb += y * y;
-    }
-    const double norm = std::max(na, nb);
-    // NaN or infinity in an answer is as wrong as it gets.
-    const double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-    if (!std::isfinite(rel)) return INFINITY;
-    worst = std::max(worst, rel);
-  }
+  for (std::size_t r = 0; r < rows; ++r) worst = std::max(worst, row_difference(a + r * width, b + r * width, width));
   return worst;
+}
+
+double routing_tie(double tol) { return tol / 4; }
+
+row_comparison compare_rows(const float* a, const float* b, std::size_t rows, std::size_t width, double tol,
+                            std::span<const float> margins, double tie) {
+  row_comparison c;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const double d = row_difference(a + r * width, b + r * width, width);
+    if (d <= tol) {
+      c.worst = std::max(c.worst, d);
+      continue;
+    }
+    if (std::isfinite(d) && r < margins.size() && margins[r] < tie) {
+      ++c.excused;  // a near tie of the routing: honest servers may choose apart
+      continue;
+    }
+    c.agree = false;
+    c.worst = std::max(c.worst, d);
+  }
+  return c;
 }
 
 spot_verdict judge(const std::vector<std::vector<bool>>& agree) {

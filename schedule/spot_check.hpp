@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,37 @@ double spot_check_tolerance(const std::string& weights, bool compressed);
 /// [rows, width] values (symmetric; two zero rows differ by 0); infinite
 /// when either holds a NaN or an infinity.
 double relative_difference(const float* a, const float* b, std::size_t rows, std::size_t width);
+
+/// The relative router logit gap under which two honest servers may route
+/// a row of a mixture-of-experts model to different experts, for answers
+/// compared with tolerance `tol`: their hidden states differ by less than
+/// `tol` relative to the row, and so do the router logits computed from
+/// them, relative to the logits' spread. A quarter of the tolerance: honest
+/// differences stay well below it (spot_check_tolerance leaves about ten
+/// times their size).
+double routing_tie(double tol);
+
+/// How two answers for the same rows compare, row by row.
+struct row_comparison {
+  bool agree = true;         ///< every row within the tolerance, or excused
+  double worst = 0;          ///< the largest relative difference of a row not excused
+  std::size_t excused = 0;   ///< rows over the tolerance excused as routing near-ties
+};
+
+/// Compares two answers [rows, width] row by row (relative_difference's
+/// measure of each row) against `tol`. A mixture of experts routes each row
+/// by a top-k choice that two honest servers can make differently when a
+/// row's k-th and (k+1)-th router logits nearly tie; the answers of such a
+/// row may differ by far more than `tol`. `margins` (one per row, or empty
+/// when nobody reported them) are the smallest such gap of each row over
+/// the span's blocks, relative to that block's logit spread, as a server
+/// that recomputed the rows reported it (the lower of two reports); a row
+/// over the tolerance whose margin is below `tie` is excused rather than
+/// counted. A NaN or an infinity is never excused. Margins are only taken
+/// from the checkers, never from the server under check: a wrong server
+/// cannot excuse itself.
+row_comparison compare_rows(const float* a, const float* b, std::size_t rows, std::size_t width, double tol,
+                            std::span<const float> margins = {}, double tie = 0);
 
 /// Who is wrong, from the pairwise agreement of n opinions about the same
 /// rows (agree[i][j], symmetric; opinion 0 is the checked server's).

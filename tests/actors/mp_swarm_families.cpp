@@ -2,8 +2,9 @@
 // processes on 127.0.0.1: Qwen2 (q/k/v biases, tied embeddings) and Qwen3
 // (per-head q/k norms, its own head_dim) with scaled RoPE (yarn, llama3)
 // generate through a two-server chain as they do locally; so do the
-// mixtures of experts Mixtral and Qwen3-MoE (each server routes its blocks'
-// rows to their experts).
+// mixtures of experts Mixtral, Qwen3-MoE and Qwen2-MoE (each server
+// routes its blocks' rows to their experts; Qwen2-MoE's shared expert runs
+// beside them).
 #include <doctest/doctest.h>
 
 #include <functional>
@@ -50,7 +51,7 @@ TEST_CASE("swarm greedy generation equals local generation for Qwen2 and Qwen3 m
   }
 }
 
-TEST_CASE("swarm greedy generation equals local generation for Mixtral and Qwen3-MoE models") {
+TEST_CASE("swarm greedy generation equals local generation for Mixtral, Qwen3-MoE and Qwen2-MoE models") {
   const std::vector<std::function<void(testing::tiny_model_options&)>> families = {
       [](auto& o) {
         o.family = "MixtralForCausalLM";
@@ -62,6 +63,10 @@ TEST_CASE("swarm greedy generation equals local generation for Mixtral and Qwen3
         o.experts = 6;
         o.experts_per_token = 3;
         o.norm_topk_prob = false;
+        o.init_std = 0.6f;
+      },
+      [](auto& o) {
+        o.family = "Qwen2MoeForCausalLM";  // and its gated shared expert, on every server
         o.init_std = 0.6f;
       }};
   for (const auto& family : families) {

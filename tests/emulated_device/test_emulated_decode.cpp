@@ -133,7 +133,7 @@ TEST_CASE("emulated device: int8- and nf4-weight decode (quantised on the device
 TEST_CASE("emulated device: bf16-, int8- and nf4-weight decode of mixture-of-experts models generates the cpu's tokens") {
   // Each expert's weights converted (quantised) on the device, the router
   // kept f32; prefill and one-row decode steps route through the same experts.
-  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"}) {
     CAPTURE(family);
     testing::tiny_model_options o = testing::tiny_options_for(architecture::llama, 96);
     o.family = family;

@@ -45,11 +45,12 @@ testing::tiny_model_options options_for(architecture arch) { return testing::tin
 /// Llama, GPT-2, and the Llama-family members with their own tensors:
 /// Qwen2 (q/k/v biases, yarn RoPE), Qwen3 (per-head q/k norms, its own
 /// head_dim, attention_bias, llama3 RoPE), and the mixtures of experts
-/// Mixtral (4 experts, top 2, renormalised) and Qwen3-MoE (5 experts, top
-/// 3, not renormalised: norm_topk_prob false).
+/// Mixtral (4 experts, top 2, renormalised), Qwen3-MoE (5 experts, top
+/// 3, not renormalised: norm_topk_prob false) and Qwen2-MoE (Qwen2's
+/// attention, 4 experts, top 2, and a gated shared expert).
 std::vector<testing::tiny_model_options> every_family() {
   std::vector<testing::tiny_model_options> out = {options_for(architecture::llama), options_for(architecture::gpt2)};
-  testing::tiny_model_options q2 = options_for(architecture::llama), q3 = q2, mixtral = q2, q3moe = q2;
+  testing::tiny_model_options q2 = options_for(architecture::llama), q3 = q2, mixtral = q2, q3moe = q2, q2moe = q2;
   q2.family = "Qwen2ForCausalLM";
   q2.rope_scaling = R"({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})";
   q3.family = "Qwen3ForCausalLM";
@@ -65,7 +66,10 @@ std::vector<testing::tiny_model_options> every_family() {
   out.push_back(q2);
   out.push_back(q3);
   out.push_back(mixtral);
+  q2moe.family = "Qwen2MoeForCausalLM";
+  q2moe.norm_topk_prob = false;
   out.push_back(q3moe);
+  out.push_back(q2moe);
   return out;
 }
 

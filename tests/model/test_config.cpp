@@ -63,6 +63,19 @@ json qwen3_moe_json() {
     "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 151936})");
 }
 
+json qwen2_moe_json() {
+  // Qwen1.5-MoE-A2.7B's config.json (abridged to the fields that matter).
+  return json::parse(R"({
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu",
+    "hidden_size": 2048, "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+    "moe_intermediate_size": 1408, "norm_topk_prob": false, "num_attention_heads": 16, "num_experts": 60,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16, "output_router_logits": false,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 151936})");
+}
+
 std::string error_of(const json& j) {
   try {
     parse_config(j, "/models/x/config.json");
@@ -205,7 +218,7 @@ TEST_CASE("unsupported architectures and features are named in the error") {
   CHECK(error_of(j) ==
         "unsupported architecture 'FalconForCausalLM' in /models/x/config.json (supported: "
         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, "
-        "Qwen3MoeForCausalLM, GPT2LMHeadModel)");
+        "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel)");
 
   j = llama_json();
   j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
@@ -487,9 +500,53 @@ TEST_CASE("mixtral and qwen3-moe configs: experts, top-k, renormalisation, and t
   j.erase("mlp_only_layers");
   j.erase("decoder_sparse_step");
   CHECK(parse_config(j).n_experts == 128);
+  CHECK_FALSE(parse_config(j).has_shared_expert());
   // A dense config has no experts.
   CHECK_FALSE(parse_config(llama_json()).is_moe());
   CHECK(parse_config(llama_json()).n_experts == 0);
+}
+
+TEST_CASE("qwen2-moe configs: experts of moe_intermediate_size, a shared expert, q/k/v biases, the real model's size") {
+  model_config c = parse_config(qwen2_moe_json());
+  CHECK(c.hf_architecture == "Qwen2MoeForCausalLM");
+  CHECK(c.is_moe());
+  CHECK(c.n_experts == 60);
+  CHECK(c.experts_per_token == 4);
+  CHECK_FALSE(c.norm_topk_prob);
+  CHECK(c.intermediate_size == 1408);  // each expert's: moe_intermediate_size
+  CHECK(c.has_shared_expert());
+  CHECK(c.shared_expert_size == 5632);
+  CHECK(c.qkv_bias);  // Qwen2's attention: biases on q, k and v, none on o, no q/k norms
+  CHECK_FALSE(c.o_bias);
+  CHECK_FALSE(c.qk_norm);
+  CHECK(c.max_positions == 8192);  // use_sliding_window false: the window does not cap the context
+  // Qwen1.5-MoE-A2.7B: 14,315,784,192 parameters (60 experts, a router, a
+  // shared expert and its gate per layer).
+  CHECK(c.parameter_count() == 14315784192LL);
+  // What to_hf_json writes reads back the same.
+  const model_config back = parse_config(to_hf_json(c));
+  CHECK(back.hf_architecture == "Qwen2MoeForCausalLM");
+  CHECK(back.shared_expert_size == 5632);
+  CHECK(back.n_experts == 60);
+  CHECK(back.intermediate_size == 1408);
+  CHECK(back.qkv_bias);
+  CHECK(back.parameter_count() == c.parameter_count());
+  // HF's defaults: a shared expert of 5632, not renormalised; a width of 0
+  // adds nothing (no shared expert); model_type alone names the family.
+  json j = qwen2_moe_json();
+  j.erase("shared_expert_intermediate_size");
+  j.erase("norm_topk_prob");
+  CHECK(parse_config(j).shared_expert_size == 5632);
+  CHECK_FALSE(parse_config(j).norm_topk_prob);
+  j["shared_expert_intermediate_size"] = 0;
+  CHECK_FALSE(parse_config(j).has_shared_expert());
+  j.erase("architectures");
+  CHECK(parse_config(j).hf_architecture == "Qwen2MoeForCausalLM");
+  // A shared expert is Qwen2-MoE's alone.
+  c = parse_config(qwen3_moe_json());
+  c.shared_expert_size = 64;
+  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("a shared expert (width 64) belongs to a Qwen2MoeForCausalLM"),
+                       model_error);
 }
 
 TEST_CASE("mixture-of-experts features that are not supported are refused, naming the field") {
@@ -516,6 +573,15 @@ TEST_CASE("mixture-of-experts features that are not supported are refused, namin
   cases.push_back({qwen("num_experts_per_tok", 129), "num_experts_per_tok", "exceeds the number of experts (128)"});
   cases.push_back({mixtral("num_experts_per_tok", 9), "num_experts_per_tok", "exceeds the number of experts (8)"});
   cases.push_back({qwen("shared_expert_intermediate_size", 512), "shared_expert_intermediate_size", "shared experts"});
+  cases.push_back({mixtral("shared_expert_intermediate_size", 512), "shared_expert_intermediate_size", "shared experts"});
+  auto qwen2 = [](const char* key, json value) {
+    json j = qwen2_moe_json();
+    j[key] = std::move(value);
+    return j;
+  };
+  cases.push_back({qwen2("decoder_sparse_step", 2), "decoder_sparse_step", "is not 1"});
+  cases.push_back({qwen2("mlp_only_layers", json::array({0})), "mlp_only_layers", "is not empty"});
+  cases.push_back({qwen2("shared_expert_intermediate_size", -1), "shared_expert_intermediate_size", "positive integer"});
   cases.push_back({qwen("num_experts_per_tok", 0), "num_experts_per_tok", "positive integer"});
   cases.push_back({mixtral("num_local_experts", 0), "num_local_experts", "positive integer"});
   cases.push_back({qwen("decoder_sparse_step", 0), "decoder_sparse_step", "positive integer"});

@@ -375,7 +375,7 @@ TEST_CASE("cuda: a model on the device saves the same checkpoint as on the cpu")
 
 TEST_CASE("cuda: mixture-of-experts models generate the cpu's tokens (f32, bf16, int8, nf4 weights) and train to its losses") {
   REQUIRE_GPU_OR_SKIP();
-  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"}) {
     CAPTURE(family);
     testing::tiny_model_options o = options_for(architecture::llama);
     o.family = family;

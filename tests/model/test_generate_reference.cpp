@@ -1,7 +1,7 @@
 // fp32 greedy generation equals an independent float64 reference, token for
 // token. The reference below is written from the HuggingFace model
 // definitions (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-// MixtralForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel, and
+// MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GPT2LMHeadModel, and
 // modeling_rope_utils.py's rope_scaling types) as plain loops over the
 // checkpoint's own tensors and config text: it shares no kernel, no name
 // mapping, no layout conversion and no config parsing with corolla, only the
@@ -39,6 +39,7 @@ struct ref_moe {
   int width = 0;        ///< each expert's: intermediate_size (Mixtral) / moe_intermediate_size (Qwen3-MoE)
   bool renormalise = false;  ///< Mixtral always; Qwen3-MoE's norm_topk_prob (default false)
   bool mixtral = false;      ///< names: block_sparse_moe.{gate, experts.E.w1/w2/w3} vs mlp.{gate, experts.E.*_proj}
+  int shared_width = 0;      ///< Qwen2-MoE: shared_expert_intermediate_size (mlp.shared_expert.*, mlp.shared_expert_gate)
 };
 
 /// The checkpoint's tensors in double, by HF name (GPT-2's optional
@@ -68,12 +69,13 @@ ref_moe read_moe(const std::filesystem::path& dir) {
     m.experts = j.at("num_local_experts").get<int>();
     m.width = j.at("intermediate_size").get<int>();
     m.renormalise = true;  // MixtralSparseMoeBlock: routing_weights /= routing_weights.sum(...), always
-  } else if (type == "qwen3_moe") {
+  } else if (type == "qwen3_moe" || type == "qwen2_moe") {
     m.experts = j.at("num_experts").get<int>();
+    if (type == "qwen2_moe") m.shared_width = j.value("shared_expert_intermediate_size", 5632);
     m.width = j.at("moe_intermediate_size").get<int>();
     m.renormalise = j.value("norm_topk_prob", false);
     if (j.value("decoder_sparse_step", 1) != 1 || !j.value("mlp_only_layers", nlohmann::json::array()).empty())
-      FAIL("reference: only all-sparse Qwen3-MoE layers");
+      FAIL("reference: only all-sparse Qwen-MoE layers");
   } else {
     return m;
   }
@@ -238,11 +240,25 @@ void head_norm(const ref_weights& w, const std::string& name, vec& x, int heads,
   }
 }
 
+/// y += scale * the SwiGLU MLP of width F under prefix x (Qwen's
+/// gate_proj / up_proj / down_proj, or Mixtral's w1 / w3 / w2) of row h.
+void add_swiglu(const ref_weights& w, const std::string& x, bool mixtral, std::size_t F, const vec& h, double scale,
+                vec& y) {
+  const std::size_t D = h.size();
+  vec g = linear(w.at(x + (mixtral ? "w1.weight" : "gate_proj.weight")), h, F);
+  const vec u = linear(w.at(x + (mixtral ? "w3.weight" : "up_proj.weight")), h, F);
+  for (std::size_t i = 0; i < F; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  const vec down = linear(w.at(x + (mixtral ? "w2.weight" : "down_proj.weight")), g, D);
+  for (std::size_t i = 0; i < D; ++i) y[i] += scale * down[i];
+}
+
 /// The sparse MoE MLP of layer prefix `p` on one normed row h, as
-/// MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock compute it: router logits,
-/// softmax over the experts (f32 in HF, double here), torch.topk (largest
-/// first; ties to the lower index), the top-k probabilities renormalised
-/// when configured, and the weighted sum of the chosen SwiGLU experts.
+/// MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock
+/// compute it: router logits, softmax over the experts (f32 in HF, double
+/// here), torch.topk (largest first; ties to the lower index), the top-k
+/// probabilities renormalised when configured, the weighted sum of the
+/// chosen SwiGLU experts, and Qwen2-MoE's shared expert times
+/// sigmoid(shared_expert_gate(h)).
 vec sparse_moe(const ref_weights& w, const std::string& p, const vec& h) {
   const ref_moe& m = w.moe;
   const std::size_t D = h.size(), E = static_cast<std::size_t>(m.experts), k = static_cast<std::size_t>(m.top_k);
@@ -262,13 +278,13 @@ vec sparse_moe(const ref_weights& w, const std::string& p, const vec& h) {
   vec y(D, 0.0);
   for (std::size_t j = 0; j < k; ++j) {
     const double weight = m.renormalise ? probs[order[j]] / chosen : probs[order[j]];
-    const std::string x = block + "experts." + std::to_string(order[j]) + ".";
-    const auto F = static_cast<std::size_t>(m.width);
-    vec g = linear(w.at(x + (m.mixtral ? "w1.weight" : "gate_proj.weight")), h, F);
-    const vec u = linear(w.at(x + (m.mixtral ? "w3.weight" : "up_proj.weight")), h, F);
-    for (std::size_t i = 0; i < F; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-    const vec down = linear(w.at(x + (m.mixtral ? "w2.weight" : "down_proj.weight")), g, D);
-    for (std::size_t i = 0; i < D; ++i) y[i] += weight * down[i];
+    add_swiglu(w, block + "experts." + std::to_string(order[j]) + ".", m.mixtral, static_cast<std::size_t>(m.width), h,
+               weight, y);
+  }
+  if (m.shared_width > 0) {
+    const double z = linear(w.at(block + "shared_expert_gate.weight"), h, 1)[0];
+    add_swiglu(w, block + "shared_expert.", false, static_cast<std::size_t>(m.shared_width), h, 1.0 / (1.0 + std::exp(-z)),
+               y);
   }
   return y;
 }
@@ -536,6 +552,20 @@ TEST_CASE("greedy generation equals the float64 reference: qwen3-moe with top-1 
   check_against_reference(o);
   o.experts_per_token = 3;  // and top-3 of 5, not renormalised
   o.seed = 54;
+  check_against_reference(o);
+}
+
+TEST_CASE("greedy generation equals the float64 reference: qwen2-moe (a gated shared expert, q/k/v biases, tied)") {
+  auto o = options(architecture::llama, 2, true, dtype::f32, 1, 56);
+  o.family = "Qwen2MoeForCausalLM";
+  o.experts = 4;
+  o.experts_per_token = 2;
+  o.norm_topk_prob = false;  // Qwen1.5-MoE's and Qwen2-57B-A14B's choice
+  o.shared_expert = 64;      // wider than an expert (48), as in the real models
+  check_against_reference(o);
+  o.tied = false;
+  o.norm_topk_prob = true;
+  o.seed = 57;
   check_against_reference(o);
 }
 

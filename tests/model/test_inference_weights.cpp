@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "model/block.hpp"
 #include "model/error.hpp"
 #include "model/generator.hpp"
 #include "model/head.hpp"
@@ -63,7 +64,7 @@ weight_format head_format(weight_format f) { return is_quantized(f) ? weight_for
 void round_linear_weights(transformer& m, weight_format f) {
   for (param_set& p : m.blocks())
     for (const param_entry& e : p.entries())
-      if (e.shape.size() == 2 && e.name != "router.weight") round_to(p.get(e.name), f);
+      if (stored_in_weight_format(e.name, e.shape)) round_to(p.get(e.name), f);
   const bool tied = m.config().tie_embeddings;
   round_to(m.head().get(tied ? "embed.weight" : "lm_head.weight"), head_format(f));
 }
@@ -74,11 +75,12 @@ struct family {
   const char* name;  ///< tiny_model_options::family (llama only)
 };
 
-/// Llama, GPT-2 and the two mixtures of experts.
+/// Llama, GPT-2 and the three mixtures of experts.
 constexpr family kFamilies[] = {{architecture::llama, "LlamaForCausalLM"},
                                 {architecture::gpt2, "GPT2LMHeadModel"},
                                 {architecture::llama, "MixtralForCausalLM"},
-                                {architecture::llama, "Qwen3MoeForCausalLM"}};
+                                {architecture::llama, "Qwen3MoeForCausalLM"},
+                                {architecture::llama, "Qwen2MoeForCausalLM"}};
 
 /// Every family with every non-f32 format.
 std::vector<std::pair<family, weight_format>> cases() {

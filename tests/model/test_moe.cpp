@@ -1,8 +1,9 @@
 // tests/model/test_moe.cpp — the mixture-of-experts MLP (model/moe.hpp;
 // its host routing is tests/model/test_moe_routing.cpp): moe_forward
 // against a float64 loop written from HF's MixtralSparseMoeBlock /
-// Qwen3MoeSparseMoeBlock, and a whole MoE block's backward (dx, the router
-// and every expert) against finite differences.
+// Qwen2MoeSparseMoeBlock (with its gated shared expert) /
+// Qwen3MoeSparseMoeBlock, and a whole MoE block's backward (dx, the router,
+// every expert, the shared expert and its gate) against finite differences.
 //
 // Routing is piecewise: a finite difference is only meaningful while no row
 // changes its experts. The block checks choose inputs whose top-k logit
@@ -52,6 +53,7 @@ model_config moe_config(const std::string& family, int experts, int k, bool norm
   o.experts = experts;
   o.experts_per_token = k;
   o.norm_topk_prob = norm_topk_prob;
+  o.shared_expert = 20;  // Qwen2-MoE only
   if (family == "Qwen3MoeForCausalLM") {
     o.head_dim = 8;  // 4 heads x 8 = 32 != hidden 16
     o.attention_bias = true;
@@ -63,15 +65,35 @@ model_config moe_config(const std::string& family, int experts, int k, bool norm
   return c;
 }
 
+/// out[D] += scale * SwiGLU expert `e` of row x (double).
+void reference_expert(const expert_tensors& e, const float* x, std::int64_t D, double scale, double* out) {
+  const std::int64_t F = e.gate_w.dim(0);
+  const std::vector<float> g = e.gate_w.to_vector(), u = e.up_w.to_vector(), dn = e.down_w.to_vector();
+  std::vector<double> act(static_cast<std::size_t>(F));
+  for (std::int64_t f = 0; f < F; ++f) {
+    double a = 0, b = 0;
+    for (std::int64_t d = 0; d < D; ++d) {
+      a += double(g[f * D + d]) * x[d];
+      b += double(u[f * D + d]) * x[d];
+    }
+    act[static_cast<std::size_t>(f)] = a / (1.0 + std::exp(-a)) * b;
+  }
+  for (std::int64_t d = 0; d < D; ++d) {
+    double s = 0;
+    for (std::int64_t f = 0; f < F; ++f) s += double(dn[d * F + f]) * act[static_cast<std::size_t>(f)];
+    out[d] += scale * s;
+  }
+}
+
 /// y [n, D] of HF's sparse MoE block in double: softmax of the router
-/// logits, top-k (ties to the lower index), optional renormalisation, and
-/// the weighted sum of the chosen experts' SwiGLU MLPs. Also returns the
+/// logits, top-k (ties to the lower index), optional renormalisation, the
+/// weighted sum of the chosen experts' SwiGLU MLPs, and Qwen2-MoE's shared
+/// expert scaled by sigmoid(shared_expert_gate(x)). Also returns the
 /// smallest top-k logit margin over the rows.
-std::vector<double> reference_moe(const model_config& cfg, const Tensor& router, const std::vector<expert_tensors>& ex,
-                                  const Tensor& x, double& min_margin) {
-  const std::int64_t n = x.dim(0), D = cfg.hidden_size, F = cfg.intermediate_size;
+std::vector<double> reference_moe(const model_config& cfg, const block_tensors& w, const Tensor& x, double& min_margin) {
+  const std::int64_t n = x.dim(0), D = cfg.hidden_size;
   const int E = cfg.n_experts, k = cfg.experts_per_token;
-  const std::vector<float> xv = x.to_vector(), rv = router.to_vector();
+  const std::vector<float> xv = x.to_vector(), rv = w.router_w.to_vector();
   std::vector<double> y(static_cast<std::size_t>(n * D), 0.0);
   min_margin = 1e300;
   for (std::int64_t t = 0; t < n; ++t) {
@@ -83,41 +105,50 @@ std::vector<double> reference_moe(const model_config& cfg, const Tensor& router,
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
     if (k < E) min_margin = std::min(min_margin, logits[order[k - 1]] - logits[order[k]]);
     const std::vector<int> chosen(order.begin(), order.begin() + k);
-    const std::vector<double> w = reference_weights(logits, chosen, cfg.norm_topk_prob);
-    for (int j = 0; j < k; ++j) {
-      const expert_tensors& e = ex[static_cast<std::size_t>(chosen[static_cast<std::size_t>(j)])];
-      const std::vector<float> g = e.gate_w.to_vector(), u = e.up_w.to_vector(), dn = e.down_w.to_vector();
-      std::vector<double> act(static_cast<std::size_t>(F));
-      for (std::int64_t f = 0; f < F; ++f) {
-        double a = 0, b = 0;
-        for (std::int64_t d = 0; d < D; ++d) {
-          a += double(g[f * D + d]) * xv[t * D + d];
-          b += double(u[f * D + d]) * xv[t * D + d];
-        }
-        act[static_cast<std::size_t>(f)] = a / (1.0 + std::exp(-a)) * b;
-      }
-      for (std::int64_t d = 0; d < D; ++d) {
-        double s = 0;
-        for (std::int64_t f = 0; f < F; ++f) s += double(dn[d * F + f]) * act[static_cast<std::size_t>(f)];
-        y[static_cast<std::size_t>(t * D + d)] += w[static_cast<std::size_t>(j)] * s;
-      }
+    const std::vector<double> weights = reference_weights(logits, chosen, cfg.norm_topk_prob);
+    for (int j = 0; j < k; ++j)
+      reference_expert(w.experts[static_cast<std::size_t>(chosen[static_cast<std::size_t>(j)])], xv.data() + t * D, D,
+                       weights[static_cast<std::size_t>(j)], y.data() + t * D);
+    if (cfg.has_shared_expert()) {
+      const std::vector<float> gate = w.shared_gate_w.to_vector();
+      double z = 0;
+      for (std::int64_t d = 0; d < D; ++d) z += double(gate[static_cast<std::size_t>(d)]) * xv[t * D + d];
+      reference_expert(w.experts[static_cast<std::size_t>(E)], xv.data() + t * D, D, 1.0 / (1.0 + std::exp(-z)),
+                       y.data() + t * D);
     }
   }
   return y;
 }
 
-/// E experts of random N(0, scale) weights for `cfg`.
-std::vector<expert_tensors> random_experts(const model_config& cfg, std::uint64_t seed, float scale = 0.3f) {
-  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
-  std::vector<expert_tensors> ex;
-  for (int e = 0; e < cfg.n_experts; ++e) {
+/// A block's mixture-of-experts weights of random N(0, scale) values for
+/// `cfg`: the router (N(0, 0.4)), the E experts, and the shared expert and
+/// its gate when cfg has one.
+block_tensors random_moe(const model_config& cfg, std::uint64_t seed, float scale = 0.3f) {
+  const std::int64_t D = cfg.hidden_size;
+  block_tensors w;
+  w.router_w = random_tensor({cfg.n_experts, D}, 3, 0.4f);
+  const int count = cfg.n_experts + (cfg.has_shared_expert() ? 1 : 0);
+  for (int e = 0; e < count; ++e) {
+    const std::int64_t F = expert_width(cfg, e);
     expert_tensors t;
     t.gate_w = random_tensor({F, D}, seed + 3 * static_cast<std::uint64_t>(e), scale);
     t.up_w = random_tensor({F, D}, seed + 3 * static_cast<std::uint64_t>(e) + 1, scale);
     t.down_w = random_tensor({D, F}, seed + 3 * static_cast<std::uint64_t>(e) + 2, scale);
-    ex.push_back(t);
+    w.experts.push_back(t);
   }
-  return ex;
+  if (cfg.has_shared_expert()) w.shared_gate_w = random_tensor({1, D}, seed + 999, 0.5f);
+  return w;
+}
+
+/// Zero gradients of the roles of `w`.
+block_tensors zero_grads(const block_tensors& w) {
+  block_tensors g;
+  g.router_w = Tensor::zeros(w.router_w.shape());
+  for (const expert_tensors& e : w.experts)
+    g.experts.push_back({Tensor::zeros(e.gate_w.shape()), Tensor::zeros(e.up_w.shape()), Tensor::zeros(e.down_w.shape()),
+                         {}, {}, {}});
+  if (w.shared_gate_w.defined()) g.shared_gate_w = Tensor::zeros(w.shared_gate_w.shape());
+  return g;
 }
 
 // ---- block finite differences ---------------------------------------------------
@@ -206,7 +237,7 @@ void check_moe_block_backward(const model_config& cfg) {
   param_set grads = params.like();
   block_tensors w = block_tensors::of(cfg, params);
   block_tensors g = block_tensors::of(cfg, grads);
-  REQUIRE(w.experts.size() == static_cast<std::size_t>(cfg.n_experts));
+  REQUIRE(w.experts.size() == static_cast<std::size_t>(cfg.n_experts + (cfg.has_shared_expert() ? 1 : 0)));
   const auto pos_v = iota_positions(B, T);
   Tensor pos = Tensor::from_i32(pos_v, {N});
   Tensor r = random_tensor({N, D}, 6);  // L = sum(y * r), so dL/dy = r
@@ -251,12 +282,14 @@ void check_moe_block_backward(const model_config& cfg) {
     CHECK(testing::max_abs_diff(dx_only.to_vector(), dx.to_vector()) < 1e-5);
   }
   std::uint64_t seed = 200;
-  int experts_checked = 0;
+  int experts_checked = 0, shared_checked = 0;
   for (const auto& e : params.entries()) {
     check_direction_routed(e.name, params.get(e.name), grads.get(e.name), l, seed++);
     if (e.name.rfind("experts.", 0) == 0) ++experts_checked;
+    if (e.name.rfind("shared", 0) == 0) ++shared_checked;
   }
   CHECK(experts_checked == 3 * cfg.n_experts);
+  CHECK(shared_checked == (cfg.has_shared_expert() ? 4 : 0));
   // The router's gradient is not zero (unless top-1 renormalised: every weight is 1).
   const bool router_constant = cfg.experts_per_token == 1 && cfg.norm_topk_prob;
   double router_norm = 0;
@@ -288,21 +321,21 @@ TEST_CASE("moe_forward equals a float64 loop of HF's sparse MoE block, for many 
     bool norm;
   };
   for (const variant& v : {variant{"MixtralForCausalLM", 4, 2, true}, variant{"Qwen3MoeForCausalLM", 6, 3, false},
-                           variant{"Qwen3MoeForCausalLM", 4, 1, false}, variant{"MixtralForCausalLM", 3, 3, true}}) {
+                           variant{"Qwen3MoeForCausalLM", 4, 1, false}, variant{"MixtralForCausalLM", 3, 3, true},
+                           variant{"Qwen2MoeForCausalLM", 4, 2, false}, variant{"Qwen2MoeForCausalLM", 5, 1, true}}) {
     CAPTURE(v.family);
     CAPTURE(v.k);
     const model_config cfg = moe_config(v.family, v.experts, v.k, v.norm);
     const std::int64_t D = cfg.hidden_size;
-    const Tensor router = random_tensor({cfg.n_experts, D}, 3, 0.4f);
-    const std::vector<expert_tensors> ex = random_experts(cfg, 10);
+    const block_tensors w = random_moe(cfg, 10);
     moe_buffers b;  // reused across the row counts, as a decode workspace is
     for (std::int64_t n : {33, 1, 7}) {
       CAPTURE(n);
       const Tensor x = random_tensor({n, D}, 50 + static_cast<std::uint64_t>(n));
       Tensor y = Tensor::empty({n, D});
-      moe_forward(be, cfg, router, ex, weight_format::f32, x, y, b);
+      moe_forward(be, cfg, w, x, y, b);
       double margin = 0;
-      const std::vector<double> want = reference_moe(cfg, router, ex, x, margin);
+      const std::vector<double> want = reference_moe(cfg, w, x, margin);
       INFO("smallest top-k logit margin " << margin);
       REQUIRE(margin > 1e-4);  // far from a tie: f32 and f64 choose alike
       const std::vector<float> got = y.to_vector();
@@ -313,15 +346,21 @@ TEST_CASE("moe_forward equals a float64 loop of HF's sparse MoE block, for many 
       check_routing_consistent(b.route, n, cfg.n_experts, cfg.experts_per_token);
     }
   }
-  // Experts of the wrong count, and activations that are not f32, are refused.
+  // Experts of the wrong count are refused; a shared expert counts.
   const model_config cfg = moe_config("MixtralForCausalLM", 4, 2, true);
-  const Tensor router = random_tensor({4, 16}, 3);
-  std::vector<expert_tensors> three(3);
+  block_tensors three;
+  three.router_w = random_tensor({4, 16}, 3);
+  three.experts.resize(3);
   const Tensor x = random_tensor({2, 16}, 4);
   Tensor y = Tensor::empty({2, 16});
   moe_buffers b;
-  CHECK_THROWS_WITH_AS(moe_forward(be, cfg, router, three, weight_format::f32, x, y, b),
-                       doctest::Contains("3 experts for a config with 4"), tensor_error);
+  CHECK_THROWS_WITH_AS(moe_forward(be, cfg, three, x, y, b), doctest::Contains("3 experts for a config with 4"),
+                       tensor_error);
+  const model_config shared = moe_config("Qwen2MoeForCausalLM", 4, 2, true);
+  block_tensors four = random_moe(shared, 10);
+  four.experts.pop_back();  // the shared expert missing
+  CHECK_THROWS_WITH_AS(moe_forward(be, shared, four, x, y, b),
+                       doctest::Contains("4 experts for a config with 4 and a shared expert"), tensor_error);
 }
 
 TEST_CASE("mixtral block backward (top-2, renormalised, GQA) matches finite differences") {
@@ -335,6 +374,11 @@ TEST_CASE("qwen3-moe block backward (top-2, not renormalised, q/k norms, biases)
 TEST_CASE("qwen3-moe block backward with top-1 routing, renormalised or not, matches finite differences") {
   check_moe_block_backward(moe_config("Qwen3MoeForCausalLM", 4, 1, false));
   check_moe_block_backward(moe_config("Qwen3MoeForCausalLM", 4, 1, true));  // every weight 1: no router gradient
+}
+
+TEST_CASE("qwen2-moe block backward (top-2, q/k/v biases, a gated shared expert) matches finite differences") {
+  check_moe_block_backward(moe_config("Qwen2MoeForCausalLM", 4, 2, false));
+  check_moe_block_backward(moe_config("Qwen2MoeForCausalLM", 3, 1, true));
 }
 
 TEST_CASE("mixtral block backward with top-3 of 5 experts matches finite differences") {
@@ -367,6 +411,30 @@ TEST_CASE("moe block layouts: a router and each expert's gate, up and down in pl
   const long long head = static_cast<long long>(cfg.vocab_size) * cfg.hidden_size * (cfg.tie_embeddings ? 1 : 2) +
                          cfg.hidden_size;
   CHECK(total * cfg.n_layers + head == cfg.parameter_count());
+
+  // Qwen2-MoE adds its shared expert (its own width) and the shared expert's gate.
+  const model_config q = moe_config("Qwen2MoeForCausalLM", 3, 2, false);
+  REQUIRE(q.shared_expert_size == 20);
+  const auto ql = block_layout(q);
+  auto q_shape = [&](const std::string& name) {
+    for (const auto& [n, s] : ql)
+      if (n == name) return s;
+    FAIL("no tensor " << name << " in the Qwen2-MoE layout");
+    return shape_t{};
+  };
+  CHECK(q_shape("shared.gate.weight") == shape_t{20, 16});
+  CHECK(q_shape("shared.up.weight") == shape_t{20, 16});
+  CHECK(q_shape("shared.down.weight") == shape_t{16, 20});
+  CHECK(q_shape("shared_gate.weight") == shape_t{1, 16});
+  CHECK(q_shape("q.bias") == shape_t{16});
+  long long q_total = 0;
+  for (const auto& [name, shape] : ql) q_total += shape_numel(shape);
+  const long long q_head = static_cast<long long>(q.vocab_size) * q.hidden_size * (q.tie_embeddings ? 1 : 2) +
+                           q.hidden_size;
+  CHECK(q_total * q.n_layers + q_head == q.parameter_count());
+  CHECK(stored_in_weight_format("shared.down.weight", {16, 20}));
+  CHECK_FALSE(stored_in_weight_format("shared_gate.weight", {1, 16}));
+  CHECK_FALSE(stored_in_weight_format("router.weight", {3, 16}));
 }
 
 TEST_CASE("moe_backward: dx, the router's and every expert's gradients match finite differences") {
@@ -377,13 +445,13 @@ TEST_CASE("moe_backward: dx, the router's and every expert's gradients match fin
     bool norm;
   };
   for (const variant& v : {variant{"MixtralForCausalLM", 4, 2, true}, variant{"Qwen3MoeForCausalLM", 6, 3, false},
-                           variant{"Qwen3MoeForCausalLM", 4, 1, false}}) {
+                           variant{"Qwen3MoeForCausalLM", 4, 1, false}, variant{"Qwen2MoeForCausalLM", 4, 2, false}}) {
     CAPTURE(v.family);
     CAPTURE(v.k);
     const model_config cfg = moe_config(v.family, v.experts, v.k, v.norm);
     const std::int64_t N = 9, D = cfg.hidden_size;
-    Tensor router = random_tensor({cfg.n_experts, D}, 3, 0.4f);
-    std::vector<expert_tensors> ex = random_experts(cfg, 60);
+    block_tensors w = random_moe(cfg, 60);
+    std::vector<expert_tensors>& ex = w.experts;
     const Tensor r = random_tensor({N, D}, 7);  // L = sum(y * r)
     // Rows routed with clear margins, to every expert.
     Tensor x;
@@ -392,33 +460,32 @@ TEST_CASE("moe_backward: dx, the router's and every expert's gradients match fin
     for (std::uint64_t seed = 1;; ++seed) {
       if (seed > 60) FAIL("no input seed routes every row with a margin of 0.1 to every expert");
       x = random_tensor({N, D}, seed);
-      moe_forward(be, cfg, router, ex, weight_format::f32, x, y, b);
+      moe_forward(be, cfg, w, x, y, b);
       bool every_expert = true;
       for (int e = 0; e < cfg.n_experts; ++e) every_expert = every_expert && b.route.offsets[e + 1] > b.route.offsets[e];
       if (every_expert && min_topk_margin(b.route) >= 0.1) break;
     }
     const std::vector<std::int32_t> base_route = b.route.chosen;
 
-    Tensor drouter = Tensor::zeros({cfg.n_experts, D});
-    std::vector<expert_tensors> dex;
-    for (const expert_tensors& e : ex)
-      dex.push_back({Tensor::zeros(e.gate_w.shape()), Tensor::zeros(e.up_w.shape()), Tensor::zeros(e.down_w.shape()),
-                     {}, {}, {}});
+    block_tensors g = zero_grads(w);
+    Tensor& drouter = g.router_w;
+    std::vector<expert_tensors>& dex = g.experts;
     Tensor dx = Tensor::empty({N, D});
     moe_grad_scratch s;
-    moe_backward(be, cfg, router, ex, b, x, r, dx, &drouter, dex, s);
+    moe_backward(be, cfg, w, b, x, r, dx, &g, s);
 
     routed_loss l;
     l.loss = [&] {
       moe_buffers fresh;
       Tensor out = Tensor::empty({N, D});
-      moe_forward(be, cfg, router, ex, weight_format::f32, x, out, fresh);
+      moe_forward(be, cfg, w, x, out, fresh);
       if (fresh.route.chosen != base_route) l.rerouted = true;
       return dot(out, r);
     };
     check_direction_routed("x", x, dx, l, 100);
-    check_direction_routed("router", router, drouter, l, 101);
-    for (std::size_t e = 0; e < ex.size(); ++e) {
+    check_direction_routed("router", w.router_w, drouter, l, 101);
+    if (cfg.has_shared_expert()) check_direction_routed("shared expert gate", w.shared_gate_w, g.shared_gate_w, l, 102);
+    for (std::size_t e = 0; e < ex.size(); ++e) {  // the shared expert last
       const std::string p = "expert " + std::to_string(e) + " ";
       check_direction_routed(p + "gate", ex[e].gate_w, dex[e].gate_w, l, 110 + 3 * e);
       check_direction_routed(p + "up", ex[e].up_w, dex[e].up_w, l, 111 + 3 * e);
@@ -437,12 +504,12 @@ TEST_CASE("moe_backward: dx, the router's and every expert's gradients match fin
     // scratch is its own.
     Tensor dx_only = Tensor::empty({N, D});
     moe_grad_scratch frozen;
-    moe_backward(be, cfg, router, ex, b, x, r, dx_only, nullptr, {}, frozen);
+    moe_backward(be, cfg, w, b, x, r, dx_only, nullptr, frozen);
     CHECK(testing::max_abs_diff(dx_only.to_vector(), dx.to_vector()) < 1e-5);
 
     // Gradients add: a second backward doubles them.
     const std::vector<float> once = drouter.to_vector(), once_down = dex[0].down_w.to_vector();
-    moe_backward(be, cfg, router, ex, b, x, r, dx, &drouter, dex, s);
+    moe_backward(be, cfg, w, b, x, r, dx, &g, s);
     const std::vector<float> twice = drouter.to_vector(), twice_down = dex[0].down_w.to_vector();
     for (std::size_t i = 0; i < once.size(); ++i) CHECK(twice[i] == doctest::Approx(2 * once[i]).epsilon(1e-5));
     for (std::size_t i = 0; i < once_down.size(); ++i)
@@ -452,41 +519,47 @@ TEST_CASE("moe_backward: dx, the router's and every expert's gradients match fin
 
 TEST_CASE("inference weights of a moe block convert every expert, keep the router f32, and take served_block_bytes") {
   Backend& be = cpu_backend();
-  const model_config cfg = moe_config("Qwen3MoeForCausalLM", 3, 2, true, 16, 64);
-  param_set params(block_layout(cfg));
-  fill_random(params, 13);
-  const block_tensors w = block_tensors::of(cfg, params);
-  std::int64_t f32_bytes = 0;  // the parameters themselves (the flat buffer may pad between them)
-  for (const auto& e : params.entries()) f32_bytes += 4 * e.numel;
-  for (weight_format f : {weight_format::bf16, weight_format::int8, weight_format::nf4}) {
-    const std::string format = weight_format_name(f);
-    CAPTURE(format);
-    const block_tensors iw = inference_weights(be, w, f);
-    CHECK(iw.format == f);
-    // The router is the f32 parameter itself.
-    CHECK(iw.router_w.raw() == w.router_w.raw());
-    CHECK(iw.router_w.type() == dtype::f32);
-    REQUIRE(iw.experts.size() == 3);
-    std::int64_t copies = 0;
-    auto bytes = [&](const Tensor& t) { copies += t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0; };
-    for (const Tensor* t : {&iw.qkv_w, &iw.qkv_s, &iw.qkv_b, &iw.o_w, &iw.o_s}) bytes(*t);
-    for (std::size_t e = 0; e < 3; ++e) {
-      const expert_tensors& x = iw.experts[e];
-      for (const Tensor* t : {&x.gate_w, &x.up_w, &x.down_w}) {
-        CHECK(t->type() == (f == weight_format::bf16 ? dtype::bf16 : dtype::i8));
-        CHECK(t->dim(0) == w.experts[e].gate_w.dim(t == &x.down_w ? 1 : 0));
-        CHECK(t->raw() != w.experts[e].gate_w.raw());
-        if (f == weight_format::bf16) CHECK(t->shape() == (t == &x.down_w ? w.experts[e].down_w : w.experts[e].gate_w).shape());
+  for (const char* family : {"Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"}) {
+    CAPTURE(family);
+    const model_config cfg = moe_config(family, 3, 2, true, 16, 64);
+    param_set params(block_layout(cfg));
+    fill_random(params, 13);
+    const block_tensors w = block_tensors::of(cfg, params);
+    std::int64_t f32_bytes = 0;  // the parameters themselves (the flat buffer may pad between them)
+    for (const auto& e : params.entries()) f32_bytes += 4 * e.numel;
+    for (weight_format f : {weight_format::bf16, weight_format::int8, weight_format::nf4}) {
+      const std::string format = weight_format_name(f);
+      CAPTURE(format);
+      const block_tensors iw = inference_weights(be, w, f);
+      CHECK(iw.format == f);
+      // The router is the f32 parameter itself.
+      CHECK(iw.router_w.raw() == w.router_w.raw());
+      CHECK(iw.router_w.type() == dtype::f32);
+      REQUIRE(iw.experts.size() == (cfg.has_shared_expert() ? 4U : 3U));
+      // So is the shared expert's gate.
+      CHECK(iw.shared_gate_w.defined() == cfg.has_shared_expert());
+      if (cfg.has_shared_expert()) CHECK(iw.shared_gate_w.raw() == w.shared_gate_w.raw());
+      std::int64_t copies = 0;
+      auto bytes = [&](const Tensor& t) { copies += t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0; };
+      for (const Tensor* t : {&iw.qkv_w, &iw.qkv_s, &iw.qkv_b, &iw.o_w, &iw.o_s}) bytes(*t);
+      for (std::size_t e = 0; e < iw.experts.size(); ++e) {  // the shared expert's too
+        const expert_tensors& x = iw.experts[e];
+        for (const Tensor* t : {&x.gate_w, &x.up_w, &x.down_w}) {
+          CHECK(t->type() == (f == weight_format::bf16 ? dtype::bf16 : dtype::i8));
+          CHECK(t->dim(0) == w.experts[e].gate_w.dim(t == &x.down_w ? 1 : 0));
+          CHECK(t->raw() != w.experts[e].gate_w.raw());
+          if (f == weight_format::bf16) CHECK(t->shape() == (t == &x.down_w ? w.experts[e].down_w : w.experts[e].gate_w).shape());
+        }
+        CHECK(x.gate_s.defined() == is_quantized(f));
+        for (const Tensor* t : {&x.gate_w, &x.up_w, &x.down_w, &x.gate_s, &x.up_s, &x.down_s}) bytes(*t);
+        // The f32 parameters stay as they were.
+        CHECK(w.experts[e].gate_w.type() == dtype::f32);
       }
-      CHECK(x.gate_s.defined() == is_quantized(f));
-      for (const Tensor* t : {&x.gate_w, &x.up_w, &x.down_w, &x.gate_s, &x.up_s, &x.down_s}) bytes(*t);
-      // The f32 parameters stay as they were.
-      CHECK(w.experts[e].gate_w.type() == dtype::f32);
+      CHECK(served_block_bytes(cfg, f) == f32_bytes + copies);
     }
-    CHECK(served_block_bytes(cfg, f) == f32_bytes + copies);
+    CHECK(served_block_bytes(cfg, weight_format::f32) == f32_bytes);
+    // Mixed-precision training of moe blocks is refused (their activations are f32).
+    CHECK_THROWS_WITH_AS(compute_weights_like(be, w, dtype::bf16), doctest::Contains("mixture-of-experts"),
+                         tensor_error);
   }
-  CHECK(served_block_bytes(cfg, weight_format::f32) == f32_bytes);
-  // Mixed-precision training of moe blocks is refused (their activations are f32).
-  CHECK_THROWS_WITH_AS(compute_weights_like(be, w, dtype::bf16), doctest::Contains("mixture-of-experts"),
-                       tensor_error);
 }

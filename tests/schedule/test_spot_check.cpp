@@ -1,5 +1,6 @@
 // schedule/spot_check: which steps are checked, the tolerance, the distance
-// of two answers, and the majority verdict.
+// of two answers (row by row, with routing near ties excused), and the
+// majority verdict.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -46,6 +47,50 @@ TEST_CASE("relative difference is per row, symmetric, and infinite for non-finit
   b[4] = std::numeric_limits<float>::quiet_NaN();
   CHECK(std::isinf(relative_difference(a.data(), b.data(), 2, 3)));
   CHECK(std::isinf(relative_difference(b.data(), a.data(), 2, 3)));
+}
+
+TEST_CASE("rows compared one by one: a routing near tie reported by a checker excuses its row, nothing else does") {
+  // Three rows of width 2; row 1 differs by 50 %, as a mixture of experts
+  // routing it to another expert would.
+  const std::vector<float> a{1, 0, 0, 2, 3, 4};
+  std::vector<float> b = a;
+  b[3] = 1.0f;
+  const double tol = 0.04;
+  row_comparison c = compare_rows(a.data(), b.data(), 3, 2, tol);
+  CHECK_FALSE(c.agree);
+  CHECK(c.worst == doctest::Approx(0.5));
+  CHECK(c.excused == 0);
+  // The checker saw row 1's routing at a near tie (a gap of 0.1 % of its
+  // logits' spread): the row is excused, the others still compared.
+  const double tie = routing_tie(tol);
+  CHECK(tie > 0);
+  CHECK(tie < tol);
+  const std::vector<float> margins{0.5f, 0.001f, 0.3f};
+  c = compare_rows(a.data(), b.data(), 3, 2, tol, margins, tie);
+  CHECK(c.agree);
+  CHECK(c.excused == 1);
+  CHECK(c.worst == 0.0);
+  // A clear margin on the row excuses nothing.
+  const std::vector<float> clear{0.5f, 0.2f, 0.3f};
+  c = compare_rows(a.data(), b.data(), 3, 2, tol, clear, tie);
+  CHECK_FALSE(c.agree);
+  CHECK(c.excused == 0);
+  // A near tie on another row does not excuse this one.
+  const std::vector<float> elsewhere{0.001f, 0.2f, 0.001f};
+  CHECK_FALSE(compare_rows(a.data(), b.data(), 3, 2, tol, elsewhere, tie).agree);
+  // Rows within the tolerance agree whatever their margins, and count in worst.
+  b = a;
+  b[4] = 3.03f;
+  c = compare_rows(a.data(), b.data(), 3, 2, tol, margins, tie);
+  CHECK(c.agree);
+  CHECK(c.excused == 0);
+  CHECK(c.worst == doctest::Approx(relative_difference(a.data(), b.data(), 3, 2)));
+  // A NaN is never excused.
+  b[2] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> all_ties{0.0f, 0.0f, 0.0f};
+  c = compare_rows(a.data(), b.data(), 3, 2, tol, all_ties, tie);
+  CHECK_FALSE(c.agree);
+  CHECK(std::isinf(c.worst));
 }
 
 TEST_CASE("the majority decides who is wrong, and two servers alone decide nothing") {

@@ -74,8 +74,9 @@ using named_tensors = std::vector<std::pair<std::string, Tensor>>;
 named_tensors llama_weights(const tiny_model_options& o) {
   const std::int64_t V = o.vocab, D = o.hidden, F = o.intermediate;
   const std::int64_t Dh = o.head_dim > 0 ? o.head_dim : o.hidden / o.heads, q = o.heads * Dh, kv = o.kv_heads * Dh;
-  const bool qkv_bias = o.family == "Qwen2ForCausalLM" || o.attention_bias;
-  const bool o_bias = o.family != "Qwen2ForCausalLM" && o.attention_bias;
+  const bool qwen2 = o.family == "Qwen2ForCausalLM" || o.family == "Qwen2MoeForCausalLM";
+  const bool qkv_bias = qwen2 || o.attention_bias;
+  const bool o_bias = !qwen2 && o.attention_bias;
   named_tensors w;
   auto add = [&](const std::string& name, shape_t s, init_kind k) {
     w.emplace_back(name, random_tensor(name, std::move(s), k, o));
@@ -107,13 +108,17 @@ named_tensors llama_weights(const tiny_model_options& o) {
         add(x + "w2.weight", {D, F}, init_kind::matrix);
         add(x + "w3.weight", {F, D}, init_kind::matrix);
       }
-    } else if (o.family == "Qwen3MoeForCausalLM") {
+    } else if (o.family == "Qwen3MoeForCausalLM" || o.family == "Qwen2MoeForCausalLM") {
       add(p + "mlp.gate.weight", {o.experts, D}, init_kind::matrix);
-      for (int e = 0; e < o.experts; ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        add(x + "gate_proj.weight", {F, D}, init_kind::matrix);
-        add(x + "up_proj.weight", {F, D}, init_kind::matrix);
-        add(x + "down_proj.weight", {D, F}, init_kind::matrix);
+      auto expert = [&](const std::string& x, std::int64_t width) {
+        add(x + "gate_proj.weight", {width, D}, init_kind::matrix);
+        add(x + "up_proj.weight", {width, D}, init_kind::matrix);
+        add(x + "down_proj.weight", {D, width}, init_kind::matrix);
+      };
+      for (int e = 0; e < o.experts; ++e) expert(p + "mlp.experts." + std::to_string(e) + ".", F);
+      if (o.family == "Qwen2MoeForCausalLM") {
+        expert(p + "mlp.shared_expert.", o.shared_expert);
+        add(p + "mlp.shared_expert_gate.weight", {1, D}, init_kind::matrix);
       }
     } else {
       add(p + "mlp.gate_proj.weight", {F, D}, init_kind::matrix);
@@ -241,13 +246,15 @@ model_config tiny_config(const tiny_model_options& o) {
     c.tie_embeddings = o.tied;
     c.rope = rope_spec(o.rope_theta);
     c.rope_scaling = o.rope_scaling;
-    c.qkv_bias = o.family == "Qwen2ForCausalLM" || o.attention_bias;
-    c.o_bias = o.family != "Qwen2ForCausalLM" && o.attention_bias;
+    const bool qwen2 = o.family == "Qwen2ForCausalLM" || o.family == "Qwen2MoeForCausalLM";
+    c.qkv_bias = qwen2 || o.attention_bias;
+    c.o_bias = !qwen2 && o.attention_bias;
     c.qk_norm = o.family == "Qwen3ForCausalLM" || o.family == "Qwen3MoeForCausalLM";
-    if (o.family == "MixtralForCausalLM" || o.family == "Qwen3MoeForCausalLM") {
+    if (o.family == "MixtralForCausalLM" || o.family == "Qwen2MoeForCausalLM" || o.family == "Qwen3MoeForCausalLM") {
       c.n_experts = o.experts;
       c.experts_per_token = o.experts_per_token;
       c.norm_topk_prob = o.family == "MixtralForCausalLM" || o.norm_topk_prob;
+      if (o.family == "Qwen2MoeForCausalLM") c.shared_expert_size = o.shared_expert;
     }
     // The rope spec (scaled frequencies) as the loader computes it.
     if (!o.rope_scaling.empty()) c.rope = parse_config(to_hf_json(c)).rope;

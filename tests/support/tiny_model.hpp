@@ -37,13 +37,15 @@ struct tiny_model_options {
   float rope_theta = 10000.0f;  ///< llama only
   /// Llama-family variants (arch llama): "LlamaForCausalLM",
   /// "Qwen2ForCausalLM" (biases on q, k, v), "Qwen3ForCausalLM" (per-head
-  /// q/k norms), and the mixtures of experts "MixtralForCausalLM" and
-  /// "Qwen3MoeForCausalLM" (Qwen3's attention), with `experts` experts of
-  /// width `intermediate` each.
+  /// q/k norms), and the mixtures of experts "MixtralForCausalLM",
+  /// "Qwen2MoeForCausalLM" (Qwen2's attention, and a gated shared expert
+  /// of width `shared_expert`) and "Qwen3MoeForCausalLM" (Qwen3's
+  /// attention), with `experts` experts of width `intermediate` each.
   std::string family = "LlamaForCausalLM";
   int experts = 4;              ///< mixture-of-experts families only
   int experts_per_token = 2;    ///< mixture-of-experts families only
-  bool norm_topk_prob = true;   ///< Qwen3-MoE only (Mixtral always renormalises)
+  bool norm_topk_prob = true;   ///< Qwen-MoE only (Mixtral always renormalises)
+  int shared_expert = 40;       ///< Qwen2-MoE only: shared_expert_intermediate_size
   bool attention_bias = false;  ///< Llama / Qwen3: biases on q, k, v and o
   int head_dim = 0;             ///< llama family: 0 = hidden / heads
   std::string rope_scaling;     ///< config.json's rope_scaling object as JSON text ("" = none)
