@@ -358,7 +358,9 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
   const auto t0 = clock_type::now();
   auto took = [&] { return std::chrono::duration<double>(clock_type::now() - t0).count(); };
   if (!backward) {
-    auto out = st.engine->forward(m.tensors[0], b->batch, b->seq, prompts, b->first, b->last);
+    std::vector<float> margins;
+    auto out = st.engine->forward(m.tensors[0], b->batch, b->seq, prompts, b->first, b->last,
+                                  b->with_margins ? &margins : nullptr);
     ++st.stats.forward_passes;
     st.stats.forward_seconds.observe(took());
     if (!out) {
@@ -366,7 +368,9 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
       return rp.deliver(to_caf(out.error()));
     }
     if (st.corrupt) *out = corrupted_copy(*out, st.stats.forward_passes);
-    return rp.deliver(answer(span_request::forward, {}, {std::move(*out)}));
+    std::vector<Tensor> tensors{std::move(*out)};
+    if (b->with_margins) tensors.push_back(Tensor::from_f32(margins, {static_cast<std::int64_t>(margins.size())}));
+    return rp.deliver(answer(span_request::forward, {}, std::move(tensors)));
   }
   auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts, b->first, b->last);
   ++st.stats.backward_passes;

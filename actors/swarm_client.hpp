@@ -42,6 +42,7 @@
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
 
+#include "actors/messages.hpp"
 #include "actors/swarm_wire.hpp"
 #include "kernels/tensor.hpp"
 #include "schedule/routing.hpp"
@@ -127,11 +128,27 @@ struct swarm_client_options {
 /// What the spot checks of a client have done so far.
 struct spot_check_stats {
   std::uint64_t checks = 0;       ///< hop steps compared with another server
+  /// Rows of checked answers over the tolerance but excused: a checker saw
+  /// the row's mixture-of-experts routing at a near tie (swarm::compare_rows).
+  std::uint64_t excused_rows = 0;
   std::uint64_t unchecked = 0;    ///< steps chosen for a check with no other server to ask
   std::uint64_t disagreements = 0;  ///< checks where some answer differed
   std::uint64_t undecided = 0;    ///< disagreements with no majority (no third server)
   std::vector<wrong_server_report> wrong;  ///< servers found wrong, in order
 };
+
+/// A server's opinion in a spot check: the rows it computed for the
+/// question and, when it reported them (span.forward with margins), each
+/// row's routing margin (span_engine::forward; empty otherwise).
+struct spot_opinion {
+  Tensor rows;
+  std::vector<float> margins;
+};
+
+/// The opinion in a span.forward answer `r` (hidden [rows, D], then
+/// optionally margins [rows]): rows [start, start + n) of both. A malformed
+/// answer is bad_message.
+caf::expected<spot_opinion> spot_opinion_of(remote_message r, std::int64_t start, std::int64_t n);
 
 /// A server as the client sees it.
 struct known_server {
@@ -207,13 +224,15 @@ class swarm_client {
   bool should_spot_check(const std::string& node_id);
   /// Spot-checks `answer` (f32 [rows, width]) that `hop.server` gave for
   /// blocks [hop.start, hop.end): `ask(other)` must return what server
-  /// `other` computes for the same request, and is called for servers
-  /// holding all those blocks with the same weights, until two answers
-  /// agree or a majority decides. Returns false when the majority found
-  /// `hop.server` wrong; every server it outvotes (the checked one or a
-  /// checker) is distrusted, counted and reported (on_wrong_server).
+  /// `other` computes for the same request (with the rows' routing margins
+  /// where it can: rows a checker saw at a routing near tie are excused,
+  /// swarm::compare_rows), and is called for servers holding all those
+  /// blocks with the same weights, until two answers agree or a majority
+  /// decides. Returns false when the majority found `hop.server` wrong;
+  /// every server it outvotes (the checked one or a checker) is distrusted,
+  /// counted and reported (on_wrong_server).
   bool spot_check(const swarm::route_hop& hop, const Tensor& answer,
-                  const std::function<caf::expected<Tensor>(const std::string& server)>& ask);
+                  const std::function<caf::expected<spot_opinion>(const std::string& server)>& ask);
 
  private:
   /// Dials a relayed server's relay (once) and opens the relayed link.
@@ -268,8 +287,10 @@ class swarm_session {
   /// Spot-checks hops [from, end) of this step (outs: their outputs);
   /// returns the first hop a majority found wrong, or hops_.size().
   std::size_t check_hops(std::size_t from, const std::vector<Tensor>& outs, std::int64_t start, std::int64_t n);
-  caf::expected<Tensor> recompute(const std::string& server, const swarm::route_hop& hop, const Tensor& inputs,
-                                  std::int64_t start, std::int64_t n);
+  /// Rows [start, start + n) of `server`'s stateless forward of `inputs`
+  /// through the hop's blocks, with their routing margins.
+  caf::expected<spot_opinion> recompute(const std::string& server, const swarm::route_hop& hop, const Tensor& inputs,
+                                        std::int64_t start, std::int64_t n);
   void remember_input(hop_state& h, Tensor sent, std::int64_t start);
   caf::error recover(std::size_t i, const caf::error& cause, std::set<std::string>& excluded, int attempt);
 

@@ -17,10 +17,16 @@ std::vector<swarm::route_hop> swarm_span_runner::route() const {
   return out;
 }
 
-caf::expected<remote_message> swarm_span_runner::call(const hop_state& h, const char* type, std::vector<Tensor> tensors) {
+caf::expected<remote_message> swarm_span_runner::call(const hop_state& h, const char* type, std::vector<Tensor> tensors,
+                                                      bool margins) {
   remote_message m;
   m.type = type;
-  m.body = encode_body(span_batch{.batch = batch_, .seq = seq_, .with_prompts = true, .first = h.hop.start, .last = h.hop.end});
+  m.body = encode_body(span_batch{.batch = batch_,
+                                  .seq = seq_,
+                                  .with_prompts = true,
+                                  .first = h.hop.start,
+                                  .last = h.hop.end,
+                                  .with_margins = margins});
   tensors.push_back(prompts_.slice(h.hop.start, h.hop.end));
   m.tensors = std::move(tensors);
   // A backward recomputes the forward: both grow with the rows.
@@ -86,12 +92,11 @@ std::pair<std::size_t, Tensor> swarm_span_runner::run_forward(std::size_t from, 
         // Spot check: the same forward on another server holding the blocks.
         const swarm::route_hop hop = hops_[i].hop;
         if (!client_.should_spot_check(hop.server) ||
-            client_.spot_check(hop, r->tensors[0], [&](const std::string& other) -> caf::expected<Tensor> {
+            client_.spot_check(hop, r->tensors[0], [&](const std::string& other) -> caf::expected<spot_opinion> {
               hop_state h{{other, hop.start, hop.end}, x};
-              auto z = call(h, span_request::forward, {x});
+              auto z = call(h, span_request::forward, {x}, true);
               if (!z) return z.error();
-              if (z->tensors.size() != 1) return make_error(errc::bad_message, "a forward answered with several tensors");
-              return std::move(z->tensors[0]);
+              return spot_opinion_of(std::move(*z), 0, x.dim(0));
             })) {
           x = std::move(r->tensors[0]);
           break;
@@ -147,9 +152,11 @@ span_gradients swarm_span_runner::backward(const Tensor& grad_output) {
         if (client_.should_spot_check(h.hop.server)) {
           const std::int64_t prompt_rows = blocks * prompts_.dim(1);
           auto mine = backward_rows(*r, g, prompt_rows);
-          right = !mine || client_.spot_check(h.hop, *mine, [&](const std::string& other) {
+          right = !mine || client_.spot_check(h.hop, *mine, [&](const std::string& other) -> caf::expected<spot_opinion> {
             hop_state c{{other, h.hop.start, h.hop.end}, h.input};
-            return backward_rows(call(c, span_request::backward, {h.input, g}), g, prompt_rows);
+            auto rows = backward_rows(call(c, span_request::backward, {h.input, g}), g, prompt_rows);
+            if (!rows) return rows.error();
+            return spot_opinion{std::move(*rows), {}};  // gradients: no routing margins
           });
         }
         if (right) {

@@ -54,7 +54,10 @@ class swarm_span_runner final : public span_runner {
   /// Replaces hops_[i] by a route over its blocks; returns how many hops
   /// took its place. Throws when no server is left for them.
   std::size_t replace(std::size_t i, const caf::error& cause, int attempt);
-  caf::expected<remote_message> call(const hop_state& h, const char* type, std::vector<Tensor> tensors);
+  /// With `margins`, a forward also answers each row's routing margin (a
+  /// second tensor; spot checks).
+  caf::expected<remote_message> call(const hop_state& h, const char* type, std::vector<Tensor> tensors,
+                                     bool margins = false);
   [[noreturn]] void give_up(const hop_state& h, const char* what, const caf::error& e, int attempts) const;
 
   swarm_client& client_;

@@ -6,6 +6,10 @@
 // through again by this client) and reported. Inference sessions check a
 // hop by sending its stored inputs for the whole session so far as one
 // stateless span.forward; fine-tuning repeats the hop's forward or backward.
+// Answers are compared row by row: a forward's checkers also report each
+// row's routing margin, and a row of a mixture of experts that a checker
+// saw at a routing near tie is excused (two honest servers may choose
+// different experts for it; swarm::compare_rows).
 #include <algorithm>
 #include <sstream>
 
@@ -35,7 +39,31 @@ double distance(const Tensor& a, const Tensor& b) {
                                     static_cast<std::size_t>(a.dim(1)));
 }
 
+/// The margins two opinions' rows are compared with: the lower of the two
+/// reports, or the one reported.
+std::vector<float> lower_margins(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  std::vector<float> m(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) m[i] = std::min(a[i], b[i]);
+  return m;
+}
+
 }  // namespace
+
+caf::expected<spot_opinion> spot_opinion_of(remote_message r, std::int64_t start, std::int64_t n) {
+  if (r.tensors.empty() || r.tensors.size() > 2 || r.tensors[0].rank() != 2 || r.tensors[0].dim(0) < start + n)
+    return make_error(errc::bad_message, "a forward answered with tensors of other shapes");
+  spot_opinion o{r.tensors[0].slice(start, start + n).clone(), {}};
+  if (r.tensors.size() == 2) {
+    const Tensor& m = r.tensors[1];
+    if (m.shape() != shape_t{r.tensors[0].dim(0)} || m.type() != dtype::f32)
+      return make_error(errc::bad_message, "a forward answered routing margins of another shape");
+    const float* p = m.data<float>();
+    o.margins.assign(p + start, p + start + n);
+  }
+  return o;
+}
 
 bool swarm_client::should_spot_check(const std::string& node_id) {
   const auto& policy = options_.spot_checks;
@@ -46,7 +74,7 @@ bool swarm_client::should_spot_check(const std::string& node_id) {
 }
 
 bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
-                              const std::function<caf::expected<Tensor>(const std::string& server)>& ask) {
+                              const std::function<caf::expected<spot_opinion>(const std::string& server)>& ask) {
   const known_server* checked = server(hop.server);
   if (!checked || answer.shape().size() != 2 || answer.type() != dtype::f32) return true;
   // Checkers: other servers holding all of the hop's blocks, decoding from
@@ -61,27 +89,37 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
   const auto& policy = options_.spot_checks;
   const double tol =
       policy.tolerance > 0 ? policy.tolerance : swarm::spot_check_tolerance(checked->info.weights, options_.compress);
+  const double tie = swarm::routing_tie(tol);
+  const auto rows = static_cast<std::size_t>(answer.dim(0)), width = static_cast<std::size_t>(answer.dim(1));
   std::vector<Tensor> answers{answer};
+  // Routing margins of each answer; the checked server's own are never
+  // asked for (a wrong server could excuse itself with them).
+  std::vector<std::vector<float>> margins{{}};
+  std::size_t excused = 0;  // rows of the checked answer excused against a checker
   std::vector<std::string> who{hop.server};
   std::vector<std::vector<bool>> agree{{true}};
   swarm::spot_verdict verdict;
   for (const known_server* s : checkers) {
     if (static_cast<int>(answers.size()) > policy.max_checkers) break;
     auto z = ask(s->node_id);
-    if (!z || z->shape() != answer.shape() || z->type() != dtype::f32) {
+    if (!z || z->rows.shape() != answer.shape() || z->rows.type() != dtype::f32 ||
+        (!z->margins.empty() && z->margins.size() != rows)) {
       spdlog::debug("swarm: spot check of {} on {} could not use {}: {}", hop.server, swarm::to_string(hop.span()),
                     s->node_id, z ? "an answer of another shape" : error_message(z.error()));
       continue;
     }
-    // The new answer against every answer so far.
+    // The new answer against every answer so far, row by row.
     const std::size_t k = answers.size();
     agree.push_back(std::vector<bool>(k + 1, true));
     for (std::size_t j = 0; j < k; ++j) {
-      const bool same = distance(*z, answers[j]) <= tol;
-      agree[k][j] = same;
-      agree[j].push_back(same);
+      const swarm::row_comparison c = swarm::compare_rows(z->rows.data<float>(), answers[j].data<float>(), rows, width,
+                                                          tol, lower_margins(z->margins, margins[j]), tie);
+      if (j == 0) excused += c.excused;
+      agree[k][j] = c.agree;
+      agree[j].push_back(c.agree);
     }
-    answers.push_back(std::move(*z));
+    answers.push_back(std::move(z->rows));
+    margins.push_back(std::move(z->margins));
     who.push_back(s->node_id);
     verdict = swarm::judge(agree);
     if (verdict.decided) break;  // (two answers that agree decide at once)
@@ -91,6 +129,12 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
     return true;
   }
   ++spot_stats_.checks;
+  if (excused > 0) {
+    spot_stats_.excused_rows += excused;
+    event("spot check of blocks " + swarm::to_string(hop.span()) + ": " + std::to_string(excused) + " row(s) of " +
+          hop.server + "'s answer differ beyond the tolerance where a checker's expert routing nearly tied (margin " +
+          "below " + percent(tie) + "): not counted against it");
+  }
   if (!verdict.decided || !verdict.wrong.empty()) ++spot_stats_.disagreements;
   if (!verdict.decided) {
     ++spot_stats_.undecided;
@@ -128,24 +172,25 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
   return !outvoted(0);
 }
 
-caf::expected<Tensor> swarm_session::recompute(const std::string& server, const swarm::route_hop& hop,
-                                               const Tensor& inputs, std::int64_t start, std::int64_t n) {
+caf::expected<spot_opinion> swarm_session::recompute(const std::string& server, const swarm::route_hop& hop,
+                                                     const Tensor& inputs, std::int64_t start, std::int64_t n) {
   remote_message m;
   m.type = span_request::forward;
   m.body = encode_body(span_batch{.batch = 1,
                                   .seq = static_cast<int>(inputs.dim(0)),
                                   .with_prompts = deep_prompts_.defined(),
                                   .first = hop.start,
-                                  .last = hop.end});
+                                  .last = hop.end,
+                                  .with_margins = true});
   m.tensors.push_back(inputs);
   if (deep_prompts_.defined()) m.tensors.push_back(deep_prompts_.slice(hop.start, hop.end).clone());
   const auto timeout = client_.options().request_timeout * (1 + inputs.dim(0) / 256);
   auto r = client_.runtime().request(server, "span", std::move(m), timeout);
   if (!r) return r.error();
-  if (r->tensors.size() != 1 || r->tensors[0].shape() != inputs.shape())
+  if (r->tensors.empty() || r->tensors[0].shape() != inputs.shape())
     return make_error(errc::bad_message, "server " + server + " answered a check of " +
                                              std::to_string(inputs.dim(0)) + " rows with tensors of another shape");
-  return r->tensors[0].slice(start, start + n).clone();
+  return spot_opinion_of(std::move(*r), start, n);
 }
 
 std::size_t swarm_session::check_hops(std::size_t from, const std::vector<Tensor>& outs, std::int64_t start,

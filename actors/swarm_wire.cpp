@@ -92,6 +92,7 @@ std::vector<std::uint8_t> encode_body(const span_batch& v) {
   r.setWithPrompts(v.with_prompts);
   r.setFirst(v.first);
   r.setLast(v.last);
+  r.setWithMargins(v.with_margins);
   return flat(b);
 }
 
@@ -163,7 +164,7 @@ caf::expected<std::string> decode_span_close(const std::vector<std::uint8_t>& bo
 
 caf::expected<span_batch> decode_span_batch(const std::vector<std::uint8_t>& body) {
   return decode<wire::SpanBatch>(body, "span.forward/backward", [](wire::SpanBatch::Reader r) {
-    return span_batch{r.getBatch(), r.getSeq(), r.getWithPrompts(), r.getFirst(), r.getLast()};
+    return span_batch{r.getBatch(), r.getSeq(), r.getWithPrompts(), r.getFirst(), r.getLast(), r.getWithMargins()};
   });
 }
 

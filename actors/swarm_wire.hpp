@@ -90,6 +90,9 @@ struct span_batch {
   int batch = 0, seq = 0;
   bool with_prompts = false;
   int first = -1, last = -1;  ///< blocks of the server's span to run; -1 = its bound
+  /// span.forward: a second tensor answers each row's routing margin (f32
+  /// [B*T]: span_engine::forward's routing_margins; +inf for a dense model).
+  bool with_margins = false;
 };
 
 std::vector<std::uint8_t> encode_body(const span_info& v);

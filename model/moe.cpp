@@ -1,6 +1,7 @@
 // model/moe.cpp — the mixture-of-experts MLP (see model/moe.hpp).
 #include "model/moe.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -104,6 +105,22 @@ void route_rows(int k, bool renormalise, moe_routing& r) {
     }
   for (int e = e_count; e > 0; --e) r.offsets[static_cast<std::size_t>(e)] = r.offsets[static_cast<std::size_t>(e) - 1];
   r.offsets[0] = 0;
+}
+
+float routing_margin(const moe_routing& r, std::int64_t t) {
+  if (r.k >= r.experts) return INFINITY;
+  const float* row = r.logits.data<float>() + t * r.experts;
+  const std::int32_t* pick = r.chosen.data() + t * r.k;
+  float lo = row[0], hi = row[0], best_unchosen = -INFINITY;
+  for (int e = 0; e < r.experts; ++e) {
+    lo = std::min(lo, row[e]);
+    hi = std::max(hi, row[e]);
+    if (std::find(pick, pick + r.k, e) == pick + r.k) best_unchosen = std::max(best_unchosen, row[e]);
+  }
+  const float spread = hi - lo;
+  if (!(spread > 0)) return 0.0f;
+  // The k-th choice is the smallest chosen logit (largest probability first).
+  return (row[pick[r.k - 1]] - best_unchosen) / spread;
 }
 
 void route_rows_backward(const moe_routing& r, const Tensor& dweights, Tensor& dlogits) {

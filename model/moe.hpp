@@ -85,6 +85,14 @@ struct moe_routing {
 /// lower expert index.
 void route_rows(int k, bool renormalise, moe_routing& r);
 
+/// How close row `t` of routing `r` came to another choice of experts: the
+/// gap between its k-th and (k+1)-th largest router logit, relative to the
+/// spread of its logits (largest - smallest); 0 for a tie (all logits
+/// equal included), +inf when every expert is chosen (k == E). Two
+/// computations of the row whose logits differ by less than this (relative
+/// to the spread) choose the same experts.
+float routing_margin(const moe_routing& r, std::int64_t t);
+
 /// The gradient of the router logits (host f32 [N, E], overwritten) from
 /// that of the routing weights (host f32 [N, k]), for routing `r`.
 void route_rows_backward(const moe_routing& r, const Tensor& dweights, Tensor& dlogits);

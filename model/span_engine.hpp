@@ -280,10 +280,13 @@ class span_engine {
   /// first_block+i. Returns [B*T, D] f32 (host). Errors (invalid_argument):
   /// non-positive B or T, T beyond the context, B*T beyond
   /// max_forward_rows, wrong shapes or dtypes; wrong_span for blocks
-  /// outside the span.
+  /// outside the span. With `routing_margins`, it is set to one value per
+  /// row: of a mixture-of-experts model the smallest routing_margin of the
+  /// row over the blocks run (how near its routing came to a tie, which
+  /// spot checks excuse), of a dense model +inf.
   span_expected<Tensor> forward(const Tensor& hidden, int batch, int seq,
                                 const Tensor& deep_prompts = Tensor(), int first_block = -1,
-                                int last_block = -1);
+                                int last_block = -1, std::vector<float>* routing_margins = nullptr);
   /// Backward of forward() for the same inputs: given grad_output [B*T, D]
   /// (the gradient of the client's loss with respect to the span's output),
   /// recomputes the forward and returns the gradient with respect to hidden
@@ -313,7 +316,7 @@ class span_engine {
   const Tensor& train_positions(int batch, int seq);
   void add_prompts(Tensor& x, int batch, int seq, const Tensor& prompts, int block);
   Tensor run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts, std::pair<int, int> blocks,
-                     std::vector<block_activations>* saved);
+                     std::vector<block_activations>* saved, std::vector<float>* routing_margins = nullptr);
 
   stage stage_;
   span_engine_options options_;

@@ -7,6 +7,8 @@
 //     u_i = x_i + pad(prompt_i),  x_{i+1} = block_i(u_i)
 // so d prompt_i = sum over sequences of dL/du_i at those positions, and
 // dL/dx_i = dL/du_i (the addition passes the gradient through).
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,10 +94,12 @@ void span_engine::add_prompts(Tensor& x, int batch, int seq, const Tensor& promp
 }
 
 Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts,
-                                std::pair<int, int> blocks, std::vector<block_activations>* saved) {
+                                std::pair<int, int> blocks, std::vector<block_activations>* saved,
+                                std::vector<float>* routing_margins) {
   Backend& be = stage_.backend();
   const Tensor& pos = train_positions(batch, seq);
   const shape_t shape = x.shape();
+  if (routing_margins) routing_margins->assign(static_cast<std::size_t>(x.dim(0)), INFINITY);
   block_activations scratch;
   Tensor in = x;  // engine-owned: the prompts are added in place
   for (int i = blocks.first; i < blocks.second; ++i) {
@@ -105,13 +109,19 @@ Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tenso
     // With `saved`, a.x keeps `in` alive for the backward; `out` becomes the
     // next block's input and is never referenced by this block's activations.
     block_forward(be, config(), stage_.frozen_weights(i), in, pos, batch, seq, out, a);
+    if (routing_margins && config().is_moe())
+      for (std::int64_t r = 0; r < a.moe.route.rows; ++r) {
+        float& m = (*routing_margins)[static_cast<std::size_t>(r)];
+        m = std::min(m, routing_margin(a.moe.route, r));
+      }
     in = std::move(out);
   }
   return in;
 }
 
 span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int seq,
-                                           const Tensor& deep_prompts, int first_block, int last_block) {
+                                           const Tensor& deep_prompts, int first_block, int last_block,
+                                           std::vector<float>* routing_margins) {
   auto blocks = local_blocks(first_block, last_block);
   if (!blocks) return blocks.error();
   if (auto ok = check_forward(hidden, batch, seq, deep_prompts, blocks.value().second - blocks.value().first); !ok)
@@ -126,7 +136,7 @@ span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int 
       prompts = be.empty(deep_prompts.shape());
       be.copy(deep_prompts, prompts);
     }
-    return download(run_forward(x, batch, seq, prompts, blocks.value(), nullptr));
+    return download(run_forward(x, batch, seq, prompts, blocks.value(), nullptr, routing_margins));
   } catch (const std::exception& e) {
     return span_error{span_errc::internal, std::string("span forward failed: ") + e.what()};
   }

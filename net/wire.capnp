@@ -159,6 +159,8 @@ struct SpanBatch {
   withPrompts @2 :Bool;
   first @3 :Int32 = -1;      # blocks [first, last) of the server's span to run
   last @4 :Int32 = -1;       # (-1 = the span's own bound); prompts cover exactly these
+  withMargins @5 :Bool;      # span.forward: also answer each row's routing margin
+                             # (f32 [B*T], a second tensor; spot checks of mixtures of experts)
 }
 
 # ---- pipeline x data-parallel training (actors/train_*.hpp, docs/protocol.md) ----

@@ -187,3 +187,43 @@ TEST_CASE("route_rows_backward is the gradient of the routing weights by the log
     }
   }
 }
+
+TEST_CASE("routing_margin: the gap between the k-th and the next router logit, relative to the logits' spread") {
+  // Row 0: logits 0.1, 2.0, -1.0, 1.5 (spread 3.0); top-2 is {1, 3}, the
+  // next is expert 0: (1.5 - 0.1) / 3. Row 1: experts 0 and 2 tie for the
+  // second place: 0. Row 2: all equal: 0.
+  moe_routing r = routed({0.1f, 2.0f, -1.0f, 1.5f, 1.0f, 3.0f, 1.0f, -2.0f, 0.5f, 0.5f, 0.5f, 0.5f}, 3, 4, 2, true);
+  CHECK(routing_margin(r, 0) == doctest::Approx(1.4 / 3.0).epsilon(1e-6));
+  CHECK(routing_margin(r, 1) == 0.0f);
+  CHECK(routing_margin(r, 2) == 0.0f);
+  // Top-1: the gap to the second largest. k == E: no other choice.
+  r = routed({0.1f, 2.0f, -1.0f, 1.5f}, 1, 4, 1, false);
+  CHECK(routing_margin(r, 0) == doctest::Approx(0.5 / 3.0).epsilon(1e-6));
+  r = routed({0.1f, 2.0f, -1.0f, 1.5f}, 1, 4, 4, false);
+  CHECK(std::isinf(routing_margin(r, 0)));
+  // Random rows: the margin is how far the logits may move before the
+  // choice changes. Moving the k-th and the next one towards each other by
+  // less than half of it keeps the experts; by more, it does not.
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    CAPTURE(seed);
+    std::vector<float> l = logits_with_margin(1, 6, 1, 0.0, seed);
+    r = routed(l, 1, 6, 3, false);
+    const float m = routing_margin(r, 0);
+    REQUIRE(m > 0);
+    const float spread = *std::max_element(l.begin(), l.end()) - *std::min_element(l.begin(), l.end());
+    const std::int32_t kth = r.chosen[2];
+    int next = -1;
+    for (int e = 0; e < 6; ++e)
+      if (std::find(r.chosen.begin(), r.chosen.end(), e) == r.chosen.end() && (next < 0 || l[e] > l[next])) next = e;
+    for (double f : {0.45, 0.55}) {
+      std::vector<float> moved = l;
+      moved[kth] -= static_cast<float>(f * m * spread);
+      moved[next] += static_cast<float>(f * m * spread);
+      const moe_routing again = routed(moved, 1, 6, 3, false);
+      std::vector<std::int32_t> a(r.chosen.begin(), r.chosen.end()), b(again.chosen.begin(), again.chosen.end());
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      CHECK((a == b) == (f < 0.5));
+    }
+  }
+}

@@ -4,6 +4,8 @@
 // finite differences, and bad shapes as clear errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -74,6 +76,52 @@ TEST_CASE("the stateless forward equals the stage's forward and each sequence's 
     s1.forward(h1, B, T, h2, nullptr);
     CHECK(max_rel_diff(*with, h2) < 1e-6);
   }
+}
+
+TEST_CASE("the stateless forward reports each row's smallest routing margin over its blocks") {
+  // A mixture of experts: each row's margin is the smallest routing_margin
+  // of that row over the blocks run, as each block's own routing gives it.
+  auto o = corolla::testing::llama_opts(3);
+  o.family = "MixtralForCausalLM";
+  o.experts = 4;
+  o.experts_per_token = 2;
+  model_dir m(o);
+  const int B = 2, T = 5;
+  const std::int64_t D = m.cfg.hidden_size;
+  span_engine e = m.engine(0, 3);
+  const Tensor x = random_tensor({B * T, D}, 3);
+  std::vector<float> margins;
+  auto got = e.forward(x, B, T, Tensor(), 1, 3, &margins);
+  REQUIRE(got);
+  REQUIRE(margins.size() == static_cast<std::size_t>(B * T));
+  // By hand: blocks 1 and 2, each block's routing margins folded.
+  stage s = stage::load(m.ck, m.cfg, 1, 3, cpu_backend());
+  std::vector<float> want(static_cast<std::size_t>(B * T), INFINITY);
+  Tensor h = x.clone(), next = Tensor::empty({B * T, D});
+  std::vector<std::int32_t> pos;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) pos.push_back(t);
+  const Tensor positions = Tensor::from_i32(pos, {B * T});
+  for (int i = 0; i < 2; ++i) {
+    block_activations a;
+    block_forward(cpu_backend(), m.cfg, block_tensors::of(m.cfg, s.params()[static_cast<std::size_t>(i)]), h,
+                  positions, B, T, next, a);
+    for (std::int64_t r = 0; r < B * T; ++r)
+      want[static_cast<std::size_t>(r)] = std::min(want[static_cast<std::size_t>(r)], routing_margin(a.moe.route, r));
+    std::swap(h, next);
+  }
+  CHECK(margins == want);
+  CHECK(same_values(*got, h));
+  for (float v : margins) {
+    CHECK(v >= 0.0f);
+    CHECK(v <= 1.0f);
+  }
+  // A dense model reports +inf for every row.
+  model_dir dense(corolla::testing::llama_opts());
+  span_engine d = dense.engine(0, 2);
+  REQUIRE(d.forward(x, B, T, Tensor(), -1, -1, &margins));
+  REQUIRE(margins.size() == static_cast<std::size_t>(B * T));
+  for (float v : margins) CHECK(std::isinf(v));
 }
 
 namespace {
