@@ -9,6 +9,7 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -19,6 +20,7 @@
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "model/transformer.hpp"
+#include "schedule/snapshot_interval.hpp"
 
 namespace corolla {
 
@@ -212,16 +214,25 @@ class coordinator {
         // In-memory snapshots: a printed step survives any one rank's loss.
         // Its buddy's keeper holds every rank's copy of it before it is
         // printed (train.kept; a few milliseconds, and the ranks go on).
-        if (o_.snapshot_every > 0 && !o_.checkpoint_dir.empty() && o_.snapshots_at(step) && step < o_.steps)
+        if (o_.snapshots_at(step, snapshot_every_) && step < o_.steps) {
           for (int rank = 0; rank < world_; ++rank)
             if (snapshot_buddy(o_.layout, rank) >= 0)
               take(train_msg::kept, step, rank, "the buddy's copy of the snapshot of step " + std::to_string(step));
+          r.snapshot_copy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
+          copies_s_.push_back(r.snapshot_copy_s);
+        }
+        if (step > first) steps_s_.push_back(r.seconds);  // the first includes the grid's start
+        const bool verdict = o_.verdict_at(step);
+        if (verdict && o_.snapshot_auto) choose_snapshot_interval(r);
+        r.snapshot_every = snapshot_every_;
         if (hooks.on_step) hooks.on_step(r);
-        if (o_.verdict_at(step)) {
-          // Every rank waits at this step boundary for the verdict.
+        if (verdict) {
+          // Every rank waits at this step boundary for the verdict (and,
+          // with --snapshot-every auto, takes the interval from it).
           const bool stop = hooks.drain && !o_.checkpoint_dir.empty() && hooks.drain(r);
-          for (int rank = 0; rank < world_; ++rank)
-            send(rank, train_msg::drain, encode_body(train_step_note{step, 0, stop ? 1.0 : 0.0, run_}));
+          train_step_note note{step, 0, stop ? 1.0 : 0.0, run_};
+          note.snapshot_every = o_.snapshot_auto ? snapshot_every_ : 0;
+          for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::drain, encode_body(note));
           if (stop) {
             last = step;
             spdlog::info("training job {}: drained after step {}", o_.layout.describe(), last);
@@ -299,6 +310,24 @@ class coordinator {
     spdlog::info("training job {}: all {} ranks joined", o_.layout.describe(), world_);
   }
 
+  /// --snapshot-every auto, at a verdict step: the interval from the next
+  /// step on, from the copies and steps measured since the last verdict.
+  void choose_snapshot_interval(dist_step_report& r) {
+    const double copy_s = schedule::median_of(copies_s_), step_s = schedule::median_of(steps_s_);
+    const int next = schedule::snapshot_interval(copy_s, step_s, snapshot_every_);
+    if (!copies_s_.empty()) {  // a window without a snapshot step measured nothing: keep it
+      copies_s_.clear();
+      steps_s_.clear();
+    }
+    if (next == snapshot_every_) return;
+    spdlog::info("training job {}: in-memory snapshots every {} step(s) after step {} (copies took {:.3f} s, steps "
+                 "{:.3f} s)",
+                 o_.layout.describe(), next, r.step, copy_s, step_s);
+    snapshot_every_ = next;
+    r.snapshot_median_copy_s = copy_s;
+    r.snapshot_median_step_s = step_s;
+  }
+
   // Replica 0 of every stage sends its blocks (rank 0 the head).
   void save_model() {
     transformer model = transformer::init(cfg_, 0, cpu_backend());
@@ -330,6 +359,11 @@ class coordinator {
   std::shared_ptr<train_inbox> inbox_;
   caf::actor mailbox_;
   std::map<int, std::string> ids_;
+  /// The in-memory snapshot interval in force (--snapshot-every; with
+  /// auto, what choose_snapshot_interval chose), and since the last
+  /// verdict step the seconds snapshot copies took and the steps took.
+  int snapshot_every_ = o_.snapshot_every;
+  std::vector<double> copies_s_, steps_s_;
 };
 
 }  // namespace

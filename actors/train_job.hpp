@@ -144,6 +144,11 @@ struct dist_train_options {
   /// holds under checkpoint_dir/memory/, from which the launcher assembles
   /// the newest complete step: a single failure loses no step.
   int snapshot_every = 0;
+  /// --snapshot-every auto: snapshot_every is only the first interval; at
+  /// each verdict step (verdict_at) the coordinator chooses the next from
+  /// how long the copies took against the steps
+  /// (schedule/snapshot_interval.hpp) and sends it with train.drain.
+  bool snapshot_auto = false;
   /// Every `drain_every` steps (0 = only at probe steps) every rank also
   /// waits for the coordinator's verdict (train.drain): where an elastic
   /// launcher may stop the job to grow it onto workers that joined.
@@ -169,10 +174,13 @@ struct dist_train_options {
   bool checkpoints_at(int step) const {
     return checkpoint_every > 0 && !checkpoint_dir.empty() && step % checkpoint_every == 0;
   }
-  /// Whether the ranks take in-memory snapshots after step `step`.
-  bool snapshots_at(int step) const {
-    return snapshot_every > 0 && !checkpoint_dir.empty() && step % snapshot_every == 0;
+  /// Whether the ranks take in-memory snapshots after step `step`, with
+  /// the interval `every` in force (snapshot_every, or what the coordinator
+  /// chose since with snapshot_auto).
+  bool snapshots_at(int step, int every) const {
+    return every > 0 && !checkpoint_dir.empty() && step % every == 0;
   }
+  bool snapshots_at(int step) const { return snapshots_at(step, snapshot_every); }
   /// Whether the ranks probe their links at step `step` (probe_every).
   bool probes_at(int step) const { return probe_every > 0 && step % probe_every == 0; }
   /// Whether every rank waits for the coordinator's verdict (train.drain)
@@ -221,6 +229,15 @@ struct dist_step_report {
   /// Each rank's seconds inside its stage's forward and backward this
   /// step (0 = not measured: device ranks).
   std::vector<double> compute_s;
+  /// The in-memory snapshot interval in force after this step: with
+  /// snapshot_auto, what the coordinator chose at this verdict step.
+  int snapshot_every = 0;
+  /// On a snapshot step: seconds from the last report of the step to the
+  /// last buddy's acknowledgement of its copy (train.kept); else 0.
+  double snapshot_copy_s = 0;
+  /// When snapshot_every changed at this step: the median copy and step
+  /// seconds since the previous verdict that it was chosen on; else 0.
+  double snapshot_median_copy_s = 0, snapshot_median_step_s = 0;
 };
 
 /// Where a rank gets its parameters: only the blocks of its stage (and the

@@ -442,7 +442,7 @@ class rank_runtime {
     // Without the global norm every update is in already: the snapshot
     // leaves before the report (with it, after the update). The
     // coordinator prints the step once every buddy said it holds its copy.
-    const bool snapshot = keeper_ && o_.snapshots_at(step) && step < o_.steps;
+    const bool snapshot = keeper_ && o_.snapshots_at(step, snapshot_every_) && step < o_.steps;
     if (snapshot && !needs_global_norm()) tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text(scaler_));
     double sum_squares = 0;
     bool skip = false;
@@ -518,6 +518,7 @@ class rank_runtime {
                                     "the coordinator's verdict after step " + std::to_string(step));
     auto note = decode_train_step(m.body);
     if (!note) throw train_error("bad verdict from the coordinator: " + error_message(note.error()));
+    if (note->snapshot_every > 0) snapshot_every_ = note->snapshot_every;  // --snapshot-every auto
     if (note->value != 0) {
       last_step_ = step;
       spdlog::info("{} stops after step {}: the job is re-planned", o_.layout.label(rank_), step);
@@ -547,6 +548,7 @@ class rank_runtime {
   bool first_ = false, last_ = false;
   int steps_done_ = 0;
   int last_step_ = 0;  ///< the step this rank stops after: o_.steps, or a drain's
+  int snapshot_every_ = o_.snapshot_every;  ///< in force; the coordinator's verdicts may change it
   double compute_s_ = 0;  ///< this step's seconds inside forward and backward (host backends)
   std::map<int, double> probe_rates_;  ///< neighbour rank -> the rate last probed (bytes/s; 0 = too fast)
   /// Updated from the coordinator's norm each step, identically on every

@@ -80,6 +80,7 @@ std::vector<std::uint8_t> encode_body(const train_step_note& v) {
   r.setRank(v.rank);
   r.setValue(v.value);
   r.setJob(v.job);
+  r.setSnapshotEvery(v.snapshot_every);
   return flat(b);
 }
 
@@ -137,7 +138,7 @@ caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>&
 
 caf::expected<train_step_note> decode_train_step(const std::vector<std::uint8_t>& body) {
   return decode<wire::TrainStep>(body, "TrainStep", [](wire::TrainStep::Reader r) {
-    return train_step_note{r.getStep(), r.getRank(), r.getValue(), r.getJob()};
+    return train_step_note{r.getStep(), r.getRank(), r.getValue(), r.getJob(), r.getSnapshotEvery()};
   });
 }
 

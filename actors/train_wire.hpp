@@ -74,6 +74,9 @@ struct train_step_note {
   int rank = 0;
   double value = 0;
   std::uint64_t job = 0;
+  /// train.drain: the in-memory snapshot interval from the next step on
+  /// (--snapshot-every auto); 0 = unchanged.
+  int snapshot_every = 0;
 };
 
 /// wire::TrainRoster.

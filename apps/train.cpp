@@ -287,7 +287,9 @@ void register_train(CLI::App& app, action_fn& action) {
       ->group(dist);
   cmd->add_option("--snapshot-every", args->snapshot_every,
                   "With --elastic: every K steps each rank keeps its state in memory and a copy at a buddy rank, so "
-                  "that a single failure loses no step (0 = off: fall back to --checkpoint-dir; default 1)")
+                  "that a single failure loses no step (0 = off: fall back to --checkpoint-dir; default 1); 'auto': "
+                  "every step at first, then at the job's verdict steps as long an interval as the measured copies "
+                  "need to take at most a fifth of the time between them")
       ->group(dist);
   cmd->add_option("--join", args->join,
                   "Offer this process as a worker to the elastic launcher whose lobby is at HOST:PORT (it prints it); "

@@ -74,8 +74,10 @@ struct train_args {
   bool elastic = false;  ///< --elastic: the local launcher re-plans on the ranks left when some die
   int min_ranks = 1;     ///< --min-ranks: with --elastic, the fewest ranks a job continues on
   /// --snapshot-every: with --elastic, in-memory snapshots every K steps
-  /// (0 = none; -1 = the default, every step with --elastic).
-  int snapshot_every = -1;
+  /// (0 = none), or "auto" (every step at first, then as long an interval
+  /// as the copies need: schedule/snapshot_interval.hpp); "" = the
+  /// default, every step with --elastic.
+  std::string snapshot_every;
   /// --join ENDPOINT: offer this process as a worker to the elastic
   /// launcher listening there (apps/train_lobby.hpp) instead of training.
   std::string join;

@@ -378,10 +378,23 @@ int run_distributed_train(train_args a) {
   o.checkpoint_every = a.checkpoint_every;
   if (a.probe_every < 0) throw std::invalid_argument("--probe-every must be >= 0");
   o.probe_every = a.probe_every;
-  if (a.snapshot_every < -1) throw std::invalid_argument("--snapshot-every must be >= 0");
-  if (a.snapshot_every > 0 && !a.elastic)
+  int snapshot_every = 1;  // the default with --elastic
+  o.snapshot_auto = a.snapshot_every == "auto";
+  if (!a.snapshot_every.empty() && !o.snapshot_auto) {
+    std::size_t used = 0;
+    try {
+      snapshot_every = std::stoi(a.snapshot_every, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != a.snapshot_every.size() || snapshot_every < 0)
+      throw std::invalid_argument("--snapshot-every must be a number of steps >= 0 or 'auto', got '" +
+                                  a.snapshot_every + "'");
+  }
+  if (!a.snapshot_every.empty() && (o.snapshot_auto || snapshot_every > 0) && !a.elastic)
     throw std::invalid_argument("--snapshot-every keeps in-memory snapshots for --elastic to recover from: add --elastic");
-  o.snapshot_every = a.elastic ? (a.snapshot_every < 0 ? 1 : a.snapshot_every) : 0;
+  o.snapshot_every = a.elastic ? snapshot_every : 0;
+  o.snapshot_auto = o.snapshot_auto && a.elastic;
   o.resume = a.resume;
   o.save_dir = a.save;
   o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000));

@@ -201,8 +201,26 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   // Each rank's compute seconds since the last probe step.
   std::vector<double> computed;
   int computed_steps = 0;
+  // --snapshot-every auto: the interval the coordinator chose last, which
+  // the next grid starts with.
+  int snapshot_every = o.snapshot_every;
   coordinator_hooks hooks;
   hooks.on_step = [&](const dist_step_report& r) {
+    if (r.snapshot_median_copy_s > 0) {
+      snapshot_every = r.snapshot_every;
+      std::fprintf(stderr,
+                   "elastic: in-memory snapshots every %d step(s) after step %d (a snapshot's copies took %.3f s, a "
+                   "step %.3f s)\n",
+                   r.snapshot_every, r.step, r.snapshot_median_copy_s, r.snapshot_median_step_s);
+      if (a.json)
+        std::printf("%s\n", nlohmann::json{{"event", "snapshot_every"},
+                                           {"step", r.step},
+                                           {"every", r.snapshot_every},
+                                           {"copy_s", r.snapshot_median_copy_s},
+                                           {"step_s", r.snapshot_median_step_s}}
+                                .dump()
+                                .c_str());
+    }
     if (computed.size() != r.compute_s.size()) {
       computed.assign(r.compute_s.size(), 0.0);  // a new grid
       computed_steps = 0;
@@ -339,6 +357,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       computed.clear();  // measurements of the previous grid's ranks
       computed_steps = 0;
       remote.local = local;
+      o.snapshot_every = snapshot_every;
       const int last = run_local_job(a, o, cfg, hooks, &lost, joined.empty() ? nullptr : &remote);
       if (last >= o.steps) break;
       if (!drained)

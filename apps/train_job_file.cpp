@@ -29,7 +29,7 @@ nlohmann::json job_to_json(const dist_train_options& o) {
            {{"warmup_steps", o.optimizer.schedule.warmup_steps}, {"cosine", o.optimizer.schedule.cosine},
             {"final_ratio", o.optimizer.schedule.final_ratio}}},
           {"checkpoint_dir", o.checkpoint_dir.string()},
-          {"checkpoint_every", o.checkpoint_every}, {"probe_every", o.probe_every}, {"snapshot_every", o.snapshot_every}, {"drain_every", o.drain_every}, {"resume", o.resume}, {"save_dir", o.save_dir.string()},
+          {"checkpoint_every", o.checkpoint_every}, {"probe_every", o.probe_every}, {"snapshot_every", o.snapshot_every}, {"snapshot_auto", o.snapshot_auto}, {"drain_every", o.drain_every}, {"resume", o.resume}, {"save_dir", o.save_dir.string()},
           {"timeout_ms", o.timeout.count()}, {"link_profiles", o.link_profiles},
           {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s}};
 }
@@ -65,6 +65,7 @@ dist_train_options job_from_json(const std::string& file) {
     o.checkpoint_every = j.at("checkpoint_every");
     o.probe_every = j.at("probe_every");
     o.snapshot_every = j.value("snapshot_every", 0);
+    o.snapshot_auto = j.value("snapshot_auto", false);
     o.drain_every = j.value("drain_every", 0);
     o.resume = j.at("resume");
     o.save_dir = j.at("save_dir").get<std::string>();

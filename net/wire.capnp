@@ -225,6 +225,7 @@ struct TrainStep {
   rank @1 :Int32;
   value @2 :Float64;
   job @3 :UInt64;
+  snapshotEvery @4 :Int32;  # train.drain: the in-memory snapshot interval from the next step on (0 = unchanged)
 }
 
 # "train.snap" rank -> its buddy's "train-snap" actor after every

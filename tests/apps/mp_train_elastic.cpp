@@ -217,6 +217,46 @@ TEST_CASE("--elastic on 1x4 and 3x2: a rank killed, recovered from memory, the s
   }
 }
 
+TEST_CASE("--elastic --snapshot-every auto: copies that take more than a fifth of a step lengthen the interval, and a "
+          "rank killed after that is recovered with the single-process losses") {
+  temp_dir_guard tmp("mp-train-elastic-auto");
+  const job j = slow_job(tmp, 30);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  // Links of 4 Mbit/s: a rank's copy of its moments takes about as long as
+  // a step. A verdict every 2 steps.
+  child_process launcher = child_process::corolla(
+      train_args(j, {"--pp", "2", "--dp", "2", "--elastic", "--link-profile", "lat=4ms,bw=4Mbit", "--snapshot-every",
+                     "auto", "--join-check-every", "2", "--timeout-s", "60"}));
+  const auto m = launcher.wait_line(std::regex(R"re("event":"snapshot_every","every":(\d+),"step":(\d+))re"),
+                                    std::chrono::seconds(90));
+  REQUIRE_MESSAGE(m, "stderr: " << launcher.err());
+  const int every = std::stoi((*m)[1]), at = std::stoi((*m)[2]);
+  MESSAGE("in-memory snapshots every " << every << " step(s) after step " << at);
+  CHECK(every > 1);
+  CHECK(at % 2 == 0);  // chosen at a verdict step
+  // A few steps on the longer interval, then rank 3 goes.
+  REQUIRE(launcher.wait_line(std::regex("\"step\":" + std::to_string(at + 3) + "\\b"), std::chrono::seconds(90)));
+  ::kill(rank_pid(launcher, 3), SIGKILL);
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() >= 1u);
+  CHECK(events[0]["lost_ranks"] == nlohmann::json::array({3}));
+  CHECK(events[0]["completed"] == true);
+  // The newest complete snapshot is at most an interval (and a copy in
+  // flight) behind: at most `every` steps computed again.
+  CHECK(events[0]["replayed_steps"].get<int>() <= every);
+  CHECK(launcher.err().find("elastic: in-memory snapshots every " + std::to_string(every) + " step(s) after step " +
+                            std::to_string(at)) != std::string::npos);
+  CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
+  std::smatch line;
+  const std::string err = launcher.err();
+  if (std::regex_search(err, line, std::regex("elastic: in-memory snapshots every[^\n]*"))) MESSAGE(line.str());
+  MESSAGE("first re-plan: " << events[0].dump());
+}
+
 TEST_CASE("--elastic: a failure during a re-plan (a rank of the new grid killed before its first step) still loses no "
           "step") {
   temp_dir_guard tmp("mp-train-elastic-during");
@@ -362,6 +402,12 @@ TEST_CASE("--elastic stops with one clear error when fewer than --min-ranks rema
                   "--min-ranks must be at least 1");
   check_one_error(run_corolla(train_args(j, {"--pp", "2", "--elastic", "--rank", "0", "--coordinator", "127.0.0.1:1"})),
                   "--elastic is for the local launcher");
+  check_one_error(run_corolla(train_args(j, {"--pp", "2", "--dp", "2", "--elastic", "--snapshot-every", "often"})),
+                  "--snapshot-every must be a number of steps >= 0 or 'auto', got 'often'");
+  check_one_error(run_corolla(train_args(j, {"--pp", "2", "--dp", "2", "--elastic", "--snapshot-every", "-2"})),
+                  "--snapshot-every must be a number of steps >= 0 or 'auto', got '-2'");
+  check_one_error(run_corolla(train_args(j, {"--pp", "2", "--dp", "2", "--snapshot-every", "auto"})),
+                  "--snapshot-every keeps in-memory snapshots for --elastic to recover from: add --elastic");
 }
 
 TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left and the losses stay those of one process") {
