@@ -33,6 +33,13 @@ caf::expected<double> fastest_echo(node& n, const std::string& peer, const Tenso
 
 }  // namespace
 
+caf::expected<double> echo_rtt(node& n, const std::string& peer, int rounds, std::chrono::milliseconds timeout) {
+  link_probe_options o;
+  o.rounds = std::max(1, rounds);
+  o.timeout = timeout;
+  return fastest_echo(n, peer, Tensor{}, o);
+}
+
 caf::expected<link_probe_result> probe_link(node& n, const std::string& peer, const link_probe_options& o) {
   if (o.bytes < 4 || o.rounds < 1) return make_error(errc::invalid_argument, "a link probe needs a payload and a round");
   link_probe_result res;

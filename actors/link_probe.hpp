@@ -38,4 +38,10 @@ struct link_probe_result {
 /// the payload to tell).
 caf::expected<link_probe_result> probe_link(node& n, const std::string& peer, const link_probe_options& o = {});
 
+/// The fastest of `rounds` empty echoes to the connected peer `peer`, in
+/// seconds (each within `timeout`): its round-trip time, as a request sees
+/// it (the peer's node and echo actor included).
+caf::expected<double> echo_rtt(node& n, const std::string& peer, int rounds = 3,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(2));
+
 }  // namespace corolla

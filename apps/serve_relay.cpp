@@ -2,11 +2,15 @@
 #include "apps/serve_relay.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
 #include "actors/corolla.hpp"
 #include "actors/dialback.hpp"
+#include "actors/link_probe.hpp"
 #include "net/membership.hpp"
 
 namespace corolla::app {
@@ -92,7 +96,20 @@ bool relay_keeper::keep(net::server_record& record, std::chrono::milliseconds gr
     n_.disconnect(relay_id_);
     relay_id_.clear();
   }
+  // Of the first few relays that answer, the nearest: a relay's leg is on
+  // every step of every client routed through this server. Relays that
+  // went away are asked only when no other answers.
+  struct answered {
+    candidate c;
+    std::string id;
+    double rtt_s = 0;  ///< +inf when the echo failed
+  };
+  std::set<std::string> linked_before;
+  for (const link_stats& l : n_.links())
+    if (l.up) linked_before.insert(l.peer);
+  std::vector<answered> found;
   for (const auto& c : candidates()) {
+    if (found.size() >= measured_candidates || (!found.empty() && failed_.count(c.endpoint))) break;
     connect_options co;
     co.timeout = std::chrono::seconds(3);
     co.server_key = c.key;
@@ -101,19 +118,40 @@ bool relay_keeper::keep(net::server_record& record, std::chrono::milliseconds gr
       spdlog::debug("serve: relay candidate {} did not answer: {}", c.endpoint, error_message(id.error()));
       continue;
     }
-    relay_id_ = *id;
-    n_.accept_relayed_from(relay_id_);
-    endpoint_ = c.endpoint;
-    key_ = c.key;
-    down_ = false;
-    failed_.erase(endpoint_);
-    record.endpoint = endpoint_;
-    record.public_key = key_;
-    record.relay = relay_id_;
-    spdlog::info("serve: reachable through relay {} at {}", relay_id_, endpoint_);
-    return true;
+    if (std::any_of(found.begin(), found.end(), [&](const answered& a) { return a.id == *id; })) continue;
+    auto rtt = echo_rtt(n_, *id);
+    if (!rtt) spdlog::debug("serve: relay candidate {} did not echo: {}", *id, error_message(rtt.error()));
+    found.push_back({c, *id, rtt ? *rtt : std::numeric_limits<double>::infinity()});
   }
-  return false;
+  if (found.empty()) return false;
+  // The first to answer (the order given: --relay, then the DHT's), unless
+  // another is clearly nearer: under half its round trip and over a
+  // millisecond less (echoes on one host differ by noise alone).
+  auto best = found.begin();
+  for (auto a = found.begin() + 1; a != found.end(); ++a)
+    if (a->rtt_s < best->rtt_s / 2 && best->rtt_s - a->rtt_s > 1e-3) best = a;
+  if (found.size() > 1) {
+    std::string seen;
+    for (const answered& a : found)
+      seen += (seen.empty() ? "" : ", ") + a.id + " " +
+              (std::isfinite(a.rtt_s) ? std::to_string(static_cast<long>(a.rtt_s * 1e6)) + " us" : "no echo");
+    spdlog::info("serve: relays answered ({}): taking {}{}", seen, best->id,
+                 best == found.begin() ? ", the first" : ", clearly the nearest");
+  }
+  // Links opened only to measure go again.
+  for (const answered& a : found)
+    if (a.id != best->id && !linked_before.count(a.id)) n_.disconnect(a.id);
+  relay_id_ = best->id;
+  n_.accept_relayed_from(relay_id_);
+  endpoint_ = best->c.endpoint;
+  key_ = best->c.key;
+  down_ = false;
+  failed_.erase(endpoint_);
+  record.endpoint = endpoint_;
+  record.public_key = key_;
+  record.relay = relay_id_;
+  spdlog::info("serve: reachable through relay {} at {}", relay_id_, endpoint_);
+  return true;
 }
 
 }  // namespace corolla::app

@@ -30,15 +30,19 @@ bool reachable_from_swarm(node& n, net::membership& members, const std::string& 
 
 class relay_keeper {
  public:
-  /// `relays`: "HOST:PORT[#KEY]" given with --relay, tried first (in
-  /// order); then servers of `model` whose DHT records offer relaying.
+  /// `relays`: "HOST:PORT[#KEY]" given with --relay; then servers of
+  /// `model` whose DHT records offer relaying. Of the first few that answer
+  /// (relays that went away only when no other does) the first is taken,
+  /// unless another is clearly nearer: under half its echo round trip and
+  /// over a millisecond less (actors/link_probe.hpp echo_rtt).
   relay_keeper(node& n, std::vector<std::string> relays, net::membership* members, std::string model, int n_blocks);
 
   /// Makes sure `record` names a relay that is up: dials one when there is
   /// none, or when the current one has been down longer than `grace` (its
   /// link reconnects by itself after a short outage). Returns true when
   /// the record changed (to announce again). When no relay answers, the
-  /// record keeps the last one and the caller tries again later.
+  /// record keeps the last one and the caller tries again later. Of
+  /// several relays that answer, a clearly nearer one wins over the first.
   bool keep(net::server_record& record, std::chrono::milliseconds grace);
   /// Whether a relay has been found.
   bool has_relay() const { return !relay_id_.empty(); }
@@ -50,6 +54,8 @@ class relay_keeper {
     std::string endpoint, key, id;  ///< id "" when given by address only
   };
   std::vector<candidate> candidates() const;
+  /// Relays that answer, up to this many, are measured before one is taken.
+  static constexpr std::size_t measured_candidates = 4;
 
   node& n_;
   std::vector<std::string> given_;

@@ -135,6 +135,38 @@ TEST_CASE("a dedicated relay (corolla node --relay-service) serves a chain of tw
   CHECK(relay.err().find("passed on ") != std::string::npos);
 }
 
+TEST_CASE("a server behind NAT takes a clearly nearer relay over the first that answers") {
+  swarm_model m(architecture::llama);
+  // Two dedicated relays; the first one given answers 40 ms later than the
+  // second (its links are shaped to 20 ms of latency each way).
+  auto start_relay = [](std::vector<std::string> extra) {
+    std::vector<std::string> args{"node", "--relay-service", "--log-level", "info"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return child_process::corolla(args);
+  };
+  child_process slow = start_relay({"--link-profile", "lat=20ms"});
+  child_process fast = start_relay({});
+  const std::regex ready(R"(corolla node (\S+) listening on (tcp://\S+))");
+  auto slow_ready = slow.wait_line(ready, 15s);
+  auto fast_ready = fast.wait_line(ready, 15s);
+  REQUIRE(slow_ready);
+  REQUIRE(fast_ready);
+  const std::string slow_id = (*slow_ready)[1].str(), fast_id = (*fast_ready)[1].str();
+  swarm_processes sw;
+  sw.start(m, "s-x", 0, 4,
+           {"--no-listen", "--relay", (*slow_ready)[2].str() + "," + (*fast_ready)[2].str(), "--log-level", "info"});
+  CHECK(sw.relays.at("s-x") == fast_id);
+  auto remote = generate_cli(m, {"--swarm", sw.endpoints.at("s-x")});
+  REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+  CHECK(printed_ids(remote) == m.expected);
+  sw.procs.at("s-x").signal(SIGTERM);
+  sw.procs.at("s-x").wait(10s);
+  const std::string err = sw.procs.at("s-x").err();
+  INFO("server stderr: " << err);
+  CHECK(err.find("taking " + fast_id + ", clearly the nearest") != std::string::npos);
+  CHECK(err.find(slow_id + " ") != std::string::npos);  // measured too
+}
+
 TEST_CASE("a server behind NAT without a relay to use says so and exits") {
   swarm_model m(architecture::llama);
   auto r = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--no-listen",
