@@ -189,6 +189,7 @@ caf::expected<std::unique_ptr<node>> node::start(node_options options) {
   n->ctx_ = std::make_shared<node_context>(*n->system_, id, settings);
   n->ctx_->max_message_bytes = static_cast<std::uint64_t>(options.max_message_bytes);
   n->ctx_->relay_service = options.relay_service;
+  n->ctx_->relay_rate = options.relay_rate;
   n->ctx_->accept_relayed = options.accept_relayed;
   n->public_key_ = topts.curve.enabled ? topts.curve.public_key : "";
 
@@ -276,6 +277,7 @@ caf::expected<std::string> node::connect_via(const std::string& relay, const std
 void node::accept_relayed_from(const std::string& relay) { ctx_->directory.trust_relay(relay); }
 
 std::uint64_t node::relayed_messages() const { return ctx_->relayed_messages.load(std::memory_order_relaxed); }
+std::uint64_t node::relay_refused() const { return ctx_->relay_refused.load(std::memory_order_relaxed); }
 
 caf::expected<std::string> node::connect(const std::string& endpoint, connect_options options) {
   const auto timeout = options.timeout;

@@ -89,6 +89,11 @@ struct node_options {
   /// Such a node also publishes the "reach" actor, which dials peers back
   /// to tell them whether they can be reached (actors/dialback.hpp).
   bool relay_service = false;
+  /// With relay_service: bytes per second each peer may send through this
+  /// relay on average, in bursts of up to 8 seconds of it (a token bucket
+  /// per sender, net/rate_limit.hpp); what goes over is refused, so that
+  /// nobody takes a volunteer's uplink as a free proxy. 0 = no limit.
+  double relay_rate = 32e6;
   /// Accept links relayed to this node by the relays it chose
   /// (accept_relayed_from; a node behind NAT turns this on); off: relayed
   /// hellos are refused.
@@ -168,6 +173,8 @@ class node {
                                               connect_options options = {});
   /// Messages this node passed on as a relay so far.
   std::uint64_t relayed_messages() const;
+  /// Messages refused because their sender went over relay_rate.
+  std::uint64_t relay_refused() const;
   /// With node_options::accept_relayed: new relayed links may reach this
   /// node through `relay` (a peer it connected to as its relay). Relayed
   /// hellos over any other peer's connection are dropped: a peer could

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "actors/registry.hpp"
 #include "net/codec.hpp"
 #include "net/nic.hpp"
+#include "net/rate_limit.hpp"
 #include "net/shaping.hpp"
 #include "net/zmq_transport.hpp"
 
@@ -67,8 +69,13 @@ struct node_context {
   /// between peers, and accept links relayed to this node.
   bool relay_service = false;
   bool accept_relayed = false;
-  /// Messages this node passed on as a relay.
-  std::atomic<std::uint64_t> relayed_messages{0};
+  /// Bytes per second each peer may send through this relay (0 = no
+  /// limit), and each sender's bucket: touched on the I/O thread only.
+  double relay_rate = 0;
+  std::map<std::string, net::token_bucket> relay_quota;
+  /// Messages this node passed on as a relay, and refused for a sender
+  /// over relay_rate.
+  std::atomic<std::uint64_t> relayed_messages{0}, relay_refused{0};
   /// Traffic of the links that ended (node::traffic adds the live ones).
   traffic_counters ended_traffic;
   /// Set once the transport is started and the context complete; events

@@ -28,6 +28,29 @@ void refuse(node_context& ctx, net::zmq_transport& t, net::connection_id conn, c
   t.send(conn, r);
 }
 
+/// Bytes a message counts against its sender's quota: its body and its
+/// tensors; none for the link's own hellos, heartbeats and goodbye (a
+/// sender over its quota keeps its links alive).
+double message_bytes(const net::message& m) {
+  using k = net::message_kind;
+  if (m.kind != k::request && m.kind != k::response && m.kind != k::error && m.kind != k::oneway) return 0;
+  double bytes = static_cast<double>(m.body.size());
+  for (const Tensor& t : m.tensors) bytes += static_cast<double>(t.nbytes());
+  return bytes;
+}
+
+/// Whether `from` may send `bytes` more through this relay now (its token
+/// bucket, net/rate_limit.hpp). Buckets of senders idle long enough to be
+/// full again are dropped when there are many.
+bool within_quota(node_context& ctx, const std::string& from, double bytes) {
+  if (ctx.relay_rate <= 0) return true;
+  const auto now = net::token_bucket::clock::now();
+  if (ctx.relay_quota.size() > 1024)
+    std::erase_if(ctx.relay_quota, [&](const auto& q) { return q.first != from && q.second.full(now); });
+  auto it = ctx.relay_quota.try_emplace(from, ctx.relay_rate, 8 * ctx.relay_rate, now).first;
+  return it->second.take(bytes, now);
+}
+
 }  // namespace
 
 void relay_pass_on(node_context& ctx, net::connection_id conn, net::message&& m) {
@@ -46,6 +69,15 @@ void relay_pass_on(node_context& ctx, net::connection_id conn, net::message&& m)
   const net::connection_id to = ctx.directory.direct_connection(m.relay_to);
   if (to == 0)
     return refuse(ctx, *t, conn, m, errc::not_connected, here + " has no connection to node " + m.relay_to);
+  if (const double bytes = message_bytes(m); bytes > 0 && !within_quota(ctx, from, bytes)) {
+    if (ctx.relay_refused.fetch_add(1, std::memory_order_relaxed) == 0)
+      spdlog::warn("{}: node {} sends more than {:.0f} Mbit/s through it: refusing what goes over", here, from,
+                   ctx.relay_rate * 8 / 1e6);
+    return refuse(ctx, *t, conn, m, errc::send_failed,
+                  fmt::format("{} passes on at most {:.3g} Mbit/s from each node (in bursts of 8 s of it): node {} is "
+                              "over it",
+                              here, ctx.relay_rate * 8 / 1e6, from));
+  }
   const std::string target = m.relay_to;
   net::message fwd = std::move(m);
   fwd.relay_to.clear();

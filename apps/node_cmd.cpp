@@ -26,6 +26,7 @@ namespace {
 struct node_args {
   node_flags node;
   bool relay_service = false;
+  double relay_rate_mbit = 256;  ///< --relay-rate: what each peer may send through this relay
   std::string log_level = "info";
 };
 
@@ -34,6 +35,7 @@ int run_node(const node_args& a) {
   const sigset_t stop_signals = block_stop_signals();
   node_options o = a.node.options();
   o.relay_service = a.relay_service;
+  o.relay_rate = a.relay_rate_mbit * 1e6 / 8;
   auto started = node::start(o);
   if (!started) throw std::runtime_error(error_message(started.error()));
   auto& n = **started;
@@ -45,7 +47,9 @@ int run_node(const node_args& a) {
 
   const char* sig = wait_for_stop_signal(stop_signals);
   spdlog::info("node {}: {} received, saying goodbye to {} peer(s)", n.id(), sig, n.peers().size());
-  if (a.relay_service) spdlog::info("node {}: passed on {} relayed message(s)", n.id(), n.relayed_messages());
+  if (a.relay_service)
+    spdlog::info("node {}: passed on {} relayed message(s), refused {} over --relay-rate", n.id(), n.relayed_messages(),
+                 n.relay_refused());
   n.stop();
   return 0;
 }
@@ -59,6 +63,11 @@ void register_node(CLI::App& app, action_fn& action) {
   cmd->add_flag("--relay-service", a->relay_service,
                 "Relay for servers behind NAT (serve --no-listen --relay THIS_ENDPOINT) and dial peers back to "
                 "check they can be reached");
+  cmd->add_option("--relay-rate", a->relay_rate_mbit,
+                  "With --relay-service: Mbit/s each peer may send through this relay on average, in bursts of 8 s "
+                  "of it; what goes over is refused (0 = no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
   cmd->callback([&action, a] { action = [a] { return run_node(*a); }; });

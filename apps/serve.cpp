@@ -73,6 +73,7 @@ struct serve_args {
   bool no_listen = false;          ///< --no-listen: behind NAT, reached through a relay
   std::string relays;              ///< --relay HOST:PORT[#KEY],...: relays to try first
   bool no_relay_service = false;   ///< --no-relay-service: do not relay for servers behind NAT
+  double relay_rate_mbit = 256;    ///< --relay-rate: what each peer may send through this server as a relay
   std::string announce_endpoint;   ///< --announce-endpoint: what the record says instead of the bound one
 };
 
@@ -270,6 +271,7 @@ int run_serve(const serve_args& a) {
     throw std::invalid_argument("--announce-endpoint is for servers that listen (drop --no-listen)");
   if (a.no_listen) node_opts.listen = "";  // behind NAT: nobody can dial in
   node_opts.relay_service = !a.no_listen && !a.no_relay_service;
+  node_opts.relay_rate = a.relay_rate_mbit * 1e6 / 8;
   node_opts.accept_relayed = true;  // a server that turns out unreachable is reached through a relay
   auto started = node::start(node_opts);
   if (!started) throw std::runtime_error(error_message(started.error()));
@@ -546,6 +548,11 @@ void register_serve(CLI::App& app, action_fn& action) {
                   "HOST:PORT[#CURVEKEY],... (any server that listens)");
   cmd->add_flag("--no-relay-service", a->no_relay_service,
                 "Do not pass messages on for servers behind NAT (a listening server does by default)");
+  cmd->add_option("--relay-rate", a->relay_rate_mbit,
+                  "Mbit/s each peer may send through this server as a relay, on average, in bursts of 8 s of it; "
+                  "what goes over is refused (0 = no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--threads", a->threads,
                   "CPU threads (0 = every core but one, so the machine stays usable while it serves)")
       ->capture_default_str();

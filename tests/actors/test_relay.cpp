@@ -70,10 +70,10 @@ void check_doubled(const caf::expected<remote_message>& r, const remote_message&
 
 /// Relay R, NAT'd server X connected to R, client C connected to R.
 struct relayed_trio {
-  std::unique_ptr<node> relay = start_node(relay_options());
+  std::unique_ptr<node> relay;
   std::unique_ptr<node> server = start_node(natted_options());
   std::unique_ptr<node> client = start_node(fast());
-  relayed_trio() {
+  explicit relayed_trio(node_options relay_opts = relay_options()) : relay(start_node(std::move(relay_opts))) {
     REQUIRE(server->endpoint().empty());
     REQUIRE_FALSE(server->publish("doubler", server->system().spawn(doubler)));
     REQUIRE_FALSE(client->publish("doubler", client->system().spawn(doubler)));
@@ -115,6 +115,40 @@ TEST_CASE("a node without a listening socket serves requests through a relay, te
   // Heartbeats measure the round trip through the relay.
   for (int i = 0; i < 100 && t.client->stats(t.server->id())->rtt_samples == 0; ++i) std::this_thread::sleep_for(10ms);
   CHECK(t.client->stats(t.server->id())->rtt_samples > 0);
+}
+
+TEST_CASE("a relay passes on at most its rate from each peer: what goes over is refused with the reason") {
+  node_options ro = relay_options();
+  ro.relay_rate = 100000;  // 100 kB/s from each peer, in bursts of 800 kB
+  relayed_trio t(ro);
+  REQUIRE(t.client->connect_via(t.relay->id(), t.server->id()));
+  // Requests of 280 kB to an actor the server does not have: each comes
+  // back as a small error, so only the client's bucket drains. The first
+  // two fit the burst; before long one goes over (the bucket refills at
+  // 100 kB/s, far slower than they are sent).
+  const auto sent = doubling_request(70000);
+  int answered = 0;
+  caf::error refused;
+  for (int i = 0; i < 20 && !refused; ++i) {
+    auto r = t.client->request(t.server->id(), "nobody", sent, 5s);
+    REQUIRE_FALSE(r);
+    if (error_code(r.error()) == "unknown_actor")
+      ++answered;  // it went through
+    else
+      refused = r.error();
+  }
+  CHECK(answered >= 2);
+  REQUIRE(refused);
+  CHECK(error_code(refused) == "send_failed");
+  CHECK(error_message(refused).find("passes on at most 0.8 Mbit/s from each node") != std::string::npos);
+  CHECK(error_message(refused).find(t.client->id() + " is over it") != std::string::npos);
+  CHECK(t.relay->relay_refused() >= 1);
+  // Heartbeats are not counted: the relayed link stays up. Once the bucket
+  // has refilled (3 s: 300 kB), a request of 280 kB goes through again, and
+  // its answer (the server's bucket) too.
+  std::this_thread::sleep_for(3s);
+  CHECK(t.client->peer_is_up(t.server->id()));
+  check_doubled(t.client->request(t.server->id(), "doubler", sent, 5s), sent, t.client->id());
 }
 
 TEST_CASE("what cannot be relayed fails connect_via at once with the reason") {
