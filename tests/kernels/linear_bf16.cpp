@@ -19,37 +19,17 @@ using namespace kernel_test;
 TEST_CASE("linear with a bf16 weight equals f32 linear on the bf16-rounded weight") {
   Backend& be = cpu_backend();
   rng r(11);
-  struct sizes {
-    std::int64_t in, out;
-  };
-  // odd widths; 4099 inputs make the many-row path widen several blocks of
-  // weight rows per thread (about 2^18 / in rows per block)
-  for (sizes s : {sizes{37, 29}, sizes{129, 67}, sizes{4099, 141}}) {
-    Tensor w = random_tensor({s.out, s.in}, r);
-    Tensor w16 = w.to(dtype::bf16);
-    Tensor w_rounded = w16.to(dtype::f32);
-    Tensor bias = random_tensor({s.out}, r);
-    for_each_decode_isa([&](const char*) {
-      for (std::int64_t rows : {1, 3, 16, 17, 40}) {
-        Tensor x = random_tensor({rows, s.in}, r);
-        for (bool with_bias : {false, true}) {
-          CAPTURE(s.in);
-          CAPTURE(s.out);
-          CAPTURE(rows);
-          CAPTURE(with_bias);
-          const Tensor* b = with_bias ? &bias : nullptr;
-          Tensor want = filled({rows, s.out}, std::nanf(""));
-          be.linear(x, w_rounded, b, want);
-          Tensor got = filled({rows, s.out}, std::nanf(""));  // overwritten, never read
-          be.linear(x, w16, b, got);
-          // same products, summed in another order: f32 rounding of sums of
-          // s.in terms of magnitude <= 1
-          check_close(got, to_double(want), 1e-5, 1e-6 * static_cast<double>(s.in),
-                      "bf16-weight linear");
-        }
-      }
-    });
-  }
+  // [out, in]: odd widths; 4099 inputs make the many-row path widen several
+  // blocks of weight rows per thread (about 2^18 / in rows per block). Up to
+  // 16 rows take the dot-product path, more the widening GEMM.
+  check_quantised_linear(
+      r, {{29, 37}, {67, 129}, {141, 4099}},
+      [&](const Tensor& w) {
+        const Tensor w16 = w.to(dtype::bf16);
+        return quantised_linear{w16.to(dtype::f32),
+                                [&be, w16](const Tensor& x, const Tensor* b, Tensor& y) { be.linear(x, w16, b, y); }};
+      },
+      "bf16-weight linear", {1, 3, 16, 17, 40});
 }
 
 TEST_CASE("linear with a bf16 weight takes row views and handles an empty input width") {

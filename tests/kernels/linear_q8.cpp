@@ -56,30 +56,16 @@ TEST_CASE("int8 weights quantised per output channel stay within half a step of 
 TEST_CASE("linear with an int8 weight equals f32 linear on the dequantised weight") {
   Backend& be = cpu_backend();
   rng r(22);
-  struct sizes {
-    std::int64_t in, out;
-  };
-  for (sizes s : {sizes{37, 29}, sizes{128, 67}, sizes{4099, 141}}) {
-    const Tensor w = random_tensor({s.out, s.in}, r);
-    const q8 x8 = quantise(w);
-    const Tensor bias = random_tensor({s.out}, r);
-    for_each_decode_isa([&](const char*) {
-      for (std::int64_t rows : {1, 3, 8, 9, 40}) {
-        const Tensor x = random_tensor({rows, s.in}, r);
-        for (bool with_bias : {false, true}) {
-          CAPTURE(s.in);
-          CAPTURE(rows);
-          CAPTURE(with_bias);
-          const Tensor* b = with_bias ? &bias : nullptr;
-          Tensor want = filled({rows, s.out}, std::nanf(""));
-          be.linear(x, x8.dequantised, b, want);
-          Tensor got = filled({rows, s.out}, std::nanf(""));
-          be.linear_q8(x, x8.q, x8.scale, b, got);
-          check_close(got, to_double(want), 1e-5, 1e-6 * static_cast<double>(s.in), "int8-weight linear");
-        }
-      }
-    });
-  }
+  // [out, in]
+  check_quantised_linear(
+      r, {{29, 37}, {67, 128}, {141, 4099}},
+      [&](const Tensor& w) {
+        const q8 x8 = quantise(w);
+        return quantised_linear{x8.dequantised, [&be, x8](const Tensor& x, const Tensor* b, Tensor& y) {
+                                  be.linear_q8(x, x8.q, x8.scale, b, y);
+                                }};
+      },
+      "int8-weight linear");
   // Operands of the wrong kind are refused.
   const q8 small = quantise(random_tensor({4, 8}, r));
   Tensor x = random_tensor({2, 8}, r), y = Tensor::empty({2, 4});

@@ -132,30 +132,16 @@ TEST_CASE("nf4 round trip: every value is code * absmax, within nf4_max_error of
 TEST_CASE("linear with an nf4 weight equals f32 linear on the dequantised weight") {
   Backend& be = cpu_backend();
   rng r(43);
-  struct sizes {
-    std::int64_t in, out;
-  };
-  for (sizes s : {sizes{64, 29}, sizes{37, 29}, sizes{128, 67}, sizes{100, 16}, sizes{4099, 41}}) {
-    const Tensor w = random_tensor({s.out, s.in}, r);
-    const nf4 x4 = quantise(w);
-    const Tensor bias = random_tensor({s.out}, r);
-    for_each_decode_isa([&](const char*) {
-      for (std::int64_t rows : {1, 3, 8, 9, 40}) {
-        const Tensor x = random_tensor({rows, s.in}, r);
-        for (bool with_bias : {false, true}) {
-          CAPTURE(s.in);
-          CAPTURE(rows);
-          CAPTURE(with_bias);
-          const Tensor* b = with_bias ? &bias : nullptr;
-          Tensor want = filled({rows, s.out}, std::nanf(""));
-          be.linear(x, x4.dequantised, b, want);
-          Tensor got = filled({rows, s.out}, std::nanf(""));
-          be.linear_nf4(x, x4.q, x4.absmax, b, got);
-          check_close(got, to_double(want), 1e-5, 1e-6 * static_cast<double>(s.in), "nf4-weight linear");
-        }
-      }
-    });
-  }
+  // [out, in]
+  check_quantised_linear(
+      r, {{29, 64}, {29, 37}, {67, 128}, {16, 100}, {41, 4099}},
+      [&](const Tensor& w) {
+        const nf4 x4 = quantise(w);
+        return quantised_linear{x4.dequantised, [&be, x4](const Tensor& x, const Tensor* b, Tensor& y) {
+                                  be.linear_nf4(x, x4.q, x4.absmax, b, y);
+                                }};
+      },
+      "nf4-weight linear");
   // A row slice of a stacked weight is a weight of its own (q, k, v in one stack).
   const Tensor w = random_tensor({12, 128}, r);
   const nf4 all = quantise(w);
