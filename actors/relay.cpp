@@ -40,14 +40,17 @@ double message_bytes(const net::message& m) {
 }
 
 /// Whether `from` may send `bytes` more through this relay now (its token
-/// bucket, net/rate_limit.hpp). Buckets of senders idle long enough to be
-/// full again are dropped when there are many.
+/// bucket, net/rate_limit.hpp). When a new sender comes and there are many
+/// buckets, those of senders idle long enough to be full again are dropped.
 bool within_quota(node_context& ctx, const std::string& from, double bytes) {
   if (ctx.relay_rate <= 0) return true;
   const auto now = net::token_bucket::clock::now();
-  if (ctx.relay_quota.size() > 1024)
-    std::erase_if(ctx.relay_quota, [&](const auto& q) { return q.first != from && q.second.full(now); });
-  auto it = ctx.relay_quota.try_emplace(from, ctx.relay_rate, 8 * ctx.relay_rate, now).first;
+  auto it = ctx.relay_quota.find(from);
+  if (it == ctx.relay_quota.end()) {
+    if (ctx.relay_quota.size() > 1024)
+      std::erase_if(ctx.relay_quota, [&](const auto& q) { return q.second.full(now); });
+    it = ctx.relay_quota.try_emplace(from, ctx.relay_rate, 8 * ctx.relay_rate, now).first;
+  }
   return it->second.take(bytes, now);
 }
 

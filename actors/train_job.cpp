@@ -219,11 +219,11 @@ class coordinator {
             if (snapshot_buddy(o_.layout, rank) >= 0)
               take(train_msg::kept, step, rank, "the buddy's copy of the snapshot of step " + std::to_string(step));
           r.snapshot_copy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
-          copies_s_.push_back(r.snapshot_copy_s);
+          if (adapts_snapshots_) copies_s_.push_back(r.snapshot_copy_s);
         }
-        if (step > first) steps_s_.push_back(r.seconds);  // the first includes the grid's start
+        if (adapts_snapshots_ && step > first) steps_s_.push_back(r.seconds);  // the first includes the grid's start
         const bool verdict = o_.verdict_at(step);
-        if (verdict && o_.snapshot_auto) choose_snapshot_interval(r);
+        if (verdict && adapts_snapshots_) choose_snapshot_interval(r);
         r.snapshot_every = snapshot_every_;
         if (hooks.on_step) hooks.on_step(r);
         if (verdict) {
@@ -364,6 +364,9 @@ class coordinator {
   /// verdict step the seconds snapshot copies took and the steps took.
   int snapshot_every_ = o_.snapshot_every;
   std::vector<double> copies_s_, steps_s_;
+  /// --snapshot-every auto with verdict steps to change it at (without
+  /// them nothing is measured: the interval stays).
+  bool adapts_snapshots_ = o_.snapshot_auto && (o_.probe_every > 0 || o_.drain_every > 0);
 };
 
 }  // namespace
