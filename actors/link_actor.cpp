@@ -62,7 +62,7 @@ void on_request(link_actor* self, net::message& m) {
       .then(
           [self, correlation](remote_message& reply) {
             // A reply the requester said it cannot take becomes an error it can.
-            if (auto err = check_peer_accepts(self->state, reply)) {
+            if (auto err = check_peer_accepts(self->state.terms, reply)) {
               spdlog::warn("answering {} with an error: {}", self->state.label(), error_message(err));
               send_error(self, correlation, error_code(err), error_message(err));
               return;
@@ -193,13 +193,14 @@ void on_inbound(link_actor* self, net::message& m) {
   }
 }
 
-void on_send(link_actor* self, std::string& target, remote_message& rm) {
+/// Sends `rm` to actor `target` on the peer as actor `sender`: a request
+/// when `promise` waits for an answer, else one-way (problems logged).
+void send_data(link_actor* self, const std::string& target, std::string sender, remote_message& rm,
+               caf::response_promise* promise) {
   auto& st = self->state;
-  auto promise = self->make_response_promise();
-  const bool is_request = !promise.async();
   auto refuse = [&](caf::error why) {
-    if (is_request)
-      promise.deliver(std::move(why));
+    if (promise)
+      promise->deliver(std::move(why));
     else
       spdlog::warn("dropping a message for {}@{}: {}", target, st.label(), error_message(why));
   };
@@ -215,15 +216,15 @@ void on_send(link_actor* self, std::string& target, remote_message& rm) {
     refuse(make_error(errc::peer_down, "peer " + st.label() + " is down"));
     return;
   }
-  if (auto err = check_peer_accepts(st, rm)) {
+  if (auto err = check_peer_accepts(st.terms, rm)) {
     refuse(std::move(err));
     return;
   }
   net::message m;
-  m.kind = is_request ? net::message_kind::request : net::message_kind::oneway;
+  m.kind = promise ? net::message_kind::request : net::message_kind::oneway;
   m.target_actor = target;
-  m.sender_actor = st.ctx->directory.name_of(caf::actor_cast<caf::actor_addr>(promise.source()));
-  m.correlation_id = is_request ? st.next_correlation++ : 0;
+  m.sender_actor = std::move(sender);
+  m.correlation_id = promise ? st.next_correlation++ : 0;
   m.type = std::move(rm.type);
   m.body = std::move(rm.body);
   m.tensors = std::move(rm.tensors);
@@ -233,7 +234,13 @@ void on_send(link_actor* self, std::string& target, remote_message& rm) {
     refuse(std::move(err));
     return;
   }
-  if (is_request) st.pending.emplace(m.correlation_id, pending_request{std::move(promise), clock::now()});
+  if (promise) st.pending.emplace(m.correlation_id, pending_request{std::move(*promise), clock::now()});
+}
+
+void on_send(link_actor* self, std::string& target, remote_message& rm) {
+  auto promise = self->make_response_promise();
+  std::string sender = self->state.ctx->directory.name_of(caf::actor_cast<caf::actor_addr>(promise.source()));
+  send_data(self, target, std::move(sender), rm, promise.async() ? nullptr : &promise);
 }
 
 void on_tick(link_actor* self) {
@@ -241,6 +248,11 @@ void on_tick(link_actor* self) {
   const auto& s = st.ctx->settings;
   self->delayed_send(self, s.heartbeat_interval, tick_atom::value);
   const auto now = clock::now();
+  // What the gate passed without this actor counts as traffic too.
+  const auto [gate_received, gate_sent] = st.gate->take_window();
+  st.window_received += gate_received;
+  st.window_sent += gate_sent;
+  st.last_rx = std::max(st.last_rx, st.gate->last_received());
 
   const double window_s = std::chrono::duration<double>(now - st.window_start).count();
   if (window_s > 0) {
@@ -302,17 +314,20 @@ link_stats make_stats(link_actor* self) {
   s.rtt_samples = st.rtt_samples;
   s.send_bytes_per_s = st.send_rate.value;
   s.recv_bytes_per_s = st.recv_rate.value;
-  s.bytes_sent = st.bytes_sent;
-  s.bytes_received = st.bytes_received;
-  s.messages_sent = st.messages_sent;
-  s.messages_received = st.messages_received;
+  const auto gate = st.gate->totals();
+  s.bytes_sent = st.bytes_sent + gate.bytes_sent;
+  s.bytes_received = st.bytes_received + gate.bytes_received;
+  s.messages_sent = st.messages_sent + gate.messages_sent;
+  s.messages_received = st.messages_received + gate.messages_received;
   s.pending_requests = st.pending.size();
   return s;
 }
 
-caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx, link_args args) {
+caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx, link_args args,
+                            std::shared_ptr<link_gate> gate) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
+  st.gate = std::move(gate);
   st.transport = st.ctx->transport();
   st.args = std::move(args);
   st.profile = st.ctx->settings.profile;
@@ -349,8 +364,18 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
   self->delayed_send(self, st.ctx->settings.heartbeat_interval, tick_atom::value);
 
   return {
-      [self](inbound_atom, net::message& m) { on_inbound(self, m); },
+      [self](inbound_atom, net::message& m) {
+        on_inbound(self, m);
+        // Handed over, the node's I/O thread may deliver the connection's
+        // next one-way message itself (relayed links get theirs from the
+        // relay's link, uncounted).
+        if (!relayed(self->state)) self->state.gate->inbound_queued.fetch_sub(1, std::memory_order_release);
+      },
       [self](tx_atom, std::string& target, remote_message& rm) { on_send(self, target, rm); },
+      [self](post_atom, std::string& target, std::string& sender, remote_message& rm) {
+        send_data(self, target, std::move(sender), rm, nullptr);
+        self->state.gate->outbound_queued.fetch_sub(1, std::memory_order_release);
+      },
       [self](tick_atom) {
         if (self->state.phase != link_phase::closed) on_tick(self);
       },
@@ -443,9 +468,10 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
 caf::actor spawn_link(const std::shared_ptr<node_context>& ctx, link_args args) {
   const auto conn = args.conn;
   const std::string relay_peer = args.relay_peer;
-  auto link = ctx->system.spawn(link_behavior, ctx, std::move(args));
+  auto gate = std::make_shared<link_gate>();
+  auto link = ctx->system.spawn(link_behavior, ctx, std::move(args), gate);
   if (relay_peer.empty())
-    ctx->directory.bind_connection(conn, link);
+    ctx->directory.bind_connection(conn, link, std::move(gate));
   else
     ctx->directory.bind_relayed(conn, relay_peer, link);
   return link;

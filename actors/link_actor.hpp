@@ -8,6 +8,9 @@
 //                                          send to actor `target` on the peer; a request
 //                                          (the message carries a request id) is answered with
 //                                          the peer's remote_message or a caf::error
+//   (post_atom, std::string target, std::string sender, remote_message)
+//                                          one-way send for node::post while the link's gate
+//                                          (actors/link_gate.hpp) cannot take it
 //   (hello_atom) -> std::string            the peer's node id once the hello exchange is done
 //   (stats_atom) -> link_stats             a snapshot of RTT, rates and counters
 //   (goodbye_atom)                         tell the peer we are stopping, then terminate
@@ -40,6 +43,7 @@ using inbound_atom = caf::atom_constant<caf::atom("inbound")>;
 using disconn_atom = caf::atom_constant<caf::atom("disconn")>;
 using reconn_atom = caf::atom_constant<caf::atom("reconn")>;
 using tx_atom = caf::atom_constant<caf::atom("tx")>;
+using post_atom = caf::atom_constant<caf::atom("post")>;
 using goodbye_atom = caf::atom_constant<caf::atom("goodbye")>;
 using close_atom = caf::atom_constant<caf::atom("close")>;
 /// node::stop -> remote proxy: answered once every message the proxy got

@@ -17,25 +17,10 @@ namespace corolla::link_detail {
 link_state::~link_state() {
   // Backstop for a link that terminated without shutdown() (killed): the
   // directory must not route to it and the connection must not leak.
+  if (gate) gate->close();
   if (phase != link_phase::closed && ctx) {
     if (transport && args.relay_peer.empty()) transport->close(args.conn);
   }
-}
-
-/// Bytes of body and tensor frames as they travel: an int8_block tensor
-/// counts its int8 values and f32 scales, not the f32 tensor it stands for
-/// (the decoded message still names each tensor's wire encoding).
-std::uint64_t payload_bytes(const net::message& m) {
-  std::uint64_t n = m.body.size();
-  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
-    const Tensor& t = m.tensors[i];
-    if (!t.defined()) continue;
-    const bool int8 = i < m.encodings.size() && m.encodings[i] == net::tensor_encoding::int8_block;
-    const auto numel = static_cast<std::uint64_t>(t.numel());
-    n += int8 ? numel + sizeof(float) * ((numel + net::int8_wire_block_size - 1) / net::int8_wire_block_size)
-              : t.nbytes();
-  }
-  return n;
 }
 
 caf::actor self_handle(link_actor* self) { return caf::actor_cast<caf::actor>(self); }
@@ -143,11 +128,14 @@ void shutdown(link_actor* self, const std::string& reason, const caf::error& why
   auto& st = self->state;
   if (st.phase == link_phase::closed) return;
   st.phase = link_phase::closed;
+  st.gate->close();
   if (!st.peer.empty() && st.ctx->directory.remove_link(st.peer, self->address()))
     notify(self, caf::make_message(peer_down{st.peer, reason}));
   // The node's totals keep this link's traffic (after the link left the
   // directory: a reader may miss it for a moment, never count it twice).
-  st.ctx->ended_traffic.add(st.bytes_sent, st.bytes_received, st.messages_sent, st.messages_received);
+  const auto gate = st.gate->totals();
+  st.ctx->ended_traffic.add(st.bytes_sent + gate.bytes_sent, st.bytes_received + gate.bytes_received,
+                            st.messages_sent + gate.messages_sent, st.messages_received + gate.messages_received);
   fail_pending(self, why);
   fail_waiters(self, why);
   if (relayed(st)) {
@@ -181,6 +169,7 @@ void close_link_after_grace(link_actor* self, const std::string& reason, const c
   if (st.leaving || st.phase == link_phase::closed) return;
   st.leaving = true;
   st.leave_error = why;
+  st.gate->close();
   fail_pending(self, why);
   fail_waiters(self, why);
   const auto grace = std::chrono::milliseconds(50) +
@@ -194,7 +183,10 @@ void became_up(link_actor* self) {
   st.phase = link_phase::up;
   st.ever_up = true;
   st.last_rx = clock::now();
-  if (!relayed(st)) st.ctx->directory.set_direct(st.peer, st.args.conn, true);
+  if (!relayed(st)) {
+    st.ctx->directory.set_direct(st.peer, st.args.conn, true);
+    st.gate->open(st.terms);
+  }
   if (st.ctx->directory.link_up(st.peer, st.peer_nic, self_handle(self))) {
     if (first)
       spdlog::info("link to {} ({}) is up", st.peer, st.peer_endpoint.empty() ? st.args.endpoint : st.peer_endpoint);
@@ -222,6 +214,7 @@ void became_down(link_actor* self, const std::string& reason) {
   fail_pending(self, make_error(errc::peer_down, "peer " + st.label() + ": " + reason));
   if (st.phase != link_phase::up) return;
   st.phase = link_phase::down;
+  st.gate->close();
   st.down_since = clock::now();
   // A goodbye is a peer stopping on purpose: worth a line, not a warning.
   if (reason.find("goodbye") != std::string::npos)
@@ -285,6 +278,7 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
     // The process behind the endpoint changed identity (restarted without a
     // fixed node id): the old peer is gone for good.
     spdlog::warn("{} now answers as node {} (was {})", st.args.endpoint, h->node_id, st.peer);
+    st.gate->close();
     if (!relayed(st)) st.ctx->directory.set_direct(st.peer, st.args.conn, false);
     if (st.ctx->directory.remove_link(st.peer, self->address()))
       notify(self, caf::make_message(peer_down{st.peer, "replaced by node " + h->node_id}));
@@ -294,8 +288,7 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
   st.peer = h->node_id;
   st.peer_endpoint = h->listen_endpoint;
   st.peer_nic = h->nic_class.empty() ? st.ctx->settings.nic_class : h->nic_class;
-  st.peer_capabilities = h->capabilities;
-  st.peer_max_message_bytes = h->max_message_bytes;
+  st.terms = peer_terms{st.peer, st.args.conn, h->capabilities, h->max_message_bytes};
   auto choice = choose_transport(st.ctx->settings.nics, st.peer_nic,
                                  st.transport ? st.transport->rdma_device() : "", st.offer_rdma);
   // A repeated hello (both sides may send one when the connection comes up)
@@ -319,35 +312,6 @@ bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_rejec
     }
   }
   return true;
-}
-
-/// Whether the peer, by its hello, takes `rm`: every frame within its
-/// announced largest message, and int8 tensors only when it announced
-/// "int8-tensors".
-caf::error check_peer_accepts(const link_state& st, const remote_message& rm) {
-  const auto has = [&](const char* cap) {
-    return std::find(st.peer_capabilities.begin(), st.peer_capabilities.end(), cap) != st.peer_capabilities.end();
-  };
-  const std::uint64_t limit = st.peer_max_message_bytes;
-  if (limit > 0 && rm.body.size() > limit)
-    return make_error(errc::send_failed, "a body of " + std::to_string(rm.body.size()) + " bytes exceeds the " +
-                                             std::to_string(limit) + "-byte messages peer " + st.peer + " accepts");
-  for (std::size_t i = 0; i < rm.tensors.size(); ++i) {
-    const Tensor& t = rm.tensors[i];
-    if (!t.defined()) continue;  // the encoder names this one
-    const bool int8 = i < rm.encodings.size() && rm.encodings[i] == net::tensor_encoding::int8_block;
-    if (int8 && !has("int8-tensors"))
-      return make_error(errc::send_failed, "peer " + st.peer + " does not take int8 tensors (no int8-tensors in its hello)");
-    // An int8 frame holds one byte per value plus an f32 scale per block.
-    const std::uint64_t bytes =
-        int8 ? static_cast<std::uint64_t>(t.numel()) + 4 * (static_cast<std::uint64_t>(t.numel()) / net::int8_wire_block_size + 1)
-             : t.nbytes();
-    if (limit > 0 && bytes > limit)
-      return make_error(errc::send_failed, "tensor " + std::to_string(i) + " of " + std::to_string(bytes) +
-                                               " bytes exceeds the " + std::to_string(limit) + "-byte messages peer " +
-                                               st.peer + " accepts");
-  }
-  return {};
 }
 
 }  // namespace corolla::link_detail

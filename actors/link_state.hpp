@@ -16,6 +16,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/link_actor.hpp"
+#include "actors/link_gate.hpp"
 #include "net/log_limit.hpp"
 #include "net/rdma.hpp"
 
@@ -69,8 +70,9 @@ struct link_state {
   /// What the peer's hello announced: its capabilities and the largest
   /// frame it accepts (0 = not announced). Sends beyond them are refused
   /// here, with a reason, instead of vanishing at the peer.
-  std::vector<std::string> peer_capabilities;
-  std::uint64_t peer_max_message_bytes = 0;
+  peer_terms terms;
+  /// What other threads may do without this actor (actors/link_gate.hpp).
+  std::shared_ptr<link_gate> gate;
   net::transport_choice transport_choice;
   bool offer_rdma = false;  // both ends could use RDMA: the connector offers it after the hello
   std::string requested_profile;  // asked of the peer for its replies
@@ -108,9 +110,6 @@ using link_actor = caf::stateful_actor<link_state>;
 /// Whether the link's messages travel through a relay (link_args::relay_peer).
 inline bool relayed(const link_state& st) { return !st.args.relay_peer.empty(); }
 
-/// Bytes of body and tensor frames as they travel: an int8_block tensor
-/// counts its int8 values and f32 scales, not the f32 tensor it stands for.
-std::uint64_t payload_bytes(const net::message& m);
 caf::actor self_handle(link_actor* self);
 /// The transport for a link to a peer of class `peer_nic`, and whether to
 /// offer the peer RDMA.
@@ -136,7 +135,5 @@ void became_up(link_actor* self);
 void became_down(link_actor* self, const std::string& reason);
 /// Takes the peer's hello (or its answer); false when it was refused.
 bool adopt_hello(link_actor* self, const net::message& m, bool answer_with_reject);
-/// Whether the peer, by its hello, takes `rm`.
-caf::error check_peer_accepts(const link_state& st, const remote_message& rm);
 
 }  // namespace corolla::link_detail

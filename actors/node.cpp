@@ -17,6 +17,7 @@
 #include "actors/echo_actor.hpp"
 #include "actors/errors.hpp"
 #include "actors/link_actor.hpp"
+#include "actors/link_gate.hpp"
 #include "actors/node_context.hpp"
 #include "actors/node_control.hpp"
 #include "actors/relay.hpp"
@@ -47,24 +48,31 @@ net::transport_events make_events(const std::weak_ptr<node_context>& weak) {
   // Only the I/O thread creates links for accepted connections, so this
   // check-then-create cannot race with itself.
   auto link_for = [](node_context& ctx, const std::shared_ptr<node_context>& owner, net::connection_id conn,
-                     const std::string& routing_id, bool create) -> caf::actor {
-    auto link = ctx.directory.link_for_connection(conn);
-    if (link || !create || ctx.stopping) return link;
+                     const std::string& routing_id, bool create) -> connection_link {
+    auto entry = ctx.directory.connection(conn);
+    if (entry.link || !create || ctx.stopping) return entry;
     link_args args;
     args.role = link_role::accepted;
     args.conn = conn;
     // Routing ids the ROUTER made up (CurveZMQ peers present none) start
     // with a zero byte: no label.
     args.endpoint = routing_id.empty() || routing_id[0] == '\0' ? "connection " + std::to_string(conn) : routing_id;
-    return spawn_link(owner, std::move(args));
+    spawn_link(owner, std::move(args));
+    return ctx.directory.connection(conn);
   };
   ev.on_message = [live, link_for](net::connection_id conn, net::message&& m) {
     auto ctx = live();
     if (!ctx) return;
     if (!m.relay_to.empty()) return relay_pass_on(*ctx, conn, std::move(m));
     if (!m.relay_from.empty()) return relay_deliver(ctx, conn, std::move(m));
-    auto link = link_for(*ctx, ctx, conn, m.sender_node, true);
-    if (link) caf::anon_send(link, inbound_atom::value, std::move(m));
+    auto entry = link_for(*ctx, ctx, conn, m.sender_node, true);
+    if (!entry.link) return;
+    // While the link is up, its one-way messages go straight to their
+    // actor (actors/link_gate.hpp); the rest through the link actor, which
+    // counts down when it has handled each.
+    if (deliver_through_gate(*ctx, *entry.gate, m)) return;
+    entry.gate->inbound_queued.fetch_add(1, std::memory_order_relaxed);
+    caf::anon_send(entry.link, inbound_atom::value, std::move(m));
   };
   ev.on_bad_message = [live](net::connection_id conn, const std::string& reason) {
     auto ctx = live();
@@ -331,6 +339,33 @@ caf::expected<caf::actor> node::remote_actor(const std::string& peer, const std:
   auto stored = ctx_->directory.store_proxy(peer, name, fresh);
   if (stored != fresh) caf::anon_send_exit(fresh, caf::exit_reason::user_shutdown);
   return stored;
+}
+
+caf::error node::post(const std::string& peer, const std::string& name, remote_message m, const std::string& from) {
+  if (name.empty()) return make_error(errc::invalid_argument, "post: empty actor name");
+  if (stopped_) return make_error(errc::stopped, "node '" + id() + "' is stopped");
+  if (peer == id()) {
+    auto local = local_actor(name);
+    if (!local) return make_error(errc::unknown_actor, "no actor named '" + name + "' on node '" + peer + "'");
+    m.from_node.clear();
+    m.from_actor = from;
+    caf::anon_send(local, std::move(m));
+    return {};
+  }
+  auto entry = ctx_->directory.direct_link(peer);
+  if (!entry.link) {
+    // Relayed, or not up: the proxy's way (its link answers with the reason).
+    if (!ctx_->directory.peer_is_up(peer)) return make_error(errc::not_connected, "peer '" + peer + "' is not up");
+    auto target = remote_actor(peer, name);
+    if (!target) return target.error();
+    caf::anon_send(*target, std::move(m));
+    return {};
+  }
+  caf::error error;
+  if (post_through_gate(*ctx_, *entry.gate, name, from, m, error)) return error;
+  entry.gate->outbound_queued.fetch_add(1, std::memory_order_relaxed);
+  caf::anon_send(entry.link, post_atom::value, name, from, std::move(m));
+  return {};
 }
 
 caf::expected<remote_message> node::request(const std::string& peer, const std::string& name,

@@ -191,6 +191,18 @@ class node {
   /// check that `name` exists. Errors: errc::not_connected (no link to the
   /// peer), errc::invalid_argument (empty name).
   caf::expected<caf::actor> remote_actor(const std::string& peer, const std::string& name);
+  /// Sends `m` one-way to actor `name` on `peer`, as this node's actor
+  /// published as `from` ("" = unnamed): for messages on a critical path
+  /// (the pushes between swarm servers). While the link to the peer is up,
+  /// the calling thread encodes the message and hands it to the transport
+  /// itself, with no actor in between; otherwise the link actor sends it.
+  /// Posts to one peer arrive in the order they were posted (they are not
+  /// ordered with what goes through remote_actor's proxies). Errors, when
+  /// known at once: errc::not_connected (no link up to the peer),
+  /// errc::send_failed (the peer's hello does not take the message, or the
+  /// transport's queue is full), errc::invalid_argument (a tensor that
+  /// cannot be encoded); later ones are logged by the link.
+  caf::error post(const std::string& peer, const std::string& name, remote_message m, const std::string& from = "");
   /// Blocking request to actor `name` on `peer` (for code outside actors).
   caf::expected<remote_message> request(const std::string& peer, const std::string& name,
                                         remote_message m, std::chrono::milliseconds timeout);

@@ -49,28 +49,42 @@ std::vector<std::pair<std::string, caf::actor>> registry::published() const {
 
 // -- connections -------------------------------------------------------------
 
-void registry::bind_connection(net::connection_id conn, const caf::actor& link) {
+void registry::bind_connection(net::connection_id conn, const caf::actor& link, std::shared_ptr<link_gate> gate) {
   std::lock_guard lock(mutex_);
-  connections_[conn] = link;
+  connections_[conn] = connection_link{link, std::move(gate)};
 }
 
 caf::actor registry::link_for_connection(net::connection_id conn) const {
   std::lock_guard lock(mutex_);
   auto it = connections_.find(conn);
-  return it == connections_.end() ? caf::actor{} : it->second;
+  return it == connections_.end() ? caf::actor{} : it->second.link;
+}
+
+connection_link registry::connection(net::connection_id conn) const {
+  std::lock_guard lock(mutex_);
+  auto it = connections_.find(conn);
+  return it == connections_.end() ? connection_link{} : it->second;
+}
+
+connection_link registry::direct_link(const std::string& peer) const {
+  std::lock_guard lock(mutex_);
+  auto d = direct_.find(peer);
+  if (d == direct_.end()) return {};
+  auto it = connections_.find(d->second);
+  return it == connections_.end() ? connection_link{} : it->second;
 }
 
 void registry::unbind_connection(net::connection_id conn, const caf::actor_addr& link) {
   std::lock_guard lock(mutex_);
   auto it = connections_.find(conn);
-  if (it != connections_.end() && it->second.address() == link) connections_.erase(it);
+  if (it != connections_.end() && it->second.link.address() == link) connections_.erase(it);
 }
 
 std::vector<caf::actor> registry::links() const {
   std::lock_guard lock(mutex_);
   std::vector<caf::actor> out;
   out.reserve(connections_.size());
-  for (const auto& [conn, link] : connections_) out.push_back(link);
+  for (const auto& [conn, entry] : connections_) out.push_back(entry.link);
   for (const auto& [key, link] : relayed_) out.push_back(link);
   return out;
 }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -23,6 +24,14 @@
 #include "net/zmq_transport.hpp"
 
 namespace corolla {
+
+class link_gate;  // actors/link_gate.hpp
+
+/// A direct connection's link actor and its gate.
+struct connection_link {
+  caf::actor link;
+  std::shared_ptr<link_gate> gate;
+};
 
 class registry {
  public:
@@ -43,10 +52,15 @@ class registry {
 
   // -- connections -----------------------------------------------------------
 
-  /// Records that `link` owns connection `conn`.
-  void bind_connection(net::connection_id conn, const caf::actor& link);
+  /// Records that `link`, with `gate`, owns connection `conn`.
+  void bind_connection(net::connection_id conn, const caf::actor& link, std::shared_ptr<link_gate> gate);
   /// The link owning `conn`, or an invalid handle.
   caf::actor link_for_connection(net::connection_id conn) const;
+  /// The link owning `conn` and its gate (both null when none).
+  connection_link connection(net::connection_id conn) const;
+  /// The link and gate of the connection `peer` is up on directly (both
+  /// null when none).
+  connection_link direct_link(const std::string& peer) const;
   /// Forgets `conn` if `link` still owns it.
   void unbind_connection(net::connection_id conn, const caf::actor_addr& link);
   /// Every link actor (one per connection, and the relayed ones).
@@ -138,7 +152,7 @@ class registry {
 
   mutable std::mutex mutex_;
   std::map<std::string, caf::actor> names_;
-  std::unordered_map<net::connection_id, caf::actor> connections_;
+  std::unordered_map<net::connection_id, connection_link> connections_;
   std::map<std::pair<net::connection_id, std::string>, caf::actor> relayed_;
   std::map<std::string, net::connection_id> direct_;           ///< peer -> connection
   std::unordered_map<net::connection_id, std::string> direct_peer_;  ///< connection -> peer

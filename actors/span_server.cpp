@@ -108,12 +108,12 @@ span_step_done push_on(span_server_state& st, const span_step& step, const Tenso
     }
     return {false, "no link to the next server " + to.node + " yet"};
   }
-  auto target = n.remote_actor(to.node, "span");
-  if (!target) return {false, error_message(target.error())};
   remote_message m = answer(span_request::push, encode_body(span_step{.session_id = to.session_id, .start = step.start, .step_id = step.step_id}),
                             {out});
   if (step.compress_output) m.encodings = {net::tensor_encoding::int8_block};
-  caf::anon_send(*target, std::move(m));
+  // Straight to the transport from this thread while the link is up
+  // (node::post): the push is the step's critical path.
+  if (auto err = n.post(to.node, "span", std::move(m), "span")) return {false, error_message(err)};
   return {true, {}};
 }
 
