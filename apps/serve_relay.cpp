@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 
 #include <spdlog/spdlog.h>
@@ -124,19 +125,37 @@ bool relay_keeper::keep(net::server_record& record, std::chrono::milliseconds gr
     found.push_back({c, *id, rtt ? *rtt : std::numeric_limits<double>::infinity()});
   }
   if (found.empty()) return false;
-  // The first to answer (the order given: --relay, then the DHT's), unless
-  // another is clearly nearer: under half its round trip and over a
-  // millisecond less (echoes on one host differ by noise alone).
-  auto best = found.begin();
-  for (auto a = found.begin() + 1; a != found.end(); ++a)
-    if (a->rtt_s < best->rtt_s / 2 && best->rtt_s - a->rtt_s > 1e-3) best = a;
+  // Servers of the model the DHT says each relay carries already: a relay
+  // passes on every step of every server behind it.
+  std::map<std::string, int> load;
+  if (members_)
+    for (const auto& r : members_->get_span(model_, 0, n_blocks_))
+      if (!r.relay.empty() && r.node_id != n_.id() && r.state != net::member_state::offline) ++load[r.relay];
+  // Relays not clearly farther than the nearest (under twice its round
+  // trip, or within a millisecond of it: echoes on one host differ by noise
+  // alone) are alike; of those the one carrying the fewest servers, the
+  // first to answer when tied (the order given: --relay, then the DHT's).
+  double nearest = std::numeric_limits<double>::infinity();
+  for (const answered& a : found) nearest = std::min(nearest, a.rtt_s);
+  const auto alike = [&](const answered& a) { return a.rtt_s <= std::max(2 * nearest, nearest + 1e-3); };
+  const auto carried = [&](const answered& a) {
+    auto it = load.find(a.id);
+    return it == load.end() ? 0 : it->second;
+  };
+  auto best = std::find_if(found.begin(), found.end(), alike);
+  for (auto a = best + 1; a != found.end(); ++a)
+    if (alike(*a) && carried(*a) < carried(*best)) best = a;
   if (found.size() > 1) {
     std::string seen;
     for (const answered& a : found)
       seen += (seen.empty() ? "" : ", ") + a.id + " " +
-              (std::isfinite(a.rtt_s) ? std::to_string(static_cast<long>(a.rtt_s * 1e6)) + " us" : "no echo");
+              (std::isfinite(a.rtt_s) ? std::to_string(static_cast<long>(a.rtt_s * 1e6)) + " us" : "no echo") +
+              (carried(a) > 0 ? " carrying " + std::to_string(carried(a)) : "");
+    const bool first_alike = alike(found.front());
     spdlog::info("serve: relays answered ({}): taking {}{}", seen, best->id,
-                 best == found.begin() ? ", the first" : ", clearly the nearest");
+                 best == found.begin() ? ", the first"
+                 : !first_alike        ? ", clearly the nearest"
+                                       : ", the one carrying the fewest servers");
   }
   // Links opened only to measure go again.
   for (const answered& a : found)

@@ -32,17 +32,18 @@ class relay_keeper {
  public:
   /// `relays`: "HOST:PORT[#KEY]" given with --relay; then servers of
   /// `model` whose DHT records offer relaying. Of the first few that answer
-  /// (relays that went away only when no other does) the first is taken,
-  /// unless another is clearly nearer: under half its echo round trip and
-  /// over a millisecond less (actors/link_probe.hpp echo_rtt).
+  /// (relays that went away only when no other does), those not clearly
+  /// farther than the nearest (echo round trip under twice its, or within a
+  /// millisecond; actors/link_probe.hpp echo_rtt) are alike, and of those
+  /// the one that carries the fewest servers of `model` by the DHT's
+  /// records is taken, the first when tied.
   relay_keeper(node& n, std::vector<std::string> relays, net::membership* members, std::string model, int n_blocks);
 
   /// Makes sure `record` names a relay that is up: dials one when there is
   /// none, or when the current one has been down longer than `grace` (its
   /// link reconnects by itself after a short outage). Returns true when
   /// the record changed (to announce again). When no relay answers, the
-  /// record keeps the last one and the caller tries again later. Of
-  /// several relays that answer, a clearly nearer one wins over the first.
+  /// record keeps the last one and the caller tries again later.
   bool keep(net::server_record& record, std::chrono::milliseconds grace);
   /// Whether a relay has been found.
   bool has_relay() const { return !relay_id_.empty(); }

@@ -167,6 +167,32 @@ TEST_CASE("a server behind NAT takes a clearly nearer relay over the first that 
   CHECK(err.find(slow_id + " ") != std::string::npos);  // measured too
 }
 
+TEST_CASE("servers behind NAT that join one after another spread over the relays the DHT offers") {
+  swarm_model m(architecture::llama);
+  swarm_processes sw;
+  // Two listening servers of [0, 2), both relaying (the default), and two
+  // servers of [2, 4) behind NAT, each given both as relays in the same
+  // order: the second finds the first's record on s-a and takes s-b.
+  sw.start(m, "s-a", 0, 2, {"--dht", "--dht-ttl-s", "3"});
+  const std::string dht = sw.dht.at("s-a");
+  sw.start(m, "s-b", 0, 2, {"--initial-peers", dht, "--dht-ttl-s", "3"});
+  const std::string both = sw.endpoints.at("s-a") + "," + sw.endpoints.at("s-b");
+  sw.start(m, "s-n1", 2, 4,
+           {"--no-listen", "--relay", both, "--initial-peers", dht, "--dht-ttl-s", "3", "--log-level", "info"});
+  sw.start(m, "s-n2", 2, 4,
+           {"--no-listen", "--relay", both, "--initial-peers", dht, "--dht-ttl-s", "3", "--log-level", "info"});
+  INFO("s-n2's log:\n" << sw.procs.at("s-n2").err());
+  CHECK(sw.relays.at("s-n1") == "s-a");
+  CHECK(sw.relays.at("s-n2") == "s-b");
+  CHECK(sw.procs.at("s-n2").err().find("taking s-b, the one carrying the fewest servers") != std::string::npos);
+  // Clients reach each through its own relay.
+  for (const std::string nat : {"s-n1", "s-n2"}) {
+    auto remote = generate_cli(m, {"--swarm", sw.endpoints.at("s-a") + "," + sw.endpoints.at(nat)});
+    REQUIRE_MESSAGE(remote.exit_code == 0, remote.err);
+    CHECK(printed_ids(remote) == m.expected);
+  }
+}
+
 TEST_CASE("a server behind NAT without a relay to use says so and exits") {
   swarm_model m(architecture::llama);
   auto r = testing::run_corolla({"serve", "--model", m.dir.path().string(), "--blocks", "0:2", "--no-listen",
