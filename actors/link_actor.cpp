@@ -372,9 +372,9 @@ caf::behavior link_behavior(link_actor* self, std::shared_ptr<node_context> ctx,
         if (!relayed(self->state)) self->state.gate->inbound_queued.fetch_sub(1, std::memory_order_release);
       },
       [self](tx_atom, std::string& target, remote_message& rm) { on_send(self, target, rm); },
-      [self](post_atom, std::string& target, std::string& sender, remote_message& rm) {
+      [self](post_atom, std::string& target, std::string& sender, remote_message& rm, bool counted) {
         send_data(self, target, std::move(sender), rm, nullptr);
-        self->state.gate->outbound_queued.fetch_sub(1, std::memory_order_release);
+        if (counted) self->state.gate->outbound_queued.fetch_sub(1, std::memory_order_release);
       },
       [self](tick_atom) {
         if (self->state.phase != link_phase::closed) on_tick(self);

@@ -8,9 +8,10 @@
 //                                          send to actor `target` on the peer; a request
 //                                          (the message carries a request id) is answered with
 //                                          the peer's remote_message or a caf::error
-//   (post_atom, std::string target, std::string sender, remote_message)
+//   (post_atom, std::string target, std::string sender, remote_message, bool counted)
 //                                          one-way send for node::post while the link's gate
-//                                          (actors/link_gate.hpp) cannot take it
+//                                          (actors/link_gate.hpp) cannot take it (`counted`: in
+//                                          the gate's outbound_queued)
 //   (hello_atom) -> std::string            the peer's node id once the hello exchange is done
 //   (stats_atom) -> link_stats             a snapshot of RTT, rates and counters
 //   (goodbye_atom)                         tell the peer we are stopping, then terminate

@@ -353,18 +353,22 @@ caf::error node::post(const std::string& peer, const std::string& name, remote_m
     return {};
   }
   auto entry = ctx_->directory.direct_link(peer);
-  if (!entry.link) {
-    // Relayed, or not up: the proxy's way (its link answers with the reason).
-    if (!ctx_->directory.peer_is_up(peer)) return make_error(errc::not_connected, "peer '" + peer + "' is not up");
-    auto target = remote_actor(peer, name);
-    if (!target) return target.error();
-    caf::anon_send(*target, std::move(m));
-    return {};
+  if (entry.link) {
+    caf::error error;
+    if (post_through_gate(*ctx_, *entry.gate, name, from, m, error)) return error;
+    // The link is up but earlier posts still wait at its actor (or went
+    // down with them there): behind them, in order.
+    if (entry.gate->terms() || entry.gate->outbound_queued.load(std::memory_order_acquire) > 0) {
+      entry.gate->outbound_queued.fetch_add(1, std::memory_order_relaxed);
+      caf::anon_send(entry.link, post_atom::value, name, from, std::move(m), true);
+      return {};
+    }
   }
-  caf::error error;
-  if (post_through_gate(*ctx_, *entry.gate, name, from, m, error)) return error;
-  entry.gate->outbound_queued.fetch_add(1, std::memory_order_relaxed);
-  caf::anon_send(entry.link, post_atom::value, name, from, std::move(m));
+  // Relayed, or the direct link is not up: whichever link to the peer is.
+  if (!ctx_->directory.peer_is_up(peer)) return make_error(errc::not_connected, "peer '" + peer + "' is not up");
+  auto link = ctx_->directory.route(peer);
+  if (!link) return make_error(errc::not_connected, "no link to peer '" + peer + "'");
+  caf::anon_send(link, post_atom::value, name, from, std::move(m), false);
   return {};
 }
 

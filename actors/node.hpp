@@ -196,8 +196,10 @@ class node {
   /// (the pushes between swarm servers). While the link to the peer is up,
   /// the calling thread encodes the message and hands it to the transport
   /// itself, with no actor in between; otherwise the link actor sends it.
-  /// Posts to one peer arrive in the order they were posted (they are not
-  /// ordered with what goes through remote_actor's proxies). Errors, when
+  /// Posts to one peer over one link arrive in the order they were posted
+  /// (one that went over a link that since went down may be passed by a
+  /// later one over the next link; posts are not ordered with what goes
+  /// through remote_actor's proxies). Errors, when
   /// known at once: errc::not_connected (no link up to the peer),
   /// errc::send_failed (the peer's hello does not take the message, or the
   /// transport's queue is full), errc::invalid_argument (a tensor that
