@@ -44,13 +44,7 @@ void on_request(link_actor* self, net::message& m) {
     send_error(self, is_request ? m.correlation_id : 0, errc_name(errc::unknown_actor), why);
     return;
   }
-  remote_message rm;
-  rm.type = std::move(m.type);
-  rm.body = std::move(m.body);
-  rm.tensors = std::move(m.tensors);
-  rm.encodings = std::move(m.encodings);
-  rm.from_node = st.peer;
-  rm.from_actor = std::move(m.sender_actor);
+  remote_message rm = delivered(m, st.peer);
   if (!is_request) {
     caf::anon_send(target, std::move(rm));
     return;
@@ -67,13 +61,8 @@ void on_request(link_actor* self, net::message& m) {
               send_error(self, correlation, error_code(err), error_message(err));
               return;
             }
-            net::message r;
-            r.kind = net::message_kind::response;
+            net::message r = wire_message(net::message_kind::response, reply);
             r.correlation_id = correlation;
-            r.type = std::move(reply.type);
-            r.body = std::move(reply.body);
-            r.tensors = std::move(reply.tensors);
-            r.encodings = std::move(reply.encodings);
             if (auto err = send_wire(self, r)) {
               spdlog::warn("could not send a response to {}: {}", self->state.label(), error_message(err));
               // The requester still gets an answer when the reply itself was the problem.
@@ -108,14 +97,7 @@ void on_answer(link_actor* self, net::message& m) {
     promise.deliver(error_from_wire(m.error_code, m.error_message));
     return;
   }
-  remote_message rm;
-  rm.type = std::move(m.type);
-  rm.body = std::move(m.body);
-  rm.tensors = std::move(m.tensors);
-  rm.encodings = std::move(m.encodings);
-  rm.from_node = st.peer;
-  rm.from_actor = std::move(m.sender_actor);
-  promise.deliver(std::move(rm));
+  promise.deliver(delivered(m, st.peer));
 }
 
 void on_inbound(link_actor* self, net::message& m) {
@@ -220,15 +202,10 @@ void send_data(link_actor* self, const std::string& target, std::string sender, 
     refuse(std::move(err));
     return;
   }
-  net::message m;
-  m.kind = promise ? net::message_kind::request : net::message_kind::oneway;
+  net::message m = wire_message(promise ? net::message_kind::request : net::message_kind::oneway, rm);
   m.target_actor = target;
   m.sender_actor = std::move(sender);
   m.correlation_id = promise ? st.next_correlation++ : 0;
-  m.type = std::move(rm.type);
-  m.body = std::move(rm.body);
-  m.tensors = std::move(rm.tensors);
-  m.encodings = std::move(rm.encodings);
   m.sent_at_ns = steady_now_ns();
   if (auto err = send_wire(self, m)) {
     refuse(std::move(err));

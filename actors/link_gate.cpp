@@ -53,6 +53,27 @@ std::uint64_t payload_bytes(const net::message& m) {
   return n;
 }
 
+remote_message delivered(net::message& m, const std::string& from_node) {
+  remote_message rm;
+  rm.type = std::move(m.type);
+  rm.body = std::move(m.body);
+  rm.tensors = std::move(m.tensors);
+  rm.encodings = std::move(m.encodings);
+  rm.from_node = from_node;
+  rm.from_actor = std::move(m.sender_actor);
+  return rm;
+}
+
+net::message wire_message(net::message_kind kind, remote_message& rm) {
+  net::message m;
+  m.kind = kind;
+  m.type = std::move(rm.type);
+  m.body = std::move(rm.body);
+  m.tensors = std::move(rm.tensors);
+  m.encodings = std::move(rm.encodings);
+  return m;
+}
+
 // -- the gate ------------------------------------------------------------------
 
 namespace {
@@ -127,14 +148,7 @@ bool deliver_through_gate(node_context& ctx, link_gate& gate, net::message& m) {
   auto target = ctx.directory.find(m.target_actor);
   if (!target) return false;
   gate.count_received(payload_bytes(m));
-  remote_message rm;
-  rm.type = std::move(m.type);
-  rm.body = std::move(m.body);
-  rm.tensors = std::move(m.tensors);
-  rm.encodings = std::move(m.encodings);
-  rm.from_node = terms->peer;
-  rm.from_actor = std::move(m.sender_actor);
-  caf::anon_send(target, std::move(rm));
+  caf::anon_send(target, delivered(m, terms->peer));
   return true;
 }
 
@@ -149,15 +163,10 @@ bool post_through_gate(node_context& ctx, link_gate& gate, const std::string& ta
   error = check_peer_accepts(*terms, rm);
   if (error) return true;
   if (ctx.drops(terms->peer)) return true;  // a harness's partition: lost on the way
-  net::message m;
-  m.kind = net::message_kind::oneway;
+  net::message m = wire_message(net::message_kind::oneway, rm);
   m.target_actor = target;
   m.sender_actor = sender;
   m.sender_node = ctx.node_id;
-  m.type = std::move(rm.type);
-  m.body = std::move(rm.body);
-  m.tensors = std::move(rm.tensors);
-  m.encodings = std::move(rm.encodings);
   m.sent_at_ns = steady_now_ns();
   const auto bytes = payload_bytes(m);
   try {

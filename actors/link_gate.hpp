@@ -57,6 +57,13 @@ caf::error check_peer_accepts(const peer_terms& terms, const remote_message& rm)
 /// counts its int8 values and f32 scales, not the f32 tensor it stands for.
 std::uint64_t payload_bytes(const net::message& m);
 
+/// What a message from node `from_node` delivers to its actor: its type,
+/// body, tensors and encodings (moved out of `m`) and who sent it.
+remote_message delivered(net::message& m, const std::string& from_node);
+/// The wire message of `kind` carrying `rm` (moved out of it): type, body,
+/// tensors and encodings; the caller fills in the rest.
+net::message wire_message(net::message_kind kind, remote_message& rm);
+
 class link_gate {
  public:
   using clock = std::chrono::steady_clock;
