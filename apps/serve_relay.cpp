@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <set>
 
 #include <spdlog/spdlog.h>
@@ -57,8 +56,9 @@ relay_keeper::relay_keeper(node& n, std::vector<std::string> relays, net::member
                            int n_blocks)
     : n_(n), given_(std::move(relays)), members_(members), model_(std::move(model)), n_blocks_(n_blocks) {}
 
-std::vector<relay_keeper::candidate> relay_keeper::candidates() const {
-  std::vector<candidate> out;
+relay_keeper::offers relay_keeper::candidates() const {
+  offers o;
+  std::vector<candidate>& out = o.relays;
   for (const auto& g : given_) {
     const auto hash = g.find('#');
     std::string endpoint = g.substr(0, hash);
@@ -67,16 +67,19 @@ std::vector<relay_keeper::candidate> relay_keeper::candidates() const {
   }
   if (members_) {
     std::vector<candidate> offered;
-    for (const auto& r : members_->get_span(model_, 0, n_blocks_))
+    for (const auto& r : members_->get_span(model_, 0, n_blocks_)) {
+      // A relay passes on every step of every server behind it.
+      if (!r.relay.empty() && r.node_id != n_.id() && r.state != net::member_state::offline) ++o.carried[r.relay];
       if (r.relay_service && r.relay.empty() && !r.endpoint.empty() && r.node_id != n_.id() &&
           r.state == net::member_state::online &&
           std::none_of(offered.begin(), offered.end(), [&](const candidate& c) { return c.id == r.node_id; }))
         offered.push_back({r.endpoint, r.public_key, r.node_id});
+    }
     out.insert(out.end(), offered.begin(), offered.end());
   }
   // Relays that went away are tried last (a restarted one may answer again).
   std::stable_partition(out.begin(), out.end(), [&](const candidate& c) { return !failed_.count(c.endpoint); });
-  return out;
+  return o;
 }
 
 bool relay_keeper::keep(net::server_record& record, std::chrono::milliseconds grace) {
@@ -109,7 +112,8 @@ bool relay_keeper::keep(net::server_record& record, std::chrono::milliseconds gr
   for (const link_stats& l : n_.links())
     if (l.up) linked_before.insert(l.peer);
   std::vector<answered> found;
-  for (const auto& c : candidates()) {
+  const offers offered = candidates();
+  for (const auto& c : offered.relays) {
     if (found.size() >= measured_candidates || (!found.empty() && failed_.count(c.endpoint))) break;
     connect_options co;
     co.timeout = std::chrono::seconds(3);
@@ -125,12 +129,6 @@ bool relay_keeper::keep(net::server_record& record, std::chrono::milliseconds gr
     found.push_back({c, *id, rtt ? *rtt : std::numeric_limits<double>::infinity()});
   }
   if (found.empty()) return false;
-  // Servers of the model the DHT says each relay carries already: a relay
-  // passes on every step of every server behind it.
-  std::map<std::string, int> load;
-  if (members_)
-    for (const auto& r : members_->get_span(model_, 0, n_blocks_))
-      if (!r.relay.empty() && r.node_id != n_.id() && r.state != net::member_state::offline) ++load[r.relay];
   // Relays not clearly farther than the nearest (under twice its round
   // trip, or within a millisecond of it: echoes on one host differ by noise
   // alone) are alike; of those the one carrying the fewest servers, the
@@ -139,8 +137,8 @@ bool relay_keeper::keep(net::server_record& record, std::chrono::milliseconds gr
   for (const answered& a : found) nearest = std::min(nearest, a.rtt_s);
   const auto alike = [&](const answered& a) { return a.rtt_s <= std::max(2 * nearest, nearest + 1e-3); };
   const auto carried = [&](const answered& a) {
-    auto it = load.find(a.id);
-    return it == load.end() ? 0 : it->second;
+    auto it = offered.carried.find(a.id);
+    return it == offered.carried.end() ? 0 : it->second;
   };
   auto best = std::find_if(found.begin(), found.end(), alike);
   for (auto a = best + 1; a != found.end(); ++a)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -54,7 +55,13 @@ class relay_keeper {
   struct candidate {
     std::string endpoint, key, id;  ///< id "" when given by address only
   };
-  std::vector<candidate> candidates() const;
+  /// Relays to try, in order, and how many servers of the model the DHT
+  /// says each relay (by node id) carries: both from one DHT read.
+  struct offers {
+    std::vector<candidate> relays;
+    std::map<std::string, int> carried;
+  };
+  offers candidates() const;
   /// Relays that answer, up to this many, are measured before one is taken.
   static constexpr std::size_t measured_candidates = 4;
 
