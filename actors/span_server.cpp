@@ -89,9 +89,43 @@ remote_message answer(std::string type, std::vector<std::uint8_t> body = {}, std
   return r;
 }
 
-/// Sends `out` on to the step's next hop (span.push), dialling it first
-/// when no link is up (that step then goes unpushed: the client carries it).
-span_step_done push_on(span_server_state& st, const span_step& step, const Tensor& out) {
+/// `out` followed by `trail` (a posted route's, span_step::trail), the
+/// output int8-compressed on the wire when asked (the trail stays exact).
+remote_message with_trail(std::string type, std::vector<std::uint8_t> body, Tensor out, const std::vector<Tensor>& trail,
+                          bool compress) {
+  remote_message m = answer(std::move(type), std::move(body), {std::move(out)});
+  m.tensors.insert(m.tensors.end(), trail.begin(), trail.end());
+  if (compress) {
+    m.encodings.assign(m.tensors.size(), net::tensor_encoding::raw);
+    m.encodings[0] = net::tensor_encoding::int8_block;
+  }
+  return m;
+}
+
+/// Tells the step's next hop that the step failed here, so the step waiting
+/// there for this push fails at once, not after its waitMs (on a posted
+/// route nobody else would hear of it). Best effort: one-way, and only
+/// over a link that is up.
+void notify_next(span_server_state& st, const span_step& step, const std::string& why) {
+  if (step.push_to.node.empty() || !st.runtime->peer_is_up(step.push_to.node)) return;
+  remote_message m = answer(span_request::push, encode_body(span_step{.session_id = step.push_to.session_id,
+                                                                      .start = step.start,
+                                                                      .step_id = step.step_id,
+                                                                      .upstream_problem = why.empty() ? "failed" : why,
+                                                                      .owner = step.owner}));
+  (void)st.runtime->post(step.push_to.node, "span", std::move(m), "span");
+}
+
+/// Answers a step with an error, telling its next hop too.
+void fail_step(span_server_state& st, const span_step& step, caf::response_promise& rp, caf::error err) {
+  notify_next(st, step, error_message(err));
+  rp.deliver(std::move(err));
+}
+
+/// Sends `out` (and a posted route's trail) on to the step's next hop
+/// (span.push), dialling it first when no link is up (that step then goes
+/// unpushed: the client carries it).
+span_step_done push_on(span_server_state& st, const span_step& step, const Tensor& out, const std::vector<Tensor>& trail) {
   const push_target& to = step.push_to;
   node& n = *st.runtime;
   if (!n.peer_is_up(to.node)) {
@@ -108,9 +142,12 @@ span_step_done push_on(span_server_state& st, const span_step& step, const Tenso
     }
     return {false, "no link to the next server " + to.node + " yet"};
   }
-  remote_message m = answer(span_request::push, encode_body(span_step{.session_id = to.session_id, .start = step.start, .step_id = step.step_id}),
-                            {out});
-  if (step.compress_output) m.encodings = {net::tensor_encoding::int8_block};
+  remote_message m = with_trail(span_request::push,
+                                encode_body(span_step{.session_id = to.session_id,
+                                                      .start = step.start,
+                                                      .step_id = step.step_id,
+                                                      .owner = step.owner}),
+                                out, trail, step.compress_output);
   // Straight to the transport from this thread while the link is up
   // (node::post): the push is the step's critical path.
   if (auto err = n.post(to.node, "span", std::move(m), "span")) return {false, error_message(err)};
@@ -119,13 +156,19 @@ span_step_done push_on(span_server_state& st, const span_step& step, const Tenso
 
 /// Answers a step: pushes the output on first when the step names a next
 /// hop (that is the critical path), then returns it to the client,
-/// int8-compressed on the wire when asked.
-void finish_step(span_server_state& st, const span_step& step, caf::response_promise& rp, span_expected<Tensor> out) {
-  if (!out) return rp.deliver(to_caf(out.error()));
+/// int8-compressed on the wire when asked. On a posted route both carry the
+/// trail after the output: `trail` (what came with the push) and `input`
+/// (the pushed rows) when the step's input was pushed.
+void finish_step(span_server_state& st, const span_step& step, caf::response_promise& rp, span_expected<Tensor> out,
+                 const Tensor& input, std::vector<Tensor> trail) {
+  if (!out) return fail_step(st, step, rp, to_caf(out.error()));
   if (st.corrupt) *out = corrupted_copy(*out, step.step_id);
-  remote_message r = answer(span_request::step, {}, {std::move(*out)});
-  if (!step.push_to.node.empty()) r.body = encode_body(push_on(st, step, r.tensors[0]));
-  if (step.compress_output) r.encodings = {net::tensor_encoding::int8_block};
+  if (!step.trail)
+    trail.clear();
+  else if (step.await_push)
+    trail.push_back(input);
+  remote_message r = with_trail(span_request::step, {}, std::move(*out), trail, step.compress_output);
+  if (!step.push_to.node.empty()) r.body = encode_body(push_on(st, step, r.tensors[0], trail));
   rp.deliver(std::move(r));
 }
 
@@ -147,7 +190,7 @@ void run_on(span_server_state& st, span_engine& engine, std::vector<queued_step>
       results = engine.decode_batch(items);
   } catch (const std::exception& e) {
     // Every waiting requester gets an answer, whatever failed (out of memory).
-    for (auto& q : batch) q.promise.deliver(error_from_wire("internal", std::string("span server failed: ") + e.what()));
+    for (auto& q : batch) fail_step(st, q.step, q.promise, error_from_wire("internal", std::string("span server failed: ") + e.what()));
     st.stats.step_errors += batch.size();
     return;
   }
@@ -160,7 +203,9 @@ void run_on(span_server_state& st, span_engine& engine, std::vector<queued_step>
   }
   const double per_block = s / engine.size();
   st.step_s_per_block = st.step_s_per_block == 0 ? per_block : 0.8 * st.step_s_per_block + 0.2 * per_block;
-  for (std::size_t i = 0; i < batch.size(); ++i) finish_step(st, batch[i].step, batch[i].promise, std::move(results[i]));
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    finish_step(st, batch[i].step, batch[i].promise, std::move(results[i]), batch[i].item.hidden,
+                std::move(batch[i].trail));
 }
 
 /// Runs every queued one-row step and answers each: steps of sessions still
@@ -178,8 +223,10 @@ void run_batch(span_server_actor* self) {
 }
 
 /// Runs one step of `step.session_id` on `hidden` (from the request or
-/// from the previous server's push) and answers `rp`.
-void run_step(span_server_actor* self, const span_step& step, const Tensor& hidden, caf::response_promise& rp) {
+/// from the previous server's push, with a posted route's trail) and
+/// answers `rp`.
+void run_step(span_server_actor* self, const span_step& step, const Tensor& hidden, caf::response_promise& rp,
+              std::vector<Tensor> trail = {}) {
   auto& st = self->state;
   span_engine& engine = engine_of(st, step.session_id);
   if (engine.session_length(step.session_id)) st.last_used[step.session_id] = clock_type::now();
@@ -194,7 +241,7 @@ void run_step(span_server_actor* self, const span_step& step, const Tensor& hidd
         break;
       }
     if (st.queue.empty()) self->send(self, flush_atom::value);
-    st.queue.push_back({std::move(item), rp, step});
+    st.queue.push_back({std::move(item), rp, step, std::move(trail)});
     return;
   }
   run_batch(self);  // steps that arrived earlier run first
@@ -204,17 +251,23 @@ void run_step(span_server_actor* self, const span_step& step, const Tensor& hidd
   st.stats.prefill_tokens += hidden.shape().empty() ? 0 : static_cast<std::uint64_t>(hidden.dim(0));
   st.stats.prefill_seconds.observe(std::chrono::duration<double>(clock_type::now() - t0).count());
   if (!out) ++st.stats.step_errors;
-  finish_step(st, step, rp, std::move(out));
+  finish_step(st, step, rp, std::move(out), hidden, std::move(trail));
 }
 
-/// A pushed input for `step` (the client's waiting request): runs it when
-/// it is the one expected.
-void take_push(span_server_actor* self, awaited_step& a, std::int64_t start, const Tensor& hidden) {
-  if (start != a.step.start)
-    return a.promise.deliver(error_from_wire(
-        "bad_position", "the previous server pushed positions from " + std::to_string(start) +
-                            " but the step starts at " + std::to_string(a.step.start)));
-  run_step(self, a.step, hidden, a.promise);
+/// A push for `step` (the client's waiting request): runs it when it is
+/// the one expected, fails the step when the push says it failed upstream.
+void take_push(span_server_actor* self, awaited_step& a, early_push p) {
+  auto& st = self->state;
+  if (!p.problem.empty())
+    return fail_step(st, a.step, a.promise,
+                     error_from_wire("upstream_failed",
+                                     "the previous server " + a.step.push_from + " could not compute it: " + p.problem));
+  if (p.start != a.step.start)
+    return fail_step(st, a.step, a.promise,
+                     error_from_wire("bad_position", "the previous server pushed positions from " +
+                                                         std::to_string(p.start) + " but the step starts at " +
+                                                         std::to_string(a.step.start)));
+  run_step(self, a.step, p.hidden, a.promise, std::move(p.trail));
 }
 
 /// Answers the session's waiting request (if any) with an error and forgets it.
@@ -229,9 +282,9 @@ void end_wait(span_server_state& st, const std::string& session, const char* cod
 /// them with the default).
 void drop_early(span_server_state& st, const std::string& session,
                 std::uint64_t last_step_id = std::numeric_limits<std::uint64_t>::max()) {
-  for (auto e = st.early.lower_bound(early_key{session, 0, {}});
+  for (auto e = st.early.lower_bound(early_key{session, 0, {}, {}});
        e != st.early.end() && std::get<0>(e->first) == session && std::get<1>(e->first) <= last_step_id;) {
-    st.early_bytes -= e->second.hidden.nbytes();
+    st.early_bytes -= e->second.bytes();
     e = st.early.erase(e);
   }
 }
@@ -244,7 +297,7 @@ void expire_early(span_server_state& st) {
       ++e;
       continue;
     }
-    st.early_bytes -= e->second.hidden.nbytes();
+    st.early_bytes -= e->second.bytes();
     e = st.early.erase(e);
   }
 }
@@ -265,26 +318,37 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
   if (!step) return rp.deliver(step.error());
   const std::string session = step->session_id;
   if (auto err = check_owner(st, session, m.from_node)) return rp.deliver(std::move(err));
+  // Whose step this is, for the next hop's check of the push (and of a
+  // failure notice): never what the sender says.
+  step->owner = m.from_node.empty() ? st.runtime->id() : m.from_node;
   if (step->await_push) {
     if (!m.tensors.empty() || step->step_id == 0)
-      return rp.deliver(make_error(errc::bad_message, "a span.step awaiting a push carries no tensor and a step id"));
+      return fail_step(st, *step, rp,
+                       make_error(errc::bad_message, "a span.step awaiting a push carries no tensor and a step id"));
     // What can be checked without the rows is checked now, not after a wait.
     const auto length = engine_of(st, session).session_length(session);
-    if (!length) return rp.deliver(error_from_wire("unknown_session", "no open session '" + session + "'"));
+    if (!length) return fail_step(st, *step, rp, error_from_wire("unknown_session", "no open session '" + session + "'"));
     if (step->start < 0 || step->start > *length)
-      return rp.deliver(error_from_wire("bad_position", "step starts at position " + std::to_string(step->start) +
-                                                            " but the session holds " + std::to_string(*length) +
-                                                            " tokens"));
+      return fail_step(st, *step, rp,
+                       error_from_wire("bad_position", "step starts at position " + std::to_string(step->start) +
+                                                           " but the session holds " + std::to_string(*length) +
+                                                           " tokens"));
+    // On a posted route the previous server cannot tell the client that it
+    // had no link to push on: the step fails now, not after waitMs.
+    if (step->trail && !st.runtime->peer_is_up(step->push_from))
+      return fail_step(st, *step, rp,
+                       error_from_wire("push_source_down", "no link from the previous server " + step->push_from +
+                                                               ": its push cannot come"));
     // One wait per session: an older one (a step the client gave up on)
     // ends now, and no late push for it can run after this step.
     end_wait(st, session, "superseded", "a newer step of this session arrived");
     drop_early(st, session, step->step_id - 1);
-    if (auto e = st.early.find(early_key{session, step->step_id, step->push_from}); e != st.early.end()) {
+    if (auto e = st.early.find(early_key{session, step->step_id, step->push_from, step->owner}); e != st.early.end()) {
       early_push p = std::move(e->second);
-      st.early_bytes -= p.hidden.nbytes();
+      st.early_bytes -= p.bytes();
       st.early.erase(e);
       awaited_step a{std::move(*step), rp};
-      return take_push(self, a, p.start, p.hidden);
+      return take_push(self, a, std::move(p));
     }
     const std::uint32_t wait_ms = std::clamp<std::uint32_t>(step->wait_ms, 1, max_push_wait_ms);
     const std::uint64_t seq = st.next_wait_seq++;
@@ -293,8 +357,9 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
     return;
   }
   if (m.tensors.size() != 1)
-    return rp.deliver(make_error(errc::bad_message, "span.step carries one tensor (hidden states), got " +
-                                                        std::to_string(m.tensors.size())));
+    return fail_step(st, *step, rp,
+                     make_error(errc::bad_message, "span.step carries one tensor (hidden states), got " +
+                                                       std::to_string(m.tensors.size())));
   // The client carries this step itself (a failure or an unpushed output
   // upstream): a request still waiting for a push is superseded, and pushes
   // for this or older steps are not needed any more.
@@ -305,43 +370,55 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
 
 /// span.push from the previous server of a route: one-way, so problems are
 /// logged (rate-limited by the runtime) and the push dropped; the client's
-/// waiting request then times out and the client carries the step.
+/// waiting request then times out and the client carries the step. A push
+/// is taken only from the server the step names and for a step of the node
+/// that owns it (a push computed for a stranger's step never feeds it).
 void on_push(span_server_actor* self, remote_message& m) {
   auto& st = self->state;
   auto step = decode_span_step(m.body);
-  if (!step || m.tensors.size() != 1) {
+  const bool notice = step && !step->upstream_problem.empty();
+  if (!step || (notice ? !m.tensors.empty() : m.tensors.empty())) {
     spdlog::warn("span server: dropped a malformed span.push from {}: {}", m.from_node,
-                 step ? "it carries " + std::to_string(m.tensors.size()) + " tensors, not 1" : error_message(step.error()));
+                 step ? "it carries " + std::to_string(m.tensors.size()) + " tensors" + (notice ? " with a failure notice" : "")
+                      : error_message(step.error()));
     return;
+  }
+  early_push p;
+  p.start = step->start;
+  p.problem = step->upstream_problem;
+  p.at = clock_type::now();
+  if (!notice) {
+    p.hidden = m.tensors[0];
+    p.trail.assign(m.tensors.begin() + 1, m.tensors.end());
   }
   const std::string session = step->session_id;
   if (auto a = st.awaited.find(session); a != st.awaited.end()) {
     const span_step& want = a->second.step;
     if (step->step_id < want.step_id) return;  // for a step the client has moved on from
     if (step->step_id == want.step_id) {
-      if (m.from_node != want.push_from) {
-        spdlog::warn("span server: dropped a push for {} from {}, the step expects it from {}", session, m.from_node,
-                     want.push_from);
+      if (m.from_node != want.push_from || step->owner != want.owner) {
+        spdlog::warn("span server: dropped a push for {} from {} for {}'s step; the step is {}'s and expects it from {}",
+                     session, m.from_node, step->owner, want.owner, want.push_from);
         return;
       }
       awaited_step taken = std::move(a->second);
       st.awaited.erase(a);
-      return take_push(self, taken, step->start, m.tensors[0]);
+      return take_push(self, taken, std::move(p));
     }
   }
   // The client's request is still on its way: keep the push for it, within
   // the count and byte limits (the oldest go first).
-  const early_key key{session, step->step_id, m.from_node};
-  const std::size_t bytes = m.tensors[0].nbytes();
+  const early_key key{session, step->step_id, m.from_node, step->owner};
+  const std::size_t bytes = p.bytes();
   if (st.early.count(key) || bytes > max_early_push_bytes) return;
   expire_early(st);
   while (!st.early.empty() && (st.early.size() >= max_early_pushes || st.early_bytes + bytes > max_early_push_bytes)) {
     auto oldest = std::min_element(st.early.begin(), st.early.end(),
                                    [](const auto& x, const auto& y) { return x.second.at < y.second.at; });
-    st.early_bytes -= oldest->second.hidden.nbytes();
+    st.early_bytes -= oldest->second.bytes();
     st.early.erase(oldest);
   }
-  st.early.emplace(key, early_push{step->start, m.tensors[0], clock_type::now()});
+  st.early.emplace(key, std::move(p));
   st.early_bytes += bytes;
 }
 
@@ -504,8 +581,9 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
             ++a;
             continue;
           }
-          a->second.promise.deliver(error_from_wire(
-              "push_source_down", "the previous server " + d.peer + " is down (" + d.reason + "): its push will not come"));
+          fail_step(st, a->second.step, a->second.promise,
+                    error_from_wire("push_source_down", "the previous server " + d.peer + " is down (" + d.reason +
+                                                            "): its push will not come"));
           a = st.awaited.erase(a);
         }
       },
@@ -524,9 +602,10 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
         auto a = st.awaited.find(session);
         if (a == st.awaited.end() || a->second.seq != seq) return;
         ++st.stats.push_timeouts;
-        a->second.promise.deliver(error_from_wire(
-            "push_timeout", "no input for session " + session + " from the previous server " +
-                                a->second.step.push_from + " within " + std::to_string(a->second.step.wait_ms) + " ms"));
+        fail_step(st, a->second.step, a->second.promise,
+                  error_from_wire("push_timeout", "no input for session " + session + " from the previous server " +
+                                                      a->second.step.push_from + " within " +
+                                                      std::to_string(a->second.step.wait_ms) + " ms"));
         st.awaited.erase(a);
       },
       [self](swap_atom, std::shared_ptr<span_engine>& next) -> bool {

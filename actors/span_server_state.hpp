@@ -29,6 +29,9 @@ struct queued_step {
   decode_item item;
   caf::response_promise promise;
   span_step step;  ///< the request (compression, push target)
+  /// On a posted route (span_step::trail): what the step sends on and back
+  /// after its output.
+  std::vector<Tensor> trail;
 };
 
 /// A client's step whose input the previous server will push. A session
@@ -40,13 +43,20 @@ struct awaited_step {
 };
 
 /// A push that arrived before the client's request for it, filed by
-/// (session, step id, sending node): a stranger's push never displaces the
-/// expected server's.
-using early_key = std::tuple<std::string, std::uint64_t, std::string>;
+/// (session, step id, sending node, the node whose step it is): a
+/// stranger's push never displaces the expected one.
+using early_key = std::tuple<std::string, std::uint64_t, std::string, std::string>;
 struct early_push {
   std::int64_t start = 0;
-  Tensor hidden;
+  Tensor hidden;                   ///< undefined for a failure notice
+  std::vector<Tensor> trail;       ///< the tensors after it (posted routes)
+  std::string problem;             ///< span_step::upstream_problem
   std::chrono::steady_clock::time_point at;
+  std::size_t bytes() const {
+    std::size_t n = hidden.defined() ? hidden.nbytes() : 0;
+    for (const auto& t : trail) n += t.nbytes();
+    return n;
+  }
 };
 
 /// Early pushes kept at most, by count and by bytes (the oldest go first).

@@ -34,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -109,6 +110,12 @@ struct swarm_client_options {
   /// A push that cannot be made (no link between the servers yet, a
   /// failure) falls back to the client carrying the rest of that step.
   bool server_push = true;
+  /// With server_push: once a route's pushes have gone through, its
+  /// one-row steps (decode) are posted: every hop but the last gets its
+  /// step one-way and answers nothing; the last hop's answer brings every
+  /// hop's output (docs/protocol.md "Posted steps"). Off: every hop answers.
+  /// Not used with compress (the extra outputs travel f32).
+  bool post_steps = true;
   /// Called with one line per route, failure and replay (for logs, the demo).
   std::function<void(const std::string&)> on_event;
   /// Which steps are recomputed by a second server and compared
@@ -272,6 +279,9 @@ class swarm_session {
   /// Hop inputs that came by server push, not from the client (a step
   /// through k servers has k - 1).
   std::uint64_t pushed_hops() const { return pushed_hops_; }
+  /// Steps posted (swarm_client_options::post_steps): only the last hop
+  /// answered.
+  std::uint64_t posted_steps() const { return posted_steps_; }
   /// Tokens processed (the session's length).
   std::int64_t length() const { return length_; }
 
@@ -282,7 +292,15 @@ class swarm_session {
   caf::error open_hops(std::vector<swarm::route_hop> hops, std::size_t at);
   caf::expected<Tensor> run_hop(std::size_t i, const Tensor& input, std::int64_t start);
   caf::expected<Tensor> pass(std::size_t i, const Tensor& x, std::int64_t start);
+  /// A step with servers pushing to each other: posted (post_step) once the
+  /// route's pushes have gone through, else by request (request_step).
+  /// Returns the hop from which the client carries the step itself.
   std::size_t push_step(const Tensor& x, std::int64_t start, std::vector<Tensor>& outs);
+  /// Nothing when the step could not be posted (nothing went out).
+  std::optional<std::size_t> post_step(const Tensor& x, std::int64_t start, std::vector<Tensor>& outs);
+  std::size_t request_step(const Tensor& x, std::int64_t start, std::vector<Tensor>& outs);
+  /// Hop i's span.step of a pushed step (posted: with the trail).
+  span_step pushed_step(std::size_t i, std::int64_t start, std::chrono::milliseconds timeout, bool posted) const;
   caf::error run_hops(std::size_t from, const Tensor& x, std::int64_t start, std::vector<Tensor>& outs);
   /// Spot-checks hops [from, end) of this step (outs: their outputs);
   /// returns the first hop a majority found wrong, or hops_.size().
@@ -304,6 +322,10 @@ class swarm_session {
   std::int64_t length_ = 0;
   int failovers_ = 0;
   std::uint64_t pushed_hops_ = 0;
+  std::uint64_t posted_steps_ = 0;
+  /// The route's last pushed step went through every hop: the next one-row
+  /// step is posted.
+  bool route_pushes_ = false;
   std::vector<hop_state> hops_;
   mutable std::vector<swarm::route_hop> hop_view_;
 };

@@ -59,6 +59,7 @@ swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const s
     out.route = session->hops();
     out.failovers = session->failovers();
     out.pushed_hops = session->pushed_hops();
+    out.posted_steps = session->posted_steps();
   }
   out.spot_checks = client.spot_checks();
   return out;

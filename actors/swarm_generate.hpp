@@ -19,6 +19,7 @@ struct swarm_generation {
   std::vector<swarm::route_hop> route;  ///< the chain at the end
   int failovers = 0;                    ///< failures recovered on the way
   std::uint64_t pushed_hops = 0;        ///< hop inputs pushed server to server
+  std::uint64_t posted_steps = 0;       ///< steps only the last hop answered
   spot_check_stats spot_checks;         ///< the client's spot checks so far
 };
 

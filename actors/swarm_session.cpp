@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include <caf/scoped_actor.hpp>
 
@@ -119,6 +120,7 @@ caf::expected<Tensor> swarm_session::run_hop(std::size_t i, const Tensor& input,
 
 caf::error swarm_session::recover(std::size_t i, const caf::error& cause, std::set<std::string>& excluded, int attempt) {
   // Replace hops_[i] by a route over its blocks; the caller retries the step.
+  route_pushes_ = false;  // the new route's pushes are not known to go through yet
   const swarm::route_hop lost = hops_[i].hop;
   excluded.insert(lost.server);
   client_.on_probation(lost.server);
@@ -208,7 +210,91 @@ caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::i
   return out->slice(start, start + n).clone();
 }
 
+span_step swarm_session::pushed_step(std::size_t i, std::int64_t start, std::chrono::milliseconds timeout,
+                                     bool posted) const {
+  const std::size_t k = hops_.size();
+  span_step st{.session_id = hops_[i].session,
+               .start = start,
+               .step_id = step_id_,
+               .compress_output = client_.options().compress,
+               .trail = posted};
+  if (i > 0) {
+    // Hop i waits for i hops' work before its input comes.
+    st.await_push = true;
+    st.push_from = hops_[i - 1].hop.server;
+    st.wait_ms = static_cast<std::uint32_t>(
+        std::min<std::int64_t>(timeout.count() * static_cast<std::int64_t>(i), std::numeric_limits<std::uint32_t>::max()));
+  }
+  if (i + 1 < k) {
+    const known_server* next = client_.server(hops_[i + 1].hop.server);
+    st.push_to = {hops_[i + 1].hop.server, next ? next->endpoint : "", next ? next->public_key : "", hops_[i + 1].session};
+  }
+  return st;
+}
+
 std::size_t swarm_session::push_step(const Tensor& x, std::int64_t start, std::vector<Tensor>& outs) {
+  // Once a route's pushes have gone through, its one-row steps are posted
+  // (post_step); anything else, and the step after any trouble, goes by
+  // request, every hop answering.
+  if (route_pushes_ && x.dim(0) == 1 && client_.options().post_steps &&
+      !client_.options().compress) {
+    if (auto done = post_step(x, start, outs)) {
+      route_pushes_ = *done == hops_.size();
+      return *done;
+    }
+  }
+  const std::size_t done = request_step(x, start, outs);
+  route_pushes_ = done == hops_.size();
+  return done;
+}
+
+std::optional<std::size_t> swarm_session::post_step(const Tensor& x, std::int64_t start, std::vector<Tensor>& outs) {
+  // Every hop but the last gets its step one-way, straight to the
+  // transport from this thread; the last hop's answer brings the outputs
+  // of the hops before it (the inputs it and they were pushed), so no other
+  // server answers. A failure anywhere fails the last hop's step (the
+  // servers tell the next hop, or their link goes down), and the client
+  // then carries the step from hop 0, whose server repeats its stored
+  // answer when it had computed it (same step id).
+  node& n = client_.runtime();
+  const std::size_t k = hops_.size();
+  const auto timeout = client_.options().request_timeout;
+  auto last = n.remote_actor(hops_[k - 1].hop.server, "span");
+  if (!last) return std::nullopt;
+  for (std::size_t i = 0; i + 1 < k; ++i) {
+    remote_message m = request_of(span_request::step, encode_body(pushed_step(i, start, timeout, true)),
+                                  i == 0 ? std::vector<Tensor>{x} : std::vector<Tensor>{});
+    if (auto err = n.post(hops_[i].hop.server, "span", std::move(m), "swarm")) {
+      spdlog::debug("swarm: could not post the step to {} ({}): {}", hops_[i].hop.server, error_message(err),
+                    i == 0 ? "it goes by request" : "the client carries it");
+      if (i == 0) return std::nullopt;  // nothing went out
+      return 0;
+    }
+  }
+  caf::scoped_actor self{n.system()};
+  caf::expected<remote_message> r{make_error(errc::peer_down, "no answer")};
+  self->request(*last, timeout * static_cast<long>(k),
+                request_of(span_request::step, encode_body(pushed_step(k - 1, start, timeout, true))))
+      .receive([&](remote_message& m) { r = std::move(m); }, [&](caf::error& e) { r = std::move(e); });
+  const bool whole = r && r->tensors.size() == k &&
+                     std::all_of(r->tensors.begin(), r->tensors.end(), [&](const Tensor& t) { return t.shape() == x.shape(); });
+  if (!whole) {
+    spdlog::debug("swarm: posted step through {} hops ({}): the client carries it from hop 0", k,
+                  r ? "an answer of another shape" : error_message(r.error()));
+    return 0;
+  }
+  outs[k - 1] = std::move(r->tensors[0]);
+  remember_input(hops_[0], x.clone(), start);
+  for (std::size_t i = 1; i < k; ++i) {
+    outs[i - 1] = std::move(r->tensors[i]);
+    remember_input(hops_[i], outs[i - 1], start);
+    ++pushed_hops_;
+  }
+  ++posted_steps_;
+  return k;
+}
+
+std::size_t swarm_session::request_step(const Tensor& x, std::int64_t start, std::vector<Tensor>& outs) {
   // Every hop's request goes out at once: the first carries the input, the
   // others wait for their predecessor's push. The answers (each hop's
   // output, the next hop's input) are read in route order and remembered
@@ -232,20 +318,8 @@ std::size_t swarm_session::push_step(const Tensor& x, std::int64_t start, std::v
   }
   Tensor sent = compress ? int8_wire_roundtrip(x) : x;
   for (std::size_t i = 0; i < k; ++i) {
-    span_step st{.session_id = hops_[i].session, .start = start, .step_id = step_id_, .compress_output = compress};
-    if (i > 0) {
-      // Hop i waits for i hops' work before its input comes.
-      st.await_push = true;
-      st.push_from = hops_[i - 1].hop.server;
-      st.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(timeout.count() * static_cast<std::int64_t>(i),
-                                                                      std::numeric_limits<std::uint32_t>::max()));
-    }
-    if (i + 1 < k) {
-      const known_server* next = client_.server(hops_[i + 1].hop.server);
-      st.push_to = {hops_[i + 1].hop.server, next ? next->endpoint : "", next ? next->public_key : "",
-                    hops_[i + 1].session};
-    }
-    remote_message m = request_of(span_request::step, encode_body(st), i == 0 ? std::vector<Tensor>{sent} : std::vector<Tensor>{});
+    remote_message m = request_of(span_request::step, encode_body(pushed_step(i, start, timeout, false)),
+                                  i == 0 ? std::vector<Tensor>{sent} : std::vector<Tensor>{});
     if (i == 0 && compress) m.encodings = {net::tensor_encoding::int8_block};
     answers.push_back(self->request(targets[i], timeout * static_cast<long>(i + 1), std::move(m)));
   }

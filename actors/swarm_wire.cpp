@@ -67,6 +67,9 @@ std::vector<std::uint8_t> encode_body(const span_step& v) {
     t.setPublicKey(v.push_to.public_key);
     t.setSessionId(v.push_to.session_id);
   }
+  r.setTrail(v.trail);
+  if (!v.upstream_problem.empty()) r.setUpstreamProblem(v.upstream_problem);
+  if (!v.owner.empty()) r.setOwner(v.owner);
   return flat(b);
 }
 
@@ -147,6 +150,9 @@ caf::expected<span_step> decode_span_step(const std::vector<std::uint8_t>& body)
       if (v.push_to.node.empty()) throw std::invalid_argument("push target without a node id");
     }
     if (v.await_push && v.push_from.empty()) throw std::invalid_argument("awaitPush without pushFrom");
+    v.trail = r.getTrail();
+    v.upstream_problem = text(r.getUpstreamProblem(), "upstream problem", 4096);
+    v.owner = text(r.getOwner(), "step owner");
     return v;
   });
 }

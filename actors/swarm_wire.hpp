@@ -77,6 +77,16 @@ struct span_step {
   std::uint32_t wait_ms = 0;
   /// Besides answering, push the output to this next hop (empty node = no).
   push_target push_to{};
+  /// A posted route (docs/protocol.md "Posted steps"): the answer and the
+  /// push carry, after the output, the inputs of the route's hops after the
+  /// first up to this one (what came with the push, then the push itself).
+  bool trail = false;
+  /// span.push only: the sender could not compute this step, and why (no
+  /// tensor comes; the receiver's waiting step fails at once).
+  std::string upstream_problem{};
+  /// span.push only: the node whose step this is (it owns the sender's
+  /// session); the receiver takes the push only for a step of that node.
+  std::string owner{};
 };
 
 /// wire::SpanStepDone: the answer body of a step that had a push target.

@@ -63,6 +63,7 @@ struct swarm_bench_options {
   int server_threads = 0;  ///< 0 = every core (the servers of a chain compute one at a time)
   int tune_steps = 3, tune_batch = 2, tune_seq = 64, tune_prompt_len = 8;
   bool json = false;
+  bool hop_only = false;  ///< only the per-hop overhead (seconds, not a minute)
 };
 
 /// One measured swarm run.
@@ -84,7 +85,7 @@ std::vector<std::pair<int, int>> even_spans(int n, int k) {
 swarm_run run_swarm(local_swarm& sw, const fs::path& dir, const model_config& cfg, const std::vector<std::int32_t>& prompt,
                     const generation_params& p, const std::string& client_profile, bool push = true,
                     const std::function<void(int)>& after_token = {}, std::string* route_now = nullptr,
-                    const std::vector<std::string>& servers = {}) {
+                    const std::vector<std::string>& servers = {}, bool post_steps = true) {
   node_options no;
   no.listen = "";
   no.link_profile = client_profile;
@@ -93,6 +94,7 @@ swarm_run run_swarm(local_swarm& sw, const fs::path& dir, const model_config& cf
   swarm_client_options so;
   so.servers = servers.empty() ? sw.endpoints() : servers;
   so.server_push = push;
+  so.post_steps = post_steps;
   swarm_run run;
   so.on_event = [&](const std::string& e) {
     if (e.rfind("route ", 0) != 0) return;
@@ -125,7 +127,8 @@ double median(std::vector<double> v) {
 /// The fixed cost of a hop, on a model whose compute is negligible (2
 /// blocks of width 64): ms per decode step locally, through one server
 /// holding both blocks, and through two servers of one block each (push
-/// on), every process on one thread. The second server's extra time is
+/// on; steps posted, and again with every hop answering), every process on
+/// one thread. The second server's extra time is
 /// what one more hop costs: a link crossing, a wake-up, a decode and an
 /// encode, whatever the model. The routes' servers all run at once and the
 /// routes take turns, hop_rounds times: a figure is the median of its
@@ -137,6 +140,9 @@ struct hop_overhead {
   /// node in this process: what the relay's leg adds per step.
   double relayed_ms = 0;
   double per_hop_ms = 0, per_hop_min_ms = 0, per_hop_max_ms = 0;
+  /// The same two servers with every hop answering its request
+  /// (swarm_client_options::post_steps off): the baseline of posted steps.
+  double requested_two_servers_ms = 0, requested_per_hop_ms = 0;
   double relay_leg_ms = 0;
   int rounds = 0;
   bool equal = false;
@@ -191,16 +197,18 @@ hop_overhead measure_hop_overhead(std::uint64_t seed) {
   start(routes[1], "b", {{0, 1}, {1, 2}});
   start(routes[2], "c", {{0, 2}}, (*relay)->endpoint());
   h.equal = true;
-  const auto run = [&](route& r) {
-    const swarm_run out = run_swarm(r.sw, dir, c, prompt, p, "", true, {}, nullptr, r.servers);
+  const auto run = [&](route& r, bool post_steps = true) {
+    const swarm_run out = run_swarm(r.sw, dir, c, prompt, p, "", true, {}, nullptr, r.servers, post_steps);
     h.equal = h.equal && out.result.tokens == l.tokens;
     return 1e3 / steps_per_s(out.result);
   };
   for (route& r : routes) run(r);  // warm-up: links between the servers
-  std::vector<double> hop, leg;
+  std::vector<double> hop, leg, requested, requested_hop;
   for (int round = 0; round < hop_rounds; ++round) {
     for (route& r : routes) r.ms.push_back(run(r));
+    requested.push_back(run(routes[1], false));
     hop.push_back(routes[1].ms.back() - routes[0].ms.back());
+    requested_hop.push_back(requested.back() - routes[0].ms.back());
     leg.push_back(routes[2].ms.back() - routes[0].ms.back());
   }
   h.rounds = hop_rounds;
@@ -211,11 +219,51 @@ hop_overhead measure_hop_overhead(std::uint64_t seed) {
   h.per_hop_min_ms = *std::min_element(hop.begin(), hop.end());
   h.per_hop_max_ms = *std::max_element(hop.begin(), hop.end());
   h.relay_leg_ms = median(leg);
+  h.requested_two_servers_ms = median(requested);
+  h.requested_per_hop_ms = median(requested_hop);
   return h;
+}
+
+nlohmann::json hop_json(const hop_overhead& hop) {
+  return {{"local_ms_per_step", hop.local_ms},
+          {"one_server_ms_per_step", hop.one_server_ms},
+          {"two_servers_ms_per_step", hop.two_servers_ms},
+          {"ms_per_extra_hop", hop.per_hop_ms},
+          {"ms_per_extra_hop_min", hop.per_hop_min_ms},
+          {"ms_per_extra_hop_max", hop.per_hop_max_ms},
+          {"requested_two_servers_ms_per_step", hop.requested_two_servers_ms},
+          {"requested_ms_per_extra_hop", hop.requested_per_hop_ms},
+          {"rounds", hop.rounds},
+          {"relayed_server_ms_per_step", hop.relayed_ms},
+          {"ms_per_relay_leg", hop.relay_leg_ms},
+          {"equal_to_local", hop.equal}};
+}
+
+void print_hop(const hop_overhead& hop) {
+  std::printf("per-hop overhead (2 blocks of width 64, one thread each; medians of %d alternating rounds): local "
+              "%.3f ms/step, 1 server %.3f ms (+%.3f), 2 servers %.3f ms: %.3f ms per extra hop (rounds %.3f to "
+              "%.3f; output %s)\n",
+              hop.rounds, hop.local_ms, hop.one_server_ms, hop.one_server_ms - hop.local_ms, hop.two_servers_ms,
+              hop.per_hop_ms, hop.per_hop_min_ms, hop.per_hop_max_ms, hop.equal ? "equal" : "DIFFERENT");
+  std::printf("  the same 2 servers with every hop answering (no posted steps): %.3f ms/step, %.3f ms per extra hop "
+              "(posted: %.3f of that)\n",
+              hop.requested_two_servers_ms, hop.requested_per_hop_ms,
+              hop.requested_per_hop_ms > 0 ? hop.per_hop_ms / hop.requested_per_hop_ms : 0.0);
+  std::printf("behind NAT: the 1 server reached through a relay %.3f ms/step: %.3f ms for the relay's leg "
+              "(ratio to direct %.3f)\n",
+              hop.relayed_ms, hop.relay_leg_ms, hop.one_server_ms / hop.relayed_ms);
 }
 
 int run_bench_swarm(const swarm_bench_options& o) {
   if (o.servers < 1) throw std::invalid_argument("--servers must be at least 1");
+  if (o.hop_only) {
+    std::fprintf(stderr, "bench swarm: per-hop overhead on a tiny model...\n");
+    const hop_overhead hop = measure_hop_overhead(o.seed);
+    const nlohmann::json j{{"hop_overhead", hop_json(hop)}};
+    if (!o.json) print_hop(hop);
+    std::printf("%s\n", j.dump().c_str());
+    return hop.equal ? 0 : 1;
+  }
   // The model on disk: servers load their blocks from it.
   const bench_model_dir on_disk(o.model_dir, "swarm", o.seed);
   const fs::path& dir = on_disk.path();
@@ -407,16 +455,7 @@ int run_bench_swarm(const swarm_bench_options& o) {
 
   std::fprintf(stderr, "bench swarm: per-hop overhead on a tiny model...\n");
   const hop_overhead hop = measure_hop_overhead(o.seed);
-  j["hop_overhead"] = {{"local_ms_per_step", hop.local_ms},
-                       {"one_server_ms_per_step", hop.one_server_ms},
-                       {"two_servers_ms_per_step", hop.two_servers_ms},
-                       {"ms_per_extra_hop", hop.per_hop_ms},
-                       {"ms_per_extra_hop_min", hop.per_hop_min_ms},
-                       {"ms_per_extra_hop_max", hop.per_hop_max_ms},
-                       {"rounds", hop.rounds},
-                       {"relayed_server_ms_per_step", hop.relayed_ms},
-                       {"ms_per_relay_leg", hop.relay_leg_ms},
-                       {"equal_to_local", hop.equal}};
+  j["hop_overhead"] = hop_json(hop);
 
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -433,14 +472,7 @@ int run_bench_swarm(const swarm_bench_options& o) {
     std::printf("recovery: kill -9 of the last hop's server: the next token took %.1f ms more than a step "
                 "(%d failover(s), output %s)\n",
                 recovery_ms, failovers, recovered_equal ? "equal" : "DIFFERENT");
-    std::printf("per-hop overhead (2 blocks of width 64, one thread each; medians of %d alternating rounds): local "
-                "%.3f ms/step, 1 server %.3f ms (+%.3f), 2 servers %.3f ms: %.3f ms per extra hop (rounds %.3f to "
-                "%.3f; output %s)\n",
-                hop.rounds, hop.local_ms, hop.one_server_ms, hop.one_server_ms - hop.local_ms, hop.two_servers_ms,
-                hop.per_hop_ms, hop.per_hop_min_ms, hop.per_hop_max_ms, hop.equal ? "equal" : "DIFFERENT");
-    std::printf("behind NAT: the 1 server reached through a relay %.3f ms/step: %.3f ms for the relay's leg "
-                "(ratio to direct %.3f)\n",
-                hop.relayed_ms, hop.relay_leg_ms, hop.one_server_ms / hop.relayed_ms);
+    print_hop(hop);
     std::printf("%s\n", j.dump().c_str());
   }
   return equal && recovered_equal && hop.equal ? 0 : 1;
@@ -472,6 +504,8 @@ void register_bench_swarm(CLI::App* bench, action_fn& action) {
   cmd->add_option("--tune-steps", o.tune_steps, "Timed prompt-tuning steps (after one warm-up step)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  cmd->add_flag("--hop-only", o.hop_only,
+                "Measure only the per-hop overhead on a tiny model (about 10 seconds instead of a minute)");
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_bench_swarm(o); }; });
 }

@@ -112,8 +112,8 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   std::string route;
   for (const auto& hop : g.route)
     route += (route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " on " + hop.server;
-  spdlog::info("swarm route: {}; {} failover(s); {} hop input(s) pushed server to server", route, g.failovers,
-               g.pushed_hops);
+  spdlog::info("swarm route: {}; {} failover(s); {} hop input(s) pushed server to server, {} step(s) posted", route,
+               g.failovers, g.pushed_hops, g.posted_steps);
   const spot_check_stats& sc = g.spot_checks;
   spdlog::info("spot checks: {} step(s) compared with another server, {} with none to ask, {} disagreement(s), "
                "{} undecided, {} server(s) found wrong",

@@ -127,6 +127,13 @@ struct SpanStep {
   pushFrom @5 :Text;         # node id of the previous hop; pushes from others are dropped
   waitMs @6 :UInt32;         # how long to wait for that push before answering an error
   pushTo @7 :PushTarget;     # where to push the output besides answering (unset = nowhere)
+  trail @8 :Bool;            # posted route (docs/protocol.md "Posted steps"): the output goes on
+                             # (push) and back (answer) followed by the inputs of the route's
+                             # hops after the first, in route order
+  upstreamProblem @9 :Text;  # span.push only: the sender could not compute this step (why);
+                             # no tensor, and the receiver's waiting step fails at once
+  owner @10 :Text;           # span.push only: the node whose step this is (it owns the sender's
+                             # session); the receiver takes the push only for a step of that node
 }
 
 # The next hop of a route, for a server that pushes its output on.

@@ -65,8 +65,21 @@ TEST_CASE("swarm greedy generation equals local generation for several server la
       const std::uint64_t inner_hops = g.route.size() - 1;
       CHECK(g.pushed_hops >= (steps - 2 * inner_hops) * inner_hops);
       CHECK(g.pushed_hops <= steps * inner_hops);
+      // Once a route's pushes go through, its decode steps are posted (only
+      // the last hop answers, with every hop's output).
+      if (inner_hops > 0) CHECK(g.posted_steps + 2 * inner_hops + 1 >= steps);
+      else CHECK(g.posted_steps == 0);
       REQUIRE_FALSE(events.empty());
-      MESSAGE(layout_name << ": " << events.front() << "; " << g.pushed_hops << " hop inputs pushed server to server");
+      MESSAGE(layout_name << ": " << events.front() << "; " << g.pushed_hops << " hop inputs pushed server to server, "
+                          << g.posted_steps << " steps posted");
+      // Every hop answering its request gives the same output.
+      swarm_client_options requested = o;
+      requested.post_steps = false;
+      swarm_client client3(*n, requested);
+      swarm_generation g3 = swarm_generate(client3, h, m.prompt, m.params);
+      CHECK(g3.result.tokens == m.expected);
+      CHECK(g3.posted_steps == 0);
+      if (inner_hops > 0) CHECK(g3.pushed_hops > 0);
       // The client carrying every hop itself gives the same output.
       swarm_client_options carried = o;
       carried.server_push = false;

@@ -1,8 +1,10 @@
 // Server-to-server push (span.step with pushTo / awaitPush, span.push): a
 // server pushes its output to the next server of the route, which runs it
 // for the client's waiting request; pushes from anyone but the expected
-// server are dropped, a missing push times out with a clear error, and the
-// client sending the input itself supersedes the wait.
+// server, or computed for another node's step, are dropped, a missing push
+// times out with a clear error, and the client sending the input itself
+// supersedes the wait. Posted routes (trail): only the last hop answers,
+// with every hop's output, and a failure upstream reaches it at once.
 #include <doctest/doctest.h>
 
 #include <memory>
@@ -293,7 +295,7 @@ TEST_CASE("a newer step of a session ends its older wait, and a late push for th
   for (const auto& [id, x] : {std::pair<std::uint64_t, Tensor>{1, stale}, {2, rows}}) {
     remote_message push;
     push.type = span_request::push;
-    push.body = encode_body(span_step{.session_id = "s", .start = 0, .step_id = id});
+    push.body = encode_body(span_step{.session_id = "s", .start = 0, .step_id = id, .owner = f.client->id()});
     push.tensors = {x};
     caf::anon_send(*to_b, std::move(push));
   }
@@ -349,6 +351,148 @@ TEST_CASE("a session belongs to the node that opened it: another node's step and
   REQUIRE(f.call(f.b_id, span_request::close, encode_close_body("owned")));
   // Once closed, the id is free again, for anyone.
   REQUIRE(stranger_call(span_request::open, encode_body(span_open{"owned", 16})));
+}
+
+namespace {
+
+/// span.step for a, posted (one-way, with the trail), as a client does.
+void post_to_a(push_fixture& f, const std::string& session, const Tensor& x, std::int64_t start, std::uint64_t step_id) {
+  span_step st = f.pushing(session, start, step_id);
+  st.trail = true;
+  remote_message m;
+  m.type = span_request::step;
+  m.body = encode_body(st);
+  m.tensors = {x};
+  REQUIRE_FALSE(f.client->post(f.a_id, "span", std::move(m)));
+}
+
+span_step trailing(span_step s) {
+  s.trail = true;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a posted route: a answers nothing, b answers its output and its input, bit-exact") {
+  push_fixture f;
+  f.open("s");
+  // Without a link from a, b refuses a posted wait at once: a could not
+  // push, and on a posted route it could not tell the client either.
+  auto no_link = f.call(f.b_id, span_request::step, encode_body(trailing(f.awaiting("s", 0, 1, 20000))));
+  REQUIRE_FALSE(no_link);
+  CHECK(error_code(no_link.error()) == "push_source_down");
+  REQUIRE(f.a->connect(f.b->endpoint()));
+  for (std::int64_t t = 0; t < 4; ++t) {
+    const Tensor row = random_rows(1, f.D, 20 + static_cast<std::uint32_t>(t));
+    const auto step_id = static_cast<std::uint64_t>(t + 2);
+    caf::expected<remote_message> from_b{make_error(errc::peer_down, "no answer")};
+    if (t % 2 == 0) {  // the push waits for b's request
+      post_to_a(f, "s", row, t, step_id);
+      from_b = f.call(f.b_id, span_request::step, encode_body(trailing(f.awaiting("s", t, step_id))));
+    } else {  // b's request waits for the push
+      std::thread waiter(
+          [&] { from_b = f.call(f.b_id, span_request::step, encode_body(trailing(f.awaiting("s", t, step_id)))); });
+      f.wait_awaiting(1);
+      post_to_a(f, "s", row, t, step_id);
+      waiter.join();
+    }
+    REQUIRE_MESSAGE(from_b, error_message(from_b.error()));
+    auto ra = f.ref_a->inference_step("s", row, t, step_id);
+    REQUIRE(ra);
+    auto rb = f.ref_b->inference_step("s", *ra, t, step_id);
+    REQUIRE(rb);
+    REQUIRE(from_b->tensors.size() == 2);
+    CHECK(same_bits(from_b->tensors[0], *rb));
+    CHECK(same_bits(from_b->tensors[1], *ra));  // what a pushed: b's input
+    // The client's fallback after a posted step: a repeats its stored
+    // answer for the same step, without computing it again.
+    if (t == 3) {
+      auto again = f.call(f.a_id, span_request::step, encode_body(span_step{.session_id = "s", .start = t, .step_id = step_id}),
+                          {row});
+      REQUIRE_MESSAGE(again, error_message(again.error()));
+      REQUIRE(again->tensors.size() == 1);
+      CHECK(same_bits(again->tensors[0], *ra));
+    }
+  }
+}
+
+TEST_CASE("a step that fails upstream on a posted route fails the next hop's waiting step at once") {
+  push_fixture f;
+  f.open("s");
+  REQUIRE(f.a->connect(f.b->endpoint()));
+  caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread waiter(
+      [&] { waiting = f.call(f.b_id, span_request::step, encode_body(trailing(f.awaiting("s", 0, 1, 20000)))); });
+  f.wait_awaiting(1);
+  // a's session holds no tokens: a step from position 5 is refused there,
+  // and a tells b, whose wait ends now, not after 20 s.
+  post_to_a(f, "s", random_rows(1, f.D, 3), 5, 1);
+  waiter.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_FALSE(waiting);
+  CHECK(error_code(waiting.error()) == "upstream_failed");
+  CHECK(error_message(waiting.error()).find(f.a_id) != std::string::npos);
+  CHECK(took < 10.0);
+  // The session at b is untouched: the client carries the step.
+  const Tensor x = random_rows(1, f.D, 4);
+  auto direct = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 0, .step_id = 1}), {x});
+  REQUIRE_MESSAGE(direct, error_message(direct.error()));
+  auto want = f.ref_b->inference_step("s", x, 0, 1);
+  REQUIRE(want);
+  CHECK(same_bits(direct->tensors.at(0), *want));
+}
+
+TEST_CASE("a push computed for another node's step never feeds it") {
+  push_fixture f;
+  f.open("s");
+  REQUIRE(f.a->connect(f.b->endpoint()));
+  // A stranger with a session of its own on a names the owner's session on
+  // b as its push target, with the step id the owner's step waits for.
+  auto stranger = start_node();
+  auto to_a = stranger->connect(f.a->endpoint());
+  REQUIRE(to_a);
+  auto stranger_call = [&](const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {}) {
+    remote_message m;
+    m.type = type;
+    m.body = std::move(body);
+    m.tensors = std::move(tensors);
+    return stranger->request(*to_a, "span", std::move(m), 10s);
+  };
+  REQUIRE(stranger_call(span_request::open, encode_body(span_open{"mine", 16})));
+  for (const bool posted : {false, true}) {
+    CAPTURE(posted);
+    const std::uint64_t step_id = posted ? 2 : 1;
+    caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
+    std::thread waiter([&] {
+      span_step w = f.awaiting("s", 0, step_id, 600);
+      w.trail = posted;
+      waiting = f.call(f.b_id, span_request::step, encode_body(w));
+    });
+    f.wait_awaiting(1);
+    span_step st = f.pushing("s", 0, step_id);
+    st.session_id = "mine";
+    st.trail = posted;
+    auto pushed = stranger_call(span_request::step, encode_body(st), {random_rows(1, f.D, 9)});
+    REQUIRE_MESSAGE(pushed, error_message(pushed.error()));
+    auto d = decode_span_step_done(pushed->body);
+    REQUIRE(d);
+    CHECK(d->pushed);  // a pushed it, for the stranger's step ...
+    waiter.join();
+    REQUIRE_FALSE(waiting);  // ... and b did not take it for the owner's
+    CHECK(error_code(waiting.error()) == "push_timeout");
+  }
+  // A failure notice for the stranger's step does not end the owner's wait either.
+  caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
+  std::thread waiter([&] { waiting = f.call(f.b_id, span_request::step, encode_body(trailing(f.awaiting("s", 0, 3, 600)))); });
+  f.wait_awaiting(1);
+  span_step bad = trailing(f.pushing("s", 7, 3));
+  bad.session_id = "mine";
+  auto refused = stranger_call(span_request::step, encode_body(bad), {random_rows(1, f.D, 9)});
+  REQUIRE_FALSE(refused);
+  waiter.join();
+  REQUIRE_FALSE(waiting);
+  CHECK(error_code(waiting.error()) == "push_timeout");
 }
 
 }  // namespace corolla
