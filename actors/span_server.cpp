@@ -21,6 +21,7 @@
 #include "actors/fault_corruption.hpp"
 #include "actors/messages.hpp"
 #include "actors/node.hpp"
+#include "actors/span_push.hpp"
 #include "actors/span_server_state.hpp"
 #include "actors/swarm_wire.hpp"
 
@@ -79,79 +80,6 @@ span_info info_of(const span_server_state& st) {
   i.awaiting_pushes = static_cast<std::uint32_t>(st.awaited.size());
   i.weights = weight_format_name(st.engine->blocks().inference_format());
   return i;
-}
-
-remote_message answer(std::string type, std::vector<std::uint8_t> body = {}, std::vector<Tensor> tensors = {}) {
-  remote_message r;
-  r.type = std::move(type);
-  r.body = std::move(body);
-  r.tensors = std::move(tensors);
-  return r;
-}
-
-/// `out` followed by `trail` (a posted route's, span_step::trail), the
-/// output int8-compressed on the wire when asked (the trail stays exact).
-remote_message with_trail(std::string type, std::vector<std::uint8_t> body, Tensor out, const std::vector<Tensor>& trail,
-                          bool compress) {
-  remote_message m = answer(std::move(type), std::move(body), {std::move(out)});
-  m.tensors.insert(m.tensors.end(), trail.begin(), trail.end());
-  if (compress) {
-    m.encodings.assign(m.tensors.size(), net::tensor_encoding::raw);
-    m.encodings[0] = net::tensor_encoding::int8_block;
-  }
-  return m;
-}
-
-/// Tells the step's next hop that the step failed here, so the step waiting
-/// there for this push fails at once, not after its waitMs (on a posted
-/// route nobody else would hear of it). Best effort: one-way, and only
-/// over a link that is up.
-void notify_next(span_server_state& st, const span_step& step, const std::string& why) {
-  if (step.push_to.node.empty() || !st.runtime->peer_is_up(step.push_to.node)) return;
-  remote_message m = answer(span_request::push, encode_body(span_step{.session_id = step.push_to.session_id,
-                                                                      .start = step.start,
-                                                                      .step_id = step.step_id,
-                                                                      .upstream_problem = why.empty() ? "failed" : why,
-                                                                      .owner = step.owner}));
-  (void)st.runtime->post(step.push_to.node, "span", std::move(m), "span");
-}
-
-/// Answers a step with an error, telling its next hop too.
-void fail_step(span_server_state& st, const span_step& step, caf::response_promise& rp, caf::error err) {
-  notify_next(st, step, error_message(err));
-  rp.deliver(std::move(err));
-}
-
-/// Sends `out` (and a posted route's trail) on to the step's next hop
-/// (span.push), dialling it first when no link is up (that step then goes
-/// unpushed: the client carries it).
-span_step_done push_on(span_server_state& st, const span_step& step, const Tensor& out, const std::vector<Tensor>& trail) {
-  const push_target& to = step.push_to;
-  node& n = *st.runtime;
-  if (!n.peer_is_up(to.node)) {
-    const auto now = clock_type::now();
-    std::erase_if(st.dialled, [&](const auto& d) { return now - d.second > forget_dial_after; });
-    auto it = st.dialled.find(to.endpoint);
-    if (to.endpoint.rfind("tcp://", 0) == 0 && (it == st.dialled.end() || now - it->second > redial_after) &&
-        (it != st.dialled.end() || st.dialled.size() < max_dialled)) {
-      st.dialled[to.endpoint] = now;
-      connect_options c;
-      c.server_key = to.public_key;
-      if (auto link = n.connect_async(to.endpoint, c); !link)
-        return {false, "cannot dial the next server at " + to.endpoint + ": " + error_message(link.error())};
-    }
-    return {false, "no link to the next server " + to.node + " yet"};
-  }
-  remote_message m = with_trail(span_request::push,
-                                encode_body(span_step{.session_id = to.session_id,
-                                                      .start = step.start,
-                                                      .step_id = step.step_id,
-                                                      .owner = step.owner}),
-                                out, trail, step.compress_output);
-  // Straight to the transport from this thread while the link is up
-  // (node::post): the push is the step's critical path.
-  if (auto err = n.post(to.node, "span", std::move(m), "span")) return {false, error_message(err)};
-  return {true, {}};
 }
 
 /// Answers a step: pushes the output on first when the step names a next
@@ -270,38 +198,6 @@ void take_push(span_server_actor* self, awaited_step& a, early_push p) {
   run_step(self, a.step, p.hidden, a.promise, std::move(p.trail));
 }
 
-/// Answers the session's waiting request (if any) with an error and forgets it.
-void end_wait(span_server_state& st, const std::string& session, const char* code, const std::string& why) {
-  auto a = st.awaited.find(session);
-  if (a == st.awaited.end()) return;
-  a->second.promise.deliver(error_from_wire(code, why));
-  st.awaited.erase(a);
-}
-
-/// Drops the session's early pushes for steps up to `last_step_id` (all of
-/// them with the default).
-void drop_early(span_server_state& st, const std::string& session,
-                std::uint64_t last_step_id = std::numeric_limits<std::uint64_t>::max()) {
-  for (auto e = st.early.lower_bound(early_key{session, 0, {}, {}});
-       e != st.early.end() && std::get<0>(e->first) == session && std::get<1>(e->first) <= last_step_id;) {
-    st.early_bytes -= e->second.bytes();
-    e = st.early.erase(e);
-  }
-}
-
-/// Drops early pushes older than early_push_ttl.
-void expire_early(span_server_state& st) {
-  const auto now = clock_type::now();
-  for (auto e = st.early.begin(); e != st.early.end();) {
-    if (now - e->second.at <= early_push_ttl) {
-      ++e;
-      continue;
-    }
-    st.early_bytes -= e->second.bytes();
-    e = st.early.erase(e);
-  }
-}
-
 /// A session belongs to the node that opened it: every server of a route
 /// learns the next hop's session id, so ids are no secret. A step or close
 /// from another node is refused (the session is untouched); an id that is
@@ -343,12 +239,9 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
     // ends now, and no late push for it can run after this step.
     end_wait(st, session, "superseded", "a newer step of this session arrived");
     drop_early(st, session, step->step_id - 1);
-    if (auto e = st.early.find(early_key{session, step->step_id, step->push_from, step->owner}); e != st.early.end()) {
-      early_push p = std::move(e->second);
-      st.early_bytes -= p.bytes();
-      st.early.erase(e);
+    if (auto p = take_early(st, early_key{session, step->step_id, step->push_from, step->owner})) {
       awaited_step a{std::move(*step), rp};
-      return take_push(self, a, std::move(p));
+      return take_push(self, a, std::move(*p));
     }
     const std::uint32_t wait_ms = std::clamp<std::uint32_t>(step->wait_ms, 1, max_push_wait_ms);
     const std::uint64_t seq = st.next_wait_seq++;
@@ -406,20 +299,8 @@ void on_push(span_server_actor* self, remote_message& m) {
       return take_push(self, taken, std::move(p));
     }
   }
-  // The client's request is still on its way: keep the push for it, within
-  // the count and byte limits (the oldest go first).
-  const early_key key{session, step->step_id, m.from_node, step->owner};
-  const std::size_t bytes = p.bytes();
-  if (st.early.count(key) || bytes > max_early_push_bytes) return;
-  expire_early(st);
-  while (!st.early.empty() && (st.early.size() >= max_early_pushes || st.early_bytes + bytes > max_early_push_bytes)) {
-    auto oldest = std::min_element(st.early.begin(), st.early.end(),
-                                   [](const auto& x, const auto& y) { return x.second.at < y.second.at; });
-    st.early_bytes -= oldest->second.bytes();
-    st.early.erase(oldest);
-  }
-  st.early.emplace(key, std::move(p));
-  st.early_bytes += bytes;
+  // The client's request is still on its way: keep the push for it.
+  keep_early(st, early_key{session, step->step_id, m.from_node, step->owner}, std::move(p));
 }
 
 void on_stateless(span_server_actor* self, remote_message& m, caf::response_promise& rp, bool backward) {
