@@ -175,8 +175,10 @@ class Backend {
   // ---- mixture of experts -------------------------------------------------------
   // The rows of a mixture-of-experts MLP (model/moe.hpp) are routed on the
   // host; these move them to and from the experts' contiguous row ranges.
-  // Index tensors are i32 on the host or this backend's device; float
-  // operands are f32 on the device.
+  // Index tensors are i32 on the host or this backend's device; rows are f32
+  // on the device (bf16 or f16 too on a backend that computes in them:
+  // mixed-precision training), all of an op's rows one dtype; weights and
+  // dweights are f32.
   /// out[r,:] = src[rows[r],:] * (weights ? weights[r] : 1). src [N,D], rows
   /// [M] in [0,N), weights [M], out [M,D]. Throws tensor_error for a row
   /// outside [0,N).

@@ -126,8 +126,10 @@ void widen_block_weights(Backend& be, const model_config& cfg, const block_tenso
 
 /// Training compute weights of one block for mixed precision
 /// (stage::set_compute_dtype): fresh `t` (bf16 or f16) tensors on `be`'s
-/// device shaped like w's linear weights (q, k, v, o, gate, up, down) and
-/// their biases (a bias of the output's dtype fuses into the product), with
+/// device shaped like w's linear weights (q, k, v, o, gate, up, down; of a
+/// mixture-of-experts block every expert's gate, up and down, while the
+/// router and the shared expert's gate stay f32, shared with `w`) and their
+/// biases (a bias of the output's dtype fuses into the product), with
 /// the norms' weights and biases shared with `w` (they stay f32: the norm
 /// ops take f32 parameters beside 16-bit activations). The values are not
 /// filled: copy_linear_weights does that. Throws tensor_error for another

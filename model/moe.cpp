@@ -152,6 +152,25 @@ void route_rows_backward(const moe_routing& r, const Tensor& dweights, Tensor& d
 
 namespace {
 
+/// The input of the router and the shared gate, which stay f32: x itself,
+/// or x widened into b.x32 (16-bit activations).
+const Tensor& router_input(Backend& be, const Tensor& x, moe_buffers& b) {
+  if (x.type() == dtype::f32) return x;
+  be.copy(x, ensure_rows(be, b.x32, x.dim(0), x.dim(1)));
+  return b.x32;
+}
+
+/// dx += dz @ w for an f32 weight (the router's, the shared gate's) and its
+/// f32 output gradient dz: straight into an f32 dx, else computed in f32
+/// and rounded once before the sum.
+void add_input_grad(Backend& be, const Tensor& dz, const Tensor& w, Tensor& dx, moe_grad_scratch& s) {
+  if (dx.type() == dtype::f32) return be.gemm(dz, false, w, false, dx, 1.0f, 1.0f);
+  const std::int64_t n = dx.dim(0), d = dx.dim(1);
+  be.gemm(dz, false, w, false, ensure_rows(be, s.dx32, n, d));
+  be.copy(s.dx32, ensure_rows(be, s.dx16, n, d, dx.type()));
+  be.add(dx, s.dx16, dx);
+}
+
 /// One SwiGLU expert over the rows x: gate, up and act kept for the
 /// backward, y written.
 void expert_forward(Backend& be, weight_format f, const expert_tensors& ex, const Tensor& x, Tensor& gate, Tensor& up,
@@ -194,15 +213,17 @@ const Tensor& identity_rows(moe_buffers& b, std::int64_t n) {
 void shared_expert_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x, Tensor& y,
                            moe_buffers& b) {
   const std::int64_t n = x.dim(0), S = cfg.shared_expert_size;
+  const dtype act = x.type();
   ensure_rows(be, b.shared_logit, n, 1);
-  be.linear(x, w.shared_gate_w, nullptr, b.shared_logit);
+  be.linear(act == dtype::f32 ? x : b.x32, w.shared_gate_w, nullptr, b.shared_logit);
   Tensor& gate = host_rows(b.shared_w_host, n, 1);
   be.copy(b.shared_logit, gate);
   float* g = gate.data<float>();
   for (std::int64_t t = 0; t < n; ++t) g[t] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(g[t]))));
   be.copy(gate, ensure_rows(be, b.shared_w, n, 1));
-  expert_forward(be, w.format, w.experts[static_cast<std::size_t>(cfg.n_experts)], x, ensure_rows(be, b.sgate, n, S),
-                 ensure_rows(be, b.sup, n, S), ensure_rows(be, b.sact, n, S), ensure_rows(be, b.sy, n, x.dim(1)));
+  expert_forward(be, w.format, w.experts[static_cast<std::size_t>(cfg.n_experts)], x,
+                 ensure_rows(be, b.sgate, n, S, act), ensure_rows(be, b.sup, n, S, act),
+                 ensure_rows(be, b.sact, n, S, act), ensure_rows(be, b.sy, n, x.dim(1), act));
   be.moe_combine(b.sy, identity_rows(b, n).view({n, 1}), &b.shared_w, true, y);
 }
 
@@ -211,6 +232,7 @@ void shared_expert_forward(Backend& be, const model_config& cfg, const block_ten
 void shared_expert_backward(Backend& be, const model_config& cfg, const block_tensors& w, const moe_buffers& b,
                             const Tensor& x, const Tensor& dy, Tensor& dx, block_tensors* g, moe_grad_scratch& s) {
   const std::int64_t n = x.dim(0), d = x.dim(1), S = cfg.shared_expert_size;
+  const dtype act = x.type();
   const Tensor slots = b.identity.view({n, 1});
   // dL/dgate_t = dot(dy_t, shared_t), then through the sigmoid: z = the
   // gate's logit, dL/dz = dL/dgate * g (1 - g).
@@ -223,14 +245,15 @@ void shared_expert_backward(Backend& be, const model_config& cfg, const block_te
   be.copy(dz, ensure_tensor(be, s.dshared_z, {n, 1}));
   // The shared expert's output rows' gradient: dy scaled by each row's gate.
   const Tensor row_gates = b.shared_w.view({n});
-  be.moe_gather(dy, b.identity, &row_gates, ensure_tensor(be, s.dsy, {n, d}));
+  be.moe_gather(dy, b.identity, &row_gates, ensure_tensor(be, s.dsy, {n, d}, act));
   expert_backward(be, w.experts[static_cast<std::size_t>(cfg.n_experts)], x, b.sgate, b.sup, b.sact, s.dsy,
-                  ensure_tensor(be, s.dsact, {n, S}), ensure_tensor(be, s.dsgate, {n, S}),
-                  ensure_tensor(be, s.dsup, {n, S}), ensure_tensor(be, s.dsx, {n, d}),
+                  ensure_tensor(be, s.dsact, {n, S}, act), ensure_tensor(be, s.dsgate, {n, S}, act),
+                  ensure_tensor(be, s.dsup, {n, S}, act), ensure_tensor(be, s.dsx, {n, d}, act),
                   g ? &g->experts[static_cast<std::size_t>(cfg.n_experts)] : nullptr);
   be.moe_combine(s.dsx, slots, nullptr, true, dx);
-  if (g) be.linear_backward(x, w.shared_gate_w, s.dshared_z, nullptr, g->shared_gate_w, nullptr);
-  be.gemm(s.dshared_z, false, w.shared_gate_w, false, dx, 1.0f, 1.0f);
+  if (g) be.linear_backward(act == dtype::f32 ? x : b.x32, w.shared_gate_w, s.dshared_z, nullptr, g->shared_gate_w,
+                            nullptr);
+  add_input_grad(be, s.dshared_z, w.shared_gate_w, dx, s);
 }
 
 }  // namespace
@@ -244,18 +267,20 @@ void moe_forward(Backend& be, const model_config& cfg, const block_tensors& w, c
   // Nothing here allocates once the shapes repeat (a decode step).
   expect_rows(x, n, d, "moe_forward x");
   expect_rows(y, n, d, "moe_forward y");
-  expect_dtype(x, dtype::f32, "moe_forward x (mixture-of-experts activations are f32)");
+  // Activations take x's dtype (f32, or 16-bit in mixed precision).
+  const dtype act = x.type();
+  expect_dtype(y, act, "moe_forward y");
   ensure_rows(be, b.logits, n, cfg.n_experts);
-  be.linear(x, w.router_w, nullptr, b.logits);
+  be.linear(router_input(be, x, b), w.router_w, nullptr, b.logits);
   moe_routing& r = b.route;
   be.copy(b.logits, host_rows(r.logits, n, cfg.n_experts));
   route_rows(k, cfg.norm_topk_prob, r);
   be.copy(r.weights_host, ensure_rows(be, r.weights, n, k));
-  ensure_rows(be, b.xs, m, d);
-  ensure_rows(be, b.gate, m, ff);
-  ensure_rows(be, b.up, m, ff);
-  ensure_rows(be, b.act, m, ff);
-  ensure_rows(be, b.ys, m, d);
+  ensure_rows(be, b.xs, m, d, act);
+  ensure_rows(be, b.gate, m, ff, act);
+  ensure_rows(be, b.up, m, ff, act);
+  ensure_rows(be, b.act, m, ff, act);
+  ensure_rows(be, b.ys, m, d, act);
   be.moe_gather(x, r.sorted_rows, nullptr, b.xs);
   for (int e = 0; e < cfg.n_experts; ++e) {
     const std::int64_t begin = r.offsets[e], end = r.offsets[e + 1];
@@ -281,6 +306,11 @@ void moe_backward(Backend& be, const model_config& cfg, const block_tensors& w, 
   const std::int64_t m = n * k;
   expect_shape(dy, {n, d}, "moe_backward dy");
   expect_shape(dx, {n, d}, "moe_backward dx");
+  // Activation gradients take the activations' dtype; the routing weights'
+  // and the parameters' gradients are f32.
+  const dtype act = x.type();
+  expect_dtype(dy, act, "moe_backward dy");
+  expect_dtype(dx, act, "moe_backward dx");
   // The routing weights' gradient, then the router logits' (on the host).
   be.moe_combine_weight_grad(dy, b.ys, r.slots, ensure_tensor(be, s.dweights, {n, k}));
   be.copy(s.dweights, ensure_host(s.dweights_host, {n, k}));
@@ -289,11 +319,11 @@ void moe_backward(Backend& be, const model_config& cfg, const block_tensors& w, 
   // Each expert output row's gradient is its row's dy times its weight.
   Tensor& row_w = ensure_tensor(be, s.row_weights, {m});
   be.copy(r.row_weights_host, row_w);
-  ensure_tensor(be, s.dys, {m, d});
-  ensure_tensor(be, s.dact, {m, ff});
-  ensure_tensor(be, s.dgate, {m, ff});
-  ensure_tensor(be, s.dup, {m, ff});
-  ensure_tensor(be, s.dxs, {m, d});
+  ensure_tensor(be, s.dys, {m, d}, act);
+  ensure_tensor(be, s.dact, {m, ff}, act);
+  ensure_tensor(be, s.dgate, {m, ff}, act);
+  ensure_tensor(be, s.dup, {m, ff}, act);
+  ensure_tensor(be, s.dxs, {m, d}, act);
   be.moe_gather(dy, r.sorted_rows, &row_w, s.dys);
   for (int e = 0; e < cfg.n_experts; ++e) {
     const expert_rows rows{r.offsets[e], r.offsets[e + 1]};
@@ -305,8 +335,8 @@ void moe_backward(Backend& be, const model_config& cfg, const block_tensors& w, 
   }
   // dx: each row's k expert input gradients, plus the router's.
   be.moe_combine(s.dxs, r.slots, nullptr, false, dx);
-  if (g) be.linear_backward(x, w.router_w, s.dlogits, nullptr, g->router_w, nullptr);
-  be.gemm(s.dlogits, false, w.router_w, false, dx, 1.0f, 1.0f);
+  if (g) be.linear_backward(act == dtype::f32 ? x : b.x32, w.router_w, s.dlogits, nullptr, g->router_w, nullptr);
+  add_input_grad(be, s.dlogits, w.router_w, dx, s);
   if (cfg.has_shared_expert()) shared_expert_backward(be, cfg, w, b, x, dy, dx, g, s);
 }
 

@@ -30,8 +30,16 @@
 //
 // No auxiliary load-balancing loss: the loss is the language-model loss,
 // as HF computes it with output_router_logits = false (their default).
-// Activations are f32 (mixed-precision training of MoE blocks is refused in
-// compute_weights_like).
+// Activations take x's dtype: f32, or bf16 / f16 in mixed-precision
+// training (stage::set_compute_dtype), where the experts run on 16-bit
+// compute copies (compute_weights_like) and their rows are 16-bit. The
+// router and the shared expert's gate stay f32 ("selective precision", as
+// Switch Transformers' router_dtype float32 and Megatron-Core's
+// moe_router_dtype fp32): they read x widened to f32, so their logits, the
+// routing weights and every gradient through them are f32, and the top-k
+// sees no rounding of the router's product (only of x); their input
+// gradients are rounded once before they are added to dx. The parameters'
+// gradients are f32.
 #pragma once
 
 #include <cstdint>
@@ -111,6 +119,9 @@ struct moe_buffers {
   /// [N, D], and the rows 0..N-1 (host i32 [N]: the identity routing that
   /// moe_combine and moe_gather take).
   Tensor shared_logit, shared_w_host, shared_w, sgate, sup, sact, sy, identity;
+  /// x widened to f32 for the router and the shared gate (16-bit
+  /// activations only; kept for the backward).
+  Tensor x32;
 };
 
 /// Scratch of moe_backward, grown on demand.
@@ -122,13 +133,16 @@ struct moe_grad_scratch {
   /// host), its gate logits' [N, 1], its output rows' [N, D], three [N, S],
   /// and its input's [N, D].
   Tensor dshared_w, dshared_w_host, dshared_z, dsy, dsact, dsgate, dsup, dsx;
+  /// 16-bit activations: the router's (or shared gate's) input gradient in
+  /// f32, and rounded to the activations' dtype before it is added to dx.
+  Tensor dx32, dx16;
 };
 
 /// y [N, D] = the mixture of experts of x [N, D] (the block's second norm),
 /// with w's router, experts (E, then the shared expert when cfg has one)
 /// and shared expert gate (model/block.hpp). The experts are stored as
-/// w.format (f32 in training); the router and the shared gate stay f32. y
-/// must not alias x.
+/// w.format (f32 in training, or 16-bit compute copies of x's dtype); the
+/// router and the shared gate stay f32. y (x's dtype) must not alias x.
 void moe_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x, Tensor& y,
                  moe_buffers& b);
 

@@ -256,7 +256,7 @@ TEST_CASE("a Mixtral model trains in one process and in 2x2 with the library's l
   CHECK(after.count("model.layers.0.mlp.gate_proj.weight") == 0);
 }
 
-TEST_CASE("Mixtral ranks on the GPU give the single-process losses, and --compute bf16 refuses MoE blocks with the reason") {
+TEST_CASE("Mixtral ranks on the GPU give the single-process losses, in f32 and (within bf16 tolerance) with --compute bf16") {
   if (cuda_device_count() == 0) {
     MESSAGE("skipped: no CUDA device visible");
     return;
@@ -284,13 +284,17 @@ TEST_CASE("Mixtral ranks on the GPU give the single-process losses, and --comput
   INFO("stderr: " << r.err);
   REQUIRE(r.exit_code == 0);
   check_close(json_steps(r.out_lines()), want, 1e-4);
-  // Mixed precision is f32-only for MoE blocks: one clear error, in one process and in ranks.
-  const char* reason = "mixed-precision training of mixture-of-experts blocks is not supported";
-  check_one_error(run_corolla(train_args(j, {"--device", "cuda", "--compute", "bf16"}), std::chrono::seconds(60)),
-                  reason);
+  // Mixed precision: the router and the experts on bf16 copies, in one
+  // process and in ranks, within bf16's tolerance of the f32 losses.
+  const process_result mixed = run_corolla(train_args(j, {"--device", "cuda", "--compute", "bf16"}),
+                                           std::chrono::seconds(60));
+  INFO("stderr: " << mixed.err);
+  REQUIRE(mixed.exit_code == 0);
+  check_close(json_steps(mixed.out_lines()), want, 5e-2);
   const process_result ranks = run_layout(j, 2, 1, {"--device", "cuda", "--compute", "bf16"});
-  CHECK(ranks.exit_code == 1);
-  CHECK_MESSAGE(ranks.err.find(reason) != std::string::npos, "stderr: " << ranks.err);
+  INFO("stderr: " << ranks.err);
+  REQUIRE(ranks.exit_code == 0);
+  check_close(json_steps(ranks.out_lines()), want, 5e-2);
 }
 
 TEST_CASE("a resumed run continues with the losses of an uninterrupted one, and --save writes the trained model") {

@@ -286,39 +286,45 @@ void emulated_device_backend::embedding_backward(const Tensor& ids, const Tensor
                                    on_device(dout, "embedding_backward dout"), tv);
 }
 
-// The MoE row moves are f32 only, as on CUDA; indices on the host or here.
+// The MoE row moves take rows of one float dtype (f32, or bf16 / f16 under
+// mixed precision), weights and their gradient f32, as on CUDA; indices on
+// the host or here. 16-bit rows are widened, moved in f32 and rounded once.
 void emulated_device_backend::moe_gather(const Tensor& src, const Tensor& rows, const Tensor* weights, Tensor& out) {
   user u(*this);
-  want(src, dtype::f32, "moe_gather src");
-  want(out, dtype::f32, "moe_gather out");
+  want_float(src, "moe_gather src");
+  want(out, src.type(), "moe_gather out");
   if (weights) want(*weights, dtype::f32, "moe_gather weights");
-  Tensor ov = on_device(out, "moe_gather out");
+  operands o(*this);
+  Tensor ov = o.out(out, "moe_gather out");
   Tensor wv = weights ? on_device(*weights, "moe_gather weights") : Tensor();
-  cpu_backend().moe_gather(on_device(src, "moe_gather src"), index_tensor(rows, "moe_gather rows"),
-                           weights ? &wv : nullptr, ov);
+  cpu_backend().moe_gather(o.in(src, "moe_gather src"), index_tensor(rows, "moe_gather rows"), weights ? &wv : nullptr,
+                           ov);
+  o.finish();
 }
 
 void emulated_device_backend::moe_combine(const Tensor& src, const Tensor& slots, const Tensor* weights,
                                           bool accumulate, Tensor& out) {
   user u(*this);
-  want(src, dtype::f32, "moe_combine src");
-  want(out, dtype::f32, "moe_combine out");
+  want_float(src, "moe_combine src");
+  want(out, src.type(), "moe_combine out");
   if (weights) want(*weights, dtype::f32, "moe_combine weights");
-  Tensor ov = on_device(out, "moe_combine out");
+  operands o(*this);
+  Tensor ov = o.out(out, "moe_combine out");
   Tensor wv = weights ? on_device(*weights, "moe_combine weights") : Tensor();
-  cpu_backend().moe_combine(on_device(src, "moe_combine src"), index_tensor(slots, "moe_combine slots"),
+  cpu_backend().moe_combine(o.in(src, "moe_combine src"), index_tensor(slots, "moe_combine slots"),
                             weights ? &wv : nullptr, accumulate, ov);
+  o.finish();
 }
 
 void emulated_device_backend::moe_combine_weight_grad(const Tensor& dy, const Tensor& src, const Tensor& slots,
                                                       Tensor& dweights) {
   user u(*this);
-  want(dy, dtype::f32, "moe_combine_weight_grad dy");
-  want(src, dtype::f32, "moe_combine_weight_grad src");
+  want_float(src, "moe_combine_weight_grad src");
+  want(dy, src.type(), "moe_combine_weight_grad dy");
   want(dweights, dtype::f32, "moe_combine_weight_grad dweights");
+  operands o(*this);
   Tensor wv = on_device(dweights, "moe_combine_weight_grad dweights");
-  cpu_backend().moe_combine_weight_grad(on_device(dy, "moe_combine_weight_grad dy"),
-                                        on_device(src, "moe_combine_weight_grad src"),
+  cpu_backend().moe_combine_weight_grad(o.in(dy, "moe_combine_weight_grad dy"), o.in(src, "moe_combine_weight_grad src"),
                                         index_tensor(slots, "moe_combine_weight_grad slots"), wv);
 }
 

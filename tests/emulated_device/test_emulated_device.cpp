@@ -247,17 +247,18 @@ TEST_CASE("emulated device: pipeline x data-parallel ranks of a mixture-of-exper
     CHECK(after.at(name) != before.at(name));
   }
 
-  // Ranks asked to compute in bf16 refuse, with the reason, and the job ends.
+  // Ranks computing in bf16 (router, experts and shared gate on 16-bit
+  // copies) train like the f32 ranks within bf16's tolerance (the dense
+  // models' in test_emulated_mixed.cpp: 5 % over a short run).
   o.compute = dtype::bf16;
   o.save_dir.clear();
-  std::string error;
-  try {
-    run_job(o, cfg, tokens, true);
-  } catch (const std::exception& e) {
-    error = e.what();
+  const job_result mixed = run_job(o, cfg, tokens, true);
+  REQUIRE(mixed.steps.size() == cpu.steps.size());
+  for (std::size_t i = 0; i < cpu.steps.size(); ++i) {
+    CAPTURE(i);
+    CHECK(mixed.steps[i].loss != cpu.steps[i].loss);  // computed in 16 bits
+    CHECK(std::abs(mixed.steps[i].loss - cpu.steps[i].loss) <= 5e-2 * std::abs(cpu.steps[i].loss));
   }
-  CHECK_MESSAGE(error.find("mixed-precision training of mixture-of-experts blocks is not supported") != std::string::npos,
-                "the job's error: " << error);
 }
 
 TEST_CASE("emulated device: pipeline x data-parallel ranks computing in bf16 train like f32 ranks on the cpu") {

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "model/block.hpp"
+#include "model/moe.hpp"
 #include "model/stage.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
@@ -238,35 +240,125 @@ TEST_CASE("emulated device: 16-bit operands follow the CUDA backend's dtype rule
   CHECK(dx.type() == dtype::bf16);
 }
 
-TEST_CASE("emulated device: 16-bit compute of a mixture-of-experts model is refused with the reason, and f32 training goes on") {
-  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+TEST_CASE("emulated device: a 16-bit mixture-of-experts MLP routes as f32 on the same input and computes within 16-bit tolerance") {
+  // The router and the shared gate stay f32 on x widened: given the same
+  // (16-bit) input, the 16-bit MLP routes every row exactly as the f32 MLP
+  // on the cpu; only the experts' 16-bit rows and products differ, by
+  // rounding. Forward, and backward with every parameter's gradient.
+  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"}) {
     CAPTURE(family);
     testing::tiny_model_options o = options_for(architecture::llama);
     o.family = family;
-    testing::temp_dir_guard dir("mixed-moe-refused");
+    testing::temp_dir_guard dir("mixed-moe-mlp");
     testing::write_tiny_model(dir.path(), o);
-    emulated_device_backend dev;
-    transformer m = transformer::load(dir.path(), dev);
-    REQUIRE(m.config().is_moe());
-    const std::string reason =
-        "mixed-precision training of mixture-of-experts blocks is not supported: train them in f32";
-    for (dtype t : {dtype::bf16, dtype::f16}) {
-      CAPTURE(dtype_name(t));
-      CHECK_THROWS_WITH_AS(m.set_compute_dtype(t), reason.c_str(), tensor_error);
-      CHECK(m.compute_dtype() == dtype::f32);
-      stage s(m.config(), 0, m.blocks(), dev);
-      CHECK_THROWS_WITH_AS(s.set_compute_dtype(t), reason.c_str(), tensor_error);
-      CHECK(s.compute_dtype() == dtype::f32);
+    transformer ref = transformer::load(dir.path(), cpu_backend());
+    const model_config& cfg = ref.config();
+    REQUIRE(cfg.is_moe());
+    const std::int64_t n = 40, d = cfg.hidden_size;
+    const block_tensors w_cpu = block_tensors::of(cfg, ref.blocks()[1]);
+    std::vector<float> xv(static_cast<std::size_t>(n * d)), dyv(xv.size());
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      xv[i] = std::sin(0.37f * static_cast<float>(i)) * 1.5f;
+      dyv[i] = std::cos(0.11f * static_cast<float>(i)) * 0.01f;
     }
-    // The refused model still trains in f32, exactly as on the cpu.
+    for (const tolerance& tol : tolerances) {
+      const std::string type_name = dtype_name(tol.type);
+      CAPTURE(type_name);
+      // The inputs as the 16-bit run stores them; the cpu reads them widened.
+      const Tensor x_host = Tensor::from_f32(xv, {n, d}).to(tol.type);
+      const Tensor dy_host = Tensor::from_f32(dyv, {n, d}).to(tol.type);
+      const Tensor x_ref = x_host.to(dtype::f32), dy_ref = dy_host.to(dtype::f32);
+      Tensor y_ref = Tensor::empty({n, d}), dx_ref = Tensor::empty({n, d});
+      moe_buffers b_ref;
+      moe_grad_scratch s_ref;
+      param_set g_ref = ref.blocks()[1].like();
+      block_tensors gw_ref = block_tensors::of(cfg, g_ref);
+      moe_forward(cpu_backend(), cfg, w_cpu, x_ref, y_ref, b_ref);
+      moe_backward(cpu_backend(), cfg, w_cpu, b_ref, x_ref, dy_ref, dx_ref, &gw_ref, s_ref);
+
+      emulated_device_backend dev;
+      transformer m = transformer::load(dir.path(), dev);
+      const block_tensors w_dev = block_tensors::of(cfg, m.blocks()[1]);
+      block_tensors cw = compute_weights_like(dev, w_dev, tol.type);
+      copy_linear_weights(dev, w_dev, cw);
+      Tensor x = dev.empty({n, d}, tol.type), dy = dev.empty({n, d}, tol.type);
+      dev.copy(x_host, x);
+      dev.copy(dy_host, dy);
+      Tensor y = dev.empty({n, d}, tol.type), dx = dev.empty({n, d}, tol.type);
+      moe_buffers b;
+      moe_grad_scratch s;
+      param_set g = m.blocks()[1].like();
+      block_tensors gw = block_tensors::of(cfg, g);
+      moe_forward(dev, cfg, cw, x, y, b);
+      moe_backward(dev, cfg, cw, b, x, dy, dx, &gw, s);
+
+      CHECK(b.route.chosen == b_ref.route.chosen);  // the same experts for every row
+      CHECK(b.logits.type() == dtype::f32);
+      CHECK(b.xs.type() == tol.type);
+      CHECK(b.ys.type() == tol.type);
+      // Rounding, not routing: well within the dense models' one-step
+      // gradient tolerance.
+      auto host = [&](const Tensor& t) {
+        Tensor h = Tensor::empty(t.shape());
+        dev.copy(t, h);
+        return h.to_vector();
+      };
+      const double y_err = relative_error(host(y), y_ref.to_vector());
+      const double dx_err = relative_error(host(dx), dx_ref.to_vector());
+      const double g_err = relative_error(host(g.flat()), g_ref.flat().to_vector());
+      MESSAGE(std::string(family) << " " << type_name << ": y " << y_err << ", dx " << dx_err << ", gradients " << g_err);
+      CHECK(y_err > 0.0);
+      CHECK(g_err > 0.0);
+      CHECK(y_err <= tol.grads / 4);
+      CHECK(dx_err <= tol.grads / 4);
+      CHECK(g_err <= tol.grads / 4);
+    }
+  }
+}
+
+TEST_CASE("emulated device: mixture-of-experts models train in 16 bits within a looser tolerance of the f32 losses") {
+  // Whole models: the 16-bit residual stream rounds each block's input, so
+  // rows whose routing nearly ties may choose other experts than in f32
+  // (routing is discontinuous in its input), and a run's losses drift
+  // further from f32's than a dense model's: measured up to 4.3 % over 8
+  // steps on the tiny models, in bf16 and in f16 alike (a flip is a flip),
+  // against 1.5 % and 0.35 % dense. The first step's loss is within the
+  // dense tolerance; the arithmetic itself is checked by the test above.
+  constexpr double run_tolerance = 8e-2;
+  for (const char* family : {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"}) {
+    CAPTURE(family);
+    testing::tiny_model_options o = options_for(architecture::llama);
+    o.family = family;
+    testing::temp_dir_guard dir("mixed-moe");
+    testing::write_tiny_model(dir.path(), o);
     train_options opts;
     opts.batch = 2;
     opts.seq = 16;
-    opts.steps = 2;
+    opts.steps = 8;
+    opts.optimizer.adamw.lr = 1e-2f;
+    opts.optimizer.max_grad_norm = 1.0f;
     transformer ref = transformer::load(dir.path(), cpu_backend());
     const int vocab = ref.config().vocab_size;
-    const auto tokens = some_ids(200, vocab, 19);
-    token_dataset d_ref = token_dataset::from_tokens(tokens, vocab), d = token_dataset::from_tokens(tokens, vocab);
-    CHECK(trainer(m, d, opts).run().losses == trainer(ref, d_ref, opts).run().losses);
+    const auto tokens = some_ids(400, vocab, 17);
+    token_dataset d_ref = token_dataset::from_tokens(tokens, vocab);
+    const auto ref_losses = trainer(ref, d_ref, opts).run().losses;
+    REQUIRE(ref_losses.back() < ref_losses.front() - 0.2f);  // the updates matter to the losses
+    for (const tolerance& tol : tolerances) {
+      const std::string type_name = dtype_name(tol.type);
+      CAPTURE(type_name);
+      emulated_device_backend dev;
+      transformer m = transformer::load(dir.path(), dev);
+      m.set_compute_dtype(tol.type);
+      token_dataset d = token_dataset::from_tokens(tokens, vocab);
+      const train_summary r = trainer(m, d, opts).run();
+      REQUIRE(r.losses.size() == ref_losses.size());
+      CHECK(r.skipped_steps == 0);
+      CHECK(std::abs(r.losses[0] - ref_losses[0]) <= tol.loss * std::abs(ref_losses[0]));
+      CHECK(r.losses.back() < r.losses.front() - 0.2f);  // it trains
+      for (std::size_t i = 0; i < r.losses.size(); ++i) {
+        CAPTURE(i);
+        CHECK(std::abs(r.losses[i] - ref_losses[i]) <= run_tolerance * std::abs(ref_losses[i]));
+      }
+    }
   }
 }

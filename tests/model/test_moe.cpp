@@ -517,7 +517,7 @@ TEST_CASE("moe_backward: dx, the router's and every expert's gradients match fin
   }
 }
 
-TEST_CASE("inference weights of a moe block convert every expert, keep the router f32, and take served_block_bytes") {
+TEST_CASE("inference weights of a moe block convert every expert, keep the router f32, and take served_block_bytes; 16-bit compute copies too") {
   Backend& be = cpu_backend();
   for (const char* family : {"Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"}) {
     CAPTURE(family);
@@ -558,8 +558,28 @@ TEST_CASE("inference weights of a moe block convert every expert, keep the route
       CHECK(served_block_bytes(cfg, f) == f32_bytes + copies);
     }
     CHECK(served_block_bytes(cfg, weight_format::f32) == f32_bytes);
-    // Mixed-precision training of moe blocks is refused (their activations are f32).
-    CHECK_THROWS_WITH_AS(compute_weights_like(be, w, dtype::bf16), doctest::Contains("mixture-of-experts"),
-                         tensor_error);
+    // Mixed-precision compute copies: every expert's gate, up and down in
+    // 16 bits (filled by copy_linear_weights), the router and the shared
+    // gate the f32 parameters themselves.
+    for (dtype t : {dtype::bf16, dtype::f16}) {
+      CAPTURE(dtype_name(t));
+      block_tensors cw = compute_weights_like(be, w, t);
+      CHECK(cw.router_w.raw() == w.router_w.raw());
+      if (cfg.has_shared_expert()) CHECK(cw.shared_gate_w.raw() == w.shared_gate_w.raw());
+      REQUIRE(cw.experts.size() == w.experts.size());
+      copy_linear_weights(be, w, cw);
+      for (std::size_t e = 0; e < cw.experts.size(); ++e)
+        for (auto role : {&expert_tensors::gate_w, &expert_tensors::up_w, &expert_tensors::down_w}) {
+          const Tensor& c = cw.experts[e].*role;
+          const Tensor& p = w.experts[e].*role;
+          CHECK(c.type() == t);
+          CHECK(c.shape() == p.shape());
+          CHECK(c.raw() != p.raw());
+          CHECK(c.to(dtype::f32).to_vector() == p.to(t).to(dtype::f32).to_vector());
+        }
+      block_tensors fewer = cw;
+      fewer.experts.pop_back();
+      CHECK_THROWS_WITH_AS(copy_linear_weights(be, w, fewer), doctest::Contains("experts into"), tensor_error);
+    }
   }
 }
