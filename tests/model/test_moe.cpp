@@ -517,7 +517,7 @@ TEST_CASE("moe_backward: dx, the router's and every expert's gradients match fin
   }
 }
 
-TEST_CASE("inference weights of a moe block convert every expert, keep the router f32, and take served_block_bytes; 16-bit compute copies too") {
+TEST_CASE("inference weights of a moe block convert every expert, keep the router f32, and take served_block_bytes, and 16-bit compute copies too") {
   Backend& be = cpu_backend();
   for (const char* family : {"Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"}) {
     CAPTURE(family);
