@@ -28,6 +28,9 @@ class rank_processes {
 
   /// Starts rank `size()` as `corolla ARGS...`.
   void start(const std::vector<std::string>& args);
+  /// Takes the next rank's index for a rank this launcher does not start
+  /// (a joined worker's): its pid() is -1 and nothing waits for it.
+  void skip() { pids_.push_back(-1); }
 
   /// Waits for a rank to end: (index, status as "exit status N" or "signal
   /// N"), or nullopt when all have ended. Returns early when `stop` is set.

@@ -296,13 +296,23 @@ void register_train(CLI::App& app, action_fn& action) {
                   "it runs the ranks it is given until the job ends")
       ->envname("COROLLA_JOIN")
       ->group(dist);
-  cmd->add_option("--join-name", args->join_name, "With --join: how the launcher names this worker")->group(dist);
+  cmd->add_option("--join-name", args->join_name,
+                  "With --join: how the launcher names this worker; joining a --cluster job, the absent worker of its "
+                  "cluster file this machine is (one of --standby, or a worker the job lost)")
+      ->group(dist);
+  cmd->add_option("--standby", args->standby,
+                  "With --elastic --cluster: workers of the file (e.g. n2/0) that are not there at start; they join "
+                  "with --join ENDPOINT --join-name WORKER and are used from the next re-plan that pays off")
+      ->delimiter(',')
+      ->group(dist);
   cmd->add_option("--join-listen", args->join_listen,
-                  "With --elastic (--pp/--dp): where workers join (default tcp://127.0.0.1:0, printed at start)")
+                  "With --elastic (--pp/--dp, or --cluster with --standby): where workers join (default "
+                  "tcp://127.0.0.1:0, printed at start)")
       ->group(dist);
   cmd->add_option("--join-check-every", args->join_check_every,
-                  "With --elastic (--pp/--dp): every K steps the job stops at a step boundary to grow onto joined "
-                  "workers when a larger grid fits (0 = never)")
+                  "With --elastic (--pp/--dp, or --cluster with --standby): every K steps the job stops at a step "
+                  "boundary to grow onto joined workers when a larger grid fits (--cluster: when the planner's plan "
+                  "with them pays off) (0 = never)")
       ->capture_default_str()
       ->group(dist);
   cmd->add_option("--probe-every", args->probe_every,

@@ -81,7 +81,12 @@ struct train_args {
   /// --join ENDPOINT: offer this process as a worker to the elastic
   /// launcher listening there (apps/train_lobby.hpp) instead of training.
   std::string join;
-  std::string join_name;  ///< --join-name: how the launcher names this worker
+  /// --join-name: how the launcher names this worker; joining a --cluster
+  /// job, the absent worker of the launcher's cluster file it is.
+  std::string join_name;
+  /// --standby: with --elastic --cluster, workers of the file that are not
+  /// there at start (they join later with --join --join-name).
+  std::vector<std::string> standby;
   /// --join-listen: where an elastic launcher takes offers of workers ("" =
   /// tcp://127.0.0.1:0); --join-check-every K: how often it looks at them.
   std::string join_listen;
@@ -159,13 +164,14 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
 /// "endpoint", "worker" (--cluster)}]}` says which process is which rank and where its node
 /// listens (what a harness needs to shape or kill one).
 ///
-/// With `remote`, ranks [remote->local, world) are not started here:
-/// remote->assign(rank, args, job_json) hands each the command line of its
-/// rank and the job description (workers that joined, apps/train_lobby.hpp).
+/// With `remote`, the ranks remote->is_remote(rank) says are not started
+/// here: remote->assign(rank, args, job_json) hands each the command line
+/// of its rank and the job description (workers that joined,
+/// apps/train_lobby.hpp).
 /// remote->gone (polled while the job runs) names a remote rank whose
 /// worker went away, which fails the job as a dead child process would.
 struct remote_ranks {
-  int local = 0;
+  std::function<bool(int rank)> is_remote;
   std::function<void(int rank, const std::vector<std::string>& args, const std::string& job_json)> assign;
   std::function<std::optional<std::string>()> gone;
 };
@@ -185,9 +191,12 @@ void print_local_summary(const train_args& a, const dist_train_options& o, int s
 /// re-sharded to the new grid (or from the start without one), and prints
 /// every step once plus one line per re-plan. Throws train_error when fewer
 /// than --min-ranks remain or no grid fits. Returns the exit status.
-/// With `cluster` (a --cluster job) the planner re-plans on the cluster
-/// without the lost ranks' workers instead (plan_on, use_plan); `plan` is
-/// the plan the job starts on. With --probe-every too, the ranks' measured
+/// With `cluster` (a --cluster job: the whole file) the planner re-plans on
+/// the cluster without the lost ranks' workers instead (plan_on, use_plan);
+/// `plan` is the plan the job starts on, on the file's workers less those
+/// of --standby. Workers that join as an absent worker of the file
+/// (apps/train_cluster_members.hpp) are taken at --join-check-every steps
+/// when schedule::advise_replan says the grown plan pays. With --probe-every too, the ranks' measured
 /// links go into the description (schedule::with_measurements), and when
 /// schedule::advise_replan says another plan pays, the job drains at a
 /// step boundary and continues on that plan from there: no step lost.

@@ -22,6 +22,7 @@
 #include "apps/control_token_env.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/train_args.hpp"
+#include "apps/train_cluster_members.hpp"
 #include "apps/train_job_file.hpp"
 #include "model/stage.hpp"
 #include "model/config.hpp"
@@ -252,13 +253,16 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
 // ---- --cluster: the planner's layout, links shaped by the cluster file ----------------
 
 struct planned_cluster {
-  schedule::cluster_description cluster;
+  schedule::cluster_description cluster;  ///< the file
+  schedule::cluster_description present;  ///< its workers less --standby's, which the plan is on
   schedule::plan plan;
 };
 
 planned_cluster plan_cluster(const train_args& a, const model_config& cfg) {
-  planned_cluster p{schedule::load_cluster(a.cluster), {}};
-  p.plan = plan_on(a, cfg, p.cluster, a.pp, a.dp);
+  planned_cluster p{schedule::load_cluster(a.cluster), {}, {}};
+  const cluster_members members(p.cluster, {a.standby.begin(), a.standby.end()});
+  p.present = members.present();
+  p.plan = plan_on(a, cfg, p.present, a.pp, a.dp);
   if (!p.plan.feasible) throw std::invalid_argument("no feasible plan on " + a.cluster + ": " + p.plan.reason);
   return p;
 }
@@ -341,10 +345,14 @@ int run_distributed_train(train_args a) {
   }
   dist_train_options o;
   std::optional<planned_cluster> planned;
+  if (!a.standby.empty() && a.cluster.empty())
+    throw std::invalid_argument("--standby names workers of a --cluster file: add --cluster");
   if (!a.cluster.empty()) {
     if (a.chunks != 1) throw std::invalid_argument("--chunks is not planned for a --cluster yet: use --pp/--dp");
+    if (!a.standby.empty() && !a.elastic)
+      throw std::invalid_argument("--standby names workers that join an --elastic job later: add --elastic");
     planned = plan_cluster(a, cfg);
-    use_plan(planned->cluster, planned->plan, o, a.link_profile);
+    use_plan(planned->present, planned->plan, o, a.link_profile);
   } else {
     const int pp = a.pp > 0 ? a.pp : 1;
     const int dp = a.dp > 0 ? a.dp : (id.world > 0 ? std::max(1, id.world / pp) : 1);
@@ -437,8 +445,10 @@ int run_distributed_train(train_args a) {
     return run_rank(a, o, cfg);
   }
   if (planned) {
-    std::fprintf(stderr, "cluster %s: %d workers; ", planned->cluster.name.c_str(), planned->cluster.size());
-    print_plan(stderr, planned->cluster, planned->plan);
+    std::fprintf(stderr, "cluster %s: %d workers", planned->cluster.name.c_str(), planned->present.size());
+    if (!a.standby.empty()) std::fprintf(stderr, " (%zu on standby)", a.standby.size());
+    std::fprintf(stderr, "; ");
+    print_plan(stderr, planned->present, planned->plan);
   }
   return launch_local(a, o, cfg, planned ? &planned->cluster : nullptr, planned ? &planned->plan : nullptr);
 }

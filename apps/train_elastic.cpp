@@ -17,6 +17,12 @@
 // (a committed checkpoint there), and the new plan continues from it: no
 // step is lost or replayed.
 //
+// With --cluster --standby, machines join as the file's absent workers
+// (apps/train_cluster_members.hpp): at --join-check-every steps
+// schedule::advise_replan prices the running plan on the description with
+// them against the planner's plan there, and the job drains and moves
+// when that pays.
+//
 // A failure takes the checkpoint-restart path of issue 20 (what the
 // elastic scheduler falls back to when a failure takes state that exists
 // nowhere else); re-planning in place from replicas' memory is not built yet.
@@ -24,7 +30,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,8 +45,11 @@
 #include "apps/plan_print.hpp"
 #include "apps/scratch_dir.hpp"
 #include "apps/train_args.hpp"
+#include "apps/train_cluster_members.hpp"
 #include "apps/train_lobby.hpp"
+#include "apps/train_replan_event.hpp"
 #include "schedule/cluster.hpp"
+#include "schedule/membership.hpp"
 #include "schedule/regrid.hpp"
 #include "schedule/replan.hpp"
 
@@ -49,84 +60,12 @@ namespace {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-/// "rank 3 (stage 1, replica 1, blocks 2..3), rank 1 (...)".
-std::string labels(const train_layout& l, const std::vector<int>& ranks) {
+/// "a, b, c" of the workers' names.
+std::string names_of(const std::vector<lobby_worker>& workers) {
   std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + l.label(r);
+  for (const lobby_worker& w : workers) s += (s.empty() ? "" : ", ") + w.name;
   return s;
 }
-
-/// `x` as %.3g.
-std::string fmt(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", x);
-  return buf;
-}
-
-/// One re-plan, printed once the new grid completes its first step (so
-/// that its time is the whole recovery: from the failure to the next step).
-struct replan_event {
-  /// Non-empty for a planned re-plan: what measurements changed (links,
-  /// workers' speeds), and `cause` says which kinds.
-  std::vector<std::string> changes;
-  std::string cause;
-  double predicted_from_s = 0, predicted_to_s = 0;  ///< the cost model's step, as running and re-planned
-  std::string reason;
-  std::vector<int> lost;
-  std::string lost_labels, from, to;
-  int ranks_left = 0;                 ///< ranks (or, with --cluster, workers) left to plan on
-  const char* left_unit = "rank(s)";
-  int resume_step = 0;       ///< the checkpoint continued from (0: the start)
-  bool from_memory = false;  ///< that checkpoint was assembled from the survivors' in-memory snapshots
-  int last_done = 0;         ///< the last step completed before the failure
-  double bytes = 0;          ///< checkpoint bytes the new grid reads
-  clock_type::time_point failed_at;
-
-  nlohmann::json json(double seconds, bool completed) const {
-    nlohmann::json j = {{"event", "replan"},       {"reason", reason},         {"lost_ranks", lost},
-                        {"from", from},            {"to", to},                 {"ranks", ranks_left},
-                        {"resume_from", resume_step}, {"replayed_steps", std::max(0, last_done - resume_step)},
-                        {"bytes", bytes},          {"completed", completed}, {"from_memory", from_memory}};
-    if (completed) j["seconds"] = seconds;
-    if (!changes.empty()) {
-      j["reason"] = cause;
-      j["changes"] = changes;
-      if (predicted_from_s > 0) j["predicted_step_s"] = {predicted_from_s, predicted_to_s};
-    }
-    return j;
-  }
-
-  void print(const train_args& a, bool completed) const {
-    const double seconds = std::chrono::duration<double>(clock_type::now() - failed_at).count();
-    if (a.json) {
-      std::printf("%s\n", json(seconds, completed).dump().c_str());
-    } else if (!changes.empty()) {
-      std::string changed;
-      for (const std::string& l : changes) changed += (changed.empty() ? "" : "; ") + l;
-      const std::string predicted =
-          predicted_from_s > 0 ? ", predicted " + fmt(predicted_from_s) + " s -> " + fmt(predicted_to_s) + " s per step"
-                               : std::string();
-      std::printf("replan: %s; %s -> %s%s; stopped after step %d, 0 step(s) replayed, %.3g MB moved", changed.c_str(),
-                  from.c_str(), to.c_str(), predicted.c_str(), resume_step, bytes / 1e6);
-      if (completed)
-        std::printf("; next step done %.2f s after the drain\n", seconds);
-      else
-        std::printf("; failed before its first step\n");
-    } else {
-      std::printf("replan: lost %s (%s); %s -> %s, %d %s left; continued from %s, %d step(s) replayed, %.3g MB read",
-                  lost_labels.c_str(), reason.c_str(), from.c_str(), to.c_str(), ranks_left, left_unit,
-                  resume_step == 0 ? "the start"
-                  : from_memory   ? ("the survivors' in-memory snapshots of step " + std::to_string(resume_step)).c_str()
-                                  : ("the checkpoint of step " + std::to_string(resume_step)).c_str(),
-                  std::max(0, last_done - resume_step), bytes / 1e6);
-      if (completed)
-        std::printf("; next step done %.2f s after the failure\n", seconds);
-      else
-        std::printf("; failed again before its first step\n");
-    }
-    std::fflush(stdout);
-  }
-};
 
 }  // namespace
 
@@ -139,7 +78,13 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   // again, with the links measured so far; and the plan running on them.
   std::optional<schedule::cluster_description> machines;
   std::optional<schedule::plan> running;
-  if (cluster) machines = *cluster;
+  // With --cluster: who of the file is there (--standby and lost workers
+  // are not), and which joined machines stand for which workers.
+  std::optional<cluster_members> members;
+  if (cluster) {
+    members.emplace(*cluster, std::set<std::string>(a.standby.begin(), a.standby.end()));
+    machines = members->present();
+  }
   if (cluster && plan) running = *plan;
   const bool probing = running && o.probe_every > 0;
   // A drain writes a checkpoint where the next plan starts, and in-memory
@@ -169,6 +114,10 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     schedule::plan next;                  ///< --cluster: the plan to continue on
     std::optional<train_layout> grown;    ///< workers joined: the larger grid
     std::vector<lobby_worker> joiners;    ///< ... and the workers running its highest ranks
+    /// --cluster: machines that joined as absent workers of the file, and
+    /// the description with them (`next` is planned on it).
+    std::vector<lobby_worker> cluster_joiners;
+    std::optional<schedule::cluster_description> grown_machines;
   };
   std::optional<planned_switch> drained;
 
@@ -177,7 +126,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   std::optional<train_lobby> lobby;
   int local = o.layout.world();
   std::vector<lobby_worker> joined;
-  if (!cluster && a.join_check_every > 0) {
+  // With --cluster only when machines may join: --standby, or a --join-listen given.
+  if (a.join_check_every > 0 && (!cluster || !a.standby.empty() || !a.join_listen.empty())) {
     lobby.emplace(a.join_listen.empty() ? "tcp://127.0.0.1:0" : a.join_listen);
     o.drain_every = a.join_check_every;
     if (o.checkpoint_dir.empty()) o.checkpoint_dir = drains.emplace("corolla-elastic").path();
@@ -244,8 +194,11 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     last_loss = r.loss;
     print_step(a, o, r);
   };
+  // The verdicts at drain steps: a measured change that makes another plan
+  // pay (--probe-every), workers that joined.
+  std::function<bool(const dist_step_report&)> probe_drain, join_drain;
   if (probing)
-    hooks.drain = [&](const dist_step_report& r) {
+    probe_drain = [&](const dist_step_report& r) {
       auto worker_of = [&](int rank) {
         const std::string& name = o.layout.worker_names.at(static_cast<std::size_t>(rank));
         for (const auto& w : machines->workers)
@@ -284,11 +237,54 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       ev.predicted_from_s = advice.current_s;
       ev.predicted_to_s = advice.next_s;
       ev.from = o.layout.describe();
-      drained = planned_switch{std::move(ev), advice.next, std::nullopt, {}};
+      planned_switch sw;
+      sw.event = std::move(ev);
+      sw.next = advice.next;
+      drained = std::move(sw);
       return true;
     };
-  if (lobby)
-    hooks.drain = [&](const dist_step_report& r) {
+  if (lobby && members)
+    join_drain = [&](const dist_step_report& r) {
+      std::vector<lobby_worker> pool;
+      try {
+        pool = lobby->pool();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "elastic: %s\n", e.what());
+        return false;
+      }
+      const std::vector<lobby_worker> joining = members->candidates(pool);
+      if (joining.empty()) return false;
+      const std::string names = names_of(joining);
+      schedule::cluster_description grown;
+      schedule::plan moved;
+      try {
+        grown = members->with_joined(joining, *machines);
+        moved = schedule::renumber_plan(*running, *machines, grown);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "elastic: worker(s) %s cannot join: %s\n", names.c_str(), e.what());
+        return false;
+      }
+      // The cost model prices the running plan with the joined workers idle
+      // against the planner's plan with them, over the steps left.
+      const long left = static_cast<long>(o.steps) - r.step;
+      const schedule::replan_advice advice = schedule::advise_replan(grown, moved, cfg, setup, left, switch_s);
+      std::fprintf(stderr, "elastic: worker(s) %s offer(s) to join after step %d: %s\n", names.c_str(), r.step,
+                   advice.why.c_str());
+      if (!advice.move) return false;
+      planned_switch s;
+      s.event.changes = {"worker(s) " + names + " joined"};
+      s.event.cause = "workers joined";
+      s.event.predicted_from_s = advice.current_s;
+      s.event.predicted_to_s = advice.next_s;
+      s.event.from = o.layout.describe();
+      s.next = advice.next;
+      s.cluster_joiners = joining;
+      s.grown_machines = std::move(grown);
+      drained = std::move(s);
+      return true;
+    };
+  else if (lobby)
+    join_drain = [&](const dist_step_report& r) {
       std::vector<lobby_worker> waiting, pool;
       try {
         pool = lobby->pool();
@@ -332,9 +328,21 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       drained = std::move(s);
       return true;
     };
+  if (probe_drain || join_drain)
+    hooks.drain = [&](const dist_step_report& r) {
+      if (probe_drain && probe_drain(r)) return true;
+      return join_drain && join_drain(r);
+    };
   remote_ranks remote;
+  // Ranks on joined machines: with --cluster, those whose worker a joined
+  // machine stands for; else the grid's highest ranks from `local` on.
+  auto machine_of = [&](int rank) -> const lobby_worker* {
+    if (members) return members->machine_of(o.layout.worker_names.at(static_cast<std::size_t>(rank)));
+    return rank >= local ? &joined.at(static_cast<std::size_t>(rank - local)) : nullptr;
+  };
+  remote.is_remote = [&](int rank) { return machine_of(rank) != nullptr; };
   remote.assign = [&](int rank, const std::vector<std::string>& args, const std::string& job) {
-    lobby->assign(joined.at(static_cast<std::size_t>(rank - local)).node_id, args, job);
+    lobby->assign(machine_of(rank)->node_id, args, job);
   };
   remote.gone = [&]() -> std::optional<std::string> {
     std::vector<lobby_worker> pool;
@@ -343,10 +351,10 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     } catch (const std::exception&) {
       return std::nullopt;  // no answer says nothing about the workers
     }
-    for (std::size_t i = 0; i < joined.size(); ++i)
-      if (std::none_of(pool.begin(), pool.end(), [&](const lobby_worker& w) { return w.node_id == joined[i].node_id; }))
-        return o.layout.label(local + static_cast<int>(i)) + " is down: its worker " + joined[i].name +
-               " left the pool";
+    for (int rank = 0; rank < o.layout.world(); ++rank)
+      if (const lobby_worker* m = machine_of(rank);
+          m && std::none_of(pool.begin(), pool.end(), [&](const lobby_worker& w) { return w.node_id == m->node_id; }))
+        return o.layout.label(rank) + " is down: its worker " + m->name + " left the pool";
     return std::nullopt;
   };
   for (;;) {
@@ -356,9 +364,9 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       grid_stepped = false;
       computed.clear();  // measurements of the previous grid's ranks
       computed_steps = 0;
-      remote.local = local;
       o.snapshot_every = snapshot_every;
-      const int last = run_local_job(a, o, cfg, hooks, &lost, joined.empty() ? nullptr : &remote);
+      const bool any_remote = !joined.empty() || (members && members->any_joined());
+      const int last = run_local_job(a, o, cfg, hooks, &lost, any_remote ? &remote : nullptr);
       if (last >= o.steps) break;
       if (!drained)
         throw train_error("the job stopped after step " + std::to_string(last) + " of " + std::to_string(o.steps) +
@@ -385,6 +393,11 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         continue;
       }
       running = std::move(drained->next);
+      const bool grew = drained->grown_machines.has_value();
+      if (grew) {
+        machines = std::move(*drained->grown_machines);
+        members->join(drained->cluster_joiners);
+      }
       drained.reset();
       ev.failed_at = clock_type::now();
       ev.resume_step = last;
@@ -394,7 +407,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       ev.ranks_left = machines->size();
       o.resume = true;
       ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, last));
-      std::fprintf(stderr, "elastic: drained after step %d; re-planned on what was measured: ", last);
+      std::fprintf(stderr, "elastic: drained after step %d; re-planned %s: ", last,
+                   grew ? "with the workers that joined" : "on what was measured");
       print_plan(stderr, *machines, *running);
       pending = std::move(ev);
     } catch (const train_error& e) {
@@ -433,14 +447,11 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       if (machines) {
         // The lost ranks' machines go; the planner plans again on the rest,
         // free to choose depth, width, placement and micro-batch.
-        std::vector<int> gone;
-        for (int r : lost) {
-          const std::string& name = o.layout.worker_names.at(static_cast<std::size_t>(r));
-          for (const auto& w : machines->workers)
-            if (w.name == name) gone.push_back(w.rank);
-        }
+        std::vector<std::string> gone;
+        for (int r : lost) gone.push_back(o.layout.worker_names.at(static_cast<std::size_t>(r)));
+        members->lose(gone);  // absent again: a machine may join as one of them later
         try {
-          machines = schedule::without_workers(*machines, gone);
+          machines = members->present(&*machines);
         } catch (const std::exception& x) {
           throw train_error(std::string(e.what()) + "; cannot continue: " + x.what());
         }

@@ -106,12 +106,12 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   auto inbox = std::make_shared<train_inbox>();
   rank_processes ranks;
   std::atomic<bool> over{false};
-  const int local = remote ? remote->local : o.layout.world();
   for (int r = 0; r < o.layout.world(); ++r) {
-    if (r < local)
-      ranks.start(rank_args(a, r, endpoint, job_file.string()));
-    else
+    if (remote && remote->is_remote(r)) {
+      ranks.skip();
       remote->assign(r, rank_args(a, r, endpoint, job_file.string()), job_text);
+    } else
+      ranks.start(rank_args(a, r, endpoint, job_file.string()));
   }
   // A rank process that ends before the job does fails it at once (also
   // before it joined, when no link could report it).
@@ -151,9 +151,10 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       nlohmann::json list = nlohmann::json::array();
       for (const train_peer& p : peers)
       {
+        const bool joined = remote && remote->is_remote(p.rank);
         nlohmann::json r = {{"rank", p.rank}, {"label", o.layout.label(p.rank)},
-                            {"pid", p.rank < local ? ranks.pid(p.rank) : 0}, {"endpoint", p.endpoint}};
-        if (p.rank >= local) r["joined"] = true;  // a worker's child process, not this launcher's
+                            {"pid", joined ? 0 : ranks.pid(p.rank)}, {"endpoint", p.endpoint}};
+        if (joined) r["joined"] = true;  // a worker's child process, not this launcher's
         if (static_cast<std::size_t>(p.rank) < o.layout.worker_names.size())
           r["worker"] = o.layout.worker_names[static_cast<std::size_t>(p.rank)];  // --cluster: the machine it stands for
         list.push_back(r);
@@ -182,8 +183,7 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       // its exit), not for the lost (a hung rank never exits by itself),
       // nor for the survivors' goodbyes: once flushed, they are done.
       for (int r : gone)
-        if (r < local)
-          if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
+        if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
       std::set<int> flushing;
       for (int r = 0; r < o.layout.world(); ++r)
         if (std::find(gone.begin(), gone.end(), r) == gone.end()) flushing.insert(r);
@@ -194,7 +194,7 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
           it = snapshots_flushed(o.checkpoint_dir, *it) ? flushing.erase(it) : std::next(it);
         if (!flushing.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
-      for (int r = 0; r < local; ++r)
+      for (int r = 0; r < o.layout.world(); ++r)
         if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
     }
     ranks.stop();

@@ -442,7 +442,6 @@ TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left a
 
 namespace {
 
-
 /// Rank `rank`'s entry in the latest "ranks" event of a --json run (pid,
 /// endpoint, ...), or null.
 nlohmann::json rank_entry(const std::vector<std::string>& lines, int rank) {
@@ -470,6 +469,63 @@ double median_seconds(const std::vector<std::string>& lines, int first, int last
 }
 
 }  // namespace
+
+TEST_CASE("--elastic --cluster --standby: a machine joins as a standby worker of the file, the planner's plan with "
+          "it pays off, the job moves onto it at a step boundary, and the losses stay those of one process") {
+  temp_dir_guard tmp("mp-train-elastic-cluster-join");
+  job j = fresh_gpt2_job(tmp);
+  j.batch = 4;
+  j.steps = 60;
+  std::ofstream(tmp / "three.toml") << three_nodes_toml;
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  child_process launcher = child_process::corolla(
+      train_args(j, {"--cluster", tmp / "three.toml", "--elastic", "--standby", "n1/0,n2/0", "--join-check-every", "3",
+                     "--timeout-s", "60"}));
+  const auto m = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
+  REQUIRE(m);
+  const std::string lobby = (*m)[1];
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  // A machine that offers itself as a worker that is there (n0/0) waits;
+  // one that is the standby n1/0 joins.
+  child_process stranger = child_process::corolla({"train", "--join", lobby, "--join-name", "n0/0"});
+  child_process worker = child_process::corolla({"train", "--join", lobby, "--join-name", "n1/0"});
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  INFO("worker: " << worker.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 1u);
+  const auto& e = events[0];
+  CHECK(e["reason"] == "workers joined");
+  REQUIRE(e["changes"].size() == 1u);
+  CHECK(e["changes"][0] == "worker(s) n1/0 joined");
+  CHECK(e["from"] == "1x1 [0,4)");
+  CHECK(e["to"] != e["from"]);
+  CHECK(e["replayed_steps"] == 0);
+  CHECK(e["completed"] == true);
+  CHECK(e["predicted_step_s"][0].get<double>() > e["predicted_step_s"][1].get<double>());
+  // The new plan has a rank on n1/0, and the joined machine ran it.
+  nlohmann::json on_n1;
+  for (int r = 0; r < 3; ++r)
+    if (const nlohmann::json x = rank_entry(launcher.lines(), r); x.is_object() && x.value("worker", "") == "n1/0")
+      on_n1 = x;
+  REQUIRE(on_n1.is_object());
+  CHECK(on_n1.value("joined", false));
+  CHECK(worker.err().find("running rank " + std::to_string(on_n1["rank"].get<int>())) != std::string::npos);
+  const std::string err = launcher.err();
+  CHECK(err.find("worker(s) n1/0 offer(s) to join") != std::string::npos);
+  CHECK(err.find("elastic: worker n0/0 (node") != std::string::npos);
+  CHECK(err.find("re-planned with the workers that joined: plan:") != std::string::npos);
+  // Both machines leave when released; the stranger never ran a rank.
+  for (child_process* w : {&worker, &stranger}) {
+    const auto left = w->wait(std::chrono::seconds(30));
+    REQUIRE(left.has_value());
+    CHECK(*left == 0);
+  }
+  CHECK(stranger.err().find("running rank") == std::string::npos);
+  CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
+}
 
 TEST_CASE("--elastic --probe-every: a rank's links throttled mid-run, the job re-plans around it at a step boundary "
           "without losing a step, steps get faster again, and the losses stay those of one process") {
