@@ -14,6 +14,12 @@
 // the last checkpoint; both runs checkpoint every --checkpoint-every
 // steps). The figure is the time lost: from the kill to the next new step,
 // less one median step.
+//
+// With --join: the same three nodes with n1/0 and n2/0 on standby, so the
+// job starts on n0/0 alone; a machine joins as n1/0 at --join-step, and the
+// job moves onto the planner's plan with it when the cost model says that
+// pays. Against the job that cannot grow (no lobby), in the same run: the
+// wall time after the join and the median step at the end.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -48,6 +54,9 @@ struct elastic_bench_options {
   bool kill = false;          ///< --kill: the failure half
   int kill_step = 45;         ///< step after which rank 3 is killed
   int checkpoint_every = 50;  ///< both kill runs' checkpoints
+  bool join = false;          ///< --join: a machine joining a --cluster job
+  int join_step = 4;          ///< step after which it joins
+  int join_check_every = 2;   ///< the growing run's --join-check-every
 };
 
 const char* bench_cluster_toml = R"(name = "three-nodes"
@@ -65,6 +74,44 @@ name = "site"
     tflops = 0.00002
     memory_gib = 4
 )";
+
+/// --join's: three single-worker nodes on 1 Gbit/s Ethernet whose speed is
+/// about what one core of this machine computes, so that the planner's
+/// prices match what the ranks measure (compute is not emulated: a worker
+/// is a rank process on one thread).
+const char* join_cluster_toml = R"(name = "three-cores"
+[nic.ethernet]
+bandwidth_gbps = 1
+latency_us = 50
+[[cluster]]
+name = "site"
+  [[cluster.node]]
+  name = "n"
+  count = 3
+  nic = "ethernet"
+    [[cluster.node.worker]]
+    kind = "cpu"
+    tflops = 0.01
+    memory_gib = 4
+)";
+
+/// --join's model: GPT-2 shaped, 4 blocks of width 128, so that a step's
+/// compute outweighs the gradients' all-reduce over the 1 Gbit/s links.
+model_config join_model() {
+  model_config c;
+  c.arch = architecture::gpt2;
+  c.hf_architecture = "GPT2LMHeadModel";
+  c.vocab_size = 64;
+  c.hidden_size = 128;
+  c.n_layers = 4;
+  c.n_heads = 4;
+  c.n_kv_heads = 4;
+  c.head_dim = 32;
+  c.intermediate_size = 512;
+  c.max_positions = 128;
+  c.tie_embeddings = true;
+  return c;
+}
 
 /// GPT-2 shaped, 4 blocks of width 32: small enough that two cores keep up
 /// with three ranks and the links set the pace.
@@ -96,10 +143,10 @@ double sum_from(const std::vector<double>& v, int first_step) {
   return s;
 }
 
-/// The model and token file of both halves under `scratch`.
-void write_bench_job(const fs::path& scratch) {
+/// The model (bench_model() unless given) and token file of a run under `scratch`.
+void write_bench_job(const fs::path& scratch, const model_config& model = bench_model()) {
   fs::create_directories(scratch / "model");
-  std::ofstream(scratch / "model" / "config.json") << to_hf_json(bench_model()).dump(2) << '\n';
+  std::ofstream(scratch / "model" / "config.json") << to_hf_json(model).dump(2) << '\n';
   std::vector<std::uint16_t> ids(4000);
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::uint16_t>((i * 7 + i / 5) % 64);
   std::ofstream f(scratch / "tokens.bin", std::ios::binary);
@@ -183,8 +230,80 @@ int run_bench_elastic_kill(const elastic_bench_options& o) {
   return 0;
 }
 
+/// The median of the steps of `v` from `from` (1-based) on.
+double median_from(const std::vector<double>& v, int from) {
+  const std::size_t first = std::min(v.size(), static_cast<std::size_t>(std::max(0, from - 1)));
+  return median(std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(first), v.end()));
+}
+
+int run_bench_elastic_join(const elastic_bench_options& o) {
+  if (o.steps < o.join_step + 10) throw std::invalid_argument("--steps must leave at least 10 steps after --join-step");
+  const scratch_dir scratch_holder("corolla-bench-elastic");
+  const fs::path& scratch = scratch_holder.path();
+  write_bench_job(scratch, join_model());
+  std::ofstream(scratch / "three.toml") << join_cluster_toml;
+  auto scenario = [&](bool grow) {
+    fl::scenario s;
+    s.name = grow ? "joined" : "fixed";
+    fl::train_job j;
+    j.model = (scratch / "model").string();
+    j.data = (scratch / "tokens.bin").string();
+    j.args = "--batch 16 --seq 64 --lr 0.003 --threads 1 --snapshot-every 0 --steps " + std::to_string(o.steps) +
+             " --join-check-every " + std::to_string(grow ? o.join_check_every : 0);
+    j.layout = "--cluster " + (scratch / "three.toml").string() + " --standby n1/0,n2/0";
+    j.elastic = true;
+    j.checkpoint_every = 0;
+    s.train = j;
+    if (grow) {
+      fl::fault f;
+      f.at = {fl::moment::kind::step, static_cast<double>(o.join_step)};
+      f.what = fl::action::join;
+      f.as = "n1/0";
+      s.faults = {f};
+    }
+    return s;
+  };
+  std::mt19937_64 rng(1);
+  std::fprintf(stderr, "bench elastic --join: %d steps on three-cores with n1/0 and n2/0 on standby (n0/0 alone); "
+                       "n1/0 joins after step %d (checks every %d steps), against the job that cannot grow\n",
+               o.steps, o.join_step, o.join_check_every);
+  const faultlab_run fixed = run_train_scenario(scenario(false), true, rng, scratch / "fixed");
+  const faultlab_run grown = run_train_scenario(scenario(true), true, rng, scratch / "joined");
+  for (const faultlab_run* r : {&fixed, &grown})
+    if (!r->completed) throw model_error("bench elastic: a run failed: " + r->error);
+  const double worst = loss_diff(fixed, grown);
+  const int after = o.join_step + 1;
+  const double fixed_after = sum_from(fixed.step_seconds, after), grown_after = sum_from(grown.step_seconds, after);
+  const int tail_from = std::max(after, o.steps - 9);  // the last ten steps
+  const double speedup = grown_after > 0 ? fixed_after / grown_after : 0;
+  nlohmann::json j = {{"bench", "elastic_join"},
+                      {"steps", o.steps},
+                      {"join_step", o.join_step},
+                      {"join_check_every", o.join_check_every},
+                      {"fixed_s_after_join", fixed_after},
+                      {"joined_s_after_join", grown_after},
+                      {"speedup", speedup},
+                      {"fixed_median_step_s", median_from(fixed.step_seconds, tail_from)},
+                      {"joined_median_step_s", median_from(grown.step_seconds, tail_from)},
+                      {"replans", grown.recoveries},
+                      {"max_loss_rel_diff", worst}};
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("cannot grow (n0/0):  %.2f s for steps %d..%d, median of the last ten steps %.3f s\n", fixed_after,
+                after, o.steps, median_from(fixed.step_seconds, tail_from));
+    std::printf("n1/0 joins:          %.2f s for steps %d..%d, median of the last ten steps %.3f s (%d re-plan%s)\n",
+                grown_after, after, o.steps, median_from(grown.step_seconds, tail_from), grown.recoveries,
+                grown.recoveries == 1 ? "" : "s");
+    std::printf("speedup after the join: %.2fx; losses equal within %.1e relative\n", speedup, worst);
+  }
+  return 0;
+}
+
 int run_bench_elastic(const elastic_bench_options& o) {
+  if (o.kill && o.join) throw std::invalid_argument("bench elastic: --kill or --join, not both");
   if (o.kill) return run_bench_elastic_kill(o);
+  if (o.join) return run_bench_elastic_join(o);
   if (o.steps < o.throttle_step + 10)
     throw std::invalid_argument("--steps must leave at least 10 steps after --throttle-step");
   const scratch_dir scratch_holder("corolla-bench-elastic");
@@ -279,6 +398,15 @@ void register_bench_elastic(CLI::App* bench, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "With --kill: both runs' checkpoint period")
       ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_flag("--join", o.join,
+                "The growing half instead: a --cluster job started on one of three nodes (two on standby), a "
+                "machine joining as n1/0, against the job that cannot grow");
+  cmd->add_option("--join-step", o.join_step, "With --join: the step after which the machine joins")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_option("--join-check-every", o.join_check_every, "With --join: the growing run's --join-check-every")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_bench_elastic(o); }; });

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -98,10 +99,12 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
   if (f.what == fl::action::join) {
     if (control.lobby.empty()) return "join: the job takes no workers (no lobby; skipped)";
-    const std::string name = "j" + std::to_string(control.workers.size() + 1);
+    const std::string name = f.as.empty() ? "j" + std::to_string(control.workers.size() + 1) : f.as;
+    std::string file = name;  // "n1/0" -> worker-n1_0.log
+    std::replace(file.begin(), file.end(), '/', '_');
     try {
       control.workers.push_back(spawn_self({"train", "--join", control.lobby, "--join-name", name}, -1,
-                                           (control.logs / ("worker-" + name + ".log")).string()));
+                                           (control.logs / ("worker-" + file + ".log")).string()));
     } catch (const std::exception& e) {
       return "join: cannot start a worker (" + std::string(e.what()) + ")";
     }

@@ -146,7 +146,7 @@ class reader {
   }
 
   fault read_fault(const toml::table& t, const std::string& where, const scenario& s) {
-    only(t, where, {"at", "do", "target", "blocks", "profile"});
+    only(t, where, {"at", "do", "target", "blocks", "profile", "as"});
     fault f;
     try {
       f.at = parse_moment(text(t, "at", where, ""));
@@ -157,6 +157,11 @@ class reader {
     }
     f.blocks = text(t, "blocks", where, "");
     f.profile = text(t, "profile", where, "");
+    f.as = text(t, "as", where, "");
+    if (!f.as.empty() && !(f.what == action::join && s.train))
+      fail(origin_, t.get("as"), where + "as is only for do = \"join\" in a training job");
+    if (f.as.find_first_of(" \t\n,") != std::string::npos)
+      fail(origin_, t.get("as"), where + "as: a worker name without spaces or commas, e.g. \"n1/0\"");
     if (f.what == action::throttle) {
       if (f.profile.empty()) fail(origin_, &t, where + "profile: a throttle needs the link profile, e.g. \"bw=20Mbit,lat=40ms\"");
       try {

@@ -51,6 +51,9 @@ struct fault {
   target whom;
   std::string blocks;   ///< join: the new server's blocks, "A:B"
   std::string profile;  ///< throttle: the link profile (net/shaping.hpp syntax)
+  /// join (training): the worker's --join-name ("" = j1, j2, ...); joining
+  /// a --cluster job, the absent worker of its file it is.
+  std::string as;
 };
 
 struct swarm_job {

@@ -146,6 +146,16 @@ TEST_CASE("scenario mistakes are one error naming the key") {
             .find("a training job's join is a whole worker") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nelastic=false\n[[fault]]\nat='step 3'\ndo='join'\n")
             .find("a join needs an elastic job") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='rank 1'\nas='n1/0'\n")
+            .find("as is only for do = \"join\" in a training job") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='join'\nblocks='0:2'\nas='n1/0'\n")
+            .find("as is only for do = \"join\" in a training job") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='join'\nas='n1/0,n2/0'\n")
+            .find("as: a worker name without spaces or commas") != std::string::npos);
+  // A training join names the worker it joins as (a --cluster job's absent worker).
+  const scenario joins = parse_scenario("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='join'\nas='n1/0'\n", "s.toml");
+  REQUIRE(joins.faults.size() == 1u);
+  CHECK(joins.faults[0].as == "n1/0");
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nargs='--steps 4 --checkpoint-dir=/tmp/x'\n")
             .find("must not hold --checkpoint-dir") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--pp 2 --resume'\n").find("train.layout must not hold --resume") !=
