@@ -59,10 +59,14 @@ struct elastic_bench_options {
   int join_check_every = 2;   ///< the growing run's --join-check-every
 };
 
-const char* bench_cluster_toml = R"(name = "three-nodes"
+/// Three single-worker nodes of one site on Ethernet of `gbps` and
+/// `latency_us`, each worker priced at `tflops`.
+std::string three_nodes_toml(const char* name, double gbps, double latency_us, double tflops) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, R"(name = "%s"
 [nic.ethernet]
-bandwidth_gbps = 0.05
-latency_us = 200
+bandwidth_gbps = %g
+latency_us = %g
 [[cluster]]
 name = "site"
   [[cluster.node]]
@@ -71,65 +75,45 @@ name = "site"
   nic = "ethernet"
     [[cluster.node.worker]]
     kind = "cpu"
-    tflops = 0.00002
+    tflops = %g
     memory_gib = 4
-)";
+)",
+                name, gbps, latency_us, tflops);
+  return buf;
+}
 
-/// --join's: three single-worker nodes on 1 Gbit/s Ethernet whose speed is
-/// about what one core of this machine computes, so that the planner's
-/// prices match what the ranks measure (compute is not emulated: a worker
-/// is a rank process on one thread).
-const char* join_cluster_toml = R"(name = "three-cores"
-[nic.ethernet]
-bandwidth_gbps = 1
-latency_us = 50
-[[cluster]]
-name = "site"
-  [[cluster.node]]
-  name = "n"
-  count = 3
-  nic = "ethernet"
-    [[cluster.node.worker]]
-    kind = "cpu"
-    tflops = 0.01
-    memory_gib = 4
-)";
+/// The throttle's: 50 Mbit/s, where the links set the pace.
+std::string bench_cluster_toml() { return three_nodes_toml("three-nodes", 0.05, 200, 0.00002); }
 
-/// --join's model: GPT-2 shaped, 4 blocks of width 128, so that a step's
-/// compute outweighs the gradients' all-reduce over the 1 Gbit/s links.
-model_config join_model() {
+/// --join's: 1 Gbit/s, each worker about what one core of this machine
+/// computes, so that the planner's prices match what the ranks measure
+/// (compute is not emulated: a worker is a rank process on one thread).
+std::string join_cluster_toml() { return three_nodes_toml("three-cores", 1, 50, 0.01); }
+
+/// GPT-2 shaped, 4 blocks of width `hidden` (4 heads, MLP of `ff`).
+model_config gpt2_model(int hidden, int ff, int positions) {
   model_config c;
   c.arch = architecture::gpt2;
   c.hf_architecture = "GPT2LMHeadModel";
   c.vocab_size = 64;
-  c.hidden_size = 128;
+  c.hidden_size = hidden;
   c.n_layers = 4;
   c.n_heads = 4;
   c.n_kv_heads = 4;
-  c.head_dim = 32;
-  c.intermediate_size = 512;
-  c.max_positions = 128;
+  c.head_dim = hidden / 4;
+  c.intermediate_size = ff;
+  c.max_positions = positions;
   c.tie_embeddings = true;
   return c;
 }
 
-/// GPT-2 shaped, 4 blocks of width 32: small enough that two cores keep up
-/// with three ranks and the links set the pace.
-model_config bench_model() {
-  model_config c;
-  c.arch = architecture::gpt2;
-  c.hf_architecture = "GPT2LMHeadModel";
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.n_layers = 4;
-  c.n_heads = 4;
-  c.n_kv_heads = 4;
-  c.head_dim = 8;
-  c.intermediate_size = 48;
-  c.max_positions = 64;
-  c.tie_embeddings = true;
-  return c;
-}
+/// Width 32: small enough that two cores keep up with three ranks and the
+/// links set the pace.
+model_config bench_model() { return gpt2_model(32, 48, 64); }
+
+/// --join's: width 128, so that a step's compute outweighs the gradients'
+/// all-reduce over the 1 Gbit/s links.
+model_config join_model() { return gpt2_model(128, 512, 128); }
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -241,7 +225,7 @@ int run_bench_elastic_join(const elastic_bench_options& o) {
   const scratch_dir scratch_holder("corolla-bench-elastic");
   const fs::path& scratch = scratch_holder.path();
   write_bench_job(scratch, join_model());
-  std::ofstream(scratch / "three.toml") << join_cluster_toml;
+  std::ofstream(scratch / "three.toml") << join_cluster_toml();
   auto scenario = [&](bool grow) {
     fl::scenario s;
     s.name = grow ? "joined" : "fixed";
@@ -309,7 +293,7 @@ int run_bench_elastic(const elastic_bench_options& o) {
   const scratch_dir scratch_holder("corolla-bench-elastic");
   const fs::path& scratch = scratch_holder.path();
   write_bench_job(scratch);
-  std::ofstream(scratch / "three.toml") << bench_cluster_toml;
+  std::ofstream(scratch / "three.toml") << bench_cluster_toml();
 
   auto scenario = [&](bool probe) {
     fl::scenario s;
