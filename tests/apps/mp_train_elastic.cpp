@@ -408,6 +408,17 @@ TEST_CASE("--elastic stops with one clear error when fewer than --min-ranks rema
                   "--snapshot-every must be a number of steps >= 0 or 'auto', got '-2'");
   check_one_error(run_corolla(train_args(j, {"--pp", "2", "--dp", "2", "--snapshot-every", "auto"})),
                   "--snapshot-every keeps in-memory snapshots for --elastic to recover from: add --elastic");
+  // --standby: workers of a --cluster file, for an --elastic job.
+  std::ofstream(tmp / "three.toml") << three_nodes_toml;
+  const std::string three = (tmp / "three.toml").string();
+  check_one_error(run_corolla(train_args(j, {"--pp", "2", "--elastic", "--standby", "n1/0"})),
+                  "--standby names workers of a --cluster file: add --cluster");
+  check_one_error(run_corolla(train_args(j, {"--cluster", three, "--standby", "n1/0"})),
+                  "--standby names workers that join an --elastic job later: add --elastic");
+  check_one_error(run_corolla(train_args(j, {"--cluster", three, "--elastic", "--standby", "n7/0"})),
+                  "has no worker 'n7/0'");
+  check_one_error(run_corolla(train_args(j, {"--cluster", three, "--elastic", "--standby", "n0/0,n1/0,n2/0"})),
+                  "--standby names every worker of");
 }
 
 TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left and the losses stay those of one process") {
