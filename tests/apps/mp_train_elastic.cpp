@@ -538,6 +538,49 @@ TEST_CASE("--elastic --cluster --standby: a machine joins as a standby worker of
   CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
 }
 
+TEST_CASE("--elastic --cluster: the rank of a joined machine killed, its worker is absent again, the job continues "
+          "without it and takes the machine back at a later check, with the single-process losses") {
+  temp_dir_guard tmp("mp-train-elastic-cluster-rejoin");
+  job j = fresh_gpt2_job(tmp);
+  j.batch = 4;
+  j.steps = 120;
+  std::ofstream(tmp / "three.toml") << three_nodes_toml;
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  child_process launcher = child_process::corolla(
+      train_args(j, {"--cluster", tmp / "three.toml", "--elastic", "--standby", "n1/0,n2/0", "--join-check-every", "3",
+                     "--link-profile", "lat=2ms", "--timeout-s", "60"}));
+  const auto m = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
+  REQUIRE(m);
+  child_process worker = child_process::corolla({"train", "--join", (*m)[1], "--join-name", "n1/0"});
+  REQUIRE(launcher.wait_line(std::regex(R"("reason":"workers joined")"), std::chrono::seconds(60)));
+  // The joined machine's rank (its child), not the machine: it stays pooled.
+  std::vector<pid_t> rank;
+  for (int i = 0; i < 500 && rank.empty(); ++i) {
+    rank = children_with_arg(worker.pid(), {"--rank"});
+    if (rank.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(rank.size() == 1u);
+  ::kill(rank[0], SIGKILL);
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  INFO("worker: " << worker.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 3u);
+  CHECK(events[0]["reason"] == "workers joined");
+  CHECK(events[1]["lost_ranks"].size() == 1u);
+  CHECK(events[1]["to"] == "1x1 [0,4)");
+  CHECK(events[1]["ranks"] == 1);  // n0/0 left to plan on
+  CHECK(events[1]["replayed_steps"].get<int>() <= 1);
+  CHECK(events[2]["reason"] == "workers joined");
+  CHECK(events[2]["changes"][0] == "worker(s) n1/0 joined");
+  CHECK(events[2]["from"] == "1x1 [0,4)");
+  const auto left = worker.wait(std::chrono::seconds(30));
+  REQUIRE(left.has_value());
+  CHECK(*left == 0);
+}
+
 TEST_CASE("--elastic --probe-every: a rank's links throttled mid-run, the job re-plans around it at a step boundary "
           "without losing a step, steps get faster again, and the losses stay those of one process") {
   temp_dir_guard tmp("mp-train-elastic-throttle");
