@@ -140,15 +140,18 @@ double block_activation_bytes(const model_config& cfg, int seq, int sequences, d
   // never stored (fused attention recomputes them). Qwen3 also keeps q and
   // k before their per-head norms (q + kv).
   double per_token = 4 * D + 2 * q + 2 * kv + (cfg.arch == architecture::llama ? 3 * F : 2 * F);
-  // A mixture of experts keeps k copies of each row (gathered input, three
-  // F-wide, the output) and the router's logits.
-  if (cfg.is_moe()) per_token = 4 * D + 2 * q + 2 * kv + cfg.experts_per_token * (2 * D + 3 * F) + cfg.n_experts;
+  double f32_per_token = 0;  // kept in f32 whatever `bytes` says
+  if (cfg.is_moe()) {
+    // A mixture of experts keeps k copies of each row (gathered input,
+    // three F-wide, the output) and the router's f32 logits; in 16-bit
+    // compute also the router's f32 copy of its input (model/moe.hpp).
+    per_token = 4 * D + 2 * q + 2 * kv + cfg.experts_per_token * (2 * D + 3 * F);
+    f32_per_token = cfg.n_experts + (bytes < 4.0 ? D : 0.0);
+  }
   // A shared expert keeps its three S-wide rows, its output and its gate.
   if (cfg.has_shared_expert()) per_token += 3.0 * cfg.shared_expert_size + D + 1;
-  // Mixture-of-experts blocks train in f32 (16-bit compute is refused for them).
-  if (cfg.is_moe()) bytes = std::max(bytes, 4.0);
   if (cfg.qk_norm) per_token += q + kv;
-  return tokens * per_token * bytes;
+  return tokens * (per_token * bytes + f32_per_token * 4.0);
 }
 
 double model_costs::step_flops_per_micro_batch() const {

@@ -70,6 +70,17 @@ TEST_CASE("block FLOPs, parameters and activations match hand counts") {
   CHECK(block_forward_flops(g, 16, 1) == 2.0 * 16 * (8 * 24 + 64 + 2 * 8 * 32) + 2.0 * 1 * 256 * 8);
   // 4D + 2q + 2kv + 2F = 32 + 16 + 16 + 64.
   CHECK(block_activation_bytes(g, 16, 1, 4.0) == 128.0 * 16 * 4);
+
+  // Mixtral-shaped, 4 experts, top-2: 4D + 2q + 2kv + k (2D + 3F) = 56 +
+  // 2 * 64 = 184 elements at the compute dtype, and 4 f32 router logits;
+  // in 16 bits also the router's f32 copy of the input (D = 8).
+  model_config moe = tiny_llama();
+  moe.hf_architecture = "MixtralForCausalLM";
+  moe.n_experts = 4;
+  moe.experts_per_token = 2;
+  REQUIRE(moe.is_moe());
+  CHECK(block_activation_bytes(moe, 4, 2, 4.0) == (184.0 * 4 + 4 * 4) * 8);
+  CHECK(block_activation_bytes(moe, 4, 2, 2.0) == (184.0 * 2 + (4 + 8) * 4) * 8);
 }
 
 TEST_CASE("embeddings, blocks and head add up to the model's parameter count") {
