@@ -30,15 +30,15 @@ cluster_description present_workers(const cluster_description& file, const std::
   }
   cluster_description out = gone.empty() ? file : without_workers(file, gone);
   if (!learned) return out;
-  const std::map<std::string, int> present = ranks_by_name(out);
+  const std::map<std::string, int> present = ranks_by_name(out), was = ranks_by_name(*learned);
   for (const auto& [pair, link] : learned->measured)
     if (present.count(pair.first) && present.count(pair.second)) out.measured[pair] = link;
   for (const auto& [name, nominal] : learned->nominal_flops) {
     auto at = present.find(name);
     if (at == present.end()) continue;
-    const auto was = ranks_by_name(*learned).at(name);
     out.nominal_flops[name] = nominal;
-    out.workers[static_cast<std::size_t>(at->second)].flops = learned->workers[static_cast<std::size_t>(was)].flops;
+    out.workers[static_cast<std::size_t>(at->second)].flops =
+        learned->workers[static_cast<std::size_t>(was.at(name))].flops;
   }
   return out;
 }

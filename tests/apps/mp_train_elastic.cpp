@@ -99,15 +99,36 @@ faulted faulted_run(const std::vector<std::string>& args, int after, const std::
   return {replans(launcher.lines()), launcher.err()};
 }
 
+/// Where the elastic launcher's lobby takes workers (its --json "lobby" event).
+std::string wait_lobby(child_process& launcher) {
+  const auto m = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
+  REQUIRE(m);
+  return (*m)[1];
+}
+
 /// A 1x2 elastic job of `j` that takes workers (a check every 3 steps);
 /// `lobby` gets where they join.
 child_process start_joinable(const job& j, int timeout_s, std::string& lobby) {
   child_process launcher = child_process::corolla(
       train_args(j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--join-check-every", "3",
                      "--timeout-s", std::to_string(timeout_s)}));
-  const auto m = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
-  REQUIRE(m);
-  lobby = (*m)[1];
+  lobby = wait_lobby(launcher);
+  return launcher;
+}
+
+/// An elastic job of `j` (batch 4, `steps`) on the three-node file with
+/// n1/0 and n2/0 on standby and a join check every 3 steps, plus `extra`
+/// flags; `lobby` gets where machines join.
+child_process start_standby_job(const temp_dir_guard& tmp, job& j, int steps, std::vector<std::string> extra,
+                                std::string& lobby) {
+  j.batch = 4;
+  j.steps = steps;
+  std::ofstream(tmp / "three.toml") << three_nodes_toml;
+  std::vector<std::string> args = {"--cluster", (tmp / "three.toml").string(), "--elastic", "--standby", "n1/0,n2/0",
+                                   "--join-check-every", "3", "--timeout-s", "60"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  child_process launcher = child_process::corolla(train_args(j, args));
+  lobby = wait_lobby(launcher);
   return launcher;
 }
 
@@ -485,16 +506,9 @@ TEST_CASE("--elastic --cluster --standby: a machine joins as a standby worker of
           "it pays off, the job moves onto it at a step boundary, and the losses stay those of one process") {
   temp_dir_guard tmp("mp-train-elastic-cluster-join");
   job j = fresh_gpt2_job(tmp);
-  j.batch = 4;
-  j.steps = 60;
-  std::ofstream(tmp / "three.toml") << three_nodes_toml;
+  std::string lobby;
+  child_process launcher = start_standby_job(tmp, j, 60, {}, lobby);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  child_process launcher = child_process::corolla(
-      train_args(j, {"--cluster", tmp / "three.toml", "--elastic", "--standby", "n1/0,n2/0", "--join-check-every", "3",
-                     "--timeout-s", "60"}));
-  const auto m = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
-  REQUIRE(m);
-  const std::string lobby = (*m)[1];
   REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
   // A machine that offers itself as a worker that is there (n0/0) waits;
   // one that is the standby n1/0 joins.
@@ -542,16 +556,10 @@ TEST_CASE("--elastic --cluster: the rank of a joined machine killed, its worker 
           "without it and takes the machine back at a later check, with the single-process losses") {
   temp_dir_guard tmp("mp-train-elastic-cluster-rejoin");
   job j = fresh_gpt2_job(tmp);
-  j.batch = 4;
-  j.steps = 120;
-  std::ofstream(tmp / "three.toml") << three_nodes_toml;
+  std::string lobby;
+  child_process launcher = start_standby_job(tmp, j, 120, {"--link-profile", "lat=2ms"}, lobby);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  child_process launcher = child_process::corolla(
-      train_args(j, {"--cluster", tmp / "three.toml", "--elastic", "--standby", "n1/0,n2/0", "--join-check-every", "3",
-                     "--link-profile", "lat=2ms", "--timeout-s", "60"}));
-  const auto m = launcher.wait_line(std::regex(R"re("endpoint":"([^"]+)","event":"lobby")re"), std::chrono::seconds(60));
-  REQUIRE(m);
-  child_process worker = child_process::corolla({"train", "--join", (*m)[1], "--join-name", "n1/0"});
+  child_process worker = child_process::corolla({"train", "--join", lobby, "--join-name", "n1/0"});
   REQUIRE(launcher.wait_line(std::regex(R"("reason":"workers joined")"), std::chrono::seconds(60)));
   // The joined machine's rank (its child), not the machine: it stays pooled.
   std::vector<pid_t> rank;
