@@ -442,7 +442,14 @@ caf::expected<std::unique_ptr<zmq_transport>> zmq_transport::start(transport_opt
 }
 
 zmq_transport::zmq_transport(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
-zmq_transport::~zmq_transport() = default;
+zmq_transport::~zmq_transport() {
+  // The last owner may let go on the I/O thread itself: an event handler
+  // held a reference (a relay forwarding, say) while its node stopped. That
+  // thread cannot join itself, so another one takes the impl and joins it
+  // once the handler has returned and the loop has seen stopping_.
+  if (impl_ && impl_->io_.get_id() == std::this_thread::get_id())
+    std::thread([p = std::move(impl_)]() mutable { p.reset(); }).detach();
+}
 
 std::string zmq_transport::endpoint() const { return impl_->endpoint_; }
 connection_id zmq_transport::connect(const std::string& endpoint, const std::string& server_public_key) {

@@ -1,6 +1,7 @@
 // tests/net/test_transport.cpp — the ZeroMQ transport in one process: two or
 // three transports on 127.0.0.1 (port 0), raw ZeroMQ peers for bad input.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -241,6 +242,33 @@ TEST_CASE("a close with a drain time delivers what was queued, even when the tra
   std::this_thread::sleep_for(300ms);
   std::lock_guard<std::mutex> lock(rb.mu);
   CHECK(rb.messages.size() < 2 * count);
+}
+
+TEST_CASE("the last owner may let go of a transport from its own event handler") {
+  // A node's relay holds the transport while it forwards; when the node
+  // stops meanwhile, that reference is the last and it is dropped on the
+  // I/O thread, which cannot join itself (was: std::system_error, EDEADLK).
+  transport_recorder ra, rb;
+  auto a = start_transport(loopback_options("owner-a"), ra);
+  std::shared_ptr<zmq_transport> b = start_transport(loopback_options("owner-b"), rb);
+  std::weak_ptr<zmq_transport> watch = b;
+  std::shared_ptr<zmq_transport> held = b;  // the handler's reference
+  std::atomic<bool> released{false};
+  rb.on_message_hook = [&](connection_id, const message&) {
+    if (held) {
+      b.reset();     // the owner lets go first ...
+      held.reset();  // ... so this is the last reference, on the I/O thread
+      released = true;
+    }
+  };
+  const connection_id a_to_b = a->connect(watch.lock()->endpoint());
+  REQUIRE(a->send(a_to_b, make_message(message_kind::oneway, 1)));
+  REQUIRE(rb.wait_messages(1));
+  CHECK(released.load());
+  CHECK(watch.expired());
+  // The transport does stop: its peer hears that it is gone.
+  CHECK_MESSAGE(ra.wait_for([&] { return transport_recorder::contains(ra.disconnects, a_to_b); }, 5000ms),
+                "the transport released on its I/O thread never closed its sockets");
 }
 
 TEST_CASE("a destroyed peer is reported as disconnected on both kinds of connection") {
