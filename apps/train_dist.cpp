@@ -22,13 +22,13 @@
 #include "apps/control_token_env.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/train_args.hpp"
-#include "apps/train_cluster_members.hpp"
 #include "apps/train_job_file.hpp"
 #include "model/stage.hpp"
 #include "model/config.hpp"
 #include "model/trainer.hpp"
 #include "net/shaping.hpp"
 #include "schedule/cluster.hpp"
+#include "schedule/membership.hpp"
 #include "schedule/planner.hpp"
 
 namespace corolla::app {
@@ -260,7 +260,7 @@ struct planned_cluster {
 
 planned_cluster plan_cluster(const train_args& a, const model_config& cfg) {
   planned_cluster p{schedule::load_cluster(a.cluster), {}, {}};
-  const cluster_members members(p.cluster, {a.standby.begin(), a.standby.end()});
+  const schedule::cluster_members members(p.cluster, {a.standby.begin(), a.standby.end()});
   p.present = members.present();
   p.plan = plan_on(a, cfg, p.present, a.pp, a.dp);
   if (!p.plan.feasible) throw std::invalid_argument("no feasible plan on " + a.cluster + ": " + p.plan.reason);

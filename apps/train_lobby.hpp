@@ -26,6 +26,8 @@
 
 #include <caf/actor.hpp>
 
+#include "schedule/membership.hpp"
+
 namespace corolla {
 class node;
 }
@@ -34,11 +36,8 @@ namespace corolla::app {
 
 struct train_args;
 
-/// One pooled worker.
-struct lobby_worker {
-  std::string node_id;
-  std::string name;
-};
+/// One pooled worker: its node and the name it offers to run as.
+using lobby_worker = schedule::machine_offer;
 
 /// The launcher's side: the lobby node and its actor.
 class train_lobby {

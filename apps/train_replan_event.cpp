@@ -57,7 +57,7 @@ void replan_event::print(const train_args& a, bool completed) const {
       std::printf("; failed before its first step\n");
   } else {
     std::printf("replan: lost %s (%s); %s -> %s, %d %s left; continued from %s, %d step(s) replayed, %.3g MB read",
-                lost_labels.c_str(), reason.c_str(), from.c_str(), to.c_str(), ranks_left, left_unit,
+                lost_labels.c_str(), reason.c_str(), from.c_str(), to.c_str(), ranks_left, left_unit.c_str(),
                 resume_step == 0 ? "the start"
                 : from_memory   ? ("the survivors' in-memory snapshots of step " + std::to_string(resume_step)).c_str()
                                 : ("the checkpoint of step " + std::to_string(resume_step)).c_str(),

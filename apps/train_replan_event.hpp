@@ -30,7 +30,7 @@ struct replan_event {
   std::vector<int> lost;
   std::string lost_labels, from, to;
   int ranks_left = 0;                 ///< ranks (or, with --cluster, workers) left to plan on
-  const char* left_unit = "rank(s)";
+  std::string left_unit = "rank(s)";
   int resume_step = 0;       ///< the checkpoint continued from (0: the start)
   bool from_memory = false;  ///< that checkpoint was assembled from the survivors' in-memory snapshots
   int last_done = 0;         ///< the last step completed before the failure

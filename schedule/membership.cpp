@@ -1,7 +1,10 @@
 // schedule/membership.cpp — see schedule/membership.hpp.
 #include "schedule/membership.hpp"
 
+#include <algorithm>
 #include <map>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "model/error.hpp"
@@ -71,6 +74,73 @@ plan renumber_plan(const plan& p, const cluster_description& from, const cluster
   for (const worker_spec& w : to.workers)
     if (!used.count(w.rank)) out.idle.push_back(w.rank);
   return out;
+}
+
+cluster_members::cluster_members(cluster_description file, std::set<std::string> absent)
+    : file_(std::move(file)), absent_(std::move(absent)) {
+  for (const std::string& name : absent_)
+    if (std::none_of(file_.workers.begin(), file_.workers.end(),
+                     [&](const worker_spec& w) { return w.name == name; }))
+      throw std::invalid_argument("--standby: " + file_.origin + " has no worker '" + name + "'");
+  if (absent_.size() >= file_.workers.size())
+    throw std::invalid_argument("--standby names every worker of " + file_.origin + ": none is left to start on");
+}
+
+cluster_description cluster_members::present(const cluster_description* learned) const {
+  return present_workers(file_, absent_, learned);
+}
+
+std::vector<machine_offer> cluster_members::candidates(const std::vector<machine_offer>& pool,
+                                                       std::vector<std::string>* waits) {
+  std::vector<machine_offer> out;
+  std::set<std::string> taken;  // one machine per worker name
+  for (const machine_offer& w : pool) {
+    const bool joined = std::any_of(joined_.begin(), joined_.end(),
+                                    [&](const auto& j) { return j.second.node_id == w.node_id; });
+    if (joined) continue;
+    if (absent_.count(w.name) && !taken.count(w.name)) {
+      taken.insert(w.name);
+      out.push_back(w);
+      continue;
+    }
+    if (!told_.insert(w.node_id).second) continue;
+    std::string names;
+    for (const std::string& a : absent_) names += (names.empty() ? "" : ", ") + a;
+    if (waits)
+      waits->push_back("worker " + w.name + " (node " + w.node_id + ") waits: a --cluster job takes a machine as an " +
+                       "absent worker of " + file_.name + ", named with --join-name (absent: " +
+                       (names.empty() ? std::string("none") : names) + ")");
+  }
+  return out;
+}
+
+cluster_description cluster_members::with_joined(const std::vector<machine_offer>& joining,
+                                                 const cluster_description& learned) const {
+  std::set<std::string> still = absent_;
+  for (const machine_offer& w : joining) still.erase(w.name);
+  return present_workers(file_, still, &learned);
+}
+
+void cluster_members::join(const std::vector<machine_offer>& joining) {
+  for (const machine_offer& w : joining) {
+    absent_.erase(w.name);
+    joined_[w.name] = w;
+  }
+}
+
+void cluster_members::lose(const std::vector<std::string>& names) {
+  for (const std::string& n : names) {
+    absent_.insert(n);
+    if (auto it = joined_.find(n); it != joined_.end()) {
+      told_.erase(it->second.node_id);
+      joined_.erase(it);
+    }
+  }
+}
+
+const machine_offer* cluster_members::machine_of(const std::string& name) const {
+  auto it = joined_.find(name);
+  return it == joined_.end() ? nullptr : &it->second;
 }
 
 }  // namespace corolla::schedule

@@ -5,11 +5,15 @@
 // the job has measured of them so far; a machine that joins (or comes
 // back) adds itself to the description, and the running plan is priced on
 // the grown description under its new worker numbering. Pure:
-// descriptions in, descriptions and plans out.
+// descriptions in, descriptions and plans out; cluster_members keeps who
+// of the file is there and which joined machine stands for which worker
+// (bookkeeping, no I/O).
 #pragma once
 
+#include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "schedule/cluster.hpp"
 #include "schedule/planner.hpp"
@@ -31,5 +35,53 @@ cluster_description present_workers(const cluster_description& file, const std::
 /// a description that gained (or lost, elsewhere) workers. Throws
 /// model_error naming a worker of the plan that `to` does not have.
 plan renumber_plan(const plan& p, const cluster_description& from, const cluster_description& to);
+
+/// A machine that offers itself to a running job: its node and the name
+/// it offers to run as (a worker of the cluster file, or any label).
+struct machine_offer {
+  std::string node_id;
+  std::string name;
+};
+
+/// The machines of an elastic `--cluster` job. The file describes every
+/// machine the job may use; some are absent (standby machines not there
+/// yet, machines lost). A machine joins naming an absent worker of the
+/// file; from the next re-plan that pays off, the ranks the planner places
+/// on that worker run on it.
+class cluster_members {
+ public:
+  /// Throws std::invalid_argument naming a worker of `absent` that the
+  /// file lacks, or when `absent` leaves no worker.
+  cluster_members(cluster_description file, std::set<std::string> absent);
+
+  const cluster_description& file() const { return file_; }
+  const std::set<std::string>& absent() const { return absent_; }
+  /// The present workers' description, carrying what `learned` measured.
+  cluster_description present(const cluster_description* learned = nullptr) const;
+
+  /// Pooled machines that offer themselves as an absent worker of the
+  /// file and have not joined (one per worker name). Of each other new
+  /// offer, once, a line saying why it waits goes to `waits`.
+  std::vector<machine_offer> candidates(const std::vector<machine_offer>& pool, std::vector<std::string>* waits = nullptr);
+  /// The present description once `joining` joined (what `learned`
+  /// measured carried over).
+  cluster_description with_joined(const std::vector<machine_offer>& joining, const cluster_description& learned) const;
+  /// `joining` joined: present from now on, their ranks on their machines.
+  void join(const std::vector<machine_offer>& joining);
+  /// Workers lost (by name): absent again; a joined one's machine no longer
+  /// stands for it (it may offer itself again).
+  void lose(const std::vector<std::string>& names);
+
+  /// The joined machine running worker `name`, or null (the launcher runs it).
+  const machine_offer* machine_of(const std::string& name) const;
+  /// Every joined machine, by the worker name it runs as.
+  const std::map<std::string, machine_offer>& joined() const { return joined_; }
+
+ private:
+  cluster_description file_;
+  std::set<std::string> absent_;
+  std::map<std::string, machine_offer> joined_;  ///< by worker name
+  std::set<std::string> told_;                   ///< node ids already told why they wait
+};
 
 }  // namespace corolla::schedule
