@@ -95,6 +95,10 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;
 /// actor (faultlab's `corrupt`): wrong outputs from now on, or correct ones
 /// again. Local only: peers reach actors with remote_message, never this.
 using corrupt_atom = caf::atom_constant<caf::atom("corrupt")>;
+/// (stall_atom, bool on) from the node's control actor to a published actor
+/// (faultlab's `hang`): the work it watches stops making progress while the
+/// node stays up (a stuck kernel), or goes on again. Local only.
+using stall_atom = caf::atom_constant<caf::atom("stall")>;
 
 }  // namespace corolla
 

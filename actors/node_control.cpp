@@ -78,6 +78,22 @@ caf::expected<corrupt_request> decode_corrupt(const std::vector<std::uint8_t>& b
   });
 }
 
+std::vector<std::uint8_t> encode_stall(const corrupt_request& r) {
+  capnp::MallocMessageBuilder b;
+  auto w = b.initRoot<wire::ControlStall>();
+  w.setToken(r.token);
+  w.setActor(r.actor);
+  w.setOn(r.on);
+  return capnp_body::flat(b);
+}
+
+caf::expected<corrupt_request> decode_stall(const std::vector<std::uint8_t>& body) {
+  return capnp_body::decode<wire::ControlStall>(body, "ControlStall", [](wire::ControlStall::Reader r) {
+    return corrupt_request{capnp_body::text(r.getToken(), "token", 1024), capnp_body::text(r.getActor(), "actor", 256),
+                           r.getOn()};
+  });
+}
+
 /// Compares in time independent of where the strings differ.
 bool same_token(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -131,9 +147,21 @@ caf::behavior control(caf::event_based_actor* self, std::shared_ptr<node_context
                        r->on ? "returns wrong outputs from now on" : "returns correct outputs again");
           return ok;
         }
+        if (m.type == control_msg::stall) {
+          auto r = decode_stall(m.body);
+          if (!r) return r.error();
+          if (!same_token(r->token, token)) return refuse("stall");
+          auto target = ctx->directory.find(r->actor);
+          if (!target)
+            return make_error(errc::unknown_actor, "node " + ctx->node_id + " publishes no actor '" + r->actor + "'");
+          caf::anon_send(target, stall_atom::value, r->on);
+          spdlog::warn("node {}: the work its '{}' actor watches {} on the harness's order", ctx->node_id, r->actor,
+                       r->on ? "stalls from now on" : "goes on again");
+          return ok;
+        }
         return make_error(errc::bad_message, "the control actor answers '" + std::string(control_msg::reshape) +
-                                                 "', '" + control_msg::partition + "' and '" + control_msg::corrupt +
-                                                 "', not '" + m.type + "'");
+                                                 "', '" + control_msg::partition + "', '" + control_msg::corrupt +
+                                                 "' and '" + control_msg::stall + "', not '" + m.type + "'");
       },
   };
 }
@@ -190,6 +218,14 @@ caf::error request_corrupt(node& n, const std::string& peer, const std::string& 
   remote_message m;
   m.type = control_msg::corrupt;
   m.body = encode_corrupt({token, actor, on});
+  return request_control(n, peer, std::move(m), timeout);
+}
+
+caf::error request_stall(node& n, const std::string& peer, const std::string& token, const std::string& actor, bool on,
+                         std::chrono::milliseconds timeout) {
+  remote_message m;
+  m.type = control_msg::stall;
+  m.body = encode_stall({token, actor, on});
   return request_control(n, peer, std::move(m), timeout);
 }
 

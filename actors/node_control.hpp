@@ -4,11 +4,13 @@
 // but the harness dropped, both ways, until it is lifted). A node given a
 // control token (node_options::control_token; `COROLLA_CONTROL_TOKEN` for
 // the apps) publishes the "control" actor, which obeys "control.reshape",
-// "control.partition" and "control.corrupt" (a published actor of the node
-// returns wrong outputs: a broken volunteer) requests carrying that token
-// and refuses every other sender; a node without a token has no such
-// actor. Bodies: wire::ControlReshape, wire::ControlPartition,
-// wire::ControlCorrupt (docs/protocol.md).
+// "control.partition", "control.corrupt" (a published actor of the node
+// returns wrong outputs: a broken volunteer) and "control.stall" (the work
+// a published actor watches stops making progress: a hung rank) requests
+// carrying that token and refuses every other sender; a node without a
+// token has no such actor. Bodies: wire::ControlReshape,
+// wire::ControlPartition, wire::ControlCorrupt, wire::ControlStall
+// (docs/protocol.md).
 #pragma once
 
 #include <chrono>
@@ -33,6 +35,7 @@ namespace control_msg {
 inline constexpr const char* reshape = "control.reshape";  ///< harness -> node
 inline constexpr const char* partition = "control.partition";  ///< harness -> node
 inline constexpr const char* corrupt = "control.corrupt";  ///< harness -> node
+inline constexpr const char* stall = "control.stall";      ///< harness -> node
 inline constexpr const char* ok = "control.ok";            ///< the answer
 }  // namespace control_msg
 
@@ -63,5 +66,11 @@ caf::error request_partition(node& n, const std::string& peer, const std::string
 /// errc::unknown_actor when the node publishes no such actor.
 caf::error request_corrupt(node& n, const std::string& peer, const std::string& token, const std::string& actor,
                            bool on, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+/// Asks node `peer` to stall (on) or resume (off) the work its actor
+/// published as `actor` watches; the actor must understand stall_atom (a
+/// training rank's "train-watch" does). Errors as request_corrupt.
+caf::error request_stall(node& n, const std::string& peer, const std::string& token, const std::string& actor, bool on,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
 }  // namespace corolla

@@ -169,6 +169,11 @@ struct dist_train_options {
   /// How long any rank waits for one message (a dead rank is reported far
   /// sooner, by the link's failure detection).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  /// A rank whose stage has been inside one forward or backward for longer
+  /// than max(hang_s, 10 x its longest so far) is hung (0 = never checked):
+  /// it tells the coordinator and ends (actors/train_watchdog.hpp). Its
+  /// node stays up, so heartbeats would not catch it.
+  double hang_s = 60;
 
   /// Whether a checkpoint is written after step `step`.
   bool checkpoints_at(int step) const {

@@ -32,6 +32,12 @@ class faultlab_harness {
     const bool on = true;
     return act(endpoint, nullptr, nullptr, &on);
   }
+  /// The training rank at `endpoint`: its stage stalls inside its next
+  /// compute call (its "train-watch" actor; the watchdog must report it).
+  std::string stall(const std::string& endpoint) {
+    const bool on = true;
+    return act(endpoint, nullptr, nullptr, nullptr, &on);
+  }
   /// A heal: the node's own shaping back, and no partition.
   std::string heal(const std::string& endpoint) {
     const std::string none;
@@ -41,7 +47,7 @@ class faultlab_harness {
 
  private:
   std::string act(const std::string& endpoint, const std::string* profile, const bool* partition,
-                  const bool* corrupt = nullptr) {
+                  const bool* corrupt = nullptr, const bool* stall = nullptr) {
     if (!node_) {
       auto n = node::start([] {
         node_options o;
@@ -72,6 +78,8 @@ class faultlab_harness {
       if (const caf::error err = request_reshape(*node_, peer, token_, *profile)) return error_message(err);
     if (corrupt)
       if (const caf::error err = request_corrupt(*node_, peer, token_, "span", *corrupt)) return error_message(err);
+    if (stall)
+      if (const caf::error err = request_stall(*node_, peer, token_, "train-watch", *stall)) return error_message(err);
     return {};
   }
 

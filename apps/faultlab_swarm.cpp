@@ -246,7 +246,8 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
       st.corrupted.insert(id);
       return what + " (" + id + ", wrong outputs from now on)";
     }
-    case fl::action::join: break;
+    case fl::action::join:
+    case fl::action::hang: break;  // not a swarm's (the scenario refuses it)
   }
   return what;
 }

@@ -73,13 +73,13 @@ std::map<int, pid_t> ranks_of(pid_t parent) {
   return out;
 }
 
-/// What throttle, partition and heal need: the current grid's rank
-/// endpoints (from the job's "ranks" event), which of them are throttled or
-/// partitioned, and faultlab's node that reaches their control actors.
+/// What throttle, partition, heal and hang need: the current grid's rank
+/// endpoints (from the job's "ranks" event), which of them are throttled,
+/// partitioned or hung, and faultlab's node that reaches their control actors.
 struct rank_control {
   std::unique_ptr<faultlab_harness> harness;
   std::map<int, std::string> endpoints;  ///< rank -> where its node listens
-  std::set<int> throttled, partitioned;
+  std::set<int> throttled, partitioned, hung;
   std::string lobby;              ///< where workers join (the job's "lobby" event)
   std::vector<pid_t> workers;     ///< joined workers (`corolla train --join`), reaped at the end
   std::filesystem::path logs;     ///< where their stderr goes
@@ -109,6 +109,17 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
       return "join: cannot start a worker (" + std::string(e.what()) + ")";
     }
     return "join (worker " + name + ", pid " + std::to_string(control.workers.back()) + ")";
+  }
+  if (f.what == fl::action::hang) {
+    std::map<int, bool> candidates;
+    for (const auto& [r, endpoint] : control.endpoints)
+      if (!control.hung.count(r)) candidates[r] = true;
+    const int r = pick(f, candidates, rng);
+    if (r < 0) return what + ": no such rank now (skipped)";
+    if (const std::string err = control.harness->stall(control.endpoints.at(r)); !err.empty())
+      return what + ": rank " + std::to_string(r) + " refused (" + err + ")";
+    control.hung.insert(r);
+    return what + " (rank " + std::to_string(r) + ", its stage stalls inside its next compute call)";
   }
   if (f.what == fl::action::throttle || f.what == fl::action::partition || f.what == fl::action::heal) {
     const bool heal = f.what == fl::action::heal;
@@ -233,6 +244,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
             control.endpoints.clear();
             control.throttled.clear();
             control.partitioned.clear();
+            control.hung.clear();
             for (const auto& r : j["ranks"])
               if (r.is_object() && r.value("rank", -1) >= 0 && r.contains("endpoint") && r["endpoint"].is_string())
                 control.endpoints[r["rank"].get<int>()] = r["endpoint"].get<std::string>();

@@ -327,6 +327,12 @@ void register_train(CLI::App& app, action_fn& action) {
                   "Longest wait for any one message between ranks (a dead rank is reported sooner)")
       ->capture_default_str()
       ->group(dist);
+  cmd->add_option("--hang-s", args->hang_s,
+                  "A rank whose stage has been inside one forward or backward for longer than this (and ten times "
+                  "its longest so far) is hung: it reports itself and ends (0 = never); with --elastic the job "
+                  "re-plans without it")
+      ->capture_default_str()
+      ->group(dist);
   cmd->callback([&action, args, needed] {
     if (args->join.empty())
       for (const CLI::Option* o : needed)

@@ -93,6 +93,7 @@ struct train_args {
   int join_check_every = 5;
   int probe_every = 0;   ///< --probe-every: measure the ranks' links every K steps (--elastic --cluster re-plans on them)
   double timeout_s = 300;
+  double hang_s = 60;
   std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file
   std::string link_profile;  ///< one shaping profile for every link between ranks
   std::string job_file;      ///< internal: the job as the local launcher wrote it (JSON)

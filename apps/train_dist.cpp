@@ -406,6 +406,7 @@ int run_distributed_train(train_args a) {
   o.resume = a.resume;
   o.save_dir = a.save;
   o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000));
+  o.hang_s = a.hang_s;
   if (a.seq > cfg.max_positions)
     throw std::invalid_argument("--seq " + std::to_string(a.seq) + " is longer than the model's context (" +
                                 std::to_string(cfg.max_positions) + ")");
@@ -414,6 +415,7 @@ int run_distributed_train(train_args a) {
   if ((a.checkpoint_every > 0 || a.resume) && a.checkpoint_dir.empty())
     throw std::invalid_argument("--checkpoint-every and --resume need --checkpoint-dir");
   if (!(a.timeout_s > 0)) throw std::invalid_argument("--timeout-s must be positive");
+  if (!(a.hang_s >= 0)) throw std::invalid_argument("--hang-s must be >= 0 (0: never)");
   // A fresh run would write its shards over the checkpoint `latest` names.
   if (!a.resume && a.checkpoint_every > 0 && a.rank <= 0) {
     if (const int latest = latest_checkpoint_step(o.checkpoint_dir); latest > 0)

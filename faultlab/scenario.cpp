@@ -204,6 +204,8 @@ class reader {
         fail(origin_, &t, where + "do: corrupt is for swarm servers (the client's spot checks catch them); training "
                               "ranks have no such check yet");
     } else {
+      if (f.what == action::hang)
+        fail(origin_, &t, where + "do: hang is for training ranks (a server's hang is stop: its requests time out)");
       if (f.whom.k == tk::rank || f.whom.k == tk::random_rank)
         fail(origin_, &t,
              where + "target: a swarm's faults hit \"server K\", \"route.hop K\", \"random server\" or \"relay K\"");
@@ -302,8 +304,10 @@ action parse_action(const std::string& text) {
   if (text == "heal") return action::heal;
   if (text == "partition") return action::partition;
   if (text == "corrupt") return action::corrupt;
+  if (text == "hang") return action::hang;
   throw std::invalid_argument("do: '" + text +
-                              "' is not one of kill, stop, resume, restart, join, throttle, partition, heal, corrupt");
+                              "' is not one of kill, stop, resume, restart, join, throttle, partition, heal, corrupt, "
+                              "hang");
 }
 
 const char* to_string(action a) {
@@ -317,6 +321,7 @@ const char* to_string(action a) {
     case action::heal: return "heal";
     case action::partition: return "partition";
     case action::corrupt: return "corrupt";
+    case action::hang: return "hang";
   }
   return "?";
 }

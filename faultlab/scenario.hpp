@@ -29,8 +29,11 @@ std::string to_string(const moment& m);
 /// keeps its control link); heal: back to the shaping it started with, and
 /// no partition; corrupt: the target server returns wrong activations from
 /// then on (its steps, pushes and forwards; a broken GPU or a malicious
-/// volunteer), until it is restarted.
-enum class action { kill, stop, resume, restart, join, throttle, heal, partition, corrupt };
+/// volunteer), until it is restarted; hang: the target rank's stage stalls
+/// inside its next forward or backward while its process, node and
+/// heartbeats stay up (a kernel that never returns; stop freezes the whole
+/// process instead).
+enum class action { kill, stop, resume, restart, join, throttle, heal, partition, corrupt, hang };
 /// "kill" ...; throws std::invalid_argument listing the known actions.
 action parse_action(const std::string& text);
 const char* to_string(action a);

@@ -305,6 +305,16 @@ struct ControlCorrupt {
   on @2 :Bool;
 }
 
+# control.stall: from the harness holding the node's control token. The
+# work the node's actor published as `actor` watches (a training rank's
+# "train-watch": its stage's compute) stops making progress while the node
+# stays up (on), as a kernel that never returns, or goes on again (off).
+struct ControlStall {
+  token @0 :Text;
+  actor @1 :Text;
+  on @2 :Bool;
+}
+
 # ---- reachability (actors/dialback.hpp) --------------------------------------
 # Body of "reach.dialback": a node asks a relay-offering peer to dial it back
 # at the endpoint it would announce. The answer ("reach.result") says

@@ -213,8 +213,8 @@ TEST_CASE("faultlab: the scenarios that ship in scenarios/ hold") {
   std::set<std::string> files;
   for (const auto& e : fs::directory_iterator(fs::path(COROLLA_SOURCE_DIR) / "scenarios")) files.insert(e.path().filename());
   CHECK(files == std::set<std::string>{"swarm-corrupt.toml", "swarm-kill-relay.toml", "swarm-kills-and-join.toml",
-                                       "swarm-partition-and-stop.toml", "train-join-worker.toml",
-                                       "train-kill-rank.toml"});
+                                       "swarm-partition-and-stop.toml", "train-hang-rank.toml",
+                                       "train-join-worker.toml", "train-kill-rank.toml"});
   temp_dir_guard tmp("faultlab-shipped");
   const auto [report, status] = faultlab(shipped("swarm-partition-and-stop.toml"), tmp / "report");
   INFO(report.dump(2));
@@ -423,6 +423,25 @@ TEST_CASE("faultlab: an elastic training job loses a rank and keeps the referenc
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("random swarm campaign (seed 5)") != std::string::npos);
   CHECK(r.out.find("PASS") != std::string::npos);
+}
+
+TEST_CASE("faultlab: a training rank whose stage hangs with its node up is reported by its watchdog, and the elastic "
+          "job keeps the reference's losses") {
+  temp_dir_guard tmp("faultlab-train-hang");
+  const auto [report, status] = faultlab(shipped("train-hang-rank.toml"), tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["losses"].size() == 16u);
+  CHECK(report["faulted"]["recoveries"] == 1);
+  REQUIRE(events(report).size() == 1u);
+  CHECK(events(report)[0].find("hang rank 1 (rank 1, its stage stalls inside its next compute call)") !=
+        std::string::npos);
+  const json& f = report["faults"][0];
+  REQUIRE(f["detected_at_s"].is_number());
+  // The watchdog's 3 s, not a peer timeout or --timeout-s.
+  CHECK(f["detected_at_s"].get<double>() - f["injected_at_s"].get<double>() < 30);
+  REQUIRE(f["recovered_at_s"].is_number());
 }
 
 TEST_CASE("faultlab: a random swarm campaign with a server answering wrong keeps the reference's output") {

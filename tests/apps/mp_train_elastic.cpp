@@ -26,6 +26,7 @@
 #include "actors/corolla.hpp"
 #include "actors/node_control.hpp"
 #include "actors/train_store.hpp"
+#include "tests/apps/elastic_test_util.hpp"
 #include "tests/apps/train_test_util.hpp"
 #include "tests/support/child_process.hpp"
 #include "tests/support/cli_expect.hpp"
@@ -35,44 +36,13 @@ namespace {
 using namespace corolla;
 using namespace corolla::testing;
 using namespace corolla::testing::train_test;
-
-/// A job whose steps take long enough (links with 4 ms of latency) for a
-/// test to hit a rank mid-run on a busy machine.
-job slow_job(const temp_dir_guard& tmp, int steps) {
-  job j = fresh_gpt2_job(tmp);
-  j.batch = 12;  // splits over 4, 3, 2 and 1 replicas
-  j.steps = steps;
-  return j;
-}
-
-std::vector<std::string> elastic_args(const job& j, std::vector<std::string> extra) {
-  extra.insert(extra.end(), {"--pp", "2", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--timeout-s", "60"});
-  return train_args(j, extra);
-}
+using namespace corolla::testing::elastic_test;
 
 /// The pid of the launcher's rank process `rank` (of the current grid).
 pid_t rank_pid(const child_process& launcher, int rank) {
   const auto pids = children_with_arg(launcher.pid(), {"--rank", std::to_string(rank)});
   REQUIRE(pids.size() == 1u);
   return pids[0];
-}
-
-/// The re-plan events of a --json run.
-std::vector<nlohmann::json> replans(const std::vector<std::string>& lines) {
-  std::vector<nlohmann::json> out;
-  for (const std::string& l : lines) {
-    auto j = nlohmann::json::parse(l, nullptr, false);
-    if (j.is_object() && j.value("event", "") == "replan") out.push_back(j);
-  }
-  return out;
-}
-
-/// Reads the launcher's stdout to its end and waits for it.
-int finish(child_process& launcher) {
-  launcher.wait_line(std::regex("^$a"), std::chrono::seconds(180));  // never matches: reads until stdout closes
-  const auto status = launcher.wait(std::chrono::seconds(10));
-  REQUIRE(status.has_value());
-  return *status;
 }
 
 /// Runs an elastic job (`args`), sends `sig` to each of `ranks` once step
@@ -473,19 +443,6 @@ TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left a
 }
 
 namespace {
-
-/// Rank `rank`'s entry in the latest "ranks" event of a --json run (pid,
-/// endpoint, ...), or null.
-nlohmann::json rank_entry(const std::vector<std::string>& lines, int rank) {
-  nlohmann::json found;
-  for (const std::string& l : lines) {
-    auto e = nlohmann::json::parse(l, nullptr, false);
-    if (e.is_object() && e.value("event", "") == "ranks")
-      for (const auto& r : e["ranks"])
-        if (r["rank"] == rank) found = r;
-  }
-  return found;
-}
 
 /// The median of the step lines' "seconds" for steps in [first, last].
 double median_seconds(const std::vector<std::string>& lines, int first, int last) {

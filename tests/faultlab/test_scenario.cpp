@@ -128,6 +128,8 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='kill'\ntarget='server 4'\n").find("server 4 does not exist") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--pp 2'\n[[fault]]\nat='step 3'\ndo='corrupt'\ntarget='rank 1'\n")
             .find("corrupt is for swarm servers") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='hang'\ntarget='server 0'\n")
+            .find("hang is for training ranks") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[swarm.client]\nspot_checks=1.5\n").find("spot_checks") !=
         std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--pp 2'\n[expect]\nwrong_servers_caught=true\n")
@@ -200,6 +202,7 @@ TEST_CASE("moments, actions, targets and blocks in their text form") {
   CHECK_THROWS_AS(parse_moment("token -1"), std::invalid_argument);
   CHECK_THROWS_AS(parse_moment("token 1.5"), std::invalid_argument);
   CHECK(std::string(to_string(parse_action("restart"))) == "restart");
+  CHECK(std::string(to_string(parse_action("hang"))) == "hang");
   CHECK(to_string(parse_target("random rank")) == "random rank");
   CHECK(parse_target("server 2").index == 2);
   CHECK(to_string(parse_target("relay 3")) == "relay 3");

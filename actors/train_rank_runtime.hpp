@@ -1,0 +1,218 @@
+// actors/train_rank_runtime.hpp — one rank of a pipeline x data-parallel
+// training job (actors/train_job.hpp, run_train_rank), internal to the
+// rank: its runtime's state and steps. Defined in train_rank.cpp (joining,
+// the stage actor's steps, the DP group's requests, the end) and
+// train_rank_setup.cpp (the model, device groups, a restore, the snapshot
+// keeper and the watchdog).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+#include "actors/dp_group.hpp"
+#include "actors/errors.hpp"
+#include "actors/link_probe.hpp"
+#include "actors/node.hpp"
+#include "actors/stage_compute.hpp"
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "actors/train_roster.hpp"
+#include "actors/train_snapshots.hpp"
+#include "actors/train_store.hpp"
+#include "actors/train_watchdog.hpp"
+#include "model/error.hpp"
+#include "model/head.hpp"
+#include "model/stage.hpp"
+#include "model/token_data.hpp"
+#include "model/transformer.hpp"
+#include "schedule/pipeline.hpp"
+
+namespace corolla::train_detail {
+
+class rank_runtime {
+ public:
+  rank_runtime(node& n, const dist_train_options& o, int rank, const rank_weights& weights, token_dataset& data,
+               Backend* compute);
+
+  /// Joins the job, links to the ranks it exchanges with, trains, leaves.
+  void run(const std::string& coordinator);
+
+  ~rank_runtime();
+
+ private:
+  // ---- model ------------------------------------------------------------------
+
+  /// The stage's parts (one per chunk), the head on the first and last
+  /// stage, and the DP group's buckets over their parameters.
+  void build_model();
+
+  // ---- device collectives -------------------------------------------------------
+
+  /// Joins this rank's device groups: the data-parallel group, then the
+  /// head's where it differs (every rank joins in that order: a join blocks
+  /// until the whole group is in).
+  void join_device_groups();
+
+  /// The device group of ring `r` (null: a group of one).
+  device_group* group_of(const ring& r) const;
+
+  // ---- checkpoints -----------------------------------------------------------------
+
+  /// Restores the latest checkpoint, whatever layout wrote it: this rank's
+  /// blocks' parameters from the shard that holds them, its moment shards
+  /// assembled from the pieces of the writers' shards.
+  void restore();
+
+  // ---- in-memory snapshots (actors/train_snapshots.hpp) ---------------------------------
+
+  /// Publishes this rank's snapshot keeper ("train-snap").
+  void start_keeper();
+
+  /// The stage's watchdog (actors/train_watchdog.hpp): a compute call that
+  /// does not return is reported as this rank's failure, and the process
+  /// ends (its stage thread cannot).
+  void start_watchdog();
+
+  /// The job failed: the snapshots this rank holds go to disk, where the
+  /// launcher assembles the newest complete step from every survivor's.
+  void flush_snapshots();
+
+  // ---- the step ----------------------------------------------------------------------
+
+  /// Runs the steps on the stage actor (a detached actor of its own) with
+  /// the DP-group actor beside it.
+  void run_actors();
+
+  // The DP-group actor's buckets point into this runtime's stages: it must
+  // be gone before the runtime is (it may still be inside a handler).
+  void stop_dp_actor();
+
+  void run_step(const std::vector<schedule::instruction>& program, int step);
+
+  /// A received (host) tensor where the stages compute.
+  Tensor to_compute(Tensor host);
+
+  /// `t` in host memory, to send (returns once copied).
+  Tensor to_host(const Tensor& t);
+
+  // ---- the DP group -------------------------------------------------------------
+
+  /// Whether updates wait for the coordinator's global gradient norm: to
+  /// clip, or to learn whether a loss-scaled backward overflowed anywhere.
+  /// Without it each bucket is updated as soon as it is reduced.
+  bool needs_global_norm() const { return o_.optimizer.max_grad_norm > 0.0f || scaler_.dynamic(); }
+
+  /// AdamW counts the updates made: steps skipped for overflow are not (as
+  /// a single process's adamw_optimizer); the schedule counts steps.
+  std::int64_t adam_step(std::int64_t step) const { return step - scaler_.state().skipped; }
+
+  /// Hands bucket `id` to the DP group: its last backward of the step is
+  /// queued. The schedules keep this invariant, which the download and the
+  /// marker-less upload rely on: no op queued after a bucket's final
+  /// backward reads or writes its parameters or gradients before the DP
+  /// group answered (recomputation or split weight-gradient schedules would
+  /// have to mark later).
+  void enqueue(int id, std::int64_t step);
+
+  /// Waits for the DP group's answer to every bucket handed over this step.
+  void wait_reductions(int step);
+
+  /// A request to the DP group, answered with a `Result` (an error string
+  /// for most: "" = done; the norm's double). Throws train_error when the
+  /// DP group itself failed.
+  template <class Result, class... Ts>
+  Result ask_dp(Ts... xs) {
+    Result r{};
+    std::string failure;
+    stage_self_->request(dp_actor_, caf::infinite, xs...)
+        .receive([&](Result& x) { r = std::move(x); },
+                 [&](caf::error& e) { failure = "the data-parallel group failed: " + to_string(e); });
+    if (!failure.empty()) throw train_error(failure);
+    return r;
+  }
+
+  /// Asks the DP group to do `xs`; throws its error.
+  template <class... Ts>
+  void tell_dp(Ts... xs) {
+    if (std::string e = ask_dp<std::string>(xs...); !e.empty()) throw train_error(e);
+  }
+
+  void optimizer_step(int step, double loss);
+
+  /// The rates of the links to this rank's neighbours of higher rank (each
+  /// link is probed from one end), with echoes over the running links. A
+  /// link too fast for the payload to tell reports 0; a probe that fails
+  /// is left out (the step goes on: a dead peer is the inbox's business).
+  /// The payload is 64 KiB, or about 25 ms at the rate last measured on a
+  /// slower link (at least 8 KiB): a probe of a throttled link costs tens
+  /// of milliseconds, not seconds.
+  std::vector<train_link_rate> probe_links();
+
+  /// At a probe step: the coordinator's verdict on the measurements (a
+  /// train.drain naming this step; value 1 = the layout changes, stop after
+  /// it, 0 = go on). Waiting here keeps every rank at this step boundary
+  /// while the scheduler decides, so a stop can never come too late.
+  void take_verdict(int step);
+
+  // ---- the end ------------------------------------------------------------------
+
+  void finish();
+
+  node& node_;
+  const dist_train_options& o_;
+  int rank_;
+  const rank_weights& weights_;
+  token_dataset& data_;
+  model_config cfg_;
+  Backend& be_;     ///< where the stages compute
+  bool on_device_;  ///< be_ is not the host: activations go through host memory, buckets stay on the device
+  int stage_ = 0, replica_ = 0, mb_ = 1, m_ = 1;
+  bool first_ = false, last_ = false;
+  int steps_done_ = 0;
+  int last_step_ = 0;  ///< the step this rank stops after: o_.steps, or a drain's
+  int snapshot_every_ = o_.snapshot_every;  ///< in force; the coordinator's verdicts may change it
+  double compute_s_ = 0;  ///< this step's seconds inside forward and backward (host backends)
+  std::map<int, double> probe_rates_;  ///< neighbour rank -> the rate last probed (bytes/s; 0 = too fast)
+  /// Updated from the coordinator's norm each step, identically on every
+  /// rank (and in the coordinator).
+  loss_scaler scaler_;
+
+  std::shared_ptr<train_inbox> inbox_;
+  std::string coordinator_id_;
+  caf::actor mailbox_, dp_actor_;
+  caf::actor keeper_;  ///< this rank's snapshot keeper (snapshot_every > 0)
+  std::shared_ptr<stage_beacon> beacon_ = std::make_shared<stage_beacon>();
+  caf::actor watchdog_;  ///< the stage's watchdog (hang_s > 0)
+  std::unique_ptr<train_comm> comm_;
+  rank_rings rings_;
+  stage_model model_;
+  std::unique_ptr<stage_compute> compute_;
+  std::vector<std::int32_t> ids_, targets_;
+
+  /// The buckets, built and restored here, then the DP-group actor's alone;
+  /// held here too only so that they are released after the companion
+  /// below has drained its stream.
+  std::shared_ptr<dp_group> buckets_;
+  std::map<int, int> slot_of_;  ///< bucket id -> slot in the DP group
+  int dp_size_ = 0;             ///< buckets in the DP group
+  int handed_ = 0;              ///< buckets handed to the DP group this step
+  caf::blocking_actor* stage_self_ = nullptr;  ///< the stage actor, while it runs
+  /// be_'s companion for the DP actor (device backends only). Late, so it
+  /// is destroyed early: its stream is drained before the buffers its
+  /// queued work may still use (after a failed step) go back.
+  std::unique_ptr<Backend> dp_be_;
+  /// The device groups: the data-parallel group, and the head's where its
+  /// ring differs. Last, so they are finalised (or aborted: a peer gone)
+  /// before the companion drains its stream, which a collective waiting on
+  /// a dead peer would never let it do.
+  std::unique_ptr<device_group> dp_coll_, head_coll_;
+};
+
+}  // namespace corolla::train_detail

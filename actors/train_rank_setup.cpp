@@ -1,0 +1,126 @@
+// One rank of a training job, its setup (actors/train_rank_runtime.hpp):
+// the model of its stage and the DP group's buckets, device groups, a
+// restore from a checkpoint, the snapshot keeper and the stage's watchdog.
+#include "actors/train_rank_runtime.hpp"
+
+namespace corolla::train_detail {
+
+void rank_runtime::build_model() {
+  // One part per chunk (one without interleaving): virtual stage
+  // c * pp + stage runs blocks [boundaries[v], boundaries[v+1]).
+  model_.parts.reserve(static_cast<std::size_t>(o_.layout.chunks));
+  for (int c = 0; c < o_.layout.chunks; ++c) {
+    const auto v = static_cast<std::size_t>(o_.layout.virtual_stage(stage_, c));
+    const int first = o_.layout.boundaries[v];
+    const int last = o_.layout.boundaries[v + 1];
+    std::vector<param_set> blocks = weights_.blocks(first, last);
+    if (static_cast<int>(blocks.size()) != last - first)
+      throw train_error("the weights gave " + std::to_string(blocks.size()) + " blocks for blocks " +
+                        std::to_string(first) + ".." + std::to_string(last - 1));
+    for (param_set& b : blocks) place_params(b, be_);  // no-op where they already are
+    model_.parts.emplace_back(cfg_, first, std::move(blocks), be_);
+    model_.parts.back().grads();
+    model_.parts.back().set_compute_dtype(o_.compute);
+  }
+  if (first_ || last_) {
+    param_set h = weights_.head();
+    place_params(h, be_);
+    model_.head_part.emplace(cfg_, std::move(h), be_);
+    model_.head_part->grads();
+  }
+  compute_ = make_stage_compute(o_, model_, be_, stage_, replica_);
+  // The DP group owns the buckets from here on: every block's, and the head's.
+  dp_group_setup s;
+  s.options = &o_;
+  s.rank = rank_;
+  s.label = o_.layout.label(rank_);
+  // Parameters are the same on every replica: replica 0 of each stage
+  // writes (and sends) its blocks', rank 0 the head's, which the last
+  // stage holds too.
+  s.keeps_block_params = replica_ == 0;
+  s.keeps_head_params = rank_ == 0;
+  s.global_norm = needs_global_norm();
+  s.compute = &be_;
+  s.math = dp_be_ ? dp_be_.get() : &be_;
+  s.comm = comm_.get();
+  s.inbox = inbox_;
+  s.keeper = keeper_;
+  s.buddy = keeper_ ? snapshot_buddy(o_.layout, rank_) : -1;
+  s.buddy_params = buddy_needs_params(o_.layout, rank_);
+  buckets_ = std::make_shared<dp_group>(std::move(s));
+  const bool device_coll = o_.collectives == dp_collectives::device;
+  for (stage& part : model_.parts)
+    for (int i = 0; i < part.size(); ++i)
+      buckets_->add_bucket(part.first() + i, &part.params()[static_cast<std::size_t>(i)],
+                           &part.grads()[static_cast<std::size_t>(i)], &rings_.dp,
+                           device_coll ? group_of(rings_.dp) : nullptr);
+  if (model_.head_part)
+    buckets_->add_bucket(head_bucket, &model_.head_part->params(), &model_.head_part->grads(), &rings_.head,
+                         device_coll ? group_of(rings_.head) : nullptr);
+}
+
+void rank_runtime::join_device_groups() {
+  const std::string me = o_.layout.label(rank_);
+  if (!on_device_)
+    throw train_error(me + " computes on the cpu: --collectives device needs every rank on a device (--device cuda)");
+  if (!be_.has_device_groups())
+    throw train_error("--collectives device: the " + be_.name() + " backend of " + me +
+                      " has no device collectives (corolla was built without NCCL)");
+  dp_coll_ = join_device_group(be_, *comm_, inbox_, o_, rings_.dp, 0);
+  if (rings_.head.ranks != rings_.dp.ranks) head_coll_ = join_device_group(be_, *comm_, inbox_, o_, rings_.head, 1);
+}
+
+device_group* rank_runtime::group_of(const ring& r) const {
+  if (r.size() < 2) return nullptr;
+  if (&r == &rings_.dp) return dp_coll_.get();
+  return head_coll_ ? head_coll_.get() : dp_coll_.get();  // the head's ring is the DP ring's (pp = 1)
+}
+
+void rank_runtime::restore() {
+  const int step = latest_checkpoint_step(o_.checkpoint_dir);
+  if (step == 0) throw train_error("no checkpoint in " + o_.checkpoint_dir.string() + " to resume from");
+  check_manifest(o_.checkpoint_dir, step, checkpoint_key(o_, cfg_));
+  buckets_->restore(checkpoint_shards(o_.checkpoint_dir, step));
+  steps_done_ = step;
+  // Also without scaling now: its skipped steps keep AdamW's count right.
+  if (const auto st = checkpoint_loss_scale(o_.checkpoint_dir, step)) scaler_.set_state(*st);
+  std::vector<std::int32_t> ids, targets;
+  for (int s = 0; s < step; ++s) data_.next_batch(o_.batch, o_.seq, ids, targets);
+  const std::string from = checkpoint_layout(o_.checkpoint_dir, step);
+  spdlog::info("{} resumed from {} (step {}{})", o_.layout.label(rank_), checkpoint_step_dir(o_.checkpoint_dir, step).string(),
+               step, from.empty() || from == o_.layout.describe() ? "" : ", written by layout " + from);
+}
+
+void rank_runtime::start_keeper() {
+  snapshot_keeper_setup k;
+  k.holder = rank_;
+  k.owners = snapshot_owners(o_.layout, rank_);
+  k.inbox = inbox_;
+  k.dir = memory_snapshot_dir(o_.checkpoint_dir);
+  k.coordinator = coordinator_id_;
+  auto a = start_snapshot_keeper(node_, std::move(k), comm_->job());
+  if (!a) throw train_error("cannot publish the snapshot keeper: " + error_message(a.error()));
+  keeper_ = *a;
+}
+
+void rank_runtime::start_watchdog() {
+  watchdog_ = spawn_train_watchdog(node_.system(), beacon_, o_.hang_s, [this](double s, const std::string& what) {
+    const std::string why = hang_reason(o_.layout.label(rank_), s, what, o_.hang_s, beacon_->longest_s());
+    spdlog::error("{}", why);
+    try {
+      comm_->send_coordinator(train_msg::abort, encode_abort_body(why, comm_->job()));
+    } catch (const std::exception&) {
+    }
+    flush_snapshots();
+    std::fprintf(stderr, "corolla: error: training failed on %s: %s\n", o_.layout.label(rank_).c_str(), why.c_str());
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // the abort leaves before the process
+    std::_Exit(1);
+  });
+  if (auto err = node_.publish("train-watch", watchdog_)) throw train_error("cannot publish the watchdog: " + error_message(err));
+}
+
+void rank_runtime::flush_snapshots() {
+  if (keeper_) flush_snapshot_keeper(node_, keeper_, o_.layout.label(rank_));
+}
+
+}  // namespace corolla::train_detail

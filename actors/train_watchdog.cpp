@@ -1,0 +1,91 @@
+// actors/train_watchdog.cpp — see actors/train_watchdog.hpp.
+#include "actors/train_watchdog.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include <caf/atom.hpp>
+#include <caf/event_based_actor.hpp>
+
+#include "actors/messages.hpp"
+
+namespace corolla {
+
+std::int64_t stage_beacon::now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void stage_beacon::enter(const char* what) {
+  what_.store(what);
+  since_ns_.store(now_ns());
+  // faultlab's hang: stuck inside the call, as a kernel that never returns.
+  while (stalled_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+void stage_beacon::leave() {
+  const std::int64_t since = since_ns_.exchange(0);
+  if (since == 0) return;
+  const std::int64_t took = now_ns() - since;
+  std::int64_t seen = longest_ns_.load();
+  while (took > seen && !longest_ns_.compare_exchange_weak(seen, took)) {
+  }
+}
+
+double stage_beacon::busy_s(const char** what) const {
+  const std::int64_t since = since_ns_.load();
+  if (what) *what = what_.load();
+  return since == 0 ? 0.0 : static_cast<double>(now_ns() - since) * 1e-9;
+}
+
+compute_window::compute_window(stage_beacon& b, const char* what, double& total)
+    : beacon_(b), total_(total), t0_(std::chrono::steady_clock::now()) {
+  beacon_.enter(what);
+}
+
+compute_window::~compute_window() {
+  beacon_.leave();
+  total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+double hang_threshold_s(double hang_s, double longest_s) { return std::max(hang_s, 10.0 * longest_s); }
+
+std::string hang_reason(const std::string& label, double seconds, const std::string& what, double hang_s,
+                        double longest_s) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, " for %.1f s (the longest before took %.3g s; --hang-s %g)", seconds, longest_s,
+                hang_s);
+  return label + " is hung: its stage has been inside one " + what + buf;
+}
+
+namespace {
+
+using watch_tick_atom = caf::atom_constant<caf::atom("watchtick")>;
+constexpr std::chrono::milliseconds check_every{100};
+
+}  // namespace
+
+caf::actor spawn_train_watchdog(caf::actor_system& system, std::shared_ptr<stage_beacon> beacon, double hang_s,
+                                std::function<void(double seconds, const std::string& what)> on_hang) {
+  // Detached (its own thread): on_hang may block (it tells the coordinator,
+  // flushes the snapshot keeper), and the checks must not wait for a busy
+  // scheduler.
+  return system.spawn<caf::detached>([beacon, hang_s, on_hang](caf::event_based_actor* self) -> caf::behavior {
+    self->delayed_send(self, check_every, watch_tick_atom::value);
+    return {
+        [beacon](stall_atom, bool on) { beacon->stall(on); },
+        [self, beacon, hang_s, on_hang](watch_tick_atom) {
+          const char* what = "";
+          const double busy = beacon->busy_s(&what);
+          if (busy > 0 && busy > hang_threshold_s(hang_s, beacon->longest_s())) {
+            on_hang(busy, what);
+            return;  // once: the rank is done for
+          }
+          self->delayed_send(self, check_every, watch_tick_atom::value);
+        },
+    };
+  });
+}
+
+}  // namespace corolla

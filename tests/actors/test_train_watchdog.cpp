@@ -1,0 +1,119 @@
+// The stage watchdog of a training rank (actors/train_watchdog.hpp): the
+// beacon's bookkeeping, the threshold, a hung call reported once, and the
+// harness's stall.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <caf/all.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/node.hpp"
+#include "actors/train_watchdog.hpp"
+
+using namespace corolla;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// What on_hang was called with, and how often.
+struct hang_log {
+  std::mutex mu;
+  int calls = 0;
+  double seconds = 0;
+  std::string what;
+  std::function<void(double, const std::string&)> callback() {
+    return [this](double s, const std::string& w) {
+      std::lock_guard lock(mu);
+      ++calls;
+      seconds = s;
+      what = w;
+    };
+  }
+  int count() {
+    std::lock_guard lock(mu);
+    return calls;
+  }
+};
+
+bool eventually(const std::function<bool()>& done, std::chrono::milliseconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+}  // namespace
+
+TEST_CASE("the stage beacon: busy inside a call, idle after it, and the longest call kept") {
+  stage_beacon b;
+  CHECK(b.busy_s() == 0);
+  CHECK(b.longest_s() == 0);
+  double total = 0;
+  {
+    compute_window w(b, "forward", total);
+    std::this_thread::sleep_for(20ms);
+    const char* what = "";
+    CHECK(b.busy_s(&what) >= 0.015);
+    CHECK(std::string(what) == "forward");
+  }
+  CHECK(b.busy_s() == 0);
+  CHECK(total >= 0.015);
+  CHECK(b.longest_s() >= 0.015);
+  const double longest = b.longest_s();
+  { compute_window w(b, "backward", total); }  // shorter: the longest stays
+  CHECK(b.longest_s() == longest);
+  // A call is hung past the floor, or ten times the longest when that is more.
+  CHECK(hang_threshold_s(4.0, 0.01) == 4.0);
+  CHECK(hang_threshold_s(4.0, 1.0) == 10.0);
+  CHECK(hang_reason("rank 3 (stage 1, replica 1, blocks 2..3)", 4.25, "backward", 4, 0.012) ==
+        "rank 3 (stage 1, replica 1, blocks 2..3) is hung: its stage has been inside one backward for 4.2 s (the "
+        "longest before took 0.012 s; --hang-s 4)");
+}
+
+TEST_CASE("the watchdog reports a compute call that does not return, once, and never an idle or a short one") {
+  auto n = node::start({});
+  REQUIRE(n);
+  auto beacon = std::make_shared<stage_beacon>();
+  hang_log log;
+  caf::actor dog = spawn_train_watchdog((*n)->system(), beacon, 0.3, log.callback());
+  // Idle for longer than the threshold: nothing.
+  std::this_thread::sleep_for(500ms);
+  CHECK(log.count() == 0);
+  // Short calls: nothing.
+  double total = 0;
+  for (int i = 0; i < 5; ++i) {
+    compute_window w(*beacon, "forward", total);
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(log.count() == 0);
+  // The harness's stall: the next call does not return until it is lifted.
+  caf::anon_send(dog, stall_atom::value, true);
+  REQUIRE(eventually([&] { return beacon->stalled(); }, 5s));
+  std::atomic<bool> returned{false};
+  std::thread stage([&] {
+    compute_window w(*beacon, "backward", total);
+    returned = true;
+  });
+  REQUIRE_MESSAGE(eventually([&] { return log.count() == 1; }, 10s), "no hang reported within 10 s");
+  CHECK_FALSE(returned.load());
+  {
+    std::lock_guard lock(log.mu);
+    CHECK(log.what == "backward");
+    CHECK(log.seconds > 0.3);
+  }
+  caf::anon_send(dog, stall_atom::value, false);
+  stage.join();
+  CHECK(returned.load());
+  std::this_thread::sleep_for(300ms);
+  CHECK(log.count() == 1);  // reported once
+  caf::anon_send_exit(dog, caf::exit_reason::user_shutdown);
+  (*n)->stop();
+}
