@@ -55,7 +55,7 @@ void rank_runtime::run(const std::string& coordinator) {
   try {
     comm_ = join_train_job(node_, o_, cfg_, rank_, inbox_, *comm_, rings_);
     if (o_.snapshot_every > 0 && !o_.checkpoint_dir.empty()) start_keeper();
-    if (o_.hang_s > 0) start_watchdog();
+    start_watchdog();  // with hang_s 0 it only obeys the harness's stall
     if (o_.collectives == dp_collectives::device) join_device_groups();
     build_model();
     if (o_.resume) {

@@ -189,7 +189,7 @@ class rank_runtime {
   caf::actor mailbox_, dp_actor_;
   caf::actor keeper_;  ///< this rank's snapshot keeper (snapshot_every > 0)
   std::shared_ptr<stage_beacon> beacon_ = std::make_shared<stage_beacon>();
-  caf::actor watchdog_;  ///< the stage's watchdog (hang_s > 0)
+  caf::actor watchdog_;  ///< the stage's watchdog ("train-watch")
   std::unique_ptr<train_comm> comm_;
   rank_rings rings_;
   stage_model model_;

@@ -72,7 +72,9 @@ caf::actor spawn_train_watchdog(caf::actor_system& system, std::shared_ptr<stage
   // flushes the snapshot keeper), and the checks must not wait for a busy
   // scheduler.
   return system.spawn<caf::detached>([beacon, hang_s, on_hang](caf::event_based_actor* self) -> caf::behavior {
-    self->delayed_send(self, check_every, watch_tick_atom::value);
+    // hang_s 0: no checks, but the harness's stall still works (a job
+    // without a watchdog, hung on purpose).
+    if (hang_s > 0) self->delayed_send(self, check_every, watch_tick_atom::value);
     return {
         [beacon](stall_atom, bool on) { beacon->stall(on); },
         [self, beacon, hang_s, on_hang](watch_tick_atom) {

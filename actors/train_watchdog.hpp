@@ -76,8 +76,9 @@ double hang_threshold_s(double hang_s, double longest_s);
 std::string hang_reason(const std::string& label, double seconds, const std::string& what, double hang_s,
                         double longest_s);
 
-/// Spawns the watchdog of `beacon` (hang_s > 0). `on_hang(seconds, what)`
-/// runs once, on the watchdog's own thread (it may block).
+/// Spawns the watchdog of `beacon`; with hang_s 0 it never checks and
+/// only obeys stall_atom. `on_hang(seconds, what)` runs once, on the
+/// watchdog's own thread (it may block).
 caf::actor spawn_train_watchdog(caf::actor_system& system, std::shared_ptr<stage_beacon> beacon, double hang_s,
                                 std::function<void(double seconds, const std::string& what)> on_hang);
 

@@ -15,6 +15,13 @@
 // steps). The figure is the time lost: from the kill to the next new step,
 // less one median step.
 //
+// With --hang: rank 3 of the same 2x2 job hangs after --kill-step inside
+// a compute call with its node up (faultlab's hang), twice: found by the
+// rank's watchdog (--hang-s), and as a job without one finds it (--hang-s
+// 0: the coordinator's --timeout-s wait for a step's report runs out, and
+// it names a rank that waits rather than the hung one). The figure is the
+// time lost, as with --kill.
+//
 // With --join: the same three nodes with n1/0 and n2/0 on standby, so the
 // job starts on n0/0 alone; a machine joins as n1/0 at --join-step, and the
 // job moves onto the planner's plan with it when the cost model says that
@@ -54,6 +61,9 @@ struct elastic_bench_options {
   bool kill = false;          ///< --kill: the failure half
   int kill_step = 45;         ///< step after which rank 3 is killed
   int checkpoint_every = 50;  ///< both kill runs' checkpoints
+  bool hang = false;          ///< --hang: a stage stuck with its node up
+  double hang_s = 2;          ///< --hang's watchdog run: its --hang-s
+  double baseline_timeout_s = 10;  ///< --hang's baseline run: its --timeout-s
   bool join = false;          ///< --join: a machine joining a --cluster job
   int join_step = 4;          ///< step after which it joins
   int join_check_every = 2;   ///< the growing run's --join-check-every
@@ -145,6 +155,13 @@ double loss_diff(const faultlab_run& a, const faultlab_run& b) {
   return worst;
 }
 
+/// Time lost to the fault of a run: from its injection to the first new
+/// step after it, less the median step before it.
+double time_lost(const faultlab_run& r, int fault_step) {
+  const double step = median(std::vector<double>(r.step_seconds.begin(), r.step_seconds.begin() + fault_step));
+  return std::max(0.0, r.faults[0].recovered_at_s - r.faults[0].injected_at_s - step);
+}
+
 int run_bench_elastic_kill(const elastic_bench_options& o) {
   if (o.kill_step < 1 || o.steps < o.kill_step + 5)
     throw std::invalid_argument("--steps must leave at least 5 steps after --kill-step");
@@ -181,13 +198,7 @@ int run_bench_elastic_kill(const elastic_bench_options& o) {
     if (r->faults.empty() || r->faults[0].recovered_at_s < 0)
       throw model_error("bench elastic: a run did not recover from the kill");
   }
-  // Lost: from the kill to the first step after it, less a normal step.
-  auto lost = [&](const faultlab_run& r) {
-    std::vector<double> normal(r.step_seconds.begin(), r.step_seconds.begin() + o.kill_step);
-    const double step = median(normal);
-    return std::max(0.0, r.faults[0].recovered_at_s - r.faults[0].injected_at_s - step);
-  };
-  const double mem_lost = lost(memory), restart_lost = lost(restart);
+  const double mem_lost = time_lost(memory, o.kill_step), restart_lost = time_lost(restart, o.kill_step);
   // The snapshots' price: the steps before the kill, with and without them.
   auto before_kill = [&](const faultlab_run& r) {
     return median(std::vector<double>(r.step_seconds.begin(), r.step_seconds.begin() + o.kill_step));
@@ -210,6 +221,70 @@ int run_bench_elastic_kill(const elastic_bench_options& o) {
     std::printf("%.1fx less time lost; losses equal within %.1e relative; median step before the kill %.3f s with "
                 "snapshots, %.3f s without\n",
                 ratio, worst, step_s, plain_step_s);
+  }
+  return 0;
+}
+
+int run_bench_elastic_hang(const elastic_bench_options& o) {
+  if (o.kill_step < 1 || o.steps < o.kill_step + 5)
+    throw std::invalid_argument("--steps must leave at least 5 steps after --kill-step");
+  if (!(o.hang_s > 0) || !(o.baseline_timeout_s > 0))
+    throw std::invalid_argument("--hang-s and --baseline-timeout-s must be positive");
+  const scratch_dir scratch_holder("corolla-bench-elastic");
+  const fs::path& scratch = scratch_holder.path();
+  write_bench_job(scratch);
+  auto scenario = [&](bool watchdog) {
+    fl::scenario s;
+    s.name = watchdog ? "watchdog" : "timeout";
+    fl::train_job j;
+    j.model = (scratch / "model").string();
+    j.data = (scratch / "tokens.bin").string();
+    char flags[96];
+    if (watchdog)
+      std::snprintf(flags, sizeof flags, " --hang-s %g", o.hang_s);
+    else
+      std::snprintf(flags, sizeof flags, " --hang-s 0 --timeout-s %g", o.baseline_timeout_s);
+    j.args = "--batch 4 --seq 8 --lr 0.003 --threads 1 --link-profile lat=4ms --steps " + std::to_string(o.steps) + flags;
+    j.layout = "--pp 2 --dp 2";
+    j.elastic = true;
+    j.checkpoint_every = 0;
+    s.train = j;
+    fl::fault f;
+    f.at = {fl::moment::kind::step, static_cast<double>(o.kill_step)};
+    f.what = fl::action::hang;
+    f.whom = {fl::target::kind::rank, 3};
+    s.faults = {f};
+    return s;
+  };
+  std::mt19937_64 rng(1);
+  std::fprintf(stderr, "bench elastic --hang: %d steps of 2x2 (lat=4ms), rank 3's stage hangs after step %d; found by "
+                       "its watchdog (--hang-s %g), then by the coordinator's --timeout-s %g\n",
+               o.steps, o.kill_step, o.hang_s, o.baseline_timeout_s);
+  const faultlab_run watched = run_train_scenario(scenario(true), true, rng, scratch / "watchdog");
+  const faultlab_run timed = run_train_scenario(scenario(false), true, rng, scratch / "timeout");
+  for (const faultlab_run* r : {&watched, &timed}) {
+    if (!r->completed) throw model_error("bench elastic: a run failed: " + r->error);
+    if (r->faults.empty() || r->faults[0].recovered_at_s < 0)
+      throw model_error("bench elastic: a run did not recover from the hang");
+  }
+  const double watched_lost = time_lost(watched, o.kill_step), timed_lost = time_lost(timed, o.kill_step);
+  const double ratio = watched_lost > 0 ? timed_lost / watched_lost : 0;
+  const double worst = loss_diff(watched, timed);
+  // Whom each run took for lost (the re-plan event's reason names it).
+  auto blamed = [](const faultlab_run& r) { return r.faults[0].detected_by; };
+  nlohmann::json j = {{"bench", "elastic-hang"},     {"steps", o.steps},
+                      {"hang_step", o.kill_step},    {"hang_s", o.hang_s},
+                      {"baseline_timeout_s", o.baseline_timeout_s},
+                      {"watchdog_lost_s", watched_lost}, {"timeout_lost_s", timed_lost},
+                      {"ratio", ratio},              {"max_loss_rel_diff", worst},
+                      {"watchdog_detected_by", blamed(watched)}, {"timeout_detected_by", blamed(timed)}};
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("watchdog (--hang-s %g):   %.2f s lost (%s)\n", o.hang_s, watched_lost, blamed(watched).c_str());
+    std::printf("no watchdog (--timeout-s %g): %.2f s lost (%s)\n", o.baseline_timeout_s, timed_lost,
+                blamed(timed).c_str());
+    std::printf("%.1fx less time lost; losses equal within %.1e relative\n", ratio, worst);
   }
   return 0;
 }
@@ -285,8 +360,10 @@ int run_bench_elastic_join(const elastic_bench_options& o) {
 }
 
 int run_bench_elastic(const elastic_bench_options& o) {
-  if (o.kill && o.join) throw std::invalid_argument("bench elastic: --kill or --join, not both");
+  if (int(o.kill) + int(o.join) + int(o.hang) > 1)
+    throw std::invalid_argument("bench elastic: one of --kill, --hang and --join");
   if (o.kill) return run_bench_elastic_kill(o);
+  if (o.hang) return run_bench_elastic_hang(o);
   if (o.join) return run_bench_elastic_join(o);
   if (o.steps < o.throttle_step + 10)
     throw std::invalid_argument("--steps must leave at least 10 steps after --throttle-step");
@@ -377,7 +454,13 @@ void register_bench_elastic(CLI::App* bench, action_fn& action) {
   cmd->add_flag("--kill", o.kill,
                 "The failure half instead: rank 3 of a 2x2 job killed, recovered from in-memory snapshots vs "
                 "restarted from the last checkpoint");
-  cmd->add_option("--kill-step", o.kill_step, "With --kill: the step after which rank 3 is killed")
+  cmd->add_flag("--hang", o.hang,
+                "Rank 3's stage hung inside a compute call with its node up: found by its watchdog vs by the "
+                "coordinator's --timeout-s");
+  cmd->add_option("--hang-s", o.hang_s, "With --hang: the watchdog run's --hang-s")->capture_default_str();
+  cmd->add_option("--baseline-timeout-s", o.baseline_timeout_s, "With --hang: the run without a watchdog's --timeout-s")
+      ->capture_default_str();
+  cmd->add_option("--kill-step", o.kill_step, "With --kill or --hang: the step after which rank 3 is killed or hangs")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "With --kill: both runs' checkpoint period")

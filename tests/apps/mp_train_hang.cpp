@@ -25,30 +25,45 @@ using namespace corolla::testing;
 using namespace corolla::testing::train_test;
 using namespace corolla::testing::elastic_test;
 
+namespace {
+
+/// Starts `corolla <args>`; its rank processes obey `token` (read from
+/// the environment they inherit).
+child_process start_with_token(const std::string& token, const std::vector<std::string>& args) {
+  ::setenv("COROLLA_CONTROL_TOKEN", token.c_str(), 1);
+  child_process launcher = child_process::corolla(args);
+  ::unsetenv("COROLLA_CONTROL_TOKEN");
+  return launcher;
+}
+
+/// Stalls the stage of the rank listening at `endpoint` inside its next
+/// forward or backward (control.stall to its "train-watch" actor); its
+/// process, node, links and heartbeats stay up (SIGSTOP would stop them all).
+void stall_rank(const std::string& endpoint, const std::string& token) {
+  auto harness = node::start({});
+  if (!harness) FAIL(error_message(harness.error()));
+  auto peer = (*harness)->connect(endpoint);
+  if (!peer) FAIL(error_message(peer.error()));
+  REQUIRE_FALSE(request_stall(**harness, *peer, token, "train-watch", true));
+  (*harness)->stop();
+}
+
+}  // namespace
+
 TEST_CASE("--elastic --hang-s: a rank whose stage stops inside a compute call while its node stays up reports itself "
           "hung within seconds, and the job continues without it from the survivors' snapshots with the same losses") {
   temp_dir_guard tmp("mp-train-elastic-stall");
   const job j = slow_job(tmp, 24);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  // The rank processes obey this token (read from the environment they inherit).
   const std::string token = "elastic-stall-" + std::to_string(::getpid());
-  ::setenv("COROLLA_CONTROL_TOKEN", token.c_str(), 1);
-  child_process launcher = child_process::corolla(elastic_args(j, {"--hang-s", "4"}));
-  ::unsetenv("COROLLA_CONTROL_TOKEN");
+  child_process launcher = start_with_token(token, elastic_args(j, {"--hang-s", "4"}));
   REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks")"), std::chrono::seconds(60)));
   const nlohmann::json three = rank_entry(launcher.lines(), 3);
   REQUIRE(three.is_object());
   const std::string endpoint = three["endpoint"];
   REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
-  // Rank 3's stage stalls inside its next forward or backward; its process,
-  // node, links and heartbeats stay up (SIGSTOP would stop them all).
-  auto harness = node::start({});
-  if (!harness) FAIL(error_message(harness.error()));
-  auto peer = (*harness)->connect(endpoint);
-  if (!peer) FAIL(error_message(peer.error()));
   const auto stalled_at = std::chrono::steady_clock::now();
-  REQUIRE_FALSE(request_stall(**harness, *peer, token, "train-watch", true));
-  (*harness)->stop();
+  stall_rank(endpoint, token);
   REQUIRE(launcher.wait_line(std::regex(R"("event":"replan")"), std::chrono::seconds(60)));
   const double replanned_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - stalled_at).count();
   const int status = finish(launcher);
@@ -73,21 +88,14 @@ TEST_CASE("--hang-s without --elastic: a hung rank fails the job at once with on
   temp_dir_guard tmp("mp-train-stall");
   const job j = slow_job(tmp, 40);
   const std::string token = "stall-" + std::to_string(::getpid());
-  ::setenv("COROLLA_CONTROL_TOKEN", token.c_str(), 1);
-  child_process launcher = child_process::corolla(
-      train_args(j, {"--pp", "2", "--dp", "1", "--link-profile", "lat=4ms", "--timeout-s", "120", "--hang-s", "2"}));
-  ::unsetenv("COROLLA_CONTROL_TOKEN");
+  child_process launcher = start_with_token(
+      token, train_args(j, {"--pp", "2", "--dp", "1", "--link-profile", "lat=4ms", "--timeout-s", "120", "--hang-s", "2"}));
   REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks")"), std::chrono::seconds(60)));
   const nlohmann::json one = rank_entry(launcher.lines(), 1);
   REQUIRE(one.is_object());
   REQUIRE(launcher.wait_line(std::regex(R"("step":2\b)"), std::chrono::seconds(60)));
-  auto harness = node::start({});
-  if (!harness) FAIL(error_message(harness.error()));
-  auto peer = (*harness)->connect(one["endpoint"].get<std::string>());
-  if (!peer) FAIL(error_message(peer.error()));
   const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE_FALSE(request_stall(**harness, *peer, token, "train-watch", true));
-  (*harness)->stop();
+  stall_rank(one["endpoint"].get<std::string>(), token);
   const int status = finish(launcher);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO("stderr: " << launcher.err());
