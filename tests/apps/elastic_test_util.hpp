@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdlib>
 #include <regex>
 #include <string>
 #include <vector>
@@ -61,6 +62,15 @@ inline nlohmann::json rank_entry(const std::vector<std::string>& lines, int rank
         if (r["rank"] == rank) found = r;
   }
   return found;
+}
+
+/// Starts `corolla <args>`; its rank processes obey `token` (read from
+/// the environment they inherit).
+inline child_process start_with_token(const std::string& token, const std::vector<std::string>& args) {
+  ::setenv("COROLLA_CONTROL_TOKEN", token.c_str(), 1);
+  child_process launcher = child_process::corolla(args);
+  ::unsetenv("COROLLA_CONTROL_TOKEN");
+  return launcher;
 }
 
 }  // namespace corolla::testing::elastic_test

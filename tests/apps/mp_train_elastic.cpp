@@ -556,13 +556,10 @@ TEST_CASE("--elastic --probe-every: a rank's links throttled mid-run, the job re
   j.steps = 60;
   std::ofstream(tmp / "three.toml") << three_nodes_toml;
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  // The rank processes obey this token (read from the environment they inherit).
   const std::string token = "elastic-test-" + std::to_string(::getpid());
-  ::setenv("COROLLA_CONTROL_TOKEN", token.c_str(), 1);
-  child_process launcher = child_process::corolla(train_args(
-      j, {"--cluster", tmp / "three.toml", "--elastic", "--probe-every", "2", "--snapshot-every", "0",
-          "--timeout-s", "60"}));
-  ::unsetenv("COROLLA_CONTROL_TOKEN");
+  child_process launcher = start_with_token(
+      token, train_args(j, {"--cluster", tmp / "three.toml", "--elastic", "--probe-every", "2", "--snapshot-every", "0",
+                            "--timeout-s", "60"}));
   REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks")"), std::chrono::seconds(60)));
   // Where rank 1 (n1/0) listens.
   const nlohmann::json one = rank_entry(launcher.lines(), 1);

@@ -27,15 +27,6 @@ using namespace corolla::testing::elastic_test;
 
 namespace {
 
-/// Starts `corolla <args>`; its rank processes obey `token` (read from
-/// the environment they inherit).
-child_process start_with_token(const std::string& token, const std::vector<std::string>& args) {
-  ::setenv("COROLLA_CONTROL_TOKEN", token.c_str(), 1);
-  child_process launcher = child_process::corolla(args);
-  ::unsetenv("COROLLA_CONTROL_TOKEN");
-  return launcher;
-}
-
 /// Stalls the stage of the rank listening at `endpoint` inside its next
 /// forward or backward (control.stall to its "train-watch" actor); its
 /// process, node, links and heartbeats stay up (SIGSTOP would stop them all).
