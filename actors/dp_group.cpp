@@ -280,22 +280,35 @@ std::string dp_group::snapshot(int step, const std::string& loss_scale) {
   }
 }
 
-caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g) {
+caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<stage_beacon> busy) {
   using namespace dp_msg;
-  return n.system().spawn<caf::detached>([g](caf::event_based_actor* self) -> caf::behavior {
+  return n.system().spawn<caf::detached>([g, busy](caf::event_based_actor* self) -> caf::behavior {
     return {
         [self, g](reduce_atom, int slot, std::int64_t step, std::int64_t adam_step,
                   std::shared_ptr<queue_marker>& ready) {
           std::string error = g->reduce(slot, step, adam_step, std::move(ready));
           self->send(caf::actor_cast<caf::actor>(self->current_sender()), reduced_atom::value, slot, std::move(error));
         },
-        [g](norm_atom, std::int64_t) { return g->reduced_sum_squares(); },
-        [g](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
+        [g, busy](norm_atom, std::int64_t) {
+          beacon_mark w(*busy, "gradient norm");
+          return g->reduced_sum_squares();
+        },
+        [g, busy](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
+          beacon_mark w(*busy, "optimizer update");
           return g->update(step, adam_step, coef);
         },
-        [g](save_atom, int step) { return g->save_checkpoint(step); },
-        [g](publish_atom, int steps) { return g->publish_params(steps); },
-        [g](snapshot_atom, int step, std::string& loss_scale) { return g->snapshot(step, loss_scale); },
+        [g, busy](save_atom, int step) {
+          beacon_mark w(*busy, "checkpoint save");
+          return g->save_checkpoint(step);
+        },
+        [g, busy](publish_atom, int steps) {
+          beacon_mark w(*busy, "parameter publish");
+          return g->publish_params(steps);
+        },
+        [g, busy](snapshot_atom, int step, std::string& loss_scale) {
+          beacon_mark w(*busy, "snapshot");
+          return g->snapshot(step, loss_scale);
+        },
     };
   });
 }

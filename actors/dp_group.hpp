@@ -38,6 +38,7 @@
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 
+#include "actors/train_watchdog.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/device_group.hpp"
 #include "model/params.hpp"
@@ -178,8 +179,12 @@ class dp_group {
 
 /// Spawns the DP-group actor (detached: its collectives block) over
 /// `group`, which only the actor uses from now on (the caller may hold a
-/// reference to choose when it is released, never to use it).
-caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> group);
+/// reference to choose when it is released, never to use it). Its work
+/// that waits for no message (updates, norms, saves, snapshots) is marked
+/// on `busy`, so that a coordinator asking what the rank does sees work,
+/// not a rank stuck (actors/train_watchdog.hpp); the ring reductions show
+/// as waits and messages taken instead.
+caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> group, std::shared_ptr<stage_beacon> busy);
 
 }  // namespace corolla
 

@@ -99,6 +99,10 @@ using corrupt_atom = caf::atom_constant<caf::atom("corrupt")>;
 /// (faultlab's `hang`): the work it watches stops making progress while the
 /// node stays up (a stuck kernel), or goes on again. Local only.
 using stall_atom = caf::atom_constant<caf::atom("stall")>;
+/// (lose_atom, std::string type, int count) from the node's control actor
+/// to its training mailbox (faultlab's `lose`): the next `count` messages
+/// of `type` that arrive are dropped, as if lost on the way. Local only.
+using lose_atom = caf::atom_constant<caf::atom("lose")>;
 
 }  // namespace corolla
 

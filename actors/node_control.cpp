@@ -1,6 +1,7 @@
 // A node's control actor (actors/node_control.hpp).
 #include "actors/node_control.hpp"
 
+#include <algorithm>
 #include <optional>
 
 #include <caf/event_based_actor.hpp>
@@ -94,6 +95,27 @@ caf::expected<corrupt_request> decode_stall(const std::vector<std::uint8_t>& bod
   });
 }
 
+struct lose_request {
+  std::string token, type;
+  int count = 0;
+};
+
+std::vector<std::uint8_t> encode_lose(const lose_request& r) {
+  capnp::MallocMessageBuilder b;
+  auto w = b.initRoot<wire::ControlLose>();
+  w.setToken(r.token);
+  w.setType(r.type);
+  w.setCount(static_cast<std::uint32_t>(std::max(r.count, 0)));
+  return capnp_body::flat(b);
+}
+
+caf::expected<lose_request> decode_lose(const std::vector<std::uint8_t>& body) {
+  return capnp_body::decode<wire::ControlLose>(body, "ControlLose", [](wire::ControlLose::Reader r) {
+    return lose_request{capnp_body::text(r.getToken(), "token", 1024), capnp_body::text(r.getType(), "type", 64),
+                        static_cast<int>(std::min<std::uint32_t>(r.getCount(), 1u << 20))};
+  });
+}
+
 /// Compares in time independent of where the strings differ.
 bool same_token(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -159,9 +181,21 @@ caf::behavior control(caf::event_based_actor* self, std::shared_ptr<node_context
                        r->on ? "stalls from now on" : "goes on again");
           return ok;
         }
+        if (m.type == control_msg::lose) {
+          auto r = decode_lose(m.body);
+          if (!r) return r.error();
+          if (!same_token(r->token, token)) return refuse("lose");
+          auto target = ctx->directory.find("train");
+          if (!target) return make_error(errc::unknown_actor, "node " + ctx->node_id + " runs no training rank");
+          caf::anon_send(target, lose_atom::value, r->type, r->count);
+          spdlog::warn("node {}: its training mailbox loses the next {} '{}' message(s) on the harness's order",
+                       ctx->node_id, r->count, r->type);
+          return ok;
+        }
         return make_error(errc::bad_message, "the control actor answers '" + std::string(control_msg::reshape) +
                                                  "', '" + control_msg::partition + "', '" + control_msg::corrupt +
-                                                 "' and '" + control_msg::stall + "', not '" + m.type + "'");
+                                                 "', '" + control_msg::stall + "' and '" + control_msg::lose +
+                                                 "', not '" + m.type + "'");
       },
   };
 }
@@ -226,6 +260,14 @@ caf::error request_stall(node& n, const std::string& peer, const std::string& to
   remote_message m;
   m.type = control_msg::stall;
   m.body = encode_stall({token, actor, on});
+  return request_control(n, peer, std::move(m), timeout);
+}
+
+caf::error request_lose(node& n, const std::string& peer, const std::string& token, const std::string& type, int count,
+                        std::chrono::milliseconds timeout) {
+  remote_message m;
+  m.type = control_msg::lose;
+  m.body = encode_lose({token, type, count});
   return request_control(n, peer, std::move(m), timeout);
 }
 

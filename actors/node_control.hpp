@@ -5,12 +5,14 @@
 // control token (node_options::control_token; `COROLLA_CONTROL_TOKEN` for
 // the apps) publishes the "control" actor, which obeys "control.reshape",
 // "control.partition", "control.corrupt" (a published actor of the node
-// returns wrong outputs: a broken volunteer) and "control.stall" (the work
-// a published actor watches stops making progress: a hung rank) requests
+// returns wrong outputs: a broken volunteer), "control.stall" (the work
+// a published actor watches stops making progress: a hung rank) and
+// "control.lose" (the training mailbox drops the next messages of a type:
+// a message lost on the way, which leaves the job waiting) requests
 // carrying that token and refuses every other sender; a node without a
 // token has no such actor. Bodies: wire::ControlReshape,
-// wire::ControlPartition, wire::ControlCorrupt, wire::ControlStall
-// (docs/protocol.md).
+// wire::ControlPartition, wire::ControlCorrupt, wire::ControlStall,
+// wire::ControlLose (docs/protocol.md).
 #pragma once
 
 #include <chrono>
@@ -36,6 +38,7 @@ inline constexpr const char* reshape = "control.reshape";  ///< harness -> node
 inline constexpr const char* partition = "control.partition";  ///< harness -> node
 inline constexpr const char* corrupt = "control.corrupt";  ///< harness -> node
 inline constexpr const char* stall = "control.stall";      ///< harness -> node
+inline constexpr const char* lose = "control.lose";        ///< harness -> node
 inline constexpr const char* ok = "control.ok";            ///< the answer
 }  // namespace control_msg
 
@@ -72,5 +75,11 @@ caf::error request_corrupt(node& n, const std::string& peer, const std::string& 
 /// training rank's "train-watch" does). Errors as request_corrupt.
 caf::error request_stall(node& n, const std::string& peer, const std::string& token, const std::string& actor, bool on,
                          std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+/// Asks node `peer` to drop the next `count` training messages of `type`
+/// ("train.act", "train.grad", ...) that reach its mailbox ("train").
+/// Errors as request_corrupt (unknown_actor: the node runs no rank).
+caf::error request_lose(node& n, const std::string& peer, const std::string& token, const std::string& type, int count,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
 }  // namespace corolla

@@ -23,15 +23,29 @@ bool is_vague_failure(const std::string& reason) {
 void train_inbox::put(const std::string& key, remote_message m) {
   {
     std::lock_guard lock(mu_);
+    if (auto lose = to_lose_.find(m.type); lose != to_lose_.end() && lose->second > 0) {
+      --lose->second;
+      spdlog::warn("losing training message {} on purpose (faultlab's lose)", key);
+      return;
+    }
     filed_[key].push_back(std::move(m));
   }
   cv_.notify_all();
 }
 
-remote_message train_inbox::take(const std::string& key, std::chrono::milliseconds timeout,
-                                 const std::string& what) {
+std::optional<remote_message> train_inbox::try_take(const std::string& key, std::chrono::milliseconds timeout,
+                                                    const std::string& what, int from) {
   std::unique_lock lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto now = std::chrono::steady_clock::now();
+  const auto deadline = now + timeout;
+  // Registered while it waits: waits() tells the coordinator what for.
+  const std::uint64_t id = ++takes_;
+  waiting_.emplace(id, pending_take{what, from, now});
+  struct unregister {
+    std::map<std::uint64_t, pending_take>& w;
+    std::uint64_t id;
+    ~unregister() { w.erase(id); }
+  } done{waiting_, id};
   for (;;) {
     if (failure_) throw train_error(*failure_);
     auto it = filed_.find(key);
@@ -39,13 +53,59 @@ remote_message train_inbox::take(const std::string& key, std::chrono::millisecon
       remote_message m = std::move(it->second.front());
       it->second.pop_front();
       if (it->second.empty()) filed_.erase(it);
+      ++taken_;
       return m;
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       if (failure_) throw train_error(*failure_);
-      throw train_error("no " + what + " within " + std::to_string(timeout.count()) + " ms");
+      // One last look: a put may have come with the deadline.
+      if (auto again = filed_.find(key); again != filed_.end() && !again->second.empty()) continue;
+      return std::nullopt;
     }
   }
+}
+
+remote_message train_inbox::take(const std::string& key, std::chrono::milliseconds timeout, const std::string& what,
+                                 int from) {
+  auto m = try_take(key, timeout, what, from);
+  if (!m) throw train_error("no " + what + " within " + std::to_string(timeout.count()) + " ms");
+  return std::move(*m);
+}
+
+bool train_inbox::has(const std::string& key) const {
+  std::lock_guard lock(mu_);
+  auto it = filed_.find(key);
+  return it != filed_.end() && !it->second.empty();
+}
+
+std::vector<schedule::party_wait> train_inbox::waits() const {
+  std::lock_guard lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<schedule::party_wait> out;
+  for (const auto& [id, w] : waiting_)
+    out.push_back({w.what, w.from, std::chrono::duration<double>(now - w.since).count()});
+  return out;
+}
+
+std::uint64_t train_inbox::taken() const {
+  std::lock_guard lock(mu_);
+  return taken_;
+}
+
+caf::expected<schedule::rank_activity> train_inbox::activity(int rank, std::uint64_t job) const {
+  // Only the coordinator of this run knows its id.
+  if (job == 0 || job != this->job()) return make_error(errc::auth_refused, "not this rank's run");
+  schedule::rank_activity a;
+  a.rank = rank;
+  a.answered = true;
+  a.progress = taken();
+  a.waits = waits();
+  return a;
+}
+
+void train_inbox::lose(const std::string& type, int count) {
+  std::lock_guard lock(mu_);
+  to_lose_[type] = count;
 }
 
 void train_inbox::fail(const std::string& reason) {
@@ -196,6 +256,8 @@ caf::behavior train_mailbox(caf::event_based_actor*, std::shared_ptr<train_inbox
         inbox->put(*key, std::move(m));
       },
       [inbox](const peer_down& d) { inbox->peer_down(d.peer, d.reason); },
+      // faultlab's lose, from the node's control actor (control.lose).
+      [inbox](lose_atom, const std::string& type, int count) { inbox->lose(type, count); },
       [](const peer_up&) {},
   };
 }
@@ -274,8 +336,8 @@ void train_comm::send_coordinator(const char* type, std::vector<std::uint8_t> bo
 }
 
 Tensor train_comm::receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel,
-                           const std::string& what) {
-  remote_message m = inbox_->take(train_key(type, job_, step, index, hop), timeout_, what);
+                           const std::string& what, int from) {
+  remote_message m = inbox_->take(train_key(type, job_, step, index, hop), timeout_, what, from);
   if (m.tensors.size() != 1)
     throw train_error(what + " came with " + std::to_string(m.tensors.size()) + " tensors (expected 1)");
   const Tensor& t = m.tensors[0];
@@ -294,7 +356,8 @@ Tensor train_comm::receive_chunk(int from, ring_phase phase, std::int64_t step, 
   const bool rs = phase == ring_phase::reduce_scatter;
   return receive(rs ? train_msg::rs : train_msg::ag, step, bucket, hop, numel,
                  std::string(rs ? "gradient" : "parameter") + " chunk of bucket " + std::to_string(bucket) + " (hop " +
-                     std::to_string(hop) + ") from rank " + std::to_string(from));
+                     std::to_string(hop) + ") from rank " + std::to_string(from),
+                 from);
 }
 
 }  // namespace corolla

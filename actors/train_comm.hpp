@@ -32,6 +32,7 @@
 #include "actors/train_wire.hpp"
 #include "kernels/tensor.hpp"
 #include "net/collectives.hpp"
+#include "schedule/wait_graph.hpp"
 
 namespace corolla {
 
@@ -42,6 +43,19 @@ class node;
 class train_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+/// A job that stopped making progress while its processes are up: the
+/// coordinator's stall check (schedule/wait_graph.hpp). `blamed`: the
+/// ranks at fault (silent or frozen ones); empty for a deadlock, a cycle
+/// of waits that a lost message leaves and no rank caused.
+class train_stall : public train_error {
+ public:
+  train_stall(const std::string& reason, std::vector<int> blamed) : train_error(reason), blamed_(std::move(blamed)) {}
+  const std::vector<int>& blamed() const { return blamed_; }
+
+ private:
+  std::vector<int> blamed_;
 };
 
 /// "train.act/<job>/3/1/0": the key a message is filed under. `job` is the
@@ -55,15 +69,37 @@ std::string train_key(const std::string& type, std::uint64_t job, std::int64_t s
 /// failure whose own, more specific reason may come a moment later.
 bool is_vague_failure(const std::string& reason);
 
-/// Messages received and not yet taken, by key. Thread-safe.
+/// Messages received and not yet taken, by key. Thread-safe. It also
+/// knows what its takers wait for right now (waits()), for the
+/// coordinator's question when a job stops making progress
+/// (schedule/wait_graph.hpp).
 class train_inbox {
  public:
-  /// Files `m` under `key` (several messages may share a key: FIFO).
+  /// Files `m` under `key` (several messages may share a key: FIFO),
+  /// unless a lose() order drops it.
   void put(const std::string& key, remote_message m);
   /// The oldest message filed under `key`, waiting up to `timeout`.
   /// Throws train_error when the inbox has failed (the reason) or at the
-  /// timeout (naming `what` is being waited for).
-  remote_message take(const std::string& key, std::chrono::milliseconds timeout, const std::string& what);
+  /// timeout (naming `what` is being waited for). `from`: the rank it
+  /// comes from (schedule::from_coordinator, from_unknown).
+  remote_message take(const std::string& key, std::chrono::milliseconds timeout, const std::string& what,
+                      int from = schedule::from_unknown);
+  /// As take, but nothing (instead of an error) at the timeout.
+  std::optional<remote_message> try_take(const std::string& key, std::chrono::milliseconds timeout,
+                                         const std::string& what, int from = schedule::from_unknown);
+  /// Whether a message is filed under `key` (not taken yet).
+  bool has(const std::string& key) const;
+  /// What takers wait for now, with how long they have waited.
+  std::vector<schedule::party_wait> waits() const;
+  /// Messages taken so far.
+  std::uint64_t taken() const;
+  /// Rank `rank`'s answer to the coordinator's train.waits? for run `job`
+  /// (its waits, messages taken as progress), or errc::auth_refused for
+  /// another run's (or before the roster).
+  caf::expected<schedule::rank_activity> activity(int rank, std::uint64_t job) const;
+  /// faultlab's lose: the next `count` messages of `type` that reach this
+  /// inbox are dropped, as if lost on the way.
+  void lose(const std::string& type, int count);
   /// Fails the inbox with `reason`. The first reason is kept, except that a
   /// peer's goodbye or a plain "exited (exit status N)" gives way to a later,
   /// more specific reason. Ignored once closing() was called.
@@ -93,9 +129,18 @@ class train_inbox {
   std::string label_of(const std::string& node_id) const;
 
  private:
+  struct pending_take {
+    std::string what;
+    int from;
+    std::chrono::steady_clock::time_point since;
+  };
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::deque<remote_message>> filed_;
+  std::map<std::uint64_t, pending_take> waiting_;  ///< by take number
+  std::uint64_t takes_ = 0, taken_ = 0;
+  std::map<std::string, int> to_lose_;  ///< by message type
   std::map<std::string, std::string> labels_;
   std::optional<std::string> failure_;
   bool closing_ = false;
@@ -143,9 +188,11 @@ class train_comm : public ring_channel {
   caf::actor actor_of(int to, const std::string& name);
   /// Sends a body to the coordinator's mailbox.
   void send_coordinator(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {});
-  /// The tensor of message `type` for (step, index, hop), checked to hold
-  /// `numel` f32 values. Throws train_error (what = for the message).
-  Tensor receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel, const std::string& what);
+  /// The tensor of message `type` for (step, index, hop) from rank `from`,
+  /// checked to hold `numel` f32 values. Throws train_error (what = for
+  /// the message).
+  Tensor receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel, const std::string& what,
+                 int from);
 
   /// A ring chunk as train.rs / train.ag to rank `to`'s mailbox.
   void send_chunk(int to, ring_phase phase, std::int64_t step, int bucket, int hop, Tensor chunk) override;

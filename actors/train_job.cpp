@@ -18,6 +18,7 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_snapshots.hpp"
+#include "actors/train_stall.hpp"
 #include "actors/train_store.hpp"
 #include "model/transformer.hpp"
 #include "schedule/snapshot_interval.hpp"
@@ -211,6 +212,7 @@ class coordinator {
         const auto now = std::chrono::steady_clock::now();
         r.seconds = std::chrono::duration<double>(now - last_time).count();
         last_time = now;
+        stall_.step_took(step, first, r.seconds);
         // In-memory snapshots: a printed step survives any one rank's loss.
         // Its buddy's keeper holds every rank's copy of it before it is
         // printed (train.kept; a few milliseconds, and the ranks go on).
@@ -274,8 +276,9 @@ class coordinator {
   }
 
  private:
+  /// Rank `rank`'s message, watching for a job that stopped (train_stall.hpp).
   std::vector<std::uint8_t> take(const char* type, std::int64_t step, int rank, const std::string& what) {
-    return inbox_->take(train_key(type, run_, step, rank), o_.timeout, what + " from " + o_.layout.label(rank)).body;
+    return stall_.take(*inbox_, type, step, rank, what, o_.timeout).body;
   }
 
   void send(int rank, const char* type, std::vector<std::uint8_t> body) {
@@ -305,6 +308,7 @@ class coordinator {
       roster.peers.push_back({rank, m.from_node, j->endpoint});
     }
     const auto body = encode_body(roster);
+    stall_.set_run(run_, ids_);
     for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::roster, body);
     if (hooks.on_roster) hooks.on_roster(roster.peers);
     spdlog::info("training job {}: all {} ranks joined", o_.layout.describe(), world_);
@@ -359,6 +363,8 @@ class coordinator {
   std::shared_ptr<train_inbox> inbox_;
   caf::actor mailbox_;
   std::map<int, std::string> ids_;
+  /// Nothing coming while every rank is up: who or what the job is stuck on.
+  stall_watch stall_{node_, o_.layout, o_.hang_s};
   /// The in-memory snapshot interval in force (--snapshot-every; with
   /// auto, what choose_snapshot_interval chose), and since the last
   /// verdict step the seconds snapshot copies took and the steps took.

@@ -104,7 +104,7 @@ void rank_runtime::run_actors() {
   // From here on only the DP-group actor touches the buckets.
   dp_size_ = buckets_->size();
   slot_of_ = buckets_->slots();
-  dp_actor_ = spawn_dp_group(node_, buckets_);
+  dp_actor_ = spawn_dp_group(node_, buckets_, dp_beacon_);
   auto* self = this;
   // Shared: the actor may still be inside set_value when this thread
   // wakes up and leaves.
@@ -165,7 +165,7 @@ void rank_runtime::run_step(const std::vector<schedule::instruction>& program, i
       case pipeline_op::recv_act: {
         const int from = l.rank_of((v - 1) % l.pp, replica_);
         Tensor x = comm_->receive(train_msg::act, step, index(k, v), 0, rows * D,
-                                  "activations of micro-batch " + std::to_string(k) + " from " + l.label(from));
+                                  "activations of micro-batch " + std::to_string(k) + " from " + l.label(from), from);
         flight[key].x = to_compute(x.view({rows, D}));
         break;
       }
@@ -181,7 +181,7 @@ void rank_runtime::run_step(const std::vector<schedule::instruction>& program, i
       case pipeline_op::recv_grad: {
         const int from = l.rank_of((v + 1) % l.pp, replica_);
         Tensor dy = comm_->receive(train_msg::grad, step, index(k, v), 0, rows * D,
-                                   "gradient of micro-batch " + std::to_string(k) + " from " + l.label(from));
+                                   "gradient of micro-batch " + std::to_string(k) + " from " + l.label(from), from);
         flight[key].dy = to_compute(dy.view({rows, D}));
         break;
       }
@@ -266,11 +266,17 @@ void rank_runtime::optimizer_step(int step, double loss) {
   train_report report{rank_, step, loss, sum_squares, comm_->job()};
   // A device queues its work: the host's time in the calls says nothing.
   report.compute_s = on_device_ ? 0.0 : compute_s_;
-  if (o_.probes_at(step)) report.links = probe_links();
+  if (o_.probes_at(step)) {
+    // Work, not a wait, for the coordinator's stall check; not a compute
+    // call for the watchdog (a slow link's probe is no hang).
+    beacon_mark probing(*probe_beacon_, "link probe");
+    report.links = probe_links();
+  }
   comm_->send_coordinator(train_msg::report, encode_body(report));
   if (needs_global_norm()) {
     remote_message m = inbox_->take(train_key(train_msg::norm, comm_->job(), step, 0), o_.timeout,
-                                    "gradient norm of step " + std::to_string(step) + " from the coordinator");
+                                    "gradient norm of step " + std::to_string(step) + " from the coordinator",
+                                    schedule::from_coordinator);
     auto note = decode_train_step(m.body);
     if (!note) throw train_error("bad gradient norm from the coordinator: " + error_message(note.error()));
     // Every rank sees the same norm, so all skip an overflowed step (the
@@ -320,7 +326,7 @@ std::vector<train_link_rate> rank_runtime::probe_links() {
 
 void rank_runtime::take_verdict(int step) {
   remote_message m = inbox_->take(train_key(train_msg::drain, comm_->job(), step, 0), o_.timeout,
-                                  "the coordinator's verdict after step " + std::to_string(step));
+                                  "the coordinator's verdict after step " + std::to_string(step), schedule::from_coordinator);
   auto note = decode_train_step(m.body);
   if (!note) throw train_error("bad verdict from the coordinator: " + error_message(note.error()));
   if (note->snapshot_every > 0) snapshot_every_ = note->snapshot_every;  // --snapshot-every auto
@@ -335,7 +341,8 @@ void rank_runtime::finish() {
   // going away now would be a failure.
   inbox_->drain(coordinator_id_);
   comm_->send_coordinator(train_msg::done, encode_body(train_step_note{last_step_, rank_, 0, comm_->job()}));
-  inbox_->take(train_key(train_msg::finish, comm_->job(), last_step_, 0), o_.timeout, "the coordinator's end of the job");
+  inbox_->take(train_key(train_msg::finish, comm_->job(), last_step_, 0), o_.timeout, "the coordinator's end of the job",
+               schedule::from_coordinator);
   inbox_->close();
 }
 

@@ -189,6 +189,11 @@ class rank_runtime {
   caf::actor mailbox_, dp_actor_;
   caf::actor keeper_;  ///< this rank's snapshot keeper (snapshot_every > 0)
   std::shared_ptr<stage_beacon> beacon_ = std::make_shared<stage_beacon>();
+  /// The DP-group actor's work that waits for no message (for the
+  /// coordinator's question; the watchdog judges only the stage's calls).
+  std::shared_ptr<stage_beacon> dp_beacon_ = std::make_shared<stage_beacon>();
+  /// The stage's link probes (probe steps), for the same question.
+  std::shared_ptr<stage_beacon> probe_beacon_ = std::make_shared<stage_beacon>();
   caf::actor watchdog_;  ///< the stage's watchdog ("train-watch")
   std::unique_ptr<train_comm> comm_;
   rank_rings rings_;

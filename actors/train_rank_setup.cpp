@@ -115,6 +115,20 @@ void rank_runtime::start_watchdog() {
     std::fprintf(stderr, "corolla: error: training failed on %s: %s\n", o_.layout.label(rank_).c_str(), why.c_str());
     std::this_thread::sleep_for(std::chrono::seconds(1));  // the abort leaves before the process
     std::_Exit(1);
+  }, [inbox = inbox_, rank = rank_, dp = dp_beacon_, probe = probe_beacon_](std::uint64_t job) {
+    auto a = inbox->activity(rank, job);
+    if (!a) return a;
+    // The watchdog adds the stage's call; the DP group's work and the
+    // stage's link probes are the rank's work too.
+    for (const stage_beacon* b : {dp.get(), probe.get()}) {
+      const char* what = "";
+      if (const double busy = b->busy_s(&what); busy > 0 && a->computing.empty()) {
+        a->computing = what;
+        a->computing_s = busy;
+      }
+      a->progress += b->calls();
+    }
+    return a;
   });
   if (auto err = node_.publish("train-watch", watchdog_)) throw train_error("cannot publish the watchdog: " + error_message(err));
 }

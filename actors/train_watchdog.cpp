@@ -8,7 +8,9 @@
 #include <caf/atom.hpp>
 #include <caf/event_based_actor.hpp>
 
+#include "actors/errors.hpp"
 #include "actors/messages.hpp"
+#include "actors/train_wire.hpp"
 
 namespace corolla {
 
@@ -28,6 +30,7 @@ void stage_beacon::leave() {
   const std::int64_t since = since_ns_.exchange(0);
   if (since == 0) return;
   const std::int64_t took = now_ns() - since;
+  calls_.fetch_add(1);
   std::int64_t seen = longest_ns_.load();
   while (took > seen && !longest_ns_.compare_exchange_weak(seen, took)) {
   }
@@ -67,16 +70,39 @@ constexpr std::chrono::milliseconds check_every{100};
 }  // namespace
 
 caf::actor spawn_train_watchdog(caf::actor_system& system, std::shared_ptr<stage_beacon> beacon, double hang_s,
-                                std::function<void(double seconds, const std::string& what)> on_hang) {
+                                std::function<void(double seconds, const std::string& what)> on_hang,
+                                activity_sampler activity) {
   // Detached (its own thread): on_hang may block (it tells the coordinator,
   // flushes the snapshot keeper), and the checks must not wait for a busy
   // scheduler.
-  return system.spawn<caf::detached>([beacon, hang_s, on_hang](caf::event_based_actor* self) -> caf::behavior {
+  return system.spawn<caf::detached>([beacon, hang_s, on_hang,
+                                      activity](caf::event_based_actor* self) -> caf::behavior {
     // hang_s 0: no checks, but the harness's stall still works (a job
     // without a watchdog, hung on purpose).
     if (hang_s > 0) self->delayed_send(self, check_every, watch_tick_atom::value);
     return {
         [beacon](stall_atom, bool on) { beacon->stall(on); },
+        // The coordinator's question when the job stopped making progress.
+        [beacon, activity](remote_message& m) -> caf::result<remote_message> {
+          if (m.type != train_msg::waits_query)
+            return make_error(errc::bad_message, "the watchdog answers '" + std::string(train_msg::waits_query) +
+                                                     "', not '" + m.type + "'");
+          auto q = decode_train_step(m.body);
+          if (!q) return q.error();
+          auto a = activity(q->job);
+          if (!a) return a.error();
+          const char* what = "";
+          const double busy = beacon->busy_s(&what);
+          if (busy > 0) {
+            a->computing = what;
+            a->computing_s = busy;
+          }
+          a->progress += beacon->calls();
+          remote_message out;
+          out.type = train_msg::waits;
+          out.body = encode_body(*a);
+          return out;
+        },
         [self, beacon, hang_s, on_hang](watch_tick_atom) {
           const char* what = "";
           const double busy = beacon->busy_s(&what);

@@ -13,6 +13,14 @@
 // re-plans without it). Waits for messages are not compute: a rank that
 // waits on a hung one is its victim, not hung.
 //
+// A job can also stop while no rank computes: a message lost or never
+// sent leaves ranks waiting on each other. The coordinator then asks every
+// rank's watchdog what the rank is doing (train.waits?, a request with the
+// run's id): it answers with its compute call, its progress counter and
+// what its actors wait for (wire::TrainWaits), and the coordinator finds
+// the rank or the cycle of waits the job is stuck on
+// (schedule/wait_graph.hpp).
+//
 // For faultlab's `hang` the watchdog also obeys stall_atom from the node's
 // control actor: the stage then stalls inside its next compute call until
 // told otherwise (actors/node_control.hpp, control.stall).
@@ -27,6 +35,9 @@
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
+#include <caf/expected.hpp>
+
+#include "schedule/wait_graph.hpp"
 
 namespace corolla {
 
@@ -41,6 +52,8 @@ class stage_beacon {
   double busy_s(const char** what = nullptr) const;
   /// The longest completed call so far, in seconds.
   double longest_s() const { return static_cast<double>(longest_ns_.load()) * 1e-9; }
+  /// Calls completed so far.
+  std::uint64_t calls() const { return calls_.load(); }
   /// faultlab's hang: while set, enter() does not return.
   void stall(bool on) { stalled_.store(on); }
   bool stalled() const { return stalled_.load(); }
@@ -49,6 +62,7 @@ class stage_beacon {
   static std::int64_t now_ns();
   std::atomic<std::int64_t> since_ns_{0};  ///< 0 = idle
   std::atomic<std::int64_t> longest_ns_{0};
+  std::atomic<std::uint64_t> calls_{0};
   std::atomic<const char*> what_{""};
   std::atomic<bool> stalled_{false};
 };
@@ -68,6 +82,20 @@ class compute_window {
   std::chrono::steady_clock::time_point t0_;
 };
 
+/// Work marked on a beacon for its scope (no seconds summed): the DP-group
+/// actor's updates, the stage's link probes. What the coordinator's stall
+/// check sees as work rather than a rank stuck.
+class beacon_mark {
+ public:
+  beacon_mark(stage_beacon& b, const char* what) : beacon_(b) { beacon_.enter(what); }
+  ~beacon_mark() { beacon_.leave(); }
+  beacon_mark(const beacon_mark&) = delete;
+  beacon_mark& operator=(const beacon_mark&) = delete;
+
+ private:
+  stage_beacon& beacon_;
+};
+
 /// The threshold: a call is a hang past max(hang_s, 10 x the longest so far).
 double hang_threshold_s(double hang_s, double longest_s);
 
@@ -76,10 +104,16 @@ double hang_threshold_s(double hang_s, double longest_s);
 std::string hang_reason(const std::string& label, double seconds, const std::string& what, double hang_s,
                         double longest_s);
 
+/// What the rank does now, for the coordinator's train.waits? of run
+/// `job` (an error for another run's): its waits and messages taken; the
+/// watchdog adds the beacon's compute call and calls.
+using activity_sampler = std::function<caf::expected<schedule::rank_activity>(std::uint64_t job)>;
+
 /// Spawns the watchdog of `beacon`; with hang_s 0 it never checks and
-/// only obeys stall_atom. `on_hang(seconds, what)` runs once, on the
-/// watchdog's own thread (it may block).
+/// only obeys stall_atom and answers train.waits?. `on_hang(seconds,
+/// what)` runs once, on the watchdog's own thread (it may block).
 caf::actor spawn_train_watchdog(caf::actor_system& system, std::shared_ptr<stage_beacon> beacon, double hang_s,
-                                std::function<void(double seconds, const std::string& what)> on_hang);
+                                std::function<void(double seconds, const std::string& what)> on_hang,
+                                activity_sampler activity);
 
 }  // namespace corolla

@@ -1,5 +1,6 @@
 #include "actors/train_wire.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -146,6 +147,46 @@ caf::expected<train_abort> decode_train_abort(const std::vector<std::uint8_t>& b
   return decode<wire::TrainAbort>(body, "TrainAbort", [](wire::TrainAbort::Reader r) {
     std::string reason = r.getReason().cStr();
     return train_abort{reason.substr(0, 4096), r.getJob()};
+  });
+}
+
+std::vector<std::uint8_t> encode_body(const schedule::rank_activity& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainWaits>();
+  r.setRank(v.rank);
+  r.setComputing(v.computing.substr(0, 256));
+  r.setComputingS(v.computing_s);
+  r.setProgress(v.progress);
+  const std::size_t n = std::min<std::size_t>(v.waits.size(), max_roster);
+  auto waits = r.initWaits(static_cast<unsigned>(n));
+  for (std::size_t i = 0; i < n; ++i) {
+    auto w = waits[static_cast<unsigned>(i)];
+    w.setWhat(v.waits[i].what.substr(0, 512));
+    w.setFrom(v.waits[i].from);
+    w.setSeconds(v.waits[i].seconds);
+  }
+  return flat(b);
+}
+
+caf::expected<schedule::rank_activity> decode_rank_activity(const std::vector<std::uint8_t>& body) {
+  return decode<wire::TrainWaits>(body, "TrainWaits", [](wire::TrainWaits::Reader r) {
+    auto seconds = [](double s, const char* what) {
+      if (!std::isfinite(s) || s < 0) throw std::invalid_argument(std::string(what) + " of " + std::to_string(s) + " s");
+      return s;
+    };
+    schedule::rank_activity out;
+    out.rank = r.getRank();
+    out.answered = true;
+    out.computing = text(r.getComputing(), "compute call", 256);
+    out.computing_s = seconds(r.getComputingS(), "a compute call");
+    out.progress = r.getProgress();
+    auto waits = r.getWaits();
+    if (waits.size() > max_roster) throw std::invalid_argument(std::to_string(waits.size()) + " waits");
+    for (auto w : waits) {
+      if (w.getFrom() < schedule::from_coordinator) throw std::invalid_argument("a wait from " + std::to_string(w.getFrom()));
+      out.waits.push_back({text(w.getWhat(), "wait", 512), w.getFrom(), seconds(w.getSeconds(), "a wait")});
+    }
+    return out;
   });
 }
 

@@ -11,6 +11,8 @@
 
 #include <caf/expected.hpp>
 
+#include "schedule/wait_graph.hpp"
+
 namespace corolla {
 
 /// Message types of training (all one-way sends).
@@ -31,6 +33,8 @@ inline constexpr const char* finish = "train.finish";  ///< coordinator -> ranks
 inline constexpr const char* drain = "train.drain";    ///< coordinator -> ranks at probe steps: go on, or stop (re-plan)
 inline constexpr const char* kept = "train.kept";      ///< a buddy's keeper -> coordinator: it holds rank R's snapshot of step N
 inline constexpr const char* abort = "train.abort";    ///< coordinator -> ranks (the job failed), or a failing rank -> coordinator (why)
+inline constexpr const char* waits_query = "train.waits?";  ///< coordinator -> a rank's train-watch (request): what are you doing?
+inline constexpr const char* waits = "train.waits";    ///< its answer (wire::TrainWaits)
 }  // namespace train_msg
 
 /// wire::TrainJoin.
@@ -104,5 +108,10 @@ caf::expected<train_packet> decode_train_packet(const std::vector<std::uint8_t>&
 caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>& body);
 caf::expected<train_step_note> decode_train_step(const std::vector<std::uint8_t>& body);
 caf::expected<train_abort> decode_train_abort(const std::vector<std::uint8_t>& body);
+
+/// wire::TrainWaits: a rank's answer to train.waits? (`answered` is not
+/// sent: a decoded answer is one).
+std::vector<std::uint8_t> encode_body(const schedule::rank_activity& v);
+caf::expected<schedule::rank_activity> decode_rank_activity(const std::vector<std::uint8_t>& body);
 
 }  // namespace corolla

@@ -22,6 +22,13 @@
 // it names a rank that waits rather than the hung one). The figure is the
 // time lost, as with --kill.
 //
+// With --lose: rank 3 of that job loses an activation on the way after
+// --kill-step (faultlab's lose): every process is up and none computes;
+// ranks 1 and 3 wait on each other. Found by the coordinator's stall check
+// (--hang-s: it names the cycle, and the same grid starts again from the
+// snapshots), and without it (--hang-s 0: --timeout-s runs out, and the
+// rank it names, a victim, is dropped). The figure is the time lost.
+//
 // With --join: the same three nodes with n1/0 and n2/0 on standby, so the
 // job starts on n0/0 alone; a machine joins as n1/0 at --join-step, and the
 // job moves onto the planner's plan with it when the cost model says that
@@ -62,6 +69,7 @@ struct elastic_bench_options {
   int kill_step = 45;         ///< step after which rank 3 is killed
   int checkpoint_every = 50;  ///< both kill runs' checkpoints
   bool hang = false;          ///< --hang: a stage stuck with its node up
+  bool lose = false;          ///< --lose: a message lost, every rank up
   double hang_s = 2;          ///< --hang's watchdog run: its --hang-s
   double baseline_timeout_s = 10;  ///< --hang's baseline run: its --timeout-s
   bool join = false;          ///< --join: a machine joining a --cluster job
@@ -225,7 +233,10 @@ int run_bench_elastic_kill(const elastic_bench_options& o) {
   return 0;
 }
 
-int run_bench_elastic_hang(const elastic_bench_options& o) {
+/// --hang and --lose: a job stuck with every node up, found by --hang-s
+/// (the rank's watchdog, or the coordinator's stall check) vs --timeout-s.
+int run_bench_elastic_stuck(const elastic_bench_options& o) {
+  const char* name = o.hang ? "hang" : "lose";
   if (o.kill_step < 1 || o.steps < o.kill_step + 5)
     throw std::invalid_argument("--steps must leave at least 5 steps after --kill-step");
   if (!(o.hang_s > 0) || !(o.baseline_timeout_s > 0))
@@ -251,39 +262,46 @@ int run_bench_elastic_hang(const elastic_bench_options& o) {
     s.train = j;
     fl::fault f;
     f.at = {fl::moment::kind::step, static_cast<double>(o.kill_step)};
-    f.what = fl::action::hang;
+    f.what = o.hang ? fl::action::hang : fl::action::lose;
     f.whom = {fl::target::kind::rank, 3};
+    f.message = o.hang ? "" : "train.act";
     s.faults = {f};
     return s;
   };
   std::mt19937_64 rng(1);
-  std::fprintf(stderr, "bench elastic --hang: %d steps of 2x2 (lat=4ms), rank 3's stage hangs after step %d; found by "
-                       "its watchdog (--hang-s %g), then by the coordinator's --timeout-s %g\n",
-               o.steps, o.kill_step, o.hang_s, o.baseline_timeout_s);
+  if (o.hang)
+    std::fprintf(stderr, "bench elastic --hang: %d steps of 2x2 (lat=4ms), rank 3's stage hangs after step %d; found by "
+                         "its watchdog (--hang-s %g), then by the coordinator's --timeout-s %g\n",
+                 o.steps, o.kill_step, o.hang_s, o.baseline_timeout_s);
+  else
+    std::fprintf(stderr, "bench elastic --lose: %d steps of 2x2 (lat=4ms), rank 3 loses an activation after step %d; "
+                         "found by the coordinator's stall check (--hang-s %g), then by its --timeout-s %g\n",
+                 o.steps, o.kill_step, o.hang_s, o.baseline_timeout_s);
   const faultlab_run watched = run_train_scenario(scenario(true), true, rng, scratch / "watchdog");
   const faultlab_run timed = run_train_scenario(scenario(false), true, rng, scratch / "timeout");
   for (const faultlab_run* r : {&watched, &timed}) {
     if (!r->completed) throw model_error("bench elastic: a run failed: " + r->error);
     if (r->faults.empty() || r->faults[0].recovered_at_s < 0)
-      throw model_error("bench elastic: a run did not recover from the hang");
+      throw model_error(std::string("bench elastic: a run did not recover from the ") + name);
   }
   const double watched_lost = time_lost(watched, o.kill_step), timed_lost = time_lost(timed, o.kill_step);
   const double ratio = watched_lost > 0 ? timed_lost / watched_lost : 0;
   const double worst = loss_diff(watched, timed);
   // Whom each run took for lost (the re-plan event's reason names it).
   auto blamed = [](const faultlab_run& r) { return r.faults[0].detected_by; };
-  nlohmann::json j = {{"bench", "elastic-hang"},     {"steps", o.steps},
-                      {"hang_step", o.kill_step},    {"hang_s", o.hang_s},
+  nlohmann::json j = {{"bench", std::string("elastic-") + name}, {"steps", o.steps},
+                      {"fault_step", o.kill_step},    {"hang_s", o.hang_s},
                       {"baseline_timeout_s", o.baseline_timeout_s},
-                      {"watchdog_lost_s", watched_lost}, {"timeout_lost_s", timed_lost},
+                      {"checked_lost_s", watched_lost}, {"timeout_lost_s", timed_lost},
                       {"ratio", ratio},              {"max_loss_rel_diff", worst},
-                      {"watchdog_detected_by", blamed(watched)}, {"timeout_detected_by", blamed(timed)}};
+                      {"checked_detected_by", blamed(watched)}, {"timeout_detected_by", blamed(timed)}};
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("watchdog (--hang-s %g):   %.2f s lost (%s)\n", o.hang_s, watched_lost, blamed(watched).c_str());
-    std::printf("no watchdog (--timeout-s %g): %.2f s lost (%s)\n", o.baseline_timeout_s, timed_lost,
-                blamed(timed).c_str());
+    std::printf("%s (--hang-s %g):   %.2f s lost (%s)\n", o.hang ? "watchdog" : "stall check", o.hang_s, watched_lost,
+                blamed(watched).c_str());
+    std::printf("%s (--timeout-s %g): %.2f s lost (%s)\n", o.hang ? "no watchdog" : "no stall check",
+                o.baseline_timeout_s, timed_lost, blamed(timed).c_str());
     std::printf("%.1fx less time lost; losses equal within %.1e relative\n", ratio, worst);
   }
   return 0;
@@ -360,10 +378,10 @@ int run_bench_elastic_join(const elastic_bench_options& o) {
 }
 
 int run_bench_elastic(const elastic_bench_options& o) {
-  if (int(o.kill) + int(o.join) + int(o.hang) > 1)
-    throw std::invalid_argument("bench elastic: one of --kill, --hang and --join");
+  if (int(o.kill) + int(o.join) + int(o.hang) + int(o.lose) > 1)
+    throw std::invalid_argument("bench elastic: one of --kill, --hang, --lose and --join");
   if (o.kill) return run_bench_elastic_kill(o);
-  if (o.hang) return run_bench_elastic_hang(o);
+  if (o.hang || o.lose) return run_bench_elastic_stuck(o);
   if (o.join) return run_bench_elastic_join(o);
   if (o.steps < o.throttle_step + 10)
     throw std::invalid_argument("--steps must leave at least 10 steps after --throttle-step");
@@ -457,10 +475,15 @@ void register_bench_elastic(CLI::App* bench, action_fn& action) {
   cmd->add_flag("--hang", o.hang,
                 "Rank 3's stage hung inside a compute call with its node up: found by its watchdog vs by the "
                 "coordinator's --timeout-s");
-  cmd->add_option("--hang-s", o.hang_s, "With --hang: the watchdog run's --hang-s")->capture_default_str();
-  cmd->add_option("--baseline-timeout-s", o.baseline_timeout_s, "With --hang: the run without a watchdog's --timeout-s")
+  cmd->add_flag("--lose", o.lose,
+                "Rank 3 loses an activation on the way, every rank up: found by the coordinator's stall check vs "
+                "by its --timeout-s");
+  cmd->add_option("--hang-s", o.hang_s, "With --hang or --lose: the first run's --hang-s")->capture_default_str();
+  cmd->add_option("--baseline-timeout-s", o.baseline_timeout_s,
+                  "With --hang or --lose: the --timeout-s of the run with --hang-s 0")
       ->capture_default_str();
-  cmd->add_option("--kill-step", o.kill_step, "With --kill or --hang: the step after which rank 3 is killed or hangs")
+  cmd->add_option("--kill-step", o.kill_step,
+                  "With --kill, --hang or --lose: the step after which rank 3 is killed, hangs or loses a message")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "With --kill: both runs' checkpoint period")

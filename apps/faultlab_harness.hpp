@@ -38,6 +38,15 @@ class faultlab_harness {
     const bool on = true;
     return act(endpoint, nullptr, nullptr, nullptr, &on);
   }
+  /// The training rank at `endpoint`: its mailbox drops the next message
+  /// of `type` ("train.act"), lost on the way (the coordinator's stall
+  /// check must find the waits it leaves).
+  std::string lose(const std::string& endpoint, const std::string& type) {
+    std::string peer;
+    if (std::string err = link(endpoint, peer); !err.empty()) return err;
+    if (const caf::error err = request_lose(*node_, peer, token_, type, 1)) return error_message(err);
+    return {};
+  }
   /// A heal: the node's own shaping back, and no partition.
   std::string heal(const std::string& endpoint) {
     const std::string none;
@@ -48,6 +57,23 @@ class faultlab_harness {
  private:
   std::string act(const std::string& endpoint, const std::string* profile, const bool* partition,
                   const bool* corrupt = nullptr, const bool* stall = nullptr) {
+    std::string peer;
+    if (std::string err = link(endpoint, peer); !err.empty()) return err;
+    // Lift a partition first: the reshape of a heal then travels a whole link.
+    if (partition)
+      if (const caf::error err = request_partition(*node_, peer, token_, *partition)) return error_message(err);
+    if (profile)
+      if (const caf::error err = request_reshape(*node_, peer, token_, *profile)) return error_message(err);
+    if (corrupt)
+      if (const caf::error err = request_corrupt(*node_, peer, token_, "span", *corrupt)) return error_message(err);
+    if (stall)
+      if (const caf::error err = request_stall(*node_, peer, token_, "train-watch", *stall)) return error_message(err);
+    return {};
+  }
+
+  /// The node id of the link to `endpoint` (or ID@RELAY) in `peer`; ""
+  /// when done, else why not.
+  std::string link(const std::string& endpoint, std::string& peer) {
     if (!node_) {
       auto n = node::start([] {
         node_options o;
@@ -66,20 +92,11 @@ class faultlab_harness {
       const auto at = endpoint.find('@');
       auto direct = node_->connect(at == std::string::npos ? endpoint : endpoint.substr(at + 1), co);
       if (!direct) return error_message(direct.error());
-      auto peer = at == std::string::npos ? direct : node_->connect_via(*direct, endpoint.substr(0, at), co);
-      if (!peer) return error_message(peer.error());
-      known = peers_.insert_or_assign(endpoint, *peer).first;
+      auto via = at == std::string::npos ? direct : node_->connect_via(*direct, endpoint.substr(0, at), co);
+      if (!via) return error_message(via.error());
+      known = peers_.insert_or_assign(endpoint, *via).first;
     }
-    const std::string& peer = known->second;
-    // Lift a partition first: the reshape of a heal then travels a whole link.
-    if (partition)
-      if (const caf::error err = request_partition(*node_, peer, token_, *partition)) return error_message(err);
-    if (profile)
-      if (const caf::error err = request_reshape(*node_, peer, token_, *profile)) return error_message(err);
-    if (corrupt)
-      if (const caf::error err = request_corrupt(*node_, peer, token_, "span", *corrupt)) return error_message(err);
-    if (stall)
-      if (const caf::error err = request_stall(*node_, peer, token_, "train-watch", *stall)) return error_message(err);
+    peer = known->second;
     return {};
   }
 

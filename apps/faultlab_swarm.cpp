@@ -247,7 +247,8 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
       return what + " (" + id + ", wrong outputs from now on)";
     }
     case fl::action::join:
-    case fl::action::hang: break;  // not a swarm's (the scenario refuses it)
+    case fl::action::hang:
+    case fl::action::lose: break;  // not a swarm's (the scenario refuses them)
   }
   return what;
 }

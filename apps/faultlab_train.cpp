@@ -121,6 +121,16 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
     control.hung.insert(r);
     return what + " (rank " + std::to_string(r) + ", its stage stalls inside its next compute call)";
   }
+  if (f.what == fl::action::lose) {
+    std::map<int, bool> candidates;
+    for (const auto& [r, endpoint] : control.endpoints)
+      if (!control.hung.count(r)) candidates[r] = true;
+    const int r = pick(f, candidates, rng);
+    if (r < 0) return what + ": no such rank now (skipped)";
+    if (const std::string err = control.harness->lose(control.endpoints.at(r), f.message); !err.empty())
+      return what + ": rank " + std::to_string(r) + " refused (" + err + ")";
+    return what + " (rank " + std::to_string(r) + " loses its next " + f.message + " message)";
+  }
   if (f.what == fl::action::throttle || f.what == fl::action::partition || f.what == fl::action::heal) {
     const bool heal = f.what == fl::action::heal;
     std::map<int, bool> candidates;

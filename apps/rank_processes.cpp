@@ -7,6 +7,7 @@
 #include <regex>
 #include <thread>
 
+#include "actors/train_comm.hpp"
 #include "apps/self_process.hpp"
 
 namespace corolla::app {
@@ -72,6 +73,14 @@ void rank_processes::stop() { terminate_all(pids_, std::chrono::seconds(2)); }
 std::vector<int> lost_ranks(rank_processes& ranks, const std::set<int>& signalled, int world,
                             const std::exception_ptr& failure) {
   std::set<int> gone(signalled.begin(), signalled.end());
+  if (failure) try {
+      std::rethrow_exception(failure);
+    } catch (const train_stall& s) {
+      for (int r : s.blamed())
+        if (r >= 0 && r < world) gone.insert(r);
+      return {gone.begin(), gone.end()};
+    } catch (...) {
+    }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
   for (;;) {
     for (const auto& [rank, how] : ranks.reap_now())

@@ -61,6 +61,8 @@ class rank_processes {
 /// can be reported a moment before its process is reapable) or that are
 /// stopped; else the rank the failure's root cause names, which is the last
 /// one its message names ("rank 1 (...) failed: rank 3 (...) is down").
+/// A stall (train_stall) names its own: the ranks it blames, none for a
+/// deadlock (every rank is alive and none is at fault).
 std::vector<int> lost_ranks(rank_processes& ranks, const std::set<int>& signalled, int world,
                             const std::exception_ptr& failure);
 

@@ -206,6 +206,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     ev.from = o.layout.describe();
     return ev;
   };
+  int deadlocks = 0;
+  constexpr int max_deadlock_restarts = 3;
   for (;;) {
     std::vector<int> lost;
     try {
@@ -238,8 +240,11 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         pending.reset();
       }
       // A failure that lost no rank (bad weights, a full disk) would fail
-      // again on any grid.
-      if (lost.empty()) throw;
+      // again on any grid. A deadlock (a message lost with every rank
+      // alive, train_stall blaming nobody) starts the grid again from the
+      // snapshots, a few times at most: one that keeps coming is a bug.
+      const bool deadlock = dynamic_cast<const train_stall*>(&e) != nullptr;
+      if (lost.empty() && (!deadlock || ++deadlocks > max_deadlock_restarts)) throw;
       // The survivors flushed what they hold in memory: the newest step
       // every rank's state survived becomes a checkpoint (no step lost).
       bool from_memory = false;

@@ -146,7 +146,7 @@ class reader {
   }
 
   fault read_fault(const toml::table& t, const std::string& where, const scenario& s) {
-    only(t, where, {"at", "do", "target", "blocks", "profile", "as"});
+    only(t, where, {"at", "do", "target", "blocks", "profile", "as", "message"});
     fault f;
     try {
       f.at = parse_moment(text(t, "at", where, ""));
@@ -158,6 +158,16 @@ class reader {
     f.blocks = text(t, "blocks", where, "");
     f.profile = text(t, "profile", where, "");
     f.as = text(t, "as", where, "");
+    f.message = text(t, "message", where, f.what == action::lose ? "train.act" : "");
+    if (f.what == action::lose) {
+      static const std::set<std::string> lost{"train.act", "train.grad", "train.rs", "train.ag"};
+      if (!lost.count(f.message))
+        fail(origin_, t.get("message"),
+             where + "message: a lose drops \"train.act\", \"train.grad\", \"train.rs\" or \"train.ag\", not \"" +
+                 f.message + "\"");
+    } else if (!f.message.empty()) {
+      fail(origin_, t.get("message"), where + "message is only for do = \"lose\"");
+    }
     if (!f.as.empty() && !(f.what == action::join && s.train))
       fail(origin_, t.get("as"), where + "as is only for do = \"join\" in a training job");
     if (f.as.find_first_of(" \t\n,") != std::string::npos)
@@ -206,6 +216,8 @@ class reader {
     } else {
       if (f.what == action::hang)
         fail(origin_, &t, where + "do: hang is for training ranks (a server's hang is stop: its requests time out)");
+      if (f.what == action::lose)
+        fail(origin_, &t, where + "do: lose is for training ranks (a swarm client's lost request times out)");
       if (f.whom.k == tk::rank || f.whom.k == tk::random_rank)
         fail(origin_, &t,
              where + "target: a swarm's faults hit \"server K\", \"route.hop K\", \"random server\" or \"relay K\"");
@@ -305,9 +317,10 @@ action parse_action(const std::string& text) {
   if (text == "partition") return action::partition;
   if (text == "corrupt") return action::corrupt;
   if (text == "hang") return action::hang;
+  if (text == "lose") return action::lose;
   throw std::invalid_argument("do: '" + text +
                               "' is not one of kill, stop, resume, restart, join, throttle, partition, heal, corrupt, "
-                              "hang");
+                              "hang, lose");
 }
 
 const char* to_string(action a) {
@@ -322,6 +335,7 @@ const char* to_string(action a) {
     case action::partition: return "partition";
     case action::corrupt: return "corrupt";
     case action::hang: return "hang";
+    case action::lose: return "lose";
   }
   return "?";
 }

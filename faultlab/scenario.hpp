@@ -32,8 +32,10 @@ std::string to_string(const moment& m);
 /// volunteer), until it is restarted; hang: the target rank's stage stalls
 /// inside its next forward or backward while its process, node and
 /// heartbeats stay up (a kernel that never returns; stop freezes the whole
-/// process instead).
-enum class action { kill, stop, resume, restart, join, throttle, heal, partition, corrupt, hang };
+/// process instead); lose: the target rank's mailbox drops the next
+/// message of the fault's `message` type (a message lost on the way, with
+/// every process and link up: the coordinator's stall check finds it).
+enum class action { kill, stop, resume, restart, join, throttle, heal, partition, corrupt, hang, lose };
 /// "kill" ...; throws std::invalid_argument listing the known actions.
 action parse_action(const std::string& text);
 const char* to_string(action a);
@@ -57,6 +59,7 @@ struct fault {
   /// join (training): the worker's --join-name ("" = j1, j2, ...); joining
   /// a --cluster job, the absent worker of its file it is.
   std::string as;
+  std::string message;  ///< lose: the training message type dropped ("train.act" by default)
 };
 
 struct swarm_job {

@@ -277,6 +277,24 @@ struct TrainAbort {
   job @1 :UInt64;          # the run's id (0 before a roster): another run's abort is ignored
 }
 
+# "train.waits?" coordinator -> a rank's "train-watch" actor, a request
+# whose body is a TrainStep (the run's id and the step awaited): what is
+# the rank doing? Asked when no message came for the stall threshold
+# (schedule/wait_graph.hpp); answered only for the rank's own run, with
+# "train.waits" and this body.
+struct TrainWaits {
+  rank @0 :Int32;
+  computing @1 :Text;      # the compute call it is inside ("" = none)
+  computingS @2 :Float64;  # for how long
+  progress @3 :UInt64;     # compute calls ended + messages taken so far
+  waits @4 :List(Wait);    # what its actors wait for now
+  struct Wait {
+    what @0 :Text;
+    from @1 :Int32;        # the sender's rank, -2 the coordinator, -1 unknown
+    seconds @2 :Float64;   # waited so far
+  }
+}
+
 # ---- node control (actors/node_control.hpp) ------------------------------------
 # "control.reshape" harness -> a node's "control" actor (published only when
 # the node was given a control token): shape everything the node sends with
@@ -313,6 +331,16 @@ struct ControlStall {
   token @0 :Text;
   actor @1 :Text;
   on @2 :Bool;
+}
+
+# control.lose: from the harness holding the node's control token. The
+# node's training mailbox ("train") drops the next `count` messages of
+# `type` (e.g. "train.act") that reach it, as if lost on the way: every
+# process and link stays up while the job waits for them.
+struct ControlLose {
+  token @0 :Text;
+  type @1 :Text;
+  count @2 :UInt32;
 }
 
 # ---- reachability (actors/dialback.hpp) --------------------------------------

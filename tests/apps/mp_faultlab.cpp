@@ -214,7 +214,7 @@ TEST_CASE("faultlab: the scenarios that ship in scenarios/ hold") {
   for (const auto& e : fs::directory_iterator(fs::path(COROLLA_SOURCE_DIR) / "scenarios")) files.insert(e.path().filename());
   CHECK(files == std::set<std::string>{"swarm-corrupt.toml", "swarm-kill-relay.toml", "swarm-kills-and-join.toml",
                                        "swarm-partition-and-stop.toml", "train-hang-rank.toml",
-                                       "train-join-worker.toml", "train-kill-rank.toml"});
+                                       "train-join-worker.toml", "train-kill-rank.toml", "train-lose-message.toml"});
   temp_dir_guard tmp("faultlab-shipped");
   const auto [report, status] = faultlab(shipped("swarm-partition-and-stop.toml"), tmp / "report");
   INFO(report.dump(2));
@@ -440,6 +440,24 @@ TEST_CASE("faultlab: a training rank whose stage hangs with its node up is repor
   const json& f = report["faults"][0];
   REQUIRE(f["detected_at_s"].is_number());
   // The watchdog's 3 s, not a peer timeout or --timeout-s.
+  CHECK(f["detected_at_s"].get<double>() - f["injected_at_s"].get<double>() < 30);
+  REQUIRE(f["recovered_at_s"].is_number());
+}
+
+TEST_CASE("faultlab: an activation lost on the way deadlocks two ranks; the coordinator's stall check names them and "
+          "the elastic job starts again with every rank and the reference's losses") {
+  temp_dir_guard tmp("faultlab-train-lose");
+  const auto [report, status] = faultlab(shipped("train-lose-message.toml"), tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["losses"].size() == 16u);
+  CHECK(report["faulted"]["recoveries"] == 1);
+  REQUIRE(events(report).size() == 1u);
+  CHECK(events(report)[0].find("lose rank 3 (rank 3 loses its next train.act message)") != std::string::npos);
+  const json& f = report["faults"][0];
+  REQUIRE(f["detected_at_s"].is_number());
+  // The stall check's 3 s (and a second to sample), not --timeout-s.
   CHECK(f["detected_at_s"].get<double>() - f["injected_at_s"].get<double>() < 30);
   REQUIRE(f["recovered_at_s"].is_number());
 }

@@ -195,6 +195,20 @@ TEST_CASE("servers behind NAT and their relays: parsed, and their mistakes named
             .find("\"rank K\" or \"random rank\"") != std::string::npos);
 }
 
+TEST_CASE("a lose drops a training message type (train.act by default), only on training ranks") {
+  const std::string train = "[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='lose'\ntarget='rank 1'\n";
+  const scenario s = parse_scenario(train, "s.toml");
+  REQUIRE(s.faults.size() == 1u);
+  CHECK(s.faults[0].what == action::lose);
+  CHECK(s.faults[0].message == "train.act");
+  CHECK(parse_scenario(train + "message='train.rs'\n", "s.toml").faults[0].message == "train.rs");
+  CHECK(error_of(train + "message='train.report'\n").find("a lose drops \"train.act\"") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\nmessage='train.act'\n")
+            .find("message is only for do = \"lose\"") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='lose'\ntarget='server 0'\n")
+            .find("lose is for training ranks") != std::string::npos);
+}
+
 TEST_CASE("moments, actions, targets and blocks in their text form") {
   CHECK(to_string(parse_moment("token 12")) == "token 12");
   CHECK(to_string(parse_moment("step 3")) == "step 3");
@@ -203,6 +217,7 @@ TEST_CASE("moments, actions, targets and blocks in their text form") {
   CHECK_THROWS_AS(parse_moment("token 1.5"), std::invalid_argument);
   CHECK(std::string(to_string(parse_action("restart"))) == "restart");
   CHECK(std::string(to_string(parse_action("hang"))) == "hang");
+  CHECK(std::string(to_string(parse_action("lose"))) == "lose");
   CHECK(to_string(parse_target("random rank")) == "random rank");
   CHECK(parse_target("server 2").index == 2);
   CHECK(to_string(parse_target("relay 3")) == "relay 3");

@@ -1,0 +1,122 @@
+// actors/train_stall.cpp — see actors/train_stall.hpp.
+#include "actors/train_stall.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/node.hpp"
+#include "actors/train_job.hpp"
+#include "actors/train_watchdog.hpp"
+#include "actors/train_wire.hpp"
+
+namespace corolla {
+
+namespace {
+
+/// How long a rank has to answer train.waits?, and the gap between the
+/// two samples (a rank whose progress counter moved in between moves).
+constexpr std::chrono::seconds answer_within{3};
+constexpr std::chrono::milliseconds sample_gap{1000};
+
+double seconds_between(stall_watch::clock_type::time_point a, stall_watch::clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+void stall_watch::set_run(std::uint64_t run, std::map<int, std::string> ids) {
+  run_ = run;
+  ids_ = std::move(ids);
+  last_progress_ = clock_type::now();
+}
+
+void stall_watch::step_took(int step, int first, double seconds) {
+  if (step <= first) return;  // the run's start: building, restoring
+  judged_ = true;
+  longest_step_s_ = std::max(longest_step_s_, seconds);
+}
+
+double stall_watch::threshold_s() const { return hang_threshold_s(hang_s_, longest_step_s_); }
+
+remote_message stall_watch::take(train_inbox& inbox, const char* type, std::int64_t step, int rank,
+                                 const std::string& what, std::chrono::milliseconds timeout) {
+  const std::string key = train_key(type, run_, step, rank);
+  const std::string full = what + " from " + layout_.label(rank);
+  const auto deadline = clock_type::now() + timeout;
+  for (;;) {
+    const auto now = clock_type::now();
+    auto until = deadline;
+    const bool checks = hang_s_ > 0 && judged_;
+    const double t = threshold_s();
+    const auto next_check =
+        std::max(last_progress_ + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(t)),
+                 last_check_ + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(t / 2)));
+    if (checks) until = std::min(until, std::max(next_check, now + std::chrono::milliseconds(20)));
+    const auto wait = std::chrono::ceil<std::chrono::milliseconds>(until - now);
+    if (auto m = inbox.try_take(key, std::max(wait, std::chrono::milliseconds(1)), full, rank)) {
+      last_progress_ = clock_type::now();
+      return std::move(*m);
+    }
+    if (clock_type::now() >= deadline)
+      throw train_error("no " + full + " within " + std::to_string(timeout.count()) + " ms");
+    if (checks && clock_type::now() >= next_check) check(inbox, step, rank, full);
+  }
+}
+
+std::vector<schedule::rank_activity> stall_watch::sample(std::int64_t step) {
+  std::vector<schedule::rank_activity> out;
+  caf::scoped_actor self{node_.system()};
+  for (const auto& [rank, id] : ids_) {
+    schedule::rank_activity a;
+    a.rank = rank;
+    if (auto target = node_.remote_actor(id, "train-watch")) {
+      remote_message q;
+      q.type = train_msg::waits_query;
+      q.body = encode_body(train_step_note{step, 0, 0, run_});
+      self->request(*target, answer_within, std::move(q))
+          .receive(
+              [&](remote_message& m) {
+                if (m.type != train_msg::waits) return;
+                if (auto d = decode_rank_activity(m.body); d && d->rank == rank) a = std::move(*d);
+              },
+              [](caf::error&) {});
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+void stall_watch::check(train_inbox& inbox, std::int64_t step, int rank, const std::string& what) {
+  last_check_ = clock_type::now();
+  const double quiet = seconds_between(last_progress_, last_check_);
+  // What the coordinator waits for: this message (a victim's, maybe: the
+  // graph follows the waits from its sender).
+  const std::vector<schedule::party_wait> mine{{what, rank, quiet}};
+  const std::vector<schedule::rank_activity> before = sample(step);
+  std::this_thread::sleep_for(sample_gap);
+  const std::vector<schedule::rank_activity> after = sample(step);
+  const schedule::stall_verdict v =
+      schedule::diagnose_stall(before, after, mine, [this](int r) { return layout_.label(r); });
+  char tail[160];
+  std::snprintf(tail, sizeof tail, " (nothing came for %.1f s; the threshold is max(--hang-s %g, 10 x the longest step "
+                "%.3g s))", seconds_between(last_progress_, clock_type::now()), hang_s_, longest_step_s_);
+  if (!v.stuck()) {
+    spdlog::info("training: the coordinator waited {:.1f} s for {}, but the job still moves", quiet, what);
+    return;
+  }
+  // A rank that reports its own failure (its watchdog found its stage
+  // hung, and stopped answering while it tells) is the root cause: its
+  // abort wins over what the samples suggest.
+  if (v.what == schedule::stall_verdict::kind::silent) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  if (auto failure = inbox.failure()) throw train_error(*failure);
+  spdlog::error("training: {}{}", v.reason, tail);
+  std::vector<int> blamed;
+  if (v.what != schedule::stall_verdict::kind::deadlock) blamed = v.ranks;
+  throw train_stall(v.reason + tail, std::move(blamed));
+}
+
+}  // namespace corolla
