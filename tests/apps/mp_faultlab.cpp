@@ -425,41 +425,37 @@ TEST_CASE("faultlab: an elastic training job loses a rank and keeps the referenc
   CHECK(r.out.find("PASS") != std::string::npos);
 }
 
-TEST_CASE("faultlab: a training rank whose stage hangs with its node up is reported by its watchdog, and the elastic "
-          "job keeps the reference's losses") {
-  temp_dir_guard tmp("faultlab-train-hang");
-  const auto [report, status] = faultlab(shipped("train-hang-rank.toml"), tmp / "report");
+namespace {
+
+/// A shipped training scenario of one fault on a rank whose node stays up
+/// (hang, lose): `event` in its one event line, found within seconds by
+/// --hang-s (not a peer timeout or --timeout-s), the reference's losses.
+void check_stuck_rank_scenario(const char* file, const std::string& event) {
+  temp_dir_guard tmp("faultlab-train-stuck");
+  const auto [report, status] = faultlab(shipped(file), tmp / "report");
   INFO(report.dump(2));
   CHECK(status == 0);
   CHECK(report["pass"] == true);
   CHECK(report["faulted"]["losses"].size() == 16u);
   CHECK(report["faulted"]["recoveries"] == 1);
   REQUIRE(events(report).size() == 1u);
-  CHECK(events(report)[0].find("hang rank 1 (rank 1, its stage stalls inside its next compute call)") !=
-        std::string::npos);
+  CHECK(events(report)[0].find(event) != std::string::npos);
   const json& f = report["faults"][0];
   REQUIRE(f["detected_at_s"].is_number());
-  // The watchdog's 3 s, not a peer timeout or --timeout-s.
   CHECK(f["detected_at_s"].get<double>() - f["injected_at_s"].get<double>() < 30);
   REQUIRE(f["recovered_at_s"].is_number());
 }
 
+}  // namespace
+
+TEST_CASE("faultlab: a training rank whose stage hangs with its node up is reported by its watchdog, and the elastic "
+          "job keeps the reference's losses") {
+  check_stuck_rank_scenario("train-hang-rank.toml", "hang rank 1 (rank 1, its stage stalls inside its next compute call)");
+}
+
 TEST_CASE("faultlab: an activation lost on the way deadlocks two ranks; the coordinator's stall check names them and "
           "the elastic job starts again with every rank and the reference's losses") {
-  temp_dir_guard tmp("faultlab-train-lose");
-  const auto [report, status] = faultlab(shipped("train-lose-message.toml"), tmp / "report");
-  INFO(report.dump(2));
-  CHECK(status == 0);
-  CHECK(report["pass"] == true);
-  CHECK(report["faulted"]["losses"].size() == 16u);
-  CHECK(report["faulted"]["recoveries"] == 1);
-  REQUIRE(events(report).size() == 1u);
-  CHECK(events(report)[0].find("lose rank 3 (rank 3 loses its next train.act message)") != std::string::npos);
-  const json& f = report["faults"][0];
-  REQUIRE(f["detected_at_s"].is_number());
-  // The stall check's 3 s (and a second to sample), not --timeout-s.
-  CHECK(f["detected_at_s"].get<double>() - f["injected_at_s"].get<double>() < 30);
-  REQUIRE(f["recovered_at_s"].is_number());
+  check_stuck_rank_scenario("train-lose-message.toml", "lose rank 3 (rank 3 loses its next train.act message)");
 }
 
 TEST_CASE("faultlab: a random swarm campaign with a server answering wrong keeps the reference's output") {
