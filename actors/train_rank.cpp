@@ -56,11 +56,16 @@ void rank_runtime::run(const std::string& coordinator) {
     comm_ = join_train_job(node_, o_, cfg_, rank_, inbox_, *comm_, rings_);
     if (o_.snapshot_every > 0 && !o_.checkpoint_dir.empty()) start_keeper();
     start_watchdog();  // with hang_s 0 it only obeys the harness's stall
-    if (o_.collectives == dp_collectives::device) join_device_groups();
-    build_model();
-    if (o_.resume) {
-      restore();
-      for (stage& part : model_.parts) part.params_changed();  // 16-bit compute copies follow the restored weights
+    {
+      // Work, not a rank stuck, for the coordinator's stall check (a big
+      // model loads for minutes).
+      beacon_mark setting_up(*work_beacon_, "setup");
+      if (o_.collectives == dp_collectives::device) join_device_groups();
+      build_model();
+      if (o_.resume) {
+        restore();
+        for (stage& part : model_.parts) part.params_changed();  // 16-bit compute copies follow the restored weights
+      }
     }
     run_actors();
     finish();
@@ -269,7 +274,7 @@ void rank_runtime::optimizer_step(int step, double loss) {
   if (o_.probes_at(step)) {
     // Work, not a wait, for the coordinator's stall check; not a compute
     // call for the watchdog (a slow link's probe is no hang).
-    beacon_mark probing(*probe_beacon_, "link probe");
+    beacon_mark probing(*work_beacon_, "link probe");
     report.links = probe_links();
   }
   comm_->send_coordinator(train_msg::report, encode_body(report));

@@ -192,8 +192,10 @@ class rank_runtime {
   /// The DP-group actor's work that waits for no message (for the
   /// coordinator's question; the watchdog judges only the stage's calls).
   std::shared_ptr<stage_beacon> dp_beacon_ = std::make_shared<stage_beacon>();
-  /// The stage's link probes (probe steps), for the same question.
-  std::shared_ptr<stage_beacon> probe_beacon_ = std::make_shared<stage_beacon>();
+  /// The stage thread's work that is neither a compute call nor a wait
+  /// (its setup: device groups, the model, a restore; link probes), for
+  /// the same question.
+  std::shared_ptr<stage_beacon> work_beacon_ = std::make_shared<stage_beacon>();
   caf::actor watchdog_;  ///< the stage's watchdog ("train-watch")
   std::unique_ptr<train_comm> comm_;
   rank_rings rings_;

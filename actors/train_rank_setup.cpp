@@ -115,12 +115,12 @@ void rank_runtime::start_watchdog() {
     std::fprintf(stderr, "corolla: error: training failed on %s: %s\n", o_.layout.label(rank_).c_str(), why.c_str());
     std::this_thread::sleep_for(std::chrono::seconds(1));  // the abort leaves before the process
     std::_Exit(1);
-  }, [inbox = inbox_, rank = rank_, dp = dp_beacon_, probe = probe_beacon_](std::uint64_t job) {
+  }, [inbox = inbox_, rank = rank_, dp = dp_beacon_, work = work_beacon_](std::uint64_t job) {
     auto a = inbox->activity(rank, job);
     if (!a) return a;
     // The watchdog adds the stage's call; the DP group's work and the
-    // stage's link probes are the rank's work too.
-    for (const stage_beacon* b : {dp.get(), probe.get()}) {
+    // stage's setup and link probes are the rank's work too.
+    for (const stage_beacon* b : {dp.get(), work.get()}) {
       const char* what = "";
       if (const double busy = b->busy_s(&what); busy > 0 && a->computing.empty()) {
         a->computing = what;

@@ -12,8 +12,9 @@
 // second apart), adds what it waits for itself, and lets
 // schedule::diagnose_stall judge. Stuck is a train_stall naming the rank
 // (or the cycle of waits) at fault; slow is waiting on, checking again
-// every half threshold. The first step of a run is never judged: it
-// includes the ranks' start (building the model, restoring a checkpoint).
+// every half threshold. The ranks' setup (building the model, restoring a
+// checkpoint) counts as work; the first step of a run does not count
+// towards the longest step.
 #pragma once
 
 #include <chrono>
@@ -66,7 +67,6 @@ class stall_watch {
   std::uint64_t run_ = 0;
   std::map<int, std::string> ids_;
   double longest_step_s_ = 0;
-  bool judged_ = false;  ///< a step after the first is in: checks may run
   clock_type::time_point last_progress_ = clock_type::now(), last_check_{};
 };
 

@@ -453,7 +453,7 @@ TEST_CASE("faultlab: a training rank whose stage hangs with its node up is repor
   check_stuck_rank_scenario("train-hang-rank.toml", "hang rank 1 (rank 1, its stage stalls inside its next compute call)");
 }
 
-TEST_CASE("faultlab: an activation lost on the way deadlocks two ranks; the coordinator's stall check names them and "
+TEST_CASE("faultlab: an activation lost on the way deadlocks two ranks, the coordinator's stall check names them and "
           "the elastic job starts again with every rank and the reference's losses") {
   check_stuck_rank_scenario("train-lose-message.toml", "lose rank 3 (rank 3 loses its next train.act message)");
 }

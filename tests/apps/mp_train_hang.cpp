@@ -56,12 +56,14 @@ void lose_message(const std::string& endpoint, const std::string& token, const s
   (*harness)->stop();
 }
 
-/// Once the job of `launcher` has reached `step`: where rank `rank` listens.
+/// Once the job of `launcher` has reached `step` (0: its ranks joined):
+/// where rank `rank` listens.
 std::string endpoint_at_step(child_process& launcher, int rank, int step) {
   REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks")"), std::chrono::seconds(60)));
   const nlohmann::json r = rank_entry(launcher.lines(), rank);
   REQUIRE(r.is_object());
-  REQUIRE(launcher.wait_line(std::regex("\"step\":" + std::to_string(step) + "\\b"), std::chrono::seconds(60)));
+  if (step > 0)
+    REQUIRE(launcher.wait_line(std::regex("\"step\":" + std::to_string(step) + "\\b"), std::chrono::seconds(60)));
   return r["endpoint"];
 }
 
@@ -140,7 +142,7 @@ TEST_CASE("--hang-s without --elastic: a hung rank fails the job at once with on
   CHECK(took < 30);
 }
 
-TEST_CASE("--hang-s without --elastic: a lost activation leaves two stages waiting on each other; the coordinator "
+TEST_CASE("--hang-s without --elastic: a lost activation leaves two stages waiting on each other, and the coordinator "
           "names that cycle within seconds instead of blaming a victim after --timeout-s") {
   temp_dir_guard tmp("mp-train-lost");
   const auto [err, took] = failing_fault(tmp, 3, lose_act);
@@ -149,6 +151,17 @@ TEST_CASE("--hang-s without --elastic: a lost activation leaves two stages waiti
   CHECK(err.find("rank 1 (stage 1, replica 0, blocks 2..3) waits for activations of micro-batch") != std::string::npos);
   CHECK(err.find("rank 0 (stage 0, replica 0, blocks 0..1) waits for gradient of micro-batch") != std::string::npos);
   CHECK(err.find("a message on that cycle was lost or never sent") != std::string::npos);
+  MESSAGE("lost to failed: " << took << " s");
+  CHECK(took < 40);  // --timeout-s is 120
+}
+
+TEST_CASE("--hang-s without --elastic: an activation lost as the job starts (its ranks setting up, the first step) "
+          "is named as soon as one lost later") {
+  temp_dir_guard tmp("mp-train-lost-first");
+  const auto [err, took] = failing_fault(tmp, 0, lose_act);
+  INFO("stderr: " << err);
+  CHECK(err.find("the job is deadlocked") != std::string::npos);
+  CHECK(err.find("waits for activations of micro-batch") != std::string::npos);
   MESSAGE("lost to failed: " << took << " s");
   CHECK(took < 40);  // --timeout-s is 120
 }
