@@ -150,11 +150,16 @@ struct spot_check_stats {
 struct spot_opinion {
   Tensor rows;
   std::vector<float> margins;
+  /// The rows of the sequence before `rows` (a session's earlier steps,
+  /// recomputed with it) and their margins: where one of them was routed
+  /// apart from the checked server's, `rows` moved with it.
+  Tensor earlier;
+  std::vector<float> earlier_margins;
 };
 
 /// The opinion in a span.forward answer `r` (hidden [rows, D], then
-/// optionally margins [rows]): rows [start, start + n) of both. A malformed
-/// answer is bad_message.
+/// optionally margins [rows]): rows [start, start + n) of both, and rows
+/// [0, start) as the earlier ones. A malformed answer is bad_message.
 caf::expected<spot_opinion> spot_opinion_of(remote_message r, std::int64_t start, std::int64_t n);
 
 /// A server as the client sees it.
@@ -237,9 +242,15 @@ class swarm_client {
   /// blocks with the same weights, until two answers agree or a majority
   /// decides. Returns false when the majority found `hop.server` wrong;
   /// every server it outvotes (the checked one or a checker) is distrusted,
-  /// counted and reported (on_wrong_server).
+  /// counted and reported (on_wrong_server). A row attends to the earlier
+  /// rows of its sequence (`seq` rows each, 0 = one sequence), so rows
+  /// after one excused are excused too; `history`: what `hop.server`
+  /// answered for the sequence's earlier rows (the checkers' opinions hold
+  /// theirs), where a row routed apart before would excuse these (unknown:
+  /// any near tie there does).
   bool spot_check(const swarm::route_hop& hop, const Tensor& answer,
-                  const std::function<caf::expected<spot_opinion>(const std::string& server)>& ask);
+                  const std::function<caf::expected<spot_opinion>(const std::string& server)>& ask,
+                  const Tensor& history = Tensor(), std::size_t seq = 0);
 
  private:
   /// Dials a relayed server's relay (once) and opens the relayed link.

@@ -92,12 +92,15 @@ std::pair<std::size_t, Tensor> swarm_span_runner::run_forward(std::size_t from, 
         // Spot check: the same forward on another server holding the blocks.
         const swarm::route_hop hop = hops_[i].hop;
         if (!client_.should_spot_check(hop.server) ||
-            client_.spot_check(hop, r->tensors[0], [&](const std::string& other) -> caf::expected<spot_opinion> {
-              hop_state h{{other, hop.start, hop.end}, x};
-              auto z = call(h, span_request::forward, {x}, true);
-              if (!z) return z.error();
-              return spot_opinion_of(std::move(*z), 0, x.dim(0));
-            })) {
+            client_.spot_check(
+                hop, r->tensors[0],
+                [&](const std::string& other) -> caf::expected<spot_opinion> {
+                  hop_state h{{other, hop.start, hop.end}, x};
+                  auto z = call(h, span_request::forward, {x}, true);
+                  if (!z) return z.error();
+                  return spot_opinion_of(std::move(*z), 0, x.dim(0));
+                },
+                Tensor(), static_cast<std::size_t>(seq_))) {
           x = std::move(r->tensors[0]);
           break;
         }

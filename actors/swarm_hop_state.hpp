@@ -19,6 +19,11 @@ struct swarm_session::hop_state {
   std::vector<Tensor> inputs;  ///< every row sent into this span, in position order
   std::int64_t rows = 0;       ///< rows in `inputs`; -1 = not known yet (see pass())
   bool fresh = false;          ///< a replacement whose server cache is still empty
+  /// The last hop's answers so far, in position order (a spot check's
+  /// history; another hop's are the next hop's inputs), and how many rows
+  /// they hold (-1: not known).
+  std::vector<Tensor> outputs;
+  std::int64_t out_rows = 0;
 };
 
 namespace swarm_detail {

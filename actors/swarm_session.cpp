@@ -202,10 +202,15 @@ caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::i
   h.fresh = false;
   h.inputs = {all};
   h.rows = start + n;
-  // The next hop of the same replacement gets this span's outputs as its inputs.
+  // The next hop of the same replacement gets this span's outputs as its
+  // inputs; the last hop keeps them as its answers' history.
   if (i + 1 < hops_.size() && hops_[i + 1].fresh && hops_[i + 1].rows < 0) {
     hops_[i + 1].inputs = {out->slice(0, start).clone()};
     hops_[i + 1].rows = start;
+  }
+  if (i + 1 == hops_.size()) {
+    h.outputs = {out->slice(0, start).clone()};
+    h.out_rows = start;
   }
   return out->slice(start, start + n).clone();
 }

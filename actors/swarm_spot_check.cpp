@@ -54,13 +54,15 @@ std::vector<float> lower_margins(const std::vector<float>& a, const std::vector<
 caf::expected<spot_opinion> spot_opinion_of(remote_message r, std::int64_t start, std::int64_t n) {
   if (r.tensors.empty() || r.tensors.size() > 2 || r.tensors[0].rank() != 2 || r.tensors[0].dim(0) < start + n)
     return make_error(errc::bad_message, "a forward answered with tensors of other shapes");
-  spot_opinion o{r.tensors[0].slice(start, start + n).clone(), {}};
+  spot_opinion o{r.tensors[0].slice(start, start + n).clone(), {}, {}, {}};
+  if (start > 0) o.earlier = r.tensors[0].slice(0, start).clone();
   if (r.tensors.size() == 2) {
     const Tensor& m = r.tensors[1];
     if (m.shape() != shape_t{r.tensors[0].dim(0)} || m.type() != dtype::f32)
       return make_error(errc::bad_message, "a forward answered routing margins of another shape");
     const float* p = m.data<float>();
     o.margins.assign(p + start, p + start + n);
+    o.earlier_margins.assign(p, p + start);
   }
   return o;
 }
@@ -74,7 +76,8 @@ bool swarm_client::should_spot_check(const std::string& node_id) {
 }
 
 bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
-                              const std::function<caf::expected<spot_opinion>(const std::string& server)>& ask) {
+                              const std::function<caf::expected<spot_opinion>(const std::string& server)>& ask,
+                              const Tensor& history, std::size_t seq) {
   const known_server* checked = server(hop.server);
   if (!checked || answer.shape().size() != 2 || answer.type() != dtype::f32) return true;
   // Checkers: other servers holding all of the hop's blocks, decoding from
@@ -95,6 +98,9 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
   // Routing margins of each answer; the checked server's own are never
   // asked for (a wrong server could excuse itself with them).
   std::vector<std::vector<float>> margins{{}};
+  // The earlier rows of the sequence in each opinion (the checked server's:
+  // `history`, when known).
+  std::vector<Tensor> earlier{history};
   std::size_t excused = 0;  // rows of the checked answer excused against a checker
   std::vector<std::string> who{hop.server};
   std::vector<std::vector<bool>> agree{{true}};
@@ -109,17 +115,36 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
       continue;
     }
     // The new answer against every answer so far, row by row.
+    if (z->earlier.defined() && (z->earlier.dim(1) != answer.dim(1) || z->earlier.type() != dtype::f32 ||
+                                 z->earlier_margins.size() != static_cast<std::size_t>(z->earlier.dim(0)))) {
+      spdlog::debug("swarm: spot check of {} on {} could not use {}: earlier rows of another shape", hop.server,
+                    swarm::to_string(hop.span()), s->node_id);
+      continue;
+    }
     const std::size_t k = answers.size();
     agree.push_back(std::vector<bool>(k + 1, true));
     for (std::size_t j = 0; j < k; ++j) {
-      const swarm::row_comparison c = swarm::compare_rows(z->rows.data<float>(), answers[j].data<float>(), rows, width,
-                                                          tol, lower_margins(z->margins, margins[j]), tie);
+      // How the sequence's earlier rows compare in these two opinions (the
+      // checked server's unknown: any near tie there counts).
+      auto before = swarm::earlier_rows::same;
+      if (z->earlier.defined()) {
+        const Tensor& other = earlier[j];
+        const bool known = other.defined() && other.shape() == z->earlier.shape();
+        before = swarm::compare_earlier_rows(z->earlier.data<float>(), known ? other.data<float>() : nullptr,
+                                             static_cast<std::size_t>(z->earlier.dim(0)), width, tol,
+                                             z->earlier_margins, tie);
+      }
+      swarm::row_comparison c = swarm::compare_rows(z->rows.data<float>(), answers[j].data<float>(), rows, width, tol,
+                                                    lower_margins(z->margins, margins[j]), tie, seq,
+                                                    before == swarm::earlier_rows::routed_apart);
+      if (before == swarm::earlier_rows::differ) c.agree = false;  // wrong before, where no near tie explains it
       if (j == 0) excused += c.excused;
       agree[k][j] = c.agree;
       agree[j].push_back(c.agree);
     }
     answers.push_back(std::move(z->rows));
     margins.push_back(std::move(z->margins));
+    earlier.push_back(std::move(z->earlier));
     who.push_back(s->node_id);
     verdict = swarm::judge(agree);
     if (verdict.decided) break;  // (two answers that agree decide at once)
@@ -196,7 +221,23 @@ caf::expected<spot_opinion> swarm_session::recompute(const std::string& server, 
 std::size_t swarm_session::check_hops(std::size_t from, const std::vector<Tensor>& outs, std::int64_t start,
                                       std::int64_t n) {
   for (std::size_t i = from; i < hops_.size(); ++i) {
-    const hop_state& h = hops_[i];
+    hop_state& h = hops_[i];
+    const std::int64_t D = outs[i].dim(1);
+    // The last hop's answers are kept as its history (a rollback cuts them
+    // first; a gap leaves them unknown).
+    if (i + 1 == hops_.size()) {
+      if (h.out_rows > start) {
+        h.outputs = {swarm_detail::concat_rows(h.outputs, start, D)};
+        h.out_rows = start;
+      }
+      if (h.out_rows == start) {
+        h.outputs.push_back(outs[i].clone());
+        h.out_rows = start + n;
+      } else {
+        h.outputs.clear();
+        h.out_rows = -1;
+      }
+    }
     // A server found wrong as another hop's checker leaves this route too.
     if (client_.distrusted(h.hop.server)) return i;
     if (!client_.should_spot_check(h.hop.server)) continue;
@@ -204,9 +245,15 @@ std::size_t swarm_session::check_hops(std::size_t from, const std::vector<Tensor
     // The hop's inputs for the whole session so far, recomputed statelessly.
     const Tensor inputs = swarm_detail::concat_rows(h.inputs, start + n, outs[i].dim(1));
     const swarm::route_hop hop = h.hop;
-    if (!client_.spot_check(hop, outs[i], [&](const std::string& other) {
-          return recompute(other, hop, inputs, start, n);
-        }))
+    // What the server answered for the earlier rows: the next hop's inputs,
+    // or the last hop's own record.
+    Tensor history;
+    if (start > 0 && i + 1 < hops_.size() && hops_[i + 1].rows >= start && hops_[i + 1].hop.start == hop.end)
+      history = swarm_detail::concat_rows(hops_[i + 1].inputs, start, D);
+    else if (start > 0 && i + 1 == hops_.size() && h.out_rows == start + n)
+      history = swarm_detail::concat_rows(h.outputs, start, D);
+    if (!client_.spot_check(
+            hop, outs[i], [&](const std::string& other) { return recompute(other, hop, inputs, start, n); }, history))
       return i;
   }
   return hops_.size();

@@ -277,8 +277,12 @@ class coordinator {
 
  private:
   /// Rank `rank`'s message, watching for a job that stopped (train_stall.hpp).
+  /// A buddy's train.kept is not judged: it comes when a snapshot's copy
+  /// has crossed the link, which takes as long as the link needs while the
+  /// ranks, done with the step, may wait for this coordinator.
   std::vector<std::uint8_t> take(const char* type, std::int64_t step, int rank, const std::string& what) {
-    return stall_.take(*inbox_, type, step, rank, what, o_.timeout).body;
+    const bool judge = std::string(type) != train_msg::kept;
+    return stall_.take(*inbox_, type, step, rank, what, o_.timeout, judge).body;
   }
 
   void send(int rank, const char* type, std::vector<std::uint8_t> body) {

@@ -42,14 +42,14 @@ void stall_watch::step_took(int step, int first, double seconds) {
 double stall_watch::threshold_s() const { return hang_threshold_s(hang_s_, longest_step_s_); }
 
 remote_message stall_watch::take(train_inbox& inbox, const char* type, std::int64_t step, int rank,
-                                 const std::string& what, std::chrono::milliseconds timeout) {
+                                 const std::string& what, std::chrono::milliseconds timeout, bool judge) {
   const std::string key = train_key(type, run_, step, rank);
   const std::string full = what + " from " + layout_.label(rank);
   const auto deadline = clock_type::now() + timeout;
   for (;;) {
     const auto now = clock_type::now();
     auto until = deadline;
-    const bool checks = hang_s_ > 0;
+    const bool checks = judge && hang_s_ > 0;
     const double t = threshold_s();
     const auto next_check =
         std::max(last_progress_ + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(t)),

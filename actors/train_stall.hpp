@@ -49,9 +49,9 @@ class stall_watch {
   /// The message of `type` for (step, rank) from `inbox`, within
   /// `timeout`; `what` names it ("report of step 5"). Throws train_error
   /// at the timeout or on the inbox's failure, train_stall when the job is
-  /// stuck (schedule/wait_graph.hpp).
+  /// stuck (schedule/wait_graph.hpp; only when `judge`).
   remote_message take(train_inbox& inbox, const char* type, std::int64_t step, int rank, const std::string& what,
-                      std::chrono::milliseconds timeout);
+                      std::chrono::milliseconds timeout, bool judge = true);
 
  private:
   /// Every rank's answer to train.waits? (unanswered ones: answered false).

@@ -51,22 +51,38 @@ double relative_difference(const float* a, const float* b, std::size_t rows, std
 double routing_tie(double tol) { return tol / 4; }
 
 row_comparison compare_rows(const float* a, const float* b, std::size_t rows, std::size_t width, double tol,
-                            std::span<const float> margins, double tie) {
+                            std::span<const float> margins, double tie, std::size_t seq, bool flipped) {
   row_comparison c;
+  bool apart = flipped;  // this sequence holds a row routed apart
   for (std::size_t r = 0; r < rows; ++r) {
+    if (seq > 0 && r > 0 && r % seq == 0) apart = false;  // the next sequence
     const double d = row_difference(a + r * width, b + r * width, width);
     if (d <= tol) {
       c.worst = std::max(c.worst, d);
       continue;
     }
-    if (std::isfinite(d) && r < margins.size() && margins[r] < tie) {
-      ++c.excused;  // a near tie of the routing: honest servers may choose apart
+    const bool tied = r < margins.size() && margins[r] < tie;
+    if (std::isfinite(d) && (tied || apart)) {
+      ++c.excused;  // a near tie of the routing, here or before: honest servers may choose apart
+      apart = true;
       continue;
     }
     c.agree = false;
     c.worst = std::max(c.worst, d);
   }
   return c;
+}
+
+earlier_rows compare_earlier_rows(const float* a, const float* b, std::size_t rows, std::size_t width, double tol,
+                                  std::span<const float> margins, double tie) {
+  if (!b) {
+    for (std::size_t r = 0; r < rows && r < margins.size(); ++r)
+      if (margins[r] < tie) return earlier_rows::routed_apart;
+    return earlier_rows::same;
+  }
+  const row_comparison c = compare_rows(a, b, rows, width, tol, margins, tie);
+  if (!c.agree) return earlier_rows::differ;
+  return c.excused > 0 ? earlier_rows::routed_apart : earlier_rows::same;
 }
 
 spot_verdict judge(const std::vector<std::vector<bool>>& agree) {

@@ -74,8 +74,27 @@ struct row_comparison {
 /// counted. A NaN or an infinity is never excused. Margins are only taken
 /// from the checkers, never from the server under check: a wrong server
 /// cannot excuse itself.
+///
+/// A row attends to the rows of its sequence before it, so a row routed
+/// the other way moves every later row of its sequence too: once a row is
+/// excused, later rows of its sequence (`seq` rows each; 0 = all rows are
+/// one sequence) over the tolerance are excused as well. `flipped`: the
+/// first sequence already holds such a row before these rows
+/// (compare_earlier_rows), so its rows over the tolerance are excused from
+/// the start.
 row_comparison compare_rows(const float* a, const float* b, std::size_t rows, std::size_t width, double tol,
-                            std::span<const float> margins = {}, double tie = 0);
+                            std::span<const float> margins = {}, double tie = 0, std::size_t seq = 0,
+                            bool flipped = false);
+
+/// How two versions of a sequence's earlier rows compare (compare_rows
+/// with the checker's margins): the same; routed apart (they differ only
+/// from a row excused as a near tie on: later rows may differ too); or
+/// different where no near tie explains it (one of them was wrong then).
+/// `b` null (the other version is not known): routed apart when any
+/// margin is below `tie`, else the same. `a`, `b`: [rows, width].
+enum class earlier_rows { same, routed_apart, differ };
+earlier_rows compare_earlier_rows(const float* a, const float* b, std::size_t rows, std::size_t width, double tol,
+                                  std::span<const float> margins, double tie);
 
 /// Who is wrong, from the pairwise agreement of n opinions about the same
 /// rows (agree[i][j], symmetric; opinion 0 is the checked server's).

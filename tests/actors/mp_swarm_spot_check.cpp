@@ -209,4 +209,27 @@ TEST_CASE("a bad --spot-checks is one clear error") {
   CHECK(r.err.find("--spot-checks") != std::string::npos);
 }
 
+TEST_CASE("a checker's opinion: the rows asked for with their margins, and the sequence's earlier rows with theirs") {
+  remote_message r;
+  std::vector<float> rows(12);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
+  const std::vector<float> margins{0.5f, 0.002f, 0.3f, 0.4f, 0.1f, 0.6f};
+  r.tensors = {Tensor::from_f32(rows, {6, 2}), Tensor::from_f32(margins, {6})};
+  auto o = spot_opinion_of(r, 4, 2);
+  REQUIRE(o);
+  CHECK(o->rows.shape() == shape_t{2, 2});
+  CHECK(o->rows.data<float>()[0] == 8.0f);
+  CHECK(o->margins == std::vector<float>{0.1f, 0.6f});
+  REQUIRE(o->earlier.defined());
+  CHECK(o->earlier.shape() == shape_t{4, 2});
+  CHECK(o->earlier_margins == std::vector<float>{0.5f, 0.002f, 0.3f, 0.4f});
+  auto first = spot_opinion_of(r, 0, 6);  // nothing earlier
+  REQUIRE(first);
+  CHECK_FALSE(first->earlier.defined());
+  CHECK(first->earlier_margins.empty());
+  const std::vector<float> two_margins{0.5f, 0.5f};
+  r.tensors[1] = Tensor::from_f32(two_margins, {2});
+  CHECK_FALSE(spot_opinion_of(r, 4, 2));  // margins of another shape
+}
+
 }  // namespace corolla

@@ -93,6 +93,54 @@ TEST_CASE("rows compared one by one: a routing near tie reported by a checker ex
   CHECK(std::isinf(c.worst));
 }
 
+TEST_CASE("a row routed apart moves the later rows of its sequence: they are excused too, but not another sequence's") {
+  // Four rows of width 2 in two sequences of two; rows 0 and 1 differ,
+  // row 0 at a near tie (a flip), row 1 with a clear margin (it attends to
+  // row 0); row 3 differs with a clear margin, in the other sequence.
+  const std::vector<float> a{1, 0, 0, 2, 3, 4, 5, 6};
+  std::vector<float> b = a;
+  b[0] = 0.0f;
+  b[1] = 1.0f;
+  b[3] = 1.0f;
+  const double tol = 0.04, tie = routing_tie(tol);
+  const std::vector<float> margins{0.001f, 0.3f, 0.3f, 0.3f};
+  row_comparison c = compare_rows(a.data(), b.data(), 2, 2, tol, margins, tie);
+  CHECK(c.agree);
+  CHECK(c.excused == 2);
+  b[7] = 1.0f;  // row 3 differs, in the second sequence
+  CHECK(compare_rows(a.data(), b.data(), 4, 2, tol, margins, tie).agree);  // one sequence of four
+  c = compare_rows(a.data(), b.data(), 4, 2, tol, margins, tie, 2);     // two of two
+  CHECK_FALSE(c.agree);
+  CHECK(c.excused == 2);
+  // Without the tie, nothing is excused; a flip before these rows (their
+  // earlier rows routed apart) excuses the first sequence's from the start.
+  const std::vector<float> clear{0.3f, 0.3f, 0.3f, 0.3f};
+  CHECK_FALSE(compare_rows(a.data(), b.data(), 2, 2, tol, clear, tie).agree);
+  c = compare_rows(a.data(), b.data(), 2, 2, tol, clear, tie, 0, true);
+  CHECK(c.agree);
+  CHECK(c.excused == 2);
+  CHECK_FALSE(compare_rows(a.data(), b.data(), 4, 2, tol, clear, tie, 2, true).agree);  // not the second sequence
+}
+
+TEST_CASE("earlier rows were routed apart where they differ from a near tie on, and differ where no tie explains it") {
+  const std::vector<float> a{1, 0, 0, 2, 3, 4};
+  std::vector<float> b = a;
+  const double tol = 0.04, tie = routing_tie(tol);
+  const std::vector<float> tied{0.5f, 0.001f, 0.5f}, clear{0.5f, 0.5f, 0.5f};
+  using E = earlier_rows;
+  CHECK(compare_earlier_rows(a.data(), b.data(), 3, 2, tol, tied, tie) == E::same);  // a tie, the same rows
+  CHECK(compare_earlier_rows(a.data(), nullptr, 3, 2, tol, tied, tie) == E::routed_apart);  // the other unknown
+  CHECK(compare_earlier_rows(a.data(), nullptr, 3, 2, tol, clear, tie) == E::same);
+  b[3] = 1.0f;  // row 1 differs
+  CHECK(compare_earlier_rows(a.data(), b.data(), 3, 2, tol, tied, tie) == E::routed_apart);  // at its tie
+  b[5] = 1.0f;  // row 2 too, after it: moved by it
+  CHECK(compare_earlier_rows(a.data(), b.data(), 3, 2, tol, tied, tie) == E::routed_apart);
+  CHECK(compare_earlier_rows(a.data(), b.data(), 3, 2, tol, clear, tie) == E::differ);  // no tie explains it
+  b = a;
+  b[0] = 0.0f;  // row 0 differs with a clear margin, before the tie: a wrong answer then
+  CHECK(compare_earlier_rows(a.data(), b.data(), 3, 2, tol, tied, tie) == E::differ);
+}
+
 TEST_CASE("the majority decides who is wrong, and two servers alone decide nothing") {
   // All agree.
   auto v = judge({{true, true}, {true, true}});
