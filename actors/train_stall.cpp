@@ -66,10 +66,12 @@ remote_message stall_watch::take(train_inbox& inbox, const char* type, std::int6
   }
 }
 
-std::vector<schedule::rank_activity> stall_watch::sample(std::int64_t step) {
+std::vector<schedule::rank_activity> stall_watch::sample(train_inbox& inbox, std::int64_t step) {
   std::vector<schedule::rank_activity> out;
   caf::scoped_actor self{node_.system()};
   for (const auto& [rank, id] : ids_) {
+    // A rank that reported its own failure meanwhile is the root cause.
+    if (auto failure = inbox.failure()) throw train_error(*failure);
     schedule::rank_activity a;
     a.rank = rank;
     if (auto target = node_.remote_actor(id, "train-watch")) {
@@ -95,9 +97,12 @@ void stall_watch::check(train_inbox& inbox, std::int64_t step, int rank, const s
   // What the coordinator waits for: this message (a victim's, maybe: the
   // graph follows the waits from its sender).
   const std::vector<schedule::party_wait> mine{{what, rank, quiet}};
-  const std::vector<schedule::rank_activity> before = sample(step);
-  std::this_thread::sleep_for(sample_gap);
-  const std::vector<schedule::rank_activity> after = sample(step);
+  const std::vector<schedule::rank_activity> before = sample(inbox, step);
+  for (auto until = clock_type::now() + sample_gap; clock_type::now() < until;) {
+    if (auto failure = inbox.failure()) throw train_error(*failure);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::vector<schedule::rank_activity> after = sample(inbox, step);
   const schedule::stall_verdict v =
       schedule::diagnose_stall(before, after, mine, [this](int r) { return layout_.label(r); });
   char tail[160];

@@ -54,8 +54,9 @@ class stall_watch {
                       std::chrono::milliseconds timeout, bool judge = true);
 
  private:
-  /// Every rank's answer to train.waits? (unanswered ones: answered false).
-  std::vector<schedule::rank_activity> sample(std::int64_t step);
+  /// Every rank's answer to train.waits? (unanswered ones: answered false);
+  /// throws the failure a rank reported to `inbox` meanwhile.
+  std::vector<schedule::rank_activity> sample(train_inbox& inbox, std::int64_t step);
   /// Judges the job while the coordinator waits for `what` of `step` from
   /// `rank`; throws train_stall when it is stuck (or the failure a rank
   /// reported to `inbox` meanwhile).

@@ -72,9 +72,9 @@ constexpr std::chrono::milliseconds check_every{100};
 caf::actor spawn_train_watchdog(caf::actor_system& system, std::shared_ptr<stage_beacon> beacon, double hang_s,
                                 std::function<void(double seconds, const std::string& what)> on_hang,
                                 activity_sampler activity) {
-  // Detached (its own thread): on_hang may block (it tells the coordinator,
-  // flushes the snapshot keeper), and the checks must not wait for a busy
-  // scheduler.
+  // Detached (its own thread): the checks must not wait for a busy
+  // scheduler. on_hang may block (it tells the coordinator, flushes the
+  // snapshot keeper), so it runs on a thread of its own.
   return system.spawn<caf::detached>([beacon, hang_s, on_hang,
                                       activity](caf::event_based_actor* self) -> caf::behavior {
     // hang_s 0: no checks, but the harness's stall still works (a job
@@ -107,7 +107,11 @@ caf::actor spawn_train_watchdog(caf::actor_system& system, std::shared_ptr<stage
           const char* what = "";
           const double busy = beacon->busy_s(&what);
           if (busy > 0 && busy > hang_threshold_s(hang_s, beacon->longest_s())) {
-            on_hang(busy, what);
+            // On a thread of its own (it blocks, then ends the process):
+            // meanwhile the watchdog still answers the coordinator, which
+            // then sees the stage inside its call and waits for the
+            // rank's own report rather than calling it silent.
+            std::thread([on_hang, busy, w = std::string(what)] { on_hang(busy, w); }).detach();
             return;  // once: the rank is done for
           }
           self->delayed_send(self, check_every, watch_tick_atom::value);

@@ -111,7 +111,8 @@ using activity_sampler = std::function<caf::expected<schedule::rank_activity>(st
 
 /// Spawns the watchdog of `beacon`; with hang_s 0 it never checks and
 /// only obeys stall_atom and answers train.waits?. `on_hang(seconds,
-/// what)` runs once, on the watchdog's own thread (it may block).
+/// what)` runs once, on a thread of its own (it may block; the watchdog
+/// goes on answering meanwhile).
 caf::actor spawn_train_watchdog(caf::actor_system& system, std::shared_ptr<stage_beacon> beacon, double hang_s,
                                 std::function<void(double seconds, const std::string& what)> on_hang,
                                 activity_sampler activity);
