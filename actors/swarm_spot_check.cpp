@@ -44,8 +44,8 @@ double distance(const Tensor& a, const Tensor& b) {
 std::vector<float> lower_margins(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.empty()) return b;
   if (b.empty()) return a;
-  std::vector<float> m(a.size());
-  for (std::size_t i = 0; i < a.size(); ++i) m[i] = std::min(a[i], b[i]);
+  std::vector<float> m = a;
+  for (std::size_t i = 0; i < m.size() && i < b.size(); ++i) m[i] = std::min(a[i], b[i]);
   return m;
 }
 
@@ -99,8 +99,9 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
   // asked for (a wrong server could excuse itself with them).
   std::vector<std::vector<float>> margins{{}};
   // The earlier rows of the sequence in each opinion (the checked server's:
-  // `history`, when known).
+  // `history`, when known) and their margins (as for the rows).
   std::vector<Tensor> earlier{history};
+  std::vector<std::vector<float>> earlier_margins{{}};
   std::size_t excused = 0;  // rows of the checked answer excused against a checker
   std::vector<std::string> who{hop.server};
   std::vector<std::vector<bool>> agree{{true}};
@@ -115,12 +116,6 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
       continue;
     }
     // The new answer against every answer so far, row by row.
-    if (z->earlier.defined() && (z->earlier.dim(1) != answer.dim(1) || z->earlier.type() != dtype::f32 ||
-                                 z->earlier_margins.size() != static_cast<std::size_t>(z->earlier.dim(0)))) {
-      spdlog::debug("swarm: spot check of {} on {} could not use {}: earlier rows of another shape", hop.server,
-                    swarm::to_string(hop.span()), s->node_id);
-      continue;
-    }
     const std::size_t k = answers.size();
     agree.push_back(std::vector<bool>(k + 1, true));
     for (std::size_t j = 0; j < k; ++j) {
@@ -132,7 +127,7 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
         const bool known = other.defined() && other.shape() == z->earlier.shape();
         before = swarm::compare_earlier_rows(z->earlier.data<float>(), known ? other.data<float>() : nullptr,
                                              static_cast<std::size_t>(z->earlier.dim(0)), width, tol,
-                                             z->earlier_margins, tie);
+                                             lower_margins(z->earlier_margins, earlier_margins[j]), tie);
       }
       swarm::row_comparison c = swarm::compare_rows(z->rows.data<float>(), answers[j].data<float>(), rows, width, tol,
                                                     lower_margins(z->margins, margins[j]), tie, seq,
@@ -145,6 +140,7 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
     answers.push_back(std::move(z->rows));
     margins.push_back(std::move(z->margins));
     earlier.push_back(std::move(z->earlier));
+    earlier_margins.push_back(std::move(z->earlier_margins));
     who.push_back(s->node_id);
     verdict = swarm::judge(agree);
     if (verdict.decided) break;  // (two answers that agree decide at once)

@@ -72,12 +72,6 @@ remote_message train_inbox::take(const std::string& key, std::chrono::millisecon
   return std::move(*m);
 }
 
-bool train_inbox::has(const std::string& key) const {
-  std::lock_guard lock(mu_);
-  auto it = filed_.find(key);
-  return it != filed_.end() && !it->second.empty();
-}
-
 std::vector<schedule::party_wait> train_inbox::waits() const {
   std::lock_guard lock(mu_);
   const auto now = std::chrono::steady_clock::now();

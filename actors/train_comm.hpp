@@ -87,8 +87,6 @@ class train_inbox {
   /// As take, but nothing (instead of an error) at the timeout.
   std::optional<remote_message> try_take(const std::string& key, std::chrono::milliseconds timeout,
                                          const std::string& what, int from = schedule::from_unknown);
-  /// Whether a message is filed under `key` (not taken yet).
-  bool has(const std::string& key) const;
   /// What takers wait for now, with how long they have waited.
   std::vector<schedule::party_wait> waits() const;
   /// Messages taken so far.

@@ -120,14 +120,8 @@ void rank_runtime::start_watchdog() {
     if (!a) return a;
     // The watchdog adds the stage's call; the DP group's work and the
     // stage's setup and link probes are the rank's work too.
-    for (const stage_beacon* b : {dp.get(), work.get()}) {
-      const char* what = "";
-      if (const double busy = b->busy_s(&what); busy > 0 && a->computing.empty()) {
-        a->computing = what;
-        a->computing_s = busy;
-      }
-      a->progress += b->calls();
-    }
+    dp->add_to(*a);
+    work->add_to(*a);
     return a;
   });
   if (auto err = node_.publish("train-watch", watchdog_)) throw train_error("cannot publish the watchdog: " + error_message(err));

@@ -105,9 +105,6 @@ void stall_watch::check(train_inbox& inbox, std::int64_t step, int rank, const s
   const std::vector<schedule::rank_activity> after = sample(inbox, step);
   const schedule::stall_verdict v =
       schedule::diagnose_stall(before, after, mine, [this](int r) { return layout_.label(r); });
-  char tail[160];
-  std::snprintf(tail, sizeof tail, " (nothing came for %.1f s; the threshold is max(--hang-s %g, 10 x the longest step "
-                "%.3g s))", seconds_between(last_progress_, clock_type::now()), hang_s_, longest_step_s_);
   if (!v.stuck()) {
     spdlog::info("training: the coordinator waited {:.1f} s for {}, but the job still moves", quiet, what);
     return;
@@ -117,6 +114,9 @@ void stall_watch::check(train_inbox& inbox, std::int64_t step, int rank, const s
   // abort wins over what the samples suggest.
   if (v.what == schedule::stall_verdict::kind::silent) std::this_thread::sleep_for(std::chrono::milliseconds(500));
   if (auto failure = inbox.failure()) throw train_error(*failure);
+  char tail[160];
+  std::snprintf(tail, sizeof tail, " (nothing came for %.1f s; the threshold is max(--hang-s %g, 10 x the longest step "
+                "%.3g s))", seconds_between(last_progress_, clock_type::now()), hang_s_, longest_step_s_);
   spdlog::error("training: {}{}", v.reason, tail);
   std::vector<int> blamed;
   if (v.what != schedule::stall_verdict::kind::deadlock) blamed = v.ranks;

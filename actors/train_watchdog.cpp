@@ -42,6 +42,15 @@ double stage_beacon::busy_s(const char** what) const {
   return since == 0 ? 0.0 : static_cast<double>(now_ns() - since) * 1e-9;
 }
 
+void stage_beacon::add_to(schedule::rank_activity& a) const {
+  const char* what = "";
+  if (const double busy = busy_s(&what); busy > 0 && a.computing.empty()) {
+    a.computing = what;
+    a.computing_s = busy;
+  }
+  a.progress += calls();
+}
+
 compute_window::compute_window(stage_beacon& b, const char* what, double& total)
     : beacon_(b), total_(total), t0_(std::chrono::steady_clock::now()) {
   beacon_.enter(what);
@@ -91,13 +100,7 @@ caf::actor spawn_train_watchdog(caf::actor_system& system, std::shared_ptr<stage
           if (!q) return q.error();
           auto a = activity(q->job);
           if (!a) return a.error();
-          const char* what = "";
-          const double busy = beacon->busy_s(&what);
-          if (busy > 0) {
-            a->computing = what;
-            a->computing_s = busy;
-          }
-          a->progress += beacon->calls();
+          beacon->add_to(*a);
           remote_message out;
           out.type = train_msg::waits;
           out.body = encode_body(*a);

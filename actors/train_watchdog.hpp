@@ -54,6 +54,10 @@ class stage_beacon {
   double longest_s() const { return static_cast<double>(longest_ns_.load()) * 1e-9; }
   /// Calls completed so far.
   std::uint64_t calls() const { return calls_.load(); }
+  /// Adds this beacon to a rank's answer to train.waits?: its call as the
+  /// work the rank is inside (unless another beacon named one already),
+  /// its calls to the progress counter.
+  void add_to(schedule::rank_activity& a) const;
   /// faultlab's hang: while set, enter() does not return.
   void stall(bool on) { stalled_.store(on); }
   bool stalled() const { return stalled_.load(); }
@@ -106,7 +110,7 @@ std::string hang_reason(const std::string& label, double seconds, const std::str
 
 /// What the rank does now, for the coordinator's train.waits? of run
 /// `job` (an error for another run's): its waits and messages taken; the
-/// watchdog adds the beacon's compute call and calls.
+/// watchdog adds its beacon (stage_beacon::add_to).
 using activity_sampler = std::function<caf::expected<schedule::rank_activity>(std::uint64_t job)>;
 
 /// Spawns the watchdog of `beacon`; with hang_s 0 it never checks and

@@ -170,6 +170,37 @@ double time_lost(const faultlab_run& r, int fault_step) {
   return std::max(0.0, r.faults[0].recovered_at_s - r.faults[0].injected_at_s - step);
 }
 
+/// The 2x2 job of the bench model (links of 4 ms, `o.steps` steps, `flags`
+/// added, checkpoints every `checkpoint_every`) with fault `what` on rank 3
+/// after --kill-step (a lose drops an activation).
+fl::scenario rank3_fault(const fs::path& scratch, const elastic_bench_options& o, const std::string& name,
+                         const std::string& flags, int checkpoint_every, fl::action what) {
+  fl::scenario s;
+  s.name = name;
+  fl::train_job j;
+  j.model = (scratch / "model").string();
+  j.data = (scratch / "tokens.bin").string();
+  j.args = "--batch 4 --seq 8 --lr 0.003 --threads 1 --link-profile lat=4ms --steps " + std::to_string(o.steps) + flags;
+  j.layout = "--pp 2 --dp 2";
+  j.elastic = true;
+  j.checkpoint_every = checkpoint_every;
+  s.train = j;
+  fl::fault f;
+  f.at = {fl::moment::kind::step, static_cast<double>(o.kill_step)};
+  f.what = what;
+  f.whom = {fl::target::kind::rank, 3};
+  if (what == fl::action::lose) f.message = "train.act";
+  s.faults = {f};
+  return s;
+}
+
+/// A run of a fault bench must complete and recover from its fault.
+void require_recovered(const faultlab_run& r, const std::string& fault) {
+  if (!r.completed) throw model_error("bench elastic: a run failed: " + r.error);
+  if (r.faults.empty() || r.faults[0].recovered_at_s < 0)
+    throw model_error("bench elastic: a run did not recover from the " + fault);
+}
+
 int run_bench_elastic_kill(const elastic_bench_options& o) {
   if (o.kill_step < 1 || o.steps < o.kill_step + 5)
     throw std::invalid_argument("--steps must leave at least 5 steps after --kill-step");
@@ -177,23 +208,8 @@ int run_bench_elastic_kill(const elastic_bench_options& o) {
   const fs::path& scratch = scratch_holder.path();
   write_bench_job(scratch);
   auto scenario = [&](bool memory) {
-    fl::scenario s;
-    s.name = memory ? "in-memory" : "checkpoint-restart";
-    fl::train_job j;
-    j.model = (scratch / "model").string();
-    j.data = (scratch / "tokens.bin").string();
-    j.args = "--batch 4 --seq 8 --lr 0.003 --threads 1 --link-profile lat=4ms --steps " + std::to_string(o.steps) +
-             (memory ? "" : " --snapshot-every 0");
-    j.layout = "--pp 2 --dp 2";
-    j.elastic = true;
-    j.checkpoint_every = o.checkpoint_every;
-    s.train = j;
-    fl::fault f;
-    f.at = {fl::moment::kind::step, static_cast<double>(o.kill_step)};
-    f.what = fl::action::kill;
-    f.whom = {fl::target::kind::rank, 3};
-    s.faults = {f};
-    return s;
+    return rank3_fault(scratch, o, memory ? "in-memory" : "checkpoint-restart", memory ? "" : " --snapshot-every 0",
+                       o.checkpoint_every, fl::action::kill);
   };
   std::mt19937_64 rng(1);
   std::fprintf(stderr, "bench elastic --kill: %d steps of 2x2 (lat=4ms), rank 3 killed after step %d, checkpoints "
@@ -201,11 +217,7 @@ int run_bench_elastic_kill(const elastic_bench_options& o) {
                o.steps, o.kill_step, o.checkpoint_every);
   const faultlab_run memory = run_train_scenario(scenario(true), true, rng, scratch / "memory");
   const faultlab_run restart = run_train_scenario(scenario(false), true, rng, scratch / "restart");
-  for (const faultlab_run* r : {&memory, &restart}) {
-    if (!r->completed) throw model_error("bench elastic: a run failed: " + r->error);
-    if (r->faults.empty() || r->faults[0].recovered_at_s < 0)
-      throw model_error("bench elastic: a run did not recover from the kill");
-  }
+  for (const faultlab_run* r : {&memory, &restart}) require_recovered(*r, "kill");
   const double mem_lost = time_lost(memory, o.kill_step), restart_lost = time_lost(restart, o.kill_step);
   // The snapshots' price: the steps before the kill, with and without them.
   auto before_kill = [&](const faultlab_run& r) {
@@ -245,28 +257,13 @@ int run_bench_elastic_stuck(const elastic_bench_options& o) {
   const fs::path& scratch = scratch_holder.path();
   write_bench_job(scratch);
   auto scenario = [&](bool watchdog) {
-    fl::scenario s;
-    s.name = watchdog ? "watchdog" : "timeout";
-    fl::train_job j;
-    j.model = (scratch / "model").string();
-    j.data = (scratch / "tokens.bin").string();
     char flags[96];
     if (watchdog)
       std::snprintf(flags, sizeof flags, " --hang-s %g", o.hang_s);
     else
       std::snprintf(flags, sizeof flags, " --hang-s 0 --timeout-s %g", o.baseline_timeout_s);
-    j.args = "--batch 4 --seq 8 --lr 0.003 --threads 1 --link-profile lat=4ms --steps " + std::to_string(o.steps) + flags;
-    j.layout = "--pp 2 --dp 2";
-    j.elastic = true;
-    j.checkpoint_every = 0;
-    s.train = j;
-    fl::fault f;
-    f.at = {fl::moment::kind::step, static_cast<double>(o.kill_step)};
-    f.what = o.hang ? fl::action::hang : fl::action::lose;
-    f.whom = {fl::target::kind::rank, 3};
-    f.message = o.hang ? "" : "train.act";
-    s.faults = {f};
-    return s;
+    return rank3_fault(scratch, o, watchdog ? "watchdog" : "timeout", flags, 0,
+                       o.hang ? fl::action::hang : fl::action::lose);
   };
   std::mt19937_64 rng(1);
   if (o.hang)
@@ -279,11 +276,7 @@ int run_bench_elastic_stuck(const elastic_bench_options& o) {
                  o.steps, o.kill_step, o.hang_s, o.baseline_timeout_s);
   const faultlab_run watched = run_train_scenario(scenario(true), true, rng, scratch / "watchdog");
   const faultlab_run timed = run_train_scenario(scenario(false), true, rng, scratch / "timeout");
-  for (const faultlab_run* r : {&watched, &timed}) {
-    if (!r->completed) throw model_error("bench elastic: a run failed: " + r->error);
-    if (r->faults.empty() || r->faults[0].recovered_at_s < 0)
-      throw model_error(std::string("bench elastic: a run did not recover from the ") + name);
-  }
+  for (const faultlab_run* r : {&watched, &timed}) require_recovered(*r, name);
   const double watched_lost = time_lost(watched, o.kill_step), timed_lost = time_lost(timed, o.kill_step);
   const double ratio = watched_lost > 0 ? timed_lost / watched_lost : 0;
   const double worst = loss_diff(watched, timed);

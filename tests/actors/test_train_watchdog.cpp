@@ -195,12 +195,10 @@ TEST_CASE("an inbox told to lose messages of a type drops that many and files th
   grad.type = train_msg::grad;
   inbox.put(train_key(train_msg::grad, 1, 1, 0), grad);
   inbox.put(train_key(train_msg::act, 1, 1, 1), act);
-  CHECK_FALSE(inbox.has(train_key(train_msg::act, 1, 1, 0)));
-  CHECK(inbox.has(train_key(train_msg::grad, 1, 1, 0)));
-  CHECK(inbox.has(train_key(train_msg::act, 1, 1, 1)));
   CHECK_FALSE(inbox.try_take(train_key(train_msg::act, 1, 1, 0), 10ms, "the lost one"));
   CHECK(inbox.waits().empty());
   CHECK(inbox.taken() == 0);
+  CHECK(inbox.try_take(train_key(train_msg::grad, 1, 1, 0), 10ms, "the gradient"));
   CHECK(inbox.try_take(train_key(train_msg::act, 1, 1, 1), 10ms, "the next one"));
-  CHECK(inbox.taken() == 1);
+  CHECK(inbox.taken() == 2);
 }
