@@ -152,6 +152,7 @@ block_tensors inference_weights(Backend& be, const block_tensors& w, weight_form
   block_tensors out = w;
   if (f == weight_format::f32) return out;
   out.format = f;
+  for (expert_tensors& e : out.experts) e.format = f;
   // Biases stay f32, stacked alike (GPT-2, Qwen2).
   if (out.q_b.defined()) out.qkv_b = stack_rows(be, {&out.q_b, &out.k_b, &out.v_b}, dtype::f32);
   const bool moe = !out.experts.empty();
@@ -286,13 +287,15 @@ void widen_role(Backend& be, weight_format f, const T& from, const T& own, T& to
 
 }  // namespace
 
-void widen_block_weights(Backend& be, const model_config& cfg, const block_tensors& w, block_tensors& out) {
+void widen_block_weights(Backend& be, const model_config& cfg, const block_tensors& w, block_tensors& out,
+                         bool experts) {
   const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
   const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
   // Keep out's own linear tensors (reused), take everything else from w.
   block_tensors widened = w;
   widened.format = weight_format::f32;
   widened.qkv_w = widened.qkv_s = widened.gate_up_w = widened.gate_up_s = Tensor{};
+  widened.expert_scratch = out.expert_scratch;
   using B = block_tensors;
   const weight_format f = w.format;
   widen_role(be, f, w, out, widened, &B::q_w, &B::q_s, {Q, D});
@@ -302,15 +305,23 @@ void widen_block_weights(Backend& be, const model_config& cfg, const block_tenso
   widen_role(be, f, w, out, widened, &B::gate_w, &B::gate_s, {F, D});
   widen_role(be, f, w, out, widened, &B::up_w, &B::up_s, {F, D});
   widen_role(be, f, w, out, widened, &B::down_w, &B::down_s, {D, F});
+  if (experts)
+    for (std::size_t e = 0; e < w.experts.size(); ++e) {
+      widened.experts[e] = e < out.experts.size() ? out.experts[e] : expert_tensors{};
+      widen_expert_weights(be, cfg, static_cast<int>(e), w.experts[e], widened.experts[e]);
+    }
+  out = std::move(widened);
+}
+
+void widen_expert_weights(Backend& be, const model_config& cfg, int e, const expert_tensors& from,
+                          expert_tensors& out) {
+  const std::int64_t D = cfg.hidden_size, W = expert_width(cfg, e);  // the shared expert's width differs
   using E = expert_tensors;
-  for (std::size_t e = 0; e < w.experts.size(); ++e) {
-    const E own = e < out.experts.size() ? out.experts[e] : E{};
-    E& to = widened.experts[e];
-    const std::int64_t W = expert_width(cfg, static_cast<int>(e));  // the shared expert's differs
-    widen_role(be, f, w.experts[e], own, to, &E::gate_w, &E::gate_s, {W, D});
-    widen_role(be, f, w.experts[e], own, to, &E::up_w, &E::up_s, {W, D});
-    widen_role(be, f, w.experts[e], own, to, &E::down_w, &E::down_s, {D, W});
-  }
+  expert_tensors widened;
+  const weight_format f = from.format;
+  widen_role(be, f, from, out, widened, &E::gate_w, &E::gate_s, {W, D});
+  widen_role(be, f, from, out, widened, &E::up_w, &E::up_s, {W, D});
+  widen_role(be, f, from, out, widened, &E::down_w, &E::down_s, {D, W});
   out = std::move(widened);
 }
 

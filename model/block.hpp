@@ -88,6 +88,13 @@ struct block_tensors {
   Tensor q_s, k_s, v_s, o_s, gate_s, up_s, down_s, qkv_s, gate_up_s;
   /// How the linear weights are stored (f32 for training weights).
   weight_format format = weight_format::f32;
+  /// A frozen block whose experts kept their inference format
+  /// (stage::frozen_weights): the scratch an expert stored in another
+  /// format than `format` is widened into when moe_forward or moe_backward
+  /// uses it, one expert at a time, so that only the experts some row is
+  /// routed to are dequantised. Null otherwise (every expert must then be
+  /// stored as `format`).
+  expert_tensors* expert_scratch = nullptr;
 
   /// Resolves every role of `p` (laid out by block_layout(cfg)); throws
   /// tensor_error if `p` lacks one.
@@ -122,7 +129,16 @@ block_tensors own_shared_views(Backend& be, block_tensors w, const param_set& p)
 /// for a training-style forward and backward with frozen weights: the
 /// linear weights (shapes from `cfg`) widened into `out`'s own tensors
 /// (reused when their shapes match), everything else shared with `w`.
-void widen_block_weights(Backend& be, const model_config& cfg, const block_tensors& w, block_tensors& out);
+/// With `experts` false a mixture of experts' experts are shared with `w`
+/// as they are stored (out.expert_scratch must then be set for them to be
+/// widened on use).
+void widen_block_weights(Backend& be, const model_config& cfg, const block_tensors& w, block_tensors& out,
+                         bool experts = true);
+
+/// Expert `e` (n_experts: the shared expert) of `cfg` stored as `from`
+/// (any format) widened to f32 into `out`'s tensors (reused when their
+/// shapes match); out.format becomes f32.
+void widen_expert_weights(Backend& be, const model_config& cfg, int e, const expert_tensors& from, expert_tensors& out);
 
 /// Training compute weights of one block for mixed precision
 /// (stage::set_compute_dtype): fresh `t` (bf16 or f16) tensors on `be`'s

@@ -201,6 +201,21 @@ void expert_backward(Backend& be, const expert_tensors& ex, const Tensor& x, con
   be.gemm(dup, false, ex.up_w, false, dx, 1.0f, 1.0f);  // dx += dup @ W_up
 }
 
+/// Expert e of `w` (n_experts: the shared expert) as its block computes:
+/// itself, or, stored in another format than the block's (a frozen block,
+/// block_tensors::expert_scratch), widened to f32 into the scratch, which
+/// the next call reuses.
+const expert_tensors& expert_in_use(Backend& be, const model_config& cfg, const block_tensors& w, int e) {
+  const expert_tensors& ex = w.experts[static_cast<std::size_t>(e)];
+  if (ex.format == w.format) return ex;
+  if (w.format != weight_format::f32 || !w.expert_scratch)
+    throw tensor_error("moe: expert " + std::to_string(e) + " is stored as " + weight_format_name(ex.format) +
+                       " in a block of " + weight_format_name(w.format) + " weights (only a frozen f32 block widens "
+                       "its experts on use)");
+  widen_expert_weights(be, cfg, e, ex, *w.expert_scratch);
+  return *w.expert_scratch;
+}
+
 /// The rows 0..n-1 (host i32 [n]): the shared expert's routing.
 const Tensor& identity_rows(moe_buffers& b, std::int64_t n) {
   Tensor& t = host_rows(b.identity, n, -1, dtype::i32);
@@ -221,7 +236,7 @@ void shared_expert_forward(Backend& be, const model_config& cfg, const block_ten
   float* g = gate.data<float>();
   for (std::int64_t t = 0; t < n; ++t) g[t] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(g[t]))));
   be.copy(gate, ensure_rows(be, b.shared_w, n, 1));
-  expert_forward(be, w.format, w.experts[static_cast<std::size_t>(cfg.n_experts)], x,
+  expert_forward(be, w.format, expert_in_use(be, cfg, w, cfg.n_experts), x,
                  ensure_rows(be, b.sgate, n, S, act), ensure_rows(be, b.sup, n, S, act),
                  ensure_rows(be, b.sact, n, S, act), ensure_rows(be, b.sy, n, x.dim(1), act));
   be.moe_combine(b.sy, identity_rows(b, n).view({n, 1}), &b.shared_w, true, y);
@@ -246,7 +261,7 @@ void shared_expert_backward(Backend& be, const model_config& cfg, const block_te
   // The shared expert's output rows' gradient: dy scaled by each row's gate.
   const Tensor row_gates = b.shared_w.view({n});
   be.moe_gather(dy, b.identity, &row_gates, ensure_tensor(be, s.dsy, {n, d}, act));
-  expert_backward(be, w.experts[static_cast<std::size_t>(cfg.n_experts)], x, b.sgate, b.sup, b.sact, s.dsy,
+  expert_backward(be, expert_in_use(be, cfg, w, cfg.n_experts), x, b.sgate, b.sup, b.sact, s.dsy,
                   ensure_tensor(be, s.dsact, {n, S}, act), ensure_tensor(be, s.dsgate, {n, S}, act),
                   ensure_tensor(be, s.dsup, {n, S}, act), ensure_tensor(be, s.dsx, {n, d}, act),
                   g ? &g->experts[static_cast<std::size_t>(cfg.n_experts)] : nullptr);
@@ -290,7 +305,7 @@ void moe_forward(Backend& be, const model_config& cfg, const block_tensors& w, c
     b.up.slice_into(begin, end, b.ue);
     b.act.slice_into(begin, end, b.ae);
     b.ys.slice_into(begin, end, b.ye);
-    expert_forward(be, w.format, w.experts[static_cast<std::size_t>(e)], b.xe, b.ge, b.ue, b.ae, b.ye);
+    expert_forward(be, w.format, expert_in_use(be, cfg, w, e), b.xe, b.ge, b.ue, b.ae, b.ye);
   }
   be.moe_combine(b.ys, r.slots, &r.weights, false, y);
   if (cfg.has_shared_expert()) shared_expert_forward(be, cfg, w, x, y, b);
@@ -329,7 +344,7 @@ void moe_backward(Backend& be, const model_config& cfg, const block_tensors& w, 
     const expert_rows rows{r.offsets[e], r.offsets[e + 1]};
     if (rows.begin == rows.end) continue;
     Tensor dae = rows.of(s.dact), dge = rows.of(s.dgate), due = rows.of(s.dup), dxe = rows.of(s.dxs);
-    expert_backward(be, w.experts[static_cast<std::size_t>(e)], rows.of(b.xs), rows.of(b.gate), rows.of(b.up),
+    expert_backward(be, expert_in_use(be, cfg, w, e), rows.of(b.xs), rows.of(b.gate), rows.of(b.up),
                     rows.of(b.act), rows.of(s.dys), dae, dge, due, dxe,
                     g ? &g->experts[static_cast<std::size_t>(e)] : nullptr);
   }

@@ -60,6 +60,11 @@ struct block_tensors;
 struct expert_tensors {
   Tensor gate_w, up_w, down_w;
   Tensor gate_s, up_s, down_s;
+  /// How gate, up and down are stored: their block's format
+  /// (block_tensors::format), except in a frozen block whose experts keep
+  /// their inference format and are widened when used
+  /// (block_tensors::expert_scratch).
+  weight_format format = weight_format::f32;
 };
 
 /// The width of expert `e` of a block of `cfg`: intermediate_size, or

@@ -76,8 +76,21 @@ void stage::require_parameters(const char* what) const {
 const block_tensors& stage::frozen_weights(int i) {
   const auto k = static_cast<std::size_t>(i);
   if (!inference_only()) return weights_.at(k);
-  widen_block_weights(*be_, cfg_, inference_weights_.at(k), widened_);
+  // A mixture of experts' experts stay as served and are widened one at a
+  // time when rows are routed to them (block_tensors::expert_scratch).
+  widened_.expert_scratch = &widened_expert_;
+  widen_block_weights(*be_, cfg_, inference_weights_.at(k), widened_, false);
   return widened_;
+}
+
+std::int64_t stage::frozen_scratch_bytes() const {
+  std::int64_t n = 0;
+  const block_tensors& b = widened_;
+  const expert_tensors& e = widened_expert_;
+  // The widened linear weights only: the rest is shared with the inference weights.
+  for (const Tensor* t : {&b.q_w, &b.k_w, &b.v_w, &b.o_w, &b.gate_w, &b.up_w, &b.down_w, &e.gate_w, &e.up_w, &e.down_w})
+    if (t->defined()) n += static_cast<std::int64_t>(t->nbytes());
+  return n;
 }
 
 void stage::resolve_views() {

@@ -83,12 +83,21 @@ class stage {
   /// Block first()+i's weights in f32 for a frozen-weight forward and
   /// backward (block_forward, block_backward_input): the parameters, or for
   /// an inference-only stage its inference weights widened (dequantised)
-  /// into a scratch block, valid until the next call.
+  /// into a scratch block, valid until the next call (and not across a
+  /// move of the stage). A mixture of experts' experts are not widened
+  /// here: each is widened when rows are routed to it, into one expert's
+  /// scratch (block_tensors::expert_scratch).
   const block_tensors& frozen_weights(int i);
-  /// Frees frozen_weights' scratch (one f32 block on an inference-only
-  /// stage): a server calls it when a request is done, so the block's
-  /// worth of memory is held only while one runs.
-  void release_frozen_weights() { widened_ = block_tensors{}; }
+  /// Frees frozen_weights' scratch (one block's f32 attention weights and
+  /// dense MLP, or one expert's, on an inference-only stage): a server
+  /// calls it when a request is done, so that memory is held only while
+  /// one runs.
+  void release_frozen_weights() {
+    widened_ = block_tensors{};
+    widened_expert_ = expert_tensors{};
+  }
+  /// Bytes frozen_weights' scratch holds now (0 after release_frozen_weights).
+  std::int64_t frozen_scratch_bytes() const;
 
   /// Parameters of block first()+i at index i. Update values in place;
   /// replacing a set's storage is not seen by this stage's cached views.
@@ -196,7 +205,8 @@ class stage {
   std::vector<block_tensors> weights_;
   std::vector<block_tensors> grad_views_;
   std::vector<block_tensors> inference_weights_;  ///< bf16, int8 or nf4 linear weights, or empty (use weights_)
-  block_tensors widened_;  ///< frozen_weights' scratch on an inference-only stage
+  block_tensors widened_;          ///< frozen_weights' scratch on an inference-only stage
+  expert_tensors widened_expert_;  ///< its experts' scratch (block_tensors::expert_scratch)
   weight_format inference_format_ = weight_format::f32;
   std::vector<block_tensors> compute_weights_;  ///< 16-bit linear weights for training, or empty (use weights_)
   dtype compute_dtype_ = dtype::f32;

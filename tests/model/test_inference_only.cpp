@@ -13,6 +13,7 @@
 
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
+#include "model/block_ops.hpp"
 #include "model/span_engine.hpp"
 #include "model/stage.hpp"
 #include "tests/model/span_engine_test_util.hpp"
@@ -131,6 +132,47 @@ TEST_CASE("an inference-only span's fine-tuning backward is that of its served w
       REQUIRE(fwd_ref);
       CHECK(same_values(*fwd, *fwd_ref));
     }
+  }
+}
+
+TEST_CASE("a frozen mixture-of-experts block widens only the experts rows are routed to, one at a time") {
+  testing::tiny_model_options o = mixtral_opts();
+  o.experts = 8;  // top-2 of 8: a single row reaches 2 of them
+  model_dir m(o);
+  Backend& be = cpu_backend();
+  const std::int64_t D = m.cfg.hidden_size, F = m.cfg.intermediate_size;
+  const std::int64_t attention = 4 * (block_ops::q_width(m.cfg) * D * 2 + block_ops::kv_width(m.cfg) * D * 2);  // q, o; k, v
+  const std::int64_t expert = 4 * 3 * F * D;
+  for (weight_format f : {weight_format::bf16, weight_format::int8, weight_format::nf4}) {
+    const std::string format = weight_format_name(f);
+    CAPTURE(format);
+    stage s = stage::load_inference(m.ck, m.cfg, 0, 2, be, f);
+    const block_tensors& w = s.frozen_weights(0);
+    CHECK(w.format == weight_format::f32);
+    REQUIRE(w.experts.size() == 8u);
+    for (const expert_tensors& e : w.experts) CHECK(e.format == f);  // still as served
+    CHECK(s.frozen_scratch_bytes() == attention);
+    // One row: its two experts are widened in turn into one expert's scratch.
+    const Tensor x = random_tensor({1, D}, 3);
+    const std::vector<std::int32_t> at0 = {0};
+    const Tensor pos = Tensor::from_i32(at0, {1});
+    Tensor y = Tensor::empty({1, D});
+    block_activations a;
+    block_forward(be, m.cfg, w, x, pos, 1, 1, y, a);
+    int used = 0;
+    for (int e = 0; e < 8; ++e) used += a.moe.route.offsets[e + 1] > a.moe.route.offsets[e] ? 1 : 0;
+    CHECK(used == 2);
+    CHECK(s.frozen_scratch_bytes() == attention + expert);
+    // The same output as the block with every expert widened beforehand.
+    stage f32 = stage::load(m.ck, m.cfg, 0, 2, be);
+    block_tensors all;
+    widen_block_weights(be, m.cfg, inference_weights(be, block_tensors::of(m.cfg, f32.params()[0]), f), all);
+    Tensor y_all = Tensor::empty({1, D});
+    block_activations a_all;
+    block_forward(be, m.cfg, all, x, pos, 1, 1, y_all, a_all);
+    CHECK(same_values(y, y_all));
+    s.release_frozen_weights();
+    CHECK(s.frozen_scratch_bytes() == 0);
   }
 }
 
