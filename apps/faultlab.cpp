@@ -190,12 +190,16 @@ std::string toml_quoted(const std::string& s) {
 /// first hop at a random token answering wrong from then on; its blocks'
 /// two other holders outvote it (so they are never killed), and the
 /// campaign expects it caught. For training, a 2x2 elastic job with
-/// checkpoints and `faults` faults at random steps, each a kill or a hang
-/// (SIGSTOP) of a random rank (at most 3 in all), a random rank's link
-/// throttled for three steps, or a worker joining (at most 2).
+/// checkpoints and `faults` faults at random steps, each a kill, a stop
+/// (SIGSTOP) or a hang (its stage stalls, its node stays up) of a random
+/// rank (at most 3 in all), a random rank's link throttled for three
+/// steps, a worker joining (at most 2), or a message a random rank loses
+/// (an activation, a gradient or a reduce-scatter piece: a deadlock the
+/// coordinator's stall check must find, `--hang-s 3`; a rank that receives
+/// no such message in the grid of that moment loses nothing).
 fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
-  const model_config cfg = load_config(a.model);
+  const model_config cfg = model_config_of(a.model);
   std::ostringstream t;
   t << "name = \"random " << (a.swarm ? "swarm" : "train") << " campaign\"\nseed = " << seed << "\n";
   if (a.swarm) {
@@ -262,21 +266,28 @@ fl::scenario random_scenario(const faultlab_args& a, std::uint64_t seed) {
     if (a.data.empty()) throw std::invalid_argument("faultlab random --train needs --data FILE");
     const int steps = 24;
     t << "[train]\nmodel = " << toml_quoted(a.model) << "\ndata = " << toml_quoted(a.data) << "\nargs = \"--batch 12 --seq 8 --steps "
-      << steps << " --lr 0.003 --threads 1 --link-profile lat=2ms\"\nlayout = \"--pp 2 --dp 2\"\nelastic = true\n"
+      << steps << " --lr 0.003 --threads 1 --link-profile lat=2ms --hang-s 3\"\nlayout = \"--pp 2 --dp 2\"\nelastic = true\n"
       << "checkpoint_every = 3\n";
-    std::uniform_int_distribution<int> at(2, steps - 4), kind(0, 3);
+    // kill, stop, throttle, join, hang, lose
+    std::uniform_int_distribution<int> at(2, steps - 4), kind(0, 5);
     static const char* profiles[] = {"bw=20Mbit,lat=4ms", "lat=10ms,jitter=2ms"};
+    static const char* kills[] = {"kill", "stop", "", "", "hang"};
+    static const char* messages[] = {"train.act", "train.grad", "train.rs"};
     int lost = 0, joins = 0;
     for (int k = 0; k < a.faults; ++k) {
       int what = kind(rng);
       if (what == 3 && joins >= 2) what = 0;
-      if (what <= 1 && lost >= 3) what = 2;  // at least one of the first four ranks stays
+      const bool loses_rank = what <= 1 || what == 4;
+      if (loses_rank && lost >= 3) what = 2;  // at least one of the first four ranks stays
       const int when = at(rng);
-      if (what <= 1) {
-        // A kill, or a hang (SIGSTOP) the launcher must notice.
-        t << "[[fault]]\nat = \"step " << when << "\"\ndo = \"" << (what == 0 ? "kill" : "stop")
-          << "\"\ntarget = \"random rank\"\n";
+      if (what <= 1 || what == 4) {
+        // A kill, a stop (SIGSTOP) or a hung stage the launcher must notice.
+        t << "[[fault]]\nat = \"step " << when << "\"\ndo = \"" << kills[what] << "\"\ntarget = \"random rank\"\n";
         ++lost;
+      } else if (what == 5) {
+        // A message lost with every rank up: the ranks wait on each other.
+        t << "[[fault]]\nat = \"step " << when << "\"\ndo = \"lose\"\ntarget = \"random rank\"\nmessage = \""
+          << messages[std::uniform_int_distribution<int>(0, 2)(rng)] << "\"\n";
       } else if (what == 2) {
         // A slow link for three steps: the losses must not change.
         t << "[[fault]]\nat = \"step " << when << "\"\ndo = \"throttle\"\ntarget = \"random rank\"\nprofile = \""

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "faultlab/scenario.hpp"
+#include "model/config.hpp"
 
 namespace corolla::app {
 
@@ -77,6 +78,10 @@ struct faultlab_run {
 /// `dir`: a seeded random model as real HuggingFace files (4 blocks, width
 /// 64), raw uint16 tokens. Throws std::invalid_argument for an unknown name.
 void materialize_builtins(faultlab::scenario& s, const std::filesystem::path& dir);
+
+/// The config of `model`: a built-in name's ("builtin:gpt2"), or read from
+/// the directory's config.json.
+model_config model_config_of(const std::string& model);
 
 /// Writes `timeline.svg` into `dir`: tokens (or steps) over time for the
 /// reference and the faulted run, each fault marked where it was injected

@@ -27,6 +27,10 @@ model_config builtin_config(const std::string& name) {
 
 }  // namespace
 
+model_config model_config_of(const std::string& model) {
+  return model.rfind(prefix, 0) == 0 ? builtin_config(model.substr(8)) : load_config(model);
+}
+
 void materialize_builtins(faultlab::scenario& s, const std::filesystem::path& dir) {
   const auto builtin = [](const std::string& v) { return v.rfind(prefix, 0) == 0 ? v.substr(8) : std::string(); };
   std::string* model = s.swarm ? &s.swarm->model : s.train ? &s.train->model : nullptr;
