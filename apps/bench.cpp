@@ -9,6 +9,7 @@
 // Each prints a human summary and one machine-readable JSON line.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -24,6 +25,7 @@
 #include "kernels/profiling_backend.hpp"
 #include "kernels/vendor_gemm.hpp"
 #include "model/config.hpp"
+#include "model/moe.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
@@ -226,13 +228,11 @@ namespace {
 /// token): of a mixture of experts, the router and the k of E experts each
 /// token is routed to.
 long long block_matrix_params(transformer& m) {
-  const model_config& c = m.config();
   long long n = 0, experts = 0;
   for (const auto& b : m.blocks())
     for (const auto& e : b.entries())
-      if (e.shape.size() == 2) (e.name.rfind("experts.", 0) == 0 ? experts : n) += e.numel;
-  if (c.is_moe()) experts = experts / c.n_experts * c.experts_per_token;
-  return n + experts;
+      if (e.shape.size() == 2) (is_routed_expert_param(e.name) ? experts : n) += e.numel;
+  return n + std::llround(static_cast<double>(experts) * routed_expert_share(m.config()));
 }
 
 int run_train(const bench_common& o, int batch, int seq, int steps) {

@@ -24,6 +24,7 @@
 #include "kernels/cpu/cpu_isa.hpp"
 #include "model/block.hpp"
 #include "model/generator.hpp"
+#include "model/moe.hpp"
 
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/device.hpp"
@@ -78,14 +79,14 @@ nlohmann::json report_gemv_choices(bool json) {
 /// bytes (and all of a shared expert's, which every token goes through).
 double decode_bytes_per_token(transformer& m, weight_format weights) {
   const auto& c = m.config();
-  const double expert_share = c.is_moe() ? static_cast<double>(c.experts_per_token) / c.n_experts : 1.0;
+  const double expert_share = routed_expert_share(c);
   double bytes = 0;
   for (const auto& b : m.blocks())
     for (const auto& e : b.entries()) {
       const bool linear = stored_in_weight_format(e.name, e.shape);
       const double stored = linear ? static_cast<double>(stored_weight_bytes(e.shape[0], e.shape[1], weights))
                                    : 4.0 * static_cast<double>(e.numel);
-      bytes += e.name.rfind("experts.", 0) == 0 ? stored * expert_share : stored;
+      bytes += is_routed_expert_param(e.name) ? stored * expert_share : stored;
     }
   const weight_format lm_head = is_quantized(weights) ? weight_format::int8 : weights;
   bytes += static_cast<double>(stored_weight_bytes(c.vocab_size, c.hidden_size, lm_head));

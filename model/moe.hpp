@@ -44,6 +44,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -72,6 +73,17 @@ struct expert_tensors {
 inline std::int64_t expert_width(const model_config& cfg, int e) {
   return e == cfg.n_experts ? cfg.shared_expert_size : cfg.intermediate_size;
 }
+
+/// The share of the routed experts' weights one token reads: k / E of a
+/// mixture of experts (its shared expert, which every token goes through,
+/// is not a routed one), 1 otherwise.
+inline double routed_expert_share(const model_config& cfg) {
+  return cfg.is_moe() ? static_cast<double>(cfg.experts_per_token) / cfg.n_experts : 1.0;
+}
+
+/// Whether a block parameter's name (block_layout) is a routed expert's
+/// ("experts.E.gate.weight"; the shared expert's are "shared.*").
+inline bool is_routed_expert_param(const std::string& name) { return name.rfind("experts.", 0) == 0; }
 
 /// Where N rows go: the top-k experts of each row and the order of the
 /// expert-sorted rows. Host tensors (indices are uploaded by the ops that
