@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <utility>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -67,25 +69,33 @@ remote_message stall_watch::take(train_inbox& inbox, const char* type, std::int6
 }
 
 std::vector<schedule::rank_activity> stall_watch::sample(train_inbox& inbox, std::int64_t step) {
-  std::vector<schedule::rank_activity> out;
+  // A rank that reported its own failure meanwhile is the root cause.
+  if (auto failure = inbox.failure()) throw train_error(*failure);
   caf::scoped_actor self{node_.system()};
+  // Every rank is asked at once and answers within one answer_within: a
+  // host whose ranks all stopped costs one wait, not one per rank.
+  using handle = decltype(self->request(caf::actor{}, answer_within, remote_message{}));
+  std::vector<std::pair<int, std::optional<handle>>> asked;
   for (const auto& [rank, id] : ids_) {
-    // A rank that reported its own failure meanwhile is the root cause.
-    if (auto failure = inbox.failure()) throw train_error(*failure);
-    schedule::rank_activity a;
-    a.rank = rank;
+    asked.emplace_back(rank, std::nullopt);
     if (auto target = node_.remote_actor(id, "train-watch")) {
       remote_message q;
       q.type = train_msg::waits_query;
       q.body = encode_body(train_step_note{step, 0, 0, run_});
-      self->request(*target, answer_within, std::move(q))
-          .receive(
-              [&](remote_message& m) {
-                if (m.type != train_msg::waits) return;
-                if (auto d = decode_rank_activity(m.body); d && d->rank == rank) a = std::move(*d);
-              },
-              [](caf::error&) {});
+      asked.back().second.emplace(self->request(*target, answer_within, std::move(q)));
     }
+  }
+  std::vector<schedule::rank_activity> out;
+  for (auto& [rank, h] : asked) {
+    schedule::rank_activity a;
+    a.rank = rank;
+    if (h)
+      h->receive(
+          [&, r = rank](remote_message& m) {
+            if (m.type != train_msg::waits) return;
+            if (auto d = decode_rank_activity(m.body); d && d->rank == r) a = std::move(*d);
+          },
+          [](caf::error&) {});
     out.push_back(std::move(a));
   }
   return out;
@@ -97,8 +107,11 @@ void stall_watch::check(train_inbox& inbox, std::int64_t step, int rank, const s
   // What the coordinator waits for: this message (a victim's, maybe: the
   // graph follows the waits from its sender).
   const std::vector<schedule::party_wait> mine{{what, rank, quiet}};
+  const auto asked = clock_type::now();
   const std::vector<schedule::rank_activity> before = sample(inbox, step);
-  for (auto until = clock_type::now() + sample_gap; clock_type::now() < until;) {
+  // The second sample comes sample_gap after the first was asked for (at
+  // once when a silent rank already took that long).
+  for (auto until = asked + sample_gap; clock_type::now() < until;) {
     if (auto failure = inbox.failure()) throw train_error(*failure);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -1,0 +1,85 @@
+// The coordinator's stall check (actors/train_stall.hpp) against ranks on
+// real nodes: ranks whose watchdogs do not answer are silent, and asking
+// them costs one answer window for all of them, not one per rank.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/node.hpp"
+#include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
+#include "actors/train_stall.hpp"
+#include "actors/train_wire.hpp"
+
+using namespace corolla;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A "train-watch" that takes each question and never answers it (a rank
+/// whose process is stopped): the promises are kept, so no error comes back.
+struct deaf_state {
+  std::vector<caf::response_promise> unanswered;
+};
+
+caf::behavior deaf_watch(caf::stateful_actor<deaf_state>* self) {
+  return {[self](remote_message&) { self->state.unanswered.push_back(self->make_response_promise()); }};
+}
+
+}  // namespace
+
+TEST_CASE("the stall check asks every rank at once: three ranks that do not answer cost one answer window, and the "
+          "one the coordinator waits for is blamed as silent") {
+  auto coord = node::start({});
+  REQUIRE(coord);
+  std::vector<std::unique_ptr<node>> ranks;
+  std::map<int, std::string> ids;
+  train_layout layout;
+  layout.pp = 1;
+  layout.dp = 3;
+  layout.boundaries = {0, 4};
+  for (int r = 0; r < 3; ++r) {
+    node_options o;
+    o.listen = "tcp://127.0.0.1:0";
+    auto n = node::start(o);
+    REQUIRE(n);
+    caf::actor deaf = (*n)->system().spawn(deaf_watch);
+    REQUIRE_FALSE((*n)->publish("train-watch", deaf));
+    auto peer = (*coord)->connect((*n)->endpoint());
+    REQUIRE(peer);
+    ids[r] = *peer;
+    ranks.push_back(std::move(*n));
+  }
+  train_inbox inbox;
+  inbox.set_job(7);
+  stall_watch watch(**coord, layout, 0.2);  // --hang-s 0.2
+  watch.set_run(7, ids);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool stalled = false;
+  try {
+    watch.take(inbox, train_msg::report, 1, 0, "report of step 1", 60s);
+  } catch (const train_stall& e) {
+    stalled = true;
+    INFO(e.what());
+    CHECK(e.blamed() == std::vector<int>{0});
+    CHECK(std::string(e.what()).find("rank 0 (stage 0, replica 0, blocks 0..3) does not answer while its node is up") !=
+          std::string::npos);
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("judged silent after " << took << " s");
+  CHECK(stalled);
+  // 0.2 s quiet, two samples of one 3 s window each (the second at once:
+  // the first took longer than the gap), 0.5 s for a late report. One rank
+  // after another would take 3 x 3 s per sample.
+  CHECK(took >= 6.0);
+  CHECK(took < 12.0);
+  for (auto& n : ranks) n->stop();
+  (*coord)->stop();
+}
