@@ -264,7 +264,9 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_flag("--external-coordinator", args->external_coordinator,
                 "The coordinator runs in another process (the local launcher): rank 0 only joins it")
       ->group(dist);
-  cmd->add_option("--listen", args->listen, "ZeroMQ endpoint of this rank's node")
+  cmd->add_option("--listen", args->listen,
+                  "ZeroMQ endpoint of this rank's node; with --join, the address this worker and the ranks it runs "
+                  "listen on (the host others reach this machine at)")
       ->capture_default_str()
       ->group(dist);
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,

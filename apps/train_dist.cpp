@@ -435,8 +435,9 @@ int run_distributed_train(train_args a) {
     }
   }
   if (a.elastic && (a.rank >= 0 || id.world > 0))
-    throw std::invalid_argument("--elastic is for the local launcher (--pp/--dp or --cluster without --rank) for now; "
-                                "multi-host ranks cannot re-plan yet");
+    throw std::invalid_argument("--elastic is for the local launcher (--pp/--dp or --cluster without --rank): ranks "
+                                "on other machines join it with corolla train --join ENDPOINT --listen "
+                                "tcp://THEIR_ADDRESS:0 (ENDPOINT: the launcher's --join-listen)");
   if (a.min_ranks < 1) throw std::invalid_argument("--min-ranks must be at least 1");
   if (a.rank >= o.layout.world())
     throw std::invalid_argument("--rank " + std::to_string(a.rank) + " is outside a job of " +

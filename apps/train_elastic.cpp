@@ -74,6 +74,13 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   // machines may: --standby, or a --join-listen given.
   std::optional<train_lobby> lobby;
   if (a.join_check_every > 0 && (!cluster || !a.standby.empty() || !a.join_listen.empty())) {
+    launcher_listen(a);  // a wildcard --join-listen is refused before anything starts
+    // Workers on other machines: their ranks' snapshots and checkpoints
+    // must reach this launcher, through a file system they all share.
+    if (!a.join_listen.empty() && !is_loopback_host(endpoint_host(a.join_listen)) && a.checkpoint_dir.empty())
+      throw std::invalid_argument("--join-listen " + a.join_listen +
+                                  " takes workers from other machines: give --checkpoint-dir on a file system every "
+                                  "machine shares (the ranks' snapshots and checkpoints meet there)");
     lobby.emplace(a.join_listen.empty() ? "tcp://127.0.0.1:0" : a.join_listen);
     o.drain_every = a.join_check_every;
     if (o.checkpoint_dir.empty()) o.checkpoint_dir = drains.emplace("corolla-elastic").path();

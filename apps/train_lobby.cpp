@@ -172,6 +172,37 @@ void train_lobby::release_all() {
   // The releases leave before the node goes (node::stop hands sent messages to the link first).
 }
 
+namespace {
+
+/// "tcp://HOST:0": a free port on `host`.
+std::string any_port_on(const std::string& host) {
+  return "tcp://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":0";
+}
+
+}  // namespace
+
+std::string endpoint_host(const std::string& endpoint) {
+  std::string rest = endpoint.rfind("tcp://", 0) == 0 ? endpoint.substr(6) : endpoint;
+  const auto colon = rest.rfind(':');
+  if (colon != std::string::npos) rest = rest.substr(0, colon);
+  if (rest.size() >= 2 && rest.front() == '[' && rest.back() == ']') rest = rest.substr(1, rest.size() - 2);
+  return rest;
+}
+
+bool is_loopback_host(const std::string& host) {
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1";
+}
+
+std::string launcher_listen(const train_args& a) {
+  if (a.join_listen.empty()) return "tcp://127.0.0.1:0";
+  const std::string host = endpoint_host(a.join_listen);
+  if (host.empty() || host == "*" || host == "0.0.0.0" || host == "::")
+    throw std::invalid_argument("--join-listen " + a.join_listen +
+                                ": give the address other machines reach this one at (the coordinator and the "
+                                "local ranks listen there too), not a wildcard");
+  return any_port_on(host);
+}
+
 // ---- the worker's side ---------------------------------------------------------------
 
 int run_train_join(const train_args& a) {
@@ -251,8 +282,16 @@ int run_train_join(const train_args& a) {
     ::close(fd);
     if (!written) throw std::runtime_error("cannot write " + path);
     *(at + 1) = path;
-    const auto rank = std::find(work->args.begin(), work->args.end(), "--rank") + 1;
-    std::fprintf(stderr, "running rank %s\n", rank != work->args.end() ? rank->c_str() : "?");
+    const auto rank_at = std::find(work->args.begin(), work->args.end(), "--rank") + 1;
+    const std::string rank = rank_at != work->args.end() ? *rank_at : "?";
+    // The rank listens on this worker's address (--listen), where the
+    // launcher's ranks and coordinator reach it.
+    const std::string host = endpoint_host(a.listen);
+    if (auto l = std::find(work->args.begin(), work->args.end(), "--listen"); l != work->args.end() && l + 1 != work->args.end())
+      *(l + 1) = any_port_on(host);
+    else
+      work->args.insert(work->args.end(), {"--listen", any_port_on(host)});
+    std::fprintf(stderr, "running rank %s (listening on %s)\n", rank.c_str(), host.c_str());
     std::fflush(stderr);
     std::vector<pid_t> child{spawn_self(work->args)};
     // The rank ends with its grid (or dies with it); the launcher going away ends it too.

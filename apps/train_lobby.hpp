@@ -66,6 +66,20 @@ class train_lobby {
   caf::actor actor_;
 };
 
+/// The host of a ZeroMQ tcp endpoint ("tcp://10.0.0.5:7000" -> "10.0.0.5").
+std::string endpoint_host(const std::string& endpoint);
+
+/// Where an elastic launcher's coordinator and local ranks listen:
+/// "tcp://HOST:0" on the host of --join-listen (the address the other
+/// machines reach this one at), else on 127.0.0.1. Throws
+/// std::invalid_argument for a wildcard host (0.0.0.0, *), which names no
+/// address for others to connect to.
+std::string launcher_listen(const train_args& a);
+
+/// Whether `host` is this machine's loopback (127.0.0.0/8, localhost, ::1):
+/// a job whose lobby listens there has all its ranks on this machine.
+bool is_loopback_host(const std::string& host);
+
 /// `corolla train --join ENDPOINT`: offers this process to the launcher
 /// there and runs the ranks it is given until released. Returns the exit
 /// status (1, with a message, when the launcher goes away first).

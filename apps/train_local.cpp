@@ -23,6 +23,7 @@
 #include "actors/train_snapshots.hpp"
 #include "apps/rank_processes.hpp"
 #include "apps/train_args.hpp"
+#include "apps/train_lobby.hpp"
 #include "apps/train_job_file.hpp"
 #include "kernels/backend.hpp"
 
@@ -53,7 +54,8 @@ std::vector<std::string> rank_args(const train_args& a, int rank, const std::str
                              "--batch",      num(a.batch), "--seq",     num(a.seq), "--steps",
                              num(a.steps),   "--lr",     "0",           "--seed",  num(a.seed),
                              "--threads",    num(a.threads > 0 ? a.threads : 1), "--device", rank_device(a, rank), "--matmul", a.matmul, "--rank", num(rank),
-                             "--coordinator", coordinator, "--external-coordinator", "--job-file", job_file};
+                             "--coordinator", coordinator, "--external-coordinator", "--job-file", job_file,
+                             "--listen",     launcher_listen(a)};  // a joined worker's rank listens on its own host
   return r;
 }
 
@@ -75,7 +77,8 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
                                   std::to_string(o.layout.world()) + " ranks, " + std::to_string(gpus) +
                                   " GPU(s) are visible");
   }
-  auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "coordinator");
+  // On the address other machines reach this one at, when workers join from them.
+  auto n = start_node(rank_node_options(launcher_listen(a)), "coordinator");
   const std::string endpoint = n->endpoint();
   spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
   // A fresh private file (mkstemp: 0600, never an existing path or link).

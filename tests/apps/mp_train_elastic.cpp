@@ -79,10 +79,11 @@ std::string wait_lobby(child_process& launcher) {
 
 /// A 1x2 elastic job of `j` that takes workers (a check every 3 steps);
 /// `lobby` gets where they join.
-child_process start_joinable(const job& j, int timeout_s, std::string& lobby) {
-  child_process launcher = child_process::corolla(
-      train_args(j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms", "--join-check-every", "3",
-                     "--timeout-s", std::to_string(timeout_s)}));
+child_process start_joinable(const job& j, int timeout_s, std::string& lobby, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=4ms",
+                                   "--join-check-every", "3", "--timeout-s", std::to_string(timeout_s)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  child_process launcher = child_process::corolla(train_args(j, args));
   lobby = wait_lobby(launcher);
   return launcher;
 }
@@ -103,9 +104,11 @@ child_process start_standby_job(const temp_dir_guard& tmp, job& j, int steps, st
   return launcher;
 }
 
-/// A worker named w1 joining at `lobby`.
-child_process start_worker(const std::string& lobby) {
-  return child_process::corolla({"train", "--join", lobby, "--join-name", "w1"});
+/// A worker named w1 joining at `lobby` (its ranks listening on `listen`'s host).
+child_process start_worker(const std::string& lobby, const std::string& listen = "") {
+  std::vector<std::string> args = {"train", "--join", lobby, "--join-name", "w1"};
+  if (!listen.empty()) args.insert(args.end(), {"--listen", listen});
+  return child_process::corolla(args);
 }
 
 }  // namespace
@@ -296,15 +299,19 @@ TEST_CASE("--elastic: a rank and its buddy killed together take state that exist
   CHECK(err.find("no complete in-memory snapshot") != std::string::npos);
 }
 
-TEST_CASE("--elastic: a worker joins a running job with corolla train --join, the grid grows onto it at a step "
-          "boundary without losing a step, and the losses stay those of one process") {
+TEST_CASE("--elastic: a worker joins a running job with corolla train --join from another address, the grid grows "
+          "onto it at a step boundary without losing a step, and the losses stay those of one process") {
   temp_dir_guard tmp("mp-train-elastic-join");
   const job j = slow_job(tmp, 80);  // enough steps left for a larger grid to pay for the switch
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
   std::string lobby;
-  child_process launcher = start_joinable(j, 60, lobby);
+  // Two "machines" on loopback: the launcher at 127.0.0.3 (its coordinator
+  // and ranks listen there too), the worker at 127.0.0.2.
+  child_process launcher = start_joinable(j, 60, lobby, {"--join-listen", "tcp://127.0.0.3:0"});
+  CHECK(lobby.rfind("tcp://127.0.0.3:", 0) == 0);
   REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
-  child_process worker = start_worker(lobby);
+  CHECK(rank_entry(launcher.lines(), 0)["endpoint"].get<std::string>().rfind("tcp://127.0.0.3:", 0) == 0);
+  child_process worker = start_worker(lobby, "tcp://127.0.0.2:0");
   const int status = finish(launcher);
   INFO("stderr: " << launcher.err());
   INFO("worker: " << worker.err());
@@ -321,8 +328,10 @@ TEST_CASE("--elastic: a worker joins a running job with corolla train --join, th
   const auto left = worker.wait(std::chrono::seconds(30));
   REQUIRE(left.has_value());
   CHECK(*left == 0);
-  CHECK(worker.err().find("running rank 2") != std::string::npos);
+  CHECK(worker.err().find("running rank 2 (listening on 127.0.0.2)") != std::string::npos);
   CHECK(worker.err().find("released") != std::string::npos);
+  CHECK(rank_entry(launcher.lines(), 2)["endpoint"].get<std::string>().rfind("tcp://127.0.0.2:", 0) == 0);
+  CHECK(rank_entry(launcher.lines(), 1)["endpoint"].get<std::string>().rfind("tcp://127.0.0.3:", 0) == 0);
 }
 
 TEST_CASE("--elastic: a joined worker killed while it runs a rank is a lost rank: the job shrinks again and keeps the "
@@ -394,6 +403,13 @@ TEST_CASE("--elastic stops with one clear error when fewer than --min-ranks rema
                   "--min-ranks must be at least 1");
   check_one_error(run_corolla(train_args(j, {"--pp", "2", "--elastic", "--rank", "0", "--coordinator", "127.0.0.1:1"})),
                   "--elastic is for the local launcher");
+  // Workers from other machines: an address they can reach, and a shared checkpoint directory.
+  check_one_error(run_corolla(train_args(j, {"--pp", "2", "--elastic", "--join-check-every", "3", "--join-listen",
+                                             "tcp://0.0.0.0:0"})),
+                  "give the address other machines reach this one at");
+  check_one_error(run_corolla(train_args(j, {"--pp", "2", "--elastic", "--join-check-every", "3", "--join-listen",
+                                             "tcp://10.1.2.3:0"})),
+                  "takes workers from other machines: give --checkpoint-dir on a file system every machine shares");
   check_one_error(run_corolla(train_args(j, {"--pp", "2", "--dp", "2", "--elastic", "--snapshot-every", "often"})),
                   "--snapshot-every must be a number of steps >= 0 or 'auto', got 'often'");
   check_one_error(run_corolla(train_args(j, {"--pp", "2", "--dp", "2", "--elastic", "--snapshot-every", "-2"})),
