@@ -307,6 +307,11 @@ void register_train(CLI::App& app, action_fn& action) {
                   "with --join ENDPOINT --join-name WORKER and are used from the next re-plan that pays off")
       ->delimiter(',')
       ->group(dist);
+  cmd->add_option("--join-machine", args->join_machine,
+                  "With --join, joining an --elastic --cluster job as a machine its file does not describe: a TOML "
+                  "file with cluster, name, nic and one [[worker]] (kind, model, tflops, memory_gib), as a node of "
+                  "the cluster file; it runs as NAME/0")
+      ->group(dist);
   cmd->add_option("--join-listen", args->join_listen,
                   "With --elastic (--pp/--dp, or --cluster with --standby): where workers join (default "
                   "tcp://127.0.0.1:0, printed at start)")

@@ -84,6 +84,9 @@ struct train_args {
   /// --join-name: how the launcher names this worker; joining a --cluster
   /// job, the absent worker of the launcher's cluster file it is.
   std::string join_name;
+  /// --join-machine FILE: joining a --cluster job as a machine its file
+  /// does not describe, what it is (schedule::with_machine's TOML).
+  std::string join_machine;
   /// --standby: with --elastic --cluster, workers of the file that are not
   /// there at start (they join later with --join --join-name).
   std::vector<std::string> standby;

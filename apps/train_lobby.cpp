@@ -10,10 +10,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
+#include <utility>
 #include <stdexcept>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
+#include <toml++/toml.h>
 
 #include "actors/capnp_body.hpp"
 #include "actors/errors.hpp"
@@ -39,9 +44,14 @@ using pool_atom = caf::atom_constant<caf::atom("lobbypool")>;
 constexpr std::size_t max_job_bytes = 256 << 10;
 constexpr unsigned max_args = 256;
 
-remote_message offer_message(const std::string& name) {
+/// A machine's description is a few lines of TOML.
+constexpr std::size_t max_machine_bytes = 16 << 10;
+
+remote_message offer_message(const std::string& name, const std::string& machine) {
   capnp::MallocMessageBuilder b;
-  b.initRoot<wire::TrainOffer>().setName(name);
+  auto r = b.initRoot<wire::TrainOffer>();
+  r.setName(name);
+  r.setMachine(machine);
   remote_message m;
   m.type = offer_type;
   m.body = capnp_body::flat(b);
@@ -58,6 +68,28 @@ remote_message assign_message(const std::vector<std::string>& args, const std::s
   m.type = assign_type;
   m.body = capnp_body::flat(b);
   return m;
+}
+
+/// --join-machine FILE: its text, and the worker it describes
+/// ("<name>/0"). Throws std::invalid_argument for a file that cannot be
+/// read, is no TOML or has no node name (the launcher checks the rest
+/// against its cluster file).
+std::pair<std::string, std::string> read_machine(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("--join-machine: cannot read " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().size() > max_machine_bytes)
+    throw std::invalid_argument("--join-machine " + path + ": a machine is described in at most 16 KiB");
+  try {
+    const toml::table t = toml::parse(text.str(), path);
+    const auto name = t["name"].value<std::string>();
+    if (!name || name->empty()) throw std::invalid_argument("--join-machine " + path + ": no node 'name'");
+    return {text.str(), *name + "/0"};
+  } catch (const toml::parse_error& e) {
+    throw std::invalid_argument("--join-machine " + path + ":" + std::to_string(e.source().begin.line) +
+                                ": invalid TOML: " + std::string(e.description()));
+  }
 }
 
 struct assignment {
@@ -85,17 +117,19 @@ caf::behavior lobby_actor(caf::event_based_actor*, std::shared_ptr<lobby_state> 
   return {
       [st](remote_message& m) {
         if (m.type != offer_type || m.from_node.empty()) return;
-        auto name = capnp_body::decode<wire::TrainOffer>(m.body, "TrainOffer", [](wire::TrainOffer::Reader r) {
-          return capnp_body::text(r.getName(), "name");
+        auto offer = capnp_body::decode<wire::TrainOffer>(m.body, "TrainOffer", [&](wire::TrainOffer::Reader r) {
+          return lobby_worker{m.from_node, capnp_body::text(r.getName(), "name"),
+                              capnp_body::text(r.getMachine(), "machine", max_machine_bytes)};
         });
-        if (!name) {
-          spdlog::warn("dropping an offer from node {}: {}", m.from_node, error_message(name.error()));
+        if (!offer) {
+          spdlog::warn("dropping an offer from node {}: {}", m.from_node, error_message(offer.error()));
           return;
         }
         for (const lobby_worker& w : st->pool)
           if (w.node_id == m.from_node) return;
-        std::fprintf(stderr, "elastic: worker %s (node %s) joined the pool\n", name->c_str(), m.from_node.c_str());
-        st->pool.push_back({m.from_node, *name});
+        std::fprintf(stderr, "elastic: worker %s (node %s%s) joined the pool\n", offer->name.c_str(),
+                     m.from_node.c_str(), offer->machine.empty() ? "" : ", describing its machine");
+        st->pool.push_back(std::move(*offer));
       },
       [st](const peer_down& d) {
         for (auto it = st->pool.begin(); it != st->pool.end(); ++it)
@@ -111,6 +145,7 @@ caf::behavior lobby_actor(caf::event_based_actor*, std::shared_ptr<lobby_state> 
         for (const lobby_worker& w : st->pool) {
           flat.push_back(w.node_id);
           flat.push_back(w.name);
+          flat.push_back(w.machine);
         }
         return flat;
       },
@@ -149,7 +184,7 @@ std::vector<lobby_worker> train_lobby::pool() {
   self->request(actor_, std::chrono::seconds(10), pool_atom::value)
       .receive(
           [&](std::vector<std::string>& flat) {
-            for (std::size_t i = 0; i + 1 < flat.size(); i += 2) out.push_back({flat[i], flat[i + 1]});
+            for (std::size_t i = 0; i + 2 < flat.size(); i += 3) out.push_back({flat[i], flat[i + 1], flat[i + 2]});
           },
           [&](caf::error& e) { failed = to_string(e); });
   if (!failed.empty()) throw std::runtime_error("the lobby did not answer: " + failed);
@@ -207,6 +242,13 @@ std::string launcher_listen(const train_args& a) {
 
 int run_train_join(const train_args& a) {
   apply_common_options(1, "warn");
+  // --join-machine: a machine no worker of the job's cluster file stands
+  // for describes itself (schedule::with_machine); it runs as its node's worker 0.
+  std::string machine, described;
+  if (!a.join_machine.empty()) std::tie(machine, described) = read_machine(a.join_machine);
+  if (!described.empty() && !a.join_name.empty() && a.join_name != described)
+    throw std::invalid_argument("--join-name " + a.join_name + ": the machine " + a.join_machine + " describes runs as " +
+                                described + " (leave --join-name out)");
   const std::string lobby_ep = a.join.rfind("tcp://", 0) == 0 ? a.join : "tcp://" + a.join;
   auto n = start_node(rank_node_options(a.listen), "worker");
   connect_options co;
@@ -241,8 +283,10 @@ int run_train_join(const train_args& a) {
   if (!target) throw std::runtime_error(lobby_ep + " takes no workers: " + error_message(target.error()));
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  const std::string name = a.join_name.empty() ? std::string(host) + "-" + std::to_string(::getpid()) : a.join_name;
-  caf::anon_send(*target, offer_message(name));
+  const std::string name = !described.empty() ? described
+                           : a.join_name.empty() ? std::string(host) + "-" + std::to_string(::getpid())
+                                                 : a.join_name;
+  caf::anon_send(*target, offer_message(name, machine));
   std::fprintf(stderr, "joined the pool of %s as %s; waiting for a rank\n", lobby_ep.c_str(), name.c_str());
   std::fflush(stderr);
   int status = 1;

@@ -259,6 +259,8 @@ struct TrainSnapshot {
 # "train-lobby" actor: it is ready to run a rank (apps/train_lobby.hpp).
 struct TrainOffer {
   name @0 :Text;           # how the launcher names it in its messages
+  machine @1 :Text;        # "" or, for a --cluster job, the machine it is in the
+                           # cluster file's terms (schedule::with_machine, TOML)
 }
 
 # "train.assign" launcher -> a pooled worker's "train-joiner" actor: run

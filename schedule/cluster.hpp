@@ -138,6 +138,15 @@ cluster_description without_workers(const cluster_description& c, const std::vec
 /// Parses cluster TOML text; `origin` (a file name) appears in every error.
 /// Throws model_error naming the file, the key (and its line) and what is wrong.
 cluster_description parse_cluster(std::string_view toml_text, const std::string& origin);
+/// `file` with one more machine: a node described in the file's terms by
+/// `machine_toml`, a table with `cluster` (the name of one of the file's
+/// clusters), `name` (a node name the file does not use), `nic`, optional
+/// `intra_node`, and exactly one [[worker]] (kind, model, tflops,
+/// memory_gib), as a [[cluster.node]] of the file. Its worker,
+/// "<name>/0", comes last in file order. Throws model_error (naming
+/// `origin`) for TOML or a description that does not fit the file.
+cluster_description with_machine(const cluster_description& file, std::string_view machine_toml,
+                                 const std::string& origin);
 /// Reads and parses a cluster TOML file. Throws model_error as parse_cluster,
 /// or when the file cannot be read.
 cluster_description load_cluster(const std::filesystem::path& file);

@@ -304,28 +304,63 @@ class cluster_parser {
           if (node_names.count(node_name))
             r_.fail(&nn, where, "node name " + in_quotes(node_name) + " is used twice (node names are unique in a file)");
           node_names[node_name] = &nn;
-          node_spec node;
-          node.name = node_name;
-          node.cluster = ci;
-          node.nic = g.nic;
-          node.intra = g.intra;
-          int ni = static_cast<int>(c_.nodes.size());
-          for (std::size_t k = 0; k < g.workers.size(); ++k) {
-            worker_spec w = g.workers[k];
-            w.rank = c_.size();
-            w.name = node_name + "/" + std::to_string(k);
-            w.node = ni;
-            w.cluster = ci;
-            w.nic = g.nic;
-            node.workers.push_back(w.rank);
-            c_.workers.push_back(std::move(w));
-          }
-          c_.clusters[ci].nodes.push_back(ni);
-          c_.nodes.push_back(std::move(node));
+          add_node(node_name, g, ci);
         }
       }
     }
   }
+
+  /// Node `name` of group `g` in cluster `ci`, its workers last in file order.
+  void add_node(const std::string& name, const node_group& g, int ci) {
+    node_spec node;
+    node.name = name;
+    node.cluster = ci;
+    node.nic = g.nic;
+    node.intra = g.intra;
+    const int ni = static_cast<int>(c_.nodes.size());
+    for (std::size_t k = 0; k < g.workers.size(); ++k) {
+      worker_spec w = g.workers[k];
+      w.rank = c_.size();
+      w.name = name + "/" + std::to_string(k);
+      w.node = ni;
+      w.cluster = ci;
+      w.nic = g.nic;
+      node.workers.push_back(w.rank);
+      c_.workers.push_back(std::move(w));
+    }
+    c_.clusters[static_cast<std::size_t>(ci)].nodes.push_back(ni);
+    c_.nodes.push_back(std::move(node));
+  }
+
+ public:
+  /// with_machine: `base` and the machine root_ describes.
+  cluster_description add_machine(cluster_description base) {
+    c_ = std::move(base);
+    const std::string where = "machine";
+    r_.only_keys(root_, where, {"cluster", "name", "nic", "intra_node", "worker"});
+    const std::string cluster = r_.string(root_, "cluster", where);
+    int ci = -1;
+    std::string known;
+    for (std::size_t i = 0; i < c_.clusters.size(); ++i) {
+      if (c_.clusters[i].name == cluster) ci = static_cast<int>(i);
+      known += (known.empty() ? "" : ", ") + in_quotes(c_.clusters[i].name);
+    }
+    if (ci < 0) r_.fail(root_.get("cluster"), where, "unknown cluster " + in_quotes(cluster) + " (the file has " + known + ")");
+    toml::table node = root_;
+    node.erase("cluster");
+    const node_group g = read_node_group(node, "cluster " + in_quotes(cluster), 0);
+    const std::string& name = g.names.front();
+    for (const node_spec& n : c_.nodes)
+      if (n.name == name) r_.fail(root_.get("name"), where, "node name " + in_quotes(name) + " is the file's already");
+    if (g.workers.size() != 1)
+      r_.fail(&root_, where, "a machine that joins runs one rank: describe exactly one worker (count 1), not " +
+                                 std::to_string(g.workers.size()));
+    add_node(name, g, ci);
+    c_.validate();
+    return std::move(c_);
+  }
+
+ private:
 
   /// The slowest NIC class used by any node: the default link between
   /// clusters (an inter-cluster path is no faster than the worst fabric
@@ -379,18 +414,27 @@ class cluster_parser {
   cluster_description c_;
 };
 
+/// The TOML table of `text`; model_error naming origin, line and column.
+toml::table parse_toml(std::string_view text, const std::string& origin) {
+  try {
+    return toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw model_error(origin + ":" + std::to_string(e.source().begin.line) + ":" +
+                      std::to_string(e.source().begin.column) + ": invalid TOML: " + std::string(e.description()));
+  }
+}
+
 }  // namespace
 
 cluster_description parse_cluster(std::string_view toml_text, const std::string& origin) {
-  toml::table root;
-  try {
-    root = toml::parse(toml_text, origin);
-  } catch (const toml::parse_error& e) {
-    throw model_error(origin + ":" + std::to_string(e.source().begin.line) + ":" +
-                      std::to_string(e.source().begin.column) + ": invalid TOML: " +
-                      std::string(e.description()));
-  }
+  const toml::table root = parse_toml(toml_text, origin);
   return cluster_parser(root, origin).parse();
+}
+
+cluster_description with_machine(const cluster_description& file, std::string_view machine_toml,
+                                 const std::string& origin) {
+  const toml::table root = parse_toml(machine_toml, origin);
+  return cluster_parser(root, origin).add_machine(file);
 }
 
 cluster_description load_cluster(const std::filesystem::path& file) {

@@ -98,6 +98,23 @@ std::vector<machine_offer> cluster_members::candidates(const std::vector<machine
     const bool joined = std::any_of(joined_.begin(), joined_.end(),
                                     [&](const auto& j) { return j.second.node_id == w.node_id; });
     if (joined) continue;
+    const bool in_file = std::any_of(file_.workers.begin(), file_.workers.end(),
+                                     [&](const worker_spec& s) { return s.name == w.name; });
+    if (!in_file && !w.machine.empty() && !told_.count(w.node_id)) {
+      // A machine the file does not know, describing itself: the file grows.
+      try {
+        cluster_description grown = with_machine(file_, w.machine, "the machine of worker " + w.name);
+        if (grown.workers.back().name != w.name)
+          throw model_error("it offers to run as '" + w.name + "', but its description's worker is '" +
+                            grown.workers.back().name + "'");
+        file_ = std::move(grown);
+        absent_.insert(w.name);
+      } catch (const std::exception& e) {
+        told_.insert(w.node_id);
+        if (waits) waits->push_back("worker " + w.name + " (node " + w.node_id + ") cannot join: " + e.what());
+        continue;
+      }
+    }
     if (absent_.count(w.name) && !taken.count(w.name)) {
       taken.insert(w.name);
       out.push_back(w);

@@ -37,10 +37,14 @@ cluster_description present_workers(const cluster_description& file, const std::
 plan renumber_plan(const plan& p, const cluster_description& from, const cluster_description& to);
 
 /// A machine that offers itself to a running job: its node and the name
-/// it offers to run as (a worker of the cluster file, or any label).
+/// it offers to run as (a worker of the cluster file, or any label), and
+/// optionally what it is (`machine`: a machine of no worker of the file
+/// describes itself, schedule::with_machine's TOML; its name is then
+/// "<its node name>/0").
 struct machine_offer {
   std::string node_id;
   std::string name;
+  std::string machine;
 };
 
 /// The machines of an elastic `--cluster` job. The file describes every
@@ -60,8 +64,12 @@ class cluster_members {
   cluster_description present(const cluster_description* learned = nullptr) const;
 
   /// Pooled machines that offer themselves as an absent worker of the
-  /// file and have not joined (one per worker name). Of each other new
-  /// offer, once, a line saying why it waits goes to `waits`.
+  /// file and have not joined (one per worker name). A machine that is no
+  /// worker of the file and describes itself (machine_offer::machine)
+  /// first becomes one: the file grows by its node (with_machine), absent
+  /// until it joins. Of each other new offer (and each description that
+  /// does not fit the file), once, a line saying why it waits goes to
+  /// `waits`.
   std::vector<machine_offer> candidates(const std::vector<machine_offer>& pool, std::vector<std::string>* waits = nullptr);
   /// The present description once `joining` joined (what `learned`
   /// measured carried over).

@@ -474,6 +474,35 @@ double median_seconds(const std::vector<std::string>& lines, int first, int last
   return s[s.size() / 2];
 }
 
+/// A `--cluster` job (from 1x1) that grew onto worker `name` when a
+/// machine joined, with `want`'s losses: one re-plan, its cost model's
+/// price better, the rank on `name` run by `machine`.
+void check_grew_onto(child_process& launcher, child_process& machine, const std::string& name,
+                     const std::vector<float>& want) {
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  INFO("machine: " << machine.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 1u);
+  const auto& e = events[0];
+  CHECK(e["reason"] == "workers joined");
+  REQUIRE(e["changes"].size() == 1u);
+  CHECK(e["changes"][0] == "worker(s) " + name + " joined");
+  CHECK(e["from"] == "1x1 [0,4)");
+  CHECK(e["to"] != e["from"]);
+  CHECK(e["replayed_steps"] == 0);
+  CHECK(e["completed"] == true);
+  CHECK(e["predicted_step_s"][0].get<double>() > e["predicted_step_s"][1].get<double>());
+  nlohmann::json on;
+  for (int r = 0; r < 3; ++r)
+    if (const nlohmann::json x = rank_entry(launcher.lines(), r); x.is_object() && x.value("worker", "") == name) on = x;
+  REQUIRE(on.is_object());
+  CHECK(on.value("joined", false));
+  CHECK(machine.err().find("running rank " + std::to_string(on["rank"].get<int>())) != std::string::npos);
+}
+
 }  // namespace
 
 TEST_CASE("--elastic --cluster --standby: a machine joins as a standby worker of the file, the planner's plan with "
@@ -490,30 +519,8 @@ TEST_CASE("--elastic --cluster --standby: a machine joins as a standby worker of
   child_process stranger = child_process::corolla({"train", "--join", lobby, "--join-name", "n0/0"});
   child_process worker = child_process::corolla({"train", "--join", lobby, "--join-name", "n1/0"});
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  const int status = finish(launcher);
-  INFO("stderr: " << launcher.err());
-  INFO("worker: " << worker.err());
-  REQUIRE(status == 0);
-  check_close(json_steps(launcher.lines()), want, 1e-5);
-  const auto events = replans(launcher.lines());
-  REQUIRE(events.size() == 1u);
-  const auto& e = events[0];
-  CHECK(e["reason"] == "workers joined");
-  REQUIRE(e["changes"].size() == 1u);
-  CHECK(e["changes"][0] == "worker(s) n1/0 joined");
-  CHECK(e["from"] == "1x1 [0,4)");
-  CHECK(e["to"] != e["from"]);
-  CHECK(e["replayed_steps"] == 0);
-  CHECK(e["completed"] == true);
-  CHECK(e["predicted_step_s"][0].get<double>() > e["predicted_step_s"][1].get<double>());
   // The new plan has a rank on n1/0, and the joined machine ran it.
-  nlohmann::json on_n1;
-  for (int r = 0; r < 3; ++r)
-    if (const nlohmann::json x = rank_entry(launcher.lines(), r); x.is_object() && x.value("worker", "") == "n1/0")
-      on_n1 = x;
-  REQUIRE(on_n1.is_object());
-  CHECK(on_n1.value("joined", false));
-  CHECK(worker.err().find("running rank " + std::to_string(on_n1["rank"].get<int>())) != std::string::npos);
+  check_grew_onto(launcher, worker, "n1/0", want);
   const std::string err = launcher.err();
   CHECK(err.find("worker(s) n1/0 offer(s) to join") != std::string::npos);
   CHECK(err.find("elastic: worker n0/0 (node") != std::string::npos);
@@ -526,6 +533,39 @@ TEST_CASE("--elastic --cluster --standby: a machine joins as a standby worker of
   }
   CHECK(stranger.err().find("running rank") == std::string::npos);
   CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
+}
+
+TEST_CASE("--elastic --cluster: a machine the file does not describe joins with --join-machine, the planner's plan "
+          "with it pays off, the job moves onto it, and the losses stay those of one process") {
+  temp_dir_guard tmp("mp-train-elastic-cluster-machine");
+  job j = fresh_gpt2_job(tmp);
+  // n9: a node of the file's site like the others, described by the machine itself.
+  std::ofstream(tmp / "n9.toml") << "cluster = \"site\"\nname = \"n9\"\nnic = \"ethernet\"\n[[worker]]\nkind = "
+                                    "\"cpu\"\ntflops = 0.00002\nmemory_gib = 4\n";
+  std::ofstream(tmp / "far.toml") << "cluster = \"elsewhere\"\nname = \"n8\"\nnic = \"ethernet\"\n[[worker]]\n"
+                                     "kind = \"cpu\"\ntflops = 1\nmemory_gib = 4\n";
+  // A bad description is refused before the worker joins anything.
+  check_one_error(run_corolla({"train", "--join", "tcp://127.0.0.1:1", "--join-machine", (tmp / "n9.toml").string(),
+                               "--join-name", "n1/0"}),
+                  "--join-name n1/0: the machine " + (tmp / "n9.toml").string() + " describes runs as n9/0");
+  std::string lobby;
+  child_process launcher = start_standby_job(tmp, j, 60, {}, lobby);
+  child_process far = child_process::corolla({"train", "--join", lobby, "--join-machine", (tmp / "far.toml").string()});
+  child_process worker = child_process::corolla({"train", "--join", lobby, "--join-machine", (tmp / "n9.toml").string()});
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  check_grew_onto(launcher, worker, "n9/0", want);
+  const std::string err = launcher.err();
+  CHECK(err.find("elastic: worker n9/0 (node") != std::string::npos);
+  CHECK(err.find("describing its machine") != std::string::npos);
+  CHECK(err.find("worker n8/0 (node") != std::string::npos);
+  CHECK(err.find("cannot join: ") != std::string::npos);
+  CHECK(err.find("unknown cluster 'elsewhere'") != std::string::npos);
+  for (child_process* w : {&worker, &far}) {
+    const auto left = w->wait(std::chrono::seconds(30));
+    REQUIRE(left.has_value());
+    CHECK(*left == 0);
+  }
+  CHECK(far.err().find("running rank") == std::string::npos);
 }
 
 TEST_CASE("--elastic --cluster: the rank of a joined machine killed, its worker is absent again, the job continues "

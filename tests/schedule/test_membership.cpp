@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "model/error.hpp"
 #include "schedule/membership.hpp"
@@ -95,4 +96,78 @@ TEST_CASE("a plan numbered again for a grown description keeps its workers and i
   for (const stage_plan& s : on_six.stages)
     for (int r : s.workers) uses_a01 = uses_a01 || six.workers[static_cast<std::size_t>(r)].name == "a0/1";
   if (uses_a01) CHECK_THROWS_WITH_AS(renumber_plan(on_six, six, five), doctest::Contains("'a0/1'"), model_error);
+}
+
+TEST_CASE("a machine the file does not describe describes itself in the file's terms: its node joins a cluster, its "
+          "one worker comes last, and descriptions that do not fit are refused with the reason") {
+  const cluster_description file = testing::two_sites();  // a0/0 a0/1 a1/0 a1/1 | b/0 b/1
+  const char* c0 = R"(
+cluster = "a"
+name = "c0"
+nic = "ib"
+  [[worker]]
+  model = "gpu"
+  tflops = 50
+  memory_gib = 40
+)";
+  const cluster_description grown = with_machine(file, c0, "machine c0");
+  REQUIRE(grown.size() == 7);
+  const worker_spec& c = grown.workers.back();
+  CHECK(c.name == "c0/0");
+  CHECK(c.rank == 6);
+  CHECK(c.flops == doctest::Approx(50e12));
+  CHECK(grown.clusters[static_cast<std::size_t>(c.cluster)].name == "a");
+  CHECK(grown.nics[static_cast<std::size_t>(c.nic)].name == "ib");
+  // Priced as a node of its cluster and class: IB to a0/0, the WAN to b/0.
+  CHECK(grown.link_between(6, 0).bandwidth == doctest::Approx(grown.link_between(2, 0).bandwidth));
+  CHECK(grown.link_between(6, 4).bandwidth == doctest::Approx(grown.link_between(0, 4).bandwidth));
+  CHECK(names(file).count("c0/0") == 0);  // the file itself is unchanged
+
+  auto refused = [&](const std::string& toml, const std::string& why) {
+    CAPTURE(toml);
+    CHECK_THROWS_WITH_AS(with_machine(file, toml, "machine x"), doctest::Contains(why.c_str()), model_error);
+  };
+  refused("cluster = 'z'\nname = 'c1'\nnic = 'ib'\n[[worker]]\ntflops = 1\nmemory_gib = 1\n",
+          "unknown cluster 'z' (the file has 'a', 'b')");
+  refused("cluster = 'a'\nname = 'b'\nnic = 'ib'\n[[worker]]\ntflops = 1\nmemory_gib = 1\n",
+          "node name 'b' is the file's already");
+  refused("cluster = 'a'\nname = 'c1'\nnic = 'ib'\n[[worker]]\ntflops = 1\nmemory_gib = 1\ncount = 2\n",
+          "describe exactly one worker");
+  refused("cluster = 'a'\nname = 'c1'\nnic = 'fddi'\n[[worker]]\ntflops = 1\nmemory_gib = 1\n", "unknown NIC class 'fddi'");
+  refused("cluster = 'a'\nname = 'c1'\nnic = 'ib'\ncount = 3\n[[worker]]\ntflops = 1\nmemory_gib = 1\n",
+          "count");
+  refused("cluster = 'a'\nname = 'c1'\nnic = 'ib'\n", "no workers");
+  refused("cluster = 'a'\nname = [", "invalid TOML");
+}
+
+TEST_CASE("membership: a machine that describes itself becomes an absent worker of the file and joins; one whose "
+          "description does not fit waits with the reason, once") {
+  cluster_members m(testing::two_sites(), {"b/1"});
+  const std::string c0 = "cluster = 'b'\nname = 'c0'\nnic = 'roce'\n[[worker]]\ntflops = 100\nmemory_gib = 80\n";
+  std::vector<std::string> waits;
+  const std::vector<machine_offer> pool = {{"n-1", "c0/0", c0},
+                                           {"n-2", "c1/0", "cluster = 'nowhere'\nname = 'c1'\nnic = 'ib'\n"},
+                                           {"n-3", "c2/0", c0}};  // c0's description under another name
+  const auto joining = m.candidates(pool, &waits);
+  REQUIRE(joining.size() == 1u);
+  CHECK(joining[0].name == "c0/0");
+  CHECK(m.file().size() == 7);
+  CHECK(m.absent().count("c0/0") == 1);
+  REQUIRE(waits.size() == 2u);
+  CHECK(waits[0].find("worker c1/0 (node n-2) cannot join: ") != std::string::npos);
+  CHECK(waits[0].find("unknown cluster 'nowhere'") != std::string::npos);
+  CHECK(waits[1].find("worker c2/0 (node n-3) cannot join: ") != std::string::npos);
+  CHECK(waits[1].find("node name 'c0' is the file's already") != std::string::npos);
+  // The grown file's present description has it once it joined.
+  const cluster_description before = m.present();
+  CHECK(names(before).count("c0/0") == 0);
+  CHECK(names(m.with_joined(joining, before)).count("c0/0") == 1);
+  m.join(joining);
+  CHECK(names(m.present()).count("c0/0") == 1);
+  REQUIRE(m.machine_of("c0/0") != nullptr);
+  CHECK(m.machine_of("c0/0")->node_id == "n-1");
+  // Told once: the same pool again adds no lines.
+  waits.clear();
+  CHECK(m.candidates(pool, &waits).empty());
+  CHECK(waits.empty());
 }
