@@ -17,7 +17,11 @@
 //
 // A worker runs the command line its launcher sends: join only a launcher
 // you trust. The model and data paths are the launcher's: a worker on
-// another machine must see them at the same paths.
+// another machine must see them at the same paths. Its ranks listen on the
+// host of its --listen, the launcher's coordinator and ranks on the host of
+// --join-listen (launcher_listen). Joining a --cluster job as a machine the
+// file lacks, a worker describes itself (--join-machine, TrainOffer.machine;
+// schedule::cluster_members adds it to the file).
 #pragma once
 
 #include <memory>
