@@ -3,7 +3,7 @@
 # GPU") from a pack made by scripts/gpu/pack.sh, run from the repository
 # root on the GPU machine. Logs go to $OUT (default ./gpu-logs).
 #
-#   scripts/gpu/check.sh PACK [lean|profile|gemv|quick|full]
+#   scripts/gpu/check.sh PACK [lean|profile|gemv|quant|quick|full]
 # lean: sized for one call of about 8 minutes on an H100 or H200 (the
 # 15 minutes of device time a session may get): first the correctness of
 # everything not yet run on a GPU (every CUDA kernel and model test, with a
@@ -21,6 +21,11 @@
 # the tuner over its own variants or over all (COROLLA_GEMV=all), each with
 # the driver's shared-memory carve-out or a common 50 % one
 # (COROLLA_CUDA_CARVEOUT=50).
+# quant: about 4 minutes, the second call after lean: the figures of the
+# quantised and mixture-of-experts formats (issue 23): 7B decode with int8
+# and with nf4 weights (each against f32 and bf16 in the same run and the
+# HBM bound for the bytes it reads), and the MoE preset's decode and
+# prefill with bf16 and nf4 weights (only the active experts' bytes counted).
 # quick: the CUDA unit tests and model tests; full (default): also
 # compute-sanitizer's memcheck over the CUDA unit tests and racecheck over
 # the attention tests, every test binary
@@ -49,7 +54,7 @@ run() {  # name, command...: runs, logs to $out/name.log, prints the verdict
   "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $? ($(tail -n 2 "$out/$name.log" | tr '\n' ' '))"
 }
-if [ "$mode" = lean ] || [ "$mode" = profile ] || [ "$mode" = gemv ]; then
+if [ "$mode" = lean ] || [ "$mode" = profile ] || [ "$mode" = gemv ] || [ "$mode" = quant ]; then
   start=$(date +%s)
   steps=()
   step() {  # name, time limit in seconds, command...: logs to $out/name.log
@@ -73,6 +78,15 @@ if [ "$mode" = lean ] || [ "$mode" = profile ] || [ "$mode" = gemv ]; then
   }
   corolla info > "$out/info.log" 2>&1
   echo "[+0s] $(grep -i -m2 -E 'cuda|device' "$out/info.log" | tr '\n' ' ')"
+  if [ "$mode" = quant ]; then
+    step cuda_quant_kernels 60 test_kernels -tc='cuda*int8*,cuda*nf4*,cuda*q8*,cuda*moe*'
+    step bench_decode_int8 75 corolla bench decode --preset llama7b --weights int8 --repeats 1
+    step bench_decode_nf4 75 corolla bench decode --preset llama7b --weights nf4 --repeats 1
+    step bench_decode_moe 45 corolla bench decode --preset moe --weights bf16 --repeats 2
+    step bench_decode_moe_nf4 45 corolla bench decode --preset moe --weights nf4 --repeats 2
+    echo "[+$(($(date +%s) - start))s] quant done: $out/summary.json"
+    exit 0
+  fi
   if [ "$mode" = gemv ]; then
     step cuda_decode_launch 60 test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
     for run in default:auto:- all:all:- all_c50:all:50 c50:auto:50; do
