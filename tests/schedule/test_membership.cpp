@@ -140,7 +140,7 @@ nic = "ib"
   refused("cluster = 'a'\nname = [", "invalid TOML");
 }
 
-TEST_CASE("membership: a machine that describes itself becomes an absent worker of the file and joins; one whose "
+TEST_CASE("membership: a machine that describes itself becomes an absent worker of the file and joins, and one whose "
           "description does not fit waits with the reason, once") {
   cluster_members m(testing::two_sites(), {"b/1"});
   const std::string c0 = "cluster = 'b'\nname = 'c0'\nnic = 'roce'\n[[worker]]\ntflops = 100\nmemory_gib = 80\n";
