@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -79,6 +80,7 @@ std::map<int, pid_t> ranks_of(pid_t parent) {
 struct rank_control {
   std::unique_ptr<faultlab_harness> harness;
   std::map<int, std::string> endpoints;  ///< rank -> where its node listens
+  int pp = 0, dp = 0;                    ///< the current grid (its "ranks" event's layout), 0 when unknown
   std::set<int> throttled, partitioned, hung;
   std::string lobby;              ///< where workers join (the job's "lobby" event)
   std::vector<pid_t> workers;     ///< joined workers (`corolla train --join`), reaped at the end
@@ -127,9 +129,23 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
       if (!control.hung.count(r)) candidates[r] = true;
     const int r = pick(f, candidates, rng);
     if (r < 0) return what + ": no such rank now (skipped)";
-    if (const std::string err = control.harness->lose(control.endpoints.at(r), f.message); !err.empty())
+    std::string type = f.message;
+    if (type == "any") {
+      // What rank r receives in this grid: activations unless it is a
+      // first stage, gradients unless a last, reduce-scatter pieces with replicas.
+      std::vector<std::string> receives;
+      if (control.pp > 0 && control.dp > 0) {
+        const int stage = r / control.dp;
+        if (stage > 0) receives.push_back("train.act");
+        if (stage < control.pp - 1) receives.push_back("train.grad");
+        if (control.dp > 1) receives.push_back("train.rs");
+      }
+      if (receives.empty()) return what + ": rank " + std::to_string(r) + " receives no message of a rank now (skipped)";
+      type = receives[std::uniform_int_distribution<std::size_t>(0, receives.size() - 1)(rng)];
+    }
+    if (const std::string err = control.harness->lose(control.endpoints.at(r), type); !err.empty())
       return what + ": rank " + std::to_string(r) + " refused (" + err + ")";
-    return what + " (rank " + std::to_string(r) + " loses its next " + f.message + " message)";
+    return what + " (rank " + std::to_string(r) + " loses its next " + type + " message)";
   }
   if (f.what == fl::action::throttle || f.what == fl::action::partition || f.what == fl::action::heal) {
     const bool heal = f.what == fl::action::heal;
@@ -252,6 +268,10 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
           if (j.value("event", "") == "ranks" && j.contains("ranks") && j["ranks"].is_array()) {
             // A new grid: fresh processes, unshaped.
             control.endpoints.clear();
+            control.pp = control.dp = 0;
+            if (j.contains("layout") && j["layout"].is_string() &&
+                std::sscanf(j["layout"].get<std::string>().c_str(), "%dx%d", &control.pp, &control.dp) != 2)
+              control.pp = control.dp = 0;
             control.throttled.clear();
             control.partitioned.clear();
             control.hung.clear();

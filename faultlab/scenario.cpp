@@ -160,11 +160,11 @@ class reader {
     f.as = text(t, "as", where, "");
     f.message = text(t, "message", where, f.what == action::lose ? "train.act" : "");
     if (f.what == action::lose) {
-      static const std::set<std::string> lost{"train.act", "train.grad", "train.rs", "train.ag"};
+      static const std::set<std::string> lost{"train.act", "train.grad", "train.rs", "train.ag", "any"};
       if (!lost.count(f.message))
         fail(origin_, t.get("message"),
-             where + "message: a lose drops \"train.act\", \"train.grad\", \"train.rs\" or \"train.ag\", not \"" +
-                 f.message + "\"");
+             where + "message: a lose drops \"train.act\", \"train.grad\", \"train.rs\", \"train.ag\" or \"any\", "
+                     "not \"" + f.message + "\"");
     } else if (!f.message.empty()) {
       fail(origin_, t.get("message"), where + "message is only for do = \"lose\"");
     }

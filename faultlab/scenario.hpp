@@ -34,7 +34,8 @@ std::string to_string(const moment& m);
 /// heartbeats stay up (a kernel that never returns; stop freezes the whole
 /// process instead); lose: the target rank's mailbox drops the next
 /// message of the fault's `message` type (a message lost on the way, with
-/// every process and link up: the coordinator's stall check finds it).
+/// every process and link up: the coordinator's stall check finds it;
+/// "any": one of the types the rank receives in the grid of that moment).
 enum class action { kill, stop, resume, restart, join, throttle, heal, partition, corrupt, hang, lose };
 /// "kill" ...; throws std::invalid_argument listing the known actions.
 action parse_action(const std::string& text);
@@ -59,7 +60,7 @@ struct fault {
   /// join (training): the worker's --join-name ("" = j1, j2, ...); joining
   /// a --cluster job, the absent worker of its file it is.
   std::string as;
-  std::string message;  ///< lose: the training message type dropped ("train.act" by default)
+  std::string message;  ///< lose: the training message type dropped ("train.act" by default, or "any")
 };
 
 struct swarm_job {

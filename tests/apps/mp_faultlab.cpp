@@ -478,8 +478,9 @@ TEST_CASE("faultlab: a random training campaign mixes lost messages, joins and h
           "the same campaign") {
   temp_dir_guard tmp("faultlab-random-train");
   train_test::job j = train_test::fresh_gpt2_job(tmp);
-  // Seed 4's four faults: a reduce-scatter piece lost (a deadlock the stall
-  // check must find, the campaign's --hang-s 3), two workers join, a stage hangs.
+  // Seed 4's four faults: a message lost (whatever the rank receives: rank 3
+  // of 2x2 loses an activation, a deadlock the stall check must find at the
+  // campaign's --hang-s 3), two workers join, a stage hangs.
   auto campaign = [&](const char* report) {
     const process_result r =
         run_corolla({"faultlab", "random", "--train", "--model", j.model.string(), "--data", j.data.string(), "--faults",
@@ -498,6 +499,7 @@ TEST_CASE("faultlab: a random training campaign mixes lost messages, joins and h
   };
   const json first = campaign("a");
   CHECK(first["pass"] == true);
+  CHECK(first.dump().find("loses its next train.act message") != std::string::npos);
   CHECK(first["scenario"] == "random train campaign");
   const std::multiset<std::string> kinds = kinds_of(first);
   CHECK(kinds == std::multiset<std::string>{"lose step 2", "join step 3", "join step 3", "hang step 10"});

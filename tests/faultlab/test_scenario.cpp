@@ -202,6 +202,7 @@ TEST_CASE("a lose drops a training message type (train.act by default), only on 
   CHECK(s.faults[0].what == action::lose);
   CHECK(s.faults[0].message == "train.act");
   CHECK(parse_scenario(train + "message='train.rs'\n", "s.toml").faults[0].message == "train.rs");
+  CHECK(parse_scenario(train + "message='any'\n", "s.toml").faults[0].message == "any");  // whatever the rank receives
   CHECK(error_of(train + "message='train.report'\n").find("a lose drops \"train.act\"") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\nmessage='train.act'\n")
             .find("message is only for do = \"lose\"") != std::string::npos);
