@@ -474,6 +474,16 @@ double median_seconds(const std::vector<std::string>& lines, int first, int last
   return s[s.size() / 2];
 }
 
+/// Both machines left when released (status 0); `waited` never ran a rank.
+void check_released(child_process& ran, child_process& waited) {
+  for (child_process* w : {&ran, &waited}) {
+    const auto left = w->wait(std::chrono::seconds(30));
+    REQUIRE(left.has_value());
+    CHECK(*left == 0);
+  }
+  CHECK(waited.err().find("running rank") == std::string::npos);
+}
+
 /// A `--cluster` job (from 1x1) that grew onto worker `name` when a
 /// machine joined, with `want`'s losses: one re-plan, its cost model's
 /// price better, the rank on `name` run by `machine`.
@@ -525,13 +535,7 @@ TEST_CASE("--elastic --cluster --standby: a machine joins as a standby worker of
   CHECK(err.find("worker(s) n1/0 offer(s) to join") != std::string::npos);
   CHECK(err.find("elastic: worker n0/0 (node") != std::string::npos);
   CHECK(err.find("re-planned with the workers that joined: plan:") != std::string::npos);
-  // Both machines leave when released; the stranger never ran a rank.
-  for (child_process* w : {&worker, &stranger}) {
-    const auto left = w->wait(std::chrono::seconds(30));
-    REQUIRE(left.has_value());
-    CHECK(*left == 0);
-  }
-  CHECK(stranger.err().find("running rank") == std::string::npos);
+  check_released(worker, stranger);
   CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
 }
 
@@ -560,12 +564,7 @@ TEST_CASE("--elastic --cluster: a machine the file does not describe joins with 
   CHECK(err.find("worker n8/0 (node") != std::string::npos);
   CHECK(err.find("cannot join: ") != std::string::npos);
   CHECK(err.find("unknown cluster 'elsewhere'") != std::string::npos);
-  for (child_process* w : {&worker, &far}) {
-    const auto left = w->wait(std::chrono::seconds(30));
-    REQUIRE(left.has_value());
-    CHECK(*left == 0);
-  }
-  CHECK(far.err().find("running rank") == std::string::npos);
+  check_released(worker, far);
 }
 
 TEST_CASE("--elastic --cluster: the rank of a joined machine killed, its worker is absent again, the job continues "
