@@ -361,7 +361,6 @@ class cluster_parser {
   }
 
  private:
-
   /// The slowest NIC class used by any node: the default link between
   /// clusters (an inter-cluster path is no faster than the worst fabric
   /// the file mentions unless the file says so).
