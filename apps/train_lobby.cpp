@@ -289,6 +289,7 @@ int run_train_join(const train_args& a) {
   caf::anon_send(*target, offer_message(name, machine));
   std::fprintf(stderr, "joined the pool of %s as %s; waiting for a rank\n", lobby_ep.c_str(), name.c_str());
   std::fflush(stderr);
+  const std::string listen_host = endpoint_host(a.listen);  // where the ranks it runs listen
   int status = 1;
   for (;;) {
     remote_message m;
@@ -330,12 +331,11 @@ int run_train_join(const train_args& a) {
     const std::string rank = rank_at != work->args.end() ? *rank_at : "?";
     // The rank listens on this worker's address (--listen), where the
     // launcher's ranks and coordinator reach it.
-    const std::string host = endpoint_host(a.listen);
     if (auto l = std::find(work->args.begin(), work->args.end(), "--listen"); l != work->args.end() && l + 1 != work->args.end())
-      *(l + 1) = any_port_on(host);
+      *(l + 1) = any_port_on(listen_host);
     else
-      work->args.insert(work->args.end(), {"--listen", any_port_on(host)});
-    std::fprintf(stderr, "running rank %s (listening on %s)\n", rank.c_str(), host.c_str());
+      work->args.insert(work->args.end(), {"--listen", any_port_on(listen_host)});
+    std::fprintf(stderr, "running rank %s (listening on %s)\n", rank.c_str(), listen_host.c_str());
     std::fflush(stderr);
     std::vector<pid_t> child{spawn_self(work->args)};
     // The rank ends with its grid (or dies with it); the launcher going away ends it too.
