@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <future>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <thread>
@@ -71,34 +73,50 @@ remote_message stall_watch::take(train_inbox& inbox, const char* type, std::int6
 std::vector<schedule::rank_activity> stall_watch::sample(train_inbox& inbox, std::int64_t step) {
   // A rank that reported its own failure meanwhile is the root cause.
   if (auto failure = inbox.failure()) throw train_error(*failure);
-  caf::scoped_actor self{node_.system()};
-  // Every rank is asked at once and answers within one answer_within: a
-  // host whose ranks all stopped costs one wait, not one per rank.
-  using handle = decltype(self->request(caf::actor{}, answer_within, remote_message{}));
-  std::vector<std::pair<int, std::optional<handle>>> asked;
+  // Every rank is asked at once, by an actor of its own, and answers
+  // within one answer_within: a host whose ranks all stopped costs one
+  // wait, not one per rank. This thread meanwhile watches the inbox: a
+  // failure reported while a silent rank is waited for (the launcher
+  // found it stopped, a link went down) ends the sample at once.
+  struct collected {
+    std::vector<schedule::rank_activity> out;
+    std::size_t pending = 0;
+    std::promise<void> done;
+  };
+  auto c = std::make_shared<collected>();
+  std::vector<std::pair<std::size_t, caf::actor>> targets;
   for (const auto& [rank, id] : ids_) {
-    asked.emplace_back(rank, std::nullopt);
-    if (auto target = node_.remote_actor(id, "train-watch")) {
+    schedule::rank_activity a;
+    a.rank = rank;  // unanswered: answered false
+    c->out.push_back(std::move(a));
+    if (auto target = node_.remote_actor(id, "train-watch")) targets.emplace_back(c->out.size() - 1, *target);
+  }
+  if (targets.empty()) return c->out;
+  c->pending = targets.size();
+  auto answered = c->done.get_future();
+  const std::vector<std::uint8_t> question = encode_body(train_step_note{step, 0, 0, run_});
+  node_.system().spawn([c, targets, question](caf::event_based_actor* self) {
+    // Its handlers run one at a time; the actor ends with its last answer.
+    auto one_less = [c] {
+      if (--c->pending == 0) c->done.set_value();
+    };
+    for (const auto& [i, target] : targets) {
       remote_message q;
       q.type = train_msg::waits_query;
-      q.body = encode_body(train_step_note{step, 0, 0, run_});
-      asked.back().second.emplace(self->request(*target, answer_within, std::move(q)));
+      q.body = question;
+      self->request(target, answer_within, std::move(q))
+          .then(
+              [c, one_less, i = i](remote_message& m) {
+                if (m.type == train_msg::waits)
+                  if (auto d = decode_rank_activity(m.body); d && d->rank == c->out[i].rank) c->out[i] = std::move(*d);
+                one_less();
+              },
+              [one_less](caf::error&) { one_less(); });
     }
-  }
-  std::vector<schedule::rank_activity> out;
-  for (auto& [rank, h] : asked) {
-    schedule::rank_activity a;
-    a.rank = rank;
-    if (h)
-      h->receive(
-          [&, r = rank](remote_message& m) {
-            if (m.type != train_msg::waits) return;
-            if (auto d = decode_rank_activity(m.body); d && d->rank == r) a = std::move(*d);
-          },
-          [](caf::error&) {});
-    out.push_back(std::move(a));
-  }
-  return out;
+  });
+  while (answered.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready)
+    if (auto failure = inbox.failure()) throw train_error(*failure);
+  return c->out;
 }
 
 void stall_watch::check(train_inbox& inbox, std::int64_t step, int rank, const std::string& what) {

@@ -55,7 +55,8 @@ class stall_watch {
 
  private:
   /// Every rank's answer to train.waits? (unanswered ones: answered false);
-  /// throws the failure a rank reported to `inbox` meanwhile.
+  /// throws the failure reported to `inbox` meanwhile as soon as it comes
+  /// (a silent rank's answer is not waited for then).
   std::vector<schedule::rank_activity> sample(train_inbox& inbox, std::int64_t step);
   /// Judges the job while the coordinator waits for `what` of `step` from
   /// `rank`; throws train_stall when it is stuck (or the failure a rank

@@ -29,6 +29,11 @@
 // snapshots), and without it (--hang-s 0: --timeout-s runs out, and the
 // rank it names, a victim, is dropped). The figure is the time lost.
 //
+// With --stop: rank 3's process is stopped (SIGSTOP) after --kill-step:
+// found by the launcher, which sees it stopped for min(--hang-s, 2 s), and
+// without that check (--hang-s 0: the peers' 10 s link timeout). The
+// figure is the time lost.
+//
 // With --join: the same three nodes with n1/0 and n2/0 on standby, so the
 // job starts on n0/0 alone; a machine joins as n1/0 at --join-step, and the
 // job moves onto the planner's plan with it when the cost model says that
@@ -70,6 +75,7 @@ struct elastic_bench_options {
   int checkpoint_every = 50;  ///< both kill runs' checkpoints
   bool hang = false;          ///< --hang: a stage stuck with its node up
   bool lose = false;          ///< --lose: a message lost, every rank up
+  bool stop = false;          ///< --stop: a rank's process stopped (SIGSTOP)
   double hang_s = 2;          ///< --hang's watchdog run: its --hang-s
   double baseline_timeout_s = 10;  ///< --hang's baseline run: its --timeout-s
   bool join = false;          ///< --join: a machine joining a --cluster job
@@ -245,10 +251,13 @@ int run_bench_elastic_kill(const elastic_bench_options& o) {
   return 0;
 }
 
-/// --hang and --lose: a job stuck with every node up, found by --hang-s
-/// (the rank's watchdog, or the coordinator's stall check) vs --timeout-s.
+/// --hang, --lose and --stop: a job stuck, found by --hang-s (the rank's
+/// watchdog, the coordinator's stall check, the launcher's look at the
+/// rank processes) vs --timeout-s (or, for --stop, the peers' timeout).
 int run_bench_elastic_stuck(const elastic_bench_options& o) {
-  const char* name = o.hang ? "hang" : "lose";
+  const char* name = o.hang ? "hang" : o.lose ? "lose" : "stop";
+  const fl::action what = o.hang ? fl::action::hang : o.lose ? fl::action::lose : fl::action::stop;
+  const char* checked = o.hang ? "watchdog" : o.lose ? "stall check" : "stopped check";
   if (o.kill_step < 1 || o.steps < o.kill_step + 5)
     throw std::invalid_argument("--steps must leave at least 5 steps after --kill-step");
   if (!(o.hang_s > 0) || !(o.baseline_timeout_s > 0))
@@ -262,13 +271,17 @@ int run_bench_elastic_stuck(const elastic_bench_options& o) {
       std::snprintf(flags, sizeof flags, " --hang-s %g", o.hang_s);
     else
       std::snprintf(flags, sizeof flags, " --hang-s 0 --timeout-s %g", o.baseline_timeout_s);
-    return rank3_fault(scratch, o, watchdog ? "watchdog" : "timeout", flags, 0,
-                       o.hang ? fl::action::hang : fl::action::lose);
+    return rank3_fault(scratch, o, watchdog ? "watchdog" : "timeout", flags, 0, what);
   };
   std::mt19937_64 rng(1);
   if (o.hang)
     std::fprintf(stderr, "bench elastic --hang: %d steps of 2x2 (lat=4ms), rank 3's stage hangs after step %d; found by "
                          "its watchdog (--hang-s %g), then by the coordinator's --timeout-s %g\n",
+                 o.steps, o.kill_step, o.hang_s, o.baseline_timeout_s);
+  else if (o.stop)
+    std::fprintf(stderr, "bench elastic --stop: %d steps of 2x2 (lat=4ms), rank 3's process stopped (SIGSTOP) after "
+                         "step %d; found by the launcher (--hang-s %g), then by the peers' link timeout (--hang-s 0 "
+                         "--timeout-s %g)\n",
                  o.steps, o.kill_step, o.hang_s, o.baseline_timeout_s);
   else
     std::fprintf(stderr, "bench elastic --lose: %d steps of 2x2 (lat=4ms), rank 3 loses an activation after step %d; "
@@ -291,9 +304,9 @@ int run_bench_elastic_stuck(const elastic_bench_options& o) {
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("%s (--hang-s %g):   %.2f s lost (%s)\n", o.hang ? "watchdog" : "stall check", o.hang_s, watched_lost,
+    std::printf("%s (--hang-s %g):   %.2f s lost (%s)\n", checked, o.hang_s, watched_lost,
                 blamed(watched).c_str());
-    std::printf("%s (--timeout-s %g): %.2f s lost (%s)\n", o.hang ? "no watchdog" : "no stall check",
+    std::printf("no %s (--timeout-s %g): %.2f s lost (%s)\n", checked,
                 o.baseline_timeout_s, timed_lost, blamed(timed).c_str());
     std::printf("%.1fx less time lost; losses equal within %.1e relative\n", ratio, worst);
   }
@@ -371,10 +384,10 @@ int run_bench_elastic_join(const elastic_bench_options& o) {
 }
 
 int run_bench_elastic(const elastic_bench_options& o) {
-  if (int(o.kill) + int(o.join) + int(o.hang) + int(o.lose) > 1)
-    throw std::invalid_argument("bench elastic: one of --kill, --hang, --lose and --join");
+  if (int(o.kill) + int(o.join) + int(o.hang) + int(o.lose) + int(o.stop) > 1)
+    throw std::invalid_argument("bench elastic: one of --kill, --hang, --lose, --stop and --join");
   if (o.kill) return run_bench_elastic_kill(o);
-  if (o.hang || o.lose) return run_bench_elastic_stuck(o);
+  if (o.hang || o.lose || o.stop) return run_bench_elastic_stuck(o);
   if (o.join) return run_bench_elastic_join(o);
   if (o.steps < o.throttle_step + 10)
     throw std::invalid_argument("--steps must leave at least 10 steps after --throttle-step");
@@ -471,12 +484,15 @@ void register_bench_elastic(CLI::App* bench, action_fn& action) {
   cmd->add_flag("--lose", o.lose,
                 "Rank 3 loses an activation on the way, every rank up: found by the coordinator's stall check vs "
                 "by its --timeout-s");
-  cmd->add_option("--hang-s", o.hang_s, "With --hang or --lose: the first run's --hang-s")->capture_default_str();
+  cmd->add_flag("--stop", o.stop,
+                "Rank 3's process stopped (SIGSTOP): found by the launcher vs by the peers' link timeout");
+  cmd->add_option("--hang-s", o.hang_s, "With --hang, --lose or --stop: the first run's --hang-s")->capture_default_str();
   cmd->add_option("--baseline-timeout-s", o.baseline_timeout_s,
-                  "With --hang or --lose: the --timeout-s of the run with --hang-s 0")
+                  "With --hang, --lose or --stop: the --timeout-s of the run with --hang-s 0")
       ->capture_default_str();
   cmd->add_option("--kill-step", o.kill_step,
-                  "With --kill, --hang or --lose: the step after which rank 3 is killed, hangs or loses a message")
+                  "With --kill, --hang, --lose or --stop: the step after which rank 3 is killed, hangs, loses a "
+                  "message or is stopped")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "With --kill: both runs' checkpoint period")

@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -22,21 +23,20 @@ std::string how_it_ended(int st) {
 
 void rank_processes::start(const std::vector<std::string>& args) { pids_.push_back(spawn_self(args)); }
 
-std::optional<std::pair<int, std::string>> rank_processes::wait_any(const std::atomic<bool>& stop) {
+void rank_processes::watch(const std::atomic<bool>& stop, const std::function<void(int, const std::string&)>& ended,
+                           double stopped_limit_s, const std::function<void(int, double)>& stopped) {
+  stop_clock stops(stopped_limit_s);
+  auto next_look = stop_clock::clock_type::now();
   while (!stop) {
-    bool any = false;
-    for (std::size_t i = 0; i < pids_.size(); ++i) {
-      if (pids_[i] <= 0) continue;
-      any = true;
-      int st = 0;
-      if (::waitpid(pids_[i], &st, WNOHANG) != pids_[i]) continue;
-      pids_[i] = -1;
-      return std::pair{static_cast<int>(i), how_it_ended(st)};
+    for (const auto& [rank, how] : reap_now()) ended(rank, how);
+    if (std::none_of(pids_.begin(), pids_.end(), [](pid_t p) { return p > 0; })) return;
+    // /proc is read every 100 ms, not at every 20 ms reap.
+    if (const auto now = stop_clock::clock_type::now(); stopped_limit_s > 0 && now >= next_look) {
+      for (const auto& [rank, seconds] : stops.look(this->stopped(), now)) stopped(rank, seconds);
+      next_look = now + std::chrono::milliseconds(100);
     }
-    if (!any) return std::nullopt;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return std::nullopt;
 }
 
 std::vector<std::pair<int, std::string>> rank_processes::reap_now() {
@@ -69,6 +69,8 @@ std::vector<int> rank_processes::stopped() const {
 void rank_processes::wait_all(std::chrono::milliseconds timeout) { reap_all(pids_, timeout); }
 
 void rank_processes::stop() { terminate_all(pids_, std::chrono::seconds(2)); }
+
+double stopped_limit_s(double hang_s) { return hang_s > 0 ? std::min(hang_s, 2.0) : 0.0; }
 
 std::vector<int> lost_ranks(rank_processes& ranks, const std::set<int>& signalled, int world,
                             const std::exception_ptr& failure) {

@@ -9,11 +9,14 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "apps/stop_clock.hpp"
 
 namespace corolla::app {
 
@@ -32,9 +35,12 @@ class rank_processes {
   /// (a joined worker's): its pid() is -1 and nothing waits for it.
   void skip() { pids_.push_back(-1); }
 
-  /// Waits for a rank to end: (index, status as "exit status N" or "signal
-  /// N"), or nullopt when all have ended. Returns early when `stop` is set.
-  std::optional<std::pair<int, std::string>> wait_any(const std::atomic<bool>& stop);
+  /// Watches the ranks until all have ended or `stop` is set: calls
+  /// `ended(rank, how)` for each that ends ("exit status N" or "signal N"),
+  /// and `stopped(rank, seconds)` once for each that stays stopped (state T
+  /// or t: SIGSTOP, a debugger) for `stopped_limit_s` (0 = never).
+  void watch(const std::atomic<bool>& stop, const std::function<void(int, const std::string&)>& ended,
+             double stopped_limit_s, const std::function<void(int, double)>& stopped);
 
   /// One pass without waiting: the ranks that have ended since the last
   /// look, each with how ("exit status N" or "signal N").
@@ -55,6 +61,12 @@ class rank_processes {
  private:
   std::vector<pid_t> pids_;
 };
+
+/// How long a rank process may stay stopped before the launcher takes it
+/// for hung: 2 s, or --hang-s when shorter (0 = never). A stopped process
+/// computes nothing and answers nobody while its peers wait on it; without
+/// this the job noticed only at the ranks' 10 s peer timeout.
+double stopped_limit_s(double hang_s);
 
 /// The ranks a failed job lost: those a signal ended (`signalled`, seen by
 /// the watcher, and any that die within half a second: a lost connection

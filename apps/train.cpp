@@ -337,7 +337,7 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--hang-s", args->hang_s,
                   "A rank whose stage has been inside one forward or backward for longer than this (and ten times "
                   "its longest so far) is hung: it reports itself and ends (0 = never); with --elastic the job "
-                  "re-plans without it")
+                  "re-plans without it. A local rank process stopped (SIGSTOP) for min(this, 2 s) is hung too")
       ->capture_default_str()
       ->group(dist);
   cmd->callback([&action, args, needed] {

@@ -1,5 +1,6 @@
 #include "apps/train_lobby.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <stdexcept>
 
 #include <caf/all.hpp>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
@@ -25,6 +27,7 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "apps/commands.hpp"
+#include "apps/rank_processes.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
 #include "net/wire.capnp.h"
@@ -337,10 +340,23 @@ int run_train_join(const train_args& a) {
       work->args.insert(work->args.end(), {"--listen", any_port_on(listen_host)});
     std::fprintf(stderr, "running rank %s (listening on %s)\n", rank.c_str(), listen_host.c_str());
     std::fflush(stderr);
-    std::vector<pid_t> child{spawn_self(work->args)};
+    // As the launcher does with its own ranks: a rank process stopped
+    // (SIGSTOP, a debugger) for min(--hang-s, 2 s) is hung. Killed, its
+    // links drop at once and its peers report it down, instead of after
+    // their 10 s timeout.
+    const auto job = nlohmann::json::parse(work->job, nullptr, false);
+    const double hang_s = job.is_object() ? job.value("hang_s", 0.0) : 0.0;
+    rank_processes child;
+    child.start(work->args);
     // The rank ends with its grid (or dies with it); the launcher going away ends it too.
-    while (!reap_all(child, std::chrono::milliseconds(500)))
-      if (*gone) terminate_all(child, std::chrono::seconds(2));
+    child.watch(
+        *gone, [](int, const std::string&) {}, stopped_limit_s(hang_s),
+        [&](int, double seconds) {
+          std::fprintf(stderr, "rank %s has been stopped (SIGSTOP or a debugger) for %.1f s: killed\n", rank.c_str(),
+                       seconds);
+          ::kill(child.pid(0), SIGKILL);
+        });
+    child.stop();
     std::error_code ec;
     fs::remove(path, ec);
   }

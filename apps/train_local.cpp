@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -117,15 +118,26 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       ranks.start(rank_args(a, r, endpoint, job_file.string()));
   }
   // A rank process that ends before the job does fails it at once (also
-  // before it joined, when no link could report it).
+  // before it joined, when no link could report it); so does one that
+  // stays stopped (stopped_limit_s: a hung rank, found before the peers'
+  // timeout).
   std::set<int> signalled;  // ranks a signal ended while the job ran (the watcher's until it is joined)
   std::thread watcher([&] {
-    while (auto ended = ranks.wait_any(over)) {
-      if (ended->second != "exit status 0" && !over) {
-        if (ended->second.rfind("signal", 0) == 0) signalled.insert(ended->first);
-        inbox->fail(o.layout.label(ended->first) + " exited (" + ended->second + ")");
-      }
-    }
+    ranks.watch(
+        over,
+        [&](int rank, const std::string& how) {
+          if (how != "exit status 0" && !over) {
+            if (how.rfind("signal", 0) == 0) signalled.insert(rank);
+            inbox->fail(o.layout.label(rank) + " exited (" + how + ")");
+          }
+        },
+        stopped_limit_s(o.hang_s),
+        [&](int rank, double seconds) {
+          // lost_ranks finds it stopped, and the launcher kills it.
+          char took[32];
+          std::snprintf(took, sizeof took, "%.1f", seconds);
+          inbox->fail(o.layout.label(rank) + " is stopped (process state T: SIGSTOP or a debugger) for " + took + " s");
+        });
   });
   // Workers' ranks are not this launcher's children: one whose worker went
   // away (before its rank joined, no link could say so) fails the job too.

@@ -166,6 +166,9 @@ TEST_CASE("--elastic: a hung rank (SIGSTOP) is a failure too: without snapshots 
   CHECK(events[0]["resume_from"] == 0);
   CHECK(events[0]["replayed_steps"].get<int>() >= 3);
   CHECK(events[0]["to"] == "1x3 [0,4)");
+  // Found stopped by the launcher after 2 s, not by its peers' 10 s timeout.
+  CHECK(events[0]["reason"].get<std::string>().find("rank 2 (stage 1, replica 0, blocks 2..3) is stopped (process "
+                                                    "state T") != std::string::npos);
 }
 
 TEST_CASE("--elastic: a hung rank's state comes from its buddy's memory too: the launcher kills it, the survivors "
@@ -177,6 +180,8 @@ TEST_CASE("--elastic: a hung rank's state comes from its buddy's memory too: the
   CHECK(events[0]["lost_ranks"] == nlohmann::json::array({1}));
   CHECK(events[0]["from_memory"] == true);
   CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+  CHECK(events[0]["reason"].get<std::string>().find(") is stopped (process state T: SIGSTOP or a debugger) for ") !=
+        std::string::npos);
 }
 
 TEST_CASE("--elastic, one replica per stage: the dead stage's parameters and moments come from the next stage's "
@@ -356,6 +361,37 @@ TEST_CASE("--elastic: a joined worker killed while it runs a rank is a lost rank
   CHECK(events[1]["lost_ranks"] == nlohmann::json::array({2}));
   CHECK(events[1]["to"] == "1x2 [0,4)");
   CHECK(events[1]["replayed_steps"].get<int>() <= 1);
+}
+
+TEST_CASE("--elastic: a joined worker's rank stopped (SIGSTOP) is killed by its worker after 2 s, a lost rank "
+          "found before the peers' 10 s timeout, and the worker is taken again") {
+  temp_dir_guard tmp("mp-train-elastic-join-stop");
+  const job j = slow_job(tmp, 80);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  std::string lobby;
+  child_process launcher = start_joinable(j, 60, lobby);
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  child_process worker = start_worker(lobby);
+  REQUIRE(launcher.wait_line(std::regex(R"("reason":"workers joined")"), std::chrono::seconds(60)));
+  const std::vector<pid_t> rank = children_with_arg(worker.pid(), {"--rank"});
+  REQUIRE(rank.size() == 1u);
+  ::kill(rank[0], SIGSTOP);
+  const int status = finish(launcher);
+  ::kill(rank[0], SIGKILL);  // the worker killed it already; nothing may be left stopped
+  INFO("stderr: " << launcher.err() << "\nworker: " << worker.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  CHECK(worker.err().find("rank 2 has been stopped (SIGSTOP or a debugger) for ") != std::string::npos);
+  const auto events = replans(launcher.lines());
+  // The worker itself is well: it stays in the pool, and the job grows
+  // onto it again.
+  REQUIRE(events.size() == 3u);
+  CHECK(events[1]["from"] == "1x3 [0,4)");
+  CHECK(events[1]["lost_ranks"] == nlohmann::json::array({2}));
+  CHECK(events[1]["reason"].get<std::string>().find("rank 2 (stage 0, replica 2, blocks 0..3) is down") !=
+        std::string::npos);
+  CHECK(events[1]["to"] == "1x2 [0,4)");
+  CHECK(events[2]["to"] == "1x3 [0,4)");
 }
 
 TEST_CASE("--elastic: a worker that hangs after joining the pool never starts its rank: the lobby sees it go, the job "
