@@ -340,8 +340,9 @@ class coordinator {
   void save_model() {
     transformer model = transformer::init(cfg_, 0, cpu_backend());
     auto fill = [&](param_set& dst, int id, int rank) {
-      remote_message m = inbox_->take(train_key(train_msg::params, run_, o_.steps, id), o_.timeout,
-                                      "parameters of " + bucket_name(id) + " from " + o_.layout.label(rank));
+      // Watched as the steps are: a rank that stops sending is named.
+      remote_message m =
+          stall_.take_from(*inbox_, train_msg::params, o_.steps, id, rank, "parameters of " + bucket_name(id), o_.timeout);
       if (m.tensors.size() != 1 || m.tensors[0].numel() != dst.size() || m.tensors[0].type() != dtype::f32)
         throw train_error("parameters of " + bucket_name(id) + " from " + o_.layout.label(rank) + " have the wrong size");
       dst.flat().copy_from(m.tensors[0]);

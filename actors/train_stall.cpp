@@ -47,7 +47,12 @@ double stall_watch::threshold_s() const { return hang_threshold_s(hang_s_, longe
 
 remote_message stall_watch::take(train_inbox& inbox, const char* type, std::int64_t step, int rank,
                                  const std::string& what, std::chrono::milliseconds timeout, bool judge) {
-  const std::string key = train_key(type, run_, step, rank);
+  return take_from(inbox, type, step, rank, rank, what, timeout, judge);
+}
+
+remote_message stall_watch::take_from(train_inbox& inbox, const char* type, std::int64_t step, int slot, int rank,
+                                      const std::string& what, std::chrono::milliseconds timeout, bool judge) {
+  const std::string key = train_key(type, run_, step, slot);
   const std::string full = what + " from " + layout_.label(rank);
   const auto deadline = clock_type::now() + timeout;
   for (;;) {

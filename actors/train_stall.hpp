@@ -52,6 +52,10 @@ class stall_watch {
   /// stuck (schedule/wait_graph.hpp; only when `judge`).
   remote_message take(train_inbox& inbox, const char* type, std::int64_t step, int rank, const std::string& what,
                       std::chrono::milliseconds timeout, bool judge = true);
+  /// As take, for a message filed under another slot than its sender's
+  /// rank (the parameters of bucket `slot`, from rank `from`).
+  remote_message take_from(train_inbox& inbox, const char* type, std::int64_t step, int slot, int from,
+                           const std::string& what, std::chrono::milliseconds timeout, bool judge = true);
 
  private:
   /// Every rank's answer to train.waits? (unanswered ones: answered false);
