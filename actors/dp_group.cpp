@@ -74,7 +74,7 @@ void with_host(Backend& be, Tensor& dst, F&& fill) {
 
 }  // namespace
 
-void dp_group::restore(const checkpoint_shards& shards) {
+void dp_group::restore(const state_shards& shards) {
   for (grad_bucket& b : buckets_) {
     const std::string name = bucket_name(b.id);
     const std::int64_t n = b.params->size();

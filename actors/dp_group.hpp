@@ -49,7 +49,7 @@ namespace corolla {
 class node;
 class train_comm;
 class train_inbox;
-class checkpoint_shards;
+class state_shards;
 struct dist_train_options;
 
 namespace dp_msg {
@@ -139,7 +139,7 @@ class dp_group {
   int size() const { return static_cast<int>(buckets_.size()); }
 
   /// Parameters and moment shards from a checkpoint (any layout wrote it).
-  void restore(const checkpoint_shards& shards);
+  void restore(const state_shards& shards);
 
   // The handlers; each returns its error as a value ("" = done).
   /// Reduce-scatters bucket `slot`; without the global norm also updates

@@ -13,9 +13,11 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_wire.hpp"
 #include "model/error.hpp"
 #include "model/safetensors.hpp"
 #include "net/wire.capnp.h"
+#include "schedule/snapshot_choice.hpp"
 
 namespace corolla {
 
@@ -141,6 +143,198 @@ caf::expected<rank_snapshot> decode_snapshot(const remote_message& m) {
   return head;
 }
 
+// ---- what a keeper holds, and fetching from it ------------------------------------------------
+
+std::size_t snapshot_listing::bytes() const {
+  std::size_t n = 0;
+  for (const auto& [name, values] : tensors) n += static_cast<std::size_t>(values) * sizeof(float);
+  return n;
+}
+
+namespace {
+
+void set_ranges(wire::TrainSnapshot::Builder r, const std::map<std::string, shard_range>& ranges) {
+  auto out = r.initRanges(static_cast<unsigned>(ranges.size()));
+  unsigned i = 0;
+  for (const auto& [bucket, range] : ranges) {
+    out[i].setBucket(bucket);
+    out[i].setLo(range.lo);
+    out[i].setHi(range.hi);
+    out[i].setN(range.n);
+    ++i;
+  }
+}
+
+std::map<std::string, shard_range> get_ranges(wire::TrainSnapshot::Reader r) {
+  std::map<std::string, shard_range> out;
+  for (auto x : r.getRanges()) {
+    shard_range range{x.getLo(), x.getHi(), x.getN()};
+    if (range.lo < 0 || range.hi < range.lo || range.n < range.hi)
+      throw std::invalid_argument("a moment range " + std::to_string(range.lo) + ".." + std::to_string(range.hi) +
+                                  " of " + std::to_string(range.n));
+    out[capnp_body::text(x.getBucket(), "bucket")] = range;
+  }
+  return out;
+}
+
+/// A train.snapget request: which tensors of whose snapshot of which step.
+struct snapshot_wanted {
+  int owner = 0;
+  std::int64_t step = 0;
+  std::uint64_t job = 0;
+  std::vector<std::string> names;
+};
+
+remote_message encode_wanted(const snapshot_wanted& w) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainSnapshot>();
+  r.setOwner(w.owner);
+  r.setStep(w.step);
+  r.setJob(w.job);
+  auto names = r.initNames(static_cast<unsigned>(w.names.size()));
+  for (unsigned i = 0; i < w.names.size(); ++i) names.set(i, w.names[i]);
+  remote_message m;
+  m.type = train_msg::snap_get;
+  m.body = capnp_body::flat(b);
+  return m;
+}
+
+caf::expected<snapshot_wanted> decode_wanted(const remote_message& m) {
+  return capnp_body::decode<wire::TrainSnapshot>(m.body, "TrainSnapshot", [](wire::TrainSnapshot::Reader r) {
+    snapshot_wanted w;
+    w.owner = r.getOwner();
+    w.step = r.getStep();
+    w.job = r.getJob();
+    if (r.getNames().size() > max_snapshot_tensors) throw std::invalid_argument("too many names");
+    for (auto n : r.getNames()) {
+      std::string name = capnp_body::text(n, "tensor name");
+      if (!valid_name(name)) throw std::invalid_argument("tensor name '" + name + "'");
+      w.names.push_back(std::move(name));
+    }
+    return w;
+  });
+}
+
+}  // namespace
+
+remote_message encode_snapshot_index(const snapshot_index& x) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainSnapshotIndex>();
+  r.setHolder(x.holder);
+  auto list = r.initSnapshots(static_cast<unsigned>(x.snapshots.size()));
+  for (unsigned i = 0; i < x.snapshots.size(); ++i) {
+    const snapshot_listing& l = x.snapshots[i];
+    auto e = list[i];
+    e.setOwner(l.owner);
+    e.setStep(l.step);
+    e.setJob(l.job);
+    auto names = e.initNames(static_cast<unsigned>(l.tensors.size()));
+    auto sizes = e.initSizes(static_cast<unsigned>(l.tensors.size()));
+    for (unsigned t = 0; t < l.tensors.size(); ++t) {
+      names.set(t, l.tensors[t].first);
+      sizes.set(t, l.tensors[t].second);
+    }
+    set_ranges(e, l.ranges);
+    e.setLossScale(l.loss_scale);
+  }
+  remote_message m;
+  m.type = train_msg::snaps;
+  m.body = capnp_body::flat(b);
+  return m;
+}
+
+caf::expected<snapshot_index> decode_snapshot_index(const remote_message& m) {
+  if (m.type != train_msg::snaps)
+    return make_error(errc::bad_message, "expected " + std::string(train_msg::snaps) + ", got '" + m.type + "'");
+  return capnp_body::decode<wire::TrainSnapshotIndex>(
+      m.body, "TrainSnapshotIndex", [](wire::TrainSnapshotIndex::Reader r) {
+        snapshot_index x;
+        x.holder = r.getHolder();
+        for (auto e : r.getSnapshots()) {
+          snapshot_listing l;
+          l.owner = e.getOwner();
+          l.step = e.getStep();
+          l.job = e.getJob();
+          if (l.owner < 0 || l.step < 1) throw std::invalid_argument("owner " + std::to_string(l.owner) + ", step " +
+                                                                     std::to_string(l.step));
+          auto names = e.getNames();
+          auto sizes = e.getSizes();
+          if (names.size() > max_snapshot_tensors || names.size() != sizes.size())
+            throw std::invalid_argument(std::to_string(names.size()) + " names for " + std::to_string(sizes.size()) +
+                                        " sizes");
+          for (unsigned t = 0; t < names.size(); ++t) {
+            std::string name = capnp_body::text(names[t], "tensor name");
+            if (!valid_name(name) || sizes[t] < 0) throw std::invalid_argument("tensor '" + name + "'");
+            l.tensors.emplace_back(std::move(name), sizes[t]);
+          }
+          l.ranges = get_ranges(e);
+          l.loss_scale = capnp_body::text(e.getLossScale(), "loss scale");
+          x.snapshots.push_back(std::move(l));
+        }
+        return x;
+      });
+}
+
+caf::expected<snapshot_index> fetch_snapshot_index(node& n, const std::string& peer, std::uint64_t job,
+                                                   std::chrono::milliseconds timeout) {
+  remote_message q;
+  q.type = train_msg::snaps_query;
+  q.body = encode_body(train_step_note{0, 0, 0, job});
+  auto r = n.request(peer, "train-snap", std::move(q), timeout);
+  if (!r) return r.error();
+  return decode_snapshot_index(*r);
+}
+
+caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, std::uint64_t job, int owner,
+                                            std::int64_t step, const std::vector<std::string>& names,
+                                            std::chrono::milliseconds timeout) {
+  auto r = n.request(peer, "train-snap", encode_wanted({owner, step, job, names}), timeout);
+  if (!r) return r.error();
+  if (r->type != train_msg::snap)
+    return make_error(errc::bad_message, "the keeper of " + peer + " answered '" + r->type + "'");
+  auto s = decode_snapshot(*r);
+  if (!s) return s.error();
+  if (s->owner != owner || s->step != step || s->job != job)
+    return make_error(errc::bad_message, "the keeper of " + peer + " answered with rank " + std::to_string(s->owner) +
+                                             "'s snapshot of step " + std::to_string(s->step) + ", not the one asked for");
+  return s;
+}
+
+// ---- snapshots read as a checkpoint ------------------------------------------------------
+
+snapshot_shards::snapshot_shards(std::vector<rank_snapshot> snapshots) : snaps_(std::move(snapshots)) {
+  std::set<int> owners;
+  for (std::size_t i = 0; i < snaps_.size(); ++i) {
+    const rank_snapshot& x = snaps_[i];
+    if (x.step != snaps_.front().step || x.job != snaps_.front().job)
+      throw train_error("in-memory snapshots of steps " + std::to_string(snaps_.front().step) + " and " +
+                        std::to_string(x.step) + " (or of two runs) cannot be read as one step");
+    if (!owners.insert(x.owner).second)
+      throw train_error("two in-memory snapshots of rank " + std::to_string(x.owner) + " of step " +
+                        std::to_string(x.step));
+    for (const auto& [name, t] : x.tensors)
+      if (name.rfind("params.", 0) == 0) add_params(name.substr(7), i);
+    for (const auto& [bucket, range] : x.ranges) add_piece(bucket, i, range);
+  }
+  check_tiling();
+}
+
+Tensor snapshot_shards::tensor(std::size_t shard, const std::string& name) const {
+  const rank_snapshot& x = snaps_.at(shard);
+  for (const auto& [n, t] : x.tensors)
+    if (n == name) {
+      if (t.type() != dtype::f32) throw train_error(shard_label(shard) + ": " + name + " is not f32");
+      return t;
+    }
+  throw train_error(shard_label(shard) + " has no tensor " + name);
+}
+
+std::string snapshot_shards::what() const { return "the in-memory snapshots of step " + std::to_string(step()); }
+
+std::string snapshot_shards::shard_label(std::size_t shard) const {
+  return "the snapshot of rank " + std::to_string(snaps_.at(shard).owner);
+}
+
 // ---- the keeper ---------------------------------------------------------------------
 
 namespace {
@@ -179,25 +373,77 @@ std::string flush(const keeper_state& st) {
   return error;
 }
 
+/// train.snaps?: what the keeper holds of its run.
+caf::result<remote_message> answer_index(const keeper_state& st, const remote_message& m) {
+  auto q = decode_train_step(m.body);
+  if (!q) return q.error();
+  if (q->job != st.job) return make_error(errc::auth_refused, "these snapshots are not of the run asked about");
+  snapshot_index x;
+  x.holder = st.setup.holder;
+  for (const auto& [owner, steps] : st.held)
+    for (const auto& [step, s] : steps) {
+      snapshot_listing l;
+      l.owner = owner;
+      l.step = step;
+      l.job = s.job;
+      for (const auto& [name, t] : s.tensors) l.tensors.emplace_back(name, t.numel());
+      l.ranges = s.ranges;
+      l.loss_scale = s.loss_scale;
+      x.snapshots.push_back(std::move(l));
+    }
+  return encode_snapshot_index(x);
+}
+
+/// train.snapget: the tensors asked for of one snapshot held.
+caf::result<remote_message> answer_get(const keeper_state& st, const remote_message& m) {
+  auto w = decode_wanted(m);
+  if (!w) return w.error();
+  if (w->job != st.job) return make_error(errc::auth_refused, "these snapshots are not of the run asked about");
+  const auto owner = st.held.find(w->owner);
+  const auto it = owner == st.held.end() ? decltype(owner->second.end()){} : owner->second.find(w->step);
+  if (owner == st.held.end() || it == owner->second.end())
+    return make_error(errc::unknown_actor, "rank " + std::to_string(st.setup.holder) + " holds no snapshot of rank " +
+                                               std::to_string(w->owner) + " of step " + std::to_string(w->step));
+  const rank_snapshot& s = it->second;
+  rank_snapshot out;
+  out.owner = s.owner;
+  out.step = s.step;
+  out.job = s.job;
+  out.ranges = s.ranges;
+  out.loss_scale = s.loss_scale;
+  for (const std::string& name : w->names) {
+    const auto t = std::find_if(s.tensors.begin(), s.tensors.end(), [&](const auto& x) { return x.first == name; });
+    if (t == s.tensors.end())
+      return make_error(errc::invalid_argument, "rank " + std::to_string(w->owner) + "'s snapshot of step " +
+                                                    std::to_string(w->step) + " has no " + name);
+    out.tensors.push_back(*t);
+  }
+  if (w->names.empty()) out.tensors = s.tensors;
+  return encode_snapshot(out);
+}
+
 caf::behavior snapshot_keeper(caf::event_based_actor*, std::shared_ptr<keeper_state> st) {
   return {
-      [st](remote_message& m) {
-        if (m.type != train_msg::snap) return;
+      [st](remote_message& m) -> caf::result<remote_message> {
+        if (m.type == train_msg::snaps_query) return answer_index(*st, m);
+        if (m.type == train_msg::snap_get) return answer_get(*st, m);
+        // One-way from here on: the (empty) answer goes nowhere.
+        if (m.type != train_msg::snap) return remote_message{};
         // A snapshot from another process must come from a rank of the job.
         if (!m.from_node.empty() && !st->setup.inbox->named(m.from_node)) {
           spdlog::warn("dropping a snapshot from node {}, which is not part of this job", m.from_node);
-          return;
+          return remote_message{};
         }
         auto s = decode_snapshot(m);
         if (!s) {
           spdlog::warn("dropping a snapshot from {}: {}", st->setup.inbox->label_of(m.from_node), error_message(s.error()));
-          return;
+          return remote_message{};
         }
         const bool local = m.from_node.empty();
         if (s->job != st->job || !st->setup.owners.count(s->owner) || local != (s->owner == st->setup.holder)) {
           spdlog::warn("dropping a snapshot of rank {} (step {}) from {}: not one this rank keeps", s->owner, s->step,
                        local ? std::string("this rank") : st->setup.inbox->label_of(m.from_node));
-          return;
+          return remote_message{};
         }
         auto& steps = st->held[s->owner];
         const std::int64_t step = s->step;
@@ -210,13 +456,14 @@ caf::behavior snapshot_keeper(caf::event_based_actor*, std::shared_ptr<keeper_st
           if (!coord) {
             spdlog::warn("rank {}: cannot tell the coordinator of rank {}'s snapshot of step {}: {}", st->setup.holder,
                          owner, step, error_message(coord.error()));
-            return;
+            return remote_message{};
           }
           remote_message note;
           note.type = train_msg::kept;
           note.body = encode_body(train_step_note{step, owner, static_cast<double>(st->setup.holder), st->job});
           caf::anon_send(*coord, std::move(note));
         }
+        return remote_message{};
       },
       [st](snap_msg::flush_atom) { return flush(*st); },
   };
@@ -276,8 +523,11 @@ memory_recovery commit_memory_snapshots(const fs::path& checkpoint_dir, int worl
       fs::remove_all(p, ec);
     }
   } cleanup{mem};
-  // step -> owner -> files; the owner's own copy first (it holds its parameters).
-  std::map<int, std::map<int, std::vector<fs::path>>> found;
+  // What every holder flushed, read from the shards' headers: the decision
+  // is schedule::choose_snapshot_step's.
+  std::vector<schedule::held_snapshot> held;
+  std::map<std::pair<int, std::int64_t>, std::map<int, fs::path>> files;  // (owner, step) -> holder -> file
+  std::map<std::pair<int, std::int64_t>, loss_scale_state> scales;       // (owner, step) -> the scaler's state
   std::error_code ec;
   for (const auto& h : fs::directory_iterator(mem, ec)) {
     const int holder = number_after(h.path().filename().string(), "h");
@@ -291,88 +541,65 @@ memory_recovery commit_memory_snapshots(const fs::path& checkpoint_dir, int worl
       for (const auto& f : fs::directory_iterator(sd.path(), ec3)) {
         const int owner = number_after(f.path().filename().string(), "rank-", ".safetensors");
         if (owner < 0 || owner >= world) continue;
-        auto& files = found[step][owner];
-        if (owner == holder)
-          files.insert(files.begin(), f.path());
-        else
-          files.push_back(f.path());
-      }
-    }
-  }
-  if (found.empty()) {
-    out.why_not = "no rank flushed a snapshot";
-    return out;
-  }
-  const int latest = latest_checkpoint_step(checkpoint_dir);
-  const fs::path staging = mem / "assembled";
-  std::string why;
-  for (auto it = found.rbegin(); it != found.rend(); ++it) {
-    const int step = it->first;
-    if (newest >= 0 && step > newest) {
-      why += (why.empty() ? "" : "; ") + std::string("step ") + std::to_string(step) + ": after the last step printed, " +
-             std::to_string(newest);
-      continue;
-    }
-    if (step <= latest) {
-      why += (why.empty() ? "" : "; ") + std::string("the checkpoint of step ") + std::to_string(latest) +
-             " is as new as any snapshot left";
-      break;
-    }
-    std::string missing;
-    for (int r = 0; r < world; ++r)
-      if (!it->second.count(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    if (!missing.empty()) {
-      why += (why.empty() ? "" : "; ") + std::string("step ") + std::to_string(step) + ": no snapshot of rank(s) " + missing;
-      continue;
-    }
-    // Assemble: one shard per rank, the manifest; then check that the
-    // pieces tile every bucket and every bucket's parameters are there.
-    fs::remove_all(checkpoint_step_dir(staging, step), ec);
-    fs::create_directories(checkpoint_step_dir(staging, step), ec);
-    if (ec) throw train_error("cannot create " + checkpoint_step_dir(staging, step).string() + ": " + ec.message());
-    std::optional<loss_scale_state> scale;
-    std::string bad;
-    for (const auto& [owner, files] : it->second) {
-      const fs::path dst = checkpoint_step_dir(staging, step) / shard_file_name(owner);
-      fs::rename(files.front(), dst, ec);
-      if (ec) throw train_error("cannot move " + files.front().string() + ": " + ec.message());
-      try {
-        const auto meta = safetensors_file::open(dst)->metadata();
-        if (const auto s = meta.find("loss_scale"); s != meta.end() && !scale) {
-          loss_scale_state x;
-          std::istringstream in(s->second);
-          if (!(in >> x.scale >> x.good_steps >> x.skipped)) throw model_error("a malformed loss_scale '" + s->second + "'");
-          scale = x;
+        schedule::held_snapshot x;
+        x.holder = holder;
+        x.owner = owner;
+        x.step = step;
+        try {
+          const auto shard = safetensors_file::open(f.path());
+          for (const auto& [name, info] : shard->tensors())
+            if (name.rfind("params.", 0) == 0) x.params.insert(name.substr(7));
+          for (const auto& [key, value] : shard->metadata()) {
+            std::istringstream in(value);
+            if (key == "loss_scale") {
+              loss_scale_state st;
+              if (!(in >> st.scale >> st.good_steps >> st.skipped)) throw model_error("a malformed loss_scale '" + value + "'");
+              scales[{owner, step}] = st;
+            }
+            if (key.rfind("range.", 0) != 0) continue;
+            schedule::value_range r;
+            if (!(in >> r.lo >> r.hi >> r.n)) throw model_error("a malformed " + key + " '" + value + "'");
+            x.moments[key.substr(6)] = r;
+          }
+        } catch (const model_error& e) {
+          spdlog::warn("ignoring the flushed snapshot {}: {}", f.path().string(), e.what());
+          continue;
         }
-      } catch (const model_error& e) {
-        bad = e.what();
+        held.push_back(std::move(x));
+        files[{owner, step}][holder] = f.path();
       }
     }
-    if (bad.empty()) {
-      commit_checkpoint(staging, step, world, job, layout, scale ? &*scale : nullptr);
-      try {
-        const checkpoint_shards shards(staging, step);
-        for (int b = -1; b < n_layers && bad.empty(); ++b)
-          if (!shards.has_params(bucket_name(b == -1 ? head_bucket : b)))
-            bad = "no snapshot holds the parameters of " + bucket_name(b == -1 ? head_bucket : b);
-      } catch (const train_error& e) {
-        bad = e.what();
-      }
-    }
-    if (!bad.empty()) {
-      why += (why.empty() ? "" : "; ") + std::string("step ") + std::to_string(step) + ": " + bad;
-      continue;
-    }
-    const fs::path target = checkpoint_step_dir(checkpoint_dir, step);
-    fs::remove_all(target, ec);  // shards of a checkpoint of this step that was never committed
-    fs::rename(checkpoint_step_dir(staging, step), target, ec);
-    if (ec) throw train_error("cannot move the assembled snapshots to " + target.string() + ": " + ec.message());
-    commit_checkpoint(checkpoint_dir, step, world, job, layout, scale ? &*scale : nullptr);
-    out.step = step;
-    out.bytes = checkpoint_shard_bytes(checkpoint_dir, step);
+  }
+  std::vector<std::string> buckets{bucket_name(head_bucket)};
+  for (int b = 0; b < n_layers; ++b) buckets.push_back(bucket_name(b));
+  const schedule::snapshot_choice choice =
+      schedule::choose_snapshot_step(held, world, buckets, newest, latest_checkpoint_step(checkpoint_dir));
+  if (!choice.found()) {
+    out.why_not = held.empty() ? "no rank flushed a snapshot" : choice.why_not;
     return out;
   }
-  out.why_not = why;
+  const int step = static_cast<int>(choice.step);
+  // Assemble one shard per rank from the chosen copies, then commit.
+  const fs::path staging = mem / "assembled";
+  fs::remove_all(checkpoint_step_dir(staging, step), ec);
+  fs::create_directories(checkpoint_step_dir(staging, step), ec);
+  if (ec) throw train_error("cannot create " + checkpoint_step_dir(staging, step).string() + ": " + ec.message());
+  std::optional<loss_scale_state> scale;
+  for (const auto& [owner, holder] : choice.source) {
+    const fs::path& src = files.at({owner, choice.step}).at(holder);
+    const fs::path dst = checkpoint_step_dir(staging, step) / shard_file_name(owner);
+    fs::rename(src, dst, ec);
+    if (ec) throw train_error("cannot move " + src.string() + ": " + ec.message());
+    // Every rank's scaler is in the same state after a step.
+    if (const auto it = scales.find({owner, choice.step}); it != scales.end() && !scale) scale = it->second;
+  }
+  const fs::path target = checkpoint_step_dir(checkpoint_dir, step);
+  fs::remove_all(target, ec);  // shards of a checkpoint of this step that was never committed
+  fs::rename(checkpoint_step_dir(staging, step), target, ec);
+  if (ec) throw train_error("cannot move the assembled snapshots to " + target.string() + ": " + ec.message());
+  commit_checkpoint(checkpoint_dir, step, world, job, layout, scale ? &*scale : nullptr);
+  out.step = step;
+  out.bytes = checkpoint_shard_bytes(checkpoint_dir, step);
   return out;
 }
 

@@ -27,6 +27,7 @@
 // last committed checkpoint, or to the start.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -51,6 +52,9 @@ struct train_layout;
 
 namespace train_msg {
 inline constexpr const char* snap = "train.snap";  ///< rank -> a keeper: an in-memory snapshot
+inline constexpr const char* snaps_query = "train.snaps?";  ///< -> a keeper, a request: what it holds of a run
+inline constexpr const char* snaps = "train.snaps";         ///< the answer: a TrainSnapshotIndex
+inline constexpr const char* snap_get = "train.snapget";    ///< -> a keeper, a request: tensors of one snapshot
 }  // namespace train_msg
 
 namespace snap_msg {
@@ -83,6 +87,61 @@ struct rank_snapshot {
   /// The same snapshot without the parameters (a buddy on the same stage holds them).
   rank_snapshot without_params() const;
 };
+
+/// One step's state from in-memory snapshots, one per owner rank (what the
+/// keepers of a job hold of that step), read by a rank of any layout as
+/// the checkpoint of that step would be (state_shards).
+class snapshot_shards : public state_shards {
+ public:
+  /// Throws train_error when the snapshots are of different steps or
+  /// jobs, name one owner twice, or their moment pieces do not tile.
+  explicit snapshot_shards(std::vector<rank_snapshot> snapshots);
+  std::int64_t step() const { return snaps_.empty() ? 0 : snaps_.front().step; }
+
+ protected:
+  Tensor tensor(std::size_t shard, const std::string& name) const override;
+  std::string what() const override;
+  std::string shard_label(std::size_t shard) const override;
+
+ private:
+  std::vector<rank_snapshot> snaps_;
+};
+
+/// What a keeper holds of one snapshot: its tensors' names and sizes, not
+/// their values (an entry of its answer to train.snaps?).
+struct snapshot_listing {
+  int owner = 0;
+  std::int64_t step = 0;
+  std::uint64_t job = 0;
+  std::vector<std::pair<std::string, std::int64_t>> tensors;  ///< name, values (f32)
+  std::map<std::string, shard_range> ranges;
+  std::string loss_scale;
+
+  std::size_t bytes() const;
+};
+
+/// Everything one keeper holds of a run.
+struct snapshot_index {
+  int holder = 0;
+  std::vector<snapshot_listing> snapshots;
+};
+
+/// `x` as a train.snaps message (wire::TrainSnapshotIndex).
+remote_message encode_snapshot_index(const snapshot_index& x);
+/// A train.snaps message back; bad_message for a malformed one.
+caf::expected<snapshot_index> decode_snapshot_index(const remote_message& m);
+
+/// Asks the keeper ("train-snap") on node `peer` what it holds of run
+/// `job` (a run's id is what lets one in: another run's, or a stranger's,
+/// question is refused with auth_refused).
+caf::expected<snapshot_index> fetch_snapshot_index(node& n, const std::string& peer, std::uint64_t job,
+                                                   std::chrono::milliseconds timeout);
+/// Tensors `names` (none = all) of rank `owner`'s snapshot of `step` of run
+/// `job` from the keeper on node `peer`: memory to memory, the way a rank
+/// of a new layout gets the state it takes over.
+caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, std::uint64_t job, int owner,
+                                            std::int64_t step, const std::vector<std::string>& names,
+                                            std::chrono::milliseconds timeout);
 
 /// `s` as a train.snap message (wire::TrainSnapshot; tensor i is entry i).
 remote_message encode_snapshot(const rank_snapshot& s);

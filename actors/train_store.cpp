@@ -181,82 +181,88 @@ checkpoint_shards::checkpoint_shards(const fs::path& dir, int step) : step_dir_(
     }
     const std::size_t index = files_.size();
     for (const auto& [name, info] : f->tensors())
-      if (name.rfind("params.", 0) == 0) params_.emplace(name.substr(7), index);
+      if (name.rfind("params.", 0) == 0) add_params(name.substr(7), index);
     for (const auto& [key, value] : f->metadata()) {
       if (key.rfind("range.", 0) != 0) continue;
-      piece p{index, {}};
+      shard_range range;
       std::istringstream in(value);
-      if (!(in >> p.range.lo >> p.range.hi >> p.range.n) || p.range.lo < 0 || p.range.hi < p.range.lo ||
-          p.range.n < p.range.hi)
+      if (!(in >> range.lo >> range.hi >> range.n) || range.lo < 0 || range.hi < range.lo || range.n < range.hi)
         throw train_error("checkpoint shard " + f->path().string() + " has a malformed " + key + " '" + value + "'");
-      moments_[key.substr(6)].push_back(p);
+      add_piece(key.substr(6), index, range);
     }
     files_.push_back(std::move(f));
   }
-  // A bucket's pieces must tile its values [0, n) exactly: no gap, no
-  // overlap (a shard of another checkpoint copied in would make one).
+  check_tiling();
+}
+
+Tensor checkpoint_shards::tensor(std::size_t shard, const std::string& name) const {
+  const safetensors_file& f = *files_.at(shard);
+  if (!f.find(name)) throw train_error("checkpoint shard " + f.path().string() + " has no tensor " + name);
+  Tensor t = f.view(name);
+  if (t.type() != dtype::f32)
+    throw train_error("checkpoint tensor " + name + " in " + f.path().string() + " is " + dtype_name(t.type()) +
+                      ", not f32");
+  return t;
+}
+
+std::string checkpoint_shards::shard_label(std::size_t shard) const {
+  return files_.at(shard)->path().filename().string();
+}
+
+void state_shards::check_tiling() {
   for (auto& [bucket, pieces] : moments_) {
     std::sort(pieces.begin(), pieces.end(),
               [](const piece& x, const piece& y) { return std::pair{x.range.lo, x.range.hi} < std::pair{y.range.lo, y.range.hi}; });
     std::int64_t next = 0;
     for (const piece& p : pieces) {
       if (p.range.n != pieces.front().range.n || p.range.lo != next)
-        throw train_error("the shards of checkpoint " + step_dir_.string() + " do not tile the optimizer state of " + bucket +
-                          ": " + files_[p.file]->path().filename().string() + " holds [" + std::to_string(p.range.lo) +
-                          ", " + std::to_string(p.range.hi) + ") of " + std::to_string(p.range.n) + " where [" +
+        throw train_error("the shards of " + what() + " do not tile the optimizer state of " + bucket + ": " +
+                          shard_label(p.shard) + " holds [" + std::to_string(p.range.lo) + ", " +
+                          std::to_string(p.range.hi) + ") of " + std::to_string(p.range.n) + " where [" +
                           std::to_string(next) + ", ...) of " + std::to_string(pieces.front().range.n) + " was due");
       next = p.range.hi;
     }
     if (next != pieces.front().range.n)
-      throw train_error("the shards of checkpoint " + step_dir_.string() + " hold values [0, " + std::to_string(next) +
-                        ") of the " + std::to_string(pieces.front().range.n) + " of the optimizer state of " + bucket);
+      throw train_error("the shards of " + what() + " hold values [0, " + std::to_string(next) + ") of the " +
+                        std::to_string(pieces.front().range.n) + " of the optimizer state of " + bucket);
   }
 }
 
-namespace {
-
-/// `dst` (f32, host) from the f32 tensor `name` of `f`, values [from, from + dst.numel()).
-void copy_values(const safetensors_file& f, const std::string& name, std::int64_t from, Tensor dst) {
-  if (!f.find(name)) throw train_error("checkpoint shard " + f.path().string() + " has no tensor " + name);
-  const Tensor src = f.view(name);
-  if (src.type() != dtype::f32 || from + dst.numel() > src.numel())
-    throw train_error("checkpoint tensor " + name + " in " + f.path().string() + " has " + std::to_string(src.numel()) +
-                      " " + dtype_name(src.type()) + " values, expected at least " +
-                      std::to_string(from + dst.numel()) + " f32");
+void state_shards::copy_values(std::size_t shard, const std::string& name, std::int64_t from, Tensor dst) const {
+  const Tensor src = tensor(shard, name);
+  if (from + dst.numel() > src.numel())
+    throw train_error("tensor " + name + " of " + shard_label(shard) + " (" + what() + ") has " +
+                      std::to_string(src.numel()) + " values, expected at least " + std::to_string(from + dst.numel()));
   std::memcpy(dst.data<float>(), src.data<float>() + from, static_cast<std::size_t>(dst.numel()) * sizeof(float));
 }
 
-}  // namespace
-
-void checkpoint_shards::read_params(const std::string& bucket, Tensor& dst) const {
+void state_shards::read_params(const std::string& bucket, Tensor& dst) const {
   const auto it = params_.find(bucket);
-  if (it == params_.end()) throw train_error("no shard of checkpoint " + step_dir_.string() + " holds the parameters of " + bucket);
-  const safetensors_file& f = *files_[it->second];
-  if (const std::int64_t held = f.view("params." + bucket).numel(); held != dst.numel())
-    throw train_error("checkpoint " + step_dir_.string() + " holds " + std::to_string(held) + " parameters of " + bucket +
-                      ", this model has " + std::to_string(dst.numel()));
-  copy_values(f, "params." + bucket, 0, dst);
+  if (it == params_.end()) throw train_error("no shard of " + what() + " holds the parameters of " + bucket);
+  if (const std::int64_t held = tensor(it->second, "params." + bucket).numel(); held != dst.numel())
+    throw train_error(what() + ": " + std::to_string(held) + " parameters of " + bucket + ", this model has " +
+                      std::to_string(dst.numel()));
+  copy_values(it->second, "params." + bucket, 0, dst);
 }
 
-void checkpoint_shards::read_moment(const std::string& which, const std::string& bucket, std::int64_t lo,
-                                    std::int64_t n, Tensor& dst) const {
+void state_shards::read_moment(const std::string& which, const std::string& bucket, std::int64_t lo, std::int64_t n,
+                               Tensor& dst) const {
   const std::int64_t hi = lo + dst.numel();
   const auto it = moments_.find(bucket);
-  if (it == moments_.end())
-    throw train_error("no shard of checkpoint " + step_dir_.string() + " holds optimizer state of " + bucket);
+  if (it == moments_.end()) throw train_error("no shard of " + what() + " holds optimizer state of " + bucket);
   std::int64_t covered = 0;
   for (const piece& p : it->second) {
     if (p.range.n != n)
-      throw train_error("checkpoint " + step_dir_.string() + " has " + std::to_string(p.range.n) + " values of " + bucket +
-                        ", this model " + std::to_string(n));
+      throw train_error(what() + ": " + std::to_string(p.range.n) + " values of " + bucket + ", this model has " +
+                        std::to_string(n));
     const std::int64_t a = std::max(lo, p.range.lo), b = std::min(hi, p.range.hi);
     if (a >= b) continue;
-    copy_values(*files_[p.file], which + "." + bucket, a - p.range.lo, dst.slice(a - lo, b - lo));
+    copy_values(p.shard, which + "." + bucket, a - p.range.lo, dst.slice(a - lo, b - lo));
     covered += b - a;
   }
-  // The pieces tile [0, n) (checked when opened): each value is copied once.
+  // The pieces tile [0, n) (check_tiling): each value is copied once.
   if (covered != hi - lo)
-    throw train_error("the shards of checkpoint " + step_dir_.string() + " cover " + std::to_string(covered) + " of values [" +
+    throw train_error("the shards of " + what() + " cover " + std::to_string(covered) + " of values [" +
                       std::to_string(lo) + ", " + std::to_string(hi) + ") of " + which + "." + bucket);
 }
 

@@ -81,13 +81,14 @@ std::uintmax_t checkpoint_shard_bytes(const std::filesystem::path& dir, int step
 /// The layout that wrote step `step` ("2x2 [0,2) [2,4)"), "" when not recorded.
 std::string checkpoint_layout(const std::filesystem::path& dir, int step);
 
-/// Every shard of one committed checkpoint step, read by a rank of any
-/// layout. Opening maps the files and reads their headers only.
-class checkpoint_shards {
+/// One step's training state in shards written by some layout: a
+/// checkpoint's files (checkpoint_shards) or in-memory snapshots
+/// (snapshot_shards, actors/train_snapshots.hpp). A rank of any layout
+/// reads its buckets from it: the parameters from the shard that holds
+/// them, its moment shards assembled from the pieces of the writers'.
+class state_shards {
  public:
-  /// Throws train_error for a missing or malformed manifest or shard, or a
-  /// checkpoint of an older format (no shard ranges).
-  checkpoint_shards(const std::filesystem::path& dir, int step);
+  virtual ~state_shards() = default;
   /// The whole parameter vector of `bucket` (bucket_name) into `dst` (f32,
   /// host). Throws train_error when no shard holds it or its size differs.
   void read_params(const std::string& bucket, Tensor& dst) const;
@@ -100,15 +101,53 @@ class checkpoint_shards {
   void read_moment(const std::string& which, const std::string& bucket, std::int64_t lo, std::int64_t n,
                    Tensor& dst) const;
 
+ protected:
+  /// Shard `shard` holds "params.<bucket>".
+  void add_params(const std::string& bucket, std::size_t shard) { params_.emplace(bucket, shard); }
+  /// Shard `shard` holds the moment piece `range` of `bucket`.
+  void add_piece(const std::string& bucket, std::size_t shard, shard_range range) {
+    moments_[bucket].push_back({shard, range});
+  }
+  /// Checks that every bucket's pieces tile its values [0, n) exactly: no
+  /// gap, no overlap (a shard of another checkpoint copied in would make
+  /// one). Throws train_error naming the shard.
+  void check_tiling();
+  /// Tensor `name` of shard `shard` (f32, host); throws train_error when
+  /// the shard lacks it or it is of another type.
+  virtual Tensor tensor(std::size_t shard, const std::string& name) const = 0;
+  /// What the shards are, for messages: "checkpoint DIR/step-N".
+  virtual std::string what() const = 0;
+  /// Shard `shard`, for messages: its file name, or the rank's snapshot.
+  virtual std::string shard_label(std::size_t shard) const = 0;
+
  private:
+  /// `dst` from values [from, from + dst.numel()) of tensor `name` of shard `shard`.
+  void copy_values(std::size_t shard, const std::string& name, std::int64_t from, Tensor dst) const;
+
   struct piece {
-    std::size_t file = 0;
+    std::size_t shard = 0;
     shard_range range;
   };
+  std::map<std::string, std::size_t> params_;          ///< bucket -> shard holding "params.<bucket>"
+  std::map<std::string, std::vector<piece>> moments_;  ///< bucket -> its moment shards
+};
+
+/// Every shard of one committed checkpoint step.
+class checkpoint_shards : public state_shards {
+ public:
+  /// Opening maps the files and reads their headers only. Throws
+  /// train_error for a missing or malformed manifest or shard, or a
+  /// checkpoint of an older format (no shard ranges).
+  checkpoint_shards(const std::filesystem::path& dir, int step);
+
+ protected:
+  Tensor tensor(std::size_t shard, const std::string& name) const override;
+  std::string what() const override { return "checkpoint " + step_dir_.string(); }
+  std::string shard_label(std::size_t shard) const override;
+
+ private:
   std::filesystem::path step_dir_;
   std::vector<std::shared_ptr<safetensors_file>> files_;
-  std::map<std::string, std::size_t> params_;        ///< bucket -> file holding "params.<bucket>"
-  std::map<std::string, std::vector<piece>> moments_;  ///< bucket -> its moment shards
 };
 
 /// The loss scaler's state step `step`'s manifest holds, if any (a run

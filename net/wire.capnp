@@ -253,6 +253,18 @@ struct TrainSnapshot {
     hi @2 :Int64;
     n @3 :Int64;
   }
+  sizes @6 :List(Int64);   # in a TrainSnapshotIndex: each named tensor's values (no tensors travel)
+}
+
+# "train.snaps" a "train-snap" keeper -> whoever asked "train.snaps?" (a
+# request whose TrainStep names the run, `job`): every snapshot it holds of
+# that run, without tensors (names, sizes, ranges, loss scale). A
+# "train.snapget" request (a TrainSnapshot naming the run, the owner, the
+# step and the tensors wanted, none = all) is answered with a "train.snap"
+# of those tensors.
+struct TrainSnapshotIndex {
+  holder @0 :Int32;
+  snapshots @1 :List(TrainSnapshot);
 }
 
 # "train.offer" a worker (`corolla train --join`) -> the elastic launcher's

@@ -226,3 +226,108 @@ TEST_CASE("the launcher commits the newest step every rank's snapshot survived, 
   // No snapshots at all.
   CHECK(commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)").why_not == "no rank flushed a snapshot");
 }
+
+TEST_CASE("in-memory snapshots of one step read as that step's checkpoint would, by a rank of any layout") {
+  // Rank 0's own copy (with the parameters) and rank 1's buddy copy.
+  const snapshot_shards shards({snapshot_of(0, 6, 1, 6), snapshot_of(1, 6, 1, 6).without_params()});
+  CHECK(shards.step() == 6);
+  CHECK(shards.has_params("head"));
+  Tensor p = Tensor::zeros({4});
+  shards.read_params("block.0", p);
+  CHECK(p.to_vector() == std::vector<float>{6, 7, 8, 9});
+  // A 1x4 rank's moment shard [1, 2) and a 1x1 rank's whole [0, 4), across both owners.
+  Tensor one = Tensor::zeros({1});
+  shards.read_moment("v", "head", 1, 4, one);
+  CHECK(one.to_vector() == std::vector<float>{7});
+  Tensor all = Tensor::zeros({4});
+  shards.read_moment("m", "block.0", 0, 4, all);
+  CHECK(all.to_vector() == std::vector<float>{6, 7, 16, 17});
+  auto error_of = [](std::vector<rank_snapshot> s) {
+    try {
+      snapshot_shards x(std::move(s));
+    } catch (const train_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(error_of({snapshot_of(0, 6, 1, 6), snapshot_of(1, 7, 1, 6)}).find("steps 6 and 7") != std::string::npos);
+  CHECK(error_of({snapshot_of(0, 6, 1, 6), snapshot_of(0, 6, 1, 6)}).find("two in-memory snapshots of rank 0") !=
+        std::string::npos);
+  CHECK(error_of({snapshot_of(0, 6, 1, 6)}).find("hold values [0, 2) of the 4 of the optimizer state") !=
+        std::string::npos);
+  // A model of another size.
+  const snapshot_shards one_owner({snapshot_of(0, 6, 1, 6), snapshot_of(1, 6, 1, 6)});
+  Tensor wrong = Tensor::zeros({5});
+  CHECK_THROWS_WITH_AS(one_owner.read_params("head", wrong),
+                       "the in-memory snapshots of step 6: 4 parameters of head, this model has 5", train_error);
+}
+
+TEST_CASE("a keeper serves what it holds over the network, memory to memory, to whoever knows the run, and what a "
+          "rank of another layout reads from the fetched copies equals the snapshots") {
+  auto holder = start_test_node();
+  auto peer = start_test_node();
+  auto inbox = std::make_shared<train_inbox>();
+  inbox->name_peer(peer->id(), "rank 0 (stage 0, replica 0)");
+  snapshot_keeper_setup setup;
+  setup.holder = 1;
+  setup.owners = snapshot_owners(even_layout(2, 1, 2), 1);  // {0, 1}
+  setup.inbox = inbox;
+  auto keeper = start_snapshot_keeper(*holder, setup, 42);
+  REQUIRE(keeper);
+  caf::anon_send(*keeper, encode_snapshot(snapshot_of(1, 5, 42, 5)));  // its own, with parameters
+  REQUIRE(peer->connect(holder->endpoint()));
+  auto remote = peer->remote_actor(holder->id(), "train-snap");
+  REQUIRE(remote);
+  caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 5, 42, 5).without_params()));  // its buddy's copy
+  const auto timeout = std::chrono::seconds(30);
+
+  // The index, once both have arrived.
+  caf::expected<snapshot_index> index = make_error(errc::unknown_actor, "not asked");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  do {
+    index = fetch_snapshot_index(*peer, holder->id(), 42, timeout);
+    REQUIRE(index);
+  } while (index->snapshots.size() < 2 && std::chrono::steady_clock::now() < deadline);
+  REQUIRE(index->snapshots.size() == 2u);
+  CHECK(index->holder == 1);
+  const snapshot_listing& zero = index->snapshots[0];
+  CHECK(zero.owner == 0);
+  CHECK(zero.step == 5);
+  CHECK(zero.tensors.size() == 4u);  // m and v of two buckets: no parameters in a buddy's copy
+  CHECK(zero.bytes() == 4 * 2 * sizeof(float));
+  CHECK(zero.ranges.at("head").lo == 0);
+  const snapshot_listing& one = index->snapshots[1];
+  CHECK(one.owner == 1);
+  CHECK(one.tensors.size() == 6u);
+  CHECK(one.bytes() == (2 * 4 + 4 * 2) * sizeof(float));
+
+  // Only the tensors asked for travel.
+  auto params = fetch_snapshot(*peer, holder->id(), 42, 1, 5, {"params.head"}, timeout);
+  REQUIRE(params);
+  REQUIRE(params->tensors.size() == 1u);
+  CHECK(params->tensors[0].second.to_vector() == std::vector<float>{5, 6, 7, 8});
+  auto whole0 = fetch_snapshot(*peer, holder->id(), 42, 0, 5, {}, timeout);
+  auto whole1 = fetch_snapshot(*peer, holder->id(), 42, 1, 5, {}, timeout);
+  REQUIRE(whole0);
+  REQUIRE(whole1);
+  const snapshot_shards shards({*whole0, *whole1});
+  Tensor m = Tensor::zeros({4});
+  shards.read_moment("m", "block.0", 0, 4, m);
+  CHECK(m.to_vector() == std::vector<float>{5, 6, 15, 16});
+
+  // Another run's question, a snapshot not held, a tensor it lacks.
+  auto stranger = fetch_snapshot_index(*peer, holder->id(), 7, timeout);
+  REQUIRE_FALSE(stranger);
+  CHECK(stranger.error() == make_error(errc::auth_refused, ""));
+  auto stolen = fetch_snapshot(*peer, holder->id(), 7, 1, 5, {}, timeout);
+  REQUIRE_FALSE(stolen);
+  CHECK(error_message(stolen.error()).find("not of the run") != std::string::npos);
+  auto old = fetch_snapshot(*peer, holder->id(), 42, 1, 4, {}, timeout);
+  REQUIRE_FALSE(old);
+  CHECK(error_message(old.error()).find("holds no snapshot of rank 1 of step 4") != std::string::npos);
+  auto lacking = fetch_snapshot(*peer, holder->id(), 42, 0, 5, {"params.head"}, timeout);
+  REQUIRE_FALSE(lacking);
+  CHECK(error_message(lacking.error()).find("has no params.head") != std::string::npos);
+  holder->unpublish("train-snap");
+  caf::anon_send_exit(*keeper, caf::exit_reason::user_shutdown);
+}
