@@ -86,6 +86,12 @@ void dp_group::restore(const state_shards& shards) {
   }
 }
 
+std::vector<dp_group::wanted_shard> dp_group::wanted() const {
+  std::vector<wanted_shard> out;
+  for (const grad_bucket& b : buckets_) out.push_back({bucket_name(b.id), b.params->size(), b.lo, b.hi});
+  return out;
+}
+
 Tensor dp_group::to_host(const Tensor& t) {
   if (t.dev().kind == device_kind::cpu) return t;
   Tensor h = Tensor::empty(t.shape());

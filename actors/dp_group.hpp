@@ -140,6 +140,13 @@ class dp_group {
 
   /// Parameters and moment shards from a checkpoint (any layout wrote it).
   void restore(const state_shards& shards);
+  /// What restore reads: each bucket's name, its size and this rank's
+  /// moment shard [lo, hi) of it.
+  struct wanted_shard {
+    std::string bucket;
+    std::int64_t n = 0, lo = 0, hi = 0;
+  };
+  std::vector<wanted_shard> wanted() const;
 
   // The handlers; each returns its error as a value ("" = done).
   /// Reduce-scatters bucket `slot`; without the global norm also updates

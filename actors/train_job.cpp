@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <stdexcept>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -176,7 +177,17 @@ class coordinator {
     try {
       gather(hooks);
       int first = 1;
-      if (o_.resume) {
+      if (o_.resume && o_.from_memory.step > 0) {
+        // The ranks read the failed grid's in-memory snapshots.
+        if (!o_.from_memory.loss_scale.empty()) {
+          loss_scale_state st;
+          std::istringstream in(o_.from_memory.loss_scale);
+          if (!(in >> st.scale >> st.good_steps >> st.skipped))
+            throw train_error("a malformed loss scale '" + o_.from_memory.loss_scale + "' in the snapshots");
+          scaler_.set_state(st);
+        }
+        first = o_.from_memory.step + 1;
+      } else if (o_.resume) {
         const int s = latest_checkpoint_step(o_.checkpoint_dir);
         if (s == 0) throw train_error("no checkpoint in " + o_.checkpoint_dir.string() + " to resume from");
         check_manifest(o_.checkpoint_dir, s, job_);
@@ -314,7 +325,7 @@ class coordinator {
     const auto body = encode_body(roster);
     stall_.set_run(run_, ids_);
     for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::roster, body);
-    if (hooks.on_roster) hooks.on_roster(roster.peers);
+    if (hooks.on_roster) hooks.on_roster(roster.peers, run_);
     spdlog::info("training job {}: all {} ranks joined", o_.layout.describe(), world_);
   }
 

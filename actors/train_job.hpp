@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,6 +110,20 @@ const char* dp_collectives_name(dp_collectives c);
 /// Parses "host" or "device"; throws std::invalid_argument naming the value.
 dp_collectives parse_dp_collectives(const std::string& s);
 
+/// Where a grid started after a failure reads its state: the survivors'
+/// in-memory snapshots of `step` of the failed grid's run `run`, in the
+/// keepers of its processes, which the elastic launcher keeps alive until
+/// the new grid has its own (memory to memory, actors/train_snapshots.hpp;
+/// the launcher chooses the step and copies with
+/// schedule::choose_snapshot_step).
+struct memory_restore {
+  int step = 0;                                  ///< 0: none (a resume reads the latest checkpoint)
+  std::uint64_t run = 0;                         ///< the failed grid's run id: what lets its keepers answer
+  std::map<int, std::string> holder_of;          ///< owner (a rank of the failed grid) -> node holding its copy
+  std::map<std::string, std::string> endpoints;  ///< node id -> where it listens
+  std::string loss_scale;                        ///< the scaler's state after `step`, as a snapshot says it ("" = none)
+};
+
 /// Everything every rank and the coordinator must agree on.
 struct dist_train_options {
   train_layout layout;
@@ -153,9 +168,16 @@ struct dist_train_options {
   /// waits for the coordinator's verdict (train.drain): where an elastic
   /// launcher may stop the job to grow it onto workers that joined.
   int drain_every = 0;
+  /// A rank whose job fails keeps its process, node and snapshot keeper
+  /// (instead of writing its snapshots to disk and ending) until the
+  /// launcher ends it: what it holds is read from memory by the next grid
+  /// (from_memory).
+  bool hold_snapshots = false;
   /// Continue from checkpoint_dir's latest checkpoint (same layout, batch
-  /// and model shape; anything else is refused with the difference).
+  /// and model shape; anything else is refused with the difference), or,
+  /// with from_memory.step > 0, from those snapshots.
   bool resume = false;
+  memory_restore from_memory;
   /// When set, the trained model is written here (HuggingFace layout) by
   /// the coordinator after the last step.
   std::filesystem::path save_dir;
@@ -300,8 +322,9 @@ void run_train_coordinator(node& n, const dist_train_options& o, const model_con
 /// Every callback runs on the coordinator's trainer thread.
 struct coordinator_hooks {
   std::function<void(const dist_step_report&)> on_step;
-  /// Once every rank joined: who they are (rank, node id, endpoint).
-  std::function<void(const std::vector<train_peer>&)> on_roster;
+  /// Once every rank joined: who they are (rank, node id, endpoint), and
+  /// the run's id (what the ranks' snapshot keepers answer to).
+  std::function<void(const std::vector<train_peer>&, std::uint64_t run)> on_roster;
   /// After on_step of a probe step (o.probe_every; not the last step),
   /// while every rank waits at that step boundary for the verdict: true
   /// stops the job after this step, with a checkpoint written and

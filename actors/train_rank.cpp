@@ -79,7 +79,9 @@ void rank_runtime::run(const std::string& coordinator) {
                                 encode_abort_body(o_.layout.label(rank_) + " failed: " + e.what(), comm_->job()));
       } catch (const std::exception&) {
       }
-    flush_snapshots();
+    // A holding rank keeps what its keeper holds in memory for the next
+    // grid (its process waits for the launcher); else it goes to disk.
+    if (!o_.hold_snapshots) flush_snapshots();
     throw;
   }
 }
@@ -92,7 +94,10 @@ rank_runtime::~rank_runtime() {
     caf::scoped_actor waiter{node_.system()};
     waiter->wait_for(watchdog_);  // it calls into this runtime
   }
-  if (keeper_) {
+  // A holding rank's keeper outlives the runtime: the next grid reads
+  // from it while the process waits (run_train_rank's caller keeps the
+  // node up).
+  if (keeper_ && !o_.hold_snapshots) {
     node_.unpublish("train-snap");
     caf::anon_send_exit(keeper_, caf::exit_reason::user_shutdown);
   }

@@ -69,6 +69,10 @@ class rank_runtime {
   /// blocks' parameters from the shard that holds them, its moment shards
   /// assembled from the pieces of the writers' shards.
   void restore();
+  /// restore's other source (o_.from_memory): the failed grid's in-memory
+  /// snapshots, fetched from the keepers that hold them, only the tensors
+  /// this rank's buckets need (memory to memory).
+  void restore_from_memory();
 
   // ---- in-memory snapshots (actors/train_snapshots.hpp) ---------------------------------
 

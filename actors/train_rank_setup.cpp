@@ -3,6 +3,9 @@
 // restore from a checkpoint, the snapshot keeper and the stage's watchdog.
 #include "actors/train_rank_runtime.hpp"
 
+#include <set>
+#include <sstream>
+
 namespace corolla::train_detail {
 
 void rank_runtime::build_model() {
@@ -77,6 +80,10 @@ device_group* rank_runtime::group_of(const ring& r) const {
 }
 
 void rank_runtime::restore() {
+  if (o_.from_memory.step > 0) {
+    restore_from_memory();
+    return;
+  }
   const int step = latest_checkpoint_step(o_.checkpoint_dir);
   if (step == 0) throw train_error("no checkpoint in " + o_.checkpoint_dir.string() + " to resume from");
   check_manifest(o_.checkpoint_dir, step, checkpoint_key(o_, cfg_));
@@ -89,6 +96,83 @@ void rank_runtime::restore() {
   const std::string from = checkpoint_layout(o_.checkpoint_dir, step);
   spdlog::info("{} resumed from {} (step {}{})", o_.layout.label(rank_), checkpoint_step_dir(o_.checkpoint_dir, step).string(),
                step, from.empty() || from == o_.layout.describe() ? "" : ", written by layout " + from);
+}
+
+void rank_runtime::restore_from_memory() {
+  const memory_restore& from = o_.from_memory;
+  const auto started = std::chrono::steady_clock::now();
+  // What each holder has of the step: the copies the launcher chose.
+  std::map<std::string, snapshot_index> index;
+  for (const auto& [owner, holder] : from.holder_of) {
+    if (index.count(holder)) continue;
+    if (holder != node_.id()) {
+      const auto ep = from.endpoints.find(holder);
+      if (ep == from.endpoints.end()) throw train_error("no endpoint for the node holding rank " + std::to_string(owner) + "'s snapshot");
+      connect_options co;
+      co.timeout = std::chrono::seconds(30);
+      auto c = node_.connect(ep->second, co);
+      if (!c) throw train_error("cannot reach the snapshots held at " + ep->second + ": " + error_message(c.error()));
+    }
+    auto x = fetch_snapshot_index(node_, holder, from.run, std::chrono::seconds(60));
+    if (!x) throw train_error("the keeper at " + holder + " does not list its snapshots: " + error_message(x.error()));
+    index[holder] = std::move(*x);
+  }
+  // Only the tensors of this rank's buckets: the parameters from one copy
+  // that holds them, the moment pieces that overlap this rank's shard.
+  const std::vector<dp_group::wanted_shard> wanted = buckets_->wanted();
+  std::set<std::string> params_taken;
+  std::vector<rank_snapshot> pieces;
+  std::size_t bytes = 0;
+  for (const auto& [owner, holder] : from.holder_of) {
+    const snapshot_index& x = index.at(holder);
+    const auto listing = std::find_if(x.snapshots.begin(), x.snapshots.end(), [&, o = owner](const snapshot_listing& l) {
+      return l.owner == o && l.step == from.step;
+    });
+    if (listing == x.snapshots.end())
+      throw train_error("the keeper at " + holder + " no longer holds rank " + std::to_string(owner) +
+                        "'s snapshot of step " + std::to_string(from.step));
+    auto has = [&](const std::string& name) {
+      return std::any_of(listing->tensors.begin(), listing->tensors.end(), [&](const auto& t) { return t.first == name; });
+    };
+    std::vector<std::string> names;
+    for (const dp_group::wanted_shard& w : wanted) {
+      if (!params_taken.count(w.bucket) && has("params." + w.bucket)) {
+        names.push_back("params." + w.bucket);
+        params_taken.insert(w.bucket);
+      }
+      const auto r = listing->ranges.find(w.bucket);
+      if (r != listing->ranges.end() && r->second.lo < w.hi && w.lo < r->second.hi) {
+        names.push_back("m." + w.bucket);
+        names.push_back("v." + w.bucket);
+      }
+    }
+    if (names.empty()) continue;
+    auto s = fetch_snapshot(node_, holder, from.run, owner, from.step, names, std::chrono::seconds(300));
+    if (!s) throw train_error("cannot fetch rank " + std::to_string(owner) + "'s snapshot of step " +
+                              std::to_string(from.step) + " from " + holder + ": " + error_message(s.error()));
+    // Only the ranges of the buckets whose moments came.
+    std::map<std::string, shard_range> ranges;
+    for (const auto& [name, t] : s->tensors)
+      if (name.rfind("m.", 0) == 0) ranges[name.substr(2)] = s->ranges.at(name.substr(2));
+    s->ranges = std::move(ranges);
+    bytes += s->bytes();
+    pieces.push_back(std::move(*s));
+  }
+  buckets_->restore(snapshot_shards(std::move(pieces), /*whole=*/false));
+  const int step = from.step;
+  steps_done_ = step;
+  if (!from.loss_scale.empty()) {
+    loss_scale_state st;
+    std::istringstream in(from.loss_scale);
+    if (!(in >> st.scale >> st.good_steps >> st.skipped))
+      throw train_error("a malformed loss scale '" + from.loss_scale + "' in the snapshots");
+    scaler_.set_state(st);
+  }
+  std::vector<std::int32_t> ids, targets;
+  for (int s = 0; s < step; ++s) data_.next_batch(o_.batch, o_.seq, ids, targets);
+  spdlog::info("{} resumed from the in-memory snapshots of step {} ({} holder(s), {:.2f} MB fetched in {:.3f} s)",
+               o_.layout.label(rank_), step, index.size(), static_cast<double>(bytes) / 1e6,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
 
 void rank_runtime::start_keeper() {

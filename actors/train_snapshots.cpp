@@ -302,7 +302,7 @@ caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, st
 
 // ---- snapshots read as a checkpoint ------------------------------------------------------
 
-snapshot_shards::snapshot_shards(std::vector<rank_snapshot> snapshots) : snaps_(std::move(snapshots)) {
+snapshot_shards::snapshot_shards(std::vector<rank_snapshot> snapshots, bool whole) : snaps_(std::move(snapshots)) {
   std::set<int> owners;
   for (std::size_t i = 0; i < snaps_.size(); ++i) {
     const rank_snapshot& x = snaps_[i];
@@ -316,7 +316,7 @@ snapshot_shards::snapshot_shards(std::vector<rank_snapshot> snapshots) : snaps_(
       if (name.rfind("params.", 0) == 0) add_params(name.substr(7), i);
     for (const auto& [bucket, range] : x.ranges) add_piece(bucket, i, range);
   }
-  check_tiling();
+  if (whole) check_tiling();
 }
 
 Tensor snapshot_shards::tensor(std::size_t shard, const std::string& name) const {

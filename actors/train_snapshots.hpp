@@ -15,16 +15,23 @@
 // not have reached every holder when the job fails) and takes snapshots
 // only of this run, from ranks of the job, for owners it keeps.
 //
-// When the job fails, every surviving rank asks its keeper to write what it
-// holds (flush) under checkpoint_dir/memory/h<holder>/step-N/rank-R.safetensors,
-// in the checkpoint shard format, and exits. The launcher then
-// (commit_memory_snapshots) picks the newest step whose snapshots cover
-// every rank of the failed grid and every bucket's parameters, assembles
-// them into checkpoint_dir/step-N and commits it when it is newer than the
-// latest checkpoint on disk; the new grid restores from it re-sharded, as
-// from any checkpoint. When a failure took both copies of some state (a
-// rank and its buddy), no step is complete and the job falls back to the
-// last committed checkpoint, or to the start.
+// When the job fails, the surviving ranks keep their processes and keepers
+// (dist_train_options::hold_snapshots): the launcher asks every keeper
+// what it holds (train.snaps?, fetch_snapshot_index), chooses the newest
+// step whose copies cover every rank of the failed grid
+// (schedule::choose_snapshot_step), and each rank of the new grid fetches
+// the pieces its buckets need from the holders' memory (train.snapget,
+// fetch_snapshot) and reads them as that step's checkpoint
+// (snapshot_shards). Without hold_snapshots (a grid with a rank on a
+// joined worker's machine) every surviving rank asks its keeper to write
+// what it holds (flush) under
+// checkpoint_dir/memory/h<holder>/step-N/rank-R.safetensors, in the
+// checkpoint shard format, and exits; the launcher
+// (commit_memory_snapshots) chooses the step the same way from the files,
+// assembles it into checkpoint_dir/step-N and commits it when it is newer
+// than the latest checkpoint on disk. When a failure took both copies of
+// some state (a rank and its buddy), no step is complete and the job falls
+// back to the last committed checkpoint, or to the start.
 #pragma once
 
 #include <chrono>
@@ -94,8 +101,10 @@ struct rank_snapshot {
 class snapshot_shards : public state_shards {
  public:
   /// Throws train_error when the snapshots are of different steps or
-  /// jobs, name one owner twice, or their moment pieces do not tile.
-  explicit snapshot_shards(std::vector<rank_snapshot> snapshots);
+  /// jobs, name one owner twice, or (with `whole`) their moment pieces do
+  /// not tile every bucket. Without `whole` they may be the pieces one
+  /// rank needs (read_moment still checks that they cover what it reads).
+  explicit snapshot_shards(std::vector<rank_snapshot> snapshots, bool whole = true);
   std::int64_t step() const { return snaps_.empty() ? 0 : snaps_.front().step; }
 
  protected:

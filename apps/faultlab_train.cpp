@@ -48,9 +48,11 @@ std::vector<std::string> words(const std::string& text) {
   return out;
 }
 
-/// The rank processes of launcher `parent`: rank -> pid, from /proc.
-std::map<int, pid_t> ranks_of(pid_t parent) {
-  std::map<int, pid_t> out;
+/// The rank processes of launcher `parent` (rank, pid), from /proc: those
+/// of the current grid, and the survivors of an earlier one that still hold
+/// their snapshots, with their old rank.
+std::vector<std::pair<int, pid_t>> ranks_of(pid_t parent) {
+  std::vector<std::pair<int, pid_t>> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename();
@@ -69,7 +71,7 @@ std::map<int, pid_t> ranks_of(pid_t parent) {
     std::vector<std::string> args;
     for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
     for (std::size_t i = 0; i + 1 < args.size(); ++i)
-      if (args[i] == "--rank") out[std::stoi(args[i + 1])] = static_cast<pid_t>(std::stoi(name));
+      if (args[i] == "--rank") out.emplace_back(std::stoi(args[i + 1]), static_cast<pid_t>(std::stoi(name)));
   }
   return out;
 }
@@ -80,6 +82,7 @@ std::map<int, pid_t> ranks_of(pid_t parent) {
 struct rank_control {
   std::unique_ptr<faultlab_harness> harness;
   std::map<int, std::string> endpoints;  ///< rank -> where its node listens
+  std::map<int, pid_t> pids;             ///< rank -> its process (the launcher's children only)
   int pp = 0, dp = 0;                    ///< the current grid (its "ranks" event's layout), 0 when unknown
   std::set<int> throttled, partitioned, hung;
   std::string lobby;              ///< where workers join (the job's "lobby" event)
@@ -175,7 +178,14 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
     control.throttled.insert(r);
     return what + " (" + rank + ", sends shaped " + f.profile + ")";
   }
-  const std::map<int, pid_t> ranks = ranks_of(launcher);
+  // The current grid's rank processes (its "ranks" event), not the
+  // survivors of an earlier grid that still hold their snapshots with the
+  // same --rank argument.
+  const std::vector<std::pair<int, pid_t>> running = ranks_of(launcher);
+  std::map<int, pid_t> ranks;
+  if (control.pids.empty()) ranks.insert(running.begin(), running.end());
+  for (const auto& [r, pid] : control.pids)
+    if (std::any_of(running.begin(), running.end(), [p = pid](const auto& x) { return x.second == p; })) ranks[r] = pid;
   std::map<int, pid_t> candidates;
   for (const auto& [r, pid] : ranks) {
     const bool is_stopped = stopped.count(pid) > 0;
@@ -268,6 +278,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
           if (j.value("event", "") == "ranks" && j.contains("ranks") && j["ranks"].is_array()) {
             // A new grid: fresh processes, unshaped.
             control.endpoints.clear();
+            control.pids.clear();
             control.pp = control.dp = 0;
             if (j.contains("layout") && j["layout"].is_string() &&
                 std::sscanf(j["layout"].get<std::string>().c_str(), "%dx%d", &control.pp, &control.dp) != 2)
@@ -276,8 +287,11 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
             control.partitioned.clear();
             control.hung.clear();
             for (const auto& r : j["ranks"])
-              if (r.is_object() && r.value("rank", -1) >= 0 && r.contains("endpoint") && r["endpoint"].is_string())
+              if (r.is_object() && r.value("rank", -1) >= 0 && r.contains("endpoint") && r["endpoint"].is_string()) {
                 control.endpoints[r["rank"].get<int>()] = r["endpoint"].get<std::string>();
+                if (r.contains("pid") && r["pid"].is_number_integer() && r["pid"].get<std::int64_t>() > 0)
+                  control.pids[r["rank"].get<int>()] = static_cast<pid_t>(r["pid"].get<std::int64_t>());
+              }
             continue;
           }
           if (!j.contains("step") || !j.contains("loss") || j.contains("tokens")) continue;

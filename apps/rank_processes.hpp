@@ -57,6 +57,12 @@ class rank_processes {
 
   /// The process id of rank `r`.
   pid_t pid(int r) const { return pids_.at(static_cast<std::size_t>(r)); }
+  /// Rank `r`'s process, no longer this object's to watch, end or reap.
+  pid_t release(int r) {
+    const pid_t p = pids_.at(static_cast<std::size_t>(r));
+    pids_.at(static_cast<std::size_t>(r)) = -1;
+    return p;
+  }
 
  private:
   std::vector<pid_t> pids_;

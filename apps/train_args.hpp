@@ -179,9 +179,25 @@ struct remote_ranks {
   std::function<void(int rank, const std::vector<std::string>& args, const std::string& job_json)> assign;
   std::function<std::optional<std::string>()> gone;
 };
+/// With o.hold_snapshots and `held`: when the job fails, the surviving
+/// ranks keep their processes and snapshot keepers (instead of writing to
+/// disk), and the launcher asks each keeper what it holds
+/// (fetch_snapshot_index) and chooses the step the next grid reads from
+/// their memory (schedule::choose_snapshot_step, up to *held->newest, the
+/// last step printed). held->restore says where (step 0: no complete
+/// step, held->why_not); held->pids are then the survivors' processes,
+/// which the caller ends once the next grid no longer needs them.
+struct held_snapshots {
+  const int* newest = nullptr;  ///< in: the last step printed, read at the failure (null: any step)
+  memory_restore restore;   ///< out
+  std::string why_not;
+  std::size_t bytes = 0;    ///< of the copies chosen
+  int holders = 0;          ///< survivors whose keepers answered
+  std::vector<pid_t> pids;  ///< the survivors' processes, now the caller's
+};
 int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                   const coordinator_hooks& hooks, std::vector<int>* lost = nullptr,
-                  const remote_ranks* remote = nullptr);
+                  const remote_ranks* remote = nullptr, held_snapshots* held = nullptr);
 /// A step's line on stdout (text, or JSON with --json), for the steps
 /// --log-every shows.
 void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r);

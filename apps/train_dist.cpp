@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "actors/errors.hpp"
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
@@ -167,6 +169,14 @@ namespace {
 
 // ---- one rank -----------------------------------------------------------------------
 
+/// A rank of an elastic grid that failed, holding its in-memory snapshots
+/// (dist_train_options::hold_snapshots): its node and keeper stay up for
+/// the next grid to read from, until the launcher ends this process.
+[[noreturn]] void hold_snapshots(const std::string& label, const std::string& why) {
+  spdlog::info("training failed on {}: {}; holding its in-memory snapshots for the next grid", label, why);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 int run_rank(const train_args& a, const dist_train_options& o, const model_config& cfg) {
   apply_common_options(a.threads, "warn");
   const std::string coordinator = tcp_endpoint(a.coordinator);
@@ -189,8 +199,9 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
   auto join_coordinator = [&] {
     if (coord_thread.joinable()) coord_thread.join();
   };
+  std::unique_ptr<node> n;
   try {
-    auto n = start_node(rank_node_options(a.listen), "rank");
+    n = start_node(rank_node_options(a.listen), "rank");
     token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
     // Weights: only this rank's tensors are read from a checkpoint; a fresh
     // start initialises the whole model (the same values on every rank and
@@ -210,6 +221,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     coord_inbox->fail(o.layout.label(a.rank) + " (hosting the coordinator) failed: " + e.what());
     join_coordinator();
     if (coord_node) coord_node->stop();
+    if (o.hold_snapshots && n) hold_snapshots(o.layout.label(a.rank), e.what());
     throw train_error(std::string("training failed on ") + o.layout.label(a.rank) + ": " + e.what());
   }
   join_coordinator();

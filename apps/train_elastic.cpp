@@ -17,9 +17,12 @@
 // order and the hyper-parameters never change, so the losses are those of
 // the failure-free run up to the reduction order.
 //
-// Survivors do not keep their processes across a switch: every rank of the
-// new grid starts afresh and reads its state from the committed
-// checkpoint (re-planning in place, memory to memory, is not built).
+// After a failure the survivors keep their processes and in-memory
+// snapshots (hold_snapshots) until the new grid, whose ranks start afresh
+// and read their state from the survivors' memory, completes a step; a
+// grid with a rank on a joined worker's machine goes through the disk
+// (flushed snapshots assembled into a checkpoint). Running the new grid
+// in the survivors' own processes is not built.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,6 +40,7 @@
 #include "actors/train_scheduler.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
+#include "apps/self_process.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/scratch_dir.hpp"
 #include "apps/train_args.hpp"
@@ -215,12 +219,34 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   };
   int deadlocks = 0;
   constexpr int max_deadlock_restarts = 3;
+  // The processes of a failed grid's survivors, holding the snapshots the
+  // grid after it reads (o.from_memory), until that grid completes a step.
+  std::vector<pid_t> holders;
+  std::size_t holders_bytes = 0;  // of the copies o.from_memory names
+  struct ended {  // ends (SIGKILL) and reaps the processes it is given, also on the way out
+    std::vector<pid_t>& pids;
+    void now() {
+      terminate_all(pids, std::chrono::milliseconds(0));
+      pids.clear();
+    }
+    ~ended() { now(); }
+  } end_holders{holders};
+  hooks.on_step = [&, then = hooks.on_step](const dist_step_report& r) {
+    // The new grid's first step: its own snapshots protect it from now on.
+    if (pending) end_holders.now();
+    then(r);
+  };
   for (;;) {
     std::vector<int> lost;
+    // Survivors keep what they hold in memory for the next grid (workers
+    // on other machines write to the shared --checkpoint-dir instead).
+    o.hold_snapshots = o.snapshot_every > 0 && !where.any();
+    held_snapshots held;
+    held.newest = &printed;
     try {
       scheduler.started(o.layout);
       o.snapshot_every = snapshot_every;
-      const int last = run_local_job(a, o, cfg, hooks, &lost, where.any() ? &remote : nullptr);
+      const int last = run_local_job(a, o, cfg, hooks, &lost, where.any() ? &remote : nullptr, &held);
       if (last >= o.steps) break;
       // Drained after `last` for a better plan: it continues from there.
       const grid_decision d = scheduler.drained(last);
@@ -232,6 +258,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       lay_out(d);
       ev.to = o.layout.describe();
       o.resume = true;
+      o.from_memory = {};  // from the drain step's checkpoint
       ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, last));
       if (d.plan) {
         std::fprintf(stderr, "elastic: drained after step %d; re-planned %s: ", last,
@@ -241,6 +268,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       pending = std::move(ev);
     } catch (const train_error& e) {
       const auto failed_at = clock_type::now();
+      ended end_held{held.pids};  // the survivors, unless they become the holders
       if (pending) {
         pending->print(a, false);
         replans.push_back(pending->json(0, false));
@@ -255,7 +283,33 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       // The survivors flushed what they hold in memory: the newest step
       // every rank's state survived becomes a checkpoint (no step lost).
       bool from_memory = false;
-      if (o.snapshot_every > 0) {
+      std::size_t memory_bytes = 0;
+      if (o.hold_snapshots) {
+        // The survivors hold their snapshots in memory (run_local_job asked
+        // their keepers): the next grid reads the chosen step from them.
+        if (held.restore.step > 0) {
+          end_holders.now();
+          holders.swap(held.pids);
+          o.from_memory = held.restore;
+          memory_bytes = holders_bytes = held.bytes;
+          std::fprintf(stderr, "elastic: the survivors' snapshots of step %d cover every rank (%d rank(s) hold them in "
+                               "memory)\n", held.restore.step, held.holders);
+        } else if (!holders.empty() && o.from_memory.step > 0) {
+          // This grid failed before its first step: nothing newer than what
+          // the holders of the grid before keep.
+          memory_bytes = holders_bytes;
+          std::fprintf(stderr, "elastic: nothing newer than the snapshots of step %d, still held in memory\n",
+                       o.from_memory.step);
+        } else {
+          end_holders.now();
+          o.from_memory = {};
+          std::fprintf(stderr, "elastic: no complete in-memory snapshot (%s); falling back to %s\n",
+                       held.why_not.c_str(), latest_checkpoint_step(o.checkpoint_dir) > 0 ? "the last checkpoint" : "the start");
+        }
+        from_memory = o.from_memory.step > 0;
+      } else if (o.snapshot_every > 0) {
+        o.from_memory = {};
+        end_holders.now();
         // Up to the last step printed: a later one's loss was never shown.
         const memory_recovery rec =
             commit_memory_snapshots(o.checkpoint_dir, o.layout.world(), cfg.n_layers, checkpoint_key(o, cfg),
@@ -283,11 +337,17 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         print_plan(stderr, *d.machines, *d.plan);
       }
       ev.to = o.layout.describe();
-      ev.resume_step = o.checkpoint_dir.empty() ? 0 : latest_checkpoint_step(o.checkpoint_dir);
-      // Without a checkpoint the job starts over: the same initialisation
-      // (--seed, or the model's weights) and the same data order.
-      o.resume = ev.resume_step > 0;
-      if (o.resume) ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, ev.resume_step));
+      if (o.from_memory.step > 0) {
+        ev.resume_step = o.from_memory.step;
+        ev.bytes = static_cast<double>(memory_bytes);
+        o.resume = true;
+      } else {
+        ev.resume_step = o.checkpoint_dir.empty() ? 0 : latest_checkpoint_step(o.checkpoint_dir);
+        // Without a checkpoint the job starts over: the same initialisation
+        // (--seed, or the model's weights) and the same data order.
+        o.resume = ev.resume_step > 0;
+        if (o.resume) ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, ev.resume_step));
+      }
       std::fprintf(stderr, "elastic: %s; %d %s left: %s -> %s\n", e.what(), ev.ranks_left, ev.left_unit.c_str(), ev.from.c_str(),
                    ev.to.c_str());
       pending = std::move(ev);

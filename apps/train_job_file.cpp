@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@ namespace corolla::app {
 
 nlohmann::json job_to_json(const dist_train_options& o) {
   const auto& w = o.optimizer.adamw;
+  nlohmann::json holders = nlohmann::json::object();  // JSON keys are text: owner ranks as strings
+  for (const auto& [owner, node_id] : o.from_memory.holder_of) holders[std::to_string(owner)] = node_id;
   return {{"pp", o.layout.pp}, {"dp", o.layout.dp}, {"chunks", o.layout.chunks}, {"boundaries", o.layout.boundaries},
           {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
           {"micro_batch", o.micro_batch}, {"steps", o.steps},
@@ -31,7 +34,12 @@ nlohmann::json job_to_json(const dist_train_options& o) {
           {"checkpoint_dir", o.checkpoint_dir.string()},
           {"checkpoint_every", o.checkpoint_every}, {"probe_every", o.probe_every}, {"snapshot_every", o.snapshot_every}, {"snapshot_auto", o.snapshot_auto}, {"drain_every", o.drain_every}, {"resume", o.resume}, {"save_dir", o.save_dir.string()},
           {"timeout_ms", o.timeout.count()}, {"hang_s", o.hang_s}, {"link_profiles", o.link_profiles},
-          {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s}};
+          {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s},
+          {"hold_snapshots", o.hold_snapshots},
+          {"from_memory",
+           {{"step", o.from_memory.step}, {"run", std::to_string(o.from_memory.run)},
+            {"holder_of", holders}, {"endpoints", o.from_memory.endpoints},
+            {"loss_scale", o.from_memory.loss_scale}}}};
 }
 
 dist_train_options job_from_json(const std::string& file) {
@@ -74,8 +82,20 @@ dist_train_options job_from_json(const std::string& file) {
     o.link_profiles = j.at("link_profiles").get<std::vector<std::string>>();
     o.synthetic.forward_s = j.at("synthetic_forward_s").get<std::vector<double>>();
     o.synthetic.backward_s = j.at("synthetic_backward_s").get<std::vector<double>>();
+    o.hold_snapshots = j.value("hold_snapshots", false);
+    if (j.contains("from_memory")) {
+      const auto& m = j.at("from_memory");
+      o.from_memory.step = m.at("step");
+      o.from_memory.run = std::stoull(m.at("run").get<std::string>());
+      for (const auto& [owner, node_id] : m.at("holder_of").items())
+        o.from_memory.holder_of[std::stoi(owner)] = node_id.get<std::string>();
+      o.from_memory.endpoints = m.at("endpoints").get<std::map<std::string, std::string>>();
+      o.from_memory.loss_scale = m.at("loss_scale").get<std::string>();
+    }
     return o;
   } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("malformed job file " + file + ": " + e.what());
+  } catch (const std::logic_error& e) {  // stoi, stoull
     throw std::invalid_argument("malformed job file " + file + ": " + e.what());
   }
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -18,10 +19,13 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/errors.hpp"
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
 #include "actors/train_snapshots.hpp"
+#include "actors/train_store.hpp"
+#include "schedule/snapshot_choice.hpp"
 #include "apps/rank_processes.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_lobby.hpp"
@@ -42,6 +46,62 @@ std::string rank_device(const train_args& a, int rank) {
   if (a.collectives == "device") return "cuda:" + std::to_string(rank);
   if (any_gpu(a.device)) return "cuda:" + std::to_string(rank % cuda_device_count());
   return a.device;
+}
+
+}  // namespace
+
+namespace {
+
+/// After a failure with hold_snapshots: what each survivor's keeper holds,
+/// the step the next grid reads (schedule::choose_snapshot_step) and from
+/// whom; the survivors' processes become `held`'s when a step is found.
+void ask_holders(node& n, const dist_train_options& o, const model_config& cfg, rank_processes& ranks,
+                 const std::vector<int>& gone, const std::map<int, train_peer>& roster, std::uint64_t run,
+                 held_snapshots& held) {
+  std::vector<schedule::held_snapshot> copies;
+  std::map<std::pair<int, std::int64_t>, snapshot_listing> listings;  // (owner, step) -> a listing (bytes, loss scale)
+  std::vector<int> holders;
+  for (int r = 0; r < o.layout.world(); ++r) {
+    const auto peer = roster.find(r);
+    if (std::find(gone.begin(), gone.end(), r) != gone.end() || ranks.pid(r) <= 0 || peer == roster.end()) continue;
+    auto x = fetch_snapshot_index(n, peer->second.node_id, run, std::chrono::seconds(10));
+    if (!x) {
+      spdlog::warn("{} does not list its snapshots: {}", o.layout.label(r), error_message(x.error()));
+      continue;
+    }
+    holders.push_back(r);
+    for (const snapshot_listing& l : x->snapshots) {
+      schedule::held_snapshot h;
+      h.holder = r;
+      h.owner = l.owner;
+      h.step = l.step;
+      for (const auto& [name, values] : l.tensors)
+        if (name.rfind("params.", 0) == 0) h.params.insert(name.substr(7));
+      for (const auto& [bucket, range] : l.ranges) h.moments[bucket] = {range.lo, range.hi, range.n};
+      copies.push_back(std::move(h));
+      listings[{l.owner, l.step}] = l;
+    }
+  }
+  held.holders = static_cast<int>(holders.size());
+  std::vector<std::string> buckets{bucket_name(head_bucket)};
+  for (int b = 0; b < cfg.n_layers; ++b) buckets.push_back(bucket_name(b));
+  const int latest = o.checkpoint_dir.empty() ? 0 : latest_checkpoint_step(o.checkpoint_dir);
+  const schedule::snapshot_choice choice = schedule::choose_snapshot_step(copies, o.layout.world(), buckets, held.newest ? *held.newest : -1, latest);
+  if (!choice.found()) {
+    held.why_not = copies.empty() ? "no survivor holds a snapshot" : choice.why_not;
+    return;
+  }
+  held.restore.step = static_cast<int>(choice.step);
+  held.restore.run = run;
+  for (const auto& [owner, holder] : choice.source) {
+    const train_peer& p = roster.at(holder);
+    held.restore.holder_of[owner] = p.node_id;
+    held.restore.endpoints[p.node_id] = p.endpoint;
+    const snapshot_listing& l = listings.at({owner, choice.step});
+    held.bytes += l.bytes();
+    if (held.restore.loss_scale.empty()) held.restore.loss_scale = l.loss_scale;
+  }
+  for (int r : holders) held.pids.push_back(ranks.release(r));
 }
 
 }  // namespace
@@ -68,7 +128,8 @@ void run_local_job(const train_args& a, const dist_train_options& o, const model
 }
 
 int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
-                  const coordinator_hooks& given, std::vector<int>* lost, const remote_ranks* remote) {
+                  const coordinator_hooks& given, std::vector<int>* lost, const remote_ranks* remote,
+                  held_snapshots* held) {
   if (o.collectives == dp_collectives::device) {
     if (a.device != "auto" && a.device != "cuda")
       throw std::invalid_argument("--collectives device puts local rank r on GPU r: give --device cuda (or auto), not " +
@@ -161,8 +222,16 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
     }
   } remote_watch_joined{over, remote_watch};
   coordinator_hooks hooks = given;
+  // Who each rank is, for asking the survivors' keepers after a failure.
+  std::map<int, train_peer> roster;
+  std::uint64_t run_id = 0;
+  hooks.on_roster = [&, then = given.on_roster](const std::vector<train_peer>& peers, std::uint64_t run) {
+    for (const train_peer& p : peers) roster[p.rank] = p;
+    run_id = run;
+    if (then) then(peers, run);
+  };
   if (a.json)
-    hooks.on_roster = [&, then = given.on_roster](const std::vector<train_peer>& peers) {
+    hooks.on_roster = [&, then = hooks.on_roster](const std::vector<train_peer>& peers, std::uint64_t run) {
       nlohmann::json list = nlohmann::json::array();
       for (const train_peer& p : peers)
       {
@@ -176,7 +245,7 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       }
       std::printf("%s\n", nlohmann::json{{"event", "ranks"}, {"layout", o.layout.describe()}, {"ranks", list}}.dump().c_str());
       std::fflush(stdout);
-      if (then) then(peers);
+      then(peers, run);
     };
   int last = 0;
   try {
@@ -192,7 +261,11 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       gone.clear();
     }
     if (lost) *lost = gone;
-    if (o.snapshot_every > 0) {
+    if (o.hold_snapshots && held) {
+      for (int r : gone)
+        if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
+      ask_holders(*n, o, cfg, ranks, gone, roster, run_id, *held);
+    } else if (o.snapshot_every > 0) {
       // The survivors write their in-memory snapshots before they exit
       // (actors/train_snapshots.hpp): wait for that (each one's marker, or
       // its exit), not for the lost (a hung rank never exits by itself),

@@ -39,11 +39,19 @@ using namespace corolla::testing;
 using namespace corolla::testing::train_test;
 using namespace corolla::testing::elastic_test;
 
-/// The pid of the launcher's rank process `rank` (of the current grid).
+/// The pid of the launcher's rank process `rank` of the current grid, from
+/// its last "ranks" event (after a failure the survivors of the grid before
+/// run on a while as holders of its snapshots, with their old --rank).
 pid_t rank_pid(const child_process& launcher, int rank) {
-  const auto pids = children_with_arg(launcher.pid(), {"--rank", std::to_string(rank)});
-  REQUIRE(pids.size() == 1u);
-  return pids[0];
+  pid_t pid = -1;
+  for (const std::string& l : launcher.lines()) {
+    const auto j = nlohmann::json::parse(l, nullptr, false);
+    if (!j.is_object() || j.value("event", "") != "ranks") continue;
+    for (const auto& r : j.at("ranks"))
+      if (r.at("rank") == rank) pid = r.at("pid").get<pid_t>();
+  }
+  REQUIRE(pid > 0);
+  return pid;
 }
 
 /// Runs an elastic job (`args`), sends `sig` to each of `ranks` once step
@@ -124,12 +132,19 @@ TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, conti
   ::kill(rank_pid(launcher, 3), SIGKILL);  // 2x2 -> 1x3
   REQUIRE(launcher.wait_line(std::regex(R"("event":"replan")"), std::chrono::seconds(60)));
   REQUIRE(launcher.wait_line(std::regex(R"("step":1[3-9]\b)"), std::chrono::seconds(60)));
+  // The 2x2 grid's survivors held their snapshots until the 1x3 grid had
+  // read them and completed a step: only the 1x3 grid's processes are left.
+  CHECK(children_with_arg(launcher.pid(), {"--rank"}).size() == 3u);
   ::kill(rank_pid(launcher, 1), SIGKILL);  // 1x3 -> 1x2
   const int status = finish(launcher);
   INFO("stderr: " << launcher.err());
   REQUIRE(status == 0);
   // Every step exactly once, in order, each equal to one process's.
   check_close(json_steps(launcher.lines()), want, 1e-5);
+  // Memory to memory: the survivors kept their snapshots in their
+  // processes, the new ranks read them over the links, nothing on disk.
+  CHECK(launcher.err().find("rank(s) hold them in memory") != std::string::npos);
+  CHECK_FALSE(fs::exists(ck / "memory"));
   const auto events = replans(launcher.lines());
   REQUIRE(events.size() == 2u);
   CHECK(events[0]["from"] == "2x2 [0,2) [2,4)");
@@ -383,15 +398,16 @@ TEST_CASE("--elastic: a joined worker's rank stopped (SIGSTOP) is killed by its 
   check_close(json_steps(launcher.lines()), want, 1e-5);
   CHECK(worker.err().find("rank 2 has been stopped (SIGSTOP or a debugger) for ") != std::string::npos);
   const auto events = replans(launcher.lines());
-  // The worker itself is well: it stays in the pool, and the job grows
-  // onto it again.
-  REQUIRE(events.size() == 3u);
+  // The worker itself is well: it stays in the pool, and the job may grow
+  // onto it again (when the steps left still pay for the switch).
+  REQUIRE(events.size() >= 2u);
+  REQUIRE(events.size() <= 3u);
   CHECK(events[1]["from"] == "1x3 [0,4)");
   CHECK(events[1]["lost_ranks"] == nlohmann::json::array({2}));
   CHECK(events[1]["reason"].get<std::string>().find("rank 2 (stage 0, replica 2, blocks 0..3) is down") !=
         std::string::npos);
   CHECK(events[1]["to"] == "1x2 [0,4)");
-  CHECK(events[2]["to"] == "1x3 [0,4)");
+  if (events.size() == 3u) CHECK(events[2]["to"] == "1x3 [0,4)");
 }
 
 TEST_CASE("--elastic: a worker that hangs after joining the pool never starts its rank: the lobby sees it go, the job "
