@@ -172,7 +172,14 @@ namespace {
 /// A rank of an elastic grid that failed, holding its in-memory snapshots
 /// (dist_train_options::hold_snapshots): its node and keeper stay up for
 /// the next grid to read from, until the launcher ends this process.
-[[noreturn]] void hold_snapshots(const std::string& label, const std::string& why) {
+[[noreturn]] void hold_snapshots(Backend& compute, const std::string& label, const std::string& why) {
+  // The runtime is gone (its model and buffers freed): what the allocator
+  // keeps cached goes back to the device, for the next grid's ranks.
+  try {
+    compute.release_cached_memory();
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: could not release cached device memory: {}", label, e.what());
+  }
   spdlog::info("training failed on {}: {}; holding its in-memory snapshots for the next grid", label, why);
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
@@ -221,7 +228,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     coord_inbox->fail(o.layout.label(a.rank) + " (hosting the coordinator) failed: " + e.what());
     join_coordinator();
     if (coord_node) coord_node->stop();
-    if (o.hold_snapshots && n) hold_snapshots(o.layout.label(a.rank), e.what());
+    if (o.hold_snapshots && n) hold_snapshots(backend_for(multi_host_rank_device(a)), o.layout.label(a.rank), e.what());
     throw train_error(std::string("training failed on ") + o.layout.label(a.rank) + ": " + e.what());
   }
   join_coordinator();

@@ -23,6 +23,8 @@
 // grid with a rank on a joined worker's machine goes through the disk
 // (flushed snapshots assembled into a checkpoint). Running the new grid
 // in the survivors' own processes is not built.
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -54,6 +56,20 @@ namespace {
 
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
+
+/// Whether every process of `pids` (children of this one) still runs; one
+/// that ended is reaped and set to -1.
+bool all_running(std::vector<pid_t>& pids) {
+  bool all = true;
+  for (pid_t& p : pids) {
+    int st = 0;
+    if (p <= 0 || ::waitpid(p, &st, WNOHANG) == p) {
+      p = -1;
+      all = false;
+    }
+  }
+  return all;
+}
 
 /// Prints the scheduler's lines for stderr.
 void print_notes(const std::vector<std::string>& notes) {
@@ -294,7 +310,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
           memory_bytes = holders_bytes = held.bytes;
           std::fprintf(stderr, "elastic: the survivors' snapshots of step %d cover every rank (%d rank(s) hold them in "
                                "memory)\n", held.restore.step, held.holders);
-        } else if (!holders.empty() && o.from_memory.step > 0) {
+        } else if (!holders.empty() && o.from_memory.step > 0 && all_running(holders)) {
           // This grid failed before its first step: nothing newer than what
           // the holders of the grid before keep.
           memory_bytes = holders_bytes;

@@ -350,6 +350,11 @@ class Backend {
   /// may itself be used from a second thread (the cpu backend, which is
   /// safe for concurrent callers).
   virtual std::unique_ptr<Backend> companion() { return nullptr; }
+  /// Gives the device memory this backend's allocator keeps cached for
+  /// reuse back to the device (a process that stops computing but lives on,
+  /// such as an elastic rank holding its snapshots, keeps none). A no-op
+  /// where nothing is cached.
+  virtual void release_cached_memory() {}
 
   // ---- device collectives (kernels/device_group.hpp) ----------------------------
   /// Whether join_group works here (CUDA built with NCCL). (Inline, as

@@ -196,6 +196,7 @@ class profiling_backend final : public Backend {
   void wait(const queue_marker* after) override { inner_.wait(after); }
   /// The inner backend's companion, unwrapped: its ops are not timed.
   std::unique_ptr<Backend> companion() override { return inner_.companion(); }
+  void release_cached_memory() override { inner_.release_cached_memory(); }
 
  private:
   template <class F>

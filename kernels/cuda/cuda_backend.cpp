@@ -192,6 +192,8 @@ void cuda_backend::wait(const queue_marker* after) {
   COROLLA_CUDA_CHECK(cudaEventSynchronize(marker->event));
 }
 
+void cuda_backend::release_cached_memory() { release_cached(index_); }
+
 std::unique_ptr<Backend> cuda_backend::companion() {
   return std::unique_ptr<Backend>(new cuda_backend(index_, true));  // the private constructor
 }

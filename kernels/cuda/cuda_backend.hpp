@@ -171,6 +171,7 @@ class cuda_backend final : public Backend {
   /// (empty(), scratch growth): a block freed while another stream's queued
   /// work still uses it is never handed to it.
   std::unique_ptr<Backend> companion() override;
+  void release_cached_memory() override;
   /// NCCL groups (nccl_comm.hpp) when built with NCCL: one device per
   /// member, so two members of a group need two GPUs.
   bool has_device_groups() const override;
