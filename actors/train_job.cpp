@@ -8,7 +8,6 @@
 #include <map>
 #include <random>
 #include <stdexcept>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -179,12 +178,10 @@ class coordinator {
       int first = 1;
       if (o_.resume && o_.from_memory.step > 0) {
         // The ranks read the failed grid's in-memory snapshots.
-        if (!o_.from_memory.loss_scale.empty()) {
-          loss_scale_state st;
-          std::istringstream in(o_.from_memory.loss_scale);
-          if (!(in >> st.scale >> st.good_steps >> st.skipped))
-            throw train_error("a malformed loss scale '" + o_.from_memory.loss_scale + "' in the snapshots");
-          scaler_.set_state(st);
+        try {
+          if (const auto st = parse_loss_scale_text(o_.from_memory.loss_scale)) scaler_.set_state(*st);
+        } catch (const std::invalid_argument& e) {
+          throw train_error(std::string(e.what()) + " in the snapshots");
         }
         first = o_.from_memory.step + 1;
       } else if (o_.resume) {

@@ -4,7 +4,6 @@
 #include "actors/train_rank_runtime.hpp"
 
 #include <set>
-#include <sstream>
 
 namespace corolla::train_detail {
 
@@ -152,8 +151,13 @@ void rank_runtime::restore_from_memory() {
                               std::to_string(from.step) + " from " + holder + ": " + error_message(s.error()));
     // Only the ranges of the buckets whose moments came.
     std::map<std::string, shard_range> ranges;
-    for (const auto& [name, t] : s->tensors)
-      if (name.rfind("m.", 0) == 0) ranges[name.substr(2)] = s->ranges.at(name.substr(2));
+    for (const auto& [name, t] : s->tensors) {
+      if (name.rfind("m.", 0) != 0) continue;
+      const auto r = s->ranges.find(name.substr(2));
+      if (r == s->ranges.end())
+        throw train_error("rank " + std::to_string(owner) + "'s snapshot from " + holder + " has no range for " + name);
+      ranges.insert(*r);
+    }
     s->ranges = std::move(ranges);
     bytes += s->bytes();
     pieces.push_back(std::move(*s));
@@ -161,12 +165,10 @@ void rank_runtime::restore_from_memory() {
   buckets_->restore(snapshot_shards(std::move(pieces), /*whole=*/false));
   const int step = from.step;
   steps_done_ = step;
-  if (!from.loss_scale.empty()) {
-    loss_scale_state st;
-    std::istringstream in(from.loss_scale);
-    if (!(in >> st.scale >> st.good_steps >> st.skipped))
-      throw train_error("a malformed loss scale '" + from.loss_scale + "' in the snapshots");
-    scaler_.set_state(st);
+  try {
+    if (const auto st = parse_loss_scale_text(from.loss_scale)) scaler_.set_state(*st);
+  } catch (const std::invalid_argument& e) {
+    throw train_error(std::string(e.what()) + " in the snapshots");
   }
   std::vector<std::int32_t> ids, targets;
   for (int s = 0; s < step; ++s) data_.next_batch(o_.batch, o_.seq, ids, targets);

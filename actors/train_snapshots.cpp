@@ -15,9 +15,7 @@
 #include "actors/train_job.hpp"
 #include "actors/train_wire.hpp"
 #include "model/error.hpp"
-#include "model/safetensors.hpp"
 #include "net/wire.capnp.h"
-#include "schedule/snapshot_choice.hpp"
 
 namespace corolla {
 
@@ -33,15 +31,6 @@ constexpr std::size_t kept_steps = 2;
 
 bool valid_name(const std::string& n) {
   return n.rfind("params.", 0) == 0 || n.rfind("m.", 0) == 0 || n.rfind("v.", 0) == 0;
-}
-
-/// The number after `prefix` in `name` ("h3", "step-7", "rank-2.safetensors"), or -1.
-int number_after(const std::string& name, const std::string& prefix, const std::string& suffix = "") {
-  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0) return -1;
-  if (!suffix.empty() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return -1;
-  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
-  return std::stoi(digits);
 }
 
 }  // namespace
@@ -71,87 +60,31 @@ std::size_t rank_snapshot::bytes() const {
   return n;
 }
 
-rank_snapshot rank_snapshot::without_params() const {
+rank_snapshot rank_snapshot::header() const {
   rank_snapshot s;
   s.owner = owner;
   s.step = step;
   s.job = job;
   s.ranges = ranges;
   s.loss_scale = loss_scale;
+  return s;
+}
+
+rank_snapshot rank_snapshot::without_params() const {
+  rank_snapshot s = header();
   for (const auto& [name, t] : tensors)
     if (name.rfind("params.", 0) != 0) s.tensors.emplace_back(name, t);
   return s;
 }
 
-remote_message encode_snapshot(const rank_snapshot& s) {
-  capnp::MallocMessageBuilder b;
-  auto r = b.initRoot<wire::TrainSnapshot>();
-  r.setOwner(s.owner);
-  r.setStep(s.step);
-  r.setJob(s.job);
-  auto names = r.initNames(static_cast<unsigned>(s.tensors.size()));
-  remote_message m;
-  m.type = train_msg::snap;
-  for (unsigned i = 0; i < s.tensors.size(); ++i) {
-    names.set(i, s.tensors[i].first);
-    m.tensors.push_back(s.tensors[i].second);
-  }
-  auto ranges = r.initRanges(static_cast<unsigned>(s.ranges.size()));
-  unsigned i = 0;
-  for (const auto& [bucket, range] : s.ranges) {
-    ranges[i].setBucket(bucket);
-    ranges[i].setLo(range.lo);
-    ranges[i].setHi(range.hi);
-    ranges[i].setN(range.n);
-    ++i;
-  }
-  r.setLossScale(s.loss_scale);
-  m.body = capnp_body::flat(b);
-  return m;
-}
-
-caf::expected<rank_snapshot> decode_snapshot(const remote_message& m) {
-  using capnp_body::text;
-  auto head = capnp_body::decode<wire::TrainSnapshot>(m.body, "TrainSnapshot", [&](wire::TrainSnapshot::Reader r) {
-    rank_snapshot s;
-    s.owner = r.getOwner();
-    s.step = r.getStep();
-    s.job = r.getJob();
-    if (s.owner < 0 || s.step < 1) throw std::invalid_argument("owner " + std::to_string(s.owner) + ", step " + std::to_string(s.step));
-    auto names = r.getNames();
-    if (names.size() > max_snapshot_tensors || names.size() != m.tensors.size())
-      throw std::invalid_argument(std::to_string(names.size()) + " names for " + std::to_string(m.tensors.size()) +
-                                  " tensors");
-    for (unsigned i = 0; i < names.size(); ++i) {
-      std::string name = text(names[i], "tensor name");
-      const Tensor& t = m.tensors[i];
-      if (!valid_name(name)) throw std::invalid_argument("tensor name '" + name + "'");
-      if (t.type() != dtype::f32 || t.dev().kind != device_kind::cpu)
-        throw std::invalid_argument(name + " is not an f32 host tensor");
-      s.tensors.emplace_back(std::move(name), t);
-    }
-    for (auto x : r.getRanges()) {
-      shard_range range{x.getLo(), x.getHi(), x.getN()};
-      if (range.lo < 0 || range.hi < range.lo || range.n < range.hi)
-        throw std::invalid_argument("a moment range " + std::to_string(range.lo) + ".." + std::to_string(range.hi) +
-                                    " of " + std::to_string(range.n));
-      s.ranges[text(x.getBucket(), "bucket")] = range;
-    }
-    s.loss_scale = text(r.getLossScale(), "loss scale");
-    return s;
-  });
-  return head;
-}
-
-// ---- what a keeper holds, and fetching from it ------------------------------------------------
-
-std::size_t snapshot_listing::bytes() const {
-  std::size_t n = 0;
-  for (const auto& [name, values] : tensors) n += static_cast<std::size_t>(values) * sizeof(float);
-  return n;
-}
-
 namespace {
+
+/// The header every TrainSnapshot form has: whose, which step, which run.
+void set_header(wire::TrainSnapshot::Builder r, int owner, std::int64_t step, std::uint64_t job) {
+  r.setOwner(owner);
+  r.setStep(step);
+  r.setJob(job);
+}
 
 void set_ranges(wire::TrainSnapshot::Builder r, const std::map<std::string, shard_range>& ranges) {
   auto out = r.initRanges(static_cast<unsigned>(ranges.size()));
@@ -177,6 +110,62 @@ std::map<std::string, shard_range> get_ranges(wire::TrainSnapshot::Reader r) {
   return out;
 }
 
+}  // namespace
+
+remote_message encode_snapshot(const rank_snapshot& s) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainSnapshot>();
+  set_header(r, s.owner, s.step, s.job);
+  auto names = r.initNames(static_cast<unsigned>(s.tensors.size()));
+  remote_message m;
+  m.type = train_msg::snap;
+  for (unsigned i = 0; i < s.tensors.size(); ++i) {
+    names.set(i, s.tensors[i].first);
+    m.tensors.push_back(s.tensors[i].second);
+  }
+  set_ranges(r, s.ranges);
+  r.setLossScale(s.loss_scale);
+  m.body = capnp_body::flat(b);
+  return m;
+}
+
+caf::expected<rank_snapshot> decode_snapshot(const remote_message& m) {
+  using capnp_body::text;
+  auto head = capnp_body::decode<wire::TrainSnapshot>(m.body, "TrainSnapshot", [&](wire::TrainSnapshot::Reader r) {
+    rank_snapshot s;
+    s.owner = r.getOwner();
+    s.step = r.getStep();
+    s.job = r.getJob();
+    if (s.owner < 0 || s.step < 1) throw std::invalid_argument("owner " + std::to_string(s.owner) + ", step " + std::to_string(s.step));
+    auto names = r.getNames();
+    if (names.size() > max_snapshot_tensors || names.size() != m.tensors.size())
+      throw std::invalid_argument(std::to_string(names.size()) + " names for " + std::to_string(m.tensors.size()) +
+                                  " tensors");
+    for (unsigned i = 0; i < names.size(); ++i) {
+      std::string name = text(names[i], "tensor name");
+      const Tensor& t = m.tensors[i];
+      if (!valid_name(name)) throw std::invalid_argument("tensor name '" + name + "'");
+      if (t.type() != dtype::f32 || t.dev().kind != device_kind::cpu)
+        throw std::invalid_argument(name + " is not an f32 host tensor");
+      s.tensors.emplace_back(std::move(name), t);
+    }
+    s.ranges = get_ranges(r);
+    s.loss_scale = text(r.getLossScale(), "loss scale");
+    return s;
+  });
+  return head;
+}
+
+// ---- what a keeper holds, and fetching from it ------------------------------------------------
+
+std::size_t snapshot_listing::bytes() const {
+  std::size_t n = 0;
+  for (const auto& [name, values] : tensors) n += static_cast<std::size_t>(values) * sizeof(float);
+  return n;
+}
+
+namespace {
+
 /// A train.snapget request: which tensors of whose snapshot of which step.
 struct snapshot_wanted {
   int owner = 0;
@@ -188,9 +177,7 @@ struct snapshot_wanted {
 remote_message encode_wanted(const snapshot_wanted& w) {
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<wire::TrainSnapshot>();
-  r.setOwner(w.owner);
-  r.setStep(w.step);
-  r.setJob(w.job);
+  set_header(r, w.owner, w.step, w.job);
   auto names = r.initNames(static_cast<unsigned>(w.names.size()));
   for (unsigned i = 0; i < w.names.size(); ++i) names.set(i, w.names[i]);
   remote_message m;
@@ -225,9 +212,7 @@ remote_message encode_snapshot_index(const snapshot_index& x) {
   for (unsigned i = 0; i < x.snapshots.size(); ++i) {
     const snapshot_listing& l = x.snapshots[i];
     auto e = list[i];
-    e.setOwner(l.owner);
-    e.setStep(l.step);
-    e.setJob(l.job);
+    set_header(e, l.owner, l.step, l.job);
     auto names = e.initNames(static_cast<unsigned>(l.tensors.size()));
     auto sizes = e.initSizes(static_cast<unsigned>(l.tensors.size()));
     for (unsigned t = 0; t < l.tensors.size(); ++t) {
@@ -405,12 +390,7 @@ caf::result<remote_message> answer_get(const keeper_state& st, const remote_mess
     return make_error(errc::unknown_actor, "rank " + std::to_string(st.setup.holder) + " holds no snapshot of rank " +
                                                std::to_string(w->owner) + " of step " + std::to_string(w->step));
   const rank_snapshot& s = it->second;
-  rank_snapshot out;
-  out.owner = s.owner;
-  out.step = s.step;
-  out.job = s.job;
-  out.ranges = s.ranges;
-  out.loss_scale = s.loss_scale;
+  rank_snapshot out = s.header();
   for (const std::string& name : w->names) {
     const auto t = std::find_if(s.tensors.begin(), s.tensors.end(), [&](const auto& x) { return x.first == name; });
     if (t == s.tensors.end())
@@ -493,6 +473,15 @@ std::string loss_scale_text(const loss_scaler& s) {
   return out.str();
 }
 
+std::optional<loss_scale_state> parse_loss_scale_text(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  loss_scale_state st;
+  std::istringstream in(text);
+  if (!(in >> st.scale >> st.good_steps >> st.skipped))
+    throw std::invalid_argument("a malformed loss scale '" + text + "'");
+  return st;
+}
+
 void flush_snapshot_keeper(node& n, const caf::actor& keeper, const std::string& label) {
   caf::scoped_actor self{n.system()};
   self->request(keeper, std::chrono::seconds(60), snap_msg::flush_atom::value)
@@ -501,106 +490,6 @@ void flush_snapshot_keeper(node& n, const caf::actor& keeper, const std::string&
             if (!e.empty()) spdlog::error("{}: flushing its snapshots failed: {}", label, e);
           },
           [&](caf::error& e) { spdlog::error("{}: flushing its snapshots failed: {}", label, to_string(e)); });
-}
-
-// ---- recovery --------------------------------------------------------------------------
-
-fs::path memory_snapshot_dir(const fs::path& checkpoint_dir) { return checkpoint_dir / "memory"; }
-
-bool snapshots_flushed(const fs::path& checkpoint_dir, int holder) {
-  std::error_code ec;
-  return fs::exists(memory_snapshot_dir(checkpoint_dir) / ("h" + std::to_string(holder)) / "flushed", ec);
-}
-
-memory_recovery commit_memory_snapshots(const fs::path& checkpoint_dir, int world, int n_layers, const std::string& job,
-                                        const std::string& layout, int newest) {
-  memory_recovery out;
-  const fs::path mem = memory_snapshot_dir(checkpoint_dir);
-  struct remover {
-    fs::path p;
-    ~remover() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
-    }
-  } cleanup{mem};
-  // What every holder flushed, read from the shards' headers: the decision
-  // is schedule::choose_snapshot_step's.
-  std::vector<schedule::held_snapshot> held;
-  std::map<std::pair<int, std::int64_t>, std::map<int, fs::path>> files;  // (owner, step) -> holder -> file
-  std::map<std::pair<int, std::int64_t>, loss_scale_state> scales;       // (owner, step) -> the scaler's state
-  std::error_code ec;
-  for (const auto& h : fs::directory_iterator(mem, ec)) {
-    const int holder = number_after(h.path().filename().string(), "h");
-    if (holder < 0) continue;
-    ++out.holders;
-    std::error_code ec2;
-    for (const auto& sd : fs::directory_iterator(h.path(), ec2)) {
-      const int step = number_after(sd.path().filename().string(), "step-");
-      if (step < 1) continue;
-      std::error_code ec3;
-      for (const auto& f : fs::directory_iterator(sd.path(), ec3)) {
-        const int owner = number_after(f.path().filename().string(), "rank-", ".safetensors");
-        if (owner < 0 || owner >= world) continue;
-        schedule::held_snapshot x;
-        x.holder = holder;
-        x.owner = owner;
-        x.step = step;
-        try {
-          const auto shard = safetensors_file::open(f.path());
-          for (const auto& [name, info] : shard->tensors())
-            if (name.rfind("params.", 0) == 0) x.params.insert(name.substr(7));
-          for (const auto& [key, value] : shard->metadata()) {
-            std::istringstream in(value);
-            if (key == "loss_scale") {
-              loss_scale_state st;
-              if (!(in >> st.scale >> st.good_steps >> st.skipped)) throw model_error("a malformed loss_scale '" + value + "'");
-              scales[{owner, step}] = st;
-            }
-            if (key.rfind("range.", 0) != 0) continue;
-            schedule::value_range r;
-            if (!(in >> r.lo >> r.hi >> r.n)) throw model_error("a malformed " + key + " '" + value + "'");
-            x.moments[key.substr(6)] = r;
-          }
-        } catch (const model_error& e) {
-          spdlog::warn("ignoring the flushed snapshot {}: {}", f.path().string(), e.what());
-          continue;
-        }
-        held.push_back(std::move(x));
-        files[{owner, step}][holder] = f.path();
-      }
-    }
-  }
-  std::vector<std::string> buckets{bucket_name(head_bucket)};
-  for (int b = 0; b < n_layers; ++b) buckets.push_back(bucket_name(b));
-  const schedule::snapshot_choice choice =
-      schedule::choose_snapshot_step(held, world, buckets, newest, latest_checkpoint_step(checkpoint_dir));
-  if (!choice.found()) {
-    out.why_not = held.empty() ? "no rank flushed a snapshot" : choice.why_not;
-    return out;
-  }
-  const int step = static_cast<int>(choice.step);
-  // Assemble one shard per rank from the chosen copies, then commit.
-  const fs::path staging = mem / "assembled";
-  fs::remove_all(checkpoint_step_dir(staging, step), ec);
-  fs::create_directories(checkpoint_step_dir(staging, step), ec);
-  if (ec) throw train_error("cannot create " + checkpoint_step_dir(staging, step).string() + ": " + ec.message());
-  std::optional<loss_scale_state> scale;
-  for (const auto& [owner, holder] : choice.source) {
-    const fs::path& src = files.at({owner, choice.step}).at(holder);
-    const fs::path dst = checkpoint_step_dir(staging, step) / shard_file_name(owner);
-    fs::rename(src, dst, ec);
-    if (ec) throw train_error("cannot move " + src.string() + ": " + ec.message());
-    // Every rank's scaler is in the same state after a step.
-    if (const auto it = scales.find({owner, choice.step}); it != scales.end() && !scale) scale = it->second;
-  }
-  const fs::path target = checkpoint_step_dir(checkpoint_dir, step);
-  fs::remove_all(target, ec);  // shards of a checkpoint of this step that was never committed
-  fs::rename(checkpoint_step_dir(staging, step), target, ec);
-  if (ec) throw train_error("cannot move the assembled snapshots to " + target.string() + ": " + ec.message());
-  commit_checkpoint(checkpoint_dir, step, world, job, layout, scale ? &*scale : nullptr);
-  out.step = step;
-  out.bytes = checkpoint_shard_bytes(checkpoint_dir, step);
-  return out;
 }
 
 }  // namespace corolla

@@ -39,6 +39,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -93,6 +94,8 @@ struct rank_snapshot {
   std::size_t bytes() const;
   /// The same snapshot without the parameters (a buddy on the same stage holds them).
   rank_snapshot without_params() const;
+  /// The same snapshot without any tensor (whose, which step and run, ranges, loss scale).
+  rank_snapshot header() const;
 };
 
 /// One step's state from in-memory snapshots, one per owner rank (what the
@@ -172,6 +175,9 @@ struct snapshot_keeper_setup {
 /// "scale good_steps skipped" with dynamic loss scaling, else "" (what a
 /// snapshot carries, and a flushed shard's "loss_scale" metadata).
 std::string loss_scale_text(const loss_scaler& s);
+/// loss_scale_text back: nullopt for "", std::invalid_argument for a
+/// malformed text.
+std::optional<loss_scale_state> parse_loss_scale_text(const std::string& text);
 /// Asks `keeper` (of the rank labelled `label`) to write what it holds;
 /// logs what fails. Waits up to a minute.
 void flush_snapshot_keeper(node& n, const caf::actor& keeper, const std::string& label);

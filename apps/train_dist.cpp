@@ -12,7 +12,6 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
-
 #include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"

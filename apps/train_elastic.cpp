@@ -296,8 +296,9 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       // snapshots, a few times at most: one that keeps coming is a bug.
       const bool deadlock = dynamic_cast<const train_stall*>(&e) != nullptr;
       if (lost.empty() && (!deadlock || ++deadlocks > max_deadlock_restarts)) throw;
-      // The survivors flushed what they hold in memory: the newest step
-      // every rank's state survived becomes a checkpoint (no step lost).
+      // The newest step every rank's state survived in the survivors'
+      // memory is where the next grid starts (no printed step lost): read
+      // from their processes, or flushed and assembled into a checkpoint.
       bool from_memory = false;
       std::size_t memory_bytes = 0;
       if (o.hold_snapshots) {

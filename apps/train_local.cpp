@@ -25,12 +25,12 @@
 #include "actors/train_job.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
-#include "schedule/snapshot_choice.hpp"
 #include "apps/rank_processes.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_lobby.hpp"
 #include "apps/train_job_file.hpp"
 #include "kernels/backend.hpp"
+#include "schedule/snapshot_choice.hpp"
 
 namespace corolla::app {
 
@@ -47,10 +47,6 @@ std::string rank_device(const train_args& a, int rank) {
   if (any_gpu(a.device)) return "cuda:" + std::to_string(rank % cuda_device_count());
   return a.device;
 }
-
-}  // namespace
-
-namespace {
 
 /// After a failure with hold_snapshots: what each survivor's keeper holds,
 /// the step the next grid reads (schedule::choose_snapshot_step) and from

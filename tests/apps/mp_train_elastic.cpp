@@ -232,6 +232,16 @@ TEST_CASE("--elastic on 1x4 and 3x2: a rank killed, recovered from memory, the s
   }
 }
 
+TEST_CASE("--elastic with dynamic loss scaling: the scaler's state comes back from the survivors' memory") {
+  temp_dir_guard tmp("mp-train-elastic-scale");
+  const job j = slow_job(tmp, 12);
+  const auto [events, err] = faulted_run(elastic_args(j, {"--loss-scale", "dynamic"}), 4, {2}, SIGKILL,
+                                         reference_losses(j, fresh_gpt2(j)));
+  REQUIRE(events.size() == 1u);
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[0]["to"] == "1x3 [0,4)");
+}
+
 TEST_CASE("--elastic --snapshot-every auto: copies that take more than a fifth of a step lengthen the interval, and a "
           "rank killed after that is recovered with the single-process losses") {
   temp_dir_guard tmp("mp-train-elastic-auto");
