@@ -384,12 +384,13 @@ caf::result<remote_message> answer_get(const keeper_state& st, const remote_mess
   auto w = decode_wanted(m);
   if (!w) return w.error();
   if (w->job != st.job) return make_error(errc::auth_refused, "these snapshots are not of the run asked about");
-  const auto owner = st.held.find(w->owner);
-  const auto it = owner == st.held.end() ? decltype(owner->second.end()){} : owner->second.find(w->step);
-  if (owner == st.held.end() || it == owner->second.end())
+  const rank_snapshot* held = nullptr;
+  if (const auto owner = st.held.find(w->owner); owner != st.held.end())
+    if (const auto it = owner->second.find(w->step); it != owner->second.end()) held = &it->second;
+  if (!held)
     return make_error(errc::unknown_actor, "rank " + std::to_string(st.setup.holder) + " holds no snapshot of rank " +
                                                std::to_string(w->owner) + " of step " + std::to_string(w->step));
-  const rank_snapshot& s = it->second;
+  const rank_snapshot& s = *held;
   rank_snapshot out = s.header();
   for (const std::string& name : w->names) {
     const auto t = std::find_if(s.tensors.begin(), s.tensors.end(), [&](const auto& x) { return x.first == name; });

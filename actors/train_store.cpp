@@ -16,6 +16,7 @@
 #include "actors/train_job.hpp"
 #include "model/error.hpp"
 #include "model/safetensors.hpp"
+#include "schedule/snapshot_choice.hpp"
 
 namespace corolla {
 
@@ -211,20 +212,22 @@ std::string checkpoint_shards::shard_label(std::size_t shard) const {
 
 void state_shards::check_tiling() {
   for (auto& [bucket, pieces] : moments_) {
+    auto range_of = [](const piece& p) { return schedule::value_range{p.range.lo, p.range.hi, p.range.n}; };
     std::sort(pieces.begin(), pieces.end(),
-              [](const piece& x, const piece& y) { return std::pair{x.range.lo, x.range.hi} < std::pair{y.range.lo, y.range.hi}; });
-    std::int64_t next = 0;
-    for (const piece& p : pieces) {
-      if (p.range.n != pieces.front().range.n || p.range.lo != next)
-        throw train_error("the shards of " + what() + " do not tile the optimizer state of " + bucket + ": " +
-                          shard_label(p.shard) + " holds [" + std::to_string(p.range.lo) + ", " +
-                          std::to_string(p.range.hi) + ") of " + std::to_string(p.range.n) + " where [" +
-                          std::to_string(next) + ", ...) of " + std::to_string(pieces.front().range.n) + " was due");
-      next = p.range.hi;
+              [&](const piece& x, const piece& y) { return schedule::starts_before(range_of(x), range_of(y)); });
+    std::vector<schedule::value_range> sorted;
+    for (const piece& p : pieces) sorted.push_back(range_of(p));
+    const schedule::tiling t = schedule::check_tiling(sorted);
+    if (t.bad < pieces.size()) {
+      const piece& p = pieces[t.bad];
+      throw train_error("the shards of " + what() + " do not tile the optimizer state of " + bucket + ": " +
+                        shard_label(p.shard) + " holds [" + std::to_string(p.range.lo) + ", " +
+                        std::to_string(p.range.hi) + ") of " + std::to_string(p.range.n) + " where [" +
+                        std::to_string(t.next) + ", ...) of " + std::to_string(t.n) + " was due");
     }
-    if (next != pieces.front().range.n)
-      throw train_error("the shards of " + what() + " hold values [0, " + std::to_string(next) + ") of the " +
-                        std::to_string(pieces.front().range.n) + " of the optimizer state of " + bucket);
+    if (!t.tiles())
+      throw train_error("the shards of " + what() + " hold values [0, " + std::to_string(t.next) + ") of the " +
+                        std::to_string(t.n) + " of the optimizer state of " + bucket);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -55,7 +56,7 @@ void ask_holders(node& n, const dist_train_options& o, const model_config& cfg, 
                  const std::vector<int>& gone, const std::map<int, train_peer>& roster, std::uint64_t run,
                  held_snapshots& held) {
   std::vector<schedule::held_snapshot> copies;
-  std::map<std::pair<int, std::int64_t>, snapshot_listing> listings;  // (owner, step) -> a listing (bytes, loss scale)
+  std::map<std::tuple<int, int, std::int64_t>, snapshot_listing> listings;  // (holder, owner, step) -> its listing
   std::vector<int> holders;
   for (int r = 0; r < o.layout.world(); ++r) {
     const auto peer = roster.find(r);
@@ -75,7 +76,7 @@ void ask_holders(node& n, const dist_train_options& o, const model_config& cfg, 
         if (name.rfind("params.", 0) == 0) h.params.insert(name.substr(7));
       for (const auto& [bucket, range] : l.ranges) h.moments[bucket] = {range.lo, range.hi, range.n};
       copies.push_back(std::move(h));
-      listings[{l.owner, l.step}] = l;
+      listings[{r, l.owner, l.step}] = l;
     }
   }
   held.holders = static_cast<int>(holders.size());
@@ -93,7 +94,7 @@ void ask_holders(node& n, const dist_train_options& o, const model_config& cfg, 
     const train_peer& p = roster.at(holder);
     held.restore.holder_of[owner] = p.node_id;
     held.restore.endpoints[p.node_id] = p.endpoint;
-    const snapshot_listing& l = listings.at({owner, choice.step});
+    const snapshot_listing& l = listings.at({holder, owner, choice.step});  // the copy read
     held.bytes += l.bytes();
     if (held.restore.loss_scale.empty()) held.restore.loss_scale = l.loss_scale;
   }

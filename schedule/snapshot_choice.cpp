@@ -15,22 +15,29 @@ std::string incomplete(const std::vector<const held_snapshot*>& chosen, const st
     std::vector<value_range> pieces;
     for (const held_snapshot* s : chosen)
       if (const auto it = s->moments.find(b); it != s->moments.end()) pieces.push_back(it->second);
-    std::sort(pieces.begin(), pieces.end(),
-              [](const value_range& x, const value_range& y) { return std::pair{x.lo, x.hi} < std::pair{y.lo, y.hi}; });
-    std::int64_t next = 0;
-    for (const value_range& p : pieces) {
-      if (p.n != pieces.front().n || p.lo != next)
-        return "the snapshots' moment shards of " + b + " do not tile its values ([" + std::to_string(p.lo) + ", " +
-               std::to_string(p.hi) + ") where [" + std::to_string(next) + ", ...) was due)";
-      next = p.hi;
-    }
-    if (pieces.empty() || next != pieces.front().n)
-      return "the snapshots hold values [0, " + std::to_string(next) + ") of the optimizer state of " + b;
+    std::sort(pieces.begin(), pieces.end(), starts_before);
+    const tiling t = check_tiling(pieces);
+    if (t.bad < pieces.size())
+      return "the snapshots' moment shards of " + b + " do not tile its values ([" + std::to_string(pieces[t.bad].lo) +
+             ", " + std::to_string(pieces[t.bad].hi) + ") where [" + std::to_string(t.next) + ", ...) was due)";
+    if (!t.tiles()) return "the snapshots hold values [0, " + std::to_string(t.next) + ") of the optimizer state of " + b;
   }
   return "";
 }
 
 }  // namespace
+
+tiling check_tiling(const std::vector<value_range>& sorted) {
+  tiling t;
+  t.pieces = sorted.size();
+  t.n = sorted.empty() ? 0 : sorted.front().n;
+  for (t.bad = 0; t.bad < sorted.size(); ++t.bad) {
+    const value_range& p = sorted[t.bad];
+    if (p.n != t.n || p.lo != t.next) break;
+    t.next = p.hi;
+  }
+  return t;
+}
 
 snapshot_choice choose_snapshot_step(const std::vector<held_snapshot>& held, int world,
                                      const std::vector<std::string>& buckets, std::int64_t newest,

@@ -21,6 +21,22 @@ struct value_range {
   std::int64_t lo = 0, hi = 0, n = 0;
 };
 
+/// Orders moment pieces by where they start (then end).
+inline bool starts_before(const value_range& x, const value_range& y) {
+  return x.lo != y.lo ? x.lo < y.lo : x.hi < y.hi;
+}
+
+/// How the moment pieces of one bucket, sorted with starts_before, tile
+/// its values [0, n) (n: the first piece's).
+struct tiling {
+  std::size_t bad = 0;    ///< the first piece that does not start at `next` or names another n; size() when none
+  std::int64_t next = 0;  ///< where piece `bad` was due to start, or where the last one ended
+  std::int64_t n = 0;     ///< the first piece's n (0 without pieces)
+  std::size_t pieces = 0;
+  bool tiles() const { return pieces > 0 && bad == pieces && next == n; }
+};
+tiling check_tiling(const std::vector<value_range>& sorted);
+
 /// One snapshot one holder has: rank `owner`'s state after `step`.
 struct held_snapshot {
   int holder = 0;
