@@ -47,6 +47,21 @@ std::unique_ptr<node> start_test_node() {
   return std::move(*n);
 }
 
+/// The keeper of rank 1 of a 1x2 job (it keeps ranks 0 and 1) on `holder`,
+/// of run 42, flushing under `dir`; `peer` is rank 0's node.
+caf::actor start_rank1_keeper(node& holder, const node& peer, const fs::path& dir) {
+  auto inbox = std::make_shared<train_inbox>();
+  inbox->name_peer(peer.id(), "rank 0 (stage 0, replica 0)");
+  snapshot_keeper_setup setup;
+  setup.holder = 1;
+  setup.owners = snapshot_owners(even_layout(2, 1, 2), 1);  // {0, 1}
+  setup.inbox = inbox;
+  setup.dir = dir;
+  auto keeper = start_snapshot_keeper(holder, setup, 42);
+  REQUIRE(keeper);
+  return *keeper;
+}
+
 std::string flush(node& n, const caf::actor& keeper) {
   std::string out = "no answer";
   caf::scoped_actor self{n.system()};
@@ -112,17 +127,9 @@ TEST_CASE("a keeper holds the two newest snapshots of the owners it keeps, only 
   testing::temp_dir_guard tmp("snapshot-keeper");
   auto holder = start_test_node();
   auto peer = start_test_node();
-  auto inbox = std::make_shared<train_inbox>();
-  inbox->name_peer(peer->id(), "rank 0 (stage 0, replica 0)");
-  snapshot_keeper_setup setup;
-  setup.holder = 1;
-  setup.owners = snapshot_owners(even_layout(2, 1, 2), 1);  // {0, 1}
-  setup.inbox = inbox;
-  setup.dir = tmp / "memory";
-  auto keeper = start_snapshot_keeper(*holder, setup, 42);
-  REQUIRE(keeper);
+  auto keeper = start_rank1_keeper(*holder, *peer, tmp / "memory");
   // Its own snapshot comes from this process.
-  caf::anon_send(*keeper, encode_snapshot(snapshot_of(1, 3, 42, 1)));
+  caf::anon_send(keeper, encode_snapshot(snapshot_of(1, 3, 42, 1)));
 
   auto connected = peer->connect(holder->endpoint());
   REQUIRE(connected);
@@ -138,14 +145,14 @@ TEST_CASE("a keeper holds the two newest snapshots of the owners it keeps, only 
   // The peer's messages arrive in order: once step 3 is on disk, all were seen.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!fs::exists(checkpoint_step_dir(h, 3) / shard_file_name(0)) && std::chrono::steady_clock::now() < deadline) {
-    CHECK(flush(*holder, *keeper) == "");
+    CHECK(flush(*holder, keeper) == "");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   REQUIRE(fs::exists(checkpoint_step_dir(h, 3) / shard_file_name(0)));
   // What the keeper holds now, alone (a flush above may have caught step 1
   // while it was still among the two newest).
   fs::remove_all(h);
-  CHECK(flush(*holder, *keeper) == "");
+  CHECK(flush(*holder, keeper) == "");
   CHECK(fs::exists(h / "flushed"));
   CHECK(fs::exists(checkpoint_step_dir(h, 3) / shard_file_name(1)));
   CHECK(fs::exists(checkpoint_step_dir(h, 2) / shard_file_name(0)));
@@ -155,7 +162,7 @@ TEST_CASE("a keeper holds the two newest snapshots of the owners it keeps, only 
   CHECK(f->metadata().at("range.head") == "0 2 4");
   CHECK(f->metadata().at("holder") == "1");
   holder->unpublish("train-snap");
-  caf::anon_send_exit(*keeper, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("the launcher commits the newest step every rank's snapshot survived, and falls back when none is complete") {
@@ -266,15 +273,8 @@ TEST_CASE("a keeper serves what it holds over the network, memory to memory, to 
           "rank of another layout reads from the fetched copies equals the snapshots") {
   auto holder = start_test_node();
   auto peer = start_test_node();
-  auto inbox = std::make_shared<train_inbox>();
-  inbox->name_peer(peer->id(), "rank 0 (stage 0, replica 0)");
-  snapshot_keeper_setup setup;
-  setup.holder = 1;
-  setup.owners = snapshot_owners(even_layout(2, 1, 2), 1);  // {0, 1}
-  setup.inbox = inbox;
-  auto keeper = start_snapshot_keeper(*holder, setup, 42);
-  REQUIRE(keeper);
-  caf::anon_send(*keeper, encode_snapshot(snapshot_of(1, 5, 42, 5)));  // its own, with parameters
+  auto keeper = start_rank1_keeper(*holder, *peer, {});
+  caf::anon_send(keeper, encode_snapshot(snapshot_of(1, 5, 42, 5)));  // its own, with parameters
   REQUIRE(peer->connect(holder->endpoint()));
   auto remote = peer->remote_actor(holder->id(), "train-snap");
   REQUIRE(remote);
@@ -329,5 +329,5 @@ TEST_CASE("a keeper serves what it holds over the network, memory to memory, to 
   REQUIRE_FALSE(lacking);
   CHECK(error_message(lacking.error()).find("has no params.head") != std::string::npos);
   holder->unpublish("train-snap");
-  caf::anon_send_exit(*keeper, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown);
 }

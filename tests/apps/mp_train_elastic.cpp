@@ -119,6 +119,17 @@ child_process start_worker(const std::string& lobby, const std::string& listen =
   return child_process::corolla(args);
 }
 
+/// A 1x2 job of `j` (start_joinable) grown to 1x3 onto a worker that
+/// joined after step 4: the launcher and the worker.
+std::pair<child_process, child_process> grown_onto_worker(const job& j) {
+  std::string lobby;
+  child_process launcher = start_joinable(j, 60, lobby);
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  child_process worker = start_worker(lobby);
+  REQUIRE(launcher.wait_line(std::regex(R"("reason":"workers joined")"), std::chrono::seconds(60)));
+  return {std::move(launcher), std::move(worker)};
+}
+
 }  // namespace
 
 TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, continues from the survivors' in-memory "
@@ -369,11 +380,7 @@ TEST_CASE("--elastic: a joined worker killed while it runs a rank is a lost rank
   temp_dir_guard tmp("mp-train-elastic-join-kill");
   const job j = slow_job(tmp, 80);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  std::string lobby;
-  child_process launcher = start_joinable(j, 60, lobby);
-  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
-  child_process worker = start_worker(lobby);
-  REQUIRE(launcher.wait_line(std::regex(R"("reason":"workers joined")"), std::chrono::seconds(60)));
+  auto [launcher, worker] = grown_onto_worker(j);
   ::kill(worker.pid(), SIGKILL);  // its rank (a child of the worker) dies with it
   const int status = finish(launcher);
   INFO("stderr: " << launcher.err());
@@ -393,11 +400,7 @@ TEST_CASE("--elastic: a joined worker's rank stopped (SIGSTOP) is killed by its 
   temp_dir_guard tmp("mp-train-elastic-join-stop");
   const job j = slow_job(tmp, 80);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  std::string lobby;
-  child_process launcher = start_joinable(j, 60, lobby);
-  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
-  child_process worker = start_worker(lobby);
-  REQUIRE(launcher.wait_line(std::regex(R"("reason":"workers joined")"), std::chrono::seconds(60)));
+  auto [launcher, worker] = grown_onto_worker(j);
   const std::vector<pid_t> rank = children_with_arg(worker.pid(), {"--rank"});
   REQUIRE(rank.size() == 1u);
   ::kill(rank[0], SIGSTOP);
