@@ -132,6 +132,7 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
                   " probe_every=" + std::to_string(o.probe_every) +
                   " snapshot_every=" + std::to_string(o.snapshot_every) +
                   " drain_every=" + std::to_string(o.drain_every) +
+                  " drain_to_memory=" + (o.drains_to_memory() ? "1" : "0") +
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
                   " compute=" + dtype_name(o.compute) + " collectives=" + dp_collectives_name(o.collectives);
@@ -248,7 +249,7 @@ class coordinator {
             spdlog::info("training job {}: drained after step {}", o_.layout.describe(), last);
           }
         }
-        if (o_.checkpoints_at(step) || (step == last && last < o_.steps)) {
+        if (o_.saves_at(step, last)) {
           for (int rank = 0; rank < world_; ++rank)
             take(train_msg::saved, step, rank, "checkpoint shard of step " + std::to_string(step));
           const bool scale_state = scaler_.dynamic() || scaler_.state().skipped > 0;

@@ -173,6 +173,12 @@ struct dist_train_options {
   /// launcher ends it: what it holds is read from memory by the next grid
   /// (from_memory).
   bool hold_snapshots = false;
+  /// With hold_snapshots: a drain (a verdict that stops the job for
+  /// another plan) keeps the drain step in memory instead of a checkpoint
+  /// on disk: every verdict step is also a snapshot step, and after the
+  /// drain step the ranks hold (as after a failure) for the next grid to
+  /// read from (from_memory). Off, the drain step is checkpointed.
+  bool drain_to_memory = false;
   /// Continue from checkpoint_dir's latest checkpoint (same layout, batch
   /// and model shape; anything else is refused with the difference), or,
   /// with from_memory.step > 0, from those snapshots.
@@ -205,9 +211,19 @@ struct dist_train_options {
   /// the interval `every` in force (snapshot_every, or what the coordinator
   /// chose since with snapshot_auto).
   bool snapshots_at(int step, int every) const {
-    return every > 0 && !checkpoint_dir.empty() && step % every == 0;
+    return every > 0 && !checkpoint_dir.empty() && (step % every == 0 || (drains_to_memory() && verdict_at(step)));
   }
   bool snapshots_at(int step) const { return snapshots_at(step, snapshot_every); }
+  /// Whether a drain keeps its step in memory (drain_to_memory, with
+  /// snapshots and held ranks), not in a checkpoint.
+  bool drains_to_memory() const {
+    return drain_to_memory && hold_snapshots && snapshot_every > 0 && !checkpoint_dir.empty();
+  }
+  /// Whether a job that stops after `step` (its last step `last`, below
+  /// `steps` after a drain) writes a checkpoint there.
+  bool saves_at(int step, int last) const {
+    return checkpoints_at(step) || (step == last && last < steps && !drains_to_memory());
+  }
   /// Whether the ranks probe their links at step `step` (probe_every).
   bool probes_at(int step) const { return probe_every > 0 && step % probe_every == 0; }
   /// Whether every rank waits for the coordinator's verdict (train.drain)
@@ -303,8 +319,11 @@ rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& 
 /// are reduce-scattered, this rank's reduced shard goes up to be updated,
 /// the updated shard comes down for the all-gather, and the other shards
 /// go up. A bucket of a group of one never leaves the device.
-void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
-                    const rank_weights& weights, token_dataset& data, Backend* compute = nullptr);
+///
+/// Returns the last step it ran: o.steps, or the drain step when the
+/// coordinator stopped the job there for another plan.
+int run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
+                   const rank_weights& weights, token_dataset& data, Backend* compute = nullptr);
 
 /// Gathers the job's ranks on node `n` (published as "train-coord"), hands
 /// them the roster, then per step sums their reports and calls `on_step`

@@ -304,8 +304,9 @@ void rank_runtime::optimizer_step(int step, double loss) {
   // before it decides (train.kept).
   if (snapshot && needs_global_norm()) tell_dp(dp_msg::snapshot_atom::value, step, loss_scale_text(scaler_));
   if (o_.verdict_at(step)) take_verdict(step);
-  // A drained job's last step is always saved: the next layout starts there.
-  if (o_.checkpoints_at(step) || (step == last_step_ && last_step_ < o_.steps)) tell_dp(dp_msg::save_atom::value, step);
+  // A drained job's last step is always kept: the next layout starts
+  // there (a checkpoint, or with drains_to_memory this step's snapshot).
+  if (o_.saves_at(step, last_step_)) tell_dp(dp_msg::save_atom::value, step);
 }
 
 std::vector<train_link_rate> rank_runtime::probe_links() {
@@ -358,8 +359,8 @@ void rank_runtime::finish() {
 
 }  // namespace train_detail
 
-void run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
-                    const rank_weights& weights, token_dataset& data, Backend* compute) {
+int run_train_rank(node& n, const dist_train_options& o, int rank, const std::string& coordinator,
+                   const rank_weights& weights, token_dataset& data, Backend* compute) {
   if (rank < 0 || rank >= o.layout.world())
     throw std::invalid_argument("rank " + std::to_string(rank) + " is outside a job of " +
                                 std::to_string(o.layout.world()) + " ranks");
@@ -370,6 +371,7 @@ void run_train_rank(node& n, const dist_train_options& o, int rank, const std::s
     throw std::invalid_argument("synthetic compute needs one forward and one backward time per stage");
   train_detail::rank_runtime rt(n, o, rank, weights, data, compute);
   rt.run(coordinator);
+  return rt.last_step();
 }
 
 }  // namespace corolla

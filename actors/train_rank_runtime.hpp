@@ -43,6 +43,8 @@ class rank_runtime {
 
   /// Joins the job, links to the ranks it exchanges with, trains, leaves.
   void run(const std::string& coordinator);
+  /// The step it stopped after: o.steps, or the drain step.
+  int last_step() const { return last_step_; }
 
   ~rank_runtime();
 

@@ -186,7 +186,9 @@ struct remote_ranks {
 /// their memory (schedule::choose_snapshot_step, up to *held->newest, the
 /// last step printed). held->restore says where (step 0: no complete
 /// step, held->why_not); held->pids are then the survivors' processes,
-/// which the caller ends once the next grid no longer needs them.
+/// which the caller ends once the next grid no longer needs them. With
+/// o.drains_to_memory() the same after a drain: every rank holds, and the
+/// step chosen is the drain step (the job's return value).
 struct held_snapshots {
   const int* newest = nullptr;  ///< in: the last step printed, read at the failure (null: any step)
   memory_restore restore;   ///< out

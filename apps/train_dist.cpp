@@ -168,9 +168,10 @@ namespace {
 
 // ---- one rank -----------------------------------------------------------------------
 
-/// A rank of an elastic grid that failed, holding its in-memory snapshots
-/// (dist_train_options::hold_snapshots): its node and keeper stay up for
-/// the next grid to read from, until the launcher ends this process.
+/// A rank of an elastic grid that failed or drained, holding its in-memory
+/// snapshots (dist_train_options::hold_snapshots, drain_to_memory): its
+/// node and keeper stay up for the next grid to read from, until the
+/// launcher ends this process. `why` says what ended its grid.
 [[noreturn]] void hold_snapshots(Backend& compute, const std::string& label, const std::string& why) {
   // The runtime is gone (its model and buffers freed): what the allocator
   // keeps cached goes back to the device, for the next grid's ranks.
@@ -179,7 +180,7 @@ namespace {
   } catch (const std::exception& e) {
     spdlog::warn("{}: could not release cached device memory: {}", label, e.what());
   }
-  spdlog::info("training failed on {}: {}; holding its in-memory snapshots for the next grid", label, why);
+  spdlog::info("{}: {}; holding its in-memory snapshots for the next grid", label, why);
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
@@ -206,6 +207,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     if (coord_thread.joinable()) coord_thread.join();
   };
   std::unique_ptr<node> n;
+  int last = o.steps;
   try {
     n = start_node(rank_node_options(a.listen), "rank");
     token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
@@ -220,17 +222,23 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
       whole.emplace(transformer::init(cfg, a.seed, cpu_backend()));
       weights = weights_of(*whole);
     }
-    run_train_rank(*n, o, a.rank, coordinator, weights, data, &backend_for(multi_host_rank_device(a)));
+    last = run_train_rank(*n, o, a.rank, coordinator, weights, data, &backend_for(multi_host_rank_device(a)));
   } catch (const std::exception& e) {
     // The coordinator this process hosts fails with it (and tells the
     // other ranks), instead of waiting for a join that never comes.
     coord_inbox->fail(o.layout.label(a.rank) + " (hosting the coordinator) failed: " + e.what());
     join_coordinator();
     if (coord_node) coord_node->stop();
-    if (o.hold_snapshots && n) hold_snapshots(backend_for(multi_host_rank_device(a)), o.layout.label(a.rank), e.what());
+    if (o.hold_snapshots && n)
+      hold_snapshots(backend_for(multi_host_rank_device(a)), o.layout.label(a.rank), std::string("training failed: ") + e.what());
     throw train_error(std::string("training failed on ") + o.layout.label(a.rank) + ": " + e.what());
   }
   join_coordinator();
+  // Drained for another plan: the next grid reads the drain step from
+  // this process's keeper.
+  if (last < o.steps && o.drains_to_memory() && !coord_node)
+    hold_snapshots(backend_for(multi_host_rank_device(a)), o.layout.label(a.rank),
+                   "drained after step " + std::to_string(last));
   if (coord_node) {
     // The coordinator's last messages (train.finish) go through proxy
     // actors, its node's goodbye straight to the links: let the ranks leave

@@ -12,7 +12,7 @@
 // survived (the in-memory snapshots' step, else the latest committed
 // checkpoint, re-sharded: layout-independent checkpoints,
 // actors/train_store.hpp), or from the start; after a drain, from the
-// checkpoint of the drain step. Every step is printed once: steps replayed
+// drain step (held in memory, or its checkpoint). Every step is printed once: steps replayed
 // are computed again but not printed again. The global batch, the data
 // order and the hyper-parameters never change, so the losses are those of
 // the failure-free run up to the reduction order.
@@ -20,9 +20,11 @@
 // After a failure the survivors keep their processes and in-memory
 // snapshots (hold_snapshots) until the new grid, whose ranks start afresh
 // and read their state from the survivors' memory, completes a step; a
-// grid with a rank on a joined worker's machine goes through the disk
-// (flushed snapshots assembled into a checkpoint). Running the new grid
-// in the survivors' own processes is not built.
+// drain the same (drain_to_memory: every rank holds the drain step's
+// snapshot), unless workers may join from other machines. A grid with a
+// rank on a joined worker's machine goes through the disk (flushed
+// snapshots assembled into a checkpoint; a drain's checkpoint). Running
+// the new grid in the survivors' own processes is not built.
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -93,6 +95,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   // Workers may join (apps/train_lobby.hpp); with --cluster only when
   // machines may: --standby, or a --join-listen given.
   std::optional<train_lobby> lobby;
+  bool remote_machines = false;  // whether workers may join from other machines
   if (a.join_check_every > 0 && (!cluster || !a.standby.empty() || !a.join_listen.empty())) {
     launcher_listen(a);  // a wildcard --join-listen is refused before anything starts
     // Workers on other machines: their ranks' snapshots and checkpoints
@@ -101,6 +104,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       throw std::invalid_argument("--join-listen " + a.join_listen +
                                   " takes workers from other machines: give --checkpoint-dir on a file system every "
                                   "machine shares (the ranks' snapshots and checkpoints meet there)");
+    remote_machines = !a.join_listen.empty() && !is_loopback_host(endpoint_host(a.join_listen));
     lobby.emplace(a.join_listen.empty() ? "tcp://127.0.0.1:0" : a.join_listen);
     o.drain_every = a.join_check_every;
     if (o.checkpoint_dir.empty()) o.checkpoint_dir = drains.emplace("corolla-elastic").path();
@@ -257,8 +261,13 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     // Survivors keep what they hold in memory for the next grid (workers
     // on other machines write to the shared --checkpoint-dir instead).
     o.hold_snapshots = o.snapshot_every > 0 && !where.any();
+    // A drain too, unless the next grid may run on another machine (a
+    // --join-listen off loopback), which could not reach them: it reads
+    // the drain step's checkpoint from the shared --checkpoint-dir.
+    o.drain_to_memory = o.hold_snapshots && !remote_machines;
     held_snapshots held;
     held.newest = &printed;
+    ended end_held{held.pids};  // the survivors or drained ranks, unless they become the holders
     try {
       scheduler.started(o.layout);
       o.snapshot_every = snapshot_every;
@@ -274,8 +283,28 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       lay_out(d);
       ev.to = o.layout.describe();
       o.resume = true;
-      o.from_memory = {};  // from the drain step's checkpoint
-      ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, last));
+      if (!o.drains_to_memory()) {
+        o.from_memory = {};  // from the drain step's checkpoint
+        ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, last));
+      } else if (held.restore.step > 0) {
+        // The drained ranks hold the drain step: the next grid reads it
+        // from their memory.
+        end_holders.now();
+        holders.swap(held.pids);
+        o.from_memory = held.restore;
+        ev.resume_step = held.restore.step;
+        ev.bytes = static_cast<double>(holders_bytes = held.bytes);
+        ev.from_memory = true;
+      } else {
+        // Not expected (every rank drained alive): replay from what is left.
+        end_holders.now();
+        o.from_memory = {};
+        ev.resume_step = latest_checkpoint_step(o.checkpoint_dir);
+        o.resume = ev.resume_step > 0;
+        ev.bytes = o.resume ? static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, ev.resume_step)) : 0.0;
+        std::fprintf(stderr, "elastic: the drained ranks' snapshots are incomplete (%s); continuing from %s\n",
+                     held.why_not.c_str(), o.resume ? "the last checkpoint" : "the start");
+      }
       if (d.plan) {
         std::fprintf(stderr, "elastic: drained after step %d; re-planned %s: ", last,
                      d.cause == "workers joined" ? "with the workers that joined" : "on what was measured");
@@ -284,7 +313,6 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       pending = std::move(ev);
     } catch (const train_error& e) {
       const auto failed_at = clock_type::now();
-      ended end_held{held.pids};  // the survivors, unless they become the holders
       if (pending) {
         pending->print(a, false);
         replans.push_back(pending->json(0, false));
@@ -299,31 +327,32 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       // The newest step every rank's state survived in the survivors'
       // memory is where the next grid starts (no printed step lost): read
       // from their processes, or flushed and assembled into a checkpoint.
-      bool from_memory = false;
+      bool flushed = false;  // the survivors' snapshots, assembled into a checkpoint
       std::size_t memory_bytes = 0;
-      if (o.hold_snapshots) {
+      auto falling_back = [&](const std::string& why_not) {
+        std::fprintf(stderr, "elastic: no complete in-memory snapshot (%s); falling back to %s\n", why_not.c_str(),
+                     latest_checkpoint_step(o.checkpoint_dir) > 0 ? "the last checkpoint" : "the start");
+      };
+      if (o.hold_snapshots && held.restore.step > 0) {
         // The survivors hold their snapshots in memory (run_local_job asked
         // their keepers): the next grid reads the chosen step from them.
-        if (held.restore.step > 0) {
-          end_holders.now();
-          holders.swap(held.pids);
-          o.from_memory = held.restore;
-          memory_bytes = holders_bytes = held.bytes;
-          std::fprintf(stderr, "elastic: the survivors' snapshots of step %d cover every rank (%d rank(s) hold them in "
-                               "memory)\n", held.restore.step, held.holders);
-        } else if (!holders.empty() && o.from_memory.step > 0 && all_running(holders)) {
-          // This grid failed before its first step: nothing newer than what
-          // the holders of the grid before keep.
-          memory_bytes = holders_bytes;
-          std::fprintf(stderr, "elastic: nothing newer than the snapshots of step %d, still held in memory\n",
-                       o.from_memory.step);
-        } else {
-          end_holders.now();
-          o.from_memory = {};
-          std::fprintf(stderr, "elastic: no complete in-memory snapshot (%s); falling back to %s\n",
-                       held.why_not.c_str(), latest_checkpoint_step(o.checkpoint_dir) > 0 ? "the last checkpoint" : "the start");
-        }
-        from_memory = o.from_memory.step > 0;
+        end_holders.now();
+        holders.swap(held.pids);
+        o.from_memory = held.restore;
+        memory_bytes = holders_bytes = held.bytes;
+        std::fprintf(stderr, "elastic: the survivors' snapshots of step %d cover every rank (%d rank(s) hold them in "
+                             "memory)\n", held.restore.step, held.holders);
+      } else if (!holders.empty() && o.from_memory.step > 0 && all_running(holders)) {
+        // This grid failed before its first step (also one with a joined
+        // worker's rank, which holds nothing): nothing newer than what the
+        // holders of the grid before keep.
+        memory_bytes = holders_bytes;
+        std::fprintf(stderr, "elastic: nothing newer than the snapshots of step %d, still held in memory\n",
+                     o.from_memory.step);
+      } else if (o.hold_snapshots) {
+        end_holders.now();
+        o.from_memory = {};
+        falling_back(held.why_not);
       } else if (o.snapshot_every > 0) {
         o.from_memory = {};
         end_holders.now();
@@ -331,14 +360,14 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         const memory_recovery rec =
             commit_memory_snapshots(o.checkpoint_dir, o.layout.world(), cfg.n_layers, checkpoint_key(o, cfg),
                                     o.layout.describe(), printed);
-        from_memory = rec.step > 0;
-        if (rec.step > 0)
+        flushed = rec.step > 0;
+        if (flushed)
           std::fprintf(stderr, "elastic: the survivors' snapshots of step %d cover every rank (%d rank(s) flushed)\n",
                        rec.step, rec.holders);
         else
-          std::fprintf(stderr, "elastic: no complete in-memory snapshot (%s); falling back to %s\n", rec.why_not.c_str(),
-                       latest_checkpoint_step(o.checkpoint_dir) > 0 ? "the last checkpoint" : "the start");
+          falling_back(rec.why_not);
       }
+      const bool from_memory = flushed || o.from_memory.step > 0;
       const grid_decision d = scheduler.failed(lost, e.what());
       if (!d.stop.empty()) throw train_error(d.stop);
       replan_event ev = event_of(d);

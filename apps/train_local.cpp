@@ -269,9 +269,13 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       // nor for the survivors' goodbyes: once flushed, they are done.
       for (int r : gone)
         if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
+      // A local rank already reaped (it ended before the job's failure
+      // reached this launcher) has flushed what it had, or had nothing.
       std::set<int> flushing;
       for (int r = 0; r < o.layout.world(); ++r)
-        if (std::find(gone.begin(), gone.end(), r) == gone.end()) flushing.insert(r);
+        if (std::find(gone.begin(), gone.end(), r) == gone.end() &&
+            (ranks.pid(r) > 0 || (remote && remote->is_remote(r))))
+          flushing.insert(r);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       while (!flushing.empty() && std::chrono::steady_clock::now() < deadline) {
         for (const auto& ended : ranks.reap_now()) flushing.erase(ended.first);
@@ -287,6 +291,13 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   }
   over = true;
   watcher.join();
+  // Drained into memory: every rank holds the drain step for the next
+  // grid (ranks no complete choice covers are ended: the caller falls back).
+  if (last < o.steps && o.drains_to_memory() && held) {
+    ask_holders(*n, o, cfg, ranks, {}, roster, run_id, *held);
+    ranks.stop();
+    return last;
+  }
   // The ranks end by themselves once told the job is over; stop() only
   // hurries the stragglers.
   ranks.wait_all(std::chrono::seconds(10));

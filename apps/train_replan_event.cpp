@@ -49,8 +49,9 @@ void replan_event::print(const train_args& a, bool completed) const {
     const std::string predicted =
         predicted_from_s > 0 ? ", predicted " + fmt(predicted_from_s) + " s -> " + fmt(predicted_to_s) + " s per step"
                              : std::string();
-    std::printf("replan: %s; %s -> %s%s; stopped after step %d, 0 step(s) replayed, %.3g MB moved", changed.c_str(),
-                from.c_str(), to.c_str(), predicted.c_str(), resume_step, bytes / 1e6);
+    std::printf("replan: %s; %s -> %s%s; stopped after step %d, %d step(s) replayed, %.3g MB moved %s", changed.c_str(),
+                from.c_str(), to.c_str(), predicted.c_str(), last_done, std::max(0, last_done - resume_step), bytes / 1e6,
+                from_memory ? "from the drained ranks' memory" : "through the drain's checkpoint");
     if (completed)
       std::printf("; next step done %.2f s after the drain\n", seconds);
     else

@@ -32,7 +32,7 @@ struct replan_event {
   int ranks_left = 0;                 ///< ranks (or, with --cluster, workers) left to plan on
   std::string left_unit = "rank(s)";
   int resume_step = 0;       ///< the checkpoint continued from (0: the start)
-  bool from_memory = false;  ///< that checkpoint was assembled from the survivors' in-memory snapshots
+  bool from_memory = false;  ///< read from the ranks' in-memory snapshots (held, or flushed and assembled into a checkpoint)
   int last_done = 0;         ///< the last step completed before the failure
   double bytes = 0;          ///< checkpoint bytes the new grid reads
   std::chrono::steady_clock::time_point failed_at;

@@ -365,6 +365,10 @@ TEST_CASE("--elastic: a worker joins a running job with corolla train --join fro
   CHECK(events[0]["to"] == "1x3 [0,4)");
   CHECK(events[0]["replayed_steps"] == 0);
   CHECK(events[0]["resume_from"].get<int>() % 3 == 0);
+  // The drained ranks held the drain step in memory; the worker's rank
+  // read its share from them (no checkpoint of the drain step).
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[0]["bytes"].get<double>() > 0);
   // The worker ran rank 2 and left when released.
   const auto left = worker.wait(std::chrono::seconds(30));
   REQUIRE(left.has_value());
@@ -393,6 +397,40 @@ TEST_CASE("--elastic: a joined worker killed while it runs a rank is a lost rank
   CHECK(events[1]["lost_ranks"] == nlohmann::json::array({2}));
   CHECK(events[1]["to"] == "1x2 [0,4)");
   CHECK(events[1]["replayed_steps"].get<int>() <= 1);
+}
+
+TEST_CASE("--elastic: a joined worker killed before the grown grid's first step: the job goes back to the drained "
+          "ranks, which still hold the drain step in memory, and loses no step") {
+  temp_dir_guard tmp("mp-train-elastic-join-kill-early");
+  const job j = slow_job(tmp, 24);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  // Slow links (20 ms): the grown grid's first step takes long enough to be hit before it ends.
+  child_process launcher = child_process::corolla(train_args(
+      j, {"--pp", "1", "--dp", "2", "--elastic", "--link-profile", "lat=20ms", "--join-check-every", "3", "--timeout-s",
+          "60"}));
+  const std::string lobby = wait_lobby(launcher);
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  child_process worker = start_worker(lobby);
+  REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks","layout":"1x3)"), std::chrono::seconds(60)));
+  ::kill(worker.pid(), SIGKILL);  // its rank (a child of the worker) dies with it
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 2u);
+  CHECK(events[0]["reason"] == "workers joined");
+  CHECK(events[0]["completed"] == false);  // the 1x3 grid failed before its first step
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[1]["from"] == "1x3 [0,4)");
+  CHECK(events[1]["to"] == "1x2 [0,4)");
+  CHECK(events[1]["lost_ranks"] == nlohmann::json::array({2}));
+  CHECK(events[1]["completed"] == true);
+  // The drained 1x2 ranks still held the drain step: read from them again, nothing replayed.
+  CHECK(events[1]["from_memory"] == true);
+  CHECK(events[1]["resume_from"] == events[0]["resume_from"]);
+  CHECK(events[1]["replayed_steps"] == 0);
+  CHECK(launcher.err().find("still held in memory") != std::string::npos);
 }
 
 TEST_CASE("--elastic: a joined worker's rank stopped (SIGSTOP) is killed by its worker after 2 s, a lost rank "
@@ -569,6 +607,7 @@ void check_grew_onto(child_process& launcher, child_process& machine, const std:
   CHECK(e["to"] != e["from"]);
   CHECK(e["replayed_steps"] == 0);
   CHECK(e["completed"] == true);
+  CHECK(e["from_memory"] == true);  // the drained rank held the drain step
   CHECK(e["predicted_step_s"][0].get<double>() > e["predicted_step_s"][1].get<double>());
   nlohmann::json on;
   for (int r = 0; r < 3; ++r)
