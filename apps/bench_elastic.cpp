@@ -39,6 +39,12 @@
 // job moves onto the planner's plan with it when the cost model says that
 // pays. Against the job that cannot grow (no lobby), in the same run: the
 // wall time after the join and the median step at the end.
+//
+// With --drain: that join twice, both growing: the drain through the
+// ranks' memory (in-memory snapshots on: the drained ranks hold the drain
+// step and the grown grid reads it from them) and through the drain
+// step's checkpoint (--snapshot-every 0). The figure is the switch: the
+// longest wait between two steps after the join.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -81,6 +87,7 @@ struct elastic_bench_options {
   bool join = false;          ///< --join: a machine joining a --cluster job
   int join_step = 4;          ///< step after which it joins
   int join_check_every = 2;   ///< the growing run's --join-check-every
+  bool drain = false;         ///< --drain: the join's drain through memory vs through a checkpoint
 };
 
 /// Three single-worker nodes of one site on Ethernet of `gbps` and
@@ -319,33 +326,80 @@ double median_from(const std::vector<double>& v, int from) {
   return median(std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(first), v.end()));
 }
 
+/// --join's job in `scratch` (write_bench_job(join_model()), three.toml):
+/// started on n0/0 alone; with `grow` a machine joins as n1/0 after
+/// --join-step; `snapshots` keeps --elastic's in-memory snapshots (a drain
+/// then goes through the ranks' memory), else --snapshot-every 0.
+fl::scenario join_scenario(const elastic_bench_options& o, const fs::path& scratch, bool grow, bool snapshots) {
+  fl::scenario s;
+  s.name = grow ? "joined" : "fixed";
+  fl::train_job j;
+  j.model = (scratch / "model").string();
+  j.data = (scratch / "tokens.bin").string();
+  j.args = "--batch 16 --seq 64 --lr 0.003 --threads 1" + std::string(snapshots ? "" : " --snapshot-every 0") +
+           " --steps " + std::to_string(o.steps) + " --join-check-every " + std::to_string(grow ? o.join_check_every : 0);
+  j.layout = "--cluster " + (scratch / "three.toml").string() + " --standby n1/0,n2/0";
+  j.elastic = true;
+  j.checkpoint_every = 0;
+  s.train = j;
+  if (grow) {
+    fl::fault f;
+    f.at = {fl::moment::kind::step, static_cast<double>(o.join_step)};
+    f.what = fl::action::join;
+    f.as = "n1/0";
+    s.faults = {f};
+  }
+  return s;
+}
+
+/// The longest wait between two steps' arrivals after step `after`.
+double longest_wait_after(const faultlab_run& r, int after) {
+  double w = 0;
+  for (std::size_t i = static_cast<std::size_t>(std::max(1, after)); i < r.progress_s.size(); ++i)
+    w = std::max(w, r.progress_s[i] - r.progress_s[i - 1]);
+  return w;
+}
+
+int run_bench_elastic_drain(const elastic_bench_options& o) {
+  if (o.steps < o.join_step + 10) throw std::invalid_argument("--steps must leave at least 10 steps after --join-step");
+  const scratch_dir scratch_holder("corolla-bench-elastic");
+  const fs::path& scratch = scratch_holder.path();
+  write_bench_job(scratch, join_model());
+  std::ofstream(scratch / "three.toml") << join_cluster_toml();
+  std::mt19937_64 rng(1);
+  std::fprintf(stderr, "bench elastic --drain: %d steps on three-cores, n1/0 joins after step %d (checks every %d "
+                       "steps); the drain through the ranks' memory, then through its checkpoint\n",
+               o.steps, o.join_step, o.join_check_every);
+  const faultlab_run memory = run_train_scenario(join_scenario(o, scratch, true, true), true, rng, scratch / "memory");
+  const faultlab_run disk = run_train_scenario(join_scenario(o, scratch, true, false), true, rng, scratch / "disk");
+  for (const faultlab_run* r : {&memory, &disk}) {
+    if (!r->completed) throw model_error("bench elastic: a run failed: " + r->error);
+    if (r->recoveries != 1) throw model_error("bench elastic --drain: a run re-planned " + std::to_string(r->recoveries) +
+                                              " time(s), not once (the join did not pay?)");
+  }
+  const double worst = loss_diff(memory, disk);
+  const double memory_s = longest_wait_after(memory, o.join_step), disk_s = longest_wait_after(disk, o.join_step);
+  const double ratio = memory_s > 0 ? disk_s / memory_s : 0;
+  nlohmann::json j = {{"bench", "elastic_drain"},  {"steps", o.steps},         {"join_step", o.join_step},
+                      {"memory_switch_s", memory_s}, {"checkpoint_switch_s", disk_s}, {"ratio", ratio},
+                      {"max_loss_rel_diff", worst}};
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("drain through the ranks' memory: the switch took %.3f s (longest wait between steps)\n", memory_s);
+    std::printf("drain through its checkpoint:    the switch took %.3f s\n", disk_s);
+    std::printf("%.2fx; losses equal within %.1e relative\n", ratio, worst);
+  }
+  return 0;
+}
+
 int run_bench_elastic_join(const elastic_bench_options& o) {
   if (o.steps < o.join_step + 10) throw std::invalid_argument("--steps must leave at least 10 steps after --join-step");
   const scratch_dir scratch_holder("corolla-bench-elastic");
   const fs::path& scratch = scratch_holder.path();
   write_bench_job(scratch, join_model());
   std::ofstream(scratch / "three.toml") << join_cluster_toml();
-  auto scenario = [&](bool grow) {
-    fl::scenario s;
-    s.name = grow ? "joined" : "fixed";
-    fl::train_job j;
-    j.model = (scratch / "model").string();
-    j.data = (scratch / "tokens.bin").string();
-    j.args = "--batch 16 --seq 64 --lr 0.003 --threads 1 --snapshot-every 0 --steps " + std::to_string(o.steps) +
-             " --join-check-every " + std::to_string(grow ? o.join_check_every : 0);
-    j.layout = "--cluster " + (scratch / "three.toml").string() + " --standby n1/0,n2/0";
-    j.elastic = true;
-    j.checkpoint_every = 0;
-    s.train = j;
-    if (grow) {
-      fl::fault f;
-      f.at = {fl::moment::kind::step, static_cast<double>(o.join_step)};
-      f.what = fl::action::join;
-      f.as = "n1/0";
-      s.faults = {f};
-    }
-    return s;
-  };
+  auto scenario = [&](bool grow) { return join_scenario(o, scratch, grow, false); };
   std::mt19937_64 rng(1);
   std::fprintf(stderr, "bench elastic --join: %d steps on three-cores with n1/0 and n2/0 on standby (n0/0 alone); "
                        "n1/0 joins after step %d (checks every %d steps), against the job that cannot grow\n",
@@ -384,8 +438,9 @@ int run_bench_elastic_join(const elastic_bench_options& o) {
 }
 
 int run_bench_elastic(const elastic_bench_options& o) {
-  if (int(o.kill) + int(o.join) + int(o.hang) + int(o.lose) + int(o.stop) > 1)
-    throw std::invalid_argument("bench elastic: one of --kill, --hang, --lose, --stop and --join");
+  if (int(o.kill) + int(o.join) + int(o.hang) + int(o.lose) + int(o.stop) + int(o.drain) > 1)
+    throw std::invalid_argument("bench elastic: one of --kill, --hang, --lose, --stop, --join and --drain");
+  if (o.drain) return run_bench_elastic_drain(o);
   if (o.kill) return run_bench_elastic_kill(o);
   if (o.hang || o.lose || o.stop) return run_bench_elastic_stuck(o);
   if (o.join) return run_bench_elastic_join(o);
@@ -501,10 +556,14 @@ void register_bench_elastic(CLI::App* bench, action_fn& action) {
   cmd->add_flag("--join", o.join,
                 "The growing half instead: a --cluster job started on one of three nodes (two on standby), a "
                 "machine joining as n1/0, against the job that cannot grow");
-  cmd->add_option("--join-step", o.join_step, "With --join: the step after which the machine joins")
+  cmd->add_flag("--drain", o.drain,
+                "The join's drain through the ranks' memory (in-memory snapshots) against through the drain "
+                "step's checkpoint (--snapshot-every 0): the switch's time");
+  cmd->add_option("--join-step", o.join_step, "With --join or --drain: the step after which the machine joins")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  cmd->add_option("--join-check-every", o.join_check_every, "With --join: the growing run's --join-check-every")
+  cmd->add_option("--join-check-every", o.join_check_every,
+                  "With --join or --drain: the growing run's --join-check-every")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
