@@ -10,12 +10,14 @@
 
 #include <caf/all.hpp>
 
+#include "actors/capnp_body.hpp"
 #include "actors/corolla.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "model/safetensors.hpp"
+#include "net/wire.capnp.h"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -120,6 +122,66 @@ TEST_CASE("a snapshot round-trips as a train.snap message, and malformed ones ar
   remote_message garbage = m;
   garbage.body.assign(24, 0xff);
   CHECK_FALSE(decode_snapshot(garbage));
+}
+
+TEST_CASE("a keeper's index round-trips as a train.snaps message, and malformed ones are bad_message") {
+  snapshot_index x;
+  x.holder = 2;
+  snapshot_listing l;
+  l.owner = 1;
+  l.step = 7;
+  l.job = 42;
+  l.tensors = {{"params.head", 4}, {"m.block.0", 2}};
+  l.ranges["block.0"] = {0, 2, 4};
+  l.loss_scale = "65536 3 1";
+  x.snapshots = {l};
+  const remote_message m = encode_snapshot_index(x);
+  CHECK(m.type == train_msg::snaps);
+  auto back = decode_snapshot_index(m);
+  REQUIRE(back);
+  CHECK(back->holder == 2);
+  REQUIRE(back->snapshots.size() == 1u);
+  CHECK(back->snapshots[0].owner == 1);
+  CHECK(back->snapshots[0].step == 7);
+  CHECK(back->snapshots[0].job == 42u);
+  CHECK(back->snapshots[0].tensors == l.tensors);
+  CHECK(back->snapshots[0].ranges.at("block.0").hi == 2);
+  CHECK(back->snapshots[0].loss_scale == "65536 3 1");
+  CHECK(back->snapshots[0].bytes() == 6 * sizeof(float));
+
+  auto refused = [](const remote_message& bad) {
+    auto r = decode_snapshot_index(bad);
+    REQUIRE_FALSE(r);
+    CHECK(r.error() == make_error(errc::bad_message, ""));
+  };
+  remote_message other = m;
+  other.type = train_msg::snap;  // not an index
+  refused(other);
+  remote_message garbage = m;
+  garbage.body.assign(24, 0xff);
+  refused(garbage);
+  auto with = [&](auto change) {
+    snapshot_index y = x;
+    change(y.snapshots[0]);
+    return encode_snapshot_index(y);
+  };
+  refused(with([](snapshot_listing& y) { y.tensors[0].first = "../../etc/passwd"; }));
+  refused(with([](snapshot_listing& y) { y.tensors[1].second = -1; }));
+  refused(with([](snapshot_listing& y) { y.step = 0; }));
+  refused(with([](snapshot_listing& y) { y.owner = -3; }));
+  refused(with([](snapshot_listing& y) { y.ranges["block.0"] = {3, 2, 4}; }));
+  // Names and sizes that do not pair up.
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainSnapshotIndex>();
+  auto e = r.initSnapshots(1)[0];
+  e.setOwner(1);
+  e.setStep(7);
+  e.initNames(2).set(0, "params.head");
+  e.initSizes(1).set(0, 4);
+  remote_message unpaired;
+  unpaired.type = train_msg::snaps;
+  unpaired.body = capnp_body::flat(b);
+  refused(unpaired);
 }
 
 TEST_CASE("a keeper holds the two newest snapshots of the owners it keeps, only from the job, and flushes them as "
@@ -328,6 +390,23 @@ TEST_CASE("a keeper serves what it holds over the network, memory to memory, to 
   auto lacking = fetch_snapshot(*peer, holder->id(), 42, 0, 5, {"params.head"}, timeout);
   REQUIRE_FALSE(lacking);
   CHECK(error_message(lacking.error()).find("has no params.head") != std::string::npos);
+  // Malformed requests: an error each, and the keeper serves on.
+  auto escaping = fetch_snapshot(*peer, holder->id(), 42, 1, 5, {"../params.head"}, timeout);
+  REQUIRE_FALSE(escaping);
+  CHECK(escaping.error() == make_error(errc::bad_message, ""));
+  remote_message garbage;
+  garbage.type = train_msg::snap_get;
+  garbage.body.assign(40, 0xff);
+  auto answer = peer->request(holder->id(), "train-snap", garbage, timeout);
+  REQUIRE_FALSE(answer);
+  CHECK(answer.error() == make_error(errc::bad_message, ""));
+  garbage.type = train_msg::snaps_query;
+  answer = peer->request(holder->id(), "train-snap", garbage, timeout);
+  REQUIRE_FALSE(answer);
+  CHECK(answer.error() == make_error(errc::bad_message, ""));
+  auto still = fetch_snapshot(*peer, holder->id(), 42, 1, 5, {"params.head"}, timeout);
+  REQUIRE(still);
+  CHECK(still->tensors.size() == 1u);
   holder->unpublish("train-snap");
   caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown);
 }
