@@ -275,7 +275,7 @@ std::string dp_group::snapshot(int step, const std::string& loss_scale) {
       return {};
     }
     try {
-      if (!buddy_keeper_) buddy_keeper_ = s_.comm->actor_of(s_.buddy, "train-snap");
+      if (!buddy_keeper_) buddy_keeper_ = s_.comm->actor_of(s_.buddy, snapshot_keeper_name(s_.comm->job()));
       caf::anon_send(buddy_keeper_, encode_snapshot(for_buddy));
     } catch (const train_error& e) {
       spdlog::warn("{}: no copy of its snapshot of step {} at its buddy: {}", s_.label, step, e.what());

@@ -244,6 +244,12 @@ bool node::unpublish(const std::string& name) { return ctx_->directory.unpublish
 
 caf::actor node::local_actor(const std::string& name) const { return ctx_->directory.find(name); }
 
+std::vector<std::string> node::published_names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, a] : ctx_->directory.published()) out.push_back(name);
+  return out;
+}
+
 caf::expected<caf::actor> node::connect_async(const std::string& endpoint, connect_options options) {
   if (stopped_ || ctx_->stopping) return make_error(errc::stopped, "node '" + id() + "' is stopped");
   link_args args;

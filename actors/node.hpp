@@ -145,6 +145,8 @@ class node {
   caf::error publish(const std::string& name, const caf::actor& a);
   /// Withdraws `name`; later requests for it get errc::unknown_actor.
   bool unpublish(const std::string& name);
+  /// The names of every local actor published on this node.
+  std::vector<std::string> published_names() const;
   /// The local actor published as `name`, or an invalid handle.
   caf::actor local_actor(const std::string& name) const;
 

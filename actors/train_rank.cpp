@@ -98,7 +98,7 @@ rank_runtime::~rank_runtime() {
   // from it while the process waits (run_train_rank's caller keeps the
   // node up).
   if (keeper_ && !o_.hold_snapshots) {
-    node_.unpublish("train-snap");
+    node_.unpublish(snapshot_keeper_name(comm_->job()));
     caf::anon_send_exit(keeper_, caf::exit_reason::user_shutdown);
   }
   if (mailbox_) {

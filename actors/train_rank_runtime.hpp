@@ -78,7 +78,7 @@ class rank_runtime {
 
   // ---- in-memory snapshots (actors/train_snapshots.hpp) ---------------------------------
 
-  /// Publishes this rank's snapshot keeper ("train-snap").
+  /// Publishes this rank's snapshot keeper (snapshot_keeper_name).
   void start_keeper();
 
   /// The stage's watchdog (actors/train_watchdog.hpp): a compute call that

@@ -228,6 +228,10 @@ remote_message encode_snapshot_index(const snapshot_index& x) {
   return m;
 }
 
+std::string snapshot_keeper_name(std::uint64_t job) { return "train-snap/" + std::to_string(job); }
+
+bool is_snapshot_keeper_name(const std::string& name) { return name.rfind("train-snap/", 0) == 0; }
+
 caf::expected<snapshot_index> decode_snapshot_index(const remote_message& m) {
   if (m.type != train_msg::snaps)
     return make_error(errc::bad_message, "expected " + std::string(train_msg::snaps) + ", got '" + m.type + "'");
@@ -265,7 +269,7 @@ caf::expected<snapshot_index> fetch_snapshot_index(node& n, const std::string& p
   remote_message q;
   q.type = train_msg::snaps_query;
   q.body = encode_body(train_step_note{0, 0, 0, job});
-  auto r = n.request(peer, "train-snap", std::move(q), timeout);
+  auto r = n.request(peer, snapshot_keeper_name(job), std::move(q), timeout);
   if (!r) return r.error();
   return decode_snapshot_index(*r);
 }
@@ -273,7 +277,7 @@ caf::expected<snapshot_index> fetch_snapshot_index(node& n, const std::string& p
 caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, std::uint64_t job, int owner,
                                             std::int64_t step, const std::vector<std::string>& names,
                                             std::chrono::milliseconds timeout) {
-  auto r = n.request(peer, "train-snap", encode_wanted({owner, step, job, names}), timeout);
+  auto r = n.request(peer, snapshot_keeper_name(job), encode_wanted({owner, step, job, names}), timeout);
   if (!r) return r.error();
   if (r->type != train_msg::snap)
     return make_error(errc::bad_message, "the keeper of " + peer + " answered '" + r->type + "'");
@@ -403,11 +407,20 @@ caf::result<remote_message> answer_get(const keeper_state& st, const remote_mess
   return encode_snapshot(out);
 }
 
-caf::behavior snapshot_keeper(caf::event_based_actor*, std::shared_ptr<keeper_state> st) {
+caf::behavior snapshot_keeper(caf::event_based_actor* self, std::shared_ptr<keeper_state> st) {
   return {
-      [st](remote_message& m) -> caf::result<remote_message> {
+      [self, st](remote_message& m) -> caf::result<remote_message> {
         if (m.type == train_msg::snaps_query) return answer_index(*st, m);
         if (m.type == train_msg::snap_get) return answer_get(*st, m);
+        if (m.type == train_msg::snap_drop) {
+          // Whoever knows the run: the launcher, once the grid that read
+          // these snapshots has its own.
+          if (auto q = decode_train_step(m.body); q && q->job == st->job) {
+            st->n->unpublish(snapshot_keeper_name(st->job));
+            self->quit();
+          }
+          return remote_message{};
+        }
         // One-way from here on: the (empty) answer goes nowhere.
         if (m.type != train_msg::snap) return remote_message{};
         // A snapshot from another process must come from a rank of the job.
@@ -458,7 +471,7 @@ caf::expected<caf::actor> start_snapshot_keeper(node& n, snapshot_keeper_setup s
   st->n = &n;
   st->job = job;
   caf::actor a = n.system().spawn(snapshot_keeper, st);
-  if (auto err = n.publish("train-snap", a)) {
+  if (auto err = n.publish(snapshot_keeper_name(job), a)) {
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     return err;
   }

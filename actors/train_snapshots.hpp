@@ -10,7 +10,9 @@
 //    which holds the same parameters, so only the moments travel; with one
 //    replica the first replica of the next stage, and the parameters travel
 //    too).
-// The keeper is an actor published as "train-snap" on every rank's node. It
+// The keeper is an actor published as "train-snap/<run>" on every rank's
+// node (snapshot_keeper_name: a process that runs the grids of several
+// runs, holding one's snapshots while it runs the next, has one per run). It
 // keeps the two newest steps of each owner it is buddy to (the newest may
 // not have reached every holder when the job fails) and takes snapshots
 // only of this run, from ranks of the job, for owners it keeps.
@@ -63,7 +65,13 @@ inline constexpr const char* snap = "train.snap";  ///< rank -> a keeper: an in-
 inline constexpr const char* snaps_query = "train.snaps?";  ///< -> a keeper, a request: what it holds of a run
 inline constexpr const char* snaps = "train.snaps";         ///< the answer: a TrainSnapshotIndex
 inline constexpr const char* snap_get = "train.snapget";    ///< -> a keeper, a request: tensors of one snapshot
+inline constexpr const char* snap_drop = "train.snapdrop";  ///< -> a keeper, one-way: no grid reads it any more, end
 }  // namespace train_msg
+
+/// The name rank keepers of run `job` are published under on their nodes.
+std::string snapshot_keeper_name(std::uint64_t job);
+/// Whether `name` is a keeper's (of any run).
+bool is_snapshot_keeper_name(const std::string& name);
 
 namespace snap_msg {
 /// keeper <- rank, a request: write every snapshot held; answers an error
@@ -183,7 +191,8 @@ std::optional<loss_scale_state> parse_loss_scale_text(const std::string& text);
 void flush_snapshot_keeper(node& n, const caf::actor& keeper, const std::string& label);
 
 /// Spawns the keeper of run `job` (snapshots of other runs are dropped)
-/// and publishes it on `n` as "train-snap".
+/// and publishes it on `n` as snapshot_keeper_name(job). It ends (and
+/// unpublishes itself) on a train.snapdrop naming `job`.
 caf::expected<caf::actor> start_snapshot_keeper(node& n, snapshot_keeper_setup s, std::uint64_t job);
 
 /// checkpoint_dir/memory: where keepers flush.

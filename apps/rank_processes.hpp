@@ -34,6 +34,9 @@ class rank_processes {
   /// Takes the next rank's index for a rank this launcher does not start
   /// (a joined worker's): its pid() is -1 and nothing waits for it.
   void skip() { pids_.push_back(-1); }
+  /// Takes process `pid` (a child of this process, started for another
+  /// job: apps/rank_hold.hpp) as rank `size()`.
+  void adopt(pid_t pid) { pids_.push_back(pid); }
 
   /// Watches the ranks until all have ended or `stop` is set: calls
   /// `ended(rank, how)` for each that ends ("exit status N" or "signal N"),

@@ -185,17 +185,32 @@ struct remote_ranks {
 /// (fetch_snapshot_index) and chooses the step the next grid reads from
 /// their memory (schedule::choose_snapshot_step, up to *held->newest, the
 /// last step printed). held->restore says where (step 0: no complete
-/// step, held->why_not); held->pids are then the survivors' processes,
-/// which the caller ends once the next grid no longer needs them. With
-/// o.drains_to_memory() the same after a drain: every rank holds, and the
-/// step chosen is the drain step (the job's return value).
+/// step, held->why_not); held->processes are then the survivors' processes
+/// (whose keepers answered), which the caller ends once the next grid no
+/// longer needs them. With o.drains_to_memory() the same after a drain:
+/// every rank holds, and the step chosen is the drain step (the job's
+/// return value).
+///
+/// A job that reads its state from memory (o.from_memory) runs its local
+/// ranks in the processes holding it (*held->reusable, the grid before's),
+/// each of which takes a rank with train.next (apps/rank_hold.hpp) instead
+/// of a new process being started; those move from *reusable to
+/// held->adopted, and are told (train.snapdrop) to end the keeper of the
+/// run they held once this job completes its first step.
+struct holder_process {
+  pid_t pid = -1;         ///< a child of this launcher
+  std::string node_id;    ///< its node
+  std::string endpoint;   ///< where its node listens
+};
 struct held_snapshots {
   const int* newest = nullptr;  ///< in: the last step printed, read at the failure (null: any step)
+  std::vector<holder_process>* reusable = nullptr;  ///< in/out: processes that may run this job's ranks
   memory_restore restore;   ///< out
   std::string why_not;
   std::size_t bytes = 0;    ///< of the copies chosen
   int holders = 0;          ///< survivors whose keepers answered
-  std::vector<pid_t> pids;  ///< the survivors' processes, now the caller's
+  std::vector<holder_process> processes;  ///< the survivors' processes, now the caller's
+  std::vector<holder_process> adopted;    ///< processes of *reusable that ran this job's ranks
 };
 int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                   const coordinator_hooks& hooks, std::vector<int>* lost = nullptr,

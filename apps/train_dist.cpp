@@ -3,6 +3,7 @@
 // starts one `corolla train --rank R` process per rank on 127.0.0.1. With
 // one (--rank, or the environment of Slurm or torchrun) it is that rank of
 // a job whose coordinator rank 0 hosts at --coordinator.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,10 +19,12 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "apps/commands.hpp"
 #include "apps/control_token_env.hpp"
 #include "apps/plan_print.hpp"
+#include "apps/rank_hold.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_job_file.hpp"
 #include "model/stage.hpp"
@@ -168,25 +171,8 @@ namespace {
 
 // ---- one rank -----------------------------------------------------------------------
 
-/// A rank of an elastic grid that failed or drained, holding its in-memory
-/// snapshots (dist_train_options::hold_snapshots, drain_to_memory): its
-/// node and keeper stay up for the next grid to read from, until the
-/// launcher ends this process. `why` says what ended its grid.
-[[noreturn]] void hold_snapshots(Backend& compute, const std::string& label, const std::string& why) {
-  // The runtime is gone (its model and buffers freed): what the allocator
-  // keeps cached goes back to the device, for the next grid's ranks.
-  try {
-    compute.release_cached_memory();
-  } catch (const std::exception& e) {
-    spdlog::warn("{}: could not release cached device memory: {}", label, e.what());
-  }
-  spdlog::info("{}: {}; holding its in-memory snapshots for the next grid", label, why);
-  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-}
-
 int run_rank(const train_args& a, const dist_train_options& o, const model_config& cfg) {
   apply_common_options(a.threads, "warn");
-  const std::string coordinator = tcp_endpoint(a.coordinator);
   // Rank 0 of a multi-host job hosts the coordinator (like torchrun's
   // MASTER_ADDR), on a node of its own.
   std::unique_ptr<node> coord_node;
@@ -194,7 +180,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
   std::exception_ptr coord_error;
   auto coord_inbox = std::make_shared<train_inbox>();
   if (a.rank == 0 && !a.external_coordinator) {
-    coord_node = start_node(rank_node_options(coordinator), "coordinator");
+    coord_node = start_node(rank_node_options(tcp_endpoint(a.coordinator)), "coordinator");
     coord_thread = std::thread([&] {
       try {
         run_train_coordinator(*coord_node, o, cfg, [&](const dist_step_report& r) { print_step(a, o, r); }, coord_inbox);
@@ -206,39 +192,61 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
   auto join_coordinator = [&] {
     if (coord_thread.joinable()) coord_thread.join();
   };
+  Backend* compute = nullptr;
   std::unique_ptr<node> n;
-  int last = o.steps;
-  try {
-    n = start_node(rank_node_options(a.listen), "rank");
-    token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
-    // Weights: only this rank's tensors are read from a checkpoint; a fresh
-    // start initialises the whole model (the same values on every rank and
-    // in single-process training) and keeps its part.
-    std::optional<transformer> whole;
-    rank_weights weights;
-    if (has_weights(a.model)) {
-      weights = weights_from_checkpoint(a.model, cpu_backend());
-    } else {
-      whole.emplace(transformer::init(cfg, a.seed, cpu_backend()));
-      weights = weights_of(*whole);
+  // What this process runs: its rank of the job it was started for, then,
+  // while its grids fail or drain with hold_snapshots, the ranks of the
+  // next grids the launcher hands it (apps/rank_hold.hpp).
+  dist_train_options job = o;
+  int rank = a.rank;
+  std::string coordinator = tcp_endpoint(a.coordinator);
+  for (;;) {
+    int last = job.steps;
+    std::string held_because;
+    try {
+      if (!n) n = start_node(rank_node_options(a.listen), "rank");
+      if (!compute) compute = &backend_for(multi_host_rank_device(a));
+      token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
+      // Weights: only this rank's tensors are read from a checkpoint; a fresh
+      // start initialises the whole model (the same values on every rank and
+      // in single-process training) and keeps its part.
+      std::optional<transformer> whole;
+      rank_weights weights;
+      if (has_weights(a.model)) {
+        weights = weights_from_checkpoint(a.model, cpu_backend());
+      } else {
+        whole.emplace(transformer::init(cfg, a.seed, cpu_backend()));
+        weights = weights_of(*whole);
+      }
+      last = run_train_rank(*n, job, rank, coordinator, weights, data, compute);
+    } catch (const std::exception& e) {
+      // The coordinator this process hosts fails with it (and tells the
+      // other ranks), instead of waiting for a join that never comes.
+      coord_inbox->fail(job.layout.label(rank) + " (hosting the coordinator) failed: " + e.what());
+      join_coordinator();
+      if (coord_node) coord_node->stop();
+      // A process that ran this rank in while holding the grid before's
+      // snapshots holds them still (its grid failed before the launcher
+      // let them go), also in a grid that does not hold its own.
+      const bool holds_older = n && [&] {
+        const auto names = n->published_names();
+        return std::any_of(names.begin(), names.end(), [](const std::string& x) { return is_snapshot_keeper_name(x); });
+      }();
+      if ((!job.hold_snapshots && !holds_older) || !n)
+        throw train_error(std::string("training failed on ") + job.layout.label(rank) + ": " + e.what());
+      held_because = std::string("training failed: ") + e.what();
     }
-    last = run_train_rank(*n, o, a.rank, coordinator, weights, data, &backend_for(multi_host_rank_device(a)));
-  } catch (const std::exception& e) {
-    // The coordinator this process hosts fails with it (and tells the
-    // other ranks), instead of waiting for a join that never comes.
-    coord_inbox->fail(o.layout.label(a.rank) + " (hosting the coordinator) failed: " + e.what());
-    join_coordinator();
-    if (coord_node) coord_node->stop();
-    if (o.hold_snapshots && n)
-      hold_snapshots(backend_for(multi_host_rank_device(a)), o.layout.label(a.rank), std::string("training failed: ") + e.what());
-    throw train_error(std::string("training failed on ") + o.layout.label(a.rank) + ": " + e.what());
+    // Drained for another plan: the next grid reads the drain step from
+    // this process's keeper.
+    if (held_because.empty() && last < job.steps && job.drains_to_memory() && !coord_node)
+      held_because = "drained after step " + std::to_string(last);
+    if (held_because.empty()) break;
+    next_rank next = hold_for_next_rank(*n, compute, job.layout.label(rank), held_because);
+    job = std::move(next.job);
+    rank = next.rank;
+    coordinator = std::move(next.coordinator);
   }
   join_coordinator();
-  // Drained for another plan: the next grid reads the drain step from
-  // this process's keeper.
-  if (last < o.steps && o.drains_to_memory() && !coord_node)
-    hold_snapshots(backend_for(multi_host_rank_device(a)), o.layout.label(a.rank),
-                   "drained after step " + std::to_string(last));
   if (coord_node) {
     // The coordinator's last messages (train.finish) go through proxy
     // actors, its node's goodbye straight to the links: let the ranks leave

@@ -18,15 +18,15 @@
 // the failure-free run up to the reduction order.
 //
 // After a failure the survivors keep their processes and in-memory
-// snapshots (hold_snapshots) until the new grid, whose ranks start afresh
-// and read their state from the survivors' memory, completes a step; a
-// drain the same (drain_to_memory: every rank holds the drain step's
-// snapshot), unless workers may join from other machines. A grid with a
-// rank on a joined worker's machine goes through the disk (flushed
-// snapshots assembled into a checkpoint; a drain's checkpoint). Running
-// the new grid in the survivors' own processes is not built.
-#include <sys/wait.h>
-
+// snapshots (hold_snapshots); a drain the same (drain_to_memory: every
+// rank holds the drain step's snapshot), unless workers may join from
+// other machines. The new grid's local ranks run in those processes
+// (apps/rank_hold.hpp; more ranks than survivors start new ones) and read
+// their state from the holders' memory; survivors left over are ended once
+// the new grid completes a step. A grid with a rank on a joined worker's
+// machine goes through the disk (flushed snapshots assembled into a
+// checkpoint; a drain's checkpoint), except when it fails before its
+// first step: the processes it ran in hold the step it read still.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -58,20 +58,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
-
-/// Whether every process of `pids` (children of this one) still runs; one
-/// that ended is reaped and set to -1.
-bool all_running(std::vector<pid_t>& pids) {
-  bool all = true;
-  for (pid_t& p : pids) {
-    int st = 0;
-    if (p <= 0 || ::waitpid(p, &st, WNOHANG) == p) {
-      p = -1;
-      all = false;
-    }
-  }
-  return all;
-}
 
 /// Prints the scheduler's lines for stderr.
 void print_notes(const std::vector<std::string>& notes) {
@@ -239,15 +225,18 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   };
   int deadlocks = 0;
   constexpr int max_deadlock_restarts = 3;
-  // The processes of a failed grid's survivors, holding the snapshots the
-  // grid after it reads (o.from_memory), until that grid completes a step.
-  std::vector<pid_t> holders;
-  std::size_t holders_bytes = 0;  // of the copies o.from_memory names
+  // The processes of a failed or drained grid's ranks, holding the
+  // snapshots the grid after it reads (o.from_memory): that grid's local
+  // ranks run in them (run_local_job moves those out); the others are
+  // ended once it completes a step.
+  std::vector<holder_process> holders;
   struct ended {  // ends (SIGKILL) and reaps the processes it is given, also on the way out
-    std::vector<pid_t>& pids;
+    std::vector<holder_process>& ps;
     void now() {
+      std::vector<pid_t> pids;
+      for (const holder_process& p : ps) pids.push_back(p.pid);
       terminate_all(pids, std::chrono::milliseconds(0));
-      pids.clear();
+      ps.clear();
     }
     ~ended() { now(); }
   } end_holders{holders};
@@ -267,7 +256,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     o.drain_to_memory = o.hold_snapshots && !remote_machines;
     held_snapshots held;
     held.newest = &printed;
-    ended end_held{held.pids};  // the survivors or drained ranks, unless they become the holders
+    held.reusable = &holders;
+    ended end_held{held.processes};  // the survivors or drained ranks, unless they become the holders
     try {
       scheduler.started(o.layout);
       o.snapshot_every = snapshot_every;
@@ -288,12 +278,12 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         ev.bytes = static_cast<double>(checkpoint_shard_bytes(o.checkpoint_dir, last));
       } else if (held.restore.step > 0) {
         // The drained ranks hold the drain step: the next grid reads it
-        // from their memory.
+        // from their memory, and runs in their processes.
         end_holders.now();
-        holders.swap(held.pids);
+        holders.swap(held.processes);
         o.from_memory = held.restore;
         ev.resume_step = held.restore.step;
-        ev.bytes = static_cast<double>(holders_bytes = held.bytes);
+        ev.bytes = static_cast<double>(held.bytes);
         ev.from_memory = true;
       } else {
         // Not expected (every rank drained alive): replay from what is left.
@@ -333,22 +323,23 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         std::fprintf(stderr, "elastic: no complete in-memory snapshot (%s); falling back to %s\n", why_not.c_str(),
                      latest_checkpoint_step(o.checkpoint_dir) > 0 ? "the last checkpoint" : "the start");
       };
-      if (o.hold_snapshots && held.restore.step > 0) {
-        // The survivors hold their snapshots in memory (run_local_job asked
-        // their keepers): the next grid reads the chosen step from them.
+      if (held.restore.step > 0) {
+        // Held in memory (run_local_job asked the keepers): the survivors'
+        // newest step, or, when this grid failed before a step of its own
+        // (also one with a joined worker's rank), the step it read, from
+        // the processes that still hold it. The next grid reads it from
+        // them and runs in them.
+        const bool again = held.restore.run == o.from_memory.run;
         end_holders.now();
-        holders.swap(held.pids);
+        holders.swap(held.processes);
         o.from_memory = held.restore;
-        memory_bytes = holders_bytes = held.bytes;
-        std::fprintf(stderr, "elastic: the survivors' snapshots of step %d cover every rank (%d rank(s) hold them in "
-                             "memory)\n", held.restore.step, held.holders);
-      } else if (!holders.empty() && o.from_memory.step > 0 && all_running(holders)) {
-        // This grid failed before its first step (also one with a joined
-        // worker's rank, which holds nothing): nothing newer than what the
-        // holders of the grid before keep.
-        memory_bytes = holders_bytes;
-        std::fprintf(stderr, "elastic: nothing newer than the snapshots of step %d, still held in memory\n",
-                     o.from_memory.step);
+        memory_bytes = held.bytes;
+        if (again)
+          std::fprintf(stderr, "elastic: nothing newer than the snapshots of step %d, still held in memory (%d "
+                               "process(es))\n", held.restore.step, held.holders);
+        else
+          std::fprintf(stderr, "elastic: the survivors' snapshots of step %d cover every rank (%d rank(s) hold them "
+                               "in memory)\n", held.restore.step, held.holders);
       } else if (o.hold_snapshots) {
         end_holders.now();
         o.from_memory = {};

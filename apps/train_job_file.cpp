@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -46,8 +47,14 @@ nlohmann::json job_to_json(const dist_train_options& o) {
 dist_train_options job_from_json(const std::string& file) {
   std::ifstream in(file);
   if (!in) throw std::invalid_argument("cannot read job file " + file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return job_from_json_text(text.str(), "job file " + file);
+}
+
+dist_train_options job_from_json_text(const std::string& text, const std::string& what) {
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
+    const nlohmann::json j = nlohmann::json::parse(text);
     dist_train_options o;
     o.layout.pp = j.at("pp");
     o.layout.dp = j.at("dp");
@@ -96,9 +103,9 @@ dist_train_options job_from_json(const std::string& file) {
     }
     return o;
   } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument("malformed job file " + file + ": " + e.what());
+    throw std::invalid_argument("malformed " + what + ": " + e.what());
   } catch (const std::logic_error& e) {  // stoi, stoull
-    throw std::invalid_argument("malformed job file " + file + ": " + e.what());
+    throw std::invalid_argument("malformed " + what + ": " + e.what());
   }
 }
 

@@ -17,5 +17,7 @@ nlohmann::json job_to_json(const dist_train_options& o);
 /// Reads a job file; throws std::invalid_argument naming the file for an
 /// unreadable or malformed one.
 dist_train_options job_from_json(const std::string& file);
+/// The same from the text itself; `what` names it in errors ("job file X").
+dist_train_options job_from_json_text(const std::string& text, const std::string& what);
 
 }  // namespace corolla::app

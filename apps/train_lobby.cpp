@@ -27,6 +27,7 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "apps/commands.hpp"
+#include "apps/rank_assignment.hpp"
 #include "apps/rank_processes.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
@@ -43,10 +44,6 @@ constexpr const char* assign_type = "train.assign";
 constexpr const char* release_type = "train.release";
 using pool_atom = caf::atom_constant<caf::atom("lobbypool")>;
 
-/// A job description is a few kilobytes; its limit leaves room for many boundaries.
-constexpr std::size_t max_job_bytes = 256 << 10;
-constexpr unsigned max_args = 256;
-
 /// A machine's description is a few lines of TOML.
 constexpr std::size_t max_machine_bytes = 16 << 10;
 
@@ -61,17 +58,6 @@ remote_message offer_message(const std::string& name, const std::string& machine
   return m;
 }
 
-remote_message assign_message(const std::vector<std::string>& args, const std::string& job) {
-  capnp::MallocMessageBuilder b;
-  auto r = b.initRoot<wire::TrainAssign>();
-  auto list = r.initArgs(static_cast<unsigned>(args.size()));
-  for (unsigned i = 0; i < args.size(); ++i) list.set(i, args[i]);
-  r.setJob(job);
-  remote_message m;
-  m.type = assign_type;
-  m.body = capnp_body::flat(b);
-  return m;
-}
 
 /// --join-machine FILE: its text, and the worker it describes
 /// ("<name>/0"). Throws std::invalid_argument for a file that cannot be
@@ -93,23 +79,6 @@ std::pair<std::string, std::string> read_machine(const std::string& path) {
     throw std::invalid_argument("--join-machine " + path + ":" + std::to_string(e.source().begin.line) +
                                 ": invalid TOML: " + std::string(e.description()));
   }
-}
-
-struct assignment {
-  std::vector<std::string> args;
-  std::string job;
-};
-
-caf::expected<assignment> decode_assign(const remote_message& m) {
-  return capnp_body::decode<wire::TrainAssign>(m.body, "TrainAssign", [](wire::TrainAssign::Reader r) {
-    assignment out;
-    auto args = r.getArgs();
-    if (args.size() == 0 || args.size() > max_args)
-      throw std::invalid_argument(std::to_string(args.size()) + " arguments");
-    for (auto x : args) out.args.push_back(capnp_body::text(x, "argument", 4096));
-    out.job = capnp_body::text(r.getJob(), "job", max_job_bytes);
-    return out;
-  });
 }
 
 struct lobby_state {
@@ -197,7 +166,7 @@ std::vector<lobby_worker> train_lobby::pool() {
 void train_lobby::assign(const std::string& node_id, const std::vector<std::string>& args, const std::string& job_json) {
   auto joiner = node_->remote_actor(node_id, "train-joiner");
   if (!joiner) throw std::runtime_error("cannot reach worker " + node_id + ": " + error_message(joiner.error()));
-  caf::anon_send(*joiner, assign_message(args, job_json));
+  caf::anon_send(*joiner, assignment_message(assign_type, {args, job_json}));
 }
 
 void train_lobby::release_all() {
@@ -312,14 +281,14 @@ int run_train_join(const train_args& a) {
                    std::string(m.body.begin(), m.body.end()).c_str());
       break;
     }
-    auto work = decode_assign(m);
+    auto work = decode_assignment(m);
     if (!work) {
       spdlog::warn("ignoring a bad assignment: {}", error_message(work.error()));
       continue;
     }
     auto at = std::find(work->args.begin(), work->args.end(), "--job-file");
-    if (work->args.front() != "train" || at == work->args.end() || at + 1 == work->args.end() ||
-        std::find(work->args.begin(), work->args.end(), "--rank") == work->args.end()) {
+    if (work->args.front() != "train" || arg_after(work->args, "--job-file").empty() ||
+        arg_after(work->args, "--rank").empty()) {
       spdlog::warn("ignoring an assignment that is not a training rank");
       continue;
     }
@@ -330,8 +299,7 @@ int run_train_join(const train_args& a) {
     ::close(fd);
     if (!written) throw std::runtime_error("cannot write " + path);
     *(at + 1) = path;
-    const auto rank_at = std::find(work->args.begin(), work->args.end(), "--rank") + 1;
-    const std::string rank = rank_at != work->args.end() ? *rank_at : "?";
+    const std::string rank = arg_after(work->args, "--rank");
     // The rank listens on this worker's address (--listen), where the
     // launcher's ranks and coordinator reach it.
     if (auto l = std::find(work->args.begin(), work->args.end(), "--listen"); l != work->args.end() && l + 1 != work->args.end())

@@ -12,11 +12,13 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
 
+#include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -26,6 +28,8 @@
 #include "actors/train_job.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
+#include "actors/train_wire.hpp"
+#include "apps/rank_hold.hpp"
 #include "apps/rank_processes.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_lobby.hpp"
@@ -49,56 +53,69 @@ std::string rank_device(const train_args& a, int rank) {
   return a.device;
 }
 
-/// After a failure with hold_snapshots: what each survivor's keeper holds,
-/// the step the next grid reads (schedule::choose_snapshot_step) and from
-/// whom; the survivors' processes become `held`'s when a step is found.
-void ask_holders(node& n, const dist_train_options& o, const model_config& cfg, rank_processes& ranks,
-                 const std::vector<int>& gone, const std::map<int, train_peer>& roster, std::uint64_t run,
-                 held_snapshots& held) {
+/// What the keepers of run `run` in `procs` hold, and the step a grid
+/// after it reads (schedule::choose_snapshot_step over the `world` ranks
+/// of that run's grid, up to *held.newest, newer than the latest
+/// checkpoint) and from whom: held.restore (step 0: none, held.why_not),
+/// held.bytes, held.holders (the processes that answered).
+void choose_held_step(node& n, const dist_train_options& o, const model_config& cfg, int world,
+                      const std::vector<holder_process>& procs, std::uint64_t run, held_snapshots& held) {
   std::vector<schedule::held_snapshot> copies;
   std::map<std::tuple<int, int, std::int64_t>, snapshot_listing> listings;  // (holder, owner, step) -> its listing
-  std::vector<int> holders;
-  for (int r = 0; r < o.layout.world(); ++r) {
-    const auto peer = roster.find(r);
-    if (std::find(gone.begin(), gone.end(), r) != gone.end() || ranks.pid(r) <= 0 || peer == roster.end()) continue;
-    auto x = fetch_snapshot_index(n, peer->second.node_id, run, std::chrono::seconds(10));
+  std::map<int, std::size_t> process_of;  // a holder (its rank in that run's grid) -> its process in `procs`
+  held.holders = 0;
+  for (int i = 0; i < static_cast<int>(procs.size()); ++i) {
+    const holder_process& p = procs[static_cast<std::size_t>(i)];
+    if (p.pid <= 0) continue;
+    connect_options co;
+    co.timeout = std::chrono::seconds(10);
+    auto c = n.connect(p.endpoint, co);
+    auto x = c ? fetch_snapshot_index(n, p.node_id, run, std::chrono::seconds(10))
+               : caf::expected<snapshot_index>(c.error());
     if (!x) {
-      spdlog::warn("{} does not list its snapshots: {}", o.layout.label(r), error_message(x.error()));
+      spdlog::warn("the process at {} does not list its snapshots: {}", p.endpoint, error_message(x.error()));
       continue;
     }
-    holders.push_back(r);
+    ++held.holders;
+    // Holders as ranks of that run's grid: the choice reads an owner's own
+    // copy first (it has the parameters).
+    if (!process_of.emplace(x->holder, static_cast<std::size_t>(i)).second) {
+      spdlog::warn("two processes hold as rank {} of run {}: the one at {} is not read", x->holder, run, p.endpoint);
+      continue;
+    }
     for (const snapshot_listing& l : x->snapshots) {
       schedule::held_snapshot h;
-      h.holder = r;
+      h.holder = x->holder;
       h.owner = l.owner;
       h.step = l.step;
       for (const auto& [name, values] : l.tensors)
         if (name.rfind("params.", 0) == 0) h.params.insert(name.substr(7));
       for (const auto& [bucket, range] : l.ranges) h.moments[bucket] = {range.lo, range.hi, range.n};
       copies.push_back(std::move(h));
-      listings[{r, l.owner, l.step}] = l;
+      listings[{x->holder, l.owner, l.step}] = l;
     }
   }
-  held.holders = static_cast<int>(holders.size());
   std::vector<std::string> buckets{bucket_name(head_bucket)};
   for (int b = 0; b < cfg.n_layers; ++b) buckets.push_back(bucket_name(b));
   const int latest = o.checkpoint_dir.empty() ? 0 : latest_checkpoint_step(o.checkpoint_dir);
-  const schedule::snapshot_choice choice = schedule::choose_snapshot_step(copies, o.layout.world(), buckets, held.newest ? *held.newest : -1, latest);
+  const schedule::snapshot_choice choice =
+      schedule::choose_snapshot_step(copies, world, buckets, held.newest ? *held.newest : -1, latest);
   if (!choice.found()) {
     held.why_not = copies.empty() ? "no survivor holds a snapshot" : choice.why_not;
     return;
   }
+  held.restore = {};
+  held.bytes = 0;
   held.restore.step = static_cast<int>(choice.step);
   held.restore.run = run;
   for (const auto& [owner, holder] : choice.source) {
-    const train_peer& p = roster.at(holder);
+    const holder_process& p = procs.at(process_of.at(holder));
     held.restore.holder_of[owner] = p.node_id;
     held.restore.endpoints[p.node_id] = p.endpoint;
     const snapshot_listing& l = listings.at({holder, owner, choice.step});  // the copy read
     held.bytes += l.bytes();
     if (held.restore.loss_scale.empty()) held.restore.loss_scale = l.loss_scale;
   }
-  for (int r : holders) held.pids.push_back(ranks.release(r));
 }
 
 }  // namespace
@@ -168,12 +185,32 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   auto inbox = std::make_shared<train_inbox>();
   rank_processes ranks;
   std::atomic<bool> over{false};
+  // A job reading from the memory of the grid before runs its local ranks
+  // in the processes holding it, where they take the rank.
+  auto adopted = [&](int r) {
+    if (!held || !held->reusable || o.from_memory.step <= 0) return false;
+    std::vector<holder_process>& pool = *held->reusable;
+    for (auto h = pool.begin(); h != pool.end(); ++h) {
+      if (h->pid <= 0) continue;
+      const rank_assignment next{rank_args(a, r, endpoint, job_file.string()), job_text, o.from_memory.run};
+      if (auto err = assign_next_rank(*n, h->node_id, h->endpoint, next, std::chrono::seconds(10))) {
+        spdlog::warn("the process holding at {} does not take {}: {}", h->endpoint, o.layout.label(r), error_message(err));
+        continue;
+      }
+      ranks.adopt(h->pid);
+      held->adopted.push_back(*h);
+      pool.erase(h);
+      return true;
+    }
+    return false;
+  };
   for (int r = 0; r < o.layout.world(); ++r) {
     if (remote && remote->is_remote(r)) {
       ranks.skip();
       remote->assign(r, rank_args(a, r, endpoint, job_file.string()), job_text);
-    } else
+    } else if (!adopted(r)) {
       ranks.start(rank_args(a, r, endpoint, job_file.string()));
+    }
   }
   // A rank process that ends before the job does fails it at once (also
   // before it joined, when no link could report it); so does one that
@@ -219,6 +256,21 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
     }
   } remote_watch_joined{over, remote_watch};
   coordinator_hooks hooks = given;
+  // The processes that ran this job's ranks in: once it has a step of its
+  // own, nobody reads the keepers of the run they held any more.
+  std::atomic<bool> stepped{false};  // whether the job completed a step (set on the coordinator's thread)
+  hooks.on_step = [&, then = hooks.on_step](const dist_step_report& r) {
+    if (!stepped && held)
+      for (const holder_process& h : held->adopted)
+        if (auto keeper = n->remote_actor(h.node_id, snapshot_keeper_name(o.from_memory.run))) {
+          remote_message drop;
+          drop.type = train_msg::snap_drop;
+          drop.body = encode_body(train_step_note{0, 0, 0, o.from_memory.run});
+          caf::anon_send(*keeper, std::move(drop));
+        }
+    stepped = true;
+    if (then) then(r);
+  };
   // Who each rank is, for asking the survivors' keepers after a failure.
   std::map<int, train_peer> roster;
   std::uint64_t run_id = 0;
@@ -244,6 +296,26 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       std::fflush(stdout);
       then(peers, run);
     };
+  // A process that ran a rank in while holding (known before any roster).
+  auto adopted_as = [&](int r) -> std::optional<holder_process> {
+    if (!held) return std::nullopt;
+    for (const holder_process& h : held->adopted)
+      if (h.pid == ranks.pid(r)) return h;
+    return std::nullopt;
+  };
+  // Rank r's process (no longer `ranks`' to watch or end) as a holder.
+  auto release = [&](int r, std::vector<holder_process>& into) {
+    holder_process h;
+    if (const auto a = adopted_as(r)) {
+      h = *a;
+    } else if (const auto peer = roster.find(r); peer != roster.end()) {
+      h = {ranks.pid(r), peer->second.node_id, peer->second.endpoint};
+    } else {
+      return;  // never joined: nobody knows where it listens
+    }
+    ranks.release(r);
+    into.push_back(h);
+  };
   int last = 0;
   try {
     last = run_train_coordinator(*n, o, cfg, hooks, inbox);
@@ -258,10 +330,17 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       gone.clear();
     }
     if (lost) *lost = gone;
+    auto survived = [&](int r) { return std::find(gone.begin(), gone.end(), r) == gone.end() && ranks.pid(r) > 0; };
+    // A grid that read the grid before's state from memory and failed
+    // before a step of its own holds nothing newer: the processes it ran
+    // in hold that state still.
+    const bool nothing_newer = held && held->reusable && o.from_memory.step > 0 && !stepped;
+    std::vector<holder_process> survivors;  // processes of this grid that hold what their keepers have
     if (o.hold_snapshots && held) {
       for (int r : gone)
         if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
-      ask_holders(*n, o, cfg, ranks, gone, roster, run_id, *held);
+      for (int r = 0; r < o.layout.world(); ++r)
+        if (survived(r) && (!nothing_newer || adopted_as(r))) release(r, survivors);
     } else if (o.snapshot_every > 0) {
       // The survivors write their in-memory snapshots before they exit
       // (actors/train_snapshots.hpp): wait for that (each one's marker, or
@@ -272,9 +351,10 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       // A local rank already reaped (it ended before the job's failure
       // reached this launcher) has flushed what it had, or had nothing.
       std::set<int> flushing;
+      // Nor one that holds the grid before's snapshots (it holds on).
       for (int r = 0; r < o.layout.world(); ++r)
         if (std::find(gone.begin(), gone.end(), r) == gone.end() &&
-            (ranks.pid(r) > 0 || (remote && remote->is_remote(r))))
+            (ranks.pid(r) > 0 || (remote && remote->is_remote(r))) && !(nothing_newer && adopted_as(r)))
           flushing.insert(r);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       while (!flushing.empty() && std::chrono::steady_clock::now() < deadline) {
@@ -283,8 +363,23 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
           it = snapshots_flushed(o.checkpoint_dir, *it) ? flushing.erase(it) : std::next(it);
         if (!flushing.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
+      // Those that ran in holders of the grid before hold its keepers still.
+      if (nothing_newer)
+        for (int r = 0; r < o.layout.world(); ++r)
+          if (survived(r) && adopted_as(r)) release(r, survivors);
       for (int r = 0; r < o.layout.world(); ++r)
         if (const pid_t pid = ranks.pid(r); pid > 0) ::kill(pid, SIGKILL);
+    }
+    if (nothing_newer) {
+      // The step this grid read, from whoever still holds its copies.
+      held->processes = std::move(survivors);
+      held->processes.insert(held->processes.end(), held->reusable->begin(), held->reusable->end());
+      held->reusable->clear();
+      choose_held_step(*n, o, cfg, static_cast<int>(o.from_memory.holder_of.size()), held->processes,
+                       o.from_memory.run, *held);
+    } else if (o.hold_snapshots && held) {
+      held->processes = std::move(survivors);
+      choose_held_step(*n, o, cfg, o.layout.world(), held->processes, run_id, *held);
     }
     ranks.stop();
     throw;
@@ -294,7 +389,9 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   // Drained into memory: every rank holds the drain step for the next
   // grid (ranks no complete choice covers are ended: the caller falls back).
   if (last < o.steps && o.drains_to_memory() && held) {
-    ask_holders(*n, o, cfg, ranks, {}, roster, run_id, *held);
+    for (int r = 0; r < o.layout.world(); ++r)
+      if (ranks.pid(r) > 0) release(r, held->processes);
+    choose_held_step(*n, o, cfg, o.layout.world(), held->processes, run_id, *held);
     ranks.stop();
     return last;
   }

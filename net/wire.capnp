@@ -278,10 +278,14 @@ struct TrainOffer {
 # "train.assign" launcher -> a pooled worker's "train-joiner" actor: run
 # `corolla <args>` with `job` as the job file (its "--job-file" value is
 # replaced by the worker's own copy). "train.release" (no body): the job is
-# over, leave the pool.
+# over, leave the pool. "train.next" launcher -> a rank process holding its
+# snapshots between grids ("train-next"): run the rank `args` names
+# (--rank, --coordinator) of the job `job` in this process; `run` is the
+# run whose snapshots it holds (what lets the launcher in).
 struct TrainAssign {
   args @0 :List(Text);
   job @1 :Text;            # the job description (apps/train_job_file.hpp), JSON
+  run @2 :UInt64;          # train.next: the held run's id (0 in train.assign)
 }
 
 # "train.abort" coordinator -> every rank: the job failed (a rank died);

@@ -195,7 +195,7 @@ TEST_CASE("a keeper holds the two newest snapshots of the owners it keeps, only 
 
   auto connected = peer->connect(holder->endpoint());
   REQUIRE(connected);
-  auto remote = peer->remote_actor(holder->id(), "train-snap");
+  auto remote = peer->remote_actor(holder->id(), snapshot_keeper_name(42));
   REQUIRE(remote);
   caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 1, 42, 0)));
   caf::anon_send(*remote, encode_snapshot(snapshot_of(1, 2, 42, 0)));   // rank 1's is its own business
@@ -223,7 +223,7 @@ TEST_CASE("a keeper holds the two newest snapshots of the owners it keeps, only 
   auto f = safetensors_file::open(checkpoint_step_dir(h, 3) / shard_file_name(0));
   CHECK(f->metadata().at("range.head") == "0 2 4");
   CHECK(f->metadata().at("holder") == "1");
-  holder->unpublish("train-snap");
+  holder->unpublish(snapshot_keeper_name(42));
   caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown);
 }
 
@@ -338,7 +338,7 @@ TEST_CASE("a keeper serves what it holds over the network, memory to memory, to 
   auto keeper = start_rank1_keeper(*holder, *peer, {});
   caf::anon_send(keeper, encode_snapshot(snapshot_of(1, 5, 42, 5)));  // its own, with parameters
   REQUIRE(peer->connect(holder->endpoint()));
-  auto remote = peer->remote_actor(holder->id(), "train-snap");
+  auto remote = peer->remote_actor(holder->id(), snapshot_keeper_name(42));
   REQUIRE(remote);
   caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 5, 42, 5).without_params()));  // its buddy's copy
   const auto timeout = std::chrono::seconds(30);
@@ -377,13 +377,22 @@ TEST_CASE("a keeper serves what it holds over the network, memory to memory, to 
   shards.read_moment("m", "block.0", 0, 4, m);
   CHECK(m.to_vector() == std::vector<float>{5, 6, 15, 16});
 
-  // Another run's question, a snapshot not held, a tensor it lacks.
+  // Another run's question (no keeper by that name; and the keeper itself,
+  // asked about another run, refuses), a snapshot not held, a tensor it
+  // lacks.
   auto stranger = fetch_snapshot_index(*peer, holder->id(), 7, timeout);
   REQUIRE_FALSE(stranger);
-  CHECK(stranger.error() == make_error(errc::auth_refused, ""));
+  CHECK(stranger.error() == make_error(errc::unknown_actor, ""));
   auto stolen = fetch_snapshot(*peer, holder->id(), 7, 1, 5, {}, timeout);
   REQUIRE_FALSE(stolen);
-  CHECK(error_message(stolen.error()).find("not of the run") != std::string::npos);
+  CHECK(stolen.error() == make_error(errc::unknown_actor, ""));
+  remote_message other_run;
+  other_run.type = train_msg::snaps_query;
+  other_run.body = encode_body(train_step_note{0, 0, 0, 7});
+  auto refused = peer->request(holder->id(), snapshot_keeper_name(42), other_run, timeout);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error() == make_error(errc::auth_refused, ""));
+  CHECK(error_message(refused.error()).find("not of the run") != std::string::npos);
   auto old = fetch_snapshot(*peer, holder->id(), 42, 1, 4, {}, timeout);
   REQUIRE_FALSE(old);
   CHECK(error_message(old.error()).find("holds no snapshot of rank 1 of step 4") != std::string::npos);
@@ -397,16 +406,31 @@ TEST_CASE("a keeper serves what it holds over the network, memory to memory, to 
   remote_message garbage;
   garbage.type = train_msg::snap_get;
   garbage.body.assign(40, 0xff);
-  auto answer = peer->request(holder->id(), "train-snap", garbage, timeout);
+  auto answer = peer->request(holder->id(), snapshot_keeper_name(42), garbage, timeout);
   REQUIRE_FALSE(answer);
   CHECK(answer.error() == make_error(errc::bad_message, ""));
   garbage.type = train_msg::snaps_query;
-  answer = peer->request(holder->id(), "train-snap", garbage, timeout);
+  answer = peer->request(holder->id(), snapshot_keeper_name(42), garbage, timeout);
   REQUIRE_FALSE(answer);
   CHECK(answer.error() == make_error(errc::bad_message, ""));
   auto still = fetch_snapshot(*peer, holder->id(), 42, 1, 5, {"params.head"}, timeout);
   REQUIRE(still);
   CHECK(still->tensors.size() == 1u);
-  holder->unpublish("train-snap");
-  caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown);
+
+  // train.snapdrop naming another run changes nothing; naming its own, the
+  // keeper ends and is gone from the node.
+  auto drop = [&](std::uint64_t job) {
+    remote_message d;
+    d.type = train_msg::snap_drop;
+    d.body = encode_body(train_step_note{0, 0, 0, job});
+    caf::anon_send(*remote, std::move(d));
+  };
+  drop(7);
+  REQUIRE(fetch_snapshot_index(*peer, holder->id(), 42, timeout));
+  drop(42);
+  caf::scoped_actor waiter{holder->system()};
+  waiter->wait_for(keeper);
+  CHECK_FALSE(holder->local_actor(snapshot_keeper_name(42)));
+  auto gone = fetch_snapshot_index(*peer, holder->id(), 42, timeout);
+  CHECK_FALSE(gone);
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,19 @@ inline nlohmann::json rank_entry(const std::vector<std::string>& lines, int rank
         if (r["rank"] == rank) found = r;
   }
   return found;
+}
+
+/// The processes of each grid's ranks, in the order the grids ran (one
+/// set per "ranks" event of a --json run; a joined worker's rank is pid 0).
+inline std::vector<std::set<pid_t>> grid_pids(const std::vector<std::string>& lines) {
+  std::vector<std::set<pid_t>> out;
+  for (const std::string& l : lines) {
+    auto e = nlohmann::json::parse(l, nullptr, false);
+    if (!e.is_object() || e.value("event", "") != "ranks") continue;
+    out.emplace_back();
+    for (const auto& r : e["ranks"]) out.back().insert(r["pid"].get<pid_t>());
+  }
+  return out;
 }
 
 /// Starts `corolla <args>`; its rank processes obey `token` (read from

@@ -176,6 +176,13 @@ TEST_CASE("--elastic: two ranks killed in one run, the job re-plans twice, conti
   CHECK(events[1]["replayed_steps"].get<int>() <= 1);
   CHECK(events[1]["resume_from"].get<int>() >= 12);
   CHECK(events[1]["reason"].get<std::string>().find("rank 1 (stage 0, replica 1") != std::string::npos);
+  // Each new grid ran in its survivors' processes: no rank process started.
+  const auto grids = grid_pids(launcher.lines());
+  REQUIRE(grids.size() == 3u);
+  CHECK(grids[1].size() == 3u);
+  for (pid_t p : grids[1]) CHECK(grids[0].count(p) == 1u);
+  CHECK(grids[2].size() == 2u);
+  for (pid_t p : grids[2]) CHECK(grids[1].count(p) == 1u);
   // No rank outlives the launcher; the job's last checkpoint is the 1x2 grid's.
   CHECK(children_with_arg(launcher.pid(), {"--rank"}).empty());
   CHECK(checkpoint_layout(ck, latest_checkpoint_step(ck)) == "1x2 [0,4)");
