@@ -46,23 +46,26 @@ std::set<int> neighbours_of(const train_layout& l, int rank, const rank_rings& r
 
 namespace {
 
-/// Sends the join, again every second, until the roster comes (or
-/// o.timeout passes): a join that reaches the coordinator's node before its
-/// mailbox is published there is dropped ("no actor named 'train-coord'"),
-/// which a rank started before rank 0 (torchrun style) hit when the join
-/// was sent once. The coordinator takes the first join of each rank; later
-/// copies stay filed unread.
+/// Sends the join, again after 10 ms, 20 ms, ... up to every second, until
+/// the roster comes (or o.timeout passes): a join that reaches the
+/// coordinator's node before its mailbox is published there is dropped
+/// ("no actor named 'train-coord'"), which a rank started before rank 0
+/// (torchrun style) hit when the join was sent once, and a rank process
+/// handed the next grid's rank (apps/rank_hold.hpp) before its launcher's
+/// coordinator listens hits at once. The coordinator takes the first join
+/// of each rank; later copies stay filed unread.
 remote_message join_until_roster(node& n, const dist_train_options& o, const model_config& cfg, int rank,
                                  train_inbox& inbox, train_comm& comm) {
   const auto body = encode_body(train_join{rank, o.layout.world(), n.endpoint(), join_key(o, cfg)});
   const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  std::chrono::milliseconds again{10};
   for (;;) {
     comm.send_coordinator(train_msg::join, body);
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     try {
-      return inbox.take(train_key(train_msg::roster, 0, 0, 0),
-                        std::clamp(left, std::chrono::milliseconds(0), std::chrono::milliseconds(1000)),
-                        "roster from the coordinator");
+      const auto wait = std::clamp(left, std::chrono::milliseconds(0), again);
+      again = std::min(again * 2, std::chrono::milliseconds(1000));
+      return inbox.take(train_key(train_msg::roster, 0, 0, 0), wait, "roster from the coordinator");
     } catch (const train_error&) {
       if (inbox.failure()) throw;
       if (std::chrono::steady_clock::now() >= deadline)
