@@ -118,6 +118,17 @@ dp_collectives parse_dp_collectives(const std::string& s) {
   throw std::invalid_argument("--collectives must be host or device, got '" + s + "'");
 }
 
+std::set<std::string> param_buckets(const train_layout& l, int rank) {
+  std::set<std::string> out;
+  const int stage = l.stage_of(rank);
+  for (int c = 0; c < l.chunks; ++c) {
+    const auto v = static_cast<std::size_t>(l.virtual_stage(stage, c));
+    for (int b = l.boundaries.at(v); b < l.boundaries.at(v + 1); ++b) out.insert(bucket_name(b));
+  }
+  if (stage == 0 || stage == l.pp - 1) out.insert(bucket_name(head_bucket));
+  return out;
+}
+
 std::string join_key(const dist_train_options& o, const model_config& cfg) {
   const auto& w = o.optimizer.adamw;
   char opt[256];

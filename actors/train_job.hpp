@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,10 @@ struct train_layout {
 /// blocks each (the first take the remainder). Throws std::invalid_argument
 /// for pp, dp or chunks < 1, or more virtual stages than blocks.
 train_layout even_layout(int n_layers, int pp, int dp, int chunks = 1);
+/// The buckets ("block.<i>", "head": bucket_name) whose parameters rank
+/// `rank` of `l` holds: its stage's blocks (every chunk's), and the head on
+/// the first and the last stage.
+std::set<std::string> param_buckets(const train_layout& l, int rank);
 /// Checks explicit boundaries (0 = b0 < b1 < ... = n_layers, one range per
 /// virtual stage). Throws std::invalid_argument naming the problem.
 void check_layout(const train_layout& l, int n_layers);

@@ -116,12 +116,36 @@ void rank_runtime::restore_from_memory() {
     if (!x) throw train_error("the keeper at " + holder + " does not list its snapshots: " + error_message(x.error()));
     index[holder] = std::move(*x);
   }
+  // This process's own copies of the run, when it held them (it ran a rank
+  // of the grid before: apps/rank_hold.hpp): read from here first, and
+  // over a link only what it lacks.
+  std::optional<snapshot_index> local;
+  if (node_.local_actor(snapshot_keeper_name(from.run)))
+    if (auto x = fetch_snapshot_index(node_, node_.id(), from.run, std::chrono::seconds(60))) local = std::move(*x);
+  auto local_copy = [&](int owner) -> const snapshot_listing* {
+    if (!local) return nullptr;
+    for (const snapshot_listing& l : local->snapshots)
+      if (l.owner == owner && l.step == from.step) return &l;
+    return nullptr;
+  };
+  auto lists = [](const snapshot_listing& l, const std::string& name) {
+    return std::any_of(l.tensors.begin(), l.tensors.end(), [&](const auto& t) { return t.first == name; });
+  };
   // Only the tensors of this rank's buckets: the parameters from one copy
-  // that holds them, the moment pieces that overlap this rank's shard.
+  // that holds them (this process's if it has one), the moment pieces that
+  // overlap this rank's shard (from this process's copy of their owner if
+  // it has one, else from the chosen copy).
   const std::vector<dp_group::wanted_shard> wanted = buckets_->wanted();
   std::set<std::string> params_taken;
-  std::vector<rank_snapshot> pieces;
-  std::size_t bytes = 0;
+  std::map<std::pair<std::string, int>, std::vector<std::string>> fetches;  // (node, owner) -> tensor names
+  if (local)
+    for (const dp_group::wanted_shard& w : wanted)
+      for (const snapshot_listing& l : local->snapshots)
+        if (l.step == from.step && from.holder_of.count(l.owner) && !params_taken.count(w.bucket) &&
+            lists(l, "params." + w.bucket)) {
+          fetches[{node_.id(), l.owner}].push_back("params." + w.bucket);
+          params_taken.insert(w.bucket);
+        }
   for (const auto& [owner, holder] : from.holder_of) {
     const snapshot_index& x = index.at(holder);
     const auto listing = std::find_if(x.snapshots.begin(), x.snapshots.end(), [&, o = owner](const snapshot_listing& l) {
@@ -130,22 +154,25 @@ void rank_runtime::restore_from_memory() {
     if (listing == x.snapshots.end())
       throw train_error("the keeper at " + holder + " no longer holds rank " + std::to_string(owner) +
                         "'s snapshot of step " + std::to_string(from.step));
-    auto has = [&](const std::string& name) {
-      return std::any_of(listing->tensors.begin(), listing->tensors.end(), [&](const auto& t) { return t.first == name; });
-    };
-    std::vector<std::string> names;
+    const snapshot_listing* mine = local_copy(owner);
     for (const dp_group::wanted_shard& w : wanted) {
-      if (!params_taken.count(w.bucket) && has("params." + w.bucket)) {
-        names.push_back("params." + w.bucket);
+      if (!params_taken.count(w.bucket) && lists(*listing, "params." + w.bucket)) {
+        fetches[{holder, owner}].push_back("params." + w.bucket);
         params_taken.insert(w.bucket);
       }
       const auto r = listing->ranges.find(w.bucket);
       if (r != listing->ranges.end() && r->second.lo < w.hi && w.lo < r->second.hi) {
+        const bool here = mine && lists(*mine, "m." + w.bucket) && lists(*mine, "v." + w.bucket);
+        auto& names = fetches[{here ? node_.id() : holder, owner}];
         names.push_back("m." + w.bucket);
         names.push_back("v." + w.bucket);
       }
     }
-    if (names.empty()) continue;
+  }
+  std::map<int, rank_snapshot> by_owner;  // one piece per owner, whichever copies its tensors came from
+  std::size_t bytes = 0, here_bytes = 0;
+  for (const auto& [from_where, names] : fetches) {
+    const auto& [holder, owner] = from_where;
     auto s = fetch_snapshot(node_, holder, from.run, owner, from.step, names, std::chrono::seconds(300));
     if (!s) throw train_error("cannot fetch rank " + std::to_string(owner) + "'s snapshot of step " +
                               std::to_string(from.step) + " from " + holder + ": " + error_message(s.error()));
@@ -160,8 +187,14 @@ void rank_runtime::restore_from_memory() {
     }
     s->ranges = std::move(ranges);
     bytes += s->bytes();
-    pieces.push_back(std::move(*s));
+    if (holder == node_.id()) here_bytes += s->bytes();
+    if (auto [it, fresh] = by_owner.try_emplace(owner, std::move(*s)); !fresh) {
+      for (auto& t : s->tensors) it->second.tensors.push_back(std::move(t));
+      it->second.ranges.insert(s->ranges.begin(), s->ranges.end());
+    }
   }
+  std::vector<rank_snapshot> pieces;
+  for (auto& [owner, piece] : by_owner) pieces.push_back(std::move(piece));
   buckets_->restore(snapshot_shards(std::move(pieces), /*whole=*/false));
   const int step = from.step;
   steps_done_ = step;
@@ -172,9 +205,11 @@ void rank_runtime::restore_from_memory() {
   }
   std::vector<std::int32_t> ids, targets;
   for (int s = 0; s < step; ++s) data_.next_batch(o_.batch, o_.seq, ids, targets);
-  spdlog::info("{} resumed from the in-memory snapshots of step {} ({} holder(s), {:.2f} MB fetched in {:.3f} s)",
+  spdlog::info("{} resumed from the in-memory snapshots of step {} ({} holder(s), {:.2f} MB read in {:.3f} s, {:.2f} MB "
+               "of it from this process)",
                o_.layout.label(rank_), step, index.size(), static_cast<double>(bytes) / 1e6,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+               static_cast<double>(here_bytes) / 1e6);
 }
 
 void rank_runtime::start_keeper() {

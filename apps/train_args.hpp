@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include <chrono>
@@ -201,6 +202,7 @@ struct holder_process {
   pid_t pid = -1;         ///< a child of this launcher
   std::string node_id;    ///< its node
   std::string endpoint;   ///< where its node listens
+  std::set<std::string> buckets;  ///< whose parameters it holds of the step chosen (what a rank run in it reads there)
 };
 struct held_snapshots {
   const int* newest = nullptr;  ///< in: the last step printed, read at the failure (null: any step)

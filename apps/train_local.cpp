@@ -35,6 +35,7 @@
 #include "apps/train_lobby.hpp"
 #include "apps/train_job_file.hpp"
 #include "kernels/backend.hpp"
+#include "schedule/process_match.hpp"
 #include "schedule/snapshot_choice.hpp"
 
 namespace corolla::app {
@@ -59,11 +60,12 @@ std::string rank_device(const train_args& a, int rank) {
 /// checkpoint) and from whom: held.restore (step 0: none, held.why_not),
 /// held.bytes, held.holders (the processes that answered).
 void choose_held_step(node& n, const dist_train_options& o, const model_config& cfg, int world,
-                      const std::vector<holder_process>& procs, std::uint64_t run, held_snapshots& held) {
+                      std::vector<holder_process>& procs, std::uint64_t run, held_snapshots& held) {
   std::vector<schedule::held_snapshot> copies;
   std::map<std::tuple<int, int, std::int64_t>, snapshot_listing> listings;  // (holder, owner, step) -> its listing
   std::map<int, std::size_t> process_of;  // a holder (its rank in that run's grid) -> its process in `procs`
   held.holders = 0;
+  for (holder_process& p : procs) p.buckets.clear();
   for (int i = 0; i < static_cast<int>(procs.size()); ++i) {
     const holder_process& p = procs[static_cast<std::size_t>(i)];
     if (p.pid <= 0) continue;
@@ -116,6 +118,11 @@ void choose_held_step(node& n, const dist_train_options& o, const model_config& 
     held.bytes += l.bytes();
     if (held.restore.loss_scale.empty()) held.restore.loss_scale = l.loss_scale;
   }
+  // What each process holds of that step, for placing the next grid's ranks.
+  for (const auto& [key, l] : listings)
+    if (std::get<2>(key) == choice.step)
+      for (const auto& [name, values] : l.tensors)
+        if (name.rfind("params.", 0) == 0) procs.at(process_of.at(std::get<0>(key))).buckets.insert(name.substr(7));
 }
 
 }  // namespace
@@ -186,23 +193,35 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   rank_processes ranks;
   std::atomic<bool> over{false};
   // A job reading from the memory of the grid before runs its local ranks
-  // in the processes holding it, where they take the rank.
-  auto adopted = [&](int r) {
-    if (!held || !held->reusable || o.from_memory.step <= 0) return false;
-    std::vector<holder_process>& pool = *held->reusable;
-    for (auto h = pool.begin(); h != pool.end(); ++h) {
-      if (h->pid <= 0) continue;
-      const rank_assignment next{rank_args(a, r, endpoint, job_file.string()), job_text, o.from_memory.run};
-      if (auto err = assign_next_rank(*n, h->node_id, h->endpoint, next, std::chrono::seconds(10))) {
-        spdlog::warn("the process holding at {} does not take {}: {}", h->endpoint, o.layout.label(r), error_message(err));
-        continue;
+  // in the processes holding it, each where the most of the parameters it
+  // needs already are (schedule::match_processes).
+  std::vector<int> in_process(static_cast<std::size_t>(o.layout.world()), -1);  // rank -> index into *reusable
+  if (held && held->reusable && o.from_memory.step > 0) {
+    std::vector<int> local;
+    std::vector<std::set<std::string>> needs, holds;
+    for (int r = 0; r < o.layout.world(); ++r)
+      if (!(remote && remote->is_remote(r))) {
+        local.push_back(r);
+        needs.push_back(param_buckets(o.layout, r));
       }
-      ranks.adopt(h->pid);
-      held->adopted.push_back(*h);
-      pool.erase(h);
-      return true;
+    for (const holder_process& h : *held->reusable) holds.push_back(h.pid > 0 ? h.buckets : std::set<std::string>{});
+    const std::vector<int> m = schedule::match_processes(needs, holds);
+    for (std::size_t i = 0; i < local.size(); ++i)
+      if (m[i] >= 0 && (*held->reusable)[static_cast<std::size_t>(m[i])].pid > 0)
+        in_process[static_cast<std::size_t>(local[i])] = m[i];
+  }
+  auto adopted = [&](int r) {
+    const int p = in_process[static_cast<std::size_t>(r)];
+    if (p < 0) return false;
+    const holder_process& h = (*held->reusable)[static_cast<std::size_t>(p)];
+    const rank_assignment next{rank_args(a, r, endpoint, job_file.string()), job_text, o.from_memory.run};
+    if (auto err = assign_next_rank(*n, h.node_id, h.endpoint, next, std::chrono::seconds(10))) {
+      spdlog::warn("the process holding at {} does not take {}: {}", h.endpoint, o.layout.label(r), error_message(err));
+      return false;
     }
-    return false;
+    ranks.adopt(h.pid);
+    held->adopted.push_back(h);
+    return true;
   };
   for (int r = 0; r < o.layout.world(); ++r) {
     if (remote && remote->is_remote(r)) {
@@ -212,6 +231,11 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       ranks.start(rank_args(a, r, endpoint, job_file.string()));
     }
   }
+  // The processes now running ranks are no longer the caller's to end.
+  if (held && held->reusable)
+    std::erase_if(*held->reusable, [&](const holder_process& h) {
+      return std::any_of(held->adopted.begin(), held->adopted.end(), [&](const holder_process& x) { return x.pid == h.pid; });
+    });
   // A rank process that ends before the job does fails it at once (also
   // before it joined, when no link could report it); so does one that
   // stays stopped (stopped_limit_s: a hung rank, found before the peers'
