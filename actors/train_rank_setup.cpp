@@ -5,6 +5,8 @@
 
 #include <set>
 
+#include "actors/train_snapshot_reads.hpp"
+
 namespace corolla::train_detail {
 
 void rank_runtime::build_model() {
@@ -116,36 +118,7 @@ void rank_runtime::restore_from_memory() {
     if (!x) throw train_error("the keeper at " + holder + " does not list its snapshots: " + error_message(x.error()));
     index[holder] = std::move(*x);
   }
-  // This process's own copies of the run, when it held them (it ran a rank
-  // of the grid before: apps/rank_hold.hpp): read from here first, and
-  // over a link only what it lacks.
-  std::optional<snapshot_index> local;
-  if (node_.local_actor(snapshot_keeper_name(from.run)))
-    if (auto x = fetch_snapshot_index(node_, node_.id(), from.run, std::chrono::seconds(60))) local = std::move(*x);
-  auto local_copy = [&](int owner) -> const snapshot_listing* {
-    if (!local) return nullptr;
-    for (const snapshot_listing& l : local->snapshots)
-      if (l.owner == owner && l.step == from.step) return &l;
-    return nullptr;
-  };
-  auto lists = [](const snapshot_listing& l, const std::string& name) {
-    return std::any_of(l.tensors.begin(), l.tensors.end(), [&](const auto& t) { return t.first == name; });
-  };
-  // Only the tensors of this rank's buckets: the parameters from one copy
-  // that holds them (this process's if it has one), the moment pieces that
-  // overlap this rank's shard (from this process's copy of their owner if
-  // it has one, else from the chosen copy).
-  const std::vector<dp_group::wanted_shard> wanted = buckets_->wanted();
-  std::set<std::string> params_taken;
-  std::map<std::pair<std::string, int>, std::vector<std::string>> fetches;  // (node, owner) -> tensor names
-  if (local)
-    for (const dp_group::wanted_shard& w : wanted)
-      for (const snapshot_listing& l : local->snapshots)
-        if (l.step == from.step && from.holder_of.count(l.owner) && !params_taken.count(w.bucket) &&
-            lists(l, "params." + w.bucket)) {
-          fetches[{node_.id(), l.owner}].push_back("params." + w.bucket);
-          params_taken.insert(w.bucket);
-        }
+  std::map<int, chosen_copy> chosen;
   for (const auto& [owner, holder] : from.holder_of) {
     const snapshot_index& x = index.at(holder);
     const auto listing = std::find_if(x.snapshots.begin(), x.snapshots.end(), [&, o = owner](const snapshot_listing& l) {
@@ -154,21 +127,20 @@ void rank_runtime::restore_from_memory() {
     if (listing == x.snapshots.end())
       throw train_error("the keeper at " + holder + " no longer holds rank " + std::to_string(owner) +
                         "'s snapshot of step " + std::to_string(from.step));
-    const snapshot_listing* mine = local_copy(owner);
-    for (const dp_group::wanted_shard& w : wanted) {
-      if (!params_taken.count(w.bucket) && lists(*listing, "params." + w.bucket)) {
-        fetches[{holder, owner}].push_back("params." + w.bucket);
-        params_taken.insert(w.bucket);
-      }
-      const auto r = listing->ranges.find(w.bucket);
-      if (r != listing->ranges.end() && r->second.lo < w.hi && w.lo < r->second.hi) {
-        const bool here = mine && lists(*mine, "m." + w.bucket) && lists(*mine, "v." + w.bucket);
-        auto& names = fetches[{here ? node_.id() : holder, owner}];
-        names.push_back("m." + w.bucket);
-        names.push_back("v." + w.bucket);
-      }
-    }
+    chosen[owner] = {holder, *listing};
   }
+  // This process's own copies of the run, when it held them (it ran a rank
+  // of the grid before: apps/rank_hold.hpp): read from here first, and
+  // over a link only what they lack.
+  std::vector<snapshot_listing> local;
+  if (node_.local_actor(snapshot_keeper_name(from.run)))
+    if (auto x = fetch_snapshot_index(node_, node_.id(), from.run, std::chrono::seconds(60)))
+      for (snapshot_listing& l : x->snapshots)
+        if (l.step == from.step) local.push_back(std::move(l));
+  // Only the tensors of this rank's buckets (train_snapshot_reads.hpp).
+  std::vector<shard_want> wanted;
+  for (const dp_group::wanted_shard& w : buckets_->wanted()) wanted.push_back({w.bucket, w.lo, w.hi});
+  const auto fetches = plan_snapshot_reads(chosen, local, node_.id(), wanted);
   std::map<int, rank_snapshot> by_owner;  // one piece per owner, whichever copies its tensors came from
   std::size_t bytes = 0, here_bytes = 0;
   for (const auto& [from_where, names] : fetches) {
