@@ -16,7 +16,11 @@
 // holds (the run's id is what lets the launcher in), its arguments name a
 // rank and a coordinator, and its job description parses; on taking one
 // the process ends every other keeper it has, and "train-next" is gone
-// until it holds again.
+// until it holds again. Of the assignment's arguments only --rank and
+// --coordinator are read: the process keeps its own model, data, threads
+// and device (the same flags for every local rank, except that --device
+// cuda starts rank r on GPU r mod the GPUs: a held process stays on the
+// GPU it started on).
 #pragma once
 
 #include <chrono>

@@ -52,6 +52,17 @@ inline int finish(child_process& launcher) {
   return *status;
 }
 
+/// Reads the launcher to its end, which must exit with status 0 having
+/// printed every step once with the losses `want` (1e-5 relative); its
+/// re-plan events.
+inline std::vector<nlohmann::json> finished_replans(child_process& launcher, const std::vector<float>& want) {
+  const int status = finish(launcher);
+  INFO("stderr: " << launcher.err());
+  REQUIRE(status == 0);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  return replans(launcher.lines());
+}
+
 /// Rank `rank`'s entry in the latest "ranks" event of a --json run (pid,
 /// endpoint, ...), or null.
 inline nlohmann::json rank_entry(const std::vector<std::string>& lines, int rank) {

@@ -393,11 +393,7 @@ TEST_CASE("--elastic: a joined worker killed while it runs a rank is a lost rank
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
   auto [launcher, worker] = grown_onto_worker(j);
   ::kill(worker.pid(), SIGKILL);  // its rank (a child of the worker) dies with it
-  const int status = finish(launcher);
-  INFO("stderr: " << launcher.err());
-  REQUIRE(status == 0);
-  check_close(json_steps(launcher.lines()), want, 1e-5);
-  const auto events = replans(launcher.lines());
+  const auto events = finished_replans(launcher, want);
   REQUIRE(events.size() == 2u);
   CHECK(events[0]["to"] == "1x3 [0,4)");
   CHECK(events[1]["from"] == "1x3 [0,4)");
@@ -420,11 +416,7 @@ TEST_CASE("--elastic: a joined worker killed before the grown grid's first step:
   child_process worker = start_worker(lobby);
   REQUIRE(launcher.wait_line(std::regex(R"("event":"ranks","layout":"1x3)"), std::chrono::seconds(60)));
   ::kill(worker.pid(), SIGKILL);  // its rank (a child of the worker) dies with it
-  const int status = finish(launcher);
-  INFO("stderr: " << launcher.err());
-  REQUIRE(status == 0);
-  check_close(json_steps(launcher.lines()), want, 1e-5);
-  const auto events = replans(launcher.lines());
+  const auto events = finished_replans(launcher, want);
   REQUIRE(events.size() == 2u);
   CHECK(events[0]["reason"] == "workers joined");
   CHECK(events[0]["completed"] == false);  // the 1x3 grid failed before its first step
