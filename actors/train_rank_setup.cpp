@@ -106,7 +106,10 @@ void rank_runtime::restore_from_memory() {
   std::map<std::string, snapshot_index> index;
   for (const auto& [owner, holder] : from.holder_of) {
     if (index.count(holder)) continue;
-    if (holder != node_.id()) {
+    // A holder that is already a peer (it runs a rank of this grid in the
+    // process holding the snapshots) is read over that link: a second
+    // connection to the same node would only duplicate it.
+    if (holder != node_.id() && !node_.peer_is_up(holder)) {
       const auto ep = from.endpoints.find(holder);
       if (ep == from.endpoints.end()) throw train_error("no endpoint for the node holding rank " + std::to_string(owner) + "'s snapshot");
       connect_options co;

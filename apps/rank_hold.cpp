@@ -99,11 +99,14 @@ next_rank hold_for_next_rank(node& n, Backend* compute, const std::string& label
 
 caf::error assign_next_rank(node& n, const std::string& node_id, const std::string& endpoint, const rank_assignment& a,
                             std::chrono::milliseconds timeout) {
-  connect_options co;
-  co.timeout = timeout;
-  auto c = n.connect(endpoint, co);
-  if (!c) return c.error();
-  if (*c != node_id) return make_error(errc::invalid_argument, "the node at " + endpoint + " is " + *c + ", not " + node_id);
+  if (!n.peer_is_up(node_id)) {
+    connect_options co;
+    co.timeout = timeout;
+    auto c = n.connect(endpoint, co);
+    if (!c) return c.error();
+    if (*c != node_id)
+      return make_error(errc::invalid_argument, "the node at " + endpoint + " is " + *c + ", not " + node_id);
+  }
   auto r = n.request(node_id, "train-next", assignment_message(next_rank_type, a), timeout);
   if (!r) return r.error();
   return {};

@@ -69,9 +69,13 @@ void choose_held_step(node& n, const dist_train_options& o, const model_config& 
   for (int i = 0; i < static_cast<int>(procs.size()); ++i) {
     const holder_process& p = procs[static_cast<std::size_t>(i)];
     if (p.pid <= 0) continue;
-    connect_options co;
-    co.timeout = std::chrono::seconds(10);
-    auto c = n.connect(p.endpoint, co);
+    // Over the link it has when it ran a rank of this job, else a new one.
+    caf::expected<std::string> c = p.node_id;
+    if (!n.peer_is_up(p.node_id)) {
+      connect_options co;
+      co.timeout = std::chrono::seconds(10);
+      c = n.connect(p.endpoint, co);
+    }
     auto x = c ? fetch_snapshot_index(n, p.node_id, run, std::chrono::seconds(10))
                : caf::expected<snapshot_index>(c.error());
     if (!x) {

@@ -67,6 +67,18 @@ TEST_CASE("a holding rank process takes the next grid's rank only from whoever n
   start_keeper(*holder, 43);  // an older grid's, which the next one does not read
   auto next = std::async(std::launch::async,
                          [&] { return hold_for_next_rank(*holder, nullptr, "rank 1", "training failed: test"); });
+  // Should a check below fail before the holder took a rank, the future's
+  // end would wait for it forever: hand it one on the way out.
+  struct released {
+    std::future<next_rank>& f;
+    node& launcher;
+    node& holder;
+    ~released() {
+      if (f.valid() && f.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready)
+        (void)assign_next_rank(launcher, holder.id(), holder.endpoint(), assignment(0, 42, next_job(42)),
+                               std::chrono::seconds(10));
+    }
+  } on_the_way_out{next, *launcher, *holder};
   // Until "train-next" is published, an assignment finds nobody.
   const auto timeout = std::chrono::seconds(10);
   caf::error err = make_error(errc::unknown_actor, "not asked");
