@@ -135,11 +135,15 @@ void rank_runtime::restore_from_memory() {
   // This process's own copies of the run, when it held them (it ran a rank
   // of the grid before: apps/rank_hold.hpp): read from here first, and
   // over a link only what they lack.
-  std::vector<snapshot_listing> local;
-  if (node_.local_actor(snapshot_keeper_name(from.run)))
+  const std::size_t holders = index.size();  // the nodes of the chosen copies
+  // (Listed above when a chosen copy is here too.)
+  if (!index.count(node_.id()) && node_.local_actor(snapshot_keeper_name(from.run)))
     if (auto x = fetch_snapshot_index(node_, node_.id(), from.run, std::chrono::seconds(60)))
-      for (snapshot_listing& l : x->snapshots)
-        if (l.step == from.step) local.push_back(std::move(l));
+      index[node_.id()] = std::move(*x);
+  std::vector<snapshot_listing> local;
+  if (const auto here = index.find(node_.id()); here != index.end())
+    for (const snapshot_listing& l : here->second.snapshots)
+      if (l.step == from.step) local.push_back(l);
   // Only the tensors of this rank's buckets (train_snapshot_reads.hpp).
   std::vector<shard_want> wanted;
   for (const dp_group::wanted_shard& w : buckets_->wanted()) wanted.push_back({w.bucket, w.lo, w.hi});
@@ -182,7 +186,7 @@ void rank_runtime::restore_from_memory() {
   for (int s = 0; s < step; ++s) data_.next_batch(o_.batch, o_.seq, ids, targets);
   spdlog::info("{} resumed from the in-memory snapshots of step {} ({} holder(s), {:.2f} MB read in {:.3f} s, {:.2f} MB "
                "of it from this process)",
-               o_.layout.label(rank_), step, index.size(), static_cast<double>(bytes) / 1e6,
+               o_.layout.label(rank_), step, holders, static_cast<double>(bytes) / 1e6,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
                static_cast<double>(here_bytes) / 1e6);
 }

@@ -240,6 +240,13 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     }
     ~ended() { now(); }
   } end_holders{holders};
+  // The processes of `held` (a failed or drained grid's) become the
+  // holders the next grid reads from and runs in; the old ones are ended.
+  auto hold_from = [&](held_snapshots& held) {
+    end_holders.now();
+    holders.swap(held.processes);
+    o.from_memory = held.restore;
+  };
   hooks.on_step = [&, then = hooks.on_step](const dist_step_report& r) {
     // The new grid's first step: its own snapshots protect it from now on.
     if (pending) end_holders.now();
@@ -279,9 +286,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       } else if (held.restore.step > 0) {
         // The drained ranks hold the drain step: the next grid reads it
         // from their memory, and runs in their processes.
-        end_holders.now();
-        holders.swap(held.processes);
-        o.from_memory = held.restore;
+        hold_from(held);
         ev.resume_step = held.restore.step;
         ev.bytes = static_cast<double>(held.bytes);
         ev.from_memory = true;
@@ -330,9 +335,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         // the processes that still hold it. The next grid reads it from
         // them and runs in them.
         const bool again = held.restore.run == o.from_memory.run;
-        end_holders.now();
-        holders.swap(held.processes);
-        o.from_memory = held.restore;
+        hold_from(held);
         memory_bytes = held.bytes;
         if (again)
           std::fprintf(stderr, "elastic: nothing newer than the snapshots of step %d, still held in memory (%d "
