@@ -184,6 +184,10 @@ struct dist_train_options {
   /// drain step the ranks hold (as after a failure) for the next grid to
   /// read from (from_memory). Off, the drain step is checkpointed.
   bool drain_to_memory = false;
+  /// Not empty: the launcher may be replaced by one of the job's rank
+  /// processes if it dies (apps/launcher_takeover.hpp); only messages
+  /// carrying this secret tell a rank process how to carry the job on.
+  std::string takeover_token;
   /// Continue from checkpoint_dir's latest checkpoint (same layout, batch
   /// and model shape; anything else is refused with the difference), or,
   /// with from_memory.step > 0, from those snapshots.

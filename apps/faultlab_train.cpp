@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -314,7 +315,11 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
     // (a rank stopped and never resumed, a hang the job does not notice)
     // would keep faultlab waiting for ever: it is killed and the run fails.
     if (open && !hung && now - last > hang_limit) {
-      ::kill(pid, SIGKILL);  // its rank processes die with it
+      // SIGTERM: the launcher ends its ranks (which may otherwise outlive
+      // it, apps/launcher_takeover.hpp); SIGKILL if it does not end.
+      ::kill(pid, SIGTERM);
+      for (int i = 0; i < 200 && process_alive(pid); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ::kill(pid, SIGKILL);
       hung = true;
     }
     if (!inject) continue;

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -21,7 +22,16 @@ std::string how_it_ended(int st) {
 
 }  // namespace
 
-void rank_processes::start(const std::vector<std::string>& args) { pids_.push_back(spawn_self(args)); }
+void rank_processes::start(const std::vector<std::string>& args, bool die_with_launcher) {
+  const pid_t pid = spawn_self(args, -1, {}, die_with_launcher);
+  pids_.push_back(pid);
+  end_on_stop_signal(pid);
+}
+
+void rank_processes::adopt(pid_t pid) {
+  pids_.push_back(pid);
+  end_on_stop_signal(pid);
+}
 
 void rank_processes::watch(const std::atomic<bool>& stop, const std::function<void(int, const std::string&)>& ended,
                            double stopped_limit_s, const std::function<void(int, double)>& stopped) {
@@ -44,7 +54,18 @@ std::vector<std::pair<int, std::string>> rank_processes::reap_now() {
   for (std::size_t i = 0; i < pids_.size(); ++i) {
     if (pids_[i] <= 0) continue;
     int st = 0;
-    if (::waitpid(pids_[i], &st, WNOHANG) != pids_[i]) continue;
+    const pid_t r = ::waitpid(pids_[i], &st, WNOHANG);
+    if (r < 0 && errno == ECHILD) {
+      // Adopted from a launcher this one took over from: not this
+      // process's child, so how it ended is unknown; taken for killed.
+      if (process_alive(pids_[i])) continue;
+      forget_on_stop_signal(pids_[i]);
+      pids_[i] = -1;
+      out.emplace_back(static_cast<int>(i), "signal (not this launcher's child: how it ended is unknown)");
+      continue;
+    }
+    if (r != pids_[i]) continue;
+    forget_on_stop_signal(pids_[i]);
     pids_[i] = -1;
     out.emplace_back(static_cast<int>(i), how_it_ended(st));
   }

@@ -29,14 +29,16 @@ class rank_processes {
   rank_processes& operator=(const rank_processes&) = delete;
   ~rank_processes() { stop(); }
 
-  /// Starts rank `size()` as `corolla ARGS...`.
-  void start(const std::vector<std::string>& args);
+  /// Starts rank `size()` as `corolla ARGS...`; it dies with this process
+  /// unless `die_with_launcher` is false (apps/launcher_takeover.hpp).
+  void start(const std::vector<std::string>& args, bool die_with_launcher = true);
   /// Takes the next rank's index for a rank this launcher does not start
   /// (a joined worker's): its pid() is -1 and nothing waits for it.
   void skip() { pids_.push_back(-1); }
-  /// Takes process `pid` (a child of this process, started for another
-  /// job: apps/rank_hold.hpp) as rank `size()`.
-  void adopt(pid_t pid) { pids_.push_back(pid); }
+  /// Takes process `pid` (started for another grid: apps/rank_hold.hpp;
+  /// this process's child, or, after a takeover, the launcher's before)
+  /// as rank `size()`.
+  void adopt(pid_t pid);
 
   /// Watches the ranks until all have ended or `stop` is set: calls
   /// `ended(rank, how)` for each that ends ("exit status N" or "signal N"),

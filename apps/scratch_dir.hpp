@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace corolla::app {
 
@@ -19,6 +20,10 @@ class scratch_dir {
       throw std::runtime_error("cannot create a directory in " + std::filesystem::temp_directory_path().string());
     path_ = name;
   }
+  /// Takes directory `existing` (one a launcher before this one made) as
+  /// this one's: removed with it.
+  struct existing_t {};
+  scratch_dir(existing_t, std::filesystem::path existing) : path_(std::move(existing)) {}
   ~scratch_dir() {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);

@@ -6,30 +6,61 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 namespace corolla::app {
 
-pid_t spawn_self(const std::vector<std::string>& args, int stdout_fd, const std::string& err_path) {
-  // Resolve our own binary before forking (the child's /proc/self is itself).
-  char self[4096];
-  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) throw std::runtime_error("cannot find this program's binary: " + std::string(std::strerror(errno)));
-  self[len] = '\0';
-  std::vector<std::string> argv_strings{"corolla"};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_strings) argv.push_back(a.data());
-  argv.push_back(nullptr);
+namespace {
 
+/// This program's binary and `args` as an argv (argv[0] "corolla"),
+/// resolved before forking (the child's /proc/self is itself).
+struct self_command {
+  std::string binary;
+  std::vector<std::string> strings{"corolla"};
+  std::vector<char*> argv;
+
+  explicit self_command(const std::vector<std::string>& args) {
+    char self[4096];
+    const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) throw std::runtime_error("cannot find this program's binary: " + std::string(std::strerror(errno)));
+    binary.assign(self, static_cast<std::size_t>(len));
+    strings.insert(strings.end(), args.begin(), args.end());
+    for (auto& a : strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+  }
+};
+
+// The processes a stop signal ends (end_on_stop_signals): a fixed table
+// of atomics, read in the signal handler.
+constexpr std::size_t max_guarded = 1024;
+std::array<std::atomic<pid_t>, max_guarded> guarded{};
+
+void end_guarded(int sig) {
+  for (auto& p : guarded)
+    if (const pid_t pid = p.load(); pid > 0) ::kill(pid, SIGKILL);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+}  // namespace
+
+pid_t spawn_self(const std::vector<std::string>& args, int stdout_fd, const std::string& err_path,
+                 bool die_with_parent) {
+  self_command cmd(args);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
   if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(126);
+    if (die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(126);
+    }
     if (stdout_fd >= 0) ::dup2(stdout_fd, STDOUT_FILENO);
     if (!err_path.empty()) {
       const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -37,10 +68,93 @@ pid_t spawn_self(const std::vector<std::string>& args, int stdout_fd, const std:
       const int devnull = ::open("/dev/null", O_RDONLY);
       if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
     }
-    ::execv(self, argv.data());
+    ::execv(cmd.binary.c_str(), cmd.argv.data());
     ::_exit(127);
   }
   return pid;
+}
+
+pid_t spawn_self_detached(const std::vector<std::string>& args, const std::string& cwd) {
+  self_command cmd(args);
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error("pipe: " + std::string(std::strerror(errno)));
+  const pid_t middle = ::fork();
+  if (middle < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
+  }
+  if (middle == 0) {
+    ::close(fds[0]);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[1]);
+      ::prctl(PR_SET_PDEATHSIG, 0);
+      if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
+      ::execv(cmd.binary.c_str(), cmd.argv.data());
+      ::_exit(127);
+    }
+    // Its id to the caller; then this middle process ends, and the new
+    // one is nobody's child here.
+    ssize_t ignored = ::write(fds[1], &pid, sizeof pid);
+    (void)ignored;
+    ::_exit(pid > 0 ? 0 : 1);
+  }
+  ::close(fds[1]);
+  pid_t pid = -1;
+  const ssize_t got = ::read(fds[0], &pid, sizeof pid);
+  ::close(fds[0]);
+  int st = 0;
+  while (::waitpid(middle, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (got != static_cast<ssize_t>(sizeof pid) || pid <= 0) throw std::runtime_error("could not start a detached process");
+  return pid;
+}
+
+namespace {
+
+/// Process `pid`'s state letter in /proc ('\0': no such process).
+char process_state(pid_t pid) {
+  if (pid <= 0) return '\0';
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return '\0';
+  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return '\0';
+  return line[close + 2];
+}
+
+}  // namespace
+
+bool process_alive(pid_t pid) {
+  const char state = process_state(pid);
+  return state != '\0' && state != 'Z' && state != 'X' && state != 'x';
+}
+
+bool process_running(pid_t pid) {
+  const char state = process_state(pid);
+  return process_alive(pid) && state != 'T' && state != 't';
+}
+
+void end_on_stop_signals() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, end_guarded);
+}
+
+void end_on_stop_signal(pid_t pid) {
+  if (pid <= 0) return;
+  for (auto& p : guarded) {
+    pid_t empty = 0;
+    if (p.compare_exchange_strong(empty, pid)) return;
+  }
+}
+
+void forget_on_stop_signal(pid_t pid) {
+  if (pid <= 0) return;
+  for (auto& p : guarded) {
+    pid_t x = pid;
+    p.compare_exchange_strong(x, 0);
+  }
 }
 
 bool reap_all(std::vector<pid_t>& pids, std::chrono::milliseconds timeout) {
@@ -53,9 +167,16 @@ bool reap_all(std::vector<pid_t>& pids, std::chrono::milliseconds timeout) {
     while (((r = ::waitpid(p, &st, WNOHANG)) == 0 || (r < 0 && errno == EINTR)) &&
            std::chrono::steady_clock::now() < deadline)
       ::usleep(5000);
-    if (r == p || r < 0)
-      p = -1;  // reaped, or not (or no longer) our child
-    else
+    // Not this process's child (a process adopted from another launcher):
+    // gone once it has ended.
+    while (r < 0 && errno == ECHILD && process_alive(p) && std::chrono::steady_clock::now() < deadline) {
+      ::usleep(5000);
+      r = ::waitpid(p, &st, WNOHANG);
+    }
+    if (r == p || (r < 0 && !process_alive(p))) {
+      forget_on_stop_signal(p);
+      p = -1;  // reaped, or ended and not (or no longer) our child
+    } else
       all = false;
   }
   return all;
@@ -69,8 +190,12 @@ void terminate_all(std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
     if (p <= 0) continue;
     ::kill(p, SIGKILL);
     int st = 0;
-    while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
+    pid_t r;
+    while ((r = ::waitpid(p, &st, 0)) < 0 && errno == EINTR) {
     }
+    // Not our child: it ends at once (its parent reaps it).
+    for (int i = 0; r < 0 && i < 400 && process_alive(p); ++i) ::usleep(5000);
+    forget_on_stop_signal(p);
     p = -1;
   }
 }

@@ -13,14 +13,38 @@
 namespace corolla::app {
 
 /// Forks and executes this program's binary with `args` (argv[0] is
-/// "corolla"). The child gets SIGKILL when this process dies. `stdout_fd`
+/// "corolla"). The child gets SIGKILL when this process dies, unless
+/// `die_with_parent` is false (the rank processes of an elastic job whose
+/// launcher a survivor may replace: apps/launcher_takeover.hpp). `stdout_fd`
 /// (when >= 0) becomes its stdout; `err_path` (when not empty) its stderr,
 /// and stdin is then /dev/null. Throws std::runtime_error when it cannot.
-pid_t spawn_self(const std::vector<std::string>& args, int stdout_fd = -1, const std::string& err_path = {});
+pid_t spawn_self(const std::vector<std::string>& args, int stdout_fd = -1, const std::string& err_path = {},
+                 bool die_with_parent = true);
+
+/// Starts this program's binary with `args` in `cwd`, detached: not this
+/// process's child (a double fork; init or the nearest subreaper reaps it)
+/// and not ended with it. stdout, stderr and stdin are this process's.
+/// Returns the new process's id; throws std::runtime_error when it cannot.
+pid_t spawn_self_detached(const std::vector<std::string>& args, const std::string& cwd);
+
+/// Whether process `pid` of this machine exists and has not ended (a
+/// zombie has).
+bool process_alive(pid_t pid);
+/// process_alive, and not stopped (SIGSTOP, a debugger).
+bool process_running(pid_t pid);
+
+/// From now on SIGINT, SIGTERM and SIGHUP end the processes registered
+/// below (SIGKILL) before they end this one as they would have: stopping a
+/// launcher stops its job, also when its ranks do not die with it.
+void end_on_stop_signals();
+/// Registers `pid` with end_on_stop_signals (at most 1024 at once).
+void end_on_stop_signal(pid_t pid);
+/// Unregisters `pid`.
+void forget_on_stop_signal(pid_t pid);
 
 /// Reaps the children among `pids` (> 0) that exit within `timeout`,
-/// setting each reaped one to -1; sends no signal. Returns whether all are
-/// gone.
+/// setting each reaped one to -1 (a process that is not this one's child:
+/// once it has ended); sends no signal. Returns whether all are gone.
 bool reap_all(std::vector<pid_t>& pids, std::chrono::milliseconds timeout);
 
 /// SIGTERM to every pid > 0, SIGKILL to those still running after `grace`;

@@ -330,6 +330,9 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--job-file", args->job_file,
                   "Internal: the job description the local launcher writes for the ranks it starts")
       ->group(dist);
+  cmd->add_option("--take-over", args->take_over,
+                  "Internal: carry on an elastic job whose launcher died, from the state a rank process kept")
+      ->group(dist);
   cmd->add_option("--timeout-s", args->timeout_s,
                   "Longest wait for any one message between ranks (a dead rank is reported sooner)")
       ->capture_default_str()

@@ -24,9 +24,12 @@
 
 namespace corolla {
 struct node_options;
+class node;
 }
 
 namespace corolla::app {
+
+class launcher_replicas;
 
 /// The options of a training node (a rank's, the coordinator's, the
 /// elastic launcher's lobby): listening on `listen`, answering echoes, a
@@ -101,6 +104,9 @@ struct train_args {
   std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file
   std::string link_profile;  ///< one shaping profile for every link between ranks
   std::string job_file;      ///< internal: the job as the local launcher wrote it (JSON)
+  /// internal: a launcher started by a rank process after the one before
+  /// died, with that one's state (apps/launcher_takeover.hpp)
+  std::string take_over;
 };
 
 /// Whether `dir` holds weights (model.safetensors or a sharded index), not
@@ -199,7 +205,7 @@ struct remote_ranks {
 /// held->adopted, and are told (train.snapdrop) to end the keeper of the
 /// run they held once this job completes its first step.
 struct holder_process {
-  pid_t pid = -1;         ///< a child of this launcher
+  pid_t pid = -1;         ///< a child of this launcher (or of the one it took over from)
   std::string node_id;    ///< its node
   std::string endpoint;   ///< where its node listens
   std::set<std::string> buckets;  ///< whose parameters it holds of the step chosen (what a rank run in it reads there)
@@ -213,7 +219,18 @@ struct held_snapshots {
   int holders = 0;          ///< survivors whose keepers answered
   std::vector<holder_process> processes;  ///< the survivors' processes, now the caller's
   std::vector<holder_process> adopted;    ///< processes of *reusable that ran this job's ranks
+  /// in: keeps the launcher's state replicated in the job's processes
+  /// (apps/launcher_takeover.hpp); null: none
+  launcher_replicas* replicas = nullptr;
 };
+/// What the keepers of run `run` in `procs` hold, and the step a grid
+/// after it reads (schedule::choose_snapshot_step over the `world` ranks
+/// of that run's grid, up to *held.newest, newer than the latest
+/// checkpoint) and from whom: held.restore (step 0: none, held.why_not),
+/// held.bytes, held.holders (the processes that answered); each process's
+/// `buckets`, what it holds of that step.
+void choose_held_step(node& n, const dist_train_options& o, const model_config& cfg, int world,
+                      std::vector<holder_process>& procs, std::uint64_t run, held_snapshots& held);
 int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                   const coordinator_hooks& hooks, std::vector<int>* lost = nullptr,
                   const remote_ranks* remote = nullptr, held_snapshots* held = nullptr);

@@ -24,6 +24,7 @@
 #include "apps/commands.hpp"
 #include "apps/control_token_env.hpp"
 #include "apps/plan_print.hpp"
+#include "apps/launcher_takeover.hpp"
 #include "apps/rank_hold.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_job_file.hpp"
@@ -205,6 +206,8 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     std::string held_because;
     try {
       if (!n) n = start_node(rank_node_options(a.listen), "rank");
+      // It may carry the job on if the launcher dies (apps/launcher_takeover.hpp).
+      if (!job.takeover_token.empty()) start_successor(*n, job.takeover_token);
       if (!compute) compute = &backend_for(multi_host_rank_device(a));
       token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
       // Weights: only this rank's tensors are read from a checkpoint; a fresh

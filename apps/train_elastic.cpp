@@ -27,6 +27,8 @@
 // machine goes through the disk (flushed snapshots assembled into a
 // checkpoint; a drain's checkpoint), except when it fails before its
 // first step: the processes it ran in hold the step it read still.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,15 +41,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
 #include "actors/train_scheduler.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
+#include "apps/launcher_takeover.hpp"
 #include "apps/self_process.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/scratch_dir.hpp"
 #include "apps/train_args.hpp"
+#include "apps/train_job_file.hpp"
 #include "apps/train_lobby.hpp"
 #include "apps/train_replan_event.hpp"
 #include "schedule/cluster.hpp"
@@ -58,6 +63,30 @@ namespace {
 
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
+
+/// A launcher taking over from `t`'s (dead): the processes of its job still
+/// alive, what they hold (held: the running grid's newest step, else the
+/// step that grid read, still held by the processes it read from), and
+/// the ranks that died with it (`lost`). Returns the failure's reason.
+std::string take_over(const takeover_state& t, const dist_train_options& o, const model_config& cfg,
+                      held_snapshots& held, std::vector<int>& lost) {
+  for (const takeover_process& p : t.processes) {
+    if (process_alive(p.pid))
+      held.processes.push_back({p.pid, p.node_id, p.endpoint, {}});
+    else if (p.rank >= 0)
+      lost.push_back(p.rank);
+  }
+  std::fprintf(stderr, "elastic: the launcher (pid %d) is gone after step %d; this one (pid %d) carries the job on "
+               "with %zu of its processes\n", static_cast<int>(t.launcher), t.printed, static_cast<int>(::getpid()),
+               held.processes.size());
+  auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "takeover");
+  choose_held_step(*n, o, cfg, o.layout.world(), held.processes, t.run, held);
+  if (held.restore.step == 0 && o.from_memory.step > 0)
+    choose_held_step(*n, o, cfg, static_cast<int>(o.from_memory.holder_of.size()), held.processes, o.from_memory.run,
+                     held);
+  n->stop();
+  return "the launcher (the coordinator, pid " + std::to_string(t.launcher) + ") died";
+}
 
 /// Prints the scheduler's lines for stderr.
 void print_notes(const std::vector<std::string>& notes) {
@@ -72,12 +101,21 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     throw std::invalid_argument("--elastic re-plans host collectives only (NCCL groups are fixed at start): use "
                                 "--collectives host");
   const bool probing = cluster && plan && o.probe_every > 0;
+  // Started by a rank process after the launcher before died
+  // (apps/launcher_takeover.hpp): its grid, where it was.
+  std::optional<takeover_state> took;
+  if (!a.take_over.empty()) {
+    took = read_takeover_file(a.take_over);
+    o = job_from_json_text(took->job, "job description of the launcher taken over");
+  }
   // A drain writes a checkpoint where the next plan starts, and in-memory
   // snapshots are flushed to one when ranks fail: without
   // --checkpoint-dir, a private one that goes with the job.
   std::optional<scratch_dir> drains;
   if ((probing || o.snapshot_every > 0) && o.checkpoint_dir.empty())
     o.checkpoint_dir = drains.emplace("corolla-elastic").path();
+  else if (took && a.checkpoint_dir.empty() && !o.checkpoint_dir.empty())
+    drains.emplace(scratch_dir::existing_t{}, o.checkpoint_dir);  // the private one of the launcher before
   // Workers may join (apps/train_lobby.hpp); with --cluster only when
   // machines may: --standby, or a --join-listen given.
   std::optional<train_lobby> lobby;
@@ -100,6 +138,17 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     std::fflush(stdout);
   }
 
+  // The launcher's state lives on in the rank processes, and one of them
+  // carries the job on if this process dies (apps/launcher_takeover.hpp):
+  // for grids whose ranks all run here and hold snapshots, without
+  // --cluster (whose scheduler state is not replicated yet).
+  std::optional<launcher_replicas> replicas;
+  const std::string takeover_token = o.takeover_token.empty() ? new_takeover_token() : o.takeover_token;
+  if (o.snapshot_every > 0 && !cluster) {
+    replicas.emplace(takeover_token);
+    end_on_stop_signals();  // stopping this launcher on purpose still stops the job
+  }
+
   scheduler_setup setup;
   setup.layout = o.layout;
   setup.steps = o.steps;
@@ -120,12 +169,31 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
 
   const bool uniform_links = !o.link_profiles.empty();
   const std::string link_profile = uniform_links ? o.link_profiles.back() : std::string();
-  const auto start = clock_type::now();
+  auto start = clock_type::now();
+  double started_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   int printed = 0;  // the last step printed: replayed steps are not printed again
   int steps_run = 0;
   double last_loss = 0;
   std::optional<replan_event> pending;
   nlohmann::json replans = nlohmann::json::array();
+  int deadlocks = 0;
+  if (took) {
+    const nlohmann::json& l = took->ledger;
+    printed = took->printed;
+    steps_run = l.value("steps_run", 0);
+    last_loss = l.value("last_loss", 0.0);
+    deadlocks = l.value("deadlocks", 0);
+    if (l.contains("replans") && l.at("replans").is_array()) replans = l.at("replans");
+    started_unix = l.value("started", started_unix);
+    const double ran = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+                       started_unix;
+    start -= std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(std::max(0.0, ran)));
+  }
+  // What a launcher taking over from this one starts from.
+  auto ledger = [&] {
+    return nlohmann::json{{"replans", replans},     {"steps_run", steps_run}, {"last_loss", last_loss},
+                          {"started", started_unix}, {"deadlocks", deadlocks}};
+  };
   // --snapshot-every auto: the interval the coordinator chose last, which
   // the next grid starts with.
   int snapshot_every = o.snapshot_every;
@@ -161,6 +229,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     printed = r.step;
     ++steps_run;
     last_loss = r.loss;
+    // A successor knows the step was printed before it is.
+    if (replicas) replicas->publish(printed, ledger());
     print_step(a, o, r);
   };
   // The verdicts at drain steps: a measured change that makes another plan
@@ -223,7 +293,6 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     ev.from = o.layout.describe();
     return ev;
   };
-  int deadlocks = 0;
   constexpr int max_deadlock_restarts = 3;
   // The processes of a failed or drained grid's ranks, holding the
   // snapshots the grid after it reads (o.from_memory): that grid's local
@@ -261,13 +330,24 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     // --join-listen off loopback), which could not reach them: it reads
     // the drain step's checkpoint from the shared --checkpoint-dir.
     o.drain_to_memory = o.hold_snapshots && !remote_machines;
+    // Ranks that may carry the job on without this launcher: not in a grid
+    // with a joined worker's rank (those die with it, as before).
+    o.takeover_token = replicas && o.hold_snapshots ? takeover_token : std::string();
     held_snapshots held;
     held.newest = &printed;
     held.reusable = &holders;
+    held.replicas = replicas ? &*replicas : nullptr;
+    bool launcher_lost = false;  // this launcher took over from one that died
     ended end_held{held.processes};  // the survivors or drained ranks, unless they become the holders
     try {
       scheduler.started(o.layout);
       o.snapshot_every = snapshot_every;
+      if (took) {
+        launcher_lost = true;
+        const std::string why = take_over(*took, o, cfg, held, lost);
+        took.reset();
+        throw train_error(why);
+      }
       const int last = run_local_job(a, o, cfg, hooks, &lost, where.any() ? &remote : nullptr, &held);
       if (last >= o.steps) break;
       // Drained after `last` for a better plan: it continues from there.
@@ -318,7 +398,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       // alive, train_stall blaming nobody) starts the grid again from the
       // snapshots, a few times at most: one that keeps coming is a bug.
       const bool deadlock = dynamic_cast<const train_stall*>(&e) != nullptr;
-      if (lost.empty() && (!deadlock || ++deadlocks > max_deadlock_restarts)) throw;
+      if (lost.empty() && !launcher_lost && (!deadlock || ++deadlocks > max_deadlock_restarts)) throw;
       // The newest step every rank's state survived in the survivors'
       // memory is where the next grid starts (no printed step lost): read
       // from their processes, or flushed and assembled into a checkpoint.

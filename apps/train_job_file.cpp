@@ -38,6 +38,7 @@ nlohmann::json job_to_json(const dist_train_options& o) {
           {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s},
           {"hold_snapshots", o.hold_snapshots},
           {"drain_to_memory", o.drain_to_memory},
+          {"takeover_token", o.takeover_token},
           {"from_memory",
            {{"step", o.from_memory.step}, {"run", std::to_string(o.from_memory.run)},
             {"holder_of", holders}, {"endpoints", o.from_memory.endpoints},
@@ -92,6 +93,7 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
     o.synthetic.backward_s = j.at("synthetic_backward_s").get<std::vector<double>>();
     o.hold_snapshots = j.value("hold_snapshots", false);
     o.drain_to_memory = j.value("drain_to_memory", false);
+    o.takeover_token = j.value("takeover_token", std::string());
     if (j.contains("from_memory")) {
       const auto& m = j.at("from_memory");
       o.from_memory.step = m.at("step");

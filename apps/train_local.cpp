@@ -29,6 +29,7 @@
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "actors/train_wire.hpp"
+#include "apps/launcher_takeover.hpp"
 #include "apps/rank_hold.hpp"
 #include "apps/rank_processes.hpp"
 #include "apps/train_args.hpp"
@@ -54,11 +55,8 @@ std::string rank_device(const train_args& a, int rank) {
   return a.device;
 }
 
-/// What the keepers of run `run` in `procs` hold, and the step a grid
-/// after it reads (schedule::choose_snapshot_step over the `world` ranks
-/// of that run's grid, up to *held.newest, newer than the latest
-/// checkpoint) and from whom: held.restore (step 0: none, held.why_not),
-/// held.bytes, held.holders (the processes that answered).
+}  // namespace
+
 void choose_held_step(node& n, const dist_train_options& o, const model_config& cfg, int world,
                       std::vector<holder_process>& procs, std::uint64_t run, held_snapshots& held) {
   std::vector<schedule::held_snapshot> copies;
@@ -128,8 +126,6 @@ void choose_held_step(node& n, const dist_train_options& o, const model_config& 
       for (const auto& [name, values] : l.tensors)
         if (name.rfind("params.", 0) == 0) procs.at(process_of.at(std::get<0>(key))).buckets.insert(name.substr(7));
 }
-
-}  // namespace
 
 std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
   auto num = [](auto v) { return std::to_string(v); };
@@ -219,7 +215,14 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
     if (p < 0) return false;
     const holder_process& h = (*held->reusable)[static_cast<std::size_t>(p)];
     const rank_assignment next{rank_args(a, r, endpoint, job_file.string()), job_text, o.from_memory.run};
-    if (auto err = assign_next_rank(*n, h.node_id, h.endpoint, next, std::chrono::seconds(10))) {
+    caf::error err = assign_next_rank(*n, h.node_id, h.endpoint, next, std::chrono::seconds(10));
+    // After a takeover a survivor may still be on its way from its failed
+    // grid to holding (its door not yet open): a moment's wait.
+    for (int tries = 0; err && error_code(err) == "unknown_actor" && tries < 20; ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      err = assign_next_rank(*n, h.node_id, h.endpoint, next, std::chrono::seconds(10));
+    }
+    if (err) {
       spdlog::warn("the process holding at {} does not take {}: {}", h.endpoint, o.layout.label(r), error_message(err));
       return false;
     }
@@ -232,7 +235,7 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       ranks.skip();
       remote->assign(r, rank_args(a, r, endpoint, job_file.string()), job_text);
     } else if (!adopted(r)) {
-      ranks.start(rank_args(a, r, endpoint, job_file.string()));
+      ranks.start(rank_args(a, r, endpoint, job_file.string()), o.takeover_token.empty());
     }
   }
   // The processes now running ranks are no longer the caller's to end.
@@ -302,9 +305,28 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   // Who each rank is, for asking the survivors' keepers after a failure.
   std::map<int, train_peer> roster;
   std::uint64_t run_id = 0;
+  launcher_replicas* replicas = held ? held->replicas : nullptr;
+  struct detach_replicas {  // the launcher's node goes with this job
+    launcher_replicas* r;
+    ~detach_replicas() {
+      if (r) r->grid(nullptr, {}, {}, 0);
+    }
+  } replicas_detached{replicas};
   hooks.on_roster = [&, then = given.on_roster](const std::vector<train_peer>& peers, std::uint64_t run) {
     for (const train_peer& p : peers) roster[p.rank] = p;
     run_id = run;
+    if (replicas) {
+      // Who a new launcher would find: this grid's processes, then those
+      // holding the grid before's snapshots.
+      std::vector<takeover_process> procs;
+      for (const auto& [rank, p] : roster)
+        if (ranks.pid(rank) > 0) procs.push_back({rank, ranks.pid(rank), p.node_id, p.endpoint});
+      if (held->reusable)
+        for (const holder_process& h : *held->reusable)
+          if (h.pid > 0) procs.push_back({-1, h.pid, h.node_id, h.endpoint});
+      // A rank on another machine: a launcher here could not carry this grid on.
+      replicas->grid(n.get(), std::move(procs), job_text, run, !o.takeover_token.empty());
+    }
     if (then) then(peers, run);
   };
   if (a.json)

@@ -288,6 +288,31 @@ struct TrainAssign {
   run @2 :UInt64;          # train.next: the held run's id (0 in train.assign)
 }
 
+# "train.successor" the elastic launcher -> each local rank process's
+# "train-successor" actor (apps/launcher_takeover.hpp): what a survivor
+# needs to carry the job on when the launcher (the coordinator) dies. Sent
+# at each grid's roster and before each step is printed; answered empty.
+struct TrainTakeover {
+  token @0 :Text;          # the job's takeover token (its job file's): only the launcher has it
+  launcher @1 :Int32;      # the launcher's process id (this machine)
+  cwd @2 :Text;            # the launcher's working directory
+  args @3 :List(Text);     # the launcher's command line, without argv[0]
+  job @4 :Text;            # the running grid's job description (apps/train_job_file.hpp), JSON
+  run @5 :UInt64;          # the running grid's run id (0 before its roster)
+  printed @6 :Int32;       # the last step printed
+  processes @7 :List(TakeoverProcess);
+  ledger @8 :Text;         # JSON: the re-plans so far, steps run, last loss, start time
+}
+
+# A process of an elastic job: a rank of the running grid (rank >= 0) or a
+# process holding the grid before's snapshots (rank -1).
+struct TakeoverProcess {
+  rank @0 :Int32;
+  pid @1 :Int32;
+  nodeId @2 :Text;
+  endpoint @3 :Text;
+}
+
 # "train.abort" coordinator -> every rank: the job failed (a rank died);
 # also a failing rank -> the coordinator, saying why, before its node stops.
 struct TrainAbort {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -327,6 +328,81 @@ TEST_CASE("--elastic: a failure during a re-plan (a rank of the new grid killed 
   // Its own snapshots had nothing yet: the step the first recovery assembled is the checkpoint.
   CHECK(events[1]["resume_from"] == events[0]["resume_from"]);
   CHECK(events[1]["replayed_steps"].get<int>() <= 1);
+}
+
+/// Whether process `pid` exists and has not ended (a zombie has).
+bool alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+}
+
+TEST_CASE("--elastic: the launcher (the coordinator) killed mid-run: a rank process starts a new one, which carries the "
+          "job on in the same processes from their memory; every step printed once, the single-process losses") {
+  temp_dir_guard tmp("mp-train-elastic-takeover");
+  const job j = slow_job(tmp, 14);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":5\b)"), std::chrono::seconds(60)));
+  const std::set<pid_t> first = grid_pids(launcher.lines()).front();
+  REQUIRE(first.size() == 4u);
+  launcher.signal(SIGKILL);
+  // The rank processes and the new launcher write to the same stdout:
+  // read it to its end (the killed launcher's status says nothing more).
+  launcher.wait_line(std::regex("^$a"), std::chrono::seconds(180));
+  const std::string err = launcher.err();
+  INFO("stderr: " << err);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  // One re-plan: the launcher lost, no rank lost, the same grid again, in
+  // the same processes, from what they hold in memory.
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 1u);
+  CHECK(events[0]["reason"].get<std::string>().find("the launcher (the coordinator, pid " +
+                                                    std::to_string(launcher.pid()) + ") died") != std::string::npos);
+  CHECK(events[0]["lost_ranks"] == nlohmann::json::array());
+  CHECK(events[0]["to"] == "2x2 [0,2) [2,4)");
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[0]["completed"] == true);
+  CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+  const auto grids = grid_pids(launcher.lines());
+  REQUIRE(grids.size() == 2u);
+  CHECK(grids[1] == first);
+  // The new launcher's summary; then nothing of the job is left running.
+  bool summary = false;
+  for (const std::string& l : launcher.lines()) {
+    const auto e = nlohmann::json::parse(l, nullptr, false);
+    if (e.is_object() && e.contains("replans") && e.contains("steps")) summary = true;
+  }
+  CHECK(summary);
+  std::smatch m;
+  REQUIRE(std::regex_search(err, m, std::regex(R"(this one \(pid (\d+)\) carries the job on)")));
+  const pid_t successor = static_cast<pid_t>(std::stoi(m[1]));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto any_alive = [&] {
+    if (alive(successor)) return true;
+    return std::any_of(first.begin(), first.end(), alive);
+  };
+  while (any_alive() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(any_alive());
+}
+
+TEST_CASE("--elastic: a launcher stopped on purpose (SIGTERM) ends its ranks, which no longer die with it by "
+          "themselves, and nobody takes over") {
+  temp_dir_guard tmp("mp-train-elastic-sigterm");
+  const job j = slow_job(tmp, 40);
+  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
+  const std::set<pid_t> ranks = grid_pids(launcher.lines()).front();
+  launcher.signal(SIGTERM);
+  REQUIRE(launcher.wait(std::chrono::seconds(10)) == -SIGTERM);
+  // stdout closes: no rank and no new launcher holds it.
+  launcher.wait_line(std::regex("^$a"), std::chrono::seconds(20));
+  for (pid_t p : ranks) CHECK_FALSE(alive(p));
+  CHECK(launcher.err().find("carries the job on") == std::string::npos);
+  for (const std::string& l : launcher.lines()) CHECK(l.find(R"("step":40)") == std::string::npos);
 }
 
 TEST_CASE("--elastic: a rank and its buddy killed together take state that exists nowhere else: the job falls back "

@@ -62,9 +62,18 @@ child_process::child_process(child_process&& o) noexcept
 
 child_process::~child_process() {
   if (pid_ > 0 && !status_) {
-    ::kill(pid_, SIGKILL);
+    // SIGTERM first: a launcher whose ranks may outlive it (an elastic
+    // job's, apps/launcher_takeover.hpp) ends them on a stop signal, not on
+    // SIGKILL.
+    ::kill(pid_, SIGTERM);
     int st = 0;
-    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    pid_t r = 0;
+    for (int i = 0; i < 300 && ((r = ::waitpid(pid_, &st, WNOHANG)) == 0 || (r < 0 && errno == EINTR)); ++i)
+      ::usleep(10000);
+    if (r != pid_) {
+      ::kill(pid_, SIGKILL);
+      while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+      }
     }
   }
   if (out_fd_ >= 0) ::close(out_fd_);

@@ -116,6 +116,12 @@ process_result run_process(const std::filesystem::path& program,
     if (done == 0) {
       if (std::chrono::steady_clock::now() >= deadline) {
         r.timed_out = true;
+        // SIGTERM first (a launcher ends its ranks on it), SIGKILL after 2 s.
+        ::kill(pid, SIGTERM);
+        pid_t t = 0;
+        for (int i = 0; i < 200 && ((t = ::waitpid(pid, &status, WNOHANG)) == 0 || (t < 0 && errno == EINTR)); ++i)
+          ::usleep(10000);
+        if (t == pid) break;
         ::kill(pid, SIGKILL);
       } else {
         ::usleep(2000);

@@ -1,0 +1,301 @@
+// apps/launcher_takeover.cpp — see launcher_takeover.hpp.
+#include "apps/launcher_takeover.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/capnp_body.hpp"
+#include "actors/errors.hpp"
+#include "actors/node.hpp"
+#include "apps/self_process.hpp"
+#include "apps/train_job_file.hpp"
+#include "net/wire.capnp.h"
+
+namespace corolla::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+using tick_atom = caf::atom_constant<caf::atom("succtick")>;
+
+constexpr std::size_t max_job_bytes = 256 << 10;
+constexpr std::size_t max_ledger_bytes = 1 << 20;
+constexpr unsigned max_args = 256;
+constexpr unsigned max_processes = 4096;
+/// How often a successor looks whether the launcher is still there.
+constexpr auto look_every = std::chrono::milliseconds(100);
+/// A process whose launcher is gone and that no new launcher tells
+/// otherwise for this long ends itself.
+constexpr auto orphan_limit = std::chrono::seconds(60);
+
+/// This process's command line, without argv[0] and without any
+/// "--take-over FILE" (the next takeover writes its own file).
+std::vector<std::string> own_args() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (std::size_t at = 0; at < all.size();) {
+    const std::size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  if (!args.empty()) args.erase(args.begin());
+  for (std::size_t i = 0; i < args.size();) {
+    if (args[i] == "--take-over" && i + 1 < args.size())
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+    else if (args[i].rfind("--take-over=", 0) == 0)
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+    else
+      ++i;
+  }
+  return args;
+}
+
+struct successor_state {
+  node* n = nullptr;
+  std::string token;
+  std::optional<takeover_state> latest;
+  int steps = 0;                 ///< of the latest state's job
+  pid_t launcher = ::getppid();  ///< until a state names one
+  pid_t started_for = 0;         ///< the launcher this process already replaced
+  std::optional<clock_type::time_point> gone_since;
+};
+
+/// Writes `s` to a private file for the new launcher; its path.
+std::string write_state_file(const takeover_state& s) {
+  std::string name = (fs::temp_directory_path() / "corolla-takeover-XXXXXX").string();
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) throw std::runtime_error(std::string("cannot create a takeover file: ") + std::strerror(errno));
+  const remote_message m = takeover_message(s);
+  const bool ok = ::write(fd, m.body.data(), m.body.size()) == static_cast<ssize_t>(m.body.size());
+  ::close(fd);
+  if (!ok) {
+    std::error_code ec;
+    fs::remove(name, ec);
+    throw std::runtime_error("cannot write " + name);
+  }
+  return name;
+}
+
+/// Whether this process is the first of `s`'s processes still alive and
+/// not stopped.
+bool elected(const takeover_state& s) {
+  for (const takeover_process& p : s.processes)
+    if (process_running(p.pid)) return p.pid == ::getpid();
+  return false;
+}
+
+void look(successor_state& st) {
+  if (process_alive(st.launcher)) {
+    st.gone_since.reset();
+    return;
+  }
+  const auto now = clock_type::now();
+  if (!st.gone_since) st.gone_since = now;
+  if (st.latest && st.started_for != st.launcher && st.latest->printed < st.steps && elected(*st.latest)) {
+    st.started_for = st.launcher;
+    try {
+      std::vector<std::string> args = st.latest->args;
+      const std::string file = write_state_file(*st.latest);
+      args.insert(args.end(), {"--take-over", file});
+      const pid_t pid = spawn_self_detached(args, st.latest->cwd);
+      spdlog::warn("the launcher (pid {}) is gone after step {}: this process (pid {}) started a new one (pid {}) "
+                   "to carry the job on",
+                   st.launcher, st.latest->printed, ::getpid(), pid);
+    } catch (const std::exception& e) {
+      spdlog::error("the launcher (pid {}) is gone, and a new one could not be started: {}", st.launcher, e.what());
+    }
+  }
+  if (now - *st.gone_since > orphan_limit) {
+    spdlog::error("the launcher (pid {}) is gone and no launcher took this process over within {} s: ending",
+                  st.launcher, std::chrono::duration_cast<std::chrono::seconds>(orphan_limit).count());
+    std::_Exit(1);
+  }
+}
+
+caf::behavior successor_actor(caf::event_based_actor* self, std::shared_ptr<successor_state> st) {
+  self->delayed_send(self, look_every, tick_atom::value);
+  return {
+      [=](remote_message& m) -> caf::result<remote_message> {
+        if (m.type != successor_type)
+          return make_error(errc::invalid_argument, "'" + m.type + "' is not " + successor_type);
+        auto s = decode_takeover(m);
+        if (!s) return s.error();
+        if (s->token != st->token) return make_error(errc::auth_refused, "not this job's launcher");
+        int steps = 0;
+        try {
+          steps = job_from_json_text(s->job, "job description of train.successor").steps;
+        } catch (const std::exception& e) {
+          return make_error(errc::bad_message, e.what());
+        }
+        st->steps = steps;
+        st->launcher = s->launcher;
+        st->latest = std::move(*s);
+        st->gone_since.reset();
+        return remote_message{};
+      },
+      [=](tick_atom) {
+        look(*st);
+        self->delayed_send(self, look_every, tick_atom::value);
+      },
+  };
+}
+
+}  // namespace
+
+remote_message takeover_message(const takeover_state& s) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::TrainTakeover>();
+  r.setToken(s.token);
+  r.setLauncher(static_cast<std::int32_t>(s.launcher));
+  r.setCwd(s.cwd);
+  auto args = r.initArgs(static_cast<unsigned>(s.args.size()));
+  for (unsigned i = 0; i < s.args.size(); ++i) args.set(i, s.args[i]);
+  r.setJob(s.job);
+  r.setRun(s.run);
+  r.setPrinted(s.printed);
+  auto ps = r.initProcesses(static_cast<unsigned>(s.processes.size()));
+  for (unsigned i = 0; i < s.processes.size(); ++i) {
+    ps[i].setRank(s.processes[i].rank);
+    ps[i].setPid(static_cast<std::int32_t>(s.processes[i].pid));
+    ps[i].setNodeId(s.processes[i].node_id);
+    ps[i].setEndpoint(s.processes[i].endpoint);
+  }
+  r.setLedger(s.ledger.dump());
+  remote_message m;
+  m.type = successor_type;
+  m.body = capnp_body::flat(b);
+  return m;
+}
+
+caf::expected<takeover_state> decode_takeover(const remote_message& m) {
+  return capnp_body::decode<wire::TrainTakeover>(m.body, "TrainTakeover", [](wire::TrainTakeover::Reader r) {
+    takeover_state s;
+    s.token = capnp_body::text(r.getToken(), "token", 128);
+    s.launcher = r.getLauncher();
+    if (s.launcher <= 0) throw std::invalid_argument("launcher pid " + std::to_string(s.launcher));
+    s.cwd = capnp_body::text(r.getCwd(), "cwd", 4096);
+    auto args = r.getArgs();
+    if (args.size() == 0 || args.size() > max_args) throw std::invalid_argument(std::to_string(args.size()) + " arguments");
+    for (auto x : args) s.args.push_back(capnp_body::text(x, "argument", 4096));
+    s.job = capnp_body::text(r.getJob(), "job", max_job_bytes);
+    s.run = r.getRun();
+    s.printed = r.getPrinted();
+    auto ps = r.getProcesses();
+    if (ps.size() > max_processes) throw std::invalid_argument(std::to_string(ps.size()) + " processes");
+    for (auto p : ps) {
+      takeover_process x;
+      x.rank = p.getRank();
+      x.pid = p.getPid();
+      if (x.pid <= 0) throw std::invalid_argument("process pid " + std::to_string(x.pid));
+      x.node_id = capnp_body::text(p.getNodeId(), "node id");
+      x.endpoint = capnp_body::text(p.getEndpoint(), "endpoint");
+      s.processes.push_back(std::move(x));
+    }
+    const std::string ledger = capnp_body::text(r.getLedger(), "ledger", max_ledger_bytes);
+    s.ledger = nlohmann::json::parse(ledger, nullptr, false);
+    if (!s.ledger.is_object()) throw std::invalid_argument("the ledger is not a JSON object");
+    return s;
+  });
+}
+
+std::string new_takeover_token() {
+  std::random_device rd;
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  return buf;
+}
+
+launcher_replicas::launcher_replicas(std::string token) {
+  state_.token = std::move(token);
+  state_.launcher = ::getpid();
+  std::error_code ec;
+  state_.cwd = fs::current_path(ec).string();
+  state_.args = own_args();
+}
+
+void launcher_replicas::grid(node* n, std::vector<takeover_process> processes, std::string job, std::uint64_t run,
+                             bool armed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  node_ = n;
+  state_.processes = armed ? processes : std::vector<takeover_process>{};
+  recipients_ = std::move(processes);
+  state_.job = std::move(job);
+  state_.run = run;
+  if (node_) send_locked();
+}
+
+void launcher_replicas::publish(int printed, nlohmann::json ledger) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_.printed = printed;
+  state_.ledger = std::move(ledger);
+  if (node_) send_locked();
+}
+
+void launcher_replicas::send_locked() {
+  const remote_message m = takeover_message(state_);
+  bool acknowledged = false;
+  for (const takeover_process& p : recipients_) {
+    if (!process_alive(p.pid)) continue;
+    if (!acknowledged && process_running(p.pid)) {
+      // The one a takeover would start from: the step is printed once it
+      // knows (a launcher killed in between prints one line fewer, never
+      // one twice).
+      auto r = node_->request(p.node_id, successor_name, m, std::chrono::seconds(1));
+      acknowledged = true;
+      if (!r && !warned_) {
+        warned_ = true;
+        spdlog::warn("the process at {} does not keep the launcher's state: {}", p.endpoint, error_message(r.error()));
+      }
+      continue;
+    }
+    (void)node_->post(p.node_id, successor_name, m);
+  }
+}
+
+void start_successor(node& n, const std::string& token) {
+  if (n.local_actor(successor_name)) return;
+  auto st = std::make_shared<successor_state>();
+  st->n = &n;
+  st->token = token;
+  caf::actor a = n.system().spawn(successor_actor, st);
+  if (auto err = n.publish(successor_name, a)) {
+    spdlog::warn("cannot publish {}: {}", successor_name, error_message(err));
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+}
+
+takeover_state read_takeover_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("cannot read the takeover file " + path);
+  remote_message m;
+  m.type = successor_type;
+  m.body.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  in.close();
+  std::error_code ec;
+  fs::remove(path, ec);
+  auto s = decode_takeover(m);
+  if (!s) throw std::invalid_argument("malformed takeover file " + path + ": " + error_message(s.error()));
+  return std::move(*s);
+}
+
+}  // namespace corolla::app

@@ -1,0 +1,121 @@
+// apps/launcher_takeover.hpp — an elastic job that outlives its launcher.
+//
+// The local elastic launcher runs the coordinator and the scheduler; its
+// rank processes hold the job's state (their in-memory snapshots). What
+// the launcher alone knows is small: its command line, the running grid
+// (job description, run id, which process runs which rank, which hold the
+// grid before's snapshots), the last step printed and the re-plans so far.
+// It keeps that replicated in every rank process ("train.successor",
+// wire::TrainTakeover): at each grid's roster and before each step is
+// printed, the first live process acknowledging (so a step it prints is
+// one a successor knows was printed).
+//
+//   launcher -> "train-successor" on each rank process   train.successor -> empty
+//
+// Each rank process runs the successor actor (start_successor). When the
+// launcher's process has ended (this machine's /proc: the launcher and its
+// ranks share one), the first of the state's processes still alive and not stopped starts
+// a new launcher, detached, with the old one's command line and
+// `--take-over FILE` (the state): it lists what the survivors hold, takes
+// the lost launcher as a failure that lost no rank (and any rank that died
+// with it as lost), and carries the job on in the same processes from the
+// newest step held. Steps printed are not printed again; the new launcher
+// writes to the same stdout and stderr (inherited through the process that
+// started it). A process whose launcher is gone and that no new launcher
+// takes within a minute ends itself.
+//
+// Only messages carrying the job's takeover token (dist_train_options,
+// in the ranks' private job file) are taken. A launcher stopped on purpose
+// (SIGINT, SIGTERM, SIGHUP) ends its ranks first (end_on_stop_signals):
+// stopping a job still stops it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <caf/expected.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/messages.hpp"
+
+namespace corolla {
+class node;
+}
+
+namespace corolla::app {
+
+inline constexpr const char* successor_type = "train.successor";
+inline constexpr const char* successor_name = "train-successor";
+
+/// A process of the job: a rank of the running grid (rank >= 0), or one
+/// holding the grid before's snapshots (rank -1).
+struct takeover_process {
+  int rank = -1;
+  pid_t pid = 0;
+  std::string node_id;
+  std::string endpoint;
+};
+
+/// What a new launcher needs to carry the job on.
+struct takeover_state {
+  std::string token;
+  pid_t launcher = 0;
+  std::string cwd;
+  std::vector<std::string> args;  ///< the launcher's command line, without argv[0]
+  std::string job;                ///< the running grid's job description, JSON
+  std::uint64_t run = 0;          ///< the running grid's run id
+  int printed = 0;                ///< the last step printed
+  std::vector<takeover_process> processes;
+  /// {"replans": [...], "steps_run": N, "last_loss": x, "started": unix
+  /// seconds, "deadlocks": N}
+  nlohmann::json ledger = nlohmann::json::object();
+};
+
+remote_message takeover_message(const takeover_state& s);
+/// bad_message for a malformed one.
+caf::expected<takeover_state> decode_takeover(const remote_message& m);
+
+/// A new random token (128 bits, hex).
+std::string new_takeover_token();
+
+/// The launcher's side: keeps its state replicated in the job's processes.
+class launcher_replicas {
+ public:
+  /// This process's id, working directory and command line (less any
+  /// --take-over FILE) go into the state.
+  explicit launcher_replicas(std::string token);
+
+  /// The grid now running, on the launcher's node `n` (null: none; valid
+  /// until the next call), and sends the state to `processes`. Not
+  /// `armed` (a grid with a rank on another machine, which a launcher
+  /// here could not take over): the state lists no process, so none takes
+  /// over (each ends a minute after the launcher).
+  void grid(node* n, std::vector<takeover_process> processes, std::string job, std::uint64_t run, bool armed = true);
+  /// Before step `printed` is printed: sends the state with it and `ledger`
+  /// (see takeover_state); returns once the first live process took it
+  /// (at most 1 s).
+  void publish(int printed, nlohmann::json ledger);
+
+ private:
+  void send_locked();
+  std::mutex mutex_;
+  takeover_state state_;
+  std::vector<takeover_process> recipients_;
+  node* node_ = nullptr;
+  bool warned_ = false;
+};
+
+/// A rank process's side: the successor actor on `n`, published as
+/// "train-successor", taking states with `token` (once per process; later
+/// calls do nothing).
+void start_successor(node& n, const std::string& token);
+
+/// The state a successor wrote for `corolla train ... --take-over FILE`
+/// (the file is removed). Throws std::invalid_argument.
+takeover_state read_takeover_file(const std::string& path);
+
+}  // namespace corolla::app
