@@ -57,6 +57,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/bench_elastic.hpp"
 #include "apps/commands.hpp"
 #include "apps/faultlab.hpp"
 #include "apps/scratch_dir.hpp"
@@ -65,30 +66,11 @@
 
 namespace corolla::app {
 
-namespace {
+namespace elastic_bench {
 
 namespace fs = std::filesystem;
 namespace fl = faultlab;
 
-struct elastic_bench_options {
-  int steps = 60;
-  int throttle_step = 4;
-  int probe_every = 2;
-  std::string profile = "bw=1Mbit,lat=200us";
-  bool json = false;
-  bool kill = false;          ///< --kill: the failure half
-  int kill_step = 45;         ///< step after which rank 3 is killed
-  int checkpoint_every = 50;  ///< both kill runs' checkpoints
-  bool hang = false;          ///< --hang: a stage stuck with its node up
-  bool lose = false;          ///< --lose: a message lost, every rank up
-  bool stop = false;          ///< --stop: a rank's process stopped (SIGSTOP)
-  double hang_s = 2;          ///< --hang's watchdog run: its --hang-s
-  double baseline_timeout_s = 10;  ///< --hang's baseline run: its --timeout-s
-  bool join = false;          ///< --join: a machine joining a --cluster job
-  int join_step = 4;          ///< step after which it joins
-  int join_check_every = 2;   ///< the growing run's --join-check-every
-  bool drain = false;         ///< --drain: the join's drain through memory vs through a checkpoint
-};
 
 /// Three single-worker nodes of one site on Ethernet of `gbps` and
 /// `latency_us`, each worker priced at `tflops`.
@@ -159,7 +141,7 @@ double sum_from(const std::vector<double>& v, int first_step) {
 }
 
 /// The model (bench_model() unless given) and token file of a run under `scratch`.
-void write_bench_job(const fs::path& scratch, const model_config& model = bench_model()) {
+void write_bench_job(const fs::path& scratch, const model_config& model) {
   fs::create_directories(scratch / "model");
   std::ofstream(scratch / "model" / "config.json") << to_hf_json(model).dump(2) << '\n';
   std::vector<std::uint16_t> ids(4000);
@@ -213,6 +195,14 @@ void require_recovered(const faultlab_run& r, const std::string& fault) {
   if (r.faults.empty() || r.faults[0].recovered_at_s < 0)
     throw model_error("bench elastic: a run did not recover from the " + fault);
 }
+
+}  // namespace elastic_bench
+
+namespace {
+
+using namespace elastic_bench;
+namespace fs = std::filesystem;
+namespace fl = faultlab;
 
 int run_bench_elastic_kill(const elastic_bench_options& o) {
   if (o.kill_step < 1 || o.steps < o.kill_step + 5)
@@ -438,9 +428,10 @@ int run_bench_elastic_join(const elastic_bench_options& o) {
 }
 
 int run_bench_elastic(const elastic_bench_options& o) {
-  if (int(o.kill) + int(o.join) + int(o.hang) + int(o.lose) + int(o.stop) + int(o.drain) > 1)
-    throw std::invalid_argument("bench elastic: one of --kill, --hang, --lose, --stop, --join and --drain");
+  if (int(o.kill) + int(o.join) + int(o.hang) + int(o.lose) + int(o.stop) + int(o.drain) + int(o.launcher) > 1)
+    throw std::invalid_argument("bench elastic: one of --kill, --hang, --lose, --stop, --launcher, --join and --drain");
   if (o.drain) return run_bench_elastic_drain(o);
+  if (o.launcher) return run_bench_elastic_launcher(o);
   if (o.kill) return run_bench_elastic_kill(o);
   if (o.hang || o.lose || o.stop) return run_bench_elastic_stuck(o);
   if (o.join) return run_bench_elastic_join(o);
@@ -541,16 +532,19 @@ void register_bench_elastic(CLI::App* bench, action_fn& action) {
                 "by its --timeout-s");
   cmd->add_flag("--stop", o.stop,
                 "Rank 3's process stopped (SIGSTOP): found by the launcher vs by the peers' link timeout");
+  cmd->add_flag("--launcher", o.launcher,
+                "The launcher (coordinator and scheduler) of a 2x2 job killed: a rank process takes over vs every "
+                "rank dying with it and the job restarted from its last checkpoint");
   cmd->add_option("--hang-s", o.hang_s, "With --hang, --lose or --stop: the first run's --hang-s")->capture_default_str();
   cmd->add_option("--baseline-timeout-s", o.baseline_timeout_s,
                   "With --hang, --lose or --stop: the --timeout-s of the run with --hang-s 0")
       ->capture_default_str();
   cmd->add_option("--kill-step", o.kill_step,
-                  "With --kill, --hang, --lose or --stop: the step after which rank 3 is killed, hangs, loses a "
-                  "message or is stopped")
+                  "With --kill, --hang, --lose, --stop or --launcher: the step after which rank 3 is killed, hangs, "
+                  "loses a message or is stopped, or the launcher is killed")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  cmd->add_option("--checkpoint-every", o.checkpoint_every, "With --kill: both runs' checkpoint period")
+  cmd->add_option("--checkpoint-every", o.checkpoint_every, "With --kill or --launcher: both runs' checkpoint period")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cmd->add_flag("--join", o.join,

@@ -88,6 +88,9 @@ struct rank_control {
   std::set<int> throttled, partitioned, hung;
   std::string lobby;              ///< where workers join (the job's "lobby" event)
   std::vector<pid_t> workers;     ///< joined workers (`corolla train --join`), reaped at the end
+  pid_t launcher = -1;            ///< the job's launcher now (a new one after a takeover: its "takeover" event)
+  bool launcher_killed = false;   ///< a fault killed the launcher faultlab started
+  bool summary = false;           ///< the job's last line, its summary, came
   std::filesystem::path logs;     ///< where their stderr goes
 };
 
@@ -103,6 +106,14 @@ int pick(const fl::fault& f, const Map& candidates, std::mt19937_64& rng) {
 std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, std::mt19937_64& rng,
                  rank_control& control) {
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
+  if (f.whom.k == fl::target::kind::launcher) {
+    // Its coordinator and scheduler with it; an elastic job's ranks carry on.
+    if (!process_alive(control.launcher)) return what + ": no launcher now (skipped)";
+    const pid_t pid = control.launcher;
+    ::kill(pid, SIGKILL);
+    control.launcher_killed = true;
+    return what + " (pid " + std::to_string(pid) + ")";
+  }
   if (f.what == fl::action::join) {
     if (control.lobby.empty()) return "join: the job takes no workers (no lobby; skipped)";
     const std::string name = f.as.empty() ? "j" + std::to_string(control.workers.size() + 1) : f.as;
@@ -182,11 +193,14 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
   // The current grid's rank processes (its "ranks" event), not the
   // survivors of an earlier grid that still hold their snapshots with the
   // same --rank argument.
-  const std::vector<std::pair<int, pid_t>> running = ranks_of(launcher);
+  // (After a takeover they are no launcher's children: the event's pids.)
   std::map<int, pid_t> ranks;
-  if (control.pids.empty()) ranks.insert(running.begin(), running.end());
+  if (control.pids.empty()) {
+    const std::vector<std::pair<int, pid_t>> running = ranks_of(launcher);
+    ranks.insert(running.begin(), running.end());
+  }
   for (const auto& [r, pid] : control.pids)
-    if (std::any_of(running.begin(), running.end(), [p = pid](const auto& x) { return x.second == p; })) ranks[r] = pid;
+    if (process_alive(pid)) ranks[r] = pid;
   std::map<int, pid_t> candidates;
   for (const auto& [r, pid] : ranks) {
     const bool is_stopped = stopped.count(pid) > 0;
@@ -233,6 +247,7 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
   pid_t pid = -1;
   try {
     pid = spawn_self(args, out[1], err_log);
+    control.launcher = pid;
   } catch (const std::exception& e) {
     ::close(out[0]);
     ::close(out[1]);
@@ -272,6 +287,12 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
             // A re-plan answers whatever fault the job has not answered yet.
             run.noticed("launcher", "re-plan: " + j.dump(), at, true);
           }
+          if (j.value("event", "") == "takeover" && j.contains("pid") && j["pid"].is_number_integer()) {
+            control.launcher = static_cast<pid_t>(j["pid"].get<std::int64_t>());  // the launcher from now on
+            run.noticed("launcher", "takeover: " + j.dump(), std::chrono::duration<double>(now - t0).count(), true);
+            continue;
+          }
+          if (j.contains("tokens_per_s") && j.contains("layout")) control.summary = true;
           if (j.value("event", "") == "lobby" && j.contains("endpoint") && j["endpoint"].is_string()) {
             control.lobby = j["endpoint"].get<std::string>();
             continue;
@@ -317,9 +338,11 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
     if (open && !hung && now - last > hang_limit) {
       // SIGTERM: the launcher ends its ranks (which may otherwise outlive
       // it, apps/launcher_takeover.hpp); SIGKILL if it does not end.
-      ::kill(pid, SIGTERM);
-      for (int i = 0; i < 200 && process_alive(pid); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      ::kill(pid, SIGKILL);
+      const pid_t now_pid = control.launcher;
+      ::kill(now_pid, SIGTERM);
+      for (int i = 0; i < 200 && process_alive(now_pid); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ::kill(now_pid, SIGKILL);
       hung = true;
     }
     if (!inject) continue;
@@ -343,11 +366,16 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
   // Released workers exit by themselves; any left are stopped.
   if (!reap_all(control.workers, std::chrono::seconds(10))) terminate_all(control.workers, std::chrono::seconds(2));
   run.completed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  // The launcher faultlab killed: the one that took over finished the job
+  // if its summary came (stdout closed only once it and every rank ended).
+  if (control.launcher_killed) run.completed = control.summary;
   if (hung) {
     run.completed = false;
     run.error = "no step for " +
                 std::to_string(static_cast<int>(std::chrono::duration<double>(hang_limit).count())) +
                 " s after step " + std::to_string(step) + ": faultlab killed the job";
+  } else if (!run.completed && control.launcher_killed) {
+    run.error = "the launcher was killed and no launcher that took over finished the job (no summary line)";
   } else if (!run.completed) {
     std::ifstream err(err_log);
     std::string line, lastline;

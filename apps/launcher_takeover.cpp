@@ -2,6 +2,7 @@
 #include "apps/launcher_takeover.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -35,6 +36,7 @@ namespace {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 using tick_atom = caf::atom_constant<caf::atom("succtick")>;
+using quick_atom = caf::atom_constant<caf::atom("succquick")>;
 
 constexpr std::size_t max_job_bytes = 256 << 10;
 constexpr std::size_t max_ledger_bytes = 1 << 20;
@@ -77,6 +79,8 @@ struct successor_state {
   int steps = 0;                 ///< of the latest state's job
   pid_t launcher = ::getppid();  ///< until a state names one
   pid_t started_for = 0;         ///< the launcher this process already replaced
+  pid_t started = 0;             ///< the launcher it started then
+  std::string watched_node;      ///< the launcher node whose link it monitors
   std::optional<clock_type::time_point> gone_since;
 };
 
@@ -109,6 +113,16 @@ void look(successor_state& st) {
     st.gone_since.reset();
     return;
   }
+  if (st.started > 0 && st.started_for == st.launcher && !process_alive(st.started)) {
+    // The launcher this process started ended before it took over (its
+    // error is on stderr): the job cannot go on; nobody waits a minute.
+    spdlog::error("the launcher started to carry the job on (pid {}) ended before it took over: ending the job's "
+                  "processes", st.started);
+    if (st.latest)
+      for (const takeover_process& p : st.latest->processes)
+        if (p.pid != ::getpid()) ::kill(p.pid, SIGKILL);
+    std::_Exit(1);
+  }
   const auto now = clock_type::now();
   if (!st.gone_since) st.gone_since = now;
   if (st.latest && st.started_for != st.launcher && st.latest->printed < st.steps && elected(*st.latest)) {
@@ -118,6 +132,7 @@ void look(successor_state& st) {
       const std::string file = write_state_file(*st.latest);
       args.insert(args.end(), {"--take-over", file});
       const pid_t pid = spawn_self_detached(args, st.latest->cwd);
+      st.started = pid;
       spdlog::warn("the launcher (pid {}) is gone after step {}: this process (pid {}) started a new one (pid {}) "
                    "to carry the job on",
                    st.launcher, st.latest->printed, ::getpid(), pid);
@@ -149,6 +164,13 @@ caf::behavior successor_actor(caf::event_based_actor* self, std::shared_ptr<succ
         }
         st->steps = steps;
         st->launcher = s->launcher;
+        // The launcher's link going down is the first sign of its death
+        // (a dead process's connections drop at once): look then.
+        if (!s->launcher_node.empty() && s->launcher_node != st->watched_node) {
+          if (!st->watched_node.empty()) st->n->demonitor_peer(st->watched_node, self);
+          st->n->monitor_peer(s->launcher_node, self);
+          st->watched_node = s->launcher_node;
+        }
         st->latest = std::move(*s);
         st->gone_since.reset();
         return remote_message{};
@@ -157,6 +179,14 @@ caf::behavior successor_actor(caf::event_based_actor* self, std::shared_ptr<succ
         look(*st);
         self->delayed_send(self, look_every, tick_atom::value);
       },
+      [=](const peer_down& d) {
+        if (d.peer != st->watched_node) return;
+        // Its process may take a moment more to be gone from /proc.
+        look(*st);
+        for (int ms : {5, 20, 50}) self->delayed_send(self, std::chrono::milliseconds(ms), quick_atom::value);
+      },
+      [=](const peer_up&) {},
+      [=](quick_atom) { look(*st); },
   };
 }
 
@@ -167,6 +197,7 @@ remote_message takeover_message(const takeover_state& s) {
   auto r = b.initRoot<wire::TrainTakeover>();
   r.setToken(s.token);
   r.setLauncher(static_cast<std::int32_t>(s.launcher));
+  r.setLauncherNode(s.launcher_node);
   r.setCwd(s.cwd);
   auto args = r.initArgs(static_cast<unsigned>(s.args.size()));
   for (unsigned i = 0; i < s.args.size(); ++i) args.set(i, s.args[i]);
@@ -193,6 +224,7 @@ caf::expected<takeover_state> decode_takeover(const remote_message& m) {
     s.token = capnp_body::text(r.getToken(), "token", 128);
     s.launcher = r.getLauncher();
     if (s.launcher <= 0) throw std::invalid_argument("launcher pid " + std::to_string(s.launcher));
+    s.launcher_node = capnp_body::text(r.getLauncherNode(), "launcher node");
     s.cwd = capnp_body::text(r.getCwd(), "cwd", 4096);
     auto args = r.getArgs();
     if (args.size() == 0 || args.size() > max_args) throw std::invalid_argument(std::to_string(args.size()) + " arguments");
@@ -237,6 +269,7 @@ void launcher_replicas::grid(node* n, std::vector<takeover_process> processes, s
                              bool armed) {
   std::lock_guard<std::mutex> lock(mutex_);
   node_ = n;
+  if (n) state_.launcher_node = n->id();
   state_.processes = armed ? processes : std::vector<takeover_process>{};
   recipients_ = std::move(processes);
   state_.job = std::move(job);

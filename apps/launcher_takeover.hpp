@@ -64,6 +64,7 @@ struct takeover_process {
 struct takeover_state {
   std::string token;
   pid_t launcher = 0;
+  std::string launcher_node;  ///< its node id (a link to it going down: look at once)
   std::string cwd;
   std::vector<std::string> args;  ///< the launcher's command line, without argv[0]
   std::string job;                ///< the running grid's job description, JSON

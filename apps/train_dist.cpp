@@ -453,8 +453,9 @@ int run_distributed_train(train_args a) {
     throw std::invalid_argument("--checkpoint-every and --resume need --checkpoint-dir");
   if (!(a.timeout_s > 0)) throw std::invalid_argument("--timeout-s must be positive");
   if (!(a.hang_s >= 0)) throw std::invalid_argument("--hang-s must be >= 0 (0: never)");
-  // A fresh run would write its shards over the checkpoint `latest` names.
-  if (!a.resume && a.checkpoint_every > 0 && a.rank <= 0) {
+  // A fresh run would write its shards over the checkpoint `latest` names
+  // (a launcher taking over continues the job that wrote it).
+  if (!a.resume && a.checkpoint_every > 0 && a.rank <= 0 && a.take_over.empty()) {
     if (const int latest = latest_checkpoint_step(o.checkpoint_dir); latest > 0)
       throw std::invalid_argument("--checkpoint-dir " + a.checkpoint_dir + " already holds a checkpoint (step " +
                                   std::to_string(latest) + "): add --resume to continue it, or choose another directory");
@@ -463,7 +464,7 @@ int run_distributed_train(train_args a) {
     const int latest = latest_checkpoint_step(o.checkpoint_dir);
     if (latest == 0) throw std::invalid_argument("no complete checkpoint in " + a.checkpoint_dir + " to resume from");
     check_manifest(o.checkpoint_dir, latest, checkpoint_key(o, cfg));
-    if (a.rank < 0) {
+    if (a.rank < 0 && a.take_over.empty()) {
       const std::string from = checkpoint_layout(o.checkpoint_dir, latest);
       std::fprintf(stderr, "resuming from step %d of %s%s\n", latest, a.checkpoint_dir.c_str(),
                    from.empty() || from == o.layout.describe()

@@ -68,8 +68,8 @@ using clock_type = std::chrono::steady_clock;
 /// alive, what they hold (held: the running grid's newest step, else the
 /// step that grid read, still held by the processes it read from), and
 /// the ranks that died with it (`lost`). Returns the failure's reason.
-std::string take_over(const takeover_state& t, const dist_train_options& o, const model_config& cfg,
-                      held_snapshots& held, std::vector<int>& lost) {
+std::string take_over(const train_args& a, const takeover_state& t, const dist_train_options& o,
+                      const model_config& cfg, held_snapshots& held, std::vector<int>& lost) {
   for (const takeover_process& p : t.processes) {
     if (process_alive(p.pid))
       held.processes.push_back({p.pid, p.node_id, p.endpoint, {}});
@@ -79,6 +79,16 @@ std::string take_over(const takeover_state& t, const dist_train_options& o, cons
   std::fprintf(stderr, "elastic: the launcher (pid %d) is gone after step %d; this one (pid %d) carries the job on "
                "with %zu of its processes\n", static_cast<int>(t.launcher), t.printed, static_cast<int>(::getpid()),
                held.processes.size());
+  if (a.json) {
+    std::printf("%s\n", nlohmann::json{{"event", "takeover"},
+                                       {"pid", static_cast<int>(::getpid())},
+                                       {"from_pid", static_cast<int>(t.launcher)},
+                                       {"after_step", t.printed},
+                                       {"processes", held.processes.size()}}
+                            .dump()
+                            .c_str());
+    std::fflush(stdout);
+  }
   auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "takeover");
   choose_held_step(*n, o, cfg, o.layout.world(), held.processes, t.run, held);
   if (held.restore.step == 0 && o.from_memory.step > 0)
@@ -344,7 +354,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       o.snapshot_every = snapshot_every;
       if (took) {
         launcher_lost = true;
-        const std::string why = take_over(*took, o, cfg, held, lost);
+        const std::string why = take_over(a, *took, o, cfg, held, lost);
         took.reset();
         throw train_error(why);
       }

@@ -206,8 +206,15 @@ class reader {
     if (!f.blocks.empty()) fail(origin_, t.get("blocks"), where + "blocks is only for do = \"join\"");
     if (train) {
       if (f.whom.k == tk::random_server) f.whom.k = tk::random_rank;  // the default target
+      if (f.whom.k == tk::launcher) {
+        if (f.what != action::kill)
+          fail(origin_, &t, where + "do: the launcher is only killed (\"kill\"); its ranks take the other faults");
+        if (!s.train->elastic)
+          fail(origin_, &t, where + "target: only an elastic job (elastic = true) outlives its launcher");
+        return f;
+      }
       if (f.whom.k != tk::rank && f.whom.k != tk::random_rank)
-        fail(origin_, &t, where + "target: a training job's faults hit \"rank K\" or \"random rank\"");
+        fail(origin_, &t, where + "target: a training job's faults hit \"rank K\", \"random rank\" or \"launcher\"");
       if (f.what == action::restart)
         fail(origin_, &t, where + "do: restart is for swarm servers; a lost rank is replaced by --elastic's re-plan");
       if (f.what == action::corrupt)
@@ -218,7 +225,7 @@ class reader {
         fail(origin_, &t, where + "do: hang is for training ranks (a server's hang is stop: its requests time out)");
       if (f.what == action::lose)
         fail(origin_, &t, where + "do: lose is for training ranks (a swarm client's lost request times out)");
-      if (f.whom.k == tk::rank || f.whom.k == tk::random_rank)
+      if (f.whom.k == tk::rank || f.whom.k == tk::random_rank || f.whom.k == tk::launcher)
         fail(origin_, &t,
              where + "target: a swarm's faults hit \"server K\", \"route.hop K\", \"random server\" or \"relay K\"");
       if (f.whom.k == tk::server && f.whom.index >= static_cast<int>(s.swarm->servers.size()))
@@ -344,13 +351,14 @@ target parse_target(const std::string& text) {
   if (text.empty()) return {};
   if (text == "random server") return {target::kind::random_server, 0};
   if (text == "random rank") return {target::kind::random_rank, 0};
+  if (text == "launcher") return {target::kind::launcher, 0};
   if (const long n = whole_after(text, "server "); n >= 0) return {target::kind::server, int(n)};
   if (const long n = whole_after(text, "rank "); n >= 0) return {target::kind::rank, int(n)};
   if (const long n = whole_after(text, "route.hop "); n >= 0) return {target::kind::route_hop, int(n)};
   if (const long n = whole_after(text, "relay "); n >= 0) return {target::kind::relay, int(n)};
   throw std::invalid_argument("target: '" + text +
-                              "' is not \"server K\", \"rank K\", \"route.hop K\", \"random server\", \"random rank\" "
-                              "or \"relay K\"");
+                              "' is not \"server K\", \"rank K\", \"route.hop K\", \"random server\", \"random rank\", "
+                              "\"relay K\" or \"launcher\"");
 }
 
 std::string to_string(const target& t) {
@@ -361,6 +369,7 @@ std::string to_string(const target& t) {
     case target::kind::random_server: return "random server";
     case target::kind::random_rank: return "random rank";
     case target::kind::relay: return "relay " + std::to_string(t.index);
+    case target::kind::launcher: return "launcher";
     case target::kind::none: return "";
   }
   return "";

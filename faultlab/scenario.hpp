@@ -43,11 +43,13 @@ const char* to_string(action a);
 
 /// Whom a fault hits.
 struct target {
-  enum class kind { server, rank, route_hop, random_server, random_rank, relay, none } k = kind::none;
+  /// launcher: a training job's launcher process (its coordinator and
+  /// scheduler), which an elastic job outlives (apps/launcher_takeover.hpp).
+  enum class kind { server, rank, route_hop, random_server, random_rank, relay, launcher, none } k = kind::none;
   int index = 0;  ///< server K (in `servers` order), rank K, route hop K or relay K
 };
 /// "server K" | "rank K" | "route.hop K" | "random server" | "random rank" |
-/// "relay K".
+/// "relay K" | "launcher".
 target parse_target(const std::string& text);
 std::string to_string(const target& t);
 

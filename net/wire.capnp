@@ -302,6 +302,7 @@ struct TrainTakeover {
   printed @6 :Int32;       # the last step printed
   processes @7 :List(TakeoverProcess);
   ledger @8 :Text;         # JSON: the re-plans so far, steps run, last loss, start time
+  launcherNode @9 :Text;   # the launcher's node id: its link going down is the first sign of its death
 }
 
 # A process of an elastic job: a rank of the running grid (rank >= 0) or a

@@ -214,7 +214,8 @@ TEST_CASE("faultlab: the scenarios that ship in scenarios/ hold") {
   for (const auto& e : fs::directory_iterator(fs::path(COROLLA_SOURCE_DIR) / "scenarios")) files.insert(e.path().filename());
   CHECK(files == std::set<std::string>{"swarm-corrupt.toml", "swarm-kill-relay.toml", "swarm-kills-and-join.toml",
                                        "swarm-partition-and-stop.toml", "train-hang-rank.toml",
-                                       "train-join-worker.toml", "train-kill-rank.toml", "train-lose-message.toml"});
+                                       "train-join-worker.toml", "train-kill-launcher.toml", "train-kill-rank.toml",
+                                       "train-lose-message.toml"});
   temp_dir_guard tmp("faultlab-shipped");
   const auto [report, status] = faultlab(shipped("swarm-partition-and-stop.toml"), tmp / "report");
   INFO(report.dump(2));
@@ -423,6 +424,25 @@ TEST_CASE("faultlab: an elastic training job loses a rank and keeps the referenc
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("random swarm campaign (seed 5)") != std::string::npos);
   CHECK(r.out.find("PASS") != std::string::npos);
+}
+
+TEST_CASE("faultlab: an elastic training job loses its launcher, a rank process takes over, a rank killed later is "
+          "re-planned around by the new launcher, the reference's losses") {
+  temp_dir_guard tmp("faultlab-train-launcher");
+  const auto [report, status] = faultlab(shipped("train-kill-launcher.toml"), tmp / "report");
+  INFO(report.dump(2));
+  CHECK(status == 0);
+  CHECK(report["pass"] == true);
+  CHECK(report["faulted"]["losses"].size() == 16u);
+  CHECK(report["faulted"]["recoveries"] == 2);
+  REQUIRE(events(report).size() == 2u);
+  CHECK(events(report)[0].find("kill launcher (pid ") != std::string::npos);
+  CHECK(events(report)[1].find("kill rank 1 (rank 1, pid ") != std::string::npos);
+  const json& f = report["faults"][0];
+  REQUIRE(f["detected_at_s"].is_number());
+  CHECK(f["detected_by"].get<std::string>().rfind("launcher: takeover", 0) == 0);
+  REQUIRE(f["recovered_at_s"].is_number());
+  REQUIRE(report["faults"][1]["recovered_at_s"].is_number());
 }
 
 namespace {

@@ -41,6 +41,7 @@ takeover_state sample_state(const std::string& token) {
   takeover_state s;
   s.token = token;
   s.launcher = 4242;
+  s.launcher_node = "n-launch";
   s.cwd = "/tmp";
   s.args = {"train", "--model", "m", "--elastic"};
   s.job = job_to_json(o).dump();
@@ -61,6 +62,7 @@ TEST_CASE("the launcher's state round-trips as train.successor, and a malformed 
   REQUIRE(back);
   CHECK(back->token == s.token);
   CHECK(back->launcher == s.launcher);
+  CHECK(back->launcher_node == "n-launch");
   CHECK(back->cwd == s.cwd);
   CHECK(back->args == s.args);
   CHECK(back->job == s.job);

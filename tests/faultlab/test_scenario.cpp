@@ -142,7 +142,7 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='throttle'\ntarget='rank 1'\n").find("a throttle needs the link profile") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='soon'\ndo='kill'\n").find("'soon' is not") != std::string::npos);
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='join'\n").find("a join needs the new server's blocks") != std::string::npos);
-  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='server 1'\n").find("\"rank K\" or \"random rank\"") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='server 1'\n").find("\"rank K\", \"random rank\" or \"launcher\"") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nargs='--json'\n").find("must not hold --json") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='join'\nblocks='0:2'\n")
             .find("a training job's join is a whole worker") != std::string::npos);
@@ -192,7 +192,23 @@ TEST_CASE("servers behind NAT and their relays: parsed, and their mistakes named
   CHECK(error_of(base + "do='restart'\ntarget='relay 0'\n").find("a relay is not restarted") != std::string::npos);
   CHECK(error_of(base + "do='corrupt'\ntarget='relay 0'\n").find("a relay computes nothing") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 3'\ndo='kill'\ntarget='relay 0'\n")
-            .find("\"rank K\" or \"random rank\"") != std::string::npos);
+            .find("\"rank K\", \"random rank\" or \"launcher\"") != std::string::npos);
+}
+
+TEST_CASE("a training job's launcher is killed (only killed, only in an elastic job, never a swarm's)") {
+  const scenario s =
+      parse_scenario("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 4'\ndo='kill'\ntarget='launcher'\n", "s.toml");
+  REQUIRE(s.faults.size() == 1u);
+  CHECK(s.faults[0].whom.k == target::kind::launcher);
+  CHECK(to_string(s.faults[0].whom) == "launcher");
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 4'\ndo='stop'\ntarget='launcher'\n")
+            .find("the launcher is only killed") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nelastic=false\n[[fault]]\nat='step 4'\ndo='kill'\ntarget='launcher'\n")
+            .find("only an elastic job (elastic = true) outlives its launcher") != std::string::npos);
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 3'\ndo='kill'\ntarget='launcher'\n")
+            .find("a swarm's faults hit") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\n[[fault]]\nat='step 4'\ndo='kill'\ntarget='launchers'\n")
+            .find("or \"launcher\"") != std::string::npos);
 }
 
 TEST_CASE("a lose drops a training message type (train.act by default), only on training ranks") {
