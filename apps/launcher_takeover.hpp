@@ -72,7 +72,7 @@ struct takeover_state {
   int printed = 0;                ///< the last step printed
   std::vector<takeover_process> processes;
   /// {"replans": [...], "steps_run": N, "last_loss": x, "started": unix
-  /// seconds, "deadlocks": N}
+  /// seconds, "deadlocks": N, with --cluster "present": [worker names]}
   nlohmann::json ledger = nlohmann::json::object();
 };
 

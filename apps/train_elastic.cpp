@@ -150,13 +150,32 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
 
   // The launcher's state lives on in the rank processes, and one of them
   // carries the job on if this process dies (apps/launcher_takeover.hpp):
-  // for grids whose ranks all run here and hold snapshots, without
-  // --cluster (whose scheduler state is not replicated yet).
+  // for grids whose ranks all run here and hold snapshots.
   std::optional<launcher_replicas> replicas;
   const std::string takeover_token = o.takeover_token.empty() ? new_takeover_token() : o.takeover_token;
-  if (o.snapshot_every > 0 && !cluster) {
+  if (o.snapshot_every > 0) {
     replicas.emplace(takeover_token);
     end_on_stop_signals();  // stopping this launcher on purpose still stops the job
+  }
+
+  // --cluster: the file's workers present now (a failure takes its
+  // ranks' workers away): what a launcher taking over plans on. Measured
+  // links and speeds are not carried over; it measures them again.
+  std::vector<std::string> present;
+  std::set<std::string> setup_standby_override;  // a launcher taking over: the workers absent then
+  if (cluster) {
+    std::set<std::string> absent(a.standby.begin(), a.standby.end());
+    if (took && took->ledger.contains("present") && took->ledger.at("present").is_array()) {
+      std::set<std::string> kept;
+      for (const auto& w : took->ledger.at("present"))
+        if (w.is_string()) kept.insert(w.get<std::string>());
+      absent.clear();
+      for (const schedule::worker_spec& w : cluster->workers)
+        if (!kept.count(w.name)) absent.insert(w.name);
+    }
+    for (const schedule::worker_spec& w : cluster->workers)
+      if (!absent.count(w.name)) present.push_back(w.name);
+    if (took) setup_standby_override = absent;
   }
 
   scheduler_setup setup;
@@ -169,7 +188,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   setup.min_ranks = a.min_ranks;
   if (cluster) {
     setup.file = *cluster;
-    setup.standby = {a.standby.begin(), a.standby.end()};
+    setup.standby = took ? setup_standby_override : std::set<std::string>{a.standby.begin(), a.standby.end()};
     if (plan) setup.plan = *plan;
     setup.planner = [&a, &cfg](const schedule::cluster_description& c) { return plan_on(a, cfg, c); };
   }
@@ -201,8 +220,10 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   }
   // What a launcher taking over from this one starts from.
   auto ledger = [&] {
-    return nlohmann::json{{"replans", replans},     {"steps_run", steps_run}, {"last_loss", last_loss},
-                          {"started", started_unix}, {"deadlocks", deadlocks}};
+    nlohmann::json l{{"replans", replans},     {"steps_run", steps_run}, {"last_loss", last_loss},
+                     {"started", started_unix}, {"deadlocks", deadlocks}};
+    if (cluster) l["present"] = present;
+    return l;
   };
   // --snapshot-every auto: the interval the coordinator chose last, which
   // the next grid starts with.
@@ -282,6 +303,10 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   // Lays the decided grid out: the plan on its machines, or the grid.
   auto lay_out = [&](const grid_decision& d) {
     where = d.where;
+    if (d.machines) {
+      present.clear();
+      for (const schedule::worker_spec& w : d.machines->workers) present.push_back(w.name);
+    }
     if (d.plan) {
       use_plan(*d.machines, *d.plan, o, a.link_profile);
       return;

@@ -637,6 +637,40 @@ TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left a
   CHECK(plan.find("eth1/0") == std::string::npos);  // the lost worker (rank 3) is not in it
 }
 
+TEST_CASE("--elastic with --cluster: the launcher killed after a re-plan; the one that takes over plans on the "
+          "machines left then, not on the file, and the losses stay those of one process") {
+  temp_dir_guard tmp("mp-train-elastic-cluster-takeover");
+  job j = fresh_gpt2_job(tmp);
+  j.batch = 4;
+  j.steps = 40;
+  std::ofstream(tmp / "two.toml") << two_clusters_toml;
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  const fs::path ck = tmp / "ck";
+  child_process launcher = child_process::corolla(train_args(
+      j, {"--cluster", tmp / "two.toml", "--pp", "2", "--dp", "2", "--elastic", "--checkpoint-dir", ck,
+          "--checkpoint-every", "3", "--timeout-s", "60"}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
+  ::kill(rank_pid(launcher, 3), SIGKILL);  // a worker of the slow cluster: 3 workers left
+  REQUIRE(launcher.wait_line(std::regex(R"("event":"replan")"), std::chrono::seconds(60)));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":12\b)"), std::chrono::seconds(60)));
+  launcher.signal(SIGKILL);
+  launcher.wait_line(std::regex("^$a"), std::chrono::seconds(180));  // to the end of the job
+  const std::string err = launcher.err();
+  INFO("stderr: " << err);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 2u);
+  CHECK(events[1]["reason"].get<std::string>().find("the launcher (the coordinator, pid") != std::string::npos);
+  CHECK(events[1]["ranks"] == 3);  // the machines left then
+  // (From memory, or from a checkpoint as new: the one-rank plan here
+  // checkpoints every 3 steps and runs them in milliseconds.)
+  const auto replanned = err.rfind("elastic: re-planned on 3 worker(s) of two-clusters: plan: PP");
+  REQUIRE(replanned != std::string::npos);
+  REQUIRE(replanned > err.find("carries the job on"));
+  const std::string plan = err.substr(replanned, err.find("throughput:", replanned) - replanned);
+  CHECK(plan.find("eth1/0") == std::string::npos);
+}
+
 namespace {
 
 /// The median of the step lines' "seconds" for steps in [first, last].
