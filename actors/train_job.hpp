@@ -188,6 +188,9 @@ struct dist_train_options {
   /// processes if it dies (apps/launcher_takeover.hpp); only messages
   /// carrying this secret tell a rank process how to carry the job on.
   std::string takeover_token;
+  /// With takeover_token: the launcher's process id (the same machine),
+  /// which a rank process watches from its start.
+  int launcher_pid = 0;
   /// Continue from checkpoint_dir's latest checkpoint (same layout, batch
   /// and model shape; anything else is refused with the difference), or,
   /// with from_memory.step > 0, from those snapshots.

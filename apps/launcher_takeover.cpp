@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -72,12 +74,21 @@ std::vector<std::string> own_args() {
   return args;
 }
 
+constexpr const char* successor_ask_type = "train.successor?";
+
+/// Compares without an early exit (the time says nothing about the token).
+bool same_token(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
 struct successor_state {
   node* n = nullptr;
   std::string token;
   std::optional<takeover_state> latest;
   int steps = 0;                 ///< of the latest state's job
-  pid_t launcher = ::getppid();  ///< until a state names one
+  pid_t launcher = 0;            ///< the job file's, until a state names one
   pid_t started_for = 0;         ///< the launcher this process already replaced
   pid_t started = 0;             ///< the launcher it started then
   std::string watched_node;      ///< the launcher node whose link it monitors
@@ -100,12 +111,47 @@ std::string write_state_file(const takeover_state& s) {
   return name;
 }
 
-/// Whether this process is the first of `s`'s processes still alive and
-/// not stopped.
+/// Whether this process is the first of `s`'s processes still running.
 bool elected(const takeover_state& s) {
   for (const takeover_process& p : s.processes)
-    if (process_running(p.pid)) return p.pid == ::getpid();
+    if (p.running()) return p.pid == ::getpid();
   return false;
+}
+
+/// Starts a new launcher from st.latest, unless another process of this
+/// machine started one for the same dead launcher (the lock file).
+void start_launcher(successor_state& st) {
+  const std::string lock = takeover_lock_path(st.token, st.launcher);
+  const int fd = ::open(lock.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) {
+      st.started_for = st.launcher;  // another one did
+      spdlog::info("the launcher (pid {}) is gone; another process started its successor", st.launcher);
+    } else {
+      spdlog::error("the launcher (pid {}) is gone, and {} cannot be created: {}", st.launcher, lock,
+                    std::strerror(errno));
+    }
+    return;
+  }
+  ::close(fd);
+  std::string file;
+  std::error_code ec;
+  try {
+    std::vector<std::string> args = st.latest->args;
+    file = write_state_file(*st.latest);
+    args.insert(args.end(), {"--take-over", file});
+    const pid_t pid = spawn_self_detached(args, st.latest->cwd);
+    st.started_for = st.launcher;
+    st.started = pid;
+    spdlog::warn("the launcher (pid {}) is gone after step {}: this process (pid {}) started a new one (pid {}) "
+                 "to carry the job on",
+                 st.launcher, st.latest->printed, ::getpid(), pid);
+  } catch (const std::exception& e) {
+    // Tried again at the next look.
+    if (!file.empty()) fs::remove(file, ec);
+    fs::remove(lock, ec);
+    spdlog::error("the launcher (pid {}) is gone, and a new one could not be started: {}", st.launcher, e.what());
+  }
 }
 
 void look(successor_state& st) {
@@ -113,33 +159,27 @@ void look(successor_state& st) {
     st.gone_since.reset();
     return;
   }
-  if (st.started > 0 && st.started_for == st.launcher && !process_alive(st.started)) {
+  if (!st.latest) {
+    // It never told this process the job's state: no launcher can find it.
+    spdlog::error("the launcher (pid {}) is gone before it told this process the job's state: ending", st.launcher);
+    std::_Exit(1);
+  }
+  if (st.started > 0 && st.started_for == st.launcher) {
+    if (process_alive(st.started)) {
+      st.gone_since.reset();  // the launcher it started is on its way
+      return;
+    }
     // The launcher this process started ended before it took over (its
     // error is on stderr): the job cannot go on; nobody waits a minute.
     spdlog::error("the launcher started to carry the job on (pid {}) ended before it took over: ending the job's "
                   "processes", st.started);
-    if (st.latest)
-      for (const takeover_process& p : st.latest->processes)
-        if (p.pid != ::getpid()) ::kill(p.pid, SIGKILL);
+    for (const takeover_process& p : st.latest->processes)
+      if (p.pid != ::getpid() && p.alive()) ::kill(p.pid, SIGKILL);
     std::_Exit(1);
   }
   const auto now = clock_type::now();
   if (!st.gone_since) st.gone_since = now;
-  if (st.latest && st.started_for != st.launcher && st.latest->printed < st.steps && elected(*st.latest)) {
-    st.started_for = st.launcher;
-    try {
-      std::vector<std::string> args = st.latest->args;
-      const std::string file = write_state_file(*st.latest);
-      args.insert(args.end(), {"--take-over", file});
-      const pid_t pid = spawn_self_detached(args, st.latest->cwd);
-      st.started = pid;
-      spdlog::warn("the launcher (pid {}) is gone after step {}: this process (pid {}) started a new one (pid {}) "
-                   "to carry the job on",
-                   st.launcher, st.latest->printed, ::getpid(), pid);
-    } catch (const std::exception& e) {
-      spdlog::error("the launcher (pid {}) is gone, and a new one could not be started: {}", st.launcher, e.what());
-    }
-  }
+  if (st.started_for != st.launcher && st.latest->printed < st.steps && elected(*st.latest)) start_launcher(st);
   if (now - *st.gone_since > orphan_limit) {
     spdlog::error("the launcher (pid {}) is gone and no launcher took this process over within {} s: ending",
                   st.launcher, std::chrono::duration_cast<std::chrono::seconds>(orphan_limit).count());
@@ -151,11 +191,19 @@ caf::behavior successor_actor(caf::event_based_actor* self, std::shared_ptr<succ
   self->delayed_send(self, look_every, tick_atom::value);
   return {
       [=](remote_message& m) -> caf::result<remote_message> {
+        if (m.type == successor_ask_type) {
+          auto token = capnp_body::decode<wire::TrainTakeoverAsk>(
+              m.body, "TrainTakeoverAsk", [](wire::TrainTakeoverAsk::Reader r) { return capnp_body::text(r.getToken(), "token", 128); });
+          if (!token) return token.error();
+          if (!same_token(*token, st->token)) return make_error(errc::auth_refused, "not this job's launcher");
+          if (!st->latest) return make_error(errc::unknown_actor, "this process keeps no state of the launcher");
+          return takeover_message(*st->latest);
+        }
         if (m.type != successor_type)
           return make_error(errc::invalid_argument, "'" + m.type + "' is not " + successor_type);
         auto s = decode_takeover(m);
         if (!s) return s.error();
-        if (s->token != st->token) return make_error(errc::auth_refused, "not this job's launcher");
+        if (!same_token(s->token, st->token)) return make_error(errc::auth_refused, "not this job's launcher");
         int steps = 0;
         try {
           steps = job_from_json_text(s->job, "job description of train.successor").steps;
@@ -210,6 +258,7 @@ remote_message takeover_message(const takeover_state& s) {
     ps[i].setPid(static_cast<std::int32_t>(s.processes[i].pid));
     ps[i].setNodeId(s.processes[i].node_id);
     ps[i].setEndpoint(s.processes[i].endpoint);
+    ps[i].setStarted(s.processes[i].started);
   }
   r.setLedger(s.ledger.dump());
   remote_message m;
@@ -229,6 +278,9 @@ caf::expected<takeover_state> decode_takeover(const remote_message& m) {
     auto args = r.getArgs();
     if (args.size() == 0 || args.size() > max_args) throw std::invalid_argument(std::to_string(args.size()) + " arguments");
     for (auto x : args) s.args.push_back(capnp_body::text(x, "argument", 4096));
+    // Only an elastic `corolla train` is ever started from a state.
+    if (s.args.front() != "train" || std::find(s.args.begin(), s.args.end(), "--elastic") == s.args.end())
+      throw std::invalid_argument("the command line is not an elastic corolla train");
     s.job = capnp_body::text(r.getJob(), "job", max_job_bytes);
     s.run = r.getRun();
     s.printed = r.getPrinted();
@@ -241,6 +293,7 @@ caf::expected<takeover_state> decode_takeover(const remote_message& m) {
       if (x.pid <= 0) throw std::invalid_argument("process pid " + std::to_string(x.pid));
       x.node_id = capnp_body::text(p.getNodeId(), "node id");
       x.endpoint = capnp_body::text(p.getEndpoint(), "endpoint");
+      x.started = p.getStarted();
       s.processes.push_back(std::move(x));
     }
     const std::string ledger = capnp_body::text(r.getLedger(), "ledger", max_ledger_bytes);
@@ -286,30 +339,77 @@ void launcher_replicas::publish(int printed, nlohmann::json ledger) {
 
 void launcher_replicas::send_locked() {
   const remote_message m = takeover_message(state_);
-  bool acknowledged = false;
+  // A state naming no process (a grid nobody may take over) needs no answer.
+  bool acknowledged = state_.processes.empty();
   for (const takeover_process& p : recipients_) {
-    if (!process_alive(p.pid)) continue;
-    if (!acknowledged && process_running(p.pid)) {
+    if (!p.alive()) continue;
+    if (!acknowledged && p.running()) {
       // The one a takeover would start from: the step is printed once it
-      // knows (a launcher killed in between prints one line fewer, never
-      // one twice).
+      // knows. Without its answer the next running process is asked.
       auto r = node_->request(p.node_id, successor_name, m, std::chrono::seconds(1));
-      acknowledged = true;
-      if (!r && !warned_) {
+      if (r) {
+        acknowledged = true;
+        continue;
+      }
+      if (!warned_) {
         warned_ = true;
         spdlog::warn("the process at {} does not keep the launcher's state: {}", p.endpoint, error_message(r.error()));
       }
-      continue;
     }
     (void)node_->post(p.node_id, successor_name, m);
   }
 }
 
-void start_successor(node& n, const std::string& token) {
+bool takeover_process::alive() const { return process_alive(pid) && (started == 0 || process_start_time(pid) == started); }
+
+bool takeover_process::running() const { return alive() && process_running(pid); }
+
+caf::expected<takeover_state> fetch_takeover_state(node& n, const std::string& node_id, const std::string& token,
+                                                   std::chrono::milliseconds timeout) {
+  capnp::MallocMessageBuilder b;
+  b.initRoot<wire::TrainTakeoverAsk>().setToken(token);
+  remote_message ask;
+  ask.type = successor_ask_type;
+  ask.body = capnp_body::flat(b);
+  auto r = n.request(node_id, successor_name, std::move(ask), timeout);
+  if (!r) return r.error();
+  return decode_takeover(*r);
+}
+
+takeover_state newest_takeover_state(node& n, takeover_state t) {
+  takeover_state best = t;
+  for (const takeover_process& p : t.processes) {
+    if (!p.alive()) continue;
+    connect_options co;
+    co.timeout = std::chrono::seconds(5);
+    if (!n.peer_is_up(p.node_id)) {
+      auto c = n.connect(p.endpoint, co);
+      if (!c || *c != p.node_id) continue;
+    }
+    auto s = fetch_takeover_state(n, p.node_id, t.token, std::chrono::seconds(2));
+    if (!s) {
+      spdlog::warn("the process at {} does not say what it keeps of the launcher's state: {}", p.endpoint,
+                   error_message(s.error()));
+      continue;
+    }
+    if (s->launcher == t.launcher && s->printed > best.printed) best = std::move(*s);
+  }
+  return best;
+}
+
+std::string takeover_lock_path(const std::string& token, pid_t launcher) {
+  char name[96];
+  std::snprintf(name, sizeof name, "corolla-takeover-%016zx-%d.lock", std::hash<std::string>{}(token),
+                static_cast<int>(launcher));
+  return (fs::temp_directory_path() / name).string();
+}
+
+void start_successor(node& n, const std::string& token, pid_t launcher) {
   if (n.local_actor(successor_name)) return;
   auto st = std::make_shared<successor_state>();
   st->n = &n;
   st->token = token;
+  st->launcher = launcher > 0 ? launcher : ::getppid();
   caf::actor a = n.system().spawn(successor_actor, st);
   if (auto err = n.publish(successor_name, a)) {
     spdlog::warn("cannot publish {}: {}", successor_name, error_message(err));

@@ -7,22 +7,29 @@
 // grid before's snapshots), the last step printed and the re-plans so far.
 // It keeps that replicated in every rank process ("train.successor",
 // wire::TrainTakeover): at each grid's roster and before each step is
-// printed, the first live process acknowledging (so a step it prints is
-// one a successor knows was printed).
+// printed, the first running process acknowledging (so a step it prints
+// is one a successor knows was printed), the others told one-way.
 //
 //   launcher -> "train-successor" on each rank process   train.successor -> empty
+//   new launcher -> "train-successor"                     train.successor? -> train.successor
 //
 // Each rank process runs the successor actor (start_successor). When the
 // launcher's process has ended (this machine's /proc: the launcher and its
-// ranks share one), the first of the state's processes still alive and not stopped starts
-// a new launcher, detached, with the old one's command line and
-// `--take-over FILE` (the state): it lists what the survivors hold, takes
+// ranks share one), the first of the state's processes still alive and
+// not stopped (and not a reused pid) starts a new launcher, detached, with
+// the old one's command line and `--take-over FILE` (the state), once per
+// dead launcher on this machine (an exclusive lock file). The new launcher
+// asks every survivor for the state it keeps and carries on from the
+// newest (the one with the most steps printed), tells them all at once
+// that it is their launcher now, lists what they hold, takes
 // the lost launcher as a failure that lost no rank (and any rank that died
 // with it as lost), and carries the job on in the same processes from the
 // newest step held. Steps printed are not printed again; the new launcher
 // writes to the same stdout and stderr (inherited through the process that
-// started it). A process whose launcher is gone and that no new launcher
-// takes within a minute ends itself.
+// started it). A process whose launcher is gone ends itself: at once when
+// it never had a state (no launcher could find it), else when no new
+// launcher tells it within a minute (while the one it started itself is
+// alive, it waits).
 //
 // Only messages carrying the job's takeover token (dist_train_options,
 // in the ranks' private job file) are taken. A launcher stopped on purpose
@@ -32,6 +39,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -58,6 +66,12 @@ struct takeover_process {
   pid_t pid = 0;
   std::string node_id;
   std::string endpoint;
+  std::uint64_t started = 0;  ///< process_start_time (0: unknown)
+
+  /// The process this names is alive (not a reused pid).
+  bool alive() const;
+  /// alive(), and not stopped.
+  bool running() const;
 };
 
 /// What a new launcher needs to carry the job on.
@@ -77,8 +91,23 @@ struct takeover_state {
 };
 
 remote_message takeover_message(const takeover_state& s);
-/// bad_message for a malformed one.
+/// bad_message for a malformed one (also a command line that is not an
+/// elastic `train`).
 caf::expected<takeover_state> decode_takeover(const remote_message& m);
+
+/// A launcher taking over asks the process on node `node_id` (connected)
+/// for the newest state it keeps.
+caf::expected<takeover_state> fetch_takeover_state(node& n, const std::string& node_id, const std::string& token,
+                                                   std::chrono::milliseconds timeout);
+
+/// Of `t` (a successor's state) and the states its live processes keep
+/// (asked over `n`), the one with the most steps printed for the same dead
+/// launcher.
+takeover_state newest_takeover_state(node& n, takeover_state t);
+
+/// The lock file that lets one process per dead launcher `launcher` start
+/// a new one (the new launcher removes it when it ends).
+std::string takeover_lock_path(const std::string& token, pid_t launcher);
 
 /// A new random token (128 bits, hex).
 std::string new_takeover_token();
@@ -111,9 +140,10 @@ class launcher_replicas {
 };
 
 /// A rank process's side: the successor actor on `n`, published as
-/// "train-successor", taking states with `token` (once per process; later
-/// calls do nothing).
-void start_successor(node& n, const std::string& token);
+/// "train-successor", taking states with `token` and watching launcher
+/// `launcher` until a state names another (once per process; later calls
+/// do nothing).
+void start_successor(node& n, const std::string& token, pid_t launcher);
 
 /// The state a successor wrote for `corolla train ... --take-over FILE`
 /// (the file is removed). Throws std::invalid_argument.

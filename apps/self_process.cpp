@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 namespace corolla::app {
@@ -41,10 +42,15 @@ struct self_command {
 constexpr std::size_t max_guarded = 1024;
 std::array<std::atomic<pid_t>, max_guarded> guarded{};
 
+static_assert(std::atomic<pid_t>::is_always_lock_free, "the stop-signal handler reads the table lock-free");
+
 void end_guarded(int sig) {
   for (auto& p : guarded)
     if (const pid_t pid = p.load(); pid > 0) ::kill(pid, SIGKILL);
-  ::signal(sig, SIG_DFL);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
   ::raise(sig);
 }
 
@@ -132,13 +138,38 @@ bool process_alive(pid_t pid) {
   return state != '\0' && state != 'Z' && state != 'X' && state != 'x';
 }
 
+std::uint64_t process_start_time(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  // After "(COMM)": field 3 (state) on; starttime is field 22.
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  for (int i = 3; i < 22 && (rest >> field); ++i) {
+  }
+  std::uint64_t started = 0;
+  rest >> started;
+  return started;
+}
+
 bool process_running(pid_t pid) {
   const char state = process_state(pid);
   return process_alive(pid) && state != 'T' && state != 't';
 }
 
 void end_on_stop_signals() {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, end_guarded);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;  // nohup, a background job
+    struct sigaction now {};
+    now.sa_handler = end_guarded;
+    ::sigemptyset(&now.sa_mask);
+    now.sa_flags = SA_RESTART;
+    ::sigaction(sig, &now, nullptr);
+  }
 }
 
 void end_on_stop_signal(pid_t pid) {

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,14 @@ pid_t spawn_self_detached(const std::vector<std::string>& args, const std::strin
 bool process_alive(pid_t pid);
 /// process_alive, and not stopped (SIGSTOP, a debugger).
 bool process_running(pid_t pid);
+/// When process `pid` started (clock ticks after boot, /proc), 0 when it
+/// does not exist: with the pid, who a process is (pids are reused).
+std::uint64_t process_start_time(pid_t pid);
 
 /// From now on SIGINT, SIGTERM and SIGHUP end the processes registered
 /// below (SIGKILL) before they end this one as they would have: stopping a
-/// launcher stops its job, also when its ranks do not die with it.
+/// launcher stops its job, also when its ranks do not die with it. A
+/// signal this process ignores (nohup's SIGHUP) stays ignored.
 void end_on_stop_signals();
 /// Registers `pid` with end_on_stop_signals (at most 1024 at once).
 void end_on_stop_signal(pid_t pid);

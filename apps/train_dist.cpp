@@ -207,7 +207,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     try {
       if (!n) n = start_node(rank_node_options(a.listen), "rank");
       // It may carry the job on if the launcher dies (apps/launcher_takeover.hpp).
-      if (!job.takeover_token.empty()) start_successor(*n, job.takeover_token);
+      if (!job.takeover_token.empty()) start_successor(*n, job.takeover_token, job.launcher_pid);
       if (!compute) compute = &backend_for(multi_host_rank_device(a));
       token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
       // Weights: only this rank's tensors are read from a checkpoint; a fresh

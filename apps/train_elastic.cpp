@@ -69,12 +69,17 @@ using clock_type = std::chrono::steady_clock;
 /// step that grid read, still held by the processes it read from), and
 /// the ranks that died with it (`lost`). Returns the failure's reason.
 std::string take_over(const train_args& a, const takeover_state& t, const dist_train_options& o,
-                      const model_config& cfg, held_snapshots& held, std::vector<int>& lost) {
+                      const model_config& cfg, node& n, launcher_replicas* replicas, held_snapshots& held,
+                      std::vector<int>& lost) {
+  std::vector<takeover_process> live;
   for (const takeover_process& p : t.processes) {
-    if (process_alive(p.pid))
+    if (p.alive()) {
       held.processes.push_back({p.pid, p.node_id, p.endpoint, {}});
-    else if (p.rank >= 0)
+      end_on_stop_signal(p.pid);  // stopping this launcher stops them too
+      live.push_back(p);
+    } else if (p.rank >= 0) {
       lost.push_back(p.rank);
+    }
   }
   std::fprintf(stderr, "elastic: the launcher (pid %d) is gone after step %d; this one (pid %d) carries the job on "
                "with %zu of its processes\n", static_cast<int>(t.launcher), t.printed, static_cast<int>(::getpid()),
@@ -89,12 +94,16 @@ std::string take_over(const train_args& a, const takeover_state& t, const dist_t
                             .c_str());
     std::fflush(stdout);
   }
-  auto n = start_node(rank_node_options("tcp://127.0.0.1:0"), "takeover");
-  choose_held_step(*n, o, cfg, o.layout.world(), held.processes, t.run, held);
+  // Every survivor hears at once that this is its launcher now (no
+  // minute's wait, no second takeover), with the steps printed so far.
+  if (replicas) {
+    replicas->grid(&n, live, t.job, t.run);
+    replicas->grid(nullptr, {}, {}, 0);
+  }
+  choose_held_step(n, o, cfg, o.layout.world(), held.processes, t.run, held);
   if (held.restore.step == 0 && o.from_memory.step > 0)
-    choose_held_step(*n, o, cfg, static_cast<int>(o.from_memory.holder_of.size()), held.processes, o.from_memory.run,
+    choose_held_step(n, o, cfg, static_cast<int>(o.from_memory.holder_of.size()), held.processes, o.from_memory.run,
                      held);
-  n->stop();
   return "the launcher (the coordinator, pid " + std::to_string(t.launcher) + ") died";
 }
 
@@ -114,8 +123,21 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   // Started by a rank process after the launcher before died
   // (apps/launcher_takeover.hpp): its grid, where it was.
   std::optional<takeover_state> took;
+  std::unique_ptr<node> takeover_node;  // its links to the survivors, until its first grid
+  struct remove_file {                  // the lock that let one process start this launcher
+    std::string path;
+    ~remove_file() {
+      std::error_code ec;
+      if (!path.empty()) fs::remove(path, ec);
+    }
+  } takeover_lock;
   if (!a.take_over.empty()) {
     took = read_takeover_file(a.take_over);
+    takeover_lock.path = takeover_lock_path(took->token, took->launcher);
+    takeover_node = start_node(rank_node_options("tcp://127.0.0.1:0"), "takeover");
+    // The newest state any survivor keeps (the one the launcher asked last
+    // may have died with it).
+    took = newest_takeover_state(*takeover_node, std::move(*took));
     o = job_from_json_text(took->job, "job description of the launcher taken over");
   }
   // A drain writes a checkpoint where the next plan starts, and in-memory
@@ -124,7 +146,9 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   std::optional<scratch_dir> drains;
   if ((probing || o.snapshot_every > 0) && o.checkpoint_dir.empty())
     o.checkpoint_dir = drains.emplace("corolla-elastic").path();
-  else if (took && a.checkpoint_dir.empty() && !o.checkpoint_dir.empty())
+  else if (took && a.checkpoint_dir.empty() && !o.checkpoint_dir.empty() &&
+           o.checkpoint_dir.parent_path() == fs::temp_directory_path() &&
+           o.checkpoint_dir.filename().string().rfind("corolla-elastic-", 0) == 0)
     drains.emplace(scratch_dir::existing_t{}, o.checkpoint_dir);  // the private one of the launcher before
   // Workers may join (apps/train_lobby.hpp); with --cluster only when
   // machines may: --standby, or a --join-listen given.
@@ -356,6 +380,9 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     if (pending) end_holders.now();
     then(r);
   };
+  // What the rank processes are told from the first grid on (a launcher
+  // that took over: the steps printed and the re-plans before it).
+  if (replicas) replicas->publish(printed, ledger());
   for (;;) {
     std::vector<int> lost;
     // Survivors keep what they hold in memory for the next grid (workers
@@ -368,6 +395,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     // Ranks that may carry the job on without this launcher: not in a grid
     // with a joined worker's rank (those die with it, as before).
     o.takeover_token = replicas && o.hold_snapshots ? takeover_token : std::string();
+    o.launcher_pid = static_cast<int>(::getpid());
     held_snapshots held;
     held.newest = &printed;
     held.reusable = &holders;
@@ -379,8 +407,10 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       o.snapshot_every = snapshot_every;
       if (took) {
         launcher_lost = true;
-        const std::string why = take_over(a, *took, o, cfg, held, lost);
+        const std::string why = take_over(a, *took, o, cfg, *takeover_node, replicas ? &*replicas : nullptr, held, lost);
         took.reset();
+        takeover_node->stop();
+        takeover_node.reset();
         throw train_error(why);
       }
       const int last = run_local_job(a, o, cfg, hooks, &lost, where.any() ? &remote : nullptr, &held);

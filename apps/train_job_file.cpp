@@ -39,6 +39,7 @@ nlohmann::json job_to_json(const dist_train_options& o) {
           {"hold_snapshots", o.hold_snapshots},
           {"drain_to_memory", o.drain_to_memory},
           {"takeover_token", o.takeover_token},
+          {"launcher_pid", o.launcher_pid},
           {"from_memory",
            {{"step", o.from_memory.step}, {"run", std::to_string(o.from_memory.run)},
             {"holder_of", holders}, {"endpoints", o.from_memory.endpoints},
@@ -94,6 +95,7 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
     o.hold_snapshots = j.value("hold_snapshots", false);
     o.drain_to_memory = j.value("drain_to_memory", false);
     o.takeover_token = j.value("takeover_token", std::string());
+    o.launcher_pid = j.value("launcher_pid", 0);
     if (j.contains("from_memory")) {
       const auto& m = j.at("from_memory");
       o.from_memory.step = m.at("step");

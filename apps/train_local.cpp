@@ -32,6 +32,7 @@
 #include "apps/launcher_takeover.hpp"
 #include "apps/rank_hold.hpp"
 #include "apps/rank_processes.hpp"
+#include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_lobby.hpp"
 #include "apps/train_job_file.hpp"
@@ -320,10 +321,11 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
       // holding the grid before's snapshots.
       std::vector<takeover_process> procs;
       for (const auto& [rank, p] : roster)
-        if (ranks.pid(rank) > 0) procs.push_back({rank, ranks.pid(rank), p.node_id, p.endpoint});
+        if (const pid_t pid = ranks.pid(rank); pid > 0)
+          procs.push_back({rank, pid, p.node_id, p.endpoint, process_start_time(pid)});
       if (held->reusable)
         for (const holder_process& h : *held->reusable)
-          if (h.pid > 0) procs.push_back({-1, h.pid, h.node_id, h.endpoint});
+          if (h.pid > 0) procs.push_back({-1, h.pid, h.node_id, h.endpoint, process_start_time(h.pid)});
       // A rank on another machine: a launcher here could not carry this grid on.
       replicas->grid(n.get(), std::move(procs), job_text, run, !o.takeover_token.empty());
     }

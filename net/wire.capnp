@@ -312,6 +312,14 @@ struct TakeoverProcess {
   pid @1 :Int32;
   nodeId @2 :Text;
   endpoint @3 :Text;
+  started @4 :UInt64;      # its start time (/proc, clock ticks after boot): a reused pid is not it
+}
+
+# "train.successor?" a launcher taking over -> a rank process's
+# "train-successor" actor: the newest state it keeps (answered with a
+# train.successor body; unknown_actor when it has none).
+struct TrainTakeoverAsk {
+  token @0 :Text;
 }
 
 # "train.abort" coordinator -> every rank: the job failed (a rank died);

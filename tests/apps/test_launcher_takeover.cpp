@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "actors/corolla.hpp"
+#include "tests/actors/node_test_util.hpp"
 #include "apps/launcher_takeover.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_job_file.hpp"
@@ -23,12 +24,6 @@ using namespace corolla;
 using namespace corolla::app;
 
 namespace {
-
-std::unique_ptr<node> start_test_node() {
-  auto n = node::start(node_options{});
-  if (!n) FAIL(error_message(n.error()));
-  return std::move(*n);
-}
 
 takeover_state sample_state(const std::string& token) {
   dist_train_options o;
@@ -47,7 +42,7 @@ takeover_state sample_state(const std::string& token) {
   s.job = job_to_json(o).dump();
   s.run = 0x1234567890abcdefULL;
   s.printed = 7;
-  s.processes = {{0, 100, "n-0", "tcp://127.0.0.1:1"}, {-1, 101, "n-1", "tcp://127.0.0.1:2"}};
+  s.processes = {{0, 100, "n-0", "tcp://127.0.0.1:1", 12345}, {-1, 101, "n-1", "tcp://127.0.0.1:2", 0}};
   s.ledger = {{"steps_run", 7}, {"replans", nlohmann::json::array()}};
   return s;
 }
@@ -73,6 +68,7 @@ TEST_CASE("the launcher's state round-trips as train.successor, and a malformed 
   CHECK(back->processes[1].pid == 101);
   CHECK(back->processes[1].node_id == "n-1");
   CHECK(back->processes[0].endpoint == "tcp://127.0.0.1:1");
+  CHECK(back->processes[0].started == 12345u);
   CHECK(back->ledger == s.ledger);
 
   remote_message bad = m;
@@ -84,6 +80,13 @@ TEST_CASE("the launcher's state round-trips as train.successor, and a malformed 
   takeover_state no_args = s;
   no_args.args.clear();
   CHECK(error_code(decode_takeover(takeover_message(no_args)).error()) == "bad_message");
+  // Only an elastic `corolla train` is ever started from a state.
+  takeover_state other_command = s;
+  other_command.args = {"serve", "--elastic"};
+  CHECK(error_code(decode_takeover(takeover_message(other_command)).error()) == "bad_message");
+  takeover_state not_elastic = s;
+  not_elastic.args = {"train", "--model", "m"};
+  CHECK(error_code(decode_takeover(takeover_message(not_elastic)).error()) == "bad_message");
   takeover_state bad_process = s;
   bad_process.processes[0].pid = -5;
   CHECK(error_code(decode_takeover(takeover_message(bad_process)).error()) == "bad_message");
@@ -96,12 +99,17 @@ TEST_CASE("the launcher's state round-trips as train.successor, and a malformed 
 }
 
 TEST_CASE("a rank process keeps the launcher's state only from whoever has the job's token, and only a well-formed one") {
-  auto rank = start_test_node();
-  auto peer = start_test_node();
-  start_successor(*rank, "right-token");
-  start_successor(*rank, "other-token");  // once per process: the first one stays
+  auto rank = node_test::start_node();
+  auto peer = node_test::start_node();
+  start_successor(*rank, "right-token", ::getpid());
+  start_successor(*rank, "other-token", ::getpid());  // once per process: the first one stays
   REQUIRE(peer->connect(rank->endpoint()));
   auto ask = [&](remote_message m) { return peer->request(rank->id(), successor_name, std::move(m), std::chrono::seconds(10)); };
+
+  // Asked for what it keeps: nothing yet; never for another token.
+  auto kept = fetch_takeover_state(*peer, rank->id(), "right-token", std::chrono::seconds(10));
+  REQUIRE_FALSE(kept);
+  CHECK(error_code(kept.error()) == "unknown_actor");
 
   auto r = ask(takeover_message(sample_state("wrong-token")));
   REQUIRE_FALSE(r);
@@ -134,6 +142,13 @@ TEST_CASE("a rank process keeps the launcher's state only from whoever has the j
   takeover_state right = sample_state("right-token");
   right.launcher = ::getpid();
   CHECK(ask(takeover_message(right)));
+  kept = fetch_takeover_state(*peer, rank->id(), "right-token", std::chrono::seconds(10));
+  REQUIRE(kept);
+  CHECK(kept->printed == 7);
+  CHECK(kept->launcher == ::getpid());
+  kept = fetch_takeover_state(*peer, rank->id(), "wrong-token", std::chrono::seconds(10));
+  REQUIRE_FALSE(kept);
+  CHECK(error_code(kept.error()) == "auth_refused");
   rank->stop();
   peer->stop();
 }
@@ -141,6 +156,13 @@ TEST_CASE("a rank process keeps the launcher's state only from whoever has the j
 TEST_CASE("processes that are not this one's children: alive until they end, reaped_all waits for them, a zombie is "
           "not alive") {
   CHECK(process_alive(::getpid()));
+  CHECK(process_start_time(::getpid()) > 0u);
+  CHECK(process_start_time(::getpid()) == process_start_time(::getpid()));
+  const takeover_process me{0, ::getpid(), "n", "e", process_start_time(::getpid())};
+  CHECK(me.alive());
+  CHECK(me.running());
+  const takeover_process reused{0, ::getpid(), "n", "e", process_start_time(::getpid()) + 1};
+  CHECK_FALSE(reused.alive());  // the same pid, another process
   CHECK_FALSE(process_alive(0));
   CHECK_FALSE(process_alive(-1));
 

@@ -11,6 +11,7 @@
 #include <caf/all.hpp>
 
 #include "actors/corolla.hpp"
+#include "tests/actors/node_test_util.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_snapshots.hpp"
 #include "apps/rank_hold.hpp"
@@ -20,12 +21,6 @@ using namespace corolla;
 using namespace corolla::app;
 
 namespace {
-
-std::unique_ptr<node> start_test_node() {
-  auto n = node::start(node_options{});
-  if (!n) FAIL(error_message(n.error()));
-  return std::move(*n);
-}
 
 /// A keeper of run `job` on `n` (rank 1 of a 1x2 job).
 caf::actor start_keeper(node& n, std::uint64_t job) {
@@ -61,8 +56,8 @@ rank_assignment assignment(int rank, std::uint64_t run, const std::string& job) 
 
 TEST_CASE("a holding rank process takes the next grid's rank only from whoever names a run it holds, only a "
           "well-formed one, and keeps only that run's keeper") {
-  auto holder = start_test_node();
-  auto launcher = start_test_node();
+  auto holder = node_test::start_node();
+  auto launcher = node_test::start_node();
   start_keeper(*holder, 42);
   start_keeper(*holder, 43);  // an older grid's, which the next one does not read
   auto next = std::async(std::launch::async,
