@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 
@@ -209,6 +210,7 @@ struct holder_process {
   std::string node_id;    ///< its node
   std::string endpoint;   ///< where its node listens
   std::set<std::string> buckets;  ///< whose parameters it holds of the step chosen (what a rank run in it reads there)
+  std::map<std::string, double> bytes;  ///< the size of each of those buckets' parameters
 };
 struct held_snapshots {
   const int* newest = nullptr;  ///< in: the last step printed, read at the failure (null: any step)

@@ -64,7 +64,10 @@ void choose_held_step(node& n, const dist_train_options& o, const model_config& 
   std::map<std::tuple<int, int, std::int64_t>, snapshot_listing> listings;  // (holder, owner, step) -> its listing
   std::map<int, std::size_t> process_of;  // a holder (its rank in that run's grid) -> its process in `procs`
   held.holders = 0;
-  for (holder_process& p : procs) p.buckets.clear();
+  for (holder_process& p : procs) {
+    p.buckets.clear();
+    p.bytes.clear();
+  }
   for (int i = 0; i < static_cast<int>(procs.size()); ++i) {
     const holder_process& p = procs[static_cast<std::size_t>(i)];
     if (p.pid <= 0) continue;
@@ -125,7 +128,11 @@ void choose_held_step(node& n, const dist_train_options& o, const model_config& 
   for (const auto& [key, l] : listings)
     if (std::get<2>(key) == choice.step)
       for (const auto& [name, values] : l.tensors)
-        if (name.rfind("params.", 0) == 0) procs.at(process_of.at(std::get<0>(key))).buckets.insert(name.substr(7));
+        if (name.rfind("params.", 0) == 0) {
+          holder_process& p = procs.at(process_of.at(std::get<0>(key)));
+          p.buckets.insert(name.substr(7));
+          p.bytes[name.substr(7)] = 4.0 * static_cast<double>(values);  // f32
+        }
 }
 
 std::vector<std::string> rank_args(const train_args& a, int rank, const std::string& coordinator, const std::string& job_file) {
@@ -194,8 +201,8 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   rank_processes ranks;
   std::atomic<bool> over{false};
   // A job reading from the memory of the grid before runs its local ranks
-  // in the processes holding it, each where the most of the parameters it
-  // needs already are (schedule::match_processes).
+  // in the processes holding it, each where the most bytes of the
+  // parameters it needs already are (schedule::match_processes).
   std::vector<int> in_process(static_cast<std::size_t>(o.layout.world()), -1);  // rank -> index into *reusable
   if (held && held->reusable && o.from_memory.step > 0) {
     std::vector<int> local;
@@ -205,8 +212,12 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
         local.push_back(r);
         needs.push_back(param_buckets(o.layout, r));
       }
-    for (const holder_process& h : *held->reusable) holds.push_back(h.pid > 0 ? h.buckets : std::set<std::string>{});
-    const std::vector<int> m = schedule::match_processes(needs, holds);
+    schedule::bucket_bytes bytes;  // so that the match weighs what would cross a link
+    for (const holder_process& h : *held->reusable) {
+      holds.push_back(h.pid > 0 ? h.buckets : std::set<std::string>{});
+      bytes.insert(h.bytes.begin(), h.bytes.end());
+    }
+    const std::vector<int> m = schedule::match_processes(needs, holds, bytes);
     for (std::size_t i = 0; i < local.size(); ++i)
       if (m[i] >= 0 && (*held->reusable)[static_cast<std::size_t>(m[i])].pid > 0)
         in_process[static_cast<std::size_t>(local[i])] = m[i];
