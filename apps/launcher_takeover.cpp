@@ -250,6 +250,7 @@ remote_message takeover_message(const takeover_state& s) {
   auto args = r.initArgs(static_cast<unsigned>(s.args.size()));
   for (unsigned i = 0; i < s.args.size(); ++i) args.set(i, s.args[i]);
   r.setJob(s.job);
+  r.setJobFile(s.job_file);
   r.setRun(s.run);
   r.setPrinted(s.printed);
   auto ps = r.initProcesses(static_cast<unsigned>(s.processes.size()));
@@ -282,6 +283,7 @@ caf::expected<takeover_state> decode_takeover(const remote_message& m) {
     if (s.args.front() != "train" || std::find(s.args.begin(), s.args.end(), "--elastic") == s.args.end())
       throw std::invalid_argument("the command line is not an elastic corolla train");
     s.job = capnp_body::text(r.getJob(), "job", max_job_bytes);
+    s.job_file = capnp_body::text(r.getJobFile(), "job file", 4096);
     s.run = r.getRun();
     s.printed = r.getPrinted();
     auto ps = r.getProcesses();
@@ -319,13 +321,14 @@ launcher_replicas::launcher_replicas(std::string token) {
 }
 
 void launcher_replicas::grid(node* n, std::vector<takeover_process> processes, std::string job, std::uint64_t run,
-                             bool armed) {
+                             bool armed, std::string job_file) {
   std::lock_guard<std::mutex> lock(mutex_);
   node_ = n;
   if (n) state_.launcher_node = n->id();
   state_.processes = armed ? processes : std::vector<takeover_process>{};
   recipients_ = std::move(processes);
   state_.job = std::move(job);
+  state_.job_file = std::move(job_file);
   state_.run = run;
   if (node_) send_locked();
 }

@@ -82,6 +82,7 @@ struct takeover_state {
   std::string cwd;
   std::vector<std::string> args;  ///< the launcher's command line, without argv[0]
   std::string job;                ///< the running grid's job description, JSON
+  std::string job_file;           ///< where the launcher wrote it for the ranks (removed by a new launcher)
   std::uint64_t run = 0;          ///< the running grid's run id
   int printed = 0;                ///< the last step printed
   std::vector<takeover_process> processes;
@@ -124,7 +125,8 @@ class launcher_replicas {
   /// `armed` (a grid with a rank on another machine, which a launcher
   /// here could not take over): the state lists no process, so none takes
   /// over (each ends a minute after the launcher).
-  void grid(node* n, std::vector<takeover_process> processes, std::string job, std::uint64_t run, bool armed = true);
+  void grid(node* n, std::vector<takeover_process> processes, std::string job, std::uint64_t run, bool armed = true,
+            std::string job_file = {});
   /// Before step `printed` is printed: sends the state with it and `ledger`
   /// (see takeover_state); returns once the first live process took it
   /// (at most 1 s).

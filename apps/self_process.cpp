@@ -44,9 +44,14 @@ std::array<std::atomic<pid_t>, max_guarded> guarded{};
 
 static_assert(std::atomic<pid_t>::is_always_lock_free, "the stop-signal handler reads the table lock-free");
 
+// The file a stop signal removes: written only while `removable` is false.
+char removable_path[4096];
+std::atomic<bool> removable{false};
+
 void end_guarded(int sig) {
   for (auto& p : guarded)
     if (const pid_t pid = p.load(); pid > 0) ::kill(pid, SIGKILL);
+  if (removable.load()) ::unlink(removable_path);
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   ::sigemptyset(&dfl.sa_mask);
@@ -178,6 +183,13 @@ void end_on_stop_signal(pid_t pid) {
     pid_t empty = 0;
     if (p.compare_exchange_strong(empty, pid)) return;
   }
+}
+
+void remove_on_stop_signal(const std::string& path) {
+  removable = false;
+  if (path.empty() || path.size() >= sizeof removable_path) return;
+  std::memcpy(removable_path, path.c_str(), path.size() + 1);
+  removable = true;
 }
 
 void forget_on_stop_signal(pid_t pid) {

@@ -46,6 +46,9 @@ void end_on_stop_signals();
 void end_on_stop_signal(pid_t pid);
 /// Unregisters `pid`.
 void forget_on_stop_signal(pid_t pid);
+/// A stop signal also removes the file at `path` ("" = none; one at a
+/// time): a launcher's job file, which holds its job's takeover token.
+void remove_on_stop_signal(const std::string& path);
 
 /// Reaps the children among `pids` (> 0) that exit within `timeout`,
 /// setting each reaped one to -1 (a process that is not this one's child:

@@ -71,6 +71,12 @@ using clock_type = std::chrono::steady_clock;
 std::string take_over(const train_args& a, const takeover_state& t, const dist_train_options& o,
                       const model_config& cfg, node& n, launcher_replicas* replicas, held_snapshots& held,
                       std::vector<int>& lost) {
+  // The dead launcher's job file (its ranks read it long ago; it holds the token).
+  if (const fs::path f = t.job_file; !f.empty() && f.parent_path() == fs::temp_directory_path() &&
+                                     f.filename().string().rfind("corolla-job-", 0) == 0) {
+    std::error_code ec;
+    fs::remove(f, ec);
+  }
   std::vector<takeover_process> live;
   for (const takeover_process& p : t.processes) {
     if (p.alive()) {
@@ -378,6 +384,13 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   hooks.on_step = [&, then = hooks.on_step](const dist_step_report& r) {
     // The new grid's first step: its own snapshots protect it from now on.
     if (pending) end_holders.now();
+    // Every process of the job names this launcher by now (the others are
+    // ended): no second takeover can start, the lock has done its work.
+    if (!takeover_lock.path.empty()) {
+      std::error_code ec;
+      fs::remove(takeover_lock.path, ec);
+      takeover_lock.path.clear();
+    }
     then(r);
   };
   // What the rank processes are told from the first grid on (a launcher

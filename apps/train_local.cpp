@@ -192,10 +192,12 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   struct remove_file {
     fs::path p;
     ~remove_file() {
+      remove_on_stop_signal({});
       std::error_code ec;
       fs::remove(p, ec);
     }
   } cleanup{job_file};
+  remove_on_stop_signal(job_file.string());  // it holds the job's takeover token
 
   auto inbox = std::make_shared<train_inbox>();
   rank_processes ranks;
@@ -338,7 +340,7 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
         for (const holder_process& h : *held->reusable)
           if (h.pid > 0) procs.push_back({-1, h.pid, h.node_id, h.endpoint, process_start_time(h.pid)});
       // A rank on another machine: a launcher here could not carry this grid on.
-      replicas->grid(n.get(), std::move(procs), job_text, run, !o.takeover_token.empty());
+      replicas->grid(n.get(), std::move(procs), job_text, run, !o.takeover_token.empty(), job_file.string());
     }
     if (then) then(peers, run);
   };

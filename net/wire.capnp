@@ -303,6 +303,7 @@ struct TrainTakeover {
   processes @7 :List(TakeoverProcess);
   ledger @8 :Text;         # JSON: the re-plans so far, steps run, last loss, start time
   launcherNode @9 :Text;   # the launcher's node id: its link going down is the first sign of its death
+  jobFile @10 :Text;       # the running grid's job file (private, this machine): a new launcher removes it
 }
 
 # A process of an elastic job: a rank of the running grid (rank >= 0) or a

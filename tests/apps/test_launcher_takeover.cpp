@@ -40,6 +40,7 @@ takeover_state sample_state(const std::string& token) {
   s.cwd = "/tmp";
   s.args = {"train", "--model", "m", "--elastic"};
   s.job = job_to_json(o).dump();
+  s.job_file = "/tmp/corolla-job-abc";
   s.run = 0x1234567890abcdefULL;
   s.printed = 7;
   s.processes = {{0, 100, "n-0", "tcp://127.0.0.1:1", 12345}, {-1, 101, "n-1", "tcp://127.0.0.1:2", 0}};
@@ -61,6 +62,7 @@ TEST_CASE("the launcher's state round-trips as train.successor, and a malformed 
   CHECK(back->cwd == s.cwd);
   CHECK(back->args == s.args);
   CHECK(back->job == s.job);
+  CHECK(back->job_file == "/tmp/corolla-job-abc");
   CHECK(back->run == s.run);
   CHECK(back->printed == 7);
   REQUIRE(back->processes.size() == 2u);

@@ -1,0 +1,139 @@
+// `corolla train --elastic` outliving its launcher (apps/launcher_takeover.hpp):
+// the launcher killed (twice in a row), a rank process starts a new one that
+// carries the job on in the same processes; a launcher stopped on purpose
+// stops its job.
+#include <doctest/doctest.h>
+
+#include <sched.h>
+#include <sys/resource.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/corolla.hpp"
+#include "actors/node_control.hpp"
+#include "actors/train_store.hpp"
+#include "tests/apps/elastic_test_util.hpp"
+#include "tests/apps/train_test_util.hpp"
+#include "tests/support/child_process.hpp"
+#include "tests/support/cli_expect.hpp"
+
+namespace {
+
+using namespace corolla;
+using namespace corolla::testing;
+using namespace corolla::testing::train_test;
+using namespace corolla::testing::elastic_test;
+
+/// Whether process `pid` exists and has not ended (a zombie has).
+bool alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+}
+
+}  // namespace
+
+TEST_CASE("--elastic: the launcher (the coordinator) killed mid-run, then the launcher that took over: each time a "
+          "rank process starts a new one, which carries the job on in the same processes from their memory, every "
+          "step printed once, with the single-process losses") {
+  temp_dir_guard tmp("mp-train-elastic-takeover");
+  const job j = slow_job(tmp, 18);
+  const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
+  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":5\b)"), std::chrono::seconds(60)));
+  const std::set<pid_t> first = grid_pids(launcher.lines()).front();
+  REQUIRE(first.size() == 4u);
+  launcher.signal(SIGKILL);
+  // The rank processes and the new launcher write to the same stdout.
+  const auto took = launcher.wait_line(std::regex(R"re("event":"takeover"[^}]*"pid":(\d+))re"), std::chrono::seconds(60));
+  REQUIRE(took);
+  const pid_t second = static_cast<pid_t>(std::stoi((*took)[1]));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":11\b)"), std::chrono::seconds(60)));
+  ::kill(second, SIGKILL);
+  // Read to its end (the killed launchers' statuses say nothing more).
+  launcher.wait_line(std::regex("^$a"), std::chrono::seconds(180));
+  const std::string err = launcher.err();
+  INFO("stderr: " << err);
+  check_close(json_steps(launcher.lines()), want, 1e-5);
+  // A re-plan per launcher lost, no rank lost, the same grid again in the
+  // same processes, from what they hold in memory.
+  const auto events = replans(launcher.lines());
+  REQUIRE(events.size() == 2u);
+  CHECK(events[0]["reason"].get<std::string>().find("the launcher (the coordinator, pid " +
+                                                    std::to_string(launcher.pid()) + ") died") != std::string::npos);
+  CHECK(events[1]["reason"].get<std::string>().find("the launcher (the coordinator, pid " + std::to_string(second) +
+                                                    ") died") != std::string::npos);
+  for (const auto& e : events) {
+    CHECK(e["lost_ranks"] == nlohmann::json::array());
+    CHECK(e["to"] == "2x2 [0,2) [2,4)");
+    CHECK(e["from_memory"] == true);
+    CHECK(e["completed"] == true);
+    CHECK(e["replayed_steps"].get<int>() <= 1);
+  }
+  const auto grids = grid_pids(launcher.lines());
+  REQUIRE(grids.size() == 3u);
+  CHECK(grids[1] == first);
+  CHECK(grids[2] == first);
+  // The last launcher's summary counts the job's steps and both re-plans;
+  // then nothing of the job is left running.
+  nlohmann::json summary;
+  for (const std::string& l : launcher.lines()) {
+    const auto e = nlohmann::json::parse(l, nullptr, false);
+    if (e.is_object() && e.contains("replans") && e.contains("tokens_per_s")) summary = e;
+  }
+  REQUIRE(summary.is_object());
+  CHECK(summary["replans"].size() == 2u);
+  std::smatch m;
+  REQUIRE(std::regex_search(err, m, std::regex(R"(this one \(pid (\d+)\) carries the job on with 4)")));
+  std::vector<pid_t> launchers;  // those that took over
+  const std::regex taking(R"(this one \(pid (\d+)\))");
+  for (auto it = std::sregex_iterator(err.begin(), err.end(), taking); it != std::sregex_iterator(); ++it)
+    launchers.push_back(static_cast<pid_t>(std::stoi((*it)[1])));
+  REQUIRE(launchers.size() == 2u);
+  CHECK(launchers[0] == second);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto any_alive = [&] {
+    return std::any_of(launchers.begin(), launchers.end(), alive) || std::any_of(first.begin(), first.end(), alive);
+  };
+  while (any_alive() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(any_alive());
+}
+
+TEST_CASE("--elastic: a launcher stopped on purpose (SIGTERM) ends its ranks, which no longer die with it by "
+          "themselves, and nobody takes over") {
+  temp_dir_guard tmp("mp-train-elastic-sigterm");
+  const job j = slow_job(tmp, 40);
+  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
+  const std::set<pid_t> ranks = grid_pids(launcher.lines()).front();
+  launcher.signal(SIGTERM);
+  REQUIRE(launcher.wait(std::chrono::seconds(10)) == -SIGTERM);
+  // stdout closes: no rank and no new launcher holds it.
+  launcher.wait_line(std::regex("^$a"), std::chrono::seconds(20));
+  // (A killed process closes its files a moment before it is gone.)
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto any_alive = [&] { return std::any_of(ranks.begin(), ranks.end(), alive); };
+  while (any_alive() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(any_alive());
+  CHECK(launcher.err().find("carries the job on") == std::string::npos);
+  for (const std::string& l : launcher.lines()) CHECK(l.find(R"("step":40)") == std::string::npos);
+}
