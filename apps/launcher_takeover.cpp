@@ -337,7 +337,9 @@ void launcher_replicas::publish(int printed, nlohmann::json ledger) {
   std::lock_guard<std::mutex> lock(mutex_);
   state_.printed = printed;
   state_.ledger = std::move(ledger);
-  if (node_) send_locked();
+  // A grid nobody may take over was told so at its roster (its new
+  // processes keep no state: nothing to tell them at every step).
+  if (node_ && !state_.processes.empty()) send_locked();
 }
 
 void launcher_replicas::send_locked() {

@@ -128,8 +128,8 @@ class launcher_replicas {
   void grid(node* n, std::vector<takeover_process> processes, std::string job, std::uint64_t run, bool armed = true,
             std::string job_file = {});
   /// Before step `printed` is printed: sends the state with it and `ledger`
-  /// (see takeover_state); returns once the first live process took it
-  /// (at most 1 s).
+  /// (see takeover_state); returns once the first running process took it
+  /// (at most 1 s each). Not to a grid that is not armed.
   void publish(int printed, nlohmann::json ledger);
 
  private:
