@@ -101,6 +101,11 @@ pid_t spawn_self_detached(const std::vector<std::string>& args, const std::strin
     if (pid == 0) {
       ::close(fds[1]);
       ::prctl(PR_SET_PDEATHSIG, 0);
+      // Forked from whichever thread asked (an actor's): the new program
+      // starts with no signal blocked (SIGTERM must reach its handler).
+      sigset_t none;
+      ::sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
       if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
       ::execv(cmd.binary.c_str(), cmd.argv.data());
       ::_exit(127);

@@ -137,3 +137,30 @@ TEST_CASE("--elastic: a launcher stopped on purpose (SIGTERM) ends its ranks, wh
   CHECK(launcher.err().find("carries the job on") == std::string::npos);
   for (const std::string& l : launcher.lines()) CHECK(l.find(R"("step":40)") == std::string::npos);
 }
+
+TEST_CASE("--elastic: a launcher that took over, stopped on purpose (SIGTERM), ends the processes it took over, and "
+          "nobody takes over from it") {
+  temp_dir_guard tmp("mp-train-elastic-takeover-sigterm");
+  const job j = slow_job(tmp, 60);
+  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
+  const std::set<pid_t> ranks = grid_pids(launcher.lines()).front();
+  launcher.signal(SIGKILL);
+  const auto took = launcher.wait_line(std::regex(R"re("event":"takeover"[^}]*"pid":(\d+))re"), std::chrono::seconds(60));
+  REQUIRE(took);
+  const pid_t second = static_cast<pid_t>(std::stoi((*took)[1]));
+  REQUIRE(launcher.wait_line(std::regex(R"("step":6\b)"), std::chrono::seconds(60)));
+  ::kill(second, SIGTERM);
+  // stdout closes: no rank and no third launcher holds it.
+  launcher.wait_line(std::regex("^$a"), std::chrono::seconds(30));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto any_alive = [&] { return alive(second) || std::any_of(ranks.begin(), ranks.end(), alive); };
+  while (any_alive() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(any_alive());
+  const std::string err = launcher.err();
+  INFO("stderr: " << err);
+  // One takeover only, and the job did not finish.
+  CHECK(err.find("carries the job on") == err.rfind("carries the job on"));
+  for (const std::string& l : launcher.lines()) CHECK(l.find(R"("step":60)") == std::string::npos);
+}
