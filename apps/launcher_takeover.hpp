@@ -107,7 +107,7 @@ caf::expected<takeover_state> fetch_takeover_state(node& n, const std::string& n
 takeover_state newest_takeover_state(node& n, takeover_state t);
 
 /// The lock file that lets one process per dead launcher `launcher` start
-/// a new one (the new launcher removes it when it ends).
+/// a new one (the new launcher removes it once its first grid has a step).
 std::string takeover_lock_path(const std::string& token, pid_t launcher);
 
 /// A new random token (128 bits, hex).
