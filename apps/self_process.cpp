@@ -106,9 +106,18 @@ pid_t spawn_self_detached(const std::vector<std::string>& args, const std::strin
       sigset_t none;
       ::sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
+      // Only async-signal-safe calls here (forked from a threaded process):
+      // a failure says what failed on stderr with write(2).
+      auto fail = [](const char* what, int code) {
+        static const char head[] = "corolla: cannot start a detached process: ";
+        ssize_t ignored = ::write(STDERR_FILENO, head, sizeof head - 1);
+        ignored = ::write(STDERR_FILENO, what, std::strlen(what));
+        (void)ignored;
+        ::_exit(code);
+      };
+      if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) fail("its working directory is gone (chdir failed)\n", 126);
       ::execv(cmd.binary.c_str(), cmd.argv.data());
-      ::_exit(127);
+      fail("exec failed (this program's binary was replaced or removed?)\n", 127);
     }
     // Its id to the caller; then this middle process ends, and the new
     // one is nobody's child here.
