@@ -111,6 +111,12 @@ std::string write_state_file(const takeover_state& s) {
   return name;
 }
 
+/// What /proc says of `p`'s pid, when that pid is still `p` (not reused).
+process_stat stat_of(const takeover_process& p) {
+  const process_stat s = read_process_stat(p.pid);
+  return p.started == 0 || s.started == p.started ? s : process_stat{};
+}
+
 /// Whether this process is the first of `s`'s processes still running.
 bool elected(const takeover_state& s) {
   for (const takeover_process& p : s.processes)
@@ -347,8 +353,9 @@ void launcher_replicas::send_locked() {
   // A state naming no process (a grid nobody may take over) needs no answer.
   bool acknowledged = state_.processes.empty();
   for (const takeover_process& p : recipients_) {
-    if (!p.alive()) continue;
-    if (!acknowledged && p.running()) {
+    const process_stat stat = stat_of(p);
+    if (!stat.alive()) continue;
+    if (!acknowledged && stat.running()) {
       // The one a takeover would start from: the step is printed once it
       // knows. Without its answer the next running process is asked.
       auto r = node_->request(p.node_id, successor_name, m, std::chrono::seconds(1));
@@ -365,9 +372,9 @@ void launcher_replicas::send_locked() {
   }
 }
 
-bool takeover_process::alive() const { return process_alive(pid) && (started == 0 || process_start_time(pid) == started); }
+bool takeover_process::alive() const { return stat_of(*this).alive(); }
 
-bool takeover_process::running() const { return alive() && process_running(pid); }
+bool takeover_process::running() const { return stat_of(*this).running(); }
 
 caf::expected<takeover_state> fetch_takeover_state(node& n, const std::string& node_id, const std::string& token,
                                                    std::chrono::milliseconds timeout) {

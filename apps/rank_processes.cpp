@@ -76,12 +76,7 @@ std::vector<int> rank_processes::stopped() const {
   std::vector<int> out;
   for (std::size_t i = 0; i < pids_.size(); ++i) {
     if (pids_[i] <= 0) continue;
-    std::ifstream stat("/proc/" + std::to_string(pids_[i]) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
-    const auto close = line.rfind(')');
-    if (close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't'))
+    if (const char state = read_process_stat(pids_[i]).state; state == 'T' || state == 't')
       out.push_back(static_cast<int>(i));
   }
   return out;

@@ -136,48 +136,29 @@ pid_t spawn_self_detached(const std::vector<std::string>& args, const std::strin
   return pid;
 }
 
-namespace {
-
-/// Process `pid`'s state letter in /proc ('\0': no such process).
-char process_state(pid_t pid) {
-  if (pid <= 0) return '\0';
+process_stat read_process_stat(pid_t pid) {
+  process_stat out;
+  if (pid <= 0) return out;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
-  if (!std::getline(stat, line)) return '\0';
-  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
+  if (!std::getline(stat, line)) return out;
+  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses; from
+  // STATE (field 3) on, starttime is field 22.
   const auto close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return '\0';
-  return line[close + 2];
-}
-
-}  // namespace
-
-bool process_alive(pid_t pid) {
-  const char state = process_state(pid);
-  return state != '\0' && state != 'Z' && state != 'X' && state != 'x';
-}
-
-std::uint64_t process_start_time(pid_t pid) {
-  if (pid <= 0) return 0;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return 0;
-  const auto close = line.rfind(')');
-  if (close == std::string::npos) return 0;
-  // After "(COMM)": field 3 (state) on; starttime is field 22.
+  if (close == std::string::npos || close + 2 >= line.size()) return out;
   std::istringstream rest(line.substr(close + 2));
   std::string field;
-  for (int i = 3; i < 22 && (rest >> field); ++i) {
+  rest >> field;
+  out.state = field.empty() ? '\0' : field[0];
+  for (int i = 4; i < 22 && (rest >> field); ++i) {
   }
-  std::uint64_t started = 0;
-  rest >> started;
-  return started;
+  rest >> out.started;
+  return out;
 }
 
-bool process_running(pid_t pid) {
-  const char state = process_state(pid);
-  return process_alive(pid) && state != 'T' && state != 't';
-}
+bool process_alive(pid_t pid) { return read_process_stat(pid).alive(); }
+
+std::uint64_t process_start_time(pid_t pid) { return read_process_stat(pid).started; }
 
 void end_on_stop_signals() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {

@@ -28,13 +28,21 @@ pid_t spawn_self(const std::vector<std::string>& args, int stdout_fd = -1, const
 /// Returns the new process's id; throws std::runtime_error when it cannot.
 pid_t spawn_self_detached(const std::vector<std::string>& args, const std::string& cwd);
 
-/// Whether process `pid` of this machine exists and has not ended (a
-/// zombie has).
+/// What /proc says of process `pid` of this machine, in one read.
+struct process_stat {
+  char state = '\0';         ///< 'R', 'S', 'T' (stopped), 'Z' (ended) ...; '\0': no such process
+  std::uint64_t started = 0;  ///< clock ticks after boot: with the pid, who a process is (pids are reused)
+
+  /// It exists and has not ended (a zombie has).
+  bool alive() const { return state != '\0' && state != 'Z' && state != 'X' && state != 'x'; }
+  /// alive(), and not stopped (SIGSTOP, a debugger).
+  bool running() const { return alive() && state != 'T' && state != 't'; }
+};
+process_stat read_process_stat(pid_t pid);
+
+/// read_process_stat(pid).alive().
 bool process_alive(pid_t pid);
-/// process_alive, and not stopped (SIGSTOP, a debugger).
-bool process_running(pid_t pid);
-/// When process `pid` started (clock ticks after boot, /proc), 0 when it
-/// does not exist: with the pid, who a process is (pids are reused).
+/// When process `pid` started (read_process_stat), 0 when it does not exist.
 std::uint64_t process_start_time(pid_t pid);
 
 /// From now on SIGINT, SIGTERM and SIGHUP end the processes registered
