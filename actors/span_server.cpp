@@ -143,11 +143,40 @@ void run_batch(span_server_actor* self) {
   auto& st = self->state;
   if (st.queue.empty()) return;
   std::vector<queued_step> current, retiring;
-  for (auto& q : st.queue)
+  std::vector<std::string> sessions;
+  for (auto& q : st.queue) {
+    sessions.push_back(q.item.session_id);
     (st.retiring && st.retiring->session_length(q.item.session_id) ? retiring : current).push_back(std::move(q));
+  }
   st.queue.clear();
+  ++st.queue_seq;  // a flush still on its way is for this queue: stale
+  st.gathering_wait = false;
+  const auto t0 = clock_type::now();
   if (!retiring.empty()) run_on(st, *st.retiring, std::move(retiring));
   if (!current.empty()) run_on(st, *st.engine, std::move(current));
+  st.gathering.ran(sessions, std::chrono::duration<double>(clock_type::now() - t0).count());
+}
+
+/// The sessions of the queued steps.
+std::vector<std::string> queued_sessions(const span_server_state& st) {
+  std::vector<std::string> out;
+  out.reserve(st.queue.size());
+  for (const auto& q : st.queue) out.push_back(q.item.session_id);
+  return out;
+}
+
+/// The flush of queue `seq`: runs it, unless sessions of the last batches
+/// have not sent their step yet, in which case it waits for them, as the
+/// gathering policy allows (a step of the last of them runs it at once).
+void on_flush(span_server_actor* self, std::uint64_t seq) {
+  auto& st = self->state;
+  if (seq != st.queue_seq || st.queue.empty()) return;
+  const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - st.queued_at);
+  const auto more = st.gathering.wait(queued_sessions(st), waited);
+  if (more.count() == 0) return run_batch(self);
+  if (!st.gathering_wait) ++st.stats.decode_waits;
+  st.gathering_wait = true;
+  self->delayed_send(self, more, flush_atom::value, seq);
 }
 
 /// Runs one step of `step.session_id` on `hidden` (from the request or
@@ -168,8 +197,13 @@ void run_step(span_server_actor* self, const span_step& step, const Tensor& hidd
         run_batch(self);
         break;
       }
-    if (st.queue.empty()) self->send(self, flush_atom::value);
+    if (st.queue.empty()) {
+      st.queued_at = clock_type::now();
+      self->send(self, flush_atom::value, st.queue_seq);
+    }
     st.queue.push_back({std::move(item), rp, step, std::move(trail)});
+    // The flush waits for the sessions of the last batches: the last of them runs it.
+    if (st.gathering_wait && st.gathering.missing(queued_sessions(st)).empty()) run_batch(self);
     return;
   }
   run_batch(self);  // steps that arrived earlier run first
@@ -359,6 +393,7 @@ void expire_idle(span_server_actor* self) {
       continue;
     }
     end_wait(st, it->first, "unknown_session", "session " + it->first + " expired");
+    st.gathering.forget(it->first);
     drop_early(st, it->first);
     if (engine_of(st, it->first).close_session(it->first)) {
       ++st.stats.sessions_expired;
@@ -385,6 +420,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
   self->state.runtime = runtime;
   self->state.engine = std::move(engine);
   self->state.options = std::move(options);
+  self->state.gathering = swarm::decode_gathering(self->state.options.gathering);
   self->set_default_handler(caf::drop);
   const auto expire_every = std::max(std::chrono::milliseconds(50), self->state.options.session_idle_timeout / 4);
   self->delayed_send(self, expire_every, expire_atom::value);
@@ -426,6 +462,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
           if (auto err = check_owner(st, *id, m.from_node)) return rp.deliver(std::move(err));
           st.last_used.erase(*id);
           st.owners.erase(*id);
+          st.gathering.forget(*id);
           end_wait(st, *id, "unknown_session", "session " + *id + " was closed");
           drop_early(st, *id);
           if (auto r = engine_of(st, *id).close_session(*id); !r) return rp.deliver(to_caf(r.error()));
@@ -438,7 +475,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
         rp.deliver(make_error(errc::bad_message, "the span server answers span.info, span.open, span.step, "
                                                  "span.close, span.forward and span.backward, not '" + m.type + "'"));
       },
-      [self](flush_atom) { run_batch(self); },
+      [self](flush_atom, std::uint64_t seq) { on_flush(self, seq); },
       [self](corrupt_atom, bool on) { self->state.corrupt = on; },
       [self](span_stats_atom) -> span_server_stats {
         auto& st = self->state;

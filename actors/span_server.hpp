@@ -12,7 +12,9 @@
 // stays usable; a malformed body is "bad_message".
 //
 // One-row decode steps of different sessions that are waiting in the mailbox
-// together run as one batch (span_engine::decode_batch). The actor is
+// together run as one batch (span_engine::decode_batch); the batch waits
+// briefly for sessions of the last batches whose next step is still on its
+// way (schedule/decode_gathering.hpp). The actor is
 // detached (its own thread): compute never blocks CAF's worker pool.
 // Sessions unused for session_idle_timeout are closed (a client that died
 // does not hold KV pages forever).
@@ -29,6 +31,7 @@
 
 #include "actors/span_stats.hpp"
 #include "model/span_engine.hpp"
+#include "schedule/decode_gathering.hpp"
 
 namespace corolla {
 
@@ -40,6 +43,10 @@ struct span_server_options {
   std::string model;
   /// Sessions idle this long are closed and their KV pages freed.
   std::chrono::milliseconds session_idle_timeout{std::chrono::minutes(5)};
+  /// How long a queue of one-row steps waits for the sessions of the last
+  /// batches that have not sent their next step yet (so concurrent sessions
+  /// do not split into batches that each read every weight).
+  swarm::gathering_policy gathering{};
 };
 
 /// Spawns the server actor over `engine` and publishes it on `n` as "span".

@@ -27,6 +27,7 @@ struct span_server_stats {
   // multi-row steps (prefill), and the stateless passes of fine-tuning.
   std::uint64_t decode_steps = 0;    ///< one-row steps answered
   std::uint64_t decode_batches = 0;  ///< batches they ran in
+  std::uint64_t decode_waits = 0;    ///< batches that waited for sessions of the last batches
   std::uint64_t prefill_steps = 0;
   std::uint64_t prefill_tokens = 0;
   std::uint64_t forward_passes = 0, backward_passes = 0;

@@ -38,6 +38,8 @@ std::string render_server_metrics(const std::string& node, const span_server_sta
             "batch's time",
             duration_histogram::bounds());
   m.declare("corolla_server_decode_batches_total", k::counter, "Batches the decode steps ran in");
+  m.declare("corolla_server_decode_waits_total", k::counter,
+            "Decode batches that waited for sessions of the last batches to send their step");
   m.declare("corolla_server_prefill_tokens_total", k::counter, "Rows of the prefill steps");
   m.declare("corolla_server_step_errors_total", k::counter, "Steps and passes answered with an error");
   m.declare("corolla_server_push_timeouts_total", k::counter,
@@ -83,6 +85,7 @@ std::string render_server_metrics(const std::string& node, const span_server_sta
                     kinds[i].second->sum, double(kinds[i].second->count));
   }
   m.add("corolla_server_decode_batches_total", self, double(s.decode_batches));
+  m.add("corolla_server_decode_waits_total", self, double(s.decode_waits));
   m.add("corolla_server_prefill_tokens_total", self, double(s.prefill_tokens));
   m.add("corolla_server_step_errors_total", self, double(s.step_errors));
   m.add("corolla_server_push_timeouts_total", self, double(s.push_timeouts));

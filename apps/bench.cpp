@@ -24,6 +24,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/profiling_backend.hpp"
 #include "kernels/vendor_gemm.hpp"
+#include "model/block.hpp"
 #include "model/config.hpp"
 #include "model/moe.hpp"
 #include "model/token_data.hpp"
@@ -199,6 +200,32 @@ transformer open_model(const bench_common& o, Backend& be) {
   if (o.preset == "gpt2-1.5b") return transformer::init_tiled(gpt2_xl_config(), o.seed, be);
   throw std::invalid_argument("bench: unknown --preset '" + o.preset +
                               "' (expected small, moe, llama7b or gpt2-1.5b)");
+}
+
+/// (bench_common.hpp)
+/// Bytes of weights one decode step reads: every block parameter, the final
+/// norm and the LM head (one embedding row is negligible). The blocks'
+/// linear weights are stored as `weights`, the LM head as
+/// head::lm_head_format says (int8 for nf4); norms, biases and a mixture of
+/// experts' router and shared expert gate stay f32. A token of a mixture of
+/// experts reads only the k experts it is routed to: k / E of the experts'
+/// bytes (and all of a shared expert's, which every token goes through).
+double decode_bytes_per_token(transformer& m, weight_format weights, bool with_head) {
+  const auto& c = m.config();
+  const double expert_share = routed_expert_share(c);
+  double bytes = 0;
+  for (const auto& b : m.blocks())
+    for (const auto& e : b.entries()) {
+      const bool linear = stored_in_weight_format(e.name, e.shape);
+      const double stored = linear ? static_cast<double>(stored_weight_bytes(e.shape[0], e.shape[1], weights))
+                                   : 4.0 * static_cast<double>(e.numel);
+      bytes += is_routed_expert_param(e.name) ? stored * expert_share : stored;
+    }
+  if (!with_head) return bytes;
+  const weight_format lm_head = is_quantized(weights) ? weight_format::int8 : weights;
+  bytes += static_cast<double>(stored_weight_bytes(c.vocab_size, c.hidden_size, lm_head));
+  bytes += 2.0 * c.hidden_size * 4.0;  // final norm weight and bias
+  return bytes;
 }
 
 /// (bench_common.hpp)
@@ -432,6 +459,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   register_bench_swarm(bench, action);
   register_bench_elastic(bench, action);
   register_bench_api(bench, action);
+  register_bench_serve(bench, action);
   register_bench_attention(bench, action);
   register_bench_update(bench, action);
   register_bench_loss(bench, action);

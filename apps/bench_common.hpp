@@ -35,6 +35,11 @@ void add_common(CLI::App* cmd, bench_common& o);
 void report_profile(const profiling_backend& prof, const std::string& what, bool json_only, nlohmann::json& j);
 /// The model of --model, else the random model of --preset.
 transformer open_model(const bench_common& o, Backend& be);
+/// Bytes of weights one decode step of `m` reads with its blocks' linear
+/// weights stored as `weights`: every block parameter (of a mixture of
+/// experts, the routed experts' share) and, `with_head`, the final norm and
+/// the LM head as head::lm_head_format stores it.
+double decode_bytes_per_token(transformer& m, weight_format weights, bool with_head = true);
 /// The memory read bandwidth decode on `dev` is bound by: the host's (all
 /// CPU backend threads, 512 MiB) or the device's HBM (2 GiB, CUDA events).
 bandwidth_result measure_bound_bandwidth(device dev);

@@ -70,30 +70,6 @@ nlohmann::json report_gemv_choices(bool json) {
 }
 
 
-/// Bytes of weights one decode step reads: every block parameter, the final
-/// norm and the LM head (one embedding row is negligible). The blocks'
-/// linear weights are stored as `weights`, the LM head as
-/// head::lm_head_format says (int8 for nf4); norms, biases and a mixture of
-/// experts' router and shared expert gate stay f32. A token of a mixture of
-/// experts reads only the k experts it is routed to: k / E of the experts'
-/// bytes (and all of a shared expert's, which every token goes through).
-double decode_bytes_per_token(transformer& m, weight_format weights) {
-  const auto& c = m.config();
-  const double expert_share = routed_expert_share(c);
-  double bytes = 0;
-  for (const auto& b : m.blocks())
-    for (const auto& e : b.entries()) {
-      const bool linear = stored_in_weight_format(e.name, e.shape);
-      const double stored = linear ? static_cast<double>(stored_weight_bytes(e.shape[0], e.shape[1], weights))
-                                   : 4.0 * static_cast<double>(e.numel);
-      bytes += is_routed_expert_param(e.name) ? stored * expert_share : stored;
-    }
-  const weight_format lm_head = is_quantized(weights) ? weight_format::int8 : weights;
-  bytes += static_cast<double>(stored_weight_bytes(c.vocab_size, c.hidden_size, lm_head));
-  bytes += 2.0 * c.hidden_size * 4.0;  // final norm weight and bias
-  return bytes;
-}
-
 /// One generator measured in the run, with its best figures.
 struct measured {
   std::string name;  ///< "f32", "bf16" (baselines) or the measured one

@@ -56,6 +56,9 @@ void register_bench_swarm(CLI::App* bench, action_fn& action);
 /// `corolla bench api`: the OpenAI-compatible API over a local swarm vs the
 /// swarm engine directly (apps/bench_api.cpp).
 void register_bench_api(CLI::App* bench, action_fn& action);
+/// `corolla bench serve`: a swarm server's decode with concurrent sessions vs
+/// one session (apps/bench_serve.cpp).
+void register_bench_serve(CLI::App* bench, action_fn& action);
 /// `corolla bench attention`: training attention per matmul precision vs the
 /// GEMM rate at that precision (apps/bench_attention.cpp).
 void register_bench_attention(CLI::App* bench, action_fn& action);

@@ -9,14 +9,15 @@ namespace corolla {
 // ---- kv_pool ----------------------------------------------------------------------
 
 kv_pool::kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int head_dim,
-                 int page_tokens, Backend* be, dtype type)
+                 int page_tokens, Backend* be, dtype type, kv_allocation allocation)
     : be_(be ? be : &cpu_backend()),
       n_layers_(n_layers),
       n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
       page_tokens_(page_tokens),
       type_(type),
-      budget_bytes_(budget_bytes) {
+      budget_bytes_(budget_bytes),
+      allocation_(allocation) {
   if (!is_float_dtype(type))
     throw std::invalid_argument(std::string("kv_pool: pages are f32, bf16 or f16, not ") + dtype_name(type));
   if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || page_tokens <= 0)
@@ -28,6 +29,20 @@ kv_pool::kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int hea
   page_bytes_ = static_cast<std::size_t>(2) * static_cast<std::size_t>(page_tokens) *
                 static_cast<std::size_t>(row_width_) * dtype_size(type);
   max_pages_ = static_cast<std::int64_t>(budget_bytes_ / page_bytes_);
+  if (allocation != kv_allocation::up_front || max_pages_ == 0) return;
+  const std::size_t bytes = static_cast<std::size_t>(max_pages_) * page_bytes_;
+  try {
+    owned_.push_back(be_->empty({static_cast<std::int64_t>(bytes / dtype_size(type_))}, type_));
+  } catch (const std::exception& e) {
+    throw std::runtime_error("kv_pool: cannot allocate the KV cache up front: " + std::to_string(max_pages_) +
+                             " pages, " + std::to_string(bytes >> 20) + " MiB of " + dtype_name(type_) + " on " +
+                             be_->dev().str() + ": " + e.what());
+  }
+  // Handed out from the back: the first pages first.
+  auto* base = static_cast<std::byte*>(owned_.back().raw());
+  free_.reserve(static_cast<std::size_t>(max_pages_));
+  for (std::int64_t p = max_pages_; p-- > 0;) free_.push_back(base + static_cast<std::size_t>(p) * page_bytes_);
+  allocated_ = max_pages_;
 }
 
 std::int64_t kv_pool::pages_in_use() const {
@@ -37,7 +52,7 @@ std::int64_t kv_pool::pages_in_use() const {
 
 std::int64_t kv_pool::pages_allocated() const {
   std::lock_guard lock(mutex_);
-  return static_cast<std::int64_t>(owned_.size());
+  return allocated_;
 }
 
 std::size_t kv_pool::free_bytes() const {
@@ -49,16 +64,22 @@ bool kv_pool::acquire(std::int64_t n, std::vector<std::byte*>& out) {
   if (n <= 0) return true;
   std::lock_guard lock(mutex_);
   if (in_use_ + n > max_pages_) return false;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (!free_.empty()) {
-      out.push_back(free_.back());
-      free_.pop_back();
-    } else {
-      // Lazily: memory is touched only when a sequence grows into it.
-      owned_.push_back(be_->empty({static_cast<std::int64_t>(page_bytes_ / dtype_size(type_))}, type_));
-      out.push_back(static_cast<std::byte*>(owned_.back().raw()));
-    }
+  // Lazily: memory is touched only when a sequence grows into it. What the
+  // free list lacks is allocated first, so a failing allocation throws with
+  // nothing handed out and nothing lost.
+  const auto reused = std::min<std::int64_t>(n, static_cast<std::int64_t>(free_.size()));
+  std::vector<Tensor> fresh;
+  for (std::int64_t i = reused; i < n; ++i)
+    fresh.push_back(be_->empty({static_cast<std::int64_t>(page_bytes_ / dtype_size(type_))}, type_));
+  for (std::int64_t i = 0; i < reused; ++i) {
+    out.push_back(free_.back());
+    free_.pop_back();
   }
+  for (Tensor& t : fresh) {
+    out.push_back(static_cast<std::byte*>(t.raw()));
+    owned_.push_back(std::move(t));
+  }
+  allocated_ += static_cast<std::int64_t>(fresh.size());
   in_use_ += n;
   return true;
 }

@@ -12,9 +12,13 @@
 // costs that part's memory, not the whole span's.
 //
 // Pages are allocated lazily, when a sequence grows into them, and never as an
-// up-front reservation of the maximum length. A released page goes back to
-// the pool's free list and is reused before new memory is allocated; the
-// budget bounds the pages in use, not the pages ever touched.
+// up-front reservation of a sequence's maximum length. A released page goes
+// back to the pool's free list and is reused before new memory is allocated;
+// the budget bounds the pages in use, not the pages ever touched. A pool made
+// with kv_allocation::up_front (a swarm server's) instead allocates its whole
+// budget as one block when it is made, so the tokens it promises are there:
+// a budget the device cannot hold fails at once, with a clear error, and no
+// step ever fails for memory the budget admitted.
 //
 // A kv_sequence is one session's cache: it reserves room for its tokens
 // (reserve() fails with a clear message, not an exception, when the budget is
@@ -45,6 +49,12 @@ struct kv_reservation {
   explicit operator bool() const { return ok; }
 };
 
+/// When a kv_pool's pages are allocated.
+enum class kv_allocation {
+  lazy,      ///< page by page, as sequences grow into them
+  up_front,  ///< the whole budget as one block, when the pool is made
+};
+
 /// A byte budget of KV pages shared by many sequences. Thread-safe: pages
 /// may be acquired and released concurrently from any thread.
 class kv_pool {
@@ -52,10 +62,13 @@ class kv_pool {
   /// A pool of at most `budget_bytes` of pages for `n_layers` layers of
   /// `n_kv_heads` x `head_dim` keys and values of `type` (f32, bf16 or f16),
   /// `page_tokens` tokens per page, in memory of `be` (the process CPU
-  /// backend when null). Allocates nothing yet. Throws std::invalid_argument
-  /// for non-positive geometry or another type.
+  /// backend when null). Lazy: allocates nothing yet; up_front: allocates
+  /// every page the budget admits now, and throws std::runtime_error
+  /// (naming the pages, bytes, device and cause) when that fails. Throws
+  /// std::invalid_argument for non-positive geometry or another type.
   kv_pool(std::size_t budget_bytes, int n_layers, int n_kv_heads, int head_dim,
-          int page_tokens = 16, Backend* be = nullptr, dtype type = dtype::f32);
+          int page_tokens = 16, Backend* be = nullptr, dtype type = dtype::f32,
+          kv_allocation allocation = kv_allocation::lazy);
   kv_pool(const kv_pool&) = delete;
   kv_pool& operator=(const kv_pool&) = delete;
 
@@ -83,8 +96,11 @@ class kv_pool {
   std::int64_t max_pages() const { return max_pages_; }
   /// Pages held by sequences now.
   std::int64_t pages_in_use() const;
-  /// Pages ever allocated from the device (in use + on the free list).
+  /// Pages ever allocated from the device (in use + on the free list; all
+  /// max_pages() from the start when allocated up front).
   std::int64_t pages_allocated() const;
+  /// How the pages are allocated.
+  kv_allocation allocation() const { return allocation_; }
   /// Bytes of the budget not held by any sequence.
   std::size_t free_bytes() const;
   /// The backend whose device memory holds the pages.
@@ -92,6 +108,7 @@ class kv_pool {
 
   /// Hands out `n` pages (all or none): appends their base pointers to `out`
   /// and returns true, or returns false when the budget cannot cover them.
+  /// A lazy pool's allocation failing throws, with nothing handed out.
   bool acquire(std::int64_t n, std::vector<std::byte*>& out);
   /// Returns pages to the free list.
   void release(const std::vector<std::byte*>& pages, std::size_t first = 0);
@@ -104,11 +121,13 @@ class kv_pool {
   std::size_t page_bytes_;
   std::size_t budget_bytes_;
   std::int64_t max_pages_;
+  kv_allocation allocation_;
 
   mutable std::mutex mutex_;
-  std::vector<Tensor> owned_;      ///< every page ever allocated (keeps memory alive)
+  std::vector<Tensor> owned_;      ///< every page (or the one block of pages) allocated: keeps memory alive
   std::vector<std::byte*> free_;  ///< pages not held by any sequence
   std::int64_t in_use_ = 0;
+  std::int64_t allocated_ = 0;     ///< pages allocated so far
 };
 
 /// One sequence's cache: pages from a shared pool for the layers

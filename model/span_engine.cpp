@@ -89,7 +89,8 @@ span_engine::span_engine(stage blocks, std::int64_t cache_tokens,
   const std::size_t budget =
       static_cast<std::size_t>(tokens) * kv_bytes_per_token(cfg, stage_.size(), options.kv_dtype);
   pool_ = std::make_shared<kv_pool>(budget, stage_.size(), cfg.n_kv_heads, cfg.head_dim,
-                                    options.page_tokens, &stage_.backend(), options.kv_dtype);
+                                    options.page_tokens, &stage_.backend(), options.kv_dtype,
+                                    options.cache_allocation);
   // (An inference-only stage already reads them: then this does nothing.)
   if (options.weights != weight_format::f32) stage_.use_inference_weights(options.weights);
 }

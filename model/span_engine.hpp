@@ -5,8 +5,9 @@
 //
 //  * Inference sessions. Each session keeps the attention (KV) cache of its
 //    tokens in the server's one paged pool (model/kv_cache.hpp), sized by a
-//    token budget; pages are taken as tokens arrive, never reserved up
-//    front. A step sends hidden states [n, D] for positions
+//    token budget and allocated whole when the engine is made; a session
+//    takes pages from it as its tokens arrive, never reserving its maximum
+//    length up front. A step sends hidden states [n, D] for positions
 //    [start, start + n) and gets the span's output back. A start below the
 //    session's length rolls the cache back first (replay after a failover,
 //    speculative decoding), anything up to the length is accepted. A retried
@@ -131,6 +132,11 @@ struct span_engine_options {
   /// token, so twice the tokens per budget; keys and values are rounded
   /// once as they are stored and read back into f32).
   dtype kv_dtype = dtype::f32;
+  /// When the KV cache's pages are allocated (model/kv_cache.hpp): up front,
+  /// the whole budget when the engine is made (a server then holds every
+  /// token it announces, and a budget the device cannot hold fails at
+  /// start), or lazily as sessions grow.
+  kv_allocation cache_allocation = kv_allocation::up_front;
   /// Called after each block load() read: (blocks done, blocks in all).
   std::function<void(int done, int total)> on_block_loaded;
   /// The linear weights the cached forwards read (stage::use_inference_weights,
@@ -179,7 +185,8 @@ class span_engine {
   /// budget bytes = ceil(cache_tokens / page_tokens) * page_tokens *
   /// kv_bytes_per_token(). The pool lives on the stage's backend. Throws
   /// std::invalid_argument for an empty span, negative cache_tokens or
-  /// non-positive options.
+  /// non-positive options, and std::runtime_error when the pool is
+  /// allocated up front (the default) and the device cannot hold it.
   span_engine(stage blocks, std::int64_t cache_tokens, const span_engine_options& options = {});
   /// Loads blocks [first, last) of `ck` (only their tensors) and builds the
   /// engine. Throws model_error for a missing or misshapen tensor, and as

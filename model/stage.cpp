@@ -48,21 +48,39 @@ stage stage::load(const checkpoint& ck, const model_config& cfg, int first, int 
 
 stage stage::load_inference(const checkpoint& ck, const model_config& cfg, int first, int last, Backend& be,
                             weight_format f, const std::function<void(int done, int total)>& on_block) {
-  if (f == weight_format::f32)
-    throw tensor_error("stage::load_inference: f32 inference weights are the parameters (use stage::load)");
-  stage s(cfg, first, first, be);
   if (last < first || last > cfg.n_layers)
     throw std::invalid_argument("stage: blocks [" + std::to_string(first) + ", " + std::to_string(last) +
                                 ") outside the model's " + std::to_string(cfg.n_layers) + " layers");
   const auto layout = block_layout(cfg);
-  for (int i = first; i < last; ++i) {
+  return inference_stage(cfg, first, last - first, be, f, [&](int i) {
     param_set p(layout);
-    load_block_params(ck, cfg, i, p);
+    load_block_params(ck, cfg, first + i, p);
     place_params(p, be);
+    if (on_block) on_block(i + 1, last - first);
+    return p;
+  });
+}
+
+stage stage::inference_of(const model_config& cfg, int first, const std::vector<param_set>& params, Backend& be,
+                          weight_format f) {
+  if (first < 0 || first + static_cast<int>(params.size()) > cfg.n_layers)
+    throw std::invalid_argument("stage: blocks [" + std::to_string(first) + ", " +
+                                std::to_string(first + static_cast<int>(params.size())) + ") outside the model's " +
+                                std::to_string(cfg.n_layers) + " layers");
+  return inference_stage(cfg, first, static_cast<int>(params.size()), be, f,
+                         [&](int i) { return params[static_cast<std::size_t>(i)]; });
+}
+
+stage stage::inference_stage(const model_config& cfg, int first, int n, Backend& be, weight_format f,
+                             const std::function<param_set(int i)>& block_params) {
+  if (f == weight_format::f32)
+    throw tensor_error("stage: f32 inference weights are the parameters (use stage::load or the parameters' stage)");
+  stage s(cfg, first, first, be);
+  for (int i = 0; i < n; ++i) {
+    const param_set p = block_params(i);
     s.inference_weights_.push_back(own_shared_views(be, inference_weights(be, block_tensors::of(cfg, p), f), p));
-    if (on_block) on_block(i - first + 1, last - first);
-  }  // each block's parameters are freed here, before the next is read
-  s.blocks_ = last - first;
+  }  // each block's parameters are let go here, before the next is read
+  s.blocks_ = n;
   s.inference_format_ = f;
   return s;
 }

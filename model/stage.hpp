@@ -66,6 +66,14 @@ class stage {
   /// fine-tuning requests). Throws tensor_error for f32.
   static stage load_inference(const checkpoint& ck, const model_config& cfg, int first, int last, Backend& be,
                               weight_format f, const std::function<void(int done, int total)>& on_block = {});
+  /// An inference-only stage, as load_inference makes, of blocks
+  /// [first, first + params.size()) whose parameters the caller holds (on
+  /// `be`'s device): the stage keeps only the `f` weights it makes of them
+  /// (and copies of the norms and biases), so once the caller lets the
+  /// parameters go it holds what a server loaded with load_inference holds.
+  /// Throws as load_inference.
+  static stage inference_of(const model_config& cfg, int first, const std::vector<param_set>& params, Backend& be,
+                            weight_format f);
 
   stage(stage&&) noexcept = default;
   stage& operator=(stage&&) noexcept = default;
@@ -179,6 +187,11 @@ class stage {
   weight_format inference_format() const { return inference_format_; }
 
  private:
+  /// load_inference and inference_of: n blocks from first, block i's f32
+  /// parameters from `block_params(i)`, each turned into `f` weights and let
+  /// go before the next is asked for.
+  static stage inference_stage(const model_config& cfg, int first, int n, Backend& be, weight_format f,
+                               const std::function<param_set(int i)>& block_params);
   /// What the cached forwards read for block first()+i.
   const block_tensors& cached_weights(int i) const {
     const auto k = static_cast<std::size_t>(i);

@@ -152,7 +152,7 @@ void linear_bf16_dot(const float* x, std::int64_t rows, std::int64_t in, const s
       }
       widen_row(wo, wrow, in);
       for (std::int64_t r = 0; r < rows; ++r) {
-        const float v = dot(x + r * in, wrow, in);
+        const float v = dot_pipelined(x + r * in, wrow, in);
         float& yo = y[r * out + o];
         yo = accumulate ? yo + v : v;
       }

@@ -291,7 +291,7 @@ void cpu_backend_impl::linear_nf4(const Tensor& x, const Tensor& q, const Tensor
       for (std::int64_t o = o0; o < o1; ++o) {
         prefetch_ahead(qp + o * row_bytes, static_cast<std::size_t>(row_bytes));
         decode(qp + o * row_bytes, ap + o * blocks, in, wf);
-        for (std::int64_t r = 0; r < rows; ++r) yp[r * out + o] = dot(xp + r * in, wf, in) + (bp ? bp[o] : 0.0f);
+        for (std::int64_t r = 0; r < rows; ++r) yp[r * out + o] = dot_pipelined(xp + r * in, wf, in) + (bp ? bp[o] : 0.0f);
       }
     });
     return;

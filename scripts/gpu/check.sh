@@ -3,7 +3,7 @@
 # GPU") from a pack made by scripts/gpu/pack.sh, run from the repository
 # root on the GPU machine. Logs go to $OUT (default ./gpu-logs).
 #
-#   scripts/gpu/check.sh PACK [lean|profile|gemv|quant|quick|full]
+#   scripts/gpu/check.sh PACK [lean|serve|profile|gemv|quant|quick|full]
 # lean: sized for one call of about 8 minutes on an H100 or H200 (the
 # 15 minutes of device time a session may get): first the correctness of
 # everything not yet run on a GPU (every CUDA kernel and model test, with a
@@ -21,6 +21,12 @@
 # the tuner over its own variants or over all (COROLLA_GEMV=all), each with
 # the driver's shared-memory carve-out or a common 50 % one
 # (COROLLA_CUDA_CARVEOUT=50).
+# serve: about 3 minutes, the second call after lean (issue 25's serving
+# target): a swarm server holding all of 7B in bf16 on the GPU
+# (`corolla bench serve`): 1, 4 and 16 concurrent sessions through the
+# span server and on its engine, aggregate tokens/s against one session,
+# and the KV cache it allocates up front at a 40 GiB budget, in f32 and in
+# bf16 (the second with 512-token prompts: attention over a longer cache).
 # quant: about 4 minutes, the second call after lean: the figures of the
 # quantised and mixture-of-experts formats (issue 23): 7B decode with int8
 # and with nf4 weights (each against f32 and bf16 in the same run and the
@@ -54,7 +60,7 @@ run() {  # name, command...: runs, logs to $out/name.log, prints the verdict
   "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $? ($(tail -n 2 "$out/$name.log" | tr '\n' ' '))"
 }
-if [ "$mode" = lean ] || [ "$mode" = profile ] || [ "$mode" = gemv ] || [ "$mode" = quant ]; then
+if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mode" = gemv ] || [ "$mode" = quant ]; then
   start=$(date +%s)
   steps=()
   step() {  # name, time limit in seconds, command...: logs to $out/name.log
@@ -78,6 +84,14 @@ if [ "$mode" = lean ] || [ "$mode" = profile ] || [ "$mode" = gemv ] || [ "$mode
   }
   corolla info > "$out/info.log" 2>&1
   echo "[+0s] $(grep -i -m2 -E 'cuda|device' "$out/info.log" | tr '\n' ' ')"
+  if [ "$mode" = serve ]; then
+    step bench_serve 150 corolla bench serve --preset llama7b --weights bf16 --sessions 1,4,16 \
+      --prompt-tokens 128 --new-tokens 32 --rounds 2 --max-memory 40GiB
+    step bench_serve_kv16 120 corolla bench serve --preset llama7b --weights bf16 --kv-dtype bf16 \
+      --sessions 1,16 --prompt-tokens 512 --new-tokens 32 --rounds 1 --max-memory 40GiB
+    echo "[+$(($(date +%s) - start))s] serve done: $out/summary.json"
+    exit 0
+  fi
   if [ "$mode" = quant ]; then
     step cuda_quant_kernels 60 test_kernels -tc='cuda*int8*,cuda*nf4*,cuda*q8*,cuda*moe*'
     step bench_decode_int8 75 corolla bench decode --preset llama7b --weights int8 --repeats 1

@@ -1,5 +1,6 @@
-// The paged KV cache: lazy pages, the byte budget and its message, reuse of
-// released pages, rollback, and what the attention kernel gets to see.
+// The paged KV cache: lazy pages, or the whole budget up front (a server's),
+// the byte budget and its message, reuse of released pages, rollback, and
+// what the attention kernel gets to see.
 #include <doctest/doctest.h>
 
 #include <memory>
@@ -50,6 +51,56 @@ TEST_CASE("kv pool allocates pages lazily, not the whole budget") {
   REQUIRE(seq.reserve(17));
   CHECK(pool->pages_allocated() == 4);
   CHECK(pool->pages_in_use() == 4);
+}
+
+TEST_CASE("kv pool allocated up front holds every page from the start and never allocates more") {
+  auto pool = std::make_shared<kv_pool>(8 * 2 * 16 * 8 * 4, 2, 2, 4, 16, nullptr, dtype::f32, kv_allocation::up_front);
+  CHECK(pool->allocation() == kv_allocation::up_front);
+  CHECK(pool->max_pages() == 8);
+  CHECK(pool->pages_allocated() == 8);
+  CHECK(pool->pages_in_use() == 0);
+  std::vector<std::byte*> pages;
+  REQUIRE(pool->acquire(8, pages));
+  CHECK_FALSE(pool->acquire(1, pages));  // the budget, not the memory, is the limit
+  // The pages are distinct, page_bytes apart in one block, first page first.
+  for (std::size_t i = 1; i < pages.size(); ++i) CHECK(pages[i] == pages[0] + i * pool->page_bytes());
+  pool->release(pages, 4);
+  CHECK(pool->pages_in_use() == 4);
+  std::vector<std::byte*> again;
+  REQUIRE(pool->acquire(4, again));
+  CHECK(pool->pages_allocated() == 8);
+  // A sequence writes and reads its rows through them as through lazy pages.
+  pages.resize(4);  // the other four went back above
+  pool->release(pages);
+  pool->release(again);
+  CHECK(pool->pages_in_use() == 0);
+  kv_sequence seq(pool);
+  REQUIRE(seq.reserve(20));
+  const Tensor k = rows_for(0, 20, 8, 0.5f), v = rows_for(0, 20, 8, 0.25f);
+  for (int layer = 0; layer < 2; ++layer) seq.append(layer, 0, k, v);
+  const kv_pages_view view = seq.view(1);
+  CHECK(cached(view, true, 19, 8, 7) == 19 * 1000 + 7 + 0.5f);
+  CHECK(cached(view, false, 3, 8, 2) == 3 * 1000 + 2 + 0.25f);
+}
+
+TEST_CASE("kv pool up front: a budget the memory cannot hold fails at once, naming pages, bytes and device") {
+  // 2^50 bytes (a PiB): no host gives that to one allocation.
+  const std::size_t budget = std::size_t{1} << 50;
+  try {
+    kv_pool pool(budget, 2, 2, 4, 16, nullptr, dtype::f32, kv_allocation::up_front);
+    FAIL("a PiB of KV cache was allocated");
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("cannot allocate the KV cache up front") != std::string::npos);
+    CHECK(m.find(std::to_string(budget / (2 * 16 * 8 * 4)) + " pages") != std::string::npos);
+    CHECK(m.find("MiB of f32 on cpu") != std::string::npos);
+  }
+  // Lazily, the same budget allocates nothing and works until memory runs out.
+  kv_pool lazy(budget, 2, 2, 4, 16);
+  CHECK(lazy.pages_allocated() == 0);
+  std::vector<std::byte*> pages;
+  REQUIRE(lazy.acquire(2, pages));
+  CHECK(lazy.pages_allocated() == 2);
 }
 
 TEST_CASE("kv cache full gives a clear message and acquires nothing") {
