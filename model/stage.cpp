@@ -56,9 +56,8 @@ stage stage::load_inference(const checkpoint& ck, const model_config& cfg, int f
     param_set p(layout);
     load_block_params(ck, cfg, first + i, p);
     place_params(p, be);
-    if (on_block) on_block(i + 1, last - first);
     return p;
-  });
+  }, on_block);
 }
 
 stage stage::inference_of(const model_config& cfg, int first, const std::vector<param_set>& params, Backend& be,
@@ -72,13 +71,15 @@ stage stage::inference_of(const model_config& cfg, int first, const std::vector<
 }
 
 stage stage::inference_stage(const model_config& cfg, int first, int n, Backend& be, weight_format f,
-                             const std::function<param_set(int i)>& block_params) {
+                             const std::function<param_set(int i)>& block_params,
+                             const std::function<void(int done, int total)>& on_block) {
   if (f == weight_format::f32)
     throw tensor_error("stage: f32 inference weights are the parameters (use stage::load or the parameters' stage)");
   stage s(cfg, first, first, be);
   for (int i = 0; i < n; ++i) {
     const param_set p = block_params(i);
     s.inference_weights_.push_back(own_shared_views(be, inference_weights(be, block_tensors::of(cfg, p), f), p));
+    if (on_block) on_block(i + 1, n);
   }  // each block's parameters are let go here, before the next is read
   s.blocks_ = n;
   s.inference_format_ = f;

@@ -189,9 +189,10 @@ class stage {
  private:
   /// load_inference and inference_of: n blocks from first, block i's f32
   /// parameters from `block_params(i)`, each turned into `f` weights and let
-  /// go before the next is asked for.
+  /// go before the next is asked for; `on_block(done, n)` after each.
   static stage inference_stage(const model_config& cfg, int first, int n, Backend& be, weight_format f,
-                               const std::function<param_set(int i)>& block_params);
+                               const std::function<param_set(int i)>& block_params,
+                               const std::function<void(int done, int total)>& on_block = {});
   /// What the cached forwards read for block first()+i.
   const block_tensors& cached_weights(int i) const {
     const auto k = static_cast<std::size_t>(i);

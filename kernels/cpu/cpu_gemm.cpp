@@ -93,7 +93,10 @@ void sgemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, flo
 /// Rows up to which a bf16-weight linear takes dot products against each
 /// widened weight row (bound by reading the weight); above it, blocks of the
 /// weight are widened and multiplied with sgemm (bound by arithmetic).
-constexpr std::int64_t bf16_dot_rows = 16;
+/// `corolla bench serve --weights bf16` (the bench model, 2 cores): the dot
+/// products win at 4 and 8 rows (137 vs 128, 165 vs 148 tokens/s), sgemm at
+/// 16 (214 vs 185).
+constexpr std::int64_t bf16_dot_rows = 8;
 
 /// bf16 bits -> f32: the bits are the f32's upper half (a shift, which GCC
 /// vectorises: 16 weights per AVX2 step).

@@ -4,7 +4,9 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <memory>
 #include <random>
 #include <vector>
@@ -28,6 +30,17 @@ inline Tensor random_rows(std::int64_t rows, std::int64_t d, std::uint32_t seed)
   std::vector<float> v(static_cast<std::size_t>(rows * d));
   for (float& x : v) x = dist(g);
   return Tensor::from_f32(v, {rows, d});
+}
+
+/// A request of `type` from `client` to the "span" actor of node `peer`.
+inline caf::expected<remote_message> span_call(node& client, const std::string& peer, const char* type,
+                                               std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {},
+                                               std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  remote_message m;
+  m.type = type;
+  m.body = std::move(body);
+  m.tensors = std::move(tensors);
+  return client.request(peer, "span", std::move(m), timeout);
 }
 
 /// Same shape and the very same bytes.

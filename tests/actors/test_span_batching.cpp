@@ -56,11 +56,7 @@ struct batching_fixture {
   }
 
   caf::expected<remote_message> call(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {}) {
-    remote_message m;
-    m.type = type;
-    m.body = std::move(body);
-    m.tensors = std::move(tensors);
-    return client->request(peer, "span", std::move(m), 20s);
+    return testing::span_call(*client, peer, type, std::move(body), std::move(tensors), 20s);
   }
 
   /// Opens `id` here and on the reference, and prefills 2 rows.
@@ -85,6 +81,13 @@ struct batching_fixture {
       REQUIRE(std::abs(out.data<float>()[i] - want->data<float>()[i]) <= 1e-4f * (1 + std::abs(want->data<float>()[i])));
   }
 
+  /// Sessions a and b step at position 2 at the same time.
+  void step_both() {
+    auto b = std::async(std::launch::async, [&] { step("b", 2, 21); });
+    step("a", 2, 11);
+    b.get();
+  }
+
   span_server_stats stats() {
     auto s = span_server_stats_of(server_node->system(), server, 10s);
     REQUIRE(s);
@@ -106,11 +109,7 @@ TEST_CASE("a decode batch waits for the last batch's other session and runs when
   // Both sessions step together once: a batch with a and b in it, or two
   // (then the second waited up to the cap for the first one's session,
   // whose next step does not come here).
-  {
-    auto b = std::async(std::launch::async, [&] { f.step("b", 2, 21); });
-    f.step("a", 2, 11);
-    b.get();
-  }
+  f.step_both();
   const span_server_stats before = f.stats();
   // a steps alone; b's step comes 300 ms later: a's waited for it, and
   // both ran as one batch.
@@ -138,11 +137,7 @@ TEST_CASE("a decode batch gives up after the policy's wait, and stops waiting fo
   batching_fixture f({.wait_fraction = 1e9, .max_wait = 200ms, .remember_batches = 2});
   f.open("a");
   f.open("b");
-  {
-    auto b = std::async(std::launch::async, [&] { f.step("b", 2, 21); });
-    f.step("a", 2, 11);
-    b.get();
-  }
+  f.step_both();
   const std::uint64_t waits = f.stats().decode_waits;
   // b never steps again: a's next steps wait for it until it drops out of
   // the two batches remembered, each wait the cap.

@@ -68,11 +68,7 @@ struct push_fixture {
 
   caf::expected<remote_message> call(const std::string& peer, const char* type, std::vector<std::uint8_t> body,
                                      std::vector<Tensor> tensors = {}) {
-    remote_message m;
-    m.type = type;
-    m.body = std::move(body);
-    m.tensors = std::move(tensors);
-    return client->request(peer, "span", std::move(m), 10s);
+    return testing::span_call(*client, peer, type, std::move(body), std::move(tensors));
   }
 
   void open(const std::string& session) {

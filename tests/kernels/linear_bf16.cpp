@@ -21,7 +21,8 @@ TEST_CASE("linear with a bf16 weight equals f32 linear on the bf16-rounded weigh
   rng r(11);
   // [out, in]: odd widths; 4099 inputs make the many-row path widen several
   // blocks of weight rows per thread (about 2^18 / in rows per block). Up to
-  // 16 rows take the dot-product path, more the widening GEMM.
+  // 8 rows take the dot-product path, more the widening GEMM; 32 inputs and
+  // more run the dot products' 32 partial sums.
   check_quantised_linear(
       r, {{29, 37}, {67, 129}, {141, 4099}},
       [&](const Tensor& w) {
@@ -29,7 +30,7 @@ TEST_CASE("linear with a bf16 weight equals f32 linear on the bf16-rounded weigh
         return quantised_linear{w16.to(dtype::f32),
                                 [&be, w16](const Tensor& x, const Tensor* b, Tensor& y) { be.linear(x, w16, b, y); }};
       },
-      "bf16-weight linear", {1, 3, 16, 17, 40});
+      "bf16-weight linear", {1, 3, 8, 9, 16, 17, 40});
 }
 
 TEST_CASE("linear with a bf16 weight takes row views and handles an empty input width") {
