@@ -244,7 +244,34 @@ class Backend {
       Tensor to = Tensor::wrap(storage::borrow(dst, bytes, nullptr, dev()), 0, src->shape(), cache_type);
       copy(*src, to);  // converts to the cache's type
     }
+  }  /// rope_store_kv for rows of different sequences (a server's decode
+  /// batch): row i's key (rotated with `rotate`) and value go to k_rows[i]
+  /// and v_rows[i], hkv*head_dim elements of `cache_type` each in this
+  /// backend's device memory (kv_sequence::claim_row); q is rotated in
+  /// place. A device backend does it in one launch; this default rotates q
+  /// and k in place and copies row by row.
+  virtual void rope_store_kv_rows(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
+                                  int head_dim, const rope_spec& spec, bool rotate, std::span<void* const> k_rows,
+                                  std::span<void* const> v_rows, dtype cache_type) {
+    const auto n = static_cast<std::int64_t>(k_rows.size());
+    if (v_rows.size() != k_rows.size() || k.rank() != 2 || k.dim(0) != n || v.rank() != 2 || v.dim(0) != n)
+      throw tensor_error("rope_store_kv_rows: k and v need one row per destination (" + std::to_string(n) +
+                         " key rows, " + std::to_string(v_rows.size()) + " value rows, k " + shape_str(k.shape()) +
+                         ", v " + shape_str(v.shape()) + ")");
+    if (rotate) {
+      rope(q, positions, hq, head_dim, spec);
+      rope(k, positions, hkv, head_dim, spec);
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      for (auto [src, dst] : {std::pair<Tensor, void*>{k.slice(i, i + 1), k_rows[u]}, {v.slice(i, i + 1), v_rows[u]}}) {
+        const std::size_t bytes = static_cast<std::size_t>(src.numel()) * dtype_size(cache_type);
+        Tensor to = Tensor::wrap(storage::borrow(dst, bytes, nullptr, dev()), 0, src.shape(), cache_type);
+        copy(src, to);  // converts to the cache's type
+      }
+    }
   }
+
 
   // ---- attention -----------------------------------------------------------------
   /// Causal self-attention over B sequences of length T.
@@ -264,6 +291,26 @@ class Backend {
   virtual void attention_cached(const Tensor& q, const kv_pages_view& cache,
                                 std::int64_t start_pos, const attention_shape& s,
                                 Tensor& out) = 0;
+  /// Decode attention of several sequences at once (a server's decode
+  /// batch): row i of q, at position start_pos[i], against caches[i], which
+  /// must hold keys and values up to start_pos[i] + 1, into row i of out.
+  /// q, out [n, Hq*Dh] with n = caches.size() = start_pos.size(). A device
+  /// backend runs it as one launch (and one upload of the page tables); this
+  /// default runs attention_cached row by row.
+  virtual void attention_cached_batch(const Tensor& q, std::span<const kv_pages_view> caches,
+                                      std::span<const std::int64_t> start_pos, const attention_shape& s,
+                                      Tensor& out) {
+    const auto n = static_cast<std::int64_t>(caches.size());
+    if (start_pos.size() != caches.size() || q.rank() != 2 || q.dim(0) != n || out.rank() != 2 || out.dim(0) != n)
+      throw tensor_error("attention_cached_batch: q and out need one row per cache, and one start position each (" +
+                         std::to_string(caches.size()) + " caches, " + std::to_string(start_pos.size()) +
+                         " positions, q " + shape_str(q.shape()) + ", out " + shape_str(out.shape()) + ")");
+    for (std::int64_t i = 0; i < n; ++i) {
+      Tensor row = out.slice(i, i + 1);
+      attention_cached(q.slice(i, i + 1), caches[static_cast<std::size_t>(i)],
+                       start_pos[static_cast<std::size_t>(i)], s, row);
+    }
+  }
 
   // ---- activations and elementwise ---------------------------------------------
   /// out = silu(gate) * up. All [N,F].

@@ -141,6 +141,18 @@ class profiling_backend final : public Backend {
                         Tensor& out) override {
     timed("attention_cached", [&] { inner_.attention_cached(q, cache, start_pos, s, out); });
   }
+  void rope_store_kv_rows(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
+                          int head_dim, const rope_spec& spec, bool rotate, std::span<void* const> k_rows,
+                          std::span<void* const> v_rows, dtype cache_type) override {
+    timed("rope_store_kv_rows", [&] {
+      inner_.rope_store_kv_rows(q, k, v, positions, hq, hkv, head_dim, spec, rotate, k_rows, v_rows, cache_type);
+    });
+  }
+  void attention_cached_batch(const Tensor& q, std::span<const kv_pages_view> caches,
+                              std::span<const std::int64_t> start_pos, const attention_shape& s,
+                              Tensor& out) override {
+    timed("attention_cached_batch", [&] { inner_.attention_cached_batch(q, caches, start_pos, s, out); });
+  }
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override {
     timed("swiglu", [&] { inner_.swiglu(gate, up, out); });
   }

@@ -3,6 +3,7 @@
 // sessions' rows, into a preallocated workspace, with f32, bf16 or int8
 // inference weights.
 #include <string>
+#include <vector>
 
 #include "model/block.hpp"
 #include "model/block_ops.hpp"
@@ -180,9 +181,36 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
                                 block_decode_workspace& ws, Tensor& y) {
   const std::int64_t R = x.dim(0);
   cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
-    if (is_llama(cfg)) rope_qk(be, cfg, q, k, positions);  // each row at its own position
-    // Attention is per sequence: each has its own cache and length.
     const attention_shape shape = block_attention_shape(cfg);
+    std::int64_t rows = 0;
+    bool one_row_each = true;
+    for (const cached_rows& s : seqs) {
+      rows += s.rows;
+      one_row_each = one_row_each && s.rows == 1;
+    }
+    if (rows != R)
+      throw tensor_error("block_forward_cached_batch: the sequences cover " + std::to_string(rows) +
+                         " rows of a batch of " + std::to_string(R));
+    if (one_row_each && seqs.size() > 1) {
+      // A decode batch: RoPE (Llama) and every session's cache append in
+      // one op, then attention of every session against its own cache in
+      // one (a launch each on a device, not two per session).
+      std::vector<void*> k_rows, v_rows;
+      std::vector<kv_pages_view> views;
+      std::vector<std::int64_t> starts;
+      for (const cached_rows& s : seqs) {
+        const auto [k_row, v_row] = s.kv->claim_row(layer, s.start_pos);
+        k_rows.push_back(k_row);
+        v_rows.push_back(v_row);
+        starts.push_back(s.start_pos);
+      }
+      be.rope_store_kv_rows(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope, is_llama(cfg),
+                            k_rows, v_rows, seqs.front().kv->pool().type());
+      for (const cached_rows& s : seqs) views.push_back(s.kv->view(layer));
+      be.attention_cached_batch(q, views, starts, shape, attn);
+      return;
+    }
+    if (is_llama(cfg)) rope_qk(be, cfg, q, k, positions);  // each row at its own position
     std::int64_t row = 0;
     for (const cached_rows& s : seqs) {
       const std::int64_t end = row + s.rows;
@@ -191,9 +219,6 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
       be.attention_cached(q.slice(row, end), s.kv->view(layer), s.start_pos, shape, out);
       row = end;
     }
-    if (row != R)
-      throw tensor_error("block_forward_cached_batch: the sequences cover " + std::to_string(row) +
-                         " rows of a batch of " + std::to_string(R));
   });
 }
 

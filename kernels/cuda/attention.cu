@@ -132,6 +132,34 @@ std::size_t attention_cached_scratch_bytes(const attention_dims& g, std::int64_t
   return static_cast<std::size_t>(tq * g.hq * splits * (g.dh + 2)) * sizeof(float);
 }
 
+namespace {
+
+/// The split-key kernel over every (row, head) and chunk, then with several
+/// chunks the combine kernel.
+template <class KT>
+void launch_paged(stream_t s, const paged_params<KT>& p) {
+  const std::int64_t heads = p.rows * p.g.hq;
+  dispatch_chunks(p.g.dh, [&](auto c) {
+    constexpr int C = decltype(c)::value;
+    const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(p.splits));
+    launch_dependent("attention_paged_split_kernel", &attention_paged_split_kernel<C, KT>,
+        grid, dim3(split_warps * 32), 0, s, p);
+    if (p.splits > 1) {
+      launch_dependent("attention_paged_combine_kernel", &attention_paged_combine_kernel<C>,
+          dim3(warp_blocks(heads)), dim3(attn_threads), 0, s, static_cast<const paged_common&>(p));
+    }
+  });
+}
+
+/// `p`'s partial states in `scratch` when it has several chunks.
+void place_partials(paged_common& p, float* scratch) {
+  const std::int64_t heads = p.rows * p.g.hq;
+  p.part_acc = scratch;
+  p.part_ml = p.splits > 1 ? scratch + heads * p.splits * p.g.dh : nullptr;
+}
+
+}  // namespace
+
 void attention_cached(stream_t s, const attention_dims& g, const float* q, std::int64_t tq, elem cache,
                       const void* const* k_pages, const void* const* v_pages, std::int64_t page_tokens,
                       std::int64_t start_pos, float* out, float* scratch) {
@@ -148,19 +176,35 @@ void attention_cached(stream_t s, const attention_dims& g, const float* q, std::
     p.rows = tq;
     p.splits = attention_cached_splits(tq, start_pos);
     p.g = g;
-    const std::int64_t heads = tq * g.hq;
-    p.part_acc = scratch;
-    p.part_ml = p.splits > 1 ? scratch + heads * p.splits * g.dh : nullptr;
-    dispatch_chunks(g.dh, [&](auto c) {
-      constexpr int C = decltype(c)::value;
-      const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(p.splits));
-      launch_dependent("attention_paged_split_kernel", &attention_paged_split_kernel<C, KT>,
-          grid, dim3(split_warps * 32), 0, s, p);
-      if (p.splits > 1) {
-        launch_dependent("attention_paged_combine_kernel", &attention_paged_combine_kernel<C>,
-            dim3(warp_blocks(heads)), dim3(attn_threads), 0, s, p);
-      }
-    });
+    place_partials(p, scratch);
+    launch_paged(s, p);
+  });
+}
+
+std::int64_t attention_cached_key_chunks(std::int64_t tq, std::int64_t start_pos) {
+  return attention_cached_splits(tq, start_pos);
+}
+
+void attention_cached_batch(stream_t s, const attention_dims& g, const float* q, std::int64_t n, elem cache,
+                            const void* const* k_pages, const void* const* v_pages, const std::int64_t* row_pages,
+                            const std::int64_t* row_keys, std::int64_t page_tokens, std::int64_t splits, float* out,
+                            float* scratch) {
+  if (n <= 0) return;
+  dispatch_elem(cache, [&](auto tag) {
+    using KT = decltype(tag);
+    paged_params<KT> p;
+    p.q = q;
+    p.out = out;
+    p.k_pages = reinterpret_cast<const KT* const*>(k_pages);
+    p.v_pages = reinterpret_cast<const KT* const*>(v_pages);
+    p.row_pages = row_pages;
+    p.row_keys = row_keys;
+    p.page_tokens = page_tokens;
+    p.rows = n;
+    p.splits = splits;
+    p.g = g;
+    place_partials(p, scratch);
+    launch_paged(s, p);
   });
 }
 

@@ -50,5 +50,18 @@ void attention_cached(stream_t s, const attention_dims& g, const float* q, std::
                       std::int64_t start_pos, float* out, float* scratch);
 std::size_t attention_cached_scratch_bytes(const attention_dims& g, std::int64_t tq,
                                            std::int64_t start_pos);
+/// Key chunks (thread blocks per row and head) of a call with tq query rows
+/// from start_pos.
+std::int64_t attention_cached_key_chunks(std::int64_t tq, std::int64_t start_pos);
+/// The same for `n` sequences of one query row each (a decode batch), in one
+/// launch: row r of q against its own pages, k_pages[row_pages[r]...] and
+/// v_pages[row_pages[r]...], with row_keys[r] keys (its position + 1); all
+/// five tables on the device. `splits` is the most key chunks of any row
+/// (attention_cached_key_chunks(1, position)); with more than one, `scratch`
+/// holds n * Hq * splits * (Dh + 2) floats.
+void attention_cached_batch(stream_t s, const attention_dims& g, const float* q, std::int64_t n, elem cache,
+                            const void* const* k_pages, const void* const* v_pages, const std::int64_t* row_pages,
+                            const std::int64_t* row_keys, std::int64_t page_tokens, std::int64_t splits, float* out,
+                            float* scratch);
 
 }  // namespace corolla::cuda

@@ -58,7 +58,9 @@ __device__ __forceinline__ void store_row(T* p, int lane, int dh, const float (&
 // loads together before using them. Each warp keeps an online softmax
 // (m, l, acc); the block merges its warps' states, and with one chunk writes
 // acc / l, with several the unnormalised state, which the combine kernel
-// merges across chunks (flash-decoding).
+// merges across chunks (flash-decoding). A batch of sequences (a server's
+// decode batch) runs in the same launch, one query row each: a chunk past a
+// shorter sequence's keys leaves the state empty, which the combine skips.
 
 constexpr int split_keys = 64;
 constexpr int split_warps = 4;
@@ -89,6 +91,13 @@ template <class KT>
 struct paged_params : paged_common {
   const KT* const* k_pages = nullptr;
   const KT* const* v_pages = nullptr;
+  /// A batch of sequences (attention_cached_batch): row r is the one query
+  /// row of its own sequence, which has row_keys[r] keys in pages
+  /// k_pages[row_pages[r]], k_pages[row_pages[r] + 1], ... (and the same of
+  /// v_pages); device arrays. Null: the rows are one sequence's, from
+  /// start_pos.
+  const std::int64_t* row_pages = nullptr;
+  const std::int64_t* row_keys = nullptr;
 };
 
 template <int C, class KT>
@@ -100,7 +109,9 @@ __global__ void attention_paged_split_kernel(paged_params<KT> p) {
   const std::int64_t row = rh / p.g.hq, h = rh % p.g.hq, kvh = h / p.g.group;
   const int dh = static_cast<int>(p.g.dh);
   const std::int64_t kw = p.g.kv_width;
-  const std::int64_t keys = p.start_pos + row + 1;
+  const std::int64_t keys = p.row_keys ? p.row_keys[row] : p.start_pos + row + 1;
+  const KT* const* k_pages = p.row_pages ? p.k_pages + p.row_pages[row] : p.k_pages;
+  const KT* const* v_pages = p.row_pages ? p.v_pages + p.row_pages[row] : p.v_pages;
   const std::int64_t j0 = split * split_keys;
   const std::int64_t j1 = j0 + split_keys < keys ? j0 + split_keys : keys;
 
@@ -116,8 +127,8 @@ __global__ void attention_paged_split_kernel(paged_params<KT> p) {
       const std::int64_t j = base + u < j1 ? base + u : j1 - 1;  // past j1: masked below
       const std::int64_t page = j / p.page_tokens, in_page = j % p.page_tokens;
       const std::int64_t offset = in_page * kw + kvh * dh;
-      load_row<C>(p.k_pages[page] + offset, lane, dh, rows[u]);
-      vr[u] = p.v_pages[page] + offset;
+      load_row<C>(k_pages[page] + offset, lane, dh, rows[u]);
+      vr[u] = v_pages[page] + offset;
     }
     float m_new = m;
 #pragma unroll

@@ -125,6 +125,12 @@ class cuda_backend final : public Backend {
                           Tensor& dv) override;
   void attention_cached(const Tensor& q, const kv_pages_view& cache, std::int64_t start_pos,
                         const attention_shape& s, Tensor& out) override;
+  void rope_store_kv_rows(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
+                          int head_dim, const rope_spec& spec, bool rotate, std::span<void* const> k_rows,
+                          std::span<void* const> v_rows, dtype cache_type) override;
+  void attention_cached_batch(const Tensor& q, std::span<const kv_pages_view> caches,
+                              std::span<const std::int64_t> start_pos, const attention_shape& s,
+                              Tensor& out) override;
 
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
@@ -199,6 +205,7 @@ class cuda_backend final : public Backend {
     slot_staging = 0,  ///< copy(): host data converted on the device
     slot_indices,      ///< index vectors uploaded for an op
     slot_pages,        ///< attention_cached's page-pointer table
+    slot_rows,         ///< rope_store_kv_rows' destination rows
     slot_reduce,       ///< partial sums and softmax states
     slot_widen,        ///< linear's bf16 weight widened to f32 (prefill)
     scratch_slots
@@ -252,6 +259,9 @@ class cuda_backend final : public Backend {
   struct staging_ring;  ///< pinned host memory for upload() (cuda_backend.cpp)
   staging_ring* ring_ = nullptr;  ///< created on first upload; lives with the backend
   std::vector<const void*> host_pages_;
+  std::vector<std::byte> host_batch_;  ///< attention_cached_batch's tables, staged for one upload
+  /// Throws unless `page` (a cache page of `what`) is memory of this device.
+  void require_device_page(const void* page, const char* what);
   std::mutex transfer_mu_;  ///< copy_after's callers, and the stream's creation
   stream_t transfer_ = nullptr;
 };

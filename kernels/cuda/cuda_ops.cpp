@@ -5,6 +5,7 @@
 // what that costs).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -216,6 +217,37 @@ void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Te
   cuda::rope_store_kv(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, spec, rotate, cache, k_out, v_out);
 }
 
+void cuda_backend::rope_store_kv_rows(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq,
+                                      int hkv, int head_dim, const rope_spec& spec, bool rotate,
+                                      std::span<void* const> k_rows, std::span<void* const> v_rows,
+                                      dtype cache_type) {
+  const char* what = "rope_store_kv_rows";
+  require_condition(hq > 0 && hkv > 0, what, "head counts must be positive");
+  require_condition(head_dim > 0 && head_dim % 2 == 0, what, "head_dim must be positive and even");
+  require_condition(!rotate || spec.valid(), what, "theta and the scaling factors must be positive");
+  require_condition(k_rows.size() == v_rows.size(), what, "one value row per key row");
+  const auto n = static_cast<std::int64_t>(k_rows.size());
+  const std::int64_t qw = std::int64_t{hq} * head_dim, kw = std::int64_t{hkv} * head_dim;
+  require_on(q, dev(), dtype::f32, {n, qw}, "rope_store_kv_rows q");
+  require_on(k, dev(), dtype::f32, {n, kw}, "rope_store_kv_rows k");
+  require_on(v, dev(), dtype::f32, {n, kw}, "rope_store_kv_rows v");
+  for (std::size_t i = 0; i < k_rows.size(); ++i)
+    if (k_rows[i] == nullptr || v_rows[i] == nullptr) throw tensor_error("rope_store_kv_rows: a destination row is null");
+  if (n == 0) return;
+  const cuda::elem cache = elem_of(cache_type, "rope_store_kv_rows cache rows");
+  device_guard guard(index_);
+  const std::int32_t* pos = rotate ? rope_positions(positions, n, what) : nullptr;
+  // One upload of the destinations: the key rows, then the value rows.
+  host_batch_.resize(static_cast<std::size_t>(2 * n) * sizeof(void*));
+  auto* rows = reinterpret_cast<void**>(host_batch_.data());
+  std::copy(k_rows.begin(), k_rows.end(), rows);
+  std::copy(v_rows.begin(), v_rows.end(), rows + n);
+  auto* table = static_cast<void**>(scratch(slot_rows, host_batch_.size()));
+  upload(table, host_batch_.data(), host_batch_.size());
+  cuda::rope_store_kv_rows(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, spec, rotate, cache, table,
+                           table + n);
+}
+
 // ---- attention -------------------------------------------------------------------
 
 void cuda_backend::attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch,
@@ -278,13 +310,7 @@ void cuda_backend::attention_cached(const Tensor& q, const kv_pages_view& cache,
   const attention_dims d = dims_of(g, "attention_cached");
   if (tq == 0) return;
   device_guard guard(index_);
-  // The pages must be memory of this device: a host cache belongs to the
-  // cpu backend. One attribute query (of the first key page) per call.
-  cudaPointerAttributes attr{};
-  COROLLA_CUDA_CHECK(cudaPointerGetAttributes(&attr, cache.k_pages[0]));
-  if (attr.type != cudaMemoryTypeDevice || attr.device != index_)
-    throw tensor_error("attention_cached: the cache pages are not memory of " + name() +
-                       " (a host-resident cache goes with the cpu backend)");
+  require_device_page(cache.k_pages[0], "attention_cached");
   // Upload the page-pointer table: keys then values.
   host_pages_.resize(static_cast<std::size_t>(2 * pages));
   for (std::int64_t p = 0; p < pages; ++p) {
@@ -298,6 +324,70 @@ void cuda_backend::attention_cached(const Tensor& q, const kv_pages_view& cache,
   auto* part = part_bytes ? static_cast<float*>(scratch(slot_reduce, part_bytes)) : nullptr;
   cuda::attention_cached(stream_, d, cf(q), tq, elem_of(cache.type, "attention_cached pages"), table, table + pages,
                          cache.page_tokens, start_pos, f(out), part);
+}
+
+void cuda_backend::require_device_page(const void* page, const char* what) {
+  // The pages must be memory of this device: a host cache belongs to the
+  // cpu backend. One attribute query (of the first key page) per call.
+  cudaPointerAttributes attr{};
+  COROLLA_CUDA_CHECK(cudaPointerGetAttributes(&attr, page));
+  if (attr.type != cudaMemoryTypeDevice || attr.device != index_)
+    throw tensor_error(std::string(what) + ": the cache pages are not memory of " + name() +
+                       " (a host-resident cache goes with the cpu backend)");
+}
+
+void cuda_backend::attention_cached_batch(const Tensor& q, std::span<const kv_pages_view> caches,
+                                          std::span<const std::int64_t> start_pos, const attention_shape& s,
+                                          Tensor& out) {
+  const char* what = "attention_cached_batch";
+  const attention_geometry g = check_attention_geometry(s, what);
+  const auto n = static_cast<std::int64_t>(caches.size());
+  require_condition(start_pos.size() == caches.size(), what, "one start position per cache");
+  require_on(q, dev(), dtype::f32, {n, g.q_width}, "attention_cached_batch q");
+  require_on(out, dev(), dtype::f32, {n, g.q_width}, "attention_cached_batch out");
+  if (n == 0) return;
+  std::int64_t total = 0, splits = 1;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const kv_pages_view& c = caches[static_cast<std::size_t>(i)];
+    const std::int64_t pos = start_pos[static_cast<std::size_t>(i)];
+    total += check_kv_pages(c, pos, 1, what);
+    require_condition(c.type == caches[0].type && c.page_tokens == caches[0].page_tokens, what,
+                      "every cache of a batch has the same element type and page size");
+    splits = std::max(splits, cuda::attention_cached_key_chunks(1, pos));
+  }
+  const attention_dims d = dims_of(g, what);
+  device_guard guard(index_);
+  require_device_page(caches[0].k_pages[0], what);
+  // One upload: every sequence's key page pointers, then their value page
+  // pointers, then per row where its pages start and how many keys it has.
+  const std::size_t table_bytes = static_cast<std::size_t>(2 * total) * sizeof(const void*);
+  const std::size_t bytes = table_bytes + static_cast<std::size_t>(2 * n) * sizeof(std::int64_t);
+  host_batch_.resize(bytes);
+  auto* pages = reinterpret_cast<const void**>(host_batch_.data());
+  auto* rows = reinterpret_cast<std::int64_t*>(host_batch_.data() + table_bytes);
+  std::int64_t at = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const kv_pages_view& c = caches[static_cast<std::size_t>(i)];
+    const std::int64_t keys = start_pos[static_cast<std::size_t>(i)] + 1;
+    const std::int64_t used = (keys + c.page_tokens - 1) / c.page_tokens;
+    for (std::int64_t p = 0; p < used; ++p) {
+      pages[at + p] = c.k_pages[static_cast<std::size_t>(p)];
+      pages[total + at + p] = c.v_pages[static_cast<std::size_t>(p)];
+    }
+    rows[i] = at;
+    rows[n + i] = keys;
+    at += used;
+  }
+  auto* table = static_cast<std::byte*>(scratch(slot_pages, bytes));
+  upload(table, host_batch_.data(), bytes);
+  const auto* k_table = reinterpret_cast<const void* const*>(table);
+  const auto* row_pages = reinterpret_cast<const std::int64_t*>(table + table_bytes);
+  const std::size_t part_bytes =
+      splits > 1 ? static_cast<std::size_t>(n * g.hq * splits * (g.dh + 2)) * sizeof(float) : 0;
+  auto* part = part_bytes ? static_cast<float*>(scratch(slot_reduce, part_bytes)) : nullptr;
+  cuda::attention_cached_batch(stream_, d, cf(q), n, elem_of(caches[0].type, "attention_cached_batch pages"), k_table,
+                               k_table + total, row_pages, row_pages + n, caches[0].page_tokens, splits, f(out),
+                               part);
 }
 
 // ---- activations and elementwise -------------------------------------------------

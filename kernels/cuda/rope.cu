@@ -26,6 +26,20 @@ void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const s
   });
 }
 
+void rope_store_kv_rows(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
+                        std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
+                        void* const* k_rows, void* const* v_rows) {
+  const std::int64_t total = (rotate ? n * hq * (head_dim / 2) : 0) + n * hkv * (head_dim / 2) + n * hkv * head_dim;
+  if (total <= 0) return;
+  dispatch_elem(cache, [&](auto tag) {
+    using KT = decltype(tag);
+    launch_dependent("rope_store_kv_rows_kernel", &rope_store_kv_rows_kernel<KT>,
+        dim3(grid_for(total)), dim3(elementwise_threads), 0, s,
+        q, k, v, positions, n, hq, hkv, head_dim, spec, rotate, reinterpret_cast<KT* const*>(k_rows),
+        reinterpret_cast<KT* const*>(v_rows));
+  });
+}
+
 void rope(stream_t s, elem t, void* x, const std::int32_t* positions, std::int64_t n, int heads,
           int head_dim, const rope_spec& spec, bool inverse) {
   const std::int64_t total = n * heads * (head_dim / 2);

@@ -23,5 +23,10 @@ void rope(stream_t s, elem t, void* x, const std::int32_t* positions, std::int64
 void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
                    std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
                    void* k_out, void* v_out);
+/// The same for rows of different sequences: row r's key and value go to
+/// k_rows[r] and v_rows[r] (device tables of n device pointers each).
+void rope_store_kv_rows(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
+                        std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
+                        void* const* k_rows, void* const* v_rows);
 
 }  // namespace corolla::cuda

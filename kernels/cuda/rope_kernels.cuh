@@ -45,9 +45,49 @@ __global__ void rope_kernel(T* x, const std::int32_t* positions, std::int64_t n,
   }
 }
 
-/// One thread per q pair (rotated in place), per k pair (rotated into
-/// k_out, or copied) and per v element (copied into v_out). The cache rows
-/// are of type KT (f32, or bf16/f16 rounded once on store).
+/// Item t of a RoPE-and-store launch: a q pair (rotated in place), a k pair
+/// (rotated, or copied, into its cache row) or a v element (copied into its
+/// cache row). `k_at(row)` / `v_at(row)` give where row's key / value goes
+/// (type KT: f32, or bf16/f16 rounded once on store).
+template <class KT, class KAt, class VAt>
+__device__ __forceinline__ void rope_store_item(std::int64_t t, float* q, const float* k, const float* v,
+                                                const std::int32_t* positions, std::int64_t q_items,
+                                                std::int64_t k_items, int hq, int hkv, int head_dim,
+                                                const rope_spec& spec, bool rotate, KAt k_at, VAt v_at) {
+  const int half = head_dim / 2;
+  const std::int64_t kw = std::int64_t{hkv} * head_dim;
+  if (t >= q_items + k_items) {
+    const std::int64_t e = t - q_items - k_items;
+    store_f32(v_at(e / kw), e % kw, v[e]);
+    return;
+  }
+  const bool is_q = t < q_items;
+  const std::int64_t item = is_q ? t : t - q_items;
+  const int heads = is_q ? hq : hkv;
+  const int i = static_cast<int>(item % half);
+  const std::int64_t rh = item / half;  // row * heads + head
+  const float* src = (is_q ? q : k) + rh * head_dim;
+  const float a = src[i], b = src[i + half];
+  float x1 = a, x2 = b;
+  if (rotate) {
+    float c, sn;
+    rope_angle(positions[rh / heads], i, head_dim, spec, c, sn);
+    x1 = a * c - b * sn;
+    x2 = b * c + a * sn;
+  }
+  if (is_q) {
+    q[rh * head_dim + i] = x1;
+    q[rh * head_dim + i + half] = x2;
+  } else {
+    KT* row = k_at(rh / hkv);
+    const std::int64_t at = (rh % hkv) * head_dim + i;
+    store_f32(row, at, x1);
+    store_f32(row, at + half, x2);
+  }
+}
+
+/// One thread per q pair, k pair and v element (rope_store_item) of n rows
+/// whose cache rows are consecutive: k_out and v_out, n rows each.
 template <class KT>
 __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, const std::int32_t* positions,
                                      std::int64_t n, int hq, int hkv, int head_dim, rope_spec spec, bool rotate,
@@ -55,37 +95,32 @@ __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, c
   allow_dependents();  // early launch (grid_dependency.cuh): the next kernel may be scheduled now,
   await_producers();   // and this one touches nothing before the kernel before it is done
   const int half = head_dim / 2;
+  const std::int64_t kw = std::int64_t{hkv} * head_dim;
+  const std::int64_t q_items = rotate ? n * hq * half : 0, k_items = n * hkv * half;
+  const std::int64_t total = q_items + k_items + n * kw;
+  const auto k_at = [=](std::int64_t row) { return k_out + row * kw; };
+  const auto v_at = [=](std::int64_t row) { return v_out + row * kw; };
+  for (std::int64_t t = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; t < total;
+       t += std::int64_t{gridDim.x} * blockDim.x)
+    rope_store_item<KT>(t, q, k, v, positions, q_items, k_items, hq, hkv, head_dim, spec, rotate, k_at, v_at);
+}
+
+/// The same for rows of different sequences (a server's decode batch): row
+/// r's key and value go to k_rows[r] and v_rows[r] (device tables).
+template <class KT>
+__global__ void rope_store_kv_rows_kernel(float* q, const float* k, const float* v, const std::int32_t* positions,
+                                          std::int64_t n, int hq, int hkv, int head_dim, rope_spec spec, bool rotate,
+                                          KT* const* k_rows, KT* const* v_rows) {
+  allow_dependents();
+  await_producers();
+  const int half = head_dim / 2;
   const std::int64_t q_items = rotate ? n * hq * half : 0, k_items = n * hkv * half;
   const std::int64_t total = q_items + k_items + n * hkv * head_dim;
+  const auto k_at = [=](std::int64_t row) { return k_rows[row]; };
+  const auto v_at = [=](std::int64_t row) { return v_rows[row]; };
   for (std::int64_t t = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; t < total;
-       t += std::int64_t{gridDim.x} * blockDim.x) {
-    if (t >= q_items + k_items) {
-      const std::int64_t e = t - q_items - k_items;
-      store_f32(v_out, e, v[e]);
-      continue;
-    }
-    const bool is_q = t < q_items;
-    const std::int64_t item = is_q ? t : t - q_items;
-    const int heads = is_q ? hq : hkv;
-    const int i = static_cast<int>(item % half);
-    const std::int64_t rh = item / half;  // row * heads + head
-    const float* src = (is_q ? q : k) + rh * head_dim;
-    const float a = src[i], b = src[i + half];
-    float x1 = a, x2 = b;
-    if (rotate) {
-      float c, sn;
-      rope_angle(positions[rh / heads], i, head_dim, spec, c, sn);
-      x1 = a * c - b * sn;
-      x2 = b * c + a * sn;
-    }
-    if (is_q) {
-      q[rh * head_dim + i] = x1;
-      q[rh * head_dim + i + half] = x2;
-    } else {
-      store_f32(k_out, rh * head_dim + i, x1);
-      store_f32(k_out, rh * head_dim + i + half, x2);
-    }
-  }
+       t += std::int64_t{gridDim.x} * blockDim.x)
+    rope_store_item<KT>(t, q, k, v, positions, q_items, k_items, hq, hkv, head_dim, spec, rotate, k_at, v_at);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -166,5 +167,79 @@ TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu'
 
     check_16bit_cache<__nv_bfloat16>(dtype::bf16, k_store, v_store, q, s, p, c.dh, keys, scratch);
     check_16bit_cache<__half>(dtype::f16, k_store, v_store, q, s, p, c.dh, keys, scratch);
+  }
+}
+
+TEST_CASE("emulated paged attention of a batch of sequences, one row each, matches the cpu per sequence") {
+  kernel_test::rng r(911);
+  const int hq = 4, hkv = 2, dh = 64;
+  const std::int64_t page_tokens = 16, kw = std::int64_t{hkv} * dh, qw = std::int64_t{hq} * dh;
+  // Several key chunks (the longest sets the grid; shorter rows leave the
+  // chunks past their keys empty), and all within one chunk (each block
+  // writes its row's output itself).
+  for (const std::vector<std::int64_t>& positions :
+       {std::vector<std::int64_t>{5, 150, 70, 0}, std::vector<std::int64_t>{3, 40, 63}}) {
+    CAPTURE(positions.size());
+    const auto n = static_cast<std::int64_t>(positions.size());
+    std::vector<std::vector<Tensor>> stores(positions.size());
+    std::vector<std::vector<const void*>> k_views(positions.size()), v_views(positions.size());
+    std::vector<const float*> k_table, v_table;  // every sequence's pages, in row order
+    std::vector<std::int64_t> row_pages, row_keys;
+    std::int64_t splits = 1;
+    for (std::size_t i = 0; i < positions.size(); ++i) {
+      const std::int64_t keys = positions[i] + 1;
+      const std::int64_t pages = (keys + page_tokens - 1) / page_tokens;
+      row_pages.push_back(static_cast<std::int64_t>(k_table.size()));
+      row_keys.push_back(keys);
+      splits = std::max(splits, cuda::attention_cached_splits(1, positions[i]));
+      for (std::int64_t pg = 0; pg < pages; ++pg) {
+        stores[i].push_back(kernel_test::random_tensor({page_tokens, kw}, r));
+        k_views[i].push_back(stores[i].back().raw());
+        k_table.push_back(stores[i].back().data<float>());
+      }
+      for (std::int64_t pg = 0; pg < pages; ++pg) {
+        stores[i].push_back(kernel_test::random_tensor({page_tokens, kw}, r));
+        v_views[i].push_back(stores[i].back().raw());
+      }
+    }
+    for (std::size_t i = 0; i < positions.size(); ++i)
+      for (const void* v : v_views[i]) v_table.push_back(static_cast<const float*>(v));
+    const Tensor q = kernel_test::random_tensor({n, qw}, r);
+    attention_shape s;
+    s.n_heads = hq;
+    s.n_kv_heads = hkv;
+    s.head_dim = dh;
+    // The cpu, sequence by sequence, and its attention_cached_batch (the
+    // Backend default: the same calls).
+    Tensor want = Tensor::empty({n, qw}), want_batch = Tensor::empty({n, qw});
+    std::vector<kv_pages_view> views;
+    for (std::size_t i = 0; i < positions.size(); ++i) {
+      views.push_back(kv_pages_view{k_views[i], v_views[i], page_tokens, positions[i] + 1});
+      Tensor row = want.slice(static_cast<std::int64_t>(i), static_cast<std::int64_t>(i) + 1);
+      cpu_backend().attention_cached(q.slice(static_cast<std::int64_t>(i), static_cast<std::int64_t>(i) + 1),
+                                     views.back(), positions[i], s, row);
+    }
+    cpu_backend().attention_cached_batch(q, views, positions, s, want_batch);
+    CHECK(std::memcmp(want.raw(), want_batch.raw(), want.nbytes()) == 0);
+
+    cuda::paged_params<float> p;
+    p.q = q.data<float>();
+    std::vector<float> got(static_cast<std::size_t>(n * qw), NAN);
+    p.out = got.data();
+    p.k_pages = k_table.data();
+    p.v_pages = v_table.data();
+    p.row_pages = row_pages.data();
+    p.row_keys = row_keys.data();
+    p.page_tokens = page_tokens;
+    p.rows = n;
+    p.splits = splits;
+    p.g = {hq, hkv, dh, hq / hkv, qw, kw, 1.0f / std::sqrt(static_cast<float>(dh))};
+    const std::int64_t heads = n * hq;
+    std::vector<float> scratch(static_cast<std::size_t>(heads * splits * (dh + 2)), NAN);
+    p.part_acc = scratch.data();
+    p.part_ml = scratch.data() + heads * splits * dh;
+    launch_for(dh, p);
+    kernel_test::check_close(std::vector<double>(got.begin(), got.end()), kernel_test::to_double(want), 1e-5, 1e-5,
+                             "batched paged attention, " + std::to_string(splits) + " key chunk(s)");
   }
 }

@@ -196,6 +196,60 @@ TEST_CASE("emulated RoPE and RoPE + KV-append kernels match the cpu") {
   }
 }
 
+TEST_CASE("emulated RoPE and cache store of rows of different sequences (a decode batch) match the cpu") {
+  kernel_test::rng r(921);
+  const std::int64_t n = 4;
+  const int hq = 4, hkv = 2, dh = 16;
+  const std::int64_t kw = std::int64_t{hkv} * dh;
+  const std::vector<std::int32_t> pos = {3, 0, 77, 12};
+  const Tensor positions = Tensor::from_i32(pos, {n});
+  for (const bool rotate : {true, false}) {
+    CAPTURE(rotate);
+    const Tensor q = random_tensor({n, hq * dh}, r), k = random_tensor({n, kw}, r), v = random_tensor({n, kw}, r);
+    // The destinations: rows of two "pages" in no particular order.
+    Tensor want_pages = kernel_test::filled({8, kw}, NAN), got_pages = kernel_test::filled({8, kw}, NAN);
+    const std::int64_t slot[n] = {5, 0, 7, 2};
+    std::vector<void*> want_k, want_v, got_k, got_v;
+    for (std::int64_t i = 0; i < n; ++i) {
+      want_k.push_back(want_pages.data<float>() + slot[i] * kw);
+      want_v.push_back(want_pages.data<float>() + (slot[i] ^ 1) * kw);
+      got_k.push_back(got_pages.data<float>() + slot[i] * kw);
+      got_v.push_back(got_pages.data<float>() + (slot[i] ^ 1) * kw);
+    }
+    Tensor want_q = q.clone(), want_kr = k.clone();
+    cpu_backend().rope_store_kv_rows(want_q, want_kr, v, positions, hq, hkv, dh, 10000.0f, rotate, want_k, want_v,
+                                     dtype::f32);
+    // The cpu's default is rope_store_kv row by row.
+    Tensor one_q = q.clone(), one_k = k.clone(), one_pages = kernel_test::filled({8, kw}, NAN);
+    for (std::int64_t i = 0; i < n; ++i) {
+      Tensor qi = one_q.slice(i, i + 1), ki = one_k.slice(i, i + 1);
+      cpu_backend().rope_store_kv(qi, ki, v.slice(i, i + 1), positions.slice(i, i + 1), hq, hkv, dh, 10000.0f,
+                                  rotate, one_pages.data<float>() + slot[i] * kw,
+                                  one_pages.data<float>() + (slot[i] ^ 1) * kw, dtype::f32);
+    }
+    CHECK(one_pages.to_vector() == want_pages.to_vector());
+    Tensor got_q = q.clone();
+    std::vector<float*> k_rows, v_rows;
+    for (std::int64_t i = 0; i < n; ++i) {
+      k_rows.push_back(static_cast<float*>(got_k[static_cast<std::size_t>(i)]));
+      v_rows.push_back(static_cast<float*>(got_v[static_cast<std::size_t>(i)]));
+    }
+    emulated::launch(&cuda::rope_store_kv_rows_kernel<float>, {4, 1, 64, 0}, f(got_q), f(k), f(v),
+                     positions.data<std::int32_t>(), n, hq, hkv, dh, 10000.0, rotate,
+                     static_cast<float* const*>(k_rows.data()), static_cast<float* const*>(v_rows.data()));
+    check_close(got_q, to_double(want_q), rel_tol, abs_tol, "rope_store_kv_rows q");
+    // Every destination row written, as the cpu wrote it; the rows between untouched.
+    const std::vector<float> got = got_pages.to_vector(), want = want_pages.to_vector();
+    for (std::size_t e = 0; e < got.size(); ++e) {
+      if (std::isnan(want[e])) {
+        CHECK(std::isnan(got[e]));
+        continue;
+      }
+      CHECK(std::abs(got[e] - want[e]) <= abs_tol + rel_tol * std::abs(want[e]));
+    }
+  }
+}
+
 TEST_CASE("emulated RoPE kernels with HF's rope_scaling (linear, llama3, yarn) match the cpu") {
   kernel_test::rng r(920);
   const std::int64_t n = 4;

@@ -238,3 +238,43 @@ TEST_CASE("cuda: attention and its backward in bf16 and f16 storage on the f32-a
     }
   }
 }
+
+TEST_CASE("cuda: cached attention of a batch of sequences in one launch equals each sequence's own") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(117);
+  const attention_shape s{8, 2, 128, 0.0f};
+  const std::int64_t qw = 8 * 128, kw = 2 * 128, page_tokens = 16;
+  // Lengths within one key chunk and across several, as a decode batch has.
+  const std::vector<std::int64_t> positions{0, 150, 37, 64, 200};
+  const auto n = static_cast<std::int64_t>(positions.size());
+  std::vector<std::vector<Tensor>> host(positions.size()), dev(positions.size());
+  std::vector<std::vector<const void*>> kd(positions.size()), vd(positions.size()), kh(positions.size()),
+      vh(positions.size());
+  std::vector<kv_pages_view> gpu_views, cpu_views;
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    const std::int64_t pages = (positions[i] + 1 + page_tokens - 1) / page_tokens;
+    for (std::int64_t p = 0; p < 2 * pages; ++p) {
+      host[i].push_back(random_tensor({page_tokens, kw}, r));
+      dev[i].push_back(up(host[i].back()));
+      (p < pages ? kh[i] : vh[i]).push_back(host[i].back().raw());
+      (p < pages ? kd[i] : vd[i]).push_back(dev[i].back().raw());
+    }
+    gpu_views.push_back(kv_pages_view{kd[i], vd[i], page_tokens, positions[i] + 1});
+    cpu_views.push_back(kv_pages_view{kh[i], vh[i], page_tokens, positions[i] + 1});
+  }
+  const Tensor q = random_tensor({n, qw}, r);
+  const Tensor dq = up(q);
+  Tensor batch = gpu().empty({n, qw}), single = gpu().empty({n, qw}), want = Tensor::empty({n, qw});
+  gpu().attention_cached_batch(dq, gpu_views, positions, s, batch);
+  for (std::int64_t i = 0; i < n; ++i) {
+    Tensor row = single.slice(i, i + 1), cpu_row = want.slice(i, i + 1);
+    gpu().attention_cached(dq.slice(i, i + 1), gpu_views[static_cast<std::size_t>(i)],
+                           positions[static_cast<std::size_t>(i)], s, row);
+    cpu().attention_cached(q.slice(i, i + 1), cpu_views[static_cast<std::size_t>(i)],
+                           positions[static_cast<std::size_t>(i)], s, cpu_row);
+  }
+  expect_close(batch, down(single), red_rtol, red_atol, "attention_cached_batch vs attention_cached per row");
+  expect_close(batch, want, red_rtol, red_atol, "attention_cached_batch vs the cpu");
+  // A cache of the host's is refused, as attention_cached refuses it.
+  CHECK_THROWS_AS(gpu().attention_cached_batch(dq, cpu_views, positions, s, batch), tensor_error);
+}
