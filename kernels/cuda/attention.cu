@@ -151,11 +151,24 @@ void launch_paged(stream_t s, const paged_params<KT>& p) {
   });
 }
 
-/// `p`'s partial states in `scratch` when it has several chunks.
-void place_partials(paged_common& p, float* scratch) {
-  const std::int64_t heads = p.rows * p.g.hq;
+/// A paged-attention call of `rows` query rows with `splits` key chunks;
+/// with several, the partial states go to `scratch`.
+template <class KT>
+paged_params<KT> paged_call(const attention_dims& g, const float* q, float* out, const void* const* k_pages,
+                            const void* const* v_pages, std::int64_t page_tokens, std::int64_t rows,
+                            std::int64_t splits, float* scratch) {
+  paged_params<KT> p;
+  p.q = q;
+  p.out = out;
+  p.k_pages = reinterpret_cast<const KT* const*>(k_pages);
+  p.v_pages = reinterpret_cast<const KT* const*>(v_pages);
+  p.page_tokens = page_tokens;
+  p.rows = rows;
+  p.splits = splits;
+  p.g = g;
   p.part_acc = scratch;
-  p.part_ml = p.splits > 1 ? scratch + heads * p.splits * p.g.dh : nullptr;
+  p.part_ml = splits > 1 ? scratch + rows * g.hq * splits * g.dh : nullptr;
+  return p;
 }
 
 }  // namespace
@@ -165,18 +178,9 @@ void attention_cached(stream_t s, const attention_dims& g, const float* q, std::
                       std::int64_t start_pos, float* out, float* scratch) {
   if (tq <= 0) return;
   dispatch_elem(cache, [&](auto tag) {
-    using KT = decltype(tag);
-    paged_params<KT> p;
-    p.q = q;
-    p.out = out;
-    p.k_pages = reinterpret_cast<const KT* const*>(k_pages);
-    p.v_pages = reinterpret_cast<const KT* const*>(v_pages);
-    p.page_tokens = page_tokens;
+    auto p = paged_call<decltype(tag)>(g, q, out, k_pages, v_pages, page_tokens, tq,
+                                       attention_cached_splits(tq, start_pos), scratch);
     p.start_pos = start_pos;
-    p.rows = tq;
-    p.splits = attention_cached_splits(tq, start_pos);
-    p.g = g;
-    place_partials(p, scratch);
     launch_paged(s, p);
   });
 }
@@ -191,19 +195,9 @@ void attention_cached_batch(stream_t s, const attention_dims& g, const float* q,
                             float* scratch) {
   if (n <= 0) return;
   dispatch_elem(cache, [&](auto tag) {
-    using KT = decltype(tag);
-    paged_params<KT> p;
-    p.q = q;
-    p.out = out;
-    p.k_pages = reinterpret_cast<const KT* const*>(k_pages);
-    p.v_pages = reinterpret_cast<const KT* const*>(v_pages);
+    auto p = paged_call<decltype(tag)>(g, q, out, k_pages, v_pages, page_tokens, n, splits, scratch);
     p.row_pages = row_pages;
     p.row_keys = row_keys;
-    p.page_tokens = page_tokens;
-    p.rows = n;
-    p.splits = splits;
-    p.g = g;
-    place_partials(p, scratch);
     launch_paged(s, p);
   });
 }
