@@ -136,18 +136,24 @@ void run_on(span_server_state& st, span_engine& engine, std::vector<queued_step>
                 std::move(batch[i].trail));
 }
 
+/// The sessions of the queued steps.
+std::vector<std::string> queued_sessions(const span_server_state& st) {
+  std::vector<std::string> out;
+  out.reserve(st.queue.size());
+  for (const auto& q : st.queue) out.push_back(q.item.session_id);
+  return out;
+}
+
 /// Runs every queued one-row step and answers each: steps of sessions still
 /// on the retiring engine as a batch of their own there, first, then the
 /// rest as one batch on the current engine.
 void run_batch(span_server_actor* self) {
   auto& st = self->state;
   if (st.queue.empty()) return;
+  const std::vector<std::string> sessions = queued_sessions(st);
   std::vector<queued_step> current, retiring;
-  std::vector<std::string> sessions;
-  for (auto& q : st.queue) {
-    sessions.push_back(q.item.session_id);
+  for (auto& q : st.queue)
     (st.retiring && st.retiring->session_length(q.item.session_id) ? retiring : current).push_back(std::move(q));
-  }
   st.queue.clear();
   ++st.queue_seq;  // a flush still on its way is for this queue: stale
   st.gathering_wait = false;
@@ -155,14 +161,6 @@ void run_batch(span_server_actor* self) {
   if (!retiring.empty()) run_on(st, *st.retiring, std::move(retiring));
   if (!current.empty()) run_on(st, *st.engine, std::move(current));
   st.gathering.ran(sessions, std::chrono::duration<double>(clock_type::now() - t0).count());
-}
-
-/// The sessions of the queued steps.
-std::vector<std::string> queued_sessions(const span_server_state& st) {
-  std::vector<std::string> out;
-  out.reserve(st.queue.size());
-  for (const auto& q : st.queue) out.push_back(q.item.session_id);
-  return out;
 }
 
 /// The flush of queue `seq`: runs it, unless sessions of the last batches

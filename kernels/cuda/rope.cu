@@ -12,10 +12,20 @@
 
 namespace corolla::cuda {
 
+namespace {
+
+/// Threads of a RoPE-and-store launch: a q pair each (when rotating), a k
+/// pair each, a v element each.
+std::int64_t rope_store_threads(std::int64_t n, int hq, int hkv, int head_dim, bool rotate) {
+  return (rotate ? n * hq * (head_dim / 2) : 0) + n * hkv * (head_dim / 2) + n * hkv * head_dim;
+}
+
+}  // namespace
+
 void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
                    std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
                    void* k_out, void* v_out) {
-  const std::int64_t total = (rotate ? n * hq * (head_dim / 2) : 0) + n * hkv * (head_dim / 2) + n * hkv * head_dim;
+  const std::int64_t total = rope_store_threads(n, hq, hkv, head_dim, rotate);
   if (total <= 0) return;
   dispatch_elem(cache, [&](auto tag) {
     using KT = decltype(tag);
@@ -29,7 +39,7 @@ void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const s
 void rope_store_kv_rows(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
                         std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
                         void* const* k_rows, void* const* v_rows) {
-  const std::int64_t total = (rotate ? n * hq * (head_dim / 2) : 0) + n * hkv * (head_dim / 2) + n * hkv * head_dim;
+  const std::int64_t total = rope_store_threads(n, hq, hkv, head_dim, rotate);
   if (total <= 0) return;
   dispatch_elem(cache, [&](auto tag) {
     using KT = decltype(tag);
