@@ -248,8 +248,8 @@ class Backend {
   /// batch): row i's key (rotated with `rotate`) and value go to k_rows[i]
   /// and v_rows[i], hkv*head_dim elements of `cache_type` each in this
   /// backend's device memory (kv_sequence::claim_row); q is rotated in
-  /// place. A device backend does it in one launch; this default rotates q
-  /// and k in place and copies row by row.
+  /// place. A device backend does it in one launch; this default runs
+  /// rope_store_kv row by row.
   virtual void rope_store_kv_rows(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
                                   int head_dim, const rope_spec& spec, bool rotate, std::span<void* const> k_rows,
                                   std::span<void* const> v_rows, dtype cache_type) {
@@ -258,17 +258,11 @@ class Backend {
       throw tensor_error("rope_store_kv_rows: k and v need one row per destination (" + std::to_string(n) +
                          " key rows, " + std::to_string(v_rows.size()) + " value rows, k " + shape_str(k.shape()) +
                          ", v " + shape_str(v.shape()) + ")");
-    if (rotate) {
-      rope(q, positions, hq, head_dim, spec);
-      rope(k, positions, hkv, head_dim, spec);
-    }
     for (std::int64_t i = 0; i < n; ++i) {
       const auto u = static_cast<std::size_t>(i);
-      for (auto [src, dst] : {std::pair<Tensor, void*>{k.slice(i, i + 1), k_rows[u]}, {v.slice(i, i + 1), v_rows[u]}}) {
-        const std::size_t bytes = static_cast<std::size_t>(src.numel()) * dtype_size(cache_type);
-        Tensor to = Tensor::wrap(storage::borrow(dst, bytes, nullptr, dev()), 0, src.shape(), cache_type);
-        copy(src, to);  // converts to the cache's type
-      }
+      Tensor q_row = q.slice(i, i + 1), k_row = k.slice(i, i + 1);
+      rope_store_kv(q_row, k_row, v.slice(i, i + 1), rotate ? positions.slice(i, i + 1) : positions, hq, hkv,
+                    head_dim, spec, rotate, k_rows[u], v_rows[u], cache_type);
     }
   }
 

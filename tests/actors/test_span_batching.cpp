@@ -116,13 +116,18 @@ TEST_CASE("a decode batch waits for the last batch's other session and runs when
   // whose next step does not come here).
   f.step_both();
   const span_server_stats before = f.stats();
-  // a steps alone; b's step comes 300 ms later: a's waited for it, and
-  // both ran as one batch.
+  // a steps alone; b's step comes 300 ms after the server began waiting
+  // for it (not after a fixed time: on a busy machine a's request may take
+  // that long to arrive): a's waited for it, and both ran as one batch.
   const auto t0 = std::chrono::steady_clock::now();
   auto a = std::async(std::launch::async, [&] {
     f.step("a", 3, 12);
     return seconds_since(t0);
   });
+  for (int tries = 0; f.stats().decode_waits == before.decode_waits; ++tries) {
+    REQUIRE_MESSAGE(tries < 400, "the server never began waiting for b");  // 4 s, within the 5 s cap
+    std::this_thread::sleep_for(10ms);
+  }
   std::this_thread::sleep_for(300ms);
   f.step("b", 3, 22);
   CHECK(a.get() >= 0.29);
