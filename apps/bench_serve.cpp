@@ -40,6 +40,7 @@
 #include "model/block.hpp"
 #include "model/span_engine.hpp"
 #include "model/stage.hpp"
+#include "schedule/block_selection.hpp"
 
 namespace corolla::app {
 namespace {
@@ -89,8 +90,9 @@ struct cache_plan {
 
 /// --max-memory: the tokens left after the weights `corolla serve --weights`
 /// holds for every block (model/block.hpp served_block_bytes; with 16-bit or
-/// quantised weights one block of f32 set aside, as serve does), in whole
-/// pages; else --cache-tokens. Throws std::invalid_argument when the budget
+/// quantised weights one block of f32 set aside), in whole pages, as serve
+/// gives them to its cache (schedule/block_selection.hpp
+/// cache_tokens_that_fit); else --cache-tokens. Throws std::invalid_argument when the budget
 /// holds no page, or the cache cannot hold `sessions` sessions of `tokens`.
 cache_plan plan_cache(const serve_bench_options& o, const model_config& cfg, weight_format weights, dtype kv,
                       int page_tokens, int sessions, int tokens) {
@@ -103,17 +105,21 @@ cache_plan plan_cache(const serve_bench_options& o, const model_config& cfg, wei
   } else {
     p.budget_bytes = parse_byte_size(o.max_memory, "--max-memory");
     const bool lean = weights != weight_format::f32;
-    p.weight_bytes = cfg.n_layers * served_block_bytes(cfg, weights, !lean) +
-                     (lean ? served_block_bytes(cfg, weight_format::f32) : 0);
+    swarm::memory_budget m;
+    m.available_bytes = static_cast<std::uint64_t>(p.budget_bytes);
+    m.bytes_per_block = static_cast<std::uint64_t>(served_block_bytes(cfg, weights, !lean));
+    m.reserved_bytes = lean ? static_cast<std::uint64_t>(served_block_bytes(cfg, weight_format::f32)) : 0;
+    p.weight_bytes = static_cast<std::int64_t>(m.bytes_per_block * cfg.n_layers + m.reserved_bytes);
     const std::int64_t page_bytes = static_cast<std::int64_t>(p.bytes_per_token) * page_tokens;
-    const std::int64_t pages = std::max<std::int64_t>(p.budget_bytes - p.weight_bytes, 0) / page_bytes;
-    if (pages < 1) {
+    p.tokens = swarm::cache_tokens_that_fit(m, static_cast<int>(cfg.n_layers), span_engine::kv_bytes_per_token(cfg, 1, kv),
+                                            page_tokens, 0)
+                   .value();
+    if (p.tokens < 1) {
       char why[200];
       std::snprintf(why, sizeof why, "leaves no room for a page of KV cache (%.3f MiB) after the weights (%.3f MiB)",
                     mib(static_cast<double>(page_bytes)), mib(static_cast<double>(p.weight_bytes)));
       throw std::invalid_argument("bench serve: --max-memory " + o.max_memory + " " + why);
     }
-    p.tokens = pages * page_tokens;
   }
   const std::int64_t per_session = (tokens + page_tokens - 1) / page_tokens * page_tokens;
   if (p.tokens < per_session * sessions)

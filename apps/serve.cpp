@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -189,36 +190,58 @@ void drain(node& n, const caf::actor& server, const sigset_t& stop_signals, std:
   }
 }
 
-/// --max-memory: the blocks that fit, each counted with its weights (the
-/// inference copies, and the f32 parameters where they are kept,
-/// model/block.hpp served_block_bytes) and its share of the KV cache for
-/// --cache-tokens; at most the model's blocks. Without the f32 parameters,
-/// one block of them is set aside first: a block loads as f32 before it is
-/// converted, and a fine-tuning request widens one block back to f32 while
-/// it runs. Throws std::invalid_argument when not even one fits, naming
-/// what one needs.
-int blocks_that_fit(const serve_args& a, const model_config& cfg, weight_format weights, dtype kv) {
-  const std::int64_t budget = parse_byte_size(a.max_memory, "--max-memory");
-  const auto kv_bytes = static_cast<std::int64_t>(span_engine::kv_bytes_per_token(cfg, 1, kv)) * a.cache_tokens;
-  const std::int64_t weight_bytes = served_block_bytes(cfg, weights, a.keep_f32);
+/// What --max-memory holds: the blocks that fit, each counted with its
+/// weights (the inference copies, and the f32 parameters where they are
+/// kept, model/block.hpp served_block_bytes) and its share of the KV cache
+/// for --cache-tokens, at most the model's blocks; the cache then gets what
+/// the budget leaves after the weights (cache_tokens_for). Without the f32
+/// parameters, one block of them is set aside first: a block loads as f32
+/// before it is converted, and a fine-tuning request widens one block back to
+/// f32 while it runs.
+struct memory_plan {
+  swarm::memory_budget budget;
+  std::size_t kv_bytes_per_token = 0;  ///< one token's keys and values in one block
+  int blocks = 0;
+};
+
+/// Throws std::invalid_argument when not even one block fits, naming what
+/// one needs.
+memory_plan plan_memory(const serve_args& a, const model_config& cfg, weight_format weights, dtype kv) {
+  memory_plan p;
+  p.kv_bytes_per_token = span_engine::kv_bytes_per_token(cfg, 1, kv);
   const bool lean = weights != weight_format::f32 && !a.keep_f32;
-  const std::int64_t scratch = lean ? served_block_bytes(cfg, weight_format::f32) : 0;
-  const std::int64_t per_block = weight_bytes + kv_bytes;
-  const auto mib = [](std::int64_t b) { return static_cast<double>(b) / (1 << 20); };
-  const std::int64_t n = std::min<std::int64_t>(std::max<std::int64_t>(budget - scratch, 0) / per_block, cfg.n_layers);
-  const std::string aside =
-      lean ? fmt::format(", after {:.1f} MiB for one block in f32 (loading, fine-tuning requests)", mib(scratch)) : "";
-  if (n < 1)
+  p.budget.available_bytes = static_cast<std::uint64_t>(parse_byte_size(a.max_memory, "--max-memory"));
+  p.budget.bytes_per_block = static_cast<std::uint64_t>(served_block_bytes(cfg, weights, a.keep_f32));
+  p.budget.cache_bytes_per_block = p.kv_bytes_per_token * static_cast<std::uint64_t>(a.cache_tokens);
+  p.budget.reserved_bytes = lean ? static_cast<std::uint64_t>(served_block_bytes(cfg, weight_format::f32)) : 0;
+  const auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1 << 20); };
+  const std::string aside = lean ? fmt::format(", after {:.1f} MiB for one block in f32 (loading, fine-tuning requests)",
+                                               mib(p.budget.reserved_bytes))
+                                 : "";
+  auto n = swarm::blocks_that_fit(p.budget, static_cast<int>(cfg.n_layers));
+  if (!n)
     throw std::invalid_argument(fmt::format(
         "--max-memory {} holds no block: one needs {:.1f} MiB ({:.1f} MiB of {} weights, {:.1f} MiB of KV cache for "
         "--cache-tokens {}){}; lower --cache-tokens, quantise (--weights int8 or nf4) or give more memory",
-        a.max_memory, mib(per_block), mib(weight_bytes), weight_format_name(weights), mib(kv_bytes), a.cache_tokens,
-        aside));
-  spdlog::info("serve: --max-memory {} holds {} block(s) of {} at {:.1f} MiB each ({:.1f} MiB of {} weights, {:.1f} "
-               "MiB of KV cache for {} tokens){}",
-               a.max_memory, n, cfg.n_layers, mib(per_block), mib(weight_bytes), weight_format_name(weights),
-               mib(kv_bytes), a.cache_tokens, aside);
-  return static_cast<int>(n);
+        a.max_memory, mib(p.budget.bytes_per_block + p.budget.cache_bytes_per_block), mib(p.budget.bytes_per_block),
+        weight_format_name(weights), mib(p.budget.cache_bytes_per_block), a.cache_tokens, aside));
+  p.blocks = n.value();
+  spdlog::info("serve: --max-memory {} holds {} block(s) of {} at {:.1f} MiB of {} weights each and at least {} tokens "
+               "of KV cache ({:.1f} MiB a block){}",
+               a.max_memory, p.blocks, cfg.n_layers, mib(p.budget.bytes_per_block), weight_format_name(weights),
+               a.cache_tokens, mib(p.budget.cache_bytes_per_block), aside);
+  return p;
+}
+
+/// The KV cache tokens a span of `blocks` blocks gets: with --max-memory,
+/// all the budget leaves after their weights (at least --cache-tokens); else
+/// --cache-tokens.
+std::int64_t cache_tokens_for(const serve_args& a, const std::optional<memory_plan>& plan, int blocks,
+                              int page_tokens) {
+  if (!plan) return a.cache_tokens;
+  auto t = swarm::cache_tokens_that_fit(plan->budget, blocks, plan->kv_bytes_per_token, page_tokens, a.cache_tokens);
+  if (!t) throw std::invalid_argument("--max-memory: " + t.error().message);
+  return t.value();
 }
 
 /// --num-blocks: the weakest window of the swarm as the DHT shows it
@@ -259,8 +282,9 @@ int run_serve(const serve_args& a) {
   engine_options.kv_dtype = parse_kv_dtype_flag(a.kv_dtype);
   engine_options.weights = weights;
   engine_options.keep_parameters = a.keep_f32;
-  const int num_blocks =
-      a.max_memory.empty() ? a.num_blocks : blocks_that_fit(a, cfg, weights, engine_options.kv_dtype);
+  std::optional<memory_plan> memory;
+  if (!a.max_memory.empty()) memory = plan_memory(a, cfg, weights, engine_options.kv_dtype);
+  const int num_blocks = memory ? memory->blocks : a.num_blocks;
   Backend& be = backend_for(parse_device(a.device));
 
   if (a.no_listen && a.no_dht && a.relays.empty())
@@ -325,7 +349,8 @@ int run_serve(const serve_args& a) {
     spdlog::debug("serve: loaded block {} ({} of {})", first + done - 1, done, total);
   };
   auto engine = std::make_shared<span_engine>(
-      span_engine::load(checkpoint::open(a.model), cfg, first, last, be, a.cache_tokens, engine_options));
+      span_engine::load(checkpoint::open(a.model), cfg, first, last, be,
+                        cache_tokens_for(a, memory, last - first, engine_options.page_tokens), engine_options));
   engine_options.on_block_loaded = nullptr;  // later loads (moves) run while serving
   bar.finish();
   spdlog::info("serve: loaded blocks [{}, {}) in {:.1f} s on {} thread(s)", first, last,
@@ -443,8 +468,9 @@ int run_serve(const serve_args& a) {
     // Load the new blocks while the old ones still serve, switch, then tell
     // the swarm: the old blocks have other servers (should_move never opens
     // a gap); sessions already open here finish on the old blocks.
-    auto next = std::make_shared<span_engine>(span_engine::load(checkpoint::open(a.model), cfg, d.target.start,
-                                                                d.target.end, be, a.cache_tokens, engine_options));
+    auto next = std::make_shared<span_engine>(span_engine::load(
+        checkpoint::open(a.model), cfg, d.target.start, d.target.end, be,
+        cache_tokens_for(a, memory, d.target.length(), engine_options.page_tokens), engine_options));
     const double next_step_s = measure_step_s(*next);
     if (auto err = swap_span_engine(n.system(), *server, next)) {
       spdlog::error("serve: switching to {} failed: {}", swarm::to_string(d.target), error_message(err));
@@ -479,8 +505,11 @@ void register_serve(CLI::App& app, action_fn& action) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-memory", a->max_memory,
                   "Serve as many consecutive blocks as fit in this much memory (e.g. 6GiB, 512MiB: weights and the "
-                  "KV cache for --cache-tokens), placed where the swarm is weakest (read from its DHT)");
-  cmd->add_option("--cache-tokens", a->cache_tokens, "Attention-cache budget in tokens over all sessions")
+                  "KV cache for --cache-tokens), placed where the swarm is weakest (read from its DHT); the KV "
+                  "cache then gets all the memory the blocks' weights leave");
+  cmd->add_option("--cache-tokens", a->cache_tokens,
+                  "Attention-cache budget in tokens over all sessions (with --max-memory: the least a block needs "
+                  "room for)")
       ->capture_default_str();
   cmd->add_option("--device", a->device, "Where the served blocks and their KV cache live: auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N")
       ->capture_default_str();

@@ -152,6 +152,21 @@ result<int> blocks_that_fit(const memory_budget& m, int n_blocks) {
   return static_cast<int>(std::min<std::uint64_t>(fit, static_cast<std::uint64_t>(n_blocks)));
 }
 
+result<std::int64_t> cache_tokens_that_fit(const memory_budget& m, int blocks, std::uint64_t kv_bytes_per_token,
+                                           int page_tokens, std::int64_t min_tokens) {
+  if (blocks < 1) return bad_argument("a server must hold at least one block (asked for " + std::to_string(blocks) + ")");
+  if (kv_bytes_per_token == 0) return bad_argument("kv_bytes_per_token is 0; a cached token has keys and values");
+  if (page_tokens < 1) return bad_argument("page_tokens must be at least 1, got " + std::to_string(page_tokens));
+  if (min_tokens < 0) return bad_argument("min_tokens must be >= 0, got " + std::to_string(min_tokens));
+  const std::uint64_t weights = m.bytes_per_block * static_cast<std::uint64_t>(blocks);
+  const std::uint64_t taken = m.reserved_bytes + weights;
+  const std::uint64_t left = m.available_bytes > taken ? m.available_bytes - taken : 0;
+  const std::uint64_t page_bytes = kv_bytes_per_token * static_cast<std::uint64_t>(blocks) *
+                                   static_cast<std::uint64_t>(page_tokens);
+  const auto tokens = static_cast<std::int64_t>(left / page_bytes * static_cast<std::uint64_t>(page_tokens));
+  return std::max(tokens, min_tokens);
+}
+
 result<block_choice> choose_blocks_for_memory(const swarm_state& swarm, const memory_budget& memory,
                                               double my_throughput, const server_id& self) {
   if (auto e = validate(swarm)) return *e;

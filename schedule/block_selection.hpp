@@ -67,6 +67,17 @@ struct memory_budget {
 /// bytes_per_block is 0 or n_blocks < 1.
 result<int> blocks_that_fit(const memory_budget& memory, int n_blocks);
 
+/// The attention-cache tokens `blocks` blocks get from `memory`: what is
+/// left after their weights and the reserve, shared by the blocks at
+/// `kv_bytes_per_token` (one token's keys and values in one block), in whole
+/// pages of `page_tokens`; never fewer than `min_tokens` (what
+/// cache_bytes_per_block was set aside for when the blocks were counted).
+/// So a server whose budget holds every block of a model gives the rest to
+/// its cache instead of leaving it unused. Errors: invalid_argument for
+/// blocks < 1, kv_bytes_per_token 0, page_tokens < 1 or min_tokens < 0.
+result<std::int64_t> cache_tokens_that_fit(const memory_budget& memory, int blocks, std::uint64_t kv_bytes_per_token,
+                                           int page_tokens, std::int64_t min_tokens);
+
 /// choose_blocks() with num_blocks = blocks_that_fit(memory, swarm.n_blocks).
 /// `my_throughput` is what the server will announce for that many blocks.
 result<block_choice> choose_blocks_for_memory(const swarm_state& swarm, const memory_budget& memory,

@@ -133,8 +133,26 @@ TEST_CASE("a server given --max-memory serves as many blocks as fit, where the s
   const std::string budget = std::to_string(served_block_bytes(cfg, weight_format::f32) + per_block * 5 / 2);
   swarm_processes sw;
   sw.start(m, "s-1", -1, -1,
-           {"--dht", "--dht-ttl-s", "5", "--weights", "int8", "--cache-tokens", "512", "--max-memory", budget});
+           {"--dht", "--dht-ttl-s", "5", "--weights", "int8", "--cache-tokens", "512", "--max-memory", budget,
+            "--log-level", "info"});
   CHECK(sw.spans.at("s-1").second - sw.spans.at("s-1").first == 2);
+  // The KV cache gets what the two blocks' weights leave, in whole pages of
+  // 16 tokens: more than the 512 tokens they were counted with.
+  const std::int64_t kv_token = static_cast<std::int64_t>(span_engine::kv_bytes_per_token(cfg, 2));
+  const std::int64_t left = std::stoll(budget) - served_block_bytes(cfg, weight_format::f32) -
+                            2 * served_block_bytes(cfg, weight_format::int8, false);
+  const std::int64_t tokens = left / (kv_token * 16) * 16;
+  REQUIRE(tokens > 512);
+  const std::regex cache_line(R"(KV cache for (\d+) tokens)");
+  std::smatch got;
+  std::string err;
+  for (int tries = 0; tries < 200; ++tries) {  // the line follows the readiness line on stderr
+    err = sw.procs.at("s-1").err();
+    if (std::regex_search(err, got, cache_line)) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE_MESSAGE(!got.empty(), "s-1 logged no KV cache size:\n" << sw.procs.at("s-1").err());
+  CHECK(std::stoll(got[1].str()) == tokens);
   // A second server of the same size fills the gap.
   sw.start(m, "s-2", -1, -1,
            {"--initial-peers", sw.dht.at("s-1"), "--weights", "int8", "--cache-tokens", "512", "--max-memory", budget});

@@ -170,6 +170,26 @@ TEST_CASE("the number of blocks follows from memory") {
   CHECK_FALSE(blocks_that_fit(memory_budget{GiB, 0, 0, 0}, 32).ok());
   CHECK_FALSE(blocks_that_fit(memory_budget{GiB, GiB, 0, 2 * GiB}, 32).ok());  // reserve exceeds memory
 
+  // The cache gets what the weights leave: 6 blocks take 6 GiB of the 8
+  // usable, 2 GiB left for 6 blocks at 1 KiB a token each: 349,525 tokens,
+  // 349,520 in whole pages of 16.
+  const std::uint64_t KiB = 1024;
+  auto t = cache_tokens_that_fit(m, 6, KiB, 16, 1000);
+  REQUIRE(t.ok());
+  CHECK(t.value() == 349'520);
+  CHECK(t.value() * 6 * static_cast<std::int64_t>(KiB) <= static_cast<std::int64_t>(8 * GiB - 6 * GiB));
+  // Fewer blocks, more cache each; every block of a small model: the rest.
+  CHECK(cache_tokens_that_fit(m, 4, KiB, 16, 0).value() == 4 * GiB / (4 * KiB) / 16 * 16);
+  CHECK(cache_tokens_that_fit(m, 6, KiB, 1, 0).value() == 2 * GiB / (6 * KiB));
+  // Never fewer than the tokens the blocks were counted with, even when
+  // whole pages fall short of them or nothing is left.
+  CHECK(cache_tokens_that_fit(m, 6, KiB, 16, 349'525).value() == 349'525);
+  CHECK(cache_tokens_that_fit(memory_budget{GiB, 2 * GiB, 0, 0}, 1, KiB, 16, 64).value() == 64);
+  CHECK_FALSE(cache_tokens_that_fit(m, 0, KiB, 16, 0).ok());
+  CHECK_FALSE(cache_tokens_that_fit(m, 6, 0, 16, 0).ok());
+  CHECK_FALSE(cache_tokens_that_fit(m, 6, KiB, 0, 0).ok());
+  CHECK_FALSE(cache_tokens_that_fit(m, 6, KiB, 16, -1).ok());
+
   swarm_state s{12, {srv("a", 0, 6, 5)}};
   auto c = choose_blocks_for_memory(s, m, 5.0);
   REQUIRE(c.ok());
