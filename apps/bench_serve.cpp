@@ -88,14 +88,15 @@ struct cache_plan {
   std::size_t bytes_per_token = 0;   ///< keys and values over every block
 };
 
-/// --max-memory: the tokens left after the weights `corolla serve --weights`
-/// holds for every block (model/block.hpp served_block_bytes; with 16-bit or
-/// quantised weights one block of f32 set aside), in whole pages, as serve
-/// gives them to its cache (schedule/block_selection.hpp
-/// cache_tokens_that_fit); else --cache-tokens. Throws std::invalid_argument when the budget
-/// holds no page, or the cache cannot hold `sessions` sessions of `tokens`.
+/// --max-memory (`budget_bytes`, read by the caller): the tokens left after
+/// the weights `corolla serve --weights` holds for every block
+/// (model/block.hpp served_block_bytes; with 16-bit or quantised weights one
+/// block of f32 set aside), in whole pages, as serve gives them to its cache
+/// (schedule/block_selection.hpp cache_tokens_that_fit); else
+/// --cache-tokens. Throws std::invalid_argument when the budget holds no
+/// page, or the cache cannot hold `sessions` sessions of `tokens`.
 cache_plan plan_cache(const serve_bench_options& o, const model_config& cfg, weight_format weights, dtype kv,
-                      int page_tokens, int sessions, int tokens) {
+                      std::int64_t budget_bytes, int page_tokens, int sessions, int tokens) {
   cache_plan p;
   p.bytes_per_token = span_engine::kv_bytes_per_token(cfg, cfg.n_layers, kv);
   const auto mib = [](double b) { return b / (1 << 20); };
@@ -103,7 +104,7 @@ cache_plan plan_cache(const serve_bench_options& o, const model_config& cfg, wei
     if (o.cache_tokens < 1) throw std::invalid_argument("bench serve: --cache-tokens must be at least 1");
     p.tokens = (o.cache_tokens + page_tokens - 1) / page_tokens * page_tokens;
   } else {
-    p.budget_bytes = parse_byte_size(o.max_memory, "--max-memory");
+    p.budget_bytes = budget_bytes;
     const bool lean = weights != weight_format::f32;
     swarm::memory_budget m;
     m.available_bytes = static_cast<std::uint64_t>(p.budget_bytes);
@@ -257,6 +258,9 @@ int run_serve_bench(serve_bench_options o) {
   if (o.rounds < 1) throw std::invalid_argument("bench serve: --rounds must be at least 1");
 
   Backend& be = backend_for(parse_device(o.common.device));
+  // auto is read before the model's f32 parameters take their share.
+  const std::int64_t budget_bytes =
+      o.max_memory.empty() ? 0 : parse_memory_budget(o.max_memory, "--max-memory", be.dev());
   std::optional<transformer> model(open_model(o.common, be));
   const model_config cfg = model->config();
   if (o.prompt_tokens < 1 || o.new_tokens < 2 || o.prompt_tokens + o.new_tokens + 2 > cfg.max_positions)
@@ -266,7 +270,7 @@ int run_serve_bench(serve_bench_options o) {
   eo.weights = weights;
   eo.kv_dtype = kv;
   eo.cache_allocation = kv_allocation::up_front;
-  const cache_plan cache = plan_cache(o, cfg, weights, kv, eo.page_tokens, o.sessions.back(),
+  const cache_plan cache = plan_cache(o, cfg, weights, kv, budget_bytes, eo.page_tokens, o.sessions.back(),
                                       o.prompt_tokens + o.new_tokens + 2);
   const double block_bytes = decode_bytes_per_token(*model, weights, false);
   const long long params = cfg.parameter_count();
@@ -413,8 +417,8 @@ void register_bench_serve(CLI::App* bench, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--kv-dtype", o.kv_dtype, "KV cache elements: f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--max-memory", o.max_memory,
-                  "The server's memory (e.g. 40GiB): the KV cache gets what the blocks' weights leave, as many "
-                  "whole pages as fit");
+                  "The server's memory (e.g. 40GiB, or auto as serve reads it): the KV cache gets what the blocks' "
+                  "weights leave, as many whole pages as fit");
   cmd->add_option("--cache-tokens", o.cache_tokens, "KV cache tokens without --max-memory")->capture_default_str();
   cmd->callback([&action] { action = [] { return run_serve_bench(o); }; });
 }

@@ -5,11 +5,13 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/memory_available.hpp"
 #include "model/stage.hpp"
 
 namespace corolla::app {
@@ -62,6 +64,23 @@ std::int64_t parse_byte_size(const std::string& text, const std::string& flag) {
       return static_cast<std::int64_t>(bytes);
     }
   throw bad();
+}
+
+std::int64_t parse_memory_budget(const std::string& text, const std::string& flag, device where) {
+  if (text != "auto") return parse_byte_size(text, flag);
+  const memory_available m = available_memory(where);
+  const std::uint64_t budget = auto_memory_budget(where, m);
+  const auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1 << 20); };
+  const std::string rule = where.kind == device_kind::cpu
+                               ? "half of the host's available memory"
+                               : "its free memory less 5 % of the device or 1 GiB, whichever is more";
+  if (budget < 1)
+    throw std::invalid_argument(fmt::format("{} auto: {} has {:.1f} MiB free of {:.1f} MiB, which leaves nothing ({}); "
+                                            "free some, or give a size",
+                                            flag, where.str(), mib(m.free_bytes), mib(m.total_bytes), rule));
+  spdlog::info("{} auto: {:.1f} MiB on {} ({} MiB free of {:.1f} MiB: {})", flag, mib(budget), where.str(),
+               static_cast<long long>(m.free_bytes >> 20), mib(m.total_bytes), rule);
+  return static_cast<std::int64_t>(budget);
 }
 
 dtype parse_kv_dtype_flag(const std::string& text) {

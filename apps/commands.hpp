@@ -128,6 +128,13 @@ weight_format parse_weights_flag(const std::string& text);
 /// 1024). Throws std::invalid_argument naming `flag` for anything else or a
 /// count below one byte.
 std::int64_t parse_byte_size(const std::string& text, const std::string& flag);
+/// A memory budget flag (serve and bench serve --max-memory): a size as
+/// parse_byte_size reads it, or "auto": what `where` has free now less a
+/// reserve (kernels/memory_available.hpp auto_memory_budget), logged with
+/// the figures it came from. Throws std::invalid_argument for a bad size or
+/// when auto leaves nothing, std::runtime_error when the free memory cannot
+/// be read.
+std::int64_t parse_memory_budget(const std::string& text, const std::string& flag, device where);
 /// The dtype a --compute flag names for training on `where` (train and
 /// bench train): f32, or bf16/f16 on a device. Throws std::invalid_argument
 /// for an unknown name and for bf16/f16 on the cpu ("--compute bf16 needs a

@@ -210,7 +210,8 @@ memory_plan plan_memory(const serve_args& a, const model_config& cfg, weight_for
   memory_plan p;
   p.kv_bytes_per_token = span_engine::kv_bytes_per_token(cfg, 1, kv);
   const bool lean = weights != weight_format::f32 && !a.keep_f32;
-  p.budget.available_bytes = static_cast<std::uint64_t>(parse_byte_size(a.max_memory, "--max-memory"));
+  p.budget.available_bytes =
+      static_cast<std::uint64_t>(parse_memory_budget(a.max_memory, "--max-memory", parse_device(a.device)));
   p.budget.bytes_per_block = static_cast<std::uint64_t>(served_block_bytes(cfg, weights, a.keep_f32));
   p.budget.cache_bytes_per_block = p.kv_bytes_per_token * static_cast<std::uint64_t>(a.cache_tokens);
   p.budget.reserved_bytes = lean ? static_cast<std::uint64_t>(served_block_bytes(cfg, weight_format::f32)) : 0;
@@ -506,7 +507,8 @@ void register_serve(CLI::App& app, action_fn& action) {
   cmd->add_option("--max-memory", a->max_memory,
                   "Serve as many consecutive blocks as fit in this much memory (e.g. 6GiB, 512MiB: weights and the "
                   "KV cache for --cache-tokens), placed where the swarm is weakest (read from its DHT); the KV "
-                  "cache then gets all the memory the blocks' weights leave");
+                  "cache then gets all the memory the blocks' weights leave. auto: the GPU's free memory less "
+                  "5 % (at least 1 GiB), or half the host's available memory on the cpu");
   cmd->add_option("--cache-tokens", a->cache_tokens,
                   "Attention-cache budget in tokens over all sessions (with --max-memory: the least a block needs "
                   "room for)")

@@ -50,6 +50,13 @@ std::string device_description(int index) {
   return buf;
 }
 
+std::pair<std::size_t, std::size_t> device_memory(int index) {
+  device_guard guard(index);
+  std::size_t free_b = 0, total_b = 0;
+  COROLLA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return {free_b, total_b};
+}
+
 // ---- allow_smem's record (device_math.cuh) ------------------------------------------
 
 namespace {

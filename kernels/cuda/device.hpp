@@ -1,7 +1,9 @@
 // kernels/cuda/device.hpp — host-only view of the CUDA runtime (no CUDA types).
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <utility>
 
 namespace corolla::cuda {
 
@@ -12,6 +14,10 @@ int device_count();
 std::string device_count_error();
 /// "NVIDIA H200, 139 GiB, sm_90" for device `index`.
 std::string device_description(int index);
+/// Free and total bytes of device `index` now (cudaMemGetInfo on it): what
+/// other processes and this one's allocator cache hold is not free.
+/// Throws cuda_error.
+std::pair<std::size_t, std::size_t> device_memory(int index);
 
 /// Programmatic dependent launch ("early launch", kernels/cuda/
 /// grid_dependency.cuh): kernels that support it (the bf16-weight GEMV) are

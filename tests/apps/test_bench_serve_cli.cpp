@@ -5,6 +5,7 @@
 // leave, allocated up front; bad budgets and levels are one clear error.
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -74,6 +75,31 @@ TEST_CASE("bench serve measures 1 and 3 sessions through the server and on its e
   CHECK(j["sessions"] == 3);
   CHECK(j["bandwidth_bound_tokens_per_s"].get<double>() > 0);
   CHECK(j["one_session_vs_bound"].get<double>() > 0);
+}
+
+TEST_CASE("bench serve --max-memory auto on the cpu gives the cache what half the host's available memory leaves") {
+  corolla::testing::temp_dir_guard dir("bench-serve-auto");
+  corolla::testing::write_tiny_model(dir.path(), {});
+  const std::string model = dir.path().string();
+  auto r = run_corolla({"bench", "serve", "--model", model, "--sessions", "1", "--prompt-tokens", "4", "--new-tokens",
+                        "2", "--rounds", "1", "--threads", "1", "--max-memory", "auto", "--json"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = last_json_line(r.out);
+  const auto& kv = j["kv_cache"];
+  long long total = 0;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    in >> key >> total;  // MemTotal comes first, in kB
+    REQUIRE(key == "MemTotal:");
+    total *= 1024;
+  }
+  const long long budget = kv["max_memory_bytes"].get<long long>();
+  CHECK(budget > 0);
+  CHECK(budget <= total / 2);
+  const long long page = 16 * kv["bytes_per_token"].get<long long>();
+  CHECK(kv["tokens"].get<long long>() == (budget - kv["weight_bytes"].get<long long>()) / page * 16);
 }
 
 TEST_CASE("bench serve: a budget without room for a page, a cache too small for the sessions, bad levels") {
