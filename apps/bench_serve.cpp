@@ -14,7 +14,10 @@
 //    and the wire, measured first (what the wire and batching by mailbox
 //    cost);
 //  * one session against the memory-bandwidth bound of the blocks' weights
-//    (the device's HBM, or the host's; apps/bench_common.hpp).
+//    (the device's HBM, or the host's; apps/bench_common.hpp);
+//  * with --link-profile (each session then on a client node, so a link, of
+//    its own), every level against what the link allows: S sessions at most
+//    S / (the link's time per step + S / the engine's tokens/s).
 // Prints a table and one JSON line.
 #include <algorithm>
 #include <barrier>
@@ -40,6 +43,7 @@
 #include "model/block.hpp"
 #include "model/span_engine.hpp"
 #include "model/stage.hpp"
+#include "net/shaping.hpp"
 #include "schedule/block_selection.hpp"
 
 namespace corolla::app {
@@ -58,6 +62,7 @@ struct serve_bench_options {
   std::string kv_dtype = "f32";
   std::string max_memory;
   std::int64_t cache_tokens = 8192;
+  std::string link_profile = "none";
 };
 
 double seconds_since(clock_type::time_point t0) {
@@ -173,9 +178,10 @@ double run_engine(span_engine& e, int sessions, const Tensor& prompt, const Tens
 }
 
 /// `sessions` client threads through `server` on `server_node`: each opens a
-/// session, prefills, takes two warm-up steps, waits for the others, then
-/// takes `new_tokens` timed one-row steps. Adds to `r`; returns tokens/s.
-double run_server(node& client_node, node& server_node, const caf::actor& server, int sessions,
+/// session (session s on clients[s % clients.size()]), prefills, takes two
+/// warm-up steps, waits for the others, then takes `new_tokens` timed
+/// one-row steps. Adds to `r`; returns tokens/s.
+double run_server(const std::vector<node*>& clients, node& server_node, const caf::actor& server, int sessions,
                   const Tensor& prompt, const Tensor& row, int new_tokens, level_result& r) {
   const std::int64_t P = prompt.dim(0);
   std::barrier sync(sessions + 1);
@@ -196,7 +202,7 @@ double run_server(node& client_node, node& server_node, const caf::actor& server
       std::unique_ptr<swarm_session> session;
       swarm_client_options so;
       so.servers = {server_node.endpoint()};
-      swarm_client client(client_node, so);
+      swarm_client client(*clients[u % clients.size()], so);
       if (auto err = client.refresh()) {
         fail("refresh: " + error_message(err));
       } else if (auto opened = client.open_session(P + new_tokens + 2); !opened) {
@@ -256,6 +262,7 @@ int run_serve_bench(serve_bench_options o) {
   std::sort(o.sessions.begin(), o.sessions.end());
   o.sessions.erase(std::unique(o.sessions.begin(), o.sessions.end()), o.sessions.end());
   if (o.rounds < 1) throw std::invalid_argument("bench serve: --rounds must be at least 1");
+  const net::link_profile link = net::parse_link_profile(o.link_profile);
 
   Backend& be = backend_for(parse_device(o.common.device));
   // auto is read before the model's f32 parameters take their share.
@@ -304,6 +311,10 @@ int run_serve_bench(serve_bench_options o) {
       l.engine_tokens_per_s =
           std::max(l.engine_tokens_per_s, run_engine(*engine, l.sessions, prompt, row, o.new_tokens, round));
 
+  // Over an emulated link every session has a node, so a link, of its own
+  // (a volunteer's client on its own machine); the server shapes its
+  // replies on each as the client's hello asks. Unshaped, the sessions
+  // share one client node.
   node_options server_opts;
   auto server_node = node::start(server_opts);
   if (!server_node) throw std::runtime_error("bench serve: server node: " + error_message(server_node.error()));
@@ -311,22 +322,38 @@ int run_serve_bench(serve_bench_options o) {
   if (!server) throw std::runtime_error("bench serve: span server: " + error_message(server.error()));
   node_options client_opts;
   client_opts.listen = "";
-  auto client_node = node::start(client_opts);
-  if (!client_node) throw std::runtime_error("bench serve: client node: " + error_message(client_node.error()));
+  client_opts.link_profile = o.link_profile;
+  std::vector<std::unique_ptr<node>> client_nodes;
+  std::vector<node*> clients;
+  for (int i = 0; i < (link.unshaped() ? 1 : o.sessions.back()); ++i) {
+    auto client_node = node::start(client_opts);
+    if (!client_node) throw std::runtime_error("bench serve: client node: " + error_message(client_node.error()));
+    client_nodes.push_back(std::move(*client_node));
+    clients.push_back(client_nodes.back().get());
+  }
   // Rounds alternate the order of the levels, so drift hits them alike.
   for (int round = 0; round < o.rounds; ++round)
     for (std::size_t i = 0; i < levels.size(); ++i) {
       level_result& l = levels[round % 2 == 0 ? i : levels.size() - 1 - i];
       l.server_tokens_per_s =
-          std::max(l.server_tokens_per_s, run_server(**client_node, **server_node, *server, l.sessions,
+          std::max(l.server_tokens_per_s, run_server(clients, **server_node, *server, l.sessions,
                                                      prompt, row, o.new_tokens, l));
     }
 
   const level_result& one = levels.front();
   const double bound = bw.read_gbps * 1e9 / block_bytes;
+  // What the link adds to every step: both ways' latency, their mean
+  // jitter and the row's transmission each way (f32 hidden states; the
+  // messages' own headers not counted, so the bound is a little high).
+  const double row_bits = 8.0 * 4.0 * static_cast<double>(D);
+  const double link_s = 2 * link.latency_s + link.jitter_s +
+                        (link.bandwidth_bps > 0 ? 2 * row_bits / link.bandwidth_bps : 0.0);
   json jl = json::array();
   for (const level_result& l : levels) {
     const double mean_batch = l.batches ? static_cast<double>(l.steps) / static_cast<double>(l.batches) : 0.0;
+    // Every session waits for the link and its batch: S sessions at most
+    // S / (link + S / engine) tokens/s (the engine's own rate unshaped).
+    const double link_bound = l.sessions / (link_s + l.sessions / l.engine_tokens_per_s);
     jl.push_back({{"sessions", l.sessions},
                   {"server_tokens_per_s", l.server_tokens_per_s},
                   {"engine_tokens_per_s", l.engine_tokens_per_s},
@@ -338,7 +365,9 @@ int run_serve_bench(serve_bench_options o) {
                   {"step_ms_p90", 1e3 * quantile(l.step_s, 0.9)},
                   {"server_decode_steps", l.steps},
                   {"server_batches", l.batches},
-                  {"mean_batch", mean_batch}});
+                  {"mean_batch", mean_batch},
+                  {"link_bound_tokens_per_s", link_bound},
+                  {"server_vs_link_bound", l.server_tokens_per_s / link_bound}});
   }
   const level_result& most = levels.back();
   json j = {{"bench", "serve"},
@@ -351,6 +380,8 @@ int run_serve_bench(serve_bench_options o) {
             {"prompt_tokens", o.prompt_tokens},
             {"new_tokens", o.new_tokens},
             {"rounds", o.rounds},
+            {"link", net::describe(link)},
+            {"link_ms_per_step", 1e3 * link_s},
             {"kv_cache",
              {{"tokens", engine->cache_tokens()},
               {"bytes_per_token", cache.bytes_per_token},
@@ -383,14 +414,22 @@ int run_serve_bench(serve_bench_options o) {
                   alloc_s);
     std::printf("read bandwidth          %8.2f GB/s; blocks' weights %.1f MB per token (%s): bound %.2f tokens/s\n",
                 bw.read_gbps, block_bytes / 1e6, weight_format_name(weights), bound);
-    std::printf("%8s %14s %14s %10s %12s %10s %10s %10s %9s\n", "sessions", "server tok/s", "engine tok/s",
-                "vs 1", "per session", "step p50", "step p90", "mean batch", "vs engine");
-    for (const json& l : jl)
-      std::printf("%8d %14.2f %14.2f %9.2fx %12.2f %8.2fms %8.2fms %10.2f %8.2fx\n", l["sessions"].get<int>(),
+    const bool shaped = !link.unshaped();
+    if (shaped)
+      std::printf("link                    %s, each session on its own: %.2f ms a step (both ways' latency, mean "
+                  "jitter, a row each way); bound = sessions / (link + sessions / engine tok/s)\n",
+                  net::describe(link).c_str(), 1e3 * link_s);
+    std::printf("%8s %14s %14s %10s %12s %10s %10s %10s %9s%s\n", "sessions", "server tok/s", "engine tok/s",
+                "vs 1", "per session", "step p50", "step p90", "mean batch", "vs engine", shaped ? "   vs bound" : "");
+    for (const json& l : jl) {
+      std::printf("%8d %14.2f %14.2f %9.2fx %12.2f %8.2fms %8.2fms %10.2f %8.2fx", l["sessions"].get<int>(),
                   l["server_tokens_per_s"].get<double>(), l["engine_tokens_per_s"].get<double>(),
                   l["server_vs_one_session"].get<double>(), l["session_tokens_per_s_median"].get<double>(),
                   l["step_ms_p50"].get<double>(), l["step_ms_p90"].get<double>(), l["mean_batch"].get<double>(),
                   l["server_vs_engine"].get<double>());
+      if (shaped) std::printf(" %10.2fx", l["server_vs_link_bound"].get<double>());
+      std::printf("\n");
+    }
     std::printf("one session             %.1f%% of the bandwidth bound; %d sessions %.2fx one session's tokens/s\n",
                 100.0 * one.server_tokens_per_s / bound, most.sessions,
                 most.server_tokens_per_s / one.server_tokens_per_s);
@@ -420,6 +459,10 @@ void register_bench_serve(CLI::App* bench, action_fn& action) {
                   "The server's memory (e.g. 40GiB, or auto as serve reads it): the KV cache gets what the blocks' "
                   "weights leave, as many whole pages as fit");
   cmd->add_option("--cache-tokens", o.cache_tokens, "KV cache tokens without --max-memory")->capture_default_str();
+  cmd->add_option("--link-profile", o.link_profile,
+                  "Emulated link between each session and the server (net/shaping.hpp: none, wan, consumer or "
+                  "bw=100Mbit,lat=20ms,jitter=5ms): every session then has a client node of its own")
+      ->capture_default_str();
   cmd->callback([&action] { action = [] { return run_serve_bench(o); }; });
 }
 

@@ -102,6 +102,35 @@ TEST_CASE("bench serve --max-memory auto on the cpu gives the cache what half th
   CHECK(kv["tokens"].get<long long>() == (budget - kv["weight_bytes"].get<long long>()) / page * 16);
 }
 
+TEST_CASE("bench serve --link-profile: every step waits for the link, and the bound counts it") {
+  corolla::testing::temp_dir_guard dir("bench-serve-link");
+  corolla::testing::write_tiny_model(dir.path(), {});
+  auto r = run_corolla({"bench", "serve", "--model", dir.path().string(), "--sessions", "1,3", "--prompt-tokens", "4",
+                        "--new-tokens", "4", "--rounds", "1", "--threads", "1", "--link-profile", "lat=5ms",
+                        "--json"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = last_json_line(r.out);
+  CHECK(j["link"].get<std::string>().find("5 ms one-way") != std::string::npos);
+  CHECK(j["link_ms_per_step"].get<double>() == doctest::Approx(10.0));
+  for (const auto& l : j["levels"]) {
+    // 5 ms each way: no step is quicker than the round trip.
+    CHECK(l["step_ms_p50"].get<double>() >= 10.0);
+    const double engine = l["engine_tokens_per_s"].get<double>();
+    const double sessions = l["sessions"].get<double>();
+    CHECK(l["link_bound_tokens_per_s"].get<double>() == doctest::Approx(sessions / (0.010 + sessions / engine)));
+    CHECK(l["server_vs_link_bound"].get<double>() > 0);
+  }
+  // Unshaped, the bound is the engine's own rate.
+  auto plain = run_corolla({"bench", "serve", "--model", dir.path().string(), "--sessions", "1", "--prompt-tokens",
+                            "4", "--new-tokens", "2", "--rounds", "1", "--threads", "1", "--json"});
+  REQUIRE(plain.exit_code == 0);
+  const auto p = last_json_line(plain.out);
+  CHECK(p["link_ms_per_step"].get<double>() == 0.0);
+  CHECK(p["levels"][0]["link_bound_tokens_per_s"].get<double>() ==
+        doctest::Approx(p["levels"][0]["engine_tokens_per_s"].get<double>()));
+}
+
 TEST_CASE("bench serve: a budget without room for a page, a cache too small for the sessions, bad levels") {
   corolla::testing::temp_dir_guard dir("bench-serve-errors");
   corolla::testing::write_tiny_model(dir.path(), {});
@@ -118,4 +147,5 @@ TEST_CASE("bench serve: a budget without room for a page, a cache too small for 
                   "the KV cache holds 16 tokens; 4 sessions of 14 tokens need 64");
   check_one_error(with({"--sessions", "0"}), "--sessions takes levels from 1 to 256");
   check_one_error(with({"--profile"}), "--profile is for bench decode and bench train");
+  check_one_error(with({"--link-profile", "bogus"}), "link profile: 'bogus': unknown profile");
 }
