@@ -204,10 +204,19 @@ void check_inference_only_span_on_device(const testing::tiny_model_options& base
     }
   std::vector<decode_item> items;
   for (int s = 0; s < 2; ++s) items.push_back({batch_session(s), random_tensor({1, D}, 40 + s), 2 + 5 * s, 0});
+  dev.reset();
+  dev.enable(true);
   const auto got = on_dev.decode_batch(items);
+  dev.enable(false);
   const auto want = on_cpu.decode_batch(items);
   REQUIRE(got.size() == want.size());
   for (std::size_t i = 0; i < got.size(); ++i) CHECK(same(got[i], want[i]));
+  // The batch's rows cross the bus once each way, not once per session
+  // (a mixture of experts also copies each block's router logits down).
+  long long copies = -1;
+  for (const auto& t : dev.totals())
+    if (t.op == "copy") copies = t.calls;
+  if (!cfg.is_moe()) CHECK(copies == 2);
 
   // Stateless forward and backward with deep prompts: every block widened
   // on the device, one at a time.
