@@ -265,14 +265,23 @@ int serve_threads(int flag) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
 }
 
-int run_serve(const serve_args& a) {
+int run_serve(serve_args a) {
   const int threads = serve_threads(a.threads);
   apply_common_options(threads, a.log_level);
   const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
-  if (!a.blocks.empty() + (a.num_blocks != 0) + !a.max_memory.empty() != 1)
-    throw std::invalid_argument("give exactly one of --blocks A:B, --num-blocks N or --max-memory SIZE");
+  const int span_flags = !a.blocks.empty() + (a.num_blocks != 0) + !a.max_memory.empty();
+  if (span_flags > 1)
+    throw std::invalid_argument("give only one of --blocks A:B, --num-blocks N or --max-memory SIZE|auto");
+  if (span_flags == 0) {
+    if (a.no_dht)
+      throw std::invalid_argument("without the DHT a server cannot choose its blocks: give --blocks A:B");
+    // As a volunteer expects: as many blocks as the device holds, placed
+    // where the swarm needs them.
+    a.max_memory = "auto";
+    spdlog::info("serve: no --blocks, --num-blocks or --max-memory: serving what --max-memory auto holds");
+  }
   if (!a.metrics_listen.empty()) parse_http_listen(a.metrics_listen);  // a bad address fails before the model loads
   if ((a.num_blocks != 0 || !a.max_memory.empty()) && a.no_dht)
     throw std::invalid_argument(std::string(a.num_blocks != 0 ? "--num-blocks" : "--max-memory") +
@@ -500,7 +509,9 @@ void register_serve(CLI::App& app, action_fn& action) {
   auto a = std::make_shared<serve_args>();
   auto* cmd = app.add_subcommand("serve", "Serve a span of a model's blocks to swarm clients until SIGINT/SIGTERM");
   cmd->add_option("--model", a->model, "HuggingFace model directory (only the span's tensors are loaded)")->required();
-  cmd->add_option("--blocks", a->blocks, "Blocks to serve, A:B for [A, B)");
+  cmd->add_option("--blocks", a->blocks,
+                  "Blocks to serve, A:B for [A, B) (without --blocks, --num-blocks or --max-memory: --max-memory "
+                  "auto, which needs the DHT)");
   cmd->add_option("--num-blocks", a->num_blocks,
                   "Serve this many consecutive blocks where the swarm is weakest (read from its DHT) instead of --blocks")
       ->check(CLI::Range(1, 1 << 20));

@@ -26,11 +26,12 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
   const std::string model = (dir / "model").string();
   testing::write_tiny_model(model, {});  // 2 layers
 
-  SUBCASE("neither --blocks nor --num-blocks") {
-    testing::check_one_error(serve(model, {}), "give exactly one of --blocks A:B, --num-blocks N or --max-memory SIZE");
+  SUBCASE("no blocks named without the DHT (with it, --max-memory auto is the default)") {
+    testing::check_one_error(serve(model, {}), "without the DHT a server cannot choose its blocks: give --blocks A:B");
   }
   SUBCASE("both --blocks and --num-blocks") {
-    testing::check_one_error(serve(model, {"--blocks", "0:1", "--num-blocks", "1"}), "give exactly one of");
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--num-blocks", "1"}),
+                             "give only one of --blocks A:B, --num-blocks N or --max-memory SIZE|auto");
   }
   SUBCASE("blocks outside the model") {
     testing::check_one_error(serve(model, {"--blocks", "1:3"}), "is not a non-empty part of the model's 2 blocks");
@@ -42,7 +43,7 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
     testing::check_one_error(serve(model, {"--num-blocks", "1"}), "it needs the DHT");
   }
   SUBCASE("--max-memory: with --blocks, without the DHT, a bad size, too little for one block") {
-    testing::check_one_error(serve(model, {"--blocks", "0:1", "--max-memory", "1GiB"}), "give exactly one of");
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--max-memory", "1GiB"}), "give only one of");
     testing::check_one_error(serve(model, {"--max-memory", "1GiB"}), "--max-memory chooses blocks from the swarm's DHT");
     // With the DHT (no --no-dht), the size is read before anything starts.
     auto with_dht = [&](const std::string& size, std::vector<std::string> more = {}) {
