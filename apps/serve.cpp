@@ -478,9 +478,23 @@ int run_serve(serve_args a) {
     // Load the new blocks while the old ones still serve, switch, then tell
     // the swarm: the old blocks have other servers (should_move never opens
     // a gap); sessions already open here finish on the old blocks.
-    auto next = std::make_shared<span_engine>(span_engine::load(
-        checkpoint::open(a.model), cfg, d.target.start, d.target.end, be,
-        cache_tokens_for(a, memory, d.target.length(), engine_options.page_tokens), engine_options));
+    // Under --max-memory the old blocks and their cache still hold the
+    // budget while the new ones load: the new cache takes its pages as
+    // sessions need them instead of the whole remainder up front (which
+    // would need the budget twice). A load that fails leaves the server
+    // where it is.
+    span_engine_options move_options = engine_options;
+    if (memory) move_options.cache_allocation = kv_allocation::lazy;
+    std::shared_ptr<span_engine> next;
+    try {
+      next = std::make_shared<span_engine>(span_engine::load(
+          checkpoint::open(a.model), cfg, d.target.start, d.target.end, be,
+          cache_tokens_for(a, memory, d.target.length(), engine_options.page_tokens), move_options));
+    } catch (const std::exception& e) {
+      spdlog::error("serve: loading {} to move there failed, staying on {}: {}", swarm::to_string(d.target),
+                    swarm::to_string(d.current), e.what());
+      continue;
+    }
     const double next_step_s = measure_step_s(*next);
     if (auto err = swap_span_engine(n.system(), *server, next)) {
       spdlog::error("serve: switching to {} failed: {}", swarm::to_string(d.target), error_message(err));
