@@ -58,7 +58,11 @@ class slot_lease {
 class local_engine final : public completion_engine {
  public:
   local_engine(transformer& model, int slots, weight_format weights, dtype kv) : cfg_(model.config()), pool_(slots) {
-    for (int i = 0; i < pool_.size(); ++i) generators_.push_back(std::make_unique<generator>(model, 0, weights, kv));
+    // One set of inference weights: the first generator makes the copies,
+    // the others read them (each with its own KV cache and workspace).
+    generators_.push_back(std::make_unique<generator>(model, 0, weights, kv));
+    for (int i = 1; i < pool_.size(); ++i)
+      generators_.push_back(std::make_unique<generator>(model, *generators_.front(), 0, kv));
   }
   const model_config& config() const override { return cfg_; }
   void check_ready() override {}

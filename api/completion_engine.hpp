@@ -3,7 +3,8 @@
 //
 // Each engine serves up to `slots` requests at once; more wait for a free
 // slot in arrival order. A local slot is a generator of its own (its own
-// KV cache, the model's weights shared); a swarm slot is a swarm client and
+// KV cache and workspace; the model's weights, and the bf16/int8/nf4 copies
+// the first generator makes of them, shared); a swarm slot is a swarm client and
 // a head of its own (embeddings and LM head shared), and every request opens
 // its own session on the servers, which batch decode steps across sessions.
 // A request keeps its slot until generation ends; ending it early (a stop

@@ -47,6 +47,12 @@ generator::generator(transformer& model, std::size_t kv_budget_bytes, weight_for
                                                       : Tensor::empty({1, cfg_.vocab_size});
 }
 
+generator::generator(transformer& model, const generator& weights_of, std::size_t kv_budget_bytes, dtype kv)
+    : generator(model, kv_budget_bytes, weight_format::f32, kv) {
+  stage_.share_inference_weights(weights_of.stage_);
+  head_.share_inference_weights(weights_of.head_);
+}
+
 void generator::step(std::span<const std::int32_t> ids, std::int64_t start, kv_sequence& kv) {
   const auto T = static_cast<std::int64_t>(ids.size());
   if (kv_reservation r = kv.reserve(start + T); !r) throw model_error(r.error);

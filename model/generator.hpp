@@ -100,6 +100,15 @@ class generator {
   /// as they are stored). Throws model_error for another KV dtype.
   explicit generator(transformer& model, std::size_t kv_budget_bytes = 0,
                      weight_format weights = weight_format::f32, dtype kv = dtype::f32);
+  /// A generator of the same model reading `weights_of`'s inference weights
+  /// (its format, the copies shared, not made again), with a KV cache and
+  /// workspace of its own: N generators of one model (a local API's
+  /// concurrent requests) hold one set of weights. `weights_of` must be a
+  /// generator of `model`; it may be destroyed first (the shared tensors
+  /// keep their storage). Throws tensor_error for a generator of another
+  /// shape or backend.
+  generator(transformer& model, const generator& weights_of, std::size_t kv_budget_bytes = 0,
+            dtype kv = dtype::f32);
 
   /// Generates up to p.max_new_tokens tokens after `prompt`. Throws
   /// model_error for an empty prompt, an id outside [0, V) ("prompt id X is
@@ -128,6 +137,9 @@ class generator {
   weight_format weights() const { return stage_.inference_format(); }
   /// The pool the generator's sequences draw from.
   const kv_pool& pool() const { return *pool_; }
+  /// The blocks and the head it computes with (their inference weights).
+  const stage& blocks() const { return stage_; }
+  const head& output_head() const { return head_; }
 
  private:
   /// Embeds `ids` at positions start.., runs the blocks, and leaves the

@@ -134,6 +134,15 @@ void head::use_inference_weights(weight_format f) {
   be_->copy(lm_head_w_, lm_head_inference_);
 }
 
+void head::share_inference_weights(const head& other) {
+  if (&other == this) return;
+  if (other.be_ != be_ || other.lm_head_w_.shape() != lm_head_w_.shape())
+    throw tensor_error("head::share_inference_weights: the other head has another shape or backend");
+  lm_head_inference_ = other.lm_head_inference_;
+  lm_head_scale_ = other.lm_head_scale_;
+  inference_format_ = other.inference_format_;
+}
+
 void head::lm_head_backward(const Tensor& norm, const Tensor& dlogits, Tensor& dnorm, bool param_grads) {
   if (param_grads)
     be_->linear_backward(norm, lm_head_w_, dlogits, &dnorm, g_lm_head_, nullptr);

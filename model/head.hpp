@@ -116,6 +116,11 @@ class head {
   /// (logits with `saved`, the backward) keep the f32 parameters, which
   /// stay allocated. The copy is a snapshot of params() now.
   void use_inference_weights(weight_format f);
+  /// Makes the inference path read `other`'s LM-head copy, shared (no copy
+  /// made). Throws tensor_error for a head of another shape or backend.
+  void share_inference_weights(const head& other);
+  /// The LM-head copy the inference path reads (undefined: the f32 weight).
+  const Tensor& lm_head_inference() const { return lm_head_inference_; }
   /// The format the blocks' weights were asked for (see above).
   weight_format inference_format() const { return inference_format_; }
   /// The format of the LM-head weight the inference path reads.

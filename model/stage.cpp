@@ -129,6 +129,18 @@ void stage::use_inference_weights(weight_format f) {
   inference_format_ = f;
 }
 
+void stage::share_inference_weights(const stage& other) {
+  if (&other == this) return;
+  if (other.be_ != be_ || other.first_ != first_ || other.blocks_ != blocks_ ||
+      other.cfg_.hidden_size != cfg_.hidden_size || other.cfg_.n_layers != cfg_.n_layers)
+    throw tensor_error("stage::share_inference_weights: the other stage holds other blocks, another shape or "
+                       "another backend");
+  if (inference_only() && other.inference_format_ != inference_format_)
+    require_parameters("share_inference_weights");
+  inference_weights_ = other.inference_weights_;  // Tensor copies share storage
+  inference_format_ = other.inference_format_;
+}
+
 std::vector<param_set>& stage::grads() {
   require_parameters("grads");
   if (grads_.empty()) {

@@ -183,8 +183,17 @@ class stage {
   /// backward and params() keep using them). On an inference-only stage
   /// only its own format is accepted (tensor_error otherwise).
   void use_inference_weights(weight_format f);
+  /// Makes the cached forwards read `other`'s inference weights, shared (no
+  /// copy): several stages over the same parameters (a local API's
+  /// generators, each with its own workspace) then hold one set of them.
+  /// Throws tensor_error unless `other` covers the same blocks of the same
+  /// shape on the same backend.
+  void share_inference_weights(const stage& other);
   /// The format of the linear weights the cached forwards read.
   weight_format inference_format() const { return inference_format_; }
+  /// Block first()+i's inference weights (empty when they are the f32
+  /// parameters).
+  const std::vector<block_tensors>& inference_block_weights() const { return inference_weights_; }
 
  private:
   /// load_inference and inference_of: n blocks from first, block i's f32

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -189,6 +190,48 @@ TEST_CASE("streamed tokens, chunked prefill and whole prefill agree") {
       CHECK(gen.generate(ids(37), p).tokens == whole.tokens);
     }
   }
+}
+
+TEST_CASE("generators of one model share the first one's inference weights and generate as it does") {
+  fixture f;
+  const std::vector<std::int32_t> prompt = ids(9);
+  generation_params p;
+  p.max_new_tokens = 12;
+  p.ignore_eos = true;
+  for (weight_format w : {weight_format::bf16, weight_format::int8, weight_format::nf4}) {
+    CAPTURE(weight_format_name(w));
+    auto first = std::make_unique<generator>(f.model, 0, w);
+    generator sibling(f.model, *first, 0, dtype::bf16);
+    CHECK(sibling.weights() == w);
+    // The same tensors, not copies: the blocks' linear weights and the LM head.
+    const auto& mine = sibling.blocks().inference_block_weights();
+    const auto& theirs = first->blocks().inference_block_weights();
+    REQUIRE(mine.size() == theirs.size());
+    REQUIRE_FALSE(mine.empty());
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const Tensor& a = mine[i].qkv_w.defined() ? mine[i].qkv_w : mine[i].q_w;
+      const Tensor& b = theirs[i].qkv_w.defined() ? theirs[i].qkv_w : theirs[i].q_w;
+      REQUIRE(a.defined());
+      CHECK(a.raw() == b.raw());
+      CHECK(mine[i].down_w.raw() == theirs[i].down_w.raw());
+    }
+    REQUIRE(sibling.output_head().lm_head_inference().defined());
+    CHECK(sibling.output_head().lm_head_inference().raw() == first->output_head().lm_head_inference().raw());
+    // A generator that made its own copies generates the same tokens (its KV
+    // cache in bf16 like the sibling's), and the sibling outlives the first.
+    generator own(f.model, 0, w, dtype::bf16);
+    const auto want = own.generate(prompt, p).tokens;
+    first.reset();
+    CHECK(sibling.generate(prompt, p).tokens == want);
+  }
+  // Another model's generator is refused.
+  testing::temp_dir_guard other_dir("generator-other");
+  testing::tiny_model_options o;
+  o.layers = 3;
+  testing::write_tiny_model(other_dir.path(), o);
+  transformer other = transformer::load(other_dir.path(), cpu_backend());
+  generator theirs(other, 0, weight_format::bf16);
+  CHECK_THROWS_AS(generator(f.model, theirs), tensor_error);
 }
 
 TEST_CASE("sampled generation is reproducible for a seed") {
