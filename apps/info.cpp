@@ -44,10 +44,14 @@ void register_info(CLI::App& app, action_fn& action) {
                             : cuda::early_launch_requested() ? "on"
                                                              : "off (COROLLA_CUDA_EARLY_LAUNCH)";
         std::printf("cuda:%d: %s, early launch %s\n", i, cuda::device_description(i).c_str(), early);
-        const auto [free_b, total_b] = cuda::device_memory(i);
-        const device gpu{device_kind::cuda, i};
-        std::printf("memory: cuda:%d %.1f GiB free of %.1f GiB (serve --max-memory auto: %.1f GiB)\n", i,
-                    gib(free_b), gib(total_b), gib(auto_memory_budget(gpu, {free_b, total_b})));
+        try {
+          const auto [free_b, total_b] = cuda::device_memory(i);
+          const device gpu{device_kind::cuda, i};
+          std::printf("memory: cuda:%d %.1f GiB free of %.1f GiB (serve --max-memory auto: %.1f GiB)\n", i,
+                      gib(free_b), gib(total_b), gib(auto_memory_budget(gpu, {free_b, total_b})));
+        } catch (const std::exception& e) {
+          std::printf("memory: cuda:%d unknown (%s)\n", i, e.what());
+        }
       }
 #else
       (void)n;
