@@ -63,6 +63,8 @@ struct serve_bench_options {
   std::string max_memory;
   std::int64_t cache_tokens = 8192;
   std::string link_profile = "none";
+  double batch_wait = 0.5;
+  double batch_wait_max_ms = 50;
 };
 
 double seconds_since(clock_type::time_point t0) {
@@ -144,6 +146,7 @@ struct level_result {
   std::vector<double> session_tokens_per_s;  ///< each session's, in the best server round
   std::vector<double> step_s;                ///< every timed step's latency through the server, all rounds
   std::uint64_t batches = 0, steps = 0;      ///< the server's counters over the timed steps, all rounds
+  std::uint64_t waits = 0;                   ///< batches that waited for late sessions (same steps)
 };
 
 /// `sessions` sessions straight on the engine: prefill, two warm-up steps,
@@ -240,6 +243,7 @@ double run_server(const std::vector<node*>& clients, node& server_node, const ca
   if (before && after) {
     r.batches += after->decode_batches - before->decode_batches;
     r.steps += after->decode_steps - before->decode_steps;
+    r.waits += after->decode_waits - before->decode_waits;
   }
   const double tps = sessions * new_tokens / wall;
   if (tps > r.server_tokens_per_s) {
@@ -263,6 +267,7 @@ int run_serve_bench(serve_bench_options o) {
   o.sessions.erase(std::unique(o.sessions.begin(), o.sessions.end()), o.sessions.end());
   if (o.rounds < 1) throw std::invalid_argument("bench serve: --rounds must be at least 1");
   const net::link_profile link = net::parse_link_profile(o.link_profile);
+  const swarm::gathering_policy gathering = parse_batch_wait(o.batch_wait, o.batch_wait_max_ms);
 
   Backend& be = backend_for(parse_device(o.common.device));
   // auto is read before the model's f32 parameters take their share.
@@ -318,7 +323,7 @@ int run_serve_bench(serve_bench_options o) {
   node_options server_opts;
   auto server_node = node::start(server_opts);
   if (!server_node) throw std::runtime_error("bench serve: server node: " + error_message(server_node.error()));
-  auto server = start_span_server(**server_node, engine, {.model = "bench"});
+  auto server = start_span_server(**server_node, engine, {.model = "bench", .gathering = gathering});
   if (!server) throw std::runtime_error("bench serve: span server: " + error_message(server.error()));
   node_options client_opts;
   client_opts.listen = "";
@@ -366,6 +371,7 @@ int run_serve_bench(serve_bench_options o) {
                   {"server_decode_steps", l.steps},
                   {"server_batches", l.batches},
                   {"mean_batch", mean_batch},
+                  {"server_decode_waits", l.waits},
                   {"link_bound_tokens_per_s", link_bound},
                   {"server_vs_link_bound", l.server_tokens_per_s / link_bound}});
   }
@@ -382,6 +388,8 @@ int run_serve_bench(serve_bench_options o) {
             {"rounds", o.rounds},
             {"link", net::describe(link)},
             {"link_ms_per_step", 1e3 * link_s},
+            {"batch_wait", o.batch_wait},
+            {"batch_wait_max_ms", o.batch_wait_max_ms},
             {"kv_cache",
              {{"tokens", engine->cache_tokens()},
               {"bytes_per_token", cache.bytes_per_token},
@@ -463,6 +471,9 @@ void register_bench_serve(CLI::App* bench, action_fn& action) {
                   "Emulated link between each session and the server (net/shaping.hpp: none, wan, consumer or "
                   "bw=100Mbit,lat=20ms,jitter=5ms): every session then has a client node of its own")
       ->capture_default_str();
+  cmd->add_option("--batch-wait", o.batch_wait, "As serve --batch-wait (a fraction of the last batch's time)")
+      ->capture_default_str();
+  cmd->add_option("--batch-wait-max-ms", o.batch_wait_max_ms, "As serve --batch-wait-max-ms")->capture_default_str();
   cmd->callback([&action] { action = [] { return run_serve_bench(o); }; });
 }
 

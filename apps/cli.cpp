@@ -1,3 +1,4 @@
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -81,6 +82,18 @@ std::int64_t parse_memory_budget(const std::string& text, const std::string& fla
   spdlog::info("{} auto: {:.1f} MiB on {} ({} MiB free of {:.1f} MiB: {})", flag, mib(budget), where.str(),
                static_cast<long long>(m.free_bytes >> 20), mib(m.total_bytes), rule);
   return static_cast<std::int64_t>(budget);
+}
+
+swarm::gathering_policy parse_batch_wait(double fraction, double max_ms) {
+  if (!std::isfinite(fraction) || fraction < 0)
+    throw std::invalid_argument(fmt::format("--batch-wait must be a fraction >= 0 of the last batch's time, got {}",
+                                            fraction));
+  if (!std::isfinite(max_ms) || max_ms < 0 || max_ms > 10000)
+    throw std::invalid_argument(fmt::format("--batch-wait-max-ms must be between 0 and 10000, got {}", max_ms));
+  swarm::gathering_policy p;
+  p.wait_fraction = fraction;
+  p.max_wait = std::chrono::microseconds(static_cast<std::int64_t>(max_ms * 1000));
+  return p;
 }
 
 dtype parse_kv_dtype_flag(const std::string& text) {

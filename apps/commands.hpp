@@ -13,6 +13,7 @@
 #include "kernels/tensor.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
+#include "schedule/decode_gathering.hpp"
 
 namespace CLI {
 class App;
@@ -135,6 +136,12 @@ std::int64_t parse_byte_size(const std::string& text, const std::string& flag);
 /// when auto leaves nothing, std::runtime_error when the free memory cannot
 /// be read.
 std::int64_t parse_memory_budget(const std::string& text, const std::string& flag, device where);
+/// How long a server's decode batch waits for the sessions of its last
+/// batches (schedule/decode_gathering.hpp) from --batch-wait (a fraction of
+/// the last batch's time) and --batch-wait-max-ms; 0 for either turns the
+/// wait off. Throws std::invalid_argument for a negative or non-finite
+/// fraction or a cap outside [0, 10000] ms.
+swarm::gathering_policy parse_batch_wait(double fraction, double max_ms);
 /// The dtype a --compute flag names for training on `where` (train and
 /// bench train): f32, or bf16/f16 on a device. Throws std::invalid_argument
 /// for an unknown name and for bf16/f16 on the cpu ("--compute bf16 needs a

@@ -68,6 +68,8 @@ struct serve_args {
   std::string kv_dtype = "f32";  ///< --kv-dtype: element type of the KV cache
   std::string device = "auto";   ///< --device: where the blocks and the KV cache live
   int session_idle_s = 300;
+  double batch_wait = 0.5;          ///< --batch-wait: of the last batch's time
+  double batch_wait_max_ms = 50;    ///< --batch-wait-max-ms
   int drain_timeout_s = 30;
   int threads = 0;
   std::string log_level = "info";
@@ -283,6 +285,7 @@ int run_serve(serve_args a) {
     spdlog::info("serve: no --blocks, --num-blocks or --max-memory: serving what --max-memory auto holds");
   }
   if (!a.metrics_listen.empty()) parse_http_listen(a.metrics_listen);  // a bad address fails before the model loads
+  const swarm::gathering_policy gathering = parse_batch_wait(a.batch_wait, a.batch_wait_max_ms);
   if ((a.num_blocks != 0 || !a.max_memory.empty()) && a.no_dht)
     throw std::invalid_argument(std::string(a.num_blocks != 0 ? "--num-blocks" : "--max-memory") +
                                 " chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
@@ -313,6 +316,7 @@ int run_serve(serve_args a) {
   span_server_options so;
   so.model = model_id_of(a.model);
   so.session_idle_timeout = std::chrono::seconds(a.session_idle_s);
+  so.gathering = gathering;
 
   // Membership (docs/swarm_serving.md): join, choose blocks when asked,
   // announce JOINING while loading, ONLINE once serving; refreshed until the
@@ -554,6 +558,12 @@ void register_serve(CLI::App& app, action_fn& action) {
   cmd->add_flag("--keep-f32-weights", a->keep_f32,
                 "With --weights other than f32: also keep the f32 parameters (fine-tuning requests then compute "
                 "with the exact f32 weights; the blocks take that much more memory)");
+  cmd->add_option("--batch-wait", a->batch_wait,
+                  "How long a decode batch waits for the sessions of the last two batches that have not sent their "
+                  "next step yet, as a fraction of the last batch's time (0: no wait)")
+      ->capture_default_str();
+  cmd->add_option("--batch-wait-max-ms", a->batch_wait_max_ms, "The most that wait lasts, in ms (0: no wait)")
+      ->capture_default_str();
   cmd->add_option("--session-idle-s", a->session_idle_s, "Close sessions unused this many seconds")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();

@@ -121,11 +121,14 @@ TEST_CASE("bench serve --link-profile: every step waits for the link, and the bo
     CHECK(l["link_bound_tokens_per_s"].get<double>() == doctest::Approx(sessions / (0.010 + sessions / engine)));
     CHECK(l["server_vs_link_bound"].get<double>() > 0);
   }
-  // Unshaped, the bound is the engine's own rate.
-  auto plain = run_corolla({"bench", "serve", "--model", dir.path().string(), "--sessions", "1", "--prompt-tokens",
-                            "4", "--new-tokens", "2", "--rounds", "1", "--threads", "1", "--json"});
+  // Unshaped, the bound is the engine's own rate; --batch-wait 0 reaches
+  // the server: no batch waits for late sessions.
+  auto plain = run_corolla({"bench", "serve", "--model", dir.path().string(), "--sessions", "1,3", "--prompt-tokens",
+                            "4", "--new-tokens", "2", "--rounds", "1", "--threads", "1", "--batch-wait", "0", "--json"});
   REQUIRE(plain.exit_code == 0);
   const auto p = last_json_line(plain.out);
+  CHECK(p["batch_wait"].get<double>() == 0.0);
+  for (const auto& l : p["levels"]) CHECK(l["server_decode_waits"].get<long long>() == 0);
   CHECK(p["link_ms_per_step"].get<double>() == 0.0);
   CHECK(p["levels"][0]["link_bound_tokens_per_s"].get<double>() ==
         doctest::Approx(p["levels"][0]["engine_tokens_per_s"].get<double>()));
@@ -148,4 +151,6 @@ TEST_CASE("bench serve: a budget without room for a page, a cache too small for 
   check_one_error(with({"--sessions", "0"}), "--sessions takes levels from 1 to 256");
   check_one_error(with({"--profile"}), "--profile is for bench decode and bench train");
   check_one_error(with({"--link-profile", "bogus"}), "link profile: 'bogus': unknown profile");
+  check_one_error(with({"--batch-wait", "-0.5"}), "--batch-wait must be a fraction >= 0 of the last batch's time");
+  check_one_error(with({"--batch-wait-max-ms", "20000"}), "--batch-wait-max-ms must be between 0 and 10000");
 }

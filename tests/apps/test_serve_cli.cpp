@@ -39,6 +39,12 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
   SUBCASE("blocks that do not parse") {
     testing::check_one_error(serve(model, {"--blocks", "1-2"}), "--blocks must be A:B");
   }
+  SUBCASE("a batch wait that is negative or too long") {
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--batch-wait", "-1"}),
+                             "--batch-wait must be a fraction >= 0 of the last batch's time, got -1");
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--batch-wait-max-ms", "-5"}),
+                             "--batch-wait-max-ms must be between 0 and 10000, got -5");
+  }
   SUBCASE("--num-blocks without the DHT") {
     testing::check_one_error(serve(model, {"--num-blocks", "1"}), "it needs the DHT");
   }
