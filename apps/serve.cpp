@@ -30,6 +30,7 @@
 #include "apps/commands.hpp"
 #include "apps/node_flags.hpp"
 #include "apps/serve_peers.hpp"
+#include "apps/serve_memory.hpp"
 #include "apps/serve_relay.hpp"
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
@@ -192,61 +193,6 @@ void drain(node& n, const caf::actor& server, const sigset_t& stop_signals, std:
   }
 }
 
-/// What --max-memory holds: the blocks that fit, each counted with its
-/// weights (the inference copies, and the f32 parameters where they are
-/// kept, model/block.hpp served_block_bytes) and its share of the KV cache
-/// for --cache-tokens, at most the model's blocks; the cache then gets what
-/// the budget leaves after the weights (cache_tokens_for). Without the f32
-/// parameters, one block of them is set aside first: a block loads as f32
-/// before it is converted, and a fine-tuning request widens one block back to
-/// f32 while it runs.
-struct memory_plan {
-  swarm::memory_budget budget;
-  std::size_t kv_bytes_per_token = 0;  ///< one token's keys and values in one block
-  int blocks = 0;
-};
-
-/// Throws std::invalid_argument when not even one block fits, naming what
-/// one needs.
-memory_plan plan_memory(const serve_args& a, const model_config& cfg, weight_format weights, dtype kv) {
-  memory_plan p;
-  p.kv_bytes_per_token = span_engine::kv_bytes_per_token(cfg, 1, kv);
-  const bool lean = weights != weight_format::f32 && !a.keep_f32;
-  p.budget.available_bytes =
-      static_cast<std::uint64_t>(parse_memory_budget(a.max_memory, "--max-memory", parse_device(a.device)));
-  p.budget.bytes_per_block = static_cast<std::uint64_t>(served_block_bytes(cfg, weights, a.keep_f32));
-  p.budget.cache_bytes_per_block = p.kv_bytes_per_token * static_cast<std::uint64_t>(a.cache_tokens);
-  p.budget.reserved_bytes = lean ? static_cast<std::uint64_t>(served_block_bytes(cfg, weight_format::f32)) : 0;
-  const auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1 << 20); };
-  const std::string aside = lean ? fmt::format(", after {:.1f} MiB for one block in f32 (loading, fine-tuning requests)",
-                                               mib(p.budget.reserved_bytes))
-                                 : "";
-  auto n = swarm::blocks_that_fit(p.budget, static_cast<int>(cfg.n_layers));
-  if (!n)
-    throw std::invalid_argument(fmt::format(
-        "--max-memory {} holds no block: one needs {:.1f} MiB ({:.1f} MiB of {} weights, {:.1f} MiB of KV cache for "
-        "--cache-tokens {}){}; lower --cache-tokens, quantise (--weights int8 or nf4) or give more memory",
-        a.max_memory, mib(p.budget.bytes_per_block + p.budget.cache_bytes_per_block), mib(p.budget.bytes_per_block),
-        weight_format_name(weights), mib(p.budget.cache_bytes_per_block), a.cache_tokens, aside));
-  p.blocks = n.value();
-  spdlog::info("serve: --max-memory {} holds {} block(s) of {} at {:.1f} MiB of {} weights each and at least {} tokens "
-               "of KV cache ({:.1f} MiB a block){}",
-               a.max_memory, p.blocks, cfg.n_layers, mib(p.budget.bytes_per_block), weight_format_name(weights),
-               a.cache_tokens, mib(p.budget.cache_bytes_per_block), aside);
-  return p;
-}
-
-/// The KV cache tokens a span of `blocks` blocks gets: with --max-memory,
-/// all the budget leaves after their weights (at least --cache-tokens); else
-/// --cache-tokens.
-std::int64_t cache_tokens_for(const serve_args& a, const std::optional<memory_plan>& plan, int blocks,
-                              int page_tokens) {
-  if (!plan) return a.cache_tokens;
-  auto t = swarm::cache_tokens_that_fit(plan->budget, blocks, plan->kv_bytes_per_token, page_tokens, a.cache_tokens);
-  if (!t) throw std::invalid_argument("--max-memory: " + t.error().message);
-  return t.value();
-}
-
 /// --num-blocks: the weakest window of the swarm as the DHT shows it
 /// (schedule/block_selection: gaps first, then the lowest throughputs).
 std::pair<int, int> choose_span(net::membership& members, const std::string& model, const std::string& self,
@@ -295,8 +241,9 @@ int run_serve(serve_args a) {
   engine_options.kv_dtype = parse_kv_dtype_flag(a.kv_dtype);
   engine_options.weights = weights;
   engine_options.keep_parameters = a.keep_f32;
+  const serve_memory_flags memory_flags{a.max_memory, a.device, a.keep_f32, a.cache_tokens};
   std::optional<memory_plan> memory;
-  if (!a.max_memory.empty()) memory = plan_memory(a, cfg, weights, engine_options.kv_dtype);
+  if (!a.max_memory.empty()) memory = plan_memory(memory_flags, cfg, weights, engine_options.kv_dtype);
   const int num_blocks = memory ? memory->blocks : a.num_blocks;
   Backend& be = backend_for(parse_device(a.device));
 
@@ -364,7 +311,7 @@ int run_serve(serve_args a) {
   };
   auto engine = std::make_shared<span_engine>(
       span_engine::load(checkpoint::open(a.model), cfg, first, last, be,
-                        cache_tokens_for(a, memory, last - first, engine_options.page_tokens), engine_options));
+                        cache_tokens_for(memory_flags, memory, last - first, engine_options.page_tokens), engine_options));
   engine_options.on_block_loaded = nullptr;  // later loads (moves) run while serving
   bar.finish();
   spdlog::info("serve: loaded blocks [{}, {}) in {:.1f} s on {} thread(s)", first, last,
@@ -493,7 +440,7 @@ int run_serve(serve_args a) {
     try {
       next = std::make_shared<span_engine>(span_engine::load(
           checkpoint::open(a.model), cfg, d.target.start, d.target.end, be,
-          cache_tokens_for(a, memory, d.target.length(), engine_options.page_tokens), move_options));
+          cache_tokens_for(memory_flags, memory, d.target.length(), engine_options.page_tokens), move_options));
     } catch (const std::exception& e) {
       spdlog::error("serve: loading {} to move there failed, staying on {}: {}", swarm::to_string(d.target),
                     swarm::to_string(d.current), e.what());

@@ -1,0 +1,51 @@
+#include "apps/serve_memory.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "apps/commands.hpp"
+#include "kernels/backend.hpp"
+#include "model/block.hpp"
+#include "model/span_engine.hpp"
+
+namespace corolla::app {
+
+memory_plan plan_memory(const serve_memory_flags& f, const model_config& cfg, weight_format weights, dtype kv) {
+  memory_plan p;
+  p.kv_bytes_per_token = span_engine::kv_bytes_per_token(cfg, 1, kv);
+  const bool lean = weights != weight_format::f32 && !f.keep_f32;
+  p.budget.available_bytes =
+      static_cast<std::uint64_t>(parse_memory_budget(f.max_memory, "--max-memory", parse_device(f.device)));
+  p.budget.bytes_per_block = static_cast<std::uint64_t>(served_block_bytes(cfg, weights, f.keep_f32));
+  p.budget.cache_bytes_per_block = p.kv_bytes_per_token * static_cast<std::uint64_t>(f.cache_tokens);
+  p.budget.reserved_bytes = lean ? static_cast<std::uint64_t>(served_block_bytes(cfg, weight_format::f32)) : 0;
+  const auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1 << 20); };
+  const std::string aside = lean ? fmt::format(", after {:.1f} MiB for one block in f32 (loading, fine-tuning requests)",
+                                               mib(p.budget.reserved_bytes))
+                                 : "";
+  auto n = swarm::blocks_that_fit(p.budget, static_cast<int>(cfg.n_layers));
+  if (!n)
+    throw std::invalid_argument(fmt::format(
+        "--max-memory {} holds no block: one needs {:.1f} MiB ({:.1f} MiB of {} weights, {:.1f} MiB of KV cache for "
+        "--cache-tokens {}){}; lower --cache-tokens, quantise (--weights int8 or nf4) or give more memory",
+        f.max_memory, mib(p.budget.bytes_per_block + p.budget.cache_bytes_per_block), mib(p.budget.bytes_per_block),
+        weight_format_name(weights), mib(p.budget.cache_bytes_per_block), f.cache_tokens, aside));
+  p.blocks = n.value();
+  spdlog::info("serve: --max-memory {} holds {} block(s) of {} at {:.1f} MiB of {} weights each and at least {} tokens "
+               "of KV cache ({:.1f} MiB a block){}",
+               f.max_memory, p.blocks, cfg.n_layers, mib(p.budget.bytes_per_block), weight_format_name(weights),
+               f.cache_tokens, mib(p.budget.cache_bytes_per_block), aside);
+  return p;
+}
+
+std::int64_t cache_tokens_for(const serve_memory_flags& f, const std::optional<memory_plan>& plan, int blocks,
+                              int page_tokens) {
+  if (!plan) return f.cache_tokens;
+  auto t = swarm::cache_tokens_that_fit(plan->budget, blocks, plan->kv_bytes_per_token, page_tokens, f.cache_tokens);
+  if (!t) throw std::invalid_argument("--max-memory: " + t.error().message);
+  return t.value();
+}
+
+}  // namespace corolla::app
