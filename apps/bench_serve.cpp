@@ -39,6 +39,7 @@
 #include "actors/swarm_client.hpp"
 #include "apps/bench_common.hpp"
 #include "apps/commands.hpp"
+#include "apps/serve_memory.hpp"
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
 #include "model/span_engine.hpp"
@@ -112,11 +113,8 @@ cache_plan plan_cache(const serve_bench_options& o, const model_config& cfg, wei
     p.tokens = (o.cache_tokens + page_tokens - 1) / page_tokens * page_tokens;
   } else {
     p.budget_bytes = budget_bytes;
-    const bool lean = weights != weight_format::f32;
-    swarm::memory_budget m;
-    m.available_bytes = static_cast<std::uint64_t>(p.budget_bytes);
-    m.bytes_per_block = static_cast<std::uint64_t>(served_block_bytes(cfg, weights, !lean));
-    m.reserved_bytes = lean ? static_cast<std::uint64_t>(served_block_bytes(cfg, weight_format::f32)) : 0;
+    const swarm::memory_budget m =
+        served_memory_budget(static_cast<std::uint64_t>(p.budget_bytes), cfg, weights, false, 0);
     p.weight_bytes = static_cast<std::int64_t>(m.bytes_per_block * cfg.n_layers + m.reserved_bytes);
     const std::int64_t page_bytes = static_cast<std::int64_t>(p.bytes_per_token) * page_tokens;
     p.tokens = swarm::cache_tokens_that_fit(m, static_cast<int>(cfg.n_layers), span_engine::kv_bytes_per_token(cfg, 1, kv),

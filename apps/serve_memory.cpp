@@ -12,15 +12,24 @@
 
 namespace corolla::app {
 
+swarm::memory_budget served_memory_budget(std::uint64_t available, const model_config& cfg, weight_format weights,
+                                          bool keep_f32, std::uint64_t cache_bytes_per_block) {
+  const bool lean = weights != weight_format::f32 && !keep_f32;
+  swarm::memory_budget m;
+  m.available_bytes = available;
+  m.bytes_per_block = static_cast<std::uint64_t>(served_block_bytes(cfg, weights, keep_f32));
+  m.cache_bytes_per_block = cache_bytes_per_block;
+  m.reserved_bytes = lean ? static_cast<std::uint64_t>(served_block_bytes(cfg, weight_format::f32)) : 0;
+  return m;
+}
+
 memory_plan plan_memory(const serve_memory_flags& f, const model_config& cfg, weight_format weights, dtype kv) {
   memory_plan p;
   p.kv_bytes_per_token = span_engine::kv_bytes_per_token(cfg, 1, kv);
-  const bool lean = weights != weight_format::f32 && !f.keep_f32;
-  p.budget.available_bytes =
-      static_cast<std::uint64_t>(parse_memory_budget(f.max_memory, "--max-memory", parse_device(f.device)));
-  p.budget.bytes_per_block = static_cast<std::uint64_t>(served_block_bytes(cfg, weights, f.keep_f32));
-  p.budget.cache_bytes_per_block = p.kv_bytes_per_token * static_cast<std::uint64_t>(f.cache_tokens);
-  p.budget.reserved_bytes = lean ? static_cast<std::uint64_t>(served_block_bytes(cfg, weight_format::f32)) : 0;
+  p.budget = served_memory_budget(
+      static_cast<std::uint64_t>(parse_memory_budget(f.max_memory, "--max-memory", parse_device(f.device))), cfg,
+      weights, f.keep_f32, p.kv_bytes_per_token * static_cast<std::uint64_t>(f.cache_tokens));
+  const bool lean = p.budget.reserved_bytes > 0;
   const auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1 << 20); };
   const std::string aside = lean ? fmt::format(", after {:.1f} MiB for one block in f32 (loading, fine-tuning requests)",
                                                mib(p.budget.reserved_bytes))

@@ -37,6 +37,14 @@ struct memory_plan {
   int blocks = 0;
 };
 
+/// `available` bytes as a server with `weights` counts them: each block its
+/// served weights (with the f32 parameters when `keep_f32`; f32 weights are
+/// the parameters) and `cache_bytes_per_block`, and one f32 block set aside
+/// when the parameters are not kept. What serve plans with, and what
+/// bench serve sizes its cache by.
+swarm::memory_budget served_memory_budget(std::uint64_t available, const model_config& cfg, weight_format weights,
+                                          bool keep_f32, std::uint64_t cache_bytes_per_block);
+
 /// The plan for flags.max_memory (logged). Throws std::invalid_argument for
 /// a size that does not parse and when not even one block fits, naming
 /// what one needs.
