@@ -7,7 +7,9 @@
 // (kernels/cuda/attention_mma.cu); the ratio bf16 / f32 is their speed-up.
 // --storage repeats it all with the tensors in bf16 or f16 (CUDA: the
 // tensor-core kernels on 16-bit tiles at every precision, where the head
-// size takes them).
+// size takes them). --kernels fa,wmma runs every tensor-core case with each
+// of the two kernel families (the register kernels, the default, and the
+// WMMA ones: COROLLA_ATTENTION_KERNELS) and prints their ratio.
 //
 // FLOPs are the causal algorithm's: forward 4 * Dh per visible (query, key)
 // pair and head (QK^T and PV), backward 2.5 times that (dV, dP, dS K, dS^T Q
@@ -16,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,6 +53,7 @@ struct attention_options {
   std::string shape = "gpt2-1.5b";
   std::string precisions;  ///< "" = f32 and bf16 on a GPU, f32 on the cpu
   std::string storage = "f32";  ///< tensor dtypes to run (f32, bf16, f16)
+  std::string kernels = "fa";   ///< tensor-core kernel families to run (fa, wmma)
   int rounds = 3;
   int calls = 3;
   int threads = 0;
@@ -85,6 +89,16 @@ int run_attention(const attention_options& o) {
                                   " storage on cpu (use --storage f32)");
   }
   if (storages.empty()) throw std::invalid_argument("bench attention: --storage must not be empty");
+  const std::vector<std::string> families = split_list(o.kernels);
+  for (const std::string& f : families)
+    if (f != "fa" && f != "wmma")
+      throw std::invalid_argument("bench attention: unknown --kernels '" + f + "' (expected fa or wmma)");
+  if (families.empty()) throw std::invalid_argument("bench attention: --kernels must not be empty");
+  if (dev.kind == device_kind::cpu && families != std::vector<std::string>{"fa"})
+    throw std::invalid_argument("bench attention: --kernels chooses CUDA tensor-core kernels; the cpu has none");
+  // The caller's choice comes back after the run.
+  const char* env = std::getenv("COROLLA_ATTENTION_KERNELS");
+  const std::string saved = env ? env : "";
   Backend& be = backend_for(dev);
 
   const attention_shape s{c.hq, c.hkv, c.dh, 0.0f};
@@ -101,8 +115,9 @@ int run_attention(const attention_options& o) {
   std::vector<double> totals;
   std::vector<float> first_out;
   if (!o.json)
-    std::printf("%-7s %-9s %11s %9s %11s %9s %12s %10s %8s\n", "storage", "precision", "forward ms", "TFLOP/s",
-                "backward ms", "TFLOP/s", "GEMM TFLOP/s", "vs GEMM", "out diff");
+    std::printf("%-7s %-9s %-7s %11s %9s %11s %9s %12s %10s %8s\n", "storage", "precision", "kernels", "forward ms",
+                "TFLOP/s", "backward ms", "TFLOP/s", "GEMM TFLOP/s", "vs GEMM", "out diff");
+  nlohmann::json ratios = nlohmann::json::array();
   for (const dtype st : storages) {
     // The same values in every storage (rounded to it): outputs compare across runs.
     Tensor q = random_tensor_on(be, {rows, qw}, st, 1), k = random_tensor_on(be, {rows, kw}, st, 2),
@@ -110,44 +125,61 @@ int run_attention(const attention_options& o) {
     Tensor out = be.empty({rows, qw}, st);
     Tensor dq = be.empty({rows, qw}, st), dk = be.empty({rows, kw}, st), dv = be.empty({rows, kw}, st);
     for (matmul_precision p : precisions) {
-      set_matmul_precision(p);
-      const double fwd =
-          best_seconds(be, o.rounds, o.calls, [&] { be.attention(q, k, v, c.batch, c.seq, s, out, &lse); });
-      const double bwd = best_seconds(be, o.rounds, o.calls, [&] {
-        be.attention_backward(q, k, v, out, lse, dout, c.batch, c.seq, s, dq, dk, dv);
-      });
-      // The bound: the backend's products at this precision on the model's
-      // up-projection shape ([B*T, Hq*Dh] @ [4*Hq*Dh, Hq*Dh]^T).
-      const double gemm = measure_gemm_flops(be, rows, qw, 4 * qw);
-      const double rate = (fwd_flops + bwd_flops) / (fwd + bwd);
-      // How far this run's output is from the first run's (f32 storage and
-      // precision by default).
-      be.attention(q, k, v, c.batch, c.seq, s, out, &lse);
-      Tensor host = Tensor::empty(out.shape());  // f32: copy converts
-      be.copy(out, host);
-      const std::vector<float> now = host.to_vector();
-      double diff = 0;
-      if (first_out.empty())
-        first_out = now;
-      else
-        for (std::size_t i = 0; i < now.size(); ++i)
-          diff = std::max(diff, static_cast<double>(std::abs(now[i] - first_out[i])));
-      totals.push_back(fwd + bwd);
-      results.push_back({{"storage", dtype_name(st)},
-                         {"precision", matmul_precision_name(p)},
-                         {"forward_ms", fwd * 1e3},
-                         {"backward_ms", bwd * 1e3},
-                         {"forward_tflops", fwd_flops / fwd / 1e12},
-                         {"backward_tflops", bwd_flops / bwd / 1e12},
-                         {"gemm_tflops", gemm / 1e12},
-                         {"attention_vs_gemm", rate / gemm},
-                         {"max_out_diff_vs_first", diff}});
-      if (!o.json)
-        std::printf("%-7s %-9s %11.3f %9.2f %11.3f %9.2f %12.2f %9.1f%% %8.1e\n", dtype_name(st),
-                    matmul_precision_name(p), fwd * 1e3, fwd_flops / fwd / 1e12, bwd * 1e3, bwd_flops / bwd / 1e12,
-                    gemm / 1e12, 100.0 * rate / gemm, diff);
+      // Only the tensor-core cases (a 16-bit storage, or bf16 products) have
+      // a kernel family to choose; the others run once.
+      const bool tensor_cores = dev.kind != device_kind::cpu && (st != dtype::f32 || p == matmul_precision::bf16);
+      double fa_total = 0, wmma_total = 0;
+      for (const std::string& family : tensor_cores ? families : std::vector<std::string>{"-"}) {
+        if (family != "-") setenv("COROLLA_ATTENTION_KERNELS", family.c_str(), 1);
+        set_matmul_precision(p);
+        const double fwd =
+            best_seconds(be, o.rounds, o.calls, [&] { be.attention(q, k, v, c.batch, c.seq, s, out, &lse); });
+        const double bwd = best_seconds(be, o.rounds, o.calls, [&] {
+          be.attention_backward(q, k, v, out, lse, dout, c.batch, c.seq, s, dq, dk, dv);
+        });
+        // The bound: the backend's products at this precision on the model's
+        // up-projection shape ([B*T, Hq*Dh] @ [4*Hq*Dh, Hq*Dh]^T).
+        const double gemm = measure_gemm_flops(be, rows, qw, 4 * qw);
+        const double rate = (fwd_flops + bwd_flops) / (fwd + bwd);
+        // How far this run's output is from the first run's (f32 storage and
+        // precision by default).
+        be.attention(q, k, v, c.batch, c.seq, s, out, &lse);
+        Tensor host = Tensor::empty(out.shape());  // f32: copy converts
+        be.copy(out, host);
+        const std::vector<float> now = host.to_vector();
+        double diff = 0;
+        if (first_out.empty())
+          first_out = now;
+        else
+          for (std::size_t i = 0; i < now.size(); ++i)
+            diff = std::max(diff, static_cast<double>(std::abs(now[i] - first_out[i])));
+        totals.push_back(fwd + bwd);
+        (family == "wmma" ? wmma_total : fa_total) = fwd + bwd;
+        results.push_back({{"storage", dtype_name(st)},
+                           {"precision", matmul_precision_name(p)},
+                           {"kernels", family},
+                           {"forward_ms", fwd * 1e3},
+                           {"backward_ms", bwd * 1e3},
+                           {"forward_tflops", fwd_flops / fwd / 1e12},
+                           {"backward_tflops", bwd_flops / bwd / 1e12},
+                           {"gemm_tflops", gemm / 1e12},
+                           {"attention_vs_gemm", rate / gemm},
+                           {"max_out_diff_vs_first", diff}});
+        if (!o.json)
+          std::printf("%-7s %-9s %-7s %11.3f %9.2f %11.3f %9.2f %12.2f %9.1f%% %8.1e\n", dtype_name(st),
+                      matmul_precision_name(p), family.c_str(), fwd * 1e3, fwd_flops / fwd / 1e12, bwd * 1e3,
+                      bwd_flops / bwd / 1e12, gemm / 1e12, 100.0 * rate / gemm, diff);
+      }
+      if (fa_total > 0 && wmma_total > 0)
+        ratios.push_back({{"storage", dtype_name(st)},
+                          {"precision", matmul_precision_name(p)},
+                          {"fa_vs_wmma", wmma_total / fa_total}});
     }
   }
+  if (saved.empty())
+    unsetenv("COROLLA_ATTENTION_KERNELS");
+  else
+    setenv("COROLLA_ATTENTION_KERNELS", saved.c_str(), 1);
   set_matmul_precision(matmul_precision::f32);
   nlohmann::json j = {{"bench", "attention"},
                       {"device", be.name()},
@@ -159,6 +191,14 @@ int run_attention(const attention_options& o) {
                       {"head_dim", c.dh},
                       {"threads", cpu_threads()},
                       {"results", results}};
+  if (!ratios.empty()) {
+    j["fa_vs_wmma"] = ratios;
+    if (!o.json)
+      for (const auto& r : ratios)
+        std::printf("%s storage, %s products: register kernels %.2fx the WMMA ones (forward + backward)\n",
+                    r["storage"].get<std::string>().c_str(), r["precision"].get<std::string>().c_str(),
+                    r["fa_vs_wmma"].get<double>());
+  }
   if (totals.size() > 1) {
     j["speedup_last_vs_first"] = totals.front() / totals.back();
     if (!o.json)
@@ -189,6 +229,9 @@ void register_bench_attention(CLI::App* bench, action_fn& action) {
                   "Comma-separated matmul precisions to run (f32, tf32, bf16); default f32,bf16 on a GPU, f32 on cpu");
   cmd->add_option("--storage", o.storage,
                   "Comma-separated tensor dtypes to run (f32, bf16, f16; 16-bit on cuda only), each at every precision")
+      ->capture_default_str();
+  cmd->add_option("--kernels", o.kernels,
+                  "Comma-separated tensor-core kernel families to run (fa: registers, the default; wmma), cuda only")
       ->capture_default_str();
   cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")->capture_default_str();
   cmd->add_option("--calls", o.calls, "Calls per round")->capture_default_str();

@@ -1,6 +1,14 @@
 // kernels/cuda/attention_mma.cu — causal grouped-query attention for
-// training on the tensor cores (WMMA, bf16 x bf16 or f16 x f16 -> f32, sm_80
-// and newer).
+// training on the tensor cores (bf16 x bf16 or f16 x f16 -> f32, sm_80 and
+// newer), in two kernel families with the same walk, tiles and roundings:
+//   * the register kernels of attention_fa_kernels.cuh (the default):
+//     mma.sync with documented register layouts, so scores, softmax, P and
+//     dS and the output's rescaling never leave registers (its file comment
+//     says how);
+//   * the WMMA kernels of attention_mma_kernels.cuh, described below, which
+//     go through shared memory for each of those. COROLLA_ATTENTION_KERNELS=
+//     wmma selects them (`corolla bench attention --kernels fa,wmma` times
+//     both in one run).
 //
 // The structure of attention_tiled.cu (flash-attention: a block owns one
 // tile and walks the tiles of the other side that the causal mask leaves
@@ -39,10 +47,14 @@
 #include "kernels/cuda/attention_mma.hpp"
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
+#include "kernels/cuda/attention_fa_kernels.cuh"
 #include "kernels/cuda/attention_mma_kernels.cuh"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
@@ -104,9 +116,21 @@ unsigned tiles_of(std::int64_t seq) { return static_cast<unsigned>((seq + tile -
 
 }  // namespace
 
+mma_attention_kernels mma_attention_kernels_in_use() {
+  const char* e = std::getenv("COROLLA_ATTENTION_KERNELS");
+  if (e == nullptr || *e == '\0' || std::string(e) == "fa") return mma_attention_kernels::fa;
+  if (std::string(e) == "wmma") return mma_attention_kernels::wmma;
+  throw std::invalid_argument("COROLLA_ATTENTION_KERNELS='" + std::string(e) + "': expected fa or wmma");
+}
+
 bool attention_mma_supported(const attention_dims& g, std::initializer_list<const void*> pointers) {
   std::size_t smem = 0;  // the backward kernels' blocks, the larger ones
-  if (!dispatch_heads(g.dh, [&](auto d) { smem = layout<decltype(d)::value>::bytes(4); })) return false;
+  const bool fa = mma_attention_kernels_in_use() == mma_attention_kernels::fa;
+  if (!dispatch_heads(g.dh, [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        smem = fa ? fa_layout<D>::bytes(4) : layout<D>::bytes(4);
+      }))
+    return false;
   for (const void* p : pointers)
     if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
   return compiled_for_tensor_cores() && fits_shared_memory(smem);
@@ -157,11 +181,20 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const vo
     mma_args<T> a = args_of<T>(q, k, v, seq, g);
     a.out = static_cast<T*>(out);
     a.lse_w = lse;
+    const dim3 grid(static_cast<unsigned>(batch * g.hq), tiles_of(seq));
+    const bool fa = mma_attention_kernels_in_use() == mma_attention_kernels::fa;
     launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
+      if (fa) {
+        const std::size_t smem = fa_layout<D>::bytes(3);
+        allow_smem(fa_forward_kernel<D, T>, smem);  // once per device (the limit is per device)
+        fa_forward_kernel<D, T><<<grid, threads, smem, s>>>(a);
+        COROLLA_CUDA_LAUNCH_CHECK("fa_forward_kernel");
+        return;
+      }
       const std::size_t smem = layout<D>::bytes(3);
-      allow_smem(mma_forward_kernel<D, T>, smem);  // once per device (the limit is per device)
-      mma_forward_kernel<D, T><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), threads, smem, s>>>(a);
+      allow_smem(mma_forward_kernel<D, T>, smem);
+      mma_forward_kernel<D, T><<<grid, threads, smem, s>>>(a);
       COROLLA_CUDA_LAUNCH_CHECK("mma_forward_kernel");
     });
   });
@@ -182,14 +215,27 @@ bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const v
     a.dq = static_cast<T*>(dq);
     a.dk = static_cast<T*>(dk);
     a.dv = static_cast<T*>(dv);
+    const dim3 q_grid(static_cast<unsigned>(batch * g.hq), tiles_of(seq));
+    const dim3 kv_grid(static_cast<unsigned>(batch * g.hkv), tiles_of(seq));
+    const bool fa = mma_attention_kernels_in_use() == mma_attention_kernels::fa;
     launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
+      if (fa) {
+        const std::size_t smem = fa_layout<D>::bytes(4);
+        allow_smem(fa_dq_kernel<D, T>, smem);
+        allow_smem(fa_dkdv_kernel<D, T>, smem);
+        fa_dq_kernel<D, T><<<q_grid, threads, smem, s>>>(a);
+        COROLLA_CUDA_LAUNCH_CHECK("fa_dq_kernel");
+        fa_dkdv_kernel<D, T><<<kv_grid, threads, smem, s>>>(a);
+        COROLLA_CUDA_LAUNCH_CHECK("fa_dkdv_kernel");
+        return;
+      }
       const std::size_t smem = layout<D>::bytes(4);
       allow_smem(mma_dq_kernel<D, T>, smem);
       allow_smem(mma_dkdv_kernel<D, T>, smem);
-      mma_dq_kernel<D, T><<<dim3(static_cast<unsigned>(batch * g.hq), tiles_of(seq)), threads, smem, s>>>(a);
+      mma_dq_kernel<D, T><<<q_grid, threads, smem, s>>>(a);
       COROLLA_CUDA_LAUNCH_CHECK("mma_dq_kernel");
-      mma_dkdv_kernel<D, T><<<dim3(static_cast<unsigned>(batch * g.hkv), tiles_of(seq)), threads, smem, s>>>(a);
+      mma_dkdv_kernel<D, T><<<kv_grid, threads, smem, s>>>(a);
       COROLLA_CUDA_LAUNCH_CHECK("mma_dkdv_kernel");
     });
   });

@@ -16,6 +16,14 @@
 
 namespace corolla::cuda {
 
+/// The tensor-core kernel family the launchers below use: the register
+/// kernels (fa, the default; attention_fa_kernels.cuh) or the WMMA ones
+/// (wmma; attention_mma_kernels.cuh). Read from COROLLA_ATTENTION_KERNELS
+/// (unset, "fa" or "wmma") at every call, so a benchmark can time both in
+/// one process; any other value is an invalid_argument naming it.
+enum class mma_attention_kernels { fa, wmma };
+mma_attention_kernels mma_attention_kernels_in_use();
+
 /// Whether the tensor-core kernels take this geometry and these pointers on
 /// the current device: head size 32, 64, 96 or 128, every pointer 16-byte
 /// aligned, kernels compiled for sm_80 or newer (bf16 WMMA) in this binary,

@@ -8,8 +8,9 @@
 # 15 minutes of device time a session may get): first the correctness of
 # everything not yet run on a GPU (every CUDA kernel and model test, with a
 # time limit each), then the two target benchmarks (7B bf16 decode against
-# the HBM bound, GPT-2-1.5B bf16 training MFU) and Nsight Compute's
-# figures for the pipelined GEMV, each line of progress
+# the HBM bound, GPT-2-1.5B bf16 training MFU) and the training attention's
+# register kernels against its WMMA ones (`bench attention --kernels
+# fa,wmma`), each line of progress
 # printed as it happens and at most 8 files in $OUT: info.log, one log per
 # step, summary.json (each step's exit status and seconds, and the final
 # JSON line of each benchmark). A run cut off still leaves what it finished.
@@ -137,17 +138,15 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     -tce='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
   step cuda_decode_launch 60 test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
   step cuda_model 120 test_model -tc='cuda*'
-  # 2. The targets, each against its bound measured in the same run.
+  # 2. The targets, each against its bound measured in the same run, and
+  # the training attention's two kernel families (the register kernels,
+  # which training takes by default, against the WMMA ones) on GPT-2-1.5B's
+  # shape, forward and backward.
   step bench_decode 120 corolla bench decode --preset llama7b --weights bf16 --repeats 2
+  step bench_attention 60 corolla bench attention --shape gpt2-1.5b --storage bf16 --precisions bf16 \
+    --kernels fa,wmma
   step bench_train 90 corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 \
     --compute bf16
-  # Nsight Compute over one decode layer's GEMVs in the pipelined kernel
-  # (p6.w8, fixed: under ncu's serialised launches the tuner's timings say
-  # nothing), where the tool is there.
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  [ -n "$ncu" ] && step ncu_gemv 90 env COROLLA_GEMV=p6.w8 "$ncu" --clock-control none -k regex:linear_bf16 \
-    --launch-skip 3000 --launch-count 4 --section SpeedOfLight --section Occupancy \
-    corolla bench decode --preset llama7b --weights bf16 --repeats 1
   echo "[+$(($(date +%s) - start))s] lean done: $out/summary.json"
   exit 0
 fi

@@ -1,7 +1,8 @@
 // `corolla bench attention`: training attention per matmul precision next to
 // the GEMM rate at that precision. The cpu run is checked everywhere; with a
 // GPU visible, f32 and bf16 both run and their outputs agree to bf16
-// rounding.
+// rounding, and the two tensor-core kernel families (--kernels fa,wmma)
+// agree.
 #include <doctest/doctest.h>
 
 #include <sstream>
@@ -48,7 +49,9 @@ TEST_CASE("bench attention on the cpu prints forward and backward rates against 
     CHECK(f32[key].get<double>() > 0);
   }
   CHECK(f32["max_out_diff_vs_first"].get<double>() == 0.0);
+  CHECK(f32["kernels"] == "-");  // no tensor cores on the cpu
   CHECK_FALSE(j.contains("speedup_last_vs_first"));
+  CHECK_FALSE(j.contains("fa_vs_wmma"));
 }
 
 TEST_CASE("bench attention refuses unknown shapes, precisions and storage, and bf16 on the cpu") {
@@ -69,6 +72,12 @@ TEST_CASE("bench attention refuses unknown shapes, precisions and storage, and b
   corolla::testing::check_one_error(
       run_corolla({"bench", "attention", "--device", "cpu", "--shape", "tiny", "--storage", "f32,bf16"}),
       "no bf16 storage on cpu");
+  corolla::testing::check_one_error(
+      run_corolla({"bench", "attention", "--device", "cpu", "--shape", "tiny", "--kernels", "flash"}),
+      "unknown --kernels 'flash' (expected fa or wmma)");
+  corolla::testing::check_one_error(
+      run_corolla({"bench", "attention", "--device", "cpu", "--shape", "tiny", "--kernels", "fa,wmma"}),
+      "--kernels chooses CUDA tensor-core kernels; the cpu has none");
 }
 
 TEST_CASE("bench attention on a GPU runs f32 and bf16 (tensor cores) and their outputs agree") {
@@ -104,4 +113,23 @@ TEST_CASE("bench attention on a GPU runs 16-bit storage beside f32 and their out
   CHECK(j["results"][2]["storage"] == "f16");
   CHECK(j["results"][1]["max_out_diff_vs_first"].get<double>() < 3e-2);  // bf16 rounding of inputs and output
   CHECK(j["results"][2]["max_out_diff_vs_first"].get<double>() < 4e-3);
+}
+
+TEST_CASE("bench attention on a GPU times both tensor-core kernel families and their outputs agree") {
+  if (corolla::cuda_device_count() == 0) {
+    MESSAGE("skipped: no CUDA device visible");
+    return;
+  }
+  auto r = run_corolla({"bench", "attention", "--device", "cuda", "--shape", "tiny", "--precisions", "bf16",
+                        "--storage", "bf16", "--kernels", "fa,wmma", "--rounds", "1", "--json"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = only_line(r.out);
+  REQUIRE(j["results"].size() == 2);
+  CHECK(j["results"][0]["kernels"] == "fa");
+  CHECK(j["results"][1]["kernels"] == "wmma");
+  // The same roundings: the two families differ only in f32 summation order.
+  CHECK(j["results"][1]["max_out_diff_vs_first"].get<double>() < 1e-2);
+  REQUIRE(j["fa_vs_wmma"].size() == 1);
+  CHECK(j["fa_vs_wmma"][0]["fa_vs_wmma"].get<double>() > 0);
 }

@@ -1,5 +1,7 @@
-// tests/cuda_emulated/attention_mma.cpp — the tensor-core attention kernels
-// (kernels/cuda/attention_mma_kernels.cuh), compiled as host C++ against
+// tests/cuda_emulated/attention_mma.cpp — the tensor-core attention kernels,
+// both families (the register kernels of kernels/cuda/attention_fa_kernels.cuh,
+// on the emulated mma.sync and ldmatrix, and the WMMA kernels of
+// kernels/cuda/attention_mma_kernels.cuh), compiled as host C++ against
 // cuda_emulation.hpp and launched as attention_mma.cu launches them, against
 // the CPU backend's f32 attention. This runs everywhere, GPU or not: it
 // checks the kernels' indexing, masking, head grouping, online softmax, tile
@@ -33,6 +35,7 @@
 // Last: the emulation's macros (__CUDA_ARCH__, __device__, ...) must reach
 // only the kernels.
 #include "tests/cuda_emulated/cuda_emulation.hpp"
+#include "kernels/cuda/attention_fa_kernels.cuh"
 #include "kernels/cuda/attention_mma_kernels.cuh"
 
 using namespace corolla;
@@ -45,6 +48,9 @@ namespace {
 struct geometry {
   int hq, hkv, batch, seq;
 };
+
+/// The kernel family under test (attention_mma.cu launches either).
+enum class family { fa, wmma };
 
 double max_abs(const std::vector<double>& v) {
   double m = 0.0;
@@ -170,11 +176,19 @@ void check_tight(const std::vector<G>& got, const std::vector<double>& want, dou
   CHECK(worst <= 3e-3 * scale);
 }
 
-/// The forward, dq and dk/dv kernels on `a`, with attention_mma.cu's grids.
+/// The forward, dq and dk/dv kernels of family f on `a`, with
+/// attention_mma.cu's grids and shared memory.
 template <int D, class T>
-void launch_kernels(const geometry& c, const mma_args<T>& a) {
+void launch_kernels(const geometry& c, const mma_args<T>& a, family f) {
   const unsigned tiles = static_cast<unsigned>((c.seq + 63) / 64);
   const auto bq = static_cast<unsigned>(c.batch * c.hq), bkv = static_cast<unsigned>(c.batch * c.hkv);
+  if (f == family::fa) {
+    using L = cuda::fa_layout<D>;
+    emulated::launch(&cuda::fa_forward_kernel<D, T>, {bq, tiles, cuda::threads, L::bytes(3)}, a);
+    emulated::launch(&cuda::fa_dq_kernel<D, T>, {bq, tiles, cuda::threads, L::bytes(4)}, a);
+    emulated::launch(&cuda::fa_dkdv_kernel<D, T>, {bkv, tiles, cuda::threads, L::bytes(4)}, a);
+    return;
+  }
   emulated::launch(&cuda::mma_forward_kernel<D, T>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, a);
   emulated::launch(&cuda::mma_dq_kernel<D, T>, {bq, tiles, cuda::threads, layout<D>::bytes(4)}, a);
   emulated::launch(&cuda::mma_dkdv_kernel<D, T>, {bkv, tiles, cuda::threads, layout<D>::bytes(4)}, a);
@@ -192,7 +206,7 @@ struct storage_run {
 /// an element never written fails the comparisons.
 template <int D, class T>
 storage_run run_storage(const geometry& c, const mma_args<float>& f32, dtype dt, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& dout) {
+                        const Tensor& v, const Tensor& dout, family f) {
   using emulated_test::as;
   const std::int64_t rows = std::int64_t{c.batch} * c.seq;
   const auto nans = [&](std::int64_t w) {
@@ -215,12 +229,13 @@ storage_run run_storage(const geometry& c, const mma_args<float>& f32, dtype dt,
   a.dq = as<T>(run.dq);
   a.dk = as<T>(run.dk);
   a.dv = as<T>(run.dv);
-  launch_kernels<D>(c, a);
+  launch_kernels<D>(c, a, f);
   return run;
 }
 
 template <int D>
-void check_case(const geometry& c, kernel_test::rng& r) {
+void check_case(const geometry& c, kernel_test::rng& r, family f) {
+  INFO((f == family::fa ? "register (fa) kernels" : "WMMA kernels"));
   CAPTURE(D);
   CAPTURE(c.hq);
   CAPTURE(c.hkv);
@@ -271,7 +286,7 @@ void check_case(const geometry& c, kernel_test::rng& r) {
   a.dq = e_dq.data();
   a.dk = e_dk.data();
   a.dv = e_dv.data();
-  launch_kernels<D>(c, a);
+  launch_kernels<D>(c, a, f);
 
   const auto want = [](const Tensor& t) { return kernel_test::to_double(t); };
   const double grads = std::max({max_abs(want(dq)), max_abs(want(dk)), max_abs(want(dv))});
@@ -293,7 +308,7 @@ void check_case(const geometry& c, kernel_test::rng& r) {
   // tensors of these values give the f32 run's results rounded once, bit
   // for bit: the f32 run rounds its operands to bf16 as it stages them, so
   // the arithmetic is the same; lse stays f32 and equal.
-  const storage_run bf = run_storage<D, __nv_bfloat16>(c, a, dtype::bf16, q, k, v, g);
+  const storage_run bf = run_storage<D, __nv_bfloat16>(c, a, dtype::bf16, q, k, v, g, f);
   const auto rounded = [](const std::vector<float>& v, std::int64_t w) {
     return emulated_test::rounded_to(Tensor::from_f32(v, {static_cast<std::int64_t>(v.size()) / w, w}), dtype::bf16);
   };
@@ -304,7 +319,7 @@ void check_case(const geometry& c, kernel_test::rng& r) {
   CHECK(emulated_test::widened(bf.dv) == rounded(e_dv, kw));
 
   // f16 storage (mixed-precision training in f16): f16 tiles, P and dS.
-  const storage_run fr = run_storage<D, __half>(c, a, dtype::f16, q, k, v, g);
+  const storage_run fr = run_storage<D, __half>(c, a, dtype::f16, q, k, v, g, f);
   const rounded_reference ref16 =
       reference_with_roundings(c, D, q, k, v, g, lse.data<float>(), delta.data(), to_f16);
   using emulated_test::widened;
@@ -321,17 +336,32 @@ void check_case(const geometry& c, kernel_test::rng& r) {
 
 }  // namespace
 
-TEST_CASE("emulated tensor-core attention: head sizes 32 and 64 match the cpu (one token, partial and whole tiles, GQA)") {
+TEST_CASE("emulated tensor-core attention, register kernels: head sizes 32 and 64 match the cpu (one token, partial and whole tiles, GQA)") {
   kernel_test::rng r(301);
-  check_case<32>({2, 2, 1, 1}, r);
-  check_case<32>({4, 2, 2, 65}, r);
-  check_case<64>({3, 1, 1, 130}, r);
-  check_case<64>({4, 4, 1, 17}, r);
+  check_case<32>({2, 2, 1, 1}, r, family::fa);
+  check_case<32>({4, 2, 2, 65}, r, family::fa);
+  check_case<64>({3, 1, 1, 130}, r, family::fa);
+  check_case<64>({4, 4, 1, 17}, r, family::fa);
 }
 
-TEST_CASE("emulated tensor-core attention: head sizes 96 and 128 match the cpu") {
+TEST_CASE("emulated tensor-core attention, register kernels: head sizes 96 and 128 match the cpu") {
   kernel_test::rng r(302);
-  check_case<96>({2, 1, 2, 65}, r);
-  check_case<128>({4, 2, 1, 130}, r);
-  check_case<128>({2, 2, 1, 64}, r);
+  check_case<96>({2, 1, 2, 65}, r, family::fa);
+  check_case<128>({4, 2, 1, 130}, r, family::fa);
+  check_case<128>({2, 2, 1, 64}, r, family::fa);
+}
+
+TEST_CASE("emulated tensor-core attention, WMMA kernels: head sizes 32 and 64 match the cpu (one token, partial and whole tiles, GQA)") {
+  kernel_test::rng r(301);
+  check_case<32>({2, 2, 1, 1}, r, family::wmma);
+  check_case<32>({4, 2, 2, 65}, r, family::wmma);
+  check_case<64>({3, 1, 1, 130}, r, family::wmma);
+  check_case<64>({4, 4, 1, 17}, r, family::wmma);
+}
+
+TEST_CASE("emulated tensor-core attention, WMMA kernels: head sizes 96 and 128 match the cpu") {
+  kernel_test::rng r(302);
+  check_case<96>({2, 1, 2, 65}, r, family::wmma);
+  check_case<128>({4, 2, 1, 130}, r, family::wmma);
+  check_case<128>({2, 2, 1, 64}, r, family::wmma);
 }

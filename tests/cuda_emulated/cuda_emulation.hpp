@@ -34,6 +34,15 @@
 //    and queues the copy; async_commit closes the thread's queued copies
 //    into a group; async_wait<N> performs the copies of all but the newest
 //    N groups. Shared memory read before its wait still holds its NaN.
+//  * mma.sync and ldmatrix (kernels/cuda/mma_sync.cuh): mma_16816 and
+//    ldmatrix_x4 / ldmatrix_x4_trans are warp-collective here as on the
+//    GPU: each lane publishes its registers (or its row address) and builds
+//    its results from the other lanes' exactly as PTX lays them out, so a
+//    kernel that puts a value in the wrong lane or half-register computes
+//    wrong results. ldmatrix checks that every row address is 16-byte
+//    aligned and its 16 bytes inside the block's shared memory. The m16n8k16
+//    product sums its 16 exact products in f32, in order, then adds the
+//    accumulator.
 //  * nvcuda::wmma for 16x16x16 bf16 x bf16 or f16 x f16 -> f32: every lane's fragment
 //    holds the whole logical matrix (CUDA's element-to-lane mapping is
 //    unspecified, and the kernels must not rely on it). load_matrix_sync
@@ -93,14 +102,24 @@ inline thread_local emulated_dim3 threadIdx, blockIdx, gridDim, blockDim;
 
 namespace corolla::emulated {
 
+/// What one lane hands to a warp-collective instruction (mma_16816,
+/// ldmatrix_x4): its operand registers, or its row address.
+struct lane_slot {
+  std::uint32_t r[6] = {};
+  const unsigned char* addr = nullptr;
+};
+
 /// The barriers, shuffle buffers and shared memory of the block running now.
 struct block_state {
-  explicit block_state(unsigned threads) : block(threads), warps(threads / 32), shuffle(threads) {
+  explicit block_state(unsigned threads) : block(threads), warps(threads / 32), shuffle(threads), lanes(threads) {
     for (auto& w : warps) w = std::make_unique<std::barrier<>>(32);
   }
   std::barrier<> block;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<double> shuffle;  ///< one slot per thread (a float or a double)
+  /// Per thread, two sets of collective slots used in turn: a lane may run
+  /// one collective ahead of its warp (each has one barrier), never two.
+  std::vector<std::array<lane_slot, 2>> lanes;
   unsigned char* smem = nullptr;
   std::size_t smem_bytes = 0;
 };
@@ -416,6 +435,78 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 /// A real atomic add: the block's threads run concurrently.
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+
+// ---- mma.sync and ldmatrix (kernels/cuda/mma_sync.cuh) ---------------------------------
+
+namespace corolla::emulated {
+inline thread_local unsigned collective_set = 0;  ///< which of the two slot sets this thread's next collective uses
+
+/// Publishes `mine` as the calling lane's slot, waits for the warp, and
+/// returns the warp's 32 slots of this collective (valid until the lane's
+/// next collective but one).
+inline const lane_slot* warp_collective(const lane_slot& mine) {
+  auto& s = *current;
+  const unsigned me = linear_thread(), w = me >> 5, set = collective_set;
+  s.lanes[me][set] = mine;
+  s.warps[w]->arrive_and_wait();
+  collective_set ^= 1u;
+  thread_local lane_slot warp[32];
+  for (unsigned l = 0; l < 32; ++l) warp[l] = s.lanes[w * 32 + l][set];
+  return warp;
+}
+
+/// The 16-bit half `half` of register u as f32 (M = __nv_bfloat16 or __half).
+template <class M>
+float half_of(std::uint32_t u, int half) {
+  return to_float(M{static_cast<std::uint16_t>(half ? u >> 16 : u & 0xffffu)});
+}
+
+template <bool Trans>
+void ldmatrix(std::uint32_t (&r)[4], const void* row) {
+  if (reinterpret_cast<std::uintptr_t>(row) % 16)
+    COROLLA_EMULATION_FAIL("ldmatrix: row address %p is not 16-byte aligned", row);
+  check_in_smem(row, 16, "ldmatrix");
+  lane_slot mine;
+  mine.addr = static_cast<const unsigned char*>(row);
+  const lane_slot* warp = warp_collective(mine);
+  const unsigned lane = linear_thread() & 31, g = lane >> 2, c = lane & 3;
+  for (unsigned i = 0; i < 4; ++i) {
+    if (!Trans) {
+      std::memcpy(&r[i], warp[8 * i + g].addr + 4 * c, 4);  // row g, columns 2c and 2c + 1
+    } else {
+      std::uint16_t lo, hi;  // rows 2c and 2c + 1, column g
+      std::memcpy(&lo, warp[8 * i + 2 * c].addr + 2 * g, 2);
+      std::memcpy(&hi, warp[8 * i + 2 * c + 1].addr + 2 * g, 2);
+      r[i] = std::uint32_t{lo} | std::uint32_t{hi} << 16;
+    }
+  }
+}
+}  // namespace corolla::emulated
+
+namespace corolla::cuda {
+template <class M>
+void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+  static_assert(std::is_same_v<M, __nv_bfloat16> || std::is_same_v<M, __half>, "bf16 or f16 operands");
+  using corolla::emulated::half_of;
+  corolla::emulated::lane_slot mine;
+  for (int i = 0; i < 4; ++i) mine.r[i] = a[i];
+  mine.r[4] = b[0], mine.r[5] = b[1];
+  const corolla::emulated::lane_slot* warp = corolla::emulated::warp_collective(mine);
+  // A(i, k): register (i >= 8) + 2 (k >= 8) of lane 4 (i % 8) + (k % 8) / 2,
+  // half k % 2; B(k, j): register 4 + (k >= 8) of lane 4 j + (k % 8) / 2.
+  const auto A = [&](int i, int k) { return half_of<M>(warp[4 * (i % 8) + (k % 8) / 2].r[(i >= 8) + 2 * (k >= 8)], k % 2); };
+  const auto B = [&](int k, int j) { return half_of<M>(warp[4 * j + (k % 8) / 2].r[4 + (k >= 8)], k % 2); };
+  const int lane = static_cast<int>(corolla::emulated::linear_thread() & 31), g = lane >> 2, c = lane & 3;
+  for (int e = 0; e < 4; ++e) {
+    const int i = g + 8 * (e >> 1), j = 2 * c + (e & 1);
+    float sum = 0.0f;
+    for (int k = 0; k < 16; ++k) sum += A(i, k) * B(k, j);  // 16-bit x 16-bit is exact in f32
+    d[e] = sum + d[e];
+  }
+}
+inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) { corolla::emulated::ldmatrix<false>(r, row); }
+inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) { corolla::emulated::ldmatrix<true>(r, row); }
+}  // namespace corolla::cuda
 
 // ---- WMMA ---------------------------------------------------------------------------
 
