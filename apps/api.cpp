@@ -18,6 +18,7 @@
 #include "api/http_api.hpp"
 #include "api/swarm_view.hpp"
 #include "apps/commands.hpp"
+#include "apps/model_load.hpp"
 #include "apps/node_flags.hpp"
 #include "apps/swarm_flags.hpp"
 #include "kernels/backend.hpp"
@@ -83,7 +84,7 @@ int run_api(const api_args& a) {
   std::optional<api::swarm_watch> watch;
   if (a.local) {
     Backend& be = backend_for(parse_device(a.device));
-    model.emplace(transformer::load(a.model, be));
+    model.emplace(load_for_decoding(a.model, be, weights, "api"));
     engine = api::make_local_engine(*model, a.parallel, weights, parse_kv_dtype_flag(a.kv_dtype));
   } else {
     const device where = a.device == "auto" ? device{} : parse_device(a.device);

@@ -21,6 +21,7 @@
 #include "actors/swarm_generate.hpp"
 #include "apps/swarm_flags.hpp"
 #include "apps/commands.hpp"
+#include "apps/model_load.hpp"
 #include "kernels/backend.hpp"
 #include "model/error.hpp"
 #include "model/config.hpp"
@@ -143,7 +144,9 @@ int run_generate(const generate_options& o) {
   std::optional<transformer> model;
   std::optional<head> client_head;
   if (!o.swarm.given()) {
-    model.emplace(transformer::load(o.model, be));
+    // bf16, int8 or nf4: only those weights are kept (block by block), not
+    // the f32 parameters beside them.
+    model.emplace(load_for_decoding(o.model, be, weights, "generate"));
   } else {
     // With --swarm, --weights covers the LM head held here; the servers'
     // blocks follow their own --weights.

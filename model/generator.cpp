@@ -31,15 +31,30 @@ dtype checked_kv(dtype kv) {
 
 }  // namespace
 
+namespace {
+
+/// The stage a generator of `model` computes with: over the model's block
+/// parameters, or sharing an inference-only model's inference weights.
+stage stage_of(transformer& model) {
+  if (model.inference_only()) return stage::sharing_inference_weights(model.block_stage());
+  return stage(model.config(), 0, model.blocks(), model.backend());
+}
+
+}  // namespace
+
 generator::generator(transformer& model, std::size_t kv_budget_bytes, weight_format weights, dtype kv)
     : cfg_(model.config()),
       be_(&model.backend()),
       head_(cfg_, model.head(), model.backend()),
-      stage_(cfg_, 0, model.blocks(), model.backend()),
+      stage_(stage_of(model)),
       pool_(std::make_shared<kv_pool>(kv_budget_bytes ? kv_budget_bytes : context_budget(cfg_, kv),
                                       cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, kPageTokens,
                                       &model.backend(), checked_kv(kv))),
       hidden_(cfg_.hidden_size) {
+  if (stage_.inference_only() && weights != stage_.inference_format())
+    throw model_error(std::string("the model was loaded with ") + weight_format_name(stage_.inference_format()) +
+                      " weights for inference only; a generator of it reads those, not " +
+                      weight_format_name(weights));
   stage_.use_inference_weights(weights);
   head_.use_inference_weights(weights);
   logits_ = be_->empty({1, cfg_.vocab_size});
@@ -48,7 +63,8 @@ generator::generator(transformer& model, std::size_t kv_budget_bytes, weight_for
 }
 
 generator::generator(transformer& model, const generator& weights_of, std::size_t kv_budget_bytes, dtype kv)
-    : generator(model, kv_budget_bytes, weight_format::f32, kv) {
+    : generator(model, kv_budget_bytes,
+                model.inference_only() ? model.block_stage().inference_format() : weight_format::f32, kv) {
   stage_.share_inference_weights(weights_of.stage_);
   head_.share_inference_weights(weights_of.head_);
 }

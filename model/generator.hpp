@@ -95,7 +95,10 @@ class generator {
   /// stage::use_inference_weights and head::use_inference_weights; norms,
   /// biases and embeddings stay f32). The copies are a snapshot of
   /// the model's parameters at construction and live next to them (the
-  /// model keeps its f32 weights). `kv` is the KV cache's element type:
+  /// model keeps its f32 weights). A model loaded for inference only
+  /// (transformer::load_inference) has no f32 block weights: its generators
+  /// read its inference weights (shared), and `weights` must be their
+  /// format (model_error otherwise). `kv` is the KV cache's element type:
   /// f32, or bf16/f16 (half the cache memory; keys and values rounded once
   /// as they are stored). Throws model_error for another KV dtype.
   explicit generator(transformer& model, std::size_t kv_budget_bytes = 0,

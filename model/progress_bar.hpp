@@ -30,8 +30,10 @@ class progress_bar {
     const long filled = total > 0 ? width * std::min(done, total) / total : width;
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar.resize(width, '.');
+    // An empty view's data() may be null, which %.*s must not be given.
+    const char* text = detail.empty() ? "" : detail.data();
     std::fprintf(stderr, "\r\033[K%.*s [%s] %ld/%ld%s%.*s", static_cast<int>(label.size()), label.data(), bar.c_str(),
-                 done, total, detail.empty() ? "" : "  ", static_cast<int>(detail.size()), detail.data());
+                 done, total, detail.empty() ? "" : "  ", static_cast<int>(detail.size()), text);
     std::fflush(stderr);
     drawn_ = true;
   }

@@ -70,6 +70,17 @@ stage stage::inference_of(const model_config& cfg, int first, const std::vector<
                          [&](int i) { return params[static_cast<std::size_t>(i)]; });
 }
 
+stage stage::sharing_inference_weights(const stage& other) {
+  if (other.inference_format_ == weight_format::f32 || other.inference_weights_.empty())
+    throw tensor_error("stage::sharing_inference_weights: the other stage holds no inference weights (f32 weights are "
+                       "its parameters)");
+  stage s(other.cfg_, other.first_, other.first_, *other.be_);
+  s.inference_weights_ = other.inference_weights_;  // Tensor copies share storage
+  s.blocks_ = other.blocks_;
+  s.inference_format_ = other.inference_format_;
+  return s;
+}
+
 stage stage::inference_stage(const model_config& cfg, int first, int n, Backend& be, weight_format f,
                              const std::function<param_set(int i)>& block_params,
                              const std::function<void(int done, int total)>& on_block) {

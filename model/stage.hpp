@@ -74,6 +74,12 @@ class stage {
   /// Throws as load_inference.
   static stage inference_of(const model_config& cfg, int first, const std::vector<param_set>& params, Backend& be,
                             weight_format f);
+  /// An inference-only stage over `other`'s blocks reading `other`'s
+  /// inference weights (shared, not copied) with scratch of its own: a
+  /// second decoder of an inference-only model (a generator per request).
+  /// Throws tensor_error when `other` holds no inference weights (f32: give
+  /// the parameters to the constructor instead).
+  static stage sharing_inference_weights(const stage& other);
 
   stage(stage&&) noexcept = default;
   stage& operator=(stage&&) noexcept = default;

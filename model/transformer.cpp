@@ -103,6 +103,17 @@ transformer transformer::load(const std::filesystem::path& dir, Backend& be) {
   return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
 }
 
+transformer transformer::load_inference(const std::filesystem::path& dir, Backend& be, weight_format f,
+                                       const std::function<void(int done, int total)>& on_block) {
+  if (f == weight_format::f32)
+    throw tensor_error("transformer::load_inference: f32 weights are the parameters (use transformer::load)");
+  model_config cfg = load_config(dir);
+  checkpoint ck = checkpoint::open(dir);
+  class head h = head::load(ck, cfg, be);
+  class stage s = stage::load_inference(ck, cfg, 0, cfg.n_layers, be, f, on_block);
+  return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
+}
+
 transformer transformer::init_with(const model_config& cfg, std::uint64_t seed, Backend& be,
                                    bool tiled) {
   cfg.validate();
@@ -169,7 +180,15 @@ transformer transformer::init_tiled(const model_config& cfg, std::uint64_t seed,
 const model_config& transformer::config() const { return impl_->cfg; }
 Backend& transformer::backend() const { return *impl_->be; }
 param_set& transformer::head() { return impl_->head_part.params(); }
-std::vector<param_set>& transformer::blocks() { return impl_->block_span.params(); }
+std::vector<param_set>& transformer::blocks() {
+  if (inference_only())
+    throw tensor_error("transformer::blocks: this model was loaded for inference only (" +
+                       std::string(weight_format_name(impl_->block_span.inference_format())) +
+                       " weights; its f32 block parameters were not kept)");
+  return impl_->block_span.params();
+}
+const class stage& transformer::block_stage() const { return impl_->block_span; }
+bool transformer::inference_only() const { return impl_->block_span.inference_only(); }
 
 std::vector<param_group> transformer::groups() {
   std::vector<param_group> out;

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -46,6 +47,19 @@ class transformer {
   /// device backend the parameters are read on the host, then copied to the
   /// backend's device (the host holds the whole model meanwhile).
   static transformer load(const std::filesystem::path& dir, Backend& be);
+  /// Loads `dir` for inference only, its blocks' linear weights in format
+  /// `f` (bf16, int8 or nf4): each block's f32 parameters are read, turned
+  /// into `f` weights on the backend and let go before the next block is
+  /// read (stage::load_inference), so the model holds the `f` weights, the
+  /// blocks' norms and biases, and the head (embeddings, final norm, LM
+  /// head) in f32, and the load peaks at that plus one block of f32: a 13B
+  /// model in bf16 takes 26 GB, not the 52 GB of its f32 parameters beside
+  /// the copies. `on_block(done, total)` after each block (a progress bar).
+  /// Such a model decodes (generator, in format `f` only) but does not
+  /// train: blocks(), groups() and the training passes throw tensor_error.
+  /// Throws tensor_error for f32 (use load), model_error as load.
+  static transformer load_inference(const std::filesystem::path& dir, Backend& be, weight_format f,
+                                    const std::function<void(int done, int total)>& on_block = {});
   /// A model with parameters set to the GPT-2 initialisation
   /// (weights ~ N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
   /// norms 1, biases 0), deterministic for `seed`. Parameters live where
@@ -67,7 +81,13 @@ class transformer {
   const model_config& config() const;
   Backend& backend() const;
   param_set& head();
+  /// The blocks' parameters; throws tensor_error on an inference-only model.
   std::vector<param_set>& blocks();
+  /// The blocks as one stage (what a generator reads: their parameters, or
+  /// an inference-only model's inference weights).
+  const class stage& block_stage() const;
+  /// Whether load_inference made this model (no f32 block parameters).
+  bool inference_only() const;
   /// Every parameter set with its gradient buffer (allocated on first call).
   std::vector<param_group> groups();
   /// Zeroes every gradient buffer (and, as stage::zero_grads, says the

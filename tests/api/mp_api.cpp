@@ -173,6 +173,44 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   testing::check_one_error(error_of({"--local", "--parallel", "0"}), "--parallel must be at least 1");
 }
 
+TEST_CASE("corolla api --local --weights int8 holds only the int8 blocks and answers as corolla generate does") {
+  testing::temp_dir_guard dir("api-int8");
+  testing::tiny_model_options o;
+  o.vocab = 128;
+  o.max_positions = 128;
+  o.sentencepiece_tokenizer = true;
+  testing::write_tiny_model(dir.path(), o);
+  const std::string model = dir.path().string();
+  const std::string prompt = "the cat and the dog";
+  const int max_tokens = 16;
+  const auto local = testing::run_corolla({"generate", "--model", model, "--prompt", prompt, "--max-new-tokens",
+                                           std::to_string(max_tokens), "--weights", "int8"},
+                                          60s);
+  REQUIRE_MESSAGE(local.exit_code == 0, local.err);
+  REQUIRE(local.out.size() > 1);
+  const std::string want = local.out.substr(0, local.out.size() - 1);  // generate ends the text with a newline
+
+  auto [api, port] = start_api(model, {"--local", "--weights", "int8", "--parallel", "2"});
+  // Loaded block by block as int8 (i8 in logs, as on the wire), its f32 parameters let go.
+  INFO("api stderr: " << api.err());
+  CHECK(api.err().find("api: " + std::to_string(o.layers) + " blocks loaded as i8 weights (f32 parameters not kept)") !=
+        std::string::npos);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  const json body = {{"model", dir.path().filename().string()},
+                     {"prompt", prompt},
+                     {"max_tokens", max_tokens},
+                     {"temperature", 0}};
+  for (int i = 0; i < 2; ++i) {  // either slot: the second generator reads the first's weights
+    auto res = c.Post("/v1/completions", body.dump(), "application/json");
+    REQUIRE(res);
+    REQUIRE_MESSAGE(res->status == 200, res->body);
+    CHECK(json::parse(res->body)["choices"][0]["text"] == want);
+  }
+  api.signal(SIGTERM);
+  CHECK(api.wait(10s) == 0);
+}
+
 TEST_CASE("corolla bench api runs every part on a tiny model and finds the same text both ways") {
   testing::temp_dir_guard dir("api-bench");
   api::write_chat_model(dir.path());

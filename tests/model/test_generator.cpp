@@ -234,6 +234,48 @@ TEST_CASE("generators of one model share the first one's inference weights and g
   CHECK_THROWS_AS(generator(f.model, theirs), tensor_error);
 }
 
+TEST_CASE("a model loaded for inference only generates as one that kept its f32 parameters, and refuses training") {
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    fixture f(arch);
+    const std::vector<std::int32_t> prompt = ids(9);
+    generation_params p;
+    p.max_new_tokens = 12;
+    p.ignore_eos = true;
+    for (weight_format w : {weight_format::bf16, weight_format::int8, weight_format::nf4}) {
+      CAPTURE(weight_format_name(w));
+      transformer lean = transformer::load_inference(f.dir.path(), cpu_backend(), w);
+      CHECK(lean.inference_only());
+      CHECK_FALSE(f.model.inference_only());
+      CHECK(lean.block_stage().params().empty());
+      CHECK(lean.block_stage().inference_format() == w);
+      CHECK(lean.block_stage().size() == f.model.config().n_layers);
+      // The same tokens as a generator converting the f32 model's weights,
+      // and a second generator of the lean model reads its weights.
+      generator kept(f.model, 0, w);
+      const auto want = kept.generate(prompt, p).tokens;
+      auto first = std::make_unique<generator>(lean, 0, w);
+      CHECK(first->generate(prompt, p).tokens == want);
+      generator sibling(lean, *first, 0);
+      CHECK(sibling.weights() == w);
+      const auto& mine = sibling.blocks().inference_block_weights();
+      const auto& model_weights = lean.block_stage().inference_block_weights();
+      REQUIRE(mine.size() == model_weights.size());
+      for (std::size_t i = 0; i < mine.size(); ++i) CHECK(mine[i].down_w.raw() == model_weights[i].down_w.raw());
+      first.reset();
+      CHECK(sibling.generate(prompt, p).tokens == want);
+      // Its weights are the only ones it has: another format, and training, are refused.
+      const weight_format other = w == weight_format::bf16 ? weight_format::int8 : weight_format::bf16;
+      CHECK_THROWS_WITH_AS(generator(lean, 0, other), doctest::Contains("loaded with"), model_error);
+      CHECK_THROWS_WITH_AS(generator(lean, 0, weight_format::f32), doctest::Contains("for inference only"),
+                           model_error);
+      CHECK_THROWS_WITH_AS(lean.blocks(), doctest::Contains("loaded for inference only"), tensor_error);
+      CHECK_THROWS_AS(lean.groups(), tensor_error);
+    }
+  }
+  CHECK_THROWS_AS(transformer::load_inference(fixture().dir.path(), cpu_backend(), weight_format::f32), tensor_error);
+}
+
 TEST_CASE("sampled generation is reproducible for a seed") {
   fixture f;
   generator gen(f.model);

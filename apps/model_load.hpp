@@ -1,0 +1,21 @@
+// apps/model_load.hpp — loading a model for local decoding (`generate`,
+// `api --local`): with f32 weights its parameters, with bf16, int8 or nf4
+// only those weights (transformer::load_inference), block by block under a
+// progress bar on a terminal.
+#pragma once
+
+#include <string>
+
+#include "kernels/backend.hpp"
+#include "kernels/weight_format.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::app {
+
+/// The model in `dir` on `be`, holding the weights decode reads in format
+/// `f`: transformer::load for f32, transformer::load_inference otherwise
+/// (no f32 block parameters kept). `who` names the command in the bar's
+/// label ("generate"). Throws as those.
+transformer load_for_decoding(const std::string& dir, Backend& be, weight_format f, const std::string& who);
+
+}  // namespace corolla::app
