@@ -21,6 +21,11 @@
 // operand of the next product; the output rows are rescaled in place.
 // Operands come from shared memory through ldmatrix (transposed for the
 // products that read a tile along its rows: P.V, dS.K, P^T.dO, dS^T.Q).
+// The tiles a block walks over are double-buffered and staged by cp.async
+// (16-bit tensors; f32 ones are converted as they are stored): at the top
+// of each step a thread waits for its own copies, one barrier makes the
+// tile the block's and frees the previous step's buffers, and the next
+// tile's copies are issued into them before this one is multiplied.
 //
 // Per lane: 32 f32 scores (and 32 of dP in the backward), D/2 output (or
 // dq) accumulators, D dk and dv accumulators in the dk/dv kernel.
@@ -29,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_mma_common.cuh"
 #include "kernels/cuda/block_smem.cuh"
 #include "kernels/cuda/mma_sync.cuh"
@@ -36,18 +42,25 @@
 namespace corolla::cuda {
 namespace {
 
-/// Shared memory of the register kernels for head size D: `tiles` 16-bit
-/// [64][D + 8] tiles, then 2 x 64 f32 row statistics.
+/// Shared memory of the register kernels for head size D: 16-bit
+/// [64][D + 8] tiles, then two buffers of 2 x 64 f32 row statistics. The
+/// tiles a kernel walks over (K and V in the forward and dq, Q and dO in
+/// dk/dv) are double-buffered: the next tile's copies fly while this one is
+/// multiplied.
 template <int D>
 struct fa_layout {
   static constexpr int ld = tile_ld<D>;
   static constexpr int tile_bytes = tile * ld * 2;
-  static constexpr int stats_bytes = 2 * tile * 4;
+  static constexpr int stats_bytes = 2 * 2 * tile * 4;
   static_assert(D % 16 == 0, "head sizes are whole 16-column steps");
   static_assert(ld * 2 % 16 == 0, "ldmatrix rows stay 16-byte aligned");
   __host__ __device__ static constexpr std::size_t bytes(int tiles) {
     return static_cast<std::size_t>(tiles) * tile_bytes + stats_bytes;
   }
+  /// The forward's block: Q and two K, V pairs.
+  static constexpr std::size_t forward_bytes = bytes(5);
+  /// dq's (Q, dO and two K, V pairs) and dk/dv's (K, V and two Q, dO pairs).
+  static constexpr std::size_t backward_bytes = bytes(6);
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -155,6 +168,29 @@ __device__ __forceinline__ void fa_write_rows(T* dst, const float (&acc)[D / 8][
     for (int n = 0; n < D / 8; ++n) store2(row + 8 * n, acc[n][2 * half] * factor, acc[n][2 * half + 1] * factor);
   }
 }
+
+/// Stages rows [t0, t0 + 64) of head `head` into dst as load_tile does,
+/// but a 16-bit tensor's rows go by cp.async: they land at the wait that
+/// retires this thread's group (async_commit after the call) and are the
+/// block's after a barrier. f32 rows are converted and stored at once; rows
+/// past the sequence are zeroed at once.
+template <int D, class T>
+__device__ __forceinline__ void fa_stage_tile(tile_t<T>* dst, const T* src, std::int64_t b, std::int64_t seq,
+                                              std::int64_t t0, std::int64_t width, std::int64_t head) {
+  if constexpr (std::is_same_v<T, float>) {
+    load_tile<D>(dst, src, b, seq, t0, width, head);
+  } else {
+    constexpr int ld = tile_ld<D>, octs = D / 8;  // 16 bytes of 16-bit values
+    for (int e = threadIdx.x; e < tile * octs; e += threads) {
+      const int r = e / octs, c = (e % octs) * 8;
+      const std::int64_t t = t0 + r;
+      if (t < seq)
+        async_copy16(dst + r * ld + c, src + (b * seq + t) * width + head * D + c);
+      else
+        *reinterpret_cast<uint4*>(dst + r * ld + c) = uint4{0u, 0u, 0u, 0u};
+    }
+  }
+}
 #endif
 
 template <int D, class T>
@@ -165,9 +201,9 @@ __global__ void __launch_bounds__(threads) fa_forward_kernel(mma_args<T> a) {
   COROLLA_BLOCK_SMEM(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, c = lane & 3;
-  auto* qs = reinterpret_cast<M*>(smem);
-  auto* ks = reinterpret_cast<M*>(smem + L::tile_bytes);
-  auto* vs = reinterpret_cast<M*>(smem + 2 * L::tile_bytes);
+  // Tiles: Q, then buffer i's K at 1 + 2i and V at 2 + 2i.
+  const auto tile_at = [&](int i) { return reinterpret_cast<M*>(smem + i * L::tile_bytes); };
+  M* qs = tile_at(0);
 
   const std::int64_t bh = blockIdx.x, b = bh / a.g.hq, h = bh % a.g.hq, kvh = h / a.g.group;
   // The longest walks (last query tiles) first.
@@ -183,11 +219,22 @@ __global__ void __launch_bounds__(threads) fa_forward_kernel(mma_args<T> a) {
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
   const std::int64_t last = q0 + tile - 1 < seq - 1 ? q0 + tile - 1 : seq - 1;
-  for (std::int64_t k0 = 0; k0 <= last; k0 += tile) {
-    __syncthreads();  // the previous tile's readers are done (and qs is visible)
-    load_tile<D>(ks, a.k, b, seq, k0, a.g.kv_width, kvh);
-    load_tile<D>(vs, a.v, b, seq, k0, a.g.kv_width, kvh);
+  fa_stage_tile<D>(tile_at(1), a.k, b, seq, 0, a.g.kv_width, kvh);
+  fa_stage_tile<D>(tile_at(2), a.v, b, seq, 0, a.g.kv_width, kvh);
+  async_commit();
+  int buf = 0;
+  for (std::int64_t k0 = 0; k0 <= last; k0 += tile, buf ^= 1) {
+    async_wait<0>();  // this thread's copies of this tile have landed
+    // ... everyone's too; and every warp is done with the previous tile,
+    // whose buffers the next tile's copies now take (qs is visible too).
     __syncthreads();
+    if (k0 + tile <= last) {
+      fa_stage_tile<D>(tile_at(3 - 2 * buf), a.k, b, seq, k0 + tile, a.g.kv_width, kvh);
+      fa_stage_tile<D>(tile_at(4 - 2 * buf), a.v, b, seq, k0 + tile, a.g.kv_width, kvh);
+      async_commit();
+    }
+    const M* ks = tile_at(1 + 2 * buf);
+    const M* vs = tile_at(2 + 2 * buf);
     float s[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -262,11 +309,11 @@ __global__ void __launch_bounds__(threads) fa_dq_kernel(mma_args<T> a) {
   COROLLA_BLOCK_SMEM(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, c = lane & 3;
-  auto* qs = reinterpret_cast<M*>(smem);
-  auto* gs = reinterpret_cast<M*>(smem + L::tile_bytes);
-  auto* ks = reinterpret_cast<M*>(smem + 2 * L::tile_bytes);
-  auto* vs = reinterpret_cast<M*>(smem + 3 * L::tile_bytes);
-  auto* lse2 = reinterpret_cast<float*>(smem + 4 * L::tile_bytes);
+  // Tiles: Q, dO, then buffer i's K at 2 + 2i and V at 3 + 2i.
+  const auto tile_at = [&](int i) { return reinterpret_cast<M*>(smem + i * L::tile_bytes); };
+  M* qs = tile_at(0);
+  M* gs = tile_at(1);
+  auto* lse2 = reinterpret_cast<float*>(smem + 6 * L::tile_bytes);
   float* delta = lse2 + tile;
 
   const std::int64_t bh = blockIdx.x, b = bh / a.g.hq, h = bh % a.g.hq, kvh = h / a.g.group;
@@ -287,11 +334,20 @@ __global__ void __launch_bounds__(threads) fa_dq_kernel(mma_args<T> a) {
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 
   const std::int64_t last = q0 + tile - 1 < seq - 1 ? q0 + tile - 1 : seq - 1;
-  for (std::int64_t k0 = 0; k0 <= last; k0 += tile) {
-    __syncthreads();
-    load_tile<D>(ks, a.k, b, seq, k0, a.g.kv_width, kvh);
-    load_tile<D>(vs, a.v, b, seq, k0, a.g.kv_width, kvh);
-    __syncthreads();
+  fa_stage_tile<D>(tile_at(2), a.k, b, seq, 0, a.g.kv_width, kvh);
+  fa_stage_tile<D>(tile_at(3), a.v, b, seq, 0, a.g.kv_width, kvh);
+  async_commit();
+  int buf = 0;
+  for (std::int64_t k0 = 0; k0 <= last; k0 += tile, buf ^= 1) {
+    async_wait<0>();
+    __syncthreads();  // this tile is the block's; the previous one's buffers are free
+    if (k0 + tile <= last) {
+      fa_stage_tile<D>(tile_at(4 - 2 * buf), a.k, b, seq, k0 + tile, a.g.kv_width, kvh);
+      fa_stage_tile<D>(tile_at(5 - 2 * buf), a.v, b, seq, k0 + tile, a.g.kv_width, kvh);
+      async_commit();
+    }
+    const M* ks = tile_at(2 + 2 * buf);
+    const M* vs = tile_at(3 + 2 * buf);
     float s[8][4], dp[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -325,12 +381,12 @@ __global__ void __launch_bounds__(threads) fa_dkdv_kernel(mma_args<T> a) {
   COROLLA_BLOCK_SMEM(smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, c = lane & 3;
-  auto* ks = reinterpret_cast<M*>(smem);
-  auto* vs = reinterpret_cast<M*>(smem + L::tile_bytes);
-  auto* qs = reinterpret_cast<M*>(smem + 2 * L::tile_bytes);
-  auto* gs = reinterpret_cast<M*>(smem + 3 * L::tile_bytes);
-  auto* lse2 = reinterpret_cast<float*>(smem + 4 * L::tile_bytes);
-  float* delta = lse2 + tile;
+  // Tiles: K, V, then buffer i's Q at 2 + 2i and dO at 3 + 2i; after
+  // them buffer i's row statistics, lse (log2) at 2i and delta at 2i + 1.
+  const auto tile_at = [&](int i) { return reinterpret_cast<M*>(smem + i * L::tile_bytes); };
+  const auto stats_at = [&](int i) { return reinterpret_cast<float*>(smem + 6 * L::tile_bytes) + i * tile; };
+  M* ks = tile_at(0);
+  M* vs = tile_at(1);
 
   const std::int64_t bk = blockIdx.x, b = bk / a.g.hkv, kvh = bk % a.g.hkv;
   const std::int64_t k0 = std::int64_t{blockIdx.y} * tile, seq = a.seq;  // the longest walks (first key tiles) first
@@ -346,15 +402,30 @@ __global__ void __launch_bounds__(threads) fa_dkdv_kernel(mma_args<T> a) {
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
-  for (std::int64_t h = kvh * a.g.group; h < (kvh + 1) * a.g.group; ++h) {
-    // Query tiles from the key tile's own on: earlier queries see none of its keys.
-    for (std::int64_t q0 = k0; q0 < seq; q0 += tile) {
-      __syncthreads();
-      load_tile<D>(qs, a.q, b, seq, q0, a.g.q_width, h);
-      load_tile<D>(gs, a.dout, b, seq, q0, a.g.q_width, h);
-      load_stats(lse2, a.lse, b, h, a.g.hq, seq, q0, log2e);
-      load_stats(delta, a.delta, b, h, a.g.hq, seq, q0, 1.0f);
-      __syncthreads();
+  // The walk: every query head of the group, and in each the query tiles
+  // from the key tile's own on (earlier queries see none of its keys),
+  // as one sequence of steps whose tiles are staged a step ahead.
+  const std::int64_t q_tiles = (seq - k0 + tile - 1) / tile, steps = a.g.group * q_tiles;
+  const auto stage_step = [&](std::int64_t step, int buf) {
+    const std::int64_t h = kvh * a.g.group + step / q_tiles, q0 = k0 + (step % q_tiles) * tile;
+    fa_stage_tile<D>(tile_at(2 + 2 * buf), a.q, b, seq, q0, a.g.q_width, h);
+    fa_stage_tile<D>(tile_at(3 + 2 * buf), a.dout, b, seq, q0, a.g.q_width, h);
+    load_stats(stats_at(2 * buf), a.lse, b, h, a.g.hq, seq, q0, log2e);
+    load_stats(stats_at(2 * buf + 1), a.delta, b, h, a.g.hq, seq, q0, 1.0f);
+    async_commit();
+  };
+  stage_step(0, 0);
+  for (std::int64_t step = 0; step < steps; ++step) {
+    const int buf = static_cast<int>(step & 1);
+    async_wait<0>();
+    __syncthreads();  // this step's tiles are the block's; the previous step's buffers are free
+    if (step + 1 < steps) stage_step(step + 1, buf ^ 1);
+    {
+      const std::int64_t q0 = k0 + (step % q_tiles) * tile;
+      const M* qs = tile_at(2 + 2 * buf);
+      const M* gs = tile_at(3 + 2 * buf);
+      const float* lse2 = stats_at(2 * buf);
+      const float* delta = stats_at(2 * buf + 1);
       float st[8][4], dpt[8][4];  // S^T and dP^T: this warp's 16 keys x the tile's 64 queries
 #pragma unroll
       for (int j = 0; j < 8; ++j)

@@ -128,7 +128,7 @@ bool attention_mma_supported(const attention_dims& g, std::initializer_list<cons
   const bool fa = mma_attention_kernels_in_use() == mma_attention_kernels::fa;
   if (!dispatch_heads(g.dh, [&](auto d) {
         constexpr int D = decltype(d)::value;
-        smem = fa ? fa_layout<D>::bytes(4) : layout<D>::bytes(4);
+        smem = fa ? fa_layout<D>::backward_bytes : layout<D>::bytes(4);
       }))
     return false;
   for (const void* p : pointers)
@@ -186,7 +186,7 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const vo
     launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
       if (fa) {
-        const std::size_t smem = fa_layout<D>::bytes(3);
+        const std::size_t smem = fa_layout<D>::forward_bytes;
         allow_smem(fa_forward_kernel<D, T>, smem);  // once per device (the limit is per device)
         fa_forward_kernel<D, T><<<grid, threads, smem, s>>>(a);
         COROLLA_CUDA_LAUNCH_CHECK("fa_forward_kernel");
@@ -221,7 +221,7 @@ bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const v
     launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
       if (fa) {
-        const std::size_t smem = fa_layout<D>::bytes(4);
+        const std::size_t smem = fa_layout<D>::backward_bytes;
         allow_smem(fa_dq_kernel<D, T>, smem);
         allow_smem(fa_dkdv_kernel<D, T>, smem);
         fa_dq_kernel<D, T><<<q_grid, threads, smem, s>>>(a);

@@ -184,9 +184,9 @@ void launch_kernels(const geometry& c, const mma_args<T>& a, family f) {
   const auto bq = static_cast<unsigned>(c.batch * c.hq), bkv = static_cast<unsigned>(c.batch * c.hkv);
   if (f == family::fa) {
     using L = cuda::fa_layout<D>;
-    emulated::launch(&cuda::fa_forward_kernel<D, T>, {bq, tiles, cuda::threads, L::bytes(3)}, a);
-    emulated::launch(&cuda::fa_dq_kernel<D, T>, {bq, tiles, cuda::threads, L::bytes(4)}, a);
-    emulated::launch(&cuda::fa_dkdv_kernel<D, T>, {bkv, tiles, cuda::threads, L::bytes(4)}, a);
+    emulated::launch(&cuda::fa_forward_kernel<D, T>, {bq, tiles, cuda::threads, L::forward_bytes}, a);
+    emulated::launch(&cuda::fa_dq_kernel<D, T>, {bq, tiles, cuda::threads, L::backward_bytes}, a);
+    emulated::launch(&cuda::fa_dkdv_kernel<D, T>, {bkv, tiles, cuda::threads, L::backward_bytes}, a);
     return;
   }
   emulated::launch(&cuda::mma_forward_kernel<D, T>, {bq, tiles, cuda::threads, layout<D>::bytes(3)}, a);
