@@ -191,6 +191,16 @@ __device__ __forceinline__ void fa_stage_tile(tile_t<T>* dst, const T* src, std:
     }
   }
 }
+
+/// Stages key tile k0 of key/value head kvh, K into k_dst and V into v_dst
+/// (fa_stage_tile), as one cp.async group.
+template <int D, class T>
+__device__ __forceinline__ void fa_stage_kv(tile_t<T>* k_dst, tile_t<T>* v_dst, const mma_args<T>& a, std::int64_t b,
+                                            std::int64_t kvh, std::int64_t k0) {
+  fa_stage_tile<D>(k_dst, a.k, b, a.seq, k0, a.g.kv_width, kvh);
+  fa_stage_tile<D>(v_dst, a.v, b, a.seq, k0, a.g.kv_width, kvh);
+  async_commit();
+}
 #endif
 
 template <int D, class T>
@@ -219,20 +229,14 @@ __global__ void __launch_bounds__(threads) fa_forward_kernel(mma_args<T> a) {
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
   const std::int64_t last = q0 + tile - 1 < seq - 1 ? q0 + tile - 1 : seq - 1;
-  fa_stage_tile<D>(tile_at(1), a.k, b, seq, 0, a.g.kv_width, kvh);
-  fa_stage_tile<D>(tile_at(2), a.v, b, seq, 0, a.g.kv_width, kvh);
-  async_commit();
+  fa_stage_kv<D>(tile_at(1), tile_at(2), a, b, kvh, 0);
   int buf = 0;
   for (std::int64_t k0 = 0; k0 <= last; k0 += tile, buf ^= 1) {
     async_wait<0>();  // this thread's copies of this tile have landed
     // ... everyone's too; and every warp is done with the previous tile,
     // whose buffers the next tile's copies now take (qs is visible too).
     __syncthreads();
-    if (k0 + tile <= last) {
-      fa_stage_tile<D>(tile_at(3 - 2 * buf), a.k, b, seq, k0 + tile, a.g.kv_width, kvh);
-      fa_stage_tile<D>(tile_at(4 - 2 * buf), a.v, b, seq, k0 + tile, a.g.kv_width, kvh);
-      async_commit();
-    }
+    if (k0 + tile <= last) fa_stage_kv<D>(tile_at(3 - 2 * buf), tile_at(4 - 2 * buf), a, b, kvh, k0 + tile);
     const M* ks = tile_at(1 + 2 * buf);
     const M* vs = tile_at(2 + 2 * buf);
     float s[8][4];
@@ -334,18 +338,12 @@ __global__ void __launch_bounds__(threads) fa_dq_kernel(mma_args<T> a) {
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 
   const std::int64_t last = q0 + tile - 1 < seq - 1 ? q0 + tile - 1 : seq - 1;
-  fa_stage_tile<D>(tile_at(2), a.k, b, seq, 0, a.g.kv_width, kvh);
-  fa_stage_tile<D>(tile_at(3), a.v, b, seq, 0, a.g.kv_width, kvh);
-  async_commit();
+  fa_stage_kv<D>(tile_at(2), tile_at(3), a, b, kvh, 0);
   int buf = 0;
   for (std::int64_t k0 = 0; k0 <= last; k0 += tile, buf ^= 1) {
     async_wait<0>();
     __syncthreads();  // this tile is the block's; the previous one's buffers are free
-    if (k0 + tile <= last) {
-      fa_stage_tile<D>(tile_at(4 - 2 * buf), a.k, b, seq, k0 + tile, a.g.kv_width, kvh);
-      fa_stage_tile<D>(tile_at(5 - 2 * buf), a.v, b, seq, k0 + tile, a.g.kv_width, kvh);
-      async_commit();
-    }
+    if (k0 + tile <= last) fa_stage_kv<D>(tile_at(4 - 2 * buf), tile_at(5 - 2 * buf), a, b, kvh, k0 + tile);
     const M* ks = tile_at(2 + 2 * buf);
     const M* vs = tile_at(3 + 2 * buf);
     float s[8][4], dp[8][4];
