@@ -42,7 +42,7 @@ stage stage_of(transformer& model) {
 
 }  // namespace
 
-generator::generator(transformer& model, std::size_t kv_budget_bytes, weight_format weights, dtype kv)
+generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype kv, bare)
     : cfg_(model.config()),
       be_(&model.backend()),
       head_(cfg_, model.head(), model.backend()),
@@ -51,20 +51,23 @@ generator::generator(transformer& model, std::size_t kv_budget_bytes, weight_for
                                       cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, kPageTokens,
                                       &model.backend(), checked_kv(kv))),
       hidden_(cfg_.hidden_size) {
+  logits_ = be_->empty({1, cfg_.vocab_size});
+  host_logits_ = be_->dev().kind == device_kind::cpu ? logits_
+                                                      : Tensor::empty({1, cfg_.vocab_size});
+}
+
+generator::generator(transformer& model, std::size_t kv_budget_bytes, weight_format weights, dtype kv)
+    : generator(model, kv_budget_bytes, kv, bare{}) {
   if (stage_.inference_only() && weights != stage_.inference_format())
     throw model_error(std::string("the model was loaded with ") + weight_format_name(stage_.inference_format()) +
                       " weights for inference only; a generator of it reads those, not " +
                       weight_format_name(weights));
   stage_.use_inference_weights(weights);
   head_.use_inference_weights(weights);
-  logits_ = be_->empty({1, cfg_.vocab_size});
-  host_logits_ = be_->dev().kind == device_kind::cpu ? logits_
-                                                      : Tensor::empty({1, cfg_.vocab_size});
 }
 
 generator::generator(transformer& model, const generator& weights_of, std::size_t kv_budget_bytes, dtype kv)
-    : generator(model, kv_budget_bytes,
-                model.inference_only() ? model.block_stage().inference_format() : weight_format::f32, kv) {
+    : generator(model, kv_budget_bytes, kv, bare{}) {
   stage_.share_inference_weights(weights_of.stage_);
   head_.share_inference_weights(weights_of.head_);
 }

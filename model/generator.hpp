@@ -145,6 +145,11 @@ class generator {
   const head& output_head() const { return head_; }
 
  private:
+  struct bare {};
+  /// What both public constructors share: the head, the stage (over the
+  /// model's parameters, or sharing an inference-only model's weights),
+  /// the KV cache and the buffers; no inference weights made or shared yet.
+  generator(transformer& model, std::size_t kv_budget_bytes, dtype kv, bare);
   /// Embeds `ids` at positions start.., runs the blocks, and leaves the
   /// logits of the last row in logits_ (host). Throws on a full cache.
   void step(std::span<const std::int32_t> ids, std::int64_t start, kv_sequence& kv);
