@@ -191,6 +191,7 @@ const class stage& transformer::block_stage() const { return impl_->block_span; 
 bool transformer::inference_only() const { return impl_->block_span.inference_only(); }
 
 std::vector<param_group> transformer::groups() {
+  (void)blocks();  // an inference-only model has none: throws before the head's gradients are made
   std::vector<param_group> out;
   out.push_back({&impl_->head_part.params(), &impl_->head_part.grads()});
   auto& grads = impl_->block_span.grads();
@@ -248,6 +249,9 @@ Tensor transformer::forward_logits(std::span<const std::int32_t> ids) {
 // ---- save -------------------------------------------------------------------------
 
 void transformer::save(const std::filesystem::path& dir) const {
+  if (inference_only())
+    throw tensor_error("transformer::save: this model was loaded for inference only; its f32 block parameters, "
+                       "what a checkpoint holds, were not kept");
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -56,7 +56,8 @@ class transformer {
   /// model in bf16 takes 26 GB, not the 52 GB of its f32 parameters beside
   /// the copies. `on_block(done, total)` after each block (a progress bar).
   /// Such a model decodes (generator, in format `f` only) but does not
-  /// train: blocks(), groups() and the training passes throw tensor_error.
+  /// train or save: blocks(), groups(), save() and the training passes
+  /// throw tensor_error.
   /// Throws tensor_error for f32 (use load), model_error as load.
   static transformer load_inference(const std::filesystem::path& dir, Backend& be, weight_format f,
                                     const std::function<void(int done, int total)>& on_block = {});

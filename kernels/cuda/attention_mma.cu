@@ -101,7 +101,8 @@ bool compiled_for_tensor_cores() {
 
 /// Whether blocks with `bytes` of dynamic shared memory fit the current
 /// device's opt-in limit (227 KiB on sm_90, 163 on sm_80, but 99 on sm_86,
-/// sm_89 and sm_120: head size 128's backward needs 102.5 KiB).
+/// sm_89 and sm_120: head size 128's backward needs 103 KiB with the
+/// register kernels, 102.5 with the WMMA ones).
 bool fits_shared_memory(std::size_t bytes) {
   int dev = 0, optin = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||

@@ -26,8 +26,8 @@ mma_attention_kernels mma_attention_kernels_in_use();
 
 /// Whether the tensor-core kernels take this geometry and these pointers on
 /// the current device: head size 32, 64, 96 or 128, every pointer 16-byte
-/// aligned, kernels compiled for sm_80 or newer (bf16 WMMA) in this binary,
-/// and their shared memory within the device's limit. Otherwise the
+/// aligned, kernels compiled for sm_80 or newer (bf16 tensor cores) in this
+/// binary, and the family in use's shared memory within the device's limit. Otherwise the
 /// launchers below launch nothing and return false.
 bool attention_mma_supported(const attention_dims& g, std::initializer_list<const void*> pointers);
 

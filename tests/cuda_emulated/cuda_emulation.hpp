@@ -59,8 +59,10 @@
 // (until ctest's timeout) instead of failing; WMMA arguments that differ
 // between lanes are not detected (each lane uses its own); a missing
 // __syncwarp shows only when the timing exposes it (shared memory starts as
-// NaN) or under ThreadSanitizer; and nothing about speed or the hardware's
-// own rounding order.
+// NaN) or under ThreadSanitizer; a cp.async issued into a buffer before the
+// barrier that frees it, while another warp still reads it, goes unseen (the
+// copy lands only at the issuer's wait, never mid-read as it could on the
+// GPU); and nothing about speed or the hardware's own rounding order.
 #pragma once
 
 #include <array>

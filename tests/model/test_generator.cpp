@@ -271,6 +271,9 @@ TEST_CASE("a model loaded for inference only generates as one that kept its f32 
                            model_error);
       CHECK_THROWS_WITH_AS(lean.blocks(), doctest::Contains("loaded for inference only"), tensor_error);
       CHECK_THROWS_AS(lean.groups(), tensor_error);
+      CHECK_THROWS_WITH_AS(lean.save(f.dir.path() / "lean-copy"), doctest::Contains("loaded for inference only"),
+                           tensor_error);
+      CHECK_FALSE(std::filesystem::exists(f.dir.path() / "lean-copy"));
     }
   }
   CHECK_THROWS_AS(transformer::load_inference(fixture().dir.path(), cpu_backend(), weight_format::f32), tensor_error);
