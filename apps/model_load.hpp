@@ -1,7 +1,7 @@
 // apps/model_load.hpp — loading a model for local decoding (`generate`,
 // `api --local`): with f32 weights its parameters, with bf16, int8 or nf4
-// only those weights (transformer::load_inference), block by block under a
-// progress bar on a terminal.
+// only those weights (transformer::load_inference, block by block), under
+// a progress bar on a terminal either way.
 #pragma once
 
 #include <string>

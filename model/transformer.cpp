@@ -94,12 +94,13 @@ transformer::transformer(transformer&&) noexcept = default;
 transformer& transformer::operator=(transformer&&) noexcept = default;
 transformer::~transformer() = default;
 
-transformer transformer::load(const std::filesystem::path& dir, Backend& be) {
+transformer transformer::load(const std::filesystem::path& dir, Backend& be,
+                              const std::function<void(int done, int total)>& on_block) {
   model_config cfg = load_config(dir);
   checkpoint ck = checkpoint::open(dir);
   // Both place their parameters on the backend's device.
   class head h = head::load(ck, cfg, be);
-  class stage s = stage::load(ck, cfg, 0, cfg.n_layers, be);
+  class stage s = stage::load(ck, cfg, 0, cfg.n_layers, be, on_block);
   return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
 }
 

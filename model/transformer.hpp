@@ -46,7 +46,9 @@ class transformer {
   /// Throws model_error for missing files, tensors or wrong shapes. With a
   /// device backend the parameters are read on the host, then copied to the
   /// backend's device (the host holds the whole model meanwhile).
-  static transformer load(const std::filesystem::path& dir, Backend& be);
+  /// `on_block(done, total)` after each block (a progress bar).
+  static transformer load(const std::filesystem::path& dir, Backend& be,
+                          const std::function<void(int done, int total)>& on_block = {});
   /// Loads `dir` for inference only, its blocks' linear weights in format
   /// `f` (bf16, int8 or nf4): each block's f32 parameters are read, turned
   /// into `f` weights on the backend and let go before the next block is
