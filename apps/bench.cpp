@@ -32,6 +32,7 @@
 #include "model/transformer.hpp"
 
 #ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/attention_mma.hpp"
 #include "kernels/cuda/bandwidth.hpp"
 #include "kernels/cuda/device.hpp"
 #endif
@@ -239,6 +240,17 @@ bandwidth_result measure_bound_bandwidth(device dev) {
 #endif
 }
 
+/// The tensor-core training attention's kernel family on `dev` ("fa", the
+/// register kernels, or "wmma"; COROLLA_ATTENTION_KERNELS), "" on the cpu.
+static std::string attention_kernels_on(device dev) {
+  if (dev.kind == device_kind::cpu) return "";
+#ifdef COROLLA_HAVE_CUDA
+  return cuda::mma_attention_kernels_in_use() == cuda::mma_attention_kernels::fa ? "fa" : "wmma";
+#else
+  throw cuda_not_built(dev);
+#endif
+}
+
 /// (bench_common.hpp)
 bool launches_early(device dev) {
 #ifdef COROLLA_HAVE_CUDA
@@ -356,6 +368,9 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
                                           std::to_string(peak_side) + "^3"},
                       {"mfu", mfu}};
   if (t.scaler().dynamic()) j["skipped_steps"] = skipped;
+  // Which tensor-core attention kernels ran (a 16-bit compute dtype or
+  // bf16 products take them), so a figure says what produced it.
+  if (const std::string family = attention_kernels_on(be.dev()); !family.empty()) j["attention_kernels"] = family;
   if (!o.json) {
     std::printf("training                %8.1f tokens/s (%.2f s per step of %d tokens)\n",
                 tokens_per_s, seconds / steps, batch * seq);
@@ -368,6 +383,9 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
                 peak / 1e9, peak_time.library.c_str(), dtype_name(peak_dtype),
                 static_cast<long long>(peak_side));
     std::printf("model FLOPs utilisation %8.1f%% (achieved / device peak)\n", 100.0 * mfu);
+    if (j.contains("attention_kernels"))
+      std::printf("attention kernels       %s (tensor-core family; COROLLA_ATTENTION_KERNELS)\n",
+                  j["attention_kernels"].get<std::string>().c_str());
     if (t.scaler().dynamic())
       std::printf("loss scaling            %d of %d timed steps skipped for overflow (no update: faster)\n",
                   skipped, steps);

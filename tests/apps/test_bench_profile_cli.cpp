@@ -51,6 +51,7 @@ TEST_CASE("bench train --profile breaks one step down by op, without it there is
   CHECK_FALSE(last_json_line(plain.out).contains("speedup_vs_f32_compute"));  // no 16-bit run to compare
   CHECK(last_json_line(plain.out)["loss_scale"] == "off");
   CHECK_FALSE(last_json_line(plain.out).contains("speed_vs_unscaled"));
+  CHECK_FALSE(last_json_line(plain.out).contains("attention_kernels"));  // CUDA only
 
   // Dynamic loss scaling in f32 is measured against the run without it.
   std::vector<std::string> scaled_args = args;
