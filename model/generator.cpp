@@ -29,10 +29,6 @@ dtype checked_kv(dtype kv) {
   return kv;
 }
 
-}  // namespace
-
-namespace {
-
 /// The stage a generator of `model` computes with: over the model's block
 /// parameters, or sharing an inference-only model's inference weights.
 stage stage_of(transformer& model) {

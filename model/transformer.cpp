@@ -182,17 +182,21 @@ const model_config& transformer::config() const { return impl_->cfg; }
 Backend& transformer::backend() const { return *impl_->be; }
 param_set& transformer::head() { return impl_->head_part.params(); }
 std::vector<param_set>& transformer::blocks() {
-  if (inference_only())
-    throw tensor_error("transformer::blocks: this model was loaded for inference only (" +
-                       std::string(weight_format_name(impl_->block_span.inference_format())) +
-                       " weights; its f32 block parameters were not kept)");
+  require_block_parameters("blocks");
   return impl_->block_span.params();
 }
 const class stage& transformer::block_stage() const { return impl_->block_span; }
 bool transformer::inference_only() const { return impl_->block_span.inference_only(); }
 
+void transformer::require_block_parameters(const char* what) const {
+  if (inference_only())
+    throw tensor_error(std::string("transformer::") + what + ": this model was loaded for inference only (" +
+                       weight_format_name(impl_->block_span.inference_format()) +
+                       " weights; its f32 block parameters were not kept)");
+}
+
 std::vector<param_group> transformer::groups() {
-  (void)blocks();  // an inference-only model has none: throws before the head's gradients are made
+  require_block_parameters("groups");  // before the head's gradients are made
   std::vector<param_group> out;
   out.push_back({&impl_->head_part.params(), &impl_->head_part.grads()});
   auto& grads = impl_->block_span.grads();
@@ -250,9 +254,7 @@ Tensor transformer::forward_logits(std::span<const std::int32_t> ids) {
 // ---- save -------------------------------------------------------------------------
 
 void transformer::save(const std::filesystem::path& dir) const {
-  if (inference_only())
-    throw tensor_error("transformer::save: this model was loaded for inference only; its f32 block parameters, "
-                       "what a checkpoint holds, were not kept");
+  require_block_parameters("save");  // a checkpoint holds the f32 parameters
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -123,6 +123,8 @@ class transformer {
   void save(const std::filesystem::path& dir) const;
 
  private:
+  /// Throws tensor_error naming `what` on an inference-only model.
+  void require_block_parameters(const char* what) const;
   struct impl;
   explicit transformer(std::unique_ptr<impl> p);
   /// init (tiled = false) and init_tiled.

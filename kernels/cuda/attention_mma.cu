@@ -48,6 +48,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -119,14 +120,18 @@ unsigned tiles_of(std::int64_t seq) { return static_cast<unsigned>((seq + tile -
 
 mma_attention_kernels mma_attention_kernels_in_use() {
   const char* e = std::getenv("COROLLA_ATTENTION_KERNELS");
-  if (e == nullptr || *e == '\0' || std::string(e) == "fa") return mma_attention_kernels::fa;
-  if (std::string(e) == "wmma") return mma_attention_kernels::wmma;
+  if (e == nullptr || std::strcmp(e, "") == 0 || std::strcmp(e, "fa") == 0) return mma_attention_kernels::fa;
+  if (std::strcmp(e, "wmma") == 0) return mma_attention_kernels::wmma;
   throw std::invalid_argument("COROLLA_ATTENTION_KERNELS='" + std::string(e) + "': expected fa or wmma");
 }
 
-bool attention_mma_supported(const attention_dims& g, std::initializer_list<const void*> pointers) {
+namespace {
+
+/// attention_mma_supported for the kernel family `family`.
+bool supported_for(mma_attention_kernels family, const attention_dims& g,
+                   std::initializer_list<const void*> pointers) {
   std::size_t smem = 0;  // the backward kernels' blocks, the larger ones
-  const bool fa = mma_attention_kernels_in_use() == mma_attention_kernels::fa;
+  const bool fa = family == mma_attention_kernels::fa;
   if (!dispatch_heads(g.dh, [&](auto d) {
         constexpr int D = decltype(d)::value;
         smem = fa ? fa_layout<D>::backward_bytes : layout<D>::bytes(4);
@@ -135,6 +140,12 @@ bool attention_mma_supported(const attention_dims& g, std::initializer_list<cons
   for (const void* p : pointers)
     if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
   return compiled_for_tensor_cores() && fits_shared_memory(smem);
+}
+
+}  // namespace
+
+bool attention_mma_supported(const attention_dims& g, std::initializer_list<const void*> pointers) {
+  return supported_for(mma_attention_kernels_in_use(), g, pointers);
 }
 
 namespace {
@@ -151,11 +162,13 @@ void dispatch_storage(elem t, F&& f) {
     f(float{});
 }
 
-/// Whether the launchers take a call of storage t on these pointers: f32,
-/// bf16 or f16, attention_mma_supported, and query tiles within gridDim.y
-/// (longer sequences take the warp kernels).
-bool launches(elem t, const attention_dims& g, std::initializer_list<const void*> pointers, std::int64_t seq) {
-  return (t == elem::f32 || t == elem::bf16 || t == elem::f16) && attention_mma_supported(g, pointers) &&
+/// Whether the launchers take a call of storage t on these pointers with
+/// kernel family `family`: f32, bf16 or f16, supported (as
+/// attention_mma_supported), and query tiles within gridDim.y (longer
+/// sequences take the warp kernels).
+bool launches(mma_attention_kernels family, elem t, const attention_dims& g,
+              std::initializer_list<const void*> pointers, std::int64_t seq) {
+  return (t == elem::f32 || t == elem::bf16 || t == elem::f16) && supported_for(family, g, pointers) &&
          (seq + tile - 1) / tile <= max_grid_y;
 }
 
@@ -175,7 +188,9 @@ mma_args<T> args_of(const void* q, const void* k, const void* v, std::int64_t se
 
 bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
                            const void* v, std::int64_t batch, std::int64_t seq, void* out, float* lse) {
-  if (!launches(t, g, {q, k, v, out}, seq)) return false;
+  const mma_attention_kernels family = mma_attention_kernels_in_use();  // read once per call
+  if (!launches(family, t, g, {q, k, v, out}, seq)) return false;
+  const bool fa = family == mma_attention_kernels::fa;
   bool launched = false;
   dispatch_storage(t, [&](auto tag) {
     using T = decltype(tag);
@@ -183,7 +198,6 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const vo
     a.out = static_cast<T*>(out);
     a.lse_w = lse;
     const dim3 grid(static_cast<unsigned>(batch * g.hq), tiles_of(seq));
-    const bool fa = mma_attention_kernels_in_use() == mma_attention_kernels::fa;
     launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
       if (fa) {
@@ -205,7 +219,9 @@ bool attention_forward_mma(stream_t s, const attention_dims& g, elem t, const vo
 bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const void* q, const void* k,
                             const void* v, const float* lse, const void* dout, const float* delta,
                             std::int64_t batch, std::int64_t seq, void* dq, void* dk, void* dv) {
-  if (!launches(t, g, {q, k, v, dout, dq, dk, dv}, seq)) return false;
+  const mma_attention_kernels family = mma_attention_kernels_in_use();  // read once per call
+  if (!launches(family, t, g, {q, k, v, dout, dq, dk, dv}, seq)) return false;
+  const bool fa = family == mma_attention_kernels::fa;
   bool launched = false;
   dispatch_storage(t, [&](auto tag) {
     using T = decltype(tag);
@@ -218,7 +234,6 @@ bool attention_backward_mma(stream_t s, const attention_dims& g, elem t, const v
     a.dv = static_cast<T*>(dv);
     const dim3 q_grid(static_cast<unsigned>(batch * g.hq), tiles_of(seq));
     const dim3 kv_grid(static_cast<unsigned>(batch * g.hkv), tiles_of(seq));
-    const bool fa = mma_attention_kernels_in_use() == mma_attention_kernels::fa;
     launched = dispatch_heads(g.dh, [&](auto d) {
       constexpr int D = decltype(d)::value;
       if (fa) {
