@@ -4,6 +4,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include <caf/actor_system_config.hpp>
+
 #include "actors/errors.hpp"
 #include "api/openai_request.hpp"
 #include "model/error.hpp"
@@ -80,6 +82,72 @@ class local_engine final : public completion_engine {
   std::vector<std::unique_ptr<generator>> generators_;
 };
 
+/// Tokens of KV cache for `slots` whole contexts, in pages of `page_tokens`.
+std::int64_t contexts_of(const model_config& cfg, int slots, int page_tokens) {
+  const std::int64_t pages = (cfg.max_positions + page_tokens - 1) / page_tokens;
+  return std::int64_t{slots} * pages * page_tokens;
+}
+
+/// The blocks of `model` with `slots` contexts of KV cache (taken as
+/// sessions grow), reading `weights`.
+span_engine local_span_engine(transformer& model, int slots, weight_format weights, dtype kv) {
+  if (!is_float_dtype(kv))
+    throw model_error(std::string("the KV cache is f32, bf16 or f16, not ") + dtype_name(kv));
+  stage blocks = model.decoding_stage();
+  if (blocks.inference_only() && weights != blocks.inference_format())
+    throw model_error(std::string("the model was loaded with ") + weight_format_name(blocks.inference_format()) +
+                      " weights for inference only; it decodes with those, not " + weight_format_name(weights));
+  span_engine_options o;
+  o.kv_dtype = kv;
+  o.cache_allocation = kv_allocation::lazy;
+  o.weights = weights;
+  return span_engine(std::move(blocks), contexts_of(model.config(), slots, o.page_tokens), o);
+}
+
+/// The head of `model` reading `weights` (its LM head's inference copy).
+head local_head(transformer& model, weight_format weights) {
+  head h(model.config(), model.head(), model.backend());
+  h.use_inference_weights(weights);
+  return h;
+}
+
+/// CAF for the batcher alone: its actor is detached, so the scheduler's
+/// threads only carry the replies' bookkeeping.
+std::unique_ptr<caf::actor_system_config> batcher_system_config() {
+  auto cfg = std::make_unique<caf::actor_system_config>();
+  cfg->set("scheduler.max-threads", std::int64_t{2});
+  cfg->add_error_category(error_category, render_error);
+  return cfg;
+}
+
+/// The model in this process, its slots' decode steps batched.
+class batched_local_engine final : public completion_engine {
+ public:
+  batched_local_engine(transformer& model, int slots, weight_format weights, dtype kv)
+      : cfg_(model.config()),
+        pool_(slots),
+        system_config_(batcher_system_config()),
+        system_(*system_config_),
+        batcher_(system_, local_span_engine(model, pool_.size(), weights, kv), local_head(model, weights)) {}
+  const model_config& config() const override { return cfg_; }
+  void check_ready() override {}
+  engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                         const token_callback& on_token) override {
+    slot_lease slot(pool_);
+    return {batcher_.generate(prompt, p, on_token), 0};
+  }
+  int busy() const override { return pool_.busy(); }
+  int slots() const override { return pool_.size(); }
+  std::optional<decode_batcher_stats> batching() const override { return batcher_.stats(); }
+
+ private:
+  model_config cfg_;
+  slot_pool pool_;
+  std::unique_ptr<caf::actor_system_config> system_config_;
+  caf::actor_system system_;
+  decode_batcher batcher_;  ///< declared last: stopped before the actor system
+};
+
 class swarm_engine final : public completion_engine {
  public:
   swarm_engine(node& runtime, swarm_client_options options, head client_head, int slots, weight_format weights)
@@ -150,7 +218,9 @@ class swarm_engine final : public completion_engine {
 
 }  // namespace
 
-std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, weight_format weights, dtype kv) {
+std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, weight_format weights, dtype kv,
+                                                     local_decoding decoding) {
+  if (decoding == local_decoding::batched) return std::make_unique<batched_local_engine>(model, slots, weights, kv);
   return std::make_unique<local_engine>(model, slots, weights, kv);
 }
 

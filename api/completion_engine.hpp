@@ -2,9 +2,13 @@
 // model in this process, or a swarm of servers holding its blocks.
 //
 // Each engine serves up to `slots` requests at once; more wait for a free
-// slot in arrival order. A local slot is a generator of its own (its own
-// KV cache and workspace; the model's weights, and the bf16/int8/nf4 copies
-// the first generator makes of them, shared); a swarm slot is a swarm client and
+// slot in arrival order. Locally the slots' decode steps run together by
+// default: one actor (actors/decode_batcher.hpp) holds the model's blocks,
+// one KV pool and the head, and the one-token steps of all requests waiting
+// together go through the weights once. Without batching a local slot is a
+// generator of its own (its own KV cache and workspace; the model's
+// weights, and the bf16/int8/nf4 copies the first generator makes of them,
+// shared), each reading every weight per token. A swarm slot is a swarm client and
 // a head of its own (embeddings and LM head shared), and every request opens
 // its own session on the servers, which batch decode steps across sessions.
 // A request keeps its slot until generation ends; ending it early (a stop
@@ -15,11 +19,13 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "actors/corolla.hpp"
+#include "actors/decode_batcher.hpp"
 #include "actors/swarm_client.hpp"
 #include "actors/swarm_generate.hpp"
 #include "model/generator.hpp"
@@ -68,12 +74,24 @@ class completion_engine {
   /// Requests holding a slot now, and the number of slots.
   virtual int busy() const = 0;
   virtual int slots() const = 0;
+  /// The decode batcher's counters, for an engine that batches its slots'
+  /// steps in this process (none otherwise).
+  virtual std::optional<decode_batcher_stats> batching() const { return std::nullopt; }
 };
 
-/// The model in this process (borrowed; it must outlive the engine), one
-/// generator per slot with `weights` / `kv` as generator's.
+/// How a local engine runs its slots' decode steps.
+enum class local_decoding {
+  batched,      ///< together, through one decode_batcher (one pass over the weights per step of all)
+  per_request,  ///< a generator per slot, each on its own HTTP thread
+};
+
+/// The model in this process (borrowed; it must outlive the engine), with
+/// `weights` / `kv` as generator's and a KV budget of `slots` whole
+/// contexts. Throws model_error for a KV dtype other than f32/bf16/f16, and
+/// as generator's constructor.
 std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, weight_format weights = weight_format::f32,
-                                                     dtype kv = dtype::f32);
+                                                     dtype kv = dtype::f32,
+                                                     local_decoding decoding = local_decoding::batched);
 
 /// Through the swarm `options` describe, over `runtime` (borrowed; it and
 /// whatever options.discover reads must outlive the engine). `client_head`

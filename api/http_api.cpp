@@ -39,6 +39,9 @@ constexpr const char* kSlotsBusy = "corolla_api_slots_busy";
 constexpr const char* kSlots = "corolla_api_slots";
 constexpr const char* kFailovers = "corolla_api_failovers_total";
 constexpr const char* kDisconnects = "corolla_api_client_disconnects_total";
+constexpr const char* kBatches = "corolla_api_batches_total";
+constexpr const char* kBatchedSteps = "corolla_api_batched_steps_total";
+constexpr const char* kBatchMax = "corolla_api_batch_max";
 
 void declare_metrics(metrics_registry& m) {
   using k = metrics_registry::kind;
@@ -56,6 +59,9 @@ void declare_metrics(metrics_registry& m) {
   m.declare(kSlots, k::gauge, "Engine slots (requests generated at once).");
   m.declare(kFailovers, k::counter, "Swarm server failures recovered during requests.");
   m.declare(kDisconnects, k::counter, "Streamed requests whose client went away before the end.");
+  m.declare(kBatches, k::counter, "Batches of steps run together (a local engine that batches requests).");
+  m.declare(kBatchedSteps, k::counter, "Steps (prompts and decode steps) in those batches; over the batches: the mean batch.");
+  m.declare(kBatchMax, k::gauge, "Most steps one batch held so far.");
 }
 
 /// Everything one completion needs once validated, and its progress.
@@ -154,6 +160,11 @@ struct http_api::impl {
     });
     server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       metrics.set(kSlotsBusy, {}, engine.busy());
+      if (const auto b = engine.batching()) {
+        metrics.set_total(kBatches, {}, static_cast<double>(b->batches));
+        metrics.set_total(kBatchedSteps, {}, static_cast<double>(b->steps));
+        metrics.set(kBatchMax, {}, static_cast<double>(b->max_batch));
+      }
       res.set_content(metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
     });
     // The dashboard (api/dashboard.hpp): public like /metrics, since the

@@ -84,6 +84,17 @@ void metrics_registry::set(const std::string& name, const metric_labels& labels,
   get(name, kind::gauge).series_by_labels[labels].value = value;
 }
 
+void metrics_registry::set_total(const std::string& name, const metric_labels& labels, double value) {
+  std::lock_guard lock(mutex_);
+  family& f = get(name, kind::counter);
+  if (f.k != kind::counter) throw std::invalid_argument("metric " + name + " is not a counter");
+  double& v = f.series_by_labels[labels].value;
+  if (value < v)
+    throw std::invalid_argument("metrics: counter " + name + " cannot go down (from " + std::to_string(v) + " to " +
+                                std::to_string(value) + ")");
+  v = value;
+}
+
 void metrics_registry::observe(const std::string& name, const metric_labels& labels, double value) {
   std::lock_guard lock(mutex_);
   family& f = get(name, kind::histogram);

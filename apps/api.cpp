@@ -37,6 +37,7 @@ struct api_args {
   std::string api_key;
   std::string chat_template;
   int parallel = 4;
+  std::string batching = "on";
   int http_threads = 64;
   std::string device = "auto";
   std::string weights = "f32";
@@ -85,7 +86,8 @@ int run_api(const api_args& a) {
   if (a.local) {
     Backend& be = backend_for(parse_device(a.device));
     model.emplace(load_for_decoding(a.model, be, weights, "api"));
-    engine = api::make_local_engine(*model, a.parallel, weights, parse_kv_dtype_flag(a.kv_dtype));
+    engine = api::make_local_engine(*model, a.parallel, weights, parse_kv_dtype_flag(a.kv_dtype),
+                                    a.batching == "on" ? api::local_decoding::batched : api::local_decoding::per_request);
   } else {
     const device where = a.device == "auto" ? device{} : parse_device(a.device);
     if (where.kind != device_kind::cpu)
@@ -139,7 +141,12 @@ void register_api(CLI::App& app, action_fn& action) {
                   "Chat template: " + api::known_chat_templates() +
                       ", or a Jinja file of one of those families (default: tokenizer_config.json's)");
   cmd->add_option("--parallel", a->parallel,
-                  "Requests generated at once (each its own generator or swarm session); more wait")
+                  "Requests generated at once (with --local batched together unless --batching off; with --swarm each its own session); more wait")
+      ->capture_default_str();
+  cmd->add_option("--batching", a->batching,
+                  "With --local: on runs the requests' decode steps together (one pass over the weights for all), "
+                  "off gives each request a generator of its own")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")->capture_default_str();
   cmd->add_option("--device", a->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")

@@ -28,6 +28,7 @@
 #include "api/completion_engine.hpp"
 #include "api/http_api.hpp"
 #include "api/openai_request.hpp"
+#include "apps/bench_api_load.hpp"
 #include "apps/commands.hpp"
 #include "apps/bench_model.hpp"
 #include "apps/local_swarm.hpp"
@@ -41,89 +42,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using clock_type = std::chrono::steady_clock;
-
-struct api_bench_options {
-  std::string model_dir;
-  std::uint64_t seed = 0;
-  int servers = 2;
-  std::vector<int> clients{1, 8, 32};
-  int prompt_tokens = 16;
-  int new_tokens = 16;
-  int rounds = 3;
-  bool json_only = false;
-};
-
-double seconds_between(clock_type::time_point a, clock_type::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-/// A byte-level BPE tokenizer.json with exactly `vocab` ids: the 256 bytes,
-/// then merges of printable byte pairs, so every id the random model can
-/// generate decodes to text.
-void write_bench_tokenizer(const fs::path& dir, int vocab) {
-  const auto chars = [](int b) { return byte_level_char(static_cast<unsigned char>(b)); };
-  json v = json::object();
-  for (int b = 0; b < 256; ++b) v[chars(b)] = b;
-  json merges = json::array();
-  int id = 256;
-  for (int a = '!'; a <= '~' && id < vocab; ++a)
-    for (int b = '!'; b <= '~' && id < vocab; ++b) {
-      const std::string l = chars(a), r = chars(b);
-      merges.push_back(l + " " + r);
-      v[l + r] = id++;
-    }
-  if (id < vocab) throw std::invalid_argument("bench api: the default tokenizer covers at most " + std::to_string(id) + " ids");
-  const json tok = {{"version", "1.0"},
-                    {"added_tokens", json::array()},
-                    {"normalizer", nullptr},
-                    {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-                    {"post_processor", nullptr},
-                    {"decoder", {{"type", "ByteLevel"}}},
-                    {"model", {{"type", "BPE"}, {"vocab", v}, {"merges", merges}}}};
-  std::ofstream(dir / "tokenizer.json") << tok.dump();
-}
-
-/// What one level of concurrency measured, one way.
-struct load_result {
-  double wall_s = 0;
-  std::vector<double> first_token_s;  ///< per request
-  std::vector<double> request_s;      ///< per request
-  std::vector<std::string> texts;     ///< per request
-  int tokens = 0;                     ///< generated in all
-  int failed = 0;
-
-  /// Room for the figures of `clients` requests.
-  static load_result for_clients(int clients) {
-    load_result r;
-    const auto n = static_cast<std::size_t>(clients);
-    r.first_token_s.resize(n);
-    r.request_s.resize(n);
-    r.texts.resize(n);
-    return r;
-  }
-};
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / static_cast<double>(v.size());
-}
-
-/// Adds round `r` to the pooled figures `into`.
-void pool(load_result& into, const load_result& r) {
-  into.wall_s += r.wall_s;
-  into.tokens += r.tokens;
-  into.failed += r.failed;
-  into.first_token_s.insert(into.first_token_s.end(), r.first_token_s.begin(), r.first_token_s.end());
-  into.request_s.insert(into.request_s.end(), r.request_s.begin(), r.request_s.end());
-}
+using clock_type = bench_clock;
 
 /// `clients` requests at once, straight on the engine.
 load_result run_direct(api::completion_engine& engine, const tokenizer& tok,
@@ -156,57 +75,6 @@ load_result run_direct(api::completion_engine& engine, const tokenizer& tok,
         counts[u] = -1;
       }
       r.request_s[u] = seconds_between(start, clock_type::now());
-    });
-  for (auto& t : threads) t.join();
-  r.wall_s = seconds_between(t0, clock_type::now());
-  for (int c : counts) c < 0 ? ++r.failed : r.tokens += c;
-  return r;
-}
-
-/// `clients` streaming requests at once through the HTTP API.
-load_result run_http(int port, const std::string& model_id, const std::vector<std::vector<std::int32_t>>& prompts,
-                     int clients, int new_tokens) {
-  load_result r = load_result::for_clients(clients);
-  std::vector<int> counts(static_cast<std::size_t>(clients));
-  const auto t0 = clock_type::now();
-  std::vector<std::thread> threads;
-  for (int i = 0; i < clients; ++i)
-    threads.emplace_back([&, i] {
-      const auto u = static_cast<std::size_t>(i);
-      httplib::Client c("127.0.0.1", port);
-      c.set_read_timeout(300, 0);
-      c.set_tcp_nodelay(true);  // the body must not wait for the ACK of the headers
-      const json body = {{"model", model_id},         {"prompt", prompts[u % prompts.size()]},
-                         {"max_tokens", new_tokens},  {"temperature", 0},
-                         {"ignore_eos", true},        {"stream", true},
-                         {"stream_options", {{"include_usage", true}}}};
-      httplib::Request req;
-      req.method = "POST";
-      req.path = "/v1/completions";
-      req.body = body.dump();
-      req.set_header("Content-Type", "application/json");
-      std::string raw;
-      bool first = true;
-      const auto start = clock_type::now();
-      req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
-        if (first) r.first_token_s[u] = seconds_between(start, clock_type::now()), first = false;
-        raw.append(data, n);
-        return true;
-      };
-      auto res = c.send(req);
-      r.request_s[u] = seconds_between(start, clock_type::now());
-      if (!res || res->status != 200) {
-        std::fprintf(stderr, "bench api: request %d failed (%s)\n", i, res ? std::to_string(res->status).c_str() : "no answer");
-        counts[u] = -1;
-        return;
-      }
-      for (std::size_t at = 0; (at = raw.find("data: {", at)) != std::string::npos;) {
-        const auto end = raw.find("\n\n", at);
-        const json e = json::parse(raw.substr(at + 6, end - at - 6));
-        if (e.contains("usage") && e["usage"].is_object()) counts[u] = e["usage"]["completion_tokens"].get<int>();
-        if (e.contains("choices") && !e["choices"].empty()) r.texts[u] += e["choices"][0]["text"].get<std::string>();
-        at = end;
-      }
     });
   for (auto& t : threads) t.join();
   r.wall_s = seconds_between(t0, clock_type::now());
@@ -309,16 +177,9 @@ int run_bench_api(const api_bench_options& o) {
     };
     row("direct", direct, false);
     row("http", http, true);
-    const auto level_json = [&](const load_result& r) {
-      return json{{"requests_per_s", c * o.rounds / r.wall_s},
-                  {"tokens_per_s", r.tokens / r.wall_s},
-                  {"ttft_p50_ms", median(r.first_token_s) * 1e3},
-                  {"ttft_max_ms", *std::max_element(r.first_token_s.begin(), r.first_token_s.end()) * 1e3},
-                  {"failed", r.failed}};
-    };
     levels.push_back({{"clients", c},
-                      {"direct", level_json(direct)},
-                      {"http", level_json(http)},
+                      {"direct", direct.to_json(c * o.rounds)},
+                      {"http", http.to_json(c * o.rounds)},
                       {"http_to_direct_tokens_per_s", (http.tokens / http.wall_s) / (direct.tokens / direct.wall_s)},
                       {"overhead_ms_per_token", overhead_ms},
                       {"same_text", same}});
@@ -343,7 +204,8 @@ int run_bench_api(const api_bench_options& o) {
 void register_bench_api(CLI::App* bench, action_fn& action) {
   static api_bench_options o;
   auto* cmd = bench->add_subcommand(
-      "api", "The OpenAI-compatible API over a local swarm vs the same load on the swarm engine directly");
+      "api", "The OpenAI-compatible API over a local swarm vs the same load on the swarm engine directly "
+             "(--local: over the model in this process, batched vs a generator per request)");
   cmd->add_option("--model", o.model_dir,
                   "HuggingFace model directory with a tokenizer (default: the random ~100M-parameter bench model "
                   "with a byte-level BPE tokenizer, written to a temporary directory)");
@@ -361,8 +223,12 @@ void register_bench_api(CLI::App* bench, action_fn& action) {
   cmd->add_option("--rounds", o.rounds, "Runs of each path per level, alternating which goes first")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  cmd->add_flag("--local", o.local,
+                "The API over the model in this process instead: its decode steps batched vs a generator per request");
+  cmd->add_option("--device", o.device, "With --local: auto, cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--weights", o.weights, "With --local: f32, bf16, int8 or nf4")->capture_default_str();
   cmd->add_flag("--json", o.json_only, "Print only the JSON result line");
-  cmd->callback([&action] { action = [] { return run_bench_api(o); }; });
+  cmd->callback([&action] { action = [] { return o.local ? run_bench_api_local(o) : run_bench_api(o); }; });
 }
 
 }  // namespace corolla::app

@@ -29,20 +29,13 @@ dtype checked_kv(dtype kv) {
   return kv;
 }
 
-/// The stage a generator of `model` computes with: over the model's block
-/// parameters, or sharing an inference-only model's inference weights.
-stage stage_of(transformer& model) {
-  if (model.inference_only()) return stage::sharing_inference_weights(model.block_stage());
-  return stage(model.config(), 0, model.blocks(), model.backend());
-}
-
 }  // namespace
 
 generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype kv, bare)
     : cfg_(model.config()),
       be_(&model.backend()),
       head_(cfg_, model.head(), model.backend()),
-      stage_(stage_of(model)),
+      stage_(model.decoding_stage()),
       pool_(std::make_shared<kv_pool>(kv_budget_bytes ? kv_budget_bytes : context_budget(cfg_, kv),
                                       cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, kPageTokens,
                                       &model.backend(), checked_kv(kv))),

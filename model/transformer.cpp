@@ -188,6 +188,11 @@ std::vector<param_set>& transformer::blocks() {
 const class stage& transformer::block_stage() const { return impl_->block_span; }
 bool transformer::inference_only() const { return impl_->block_span.inference_only(); }
 
+stage transformer::decoding_stage() {
+  if (inference_only()) return stage::sharing_inference_weights(impl_->block_span);
+  return stage(config(), 0, blocks(), backend());
+}
+
 void transformer::require_block_parameters(const char* what) const {
   if (inference_only())
     throw tensor_error(std::string("transformer::") + what + ": this model was loaded for inference only (" +

@@ -89,6 +89,10 @@ class transformer {
   /// The blocks as one stage (what a generator reads: their parameters, or
   /// an inference-only model's inference weights).
   const class stage& block_stage() const;
+  /// A stage over the blocks for one more decoder (a generator, the local
+  /// API's batcher), with scratch of its own: over the blocks' parameters
+  /// (shared), or sharing an inference-only model's inference weights.
+  class stage decoding_stage();
   /// Whether load_inference made this model (no f32 block parameters).
   bool inference_only() const;
   /// Every parameter set with its gradient buffer (allocated on first call).

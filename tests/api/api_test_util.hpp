@@ -71,10 +71,10 @@ using engine_wrapper = std::function<std::unique_ptr<completion_engine>(completi
 class local_api_server {
  public:
   explicit local_api_server(const std::filesystem::path& model_dir, std::string api_key = {}, int slots = 4,
-                            const engine_wrapper& wrap = {})
+                            const engine_wrapper& wrap = {}, local_decoding decoding = local_decoding::batched)
       : model_(transformer::load(model_dir, cpu_backend())),
         tok_(load_tokenizer(model_dir)),
-        local_(make_local_engine(model_, slots)) {
+        local_(make_local_engine(model_, slots, weight_format::f32, dtype::f32, decoding)) {
     if (wrap) wrapped_ = wrap(*local_);
     api_config c;
     c.model_id = "tiny";

@@ -211,6 +211,29 @@ TEST_CASE("corolla api --local --weights int8 holds only the int8 blocks and ans
   CHECK(api.wait(10s) == 0);
 }
 
+TEST_CASE("corolla bench api --local compares batched decoding with a generator per request") {
+  testing::temp_dir_guard dir("api-bench-local");
+  api::write_chat_model(dir.path());
+  const auto r = testing::run_corolla({"bench", "api", "--local", "--model", dir.path().string(), "--clients", "1,3",
+                                       "--new-tokens", "6", "--rounds", "2", "--device", "cpu", "--json"},
+                                      120s);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  const json j = testing::last_json_line(r.out);
+  CHECK(j["bench"] == "api_local");
+  CHECK(j["same_text"] == true);
+  REQUIRE(j["levels"].size() == 2);
+  for (const auto& level : j["levels"]) {
+    CHECK(level["batched"]["failed"] == 0);
+    CHECK(level["per_request"]["failed"] == 0);
+    CHECK(level["batched"]["tokens_per_s"].get<double>() > 0);
+    CHECK(level["per_request"]["tokens_per_s"].get<double>() > 0);
+    CHECK(level["batched_to_per_request_tokens_per_s"].get<double>() > 0);
+    // Every step went through a batch of at least one.
+    CHECK(level["batched"]["mean_batch"].get<double>() >= 1.0);
+  }
+  CHECK(j["levels"][0]["batched"]["mean_batch"].get<double>() == 1.0);  // one client: batches of one
+}
+
 TEST_CASE("corolla bench api runs every part on a tiny model and finds the same text both ways") {
   testing::temp_dir_guard dir("api-bench");
   api::write_chat_model(dir.path());

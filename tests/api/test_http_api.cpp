@@ -288,7 +288,11 @@ TEST_CASE("streaming equals non-streaming, and stop sequences cut both alike") {
 TEST_CASE("concurrent requests each get the answer they would get alone") {
   testing::temp_dir_guard dir("api-concurrent");
   write_chat_model(dir.path());
-  local_api_server s(dir.path(), {}, 3);  // 3 slots for 6 requests: some wait
+  // Decode steps batched (the default) or a generator per request.
+  local_decoding decoding = local_decoding::batched;
+  SUBCASE("batched") {}
+  SUBCASE("a generator per request") { decoding = local_decoding::per_request; }
+  local_api_server s(dir.path(), {}, 3, {}, decoding);  // 3 slots for 6 requests: some wait
   const std::vector<std::string> prompts = {"the cat", "a dog", "once", "in the", "we", "the end of"};
   std::vector<std::string> alone;
   for (const auto& p : prompts)
@@ -320,6 +324,15 @@ TEST_CASE("concurrent requests each get the answer they would get alone") {
     CHECK(answers[i].get() == alone[i]);
   }
   CHECK(metric(s.port(), "corolla_api_requests_in_flight") == 0);
+  // Only a batching engine reports batches; every step went through one.
+  const double steps = metric(s.port(), "corolla_api_batched_steps_total");
+  if (decoding == local_decoding::batched) {
+    CHECK(steps > 0);
+    CHECK(metric(s.port(), "corolla_api_batches_total") <= steps);
+    CHECK(metric(s.port(), "corolla_api_batch_max") >= 1);
+  } else {
+    CHECK(steps == 0);
+  }
 }
 
 TEST_CASE("every error is an OpenAI error object with its status") {

@@ -1,0 +1,110 @@
+// actors/decode_batcher.hpp — the model in this process behind one actor
+// that runs the decode steps of many generations together.
+//
+// `corolla api --local` serves many requests at once. One generator per
+// request reads every weight once per token of each request; a decode step
+// is a matrix-vector product per projection, bound by memory bandwidth, so
+// N requests cost N passes over the weights. The batcher owns one
+// span_engine over every block (one paged KV pool, a session per
+// generation) and the head on the same backend; each generation sends its
+// steps to it as messages, and the steps waiting together run as one
+// batch: the rows embedded together, one GEMM per projection over all of
+// them (span_engine::decode_batch), the LM head over all of them, and each
+// generation gets its own row of logits back to sample from. Prompts join
+// the batch too (their rows through the same products, each attending over
+// its own cache), so a new request's prefill rides on the others' decode
+// step. A batch waits, briefly, for the generations of the last batches
+// whose next step is still on its way (schedule/decode_gathering.hpp, the
+// rule the swarm's servers use).
+//
+// Results equal one generator's per request up to GEMM rounding (a batch's
+// products sum in another order, ~1e-6): greedy text is the same except at
+// near-ties of the logits.
+//
+// The actor is detached (its own thread): its compute blocks no CAF worker.
+// generate() blocks the calling thread (an HTTP thread), which must not be
+// an actor's.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include "model/generator.hpp"
+#include "model/head.hpp"
+#include "model/span_engine.hpp"
+#include "schedule/decode_gathering.hpp"
+
+namespace corolla {
+
+/// How a decode batcher runs.
+struct decode_batcher_options {
+  /// How long a queue of one-token steps waits for the generations of the
+  /// last batches that have not sent their next step yet.
+  swarm::gathering_policy gathering{};
+  /// Most rows (tokens) one batch holds: a step that would pass it runs
+  /// the steps queued before it first, and a longer prompt runs alone.
+  std::int64_t max_batch_rows = 2048;
+};
+
+/// What a decode batcher has done (counters since it started).
+struct decode_batcher_stats {
+  std::uint64_t sessions_opened = 0;
+  std::uint64_t sessions_closed = 0;
+  std::uint64_t batches = 0;          ///< batches run
+  std::uint64_t steps = 0;            ///< steps in them (prompts and decode steps)
+  std::uint64_t decode_steps = 0;     ///< steps of one token
+  std::uint64_t prefill_steps = 0;    ///< steps of more than one token (prompts)
+  std::uint64_t prefill_tokens = 0;
+  std::uint64_t max_batch = 0;        ///< most steps one batch held
+  std::uint64_t gathering_waits = 0;  ///< batches that waited for late generations
+  std::uint64_t step_errors = 0;
+  double batch_seconds = 0;           ///< compute time of the batches
+  /// Mean steps per batch (0 before the first batch).
+  double mean_batch() const {
+    return batches == 0 ? 0.0 : static_cast<double>(steps) / static_cast<double>(batches);
+  }
+};
+
+/// One model's generations through one batching actor. Thread-safe:
+/// generate() may run on many threads at once (that is the point).
+class decode_batcher {
+ public:
+  /// Spawns the actor over `engine` (every block of the model: first() 0,
+  /// last() n_layers; its KV budget bounds the tokens of the generations
+  /// running at once) and `h` (embeddings and LM head of the same model, on
+  /// the engine's backend, with whatever inference weights it reads). Both
+  /// move into the actor. Throws std::invalid_argument for an engine that
+  /// does not cover the whole model, or a head of another shape or backend.
+  decode_batcher(caf::actor_system& system, span_engine engine, head h, decode_batcher_options options = {});
+  /// Stops the actor (generations still running fail).
+  ~decode_batcher();
+  decode_batcher(const decode_batcher&) = delete;
+  decode_batcher& operator=(const decode_batcher&) = delete;
+
+  /// The model's shape.
+  const model_config& config() const { return cfg_; }
+
+  /// Generates up to p.max_new_tokens tokens after `prompt`, with
+  /// generator::generate's validation and stop rules (generate_tokens).
+  /// Throws model_error for a bad request or a full KV cache ("KV cache
+  /// full: ..."); std::runtime_error when the computation fails or the
+  /// batcher has stopped.
+  generation_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                             const token_callback& on_token = {});
+
+  /// The counters now (asks the actor; waits for the batch it is running).
+  decode_batcher_stats stats() const;
+
+ private:
+  caf::actor_system& system_;
+  caf::actor actor_;
+  model_config cfg_;
+  std::atomic<std::uint64_t> next_session_{0};
+};
+
+}  // namespace corolla

@@ -1,0 +1,158 @@
+// The local decode batcher (actors/decode_batcher.hpp): generations on many
+// threads at once get the tokens a generator gives each alone (f32, int8
+// weights, a bf16 KV cache; llama and GPT-2; batches capped in rows), while
+// their steps, prompts included, run as batches; a bad request fails alone, a full KV cache is a clear
+// error, and every session is closed whatever happened.
+#include <doctest/doctest.h>
+
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include "actors/decode_batcher.hpp"
+#include "kernels/backend.hpp"
+#include "model/error.hpp"
+#include "model/generator.hpp"
+#include "model/transformer.hpp"
+#include "tests/support/tiny_model.hpp"
+
+namespace corolla {
+namespace {
+
+struct batcher_fixture {
+  testing::temp_dir_guard dir{"decode-batcher"};
+  transformer model;
+  caf::actor_system_config config;
+  caf::actor_system system{config};
+
+  explicit batcher_fixture(architecture arch = architecture::llama) : model(load(dir.path(), arch)) {}
+
+  static transformer load(const std::filesystem::path& dir, architecture arch) {
+    testing::write_tiny_model(dir, testing::tiny_options_for(arch));
+    return transformer::load(dir, cpu_backend());
+  }
+
+  /// An engine over every block with room for `cache_tokens` tokens.
+  span_engine engine(std::int64_t cache_tokens, weight_format w = weight_format::f32, dtype kv = dtype::f32) {
+    span_engine_options o;
+    o.weights = w;
+    o.kv_dtype = kv;
+    o.cache_allocation = kv_allocation::lazy;
+    return span_engine(model.decoding_stage(), cache_tokens, o);
+  }
+  head model_head(weight_format w = weight_format::f32) {
+    head h(model.config(), model.head(), model.backend());
+    h.use_inference_weights(w);
+    return h;
+  }
+};
+
+generation_params greedy(int n) {
+  generation_params p;
+  p.max_new_tokens = n;
+  p.ignore_eos = true;
+  return p;
+}
+
+/// A policy under which a batch waits for every generation of the last
+/// batches that is still running (as long as it takes, within reason): the
+/// test then sees batches whatever the machine's load.
+swarm::gathering_policy patient() {
+  swarm::gathering_policy g;
+  g.wait_fraction = 1e6;
+  g.max_wait = std::chrono::seconds(5);
+  return g;
+}
+
+const std::vector<std::vector<std::int32_t>> kPrompts = {
+    {1, 2, 3}, {7}, {10, 20, 30, 40, 50, 60, 7}, {5, 5, 5, 9, 33}};
+
+}  // namespace
+
+TEST_CASE("concurrent generations through the batcher equal a generator's, their steps batched") {
+  struct variant {
+    const char* name;
+    architecture arch;
+    weight_format weights;
+    dtype kv;
+    std::int64_t max_rows = 2048;
+  };
+  for (const variant v : {variant{"llama f32", architecture::llama, weight_format::f32, dtype::f32},
+                          variant{"gpt2 f32", architecture::gpt2, weight_format::f32, dtype::f32},
+                          variant{"llama int8, bf16 cache", architecture::llama, weight_format::int8, dtype::bf16},
+                          // Batches of at most 4 rows: the 7-token prompt runs alone, the others share.
+                          variant{"llama f32, 4 rows a batch", architecture::llama, weight_format::f32, dtype::f32, 4}}) {
+    CAPTURE(v.name);
+    batcher_fixture f(v.arch);
+    constexpr int kNew = 20;
+    std::vector<std::vector<std::int32_t>> alone;
+    {
+      generator gen(f.model, 0, v.weights, v.kv);
+      for (const auto& p : kPrompts) alone.push_back(gen.generate(p, greedy(kNew)).tokens);
+    }
+    decode_batcher b(f.system, f.engine(4 * 64, v.weights, v.kv), f.model_head(v.weights), {patient(), v.max_rows});
+    // Twice over: the second round starts with the first round's
+    // generations forgotten (closed), so nothing waits for them.
+    for (int round = 0; round < 2; ++round) {
+      std::vector<std::future<generation_result>> runs;
+      for (const auto& p : kPrompts)
+        runs.push_back(std::async(std::launch::async, [&b, &p] { return b.generate(p, greedy(kNew)); }));
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        CAPTURE(i);
+        const generation_result r = runs[i].get();
+        CHECK(r.tokens == alone[i]);
+        CHECK(r.decode_steps == kNew - 1);
+        CHECK(r.prompt_tokens == static_cast<int>(kPrompts[i].size()));
+      }
+    }
+    const decode_batcher_stats s = b.stats();
+    CHECK(s.sessions_opened == 8);
+    CHECK(s.sessions_closed == 8);
+    CHECK(s.steps == 8 * kNew);
+    CHECK(s.prefill_steps + s.decode_steps == s.steps);  // a one-token prompt is a decode step
+    CHECK(s.prefill_steps == 6);
+    CHECK(s.prefill_tokens == 2 * (3 + 7 + 5));
+    CHECK(s.step_errors == 0);
+    // Steps ran together: fewer batches than steps, and some held all four.
+    CHECK(s.batches < s.steps);
+    CHECK(s.max_batch == 4);
+    CHECK(s.mean_batch() > 1.5);
+  }
+}
+
+TEST_CASE("a bad request or a full cache fails alone, and its session is closed") {
+  batcher_fixture f;
+  // One page of 16 tokens per block: room for one short generation.
+  decode_batcher b(f.system, f.engine(16), f.model_head());
+  CHECK_THROWS_WITH_AS(b.generate({{1, 64}}, greedy(4)), doctest::Contains("outside the vocabulary"), model_error);
+  CHECK_THROWS_WITH_AS(b.generate({}, greedy(4)), doctest::Contains("empty"), model_error);
+  // 20 tokens of prompt do not fit in 16.
+  std::vector<std::int32_t> long_prompt(20, 3);
+  CHECK_THROWS_WITH_AS(b.generate(long_prompt, greedy(4)), doctest::Contains("KV cache full"), model_error);
+  // Generation runs into the full cache after a few tokens: the tokens so
+  // far are lost with the error, the cache is not.
+  CHECK_THROWS_WITH_AS(b.generate({{1, 2, 3}}, greedy(30)), doctest::Contains("KV cache full"), model_error);
+  // Nothing is held: a generation that fits runs, as a generator's.
+  generator gen(f.model);
+  CHECK(b.generate({{1, 2, 3}}, greedy(10)).tokens == gen.generate({{1, 2, 3}}, greedy(10)).tokens);
+  const decode_batcher_stats s = b.stats();
+  CHECK(s.sessions_opened == 3);  // the first two never opened one
+  CHECK(s.sessions_closed == 3);
+  CHECK(s.step_errors == 2);
+}
+
+TEST_CASE("a batcher needs every block and a head of the same model on the same backend") {
+  batcher_fixture f;
+  span_engine part(stage(f.model.config(), 0, {f.model.blocks()[0]}, f.model.backend()), 64);
+  CHECK_THROWS_WITH_AS(decode_batcher(f.system, std::move(part), f.model_head()),
+                       doctest::Contains("it must hold all of them"), std::invalid_argument);
+  batcher_fixture other(architecture::gpt2);
+  CHECK_THROWS_WITH_AS(decode_batcher(f.system, f.engine(64), head(other.model.config(), cpu_backend())),
+                       doctest::Contains("another model"), std::invalid_argument);
+}
+
+}  // namespace corolla
