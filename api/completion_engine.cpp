@@ -57,9 +57,13 @@ class slot_lease {
   int slot_;
 };
 
+/// The model in this process, a generator per slot. On a device the
+/// generators take turns, a token at a time: a device backend's stream and
+/// scratch buffers serve one thread at a time (kernels/cuda/cuda_backend.hpp).
 class local_engine final : public completion_engine {
  public:
-  local_engine(transformer& model, int slots, weight_format weights, dtype kv) : cfg_(model.config()), pool_(slots) {
+  local_engine(transformer& model, int slots, weight_format weights, dtype kv)
+      : cfg_(model.config()), pool_(slots), take_turns_(model.backend().dev().kind != device_kind::cpu) {
     // One set of inference weights: the first generator makes the copies,
     // the others read them (each with its own KV cache and workspace).
     generators_.push_back(std::make_unique<generator>(model, 0, weights, kv));
@@ -71,7 +75,18 @@ class local_engine final : public completion_engine {
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
                          const token_callback& on_token) override {
     slot_lease slot(pool_);
-    return {generators_[slot.index()]->generate(prompt, p, on_token), 0};
+    generator& g = *generators_[slot.index()];
+    if (!take_turns_) return {g.generate(prompt, p, on_token), 0};
+    // The device is held while a step computes, and let go while its token
+    // is handed out (and streamed), so the requests' steps interleave.
+    std::unique_lock device(device_mu_);
+    return {g.generate(prompt, p,
+                       [&](std::int32_t id) {
+                         device.unlock();
+                         if (on_token) on_token(id);
+                         device.lock();
+                       }),
+            0};
   }
   int busy() const override { return pool_.busy(); }
   int slots() const override { return pool_.size(); }
@@ -79,6 +94,8 @@ class local_engine final : public completion_engine {
  private:
   model_config cfg_;
   slot_pool pool_;
+  bool take_turns_;
+  std::mutex device_mu_;  ///< held by the slot computing on a device
   std::vector<std::unique_ptr<generator>> generators_;
 };
 

@@ -1,9 +1,13 @@
-// The local API's decode batcher (actors/decode_batcher.hpp) on the emulated
-// device: the embedded rows come down to the host for the span engine, the
-// batch's rows go up together, the LM head runs on the device and the logits
-// come down; concurrent generations must get the cpu generator's tokens.
+// The local API's engines on the emulated device. The decode batcher
+// (actors/decode_batcher.hpp): the embedded rows come down to the host for
+// the span engine, the batch's rows go up together, the LM head runs on the
+// device and the logits come down. A generator per request
+// (api/completion_engine.hpp, --batching off): the generators take turns on
+// the device, a token at a time. Either way concurrent generations must get
+// the cpu generator's tokens.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <future>
 #include <vector>
 
@@ -11,6 +15,7 @@
 #include <caf/actor_system_config.hpp>
 
 #include "actors/decode_batcher.hpp"
+#include "api/completion_engine.hpp"
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
 #include "model/transformer.hpp"
@@ -61,4 +66,35 @@ TEST_CASE("emulated device: concurrent generations through the decode batcher ge
   CHECK(s.steps == 4 * 16);
   CHECK(s.max_batch == 4);
   CHECK(s.step_errors == 0);
+}
+
+TEST_CASE("emulated device: a generator per request takes turns on the device and generates the cpu's tokens") {
+  testing::temp_dir_guard dir("emulated-per-request");
+  testing::write_tiny_model(dir.path(), testing::tiny_options_for(architecture::gpt2, 96));
+  emulated_device_backend dev;
+  transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+  transformer on_dev = transformer::load(dir.path(), dev);
+  generation_params p;
+  p.max_new_tokens = 12;
+  p.ignore_eos = true;
+  generator g(on_cpu);
+  auto engine = api::make_local_engine(on_dev, 3, weight_format::f32, dtype::f32, api::local_decoding::per_request);
+  CHECK_FALSE(engine->batching());
+  std::vector<std::vector<std::int32_t>> prompts, want;
+  for (std::uint64_t seed : {11, 12, 13}) {
+    prompts.push_back(some_ids(5, on_cpu.config().vocab_size, seed));
+    want.push_back(g.generate(prompts.back(), p).tokens);
+  }
+  std::vector<std::future<std::vector<std::int32_t>>> runs;
+  std::atomic<int> streamed{0};
+  for (const auto& prompt : prompts)
+    runs.push_back(std::async(std::launch::async, [&, prompt] {
+      return engine->generate(prompt, p, [&](std::int32_t) { ++streamed; }).result.tokens;
+    }));
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(runs[i].get() == want[i]);
+  }
+  CHECK(streamed == 3 * 12);
+  CHECK(engine->busy() == 0);
 }
