@@ -17,6 +17,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/errors.hpp"
+#include "actors/step_queue.hpp"
 #include "model/error.hpp"
 #include "model/workspace.hpp"
 
@@ -65,13 +66,9 @@ struct queued_step {
 struct batcher_state {
   std::unique_ptr<span_engine> engine;
   std::unique_ptr<head> h;
-  swarm::decode_gathering gathering;
   std::int64_t max_rows = 0;  ///< decode_batcher_options::max_batch_rows
-  std::vector<queued_step> queue;
+  step_queue<queued_step> queue;
   std::int64_t queued_rows = 0;
-  std::uint64_t queue_seq = 0;  ///< which queue a flush message is for
-  clock_type::time_point queued_at{};
-  bool gathering_wait = false;  ///< the queue waits for late generations
   decode_batcher_stats stats;
   // Reused across steps: ids and positions on the host, rows on the device.
   row_buffer ids{0, dtype::i32}, positions{0, dtype::i32};
@@ -92,7 +89,7 @@ Tensor to_host(Backend& be, const Tensor& t) {
   return out;
 }
 
-/// Embeds `ids`, one position each (`starts`), into st.embedded; returns the
+/// Embeds `ids` at `positions` (one each) into st.embedded; returns the
 /// rows on the host (what the span engine takes).
 Tensor embed(batcher_state& st, std::span<const std::int32_t> ids, std::span<const std::int64_t> positions) {
   Backend& be = st.h->backend();
@@ -118,29 +115,18 @@ Tensor logits_of(batcher_state& st, const Tensor& hidden) {
   return to_host(be, out);
 }
 
-std::vector<std::string> queued_sessions(const batcher_state& st) {
-  std::vector<std::string> out;
-  out.reserve(st.queue.size());
-  for (const auto& q : st.queue) out.push_back(q.step.session);
-  return out;
-}
-
 /// Runs every queued step as one batch and answers each with the logits of
 /// its last row.
 void run_batch(batcher_actor* self) {
   auto& st = self->state;
   if (st.queue.empty()) return;
-  std::vector<queued_step> batch = std::move(st.queue);
-  st.queue.clear();
-  st.queued_rows = 0;
-  ++st.queue_seq;  // a flush still on its way is for this queue: stale
-  st.gathering_wait = false;
-  const auto t0 = clock_type::now();
   std::vector<std::string> sessions;
+  std::vector<queued_step> batch = st.queue.take(sessions);
+  st.queued_rows = 0;
+  const auto t0 = clock_type::now();
   std::vector<std::int32_t> ids;
   std::vector<std::int64_t> positions;
   for (const auto& q : batch) {
-    sessions.push_back(q.step.session);
     ids.insert(ids.end(), q.step.ids.begin(), q.step.ids.end());
     for (std::size_t i = 0; i < q.step.ids.size(); ++i) positions.push_back(q.step.start + static_cast<std::int64_t>(i));
     if (q.step.ids.size() == 1) {
@@ -201,21 +187,18 @@ void run_batch(batcher_actor* self) {
   st.stats.steps += batch.size();
   st.stats.max_batch = std::max<std::uint64_t>(st.stats.max_batch, batch.size());
   st.stats.batch_seconds += s;
-  st.gathering.ran(sessions, s);
+  st.queue.ran(sessions, s);
 }
 
-/// The flush of queue `seq`: runs it, unless generations of the last
-/// batches have not sent their step yet, in which case it waits for them as
-/// the gathering policy allows (a step of the last of them runs it at once).
+/// The flush of queue `seq`: runs it, or waits for the generations of the
+/// last batches (actors/step_queue.hpp).
 void on_flush(batcher_actor* self, std::uint64_t seq) {
   auto& st = self->state;
-  if (seq != st.queue_seq || st.queue.empty()) return;
-  const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - st.queued_at);
-  const auto more = st.gathering.wait(queued_sessions(st), waited);
-  if (more.count() == 0) return run_batch(self);
-  if (!st.gathering_wait) ++st.stats.gathering_waits;
-  st.gathering_wait = true;
-  self->delayed_send(self, more, flush_atom::value, seq);
+  const auto d = st.queue.on_flush(seq);
+  if (d.run) return run_batch(self);
+  if (d.wait.count() == 0) return;  // stale
+  if (d.first_wait) ++st.stats.gathering_waits;
+  self->delayed_send(self, d.wait, flush_atom::value, seq);
 }
 
 void on_step(batcher_actor* self, step_request& r) {
@@ -227,19 +210,14 @@ void on_step(batcher_actor* self, step_request& r) {
   // A generation appears once per batch, and a batch holds at most max_rows
   // rows (a longer prompt runs alone): a step that does not fit runs the
   // queue first.
-  bool fits = st.queued_rows + n <= st.max_rows;
-  for (const auto& q : st.queue) fits = fits && q.step.session != r.session;
-  if (!fits) run_batch(self);
-  if (st.queue.empty()) {
-    // Steps of other generations already in the mailbox join this one: the
-    // flush message is queued behind them.
-    st.queued_at = clock_type::now();
-    self->send(self, flush_atom::value, st.queue_seq);
-  }
-  st.queue.push_back({std::move(r), rp});
+  if (st.queued_rows + n > st.max_rows || st.queue.holds(r.session)) run_batch(self);
+  std::string session = r.session;
+  // Steps of other generations already in the mailbox join this one: the
+  // flush message is queued behind them.
+  if (st.queue.push(std::move(session), {std::move(r), rp})) self->send(self, flush_atom::value, st.queue.seq());
   st.queued_rows += n;
   // The queue waits for the generations of the last batches: the last of them runs it.
-  if (st.gathering_wait && st.gathering.missing(queued_sessions(st)).empty()) run_batch(self);
+  if (st.queue.complete()) run_batch(self);
 }
 
 caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, std::shared_ptr<head> h,
@@ -248,7 +226,7 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
   // The actor owns both from now on (they are destroyed on its thread).
   st.engine = std::make_unique<span_engine>(std::move(*engine));
   st.h = std::make_unique<head>(std::move(*h));
-  st.gathering = swarm::decode_gathering(options.gathering);
+  st.queue = step_queue<queued_step>(options.gathering);
   st.max_rows = std::max<std::int64_t>(options.max_batch_rows, 1);
   st.embedded = row_buffer(st.engine->config().hidden_size);
   st.rows = row_buffer(st.engine->config().hidden_size);
@@ -266,7 +244,7 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
         auto& st = self->state;
         // A step of it still queued (a generation that gave up) runs first.
         run_batch(self);
-        st.gathering.forget(session);
+        st.queue.forget(session);
         if (auto r = st.engine->close_session(session); !r) return to_caf(r.error());
         ++st.stats.sessions_closed;
         return true;

@@ -136,45 +136,31 @@ void run_on(span_server_state& st, span_engine& engine, std::vector<queued_step>
                 std::move(batch[i].trail));
 }
 
-/// The sessions of the queued steps.
-std::vector<std::string> queued_sessions(const span_server_state& st) {
-  std::vector<std::string> out;
-  out.reserve(st.queue.size());
-  for (const auto& q : st.queue) out.push_back(q.item.session_id);
-  return out;
-}
-
 /// Runs every queued one-row step and answers each: steps of sessions still
 /// on the retiring engine as a batch of their own there, first, then the
 /// rest as one batch on the current engine.
 void run_batch(span_server_actor* self) {
   auto& st = self->state;
   if (st.queue.empty()) return;
-  const std::vector<std::string> sessions = queued_sessions(st);
+  std::vector<std::string> sessions;
   std::vector<queued_step> current, retiring;
-  for (auto& q : st.queue)
+  for (auto& q : st.queue.take(sessions))
     (st.retiring && st.retiring->session_length(q.item.session_id) ? retiring : current).push_back(std::move(q));
-  st.queue.clear();
-  ++st.queue_seq;  // a flush still on its way is for this queue: stale
-  st.gathering_wait = false;
   const auto t0 = clock_type::now();
   if (!retiring.empty()) run_on(st, *st.retiring, std::move(retiring));
   if (!current.empty()) run_on(st, *st.engine, std::move(current));
-  st.gathering.ran(sessions, std::chrono::duration<double>(clock_type::now() - t0).count());
+  st.queue.ran(sessions, std::chrono::duration<double>(clock_type::now() - t0).count());
 }
 
-/// The flush of queue `seq`: runs it, unless sessions of the last batches
-/// have not sent their step yet, in which case it waits for them, as the
-/// gathering policy allows (a step of the last of them runs it at once).
+/// The flush of queue `seq`: runs it, or waits for the sessions of the last
+/// batches (actors/step_queue.hpp).
 void on_flush(span_server_actor* self, std::uint64_t seq) {
   auto& st = self->state;
-  if (seq != st.queue_seq || st.queue.empty()) return;
-  const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - st.queued_at);
-  const auto more = st.gathering.wait(queued_sessions(st), waited);
-  if (more.count() == 0) return run_batch(self);
-  if (!st.gathering_wait) ++st.stats.decode_waits;
-  st.gathering_wait = true;
-  self->delayed_send(self, more, flush_atom::value, seq);
+  const auto d = st.queue.on_flush(seq);
+  if (d.run) return run_batch(self);
+  if (d.wait.count() == 0) return;  // stale
+  if (d.first_wait) ++st.stats.decode_waits;
+  self->delayed_send(self, d.wait, flush_atom::value, seq);
 }
 
 /// Runs one step of `step.session_id` on `hidden` (from the request or
@@ -190,18 +176,11 @@ void run_step(span_server_actor* self, const span_step& step, const Tensor& hidd
     // the flush message is queued behind them.
     decode_item item{step.session_id, hidden, step.start, step.step_id};
     // A session appears once per batch: a second step of it runs the batch first.
-    for (const auto& q : st.queue)
-      if (q.item.session_id == item.session_id) {
-        run_batch(self);
-        break;
-      }
-    if (st.queue.empty()) {
-      st.queued_at = clock_type::now();
-      self->send(self, flush_atom::value, st.queue_seq);
-    }
-    st.queue.push_back({std::move(item), rp, step, std::move(trail)});
+    if (st.queue.holds(item.session_id)) run_batch(self);
+    if (st.queue.push(step.session_id, {std::move(item), rp, step, std::move(trail)}))
+      self->send(self, flush_atom::value, st.queue.seq());
     // The flush waits for the sessions of the last batches: the last of them runs it.
-    if (st.gathering_wait && st.gathering.missing(queued_sessions(st)).empty()) run_batch(self);
+    if (st.queue.complete()) run_batch(self);
     return;
   }
   run_batch(self);  // steps that arrived earlier run first
@@ -391,7 +370,7 @@ void expire_idle(span_server_actor* self) {
       continue;
     }
     end_wait(st, it->first, "unknown_session", "session " + it->first + " expired");
-    st.gathering.forget(it->first);
+    st.queue.forget(it->first);
     drop_early(st, it->first);
     if (engine_of(st, it->first).close_session(it->first)) {
       ++st.stats.sessions_expired;
@@ -418,7 +397,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
   self->state.runtime = runtime;
   self->state.engine = std::move(engine);
   self->state.options = std::move(options);
-  self->state.gathering = swarm::decode_gathering(self->state.options.gathering);
+  self->state.queue = step_queue<queued_step>(self->state.options.gathering);
   self->set_default_handler(caf::drop);
   const auto expire_every = std::max(std::chrono::milliseconds(50), self->state.options.session_idle_timeout / 4);
   self->delayed_send(self, expire_every, expire_atom::value);
@@ -460,7 +439,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
           if (auto err = check_owner(st, *id, m.from_node)) return rp.deliver(std::move(err));
           st.last_used.erase(*id);
           st.owners.erase(*id);
-          st.gathering.forget(*id);
+          st.queue.forget(*id);
           end_wait(st, *id, "unknown_session", "session " + *id + " was closed");
           drop_early(st, *id);
           if (auto r = engine_of(st, *id).close_session(*id); !r) return rp.deliver(to_caf(r.error()));

@@ -19,7 +19,7 @@
 #include "actors/span_server.hpp"
 #include "actors/swarm_wire.hpp"
 #include "model/span_engine.hpp"
-#include "schedule/decode_gathering.hpp"
+#include "actors/step_queue.hpp"
 
 namespace corolla::span_detail {
 
@@ -84,14 +84,9 @@ struct span_server_state {
   /// The node that opened each session ("" for this process): only it may
   /// step or close the session. Entries of ended sessions go in expire_idle.
   std::unordered_map<std::string, std::string> owners;
-  std::vector<queued_step> queue;
-  /// When the queue's first step came, which queue this is (a flush for an
-  /// earlier one is stale), and whether its flush waits for the sessions of
-  /// the last batches (schedule/decode_gathering.hpp).
-  clock_type::time_point queued_at;
-  std::uint64_t queue_seq = 0;
-  bool gathering_wait = false;
-  swarm::decode_gathering gathering;
+  /// One-row steps waiting for their batch, and when it runs
+  /// (actors/step_queue.hpp).
+  step_queue<queued_step> queue;
   /// Seconds per block of a one-row step (moving average over batches).
   double step_s_per_block = 0;
   /// The node, for pushing outputs to the next server of a route.

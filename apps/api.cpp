@@ -51,6 +51,8 @@ int run_api(const api_args& a) {
   if (a.local == a.swarm.given())
     throw std::invalid_argument("give exactly one of --local (the model in this process) or --swarm / --swarm-dht");
   if (a.parallel < 1) throw std::invalid_argument("--parallel must be at least 1");
+  if (!a.local && a.batching != "on")
+    throw std::invalid_argument("--batching off is for --local (a swarm's servers batch their sessions' steps)");
   const auto [host, port] = parse_http_listen(a.listen);
   const sigset_t stop_signals = block_stop_signals();
 

@@ -171,6 +171,7 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   testing::check_one_error(error_of({"--local", "--listen", "nowhere"}), "--listen must be HOST:PORT");
   testing::check_one_error(error_of({"--local", "--chat-template", "vicuna"}), "'vicuna' is neither a known template");
   testing::check_one_error(error_of({"--local", "--parallel", "0"}), "--parallel must be at least 1");
+  testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--batching", "off"}), "--batching off is for --local");
 }
 
 TEST_CASE("corolla api --local --weights int8 holds only the int8 blocks and answers as corolla generate does") {
