@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <list>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -37,12 +39,27 @@ struct step_logits {
   Tensor row;
 };
 
+/// A generation about to start: its own session id and its prompt.
+struct open_request {
+  std::string session;
+  std::vector<std::int32_t> prompt;
+};
+
+/// The session the generation runs on (its own, or a retained one whose
+/// cache holds the prompt's first `cached` tokens).
+struct open_reply {
+  std::string session;
+  std::int64_t cached = 0;
+};
+
 }  // namespace batcher_detail
 }  // namespace corolla
 
 // These travel only between the batcher and threads of this process.
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(corolla::batcher_detail::step_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(corolla::batcher_detail::step_logits)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(corolla::batcher_detail::open_request)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(corolla::batcher_detail::open_reply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(corolla::decode_batcher_stats)
 
 namespace corolla {
@@ -69,6 +86,12 @@ struct batcher_state {
   std::int64_t max_rows = 0;  ///< decode_batcher_options::max_batch_rows
   step_queue<queued_step> queue;
   std::int64_t queued_rows = 0;
+  /// The ids each open session's cache holds, position by position
+  /// (retained ones included).
+  std::unordered_map<std::string, std::vector<std::int32_t>> cached;
+  /// Finished generations kept for their caches, the most recent first.
+  std::list<std::string> retained;
+  std::size_t retain_limit = 0;
   decode_batcher_stats stats;
   // Reused across steps: ids and positions on the host, rows on the device.
   row_buffer ids{0, dtype::i32}, positions{0, dtype::i32};
@@ -115,6 +138,31 @@ Tensor logits_of(batcher_state& st, const Tensor& hidden) {
   return to_host(be, out);
 }
 
+/// Closes the least recently finished retained session.
+void evict_oldest(batcher_state& st) {
+  const std::string id = st.retained.back();
+  st.retained.pop_back();
+  st.cached.erase(id);
+  st.queue.forget(id);
+  (void)st.engine->close_session(id);
+  ++st.stats.sessions_closed;
+  ++st.stats.evicted_sessions;
+}
+
+/// Lets retained sessions go until the pool has room for `rows` more rows
+/// of `steps` steps (each may start a page: counted whole) or none is left.
+void make_room(batcher_state& st, std::int64_t rows, std::size_t steps) {
+  const std::int64_t need = rows + static_cast<std::int64_t>(steps) * st.engine->pool().page_tokens();
+  while (!st.retained.empty() && st.engine->cache_tokens_left() < need) evict_oldest(st);
+}
+
+/// The cache of `session` now holds its ids up to `start`, then `ids`.
+void record_ids(batcher_state& st, const std::string& session, std::int64_t start, const std::vector<std::int32_t>& ids) {
+  auto& held = st.cached[session];
+  held.resize(static_cast<std::size_t>(start));
+  held.insert(held.end(), ids.begin(), ids.end());
+}
+
 /// Runs every queued step as one batch and answers each with the logits of
 /// its last row.
 void run_batch(batcher_actor* self) {
@@ -137,6 +185,7 @@ void run_batch(batcher_actor* self) {
     }
   }
   try {
+    make_room(st, static_cast<std::int64_t>(ids.size()), batch.size());
     const Tensor hidden = embed(st, ids, positions);
     std::vector<decode_item> items;
     std::int64_t row = 0;
@@ -174,13 +223,19 @@ void run_batch(batcher_actor* self) {
         batch[i].promise.deliver(to_caf(results[i].error()));
         continue;
       }
+      record_ids(st, batch[i].step.session, batch[i].step.start, batch[i].step.ids);
       batch[i].promise.deliver(step_logits{logits.slice(k, k + 1)});
       ++k;
     }
   } catch (const std::exception& e) {
-    // Every waiting generation gets an answer, whatever failed (out of memory).
+    // Every waiting generation gets an answer, whatever failed (out of
+    // memory); what their caches hold from their steps on is not known.
     st.stats.step_errors += batch.size();
-    for (auto& q : batch) q.promise.deliver(error_from_wire("internal", std::string("the batch failed: ") + e.what()));
+    for (auto& q : batch) {
+      auto& held = st.cached[q.step.session];
+      held.resize(std::min(held.size(), static_cast<std::size_t>(q.step.start)));
+      q.promise.deliver(error_from_wire("internal", std::string("the batch failed: ") + e.what()));
+    }
   }
   const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
   ++st.stats.batches;
@@ -228,23 +283,56 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
   st.h = std::make_unique<head>(std::move(*h));
   st.queue = step_queue<queued_step>(options.gathering);
   st.max_rows = std::max<std::int64_t>(options.max_batch_rows, 1);
+  st.retain_limit = static_cast<std::size_t>(std::max(options.retained_sessions, 0));
   st.embedded = row_buffer(st.engine->config().hidden_size);
   st.rows = row_buffer(st.engine->config().hidden_size);
   st.logits = row_buffer(st.engine->config().vocab_size);
   return {
-      [self](open_atom, const std::string& session, std::int64_t max_length) -> caf::result<bool> {
+      [self](open_atom, open_request& r) -> caf::result<open_reply> {
         auto& st = self->state;
         run_batch(self);  // steps queued before go first
-        if (auto r = st.engine->open_session(session, max_length); !r) return to_caf(r.error());
+        // The retained session sharing the longest prefix with the prompt;
+        // at least the prompt's last token is computed (its logits are the
+        // first sample's).
+        auto best = st.retained.end();
+        std::size_t best_len = 0;
+        for (auto it = st.retained.begin(); it != st.retained.end(); ++it) {
+          const auto& held = st.cached[*it];
+          const std::size_t limit = std::min(held.size(), r.prompt.empty() ? 0 : r.prompt.size() - 1);
+          std::size_t n = 0;
+          while (n < limit && held[n] == r.prompt[n]) ++n;
+          if (n > best_len) best = it, best_len = n;
+        }
+        if (best != st.retained.end()) {
+          open_reply reply{*best, static_cast<std::int64_t>(best_len)};
+          st.retained.erase(best);
+          ++st.stats.reused_sessions;
+          st.stats.reused_tokens += best_len;
+          return reply;
+        }
+        // Every session may grow to the whole context: a retained one then
+        // serves any later prompt (pages are taken as it grows, whatever
+        // the bound).
+        if (auto o = st.engine->open_session(r.session, st.engine->config().max_positions); !o)
+          return to_caf(o.error());
+        st.cached[r.session].clear();
         ++st.stats.sessions_opened;
-        return true;
+        return open_reply{r.session, 0};
       },
       [self](step_atom, step_request& r) { on_step(self, r); },
       [self](close_atom, const std::string& session) -> caf::result<bool> {
         auto& st = self->state;
         // A step of it still queued (a generation that gave up) runs first.
         run_batch(self);
-        st.queue.forget(session);
+        if (!st.engine->session_length(session)) return to_caf(st.engine->session_length(session).error());
+        st.queue.forget(session);  // no batch waits for a generation that ended
+        if (st.retain_limit > 0) {
+          // Kept for a later prompt that starts the same way.
+          st.retained.push_front(session);
+          while (st.retained.size() > st.retain_limit) evict_oldest(st);
+          return true;
+        }
+        st.cached.erase(session);
         if (auto r = st.engine->close_session(session); !r) return to_caf(r.error());
         ++st.stats.sessions_closed;
         return true;
@@ -280,6 +368,7 @@ decode_batcher::decode_batcher(caf::actor_system& system, span_engine engine, he
   if (hc.arch != cfg_.arch || hc.hidden_size != cfg_.hidden_size || hc.vocab_size != cfg_.vocab_size ||
       hc.max_positions != cfg_.max_positions || &h.backend() != &engine.blocks().backend())
     throw std::invalid_argument("decode_batcher: the head is of another model or on another backend than the blocks");
+  prefill_chunk_ = std::max(options.prefill_chunk, 1);
   actor_ = system_.spawn<caf::detached>(batcher, std::make_shared<span_engine>(std::move(engine)),
                                         std::make_shared<head>(std::move(h)), options);
 }
@@ -288,40 +377,53 @@ decode_batcher::~decode_batcher() {
   caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
 }
 
-generation_result decode_batcher::generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                                           const token_callback& on_token) {
-  const std::string session = "g" + std::to_string(next_session_.fetch_add(1));
-  const std::int64_t max_length = std::min<std::int64_t>(
-      cfg_.max_positions, static_cast<std::int64_t>(prompt.size()) + std::max(p.max_new_tokens, 0));
+batched_generation decode_batcher::generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                                            const token_callback& on_token) {
   // The session opens with the first step (after generate_tokens has
   // checked the request) and closes however generation ends.
   caf::scoped_actor self{system_};
   struct session_guard {
     caf::scoped_actor& self;
     const caf::actor& batcher;
-    const std::string& id;
-    bool open = false;
+    std::string id;  ///< empty until open
     ~session_guard() {
-      if (!open) return;
+      if (id.empty()) return;
       try {
         ask<bool>(self, batcher, "close a session", close_atom::value, id);
       } catch (const std::exception&) {
         // Closing a session of a batcher that stopped: nothing is left to free.
       }
     }
-  } guard{self, actor_, session};
+  } guard{self, actor_, {}};
+  std::int64_t cached = 0;  // prompt tokens a retained session's cache holds
+  generation_params pieces = p;
+  if (pieces.prefill_chunk == 0 || pieces.prefill_chunk > prefill_chunk_) pieces.prefill_chunk = prefill_chunk_;
   Tensor last;  // the logits returned to generate_tokens stay valid until the next step
-  return generate_tokens(cfg_, prompt, p,
-                         [&](std::span<const std::int32_t> ids, std::int64_t start) {
-                           if (!guard.open) {
-                             ask<bool>(self, actor_, "open a session", open_atom::value, session, max_length);
-                             guard.open = true;
-                           }
-                           step_request r{session, {ids.begin(), ids.end()}, start};
-                           last = ask<step_logits>(self, actor_, "run a step", step_atom::value, std::move(r)).row;
-                           return std::span<const float>(last.data<float>(), static_cast<std::size_t>(cfg_.vocab_size));
-                         },
-                         on_token);
+  batched_generation out;
+  out.result = generate_tokens(
+      cfg_, prompt, pieces,
+      [&](std::span<const std::int32_t> ids, std::int64_t start) {
+        if (guard.id.empty()) {
+          open_request o{"g" + std::to_string(next_session_.fetch_add(1)), {prompt.begin(), prompt.end()}};
+          const open_reply r = ask<open_reply>(self, actor_, "open a session", open_atom::value, std::move(o));
+          guard.id = r.session;
+          cached = r.cached;
+        }
+        // A piece of the prompt the cache already holds is not sent (the
+        // last piece never is one: at least the last token is computed).
+        const auto n = static_cast<std::int64_t>(ids.size());
+        if (start + n <= cached) return std::span<const float>();
+        if (start < cached) {
+          ids = ids.subspan(static_cast<std::size_t>(cached - start));
+          start = cached;
+        }
+        step_request r{guard.id, {ids.begin(), ids.end()}, start};
+        last = ask<step_logits>(self, actor_, "run a step", step_atom::value, std::move(r)).row;
+        return std::span<const float>(last.data<float>(), static_cast<std::size_t>(cfg_.vocab_size));
+      },
+      on_token);
+  out.cached_prompt_tokens = static_cast<int>(cached);
+  return out;
 }
 
 decode_batcher_stats decode_batcher::stats() const {

@@ -15,7 +15,9 @@
 // its own cache), so a new request's prefill rides on the others' decode
 // step. A batch waits, briefly, for the generations of the last batches
 // whose next step is still on its way (schedule/decode_gathering.hpp, the
-// rule the swarm's servers use).
+// rule the swarm's servers use). Finished generations may leave their cache
+// behind for a later prompt that starts the same way (options:
+// retained_sessions), which then computes only the rest.
 //
 // Results equal one generator's per request up to GEMM rounding (a batch's
 // products sum in another order, ~1e-6): greedy text is the same except at
@@ -49,6 +51,24 @@ struct decode_batcher_options {
   /// Most rows (tokens) one batch holds: a step that would pass it runs
   /// the steps queued before it first, and a longer prompt runs alone.
   std::int64_t max_batch_rows = 2048;
+  /// Prompts are sent in pieces of at most this many tokens (or the
+  /// request's own prefill_chunk when smaller), so a long prompt holds the
+  /// others' decode steps for one piece at a time, not for its whole forward.
+  int prefill_chunk = 512;
+  /// Finished generations whose KV cache is kept for reuse (0: none). A new
+  /// prompt that starts with the tokens one of them holds continues from it
+  /// (the shared prefix is not computed again: a chat's system prompt and
+  /// earlier turns); the least recently finished go first, and they are let
+  /// go whenever a batch needs their pages.
+  int retained_sessions = 0;
+};
+
+/// What one generation through the batcher reports besides its tokens.
+struct batched_generation {
+  generation_result result;
+  /// Prompt tokens whose keys and values came from a retained generation's
+  /// cache instead of being computed.
+  int cached_prompt_tokens = 0;
 };
 
 /// What a decode batcher has done (counters since it started).
@@ -63,6 +83,9 @@ struct decode_batcher_stats {
   std::uint64_t max_batch = 0;        ///< most steps one batch held
   std::uint64_t gathering_waits = 0;  ///< batches that waited for late generations
   std::uint64_t step_errors = 0;
+  std::uint64_t reused_sessions = 0;  ///< generations that continued a retained one's cache
+  std::uint64_t reused_tokens = 0;    ///< prompt tokens not computed thanks to that
+  std::uint64_t evicted_sessions = 0; ///< retained caches let go (for room or by count)
   double batch_seconds = 0;           ///< compute time of the batches
   /// Mean steps per batch (0 before the first batch).
   double mean_batch() const {
@@ -94,8 +117,8 @@ class decode_batcher {
   /// Throws model_error for a bad request or a full KV cache ("KV cache
   /// full: ..."); std::runtime_error when the computation fails or the
   /// batcher has stopped.
-  generation_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                             const token_callback& on_token = {});
+  batched_generation generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                              const token_callback& on_token = {});
 
   /// The counters now (asks the actor; waits for the batch it is running).
   decode_batcher_stats stats() const;
@@ -104,6 +127,7 @@ class decode_batcher {
   caf::actor_system& system_;
   caf::actor actor_;
   model_config cfg_;
+  int prefill_chunk_ = 512;
   std::atomic<std::uint64_t> next_session_{0};
 };
 

@@ -137,6 +137,16 @@ std::unique_ptr<caf::actor_system_config> batcher_system_config() {
   return cfg;
 }
 
+/// The batcher of `slots` slots: as many finished requests' caches kept
+/// for prompts that start the same way (a chat's system prompt and earlier
+/// turns), within the same KV budget (let go whenever running requests need
+/// the pages).
+decode_batcher_options batcher_options(int slots) {
+  decode_batcher_options o;
+  o.retained_sessions = slots;
+  return o;
+}
+
 /// The model in this process, its slots' decode steps batched.
 class batched_local_engine final : public completion_engine {
  public:
@@ -145,13 +155,15 @@ class batched_local_engine final : public completion_engine {
         pool_(slots),
         system_config_(batcher_system_config()),
         system_(*system_config_),
-        batcher_(system_, local_span_engine(model, pool_.size(), weights, kv), local_head(model, weights)) {}
+        batcher_(system_, local_span_engine(model, pool_.size(), weights, kv), local_head(model, weights),
+                 batcher_options(pool_.size())) {}
   const model_config& config() const override { return cfg_; }
   void check_ready() override {}
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
                          const token_callback& on_token) override {
     slot_lease slot(pool_);
-    return {batcher_.generate(prompt, p, on_token), 0};
+    batched_generation g = batcher_.generate(prompt, p, on_token);
+    return {std::move(g.result), 0, g.cached_prompt_tokens};
   }
   int busy() const override { return pool_.busy(); }
   int slots() const override { return pool_.size(); }

@@ -38,6 +38,7 @@ namespace corolla::api {
 struct engine_result {
   generation_result result;
   int failovers = 0;  ///< swarm failures recovered on the way
+  int cached_tokens = 0;  ///< prompt tokens an earlier request's cache held (not computed)
 };
 
 /// A fixed number of slots; acquire() waits for a free one.

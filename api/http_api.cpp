@@ -42,6 +42,7 @@ constexpr const char* kDisconnects = "corolla_api_client_disconnects_total";
 constexpr const char* kBatches = "corolla_api_batches_total";
 constexpr const char* kBatchedSteps = "corolla_api_batched_steps_total";
 constexpr const char* kBatchMax = "corolla_api_batch_max";
+constexpr const char* kCachedPromptTokens = "corolla_api_prompt_tokens_cached_total";
 
 void declare_metrics(metrics_registry& m) {
   using k = metrics_registry::kind;
@@ -53,6 +54,8 @@ void declare_metrics(metrics_registry& m) {
   m.declare(kPerToken, k::histogram, "Seconds per generated token after the first (decode steps).",
             {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
   m.declare(kPromptTokens, k::counter, "Prompt tokens of the completion requests run.");
+  m.declare(kCachedPromptTokens, k::counter,
+            "Prompt tokens whose cache an earlier request left (not computed again; --local).");
   m.declare(kCompletionTokens, k::counter, "Tokens generated.");
   m.declare(kInFlight, k::gauge, "Completion requests being answered (running or waiting for a slot).");
   m.declare(kSlotsBusy, k::gauge, "Engine slots generating now.");
@@ -309,8 +312,9 @@ struct http_api::impl {
     out.disconnected = disconnected;
     out.finish_reason = r.result.reason == stop_reason::max_tokens || r.result.reason == stop_reason::context ? "length"
                                                                                                                 : "stop";
-    out.counts = {static_cast<int>(job.prompt.size()), static_cast<int>(r.result.tokens.size())};
+    out.counts = {static_cast<int>(job.prompt.size()), static_cast<int>(r.result.tokens.size()), r.cached_tokens};
     metrics.add(kPromptTokens, {}, out.counts.prompt_tokens);
+    metrics.add(kCachedPromptTokens, {}, out.counts.cached_tokens);
     metrics.add(kCompletionTokens, {}, out.counts.completion_tokens);
     if (r.failovers > 0) {
       metrics.add(kFailovers, {}, r.failovers);

@@ -231,7 +231,8 @@ completion_request parse_request(const std::string& body, endpoint to) {
 json usage_json(const usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 namespace {

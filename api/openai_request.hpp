@@ -77,6 +77,9 @@ completion_request parse_request(const std::string& body, endpoint to);
 struct usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  /// Prompt tokens whose cache came from an earlier request (OpenAI's
+  /// prompt_tokens_details.cached_tokens).
+  int cached_tokens = 0;
 };
 
 /// The fields every response and chunk of one request shares.

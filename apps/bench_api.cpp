@@ -227,6 +227,10 @@ void register_bench_api(CLI::App* bench, action_fn& action) {
                 "The API over the model in this process instead: its decode steps batched vs a generator per request");
   cmd->add_option("--device", o.device, "With --local: auto, cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--weights", o.weights, "With --local: f32, bf16, int8 or nf4")->capture_default_str();
+  cmd->add_option("--shared-prefix", o.shared_prefix,
+                  "With --local: tokens every prompt starts with (a system prompt), before its own --prompt-tokens")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   cmd->add_flag("--json", o.json_only, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return o.local ? run_bench_api_local(o) : run_bench_api(o); }; });
 }

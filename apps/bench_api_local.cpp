@@ -5,7 +5,9 @@
 // generator per request (--batching off, what the API did before):
 //  * requests/s and generated tokens/s of each, and their ratio;
 //  * time to first text, median and worst;
-//  * the batcher's mean batch at each level;
+//  * the batcher's mean batch at each level, and the prompt tokens its
+//    retained caches spared (every prompt is its own, after --shared-prefix
+//    tokens they all share: a system prompt);
 //  * greedy text must be the same both ways.
 // Rounds alternate which engine goes first; both serve from the same
 // weights (one model in memory).
@@ -71,9 +73,24 @@ int run_bench_api_local(const api_bench_options& o) {
   const model_config cfg = load_config(dir);
   const auto tok = load_tokenizer(dir);
   std::mt19937_64 rng(o.seed + 11);
-  std::vector<std::vector<std::int32_t>> prompts(4);
-  for (auto& p : prompts)
-    for (int i = 0; i < o.prompt_tokens; ++i) p.push_back(static_cast<std::int32_t>(rng() % cfg.vocab_size));
+  const auto random_ids = [&](int n) {
+    std::vector<std::int32_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(static_cast<std::int32_t>(rng() % cfg.vocab_size));
+    return ids;
+  };
+  // Every request's prompt is its own (a prompt seen before would continue
+  // from the batcher's retained caches), after --shared-prefix tokens that
+  // all share (a system prompt).
+  const std::vector<std::int32_t> shared = random_ids(o.shared_prefix);
+  const auto fresh_prompts = [&](int n) {
+    std::vector<std::vector<std::int32_t>> prompts;
+    for (int i = 0; i < n; ++i) {
+      prompts.push_back(shared);
+      const auto own = random_ids(o.prompt_tokens);
+      prompts.back().insert(prompts.back().end(), own.begin(), own.end());
+    }
+    return prompts;
+  };
 
   std::fprintf(stderr, "bench api --local: %d layers, dim %lld, %s weights on %s; loading...\n", cfg.n_layers,
                static_cast<long long>(cfg.hidden_size), weight_format_name(weights), be.dev().str().c_str());
@@ -86,8 +103,8 @@ int run_bench_api_local(const api_bench_options& o) {
   bench_server per_request_server(*per_request, *tok, model_id, slots);
 
   // Warm-up: the first connection, buffers, the inference copies.
-  run_http(batched_server.port(), model_id, prompts, 1, 2);
-  run_http(per_request_server.port(), model_id, prompts, 1, 2);
+  run_http(batched_server.port(), model_id, fresh_prompts(1), 1, 2);
+  run_http(per_request_server.port(), model_id, fresh_prompts(1), 1, 2);
 
   json levels = json::array();
   bool equal = true;
@@ -101,6 +118,7 @@ int run_bench_api_local(const api_bench_options& o) {
     bool same = true;
     const decode_batcher_stats before = *batched->batching();
     for (int round = 0; round < o.rounds; ++round) {
+      const auto prompts = fresh_prompts(c);
       load_result rb, rp;
       if (round % 2 == 0) {
         rb = run_http(batched_server.port(), model_id, prompts, c, o.new_tokens);
@@ -118,6 +136,7 @@ int run_bench_api_local(const api_bench_options& o) {
     const auto batches = after.batches - before.batches;
     const double mean_batch =
         batches == 0 ? 0.0 : static_cast<double>(after.steps - before.steps) / static_cast<double>(batches);
+    const auto cached_tokens = after.reused_tokens - before.reused_tokens;
     equal = equal && same;
     const double ratio = p.tokens_per_s() > 0 ? b.tokens_per_s() / p.tokens_per_s() : 0.0;
     if (!o.json_only) {
@@ -130,10 +149,13 @@ int run_bench_api_local(const api_bench_options& o) {
       std::snprintf(mb, sizeof mb, "%.2f", mean_batch);
       row("batched", b, mb);
       row("per-request", p, "");
-      std::printf("%8s  batched / per-request tokens/s: %.2fx\n", "", ratio);
+      std::printf("%8s  batched / per-request tokens/s: %.2fx; prompt tokens from retained caches: %llu of %d\n", "",
+                  ratio, static_cast<unsigned long long>(cached_tokens),
+                  c * o.rounds * (o.shared_prefix + o.prompt_tokens));
     }
     json jb = b.to_json(c * o.rounds);
     jb["mean_batch"] = mean_batch;
+    jb["cached_prompt_tokens"] = cached_tokens;
     levels.push_back({{"clients", c},
                       {"batched", jb},
                       {"per_request", p.to_json(c * o.rounds)},
@@ -146,6 +168,7 @@ int run_bench_api_local(const api_bench_options& o) {
                     {"device", be.dev().str()},
                     {"weights", weight_format_name(weights)},
                     {"prompt_tokens", o.prompt_tokens},
+                    {"shared_prefix", o.shared_prefix},
                     {"new_tokens", o.new_tokens},
                     {"rounds", o.rounds},
                     {"levels", levels},

@@ -100,7 +100,7 @@ TEST_CASE("concurrent generations through the batcher equal a generator's, their
     for (int round = 0; round < 2; ++round) {
       std::vector<std::future<generation_result>> runs;
       for (const auto& p : kPrompts)
-        runs.push_back(std::async(std::launch::async, [&b, &p] { return b.generate(p, greedy(kNew)); }));
+        runs.push_back(std::async(std::launch::async, [&b, &p] { return b.generate(p, greedy(kNew)).result; }));
       for (std::size_t i = 0; i < runs.size(); ++i) {
         CAPTURE(i);
         const generation_result r = runs[i].get();
@@ -138,11 +138,82 @@ TEST_CASE("a bad request or a full cache fails alone, and its session is closed"
   CHECK_THROWS_WITH_AS(b.generate({{1, 2, 3}}, greedy(30)), doctest::Contains("KV cache full"), model_error);
   // Nothing is held: a generation that fits runs, as a generator's.
   generator gen(f.model);
-  CHECK(b.generate({{1, 2, 3}}, greedy(10)).tokens == gen.generate({{1, 2, 3}}, greedy(10)).tokens);
+  CHECK(b.generate({{1, 2, 3}}, greedy(10)).result.tokens == gen.generate({{1, 2, 3}}, greedy(10)).tokens);
   const decode_batcher_stats s = b.stats();
   CHECK(s.sessions_opened == 3);  // the first two never opened one
   CHECK(s.sessions_closed == 3);
   CHECK(s.step_errors == 2);
+}
+
+/// The longest common prefix of `a` and `b`.
+std::size_t common_prefix(const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
+  std::size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+TEST_CASE("a prompt that starts as a finished generation did continues from its cache") {
+  batcher_fixture f;
+  decode_batcher_options o;
+  o.retained_sessions = 2;
+  o.prefill_chunk = 8;  // the prompts arrive in pieces, some wholly cached
+  decode_batcher b(f.system, f.engine(4 * 64), f.model_head(), o);
+  generator gen(f.model);
+  const std::vector<std::int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  const batched_generation first = b.generate(a, greedy(6));
+  CHECK(first.cached_prompt_tokens == 0);
+  CHECK(first.result.tokens == gen.generate(a, greedy(6)).tokens);
+  // The same prompt: all of it but its last token comes from the cache.
+  const batched_generation again = b.generate(a, greedy(6));
+  CHECK(again.cached_prompt_tokens == 19);
+  CHECK(again.result.tokens == first.result.tokens);
+  // A follow-up turn: the prompt, the reply, more tokens. The cache holds
+  // the prompt and the reply but its last token (never fed).
+  std::vector<std::int32_t> turn = a;
+  turn.insert(turn.end(), first.result.tokens.begin(), first.result.tokens.end());
+  turn.insert(turn.end(), {33, 34, 35});
+  std::vector<std::int32_t> held = a;
+  held.insert(held.end(), first.result.tokens.begin(), first.result.tokens.end() - 1);
+  const batched_generation next = b.generate(turn, greedy(6));
+  CHECK(next.cached_prompt_tokens == static_cast<int>(common_prefix(held, turn)));
+  CHECK(next.cached_prompt_tokens >= 25);
+  CHECK(next.result.tokens == gen.generate(turn, greedy(6)).tokens);
+  // A prompt sharing a few tokens: continues from there, the rest rolled back.
+  const std::vector<std::int32_t> other = {1, 2, 3, 40, 41, 42};
+  const batched_generation branch = b.generate(other, greedy(6));
+  CHECK(branch.cached_prompt_tokens == 3);
+  CHECK(branch.result.tokens == gen.generate(other, greedy(6)).tokens);
+  // Nothing in common: a session of its own; two are kept, the oldest goes.
+  const std::vector<std::int32_t> fresh = {50, 51};
+  CHECK(b.generate(fresh, greedy(4)).cached_prompt_tokens == 0);
+  CHECK(b.generate({{60, 61}}, greedy(4)).cached_prompt_tokens == 0);
+  const decode_batcher_stats s = b.stats();
+  CHECK(s.reused_sessions == 3);
+  CHECK(s.reused_tokens == 19 + static_cast<std::uint64_t>(next.cached_prompt_tokens) + 3);
+  CHECK(s.sessions_opened == 3);
+  CHECK(s.evicted_sessions == 1);
+  CHECK(s.sessions_closed == 1);
+}
+
+TEST_CASE("retained caches make room for running generations") {
+  batcher_fixture f;
+  decode_batcher_options o;
+  o.retained_sessions = 4;
+  // Three pages of 16 tokens per block: one retained generation of 20
+  // tokens holds two of them.
+  decode_batcher b(f.system, f.engine(48), f.model_head(), o);
+  generator gen(f.model);
+  for (std::int32_t first : {1, 11, 21, 31}) {
+    CAPTURE(first);
+    std::vector<std::int32_t> prompt;
+    for (std::int32_t i = 0; i < 18; ++i) prompt.push_back(first + i % 7);
+    const batched_generation r = b.generate(prompt, greedy(3));
+    CHECK(r.cached_prompt_tokens == 0);
+    CHECK(r.result.tokens == gen.generate(prompt, greedy(3)).tokens);
+  }
+  const decode_batcher_stats s = b.stats();
+  CHECK(s.step_errors == 0);
+  CHECK(s.evicted_sessions == 3);  // each new generation needed the last one's pages
 }
 
 TEST_CASE("a batcher needs every block and a head of the same model on the same backend") {

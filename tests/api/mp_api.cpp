@@ -216,7 +216,8 @@ TEST_CASE("corolla bench api --local compares batched decoding with a generator 
   testing::temp_dir_guard dir("api-bench-local");
   api::write_chat_model(dir.path());
   const auto r = testing::run_corolla({"bench", "api", "--local", "--model", dir.path().string(), "--clients", "1,3",
-                                       "--new-tokens", "6", "--rounds", "2", "--device", "cpu", "--json"},
+                                       "--new-tokens", "6", "--rounds", "2", "--device", "cpu", "--shared-prefix", "8",
+                                       "--json"},
                                       120s);
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   const json j = testing::last_json_line(r.out);
@@ -233,6 +234,10 @@ TEST_CASE("corolla bench api --local compares batched decoding with a generator 
     CHECK(level["batched"]["mean_batch"].get<double>() >= 1.0);
   }
   CHECK(j["levels"][0]["batched"]["mean_batch"].get<double>() == 1.0);  // one client: batches of one
+  // The second round's prompt continues from the first's cache: at least
+  // the 8 shared tokens were not computed again.
+  CHECK(j["levels"][0]["batched"]["cached_prompt_tokens"].get<int>() >= 8);
+  CHECK(j["shared_prefix"] == 8);
 }
 
 TEST_CASE("corolla bench api runs every part on a tiny model and finds the same text both ways") {

@@ -226,6 +226,7 @@ TEST_CASE("chat completions apply the model's template and equal local generatio
   CHECK(r["choices"][0]["message"]["content"] == want.text);
   CHECK(r["usage"]["prompt_tokens"] == ids.size());
   CHECK(r["usage"]["completion_tokens"] == want.tokens.size());
+  CHECK(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);  // the first request
 
   json streamed = body;
   streamed["stream"] = true;
@@ -237,7 +238,13 @@ TEST_CASE("chat completions apply the model's template and equal local generatio
   CHECK(text == want.text);
   CHECK(finish == r["choices"][0]["finish_reason"]);
   CHECK(events.back()["choices"].empty());
-  CHECK(events.back()["usage"] == r["usage"]);
+  // The same counts; the same prompt again continues from the first
+  // request's cache (all of it but the last token, whose logits are needed).
+  json usage = events.back()["usage"];
+  CHECK(usage["prompt_tokens_details"]["cached_tokens"] == ids.size() - 1);
+  usage["prompt_tokens_details"]["cached_tokens"] = 0;
+  CHECK(usage == r["usage"]);
+  CHECK(metric(s.port(), "corolla_api_prompt_tokens_cached_total") == ids.size() - 1);
   for (const auto& e : events) CHECK(e["id"] == events.front()["id"]);
 
   // A conversation the template cannot render is a 400, not a dropped connection.

@@ -57,7 +57,7 @@ TEST_CASE("emulated device: concurrent generations through the decode batcher ge
   decode_batcher b(system, span_engine(on_dev.decoding_stage(), 4 * 96, o), std::move(h), {patient});
   std::vector<std::future<std::vector<std::int32_t>>> runs;
   for (const auto& prompt : prompts)
-    runs.push_back(std::async(std::launch::async, [&b, &prompt, &p] { return b.generate(prompt, p).tokens; }));
+    runs.push_back(std::async(std::launch::async, [&b, &prompt, &p] { return b.generate(prompt, p).result.tokens; }));
   for (std::size_t i = 0; i < runs.size(); ++i) {
     CAPTURE(i);
     CHECK(runs[i].get() == want[i]);
