@@ -157,10 +157,22 @@ void make_room(batcher_state& st, std::int64_t rows, std::size_t steps) {
 }
 
 /// The cache of `session` now holds its ids up to `start`, then `ids`.
+/// (Ids not known up to `start`, after a failure: none are counted on.)
 void record_ids(batcher_state& st, const std::string& session, std::int64_t start, const std::vector<std::int32_t>& ids) {
   auto& held = st.cached[session];
+  if (static_cast<std::size_t>(start) > held.size()) {
+    held.clear();
+    return;
+  }
   held.resize(static_cast<std::size_t>(start));
   held.insert(held.end(), ids.begin(), ids.end());
+}
+
+/// A step of `session` from `start` failed: the engine cut its cache back
+/// to at most `start` (or left it), so no id from there on is counted on.
+void forget_ids_from(batcher_state& st, const std::string& session, std::int64_t start) {
+  auto& held = st.cached[session];
+  held.resize(std::min(held.size(), static_cast<std::size_t>(start)));
 }
 
 /// Runs every queued step as one batch and answers each with the logits of
@@ -220,6 +232,7 @@ void run_batch(batcher_actor* self) {
     for (std::size_t i = 0; i < batch.size(); ++i) {
       if (!results[i]) {
         ++st.stats.step_errors;
+        forget_ids_from(st, batch[i].step.session, batch[i].step.start);
         batch[i].promise.deliver(to_caf(results[i].error()));
         continue;
       }
@@ -232,8 +245,7 @@ void run_batch(batcher_actor* self) {
     // memory); what their caches hold from their steps on is not known.
     st.stats.step_errors += batch.size();
     for (auto& q : batch) {
-      auto& held = st.cached[q.step.session];
-      held.resize(std::min(held.size(), static_cast<std::size_t>(q.step.start)));
+      forget_ids_from(st, q.step.session, q.step.start);
       q.promise.deliver(error_from_wire("internal", std::string("the batch failed: ") + e.what()));
     }
   }
@@ -275,6 +287,12 @@ void on_step(batcher_actor* self, step_request& r) {
   if (st.queue.complete()) run_batch(self);
 }
 
+/// Answers every queued step with `why` (the actor is about to stop).
+void fail_queued(batcher_actor* self, const std::string& why) {
+  std::vector<std::string> sessions;
+  for (auto& q : self->state.queue.take(sessions)) q.promise.deliver(make_error(errc::stopped, why));
+}
+
 caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, std::shared_ptr<head> h,
                       decode_batcher_options options) {
   auto& st = self->state;
@@ -287,10 +305,27 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
   st.embedded = row_buffer(st.engine->config().hidden_size);
   st.rows = row_buffer(st.engine->config().hidden_size);
   st.logits = row_buffer(st.engine->config().vocab_size);
+  // Whatever ends the actor, no generation waits for ever on a queued step
+  // (requests still in the mailbox are answered by CAF).
+  self->set_exit_handler([self](caf::exit_msg& m) {
+    fail_queued(self, "the decode batcher stopped");
+    self->quit(m.reason);
+  });
+  self->set_exception_handler([self](std::exception_ptr& e) -> caf::error {
+    std::string what = "an unknown exception";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+    }
+    fail_queued(self, "the decode batcher failed: " + what);
+    return make_error(errc::stopped, "the decode batcher failed: " + what);
+  });
   return {
       [self](open_atom, open_request& r) -> caf::result<open_reply> {
         auto& st = self->state;
-        run_batch(self);  // steps queued before go first
+        // (No queued step is of a retained session: none needs to run first.)
         // The retained session sharing the longest prefix with the prompt;
         // at least the prompt's last token is computed (its logits are the
         // first sample's).
@@ -322,8 +357,8 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
       [self](step_atom, step_request& r) { on_step(self, r); },
       [self](close_atom, const std::string& session) -> caf::result<bool> {
         auto& st = self->state;
-        // A step of it still queued (a generation that gave up) runs first.
-        run_batch(self);
+        // (A generation closes after its last step was answered: none of
+        // its steps is queued.)
         if (!st.engine->session_length(session)) return to_caf(st.engine->session_length(session).error());
         st.queue.forget(session);  // no batch waits for a generation that ended
         if (st.retain_limit > 0) {
@@ -373,9 +408,9 @@ decode_batcher::decode_batcher(caf::actor_system& system, span_engine engine, he
                                         std::make_shared<head>(std::move(h)), options);
 }
 
-decode_batcher::~decode_batcher() {
-  caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
-}
+decode_batcher::~decode_batcher() { stop(); }
+
+void decode_batcher::stop() { caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown); }
 
 batched_generation decode_batcher::generate(std::span<const std::int32_t> prompt, const generation_params& p,
                                             const token_callback& on_token) {

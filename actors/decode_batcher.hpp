@@ -104,7 +104,7 @@ class decode_batcher {
   /// move into the actor. Throws std::invalid_argument for an engine that
   /// does not cover the whole model, or a head of another shape or backend.
   decode_batcher(caf::actor_system& system, span_engine engine, head h, decode_batcher_options options = {});
-  /// Stops the actor (generations still running fail).
+  /// Stops the actor (as stop()).
   ~decode_batcher();
   decode_batcher(const decode_batcher&) = delete;
   decode_batcher& operator=(const decode_batcher&) = delete;
@@ -122,6 +122,10 @@ class decode_batcher {
 
   /// The counters now (asks the actor; waits for the batch it is running).
   decode_batcher_stats stats() const;
+
+  /// Stops the actor: generations waiting for a step fail at once
+  /// (std::runtime_error), as do later ones; the engine and head are let go.
+  void stop();
 
  private:
   caf::actor_system& system_;

@@ -57,6 +57,29 @@ class slot_lease {
   int slot_;
 };
 
+/// Turns in arrival order: whoever asked first goes next (a mutex lets the
+/// thread that just released it take it again at once).
+class turnstile {
+ public:
+  void enter() {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t mine = next_++;
+    turn_.wait(lock, [&] { return serving_ == mine; });
+  }
+  void leave() {
+    {
+      std::lock_guard lock(mutex_);
+      ++serving_;
+    }
+    turn_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable turn_;
+  std::uint64_t next_ = 0, serving_ = 0;
+};
+
 /// The model in this process, a generator per slot. On a device the
 /// generators take turns, a token at a time: a device backend's stream and
 /// scratch buffers serve one thread at a time (kernels/cuda/cuda_backend.hpp).
@@ -78,13 +101,22 @@ class local_engine final : public completion_engine {
     generator& g = *generators_[slot.index()];
     if (!take_turns_) return {g.generate(prompt, p, on_token), 0};
     // The device is held while a step computes, and let go while its token
-    // is handed out (and streamed), so the requests' steps interleave.
-    std::unique_lock device(device_mu_);
+    // is handed out (and streamed): the requests' steps take turns.
+    struct turn {
+      turnstile& t;
+      bool held = false;
+      void enter() { t.enter(), held = true; }
+      void leave() { t.leave(), held = false; }
+      ~turn() {
+        if (held) t.leave();
+      }
+    } device{turns_};
+    device.enter();
     return {g.generate(prompt, p,
                        [&](std::int32_t id) {
-                         device.unlock();
+                         device.leave();
                          if (on_token) on_token(id);
-                         device.lock();
+                         device.enter();
                        }),
             0};
   }
@@ -95,7 +127,7 @@ class local_engine final : public completion_engine {
   model_config cfg_;
   slot_pool pool_;
   bool take_turns_;
-  std::mutex device_mu_;  ///< held by the slot computing on a device
+  turnstile turns_;  ///< on a device: the slot computing holds it
   std::vector<std::unique_ptr<generator>> generators_;
 };
 

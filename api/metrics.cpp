@@ -88,11 +88,10 @@ void metrics_registry::set_total(const std::string& name, const metric_labels& l
   std::lock_guard lock(mutex_);
   family& f = get(name, kind::counter);
   if (f.k != kind::counter) throw std::invalid_argument("metric " + name + " is not a counter");
+  // Two scrapes may read the count in one order and set it in the other:
+  // a counter keeps the larger.
   double& v = f.series_by_labels[labels].value;
-  if (value < v)
-    throw std::invalid_argument("metrics: counter " + name + " cannot go down (from " + std::to_string(v) + " to " +
-                                std::to_string(value) + ")");
-  v = value;
+  v = std::max(v, value);
 }
 
 void metrics_registry::observe(const std::string& name, const metric_labels& labels, double value) {

@@ -34,8 +34,9 @@ class metrics_registry {
   void add(const std::string& name, const metric_labels& labels = {}, double value = 1.0);
   /// Sets a gauge.
   void set(const std::string& name, const metric_labels& labels, double value);
-  /// Sets a counter from a count kept elsewhere. Throws
-  /// std::invalid_argument for a kind mismatch or a value below the last.
+  /// Sets a counter from a count kept elsewhere (a value below the last,
+  /// read earlier by a concurrent caller, leaves it). Throws
+  /// std::invalid_argument for another kind.
   void set_total(const std::string& name, const metric_labels& labels, double value);
   /// Records one observation of a histogram.
   void observe(const std::string& name, const metric_labels& labels, double value);

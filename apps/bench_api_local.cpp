@@ -25,6 +25,7 @@
 #include "apps/bench_api_load.hpp"
 #include "apps/bench_model.hpp"
 #include "apps/commands.hpp"
+#include "apps/model_load.hpp"
 #include "kernels/backend.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
@@ -71,6 +72,10 @@ int run_bench_api_local(const api_bench_options& o) {
   const weight_format weights = parse_weights_flag(o.weights);
   Backend& be = backend_for(parse_device(o.device));
   const model_config cfg = load_config(dir);
+  if (o.shared_prefix + o.prompt_tokens + o.new_tokens > cfg.max_positions)
+    throw std::invalid_argument("--shared-prefix + --prompt-tokens + --new-tokens (" +
+                                std::to_string(o.shared_prefix + o.prompt_tokens + o.new_tokens) +
+                                ") exceed the model context of " + std::to_string(cfg.max_positions));
   const auto tok = load_tokenizer(dir);
   std::mt19937_64 rng(o.seed + 11);
   const auto random_ids = [&](int n) {
@@ -94,7 +99,9 @@ int run_bench_api_local(const api_bench_options& o) {
 
   std::fprintf(stderr, "bench api --local: %d layers, dim %lld, %s weights on %s; loading...\n", cfg.n_layers,
                static_cast<long long>(cfg.hidden_size), weight_format_name(weights), be.dev().str().c_str());
-  transformer model = transformer::load(dir, be);
+  // As api --local loads it: with --weights other than f32 only those
+  // weights, shared by both engines.
+  transformer model = load_for_decoding(dir.string(), be, weights, "bench api");
   const int slots = *std::max_element(o.clients.begin(), o.clients.end());
   auto batched = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::batched);
   auto per_request = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::per_request);

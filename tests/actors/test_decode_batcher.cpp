@@ -5,6 +5,9 @@
 // error, and every session is closed whatever happened.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <future>
 #include <string>
 #include <thread>
@@ -214,6 +217,41 @@ TEST_CASE("retained caches make room for running generations") {
   const decode_batcher_stats s = b.stats();
   CHECK(s.step_errors == 0);
   CHECK(s.evicted_sessions == 3);  // each new generation needed the last one's pages
+}
+
+TEST_CASE("stopping the batcher fails the generations waiting for it, a queued step's too") {
+  batcher_fixture f;
+  // Batches wait for every generation of the last ones: the second
+  // generation's step waits in the queue while the first is held.
+  swarm::gathering_policy wait_long;
+  wait_long.wait_fraction = 1e6;
+  wait_long.max_wait = std::chrono::seconds(60);
+  decode_batcher b(f.system, f.engine(4 * 64), f.model_head(), {wait_long});
+  std::promise<void> release;
+  const std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> held_tokens{0}, other_tokens{0};
+  const auto error_of = [&](std::vector<std::int32_t> prompt, std::atomic<int>& count, bool hold) {
+    try {
+      b.generate(prompt, greedy(20), [&](std::int32_t) {
+        if (++count == 3 && hold) released.wait();
+      });
+      return std::string("no error");
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+  };
+  auto held = std::async(std::launch::async, error_of, std::vector<std::int32_t>{1, 2, 3}, std::ref(held_tokens), true);
+  auto other = std::async(std::launch::async, error_of, std::vector<std::int32_t>{4, 5, 6}, std::ref(other_tokens), false);
+  // (The other's next step then waits for the held one, up to the minute.)
+  while (held_tokens < 3 || other_tokens < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    b.stop();
+  // Answered at once, not after the gathering's minute.
+  REQUIRE(other.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  CHECK(other.get().find("the decode batcher") != std::string::npos);
+  release.set_value();
+  CHECK(held.get().find("the decode batcher failed to") != std::string::npos);
+  CHECK_THROWS_AS(b.generate({{7, 8}}, greedy(2)), std::runtime_error);
 }
 
 TEST_CASE("a batcher needs every block and a head of the same model on the same backend") {
