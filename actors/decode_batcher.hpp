@@ -45,8 +45,8 @@ namespace corolla {
 
 /// How a decode batcher runs.
 struct decode_batcher_options {
-  /// How long a queue of one-token steps waits for the generations of the
-  /// last batches that have not sent their next step yet.
+  /// How long a queue of steps waits for the generations of the last
+  /// batches that have not sent their next step yet.
   swarm::gathering_policy gathering{};
   /// Most rows (tokens) one batch holds: a step that would pass it runs
   /// the steps queued before it first, and a longer prompt runs alone.

@@ -2,10 +2,11 @@
 // model in this process, or a swarm of servers holding its blocks.
 //
 // Each engine serves up to `slots` requests at once; more wait for a free
-// slot in arrival order. Locally the slots' decode steps run together by
-// default: one actor (actors/decode_batcher.hpp) holds the model's blocks,
-// one KV pool and the head, and the one-token steps of all requests waiting
-// together go through the weights once. Without batching a local slot is a
+// slot in arrival order. Locally the slots' steps run together by default:
+// one actor (actors/decode_batcher.hpp) holds the model's blocks, one KV
+// pool and the head; the prompts and decode steps of all requests waiting
+// together go through the weights once, and the last `slots` finished
+// requests' caches serve prompts that start the same way. Without batching a local slot is a
 // generator of its own (its own KV cache and workspace; the model's
 // weights, and the bf16/int8/nf4 copies the first generator makes of them,
 // shared), each reading every weight per token. A swarm slot is a swarm client and
