@@ -142,10 +142,8 @@ std::int64_t contexts_of(const model_config& cfg, int slots, int page_tokens) {
 span_engine local_span_engine(transformer& model, int slots, weight_format weights, dtype kv) {
   if (!is_float_dtype(kv))
     throw model_error(std::string("the KV cache is f32, bf16 or f16, not ") + dtype_name(kv));
+  model.require_decoding_format(weights);
   stage blocks = model.decoding_stage();
-  if (blocks.inference_only() && weights != blocks.inference_format())
-    throw model_error(std::string("the model was loaded with ") + weight_format_name(blocks.inference_format()) +
-                      " weights for inference only; it decodes with those, not " + weight_format_name(weights));
   span_engine_options o;
   o.kv_dtype = kv;
   o.cache_allocation = kv_allocation::lazy;

@@ -47,10 +47,7 @@ generator::generator(transformer& model, std::size_t kv_budget_bytes, dtype kv, 
 
 generator::generator(transformer& model, std::size_t kv_budget_bytes, weight_format weights, dtype kv)
     : generator(model, kv_budget_bytes, kv, bare{}) {
-  if (stage_.inference_only() && weights != stage_.inference_format())
-    throw model_error(std::string("the model was loaded with ") + weight_format_name(stage_.inference_format()) +
-                      " weights for inference only; a generator of it reads those, not " +
-                      weight_format_name(weights));
+  model.require_decoding_format(weights);
   stage_.use_inference_weights(weights);
   head_.use_inference_weights(weights);
 }

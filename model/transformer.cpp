@@ -188,6 +188,13 @@ std::vector<param_set>& transformer::blocks() {
 const class stage& transformer::block_stage() const { return impl_->block_span; }
 bool transformer::inference_only() const { return impl_->block_span.inference_only(); }
 
+void transformer::require_decoding_format(weight_format f) const {
+  const weight_format own = impl_->block_span.inference_format();
+  if (inference_only() && f != own)
+    throw model_error(std::string("the model was loaded with ") + weight_format_name(own) +
+                      " weights for inference only; it decodes with those, not " + weight_format_name(f));
+}
+
 stage transformer::decoding_stage() {
   if (inference_only()) return stage::sharing_inference_weights(impl_->block_span);
   return stage(config(), 0, blocks(), backend());

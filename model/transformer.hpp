@@ -93,6 +93,10 @@ class transformer {
   /// API's batcher), with scratch of its own: over the blocks' parameters
   /// (shared), or sharing an inference-only model's inference weights.
   class stage decoding_stage();
+  /// Throws model_error unless a decoder may read `f` weights of this
+  /// model: any format of one with f32 parameters, only its own of one
+  /// loaded for inference only.
+  void require_decoding_format(weight_format f) const;
   /// Whether load_inference made this model (no f32 block parameters).
   bool inference_only() const;
   /// Every parameter set with its gradient buffer (allocated on first call).

@@ -19,6 +19,7 @@
 #include "actors/corolla.hpp"
 #include "api/completion_engine.hpp"
 #include "api/openai_request.hpp"
+#include "model/error.hpp"
 #include "model/generator.hpp"
 #include "model/safetensors.hpp"
 #include "tests/api/api_test_util.hpp"
@@ -339,6 +340,22 @@ TEST_CASE("concurrent requests each get the answer they would get alone") {
     CHECK(metric(s.port(), "corolla_api_batch_max") >= 1);
   } else {
     CHECK(steps == 0);
+  }
+}
+
+TEST_CASE("a local engine refuses weights its model does not hold, and a KV cache of no float type") {
+  testing::temp_dir_guard dir("api-engine-refusals");
+  write_chat_model(dir.path());
+  transformer lean = transformer::load_inference(dir.path(), cpu_backend(), weight_format::int8);
+  transformer full = transformer::load(dir.path(), cpu_backend());
+  for (const local_decoding d : {local_decoding::batched, local_decoding::per_request}) {
+    CAPTURE(static_cast<int>(d));
+    CHECK_THROWS_WITH_AS(make_local_engine(lean, 2, weight_format::bf16, dtype::f32, d),
+                         doctest::Contains("i8 weights for inference only; it decodes with those, not bf16"), model_error);
+    CHECK_THROWS_WITH_AS(make_local_engine(full, 2, weight_format::f32, dtype::i32, d),
+                         doctest::Contains("f32, bf16 or f16"), model_error);
+    // Its own format is served.
+    CHECK(make_local_engine(lean, 2, weight_format::int8, dtype::f32, d)->slots() == 2);
   }
 }
 
