@@ -42,6 +42,38 @@ void use_early_launch(bool on) {
 #endif
 }
 
+/// Whether decode steps are submitted as CUDA graphs now (device.hpp's step
+/// graphs); false without CUDA.
+bool step_graphs_on() {
+#ifdef COROLLA_HAVE_CUDA
+  return cuda::step_graphs_requested();
+#else
+  return false;
+#endif
+}
+
+void use_step_graphs(bool on) {
+#ifdef COROLLA_HAVE_CUDA
+  cuda::set_step_graphs(on);
+#else
+  (void)on;
+#endif
+}
+
+/// What the step graphs did in this process (device.hpp), for the JSON line.
+nlohmann::json step_graph_report() {
+#ifdef COROLLA_HAVE_CUDA
+  const cuda::step_graph_counts c = cuda::step_graph_totals();
+  return {{"launched", c.launched},
+          {"updated", c.updated},
+          {"instantiated", c.instantiated},
+          {"failed", c.failed},
+          {"eager", c.eager}};
+#else
+  return nlohmann::json::object();
+#endif
+}
+
 /// The batch-1 GEMV variants the CUDA backend chose per weight shape, with
 /// every variant's time (kernels/cuda/linear_bf16.hpp); printed unless
 /// `json`, returned for the JSON line. Empty on the cpu.
@@ -127,6 +159,10 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
   bandwidth_result bw;
   const bool early = launches_early(be.dev());
   double serial_decode = 0, serial_prefill = 0;  // early launch off
+  // On a GPU the measured generator also runs with step graphs the other
+  // way (on where they are off by default), alternating in the same run.
+  const bool graphs_default = step_graphs_on(), on_gpu = be.dev().kind == device_kind::cuda;
+  double flipped_decode = 0, flipped_prefill = 0;  // step graphs the other way
   auto run_once = [&](generator& g, double& decode, double& prefill) {
     generation_result res = g.generate(prompt, p);
     if (res.decode_seconds > 0) decode = std::max(decode, res.decode_steps / res.decode_seconds);
@@ -141,6 +177,11 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
       use_early_launch(false);
       run_once(*runs[0].gen, serial_decode, serial_prefill);
       use_early_launch(true);
+    }
+    if (on_gpu) {
+      use_step_graphs(!graphs_default);
+      run_once(*runs[0].gen, flipped_decode, flipped_prefill);
+      use_step_graphs(graphs_default);
     }
     for (std::size_t i = 1; i < runs.size(); ++i) run_once(*runs[i].gen, runs[i].decode, runs[i].prefill);
   }
@@ -176,6 +217,16 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
     j["serialised_decode_tokens_per_s"] = serial_decode;
     j["decode_vs_serialised"] = serial_decode > 0 ? best_decode / serial_decode : 0.0;
   }
+  const double graph_decode = graphs_default ? best_decode : flipped_decode;
+  const double launch_decode = graphs_default ? flipped_decode : best_decode;
+  j["step_graphs"] = graphs_default;
+  if (on_gpu) {
+    j["graph_decode_tokens_per_s"] = graph_decode;
+    j["launch_decode_tokens_per_s"] = launch_decode;
+    j["graphs_vs_launches"] = launch_decode > 0 ? graph_decode / launch_decode : 0.0;
+    j["graph_decode_vs_bound"] = graph_decode / bound;
+    j["step_graph_counts"] = step_graph_report();
+  }
   for (std::size_t i = 1; i < runs.size(); ++i) {
     const measured& b = runs[i];
     j[b.name + "_weight_bytes_per_token"] = decode_bytes_per_token(model, b.weights);
@@ -202,6 +253,11 @@ int run_decode(const bench_common& o, int prompt_tokens, int new_tokens, int rep
     if (early)
       std::printf("early launch off        %8.2f tokens/s  (same run, alternating: early launch %.2fx)\n",
                   serial_decode, serial_decode > 0 ? best_decode / serial_decode : 0.0);
+    if (on_gpu)
+      std::printf("step graphs %-3s         %8.2f tokens/s  (same run, alternating: graphs / launches %.2fx; "
+                  "graphs %.1f%% of the bound)\n",
+                  graphs_default ? "off" : "on", flipped_decode, launch_decode > 0 ? graph_decode / launch_decode : 0.0,
+                  100.0 * graph_decode / bound);
     for (std::size_t i = 1; i < runs.size(); ++i) {
       const measured& b = runs[i];
       std::printf("%-4s baseline decode    %8.2f tokens/s  (same run, alternating)\n", b.name.c_str(), b.decode);

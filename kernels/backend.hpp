@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -89,6 +90,13 @@ inline adamw_step_scalars adamw_scalars_for(const adamw_params& p, std::int64_t 
 /// before it. Backends subclass it; callers only hold and pass it back.
 struct queue_marker {
   virtual ~queue_marker() = default;
+};
+
+/// A backend's recording of one kind of step (Backend::run_step), kept by
+/// the caller from one step to the next (one per generator's decode step).
+/// Backends subclass it; callers only hold it and pass it back.
+struct step_recording {
+  virtual ~step_recording() = default;
 };
 
 /// What Backend::linear_fused does after the product.
@@ -396,6 +404,19 @@ class Backend {
   /// such as an elastic rank holding its snapshots, keeps none). A no-op
   /// where nothing is cached.
   virtual void release_cached_memory() {}
+  /// Issues the ops `ops` calls on this backend as one step. A backend that
+  /// can replay a recorded sequence of launches in one submission (CUDA with
+  /// step graphs on: the step captured into a graph whose executable `rec`
+  /// keeps and updates in place from step to step) records and submits it;
+  /// the default runs `ops` as it comes. `ops` must only queue this
+  /// backend's ops (nothing read back to the host, no synchronisation) and
+  /// must give the same result when run twice: a recording that fails is
+  /// run again without one. Its ops may still be queued when this returns,
+  /// like any op's.
+  virtual void run_step(std::unique_ptr<step_recording>& rec, const std::function<void()>& ops) {
+    (void)rec;
+    ops();
+  }
 
   // ---- device collectives (kernels/device_group.hpp) ----------------------------
   /// Whether join_group works here (CUDA built with NCCL). (Inline, as

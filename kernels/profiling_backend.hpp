@@ -209,6 +209,14 @@ class profiling_backend final : public Backend {
   /// The inner backend's companion, unwrapped: its ops are not timed.
   std::unique_ptr<Backend> companion() override { return inner_.companion(); }
   void release_cached_memory() override { inner_.release_cached_memory(); }
+  /// While timing, the step's ops run one by one (each is timed); else the
+  /// inner backend records and replays them as it would unwrapped.
+  void run_step(std::unique_ptr<step_recording>& rec, const std::function<void()>& ops) override {
+    if (enabled_)
+      ops();
+    else
+      inner_.run_step(rec, ops);
+  }
 
  private:
   template <class F>

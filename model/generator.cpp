@@ -67,14 +67,29 @@ void generator::step(std::span<const std::int32_t> ids, std::int64_t start, kv_s
   Tensor& pos = positions_.rows(cpu_backend(), T);
   fill_positions(pos, start);
   Tensor& x = hidden_.rows(*be_, T);
-  head_.embed(id_rows, pos, x);
-  stage_.forward_cached(x, kv, start, x);
-  // Only the last row's logits are needed; a decode step has just that row.
-  if (T == 1) {
-    head_.logits(x, logits_, nullptr);
+  auto forward = [&] {
+    head_.embed(id_rows, pos, x);
+    stage_.forward_cached(x, kv, start, x);
+    // Only the last row's logits are needed; a decode step has just that row.
+    if (T == 1) {
+      head_.logits(x, logits_, nullptr);
+    } else {
+      Tensor last = x.slice(T - 1, T);
+      head_.logits(last, logits_, nullptr);
+    }
+  };
+  if (T == 1 && !cfg_.is_moe()) {
+    // A decode step (or a prompt's one-row last piece): the same ops every
+    // step, submitted as one where the backend records and replays them (a
+    // CUDA graph). Repeatable, as run_step requires: the embedding rewrites
+    // x, the cache row is claimed again at the same position. (A mixture of
+    // experts routes its rows on the host, a read back that a recorded step
+    // cannot make.)
+    // (Passed as a one-reference lambda, which std::function keeps without
+    // allocating: a warm decode step allocates nothing.)
+    be_->run_step(decode_step_, [&forward] { forward(); });
   } else {
-    Tensor last = x.slice(T - 1, T);
-    head_.logits(last, logits_, nullptr);
+    forward();
   }
   if (host_logits_.raw() != logits_.raw()) {  // a device backend: bring them home
     be_->copy(logits_, host_logits_);

@@ -167,6 +167,9 @@ class generator {
   Tensor logits_;       ///< [1, V] on the device
   Tensor host_logits_;  ///< [1, V] on the host (== logits_ on the CPU backend)
   Tensor prompts_;  ///< deep prompts [n_layers, P, D] on the backend's device, or undefined
+  /// The decode step's recording (Backend::run_step: a CUDA graph with
+  /// step graphs on), kept from one step to the next.
+  std::unique_ptr<step_recording> decode_step_;
 };
 
 }  // namespace corolla

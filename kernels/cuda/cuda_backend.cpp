@@ -93,6 +93,7 @@ cuda_backend::~cuda_backend() {
       if (e) cudaEventDestroy(e);
     delete ring_;
   }
+  free_capture_arena();
   if (transfer_) cudaStreamDestroy(transfer_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -226,6 +227,10 @@ std::unique_ptr<device_group> cuda_backend::join_group(const device_group_id& id
 
 void cuda_backend::upload(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
+  if (capturing_) {  // the graph reads its own copy when it runs (step_graph.cpp)
+    COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst, stage_for_capture(src, bytes), bytes, cudaMemcpyHostToDevice, stream_));
+    return;
+  }
   if (ring_ == nullptr) {
     auto* r = new staging_ring;
     void* p = nullptr;

@@ -178,6 +178,17 @@ class cuda_backend final : public Backend {
   /// work still uses it is never handed to it.
   std::unique_ptr<Backend> companion() override;
   void release_cached_memory() override;
+  /// With step graphs on (device.hpp) on the shared instance, from a
+  /// recording's second step (the first runs as it comes: the GEMV tuner,
+  /// cuBLASLt's heuristics and scratch growth happen there, outside a
+  /// capture): captures `ops` on the stream into a graph (relaxed mode;
+  /// uploads staged in a capture arena of pinned memory that the graph
+  /// reads when it runs), updates `rec`'s executable in place
+  /// (cudaGraphExecUpdate; a new one where the topology changed) and
+  /// launches it. A failed capture runs `ops` again without one; three in a
+  /// row turn the recording off. Companions, COROLLA_CUDA_SYNC and graphs
+  /// off run `ops` as it comes (kernels/cuda/step_graph.cpp).
+  void run_step(std::unique_ptr<step_recording>& rec, const std::function<void()>& ops) override;
   /// NCCL groups (nccl_comm.hpp) when built with NCCL: one device per
   /// member, so two members of a group need two GPUs.
   bool has_device_groups() const override;
@@ -258,6 +269,14 @@ class cuda_backend final : public Backend {
   std::vector<std::int32_t> host_indices_;
   struct staging_ring;  ///< pinned host memory for upload() (cuda_backend.cpp)
   staging_ring* ring_ = nullptr;  ///< created on first upload; lives with the backend
+  struct capture_arena;  ///< pinned host memory for upload() while a step is captured (step_graph.cpp)
+  capture_arena* arena_ = nullptr;  ///< created on the first capture; lives with the backend
+  bool capturing_ = false;          ///< run_step is capturing the stream
+  /// A copy of `bytes` at `src` into the capture arena, for a captured
+  /// upload: the graph reads it when it runs (step_graph.cpp).
+  const void* stage_for_capture(const void* src, std::size_t bytes);
+  /// Frees the capture arena (the destructor's).
+  void free_capture_arena();
   std::vector<const void*> host_pages_;
   std::vector<std::byte> host_batch_;  ///< attention_cached_batch's tables, staged for one upload
   /// Throws unless `page` (a cache page of `what`) is memory of this device.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -35,5 +36,25 @@ bool early_launch_supported(int index);
 /// Whether launches on the calling thread's current device are early: the
 /// request, and early_launch_supported.
 bool early_launch_active();
+
+/// Step graphs (cuda_backend::run_step, kernels/cuda/step_graph.cpp): a
+/// decode step captured into a CUDA graph and launched as one, the graph's
+/// executable updated in place from step to step, so the GPU runs the
+/// step's few hundred kernels back to back instead of waiting on each
+/// launch. Off by default until measured on a GPU; COROLLA_CUDA_GRAPHS=1
+/// (or on, true, yes) in the environment turns them on. Process-wide; takes
+/// effect at the next step.
+void set_step_graphs(bool on);
+/// Whether step graphs are requested (set_step_graphs or the environment).
+bool step_graphs_requested();
+/// What the step graphs of this process did, since it started.
+struct step_graph_counts {
+  std::uint64_t launched = 0;      ///< steps submitted as one graph
+  std::uint64_t updated = 0;       ///< of those, an executable updated in place
+  std::uint64_t instantiated = 0;  ///< executables made (the first, or another topology)
+  std::uint64_t failed = 0;        ///< captures that failed (the step then ran without one)
+  std::uint64_t eager = 0;         ///< steps of a recording run without a graph (its first, or turned off)
+};
+step_graph_counts step_graph_totals();
 
 }  // namespace corolla::cuda

@@ -8,7 +8,9 @@
 # 15 minutes of device time a session may get): first the correctness of
 # everything not yet run on a GPU (every CUDA kernel and model test, with a
 # time limit each), then the two target benchmarks (7B bf16 decode against
-# the HBM bound, GPT-2-1.5B bf16 training MFU) and the training attention's
+# the HBM bound, with step graphs and without, in the same run; GPT-2-1.5B
+# bf16 decode, launch-bound, the same two ways; GPT-2-1.5B bf16 training
+# MFU) and the training attention's
 # register kernels against its WMMA ones (`bench attention --kernels
 # fa,wmma`; should the register kernels fail or disagree, the training
 # benchmark falls back to the WMMA ones and says so), each line of progress
@@ -148,6 +150,9 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
   # which training takes by default, against the WMMA ones) on GPT-2-1.5B's
   # shape, forward and backward.
   step bench_decode 120 corolla bench decode --preset llama7b --weights bf16 --repeats 2
+  # Thin layers are launch-bound: the step graphs' case (graphs vs launches
+  # in the same run, as in bench_decode's line).
+  step bench_decode_gpt2 75 corolla bench decode --preset gpt2-1.5b --weights bf16 --repeats 2
   step bench_attention 60 corolla bench attention --shape gpt2-1.5b --storage bf16 --precisions bf16 \
     --kernels fa,wmma
   # The register kernels are the default and new to the GPU: should they

@@ -83,7 +83,14 @@ Tensor emulated_device_backend::on_device(const Tensor& t, const char* what) con
 }
 
 Tensor emulated_device_backend::index_tensor(const Tensor& t, const char* what) const {
-  return t.dev().kind == device_kind::cpu ? t : on_device(t, what);
+  if (t.dev().kind == device_kind::cpu) return t;
+  no_host_read(what);  // CUDA reads a device-resident index tensor back to check it
+  return on_device(t, what);
+}
+
+void emulated_device_backend::no_host_read(const char* what) const {
+  if (in_step_)
+    throw tensor_error(std::string(what) + ": a host read inside a recorded step (a captured CUDA graph cannot make it)");
 }
 
 void emulated_device_backend::check_marker(const queue_marker* m, const char* op) const {
@@ -542,6 +549,7 @@ void emulated_device_backend::scale(Tensor& y, float alpha) {
 
 double emulated_device_backend::sum_squares(const Tensor& x) {
   user u(*this);
+  no_host_read("sum_squares");
   want_float(x, "sum_squares x");
   return cpu_backend().sum_squares(operands(*this).in(x, "sum_squares x"));
 }
@@ -600,8 +608,44 @@ void emulated_device_backend::dequantize_nf4(const Tensor& q, const Tensor& absm
 
 void emulated_device_backend::copy(const Tensor& src, Tensor& dst) {
   user u(*this);
-  Tensor dv = index_tensor(dst, "copy dst");
-  cpu_backend().copy(index_tensor(src, "copy src"), dv);
+  // A captured copy would read or write the host memory when the graph
+  // runs, not now.
+  if (src.dev().kind == device_kind::cpu || dst.dev().kind == device_kind::cpu) no_host_read("copy to or from the host");
+  Tensor dv = dst.dev().kind == device_kind::cpu ? dst : on_device(dst, "copy dst");
+  cpu_backend().copy(src.dev().kind == device_kind::cpu ? src : on_device(src, "copy src"), dv);
+}
+
+void emulated_device_backend::synchronize() { no_host_read("synchronize"); }
+
+namespace {
+struct emulated_recording final : step_recording {};
+}  // namespace
+
+void emulated_device_backend::run_step(std::unique_ptr<step_recording>& rec, const std::function<void()>& ops) {
+  if (in_step_) {  // a step inside a step joins it, as in a capture
+    ops();
+    return;
+  }
+  if (!rec) {  // a recording's first step runs as it comes (CUDA's warm-up)
+    rec = std::make_unique<emulated_recording>();
+    ops();
+    return;
+  }
+  in_step_ = true;
+  bool recorded = true;
+  try {
+    ops();  // the capture
+  } catch (...) {
+    recorded = false;
+  }
+  in_step_ = false;
+  if (!recorded) {
+    ++stats_.failed_steps;
+    ops();  // as it comes: a real error throws here
+    return;
+  }
+  ops();  // the ops must be repeatable: running them again changes nothing
+  ++stats_.recorded_steps;
 }
 
 std::shared_ptr<queue_marker> emulated_device_backend::mark() {
@@ -618,8 +662,8 @@ void emulated_device_backend::copy_after(const queue_marker* after, const Tensor
                        " (it copies one dtype; copy() converts)");
   std::lock_guard lock(transfer_mu_);
   ++stats_.copy_afters;
-  Tensor dv = index_tensor(dst, "copy_after dst");
-  cpu_backend().copy(index_tensor(src, "copy_after src"), dv);
+  Tensor dv = dst.dev().kind == device_kind::cpu ? dst : on_device(dst, "copy_after dst");
+  cpu_backend().copy(src.dev().kind == device_kind::cpu ? src : on_device(src, "copy_after src"), dv);
 }
 
 void emulated_device_backend::wait(const queue_marker* after) {

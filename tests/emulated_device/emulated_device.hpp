@@ -11,6 +11,13 @@
 //  * device groups (join_group): members on distinct devices, every member
 //    calling the same collective with the same sizes, each queued on a
 //    backend of its member's device (emulated_group.cpp);
+//  * a recorded step (run_step) as the CUDA backend's step graphs need it:
+//    a recording's first step runs as it comes; every later one runs its
+//    ops twice (a capture whose ops must be repeatable, then the rerun a
+//    failed capture gets), and inside it a host read (a copy to or from
+//    the host, sum_squares, a device-resident index tensor, synchronize)
+//    fails it as it fails a capture: the step then runs again as it comes
+//    and counts as a failed step;
 //  * two threads inside one instance's ops at once (copy_after and wait
 //    excepted) is an error: a device backend's queue and scratch belong to
 //    one thread, the reason companion() exists. Ops finish before they
@@ -57,6 +64,8 @@ class emulated_device_backend final : public Backend {
     std::atomic<int> companions{0};    ///< companion() calls
     std::atomic<int> host_empties{0};  ///< host_empty calls
     std::atomic<int> collectives{0};   ///< device-group collectives queued here
+    std::atomic<int> recorded_steps{0};  ///< run_step calls run as recorded steps (twice, no host read)
+    std::atomic<int> failed_steps{0};    ///< run_step calls whose recording failed (then run as they come)
   };
   const counters& stats() const { return stats_; }
 
@@ -125,6 +134,10 @@ class emulated_device_backend final : public Backend {
   void wait(const queue_marker* after) override;
   /// A new instance on the same device.
   std::unique_ptr<Backend> companion() override;
+  /// The CUDA backend's step graphs, emulated (see the top of this file).
+  void run_step(std::unique_ptr<step_recording>& rec, const std::function<void()>& ops) override;
+  /// Nothing is queued; inside a recorded step it fails the step.
+  void synchronize() override;
 
   /// Groups of emulated devices in this process (emulated_group.cpp): ids
   /// are unique per process; join_group blocks until every member joined
@@ -147,12 +160,16 @@ class emulated_device_backend final : public Backend {
   Tensor on_device(const Tensor& t, const char* what) const;
   /// An index tensor: the host, or this device.
   Tensor index_tensor(const Tensor& t, const char* what) const;
+  /// A tensor_error naming `what` while a recorded step runs (a host read
+  /// that a captured CUDA graph could not make).
+  void no_host_read(const char* what) const;
   /// A marker of this device, or a tensor_error naming `op`.
   void check_marker(const queue_marker* m, const char* op) const;
 
   int index_ = 0;
   std::atomic<std::thread::id> owner_{};  ///< the thread inside an op
   int depth_ = 0;                         ///< nesting of that thread's ops (add_rmsnorm's default and the like)
+  std::atomic<bool> in_step_{false};      ///< a recorded step's ops are running (on the op thread)
   std::mutex transfer_mu_;
   counters stats_;
 };

@@ -8,6 +8,7 @@
 // weight); tests/cuda_emulated/linear_bf16.cpp checks the CUDA kernel.
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -152,4 +153,70 @@ TEST_CASE("emulated device: bf16-, int8- and nf4-weight decode of mixture-of-exp
       CHECK(g_dev.generate(prompt, p).tokens == g_cpu.generate(prompt, p).tokens);
     }
   }
+}
+
+TEST_CASE("emulated device: decode steps run as recorded steps (repeatable, nothing read back) and generate the cpu's tokens") {
+  // The CUDA backend's step graphs capture every decode step after a
+  // generator's first; here each such step runs twice, and a host read
+  // inside it would fail it (kernels/cuda/step_graph.cpp,
+  // emulated_device.hpp). Long enough to cross KV pages (16 tokens each).
+  for (architecture arch : {architecture::llama, architecture::gpt2})
+    for (weight_format f : {weight_format::f32, weight_format::bf16, weight_format::int8}) {
+      CAPTURE(static_cast<int>(arch));
+      CAPTURE(weight_format_name(f));
+      testing::temp_dir_guard dir("emulated-recorded-decode");
+      testing::write_tiny_model(dir.path(), testing::tiny_options_for(arch, 96));
+      emulated_device_backend dev;
+      transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+      transformer on_dev = transformer::load(dir.path(), dev);
+      generation_params p;
+      p.max_new_tokens = 30;
+      p.ignore_eos = true;
+      const dtype kv = f == weight_format::bf16 ? dtype::bf16 : dtype::f32;
+      generator g_cpu(on_cpu, 0, f, kv), g_dev(on_dev, 0, f, kv);
+      const auto prompt = some_ids(9, on_cpu.config().vocab_size, 21);
+      CHECK(g_dev.generate(prompt, p).tokens == g_cpu.generate(prompt, p).tokens);
+      // 29 decode steps: the first as it comes, 28 recorded, none failed.
+      CHECK(dev.stats().recorded_steps.load() == p.max_new_tokens - 2);
+      CHECK(dev.stats().failed_steps.load() == 0);
+      // The recording lives with the generator: every step of the next
+      // generation is recorded, and so is the one-row last piece of a
+      // prompt of 9 in pieces of 4 (the same ops as a decode step).
+      p.prefill_chunk = 4;
+      CHECK(g_dev.generate(prompt, p).tokens == g_cpu.generate(prompt, p).tokens);
+      CHECK(dev.stats().recorded_steps.load() == 2 * p.max_new_tokens - 2);
+      CHECK(dev.stats().failed_steps.load() == 0);
+    }
+}
+
+TEST_CASE("emulated device: a recorded step that reads back runs again as it comes, and a real error still throws") {
+  emulated_device_backend dev;
+  std::unique_ptr<step_recording> rec;
+  Tensor d = dev.empty({4});
+  Tensor h = Tensor::empty({4});
+  int runs = 0;
+  auto read_back = [&] {
+    ++runs;
+    d.zero();
+    dev.copy(d, h);  // a copy to the host: no graph can make it now
+  };
+  dev.run_step(rec, read_back);  // the first step of a recording runs as it comes
+  CHECK(runs == 1);
+  CHECK(rec != nullptr);
+  dev.run_step(rec, read_back);
+  CHECK(runs == 3);  // the failed recording, then as it comes
+  CHECK(dev.stats().failed_steps == 1);
+  CHECK(dev.stats().recorded_steps == 0);
+  CHECK(h.data<float>()[0] == 0.0f);
+  // Nothing read back: recorded (run twice).
+  dev.run_step(rec, [&] {
+    ++runs;
+    dev.scale(d, 2.0f);
+  });
+  CHECK(runs == 5);
+  CHECK(dev.stats().recorded_steps == 1);
+  // A real error leaves run_step as it would have left the ops.
+  Tensor wrong = dev.empty({3});
+  CHECK_THROWS_AS(dev.run_step(rec, [&] { dev.add(d, wrong, d); }), tensor_error);
+  CHECK(dev.stats().failed_steps == 2);
 }

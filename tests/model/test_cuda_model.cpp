@@ -224,6 +224,59 @@ TEST_CASE("cuda: decode with early launch generates what it generates without (f
 #endif
 }
 
+TEST_CASE("cuda: decode from step graphs generates what launches generate (f32, bf16, int8, nf4 weights, early launch on and off)") {
+  // kernels/cuda/step_graph.cpp: every decode step after a generator's
+  // first is captured into a graph, its executable updated in place and
+  // launched; 70 steps cross four KV pages and the attention's growing
+  // grid. The counts say the graphs ran (no silent fallback).
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  const bool graphs_were = cuda::step_graphs_requested(), early_was = cuda::early_launch_requested();
+  for (architecture arch : {architecture::llama, architecture::gpt2})
+    for (weight_format weights : {weight_format::f32, weight_format::bf16, weight_format::int8, weight_format::nf4})
+      for (bool early : {true, false}) {
+        CAPTURE(static_cast<int>(arch));
+        CAPTURE(weight_format_name(weights));
+        CAPTURE(early);
+        cuda::set_early_launch(early);
+        testing::temp_dir_guard dir("cuda-graphs");
+        testing::write_tiny_model(dir.path(), options_for(arch));
+        transformer on_gpu = transformer::load(dir.path(), gpu());
+        generator g(on_gpu, 0, weights), other(on_gpu, g, 0, dtype::bf16);
+        generation_params p;
+        p.max_new_tokens = 70;
+        p.ignore_eos = true;
+        const auto prompt = some_ids(20, on_gpu.config().vocab_size, 31);
+        cuda::set_step_graphs(false);
+        const auto launched = g.generate(prompt, p).tokens;
+        const auto other_launched = other.generate(prompt, p).tokens;
+        cuda::set_step_graphs(true);
+        const cuda::step_graph_counts before = cuda::step_graph_totals();
+        CHECK(g.generate(prompt, p).tokens == launched);
+        const cuda::step_graph_counts after = cuda::step_graph_totals();
+        // 69 decode steps: the recording's first as it comes, 68 graphs.
+        CHECK(after.launched - before.launched == 68);
+        CHECK(after.failed == before.failed);
+        CHECK(after.eager - before.eager == 1);
+        MESSAGE("executables made: " << after.instantiated - before.instantiated << ", updated in place: "
+                                      << after.updated - before.updated);
+        // Two generators in turn (the second's KV cache bf16), each
+        // capture rewinding the arena the other's graphs read.
+        p.max_new_tokens = 40;
+        std::vector<std::int32_t> a, b;
+        for (int t = 0; t < 2; ++t) {
+          a = g.generate(prompt, p).tokens;
+          b = other.generate(prompt, p).tokens;
+        }
+        CHECK(a == std::vector<std::int32_t>(launched.begin(), launched.begin() + 40));
+        CHECK(b == std::vector<std::int32_t>(other_launched.begin(), other_launched.begin() + 40));
+        CHECK(cuda::step_graph_totals().failed == before.failed);
+      }
+  cuda::set_step_graphs(graphs_were);
+  cuda::set_early_launch(early_was);
+#endif
+}
+
 TEST_CASE("cuda: a short training run tracks the cpu's losses (GPT-2, Llama)") {
   REQUIRE_GPU_OR_SKIP();
   for (architecture arch : {architecture::gpt2, architecture::llama}) {

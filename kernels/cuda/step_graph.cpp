@@ -1,0 +1,236 @@
+// kernels/cuda/step_graph.cpp — cuda_backend::run_step: a step's launches
+// captured into a CUDA graph and submitted as one (the step graphs of
+// device.hpp), and the capture arena its uploads are staged in.
+//
+// Why: a decode step of a thin model (GPT-2-1.5B: 48 layers, about 12
+// launches each) is bound by launching, not by its weights; even 7B
+// Llama's GPU idles about 6 % of a step between launches (docs/cuda.md).
+// A graph's kernels follow each other on the GPU without a launch each.
+//
+// How: every step is captured again (the host work of a capture is about
+// that of launching, and the step's arguments change every step: its
+// position, the cache rows it writes, the page tables, the attention's
+// grid), then cudaGraphExecUpdate writes the new arguments into the
+// recording's executable in place, which costs far less than making one;
+// only where the topology changed (another split of the attention, a
+// longer page table is still one copy) is a new executable instantiated.
+// This is what llama.cpp's CUDA backend does per token.
+//
+// What a capture must not meet: a host synchronisation, a copy from
+// pageable memory, work on the legacy default stream. The decode step has
+// none once warm: its index vectors and page tables are uploaded through
+// upload(), which during a capture stages them in the capture arena
+// (pinned, rewritten only after the last graph that reads it has run); the
+// GEMV tuner times nothing while the stream is captured (linear_bf16.cu),
+// and a recording's first step runs as it comes so that the tuner, the
+// cuBLASLt heuristics and scratch growth happen there. Should a capture
+// fail anyway, the step runs again without one (its ops are repeatable, as
+// Backend::run_step requires) and the failure is counted.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/device.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+bool step_graphs_default() {
+  const char* v = std::getenv("COROLLA_CUDA_GRAPHS");
+  if (v == nullptr) return false;
+  for (const char* on : {"1", "on", "true", "yes"})
+    if (std::strcmp(v, on) == 0) return true;
+  return false;
+}
+
+std::atomic<bool>& step_graphs_flag() {
+  static std::atomic<bool> on{step_graphs_default()};
+  return on;
+}
+
+struct graph_totals {
+  std::atomic<std::uint64_t> launched{0}, updated{0}, instantiated{0}, failed{0}, eager{0};
+};
+graph_totals& totals() {
+  static graph_totals t;
+  return t;
+}
+
+/// Failed captures in a row after which a recording runs without a graph.
+constexpr int give_up_after = 3;
+
+/// A recording's executable, kept between steps.
+struct cuda_step_recording final : step_recording {
+  const cuda_backend* owner = nullptr;  ///< the backend whose stream it was captured on
+  cudaGraphExec_t exec = nullptr;
+  long long steps = 0;       ///< steps run through this recording
+  int failures_in_row = 0;
+  bool off = false;          ///< gave up after give_up_after failures
+  ~cuda_step_recording() override { reset(); }
+  void reset() {
+    // An executable still running is freed when it completes (CUDA's rule).
+    if (exec) cudaGraphExecDestroy(exec);
+    exec = nullptr;
+  }
+};
+
+/// `r`'s executable brought up to `graph`: updated in place, or made anew
+/// where the update is refused (another topology). Null when neither works.
+cudaGraphExec_t executable_for(cuda_step_recording& r, cudaGraph_t graph) {
+  if (r.exec != nullptr) {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(r.exec, graph, &info) == cudaSuccess) {
+      ++totals().updated;
+      return r.exec;
+    }
+    (void)cudaGetLastError();
+    r.reset();
+  }
+  if (cudaGraphInstantiate(&r.exec, graph, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    r.exec = nullptr;
+    return nullptr;
+  }
+  ++totals().instantiated;
+  return r.exec;
+}
+
+}  // namespace
+
+void set_step_graphs(bool on) { step_graphs_flag().store(on); }
+
+bool step_graphs_requested() { return step_graphs_flag().load(); }
+
+step_graph_counts step_graph_totals() {
+  const graph_totals& t = totals();
+  return {t.launched.load(), t.updated.load(), t.instantiated.load(), t.failed.load(), t.eager.load()};
+}
+
+/// Chunks of pinned host memory that a capture's uploads are copied into,
+/// in order; the graph's copy nodes read them when it runs. Rewound at the
+/// start of every capture, once the last graph launched from it has run
+/// (`in_use`, recorded on the stream after that launch).
+struct cuda_backend::capture_arena {
+  /// 4 MiB: a 7B step's page tables at a 32k-token context take about 1 MiB.
+  static constexpr std::size_t chunk_bytes = std::size_t{4} << 20;
+  struct chunk {
+    unsigned char* base = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::vector<chunk> chunks;
+  std::size_t current = 0, offset = 0;
+  cudaEvent_t in_use = nullptr;
+  bool pending = false;  ///< in_use was recorded and may not have completed
+
+  /// Room for `bytes`, in the current chunk or a later one (made here).
+  unsigned char* take(std::size_t bytes) {
+    const std::size_t room = (bytes + 63) & ~std::size_t{63};
+    while (current < chunks.size() && offset + room > chunks[current].bytes) {
+      ++current;
+      offset = 0;
+    }
+    if (current == chunks.size()) add_chunk(std::max(chunk_bytes, room));
+    unsigned char* at = chunks[current].base + offset;
+    offset += room;
+    return at;
+  }
+  /// One more chunk of `bytes`. Throws when no pinned memory can be had: a
+  /// capture then fails and the step runs without a graph (a copy from
+  /// pageable memory could not be captured).
+  void add_chunk(std::size_t bytes) {
+    void* p = nullptr;
+    COROLLA_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    chunks.push_back({static_cast<unsigned char*>(p), bytes});
+  }
+};
+
+const void* cuda_backend::stage_for_capture(const void* src, std::size_t bytes) {
+  unsigned char* at = arena_->take(bytes);
+  std::memcpy(at, src, bytes);
+  return at;
+}
+
+void cuda_backend::free_capture_arena() {
+  if (arena_ == nullptr) return;
+  if (arena_->in_use) {
+    if (arena_->pending) cudaEventSynchronize(arena_->in_use);
+    cudaEventDestroy(arena_->in_use);
+  }
+  for (const capture_arena::chunk& c : arena_->chunks) cudaFreeHost(c.base);
+  delete arena_;
+  arena_ = nullptr;
+}
+
+void cuda_backend::run_step(std::unique_ptr<step_recording>& rec, const std::function<void()>& ops) {
+  // Inside another step's capture the ops simply join it.
+  if (capturing_ || companion_ || !step_graphs_requested() || sync_after_launch()) {
+    ops();
+    return;
+  }
+  if (!rec) rec = std::make_unique<cuda_step_recording>();
+  auto* r = dynamic_cast<cuda_step_recording*>(rec.get());
+  if (r == nullptr) {  // another backend's recording: nothing to replay here
+    ops();
+    return;
+  }
+  if (r->owner != this) {
+    r->reset();
+    r->owner = this;
+    r->steps = 0;
+  }
+  if (r->off || r->steps++ == 0) {
+    ++totals().eager;
+    ops();
+    return;
+  }
+  device_guard guard(index_);
+  if (arena_ == nullptr) {
+    cudaEvent_t in_use = nullptr;
+    COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&in_use, cudaEventDisableTiming));
+    arena_ = new capture_arena;
+    arena_->in_use = in_use;
+  }
+  // The first chunk before any capture: pinning memory is no stream work,
+  // but it need not happen inside one.
+  if (arena_->chunks.empty()) arena_->add_chunk(capture_arena::chunk_bytes);
+  if (arena_->pending) {  // the last graph may still read the arena
+    COROLLA_CUDA_CHECK(cudaEventSynchronize(arena_->in_use));
+    arena_->pending = false;
+  }
+  arena_->current = 0;
+  arena_->offset = 0;
+
+  COROLLA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  capturing_ = true;
+  bool issued = true;
+  try {
+    ops();
+  } catch (...) {
+    issued = false;  // a real error throws again below, without the capture
+  }
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  cudaGraphExec_t exec = issued && ended == cudaSuccess && graph != nullptr ? executable_for(*r, graph) : nullptr;
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (exec == nullptr) {
+    (void)cudaGetLastError();
+    ++totals().failed;
+    if (++r->failures_in_row >= give_up_after) r->off = true;
+    ops();  // as it comes; nothing of the capture ran
+    return;
+  }
+  r->failures_in_row = 0;
+  COROLLA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+  COROLLA_CUDA_CHECK(cudaEventRecord(arena_->in_use, stream_));
+  arena_->pending = true;
+  ++totals().launched;
+}
+
+}  // namespace corolla::cuda
