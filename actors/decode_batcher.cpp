@@ -93,9 +93,15 @@ struct batcher_state {
   std::list<std::string> retained;
   std::size_t retain_limit = 0;
   decode_batcher_stats stats;
-  // Reused across steps: ids and positions on the host, rows on the device.
-  row_buffer ids{0, dtype::i32}, positions{0, dtype::i32};
-  row_buffer embedded, rows, logits;
+  // Reused across steps: ids, positions and the last rows' indices on the
+  // host, the last rows and their logits on the device.
+  row_buffer ids{0, dtype::i32}, positions{0, dtype::i32}, last_rows{0, dtype::i32};
+  row_buffer rows, logits;
+  /// Recordings of batches of decode steps (Backend::run_step: a CUDA graph
+  /// with step graphs on), by the number of steps: the same shape of work
+  /// each time, so an executable updates in place. Batches with a prompt's
+  /// piece in them vary too much and run as they come.
+  std::unordered_map<std::size_t, std::unique_ptr<step_recording>> recordings;
   static inline const char* name = "decode_batcher";
 };
 
@@ -112,29 +118,43 @@ Tensor to_host(Backend& be, const Tensor& t) {
   return out;
 }
 
-/// Embeds `ids` at `positions` (one each) into st.embedded; returns the
-/// rows on the host (what the span engine takes).
-Tensor embed(batcher_state& st, std::span<const std::int32_t> ids, std::span<const std::int64_t> positions) {
+/// Runs the prepared `steps` (their ids and positions in `ids`, `positions`,
+/// consecutive) as one batch on the device: embedded into the engine's rows,
+/// through every block in place, the LM head over each step's last row.
+/// Returns the logits (host [steps, V]) or the engine's error. Only the
+/// logits cross to the host.
+span_expected<Tensor> compute_batch(batcher_state& st, std::span<const batch_step> steps,
+                                    std::span<const std::int32_t> ids, std::span<const std::int64_t> positions) {
   Backend& be = st.h->backend();
   const auto n = static_cast<std::int64_t>(ids.size());
+  const auto k = static_cast<std::int64_t>(steps.size());
   Tensor& id_rows = st.ids.rows(cpu_backend(), n);
   copy_i32(ids, id_rows);
   Tensor& pos = st.positions.rows(cpu_backend(), n);
   auto* p = pos.data<std::int32_t>();
   for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<std::int32_t>(positions[static_cast<std::size_t>(i)]);
-  Tensor& x = st.embedded.rows(be, n);
-  st.h->embed(id_rows, pos, x);
-  return to_host(be, x);
-}
-
-/// Logits (host [n, V]) of `hidden` (host [n, D]).
-Tensor logits_of(batcher_state& st, const Tensor& hidden) {
-  Backend& be = st.h->backend();
-  const std::int64_t n = hidden.dim(0);
-  Tensor& x = st.rows.rows(be, n);
-  be.copy(hidden, x);
-  Tensor& out = st.logits.rows(be, n);
-  st.h->logits(x, out, nullptr);
+  Tensor& last_index = st.last_rows.rows(cpu_backend(), k);
+  auto* li = last_index.data<std::int32_t>();
+  std::int64_t row = 0;
+  for (std::int64_t i = 0; i < k; ++i) {
+    row += steps[static_cast<std::size_t>(i)].rows;
+    li[i] = static_cast<std::int32_t>(row - 1);
+  }
+  Tensor& last = st.rows.rows(be, k);
+  Tensor& out = st.logits.rows(be, k);
+  // Decode steps only (a row each): the same work for the same count, a
+  // recording of its own; otherwise a fresh one, which runs as it comes (so
+  // does a mixture of experts, whose routing reads back to the host).
+  std::unique_ptr<step_recording> none;
+  const bool recorded = n == k && !st.engine->config().is_moe();
+  std::unique_ptr<step_recording>& rec = recorded ? st.recordings[steps.size()] : none;
+  auto ran = st.engine->run_prepared(
+      steps, rec, [&](Tensor& x) { st.h->embed(id_rows, pos, x); },
+      [&](const Tensor& x) {
+        be.embedding(last_index, x, last);  // the steps' last rows, gathered
+        st.h->logits(last, out, nullptr);
+      });
+  if (!ran) return ran.error();
   return to_host(be, out);
 }
 
@@ -184,12 +204,13 @@ void run_batch(batcher_actor* self) {
   std::vector<queued_step> batch = st.queue.take(sessions);
   st.queued_rows = 0;
   const auto t0 = clock_type::now();
-  std::vector<std::int32_t> ids;
-  std::vector<std::int64_t> positions;
+  std::int64_t rows = 0;
+  std::vector<batch_step> steps;
   for (const auto& q : batch) {
-    ids.insert(ids.end(), q.step.ids.begin(), q.step.ids.end());
-    for (std::size_t i = 0; i < q.step.ids.size(); ++i) positions.push_back(q.step.start + static_cast<std::int64_t>(i));
-    if (q.step.ids.size() == 1) {
+    const auto n = static_cast<std::int64_t>(q.step.ids.size());
+    steps.push_back({q.step.session, q.step.start, n});
+    rows += n;
+    if (n == 1) {
       ++st.stats.decode_steps;
     } else {
       ++st.stats.prefill_steps;
@@ -197,47 +218,31 @@ void run_batch(batcher_actor* self) {
     }
   }
   try {
-    make_room(st, static_cast<std::int64_t>(ids.size()), batch.size());
-    const Tensor hidden = embed(st, ids, positions);
-    std::vector<decode_item> items;
-    std::int64_t row = 0;
-    for (const auto& q : batch) {
-      const auto n = static_cast<std::int64_t>(q.step.ids.size());
-      items.push_back({q.step.session, hidden.slice(row, row + n), q.step.start, 0});
-      row += n;
+    make_room(st, rows, batch.size());
+    const std::vector<span_expected<void>> prepared = st.engine->prepare_steps(steps);
+    // The steps the engine took, their ids and positions together.
+    std::vector<batch_step> taken;
+    std::vector<std::int32_t> ids;
+    std::vector<std::int64_t> positions;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (!prepared[i]) continue;
+      const step_request& r = batch[i].step;
+      taken.push_back(steps[i]);
+      ids.insert(ids.end(), r.ids.begin(), r.ids.end());
+      for (std::size_t j = 0; j < r.ids.size(); ++j) positions.push_back(r.start + static_cast<std::int64_t>(j));
     }
-    // A step alone takes the single-sequence path (matrix-vector products
-    // split across the threads at one row), faster than a batch of one.
-    std::vector<span_expected<Tensor>> results;
-    if (items.size() == 1)
-      results.push_back(st.engine->inference_step(items[0].session_id, items[0].hidden, items[0].start_position));
-    else
-      results = st.engine->decode_batch(items);
-    // The LM head over the last rows of the steps that came through, together.
-    std::vector<std::size_t> ok;
-    for (std::size_t i = 0; i < results.size(); ++i)
-      if (results[i]) ok.push_back(i);
-    Tensor logits;
-    if (!ok.empty()) {
-      const std::int64_t D = st.engine->config().hidden_size;
-      Tensor last = Tensor::empty({static_cast<std::int64_t>(ok.size()), D}, dtype::f32);
-      for (std::size_t k = 0; k < ok.size(); ++k) {
-        const Tensor& out = *results[ok[k]];
-        Tensor dst = last.slice(static_cast<std::int64_t>(k), static_cast<std::int64_t>(k) + 1);
-        dst.copy_from(out.slice(out.dim(0) - 1, out.dim(0)));
-      }
-      logits = logits_of(st, last);
-    }
+    span_expected<Tensor> logits =
+        taken.empty() ? span_expected<Tensor>(Tensor()) : compute_batch(st, taken, ids, positions);
     std::int64_t k = 0;
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      if (!results[i]) {
+      if (!prepared[i] || !logits) {
         ++st.stats.step_errors;
         forget_ids_from(st, batch[i].step.session, batch[i].step.start);
-        batch[i].promise.deliver(to_caf(results[i].error()));
+        batch[i].promise.deliver(to_caf(!prepared[i] ? prepared[i].error() : logits.error()));
         continue;
       }
       record_ids(st, batch[i].step.session, batch[i].step.start, batch[i].step.ids);
-      batch[i].promise.deliver(step_logits{logits.slice(k, k + 1)});
+      batch[i].promise.deliver(step_logits{logits->slice(k, k + 1)});
       ++k;
     }
   } catch (const std::exception& e) {
@@ -302,7 +307,6 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
   st.queue = step_queue<queued_step>(options.gathering);
   st.max_rows = std::max<std::int64_t>(options.max_batch_rows, 1);
   st.retain_limit = static_cast<std::size_t>(std::max(options.retained_sessions, 0));
-  st.embedded = row_buffer(st.engine->config().hidden_size);
   st.rows = row_buffer(st.engine->config().hidden_size);
   st.logits = row_buffer(st.engine->config().vocab_size);
   // Whatever ends the actor, no generation waits for ever on a queued step

@@ -9,8 +9,12 @@
 // generation) and the head on the same backend; each generation sends its
 // steps to it as messages, and the steps waiting together run as one
 // batch: the rows embedded together, one GEMM per projection over all of
-// them (span_engine::decode_batch), the LM head over all of them, and each
-// generation gets its own row of logits back to sample from. Prompts join
+// them (span_engine::prepare_steps and run_prepared: the rows stay on the
+// engine's device), the LM head over each step's last row, and each
+// generation gets its own row of logits back to sample from (the one copy
+// to the host a batch makes). A batch of decode steps only runs as one
+// Backend::run_step recorded per number of steps (a CUDA graph with step
+// graphs on, kernels/cuda/step_graph.cpp). Prompts join
 // the batch too (their rows through the same products, each attending over
 // its own cache), so a new request's prefill rides on the others' decode
 // step. A batch waits, briefly, for the generations of the last batches

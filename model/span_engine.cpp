@@ -220,9 +220,8 @@ span_expected<void> span_engine::check_hidden(const Tensor& hidden, const char* 
   return {};
 }
 
-span_expected<void> span_engine::check_step(const span_session& s, const Tensor& hidden,
-                                            std::int64_t start) const {
-  const std::int64_t n = hidden.dim(0), length = s.length();
+span_expected<void> span_engine::check_step(const span_session& s, std::int64_t n, std::int64_t start) const {
+  const std::int64_t length = s.length();
   if (start < 0)
     return error(span_errc::bad_position,
                  "step starts at negative position " + std::to_string(start));
@@ -235,6 +234,12 @@ span_expected<void> span_engine::check_step(const span_session& s, const Tensor&
                  "step covers positions " + std::to_string(start) + ".." +
                      std::to_string(start + n - 1) + " but session " + in_quotes(s.id) +
                      " was opened for " + std::to_string(s.max_length) + " tokens");
+  return {};
+}
+
+span_expected<void> span_engine::admit_step(span_session& s, std::int64_t n, std::int64_t start) {
+  if (auto ok = check_step(s, n, start); !ok) return ok;
+  if (kv_reservation r = s.kv.reserve(start + n); !r) return error(span_errc::cache_full, r.error);
   return {};
 }
 
@@ -290,10 +295,9 @@ span_expected<Tensor> span_engine::inference_step(const std::string& id, const T
   if (auto ok = check_hidden(hidden, "hidden states"); !ok) return ok.error();
   const std::int64_t n = hidden.dim(0);
   if (is_retry(*s, step_id, start, n)) return s->last_output.clone();
-  if (auto ok = check_step(*s, hidden, start); !ok) return ok.error();
   // Reserve before computing: a full pool fails the step with nothing
   // changed. Pages past start + n are released only after success.
-  if (kv_reservation r = s->kv.reserve(start + n); !r) return error(span_errc::cache_full, r.error);
+  if (auto ok = admit_step(*s, n, start); !ok) return ok.error();
   try {
     Tensor& x = upload(hidden, step_rows_);
     // kv_sequence::append rewrites from `start`, dropping what followed:
@@ -321,6 +325,15 @@ span_expected<Tensor> span_engine::inference_step(const std::string& id, const T
   }
 }
 
+span_expected<span_session*> span_engine::find_once(const std::string& id, std::unordered_set<const span_session*>& seen,
+                                                     const char* batch) {
+  span_session* s = find(id);
+  if (!s) return error(span_errc::unknown_session, "unknown session " + in_quotes(id));
+  if (!seen.insert(s).second)
+    return error(span_errc::invalid_argument, "session " + in_quotes(s->id) + " appears more than once in one " + batch);
+  return s;
+}
+
 std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const decode_item> items) {
   struct pending_step {
     std::size_t index;
@@ -338,17 +351,12 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
   // Validate and reserve everything first: an item's error is its own.
   for (std::size_t i = 0; i < items.size(); ++i) {
     const decode_item& item = items[i];
-    span_session* s = find(item.session_id);
-    if (!s) {
-      results.emplace_back(error(span_errc::unknown_session, "unknown session " + in_quotes(item.session_id)));
+    span_expected<span_session*> member = find_once(item.session_id, seen, "decode batch");
+    if (!member) {
+      results.emplace_back(member.error());
       continue;
     }
-    if (!seen.insert(s).second) {
-      results.emplace_back(error(span_errc::invalid_argument,
-                                 "session " + in_quotes(s->id) +
-                                     " appears more than once in one decode batch"));
-      continue;
-    }
+    span_session* s = *member;
     if (s->from != 0 || s->to != size() || item.start_position < s->prefix()) {
       // Part of the span (its own blocks), or deep-prompt positions (added
       // between blocks): it runs outside the batch.
@@ -364,12 +372,8 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
       results.emplace_back(s->last_output.clone());
       continue;
     }
-    if (auto ok = check_step(*s, item.hidden, item.start_position); !ok) {
+    if (auto ok = admit_step(*s, n, item.start_position); !ok) {
       results.emplace_back(ok.error());
-      continue;
-    }
-    if (kv_reservation r = s->kv.reserve(item.start_position + n); !r) {
-      results.emplace_back(error(span_errc::cache_full, r.error));
       continue;
     }
     pending.push_back({i, s, item.start_position, n, total_rows, item.step_id});
@@ -413,6 +417,73 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
     }
   }
   return results;
+}
+
+// ---- device-resident batches -------------------------------------------------------
+
+std::vector<span_expected<void>> span_engine::prepare_steps(std::span<const batch_step> steps) {
+  std::vector<span_expected<void>> results;
+  results.reserve(steps.size());
+  std::unordered_set<const span_session*> seen;
+  for (const batch_step& step : steps) {
+    span_expected<span_session*> member = find_once(step.session_id, seen, "batch");
+    if (!member) {
+      results.emplace_back(member.error());
+      continue;
+    }
+    span_session* s = *member;
+    if (s->from != 0 || s->to != size() || s->prefix() > 0) {
+      results.emplace_back(error(span_errc::invalid_argument,
+                                 "session " + in_quotes(s->id) +
+                                     " holds part of the span or deep prompts: a device-resident batch takes "
+                                     "sessions of the whole span without them"));
+      continue;
+    }
+    if (step.rows < 1) {
+      results.emplace_back(error(span_errc::invalid_argument, "a step of session " + in_quotes(s->id) +
+                                                                  " has no rows: it needs at least one token"));
+      continue;
+    }
+    results.push_back(admit_step(*s, step.rows, step.start_position));
+  }
+  return results;
+}
+
+span_expected<void> span_engine::run_prepared(std::span<const batch_step> steps, std::unique_ptr<step_recording>& rec,
+                                              const std::function<void(Tensor&)>& fill,
+                                              const std::function<void(const Tensor&)>& use) {
+  std::vector<span_session*> sessions;
+  std::vector<cached_rows> segments;
+  std::int64_t total_rows = 0;
+  for (const batch_step& step : steps) {
+    span_session* s = find(step.session_id);
+    if (!s) return error(span_errc::unknown_session, "unknown session " + in_quotes(step.session_id));
+    sessions.push_back(s);
+    segments.push_back({&s->kv, step.start_position, step.rows});
+    total_rows += step.rows;
+  }
+  if (steps.empty()) return {};
+  Backend& be = stage_.backend();
+  try {
+    Tensor& x = step_rows_.rows(be, total_rows);
+    be.run_step(rec, [&] {
+      fill(x);
+      if (segments.size() == 1)
+        stage_.forward_cached(x, *segments[0].kv, segments[0].start_pos, x);
+      else
+        stage_.forward_cached_batch(x, segments, x);
+      use(x);
+    });
+  } catch (const std::exception& e) {
+    for (std::size_t i = 0; i < steps.size(); ++i) fail_step(*sessions[i], steps[i].start_position);
+    return error(span_errc::internal, std::string("span computation failed: ") + e.what());
+  }
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    // As finish_step, without an output kept for a retry.
+    sessions[i]->kv.truncate(steps[i].start_position + steps[i].rows);
+    sessions[i]->has_last = false;
+  }
+  return {};
 }
 
 }  // namespace corolla

@@ -42,6 +42,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -157,6 +158,15 @@ struct decode_item {
   Tensor hidden;                     ///< [n, D] float (f32, bf16 or f16), host; n is usually 1
   std::int64_t start_position = 0;   ///< position of the first row
   std::uint64_t step_id = 0;         ///< 0 = no retry detection
+};
+
+/// One session's step in a device-resident batch (span_engine::prepare_steps,
+/// run_prepared): the rows themselves are the caller's, on the engine's
+/// backend.
+struct batch_step {
+  std::string session_id;
+  std::int64_t start_position = 0;  ///< position of the first row
+  std::int64_t rows = 0;            ///< >= 1
 };
 
 /// Gradients of a stateless backward.
@@ -278,6 +288,25 @@ class span_engine {
   /// appear once per batch (a second item for it is invalid_argument).
   std::vector<span_expected<Tensor>> decode_batch(std::span<const decode_item> items);
 
+  // ---- device-resident batches (the in-process decode batcher) -----------------
+  /// The first half of a batch whose rows never leave the device: validates
+  /// each step (an open session of the whole span without deep prompts, once
+  /// per call, rows >= 1, positions as inference_step checks them) and
+  /// reserves its KV pages. An item's error is its own; nothing is computed.
+  std::vector<span_expected<void>> prepare_steps(std::span<const batch_step> steps);
+  /// The second half, for steps prepare_steps accepted (nothing in between):
+  /// one Backend::run_step (`rec`: a CUDA graph with step graphs on) in
+  /// which `fill(x)` queues the steps' rows into x [sum of rows, D] f32 on
+  /// the engine's backend, consecutive in step order, the span runs over
+  /// them in place (one step alone: the single-sequence path), and `use(x)`
+  /// queues what reads the outputs (an LM head). Neither may read back to
+  /// the host, and both must be repeatable (run_step may run them twice).
+  /// No output is kept for retries. On failure every step's cache is cut
+  /// back to its start and the error (internal) is returned.
+  span_expected<void> run_prepared(std::span<const batch_step> steps, std::unique_ptr<step_recording>& rec,
+                                   const std::function<void(Tensor&)>& fill,
+                                   const std::function<void(const Tensor&)>& use);
+
   // ---- stateless forward / backward (fine-tuning clients) -------------------------
   /// Forward of `batch` sequences of `seq` tokens (hidden [B*T, D], float,
   /// host; row b*T + t is token t of sequence b at position t) through
@@ -307,9 +336,16 @@ class span_engine {
 
  private:
   span_session* find(const std::string& id);
+  /// find() for an item of a batch (`batch` names it in the error):
+  /// unknown_session, or invalid_argument for a session already in `seen`.
+  span_expected<span_session*> find_once(const std::string& id, std::unordered_set<const span_session*>& seen,
+                                         const char* batch);
   span_expected<void> check_hidden(const Tensor& hidden, const char* what) const;
-  span_expected<void> check_step(const span_session& s, const Tensor& hidden,
-                                 std::int64_t start) const;
+  /// A step of `rows` rows from `start` against `s`: bad_position errors.
+  span_expected<void> check_step(const span_session& s, std::int64_t rows, std::int64_t start) const;
+  /// check_step, then the KV pages for the step reserved (cache_full when
+  /// the pool has no room; nothing changed then).
+  span_expected<void> admit_step(span_session& s, std::int64_t rows, std::int64_t start);
   void finish_step(span_session& s, std::int64_t start, std::int64_t rows, std::uint64_t step_id,
                    const Tensor& output);
   void fail_step(span_session& s, std::int64_t start);

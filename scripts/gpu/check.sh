@@ -14,9 +14,9 @@
 # register kernels against its WMMA ones (`bench attention --kernels
 # fa,wmma`; should the register kernels fail or disagree, the training
 # benchmark falls back to the WMMA ones and says so), each line of progress
-# printed as it happens and at most 8 files in $OUT: info.log, one log per
-# step, summary.json (each step's exit status and seconds, and the final
-# JSON line of each benchmark). A run cut off still leaves what it finished.
+# printed as it happens and at most 8 files in $OUT: one log per step
+# (seven), summary.json (each step's exit status and seconds, and the final
+# JSON line of each benchmark); what `corolla info` says is printed. A run cut off still leaves what it finished.
 # profile: about 2 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
 # batch 8 unprofiled), Nsight Compute's counters over the decode
@@ -25,7 +25,7 @@
 # the tuner over its own variants or over all (COROLLA_GEMV=all), each with
 # the driver's shared-memory carve-out or a common 50 % one
 # (COROLLA_CUDA_CARVEOUT=50).
-# serve: about 3.5 minutes, the second call after lean (issue 25's serving
+# serve: about 5 minutes, the second call after lean (issue 25's serving
 # target): a swarm server holding all of 7B in bf16 on the GPU
 # (`corolla bench serve`): 1, 4 and 16 concurrent sessions through the
 # span server and on its engine, aggregate tokens/s against one session,
@@ -34,7 +34,8 @@
 # this GPU; 512-token prompts: attention over a longer cache); then
 # `corolla api --local` on the GPU with 1 and 16 streaming clients, its
 # requests' steps batched vs a generator per request (`bench api --local`,
-# the ~100M bench model: the same text both ways, and the ratio).
+# the ~100M bench model: the same text both ways, and the ratio), then the
+# same with step graphs on (COROLLA_CUDA_GRAPHS=1); about 5 minutes in all.
 # quant: about 4 minutes, the second call after lean: the figures of the
 # quantised and mixture-of-experts formats (issue 23): 7B decode with int8
 # and with nf4 weights (each against f32 and bf16 in the same run and the
@@ -90,14 +91,18 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     printf '{"mode":"%s","gpu":"%s","steps":[%s]}\n' "$mode" \
       "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" "${steps[*]}" > "$out/summary.json"
   }
-  corolla info > "$out/info.log" 2>&1
-  echo "[+0s] $(grep -i -m2 -E 'cuda|device' "$out/info.log" | tr '\n' ' ')"
+  # What corolla sees, printed rather than kept (lean writes at most 8 files).
+  echo "[+0s] $(corolla info 2>&1 | grep -i -m2 -E 'cuda|device' | tr '\n' ' ')"
   if [ "$mode" = serve ]; then
     step bench_serve 150 corolla bench serve --preset llama7b --weights bf16 --sessions 1,4,16 \
       --prompt-tokens 128 --new-tokens 32 --rounds 2 --max-memory 40GiB
     step bench_serve_kv16 120 corolla bench serve --preset llama7b --weights bf16 --kv-dtype bf16 \
       --sessions 1,16 --prompt-tokens 512 --new-tokens 32 --rounds 1 --max-memory auto
     step bench_api_local 90 corolla bench api --local --device cuda --clients 1,16 --new-tokens 32 --rounds 1
+    # The same with step graphs (the generators' decode steps, the batcher's
+    # batches of decode steps): against the line above.
+    step bench_api_local_graphs 90 env COROLLA_CUDA_GRAPHS=1 corolla bench api --local --device cuda \
+      --clients 1,16 --new-tokens 32 --rounds 1
     echo "[+$(($(date +%s) - start))s] serve done: $out/summary.json"
     exit 0
   fi

@@ -1,7 +1,9 @@
 // The local API's engines on the emulated device. The decode batcher
-// (actors/decode_batcher.hpp): the embedded rows come down to the host for
-// the span engine, the batch's rows go up together, the LM head runs on the
-// device and the logits come down. A generator per request
+// (actors/decode_batcher.hpp): the rows are embedded into the span engine's
+// rows on the device, run through the blocks in place, the LM head runs
+// over the gathered last rows and only the logits come down; batches of
+// decode steps run as recorded steps (twice each here, with no host read
+// inside: what a CUDA graph needs). A generator per request
 // (api/completion_engine.hpp, --batching off): the generators take turns on
 // the device, a token at a time. Either way concurrent generations must get
 // the cpu generator's tokens.
@@ -66,6 +68,10 @@ TEST_CASE("emulated device: concurrent generations through the decode batcher ge
   CHECK(s.steps == 4 * 16);
   CHECK(s.max_batch == 4);
   CHECK(s.step_errors == 0);
+  // Batches of decode steps ran as recorded steps, none failed (a host read
+  // inside would have).
+  CHECK(dev.stats().recorded_steps.load() > 0);
+  CHECK(dev.stats().failed_steps.load() == 0);
 }
 
 TEST_CASE("emulated device: a generator per request takes turns on the device and generates the cpu's tokens") {

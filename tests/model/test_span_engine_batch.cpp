@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <functional>
 #include <iomanip>
+#include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -119,6 +121,78 @@ TEST_CASE("one bad item in a decode batch fails only itself") {
   REQUIRE(again[0]);
   CHECK(same_values(*again[0], *r[0]));
   CHECK(e.decode_batch({}).empty());
+}
+
+TEST_CASE("device-resident steps (prepare_steps, run_prepared) equal decode_batch, fail per step, and cut caches back on failure") {
+  // The in-process batcher's path (actors/decode_batcher.cpp): the rows are
+  // the caller's, filled in and read out by its callbacks.
+  model_dir m(llama_opts());
+  const std::int64_t D = m.cfg.hidden_size;
+  span_engine e = m.engine(0, 2, 48);  // three pages
+  span_engine ref = m.engine(0, 2);
+  Backend& be = cpu_backend();
+  for (const std::string id : {"a", "b", "c", "d"}) {
+    REQUIRE(e.open_session(id, 64));
+    REQUIRE(ref.open_session(id, 64));
+  }
+  const Tensor pa = random_tensor({2, D}, 2), pb = random_tensor({3, D}, 5);
+  REQUIRE(e.inference_step("d", random_tensor({17, D}, 1), 0));  // "d" two pages, "a" one: the pool is full
+  REQUIRE(e.inference_step("a", pa, 0));
+  REQUIRE(ref.inference_step("a", pa, 0));
+  REQUIRE(ref.inference_step("b", pb, 0));
+
+  // "a" decodes a row, "c" needs a page (full), "a" again, "nope", "b" has
+  // no rows, "d" starts past its length.
+  std::vector<batch_step> steps = {{"a", 2, 1}, {"c", 0, 1}, {"a", 2, 1}, {"nope", 0, 1}, {"b", 0, 0}, {"d", 30, 1}};
+  const auto prepared = e.prepare_steps(steps);
+  REQUIRE(prepared.size() == steps.size());
+  CHECK(prepared[0]);
+  CHECK(code_of(prepared[1]) == span_errc::cache_full);
+  CHECK(error_of(prepared[2]) == "session 'a' appears more than once in one batch");
+  CHECK(error_of(prepared[3]) == "unknown session 'nope'");
+  CHECK(code_of(prepared[4]) == span_errc::invalid_argument);
+  CHECK(error_of(prepared[5]) == "step starts at position 30 but the session holds 17 tokens");
+
+  const Tensor xa = random_tensor({1, D}, 3);
+  Tensor out = Tensor::empty({1, D});
+  std::unique_ptr<step_recording> rec;
+  const std::vector<batch_step> one = {steps[0]};
+  REQUIRE(e.run_prepared(one, rec, [&](Tensor& x) { be.copy(xa, x); }, [&](const Tensor& x) { be.copy(x, out); }));
+  CHECK(same_values(out, *ref.inference_step("a", xa, 2)));
+  CHECK(*e.session_length("a") == 3);
+
+  // Two sessions together (the batch path) equal single steps; "a" rolls
+  // back one token, "b" runs a prompt of 3 in the same batch.
+  REQUIRE(e.close_session("d"));
+  REQUIRE(e.open_session("b2", 64));
+  const Tensor xa2 = random_tensor({1, D}, 7);
+  const std::vector<batch_step> two = {{"a", 2, 1}, {"b2", 0, 3}};
+  for (const auto& r : e.prepare_steps(two)) REQUIRE(r);
+  Tensor both = Tensor::empty({4, D});
+  REQUIRE(e.run_prepared(
+      two, rec,
+      [&](Tensor& x) {
+        Tensor first = x.slice(0, 1), rest = x.slice(1, 4);
+        be.copy(xa2, first);
+        be.copy(pb, rest);
+      },
+      [&](const Tensor& x) { be.copy(x, both); }));
+  CHECK(max_rel_diff(both.slice(0, 1), *ref.inference_step("a", xa2, 2)) < 1e-4);
+  CHECK(max_rel_diff(both.slice(1, 4), *ref.inference_step("b", pb, 0)) < 1e-4);
+  CHECK(*e.session_length("a") == 3);
+  CHECK(*e.session_length("b2") == 3);
+
+  // A failure inside the step: both caches cut back to their starts, the
+  // error returned, the sessions usable.
+  const std::vector<batch_step> grow = {{"a", 3, 1}, {"b2", 3, 1}};
+  for (const auto& r : e.prepare_steps(grow)) REQUIRE(r);
+  auto failed = e.run_prepared(
+      grow, rec, [&](Tensor&) { throw std::runtime_error("the device fell over"); }, [&](const Tensor&) {});
+  CHECK(code_of(failed) == span_errc::internal);
+  CHECK(error_of(failed) == "span computation failed: the device fell over");
+  CHECK(*e.session_length("a") == 3);
+  CHECK(*e.session_length("b2") == 3);
+  CHECK(e.run_prepared({}, rec, [](Tensor&) {}, [](const Tensor&) {}));
 }
 
 // ---- decode throughput: batched vs one session at a time ------------------------------
