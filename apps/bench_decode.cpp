@@ -68,7 +68,8 @@ nlohmann::json step_graph_report() {
           {"updated", c.updated},
           {"instantiated", c.instantiated},
           {"failed", c.failed},
-          {"eager", c.eager}};
+          {"eager", c.eager},
+          {"last_failure", c.last_failure}};
 #else
   return nlohmann::json::object();
 #endif

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -58,13 +59,26 @@ void check_device_index(int index) {
 }
 
 /// cudaFree of every cached block; caller holds c.mutex and a device_guard.
+/// A block leaves the list before it is freed, so a cudaFree that throws
+/// leaves no freed block behind to be handed out again.
 void free_cached_locked(device_cache& c) {
-  for (auto& [cls, blocks] : c.free_blocks) {
-    for (void* p : blocks) COROLLA_CUDA_CHECK(cudaFree(p));
-    c.stats.cached -= cls * blocks.size();
-    blocks.clear();
+  for (auto it = c.free_blocks.begin(); it != c.free_blocks.end(); it = c.free_blocks.erase(it)) {
+    auto& [cls, blocks] = *it;
+    while (!blocks.empty()) {
+      void* p = blocks.back();
+      blocks.pop_back();
+      c.stats.cached -= cls;
+      COROLLA_CUDA_CHECK(cudaFree(p));
+    }
   }
-  c.free_blocks.clear();
+}
+
+constexpr int max_capture_devices = 64;
+/// Per device: steps being captured now (set_capture_underway).
+std::atomic<int> captures_underway[max_capture_devices] = {};
+
+bool capture_underway(int index) {
+  return index >= 0 && index < max_capture_devices && captures_underway[index].load() > 0;
 }
 
 // ---- hooks registered with the tensor layer --------------------------------------
@@ -89,6 +103,14 @@ void hook_copy(void* dst, device dst_dev, const void* src, device src_dev, std::
 
 }  // namespace
 
+void set_capture_underway(int index, bool on) {
+  if (index < 0 || index >= max_capture_devices) return;
+  if (on)
+    ++captures_underway[index];
+  else
+    --captures_underway[index];
+}
+
 std::size_t size_class(std::size_t bytes) {
   if (bytes == 0) bytes = 1;
   if (bytes <= small_limit) return (bytes + small_granule - 1) / small_granule * small_granule;
@@ -110,6 +132,11 @@ void* device_allocate(std::size_t bytes, int index) {
     device_guard guard(index);
     cudaError_t status = cudaMalloc(&p, cls);
     const std::size_t cached_before = c.stats.cached;
+    if (status == cudaErrorMemoryAllocation && capture_underway(index)) {
+      cudaGetLastError();
+      throw cuda_out_of_memory("cuda:" + std::to_string(index) + " out of memory allocating " + std::to_string(mib(cls)) +
+                               " MiB while a step was being captured (it runs again without a graph)");
+    }
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear it; the retry decides
       free_cached_locked(c);

@@ -50,6 +50,14 @@ allocator_stats stats(int index);
 /// then multiples of 2 MiB.
 std::size_t size_class(std::size_t bytes);
 
+/// Marks a step being captured into a CUDA graph on device `index` (on:
+/// one more; off: one fewer; kernels/cuda/step_graph.cpp). While one is,
+/// an out-of-memory allocation throws at once instead of releasing the
+/// cache and retrying: cudaFree would end the capture, and the blocks it
+/// frees may be in the captured work. The step then runs again without a
+/// graph, where the retry happens.
+void set_capture_underway(int index, bool on);
+
 /// Registers allocate/release/zero/copy for device_kind::cuda with the tensor
 /// layer (kernels/tensor.hpp). Idempotent and thread-safe.
 void install_memory_ops();

@@ -185,9 +185,12 @@ class cuda_backend final : public Backend {
   /// uploads staged in a capture arena of pinned memory that the graph
   /// reads when it runs), updates `rec`'s executable in place
   /// (cudaGraphExecUpdate; a new one where the topology changed) and
-  /// launches it. A failed capture runs `ops` again without one; three in a
-  /// row turn the recording off. Companions, COROLLA_CUDA_SYNC and graphs
-  /// off run `ops` as it comes (kernels/cuda/step_graph.cpp).
+  /// launches it on the stream. The capture runs on a non-blocking stream
+  /// of its own (a blocking one's capture makes the legacy default stream
+  /// unusable for every thread meanwhile). A failed capture runs `ops`
+  /// again without one; three in a row turn the recording off. Companions,
+  /// COROLLA_CUDA_SYNC and graphs off run `ops` as it comes
+  /// (kernels/cuda/step_graph.cpp).
   void run_step(std::unique_ptr<step_recording>& rec, const std::function<void()>& ops) override;
   /// NCCL groups (nccl_comm.hpp) when built with NCCL: one device per
   /// member, so two members of a group need two GPUs.
@@ -271,11 +274,15 @@ class cuda_backend final : public Backend {
   staging_ring* ring_ = nullptr;  ///< created on first upload; lives with the backend
   struct capture_arena;  ///< pinned host memory for upload() while a step is captured (step_graph.cpp)
   capture_arena* arena_ = nullptr;  ///< created on the first capture; lives with the backend
-  bool capturing_ = false;          ///< run_step is capturing the stream
+  bool capturing_ = false;          ///< run_step is capturing (stream_ is capture_stream_ meanwhile)
+  stream_t capture_stream_ = nullptr;  ///< run_step's captures (non-blocking; created on the first)
+  /// The capture stream and arena made (first time), the arena rewound
+  /// once the last graph that reads it has run. Throws when it cannot.
+  void prepare_capture();
   /// A copy of `bytes` at `src` into the capture arena, for a captured
   /// upload: the graph reads it when it runs (step_graph.cpp).
   const void* stage_for_capture(const void* src, std::size_t bytes);
-  /// Frees the capture arena (the destructor's).
+  /// Frees the capture arena and stream (the destructor's).
   void free_capture_arena();
   std::vector<const void*> host_pages_;
   std::vector<std::byte> host_batch_;  ///< attention_cached_batch's tables, staged for one upload

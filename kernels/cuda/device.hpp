@@ -54,6 +54,7 @@ struct step_graph_counts {
   std::uint64_t instantiated = 0;  ///< executables made (the first, or another topology)
   std::uint64_t failed = 0;        ///< captures that failed (the step then ran without one)
   std::uint64_t eager = 0;         ///< steps of a recording run without a graph (its first, or turned off)
+  std::string last_failure;        ///< why the last failed capture failed ("" if none)
 };
 step_graph_counts step_graph_totals();
 

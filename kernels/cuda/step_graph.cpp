@@ -11,10 +11,13 @@
 // that of launching, and the step's arguments change every step: its
 // position, the cache rows it writes, the page tables, the attention's
 // grid), then cudaGraphExecUpdate writes the new arguments into the
-// recording's executable in place, which costs far less than making one;
-// only where the topology changed (another split of the attention, a
-// longer page table is still one copy) is a new executable instantiated.
-// This is what llama.cpp's CUDA backend does per token.
+// recording's executable of the same node count in place, which costs far
+// less than making one; only a topology not seen lately (the paged
+// attention's combine kernel comes with a second split) is instantiated.
+// This is what llama.cpp's CUDA backend does per token. The capture runs on
+// a non-blocking stream of the backend's own, the graph is launched on the
+// backend's stream: while a blocking stream is captured, the legacy default
+// stream (the tensor layer's memory hooks, any thread's) may not be used.
 //
 // What a capture must not meet: a host synchronisation, a copy from
 // pageable memory, work on the legacy default stream. The decode step has
@@ -23,17 +26,24 @@
 // (pinned, rewritten only after the last graph that reads it has run); the
 // GEMV tuner times nothing while the stream is captured (linear_bf16.cu),
 // and a recording's first step runs as it comes so that the tuner, the
-// cuBLASLt heuristics and scratch growth happen there. Should a capture
-// fail anyway, the step runs again without one (its ops are repeatable, as
-// Backend::run_step requires) and the failure is counted.
+// cuBLASLt heuristics and scratch growth happen there; an allocation that
+// runs out of memory during a capture fails it at once (the allocator's
+// release and retry would free blocks the capture refers to). Should a
+// capture fail anyway, the step runs again without one (its ops are
+// repeatable, as Backend::run_step requires), and the failure is counted
+// with its reason (step_graph_totals().last_failure); an error that the
+// step without a graph throws too is the step's, not the capture's.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string>
 #include <vector>
 
+#include "kernels/cuda/allocator.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device.hpp"
@@ -56,50 +66,98 @@ std::atomic<bool>& step_graphs_flag() {
 
 struct graph_totals {
   std::atomic<std::uint64_t> launched{0}, updated{0}, instantiated{0}, failed{0}, eager{0};
+  std::mutex mu;
+  std::string last_failure;  ///< under mu
 };
 graph_totals& totals() {
   static graph_totals t;
   return t;
 }
 
+/// Counts a failed capture and keeps its reason.
+void count_failure(const std::string& why) {
+  graph_totals& t = totals();
+  ++t.failed;
+  std::lock_guard lock(t.mu);
+  t.last_failure = why;
+}
+
 /// Failed captures in a row after which a recording runs without a graph.
 constexpr int give_up_after = 3;
+/// Executables a recording keeps, by node count: a step's topology changes
+/// now and then (the paged attention's combine kernel comes with a second
+/// split; a batch's sessions cross that line at different times), and an
+/// executable of each shape seen recently updates in place instead of
+/// being instantiated again.
+constexpr std::size_t kept_executables = 4;
 
-/// A recording's executable, kept between steps.
+/// A recording's executables, kept between steps, the most recently used
+/// first.
 struct cuda_step_recording final : step_recording {
-  const cuda_backend* owner = nullptr;  ///< the backend whose stream it was captured on
-  cudaGraphExec_t exec = nullptr;
-  long long steps = 0;       ///< steps run through this recording
+  struct kept {
+    std::size_t nodes = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  const cuda_backend* owner = nullptr;  ///< the backend whose steps it recorded
+  std::vector<kept> execs;
+  long long steps = 0;  ///< steps run through this recording
   int failures_in_row = 0;
-  bool off = false;          ///< gave up after give_up_after failures
+  bool off = false;  ///< gave up after give_up_after failures
   ~cuda_step_recording() override { reset(); }
   void reset() {
     // An executable still running is freed when it completes (CUDA's rule).
-    if (exec) cudaGraphExecDestroy(exec);
-    exec = nullptr;
+    for (kept& k : execs) cudaGraphExecDestroy(k.exec);
+    execs.clear();
   }
 };
 
-/// `r`'s executable brought up to `graph`: updated in place, or made anew
-/// where the update is refused (another topology). Null when neither works.
-cudaGraphExec_t executable_for(cuda_step_recording& r, cudaGraph_t graph) {
-  if (r.exec != nullptr) {
-    cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(r.exec, graph, &info) == cudaSuccess) {
-      ++totals().updated;
-      return r.exec;
-    }
-    (void)cudaGetLastError();
-    r.reset();
-  }
-  if (cudaGraphInstantiate(&r.exec, graph, 0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    r.exec = nullptr;
+/// An executable of `r` brought up to `graph`: the one of the same node
+/// count updated in place, or a new one where there is none or the update
+/// is refused (another topology). Null when neither works, with the reason
+/// in `why`.
+cudaGraphExec_t executable_for(cuda_step_recording& r, cudaGraph_t graph, std::string& why) {
+  std::size_t nodes = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &nodes) != cudaSuccess) {
+    why = std::string("cudaGraphGetNodes: ") + cudaGetErrorName(cudaGetLastError());
     return nullptr;
   }
+  auto same = std::find_if(r.execs.begin(), r.execs.end(), [&](const auto& k) { return k.nodes == nodes; });
+  if (same != r.execs.end()) {
+    cuda_step_recording::kept k = *same;
+    r.execs.erase(same);
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(k.exec, graph, &info) == cudaSuccess) {
+      r.execs.insert(r.execs.begin(), k);
+      ++totals().updated;
+      return k.exec;
+    }
+    (void)cudaGetLastError();
+    cudaGraphExecDestroy(k.exec);
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0); st != cudaSuccess) {
+    (void)cudaGetLastError();
+    why = std::string("cudaGraphInstantiate: ") + cudaGetErrorName(st);
+    return nullptr;
+  }
+  if (r.execs.size() == kept_executables) {
+    cudaGraphExecDestroy(r.execs.back().exec);
+    r.execs.pop_back();
+  }
+  r.execs.insert(r.execs.begin(), {nodes, exec});
   ++totals().instantiated;
-  return r.exec;
+  return exec;
 }
+
+/// Marks a capture underway on a device for the allocator
+/// (set_capture_underway) for as long as it lives.
+struct capture_mark {
+  int index;
+  explicit capture_mark(int i) : index(i) { set_capture_underway(index, true); }
+  ~capture_mark() { set_capture_underway(index, false); }
+  capture_mark(const capture_mark&) = delete;
+  capture_mark& operator=(const capture_mark&) = delete;
+};
 
 }  // namespace
 
@@ -108,8 +166,11 @@ void set_step_graphs(bool on) { step_graphs_flag().store(on); }
 bool step_graphs_requested() { return step_graphs_flag().load(); }
 
 step_graph_counts step_graph_totals() {
-  const graph_totals& t = totals();
-  return {t.launched.load(), t.updated.load(), t.instantiated.load(), t.failed.load(), t.eager.load()};
+  graph_totals& t = totals();
+  step_graph_counts c{t.launched.load(), t.updated.load(), t.instantiated.load(), t.failed.load(), t.eager.load(), {}};
+  std::lock_guard lock(t.mu);
+  c.last_failure = t.last_failure;
+  return c;
 }
 
 /// Chunks of pinned host memory that a capture's uploads are copied into,
@@ -165,6 +226,8 @@ void cuda_backend::free_capture_arena() {
   for (const capture_arena::chunk& c : arena_->chunks) cudaFreeHost(c.base);
   delete arena_;
   arena_ = nullptr;
+  if (capture_stream_) cudaStreamDestroy(capture_stream_);
+  capture_stream_ = nullptr;
 }
 
 void cuda_backend::run_step(std::unique_ptr<step_recording>& rec, const std::function<void()>& ops) {
@@ -190,6 +253,66 @@ void cuda_backend::run_step(std::unique_ptr<step_recording>& rec, const std::fun
     return;
   }
   device_guard guard(index_);
+  std::string why;
+  try {
+    prepare_capture();
+  } catch (const std::exception& e) {  // no capture stream or arena: this step without a graph
+    why = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  if (why.empty()) {
+    // Captured on a stream of its own, non-blocking: while a blocking
+    // stream is captured the legacy default stream (the memory hooks',
+    // other threads' copies) may not be used at all. The graph is launched
+    // on the backend's stream, in order with its other work.
+    capture_mark mark(index_);
+    if (const cudaError_t st = cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeRelaxed);
+        st != cudaSuccess) {
+      why = std::string("cudaStreamBeginCapture: ") + cudaGetErrorName(st);
+    } else {
+      stream_t own = stream_;
+      stream_ = capture_stream_;
+      capturing_ = true;
+      try {
+        ops();
+      } catch (const std::exception& e) {
+        why = std::string("an op threw during the capture: ") + e.what();
+      } catch (...) {
+        why = "an op threw during the capture";
+      }
+      capturing_ = false;
+      stream_ = own;
+      const cudaError_t ended = cudaStreamEndCapture(capture_stream_, &graph);
+      if (why.empty() && ended != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorName(ended);
+    }
+  }
+  cudaGraphExec_t exec = why.empty() ? executable_for(*r, graph, why) : nullptr;
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (exec == nullptr) {
+    (void)cudaGetLastError();
+    ops();  // as it comes (nothing of the capture ran): a real error throws here, not counted as the capture's
+    count_failure(why);
+    if (++r->failures_in_row >= give_up_after) r->off = true;
+    return;
+  }
+  r->failures_in_row = 0;
+  COROLLA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+  ++totals().launched;
+  // The graph reads the arena when it runs: the next capture waits for it.
+  if (cudaEventRecord(arena_->in_use, stream_) == cudaSuccess) {
+    arena_->pending = true;
+  } else {
+    (void)cudaGetLastError();
+    COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+}
+
+void cuda_backend::prepare_capture() {
+  if (capture_stream_ == nullptr) {
+    cudaStream_t s = nullptr;
+    COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    capture_stream_ = s;
+  }
   if (arena_ == nullptr) {
     cudaEvent_t in_use = nullptr;
     COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&in_use, cudaEventDisableTiming));
@@ -205,32 +328,6 @@ void cuda_backend::run_step(std::unique_ptr<step_recording>& rec, const std::fun
   }
   arena_->current = 0;
   arena_->offset = 0;
-
-  COROLLA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
-  capturing_ = true;
-  bool issued = true;
-  try {
-    ops();
-  } catch (...) {
-    issued = false;  // a real error throws again below, without the capture
-  }
-  capturing_ = false;
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-  cudaGraphExec_t exec = issued && ended == cudaSuccess && graph != nullptr ? executable_for(*r, graph) : nullptr;
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  if (exec == nullptr) {
-    (void)cudaGetLastError();
-    ++totals().failed;
-    if (++r->failures_in_row >= give_up_after) r->off = true;
-    ops();  // as it comes; nothing of the capture ran
-    return;
-  }
-  r->failures_in_row = 0;
-  COROLLA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-  COROLLA_CUDA_CHECK(cudaEventRecord(arena_->in_use, stream_));
-  arena_->pending = true;
-  ++totals().launched;
 }
 
 }  // namespace corolla::cuda

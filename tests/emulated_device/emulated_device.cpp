@@ -20,8 +20,23 @@ void* emulated_allocate(std::size_t bytes, int) {
   return p;
 }
 void emulated_release(void* p, int) noexcept { std::free(p); }
-void emulated_fill_zero(void* p, std::size_t bytes, int) { std::memset(p, 0, bytes); }
+/// Whether this thread runs a recorded step's ops (run_step): the memory
+/// hooks below are the tensor layer's (Tensor::zero, copy_from, clone),
+/// which on CUDA run on the legacy default stream, outside any capture.
+thread_local bool hooks_in_step = false;
+
+void no_hook_in_step(const char* what) {
+  if (hooks_in_step)
+    throw tensor_error(std::string(what) + " of device memory inside a recorded step: on CUDA it runs on the legacy "
+                                           "default stream, not in the captured graph");
+}
+
+void emulated_fill_zero(void* p, std::size_t bytes, int) {
+  no_hook_in_step("Tensor::zero");
+  std::memset(p, 0, bytes);
+}
 void emulated_copy(void* dst, device, const void* src, device, std::size_t bytes) {
+  no_hook_in_step("a tensor copy (copy_from, clone)");
   if (bytes > 0) std::memmove(dst, src, bytes);
 }
 
@@ -632,6 +647,7 @@ void emulated_device_backend::run_step(std::unique_ptr<step_recording>& rec, con
     return;
   }
   in_step_ = true;
+  hooks_in_step = true;
   bool recorded = true;
   try {
     ops();  // the capture
@@ -639,9 +655,10 @@ void emulated_device_backend::run_step(std::unique_ptr<step_recording>& rec, con
     recorded = false;
   }
   in_step_ = false;
+  hooks_in_step = false;
   if (!recorded) {
+    ops();  // as it comes: a real error throws here, and is the step's, not the recording's
     ++stats_.failed_steps;
-    ops();  // as it comes: a real error throws here
     return;
   }
   ops();  // the ops must be repeatable: running them again changes nothing

@@ -16,8 +16,10 @@
 //    ops twice (a capture whose ops must be repeatable, then the rerun a
 //    failed capture gets), and inside it a host read (a copy to or from
 //    the host, sum_squares, a device-resident index tensor, synchronize)
-//    fails it as it fails a capture: the step then runs again as it comes
-//    and counts as a failed step;
+//    or the tensor layer's memory hooks on device memory (Tensor::zero,
+//    copy_from, clone: CUDA's run on the legacy default stream, outside
+//    the capture) fail it as they fail a capture: the step then runs again
+//    as it comes and counts as a failed step;
 //  * two threads inside one instance's ops at once (copy_after and wait
 //    excepted) is an error: a device backend's queue and scratch belong to
 //    one thread, the reason companion() exists. Ops finish before they

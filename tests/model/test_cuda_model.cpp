@@ -254,6 +254,7 @@ TEST_CASE("cuda: decode from step graphs generates what launches generate (f32, 
         const cuda::step_graph_counts before = cuda::step_graph_totals();
         CHECK(g.generate(prompt, p).tokens == launched);
         const cuda::step_graph_counts after = cuda::step_graph_totals();
+        INFO("the last failed capture: " << after.last_failure);
         // 69 decode steps: the recording's first as it comes, 68 graphs.
         CHECK(after.launched - before.launched == 68);
         CHECK(after.failed == before.failed);
