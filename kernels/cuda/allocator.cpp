@@ -134,8 +134,12 @@ void* device_allocate(std::size_t bytes, int index) {
     const std::size_t cached_before = c.stats.cached;
     if (status == cudaErrorMemoryAllocation && capture_underway(index)) {
       cudaGetLastError();
-      throw cuda_out_of_memory("cuda:" + std::to_string(index) + " out of memory allocating " + std::to_string(mib(cls)) +
-                               " MiB while a step was being captured (it runs again without a graph)");
+      char msg[200];
+      std::snprintf(msg, sizeof msg,
+                    "cuda:%d out of memory allocating %.1f MiB while a step was being captured (it runs again "
+                    "without a graph, where the cache is released and the allocation retried)",
+                    index, mib(cls));
+      throw cuda_out_of_memory(msg);
     }
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear it; the retry decides
