@@ -20,13 +20,14 @@ void* emulated_allocate(std::size_t bytes, int) {
   return p;
 }
 void emulated_release(void* p, int) noexcept { std::free(p); }
-/// Whether this thread runs a recorded step's ops (run_step): the memory
-/// hooks below are the tensor layer's (Tensor::zero, copy_from, clone),
-/// which on CUDA run on the legacy default stream, outside any capture.
-thread_local bool hooks_in_step = false;
+/// Whether this thread runs a recorded step's ops (run_step; ops run on
+/// their caller's thread). The memory hooks below are the tensor layer's
+/// (Tensor::zero, copy_from, clone), which on CUDA run on the legacy
+/// default stream, outside any capture.
+thread_local bool in_recorded_step = false;
 
 void no_hook_in_step(const char* what) {
-  if (hooks_in_step)
+  if (in_recorded_step)
     throw tensor_error(std::string(what) + " of device memory inside a recorded step: on CUDA it runs on the legacy "
                                            "default stream, not in the captured graph");
 }
@@ -104,7 +105,7 @@ Tensor emulated_device_backend::index_tensor(const Tensor& t, const char* what) 
 }
 
 void emulated_device_backend::no_host_read(const char* what) const {
-  if (in_step_)
+  if (in_recorded_step)
     throw tensor_error(std::string(what) + ": a host read inside a recorded step (a captured CUDA graph cannot make it)");
 }
 
@@ -637,7 +638,7 @@ struct emulated_recording final : step_recording {};
 }  // namespace
 
 void emulated_device_backend::run_step(std::unique_ptr<step_recording>& rec, const std::function<void()>& ops) {
-  if (in_step_) {  // a step inside a step joins it, as in a capture
+  if (in_recorded_step) {  // a step inside a step joins it, as in a capture
     ops();
     return;
   }
@@ -646,16 +647,14 @@ void emulated_device_backend::run_step(std::unique_ptr<step_recording>& rec, con
     ops();
     return;
   }
-  in_step_ = true;
-  hooks_in_step = true;
+  in_recorded_step = true;
   bool recorded = true;
   try {
     ops();  // the capture
   } catch (...) {
     recorded = false;
   }
-  in_step_ = false;
-  hooks_in_step = false;
+  in_recorded_step = false;
   if (!recorded) {
     ops();  // as it comes: a real error throws here, and is the step's, not the recording's
     ++stats_.failed_steps;

@@ -162,8 +162,8 @@ class emulated_device_backend final : public Backend {
   Tensor on_device(const Tensor& t, const char* what) const;
   /// An index tensor: the host, or this device.
   Tensor index_tensor(const Tensor& t, const char* what) const;
-  /// A tensor_error naming `what` while a recorded step runs (a host read
-  /// that a captured CUDA graph could not make).
+  /// A tensor_error naming `what` while the calling thread runs a recorded
+  /// step (a host read that a captured CUDA graph could not make).
   void no_host_read(const char* what) const;
   /// A marker of this device, or a tensor_error naming `op`.
   void check_marker(const queue_marker* m, const char* op) const;
@@ -171,7 +171,6 @@ class emulated_device_backend final : public Backend {
   int index_ = 0;
   std::atomic<std::thread::id> owner_{};  ///< the thread inside an op
   int depth_ = 0;                         ///< nesting of that thread's ops (add_rmsnorm's default and the like)
-  std::atomic<bool> in_step_{false};      ///< a recorded step's ops are running (on the op thread)
   std::mutex transfer_mu_;
   counters stats_;
 };
