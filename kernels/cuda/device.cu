@@ -77,16 +77,19 @@ void allow_smem_for(const void* kernel, std::size_t bytes) {
 
 // ---- early launch (device.hpp) -----------------------------------------------------
 
-namespace {
-bool early_launch_default() {
-  const char* v = std::getenv("COROLLA_CUDA_EARLY_LAUNCH");
-  if (v == nullptr) return true;
+bool env_switch(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  for (const char* on : {"1", "on", "true", "yes"})
+    if (std::strcmp(v, on) == 0) return true;
   for (const char* off : {"0", "off", "false", "no"})
     if (std::strcmp(v, off) == 0) return false;
-  return true;
+  return fallback;
 }
+
+namespace {
 std::atomic<bool>& early_launch_flag() {
-  static std::atomic<bool> on{early_launch_default()};
+  static std::atomic<bool> on{env_switch("COROLLA_CUDA_EARLY_LAUNCH", true)};
   return on;
 }
 constexpr int max_devices = 64;

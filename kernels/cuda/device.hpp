@@ -20,6 +20,11 @@ std::string device_description(int index);
 /// Throws cuda_error.
 std::pair<std::size_t, std::size_t> device_memory(int index);
 
+/// The switch `name` in the environment (COROLLA_CUDA_EARLY_LAUNCH,
+/// COROLLA_CUDA_GRAPHS): true for 1, on, true or yes; false for 0, off,
+/// false or no; `fallback` when it is unset or says anything else.
+bool env_switch(const char* name, bool fallback);
+
 /// Programmatic dependent launch ("early launch", kernels/cuda/
 /// grid_dependency.cuh): kernels that support it (the bf16-weight GEMV) are
 /// scheduled while the kernel before them finishes. On by default where the

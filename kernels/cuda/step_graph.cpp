@@ -37,7 +37,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -51,16 +50,8 @@
 namespace corolla::cuda {
 namespace {
 
-bool step_graphs_default() {
-  const char* v = std::getenv("COROLLA_CUDA_GRAPHS");
-  if (v == nullptr) return false;
-  for (const char* on : {"1", "on", "true", "yes"})
-    if (std::strcmp(v, on) == 0) return true;
-  return false;
-}
-
 std::atomic<bool>& step_graphs_flag() {
-  static std::atomic<bool> on{step_graphs_default()};
+  static std::atomic<bool> on{env_switch("COROLLA_CUDA_GRAPHS", false)};
   return on;
 }
 
