@@ -14,7 +14,9 @@
 //  * The CPU backend computes in f32 and is the numerical reference.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -52,7 +54,38 @@ struct kv_pages_view {
   /// The pages' element type: f32, or bf16/f16 (half the cache memory; the
   /// attention widens them and computes in f32).
   dtype type = dtype::f32;
+  /// The same page pointers already in device memory (a kv_sequence on a
+  /// device keeps its tables there, written when it takes pages), so a
+  /// device backend's attention uploads nothing: key page p's pointer is
+  /// device_pages[key_entry + p * page_stride], its value page's the entry
+  /// after it. Null: the backend copies k_pages and v_pages itself.
+  const void* const* device_pages = nullptr;
+  std::int64_t page_stride = 0;
+  std::int64_t key_entry = 0;
+  /// The device whose memory holds device_pages.
+  device pages_device{};
 };
+
+/// Where the key and value rows of position `pos` of `cache` are (`width`
+/// elements of cache.type each), from its host arrays. Throws tensor_error
+/// naming `what` for a position the cache does not hold. Inline: backends
+/// link it without the device registry in backend.cpp.
+inline std::pair<void*, void*> kv_page_row(const kv_pages_view& cache, std::int64_t pos, std::int64_t width,
+                                           const char* what) {
+  if (cache.page_tokens <= 0 || pos < 0 || pos >= cache.length ||
+      pos / cache.page_tokens >= static_cast<std::int64_t>(std::min(cache.k_pages.size(), cache.v_pages.size())))
+    throw tensor_error(std::string(what) + ": position " + std::to_string(pos) + " is not held by a cache of " +
+                       std::to_string(cache.length) + " tokens in " + std::to_string(cache.k_pages.size()) +
+                       " pages of " + std::to_string(cache.page_tokens));
+  const auto page = static_cast<std::size_t>(pos / cache.page_tokens);
+  if (cache.k_pages[page] == nullptr || cache.v_pages[page] == nullptr)
+    throw tensor_error(std::string(what) + ": the page of position " + std::to_string(pos) + " is null");
+  const std::size_t offset = static_cast<std::size_t>(pos % cache.page_tokens * width) * dtype_size(cache.type);
+  auto at = [offset](const void* page_base) {
+    return static_cast<void*>(const_cast<std::byte*>(static_cast<const std::byte*>(page_base)) + offset);
+  };
+  return {at(cache.k_pages[page]), at(cache.v_pages[page])};
+}
 
 /// AdamW hyper-parameters (decoupled weight decay, bias-corrected moments).
 struct adamw_params {
@@ -253,27 +286,29 @@ class Backend {
       copy(*src, to);  // converts to the cache's type
     }
   }  /// rope_store_kv for rows of different sequences (a server's decode
-  /// batch): row i's key (rotated with `rotate`) and value go to k_rows[i]
-  /// and v_rows[i], hkv*head_dim elements of `cache_type` each in this
-  /// backend's device memory (kv_sequence::claim_row); q is rotated in
-  /// place. A device backend does it in one launch; this default runs
-  /// rope_store_kv row by row.
-  virtual void rope_store_kv_rows(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
-                                  int head_dim, const rope_spec& spec, bool rotate, std::span<void* const> k_rows,
-                                  std::span<void* const> v_rows, dtype cache_type) {
-    const auto n = static_cast<std::int64_t>(k_rows.size());
-    if (v_rows.size() != k_rows.size() || k.rank() != 2 || k.dim(0) != n || v.rank() != 2 || v.dim(0) != n)
-      throw tensor_error("rope_store_kv_rows: k and v need one row per destination (" + std::to_string(n) +
-                         " key rows, " + std::to_string(v_rows.size()) + " value rows, k " + shape_str(k.shape()) +
-                         ", v " + shape_str(v.shape()) + ")");
+  /// batch): row i's key (rotated with `rotate`) and value go to position
+  /// start_pos[i] of caches[i] (whose length already counts it:
+  /// kv_sequence::claim_row; every cache of one element type), hkv*head_dim
+  /// elements each; q is rotated in place. A device backend does it in one
+  /// launch, finding the rows through the caches' device page tables; this
+  /// default runs rope_store_kv row by row into kv_page_row's rows.
+  virtual void rope_store_kv_pages(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
+                                   int head_dim, std::span<const kv_pages_view> caches,
+                                   std::span<const std::int64_t> start_pos, const rope_spec& spec, bool rotate) {
+    const auto n = static_cast<std::int64_t>(caches.size());
+    if (start_pos.size() != caches.size() || k.rank() != 2 || k.dim(0) != n || v.rank() != 2 || v.dim(0) != n)
+      throw tensor_error("rope_store_kv_pages: k and v need one row per cache, and one position each (" +
+                         std::to_string(n) + " caches, " + std::to_string(start_pos.size()) + " positions, k " +
+                         shape_str(k.shape()) + ", v " + shape_str(v.shape()) + ")");
+    const std::int64_t width = std::int64_t{hkv} * head_dim;
     for (std::int64_t i = 0; i < n; ++i) {
       const auto u = static_cast<std::size_t>(i);
-      Tensor q_row = q.slice(i, i + 1), k_row = k.slice(i, i + 1);
-      rope_store_kv(q_row, k_row, v.slice(i, i + 1), rotate ? positions.slice(i, i + 1) : positions, hq, hkv,
-                    head_dim, spec, rotate, k_rows[u], v_rows[u], cache_type);
+      const auto [k_row, v_row] = kv_page_row(caches[u], start_pos[u], width, "rope_store_kv_pages");
+      Tensor q_row = q.slice(i, i + 1), k_one = k.slice(i, i + 1);
+      rope_store_kv(q_row, k_one, v.slice(i, i + 1), rotate ? positions.slice(i, i + 1) : positions, hq, hkv,
+                    head_dim, spec, rotate, k_row, v_row, caches[u].type);
     }
   }
-
 
   // ---- attention -----------------------------------------------------------------
   /// Causal self-attention over B sequences of length T.

@@ -163,6 +163,9 @@ std::int64_t check_kv_pages(const kv_pages_view& cache, std::int64_t start_pos, 
   for (std::int64_t p = 0; p < pages; ++p)
     require_condition(cache.k_pages[p] != nullptr && cache.v_pages[p] != nullptr, what,
                       "a cache page within the length is null");
+  if (cache.device_pages != nullptr)
+    require_condition(cache.page_stride >= 2 && cache.key_entry >= 0 && cache.key_entry + 1 < cache.page_stride,
+                      what, "the cache's device page table needs a stride of at least 2 and its key entry within it");
   return pages;
 }
 

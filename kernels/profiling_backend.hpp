@@ -141,11 +141,11 @@ class profiling_backend final : public Backend {
                         Tensor& out) override {
     timed("attention_cached", [&] { inner_.attention_cached(q, cache, start_pos, s, out); });
   }
-  void rope_store_kv_rows(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
-                          int head_dim, const rope_spec& spec, bool rotate, std::span<void* const> k_rows,
-                          std::span<void* const> v_rows, dtype cache_type) override {
-    timed("rope_store_kv_rows", [&] {
-      inner_.rope_store_kv_rows(q, k, v, positions, hq, hkv, head_dim, spec, rotate, k_rows, v_rows, cache_type);
+  void rope_store_kv_pages(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
+                           int head_dim, std::span<const kv_pages_view> caches, std::span<const std::int64_t> start_pos,
+                           const rope_spec& spec, bool rotate) override {
+    timed("rope_store_kv_pages", [&] {
+      inner_.rope_store_kv_pages(q, k, v, positions, hq, hkv, head_dim, caches, start_pos, spec, rotate);
     });
   }
   void attention_cached_batch(const Tensor& q, std::span<const kv_pages_view> caches,

@@ -195,18 +195,15 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
       // A decode batch: RoPE (Llama) and every session's cache append in
       // one op, then attention of every session against its own cache in
       // one (a launch each on a device, not two per session).
-      std::vector<void*> k_rows, v_rows;
       std::vector<kv_pages_view> views;
       std::vector<std::int64_t> starts;
       for (const cached_rows& s : seqs) {
-        const auto [k_row, v_row] = s.kv->claim_row(layer, s.start_pos);
-        k_rows.push_back(k_row);
-        v_rows.push_back(v_row);
+        s.kv->claim_row(layer, s.start_pos);  // the layer now counts the row the op writes
+        views.push_back(s.kv->view(layer));
         starts.push_back(s.start_pos);
       }
-      be.rope_store_kv_rows(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope, is_llama(cfg),
-                            k_rows, v_rows, seqs.front().kv->pool().type());
-      for (const cached_rows& s : seqs) views.push_back(s.kv->view(layer));
+      be.rope_store_kv_pages(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, views, starts, cfg.rope,
+                             is_llama(cfg));
       be.attention_cached_batch(q, views, starts, shape, attn);
       return;
     }

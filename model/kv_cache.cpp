@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 namespace corolla {
 
@@ -117,7 +118,10 @@ kv_sequence::kv_sequence(kv_sequence&& o) noexcept
       pages_(std::move(o.pages_)),
       k_ptrs_(std::move(o.k_ptrs_)),
       v_ptrs_(std::move(o.v_ptrs_)),
-      layer_length_(std::move(o.layer_length_)) {
+      layer_length_(std::move(o.layer_length_)),
+      device_table_(std::move(o.device_table_)),
+      table_entries_(std::move(o.table_entries_)),
+      table_synced_(std::exchange(o.table_synced_, 0)) {
   o.pages_.clear();
 }
 
@@ -131,6 +135,9 @@ kv_sequence& kv_sequence::operator=(kv_sequence&& o) noexcept {
     k_ptrs_ = std::move(o.k_ptrs_);
     v_ptrs_ = std::move(o.v_ptrs_);
     layer_length_ = std::move(o.layer_length_);
+    device_table_ = std::move(o.device_table_);
+    table_entries_ = std::move(o.table_entries_);
+    table_synced_ = std::exchange(o.table_synced_, 0);
     o.pages_.clear();
   }
   return *this;
@@ -165,7 +172,45 @@ kv_reservation kv_sequence::reserve(std::int64_t n_tokens) {
     k_ptrs_[l].push_back(pages_[p]);
     v_ptrs_[l].push_back(pages_[p] + block);
   }
+  try {
+    sync_device_table();
+  } catch (const std::exception& e) {  // no device memory for the tables: the pages go back
+    truncate(held * pt);
+    return {false, std::string("KV cache: no device memory for the page tables of ") + std::to_string(n_tokens) +
+                       " tokens: " + e.what()};
+  }
   return {};
+}
+
+void kv_sequence::sync_device_table() {
+  Backend& be = pool_->backend();
+  if (be.dev().kind == device_kind::cpu) return;
+  const auto L = static_cast<std::size_t>(used_layers());
+  const std::size_t pages = k_ptrs_[static_cast<std::size_t>(first_layer_)].size();
+  const std::size_t entries = 2 * L * pages;
+  if (entries <= table_synced_) return;
+  table_entries_.resize(entries);
+  for (std::size_t p = table_synced_ / (2 * L); p < pages; ++p)
+    for (std::size_t i = 0; i < L; ++i) {
+      const std::size_t l = static_cast<std::size_t>(first_layer_) + i;
+      table_entries_[2 * (p * L + i)] = k_ptrs_[l][p];
+      table_entries_[2 * (p * L + i) + 1] = v_ptrs_[l][p];
+    }
+  constexpr std::int64_t per_entry = sizeof(const void*) / sizeof(std::int32_t);
+  const std::size_t held = device_table_.defined() ? static_cast<std::size_t>(device_table_.numel() / per_entry) : 0;
+  if (held < entries) {  // grow by doubling (from 16 pages' worth): a new table is written whole
+    const std::size_t room = std::max({entries, 2 * held, 2 * L * 16});
+    device_table_ = be.empty({static_cast<std::int64_t>(room) * per_entry}, dtype::i32);
+    table_synced_ = 0;
+  }
+  const auto from = static_cast<std::int64_t>(table_synced_) * per_entry;
+  const auto to = static_cast<std::int64_t>(entries) * per_entry;
+  const std::size_t bytes = (entries - table_synced_) * sizeof(const void*);
+  Tensor host = Tensor::wrap(storage::borrow(table_entries_.data() + table_synced_, bytes, nullptr, device{}), 0,
+                             {to - from}, dtype::i32);
+  Tensor dst = device_table_.slice(from, to);
+  be.copy(host, dst);
+  table_synced_ = entries;
 }
 
 void kv_sequence::copy_rows(const void* dst, const Tensor& src, std::int64_t src_row,
@@ -248,6 +293,12 @@ kv_pages_view kv_sequence::view(int layer) const {
   view.type = pool_->type();
   view.page_tokens = pool_->page_tokens();
   view.length = layer_length_[l];
+  if (device_table_.defined() && layer >= first_layer_ && layer < last_layer_) {
+    view.device_pages = static_cast<const void* const*>(device_table_.raw());
+    view.page_stride = 2 * used_layers();
+    view.key_entry = 2 * (layer - first_layer_);
+    view.pages_device = device_table_.dev();
+  }
   return view;
 }
 
@@ -261,6 +312,9 @@ void kv_sequence::truncate(std::int64_t n_tokens) {
   if (keep_pages >= pages_.size()) return;
   pool_->release(pages_, keep_pages);
   pages_.resize(keep_pages);
+  // The device table's entries past the kept pages are rewritten when pages come again.
+  table_entries_.resize(std::min(table_entries_.size(), 2 * keep_pages));
+  table_synced_ = std::min(table_synced_, table_entries_.size());
   for (auto& p : k_ptrs_) p.resize(std::min(p.size(), keep));
   for (auto& p : v_ptrs_) p.resize(std::min(p.size(), keep));
 }

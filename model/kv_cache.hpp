@@ -25,7 +25,10 @@
 // exhausted: a server answers such a request with an error and keeps
 // serving), receives each layer's new K/V rows, hands layer views to the
 // attention kernel, can be truncated (rollback), and returns its pages on
-// destruction.
+// destruction. On a device pool it also keeps its page tables in the
+// device's memory, written as it takes pages (outside any decode step), so
+// a device's attention and KV append find the pages without an upload per
+// layer (kv_pages_view::device_pages).
 #pragma once
 
 #include <cstddef>
@@ -181,7 +184,8 @@ class kv_sequence {
   /// Allocates nothing.
   std::pair<void*, void*> claim_row(int layer, std::int64_t pos);
   /// The attention kernel's view of `layer` (empty outside the sequence's
-  /// layers). Valid until the next reserve, truncate or release.
+  /// layers; on a device pool with its tables in device memory as well).
+  /// Valid until the next reserve, truncate or release.
   kv_pages_view view(int layer) const;
   /// Keeps the first `n_tokens` tokens of every layer (rollback) and returns
   /// the pages no longer needed to the pool.
@@ -197,6 +201,10 @@ class kv_sequence {
   std::size_t check_write(const char* what, int layer, std::int64_t start_pos, std::int64_t n) const;
 
   int used_layers() const { return last_layer_ - first_layer_; }
+  /// Writes the page tables of the pages taken since the last call into
+  /// device_table_ (a device pool only), growing it when full. Throws what
+  /// the backend throws.
+  void sync_device_table();
 
   std::shared_ptr<kv_pool> pool_;
   int first_layer_ = 0, last_layer_ = 0;
@@ -207,6 +215,13 @@ class kv_sequence {
   std::vector<std::vector<const void*>> k_ptrs_;
   std::vector<std::vector<const void*>> v_ptrs_;
   std::vector<std::int64_t> layer_length_;
+  /// On a device pool, every layer's tables in the pool's memory
+  /// (kv_pages_view::device_pages): the pointers of token page p of used
+  /// layer i at entries 2 * (p * used_layers() + i) (keys) and the one
+  /// after (values); two i32 elements an entry. Undefined on the host.
+  Tensor device_table_;
+  std::vector<const void*> table_entries_;  ///< the same entries, on the host
+  std::size_t table_synced_ = 0;             ///< leading entries device_table_ holds
 };
 
 }  // namespace corolla

@@ -154,14 +154,12 @@ void launch_paged(stream_t s, const paged_params<KT>& p) {
 /// A paged-attention call of `rows` query rows with `splits` key chunks;
 /// with several, the partial states go to `scratch`.
 template <class KT>
-paged_params<KT> paged_call(const attention_dims& g, const float* q, float* out, const void* const* k_pages,
-                            const void* const* v_pages, std::int64_t page_tokens, std::int64_t rows,
-                            std::int64_t splits, float* scratch) {
+paged_params<KT> paged_call(const attention_dims& g, const float* q, float* out, std::int64_t page_stride,
+                            std::int64_t page_tokens, std::int64_t rows, std::int64_t splits, float* scratch) {
   paged_params<KT> p;
   p.q = q;
   p.out = out;
-  p.k_pages = reinterpret_cast<const KT* const*>(k_pages);
-  p.v_pages = reinterpret_cast<const KT* const*>(v_pages);
+  p.page_stride = page_stride;
   p.page_tokens = page_tokens;
   p.rows = rows;
   p.splits = splits;
@@ -174,12 +172,14 @@ paged_params<KT> paged_call(const attention_dims& g, const float* q, float* out,
 }  // namespace
 
 void attention_cached(stream_t s, const attention_dims& g, const float* q, std::int64_t tq, elem cache,
-                      const void* const* k_pages, const void* const* v_pages, std::int64_t page_tokens,
-                      std::int64_t start_pos, float* out, float* scratch) {
+                      const void* const* k_pages, const void* const* v_pages, std::int64_t page_stride,
+                      std::int64_t page_tokens, std::int64_t start_pos, float* out, float* scratch) {
   if (tq <= 0) return;
   dispatch_elem(cache, [&](auto tag) {
-    auto p = paged_call<decltype(tag)>(g, q, out, k_pages, v_pages, page_tokens, tq,
-                                       attention_cached_splits(tq, start_pos), scratch);
+    using KT = decltype(tag);
+    auto p = paged_call<KT>(g, q, out, page_stride, page_tokens, tq, attention_cached_splits(tq, start_pos), scratch);
+    p.k_pages = reinterpret_cast<const KT* const*>(k_pages);
+    p.v_pages = reinterpret_cast<const KT* const*>(v_pages);
     p.start_pos = start_pos;
     launch_paged(s, p);
   });
@@ -190,14 +190,16 @@ std::int64_t attention_cached_key_chunks(std::int64_t tq, std::int64_t start_pos
 }
 
 void attention_cached_batch(stream_t s, const attention_dims& g, const float* q, std::int64_t n, elem cache,
-                            const void* const* k_pages, const void* const* v_pages, const std::int64_t* row_pages,
-                            const std::int64_t* row_keys, std::int64_t page_tokens, std::int64_t splits, float* out,
+                            const batch_page_tables& t, std::int64_t page_tokens, std::int64_t splits, float* out,
                             float* scratch) {
   if (n <= 0) return;
   dispatch_elem(cache, [&](auto tag) {
-    auto p = paged_call<decltype(tag)>(g, q, out, k_pages, v_pages, page_tokens, n, splits, scratch);
-    p.row_pages = row_pages;
-    p.row_keys = row_keys;
+    using KT = decltype(tag);
+    auto p = paged_call<KT>(g, q, out, t.page_stride, page_tokens, n, splits, scratch);
+    p.row_tables = reinterpret_cast<const KT* const* const*>(t.row_tables);
+    p.row_keys = t.row_keys;
+    p.k_offset = t.k_offset;
+    p.v_offset = t.v_offset;
     launch_paged(s, p);
   });
 }

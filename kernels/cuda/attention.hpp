@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/page_tables.hpp"
 #include "kernels/cuda/stream.hpp"
 
 namespace corolla::cuda {
@@ -39,29 +40,27 @@ void attention_backward(stream_t s, const attention_dims& g, elem t, const void*
                         bool tensor_cores);
 
 /// out [tq, Hq*Dh] for q [tq, Hq*Dh] at positions start_pos.. against a
-/// paged cache: k_pages/v_pages are *device* arrays of device page pointers,
-/// page p holding tokens [p*page_tokens, (p+1)*page_tokens) as rows of
-/// Hkv*Dh elements of type `cache` (f32, bf16 or f16; read into f32).
+/// paged cache: k_pages/v_pages are *device* arrays of device page pointers
+/// (page p's at [p * page_stride]), page p holding tokens
+/// [p*page_tokens, (p+1)*page_tokens) as rows of Hkv*Dh elements of type
+/// `cache` (f32, bf16 or f16; read into f32).
 /// The keys are split in chunks of 64 over thread blocks; with more than
 /// one chunk the partial softmax states go to `scratch`, of
 /// attention_cached_scratch_bytes(g, tq, start_pos) bytes (0: may be null).
 void attention_cached(stream_t s, const attention_dims& g, const float* q, std::int64_t tq, elem cache,
-                      const void* const* k_pages, const void* const* v_pages, std::int64_t page_tokens,
-                      std::int64_t start_pos, float* out, float* scratch);
+                      const void* const* k_pages, const void* const* v_pages, std::int64_t page_stride,
+                      std::int64_t page_tokens, std::int64_t start_pos, float* out, float* scratch);
 std::size_t attention_cached_scratch_bytes(const attention_dims& g, std::int64_t tq,
                                            std::int64_t start_pos);
 /// Key chunks (thread blocks per row and head) of a call with tq query rows
 /// from start_pos.
 std::int64_t attention_cached_key_chunks(std::int64_t tq, std::int64_t start_pos);
 /// The same for `n` sequences of one query row each (a decode batch), in one
-/// launch: row r of q against its own pages, k_pages[row_pages[r]...] and
-/// v_pages[row_pages[r]...], with row_keys[r] keys (its position + 1); all
-/// five tables on the device. `splits` is the most key chunks of any row
-/// (attention_cached_key_chunks(1, position)); with more than one, `scratch`
-/// holds n * Hq * splits * (Dh + 2) floats.
+/// launch: row r of q against its own pages (`t`). `splits` is the most key
+/// chunks of any row (attention_cached_key_chunks(1, position)); with more
+/// than one, `scratch` holds n * Hq * splits * (Dh + 2) floats.
 void attention_cached_batch(stream_t s, const attention_dims& g, const float* q, std::int64_t n, elem cache,
-                            const void* const* k_pages, const void* const* v_pages, const std::int64_t* row_pages,
-                            const std::int64_t* row_keys, std::int64_t page_tokens, std::int64_t splits, float* out,
+                            const batch_page_tables& t, std::int64_t page_tokens, std::int64_t splits, float* out,
                             float* scratch);
 
 }  // namespace corolla::cuda

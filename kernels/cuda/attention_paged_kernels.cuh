@@ -89,15 +89,21 @@ struct paged_common {
 /// bf16 or f16, read into f32).
 template <class KT>
 struct paged_params : paged_common {
+  /// Key page p's pointer is k_pages[p * page_stride], value page p's
+  /// v_pages[p * page_stride] (a stride of 1: plain arrays; a kv_sequence's
+  /// device table interleaves every layer's keys and values).
   const KT* const* k_pages = nullptr;
   const KT* const* v_pages = nullptr;
+  std::int64_t page_stride = 1;
   /// A batch of sequences (attention_cached_batch): row r is the one query
-  /// row of its own sequence, which has row_keys[r] keys in pages
-  /// k_pages[row_pages[r]], k_pages[row_pages[r] + 1], ... (and the same of
-  /// v_pages); device arrays. Null: the rows are one sequence's, from
+  /// row of its own sequence, which has row_keys[r] keys, its key pages'
+  /// pointers from row_tables[r] + k_offset and its value pages' from
+  /// row_tables[r] + v_offset (page_stride apart; k_pages and v_pages
+  /// unused); device arrays. Null: the rows are one sequence's, from
   /// start_pos.
-  const std::int64_t* row_pages = nullptr;
+  const KT* const* const* row_tables = nullptr;
   const std::int64_t* row_keys = nullptr;
+  std::int64_t k_offset = 0, v_offset = 0;
 };
 
 template <int C, class KT>
@@ -110,8 +116,8 @@ __global__ void attention_paged_split_kernel(paged_params<KT> p) {
   const int dh = static_cast<int>(p.g.dh);
   const std::int64_t kw = p.g.kv_width;
   const std::int64_t keys = p.row_keys ? p.row_keys[row] : p.start_pos + row + 1;
-  const KT* const* k_pages = p.row_pages ? p.k_pages + p.row_pages[row] : p.k_pages;
-  const KT* const* v_pages = p.row_pages ? p.v_pages + p.row_pages[row] : p.v_pages;
+  const KT* const* k_pages = p.row_tables ? p.row_tables[row] + p.k_offset : p.k_pages;
+  const KT* const* v_pages = p.row_tables ? p.row_tables[row] + p.v_offset : p.v_pages;
   const std::int64_t j0 = split * split_keys;
   const std::int64_t j1 = j0 + split_keys < keys ? j0 + split_keys : keys;
 
@@ -127,8 +133,8 @@ __global__ void attention_paged_split_kernel(paged_params<KT> p) {
       const std::int64_t j = base + u < j1 ? base + u : j1 - 1;  // past j1: masked below
       const std::int64_t page = j / p.page_tokens, in_page = j % p.page_tokens;
       const std::int64_t offset = in_page * kw + kvh * dh;
-      load_row<C>(k_pages[page] + offset, lane, dh, rows[u]);
-      vr[u] = v_pages[page] + offset;
+      load_row<C>(k_pages[page * p.page_stride] + offset, lane, dh, rows[u]);
+      vr[u] = v_pages[page * p.page_stride] + offset;
     }
     float m_new = m;
 #pragma unroll

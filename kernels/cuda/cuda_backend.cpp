@@ -225,6 +225,20 @@ std::unique_ptr<device_group> cuda_backend::join_group(const device_group_id& id
 #endif
 }
 
+void cuda_backend::upload_once(int slot, void* dst, const void* src, std::size_t bytes) {
+  slot_upload& u = uploaded_[static_cast<std::size_t>(slot)];
+  const auto* from = static_cast<const std::byte*>(src);
+  if (u.at == dst && u.bytes.size() == bytes && std::memcmp(u.bytes.data(), from, bytes) == 0) return;
+  u.at = nullptr;  // unknown should upload throw
+  upload(dst, src, bytes);
+  u.bytes.assign(from, from + bytes);
+  u.at = dst;
+}
+
+void cuda_backend::forget_uploads() {
+  for (slot_upload& u : uploaded_) u.at = nullptr;
+}
+
 void cuda_backend::upload(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   if (capturing_) {  // the graph reads its own copy when it runs (step_graph.cpp)
@@ -289,7 +303,7 @@ cuda_backend::index_view cuda_backend::indices(const Tensor& t, std::int64_t n, 
     index_view v;
     v.host = t.data<std::int32_t>();
     void* d = scratch(slot, bytes);
-    upload(d, v.host, bytes);  // staged: the host tensor may change right after
+    upload_once(slot, d, v.host, bytes);  // staged: the host tensor may change right after
     v.dev = static_cast<const std::int32_t*>(d);
     return v;
   }

@@ -16,8 +16,11 @@
 //    validated on the host like the CPU backend does, so a device-resident
 //    index tensor is first copied down (one small D2H copy and a stream
 //    synchronisation), a host one is uploaded.
-//  * kv_pages_view holds host arrays of page pointers; attention_cached
-//    uploads the table for the pages it reads on every call.
+//  * kv_pages_view holds host arrays of page pointers and, from a
+//    kv_sequence on this device, the same tables in device memory: then
+//    attention_cached uploads nothing and attention_cached_batch only its
+//    rows' table addresses and key counts, once for all layers of a step.
+//    Without device tables each call uploads the pages it reads.
 //  * Ops are asynchronous on the stream except where a host value is
 //    returned or read (sum_squares, copies to the host, device index checks).
 //
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/cuda/page_tables.hpp"
 #include "kernels/cuda/stream.hpp"
 
 struct cublasLtContext;
@@ -125,9 +129,9 @@ class cuda_backend final : public Backend {
                           Tensor& dv) override;
   void attention_cached(const Tensor& q, const kv_pages_view& cache, std::int64_t start_pos,
                         const attention_shape& s, Tensor& out) override;
-  void rope_store_kv_rows(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
-                          int head_dim, const rope_spec& spec, bool rotate, std::span<void* const> k_rows,
-                          std::span<void* const> v_rows, dtype cache_type) override;
+  void rope_store_kv_pages(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
+                           int head_dim, std::span<const kv_pages_view> caches, std::span<const std::int64_t> start_pos,
+                           const rope_spec& spec, bool rotate) override;
   void attention_cached_batch(const Tensor& q, std::span<const kv_pages_view> caches,
                               std::span<const std::int64_t> start_pos, const attention_shape& s,
                               Tensor& out) override;
@@ -219,7 +223,8 @@ class cuda_backend final : public Backend {
     slot_staging = 0,  ///< copy(): host data converted on the device
     slot_indices,      ///< index vectors uploaded for an op
     slot_pages,        ///< attention_cached's page-pointer table
-    slot_rows,         ///< rope_store_kv_rows' destination rows
+    slot_batch_rows,   ///< attention_cached_batch's rows: table addresses, key counts
+    slot_rows,         ///< rope_store_kv_pages' destination rows (without device tables)
     slot_reduce,       ///< partial sums and softmax states
     slot_widen,        ///< linear's bf16 weight widened to f32 (prefill)
     scratch_slots
@@ -286,8 +291,29 @@ class cuda_backend final : public Backend {
   void free_capture_arena();
   std::vector<const void*> host_pages_;
   std::vector<std::byte> host_batch_;  ///< attention_cached_batch's tables, staged for one upload
+  /// upload() into scratch `slot` at `dst`, unless the last upload_once
+  /// there put the same bytes at the same address (every layer of a decode
+  /// step uploads the same positions and batch rows: once a step instead).
+  /// Only slots whose every writer uses it may use it.
+  void upload_once(int slot, void* dst, const void* src, std::size_t bytes);
+  /// Forgets what upload_once knows: when a capture starts or ends (a
+  /// captured upload runs only with its graph).
+  void forget_uploads();
+  struct slot_upload {
+    const void* at = nullptr;  ///< null: nothing known
+    std::vector<std::byte> bytes;
+  };
+  std::array<slot_upload, scratch_slots> uploaded_;
   /// Throws unless `page` (a cache page of `what`) is memory of this device.
   void require_device_page(const void* page, const char* what);
+  /// Throws unless the device page tables of `cache` are memory of this device.
+  void require_pages_device(const kv_pages_view& cache, const char* what);
+  /// When every cache of a decode batch has its tables on this device alike
+  /// (kv_sequences of one span): `t` describes the rows (their tables'
+  /// addresses and key counts uploaded with upload_once: the same for every
+  /// layer of a step, so once a step) and true. Else false, nothing done.
+  bool device_page_rows(std::span<const kv_pages_view> caches, std::span<const std::int64_t> start_pos,
+                        const char* what, batch_page_tables& t);
   std::mutex transfer_mu_;  ///< copy_after's callers, and the stream's creation
   stream_t transfer_ = nullptr;
 };

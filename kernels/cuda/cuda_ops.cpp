@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/check.hpp"
@@ -217,31 +218,41 @@ void cuda_backend::rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Te
   cuda::rope_store_kv(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, spec, rotate, cache, k_out, v_out);
 }
 
-void cuda_backend::rope_store_kv_rows(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq,
-                                      int hkv, int head_dim, const rope_spec& spec, bool rotate,
-                                      std::span<void* const> k_rows, std::span<void* const> v_rows,
-                                      dtype cache_type) {
-  const char* what = "rope_store_kv_rows";
+void cuda_backend::rope_store_kv_pages(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq,
+                                       int hkv, int head_dim, std::span<const kv_pages_view> caches,
+                                       std::span<const std::int64_t> start_pos, const rope_spec& spec, bool rotate) {
+  const char* what = "rope_store_kv_pages";
   require_condition(hq > 0 && hkv > 0, what, "head counts must be positive");
   require_condition(head_dim > 0 && head_dim % 2 == 0, what, "head_dim must be positive and even");
   require_condition(!rotate || spec.valid(), what, "theta and the scaling factors must be positive");
-  require_condition(k_rows.size() == v_rows.size(), what, "one value row per key row");
-  const auto n = static_cast<std::int64_t>(k_rows.size());
+  require_condition(start_pos.size() == caches.size(), what, "one position per cache");
+  const auto n = static_cast<std::int64_t>(caches.size());
   const std::int64_t qw = std::int64_t{hq} * head_dim, kw = std::int64_t{hkv} * head_dim;
-  require_on(q, dev(), dtype::f32, {n, qw}, "rope_store_kv_rows q");
-  require_on(k, dev(), dtype::f32, {n, kw}, "rope_store_kv_rows k");
-  require_on(v, dev(), dtype::f32, {n, kw}, "rope_store_kv_rows v");
-  for (std::size_t i = 0; i < k_rows.size(); ++i)
-    if (k_rows[i] == nullptr || v_rows[i] == nullptr) throw tensor_error("rope_store_kv_rows: a destination row is null");
+  require_on(q, dev(), dtype::f32, {n, qw}, "rope_store_kv_pages q");
+  require_on(k, dev(), dtype::f32, {n, kw}, "rope_store_kv_pages k");
+  require_on(v, dev(), dtype::f32, {n, kw}, "rope_store_kv_pages v");
   if (n == 0) return;
-  const cuda::elem cache = elem_of(cache_type, "rope_store_kv_rows cache rows");
+  for (std::size_t i = 0; i < caches.size(); ++i) {
+    kv_page_row(caches[i], start_pos[i], kw, what);  // throws for a position the cache does not hold
+    require_condition(caches[i].type == caches[0].type && caches[i].page_tokens == caches[0].page_tokens, what,
+                      "every cache of a batch has the same element type and page size");
+  }
+  const cuda::elem cache = elem_of(caches[0].type, "rope_store_kv_pages cache rows");
   device_guard guard(index_);
   const std::int32_t* pos = rotate ? rope_positions(positions, n, what) : nullptr;
+  cuda::batch_page_tables t;
+  if (device_page_rows(caches, start_pos, what, t)) {
+    cuda::rope_store_kv_pages(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, spec, rotate, cache, t,
+                              caches[0].page_tokens);
+    return;
+  }
+  require_device_page(caches[0].k_pages[0], what);
   // One upload of the destinations: the key rows, then the value rows.
   host_batch_.resize(static_cast<std::size_t>(2 * n) * sizeof(void*));
   auto* rows = reinterpret_cast<void**>(host_batch_.data());
-  std::copy(k_rows.begin(), k_rows.end(), rows);
-  std::copy(v_rows.begin(), v_rows.end(), rows + n);
+  for (std::int64_t i = 0; i < n; ++i)
+    std::tie(rows[i], rows[n + i]) =
+        kv_page_row(caches[static_cast<std::size_t>(i)], start_pos[static_cast<std::size_t>(i)], kw, what);
   auto* table = static_cast<void**>(scratch(slot_rows, host_batch_.size()));
   upload(table, host_batch_.data(), host_batch_.size());
   cuda::rope_store_kv_rows(stream_, f(q), cf(k), cf(v), pos, n, hq, hkv, head_dim, spec, rotate, cache, table,
@@ -310,20 +321,65 @@ void cuda_backend::attention_cached(const Tensor& q, const kv_pages_view& cache,
   const attention_dims d = dims_of(g, "attention_cached");
   if (tq == 0) return;
   device_guard guard(index_);
-  require_device_page(cache.k_pages[0], "attention_cached");
-  // Upload the page-pointer table: keys then values.
-  host_pages_.resize(static_cast<std::size_t>(2 * pages));
-  for (std::int64_t p = 0; p < pages; ++p) {
-    host_pages_[static_cast<std::size_t>(p)] = cache.k_pages[static_cast<std::size_t>(p)];
-    host_pages_[static_cast<std::size_t>(pages + p)] = cache.v_pages[static_cast<std::size_t>(p)];
+  const void* const* k_table = nullptr;
+  const void* const* v_table = nullptr;
+  std::int64_t stride = 1;
+  if (cache.device_pages != nullptr) {
+    // The sequence keeps its tables on this device (kv_sequence): nothing
+    // to upload, no copy between the kernels of a decode step.
+    require_pages_device(cache, "attention_cached");
+    k_table = cache.device_pages + cache.key_entry;
+    v_table = k_table + 1;
+    stride = cache.page_stride;
+  } else {
+    require_device_page(cache.k_pages[0], "attention_cached");
+    // Upload the page-pointer table: keys then values.
+    host_pages_.resize(static_cast<std::size_t>(2 * pages));
+    for (std::int64_t p = 0; p < pages; ++p) {
+      host_pages_[static_cast<std::size_t>(p)] = cache.k_pages[static_cast<std::size_t>(p)];
+      host_pages_[static_cast<std::size_t>(pages + p)] = cache.v_pages[static_cast<std::size_t>(p)];
+    }
+    const std::size_t bytes = host_pages_.size() * sizeof(const void*);
+    auto* table = static_cast<const void**>(scratch(slot_pages, bytes));
+    upload(table, host_pages_.data(), bytes);
+    k_table = table;
+    v_table = table + pages;
   }
-  const std::size_t bytes = host_pages_.size() * sizeof(const void*);
-  auto* table = static_cast<const void**>(scratch(slot_pages, bytes));
-  upload(table, host_pages_.data(), bytes);
   const std::size_t part_bytes = cuda::attention_cached_scratch_bytes(d, tq, start_pos);
   auto* part = part_bytes ? static_cast<float*>(scratch(slot_reduce, part_bytes)) : nullptr;
-  cuda::attention_cached(stream_, d, cf(q), tq, elem_of(cache.type, "attention_cached pages"), table, table + pages,
+  cuda::attention_cached(stream_, d, cf(q), tq, elem_of(cache.type, "attention_cached pages"), k_table, v_table, stride,
                          cache.page_tokens, start_pos, f(out), part);
+}
+
+bool cuda_backend::device_page_rows(std::span<const kv_pages_view> caches, std::span<const std::int64_t> start_pos,
+                                    const char* what, cuda::batch_page_tables& t) {
+  for (const kv_pages_view& c : caches)
+    if (c.device_pages == nullptr || c.page_stride != caches[0].page_stride || c.key_entry != caches[0].key_entry)
+      return false;
+  for (const kv_pages_view& c : caches) require_pages_device(c, what);
+  const std::size_t n = caches.size();
+  const std::size_t bytes = n * (sizeof(const void*) + sizeof(std::int64_t));
+  host_batch_.resize(bytes);
+  auto* tables = reinterpret_cast<const void* const**>(host_batch_.data());
+  auto* keys = reinterpret_cast<std::int64_t*>(host_batch_.data() + n * sizeof(const void*));
+  for (std::size_t i = 0; i < n; ++i) {
+    tables[i] = caches[i].device_pages;
+    keys[i] = start_pos[i] + 1;
+  }
+  auto* at = static_cast<std::byte*>(scratch(slot_batch_rows, bytes));
+  upload_once(slot_batch_rows, at, host_batch_.data(), bytes);
+  t.row_tables = reinterpret_cast<const void* const* const*>(at);
+  t.row_keys = reinterpret_cast<const std::int64_t*>(at + n * sizeof(const void*));
+  t.k_offset = caches[0].key_entry;
+  t.v_offset = caches[0].key_entry + 1;
+  t.page_stride = caches[0].page_stride;
+  return true;
+}
+
+void cuda_backend::require_pages_device(const kv_pages_view& cache, const char* what) {
+  if (cache.pages_device != dev())
+    throw tensor_error(std::string(what) + ": the cache's page tables are memory of " + cache.pages_device.str() +
+                       ", not of " + name());
 }
 
 void cuda_backend::require_device_page(const void* page, const char* what) {
@@ -357,37 +413,42 @@ void cuda_backend::attention_cached_batch(const Tensor& q, std::span<const kv_pa
   }
   const attention_dims d = dims_of(g, what);
   device_guard guard(index_);
-  require_device_page(caches[0].k_pages[0], what);
-  // One upload: every sequence's key page pointers, then their value page
-  // pointers, then per row where its pages start and how many keys it has.
-  const std::size_t table_bytes = static_cast<std::size_t>(2 * total) * sizeof(const void*);
-  const std::size_t bytes = table_bytes + static_cast<std::size_t>(2 * n) * sizeof(std::int64_t);
-  host_batch_.resize(bytes);
-  auto* pages = reinterpret_cast<const void**>(host_batch_.data());
-  auto* rows = reinterpret_cast<std::int64_t*>(host_batch_.data() + table_bytes);
-  std::int64_t at = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const kv_pages_view& c = caches[static_cast<std::size_t>(i)];
-    const std::int64_t keys = start_pos[static_cast<std::size_t>(i)] + 1;
-    const std::int64_t used = (keys + c.page_tokens - 1) / c.page_tokens;
-    for (std::int64_t p = 0; p < used; ++p) {
-      pages[at + p] = c.k_pages[static_cast<std::size_t>(p)];
-      pages[total + at + p] = c.v_pages[static_cast<std::size_t>(p)];
+  cuda::batch_page_tables t;
+  if (!device_page_rows(caches, start_pos, what, t)) {
+    require_device_page(caches[0].k_pages[0], what);
+    // One upload: every sequence's key page pointers, then their value
+    // page pointers, then per row where its pointers start, then the rows'
+    // key counts.
+    const std::size_t table_bytes = static_cast<std::size_t>(2 * total) * sizeof(const void*);
+    const std::size_t bytes = table_bytes + static_cast<std::size_t>(n) * (sizeof(const void*) + sizeof(std::int64_t));
+    host_batch_.resize(bytes);
+    auto* at = static_cast<std::byte*>(scratch(slot_pages, bytes));
+    auto* pages = reinterpret_cast<const void**>(host_batch_.data());
+    auto* tables = reinterpret_cast<const void* const**>(host_batch_.data() + table_bytes);
+    auto* keys = reinterpret_cast<std::int64_t*>(host_batch_.data() + table_bytes + n * sizeof(const void*));
+    const auto* device_pages = reinterpret_cast<const void* const*>(at);
+    std::int64_t used_so_far = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const kv_pages_view& c = caches[static_cast<std::size_t>(i)];
+      keys[i] = start_pos[static_cast<std::size_t>(i)] + 1;
+      const std::int64_t used = (keys[i] + c.page_tokens - 1) / c.page_tokens;
+      for (std::int64_t p = 0; p < used; ++p) {
+        pages[used_so_far + p] = c.k_pages[static_cast<std::size_t>(p)];
+        pages[total + used_so_far + p] = c.v_pages[static_cast<std::size_t>(p)];
+      }
+      tables[i] = device_pages + used_so_far;
+      used_so_far += used;
     }
-    rows[i] = at;
-    rows[n + i] = keys;
-    at += used;
+    upload(at, host_batch_.data(), bytes);
+    t.row_tables = reinterpret_cast<const void* const* const*>(at + table_bytes);
+    t.row_keys = reinterpret_cast<const std::int64_t*>(at + table_bytes + n * sizeof(const void*));
+    t.v_offset = total;
   }
-  auto* table = static_cast<std::byte*>(scratch(slot_pages, bytes));
-  upload(table, host_batch_.data(), bytes);
-  const auto* k_table = reinterpret_cast<const void* const*>(table);
-  const auto* row_pages = reinterpret_cast<const std::int64_t*>(table + table_bytes);
   const std::size_t part_bytes =
       splits > 1 ? static_cast<std::size_t>(n * g.hq * splits * (g.dh + 2)) * sizeof(float) : 0;
   auto* part = part_bytes ? static_cast<float*>(scratch(slot_reduce, part_bytes)) : nullptr;
-  cuda::attention_cached_batch(stream_, d, cf(q), n, elem_of(caches[0].type, "attention_cached_batch pages"), k_table,
-                               k_table + total, row_pages, row_pages + n, caches[0].page_tokens, splits, f(out),
-                               part);
+  cuda::attention_cached_batch(stream_, d, cf(q), n, elem_of(caches[0].type, "attention_cached_batch pages"), t,
+                               caches[0].page_tokens, splits, f(out), part);
 }
 
 // ---- activations and elementwise -------------------------------------------------

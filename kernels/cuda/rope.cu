@@ -50,6 +50,21 @@ void rope_store_kv_rows(stream_t s, float* q, const float* k, const float* v, co
   });
 }
 
+void rope_store_kv_pages(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
+                         std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
+                         const batch_page_tables& t, std::int64_t page_tokens) {
+  const std::int64_t total = rope_store_threads(n, hq, hkv, head_dim, rotate);
+  if (total <= 0) return;
+  dispatch_elem(cache, [&](auto tag) {
+    using KT = decltype(tag);
+    launch_dependent("rope_store_kv_pages_kernel", &rope_store_kv_pages_kernel<KT>,
+        dim3(grid_for(total)), dim3(elementwise_threads), 0, s,
+        q, k, v, positions, n, hq, hkv, head_dim, spec, rotate,
+        paged_rows<KT>{reinterpret_cast<KT* const* const*>(static_cast<const void*>(t.row_tables)), t.row_keys,
+                       t.k_offset, t.v_offset, t.page_stride, page_tokens});
+  });
+}
+
 void rope(stream_t s, elem t, void* x, const std::int32_t* positions, std::int64_t n, int heads,
           int head_dim, const rope_spec& spec, bool inverse) {
   const std::int64_t total = n * heads * (head_dim / 2);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/page_tables.hpp"
 #include "kernels/cuda/stream.hpp"
 #include "kernels/rope_spec.hpp"
 
@@ -28,5 +29,10 @@ void rope_store_kv(stream_t s, float* q, const float* k, const float* v, const s
 void rope_store_kv_rows(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
                         std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
                         void* const* k_rows, void* const* v_rows);
+/// The same with row r's key and value going to position row_keys[r] - 1 of
+/// its paged cache (`t`; pages of `page_tokens` tokens).
+void rope_store_kv_pages(stream_t s, float* q, const float* k, const float* v, const std::int32_t* positions,
+                         std::int64_t n, int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, elem cache,
+                         const batch_page_tables& t, std::int64_t page_tokens);
 
 }  // namespace corolla::cuda

@@ -123,5 +123,40 @@ __global__ void rope_store_kv_rows_kernel(float* q, const float* k, const float*
     rope_store_item<KT>(t, q, k, v, positions, q_items, k_items, hq, hkv, head_dim, spec, rotate, k_at, v_at);
 }
 
+/// Where rope_store_kv_pages_kernel's rows go: row r is position
+/// row_keys[r] - 1 of its paged cache, its key page p's pointer at
+/// row_tables[r][k_offset + p * page_stride] (values: v_offset) (see
+/// page_tables.hpp), pages of page_tokens rows.
+template <class KT>
+struct paged_rows {
+  KT* const* const* row_tables;
+  const std::int64_t* row_keys;
+  std::int64_t k_offset, v_offset, page_stride, page_tokens;
+};
+
+/// The same for rows of different sequences whose cache rows are found
+/// through their page tables (a decode batch of kv_sequences on the device:
+/// nothing uploaded but the rows' table addresses, once a step).
+template <class KT>
+__global__ void rope_store_kv_pages_kernel(float* q, const float* k, const float* v, const std::int32_t* positions,
+                                           std::int64_t n, int hq, int hkv, int head_dim, rope_spec spec, bool rotate,
+                                           paged_rows<KT> d) {
+  allow_dependents();
+  await_producers();
+  const int half = head_dim / 2;
+  const std::int64_t kw = std::int64_t{hkv} * head_dim;
+  const std::int64_t q_items = rotate ? n * hq * half : 0, k_items = n * hkv * half;
+  const std::int64_t total = q_items + k_items + n * kw;
+  const auto at = [=](std::int64_t row, std::int64_t entry) {
+    const std::int64_t pos = d.row_keys[row] - 1;
+    return d.row_tables[row][entry + pos / d.page_tokens * d.page_stride] + pos % d.page_tokens * kw;
+  };
+  const auto k_at = [=](std::int64_t row) { return at(row, d.k_offset); };
+  const auto v_at = [=](std::int64_t row) { return at(row, d.v_offset); };
+  for (std::int64_t t = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; t < total;
+       t += std::int64_t{gridDim.x} * blockDim.x)
+    rope_store_item<KT>(t, q, k, v, positions, q_items, k_items, hq, hkv, head_dim, spec, rotate, k_at, v_at);
+}
+
 }  // namespace
 }  // namespace corolla::cuda

@@ -264,6 +264,7 @@ void cuda_backend::run_step(std::unique_ptr<step_recording>& rec, const std::fun
       stream_t own = stream_;
       stream_ = capture_stream_;
       capturing_ = true;
+      forget_uploads();  // what the capture uploads exists only once its graph runs
       try {
         ops();
       } catch (const std::exception& e) {
@@ -273,6 +274,7 @@ void cuda_backend::run_step(std::unique_ptr<step_recording>& rec, const std::fun
       }
       capturing_ = false;
       stream_ = own;
+      forget_uploads();  // nor may the eager rerun of a failed capture rely on it
       const cudaError_t ended = cudaStreamEndCapture(capture_stream_, &graph);
       if (why.empty() && ended != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorName(ended);
     }

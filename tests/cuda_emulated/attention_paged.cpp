@@ -164,6 +164,25 @@ TEST_CASE("emulated paged-cache attention (split keys, combine) matches the cpu'
     std::vector<double> g(got.begin(), got.end());
     kernel_test::check_close(g, kernel_test::to_double(want), 1e-5, 1e-5,
                              "paged attention, " + std::to_string(p.splits) + " key chunk(s)");
+    {
+      // The same pages from a kv_sequence's device table (three layers'
+      // keys and values interleaved a page; this is its second layer): the
+      // same floats. The other layers' entries are null: never read.
+      const std::int64_t stride = 6, key_entry = 2;
+      std::vector<const float*> table(static_cast<std::size_t>(pages * stride), nullptr);
+      for (std::int64_t pg = 0; pg < pages; ++pg) {
+        table[static_cast<std::size_t>(key_entry + pg * stride)] = k_pages[static_cast<std::size_t>(pg)];
+        table[static_cast<std::size_t>(key_entry + 1 + pg * stride)] = v_pages[static_cast<std::size_t>(pg)];
+      }
+      cuda::paged_params<float> t = p;
+      std::vector<float> from_table(got.size(), NAN);
+      t.out = from_table.data();
+      t.k_pages = table.data() + key_entry;
+      t.v_pages = table.data() + key_entry + 1;
+      t.page_stride = stride;
+      launch_for(c.dh, t);
+      CHECK(std::memcmp(from_table.data(), got.data(), got.size() * sizeof(float)) == 0);
+    }
 
     check_16bit_cache<__nv_bfloat16>(dtype::bf16, k_store, v_store, q, s, p, c.dh, keys, scratch);
     check_16bit_cache<__half>(dtype::f16, k_store, v_store, q, s, p, c.dh, keys, scratch);
@@ -185,6 +204,9 @@ TEST_CASE("emulated paged attention of a batch of sequences, one row each, match
     std::vector<std::vector<const void*>> k_views(positions.size()), v_views(positions.size());
     std::vector<const float*> k_table, v_table;  // every sequence's pages, in row order
     std::vector<std::int64_t> row_pages, row_keys;
+    // Each sequence's pages as a kv_sequence's device table holds them: two
+    // layers' keys and values interleaved a page, this the first layer.
+    std::vector<std::vector<const float*>> own_tables(positions.size());
     std::int64_t splits = 1;
     for (std::size_t i = 0; i < positions.size(); ++i) {
       const std::int64_t keys = positions[i] + 1;
@@ -200,6 +222,12 @@ TEST_CASE("emulated paged attention of a batch of sequences, one row each, match
       for (std::int64_t pg = 0; pg < pages; ++pg) {
         stores[i].push_back(kernel_test::random_tensor({page_tokens, kw}, r));
         v_views[i].push_back(stores[i].back().raw());
+      }
+      own_tables[i].assign(static_cast<std::size_t>(4 * pages), nullptr);
+      for (std::int64_t pg = 0; pg < pages; ++pg) {
+        own_tables[i][static_cast<std::size_t>(4 * pg)] = static_cast<const float*>(k_views[i][static_cast<std::size_t>(pg)]);
+        own_tables[i][static_cast<std::size_t>(4 * pg + 1)] =
+            static_cast<const float*>(v_views[i][static_cast<std::size_t>(pg)]);
       }
     }
     for (std::size_t i = 0; i < positions.size(); ++i)
@@ -226,9 +254,15 @@ TEST_CASE("emulated paged attention of a batch of sequences, one row each, match
     p.q = q.data<float>();
     std::vector<float> got(static_cast<std::size_t>(n * qw), NAN);
     p.out = got.data();
-    p.k_pages = k_table.data();
-    p.v_pages = v_table.data();
-    p.row_pages = row_pages.data();
+    // As the backend uploads them without device tables: every key page
+    // pointer, then every value page pointer; row r's from its first.
+    std::vector<const float*> flat = k_table;
+    flat.insert(flat.end(), v_table.begin(), v_table.end());
+    std::vector<const float* const*> row_tables;
+    for (const std::int64_t at : row_pages) row_tables.push_back(flat.data() + at);
+    p.row_tables = row_tables.data();
+    p.k_offset = 0;
+    p.v_offset = static_cast<std::int64_t>(k_table.size());
     p.row_keys = row_keys.data();
     p.page_tokens = page_tokens;
     p.rows = n;
@@ -241,5 +275,18 @@ TEST_CASE("emulated paged attention of a batch of sequences, one row each, match
     launch_for(dh, p);
     kernel_test::check_close(std::vector<double>(got.begin(), got.end()), kernel_test::to_double(want), 1e-5, 1e-5,
                              "batched paged attention, " + std::to_string(splits) + " key chunk(s)");
+
+    // From each sequence's own device table: the same floats.
+    std::vector<const float* const*> own_rows;
+    for (const auto& t : own_tables) own_rows.push_back(t.data());
+    cuda::paged_params<float> t = p;
+    std::vector<float> from_tables(got.size(), NAN);
+    t.out = from_tables.data();
+    t.row_tables = own_rows.data();
+    t.k_offset = 0;
+    t.v_offset = 1;
+    t.page_stride = 4;
+    launch_for(dh, t);
+    CHECK(std::memcmp(from_tables.data(), got.data(), got.size() * sizeof(float)) == 0);
   }
 }

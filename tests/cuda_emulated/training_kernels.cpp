@@ -216,9 +216,21 @@ TEST_CASE("emulated RoPE and cache store of rows of different sequences (a decod
       got_k.push_back(got_pages.data<float>() + slot[i] * kw);
       got_v.push_back(got_pages.data<float>() + (slot[i] ^ 1) * kw);
     }
+    // Each row's destination as a cache of one-token pages whose page at
+    // the row's position is that row (every earlier page the same row:
+    // nothing null within the length).
+    std::vector<std::vector<const void*>> k_pages(n), v_pages(n);
+    std::vector<kv_pages_view> views;
+    std::vector<std::int64_t> starts;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      k_pages[u].assign(static_cast<std::size_t>(pos[u] + 1), want_k[u]);
+      v_pages[u].assign(static_cast<std::size_t>(pos[u] + 1), want_v[u]);
+      views.push_back(kv_pages_view{k_pages[u], v_pages[u], 1, pos[u] + 1});
+      starts.push_back(pos[u]);
+    }
     Tensor want_q = q.clone(), want_kr = k.clone();
-    cpu_backend().rope_store_kv_rows(want_q, want_kr, v, positions, hq, hkv, dh, 10000.0f, rotate, want_k, want_v,
-                                     dtype::f32);
+    cpu_backend().rope_store_kv_pages(want_q, want_kr, v, positions, hq, hkv, dh, views, starts, 10000.0f, rotate);
     // The cpu's default is rope_store_kv row by row.
     Tensor one_q = q.clone(), one_k = k.clone(), one_pages = kernel_test::filled({8, kw}, NAN);
     for (std::int64_t i = 0; i < n; ++i) {
@@ -246,6 +258,40 @@ TEST_CASE("emulated RoPE and cache store of rows of different sequences (a decod
         continue;
       }
       CHECK(std::abs(got[e] - want[e]) <= abs_tol + rel_tol * std::abs(want[e]));
+    }
+
+    // The same rows found through page tables as a kv_sequence keeps them
+    // on a device (pages of 8 tokens; two layers' keys and values
+    // interleaved a page, this the second layer): the kernel writes the
+    // same floats to the same rows.
+    const std::int64_t page_tokens = 8, stride = 4, key_entry = 2;
+    std::vector<std::vector<float*>> tables(n);
+    std::vector<float* const*> row_tables;
+    std::vector<std::int64_t> row_keys;
+    // The destinations are rows 8.. of 16: a page's base (before its row) stays within.
+    Tensor paged = kernel_test::filled({16, kw}, NAN);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      const std::int64_t page = pos[u] / page_tokens, in_page = pos[u] % page_tokens;
+      tables[u].assign(static_cast<std::size_t>((page + 1) * stride), nullptr);
+      // The page's base such that its row in_page is the destination row.
+      tables[u][static_cast<std::size_t>(key_entry + page * stride)] = paged.data<float>() + (8 + slot[i] - in_page) * kw;
+      tables[u][static_cast<std::size_t>(key_entry + 1 + page * stride)] =
+          paged.data<float>() + (8 + (slot[i] ^ 1) - in_page) * kw;
+      row_tables.push_back(tables[u].data());
+      row_keys.push_back(pos[u] + 1);
+    }
+    Tensor paged_q = q.clone();
+    emulated::launch(&cuda::rope_store_kv_pages_kernel<float>, {4, 1, 64, 0}, f(paged_q), f(k), f(v),
+                     positions.data<std::int32_t>(), n, hq, hkv, dh, 10000.0, rotate,
+                     cuda::paged_rows<float>{row_tables.data(), row_keys.data(), key_entry, key_entry + 1, stride,
+                                             page_tokens});
+    CHECK(paged_q.to_vector() == got_q.to_vector());
+    const std::vector<float> from_tables = paged.to_vector();
+    for (std::size_t e = 0; e < got.size(); ++e) {
+      CHECK(std::isnan(from_tables[e]));  // rows 0..7: untouched
+      const float at = from_tables[got.size() + e];
+      CHECK((std::isnan(got[e]) ? std::isnan(at) : at == got[e]));
     }
   }
 }

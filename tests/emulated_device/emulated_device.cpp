@@ -492,7 +492,50 @@ void emulated_device_backend::attention_cached(const Tensor& q, const kv_pages_v
   want(q, dtype::f32, "attention_cached q");
   want(out, dtype::f32, "attention_cached out");
   Tensor ov = on_device(out, "attention_cached out");
-  cpu_backend().attention_cached(on_device(q, "attention_cached q"), cache, start_pos, s, ov);
+  if (cache.device_pages == nullptr) {
+    cpu_backend().attention_cached(on_device(q, "attention_cached q"), cache, start_pos, s, ov);
+    return;
+  }
+  // The pages as a device kernel finds them: from the device tables, not
+  // from the host arrays.
+  check_kv_pages(cache, start_pos, q.dim(0), "attention_cached");
+  std::vector<const void*> k, v;
+  cpu_backend().attention_cached(on_device(q, "attention_cached q"),
+                                 through_device_tables(cache, start_pos + q.dim(0), k, v, "attention_cached"),
+                                 start_pos, s, ov);
+}
+
+kv_pages_view emulated_device_backend::through_device_tables(const kv_pages_view& cache, std::int64_t keys,
+                                                             std::vector<const void*>& k, std::vector<const void*>& v,
+                                                             const char* what) const {
+  if (cache.device_pages == nullptr) return cache;
+  if (cache.pages_device != dev())
+    throw tensor_error(std::string(what) + ": the cache's page tables are memory of " + cache.pages_device.str() +
+                       ", not of " + name());
+  const std::int64_t pages = (keys + cache.page_tokens - 1) / cache.page_tokens;
+  k.clear();
+  v.clear();
+  for (std::int64_t p = 0; p < pages; ++p) {
+    k.push_back(cache.device_pages[cache.key_entry + p * cache.page_stride]);
+    v.push_back(cache.device_pages[cache.key_entry + 1 + p * cache.page_stride]);
+  }
+  kv_pages_view from_device = cache;
+  from_device.k_pages = k;
+  from_device.v_pages = v;
+  from_device.device_pages = nullptr;
+  return from_device;
+}
+
+void emulated_device_backend::rope_store_kv_pages(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
+                                                  int hq, int hkv, int head_dim, std::span<const kv_pages_view> caches,
+                                                  std::span<const std::int64_t> start_pos, const rope_spec& spec,
+                                                  bool rotate) {
+  // Each row's destination as a device kernel finds it (through_device_tables).
+  std::vector<std::vector<const void*>> ks(caches.size()), vs(caches.size());
+  std::vector<kv_pages_view> views;
+  for (std::size_t i = 0; i < caches.size(); ++i)
+    views.push_back(through_device_tables(caches[i], caches[i].length, ks[i], vs[i], "rope_store_kv_pages"));
+  Backend::rope_store_kv_pages(q, k, v, positions, hq, hkv, head_dim, views, start_pos, spec, rotate);
 }
 
 void emulated_device_backend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {

@@ -44,6 +44,8 @@
 #include <string>
 #include <thread>
 
+#include <vector>
+
 #include "kernels/backend.hpp"
 
 namespace corolla::testing {
@@ -111,6 +113,9 @@ class emulated_device_backend final : public Backend {
   /// The cache's pages are this device's memory, read in place.
   void attention_cached(const Tensor& q, const kv_pages_view& cache, std::int64_t start_pos, const attention_shape& s,
                         Tensor& out) override;
+  void rope_store_kv_pages(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
+                           int head_dim, std::span<const kv_pages_view> caches, std::span<const std::int64_t> start_pos,
+                           const rope_spec& spec, bool rotate) override;
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup) override;
   void gelu(const Tensor& x, Tensor& y) override;
@@ -167,6 +172,11 @@ class emulated_device_backend final : public Backend {
   void no_host_read(const char* what) const;
   /// A marker of this device, or a tensor_error naming `op`.
   void check_marker(const queue_marker* m, const char* op) const;
+  /// `cache` with its first pages for `keys` keys read from its device
+  /// tables (into k and v), as a device kernel finds them; `cache` itself
+  /// when it has none. Throws naming `what` for another device's tables.
+  kv_pages_view through_device_tables(const kv_pages_view& cache, std::int64_t keys, std::vector<const void*>& k,
+                                      std::vector<const void*>& v, const char* what) const;
 
   int index_ = 0;
   std::atomic<std::thread::id> owner_{};  ///< the thread inside an op

@@ -18,7 +18,9 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
 #include "model/head.hpp"
+#include "model/kv_cache.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
 #include "model/token_data.hpp"
@@ -519,5 +522,57 @@ TEST_CASE("cuda: mixture-of-experts models generate the cpu's tokens (f32, bf16,
     const auto cpu_losses = train_losses(dir.path(), cpu_backend(), tokens, vocab, opts);
     const auto cuda_losses = train_losses(dir.path(), gpu(), tokens, vocab, opts);
     MESSAGE(family << ": largest relative loss difference cpu vs cuda: " << check_losses(cpu_losses, cuda_losses, 1e-4));
+  }
+}
+
+TEST_CASE("cuda: attention reads kv_sequences' device page tables as it reads uploaded ones, every layer of a batch") {
+  REQUIRE_GPU_OR_SKIP();
+  // Sequences of a 3-layer pool on the GPU holding random keys and values;
+  // each layer's attention from the sequences' device tables (nothing
+  // uploaded for one sequence; the batch's rows uploaded once for all
+  // layers) against the same views without them (every page pointer
+  // uploaded a call): the same kernel on the same pages, so the same floats.
+  const int layers = 3, hq = 8, hkv = 2, dh = 64, page_tokens = 16;
+  const attention_shape s{hq, hkv, dh, 0.0f};
+  const std::int64_t qw = hq * dh, kw = hkv * dh;
+  auto pool = std::make_shared<kv_pool>(std::size_t{64} << 20, layers, hkv, dh, page_tokens, &gpu());
+  const std::vector<std::int64_t> positions{0, 150, 37, 64, 200};
+  const auto n = static_cast<std::int64_t>(positions.size());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  auto random_on_gpu = [&](std::int64_t rows, std::int64_t width) {
+    Tensor h = Tensor::empty({rows, width});
+    for (float& x : std::span<float>(h.data<float>(), static_cast<std::size_t>(h.numel()))) x = normal(rng);
+    Tensor d = gpu().empty({rows, width});
+    gpu().copy(h, d);
+    return d;
+  };
+  std::vector<kv_sequence> seqs;
+  for (const std::int64_t pos : positions) {
+    seqs.emplace_back(pool);
+    REQUIRE(seqs.back().reserve(pos + 1).ok);
+    for (int l = 0; l < layers; ++l) seqs.back().append(l, 0, random_on_gpu(pos + 1, kw), random_on_gpu(pos + 1, kw));
+  }
+  const Tensor q = random_on_gpu(n, qw);
+  for (int l : {0, 2, 1, 0}) {  // the batch's uploaded rows serve every layer
+    CAPTURE(l);
+    std::vector<kv_pages_view> tables, uploaded;
+    for (const kv_sequence& seq : seqs) {
+      tables.push_back(seq.view(l));
+      REQUIRE(tables.back().device_pages != nullptr);
+      uploaded.push_back(tables.back());
+      uploaded.back().device_pages = nullptr;
+    }
+    Tensor from_tables = gpu().empty({n, qw}), from_uploads = gpu().empty({n, qw});
+    gpu().attention_cached_batch(q, tables, positions, s, from_tables);
+    gpu().attention_cached_batch(q, uploaded, positions, s, from_uploads);
+    CHECK(max_abs_diff(from_tables.to_vector(), from_uploads.to_vector()) == 0.0);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto at = static_cast<std::size_t>(i);
+      Tensor a = gpu().empty({1, qw}), b = gpu().empty({1, qw});
+      gpu().attention_cached(q.slice(i, i + 1), tables[at], positions[at], s, a);
+      gpu().attention_cached(q.slice(i, i + 1), uploaded[at], positions[at], s, b);
+      CHECK(max_abs_diff(a.to_vector(), b.to_vector()) == 0.0);
+    }
   }
 }
