@@ -252,6 +252,21 @@ static std::string attention_kernels_on(device dev) {
 }
 
 /// (bench_common.hpp)
+nlohmann::json step_graph_report() {
+#ifdef COROLLA_HAVE_CUDA
+  const cuda::step_graph_counts c = cuda::step_graph_totals();
+  return {{"launched", c.launched},
+          {"updated", c.updated},
+          {"instantiated", c.instantiated},
+          {"failed", c.failed},
+          {"eager", c.eager},
+          {"last_failure", c.last_failure}};
+#else
+  return nlohmann::json::object();
+#endif
+}
+
+/// (bench_common.hpp)
 bool launches_early(device dev) {
 #ifdef COROLLA_HAVE_CUDA
   return dev.kind == device_kind::cuda && cuda::early_launch_requested() && cuda::early_launch_supported(dev.index);

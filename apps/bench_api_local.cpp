@@ -23,6 +23,7 @@
 #include "api/completion_engine.hpp"
 #include "api/http_api.hpp"
 #include "apps/bench_api_load.hpp"
+#include "apps/bench_common.hpp"
 #include "apps/bench_model.hpp"
 #include "apps/commands.hpp"
 #include "apps/model_load.hpp"
@@ -179,7 +180,8 @@ int run_bench_api_local(const api_bench_options& o) {
                     {"new_tokens", o.new_tokens},
                     {"rounds", o.rounds},
                     {"levels", levels},
-                    {"same_text", equal}};
+                    {"same_text", equal},
+                    {"step_graph_counts", step_graph_report()}};
   if (!o.json_only)
     std::printf("greedy text batched equals a generator per request: %s\n", equal ? "yes" : "NO");
   std::printf("%s\n", out.dump().c_str());

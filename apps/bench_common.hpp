@@ -48,6 +48,11 @@ bandwidth_result measure_bound_bandwidth(device dev);
 /// it with early launch off, in the same run.
 bool launches_early(device dev);
 
+/// What the step graphs (kernels/cuda/device.hpp) did in this process, for
+/// a JSON line: launched, updated, instantiated, failed, eager, last_failure;
+/// {} without CUDA.
+nlohmann::json step_graph_report();
+
 /// `corolla bench decode` (apps/bench_decode.cpp).
 void register_bench_decode(CLI::App* bench, action_fn& action);
 

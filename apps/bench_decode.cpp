@@ -60,20 +60,6 @@ void use_step_graphs(bool on) {
 #endif
 }
 
-/// What the step graphs did in this process (device.hpp), for the JSON line.
-nlohmann::json step_graph_report() {
-#ifdef COROLLA_HAVE_CUDA
-  const cuda::step_graph_counts c = cuda::step_graph_totals();
-  return {{"launched", c.launched},
-          {"updated", c.updated},
-          {"instantiated", c.instantiated},
-          {"failed", c.failed},
-          {"eager", c.eager},
-          {"last_failure", c.last_failure}};
-#else
-  return nlohmann::json::object();
-#endif
-}
 
 /// The batch-1 GEMV variants the CUDA backend chose per weight shape, with
 /// every variant's time (kernels/cuda/linear_bf16.hpp); printed unless

@@ -403,7 +403,8 @@ int run_serve_bench(serve_bench_options o) {
             {"one_session_vs_bound", one.server_tokens_per_s / bound},
             {"levels", jl},
             {"sessions", most.sessions},
-            {"aggregate_vs_one_session", most.server_tokens_per_s / one.server_tokens_per_s}};
+            {"aggregate_vs_one_session", most.server_tokens_per_s / one.server_tokens_per_s},
+            {"step_graph_counts", step_graph_report()}};
   if (!o.common.json) {
     const auto& kvj = j["kv_cache"];
     if (cache.budget_bytes > 0)

@@ -198,18 +198,24 @@ void kv_sequence::sync_device_table() {
     }
   constexpr std::int64_t per_entry = sizeof(const void*) / sizeof(std::int32_t);
   const std::size_t held = device_table_.defined() ? static_cast<std::size_t>(device_table_.numel() / per_entry) : 0;
-  if (held < entries) {  // grow by doubling (from 16 pages' worth): a new table is written whole
+  // Grow by doubling (from 16 pages' worth): a new table is written whole,
+  // and replaces the old one only once written (a failed copy leaves the
+  // old table, which still holds what table_synced_ says).
+  Tensor table = device_table_;
+  std::size_t synced = table_synced_;
+  if (held < entries) {
     const std::size_t room = std::max({entries, 2 * held, 2 * L * 16});
-    device_table_ = be.empty({static_cast<std::int64_t>(room) * per_entry}, dtype::i32);
-    table_synced_ = 0;
+    table = be.empty({static_cast<std::int64_t>(room) * per_entry}, dtype::i32);
+    synced = 0;
   }
-  const auto from = static_cast<std::int64_t>(table_synced_) * per_entry;
+  const auto from = static_cast<std::int64_t>(synced) * per_entry;
   const auto to = static_cast<std::int64_t>(entries) * per_entry;
-  const std::size_t bytes = (entries - table_synced_) * sizeof(const void*);
-  Tensor host = Tensor::wrap(storage::borrow(table_entries_.data() + table_synced_, bytes, nullptr, device{}), 0,
-                             {to - from}, dtype::i32);
-  Tensor dst = device_table_.slice(from, to);
+  const std::size_t bytes = (entries - synced) * sizeof(const void*);
+  Tensor host =
+      Tensor::wrap(storage::borrow(table_entries_.data() + synced, bytes, nullptr, device{}), 0, {to - from}, dtype::i32);
+  Tensor dst = table.slice(from, to);
   be.copy(host, dst);
+  device_table_ = std::move(table);
   table_synced_ = entries;
 }
 
@@ -293,7 +299,8 @@ kv_pages_view kv_sequence::view(int layer) const {
   view.type = pool_->type();
   view.page_tokens = pool_->page_tokens();
   view.length = layer_length_[l];
-  if (device_table_.defined() && layer >= first_layer_ && layer < last_layer_) {
+  const std::size_t entries = 2 * static_cast<std::size_t>(used_layers()) * (k_ptrs_.at(l).size());
+  if (device_table_.defined() && layer >= first_layer_ && layer < last_layer_ && table_synced_ >= entries) {
     view.device_pages = static_cast<const void* const*>(device_table_.raw());
     view.page_stride = 2 * used_layers();
     view.key_entry = 2 * (layer - first_layer_);

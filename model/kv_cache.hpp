@@ -152,6 +152,9 @@ class kv_sequence {
   /// Makes room for `n_tokens` tokens in total, acquiring only the pages
   /// not held yet. On an exhausted budget nothing is acquired and the result
   /// says "KV cache full: need N more tokens (X bytes), Y bytes free of Z".
+  /// On a device pool it writes the new pages' tables to the device: never
+  /// call it inside Backend::run_step (a step graph cannot capture that
+  /// copy); callers reserve before the step.
   kv_reservation reserve(std::int64_t n_tokens);
   /// Tokens the held pages can store.
   std::int64_t capacity() const;

@@ -394,14 +394,25 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
     if (on_device) {
       Tensor staged = Tensor::empty({total_rows, x.dim(1)}, dtype::f32);
       for (const pending_step& p : pending) staged.slice(p.row, p.row + p.rows).copy_from(items[p.index].hidden);
-      be.copy(staged, x);
+      // A batch of decode steps (one row each) is the same ops every time:
+      // a step graph per batch size (Backend::run_step; repeatable, the
+      // rows copied up again first). The outputs come down after it.
+      const bool decode_steps = total_rows == static_cast<std::int64_t>(pending.size()) && !stage_.config().is_moe();
+      auto ops = [&] {
+        be.copy(staged, x);
+        stage_.forward_cached_batch(x, segments, x);
+      };
+      if (decode_steps)
+        be.run_step(batch_recordings_[pending.size()], ops);
+      else
+        ops();
     } else {
       for (const pending_step& p : pending) {
         Tensor dst = x.slice(p.row, p.row + p.rows);
         be.copy(items[p.index].hidden, dst);
       }
+      stage_.forward_cached_batch(x, segments, x);
     }
-    stage_.forward_cached_batch(x, segments, x);
     const Tensor outputs = on_device ? download(x) : Tensor();
     for (const pending_step& p : pending) {
       Tensor out = on_device ? outputs.slice(p.row, p.row + p.rows) : download(x.slice(p.row, p.row + p.rows));

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -367,6 +368,8 @@ class span_engine {
   std::unordered_map<std::string, std::unique_ptr<span_session>> sessions_;
 
   row_buffer step_rows_;   ///< device rows of inference steps and batches
+  /// decode_batch's step graphs (Backend::run_step), one per batch size.
+  std::map<std::size_t, std::unique_ptr<step_recording>> batch_recordings_;
   Tensor train_positions_; ///< i32 [B*T] for the stateless paths
   int train_batch_ = 0, train_seq_ = 0;
 };

@@ -288,6 +288,7 @@ void* cuda_backend::scratch(int slot, std::size_t bytes) {
     if (want < bytes) want = bytes;
     if (want < 4096) want = 4096;
     t = Tensor();  // back to the cache first: the new block may reuse it
+    uploaded_[static_cast<std::size_t>(slot)].at = nullptr;  // even at the same address, upload_once knows nothing of it
     before_allocating();
     t = Tensor::empty({static_cast<std::int64_t>(want)}, dtype::i8, dev());
   }
@@ -342,6 +343,8 @@ void cuda_backend::copy(const Tensor& src, Tensor& dst) {
     if (!src_host && !dst_host && src.dev().index != dst.dev().index) {
       COROLLA_CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw(), dst.dev().index, src.raw(),
                                              src.dev().index, dst.nbytes(), stream_));
+    } else if (src_host && capturing_) {
+      upload(dst.raw(), src.raw(), dst.nbytes());  // staged: a graph cannot copy from pageable memory
     } else if (src.raw() != dst.raw()) {
       COROLLA_CUDA_CHECK(
           cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDefault, stream_));
@@ -355,8 +358,10 @@ void cuda_backend::copy(const Tensor& src, Tensor& dst) {
                        dst.dev().str() + ") is not supported; copy, then convert on one device");
   if (src_host) {  // upload as is, convert on the device
     void* staging = scratch(slot_staging, src.nbytes());
-    COROLLA_CUDA_CHECK(
-        cudaMemcpyAsync(staging, src.raw(), src.nbytes(), cudaMemcpyHostToDevice, stream_));
+    if (capturing_)
+      upload(staging, src.raw(), src.nbytes());  // staged: a graph cannot copy from pageable memory
+    else
+      COROLLA_CUDA_CHECK(cudaMemcpyAsync(staging, src.raw(), src.nbytes(), cudaMemcpyHostToDevice, stream_));
     convert(stream_, staging, elem_for(from), dst.raw(), elem_for(to), n);
   } else if (dst_host) {  // convert on the device, download
     void* staging = scratch(slot_staging, dst.nbytes());

@@ -25,17 +25,18 @@
 # the tuner over its own variants or over all (COROLLA_GEMV=all), each with
 # the driver's shared-memory carve-out or a common 50 % one
 # (COROLLA_CUDA_CARVEOUT=50).
-# serve: about 5 minutes, the second call after lean (issue 25's serving
+# serve: about 6 minutes, the second call after lean (issue 25's serving
 # target): a swarm server holding all of 7B in bf16 on the GPU
 # (`corolla bench serve`): 1, 4 and 16 concurrent sessions through the
 # span server and on its engine, aggregate tokens/s against one session,
 # and the KV cache it allocates up front at a 40 GiB budget in f32, then in
 # bf16 at --max-memory auto (what `serve --max-memory auto` would hold on
-# this GPU; 512-token prompts: attention over a longer cache); then
+# this GPU; 512-token prompts: attention over a longer cache), 1 and 16
+# sessions again with step graphs (COROLLA_CUDA_GRAPHS=1); then
 # `corolla api --local` on the GPU with 1 and 16 streaming clients, its
 # requests' steps batched vs a generator per request (`bench api --local`,
 # the ~100M bench model: the same text both ways, and the ratio), then the
-# same with step graphs on (COROLLA_CUDA_GRAPHS=1); about 5 minutes in all.
+# same with step graphs on (COROLLA_CUDA_GRAPHS=1); about 6 minutes in all.
 # quant: about 4 minutes, the second call after lean: the figures of the
 # quantised and mixture-of-experts formats (issue 23): 7B decode with int8
 # and with nf4 weights (each against f32 and bf16 in the same run and the
@@ -98,6 +99,10 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
       --prompt-tokens 128 --new-tokens 32 --rounds 2 --max-memory 40GiB
     step bench_serve_kv16 120 corolla bench serve --preset llama7b --weights bf16 --kv-dtype bf16 \
       --sessions 1,16 --prompt-tokens 512 --new-tokens 32 --rounds 1 --max-memory auto
+    # The server's batches of decode steps as step graphs (a graph per
+    # batch size): against the first line's 1 and 16 sessions.
+    step bench_serve_graphs 100 env COROLLA_CUDA_GRAPHS=1 corolla bench serve --preset llama7b --weights bf16 \
+      --sessions 1,16 --prompt-tokens 128 --new-tokens 32 --rounds 1 --max-memory 40GiB
     step bench_api_local 90 corolla bench api --local --device cuda --clients 1,16 --new-tokens 32 --rounds 1
     # The same with step graphs (the generators' decode steps, the batcher's
     # batches of decode steps): against the line above.

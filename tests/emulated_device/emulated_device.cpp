@@ -667,9 +667,10 @@ void emulated_device_backend::dequantize_nf4(const Tensor& q, const Tensor& absm
 
 void emulated_device_backend::copy(const Tensor& src, Tensor& dst) {
   user u(*this);
-  // A captured copy would read or write the host memory when the graph
-  // runs, not now.
-  if (src.dev().kind == device_kind::cpu || dst.dev().kind == device_kind::cpu) no_host_read("copy to or from the host");
+  // A captured copy would write the host memory when the graph runs, not
+  // now. (One from the host is staged while the step is captured: CUDA's
+  // copy takes it then, as upload() does.)
+  if (dst.dev().kind == device_kind::cpu) no_host_read("copy to the host");
   Tensor dv = dst.dev().kind == device_kind::cpu ? dst : on_device(dst, "copy dst");
   cpu_backend().copy(src.dev().kind == device_kind::cpu ? src : on_device(src, "copy src"), dv);
 }

@@ -94,6 +94,9 @@ void check_span_on_device(const testing::tiny_model_options& base, dtype kv) {
       REQUIRE(e->open_session(batch_session(s), 40));
       REQUIRE(e->inference_step(batch_session(s), random_tensor({3 + 7 * s, D}, 50 + s), 0));
     }
+  // A batch of decode steps runs as a recorded step (a step graph on CUDA)
+  // after the first of its size: repeatable, nothing read back inside.
+  const auto recorded = dev.stats().recorded_steps.load(), failed = dev.stats().failed_steps.load();
   for (int round = 0; round < 3; ++round) {
     std::vector<decode_item> items;
     for (int s = 0; s < 3; ++s)
@@ -103,6 +106,8 @@ void check_span_on_device(const testing::tiny_model_options& base, dtype kv) {
     REQUIRE(got.size() == want.size());
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(same(got[i], want[i]));
   }
+  CHECK(dev.stats().failed_steps.load() == failed);
+  CHECK(dev.stats().recorded_steps.load() - recorded == (cfg.is_moe() ? 0 : 2));
   // The device's "replay" went where the cpu's "a" did; its "a" stopped a token short.
   REQUIRE(on_dev.close_session("a"));
   CHECK(on_dev.cache_bytes_used() == on_cpu.cache_bytes_used());
