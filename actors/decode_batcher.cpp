@@ -144,9 +144,9 @@ span_expected<Tensor> compute_batch(batcher_state& st, std::span<const batch_ste
   Tensor& out = st.logits.rows(be, k);
   // Decode steps only (a row each): the same work for the same count, a
   // recording of its own; otherwise a fresh one, which runs as it comes (so
-  // does a mixture of experts, whose routing reads back to the host).
+  // does a stage whose steps cannot be recorded).
   std::unique_ptr<step_recording> none;
-  const bool recorded = n == k && !st.engine->config().is_moe();
+  const bool recorded = n == k && st.engine->blocks().steps_recordable();
   std::unique_ptr<step_recording>& rec = recorded ? st.recordings[steps.size()] : none;
   auto ran = st.engine->run_prepared(
       steps, rec, [&](Tensor& x) { st.h->embed(id_rows, pos, x); },

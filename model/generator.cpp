@@ -78,13 +78,11 @@ void generator::step(std::span<const std::int32_t> ids, std::int64_t start, kv_s
       head_.logits(last, logits_, nullptr);
     }
   };
-  if (T == 1 && !cfg_.is_moe()) {
+  if (T == 1 && stage_.steps_recordable()) {
     // A decode step (or a prompt's one-row last piece): the same ops every
     // step, submitted as one where the backend records and replays them (a
     // CUDA graph). Repeatable, as run_step requires: the embedding rewrites
-    // x, the cache row is claimed again at the same position. (A mixture of
-    // experts routes its rows on the host, a read back that a recorded step
-    // cannot make.)
+    // x, the cache row is claimed again at the same position.
     // (Passed as a one-reference lambda, which std::function keeps without
     // allocating: a warm decode step allocates nothing.)
     be_->run_step(decode_step_, [&forward] { forward(); });

@@ -397,7 +397,7 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
       // A batch of decode steps (one row each) is the same ops every time:
       // a step graph per batch size (Backend::run_step; repeatable, the
       // rows copied up again first). The outputs come down after it.
-      const bool decode_steps = total_rows == static_cast<std::int64_t>(pending.size()) && !stage_.config().is_moe();
+      const bool decode_steps = total_rows == static_cast<std::int64_t>(pending.size()) && stage_.steps_recordable();
       auto ops = [&] {
         be.copy(staged, x);
         stage_.forward_cached_batch(x, segments, x);

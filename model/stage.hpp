@@ -87,6 +87,11 @@ class stage {
   /// The model's shape and the backend the stage computes on.
   const model_config& config() const { return cfg_; }
   Backend& backend() const { return *be_; }
+  /// Whether a step of forward_cached / forward_cached_batch can run as a
+  /// recorded step (Backend::run_step: a CUDA graph), which must read
+  /// nothing back to the host: not a mixture of experts, whose routing
+  /// does.
+  bool steps_recordable() const { return !cfg_.is_moe(); }
   /// The span: blocks [first(), last()), size() of them.
   int first() const { return first_; }
   int last() const { return first_ + size(); }
