@@ -22,6 +22,7 @@
 #include "actors/step_queue.hpp"
 #include "model/error.hpp"
 #include "model/workspace.hpp"
+#include "schedule/prompt_reuse.hpp"
 
 namespace corolla {
 namespace batcher_detail {
@@ -80,6 +81,16 @@ struct queued_step {
   caf::response_promise promise;
 };
 
+/// A generation whose prompt begins as a running generation's does, waiting
+/// for that one's prompt to reach the cache so that it can hold the same
+/// pages instead of computing them too.
+struct waiting_open {
+  open_request request;
+  caf::response_promise promise;
+  std::string on;            ///< the running generation's session
+  std::int64_t tokens = 0;   ///< what it will be able to share then
+};
+
 struct batcher_state {
   std::unique_ptr<span_engine> engine;
   std::unique_ptr<head> h;
@@ -89,9 +100,14 @@ struct batcher_state {
   /// The ids each open session's cache holds, position by position
   /// (retained ones included).
   std::unordered_map<std::string, std::vector<std::int32_t>> cached;
+  /// The prompt of each running generation's session (not retained ones).
+  schedule::session_ids prompts;
+  /// Generations waiting to share a running one's prompt (open_generation).
+  std::vector<waiting_open> waiting;
   /// Finished generations kept for their caches, the most recent first.
   std::list<std::string> retained;
   std::size_t retain_limit = 0;
+  bool share_prefixes = true;  ///< decode_batcher_options::share_prefixes
   decode_batcher_stats stats;
   // Reused across steps: ids, positions and the last rows' indices on the
   // host, the last rows and their logits on the device.
@@ -195,6 +211,72 @@ void forget_ids_from(batcher_state& st, const std::string& session, std::int64_t
   held.resize(std::min(held.size(), static_cast<std::size_t>(start)));
 }
 
+/// Opens the generation `r` asked for: continuing a retained session,
+/// on a session's pages, or on a session of its own
+/// (schedule/prompt_reuse.hpp).
+/// With `may_wait`, a generation that could share more once a running
+/// generation's prompt is computed waits for that instead (resolve_waiting).
+void open_generation(batcher_actor* self, open_request r, caf::response_promise rp, bool may_wait) {
+  auto& st = self->state;
+  using how = schedule::prompt_start::how;
+  const schedule::prompt_start plan = schedule::plan_prompt_start(r.prompt, st.retained, st.cached, st.share_prefixes);
+  if (may_wait && st.share_prefixes)
+    if (auto w = schedule::prompt_to_wait_for(r.prompt, st.prompts, st.cached, plan.tokens,
+                                              st.engine->pool().page_tokens())) {
+      ++st.stats.prefix_waits;
+      st.waiting.push_back({std::move(r), std::move(rp), std::move(w->session), w->tokens});
+      return;
+    }
+  if (plan.kind == how::continue_retained) {
+    // (No queued step is of a retained session: none needs to run first.)
+    st.retained.remove(plan.session);
+    ++st.stats.reused_sessions;
+    st.stats.reused_tokens += static_cast<std::uint64_t>(plan.tokens);
+    st.prompts[plan.session] = std::move(r.prompt);
+    rp.deliver(open_reply{plan.session, plan.tokens});
+    return;
+  }
+  // Every session may grow to the whole context: a retained one then
+  // serves any later prompt (pages are taken as it grows, whatever the bound).
+  if (auto o = st.engine->open_session(r.session, st.engine->config().max_positions); !o) {
+    rp.deliver(to_caf(o.error()));
+    return;
+  }
+  ++st.stats.sessions_opened;
+  std::vector<std::int32_t>& held = st.cached[r.session];
+  held.clear();
+  std::int64_t cached = 0;
+  if (plan.kind == how::share) {
+    // A failure here only means computing those tokens after all.
+    if (auto shared = st.engine->share_prefix(r.session, plan.session, plan.tokens); shared && *shared > 0) {
+      cached = *shared;
+      held.assign(r.prompt.begin(), r.prompt.begin() + cached);
+      ++st.stats.shared_sessions;
+      st.stats.shared_tokens += static_cast<std::uint64_t>(cached);
+    }
+  }
+  st.prompts[r.session] = std::move(r.prompt);
+  rp.deliver(open_reply{r.session, cached});
+}
+
+/// Opens the waiting generations whose running generation has computed
+/// what they wait for, or has ended.
+void resolve_waiting(batcher_actor* self) {
+  auto& st = self->state;
+  std::vector<waiting_open> ready;
+  for (auto it = st.waiting.begin(); it != st.waiting.end();) {
+    const auto held = st.cached.find(it->on);
+    if (st.prompts.count(it->on) == 0 || held == st.cached.end() ||
+        static_cast<std::int64_t>(held->second.size()) >= it->tokens) {
+      ready.push_back(std::move(*it));
+      it = st.waiting.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& w : ready) open_generation(self, std::move(w.request), std::move(w.promise), false);
+}
+
 /// Runs every queued step as one batch and answers each with the logits of
 /// its last row.
 void run_batch(batcher_actor* self) {
@@ -260,6 +342,7 @@ void run_batch(batcher_actor* self) {
   st.stats.max_batch = std::max<std::uint64_t>(st.stats.max_batch, batch.size());
   st.stats.batch_seconds += s;
   st.queue.ran(sessions, s);
+  resolve_waiting(self);
 }
 
 /// The flush of queue `seq`: runs it, or waits for the generations of the
@@ -292,10 +375,12 @@ void on_step(batcher_actor* self, step_request& r) {
   if (st.queue.complete()) run_batch(self);
 }
 
-/// Answers every queued step with `why` (the actor is about to stop).
+/// Answers every queued step and waiting generation with `why` (the actor
+/// is about to stop).
 void fail_queued(batcher_actor* self, const std::string& why) {
   std::vector<std::string> sessions;
   for (auto& q : self->state.queue.take(sessions)) q.promise.deliver(make_error(errc::stopped, why));
+  for (auto& w : std::exchange(self->state.waiting, {})) w.promise.deliver(make_error(errc::stopped, why));
 }
 
 caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, std::shared_ptr<head> h,
@@ -307,6 +392,7 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
   st.queue = step_queue<queued_step>(options.gathering);
   st.max_rows = std::max<std::int64_t>(options.max_batch_rows, 1);
   st.retain_limit = static_cast<std::size_t>(std::max(options.retained_sessions, 0));
+  st.share_prefixes = options.share_prefixes;
   st.rows = row_buffer(st.engine->config().hidden_size);
   st.logits = row_buffer(st.engine->config().vocab_size);
   // Whatever ends the actor, no generation waits for ever on a queued step
@@ -327,36 +413,8 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
     return make_error(errc::stopped, "the decode batcher failed: " + what);
   });
   return {
-      [self](open_atom, open_request& r) -> caf::result<open_reply> {
-        auto& st = self->state;
-        // (No queued step is of a retained session: none needs to run first.)
-        // The retained session sharing the longest prefix with the prompt;
-        // at least the prompt's last token is computed (its logits are the
-        // first sample's).
-        auto best = st.retained.end();
-        std::size_t best_len = 0;
-        for (auto it = st.retained.begin(); it != st.retained.end(); ++it) {
-          const auto& held = st.cached[*it];
-          const std::size_t limit = std::min(held.size(), r.prompt.empty() ? 0 : r.prompt.size() - 1);
-          std::size_t n = 0;
-          while (n < limit && held[n] == r.prompt[n]) ++n;
-          if (n > best_len) best = it, best_len = n;
-        }
-        if (best != st.retained.end()) {
-          open_reply reply{*best, static_cast<std::int64_t>(best_len)};
-          st.retained.erase(best);
-          ++st.stats.reused_sessions;
-          st.stats.reused_tokens += best_len;
-          return reply;
-        }
-        // Every session may grow to the whole context: a retained one then
-        // serves any later prompt (pages are taken as it grows, whatever
-        // the bound).
-        if (auto o = st.engine->open_session(r.session, st.engine->config().max_positions); !o)
-          return to_caf(o.error());
-        st.cached[r.session].clear();
-        ++st.stats.sessions_opened;
-        return open_reply{r.session, 0};
+      [self](open_atom, open_request& r) {
+        open_generation(self, std::move(r), self->make_response_promise(), true);
       },
       [self](step_atom, step_request& r) { on_step(self, r); },
       [self](close_atom, const std::string& session) -> caf::result<bool> {
@@ -365,19 +423,29 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
         // its steps is queued.)
         if (!st.engine->session_length(session)) return to_caf(st.engine->session_length(session).error());
         st.queue.forget(session);  // no batch waits for a generation that ended
+        st.prompts.erase(session);
         if (st.retain_limit > 0) {
           // Kept for a later prompt that starts the same way.
           st.retained.push_front(session);
           while (st.retained.size() > st.retain_limit) evict_oldest(st);
+          resolve_waiting(self);
           return true;
         }
         st.cached.erase(session);
-        if (auto r = st.engine->close_session(session); !r) return to_caf(r.error());
-        ++st.stats.sessions_closed;
+        auto r = st.engine->close_session(session);
+        if (r) ++st.stats.sessions_closed;
+        resolve_waiting(self);
+        if (!r) return to_caf(r.error());
         return true;
       },
       [self](flush_atom, std::uint64_t seq) { on_flush(self, seq); },
-      [self](stats_atom) { return self->state.stats; },
+      [self](stats_atom) {
+        auto& st = self->state;
+        decode_batcher_stats s = st.stats;
+        s.kv_pages_in_use = st.engine->pool().pages_in_use();
+        s.kv_pages_shared = st.engine->pool().shared_pages();
+        return s;
+      },
   };
 }
 

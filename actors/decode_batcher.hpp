@@ -21,7 +21,12 @@
 // whose next step is still on its way (schedule/decode_gathering.hpp, the
 // rule the swarm's servers use). Finished generations may leave their cache
 // behind for a later prompt that starts the same way (options:
-// retained_sessions), which then computes only the rest.
+// retained_sessions), which then computes only the rest. Generations whose
+// prompts begin alike (a system prompt) hold the same KV pages for it
+// (kv_sequence::share_prefix: whole pages shared, the last one copied): a
+// new one starts on a running or retained generation's pages, and one that
+// arrives while another is still computing that prefix waits for it
+// instead of computing it too.
 //
 // Results equal one generator's per request up to GEMM rounding (a batch's
 // products sum in another order, ~1e-6): greedy text is the same except at
@@ -65,13 +70,21 @@ struct decode_batcher_options {
   /// earlier turns); the least recently finished go first, and they are let
   /// go whenever a batch needs their pages.
   int retained_sessions = 0;
+  /// Generations whose prompts begin alike hold the same KV pages for what
+  /// they share (a running or retained generation's; the page it ends
+  /// inside copied), and one arriving while another computes it waits for
+  /// it. Off: each computes its prompt unless it continues a retained
+  /// cache, cut back to what it shares (what the batcher did before;
+  /// `corolla bench api --local --shared-prefix N` compares both).
+  bool share_prefixes = true;
 };
 
 /// What one generation through the batcher reports besides its tokens.
 struct batched_generation {
   generation_result result;
-  /// Prompt tokens whose keys and values came from a retained generation's
-  /// cache instead of being computed.
+  /// Prompt tokens whose keys and values came from another generation's
+  /// cache (a retained one continued, or pages shared) instead of being
+  /// computed.
   int cached_prompt_tokens = 0;
 };
 
@@ -90,6 +103,11 @@ struct decode_batcher_stats {
   std::uint64_t reused_sessions = 0;  ///< generations that continued a retained one's cache
   std::uint64_t reused_tokens = 0;    ///< prompt tokens not computed thanks to that
   std::uint64_t evicted_sessions = 0; ///< retained caches let go (for room or by count)
+  std::uint64_t shared_sessions = 0;  ///< generations that began holding another's KV pages
+  std::uint64_t shared_tokens = 0;    ///< prompt tokens not computed thanks to that
+  std::uint64_t prefix_waits = 0;     ///< generations that waited for another's prompt to share it
+  std::int64_t kv_pages_in_use = 0;   ///< KV pages held now (each once, however many hold it)
+  std::int64_t kv_pages_shared = 0;   ///< of them, pages more than one generation holds now
   double batch_seconds = 0;           ///< compute time of the batches
   /// Mean steps per batch (0 before the first batch).
   double mean_batch() const {

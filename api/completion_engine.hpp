@@ -84,6 +84,10 @@ class completion_engine {
 /// How a local engine runs its slots' decode steps.
 enum class local_decoding {
   batched,      ///< together, through one decode_batcher (one pass over the weights per step of all)
+  /// batched, but every request computes its prompt unless it continues a
+  /// finished request's cache: no KV pages shared between requests
+  /// (decode_batcher_options::share_prefixes off)
+  batched_unshared,
   per_request,  ///< a generator per slot, each on its own HTTP thread
 };
 

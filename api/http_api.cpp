@@ -42,6 +42,8 @@ constexpr const char* kDisconnects = "corolla_api_client_disconnects_total";
 constexpr const char* kBatches = "corolla_api_batches_total";
 constexpr const char* kBatchedSteps = "corolla_api_batched_steps_total";
 constexpr const char* kBatchMax = "corolla_api_batch_max";
+constexpr const char* kKvPages = "corolla_api_kv_pages";
+constexpr const char* kKvSharedPages = "corolla_api_kv_shared_pages";
 constexpr const char* kCachedPromptTokens = "corolla_api_prompt_tokens_cached_total";
 
 void declare_metrics(metrics_registry& m) {
@@ -55,7 +57,7 @@ void declare_metrics(metrics_registry& m) {
             {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
   m.declare(kPromptTokens, k::counter, "Prompt tokens of the completion requests run.");
   m.declare(kCachedPromptTokens, k::counter,
-            "Prompt tokens whose cache an earlier request left (not computed again; --local).");
+            "Prompt tokens another request's cache held (continued or shared; not computed again; --local).");
   m.declare(kCompletionTokens, k::counter, "Tokens generated.");
   m.declare(kInFlight, k::gauge, "Completion requests being answered (running or waiting for a slot).");
   m.declare(kSlotsBusy, k::gauge, "Engine slots generating now.");
@@ -65,6 +67,8 @@ void declare_metrics(metrics_registry& m) {
   m.declare(kBatches, k::counter, "Batches of steps run together (a local engine that batches requests).");
   m.declare(kBatchedSteps, k::counter, "Steps (prompts and decode steps) in those batches; over the batches: the mean batch.");
   m.declare(kBatchMax, k::gauge, "Most steps one batch held so far.");
+  m.declare(kKvPages, k::gauge, "KV cache pages held now (a page several requests share counts once).");
+  m.declare(kKvSharedPages, k::gauge, "KV cache pages more than one request holds now (a shared prompt prefix).");
 }
 
 /// Everything one completion needs once validated, and its progress.
@@ -167,6 +171,8 @@ struct http_api::impl {
         metrics.set_total(kBatches, {}, static_cast<double>(b->batches));
         metrics.set_total(kBatchedSteps, {}, static_cast<double>(b->steps));
         metrics.set(kBatchMax, {}, static_cast<double>(b->max_batch));
+        metrics.set(kKvPages, {}, static_cast<double>(b->kv_pages_in_use));
+        metrics.set(kKvSharedPages, {}, static_cast<double>(b->kv_pages_shared));
       }
       res.set_content(metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
     });

@@ -38,6 +38,7 @@ struct api_args {
   std::string chat_template;
   int parallel = 4;
   std::string batching = "on";
+  std::string prefix_sharing = "on";
   int http_threads = 64;
   std::string device = "auto";
   std::string weights = "f32";
@@ -53,6 +54,8 @@ int run_api(const api_args& a) {
   if (a.parallel < 1) throw std::invalid_argument("--parallel must be at least 1");
   if (!a.local && a.batching != "on")
     throw std::invalid_argument("--batching off is for --local (a swarm's servers batch their sessions' steps)");
+  if (a.prefix_sharing != "on" && (!a.local || a.batching != "on"))
+    throw std::invalid_argument("--prefix-sharing off is for --local with batching on (the batcher shares the pages)");
   const auto [host, port] = parse_http_listen(a.listen);
   const sigset_t stop_signals = block_stop_signals();
 
@@ -89,7 +92,9 @@ int run_api(const api_args& a) {
     Backend& be = backend_for(parse_device(a.device));
     model.emplace(load_for_decoding(a.model, be, weights, "api"));
     engine = api::make_local_engine(*model, a.parallel, weights, parse_kv_dtype_flag(a.kv_dtype),
-                                    a.batching == "on" ? api::local_decoding::batched : api::local_decoding::per_request);
+                                    a.batching != "on"           ? api::local_decoding::per_request
+                                    : a.prefix_sharing == "on" ? api::local_decoding::batched
+                                                               : api::local_decoding::batched_unshared);
   } else {
     const device where = a.device == "auto" ? device{} : parse_device(a.device);
     if (where.kind != device_kind::cpu)
@@ -148,6 +153,11 @@ void register_api(CLI::App& app, action_fn& action) {
   cmd->add_option("--batching", a->batching,
                   "With --local: on runs the requests' decode steps together (one pass over the weights for all), "
                   "off gives each request a generator of its own")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--prefix-sharing", a->prefix_sharing,
+                  "With --local and batching: on lets requests whose prompts begin alike (a system prompt) hold the "
+                  "same KV pages for it and compute it once; off makes each compute its own")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")->capture_default_str();

@@ -2,12 +2,15 @@
 // this process (`corolla api --local`), under 1, 8 and 32 concurrent
 // streaming clients, two ways in the same run: the requests' decode steps
 // batched by one actor (actors/decode_batcher.hpp, the default) and a
-// generator per request (--batching off, what the API did before):
+// generator per request (--batching off, what the API did before); with
+// --shared-prefix a third, the batcher without shared prompt pages
+// (--prefix-sharing off):
 //  * requests/s and generated tokens/s of each, and their ratio;
 //  * time to first text, median and worst;
-//  * the batcher's mean batch at each level, and the prompt tokens its
-//    retained caches spared (every prompt is its own, after --shared-prefix
-//    tokens they all share: a system prompt);
+//  * the batcher's mean batch at each level, and the prompt tokens other
+//    requests' caches spared (retained caches continued, or pages shared;
+//    every prompt is its own after --shared-prefix tokens they all share:
+//    a system prompt);
 //  * greedy text must be the same both ways.
 // Rounds alternate which engine goes first; both serve from the same
 // weights (one model in memory).
@@ -86,8 +89,10 @@ int run_bench_api_local(const api_bench_options& o) {
   };
   // Every request's prompt is its own (a prompt seen before would continue
   // from the batcher's retained caches), after --shared-prefix tokens that
-  // all share (a system prompt).
-  const std::vector<std::int32_t> shared = random_ids(o.shared_prefix);
+  // the requests of a level share (a system prompt, new at each level: its
+  // first round's requests arrive together with nothing cached; the
+  // warm-up has none).
+  std::vector<std::int32_t> shared;
   const auto fresh_prompts = [&](int n) {
     std::vector<std::vector<std::int32_t>> prompts;
     for (int i = 0; i < n; ++i) {
@@ -109,10 +114,20 @@ int run_bench_api_local(const api_bench_options& o) {
   const std::string model_id = model_id_of(dir.string());
   bench_server batched_server(*batched, *tok, model_id, slots);
   bench_server per_request_server(*per_request, *tok, model_id, slots);
+  // With a shared prefix, also the batcher without shared pages (each
+  // request computes its prompt unless it continues a finished one's cache).
+  const bool unshared_too = o.shared_prefix > 0;
+  std::unique_ptr<api::completion_engine> unshared;
+  std::unique_ptr<bench_server> unshared_server;
+  if (unshared_too) {
+    unshared = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::batched_unshared);
+    unshared_server = std::make_unique<bench_server>(*unshared, *tok, model_id, slots);
+  }
+  std::vector<int> ports{batched_server.port(), per_request_server.port()};
+  if (unshared_too) ports.push_back(unshared_server->port());
 
   // Warm-up: the first connection, buffers, the inference copies.
-  run_http(batched_server.port(), model_id, fresh_prompts(1), 1, 2);
-  run_http(per_request_server.port(), model_id, fresh_prompts(1), 1, 2);
+  for (int port : ports) run_http(port, model_id, fresh_prompts(1), 1, 2);
 
   json levels = json::array();
   bool equal = true;
@@ -122,29 +137,35 @@ int run_bench_api_local(const api_bench_options& o) {
                 "TTFT max", "mean batch");
   for (int c : o.clients) {
     std::fprintf(stderr, "bench api --local: %d concurrent client(s)...\n", c);
-    load_result b, p;
+    // Pooled figures of each way, in the order of `ports`.
+    std::vector<load_result> pooled(ports.size());
+    load_result &b = pooled[0], &p = pooled[1];
     bool same = true;
+    shared = random_ids(o.shared_prefix);
     const decode_batcher_stats before = *batched->batching();
     for (int round = 0; round < o.rounds; ++round) {
       const auto prompts = fresh_prompts(c);
-      load_result rb, rp;
-      if (round % 2 == 0) {
-        rb = run_http(batched_server.port(), model_id, prompts, c, o.new_tokens);
-        rp = run_http(per_request_server.port(), model_id, prompts, c, o.new_tokens);
-      } else {
-        rp = run_http(per_request_server.port(), model_id, prompts, c, o.new_tokens);
-        rb = run_http(batched_server.port(), model_id, prompts, c, o.new_tokens);
+      // Each round another way goes first.
+      std::vector<load_result> got(ports.size());
+      for (std::size_t k = 0; k < ports.size(); ++k) {
+        const std::size_t way = (k + static_cast<std::size_t>(round)) % ports.size();
+        got[way] = run_http(ports[way], model_id, prompts, c, o.new_tokens);
       }
-      same = same && rb.texts == rp.texts;
-      failed += rb.failed + rp.failed;
-      pool(b, rb);
-      pool(p, rp);
+      for (std::size_t way = 0; way < ports.size(); ++way) {
+        same = same && got[way].texts == got[0].texts;
+        failed += got[way].failed;
+        pool(pooled[way], got[way]);
+      }
     }
     const decode_batcher_stats after = *batched->batching();
     const auto batches = after.batches - before.batches;
     const double mean_batch =
         batches == 0 ? 0.0 : static_cast<double>(after.steps - before.steps) / static_cast<double>(batches);
-    const auto cached_tokens = after.reused_tokens - before.reused_tokens;
+    // Prompt tokens not computed: continued retained caches and shared pages.
+    const auto cached_tokens =
+        (after.reused_tokens + after.shared_tokens) - (before.reused_tokens + before.shared_tokens);
+    const auto shared_tokens = after.shared_tokens - before.shared_tokens;
+    const auto prefix_waits = after.prefix_waits - before.prefix_waits;
     equal = equal && same;
     const double ratio = p.tokens_per_s() > 0 ? b.tokens_per_s() / p.tokens_per_s() : 0.0;
     if (!o.json_only) {
@@ -156,19 +177,42 @@ int run_bench_api_local(const api_bench_options& o) {
       char mb[32];
       std::snprintf(mb, sizeof mb, "%.2f", mean_batch);
       row("batched", b, mb);
+      if (unshared_too) row("unshared", pooled[2], "");
       row("per-request", p, "");
-      std::printf("%8s  batched / per-request tokens/s: %.2fx; prompt tokens from retained caches: %llu of %d\n", "",
-                  ratio, static_cast<unsigned long long>(cached_tokens),
-                  c * o.rounds * (o.shared_prefix + o.prompt_tokens));
+      std::printf("%8s  batched / per-request tokens/s: %.2fx; prompt tokens from other requests' caches: %llu of %d "
+                  "(%llu on shared pages; %llu requests waited for a prefix)\n",
+                  "", ratio, static_cast<unsigned long long>(cached_tokens),
+                  c * o.rounds * (o.shared_prefix + o.prompt_tokens), static_cast<unsigned long long>(shared_tokens),
+                  static_cast<unsigned long long>(prefix_waits));
     }
     json jb = b.to_json(c * o.rounds);
     jb["mean_batch"] = mean_batch;
     jb["cached_prompt_tokens"] = cached_tokens;
-    levels.push_back({{"clients", c},
-                      {"batched", jb},
-                      {"per_request", p.to_json(c * o.rounds)},
-                      {"batched_to_per_request_tokens_per_s", ratio},
-                      {"same_text", same}});
+    jb["shared_prompt_tokens"] = shared_tokens;
+    jb["prefix_waits"] = prefix_waits;
+    json level = {{"clients", c},
+                  {"batched", jb},
+                  {"per_request", p.to_json(c * o.rounds)},
+                  {"batched_to_per_request_tokens_per_s", ratio},
+                  {"same_text", same}};
+    if (unshared_too) {
+      const load_result& u = pooled[2];
+      const double tokens_ratio = u.tokens_per_s() > 0 ? b.tokens_per_s() / u.tokens_per_s() : 0.0;
+      const auto worst = [](const load_result& r) {
+        return r.first_token_s.empty() ? 0.0 : *std::max_element(r.first_token_s.begin(), r.first_token_s.end());
+      };
+      const double p50_ratio = median(b.first_token_s) > 0 ? median(u.first_token_s) / median(b.first_token_s) : 0.0;
+      const double max_ratio = worst(b) > 0 ? worst(u) / worst(b) : 0.0;
+      level["unshared"] = u.to_json(c * o.rounds);
+      level["batched_to_unshared_tokens_per_s"] = tokens_ratio;
+      level["unshared_to_batched_first_text_p50"] = p50_ratio;
+      level["unshared_to_batched_first_text_max"] = max_ratio;
+      if (!o.json_only)
+        std::printf("%8s  shared prompt pages against none: %.2fx tokens/s; time to first text %.2fx shorter (p50), "
+                    "%.2fx (worst)\n",
+                    "", tokens_ratio, p50_ratio, max_ratio);
+    }
+    levels.push_back(level);
   }
   const json out = {{"bench", "api_local"},
                     {"layers", cfg.n_layers},

@@ -88,8 +88,29 @@ bool kv_pool::acquire(std::int64_t n, std::vector<std::byte*>& out) {
 void kv_pool::release(const std::vector<std::byte*>& pages, std::size_t first) {
   if (first >= pages.size()) return;
   std::lock_guard lock(mutex_);
-  free_.insert(free_.end(), pages.begin() + static_cast<std::ptrdiff_t>(first), pages.end());
-  in_use_ -= static_cast<std::int64_t>(pages.size() - first);
+  for (std::size_t i = first; i < pages.size(); ++i) {
+    if (auto it = extra_holders_.find(pages[i]); it != extra_holders_.end()) {
+      if (--it->second == 0) extra_holders_.erase(it);
+      continue;  // another sequence still holds it
+    }
+    free_.push_back(pages[i]);
+    --in_use_;
+  }
+}
+
+void kv_pool::share(std::span<std::byte* const> pages) {
+  std::lock_guard lock(mutex_);
+  for (std::byte* p : pages) ++extra_holders_[p];
+}
+
+bool kv_pool::shared(const std::byte* page) const {
+  std::lock_guard lock(mutex_);
+  return extra_holders_.count(page) != 0;
+}
+
+std::int64_t kv_pool::shared_pages() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<std::int64_t>(extra_holders_.size());
 }
 
 // ---- kv_sequence -------------------------------------------------------------------
@@ -153,33 +174,93 @@ std::int64_t kv_sequence::length() const {
   return *std::min_element(layer_length_.begin() + first_layer_, layer_length_.begin() + last_layer_);
 }
 
-kv_reservation kv_sequence::reserve(std::int64_t n_tokens) {
-  if (n_tokens <= capacity()) return {};
+kv_reservation kv_sequence::reserve(std::int64_t n_tokens) { return reserve(n_tokens, n_tokens); }
+
+kv_reservation kv_sequence::reserve(std::int64_t n_tokens, std::int64_t write_from) {
   const std::int64_t pt = pool_->page_tokens();
-  const std::int64_t held = static_cast<std::int64_t>(pages_.size()) / used_layers();
-  const std::int64_t need_pages = ((n_tokens + pt - 1) / pt - held) * used_layers();
-  if (!pool_->acquire(need_pages, pages_)) {
-    const std::size_t need_bytes = static_cast<std::size_t>(need_pages) * pool_->page_bytes();
-    return {false, "KV cache full: need " + std::to_string(n_tokens - capacity()) +
-                       " more tokens (" + std::to_string(need_bytes) + " bytes), " +
+  const auto L = static_cast<std::size_t>(used_layers());
+  const auto held = pages_.size() / L;
+  const auto want = static_cast<std::size_t>(std::max<std::int64_t>(n_tokens + pt - 1, 0) / pt);
+  const std::size_t grow = want > held ? want - held : 0;
+  // Token pages held now that the tokens from write_from on will be written
+  // into while other sequences hold them too.
+  std::vector<std::size_t> copies;
+  for (auto p = static_cast<std::size_t>(std::max<std::int64_t>(write_from, 0) / pt); p < std::min(held, want); ++p)
+    if (pool_->shared(pages_[p * L])) copies.push_back(p);
+  if (grow == 0 && copies.empty()) {
+    try {  // a page copied since the last write leaves the table behind
+      sync_device_table();
+    } catch (const std::exception& e) {
+      return {false, std::string("KV cache: no device memory for the page tables: ") + e.what()};
+    }
+    return {};
+  }
+  const std::size_t need = (grow + copies.size()) * L;
+  std::vector<std::byte*> fresh;
+  if (!pool_->acquire(static_cast<std::int64_t>(need), fresh)) {
+    const std::size_t need_bytes = need * pool_->page_bytes();
+    // Tokens past the capacity, and a page's for each page to copy.
+    const std::int64_t tokens =
+        std::max<std::int64_t>(n_tokens - capacity(), 0) + static_cast<std::int64_t>(copies.size()) * pt;
+    return {false, "KV cache full: need " + std::to_string(tokens) + " more tokens (" + std::to_string(need_bytes) + " bytes), " +
                        std::to_string(pool_->free_bytes()) + " bytes free of " +
                        std::to_string(pool_->budget_bytes())};
   }
+  if (!copies.empty()) {
+    try {
+      adopt_copies(copies, fresh);
+    } catch (const std::exception& e) {
+      pool_->release(fresh);
+      return {false, std::string("KV cache: copying pages shared with another sequence failed: ") + e.what()};
+    }
+  }
   // Bytes of one layer's K (or V) block in a page.
-  const std::size_t block = static_cast<std::size_t>(pt * pool_->row_width()) * dtype_size(pool_->type());
-  for (std::size_t p = static_cast<std::size_t>(held * used_layers()); p < pages_.size(); ++p) {
-    const auto l = static_cast<std::size_t>(first_layer_) + p % static_cast<std::size_t>(used_layers());
+  const std::size_t block = pool_->page_bytes() / 2;
+  const std::size_t first_new = pages_.size();
+  pages_.insert(pages_.end(), fresh.begin() + static_cast<std::ptrdiff_t>(copies.size() * L), fresh.end());
+  for (std::size_t p = first_new; p < pages_.size(); ++p) {
+    const auto l = static_cast<std::size_t>(first_layer_) + p % L;
     k_ptrs_[l].push_back(pages_[p]);
     v_ptrs_[l].push_back(pages_[p] + block);
   }
   try {
     sync_device_table();
-  } catch (const std::exception& e) {  // no device memory for the tables: the pages go back
-    truncate(held * pt);
+  } catch (const std::exception& e) {  // no device memory for the tables: the new pages go back
+    truncate(static_cast<std::int64_t>(held) * pt);
     return {false, std::string("KV cache: no device memory for the page tables of ") + std::to_string(n_tokens) +
                        " tokens: " + e.what()};
   }
   return {};
+}
+
+void kv_sequence::adopt_copies(const std::vector<std::size_t>& token_pages, const std::vector<std::byte*>& fresh) {
+  const auto L = static_cast<std::size_t>(used_layers());
+  Backend& be = pool_->backend();
+  const dtype type = pool_->type();
+  const auto elements = static_cast<std::int64_t>(pool_->page_bytes() / dtype_size(type));
+  const auto whole = [&](std::byte* p) {
+    return Tensor::wrap(storage::borrow(p, pool_->page_bytes(), nullptr, be.dev()), 0, {elements}, type);
+  };
+  for (std::size_t i = 0; i < token_pages.size(); ++i)
+    for (std::size_t l = 0; l < L; ++l) {
+      Tensor to = whole(fresh[i * L + l]);
+      be.copy(whole(pages_[token_pages[i] * L + l]), to);
+    }
+  std::vector<std::byte*> old;
+  const std::size_t block = pool_->page_bytes() / 2;
+  for (std::size_t i = 0; i < token_pages.size(); ++i)
+    for (std::size_t l = 0; l < L; ++l) {
+      const std::size_t at = token_pages[i] * L + l;
+      old.push_back(pages_[at]);
+      pages_[at] = fresh[i * L + l];
+      const std::size_t layer = static_cast<std::size_t>(first_layer_) + l;
+      k_ptrs_[layer][token_pages[i]] = pages_[at];
+      v_ptrs_[layer][token_pages[i]] = pages_[at] + block;
+    }
+  pool_->release(old);  // this sequence's hold on the shared ones
+  // The tables from the first copied page on are written again.
+  table_entries_.resize(std::min(table_entries_.size(), 2 * token_pages.front() * L));
+  table_synced_ = std::min(table_synced_, table_entries_.size());
 }
 
 void kv_sequence::sync_device_table() {
@@ -257,6 +338,15 @@ std::size_t kv_sequence::check_write(const char* what, int layer, std::int64_t s
   if (start_pos + n > capacity())
     throw tensor_error(op() + ": tokens up to " + std::to_string(start_pos + n) + " exceed the reserved capacity of " +
                        std::to_string(capacity()));
+  // Pages are shared below a point and the rows go up from start_pos: the
+  // last page written tells (reserve(n, start_pos) copies them first).
+  const std::int64_t pt = pool_->page_tokens();
+  const auto last_page = static_cast<std::size_t>((start_pos + n - 1) / pt);
+  if (n > 0 && pool_->shared(pages_[last_page * static_cast<std::size_t>(used_layers()) +
+                                    static_cast<std::size_t>(layer - first_layer_)]))
+    throw tensor_error(op() + ": position " + std::to_string(start_pos + n - 1) + " of layer " +
+                       std::to_string(layer) + " is in a page other sequences hold too: reserve(n, " +
+                       std::to_string(start_pos) + ") first");
   return l;
 }
 
@@ -324,6 +414,63 @@ void kv_sequence::truncate(std::int64_t n_tokens) {
   table_synced_ = std::min(table_synced_, table_entries_.size());
   for (auto& p : k_ptrs_) p.resize(std::min(p.size(), keep));
   for (auto& p : v_ptrs_) p.resize(std::min(p.size(), keep));
+}
+
+std::int64_t kv_sequence::share_prefix(const kv_sequence& from, std::int64_t n_tokens) {
+  if (!pages_.empty() || length() != 0)
+    throw std::invalid_argument("kv_sequence::share_prefix: the sequence already holds " +
+                                std::to_string(capacity()) + " tokens of pages");
+  if (from.pool_ != pool_)
+    throw std::invalid_argument("kv_sequence::share_prefix: the sequence to share draws from another pool");
+  if (from.first_layer_ != first_layer_ || from.last_layer_ != last_layer_)
+    throw std::invalid_argument("kv_sequence::share_prefix: the sequences hold other layers ([" +
+                                std::to_string(from.first_layer_) + ", " + std::to_string(from.last_layer_) +
+                                ") and [" + std::to_string(first_layer_) + ", " + std::to_string(last_layer_) + ")");
+  const std::int64_t pt = pool_->page_tokens();
+  std::int64_t tokens = std::max<std::int64_t>(std::min(n_tokens, from.length()), 0);
+  const auto whole = static_cast<std::size_t>(tokens / pt);
+  const auto L = static_cast<std::size_t>(used_layers());
+  pages_.assign(from.pages_.begin(), from.pages_.begin() + static_cast<std::ptrdiff_t>(whole * L));
+  pool_->share(pages_);
+  if (tokens % pt != 0) {
+    // The last page, partly shared, is copied: this sequence writes into it.
+    std::vector<std::byte*> fresh;
+    bool copied = pool_->acquire(static_cast<std::int64_t>(L), fresh);
+    if (copied) {
+      const dtype type = pool_->type();
+      Backend& be = pool_->backend();
+      const auto elements = static_cast<std::int64_t>(pool_->page_bytes() / dtype_size(type));
+      try {
+        for (std::size_t l = 0; l < L; ++l) {
+          Tensor to = Tensor::wrap(storage::borrow(fresh[l], pool_->page_bytes(), nullptr, be.dev()), 0, {elements}, type);
+          be.copy(Tensor::wrap(storage::borrow(from.pages_[whole * L + l], pool_->page_bytes(), nullptr, be.dev()), 0,
+                               {elements}, type),
+                  to);
+        }
+      } catch (const std::exception&) {
+        pool_->release(fresh);
+        copied = false;
+      }
+    }
+    if (copied)
+      pages_.insert(pages_.end(), fresh.begin(), fresh.end());
+    else
+      tokens = static_cast<std::int64_t>(whole) * pt;  // no room for the copy: the whole pages only
+  }
+  const std::size_t block = pool_->page_bytes() / 2;
+  for (std::size_t p = 0; p < pages_.size(); ++p) {
+    const auto l = static_cast<std::size_t>(first_layer_) + p % L;
+    k_ptrs_[l].push_back(pages_[p]);
+    v_ptrs_[l].push_back(pages_[p] + block);
+  }
+  try {
+    sync_device_table();
+  } catch (const std::exception&) {  // no device memory for the tables: nothing shared
+    release();
+    return 0;
+  }
+  for (int l = first_layer_; l < last_layer_; ++l) layer_length_[static_cast<std::size_t>(l)] = tokens;
+  return tokens;
 }
 
 void kv_sequence::release() { truncate(0); }

@@ -29,14 +29,24 @@
 // device's memory, written as it takes pages (outside any decode step), so
 // a device's attention and KV append find the pages without an upload per
 // layer (kv_pages_view::device_pages).
+//
+// Sequences that begin with the same tokens can hold the same pages
+// (kv_sequence::share_prefix): a page is reference-counted by the pool and
+// goes back to the free list when its last holder lets it go, so N
+// generations after one system prompt hold its pages once. Only whole
+// pages are shared (the page a shared prefix ends inside is copied), and a
+// shared page is never written: a holder that rewrites positions in one (a
+// rollback) gets a copy of its own first (reserve(n, write_from)).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <utility>
+#include <span>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -113,8 +123,16 @@ class kv_pool {
   /// and returns true, or returns false when the budget cannot cover them.
   /// A lazy pool's allocation failing throws, with nothing handed out.
   bool acquire(std::int64_t n, std::vector<std::byte*>& out);
-  /// Returns pages to the free list.
+  /// Lets go of pages[first..]: each goes back to the free list unless
+  /// another sequence still holds it (share).
   void release(const std::vector<std::byte*>& pages, std::size_t first = 0);
+  /// One more holder for each of `pages` (pages held now): a page returns
+  /// to the free list only when its last holder releases it.
+  void share(std::span<std::byte* const> pages);
+  /// True when more than one sequence holds `page`.
+  bool shared(const std::byte* page) const;
+  /// Pages held by more than one sequence now.
+  std::int64_t shared_pages() const;
 
  private:
   Backend* be_;
@@ -129,7 +147,9 @@ class kv_pool {
   mutable std::mutex mutex_;
   std::vector<Tensor> owned_;      ///< every page (or the one block of pages) allocated: keeps memory alive
   std::vector<std::byte*> free_;  ///< pages not held by any sequence
-  std::int64_t in_use_ = 0;
+  /// Pages with more than one holder: how many beyond the first.
+  std::unordered_map<const std::byte*, std::int64_t> extra_holders_;
+  std::int64_t in_use_ = 0;       ///< distinct pages held
   std::int64_t allocated_ = 0;     ///< pages allocated so far
 };
 
@@ -156,6 +176,13 @@ class kv_sequence {
   /// call it inside Backend::run_step (a step graph cannot capture that
   /// copy); callers reserve before the step.
   kv_reservation reserve(std::int64_t n_tokens);
+  /// reserve(n_tokens), and makes positions [write_from, n_tokens)
+  /// writable: pages there that other sequences hold too (share_prefix)
+  /// are replaced by copies of this sequence's own, all pages taken at once
+  /// (on a full pool nothing changes and the result says so). Writing over
+  /// positions the sequence holds (a rollback) needs it; append and
+  /// claim_row refuse to write into a page other sequences hold.
+  kv_reservation reserve(std::int64_t n_tokens, std::int64_t write_from);
   /// Tokens the held pages can store.
   std::int64_t capacity() const;
   /// Tokens whose keys and values every layer of the sequence holds.
@@ -191,8 +218,19 @@ class kv_sequence {
   /// Valid until the next reserve, truncate or release.
   kv_pages_view view(int layer) const;
   /// Keeps the first `n_tokens` tokens of every layer (rollback) and returns
-  /// the pages no longer needed to the pool.
+  /// the pages no longer needed to the pool (pages other sequences hold
+  /// too stay theirs).
   void truncate(std::int64_t n_tokens);
+  /// Starts this sequence, which must hold nothing, with the keys and
+  /// values of the first min(n_tokens, from.length()) tokens of `from`: it
+  /// holds the same pages for the whole pages among them (kv_pool::share)
+  /// and a copy of the page they end inside (which it will write into).
+  /// Returns the tokens it now holds: fewer (the whole pages) when the
+  /// pool has no page for the copy, 0 when a device pool has no memory for
+  /// the page tables (nothing is shared then). Throws
+  /// std::invalid_argument when this sequence holds pages, or `from` draws
+  /// from another pool or over other layers.
+  std::int64_t share_prefix(const kv_sequence& from, std::int64_t n_tokens);
   /// Empties the sequence and returns every page.
   void release();
 
@@ -208,6 +246,11 @@ class kv_sequence {
   /// device_table_ (a device pool only), growing it when full. Throws what
   /// the backend throws.
   void sync_device_table();
+  /// Copies token pages `token_pages` (ascending; every used layer) into
+  /// `fresh` (taken from the pool, L a token page in that order) and holds
+  /// the copies in their place. Throws what the backend's copy throws,
+  /// with nothing changed.
+  void adopt_copies(const std::vector<std::size_t>& token_pages, const std::vector<std::byte*>& fresh);
 
   std::shared_ptr<kv_pool> pool_;
   int first_layer_ = 0, last_layer_ = 0;

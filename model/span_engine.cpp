@@ -198,6 +198,22 @@ span_expected<void> span_engine::close_session(const std::string& id) {
   return {};
 }
 
+span_expected<std::int64_t> span_engine::share_prefix(const std::string& to, const std::string& from,
+                                                      std::int64_t tokens) {
+  span_session* t = find(to);
+  if (!t) return error(span_errc::unknown_session, "unknown session " + in_quotes(to));
+  const span_session* f = find(from);
+  if (!f) return error(span_errc::unknown_session, "unknown session " + in_quotes(from));
+  if (t == f) return error(span_errc::invalid_argument, "session " + in_quotes(to) + " cannot share its own cache");
+  if (t->length() != 0 || t->kv.pages() != 0)
+    return error(span_errc::invalid_argument,
+                 "session " + in_quotes(to) + " already holds " + std::to_string(t->length()) + " tokens");
+  if (t->from != f->from || t->to != f->to || t->prefix() != 0 || f->prefix() != 0)
+    return error(span_errc::invalid_argument, "sessions " + in_quotes(to) + " and " + in_quotes(from) +
+                                                  " run other blocks or deep prompts: their caches differ");
+  return t->kv.share_prefix(f->kv, std::min(tokens, t->max_length));
+}
+
 // ---- validation ----------------------------------------------------------------------
 
 span_expected<void> span_engine::check_hidden(const Tensor& hidden, const char* what) const {
@@ -239,7 +255,9 @@ span_expected<void> span_engine::check_step(const span_session& s, std::int64_t 
 
 span_expected<void> span_engine::admit_step(span_session& s, std::int64_t n, std::int64_t start) {
   if (auto ok = check_step(s, n, start); !ok) return ok;
-  if (kv_reservation r = s.kv.reserve(start + n); !r) return error(span_errc::cache_full, r.error);
+  // From start on the step writes: over tokens held (a rollback), and
+  // perhaps into pages another session holds too (share_prefix).
+  if (kv_reservation r = s.kv.reserve(start + n, start); !r) return error(span_errc::cache_full, r.error);
   return {};
 }
 

@@ -265,6 +265,16 @@ class span_engine {
   /// Closes session `id` and returns its pages to the pool; unknown_session
   /// when it is not open.
   span_expected<void> close_session(const std::string& id);
+  /// Starts session `to` (open, nothing cached yet) with the keys and values
+  /// of the first `tokens` tokens of session `from`, whose steps the caller
+  /// knows began with the same inputs, by holding the same KV pages
+  /// (kv_sequence::share_prefix: the whole pages shared, the one they end
+  /// inside copied). Returns the tokens `to` now holds (its next step
+  /// starts there; fewer when the pool has no page for the copy). Errors:
+  /// either session unknown (unknown_session); `to`
+  /// holding tokens, `to` == `from`, or the two over other blocks or with
+  /// deep prompts (invalid_argument).
+  span_expected<std::int64_t> share_prefix(const std::string& to, const std::string& from, std::int64_t tokens);
 
   /// Runs hidden [n, D] (f32, bf16 or f16 on the host) for positions
   /// [start, start + n) through the span against session `id`'s cache and

@@ -166,12 +166,15 @@ TEST_CASE("a prompt that starts as a finished generation did continues from its 
   const batched_generation first = b.generate(a, greedy(6));
   CHECK(first.cached_prompt_tokens == 0);
   CHECK(first.result.tokens == gen.generate(a, greedy(6)).tokens);
-  // The same prompt: all of it but its last token comes from the cache.
+  // The same prompt: all of it but its last token comes from the retained
+  // cache, which holds more (the reply) and stays as it is: the new
+  // generation starts on its pages (the first shared, the second copied).
   const batched_generation again = b.generate(a, greedy(6));
   CHECK(again.cached_prompt_tokens == 19);
   CHECK(again.result.tokens == first.result.tokens);
   // A follow-up turn: the prompt, the reply, more tokens. The cache holds
-  // the prompt and the reply but its last token (never fed).
+  // the prompt and the reply but its last token (never fed): all of it
+  // begins the turn, so the generation continues it.
   std::vector<std::int32_t> turn = a;
   turn.insert(turn.end(), first.result.tokens.begin(), first.result.tokens.end());
   turn.insert(turn.end(), {33, 34, 35});
@@ -181,21 +184,186 @@ TEST_CASE("a prompt that starts as a finished generation did continues from its 
   CHECK(next.cached_prompt_tokens == static_cast<int>(common_prefix(held, turn)));
   CHECK(next.cached_prompt_tokens >= 25);
   CHECK(next.result.tokens == gen.generate(turn, greedy(6)).tokens);
-  // A prompt sharing a few tokens: continues from there, the rest rolled back.
+  // A prompt sharing a few tokens: starts on a copy of them.
   const std::vector<std::int32_t> other = {1, 2, 3, 40, 41, 42};
   const batched_generation branch = b.generate(other, greedy(6));
   CHECK(branch.cached_prompt_tokens == 3);
   CHECK(branch.result.tokens == gen.generate(other, greedy(6)).tokens);
+  // The turn again: the turn's cache (which the branch left as it was)
+  // holds all of it but its last token.
+  const batched_generation turn_again = b.generate(turn, greedy(6));
+  CHECK(turn_again.cached_prompt_tokens == static_cast<int>(turn.size()) - 1);
+  CHECK(turn_again.result.tokens == next.result.tokens);
   // Nothing in common: a session of its own; two are kept, the oldest goes.
   const std::vector<std::int32_t> fresh = {50, 51};
   CHECK(b.generate(fresh, greedy(4)).cached_prompt_tokens == 0);
   CHECK(b.generate({{60, 61}}, greedy(4)).cached_prompt_tokens == 0);
   const decode_batcher_stats s = b.stats();
-  CHECK(s.reused_sessions == 3);
-  CHECK(s.reused_tokens == 19 + static_cast<std::uint64_t>(next.cached_prompt_tokens) + 3);
-  CHECK(s.sessions_opened == 3);
-  CHECK(s.evicted_sessions == 1);
-  CHECK(s.sessions_closed == 1);
+  CHECK(s.shared_sessions == 3);  // again, branch, the turn again
+  CHECK(s.shared_tokens == 19 + 3 + turn.size() - 1);
+  CHECK(s.reused_sessions == 1);  // next
+  CHECK(s.reused_tokens == static_cast<std::uint64_t>(next.cached_prompt_tokens));
+  CHECK(s.sessions_opened == 6);
+  CHECK(s.evicted_sessions == 4);
+  CHECK(s.sessions_closed == 4);
+}
+
+/// `prefix` followed by `own`.
+std::vector<std::int32_t> after(std::vector<std::int32_t> prefix, const std::vector<std::int32_t>& own) {
+  prefix.insert(prefix.end(), own.begin(), own.end());
+  return prefix;
+}
+
+/// A 40-token system prompt: two whole pages of 16 tokens and 8 more.
+std::vector<std::int32_t> system_prompt() {
+  std::vector<std::int32_t> ids;
+  for (std::int32_t i = 0; i < 40; ++i) ids.push_back(3 + (i * 7) % 50);
+  return ids;
+}
+
+TEST_CASE("generations after one system prompt hold its pages once and compute it once") {
+  batcher_fixture f;
+  decode_batcher_options o;
+  o.gathering = patient();
+  o.retained_sessions = 4;  // every cache stays: the pages can be counted after
+  decode_batcher b(f.system, f.engine(16 * 64), f.model_head(), o);
+  const std::vector<std::int32_t> sys = system_prompt();
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (std::int32_t i = 0; i < 4; ++i) prompts.push_back(after(sys, {60 + i, 61, 62 - i}));
+  std::vector<std::vector<std::int32_t>> alone;
+  {
+    generator gen(f.model);
+    for (const auto& p : prompts) alone.push_back(gen.generate(p, greedy(8)).tokens);
+  }
+  // All four at once: the first to open computes the system prompt; the
+  // others wait for it (or, arriving later, find it computed) and start on
+  // its pages (two whole pages held, the third copied).
+  std::vector<std::future<batched_generation>> runs;
+  for (const auto& p : prompts)
+    runs.push_back(std::async(std::launch::async, [&b, &p] { return b.generate(p, greedy(8)); }));
+  int shared = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    CAPTURE(i);
+    const batched_generation r = runs[i].get();
+    CHECK(r.result.tokens == alone[i]);
+    CHECK((r.cached_prompt_tokens == 0 || r.cached_prompt_tokens == 40));
+    shared += r.cached_prompt_tokens == 40;
+  }
+  CHECK(shared == 3);
+  const decode_batcher_stats s = b.stats();
+  CHECK(s.shared_sessions == 3);
+  CHECK(s.shared_tokens == 3 * 40);
+  CHECK(s.prefill_tokens == 43 + 3 * 3);  // the system prompt once
+  CHECK(s.sessions_opened == 4);
+  CHECK(s.step_errors == 0);
+  // Four caches of 50 tokens (4 pages a layer each) in 10 pages a layer:
+  // the first's 4 and 2 of each other's (the copy and the last); the
+  // first 2 held by all four.
+  const auto layers = static_cast<std::int64_t>(f.model.config().n_layers);
+  CHECK(s.kv_pages_in_use == 10 * layers);
+  CHECK(s.kv_pages_shared == 2 * layers);
+}
+
+/// A generation held after its third token, so that every batch after it
+/// waits for its next step (patient gathering): what is queued meanwhile
+/// stays queued until release().
+struct held_generation {
+  std::promise<void> released_promise;
+  std::shared_future<void> released = released_promise.get_future().share();
+  std::atomic<int> tokens{0};
+  std::future<batched_generation> run;
+
+  held_generation(decode_batcher& b, std::vector<std::int32_t> prompt) {
+    run = std::async(std::launch::async, [this, &b, prompt] {
+      return b.generate(prompt, greedy(6), [this](std::int32_t) {
+        if (++tokens == 3) released.wait();
+      });
+    });
+    while (tokens < 3) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  void release() {
+    if (!was_released.exchange(true)) released_promise.set_value();
+  }
+  /// A test that stopped early still lets the generation end.
+  ~held_generation() { release(); }
+  std::atomic<bool> was_released{false};
+};
+
+/// Waits until `done(b.stats())` (for at most a minute).
+template <class F>
+bool wait_for_stats(const decode_batcher& b, F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!done(b.stats())) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+swarm::gathering_policy very_patient() {
+  swarm::gathering_policy g;
+  g.wait_fraction = 1e6;
+  g.max_wait = std::chrono::seconds(60);
+  return g;
+}
+
+TEST_CASE("a generation whose prompt another is still computing waits for it, then holds its pages") {
+  batcher_fixture f;
+  decode_batcher_options o;
+  o.gathering = very_patient();
+  decode_batcher b(f.system, f.engine(8 * 64), f.model_head(), o);
+  const std::vector<std::int32_t> sys = system_prompt();
+  const auto first = after(sys, {60}), second = after(sys, {61, 62});
+  generator gen(f.model);
+  const auto first_alone = gen.generate(first, greedy(4)).tokens;
+  const auto second_alone = gen.generate(second, greedy(4)).tokens;
+
+  held_generation x(b, {1, 2, 3});
+  // The first opens; its prompt's step waits in the queue behind x.
+  auto a = std::async(std::launch::async, [&] { return b.generate(first, greedy(4)); });
+  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.sessions_opened == 2; }));
+  // The second finds the system prompt not computed yet, and waits.
+  auto c = std::async(std::launch::async, [&] { return b.generate(second, greedy(4)); });
+  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.prefix_waits == 1; }));
+  CHECK(b.stats().sessions_opened == 2);
+  x.release();
+  const batched_generation ra = a.get(), rc = c.get();
+  CHECK(ra.cached_prompt_tokens == 0);
+  CHECK(ra.result.tokens == first_alone);
+  CHECK(rc.cached_prompt_tokens == 40);
+  CHECK(rc.result.tokens == second_alone);
+  x.run.get();
+  const decode_batcher_stats s = b.stats();
+  CHECK(s.shared_sessions == 1);
+  CHECK(s.prefill_tokens == 3 + 41 + 2);
+  CHECK(s.step_errors == 0);
+  CHECK(s.kv_pages_in_use == 0);  // nothing retained: every page went back
+}
+
+TEST_CASE("a generation waiting for another's prompt opens on its own when that one fails") {
+  batcher_fixture f;
+  decode_batcher_options o;
+  o.gathering = very_patient();
+  // Four pages of 16 tokens a block: x holds one, the first's 52 tokens do
+  // not fit in the other three, the second's 42 (and 3 generated) do.
+  decode_batcher b(f.system, f.engine(64), f.model_head(), o);
+  const std::vector<std::int32_t> sys = system_prompt();
+  const auto first = after(sys, std::vector<std::int32_t>(12, 9)), second = after(sys, {61, 62});
+  generator gen(f.model);
+  const auto second_alone = gen.generate(second, greedy(4)).tokens;
+
+  held_generation x(b, {1, 2, 3});
+  auto a = std::async(std::launch::async, [&] { return b.generate(first, greedy(4)); });
+  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.sessions_opened == 2; }));
+  auto c = std::async(std::launch::async, [&] { return b.generate(second, greedy(4)); });
+  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.prefix_waits == 1; }));
+  x.release();
+  CHECK_THROWS_WITH_AS(a.get(), doctest::Contains("KV cache full"), model_error);
+  const batched_generation rc = c.get();
+  CHECK(rc.cached_prompt_tokens == 0);
+  CHECK(rc.result.tokens == second_alone);
+  x.run.get();
+  CHECK(b.stats().shared_sessions == 0);
 }
 
 TEST_CASE("retained caches make room for running generations") {

@@ -89,3 +89,28 @@ TEST_CASE("a kv_sequence on the host keeps no device tables") {
   CHECK(seq.view(0).device_pages == nullptr);
   CHECK(seq.view(0).k_pages.size() == 5);
 }
+
+TEST_CASE("emulated device: a sequence sharing another's pages has tables of its own, rewritten after a copy") {
+  emulated_device_backend dev;
+  auto pool = std::make_shared<kv_pool>(std::size_t{1} << 22, 3, 2, 8, 4, &dev);
+  kv_sequence a(pool);
+  REQUIRE(a.reserve(14).ok);
+  for (int l = 0; l < 3; ++l)
+    for (std::int64_t pos = 0; pos < 14; ++pos) a.claim_row(l, pos);
+  kv_sequence b(pool);
+  REQUIRE(b.share_prefix(a, 14) == 14);
+  const void* table = check_tables(b, dev);
+  CHECK(table != check_tables(a, dev));
+  CHECK(b.view(1).k_pages[2] == a.view(1).k_pages[2]);
+  CHECK(b.view(1).k_pages[3] != a.view(1).k_pages[3]);  // the page the prefix ends inside: a copy
+  // Writing from inside a shared page copies it and writes the table
+  // again from there (no new page: the same table).
+  b.truncate(6);
+  REQUIRE(b.reserve(8, 6).ok);
+  CHECK(b.view(1).k_pages[1] != a.view(1).k_pages[1]);
+  CHECK(b.view(1).k_pages[0] == a.view(1).k_pages[0]);
+  CHECK(check_tables(b, dev) == table);
+  REQUIRE(b.reserve(20).ok);
+  check_tables(b, dev);
+  check_tables(a, dev);
+}

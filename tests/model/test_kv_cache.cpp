@@ -313,3 +313,185 @@ TEST_CASE("a bf16 or f16 pool holds twice the tokens per budget and stores each 
   CHECK_THROWS_WITH_AS(kv_pool(1024, 1, 1, 2, 4, nullptr, dtype::i8), "kv_pool: pages are f32, bf16 or f16, not i8",
                        std::invalid_argument);
 }
+
+namespace {
+
+/// Writes tokens [start, start + n) of every layer of `seq` (keys salted by
+/// the layer, values by 0.5 more).
+void fill(kv_sequence& seq, std::int64_t start, std::int64_t n, float salt = 0.0f) {
+  REQUIRE(seq.reserve(start + n, start));
+  const std::int64_t width = seq.pool().row_width();
+  for (int l = seq.first_layer(); l < seq.last_layer(); ++l)
+    seq.append(l, start, rows_for(start, n, width, salt + 0.1f * l), rows_for(start, n, width, salt + 0.5f + 0.1f * l));
+}
+
+/// True when every layer of `seq` holds what fill(start, n, salt) wrote.
+bool holds(const kv_sequence& seq, std::int64_t start, std::int64_t n, float salt = 0.0f) {
+  const std::int64_t width = seq.pool().row_width();
+  for (int l = seq.first_layer(); l < seq.last_layer(); ++l) {
+    const kv_pages_view v = seq.view(l);
+    for (std::int64_t pos = start; pos < start + n; ++pos)
+      for (std::int64_t c = 0; c < width; ++c)
+        if (cached(v, true, pos, width, c) != static_cast<float>(pos * 1000 + c) + salt + 0.1f * l ||
+            cached(v, false, pos, width, c) != static_cast<float>(pos * 1000 + c) + salt + 0.5f + 0.1f * l)
+          return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("sequences that share a prefix hold its whole pages once, until the last of them lets go") {
+  const int layers = 3, page = 4;
+  auto pool = std::make_shared<kv_pool>(1 << 20, layers, 2, 3, page);
+  kv_sequence a(pool);
+  fill(a, 0, 10);  // pages 0, 1 full, page 2 half
+  CHECK(pool->pages_in_use() == 3 * layers);
+
+  kv_sequence b(pool);
+  CHECK(b.share_prefix(a, 10) == 10);
+  CHECK(b.length() == 10);
+  CHECK(b.capacity() == 12);
+  CHECK(pool->pages_in_use() == 4 * layers);  // the whole pages shared, the half one copied
+  CHECK(pool->shared_pages() == 2 * layers);
+  for (int l = 0; l < layers; ++l) {
+    for (std::size_t p = 0; p < 2; ++p) {
+      CHECK(b.view(l).k_pages[p] == a.view(l).k_pages[p]);
+      CHECK(b.view(l).v_pages[p] == a.view(l).v_pages[p]);
+    }
+    CHECK(b.view(l).k_pages[2] != a.view(l).k_pages[2]);
+  }
+  CHECK(holds(b, 0, 10));
+  // Each goes on with pages of its own; the shared ones stay as they were.
+  fill(b, 10, 3, 0.25f);
+  fill(a, 10, 1, 0.5f);
+  CHECK(pool->pages_in_use() == 5 * layers);
+  CHECK(holds(a, 0, 10));
+  CHECK(holds(a, 10, 1, 0.5f));
+  CHECK(holds(b, 0, 10));
+  CHECK(holds(b, 10, 3, 0.25f));
+  // Asking for more than `from` holds shares what it holds; nothing, nothing.
+  kv_sequence c(pool);
+  CHECK(c.share_prefix(a, 100) == 11);
+  CHECK(holds(c, 0, 10));
+  CHECK(holds(c, 10, 1, 0.5f));
+  CHECK(pool->pages_in_use() == 6 * layers);
+  kv_sequence none(pool);
+  CHECK(none.share_prefix(a, 0) == 0);
+  CHECK(none.pages() == 0);
+  // Less than a page: a copy alone.
+  kv_sequence little(pool);
+  CHECK(little.share_prefix(a, 3) == 3);
+  CHECK(holds(little, 0, 3));
+  CHECK(little.view(0).k_pages[0] != a.view(0).k_pages[0]);
+  little.release();
+  CHECK(pool->shared_pages() == 2 * layers);
+
+  // The first holder leaving frees its own pages only.
+  a.release();
+  CHECK(pool->pages_in_use() == 5 * layers);
+  CHECK(pool->shared_pages() == 2 * layers);  // b and c still share them
+  CHECK(holds(b, 0, 10));
+  c.release();
+  CHECK(pool->shared_pages() == 0);
+  CHECK(pool->pages_in_use() == 4 * layers);
+  b.release();
+  CHECK(pool->pages_in_use() == 0);
+  CHECK(pool->free_bytes() == pool->budget_bytes());
+}
+
+TEST_CASE("a prefix ending inside a page is shared up to its whole pages when the pool has no page for the copy") {
+  const int layers = 2, page = 4;
+  const auto page_bytes = static_cast<std::size_t>(2 * page * 2 * 3 * 4);
+  auto pool = std::make_shared<kv_pool>(3 * layers * page_bytes, layers, 2, 3, page);
+  kv_sequence a(pool);
+  fill(a, 0, 10);
+  kv_sequence b(pool);
+  CHECK(b.share_prefix(a, 10) == 8);
+  CHECK(b.length() == 8);
+  CHECK(holds(b, 0, 8));
+  CHECK(pool->pages_in_use() == 3 * layers);
+}
+
+TEST_CASE("writing over a shared page writes to a copy of its own, taken before any write") {
+  const int layers = 2, page = 4;
+  const auto page_bytes = static_cast<std::size_t>(2 * page * 2 * 3 * 4);
+  SUBCASE("room for the copy") {
+    auto pool = std::make_shared<kv_pool>(1 << 20, layers, 2, 3, page);
+    kv_sequence a(pool);
+    fill(a, 0, 12);
+    kv_sequence b(pool);
+    REQUIRE(b.share_prefix(a, 12) == 12);
+    CHECK(pool->shared_pages() == 3 * layers);
+    b.truncate(6);  // page 2 is a's alone again; pages 0 and 1 stay shared
+    CHECK(b.length() == 6);
+    CHECK(pool->shared_pages() == 2 * layers);
+    CHECK(pool->pages_in_use() == 3 * layers);
+    // Writing there without saying so first is refused.
+    const std::int64_t width = pool->row_width();
+    CHECK_THROWS_WITH_AS(b.append(0, 6, rows_for(6, 1, width, 0), rows_for(6, 1, width, 0)),
+                         doctest::Contains("in a page other sequences hold too"), tensor_error);
+    CHECK_THROWS_WITH_AS(b.claim_row(1, 6), doctest::Contains("in a page other sequences hold too"), tensor_error);
+    // Reserving from position 6 copies page 1 and takes a new page 2.
+    REQUIRE(b.reserve(10, 6));
+    CHECK(pool->shared_pages() == layers);  // page 0 only
+    CHECK(pool->pages_in_use() == 5 * layers);
+    for (int l = 0; l < layers; ++l) {
+      CHECK(b.view(l).k_pages[0] == a.view(l).k_pages[0]);
+      CHECK(b.view(l).k_pages[1] != a.view(l).k_pages[1]);
+      CHECK(b.view(l).v_pages[1] != a.view(l).v_pages[1]);
+    }
+    CHECK(holds(b, 0, 6));  // the copy holds what was there
+    fill(b, 6, 4, 0.25f);
+    CHECK(holds(b, 6, 4, 0.25f));
+    CHECK(holds(a, 0, 12));  // a's keys and values are untouched
+    // A holder cut on a page boundary keeps its pages as they are.
+    kv_sequence c(pool);
+    REQUIRE(c.share_prefix(a, 12) == 12);
+    const auto in_use = pool->pages_in_use();
+    c.truncate(8);
+    CHECK(c.length() == 8);
+    CHECK(pool->pages_in_use() == in_use);
+    for (int l = 0; l < layers; ++l) CHECK(c.view(l).k_pages[1] == a.view(l).k_pages[1]);
+    // The first holder rewriting its own tokens copies what c still holds.
+    fill(a, 5, 2, 0.5f);
+    CHECK(a.length() == 7);
+    for (int l = 0; l < layers; ++l) CHECK(c.view(l).k_pages[1] != a.view(l).k_pages[1]);
+    CHECK(holds(a, 0, 5));
+    CHECK(holds(a, 5, 2, 0.5f));
+    CHECK(holds(c, 0, 8));
+  }
+  SUBCASE("a full pool: nothing changes") {
+    auto pool = std::make_shared<kv_pool>(3 * layers * page_bytes, layers, 2, 3, page);
+    REQUIRE(pool->max_pages() == 3 * layers);
+    kv_sequence a(pool);
+    fill(a, 0, 12);
+    kv_sequence b(pool);
+    REQUIRE(b.share_prefix(a, 12) == 12);
+    b.truncate(6);
+    const kv_reservation r = b.reserve(8, 6);
+    CHECK_FALSE(r.ok);
+    CHECK(r.error.rfind("KV cache full: need 4 more tokens (" + std::to_string(layers * page_bytes) + " bytes)", 0) == 0);
+    CHECK(b.length() == 6);
+    for (int l = 0; l < layers; ++l) CHECK(b.view(l).k_pages[1] == a.view(l).k_pages[1]);
+    CHECK(holds(b, 0, 6));
+    CHECK(holds(a, 0, 12));
+    CHECK(pool->pages_in_use() == 3 * layers);
+  }
+}
+
+TEST_CASE("share_prefix needs an empty sequence over the same pool and layers") {
+  auto pool = std::make_shared<kv_pool>(1 << 20, 3, 1, 2, 4);
+  auto other_pool = std::make_shared<kv_pool>(1 << 20, 3, 1, 2, 4);
+  kv_sequence a(pool);
+  fill(a, 0, 9);
+  kv_sequence holding(pool);
+  fill(holding, 0, 3);
+  CHECK_THROWS_WITH_AS(holding.share_prefix(a, 8), doctest::Contains("already holds"), std::invalid_argument);
+  kv_sequence elsewhere(other_pool);
+  CHECK_THROWS_WITH_AS(elsewhere.share_prefix(a, 8), doctest::Contains("another pool"), std::invalid_argument);
+  kv_sequence part(pool, 1, 3);
+  CHECK_THROWS_WITH_AS(part.share_prefix(a, 8), doctest::Contains("other layers"), std::invalid_argument);
+  CHECK(pool->shared_pages() == 0);
+  CHECK(holding.length() == 3);
+}

@@ -451,3 +451,66 @@ TEST_CASE("cache accounting follows the pages sessions hold") {
   CHECK(code_of(none.inference_step("s", random_tensor({1, m.cfg.hidden_size}, 1), 0)) ==
         span_errc::cache_full);
 }
+
+TEST_CASE("a session started on another's pages computes what one that computed them does, and never writes them") {
+  for (const auto& o : {llama_opts(), gpt2_opts()}) {
+    model_dir m(o);
+    span_engine e = m.engine(0, 2, 256, {4, 8192});  // pages of 4 tokens
+    const std::int64_t D = m.cfg.hidden_size;
+    const Tensor prefix = random_tensor({10, D}, 1), rest = random_tensor({3, D}, 2), next = random_tensor({1, D}, 3);
+    REQUIRE(e.open_session("a", 64));
+    REQUIRE(e.open_session("ref", 64));
+    REQUIRE(e.inference_step("a", prefix, 0));
+    REQUIRE(e.inference_step("ref", prefix, 0));
+    const std::int64_t left = e.cache_tokens_left();
+
+    REQUIRE(e.open_session("b", 64));
+    auto shared = e.share_prefix("b", "a", 10);
+    REQUIRE(shared);
+    CHECK(*shared == 10);
+    CHECK(*e.session_length("b") == 10);
+    CHECK(e.cache_tokens_left() == left - 4);  // the page the prefix ends inside: a copy
+    // b's rows after the prefix: as a session that computed all of it (the
+    // same arithmetic: bit for bit).
+    auto got = e.inference_step("b", rest, 10);
+    REQUIRE(got);
+    REQUIRE(e.open_session("c", 64));
+    REQUIRE(e.inference_step("c", prefix, 0));
+    auto want = e.inference_step("c", rest, 10);
+    REQUIRE(want);
+    CHECK(same_values(*got, *want));
+
+    // b rolls back into a shared page and writes other rows there: a's
+    // cache is untouched (a's next step equals its twin's bit for bit).
+    const std::int64_t before_rollback = e.cache_tokens_left();
+    REQUIRE(e.inference_step("b", random_tensor({2, D}, 4), 6));
+    CHECK(*e.session_length("b") == 8);
+    // b copied page 1 (4 tokens) and let its own pages 2 and 3 go (8).
+    CHECK(e.cache_tokens_left() == before_rollback + 4);
+    auto a_next = e.inference_step("a", next, 10);
+    auto ref_next = e.inference_step("ref", next, 10);
+    REQUIRE(a_next);
+    REQUIRE(ref_next);
+    CHECK(same_values(*a_next, *ref_next));
+
+    // Closing the first holder leaves the pages to the others.
+    REQUIRE(e.open_session("d", 64));
+    REQUIRE(e.share_prefix("d", "a", 11));
+    REQUIRE(e.close_session("a"));
+    auto d_next = e.inference_step("d", concat({prefix.slice(8, 10), next}), 8);
+    REQUIRE(d_next);
+    CHECK(max_rel_diff(d_next->slice(2, 3), *ref_next) < 1e-4);
+
+    // What cannot be shared.
+    REQUIRE(e.open_session("part", 64, 1, 2));
+    CHECK(code_of(e.share_prefix("nobody", "ref", 8)) == span_errc::unknown_session);
+    CHECK(code_of(e.share_prefix("part", "nobody", 8)) == span_errc::unknown_session);
+    CHECK(code_of(e.share_prefix("ref", "ref", 8)) == span_errc::invalid_argument);
+    CHECK(error_of(e.share_prefix("c", "ref", 8)).find("already holds 13 tokens") != std::string::npos);
+    CHECK(error_of(e.share_prefix("part", "ref", 8)).find("other blocks") != std::string::npos);
+    REQUIRE(e.open_session("e", 64));
+    auto none = e.share_prefix("e", "ref", 0);
+    REQUIRE(none);
+    CHECK(*none == 0);
+  }
+}
