@@ -11,9 +11,9 @@
 //    requests' caches spared (retained caches continued, or pages shared;
 //    every prompt is its own after --shared-prefix tokens they all share:
 //    a system prompt);
-//  * greedy text must be the same both ways.
-// Rounds alternate which engine goes first; both serve from the same
-// weights (one model in memory).
+//  * greedy text must be the same every way.
+// Rounds rotate which engine goes first; all serve from the same weights
+// (one model in memory).
 #include <algorithm>
 #include <cstdio>
 #include <random>
