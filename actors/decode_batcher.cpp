@@ -233,6 +233,7 @@ void open_generation(batcher_actor* self, open_request r, caf::response_promise 
     ++st.stats.reused_sessions;
     st.stats.reused_tokens += static_cast<std::uint64_t>(plan.tokens);
     st.prompts[plan.session] = std::move(r.prompt);
+    st.queue.expect(plan.session);  // the next batch waits for its first step
     rp.deliver(open_reply{plan.session, plan.tokens});
     return;
   }
@@ -256,6 +257,9 @@ void open_generation(batcher_actor* self, open_request r, caf::response_promise 
     }
   }
   st.prompts[r.session] = std::move(r.prompt);
+  // The next batch waits, briefly, for its first step: a burst of requests
+  // (the generations that waited for one prompt) starts in one batch.
+  st.queue.expect(r.session);
   rp.deliver(open_reply{r.session, cached});
 }
 

@@ -18,9 +18,10 @@
 // the batch too (their rows through the same products, each attending over
 // its own cache), so a new request's prefill rides on the others' decode
 // step. A batch waits, briefly, for the generations of the last batches
-// whose next step is still on its way (schedule/decode_gathering.hpp, the
-// rule the swarm's servers use). Finished generations may leave their cache
-// behind for a later prompt that starts the same way (options:
+// whose next step is still on its way, and for the first step of one just
+// opened (schedule/decode_gathering.hpp, the rule the swarm's servers use).
+// Finished generations may leave their cache behind for a later prompt
+// that starts the same way (options:
 // retained_sessions), which then computes only the rest. Generations whose
 // prompts begin alike (a system prompt) hold the same KV pages for it
 // (kv_sequence::share_prefix: whole pages shared, the last one copied): a

@@ -93,6 +93,9 @@ class step_queue {
   void ran(const std::vector<std::string>& sessions, double seconds) { gathering_.ran(sessions, seconds); }
   /// `session` ended: nobody waits for it any more.
   void forget(const std::string& session) { gathering_.forget(session); }
+  /// `session` just started: its first step is waited for as a step of a
+  /// session of the last batch (decode_gathering::expect).
+  void expect(const std::string& session) { gathering_.expect(session); }
 
  private:
   std::vector<Step> steps_;

@@ -15,6 +15,12 @@ void decode_gathering::forget(const std::string& session) {
   for (auto& batch : recent_) std::erase(batch, session);
 }
 
+void decode_gathering::expect(const std::string& session) {
+  if (recent_.empty()) return;
+  auto& last = recent_.back();
+  if (std::find(last.begin(), last.end(), session) == last.end()) last.push_back(session);
+}
+
 std::vector<std::string> decode_gathering::missing(const std::vector<std::string>& queued) const {
   const std::set<std::string> in(queued.begin(), queued.end());
   std::set<std::string> out;

@@ -37,6 +37,10 @@ class decode_gathering {
   void ran(const std::vector<std::string>& sessions, double seconds);
   /// `session` ended (closed, expired): nobody waits for it any more.
   void forget(const std::string& session);
+  /// `session` just started and its first step is on its way: it is waited
+  /// for as a session of the last batch (a burst of new sessions then
+  /// starts in one batch, not one step apart). Nothing before any batch ran.
+  void expect(const std::string& session);
   /// Sessions of the remembered batches that are not in `queued`.
   std::vector<std::string> missing(const std::vector<std::string>& queued) const;
   /// How much longer a queue holding `queued`, whose first step was queued

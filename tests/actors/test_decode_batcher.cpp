@@ -300,6 +300,19 @@ bool wait_for_stats(const decode_batcher& b, F done) {
   return true;
 }
 
+/// While a held generation holds every batch back: starts `first` (it
+/// opens; its prompt's step waits in the queue), then `second`, which finds
+/// the prefix they share not computed yet and waits for it. Their runs (4
+/// greedy tokens each).
+std::pair<std::future<batched_generation>, std::future<batched_generation>> first_and_waiting(
+    decode_batcher& b, const std::vector<std::int32_t>& first, const std::vector<std::int32_t>& second) {
+  auto a = std::async(std::launch::async, [&b, first] { return b.generate(first, greedy(4)); });
+  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.sessions_opened == 2; }));
+  auto c = std::async(std::launch::async, [&b, second] { return b.generate(second, greedy(4)); });
+  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.prefix_waits == 1; }));
+  return {std::move(a), std::move(c)};
+}
+
 swarm::gathering_policy very_patient() {
   swarm::gathering_policy g;
   g.wait_fraction = 1e6;
@@ -319,12 +332,7 @@ TEST_CASE("a generation whose prompt another is still computing waits for it, th
   const auto second_alone = gen.generate(second, greedy(4)).tokens;
 
   held_generation x(b, {1, 2, 3});
-  // The first opens; its prompt's step waits in the queue behind x.
-  auto a = std::async(std::launch::async, [&] { return b.generate(first, greedy(4)); });
-  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.sessions_opened == 2; }));
-  // The second finds the system prompt not computed yet, and waits.
-  auto c = std::async(std::launch::async, [&] { return b.generate(second, greedy(4)); });
-  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.prefix_waits == 1; }));
+  auto [a, c] = first_and_waiting(b, first, second);
   CHECK(b.stats().sessions_opened == 2);
   x.release();
   const batched_generation ra = a.get(), rc = c.get();
@@ -353,10 +361,7 @@ TEST_CASE("a generation waiting for another's prompt opens on its own when that 
   const auto second_alone = gen.generate(second, greedy(4)).tokens;
 
   held_generation x(b, {1, 2, 3});
-  auto a = std::async(std::launch::async, [&] { return b.generate(first, greedy(4)); });
-  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.sessions_opened == 2; }));
-  auto c = std::async(std::launch::async, [&] { return b.generate(second, greedy(4)); });
-  REQUIRE(wait_for_stats(b, [](const decode_batcher_stats& s) { return s.prefix_waits == 1; }));
+  auto [a, c] = first_and_waiting(b, first, second);
   x.release();
   CHECK_THROWS_WITH_AS(a.get(), doctest::Contains("KV cache full"), model_error);
   const batched_generation rc = c.get();

@@ -60,3 +60,23 @@ TEST_CASE("decode gathering with a zero fraction or cap never waits") {
   capped.ran({"a", "b"}, 0.010);
   CHECK(capped.wait({"a"}, us(0)) == us(0));
 }
+
+TEST_CASE("decode gathering waits for a session that just started as for one of the last batch") {
+  decode_gathering g({.wait_fraction = 0.5, .max_wait = us(50'000), .remember_batches = 2});
+  g.expect("new");  // before any batch: nothing to wait for
+  CHECK(g.missing({"a"}).empty());
+  g.ran({"a"}, 0.010);
+  g.expect("new");
+  g.expect("new");  // once
+  CHECK(g.missing({"a"}) == strings{"new"});
+  CHECK(g.wait({"a"}, us(0)) == us(5'000));
+  CHECK(g.wait({"a", "new"}, us(0)) == us(0));
+  g.forget("new");
+  CHECK(g.missing({"a"}).empty());
+  // Remembered as long as the batch it joined.
+  g.expect("late");
+  g.ran({"a"}, 0.010);
+  CHECK(g.missing({"a"}) == strings{"late"});
+  g.ran({"a"}, 0.010);
+  CHECK(g.missing({"a"}).empty());
+}
