@@ -214,15 +214,7 @@ kv_reservation kv_sequence::reserve(std::int64_t n_tokens, std::int64_t write_fr
       return {false, std::string("KV cache: copying pages shared with another sequence failed: ") + e.what()};
     }
   }
-  // Bytes of one layer's K (or V) block in a page.
-  const std::size_t block = pool_->page_bytes() / 2;
-  const std::size_t first_new = pages_.size();
-  pages_.insert(pages_.end(), fresh.begin() + static_cast<std::ptrdiff_t>(copies.size() * L), fresh.end());
-  for (std::size_t p = first_new; p < pages_.size(); ++p) {
-    const auto l = static_cast<std::size_t>(first_layer_) + p % L;
-    k_ptrs_[l].push_back(pages_[p]);
-    v_ptrs_[l].push_back(pages_[p] + block);
-  }
+  take_pages(fresh.begin() + static_cast<std::ptrdiff_t>(copies.size() * L), fresh.end());
   try {
     sync_device_table();
   } catch (const std::exception& e) {  // no device memory for the tables: the new pages go back
@@ -233,21 +225,36 @@ kv_reservation kv_sequence::reserve(std::int64_t n_tokens, std::int64_t write_fr
   return {};
 }
 
-void kv_sequence::adopt_copies(const std::vector<std::size_t>& token_pages, const std::vector<std::byte*>& fresh) {
+void kv_sequence::take_pages(std::vector<std::byte*>::const_iterator first,
+                             std::vector<std::byte*>::const_iterator last) {
   const auto L = static_cast<std::size_t>(used_layers());
+  const std::size_t block = pool_->page_bytes() / 2;  // a layer's keys, then its values
+  for (std::size_t p = pages_.size(); first != last; ++first, ++p) {
+    pages_.push_back(*first);
+    const auto l = static_cast<std::size_t>(first_layer_) + p % L;
+    k_ptrs_[l].push_back(*first);
+    v_ptrs_[l].push_back(*first + block);
+  }
+}
+
+void kv_sequence::copy_page(const std::byte* from, std::byte* to) {
   Backend& be = pool_->backend();
   const dtype type = pool_->type();
   const auto elements = static_cast<std::int64_t>(pool_->page_bytes() / dtype_size(type));
-  const auto whole = [&](std::byte* p) {
-    return Tensor::wrap(storage::borrow(p, pool_->page_bytes(), nullptr, be.dev()), 0, {elements}, type);
+  const auto page = [&](const std::byte* p) {
+    return Tensor::wrap(storage::borrow(const_cast<std::byte*>(p), pool_->page_bytes(), nullptr, be.dev()), 0,
+                        {elements}, type);
   };
+  Tensor dst = page(to);
+  be.copy(page(from), dst);
+}
+
+void kv_sequence::adopt_copies(const std::vector<std::size_t>& token_pages, const std::vector<std::byte*>& fresh) {
+  const auto L = static_cast<std::size_t>(used_layers());
   for (std::size_t i = 0; i < token_pages.size(); ++i)
-    for (std::size_t l = 0; l < L; ++l) {
-      Tensor to = whole(fresh[i * L + l]);
-      be.copy(whole(pages_[token_pages[i] * L + l]), to);
-    }
+    for (std::size_t l = 0; l < L; ++l) copy_page(pages_[token_pages[i] * L + l], fresh[i * L + l]);
   std::vector<std::byte*> old;
-  const std::size_t block = pool_->page_bytes() / 2;
+  const std::size_t block = pool_->page_bytes() / 2;  // a layer's keys, then its values
   for (std::size_t i = 0; i < token_pages.size(); ++i)
     for (std::size_t l = 0; l < L; ++l) {
       const std::size_t at = token_pages[i] * L + l;
@@ -437,16 +444,8 @@ std::int64_t kv_sequence::share_prefix(const kv_sequence& from, std::int64_t n_t
     std::vector<std::byte*> fresh;
     bool copied = pool_->acquire(static_cast<std::int64_t>(L), fresh);
     if (copied) {
-      const dtype type = pool_->type();
-      Backend& be = pool_->backend();
-      const auto elements = static_cast<std::int64_t>(pool_->page_bytes() / dtype_size(type));
       try {
-        for (std::size_t l = 0; l < L; ++l) {
-          Tensor to = Tensor::wrap(storage::borrow(fresh[l], pool_->page_bytes(), nullptr, be.dev()), 0, {elements}, type);
-          be.copy(Tensor::wrap(storage::borrow(from.pages_[whole * L + l], pool_->page_bytes(), nullptr, be.dev()), 0,
-                               {elements}, type),
-                  to);
-        }
+        for (std::size_t l = 0; l < L; ++l) copy_page(from.pages_[whole * L + l], fresh[l]);
       } catch (const std::exception&) {
         pool_->release(fresh);
         copied = false;
@@ -457,12 +456,9 @@ std::int64_t kv_sequence::share_prefix(const kv_sequence& from, std::int64_t n_t
     else
       tokens = static_cast<std::int64_t>(whole) * pt;  // no room for the copy: the whole pages only
   }
-  const std::size_t block = pool_->page_bytes() / 2;
-  for (std::size_t p = 0; p < pages_.size(); ++p) {
-    const auto l = static_cast<std::size_t>(first_layer_) + p % L;
-    k_ptrs_[l].push_back(pages_[p]);
-    v_ptrs_[l].push_back(pages_[p] + block);
-  }
+  const std::vector<std::byte*> held = std::move(pages_);
+  pages_.clear();
+  take_pages(held.begin(), held.end());
   try {
     sync_device_table();
   } catch (const std::exception&) {  // no device memory for the tables: nothing shared

@@ -251,6 +251,12 @@ class kv_sequence {
   /// the copies in their place. Throws what the backend's copy throws,
   /// with nothing changed.
   void adopt_copies(const std::vector<std::size_t>& token_pages, const std::vector<std::byte*>& fresh);
+  /// Appends pages [first, last) (the next token pages, L a token page in
+  /// layer order) to pages_ and their key and value bases to k_ptrs_/v_ptrs_.
+  void take_pages(std::vector<std::byte*>::const_iterator first, std::vector<std::byte*>::const_iterator last);
+  /// Copies page `from` whole into page `to` (both of the pool). Throws
+  /// what the backend's copy throws.
+  void copy_page(const std::byte* from, std::byte* to);
 
   std::shared_ptr<kv_pool> pool_;
   int first_layer_ = 0, last_layer_ = 0;
