@@ -392,6 +392,26 @@ void expire_idle(span_server_actor* self) {
   // step or close of an id that is not open fails anyway.)
 }
 
+/// The tokens session `o.session_id` (just opened by `from_node`) starts
+/// with on the pages of `o.share_from`: 0 unless that session is the same
+/// node's (a stranger learns nothing of others' sessions, not even whether
+/// they exist) and the engine can share (same blocks, no deep prompts).
+std::int64_t share_prefix(span_server_state& st, const span_open& o, const std::string& from_node) {
+  auto owner = st.owners.find(o.share_from);
+  if (owner == st.owners.end() || owner->second != from_node || o.share_tokens <= 0) return 0;
+  auto shared = st.engine->share_prefix(o.session_id, o.share_from, o.share_tokens);
+  if (!shared) {
+    spdlog::debug("span server: session {} starts without {}'s pages: {}", o.session_id, o.share_from,
+                  shared.error().message);
+    return 0;
+  }
+  if (*shared > 0) {
+    ++st.stats.sessions_shared;
+    st.stats.shared_tokens += static_cast<std::uint64_t>(*shared);
+  }
+  return *shared;
+}
+
 caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_ptr<span_engine> engine,
                           span_server_options options) {
   self->state.runtime = runtime;
@@ -431,7 +451,10 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
           st.last_used[o->session_id] = clock_type::now();
           st.owners[o->session_id] = m.from_node;
           ++st.stats.sessions_opened;
-          return rp.deliver(answer(span_request::open, encode_body(info_of(st))));
+          const std::int64_t shared = o->share_from.empty() ? 0 : share_prefix(st, *o, m.from_node);
+          span_info opened = info_of(st);  // the cache left after the shared pages
+          opened.shared_tokens = shared;
+          return rp.deliver(answer(span_request::open, encode_body(opened)));
         }
         if (m.type == span_request::close) {
           auto id = decode_span_close(m.body);

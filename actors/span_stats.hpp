@@ -37,6 +37,9 @@ struct span_server_stats {
   std::uint64_t step_errors = 0;  ///< steps and passes answered with an error
   std::uint64_t push_timeouts = 0;  ///< steps whose previous server's push never came
   std::uint64_t sessions_opened = 0, sessions_closed = 0, sessions_expired = 0;
+  /// Sessions opened on another session's KV pages (span.open with
+  /// shareFrom), and the tokens they did not compute.
+  std::uint64_t sessions_shared = 0, shared_tokens = 0;
 
   // Now.
   std::uint64_t sessions_open = 0;

@@ -274,8 +274,21 @@ caf::expected<swarm::route> swarm_client::throughput_route(int start, int end, c
   return r.value();
 }
 
+bool swarm_client::shares_route(const swarm_prefix& share) const {
+  // Every hop's server is still one this client routes through (reachable,
+  // not found wrong), and the hops cover the model's blocks in order.
+  int next = 0;
+  for (const auto& h : share.hops) {
+    const known_server* s = server(h.hop.server);
+    if (!s || !s->reachable || distrusted(h.hop.server) || h.hop.start != next || h.hop.end <= h.hop.start) return false;
+    next = h.hop.end;
+  }
+  return next == n_blocks_;
+}
+
 caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::int64_t max_length,
-                                                                       const Tensor& deep_prompts) {
+                                                                       const Tensor& deep_prompts,
+                                                                       const swarm_prefix& share) {
   // Membership changes reach new sessions: a stale view is refreshed first.
   if (!refreshed_ || std::chrono::steady_clock::now() - last_refresh_ > options_.refresh_period)
     if (auto err = refresh()) return err;
@@ -288,6 +301,17 @@ caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::in
     return make_error(errc::bad_message, "deep prompts must be f32 [" + std::to_string(n_blocks_) + ", P, " +
                                              std::to_string(hidden_size_) + "], got " + shape_str(deep_prompts.shape()));
   std::unique_ptr<swarm_session> s(new swarm_session(*this, max_length, id, deep_prompts));
+  if (!share.empty() && !deep_prompts.defined() && shares_route(share)) {
+    std::vector<swarm::route_hop> hops;
+    for (const auto& h : share.hops) hops.push_back(h.hop);
+    if (auto err = s->open_hops(hops, 0, &share); !err) {
+      event("route " + swarm::to_string(swarm::route{hops}) + " (on another session's first " +
+            std::to_string(s->length()) + " tokens)");
+      return s;
+    } else {
+      event("opening on another session's route failed (" + error_message(err) + "); routing anew");
+    }
+  }
   std::set<std::string> excluded;
   for (int attempt = 0;; ++attempt) {
     auto r = route(0, n_blocks_, excluded, max_length);

@@ -177,6 +177,24 @@ struct known_server {
 
 class swarm_session;
 
+/// What a session's servers hold that another session of the same client
+/// node may start from (swarm_session::prefix, swarm_client::open_session):
+/// its route, its session on each hop's server, and the inputs it sent each
+/// hop for positions [0, tokens) or more (kept for replays; immutable, so a
+/// copy shares them).
+struct swarm_prefix {
+  struct hop {
+    swarm::route_hop hop;
+    std::string session;         ///< the session id on hop.server
+    std::vector<Tensor> inputs;  ///< rows from position 0, in position order
+  };
+  /// Positions [0, tokens) to start on (a caller may lower it to what the
+  /// new session's inputs have in common).
+  std::int64_t tokens = 0;
+  std::vector<hop> hops;
+  bool empty() const { return tokens <= 0 || hops.empty(); }
+};
+
 /// The servers of one swarm and routes through them.
 class swarm_client {
  public:
@@ -217,8 +235,17 @@ class swarm_client {
   /// prompts (f32 [n_layers, P, D], host), every server's session gets the
   /// slice for its blocks (replacements too) and positions [0, P) are a
   /// prefix: the caller's first step starts with P zero rows.
+  /// With a non-empty `share` (no deep prompts), the session is opened on
+  /// the same route as the session `share` describes, each server starting
+  /// it on that session's KV pages for positions [0, share.tokens)
+  /// (span.open shareFrom; the other session must be this node's and open):
+  /// length() is then the positions every hop holds (fewer or 0 when a
+  /// server could not share), the caller's first step starts there, and a
+  /// replay resends share's stored inputs. When that route cannot be opened
+  /// the session takes a route of its own from position 0.
   caf::expected<std::unique_ptr<swarm_session>> open_session(std::int64_t max_length,
-                                                             const Tensor& deep_prompts = {});
+                                                             const Tensor& deep_prompts = {},
+                                                             const swarm_prefix& share = {});
 
   node& runtime() { return node_; }
   const swarm_client_options& options() const { return options_; }
@@ -253,6 +280,9 @@ class swarm_client {
                   const Tensor& history = Tensor(), std::size_t seq = 0);
 
  private:
+  /// Whether a new session can open on share's route: every server still
+  /// routed through, the hops covering the model's blocks in order.
+  bool shares_route(const swarm_prefix& share) const;
   /// Dials a relayed server's relay (once) and opens the relayed link.
   caf::error reach_through_relay(known_server& s, const connect_options& c);
 
@@ -295,12 +325,20 @@ class swarm_session {
   std::uint64_t posted_steps() const { return posted_steps_; }
   /// Tokens processed (the session's length).
   std::int64_t length() const { return length_; }
+  /// What another session may start on (swarm_client::open_session): this
+  /// session's route, its server sessions and stored inputs for its
+  /// length() positions. Empty while a replacement is being rebuilt, with
+  /// deep prompts, or before a step.
+  swarm_prefix prefix() const;
 
  private:
   friend class swarm_client;
   struct hop_state;
   swarm_session(swarm_client& client, std::int64_t max_length, std::string id, Tensor deep_prompts);
-  caf::error open_hops(std::vector<swarm::route_hop> hops, std::size_t at);
+  /// Opens sessions on `hops` and inserts them at `at`. With `share`
+  /// (hop for hop the same route), each starts on share's session there and
+  /// the session's length becomes what every hop holds.
+  caf::error open_hops(std::vector<swarm::route_hop> hops, std::size_t at, const swarm_prefix* share = nullptr);
   caf::expected<Tensor> run_hop(std::size_t i, const Tensor& input, std::int64_t start);
   caf::expected<Tensor> pass(std::size_t i, const Tensor& x, std::int64_t start);
   /// A step with servers pushing to each other: posted (post_step) once the

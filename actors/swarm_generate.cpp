@@ -13,7 +13,7 @@ namespace corolla {
 
 swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const std::int32_t> prompt,
                                 const generation_params& p, const token_callback& on_token,
-                                const Tensor& deep_prompts) {
+                                const Tensor& deep_prompts, const swarm_prompt_sharing* sharing) {
   const model_config& cfg = h.config();
   client.expect_shape(cfg.n_layers, static_cast<int>(cfg.hidden_size));
   // Servers of another shape are left out by refresh().
@@ -29,6 +29,13 @@ swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const s
   token_cfg.max_positions = static_cast<int>(cfg.max_positions - P);
   const std::int64_t max_length = std::min<std::int64_t>(
       cfg.max_positions, P + static_cast<std::int64_t>(prompt.size()) + std::max(p.max_new_tokens, 0));
+  if (P > 0) sharing = nullptr;  // another session's pages hold no deep prompts
+  const auto prompt_n = static_cast<std::int64_t>(prompt.size());
+  swarm_prefix start_on;
+  if (sharing && !sharing->start.empty()) {
+    start_on = sharing->start;
+    start_on.tokens = std::min(start_on.tokens, prompt_n - 1);  // the last token's logits are the first sample's
+  }
   std::unique_ptr<swarm_session> session;
   Tensor logits = Tensor::empty({1, cfg.vocab_size});
   swarm_generation out;
@@ -36,9 +43,20 @@ swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const s
       token_cfg, prompt, p,
       [&](std::span<const std::int32_t> ids, std::int64_t start) {
         if (!session) {
-          auto s = client.open_session(max_length, deep_prompts);
+          auto s = client.open_session(max_length, deep_prompts, start_on);
           if (!s) throw std::runtime_error("cannot open a swarm session: " + error_message(s.error()));
           session = std::move(*s);
+          out.shared_prompt_tokens = session->length();
+        }
+        // Prompt positions the session started with (another session's
+        // pages) are not sent; a chunk they cover whole computes nothing
+        // (its logits are not read: only the prompt's last chunk's are).
+        if (start < session->length() && P == 0) {
+          const std::int64_t skip = std::min<std::int64_t>(session->length() - start, ids.size());
+          ids = ids.subspan(static_cast<std::size_t>(skip));
+          start += skip;
+          if (ids.empty())
+            return std::span<const float>(logits.data<float>(), static_cast<std::size_t>(cfg.vocab_size));
         }
         const auto n = static_cast<std::int64_t>(ids.size());
         // The first step carries the prefix: P zero rows before the tokens.
@@ -52,9 +70,12 @@ swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const s
         if (!y) throw std::runtime_error("swarm step at position " + std::to_string(P + start) + " failed: " + error_message(y.error()));
         Tensor last = y->slice(lead + n - 1, lead + n);
         h.logits(last, logits, nullptr);
+        if (sharing && sharing->on_prompt && start + n == prompt_n) sharing->on_prompt(session->prefix());
         return std::span<const float>(logits.data<float>(), static_cast<std::size_t>(cfg.vocab_size));
       },
       on_token);
+  // Withdrawn before the session closes, so no one starts on it after.
+  if (sharing && sharing->on_prompt) sharing->on_prompt({});
   if (session) {
     out.route = session->hops();
     out.failovers = session->failovers();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -21,6 +22,22 @@ struct swarm_generation {
   std::uint64_t pushed_hops = 0;        ///< hop inputs pushed server to server
   std::uint64_t posted_steps = 0;       ///< steps only the last hop answered
   spot_check_stats spot_checks;         ///< the client's spot checks so far
+  /// Prompt tokens the session started with on another session's pages
+  /// (swarm_prompt_sharing::start), not computed.
+  std::int64_t shared_prompt_tokens = 0;
+};
+
+/// How a generation's prompt meets other sessions of the same client node
+/// (api/swarm_prefix_board.hpp): it may start on one's servers' pages, and
+/// tells when its own prompt is on its servers.
+struct swarm_prompt_sharing {
+  /// Start on these: positions [0, start.tokens) of the prompt (at most all
+  /// of it but the last token) are not computed. Empty: compute them all.
+  swarm_prefix start;
+  /// Called once the prompt's last step is done, with what the session
+  /// holds then (its prompt's positions), and with an empty prefix when
+  /// generation ends (before the session closes: nobody may start on it).
+  std::function<void(swarm_prefix)> on_prompt;
 };
 
 /// Generates through the swarm: the client embeds and samples with `h`
@@ -29,10 +46,12 @@ struct swarm_generation {
 /// so greedy output equals the local one. With `deep_prompts` (f32
 /// [n_layers, P, D], what `corolla finetune` saves) the servers add them
 /// over a prefix of P positions, as generator::set_deep_prompts does
-/// locally, and failover replays the prefix too. Throws model_error for a
-/// bad request and std::runtime_error when the swarm fails for good.
+/// locally, and failover replays the prefix too. With `sharing` (no deep
+/// prompts) the prompt may start on another session's pages and its own are
+/// offered to others. Throws model_error for a bad request and
+/// std::runtime_error when the swarm fails for good.
 swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const std::int32_t> prompt,
                                 const generation_params& p, const token_callback& on_token = {},
-                                const Tensor& deep_prompts = {});
+                                const Tensor& deep_prompts = {}, const swarm_prompt_sharing* sharing = nullptr);
 
 }  // namespace corolla

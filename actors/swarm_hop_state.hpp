@@ -31,6 +31,10 @@ namespace swarm_detail {
 /// Rows [0, rows) of the chunks laid end to end, as one [rows, width] tensor.
 Tensor concat_rows(const std::vector<Tensor>& chunks, std::int64_t rows, std::int64_t width);
 
+/// Rows [0, rows) of the chunks laid end to end, as the chunks themselves
+/// (the last one sliced; no copy).
+std::vector<Tensor> first_rows(const std::vector<Tensor>& chunks, std::int64_t rows);
+
 /// A span request of `type` with its body and tensors.
 remote_message request_of(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {});
 

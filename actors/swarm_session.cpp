@@ -54,6 +54,17 @@ Tensor swarm_detail::concat_rows(const std::vector<Tensor>& chunks, std::int64_t
   return out;
 }
 
+std::vector<Tensor> swarm_detail::first_rows(const std::vector<Tensor>& chunks, std::int64_t rows) {
+  std::vector<Tensor> out;
+  for (const Tensor& c : chunks) {
+    if (rows <= 0) break;
+    const std::int64_t take = std::min(c.dim(0), rows);
+    out.push_back(take == c.dim(0) ? c : c.slice(0, take));
+    rows -= take;
+  }
+  return out;
+}
+
 swarm_session::swarm_session(swarm_client& client, std::int64_t max_length, std::string id, Tensor deep_prompts)
     : client_(client), max_length_(max_length), id_(std::move(id)), deep_prompts_(std::move(deep_prompts)) {}
 
@@ -75,16 +86,22 @@ void swarm_session::close() {
   hops_.clear();
 }
 
-caf::error swarm_session::open_hops(std::vector<swarm::route_hop> hops, std::size_t at) {
+caf::error swarm_session::open_hops(std::vector<swarm::route_hop> hops, std::size_t at, const swarm_prefix* share) {
   std::vector<hop_state> opened;
-  for (auto& hop : hops) {
+  std::int64_t shared = share ? share->tokens : 0;
+  for (std::size_t j = 0; j < hops.size(); ++j) {
     hop_state h;
-    h.hop = hop;
+    h.hop = hops[j];
     h.session = id_ + "." + std::to_string(next_session_++);
-    remote_message open = request_of(span_request::open, encode_body(span_open{h.session, max_length_, hop.start,
-                                                                                hop.end, deep_prompts_.defined()}));
-    if (deep_prompts_.defined()) open.tensors.push_back(deep_prompts_.slice(hop.start, hop.end).clone());
-    auto r = client_.runtime().request(hop.server, "span", std::move(open), client_.options().request_timeout);
+    span_open o{h.session, max_length_, h.hop.start, h.hop.end, deep_prompts_.defined()};
+    if (share) o.share_from = share->hops[j].session, o.share_tokens = share->tokens;
+    remote_message open = request_of(span_request::open, encode_body(o));
+    if (deep_prompts_.defined()) open.tensors.push_back(deep_prompts_.slice(h.hop.start, h.hop.end).clone());
+    auto r = client_.runtime().request(h.hop.server, "span", std::move(open), client_.options().request_timeout);
+    if (r && share) {
+      auto info = decode_span_info(r->body);
+      shared = std::min(shared, info ? info->shared_tokens : 0);
+    }
     if (!r) {
       for (auto& o : opened)  // best effort: do not leave half a route's sessions behind
         (void)client_.runtime().request(o.hop.server, "span", request_of(span_request::close, encode_close_body(o.session)),
@@ -93,9 +110,31 @@ caf::error swarm_session::open_hops(std::vector<swarm::route_hop> hops, std::siz
     }
     opened.push_back(std::move(h));
   }
+  if (share && shared > 0) {
+    // Every hop holds the first `shared` positions (a server that shared
+    // more rolls back at the first step); the replays of those positions
+    // resend the other session's inputs.
+    for (std::size_t j = 0; j < opened.size(); ++j) {
+      opened[j].inputs = swarm_detail::first_rows(share->hops[j].inputs, shared);
+      opened[j].rows = shared;
+      opened[j].out_rows = -1;  // the answers for them are the other session's
+    }
+    length_ = shared;
+  }
   hops_.insert(hops_.begin() + static_cast<std::ptrdiff_t>(at), std::make_move_iterator(opened.begin()),
                std::make_move_iterator(opened.end()));
   return {};
+}
+
+swarm_prefix swarm_session::prefix() const {
+  swarm_prefix p;
+  if (deep_prompts_.defined() || length_ == 0) return p;
+  for (const auto& h : hops_) {
+    if (h.fresh || h.rows < length_) return {};
+    p.hops.push_back({h.hop, h.session, h.inputs});
+  }
+  p.tokens = length_;
+  return p;
 }
 
 caf::expected<Tensor> swarm_session::run_hop(std::size_t i, const Tensor& input, std::int64_t start) {

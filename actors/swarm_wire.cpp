@@ -29,6 +29,7 @@ std::vector<std::uint8_t> encode_body(const span_info& v) {
   r.setDraining(v.draining);
   r.setAwaitingPushes(v.awaiting_pushes);
   r.setWeights(v.weights);
+  r.setSharedTokens(v.shared_tokens);
   auto rtts = r.initRtts(static_cast<unsigned>(std::min(v.rtt_ms.size(), net::max_rtt_entries)));
   unsigned i = 0;
   for (const auto& [node, ms] : v.rtt_ms) {
@@ -47,6 +48,8 @@ std::vector<std::uint8_t> encode_body(const span_open& v) {
   r.setFirst(v.first);
   r.setLast(v.last);
   r.setDeepPrompts(v.deep_prompts);
+  r.setShareFrom(v.share_from);
+  r.setShareTokens(v.share_tokens);
   return flat(b);
 }
 
@@ -115,6 +118,8 @@ caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body)
     v.draining = r.getDraining();
     v.awaiting_pushes = r.getAwaitingPushes();
     v.weights = text(r.getWeights(), "weights");
+    v.shared_tokens = r.getSharedTokens();
+    if (v.shared_tokens < 0) throw std::invalid_argument("shared tokens " + std::to_string(v.shared_tokens));
     if (r.getRtts().size() > net::max_rtt_entries)
       throw std::invalid_argument(std::to_string(r.getRtts().size()) + " RTT entries (at most " +
                                   std::to_string(net::max_rtt_entries) + ")");
@@ -129,8 +134,11 @@ caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body)
 
 caf::expected<span_open> decode_span_open(const std::vector<std::uint8_t>& body) {
   return decode<wire::SpanOpen>(body, "span.open", [](wire::SpanOpen::Reader r) {
-    return span_open{text(r.getSessionId(), "session id"), r.getMaxLength(), r.getFirst(), r.getLast(),
-                     r.getDeepPrompts()};
+    span_open v{text(r.getSessionId(), "session id"), r.getMaxLength(), r.getFirst(), r.getLast(),
+                r.getDeepPrompts(), text(r.getShareFrom(), "shared session id"), r.getShareTokens()};
+    if (v.share_tokens < 0 || (v.share_tokens > 0 && v.share_from.empty()))
+      throw std::invalid_argument("shareTokens " + std::to_string(v.share_tokens) + " without a session to share from");
+    return v;
   });
 }
 

@@ -45,6 +45,9 @@ struct span_info {
   /// The dtype of the linear weights its decode reads ("f32", "bf16",
   /// "i8"; "" when an older server does not say).
   std::string weights;
+  /// In the answer to a span.open with share_from: the tokens the new
+  /// session holds already (0 otherwise, and from older servers).
+  std::int64_t shared_tokens = 0;
 };
 
 /// wire::SpanOpen.
@@ -53,6 +56,11 @@ struct span_open {
   std::int64_t max_length = 0;
   int first = -1, last = -1;  ///< blocks the session runs; -1 = the server's span bound
   bool deep_prompts = false;  ///< tensor 0 of the request: deep prompts [blocks, P, D]
+  /// Another session of the same node over the same blocks whose first
+  /// share_tokens positions had the inputs this one's will have: the new
+  /// session starts holding them (span_engine::share_prefix). "" = none.
+  std::string share_from{};
+  std::int64_t share_tokens = 0;
 };
 
 /// wire::PushTarget: the next hop a server pushes its output to.

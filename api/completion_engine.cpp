@@ -1,5 +1,6 @@
 #include "api/completion_engine.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <stdexcept>
@@ -210,8 +211,13 @@ class batched_local_engine final : public completion_engine {
 
 class swarm_engine final : public completion_engine {
  public:
-  swarm_engine(node& runtime, swarm_client_options options, head client_head, int slots, weight_format weights)
-      : cfg_(client_head.config()), pool_(slots), shared_head_(std::move(client_head)), probe_(runtime, options) {
+  swarm_engine(node& runtime, swarm_client_options options, head client_head, int slots, weight_format weights,
+               bool share_prefixes)
+      : cfg_(client_head.config()),
+        pool_(slots),
+        shared_head_(std::move(client_head)),
+        probe_(runtime, options),
+        share_prefixes_(share_prefixes) {
     probe_.expect_shape(cfg_.n_layers, static_cast<int>(cfg_.hidden_size));
     for (int i = 0; i < pool_.size(); ++i) {
       slots_.push_back(std::make_unique<slot>(slot{head(cfg_, shared_head_.params(), shared_head_.backend()),
@@ -250,9 +256,24 @@ class swarm_engine final : public completion_engine {
                          const token_callback& on_token) override {
     slot_lease lease(pool_);
     slot& s = *slots_[lease.index()];
+    // The slots' sessions are one node's: a prompt may start on the pages
+    // of another running request's session (api/swarm_prefix_board.hpp).
+    const std::string id = std::to_string(next_request_++);
+    swarm_prompt_sharing sharing;
+    struct leaving {
+      swarm_prefix_board* board;
+      const std::string& id;
+      ~leaving() {
+        if (board) board->leave(id);
+      }
+    } on_end{share_prefixes_ ? &board_ : nullptr, id};
+    if (share_prefixes_) {
+      sharing.start = board_.enter(id, {prompt.begin(), prompt.end()});
+      sharing.on_prompt = [this, &id](swarm_prefix held) { board_.computed(id, std::move(held)); };
+    }
     try {
-      swarm_generation g = swarm_generate(s.client, s.h, prompt, p, on_token);
-      return {std::move(g.result), g.failovers};
+      swarm_generation g = swarm_generate(s.client, s.h, prompt, p, on_token, {}, share_prefixes_ ? &sharing : nullptr);
+      return {std::move(g.result), g.failovers, static_cast<int>(g.shared_prompt_tokens)};
     } catch (const model_error&) {
       throw;
     } catch (const std::runtime_error& e) {
@@ -261,6 +282,9 @@ class swarm_engine final : public completion_engine {
   }
   int busy() const override { return pool_.busy(); }
   int slots() const override { return pool_.size(); }
+  std::optional<prefix_board_stats> prompt_sharing() const override {
+    return share_prefixes_ ? std::optional(board_.stats()) : std::nullopt;
+  }
 
  private:
   struct slot {
@@ -274,6 +298,9 @@ class swarm_engine final : public completion_engine {
   swarm_client probe_;  ///< answers check_ready(), guarded by probe_mutex_
   std::chrono::steady_clock::time_point last_ready_{};  ///< the last route found, guarded by probe_mutex_
   std::vector<std::unique_ptr<slot>> slots_;
+  bool share_prefixes_;
+  swarm_prefix_board board_;
+  std::atomic<std::uint64_t> next_request_{0};
 };
 
 }  // namespace
@@ -286,8 +313,9 @@ std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slo
 }
 
 std::unique_ptr<completion_engine> make_swarm_engine(node& runtime, swarm_client_options options, head client_head,
-                                                     int slots, weight_format weights) {
-  return std::make_unique<swarm_engine>(runtime, std::move(options), std::move(client_head), slots, weights);
+                                                     int slots, weight_format weights, bool share_prefixes) {
+  return std::make_unique<swarm_engine>(runtime, std::move(options), std::move(client_head), slots, weights,
+                                        share_prefixes);
 }
 
 }  // namespace corolla::api

@@ -11,7 +11,10 @@
 // weights, and the bf16/int8/nf4 copies the first generator makes of them,
 // shared), each reading every weight per token. A swarm slot is a swarm client and
 // a head of its own (embeddings and LM head shared), and every request opens
-// its own session on the servers, which batch decode steps across sessions.
+// its own session on the servers, which batch decode steps across sessions;
+// a session may start on the servers' pages of another request's session
+// that computed the same prompt prefix (a system prompt), so the servers
+// compute and hold it once.
 // A request keeps its slot until generation ends; ending it early (a stop
 // string, a client that went away) closes its session and frees its cache.
 #pragma once
@@ -29,6 +32,7 @@
 #include "actors/decode_batcher.hpp"
 #include "actors/swarm_client.hpp"
 #include "actors/swarm_generate.hpp"
+#include "api/swarm_prefix_board.hpp"
 #include "model/generator.hpp"
 #include "model/head.hpp"
 #include "model/transformer.hpp"
@@ -79,6 +83,9 @@ class completion_engine {
   /// The decode batcher's counters, for an engine that batches its slots'
   /// steps in this process (none otherwise).
   virtual std::optional<decode_batcher_stats> batching() const { return std::nullopt; }
+  /// What a swarm engine's prompts shared of each other's servers' pages
+  /// (none for another engine, or with sharing off).
+  virtual std::optional<prefix_board_stats> prompt_sharing() const { return std::nullopt; }
 };
 
 /// How a local engine runs its slots' decode steps.
@@ -102,8 +109,12 @@ std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slo
 /// Through the swarm `options` describe, over `runtime` (borrowed; it and
 /// whatever options.discover reads must outlive the engine). `client_head`
 /// is the model's embeddings and LM head, shared by the slots (each slot
-/// reads its LM head in `weights`, as head::use_inference_weights).
+/// reads its LM head in `weights`, as head::use_inference_weights). With
+/// `share_prefixes`, a request's prompt starts on the servers' pages of a
+/// running request's session holding the most of it, or waits for one still
+/// computing a page more of it (api/swarm_prefix_board.hpp).
 std::unique_ptr<completion_engine> make_swarm_engine(node& runtime, swarm_client_options options, head client_head,
-                                                     int slots, weight_format weights = weight_format::f32);
+                                                     int slots, weight_format weights = weight_format::f32,
+                                                     bool share_prefixes = true);
 
 }  // namespace corolla::api

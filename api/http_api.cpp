@@ -57,7 +57,7 @@ void declare_metrics(metrics_registry& m) {
             {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
   m.declare(kPromptTokens, k::counter, "Prompt tokens of the completion requests run.");
   m.declare(kCachedPromptTokens, k::counter,
-            "Prompt tokens another request's cache held (continued or shared; not computed again; --local).");
+            "Prompt tokens another request's cache held (continued or shared; not computed again).");
   m.declare(kCompletionTokens, k::counter, "Tokens generated.");
   m.declare(kInFlight, k::gauge, "Completion requests being answered (running or waiting for a slot).");
   m.declare(kSlotsBusy, k::gauge, "Engine slots generating now.");

@@ -44,7 +44,10 @@ std::string render_server_metrics(const std::string& node, const span_server_sta
   m.declare("corolla_server_step_errors_total", k::counter, "Steps and passes answered with an error");
   m.declare("corolla_server_push_timeouts_total", k::counter,
             "Steps whose input the previous server was to push and never did");
-  m.declare("corolla_server_sessions_total", k::counter, "Sessions by event: opened, closed, expired (idle)");
+  m.declare("corolla_server_sessions_total", k::counter,
+            "Sessions by event: opened, closed, expired (idle), shared (opened on another session's KV pages)");
+  m.declare("corolla_server_shared_tokens_total", k::counter,
+            "Tokens sessions started with on another session's KV pages (not computed)");
   m.declare("corolla_server_sessions_open", k::gauge, "Sessions open now");
   m.declare("corolla_server_cache_tokens", k::gauge, "Attention-cache capacity in tokens");
   m.declare("corolla_server_cache_tokens_left", k::gauge, "Attention-cache tokens a new session could still get");
@@ -92,6 +95,8 @@ std::string render_server_metrics(const std::string& node, const span_server_sta
   m.add("corolla_server_sessions_total", with("event", "opened"), double(s.sessions_opened));
   m.add("corolla_server_sessions_total", with("event", "closed"), double(s.sessions_closed));
   m.add("corolla_server_sessions_total", with("event", "expired"), double(s.sessions_expired));
+  m.add("corolla_server_sessions_total", with("event", "shared"), double(s.sessions_shared));
+  m.add("corolla_server_shared_tokens_total", self, double(s.shared_tokens));
   m.set("corolla_server_sessions_open", self, double(s.sessions_open));
   m.set("corolla_server_cache_tokens", self, double(s.cache_tokens));
   m.set("corolla_server_cache_tokens_left", self, double(s.cache_tokens_left));

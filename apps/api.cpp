@@ -54,8 +54,9 @@ int run_api(const api_args& a) {
   if (a.parallel < 1) throw std::invalid_argument("--parallel must be at least 1");
   if (!a.local && a.batching != "on")
     throw std::invalid_argument("--batching off is for --local (a swarm's servers batch their sessions' steps)");
-  if (a.prefix_sharing != "on" && (!a.local || a.batching != "on"))
-    throw std::invalid_argument("--prefix-sharing off is for --local with batching on (the batcher shares the pages)");
+  if (a.prefix_sharing != "on" && a.local && a.batching != "on")
+    throw std::invalid_argument("--prefix-sharing off is for --local with batching on (the batcher shares the pages) "
+                                "or --swarm (the servers share them)");
   const auto [host, port] = parse_http_listen(a.listen);
   const sigset_t stop_signals = block_stop_signals();
 
@@ -108,7 +109,8 @@ int run_api(const api_args& a) {
     // servers sharing the machine.
     if (a.threads == 0) set_cpu_threads(1);
     head h = head::load(checkpoint::open(a.model), cfg, be);
-    engine = api::make_swarm_engine(*swarm.runtime, swarm.options, std::move(h), a.parallel, weights);
+    engine = api::make_swarm_engine(*swarm.runtime, swarm.options, std::move(h), a.parallel, weights,
+                                    a.prefix_sharing == "on");
     // The dashboard reads the servers' DHT records (with a list of servers
     // and no DHT it shows only the failovers).
     watch.emplace(model_id_of_swarm(a.swarm, a.model), cfg.n_layers,
@@ -156,8 +158,9 @@ void register_api(CLI::App& app, action_fn& action) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--prefix-sharing", a->prefix_sharing,
-                  "With --local and batching: on lets requests whose prompts begin alike (a system prompt) hold the "
-                  "same KV pages for it and compute it once; off makes each compute its own")
+                  "With --local and batching, or --swarm: on lets requests whose prompts begin alike (a system "
+                  "prompt) hold the same KV pages for it and compute it once (with --swarm: on each server, the "
+                  "later requests' sessions opened on the first one's route); off makes each compute its own")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")->capture_default_str();

@@ -9,11 +9,16 @@
 //    the direct one, divided by the tokens of a request (the median over
 //    --rounds rounds that alternate which path goes first);
 //  * greedy text through the API must equal the direct tokens' text.
+// With --shared-prefix N every prompt starts with the level's N tokens (a
+// system prompt): a third path, an engine whose requests share no KV pages
+// (--prefix-sharing off), run directly, shows what the servers gain from
+// starting later requests on the first one's pages.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <random>
 #include <string>
@@ -93,11 +98,31 @@ int run_bench_api(const api_bench_options& o) {
 
   const model_config cfg = load_config(dir);
   if (o.servers > cfg.n_layers) throw std::invalid_argument("more servers than blocks");
+  if (o.shared_prefix + o.prompt_tokens + o.new_tokens > cfg.max_positions)
+    throw std::invalid_argument("--shared-prefix + --prompt-tokens + --new-tokens (" +
+                                std::to_string(o.shared_prefix + o.prompt_tokens + o.new_tokens) +
+                                ") exceed the model context of " + std::to_string(cfg.max_positions));
   const auto tok = load_tokenizer(dir);
   std::mt19937_64 rng(o.seed + 11);
+  const auto random_ids = [&](int n) {
+    std::vector<std::int32_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(static_cast<std::int32_t>(rng() % cfg.vocab_size));
+    return ids;
+  };
   std::vector<std::vector<std::int32_t>> prompts(4);
-  for (auto& p : prompts)
-    for (int i = 0; i < o.prompt_tokens; ++i) p.push_back(static_cast<std::int32_t>(rng() % cfg.vocab_size));
+  for (auto& p : prompts) p = random_ids(o.prompt_tokens);
+  // With --shared-prefix every request of a round gets a prompt of its own
+  // after the level's shared one (a system prompt).
+  std::vector<std::int32_t> shared;
+  const auto fresh_prompts = [&](int n) {
+    std::vector<std::vector<std::int32_t>> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back(shared);
+      const auto own = random_ids(o.prompt_tokens);
+      out.back().insert(out.back().end(), own.begin(), own.end());
+    }
+    return out;
+  };
 
   std::fprintf(stderr, "bench api: %d layers, dim %lld; starting %d server(s)...\n", cfg.n_layers,
                static_cast<long long>(cfg.hidden_size), o.servers);
@@ -120,6 +145,13 @@ int run_bench_api(const api_bench_options& o) {
   set_cpu_threads(1);
   const int slots = *std::max_element(o.clients.begin(), o.clients.end());
   auto engine = api::make_swarm_engine(**runtime, so, head::load(checkpoint::open(dir), cfg, cpu_backend()), slots);
+  // With a shared prefix, also an engine whose requests share no pages
+  // (each computes its prompt on the servers), run directly.
+  const bool unshared_too = o.shared_prefix > 0;
+  std::unique_ptr<api::completion_engine> unshared;
+  if (unshared_too)
+    unshared = api::make_swarm_engine(**runtime, so, head::load(checkpoint::open(dir), cfg, cpu_backend()), slots,
+                                      weight_format::f32, false);
   api::api_config ac;
   ac.model_id = so.model;
   ac.http_threads = slots + 4;
@@ -143,58 +175,89 @@ int run_bench_api(const api_bench_options& o) {
   json levels = json::array();
   bool equal = true;
   if (!o.json_only)
-    std::printf("%8s  %-6s  %9s  %9s  %10s  %10s  %13s\n", "clients", "path", "req/s", "tokens/s", "TTFT p50",
+    std::printf("%8s  %-8s  %9s  %9s  %10s  %10s  %13s\n", "clients", "path", "req/s", "tokens/s", "TTFT p50",
                 "TTFT max", "overhead/tok");
   for (int c : o.clients) {
     std::fprintf(stderr, "bench api: %d concurrent client(s)...\n", c);
     // Rounds alternate which path goes first; the figures pool the rounds
     // and the overhead is the median of the rounds' differences (the
     // swarm's own run-to-run swings are far larger than the API's cost).
-    load_result direct, http;
+    load_result direct, http, apart;
     std::vector<double> overheads;
     bool same = true;
+    shared = random_ids(o.shared_prefix);
+    const auto before = engine->prompt_sharing().value_or(api::prefix_board_stats{});
     for (int round = 0; round < o.rounds; ++round) {
-      load_result d, h;
-      if (round % 2 == 0) {
-        d = run_direct(*engine, *tok, prompts, c, o.new_tokens);
-        h = run_http(port, ac.model_id, prompts, c, o.new_tokens);
-      } else {
-        h = run_http(port, ac.model_id, prompts, c, o.new_tokens);
-        d = run_direct(*engine, *tok, prompts, c, o.new_tokens);
-      }
-      same = same && d.failed == 0 && h.failed == 0 && d.texts == h.texts;
+      const auto level_prompts = unshared_too ? fresh_prompts(c) : prompts;
+      load_result d, h, u;
+      // Each round another path goes first.
+      const std::function<void()> ways[] = {
+          [&] { d = run_direct(*engine, *tok, level_prompts, c, o.new_tokens); },
+          [&] { h = run_http(port, ac.model_id, level_prompts, c, o.new_tokens); },
+          [&] { u = run_direct(*unshared, *tok, level_prompts, c, o.new_tokens); }};
+      const std::size_t n_ways = unshared_too ? 3 : 2;
+      for (std::size_t k = 0; k < n_ways; ++k) ways[(k + static_cast<std::size_t>(round)) % n_ways]();
+      same = same && d.failed == 0 && h.failed == 0 && d.texts == h.texts &&
+             (!unshared_too || (u.failed == 0 && u.texts == d.texts));
       overheads.push_back((mean(h.request_s) - mean(d.request_s)) / o.new_tokens * 1e3);
       pool(direct, d);
       pool(http, h);
+      if (unshared_too) pool(apart, u);
     }
+    const auto after = engine->prompt_sharing().value_or(api::prefix_board_stats{});
     equal = equal && same;
     const double overhead_ms = median(overheads);
     const auto row = [&](const char* path, const load_result& r, bool with_overhead) {
       if (o.json_only) return;
-      std::printf("%8d  %-6s  %9.2f  %9.1f  %8.1fms  %8.1fms  %11s\n", c, path, c * o.rounds / r.wall_s, r.tokens / r.wall_s,
+      std::printf("%8d  %-8s  %9.2f  %9.1f  %8.1fms  %8.1fms  %11s\n", c, path, c * o.rounds / r.wall_s, r.tokens / r.wall_s,
                   median(r.first_token_s) * 1e3, *std::max_element(r.first_token_s.begin(), r.first_token_s.end()) * 1e3,
                   with_overhead ? (std::to_string(overhead_ms).substr(0, 6) + "ms").c_str() : "");
     };
     row("direct", direct, false);
     row("http", http, true);
-    levels.push_back({{"clients", c},
-                      {"direct", direct.to_json(c * o.rounds)},
-                      {"http", http.to_json(c * o.rounds)},
-                      {"http_to_direct_tokens_per_s", (http.tokens / http.wall_s) / (direct.tokens / direct.wall_s)},
-                      {"overhead_ms_per_token", overhead_ms},
-                      {"same_text", same}});
+    json level = {{"clients", c},
+                  {"direct", direct.to_json(c * o.rounds)},
+                  {"http", http.to_json(c * o.rounds)},
+                  {"http_to_direct_tokens_per_s", (http.tokens / http.wall_s) / (direct.tokens / direct.wall_s)},
+                  {"overhead_ms_per_token", overhead_ms},
+                  {"shared_prompt_tokens", after.shared_tokens - before.shared_tokens},
+                  {"prefix_waits", after.waits - before.waits},
+                  {"same_text", same}};
+    if (unshared_too) {
+      row("unshared", apart, false);
+      const auto worst = [](const load_result& r) {
+        return r.first_token_s.empty() ? 0.0 : *std::max_element(r.first_token_s.begin(), r.first_token_s.end());
+      };
+      const double tokens_ratio = apart.tokens_per_s() > 0 ? direct.tokens_per_s() / apart.tokens_per_s() : 0.0;
+      const double p50_ratio =
+          median(direct.first_token_s) > 0 ? median(apart.first_token_s) / median(direct.first_token_s) : 0.0;
+      const double max_ratio = worst(direct) > 0 ? worst(apart) / worst(direct) : 0.0;
+      level["unshared"] = apart.to_json(c * o.rounds);
+      level["direct_to_unshared_tokens_per_s"] = tokens_ratio;
+      level["unshared_to_direct_first_text_p50"] = p50_ratio;
+      level["unshared_to_direct_first_text_max"] = max_ratio;
+      if (!o.json_only)
+        std::printf("%8s  shared prompt pages against none (direct): %.2fx tokens/s; time to first text %.2fx "
+                    "shorter (p50), %.2fx (worst); %llu prompt tokens shared, %llu requests waited for a prefix\n",
+                    "", tokens_ratio, p50_ratio, max_ratio,
+                    static_cast<unsigned long long>(after.shared_tokens - before.shared_tokens),
+                    static_cast<unsigned long long>(after.waits - before.waits));
+    }
+    levels.push_back(level);
   }
   const json out = {{"bench", "api"},
                     {"layers", cfg.n_layers},
                     {"hidden", cfg.hidden_size},
                     {"servers", o.servers},
                     {"prompt_tokens", o.prompt_tokens},
+                    {"shared_prefix", o.shared_prefix},
                     {"new_tokens", o.new_tokens},
                     {"rounds", o.rounds},
                     {"levels", levels},
                     {"same_text", equal}};
   if (!o.json_only)
-    std::printf("greedy text through the API equals the direct tokens' text: %s\n", equal ? "yes" : "NO");
+    std::printf("greedy text through the API equals the direct tokens' text%s: %s\n",
+                unshared_too ? " (and without shared pages)" : "", equal ? "yes" : "NO");
   std::printf("%s\n", out.dump().c_str());
   return equal ? 0 : 1;
 }
@@ -228,7 +291,8 @@ void register_bench_api(CLI::App* bench, action_fn& action) {
   cmd->add_option("--device", o.device, "With --local: auto, cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--weights", o.weights, "With --local: f32, bf16, int8 or nf4")->capture_default_str();
   cmd->add_option("--shared-prefix", o.shared_prefix,
-                  "With --local: tokens every prompt starts with (a system prompt), before its own --prompt-tokens")
+                  "Tokens every prompt starts with (a system prompt), before its own --prompt-tokens; also "
+                  "measures the engine without shared prompt pages")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   cmd->add_flag("--json", o.json_only, "Print only the JSON result line");

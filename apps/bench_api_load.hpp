@@ -27,7 +27,7 @@ struct api_bench_options {
   bool local = false;           ///< the model in this process (apps/bench_api_local.cpp)
   std::string device = "auto";  ///< with local
   std::string weights = "f32";  ///< with local
-  int shared_prefix = 0;        ///< with local: tokens every prompt starts with
+  int shared_prefix = 0;        ///< tokens every prompt starts with (then: also without shared pages)
   bool json_only = false;
 };
 

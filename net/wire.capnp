@@ -97,6 +97,8 @@ struct SpanInfo {
   draining @11 :Bool;        # shutting down: open sessions go on, new ones are refused
   awaitingPushes @12 :UInt32; # steps waiting for a push from the previous server
   weights @13 :Text;         # dtype of the linear weights its decode reads ("f32", "bf16", "i8"); "" from older servers
+  sharedTokens @14 :Int64;   # answer to span.open with shareFrom: the tokens the new session
+                             # starts with (0: nothing shared; its first step starts there)
 }
 
 # One measured round-trip time to another node.
@@ -113,6 +115,10 @@ struct SpanOpen {
   last @3 :Int32 = -1;       # session runs; -1 = the span's own bound
   deepPrompts @4 :Bool;      # tensor 0 = trained deep prompts f32 [blocks, P, D]
                              # for the session's blocks: positions [0, P) are a prefix
+  shareFrom @5 :Text;        # another session of the same node on the same blocks whose
+  shareTokens @6 :Int64;     # first shareTokens positions had the very inputs this one's
+                             # will have: the new session starts on its KV pages (answered:
+                             # SpanInfo.sharedTokens, fewer or 0 when it cannot)
 }
 
 # "span.step": tensor 0 = hidden [n, D] for positions [start, start + n) of

@@ -172,6 +172,8 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   testing::check_one_error(error_of({"--local", "--chat-template", "vicuna"}), "'vicuna' is neither a known template");
   testing::check_one_error(error_of({"--local", "--parallel", "0"}), "--parallel must be at least 1");
   testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--batching", "off"}), "--batching off is for --local");
+  testing::check_one_error(error_of({"--local", "--batching", "off", "--prefix-sharing", "off"}),
+                           "--prefix-sharing off is for --local with batching on");
 }
 
 TEST_CASE("corolla api --local --weights int8 holds only the int8 blocks and answers as corolla generate does") {
@@ -232,6 +234,10 @@ TEST_CASE("corolla bench api --local compares batched decoding with a generator 
     CHECK(level["batched_to_per_request_tokens_per_s"].get<double>() > 0);
     // Every step went through a batch of at least one.
     CHECK(level["batched"]["mean_batch"].get<double>() >= 1.0);
+    // With a shared prefix the batcher without shared pages runs too.
+    CHECK(level["unshared"]["failed"] == 0);
+    CHECK(level["batched_to_unshared_tokens_per_s"].get<double>() > 0);
+    CHECK(level["unshared_to_batched_first_text_p50"].get<double>() > 0);
   }
   CHECK(j["levels"][0]["batched"]["mean_batch"].get<double>() == 1.0);  // one client: batches of one
   // The second round's prompt continues from the first's cache: at least
@@ -244,7 +250,7 @@ TEST_CASE("corolla bench api runs every part on a tiny model and finds the same 
   testing::temp_dir_guard dir("api-bench");
   api::write_chat_model(dir.path());
   const auto r = testing::run_corolla({"bench", "api", "--model", dir.path().string(), "--clients", "1,3",
-                                       "--new-tokens", "4", "--rounds", "2", "--json"},
+                                       "--new-tokens", "4", "--rounds", "2", "--shared-prefix", "16", "--json"},
                                       120s);
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   const json j = testing::last_json_line(r.out);
@@ -256,6 +262,13 @@ TEST_CASE("corolla bench api runs every part on a tiny model and finds the same 
     CHECK(level["direct"]["failed"] == 0);
     CHECK(level["http"]["tokens_per_s"].get<double>() > 0);
     CHECK(level["http"]["ttft_p50_ms"].get<double>() > 0);
+    // The engine without shared pages ran too (same_text covers its text).
+    CHECK(level["unshared"]["failed"] == 0);
+    CHECK(level["direct_to_unshared_tokens_per_s"].get<double>() > 0);
+    CHECK(level["shared_prompt_tokens"].get<int>() >= 0);
   }
+  // One client at a time: nobody to share with.
+  CHECK(j["levels"][0]["shared_prompt_tokens"] == 0);
   CHECK(j["levels"][1]["clients"] == 3);
+  CHECK(j["shared_prefix"] == 16);
 }

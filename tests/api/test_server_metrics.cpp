@@ -45,6 +45,8 @@ TEST_CASE("server metrics render steps by kind with their histograms, sessions, 
   s.sessions_opened = 2;
   s.sessions_closed = 1;
   s.sessions_open = 1;
+  s.sessions_shared = 1;
+  s.shared_tokens = 48;
   s.cache_tokens = 8192;
   s.cache_tokens_left = 8000;
   s.first = 2;
@@ -59,6 +61,8 @@ TEST_CASE("server metrics render steps by kind with their histograms, sessions, 
   CHECK(m.at(R"(corolla_server_step_seconds_sum{node="srv",kind="decode"})") == doctest::Approx(0.2124));
   CHECK(m.at(R"(corolla_server_prefill_tokens_total{node="srv"})") == 12);
   CHECK(m.at(R"(corolla_server_sessions_total{node="srv",event="opened"})") == 2);
+  CHECK(m.at(R"(corolla_server_sessions_total{node="srv",event="shared"})") == 1);
+  CHECK(m.at(R"(corolla_server_shared_tokens_total{node="srv"})") == 48);
   CHECK(m.at(R"(corolla_server_sessions_open{node="srv"})") == 1);
   CHECK(m.at(R"(corolla_server_cache_tokens_left{node="srv"})") == 8000);
   CHECK(m.at(R"(corolla_server_blocks{node="srv",edge="last"})") == 6);
