@@ -22,6 +22,7 @@
 #include "actors/messages.hpp"
 #include "actors/node.hpp"
 #include "actors/span_push.hpp"
+#include "actors/span_sessions.hpp"
 #include "actors/span_server_state.hpp"
 #include "actors/swarm_wire.hpp"
 
@@ -43,44 +44,6 @@ using drain_atom = caf::atom_constant<caf::atom("spdrain")>;
 using span_stats_atom = caf::atom_constant<caf::atom("spstats")>;
 
 using span_server_actor = caf::stateful_actor<span_server_state>;
-
-/// The engine a session runs on: the retiring one for sessions opened
-/// before the last move, the current one otherwise.
-span_engine& engine_of(span_server_state& st, const std::string& session) {
-  if (st.retiring && st.retiring->session_length(session)) return *st.retiring;
-  return *st.engine;
-}
-
-/// Lets the retiring engine go once its last session has ended.
-void release_retiring(span_server_state& st) {
-  if (st.retiring && st.retiring->session_count() == 0) {
-    spdlog::info("span server: the last session on blocks [{}, {}) ended; those blocks are released",
-                 st.retiring->first(), st.retiring->last());
-    st.retiring.reset();
-  }
-}
-
-caf::error to_caf(const span_error& e) { return error_from_wire(span_errc_name(e.code), e.message); }
-
-span_info info_of(const span_server_state& st) {
-  const span_engine& e = *st.engine;
-  span_info i;
-  i.model = st.options.model;
-  i.first = e.first();
-  i.last = e.last();
-  i.n_blocks = e.config().n_layers;
-  i.hidden_size = static_cast<int>(e.config().hidden_size);
-  i.max_positions = e.config().max_positions;
-  i.cache_tokens = e.cache_tokens();
-  i.cache_tokens_left = e.cache_tokens_left();
-  i.step_s_per_block = st.step_s_per_block;
-  i.sessions = static_cast<std::uint32_t>(e.session_count());
-  i.rtt_ms = st.next_rtt_ms;
-  i.draining = st.draining;
-  i.awaiting_pushes = static_cast<std::uint32_t>(st.awaited.size());
-  i.weights = weight_format_name(st.engine->blocks().inference_format());
-  return i;
-}
 
 /// Answers a step: pushes the output on first when the step names a next
 /// hop (that is the critical path), then returns it to the client,
@@ -148,7 +111,10 @@ void run_batch(span_server_actor* self) {
     (st.retiring && st.retiring->session_length(q.item.session_id) ? retiring : current).push_back(std::move(q));
   const auto t0 = clock_type::now();
   if (!retiring.empty()) run_on(st, *st.retiring, std::move(retiring));
-  if (!current.empty()) run_on(st, *st.engine, std::move(current));
+  if (!current.empty()) {
+    make_room(st, static_cast<std::int64_t>(current.size()), current.size());
+    run_on(st, *st.engine, std::move(current));
+  }
   st.queue.ran(sessions, std::chrono::duration<double>(clock_type::now() - t0).count());
 }
 
@@ -184,6 +150,7 @@ void run_step(span_server_actor* self, const span_step& step, const Tensor& hidd
     return;
   }
   run_batch(self);  // steps that arrived earlier run first
+  if (&engine == st.engine.get() && hidden.shape().size() == 2) make_room(st, hidden.dim(0), 1);
   const auto t0 = clock_type::now();
   auto out = engine_of(st, step.session_id).inference_step(step.session_id, hidden, step.start, step.step_id);
   ++st.stats.prefill_steps;
@@ -209,16 +176,6 @@ void take_push(span_server_actor* self, awaited_step& a, early_push p) {
   run_step(self, a.step, p.hidden, a.promise, std::move(p.trail));
 }
 
-/// A session belongs to the node that opened it: every server of a route
-/// learns the next hop's session id, so ids are no secret. A step or close
-/// from another node is refused (the session is untouched); an id that is
-/// not open gets the request's usual answer.
-caf::error check_owner(const span_server_state& st, const std::string& session, const std::string& from) {
-  auto it = st.owners.find(session);
-  if (it == st.owners.end() || it->second == from) return {};
-  return error_from_wire("not_owner", "session '" + session + "' belongs to the node that opened it");
-}
-
 void on_step(span_server_actor* self, remote_message& m, caf::response_promise& rp) {
   auto& st = self->state;
   auto step = decode_span_step(m.body);
@@ -228,6 +185,10 @@ void on_step(span_server_actor* self, remote_message& m, caf::response_promise& 
   // Whose step this is, for the next hop's check of the push (and of a
   // failure notice): never what the sender says.
   step->owner = m.from_node.empty() ? st.runtime->id() : m.from_node;
+  if (is_parked(st, session))
+    return fail_step(st, *step, rp,
+                     error_from_wire("unknown_session", "session '" + session +
+                                                            "' was closed (kept only for span.open shareFrom)"));
   if (step->await_push) {
     if (!m.tensors.empty() || step->step_id == 0)
       return fail_step(st, *step, rp,
@@ -361,57 +322,6 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
   rp.deliver(answer(span_request::backward, {}, std::move(tensors)));
 }
 
-void expire_idle(span_server_actor* self) {
-  auto& st = self->state;
-  const auto now = clock_type::now();
-  for (auto it = st.last_used.begin(); it != st.last_used.end();) {
-    if (now - it->second < st.options.session_idle_timeout) {
-      ++it;
-      continue;
-    }
-    end_wait(st, it->first, "unknown_session", "session " + it->first + " expired");
-    st.queue.forget(it->first);
-    drop_early(st, it->first);
-    if (engine_of(st, it->first).close_session(it->first)) {
-      ++st.stats.sessions_expired;
-      spdlog::info("span server: closed session {} after {} s without a request", it->first,
-                   std::chrono::duration_cast<std::chrono::seconds>(now - it->second).count());
-    }
-    it = st.last_used.erase(it);
-  }
-  release_retiring(st);
-  expire_early(st);
-  // Owners of sessions that ended any way (closed, expired, ended by a
-  // second move) are forgotten, so a later session may reuse the id.
-  for (auto it = st.owners.begin(); it != st.owners.end();) {
-    const bool open = st.engine->session_length(it->first) ||
-                      (st.retiring && st.retiring->session_length(it->first));
-    it = open ? std::next(it) : st.owners.erase(it);
-  }
-  // (A stale owner until then is harmless: span.open overwrites it, and a
-  // step or close of an id that is not open fails anyway.)
-}
-
-/// The tokens session `o.session_id` (just opened by `from_node`) starts
-/// with on the pages of `o.share_from`: 0 unless that session is the same
-/// node's (a stranger learns nothing of others' sessions, not even whether
-/// they exist) and the engine can share (same blocks, no deep prompts).
-std::int64_t share_prefix(span_server_state& st, const span_open& o, const std::string& from_node) {
-  auto owner = st.owners.find(o.share_from);
-  if (owner == st.owners.end() || owner->second != from_node || o.share_tokens <= 0) return 0;
-  auto shared = st.engine->share_prefix(o.session_id, o.share_from, o.share_tokens);
-  if (!shared) {
-    spdlog::debug("span server: session {} starts without {}'s pages: {}", o.session_id, o.share_from,
-                  shared.error().message);
-    return 0;
-  }
-  if (*shared > 0) {
-    ++st.stats.sessions_shared;
-    st.stats.shared_tokens += static_cast<std::uint64_t>(*shared);
-  }
-  return *shared;
-}
-
 caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_ptr<span_engine> engine,
                           span_server_options options) {
   self->state.runtime = runtime;
@@ -430,46 +340,8 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
         // Anything else first lets the waiting decode steps run, in order.
         run_batch(self);
         if (m.type == span_request::info) return rp.deliver(answer(span_request::info, encode_body(info_of(st))));
-        if (m.type == span_request::open) {
-          auto o = decode_span_open(m.body);
-          if (!o) return rp.deliver(o.error());
-          if (st.draining)
-            return rp.deliver(error_from_wire("draining", "this server is shutting down: it finishes its open "
-                                                          "sessions and takes no new ones"));
-          if (o->deep_prompts != (m.tensors.size() == 1) || m.tensors.size() > 1)
-            return rp.deliver(make_error(errc::bad_message,
-                                         "span.open carries one tensor exactly when deepPrompts is set (got " +
-                                             std::to_string(m.tensors.size()) + ")"));
-          // An id still open on the blocks before a move is taken too (the
-          // engine checks its own); an owner left from an ended session
-          // (not swept yet) is not.
-          if (st.retiring && st.retiring->session_length(o->session_id))
-            return rp.deliver(error_from_wire("duplicate_session", "session '" + o->session_id + "' is already open"));
-          const Tensor prompts = o->deep_prompts ? m.tensors[0] : Tensor();
-          if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last, prompts); !r)
-            return rp.deliver(to_caf(r.error()));
-          st.last_used[o->session_id] = clock_type::now();
-          st.owners[o->session_id] = m.from_node;
-          ++st.stats.sessions_opened;
-          const std::int64_t shared = o->share_from.empty() ? 0 : share_prefix(st, *o, m.from_node);
-          span_info opened = info_of(st);  // the cache left after the shared pages
-          opened.shared_tokens = shared;
-          return rp.deliver(answer(span_request::open, encode_body(opened)));
-        }
-        if (m.type == span_request::close) {
-          auto id = decode_span_close(m.body);
-          if (!id) return rp.deliver(id.error());
-          if (auto err = check_owner(st, *id, m.from_node)) return rp.deliver(std::move(err));
-          st.last_used.erase(*id);
-          st.owners.erase(*id);
-          st.queue.forget(*id);
-          end_wait(st, *id, "unknown_session", "session " + *id + " was closed");
-          drop_early(st, *id);
-          if (auto r = engine_of(st, *id).close_session(*id); !r) return rp.deliver(to_caf(r.error()));
-          ++st.stats.sessions_closed;
-          release_retiring(st);
-          return rp.deliver(answer(span_request::close));
-        }
+        if (m.type == span_request::open) return on_open(st, m, rp);
+        if (m.type == span_request::close) return on_close(st, m, rp);
         if (m.type == span_request::forward) return on_stateless(self, m, rp, false);
         if (m.type == span_request::backward) return on_stateless(self, m, rp, true);
         rp.deliver(make_error(errc::bad_message, "the span server answers span.info, span.open, span.step, "
@@ -480,7 +352,9 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
       [self](span_stats_atom) -> span_server_stats {
         auto& st = self->state;
         span_server_stats out = st.stats;
-        out.sessions_open = st.engine->session_count() + (st.retiring ? st.retiring->session_count() : 0);
+        out.sessions_open =
+            st.engine->session_count() - st.parked.size() + (st.retiring ? st.retiring->session_count() : 0);
+        out.sessions_parked_now = st.parked.size();
         out.cache_tokens = st.engine->cache_tokens();
         out.cache_tokens_left = st.engine->cache_tokens_left();
         out.step_s_per_block = st.step_s_per_block;
@@ -512,6 +386,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
         run_batch(self);
         if (!st.draining) spdlog::info("span server: draining: no new sessions");
         st.draining = true;
+        close_parked(st);
         release_retiring(st);
         return st.engine->session_count() + (st.retiring ? st.retiring->session_count() : 0);
       },
@@ -529,6 +404,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
       [self](swap_atom, std::shared_ptr<span_engine>& next) -> bool {
         run_batch(self);
         auto& st = self->state;
+        close_parked(st);  // their pages are of the blocks being left
         // Sessions opened before the move finish on the old blocks (kept
         // loaded until the last one closes or expires); new sessions open on
         // the new ones. A second move while an older one still drains ends
@@ -547,7 +423,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
         return true;
       },
       [self, expire_every](expire_atom) {
-        expire_idle(self);
+        expire_idle(self->state);
         self->delayed_send(self, expire_every, expire_atom::value);
       },
   };

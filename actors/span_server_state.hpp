@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,6 +85,9 @@ struct span_server_state {
   /// The node that opened each session ("" for this process): only it may
   /// step or close the session. Entries of ended sessions go in expire_idle.
   std::unordered_map<std::string, std::string> owners;
+  /// Parked sessions (actors/span_parking.hpp), the most recently parked
+  /// first: open in the engine, but no more steps.
+  std::list<std::string> parked;
   /// One-row steps waiting for their batch, and when it runs
   /// (actors/step_queue.hpp).
   step_queue<queued_step> queue;

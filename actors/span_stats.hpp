@@ -40,9 +40,14 @@ struct span_server_stats {
   /// Sessions opened on another session's KV pages (span.open with
   /// shareFrom), and the tokens they did not compute.
   std::uint64_t sessions_shared = 0, shared_tokens = 0;
+  /// Sessions closed with `keep` (parked: their pages kept for later
+  /// sessions of the same node), and parked sessions the server closed
+  /// itself (it needed their pages, drained or moved).
+  std::uint64_t sessions_parked = 0, parked_closed = 0;
 
   // Now.
-  std::uint64_t sessions_open = 0;
+  std::uint64_t sessions_open = 0;  ///< parked ones not counted
+  std::uint64_t sessions_parked_now = 0;
   std::int64_t cache_tokens = 0, cache_tokens_left = 0;
   double step_s_per_block = 0;  ///< moving average of a one-row step
   int first = 0, last = 0;      ///< the blocks served

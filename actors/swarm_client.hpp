@@ -310,8 +310,11 @@ class swarm_session {
   /// block and returns the last block's output [n, D]. start below the
   /// session's length rolls back (the stored inputs are cut too).
   caf::expected<Tensor> step(const Tensor& hidden, std::int64_t start);
-  /// Closes the servers' sessions (also done by the destructor).
-  void close();
+  /// Closes the servers' sessions (also done by the destructor). With
+  /// `keep` they are parked instead (span.close keep): no more steps, but
+  /// the servers keep their pages for this node's later sessions to start
+  /// on (open_session with this session's prefix()) until they need them.
+  void close(bool keep = false);
 
   /// The current chain of servers.
   const std::vector<swarm::route_hop>& hops() const;
@@ -378,6 +381,10 @@ class swarm_session {
   std::vector<hop_state> hops_;
   mutable std::vector<swarm::route_hop> hop_view_;
 };
+
+/// Closes, for good, the server sessions `parked` names (sessions of this
+/// node that swarm_session::close(true) parked), best effort.
+void close_parked(node& n, const swarm_prefix& parked);
 
 /// True for errors after which another server (or the same one, later)
 /// may well succeed.

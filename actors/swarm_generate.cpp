@@ -74,13 +74,20 @@ swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const s
         return std::span<const float>(logits.data<float>(), static_cast<std::size_t>(cfg.vocab_size));
       },
       on_token);
-  // Withdrawn before the session closes, so no one starts on it after.
-  if (sharing && sharing->on_prompt) sharing->on_prompt({});
   if (session) {
     out.route = session->hops();
     out.failovers = session->failovers();
     out.pushed_hops = session->pushed_hops();
     out.posted_steps = session->posted_steps();
+  }
+  if (sharing && sharing->on_end) {
+    // Offered for later sessions (parked) or withdrawn, before the session
+    // closes, so no one starts on it after.
+    swarm_prefix held = session ? session->prefix() : swarm_prefix{};
+    std::vector<std::int32_t> ids(prompt.begin(), prompt.end());
+    ids.insert(ids.end(), out.result.tokens.begin(), out.result.tokens.end());
+    ids.resize(static_cast<std::size_t>(std::clamp<std::int64_t>(held.tokens, 0, static_cast<std::int64_t>(ids.size()))));
+    if (sharing->on_end(out, std::move(held), std::move(ids)) && session) session->close(true);
   }
   out.spot_checks = client.spot_checks();
   return out;

@@ -35,9 +35,15 @@ struct swarm_prompt_sharing {
   /// of it but the last token) are not computed. Empty: compute them all.
   swarm_prefix start;
   /// Called once the prompt's last step is done, with what the session
-  /// holds then (its prompt's positions), and with an empty prefix when
-  /// generation ends (before the session closes: nobody may start on it).
+  /// holds then (its prompt's positions).
   std::function<void(swarm_prefix)> on_prompt;
+  /// Called when generation ends, before the session closes, with the
+  /// generation so far, what its session holds then (empty when nothing can
+  /// be offered) and the token ids of
+  /// those positions (the prompt and the tokens fed back); true parks the
+  /// session (swarm_session::close(true): its pages stay for later
+  /// sessions of this node to start on) instead of closing it. Unset: closed.
+  std::function<bool(const swarm_generation&, swarm_prefix, std::vector<std::int32_t>)> on_end;
 };
 
 /// Generates through the swarm: the client embeds and samples with `h`

@@ -76,10 +76,11 @@ const std::vector<swarm::route_hop>& swarm_session::hops() const {
   return hop_view_;
 }
 
-void swarm_session::close() {
+void swarm_session::close(bool keep) {
   for (auto& h : hops_) {
     if (!client_.runtime().peer_is_up(h.hop.server)) continue;
-    auto r = client_.runtime().request(h.hop.server, "span", request_of(span_request::close, encode_close_body(h.session)),
+    auto r = client_.runtime().request(h.hop.server, "span",
+                                       request_of(span_request::close, encode_close_body(h.session, keep)),
                                        std::chrono::milliseconds(2000));
     if (!r) spdlog::debug("swarm: closing session {} on {}: {}", h.session, h.hop.server, error_message(r.error()));
   }
@@ -124,6 +125,15 @@ caf::error swarm_session::open_hops(std::vector<swarm::route_hop> hops, std::siz
   hops_.insert(hops_.begin() + static_cast<std::ptrdiff_t>(at), std::make_move_iterator(opened.begin()),
                std::make_move_iterator(opened.end()));
   return {};
+}
+
+void close_parked(node& n, const swarm_prefix& parked) {
+  for (const auto& h : parked.hops) {
+    if (!n.peer_is_up(h.hop.server)) continue;
+    auto r = n.request(h.hop.server, "span", request_of(span_request::close, encode_close_body(h.session)),
+                       std::chrono::milliseconds(2000));
+    if (!r) spdlog::debug("swarm: closing parked session {} on {}: {}", h.session, h.hop.server, error_message(r.error()));
+  }
 }
 
 swarm_prefix swarm_session::prefix() const {

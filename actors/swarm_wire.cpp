@@ -84,9 +84,11 @@ std::vector<std::uint8_t> encode_body(const span_step_done& v) {
   return flat(b);
 }
 
-std::vector<std::uint8_t> encode_close_body(const std::string& session_id) {
+std::vector<std::uint8_t> encode_close_body(const std::string& session_id, bool keep) {
   capnp::MallocMessageBuilder b;
-  b.initRoot<wire::SpanClose>().setSessionId(session_id);
+  auto r = b.initRoot<wire::SpanClose>();
+  r.setSessionId(session_id);
+  r.setKeep(keep);
   return flat(b);
 }
 
@@ -171,9 +173,10 @@ caf::expected<span_step_done> decode_span_step_done(const std::vector<std::uint8
   });
 }
 
-caf::expected<std::string> decode_span_close(const std::vector<std::uint8_t>& body) {
-  return decode<wire::SpanClose>(body, "span.close",
-                                 [](wire::SpanClose::Reader r) { return text(r.getSessionId(), "session id"); });
+caf::expected<span_close> decode_span_close(const std::vector<std::uint8_t>& body) {
+  return decode<wire::SpanClose>(body, "span.close", [](wire::SpanClose::Reader r) {
+    return span_close{text(r.getSessionId(), "session id"), r.getKeep()};
+  });
 }
 
 caf::expected<span_batch> decode_span_batch(const std::vector<std::uint8_t>& body) {

@@ -117,14 +117,21 @@ std::vector<std::uint8_t> encode_body(const span_info& v);
 std::vector<std::uint8_t> encode_body(const span_open& v);
 std::vector<std::uint8_t> encode_body(const span_step& v);
 /// wire::SpanClose with `session_id`.
-std::vector<std::uint8_t> encode_close_body(const std::string& session_id);
+/// wire::SpanClose: with `keep`, the session is parked (no more steps;
+/// its pages serve this node's later span.open shareFrom until the server
+/// needs them).
+std::vector<std::uint8_t> encode_close_body(const std::string& session_id, bool keep = false);
 std::vector<std::uint8_t> encode_body(const span_batch& v);
 std::vector<std::uint8_t> encode_body(const span_step_done& v);
 
 caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body);
 caf::expected<span_open> decode_span_open(const std::vector<std::uint8_t>& body);
 caf::expected<span_step> decode_span_step(const std::vector<std::uint8_t>& body);
-caf::expected<std::string> decode_span_close(const std::vector<std::uint8_t>& body);
+struct span_close {
+  std::string session_id;
+  bool keep = false;
+};
+caf::expected<span_close> decode_span_close(const std::vector<std::uint8_t>& body);
 caf::expected<span_batch> decode_span_batch(const std::vector<std::uint8_t>& body);
 caf::expected<span_step_done> decode_span_step_done(const std::vector<std::uint8_t>& body);
 

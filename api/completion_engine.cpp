@@ -217,13 +217,18 @@ class swarm_engine final : public completion_engine {
         pool_(slots),
         shared_head_(std::move(client_head)),
         probe_(runtime, options),
-        share_prefixes_(share_prefixes) {
+        runtime_(runtime),
+        share_prefixes_(share_prefixes),
+        board_(16, std::chrono::seconds(30), share_prefixes ? static_cast<std::size_t>(pool_.size()) : 0) {
     probe_.expect_shape(cfg_.n_layers, static_cast<int>(cfg_.hidden_size));
     for (int i = 0; i < pool_.size(); ++i) {
       slots_.push_back(std::make_unique<slot>(slot{head(cfg_, shared_head_.params(), shared_head_.backend()),
                                                    swarm_client(runtime, options)}));
       slots_.back()->h.use_inference_weights(weights);
     }
+  }
+  ~swarm_engine() override {
+    for (const auto& p : board_.drop_all_kept()) close_parked(runtime_, p);
   }
   const model_config& config() const override { return cfg_; }
 
@@ -269,7 +274,19 @@ class swarm_engine final : public completion_engine {
     } on_end{share_prefixes_ ? &board_ : nullptr, id};
     if (share_prefixes_) {
       sharing.start = board_.enter(id, {prompt.begin(), prompt.end()});
-      sharing.on_prompt = [this, &id](swarm_prefix held) { board_.computed(id, std::move(held)); };
+      sharing.on_prompt = [this, &id](swarm_prefix held) {
+        // A kept session this one continued whole (a chat's last turn) is
+        // of no more use: this one holds all of it.
+        const swarm_prefix superseded = board_.computed(id, std::move(held));
+        if (!superseded.hops.empty()) close_parked(runtime_, superseded);
+      };
+      // Finished: parked on its servers for a later request (a chat's next
+      // turn) while the board keeps it.
+      sharing.on_end = [this, &id](const swarm_generation& g, swarm_prefix held, std::vector<std::int32_t> ids) {
+        auto f = board_.finished(id, std::move(held), std::move(ids), g.shared_prompt_tokens);
+        for (const auto& p : f.close) close_parked(runtime_, p);
+        return f.keep;
+      };
     }
     try {
       swarm_generation g = swarm_generate(s.client, s.h, prompt, p, on_token, {}, share_prefixes_ ? &sharing : nullptr);
@@ -298,6 +315,7 @@ class swarm_engine final : public completion_engine {
   swarm_client probe_;  ///< answers check_ready(), guarded by probe_mutex_
   std::chrono::steady_clock::time_point last_ready_{};  ///< the last route found, guarded by probe_mutex_
   std::vector<std::unique_ptr<slot>> slots_;
+  node& runtime_;
   bool share_prefixes_;
   swarm_prefix_board board_;
   std::atomic<std::uint64_t> next_request_{0};

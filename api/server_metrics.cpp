@@ -45,7 +45,9 @@ std::string render_server_metrics(const std::string& node, const span_server_sta
   m.declare("corolla_server_push_timeouts_total", k::counter,
             "Steps whose input the previous server was to push and never did");
   m.declare("corolla_server_sessions_total", k::counter,
-            "Sessions by event: opened, closed, expired (idle), shared (opened on another session's KV pages)");
+            "Sessions by event: opened, closed, expired (idle), shared (opened on another session's KV pages), "
+            "parked (closed with keep: pages kept for the node's later sessions), parked_closed (closed by the server)");
+  m.declare("corolla_server_sessions_parked", k::gauge, "Parked sessions now (their pages the first to be taken back)");
   m.declare("corolla_server_shared_tokens_total", k::counter,
             "Tokens sessions started with on another session's KV pages (not computed)");
   m.declare("corolla_server_sessions_open", k::gauge, "Sessions open now");
@@ -96,7 +98,10 @@ std::string render_server_metrics(const std::string& node, const span_server_sta
   m.add("corolla_server_sessions_total", with("event", "closed"), double(s.sessions_closed));
   m.add("corolla_server_sessions_total", with("event", "expired"), double(s.sessions_expired));
   m.add("corolla_server_sessions_total", with("event", "shared"), double(s.sessions_shared));
+  m.add("corolla_server_sessions_total", with("event", "parked"), double(s.sessions_parked));
+  m.add("corolla_server_sessions_total", with("event", "parked_closed"), double(s.parked_closed));
   m.add("corolla_server_shared_tokens_total", self, double(s.shared_tokens));
+  m.set("corolla_server_sessions_parked", self, double(s.sessions_parked_now));
   m.set("corolla_server_sessions_open", self, double(s.sessions_open));
   m.set("corolla_server_cache_tokens", self, double(s.cache_tokens));
   m.set("corolla_server_cache_tokens_left", self, double(s.cache_tokens_left));

@@ -1,11 +1,13 @@
-// api/swarm_prefix_board.hpp — which running swarm generation's servers a
-// new request's prompt can start on. The API's swarm slots each open their
-// own session, but they are sessions of one node: a server starts a new one
-// on the KV pages of another of that node's sessions (span.open shareFrom),
-// so requests after one system prompt compute it once per server, not once
-// each. The board knows what each running generation's session holds (its
-// prompt, once computed) and decides with schedule/prompt_reuse.hpp: start
-// on the session holding most of the prompt, or wait for a running one that
+// api/swarm_prefix_board.hpp — which swarm session a new request's prompt
+// can start on. The API's swarm slots each open their own session, but they
+// are sessions of one node: a server starts a new one on the KV pages of
+// another of that node's sessions (span.open shareFrom), running or parked
+// (span.close keep). So requests after one system prompt compute it once
+// per server, not once each, and a chat's next turn computes only what is
+// new. The board knows what each running request's session holds (its
+// prompt, once computed) and what each finished one it kept holds (prompt
+// and reply), and decides with schedule/prompt_reuse.hpp: start on the
+// session holding the most of the prompt, or wait for a running one that
 // is still computing at least a page more of it (requests arriving
 // together).
 #pragma once
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <mutex>
 #include <string>
@@ -28,39 +31,71 @@ struct prefix_board_stats {
   std::uint64_t shared_sessions = 0;  ///< generations started on another's pages
   std::uint64_t shared_tokens = 0;    ///< prompt tokens they were offered
   std::uint64_t waits = 0;            ///< generations that waited for another's prompt
+  std::uint64_t kept = 0;             ///< finished generations whose sessions were parked
+  std::uint64_t dropped = 0;          ///< parked sessions let go (too many kept, superseded, or gone)
 };
 
 class swarm_prefix_board {
  public:
-  /// Shares at least `min_tokens` (shorter prefixes are computed: pinning a
+  /// Shares at least `min_tokens` (shorter prefixes are computed: tying a
   /// request to another's route is not worth less than a page), waits at
-  /// most `max_wait` for another's prompt.
+  /// most `max_wait` for another's prompt, keeps at most `keep` finished
+  /// generations' sessions (parked; 0: none).
   explicit swarm_prefix_board(std::int64_t min_tokens = 16,
-                              std::chrono::milliseconds max_wait = std::chrono::seconds(30));
+                              std::chrono::milliseconds max_wait = std::chrono::seconds(30), std::size_t keep = 0);
 
   /// Request `id` with `prompt` starts now: returns where (the prefix of the
-  /// running generation holding the most of the prompt, its tokens cut to
-  /// what they have in common; empty = compute it all), after waiting while
-  /// a running generation computes at least a page more of it. `id` is then
-  /// running until leave().
+  /// session, running or kept, holding the most of the prompt, its tokens
+  /// cut to what they have in common; empty = compute it all), after
+  /// waiting while a running generation computes at least a page more of
+  /// it. `id` is then running until finished() or leave().
   swarm_prefix enter(const std::string& id, const std::vector<std::int32_t>& prompt);
-  /// Request `id`'s session now holds its prompt: `held`. Empty: it has
-  /// nothing to offer (a replacement still being rebuilt, or its session
-  /// closing); nobody waits for it or starts on it any more.
-  void computed(const std::string& id, swarm_prefix held);
-  /// Request `id` ended (its session closes next): nobody starts on it.
+  /// Request `id`'s session now holds its prompt: `held` (empty: nothing to
+  /// offer; nobody waits for it). Returns the kept session it continued
+  /// (its prompt began with all that one held: a chat's next turn), now
+  /// superseded and let go from the board, for the caller to close (empty
+  /// when none).
+  swarm_prefix computed(const std::string& id, swarm_prefix held);
+
+  /// What finished() decided.
+  struct finish {
+    bool keep = false;                ///< park the session: it is on the board
+    std::vector<swarm_prefix> close;  ///< kept sessions let go, for the caller to close
+  };
+  /// Request `id` ended: its session holds `held`, the positions of `ids`.
+  /// `shared` is what its start gave it (less than enter() offered: the
+  /// session it started on is gone from its servers and is let go).
+  finish finished(const std::string& id, swarm_prefix held, std::vector<std::int32_t> ids, std::int64_t shared);
+  /// Request `id` ended without finished() (it failed): nobody starts on it.
   void leave(const std::string& id);
+  /// Lets every kept session go (the engine stops), for the caller to close.
+  std::vector<swarm_prefix> drop_all_kept();
 
   prefix_board_stats stats() const;
 
  private:
+  /// Lets kept session `id` go; its prefix goes to `close`.
+  void drop_kept(const std::string& id, std::vector<swarm_prefix>& close);
+  /// Forgets running request `id` (not a kept one).
+  void forget(const std::string& id);
+
   std::int64_t min_tokens_;
   std::chrono::milliseconds max_wait_;
+  std::size_t keep_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   schedule::session_ids prompts_;  ///< running requests' prompts
-  schedule::session_ids cached_;   ///< the prompt ids each running session holds
+  schedule::session_ids cached_;   ///< the ids each session on the board holds (running and kept)
   std::map<std::string, swarm_prefix> held_;
+  std::list<std::string> kept_;    ///< finished requests' parked sessions, the most recent first
+  /// What each running request started on: the session, the tokens offered,
+  /// and whether it continues that (kept) session whole.
+  struct start_record {
+    std::string from;
+    std::int64_t tokens = 0;
+    bool continues = false;
+  };
+  std::map<std::string, start_record> starts_;
   prefix_board_stats stats_;
 };
 

@@ -161,6 +161,9 @@ struct SpanStepDone {
 # "span.close".
 struct SpanClose {
   sessionId @0 :Text;
+  keep @1 :Bool;             # park it: no more steps, but the server may keep its pages
+                             # for this node's later span.open shareFrom until it needs
+                             # them (oldest parked first) or the session idles out
 }
 
 # "span.forward" (tensors: hidden [B*T, D], optional deep prompts

@@ -3,7 +3,9 @@
 // many tokens it holds, and the new session's steps equal those of a session
 // that computed the prefix itself, bit for bit, while the other session goes
 // on unchanged. Another node's session, an unknown one, or one over other
-// blocks shares nothing (and tells nothing about it).
+// blocks shares nothing (and tells nothing about it). A session closed with
+// `keep` is parked: no more steps, but later sessions start on its pages
+// until the server needs them.
 #include <doctest/doctest.h>
 
 #include <map>
@@ -40,14 +42,14 @@ struct share_fixture {
   caf::actor actor;  ///< the span server
   std::int64_t D = 0;
 
-  share_fixture() {
+  explicit share_fixture(std::int64_t cache_tokens = 256) {
     testing::tiny_model_options o;
     o.layers = 4;
     testing::write_tiny_model(dir.path(), o);
     const checkpoint ck = checkpoint::open(dir.path());
     cfg = load_config(dir.path());
     D = cfg.hidden_size;
-    auto load = [&] { return std::make_unique<span_engine>(span_engine::load(ck, cfg, 0, 4, cpu_backend(), 256)); };
+    auto load = [&] { return std::make_unique<span_engine>(span_engine::load(ck, cfg, 0, 4, cpu_backend(), cache_tokens)); };
     ref = load();
     server = start_node();
     auto started = start_span_server(*server, std::shared_ptr<span_engine>(load()), {.model = "m"});
@@ -88,6 +90,21 @@ struct share_fixture {
     auto r = call(from, span_request::step, encode_body(span_step{.session_id = session, .start = start, .step_id = id}), {x});
     REQUIRE_MESSAGE(r, error_message(r.error()));
     return r->tensors.at(0);
+  }
+  caf::expected<remote_message> close(const std::string& session, bool keep) {
+    return call(*client, span_request::close, encode_close_body(session, keep));
+  }
+  span_info info() {
+    auto r = call(*client, span_request::info, {});
+    REQUIRE(r);
+    auto i = decode_span_info(r->body);
+    REQUIRE(i);
+    return *i;
+  }
+  span_server_stats stats() {
+    auto s = span_server_stats_of(server->system(), actor);
+    REQUIRE(s);
+    return *s;
   }
   Tensor ref_step(const std::string& session, const Tensor& x, std::int64_t start) {
     auto r = ref->inference_step(session, x, start);
@@ -166,6 +183,58 @@ TEST_CASE("a server shares no session of another node, none it does not know, an
   auto refused = f.call(*f.client, span_request::open, encode_body(bad));
   REQUIRE_FALSE(refused);
   CHECK(error_message(refused.error()).find("without a session to share from") != std::string::npos);
+}
+
+TEST_CASE("a parked session takes no steps, serves shareFrom, and is the first memory the server takes back") {
+  share_fixture f(128);  // 8 pages a block
+  const Tensor prompt = random_rows(40, f.D, 1), more = random_rows(3, f.D, 2);
+  CHECK(f.open(*f.client, "turn-1") == 0);
+  f.step(*f.client, "turn-1", prompt, 0, 1);
+  REQUIRE(f.close("turn-1", true));
+  // Parked: not an open session any more, no steps; its owner's next
+  // session starts on it, and steps as one that computed the 40 tokens.
+  CHECK(f.info().sessions == 0);
+  auto refused = f.call(*f.client, span_request::step,
+                        encode_body(span_step{.session_id = "turn-1", .start = 40, .step_id = 2}), {more});
+  REQUIRE_FALSE(refused);
+  CHECK(error_code(refused.error()) == "unknown_session");
+  CHECK(f.open(*f.client, "turn-2", "turn-1", 40) == 40);
+  REQUIRE(f.ref->open_session("twin", 48));
+  f.ref_step("twin", prompt, 0);
+  CHECK(same_bits(f.step(*f.client, "turn-2", more, 40, 3), f.ref_step("twin", more, 40)));
+  CHECK(f.stats().sessions_parked == 1);
+  CHECK(f.stats().sessions_parked_now == 1);
+  REQUIRE(f.close("turn-2", false));
+
+  // A step that needs the parked pages takes them back: turn-1 holds 48
+  // of the 128 tokens (3 pages a block); "big" takes 48 more, then "big-2"
+  // needs 40 rows and a page more than the 32 left.
+  CHECK(f.open(*f.client, "big") == 0);
+  f.step(*f.client, "big", random_rows(48, f.D, 3), 0, 4);
+  CHECK(f.stats().parked_closed == 0);
+  CHECK(f.open(*f.client, "big-2") == 0);
+  REQUIRE(f.ref->open_session("big-twin", 48));
+  const Tensor rows = random_rows(40, f.D, 4);
+  CHECK(same_bits(f.step(*f.client, "big-2", rows, 0, 5), f.ref_step("big-twin", rows, 0)));
+  CHECK(f.stats().parked_closed == 1);
+  CHECK(f.stats().sessions_parked_now == 0);
+  CHECK(f.open(*f.client, "late", "turn-1", 40) == 0);  // gone: nothing to start on
+
+  // Parked sessions hold at most half the budget: parking a second one of
+  // 3 pages closes the first at once.
+  REQUIRE(f.close("big", true));
+  CHECK(f.stats().sessions_parked_now == 1);
+  REQUIRE(f.close("big-2", true));
+  CHECK(f.stats().parked_closed == 2);
+  CHECK(f.stats().sessions_parked_now == 1);
+  CHECK(f.open(*f.client, "after", "big-2", 40) == 40);
+  // Another node cannot park (or close) the client's session.
+  auto stranger = start_node();
+  auto p = stranger->connect(f.server->endpoint());
+  REQUIRE(p);
+  auto theirs = testing::span_call(*stranger, *p, span_request::close, encode_close_body("after", true));
+  REQUIRE_FALSE(theirs);
+  CHECK(error_code(theirs.error()) == "not_owner");
 }
 
 }  // namespace corolla

@@ -100,4 +100,56 @@ TEST_CASE("a prompt waits for a running one still computing a page more of it, u
   CHECK(quick.stats().waits == 1);
 }
 
+TEST_CASE("finished generations are kept up to a count, a chat's next turn continues one, and one gone from its servers is let go") {
+  swarm_prefix_board board(16, 50ms, 2);
+  // Turn 1: its prompt and reply (the last token never fed back).
+  const auto turn1 = prompt_of(20, 0, 0);
+  CHECK(board.enter("t1", turn1).empty());
+  board.computed("t1", held("t1.0", 20));
+  std::vector<std::int32_t> ids1 = turn1;
+  for (int i = 0; i < 11; ++i) ids1.push_back(500 + i);
+  auto f1 = board.finished("t1", held("t1.0", 31), ids1, 0);
+  CHECK(f1.keep);
+  CHECK(f1.close.empty());
+  board.leave("t1");  // (the engine's guard): a kept one stays
+  // Turn 2 begins with all turn 1 held, then the reply's last token and the
+  // user's next message: it continues turn 1's pages.
+  std::vector<std::int32_t> turn2 = ids1;
+  for (int i = 0; i < 5; ++i) turn2.push_back(700 + i);
+  const swarm_prefix start = board.enter("t2", turn2);
+  CHECK(start.tokens == 31);
+  CHECK(start.hops.at(0).session == "t1.0");
+  // Once turn 2 holds its prompt, turn 1 is superseded: the caller closes it.
+  const swarm_prefix superseded = board.computed("t2", held("t2.0", 36));
+  REQUIRE(superseded.hops.size() == 1u);
+  CHECK(superseded.hops[0].session == "t1.0");
+  CHECK(board.finished("t2", held("t2.0", 40), turn2, 31).keep);
+
+  // At most two kept: the oldest goes, for the caller to close.
+  const auto other = prompt_of(30, 0, 0, 3000), third = prompt_of(30, 0, 0, 4000);
+  CHECK(board.enter("o", other).empty());
+  CHECK(board.finished("o", held("o.0", 30), other, 0).close.empty());
+  CHECK(board.enter("p", third).empty());
+  auto fp = board.finished("p", held("p.0", 30), third, 0);
+  REQUIRE(fp.close.size() == 1u);
+  CHECK(fp.close[0].hops.at(0).session == "t2.0");
+  // A request offered a kept session that its servers had closed (it got
+  // none of it) lets that session go.
+  std::vector<std::int32_t> again = other;
+  again.push_back(9);
+  CHECK(board.enter("q", again).tokens == 30);
+  auto fq = board.finished("q", {}, again, 0);
+  CHECK_FALSE(fq.keep);  // nothing to offer
+  REQUIRE(fq.close.size() == 1u);
+  CHECK(fq.close[0].hops.at(0).session == "o.0");
+  CHECK(board.enter("r", again).empty());
+  // What remains kept goes when the engine stops.
+  const auto rest = board.drop_all_kept();
+  REQUIRE(rest.size() == 1u);
+  CHECK(rest[0].hops.at(0).session == "p.0");
+  const prefix_board_stats s = board.stats();
+  CHECK(s.kept == 4);
+  CHECK(s.dropped == 4);
+}
+
 }  // namespace corolla::api

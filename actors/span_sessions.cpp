@@ -1,0 +1,216 @@
+// actors/span_sessions.cpp — a span server's sessions (actors/span_sessions.hpp).
+#include "actors/span_sessions.hpp"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/errors.hpp"
+#include "actors/span_push.hpp"
+#include "actors/swarm_wire.hpp"
+
+namespace corolla::span_detail {
+
+namespace {
+
+/// Closes the oldest parked session.
+void close_oldest(span_server_state& st) {
+  const std::string id = st.parked.back();
+  st.parked.pop_back();
+  st.last_used.erase(id);
+  st.owners.erase(id);
+  if (st.engine->close_session(id)) ++st.stats.parked_closed;
+}
+
+/// Tokens the parked sessions' pages hold (pages they share with others
+/// counted too: an upper bound of what closing them frees).
+std::int64_t parked_tokens(const span_server_state& st) {
+  std::int64_t n = 0;
+  for (const auto& s : st.engine->sessions())
+    if (is_parked(st, s.id)) n += s.held_tokens;
+  return n;
+}
+
+/// Parks `session`, open on the current engine with nothing queued or
+/// awaited (the caller ended those); then closes the oldest parked sessions
+/// while the parked ones' pages exceed half the budget.
+void park(span_server_state& st, const std::string& session) {
+  if (is_parked(st, session)) return;
+  st.parked.push_front(session);
+  st.last_used[session] = clock_type::now();  // a whole idle period from now
+  ++st.stats.sessions_parked;
+  while (!st.parked.empty() && parked_tokens(st) > st.engine->cache_tokens() / 2) close_oldest(st);
+}
+
+/// `session` ended another way (closed, expired): no longer parked.
+void forget_parked(span_server_state& st, const std::string& session) { st.parked.remove(session); }
+
+/// The tokens session `o.session_id` (just opened by `from_node`) starts
+/// with on the pages of `o.share_from`: 0 unless that session is the same
+/// node's (a stranger learns nothing of others' sessions, not even whether
+/// they exist) and the engine can share (same blocks, no deep prompts).
+std::int64_t share_prefix(span_server_state& st, const span_open& o, const std::string& from_node) {
+  auto owner = st.owners.find(o.share_from);
+  if (owner == st.owners.end() || owner->second != from_node || o.share_tokens <= 0) return 0;
+  auto shared = st.engine->share_prefix(o.session_id, o.share_from, o.share_tokens);
+  if (!shared) {
+    spdlog::debug("span server: session {} starts without {}'s pages: {}", o.session_id, o.share_from,
+                  shared.error().message);
+    return 0;
+  }
+  if (*shared > 0) {
+    ++st.stats.sessions_shared;
+    st.stats.shared_tokens += static_cast<std::uint64_t>(*shared);
+  }
+  return *shared;
+}
+
+}  // namespace
+
+/// The engine a session runs on: the retiring one for sessions opened
+/// before the last move, the current one otherwise.
+span_engine& engine_of(span_server_state& st, const std::string& session) {
+  if (st.retiring && st.retiring->session_length(session)) return *st.retiring;
+  return *st.engine;
+}
+
+/// Lets the retiring engine go once its last session has ended.
+void release_retiring(span_server_state& st) {
+  if (st.retiring && st.retiring->session_count() == 0) {
+    spdlog::info("span server: the last session on blocks [{}, {}) ended; those blocks are released",
+                 st.retiring->first(), st.retiring->last());
+    st.retiring.reset();
+  }
+}
+
+caf::error to_caf(const span_error& e) { return error_from_wire(span_errc_name(e.code), e.message); }
+
+span_info info_of(const span_server_state& st) {
+  const span_engine& e = *st.engine;
+  span_info i;
+  i.model = st.options.model;
+  i.first = e.first();
+  i.last = e.last();
+  i.n_blocks = e.config().n_layers;
+  i.hidden_size = static_cast<int>(e.config().hidden_size);
+  i.max_positions = e.config().max_positions;
+  i.cache_tokens = e.cache_tokens();
+  i.cache_tokens_left = e.cache_tokens_left();
+  i.step_s_per_block = st.step_s_per_block;
+  i.sessions = static_cast<std::uint32_t>(e.session_count() - st.parked.size());
+  i.rtt_ms = st.next_rtt_ms;
+  i.draining = st.draining;
+  i.awaiting_pushes = static_cast<std::uint32_t>(st.awaited.size());
+  i.weights = weight_format_name(st.engine->blocks().inference_format());
+  return i;
+}
+
+/// A session belongs to the node that opened it: every server of a route
+/// learns the next hop's session id, so ids are no secret. A step or close
+/// from another node is refused (the session is untouched); an id that is
+/// not open gets the request's usual answer.
+caf::error check_owner(const span_server_state& st, const std::string& session, const std::string& from) {
+  auto it = st.owners.find(session);
+  if (it == st.owners.end() || it->second == from) return {};
+  return error_from_wire("not_owner", "session '" + session + "' belongs to the node that opened it");
+}
+
+bool is_parked(const span_server_state& st, const std::string& session) {
+  return std::find(st.parked.begin(), st.parked.end(), session) != st.parked.end();
+}
+
+void make_room(span_server_state& st, std::int64_t rows, std::size_t steps) {
+  if (st.parked.empty()) return;
+  const std::int64_t need = rows + static_cast<std::int64_t>(steps) * st.engine->pool().page_tokens();
+  while (!st.parked.empty() && st.engine->cache_tokens_left() < need) close_oldest(st);
+}
+
+void close_parked(span_server_state& st) {
+  if (!st.parked.empty()) spdlog::info("span server: closing {} parked session(s)", st.parked.size());
+  while (!st.parked.empty()) close_oldest(st);
+}
+
+void expire_idle(span_server_state& st) {
+  const auto now = clock_type::now();
+  for (auto it = st.last_used.begin(); it != st.last_used.end();) {
+    if (now - it->second < st.options.session_idle_timeout) {
+      ++it;
+      continue;
+    }
+    end_wait(st, it->first, "unknown_session", "session " + it->first + " expired");
+    st.queue.forget(it->first);
+    drop_early(st, it->first);
+    const bool was_parked = is_parked(st, it->first);
+    forget_parked(st, it->first);
+    if (engine_of(st, it->first).close_session(it->first)) {
+      ++(was_parked ? st.stats.parked_closed : st.stats.sessions_expired);
+      spdlog::info("span server: closed session {} after {} s without a request", it->first,
+                   std::chrono::duration_cast<std::chrono::seconds>(now - it->second).count());
+    }
+    it = st.last_used.erase(it);
+  }
+  release_retiring(st);
+  expire_early(st);
+  // Owners of sessions that ended any way (closed, expired, ended by a
+  // second move) are forgotten, so a later session may reuse the id.
+  for (auto it = st.owners.begin(); it != st.owners.end();) {
+    const bool open = st.engine->session_length(it->first) ||
+                      (st.retiring && st.retiring->session_length(it->first));
+    it = open ? std::next(it) : st.owners.erase(it);
+  }
+  // (A stale owner until then is harmless: span.open overwrites it, and a
+  // step or close of an id that is not open fails anyway.)
+}
+
+void on_open(span_server_state& st, remote_message& m, caf::response_promise& rp) {
+    auto o = decode_span_open(m.body);
+    if (!o) return rp.deliver(o.error());
+    if (st.draining)
+      return rp.deliver(error_from_wire("draining", "this server is shutting down: it finishes its open "
+                                                    "sessions and takes no new ones"));
+    if (o->deep_prompts != (m.tensors.size() == 1) || m.tensors.size() > 1)
+      return rp.deliver(make_error(errc::bad_message,
+                                   "span.open carries one tensor exactly when deepPrompts is set (got " +
+                                       std::to_string(m.tensors.size()) + ")"));
+    // An id still open on the blocks before a move is taken too (the
+    // engine checks its own); an owner left from an ended session
+    // (not swept yet) is not.
+    if (st.retiring && st.retiring->session_length(o->session_id))
+      return rp.deliver(error_from_wire("duplicate_session", "session '" + o->session_id + "' is already open"));
+    const Tensor prompts = o->deep_prompts ? m.tensors[0] : Tensor();
+    if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last, prompts); !r)
+      return rp.deliver(to_caf(r.error()));
+    st.last_used[o->session_id] = clock_type::now();
+    st.owners[o->session_id] = m.from_node;
+    ++st.stats.sessions_opened;
+    const std::int64_t shared = o->share_from.empty() ? 0 : share_prefix(st, *o, m.from_node);
+    span_info opened = info_of(st);  // the cache left after the shared pages
+    opened.shared_tokens = shared;
+    return rp.deliver(answer(span_request::open, encode_body(opened)));
+}
+
+void on_close(span_server_state& st, remote_message& m, caf::response_promise& rp) {
+    auto c = decode_span_close(m.body);
+    if (!c) return rp.deliver(c.error());
+    const std::string& id = c->session_id;
+    if (auto err = check_owner(st, id, m.from_node)) return rp.deliver(std::move(err));
+    st.queue.forget(id);
+    end_wait(st, id, "unknown_session", "session " + id + " was closed");
+    drop_early(st, id);
+    // Kept: parked on the current engine (a session still on the blocks
+    // before a move, or while draining, is closed instead).
+    if (c->keep && !st.draining && st.engine->session_length(id)) {
+      if (!is_parked(st, id)) ++st.stats.sessions_closed;
+      park(st, id);
+      return rp.deliver(answer(span_request::close));
+    }
+    st.last_used.erase(id);
+    st.owners.erase(id);
+    forget_parked(st, id);
+    if (auto r = engine_of(st, id).close_session(id); !r) return rp.deliver(to_caf(r.error()));
+    ++st.stats.sessions_closed;
+    release_retiring(st);
+    return rp.deliver(answer(span_request::close));
+}
+
+}  // namespace corolla::span_detail
