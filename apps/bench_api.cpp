@@ -14,7 +14,10 @@
 // engine whose requests share no KV pages (--prefix-sharing off), run
 // directly on the direct path's prompts, shows what the servers gain from
 // starting requests on the pages of running and kept sessions; its text
-// must equal the direct path's.
+// must equal the direct path's. With --turns T each level then runs its
+// number of concurrent T-turn conversations on both engines: time to first
+// text of the turns after the first (a chat's next turn starts on the last
+// turn's parked sessions) and tokens/s, the replies equal.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -89,6 +92,60 @@ load_result run_direct(api::completion_engine& engine, const tokenizer& tok,
   return r;
 }
 
+/// `clients` conversations of `turns` turns at once, straight on the
+/// engine: conversation i's first prompt is firsts[i], each later turn's the
+/// conversation so far (prompts and replies) followed by `own(i, turn)`.
+/// The figures are of the turns after the first (what a kept session
+/// spares); tokens count every turn; texts[i] is conversation i's replies.
+load_result run_chats(api::completion_engine& engine, const tokenizer& tok,
+                      const std::vector<std::vector<std::int32_t>>& firsts, int turns, int new_tokens,
+                      const std::function<std::vector<std::int32_t>(int, int)>& own) {
+  const int clients = static_cast<int>(firsts.size());
+  load_result r = load_result::for_clients(clients * (turns - 1));
+  std::vector<std::string> texts(static_cast<std::size_t>(clients));
+  std::vector<int> counts(static_cast<std::size_t>(clients));
+  const auto t0 = clock_type::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i)
+    threads.emplace_back([&, i] {
+      const auto u = static_cast<std::size_t>(i);
+      std::vector<std::int32_t> conversation = firsts[u];
+      generation_params p;
+      p.max_new_tokens = new_tokens;
+      p.ignore_eos = true;
+      try {
+        for (int turn = 0; turn < turns; ++turn) {
+          if (turn > 0) {
+            const auto more = own(i, turn);
+            conversation.insert(conversation.end(), more.begin(), more.end());
+          }
+          const auto start = clock_type::now();
+          bool first = true;
+          stream_decoder text(tok);
+          const auto slot = u * static_cast<std::size_t>(turns - 1) + static_cast<std::size_t>(turn - 1);
+          const auto out = engine.generate(conversation, p, [&](std::int32_t id) {
+            if (first && !text.push(id).empty()) {
+              if (turn > 0) r.first_token_s[slot] = seconds_between(start, clock_type::now());
+              first = false;
+            }
+          });
+          if (turn > 0) r.request_s[slot] = seconds_between(start, clock_type::now());
+          conversation.insert(conversation.end(), out.result.tokens.begin(), out.result.tokens.end());
+          texts[u] += tok.decode(out.result.tokens);
+          counts[u] += static_cast<int>(out.result.tokens.size());
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench api: conversation %d failed: %s\n", i, e.what());
+        counts[u] = -1;
+      }
+    });
+  for (auto& t : threads) t.join();
+  r.wall_s = seconds_between(t0, clock_type::now());
+  for (int c : counts) c < 0 ? ++r.failed : r.tokens += c;
+  r.texts = std::move(texts);
+  return r;
+}
+
 int run_bench_api(const api_bench_options& o) {
   if (o.servers < 1) throw std::invalid_argument("--servers must be at least 1");
   for (int c : o.clients)
@@ -100,10 +157,12 @@ int run_bench_api(const api_bench_options& o) {
 
   const model_config cfg = load_config(dir);
   if (o.servers > cfg.n_layers) throw std::invalid_argument("more servers than blocks");
-  if (o.shared_prefix + o.prompt_tokens + o.new_tokens > cfg.max_positions)
-    throw std::invalid_argument("--shared-prefix + --prompt-tokens + --new-tokens (" +
-                                std::to_string(o.shared_prefix + o.prompt_tokens + o.new_tokens) +
-                                ") exceed the model context of " + std::to_string(cfg.max_positions));
+  if (o.turns < 1) throw std::invalid_argument("--turns must be at least 1");
+  const int context = o.shared_prefix + o.turns * (o.prompt_tokens + o.new_tokens);
+  if (context > cfg.max_positions)
+    throw std::invalid_argument("--shared-prefix + --turns x (--prompt-tokens + --new-tokens) (" +
+                                std::to_string(context) + ") exceed the model context of " +
+                                std::to_string(cfg.max_positions));
   const auto tok = load_tokenizer(dir);
   std::mt19937_64 rng(o.seed + 11);
   const auto random_ids = [&](int n) {
@@ -116,15 +175,7 @@ int run_bench_api(const api_bench_options& o) {
   // With --shared-prefix every request of a round gets a prompt of its own
   // after the level's shared one (a system prompt).
   std::vector<std::int32_t> shared;
-  const auto fresh_prompts = [&](int n) {
-    std::vector<std::vector<std::int32_t>> out;
-    for (int i = 0; i < n; ++i) {
-      out.push_back(shared);
-      const auto own = random_ids(o.prompt_tokens);
-      out.back().insert(out.back().end(), own.begin(), own.end());
-    }
-    return out;
-  };
+  const auto fresh_prompts = [&](int n) { return prompts_after(shared, n, [&] { return random_ids(o.prompt_tokens); }); };
 
   std::fprintf(stderr, "bench api: %d layers, dim %lld; starting %d server(s)...\n", cfg.n_layers,
                static_cast<long long>(cfg.hidden_size), o.servers);
@@ -149,7 +200,7 @@ int run_bench_api(const api_bench_options& o) {
   auto engine = api::make_swarm_engine(**runtime, so, head::load(checkpoint::open(dir), cfg, cpu_backend()), slots);
   // With a shared prefix, also an engine whose requests share no pages
   // (each computes its prompt on the servers), run directly.
-  const bool unshared_too = o.shared_prefix > 0;
+  const bool unshared_too = o.shared_prefix > 0 || o.turns > 1;
   std::unique_ptr<api::completion_engine> unshared;
   if (unshared_too)
     unshared = api::make_swarm_engine(**runtime, so, head::load(checkpoint::open(dir), cfg, cpu_backend()), slots,
@@ -214,9 +265,10 @@ int run_bench_api(const api_bench_options& o) {
     const auto after = engine->prompt_sharing().value_or(api::prefix_board_stats{});
     equal = equal && same;
     const double overhead_ms = median(overheads);
-    const auto row = [&](const char* path, const load_result& r, bool with_overhead) {
+    const auto row = [&](const char* path, const load_result& r, bool with_overhead, int requests = 0) {
       if (o.json_only) return;
-      std::printf("%8d  %-8s  %9.2f  %9.1f  %8.1fms  %8.1fms  %11s\n", c, path, c * o.rounds / r.wall_s, r.tokens / r.wall_s,
+      std::printf("%8d  %-8s  %9.2f  %9.1f  %8.1fms  %8.1fms  %11s\n", c, path,
+                  (requests > 0 ? requests : c * o.rounds) / r.wall_s, r.tokens / r.wall_s,
                   median(r.first_token_s) * 1e3, *std::max_element(r.first_token_s.begin(), r.first_token_s.end()) * 1e3,
                   with_overhead ? (std::to_string(overhead_ms).substr(0, 6) + "ms").c_str() : "");
     };
@@ -232,23 +284,52 @@ int run_bench_api(const api_bench_options& o) {
                   {"same_text", same}};
     if (unshared_too) {
       row("unshared", apart, false);
-      const auto worst = [](const load_result& r) {
-        return r.first_token_s.empty() ? 0.0 : *std::max_element(r.first_token_s.begin(), r.first_token_s.end());
-      };
-      const double tokens_ratio = apart.tokens_per_s() > 0 ? direct.tokens_per_s() / apart.tokens_per_s() : 0.0;
-      const double p50_ratio =
-          median(direct.first_token_s) > 0 ? median(apart.first_token_s) / median(direct.first_token_s) : 0.0;
-      const double max_ratio = worst(direct) > 0 ? worst(apart) / worst(direct) : 0.0;
+      const way_ratios w = compare_ways(direct, apart);
       level["unshared"] = apart.to_json(c * o.rounds);
-      level["direct_to_unshared_tokens_per_s"] = tokens_ratio;
-      level["unshared_to_direct_first_text_p50"] = p50_ratio;
-      level["unshared_to_direct_first_text_max"] = max_ratio;
+      level["direct_to_unshared_tokens_per_s"] = w.tokens_per_s;
+      level["unshared_to_direct_first_text_p50"] = w.first_text_p50;
+      level["unshared_to_direct_first_text_max"] = w.first_text_max;
       if (!o.json_only)
         std::printf("%8s  shared prompt pages against none (direct): %.2fx tokens/s; time to first text %.2fx "
                     "shorter (p50), %.2fx (worst); %llu prompt tokens shared, %llu requests waited for a prefix\n",
-                    "", tokens_ratio, p50_ratio, max_ratio,
+                    "", w.tokens_per_s, w.first_text_p50, w.first_text_max,
                     static_cast<unsigned long long>(after.shared_tokens - before.shared_tokens),
                     static_cast<unsigned long long>(after.waits - before.waits));
+    }
+    if (o.turns > 1) {
+      // Conversations: the same turns on both engines (greedy replies, so
+      // the same conversations), alternating which goes first by level.
+      std::fprintf(stderr, "bench api: %d conversation(s) of %d turns...\n", c, o.turns);
+      shared = random_ids(o.shared_prefix);
+      const auto firsts = fresh_prompts(c);
+      std::vector<std::vector<std::vector<std::int32_t>>> owns(static_cast<std::size_t>(c));
+      for (auto& turns : owns)
+        for (int t = 0; t < o.turns; ++t) turns.push_back(random_ids(o.prompt_tokens));
+      const auto own = [&](int i, int turn) { return owns[static_cast<std::size_t>(i)][static_cast<std::size_t>(turn)]; };
+      load_result kept, apart_chat;
+      const auto chat_before = engine->prompt_sharing().value_or(api::prefix_board_stats{});
+      const auto run_kept = [&] { kept = run_chats(*engine, *tok, firsts, o.turns, o.new_tokens, own); };
+      const auto run_apart = [&] { apart_chat = run_chats(*unshared, *tok, firsts, o.turns, o.new_tokens, own); };
+      if (levels.size() % 2 == 0) run_kept(), run_apart();
+      else run_apart(), run_kept();
+      const auto chat_after = engine->prompt_sharing().value_or(api::prefix_board_stats{});
+      const bool chat_same = kept.failed == 0 && apart_chat.failed == 0 && kept.texts == apart_chat.texts;
+      equal = equal && chat_same;
+      const way_ratios w = compare_ways(kept, apart_chat);
+      row("chat", kept, false, c * o.turns);
+      row("chat-un", apart_chat, false, c * o.turns);
+      if (!o.json_only)
+        std::printf("%8s  %d-turn conversations, turns 2-%d, kept sessions against none: %.2fx tokens/s; time to "
+                    "first text %.2fx shorter (p50), %.2fx (worst)\n",
+                    "", o.turns, o.turns, w.tokens_per_s, w.first_text_p50, w.first_text_max);
+      level["chat"] = {{"turns", o.turns},
+                       {"kept", kept.to_json(c * o.turns)},
+                       {"unshared", apart_chat.to_json(c * o.turns)},
+                       {"shared_prompt_tokens", chat_after.shared_tokens - chat_before.shared_tokens},
+                       {"kept_to_unshared_tokens_per_s", w.tokens_per_s},
+                       {"unshared_to_kept_first_text_p50", w.first_text_p50},
+                       {"unshared_to_kept_first_text_max", w.first_text_max},
+                       {"same_text", chat_same}};
     }
     levels.push_back(level);
   }
@@ -258,6 +339,7 @@ int run_bench_api(const api_bench_options& o) {
                     {"servers", o.servers},
                     {"prompt_tokens", o.prompt_tokens},
                     {"shared_prefix", o.shared_prefix},
+                    {"turns", o.turns},
                     {"new_tokens", o.new_tokens},
                     {"rounds", o.rounds},
                     {"levels", levels},
@@ -303,6 +385,11 @@ void register_bench_api(CLI::App* bench, action_fn& action) {
                   "Tokens every prompt starts with (a system prompt), before its own --prompt-tokens; also "
                   "measures the engine without shared prompt pages")
       ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  cmd->add_option("--turns", o.turns,
+                  "Swarm: after each level, that many concurrent conversations of this many turns (each turn's "
+                  "prompt the conversation so far and --prompt-tokens new ids) with kept sessions and without")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_flag("--json", o.json_only, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return o.local ? run_bench_api_local(o) : run_bench_api(o); }; });

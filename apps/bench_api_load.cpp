@@ -75,6 +75,28 @@ double mean(const std::vector<double>& v) {
 }
 
 /// Adds round `r` to the pooled figures `into`.
+way_ratios compare_ways(const load_result& fast, const load_result& slow) {
+  const auto worst = [](const load_result& r) {
+    return r.first_token_s.empty() ? 0.0 : *std::max_element(r.first_token_s.begin(), r.first_token_s.end());
+  };
+  way_ratios w;
+  if (slow.tokens_per_s() > 0) w.tokens_per_s = fast.tokens_per_s() / slow.tokens_per_s();
+  if (median(fast.first_token_s) > 0) w.first_text_p50 = median(slow.first_token_s) / median(fast.first_token_s);
+  if (worst(fast) > 0) w.first_text_max = worst(slow) / worst(fast);
+  return w;
+}
+
+std::vector<std::vector<std::int32_t>> prompts_after(const std::vector<std::int32_t>& shared, int n,
+                                                     const std::function<std::vector<std::int32_t>()>& own) {
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int i = 0; i < n; ++i) {
+    prompts.push_back(shared);
+    const auto ids = own();
+    prompts.back().insert(prompts.back().end(), ids.begin(), ids.end());
+  }
+  return prompts;
+}
+
 void pool(load_result& into, const load_result& r) {
   into.wall_s += r.wall_s;
   into.tokens += r.tokens;

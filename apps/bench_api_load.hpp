@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct api_bench_options {
   std::string device = "auto";  ///< with local
   std::string weights = "f32";  ///< with local
   int shared_prefix = 0;        ///< tokens every prompt starts with (then: also without shared pages)
+  int turns = 1;                ///< swarm: > 1 adds conversations of that many turns per level
   bool json_only = false;
 };
 
@@ -65,6 +67,18 @@ double mean(const std::vector<double>& v);
 
 /// Adds round `r` to the pooled figures `into`.
 void pool(load_result& into, const load_result& r);
+
+/// How one way (`fast`) compares with another (`slow`): tokens/s fast over
+/// slow, and time to first text slow over fast, median and worst (0 where a
+/// figure is missing).
+struct way_ratios {
+  double tokens_per_s = 0, first_text_p50 = 0, first_text_max = 0;
+};
+way_ratios compare_ways(const load_result& fast, const load_result& slow);
+
+/// `n` prompts, each `shared` followed by `own()`'s ids.
+std::vector<std::vector<std::int32_t>> prompts_after(const std::vector<std::int32_t>& shared, int n,
+                                                     const std::function<std::vector<std::int32_t>()>& own);
 
 /// `clients` streaming greedy requests at once through the HTTP API on
 /// 127.0.0.1:`port` (request i gets prompts[i % size], `new_tokens` tokens,

@@ -93,15 +93,7 @@ int run_bench_api_local(const api_bench_options& o) {
   // first round's requests arrive together with nothing cached; the
   // warm-up has none).
   std::vector<std::int32_t> shared;
-  const auto fresh_prompts = [&](int n) {
-    std::vector<std::vector<std::int32_t>> prompts;
-    for (int i = 0; i < n; ++i) {
-      prompts.push_back(shared);
-      const auto own = random_ids(o.prompt_tokens);
-      prompts.back().insert(prompts.back().end(), own.begin(), own.end());
-    }
-    return prompts;
-  };
+  const auto fresh_prompts = [&](int n) { return prompts_after(shared, n, [&] { return random_ids(o.prompt_tokens); }); };
 
   std::fprintf(stderr, "bench api --local: %d layers, dim %lld, %s weights on %s; loading...\n", cfg.n_layers,
                static_cast<long long>(cfg.hidden_size), weight_format_name(weights), be.dev().str().c_str());
@@ -197,20 +189,15 @@ int run_bench_api_local(const api_bench_options& o) {
                   {"same_text", same}};
     if (unshared_too) {
       const load_result& u = pooled[2];
-      const double tokens_ratio = u.tokens_per_s() > 0 ? b.tokens_per_s() / u.tokens_per_s() : 0.0;
-      const auto worst = [](const load_result& r) {
-        return r.first_token_s.empty() ? 0.0 : *std::max_element(r.first_token_s.begin(), r.first_token_s.end());
-      };
-      const double p50_ratio = median(b.first_token_s) > 0 ? median(u.first_token_s) / median(b.first_token_s) : 0.0;
-      const double max_ratio = worst(b) > 0 ? worst(u) / worst(b) : 0.0;
+      const way_ratios w = compare_ways(b, u);
       level["unshared"] = u.to_json(c * o.rounds);
-      level["batched_to_unshared_tokens_per_s"] = tokens_ratio;
-      level["unshared_to_batched_first_text_p50"] = p50_ratio;
-      level["unshared_to_batched_first_text_max"] = max_ratio;
+      level["batched_to_unshared_tokens_per_s"] = w.tokens_per_s;
+      level["unshared_to_batched_first_text_p50"] = w.first_text_p50;
+      level["unshared_to_batched_first_text_max"] = w.first_text_max;
       if (!o.json_only)
         std::printf("%8s  shared prompt pages against none: %.2fx tokens/s; time to first text %.2fx shorter (p50), "
                     "%.2fx (worst)\n",
-                    "", tokens_ratio, p50_ratio, max_ratio);
+                    "", w.tokens_per_s, w.first_text_p50, w.first_text_max);
     }
     levels.push_back(level);
   }

@@ -250,7 +250,8 @@ TEST_CASE("corolla bench api runs every part on a tiny model and finds the same 
   testing::temp_dir_guard dir("api-bench");
   api::write_chat_model(dir.path());
   const auto r = testing::run_corolla({"bench", "api", "--model", dir.path().string(), "--clients", "1,3",
-                                       "--new-tokens", "4", "--rounds", "2", "--shared-prefix", "16", "--json"},
+                                       "--new-tokens", "4", "--rounds", "2", "--shared-prefix", "16", "--turns", "3",
+                                       "--json"},
                                       120s);
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   const json j = testing::last_json_line(r.out);
@@ -266,7 +267,17 @@ TEST_CASE("corolla bench api runs every part on a tiny model and finds the same 
     CHECK(level["unshared"]["failed"] == 0);
     CHECK(level["direct_to_unshared_tokens_per_s"].get<double>() > 0);
     CHECK(level["shared_prompt_tokens"].get<int>() >= 0);
+    // Conversations of 3 turns on both engines: the same replies (greedy),
+    // the later turns timed.
+    CHECK(level["chat"]["turns"] == 3);
+    CHECK(level["chat"]["same_text"] == true);
+    CHECK(level["chat"]["kept"]["failed"] == 0);
+    CHECK(level["chat"]["unshared"]["ttft_p50_ms"].get<double>() > 0);
+    CHECK(level["chat"]["kept_to_unshared_tokens_per_s"].get<double>() > 0);
   }
+  // One conversation: turns 2 and 3 each start on the last turn's parked
+  // sessions (its system prompt, prompt and reply at least).
+  CHECK(j["levels"][0]["chat"]["shared_prompt_tokens"].get<int>() >= 2 * (16 + 16 + 3));
   // One client at a time still shares: finished requests' sessions are
   // kept (parked) and the next prompt starts on the system prompt's pages.
   CHECK(j["levels"][0]["shared_prompt_tokens"].get<int>() >= 16);
