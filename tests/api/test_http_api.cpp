@@ -338,6 +338,11 @@ TEST_CASE("concurrent requests each get the answer they would get alone") {
     CHECK(steps > 0);
     CHECK(metric(s.port(), "corolla_api_batches_total") <= steps);
     CHECK(metric(s.port(), "corolla_api_batch_max") >= 1);
+    // The finished requests' caches stay (for prompts that begin alike):
+    // their pages are held; none is shared (the prompts have under a page
+    // in common, which is copied, not shared).
+    CHECK(metric(s.port(), "corolla_api_kv_pages") > 0);
+    CHECK(metric(s.port(), "corolla_api_kv_shared_pages") == 0);
   } else {
     CHECK(steps == 0);
   }
