@@ -356,7 +356,7 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
             st.engine->session_count() - st.parked.size() + (st.retiring ? st.retiring->session_count() : 0);
         out.sessions_parked_now = st.parked.size();
         out.cache_tokens = st.engine->cache_tokens();
-        out.cache_tokens_left = st.engine->cache_tokens_left();
+        out.cache_tokens_left = tokens_left(st);
         out.step_s_per_block = st.step_s_per_block;
         out.first = st.engine->first();
         out.last = st.engine->last();

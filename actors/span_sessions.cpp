@@ -2,6 +2,7 @@
 #include "actors/span_sessions.hpp"
 
 #include <algorithm>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -85,6 +86,11 @@ void release_retiring(span_server_state& st) {
 
 caf::error to_caf(const span_error& e) { return error_from_wire(span_errc_name(e.code), e.message); }
 
+std::int64_t tokens_left(const span_server_state& st) {
+  const std::vector<std::string> parked(st.parked.begin(), st.parked.end());
+  return st.engine->cache_tokens_left() + (parked.empty() ? 0 : st.engine->reclaimable_tokens(parked));
+}
+
 span_info info_of(const span_server_state& st) {
   const span_engine& e = *st.engine;
   span_info i;
@@ -95,7 +101,7 @@ span_info info_of(const span_server_state& st) {
   i.hidden_size = static_cast<int>(e.config().hidden_size);
   i.max_positions = e.config().max_positions;
   i.cache_tokens = e.cache_tokens();
-  i.cache_tokens_left = e.cache_tokens_left();
+  i.cache_tokens_left = tokens_left(st);
   i.step_s_per_block = st.step_s_per_block;
   i.sessions = static_cast<std::uint32_t>(e.session_count() - st.parked.size());
   i.rtt_ms = st.next_rtt_ms;

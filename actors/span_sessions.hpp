@@ -31,6 +31,9 @@ span_engine& engine_of(span_server_state& st, const std::string& session);
 void release_retiring(span_server_state& st);
 /// The engine's error as the wire's.
 caf::error to_caf(const span_error& e);
+/// Tokens a new session can count on: the free pages' and those only
+/// parked sessions hold (taken back as soon as a step needs them).
+std::int64_t tokens_left(const span_server_state& st);
 /// What span.info answers.
 span_info info_of(const span_server_state& st);
 /// A step or close of `session` from node `from`: refused unless `from`

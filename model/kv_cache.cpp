@@ -113,6 +113,12 @@ std::int64_t kv_pool::shared_pages() const {
   return static_cast<std::int64_t>(extra_holders_.size());
 }
 
+std::int64_t kv_pool::holders(const std::byte* page) const {
+  std::lock_guard lock(mutex_);
+  const auto it = extra_holders_.find(page);
+  return 1 + (it == extra_holders_.end() ? 0 : it->second);
+}
+
 // ---- kv_sequence -------------------------------------------------------------------
 
 kv_sequence::kv_sequence(std::shared_ptr<kv_pool> pool, int first_layer, int last_layer) : pool_(std::move(pool)) {

@@ -133,6 +133,8 @@ class kv_pool {
   bool shared(const std::byte* page) const;
   /// Pages held by more than one sequence now.
   std::int64_t shared_pages() const;
+  /// Sequences holding `page` (a page held now): 1, or more when shared.
+  std::int64_t holders(const std::byte* page) const;
 
  private:
   Backend* be_;
@@ -196,6 +198,8 @@ class kv_sequence {
   int last_layer() const { return last_layer_; }
   /// Pages held (one per used layer per page_tokens tokens).
   std::int64_t pages() const { return static_cast<std::int64_t>(pages_.size()); }
+  /// The pages held, every layer's (each one pool page).
+  std::span<std::byte* const> held_pages() const { return pages_; }
   /// The pool the pages come from.
   const kv_pool& pool() const { return *pool_; }
 

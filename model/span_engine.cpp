@@ -120,6 +120,20 @@ std::int64_t span_engine::cache_tokens_left() const {
   return (pool_->max_pages() - pool_->pages_in_use()) / pool_->n_layers() * pool_->page_tokens();
 }
 
+std::int64_t span_engine::reclaimable_tokens(std::span<const std::string> ids) const {
+  // A page is freed when every sequence holding it is closed: count, per
+  // page, how many of these sessions hold it.
+  std::unordered_map<const std::byte*, std::int64_t> held;
+  for (const auto& id : ids)
+    if (const auto it = sessions_.find(id); it != sessions_.end())
+      for (const std::byte* page : it->second->kv.held_pages()) ++held[page];
+  std::int64_t pages = 0;
+  for (const auto& [page, n] : held) pages += n == pool_->holders(page) ? 1 : 0;
+  // As cache_tokens_left: whole-span tokens of those pages, added to the free ones.
+  const std::int64_t free = pool_->max_pages() - pool_->pages_in_use();
+  return (free + pages) / pool_->n_layers() * pool_->page_tokens() - cache_tokens_left();
+}
+
 std::size_t span_engine::cache_bytes_used() const {
   return static_cast<std::size_t>(pool_->pages_in_use()) * pool_->page_bytes();
 }

@@ -230,6 +230,9 @@ class span_engine {
   /// can count on (the DHT record's cache_tokens_left). Sessions also have
   /// slack in their last page, which this does not count.
   std::int64_t cache_tokens_left() const;
+  /// Tokens closing sessions `ids` (unknown ones skipped) would add to
+  /// cache_tokens_left(): their pages no other session holds.
+  std::int64_t reclaimable_tokens(std::span<const std::string> ids) const;
   /// Bytes of KV pages held by sessions now.
   std::size_t cache_bytes_used() const;
   /// The KV pool (pages, budget).

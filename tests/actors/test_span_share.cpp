@@ -198,10 +198,15 @@ TEST_CASE("a parked session takes no steps, serves shareFrom, and is the first m
                         encode_body(span_step{.session_id = "turn-1", .start = 40, .step_id = 2}), {more});
   REQUIRE_FALSE(refused);
   CHECK(error_code(refused.error()) == "unknown_session");
+  // Its pages count as free for a new session (taken back when needed).
+  CHECK(f.info().cache_tokens_left == 128);
   CHECK(f.open(*f.client, "turn-2", "turn-1", 40) == 40);
   REQUIRE(f.ref->open_session("twin", 48));
   f.ref_step("twin", prompt, 0);
   CHECK(same_bits(f.step(*f.client, "turn-2", more, 40, 3), f.ref_step("twin", more, 40)));
+  // Now turn-2 holds turn-1's two whole pages too: only turn-1's copied
+  // last page would come back (turn-2's copy of it holds 43 tokens).
+  CHECK(f.info().cache_tokens_left == 128 - 48);
   CHECK(f.stats().sessions_parked == 1);
   CHECK(f.stats().sessions_parked_now == 1);
   REQUIRE(f.close("turn-2", false));
