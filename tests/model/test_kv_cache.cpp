@@ -391,6 +391,9 @@ TEST_CASE("sequences that share a prefix hold its whole pages once, until the la
   a.release();
   CHECK(pool->pages_in_use() == 5 * layers);
   CHECK(pool->shared_pages() == 2 * layers);  // b and c still share them
+  CHECK(pool->holders(b.held_pages()[0]) == 2);
+  CHECK(pool->holders(b.held_pages().back()) == 1);  // b's own last page
+  CHECK(b.held_pages().size() == static_cast<std::size_t>(b.pages()));
   CHECK(holds(b, 0, 10));
   c.release();
   CHECK(pool->shared_pages() == 0);
