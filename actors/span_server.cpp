@@ -112,7 +112,12 @@ void run_batch(span_server_actor* self) {
   const auto t0 = clock_type::now();
   if (!retiring.empty()) run_on(st, *st.retiring, std::move(retiring));
   if (!current.empty()) {
-    make_room(st, static_cast<std::int64_t>(current.size()), current.size());
+    // Room for a row of each step of an open session (steps of ids nobody
+    // opened fail anyway and take back nothing).
+    const auto open = static_cast<std::int64_t>(std::count_if(current.begin(), current.end(), [&](const queued_step& q) {
+      return st.engine->session_length(q.item.session_id).has_value();
+    }));
+    make_room(st, open, static_cast<std::size_t>(open));
     run_on(st, *st.engine, std::move(current));
   }
   st.queue.ran(sessions, std::chrono::duration<double>(clock_type::now() - t0).count());
@@ -150,9 +155,13 @@ void run_step(span_server_actor* self, const span_step& step, const Tensor& hidd
     return;
   }
   run_batch(self);  // steps that arrived earlier run first
-  if (&engine == st.engine.get() && hidden.shape().size() == 2) make_room(st, hidden.dim(0), 1);
   const auto t0 = clock_type::now();
-  auto out = engine_of(st, step.session_id).inference_step(step.session_id, hidden, step.start, step.step_id);
+  auto out = engine.inference_step(step.session_id, hidden, step.start, step.step_id);
+  // A step the pool cannot hold takes parked sessions' pages back, oldest
+  // first, and is tried again (it changed nothing: the engine reserves
+  // before it computes, and has checked everything else by then).
+  while (!out && out.error().code == span_errc::cache_full && &engine == st.engine.get() && close_oldest_parked(st))
+    out = engine.inference_step(step.session_id, hidden, step.start, step.step_id);
   ++st.stats.prefill_steps;
   st.stats.prefill_tokens += hidden.shape().empty() ? 0 : static_cast<std::uint64_t>(hidden.dim(0));
   st.stats.prefill_seconds.observe(std::chrono::duration<double>(clock_type::now() - t0).count());

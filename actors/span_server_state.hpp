@@ -85,9 +85,12 @@ struct span_server_state {
   /// The node that opened each session ("" for this process): only it may
   /// step or close the session. Entries of ended sessions go in expire_idle.
   std::unordered_map<std::string, std::string> owners;
-  /// Parked sessions (actors/span_parking.hpp), the most recently parked
-  /// first: open in the engine, but no more steps.
+  /// Parked sessions (actors/span_sessions.hpp), the most recently parked
+  /// first: open in the engine, but no more steps; the tokens each one's
+  /// pages hold, and their sum.
   std::list<std::string> parked;
+  std::unordered_map<std::string, std::int64_t> parked_held;
+  std::int64_t parked_tokens = 0;
   /// One-row steps waiting for their batch, and when it runs
   /// (actors/step_queue.hpp).
   step_queue<queued_step> queue;

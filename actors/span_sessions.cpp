@@ -2,6 +2,7 @@
 #include "actors/span_sessions.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -14,37 +15,36 @@ namespace corolla::span_detail {
 
 namespace {
 
-/// Closes the oldest parked session.
-void close_oldest(span_server_state& st) {
-  const std::string id = st.parked.back();
-  st.parked.pop_back();
-  st.last_used.erase(id);
-  st.owners.erase(id);
-  if (st.engine->close_session(id)) ++st.stats.parked_closed;
+/// `session` ended another way (closed, expired): no longer parked.
+void forget_parked(span_server_state& st, const std::string& session) {
+  const auto it = st.parked_held.find(session);
+  if (it == st.parked_held.end()) return;
+  st.parked_tokens -= it->second;
+  st.parked_held.erase(it);
+  st.parked.remove(session);
 }
 
-/// Tokens the parked sessions' pages hold (pages they share with others
-/// counted too: an upper bound of what closing them frees).
-std::int64_t parked_tokens(const span_server_state& st) {
-  std::int64_t n = 0;
-  for (const auto& s : st.engine->sessions())
-    if (is_parked(st, s.id)) n += s.held_tokens;
-  return n;
-}
-
-/// Parks `session`, open on the current engine with nothing queued or
-/// awaited (the caller ended those); then closes the oldest parked sessions
-/// while the parked ones' pages exceed half the budget.
-void park(span_server_state& st, const std::string& session) {
-  if (is_parked(st, session)) return;
+/// Parks `session` (nothing queued or awaited: the caller ended those) if
+/// something could start on it: open on the current engine, holding
+/// tokens, without deep prompts; then closes the oldest parked sessions
+/// while the parked ones' pages exceed half the budget. False: not parked
+/// (the caller closes it).
+bool park(span_server_state& st, const std::string& session) {
+  if (st.parked_held.count(session)) return true;
+  std::optional<span_session_info> info;
+  for (auto& s : st.engine->sessions())
+    if (s.id == session) info = std::move(s);
+  if (!info || info->length == 0 || info->prompt_positions > 0) return false;
+  const std::int64_t held = info->held_tokens;
   st.parked.push_front(session);
+  st.parked_held[session] = held;
+  st.parked_tokens += held;
   st.last_used[session] = clock_type::now();  // a whole idle period from now
   ++st.stats.sessions_parked;
-  while (!st.parked.empty() && parked_tokens(st) > st.engine->cache_tokens() / 2) close_oldest(st);
+  while (st.parked_tokens > st.engine->cache_tokens() / 2 && close_oldest_parked(st)) {
+  }
+  return true;
 }
-
-/// `session` ended another way (closed, expired): no longer parked.
-void forget_parked(span_server_state& st, const std::string& session) { st.parked.remove(session); }
 
 /// The tokens session `o.session_id` (just opened by `from_node`) starts
 /// with on the pages of `o.share_from`: 0 unless that session is the same
@@ -121,19 +121,29 @@ caf::error check_owner(const span_server_state& st, const std::string& session, 
   return error_from_wire("not_owner", "session '" + session + "' belongs to the node that opened it");
 }
 
-bool is_parked(const span_server_state& st, const std::string& session) {
-  return std::find(st.parked.begin(), st.parked.end(), session) != st.parked.end();
+bool is_parked(const span_server_state& st, const std::string& session) { return st.parked_held.count(session) > 0; }
+
+bool close_oldest_parked(span_server_state& st) {
+  if (st.parked.empty()) return false;
+  const std::string id = st.parked.back();
+  forget_parked(st, id);
+  st.last_used.erase(id);
+  st.owners.erase(id);
+  if (st.engine->close_session(id)) ++st.stats.parked_closed;
+  return true;
 }
 
 void make_room(span_server_state& st, std::int64_t rows, std::size_t steps) {
   if (st.parked.empty()) return;
   const std::int64_t need = rows + static_cast<std::int64_t>(steps) * st.engine->pool().page_tokens();
-  while (!st.parked.empty() && st.engine->cache_tokens_left() < need) close_oldest(st);
+  while (st.engine->cache_tokens_left() < need && close_oldest_parked(st)) {
+  }
 }
 
 void close_parked(span_server_state& st) {
   if (!st.parked.empty()) spdlog::info("span server: closing {} parked session(s)", st.parked.size());
-  while (!st.parked.empty()) close_oldest(st);
+  while (close_oldest_parked(st)) {
+  }
 }
 
 void expire_idle(span_server_state& st) {
@@ -169,54 +179,55 @@ void expire_idle(span_server_state& st) {
 }
 
 void on_open(span_server_state& st, remote_message& m, caf::response_promise& rp) {
-    auto o = decode_span_open(m.body);
-    if (!o) return rp.deliver(o.error());
-    if (st.draining)
-      return rp.deliver(error_from_wire("draining", "this server is shutting down: it finishes its open "
-                                                    "sessions and takes no new ones"));
-    if (o->deep_prompts != (m.tensors.size() == 1) || m.tensors.size() > 1)
-      return rp.deliver(make_error(errc::bad_message,
-                                   "span.open carries one tensor exactly when deepPrompts is set (got " +
-                                       std::to_string(m.tensors.size()) + ")"));
-    // An id still open on the blocks before a move is taken too (the
-    // engine checks its own); an owner left from an ended session
-    // (not swept yet) is not.
-    if (st.retiring && st.retiring->session_length(o->session_id))
-      return rp.deliver(error_from_wire("duplicate_session", "session '" + o->session_id + "' is already open"));
-    const Tensor prompts = o->deep_prompts ? m.tensors[0] : Tensor();
-    if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last, prompts); !r)
-      return rp.deliver(to_caf(r.error()));
-    st.last_used[o->session_id] = clock_type::now();
-    st.owners[o->session_id] = m.from_node;
-    ++st.stats.sessions_opened;
-    const std::int64_t shared = o->share_from.empty() ? 0 : share_prefix(st, *o, m.from_node);
-    span_info opened = info_of(st);  // the cache left after the shared pages
-    opened.shared_tokens = shared;
-    return rp.deliver(answer(span_request::open, encode_body(opened)));
+  auto o = decode_span_open(m.body);
+  if (!o) return rp.deliver(o.error());
+  if (st.draining)
+    return rp.deliver(error_from_wire("draining", "this server is shutting down: it finishes its open "
+                                                  "sessions and takes no new ones"));
+  if (o->deep_prompts != (m.tensors.size() == 1) || m.tensors.size() > 1)
+    return rp.deliver(make_error(errc::bad_message,
+                                 "span.open carries one tensor exactly when deepPrompts is set (got " +
+                                     std::to_string(m.tensors.size()) + ")"));
+  // An id still open on the blocks before a move is taken too (the
+  // engine checks its own); an owner left from an ended session
+  // (not swept yet) is not.
+  if (st.retiring && st.retiring->session_length(o->session_id))
+    return rp.deliver(error_from_wire("duplicate_session", "session '" + o->session_id + "' is already open"));
+  const Tensor prompts = o->deep_prompts ? m.tensors[0] : Tensor();
+  if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last, prompts); !r)
+    return rp.deliver(to_caf(r.error()));
+  st.last_used[o->session_id] = clock_type::now();
+  st.owners[o->session_id] = m.from_node;
+  ++st.stats.sessions_opened;
+  const std::int64_t shared = o->share_from.empty() ? 0 : share_prefix(st, *o, m.from_node);
+  span_info opened = info_of(st);  // the cache left after the shared pages
+  opened.shared_tokens = shared;
+  return rp.deliver(answer(span_request::open, encode_body(opened)));
 }
 
 void on_close(span_server_state& st, remote_message& m, caf::response_promise& rp) {
-    auto c = decode_span_close(m.body);
-    if (!c) return rp.deliver(c.error());
-    const std::string& id = c->session_id;
-    if (auto err = check_owner(st, id, m.from_node)) return rp.deliver(std::move(err));
-    st.queue.forget(id);
-    end_wait(st, id, "unknown_session", "session " + id + " was closed");
-    drop_early(st, id);
-    // Kept: parked on the current engine (a session still on the blocks
-    // before a move, or while draining, is closed instead).
-    if (c->keep && !st.draining && st.engine->session_length(id)) {
-      if (!is_parked(st, id)) ++st.stats.sessions_closed;
-      park(st, id);
-      return rp.deliver(answer(span_request::close));
-    }
-    st.last_used.erase(id);
-    st.owners.erase(id);
-    forget_parked(st, id);
-    if (auto r = engine_of(st, id).close_session(id); !r) return rp.deliver(to_caf(r.error()));
-    ++st.stats.sessions_closed;
-    release_retiring(st);
+  auto c = decode_span_close(m.body);
+  if (!c) return rp.deliver(c.error());
+  const std::string& id = c->session_id;
+  if (auto err = check_owner(st, id, m.from_node)) return rp.deliver(std::move(err));
+  const bool was_parked = is_parked(st, id);
+  st.queue.forget(id);
+  end_wait(st, id, "unknown_session", "session " + id + " was closed");
+  drop_early(st, id);
+  // Kept: parked on the current engine (a session still on the blocks
+  // before a move, one of a draining server, or one nothing could start on
+  // is closed instead). Parking counts as its client's close.
+  if (c->keep && !st.draining && park(st, id)) {
+    if (!was_parked) ++st.stats.sessions_closed;
     return rp.deliver(answer(span_request::close));
+  }
+  st.last_used.erase(id);
+  st.owners.erase(id);
+  forget_parked(st, id);
+  if (auto r = engine_of(st, id).close_session(id); !r) return rp.deliver(to_caf(r.error()));
+  if (!was_parked) ++st.stats.sessions_closed;
+  release_retiring(st);
+  rp.deliver(answer(span_request::close));
 }
 
 }  // namespace corolla::span_detail

@@ -53,6 +53,8 @@ bool is_parked(const span_server_state& st, const std::string& session);
 /// for `rows` more rows of `steps` steps (each may start a page) or none is
 /// left.
 void make_room(span_server_state& st, std::int64_t rows, std::size_t steps);
+/// Closes the oldest parked session; false when none is parked.
+bool close_oldest_parked(span_server_state& st);
 /// Closes every parked session (the server drains or moves).
 void close_parked(span_server_state& st);
 

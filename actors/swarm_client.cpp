@@ -301,16 +301,22 @@ caf::expected<std::unique_ptr<swarm_session>> swarm_client::open_session(std::in
     return make_error(errc::bad_message, "deep prompts must be f32 [" + std::to_string(n_blocks_) + ", P, " +
                                              std::to_string(hidden_size_) + "], got " + shape_str(deep_prompts.shape()));
   std::unique_ptr<swarm_session> s(new swarm_session(*this, max_length, id, deep_prompts));
-  if (!share.empty() && !deep_prompts.defined() && shares_route(share)) {
+  if (!share.empty() && !deep_prompts.defined()) {
     std::vector<swarm::route_hop> hops;
     for (const auto& h : share.hops) hops.push_back(h.hop);
-    if (auto err = s->open_hops(hops, 0, &share); !err) {
+    caf::error err = shares_route(share) ? s->open_hops(hops, 0, &share)
+                                         : make_error(errc::not_connected, "a server of that route is not usable");
+    if (!err && s->length() > 0) {
       event("route " + swarm::to_string(swarm::route{hops}) + " (on another session's first " +
             std::to_string(s->length()) + " tokens)");
       return s;
-    } else {
-      event("opening on another session's route failed (" + error_message(err) + "); routing anew");
     }
+    // Nothing shared: this session routes like any other (the other
+    // session's route is not necessarily the best one for it).
+    s->close();
+    s->share_missed_ = true;
+    event("starting on another session's route failed (" + (err ? error_message(err) : std::string("it is gone")) +
+          "); routing anew");
   }
   std::set<std::string> excluded;
   for (int attempt = 0;; ++attempt) {

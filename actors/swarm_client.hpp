@@ -241,8 +241,9 @@ class swarm_client {
   /// (span.open shareFrom; the other session must be this node's and open):
   /// length() is then the positions every hop holds (fewer or 0 when a
   /// server could not share), the caller's first step starts there, and a
-  /// replay resends share's stored inputs. When that route cannot be opened
-  /// the session takes a route of its own from position 0.
+  /// replay resends share's stored inputs. When that route cannot be
+  /// opened, or its servers share nothing (the other session is gone), the
+  /// session takes a route of its own from position 0 (share_missed()).
   caf::expected<std::unique_ptr<swarm_session>> open_session(std::int64_t max_length,
                                                              const Tensor& deep_prompts = {},
                                                              const swarm_prefix& share = {});
@@ -328,6 +329,10 @@ class swarm_session {
   std::uint64_t posted_steps() const { return posted_steps_; }
   /// Tokens processed (the session's length).
   std::int64_t length() const { return length_; }
+  /// Opened with a share (swarm_client::open_session) that gave nothing:
+  /// its route was no longer usable, or its servers no longer held the
+  /// other session (the session took a route of its own).
+  bool share_missed() const { return share_missed_; }
   /// What another session may start on (swarm_client::open_session): this
   /// session's route, its server sessions and stored inputs for its
   /// length() positions. Empty while a replacement is being rebuilt, with
@@ -378,6 +383,7 @@ class swarm_session {
   /// The route's last pushed step went through every hop: the next one-row
   /// step is posted.
   bool route_pushes_ = false;
+  bool share_missed_ = false;
   std::vector<hop_state> hops_;
   mutable std::vector<swarm::route_hop> hop_view_;
 };

@@ -47,6 +47,7 @@ swarm_generation swarm_generate(swarm_client& client, head& h, std::span<const s
           if (!s) throw std::runtime_error("cannot open a swarm session: " + error_message(s.error()));
           session = std::move(*s);
           out.shared_prompt_tokens = session->length();
+          out.share_missed = session->share_missed();
         }
         // Prompt positions the session started with (another session's
         // pages) are not sent; a chunk they cover whole computes nothing

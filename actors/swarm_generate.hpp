@@ -25,6 +25,9 @@ struct swarm_generation {
   /// Prompt tokens the session started with on another session's pages
   /// (swarm_prompt_sharing::start), not computed.
   std::int64_t shared_prompt_tokens = 0;
+  /// The start offered (swarm_prompt_sharing::start) gave nothing: its
+  /// session is gone from its servers, or its route is no longer usable.
+  bool share_missed = false;
 };
 
 /// How a generation's prompt meets other sessions of the same client node

@@ -265,26 +265,32 @@ class swarm_engine final : public completion_engine {
     // of another running request's session (api/swarm_prefix_board.hpp).
     const std::string id = std::to_string(next_request_++);
     swarm_prompt_sharing sharing;
+    // At the end, however it ends: off the board unless kept, and the kept
+    // sessions let go closed on their servers (after generation, so the
+    // closes never delay a token).
     struct leaving {
-      swarm_prefix_board* board;
+      swarm_engine& e;
       const std::string& id;
+      std::vector<swarm_prefix> to_close;
       ~leaving() {
-        if (board) board->leave(id);
+        if (!e.share_prefixes_) return;
+        e.board_.leave(id);
+        for (const auto& p : to_close) close_parked(e.runtime_, p);
       }
-    } on_end{share_prefixes_ ? &board_ : nullptr, id};
+    } on_end{*this, id, {}};
     if (share_prefixes_) {
       sharing.start = board_.enter(id, {prompt.begin(), prompt.end()});
-      sharing.on_prompt = [this, &id](swarm_prefix held) {
+      sharing.on_prompt = [this, &id, &on_end](swarm_prefix held) {
         // A kept session this one continued whole (a chat's last turn) is
         // of no more use: this one holds all of it.
-        const swarm_prefix superseded = board_.computed(id, std::move(held));
-        if (!superseded.hops.empty()) close_parked(runtime_, superseded);
+        swarm_prefix superseded = board_.computed(id, std::move(held));
+        if (!superseded.hops.empty()) on_end.to_close.push_back(std::move(superseded));
       };
       // Finished: parked on its servers for a later request (a chat's next
       // turn) while the board keeps it.
-      sharing.on_end = [this, &id](const swarm_generation& g, swarm_prefix held, std::vector<std::int32_t> ids) {
-        auto f = board_.finished(id, std::move(held), std::move(ids), g.shared_prompt_tokens);
-        for (const auto& p : f.close) close_parked(runtime_, p);
+      sharing.on_end = [this, &id, &on_end](const swarm_generation& g, swarm_prefix held, std::vector<std::int32_t> ids) {
+        auto f = board_.finished(id, std::move(held), std::move(ids), g.share_missed);
+        for (auto& p : f.close) on_end.to_close.push_back(std::move(p));
         return f.keep;
       };
     }

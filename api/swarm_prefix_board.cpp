@@ -32,7 +32,7 @@ swarm_prefix swarm_prefix_board::enter(const std::string& id, const std::vector<
     start.tokens = std::min(start.tokens, plan.tokens);
     ++stats_.shared_sessions;
     stats_.shared_tokens += static_cast<std::uint64_t>(start.tokens);
-    starts_[id] = {plan.session, start.tokens, plan.kind == how::continue_retained};
+    starts_[id] = {plan.session, plan.kind == how::continue_retained};
   }
   prompts_[id] = prompt;
   return start;
@@ -64,13 +64,12 @@ swarm_prefix swarm_prefix_board::computed(const std::string& id, swarm_prefix he
 }
 
 swarm_prefix_board::finish swarm_prefix_board::finished(const std::string& id, swarm_prefix held,
-                                                        std::vector<std::int32_t> ids, std::int64_t shared) {
+                                                        std::vector<std::int32_t> ids, bool start_missed) {
   finish out;
   {
     std::lock_guard lock(mutex_);
-    // Offered more than it got: the session it started on is gone (its
-    // server closed it, or it was let go meanwhile).
-    if (const auto s = starts_.find(id); s != starts_.end() && shared < s->second.tokens &&
+    // The kept session offered gave nothing: no one else should try it.
+    if (const auto s = starts_.find(id); s != starts_.end() && start_missed &&
                                          std::find(kept_.begin(), kept_.end(), s->second.from) != kept_.end())
       drop_kept(s->second.from, out.close);
     forget(id);

@@ -63,9 +63,10 @@ class swarm_prefix_board {
     std::vector<swarm_prefix> close;  ///< kept sessions let go, for the caller to close
   };
   /// Request `id` ended: its session holds `held`, the positions of `ids`.
-  /// `shared` is what its start gave it (less than enter() offered: the
-  /// session it started on is gone from its servers and is let go).
-  finish finished(const std::string& id, swarm_prefix held, std::vector<std::int32_t> ids, std::int64_t shared);
+  /// `start_missed`: the start enter() offered gave it nothing (that
+  /// session is gone from its servers, or its route is not usable), so a
+  /// kept one is let go.
+  finish finished(const std::string& id, swarm_prefix held, std::vector<std::int32_t> ids, bool start_missed);
   /// Request `id` ended without finished() (it failed): nobody starts on it.
   void leave(const std::string& id);
   /// Lets every kept session go (the engine stops), for the caller to close.
@@ -88,11 +89,10 @@ class swarm_prefix_board {
   schedule::session_ids cached_;   ///< the ids each session on the board holds (running and kept)
   std::map<std::string, swarm_prefix> held_;
   std::list<std::string> kept_;    ///< finished requests' parked sessions, the most recent first
-  /// What each running request started on: the session, the tokens offered,
-  /// and whether it continues that (kept) session whole.
+  /// What each running request started on: the session, and whether it
+  /// continues that (kept) session whole.
   struct start_record {
     std::string from;
-    std::int64_t tokens = 0;
     bool continues = false;
   };
   std::map<std::string, start_record> starts_;

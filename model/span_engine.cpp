@@ -142,7 +142,7 @@ std::vector<span_session_info> span_engine::sessions() const {
   std::vector<span_session_info> out;
   out.reserve(sessions_.size());
   for (const auto& [id, s] : sessions_)
-    out.push_back({id, s->length(), s->max_length, s->kv.capacity()});
+    out.push_back({id, s->length(), s->max_length, s->kv.capacity(), s->prefix()});
   return out;
 }
 

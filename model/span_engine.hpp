@@ -182,6 +182,7 @@ struct span_session_info {
   std::int64_t length = 0;      ///< tokens cached
   std::int64_t max_length = 0;  ///< as opened
   std::int64_t held_tokens = 0; ///< tokens its pages can hold (>= length, whole pages)
+  std::int64_t prompt_positions = 0;  ///< deep prompts' positions (a prefix), 0 = none
 };
 
 struct span_session;

@@ -79,6 +79,8 @@ TEST_CASE("a swarm generation started on another's prompt pages equals local gen
   }, {}, &s1);
 
   CHECK(stranger.shared_prompt_tokens == 0);
+  CHECK(stranger.share_missed);  // it routed anew
+  CHECK_FALSE(g2.share_missed);
   CHECK(stranger.result.tokens == want_second);
   CHECK(g2.shared_prompt_tokens == 32);
   CHECK(g2.result.tokens == want_second);

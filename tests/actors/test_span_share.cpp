@@ -233,6 +233,27 @@ TEST_CASE("a parked session takes no steps, serves shareFrom, and is the first m
   CHECK(f.stats().parked_closed == 2);
   CHECK(f.stats().sessions_parked_now == 1);
   CHECK(f.open(*f.client, "after", "big-2", 40) == 40);
+  // A step nobody could run (an id never opened, however long) takes
+  // nothing back.
+  auto stranger_first = start_node();
+  auto sp = stranger_first->connect(f.server->endpoint());
+  REQUIRE(sp);
+  auto bogus = testing::span_call(*stranger_first, *sp, span_request::step,
+                                  encode_body(span_step{.session_id = "nobody", .start = 0, .step_id = 1}),
+                                  {random_rows(200, f.D, 5)});
+  REQUIRE_FALSE(bogus);
+  CHECK(f.stats().sessions_parked_now == 1);
+  // An empty session is closed, not parked (nothing could start on it);
+  // closing a parked one counts once.
+  const auto closed = f.stats().sessions_closed;
+  CHECK(f.open(*f.client, "empty") == 0);
+  REQUIRE(f.close("empty", true));
+  CHECK(f.stats().sessions_parked_now == 1);
+  CHECK(f.stats().sessions_closed == closed + 1);
+  REQUIRE(f.close("big-2", false));
+  CHECK(f.stats().sessions_parked_now == 0);
+  CHECK(f.stats().sessions_closed == closed + 1);
+  CHECK(f.open(*f.client, "after-2", "big-2", 40) == 0);
   // Another node cannot park (or close) the client's session.
   auto stranger = start_node();
   auto p = stranger->connect(f.server->endpoint());

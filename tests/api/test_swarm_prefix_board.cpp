@@ -108,7 +108,7 @@ TEST_CASE("finished generations are kept up to a count, a chat's next turn conti
   board.computed("t1", held("t1.0", 20));
   std::vector<std::int32_t> ids1 = turn1;
   for (int i = 0; i < 11; ++i) ids1.push_back(500 + i);
-  auto f1 = board.finished("t1", held("t1.0", 31), ids1, 0);
+  auto f1 = board.finished("t1", held("t1.0", 31), ids1, false);
   CHECK(f1.keep);
   CHECK(f1.close.empty());
   board.leave("t1");  // (the engine's guard): a kept one stays
@@ -123,14 +123,14 @@ TEST_CASE("finished generations are kept up to a count, a chat's next turn conti
   const swarm_prefix superseded = board.computed("t2", held("t2.0", 36));
   REQUIRE(superseded.hops.size() == 1u);
   CHECK(superseded.hops[0].session == "t1.0");
-  CHECK(board.finished("t2", held("t2.0", 40), turn2, 31).keep);
+  CHECK(board.finished("t2", held("t2.0", 40), turn2, false).keep);
 
   // At most two kept: the oldest goes, for the caller to close.
   const auto other = prompt_of(30, 0, 0, 3000), third = prompt_of(30, 0, 0, 4000);
   CHECK(board.enter("o", other).empty());
-  CHECK(board.finished("o", held("o.0", 30), other, 0).close.empty());
+  CHECK(board.finished("o", held("o.0", 30), other, false).close.empty());
   CHECK(board.enter("p", third).empty());
-  auto fp = board.finished("p", held("p.0", 30), third, 0);
+  auto fp = board.finished("p", held("p.0", 30), third, false);
   REQUIRE(fp.close.size() == 1u);
   CHECK(fp.close[0].hops.at(0).session == "t2.0");
   // A request offered a kept session that its servers had closed (it got
@@ -138,7 +138,7 @@ TEST_CASE("finished generations are kept up to a count, a chat's next turn conti
   std::vector<std::int32_t> again = other;
   again.push_back(9);
   CHECK(board.enter("q", again).tokens == 30);
-  auto fq = board.finished("q", {}, again, 0);
+  auto fq = board.finished("q", {}, again, true);
   CHECK_FALSE(fq.keep);  // nothing to offer
   REQUIRE(fq.close.size() == 1u);
   CHECK(fq.close[0].hops.at(0).session == "o.0");
