@@ -396,20 +396,25 @@ int run_serve(serve_args a) {
           spdlog::info("serve: link {:.0f} Mbit/s: announcing {:.1f} tokens/s", bps / 1e6, record.throughput);
           changed = true;
         }
-      if (const auto left = engine->cache_tokens_left(); left != record.cache_tokens_left) {
+      // Routing follows the step time the span actor measures while
+      // serving (a moving average over its batches), once it has one, and
+      // the cache it can give a new session (parked sessions' pages count
+      // as free: they are taken back when needed); the engine's own figure
+      // if the actor does not answer.
+      remote_message ask;
+      ask.type = span_request::info;
+      std::optional<span_info> info;
+      if (auto r = n.request(n.id(), "span", std::move(ask), std::chrono::seconds(2)))
+        if (auto i = decode_span_info(r->body)) info = std::move(*i);
+      if (info && info->step_s_per_block > 0 && info->step_s_per_block != record.step_s_per_block) {
+        record.step_s_per_block = info->step_s_per_block;
+        changed = true;
+      }
+      if (const auto left = info ? info->cache_tokens_left : engine->cache_tokens_left();
+          left != record.cache_tokens_left) {
         record.cache_tokens_left = left;
         changed = true;
       }
-      // Routing follows the step time the span actor measures while
-      // serving (a moving average over its batches), once it has one.
-      remote_message ask;
-      ask.type = span_request::info;
-      if (auto r = n.request(n.id(), "span", std::move(ask), std::chrono::seconds(2)))
-        if (auto info = decode_span_info(r->body);
-            info && info->step_s_per_block > 0 && info->step_s_per_block != record.step_s_per_block) {
-          record.step_s_per_block = info->step_s_per_block;
-          changed = true;
-        }
       if (auto rtts = next_server_rtts(n, *members, record, cfg.n_layers); rtts != record.rtt_ms) {
         record.rtt_ms = std::move(rtts);
         set_next_rtts(*server, record.rtt_ms);  // span.info announces them too
