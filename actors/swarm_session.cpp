@@ -76,14 +76,21 @@ const std::vector<swarm::route_hop>& swarm_session::hops() const {
   return hop_view_;
 }
 
+namespace {
+
+/// Closes (with `keep`: parks) `session` on `server`, best effort: a server
+/// whose link is down is skipped, a failure only logged.
+void close_on(node& n, const std::string& server, const std::string& session, bool keep) {
+  if (!n.peer_is_up(server)) return;
+  auto r = n.request(server, "span", request_of(span_request::close, encode_close_body(session, keep)),
+                     std::chrono::milliseconds(2000));
+  if (!r) spdlog::debug("swarm: closing session {} on {}: {}", session, server, error_message(r.error()));
+}
+
+}  // namespace
+
 void swarm_session::close(bool keep) {
-  for (auto& h : hops_) {
-    if (!client_.runtime().peer_is_up(h.hop.server)) continue;
-    auto r = client_.runtime().request(h.hop.server, "span",
-                                       request_of(span_request::close, encode_close_body(h.session, keep)),
-                                       std::chrono::milliseconds(2000));
-    if (!r) spdlog::debug("swarm: closing session {} on {}: {}", h.session, h.hop.server, error_message(r.error()));
-  }
+  for (auto& h : hops_) close_on(client_.runtime(), h.hop.server, h.session, keep);
   hops_.clear();
 }
 
@@ -128,12 +135,7 @@ caf::error swarm_session::open_hops(std::vector<swarm::route_hop> hops, std::siz
 }
 
 void close_parked(node& n, const swarm_prefix& parked) {
-  for (const auto& h : parked.hops) {
-    if (!n.peer_is_up(h.hop.server)) continue;
-    auto r = n.request(h.hop.server, "span", request_of(span_request::close, encode_close_body(h.session)),
-                       std::chrono::milliseconds(2000));
-    if (!r) spdlog::debug("swarm: closing parked session {} on {}: {}", h.session, h.hop.server, error_message(r.error()));
-  }
+  for (const auto& h : parked.hops) close_on(n, h.hop.server, h.session, false);
 }
 
 swarm_prefix swarm_session::prefix() const {
