@@ -14,6 +14,11 @@
 // The collectives themselves are left out (the same bytes in both). Sizes
 // are a bucket's parameters (default: a GPT-2-1.5B block, 30.7M); group is
 // the DP group's size (the shard is 1/group of the bucket).
+//
+// Then, per size, mixed precision's update of a block (--compute-copy):
+// AdamW writing the 16-bit compute copy in its own pass
+// (Backend::adamw_with_copy, what the single-process trainer runs) against
+// AdamW followed by the conversion (what it ran before).
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -35,6 +40,7 @@ struct update_options {
   std::string device = "auto";
   std::string sizes = "30720000";
   std::string groups = "1,2,4";
+  std::string compute_copy = "bf16";
   int rounds = 3;
   int threads = 0;
   bool json = false;
@@ -65,6 +71,8 @@ int run_update(const update_options& o) {
   const std::vector<long long> sizes = positive_list(o.sizes, "--sizes", "parameter counts");
   const std::vector<long long> groups = positive_list(o.groups, "--groups", "group sizes");
   if (sizes.empty() || groups.empty()) throw std::invalid_argument("bench update: --sizes and --groups must not be empty");
+  if (o.compute_copy != "bf16" && o.compute_copy != "f16" && o.compute_copy != "none")
+    throw std::invalid_argument("bench update: --compute-copy is bf16, f16 or none, not '" + o.compute_copy + "'");
   const device dev = parse_device(o.device);
   if (dev.kind == device_kind::cpu)
     throw std::invalid_argument("bench update compares a device's update with the host's: it needs --device cuda[:N] "
@@ -127,8 +135,39 @@ int run_update(const update_options& o) {
                     device_s * 1e3, host_s * 1e3, host_s / device_s);
     }
   }
-  const nlohmann::json j = {
-      {"bench", "update"}, {"device", be.name()}, {"threads", cpu_threads()}, {"results", results}};
+  nlohmann::json copies = nlohmann::json::array();
+  if (o.compute_copy != "none") {
+    const dtype t = o.compute_copy == "f16" ? dtype::f16 : dtype::bf16;
+    if (!o.json)
+      std::printf("\n%-12s %14s %14s %8s   (AdamW writing the %s compute copy vs AdamW, then the copy)\n",
+                  "parameters", "fused ms", "separate ms", "sep/fused", dtype_name(t));
+    for (const std::int64_t n : sizes) {
+      Tensor params = random_tensor_on(be, {n}, dtype::f32, 3), grads = random_tensor_on(be, {n}, dtype::f32, 4);
+      Tensor m = be.empty({n}), v = be.empty({n}), copy = be.empty({n}, t);
+      m.zero();
+      v.zero();
+      std::int64_t step = 0;
+      const double fused_s = best_seconds(be, o.rounds, 1, [&] {
+        be.adamw_with_copy(params, grads, m, v, w, ++step, copy);
+        be.synchronize();
+      });
+      const double separate_s = best_seconds(be, o.rounds, 1, [&] {
+        be.adamw(params, grads, m, v, w, ++step);
+        be.copy(params, copy);
+        be.synchronize();
+      });
+      copies.push_back({{"parameters", n},
+                        {"copy", dtype_name(t)},
+                        {"fused_ms", fused_s * 1e3},
+                        {"separate_ms", separate_s * 1e3},
+                        {"separate_over_fused", separate_s / fused_s}});
+      if (!o.json)
+        std::printf("%-12lld %14.3f %14.3f %7.2fx\n", static_cast<long long>(n), fused_s * 1e3, separate_s * 1e3,
+                    separate_s / fused_s);
+    }
+  }
+  const nlohmann::json j = {{"bench", "update"},     {"device", be.name()}, {"threads", cpu_threads()},
+                            {"results", results},    {"compute_copy", copies}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -143,6 +182,9 @@ void register_bench_update(CLI::App* bench, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--sizes", o.sizes, "Comma-separated bucket sizes in parameters")->capture_default_str();
   cmd->add_option("--groups", o.groups, "Comma-separated DP group sizes (the shard is 1/group)")->capture_default_str();
+  cmd->add_option("--compute-copy", o.compute_copy,
+                  "Also time AdamW writing a bf16 or f16 compute copy against AdamW then the copy (none: not)")
+      ->capture_default_str();
   cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads of the host AdamW (0 = all cores)")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");

@@ -285,7 +285,26 @@ class Backend {
       Tensor to = Tensor::wrap(storage::borrow(dst, bytes, nullptr, dev()), 0, src->shape(), cache_type);
       copy(*src, to);  // converts to the cache's type
     }
-  }  /// rope_store_kv for rows of different sequences (a server's decode
+  }
+  /// A decode step's q/k/v product and rope_store_kv in one pass: x [1, in]
+  /// f32, w [hq*head_dim + 2*hkv*head_dim, in] the q, k and v weights
+  /// stacked (block_tensors::qkv_w), bias [as many] f32 or null; q [1,
+  /// hq*head_dim] f32 receives the query (rotated by positions[0] with
+  /// `rotate`), k_out and v_out the cache rows as rope_store_kv writes them.
+  /// Returns false, having done nothing, where this backend has no fused
+  /// form for these operands (CUDA: a bf16 w, in % 8 == 0, 16-byte aligned
+  /// x and w, as decode's stacked weights are); the caller then runs linear
+  /// and rope_store_kv. When it returns true, q and the rows hold what those
+  /// two give (on CUDA, the same bits). Operands it takes but finds
+  /// malformed are a tensor_error. (Inline, as add_rmsnorm.)
+  virtual bool linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions,
+                                    int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, Tensor& q,
+                                    void* k_out, void* v_out, dtype cache_type) {
+    (void)x, (void)w, (void)bias, (void)positions, (void)hq, (void)hkv, (void)head_dim, (void)spec, (void)rotate,
+        (void)q, (void)k_out, (void)v_out, (void)cache_type;
+    return false;
+  }
+  /// rope_store_kv for rows of different sequences (a server's decode
   /// batch): row i's key (rotated with `rotate`) and value go to position
   /// start_pos[i] of caches[i] (whose length already counts it:
   /// kv_sequence::claim_row; every cache of one element type), hkv*head_dim
@@ -376,6 +395,23 @@ class Backend {
   /// model): m, v updated in place; step counts from 1 (bias correction).
   virtual void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                      const adamw_params& p, std::int64_t step) = 0;
+  /// adamw, then `compute_copy` (bf16 or f16, params' number of elements,
+  /// on this backend's device) = the updated parameters rounded once: the
+  /// 16-bit compute weights of mixed precision (stage::set_compute_dtype)
+  /// written in the update's own pass. This default runs adamw and copy; a
+  /// device backend fuses them (CUDA: one kernel, the same bits).
+  /// (Inline, as add_rmsnorm.)
+  virtual void adamw_with_copy(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const adamw_params& p,
+                               std::int64_t step, Tensor& compute_copy) {
+    if (compute_copy.type() != dtype::bf16 && compute_copy.type() != dtype::f16)
+      throw tensor_error(std::string("adamw_with_copy: the copy is bf16 or f16, not ") +
+                         dtype_name(compute_copy.type()));
+    if (compute_copy.numel() != params.numel())
+      throw tensor_error("adamw_with_copy: a copy of " + std::to_string(compute_copy.numel()) + " elements for " +
+                         std::to_string(params.numel()) + " parameters");
+    adamw(params, grads, m, v, p, step);
+    copy(params, compute_copy);
+  }
 
   // ---- wire compression ------------------------------------------------------------
   /// Blockwise absmax 8-bit: for each block of `block` values,

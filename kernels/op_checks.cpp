@@ -27,6 +27,25 @@ bool check_linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, li
   require_on(y, where, dtype::f32, {rows, out}, what);
   return true;
 }
+bool check_linear_rope_kv(const Tensor& x, const Tensor& w, const Tensor* bias, int hq, int hkv, int head_dim,
+                          const rope_spec& spec, bool rotate, const Tensor& q, const void* k_out, const void* v_out,
+                          device where) {
+  if (x.type() != dtype::f32 || w.type() != dtype::bf16 || x.rank() != 2 || w.rank() != 2) return false;
+  const std::int64_t in = x.dim(1);
+  if (x.dim(0) != 1 || in == 0 || in % 8 != 0) return false;
+  const char* what = "linear_rope_store_kv";
+  require_condition(hq > 0 && hkv > 0, what, "head counts must be positive");
+  require_condition(head_dim > 0 && head_dim % 2 == 0, what, "head_dim must be positive and even");
+  require_condition(!rotate || spec.valid(), what, "theta and the scaling factors must be positive");
+  const std::int64_t qw = std::int64_t{hq} * head_dim, kw = std::int64_t{hkv} * head_dim;
+  require_on(x, where, dtype::f32, {1, in}, "linear_rope_store_kv x");
+  require_on(w, where, dtype::bf16, {qw + 2 * kw, in}, "linear_rope_store_kv w");
+  if (bias) require_on(*bias, where, dtype::f32, {qw + 2 * kw}, "linear_rope_store_kv bias");
+  require_on(q, where, dtype::f32, {1, qw}, "linear_rope_store_kv q");
+  if (k_out == nullptr || v_out == nullptr) throw tensor_error("linear_rope_store_kv: no destination rows");
+  return true;
+}
+
 namespace {
 
 [[noreturn]] void throw_shape(const Tensor& t, std::initializer_list<std::int64_t> dims,

@@ -51,6 +51,18 @@ void refuse_inference_weight(const Tensor& w, dtype x_type, const char* what);
 bool check_linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
                         const Tensor* residual, const Tensor& y, device where);
 
+/// Backend::linear_rope_store_kv's operands on a backend whose fused form
+/// takes one f32 row with a bf16 stacked q/k/v weight (CUDA's GEMV; the
+/// emulated device mirrors it). Returns false when x is not one f32 row or
+/// w not a 2-D bf16 weight with in % 8 == 0 (the op is not taken); else
+/// checks the rest and returns true, or throws tensor_error: x [1, in], w
+/// [hq*head_dim + 2*hkv*head_dim, in], bias f32 [that] when given, q f32
+/// [1, hq*head_dim], all on `where`; positive head counts, an even
+/// head_dim, a valid spec when rotating, destination rows given.
+bool check_linear_rope_kv(const Tensor& x, const Tensor& w, const Tensor* bias, int hq, int hkv, int head_dim,
+                          const rope_spec& spec, bool rotate, const Tensor& q, const void* k_out, const void* v_out,
+                          device where);
+
 /// The dtype rule of the device products (gemm, linear, linear_backward):
 /// a and b share a dtype; the output c is f32 or that dtype (what cuBLASLt
 /// offers with f32 compute). Throws tensor_error naming the operands.

@@ -79,6 +79,18 @@ class profiling_backend final : public Backend {
     }
     return done;
   }
+  bool linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions, int hq,
+                            int hkv, int head_dim, const rope_spec& spec, bool rotate, Tensor& q, void* k_out,
+                            void* v_out, dtype cache_type) override {
+    const auto t0 = std::chrono::steady_clock::now();  // recorded only when fused, as linear_fused
+    const bool done = inner_.linear_rope_store_kv(x, w, bias, positions, hq, hkv, head_dim, spec, rotate, q, k_out,
+                                                  v_out, cache_type);
+    if (done && enabled_) {
+      inner_.synchronize();
+      record("linear + rope + kv store (fused)", t0);
+    }
+    return done;
+  }
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                        Tensor* db) override {
     timed("linear_backward", [&] { inner_.linear_backward(x, w, dy, dx, dw, db); });
@@ -183,6 +195,10 @@ class profiling_backend final : public Backend {
   void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const adamw_params& p,
              std::int64_t step) override {
     timed("adamw", [&] { inner_.adamw(params, grads, m, v, p, step); });
+  }
+  void adamw_with_copy(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const adamw_params& p,
+                       std::int64_t step, Tensor& compute_copy) override {
+    timed("adamw + 16-bit copy", [&] { inner_.adamw_with_copy(params, grads, m, v, p, step, compute_copy); });
   }
   void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) override {
     timed("quantize_int8", [&] { inner_.quantize_int8(x, block, q, scales); });

@@ -191,44 +191,6 @@ block_tensors inference_weights(Backend& be, const block_tensors& w, weight_form
 }
 
 namespace {
-/// The linear weights and biases of a block (the roles mixed precision
-/// converts; a bias of the output's dtype fuses into the product). Of a
-/// mixture-of-experts block, its experts' weights too (expert_linear_roles);
-/// the router and the shared expert's gate stay f32 (model/moe.hpp).
-constexpr Tensor block_tensors::*linear_roles[] = {
-    &block_tensors::q_w, &block_tensors::k_w,    &block_tensors::v_w,  &block_tensors::o_w,
-    &block_tensors::gate_w, &block_tensors::up_w, &block_tensors::down_w, &block_tensors::q_b,
-    &block_tensors::k_b, &block_tensors::v_b,    &block_tensors::o_b,  &block_tensors::up_b,
-    &block_tensors::down_b};
-constexpr Tensor expert_tensors::*expert_linear_roles[] = {&expert_tensors::gate_w, &expert_tensors::up_w,
-                                                           &expert_tensors::down_w};
-}  // namespace
-
-block_tensors compute_weights_like(Backend& be, const block_tensors& w, dtype t) {
-  if (t != dtype::bf16 && t != dtype::f16)
-    throw tensor_error(std::string("compute weights are bf16 or f16, not ") + dtype_name(t));
-  block_tensors out = w;
-  for (Tensor block_tensors::*role : linear_roles)
-    if ((w.*role).defined()) out.*role = be.empty((w.*role).shape(), t);
-  for (expert_tensors& e : out.experts)
-    for (Tensor expert_tensors::*role : expert_linear_roles)
-      if ((e.*role).defined()) e.*role = be.empty((e.*role).shape(), t);
-  out.qkv_w = out.qkv_b = out.gate_up_w = Tensor{};
-  return out;
-}
-
-void copy_linear_weights(Backend& be, const block_tensors& from, block_tensors& to) {
-  for (Tensor block_tensors::*role : linear_roles)
-    if ((from.*role).defined()) be.copy(from.*role, to.*role);
-  if (from.experts.size() != to.experts.size())
-    throw tensor_error("copy_linear_weights: " + std::to_string(from.experts.size()) + " experts into " +
-                       std::to_string(to.experts.size()));
-  for (std::size_t e = 0; e < from.experts.size(); ++e)
-    for (Tensor expert_tensors::*role : expert_linear_roles)
-      if ((from.experts[e].*role).defined()) be.copy(from.experts[e].*role, to.experts[e].*role);
-}
-
-namespace {
 
 /// Every tensor role of a block, for the passes that treat them alike.
 constexpr Tensor block_tensors::*all_roles[] = {

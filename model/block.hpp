@@ -154,6 +154,13 @@ block_tensors compute_weights_like(Backend& be, const block_tensors& w, dtype t)
 /// Copies (converting) the linear weights and biases of `from` into those
 /// of `to` (the same block's roles, e.g. master weights into compute copies).
 void copy_linear_weights(Backend& be, const block_tensors& from, block_tensors& to);
+/// compute_weights_like, but each linear weight and bias a view of `copy`
+/// (a flat bf16 or f16 tensor of p's size on p's device) at that role's
+/// place in p's flat buffer, so one conversion of p.flat() into copy (or
+/// Backend::adamw_with_copy) fills every compute weight at once. w's roles
+/// must be views of p.flat() (block_tensors::of(cfg, p)); throws
+/// tensor_error otherwise, or for another copy dtype or size.
+block_tensors compute_weights_in(const block_tensors& w, const param_set& p, const Tensor& copy);
 
 /// What block_forward keeps for block_backward. Buffers are reused when the
 /// same struct sees the same shapes again.

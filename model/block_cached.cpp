@@ -49,9 +49,14 @@ bool fused(Backend& be, weight_format f, const Tensor& x, const Tensor& w, const
 
 /// The cached forward of stacked rows, shared by one sequence and by a batch
 /// of sessions: everything row-wise runs once over all rows (in a batch, one
-/// weight read serves every session); `attend(q, k, v, attn)` applies RoPE
-/// (Llama), appends the new keys and values to the cache(s) and attends,
-/// per sequence.
+/// weight read serves every session); `attend(q, k, v, attn, stored)`
+/// applies RoPE (Llama), appends the new keys and values to the cache(s)
+/// and attends, per sequence. For one row with stacked weights (a decode
+/// step), no q/k norms and weights that are not quantised,
+/// `store_qkv(norm, q)` may first run the q/k/v product, RoPE and the
+/// cache append as one op (Backend::linear_rope_store_kv) and says whether
+/// it did: attend then finds q rotated and the cache row written
+/// (`stored`), and only attends.
 struct cached_forward {
   /// The workspace's views of q, k, v (gate, up) in the single-row outputs of
   /// the stacked products; made again only when those buffers are (so a
@@ -74,9 +79,10 @@ struct cached_forward {
     ws.views_of_ = qkv.raw();
   }
 
-  template <class Attend>
+  template <class StoreQkv, class Attend>
   static void run(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
-                  const Tensor& positions, block_decode_workspace& ws, Tensor& y, Attend&& attend) {
+                  const Tensor& positions, block_decode_workspace& ws, Tensor& y, StoreQkv&& store_qkv,
+                  Attend&& attend) {
     const std::int64_t R = x.dim(0);
     const bool llama = is_llama(cfg);
     // One row with stacked (inference) weights: one product per stack, and
@@ -95,9 +101,10 @@ struct cached_forward {
 
     // The statistics (mean, 1/std) are not needed later; they land in scratch.
     norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
+    bool stored = false;
     if (stacked) {
-      Tensor& qkv = ws.qkv_.rows(be, 1);
-      linear_as(be, w.format, norm, w.qkv_w, w.qkv_s, opt(w.qkv_b), qkv);
+      stored = !cfg.qk_norm && !is_quantized(w.format) && store_qkv(norm, q);
+      if (!stored) linear_as(be, w.format, norm, w.qkv_w, w.qkv_s, opt(w.qkv_b), ws.qkv_.rows(be, 1));
     } else {
       linear_as(be, w.format, norm, w.q_w, w.q_s, opt(w.q_b), q);
       linear_as(be, w.format, norm, w.k_w, w.k_s, opt(w.k_b), k);
@@ -109,9 +116,9 @@ struct cached_forward {
       Tensor& kn = ws.kn_.rows(be, R);
       head_rmsnorm(be, cfg, q, w.q_norm_w, qn, nullptr);
       head_rmsnorm(be, cfg, k, w.k_norm_w, kn, nullptr);
-      attend(qn, kn, v, attn);
+      attend(qn, kn, v, attn, false);
     } else {
-      attend(q, k, v, attn);  // RoPE (Llama), the cache append and attention
+      attend(q, k, v, attn, stored);  // RoPE (Llama), the cache append and attention
     }
     // A product and the op after it run as one where the backend fuses
     // them (Backend::linear_fused: CUDA's bf16-weight GEMV), else as two.
@@ -159,8 +166,16 @@ void block_forward_cached(Backend& be, const model_config& cfg, const block_tens
                           std::int64_t start_pos, block_decode_workspace& ws, Tensor& y) {
   // One sequence: whole buffers, no slices (the decode hot path allocates nothing).
   const bool llama = is_llama(cfg);
-  cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
-    if (q.dim(0) == 1) {
+  const auto store_qkv = [&](const Tensor& norm, Tensor& q) {
+    auto [k_row, v_row] = kv.claim_row(layer, start_pos);
+    return be.linear_rope_store_kv(norm, w.qkv_w, opt(w.qkv_b), positions, cfg.n_heads, cfg.n_kv_heads,
+                                   cfg.head_dim, cfg.rope, llama, q, k_row, v_row, kv.pool().type());
+  };
+  cached_forward::run(be, cfg, w, x, positions, ws, y, store_qkv,
+                      [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn, bool stored) {
+    if (stored) {
+      // q rotated and the cache row written by the product's epilogue.
+    } else if (q.dim(0) == 1) {
       // A decode step: RoPE and the cache append in one op, into the cache row.
       auto [k_row, v_row] = kv.claim_row(layer, start_pos);
       be.rope_store_kv(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope, llama,
@@ -180,8 +195,22 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
                                 std::span<const cached_rows> seqs, int layer,
                                 block_decode_workspace& ws, Tensor& y) {
   const std::int64_t R = x.dim(0);
-  cached_forward::run(be, cfg, w, x, positions, ws, y, [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn) {
+  // One session's one row (a batch of one): the product's epilogue may
+  // store it, as block_forward_cached's decode step.
+  const auto store_qkv = [&](const Tensor& norm, Tensor& q) {
+    if (seqs.size() != 1 || seqs[0].rows != 1) return false;
+    auto [k_row, v_row] = seqs[0].kv->claim_row(layer, seqs[0].start_pos);
+    return be.linear_rope_store_kv(norm, w.qkv_w, opt(w.qkv_b), positions, cfg.n_heads, cfg.n_kv_heads,
+                                   cfg.head_dim, cfg.rope, is_llama(cfg), q, k_row, v_row,
+                                   seqs[0].kv->pool().type());
+  };
+  cached_forward::run(be, cfg, w, x, positions, ws, y, store_qkv,
+                      [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn, bool stored) {
     const attention_shape shape = block_attention_shape(cfg);
+    if (stored) {
+      be.attention_cached(q, seqs[0].kv->view(layer), seqs[0].start_pos, shape, attn);
+      return;
+    }
     std::int64_t rows = 0;
     bool one_row_each = true;
     for (const cached_rows& s : seqs) {

@@ -93,9 +93,30 @@ double adamw_optimizer::update(float loss_scale, bool check) {
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     param_group& grp = groups_[g];
     if (grp.params->size() == 0) continue;
-    be_->adamw(grp.params->flat(), grp.grads->flat(), m_[g].flat(), v_[g].flat(), w, steps_);
+    if (g < copies_.size() && copies_[g].defined())
+      be_->adamw_with_copy(grp.params->flat(), grp.grads->flat(), m_[g].flat(), v_[g].flat(), w, steps_, copies_[g]);
+    else
+      be_->adamw(grp.params->flat(), grp.grads->flat(), m_[g].flat(), v_[g].flat(), w, steps_);
   }
   return norm;
+}
+
+void adamw_optimizer::set_compute_copies(std::vector<Tensor> copies) {
+  if (!copies.empty() && copies.size() != groups_.size())
+    throw std::invalid_argument("adamw_optimizer: " + std::to_string(copies.size()) + " compute copies for " +
+                                std::to_string(groups_.size()) + " groups");
+  for (std::size_t g = 0; g < copies.size(); ++g)
+    if (copies[g].defined() && copies[g].numel() != groups_[g].params->size())
+      throw std::invalid_argument("adamw_optimizer: a compute copy of " + std::to_string(copies[g].numel()) +
+                                  " elements for group " + std::to_string(g) + " of " +
+                                  std::to_string(groups_[g].params->size()));
+  copies_ = std::move(copies);
+}
+
+bool adamw_optimizer::writes_compute_copies() const {
+  for (const Tensor& c : copies_)
+    if (c.defined()) return true;
+  return false;
 }
 
 void adamw_optimizer::set_steps(std::int64_t steps) {

@@ -118,11 +118,22 @@ class adamw_optimizer {
   /// Total elements over every group's flat buffer (layout padding included).
   std::int64_t size() const;
 
+  /// 16-bit copies of the groups' parameters (transformer::compute_copies:
+  /// one per group, in order; an undefined tensor for a group without)
+  /// that each update writes in its own pass (Backend::adamw_with_copy),
+  /// the updated parameters rounded once. Empty (the default): none.
+  /// Throws std::invalid_argument for another count, or a copy whose size
+  /// differs from its group's.
+  void set_compute_copies(std::vector<Tensor> copies);
+  /// Whether an update writes any compute copy (set_compute_copies).
+  bool writes_compute_copies() const;
+
  private:
   /// step() (check = false, loss_scale 1) and step_unscaling (check = true).
   double update(float loss_scale, bool check);
 
   std::vector<param_group> groups_;
+  std::vector<Tensor> copies_;  ///< set_compute_copies': per group, or empty
   std::vector<param_set> m_;
   std::vector<param_set> v_;
   optimizer_settings settings_;

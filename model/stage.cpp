@@ -164,7 +164,10 @@ std::vector<param_set>& stage::grads() {
 
 void stage::zero_grads() {
   for (auto& g : grads_) g.flat().zero();
-  params_changed();
+  // A step's updates come before the next step's zero_grads: the copies
+  // are converted again, unless the update itself wrote them.
+  if (!copies_written_) compute_stale_ = true;
+  copies_written_ = false;
 }
 
 void stage::set_compute_dtype(dtype t) {
@@ -175,16 +178,22 @@ void stage::set_compute_dtype(dtype t) {
     throw tensor_error(std::string("stage: the cpu backend computes in f32; a ") + dtype_name(t) +
                        " compute dtype needs a device backend");
   compute_weights_.clear();
+  compute_copies_.clear();
   if (t != dtype::f32)
-    for (const auto& w : weights_) compute_weights_.push_back(compute_weights_like(*be_, w, t));
+    for (std::size_t b = 0; b < weights_.size(); ++b) {
+      // One flat copy of the block's parameter buffer; the compute weights
+      // are views of it (the norms' places in it go unused).
+      compute_copies_.push_back(be_->empty({params_[b].size()}, t));
+      compute_weights_.push_back(compute_weights_in(weights_[b], params_[b], compute_copies_.back()));
+    }
   compute_dtype_ = t;
-  compute_stale_ = true;
+  params_changed();
 }
 
 const block_tensors& stage::train_weights(int i) {
   if (compute_weights_.empty()) return weights_[static_cast<std::size_t>(i)];
   if (compute_stale_) {
-    for (std::size_t b = 0; b < weights_.size(); ++b) copy_linear_weights(*be_, weights_[b], compute_weights_[b]);
+    for (std::size_t b = 0; b < weights_.size(); ++b) be_->copy(params_[b].flat(), compute_copies_[b]);
     compute_stale_ = false;
   }
   return compute_weights_[static_cast<std::size_t>(i)];

@@ -127,8 +127,9 @@ class stage {
   /// Whether grads() has been allocated.
   bool has_grads() const { return !grads_.empty(); }
   /// Sets every gradient to zero (nothing when none are allocated). Also
-  /// params_changed(): a step's parameter updates come before the next
-  /// step's zero_grads.
+  /// params_changed() (a step's parameter updates come before the next
+  /// step's zero_grads), unless compute_copies_written() was said since
+  /// the last params_changed().
   void zero_grads();
 
   /// The dtype the training forward and backward compute in: f32 (the
@@ -139,14 +140,31 @@ class stage {
   /// products accumulate in f32), norms, norm statistics and the optimiser
   /// stay f32. forward/backward still take and give f32 hidden states (they are
   /// converted at the stage's ends), so heads, pipelines and the wire are
-  /// unchanged. The copies add 2 bytes per linear parameter. Throws
+  /// unchanged. The copies are views of one flat 16-bit copy of each
+  /// block's parameter buffer (compute_copies(); 2 bytes per parameter),
+  /// converted in one op per block when stale. Throws
   /// tensor_error for another dtype, or a 16-bit one on the cpu backend
   /// (which computes in f32).
   void set_compute_dtype(dtype t);
   dtype compute_dtype() const { return compute_dtype_; }
   /// Says that params() were written (an optimiser step, a restore): with a
   /// 16-bit compute dtype the next forward converts them again.
-  void params_changed() { compute_stale_ = true; }
+  void params_changed() {
+    compute_stale_ = true;
+    copies_written_ = false;
+  }
+  /// With a 16-bit compute dtype, block i's flat 16-bit copy of params()[i]
+  /// at index i, which the compute weights view; empty at f32. An
+  /// optimiser that writes them with the parameters
+  /// (Backend::adamw_with_copy) says so with compute_copies_written().
+  const std::vector<Tensor>& compute_copies() const { return compute_copies_; }
+  /// Says that params() were written and compute_copies() hold them rounded
+  /// (a fused optimiser step): nothing to convert before the next forward,
+  /// nor at the next zero_grads.
+  void compute_copies_written() {
+    compute_stale_ = false;
+    copies_written_ = true;
+  }
 
   // ---- training ------------------------------------------------------------------
   /// Forward of `batch` sequences of `seq` tokens at positions 0..seq-1
@@ -242,9 +260,11 @@ class stage {
   block_tensors widened_;          ///< frozen_weights' scratch on an inference-only stage
   expert_tensors widened_expert_;  ///< its experts' scratch (block_tensors::expert_scratch)
   weight_format inference_format_ = weight_format::f32;
-  std::vector<block_tensors> compute_weights_;  ///< 16-bit linear weights for training, or empty (use weights_)
+  std::vector<block_tensors> compute_weights_;  ///< 16-bit linear weights for training (views of compute_copies_), or empty (use weights_)
+  std::vector<Tensor> compute_copies_;          ///< per block: the flat 16-bit copy of params_[b], or empty
   dtype compute_dtype_ = dtype::f32;
-  bool compute_stale_ = true;  ///< compute_weights_ predate a params() write
+  bool compute_stale_ = true;    ///< compute_weights_ predate a params() write
+  bool copies_written_ = false;  ///< compute_copies_written() since the last params_changed() or zero_grads()
 
   // Training scratch, reused across steps.
   Tensor positions_;          ///< i32 [B*T] on the host: t for row b*T+t

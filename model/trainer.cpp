@@ -73,6 +73,10 @@ step_report trainer::step() {
   optimizer_.set_lr(scheduled_lr(options_.optimizer.adamw.lr, options_.optimizer.schedule, steps_done() + 1,
                                  std::max(options_.steps, steps_done() + 1)));
   data_->next_batch(B, T, ids_, targets_);
+  // With a 16-bit compute dtype, AdamW writes the blocks' compute weights
+  // in its own pass (asked each step: the dtype may be set after this
+  // trainer was made).
+  optimizer_.set_compute_copies(model_->compute_copies());
   step_report r;
   r.loss_scale = scaler_.scale();
   r.loss = model_->forward_backward(ids_, targets_, B, T, r.loss_scale);
@@ -83,7 +87,12 @@ step_report trainer::step() {
   } else {
     r.grad_norm = optimizer_.step();
   }
-  if (!r.skipped) model_->params_changed();
+  if (!r.skipped) {
+    if (optimizer_.writes_compute_copies())
+      model_->compute_copies_written();
+    else
+      model_->params_changed();
+  }
   model_->backend().synchronize();
   ++steps_done_;
   r.step = steps_done();

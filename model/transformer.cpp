@@ -226,6 +226,18 @@ void transformer::set_compute_dtype(dtype t) { impl_->block_span.set_compute_dty
 dtype transformer::compute_dtype() const { return impl_->block_span.compute_dtype(); }
 void transformer::params_changed() { impl_->block_span.params_changed(); }
 
+std::vector<Tensor> transformer::compute_copies() const {
+  std::vector<Tensor> out(1);  // the head computes in f32
+  const std::vector<Tensor>& blocks = impl_->block_span.compute_copies();
+  if (blocks.empty())
+    out.resize(1 + impl_->block_span.params().size());
+  else
+    out.insert(out.end(), blocks.begin(), blocks.end());
+  return out;
+}
+
+void transformer::compute_copies_written() { impl_->block_span.compute_copies_written(); }
+
 // ---- compute ----------------------------------------------------------------------
 
 float transformer::forward_backward(std::span<const std::int32_t> ids,

@@ -112,6 +112,15 @@ class transformer {
   /// Says the parameters were written (an optimiser step): 16-bit compute
   /// copies are converted again at the next forward.
   void params_changed();
+  /// Per group of groups(), in order: the flat 16-bit copy of its
+  /// parameters that the blocks' compute weights view
+  /// (stage::compute_copies), or an undefined tensor (the head; every group
+  /// at f32). An optimiser may write them in its update
+  /// (adamw_optimizer::set_compute_copies), then compute_copies_written().
+  std::vector<Tensor> compute_copies() const;
+  /// Says the parameters were written and the compute copies with them:
+  /// nothing is converted before the next forward.
+  void compute_copies_written();
 
   /// Forward and backward over a batch: ids and targets are B*T tokens
   /// (row = b*T + t). Returns the mean cross-entropy over the B*T positions;

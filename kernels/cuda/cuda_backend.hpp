@@ -92,6 +92,12 @@ class cuda_backend final : public Backend {
   /// 1 to 16 rows and a bf16 w; false for anything else.
   bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,
                     Tensor& y) override;
+  /// The q/k/v GEMV with RoPE and the cache append as its epilogue
+  /// (linear_bf16_rope_kv) for one f32 row, a bf16 stacked weight, in % 8
+  /// == 0 and 16-byte aligned x and w; false for anything else.
+  bool linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions, int hq,
+                            int hkv, int head_dim, const rope_spec& spec, bool rotate, Tensor& q, void* k_out,
+                            void* v_out, dtype cache_type) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                        Tensor& dw, Tensor* db) override;
 
@@ -150,6 +156,9 @@ class cuda_backend final : public Backend {
 
   void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const adamw_params& p,
              std::int64_t step) override;
+  /// One kernel: the update and the rounded copy (adamw_copy_kernel).
+  void adamw_with_copy(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const adamw_params& p,
+                       std::int64_t step, Tensor& compute_copy) override;
 
   void quantize_int8(const Tensor& x, int block, Tensor& q, Tensor& scales) override;
   void dequantize_int8(const Tensor& q, const Tensor& scales, int block, Tensor& x) override;

@@ -36,6 +36,7 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/convert.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/device.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/linear_bf16.hpp"
 #include "kernels/cuda/linear_q8.hpp"
@@ -314,6 +315,24 @@ bool cuda_backend::linear_fused(const Tensor& x, const Tensor& w, const Tensor* 
                                                               : gemv_epilogue::swiglu;
   linear_bf16_weight(stream_, x.data<float>(), rows, in, w.raw(), out, bias ? bias->data<float>() : nullptr,
                      y.data<float>(), epilogue, residual ? residual->data<float>() : nullptr);
+  return true;
+}
+
+bool cuda_backend::linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions,
+                                        int hq, int hkv, int head_dim, const rope_spec& spec, bool rotate, Tensor& q,
+                                        void* k_out, void* v_out, dtype cache_type) {
+  // Decode's one row with the stacked bf16 weight, on the 16-byte path;
+  // COROLLA_CUDA_QKV_EPILOGUE=0 leaves every step to the two ops (for
+  // measuring the fusion, or ruling it out).
+  static const bool enabled = env_switch("COROLLA_CUDA_QKV_EPILOGUE", true);
+  if (!enabled) return false;
+  if (!check_linear_rope_kv(x, w, bias, hq, hkv, head_dim, spec, rotate, q, k_out, v_out, dev())) return false;
+  if (alignment_of(x.raw()) < 16 || alignment_of(w.raw()) < 16) return false;
+  const cuda::elem cache = elem_of(cache_type, "linear_rope_store_kv cache rows");
+  device_guard guard(index_);
+  const std::int32_t* pos = rotate ? rope_positions(positions, 1, "linear_rope_store_kv") : nullptr;
+  linear_bf16_rope_kv(stream_, x.data<float>(), x.dim(1), w.raw(), bias ? bias->data<float>() : nullptr,
+                      q.data<float>(), pos, hq, hkv, head_dim, spec, rotate, cache, k_out, v_out);
   return true;
 }
 

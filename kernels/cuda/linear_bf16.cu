@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/linear_bf16.hpp"
 #include "kernels/cuda/linear_bf16_kernels.cuh"
@@ -275,6 +276,22 @@ void set_gemv_variant(int index) {
 std::vector<gemv_choice> gemv_choices() {
   std::lock_guard lock(choices_mu);
   return seen;
+}
+
+void linear_bf16_rope_kv(stream_t s, const float* x, std::int64_t in, const void* w, const float* bias, float* q,
+                         const std::int32_t* positions, int hq, int hkv, int head_dim, const rope_spec& spec,
+                         bool rotate, elem cache, void* k_out, void* v_out) {
+  const std::int64_t pairs = (std::int64_t{hq} + 2 * std::int64_t{hkv}) * (head_dim / 2);
+  if (pairs <= 0 || in <= 0) return;
+  const unsigned blocks = static_cast<unsigned>((pairs + rope_kv_warps - 1) / rope_kv_warps);
+  dispatch_elem(cache, [&](auto tag) {
+    using KT = decltype(tag);
+    const rope_kv_rows<KT> d{q,       positions, hq, hkv, head_dim, spec, rotate, static_cast<KT*>(k_out),
+                             static_cast<KT*>(v_out)};
+    launch_dependent("linear_bf16_rope_kv_kernel", &linear_bf16_rope_kv_kernel<rope_kv_unroll, rope_kv_warps, KT>,
+                     dim3(blocks), dim3(32 * rope_kv_warps), 0, s, x, in, static_cast<const std::uint16_t*>(w), bias,
+                     d);
+  });
 }
 
 void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int64_t in, const void* w,

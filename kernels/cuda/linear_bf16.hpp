@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cuda/stream.hpp"
+#include "kernels/rope_spec.hpp"
 
 namespace corolla::cuda {
 
@@ -42,6 +43,18 @@ enum class gemv_epilogue {
 void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int64_t in, const void* w,
                         std::int64_t out, const float* bias, float* y, gemv_epilogue e = gemv_epilogue::bias,
                         const float* residual = nullptr);
+
+/// Backend::linear_rope_store_kv on device pointers: x [1, in] f32, w bf16
+/// [hq*head_dim + 2*hkv*head_dim, in] (q, k, v rows stacked), bias f32 of
+/// as many outputs or null; q [hq*head_dim] f32 rotated by positions[0]
+/// (device, i32) when `rotate`, the key (rotated likewise) and the value
+/// into cache rows k_out and v_out of element type `cache`. One launch
+/// (linear_bf16_rope_kv_kernel), the bits of linear_bf16_weight followed by
+/// rope_store_kv. Needs in % 8 == 0 and 16-byte aligned x and w (the
+/// caller checks); head_dim even.
+void linear_bf16_rope_kv(stream_t s, const float* x, std::int64_t in, const void* w, const float* bias, float* q,
+                         const std::int32_t* positions, int hq, int hkv, int head_dim, const rope_spec& spec,
+                         bool rotate, elem cache, void* k_out, void* v_out);
 
 /// The 16-byte GEMV's launch variants, "r<rows per pass>.u<loads in flight
 /// per lane>.w<warps per block>" (the register kernel), "p<loads in

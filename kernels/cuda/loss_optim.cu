@@ -26,4 +26,15 @@ void adamw(stream_t s, float* params, const float* grads, float* m, float* v,
   COROLLA_CUDA_LAUNCH_CHECK("adamw_kernel");
 }
 
+void adamw_with_copy(stream_t s, float* params, const float* grads, float* m, float* v, elem copy_type, void* copy,
+                     const adamw_step_scalars& k, std::int64_t n) {
+  if (n <= 0) return;
+  dispatch_elem(copy_type, [&](auto tag) {
+    using CT = decltype(tag);
+    adamw_copy_kernel<CT><<<grid_for(n), elementwise_threads, 0, s>>>(params, grads, m, v, static_cast<CT*>(copy), k,
+                                                                      n);
+    COROLLA_CUDA_LAUNCH_CHECK("adamw_copy_kernel");
+  });
+}
+
 }  // namespace corolla::cuda

@@ -22,5 +22,9 @@ void cross_entropy(stream_t s, elem t, const void* logits, const std::int32_t* t
 /// the CPU backend does).
 void adamw(stream_t s, float* params, const float* grads, float* m, float* v,
            const adamw_step_scalars& k, std::int64_t n);
+/// adamw, also writing each updated parameter into `copy` (element type
+/// `copy_type`: bf16 or f16), rounded once: one pass.
+void adamw_with_copy(stream_t s, float* params, const float* grads, float* m, float* v, elem copy_type, void* copy,
+                     const adamw_step_scalars& k, std::int64_t n);
 
 }  // namespace corolla::cuda

@@ -50,18 +50,38 @@ __global__ void cross_entropy_kernel(const T* logits, const std::int32_t* target
   }
 }
 
+/// Element i of an AdamW step: m[i], v[i] and params[i] updated; returns
+/// the new params[i].
+__device__ __forceinline__ float adamw_element(std::int64_t i, float* params, const float* grads, float* m, float* v,
+                                               const adamw_step_scalars& k) {
+  const float g = grads[i] * k.grad_scale;
+  const float mi = k.beta1 * m[i] + k.one_minus_b1 * g;
+  const float vi = k.beta2 * v[i] + k.one_minus_b2 * g * g;
+  const float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;
+  const float p = params[i] * k.decay - k.step_size * (mi / denom);
+  params[i] = p;
+  m[i] = mi;
+  v[i] = vi;
+  return p;
+}
+
 __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v,
                              adamw_step_scalars k, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const float g = grads[i] * k.grad_scale;
-    const float mi = k.beta1 * m[i] + k.one_minus_b1 * g;
-    const float vi = k.beta2 * v[i] + k.one_minus_b2 * g * g;
-    const float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;
-    params[i] = params[i] * k.decay - k.step_size * (mi / denom);
-    m[i] = mi;
-    v[i] = vi;
-  }
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    adamw_element(i, params, grads, m, v, k);
+}
+
+/// adamw_kernel that also writes each updated parameter, rounded once, into
+/// copy (CT: bf16 or f16; the 16-bit compute weights of mixed precision),
+/// as the conversion kernel would (store_f32): the same bits as the update
+/// followed by a copy, in one pass.
+template <class CT>
+__global__ void adamw_copy_kernel(float* params, const float* grads, float* m, float* v, CT* copy,
+                                  adamw_step_scalars k, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    store_f32(copy, i, adamw_element(i, params, grads, m, v, k));
 }
 
 }  // namespace

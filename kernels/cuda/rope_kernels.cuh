@@ -23,6 +23,41 @@ __device__ __forceinline__ void rope_angle(std::int32_t pos, int i, int head_dim
   sn = static_cast<float>(scale * sin(angle));
 }
 
+/// The pair (a, b) rotated by (c, sn): every RoPE kernel's one expression,
+/// each product and sum rounded on its own (no contraction left to the
+/// compiler), so the fused GEMV epilogue (linear_bf16_rope_kv_kernel) and
+/// rope_store_kv_kernel give the same bits.
+__device__ __forceinline__ void rope_rotate(float a, float b, float c, float sn, float& x1, float& x2) {
+  x1 = __fadd_rn(__fmul_rn(a, c), -__fmul_rn(b, sn));
+  x2 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn));
+}
+
+/// Where pair i (elements i and i + head_dim/2) of head-row rh (row *
+/// heads + head) goes, given its values (a, b): rotated by its row's
+/// position when `rotate`; a q pair into q, a k pair into its row's cache
+/// row k_at(row) (type KT: f32, or bf16/f16 rounded once on store).
+template <class KT, class KAt>
+__device__ __forceinline__ void rope_store_pair(bool is_q, std::int64_t rh, int i, float a, float b, float* q,
+                                                const std::int32_t* positions, int hq, int hkv, int head_dim,
+                                                const rope_spec& spec, bool rotate, KAt k_at) {
+  const int half = head_dim / 2;
+  float x1 = a, x2 = b;
+  if (rotate) {
+    float c, sn;
+    rope_angle(positions[rh / (is_q ? hq : hkv)], i, head_dim, spec, c, sn);
+    rope_rotate(a, b, c, sn, x1, x2);
+  }
+  if (is_q) {
+    q[rh * head_dim + i] = x1;
+    q[rh * head_dim + i + half] = x2;
+  } else {
+    KT* row = k_at(rh / hkv);
+    const std::int64_t at = (rh % hkv) * head_dim + i;
+    store_f32(row, at, x1);
+    store_f32(row, at + half, x2);
+  }
+}
+
 /// One thread per (row, head, i < head_dim/2); x stored as T, rotated in f32.
 template <class T>
 __global__ void rope_kernel(T* x, const std::int32_t* positions, std::int64_t n, int heads,
@@ -39,9 +74,10 @@ __global__ void rope_kernel(T* x, const std::int32_t* positions, std::int64_t n,
     sn *= sign;
     T* x1 = x + rh * head_dim;  // row * (heads * head_dim) + head * head_dim
     T* x2 = x1 + half;
-    const float a = load_f32(x1, i), b = load_f32(x2, i);
-    store_f32(x1, i, a * c - b * sn);
-    store_f32(x2, i, b * c + a * sn);
+    float r1, r2;
+    rope_rotate(load_f32(x1, i), load_f32(x2, i), c, sn, r1, r2);
+    store_f32(x1, i, r1);
+    store_f32(x2, i, r2);
   }
 }
 
@@ -63,27 +99,10 @@ __device__ __forceinline__ void rope_store_item(std::int64_t t, float* q, const 
   }
   const bool is_q = t < q_items;
   const std::int64_t item = is_q ? t : t - q_items;
-  const int heads = is_q ? hq : hkv;
   const int i = static_cast<int>(item % half);
   const std::int64_t rh = item / half;  // row * heads + head
   const float* src = (is_q ? q : k) + rh * head_dim;
-  const float a = src[i], b = src[i + half];
-  float x1 = a, x2 = b;
-  if (rotate) {
-    float c, sn;
-    rope_angle(positions[rh / heads], i, head_dim, spec, c, sn);
-    x1 = a * c - b * sn;
-    x2 = b * c + a * sn;
-  }
-  if (is_q) {
-    q[rh * head_dim + i] = x1;
-    q[rh * head_dim + i + half] = x2;
-  } else {
-    KT* row = k_at(rh / hkv);
-    const std::int64_t at = (rh % hkv) * head_dim + i;
-    store_f32(row, at, x1);
-    store_f32(row, at + half, x2);
-  }
+  rope_store_pair<KT>(is_q, rh, i, src[i], src[i + half], q, positions, hq, hkv, head_dim, spec, rotate, k_at);
 }
 
 /// One thread per q pair, k pair and v element (rope_store_item) of n rows

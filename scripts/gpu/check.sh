@@ -19,12 +19,14 @@
 # JSON line of each benchmark); what `corolla info` says is printed. A run cut off still leaves what it finished.
 # profile: about 2 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
-# batch 8 unprofiled), Nsight Compute's counters over the decode
+# batch 8 unprofiled), AdamW with its bf16 copy against the two ops
+# (`bench update`), Nsight Compute's counters over the decode
 # GEMVs, and PyTorch's figures on the same GPU (torch_reference.py).
 # gemv: about 2 minutes: the GEMV tests, then 7B bf16 decode four ways:
 # the tuner over its own variants or over all (COROLLA_GEMV=all), each with
 # the driver's shared-memory carve-out or a common 50 % one
-# (COROLLA_CUDA_CARVEOUT=50).
+# (COROLLA_CUDA_CARVEOUT=50); then once with the q/k/v product's RoPE and
+# cache-append epilogue off (COROLLA_CUDA_QKV_EPILOGUE=0), against the first.
 # serve: about 6 minutes, the second call after lean (issue 25's serving
 # target): a swarm server holding all of 7B in bf16 on the GPU
 # (`corolla bench serve`): 1, 4 and 16 concurrent sessions through the
@@ -121,13 +123,16 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     exit 0
   fi
   if [ "$mode" = gemv ]; then
-    step cuda_decode_launch 60 test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
+    step cuda_decode_launch 60 test_kernels \
+      -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*'
     for run in default:auto:- all:all:- all_c50:all:50 c50:auto:50; do
       IFS=: read -r name gemv carveout <<< "$run"
       extra=(); [ "$carveout" != - ] && extra=(COROLLA_CUDA_CARVEOUT="$carveout")
       step "decode_$name" 90 env COROLLA_GEMV="$gemv" "${extra[@]}" corolla bench decode --preset llama7b \
         --weights bf16 --repeats 2
     done
+    step decode_no_qkv_epilogue 90 env COROLLA_CUDA_QKV_EPILOGUE=0 corolla bench decode --preset llama7b \
+      --weights bf16 --repeats 2
     echo "[+$(($(date +%s) - start))s] gemv done: $out/summary.json"
     exit 0
   fi
@@ -137,6 +142,8 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
       --compute bf16 --profile
     step train_b8 90 corolla bench train --preset gpt2-1.5b --batch 8 --seq 1024 --steps 2 --matmul bf16 \
       --compute bf16
+    # AdamW writing the bf16 compute copy against AdamW, then the copy (a GPT-2-1.5B block).
+    step bench_update 30 corolla bench update --groups 1 --compute-copy bf16
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
     # The decode GEMVs after the tuner's launches: one of each shape of a layer.
     [ -n "$ncu" ] && step ncu_gemv 120 "$ncu" --clock-control none -k regex:linear_bf16 --launch-skip 3000 \
@@ -152,8 +159,9 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
   # fused GEMV epilogues and the tuner, device AdamW, the one-rank NCCL case,
   # the int8 and nf4 GEMVs and their prefill GEMMs.
   step cuda_kernels 180 env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*' \
-    -tce='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
-  step cuda_decode_launch 60 test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
+    -tce='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*'
+  step cuda_decode_launch 60 test_kernels \
+    -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*'
   step cuda_model 120 test_model -tc='cuda*'
   # 2. The targets, each against its bound measured in the same run, and
   # the training attention's two kernel families (the register kernels,

@@ -22,6 +22,8 @@ TEST_CASE("bench update refuses the cpu and bad sizes or groups with one clear e
   check_one_error(run_corolla({"bench", "update", "--device", "cpu", "--groups", "2,x"}),
                   "--groups takes positive group sizes, got 'x'");
   check_one_error(run_corolla({"bench", "update", "--device", "cpu", "--rounds", "0"}), "need --rounds >= 1");
+  check_one_error(run_corolla({"bench", "update", "--compute-copy", "f32"}),
+                  "--compute-copy is bf16, f16 or none, not 'f32'");
 }
 
 TEST_CASE("bench update on a GPU times the device and host updates per bucket and group") {
@@ -42,4 +44,7 @@ TEST_CASE("bench update on a GPU times the device and host updates per bucket an
     CHECK(row["host_ms"].get<double>() > 0);
     CHECK(row["host_over_device"].get<double>() > 0);
   }
+  REQUIRE(j["compute_copy"].size() == 1);
+  CHECK(j["compute_copy"][0]["copy"] == "bf16");
+  CHECK(j["compute_copy"][0]["separate_over_fused"].get<double>() > 0);
 }

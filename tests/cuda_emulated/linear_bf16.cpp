@@ -13,7 +13,10 @@
 // x or the residual, which the kernel before it writes, before
 // await_producers(), and each fused epilogue (residual add, GELU, SwiGLU of
 // a stacked gate/up weight) must equal the plain GEMV followed by the
-// elementwise kernels' own expression, bit for bit.
+// elementwise kernels' own expression, bit for bit; so must the q/k/v
+// product with RoPE and the cache append as its epilogue
+// (linear_bf16_rope_kv_kernel) equal the plain GEMV followed by
+// rope_store_kv_kernel, in every cache type, with and without rotation.
 // tests/kernels/linear_bf16.cpp and cuda_ops.cpp check it on a GPU.
 #include <doctest/doctest.h>
 
@@ -152,5 +155,99 @@ TEST_CASE("emulated bf16-weight GEMV epilogues equal linear then add, gelu or sw
     cpu_backend().gelu(lin, g);
     kernel_test::check_close(std::vector<double>(gelued.begin(), gelued.end()), kernel_test::to_double(g), 1e-5,
                              1e-5, "fused gelu against the cpu");
+  }
+}
+
+namespace {
+
+/// The GEMV then rope_store_kv_kernel (the unfused decode step), and the
+/// fused kernel, with cache rows of type KT; x is the previous kernel's
+/// output. Returns {q, k row, v row} of each as bytes.
+template <class KT>
+std::pair<std::vector<std::vector<unsigned char>>, std::vector<std::vector<unsigned char>>> rope_kv_both(
+    const Tensor& x, std::int64_t in, const Tensor& w, const float* bias, int hq, int hkv, int dh,
+    const std::int32_t* position, const rope_spec& spec, bool rotate) {
+  const std::int64_t qw = std::int64_t{hq} * dh, kw = std::int64_t{hkv} * dh, rows_w = qw + 2 * kw;
+  auto bytes = [](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    return std::vector<unsigned char>(b, b + n);
+  };
+  const std::size_t row_bytes = static_cast<std::size_t>(kw) * sizeof(KT);
+  // Unfused: the plain GEMV into the stacked row, then the store kernel.
+  std::vector<float> qkv = run_gemv(cuda::gemv_kernel_for<cuda::gemv_epilogue::bias>(0), cuda::gemv_variants[0].warps,
+                                    0, x, 1, in, w, rows_w, bias);
+  std::vector<KT> k_row(static_cast<std::size_t>(kw)), v_row(static_cast<std::size_t>(kw));
+  emulated::produced = {{qkv.data(), qkv.size() * sizeof(float)}};
+  emulated::launch(&cuda::rope_store_kv_kernel<KT>, {3, 1, 64, 0}, qkv.data(), qkv.data() + qw, qkv.data() + qw + kw,
+                   position, std::int64_t{1}, hq, hkv, dh, spec, rotate, k_row.data(), v_row.data());
+  emulated::produced.clear();
+  std::vector<std::vector<unsigned char>> unfused = {bytes(qkv.data(), static_cast<std::size_t>(qw) * sizeof(float)),
+                                                     bytes(k_row.data(), row_bytes), bytes(v_row.data(), row_bytes)};
+  // Fused: one launch, as linear_bf16_rope_kv launches it.
+  std::vector<float> q(static_cast<std::size_t>(qw), NAN);
+  std::vector<KT> k_fused(static_cast<std::size_t>(kw)), v_fused(static_cast<std::size_t>(kw));
+  const cuda::rope_kv_rows<KT> d{q.data(), position, hq, hkv, dh, spec, rotate, k_fused.data(), v_fused.data()};
+  const std::int64_t pairs = rows_w / 2;
+  const emulated::launch_config cfg{static_cast<unsigned>((pairs + cuda::rope_kv_warps - 1) / cuda::rope_kv_warps), 1,
+                                    32 * cuda::rope_kv_warps, 0};
+  emulated::produced = {{x.raw(), x.nbytes()}, {position, sizeof(std::int32_t)}};
+  emulated::launch(&cuda::linear_bf16_rope_kv_kernel<cuda::rope_kv_unroll, cuda::rope_kv_warps, KT>, cfg,
+                   x.data<float>(), in, static_cast<const std::uint16_t*>(w.raw()), bias, d);
+  emulated::produced.clear();
+  return {unfused, {bytes(q.data(), q.size() * sizeof(float)), bytes(k_fused.data(), row_bytes),
+                    bytes(v_fused.data(), row_bytes)}};
+}
+
+}  // namespace
+
+TEST_CASE("emulated q/k/v GEMV with RoPE and the cache append as its epilogue equals the GEMV then rope_store_kv") {
+  kernel_test::rng r(313);
+  const int hq = 4, hkv = 2, dh = 16;  // grouped queries: 2 q heads per kv head
+  const std::int64_t rows_w = (hq + 2 * hkv) * dh;
+  const std::int32_t position = 4093;
+  rope_spec scaled(500000.0);  // YaRN: scaled frequencies, and cos and sin scaled too
+  scaled.kind = rope_kind::yarn;
+  scaled.factor = 4.0;
+  scaled.ramp_low = 2.0;
+  scaled.ramp_high = 6.0;
+  scaled.attention_factor = 1.1;
+  // in = 264: one load per lane and a tail; 1032: four and a tail; 2048:
+  // two whole batches of four.
+  for (const std::int64_t in : {std::int64_t{264}, std::int64_t{1032}, std::int64_t{2048}}) {
+    CAPTURE(in);
+    const Tensor x = kernel_test::random_tensor({1, in}, r);
+    const Tensor w = kernel_test::random_tensor({rows_w, in}, r, -0.2f, 0.2f).to(dtype::bf16);
+    const Tensor b = kernel_test::random_tensor({rows_w}, r);
+    for (const bool with_bias : {false, true})
+      for (const bool rotate : {true, false})
+        for (const rope_spec& spec : {rope_spec(10000.0f), scaled}) {
+          CAPTURE(with_bias);
+          CAPTURE(rotate);
+          CAPTURE(static_cast<int>(spec.kind));
+          const float* bias = with_bias ? b.data<float>() : nullptr;
+          const auto f32 = rope_kv_both<float>(x, in, w, bias, hq, hkv, dh, &position, spec, rotate);
+          CHECK(f32.first == f32.second);
+          const auto bf16 = rope_kv_both<__nv_bfloat16>(x, in, w, bias, hq, hkv, dh, &position, spec, rotate);
+          CHECK(bf16.first == bf16.second);
+          const auto f16 = rope_kv_both<__half>(x, in, w, bias, hq, hkv, dh, &position, spec, rotate);
+          CHECK(f16.first == f16.second);
+          // and the composition matches the cpu's linear and rope_store_kv
+          const std::int64_t qw = std::int64_t{hq} * dh, kw = std::int64_t{hkv} * dh;
+          Tensor lin = Tensor::empty({1, rows_w});
+          cpu_backend().linear(x, w, with_bias ? &b : nullptr, lin);
+          const Tensor all = lin.view({rows_w});
+          Tensor q = all.slice(0, qw).view({1, qw}).clone(), k = all.slice(qw, qw + kw).view({1, kw}).clone();
+          Tensor k_row = Tensor::empty({1, kw}), v_row = Tensor::empty({1, kw});
+          cpu_backend().rope_store_kv(q, k, all.slice(qw + kw, rows_w).view({1, kw}),
+                                      Tensor::from_i32(std::vector<std::int32_t>{position}, {1}), hq, hkv, dh, spec, rotate, k_row.raw(),
+                                      v_row.raw(), dtype::f32);
+          std::vector<float> got_q(static_cast<std::size_t>(qw)), got_k(static_cast<std::size_t>(kw));
+          std::memcpy(got_q.data(), f32.second[0].data(), got_q.size() * sizeof(float));
+          std::memcpy(got_k.data(), f32.second[1].data(), got_k.size() * sizeof(float));
+          kernel_test::check_close(std::vector<double>(got_q.begin(), got_q.end()), kernel_test::to_double(q), 1e-4,
+                                   1e-5, "fused q against the cpu");
+          kernel_test::check_close(std::vector<double>(got_k.begin(), got_k.end()), kernel_test::to_double(k_row),
+                                   1e-4, 1e-5, "fused k row against the cpu");
+        }
   }
 }

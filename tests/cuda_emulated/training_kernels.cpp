@@ -5,7 +5,8 @@
 // against the CPU backend: RMSNorm and LayerNorm forward (256- and
 // 1024-thread rows) and backward (the 32 x 32 column sums of the parameter
 // gradients, accumulated, with a partial last tile), the fused add + RMSNorm, softmax cross-entropy
-// (ignored rows, dlogits aliasing the logits), AdamW, RoPE and its inverse,
+// (ignored rows, dlogits aliasing the logits), AdamW (and AdamW writing
+// the 16-bit compute copy, bit for bit the update then the rounding), RoPE and its inverse,
 // and RoPE + KV append. Only summation order differs from the CPU (rtol
 // 1e-5). In bf16 and f16 storage the norm, RoPE and cross-entropy kernels
 // must equal the f32 kernels on the widened inputs, rounded once.
@@ -154,6 +155,25 @@ TEST_CASE("emulated cross-entropy and AdamW kernels match the cpu") {
   check_close(p, to_double(want_p), rel_tol, abs_tol, "adamw params, scaled gradients");
   check_close(m, to_double(want_m), rel_tol, abs_tol, "adamw m, scaled gradients");
   check_close(v, to_double(want_v), rel_tol, abs_tol, "adamw v, scaled gradients");
+  // The update that also writes the 16-bit compute copy: the same
+  // parameters, m and v as adamw_kernel, and the copy each parameter
+  // rounded once, as the conversion kernel stores it.
+  const Tensor p0 = p.clone(), m0 = m.clone(), v0 = v.clone();
+  emulated::launch(&cuda::adamw_kernel, {2, 1, 256, 0}, f(p), f(g), f(m), f(v), adamw_scalars_for(hp, 9), count);
+  for (const dtype t : {dtype::bf16, dtype::f16}) {
+    CAPTURE(dtype_name(t));
+    Tensor p2 = p0.clone(), m2 = m0.clone(), v2 = v0.clone(), copy = Tensor::empty({count}, t);
+    if (t == dtype::bf16)
+      emulated::launch(&cuda::adamw_copy_kernel<__nv_bfloat16>, {2, 1, 256, 0}, f(p2), f(g), f(m2), f(v2),
+                       static_cast<__nv_bfloat16*>(copy.raw()), adamw_scalars_for(hp, 9), count);
+    else
+      emulated::launch(&cuda::adamw_copy_kernel<__half>, {2, 1, 256, 0}, f(p2), f(g), f(m2), f(v2),
+                       static_cast<__half*>(copy.raw()), adamw_scalars_for(hp, 9), count);
+    CHECK(kernel_test::same_values(p2, p));
+    CHECK(kernel_test::same_values(m2, m));
+    CHECK(kernel_test::same_values(v2, v));
+    CHECK(kernel_test::same_values(copy, p.to(t)));
+  }
 }
 
 TEST_CASE("emulated RoPE and RoPE + KV-append kernels match the cpu") {

@@ -266,6 +266,23 @@ bool emulated_device_backend::linear_fused(const Tensor& x, const Tensor& w, con
   return true;
 }
 
+bool emulated_device_backend::linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias,
+                                                   const Tensor& positions, int hq, int hkv, int head_dim,
+                                                   const rope_spec& spec, bool rotate, Tensor& q, void* k_out,
+                                                   void* v_out, dtype cache_type) {
+  if (!check_linear_rope_kv(x, w, bias, hq, hkv, head_dim, spec, rotate, q, k_out, v_out, dev()))
+    return false;  // CUDA's rules
+  const std::int64_t qw = std::int64_t{hq} * head_dim, kw = std::int64_t{hkv} * head_dim;
+  Tensor t = empty({1, qw + 2 * kw});
+  linear(x, w, bias, t);
+  const Tensor all = t.view({qw + 2 * kw});
+  copy(all.slice(0, qw).view({1, qw}), q);
+  Tensor k = all.slice(qw, qw + kw).view({1, kw});
+  rope_store_kv(q, k, all.slice(qw + kw, qw + 2 * kw).view({1, kw}), positions, hq, hkv, head_dim, spec, rotate,
+                k_out, v_out, cache_type);
+  return true;
+}
+
 void emulated_device_backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                               Tensor& dw, Tensor* db) {
   user u(*this);

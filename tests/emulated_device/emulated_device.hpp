@@ -88,6 +88,11 @@ class emulated_device_backend final : public Backend {
   /// model's fused decode path runs here with the cpu's arithmetic.
   bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,
                     Tensor& y) override;
+  /// Takes what the CUDA backend takes (one f32 row, a bf16 stacked q/k/v
+  /// weight, in % 8 == 0) and runs linear then rope_store_kv.
+  bool linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions, int hq,
+                            int hkv, int head_dim, const rope_spec& spec, bool rotate, Tensor& q, void* k_out,
+                            void* v_out, dtype cache_type) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                        Tensor* db) override;
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;

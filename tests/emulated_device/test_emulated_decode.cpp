@@ -1,8 +1,10 @@
 // Decode with bf16 inference weights on the emulated device, which answers
-// Backend::linear_fused as the CUDA backend does (f32 rows with a bf16
-// weight): the model's fused decode path (the residual add, GELU and SwiGLU
-// as the product's epilogue, model/block.cpp) runs here and must generate
-// what the cpu generates through the unfused ops. The emulated device's
+// Backend::linear_fused and linear_rope_store_kv as the CUDA backend does
+// (f32 rows with a bf16 weight): the model's fused decode path (the
+// residual add, GELU and SwiGLU as the product's epilogue, and a step's
+// q/k/v product with RoPE and the cache append, model/block_cached.cpp)
+// runs here and must generate what the cpu generates through the unfused
+// ops. The emulated device's
 // fused ops are the two ops with the cpu's arithmetic, so this checks the
 // model's wiring (which product, which residual, which slices of a stacked
 // weight); tests/cuda_emulated/linear_bf16.cpp checks the CUDA kernel.
@@ -51,14 +53,20 @@ TEST_CASE("emulated device: bf16-weight decode through the fused products genera
     // GEMV takes), the last residual add, and GELU and the attention
     // output's residual add (GPT-2); SwiGLU (Llama) needs the stacked
     // gate/up weight of one-row steps.
-    long long add = 0, gelu = 0, swiglu = 0;
+    // The q/k/v product stores RoPE'd keys and values itself on every
+    // one-row step (stacked weight), for both (GPT-2: biases, no rotation).
+    long long add = 0, gelu = 0, swiglu = 0, qkv = 0, separate_stores = 0;
     for (const auto& t : counted.totals()) {
       if (t.op == "linear + add (fused)") add = t.calls;
       if (t.op == "linear + gelu (fused)") gelu = t.calls;
       if (t.op == "linear + swiglu (fused)") swiglu = t.calls;
+      if (t.op == "linear + rope + kv store (fused)") qkv = t.calls;
+      if (t.op == "rope_store_kv") separate_stores = t.calls;
     }
     const long long layers = on_cpu.config().n_layers;
     const long long steps = p.max_new_tokens - 1, passes = steps + 1;
+    CHECK(qkv == layers * steps);
+    CHECK(separate_stores == 0);
     if (arch == architecture::llama) {
       CHECK(swiglu == layers * steps);
       CHECK(add == layers * passes);
@@ -109,6 +117,21 @@ TEST_CASE("emulated device: linear_fused takes CUDA's operands, leaves others to
         "linear_fused (add): a residual is given with the add epilogue, and only then");
   CHECK(error_of([&] { dev.linear_fused(x, w, nullptr, linear_epilogue::gelu, nullptr, y4); }).find(
             "linear_fused (gelu)") == 0);
+
+  // linear_rope_store_kv: one q and one kv head of 2 (weight rows 2 + 2 * 2 = 6)
+  const Tensor w6 = on_dev({6, 16}, dtype::bf16), pos = Tensor::from_i32(std::vector<std::int32_t>{3}, {1});
+  Tensor q = dev.empty({1, 2}), k_row = dev.empty({1, 2}), v_row = dev.empty({1, 2});
+  auto store = [&](const Tensor& xs, const Tensor& ws, Tensor& qs, void* k_out) {
+    return dev.linear_rope_store_kv(xs, ws, nullptr, pos, 1, 1, 2, 10000.0, true, qs, k_out, v_row.raw(),
+                                    dtype::f32);
+  };
+  CHECK_FALSE(store(x, on_dev({6, 16}, dtype::f32), q, k_row.raw()));  // an f32 weight
+  CHECK_FALSE(store(on_dev({2, 16}, dtype::f32), w6, q, k_row.raw()));  // two rows
+  CHECK_FALSE(store(on_dev({1, 12}, dtype::f32), on_dev({6, 12}, dtype::bf16), q, k_row.raw()));  // in % 8 != 0
+  CHECK(store(x, w6, q, k_row.raw()));
+  CHECK(error_of([&] { store(x, w, q, k_row.raw()); }).find("linear_rope_store_kv w") == 0);  // 8 rows, not 6
+  CHECK(error_of([&] { store(x, w6, y8, k_row.raw()); }).find("linear_rope_store_kv q") == 0);
+  CHECK(error_of([&] { store(x, w6, q, nullptr); }) == "linear_rope_store_kv: no destination rows");
 }
 
 TEST_CASE("emulated device: int8- and nf4-weight decode (quantised on the device) generates the cpu's tokens") {

@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/profiling_backend.hpp"
 #include "model/block.hpp"
 #include "model/moe.hpp"
+#include "model/optimizer.hpp"
 #include "model/stage.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
@@ -41,6 +43,14 @@ std::vector<float> all_grads(transformer& m) {
     out.insert(out.end(), v.begin(), v.end());
   }
   return out;
+}
+
+/// A host copy of device tensor `t`, as f32 values of dtype `as` (rounded
+/// there once when `as` is 16-bit).
+std::vector<float> host_values(Backend& be, const Tensor& t, dtype as) {
+  Tensor h = Tensor::empty(t.shape(), t.type());
+  be.copy(t, h);
+  return h.to(as).to(dtype::f32).to_vector();
 }
 
 /// Tolerances of each 16-bit dtype (bf16 keeps 8 significant bits, f16
@@ -157,6 +167,121 @@ TEST_CASE("emulated device: 16-bit compute copies follow parameter writes") {
   }
   m.zero_grads();
   CHECK(m.forward_loss(ids, targets, 1, 24) == before);
+}
+
+TEST_CASE("emulated device: AdamW writing the 16-bit compute copies trains as converting them every step") {
+  // Two models, one converting its compute weights from the parameters
+  // before each forward (params_changed), one whose AdamW writes them in
+  // its own pass (adamw_with_copy, compute_copies_written): the same
+  // losses, parameters and compute weights, bit for bit; the trainer takes
+  // the second way, with no conversion after its first step.
+  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::temp_dir_guard dir("mixed-fused-adamw");
+    testing::write_tiny_model(dir.path(), options_for(arch));
+    emulated_device_backend dev;
+    transformer converted = transformer::load(dir.path(), dev), fused = transformer::load(dir.path(), dev);
+    converted.set_compute_dtype(dtype::bf16);
+    fused.set_compute_dtype(dtype::bf16);
+    optimizer_settings o;
+    o.adamw.lr = 1e-2f;
+    o.max_grad_norm = 1.0f;
+    adamw_optimizer opt_converted(converted.groups(), o, dev), opt_fused(fused.groups(), o, dev);
+    opt_fused.set_compute_copies(fused.compute_copies());
+    REQUIRE(opt_fused.writes_compute_copies());
+    CHECK_FALSE(opt_converted.writes_compute_copies());
+    const int vocab = converted.config().vocab_size;
+    for (int step = 0; step < 5; ++step) {
+      CAPTURE(step);
+      const auto ids = some_ids(2 * 16, vocab, 40 + static_cast<std::uint64_t>(step));
+      const auto targets = some_ids(2 * 16, vocab, 60 + static_cast<std::uint64_t>(step));
+      converted.zero_grads();
+      fused.zero_grads();
+      const float a = converted.forward_backward(ids, targets, 2, 16);
+      const float b = fused.forward_backward(ids, targets, 2, 16);
+      CHECK(a == b);
+      opt_converted.step();
+      converted.params_changed();
+      opt_fused.step();
+      fused.compute_copies_written();
+    }
+    const auto ids = some_ids(2 * 16, vocab, 99);
+    CHECK(fused.forward_loss(ids, ids, 2, 16) == converted.forward_loss(ids, ids, 2, 16));
+    const std::vector<Tensor> copies = fused.compute_copies();
+    const std::vector<param_group> fused_groups = fused.groups(), converted_groups = converted.groups();
+    REQUIRE(copies.size() == fused_groups.size());
+    for (std::size_t g = 0; g < copies.size(); ++g) {
+      CAPTURE(g);
+      const param_group& grp = fused_groups[g];
+      CHECK(host_values(dev, grp.params->flat(), dtype::f32) ==
+            host_values(dev, converted_groups[g].params->flat(), dtype::f32));
+      if (g == 0) {
+        CHECK_FALSE(copies[g].defined());  // the head computes in f32
+        continue;
+      }
+      REQUIRE(copies[g].defined());
+      CHECK(host_values(dev, copies[g], dtype::bf16) == host_values(dev, grp.params->flat(), dtype::bf16));
+    }
+    // A write by hand after a fused step is still seen once it is said.
+    for (param_set& blk : fused.blocks()) {
+      Tensor w = blk.get("down.weight");
+      dev.scale(w, 2.0f);
+    }
+    fused.params_changed();
+    for (param_set& blk : converted.blocks()) {
+      Tensor w = blk.get("down.weight");
+      dev.scale(w, 2.0f);
+    }
+    converted.params_changed();
+    CHECK(fused.forward_loss(ids, ids, 2, 16) == converted.forward_loss(ids, ids, 2, 16));
+
+    // The trainer: AdamW writes the copies of every block each step.
+    profiling_backend counted(dev);
+    transformer m = transformer::load(dir.path(), counted);
+    m.set_compute_dtype(dtype::bf16);
+    train_options opts;
+    opts.batch = 2;
+    opts.seq = 16;
+    opts.steps = 3;
+    token_dataset d = token_dataset::from_tokens(some_ids(200, vocab, 5), vocab);
+    counted.enable(true);
+    trainer(m, d, opts).run();
+    long long with_copy = 0, plain = 0;
+    for (const auto& t : counted.totals()) {
+      if (t.op == "adamw + 16-bit copy") with_copy = t.calls;
+      if (t.op == "adamw") plain = t.calls;
+    }
+    CHECK(with_copy == 3LL * m.config().n_layers);
+    CHECK(plain == 3);  // the head's
+  }
+}
+
+TEST_CASE("compute_weights_in views one flat copy at the parameters' places, and refuses what is not theirs") {
+  testing::temp_dir_guard dir("mixed-views");
+  testing::write_tiny_model(dir.path(), options_for(architecture::gpt2));
+  emulated_device_backend dev;
+  transformer m = transformer::load(dir.path(), dev);
+  param_set& p = m.blocks().front();
+  const block_tensors w = block_tensors::of(m.config(), p);
+  Tensor copy = dev.empty({p.size()}, dtype::f16);
+  dev.copy(p.flat(), copy);
+  const block_tensors cw = compute_weights_in(w, p, copy);
+  // Each linear weight and bias: the parameter rounded, where it lies in the copy.
+  for (auto [view, param] : {std::pair{&cw.q_w, &w.q_w}, {&cw.up_b, &w.up_b}, {&cw.down_w, &w.down_w}}) {
+    CHECK(view->type() == dtype::f16);
+    CHECK(view->shape() == param->shape());
+    CHECK(host_values(dev, *view, dtype::f16) == host_values(dev, *param, dtype::f16));
+  }
+  CHECK(cw.attn_norm_w.raw() == w.attn_norm_w.raw());  // the norms stay f32, shared
+  CHECK_FALSE(cw.qkv_w.defined());
+  CHECK_THROWS_WITH_AS(compute_weights_in(w, p, dev.empty({p.size()})), "compute weights are bf16 or f16, not f32",
+                       tensor_error);
+  CHECK_THROWS_WITH_AS(compute_weights_in(w, p, dev.empty({p.size() - 1}, dtype::bf16)),
+                       doctest::Contains("a flat tensor of the parameters'"), tensor_error);
+  const block_tensors own = compute_weights_like(dev, w, dtype::bf16);  // tensors of their own
+  CHECK_THROWS_WITH_AS(compute_weights_in(own, p, copy),
+                       "compute_weights_in: the linear weight is not an f32 view of the block's parameter buffer",
+                       tensor_error);
 }
 
 TEST_CASE("16-bit compute is refused where it cannot run, with the reason") {

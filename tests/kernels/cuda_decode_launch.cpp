@@ -7,7 +7,8 @@
 // may not change what decode computes; the emulated test checks the same on
 // the CPU), the tuner keeps the variant it timed fastest (unless within 3 %
 // of the default), the fused epilogues (Backend::linear_fused) write what
-// linear and the op after it write, and a chain of decode's ops gives the
+// linear and the op after it write (and linear_rope_store_kv what linear
+// and rope_store_kv write), and a chain of decode's ops gives the
 // same bits with early launch on and off, fused or not: the GEMV reads the
 // previous kernel's output only after waiting for it, so a race would show
 // as different bits (if the timing exposes it: run without
@@ -164,6 +165,51 @@ TEST_CASE("cuda: linear_fused equals linear then add, gelu or swiglu, bit for bi
   Tensor wrong = gpu().empty({1, 63});
   CHECK_THROWS_AS(gpu().linear_fused(x32.slice(0, 1), w16, nullptr, linear_epilogue::gelu, nullptr, wrong),
                   tensor_error);
+#endif
+}
+
+TEST_CASE("cuda: linear_rope_store_kv equals linear then rope_store_kv, bit for bit") {
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  rng r(74);
+  struct shape {
+    int hq, hkv, head_dim;
+    std::int64_t in;
+    bool bias, rotate;
+  };
+  // Llama-3-8B's grouped heads (rotated, no bias); GPT-2-1.5B's (biases, no rotation).
+  for (const shape& c : {shape{32, 8, 128, 4096, false, true}, shape{25, 25, 64, 1600, true, false}}) {
+    CAPTURE(c.hq);
+    CAPTURE(c.in);
+    const std::int64_t qw = std::int64_t{c.hq} * c.head_dim, kw = std::int64_t{c.hkv} * c.head_dim;
+    const std::int64_t rows_w = qw + 2 * kw;
+    const Tensor x = up(random_tensor({1, c.in}, r), dtype::f32);
+    const Tensor w = up(random_tensor({rows_w, c.in}, r, -0.05f, 0.05f), dtype::bf16);
+    const Tensor b = up(random_tensor({rows_w}, r), dtype::f32);
+    const Tensor pos = Tensor::from_i32(std::vector<std::int32_t>{3071}, {1});
+    const rope_spec spec(500000.0);
+    for (dtype cache : {dtype::f32, dtype::bf16, dtype::f16}) {
+      CAPTURE(dtype_name(cache));
+      Tensor qkv = gpu().empty({1, rows_w});
+      gpu().linear(x, w, c.bias ? &b : nullptr, qkv);
+      const Tensor all = qkv.view({rows_w});
+      Tensor q = all.slice(0, qw).view({1, qw}), k = all.slice(qw, qw + kw).view({1, kw});
+      Tensor want_k = gpu().empty({1, kw}, cache), want_v = gpu().empty({1, kw}, cache);
+      gpu().rope_store_kv(q, k, all.slice(qw + kw, rows_w).view({1, kw}), pos, c.hq, c.hkv, c.head_dim, spec,
+                          c.rotate, want_k.raw(), want_v.raw(), cache);
+      Tensor got_q = gpu().empty({1, qw}), got_k = gpu().empty({1, kw}, cache), got_v = gpu().empty({1, kw}, cache);
+      REQUIRE(gpu().linear_rope_store_kv(x, w, c.bias ? &b : nullptr, pos, c.hq, c.hkv, c.head_dim, spec, c.rotate,
+                                         got_q, got_k.raw(), got_v.raw(), cache));
+      CHECK(same_values(down(got_q), down(q)));
+      CHECK(same_values(down(got_k), down(want_k)));
+      CHECK(same_values(down(got_v), down(want_v)));
+    }
+  }
+  // An f32 weight is left to the caller.
+  const Tensor x = up(random_tensor({1, 64}, r), dtype::f32), w32 = up(random_tensor({3 * 64, 64}, r), dtype::f32);
+  Tensor q = gpu().empty({1, 64}), k_row = gpu().empty({1, 64}), v_row = gpu().empty({1, 64});
+  CHECK_FALSE(gpu().linear_rope_store_kv(x, w32, nullptr, Tensor::from_i32(std::vector<std::int32_t>{1}, {1}), 1, 1,
+                                         64, 10000.0, true, q, k_row.raw(), v_row.raw(), dtype::f32));
 #endif
 }
 

@@ -531,6 +531,23 @@ TEST_CASE("cuda: adamw steps match the cpu") {
   expect_close(dp, p, ew_rtol, ew_atol, "adamw params");
   expect_close(dm, m, ew_rtol, ew_atol, "adamw m");
   expect_close(dv, v, ew_rtol, ew_atol, "adamw v");
+  // adamw_with_copy: the same update, and the copy its parameters rounded
+  // once, bit for bit the update followed by a conversion.
+  const Tensor g = up(random_tensor({n}, r));
+  Tensor p2 = up(down(dp)), m2 = up(down(dm)), v2 = up(down(dv));
+  gpu().adamw(dp, g, dm, dv, hp, 4);
+  for (const dtype t : {dtype::bf16, dtype::f16}) {
+    CAPTURE(dtype_name(t));
+    Tensor p3 = up(down(p2)), m3 = up(down(m2)), v3 = up(down(v2)), copy = gpu().empty({n}, t), want = gpu().empty({n}, t);
+    gpu().adamw_with_copy(p3, g, m3, v3, hp, 4, copy);
+    gpu().copy(dp, want);
+    CHECK(same_values(down(p3), down(dp)));
+    CHECK(same_values(down(m3), down(dm)));
+    CHECK(same_values(down(v3), down(dv)));
+    CHECK(same_values(down(copy), down(want)));
+  }
+  Tensor f32_copy = gpu().empty({n});
+  CHECK_THROWS_AS(gpu().adamw_with_copy(p2, g, m2, v2, hp, 4, f32_copy), tensor_error);
 }
 
 // ---- wire compression ------------------------------------------------------------------
