@@ -129,7 +129,8 @@ class stage {
   /// Sets every gradient to zero (nothing when none are allocated). Also
   /// params_changed() (a step's parameter updates come before the next
   /// step's zero_grads), unless compute_copies_written() was said since
-  /// the last params_changed().
+  /// the last params_changed(): after a fused optimiser step, a write to
+  /// params() must say params_changed() itself.
   void zero_grads();
 
   /// The dtype the training forward and backward compute in: f32 (the

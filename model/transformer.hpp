@@ -102,7 +102,9 @@ class transformer {
   /// Every parameter set with its gradient buffer (allocated on first call).
   std::vector<param_group> groups();
   /// Zeroes every gradient buffer (and, as stage::zero_grads, says the
-  /// parameters may have changed since the last forward).
+  /// parameters may have changed since the last forward, unless
+  /// compute_copies_written() was said since the last params_changed():
+  /// a write by hand after a fused optimiser step needs params_changed()).
   void zero_grads();
   /// The blocks' training compute dtype (stage::set_compute_dtype: f32, or
   /// bf16/f16 on a device backend); embeddings, final norm, LM head and

@@ -190,7 +190,10 @@ std::pair<std::vector<std::vector<unsigned char>>, std::vector<std::vector<unsig
   const std::int64_t pairs = rows_w / 2;
   const emulated::launch_config cfg{static_cast<unsigned>((pairs + cuda::rope_kv_warps - 1) / cuda::rope_kv_warps), 1,
                                     32 * cuda::rope_kv_warps, 0};
+  // x, the bias and the position as an earlier kernel's output (the
+  // emulation checks the __ldg reads: x and the bias).
   emulated::produced = {{x.raw(), x.nbytes()}, {position, sizeof(std::int32_t)}};
+  if (bias) emulated::produced.push_back({bias, static_cast<std::size_t>(rows_w) * sizeof(float)});
   emulated::launch(&cuda::linear_bf16_rope_kv_kernel<cuda::rope_kv_unroll, cuda::rope_kv_warps, KT>, cfg,
                    x.data<float>(), in, static_cast<const std::uint16_t*>(w.raw()), bias, d);
   emulated::produced.clear();

@@ -174,7 +174,7 @@ TEST_CASE("emulated device: AdamW writing the 16-bit compute copies trains as co
   // before each forward (params_changed), one whose AdamW writes them in
   // its own pass (adamw_with_copy, compute_copies_written): the same
   // losses, parameters and compute weights, bit for bit; the trainer takes
-  // the second way, with no conversion after its first step.
+  // the second way for every block.
   for (architecture arch : {architecture::llama, architecture::gpt2}) {
     CAPTURE(static_cast<int>(arch));
     testing::temp_dir_guard dir("mixed-fused-adamw");
