@@ -3,6 +3,7 @@
 // sessions' rows, into a preallocated workspace, with f32, bf16 or int8
 // inference weights.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/block.hpp"
@@ -166,10 +167,13 @@ void block_forward_cached(Backend& be, const model_config& cfg, const block_tens
                           std::int64_t start_pos, block_decode_workspace& ws, Tensor& y) {
   // One sequence: whole buffers, no slices (the decode hot path allocates nothing).
   const bool llama = is_llama(cfg);
+  // A decode step's cache row, claimed once: by store_qkv, or by the
+  // decode branch below when the backend has no fused product.
+  std::pair<void*, void*> row{nullptr, nullptr};
   const auto store_qkv = [&](const Tensor& norm, Tensor& q) {
-    auto [k_row, v_row] = kv.claim_row(layer, start_pos);
+    row = kv.claim_row(layer, start_pos);
     return be.linear_rope_store_kv(norm, w.qkv_w, opt(w.qkv_b), positions, cfg.n_heads, cfg.n_kv_heads,
-                                   cfg.head_dim, cfg.rope, llama, q, k_row, v_row, kv.pool().type());
+                                   cfg.head_dim, cfg.rope, llama, q, row.first, row.second, kv.pool().type());
   };
   cached_forward::run(be, cfg, w, x, positions, ws, y, store_qkv,
                       [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn, bool stored) {
@@ -177,7 +181,8 @@ void block_forward_cached(Backend& be, const model_config& cfg, const block_tens
       // q rotated and the cache row written by the product's epilogue.
     } else if (q.dim(0) == 1) {
       // A decode step: RoPE and the cache append in one op, into the cache row.
-      auto [k_row, v_row] = kv.claim_row(layer, start_pos);
+      if (row.first == nullptr) row = kv.claim_row(layer, start_pos);
+      auto [k_row, v_row] = row;
       be.rope_store_kv(q, k, v, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope, llama,
                        k_row, v_row, kv.pool().type());
     } else {
