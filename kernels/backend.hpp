@@ -193,9 +193,12 @@ class Backend {
                                Tensor& dw, Tensor* db) = 0;
   /// linear and the op after it in one pass over the weight, where this
   /// backend has a fused form for these operands (CUDA: an f32 x of 1 to 16
-  /// rows with a bf16 weight, as decode has). Returns false, having done
-  /// nothing, where it has none: the caller then runs the two ops. When it
-  /// returns true, y is what the two ops give (on CUDA, the same bits).
+  /// rows with a bf16 weight, as decode has, any epilogue; and add for a
+  /// product of more than 16 rows with x, w, y and the residual of one
+  /// dtype, as training has: cuBLASLt with the residual as its C, beta 1).
+  /// Returns false, having done nothing, where it has none: the caller then
+  /// runs the two ops. When it returns true, y is what the two ops give (on
+  /// CUDA's GEMV, the same bits; through cuBLASLt, the sum rounded once).
   /// Operands it takes but finds malformed (shapes, dtypes, a bias with
   /// swiglu, a residual without add) are a tensor_error, as for linear.
   /// residual is for linear_epilogue::add only, and may be y itself (not a
@@ -203,6 +206,30 @@ class Backend {
   virtual bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
                             const Tensor* residual, Tensor& y) {
     (void)x, (void)w, (void)bias, (void)e, (void)residual, (void)y;
+    return false;
+  }
+
+  /// Training's GELU layer and the product before it in one pass where this
+  /// backend has it (CUDA: cuBLASLt's GELU_AUX(_BIAS) epilogue, for x, w,
+  /// pre, y and the bias of one float dtype and out % 8 == 0): pre = x @
+  /// w^T (+ bias), kept for gelu_backward, and y = gelu(pre), the tanh form
+  /// of Backend::gelu. Returns false, having done nothing, where it has
+  /// none: the caller runs linear, then gelu. Malformed operands of a form
+  /// it takes are a tensor_error. pre and y may not overlap each other or x.
+  virtual bool linear_gelu(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& pre, Tensor& y) {
+    (void)x, (void)w, (void)bias, (void)pre, (void)y;
+    return false;
+  }
+  /// The gradient through that GELU layer into the product after it, in
+  /// one pass where this backend has it (CUDA: cuBLASLt's DGELU epilogue,
+  /// for dy, w, pre and dpre of one float dtype and in % 8 == 0): for y =
+  /// gelu(pre) feeding a linear with weight w [out, in], dpre =
+  /// gelu_backward(pre, dy @ w), dy [rows, out], pre and dpre [rows, in].
+  /// The product is not rounded to dpre's dtype before the multiply.
+  /// Returns false, having done nothing, where it has none: the caller runs
+  /// gemm, then gelu_backward. dpre may not overlap dy or pre.
+  virtual bool gemm_gelu_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre) {
+    (void)dy, (void)w, (void)pre, (void)dpre;
     return false;
   }
 

@@ -27,6 +27,58 @@ bool check_linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, li
   require_on(y, where, dtype::f32, {rows, out}, what);
   return true;
 }
+namespace {
+
+/// x [rows, in] and w [out, in], 2-D, of one float dtype shared by `out`
+/// (the product's output), with no empty dimension.
+bool same_dtype_product(const Tensor& x, const Tensor& w, const Tensor& out) {
+  return x.defined() && w.defined() && out.defined() && x.rank() == 2 && w.rank() == 2 && is_float_dtype(x.type()) &&
+         w.type() == x.type() && out.type() == x.type() && x.dim(0) > 0 && x.dim(1) > 0 && w.dim(0) > 0;
+}
+
+}  // namespace
+
+bool check_linear_add_product(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& residual,
+                              const Tensor& y, device where) {
+  if (!same_dtype_product(x, w, y) || x.dim(0) <= 16 || (bias && bias->type() != x.type())) return false;
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
+  const char* what = "linear_fused (add)";
+  require_on(x, where, x.type(), {rows, in}, what);
+  require_on(w, where, x.type(), {out, in}, what);
+  if (bias) require_on(*bias, where, x.type(), {out}, what);
+  require_on(residual, where, x.type(), {rows, out}, what);
+  require_on(y, where, x.type(), {rows, out}, what);
+  return true;
+}
+
+bool check_linear_gelu(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& pre, const Tensor& y,
+                       device where) {
+  if (!same_dtype_product(x, w, y) || w.dim(0) % 8 != 0 || (bias && bias->type() != x.type())) return false;
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
+  const char* what = "linear_gelu";
+  require_on(x, where, x.type(), {rows, in}, what);
+  require_on(w, where, x.type(), {out, in}, what);
+  if (bias) require_on(*bias, where, x.type(), {out}, what);
+  require_on(pre, where, x.type(), {rows, out}, what);
+  require_on(y, where, x.type(), {rows, out}, what);
+  require_condition(pre.raw() != y.raw(), what, "pre and y must be separate tensors");
+  return true;
+}
+
+bool check_gemm_gelu_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dpre,
+                              device where) {
+  if (!same_dtype_product(dy, w, dpre) || w.dim(1) == 0 || w.dim(1) % 8 != 0) return false;
+  const std::int64_t rows = dy.dim(0), out = dy.dim(1), in = w.dim(1);
+  const char* what = "gemm_gelu_backward";
+  require_on(dy, where, dy.type(), {rows, out}, what);
+  require_on(w, where, dy.type(), {out, in}, what);
+  require_on(pre, where, dy.type(), {rows, in}, what);
+  require_on(dpre, where, dy.type(), {rows, in}, what);
+  require_condition(dpre.raw() != pre.raw() && dpre.raw() != dy.raw(), what,
+                    "dpre must be a tensor of its own (not dy or pre)");
+  return true;
+}
+
 bool check_linear_rope_kv(const Tensor& x, const Tensor& w, const Tensor* bias, int hq, int hkv, int head_dim,
                           const rope_spec& spec, bool rotate, const Tensor& q, const void* k_out, const void* v_out,
                           device where) {

@@ -51,6 +51,28 @@ void refuse_inference_weight(const Tensor& w, dtype x_type, const char* what);
 bool check_linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
                         const Tensor* residual, const Tensor& y, device where);
 
+/// The training products with a cuBLASLt epilogue (CUDA's
+/// gemm_epilogues.cpp; the emulated device mirrors them). Each returns
+/// false for operands it leaves to the caller, else checks the rest and
+/// returns true, or throws tensor_error naming the op.
+/// linear_fused's add through cuBLASLt: x [rows, in] and w [out, in] of one
+/// float dtype, more than 16 rows (decode's rows stay with its own forms),
+/// in and out non-zero, y of x's dtype, a bias (if any) of that dtype; then
+/// y and the residual [rows, out] of that dtype.
+bool check_linear_add_product(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& residual,
+                              const Tensor& y, device where);
+/// Backend::linear_gelu: x [rows, in] and w [out, in] of one float dtype,
+/// y of that dtype, a bias (if any) of that dtype, rows, in and out
+/// non-zero, out % 8 == 0 (cuBLASLt's aux matrix); then y and pre [rows,
+/// out] of that dtype.
+bool check_linear_gelu(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& pre, const Tensor& y,
+                       device where);
+/// Backend::gemm_gelu_backward: dy [rows, out] and w [out, in] of one float
+/// dtype, dpre of that dtype, rows, in and out non-zero, in % 8 == 0; then
+/// pre and dpre [rows, in] of that dtype.
+bool check_gemm_gelu_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dpre,
+                              device where);
+
 /// Backend::linear_rope_store_kv's operands on a backend whose fused form
 /// takes one f32 row with a bf16 stacked q/k/v weight (CUDA's GEMV; the
 /// emulated device mirrors it). Returns false when x is not one f32 row or

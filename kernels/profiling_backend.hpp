@@ -66,30 +66,24 @@ class profiling_backend final : public Backend {
   }
   bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,
                     Tensor& y) override {
-    // Recorded only where the inner backend has the fused form; otherwise
-    // the caller's two ops are.
-    const auto t0 = std::chrono::steady_clock::now();
-    const bool done = inner_.linear_fused(x, w, bias, e, residual, y);
-    if (done && enabled_) {
-      inner_.synchronize();
-      record(e == linear_epilogue::add    ? "linear + add (fused)"
-             : e == linear_epilogue::gelu ? "linear + gelu (fused)"
-                                          : "linear + swiglu (fused)",
-             t0);
-    }
-    return done;
+    return fused(e == linear_epilogue::add    ? "linear + add (fused)"
+                 : e == linear_epilogue::gelu ? "linear + gelu (fused)"
+                                              : "linear + swiglu (fused)",
+                 [&] { return inner_.linear_fused(x, w, bias, e, residual, y); });
+  }
+  bool linear_gelu(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& pre, Tensor& y) override {
+    return fused("linear + gelu, pre kept (fused)", [&] { return inner_.linear_gelu(x, w, bias, pre, y); });
+  }
+  bool gemm_gelu_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre) override {
+    return fused("gemm + gelu_backward (fused)", [&] { return inner_.gemm_gelu_backward(dy, w, pre, dpre); });
   }
   bool linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions, int hq,
                             int hkv, int head_dim, const rope_spec& spec, bool rotate, Tensor& q, void* k_out,
                             void* v_out, dtype cache_type) override {
-    const auto t0 = std::chrono::steady_clock::now();  // recorded only when fused, as linear_fused
-    const bool done = inner_.linear_rope_store_kv(x, w, bias, positions, hq, hkv, head_dim, spec, rotate, q, k_out,
-                                                  v_out, cache_type);
-    if (done && enabled_) {
-      inner_.synchronize();
-      record("linear + rope + kv store (fused)", t0);
-    }
-    return done;
+    return fused("linear + rope + kv store (fused)", [&] {
+      return inner_.linear_rope_store_kv(x, w, bias, positions, hq, hkv, head_dim, spec, rotate, q, k_out, v_out,
+                                         cache_type);
+    });
   }
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                        Tensor* db) override {
@@ -245,6 +239,19 @@ class profiling_backend final : public Backend {
     f();
     inner_.synchronize();
     record(op, t0);
+  }
+
+  /// Runs a fused op f (which says whether the inner backend took it) and
+  /// records `op` only when it did: otherwise the caller's two ops are.
+  template <class F>
+  bool fused(const char* op, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool done = f();
+    if (done && enabled_) {
+      inner_.synchronize();
+      record(op, t0);
+    }
+    return done;
   }
 
   /// Adds one call of `op`, begun at t0 and finished now, to the totals.

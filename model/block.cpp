@@ -396,8 +396,12 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
     be.rope(a.k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope);
   }
   be.attention(a.q, a.k, a.v, batch, seq, block_attention_shape(cfg), a.attn, &a.lse);
-  be.linear(a.attn, w.o_w, opt(w.o_b), y);
-  be.add(x, y, a.h);
+  // The residual adds and GPT-2's GELU go into the products' epilogues
+  // where the backend has them (CUDA: cuBLASLt's); else two ops each.
+  if (!be.linear_fused(a.attn, w.o_w, opt(w.o_b), linear_epilogue::add, &x, a.h)) {
+    be.linear(a.attn, w.o_w, opt(w.o_b), y);
+    be.add(x, y, a.h);
+  }
 
   // MLP half.
   norm_forward(be, cfg, a.h, w.mlp_norm_w, w.mlp_norm_b, a.norm2, opt(a.mean2), &a.rstd2);
@@ -407,12 +411,16 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
     be.linear(a.norm2, w.gate_w, nullptr, a.gate);
     be.linear(a.norm2, w.up_w, nullptr, a.up);
     be.swiglu(a.gate, a.up, a.act);
-  } else {
+  } else if (!be.linear_gelu(a.norm2, w.up_w, opt(w.up_b), a.up, a.act)) {
     be.linear(a.norm2, w.up_w, opt(w.up_b), a.up);
     be.gelu(a.up, a.act);
   }
-  if (!moe) be.linear(a.act, w.down_w, opt(w.down_b), y);
-  be.add(a.h, y, y);
+  if (moe) {
+    be.add(a.h, y, y);
+  } else if (!be.linear_fused(a.act, w.down_w, opt(w.down_b), linear_epilogue::add, &a.h, y)) {
+    be.linear(a.act, w.down_w, opt(w.down_b), y);
+    be.add(a.h, y, y);
+  }
 }
 
 // ---- backward ------------------------------------------------------------------------
@@ -442,8 +450,11 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     be.linear_backward(a.norm2, w.up_w, s.dup, nullptr, g.up_w, nullptr);
     be.gemm(s.dup, false, w.up_w, false, s.dnorm, 1.0f, 1.0f);  // dnorm += dup @ W_up
   } else {
-    be.linear_backward(a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
-    be.gelu_backward(a.up, s.dact, s.dup);
+    // dup = gelu_backward(up, dy @ W_down), in the product's epilogue where
+    // the backend has it.
+    const bool fused = be.gemm_gelu_backward(dy, w.down_w, a.up, s.dup);
+    be.linear_backward(a.act, w.down_w, dy, fused ? nullptr : &s.dact, g.down_w, opt(g.down_b));
+    if (!fused) be.gelu_backward(a.up, s.dact, s.dup);
     be.linear_backward(a.norm2, w.up_w, s.dup, &s.dnorm, g.up_w, opt(g.up_b));
   }
   norm_backward(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, s.dtmp, g.mlp_norm_w,
@@ -510,8 +521,10 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
     be.gemm(s.dgate, false, w.gate_w, false, s.dnorm);
     be.gemm(s.dup, false, w.up_w, false, s.dnorm, 1.0f, 1.0f);
   } else {
-    be.gemm(dy, false, w.down_w, false, s.dact);
-    be.gelu_backward(a.up, s.dact, s.dup);
+    if (!be.gemm_gelu_backward(dy, w.down_w, a.up, s.dup)) {
+      be.gemm(dy, false, w.down_w, false, s.dact);
+      be.gelu_backward(a.up, s.dact, s.dup);
+    }
     be.gemm(s.dup, false, w.up_w, false, s.dnorm);
   }
   norm_backward(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, s.dtmp, scratch.norm_dw,

@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -49,6 +50,24 @@ namespace corolla::cuda {
 /// The storage type of float dtype `t` (what the launchers take); throws
 /// tensor_error naming `what` for another dtype.
 elem elem_of(dtype t, const char* what);
+
+/// What a cuBLASLt product does after the multiply, in its epilogue
+/// (gemm.cpp): nothing, add a bias along the output features, or GELU
+/// (with the bias first) writing its input to an aux matrix, or multiply
+/// by GELU's derivative at an aux matrix's values.
+enum class lt_epilogue : std::uint8_t { none, bias, gelu_aux, gelu_aux_bias, dgelu };
+/// lt_matmul's optional parts.
+struct lt_extra {
+  lt_epilogue epilogue = lt_epilogue::none;
+  const void* bias = nullptr;  ///< bias, gelu_aux_bias: of c's dtype, one per output feature
+  void* aux = nullptr;         ///< gelu_aux*: the GELU input, written; dgelu: read. c's dtype and layout
+  std::int64_t aux_ld = 0;     ///< aux's row stride (a multiple of 8, at least n)
+  void* d = nullptr;           ///< the output where it is not c (c is then only read, times beta)
+  /// No algorithm for this product (or the launch refused): return false
+  /// with nothing done, rather than throw. For fused forms that have an
+  /// unfused fallback.
+  bool may_decline = false;
+};
 
 /// Backend for CUDA device `index`. Thread-compatible (one caller at a time),
 /// like every Backend.
@@ -89,9 +108,16 @@ class cuda_backend final : public Backend {
   /// Rows up to which the quantised products run their GEMV.
   static constexpr std::int64_t gemv_rows = 16;
   /// The bf16-weight GEMV with its epilogue (linear_bf16.hpp) for f32 x of
-  /// 1 to 16 rows and a bf16 w; false for anything else.
+  /// 1 to 16 rows and a bf16 w; add through cuBLASLt for the products
+  /// check_linear_add_product takes (linear_add_lt); false for others.
   bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,
                     Tensor& y) override;
+  /// Through cuBLASLt's GELU_AUX(_BIAS) epilogue (gemm_epilogues.cpp) for
+  /// the operands check_linear_gelu takes; false for others.
+  bool linear_gelu(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& pre, Tensor& y) override;
+  /// Through cuBLASLt's DGELU epilogue (gemm_epilogues.cpp) for the
+  /// operands check_gemm_gelu_backward takes; false for others.
+  bool gemm_gelu_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre) override;
   /// The q/k/v GEMV with RoPE and the cache append as its epilogue
   /// (linear_bf16_rope_kv) for one f32 row, a bf16 stacked weight, in % 8
   /// == 0 and 16-byte aligned x and w; false for anything else.
@@ -248,25 +274,32 @@ class cuda_backend final : public Backend {
   /// queue before every op that takes host indices. `src` may change as
   /// soon as this returns.
   void upload(void* dst, const void* src, std::size_t bytes);
-  /// The cuBLASLt product on device pointers (row-major, see gemm.cpp).
-  void lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                 float alpha, const void* a, dtype at, std::int64_t lda, const void* b,
-                 dtype bt, std::int64_t ldb, float beta, void* c, dtype ct, std::int64_t ldc,
-                 const void* bias);
+  /// linear_fused's add for a many-row product: cuBLASLt with the residual
+  /// as C, beta 1 (gemm_epilogues.cpp). False where it declines.
+  bool linear_add_lt(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& residual, Tensor& y);
+  /// The cuBLASLt product on device pointers (row-major, see gemm.cpp):
+  /// d = epilogue(alpha * op(a) @ op(b) + beta * c), d = c unless
+  /// extra.d. True when done; false only with extra.may_decline.
+  bool lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const void* a, dtype at, std::int64_t lda, const void* b, dtype bt, std::int64_t ldb, float beta,
+                 void* c, dtype ct, std::int64_t ldc, const lt_extra& extra = {});
 
   /// What a cuBLASLt algorithm choice depends on (the heuristic sees the
   /// descriptors and the preference, never alpha, beta or the data).
   struct lt_key {
-    std::array<std::int64_t, 6> dims{};  ///< m, n, k, lda, ldb, ldc
-    std::array<std::uint32_t, 3> align{};
-    std::array<std::uint8_t, 7> flags{};  ///< trans_a, trans_b, at, bt, ct, bias, precision
+    std::array<std::int64_t, 7> dims{};    ///< m, n, k, lda, ldb, ldc, aux_ld
+    std::array<std::uint32_t, 5> align{};  ///< cuBLAS's a, b, c, d and aux
+    std::array<std::uint8_t, 8> flags{};   ///< trans_a, trans_b, at, bt, ct, epilogue, precision, d != c
     friend bool operator<(const lt_key& x, const lt_key& y) {
       return std::tie(x.dims, x.align, x.flags) < std::tie(y.dims, y.align, y.flags);
     }
   };
   /// Heuristic results by problem (cublasLtMatmulAlgo_t is 8 uint64_t): the
   /// heuristic query costs far more than the product of a decode step.
+  /// Problems it had none for are kept in lt_declined_, so a fused form
+  /// with a fallback asks once.
   std::map<lt_key, std::array<std::uint64_t, 8>> lt_algos_;
+  std::set<lt_key> lt_declined_;
 
   /// The shared instance, or with `companion` one for companion().
   cuda_backend(int index, bool companion);

@@ -18,6 +18,8 @@
 // y's (the bias vector runs along cuBLAS's m = out, broadcast over rows);
 // otherwise it is broadcast into y first and the product added with beta 1.
 // db is a column-sum kernel (elementwise.cu), dw a beta = 1 product.
+// Training's fused products (the residual as C, GELU_AUX, DGELU) are in
+// gemm_epilogues.cpp, through lt_matmul's lt_extra.
 //
 // linear with f32 x and a bf16 weight (inference: half the bytes per token)
 // is no cuBLASLt product (its operands share a dtype) but the GEMV-style
@@ -101,6 +103,16 @@ struct preference_desc {
 };
 
 
+/// lt_matmul's extra for a bias epilogue (none without a bias).
+lt_extra bias_epilogue(const void* bias) {
+  lt_extra e;
+  if (bias) {
+    e.epilogue = lt_epilogue::bias;
+    e.bias = bias;
+  }
+  return e;
+}
+
 /// c = beta * c over n elements without reading c when beta is 0.
 void scale_or_zero(stream_t s, void* c, dtype ct, std::int64_t n, float beta) {
   if (beta == 0.0f)
@@ -111,10 +123,37 @@ void scale_or_zero(stream_t s, void* c, dtype ct, std::int64_t n, float beta) {
 
 }  // namespace
 
-void cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
-                             std::int64_t k, float alpha, const void* a, dtype at,
-                             std::int64_t lda, const void* b, dtype bt, std::int64_t ldb,
-                             float beta, void* c, dtype ct, std::int64_t ldc, const void* bias) {
+namespace {
+
+cublasLtEpilogue_t lt_epilogue_of(lt_epilogue e) {
+  using E = lt_epilogue;
+  switch (e) {
+    case E::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case E::gelu_aux: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case E::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case E::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+    case E::none: break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+const char* lt_epilogue_name(lt_epilogue e) {
+  using E = lt_epilogue;
+  switch (e) {
+    case E::bias: return ", bias epilogue";
+    case E::gelu_aux: return ", GELU_AUX epilogue";
+    case E::gelu_aux_bias: return ", GELU_AUX_BIAS epilogue";
+    case E::dgelu: return ", DGELU epilogue";
+    case E::none: break;
+  }
+  return "";
+}
+
+}  // namespace
+
+bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                             const void* a, dtype at, std::int64_t lda, const void* b, dtype bt, std::int64_t ldb,
+                             float beta, void* c, dtype ct, std::int64_t ldc, const lt_extra& extra) {
   ensure_lt_workspace();
   matmul_desc op;
   // f32 operands may use the tensor cores at a lower input precision.
@@ -131,36 +170,50 @@ void cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
                                                       sizeof op_a));
   COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
                                                       sizeof op_b));
-  if (bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (extra.epilogue != lt_epilogue::none) {
+    const cublasLtEpilogue_t epilogue = lt_epilogue_of(extra.epilogue);
     COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                         &epilogue, sizeof epilogue));
+  }
+  if (extra.epilogue == lt_epilogue::bias || extra.epilogue == lt_epilogue::gelu_aux_bias) {
     COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                        &bias, sizeof bias));
+                                                        &extra.bias, sizeof extra.bias));
     const cudaDataType_t bias_type = cuda_type(ct);  // callers pass a bias of c's dtype
     COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
   }
+  const bool has_aux = extra.epilogue == lt_epilogue::gelu_aux || extra.epilogue == lt_epilogue::gelu_aux_bias ||
+                       extra.epilogue == lt_epilogue::dgelu;
+  if (has_aux) {  // the aux matrix is laid out as d (cuBLAS's n x m, column-major), of d's dtype
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                        &extra.aux, sizeof extra.aux));
+    const std::int64_t aux_ld = extra.aux_ld;
+    COROLLA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+  }
   // Stored buffers: b is [k, n] (or [n, k] when transposed), a is [m, k]
-  // (or [k, m]), c is [m, n]; each as column-major (row length, row count).
+  // (or [k, m]), c (and d) is [m, n]; each as column-major (row length,
+  // row count).
   layout_desc la, lb, lc;
   COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.d, cuda_type(bt), trans_b ? k : n,
                                                   trans_b ? n : k, ldb));
   COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.d, cuda_type(at), trans_a ? m : k,
                                                   trans_a ? k : m, lda));
   COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.d, cuda_type(ct), n, m, ldc));
+  void* const d = extra.d ? extra.d : c;
 
   // The heuristic assumes 256-byte aligned pointers unless told otherwise;
   // views (slices) can start anywhere a dtype allows.
-  const std::uint32_t align_a = alignment_of(b), align_b = alignment_of(a),
-                      align_c = alignment_of(c);
+  const std::uint32_t align_a = alignment_of(b), align_b = alignment_of(a), align_c = alignment_of(c),
+                      align_d = alignment_of(d), align_aux = has_aux ? alignment_of(extra.aux) : 256;
   lt_key key;
-  key.dims = {m, n, k, lda, ldb, ldc};
-  key.align = {align_a, align_b, align_c};
+  key.dims = {m, n, k, lda, ldb, ldc, has_aux ? extra.aux_ld : 0};
+  key.align = {align_a, align_b, align_c, align_d, align_aux};
   key.flags = {static_cast<std::uint8_t>(trans_a), static_cast<std::uint8_t>(trans_b),
-               static_cast<std::uint8_t>(at), static_cast<std::uint8_t>(bt),
-               static_cast<std::uint8_t>(ct), static_cast<std::uint8_t>(bias != nullptr),
-               static_cast<std::uint8_t>(precision)};
+               static_cast<std::uint8_t>(at),      static_cast<std::uint8_t>(bt),
+               static_cast<std::uint8_t>(ct),      static_cast<std::uint8_t>(extra.epilogue),
+               static_cast<std::uint8_t>(precision), static_cast<std::uint8_t>(d != c)};
+  if (extra.may_decline && lt_declined_.count(key)) return false;
   cublasLtMatmulAlgo_t algo{};
   static_assert(sizeof algo == sizeof(std::array<std::uint64_t, 8>), "cublasLtMatmulAlgo_t size");
   if (auto it = lt_algos_.find(key); it != lt_algos_.end()) {
@@ -178,31 +231,44 @@ void cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
     COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
     COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
 
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         lt_, op.d, la.d, lb.d, lc.d, lc.d, pref.d, 1, &result, &found);
-    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
+    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&
+        !(extra.may_decline && status == CUBLAS_STATUS_INVALID_VALUE))
       throw_cublas_error(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-    if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+      if (extra.may_decline) {
+        lt_declined_.insert(key);
+        return false;
+      }
       throw std::runtime_error(
           "gemm on " + name() + ": cuBLASLt has no algorithm for m=" + std::to_string(m) +
           " n=" + std::to_string(n) + " k=" + std::to_string(k) + " (" + dtype_name(at) + " x " +
-          dtype_name(bt) + " -> " + dtype_name(ct) + (bias ? ", bias epilogue" : "") +
+          dtype_name(bt) + " -> " + dtype_name(ct) + lt_epilogue_name(extra.epilogue) +
           ", trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) +
           ", alignments " + std::to_string(align_b) + "/" + std::to_string(align_a) + "/" +
           std::to_string(align_c) + " bytes)");
+    }
     algo = result.algo;
     std::array<std::uint64_t, 8> stored{};
     std::memcpy(stored.data(), &algo, sizeof algo);
     lt_algos_.emplace(key, stored);
   }
-  COROLLA_CUBLAS_CHECK(cublasLtMatmul(lt_, op.d, &alpha, b, la.d, a, lb.d, &beta, c, lc.d, c,
-                                      lc.d, &algo, lt_workspace_, lt_workspace_bytes_,
-                                      stream_));
+  const cublasStatus_t launched = cublasLtMatmul(lt_, op.d, &alpha, b, la.d, a, lb.d, &beta, c, lc.d, d, lc.d,
+                                                 &algo, lt_workspace_, lt_workspace_bytes_, stream_);
+  if (extra.may_decline && (launched == CUBLAS_STATUS_NOT_SUPPORTED || launched == CUBLAS_STATUS_INVALID_VALUE)) {
+    // Refused before anything ran (argument checks): the caller's fallback runs.
+    lt_algos_.erase(key);
+    lt_declined_.insert(key);
+    return false;
+  }
+  if (launched != CUBLAS_STATUS_SUCCESS) throw_cublas_error(launched, "cublasLtMatmul", __FILE__, __LINE__);
   COROLLA_CUDA_LAUNCH_CHECK("cublasLtMatmul");  // with COROLLA_CUDA_SYNC=1: faults located here
+  return true;
 }
 
 void cuda_backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
@@ -219,7 +285,7 @@ void cuda_backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool tra
     return;
   }
   lt_matmul(trans_a, trans_b, m, n, k, alpha, a.raw(), a.type(), a.dim(-1), b.raw(), b.type(),
-            b.dim(-1), beta, c.raw(), c.type(), n, nullptr);
+            b.dim(-1), beta, c.raw(), c.type(), n);
 }
 
 namespace {
@@ -273,9 +339,8 @@ void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, 
     for (std::int64_t o0 = 0; o0 < out; o0 += slice) {
       const std::int64_t n = std::min(slice, out - o0);
       convert(stream_, w16 + o0 * in, elem::bf16, wide, elem::f32, n * in);
-      lt_matmul(false, true, rows, n, in, 1.0f, x.raw(), dtype::f32, in, wide, dtype::f32, in,
-                0.0f, y.data<float>() + o0, dtype::f32, out,
-                bias ? bias->data<float>() + o0 : nullptr);
+      lt_matmul(false, true, rows, n, in, 1.0f, x.raw(), dtype::f32, in, wide, dtype::f32, in, 0.0f,
+                y.data<float>() + o0, dtype::f32, out, bias_epilogue(bias ? bias->data<float>() + o0 : nullptr));
     }
     return;
   }
@@ -299,15 +364,17 @@ void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, 
       COROLLA_CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream_));
     return;
   }
-  lt_matmul(false, true, rows, out, in, 1.0f, x.raw(), x.type(), in, w.raw(), w.type(), in, beta,
-            y.raw(), y.type(), out, epilogue ? bias->raw() : nullptr);
+  lt_matmul(false, true, rows, out, in, 1.0f, x.raw(), x.type(), in, w.raw(), w.type(), in, beta, y.raw(), y.type(),
+            out, bias_epilogue(epilogue ? bias->raw() : nullptr));
 }
 
 bool cuda_backend::linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
                                 const Tensor* residual, Tensor& y) {
-  // Decode's case only: f32 rows with a bf16 weight, few enough rows for
-  // the GEMV (linear's own path for them), a non-empty product.
-  if (!check_linear_fused(x, w, bias, e, residual, y, dev())) return false;
+  // Decode's case: f32 rows with a bf16 weight, few enough rows for the
+  // GEMV (linear's own path for them), a non-empty product. Training's:
+  // the residual add of a product of many rows (gemm_epilogues.cpp).
+  if (!check_linear_fused(x, w, bias, e, residual, y, dev()))
+    return e == linear_epilogue::add && residual && linear_add_lt(x, w, bias, *residual, y);
   const std::int64_t rows = x.dim(0), in = x.dim(1), out = y.dim(1);
   device_guard guard(index_);
   const gemv_epilogue epilogue = e == linear_epilogue::add    ? gemv_epilogue::residual
@@ -422,11 +489,11 @@ void cuda_backend::linear_backward(const Tensor& x, const Tensor& w, const Tenso
       COROLLA_CUDA_CHECK(cudaMemsetAsync(dx->raw(), 0, dx->nbytes(), stream_));
     else  // dx[rows,in] = dy[rows,out] @ w[out,in]
       lt_matmul(false, false, rows, in, out, 1.0f, dy.raw(), dy.type(), out, w.raw(), w.type(),
-                in, 0.0f, dx->raw(), dx->type(), in, nullptr);
+                in, 0.0f, dx->raw(), dx->type(), in);
   }
   if (rows > 0 && out > 0 && in > 0)  // dw[out,in] += dy^T[out,rows] @ x[rows,in]
     lt_matmul(true, false, out, in, rows, 1.0f, dy.raw(), dy.type(), out, x.raw(), x.type(), in,
-              1.0f, dw.raw(), dw.type(), in, nullptr);
+              1.0f, dw.raw(), dw.type(), in);
   if (db && rows > 0 && out > 0)
     column_sum_accumulate(stream_, dy.raw(), elem_of(dy.type(), "linear_backward dy"), rows, out, db->raw(),
                           elem_of(db->type(), "linear_backward db"));

@@ -19,7 +19,9 @@
 # JSON line of each benchmark); what `corolla info` says is printed. A run cut off still leaves what it finished.
 # profile: about 2 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
-# batch 8 unprofiled), AdamW with its bf16 copy against the two ops
+# batch 8 unprofiled), batch 4 without cuBLASLt's training epilogues
+# (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train), AdamW with
+# its bf16 copy against the two ops
 # (`bench update`), Nsight Compute's counters over the decode
 # GEMVs, and PyTorch's figures on the same GPU (torch_reference.py).
 # gemv: about 2 minutes: the GEMV tests, then 7B bf16 decode four ways:
@@ -88,6 +90,7 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     [ -z "$json" ] && json=null
     steps+=("{\"name\":\"$name\",\"exit\":$rc,\"seconds\":$((t1 - t0)),\"result\":$json}")
     summary
+    return "$rc"
   }
   summary() {  # rewritten after every step, so a cut-off run keeps what it has
     local IFS=,
@@ -142,6 +145,10 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
       --compute bf16 --profile
     step train_b8 90 corolla bench train --preset gpt2-1.5b --batch 8 --seq 1024 --steps 2 --matmul bf16 \
       --compute bf16
+    # Training without cuBLASLt's epilogues (residual adds, GELU and its
+    # backward as their own ops): against lean's bench_train.
+    step train_no_lt_epilogues 90 env COROLLA_CUDA_LT_EPILOGUES=0 corolla bench train --preset gpt2-1.5b \
+      --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
     # AdamW writing the bf16 compute copy against AdamW, then the copy (a GPT-2-1.5B block).
     step bench_update 30 corolla bench update --groups 1 --compute-copy bf16
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
@@ -187,8 +194,15 @@ PY
     echo "[+$(($(date +%s) - start))s] the register attention kernels failed or disagree with the WMMA ones:" \
       "bench_train runs with COROLLA_ATTENTION_KERNELS=wmma"
   fi
-  step bench_train 90 corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 \
-    --compute bf16
+  # cuBLASLt's epilogues in training (gemm_epilogues.cpp) are new to the
+  # GPU too: should the run fail, it runs once more without them (the same
+  # log name: lean keeps at most 8 files; summary.json keeps both runs).
+  if ! step bench_train 90 corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 \
+    --compute bf16; then
+    echo "[+$(($(date +%s) - start))s] bench_train failed: once more with COROLLA_CUDA_LT_EPILOGUES=0"
+    step bench_train 90 env COROLLA_CUDA_LT_EPILOGUES=0 corolla bench train --preset gpt2-1.5b --batch 4 \
+      --seq 1024 --steps 3 --matmul bf16 --compute bf16
+  fi
   echo "[+$(($(date +%s) - start))s] lean done: $out/summary.json"
   exit 0
 fi

@@ -242,7 +242,15 @@ void emulated_device_backend::linear_nf4(const Tensor& x, const Tensor& q, const
 
 bool emulated_device_backend::linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e,
                                            const Tensor* residual, Tensor& y) {
-  if (!check_linear_fused(x, w, bias, e, residual, y, dev())) return false;  // CUDA's rules
+  if (!check_linear_fused(x, w, bias, e, residual, y, dev())) {  // CUDA's rules
+    if (e != linear_epilogue::add || !residual || !check_linear_add_product(x, w, bias, *residual, y, dev()))
+      return false;
+    // cuBLASLt's add (gemm_epilogues.cpp): the residual may be y itself
+    Tensor t = empty({x.dim(0), w.dim(0)}, y.type());
+    linear(x, w, bias, t);
+    add(*residual, t, y);
+    return true;
+  }
   const std::int64_t rows = x.dim(0), rows_w = w.dim(0);
   Tensor t = empty({rows, rows_w});
   linear(x, w, bias, t);
@@ -263,6 +271,22 @@ bool emulated_device_backend::linear_fused(const Tensor& x, const Tensor& w, con
       break;
     }
   }
+  return true;
+}
+
+bool emulated_device_backend::linear_gelu(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& pre,
+                                          Tensor& y) {
+  if (!check_linear_gelu(x, w, bias, pre, y, dev())) return false;  // CUDA's rules
+  linear(x, w, bias, pre);
+  gelu(pre, y);
+  return true;
+}
+
+bool emulated_device_backend::gemm_gelu_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre) {
+  if (!check_gemm_gelu_backward(dy, w, pre, dpre, dev())) return false;  // CUDA's rules
+  Tensor t = empty({dy.dim(0), w.dim(1)}, dpre.type());
+  gemm(dy, false, w, false, t);
+  gelu_backward(pre, t, dpre);
   return true;
 }
 

@@ -83,11 +83,20 @@ class emulated_device_backend final : public Backend {
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
   void linear_q8(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor* bias, Tensor& y) override;
   void linear_nf4(const Tensor& x, const Tensor& q, const Tensor& absmax, const Tensor* bias, Tensor& y) override;
-  /// Takes what the CUDA backend takes (f32 x of 1 to 16 rows, a bf16 w) and
-  /// runs the two ops (its own linear, then add, gelu or swiglu), so the
-  /// model's fused decode path runs here with the cpu's arithmetic.
+  /// Takes what the CUDA backend takes (f32 x of 1 to 16 rows, a bf16 w;
+  /// add for the products check_linear_add_product takes) and runs the two
+  /// ops (its own linear, then add, gelu or swiglu), so the model's fused
+  /// decode and training paths run here with the cpu's arithmetic.
   bool linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, linear_epilogue e, const Tensor* residual,
                     Tensor& y) override;
+  /// Takes what the CUDA backend takes (check_linear_gelu) and runs linear,
+  /// then gelu.
+  bool linear_gelu(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& pre, Tensor& y) override;
+  /// Takes what the CUDA backend takes (check_gemm_gelu_backward) and runs
+  /// gemm, then gelu_backward: the product is rounded to dpre's dtype in
+  /// between, where cuBLASLt's epilogue keeps it in f32, so 16-bit results
+  /// are the unfused ops' bits, not CUDA's.
+  bool gemm_gelu_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre) override;
   /// Takes what the CUDA backend takes (one f32 row, a bf16 stacked q/k/v
   /// weight, in % 8 == 0) and runs linear then rope_store_kv.
   bool linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions, int hq,
