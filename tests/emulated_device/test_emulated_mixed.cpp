@@ -253,6 +253,35 @@ TEST_CASE("emulated device: AdamW writing the 16-bit compute copies trains as co
     }
     CHECK(with_copy == 3LL * m.config().n_layers);
     CHECK(plain == 3);  // the head's
+
+    // Nothing is converted between the trainer's steps: the first step
+    // converts each block's copy once (one copy op a block), the later ones
+    // make only the copies every step makes, and a forward reads the copies
+    // AdamW wrote as they are (zeroed behind the model's back, they change
+    // the next loss; a conversion would have restored them).
+    transformer a = transformer::load(dir.path(), counted), b = transformer::load(dir.path(), counted);
+    a.set_compute_dtype(dtype::bf16);
+    b.set_compute_dtype(dtype::bf16);
+    token_dataset da = token_dataset::from_tokens(some_ids(200, vocab, 6), vocab),
+                  db = token_dataset::from_tokens(some_ids(200, vocab, 6), vocab);
+    trainer ta(a, da, opts), tb(b, db, opts);
+    std::vector<long long> copy_ops;
+    for (int step = 0; step < 3; ++step) {
+      counted.reset();
+      counted.enable(true);
+      ta.step();
+      counted.enable(false);
+      long long n = 0;
+      for (const auto& t : counted.totals())
+        if (t.op == "copy") n = t.calls;
+      copy_ops.push_back(n);
+      tb.step();
+    }
+    CHECK(copy_ops[0] - copy_ops[1] == a.config().n_layers);
+    CHECK(copy_ops[1] == copy_ops[2]);
+    for (Tensor& c : a.compute_copies())
+      if (c.defined()) dev.scale(c, 0.0f);
+    CHECK(ta.step().loss != tb.step().loss);
   }
 }
 
