@@ -195,7 +195,8 @@ class Backend {
   /// backend has a fused form for these operands (CUDA: an f32 x of 1 to 16
   /// rows with a bf16 weight, as decode has, any epilogue; and add for a
   /// product of more than 16 rows with x, w, y and the residual of one
-  /// dtype, as training has: cuBLASLt with the residual as its C, beta 1).
+  /// dtype, as training and prefill with f32 weights have: cuBLASLt with
+  /// the residual as its C, beta 1).
   /// Returns false, having done nothing, where it has none: the caller then
   /// runs the two ops. When it returns true, y is what the two ops give (on
   /// CUDA's GEMV, the same bits; through cuBLASLt, the sum rounded once).
@@ -213,7 +214,8 @@ class Backend {
   /// backend has it (CUDA: cuBLASLt's GELU_AUX(_BIAS) epilogue, for x, w,
   /// pre, y and the bias of one float dtype and out % 8 == 0): pre = x @
   /// w^T (+ bias), kept for gelu_backward, and y = gelu(pre), the tanh form
-  /// of Backend::gelu. Returns false, having done nothing, where it has
+  /// of Backend::gelu (on CUDA of the product before pre is rounded to a
+  /// 16-bit dtype, so not bit for bit gelu of the stored pre). Returns false, having done nothing, where it has
   /// none: the caller runs linear, then gelu. Malformed operands of a form
   /// it takes are a tensor_error. pre and y may not overlap each other or x.
   virtual bool linear_gelu(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& pre, Tensor& y) {

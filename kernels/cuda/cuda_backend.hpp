@@ -65,7 +65,8 @@ struct lt_extra {
   void* d = nullptr;           ///< the output where it is not c (c is then only read, times beta)
   /// No algorithm for this product (or the launch refused): return false
   /// with nothing done, rather than throw. For fused forms that have an
-  /// unfused fallback.
+  /// unfused fallback; with a 16-bit output they also take no split-K
+  /// algorithm that reduces in the output's dtype (one rounding).
   bool may_decline = false;
 };
 
@@ -289,7 +290,9 @@ class cuda_backend final : public Backend {
   struct lt_key {
     std::array<std::int64_t, 7> dims{};    ///< m, n, k, lda, ldb, ldc, aux_ld
     std::array<std::uint32_t, 5> align{};  ///< cuBLAS's a, b, c, d and aux
-    std::array<std::uint8_t, 8> flags{};   ///< trans_a, trans_b, at, bt, ct, epilogue, precision, d != c
+    /// trans_a, trans_b, at, bt, ct, epilogue, precision, d != c, may_decline
+    /// (a fused form: no 16-bit split-K reduction)
+    std::array<std::uint8_t, 9> flags{};
     friend bool operator<(const lt_key& x, const lt_key& y) {
       return std::tie(x.dims, x.align, x.flags) < std::tie(y.dims, y.align, y.flags);
     }

@@ -212,7 +212,8 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
   key.flags = {static_cast<std::uint8_t>(trans_a), static_cast<std::uint8_t>(trans_b),
                static_cast<std::uint8_t>(at),      static_cast<std::uint8_t>(bt),
                static_cast<std::uint8_t>(ct),      static_cast<std::uint8_t>(extra.epilogue),
-               static_cast<std::uint8_t>(precision), static_cast<std::uint8_t>(d != c)};
+               static_cast<std::uint8_t>(precision), static_cast<std::uint8_t>(d != c),
+               static_cast<std::uint8_t>(extra.may_decline)};
   if (extra.may_decline && lt_declined_.count(key)) return false;
   cublasLtMatmulAlgo_t algo{};
   static_assert(sizeof algo == sizeof(std::array<std::uint64_t, 8>), "cublasLtMatmulAlgo_t size");
@@ -232,6 +233,14 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
         pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
     COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
+    if (extra.may_decline && ct != dtype::f32) {
+      // The fused forms promise one rounding: no split-K algorithm that
+      // reduces its partial sums in (or in place of) the 16-bit output,
+      // before the epilogue adds the residual or takes the GELU.
+      const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref.d, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+    }
 
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
@@ -260,7 +269,8 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
   }
   const cublasStatus_t launched = cublasLtMatmul(lt_, op.d, &alpha, b, la.d, a, lb.d, &beta, c, lc.d, d, lc.d,
                                                  &algo, lt_workspace_, lt_workspace_bytes_, stream_);
-  if (extra.may_decline && (launched == CUBLAS_STATUS_NOT_SUPPORTED || launched == CUBLAS_STATUS_INVALID_VALUE)) {
+  if (extra.may_decline && (launched == CUBLAS_STATUS_NOT_SUPPORTED || launched == CUBLAS_STATUS_INVALID_VALUE ||
+                            launched == CUBLAS_STATUS_ARCH_MISMATCH)) {
     // Refused before anything ran (argument checks): the caller's fallback runs.
     lt_algos_.erase(key);
     lt_declined_.insert(key);

@@ -2,9 +2,11 @@
 // them in cuBLASLt's epilogue (Backend::linear_fused's add for many rows,
 // linear_gelu, gemm_gelu_backward), so the op's own pass over the
 // activations goes away:
-//  * the residual add after the attention output and MLP down projections:
-//    the residual is the product's C with beta 1 and y its D (bias first,
-//    in the BIAS epilogue), y = x @ w^T + bias + residual rounded once;
+//  * the residual add after the attention output and MLP down projections
+//    (prefill's too, with f32 weights and more than 16 rows): the residual
+//    is the product's C with beta 1 and y its D (bias in the BIAS
+//    epilogue), y = x @ w^T + bias + residual rounded once (a 16-bit y
+//    takes no split-K algorithm that reduces in 16 bits: lt_extra);
 //  * GPT-2's up projection and GELU: GELU_AUX(_BIAS) writes gelu(pre) to y
 //    and pre, the GELU's input that its backward needs, to the aux matrix;
 //  * the GELU's backward into the down projection's input gradient: DGELU

@@ -199,7 +199,9 @@ PY
   # log name: lean keeps at most 8 files; summary.json keeps both runs).
   if ! step bench_train 90 corolla bench train --preset gpt2-1.5b --batch 4 --seq 1024 --steps 3 --matmul bf16 \
     --compute bf16; then
-    echo "[+$(($(date +%s) - start))s] bench_train failed: once more with COROLLA_CUDA_LT_EPILOGUES=0"
+    echo "[+$(($(date +%s) - start))s] bench_train failed (its last lines below, the log is reused):" \
+      "once more with COROLLA_CUDA_LT_EPILOGUES=0"
+    tail -n 30 "$out/bench_train.log"
     step bench_train 90 env COROLLA_CUDA_LT_EPILOGUES=0 corolla bench train --preset gpt2-1.5b --batch 4 \
       --seq 1024 --steps 3 --matmul bf16 --compute bf16
   fi
