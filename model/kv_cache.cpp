@@ -96,14 +96,17 @@ void kv_pool::release(const std::vector<std::byte*>& pages, std::size_t first) {
     free_.push_back(pages[i]);
     --in_use_;
   }
+  shared_count_.store(static_cast<std::int64_t>(extra_holders_.size()), std::memory_order_release);
 }
 
 void kv_pool::share(std::span<std::byte* const> pages) {
   std::lock_guard lock(mutex_);
   for (std::byte* p : pages) ++extra_holders_[p];
+  shared_count_.store(static_cast<std::int64_t>(extra_holders_.size()), std::memory_order_release);
 }
 
 bool kv_pool::shared(const std::byte* page) const {
+  if (shared_count_.load(std::memory_order_acquire) == 0) return false;
   std::lock_guard lock(mutex_);
   return extra_holders_.count(page) != 0;
 }

@@ -39,6 +39,7 @@
 // rollback) gets a copy of its own first (reserve(n, write_from)).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -151,6 +152,10 @@ class kv_pool {
   std::vector<std::byte*> free_;  ///< pages not held by any sequence
   /// Pages with more than one holder: how many beyond the first.
   std::unordered_map<const std::byte*, std::int64_t> extra_holders_;
+  /// extra_holders_.size(), written under the mutex: shared() answers a
+  /// pool without shared pages (no prefix sharing) without taking the
+  /// mutex, as every decode step's claim_row asks for every layer.
+  std::atomic<std::int64_t> shared_count_{0};
   std::int64_t in_use_ = 0;       ///< distinct pages held
   std::int64_t allocated_ = 0;     ///< pages allocated so far
 };
