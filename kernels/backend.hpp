@@ -276,6 +276,17 @@ class Backend {
   /// dx overwritten, dw accumulated.
   virtual void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                 const Tensor& dy, Tensor& dx, Tensor& dw) = 0;
+  /// rmsnorm_backward with the residual stream's gradient added in the same
+  /// pass: dx = the norm's input gradient + dres (a pre-norm block's input
+  /// feeds the norm and the residual connection). The default runs
+  /// rmsnorm_backward, then add (dres + dx); a device backend fuses them
+  /// (the same bits in f32, one rounding in 16 bits). dres is of dx's
+  /// dtype and shape; dx may not be dres, dy or x.
+  virtual void rmsnorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                    const Tensor& dres, Tensor& dx, Tensor& dw) {
+    rmsnorm_backward(x, w, rstd, dy, dx, dw);
+    add(dres, dx, dx);
+  }
   /// y = (x - mean) * rstd * w + b, per row. mean, rstd [N] saved if given.
   virtual void layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                          Tensor* mean, Tensor* rstd) = 0;
@@ -283,6 +294,13 @@ class Backend {
   virtual void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
                                   const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
                                   Tensor& db) = 0;
+  /// layernorm_backward with the residual stream's gradient added, as
+  /// rmsnorm_backward_add.
+  virtual void layernorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                      const Tensor& dy, const Tensor& dres, Tensor& dx, Tensor& dw, Tensor& db) {
+    layernorm_backward(x, w, mean, rstd, dy, dx, dw, db);
+    add(dres, dx, dx);
+  }
 
   // ---- rotary position embedding (HuggingFace rotate-half convention) ---------
   /// In place on x [N, H*Dh]: for each head, element i < Dh/2 pairs with

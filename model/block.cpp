@@ -15,7 +15,6 @@ void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dty
   const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
   const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
   ensure_tensor(be, s.dnorm, {N, D}, act);
-  ensure_tensor(be, s.dtmp, {N, D}, act);
   ensure_tensor(be, s.dh, {N, D}, act);
   ensure_tensor(be, s.dattn, {N, Q}, act);
   ensure_tensor(be, s.dq, {N, Q}, act);
@@ -457,9 +456,8 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     if (!fused) be.gelu_backward(a.up, s.dact, s.dup);
     be.linear_backward(a.norm2, w.up_w, s.dup, &s.dnorm, g.up_w, opt(g.up_b));
   }
-  norm_backward(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, s.dtmp, g.mlp_norm_w,
-                g.mlp_norm_b);
-  be.add(dy, s.dtmp, s.dh);  // the residual carries dy straight through
+  // dh = the norm's input gradient + dy, which the residual carries straight through
+  norm_backward_add(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, dy, s.dh, g.mlp_norm_w, g.mlp_norm_b);
 
   // Attention half: h = x + o(attn(q, k, v)).
   be.linear_backward(a.attn, w.o_w, s.dh, &s.dattn, g.o_w, opt(g.o_b));
@@ -479,9 +477,7 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
   be.gemm(dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
   be.linear_backward(a.norm1, w.v_w, s.dv, nullptr, g.v_w, opt(g.v_b));
   be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);
-  norm_backward(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dtmp, g.attn_norm_w,
-                g.attn_norm_b);
-  be.add(s.dh, s.dtmp, dx);
+  norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, g.attn_norm_w, g.attn_norm_b);
 }
 
 // ---- input-only backward (frozen weights) ------------------------------------------
@@ -527,9 +523,8 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
     }
     be.gemm(s.dup, false, w.up_w, false, s.dnorm);
   }
-  norm_backward(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, s.dtmp, scratch.norm_dw,
-                scratch.norm_db);
-  be.add(dy, s.dtmp, s.dh);
+  norm_backward_add(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, dy, s.dh, scratch.norm_dw,
+                    scratch.norm_db);
 
   // Attention half: h = x + o(attn(q, k, v)).
   be.gemm(s.dh, false, w.o_w, false, s.dattn);
@@ -545,9 +540,8 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
   be.gemm(dq, false, w.q_w, false, s.dnorm);
   be.gemm(dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
   be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);
-  norm_backward(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dtmp, scratch.norm_dw,
-                scratch.norm_db);
-  be.add(s.dh, s.dtmp, dx);
+  norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, scratch.norm_dw,
+                    scratch.norm_db);
 }
 
 }  // namespace corolla

@@ -183,7 +183,7 @@ struct block_activations {
 
 /// Scratch of block_backward, grown on demand and reused across blocks.
 struct block_grad_scratch {
-  Tensor dnorm, dtmp, dh, dattn, dq, dk, dv, dact, dgate, dup;
+  Tensor dnorm, dh, dattn, dq, dk, dv, dact, dgate, dup;
   Tensor dq_pre, dk_pre;  ///< Qwen3: gradients before the per-head norms
   moe_grad_scratch moe;   ///< mixture-of-experts blocks
 };

@@ -63,13 +63,16 @@ inline void rope_qk(Backend& be, const model_config& cfg, Tensor& q, Tensor& k, 
   be.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope);
 }
 
-inline void norm_backward(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
-                   const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                   Tensor& dw, Tensor& db) {
+/// The backward of a pre-norm block half's norm, with the gradient the
+/// residual connection carries to the same input added: dx = the norm's
+/// input gradient + dres (one pass where the backend fuses it).
+inline void norm_backward_add(Backend& be, const model_config& cfg, const Tensor& x, const Tensor& w,
+                              const Tensor& mean, const Tensor& rstd, const Tensor& dy, const Tensor& dres, Tensor& dx,
+                              Tensor& dw, Tensor& db) {
   if (is_llama(cfg))
-    be.rmsnorm_backward(x, w, rstd, dy, dx, dw);
+    be.rmsnorm_backward_add(x, w, rstd, dy, dres, dx, dw);
   else
-    be.layernorm_backward(x, w, mean, rstd, dy, dx, dw, db);
+    be.layernorm_backward_add(x, w, mean, rstd, dy, dres, dx, dw, db);
 }
 
 }  // namespace corolla::block_ops

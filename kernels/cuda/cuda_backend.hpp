@@ -142,11 +142,17 @@ class cuda_backend final : public Backend {
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) override;
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                         Tensor& dx, Tensor& dw) override;
+  /// The dx kernel adds dres before its one rounding (norm.cu).
+  void rmsnorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dres,
+                            Tensor& dx, Tensor& dw) override;
   void layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                  Tensor* mean, Tensor* rstd) override;
   void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
                           const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
                           Tensor& db) override;
+  /// The dx kernel adds dres before its one rounding (norm.cu).
+  void layernorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& dy, const Tensor& dres, Tensor& dx, Tensor& dw, Tensor& db) override;
 
   void rope_store_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, int hq, int hkv,
                      int head_dim, const rope_spec& spec, bool rotate, void* k_out, void* v_out,
@@ -275,6 +281,11 @@ class cuda_backend final : public Backend {
   /// queue before every op that takes host indices. `src` may change as
   /// soon as this returns.
   void upload(void* dst, const void* src, std::size_t bytes);
+  /// The norm backwards, with dres (the _add forms) or without (null).
+  void rmsnorm_backward_into(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                             const Tensor* dres, Tensor& dx, Tensor& dw);
+  void layernorm_backward_into(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& dy, const Tensor* dres, Tensor& dx, Tensor& dw, Tensor& db);
   /// linear_fused's add for a many-row product: cuBLASLt with the residual
   /// as C, beta 1 (gemm_epilogues.cpp). False where it declines.
   bool linear_add_lt(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& residual, Tensor& y);

@@ -93,8 +93,29 @@ void cuda_backend::add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, co
   cuda::add_rmsnorm(stream_, t, a.raw(), b.raw(), sum.raw(), cf(w), eps, y.raw(), n, d);
 }
 
+namespace {
+
+/// The residual gradient of a norm backward with the add: dx's dtype and
+/// shape, not dx itself.
+void check_residual_grad(const Tensor& dres, const Tensor& dx, device where, const char* what) {
+  require_on(dres, where, dx.type(), {dx.dim(0), dx.dim(1)}, what);
+  require_condition(dres.raw() != dx.raw(), what, "dx must be a tensor of its own (not dres)");
+}
+
+}  // namespace
+
 void cuda_backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                     const Tensor& dy, Tensor& dx, Tensor& dw) {
+  rmsnorm_backward_into(x, w, rstd, dy, nullptr, dx, dw);
+}
+
+void cuda_backend::rmsnorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                        const Tensor& dres, Tensor& dx, Tensor& dw) {
+  rmsnorm_backward_into(x, w, rstd, dy, &dres, dx, dw);
+}
+
+void cuda_backend::rmsnorm_backward_into(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                         const Tensor* dres, Tensor& dx, Tensor& dw) {
   const elem t = float_elem(x, dev(), "rmsnorm_backward x");
   require_condition(x.rank() == 2, "rmsnorm_backward x", "expected a 2-D [rows, features] tensor");
   const std::int64_t n = x.dim(0), d = x.dim(1);
@@ -103,8 +124,10 @@ void cuda_backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tens
   require_on(dy, dev(), x.type(), {n, d}, "rmsnorm_backward dy");
   require_on(dx, dev(), x.type(), {n, d}, "rmsnorm_backward dx");
   require_on(dw, dev(), dtype::f32, {d}, "rmsnorm_backward dw");
+  if (dres) check_residual_grad(*dres, dx, dev(), "rmsnorm_backward_add dres");
   device_guard guard(index_);
-  cuda::rmsnorm_backward(stream_, t, x.raw(), cf(w), cf(rstd), dy.raw(), dx.raw(), f(dw), n, d);
+  cuda::rmsnorm_backward(stream_, t, x.raw(), cf(w), cf(rstd), dy.raw(), dx.raw(), f(dw), n, d,
+                         dres ? dres->raw() : nullptr);
 }
 
 void cuda_backend::layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
@@ -125,6 +148,17 @@ void cuda_backend::layernorm(const Tensor& x, const Tensor& w, const Tensor& b, 
 void cuda_backend::layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
                                       const Tensor& rstd, const Tensor& dy, Tensor& dx,
                                       Tensor& dw, Tensor& db) {
+  layernorm_backward_into(x, w, mean, rstd, dy, nullptr, dx, dw, db);
+}
+
+void cuda_backend::layernorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                          const Tensor& dy, const Tensor& dres, Tensor& dx, Tensor& dw, Tensor& db) {
+  layernorm_backward_into(x, w, mean, rstd, dy, &dres, dx, dw, db);
+}
+
+void cuda_backend::layernorm_backward_into(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                           const Tensor& dy, const Tensor* dres, Tensor& dx, Tensor& dw,
+                                           Tensor& db) {
   const elem t = float_elem(x, dev(), "layernorm_backward x");
   require_condition(x.rank() == 2, "layernorm_backward x",
                     "expected a 2-D [rows, features] tensor");
@@ -136,9 +170,10 @@ void cuda_backend::layernorm_backward(const Tensor& x, const Tensor& w, const Te
   require_on(dx, dev(), x.type(), {n, d}, "layernorm_backward dx");
   require_on(dw, dev(), dtype::f32, {d}, "layernorm_backward dw");
   require_on(db, dev(), dtype::f32, {d}, "layernorm_backward db");
+  if (dres) check_residual_grad(*dres, dx, dev(), "layernorm_backward_add dres");
   device_guard guard(index_);
   cuda::layernorm_backward(stream_, t, x.raw(), cf(w), cf(mean), cf(rstd), dy.raw(), dx.raw(), f(dw),
-                           f(db), n, d);
+                           f(db), n, d, dres ? dres->raw() : nullptr);
 }
 
 // ---- rope ------------------------------------------------------------------------

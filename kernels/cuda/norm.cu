@@ -42,14 +42,14 @@ void add_rmsnorm(stream_t s, elem t, const void* a, const void* b, void* sum, co
 }
 
 void rmsnorm_backward(stream_t s, elem t, const void* x, const float* w, const float* rstd, const void* dy,
-                      void* dx, float* dw, std::int64_t n, std::int64_t d) {
+                      void* dx, float* dw, std::int64_t n, std::int64_t d, const void* dres) {
   if (n <= 0 || d <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
     const T* xt = static_cast<const T*>(x);
     const T* dyt = static_cast<const T*>(dy);
-    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), row_threads, 0, s>>>(xt, w, rstd, dyt,
-                                                                                 static_cast<T*>(dx), d);
+    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), row_threads, 0, s>>>(
+        xt, w, rstd, dyt, static_cast<T*>(dx), d, static_cast<const T*>(dres));
     COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dx_kernel");
     rmsnorm_backward_dw_kernel<T><<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(xt, rstd, dyt, dw, n, d);
     COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dw_kernel");
@@ -68,14 +68,15 @@ void layernorm_forward(stream_t s, elem t, const void* x, const float* w, const 
 }
 
 void layernorm_backward(stream_t s, elem t, const void* x, const float* w, const float* mean, const float* rstd,
-                        const void* dy, void* dx, float* dw, float* db, std::int64_t n, std::int64_t d) {
+                        const void* dy, void* dx, float* dw, float* db, std::int64_t n, std::int64_t d,
+                        const void* dres) {
   if (n <= 0 || d <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
     const T* xt = static_cast<const T*>(x);
     const T* dyt = static_cast<const T*>(dy);
-    layernorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), row_threads, 0, s>>>(xt, w, mean, rstd, dyt,
-                                                                                   static_cast<T*>(dx), d);
+    layernorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), row_threads, 0, s>>>(
+        xt, w, mean, rstd, dyt, static_cast<T*>(dx), d, static_cast<const T*>(dres));
     COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dx_kernel");
     layernorm_backward_dwdb_kernel<T><<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(
         xt, mean, rstd, dyt, dw, db, n, d);

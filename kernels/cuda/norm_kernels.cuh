@@ -64,10 +64,13 @@ __global__ void add_rmsnorm_kernel(const T* a, const T* b, T* sum, const float* 
   for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) store_f32(yr, i, load_f32(sr, i) * rs * w[i]);
 }
 
-// dx_j = r * (w_j dy_j - x_j * r^2 * mean_i(w_i dy_i x_i)),  r = rstd
+// dx_j = r * (w_j dy_j - x_j * r^2 * mean_i(w_i dy_i x_i)),  r = rstd;
+// with dres (the residual's gradient, may be null) added before the one
+// rounding on store, by __fadd_rn (no contraction into the product: the
+// f32 result is the add kernel's on the f32 dx, bit for bit).
 template <class T>
 __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const float* rstd, const T* dy, T* dx,
-                                           std::int64_t d) {
+                                           std::int64_t d, const T* dres) {
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * d;
   const T* g = dy + row * d;
@@ -77,8 +80,11 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const flo
   for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += w[i] * load_f32(g, i) * load_f32(xr, i);
   s = block_sum(s);
   const float c = r * r * s / static_cast<float>(d);
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x)
-    store_f32(o, i, r * (w[i] * load_f32(g, i) - load_f32(xr, i) * c));
+  const T* res = dres ? dres + row * d : nullptr;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = r * (w[i] * load_f32(g, i) - load_f32(xr, i) * c);
+    store_f32(o, i, res ? __fadd_rn(v, load_f32(res, i)) : v);
+  }
 }
 
 // dw_j += sum_rows dy_j x_j r
@@ -121,10 +127,11 @@ __global__ void layernorm_forward_kernel(const T* x, const float* w, const float
 }
 
 // With xhat = (x - mean) * r and g = dy * w:
-// dx = r * (g - mean(g) - xhat * mean(g * xhat))
+// dx = r * (g - mean(g) - xhat * mean(g * xhat)); dres as in
+// rmsnorm_backward_dx_kernel.
 template <class T>
 __global__ void layernorm_backward_dx_kernel(const T* x, const float* w, const float* mean, const float* rstd,
-                                             const T* dy, T* dx, std::int64_t d) {
+                                             const T* dy, T* dx, std::int64_t d, const T* dres) {
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * d;
   const T* g = dy + row * d;
@@ -140,8 +147,11 @@ __global__ void layernorm_backward_dx_kernel(const T* x, const float* w, const f
   sg = block_sum(sg);
   sgx = block_sum(sgx);
   const float mg = sg * inv_d, mgx = sgx * inv_d;
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x)
-    store_f32(o, i, r * (load_f32(g, i) * w[i] - mg - (load_f32(xr, i) - m) * r * mgx));
+  const T* res = dres ? dres + row * d : nullptr;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = r * (load_f32(g, i) * w[i] - mg - (load_f32(xr, i) - m) * r * mgx);
+    store_f32(o, i, res ? __fadd_rn(v, load_f32(res, i)) : v);
+  }
 }
 
 // dw += dy * xhat, db += dy, summed over rows

@@ -20,7 +20,9 @@
 //    __float2bfloat16_rn, __float2half_rn, __floats2half2_rn, subnormals
 //    included) and their
 //    widening; __fdiv_rn, __fmul_rn, __fadd_rn and __fmaf_rn as host IEEE
-//    arithmetic (fma rounded once); atomicAdd
+//    arithmetic (fma rounded once; the product and the sum materialised,
+//    so GCC, which contracts a * b + c under -march=native, cannot fuse
+//    them into an FMA: CUDA never contracts its _rn intrinsics); atomicAdd
 //    on floats as a real atomic (std::atomic_ref); float4 with its 16-byte
 //    alignment checked on every copy; uint4, __uint_as_float, and __ldg /
 //    __ldcs as plain loads with their alignment checked.
@@ -430,10 +432,29 @@ inline float to_float(__half h) { return from_f16(h.bits); }
 
 // ---- arithmetic intrinsics and atomics -------------------------------------------------
 
-/// IEEE f32 division and product rounded to nearest, as the host's.
+namespace corolla::emulated {
+/// v, opaque to the optimiser: the operation that made it cannot be fused
+/// with the one that uses it. CUDA never contracts its _rn intrinsics into
+/// an FMA; GCC contracts a * b + c on a host with FMA (-march=native)
+/// unless the product is materialised.
+inline float opaque(float v) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm("" : "+x"(v));
+#else
+  volatile float t = v;
+  v = t;
+#endif
+  return v;
+}
+}  // namespace corolla::emulated
+
+/// IEEE f32 division, product and sum rounded to nearest, as the host's,
+/// and never contracted with the operation before or after (as on CUDA).
 inline float __fdiv_rn(float a, float b) { return a / b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return corolla::emulated::opaque(a * b); }
+inline float __fadd_rn(float a, float b) {
+  return corolla::emulated::opaque(corolla::emulated::opaque(a) + corolla::emulated::opaque(b));
+}
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 /// A real atomic add: the block's threads run concurrently.
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }

@@ -39,6 +39,10 @@ namespace {
 
 constexpr double rel_tol = 1e-5, abs_tol = 1e-6;
 
+/// The norm backward kernels' dres when nothing is added.
+template <class T>
+constexpr const T* no_residual = nullptr;
+
 emulated::launch_config rows_of(std::int64_t n, unsigned threads) { return {static_cast<unsigned>(n), 1, threads, 0}; }
 emulated::launch_config column_blocks(std::int64_t d) {
   return {cuda::column_tiles(d), 1, cuda::column_tile, 0, cuda::column_tile};
@@ -95,7 +99,7 @@ TEST_CASE("emulated RMSNorm and LayerNorm kernels match the cpu, forward and bac
     Tensor dw = kernel_test::filled({d}, 0.25f), want_dw = kernel_test::filled({d}, 0.25f);
     cpu_backend().rmsnorm_backward(xb, w, rstd, dyb, want_dx, want_dw);
     emulated::launch(&cuda::rmsnorm_backward_dx_kernel<float>, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(rstd),
-                     f(dyb), f(dx), d);
+                     f(dyb), f(dx), d, no_residual<float>);
     emulated::launch(&cuda::rmsnorm_backward_dw_kernel<float>, column_blocks(d), f(xb), f(rstd), f(dyb), f(dw), rows, d);
     check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "rmsnorm dx");
     check_close(dw, to_double(want_dw), rel_tol, abs_tol, "rmsnorm dw");
@@ -106,7 +110,7 @@ TEST_CASE("emulated RMSNorm and LayerNorm kernels match the cpu, forward and bac
     want_dw = kernel_test::filled({d}, 0.25f);
     cpu_backend().layernorm_backward(xb, w, mean, rstd, dyb, want_dx, want_dw, want_db);
     emulated::launch(&cuda::layernorm_backward_dx_kernel<float>, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(mean),
-                     f(rstd), f(dyb), f(dx), d);
+                     f(rstd), f(dyb), f(dx), d, no_residual<float>);
     emulated::launch(&cuda::layernorm_backward_dwdb_kernel<float>, column_blocks(d), f(xb), f(mean), f(rstd), f(dyb), f(dw),
                      f(db), rows, d);
     check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "layernorm dx");
@@ -399,13 +403,28 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
   Tensor dx = Tensor::empty({n, d}, dt), dxw = Tensor::empty({n, d});
   Tensor dw = kernel_test::filled({d}, 0.25f), dww = kernel_test::filled({d}, 0.25f);
   emulated::launch(&cuda::rmsnorm_backward_dx_kernel<T>, rows_of(n, cuda::row_threads), as<T>(x), f(w), f(rstd),
-                   as<T>(dy), as<T>(dx), d);
+                   as<T>(dy), as<T>(dx), d, no_residual<T>);
   emulated::launch(&cuda::rmsnorm_backward_dx_kernel<float>, rows_of(n, cuda::row_threads), f(xw), f(w), f(rstd),
-                   f(dyw), f(dxw), d);
+                   f(dyw), f(dxw), d, no_residual<float>);
   emulated::launch(&cuda::rmsnorm_backward_dw_kernel<T>, column_blocks(d), as<T>(x), f(rstd), as<T>(dy), f(dw), n, d);
   emulated::launch(&cuda::rmsnorm_backward_dw_kernel<float>, column_blocks(d), f(xw), f(rstd), f(dyw), f(dww), n, d);
   check_close(widened(dx), rounded_to(dxw, dt), 0, 0, "rmsnorm dx in " + name);
   check_close(dw, to_double(dww), 0, 0, "rmsnorm dw in " + name);
+
+  // With the residual's gradient added (rmsnorm_backward_add): the f32
+  // kernel's dx plus the residual, rounded once; in f32, bit for bit the
+  // add kernel's sum of the residual and the f32 dx.
+  Tensor dres = random_tensor({n, d}, r).to(dt);
+  const Tensor dresw = dres.to(dtype::f32);
+  Tensor dxr = Tensor::empty({n, d}, dt), dxrw = Tensor::empty({n, d}), sumw = Tensor::empty({n, d});
+  emulated::launch(&cuda::rmsnorm_backward_dx_kernel<T>, rows_of(n, cuda::row_threads), as<T>(x), f(w), f(rstd),
+                   as<T>(dy), as<T>(dxr), d, static_cast<const T*>(as<T>(dres)));
+  emulated::launch(&cuda::rmsnorm_backward_dx_kernel<float>, rows_of(n, cuda::row_threads), f(xw), f(w), f(rstd),
+                   f(dyw), f(dxrw), d, static_cast<const float*>(f(dresw)));
+  check_close(widened(dxr), rounded_to(dxrw, dt), 0, 0, "rmsnorm dx + dres in " + name);
+  cpu_backend().add(dresw, dxw, sumw);
+  check_close(dxrw, to_double(sumw), 0, 0, "rmsnorm dx + dres in f32: dx, then add");
+  CHECK_FALSE(kernel_test::same_values(dxrw, dxw));  // the residual did arrive
 
   emulated::launch(&cuda::layernorm_forward_kernel<T>, rows_of(n, 256), as<T>(x), f(w), f(bias), 1e-5f, as<T>(y),
                    f(mean), f(rstd), d);
@@ -416,9 +435,9 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
   check_close(rstd, to_double(rstdw), 0, 0, "layernorm rstd in " + name);
   Tensor db = kernel_test::filled({d}, -0.5f), dbw = kernel_test::filled({d}, -0.5f);
   emulated::launch(&cuda::layernorm_backward_dx_kernel<T>, rows_of(n, cuda::row_threads), as<T>(x), f(w), f(mean),
-                   f(rstd), as<T>(dy), as<T>(dx), d);
+                   f(rstd), as<T>(dy), as<T>(dx), d, no_residual<T>);
   emulated::launch(&cuda::layernorm_backward_dx_kernel<float>, rows_of(n, cuda::row_threads), f(xw), f(w), f(mean),
-                   f(rstd), f(dyw), f(dxw), d);
+                   f(rstd), f(dyw), f(dxw), d, no_residual<float>);
   emulated::launch(&cuda::layernorm_backward_dwdb_kernel<T>, column_blocks(d), as<T>(x), f(mean), f(rstd), as<T>(dy),
                    f(dw), f(db), n, d);
   emulated::launch(&cuda::layernorm_backward_dwdb_kernel<float>, column_blocks(d), f(xw), f(mean), f(rstd), f(dyw),
@@ -426,6 +445,13 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
   check_close(widened(dx), rounded_to(dxw, dt), 0, 0, "layernorm dx in " + name);
   check_close(dw, to_double(dww), 0, 0, "layernorm dw in " + name);
   check_close(db, to_double(dbw), 0, 0, "layernorm db in " + name);
+  emulated::launch(&cuda::layernorm_backward_dx_kernel<T>, rows_of(n, cuda::row_threads), as<T>(x), f(w), f(mean),
+                   f(rstd), as<T>(dy), as<T>(dxr), d, static_cast<const T*>(as<T>(dres)));
+  emulated::launch(&cuda::layernorm_backward_dx_kernel<float>, rows_of(n, cuda::row_threads), f(xw), f(w), f(mean),
+                   f(rstd), f(dyw), f(dxrw), d, static_cast<const float*>(f(dresw)));
+  check_close(widened(dxr), rounded_to(dxrw, dt), 0, 0, "layernorm dx + dres in " + name);
+  cpu_backend().add(dresw, dxw, sumw);
+  check_close(dxrw, to_double(sumw), 0, 0, "layernorm dx + dres in f32: dx, then add");
 
   const std::vector<std::int32_t> pos = {0, 9, 4095};
   Tensor q = random_tensor({3, 4 * 16}, r).to(dt);

@@ -440,6 +440,27 @@ void emulated_device_backend::rmsnorm_backward(const Tensor& x, const Tensor& w,
   o.finish();
 }
 
+void emulated_device_backend::rmsnorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                                   const Tensor& dy, const Tensor& dres, Tensor& dx, Tensor& dw) {
+  user u(*this);
+  want_float(x, "rmsnorm_backward_add x");
+  want(dy, x.type(), "rmsnorm_backward_add dy");
+  want(dx, x.type(), "rmsnorm_backward_add dx");
+  want(dres, x.type(), "rmsnorm_backward_add dres");
+  require_condition(dres.raw() != dx.raw(), "rmsnorm_backward_add dres", "dx must be a tensor of its own (not dres)");
+  for (auto [t, what] : {std::pair{&w, "rmsnorm_backward_add w"}, {&rstd, "rmsnorm_backward_add rstd"},
+                         {static_cast<const Tensor*>(&dw), "rmsnorm_backward_add dw"}})
+    want(*t, dtype::f32, what);
+  operands o(*this);
+  Tensor dxv = o.out(dx, "rmsnorm_backward_add dx");
+  Tensor dwv = o.out(dw, "rmsnorm_backward_add dw");
+  cpu_backend().rmsnorm_backward(o.in(x, "rmsnorm_backward_add x"), o.in(w, "rmsnorm_backward_add w"),
+                                 o.in(rstd, "rmsnorm_backward_add rstd"), o.in(dy, "rmsnorm_backward_add dy"), dxv,
+                                 dwv);
+  cpu_backend().add(o.in(dres, "rmsnorm_backward_add dres"), dxv, dxv);  // in f32, before the rounding
+  o.finish();
+}
+
 void emulated_device_backend::layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                                         Tensor* mean, Tensor* rstd) {
   user u(*this);
@@ -475,6 +496,32 @@ void emulated_device_backend::layernorm_backward(const Tensor& x, const Tensor& 
   cpu_backend().layernorm_backward(o.in(x, "layernorm_backward x"), o.in(w, "layernorm_backward w"),
                                    o.in(mean, "layernorm_backward mean"), o.in(rstd, "layernorm_backward rstd"),
                                    o.in(dy, "layernorm_backward dy"), dxv, dwv, dbv);
+  o.finish();
+}
+
+void emulated_device_backend::layernorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                                     const Tensor& rstd, const Tensor& dy, const Tensor& dres,
+                                                     Tensor& dx, Tensor& dw, Tensor& db) {
+  user u(*this);
+  want_float(x, "layernorm_backward_add x");
+  want(dy, x.type(), "layernorm_backward_add dy");
+  want(dx, x.type(), "layernorm_backward_add dx");
+  want(dres, x.type(), "layernorm_backward_add dres");
+  require_condition(dres.raw() != dx.raw(), "layernorm_backward_add dres",
+                    "dx must be a tensor of its own (not dres)");
+  for (auto [t, what] : {std::pair{&w, "layernorm_backward_add w"}, {&mean, "layernorm_backward_add mean"},
+                         {&rstd, "layernorm_backward_add rstd"},
+                         {static_cast<const Tensor*>(&dw), "layernorm_backward_add dw"},
+                         {static_cast<const Tensor*>(&db), "layernorm_backward_add db"}})
+    want(*t, dtype::f32, what);
+  operands o(*this);
+  Tensor dxv = o.out(dx, "layernorm_backward_add dx");
+  Tensor dwv = o.out(dw, "layernorm_backward_add dw");
+  Tensor dbv = o.out(db, "layernorm_backward_add db");
+  cpu_backend().layernorm_backward(o.in(x, "layernorm_backward_add x"), o.in(w, "layernorm_backward_add w"),
+                                   o.in(mean, "layernorm_backward_add mean"), o.in(rstd, "layernorm_backward_add rstd"),
+                                   o.in(dy, "layernorm_backward_add dy"), dxv, dwv, dbv);
+  cpu_backend().add(o.in(dres, "layernorm_backward_add dres"), dxv, dxv);  // in f32, before the rounding
   o.finish();
 }
 

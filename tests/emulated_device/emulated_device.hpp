@@ -114,10 +114,16 @@ class emulated_device_backend final : public Backend {
   void add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, const Tensor& w, float eps, Tensor& y) override;
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                         Tensor& dw) override;
+  /// dres added to the f32 dx before the one rounding, as CUDA's kernel.
+  void rmsnorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dres,
+                            Tensor& dx, Tensor& dw) override;
   void layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor* mean,
                  Tensor* rstd) override;
   void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                           Tensor& dx, Tensor& dw, Tensor& db) override;
+  /// dres added to the f32 dx before the one rounding, as CUDA's kernel.
+  void layernorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& dy, const Tensor& dres, Tensor& dx, Tensor& dw, Tensor& db) override;
   void rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, const rope_spec& theta, bool inverse = false) override;
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, int batch, int seq, const attention_shape& s,
                  Tensor& out, Tensor* lse) override;

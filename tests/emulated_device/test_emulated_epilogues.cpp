@@ -1,9 +1,12 @@
 // Training's products with the op after them in the product's epilogue
 // (Backend::linear_fused's add for many rows, linear_gelu,
-// gemm_gelu_backward; CUDA: cuBLASLt's epilogues, gemm_epilogues.cpp) on
-// the emulated device, which takes the operands CUDA takes and runs the two
-// ops: the model's training forward and backward must take them on every
-// layer and give the cpu's losses and gradients bit for bit (f32), and the
+// gemm_gelu_backward; CUDA: cuBLASLt's epilogues, gemm_epilogues.cpp), and
+// the norms' backward with the residual's gradient added
+// (rmsnorm_backward_add, layernorm_backward_add), on the emulated device,
+// which takes the operands CUDA takes and runs the two ops (the norms'
+// with one rounding, as CUDA's kernel): the model's training forward and
+// backward must take them on every layer and give the cpu's losses and
+// gradients bit for bit (f32), and the
 // ops must leave to the caller what CUDA leaves and refuse malformed
 // operands. The cuBLASLt arithmetic itself is checked on a GPU
 // (tests/kernels/cuda_epilogues.cpp).
@@ -103,10 +106,12 @@ TEST_CASE("emulated device: training takes the products' epilogues on every laye
       CHECK(calls_of(counted, "gemm + gelu_backward (fused)") == (gpt2 ? layers : 0));
       CHECK(calls_of(counted, "gelu") == 0);
       CHECK(calls_of(counted, "gelu_backward") == 0);
-      // The adds left: the backward's two residual sums a layer (and the
-      // forward's two where the products are not fused), and GPT-2's
-      // position embeddings.
-      CHECK(calls_of(counted, "add") == (adds ? 2LL : 4LL) * layers + (gpt2 ? 1 : 0));
+      // The backward's two residual sums a layer go into the norms'
+      // backward; the adds left are the forward's two where the products
+      // are not fused, and GPT-2's position embeddings.
+      CHECK(calls_of(counted, gpt2 ? "layernorm_backward + add" : "rmsnorm_backward + add") == 2LL * layers);
+      CHECK(calls_of(counted, gpt2 ? "layernorm_backward" : "rmsnorm_backward") == 1);  // the final norm's
+      CHECK(calls_of(counted, "add") == (adds ? 0LL : 2LL) * layers + (gpt2 ? 1 : 0));
     }
     // 16-bit compute takes the same forms.
     emulated_device_backend dev;

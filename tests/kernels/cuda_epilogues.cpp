@@ -2,8 +2,9 @@
 // them in cuBLASLt's epilogue (kernels/cuda/gemm_epilogues.cpp) against the
 // CPU's two ops: linear_fused's residual add for many rows (out of place and
 // in place), linear_gelu (GELU_AUX(_BIAS): y and the kept GELU input) and
-// gemm_gelu_backward (DGELU), in f32 and bf16, on GPT-2-like proportions.
-// Without the CUDA backend or a visible device each test says why in a
+// gemm_gelu_backward (DGELU), in f32 and bf16, on GPT-2-like proportions;
+// and the norms' backward with the residual's gradient added in their dx
+// kernel (rmsnorm_backward_add, layernorm_backward_add). Without the CUDA backend or a visible device each test says why in a
 // MESSAGE and returns. Tolerances as cuda_ops_util.hpp explains.
 #include <doctest/doctest.h>
 
@@ -98,4 +99,48 @@ TEST_CASE("cuda: the training epilogues leave decode's shapes and unaligned widt
   Tensor mixed = up(random_tensor({rows, in}, r), dtype::bf16), yo = gpu().empty({rows, out}),
          po = gpu().empty({rows, out});
   CHECK_FALSE(gpu().linear_gelu(mixed, w, nullptr, po, yo));  // bf16 x with an f32 weight
+}
+
+TEST_CASE("cuda: the norms' backward with the residual's gradient added is the two ops (f32 bit for bit, 16-bit within rounding)") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(903);
+  const std::int64_t n = 37, d = 96;
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    const std::string type_name = dtype_name(t);
+    CAPTURE(type_name);
+    Tensor x = rounded(random_tensor({n, d}, r), t), dy = rounded(random_tensor({n, d}, r), t),
+           dres = rounded(random_tensor({n, d}, r), t);
+    Tensor w = random_tensor({d}, r, 0.5f, 1.5f), b = random_tensor({d}, r);
+    for (bool layer : {false, true}) {
+      CAPTURE(layer);
+      // the reference: the cpu's norm backward, then add
+      Tensor y = Tensor::empty({n, d}), mean = Tensor::empty({n}), rstd = Tensor::empty({n});
+      if (layer)
+        cpu().layernorm(x, w, b, 1e-5f, y, &mean, &rstd);
+      else
+        cpu().rmsnorm(x, w, 1e-5f, y, &rstd);
+      Tensor want = Tensor::empty({n, d}), dw = Tensor::zeros({d}), db = Tensor::zeros({d});
+      if (layer)
+        cpu().layernorm_backward(x, w, mean, rstd, dy, want, dw, db);
+      else
+        cpu().rmsnorm_backward(x, w, rstd, dy, want, dw);
+      cpu().add(dres, want, want);
+      Tensor dx_dev = up(x, t), ddy = up(dy, t), ddres = up(dres, t), dw_dev = up(w), dmean = up(mean),
+             drstd = up(rstd);
+      Tensor fused = gpu().empty({n, d}, t), plain = gpu().empty({n, d}, t);
+      Tensor gw1 = up(Tensor::zeros({d})), gw2 = up(Tensor::zeros({d})), gb1 = up(Tensor::zeros({d})),
+             gb2 = up(Tensor::zeros({d}));
+      if (layer) {
+        gpu().layernorm_backward_add(dx_dev, dw_dev, dmean, drstd, ddy, ddres, fused, gw1, gb1);
+        gpu().layernorm_backward(dx_dev, dw_dev, dmean, drstd, ddy, plain, gw2, gb2);
+      } else {
+        gpu().rmsnorm_backward_add(dx_dev, dw_dev, drstd, ddy, ddres, fused, gw1);
+        gpu().rmsnorm_backward(dx_dev, dw_dev, drstd, ddy, plain, gw2);
+      }
+      gpu().add(ddres, plain, plain);
+      expect_close(fused, want, out_rtol(t), t == dtype::f32 ? grad_atol : 1e-2, "norm backward + add");
+      expect_close(gw1, down(gw2), 0, 0, "norm dw");
+      if (t == dtype::f32) expect_close(fused, down(plain), 0, 0, "norm backward + add: the two ops' bits");
+    }
+  }
 }
