@@ -495,6 +495,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   register_bench_serve(bench, action);
   register_bench_attention(bench, action);
   register_bench_update(bench, action);
+  register_bench_fusions(bench, action);
   register_bench_loss(bench, action);
 }
 

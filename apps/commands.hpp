@@ -66,6 +66,9 @@ void register_bench_attention(CLI::App* bench, action_fn& action);
 /// `corolla bench update`: a training rank's bucket update on the device vs
 /// on the host (apps/bench_update.cpp).
 void register_bench_update(CLI::App* bench, action_fn& action);
+/// `corolla bench fusions`: training's fused ops vs the two ops each
+/// replaces, on one block's shapes (apps/bench_fusions.cpp).
+void register_bench_fusions(CLI::App* bench, action_fn& action);
 /// `corolla bench loss`: the head's training loss with the logits in chunks
 /// of rows vs all rows at once (apps/bench_loss.cpp).
 void register_bench_loss(CLI::App* bench, action_fn& action);

@@ -27,6 +27,7 @@ bool check_linear_fused(const Tensor& x, const Tensor& w, const Tensor* bias, li
   require_on(y, where, dtype::f32, {rows, out}, what);
   return true;
 }
+
 namespace {
 
 /// x [rows, in] and w [out, in], 2-D, of one float dtype shared by `out`

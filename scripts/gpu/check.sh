@@ -20,7 +20,8 @@
 # profile: about 2 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
 # batch 8 unprofiled), batch 4 without cuBLASLt's training epilogues
-# (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train), AdamW with
+# (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train), each fused
+# training op against its two ops (`bench fusions`), AdamW with
 # its bf16 copy against the two ops
 # (`bench update`), Nsight Compute's counters over the decode
 # GEMVs, and PyTorch's figures on the same GPU (torch_reference.py).
@@ -149,6 +150,8 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     # backward as their own ops): against lean's bench_train.
     step train_no_lt_epilogues 90 env COROLLA_CUDA_LT_EPILOGUES=0 corolla bench train --preset gpt2-1.5b \
       --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
+    # Each fused training op against its two ops, same run (GPT-2-1.5B's block shapes).
+    step bench_fusions 30 corolla bench fusions --dtype bf16
     # AdamW writing the bf16 compute copy against AdamW, then the copy (a GPT-2-1.5B block).
     step bench_update 30 corolla bench update --groups 1 --compute-copy bf16
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)

@@ -423,43 +423,61 @@ void emulated_device_backend::add_rmsnorm(const Tensor& a, const Tensor& b, Tens
                             on_device(w, "add_rmsnorm w"), eps, yv);
 }
 
+void emulated_device_backend::norm_backward(const Tensor& x, const Tensor& w, const Tensor* mean, const Tensor& rstd,
+                                            const Tensor& dy, const Tensor* dres, Tensor& dx, Tensor& dw, Tensor* db) {
+  user u(*this);
+  const bool layer = mean != nullptr;
+  auto name = [layer](const char* rms, const char* ln) { return layer ? ln : rms; };
+  want_float(x, name("rmsnorm_backward x", "layernorm_backward x"));
+  want(dy, x.type(), name("rmsnorm_backward dy", "layernorm_backward dy"));
+  want(dx, x.type(), name("rmsnorm_backward dx", "layernorm_backward dx"));
+  if (dres) {
+    const char* what = name("rmsnorm_backward_add dres", "layernorm_backward_add dres");
+    want(*dres, x.type(), what);
+    require_condition(dres->raw() != dx.raw(), what, "dx must be a tensor of its own (not dres)");
+  }
+  want(w, dtype::f32, name("rmsnorm_backward w", "layernorm_backward w"));
+  want(mean, dtype::f32, "layernorm_backward mean");
+  want(rstd, dtype::f32, name("rmsnorm_backward rstd", "layernorm_backward rstd"));
+  want(dw, dtype::f32, name("rmsnorm_backward dw", "layernorm_backward dw"));
+  want(db, dtype::f32, "layernorm_backward db");
+  operands o(*this);
+  Tensor dxv = o.out(dx, name("rmsnorm_backward dx", "layernorm_backward dx"));
+  Tensor dwv = o.out(dw, name("rmsnorm_backward dw", "layernorm_backward dw"));
+  const Tensor xv = o.in(x, name("rmsnorm_backward x", "layernorm_backward x")), wv = o.in(w, name("rmsnorm_backward w", "layernorm_backward w")), rv = o.in(rstd, name("rmsnorm_backward rstd", "layernorm_backward rstd")),
+               dyv = o.in(dy, name("rmsnorm_backward dy", "layernorm_backward dy"));
+  if (layer) {
+    Tensor dbv = o.out(*db, "layernorm_backward db");
+    cpu_backend().layernorm_backward(xv, wv, o.in(*mean, "layernorm_backward mean"), rv, dyv, dxv, dwv, dbv);
+  } else {
+    cpu_backend().rmsnorm_backward(xv, wv, rv, dyv, dxv, dwv);
+  }
+  if (dres) cpu_backend().add(o.in(*dres, name("rmsnorm_backward_add dres", "layernorm_backward_add dres")), dxv, dxv);  // in f32, before the rounding
+  o.finish();
+}
+
 void emulated_device_backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                                                Tensor& dx, Tensor& dw) {
-  user u(*this);
-  want_float(x, "rmsnorm_backward x");
-  want(dy, x.type(), "rmsnorm_backward dy");
-  want(dx, x.type(), "rmsnorm_backward dx");
-  for (auto [t, what] : {std::pair{&w, "rmsnorm_backward w"}, {&rstd, "rmsnorm_backward rstd"},
-                         {static_cast<const Tensor*>(&dw), "rmsnorm_backward dw"}})
-    want(*t, dtype::f32, what);
-  operands o(*this);
-  Tensor dxv = o.out(dx, "rmsnorm_backward dx");
-  Tensor dwv = o.out(dw, "rmsnorm_backward dw");
-  cpu_backend().rmsnorm_backward(o.in(x, "rmsnorm_backward x"), o.in(w, "rmsnorm_backward w"),
-                                 o.in(rstd, "rmsnorm_backward rstd"), o.in(dy, "rmsnorm_backward dy"), dxv, dwv);
-  o.finish();
+  norm_backward(x, w, nullptr, rstd, dy, nullptr, dx, dw, nullptr);
 }
 
 void emulated_device_backend::rmsnorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                                    const Tensor& dy, const Tensor& dres, Tensor& dx, Tensor& dw) {
-  user u(*this);
-  want_float(x, "rmsnorm_backward_add x");
-  want(dy, x.type(), "rmsnorm_backward_add dy");
-  want(dx, x.type(), "rmsnorm_backward_add dx");
-  want(dres, x.type(), "rmsnorm_backward_add dres");
-  require_condition(dres.raw() != dx.raw(), "rmsnorm_backward_add dres", "dx must be a tensor of its own (not dres)");
-  for (auto [t, what] : {std::pair{&w, "rmsnorm_backward_add w"}, {&rstd, "rmsnorm_backward_add rstd"},
-                         {static_cast<const Tensor*>(&dw), "rmsnorm_backward_add dw"}})
-    want(*t, dtype::f32, what);
-  operands o(*this);
-  Tensor dxv = o.out(dx, "rmsnorm_backward_add dx");
-  Tensor dwv = o.out(dw, "rmsnorm_backward_add dw");
-  cpu_backend().rmsnorm_backward(o.in(x, "rmsnorm_backward_add x"), o.in(w, "rmsnorm_backward_add w"),
-                                 o.in(rstd, "rmsnorm_backward_add rstd"), o.in(dy, "rmsnorm_backward_add dy"), dxv,
-                                 dwv);
-  cpu_backend().add(o.in(dres, "rmsnorm_backward_add dres"), dxv, dxv);  // in f32, before the rounding
-  o.finish();
+  norm_backward(x, w, nullptr, rstd, dy, &dres, dx, dw, nullptr);
 }
+
+void emulated_device_backend::layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                                 const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
+                                                 Tensor& db) {
+  norm_backward(x, w, &mean, rstd, dy, nullptr, dx, dw, &db);
+}
+
+void emulated_device_backend::layernorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                                     const Tensor& rstd, const Tensor& dy, const Tensor& dres,
+                                                     Tensor& dx, Tensor& dw, Tensor& db) {
+  norm_backward(x, w, &mean, rstd, dy, &dres, dx, dw, &db);
+}
+
 
 void emulated_device_backend::layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                                         Tensor* mean, Tensor* rstd) {
@@ -478,52 +496,6 @@ void emulated_device_backend::layernorm(const Tensor& x, const Tensor& w, const 
   o.finish();
 }
 
-void emulated_device_backend::layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
-                                                 const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw,
-                                                 Tensor& db) {
-  user u(*this);
-  want_float(x, "layernorm_backward x");
-  want(dy, x.type(), "layernorm_backward dy");
-  want(dx, x.type(), "layernorm_backward dx");
-  for (auto [t, what] : {std::pair{&w, "layernorm_backward w"}, {&mean, "layernorm_backward mean"},
-                         {&rstd, "layernorm_backward rstd"}, {static_cast<const Tensor*>(&dw), "layernorm_backward dw"},
-                         {static_cast<const Tensor*>(&db), "layernorm_backward db"}})
-    want(*t, dtype::f32, what);
-  operands o(*this);
-  Tensor dxv = o.out(dx, "layernorm_backward dx");
-  Tensor dwv = o.out(dw, "layernorm_backward dw");
-  Tensor dbv = o.out(db, "layernorm_backward db");
-  cpu_backend().layernorm_backward(o.in(x, "layernorm_backward x"), o.in(w, "layernorm_backward w"),
-                                   o.in(mean, "layernorm_backward mean"), o.in(rstd, "layernorm_backward rstd"),
-                                   o.in(dy, "layernorm_backward dy"), dxv, dwv, dbv);
-  o.finish();
-}
-
-void emulated_device_backend::layernorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& mean,
-                                                     const Tensor& rstd, const Tensor& dy, const Tensor& dres,
-                                                     Tensor& dx, Tensor& dw, Tensor& db) {
-  user u(*this);
-  want_float(x, "layernorm_backward_add x");
-  want(dy, x.type(), "layernorm_backward_add dy");
-  want(dx, x.type(), "layernorm_backward_add dx");
-  want(dres, x.type(), "layernorm_backward_add dres");
-  require_condition(dres.raw() != dx.raw(), "layernorm_backward_add dres",
-                    "dx must be a tensor of its own (not dres)");
-  for (auto [t, what] : {std::pair{&w, "layernorm_backward_add w"}, {&mean, "layernorm_backward_add mean"},
-                         {&rstd, "layernorm_backward_add rstd"},
-                         {static_cast<const Tensor*>(&dw), "layernorm_backward_add dw"},
-                         {static_cast<const Tensor*>(&db), "layernorm_backward_add db"}})
-    want(*t, dtype::f32, what);
-  operands o(*this);
-  Tensor dxv = o.out(dx, "layernorm_backward_add dx");
-  Tensor dwv = o.out(dw, "layernorm_backward_add dw");
-  Tensor dbv = o.out(db, "layernorm_backward_add db");
-  cpu_backend().layernorm_backward(o.in(x, "layernorm_backward_add x"), o.in(w, "layernorm_backward_add w"),
-                                   o.in(mean, "layernorm_backward_add mean"), o.in(rstd, "layernorm_backward_add rstd"),
-                                   o.in(dy, "layernorm_backward_add dy"), dxv, dwv, dbv);
-  cpu_backend().add(o.in(dres, "layernorm_backward_add dres"), dxv, dxv);  // in f32, before the rounding
-  o.finish();
-}
 
 void emulated_device_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, const rope_spec& theta,
                                    bool inverse) {

@@ -182,6 +182,10 @@ class emulated_device_backend final : public Backend {
 
   class user;      ///< marks the calling thread as inside an op (emulated_device.cpp)
   class operands;  ///< one op's operands on the host, 16-bit ones widened (emulated_device.cpp)
+  /// The four norm backwards: LayerNorm with a mean (and db), RMSNorm
+  /// without; dres (the _add forms) added in f32 before the one rounding.
+  void norm_backward(const Tensor& x, const Tensor& w, const Tensor* mean, const Tensor& rstd, const Tensor& dy,
+                     const Tensor* dres, Tensor& dx, Tensor& dw, Tensor* db);
   /// `t` (on this device, or undefined) as a host tensor over the same
   /// memory; `what` names it in the error.
   Tensor on_device(const Tensor& t, const char* what) const;

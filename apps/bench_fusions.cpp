@@ -1,0 +1,169 @@
+// corolla bench fusions — training's fused ops on one block's shapes (default
+// GPT-2-1.5B's: hidden 1600, MLP 6400, 4096 rows) against the two ops each
+// replaces (the baseline, measured in the same run):
+//
+//   linear + add            the attention output's product with the residual
+//                           added (Backend::linear_fused, add; CUDA: the
+//                           residual as cuBLASLt's C) vs linear, then add
+//   linear + gelu           GPT-2's up projection keeping the GELU's input
+//                           (Backend::linear_gelu; CUDA: GELU_AUX_BIAS) vs
+//                           linear, then gelu
+//   gemm + gelu_backward    the down projection's input gradient through the
+//                           GELU's derivative (Backend::gemm_gelu_backward;
+//                           CUDA: DGELU) vs gemm, then gelu_backward
+//   layernorm_backward + add  the norm's backward with the residual's
+//                           gradient added (Backend::layernorm_backward_add)
+//                           vs layernorm_backward, then add
+//
+// A backend without a fused form runs the two ops for it ("fused": false in
+// the JSON, a ratio near 1). Activations are --dtype (bf16 by default, as
+// --compute bf16 trains); the norm's weights and statistics are f32.
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/bench_timing.hpp"
+#include "apps/commands.hpp"
+#include "kernels/backend.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+struct fusions_options {
+  std::string device = "auto";
+  std::string dtype_name = "bf16";
+  long long rows = 4096, hidden = 1600, mlp = 6400;
+  int rounds = 3;
+  int threads = 0;
+  bool json = false;
+};
+
+int run_fusions(const fusions_options& o) {
+  apply_common_options(o.threads, "warn");
+  if (o.rounds < 1) throw std::invalid_argument("bench fusions: need --rounds >= 1");
+  if (o.rows < 1 || o.hidden < 1 || o.mlp < 1)
+    throw std::invalid_argument("bench fusions: --rows, --hidden and --mlp must be positive");
+  if (o.dtype_name != "f32" && o.dtype_name != "bf16" && o.dtype_name != "f16")
+    throw std::invalid_argument("bench fusions: --dtype is f32, bf16 or f16, not '" + o.dtype_name + "'");
+  const dtype t = o.dtype_name == "f32" ? dtype::f32 : o.dtype_name == "f16" ? dtype::f16 : dtype::bf16;
+  Backend& be = backend_for(parse_device(o.device));
+  if (t != dtype::f32 && be.dev().kind == device_kind::cpu)
+    throw std::invalid_argument("bench fusions: the cpu computes in f32 only: use --dtype f32 there");
+  const std::int64_t N = o.rows, D = o.hidden, F = o.mlp;
+
+  const Tensor x = random_tensor_on(be, {N, D}, t, 1), res = random_tensor_on(be, {N, D}, t, 2);
+  const Tensor w_o = random_tensor_on(be, {D, D}, t, 3), b_d = random_tensor_on(be, {D}, t, 4);
+  const Tensor w_up = random_tensor_on(be, {F, D}, t, 5), b_f = random_tensor_on(be, {F}, t, 6);
+  const Tensor w_down = random_tensor_on(be, {D, F}, t, 7), pre_in = random_tensor_on(be, {N, F}, t, 8);
+  const Tensor ln_w = random_tensor_on(be, {D}, dtype::f32, 9), ln_b = random_tensor_on(be, {D}, dtype::f32, 10);
+  Tensor h = be.empty({N, D}, t), tmp = be.empty({N, D}, t), pre = be.empty({N, F}, t), act = be.empty({N, F}, t);
+  Tensor dpre = be.empty({N, F}, t), dact = be.empty({N, F}, t), dx = be.empty({N, D}, t);
+  Tensor mean = be.empty({N}), rstd = be.empty({N}), dw = be.empty({D}), db = be.empty({D});
+  be.layernorm(x, ln_w, ln_b, 1e-5f, tmp, &mean, &rstd);
+
+  struct row {
+    const char* op;
+    bool fused;
+    double fused_s, separate_s;
+  };
+  std::vector<row> rows;
+  auto time_pair = [&](const char* op, auto&& fused, auto&& separate) {
+    bool taken = true;
+    const double fs = best_seconds(be, o.rounds, 1, [&] { taken = fused() && taken; });
+    const double ss = best_seconds(be, o.rounds, 1, separate);
+    rows.push_back({op, taken, fs, ss});
+  };
+  time_pair(
+      "linear + add",
+      [&] {
+        if (be.linear_fused(x, w_o, &b_d, linear_epilogue::add, &res, h)) return true;
+        be.linear(x, w_o, &b_d, tmp);
+        be.add(res, tmp, h);
+        return false;
+      },
+      [&] {
+        be.linear(x, w_o, &b_d, tmp);
+        be.add(res, tmp, h);
+      });
+  time_pair(
+      "linear + gelu",
+      [&] {
+        if (be.linear_gelu(x, w_up, &b_f, pre, act)) return true;
+        be.linear(x, w_up, &b_f, pre);
+        be.gelu(pre, act);
+        return false;
+      },
+      [&] {
+        be.linear(x, w_up, &b_f, pre);
+        be.gelu(pre, act);
+      });
+  time_pair(
+      "gemm + gelu_backward",
+      [&] {
+        if (be.gemm_gelu_backward(x, w_down, pre_in, dpre)) return true;
+        be.gemm(x, false, w_down, false, dact);
+        be.gelu_backward(pre_in, dact, dpre);
+        return false;
+      },
+      [&] {
+        be.gemm(x, false, w_down, false, dact);
+        be.gelu_backward(pre_in, dact, dpre);
+      });
+  time_pair(
+      "layernorm_backward + add",
+      [&] {
+        be.layernorm_backward_add(x, ln_w, mean, rstd, res, h, dx, dw, db);
+        // CUDA's dx kernel adds it; the others run Backend's default, the two ops
+        return be.dev().kind == device_kind::cuda;
+      },
+      [&] {
+        be.layernorm_backward(x, ln_w, mean, rstd, res, tmp, dw, db);
+        be.add(h, tmp, dx);
+      });
+
+  nlohmann::json results = nlohmann::json::array();
+  if (!o.json)
+    std::printf("%-26s %6s %11s %13s %9s   (%s, %lld rows, hidden %lld, MLP %lld, on %s)\n", "op", "fused",
+                "fused ms", "separate ms", "sep/fused", dtype_name(t), o.rows, o.hidden, o.mlp, be.name().c_str());
+  for (const row& r : rows) {
+    results.push_back({{"op", r.op},
+                       {"fused", r.fused},
+                       {"fused_ms", r.fused_s * 1e3},
+                       {"separate_ms", r.separate_s * 1e3},
+                       {"separate_over_fused", r.separate_s / r.fused_s}});
+    if (!o.json)
+      std::printf("%-26s %6s %11.3f %13.3f %8.2fx\n", r.op, r.fused ? "yes" : "no", r.fused_s * 1e3,
+                  r.separate_s * 1e3, r.separate_s / r.fused_s);
+  }
+  const nlohmann::json j = {{"bench", "fusions"}, {"device", be.name()},  {"dtype", dtype_name(t)},
+                            {"rows", o.rows},     {"hidden", o.hidden},   {"mlp", o.mlp},
+                            {"threads", cpu_threads()}, {"results", results}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_fusions(CLI::App* bench, action_fn& action) {
+  static fusions_options o;
+  auto* cmd = bench->add_subcommand(
+      "fusions", "Training's fused ops (residual add, GELU and its backward in the products, the norm backward's "
+                 "add) vs the two ops each replaces, on one block's shapes");
+  cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N")
+      ->capture_default_str();
+  cmd->add_option("--dtype", o.dtype_name, "Activations: f32, bf16 or f16 (16-bit on a GPU)")->capture_default_str();
+  cmd->add_option("--rows", o.rows, "Rows (batch x sequence)")->capture_default_str();
+  cmd->add_option("--hidden", o.hidden, "Hidden size")->capture_default_str();
+  cmd->add_option("--mlp", o.mlp, "MLP width")->capture_default_str();
+  cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_flag("--json", o.json, "Print only the JSON result line");
+  cmd->callback([&action] { action = [] { return run_fusions(o); }; });
+}
+
+}  // namespace corolla::app
