@@ -64,6 +64,8 @@ int run_fusions(const fusions_options& o) {
   Tensor h = be.empty({N, D}, t), tmp = be.empty({N, D}, t), pre = be.empty({N, F}, t), act = be.empty({N, F}, t);
   Tensor dpre = be.empty({N, F}, t), dact = be.empty({N, F}, t), dx = be.empty({N, D}, t);
   Tensor mean = be.empty({N}), rstd = be.empty({N}), dw = be.empty({D}), db = be.empty({D});
+  be.copy(Tensor::zeros({D}), dw);  // accumulated into: start finite
+  be.copy(Tensor::zeros({D}), db);
   be.layernorm(x, ln_w, ln_b, 1e-5f, tmp, &mean, &rstd);
 
   struct row {
@@ -118,7 +120,8 @@ int run_fusions(const fusions_options& o) {
       "layernorm_backward + add",
       [&] {
         be.layernorm_backward_add(x, ln_w, mean, rstd, res, h, dx, dw, db);
-        // CUDA's dx kernel adds it; the others run Backend's default, the two ops
+        // CUDA's dx kernel adds it (cuda_backend overrides the _add forms);
+        // the others run Backend's default, the two ops
         return be.dev().kind == device_kind::cuda;
       },
       [&] {

@@ -284,6 +284,7 @@ class Backend {
   /// dtype and shape; dx may not be dres, dy or x.
   virtual void rmsnorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                                     const Tensor& dres, Tensor& dx, Tensor& dw) {
+    if (dres.raw() == dx.raw()) throw tensor_error("rmsnorm_backward_add dres: dx must be a tensor of its own (not dres)");
     rmsnorm_backward(x, w, rstd, dy, dx, dw);
     add(dres, dx, dx);
   }
@@ -298,6 +299,8 @@ class Backend {
   /// rmsnorm_backward_add.
   virtual void layernorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                                       const Tensor& dy, const Tensor& dres, Tensor& dx, Tensor& dw, Tensor& db) {
+    if (dres.raw() == dx.raw())
+      throw tensor_error("layernorm_backward_add dres: dx must be a tensor of its own (not dres)");
     layernorm_backward(x, w, mean, rstd, dy, dx, dw, db);
     add(dres, dx, dx);
   }

@@ -122,7 +122,8 @@ class profiling_backend final : public Backend {
   void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
                           Tensor& dx, Tensor& dw, Tensor& db) override {
     timed("layernorm_backward", [&] { inner_.layernorm_backward(x, w, mean, rstd, dy, dx, dw, db); });
-  }  void rmsnorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dres,
+  }
+  void rmsnorm_backward_add(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dres,
                             Tensor& dx, Tensor& dw) override {
     timed("rmsnorm_backward + add", [&] { inner_.rmsnorm_backward_add(x, w, rstd, dy, dres, dx, dw); });
   }

@@ -146,8 +146,9 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
       --compute bf16 --profile
     step train_b8 90 corolla bench train --preset gpt2-1.5b --batch 8 --seq 1024 --steps 2 --matmul bf16 \
       --compute bf16
-    # Training without cuBLASLt's epilogues (residual adds, GELU and its
-    # backward as their own ops): against lean's bench_train.
+    # Training without cuBLASLt's epilogues (the forward's residual adds,
+    # GELU and its backward as their own ops; the norm backward's add stays
+    # fused): against lean's bench_train.
     step train_no_lt_epilogues 90 env COROLLA_CUDA_LT_EPILOGUES=0 corolla bench train --preset gpt2-1.5b \
       --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
     # Each fused training op against its two ops, same run (GPT-2-1.5B's block shapes).

@@ -438,7 +438,7 @@ namespace corolla::emulated {
 /// an FMA; GCC contracts a * b + c on a host with FMA (-march=native)
 /// unless the product is materialised.
 inline float opaque(float v) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__GNUC__) && defined(__SSE_MATH__)
   asm("" : "+x"(v));
 #else
   volatile float t = v;

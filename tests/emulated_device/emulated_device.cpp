@@ -444,15 +444,18 @@ void emulated_device_backend::norm_backward(const Tensor& x, const Tensor& w, co
   operands o(*this);
   Tensor dxv = o.out(dx, name("rmsnorm_backward dx", "layernorm_backward dx"));
   Tensor dwv = o.out(dw, name("rmsnorm_backward dw", "layernorm_backward dw"));
-  const Tensor xv = o.in(x, name("rmsnorm_backward x", "layernorm_backward x")), wv = o.in(w, name("rmsnorm_backward w", "layernorm_backward w")), rv = o.in(rstd, name("rmsnorm_backward rstd", "layernorm_backward rstd")),
-               dyv = o.in(dy, name("rmsnorm_backward dy", "layernorm_backward dy"));
+  const Tensor xv = o.in(x, name("rmsnorm_backward x", "layernorm_backward x"));
+  const Tensor wv = o.in(w, name("rmsnorm_backward w", "layernorm_backward w"));
+  const Tensor rv = o.in(rstd, name("rmsnorm_backward rstd", "layernorm_backward rstd"));
+  const Tensor dyv = o.in(dy, name("rmsnorm_backward dy", "layernorm_backward dy"));
   if (layer) {
     Tensor dbv = o.out(*db, "layernorm_backward db");
     cpu_backend().layernorm_backward(xv, wv, o.in(*mean, "layernorm_backward mean"), rv, dyv, dxv, dwv, dbv);
   } else {
     cpu_backend().rmsnorm_backward(xv, wv, rv, dyv, dxv, dwv);
   }
-  if (dres) cpu_backend().add(o.in(*dres, name("rmsnorm_backward_add dres", "layernorm_backward_add dres")), dxv, dxv);  // in f32, before the rounding
+  if (dres)  // in f32, before the rounding
+    cpu_backend().add(o.in(*dres, name("rmsnorm_backward_add dres", "layernorm_backward_add dres")), dxv, dxv);
   o.finish();
 }
 
@@ -478,7 +481,6 @@ void emulated_device_backend::layernorm_backward_add(const Tensor& x, const Tens
   norm_backward(x, w, &mean, rstd, dy, &dres, dx, dw, &db);
 }
 
-
 void emulated_device_backend::layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                                         Tensor* mean, Tensor* rstd) {
   user u(*this);
@@ -495,7 +497,6 @@ void emulated_device_backend::layernorm(const Tensor& x, const Tensor& w, const 
                           o.out(mean, "layernorm mean", mv), o.out(rstd, "layernorm rstd", rv));
   o.finish();
 }
-
 
 void emulated_device_backend::rope(Tensor& x, const Tensor& positions, int n_heads, int head_dim, const rope_spec& theta,
                                    bool inverse) {

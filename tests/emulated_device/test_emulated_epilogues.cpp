@@ -185,4 +185,16 @@ TEST_CASE("emulated device: the epilogue products take CUDA's operands, leave ot
   // The cpu has none of them.
   Tensor hy = Tensor::empty({20, 8}), hp = Tensor::empty({20, 8});
   CHECK_FALSE(cpu.linear_gelu(hx, hw, nullptr, hp, hy));
+
+  // The norms' backward with the residual's gradient: dx may not be dres,
+  // here as on the cpu (Backend's default) and on CUDA.
+  const Tensor nw = on_device(dev, {16}, dtype::f32, 15), nrstd = on_device(dev, {20}, dtype::f32, 16);
+  Tensor ndx = dev.empty({20, 16}), ndw = dev.empty({16}), ndb = dev.empty({16});
+  const std::string rms_error = "rmsnorm_backward_add dres: dx must be a tensor of its own (not dres)";
+  CHECK(error_of([&] { dev.rmsnorm_backward_add(x, nw, nrstd, pre16, ndx, ndx, ndw); }) == rms_error);
+  CHECK(error_of([&] { dev.layernorm_backward_add(x, nw, nrstd, nrstd, pre16, ndx, ndx, ndw, ndb); }) ==
+        "layernorm_backward_add dres: dx must be a tensor of its own (not dres)");
+  Tensor hdx = host(dev, ndx), hdw = Tensor::zeros({16});
+  CHECK(error_of([&] { cpu.rmsnorm_backward_add(hx, host(dev, nw), host(dev, nrstd), host(dev, pre16), hdx, hdx,
+                                                hdw); }) == rms_error);
 }
