@@ -80,6 +80,11 @@ bool check_gemm_gelu_backward(const Tensor& dy, const Tensor& w, const Tensor& p
   return true;
 }
 
+void require_residual_grad(const Tensor& dres, const Tensor& dx, device where, const char* what) {
+  require_like_on(dres, where, dx.type(), dx, what);
+  require_condition(dres.raw() != dx.raw(), what, "dx must be a tensor of its own (not dres)");
+}
+
 bool check_linear_rope_kv(const Tensor& x, const Tensor& w, const Tensor* bias, int hq, int hkv, int head_dim,
                           const rope_spec& spec, bool rotate, const Tensor& q, const void* k_out, const void* v_out,
                           device where) {

@@ -73,6 +73,12 @@ bool check_linear_gelu(const Tensor& x, const Tensor& w, const Tensor* bias, con
 bool check_gemm_gelu_backward(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dpre,
                               device where);
 
+/// The residual's gradient of Backend::rmsnorm_backward_add and
+/// layernorm_backward_add: on `where`, of dx's dtype and shape, and not dx
+/// itself (the dx kernel reads it while writing dx). Throws tensor_error
+/// naming `what` otherwise.
+void require_residual_grad(const Tensor& dres, const Tensor& dx, device where, const char* what);
+
 /// Backend::linear_rope_store_kv's operands on a backend whose fused form
 /// takes one f32 row with a bf16 stacked q/k/v weight (CUDA's GEMV; the
 /// emulated device mirrors it). Returns false when x is not one f32 row or

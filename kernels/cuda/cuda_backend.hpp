@@ -70,6 +70,16 @@ struct lt_extra {
   bool may_decline = false;
 };
 
+/// lt_matmul's extra for a bias epilogue (none without a bias).
+inline lt_extra bias_epilogue(const void* bias) {
+  lt_extra e;
+  if (bias) {
+    e.epilogue = lt_epilogue::bias;
+    e.bias = bias;
+  }
+  return e;
+}
+
 /// Backend for CUDA device `index`. Thread-compatible (one caller at a time),
 /// like every Backend.
 class cuda_backend final : public Backend {

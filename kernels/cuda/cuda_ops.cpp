@@ -93,17 +93,6 @@ void cuda_backend::add_rmsnorm(const Tensor& a, const Tensor& b, Tensor& sum, co
   cuda::add_rmsnorm(stream_, t, a.raw(), b.raw(), sum.raw(), cf(w), eps, y.raw(), n, d);
 }
 
-namespace {
-
-/// The residual gradient of a norm backward with the add: dx's dtype and
-/// shape, not dx itself.
-void check_residual_grad(const Tensor& dres, const Tensor& dx, device where, const char* what) {
-  require_on(dres, where, dx.type(), {dx.dim(0), dx.dim(1)}, what);
-  require_condition(dres.raw() != dx.raw(), what, "dx must be a tensor of its own (not dres)");
-}
-
-}  // namespace
-
 void cuda_backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                     const Tensor& dy, Tensor& dx, Tensor& dw) {
   rmsnorm_backward_into(x, w, rstd, dy, nullptr, dx, dw);
@@ -124,7 +113,7 @@ void cuda_backend::rmsnorm_backward_into(const Tensor& x, const Tensor& w, const
   require_on(dy, dev(), x.type(), {n, d}, "rmsnorm_backward dy");
   require_on(dx, dev(), x.type(), {n, d}, "rmsnorm_backward dx");
   require_on(dw, dev(), dtype::f32, {d}, "rmsnorm_backward dw");
-  if (dres) check_residual_grad(*dres, dx, dev(), "rmsnorm_backward_add dres");
+  if (dres) require_residual_grad(*dres, dx, dev(), "rmsnorm_backward_add dres");
   device_guard guard(index_);
   cuda::rmsnorm_backward(stream_, t, x.raw(), cf(w), cf(rstd), dy.raw(), dx.raw(), f(dw), n, d,
                          dres ? dres->raw() : nullptr);
@@ -170,7 +159,7 @@ void cuda_backend::layernorm_backward_into(const Tensor& x, const Tensor& w, con
   require_on(dx, dev(), x.type(), {n, d}, "layernorm_backward dx");
   require_on(dw, dev(), dtype::f32, {d}, "layernorm_backward dw");
   require_on(db, dev(), dtype::f32, {d}, "layernorm_backward db");
-  if (dres) check_residual_grad(*dres, dx, dev(), "layernorm_backward_add dres");
+  if (dres) require_residual_grad(*dres, dx, dev(), "layernorm_backward_add dres");
   device_guard guard(index_);
   cuda::layernorm_backward(stream_, t, x.raw(), cf(w), cf(mean), cf(rstd), dy.raw(), dx.raw(), f(dw),
                            f(db), n, d, dres ? dres->raw() : nullptr);

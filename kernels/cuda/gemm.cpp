@@ -103,16 +103,6 @@ struct preference_desc {
 };
 
 
-/// lt_matmul's extra for a bias epilogue (none without a bias).
-lt_extra bias_epilogue(const void* bias) {
-  lt_extra e;
-  if (bias) {
-    e.epilogue = lt_epilogue::bias;
-    e.bias = bias;
-  }
-  return e;
-}
-
 /// c = beta * c over n elements without reading c when beta is 0.
 void scale_or_zero(stream_t s, void* c, dtype ct, std::int64_t n, float beta) {
   if (beta == 0.0f)
@@ -120,10 +110,6 @@ void scale_or_zero(stream_t s, void* c, dtype ct, std::int64_t n, float beta) {
   else if (beta != 1.0f)
     scale(s, elem_of(ct, "gemm c"), c, beta, n);
 }
-
-}  // namespace
-
-namespace {
 
 cublasLtEpilogue_t lt_epilogue_of(lt_epilogue e) {
   using E = lt_epilogue;

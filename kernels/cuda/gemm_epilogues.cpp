@@ -36,11 +36,7 @@ bool cuda_backend::linear_add_lt(const Tensor& x, const Tensor& w, const Tensor*
   if (!lt_epilogues_enabled() || !check_linear_add_product(x, w, bias, residual, y, dev())) return false;
   const std::int64_t rows = x.dim(0), in = x.dim(1), out = w.dim(0);
   device_guard guard(index_);
-  lt_extra extra;
-  if (bias) {
-    extra.epilogue = lt_epilogue::bias;
-    extra.bias = bias->raw();
-  }
+  lt_extra extra = bias_epilogue(bias ? bias->raw() : nullptr);
   extra.d = y.raw();  // c, the residual, is only read (it may be y itself)
   extra.may_decline = true;
   return lt_matmul(false, true, rows, out, in, 1.0f, x.raw(), x.type(), in, w.raw(), w.type(), in, 1.0f,

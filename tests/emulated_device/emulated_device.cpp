@@ -431,11 +431,7 @@ void emulated_device_backend::norm_backward(const Tensor& x, const Tensor& w, co
   want_float(x, name("rmsnorm_backward x", "layernorm_backward x"));
   want(dy, x.type(), name("rmsnorm_backward dy", "layernorm_backward dy"));
   want(dx, x.type(), name("rmsnorm_backward dx", "layernorm_backward dx"));
-  if (dres) {
-    const char* what = name("rmsnorm_backward_add dres", "layernorm_backward_add dres");
-    want(*dres, x.type(), what);
-    require_condition(dres->raw() != dx.raw(), what, "dx must be a tensor of its own (not dres)");
-  }
+  if (dres) require_residual_grad(*dres, dx, dev(), name("rmsnorm_backward_add dres", "layernorm_backward_add dres"));
   want(w, dtype::f32, name("rmsnorm_backward w", "layernorm_backward w"));
   want(mean, dtype::f32, "layernorm_backward mean");
   want(rstd, dtype::f32, name("rmsnorm_backward rstd", "layernorm_backward rstd"));
