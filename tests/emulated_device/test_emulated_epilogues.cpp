@@ -192,6 +192,9 @@ TEST_CASE("emulated device: the epilogue products take CUDA's operands, leave ot
   Tensor ndx = dev.empty({20, 16}), ndw = dev.empty({16}), ndb = dev.empty({16});
   const std::string rms_error = "rmsnorm_backward_add dres: dx must be a tensor of its own (not dres)";
   CHECK(error_of([&] { dev.rmsnorm_backward_add(x, nw, nrstd, pre16, ndx, ndx, ndw); }) == rms_error);
+  const Tensor dres_short = on_device(dev, {19, 16}, dtype::f32, 17);
+  CHECK(error_of([&] { dev.rmsnorm_backward_add(x, nw, nrstd, pre16, dres_short, ndx, ndw); })
+            .find("rmsnorm_backward_add dres") == 0);
   CHECK(error_of([&] { dev.layernorm_backward_add(x, nw, nrstd, nrstd, pre16, ndx, ndx, ndw, ndb); }) ==
         "layernorm_backward_add dres: dx must be a tensor of its own (not dres)");
   Tensor hdx = host(dev, ndx), hdw = Tensor::zeros({16});
