@@ -7,10 +7,10 @@
 // f32 accumulator per row of the pass, reduced across the warp with
 // shuffles at the end. The bias is added by lane 0 as it writes.
 //
-// Launch variants (the register, pipelined and cp.async kernels of
-// linear_bf16_kernels.cuh; loads in flight per lane x warps per block) all
-// sum an output's products in the same lane order, so they give bit-identical
-// results and the fastest can be picked per weight shape by timing, with
+// Launch variants (the register, pipelined, cp.async and split kernels of
+// linear_bf16_kernels.cuh; loads in flight per lane x warps per block x
+// warps per output) all sum an output's products in the same lanes, classes
+// and order (gemv_classes), so they give bit-identical results and the fastest can be picked per weight shape by timing, with
 // no effect on what decode computes (linear_bf16.hpp). The kernel is an
 // early-launch dependent (grid_dependency.cuh): it asks L2 for its weight
 // row while the norm, attention or activation before it finishes.
@@ -33,20 +33,31 @@
 #include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/linear_bf16.hpp"
 #include "kernels/cuda/linear_bf16_kernels.cuh"
+#include "kernels/cuda/linear_bf16_rope_kv_kernels.cuh"
 
 namespace corolla::cuda {
 namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-/// COROLLA_GEMV=all: the tuner may choose every variant, the untuned too
-/// (gemv_variant::tuned; for measuring them in decode).
-bool tune_all() {
-  static const bool all = [] {
+/// The COROLLA_GEMV setting when it names no variant: "all" (the tuner may
+/// choose every variant, the untuned too, gemv_variant::tuned), "nosplit"
+/// (the tuned variants but the split kernel's: the A/B for its shared
+/// memory), or "" (auto, the default).
+const std::string& tune_setting() {
+  static const std::string setting = [] {
     const char* env = std::getenv("COROLLA_GEMV");
-    return env != nullptr && std::string(env) == "all";
+    const std::string s = env ? env : "";
+    return s == "all" || s == "nosplit" ? s : std::string();
   }();
-  return all;
+  return setting;
+}
+
+/// Whether the tuner may choose variant i under COROLLA_GEMV.
+bool may_choose(int i) {
+  const gemv_variant& v = gemv_variants[i];
+  if (tune_setting() == "all") return true;
+  return v.tuned && !(tune_setting() == "nosplit" && v.split > 1);
 }
 
 /// The variant set_gemv_variant fixed, or -1: COROLLA_GEMV decides.
@@ -58,13 +69,15 @@ int fixed_variant() {
   if (const int forced = forced_variant.load(); forced >= 0) return forced;
   static const char* const env = std::getenv("COROLLA_GEMV");
   static const int from_env = [] {
-    if (env == nullptr || *env == '\0' || std::string(env) == "auto" || std::string(env) == "all") return -1;
+    if (env == nullptr || *env == '\0' || std::string(env) == "auto" || std::string(env) == "all" ||
+        std::string(env) == "nosplit")
+      return -1;
     for (int i = 0; i < gemv_variant_count; ++i)
       if (std::string(env) == gemv_variants[i].name) return i;
     return -2;
   }();
   if (from_env == -2) {
-    std::string names = "auto, all";
+    std::string names = "auto, all, nosplit";
     for (const gemv_variant& c : gemv_variants) names += std::string(", ") + c.name;
     throw std::invalid_argument("COROLLA_GEMV=" + std::string(env) + ": not a GEMV launch variant (" + names +
                                 ")");
@@ -101,10 +114,12 @@ void launch(int i, const gemv_call& c) {
   }
   const int warps = i < 0 ? scalar_warps : gemv_variants[i].warps;
   const std::size_t smem = i < 0 ? 0 : gemv_smem_bytes(gemv_variants[i]);
-  const unsigned blocks = static_cast<unsigned>((c.out + warps - 1) / warps);
-  const char* name = i < 0  ? "linear_bf16_kernel"
-                     : smem ? "linear_bf16_async_kernel"
-                            : "linear_bf16_kernel (16-byte loads)";
+  const unsigned blocks =
+      static_cast<unsigned>(i < 0 ? (c.out + warps - 1) / warps : gemv_blocks(gemv_variants[i], c.out));
+  const char* name = i < 0                          ? "linear_bf16_kernel"
+                     : smem                         ? "linear_bf16_async_kernel"
+                     : gemv_variants[i].split > 1 ? "linear_bf16_split_kernel"
+                                                    : "linear_bf16_kernel (16-byte loads)";
   launch_dependent(name, k, dim3(blocks), dim3(32 * warps), smem, c.s, c.x, c.rows, c.in, c.w, c.out, c.bias,
                    c.residual, c.y);
 }
@@ -238,7 +253,7 @@ int variant_for(const gemv_call& c) {
     const std::vector<double>& us = choice.microseconds;
     if (!us.empty()) {
       for (int i = 1; i < gemv_variant_count; ++i)  // untuned variants are timed for the record only
-        if ((gemv_variants[i].tuned || tune_all()) &&
+        if (may_choose(i) &&
             us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)])
           choice.chosen = i;
       if (us[static_cast<std::size_t>(choice.chosen)] > (1.0 - keep_default_within) * us[0]) choice.chosen = 0;

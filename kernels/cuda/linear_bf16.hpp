@@ -29,15 +29,16 @@ enum class gemv_epilogue {
 /// (correct, not tuned for prefill). rows, in, out > 0.
 ///
 /// Batch-1 calls on the 16-byte path have launch variants (rows per pass,
-/// loads in flight per lane, warps per block; gemv_variant_names) that give
-/// bit-identical results. The first batch-1 call for a (device, in, weight
+/// loads in flight per lane, warps per block, warps per output;
+/// gemv_variant_names) that give bit-identical results. The first batch-1 call for a (device, in, weight
 /// rows) times each (plain epilogue, into a scratch buffer of its own, L2
 /// flushed before every timed launch, the variants taking turns) and keeps
 /// the fastest tuned one (gemv_variant_tuned) for every epilogue if it
 /// beats the default by 3 %; not
 /// while the stream is being captured, and not under COROLLA_CUDA_SYNC
 /// (the default). COROLLA_GEMV=<variant> in the environment fixes one
-/// instead (COROLLA_GEMV=auto is the default). Other calls take the
+/// instead (COROLLA_GEMV=auto is the default; =all lets the tuner choose
+/// the untuned variants too, =nosplit not the split ones). Other calls take the
 /// default variant. The kernel is launched as an early dependent (device.hpp,
 /// set_early_launch) where the device has that.
 void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int64_t in, const void* w,
@@ -58,8 +59,10 @@ void linear_bf16_rope_kv(stream_t s, const float* x, std::int64_t in, const void
 
 /// The 16-byte GEMV's launch variants, "r<rows per pass>.u<loads in flight
 /// per lane>.w<warps per block>" (the register kernel), "p<loads in
-/// flight>.w<warps>" (the pipelined register kernel) and "a<loads in
-/// flight>.w<warps>" (the cp.async kernel); the first is the default.
+/// flight>.w<warps>" (the pipelined register kernel), "a<loads in
+/// flight>.w<warps>" (the cp.async kernel) and "s<warps to an
+/// output>.u<loads in flight>.w<warps>" (the split kernel, an output's row
+/// shared by 2 or 4 warps); the first is the default.
 std::vector<std::string> gemv_variant_names();
 
 /// Whether the tuner may choose variant `index` (the cp.async variants are

@@ -1,9 +1,11 @@
 // kernels/cuda/linear_bf16_kernels.cuh — the GEMV-style kernels of
 // linear_bf16.cu (its file comment says how they work): the register
-// kernel, the pipelined register kernel and the cp.async kernel, with the
-// launch variants the tuner chooses among. Included by
-// linear_bf16.cu, and by tests/cuda_emulated/, which runs it on the CPU
-// against an emulation of the CUDA features it uses.
+// kernel, the pipelined register kernel, the cp.async kernel and the split
+// kernel, with the launch variants the tuner chooses among (the q/k/v
+// product with RoPE and the cache append is in
+// linear_bf16_rope_kv_kernels.cuh). Included by linear_bf16.cu, and by
+// tests/cuda_emulated/, which runs it on the CPU against an emulation of
+// the CUDA features it uses.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +16,6 @@
 #include "kernels/cuda/block_smem.cuh"
 #include "kernels/cuda/grid_dependency.cuh"
 #include "kernels/cuda/linear_bf16.hpp"
-#include "kernels/cuda/rope_kernels.cuh"
 
 namespace corolla::cuda {
 
@@ -53,22 +54,40 @@ __device__ __forceinline__ float dot8(const uint4& packed, const float* __restri
   return __fmaf_rn(c.w, bf16_high(packed.w), t);
 }
 
+/// A lane's 16-byte loads of a weight row are numbered i = 0, 1, ... (load
+/// i covers k = lane * 8 + i * 256) and summed into gemv_classes
+/// accumulators, load i into class i % gemv_classes, each in increasing i;
+/// the lane's sum is then lane_total of the classes, and the warp's total
+/// warp_total's shuffles of the lanes' sums. Every 16-byte kernel (one
+/// warp per output, or linear_bf16_split_kernel's one warp per class of an
+/// output) sums in this order, so they give bit-identical results. Two,
+/// not more: the eight-row kernel keeps Rows x gemv_classes accumulators.
+constexpr int gemv_classes = 2;
+
+/// The lane's sum of its class accumulators.
+__device__ __forceinline__ float lane_total(const float (&c)[gemv_classes]) { return __fadd_rn(c[0], c[1]); }
+
 /// Adds this lane's products of weight row `wo` with rows [0, nr) of xp
-/// into acc (the lane's share of the dot products; the warp reduces them).
+/// into acc (the lane's share of the dot products, by class; the warp
+/// reduces them). The scalar path (not Vectorised) has an order of its own
+/// and uses class 0 only.
 template <bool Vectorised, int Unroll, int Rows>
 __device__ __forceinline__ void lane_products(const std::uint16_t* __restrict__ wo, const float* __restrict__ xp,
-                                              std::int64_t in, int nr, int lane, float (&acc)[Rows]) {
+                                              std::int64_t in, int nr, int lane,
+                                              float (&acc)[Rows][gemv_classes]) {
   if constexpr (Vectorised) {
     // Unroll 16-byte weight loads are issued before any is used, so each
     // lane keeps Unroll * 16 bytes in flight: one load at a time leaves
     // HBM idle between a warp's dependent iterations. Weights are streamed
     // (__ldcs: read once, evict first); x is re-read by every warp and
-    // stays in cache (__ldg).
+    // stays in cache (__ldg). Each batch starts at a load index that is a
+    // multiple of Unroll, so load u of a batch is of class u % gemv_classes.
+    static_assert(Unroll % gemv_classes == 0, "a batch of loads must cover whole classes");
     constexpr std::int64_t stride = 32 * 8;
-    auto accumulate = [&](const uint4& packed, std::int64_t k) {
+    auto accumulate = [&](const uint4& packed, std::int64_t k, int c) {
 #pragma unroll
       for (int r = 0; r < Rows; ++r)
-        if (r < nr) acc[r] = __fadd_rn(acc[r], dot8(packed, xp + r * in + k));
+        if (r < nr) acc[r][c] = __fadd_rn(acc[r][c], dot8(packed, xp + r * in + k));
     };
     std::int64_t k = std::int64_t{lane} * 8;
     for (; k + (Unroll - 1) * stride < in; k += Unroll * stride) {
@@ -76,10 +95,15 @@ __device__ __forceinline__ void lane_products(const std::uint16_t* __restrict__ 
 #pragma unroll
       for (int u = 0; u < Unroll; ++u) packed[u] = __ldcs(reinterpret_cast<const uint4*>(wo + k + u * stride));
 #pragma unroll
-      for (int u = 0; u < Unroll; ++u) accumulate(packed[u], k + u * stride);
+      for (int u = 0; u < Unroll; ++u) accumulate(packed[u], k + u * stride, u % gemv_classes);
     }
     if constexpr (Unroll <= 4) {
-      for (; k < in; k += stride) accumulate(__ldcs(reinterpret_cast<const uint4*>(wo + k)), k);
+      // The rest of the row, at most 3 loads: one at a time (registers for
+      // a second batch would cost the light variants their occupancy).
+#pragma unroll
+      for (int u = 0; u < Unroll - 1; ++u)
+        if (k + u * stride < in)
+          accumulate(__ldcs(reinterpret_cast<const uint4*>(wo + k + u * stride)), k + u * stride, u % gemv_classes);
     } else if (k < in) {
       // The rest of the row, fewer than Unroll loads: predicated, so they
       // are in flight together (one at a time costs a round trip each).
@@ -89,14 +113,14 @@ __device__ __forceinline__ void lane_products(const std::uint16_t* __restrict__ 
         if (k + u * stride < in) packed[u] = __ldcs(reinterpret_cast<const uint4*>(wo + k + u * stride));
 #pragma unroll
       for (int u = 0; u < Unroll; ++u)
-        if (k + u * stride < in) accumulate(packed[u], k + u * stride);
+        if (k + u * stride < in) accumulate(packed[u], k + u * stride, u % gemv_classes);
     }
   } else {
     for (std::int64_t k = lane; k < in; k += 32) {
       const float wf = __uint_as_float(std::uint32_t{__ldg(wo + k)} << 16);
 #pragma unroll
       for (int r = 0; r < Rows; ++r)
-        if (r < nr) acc[r] = __fmaf_rn(__ldg(xp + r * in + k), wf, acc[r]);
+        if (r < nr) acc[r][0] = __fmaf_rn(__ldg(xp + r * in + k), wf, acc[r][0]);
     }
   }
 }
@@ -120,14 +144,16 @@ __device__ __forceinline__ void store_output(float* y, const float* residual, st
 
 /// y[rows, out] from x @ w^T, one warp per output feature, Warps warps per
 /// block, Rows rows of x per pass over the weight row (1 for batch-1
-/// decode: one accumulator; 8 for up to 8 rows, which batch-1 decode could
-/// run too, at the price of registers for all 8), then the epilogue E
+/// decode: one set of class accumulators; 8 for up to 8 rows, which
+/// batch-1 decode could run too, at the price of registers for all 8),
+/// then the epilogue E
 /// (gemv_epilogue; swiglu reads weight rows o and out + o of a [2 out, in]
 /// w). Vectorised: 16-byte weight loads (in % 8 == 0, x and w 16-byte
 /// aligned), Unroll of them issued per lane before any is used. Every
 /// (Unroll, Warps, Rows) computes bit-identical results: an output's
-/// products are summed by the same lane in the same order and reduced by
-/// the same shuffles, and each epilogue is the unfused op's expression.
+/// products are summed by the same lane into the same classes in the same
+/// order (gemv_classes) and reduced by the same shuffles, and each
+/// epilogue is the unfused op's expression.
 /// Launched as a dependent (grid_dependency.cuh): the warp asks L2 for its
 /// weight rows while the kernel before finishes, and waits before reading
 /// x, the bias or the residual, or writing y.
@@ -150,15 +176,25 @@ __global__ void __launch_bounds__(32 * Warps)
     const std::int64_t left = rows - r0;
     const int nr = left < Rows ? static_cast<int>(left) : Rows;
     const float* xp = x + r0 * in;
-    float acc[Rows], acc_up[Rows];
+    // The gate (or only) row's lane sums, before the up row's pass: its
+    // class accumulators need not stay live through it.
+    float sum[Rows], sum_up[Rows];
+    {
+      float acc[Rows][gemv_classes] = {};
+      lane_products<Vectorised, Unroll, Rows>(wo, xp, in, nr, lane, acc);
 #pragma unroll
-    for (int r = 0; r < Rows; ++r) acc[r] = acc_up[r] = 0.0f;
-    lane_products<Vectorised, Unroll, Rows>(wo, xp, in, nr, lane, acc);
-    if constexpr (E == gemv_epilogue::swiglu) lane_products<Vectorised, Unroll, Rows>(wu, xp, in, nr, lane, acc_up);
+      for (int r = 0; r < Rows; ++r) sum[r] = lane_total(acc[r]);
+    }
+    if constexpr (E == gemv_epilogue::swiglu) {
+      float acc[Rows][gemv_classes] = {};
+      lane_products<Vectorised, Unroll, Rows>(wu, xp, in, nr, lane, acc);
+#pragma unroll
+      for (int r = 0; r < Rows; ++r) sum_up[r] = lane_total(acc[r]);
+    }
 #pragma unroll
     for (int r = 0; r < Rows; ++r) {
-      const float v = warp_total(acc[r]);
-      const float v_up = E == gemv_epilogue::swiglu ? warp_total(acc_up[r]) : 0.0f;
+      const float v = warp_total(sum[r]);
+      const float v_up = E == gemv_epilogue::swiglu ? warp_total(sum_up[r]) : 0.0f;
       if (lane == 0 && r < nr) store_output<E>(y, residual, (r0 + r) * out + o, v, v_up, b);
     }
   }
@@ -171,6 +207,7 @@ __global__ void __launch_bounds__(32 * Warps)
 /// for all of them, multiplies, and only then issues more).
 template <int Depth>
 struct row_pipeline {
+  static_assert(Depth % gemv_classes == 0, "slot u must hold loads of one class");
   static constexpr std::int64_t stride = 32 * 8;
   uint4 buf[Depth];
   const std::uint16_t* src = nullptr;  ///< the lane's first load of the row
@@ -188,20 +225,20 @@ struct row_pipeline {
   }
 
   /// The lane's sum over the row with x (x + lane * 8 the lane's first), in
-  /// lane_products' order.
+  /// lane_products' order: load base + u is of class u % gemv_classes.
   __device__ __forceinline__ float finish(const float* __restrict__ xk) {
-    float acc = 0.0f;
+    float acc[gemv_classes] = {};
     for (int base = 0; base < n; base += Depth) {
 #pragma unroll
       for (int u = 0; u < Depth; ++u) {
         if (base + u < n) {
           const uint4 cur = buf[u];
           if (base + u + Depth < n) buf[u] = __ldcs(reinterpret_cast<const uint4*>(src + (base + u + Depth) * stride));
-          acc = __fadd_rn(acc, dot8(cur, xk + (base + u) * stride));
+          acc[u % gemv_classes] = __fadd_rn(acc[u % gemv_classes], dot8(cur, xk + (base + u) * stride));
         }
       }
     }
-    return acc;
+    return lane_total(acc);
   }
 };
 
@@ -229,21 +266,22 @@ __global__ void __launch_bounds__(32 * Warps)
       await_producers();
     }
     const float* xk = x + row * in + std::int64_t{lane} * 8;
-    const float acc = p.finish(xk);
-    float acc_up = 0.0f;
+    const float sum = p.finish(xk);
+    float sum_up = 0.0f;
     if constexpr (E == gemv_epilogue::swiglu) {
       p.start(wu, in, lane);
-      acc_up = p.finish(xk);
+      sum_up = p.finish(xk);
     }
-    const float v = warp_total(acc);
-    const float v_up = E == gemv_epilogue::swiglu ? warp_total(acc_up) : 0.0f;
+    const float v = warp_total(sum);
+    const float v_up = E == gemv_epilogue::swiglu ? warp_total(sum_up) : 0.0f;
     if (lane == 0) store_output<E>(y, residual, row * out + o, v, v_up, bias ? __ldg(bias + o) : 0.0f);
   }
 }
 
 /// The same products as linear_bf16_kernel<true, U, Warps, 1, E> (one warp
-/// per output feature, each lane's 16-byte loads summed in the same order,
-/// the same shuffles: bit-identical results), but the weights reach the
+/// per output feature, each lane's 16-byte loads summed into the same
+/// classes in the same order, the same shuffles: bit-identical results),
+/// but the weights reach the
 /// lanes through shared memory by cp.async (async_copy.cuh): each lane has
 /// a ring of Stages 16-byte slots of its own and keeps Stages loads in
 /// flight all the time, refilling a slot as soon as it has read it. The
@@ -294,134 +332,132 @@ __global__ void __launch_bounds__(32 * Warps)
     for (int s = 0; s < Stages; ++s) issue(ring + s * 32);
     if (row == 0) await_producers();
     const float* const xp = x + row * in + first;
-    const float* xk = xp;
-    float acc = 0.0f, acc_up = 0.0f;
     int slot = 0;
-    for (int i = 0; i < total; ++i) {
-      async_wait<Stages - 1>();  // load i has landed
-      const uint4 packed = ring[slot * 32];
-      const float t = dot8(packed, xk);
-      xk += stride;
-      if (E == gemv_epilogue::swiglu && i >= per_row)
-        acc_up = __fadd_rn(acc_up, t);
-      else
-        acc = __fadd_rn(acc, t);
-      if constexpr (E == gemv_epilogue::swiglu)
-        if (i + 1 == per_row) xk = xp;  // on to the up row: the same x
-      issue(ring + slot * 32);           // load i + Stages, into the slot just read
+    // Adds the next load, landed, to acc, and refills its slot with the
+    // load Stages further on.
+    auto consume = [&](const float* xk, float& acc) {
+      async_wait<Stages - 1>();
+      acc = __fadd_rn(acc, dot8(ring[slot * 32], xk));
+      issue(ring + slot * 32);
       slot = slot + 1 == Stages ? 0 : slot + 1;
-    }
-    const float v = warp_total(acc);
-    const float v_up = E == gemv_epilogue::swiglu ? warp_total(acc_up) : 0.0f;
+    };
+    // The lane's sum over one weight row (the gate's, then the up's for
+    // swiglu: both with x from xp), by class as lane_products sums it.
+    auto row_sum = [&] {
+      float acc[gemv_classes] = {};
+      const float* xk = xp;
+      int j = 0;
+      for (; j + gemv_classes <= per_row; j += gemv_classes) {
+#pragma unroll
+        for (int c = 0; c < gemv_classes; ++c, xk += stride) consume(xk, acc[c]);
+      }
+#pragma unroll
+      for (int c = 0; c < gemv_classes; ++c, xk += stride)
+        if (j + c < per_row) consume(xk, acc[c]);
+      return lane_total(acc);
+    };
+    const float sum = row_sum();
+    const float sum_up = E == gemv_epilogue::swiglu ? row_sum() : 0.0f;
+    const float v = warp_total(sum);
+    const float v_up = E == gemv_epilogue::swiglu ? warp_total(sum_up) : 0.0f;
     if (lane == 0) store_output<E>(y, residual, row * out + o, v, v_up, bias ? __ldg(bias + o) : 0.0f);
   }
 }
 
-/// Adds this lane's products of weight rows w1 and w2 with x (one row)
-/// into acc1 and acc2: each row's 16-byte loads summed in lane_products'
-/// order (so the same bits as lane_products<true, U, 1> on each row), with
-/// Unroll loads of each row issued before any is used: twice the bytes in
-/// flight of one row's pass. in % 8 == 0, x and the rows 16-byte aligned.
-template <int Unroll>
-__device__ __forceinline__ void pair_products(const std::uint16_t* __restrict__ w1,
-                                              const std::uint16_t* __restrict__ w2, const float* __restrict__ x,
-                                              std::int64_t in, int lane, float& acc1, float& acc2) {
-  constexpr std::int64_t stride = 32 * 8;
-  std::int64_t k = std::int64_t{lane} * 8;
-  for (; k + (Unroll - 1) * stride < in; k += Unroll * stride) {
-    uint4 p1[Unroll], p2[Unroll];
-#pragma unroll
-    for (int u = 0; u < Unroll; ++u) {
-      p1[u] = __ldcs(reinterpret_cast<const uint4*>(w1 + k + u * stride));
-      p2[u] = __ldcs(reinterpret_cast<const uint4*>(w2 + k + u * stride));
-    }
-#pragma unroll
-    for (int u = 0; u < Unroll; ++u) {
-      acc1 = __fadd_rn(acc1, dot8(p1[u], x + k + u * stride));
-      acc2 = __fadd_rn(acc2, dot8(p2[u], x + k + u * stride));
-    }
-  }
-  for (; k < in; k += stride) {
-    const uint4 p1 = __ldcs(reinterpret_cast<const uint4*>(w1 + k));
-    const uint4 p2 = __ldcs(reinterpret_cast<const uint4*>(w2 + k));
-    acc1 = __fadd_rn(acc1, dot8(p1, x + k));
-    acc2 = __fadd_rn(acc2, dot8(p2, x + k));
-  }
-}
-
-/// Where linear_bf16_rope_kv_kernel puts a decode step's q, k and v: q
-/// [hq * head_dim] f32, rotated by positions[0] when `rotate`; the key
-/// (rotated likewise) and the value into the cache rows k_out and v_out
-/// (hkv * head_dim elements of KT each: f32, or bf16/f16 rounded once).
-template <class KT>
-struct rope_kv_rows {
-  float* q;
-  const std::int32_t* positions;
-  int hq, hkv, head_dim;
-  rope_spec spec;
-  bool rotate;
-  KT* k_out;
-  KT* v_out;
-};
-
-/// A decode step's stacked q/k/v product (one row x [in], weight w [hq *
-/// head_dim + 2 * hkv * head_dim, in] of q, k and v rows, bias of as many
-/// outputs or null) and rope_store_kv in one launch. Warp t takes a pair of
-/// outputs (i, i + head_dim / 2) of one head: q pairs first, then k pairs,
-/// then v pairs; it sums both rows (pair_products: the register GEMV's
-/// order and shuffles), adds the bias as the GEMV's store does, and lane 0
-/// stores the pair as rope_store_kv_kernel does (rope_store_pair; a value
-/// pair is copied into its cache row), so q and the cache rows get the
-/// bits of linear_bf16_kernel followed by rope_store_kv_kernel. Launched
-/// as a dependent: the weight rows are asked of L2 before await_producers.
-template <int Unroll, int Warps, class KT>
+/// The same products as linear_bf16_kernel<true, U, Warps, 1, E>, bit for
+/// bit, with one warp per class (gemv_classes) of an output feature instead
+/// of one warp per output: warp s of an output sums the lanes' loads of
+/// class s (loads s, s + gemv_classes, ...), a 1 / gemv_classes share of
+/// the row, and writes its lanes' class sums to shared memory; after a
+/// barrier the output's first warp adds each lane's classes (lane_total)
+/// and reduces them with warp_total's shuffles. For the products with few
+/// outputs: a 7B model's o and down projections have 4096, whose one warp
+/// each is 0.78 waves of an H200 (31 warps a multiprocessor) with every
+/// warp streaming a whole row. Warps / gemv_classes outputs per block; rows
+/// of x one at a time, each over the whole weight row again; a warp of no
+/// output still reaches the barriers. The first weight bytes are asked of
+/// L2 before await_producers, as the register kernel does.
+template <int Unroll, int Warps, gemv_epilogue E>
 __global__ void __launch_bounds__(32 * Warps)
-    linear_bf16_rope_kv_kernel(const float* __restrict__ x, std::int64_t in, const std::uint16_t* __restrict__ w,
-                               const float* __restrict__ bias, rope_kv_rows<KT> d) {
+    linear_bf16_split_kernel(const float* __restrict__ x, std::int64_t rows, std::int64_t in,
+                             const std::uint16_t* __restrict__ w, std::int64_t out, const float* __restrict__ bias,
+                             const float* residual, float* y) {
+  constexpr int split = gemv_classes;  // warps to an output
+  static_assert(Warps % split == 0, "whole outputs per block");
+  constexpr int outputs = Warps / split;
+  constexpr int rows_w = E == gemv_epilogue::swiglu ? 2 : 1;  // the gate (or only) row, the up row
+  __shared__ float part[rows_w][outputs][split][32];
   allow_dependents();
-  const int lane = threadIdx.x & 31;
-  const std::int64_t t = std::int64_t{blockIdx.x} * Warps + (threadIdx.x >> 5);
-  const int half = d.head_dim / 2;
-  const std::int64_t q_pairs = std::int64_t{d.hq} * half, k_pairs = std::int64_t{d.hkv} * half;
-  if (t >= q_pairs + 2 * k_pairs) return;  // a whole warp leaves together
-  const int region = t < q_pairs ? 0 : t < q_pairs + k_pairs ? 1 : 2;  // q, k, v
-  const std::int64_t item = region == 0 ? t : region == 1 ? t - q_pairs : t - q_pairs - k_pairs;
-  const std::int64_t head = item / half;
-  const int i = static_cast<int>(item % half);
-  const std::int64_t q_width = std::int64_t{d.hq} * d.head_dim, kv_width = std::int64_t{d.hkv} * d.head_dim;
-  const std::int64_t base = region == 0 ? 0 : region == 1 ? q_width : q_width + kv_width;
-  const std::int64_t o1 = base + head * d.head_dim + i, o2 = o1 + half;
-  const std::uint16_t* w1 = w + o1 * in;
-  const std::uint16_t* w2 = w + o2 * in;
-  prefetch_row(w1, in, lane);
-  prefetch_row(w2, in, lane);
-  await_producers();
-  float acc1 = 0.0f, acc2 = 0.0f;
-  pair_products<Unroll>(w1, w2, x, in, lane, acc1, acc2);
-  const float v1 = warp_total(acc1), v2 = warp_total(acc2);
-  if (lane != 0) return;
-  // The GEMV's store: y = v + b, with b = 0 without a bias.
-  const float a = v1 + (bias ? __ldg(bias + o1) : 0.0f);
-  const float b = v2 + (bias ? __ldg(bias + o2) : 0.0f);
-  if (region == 2) {
-    store_f32(d.v_out, head * d.head_dim + i, a);
-    store_f32(d.v_out, head * d.head_dim + i + half, b);
-    return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int local = warp / split, s = warp % split;
+  const std::int64_t o = std::int64_t{blockIdx.x} * outputs + local;
+  const bool active = o < out;
+  constexpr std::int64_t stride = 32 * 8;
+  const std::uint16_t* wo = w + (active ? o : 0) * in;
+  const std::uint16_t* wu = E == gemv_epilogue::swiglu ? w + (out + (active ? o : 0)) * in : nullptr;
+  if (active && s * stride < in) {
+    prefetch_row(wo + s * stride, in - s * stride, lane);
+    if constexpr (E == gemv_epilogue::swiglu) prefetch_row(wu + s * stride, in - s * stride, lane);
   }
-  const auto k_at = [&](std::int64_t) { return d.k_out; };
-  rope_store_pair<KT>(region == 0, head, i, a, b, d.q, d.positions, d.hq, d.hkv, d.head_dim, d.spec, d.rotate,
-                      k_at);
+  await_producers();
+  // The lane's sum of class s of weight row wr with x row xp.
+  constexpr std::int64_t step = split * stride;  // from one load of the class to the next
+  const std::int64_t first = s * stride + std::int64_t{lane} * 8;
+  auto class_sum = [&](const std::uint16_t* wr, const float* xp) {
+    float acc = 0.0f;
+    std::int64_t k = first;
+    for (; k + (Unroll - 1) * step < in; k += Unroll * step) {
+      uint4 packed[Unroll];
+#pragma unroll
+      for (int u = 0; u < Unroll; ++u) packed[u] = __ldcs(reinterpret_cast<const uint4*>(wr + k + u * step));
+#pragma unroll
+      for (int u = 0; u < Unroll; ++u) acc = __fadd_rn(acc, dot8(packed[u], xp + k + u * step));
+    }
+    if constexpr (Unroll <= 4) {  // at most 3 loads left: one at a time, as lane_products
+#pragma unroll
+      for (int u = 0; u < Unroll - 1; ++u)
+        if (k + u * step < in)
+          acc = __fadd_rn(acc, dot8(__ldcs(reinterpret_cast<const uint4*>(wr + k + u * step)), xp + k + u * step));
+    } else if (k < in) {  // fewer than Unroll loads left: predicated, in flight together
+      uint4 packed[Unroll];
+#pragma unroll
+      for (int u = 0; u < Unroll; ++u)
+        if (k + u * step < in) packed[u] = __ldcs(reinterpret_cast<const uint4*>(wr + k + u * step));
+#pragma unroll
+      for (int u = 0; u < Unroll; ++u)
+        if (k + u * step < in) acc = __fadd_rn(acc, dot8(packed[u], xp + k + u * step));
+    }
+    return acc;
+  };
+  // The output's total of weight row r (0: gate or only, 1: up), by the
+  // output's first warp.
+  auto total = [&](int r) {
+    float c[gemv_classes];
+#pragma unroll
+    for (int t = 0; t < gemv_classes; ++t) c[t] = part[r][local][t][lane];
+    return warp_total(lane_total(c));
+  };
+  for (std::int64_t row = 0; row < rows; ++row) {
+    if (row > 0) __syncthreads();  // the row before's parts are read
+    const float* xp = x + row * in;
+    if (active) {
+      part[0][local][s][lane] = class_sum(wo, xp);
+      if constexpr (E == gemv_epilogue::swiglu) part[rows_w - 1][local][s][lane] = class_sum(wu, xp);
+    }
+    __syncthreads();
+    if (active && s == 0) {
+      const float v = total(0);
+      const float v_up = E == gemv_epilogue::swiglu ? total(rows_w - 1) : 0.0f;
+      if (lane == 0) store_output<E>(y, residual, row * out + o, v, v_up, bias ? __ldg(bias + o) : 0.0f);
+    }
+  }
 }
-
-/// linear_bf16_rope_kv_kernel's launch: Warps warps (pairs) per block, 4
-/// loads of each row in flight per lane (as the default GEMV variant).
-constexpr int rope_kv_unroll = 4, rope_kv_warps = 8;
 
 using gemv_kernel = void (*)(const float*, std::int64_t, std::int64_t, const std::uint16_t*, std::int64_t,
                              const float*, const float*, float*);
 
-/// A launch of the 16-byte kernel: `warps` warps per block, one per output
-/// feature (grid = ceil(out / warps) blocks).
+/// A launch of the 16-byte kernel: `warps` warps per block, `split` of them
+/// to an output feature (grid: gemv_blocks).
 struct gemv_variant {
   const char* name;
   int warps;
@@ -433,7 +469,14 @@ struct gemv_variant {
   /// shared-memory carve-out that restores it slows the register kernels as
   /// much (2026-11-30, docs/benchmarks.md).
   bool tuned = true;
+  int split = 1;  ///< warps to an output (linear_bf16_split_kernel when more than 1)
 };
+
+/// Blocks of variant v's launch for `out` output features.
+constexpr std::int64_t gemv_blocks(const gemv_variant& v, std::int64_t out) {
+  const std::int64_t per_block = v.warps / v.split;
+  return (out + per_block - 1) / per_block;
+}
 
 /// Dynamic shared memory of variant v's launch.
 constexpr std::size_t gemv_smem_bytes(const gemv_variant& v) {
@@ -443,16 +486,21 @@ constexpr std::size_t gemv_smem_bytes(const gemv_variant& v) {
 /// Named "r<rows per pass>.u<loads in flight per lane>.w<warps per block>".
 /// The first is the default and the only one linear_bf16.cu uses for more
 /// than one row: the kernel measured on 2026-11-22 (docs/benchmarks.md).
-/// The others are batch-1 kernels (one accumulator; more rows would make a
-/// pass each): at 4 loads 44 registers against the default's 56, at 8 and
-/// 16 loads more (88, 154) for more bytes in flight. "p<depth>.w<warps>"
-/// are the pipelined register kernel (linear_bf16_pipelined_kernel),
+/// The others are batch-1 kernels (one set of accumulators; more rows would
+/// make a pass each): at 4 loads 40 registers against the default's 70, at
+/// 8 and 16 loads more (80, 136) for more bytes in flight (ptxas, sm_90,
+/// 2026-12-03; with one accumulator a row the default took 56). "p<depth>.w<warps>" are the
+/// pipelined register kernel (linear_bf16_pipelined_kernel),
 /// "a<stages>.w<warps>" the cp.async kernel (linear_bf16_async_kernel,
-/// untuned: see gemv_variant::tuned).
+/// untuned: see gemv_variant::tuned), "s<warps to an output>.u<loads in
+/// flight per lane>.w<warps per block>" the split kernel
+/// (linear_bf16_split_kernel, one warp per class of an output).
 constexpr gemv_variant gemv_variants[] = {
     {"r8.u4.w8", 8},  {"r1.u4.w8", 8},  {"r1.u4.w4", 4},         {"r1.u8.w8", 8},        {"r1.u8.w4", 4},
     {"r1.u16.w4", 4}, {"a6.w8", 8, 6, false}, {"a8.w8", 8, 8, false}, {"a8.w4", 4, 8, false}, {"p4.w8", 8},
-    {"p6.w8", 8},     {"p8.w8", 8},     {"p4.w4", 4},            {"p8.w4", 4}};
+    {"p6.w8", 8},     {"p8.w8", 8},     {"p4.w4", 4},            {"p8.w4", 4},
+    {"s2.u4.w8", 8, 0, true, gemv_classes}, {"s2.u8.w8", 8, 0, true, gemv_classes},
+    {"s2.u8.w4", 4, 0, true, gemv_classes}};
 constexpr int gemv_variant_count = static_cast<int>(sizeof gemv_variants / sizeof gemv_variants[0]);
 
 /// The 16-byte kernel of variant i (as gemv_variants) with epilogue E.
@@ -472,6 +520,9 @@ gemv_kernel gemv_kernel_for(int i) {
     case 11: return &linear_bf16_pipelined_kernel<8, 8, E>;
     case 12: return &linear_bf16_pipelined_kernel<4, 4, E>;
     case 13: return &linear_bf16_pipelined_kernel<8, 4, E>;
+    case 14: return &linear_bf16_split_kernel<4, 8, E>;
+    case 15: return &linear_bf16_split_kernel<8, 8, E>;
+    case 16: return &linear_bf16_split_kernel<8, 4, E>;
     default: return &linear_bf16_kernel<true, 4, 8, 8, E>;
   }
 }

@@ -25,11 +25,13 @@
 # its bf16 copy against the two ops
 # (`bench update`), Nsight Compute's counters over the decode
 # GEMVs, and PyTorch's figures on the same GPU (torch_reference.py).
-# gemv: about 2 minutes: the GEMV tests, then 7B bf16 decode four ways:
+# gemv: about 2 minutes: the GEMV tests, then 7B bf16 decode five ways:
 # the tuner over its own variants or over all (COROLLA_GEMV=all), each with
 # the driver's shared-memory carve-out or a common 50 % one
-# (COROLLA_CUDA_CARVEOUT=50); then once with the q/k/v product's RoPE and
-# cache-append epilogue off (COROLLA_CUDA_QKV_EPILOGUE=0), against the first.
+# (COROLLA_CUDA_CARVEOUT=50), and over its own but the split kernel's
+# (COROLLA_GEMV=nosplit: whether its shared memory costs early launch what
+# it gains); then once with the q/k/v product's RoPE and cache-append
+# epilogue off (COROLLA_CUDA_QKV_EPILOGUE=0), against the first.
 # serve: about 6 minutes, the second call after lean (issue 25's serving
 # target): a swarm server holding all of 7B in bf16 on the GPU
 # (`corolla bench serve`): 1, 4 and 16 concurrent sessions through the
@@ -129,7 +131,7 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
   if [ "$mode" = gemv ]; then
     step cuda_decode_launch 60 test_kernels \
       -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*'
-    for run in default:auto:- all:all:- all_c50:all:50 c50:auto:50; do
+    for run in default:auto:- nosplit:nosplit:- all:all:- all_c50:all:50 c50:auto:50; do
       IFS=: read -r name gemv carveout <<< "$run"
       extra=(); [ "$carveout" != - ] && extra=(COROLLA_CUDA_CARVEOUT="$carveout")
       step "decode_$name" 90 env COROLLA_GEMV="$gemv" "${extra[@]}" corolla bench decode --preset llama7b \

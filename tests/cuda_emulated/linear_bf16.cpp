@@ -6,9 +6,9 @@
 // differs (rtol 1e-5). Covers the 16-byte path (in % 8 == 0, with rows
 // that are and are not whole batches of loads) and the scalar one, one and
 // several passes of rows, partial blocks of output features, with and
-// without bias. Every launch variant (the register kernels and the cp.async
-// one, whose copies the emulation performs only at their wait) must equal
-// the default bit for bit
+// without bias. Every launch variant (the register kernels, the cp.async
+// one, whose copies the emulation performs only at their wait, and the
+// split one, two warps to an output) must equal the default bit for bit
 // (the tuner's choice may not change what decode computes), none may read
 // x or the residual, which the kernel before it writes, before
 // await_producers(), and each fused epilogue (residual add, GELU, SwiGLU of
@@ -31,22 +31,44 @@
 // Last: the emulation's macros must reach only the kernel.
 #include "tests/cuda_emulated/cuda_emulation.hpp"
 #include "kernels/cuda/linear_bf16_kernels.cuh"
+#include "kernels/cuda/linear_bf16_rope_kv_kernels.cuh"
 
 using namespace corolla;
 
 namespace {
 
-/// Runs `kernel` as linear_bf16.cu launches it (`warps` outputs per block)
-/// with x and the residual declared the previous kernel's output.
-std::vector<float> run_gemv(cuda::gemv_kernel kernel, int warps, std::size_t smem, const Tensor& x,
-                            std::int64_t rows, std::int64_t in, const Tensor& w, std::int64_t out,
-                            const float* bias, const std::vector<float>* residual = nullptr) {
+/// A launch of a GEMV kernel: grid, warps per block, dynamic shared memory.
+struct gemv_launch {
+  cuda::gemv_kernel kernel;
+  std::int64_t blocks;
+  int warps;
+  std::size_t smem;
+};
+
+/// Variant i with epilogue E, launched as linear_bf16.cu launches it for
+/// `out` outputs.
+template <cuda::gemv_epilogue E = cuda::gemv_epilogue::bias>
+gemv_launch variant_launch(int i, std::int64_t out) {
+  const cuda::gemv_variant& v = cuda::gemv_variants[i];
+  return {cuda::gemv_kernel_for<E>(i), cuda::gemv_blocks(v, out), v.warps, cuda::gemv_smem_bytes(v)};
+}
+
+/// The scalar kernel with epilogue E for `out` outputs.
+template <cuda::gemv_epilogue E = cuda::gemv_epilogue::bias>
+gemv_launch scalar_launch(std::int64_t out) {
+  return {cuda::gemv_scalar<E>, (out + cuda::scalar_warps - 1) / cuda::scalar_warps, cuda::scalar_warps, 0};
+}
+
+/// Runs launch l with x and the residual declared the previous kernel's
+/// output.
+std::vector<float> run_gemv(const gemv_launch& l, const Tensor& x, std::int64_t rows, std::int64_t in,
+                            const Tensor& w, std::int64_t out, const float* bias,
+                            const std::vector<float>* residual = nullptr) {
   std::vector<float> got(static_cast<std::size_t>(rows * out), NAN);
-  const emulated::launch_config cfg{static_cast<unsigned>((out + warps - 1) / warps), 1,
-                                    32 * static_cast<unsigned>(warps), smem};
+  const emulated::launch_config cfg{static_cast<unsigned>(l.blocks), 1, 32 * static_cast<unsigned>(l.warps), l.smem};
   emulated::produced = {{x.raw(), x.nbytes()}};
   if (residual) emulated::produced.push_back({residual->data(), residual->size() * sizeof(float)});
-  emulated::launch(kernel, cfg, x.data<float>(), rows, in, static_cast<const std::uint16_t*>(w.raw()), out, bias,
+  emulated::launch(l.kernel, cfg, x.data<float>(), rows, in, static_cast<const std::uint16_t*>(w.raw()), out, bias,
                    residual ? residual->data() : nullptr, got.data());
   emulated::produced.clear();
   return got;
@@ -65,10 +87,13 @@ TEST_CASE("emulated bf16-weight GEMV: every launch variant matches the cpu's lin
     bool bias;
   };
   // in = 4104: 16 loads per lane and a tail of one (the 16-load variant's
-  // predicated last batch); 1288: five loads and a tail; 256: one load.
+  // predicated last batch, and one class with a load more than the other);
+  // 1288: five loads and a tail; 256: one load (the split kernels' second
+  // warp has none). Outputs that leave the last block part empty; 12, 16
+  // and 19 rows: two and three passes of the eight-row kernel.
   for (const shape& c : {shape{1, 256, 40, true}, shape{1, 4104, 9, false}, shape{1, 1288, 13, true},
-                         shape{3, 1288, 17, false}, shape{19, 264, 9, true}, shape{2, 100, 11, true},
-                         shape{8, 36, 8, false}}) {
+                         shape{3, 1288, 17, false}, shape{12, 1288, 7, true}, shape{16, 264, 5, false},
+                         shape{19, 264, 9, true}, shape{2, 100, 11, true}, shape{8, 36, 8, false}}) {
     CAPTURE(c.rows);
     CAPTURE(c.in);
     CAPTURE(c.out);
@@ -80,8 +105,7 @@ TEST_CASE("emulated bf16-weight GEMV: every launch variant matches the cpu's lin
     const float* bias = c.bias ? b.data<float>() : nullptr;
 
     if (c.in % 8 != 0) {  // the launcher's choice (the tensors here are 64-byte aligned)
-      const std::vector<float> got = run_gemv(cuda::gemv_scalar<cuda::gemv_epilogue::bias>, cuda::scalar_warps, 0, x,
-                                              c.rows, c.in, w, c.out, bias);
+      const std::vector<float> got = run_gemv(scalar_launch(c.out), x, c.rows, c.in, w, c.out, bias);
       kernel_test::check_close(std::vector<double>(got.begin(), got.end()), kernel_test::to_double(want), 1e-5,
                                1e-5, "linear_bf16 scalar path");
       continue;
@@ -90,9 +114,7 @@ TEST_CASE("emulated bf16-weight GEMV: every launch variant matches the cpu's lin
     for (int i = 0; i < cuda::gemv_variant_count; ++i) {
       const cuda::gemv_variant& v = cuda::gemv_variants[i];
       CAPTURE(std::string(v.name));
-      const std::vector<float> got =
-          run_gemv(cuda::gemv_kernel_for<cuda::gemv_epilogue::bias>(i), v.warps, cuda::gemv_smem_bytes(v), x,
-                   c.rows, c.in, w, c.out, bias);
+      const std::vector<float> got = run_gemv(variant_launch(i, c.out), x, c.rows, c.in, w, c.out, bias);
       kernel_test::check_close(std::vector<double>(got.begin(), got.end()), kernel_test::to_double(want), 1e-5,
                                1e-5, std::string("linear_bf16 ") + v.name);
       if (first.empty())
@@ -121,10 +143,7 @@ TEST_CASE("emulated bf16-weight GEMV epilogues equal linear then add, gelu or sw
     // variant i of epilogue E (the scalar kernel where the launcher takes it)
     auto run = [&](auto e, int i, const Tensor& wt, std::int64_t n, const float* bias, const std::vector<float>* res) {
       constexpr gemv_epilogue E = decltype(e)::value;
-      const cuda::gemv_variant& v = cuda::gemv_variants[i];
-      return vectorised ? run_gemv(cuda::gemv_kernel_for<E>(i), v.warps, cuda::gemv_smem_bytes(v), x, rows, in, wt,
-                                   n, bias, res)
-                        : run_gemv(cuda::gemv_scalar<E>, cuda::scalar_warps, 0, x, rows, in, wt, n, bias, res);
+      return run_gemv(vectorised ? variant_launch<E>(i, n) : scalar_launch<E>(n), x, rows, in, wt, n, bias, res);
     };
     using bias_e = std::integral_constant<gemv_epilogue, gemv_epilogue::bias>;
     using residual_e = std::integral_constant<gemv_epilogue, gemv_epilogue::residual>;
@@ -174,8 +193,7 @@ std::pair<std::vector<std::vector<unsigned char>>, std::vector<std::vector<unsig
   };
   const std::size_t row_bytes = static_cast<std::size_t>(kw) * sizeof(KT);
   // Unfused: the plain GEMV into the stacked row, then the store kernel.
-  std::vector<float> qkv = run_gemv(cuda::gemv_kernel_for<cuda::gemv_epilogue::bias>(0), cuda::gemv_variants[0].warps,
-                                    0, x, 1, in, w, rows_w, bias);
+  std::vector<float> qkv = run_gemv(variant_launch(0, rows_w), x, 1, in, w, rows_w, bias);
   std::vector<KT> k_row(static_cast<std::size_t>(kw)), v_row(static_cast<std::size_t>(kw));
   emulated::produced = {{qkv.data(), qkv.size() * sizeof(float)}};
   emulated::launch(&cuda::rope_store_kv_kernel<KT>, {3, 1, 64, 0}, qkv.data(), qkv.data() + qw, qkv.data() + qw + kw,
