@@ -77,10 +77,6 @@ int run_fusions(const fusions_options& o) {
   // try_fused runs the fused op and says whether the backend took it;
   // where it did not, the timed call runs the two ops instead.
   auto time_pair = [&](const char* op, auto&& try_fused, auto&& separate) {
-    // Untimed first: on the cpu a process's first few calls stall (its
-    // thread pools starting; 20 ms a call here), more than best_seconds'
-    // one warm-up call absorbs.
-    for (int i = 0; i < 3; ++i) separate();
     bool taken = true;
     const double fs = best_seconds(be, o.rounds, 1, [&] {
       if (try_fused()) return;
