@@ -8,6 +8,7 @@
 // bf16 one as well, alternating in the same run. Prints a human summary
 // and one machine-readable JSON line.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <random>
@@ -70,17 +71,18 @@ nlohmann::json report_gemv_choices(bool json) {
   const std::vector<std::string> names = cuda::gemv_variant_names();
   for (const cuda::gemv_choice& c : cuda::gemv_choices()) {
     nlohmann::json us = nlohmann::json::object();
-    for (std::size_t i = 0; i < c.microseconds.size(); ++i) us[names[i]] = c.microseconds[i];
+    for (std::size_t i = 0; i < c.microseconds.size(); ++i)  // variants not timed for these rows left out
+      if (!std::isnan(c.microseconds[i])) us[names[i]] = c.microseconds[i];
     const std::string& name = names[static_cast<std::size_t>(c.chosen)];
-    out.push_back({{"in", c.in}, {"out", c.out}, {"chosen", name}, {"microseconds", us}});
+    out.push_back({{"in", c.in}, {"out", c.out}, {"rows", c.rows}, {"chosen", name}, {"microseconds", us}});
     if (json) continue;
     if (c.microseconds.empty())
-      std::printf("GEMV %6lld -> %6lld      %s (not timed)\n", static_cast<long long>(c.in),
-                  static_cast<long long>(c.out), name.c_str());
+      std::printf("GEMV %6lld -> %6lld x%-3lld %s (not timed)\n", static_cast<long long>(c.in),
+                  static_cast<long long>(c.out), static_cast<long long>(c.rows), name.c_str());
     else
-      std::printf("GEMV %6lld -> %6lld      %s %.1f us (default %s %.1f us)\n", static_cast<long long>(c.in),
-                  static_cast<long long>(c.out), name.c_str(), c.microseconds[static_cast<std::size_t>(c.chosen)],
-                  names[0].c_str(), c.microseconds[0]);
+      std::printf("GEMV %6lld -> %6lld x%-3lld %s %.1f us (default %s %.1f us)\n", static_cast<long long>(c.in),
+                  static_cast<long long>(c.out), static_cast<long long>(c.rows), name.c_str(),
+                  c.microseconds[static_cast<std::size_t>(c.chosen)], names[0].c_str(), c.microseconds[0]);
   }
 #else
   (void)json;

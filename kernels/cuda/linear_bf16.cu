@@ -18,6 +18,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -124,7 +126,7 @@ void launch(int i, const gemv_call& c) {
                    c.residual, c.y);
 }
 
-using shape_key = std::tuple<int, std::int64_t, std::int64_t>;  // device, in, out
+using shape_key = std::tuple<int, std::int64_t, std::int64_t, std::int64_t>;  // device, in, out, rows of x
 
 std::mutex choices_mu;
 std::map<shape_key, int> chosen;      ///< under choices_mu
@@ -149,16 +151,16 @@ struct timing_resources {
   }
 };
 
-/// Microseconds of one launch of each variant (empty when the memory for
-/// timing cannot be had): weight rows [rows_w, in],
-/// the plain epilogue, into a scratch output of its own (the call's y may
-/// be its residual). Decode reads its weights from HBM, not from L2 (the
+/// Microseconds of one launch of each variant of `candidates` (NaN for the
+/// others; empty when the memory for timing cannot be had): `rows` rows of
+/// x, weight rows [rows_w, in], the plain epilogue, into a scratch output
+/// of its own (the call's y may be its residual). Decode reads its weights from HBM, not from L2 (the
 /// other layers' weights pass through in between), so every timed launch
 /// follows a write over twice L2's size; the variants take turns over
 /// `rounds` rounds (clock ramps and drift hit all alike) and each keeps its
 /// fastest launch.
-std::vector<double> time_variants(cudaStream_t s, const float* x, std::int64_t in, const std::uint16_t* w,
-                                  std::int64_t rows_w) {
+std::vector<double> time_variants(cudaStream_t s, const float* x, std::int64_t rows, std::int64_t in,
+                                  const std::uint16_t* w, std::int64_t rows_w, const std::vector<int>& candidates) {
   constexpr int rounds = 5;
   int device = 0, l2 = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
@@ -168,34 +170,36 @@ std::vector<double> time_variants(cudaStream_t s, const float* x, std::int64_t i
   r.s = s;
   // Outside the caching allocator, and not worth failing a decode step for:
   // without the memory, no timing (the caller keeps the default).
-  if (cudaMallocAsync(&r.scratch, sizeof(float) * static_cast<std::size_t>(rows_w), s) != cudaSuccess ||
+  if (cudaMallocAsync(&r.scratch, sizeof(float) * static_cast<std::size_t>(rows * rows_w), s) != cudaSuccess ||
       cudaMallocAsync(&r.flush, flush_bytes, s) != cudaSuccess) {
     (void)cudaGetLastError();
     return {};
   }
-  const gemv_call c{s, x, 1, in, w, rows_w, nullptr, nullptr, static_cast<float*>(r.scratch), gemv_epilogue::bias};
+  const gemv_call c{s, x, rows, in, w, rows_w, nullptr, nullptr, static_cast<float*>(r.scratch), gemv_epilogue::bias};
+  const int n = static_cast<int>(candidates.size());
   std::vector<cudaEvent_t> start, stop;
-  for (int i = 0; i < gemv_variant_count * rounds; ++i) {
+  for (int i = 0; i < n * rounds; ++i) {
     start.push_back(r.event());
     stop.push_back(r.event());
   }
-  for (int i = 0; i < gemv_variant_count; ++i) launch(i, c);  // warm-up: code loaded, clocks up
+  for (int v : candidates) launch(v, c);  // warm-up: code loaded, clocks up
   for (int round = 0; round < rounds; ++round)
-    for (int i = 0; i < gemv_variant_count; ++i) {
-      const int at = round * gemv_variant_count + i;
+    for (int i = 0; i < n; ++i) {
+      const auto at = static_cast<std::size_t>(round * n + i);
       COROLLA_CUDA_CHECK(cudaMemsetAsync(r.flush, round & 1, flush_bytes, s));
-      COROLLA_CUDA_CHECK(cudaEventRecord(start[static_cast<std::size_t>(at)], s));
-      launch(i, c);
-      COROLLA_CUDA_CHECK(cudaEventRecord(stop[static_cast<std::size_t>(at)], s));
+      COROLLA_CUDA_CHECK(cudaEventRecord(start[at], s));
+      launch(candidates[static_cast<std::size_t>(i)], c);
+      COROLLA_CUDA_CHECK(cudaEventRecord(stop[at], s));
     }
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> us(gemv_variant_count, 1e30);
+  std::vector<double> us(gemv_variant_count, std::numeric_limits<double>::quiet_NaN());
   for (int round = 0; round < rounds; ++round)
-    for (int i = 0; i < gemv_variant_count; ++i) {
-      const auto at = static_cast<std::size_t>(round * gemv_variant_count + i);
+    for (int i = 0; i < n; ++i) {
+      const auto at = static_cast<std::size_t>(round * n + i);
       float ms = 0;
       COROLLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start[at], stop[at]));
-      us[static_cast<std::size_t>(i)] = std::min(us[static_cast<std::size_t>(i)], 1000.0 * ms);
+      double& best = us[static_cast<std::size_t>(candidates[static_cast<std::size_t>(i)])];
+      best = std::isnan(best) ? 1000.0 * ms : std::min(best, 1000.0 * ms);
     }
   return us;
 }
@@ -207,21 +211,25 @@ constexpr double keep_default_within = 0.03;
 
 std::set<shape_key> timing;  ///< under choices_mu: shapes a thread is timing now
 
-/// The variant for a call: the default for more than one row; for one,
-/// fixed (set_gemv_variant, COROLLA_GEMV), chosen before for its weight
-/// shape, or timed now (the fastest tuned variant, gemv_variant::tuned).
+/// The variant for a call. One row: fixed (set_gemv_variant, COROLLA_GEMV),
+/// chosen before for its weight shape, or timed now (every variant; the
+/// fastest the tuner may choose, may_choose). Several: the default under a
+/// fixed variant, else chosen before for the shape and that number of
+/// rows, or timed now among the variants of several rows per pass
+/// (gemv_variant::rows; a server's batch of sessions).
 /// The default, untimed: while the stream is being captured into a graph, or another thread times the shape (both ask again
 /// next time); under COROLLA_CUDA_SYNC (every launch would time a host
 /// round trip) or when timing's memory cannot be had (both recorded). The
 /// lock is not held while timing: other threads' GEMVs go on.
 int variant_for(const gemv_call& c) {
-  if (c.rows != 1) return 0;
+  const bool many = c.rows != 1;
   const int fixed = fixed_variant();
-  if (fixed >= 0 && forced_variant.load() >= 0) return fixed;  // a test's or benchmark's pick: not recorded
+  if (many && fixed >= 0) return 0;                                       // fixed means untimed
+  if (!many && fixed >= 0 && forced_variant.load() >= 0) return fixed;  // a test's or benchmark's pick: not recorded
   const std::int64_t rows_w = c.e == gemv_epilogue::swiglu ? 2 * c.out : c.out;
   int device = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-  const shape_key key{device, c.in, rows_w};
+  const shape_key key{device, c.in, rows_w, c.rows};
   {
     std::lock_guard lock(choices_mu);  // the common case: chosen before
     if (auto it = chosen.find(key); it != chosen.end()) return it->second;
@@ -241,10 +249,16 @@ int variant_for(const gemv_call& c) {
   choice.device = device;
   choice.in = c.in;
   choice.out = rows_w;
+  choice.rows = c.rows;
   if (fixed >= 0) choice.chosen = fixed;
+  // The candidates: every variant for one row (the untuned timed for the
+  // record), those of several rows per pass for more.
+  std::vector<int> candidates;
+  for (int i = 0; i < gemv_variant_count; ++i)
+    if (!many || gemv_variants[i].rows > 1) candidates.push_back(i);
   if (time_it) {
     try {
-      choice.microseconds = time_variants(c.s, c.x, c.in, c.w, rows_w);
+      choice.microseconds = time_variants(c.s, c.x, c.rows, c.in, c.w, rows_w, candidates);
     } catch (...) {
       std::lock_guard lock(choices_mu);
       timing.erase(key);
@@ -252,9 +266,8 @@ int variant_for(const gemv_call& c) {
     }
     const std::vector<double>& us = choice.microseconds;
     if (!us.empty()) {
-      for (int i = 1; i < gemv_variant_count; ++i)  // untuned variants are timed for the record only
-        if (may_choose(i) &&
-            us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)])
+      for (int i : candidates)  // untuned variants are timed for the record only (NaN: not timed)
+        if (i > 0 && may_choose(i) && us[static_cast<std::size_t>(i)] < us[static_cast<std::size_t>(choice.chosen)])
           choice.chosen = i;
       if (us[static_cast<std::size_t>(choice.chosen)] > (1.0 - keep_default_within) * us[0]) choice.chosen = 0;
     }
@@ -274,7 +287,7 @@ std::vector<std::string> gemv_variant_names() {
   return names;
 }
 
-bool gemv_variant_tuned(int index) { return index >= 0 && index < gemv_variant_count && gemv_variants[index].tuned; }
+bool gemv_variant_tuned(int index) { return index >= 0 && index < gemv_variant_count && may_choose(index); }
 
 void check_gemv_setting() {
   (void)fixed_variant();

@@ -28,19 +28,22 @@ enum class gemv_epilogue {
 /// in % 8 == 0 and x, w are 16-byte aligned); more rows make more passes
 /// (correct, not tuned for prefill). rows, in, out > 0.
 ///
-/// Batch-1 calls on the 16-byte path have launch variants (rows per pass,
-/// loads in flight per lane, warps per block, warps per output;
-/// gemv_variant_names) that give bit-identical results. The first batch-1 call for a (device, in, weight
-/// rows) times each (plain epilogue, into a scratch buffer of its own, L2
-/// flushed before every timed launch, the variants taking turns) and keeps
-/// the fastest tuned one (gemv_variant_tuned) for every epilogue if it
-/// beats the default by 3 %; not
-/// while the stream is being captured, and not under COROLLA_CUDA_SYNC
-/// (the default). COROLLA_GEMV=<variant> in the environment fixes one
-/// instead (COROLLA_GEMV=auto is the default; =all lets the tuner choose
-/// the untuned variants too, =nosplit not the split ones). Other calls take the
-/// default variant. The kernel is launched as an early dependent (device.hpp,
-/// set_early_launch) where the device has that.
+/// Calls on the 16-byte path have launch variants (rows per pass, loads in
+/// flight per lane, warps per block, warps per output, outputs per warp;
+/// gemv_variant_names) that give bit-identical results. The first batch-1
+/// call for a (device, in, weight rows) times each (plain epilogue, into a
+/// scratch buffer of its own, L2 flushed before every timed launch, the
+/// variants taking turns) and keeps the fastest the tuner may choose
+/// (gemv_variant_tuned) for every epilogue if it beats the default by 3 %;
+/// the first call of 2-16 rows for a (device, in, weight rows, rows) does
+/// the same among the variants of several rows per pass (a server's batch
+/// of sessions: x's reads, not the weights', bound them). Not while the
+/// stream is being captured, and not under COROLLA_CUDA_SYNC (the
+/// default). COROLLA_GEMV=<variant> in the environment fixes one for one
+/// row, and the default for more, instead (COROLLA_GEMV=auto is the
+/// default; =all lets the tuner choose the untuned variants too, =nosplit
+/// not the split ones). The kernel is launched as an early dependent
+/// (device.hpp, set_early_launch) where the device has that.
 void linear_bf16_weight(stream_t s, const float* x, std::int64_t rows, std::int64_t in, const void* w,
                         std::int64_t out, const float* bias, float* y, gemv_epilogue e = gemv_epilogue::bias,
                         const float* residual = nullptr);
@@ -60,13 +63,17 @@ void linear_bf16_rope_kv(stream_t s, const float* x, std::int64_t in, const void
 /// The 16-byte GEMV's launch variants, "r<rows per pass>.u<loads in flight
 /// per lane>.w<warps per block>" (the register kernel), "p<loads in
 /// flight>.w<warps>" (the pipelined register kernel), "a<loads in
-/// flight>.w<warps>" (the cp.async kernel) and "s<warps to an
+/// flight>.w<warps>" (the cp.async kernel), "s<warps to an
 /// output>.u<loads in flight>.w<warps>" (the split kernel, an output's row
-/// shared by 2 or 4 warps); the first is the default.
+/// shared by two warps) and "r<rows>.o<outputs to a warp>.u<loads in
+/// flight>.w<warps>" (several outputs to a warp, x read once for them);
+/// the first is the default.
 std::vector<std::string> gemv_variant_names();
 
-/// Whether the tuner may choose variant `index` (the cp.async variants are
-/// timed for the record but never chosen; COROLLA_GEMV can still fix them).
+/// Whether the tuner may choose variant `index` under this process's
+/// COROLLA_GEMV (by default the cp.async variants are timed for the record
+/// but never chosen, =all lets it choose them, =nosplit not the split
+/// ones; COROLLA_GEMV=<name> can still fix any).
 bool gemv_variant_tuned(int index);
 
 /// Fixes the batch-1 variant for every later call in the process (an index
@@ -86,8 +93,11 @@ void check_gemv_setting();
 struct gemv_choice {
   int device = 0;
   std::int64_t in = 0, out = 0;      ///< out: weight rows (2 x outputs for swiglu)
+  std::int64_t rows = 1;             ///< rows of x (1: batch-1 decode; more: chosen among several-row variants)
   int chosen = 0;                    ///< index into gemv_variant_names()
-  std::vector<double> microseconds;  ///< fastest launch of each variant; empty when not timed
+  /// Fastest launch of each variant, NaN for one not timed (the one-row
+  /// variants for several rows); empty when not timed at all.
+  std::vector<double> microseconds;
 };
 
 /// Every shape chosen for so far in this process, in the order first seen.

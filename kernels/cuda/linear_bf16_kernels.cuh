@@ -38,12 +38,10 @@ __device__ __forceinline__ void prefetch_row(const std::uint16_t* wo, std::int64
   for (std::int64_t b = std::int64_t{lane} * 128; b < bytes; b += 32 * 128) prefetch_l2(row + b);
 }
 
-/// The sum of the 8 products of a 16-byte load of bf16 weights with
-/// x[0, 8), in one fixed order. Spelled out (no contraction left to the
+/// The sum of the 8 products of a 16-byte load of bf16 weights with x[0, 8)
+/// (in a and c), in one fixed order. Spelled out (no contraction left to the
 /// compiler), so every kernel that uses it rounds the same way.
-__device__ __forceinline__ float dot8(const uint4& packed, const float* __restrict__ xk) {
-  const float4* xr = reinterpret_cast<const float4*>(xk);
-  const float4 a = __ldg(xr), c = __ldg(xr + 1);
+__device__ __forceinline__ float dot8x(const uint4& packed, const float4& a, const float4& c) {
   float t = __fmul_rn(a.x, bf16_low(packed.x));
   t = __fmaf_rn(a.y, bf16_high(packed.x), t);
   t = __fmaf_rn(a.z, bf16_low(packed.y), t);
@@ -52,6 +50,12 @@ __device__ __forceinline__ float dot8(const uint4& packed, const float* __restri
   t = __fmaf_rn(c.y, bf16_high(packed.z), t);
   t = __fmaf_rn(c.z, bf16_low(packed.w), t);
   return __fmaf_rn(c.w, bf16_high(packed.w), t);
+}
+
+/// dot8x with x[0, 8) read from xk (16-byte aligned).
+__device__ __forceinline__ float dot8(const uint4& packed, const float* __restrict__ xk) {
+  const float4* xr = reinterpret_cast<const float4*>(xk);
+  return dot8x(packed, __ldg(xr), __ldg(xr + 1));
 }
 
 /// A lane's 16-byte loads of a weight row are numbered i = 0, 1, ... (load
@@ -197,6 +201,108 @@ __global__ void __launch_bounds__(32 * Warps)
       const float v_up = E == gemv_epilogue::swiglu ? warp_total(sum_up[r]) : 0.0f;
       if (lane == 0 && r < nr) store_output<E>(y, residual, (r0 + r) * out + o, v, v_up, b);
     }
+  }
+}
+
+/// lane_products for Outs weight rows at once (w0's rows [0, no), in apart:
+/// consecutive output features): each row's loads summed into its own
+/// classes in lane_products' order, so each output gets the bits it gets
+/// alone, but each x value is read once for all Outs rows. With 8 rows of
+/// x, a lane reads 8 x 32 bytes of x per 16 bytes of weight: at an H200's
+/// HBM rate that is some 70 TB/s from L1, about twice what L1 serves, so
+/// several activation rows are bound by x's reads, not the weights';
+/// Outs rows sharing them divide that by Outs.
+template <int Outs, int Unroll, int Rows>
+__device__ __forceinline__ void outs_products(const std::uint16_t* __restrict__ w0, std::int64_t in, int no,
+                                              const float* __restrict__ xp, int nr, int lane,
+                                              float (&acc)[Rows][Outs][gemv_classes]) {
+  static_assert(Unroll % gemv_classes == 0, "a batch of loads must cover whole classes");
+  constexpr std::int64_t stride = 32 * 8;
+  auto accumulate = [&](const uint4 (&packed)[Outs], std::int64_t k, int c) {
+#pragma unroll
+    for (int r = 0; r < Rows; ++r) {
+      if (r < nr) {
+        const float4* xr = reinterpret_cast<const float4*>(xp + r * in + k);
+        const float4 a = __ldg(xr), b = __ldg(xr + 1);
+#pragma unroll
+        for (int j = 0; j < Outs; ++j)
+          if (j < no) acc[r][j][c] = __fadd_rn(acc[r][j][c], dot8x(packed[j], a, b));
+      }
+    }
+  };
+  std::int64_t k = std::int64_t{lane} * 8;
+  for (; k + (Unroll - 1) * stride < in; k += Unroll * stride) {
+    uint4 packed[Unroll][Outs];
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u)
+#pragma unroll
+      for (int j = 0; j < Outs; ++j)
+        if (j < no) packed[u][j] = __ldcs(reinterpret_cast<const uint4*>(w0 + j * in + k + u * stride));
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u) accumulate(packed[u], k + u * stride, u % gemv_classes);
+  }
+#pragma unroll
+  for (int u = 0; u < Unroll - 1; ++u) {  // the rest, fewer than Unroll loads of each row: one at a time
+    if (k + u * stride < in) {
+      uint4 packed[Outs];
+#pragma unroll
+      for (int j = 0; j < Outs; ++j)
+        if (j < no) packed[j] = __ldcs(reinterpret_cast<const uint4*>(w0 + j * in + k + u * stride));
+      accumulate(packed, k + u * stride, u % gemv_classes);
+    }
+  }
+}
+
+/// linear_bf16_kernel<true, Unroll, Warps, Rows, E> with Outs consecutive
+/// output features to a warp (outs_products): the same bits, x read once
+/// for them all. Warps * Outs outputs per block.
+template <int Outs, int Unroll, int Warps, int Rows, gemv_epilogue E>
+__global__ void __launch_bounds__(32 * Warps)
+    linear_bf16_outs_kernel(const float* __restrict__ x, std::int64_t rows, std::int64_t in,
+                            const std::uint16_t* __restrict__ w, std::int64_t out, const float* __restrict__ bias,
+                            const float* residual, float* y) {
+  allow_dependents();
+  const int lane = threadIdx.x & 31;
+  const std::int64_t o0 = (std::int64_t{blockIdx.x} * Warps + (threadIdx.x >> 5)) * Outs;
+  if (o0 >= out) return;  // a whole warp leaves together
+  const int no = out - o0 < Outs ? static_cast<int>(out - o0) : Outs;
+  const std::uint16_t* wo = w + o0 * in;
+  const std::uint16_t* wu = E == gemv_epilogue::swiglu ? w + (out + o0) * in : nullptr;
+  for (int j = 0; j < no; ++j) {
+    prefetch_row(wo + j * in, in, lane);
+    if constexpr (E == gemv_epilogue::swiglu) prefetch_row(wu + j * in, in, lane);
+  }
+  await_producers();
+  for (std::int64_t r0 = 0; r0 < rows; r0 += Rows) {
+    const std::int64_t left = rows - r0;
+    const int nr = left < Rows ? static_cast<int>(left) : Rows;
+    const float* xp = x + r0 * in;
+    float sum[Rows][Outs], sum_up[Rows][Outs];
+    {
+      float acc[Rows][Outs][gemv_classes] = {};
+      outs_products<Outs, Unroll, Rows>(wo, in, no, xp, nr, lane, acc);
+#pragma unroll
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int j = 0; j < Outs; ++j) sum[r][j] = lane_total(acc[r][j]);
+    }
+    if constexpr (E == gemv_epilogue::swiglu) {
+      float acc[Rows][Outs][gemv_classes] = {};
+      outs_products<Outs, Unroll, Rows>(wu, in, no, xp, nr, lane, acc);
+#pragma unroll
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int j = 0; j < Outs; ++j) sum_up[r][j] = lane_total(acc[r][j]);
+    }
+#pragma unroll
+    for (int r = 0; r < Rows; ++r)
+#pragma unroll
+      for (int j = 0; j < Outs; ++j) {
+        const float v = warp_total(sum[r][j]);
+        const float v_up = E == gemv_epilogue::swiglu ? warp_total(sum_up[r][j]) : 0.0f;
+        if (lane == 0 && r < nr && j < no)
+          store_output<E>(y, residual, (r0 + r) * out + o0 + j, v, v_up, bias ? __ldg(bias + o0 + j) : 0.0f);
+      }
   }
 }
 
@@ -395,9 +501,9 @@ __global__ void __launch_bounds__(32 * Warps)
   constexpr std::int64_t stride = 32 * 8;
   const std::uint16_t* wo = w + (active ? o : 0) * in;
   const std::uint16_t* wu = E == gemv_epilogue::swiglu ? w + (out + (active ? o : 0)) * in : nullptr;
-  if (active && s * stride < in) {
-    prefetch_row(wo + s * stride, in - s * stride, lane);
-    if constexpr (E == gemv_epilogue::swiglu) prefetch_row(wu + s * stride, in - s * stride, lane);
+  if (active && s == 0) {  // the row's first 2 KiB: the first loads of both warps
+    prefetch_row(wo, in, lane);
+    if constexpr (E == gemv_epilogue::swiglu) prefetch_row(wu, in, lane);
   }
   await_producers();
   // The lane's sum of class s of weight row wr with x row xp.
@@ -470,11 +576,13 @@ struct gemv_variant {
   /// much (2026-11-30, docs/benchmarks.md).
   bool tuned = true;
   int split = 1;  ///< warps to an output (linear_bf16_split_kernel when more than 1)
+  int outs = 1;   ///< outputs to a warp (linear_bf16_outs_kernel when more than 1)
+  int rows = 1;   ///< rows of x per pass over the weights: more than 1, a candidate for several rows
 };
 
 /// Blocks of variant v's launch for `out` output features.
 constexpr std::int64_t gemv_blocks(const gemv_variant& v, std::int64_t out) {
-  const std::int64_t per_block = v.warps / v.split;
+  const std::int64_t per_block = v.warps / v.split * v.outs;
   return (out + per_block - 1) / per_block;
 }
 
@@ -484,8 +592,8 @@ constexpr std::size_t gemv_smem_bytes(const gemv_variant& v) {
 }
 
 /// Named "r<rows per pass>.u<loads in flight per lane>.w<warps per block>".
-/// The first is the default and the only one linear_bf16.cu uses for more
-/// than one row: the kernel measured on 2026-11-22 (docs/benchmarks.md).
+/// The first is the default: the kernel measured on 2026-11-22
+/// (docs/benchmarks.md), and with r8.o2 the candidates for several rows.
 /// The others are batch-1 kernels (one set of accumulators; more rows would
 /// make a pass each): at 4 loads 40 registers against the default's 70, at
 /// 8 and 16 loads more (80, 136) for more bytes in flight (ptxas, sm_90,
@@ -494,13 +602,16 @@ constexpr std::size_t gemv_smem_bytes(const gemv_variant& v) {
 /// "a<stages>.w<warps>" the cp.async kernel (linear_bf16_async_kernel,
 /// untuned: see gemv_variant::tuned), "s<warps to an output>.u<loads in
 /// flight per lane>.w<warps per block>" the split kernel
-/// (linear_bf16_split_kernel, one warp per class of an output).
+/// (linear_bf16_split_kernel, one warp per class of an output),
+/// "r<rows>.o<outputs to a warp>.u<loads>.w<warps>" the kernel of several
+/// outputs to a warp (linear_bf16_outs_kernel).
 constexpr gemv_variant gemv_variants[] = {
-    {"r8.u4.w8", 8},  {"r1.u4.w8", 8},  {"r1.u4.w4", 4},         {"r1.u8.w8", 8},        {"r1.u8.w4", 4},
+    {"r8.u4.w8", 8, 0, true, 1, 1, 8}, {"r1.u4.w8", 8},  {"r1.u4.w4", 4},         {"r1.u8.w8", 8},        {"r1.u8.w4", 4},
     {"r1.u16.w4", 4}, {"a6.w8", 8, 6, false}, {"a8.w8", 8, 8, false}, {"a8.w4", 4, 8, false}, {"p4.w8", 8},
     {"p6.w8", 8},     {"p8.w8", 8},     {"p4.w4", 4},            {"p8.w4", 4},
     {"s2.u4.w8", 8, 0, true, gemv_classes}, {"s2.u8.w8", 8, 0, true, gemv_classes},
-    {"s2.u8.w4", 4, 0, true, gemv_classes}};
+    {"s2.u8.w4", 4, 0, true, gemv_classes}, {"r8.o2.u2.w8", 8, 0, true, 1, 2, 8},
+    {"r1.o2.u4.w8", 8, 0, true, 1, 2},     {"r1.o2.u4.w4", 4, 0, true, 1, 2}};
 constexpr int gemv_variant_count = static_cast<int>(sizeof gemv_variants / sizeof gemv_variants[0]);
 
 /// The 16-byte kernel of variant i (as gemv_variants) with epilogue E.
@@ -523,6 +634,9 @@ gemv_kernel gemv_kernel_for(int i) {
     case 14: return &linear_bf16_split_kernel<4, 8, E>;
     case 15: return &linear_bf16_split_kernel<8, 8, E>;
     case 16: return &linear_bf16_split_kernel<8, 4, E>;
+    case 17: return &linear_bf16_outs_kernel<2, 2, 8, 8, E>;
+    case 18: return &linear_bf16_outs_kernel<2, 4, 8, 1, E>;
+    case 19: return &linear_bf16_outs_kernel<2, 4, 4, 1, E>;
     default: return &linear_bf16_kernel<true, 4, 8, 8, E>;
   }
 }

@@ -91,7 +91,9 @@ TEST_CASE("emulated bf16-weight GEMV: every launch variant matches the cpu's lin
   // 1288: five loads and a tail; 256: one load (the split kernels' second
   // warp has none). Outputs that leave the last block part empty; 12, 16
   // and 19 rows: two and three passes of the eight-row kernel.
+  // 1800: seven loads on most lanes (a batch of four and three), eight on lane 0.
   for (const shape& c : {shape{1, 256, 40, true}, shape{1, 4104, 9, false}, shape{1, 1288, 13, true},
+                         shape{1, 1800, 6, true}, shape{4, 1800, 11, false},
                          shape{3, 1288, 17, false}, shape{12, 1288, 7, true}, shape{16, 264, 5, false},
                          shape{19, 264, 9, true}, shape{2, 100, 11, true}, shape{8, 36, 8, false}}) {
     CAPTURE(c.rows);
@@ -232,11 +234,11 @@ TEST_CASE("emulated q/k/v GEMV with RoPE and the cache append as its epilogue eq
   scaled.ramp_low = 2.0;
   scaled.ramp_high = 6.0;
   scaled.attention_factor = 1.1;
-  // in = 264: one load per lane and a tail; 1032: four and a tail; 2048:
-  // two whole batches of four. The product's loads and the epilogue's
+  // in = 264: one load per lane and a tail; 1032: four and a tail; 1800:
+  // four and three on most lanes; 2048: two whole batches of four. The product's loads and the epilogue's
   // settings are independent: every setting at 2048, one at the others
   // (each launch costs the emulation a thread per lane).
-  for (const std::int64_t in : {std::int64_t{264}, std::int64_t{1032}, std::int64_t{2048}}) {
+  for (const std::int64_t in : {std::int64_t{264}, std::int64_t{1032}, std::int64_t{1800}, std::int64_t{2048}}) {
     CAPTURE(in);
     const Tensor x = kernel_test::random_tensor({1, in}, r);
     const Tensor w = kernel_test::random_tensor({rows_w, in}, r, -0.2f, 0.2f).to(dtype::bf16);

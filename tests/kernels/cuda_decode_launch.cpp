@@ -17,6 +17,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -93,7 +94,7 @@ TEST_CASE("cuda: every batch-1 GEMV variant writes the same bits, and the tuner 
   const Tensor tuned = down(dy);
   const std::vector<cuda::gemv_choice> seen = cuda::gemv_choices();
   const auto it = std::find_if(seen.begin(), seen.end(), [&](const cuda::gemv_choice& c) {
-    return c.device == 0 && c.in == in && c.out == out;
+    return c.device == 0 && c.in == in && c.out == out && c.rows == 1;
   });
   REQUIRE(it != seen.end());
   REQUIRE(it->microseconds.size() == names.size());
@@ -112,6 +113,39 @@ TEST_CASE("cuda: every batch-1 GEMV variant writes the same bits, and the tuner 
   CHECK(same_values(down(dy), tuned));
 
   CHECK_THROWS_AS(cuda::set_gemv_variant(static_cast<int>(names.size())), std::out_of_range);
+
+  // Several rows (a server's batch): timed once per number of rows among
+  // the variants of several rows per pass only, the same bits whichever.
+  const std::int64_t rows = 5, in5 = 2064, out5 = 83;
+  const Tensor x5 = random_tensor({rows, in5}, r), w5 = random_tensor({out5, in5}, r);
+  const Tensor dx5 = up(x5, dtype::f32), dw5 = up(w5, dtype::bf16);
+  Tensor dy5 = gpu().empty({rows, out5});
+  cuda::set_gemv_variant(-1);
+  gpu().linear(dx5, dw5, nullptr, dy5);
+  const Tensor tuned5 = down(dy5);
+  const std::vector<cuda::gemv_choice> seen5 = cuda::gemv_choices();
+  const auto c5 = std::find_if(seen5.begin(), seen5.end(), [&](const cuda::gemv_choice& c) {
+    return c.device == 0 && c.in == in5 && c.out == out5 && c.rows == rows;
+  });
+  REQUIRE(c5 != seen5.end());
+  REQUIRE(c5->microseconds.size() == names.size());
+  int timed = 0;
+  for (double us : c5->microseconds)
+    if (!std::isnan(us)) {
+      CHECK(us > 0.0);
+      ++timed;
+    }
+  CHECK(timed >= 2);  // the default and r8.o2 at least
+  CHECK(timed < static_cast<int>(names.size()));
+  CHECK_FALSE(std::isnan(c5->microseconds[static_cast<std::size_t>(c5->chosen)]));
+  MESSAGE(rows << " rows: chose " << names[static_cast<std::size_t>(c5->chosen)]);
+  Tensor want5 = Tensor::empty({rows, out5});
+  cpu_backend().linear(x5, w5.to(dtype::bf16), nullptr, want5);
+  check_close(tuned5, to_double(want5), 1e-4, 1e-5, "several-row GEMV, tuned");
+  // a fixed batch-1 variant leaves several rows to the default: the same bits
+  cuda::set_gemv_variant(0);
+  gpu().linear(dx5, dw5, nullptr, dy5);
+  CHECK(same_values(down(dy5), tuned5));
 #endif
 }
 
