@@ -7,9 +7,9 @@
 // f32 accumulator per row of the pass, reduced across the warp with
 // shuffles at the end. The bias is added by lane 0 as it writes.
 //
-// Launch variants (the register, pipelined, cp.async and split kernels of
-// linear_bf16_kernels.cuh; loads in flight per lane x warps per block x
-// warps per output) all sum an output's products in the same lanes, classes
+// Launch variants (the register, pipelined, cp.async, split and
+// several-output kernels of linear_bf16_kernels.cuh; loads in flight per
+// lane x warps per block x warps per output x outputs per warp) all sum an output's products in the same lanes, classes
 // and order (gemv_classes), so they give bit-identical results and the fastest can be picked per weight shape by timing, with
 // no effect on what decode computes (linear_bf16.hpp). The kernel is an
 // early-launch dependent (grid_dependency.cuh): it asks L2 for its weight
@@ -121,6 +121,7 @@ void launch(int i, const gemv_call& c) {
   const char* name = i < 0                          ? "linear_bf16_kernel"
                      : smem                         ? "linear_bf16_async_kernel"
                      : gemv_variants[i].split > 1 ? "linear_bf16_split_kernel"
+                     : gemv_variants[i].outs > 1  ? "linear_bf16_outs_kernel"
                                                     : "linear_bf16_kernel (16-byte loads)";
   launch_dependent(name, k, dim3(blocks), dim3(32 * warps), smem, c.s, c.x, c.rows, c.in, c.w, c.out, c.bias,
                    c.residual, c.y);
@@ -209,23 +210,29 @@ std::vector<double> time_variants(cudaStream_t s, const float* x, std::int64_t r
 /// speed was measured.
 constexpr double keep_default_within = 0.03;
 
+/// Calls of more rows are not tuned (gemm.cpp widens the weight above 16).
+constexpr std::int64_t max_tuned_rows = 16;
+
 std::set<shape_key> timing;  ///< under choices_mu: shapes a thread is timing now
 
 /// The variant for a call. One row: fixed (set_gemv_variant, COROLLA_GEMV),
 /// chosen before for its weight shape, or timed now (every variant; the
-/// fastest the tuner may choose, may_choose). Several: the default under a
-/// fixed variant, else chosen before for the shape and that number of
-/// rows, or timed now among the variants of several rows per pass
-/// (gemv_variant::rows; a server's batch of sessions).
+/// fastest the tuner may choose, may_choose). Several (up to
+/// max_tuned_rows; the default above): under a fixed variant that variant
+/// if it has several rows per pass, else the default; otherwise chosen
+/// before for the shape and that number of rows, or timed now among the
+/// variants of several rows per pass (gemv_variant::rows; a server's
+/// batch of sessions).
 /// The default, untimed: while the stream is being captured into a graph, or another thread times the shape (both ask again
 /// next time); under COROLLA_CUDA_SYNC (every launch would time a host
 /// round trip) or when timing's memory cannot be had (both recorded). The
 /// lock is not held while timing: other threads' GEMVs go on.
 int variant_for(const gemv_call& c) {
   const bool many = c.rows != 1;
+  if (c.rows > max_tuned_rows) return 0;  // prefill-sized: linear_bf16_weight's callers widen the weight instead
   const int fixed = fixed_variant();
-  if (many && fixed >= 0) return 0;                                       // fixed means untimed
-  if (!many && fixed >= 0 && forced_variant.load() >= 0) return fixed;  // a test's or benchmark's pick: not recorded
+  if (many && fixed >= 0) return gemv_variants[fixed].rows > 1 ? fixed : 0;  // fixed: untimed, not recorded
+  if (!many && fixed >= 0 && forced_variant.load() >= 0) return fixed;      // a test's or benchmark's pick: not recorded
   const std::int64_t rows_w = c.e == gemv_epilogue::swiglu ? 2 * c.out : c.out;
   int device = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));

@@ -40,7 +40,8 @@ enum class gemv_epilogue {
 /// of sessions: x's reads, not the weights', bound them). Not while the
 /// stream is being captured, and not under COROLLA_CUDA_SYNC (the
 /// default). COROLLA_GEMV=<variant> in the environment fixes one for one
-/// row, and the default for more, instead (COROLLA_GEMV=auto is the
+/// row, and for more if it has several rows per pass (else the default),
+/// instead (COROLLA_GEMV=auto is the
 /// default; =all lets the tuner choose the untuned variants too, =nosplit
 /// not the split ones). The kernel is launched as an early dependent
 /// (device.hpp, set_early_launch) where the device has that.
@@ -89,7 +90,8 @@ void set_gemv_variant(int index);
 /// typo fails at once.
 void check_gemv_setting();
 
-/// What the first batch-1 call for one weight shape chose (linear_bf16_weight).
+/// What the first call for one weight shape and number of rows (1, or
+/// 2-16) chose (linear_bf16_weight).
 struct gemv_choice {
   int device = 0;
   std::int64_t in = 0, out = 0;      ///< out: weight rows (2 x outputs for swiglu)

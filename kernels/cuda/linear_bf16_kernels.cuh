@@ -1,7 +1,8 @@
 // kernels/cuda/linear_bf16_kernels.cuh — the GEMV-style kernels of
 // linear_bf16.cu (its file comment says how they work): the register
-// kernel, the pipelined register kernel, the cp.async kernel and the split
-// kernel, with the launch variants the tuner chooses among (the q/k/v
+// kernel, the pipelined register kernel, the cp.async kernel, the split
+// kernel and the kernel of several outputs to a warp, with the launch
+// variants the tuner chooses among (the q/k/v
 // product with RoPE and the cache append is in
 // linear_bf16_rope_kv_kernels.cuh). Included by linear_bf16.cu, and by
 // tests/cuda_emulated/, which runs it on the CPU against an emulation of
@@ -273,6 +274,9 @@ __global__ void __launch_bounds__(32 * Warps)
     if constexpr (E == gemv_epilogue::swiglu) prefetch_row(wu + j * in, in, lane);
   }
   await_producers();
+  float b[Outs];
+#pragma unroll
+  for (int j = 0; j < Outs; ++j) b[j] = bias && j < no ? __ldg(bias + o0 + j) : 0.0f;
   for (std::int64_t r0 = 0; r0 < rows; r0 += Rows) {
     const std::int64_t left = rows - r0;
     const int nr = left < Rows ? static_cast<int>(left) : Rows;
@@ -301,7 +305,7 @@ __global__ void __launch_bounds__(32 * Warps)
         const float v = warp_total(sum[r][j]);
         const float v_up = E == gemv_epilogue::swiglu ? warp_total(sum_up[r][j]) : 0.0f;
         if (lane == 0 && r < nr && j < no)
-          store_output<E>(y, residual, (r0 + r) * out + o0 + j, v, v_up, bias ? __ldg(bias + o0 + j) : 0.0f);
+          store_output<E>(y, residual, (r0 + r) * out + o0 + j, v, v_up, b[j]);
       }
   }
 }
@@ -594,8 +598,8 @@ constexpr std::size_t gemv_smem_bytes(const gemv_variant& v) {
 /// Named "r<rows per pass>.u<loads in flight per lane>.w<warps per block>".
 /// The first is the default: the kernel measured on 2026-11-22
 /// (docs/benchmarks.md), and with r8.o2 the candidates for several rows.
-/// The others are batch-1 kernels (one set of accumulators; more rows would
-/// make a pass each): at 4 loads 40 registers against the default's 70, at
+/// The other r1 and the p, a and s variants are batch-1 kernels (one set
+/// of accumulators; more rows would make a pass each): at 4 loads 40 registers against the default's 70, at
 /// 8 and 16 loads more (80, 136) for more bytes in flight (ptxas, sm_90,
 /// 2026-12-03; with one accumulator a row the default took 56). "p<depth>.w<warps>" are the
 /// pipelined register kernel (linear_bf16_pipelined_kernel),
