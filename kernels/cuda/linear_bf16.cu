@@ -7,11 +7,13 @@
 // f32 accumulator per row of the pass, reduced across the warp with
 // shuffles at the end. The bias is added by lane 0 as it writes.
 //
-// Launch variants (the register, pipelined, cp.async, split and
-// several-output kernels of linear_bf16_kernels.cuh; loads in flight per
-// lane x warps per block x warps per output x outputs per warp) all sum an output's products in the same lanes, classes
-// and order (gemv_classes), so they give bit-identical results and the fastest can be picked per weight shape by timing, with
-// no effect on what decode computes (linear_bf16.hpp). The kernel is an
+// Launch variants (linear_bf16_variants.cuh: the register, pipelined,
+// cp.async, split and several-output kernels; loads in flight per
+// lane x warps per block x warps per output x outputs per warp) all sum an
+// output's products in the same lanes, classes and order (gemv_classes),
+// so they give bit-identical results and the fastest can be picked per
+// weight shape by timing, with no effect on what decode computes
+// (linear_bf16.hpp). The kernel is an
 // early-launch dependent (grid_dependency.cuh): it asks L2 for its weight
 // row while the norm, attention or activation before it finishes.
 #include <cuda_runtime.h>
@@ -19,9 +21,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <limits>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -34,8 +36,8 @@
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/linear_bf16.hpp"
-#include "kernels/cuda/linear_bf16_kernels.cuh"
 #include "kernels/cuda/linear_bf16_rope_kv_kernels.cuh"
+#include "kernels/cuda/linear_bf16_variants.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -155,8 +157,9 @@ struct timing_resources {
 /// Microseconds of one launch of each variant of `candidates` (NaN for the
 /// others; empty when the memory for timing cannot be had): `rows` rows of
 /// x, weight rows [rows_w, in], the plain epilogue, into a scratch output
-/// of its own (the call's y may be its residual). Decode reads its weights from HBM, not from L2 (the
-/// other layers' weights pass through in between), so every timed launch
+/// of its own (the call's y may be its residual). Decode reads its weights
+/// from HBM, not from L2 (the other layers' weights pass through in
+/// between), so every timed launch
 /// follows a write over twice L2's size; the variants take turns over
 /// `rounds` rounds (clock ramps and drift hit all alike) and each keeps its
 /// fastest launch.

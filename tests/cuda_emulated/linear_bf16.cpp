@@ -1,5 +1,5 @@
 // tests/cuda_emulated/linear_bf16.cpp — the bf16-weight GEMV of decode
-// (kernels/cuda/linear_bf16_kernels.cuh), compiled as host C++ against
+// (kernels/cuda/linear_bf16_*.cuh), compiled as host C++ against
 // cuda_emulation.hpp and launched as linear_bf16.cu launches it, against the
 // CPU backend's linear with the same bf16 weight: both sum exact products
 // of f32 activations and bf16 weights in f32, so only the summation order
@@ -30,8 +30,8 @@
 #include "tests/kernels/kernel_test_util.hpp"
 // Last: the emulation's macros must reach only the kernel.
 #include "tests/cuda_emulated/cuda_emulation.hpp"
-#include "kernels/cuda/linear_bf16_kernels.cuh"
 #include "kernels/cuda/linear_bf16_rope_kv_kernels.cuh"
+#include "kernels/cuda/linear_bf16_variants.cuh"
 
 using namespace corolla;
 
