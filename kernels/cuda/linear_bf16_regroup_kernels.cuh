@@ -179,23 +179,20 @@ __global__ void __launch_bounds__(32 * Warps)
     const std::int64_t left = rows - r0;
     const int nr = left < Rows ? static_cast<int>(left) : Rows;
     const float* xp = x + r0 * in;
+    // The lane's sums of weight rows wr.. with the pass's rows of x (the
+    // gate's, or only, then the up's: the gate's class accumulators need
+    // not stay live through the up rows' pass).
+    auto lane_sums = [&](const std::uint16_t* wr, float (&sums)[Rows][Outs]) {
+      float acc[Rows][Outs][gemv_classes] = {};
+      outs_products<Outs, Unroll, Rows>(wr, in, no, xp, nr, lane, acc);
+#pragma unroll
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int j = 0; j < Outs; ++j) sums[r][j] = lane_total(acc[r][j]);
+    };
     float sum[Rows][Outs], sum_up[Rows][Outs];
-    {
-      float acc[Rows][Outs][gemv_classes] = {};
-      outs_products<Outs, Unroll, Rows>(wo, in, no, xp, nr, lane, acc);
-#pragma unroll
-      for (int r = 0; r < Rows; ++r)
-#pragma unroll
-        for (int j = 0; j < Outs; ++j) sum[r][j] = lane_total(acc[r][j]);
-    }
-    if constexpr (E == gemv_epilogue::swiglu) {
-      float acc[Rows][Outs][gemv_classes] = {};
-      outs_products<Outs, Unroll, Rows>(wu, in, no, xp, nr, lane, acc);
-#pragma unroll
-      for (int r = 0; r < Rows; ++r)
-#pragma unroll
-        for (int j = 0; j < Outs; ++j) sum_up[r][j] = lane_total(acc[r][j]);
-    }
+    lane_sums(wo, sum);
+    if constexpr (E == gemv_epilogue::swiglu) lane_sums(wu, sum_up);
 #pragma unroll
     for (int r = 0; r < Rows; ++r)
 #pragma unroll
