@@ -49,7 +49,8 @@ constexpr std::size_t gemv_smem_bytes(const gemv_variant& v) {
 
 /// Named "r<rows per pass>.u<loads in flight per lane>.w<warps per block>".
 /// The first is the default: the kernel measured on 2026-11-22
-/// (docs/benchmarks.md), and with r8.o2 the candidates for several rows.
+/// (docs/benchmarks.md), and with r8.o2 and r8.u2 (56 registers to its 70)
+/// the candidates for several rows.
 /// The other r1 and the p, a and s variants are batch-1 kernels (one set
 /// of accumulators; more rows would make a pass each): at 4 loads 40 registers against the default's 70, at
 /// 8 and 16 loads more (80, 136) for more bytes in flight (ptxas, sm_90,
@@ -81,7 +82,8 @@ constexpr gemv_variant gemv_variants[] = {
     {"s2.u8.w4", 4, 0, true, gemv_classes},
     {"r8.o2.u2.w8", 8, 0, true, 1, 2, 8},
     {"r1.o2.u4.w8", 8, 0, true, 1, 2},
-    {"r1.o2.u4.w4", 4, 0, true, 1, 2}};
+    {"r1.o2.u4.w4", 4, 0, true, 1, 2},
+    {"r8.u2.w8", 8, 0, true, 1, 1, 8}};
 constexpr int gemv_variant_count = static_cast<int>(sizeof gemv_variants / sizeof gemv_variants[0]);
 
 /// The 16-byte kernel of variant i (as gemv_variants) with epilogue E.
@@ -107,6 +109,7 @@ gemv_kernel gemv_kernel_for(int i) {
     case 17: return &linear_bf16_outs_kernel<2, 2, 8, 8, E>;
     case 18: return &linear_bf16_outs_kernel<2, 4, 8, 1, E>;
     case 19: return &linear_bf16_outs_kernel<2, 4, 4, 1, E>;
+    case 20: return &linear_bf16_kernel<true, 2, 8, 8, E>;
     default: return &linear_bf16_kernel<true, 4, 8, 8, E>;
   }
 }
