@@ -123,7 +123,6 @@ void launch(int i, const gemv_call& c) {
   const char* name = i < 0                          ? "linear_bf16_kernel"
                      : smem                         ? "linear_bf16_async_kernel"
                      : gemv_variants[i].split > 1 ? "linear_bf16_split_kernel"
-                     : gemv_variants[i].outs > 1  ? "linear_bf16_outs_kernel"
                                                     : "linear_bf16_kernel (16-byte loads)";
   launch_dependent(name, k, dim3(blocks), dim3(32 * warps), smem, c.s, c.x, c.rows, c.in, c.w, c.out, c.bias,
                    c.residual, c.y);

@@ -1,8 +1,9 @@
 // kernels/cuda/linear_bf16_kernels.cuh — the GEMV-style kernels of
 // linear_bf16.cu (its file comment says how they work): the register
-// kernel, the pipelined register kernel and the cp.async kernel, and what
-// every GEMV kernel shares (dot8, the class order, store_output). The
-// split and several-output kernels are in linear_bf16_regroup_kernels.cuh,
+// kernel (one or several outputs to a warp), the pipelined register kernel
+// and the cp.async kernel, and what every GEMV kernel shares (dot8, the
+// class order, lane_products, store_output). The split kernel is in
+// linear_bf16_regroup_kernels.cuh,
 // the launch variants in linear_bf16_variants.cuh, the q/k/v product with
 // RoPE and the cache append in linear_bf16_rope_kv_kernels.cuh. Included by
 // linear_bf16.cu, and by tests/cuda_emulated/, which runs it on the CPU
@@ -72,61 +73,99 @@ constexpr int gemv_classes = 2;
 /// The lane's sum of its class accumulators.
 __device__ __forceinline__ float lane_total(const float (&c)[gemv_classes]) { return __fadd_rn(c[0], c[1]); }
 
-/// Adds this lane's products of weight row `wo` with rows [0, nr) of xp
-/// into acc (the lane's share of the dot products, by class; the warp
-/// reduces them). The scalar path (not Vectorised) has an order of its own
-/// and uses class 0 only.
-template <bool Vectorised, int Unroll, int Rows>
-__device__ __forceinline__ void lane_products(const std::uint16_t* __restrict__ wo, const float* __restrict__ xp,
-                                              std::int64_t in, int nr, int lane,
-                                              float (&acc)[Rows][gemv_classes]) {
-  if constexpr (Vectorised) {
-    // Unroll 16-byte weight loads are issued before any is used, so each
-    // lane keeps Unroll * 16 bytes in flight: one load at a time leaves
-    // HBM idle between a warp's dependent iterations. Weights are streamed
-    // (__ldcs: read once, evict first); x is re-read by every warp and
-    // stays in cache (__ldg). Each batch starts at a load index that is a
-    // multiple of Unroll, so load u of a batch is of class u % gemv_classes.
-    static_assert(Unroll % gemv_classes == 0, "a batch of loads must cover whole classes");
-    constexpr std::int64_t stride = 32 * 8;
-    auto accumulate = [&](const uint4& packed, std::int64_t k, int c) {
+/// Adds this lane's products of Outs weight rows of `in` elements (w0's
+/// rows [0, no), row_step elements apart: `in` for consecutive output
+/// features) with rows [0, nr) of xp into acc, each row's loads into its
+/// own classes in the order above, so an output gets the same bits
+/// whatever Outs; each x value is read once for all Outs rows. Unroll 16-byte weight loads of each row are issued before any
+/// is used, so each lane keeps Unroll * Outs * 16 bytes in flight: one load
+/// at a time leaves HBM idle between a warp's dependent iterations.
+/// Weights are streamed (__ldcs: read once, evict first); x is re-read by
+/// every warp and stays in cache (__ldg). Each batch starts at a load index
+/// that is a multiple of Unroll, so load u of a batch is of class
+/// u % gemv_classes. With 8 rows of x, a lane reads 8 x 32 bytes of x per
+/// 16 bytes of weight: at an H200's HBM rate that is some 70 TB/s from L1,
+/// about twice what L1 serves, so several activation rows are bound by x's
+/// reads, not the weights'; Outs rows sharing them divide that by Outs.
+template <int Outs, int Unroll, int Rows>
+__device__ __forceinline__ void lane_products(const std::uint16_t* __restrict__ w0, std::int64_t row_step,
+                                              std::int64_t in, int no,
+                                              const float* __restrict__ xp, int nr, int lane,
+                                              float (&acc)[Rows][Outs][gemv_classes]) {
+  static_assert(Unroll % gemv_classes == 0, "a batch of loads must cover whole classes");
+  constexpr std::int64_t stride = 32 * 8;
+  // The 16-byte load at k of weight row j.
+  auto load = [&](std::int64_t k, int j) { return __ldcs(reinterpret_cast<const uint4*>(w0 + j * row_step + k)); };
+  auto accumulate = [&](const uint4 (&packed)[Outs], std::int64_t k, int c) {
 #pragma unroll
-      for (int r = 0; r < Rows; ++r)
-        if (r < nr) acc[r][c] = __fadd_rn(acc[r][c], dot8(packed, xp + r * in + k));
-    };
-    std::int64_t k = std::int64_t{lane} * 8;
-    for (; k + (Unroll - 1) * stride < in; k += Unroll * stride) {
-      uint4 packed[Unroll];
+    for (int r = 0; r < Rows; ++r) {
+      if (r < nr) {
+        if constexpr (Outs == 1) {
+          // The same arithmetic; spelled as dot8 because ptxas then keeps
+          // r1.u8.w8 at 80 registers without a spill (with the loads of x
+          // hoisted as below it spills 8 bytes, 2026-12-03).
+          acc[r][0][c] = __fadd_rn(acc[r][0][c], dot8(packed[0], xp + r * in + k));
+        } else {
+          const float4* xr = reinterpret_cast<const float4*>(xp + r * in + k);
+          const float4 a = __ldg(xr), b = __ldg(xr + 1);
 #pragma unroll
-      for (int u = 0; u < Unroll; ++u) packed[u] = __ldcs(reinterpret_cast<const uint4*>(wo + k + u * stride));
-#pragma unroll
-      for (int u = 0; u < Unroll; ++u) accumulate(packed[u], k + u * stride, u % gemv_classes);
+          for (int j = 0; j < Outs; ++j)
+            if (j < no) acc[r][j][c] = __fadd_rn(acc[r][j][c], dot8x(packed[j], a, b));
+        }
+      }
     }
-    if constexpr (Unroll <= 4) {
-      // The rest of the row, at most 3 loads: one at a time (registers for
-      // a second batch would cost the light variants their occupancy).
+  };
+  std::int64_t k = std::int64_t{lane} * 8;
+  for (; k + (Unroll - 1) * stride < in; k += Unroll * stride) {
+    uint4 packed[Unroll][Outs];
 #pragma unroll
-      for (int u = 0; u < Unroll - 1; ++u)
-        if (k + u * stride < in)
-          accumulate(__ldcs(reinterpret_cast<const uint4*>(wo + k + u * stride)), k + u * stride, u % gemv_classes);
-    } else if (k < in) {
-      // The rest of the row, fewer than Unroll loads: predicated, so they
-      // are in flight together (one at a time costs a round trip each).
-      uint4 packed[Unroll];
+    for (int u = 0; u < Unroll; ++u)
 #pragma unroll
-      for (int u = 0; u < Unroll; ++u)
-        if (k + u * stride < in) packed[u] = __ldcs(reinterpret_cast<const uint4*>(wo + k + u * stride));
+      for (int j = 0; j < Outs; ++j)
+        if (j < no) packed[u][j] = load(k + u * stride, j);
 #pragma unroll
-      for (int u = 0; u < Unroll; ++u)
-        if (k + u * stride < in) accumulate(packed[u], k + u * stride, u % gemv_classes);
+    for (int u = 0; u < Unroll; ++u) accumulate(packed[u], k + u * stride, u % gemv_classes);
+  }
+  if constexpr (Unroll <= 4) {
+    // The rest of the row, at most 3 loads of each weight row: one at a
+    // time (registers for a second batch would cost the light variants
+    // their occupancy).
+#pragma unroll
+    for (int u = 0; u < Unroll - 1; ++u) {
+      if (k + u * stride < in) {
+        uint4 packed[Outs];
+#pragma unroll
+        for (int j = 0; j < Outs; ++j)
+          if (j < no) packed[j] = load(k + u * stride, j);
+        accumulate(packed, k + u * stride, u % gemv_classes);
+      }
     }
-  } else {
-    for (std::int64_t k = lane; k < in; k += 32) {
-      const float wf = __uint_as_float(std::uint32_t{__ldg(wo + k)} << 16);
+  } else if (k < in) {
+    // The rest of the row, fewer than Unroll loads: predicated, so they are
+    // in flight together (one at a time costs a round trip each).
+    uint4 packed[Unroll][Outs];
 #pragma unroll
-      for (int r = 0; r < Rows; ++r)
-        if (r < nr) acc[r][0] = __fmaf_rn(__ldg(xp + r * in + k), wf, acc[r][0]);
-    }
+    for (int u = 0; u < Unroll; ++u)
+#pragma unroll
+      for (int j = 0; j < Outs; ++j)
+        if (j < no && k + u * stride < in) packed[u][j] = load(k + u * stride, j);
+#pragma unroll
+    for (int u = 0; u < Unroll; ++u)
+      if (k + u * stride < in) accumulate(packed[u], k + u * stride, u % gemv_classes);
+  }
+}
+
+/// lane_products' scalar counterpart (any in, any alignment; one output):
+/// an order of its own, class 0 only.
+template <int Rows>
+__device__ __forceinline__ void lane_products_scalar(const std::uint16_t* __restrict__ wo, std::int64_t in,
+                                                     const float* __restrict__ xp, int nr, int lane,
+                                                     float (&acc)[Rows][1][gemv_classes]) {
+  for (std::int64_t k = lane; k < in; k += 32) {
+    const float wf = __uint_as_float(std::uint32_t{__ldg(wo + k)} << 16);
+#pragma unroll
+    for (int r = 0; r < Rows; ++r)
+      if (r < nr) acc[r][0][0] = __fmaf_rn(__ldg(xp + r * in + k), wf, acc[r][0][0]);
   }
 }
 
@@ -147,61 +186,83 @@ __device__ __forceinline__ void store_output(float* y, const float* residual, st
   if constexpr (E == gemv_epilogue::swiglu) y[at] = silu_times(v + b, v_up + b);
 }
 
-/// y[rows, out] from x @ w^T, one warp per output feature, Warps warps per
-/// block, Rows rows of x per pass over the weight row (1 for batch-1
-/// decode: one set of class accumulators; 8 for up to 8 rows, which
-/// batch-1 decode could run too, at the price of registers for all 8),
-/// then the epilogue E
+/// y[rows, out] from x @ w^T, Outs consecutive output features to a warp
+/// (1 but in the several-output variants), Warps warps per block, Rows rows
+/// of x per pass over the weight rows (1 for batch-1 decode: one set of
+/// class accumulators; 8 for up to 8 rows, which batch-1 decode could run
+/// too, at the price of registers for all 8), then the epilogue E
 /// (gemv_epilogue; swiglu reads weight rows o and out + o of a [2 out, in]
 /// w). Vectorised: 16-byte weight loads (in % 8 == 0, x and w 16-byte
-/// aligned), Unroll of them issued per lane before any is used. Every
-/// (Unroll, Warps, Rows) computes bit-identical results: an output's
-/// products are summed by the same lane into the same classes in the same
-/// order (gemv_classes) and reduced by the same shuffles, and each
-/// epilogue is the unfused op's expression.
+/// aligned), Unroll of them per weight row issued per lane before any is
+/// used (lane_products); else one output to a warp, a bf16 at a time
+/// (lane_products_scalar). Every vectorised (Outs, Unroll, Warps, Rows)
+/// computes bit-identical results: an output's products are summed by the
+/// same lane into the same classes in the same order (gemv_classes) and
+/// reduced by the same shuffles, and each epilogue is the unfused op's
+/// expression.
 /// Launched as a dependent (grid_dependency.cuh): the warp asks L2 for its
 /// weight rows while the kernel before finishes, and waits before reading
 /// x, the bias or the residual, or writing y.
-template <bool Vectorised, int Unroll, int Warps, int Rows, gemv_epilogue E>
+template <bool Vectorised, int Outs, int Unroll, int Warps, int Rows, gemv_epilogue E>
 __global__ void __launch_bounds__(32 * Warps)
     linear_bf16_kernel(const float* __restrict__ x, std::int64_t rows, std::int64_t in,
                        const std::uint16_t* __restrict__ w, std::int64_t out, const float* __restrict__ bias,
                        const float* residual, float* y) {
+  static_assert(Vectorised || Outs == 1, "the scalar path has one output to a warp");
   allow_dependents();
   const int lane = threadIdx.x & 31;
-  const std::int64_t o = std::int64_t{blockIdx.x} * Warps + (threadIdx.x >> 5);
-  if (o >= out) return;  // a whole warp leaves together
-  const std::uint16_t* wo = w + o * in;
-  const std::uint16_t* wu = E == gemv_epilogue::swiglu ? w + (out + o) * in : nullptr;
-  prefetch_row(wo, in, lane);
-  if constexpr (E == gemv_epilogue::swiglu) prefetch_row(wu, in, lane);
+  const std::int64_t o0 = (std::int64_t{blockIdx.x} * Warps + (threadIdx.x >> 5)) * Outs;
+  if (o0 >= out) return;  // a whole warp leaves together
+  const int no = Outs == 1 || out - o0 >= Outs ? Outs : static_cast<int>(out - o0);
+  const std::uint16_t* wo = w + o0 * in;
+  const std::uint16_t* wu = E == gemv_epilogue::swiglu ? w + (out + o0) * in : nullptr;
+  for (int j = 0; j < no; ++j) {
+    prefetch_row(wo + j * in, in, lane);
+    if constexpr (E == gemv_epilogue::swiglu) prefetch_row(wu + j * in, in, lane);
+  }
   await_producers();
-  const float b = bias ? __ldg(bias + o) : 0.0f;
+  float b[Outs];
+#pragma unroll
+  for (int j = 0; j < Outs; ++j) b[j] = bias && j < no ? __ldg(bias + o0 + j) : 0.0f;
   for (std::int64_t r0 = 0; r0 < rows; r0 += Rows) {
     const std::int64_t left = rows - r0;
     const int nr = left < Rows ? static_cast<int>(left) : Rows;
     const float* xp = x + r0 * in;
-    // The gate (or only) row's lane sums, before the up row's pass: its
-    // class accumulators need not stay live through it.
-    float sum[Rows], sum_up[Rows];
+    // The gate's (or only) rows' lane sums, then the up's: the gate's class
+    // accumulators need not stay live through the up rows' pass.
+    // (Two blocks, not one helper called twice: ptxas then gives the
+    // eight-row SwiGLU kernels a spill.)
+    float sum[Rows][Outs], sum_up[Rows][Outs];
     {
-      float acc[Rows][gemv_classes] = {};
-      lane_products<Vectorised, Unroll, Rows>(wo, xp, in, nr, lane, acc);
+      float acc[Rows][Outs][gemv_classes] = {};
+      if constexpr (Vectorised)
+        lane_products<Outs, Unroll, Rows>(wo, in, in, no, xp, nr, lane, acc);
+      else
+        lane_products_scalar<Rows>(wo, in, xp, nr, lane, acc);
 #pragma unroll
-      for (int r = 0; r < Rows; ++r) sum[r] = lane_total(acc[r]);
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int j = 0; j < Outs; ++j) sum[r][j] = lane_total(acc[r][j]);
     }
     if constexpr (E == gemv_epilogue::swiglu) {
-      float acc[Rows][gemv_classes] = {};
-      lane_products<Vectorised, Unroll, Rows>(wu, xp, in, nr, lane, acc);
+      float acc[Rows][Outs][gemv_classes] = {};
+      if constexpr (Vectorised)
+        lane_products<Outs, Unroll, Rows>(wu, in, in, no, xp, nr, lane, acc);
+      else
+        lane_products_scalar<Rows>(wu, in, xp, nr, lane, acc);
 #pragma unroll
-      for (int r = 0; r < Rows; ++r) sum_up[r] = lane_total(acc[r]);
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int j = 0; j < Outs; ++j) sum_up[r][j] = lane_total(acc[r][j]);
     }
 #pragma unroll
-    for (int r = 0; r < Rows; ++r) {
-      const float v = warp_total(sum[r]);
-      const float v_up = E == gemv_epilogue::swiglu ? warp_total(sum_up[r]) : 0.0f;
-      if (lane == 0 && r < nr) store_output<E>(y, residual, (r0 + r) * out + o, v, v_up, b);
-    }
+    for (int r = 0; r < Rows; ++r)
+#pragma unroll
+      for (int j = 0; j < Outs; ++j) {
+        const float v = warp_total(sum[r][j]);
+        const float v_up = E == gemv_epilogue::swiglu ? warp_total(sum_up[r][j]) : 0.0f;
+        if (lane == 0 && r < nr && j < no) store_output<E>(y, residual, (r0 + r) * out + o0 + j, v, v_up, b[j]);
+      }
   }
 }
 

@@ -14,45 +14,6 @@ namespace corolla::cuda {
 
 namespace {
 
-/// This lane's sums of the products of weight rows w1 and w2 with x (one
-/// row), into sum1 and sum2: each row's 16-byte loads summed in
-/// lane_products' classes and order (so the same bits as
-/// lane_products<true, U, 1> then lane_total on each row), with Unroll
-/// loads of each row issued before any is used: twice the bytes in flight
-/// of one row's pass. in % 8 == 0, x and the rows 16-byte aligned.
-template <int Unroll>
-__device__ __forceinline__ void pair_products(const std::uint16_t* __restrict__ w1,
-                                              const std::uint16_t* __restrict__ w2, const float* __restrict__ x,
-                                              std::int64_t in, int lane, float& sum1, float& sum2) {
-  static_assert(Unroll % gemv_classes == 0, "a batch of loads must cover whole classes");
-  constexpr std::int64_t stride = 32 * 8;
-  float acc1[gemv_classes] = {}, acc2[gemv_classes] = {};
-  std::int64_t k = std::int64_t{lane} * 8;
-  for (; k + (Unroll - 1) * stride < in; k += Unroll * stride) {
-    uint4 p1[Unroll], p2[Unroll];
-#pragma unroll
-    for (int u = 0; u < Unroll; ++u) {
-      p1[u] = __ldcs(reinterpret_cast<const uint4*>(w1 + k + u * stride));
-      p2[u] = __ldcs(reinterpret_cast<const uint4*>(w2 + k + u * stride));
-    }
-#pragma unroll
-    for (int u = 0; u < Unroll; ++u) {
-      acc1[u % gemv_classes] = __fadd_rn(acc1[u % gemv_classes], dot8(p1[u], x + k + u * stride));
-      acc2[u % gemv_classes] = __fadd_rn(acc2[u % gemv_classes], dot8(p2[u], x + k + u * stride));
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < Unroll - 1; ++u)  // the rest, fewer than Unroll loads of each row: a pair at a time
-    if (k + u * stride < in) {
-      const uint4 p1 = __ldcs(reinterpret_cast<const uint4*>(w1 + k + u * stride));
-      const uint4 p2 = __ldcs(reinterpret_cast<const uint4*>(w2 + k + u * stride));
-      acc1[u % gemv_classes] = __fadd_rn(acc1[u % gemv_classes], dot8(p1, x + k + u * stride));
-      acc2[u % gemv_classes] = __fadd_rn(acc2[u % gemv_classes], dot8(p2, x + k + u * stride));
-    }
-  sum1 = lane_total(acc1);
-  sum2 = lane_total(acc2);
-}
-
 /// Where linear_bf16_rope_kv_kernel puts a decode step's q, k and v: q
 /// [hq * head_dim] f32, rotated by positions[0] when `rotate`; the key
 /// (rotated likewise) and the value into the cache rows k_out and v_out
@@ -72,8 +33,8 @@ struct rope_kv_rows {
 /// head_dim + 2 * hkv * head_dim, in] of q, k and v rows, bias of as many
 /// outputs or null) and rope_store_kv in one launch. Warp t takes a pair of
 /// outputs (i, i + head_dim / 2) of one head: q pairs first, then k pairs,
-/// then v pairs; it sums both rows (pair_products: the register GEMV's
-/// order and shuffles), adds the bias as the GEMV's store does, and lane 0
+/// then v pairs; it sums both rows (lane_products, as the register GEMV
+/// does, and its shuffles), adds the bias as the GEMV's store does, and lane 0
 /// stores the pair as rope_store_kv_kernel does (rope_store_pair; a value
 /// pair is copied into its cache row), so q and the cache rows get the
 /// bits of linear_bf16_kernel followed by rope_store_kv_kernel. Launched
@@ -100,9 +61,11 @@ __global__ void __launch_bounds__(32 * Warps)
   prefetch_row(w1, in, lane);
   prefetch_row(w2, in, lane);
   await_producers();
-  float sum1 = 0.0f, sum2 = 0.0f;
-  pair_products<Unroll>(w1, w2, x, in, lane, sum1, sum2);
-  const float v1 = warp_total(sum1), v2 = warp_total(sum2);
+  // Both rows' loads in flight together (twice the bytes of one row's
+  // pass), summed as the GEMV sums them.
+  float acc[1][2][gemv_classes] = {};
+  lane_products<2, Unroll, 1>(w1, o2 * in - o1 * in, in, 2, x, 1, lane, acc);
+  const float v1 = warp_total(lane_total(acc[0][0])), v2 = warp_total(lane_total(acc[0][1]));
   if (lane != 0) return;
   // The GEMV's store: y = v + b, with b = 0 without a bias.
   const float a = v1 + (bias ? __ldg(bias + o1) : 0.0f);

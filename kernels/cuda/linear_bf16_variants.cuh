@@ -32,7 +32,7 @@ struct gemv_variant {
   /// much (2026-11-30, docs/benchmarks.md).
   bool tuned = true;
   int split = 1;  ///< warps to an output (linear_bf16_split_kernel when more than 1)
-  int outs = 1;   ///< outputs to a warp (linear_bf16_outs_kernel when more than 1)
+  int outs = 1;   ///< outputs to a warp (linear_bf16_kernel's Outs)
   int rows = 1;   ///< rows of x per pass over the weights: more than 1, a candidate for several rows
 };
 
@@ -61,7 +61,7 @@ constexpr std::size_t gemv_smem_bytes(const gemv_variant& v) {
 /// flight per lane>.w<warps per block>" the split kernel
 /// (linear_bf16_split_kernel, one warp per class of an output),
 /// "r<rows>.o<outputs to a warp>.u<loads>.w<warps>" the kernel of several
-/// outputs to a warp (linear_bf16_outs_kernel).
+/// outputs to a warp (linear_bf16_kernel with Outs > 1).
 constexpr gemv_variant gemv_variants[] = {
     {"r8.u4.w8", 8, 0, true, 1, 1, 8},
     {"r1.u4.w8", 8},
@@ -90,11 +90,11 @@ constexpr int gemv_variant_count = static_cast<int>(sizeof gemv_variants / sizeo
 template <gemv_epilogue E>
 gemv_kernel gemv_kernel_for(int i) {
   switch (i) {
-    case 1: return &linear_bf16_kernel<true, 4, 8, 1, E>;
-    case 2: return &linear_bf16_kernel<true, 4, 4, 1, E>;
-    case 3: return &linear_bf16_kernel<true, 8, 8, 1, E>;
-    case 4: return &linear_bf16_kernel<true, 8, 4, 1, E>;
-    case 5: return &linear_bf16_kernel<true, 16, 4, 1, E>;
+    case 1: return &linear_bf16_kernel<true, 1, 4, 8, 1, E>;
+    case 2: return &linear_bf16_kernel<true, 1, 4, 4, 1, E>;
+    case 3: return &linear_bf16_kernel<true, 1, 8, 8, 1, E>;
+    case 4: return &linear_bf16_kernel<true, 1, 8, 4, 1, E>;
+    case 5: return &linear_bf16_kernel<true, 1, 16, 4, 1, E>;
     case 6: return &linear_bf16_async_kernel<6, 8, E>;
     case 7: return &linear_bf16_async_kernel<8, 8, E>;
     case 8: return &linear_bf16_async_kernel<8, 4, E>;
@@ -106,18 +106,18 @@ gemv_kernel gemv_kernel_for(int i) {
     case 14: return &linear_bf16_split_kernel<4, 8, E>;
     case 15: return &linear_bf16_split_kernel<8, 8, E>;
     case 16: return &linear_bf16_split_kernel<8, 4, E>;
-    case 17: return &linear_bf16_outs_kernel<2, 2, 8, 8, E>;
-    case 18: return &linear_bf16_outs_kernel<2, 4, 8, 1, E>;
-    case 19: return &linear_bf16_outs_kernel<2, 4, 4, 1, E>;
-    case 20: return &linear_bf16_kernel<true, 2, 8, 8, E>;
-    default: return &linear_bf16_kernel<true, 4, 8, 8, E>;
+    case 17: return &linear_bf16_kernel<true, 2, 2, 8, 8, E>;
+    case 18: return &linear_bf16_kernel<true, 2, 4, 8, 1, E>;
+    case 19: return &linear_bf16_kernel<true, 2, 4, 4, 1, E>;
+    case 20: return &linear_bf16_kernel<true, 1, 2, 8, 8, E>;
+    default: return &linear_bf16_kernel<true, 1, 4, 8, 8, E>;
   }
 }
 
 /// The scalar kernel (any in, any alignment): 8 warps, 8 rows per pass.
 constexpr int scalar_warps = 8;
 template <gemv_epilogue E>
-constexpr gemv_kernel gemv_scalar = &linear_bf16_kernel<false, 1, scalar_warps, 8, E>;
+constexpr gemv_kernel gemv_scalar = &linear_bf16_kernel<false, 1, 1, scalar_warps, 8, E>;
 
 }  // namespace
 }  // namespace corolla::cuda
