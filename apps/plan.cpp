@@ -8,6 +8,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <fmt/printf.h>
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.hpp"
@@ -160,13 +161,15 @@ json plan_json(const sc::cluster_description& c, const sc::plan& p) {
 
 }  // namespace
 
-void print_plan(std::FILE* out, const sc::cluster_description& c, const sc::plan& p) {
+std::string plan_text(const sc::cluster_description& c, const sc::plan& p) {
   const auto& e = p.estimate;
-  std::fprintf(out, "plan: PP %d x DP %d x TP %d on %d of %d workers; per replica and step %d micro-batch%s of %d x %d tokens\n",
-              p.pp, p.dp, p.tp, p.pp * p.dp, c.size(), p.micro_batches, p.micro_batches == 1 ? "" : "es",
-              p.micro_batch, p.seq);
-  std::fprintf(out, "  %-5s %-16s %-28s %-12s %-10s %7s %15s %11s %9s %22s\n", "stage", "layers", "workers", "cluster",
-              "nic", "TFLOP/s", "memory GiB", "fwd+bwd/mb", "send/mb", "DP reduce (exposed)");
+  std::string text;
+  text += fmt::sprintf("plan: PP %d x DP %d x TP %d on %d of %d workers; per replica and step %d micro-batch%s of "
+                       "%d x %d tokens\n",
+                       p.pp, p.dp, p.tp, p.pp * p.dp, c.size(), p.micro_batches, p.micro_batches == 1 ? "" : "es",
+                       p.micro_batch, p.seq);
+  text += fmt::sprintf("  %-5s %-16s %-28s %-12s %-10s %7s %15s %11s %9s %22s\n", "stage", "layers", "workers",
+                       "cluster", "nic", "TFLOP/s", "memory GiB", "fwd+bwd/mb", "send/mb", "DP reduce (exposed)");
   for (const auto& s : p.stages) {
     std::string workers = sc::describe_workers(c, s.workers);
     std::string nic = nic_name(c, s.nic);
@@ -174,17 +177,22 @@ void print_plan(std::FILE* out, const sc::cluster_description& c, const sc::plan
     if (workers.size() > 28) workers = workers.substr(0, 25) + "...";
     std::string mem = gib(s.cost.memory.total()) + "/" + gib(s.cost.capacity);
     std::string reduce = seconds(s.cost.reduce_s) + " (" + seconds(s.cost.exposed_reduce_s) + ")";
-    std::fprintf(out, "  %-5d %-16s %-28s %-12s %-10s %7.3g %15s %11s %9s %22s\n", s.index, layers_of(s).c_str(),
+    text += fmt::sprintf("  %-5d %-16s %-28s %-12s %-10s %7.3g %15s %11s %9s %22s\n", s.index, layers_of(s).c_str(),
                 workers.c_str(), cluster_name(c, s.cluster).c_str(), nic.c_str(),
                 s.cost.flops_per_s / 1e12, mem.c_str(), seconds(s.cost.forward_s + s.cost.backward_s).c_str(),
                 s.head ? "-" : seconds(s.cost.send_s).c_str(), reduce.c_str());
   }
-  if (!p.idle.empty()) std::fprintf(out, "  idle: %s\n", sc::describe_workers(c, p.idle).c_str());
-  std::fprintf(out, "predicted step: %s = pipeline %s (steady %s + fill/drain %s) + DP tail %s; bubble %.1f%%\n",
+  if (!p.idle.empty()) text += fmt::sprintf("  idle: %s\n", sc::describe_workers(c, p.idle).c_str());
+  text += fmt::sprintf("predicted step: %s = pipeline %s (steady %s + fill/drain %s) + DP tail %s; bubble %.1f%%\n",
               seconds(e.step_s).c_str(), seconds(e.pipeline_s).c_str(), seconds(e.steady_s).c_str(),
               seconds(e.fill_drain_s).c_str(), seconds(e.dp_tail_s).c_str(), 100 * e.bubble_fraction);
-  std::fprintf(out, "throughput: %.2f samples/s, %.0f tokens/s, %.1f model TFLOP/s per worker\n", e.samples_per_s,
+  text += fmt::sprintf("throughput: %.2f samples/s, %.0f tokens/s, %.1f model TFLOP/s per worker\n", e.samples_per_s,
               e.tokens_per_s, e.flops_per_worker / 1e12);
+  return text;
+}
+
+void print_plan(std::FILE* out, const sc::cluster_description& c, const sc::plan& p) {
+  std::fputs(plan_text(c, p).c_str(), out);  // one write: no other thread's line inside it
 }
 
 namespace {

@@ -486,10 +486,10 @@ int run_distributed_train(train_args a) {
     return run_rank(a, o, cfg);
   }
   if (planned) {
-    std::fprintf(stderr, "cluster %s: %d workers", planned->cluster.name.c_str(), planned->present.size());
-    if (!a.standby.empty()) std::fprintf(stderr, " (%zu on standby)", a.standby.size());
-    std::fprintf(stderr, "; ");
-    print_plan(stderr, planned->present, planned->plan);
+    // One write (a launcher that takes over prints it while others log).
+    const std::string standby = a.standby.empty() ? "" : " (" + std::to_string(a.standby.size()) + " on standby)";
+    std::fprintf(stderr, "cluster %s: %d workers%s; %s", planned->cluster.name.c_str(), planned->present.size(),
+                 standby.c_str(), plan_text(planned->present, planned->plan).c_str());
   }
   return launch_local(a, o, cfg, planned ? &planned->cluster : nullptr, planned ? &planned->plan : nullptr);
 }

@@ -459,9 +459,10 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
                      held.why_not.c_str(), o.resume ? "the last checkpoint" : "the start");
       }
       if (d.plan) {
-        std::fprintf(stderr, "elastic: drained after step %d; re-planned %s: ", last,
-                     d.cause == "workers joined" ? "with the workers that joined" : "on what was measured");
-        print_plan(stderr, *d.machines, *d.plan);
+        // One write: a log line from another thread must not split the prefix from the plan.
+        std::fprintf(stderr, "elastic: drained after step %d; re-planned %s: %s", last,
+                     d.cause == "workers joined" ? "with the workers that joined" : "on what was measured",
+                     plan_text(*d.machines, *d.plan).c_str());
       }
       pending = std::move(ev);
     } catch (const train_error& e) {
@@ -531,8 +532,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       ev.from_memory = from_memory;
       lay_out(d);
       if (d.plan) {
-        std::fprintf(stderr, "elastic: re-planned on %d worker(s) of %s: ", d.machines->size(), d.machines->name.c_str());
-        print_plan(stderr, *d.machines, *d.plan);
+        std::fprintf(stderr, "elastic: re-planned on %d worker(s) of %s: %s", d.machines->size(),
+                     d.machines->name.c_str(), plan_text(*d.machines, *d.plan).c_str());
       }
       ev.to = o.layout.describe();
       if (o.from_memory.step > 0) {
