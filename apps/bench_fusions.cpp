@@ -14,9 +14,17 @@
 //   layernorm_backward + add  the norm's backward with the residual's
 //                           gradient added (Backend::layernorm_backward_add)
 //                           vs layernorm_backward, then add
+//   q, k, v products        a block's three products of one x as one batch
+//                           (Backend::linear_same_x; CUDA: a strided batched
+//                           product) vs three linears (the Backend default)
+//   q, k, v backward        their backward, the weight gradients as one
+//                           batch (linear_same_x_backward) vs three
+//                           linear_backward and two gemm
 //
 // A backend without a fused form runs the two ops for it ("fused": false in
-// the JSON, a ratio near 1). Activations are --dtype (bf16 by default, as
+// the JSON, a ratio near 1; for the q, k, v rows "fused" says whether the
+// operands are laid out for one batch on CUDA, kernels/same_x_batch.hpp,
+// which COROLLA_CUDA_BATCHED_LINEAR=0 would still turn off). Activations are --dtype (bf16 by default, as
 // --compute bf16 trains); the norm's weights and statistics are f32.
 #include <cstdio>
 #include <stdexcept>
@@ -29,6 +37,7 @@
 #include "apps/bench_timing.hpp"
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/same_x_batch.hpp"
 
 namespace corolla::app {
 
@@ -117,6 +126,45 @@ int run_fusions(const fusions_options& o) {
   // Only cuda_backend overrides the _add forms (its dx kernel adds dres).
   rows.back().fused = be.dev().kind == device_kind::cuda;
 
+  // q, k and v as a GPT-2 block holds them: each weight followed by its
+  // bias in the flat parameters (and gradients), the outputs (and their
+  // gradients) slices of one buffer. The separate form is the Backend's
+  // default, called past the override.
+  const std::int64_t step = D * D + D;
+  const Tensor flat = random_tensor_on(be, {3 * step}, t, 11), dstack = random_tensor_on(be, {3 * N, D}, t, 12);
+  Tensor grads = be.empty({3 * step}, t), stack = be.empty({3 * N, D}, t);
+  be.copy(Tensor::zeros({3 * step}), grads);  // accumulated into: start finite
+  std::vector<Tensor> w, b, y, dy, gw, gb;
+  for (std::int64_t i = 0; i < 3; ++i) {
+    w.push_back(flat.slice(i * step, i * step + D * D).view({D, D}));
+    b.push_back(flat.slice(i * step + D * D, (i + 1) * step));
+    gw.push_back(grads.slice(i * step, i * step + D * D).view({D, D}));
+    gb.push_back(grads.slice(i * step + D * D, (i + 1) * step));
+    y.push_back(stack.slice(i * N, (i + 1) * N));
+    dy.push_back(dstack.slice(i * N, (i + 1) * N));
+  }
+  const std::vector<const Tensor*> ws = {&w[0], &w[1], &w[2]}, bs = {&b[0], &b[1], &b[2]},
+                                   dys = {&dy[0], &dy[1], &dy[2]};
+  const std::vector<Tensor*> ys = {&y[0], &y[1], &y[2]}, gws = {&gw[0], &gw[1], &gw[2]},
+                             gbs = {&gb[0], &gb[1], &gb[2]};
+  const bool on_cuda = be.dev().kind == device_kind::cuda;
+  time_pair(
+      "q, k, v products",
+      [&] {
+        be.linear_same_x(x, ws, bs, ys);
+        return true;
+      },
+      [&] { be.Backend::linear_same_x(x, ws, bs, ys); });
+  rows.back().fused = on_cuda && linear_same_x_batch(x, ws, bs, ys).has_value();
+  time_pair(
+      "q, k, v backward",
+      [&] {
+        be.linear_same_x_backward(x, ws, dys, &dx, gws, gbs);
+        return true;
+      },
+      [&] { be.Backend::linear_same_x_backward(x, ws, dys, &dx, gws, gbs); });
+  rows.back().fused = on_cuda && linear_same_x_backward_batch(x, ws, dys, gws, gbs).has_value();
+
   nlohmann::json results = nlohmann::json::array();
   if (!o.json)
     std::printf("%-26s %6s %11s %13s %9s   (%s, %lld rows, hidden %lld, MLP %lld, on %s)\n", "op", "fused",
@@ -144,7 +192,7 @@ void register_bench_fusions(CLI::App* bench, action_fn& action) {
   static fusions_options o;
   auto* cmd = bench->add_subcommand(
       "fusions", "Training's fused ops (residual add, GELU and its backward in the products, the norm backward's "
-                 "add) vs the two ops each replaces, on one block's shapes");
+                 "add, q/k/v as one batched product) vs the ops each replaces, on one block's shapes");
   cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N")
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype_name, "Activations: f32, bf16 or f16 (16-bit on a GPU)")->capture_default_str();

@@ -191,6 +191,19 @@ class Backend {
   /// inference; training keeps f32 weights").
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                Tensor& dw, Tensor* db) = 0;
+  /// Products of one x (a block's q, k and v): ys[i] = x @ ws[i]^T (+
+  /// *bs[i]); bs empty or one entry (or null) per w. This default runs
+  /// `linear` for each; CUDA runs them as one strided batched product where
+  /// the ws, the ys and the biases are each of one shape and dtype and
+  /// equally spaced in memory (one product's waves, not three tails).
+  virtual void linear_same_x(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> bs,
+                             std::span<Tensor* const> ys);
+  /// Their backward: dx = the sum of dys[i] @ ws[i] (if dx given,
+  /// overwritten); dws[i] += dys[i]^T @ x; *dbs[i] += column sums of dys[i]
+  /// (dbs empty or entries null: none). Default: linear_backward and gemm.
+  virtual void linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws,
+                                      std::span<const Tensor* const> dys, Tensor* dx, std::span<Tensor* const> dws,
+                                      std::span<Tensor* const> dbs);
   /// linear and the op after it in one pass over the weight, where this
   /// backend has a fused form for these operands (CUDA: an f32 x of 1 to 16
   /// rows with a bf16 weight, as decode has, any epilogue; and add for a

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,14 @@ class profiling_backend final : public Backend {
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                        Tensor* db) override {
     timed("linear_backward", [&] { inner_.linear_backward(x, w, dy, dx, dw, db); });
+  }
+  void linear_same_x(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> bs,
+                     std::span<Tensor* const> ys) override {
+    timed("linear_same_x", [&] { inner_.linear_same_x(x, ws, bs, ys); });
+  }
+  void linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> dys,
+                              Tensor* dx, std::span<Tensor* const> dws, std::span<Tensor* const> dbs) override {
+    timed("linear_same_x_backward", [&] { inner_.linear_same_x_backward(x, ws, dys, dx, dws, dbs); });
   }
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override {
     timed("embedding", [&] { inner_.embedding(ids, table, out); });

@@ -9,6 +9,24 @@ namespace corolla {
 using namespace block_ops;
 namespace {
 
+/// Makes q, k and v [N, Q], [N, KV], [N, KV] of dtype `act`: when Q == KV,
+/// slices of one [3N, Q] tensor `stack`, so their products (of one x) are
+/// equally spaced and a backend may run them as one batched product
+/// (Backend::linear_same_x and its backward); else each its own.
+void qkv_stack(Backend& be, Tensor& stack, Tensor& q, Tensor& k, Tensor& v, std::int64_t N, std::int64_t Q,
+               std::int64_t KV, dtype act) {
+  if (Q != KV) {
+    ensure_tensor(be, q, {N, Q}, act);
+    ensure_tensor(be, k, {N, KV}, act);
+    ensure_tensor(be, v, {N, KV}, act);
+    return;
+  }
+  ensure_tensor(be, stack, {3 * N, Q}, act);
+  q = stack.slice(0, N);
+  k = stack.slice(N, 2 * N);
+  v = stack.slice(2 * N, 3 * N);
+}
+
 /// Sizes block_backward's scratch for N rows of activation dtype `act`.
 void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dtype act,
                        block_grad_scratch& s) {
@@ -17,17 +35,17 @@ void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dty
   ensure_tensor(be, s.dnorm, {N, D}, act);
   ensure_tensor(be, s.dh, {N, D}, act);
   ensure_tensor(be, s.dattn, {N, Q}, act);
-  ensure_tensor(be, s.dq, {N, Q}, act);
-  ensure_tensor(be, s.dk, {N, KV}, act);
-  ensure_tensor(be, s.dv, {N, KV}, act);
+  if (cfg.qk_norm) {  // the projections' gradients are dq_pre, dk_pre and dv
+    ensure_tensor(be, s.dq, {N, Q}, act);
+    ensure_tensor(be, s.dk, {N, KV}, act);
+    qkv_stack(be, s.dqkv, s.dq_pre, s.dk_pre, s.dv, N, Q, KV, act);
+  } else {
+    qkv_stack(be, s.dqkv, s.dq, s.dk, s.dv, N, Q, KV, act);
+  }
   if (!cfg.is_moe()) {  // the experts' rows have their own scratch (moe_grad_scratch)
     ensure_tensor(be, s.dact, {N, F}, act);
     ensure_tensor(be, s.dup, {N, F}, act);
     if (is_llama(cfg)) ensure_tensor(be, s.dgate, {N, F}, act);
-  }
-  if (cfg.qk_norm) {
-    ensure_tensor(be, s.dq_pre, {N, Q}, act);
-    ensure_tensor(be, s.dk_pre, {N, KV}, act);
   }
 }
 
@@ -359,15 +377,15 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   ensure_tensor(be, a.norm1, {N, D}, act);
   ensure_tensor(be, a.rstd1, {N});
   if (!llama) ensure_tensor(be, a.mean1, {N});
-  ensure_tensor(be, a.q, {N, Q}, act);
-  ensure_tensor(be, a.k, {N, KV}, act);
-  if (cfg.qk_norm) {
-    ensure_tensor(be, a.q_pre, {N, Q}, act);
-    ensure_tensor(be, a.k_pre, {N, KV}, act);
+  if (cfg.qk_norm) {  // the projections' outputs are q_pre, k_pre and v
+    ensure_tensor(be, a.q, {N, Q}, act);
+    ensure_tensor(be, a.k, {N, KV}, act);
+    qkv_stack(be, a.qkv, a.q_pre, a.k_pre, a.v, N, Q, KV, act);
     ensure_tensor(be, a.rstd_q, {N * cfg.n_heads});
     ensure_tensor(be, a.rstd_k, {N * cfg.n_kv_heads});
+  } else {
+    qkv_stack(be, a.qkv, a.q, a.k, a.v, N, Q, KV, act);
   }
-  ensure_tensor(be, a.v, {N, KV}, act);
   ensure_tensor(be, a.attn, {N, Q}, act);
   ensure_tensor(be, a.lse, {N * cfg.n_heads});
   ensure_tensor(be, a.h, {N, D}, act);
@@ -383,9 +401,12 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
 
   // Attention half. y doubles as the scratch for the projection outputs.
   norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, a.norm1, opt(a.mean1), &a.rstd1);
-  be.linear(a.norm1, w.q_w, opt(w.q_b), cfg.qk_norm ? a.q_pre : a.q);
-  be.linear(a.norm1, w.k_w, opt(w.k_b), cfg.qk_norm ? a.k_pre : a.k);
-  be.linear(a.norm1, w.v_w, opt(w.v_b), a.v);
+  {
+    const Tensor* ws[] = {&w.q_w, &w.k_w, &w.v_w};
+    const Tensor* bs[] = {opt(w.q_b), opt(w.k_b), opt(w.v_b)};
+    Tensor* ys[] = {cfg.qk_norm ? &a.q_pre : &a.q, cfg.qk_norm ? &a.k_pre : &a.k, &a.v};
+    be.linear_same_x(a.norm1, ws, bs, ys);
+  }
   if (cfg.qk_norm) {
     head_rmsnorm(be, cfg, a.q_pre, w.q_norm_w, a.q, &a.rstd_q);
     head_rmsnorm(be, cfg, a.k_pre, w.k_norm_w, a.k, &a.rstd_k);
@@ -472,11 +493,13 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
   const auto [dq_p, dk_p] = qk_projection_grads(be, cfg, w, a, s, g.q_norm_w, g.k_norm_w);
   Tensor& dq = *dq_p;
   Tensor& dk = *dk_p;
-  be.linear_backward(a.norm1, w.q_w, dq, &s.dnorm, g.q_w, opt(g.q_b));
-  be.linear_backward(a.norm1, w.k_w, dk, nullptr, g.k_w, opt(g.k_b));
-  be.gemm(dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
-  be.linear_backward(a.norm1, w.v_w, s.dv, nullptr, g.v_w, opt(g.v_b));
-  be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);
+  {
+    const Tensor* ws[] = {&w.q_w, &w.k_w, &w.v_w};
+    const Tensor* dys[] = {&dq, &dk, &s.dv};
+    Tensor* dws[] = {&g.q_w, &g.k_w, &g.v_w};
+    Tensor* dbs[] = {opt(g.q_b), opt(g.k_b), opt(g.v_b)};
+    be.linear_same_x_backward(a.norm1, ws, dys, &s.dnorm, dws, dbs);
+  }
   norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, g.attn_norm_w, g.attn_norm_b);
 }
 

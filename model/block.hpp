@@ -170,6 +170,7 @@ struct block_activations {
   Tensor x;                   ///< the block input [N,D], shared with the caller (kept unchanged)
   Tensor norm1, mean1, rstd1; ///< first norm output [N,D], its mean (GPT-2) and 1/std [N]
   Tensor q, k, v;             ///< projections, after RoPE for Llama [N,Hq*Dh], [N,Hkv*Dh]
+  Tensor qkv;                 ///< the projections' outputs (q or q_pre, k or k_pre, v) sliced from it (qkv_stack)
   Tensor q_pre, k_pre;        ///< Qwen3: q and k before their per-head norms
   Tensor rstd_q, rstd_k;      ///< Qwen3: 1/rms of each head's q and k row [N*Hq], [N*Hkv]
   Tensor attn, lse;           ///< attention output [N,Hq*Dh] and its log-sum-exp [B*Hq*T]
@@ -185,6 +186,9 @@ struct block_activations {
 struct block_grad_scratch {
   Tensor dnorm, dh, dattn, dq, dk, dv, dact, dgate, dup;
   Tensor dq_pre, dk_pre;  ///< Qwen3: gradients before the per-head norms
+  /// The q, k and v projections' output gradients (dq or dq_pre, dk or
+  /// dk_pre, dv) as slices of it where their widths match (qkv_stack)
+  Tensor dqkv;
   moe_grad_scratch moe;   ///< mixture-of-experts blocks
 };
 

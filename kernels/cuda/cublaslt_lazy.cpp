@@ -3,7 +3,7 @@
 // libcublasLt is some 500 MB of code whose relocations alone cost every
 // process that links it about 0.1 s and 25,000 page faults at start, GPU
 // or not: the price of every `corolla` process (a rank re-planned after a
-// failure, a swarm server, each test). The backend calls 14 of its
+// failure, a swarm server, each test). The backend calls 15 of its
 // functions; they are defined here with cublasLt.h's own signatures and
 // forward to the library, which is dlopen()ed on the first call (by its
 // soname, so LD_LIBRARY_PATH and the binary's run path apply, then at the
@@ -69,6 +69,9 @@ COROLLA_LT_FORWARD(cublasLtMatrixLayoutCreate,
                    (cublasLtMatrixLayout_t * layout, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld),
                    (layout, type, rows, cols, ld))
 COROLLA_LT_FORWARD(cublasLtMatrixLayoutDestroy, (cublasLtMatrixLayout_t layout), (layout))
+COROLLA_LT_FORWARD(cublasLtMatrixLayoutSetAttribute,
+                   (cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr, const void* buf, size_t size),
+                   (layout, attr, buf, size))
 COROLLA_LT_FORWARD(cublasLtMatmulPreferenceCreate, (cublasLtMatmulPreference_t * pref), (pref))
 COROLLA_LT_FORWARD(cublasLtMatmulPreferenceDestroy, (cublasLtMatmulPreference_t pref), (pref))
 COROLLA_LT_FORWARD(cublasLtMatmulPreferenceSetAttribute,

@@ -68,6 +68,11 @@ struct lt_extra {
   /// unfused fallback; with a 16-bit output they also take no split-K
   /// algorithm that reduces in the output's dtype (one rounding).
   bool may_decline = false;
+  /// A strided batch of `batch` products (no aux): product i's a at a + i *
+  /// batch_a elements, b at b + i * batch_b, c (and d) at c + i * batch_c,
+  /// the bias at bias + i * batch_bias; a stride of 0 shares the operand.
+  int batch = 1;
+  std::int64_t batch_a = 0, batch_b = 0, batch_c = 0, batch_bias = 0;
 };
 
 /// lt_matmul's extra for a bias epilogue (none without a bias).
@@ -135,6 +140,10 @@ class cuda_backend final : public Backend {
   bool linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions, int hq,
                             int hkv, int head_dim, const rope_spec& spec, bool rotate, Tensor& q, void* k_out,
                             void* v_out, dtype cache_type) override;
+  void linear_same_x(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> bs,
+                     std::span<Tensor* const> ys) override;
+  void linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> dys,
+                              Tensor* dx, std::span<Tensor* const> dws, std::span<Tensor* const> dbs) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                        Tensor& dw, Tensor* db) override;
 
@@ -309,7 +318,8 @@ class cuda_backend final : public Backend {
   /// What a cuBLASLt algorithm choice depends on (the heuristic sees the
   /// descriptors and the preference, never alpha, beta or the data).
   struct lt_key {
-    std::array<std::int64_t, 7> dims{};    ///< m, n, k, lda, ldb, ldc, aux_ld
+    /// m, n, k, lda, ldb, ldc, aux_ld, batch and its strides (a, b, c, bias)
+    std::array<std::int64_t, 12> dims{};
     std::array<std::uint32_t, 5> align{};  ///< cuBLAS's a, b, c, d and aux
     /// trans_a, trans_b, at, bt, ct, epilogue, precision, d != c, may_decline
     /// (a fused form: no 16-bit split-K reduction)

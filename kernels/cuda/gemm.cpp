@@ -187,13 +187,38 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
                                                   trans_a ? k : m, lda));
   COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.d, cuda_type(ct), n, m, ldc));
   void* const d = extra.d ? extra.d : c;
+  if (extra.batch > 1) {
+    if (has_aux) throw std::logic_error("lt_matmul: a strided batch with an aux matrix");
+    const std::int32_t count = extra.batch;
+    const auto set_batch = [&](layout_desc& l, std::int64_t stride) {
+      COROLLA_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(l.d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l.d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                            &stride, sizeof stride));
+    };
+    set_batch(la, extra.batch_b);
+    set_batch(lb, extra.batch_a);
+    set_batch(lc, extra.batch_c);
+    if (extra.bias)
+      COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                                          &extra.batch_bias, sizeof extra.batch_bias));
+  }
 
   // The heuristic assumes 256-byte aligned pointers unless told otherwise;
-  // views (slices) can start anywhere a dtype allows.
-  const std::uint32_t align_a = alignment_of(b), align_b = alignment_of(a), align_c = alignment_of(c),
-                      align_d = alignment_of(d), align_aux = has_aux ? alignment_of(extra.aux) : 256;
+  // views (slices) can start anywhere a dtype allows; so can a batch's
+  // later products (the alignment of base + stride bounds them all).
+  const auto batch_alignment = [&](const void* p, std::int64_t stride, dtype t) {
+    const std::uint32_t first = alignment_of(p);
+    if (extra.batch <= 1 || stride == 0) return first;
+    const auto bytes = stride * static_cast<std::int64_t>(dtype_size(t));
+    return std::min(first, alignment_of(static_cast<const char*>(p) + bytes));
+  };
+  const std::uint32_t align_a = batch_alignment(b, extra.batch_b, bt), align_b = batch_alignment(a, extra.batch_a, at);
+  const std::uint32_t align_c = batch_alignment(c, extra.batch_c, ct), align_d = batch_alignment(d, extra.batch_c, ct);
+  const std::uint32_t align_aux = has_aux ? alignment_of(extra.aux) : 256;
   lt_key key;
-  key.dims = {m, n, k, lda, ldb, ldc, has_aux ? extra.aux_ld : 0};
+  key.dims = {m,           n,  k, lda, ldb, ldc, has_aux ? extra.aux_ld : 0,
+              extra.batch, extra.batch_a, extra.batch_b, extra.batch_c, extra.batch_bias};
   key.align = {align_a, align_b, align_c, align_d, align_aux};
   key.flags = {static_cast<std::uint8_t>(trans_a), static_cast<std::uint8_t>(trans_b),
                static_cast<std::uint8_t>(at),      static_cast<std::uint8_t>(bt),

@@ -73,9 +73,7 @@ int fixed_variant() {
   if (const int forced = forced_variant.load(); forced >= 0) return forced;
   static const char* const env = std::getenv("COROLLA_GEMV");
   static const int from_env = [] {
-    if (env == nullptr || *env == '\0' || std::string(env) == "auto" || std::string(env) == "all" ||
-        std::string(env) == "nosplit")
-      return -1;
+    if (env == nullptr || *env == '\0' || std::string(env) == "auto" || !tune_setting().empty()) return -1;
     for (int i = 0; i < gemv_variant_count; ++i)
       if (std::string(env) == gemv_variants[i].name) return i;
     return -2;

@@ -20,7 +20,9 @@
 # profile: about 2 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
 # batch 8 unprofiled), batch 4 without cuBLASLt's training epilogues
-# (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train), each fused
+# (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train) and without
+# the q/k/v products as one batched product (COROLLA_CUDA_BATCHED_LINEAR=0),
+# each fused
 # training op against its two ops (`bench fusions`), AdamW with
 # its bf16 copy against the two ops
 # (`bench update`), Nsight Compute's counters over the decode
@@ -152,6 +154,10 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     # GELU and its backward as their own ops; the norm backward's add stays
     # fused): against lean's bench_train.
     step train_no_lt_epilogues 90 env COROLLA_CUDA_LT_EPILOGUES=0 corolla bench train --preset gpt2-1.5b \
+      --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
+    # Training with the q, k and v products (and their weight gradients) as
+    # three products each, not one strided batch: against lean's bench_train.
+    step train_no_batched_linear 90 env COROLLA_CUDA_BATCHED_LINEAR=0 corolla bench train --preset gpt2-1.5b \
       --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
     # Each fused training op against its two ops, same run (GPT-2-1.5B's block shapes).
     step bench_fusions 30 corolla bench fusions --dtype bf16

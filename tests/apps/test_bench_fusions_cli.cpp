@@ -1,7 +1,7 @@
 // `corolla bench fusions`: training's fused ops against the two ops each
 // replaces. Argument errors everywhere; on the cpu (which has none of the
-// product fusions) every op runs and reports itself unfused; on a GPU the
-// products must be fused.
+// product fusions, nor a batched q/k/v) every op runs and reports itself
+// unfused; on a GPU the products must be fused and q/k/v batched.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -33,12 +33,13 @@ TEST_CASE("bench fusions times each fused op against its two ops, and says which
   REQUIRE(r.exit_code == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["bench"] == "fusions");
-  REQUIRE(j["results"].size() == 4);
-  const char* ops[] = {"linear + add", "linear + gelu", "gemm + gelu_backward", "layernorm_backward + add"};
-  for (std::size_t i = 0; i < 4; ++i) {
+  REQUIRE(j["results"].size() == 6);
+  const char* ops[] = {"linear + add",             "linear + gelu",    "gemm + gelu_backward",
+                       "layernorm_backward + add", "q, k, v products", "q, k, v backward"};
+  for (std::size_t i = 0; i < 6; ++i) {
     const auto& row = j["results"][i];
     CHECK(row["op"] == ops[i]);
-    CHECK(row["fused"] == gpu);  // the cpu has none of them
+    CHECK(row["fused"] == gpu);  // the cpu has none of them (and runs one product each)
     CHECK(row["fused_ms"].get<double>() > 0);
     CHECK(row["separate_ms"].get<double>() > 0);
     CHECK(row["separate_over_fused"].get<double>() > 0);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/op_checks.hpp"
+#include "kernels/same_x_batch.hpp"
 
 namespace corolla::testing {
 namespace {
@@ -329,6 +330,19 @@ void emulated_device_backend::linear_backward(const Tensor& x, const Tensor& w, 
   cpu_backend().linear_backward(o.in(x, "linear_backward x"), o.in(w, "linear_backward w"),
                                 o.in(dy, "linear_backward dy"), dxp, dwv, dbp);
   o.finish();
+}
+
+void emulated_device_backend::linear_same_x(const Tensor& x, std::span<const Tensor* const> ws,
+                                            std::span<const Tensor* const> bs, std::span<Tensor* const> ys) {
+  if (linear_same_x_batch(x, ws, bs, ys)) ++stats_.batched_products;
+  Backend::linear_same_x(x, ws, bs, ys);
+}
+
+void emulated_device_backend::linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws,
+                                                     std::span<const Tensor* const> dys, Tensor* dx,
+                                                     std::span<Tensor* const> dws, std::span<Tensor* const> dbs) {
+  if (linear_same_x_backward_batch(x, ws, dys, dws, dbs)) ++stats_.batched_products;
+  Backend::linear_same_x_backward(x, ws, dys, dx, dws, dbs);
 }
 
 void emulated_device_backend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {

@@ -70,6 +70,9 @@ class emulated_device_backend final : public Backend {
     std::atomic<int> collectives{0};   ///< device-group collectives queued here
     std::atomic<int> recorded_steps{0};  ///< run_step calls run as recorded steps (twice, no host read)
     std::atomic<int> failed_steps{0};    ///< run_step calls whose recording failed (then run as they come)
+    /// linear_same_x and linear_same_x_backward calls whose operands CUDA
+    /// would run as one batched product (kernels/same_x_batch.hpp)
+    std::atomic<int> batched_products{0};
   };
   const counters& stats() const { return stats_; }
 
@@ -104,6 +107,12 @@ class emulated_device_backend final : public Backend {
                             void* v_out, dtype cache_type) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw,
                        Tensor* db) override;
+  /// Count the calls CUDA would batch (stats().batched_products), then
+  /// run the Backend's default, one product each.
+  void linear_same_x(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> bs,
+                     std::span<Tensor* const> ys) override;
+  void linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> dys,
+                              Tensor* dx, std::span<Tensor* const> dws, std::span<Tensor* const> dbs) override;
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void moe_gather(const Tensor& src, const Tensor& rows, const Tensor* weights, Tensor& out) override;
   void moe_combine(const Tensor& src, const Tensor& slots, const Tensor* weights, bool accumulate,

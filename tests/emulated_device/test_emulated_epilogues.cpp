@@ -76,13 +76,22 @@ std::string error_of(const auto& f) {
 }  // namespace
 
 TEST_CASE("emulated device: training takes the products' epilogues on every layer and computes the cpu's gradients") {
-  for (architecture arch : {architecture::llama, architecture::gpt2}) {
+  // Llama with fewer key/value heads than heads, and with as many (its q, k
+  // and v products alike, so batched on CUDA: linear_same_x), and GPT-2.
+  for (const auto [arch, mha] : {std::pair{architecture::llama, false}, std::pair{architecture::llama, true},
+                                 std::pair{architecture::gpt2, true}}) {
     CAPTURE(static_cast<int>(arch));
+    CAPTURE(mha);
     testing::temp_dir_guard dir("emulated-epilogues");
-    testing::write_tiny_model(dir.path(), testing::tiny_options_for(arch, 96));
+    testing::tiny_model_options o = testing::tiny_options_for(arch, 96);
+    if (mha) o.kv_heads = o.heads;
+    testing::write_tiny_model(dir.path(), o);
     transformer ref = transformer::load(dir.path(), cpu_backend());
     const int vocab = ref.config().vocab_size, layers = ref.config().n_layers;
     const bool gpt2 = arch == architecture::gpt2;
+    REQUIRE(mha == (ref.config().n_kv_heads == ref.config().n_heads));
+    // The q, k and v products and their weight gradients, a batch each a layer.
+    const int batches = mha ? 2 * layers : 0;
     // 2 x 16 rows: more than decode's 16, so the residual adds are fused too;
     // 1 x 12: only the GELU's (the adds stay with decode's forms).
     for (const auto [batch, seq] : {std::pair{2, 16}, std::pair{1, 12}}) {
@@ -111,6 +120,7 @@ TEST_CASE("emulated device: training takes the products' epilogues on every laye
       CHECK(calls_of(counted, gpt2 ? "layernorm_backward + add" : "rmsnorm_backward + add") == 2LL * layers);
       CHECK(calls_of(counted, gpt2 ? "layernorm_backward" : "rmsnorm_backward") == 1);  // the final norm's
       CHECK(calls_of(counted, "add") == (adds ? 0LL : 2LL) * layers + (gpt2 ? 1 : 0));
+      CHECK(dev.stats().batched_products == batches);
     }
     // 16-bit compute takes the same forms.
     emulated_device_backend dev;
@@ -123,6 +133,7 @@ TEST_CASE("emulated device: training takes the products' epilogues on every laye
     m.forward_backward(ids, ids, 2, 16);
     CHECK(calls_of(counted, "linear + add (fused)") == 2LL * layers);
     CHECK(calls_of(counted, "gemm + gelu_backward (fused)") == (gpt2 ? layers : 0));
+    CHECK(dev.stats().batched_products == batches);
   }
 }
 

@@ -1,0 +1,158 @@
+// tests/kernels/linear_same_x.cpp — Backend::linear_same_x and its backward
+// (products of one input: a training block's q, k and v). On the CPU (the
+// Backend's default) they are one linear (linear_backward, gemm) per
+// product, bit for bit; on CUDA (kernels/cuda/gemm_same_x.cpp) weights laid
+// out as a GPT-2 block's are (each followed by its bias, so equally spaced)
+// with outputs that are slices of one buffer run as one strided batched
+// cuBLASLt product, checked against the CPU per product, in f32 and bf16;
+// unequally spaced operands take the per-product path there and agree too.
+// Without the CUDA backend or a visible device the GPU test says why in a
+// MESSAGE and returns.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.hpp"
+#include "kernels/backend.hpp"
+#include "tests/kernels/cuda_ops_util.hpp"
+#include "tests/kernels/gpu_tensors.hpp"
+#include "tests/support/gpu.hpp"
+
+using namespace corolla;
+using namespace kernel_test;
+using corolla::testing::gpu_skip_reason;
+
+namespace {
+
+/// More rows than decode's 16; an output width that leaves a weight and its
+/// bias 11640 elements long, so the bf16 weights are 16-byte aligned only.
+constexpr std::int64_t rows = 64, in = 96, out = 120, products = 3;
+/// Where each product's weight starts in the flat parameters: after 8
+/// leading elements (a norm's), then weight, bias, weight, bias, ...
+constexpr std::int64_t lead = 8, step = out * in + out;
+
+/// The three weights and biases as views of `flat` ([lead + 3 * step]).
+struct laid_out {
+  std::vector<Tensor> w, b;
+};
+laid_out views_of(const Tensor& flat) {
+  laid_out l;
+  for (std::int64_t i = 0; i < products; ++i) {
+    const std::int64_t at = lead + i * step;
+    l.w.push_back(flat.slice(at, at + out * in).view({out, in}));
+    l.b.push_back(flat.slice(at + out * in, at + step));
+  }
+  return l;
+}
+
+template <class T>
+std::vector<T*> pointers(std::vector<Tensor>& ts) {
+  std::vector<T*> p;
+  for (Tensor& t : ts) p.push_back(&t);
+  return p;
+}
+
+/// Rows [i * rows, (i + 1) * rows) of `stack` for each product.
+std::vector<Tensor> slices_of(const Tensor& stack) {
+  std::vector<Tensor> s;
+  for (std::int64_t i = 0; i < products; ++i) s.push_back(stack.slice(i * rows, (i + 1) * rows));
+  return s;
+}
+
+double out_rtol(dtype t) { return t == dtype::f32 ? red_rtol : 1e-2; }
+double out_atol(dtype t) { return t == dtype::f32 ? red_atol : 1e-2; }
+
+}  // namespace
+
+TEST_CASE("linear_same_x and its backward are one linear (linear_backward, gemm) per product on the cpu") {
+  rng r(431);
+  Backend& be = cpu();
+  const Tensor flat = random_tensor({lead + products * step}, r);
+  laid_out p = views_of(flat);
+  const Tensor x = random_tensor({rows, in}, r);
+  const std::vector<const Tensor*> ws = pointers<const Tensor>(p.w), bs = pointers<const Tensor>(p.b);
+
+  Tensor stack = Tensor::empty({products * rows, out});
+  std::vector<Tensor> ys = slices_of(stack);
+  be.linear_same_x(x, ws, bs, pointers<Tensor>(ys));
+  for (std::int64_t i = 0; i < products; ++i) {
+    Tensor want = Tensor::empty({rows, out});
+    be.linear(x, p.w[i], &p.b[i], want);
+    CHECK(to_double(ys[i]) == to_double(want));
+  }
+
+  const Tensor dstack = random_tensor({products * rows, out}, r);
+  std::vector<Tensor> dys = slices_of(dstack);
+  const Tensor grads0 = random_tensor({lead + products * step}, r);
+  Tensor grads = grads0.clone(), grads_want = grads0.clone();
+  laid_out g = views_of(grads), g_want = views_of(grads_want);
+  Tensor dx = random_tensor({rows, in}, r), dx_want = Tensor::empty({rows, in});
+  be.linear_same_x_backward(x, ws, pointers<const Tensor>(dys), &dx, pointers<Tensor>(g.w), pointers<Tensor>(g.b));
+  for (std::int64_t i = 0; i < products; ++i) {
+    be.linear_backward(x, p.w[i], dys[i], i == 0 ? &dx_want : nullptr, g_want.w[i], &g_want.b[i]);
+    if (i > 0) be.gemm(dys[i], false, p.w[i], false, dx_want, 1.0f, 1.0f);
+  }
+  CHECK(to_double(dx) == to_double(dx_want));
+  CHECK(to_double(grads) == to_double(grads_want));
+
+  // Counts that do not pair up are refused before anything runs.
+  const std::vector<const Tensor*> two(ws.begin(), ws.begin() + 2);
+  const std::string e = error_of([&] { be.linear_same_x(x, two, bs, pointers<Tensor>(ys)); });
+  CHECK(e.find("linear_same_x: 2 weights, 3 outputs and 3 biases") != std::string::npos);
+}
+
+TEST_CASE("cuda: linear_same_x and its backward as one batched product match the cpu per product (f32, bf16)") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(433);
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    const std::string type_name = dtype_name(t);
+    CAPTURE(type_name);
+    const Tensor flat = rounded(random_tensor({lead + products * step}, r), t);
+    const Tensor x = rounded(random_tensor({rows, in}, r), t);
+    const Tensor dflat = up(flat, t), dxin = up(x, t);
+    laid_out p = views_of(flat), dp = views_of(dflat);
+
+    // Forward, batched (equally spaced weights, biases and outputs) and per
+    // product (outputs of separate allocations), against the cpu.
+    Tensor stack = gpu().empty({products * rows, out}, t);
+    std::vector<Tensor> ys = slices_of(stack), apart;
+    for (std::int64_t i = 0; i < products; ++i) apart.push_back(gpu().empty({rows, out}, t));
+    const std::vector<const Tensor*> ws = pointers<const Tensor>(dp.w), bs = pointers<const Tensor>(dp.b);
+    gpu().linear_same_x(dxin, ws, bs, pointers<Tensor>(ys));
+    gpu().linear_same_x(dxin, ws, bs, pointers<Tensor>(apart));
+    for (std::int64_t i = 0; i < products; ++i) {
+      Tensor want = Tensor::empty({rows, out});
+      cpu().linear(x, p.w[i], &p.b[i], want);
+      expect_close(ys[i], want, out_rtol(t), out_atol(t), "batched y " + std::to_string(i));
+      expect_close(apart[i], want, out_rtol(t), out_atol(t), "per-product y " + std::to_string(i));
+    }
+    // Without biases.
+    const std::vector<const Tensor*> none(products, nullptr);
+    gpu().linear_same_x(dxin, ws, none, pointers<Tensor>(ys));
+    Tensor want_nb = Tensor::empty({rows, out});
+    cpu().linear(x, p.w[2], nullptr, want_nb);
+    expect_close(ys[2], want_nb, out_rtol(t), out_atol(t), "batched y, no bias");
+
+    // Backward: dx overwritten, dw and db accumulated into the flat
+    // gradients (random to start with, as a second micro-batch finds them).
+    const Tensor dstack = rounded(random_tensor({products * rows, out}, r, -0.25f, 0.25f), t);
+    const Tensor ddstack = up(dstack, t);
+    std::vector<Tensor> dys = slices_of(dstack), ddys = slices_of(ddstack);
+    const Tensor grads0 = rounded(random_tensor({lead + products * step}, r), t);
+    Tensor grads_want = grads0.clone(), dgrads = up(grads0, t);
+    laid_out g_want = views_of(grads_want), dg = views_of(dgrads);
+    Tensor dx_want = Tensor::empty({rows, in}), ddx = up(random_tensor({rows, in}, r), t);
+    gpu().linear_same_x_backward(dxin, ws, pointers<const Tensor>(ddys), &ddx, pointers<Tensor>(dg.w),
+                                 pointers<Tensor>(dg.b));
+    for (std::int64_t i = 0; i < products; ++i) {
+      cpu().linear_backward(x, p.w[i], dys[i], i == 0 ? &dx_want : nullptr, g_want.w[i], &g_want.b[i]);
+      if (i > 0) cpu().gemm(dys[i], false, p.w[i], false, dx_want, 1.0f, 1.0f);
+    }
+    // (bf16: dx is rounded after each of its three products)
+    expect_close(ddx, dx_want, out_rtol(t), t == dtype::f32 ? grad_atol : 5e-2, "dx");
+    expect_close(dgrads, grads_want, t == dtype::f32 ? grad_rtol : 1e-2, t == dtype::f32 ? grad_atol : 2e-2,
+                 "dw and db in the flat gradients");
+  }
+}
