@@ -140,6 +140,9 @@ class cuda_backend final : public Backend {
   bool linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions, int hq,
                             int hkv, int head_dim, const rope_spec& spec, bool rotate, Tensor& q, void* k_out,
                             void* v_out, dtype cache_type) override;
+  /// linear_same_x and its backward calls run as one batched product on
+  /// this instance (the rest ran the Backend default): for tests and benches.
+  int batched_products() const { return batched_products_; }
   void linear_same_x(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> bs,
                      std::span<Tensor* const> ys) override;
   void linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> dys,
@@ -345,6 +348,7 @@ class cuda_backend final : public Backend {
 
   int index_ = 0;
   bool companion_ = false;
+  int batched_products_ = 0;  ///< see batched_products()
   stream_t stream_ = nullptr;
   cublasLtContext* lt_ = nullptr;
   void* lt_workspace_ = nullptr;

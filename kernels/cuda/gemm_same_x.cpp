@@ -21,6 +21,7 @@
 // default runs: linear, or linear_backward and gemm, one product each.
 // The backward's dx stays a sum of one product per weight (its K would be
 // the three outputs' widths, which are not adjacent in a row).
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -60,6 +61,15 @@ void cuda_backend::linear_same_x(const Tensor& x, std::span<const Tensor* const>
   const std::optional<same_x_strides> batch = linear_same_x_batch(x, ws, bs, ys);
   if (!batching_enabled() || !batch) return Backend::linear_same_x(x, ws, bs, ys);
   const bool biased = batch->biases != 0;  // a stride: biases given
+  // cuBLASLt has no alignment preference for the bias: it can only see the
+  // first. Every later one must be as aligned, up to 16 bytes (a vector
+  // load), so the stride in bytes must be too (GPT-2-1.5B's is 128-aligned).
+  if (biased) {
+    const auto aligned = [](std::int64_t v) { return v & -v; };  // the largest power of two dividing v
+    const auto base = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(bs[0]->raw()));
+    const std::int64_t stride = batch->biases * static_cast<std::int64_t>(dtype_size(bs[0]->type()));
+    if (aligned(stride) < std::min<std::int64_t>(aligned(base), 16)) return Backend::linear_same_x(x, ws, bs, ys);
+  }
   for (std::size_t i = 0; i < ws.size(); ++i)
     check_product(x, *ws[i], biased ? bs[i] : nullptr, *ys[i], dev(), "linear_same_x");
   const std::int64_t rows = x.dim(0), in = x.dim(1), out = ws[0]->dim(0);
@@ -74,7 +84,8 @@ void cuda_backend::linear_same_x(const Tensor& x, std::span<const Tensor* const>
   Tensor& y = *ys[0];
   if (!lt_matmul(false, true, rows, out, in, 1.0f, x.raw(), x.type(), in, w.raw(), w.type(), in, 0.0f, y.raw(),
                  y.type(), out, e))
-    Backend::linear_same_x(x, ws, bs, ys);  // no batched algorithm: nothing was done
+    return Backend::linear_same_x(x, ws, bs, ys);  // no batched algorithm: nothing was done
+  ++batched_products_;
 }
 
 void cuda_backend::linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws,
@@ -93,8 +104,10 @@ void cuda_backend::linear_same_x_backward(const Tensor& x, std::span<const Tenso
       require_on(*dx, dev(), dx->type(), {x.dim(0), x.dim(1)}, "linear_same_x_backward dx");
       require_product_types(*dys[i], "dy", *ws[i], "w", *dx, "dx");
     }
-    if (!dbs.empty() && dbs[i])
+    if (!dbs.empty() && dbs[i]) {
+      require_condition(is_float_dtype(dbs[i]->type()), "linear_same_x_backward db", "expected a float tensor");
       require_on(*dbs[i], dev(), dbs[i]->type(), {ws[i]->dim(0)}, "linear_same_x_backward db");
+    }
   }
   const std::int64_t rows = x.dim(0), in = x.dim(1), out = ws[0]->dim(0);
   device_guard guard(index_);
@@ -109,6 +122,7 @@ void cuda_backend::linear_same_x_backward(const Tensor& x, std::span<const Tenso
   if (!lt_matmul(true, false, out, in, rows, 1.0f, dy.raw(), dy.type(), out, x.raw(), x.type(), in, 1.0f, dw.raw(),
                  dw.type(), in, e))
     return Backend::linear_same_x_backward(x, ws, dys, dx, dws, dbs);  // no batched algorithm: nothing was done
+  ++batched_products_;
   for (std::size_t i = 0; i < ws.size(); ++i) {
     // dx[rows, in] (+)= dy_i[rows, out] @ w_i[out, in]
     if (dx)

@@ -308,7 +308,7 @@ struct row_pipeline {
   }
 };
 
-/// The same products as linear_bf16_kernel<true, U, Warps, 1, E> (one warp
+/// The same products as linear_bf16_kernel<true, 1, U, Warps, 1, E> (one warp
 /// per output feature, the same order, the same shuffles: bit-identical
 /// results), each row read through a row_pipeline of Depth loads, whose
 /// first loads are issued before await_producers. The up row of swiglu is
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(32 * Warps)
   }
 }
 
-/// The same products as linear_bf16_kernel<true, U, Warps, 1, E> (one warp
+/// The same products as linear_bf16_kernel<true, 1, U, Warps, 1, E> (one warp
 /// per output feature, each lane's 16-byte loads summed into the same
 /// classes in the same order, the same shuffles: bit-identical results),
 /// but the weights reach the

@@ -6,6 +6,7 @@
 // with outputs that are slices of one buffer run as one strided batched
 // cuBLASLt product, checked against the CPU per product, in f32 and bf16;
 // unequally spaced operands take the per-product path there and agree too.
+// The layout rule (kernels/same_x_batch.hpp) is checked on the CPU.
 // Without the CUDA backend or a visible device the GPU test says why in a
 // MESSAGE and returns.
 #include <doctest/doctest.h>
@@ -16,9 +17,14 @@
 
 #include "kernel_test_util.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/same_x_batch.hpp"
 #include "tests/kernels/cuda_ops_util.hpp"
 #include "tests/kernels/gpu_tensors.hpp"
 #include "tests/support/gpu.hpp"
+
+#ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
+#endif
 
 using namespace corolla;
 using namespace kernel_test;
@@ -103,8 +109,64 @@ TEST_CASE("linear_same_x and its backward are one linear (linear_backward, gemm)
   CHECK(e.find("linear_same_x: 2 weights, 3 outputs and 3 biases") != std::string::npos);
 }
 
+TEST_CASE("the layout one batched product needs: evenly spaced, disjoint outputs, all biases or none") {
+  rng r(437);
+  const Tensor flat = random_tensor({lead + products * step}, r);
+  laid_out p = views_of(flat);
+  const Tensor x = random_tensor({rows, in}, r);
+  Tensor stack = Tensor::empty({4 * rows, out});
+  std::vector<Tensor> ys = slices_of(stack);
+  const std::vector<const Tensor*> ws = pointers<const Tensor>(p.w), bs = pointers<const Tensor>(p.b);
+  const std::vector<Tensor*> yp = pointers<Tensor>(ys);
+
+  const auto batch = linear_same_x_batch(x, ws, bs, yp);
+  REQUIRE(batch.has_value());
+  CHECK(batch->weights == step);
+  CHECK(batch->biases == step);
+  CHECK(batch->outputs == rows * out);
+  const std::vector<const Tensor*> none(products, nullptr);
+  CHECK(linear_same_x_batch(x, ws, none, yp)->biases == 0);
+  CHECK(linear_same_x_batch(x, ws, {}, yp).has_value());
+
+  // Not one batch: a bias missing, outputs unevenly spaced or overlapping,
+  // a weight out of line, a null weight, a single product, another dtype.
+  const std::vector<const Tensor*> two_biases = {bs[0], bs[1], nullptr};
+  CHECK_FALSE(linear_same_x_batch(x, ws, two_biases, yp).has_value());
+  Tensor later = stack.slice(3 * rows, 4 * rows);
+  CHECK_FALSE(linear_same_x_batch(x, ws, bs, std::vector<Tensor*>{yp[0], yp[1], &later}).has_value());
+  Tensor overlapping[] = {stack.slice(0, rows), stack.slice(1, rows + 1), stack.slice(2, rows + 2)};
+  const std::vector<Tensor*> overlap = {&overlapping[0], &overlapping[1], &overlapping[2]};
+  CHECK_FALSE(linear_same_x_batch(x, ws, bs, overlap).has_value());
+  const std::vector<const Tensor*> swapped = {ws[0], ws[2], ws[1]}, with_null = {ws[0], nullptr, ws[2]};
+  CHECK_FALSE(linear_same_x_batch(x, swapped, bs, yp).has_value());
+  CHECK_FALSE(linear_same_x_batch(x, with_null, bs, yp).has_value());
+  const std::vector<const Tensor*> one = {ws[0]};
+  CHECK_FALSE(linear_same_x_batch(x, one, {}, std::vector<Tensor*>{yp[0]}).has_value());
+  const Tensor x16 = x.to(dtype::bf16);
+  CHECK_FALSE(linear_same_x_batch(x16, ws, bs, yp).has_value());  // weights of another dtype than x
+  CHECK_FALSE(even_spacing(std::vector<const Tensor*>{ws[0], ws[0]}, false).has_value());  // no distance
+
+  // The backward: output gradients evenly spaced, weight gradients too and disjoint.
+  const std::vector<const Tensor*> dys = {yp[0], yp[1], yp[2]};
+  Tensor grads = flat.clone();
+  laid_out g = views_of(grads);
+  const auto back = linear_same_x_backward_batch(x, ws, dys, pointers<Tensor>(g.w), pointers<Tensor>(g.b));
+  REQUIRE(back.has_value());
+  CHECK(back->weights == step);
+  CHECK(back->outputs == rows * out);
+  CHECK_FALSE(linear_same_x_backward_batch(x, ws, std::vector<const Tensor*>{yp[0], yp[1], &later},
+                                          pointers<Tensor>(g.w), pointers<Tensor>(g.b))
+                  .has_value());
+}
+
 TEST_CASE("cuda: linear_same_x and its backward as one batched product match the cpu per product (f32, bf16)") {
   REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  const auto& cb = static_cast<const cuda::cuda_backend&>(gpu());
+  const auto batched = [&] { return cb.batched_products(); };
+#else
+  const auto batched = [] { return 0; };
+#endif
   rng r(433);
   for (dtype t : {dtype::f32, dtype::bf16}) {
     const std::string type_name = dtype_name(t);
@@ -116,12 +178,15 @@ TEST_CASE("cuda: linear_same_x and its backward as one batched product match the
 
     // Forward, batched (equally spaced weights, biases and outputs) and per
     // product (outputs of separate allocations), against the cpu.
-    Tensor stack = gpu().empty({products * rows, out}, t);
-    std::vector<Tensor> ys = slices_of(stack), apart;
-    for (std::int64_t i = 0; i < products; ++i) apart.push_back(gpu().empty({rows, out}, t));
+    Tensor stack = gpu().empty({products * rows, out}, t), uneven = gpu().empty({4 * rows, out}, t);
+    std::vector<Tensor> ys = slices_of(stack), apart = slices_of(uneven);
+    apart[2] = uneven.slice(3 * rows, 4 * rows);  // rows 0, 1 and 3: not evenly spaced
     const std::vector<const Tensor*> ws = pointers<const Tensor>(dp.w), bs = pointers<const Tensor>(dp.b);
+    const int before = batched();
     gpu().linear_same_x(dxin, ws, bs, pointers<Tensor>(ys));
+    CHECK(batched() == before + 1);  // one batch (the heuristic has an algorithm for it)
     gpu().linear_same_x(dxin, ws, bs, pointers<Tensor>(apart));
+    CHECK(batched() == before + 1);  // one product each
     for (std::int64_t i = 0; i < products; ++i) {
       Tensor want = Tensor::empty({rows, out});
       cpu().linear(x, p.w[i], &p.b[i], want);
@@ -144,8 +209,10 @@ TEST_CASE("cuda: linear_same_x and its backward as one batched product match the
     Tensor grads_want = grads0.clone(), dgrads = up(grads0, t);
     laid_out g_want = views_of(grads_want), dg = views_of(dgrads);
     Tensor dx_want = Tensor::empty({rows, in}), ddx = up(random_tensor({rows, in}, r), t);
+    const int before_backward = batched();
     gpu().linear_same_x_backward(dxin, ws, pointers<const Tensor>(ddys), &ddx, pointers<Tensor>(dg.w),
                                  pointers<Tensor>(dg.b));
+    CHECK(batched() == before_backward + 1);
     for (std::int64_t i = 0; i < products; ++i) {
       cpu().linear_backward(x, p.w[i], dys[i], i == 0 ? &dx_want : nullptr, g_want.w[i], &g_want.b[i]);
       if (i > 0) cpu().gemm(dys[i], false, p.w[i], false, dx_want, 1.0f, 1.0f);
