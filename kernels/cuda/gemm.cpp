@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/check.hpp"
@@ -199,9 +200,18 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
     set_batch(la, extra.batch_b);
     set_batch(lb, extra.batch_a);
     set_batch(lc, extra.batch_c);
-    if (extra.bias)
+    if (extra.bias) {
+      // cuBLASLt has no alignment preference for the bias and sees only the
+      // first: every later one must be as aligned, up to 16 bytes (a vector
+      // load). GPT-2-1.5B's q/k/v bias stride is 128-byte aligned.
+      const auto* later = static_cast<const char*>(extra.bias) + extra.batch_bias * static_cast<std::int64_t>(dtype_size(ct));
+      if (std::min(alignment_of(later), 16u) < std::min(alignment_of(extra.bias), 16u)) {
+        if (extra.may_decline) return false;
+        throw std::invalid_argument("lt_matmul: a batch's bias stride misaligns its later biases");
+      }
       COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
                                                           &extra.batch_bias, sizeof extra.batch_bias));
+    }
   }
 
   // The heuristic assumes 256-byte aligned pointers unless told otherwise;

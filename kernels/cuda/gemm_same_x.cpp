@@ -11,17 +11,18 @@
 //
 // When (kernels/same_x_batch.hpp): the weights (forward) or the output
 // gradients and the weight gradients (backward) are each of one shape and
-// dtype and start at equal distances in memory. A block's q, k and v weights are (they follow each
-// other in its flat parameters, with a bias between them in GPT-2, also
-// equally spaced), and so are their gradients; the model allocates q, k
-// and v and their gradients as slices of one buffer (model/block.cpp).
-// Else, and for inference weights (bf16 with an f32 x: the GEMV), a bias of
-// another dtype than y's, empty products, a heuristic with no batched
-// algorithm, or COROLLA_CUDA_BATCHED_LINEAR=0 (the A/B), the Backend
-// default runs: linear, or linear_backward and gemm, one product each.
+// dtype and start at equal distances in memory. A block's q, k and v
+// weights are (they follow each other in its flat parameters, with a bias
+// between them in GPT-2, also equally spaced), and so are their gradients;
+// the model allocates q, k and v and their gradients as slices of one
+// buffer (model/block.cpp). Else, and for inference weights (bf16 with an
+// f32 x: the GEMV), a bias of another dtype than y's, empty products,
+// biases whose stride would misalign the later ones, a heuristic with no
+// batched algorithm (lt_matmul declines both), or
+// COROLLA_CUDA_BATCHED_LINEAR=0 (the A/B), the Backend default runs:
+// linear, or linear_backward and gemm, one product each.
 // The backward's dx stays a sum of one product per weight (its K would be
 // the three outputs' widths, which are not adjacent in a row).
-#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -61,15 +62,6 @@ void cuda_backend::linear_same_x(const Tensor& x, std::span<const Tensor* const>
   const std::optional<same_x_strides> batch = linear_same_x_batch(x, ws, bs, ys);
   if (!batching_enabled() || !batch) return Backend::linear_same_x(x, ws, bs, ys);
   const bool biased = batch->biases != 0;  // a stride: biases given
-  // cuBLASLt has no alignment preference for the bias: it can only see the
-  // first. Every later one must be as aligned, up to 16 bytes (a vector
-  // load), so the stride in bytes must be too (GPT-2-1.5B's is 128-aligned).
-  if (biased) {
-    const auto aligned = [](std::int64_t v) { return v & -v; };  // the largest power of two dividing v
-    const auto base = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(bs[0]->raw()));
-    const std::int64_t stride = batch->biases * static_cast<std::int64_t>(dtype_size(bs[0]->type()));
-    if (aligned(stride) < std::min<std::int64_t>(aligned(base), 16)) return Backend::linear_same_x(x, ws, bs, ys);
-  }
   for (std::size_t i = 0; i < ws.size(); ++i)
     check_product(x, *ws[i], biased ? bs[i] : nullptr, *ys[i], dev(), "linear_same_x");
   const std::int64_t rows = x.dim(0), in = x.dim(1), out = ws[0]->dim(0);
@@ -124,10 +116,7 @@ void cuda_backend::linear_same_x_backward(const Tensor& x, std::span<const Tenso
     return Backend::linear_same_x_backward(x, ws, dys, dx, dws, dbs);  // no batched algorithm: nothing was done
   ++batched_products_;
   for (std::size_t i = 0; i < ws.size(); ++i) {
-    // dx[rows, in] (+)= dy_i[rows, out] @ w_i[out, in]
-    if (dx)
-      lt_matmul(false, false, rows, in, out, 1.0f, dys[i]->raw(), dys[i]->type(), out, ws[i]->raw(), ws[i]->type(),
-                in, i == 0 ? 0.0f : 1.0f, dx->raw(), dx->type(), in);
+    if (dx) gemm(*dys[i], false, *ws[i], false, *dx, 1.0f, i == 0 ? 0.0f : 1.0f);  // dx (+)= dy_i @ w_i
     if (!dbs.empty() && dbs[i])
       column_sum_accumulate(stream_, dys[i]->raw(), elem_of(dys[i]->type(), "linear_same_x_backward dy"), rows, out,
                             dbs[i]->raw(), elem_of(dbs[i]->type(), "linear_same_x_backward db"));
