@@ -34,7 +34,9 @@
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/attention_mma.hpp"
 #include "kernels/cuda/bandwidth.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device.hpp"
+#include "kernels/cuda/gemm_tuner.hpp"
 #endif
 
 namespace corolla::app {
@@ -267,6 +269,47 @@ nlohmann::json step_graph_report() {
 }
 
 /// (bench_common.hpp)
+nlohmann::json report_gemm_tuning(const Backend& be, bool json) {
+#ifdef COROLLA_HAVE_CUDA
+  const auto* cb = dynamic_cast<const cuda::cuda_backend*>(&be);
+  if (cb == nullptr) return nlohmann::json::object();
+  const std::vector<cuda::gemm_choice> choices = cb->gemm_choices();
+  const cuda::gemm_tuning_totals t = cuda::gemm_tuning_summary(choices);
+  // NaN (a candidate that refused) as JSON null.
+  const auto number = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
+  nlohmann::json problems = nlohmann::json::array();
+  for (const cuda::gemm_choice& c : choices) {
+    problems.push_back({{"m", c.m},
+                        {"n", c.n},
+                        {"k", c.k},
+                        {"batch", c.batch},
+                        {"what", c.what},
+                        {"candidates", c.candidates},
+                        {"chosen", c.chosen},
+                        {"first_us", number(c.first_us)},
+                        {"chosen_us", number(c.chosen_us)},
+                        {"calls", c.calls}});
+    if (!json)
+      std::printf("GEMM %5lld x %5lld x %5lld%s %-28s %d of %d  %8.1f us (first %8.1f us) x %llu calls\n",
+                  static_cast<long long>(c.m), static_cast<long long>(c.n), static_cast<long long>(c.k),
+                  c.batch > 1 ? (" [" + std::to_string(c.batch) + "]").c_str() : "", c.what.c_str(), c.chosen,
+                  c.candidates, c.chosen_us, c.first_us, static_cast<unsigned long long>(c.calls));
+  }
+  if (!json)
+    std::printf("GEMM algorithms         %d problems timed, %d run another than cuBLASLt's first: %.3fx the "
+                "firsts' time at this run's calls (COROLLA_CUDA_GEMM_TUNE%s)\n",
+                t.problems, t.changed, t.speedup(), cuda::gemm_tuning_requested() ? "" : "=0");
+  return {{"problems", t.problems},          {"changed", t.changed},
+          {"first_ms", t.first_us / 1000.0}, {"chosen_ms", t.chosen_us / 1000.0},
+          {"speedup", t.speedup()},          {"each", problems}};
+#else
+  (void)be;
+  (void)json;
+  return nlohmann::json::object();
+#endif
+}
+
+/// (bench_common.hpp)
 bool launches_early(device dev) {
 #ifdef COROLLA_HAVE_CUDA
   return dev.kind == device_kind::cuda && cuda::early_launch_requested() && cuda::early_launch_supported(dev.index);
@@ -406,6 +449,7 @@ int run_train(const bench_common& o, int batch, int seq, int steps) {
                   skipped, steps);
   }
   j["loss_scale"] = loss_scaling_name(scaling);
+  if (nlohmann::json tuning = report_gemm_tuning(device_be, o.json); !tuning.empty()) j["gemm_tuning"] = tuning;
   if (compute_baseline || scaling_baseline) {
     const double base_tokens_per_s = static_cast<double>(batch) * seq * steps / base_seconds;
     const double ratio_to_base = tokens_per_s / base_tokens_per_s;

@@ -53,6 +53,13 @@ bool launches_early(device dev);
 /// {} without CUDA.
 nlohmann::json step_graph_report();
 
+/// What the cuBLASLt algorithm tuner (kernels/cuda/gemm_tuner.hpp) did on
+/// `be` (a CUDA backend; {} for others or without CUDA): every problem it
+/// timed and the totals at this process's calls, printed unless `json`,
+/// returned for the JSON line (problems, changed, first_ms, chosen_ms,
+/// speedup, and each problem).
+nlohmann::json report_gemm_tuning(const Backend& be, bool json);
+
 /// `corolla bench decode` (apps/bench_decode.cpp).
 void register_bench_decode(CLI::App* bench, action_fn& action);
 

@@ -5,6 +5,12 @@
 // library itself reaches the backend keeps (descriptor setup, heuristic
 // cache, launch path, the CPU backend's own threading).
 //
+// On CUDA the library side runs cuBLASLt's heuristic's first algorithm, as
+// a caller of cuBLASLt would; the backend times the heuristic's candidates
+// on a problem's first call (kernels/cuda/gemm_tuner.hpp, unless
+// COROLLA_CUDA_GEMM_TUNE=0), so there the ratio is the tuner's gain, and
+// the tuner's own lines follow the table.
+//
 // Every product is y[M,N] = x[M,K] @ w[N,K]^T (linear's layout, no bias).
 // Both sides are timed the same way: `calls` products queued, then a wait
 // for all of them, on the host clock; the best of `rounds` rounds counts.
@@ -19,6 +25,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "apps/bench_common.hpp"
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/vendor_gemm.hpp"
@@ -204,6 +211,7 @@ int run_gemm(const gemm_options& o) {
                       {"results", results},
                       {"backend_vs_baseline", overall},
                       {"backend_vs_baseline_min", worst}};
+  if (nlohmann::json tuning = report_gemm_tuning(be, o.json); !tuning.empty()) j["gemm_tuning"] = tuning;
   if (!o.json) {
     std::printf("backend / %s: %.1f%% over the set (time-weighted), %.1f%% at the worst shape\n",
                 baseline.c_str(), 100.0 * overall, 100.0 * worst);

@@ -24,7 +24,8 @@
 //  * Ops are asynchronous on the stream except where a host value is
 //    returned or read (sum_squares, copies to the host, device index checks).
 //
-// Files: gemm.cpp (gemm, linear, linear_backward: cuBLASLt), cuda_ops.cpp
+// Files: gemm.cpp (gemm, linear, linear_backward: cuBLASLt, each product
+// an lt_matmul: lt_matmul.cpp), cuda_ops.cpp
 // (every other op: checks, then a launcher from <family>.hpp whose kernels
 // are in <family>.cu), this header's cuda_backend.cpp (registry, copies,
 // scratch).
@@ -40,6 +41,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/cuda/gemm_tuner.hpp"
 #include "kernels/cuda/page_tables.hpp"
 #include "kernels/cuda/stream.hpp"
 
@@ -140,6 +142,9 @@ class cuda_backend final : public Backend {
   bool linear_rope_store_kv(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& positions, int hq,
                             int hkv, int head_dim, const rope_spec& spec, bool rotate, Tensor& q, void* k_out,
                             void* v_out, dtype cache_type) override;
+  /// The problems this instance's cuBLASLt products timed their algorithms
+  /// for (gemm_tuner.hpp), in the order first met, with their calls since.
+  std::vector<gemm_choice> gemm_choices() const;
   /// linear_same_x and its backward calls run as one batched product on
   /// this instance (the rest ran the Backend default): for tests and benches.
   int batched_products() const { return batched_products_; }
@@ -331,12 +336,18 @@ class cuda_backend final : public Backend {
       return std::tie(x.dims, x.align, x.flags) < std::tie(y.dims, y.align, y.flags);
     }
   };
-  /// Heuristic results by problem (cublasLtMatmulAlgo_t is 8 uint64_t): the
-  /// heuristic query costs far more than the product of a decode step.
-  /// Problems it had none for are kept in lt_declined_, so a fused form
-  /// with a fallback asks once.
-  std::map<lt_key, std::array<std::uint64_t, 8>> lt_algos_;
+  /// The algorithm a problem runs (lt_matmul.cpp): chosen on its first
+  /// call, since the heuristic query (let alone timing) costs far more
+  /// than the product of a decode step.
+  struct lt_algo {
+    std::array<std::uint64_t, 8> algo{};  ///< a cublasLtMatmulAlgo_t
+    int choice = -1;                      ///< its record in lt_choices_ where timed
+  };
+  std::map<lt_key, lt_algo> lt_algos_;
+  /// Problems the heuristic had none for, so a fused form with a fallback
+  /// asks once.
   std::set<lt_key> lt_declined_;
+  std::vector<gemm_choice> lt_choices_;  ///< see gemm_choices()
 
   /// The shared instance, or with `companion` one for companion().
   cuda_backend(int index, bool companion);

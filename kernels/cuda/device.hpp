@@ -20,6 +20,15 @@ std::string device_description(int index);
 /// Throws cuda_error.
 std::pair<std::size_t, std::size_t> device_memory(int index);
 
+/// The largest power of two, up to 256, dividing the address: the
+/// alignment a kernel's vector loads or cuBLASLt's algorithms may assume.
+inline std::uint32_t alignment_of(const void* p) {
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t a = 1;
+  while (a < 256 && (v & (2 * a - 1)) == 0) a *= 2;
+  return a;
+}
+
 /// The switch `name` in the environment (COROLLA_CUDA_EARLY_LAUNCH,
 /// COROLLA_CUDA_GRAPHS): true for 1, on, true or yes; false for 0, off,
 /// false or no; `fallback` when it is unset or says anything else.

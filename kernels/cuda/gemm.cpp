@@ -1,18 +1,6 @@
-// kernels/cuda/gemm.cpp — gemm, linear and linear_backward through cuBLASLt.
-//
-// Row-major <-> column-major: cuBLAS sees a row-major [r, c] buffer as the
-// column-major c x r matrix (its transpose). So row-major C = op(A) op(B) is
-// computed as column-major C^T = op(B)^T op(A)^T: cuBLAS's "A" is our b
-// (op = trans_b), its "B" our a (op = trans_a), its m x n our n x m. Each
-// layout describes the stored buffer: rows = the buffer's row length,
-// cols = its row count, ld = its row stride.
-//
-// Precision: CUBLAS_COMPUTE_32F with f32 scale for every dtype (no TF32, so
-// f32 products match the CPU reference at f32 tolerance); bf16/f16 inputs
-// accumulate in f32. The output may be f32 or the inputs' 16-bit dtype.
-// set_matmul_precision(tf32 | bf16) lets f32 products run on the tensor
-// cores (CUBLAS_COMPUTE_32F_FAST_TF32 / _FAST_16BF: operands rounded, f32
-// accumulation), for training speed at that precision.
+// kernels/cuda/gemm.cpp — gemm, linear and linear_backward through cuBLASLt
+// (each product one cuda_backend::lt_matmul: lt_matmul.cpp, with the
+// row-major convention, the precision and the algorithm choice).
 //
 // linear's bias goes through CUBLASLT_EPILOGUE_BIAS when its dtype equals
 // y's (the bias vector runs along cuBLAS's m = out, broadcast over rows);
@@ -24,9 +12,6 @@
 // linear with f32 x and a bf16 weight (inference: half the bytes per token)
 // is no cuBLASLt product (its operands share a dtype) but the GEMV-style
 // kernel of linear_bf16.cu, bias fused; linear_backward refuses it.
-//
-// The descriptors are rebuilt per call (microseconds); the heuristic's
-// choice is cached per problem shape, dtypes and pointer alignments.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -57,15 +42,6 @@ constexpr std::int64_t widen_above_rows = 16;
 /// The widened slice of the weight: at most 64 MiB of f32.
 constexpr std::int64_t widen_scratch_floats = std::int64_t{16} << 20;
 
-cudaDataType_t cuda_type(dtype t) {
-  switch (t) {
-    case dtype::f32: return CUDA_R_32F;
-    case dtype::bf16: return CUDA_R_16BF;
-    case dtype::f16: return CUDA_R_16F;
-    default: throw tensor_error(std::string("gemm: no cuBLAS type for ") + dtype_name(t));
-  }
-}
-
 /// Throws unless `t` is defined, on `where`, and of a float dtype.
 void require_float(const Tensor& t, device where, const char* what) {
   require_on_device(t, where, what);
@@ -73,36 +49,6 @@ void require_float(const Tensor& t, device where, const char* what) {
     throw tensor_error(std::string(what) + ": expected f32, bf16 or f16, got " +
                        dtype_name(t.type()));
 }
-
-/// Largest power of two (up to 256) dividing the address.
-std::uint32_t alignment_of(const void* p) {
-  auto v = reinterpret_cast<std::uintptr_t>(p);
-  std::uint32_t a = 1;
-  while (a < 256 && (v & (2 * a - 1)) == 0) a *= 2;
-  return a;
-}
-
-// RAII owners of the cuBLASLt descriptors (destroy statuses are ignored:
-// nothing useful can be done with them in a destructor).
-struct matmul_desc {
-  cublasLtMatmulDesc_t d = nullptr;
-  ~matmul_desc() {
-    if (d) cublasLtMatmulDescDestroy(d);
-  }
-};
-struct layout_desc {
-  cublasLtMatrixLayout_t d = nullptr;
-  ~layout_desc() {
-    if (d) cublasLtMatrixLayoutDestroy(d);
-  }
-};
-struct preference_desc {
-  cublasLtMatmulPreference_t d = nullptr;
-  ~preference_desc() {
-    if (d) cublasLtMatmulPreferenceDestroy(d);
-  }
-};
-
 
 /// c = beta * c over n elements without reading c when beta is 0.
 void scale_or_zero(stream_t s, void* c, dtype ct, std::int64_t n, float beta) {
@@ -112,195 +58,7 @@ void scale_or_zero(stream_t s, void* c, dtype ct, std::int64_t n, float beta) {
     scale(s, elem_of(ct, "gemm c"), c, beta, n);
 }
 
-cublasLtEpilogue_t lt_epilogue_of(lt_epilogue e) {
-  using E = lt_epilogue;
-  switch (e) {
-    case E::bias: return CUBLASLT_EPILOGUE_BIAS;
-    case E::gelu_aux: return CUBLASLT_EPILOGUE_GELU_AUX;
-    case E::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    case E::dgelu: return CUBLASLT_EPILOGUE_DGELU;
-    case E::none: break;
-  }
-  return CUBLASLT_EPILOGUE_DEFAULT;
-}
-
-const char* lt_epilogue_name(lt_epilogue e) {
-  using E = lt_epilogue;
-  switch (e) {
-    case E::bias: return ", bias epilogue";
-    case E::gelu_aux: return ", GELU_AUX epilogue";
-    case E::gelu_aux_bias: return ", GELU_AUX_BIAS epilogue";
-    case E::dgelu: return ", DGELU epilogue";
-    case E::none: break;
-  }
-  return "";
-}
-
 }  // namespace
-
-bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                             const void* a, dtype at, std::int64_t lda, const void* b, dtype bt, std::int64_t ldb,
-                             float beta, void* c, dtype ct, std::int64_t ldc, const lt_extra& extra) {
-  ensure_lt_workspace();
-  matmul_desc op;
-  // f32 operands may use the tensor cores at a lower input precision.
-  const matmul_precision precision =
-      at == dtype::f32 && bt == dtype::f32 ? get_matmul_precision() : matmul_precision::f32;
-  const cublasComputeType_t compute = precision == matmul_precision::tf32   ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                      : precision == matmul_precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
-                                                                            : CUBLAS_COMPUTE_32F;
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, compute, CUDA_R_32F));
-  // cuBLAS "A" = our b, "B" = our a (see the file comment).
-  const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
-                                                      sizeof op_a));
-  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
-                                                      sizeof op_b));
-  if (extra.epilogue != lt_epilogue::none) {
-    const cublasLtEpilogue_t epilogue = lt_epilogue_of(extra.epilogue);
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                        &epilogue, sizeof epilogue));
-  }
-  if (extra.epilogue == lt_epilogue::bias || extra.epilogue == lt_epilogue::gelu_aux_bias) {
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                        &extra.bias, sizeof extra.bias));
-    const cudaDataType_t bias_type = cuda_type(ct);  // callers pass a bias of c's dtype
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
-  }
-  const bool has_aux = extra.epilogue == lt_epilogue::gelu_aux || extra.epilogue == lt_epilogue::gelu_aux_bias ||
-                       extra.epilogue == lt_epilogue::dgelu;
-  if (has_aux) {  // the aux matrix is laid out as d (cuBLAS's n x m, column-major), of d's dtype
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                        &extra.aux, sizeof extra.aux));
-    const std::int64_t aux_ld = extra.aux_ld;
-    COROLLA_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
-  }
-  // Stored buffers: b is [k, n] (or [n, k] when transposed), a is [m, k]
-  // (or [k, m]), c (and d) is [m, n]; each as column-major (row length,
-  // row count).
-  layout_desc la, lb, lc;
-  COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.d, cuda_type(bt), trans_b ? k : n,
-                                                  trans_b ? n : k, ldb));
-  COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.d, cuda_type(at), trans_a ? m : k,
-                                                  trans_a ? k : m, lda));
-  COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.d, cuda_type(ct), n, m, ldc));
-  void* const d = extra.d ? extra.d : c;
-  if (extra.batch > 1) {
-    if (has_aux) throw std::logic_error("lt_matmul: a strided batch with an aux matrix");
-    const std::int32_t count = extra.batch;
-    const auto set_batch = [&](layout_desc& l, std::int64_t stride) {
-      COROLLA_CUBLAS_CHECK(
-          cublasLtMatrixLayoutSetAttribute(l.d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-      COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l.d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                            &stride, sizeof stride));
-    };
-    set_batch(la, extra.batch_b);
-    set_batch(lb, extra.batch_a);
-    set_batch(lc, extra.batch_c);
-    if (extra.bias) {
-      // cuBLASLt has no alignment preference for the bias and sees only the
-      // first: every later one must be as aligned, up to 16 bytes (a vector
-      // load). GPT-2-1.5B's q/k/v bias stride is 128-byte aligned.
-      const auto* later = static_cast<const char*>(extra.bias) + extra.batch_bias * static_cast<std::int64_t>(dtype_size(ct));
-      if (std::min(alignment_of(later), 16u) < std::min(alignment_of(extra.bias), 16u)) {
-        if (extra.may_decline) return false;
-        throw std::invalid_argument("lt_matmul: a batch's bias stride misaligns its later biases");
-      }
-      COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
-                                                          &extra.batch_bias, sizeof extra.batch_bias));
-    }
-  }
-
-  // The heuristic assumes 256-byte aligned pointers unless told otherwise;
-  // views (slices) can start anywhere a dtype allows; so can a batch's
-  // later products (the alignment of base + stride bounds them all).
-  const auto batch_alignment = [&](const void* p, std::int64_t stride, dtype t) {
-    const std::uint32_t first = alignment_of(p);
-    if (extra.batch <= 1 || stride == 0) return first;
-    const auto bytes = stride * static_cast<std::int64_t>(dtype_size(t));
-    return std::min(first, alignment_of(static_cast<const char*>(p) + bytes));
-  };
-  const std::uint32_t align_a = batch_alignment(b, extra.batch_b, bt), align_b = batch_alignment(a, extra.batch_a, at);
-  const std::uint32_t align_c = batch_alignment(c, extra.batch_c, ct), align_d = batch_alignment(d, extra.batch_c, ct);
-  const std::uint32_t align_aux = has_aux ? alignment_of(extra.aux) : 256;
-  lt_key key;
-  key.dims = {m,           n,  k, lda, ldb, ldc, has_aux ? extra.aux_ld : 0,
-              extra.batch, extra.batch_a, extra.batch_b, extra.batch_c, extra.batch_bias};
-  key.align = {align_a, align_b, align_c, align_d, align_aux};
-  key.flags = {static_cast<std::uint8_t>(trans_a), static_cast<std::uint8_t>(trans_b),
-               static_cast<std::uint8_t>(at),      static_cast<std::uint8_t>(bt),
-               static_cast<std::uint8_t>(ct),      static_cast<std::uint8_t>(extra.epilogue),
-               static_cast<std::uint8_t>(precision), static_cast<std::uint8_t>(d != c),
-               static_cast<std::uint8_t>(extra.may_decline)};
-  if (extra.may_decline && lt_declined_.count(key)) return false;
-  cublasLtMatmulAlgo_t algo{};
-  static_assert(sizeof algo == sizeof(std::array<std::uint64_t, 8>), "cublasLtMatmulAlgo_t size");
-  if (auto it = lt_algos_.find(key); it != lt_algos_.end()) {
-    std::memcpy(&algo, it->second.data(), sizeof algo);
-  } else {
-    preference_desc pref;
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
-    const std::uint64_t workspace = lt_workspace_bytes_;
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
-    if (extra.may_decline && ct != dtype::f32) {
-      // The fused forms promise one rounding: no split-K algorithm that
-      // reduces its partial sums in (or in place of) the 16-bit output,
-      // before the epilogue adds the residual or takes the GELU.
-      const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          pref.d, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
-    }
-
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        lt_, op.d, la.d, lb.d, lc.d, lc.d, pref.d, 1, &result, &found);
-    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&
-        !(extra.may_decline && status == CUBLAS_STATUS_INVALID_VALUE))
-      throw_cublas_error(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-    if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-      if (extra.may_decline) {
-        lt_declined_.insert(key);
-        return false;
-      }
-      throw std::runtime_error(
-          "gemm on " + name() + ": cuBLASLt has no algorithm for m=" + std::to_string(m) +
-          " n=" + std::to_string(n) + " k=" + std::to_string(k) + " (" + dtype_name(at) + " x " +
-          dtype_name(bt) + " -> " + dtype_name(ct) + lt_epilogue_name(extra.epilogue) +
-          ", trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) +
-          ", alignments " + std::to_string(align_b) + "/" + std::to_string(align_a) + "/" +
-          std::to_string(align_c) + " bytes)");
-    }
-    algo = result.algo;
-    std::array<std::uint64_t, 8> stored{};
-    std::memcpy(stored.data(), &algo, sizeof algo);
-    lt_algos_.emplace(key, stored);
-  }
-  const cublasStatus_t launched = cublasLtMatmul(lt_, op.d, &alpha, b, la.d, a, lb.d, &beta, c, lc.d, d, lc.d,
-                                                 &algo, lt_workspace_, lt_workspace_bytes_, stream_);
-  if (extra.may_decline && (launched == CUBLAS_STATUS_NOT_SUPPORTED || launched == CUBLAS_STATUS_INVALID_VALUE ||
-                            launched == CUBLAS_STATUS_ARCH_MISMATCH)) {
-    // Refused before anything ran (argument checks): the caller's fallback runs.
-    lt_algos_.erase(key);
-    lt_declined_.insert(key);
-    return false;
-  }
-  if (launched != CUBLAS_STATUS_SUCCESS) throw_cublas_error(launched, "cublasLtMatmul", __FILE__, __LINE__);
-  COROLLA_CUDA_LAUNCH_CHECK("cublasLtMatmul");  // with COROLLA_CUDA_SYNC=1: faults located here
-  return true;
-}
 
 void cuda_backend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                         float alpha, float beta) {

@@ -21,8 +21,9 @@
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
 # batch 8 unprofiled), batch 4 without cuBLASLt's training epilogues
 # (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train) and without
-# the q/k/v products as one batched product (COROLLA_CUDA_BATCHED_LINEAR=0),
-# each fused
+# the q/k/v products as one batched product (COROLLA_CUDA_BATCHED_LINEAR=0)
+# and without timing cuBLASLt's algorithms (COROLLA_CUDA_GEMM_TUNE=0), its
+# GEMM shapes against cuBLASLt's heuristic's first (`bench gemm`), each fused
 # training op against its two ops (`bench fusions`), AdamW with
 # its bf16 copy against the two ops
 # (`bench update`), Nsight Compute's counters over the decode
@@ -159,6 +160,12 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     # three products each, not one strided batch: against lean's bench_train.
     step train_no_batched_linear 90 env COROLLA_CUDA_BATCHED_LINEAR=0 corolla bench train --preset gpt2-1.5b \
       --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
+    # Training with cuBLASLt's heuristic's first algorithm for every product,
+    # none timed: against lean's bench_train. Then GPT-2-1.5B's shapes at
+    # batch 4's rows, the backend (tuned) against cuBLASLt's first.
+    step train_no_gemm_tune 90 env COROLLA_CUDA_GEMM_TUNE=0 corolla bench train --preset gpt2-1.5b \
+      --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
+    step bench_gemm_gpt2 60 corolla bench gemm --dtype bf16 --shapes gpt2-1.5b --rows 4096
     # Each fused training op against its two ops, same run (GPT-2-1.5B's block shapes).
     step bench_fusions 30 corolla bench fusions --dtype bf16
     # AdamW writing the bf16 compute copy against AdamW, then the copy (a GPT-2-1.5B block).
@@ -177,10 +184,27 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
   # mixed precision and f16 loss scaling, the chunked loss, early launch,
   # fused GEMV epilogues and the tuner, device AdamW, the one-rank NCCL case,
   # the int8 and nf4 GEMVs and their prefill GEMMs.
+  # (The GEMM tuner times nothing under COROLLA_CUDA_SYNC: its test runs
+  # in the second step.)
   step cuda_kernels 180 env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*' \
-    -tce='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*'
+    -tce='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*,cuda: cuBLASLt algo*'
   step cuda_decode_launch 60 test_kernels \
-    -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*'
+    -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*,cuda: cuBLASLt algo*'
+  # The cuBLASLt algorithm tuner (kernels/cuda/gemm_tuner.hpp) is new to
+  # the GPU: should its test fail, everything after runs with the
+  # heuristic's first algorithm, as before it.
+  if python3 - "$out/cuda_decode_launch.log" <<'PY'
+import re, sys
+# doctest's report: blocks between lines of '='; the tuner's test failed if
+# its block has an ERROR (a failed check, an exception, a crash).
+blocks = re.split(r"^=+$", open(sys.argv[1], errors="replace").read(), flags=re.M)
+sys.exit(0 if any("cuda: cuBLASLt algorithms" in b and "ERROR" in b for b in blocks) else 1)
+PY
+  then
+    export COROLLA_CUDA_GEMM_TUNE=0
+    echo "[+$(($(date +%s) - start))s] the cuBLASLt algorithm tuner's test failed: the rest runs with" \
+      "COROLLA_CUDA_GEMM_TUNE=0"
+  fi
   step cuda_model 120 test_model -tc='cuda*'
   # 2. The targets, each against its bound measured in the same run, and
   # the training attention's two kernel families (the register kernels,
@@ -224,7 +248,7 @@ corolla info
 run cuda_kernels env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*'
 run cuda_model test_model -tc='cuda*'
 # Early launch overlaps kernels only without COROLLA_CUDA_SYNC.
-run cuda_decode_launch test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*'
+run cuda_decode_launch test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*,cuda: cuBLASLt algo*'
 [ "$mode" = quick ] && exit 0
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 [ -n "$sanitizer" ] && run cuda_memcheck "$sanitizer" --tool memcheck --error-exitcode 1 test_kernels -tc='cuda*'

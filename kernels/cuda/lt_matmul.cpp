@@ -1,0 +1,406 @@
+// kernels/cuda/lt_matmul.cpp — one cuBLASLt product
+// (cuda_backend::lt_matmul): its descriptors, the algorithm it runs, the
+// launch. gemm.cpp, gemm_epilogues.cpp and gemm_same_x.cpp call it.
+//
+// Row-major <-> column-major: cuBLAS sees a row-major [r, c] buffer as the
+// column-major c x r matrix (its transpose). So row-major C = op(A) op(B) is
+// computed as column-major C^T = op(B)^T op(A)^T: cuBLAS's "A" is our b
+// (op = trans_b), its "B" our a (op = trans_a), its m x n our n x m. Each
+// layout describes the stored buffer: rows = the buffer's row length,
+// cols = its row count, ld = its row stride.
+//
+// Precision: CUBLAS_COMPUTE_32F with f32 scale for every dtype (no TF32, so
+// f32 products match the CPU reference at f32 tolerance); bf16/f16 inputs
+// accumulate in f32. The output may be f32 or the inputs' 16-bit dtype.
+// set_matmul_precision(tf32 | bf16) lets f32 products run on the tensor
+// cores (CUBLAS_COMPUTE_32F_FAST_TF32 / _FAST_16BF: operands rounded, f32
+// accumulation), for training speed at that precision.
+//
+// The algorithm (docs/cuda.md, "cuBLASLt's algorithms"): the descriptors
+// are rebuilt per call (microseconds), the algorithm is chosen once per
+// problem (lt_key: shapes, strides, dtypes, epilogue, pointer alignments).
+// On a problem's first call the heuristic names up to
+// gemm_tune_candidates algorithms; each is timed on this call's own
+// operands and gemm_choose_timed picks one (gemm_tuner.hpp). Timing writes
+// only what the call itself writes next (d, a GELU_AUX matrix), except
+// where the call also reads d (d is c and beta is not 0, or d is DGELU's
+// aux): then d's timing copy is scratch, so the accumulation the caller
+// asked for happens once. No timing (the
+// heuristic's first, kept): COROLLA_CUDA_GEMM_TUNE=0, COROLLA_CUDA_SYNC
+// (every launch a host round trip), a stream being captured into a graph,
+// a problem with one candidate, or no memory for the scratch.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/allocator.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/gemm_tuner.hpp"
+
+namespace corolla::cuda {
+namespace {
+
+cudaDataType_t cuda_type(dtype t) {
+  switch (t) {
+    case dtype::f32: return CUDA_R_32F;
+    case dtype::bf16: return CUDA_R_16BF;
+    case dtype::f16: return CUDA_R_16F;
+    default: throw tensor_error(std::string("gemm: no cuBLAS type for ") + dtype_name(t));
+  }
+}
+
+// RAII owners of the cuBLASLt descriptors (destroy statuses are ignored:
+// nothing useful can be done with them in a destructor).
+struct matmul_desc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~matmul_desc() {
+    if (d) cublasLtMatmulDescDestroy(d);
+  }
+};
+struct layout_desc {
+  cublasLtMatrixLayout_t d = nullptr;
+  ~layout_desc() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+struct preference_desc {
+  cublasLtMatmulPreference_t d = nullptr;
+  ~preference_desc() {
+    if (d) cublasLtMatmulPreferenceDestroy(d);
+  }
+};
+
+cublasLtEpilogue_t lt_epilogue_of(lt_epilogue e) {
+  using E = lt_epilogue;
+  switch (e) {
+    case E::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case E::gelu_aux: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case E::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case E::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+    case E::none: break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+const char* lt_epilogue_name(lt_epilogue e) {
+  using E = lt_epilogue;
+  switch (e) {
+    case E::bias: return ", bias epilogue";
+    case E::gelu_aux: return ", GELU_AUX epilogue";
+    case E::gelu_aux_bias: return ", GELU_AUX_BIAS epilogue";
+    case E::dgelu: return ", DGELU epilogue";
+    case E::none: break;
+  }
+  return "";
+}
+
+/// One cublasLtMatmul call but its algorithm: d = epilogue(alpha * B A + beta * c)
+/// in cuBLAS's terms (see the file comment).
+struct lt_call {
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  const float* alpha = nullptr;
+  const void* a = nullptr;  ///< cuBLAS's A (our b)
+  const void* b = nullptr;  ///< cuBLAS's B (our a)
+  const float* beta = nullptr;
+  const void* c = nullptr;
+  void* d = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  cudaStream_t s = nullptr;
+  cublasStatus_t operator()(const cublasLtMatmulAlgo_t& algo) const {
+    return cublasLtMatmul(lt, op, alpha, a, la, b, lb, beta, c, lc, d, lc, &algo, workspace, workspace_bytes, s);
+  }
+};
+
+/// Events for timing, destroyed on every path out.
+struct timing_events {
+  std::vector<cudaEvent_t> events;
+  ~timing_events() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+  cudaEvent_t make() {
+    cudaEvent_t e = nullptr;
+    COROLLA_CUDA_CHECK(cudaEventCreate(&e));
+    events.push_back(e);
+    return e;
+  }
+};
+
+/// Microseconds of one launch of each of `algos` on `call` (NaN where its
+/// launch refused): one warm-up launch each, then gemm_tune_rounds rounds
+/// in which the algorithms take turns, each keeping its fastest launch.
+/// Waits for the stream.
+std::vector<double> time_algos(const lt_call& call, std::span<const cublasLtMatmulHeuristicResult_t> algos) {
+  const std::size_t n = algos.size();
+  std::vector<double> us(n, std::numeric_limits<double>::quiet_NaN());
+  std::vector<bool> runs(n);
+  for (std::size_t i = 0; i < n; ++i) runs[i] = call(algos[i].algo) == CUBLAS_STATUS_SUCCESS;
+  timing_events ev;
+  std::vector<cudaEvent_t> start(n * gemm_tune_rounds), stop(n * gemm_tune_rounds);
+  for (int round = 0; round < gemm_tune_rounds; ++round)
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!runs[i]) continue;
+      const std::size_t at = static_cast<std::size_t>(round) * n + i;
+      start[at] = ev.make();
+      stop[at] = ev.make();
+      COROLLA_CUDA_CHECK(cudaEventRecord(start[at], call.s));
+      if (call(algos[i].algo) != CUBLAS_STATUS_SUCCESS) runs[i] = false;  // refused now: not counted
+      COROLLA_CUDA_CHECK(cudaEventRecord(stop[at], call.s));
+    }
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(call.s));
+  COROLLA_CUDA_LAUNCH_CHECK("cublasLtMatmul (timing)");
+  for (int round = 0; round < gemm_tune_rounds; ++round)
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t at = static_cast<std::size_t>(round) * n + i;
+      if (!runs[i] || start[at] == nullptr) continue;
+      float ms = 0;
+      COROLLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start[at], stop[at]));
+      us[i] = std::isnan(us[i]) ? 1000.0 * ms : std::min(us[i], 1000.0 * ms);
+    }
+  for (std::size_t i = 0; i < n; ++i)
+    if (!runs[i]) us[i] = std::numeric_limits<double>::quiet_NaN();
+  return us;
+}
+
+/// "bf16 x bf16 -> f32, a^T, bias epilogue" for a gemm_choice.
+std::string problem_text(dtype at, dtype bt, dtype ct, bool trans_a, bool trans_b, lt_epilogue e) {
+  std::string s = std::string(dtype_name(at)) + " x " + dtype_name(bt) + " -> " + dtype_name(ct);
+  if (trans_a) s += ", a^T";
+  if (trans_b) s += ", b^T";
+  return s + lt_epilogue_name(e);
+}
+
+/// Whether work queued on `s` now is being captured into a graph.
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                             const void* a, dtype at, std::int64_t lda, const void* b, dtype bt, std::int64_t ldb,
+                             float beta, void* c, dtype ct, std::int64_t ldc, const lt_extra& extra) {
+  ensure_lt_workspace();
+  matmul_desc op;
+  // f32 operands may use the tensor cores at a lower input precision.
+  const matmul_precision precision =
+      at == dtype::f32 && bt == dtype::f32 ? get_matmul_precision() : matmul_precision::f32;
+  const cublasComputeType_t compute = precision == matmul_precision::tf32   ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                      : precision == matmul_precision::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                                            : CUBLAS_COMPUTE_32F;
+  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, compute, CUDA_R_32F));
+  // cuBLAS "A" = our b, "B" = our a (see the file comment).
+  const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
+                                                      sizeof op_a));
+  COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
+                                                      sizeof op_b));
+  if (extra.epilogue != lt_epilogue::none) {
+    const cublasLtEpilogue_t epilogue = lt_epilogue_of(extra.epilogue);
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                        &epilogue, sizeof epilogue));
+  }
+  if (extra.epilogue == lt_epilogue::bias || extra.epilogue == lt_epilogue::gelu_aux_bias) {
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                        &extra.bias, sizeof extra.bias));
+    const cudaDataType_t bias_type = cuda_type(ct);  // callers pass a bias of c's dtype
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+  }
+  const bool has_aux = extra.epilogue == lt_epilogue::gelu_aux || extra.epilogue == lt_epilogue::gelu_aux_bias ||
+                       extra.epilogue == lt_epilogue::dgelu;
+  if (has_aux) {  // the aux matrix is laid out as d (cuBLAS's n x m, column-major), of d's dtype
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                        &extra.aux, sizeof extra.aux));
+    const std::int64_t aux_ld = extra.aux_ld;
+    COROLLA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+  }
+  // Stored buffers: b is [k, n] (or [n, k] when transposed), a is [m, k]
+  // (or [k, m]), c (and d) is [m, n]; each as column-major (row length,
+  // row count).
+  layout_desc la, lb, lc;
+  COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.d, cuda_type(bt), trans_b ? k : n,
+                                                  trans_b ? n : k, ldb));
+  COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.d, cuda_type(at), trans_a ? m : k,
+                                                  trans_a ? k : m, lda));
+  COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.d, cuda_type(ct), n, m, ldc));
+  void* const d = extra.d ? extra.d : c;
+  if (extra.batch > 1) {
+    if (has_aux) throw std::logic_error("lt_matmul: a strided batch with an aux matrix");
+    const std::int32_t count = extra.batch;
+    const auto set_batch = [&](layout_desc& l, std::int64_t stride) {
+      COROLLA_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(l.d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      COROLLA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l.d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                            &stride, sizeof stride));
+    };
+    set_batch(la, extra.batch_b);
+    set_batch(lb, extra.batch_a);
+    set_batch(lc, extra.batch_c);
+    if (extra.bias) {
+      // cuBLASLt has no alignment preference for the bias and sees only the
+      // first: every later one must be as aligned, up to 16 bytes (a vector
+      // load). GPT-2-1.5B's q/k/v bias stride is 128-byte aligned.
+      const auto* later = static_cast<const char*>(extra.bias) + extra.batch_bias * static_cast<std::int64_t>(dtype_size(ct));
+      if (std::min(alignment_of(later), 16u) < std::min(alignment_of(extra.bias), 16u)) {
+        if (extra.may_decline) return false;
+        throw std::invalid_argument("lt_matmul: a batch's bias stride misaligns its later biases");
+      }
+      COROLLA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                                                          &extra.batch_bias, sizeof extra.batch_bias));
+    }
+  }
+
+  // The heuristic assumes 256-byte aligned pointers unless told otherwise;
+  // views (slices) can start anywhere a dtype allows; so can a batch's
+  // later products (the alignment of base + stride bounds them all).
+  const auto batch_alignment = [&](const void* p, std::int64_t stride, dtype t) {
+    const std::uint32_t first = alignment_of(p);
+    if (extra.batch <= 1 || stride == 0) return first;
+    const auto bytes = stride * static_cast<std::int64_t>(dtype_size(t));
+    return std::min(first, alignment_of(static_cast<const char*>(p) + bytes));
+  };
+  const std::uint32_t align_a = batch_alignment(b, extra.batch_b, bt), align_b = batch_alignment(a, extra.batch_a, at);
+  const std::uint32_t align_c = batch_alignment(c, extra.batch_c, ct), align_d = batch_alignment(d, extra.batch_c, ct);
+  const std::uint32_t align_aux = has_aux ? alignment_of(extra.aux) : 256;
+  lt_key key;
+  key.dims = {m,           n,  k, lda, ldb, ldc, has_aux ? extra.aux_ld : 0,
+              extra.batch, extra.batch_a, extra.batch_b, extra.batch_c, extra.batch_bias};
+  key.align = {align_a, align_b, align_c, align_d, align_aux};
+  key.flags = {static_cast<std::uint8_t>(trans_a), static_cast<std::uint8_t>(trans_b),
+               static_cast<std::uint8_t>(at),      static_cast<std::uint8_t>(bt),
+               static_cast<std::uint8_t>(ct),      static_cast<std::uint8_t>(extra.epilogue),
+               static_cast<std::uint8_t>(precision), static_cast<std::uint8_t>(d != c),
+               static_cast<std::uint8_t>(extra.may_decline)};
+  if (extra.may_decline && lt_declined_.count(key)) return false;
+  lt_call call{lt_,   op.d,  la.d, lb.d, lc.d, &alpha, b, a, &beta, c, d, lt_workspace_, lt_workspace_bytes_,
+               stream_};
+  auto it = lt_algos_.find(key);
+  if (it == lt_algos_.end()) {
+    preference_desc pref;
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
+    const std::uint64_t workspace = lt_workspace_bytes_;
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
+    if (extra.may_decline && ct != dtype::f32) {
+      // The fused forms promise one rounding: no split-K algorithm that
+      // reduces its partial sums in (or in place of) the 16-bit output,
+      // before the epilogue adds the residual or takes the GELU.
+      const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref.d, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+    }
+
+    // Up to gemm_tune_candidates algorithms where this call times them,
+    // else the heuristic's first.
+    const bool tune = gemm_tuning_requested() && !sync_after_launch() && !capturing(stream_);
+    std::array<cublasLtMatmulHeuristicResult_t, gemm_tune_candidates> results{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        lt_, op.d, la.d, lb.d, lc.d, lc.d, pref.d, tune ? gemm_tune_candidates : 1, results.data(), &found);
+    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&
+        !(extra.may_decline && status == CUBLAS_STATUS_INVALID_VALUE))
+      throw_cublas_error(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+      if (extra.may_decline) {
+        lt_declined_.insert(key);
+        return false;
+      }
+      throw std::runtime_error(
+          "gemm on " + name() + ": cuBLASLt has no algorithm for m=" + std::to_string(m) +
+          " n=" + std::to_string(n) + " k=" + std::to_string(k) + " (" + dtype_name(at) + " x " +
+          dtype_name(bt) + " -> " + dtype_name(ct) + lt_epilogue_name(extra.epilogue) +
+          ", trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) +
+          ", alignments " + std::to_string(align_b) + "/" + std::to_string(align_a) + "/" +
+          std::to_string(align_c) + " bytes)");
+    }
+    lt_algo stored;
+    int pick = 0;
+    if (tune && found > 1) {
+      // Where d is c and beta is not 0 (or d is the aux matrix DGELU
+      // reads) the timed launches write a scratch copy of d, as aligned as
+      // d (the algorithms were asked for d's alignment), so the caller's
+      // accumulation happens once and what is read stays as it was.
+      Tensor scratch;
+      lt_call timed = call;
+      const bool d_is_read = (beta != 0.0f && d == c) || (extra.epilogue == lt_epilogue::dgelu && d == extra.aux);
+      if (d_is_read) {
+        const auto bytes = static_cast<std::int64_t>(dtype_size(ct)) *
+                           lt_output_span(m, n, ldc, extra.batch, extra.batch_c);
+        try {
+          scratch = empty({bytes + 512}, dtype::i8);
+        } catch (const cuda_out_of_memory&) {  // no timing rather than no product
+        }
+        timed.d = nullptr;
+        if (scratch.defined()) {
+          const auto base = (reinterpret_cast<std::uintptr_t>(scratch.raw()) + 255) & ~std::uintptr_t{255};
+          timed.d = reinterpret_cast<void*>(base + (align_d < 256 ? align_d : 0));  // exactly d's alignment
+        }
+      }
+      if (!d_is_read || timed.d != nullptr) {
+        const std::vector<double> us = time_algos(timed, {results.data(), static_cast<std::size_t>(found)});
+        pick = gemm_choose_timed(us);
+        gemm_choice choice;
+        choice.m = m;
+        choice.n = n;
+        choice.k = k;
+        choice.batch = extra.batch;
+        choice.what = problem_text(at, bt, ct, trans_a, trans_b, extra.epilogue);
+        choice.candidates = found;
+        choice.chosen = pick;
+        choice.first_us = us[0];
+        choice.chosen_us = us[static_cast<std::size_t>(pick)];
+        stored.choice = static_cast<int>(lt_choices_.size());
+        lt_choices_.push_back(std::move(choice));
+      }
+    }
+    static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof stored.algo, "cublasLtMatmulAlgo_t size");
+    std::memcpy(stored.algo.data(), &results[static_cast<std::size_t>(pick)].algo, sizeof stored.algo);
+    it = lt_algos_.emplace(key, stored).first;
+  }
+  cublasLtMatmulAlgo_t algo{};
+  std::memcpy(&algo, it->second.algo.data(), sizeof algo);
+  const int choice = it->second.choice;
+  const cublasStatus_t launched = call(algo);
+  if (extra.may_decline && (launched == CUBLAS_STATUS_NOT_SUPPORTED || launched == CUBLAS_STATUS_INVALID_VALUE ||
+                            launched == CUBLAS_STATUS_ARCH_MISMATCH)) {
+    // Refused before anything ran (argument checks): the caller's fallback runs.
+    lt_algos_.erase(it);
+    lt_declined_.insert(key);
+    return false;
+  }
+  if (choice >= 0 && launched == CUBLAS_STATUS_SUCCESS) ++lt_choices_[static_cast<std::size_t>(choice)].calls;
+  if (launched != CUBLAS_STATUS_SUCCESS) throw_cublas_error(launched, "cublasLtMatmul", __FILE__, __LINE__);
+  COROLLA_CUDA_LAUNCH_CHECK("cublasLtMatmul");  // with COROLLA_CUDA_SYNC=1: faults located here
+  return true;
+}
+
+std::vector<gemm_choice> cuda_backend::gemm_choices() const { return lt_choices_; }
+
+}  // namespace corolla::cuda
