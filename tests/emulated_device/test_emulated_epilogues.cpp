@@ -137,6 +137,34 @@ TEST_CASE("emulated device: training takes the products' epilogues on every laye
   }
 }
 
+TEST_CASE("emulated device: Qwen2's biased and Qwen3's normed q, k and v are one batch a layer, with the cpu's gradients") {
+  // Qwen2: q, k and v with biases; Qwen3: the products before the per-head
+  // q/k norms (q_pre, k_pre) and v. As many key/value heads as heads: one
+  // batch for the products and one for their weight gradients a layer;
+  // Qwen3 with fewer: none.
+  for (const auto [family, mha] : {std::pair{"Qwen2ForCausalLM", true}, std::pair{"Qwen3ForCausalLM", true},
+                                   std::pair{"Qwen3ForCausalLM", false}}) {
+    CAPTURE(std::string(family));
+    CAPTURE(mha);
+    testing::temp_dir_guard dir("emulated-qkv");
+    testing::tiny_model_options o = testing::tiny_options_for(architecture::llama, 64);
+    o.family = family;
+    if (mha) o.kv_heads = o.heads;
+    testing::write_tiny_model(dir.path(), o);
+    transformer ref = transformer::load(dir.path(), cpu_backend());
+    const int vocab = ref.config().vocab_size, layers = ref.config().n_layers;
+    const auto ids = some_ids(32, vocab, 11), targets = some_ids(32, vocab, 12);
+    ref.zero_grads();
+    const float ref_loss = ref.forward_backward(ids, targets, 2, 16);
+    emulated_device_backend dev;
+    transformer m = transformer::load(dir.path(), dev);
+    m.zero_grads();
+    CHECK(m.forward_backward(ids, targets, 2, 16) == ref_loss);
+    CHECK(same_grads(m, ref));
+    CHECK(dev.stats().batched_products == (mha ? 2 * layers : 0));
+  }
+}
+
 TEST_CASE("emulated device: the epilogue products take CUDA's operands, leave others to the caller, refuse malformed ones") {
   emulated_device_backend dev;
   Backend& cpu = cpu_backend();
