@@ -9,6 +9,8 @@
 
 #include <string>
 
+#include "kernels/cuda/device.hpp"
+
 namespace corolla::cuda {
 
 /// Throws std::runtime_error("CUDA error: <call> at <file>:<line>: <name>: <description>").
@@ -22,8 +24,7 @@ namespace corolla::cuda {
 /// environment it also synchronises the device, so an asynchronous fault is
 /// reported at the kernel that caused it instead of at a later call.
 void check_launch(const char* kernel, const char* file, int line);
-/// Whether COROLLA_CUDA_SYNC (set, not 0) makes every launch synchronise.
-bool sync_after_launch();
+// sync_after_launch() (COROLLA_CUDA_SYNC) is in device.hpp.
 
 /// Makes `index` the calling thread's current device for its lifetime and
 /// restores the previous one afterwards (CUDA's current device is per thread,

@@ -70,6 +70,10 @@ struct lt_extra {
   /// unfused fallback; with a 16-bit output they also take no split-K
   /// algorithm that reduces in the output's dtype (one rounding).
   bool may_decline = false;
+  /// The algorithm may be timed among the heuristic's candidates on the
+  /// problem's first call (gemm_tuner.hpp); false keeps the heuristic's
+  /// first: inference prefill, whose row count changes with every prompt.
+  bool tune = true;
   /// A strided batch of `batch` products (no aux): product i's a at a + i *
   /// batch_a elements, b at b + i * batch_b, c (and d) at c + i * batch_c,
   /// the bias at bias + i * batch_bias; a stride of 0 shares the operand.

@@ -20,6 +20,10 @@ std::string device_description(int index);
 /// Throws cuda_error.
 std::pair<std::size_t, std::size_t> device_memory(int index);
 
+/// Whether COROLLA_CUDA_SYNC (set, not 0) makes every launch synchronise
+/// (check_launch, check.hpp).
+bool sync_after_launch();
+
 /// The largest power of two, up to 256, dividing the address: the
 /// alignment a kernel's vector loads or cuBLASLt's algorithms may assume.
 inline std::uint32_t alignment_of(const void* p) {

@@ -128,8 +128,11 @@ void cuda_backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, 
     for (std::int64_t o0 = 0; o0 < out; o0 += slice) {
       const std::int64_t n = std::min(slice, out - o0);
       convert(stream_, w16 + o0 * in, elem::bf16, wide, elem::f32, n * in);
+      // Untimed: a prompt's length is a new problem for each prompt.
+      lt_extra extra = bias_epilogue(bias ? bias->data<float>() + o0 : nullptr);
+      extra.tune = false;
       lt_matmul(false, true, rows, n, in, 1.0f, x.raw(), dtype::f32, in, wide, dtype::f32, in, 0.0f,
-                y.data<float>() + o0, dtype::f32, out, bias_epilogue(bias ? bias->data<float>() + o0 : nullptr));
+                y.data<float>() + o0, dtype::f32, out, extra);
     }
     return;
   }

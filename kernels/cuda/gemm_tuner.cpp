@@ -1,7 +1,8 @@
-// kernels/cuda/gemm_tuner.cpp — the tuner's rule, switch and totals
-// (gemm_tuner.hpp); the timing itself is in lt_matmul.cpp.
+// kernels/cuda/gemm_tuner.cpp — the tuner's rule, repeats, switch, totals
+// and scratch span (gemm_tuner.hpp); the timing itself is in lt_matmul.cpp.
 #include "kernels/cuda/gemm_tuner.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <stdexcept>
@@ -19,6 +20,11 @@ int gemm_choose_timed(std::span<const double> us, double keep_first_within) {
   return us[static_cast<std::size_t>(best)] < (1.0 - keep_first_within) * us[0] ? best : 0;
 }
 
+int gemm_tune_repeats(double flops) {
+  if (!(flops > 0)) return 10;
+  return static_cast<int>(std::clamp(std::ceil(gemm_tune_interval_flops / flops), 1.0, 10.0));
+}
+
 namespace {
 std::atomic<bool>& tuning_flag() {
   static std::atomic<bool> on{env_switch("COROLLA_CUDA_GEMM_TUNE", true)};
@@ -33,6 +39,7 @@ void set_gemm_tuning(bool on) { tuning_flag().store(on); }
 gemm_tuning_totals gemm_tuning_summary(std::span<const gemm_choice> choices) {
   gemm_tuning_totals t;
   for (const gemm_choice& c : choices) {
+    if (!std::isfinite(c.chosen_us)) continue;
     ++t.problems;
     if (c.chosen != 0) ++t.changed;
     const double calls = static_cast<double>(c.calls);

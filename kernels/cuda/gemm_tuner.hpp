@@ -8,8 +8,10 @@
 // (lt_matmul.cpp) asks it for up to gemm_tune_candidates algorithms the
 // first time it meets a problem, times each on that call's own operands,
 // and keeps the one gemm_choose_timed picks for every later call of the
-// problem (the same idea as PyTorch's TunableOp). The rule and the records
-// are here, free of CUDA, so the CPU tests check them.
+// problem (the same idea as PyTorch's TunableOp). What is timed and how
+// (the limits below, the repeats per timed interval, the size of a scratch
+// output), the rule and the records are here, free of CUDA, so the CPU
+// tests check them.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,24 @@ constexpr int gemm_tune_candidates = 8;
 /// fastest launch, and the algorithms take turns within a round, so clock
 /// ramps and drift hit all alike.
 constexpr int gemm_tune_rounds = 3;
+/// Products of fewer FLOPs (all of a batch's) are not timed: a few
+/// microseconds each, their time is their launch's, whatever the algorithm.
+constexpr double gemm_tune_min_flops = 4e9;
+/// A timed interval covers at least this many FLOPs (gemm_tune_repeats).
+constexpr double gemm_tune_interval_flops = 40e9;
+/// At most this many problems are timed per backend instance (then the
+/// heuristic's first): a bound on what timing can cost a process that
+/// meets ever new shapes.
+constexpr int gemm_tune_max_problems = 256;
+/// A scratch output (where the call reads its own d) above this size is
+/// not allocated: the problem keeps the heuristic's first.
+constexpr std::int64_t gemm_tune_max_scratch_bytes = std::int64_t{128} << 20;
+
+/// Launches back to back per timed interval for a product of `flops`: enough
+/// for gemm_tune_interval_flops (so the GPU runs them without waiting on
+/// the host's launches), 1 to 10.
+int gemm_tune_repeats(double flops);
+
 /// Another algorithm replaces the heuristic's first only if it is faster by
 /// this fraction: timing noise alone should not move a product off the
 /// algorithm a reader of cuBLASLt's documentation would expect (nor change
@@ -49,17 +69,18 @@ void set_gemm_tuning(bool on);
 struct gemm_choice {
   std::int64_t m = 0, n = 0, k = 0;  ///< row-major: [m, k] x [k, n] (either transposed)
   int batch = 1;
-  std::string what;        ///< dtypes, transposes and epilogue, e.g. "bf16 x bf16 -> f32, a^T, bias"
-  int candidates = 0;      ///< the heuristic's algorithms timed
+  std::string what;        ///< dtypes, transposes and epilogue, e.g. "bf16 x bf16 -> f32, a^T, bias epilogue"
+  int candidates = 0;      ///< the algorithms the heuristic named (those that refused to run included)
   int chosen = 0;          ///< the index run (0: the heuristic's first)
   double first_us = 0;     ///< one launch of the heuristic's first (NaN if it refused)
-  double chosen_us = 0;    ///< one launch of the chosen
+  double chosen_us = 0;    ///< one launch of the chosen (finite: a problem none ran for is not recorded)
   std::uint64_t calls = 0; ///< lt_matmul calls of the problem since (its first included)
 };
 
 /// A tuner's gain at the calls made: sum over problems of calls x the
 /// first's and the chosen's microseconds (problems whose first was not
-/// timed count at the chosen's time on both sides).
+/// timed count at the chosen's time on both sides; a record without a
+/// finite chosen time is left out).
 struct gemm_tuning_totals {
   int problems = 0;      ///< problems timed
   int changed = 0;       ///< of those, run with another algorithm than the heuristic's first

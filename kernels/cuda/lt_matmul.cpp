@@ -129,50 +129,64 @@ struct lt_call {
 /// Events for timing, destroyed on every path out.
 struct timing_events {
   std::vector<cudaEvent_t> events;
+  explicit timing_events(std::size_t count) : events(count, nullptr) {
+    for (cudaEvent_t& e : events) COROLLA_CUDA_CHECK(cudaEventCreate(&e));
+  }
   ~timing_events() {
-    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    for (cudaEvent_t e : events)
+      if (e) cudaEventDestroy(e);
   }
-  cudaEvent_t make() {
-    cudaEvent_t e = nullptr;
-    COROLLA_CUDA_CHECK(cudaEventCreate(&e));
-    events.push_back(e);
-    return e;
-  }
+  timing_events(const timing_events&) = delete;
+  timing_events& operator=(const timing_events&) = delete;
 };
+
+/// A launch that refused before running (argument checks: this algorithm
+/// does not take these operands): a candidate skipped, not an error.
+bool refused(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE || s == CUBLAS_STATUS_ARCH_MISMATCH;
+}
 
 /// Microseconds of one launch of each of `algos` on `call` (NaN where its
 /// launch refused): one warm-up launch each, then gemm_tune_rounds rounds
-/// in which the algorithms take turns, each keeping its fastest launch.
-/// Waits for the stream.
-std::vector<double> time_algos(const lt_call& call, std::span<const cublasLtMatmulHeuristicResult_t> algos) {
+/// in which the algorithms take turns, each timed over `repeats` launches
+/// back to back (so the GPU runs them without waiting on the host) and
+/// keeping its fastest round. Any other failure throws. Waits for the
+/// stream.
+std::vector<double> time_algos(const lt_call& call, std::span<const cublasLtMatmulHeuristicResult_t> algos,
+                               int repeats) {
   const std::size_t n = algos.size();
-  std::vector<double> us(n, std::numeric_limits<double>::quiet_NaN());
+  const auto launch = [&](std::size_t i) {
+    const cublasStatus_t status = call(algos[i].algo);
+    if (status != CUBLAS_STATUS_SUCCESS && !refused(status))
+      throw_cublas_error(status, "cublasLtMatmul (timing a candidate)", __FILE__, __LINE__);
+    return status == CUBLAS_STATUS_SUCCESS;
+  };
   std::vector<bool> runs(n);
-  for (std::size_t i = 0; i < n; ++i) runs[i] = call(algos[i].algo) == CUBLAS_STATUS_SUCCESS;
-  timing_events ev;
-  std::vector<cudaEvent_t> start(n * gemm_tune_rounds), stop(n * gemm_tune_rounds);
+  for (std::size_t i = 0; i < n; ++i) runs[i] = launch(i);
+  timing_events ev(2 * n * gemm_tune_rounds);
+  const auto start = [&](std::size_t at) { return ev.events[2 * at]; };
+  const auto stop = [&](std::size_t at) { return ev.events[2 * at + 1]; };
   for (int round = 0; round < gemm_tune_rounds; ++round)
     for (std::size_t i = 0; i < n; ++i) {
       if (!runs[i]) continue;
       const std::size_t at = static_cast<std::size_t>(round) * n + i;
-      start[at] = ev.make();
-      stop[at] = ev.make();
-      COROLLA_CUDA_CHECK(cudaEventRecord(start[at], call.s));
-      if (call(algos[i].algo) != CUBLAS_STATUS_SUCCESS) runs[i] = false;  // refused now: not counted
-      COROLLA_CUDA_CHECK(cudaEventRecord(stop[at], call.s));
+      COROLLA_CUDA_CHECK(cudaEventRecord(start(at), call.s));
+      for (int r = 0; r < repeats && runs[i]; ++r) runs[i] = launch(i);  // refused now: not counted
+      COROLLA_CUDA_CHECK(cudaEventRecord(stop(at), call.s));
     }
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(call.s));
   COROLLA_CUDA_LAUNCH_CHECK("cublasLtMatmul (timing)");
-  for (int round = 0; round < gemm_tune_rounds; ++round)
-    for (std::size_t i = 0; i < n; ++i) {
+  std::vector<double> us(n, std::numeric_limits<double>::quiet_NaN());
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!runs[i]) continue;
+    for (int round = 0; round < gemm_tune_rounds; ++round) {
       const std::size_t at = static_cast<std::size_t>(round) * n + i;
-      if (!runs[i] || start[at] == nullptr) continue;
       float ms = 0;
-      COROLLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start[at], stop[at]));
-      us[i] = std::isnan(us[i]) ? 1000.0 * ms : std::min(us[i], 1000.0 * ms);
+      COROLLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start(at), stop(at)));
+      const double each = 1000.0 * ms / repeats;
+      us[i] = std::isnan(us[i]) ? each : std::min(us[i], each);
     }
-  for (std::size_t i = 0; i < n; ++i)
-    if (!runs[i]) us[i] = std::numeric_limits<double>::quiet_NaN();
+  }
   return us;
 }
 
@@ -295,35 +309,49 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
                stream_};
   auto it = lt_algos_.find(key);
   if (it == lt_algos_.end()) {
-    preference_desc pref;
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
-    const std::uint64_t workspace = lt_workspace_bytes_;
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
-    COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
-    if (extra.may_decline && ct != dtype::f32) {
-      // The fused forms promise one rounding: no split-K algorithm that
-      // reduces its partial sums in (or in place of) the 16-bit output,
-      // before the epilogue adds the residual or takes the GELU.
-      const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    // Timed where worth it and possible (the file comment), else the
+    // heuristic's first.
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+                         std::max(1, extra.batch);
+    bool tune = extra.tune && gemm_tuning_requested() && flops >= gemm_tune_min_flops &&
+                static_cast<int>(lt_choices_.size()) < gemm_tune_max_problems && !sync_after_launch() &&
+                !capturing(stream_);
+    // With a 16-bit output, the fused forms promise one rounding, and
+    // timing must not bring in more than the heuristic's first would have:
+    // no split-K algorithm that reduces its partial sums in (or in place
+    // of) the 16-bit output, before the epilogue adds the residual or
+    // takes the GELU.
+    const auto ask = [&](bool one_rounding, int count, cublasLtMatmulHeuristicResult_t* results, int& found) {
+      preference_desc pref;
+      COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
+      const std::uint64_t workspace = lt_workspace_bytes_;
       COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          pref.d, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
-    }
-
-    // Up to gemm_tune_candidates algorithms where this call times them,
-    // else the heuristic's first.
-    const bool tune = gemm_tuning_requested() && !sync_after_launch() && !capturing(stream_);
+          pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+      COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+      COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+      COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+      COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
+      if (one_rounding) {
+        const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref.d, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+      }
+      found = 0;
+      return cublasLtMatmulAlgoGetHeuristic(lt_, op.d, la.d, lb.d, lc.d, lc.d, pref.d, count, results, &found);
+    };
     std::array<cublasLtMatmulHeuristicResult_t, gemm_tune_candidates> results{};
     int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        lt_, op.d, la.d, lb.d, lc.d, lc.d, pref.d, tune ? gemm_tune_candidates : 1, results.data(), &found);
+    const bool sixteen = ct != dtype::f32;
+    cublasStatus_t status = ask(sixteen && (extra.may_decline || tune), tune ? gemm_tune_candidates : 1,
+                                results.data(), found);
+    if (tune && !extra.may_decline && sixteen && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
+      tune = false;  // none with one rounding: the heuristic's first, as untimed
+      status = ask(false, 1, results.data(), found);
+    }
     if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&
         !(extra.may_decline && status == CUBLAS_STATUS_INVALID_VALUE))
       throw_cublas_error(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
@@ -347,37 +375,47 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
       // reads) the timed launches write a scratch copy of d, as aligned as
       // d (the algorithms were asked for d's alignment), so the caller's
       // accumulation happens once and what is read stays as it was.
-      Tensor scratch;
+      Tensor timing_d;
       lt_call timed = call;
       const bool d_is_read = (beta != 0.0f && d == c) || (extra.epilogue == lt_epilogue::dgelu && d == extra.aux);
       if (d_is_read) {
         const auto bytes = static_cast<std::int64_t>(dtype_size(ct)) *
                            lt_output_span(m, n, ldc, extra.batch, extra.batch_c);
-        try {
-          scratch = empty({bytes + 512}, dtype::i8);
-        } catch (const cuda_out_of_memory&) {  // no timing rather than no product
+        if (bytes <= gemm_tune_max_scratch_bytes) {
+          try {
+            timing_d = empty({bytes + 512}, dtype::i8);
+          } catch (const cuda_out_of_memory&) {  // no timing rather than no product
+          }
         }
         timed.d = nullptr;
-        if (scratch.defined()) {
-          const auto base = (reinterpret_cast<std::uintptr_t>(scratch.raw()) + 255) & ~std::uintptr_t{255};
+        if (timing_d.defined()) {
+          const auto base = (reinterpret_cast<std::uintptr_t>(timing_d.raw()) + 255) & ~std::uintptr_t{255};
           timed.d = reinterpret_cast<void*>(base + (align_d < 256 ? align_d : 0));  // exactly d's alignment
         }
       }
       if (!d_is_read || timed.d != nullptr) {
-        const std::vector<double> us = time_algos(timed, {results.data(), static_cast<std::size_t>(found)});
+        std::vector<double> us;
+        try {
+          us = time_algos(timed, {results.data(), static_cast<std::size_t>(found)}, gemm_tune_repeats(flops));
+        } catch (...) {
+          cudaStreamSynchronize(stream_);  // nothing queued may still write timing_d once it is freed
+          throw;
+        }
         pick = gemm_choose_timed(us);
-        gemm_choice choice;
-        choice.m = m;
-        choice.n = n;
-        choice.k = k;
-        choice.batch = extra.batch;
-        choice.what = problem_text(at, bt, ct, trans_a, trans_b, extra.epilogue);
-        choice.candidates = found;
-        choice.chosen = pick;
-        choice.first_us = us[0];
-        choice.chosen_us = us[static_cast<std::size_t>(pick)];
-        stored.choice = static_cast<int>(lt_choices_.size());
-        lt_choices_.push_back(std::move(choice));
+        if (std::isfinite(us[static_cast<std::size_t>(pick)])) {  // else none ran: nothing to record
+          gemm_choice choice;
+          choice.m = m;
+          choice.n = n;
+          choice.k = k;
+          choice.batch = extra.batch;
+          choice.what = problem_text(at, bt, ct, trans_a, trans_b, extra.epilogue);
+          choice.candidates = found;
+          choice.chosen = pick;
+          choice.first_us = us[0];
+          choice.chosen_us = us[static_cast<std::size_t>(pick)];
+          stored.choice = static_cast<int>(lt_choices_.size());
+          lt_choices_.push_back(std::move(choice));
+        }
       }
     }
     static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof stored.algo, "cublasLtMatmulAlgo_t size");
@@ -388,9 +426,11 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
   std::memcpy(&algo, it->second.algo.data(), sizeof algo);
   const int choice = it->second.choice;
   const cublasStatus_t launched = call(algo);
-  if (extra.may_decline && (launched == CUBLAS_STATUS_NOT_SUPPORTED || launched == CUBLAS_STATUS_INVALID_VALUE ||
-                            launched == CUBLAS_STATUS_ARCH_MISMATCH)) {
-    // Refused before anything ran (argument checks): the caller's fallback runs.
+  if (extra.may_decline && refused(launched)) {
+    // Refused before anything ran (argument checks): the caller's fallback
+    // runs, and the problem's record (made just now, never called) goes.
+    if (choice >= 0 && static_cast<std::size_t>(choice) + 1 == lt_choices_.size() && lt_choices_.back().calls == 0)
+      lt_choices_.pop_back();
     lt_algos_.erase(it);
     lt_declined_.insert(key);
     return false;

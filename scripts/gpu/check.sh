@@ -17,7 +17,7 @@
 # printed as it happens and at most 8 files in $OUT: one log per step
 # (seven), summary.json (each step's exit status and seconds, and the final
 # JSON line of each benchmark); what `corolla info` says is printed. A run cut off still leaves what it finished.
-# profile: about 2 minutes of where-the-time-goes for the two targets:
+# profile: about 3 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
 # batch 8 unprofiled), batch 4 without cuBLASLt's training epilogues
 # (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train) and without
@@ -184,26 +184,31 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
   # mixed precision and f16 loss scaling, the chunked loss, early launch,
   # fused GEMV epilogues and the tuner, device AdamW, the one-rank NCCL case,
   # the int8 and nf4 GEMVs and their prefill GEMMs.
-  # (The GEMM tuner times nothing under COROLLA_CUDA_SYNC: its test runs
-  # in the second step.)
+  # (The GEMM tuner times nothing under COROLLA_CUDA_SYNC: its tests run in
+  # the second step, after the decode-launch tests, in the same log.)
+  tuner_tests="cuda: cuBLASLt algo*,cuda: training's fused*"
   step cuda_kernels 180 env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*' \
-    -tce='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*,cuda: cuBLASLt algo*'
-  step cuda_decode_launch 60 test_kernels \
-    -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*,cuda: cuBLASLt algo*'
+    -tce="cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*,$tuner_tests"
+  step cuda_decode_launch 90 bash -c 'test_kernels \
+    -tc="cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*"; d=$?
+    test_kernels -tc="$1"; t=$?; echo "gemm tuner tests: exit $t"; exit $((d | t))' _ "$tuner_tests"
   # The cuBLASLt algorithm tuner (kernels/cuda/gemm_tuner.hpp) is new to
-  # the GPU: should its test fail, everything after runs with the
-  # heuristic's first algorithm, as before it.
-  if python3 - "$out/cuda_decode_launch.log" <<'PY'
+  # the GPU: unless both its tests ran and passed, everything after runs
+  # with the heuristic's first algorithm, as before it.
+  if ! python3 - "$out/cuda_decode_launch.log" <<'PY'
 import re, sys
-# doctest's report: blocks between lines of '='; the tuner's test failed if
-# its block has an ERROR (a failed check, an exception, a crash).
-blocks = re.split(r"^=+$", open(sys.argv[1], errors="replace").read(), flags=re.M)
-sys.exit(0 if any("cuda: cuBLASLt algorithms" in b and "ERROR" in b for b in blocks) else 1)
+text = open(sys.argv[1], errors="replace").read()
+# the tuner tests' exit line, and the last doctest summary before it (theirs)
+exit_line = re.search(r"^gemm tuner tests: exit (\d+)$", text, flags=re.M)
+summaries = re.findall(r"test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed",
+                       text[: exit_line.start()] if exit_line else "")
+ok = exit_line and exit_line.group(1) == "0" and summaries and summaries[-1] == ("2", "2", "0")
+sys.exit(0 if ok else 1)
 PY
   then
     export COROLLA_CUDA_GEMM_TUNE=0
-    echo "[+$(($(date +%s) - start))s] the cuBLASLt algorithm tuner's test failed: the rest runs with" \
-      "COROLLA_CUDA_GEMM_TUNE=0"
+    echo "[+$(($(date +%s) - start))s] the cuBLASLt algorithm tuner's tests failed or did not run: the rest" \
+      "runs with COROLLA_CUDA_GEMM_TUNE=0"
   fi
   step cuda_model 120 test_model -tc='cuda*'
   # 2. The targets, each against its bound measured in the same run, and
@@ -248,7 +253,7 @@ corolla info
 run cuda_kernels env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*'
 run cuda_model test_model -tc='cuda*'
 # Early launch overlaps kernels only without COROLLA_CUDA_SYNC.
-run cuda_decode_launch test_kernels -tc='cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*,cuda: cuBLASLt algo*'
+run cuda_decode_launch test_kernels -tc="cuda: every batch-1*,cuda: linear_fused*,cuda: early launch*,cuda: cuBLASLt algo*,cuda: training's fused*"
 [ "$mode" = quick ] && exit 0
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 [ -n "$sanitizer" ] && run cuda_memcheck "$sanitizer" --tool memcheck --error-exitcode 1 test_kernels -tc='cuda*'

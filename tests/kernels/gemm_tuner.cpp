@@ -1,18 +1,20 @@
 // tests/kernels/gemm_tuner.cpp — the cuBLASLt algorithm tuner
 // (kernels/cuda/gemm_tuner.hpp, lt_matmul.cpp). On the CPU: the rule that
 // picks among timed candidates, the totals a benchmark prints and the
-// span of a scratch output. On a GPU: a problem's first call times its
-// candidates and records them, later calls reuse the choice and count,
-// an accumulating product (beta 1 into c) accumulates once however many
-// algorithms were timed, and with tuning off nothing is timed. Without
+// span of a scratch output, the repeats per timed interval. On a GPU: a
+// problem's first call times its candidates and records them, later calls
+// reuse the choice and count, an accumulating product (beta 1 into c,
+// aligned or not) accumulates once however many algorithms were timed, a
+// product too small is not timed, and with tuning off nothing is; and
+// training's fused products (the residual as C in and out of place,
+// GELU_AUX_BIAS, DGELU) and a batch of accumulated weight gradients give
+// the cpu's results on their first, timed, calls. Without
 // the CUDA backend or a visible device the GPU test says why in a MESSAGE
 // and returns.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@
 
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/device.hpp"
 #include "kernels/cuda/gemm_tuner.hpp"
 #endif
 
@@ -75,6 +78,15 @@ TEST_CASE("a scratch copy of a cuBLASLt output spans its rows and its batch") {
   CHECK_THROWS_AS(cuda::lt_output_span(4, 3, 2, 1, 0), std::invalid_argument);
 }
 
+TEST_CASE("the gemm tuner times enough launches back to back to cover its interval") {
+  CHECK(cuda::gemm_tune_repeats(cuda::gemm_tune_min_flops) == 10);
+  CHECK(cuda::gemm_tune_repeats(8e9) == 5);
+  CHECK(cuda::gemm_tune_repeats(cuda::gemm_tune_interval_flops) == 1);
+  CHECK(cuda::gemm_tune_repeats(1e12) == 1);
+  CHECK(cuda::gemm_tune_repeats(1e6) == 10);
+  CHECK(cuda::gemm_tune_repeats(0) == 10);
+}
+
 TEST_CASE("the gemm tuner's switch") {
   const bool was = cuda::gemm_tuning_requested();
   cuda::set_gemm_tuning(!was);
@@ -89,24 +101,33 @@ TEST_CASE("cuda: cuBLASLt algorithms are timed on a problem's first call, reused
   REQUIRE_GPU_OR_SKIP();
 #ifdef COROLLA_HAVE_CUDA
   const auto& cb = static_cast<const cuda::cuda_backend&>(gpu());
-  const char* sync = std::getenv("COROLLA_CUDA_SYNC");
-  const bool timing = sync == nullptr || std::strcmp(sync, "0") == 0;  // every launch a round trip: no timing
-  const bool was = cuda::gemm_tuning_requested();
+  const bool timing = !cuda::sync_after_launch();  // every launch a round trip: no timing
+  struct restore_tuning {
+    bool was = cuda::gemm_tuning_requested();
+    ~restore_tuning() { cuda::set_gemm_tuning(was); }
+  } restore;
   cuda::set_gemm_tuning(true);
   rng r(443);
-  std::size_t timed = 0;
   // Shapes no other test uses (a problem is timed once per process): a
-  // GPT-2-1.5B-like product, and a small one with odd sides.
+  // GPT-2-1.5B-like product into c and into a slice of a buffer one f32
+  // in (4-byte aligned: the scratch copy must be as aligned), and one too
+  // small to time (below gemm_tune_min_flops).
   struct shape {
     std::int64_t m, n, k;
+    std::int64_t offset;  ///< c's first element in its buffer
+    bool timed;
   };
-  for (const shape s : {shape{1024, 1600, 1600}, shape{200, 328, 136}}) {
+  for (const shape s : {shape{1024, 1600, 1600, 0, true}, shape{1024, 1600, 1600, 1, true},
+                        shape{200, 328, 136, 0, false}}) {
     CAPTURE(s.m);
+    CAPTURE(s.offset);
     const Tensor a = rounded(random_tensor({s.m, s.k}, r), dtype::bf16);
     const Tensor b = rounded(random_tensor({s.n, s.k}, r), dtype::bf16);
     const Tensor c0 = random_tensor({s.m, s.n}, r);
     const Tensor da = up(a, dtype::bf16), db = up(b, dtype::bf16);
-    Tensor dc = up(c0, dtype::f32);
+    Tensor buffer = gpu().empty({s.m * s.n + s.offset}, dtype::f32);
+    Tensor dc = buffer.slice(s.offset, s.offset + s.m * s.n).view({s.m, s.n});
+    gpu().copy(c0, dc);
     const std::size_t before = cb.gemm_choices().size();
     // c += a b^T, three times: each call accumulates once, the first too
     // (its timed launches write a scratch copy of c).
@@ -115,16 +136,11 @@ TEST_CASE("cuda: cuBLASLt algorithms are timed on a problem's first call, reused
     for (int i = 0; i < 3; ++i) cpu().gemm(a, false, b, true, want, 1.0f, 1.0f);
     expect_close(dc, want, red_rtol, 1e-5 * static_cast<double>(s.k), "c after three accumulations");
     const std::vector<cuda::gemm_choice> after = cb.gemm_choices();
-    if (!timing) {
+    if (!timing || !s.timed) {
       CHECK(after.size() == before);
       continue;
     }
-    REQUIRE(after.size() <= before + 1);
-    if (after.size() == before) {
-      MESSAGE("the heuristic named one algorithm for m=" << s.m << ": nothing to time");
-      continue;
-    }
-    ++timed;
+    REQUIRE(after.size() == before + 1);  // a product this size has several algorithms on any GPU with bf16
     const cuda::gemm_choice& c = after.back();
     CHECK(c.m == s.m);
     CHECK(c.n == s.n);
@@ -138,20 +154,110 @@ TEST_CASE("cuda: cuBLASLt algorithms are timed on a problem's first call, reused
     REQUIRE(std::isfinite(c.chosen_us));
     CHECK(c.chosen_us > 0);
     if (std::isfinite(c.first_us)) CHECK(c.chosen_us <= c.first_us);
-    MESSAGE("m=" << s.m << " n=" << s.n << " k=" << s.k << ": " << c.candidates << " candidates, chose "
-                 << c.chosen << ", " << c.chosen_us << " us against the first's " << c.first_us << " us");
+    MESSAGE("m=" << s.m << " n=" << s.n << " k=" << s.k << " c at +" << s.offset << ": " << c.candidates
+                 << " candidates, chose " << c.chosen << ", " << c.chosen_us << " us against the first's "
+                 << c.first_us << " us");
   }
-  if (timing) CHECK(timed >= 1);  // the 1024 x 1600 x 1600 product has several algorithms on any GPU with bf16
 
   // With tuning off a new problem keeps the heuristic's first, untimed.
   cuda::set_gemm_tuning(false);
-  const Tensor a = rounded(random_tensor({96, 72}, r), dtype::bf16), b = rounded(random_tensor({72, 40}, r), dtype::bf16);
-  Tensor dc = gpu().empty({96, 40}, dtype::f32), want = Tensor::empty({96, 40});
+  const Tensor a = rounded(random_tensor({1024, 1536}, r), dtype::bf16);
+  const Tensor b = rounded(random_tensor({1536, 1600}, r), dtype::bf16);
+  Tensor dc = gpu().empty({1024, 1600}, dtype::f32), want = Tensor::empty({1024, 1600});
   const std::size_t before = cb.gemm_choices().size();
   gpu().gemm(up(a, dtype::bf16), false, up(b, dtype::bf16), false, dc);
   cpu().gemm(a, false, b, false, want);
-  expect_close(dc, want, red_rtol, red_atol, "untuned product");
+  expect_close(dc, want, red_rtol, 1e-5 * 1536, "untuned product");
   CHECK(cb.gemm_choices().size() == before);
-  cuda::set_gemm_tuning(was);
+#endif
+}
+
+TEST_CASE("cuda: training's fused and batched products give the cpu's results with their algorithms timed") {
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  // Sizes above gemm_tune_min_flops (the smaller epilogue tests are not
+  // timed), bf16 as mixed precision computes: every call below is a
+  // problem's first, so it runs the timed launches before its own.
+  const auto& cb = static_cast<const cuda::cuda_backend&>(gpu());
+  struct restore_tuning {
+    bool was = cuda::gemm_tuning_requested();
+    ~restore_tuning() { cuda::set_gemm_tuning(was); }
+  } restore;
+  cuda::set_gemm_tuning(true);
+  const std::size_t before = cb.gemm_choices().size();
+  constexpr dtype t = dtype::bf16;
+  constexpr std::int64_t rows = 1024, in = 1600, out = 1664;
+  constexpr double rtol = 2e-2, atol = 5e-2;
+  rng r(449);
+  const Tensor x = rounded(random_tensor({rows, in}, r, -0.25f, 0.25f), t);
+  const Tensor w = rounded(random_tensor({out, in}, r, -0.25f, 0.25f), t);
+  const Tensor bias = rounded(random_tensor({out}, r), t), res = rounded(random_tensor({rows, out}, r), t);
+  const Tensor dx = up(x, t), dw = up(w, t), db = up(bias, t);
+
+  // The residual as C, beta 1: out of place, then in place (d is c: the
+  // timed launches write a scratch copy).
+  Tensor y = Tensor::empty({rows, out});
+  cpu().linear(x, w, &bias, y);
+  cpu().add(res, y, y);
+  Tensor dres = up(res, t), dy = gpu().empty({rows, out}, t);
+  REQUIRE(gpu().linear_fused(dx, dw, &db, linear_epilogue::add, &dres, dy));
+  expect_close(dy, y, rtol, atol, "linear + add");
+  REQUIRE(gpu().linear_fused(dx, dw, &db, linear_epilogue::add, &dres, dres));
+  expect_close(dres, y, rtol, atol, "linear + add in place");
+
+  // GELU_AUX_BIAS (each timed launch writes the aux matrix), then DGELU
+  // reading it.
+  Tensor pre = Tensor::empty({rows, out}), act = Tensor::empty({rows, out});
+  cpu().linear(x, w, &bias, pre);
+  cpu().gelu(pre, act);
+  Tensor dpre = gpu().empty({rows, out}, t), dact = gpu().empty({rows, out}, t);
+  REQUIRE(gpu().linear_gelu(dx, dw, &db, dpre, dact));
+  expect_close(dpre, pre, rtol, atol, "linear_gelu pre");
+  expect_close(dact, act, rtol, atol, "linear_gelu y");
+  const Tensor w2 = rounded(random_tensor({in, out}, r, -0.25f, 0.25f), t);
+  const Tensor g = rounded(random_tensor({rows, in}, r, -0.25f, 0.25f), t);
+  const Tensor pre_r = rounded(pre, t);
+  Tensor prod = Tensor::empty({rows, out}), want = Tensor::empty({rows, out});
+  cpu().gemm(g, false, w2, false, prod);
+  cpu().gelu_backward(pre_r, prod, want);
+  Tensor dgrad = gpu().empty({rows, out}, t);
+  REQUIRE(gpu().gemm_gelu_backward(up(g, t), up(w2, t), up(pre_r, t), dgrad));
+  expect_close(dgrad, want, rtol, atol, "gemm_gelu_backward");
+
+  // Three weight gradients of one x accumulated as one strided batch
+  // (beta 1 into evenly spaced gradients: a batched scratch copy), the
+  // weights evenly spaced too, each followed by its bias as in GPT-2.
+  const std::int64_t step = out * in + out;
+  const Tensor wflat = rounded(random_tensor({3 * step}, r, -0.25f, 0.25f), t), dwflat = up(wflat, t);
+  const Tensor grads0 = rounded(random_tensor({3 * step}, r), t);
+  const Tensor dstack = rounded(random_tensor({3 * rows, out}, r, -0.25f, 0.25f), t);
+  Tensor grads_want = grads0.clone(), dgrads = up(grads0, t), ddstack = up(dstack, t);
+  std::vector<Tensor> ws, dys, gw, gb, dws, ddys, dgw, dgb;
+  for (std::int64_t i = 0; i < 3; ++i) {
+    ws.push_back(wflat.slice(i * step, i * step + out * in).view({out, in}));
+    dws.push_back(dwflat.slice(i * step, i * step + out * in).view({out, in}));
+    dys.push_back(dstack.slice(i * rows, (i + 1) * rows));
+    ddys.push_back(ddstack.slice(i * rows, (i + 1) * rows));
+    gw.push_back(grads_want.slice(i * step, i * step + out * in).view({out, in}));
+    gb.push_back(grads_want.slice(i * step + out * in, (i + 1) * step));
+    dgw.push_back(dgrads.slice(i * step, i * step + out * in).view({out, in}));
+    dgb.push_back(dgrads.slice(i * step + out * in, (i + 1) * step));
+  }
+  Tensor dx_want = Tensor::empty({rows, in}), ddx = gpu().empty({rows, in}, t);
+  for (std::int64_t i = 0; i < 3; ++i) {
+    cpu().linear_backward(x, ws[i], dys[i], i == 0 ? &dx_want : nullptr, gw[i], &gb[i]);
+    if (i > 0) cpu().gemm(dys[i], false, ws[i], false, dx_want, 1.0f, 1.0f);
+  }
+  const std::vector<const Tensor*> wp = {&dws[0], &dws[1], &dws[2]}, dyp = {&ddys[0], &ddys[1], &ddys[2]};
+  const std::vector<Tensor*> gwp = {&dgw[0], &dgw[1], &dgw[2]}, gbp = {&dgb[0], &dgb[1], &dgb[2]};
+  const int batched = cb.batched_products();
+  gpu().linear_same_x_backward(dx, wp, dyp, &ddx, gwp, gbp);
+  CHECK(cb.batched_products() == batched + 1);
+  expect_close(ddx, dx_want, rtol, atol, "dx of three products");
+  expect_close(dgrads, grads_want, rtol, atol, "three weight and bias gradients, accumulated");
+
+  // Eight problems above, each met first here; a few may have one
+  // algorithm only (nothing to time).
+  if (!cuda::sync_after_launch()) CHECK(cb.gemm_choices().size() >= before + 3);
 #endif
 }
