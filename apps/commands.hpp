@@ -76,9 +76,10 @@ void register_bench_loss(CLI::App* bench, action_fn& action);
 /// values in [-1, 1) (drawn in f32 on the host from `seed`, converted by the
 /// backend's copy), for the benches (apps/bench_gemm.cpp).
 Tensor random_tensor_on(Backend& be, shape_t shape, dtype t, std::uint64_t seed);
-/// Best GEMM FLOP/s of `be` on [rows x k] @ [n x k]^T (f32 tensors, at the
-/// current matmul precision), the best of 5 after a warm-up (apps/bench.cpp).
-double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n);
+/// Best GEMM FLOP/s of `be` on [rows x k] @ [n x k]^T with tensors of dtype
+/// `t` (f32 ones at the current matmul precision), the best of 5 rounds
+/// after a warm-up; a device's rounds are 10 products each (apps/bench.cpp).
+double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n, dtype t = dtype::f32);
 /// What `corolla bench train --cluster FILE` runs.
 struct cluster_bench_options {
   std::string cluster;  ///< cluster TOML
