@@ -83,7 +83,8 @@ model_config tiny_random_config(architecture arch, int layers) {
   return c;
 }
 
-/// (commands.hpp) Best of 5 products of [rows x k] @ [n x k]^T after a warm-up.
+/// (commands.hpp) Best of 5 rounds (of 10 products on a device, 1 on the
+/// cpu) of [rows x k] @ [n x k]^T after a warm-up.
 double measure_gemm_flops(Backend& be, std::int64_t rows, std::int64_t k, std::int64_t n, dtype t) {
   Tensor a = be.empty({rows, k}, t), w = be.empty({n, k}, t), y = be.empty({rows, n}, t);
   // Filled on the host and copied (converted): the backend may be a device.

@@ -67,12 +67,15 @@ struct lt_extra {
   void* d = nullptr;           ///< the output where it is not c (c is then only read, times beta)
   /// No algorithm for this product (or the launch refused): return false
   /// with nothing done, rather than throw. For fused forms that have an
-  /// unfused fallback; with a 16-bit output they also take no split-K
-  /// algorithm that reduces in the output's dtype (one rounding).
+  /// unfused fallback; with a 16-bit output they take only algorithms that
+  /// reduce split-K partial sums in f32 (one rounding), which other
+  /// products prefer but fall back from.
   bool may_decline = false;
   /// The algorithm may be timed among the heuristic's candidates on the
   /// problem's first call (gemm_tuner.hpp); false keeps the heuristic's
-  /// first: inference prefill, whose row count changes with every prompt.
+  /// first: linear's widened bf16 weights (inference prefill, whose row
+  /// count changes with every prompt). Not part of lt_key: the first call
+  /// of a problem decides.
   bool tune = true;
   /// A strided batch of `batch` products (no aux): product i's a at a + i *
   /// batch_a elements, b at b + i * batch_b, c (and d) at c + i * batch_c,

@@ -23,9 +23,10 @@ namespace corolla::cuda {
 
 /// How many of the heuristic's algorithms a problem's first call times.
 constexpr int gemm_tune_candidates = 8;
-/// Timed rounds (after one warm-up launch each); each algorithm keeps its
-/// fastest launch, and the algorithms take turns within a round, so clock
-/// ramps and drift hit all alike.
+/// Timed rounds (after one warm-up launch each) of gemm_tune_repeats
+/// launches; each algorithm keeps its fastest round's time per launch, and
+/// the algorithms take turns within a round, so clock ramps and drift hit
+/// all alike.
 constexpr int gemm_tune_rounds = 3;
 /// Products of fewer FLOPs (all of a batch's) are not timed: a few
 /// microseconds each, their time is their launch's, whatever the algorithm.
@@ -48,7 +49,7 @@ int gemm_tune_repeats(double flops);
 /// Another algorithm replaces the heuristic's first only if it is faster by
 /// this fraction: timing noise alone should not move a product off the
 /// algorithm a reader of cuBLASLt's documentation would expect (nor change
-/// its bits).
+/// its bits against COROLLA_CUDA_GEMM_TUNE=0, which runs that first too).
 constexpr double gemm_keep_first_within = 0.03;
 
 /// The index among timed candidates to run: the fastest of `us`

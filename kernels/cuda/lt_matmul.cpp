@@ -19,16 +19,20 @@
 // The algorithm (docs/cuda.md, "cuBLASLt's algorithms"): the descriptors
 // are rebuilt per call (microseconds), the algorithm is chosen once per
 // problem (lt_key: shapes, strides, dtypes, epilogue, pointer alignments).
-// On a problem's first call the heuristic names up to
-// gemm_tune_candidates algorithms; each is timed on this call's own
-// operands and gemm_choose_timed picks one (gemm_tuner.hpp). Timing writes
-// only what the call itself writes next (d, a GELU_AUX matrix), except
-// where the call also reads d (d is c and beta is not 0, or d is DGELU's
-// aux): then d's timing copy is scratch, so the accumulation the caller
-// asked for happens once. No timing (the
-// heuristic's first, kept): COROLLA_CUDA_GEMM_TUNE=0, COROLLA_CUDA_SYNC
-// (every launch a host round trip), a stream being captured into a graph,
-// a problem with one candidate, or no memory for the scratch.
+// A 16-bit output takes no split-K algorithm that reduces its partial sums
+// in (or in place of) the output's dtype, timed or not (one rounding;
+// without such an algorithm, the heuristic's first of all). On a problem's
+// first call the heuristic names up to gemm_tune_candidates algorithms;
+// each is timed on this call's own operands and gemm_choose_timed picks
+// one (gemm_tuner.hpp). Timing writes only what the call itself writes
+// next (d, a GELU_AUX matrix), except where the call also reads d (d is c
+// and beta is not 0, or d is DGELU's aux): then d's timing copy is
+// scratch, so the accumulation the caller asked for happens once. No
+// timing (the heuristic's first, kept): COROLLA_CUDA_GEMM_TUNE=0,
+// COROLLA_CUDA_SYNC (every launch a host round trip), a stream being
+// captured into a graph, lt_extra::tune false, below gemm_tune_min_flops,
+// past gemm_tune_max_problems, a problem with one candidate, a scratch
+// above gemm_tune_max_scratch_bytes or no memory for it.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -41,6 +45,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/allocator.hpp"
@@ -130,11 +135,17 @@ struct lt_call {
 struct timing_events {
   std::vector<cudaEvent_t> events;
   explicit timing_events(std::size_t count) : events(count, nullptr) {
-    for (cudaEvent_t& e : events) COROLLA_CUDA_CHECK(cudaEventCreate(&e));
+    try {
+      for (cudaEvent_t& e : events) COROLLA_CUDA_CHECK(cudaEventCreate(&e));
+    } catch (...) {  // no destructor runs for a constructor that throws
+      release();
+      throw;
+    }
   }
-  ~timing_events() {
-    for (cudaEvent_t e : events)
-      if (e) cudaEventDestroy(e);
+  ~timing_events() { release(); }
+  void release() {
+    for (cudaEvent_t& e : events)
+      if (e) cudaEventDestroy(std::exchange(e, nullptr));
   }
   timing_events(const timing_events&) = delete;
   timing_events& operator=(const timing_events&) = delete;
@@ -316,11 +327,10 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
     bool tune = extra.tune && gemm_tuning_requested() && flops >= gemm_tune_min_flops &&
                 static_cast<int>(lt_choices_.size()) < gemm_tune_max_problems && !sync_after_launch() &&
                 !capturing(stream_);
-    // With a 16-bit output, the fused forms promise one rounding, and
-    // timing must not bring in more than the heuristic's first would have:
-    // no split-K algorithm that reduces its partial sums in (or in place
-    // of) the 16-bit output, before the epilogue adds the residual or
-    // takes the GELU.
+    // With a 16-bit output, one rounding (the fused forms promise it before
+    // the epilogue adds the residual or takes the GELU): no split-K
+    // algorithm that reduces its partial sums in (or in place of) the
+    // output's dtype.
     const auto ask = [&](bool one_rounding, int count, cublasLtMatmulHeuristicResult_t* results, int& found) {
       preference_desc pref;
       COROLLA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d));
@@ -346,10 +356,9 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
     std::array<cublasLtMatmulHeuristicResult_t, gemm_tune_candidates> results{};
     int found = 0;
     const bool sixteen = ct != dtype::f32;
-    cublasStatus_t status = ask(sixteen && (extra.may_decline || tune), tune ? gemm_tune_candidates : 1,
-                                results.data(), found);
-    if (tune && !extra.may_decline && sixteen && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
-      tune = false;  // none with one rounding: the heuristic's first, as untimed
+    cublasStatus_t status = ask(sixteen, tune ? gemm_tune_candidates : 1, results.data(), found);
+    if (!extra.may_decline && sixteen && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
+      tune = false;  // none with one rounding: the heuristic's first of all, untimed
       status = ask(false, 1, results.data(), found);
     }
     if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&

@@ -140,7 +140,12 @@ TEST_CASE("cuda: cuBLASLt algorithms are timed on a problem's first call, reused
       CHECK(after.size() == before);
       continue;
     }
-    REQUIRE(after.size() == before + 1);  // a product this size has several algorithms on any GPU with bf16
+    REQUIRE(after.size() <= before + 1);
+    if (after.size() == before && s.offset != 0) {  // 4-byte aligned c: the heuristic may have one algorithm
+      MESSAGE("one algorithm for a c at +" << s.offset << ": nothing timed");
+      continue;
+    }
+    REQUIRE(after.size() == before + 1);  // 256-byte aligned, this size has several algorithms on any GPU with bf16
     const cuda::gemm_choice& c = after.back();
     CHECK(c.m == s.m);
     CHECK(c.n == s.n);
@@ -184,7 +189,14 @@ TEST_CASE("cuda: training's fused and batched products give the cpu's results wi
     ~restore_tuning() { cuda::set_gemm_tuning(was); }
   } restore;
   cuda::set_gemm_tuning(true);
-  const std::size_t before = cb.gemm_choices().size();
+  // Whether the problem of the call just made was timed (a record added).
+  std::size_t seen = cb.gemm_choices().size();
+  const auto timed_now = [&] {
+    const std::size_t now = cb.gemm_choices().size();
+    const bool added = now > seen;
+    seen = now;
+    return added;
+  };
   constexpr dtype t = dtype::bf16;
   constexpr std::int64_t rows = 1024, in = 1600, out = 1664;
   constexpr double rtol = 2e-2, atol = 5e-2;
@@ -202,8 +214,10 @@ TEST_CASE("cuda: training's fused and batched products give the cpu's results wi
   Tensor dres = up(res, t), dy = gpu().empty({rows, out}, t);
   REQUIRE(gpu().linear_fused(dx, dw, &db, linear_epilogue::add, &dres, dy));
   expect_close(dy, y, rtol, atol, "linear + add");
+  const bool add_timed = timed_now();
   REQUIRE(gpu().linear_fused(dx, dw, &db, linear_epilogue::add, &dres, dres));
   expect_close(dres, y, rtol, atol, "linear + add in place");
+  const bool in_place_timed = timed_now();
 
   // GELU_AUX_BIAS (each timed launch writes the aux matrix), then DGELU
   // reading it.
@@ -214,6 +228,7 @@ TEST_CASE("cuda: training's fused and batched products give the cpu's results wi
   REQUIRE(gpu().linear_gelu(dx, dw, &db, dpre, dact));
   expect_close(dpre, pre, rtol, atol, "linear_gelu pre");
   expect_close(dact, act, rtol, atol, "linear_gelu y");
+  const bool gelu_timed = timed_now();
   const Tensor w2 = rounded(random_tensor({in, out}, r, -0.25f, 0.25f), t);
   const Tensor g = rounded(random_tensor({rows, in}, r, -0.25f, 0.25f), t);
   const Tensor pre_r = rounded(pre, t);
@@ -223,6 +238,7 @@ TEST_CASE("cuda: training's fused and batched products give the cpu's results wi
   Tensor dgrad = gpu().empty({rows, out}, t);
   REQUIRE(gpu().gemm_gelu_backward(up(g, t), up(w2, t), up(pre_r, t), dgrad));
   expect_close(dgrad, want, rtol, atol, "gemm_gelu_backward");
+  const bool dgelu_timed = timed_now();
 
   // Three weight gradients of one x accumulated as one strided batch
   // (beta 1 into evenly spaced gradients: a batched scratch copy), the
@@ -251,13 +267,22 @@ TEST_CASE("cuda: training's fused and batched products give the cpu's results wi
   const std::vector<const Tensor*> wp = {&dws[0], &dws[1], &dws[2]}, dyp = {&ddys[0], &ddys[1], &ddys[2]};
   const std::vector<Tensor*> gwp = {&dgw[0], &dgw[1], &dgw[2]}, gbp = {&dgb[0], &dgb[1], &dgb[2]};
   const int batched = cb.batched_products();
+  const std::size_t before_backward = cb.gemm_choices().size();
   gpu().linear_same_x_backward(dx, wp, dyp, &ddx, gwp, gbp);
   CHECK(cb.batched_products() == batched + 1);
   expect_close(ddx, dx_want, rtol, atol, "dx of three products");
   expect_close(dgrads, grads_want, rtol, atol, "three weight and bias gradients, accumulated");
+  const std::vector<cuda::gemm_choice> all = cb.gemm_choices();
+  bool batch_timed = false;
+  for (std::size_t i = before_backward; i < all.size(); ++i) batch_timed = batch_timed || all[i].batch == 3;
 
-  // Eight problems above, each met first here; a few may have one
-  // algorithm only (nothing to time).
-  if (!cuda::sync_after_launch()) CHECK(cb.gemm_choices().size() >= before + 3);
+  // Six problems above, each met first here (the three dx products share
+  // one). Each may have only one algorithm (nothing to time), so what ran
+  // timed is said; the two scratch copies (the add in place, the batch of
+  // accumulated gradients) both untimed would leave this test checking
+  // nothing of the tuner's own.
+  MESSAGE("timed: add " << add_timed << ", add in place " << in_place_timed << ", GELU_AUX_BIAS " << gelu_timed
+                        << ", DGELU " << dgelu_timed << ", batched weight gradients " << batch_timed);
+  if (!cuda::sync_after_launch()) CHECK((in_place_timed || batch_timed));
 #endif
 }
