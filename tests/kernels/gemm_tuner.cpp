@@ -40,6 +40,12 @@ namespace {
 constexpr double none = std::numeric_limits<double>::quiet_NaN();
 
 int choose(std::vector<double> us) { return cuda::gemm_choose_timed(us, 0.03); }
+
+/// Puts the tuning switch back as it was when the test ends, however it ends.
+struct restore_tuning {
+  bool was = cuda::gemm_tuning_requested();
+  ~restore_tuning() { cuda::set_gemm_tuning(was); }
+};
 }  // namespace
 
 TEST_CASE("the gemm tuner keeps the heuristic's first unless another is clearly faster") {
@@ -102,10 +108,7 @@ TEST_CASE("cuda: cuBLASLt algorithms are timed on a problem's first call, reused
 #ifdef COROLLA_HAVE_CUDA
   const auto& cb = static_cast<const cuda::cuda_backend&>(gpu());
   const bool timing = !cuda::sync_after_launch();  // every launch a round trip: no timing
-  struct restore_tuning {
-    bool was = cuda::gemm_tuning_requested();
-    ~restore_tuning() { cuda::set_gemm_tuning(was); }
-  } restore;
+  const restore_tuning restore;
   cuda::set_gemm_tuning(true);
   rng r(443);
   // Shapes no other test uses (a problem is timed once per process): a
@@ -184,10 +187,7 @@ TEST_CASE("cuda: training's fused and batched products give the cpu's results wi
   // timed), bf16 as mixed precision computes: every call below is a
   // problem's first, so it runs the timed launches before its own.
   const auto& cb = static_cast<const cuda::cuda_backend&>(gpu());
-  struct restore_tuning {
-    bool was = cuda::gemm_tuning_requested();
-    ~restore_tuning() { cuda::set_gemm_tuning(was); }
-  } restore;
+  const restore_tuning restore;
   cuda::set_gemm_tuning(true);
   // Whether the problem of the call just made was timed (a record added).
   std::size_t seen = cb.gemm_choices().size();
