@@ -292,12 +292,14 @@ nlohmann::json report_gemm_tuning(const Backend& be, bool json) {
                         {"chosen", c.chosen},
                         {"first_us", number(c.first_us)},
                         {"chosen_us", number(c.chosen_us)},
-                        {"calls", c.calls}});
+                        {"calls", c.calls},
+                        {"from_file", c.from_file}});
     if (!json)
-      std::printf("GEMM %5lld x %5lld x %5lld%s %-28s %d of %d  %8.1f us (first %8.1f us) x %llu calls\n",
+      std::printf("GEMM %5lld x %5lld x %5lld%s %-28s %d of %d  %8.1f us (first %8.1f us) x %llu calls%s\n",
                   static_cast<long long>(c.m), static_cast<long long>(c.n), static_cast<long long>(c.k),
                   c.batch > 1 ? (" [" + std::to_string(c.batch) + "]").c_str() : "", c.what.c_str(), c.chosen,
-                  c.candidates, c.chosen_us, c.first_us, static_cast<unsigned long long>(c.calls));
+                  c.candidates, c.chosen_us, c.first_us, static_cast<unsigned long long>(c.calls),
+                  c.from_file ? " (from COROLLA_CUDA_GEMM_TUNE_FILE)" : "");
   }
   if (!json)
     std::printf("GEMM algorithms         %d problems timed, %d run another than cuBLASLt's first: %.3fx the "

@@ -3,7 +3,7 @@
 // libcublasLt is some 500 MB of code whose relocations alone cost every
 // process that links it about 0.1 s and 25,000 page faults at start, GPU
 // or not: the price of every `corolla` process (a rank re-planned after a
-// failure, a swarm server, each test). The backend calls 15 of its
+// failure, a swarm server, each test). The backend calls 16 of its
 // functions; they are defined here with cublasLt.h's own signatures and
 // forward to the library, which is dlopen()ed on the first call (by its
 // soname, so LD_LIBRARY_PATH and the binary's run path apply, then at the
@@ -102,4 +102,10 @@ extern "C" const char* cublasLtGetStatusName(cublasStatus_t status) {
 extern "C" const char* cublasLtGetStatusString(cublasStatus_t status) {
   static auto* const f = symbol<decltype(::cublasLtGetStatusString)>("cublasLtGetStatusString");
   return f ? f(status) : "cuBLASLt could not be loaded";
+}
+
+// A version, not a status: 0 without the library.
+extern "C" size_t cublasLtGetVersion(void) {
+  static auto* const f = symbol<decltype(::cublasLtGetVersion)>("cublasLtGetVersion");
+  return f ? f() : 0;
 }

@@ -42,6 +42,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/cuda/gemm_tuner.hpp"
+#include "kernels/cuda/gemm_tuning_file.hpp"
 #include "kernels/cuda/page_tables.hpp"
 #include "kernels/cuda/stream.hpp"
 
@@ -355,6 +356,11 @@ class cuda_backend final : public Backend {
   /// asks once.
   std::set<lt_key> lt_declined_;
   std::vector<gemm_choice> lt_choices_;  ///< see gemm_choices()
+  /// COROLLA_CUDA_GEMM_TUNE_FILE's choices (gemm_tuning_file.hpp), read on
+  /// the first problem timed; null without the variable.
+  gemm_tuning_file* tuning_file();
+  std::unique_ptr<gemm_tuning_file> tuning_file_;
+  bool tuning_file_read_ = false;
 
   /// The shared instance, or with `companion` one for companion().
   cuda_backend(int index, bool companion);

@@ -76,6 +76,9 @@ struct gemm_choice {
   double first_us = 0;     ///< one launch of the heuristic's first (NaN if it refused)
   double chosen_us = 0;    ///< one launch of the chosen (finite: a problem none ran for is not recorded)
   std::uint64_t calls = 0; ///< lt_matmul calls of the problem since (its first included)
+  /// Not timed now: the choice (and both times) read from
+  /// COROLLA_CUDA_GEMM_TUNE_FILE (gemm_tuning_file.hpp).
+  bool from_file = false;
 };
 
 /// A tuner's gain at the calls made: sum over problems of calls x the

@@ -32,7 +32,9 @@
 // COROLLA_CUDA_SYNC (every launch a host round trip), a stream being
 // captured into a graph, lt_extra::tune false, below gemm_tune_min_flops,
 // past gemm_tune_max_problems, a problem with one candidate, a scratch
-// above gemm_tune_max_scratch_bytes or no memory for it.
+// above gemm_tune_max_scratch_bytes or no memory for it. With
+// COROLLA_CUDA_GEMM_TUNE_FILE a problem recorded there runs the recorded
+// candidate, untimed, and one timed now is appended (gemm_tuning_file.hpp).
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -42,6 +44,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -53,6 +57,7 @@
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/gemm_tuner.hpp"
+#include "kernels/cuda/gemm_tuning_file.hpp"
 
 namespace corolla::cuda {
 namespace {
@@ -207,6 +212,20 @@ std::string problem_text(dtype at, dtype bt, dtype ct, bool trans_a, bool trans_
   if (trans_a) s += ", a^T";
   if (trans_b) s += ", b^T";
   return s + lt_epilogue_name(e);
+}
+
+/// A problem's key as text for the results file: lt_key's numbers (its
+/// dims, align and flags), comma separated.
+std::string problem_key(const auto& dims, const auto& align, const auto& flags) {
+  std::string s;
+  const auto put = [&s](auto v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(v);
+  };
+  for (const std::int64_t v : dims) put(v);
+  for (const std::uint32_t v : align) put(v);
+  for (const std::uint8_t v : flags) put(static_cast<int>(v));
+  return s;
 }
 
 /// Whether work queued on `s` now is being captured into a graph.
@@ -379,7 +398,28 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
     }
     lt_algo stored;
     int pick = 0;
-    if (tune && found > 1) {
+    gemm_tuning_file* const file = tune && found > 1 ? tuning_file() : nullptr;
+    const std::string problem = file ? problem_key(key.dims, key.align, key.flags) : std::string();
+    const std::optional<gemm_tuning_entry> known = file ? file->find(problem) : std::nullopt;
+    const auto record = [&](int chosen, double first_us, double chosen_us, bool from_file) {
+      gemm_choice choice;
+      choice.m = m;
+      choice.n = n;
+      choice.k = k;
+      choice.batch = extra.batch;
+      choice.what = problem_text(at, bt, ct, trans_a, trans_b, extra.epilogue);
+      choice.candidates = found;
+      choice.chosen = chosen;
+      choice.first_us = first_us;
+      choice.chosen_us = chosen_us;
+      choice.from_file = from_file;
+      stored.choice = static_cast<int>(lt_choices_.size());
+      lt_choices_.push_back(std::move(choice));
+    };
+    if (known && known->candidates == found) {  // the same heuristic's answer: its recorded pick, untimed
+      pick = known->chosen;
+      record(pick, known->first_us, known->chosen_us, true);
+    } else if (tune && found > 1) {
       // Where d is c and beta is not 0 (or d is the aux matrix DGELU
       // reads) the timed launches write a scratch copy of d, as aligned as
       // d (the algorithms were asked for d's alignment), so the caller's
@@ -411,19 +451,10 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
           throw;
         }
         pick = gemm_choose_timed(us);
-        if (std::isfinite(us[static_cast<std::size_t>(pick)])) {  // else none ran: nothing to record
-          gemm_choice choice;
-          choice.m = m;
-          choice.n = n;
-          choice.k = k;
-          choice.batch = extra.batch;
-          choice.what = problem_text(at, bt, ct, trans_a, trans_b, extra.epilogue);
-          choice.candidates = found;
-          choice.chosen = pick;
-          choice.first_us = us[0];
-          choice.chosen_us = us[static_cast<std::size_t>(pick)];
-          stored.choice = static_cast<int>(lt_choices_.size());
-          lt_choices_.push_back(std::move(choice));
+        const double chosen_us = us[static_cast<std::size_t>(pick)];
+        if (std::isfinite(chosen_us)) {  // else none ran: nothing to record
+          record(pick, us[0], chosen_us, false);
+          if (file) file->add(problem, {pick, found, us[0], chosen_us});
         }
       }
     }
@@ -451,5 +482,15 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
 }
 
 std::vector<gemm_choice> cuda_backend::gemm_choices() const { return lt_choices_; }
+
+gemm_tuning_file* cuda_backend::tuning_file() {
+  if (!tuning_file_read_) {
+    tuning_file_read_ = true;
+    if (const std::string path = gemm_tuning_file_path(); !path.empty())
+      tuning_file_ = std::make_unique<gemm_tuning_file>(
+          path, device_description(index_) + "; cuBLASLt " + std::to_string(cublasLtGetVersion()));
+  }
+  return tuning_file_.get();
+}
 
 }  // namespace corolla::cuda

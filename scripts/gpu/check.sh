@@ -23,7 +23,8 @@
 # (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train) and without
 # the q/k/v products as one batched product (COROLLA_CUDA_BATCHED_LINEAR=0)
 # and without timing cuBLASLt's algorithms (COROLLA_CUDA_GEMM_TUNE=0), its
-# GEMM shapes against cuBLASLt's heuristic's first (`bench gemm`), each fused
+# GEMM shapes against cuBLASLt's heuristic's first (`bench gemm`, twice:
+# the second reads the choices the first wrote, COROLLA_CUDA_GEMM_TUNE_FILE), each fused
 # training op against its two ops (`bench fusions`), AdamW with
 # its bf16 copy against the two ops
 # (`bench update`), Nsight Compute's counters over the decode
@@ -165,7 +166,12 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     # batch 4's rows, the backend (tuned) against cuBLASLt's first.
     step train_no_gemm_tune 90 env COROLLA_CUDA_GEMM_TUNE=0 corolla bench train --preset gpt2-1.5b \
       --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
-    step bench_gemm_gpt2 60 corolla bench gemm --dtype bf16 --shapes gpt2-1.5b --rows 4096
+    step bench_gemm_gpt2 60 env COROLLA_CUDA_GEMM_TUNE_FILE=/tmp/corolla-gpu/gemm-choices.tsv corolla bench gemm \
+      --dtype bf16 --shapes gpt2-1.5b --rows 4096
+    # The same again: every problem's choice read back from the file the run
+    # above wrote (from_file in its JSON), none timed.
+    step bench_gemm_gpt2_file 60 env COROLLA_CUDA_GEMM_TUNE_FILE=/tmp/corolla-gpu/gemm-choices.tsv corolla bench \
+      gemm --dtype bf16 --shapes gpt2-1.5b --rows 4096
     # Each fused training op against its two ops, same run (GPT-2-1.5B's block shapes).
     step bench_fusions 30 corolla bench fusions --dtype bf16
     # AdamW writing the bf16 compute copy against AdamW, then the copy (a GPT-2-1.5B block).
@@ -193,7 +199,7 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     -tc="cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*"; d=$?
     test_kernels -tc="$1"; t=$?; echo "gemm tuner tests: exit $t"; exit $((d | t))' _ "$tuner_tests"
   # The cuBLASLt algorithm tuner (kernels/cuda/gemm_tuner.hpp) is new to
-  # the GPU: unless both its tests ran and passed, everything after runs
+  # the GPU: unless its three tests ran and passed, everything after runs
   # with the heuristic's first algorithm, as before it.
   if ! python3 - "$out/cuda_decode_launch.log" <<'PY'
 import re, sys
@@ -202,7 +208,7 @@ text = open(sys.argv[1], errors="replace").read()
 exit_line = re.search(r"^gemm tuner tests: exit (\d+)$", text, flags=re.M)
 summaries = re.findall(r"test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed",
                        text[: exit_line.start()] if exit_line else "")
-ok = exit_line and exit_line.group(1) == "0" and summaries and summaries[-1] == ("2", "2", "0")
+ok = exit_line and exit_line.group(1) == "0" and summaries and summaries[-1] == ("3", "3", "0")
 sys.exit(0 if ok else 1)
 PY
   then

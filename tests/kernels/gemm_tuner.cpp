@@ -14,8 +14,11 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +27,7 @@
 #include "tests/kernels/cuda_ops_util.hpp"
 #include "tests/kernels/gpu_tensors.hpp"
 #include "tests/support/gpu.hpp"
+#include "tests/support/tiny_model.hpp"
 
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
@@ -284,5 +288,52 @@ TEST_CASE("cuda: training's fused and batched products give the cpu's results wi
   MESSAGE("timed: add " << add_timed << ", add in place " << in_place_timed << ", GELU_AUX_BIAS " << gelu_timed
                         << ", DGELU " << dgelu_timed << ", batched weight gradients " << batch_timed);
   if (!cuda::sync_after_launch()) CHECK((in_place_timed || batch_timed));
+#endif
+}
+
+TEST_CASE("cuda: cuBLASLt algorithms timed by one backend are read back by the next from COROLLA_CUDA_GEMM_TUNE_FILE") {
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  if (cuda::sync_after_launch()) {
+    MESSAGE("COROLLA_CUDA_SYNC: nothing is timed, nothing written");
+    return;
+  }
+  const restore_tuning restore;
+  cuda::set_gemm_tuning(true);
+  corolla::testing::temp_dir_guard dir("gemm-tuning-gpu");
+  const std::string path = (dir / "choices.tsv").string();
+  // Companions read the variable on their first timed problem (the shared
+  // instance has long read it): one writes, the next reads.
+  struct unset_file {
+    ~unset_file() { unsetenv("COROLLA_CUDA_GEMM_TUNE_FILE"); }
+  } unset;
+  setenv("COROLLA_CUDA_GEMM_TUNE_FILE", path.c_str(), 1);
+  rng r(457);
+  const Tensor a = rounded(random_tensor({1024, 1600}, r), dtype::bf16);
+  const Tensor b = rounded(random_tensor({1728, 1600}, r), dtype::bf16);
+  const Tensor da = up(a, dtype::bf16), db = up(b, dtype::bf16);
+  gpu().synchronize();  // a companion's stream does not wait for the shared instance's copies
+  const auto run = [&](Backend& be, Tensor& y) {
+    be.gemm(da, false, db, true, y);
+    be.synchronize();
+    return static_cast<const cuda::cuda_backend&>(be).gemm_choices();
+  };
+  std::unique_ptr<Backend> first = gpu().companion(), second = gpu().companion();
+  Tensor y1 = first->empty({1024, 1728}, dtype::f32), y2 = second->empty({1024, 1728}, dtype::f32);
+  const std::vector<cuda::gemm_choice> timed = run(*first, y1);
+  if (timed.empty()) {
+    MESSAGE("the heuristic named one algorithm: nothing timed, nothing written");
+    CHECK_FALSE(std::filesystem::exists(path));
+    return;
+  }
+  REQUIRE(timed.size() == 1);
+  CHECK_FALSE(timed[0].from_file);
+  const std::vector<cuda::gemm_choice> read = run(*second, y2);
+  REQUIRE(read.size() == 1);
+  CHECK(read[0].from_file);
+  CHECK(read[0].chosen == timed[0].chosen);
+  CHECK(read[0].candidates == timed[0].candidates);
+  CHECK(read[0].chosen_us == timed[0].chosen_us);
+  CHECK(to_double(y1) == to_double(y2));  // the same algorithm: the same bits
 #endif
 }

@@ -1,0 +1,105 @@
+// kernels/cuda/gemm_tuning_file.cpp — the GEMM tuner's results file
+// (gemm_tuning_file.hpp).
+#include "kernels/cuda/gemm_tuning_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace corolla::cuda {
+namespace {
+
+std::vector<std::string> split_tabs(const std::string& line) {
+  std::vector<std::string> fields;
+  std::size_t from = 0;
+  for (;;) {
+    const std::size_t tab = line.find('\t', from);
+    fields.push_back(line.substr(from, tab == std::string::npos ? std::string::npos : tab - from));
+    if (tab == std::string::npos) return fields;
+    from = tab + 1;
+  }
+}
+
+/// `text` as a whole number or a number (NaN for "nan"); nullopt otherwise.
+std::optional<long> whole(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0) return std::nullopt;
+  return v;
+}
+std::optional<double> number(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0') return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+std::string gemm_tuning_file_path() {
+  const char* v = std::getenv("COROLLA_CUDA_GEMM_TUNE_FILE");
+  return v ? v : "";
+}
+
+gemm_tuning_file::gemm_tuning_file(std::string path, std::string platform)
+    : path_(std::move(path)), platform_(std::move(platform)) {
+  if (platform_.find_first_of("\t\n") != std::string::npos)
+    throw std::invalid_argument("gemm tuning file: a platform name with a tab or newline");
+  std::ifstream in(path_);
+  if (!in) {
+    if (errno == ENOENT) return;  // nothing recorded yet
+    throw std::runtime_error("gemm tuning file " + path_ + ": cannot read it: " + std::strerror(errno));
+  }
+  std::string line;
+  for (int number_of_line = 1; std::getline(in, line); ++number_of_line) {
+    if (line.empty()) continue;
+    const std::vector<std::string> f = split_tabs(line);
+    const auto chosen = f.size() == 6 ? whole(f[2]) : std::nullopt;
+    const auto candidates = f.size() == 6 ? whole(f[3]) : std::nullopt;
+    const auto first = f.size() == 6 ? number(f[4]) : std::nullopt;
+    const auto best = f.size() == 6 ? number(f[5]) : std::nullopt;
+    if (!chosen || !candidates || !first || !best || *chosen < 0 || *candidates <= *chosen || f[1].empty())
+      throw std::runtime_error("gemm tuning file " + path_ + ":" + std::to_string(number_of_line) +
+                               ": expected 'platform<TAB>problem<TAB>chosen<TAB>candidates<TAB>first_us<TAB>"
+                               "chosen_us' with 0 <= chosen < candidates");
+    if (f[0] != platform_) continue;  // another device or library: its choices are not ours
+    entries_[f[1]] = {static_cast<int>(*chosen), static_cast<int>(*candidates), *first, *best};
+  }
+  if (in.bad()) throw std::runtime_error("gemm tuning file " + path_ + ": read failed");
+}
+
+std::optional<gemm_tuning_entry> gemm_tuning_file::find(const std::string& problem) const {
+  if (auto it = entries_.find(problem); it != entries_.end()) return it->second;
+  return std::nullopt;
+}
+
+void gemm_tuning_file::add(const std::string& problem, const gemm_tuning_entry& e) {
+  if (problem.empty() || problem.find_first_of("\t\n") != std::string::npos)
+    throw std::invalid_argument("gemm tuning file: a problem key that is empty or has a tab or newline");
+  std::ostringstream line;
+  line.precision(17);
+  line << platform_ << '\t' << problem << '\t' << e.chosen << '\t' << e.candidates << '\t' << e.first_us << '\t'
+       << e.chosen_us << '\n';
+  const std::string text = line.str();
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("gemm tuning file " + path_ + ": cannot open it: " + std::strerror(errno));
+  const ssize_t wrote = ::write(fd, text.data(), text.size());
+  const int err = errno;
+  ::close(fd);
+  if (wrote != static_cast<ssize_t>(text.size()))
+    throw std::runtime_error("gemm tuning file " + path_ + ": cannot append to it: " +
+                             std::strerror(wrote < 0 ? err : EIO));
+  entries_[problem] = e;
+}
+
+}  // namespace corolla::cuda

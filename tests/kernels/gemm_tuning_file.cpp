@@ -1,0 +1,107 @@
+// tests/kernels/gemm_tuning_file.cpp — the GEMM tuner's results file
+// (kernels/cuda/gemm_tuning_file.hpp): what one process appends another
+// reads back, per platform; a later line of a problem overrides; lines of
+// other platforms are kept and ignored; malformed lines are errors naming
+// the file and line. CUDA-free: runs without a GPU (it needs the CUDA build
+// only because the file lives in the CUDA backend).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/support/tiny_model.hpp"
+
+#ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/gemm_tuning_file.hpp"
+
+using corolla::cuda::gemm_tuning_entry;
+using corolla::cuda::gemm_tuning_file;
+
+namespace {
+
+constexpr const char* h200 = "NVIDIA H200, 139 GiB, sm_90; cuBLASLt 130100";
+constexpr const char* h100 = "NVIDIA H100 80GB HBM3, 79 GiB, sm_90; cuBLASLt 130100";
+
+std::string read_all(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string error_of(const auto& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("the gemm tuning file: what one process appends the next reads back, per platform") {
+  corolla::testing::temp_dir_guard dir("gemm-tuning");
+  const std::string path = (dir / "choices.tsv").string();
+  {
+    gemm_tuning_file f(path, h200);  // no file yet: nothing known
+    CHECK(f.size() == 0);
+    CHECK_FALSE(f.find("1,2,3").has_value());
+    f.add("1,2,3", {2, 8, 40.5, 35.25});
+    f.add("4,5,6", {0, 5, std::nan(""), 12.0});
+    CHECK(f.find("1,2,3")->chosen == 2);
+  }
+  gemm_tuning_file other(path, h100);  // another device: nothing of the H200's
+  CHECK(other.size() == 0);
+  other.add("1,2,3", {1, 8, 50.0, 45.0});
+
+  gemm_tuning_file again(path, h200);
+  CHECK(again.size() == 2);
+  const auto e = again.find("1,2,3");
+  REQUIRE(e.has_value());
+  CHECK(e->chosen == 2);
+  CHECK(e->candidates == 8);
+  CHECK(e->first_us == 40.5);
+  CHECK(e->chosen_us == 35.25);
+  CHECK(std::isnan(again.find("4,5,6")->first_us));  // the first refused: kept as nan
+  CHECK(gemm_tuning_file(path, h100).find("1,2,3")->chosen == 1);
+
+  // A later line of a problem overrides an earlier one; nothing is rewritten.
+  again.add("1,2,3", {3, 8, 40.0, 30.0});
+  CHECK(gemm_tuning_file(path, h200).find("1,2,3")->chosen == 3);
+  const std::string text = read_all(path);
+  CHECK(std::count(text.begin(), text.end(), '\n') == 4);
+  CHECK(text.find(std::string(h100) + "\t1,2,3\t1\t8\t") != std::string::npos);
+}
+
+TEST_CASE("the gemm tuning file refuses malformed lines, naming the file and line, and bad keys") {
+  corolla::testing::temp_dir_guard dir("gemm-tuning-bad");
+  const std::string path = (dir / "choices.tsv").string();
+  const auto with_lines = [&](const std::string& text) {
+    std::ofstream(path, std::ios::trunc) << text;
+    return error_of([&] { gemm_tuning_file f(path, h200); });
+  };
+  const std::string good = std::string(h200) + "\t1,2\t1\t4\t10\t9\n";
+  CHECK(with_lines(good + "\n" + good).empty());  // blank lines are skipped
+  const std::string expect = "gemm tuning file " + path + ":2: expected 'platform<TAB>problem<TAB>chosen";
+  CHECK(with_lines(good + std::string(h200) + "\t1,2\t1\t4\t10\n").find(expect) == 0);        // five fields
+  CHECK(with_lines(good + std::string(h200) + "\t1,2\tone\t4\t10\t9\n").find(expect) == 0);   // not a number
+  CHECK(with_lines(good + std::string(h200) + "\t1,2\t4\t4\t10\t9\n").find(expect) == 0);     // chosen past the answer
+  CHECK(with_lines(good + std::string(h200) + "\t1,2\t-1\t4\t10\t9\n").find(expect) == 0);    // negative
+  CHECK(with_lines(good + std::string(h200) + "\t\t1\t4\t10\t9\n").find(expect) == 0);        // no problem key
+  CHECK(with_lines(good + std::string(h200) + "\t1,2\t1\t4\t10\t9x\n").find(expect) == 0);    // trailing text
+
+  std::ofstream(path, std::ios::trunc) << good;
+  gemm_tuning_file f(path, h200);
+  CHECK(error_of([&] { f.add("a\tb", {0, 2, 1, 1}); }).find("tab or newline") != std::string::npos);
+  CHECK(error_of([&] { f.add("", {0, 2, 1, 1}); }).find("empty") != std::string::npos);
+  gemm_tuning_file unwritable((dir / "no-such-dir" / "choices.tsv").string(), h200);  // nothing to read: empty
+  CHECK(unwritable.size() == 0);
+  CHECK(error_of([&] { unwritable.add("1,2", {0, 2, 1, 1}); }).find("cannot open it") != std::string::npos);
+}
+
+#endif  // COROLLA_HAVE_CUDA
