@@ -18,6 +18,9 @@
 namespace corolla::cuda {
 namespace {
 
+/// More candidates than the tuner ever asks for: not a line it wrote.
+constexpr long max_candidates = 64;
+
 std::vector<std::string> split_tabs(const std::string& line) {
   std::vector<std::string> fields;
   std::size_t from = 0;
@@ -68,10 +71,12 @@ gemm_tuning_file::gemm_tuning_file(std::string path, std::string platform)
     const auto candidates = f.size() == 6 ? whole(f[3]) : std::nullopt;
     const auto first = f.size() == 6 ? number(f[4]) : std::nullopt;
     const auto best = f.size() == 6 ? number(f[5]) : std::nullopt;
-    if (!chosen || !candidates || !first || !best || *chosen < 0 || *candidates <= *chosen || f[1].empty())
+    if (!chosen || !candidates || !first || !best || *chosen < 0 || *candidates <= *chosen ||
+        *candidates > max_candidates || !std::isfinite(*best) || f[1].empty())
       throw std::runtime_error("gemm tuning file " + path_ + ":" + std::to_string(number_of_line) +
                                ": expected 'platform<TAB>problem<TAB>chosen<TAB>candidates<TAB>first_us<TAB>"
-                               "chosen_us' with 0 <= chosen < candidates");
+                               "chosen_us' with 0 <= chosen < candidates <= " + std::to_string(max_candidates) +
+                               " and a finite chosen_us");
     if (f[0] != platform_) continue;  // another device or library: its choices are not ours
     entries_[f[1]] = {static_cast<int>(*chosen), static_cast<int>(*candidates), *first, *best};
   }

@@ -39,8 +39,10 @@ struct gemm_tuning_entry {
 class gemm_tuning_file {
  public:
   /// Reads `path` (a missing file is empty), keeping the lines of
-  /// `platform`. A malformed line throws std::runtime_error naming
-  /// path:line; so does a file that cannot be read.
+  /// `platform`. A malformed line (or candidates above 64, or a chosen_us
+  /// that is not finite) throws std::runtime_error naming path:line; so
+  /// does a file that cannot be read. lt_matmul then warns and goes on
+  /// without the file, as it does when a line cannot be appended.
   gemm_tuning_file(std::string path, std::string platform);
 
   /// What was recorded for `problem` on this platform, if anything.

@@ -52,6 +52,8 @@
 #include <utility>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "kernels/cuda/allocator.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
@@ -416,7 +418,7 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
       stored.choice = static_cast<int>(lt_choices_.size());
       lt_choices_.push_back(std::move(choice));
     };
-    if (known && known->candidates == found) {  // the same heuristic's answer: its recorded pick, untimed
+    if (known && known->candidates == found && known->chosen < found) {  // the same answer: its pick, untimed
       pick = known->chosen;
       record(pick, known->first_us, known->chosen_us, true);
     } else if (tune && found > 1) {
@@ -454,7 +456,14 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
         const double chosen_us = us[static_cast<std::size_t>(pick)];
         if (std::isfinite(chosen_us)) {  // else none ran: nothing to record
           record(pick, us[0], chosen_us, false);
-          if (file) file->add(problem, {pick, found, us[0], chosen_us});
+          if (file) {
+            try {  // the file is a cache: the product runs whether or not it can be written
+              file->add(problem, {pick, found, us[0], chosen_us});
+            } catch (const std::exception& e) {
+              spdlog::warn("{}; this process's choices are no longer written there", e.what());
+              tuning_file_.reset();  // read_ stays true: no file from now on
+            }
+          }
         }
       }
     }
@@ -486,9 +495,14 @@ std::vector<gemm_choice> cuda_backend::gemm_choices() const { return lt_choices_
 gemm_tuning_file* cuda_backend::tuning_file() {
   if (!tuning_file_read_) {
     tuning_file_read_ = true;
-    if (const std::string path = gemm_tuning_file_path(); !path.empty())
-      tuning_file_ = std::make_unique<gemm_tuning_file>(
-          path, device_description(index_) + "; cuBLASLt " + std::to_string(cublasLtGetVersion()));
+    if (const std::string path = gemm_tuning_file_path(); !path.empty()) {
+      try {  // a cache: without it, problems are timed as without the variable
+        tuning_file_ = std::make_unique<gemm_tuning_file>(
+            path, device_description(index_) + "; cuBLASLt " + std::to_string(cublasLtGetVersion()));
+      } catch (const std::exception& e) {
+        spdlog::warn("{}; COROLLA_CUDA_GEMM_TUNE_FILE is not used by this process", e.what());
+      }
+    }
   }
   return tuning_file_.get();
 }

@@ -166,6 +166,7 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     # batch 4's rows, the backend (tuned) against cuBLASLt's first.
     step train_no_gemm_tune 90 env COROLLA_CUDA_GEMM_TUNE=0 corolla bench train --preset gpt2-1.5b \
       --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
+    rm -f /tmp/corolla-gpu/gemm-choices.tsv  # timed afresh, then read back
     step bench_gemm_gpt2 60 env COROLLA_CUDA_GEMM_TUNE_FILE=/tmp/corolla-gpu/gemm-choices.tsv corolla bench gemm \
       --dtype bf16 --shapes gpt2-1.5b --rows 4096
     # The same again: every problem's choice read back from the file the run

@@ -304,9 +304,17 @@ TEST_CASE("cuda: cuBLASLt algorithms timed by one backend are read back by the n
   const std::string path = (dir / "choices.tsv").string();
   // Companions read the variable on their first timed problem (the shared
   // instance has long read it): one writes, the next reads.
-  struct unset_file {
-    ~unset_file() { unsetenv("COROLLA_CUDA_GEMM_TUNE_FILE"); }
-  } unset;
+  struct restore_file {
+    const char* v = std::getenv("COROLLA_CUDA_GEMM_TUNE_FILE");
+    std::string was = v ? v : "";
+    bool set = v != nullptr;
+    ~restore_file() {
+      if (set)
+        setenv("COROLLA_CUDA_GEMM_TUNE_FILE", was.c_str(), 1);
+      else
+        unsetenv("COROLLA_CUDA_GEMM_TUNE_FILE");
+    }
+  } restore_file_variable;
   setenv("COROLLA_CUDA_GEMM_TUNE_FILE", path.c_str(), 1);
   rng r(457);
   const Tensor a = rounded(random_tensor({1024, 1600}, r), dtype::bf16);

@@ -94,6 +94,8 @@ TEST_CASE("the gemm tuning file refuses malformed lines, naming the file and lin
   CHECK(with_lines(good + std::string(h200) + "\t1,2\t-1\t4\t10\t9\n").find(expect) == 0);    // negative
   CHECK(with_lines(good + std::string(h200) + "\t\t1\t4\t10\t9\n").find(expect) == 0);        // no problem key
   CHECK(with_lines(good + std::string(h200) + "\t1,2\t1\t4\t10\t9x\n").find(expect) == 0);    // trailing text
+  CHECK(with_lines(good + std::string(h200) + "\t1,2\t9\t4294967304\t10\t9\n").find(expect) == 0);  // > 64
+  CHECK(with_lines(good + std::string(h200) + "\t1,2\t1\t4\t10\tnan\n").find(expect) == 0);   // no time
 
   std::ofstream(path, std::ios::trunc) << good;
   gemm_tuning_file f(path, h200);
