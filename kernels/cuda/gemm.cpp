@@ -12,12 +12,10 @@
 // linear with f32 x and a bf16 weight (inference: half the bytes per token)
 // is no cuBLASLt product (its operands share a dtype) but the GEMV-style
 // kernel of linear_bf16.cu, bias fused; linear_backward refuses it.
-#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
