@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/allocator.hpp"
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/column_sums.hpp"
 #include "kernels/cuda/convert.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/linear_bf16.hpp"
@@ -293,6 +294,11 @@ void* cuda_backend::scratch(int slot, std::size_t bytes) {
     t = Tensor::empty({static_cast<std::int64_t>(want)}, dtype::i8, dev());
   }
   return t.raw();
+}
+
+float* cuda_backend::column_partials(std::int64_t rows, std::int64_t cols, int sums) {
+  const std::size_t bytes = column_partials_bytes(rows, cols, sums);
+  return bytes ? static_cast<float*>(scratch(slot_reduce, bytes)) : nullptr;
 }
 
 cuda_backend::index_view cuda_backend::indices(const Tensor& t, std::int64_t n, int slot,

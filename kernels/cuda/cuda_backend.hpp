@@ -309,6 +309,9 @@ class cuda_backend final : public Backend {
   /// At least `bytes` of device scratch in `slot` (grow-only; contents
   /// garbage). Slots used by one op at the same time must differ.
   void* scratch(int slot, std::size_t bytes);
+  /// The column sums' partials for `sums` sums of `cols` columns over
+  /// `rows` rows (column_sums.hpp): slot_reduce, or null for one chunk.
+  float* column_partials(std::int64_t rows, std::int64_t cols, int sums);
   /// Copies `bytes` of host memory at `src` to device memory `dst` in stream
   /// order without waiting for the stream. Small copies (index vectors,
   /// page tables) go through a pinned staging ring: a copy from pageable

@@ -116,7 +116,7 @@ void cuda_backend::rmsnorm_backward_into(const Tensor& x, const Tensor& w, const
   if (dres) require_residual_grad(*dres, dx, dev(), "rmsnorm_backward_add dres");
   device_guard guard(index_);
   cuda::rmsnorm_backward(stream_, t, x.raw(), cf(w), cf(rstd), dy.raw(), dx.raw(), f(dw), n, d,
-                         dres ? dres->raw() : nullptr);
+                         column_partials(n, d, 1), dres ? dres->raw() : nullptr);
 }
 
 void cuda_backend::layernorm(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
@@ -162,7 +162,7 @@ void cuda_backend::layernorm_backward_into(const Tensor& x, const Tensor& w, con
   if (dres) require_residual_grad(*dres, dx, dev(), "layernorm_backward_add dres");
   device_guard guard(index_);
   cuda::layernorm_backward(stream_, t, x.raw(), cf(w), cf(mean), cf(rstd), dy.raw(), dx.raw(), f(dw),
-                           f(db), n, d, dres ? dres->raw() : nullptr);
+                           f(db), n, d, column_partials(n, d, 2), dres ? dres->raw() : nullptr);
 }
 
 // ---- rope ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // kernels/cuda/device_math.cuh — device-side helpers shared by the .cu files:
 // element loads/stores for f32/bf16/f16 storage (device_elem.cuh; math is
-// always f32), warp, block and column reductions (device_reduce.cuh), the
+// always f32), warp and block reductions (device_reduce.cuh), the
 // launch geometry of grid-stride loops, and allow_smem.
 // Included only by .cu files (nvcc, C++17).
 #pragma once

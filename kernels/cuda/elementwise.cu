@@ -109,15 +109,14 @@ void broadcast_rows(stream_t s, const void* bias, elem bias_t, void* out, elem o
 }
 
 void column_sum_accumulate(stream_t s, const void* x, elem x_t, std::int64_t rows,
-                           std::int64_t cols, void* acc, elem acc_t) {
+                           std::int64_t cols, void* acc, elem acc_t, float* partials) {
   if (rows <= 0 || cols <= 0) return;
   dispatch_elem(x_t, [&](auto xtag) {
     using X = decltype(xtag);
     dispatch_elem(acc_t, [&](auto atag) {
       using A = decltype(atag);
-      column_sum_kernel<X, A><<<column_tiles(cols), dim3(column_tile, column_tile), 0, s>>>(
-          static_cast<const X*>(x), rows, cols, static_cast<A*>(acc));
-      COROLLA_CUDA_LAUNCH_CHECK("column_sum_kernel");
+      launch_column_sums(s, "column_sum_kernel", &column_sum_kernel<X, A>, rows, cols,
+                         column_out<1, A>{{static_cast<A*>(acc)}, partials}, static_cast<const X*>(x), rows, cols);
     });
   });
 }

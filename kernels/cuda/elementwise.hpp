@@ -35,8 +35,11 @@ void sum_squares(stream_t s, elem t, const void* x, std::int64_t n, double* part
 /// out[r, c] = bias[c] for rows x cols (the bias broadcast of linear).
 void broadcast_rows(stream_t s, const void* bias, elem bias_t, void* out, elem out_t,
                     std::int64_t rows, std::int64_t cols);
-/// acc[c] += sum over r of x[r, c] (db of linear), rows summed in order.
+/// acc[c] += sum over r of x[r, c] (db of linear), deterministic
+/// (column_sums.hpp: chunks of rows, their partial sums added in order).
+/// `partials`: column_partials_bytes(rows, cols, 1) of scratch (may be null
+/// where that is 0).
 void column_sum_accumulate(stream_t s, const void* x, elem x_t, std::int64_t rows,
-                           std::int64_t cols, void* acc, elem acc_t);
+                           std::int64_t cols, void* acc, elem acc_t, float* partials);
 
 }  // namespace corolla::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
 #include "kernels/cuda/grid_dependency.cuh"
@@ -103,14 +104,14 @@ __global__ void broadcast_rows_kernel(const B* bias, O* out, std::int64_t rows,
   COROLLA_GRID_STRIDE(i, rows * cols) store_f32(out, i, load_f32(bias, i % cols));
 }
 
-/// acc += the column sums of x (column_sums: 32 x 32 threads per 32 columns).
+/// acc += the column sums of x (column_sums.cuh: 32 x 32 threads per 32
+/// columns of one chunk of rows).
 template <class X, class A>
-__global__ void column_sum_kernel(const X* x, std::int64_t rows, std::int64_t cols, A* acc) {
+__global__ void column_sum_kernel(const X* x, std::int64_t rows, std::int64_t cols, std::int64_t chunk_rows,
+                                  column_out<1, A> out) {
   float total[1];
   auto value = [x, cols](std::int64_t r, std::int64_t c, float* s) { s[0] += load_f32(x, r * cols + c); };
-  if (!column_sums<1>(rows, cols, value, total)) return;
-  const std::int64_t c = std::int64_t{blockIdx.x} * column_tile + threadIdx.x;
-  store_f32(acc, c, load_f32(acc, c) + total[0]);
+  if (column_sums<1>(rows, cols, chunk_rows, value, total)) column_sums_store(out, cols, total);
 }
 
 }  // namespace

@@ -286,7 +286,7 @@ void cuda_backend::linear_backward(const Tensor& x, const Tensor& w, const Tenso
               1.0f, dw.raw(), dw.type(), in);
   if (db && rows > 0 && out > 0)
     column_sum_accumulate(stream_, dy.raw(), elem_of(dy.type(), "linear_backward dy"), rows, out, db->raw(),
-                          elem_of(db->type(), "linear_backward db"));
+                          elem_of(db->type(), "linear_backward db"), column_partials(rows, out, 1));
 }
 
 }  // namespace corolla::cuda

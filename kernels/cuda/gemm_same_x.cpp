@@ -119,7 +119,8 @@ void cuda_backend::linear_same_x_backward(const Tensor& x, std::span<const Tenso
     if (dx) gemm(*dys[i], false, *ws[i], false, *dx, 1.0f, i == 0 ? 0.0f : 1.0f);  // dx (+)= dy_i @ w_i
     if (!dbs.empty() && dbs[i])
       column_sum_accumulate(stream_, dys[i]->raw(), elem_of(dys[i]->type(), "linear_same_x_backward dy"), rows, out,
-                            dbs[i]->raw(), elem_of(dbs[i]->type(), "linear_same_x_backward db"));
+                            dbs[i]->raw(), elem_of(dbs[i]->type(), "linear_same_x_backward db"),
+                            column_partials(rows, out, 1));
   }
 }
 

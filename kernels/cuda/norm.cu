@@ -1,7 +1,7 @@
 // kernels/cuda/norm.cu — RMSNorm (Llama) and LayerNorm (GPT-2), forward and
 // backward. One block per row for the forward and for dx; the parameter
-// gradients are column sums over the rows (device_reduce.cuh's
-// column_sums: no atomics, deterministic). Formulas as in
+// gradients are column sums over the rows (column_sums.cuh: chunks of rows,
+// no atomics, deterministic). Formulas as in
 // kernels/cpu/cpu_norm.cpp. The kernels are in norm_kernels.cuh.
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
@@ -42,7 +42,7 @@ void add_rmsnorm(stream_t s, elem t, const void* a, const void* b, void* sum, co
 }
 
 void rmsnorm_backward(stream_t s, elem t, const void* x, const float* w, const float* rstd, const void* dy,
-                      void* dx, float* dw, std::int64_t n, std::int64_t d, const void* dres) {
+                      void* dx, float* dw, std::int64_t n, std::int64_t d, float* partials, const void* dres) {
   if (n <= 0 || d <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
@@ -51,8 +51,8 @@ void rmsnorm_backward(stream_t s, elem t, const void* x, const float* w, const f
     rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), row_threads, 0, s>>>(
         xt, w, rstd, dyt, static_cast<T*>(dx), d, static_cast<const T*>(dres));
     COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dx_kernel");
-    rmsnorm_backward_dw_kernel<T><<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(xt, rstd, dyt, dw, n, d);
-    COROLLA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dw_kernel");
+    launch_column_sums(s, "rmsnorm_backward_dw_kernel", &rmsnorm_backward_dw_kernel<T>, n, d,
+                       column_out<1, float>{{dw}, partials}, xt, rstd, dyt, n, d);
   });
 }
 
@@ -69,7 +69,7 @@ void layernorm_forward(stream_t s, elem t, const void* x, const float* w, const 
 
 void layernorm_backward(stream_t s, elem t, const void* x, const float* w, const float* mean, const float* rstd,
                         const void* dy, void* dx, float* dw, float* db, std::int64_t n, std::int64_t d,
-                        const void* dres) {
+                        float* partials, const void* dres) {
   if (n <= 0 || d <= 0) return;
   dispatch_elem(t, [&](auto tag) {
     using T = decltype(tag);
@@ -78,9 +78,8 @@ void layernorm_backward(stream_t s, elem t, const void* x, const float* w, const
     layernorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), row_threads, 0, s>>>(
         xt, w, mean, rstd, dyt, static_cast<T*>(dx), d, static_cast<const T*>(dres));
     COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dx_kernel");
-    layernorm_backward_dwdb_kernel<T><<<column_tiles(d), dim3(column_tile, column_tile), 0, s>>>(
-        xt, mean, rstd, dyt, dw, db, n, d);
-    COROLLA_CUDA_LAUNCH_CHECK("layernorm_backward_dwdb_kernel");
+    launch_column_sums(s, "layernorm_backward_dwdb_kernel", &layernorm_backward_dwdb_kernel<T>, n, d,
+                       column_out<2, float>{{dw, db}, partials}, xt, mean, rstd, dyt, n, d);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/device_elem.cuh"
 #include "kernels/cuda/device_reduce.cuh"
 #include "kernels/cuda/grid_dependency.cuh"
@@ -89,13 +90,13 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const float* w, const flo
 
 // dw_j += sum_rows dy_j x_j r
 template <class T>
-__global__ void rmsnorm_backward_dw_kernel(const T* x, const float* rstd, const T* dy, float* dw, std::int64_t n,
-                                           std::int64_t d) {
+__global__ void rmsnorm_backward_dw_kernel(const T* x, const float* rstd, const T* dy, std::int64_t n, std::int64_t d,
+                                           std::int64_t chunk_rows, column_out<1, float> out) {
   float total[1];
   auto value = [=](std::int64_t r, std::int64_t c, float* s) {
     s[0] += load_f32(dy, r * d + c) * load_f32(x, r * d + c) * rstd[r];
   };
-  if (column_sums<1>(n, d, value, total)) dw[std::int64_t{blockIdx.x} * column_tile + threadIdx.x] += total[0];
+  if (column_sums<1>(n, d, chunk_rows, value, total)) column_sums_store(out, d, total);
 }
 
 template <class T>
@@ -154,20 +155,18 @@ __global__ void layernorm_backward_dx_kernel(const T* x, const float* w, const f
   }
 }
 
-// dw += dy * xhat, db += dy, summed over rows
+// dw += dy * xhat, db += dy, summed over rows (out.acc: dw, db)
 template <class T>
 __global__ void layernorm_backward_dwdb_kernel(const T* x, const float* mean, const float* rstd, const T* dy,
-                                               float* dw, float* db, std::int64_t n, std::int64_t d) {
+                                               std::int64_t n, std::int64_t d, std::int64_t chunk_rows,
+                                               column_out<2, float> out) {
   float total[2];
   auto value = [=](std::int64_t r, std::int64_t c, float* s) {
     const float g = load_f32(dy, r * d + c);
     s[0] += g * (load_f32(x, r * d + c) - mean[r]) * rstd[r];
     s[1] += g;
   };
-  if (!column_sums<2>(n, d, value, total)) return;
-  const std::int64_t c = std::int64_t{blockIdx.x} * column_tile + threadIdx.x;
-  dw[c] += total[0];
-  db[c] += total[1];
+  if (column_sums<2>(n, d, chunk_rows, value, total)) column_sums_store(out, d, total);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/embedding_kernels.cuh"
 #include "kernels/cuda/quant_kernels.cuh"
+#include "tests/cuda_emulated/emulated_column_sums.hpp"
 
 using namespace corolla;
 using emulated_test::as;
@@ -118,14 +119,23 @@ TEST_CASE("emulated activation, add, scale, reduction and bias kernels match the
   Tensor out = Tensor::empty({rows, cols});
   emulated::launch(&cuda::broadcast_rows_kernel<float, float>, strided, f(bias), f(out), rows, cols);
   for (std::int64_t i = 0; i < rows; ++i) CHECK(kernel_test::same_values(out.slice(i, i + 1).view({cols}), bias));
-  Tensor acc = kernel_test::filled({cols}, 0.5f);
-  emulated::launch(&cuda::column_sum_kernel<float, float>,
-                   {cuda::column_tiles(cols), 1, cuda::column_tile, 0, cuda::column_tile}, f(dy), rows, cols, f(acc));
   std::vector<double> sums(static_cast<std::size_t>(cols), 0.5);
   const std::vector<float> g = dy.to_vector();
   for (std::int64_t i = 0; i < rows; ++i)
     for (std::int64_t j = 0; j < cols; ++j) sums[static_cast<std::size_t>(j)] += g[static_cast<std::size_t>(i * cols + j)];
-  check_close(acc, sums, 1e-5, 1e-6, "bias column sums");
+  // One chunk of rows, and three (16, 16 and 8 rows: partial sums, then
+  // column_partials_kernel); a bf16 accumulator gets the f32 one's sum
+  // rounded once.
+  for (const std::int64_t chunk_rows : {rows, std::int64_t{16}}) {
+    CAPTURE(chunk_rows);
+    Tensor acc = kernel_test::filled({cols}, 0.5f), acc16 = kernel_test::filled({cols}, 0.5f).to(dtype::bf16);
+    emulated_test::launch_column_sums<1>(&cuda::column_sum_kernel<float, float>, rows, cols, chunk_rows, {f(acc)},
+                                         f(dy), rows, cols);
+    check_close(acc, sums, 1e-5, 1e-6, "bias column sums");
+    emulated_test::launch_column_sums<1>(&cuda::column_sum_kernel<float, __nv_bfloat16>, rows, cols, chunk_rows,
+                                         {as<__nv_bfloat16>(acc16)}, f(dy), rows, cols);
+    check_close(acc16.to(dtype::f32), rounded_to(acc, dtype::bf16), 0, 0, "bias column sums into bf16");
+  }
 }
 
 TEST_CASE("emulated embedding, int8 quantisation and dtype conversion kernels match the cpu") {

@@ -25,9 +25,11 @@
 #include "kernels/cuda/loss_optim_kernels.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
 #include "kernels/cuda/rope_kernels.cuh"
+#include "tests/cuda_emulated/emulated_column_sums.hpp"
 
 using namespace corolla;
 using emulated_test::as;
+using emulated_test::launch_column_sums;
 using emulated_test::f;
 using emulated_test::rounded_to;
 using emulated_test::widened;
@@ -38,15 +40,16 @@ using kernel_test::to_double;
 namespace {
 
 constexpr double rel_tol = 1e-5, abs_tol = 1e-6;
+/// Parameter gradients: sums over 70 rows of terms up to about 3 in
+/// magnitude, whose order differs from the cpu's (f32 rounding of a few
+/// 1e-6; one row lost or counted twice is 1e-2 or more).
+constexpr double sum_abs_tol = 1e-5;
 
 /// The norm backward kernels' dres when nothing is added.
 template <class T>
 constexpr const T* no_residual = nullptr;
 
 emulated::launch_config rows_of(std::int64_t n, unsigned threads) { return {static_cast<unsigned>(n), 1, threads, 0}; }
-emulated::launch_config column_blocks(std::int64_t d) {
-  return {cuda::column_tiles(d), 1, cuda::column_tile, 0, cuda::column_tile};
-}
 
 }  // namespace
 
@@ -84,38 +87,44 @@ TEST_CASE("emulated RMSNorm and LayerNorm kernels match the cpu, forward and bac
     // Backward: dx overwritten, the parameter gradients added to what is
     // there. Narrow rows only (every column tile is a 1024-thread block, and
     // the emulation starts a thread per CUDA thread), but more rows than a
-    // tile's 32 threads along y; dx of the first rows (a block each).
+    // tile's 32 threads along y; dx of the first rows (a block each). The
+    // parameter gradients in one chunk of rows, and in three (32, 32 and 6
+    // rows: the partial sums, then column_partials_kernel).
     if (d > 256) continue;
     const std::int64_t rows = 70, dx_rows = 3;
-    const Tensor xb = random_tensor({rows, d}, r), dyb = random_tensor({rows, d}, r);
-    Tensor rstd = Tensor::empty({rows}), mean = Tensor::empty({rows}), y = Tensor::empty({rows, d});
-    auto first_rows = [&](const Tensor& t) {
-      std::vector<double> v = to_double(t);
-      v.resize(static_cast<std::size_t>(dx_rows * d));
-      return v;
-    };
-    cpu_backend().rmsnorm(xb, w, 1e-5f, y, &rstd);
-    Tensor dx = Tensor::empty({dx_rows, d}), want_dx = Tensor::empty({rows, d});
-    Tensor dw = kernel_test::filled({d}, 0.25f), want_dw = kernel_test::filled({d}, 0.25f);
-    cpu_backend().rmsnorm_backward(xb, w, rstd, dyb, want_dx, want_dw);
-    emulated::launch(&cuda::rmsnorm_backward_dx_kernel<float>, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(rstd),
-                     f(dyb), f(dx), d, no_residual<float>);
-    emulated::launch(&cuda::rmsnorm_backward_dw_kernel<float>, column_blocks(d), f(xb), f(rstd), f(dyb), f(dw), rows, d);
-    check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "rmsnorm dx");
-    check_close(dw, to_double(want_dw), rel_tol, abs_tol, "rmsnorm dw");
+    for (const std::int64_t chunk_rows : {rows, std::int64_t{32}}) {
+      CAPTURE(chunk_rows);
+      const Tensor xb = random_tensor({rows, d}, r), dyb = random_tensor({rows, d}, r);
+      Tensor rstd = Tensor::empty({rows}), mean = Tensor::empty({rows}), y = Tensor::empty({rows, d});
+      auto first_rows = [&](const Tensor& t) {
+        std::vector<double> v = to_double(t);
+        v.resize(static_cast<std::size_t>(dx_rows * d));
+        return v;
+      };
+      cpu_backend().rmsnorm(xb, w, 1e-5f, y, &rstd);
+      Tensor dx = Tensor::empty({dx_rows, d}), want_dx = Tensor::empty({rows, d});
+      Tensor dw = kernel_test::filled({d}, 0.25f), want_dw = kernel_test::filled({d}, 0.25f);
+      cpu_backend().rmsnorm_backward(xb, w, rstd, dyb, want_dx, want_dw);
+      emulated::launch(&cuda::rmsnorm_backward_dx_kernel<float>, rows_of(dx_rows, cuda::row_threads), f(xb), f(w),
+                       f(rstd), f(dyb), f(dx), d, no_residual<float>);
+      launch_column_sums<1>(&cuda::rmsnorm_backward_dw_kernel<float>, rows, d, chunk_rows, {f(dw)}, f(xb), f(rstd),
+                            f(dyb), rows, d);
+      check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "rmsnorm dx");
+      check_close(dw, to_double(want_dw), rel_tol, sum_abs_tol, "rmsnorm dw");
 
-    cpu_backend().layernorm(xb, w, bias, 1e-5f, y, &mean, &rstd);
-    Tensor db = kernel_test::filled({d}, -0.5f), want_db = kernel_test::filled({d}, -0.5f);
-    dw = kernel_test::filled({d}, 0.25f);
-    want_dw = kernel_test::filled({d}, 0.25f);
-    cpu_backend().layernorm_backward(xb, w, mean, rstd, dyb, want_dx, want_dw, want_db);
-    emulated::launch(&cuda::layernorm_backward_dx_kernel<float>, rows_of(dx_rows, cuda::row_threads), f(xb), f(w), f(mean),
-                     f(rstd), f(dyb), f(dx), d, no_residual<float>);
-    emulated::launch(&cuda::layernorm_backward_dwdb_kernel<float>, column_blocks(d), f(xb), f(mean), f(rstd), f(dyb), f(dw),
-                     f(db), rows, d);
-    check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "layernorm dx");
-    check_close(dw, to_double(want_dw), rel_tol, abs_tol, "layernorm dw");
-    check_close(db, to_double(want_db), rel_tol, abs_tol, "layernorm db");
+      cpu_backend().layernorm(xb, w, bias, 1e-5f, y, &mean, &rstd);
+      Tensor db = kernel_test::filled({d}, -0.5f), want_db = kernel_test::filled({d}, -0.5f);
+      dw = kernel_test::filled({d}, 0.25f);
+      want_dw = kernel_test::filled({d}, 0.25f);
+      cpu_backend().layernorm_backward(xb, w, mean, rstd, dyb, want_dx, want_dw, want_db);
+      emulated::launch(&cuda::layernorm_backward_dx_kernel<float>, rows_of(dx_rows, cuda::row_threads), f(xb), f(w),
+                       f(mean), f(rstd), f(dyb), f(dx), d, no_residual<float>);
+      launch_column_sums<2>(&cuda::layernorm_backward_dwdb_kernel<float>, rows, d, chunk_rows, {f(dw), f(db)}, f(xb),
+                            f(mean), f(rstd), f(dyb), rows, d);
+      check_close(dx, first_rows(want_dx), rel_tol, abs_tol, "layernorm dx");
+      check_close(dw, to_double(want_dw), rel_tol, sum_abs_tol, "layernorm dw");
+      check_close(db, to_double(want_db), rel_tol, sum_abs_tol, "layernorm db");
+    }
   }
 }
 
@@ -406,8 +415,8 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
                    as<T>(dy), as<T>(dx), d, no_residual<T>);
   emulated::launch(&cuda::rmsnorm_backward_dx_kernel<float>, rows_of(n, cuda::row_threads), f(xw), f(w), f(rstd),
                    f(dyw), f(dxw), d, no_residual<float>);
-  emulated::launch(&cuda::rmsnorm_backward_dw_kernel<T>, column_blocks(d), as<T>(x), f(rstd), as<T>(dy), f(dw), n, d);
-  emulated::launch(&cuda::rmsnorm_backward_dw_kernel<float>, column_blocks(d), f(xw), f(rstd), f(dyw), f(dww), n, d);
+  launch_column_sums<1>(&cuda::rmsnorm_backward_dw_kernel<T>, n, d, n, {f(dw)}, as<T>(x), f(rstd), as<T>(dy), n, d);
+  launch_column_sums<1>(&cuda::rmsnorm_backward_dw_kernel<float>, n, d, n, {f(dww)}, f(xw), f(rstd), f(dyw), n, d);
   check_close(widened(dx), rounded_to(dxw, dt), 0, 0, "rmsnorm dx in " + name);
   check_close(dw, to_double(dww), 0, 0, "rmsnorm dw in " + name);
 
@@ -438,10 +447,10 @@ void check_16bit(dtype dt, kernel_test::rng& r) {
                    f(rstd), as<T>(dy), as<T>(dx), d, no_residual<T>);
   emulated::launch(&cuda::layernorm_backward_dx_kernel<float>, rows_of(n, cuda::row_threads), f(xw), f(w), f(mean),
                    f(rstd), f(dyw), f(dxw), d, no_residual<float>);
-  emulated::launch(&cuda::layernorm_backward_dwdb_kernel<T>, column_blocks(d), as<T>(x), f(mean), f(rstd), as<T>(dy),
-                   f(dw), f(db), n, d);
-  emulated::launch(&cuda::layernorm_backward_dwdb_kernel<float>, column_blocks(d), f(xw), f(mean), f(rstd), f(dyw),
-                   f(dww), f(dbw), n, d);
+  launch_column_sums<2>(&cuda::layernorm_backward_dwdb_kernel<T>, n, d, n, {f(dw), f(db)}, as<T>(x), f(mean), f(rstd),
+                        as<T>(dy), n, d);
+  launch_column_sums<2>(&cuda::layernorm_backward_dwdb_kernel<float>, n, d, n, {f(dww), f(dbw)}, f(xw), f(mean),
+                        f(rstd), f(dyw), n, d);
   check_close(widened(dx), rounded_to(dxw, dt), 0, 0, "layernorm dx in " + name);
   check_close(dw, to_double(dww), 0, 0, "layernorm dw in " + name);
   check_close(db, to_double(dbw), 0, 0, "layernorm db in " + name);

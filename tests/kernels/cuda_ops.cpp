@@ -327,6 +327,55 @@ TEST_CASE("cuda: rmsnorm and layernorm forward and backward match the cpu") {
   }
 }
 
+TEST_CASE("cuda: parameter gradients over many rows (chunked column sums) match the cpu and repeat bit for bit") {
+  // linear's db and the norms' dw/db are column sums over chunks of 256
+  // rows (kernels/cuda/column_sums.hpp): one chunk, two (the second of one
+  // row) and four; 100 columns, the last of four column tiles partial.
+  REQUIRE_GPU_OR_SKIP();
+  rng r(131);
+  const std::int64_t d = 100, out = 40;
+  for (std::int64_t rows : {256, 257, 1000}) {
+    CAPTURE(rows);
+    for (dtype t : {dtype::f32, dtype::bf16}) {
+      CAPTURE(dtype_name(t));
+      const Tensor x = rounded(random_tensor({rows, d}, r, -2.0f, 3.0f), t), w = rounded(random_tensor({out, d}, r), t),
+                   g = rounded(random_tensor({rows, out}, r), t), gn = rounded(random_tensor({rows, d}, r), t);
+      const Tensor dw0 = random_tensor({out, d}, r), db0 = random_tensor({out}, r);
+      Tensor dw = dw0.clone(), db = db0.clone();
+      cpu().linear_backward(x, w, g, nullptr, dw, &db);
+      Tensor first;
+      for (int run = 0; run < 2; ++run) {
+        Tensor ddw = up(dw0), ddb = up(db0);
+        gpu().linear_backward(up(x, t), up(w, t), up(g, t), nullptr, ddw, &ddb);
+        expect_close(ddb, db, grad_rtol, grad_atol, "linear_backward db (accumulated)");
+        expect_close(ddw, dw, grad_rtol, grad_atol, "linear_backward dw (accumulated)");
+        if (run == 0)
+          first = down(ddb);
+        else
+          CHECK(same_values(down(ddb), first));
+      }
+
+      const Tensor nw = random_tensor({d}, r, 0.5f, 1.5f), nb = random_tensor({d}, r);
+      Tensor y = Tensor::empty({rows, d}), mean = Tensor::empty({rows}), rstd = Tensor::empty({rows});
+      Tensor dx = Tensor::empty({rows, d}), ndw = random_tensor({d}, r), ndb = random_tensor({d}, r);
+      const Tensor ndw0 = ndw.clone(), ndb0 = ndb.clone();
+      cpu().rmsnorm(x, nw, 1e-5f, y, &rstd);
+      cpu().rmsnorm_backward(x, nw, rstd, gn, dx, ndw);
+      Tensor gdx = gpu().empty({rows, d}, t), gdw = up(ndw0);
+      gpu().rmsnorm_backward(up(x, t), up(nw), up(rstd), up(gn, t), gdx, gdw);
+      expect_close(gdw, ndw, grad_rtol, grad_atol, "rmsnorm dw (accumulated)");
+      ndw = ndw0.clone();
+      cpu().layernorm(x, nw, nb, 1e-5f, y, &mean, &rstd);
+      cpu().layernorm_backward(x, nw, mean, rstd, gn, dx, ndw, ndb);
+      gdw = up(ndw0);
+      Tensor gdb = up(ndb0);
+      gpu().layernorm_backward(up(x, t), up(nw), up(mean), up(rstd), up(gn, t), gdx, gdw, gdb);
+      expect_close(gdw, ndw, grad_rtol, grad_atol, "layernorm dw (accumulated)");
+      expect_close(gdb, ndb, grad_rtol, grad_atol, "layernorm db (accumulated)");
+    }
+  }
+}
+
 // ---- rope ------------------------------------------------------------------------------
 
 TEST_CASE("cuda: rope and its inverse match the cpu, positions on the host or the device") {
