@@ -1,5 +1,8 @@
 // kernels/cuda/loss_optim.cu — softmax cross-entropy (one block per row) and
-// the AdamW step (elementwise). Formulas as in kernels/cpu/cpu_loss_optim.cpp.
+// the AdamW step (elementwise, four parameters a thread where aligned).
+// Formulas as in kernels/cpu/cpu_loss_optim.cpp.
+#include <cstdint>
+
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/dispatch.cuh"
@@ -19,11 +22,30 @@ void cross_entropy(stream_t s, elem t, const void* logits, const std::int32_t* t
   });
 }
 
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+/// adamw_vec4_kernel where params, grads, m and v are 16-byte aligned (the
+/// flat parameter, gradient and moment buffers are), else adamw_kernel.
+template <class CT>
+void launch_adamw(stream_t s, float* params, const float* grads, float* m, float* v, CT* copy,
+                  const adamw_step_scalars& k, std::int64_t n) {
+  if (aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v)) {
+    adamw_vec4_kernel<CT><<<grid_for(n / 4), elementwise_threads, 0, s>>>(params, grads, m, v, copy, k, n);
+    COROLLA_CUDA_LAUNCH_CHECK("adamw_vec4_kernel");
+  } else {
+    adamw_kernel<CT><<<grid_for(n), elementwise_threads, 0, s>>>(params, grads, m, v, copy, k, n);
+    COROLLA_CUDA_LAUNCH_CHECK("adamw_kernel");
+  }
+}
+
+}  // namespace
+
 void adamw(stream_t s, float* params, const float* grads, float* m, float* v,
            const adamw_step_scalars& k, std::int64_t n) {
   if (n <= 0) return;
-  adamw_kernel<<<grid_for(n), elementwise_threads, 0, s>>>(params, grads, m, v, k, n);
-  COROLLA_CUDA_LAUNCH_CHECK("adamw_kernel");
+  launch_adamw<adamw_no_copy>(s, params, grads, m, v, nullptr, k, n);
 }
 
 void adamw_with_copy(stream_t s, float* params, const float* grads, float* m, float* v, elem copy_type, void* copy,
@@ -31,9 +53,7 @@ void adamw_with_copy(stream_t s, float* params, const float* grads, float* m, fl
   if (n <= 0) return;
   dispatch_elem(copy_type, [&](auto tag) {
     using CT = decltype(tag);
-    adamw_copy_kernel<CT><<<grid_for(n), elementwise_threads, 0, s>>>(params, grads, m, v, static_cast<CT*>(copy), k,
-                                                                      n);
-    COROLLA_CUDA_LAUNCH_CHECK("adamw_copy_kernel");
+    launch_adamw<CT>(s, params, grads, m, v, static_cast<CT*>(copy), k, n);
   });
 }
 

@@ -149,43 +149,73 @@ TEST_CASE("emulated cross-entropy and AdamW kernels match the cpu") {
   check_close(losses, to_double(want_losses), rel_tol, abs_tol, "cross-entropy losses without dlogits");
   CHECK(kernel_test::same_values(untouched, logits));
 
-  const std::int64_t count = 1000;  // over two blocks of 256 threads: the grid-stride loop wraps
+  // AdamW: the four-a-thread kernel (what the launcher runs on the aligned
+  // flat buffers) against the cpu; 1003 parameters: 250 groups of four over
+  // two blocks of 64 threads (the grid-stride loop wraps) and three past
+  // them (the first threads' tail).
+  const std::int64_t count = 1003;
+  const emulated::launch_config two_blocks{2, 1, 64, 0};
   Tensor p = random_tensor({count}, r), g = random_tensor({count}, r), m = random_tensor({count}, r, -0.1f, 0.1f),
          v = random_tensor({count}, r, 0.0f, 0.01f);
+  const auto no_copy = static_cast<cuda::adamw_no_copy*>(nullptr);
   Tensor want_p = p.clone(), want_m = m.clone(), want_v = v.clone();
   adamw_params hp;
   hp.lr = 3e-3f;
   hp.weight_decay = 0.1f;
   cpu_backend().adamw(want_p, g, want_m, want_v, hp, 7);
-  emulated::launch(&cuda::adamw_kernel, {2, 1, 256, 0}, f(p), f(g), f(m), f(v), adamw_scalars_for(hp, 7), count);
+  emulated::launch(&cuda::adamw_vec4_kernel<cuda::adamw_no_copy>, two_blocks, f(p), f(g), f(m), f(v), no_copy,
+                   adamw_scalars_for(hp, 7), count);
   check_close(p, to_double(want_p), rel_tol, abs_tol, "adamw params");
   check_close(m, to_double(want_m), rel_tol, abs_tol, "adamw m");
   check_close(v, to_double(want_v), rel_tol, abs_tol, "adamw v");
   // grad_scale (unscaling and clipping folded in): as the cpu with it.
   hp.grad_scale = 0.125f;
   cpu_backend().adamw(want_p, g, want_m, want_v, hp, 8);
-  emulated::launch(&cuda::adamw_kernel, {2, 1, 256, 0}, f(p), f(g), f(m), f(v), adamw_scalars_for(hp, 8), count);
+  emulated::launch(&cuda::adamw_vec4_kernel<cuda::adamw_no_copy>, two_blocks, f(p), f(g), f(m), f(v), no_copy,
+                   adamw_scalars_for(hp, 8), count);
   check_close(p, to_double(want_p), rel_tol, abs_tol, "adamw params, scaled gradients");
   check_close(m, to_double(want_m), rel_tol, abs_tol, "adamw m, scaled gradients");
   check_close(v, to_double(want_v), rel_tol, abs_tol, "adamw v, scaled gradients");
-  // The update that also writes the 16-bit compute copy: the same
-  // parameters, m and v as adamw_kernel, and the copy each parameter
-  // rounded once, as the conversion kernel stores it.
+  // The scalar kernel (the launcher's form for unaligned pointers) computes
+  // the same bits, one parameter a thread.
   const Tensor p0 = p.clone(), m0 = m.clone(), v0 = v.clone();
-  emulated::launch(&cuda::adamw_kernel, {2, 1, 256, 0}, f(p), f(g), f(m), f(v), adamw_scalars_for(hp, 9), count);
+  emulated::launch(&cuda::adamw_vec4_kernel<cuda::adamw_no_copy>, two_blocks, f(p), f(g), f(m), f(v), no_copy,
+                   adamw_scalars_for(hp, 9), count);
+  {
+    Tensor p1 = p0.clone(), m1 = m0.clone(), v1 = v0.clone();
+    emulated::launch(&cuda::adamw_kernel<cuda::adamw_no_copy>, {2, 1, 256, 0}, f(p1), f(g), f(m1), f(v1), no_copy,
+                     adamw_scalars_for(hp, 9), count);
+    CHECK(kernel_test::same_values(p1, p));
+    CHECK(kernel_test::same_values(m1, m));
+    CHECK(kernel_test::same_values(v1, v));
+  }
+  // The update that also writes the 16-bit compute copy, in both forms: the
+  // same parameters, m and v, and the copy each parameter rounded once, as
+  // the conversion kernel stores it.
   for (const dtype t : {dtype::bf16, dtype::f16}) {
     CAPTURE(dtype_name(t));
-    Tensor p2 = p0.clone(), m2 = m0.clone(), v2 = v0.clone(), copy = Tensor::empty({count}, t);
-    if (t == dtype::bf16)
-      emulated::launch(&cuda::adamw_copy_kernel<__nv_bfloat16>, {2, 1, 256, 0}, f(p2), f(g), f(m2), f(v2),
-                       static_cast<__nv_bfloat16*>(copy.raw()), adamw_scalars_for(hp, 9), count);
-    else
-      emulated::launch(&cuda::adamw_copy_kernel<__half>, {2, 1, 256, 0}, f(p2), f(g), f(m2), f(v2),
-                       static_cast<__half*>(copy.raw()), adamw_scalars_for(hp, 9), count);
-    CHECK(kernel_test::same_values(p2, p));
-    CHECK(kernel_test::same_values(m2, m));
-    CHECK(kernel_test::same_values(v2, v));
-    CHECK(kernel_test::same_values(copy, p.to(t)));
+    for (const bool vec4 : {true, false}) {
+      CAPTURE(vec4);
+      Tensor p2 = p0.clone(), m2 = m0.clone(), v2 = v0.clone(), copy = Tensor::empty({count}, t);
+      const adamw_step_scalars k = adamw_scalars_for(hp, 9);
+      if (t == dtype::bf16) {
+        auto* c = static_cast<__nv_bfloat16*>(copy.raw());
+        if (vec4)
+          emulated::launch(&cuda::adamw_vec4_kernel<__nv_bfloat16>, two_blocks, f(p2), f(g), f(m2), f(v2), c, k, count);
+        else
+          emulated::launch(&cuda::adamw_kernel<__nv_bfloat16>, {2, 1, 256, 0}, f(p2), f(g), f(m2), f(v2), c, k, count);
+      } else {
+        auto* c = static_cast<__half*>(copy.raw());
+        if (vec4)
+          emulated::launch(&cuda::adamw_vec4_kernel<__half>, two_blocks, f(p2), f(g), f(m2), f(v2), c, k, count);
+        else
+          emulated::launch(&cuda::adamw_kernel<__half>, {2, 1, 256, 0}, f(p2), f(g), f(m2), f(v2), c, k, count);
+      }
+      CHECK(kernel_test::same_values(p2, p));
+      CHECK(kernel_test::same_values(m2, m));
+      CHECK(kernel_test::same_values(v2, v));
+      CHECK(kernel_test::same_values(copy, p.to(t)));
+    }
   }
 }
 

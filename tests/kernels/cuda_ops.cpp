@@ -595,6 +595,20 @@ TEST_CASE("cuda: adamw steps match the cpu") {
     CHECK(same_values(down(v3), down(dv)));
     CHECK(same_values(down(copy), down(want)));
   }
+  // Views one element in (4-byte aligned only) take the one-a-thread kernel:
+  // the same bits as the four-a-thread one on the aligned buffers.
+  Tensor wide_p = gpu().empty({n + 1}), wide_g = gpu().empty({n + 1}), wide_m = gpu().empty({n + 1}),
+         wide_v = gpu().empty({n + 1});
+  Tensor off_p = wide_p.slice(1, n + 1), off_g = wide_g.slice(1, n + 1), off_m = wide_m.slice(1, n + 1),
+         off_v = wide_v.slice(1, n + 1);
+  gpu().copy(p2, off_p);
+  gpu().copy(g, off_g);
+  gpu().copy(m2, off_m);
+  gpu().copy(v2, off_v);
+  gpu().adamw(off_p, off_g, off_m, off_v, hp, 4);
+  CHECK(same_values(down(off_p), down(dp)));
+  CHECK(same_values(down(off_m), down(dm)));
+  CHECK(same_values(down(off_v), down(dv)));
   Tensor f32_copy = gpu().empty({n});
   CHECK_THROWS_AS(gpu().adamw_with_copy(p2, g, m2, v2, hp, 4, f32_copy), tensor_error);
 }
