@@ -302,10 +302,11 @@ nlohmann::json report_gemm_tuning(const Backend& be, bool json) {
                   c.from_file ? " (from COROLLA_CUDA_GEMM_TUNE_FILE)" : "");
   }
   if (!json)
-    std::printf("GEMM algorithms         %d problems timed, %d run another than cuBLASLt's first: %.3fx the "
-                "firsts' time at this run's calls (COROLLA_CUDA_GEMM_TUNE%s)\n",
-                t.problems, t.changed, t.speedup(), cuda::gemm_tuning_requested() ? "" : "=0");
-  return {{"problems", t.problems},          {"changed", t.changed},
+    std::printf("GEMM algorithms         %d problems timed (%d of them read from COROLLA_CUDA_GEMM_TUNE_FILE, "
+                "at its writer's times), %d run another than cuBLASLt's first: %.3fx the firsts' time at this "
+                "run's calls (COROLLA_CUDA_GEMM_TUNE%s)\n",
+                t.problems, t.from_file, t.changed, t.speedup(), cuda::gemm_tuning_requested() ? "" : "=0");
+  return {{"problems", t.problems},          {"changed", t.changed},       {"from_file", t.from_file},
           {"first_ms", t.first_us / 1000.0}, {"chosen_ms", t.chosen_us / 1000.0},
           {"speedup", t.speedup()},          {"each", problems}};
 #else

@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -353,6 +354,9 @@ class cuda_backend final : public Backend {
   struct lt_algo {
     std::array<std::uint64_t, 8> algo{};  ///< a cublasLtMatmulAlgo_t
     int choice = -1;                      ///< its record in lt_choices_ where timed
+    /// A pick read from the tuning file, not the heuristic's first: that
+    /// first, run instead (and kept) if the launch refuses the pick.
+    std::optional<std::array<std::uint64_t, 8>> first;
   };
   std::map<lt_key, lt_algo> lt_algos_;
   /// Problems the heuristic had none for, so a fused form with a fallback

@@ -42,6 +42,7 @@ gemm_tuning_totals gemm_tuning_summary(std::span<const gemm_choice> choices) {
     if (!std::isfinite(c.chosen_us)) continue;
     ++t.problems;
     if (c.chosen != 0) ++t.changed;
+    if (c.from_file) ++t.from_file;
     const double calls = static_cast<double>(c.calls);
     t.chosen_us += calls * c.chosen_us;
     t.first_us += calls * (std::isnan(c.first_us) ? c.chosen_us : c.first_us);

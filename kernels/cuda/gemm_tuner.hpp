@@ -84,10 +84,12 @@ struct gemm_choice {
 /// A tuner's gain at the calls made: sum over problems of calls x the
 /// first's and the chosen's microseconds (problems whose first was not
 /// timed count at the chosen's time on both sides; a record without a
-/// finite chosen time is left out).
+/// finite chosen time is left out). Problems read from the tuning file
+/// count with the times its writer measured.
 struct gemm_tuning_totals {
-  int problems = 0;      ///< problems timed
+  int problems = 0;      ///< problems timed (here or, from_file, by the file's writer)
   int changed = 0;       ///< of those, run with another algorithm than the heuristic's first
+  int from_file = 0;     ///< of those, read from COROLLA_CUDA_GEMM_TUNE_FILE, untimed here
   double first_us = 0;   ///< at the heuristic's firsts
   double chosen_us = 0;  ///< at the chosen
   /// first_us / chosen_us: above 1 where tuning saved time (1 with no calls).

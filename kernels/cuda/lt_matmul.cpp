@@ -34,7 +34,8 @@
 // past gemm_tune_max_problems, a problem with one candidate, a scratch
 // above gemm_tune_max_scratch_bytes or no memory for it. With
 // COROLLA_CUDA_GEMM_TUNE_FILE a problem recorded there runs the recorded
-// candidate, untimed, and one timed now is appended (gemm_tuning_file.hpp).
+// candidate, untimed (or, if its launch refuses it, the heuristic's first),
+// and one timed now is appended (gemm_tuning_file.hpp).
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -421,6 +422,10 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
     if (known && known->candidates == found && known->chosen < found) {  // the same answer: its pick, untimed
       pick = known->chosen;
       record(pick, known->first_us, known->chosen_us, true);
+      if (pick != 0) {  // never run in this process: the heuristic's first stands by (below)
+        stored.first.emplace();
+        std::memcpy(stored.first->data(), &results[0].algo, sizeof(cublasLtMatmulAlgo_t));
+      }
     } else if (tune && found > 1) {
       // Where d is c and beta is not 0 (or d is the aux matrix DGELU
       // reads) the timed launches write a scratch copy of d, as aligned as
@@ -474,7 +479,25 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
   cublasLtMatmulAlgo_t algo{};
   std::memcpy(&algo, it->second.algo.data(), sizeof algo);
   const int choice = it->second.choice;
-  const cublasStatus_t launched = call(algo);
+  cublasStatus_t launched = call(algo);
+  if (refused(launched) && it->second.first) {
+    // A pick from the tuning file this cuBLASLt refuses (a file written
+    // where the heuristic answered alike but its algorithms differ): the
+    // heuristic's first runs instead, from now on, and the record says so.
+    spdlog::warn("gemm on {}: cuBLASLt refused the algorithm COROLLA_CUDA_GEMM_TUNE_FILE names for m={} n={} k={}; "
+                 "running the heuristic's first",
+                 name(), m, n, k);
+    it->second.algo = *it->second.first;
+    it->second.first.reset();
+    std::memcpy(&algo, it->second.algo.data(), sizeof algo);
+    if (choice >= 0) {
+      gemm_choice& c = lt_choices_[static_cast<std::size_t>(choice)];
+      c.chosen = 0;
+      c.chosen_us = c.first_us;
+      c.from_file = false;
+    }
+    launched = call(algo);
+  }
   if (extra.may_decline && refused(launched)) {
     // Refused before anything ran (argument checks): the caller's fallback
     // runs, and the problem's record (made just now, never called) goes.

@@ -71,9 +71,11 @@ TEST_CASE("the gemm tuner's totals weigh each problem by its calls") {
   c[0].chosen = 0, c[0].first_us = 10, c[0].chosen_us = 10, c[0].calls = 4;  // kept the first
   c[1].chosen = 2, c[1].first_us = 30, c[1].chosen_us = 20, c[1].calls = 2;  // changed
   c[2].chosen = 1, c[2].first_us = none, c[2].chosen_us = 5, c[2].calls = 1;  // the first refused
+  c[2].from_file = true;
   const cuda::gemm_tuning_totals t = cuda::gemm_tuning_summary(c);
   CHECK(t.problems == 3);
   CHECK(t.changed == 2);
+  CHECK(t.from_file == 1);
   CHECK(t.first_us == doctest::Approx(4 * 10 + 2 * 30 + 1 * 5));
   CHECK(t.chosen_us == doctest::Approx(4 * 10 + 2 * 20 + 1 * 5));
   CHECK(t.speedup() == doctest::Approx(105.0 / 85.0));
