@@ -173,6 +173,12 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     # above wrote (from_file in its JSON), none timed.
     step bench_gemm_gpt2_file 60 env COROLLA_CUDA_GEMM_TUNE_FILE=/tmp/corolla-gpu/gemm-choices.tsv corolla bench \
       gemm --dtype bf16 --shapes gpt2-1.5b --rows 4096
+    cp /tmp/corolla-gpu/gemm-choices.tsv "$out/" 2>/dev/null
+    python3 - "$out/bench_gemm_gpt2_file.log" <<'PY' 2>/dev/null || echo "tuning file: no gemm_tuning in the second run's JSON"
+import json, sys
+t = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])["gemm_tuning"]
+print(f"tuning file: {t['from_file']} of {t['problems']} problems read back (all expected, none timed again)")
+PY
     # Each fused training op against its two ops, same run (GPT-2-1.5B's block shapes).
     step bench_fusions 30 corolla bench fusions --dtype bf16
     # AdamW writing the bf16 compute copy against AdamW, then the copy (a GPT-2-1.5B block).
