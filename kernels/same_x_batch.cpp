@@ -52,4 +52,31 @@ std::optional<same_x_strides> linear_same_x_backward_batch(const Tensor& x, std:
   return same_x_strides{*dw, *dy, 0};
 }
 
+namespace {
+
+template <class T>
+std::span<T> rest(std::span<T> ts) {
+  return ts.empty() ? ts : ts.subspan(1);
+}
+
+}  // namespace
+
+std::optional<same_x_batch> linear_same_x_plan(const Tensor& x, std::span<const Tensor* const> ws,
+                                               std::span<const Tensor* const> bs, std::span<Tensor* const> ys) {
+  if (const auto all = linear_same_x_batch(x, ws, bs, ys)) return same_x_batch{0, *all};
+  if (ws.size() < 3 || ys.size() != ws.size()) return std::nullopt;
+  if (const auto tail = linear_same_x_batch(x, rest(ws), rest(bs), rest(ys))) return same_x_batch{1, *tail};
+  return std::nullopt;
+}
+
+std::optional<same_x_batch> linear_same_x_backward_plan(const Tensor& x, std::span<const Tensor* const> ws,
+                                                        std::span<const Tensor* const> dys,
+                                                        std::span<Tensor* const> dws, std::span<Tensor* const> dbs) {
+  if (const auto all = linear_same_x_backward_batch(x, ws, dys, dws, dbs)) return same_x_batch{0, *all};
+  if (ws.size() < 3 || dys.size() != ws.size() || dws.size() != ws.size()) return std::nullopt;
+  if (const auto tail = linear_same_x_backward_batch(x, rest(ws), rest(dys), rest(dws), rest(dbs)))
+    return same_x_batch{1, *tail};
+  return std::nullopt;
+}
+
 }  // namespace corolla

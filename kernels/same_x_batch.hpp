@@ -5,6 +5,7 @@
 // (tests/emulated_device: that the model lays its q, k and v out so).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -42,5 +43,22 @@ std::optional<same_x_strides> linear_same_x_backward_batch(const Tensor& x, std:
                                                            std::span<const Tensor* const> dys,
                                                            std::span<Tensor* const> dws,
                                                            std::span<Tensor* const> dbs);
+
+/// Which of the products one batch takes: those from `first` on, with
+/// their strides.
+struct same_x_batch {
+  std::size_t first = 0;
+  same_x_strides strides;
+};
+
+/// linear_same_x's batch: all its products where they batch; else, with
+/// three or more, all but the first (grouped-query attention: q is wider
+/// than k and v, which may still batch); else nullopt (one product each).
+std::optional<same_x_batch> linear_same_x_plan(const Tensor& x, std::span<const Tensor* const> ws,
+                                               std::span<const Tensor* const> bs, std::span<Tensor* const> ys);
+/// The backward's, by the same rule.
+std::optional<same_x_batch> linear_same_x_backward_plan(const Tensor& x, std::span<const Tensor* const> ws,
+                                                        std::span<const Tensor* const> dys,
+                                                        std::span<Tensor* const> dws, std::span<Tensor* const> dbs);
 
 }  // namespace corolla

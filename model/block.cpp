@@ -12,13 +12,16 @@ namespace {
 /// Makes q, k and v [N, Q], [N, KV], [N, KV] of dtype `act`: when Q == KV,
 /// slices of one [3N, Q] tensor `stack`, so their products (of one x) are
 /// equally spaced and a backend may run them as one batched product
-/// (Backend::linear_same_x and its backward); else each its own.
+/// (Backend::linear_same_x and its backward); else (grouped-query
+/// attention) q its own and k and v slices of one [2N, KV] `stack`, so
+/// theirs may batch.
 void qkv_stack(Backend& be, Tensor& stack, Tensor& q, Tensor& k, Tensor& v, std::int64_t N, std::int64_t Q,
                std::int64_t KV, dtype act) {
   if (Q != KV) {
     ensure_tensor(be, q, {N, Q}, act);
-    ensure_tensor(be, k, {N, KV}, act);
-    ensure_tensor(be, v, {N, KV}, act);
+    ensure_tensor(be, stack, {2 * N, KV}, act);
+    k = stack.slice(0, N);
+    v = stack.slice(N, 2 * N);
     return;
   }
   ensure_tensor(be, stack, {3 * N, Q}, act);

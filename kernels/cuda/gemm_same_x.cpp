@@ -11,11 +11,12 @@
 //
 // When (kernels/same_x_batch.hpp): the weights (forward) or the output
 // gradients and the weight gradients (backward) are each of one shape and
-// dtype and start at equal distances in memory. A block's q, k and v
+// dtype and start at equal distances in memory; with grouped-query
+// attention (q wider than k and v) k and v batch, q runs alone. A block's q, k and v
 // weights are (they follow each other in its flat parameters, with a bias
 // between them in GPT-2, also equally spaced), and so are their gradients;
 // the model allocates q, k and v and their gradients as slices of one
-// buffer (model/block.cpp). Else, and for inference weights (bf16 with an
+// buffer (model/block.cpp; with GQA k and v). Else, and for inference weights (bf16 with an
 // f32 x: the GEMV), a bias of another dtype than y's, empty products,
 // biases whose stride would misalign the later ones, a heuristic with no
 // batched algorithm (lt_matmul declines both), or
@@ -59,32 +60,38 @@ void check_product(const Tensor& x, const Tensor& w, const Tensor* bias, const T
 
 void cuda_backend::linear_same_x(const Tensor& x, std::span<const Tensor* const> ws,
                                  std::span<const Tensor* const> bs, std::span<Tensor* const> ys) {
-  const std::optional<same_x_strides> batch = linear_same_x_batch(x, ws, bs, ys);
-  if (!batching_enabled() || !batch) return Backend::linear_same_x(x, ws, bs, ys);
-  const bool biased = batch->biases != 0;  // a stride: biases given
-  for (std::size_t i = 0; i < ws.size(); ++i)
-    check_product(x, *ws[i], biased ? bs[i] : nullptr, *ys[i], dev(), "linear_same_x");
-  const std::int64_t rows = x.dim(0), in = x.dim(1), out = ws[0]->dim(0);
+  const std::optional<same_x_batch> plan = linear_same_x_plan(x, ws, bs, ys);
+  if (!batching_enabled() || !plan) return Backend::linear_same_x(x, ws, bs, ys);
+  // Products [f, n) as one batch; those before it (GQA's q) one each.
+  const std::size_t f = plan->first;
+  const auto bws = ws.subspan(f);
+  const auto bbs = bs.empty() ? bs : bs.subspan(f);
+  const auto bys = ys.subspan(f);
+  const bool biased = plan->strides.biases != 0;  // a stride: biases given
+  for (std::size_t i = 0; i < bws.size(); ++i)
+    check_product(x, *bws[i], biased ? bbs[i] : nullptr, *bys[i], dev(), "linear_same_x");
+  const std::int64_t rows = x.dim(0), in = x.dim(1), out = bws[0]->dim(0);
   device_guard guard(index_);
-  lt_extra e = bias_epilogue(biased ? bs[0]->raw() : nullptr);
-  e.batch = static_cast<int>(ws.size());
-  e.batch_b = batch->weights;
-  e.batch_c = batch->outputs;
-  e.batch_bias = batch->biases;
+  lt_extra e = bias_epilogue(biased ? bbs[0]->raw() : nullptr);
+  e.batch = static_cast<int>(bws.size());
+  e.batch_b = plan->strides.weights;
+  e.batch_c = plan->strides.outputs;
+  e.batch_bias = plan->strides.biases;
   e.may_decline = true;
-  const Tensor& w = *ws[0];
-  Tensor& y = *ys[0];
+  const Tensor& w = *bws[0];
+  Tensor& y = *bys[0];
   if (!lt_matmul(false, true, rows, out, in, 1.0f, x.raw(), x.type(), in, w.raw(), w.type(), in, 0.0f, y.raw(),
                  y.type(), out, e))
     return Backend::linear_same_x(x, ws, bs, ys);  // no batched algorithm: nothing was done
   ++batched_products_;
+  for (std::size_t i = 0; i < f; ++i) linear(x, *ws[i], bs.empty() ? nullptr : bs[i], *ys[i]);
 }
 
 void cuda_backend::linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws,
                                           std::span<const Tensor* const> dys, Tensor* dx,
                                           std::span<Tensor* const> dws, std::span<Tensor* const> dbs) {
-  const std::optional<same_x_strides> batch = linear_same_x_backward_batch(x, ws, dys, dws, dbs);
-  if (!batching_enabled() || !batch) return Backend::linear_same_x_backward(x, ws, dys, dx, dws, dbs);
+  const std::optional<same_x_batch> plan = linear_same_x_backward_plan(x, ws, dys, dws, dbs);
+  if (!batching_enabled() || !plan) return Backend::linear_same_x_backward(x, ws, dys, dx, dws, dbs);
   // Each product's operands as linear_backward checks them (dw as the
   // output of dy^T @ x, dx of dy @ w), before anything runs.
   for (std::size_t i = 0; i < ws.size(); ++i) {
@@ -101,26 +108,33 @@ void cuda_backend::linear_same_x_backward(const Tensor& x, std::span<const Tenso
       require_on(*dbs[i], dev(), dbs[i]->type(), {ws[i]->dim(0)}, "linear_same_x_backward db");
     }
   }
-  const std::int64_t rows = x.dim(0), in = x.dim(1), out = ws[0]->dim(0);
+  // Weight gradients [f, n) as one batch; those before it (GQA's q) one
+  // each, after it.
+  const std::size_t f = plan->first;
+  const std::int64_t rows = x.dim(0), in = x.dim(1);
   device_guard guard(index_);
-  // dw_i[out, in] += dy_i^T[out, rows] @ x[rows, in], all i in one product.
+  // dw_i[out, in] += dy_i^T[out, rows] @ x[rows, in], all i >= f in one product.
   lt_extra e;
-  e.batch = static_cast<int>(ws.size());
-  e.batch_a = batch->outputs;
-  e.batch_c = batch->weights;
+  e.batch = static_cast<int>(ws.size() - f);
+  e.batch_a = plan->strides.outputs;
+  e.batch_c = plan->strides.weights;
   e.may_decline = true;
-  const Tensor& dy = *dys[0];
-  Tensor& dw = *dws[0];
+  const Tensor& dy = *dys[f];
+  Tensor& dw = *dws[f];
+  const std::int64_t out = ws[f]->dim(0);
   if (!lt_matmul(true, false, out, in, rows, 1.0f, dy.raw(), dy.type(), out, x.raw(), x.type(), in, 1.0f, dw.raw(),
                  dw.type(), in, e))
     return Backend::linear_same_x_backward(x, ws, dys, dx, dws, dbs);  // no batched algorithm: nothing was done
   ++batched_products_;
+  for (std::size_t i = 0; i < f; ++i) linear_backward(x, *ws[i], *dys[i], nullptr, *dws[i], nullptr);
   for (std::size_t i = 0; i < ws.size(); ++i) {
     if (dx) gemm(*dys[i], false, *ws[i], false, *dx, 1.0f, i == 0 ? 0.0f : 1.0f);  // dx (+)= dy_i @ w_i
-    if (!dbs.empty() && dbs[i])
-      column_sum_accumulate(stream_, dys[i]->raw(), elem_of(dys[i]->type(), "linear_same_x_backward dy"), rows, out,
-                            dbs[i]->raw(), elem_of(dbs[i]->type(), "linear_same_x_backward db"),
-                            column_partials(rows, out, 1));
+    if (!dbs.empty() && dbs[i]) {
+      const std::int64_t out_i = ws[i]->dim(0);
+      column_sum_accumulate(stream_, dys[i]->raw(), elem_of(dys[i]->type(), "linear_same_x_backward dy"), rows,
+                            out_i, dbs[i]->raw(), elem_of(dbs[i]->type(), "linear_same_x_backward db"),
+                            column_partials(rows, out_i, 1));
+    }
   }
 }
 

@@ -334,14 +334,14 @@ void emulated_device_backend::linear_backward(const Tensor& x, const Tensor& w, 
 
 void emulated_device_backend::linear_same_x(const Tensor& x, std::span<const Tensor* const> ws,
                                             std::span<const Tensor* const> bs, std::span<Tensor* const> ys) {
-  if (linear_same_x_batch(x, ws, bs, ys)) ++stats_.batched_products;
+  if (linear_same_x_plan(x, ws, bs, ys)) ++stats_.batched_products;
   Backend::linear_same_x(x, ws, bs, ys);
 }
 
 void emulated_device_backend::linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws,
                                                      std::span<const Tensor* const> dys, Tensor* dx,
                                                      std::span<Tensor* const> dws, std::span<Tensor* const> dbs) {
-  if (linear_same_x_backward_batch(x, ws, dys, dws, dbs)) ++stats_.batched_products;
+  if (linear_same_x_backward_plan(x, ws, dys, dws, dbs)) ++stats_.batched_products;
   Backend::linear_same_x_backward(x, ws, dys, dx, dws, dbs);
 }
 

@@ -76,8 +76,9 @@ std::string error_of(const auto& f) {
 }  // namespace
 
 TEST_CASE("emulated device: training takes the products' epilogues on every layer and computes the cpu's gradients") {
-  // Llama with fewer key/value heads than heads, and with as many (its q, k
-  // and v products alike, so batched on CUDA: linear_same_x), and GPT-2.
+  // Llama with fewer key/value heads than heads (k and v batched on CUDA,
+  // q alone), and with as many (q, k and v products alike, one batch:
+  // linear_same_x), and GPT-2.
   for (const auto [arch, mha] : {std::pair{architecture::llama, false}, std::pair{architecture::llama, true},
                                  std::pair{architecture::gpt2, true}}) {
     CAPTURE(static_cast<int>(arch));
@@ -90,8 +91,9 @@ TEST_CASE("emulated device: training takes the products' epilogues on every laye
     const int vocab = ref.config().vocab_size, layers = ref.config().n_layers;
     const bool gpt2 = arch == architecture::gpt2;
     REQUIRE(mha == (ref.config().n_kv_heads == ref.config().n_heads));
-    // The q, k and v products and their weight gradients, a batch each a layer.
-    const int batches = mha ? 2 * layers : 0;
+    // The q, k and v products and their weight gradients (with GQA, k's and
+    // v's), a batch each a layer.
+    const int batches = 2 * layers;
     // 2 x 16 rows: more than decode's 16, so the residual adds are fused too;
     // 1 x 12: only the GELU's (the adds stay with decode's forms).
     for (const auto [batch, seq] : {std::pair{2, 16}, std::pair{1, 12}}) {
@@ -137,13 +139,13 @@ TEST_CASE("emulated device: training takes the products' epilogues on every laye
   }
 }
 
-TEST_CASE("emulated device: Qwen2's biased and Qwen3's normed q, k and v are one batch a layer, with the cpu's gradients") {
+TEST_CASE("emulated device: Qwen2's biased and Qwen3's normed q, k and v batch a layer (GQA: k and v), with the cpu's gradients") {
   // Qwen2: q, k and v with biases; Qwen3: the products before the per-head
   // q/k norms (q_pre, k_pre) and v. As many key/value heads as heads: one
   // batch for the products and one for their weight gradients a layer;
-  // Qwen3 with fewer: none.
+  // with fewer (GQA), the same two batches of k and v, q alone.
   for (const auto [family, mha] : {std::pair{"Qwen2ForCausalLM", true}, std::pair{"Qwen3ForCausalLM", true},
-                                   std::pair{"Qwen3ForCausalLM", false}}) {
+                                   std::pair{"Qwen2ForCausalLM", false}, std::pair{"Qwen3ForCausalLM", false}}) {
     CAPTURE(std::string(family));
     CAPTURE(mha);
     testing::temp_dir_guard dir("emulated-qkv");
@@ -161,7 +163,7 @@ TEST_CASE("emulated device: Qwen2's biased and Qwen3's normed q, k and v are one
     m.zero_grads();
     CHECK(m.forward_backward(ids, targets, 2, 16) == ref_loss);
     CHECK(same_grads(m, ref));
-    CHECK(dev.stats().batched_products == (mha ? 2 * layers : 0));
+    CHECK(dev.stats().batched_products == 2 * layers);
   }
 }
 

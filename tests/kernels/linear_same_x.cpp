@@ -5,8 +5,9 @@
 // out as a GPT-2 block's are (each followed by its bias, so equally spaced)
 // with outputs that are slices of one buffer run as one strided batched
 // cuBLASLt product, checked against the CPU per product, in f32 and bf16;
-// unequally spaced operands take the per-product path there and agree too.
-// The layout rule (kernels/same_x_batch.hpp) is checked on the CPU.
+// unequally spaced operands take the per-product path there and agree too;
+// grouped-query attention's k and v (q wider) batch without q. The layout
+// rule (kernels/same_x_batch.hpp) is checked on the CPU.
 // Without the CUDA backend or a visible device the GPU test says why in a
 // MESSAGE and returns.
 #include <doctest/doctest.h>
@@ -157,6 +158,125 @@ TEST_CASE("the layout one batched product needs: evenly spaced, disjoint outputs
   CHECK_FALSE(linear_same_x_backward_batch(x, ws, std::vector<const Tensor*>{yp[0], yp[1], &later},
                                           pointers<Tensor>(g.w), pointers<Tensor>(g.b))
                   .has_value());
+}
+
+namespace {
+
+/// Grouped-query attention's layout, as a Llama/Qwen2 block's flat
+/// parameters have it: the q, k and v weights one after another (q twice
+/// as wide as k and v), then their biases.
+constexpr std::int64_t gqa_q = 2 * out;
+constexpr std::int64_t gqa_size = lead + (gqa_q + 2 * out) * in + gqa_q + 2 * out;
+
+struct gqa_views {
+  std::vector<Tensor> w, b;
+};
+gqa_views gqa_views_of(const Tensor& flat) {
+  gqa_views v;
+  std::int64_t at = lead;
+  for (const std::int64_t width : {gqa_q, out, out}) {
+    v.w.push_back(flat.slice(at, at + width * in).view({width, in}));
+    at += width * in;
+  }
+  for (const std::int64_t width : {gqa_q, out, out}) {
+    v.b.push_back(flat.slice(at, at + width));
+    at += width;
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("grouped-query attention's q, k and v: k and v batch, q alone") {
+  rng r(439);
+  const Tensor flat = random_tensor({gqa_size}, r);
+  gqa_views p = gqa_views_of(flat);
+  const Tensor x = random_tensor({rows, in}, r);
+  Tensor q = Tensor::empty({rows, gqa_q}), kv = Tensor::empty({2 * rows, out});
+  Tensor k = kv.slice(0, rows), v = kv.slice(rows, 2 * rows);
+  const std::vector<const Tensor*> ws = pointers<const Tensor>(p.w), bs = pointers<const Tensor>(p.b);
+  const std::vector<Tensor*> ys = {&q, &k, &v};
+  CHECK_FALSE(linear_same_x_batch(x, ws, bs, ys).has_value());  // q's width differs
+  const auto plan = linear_same_x_plan(x, ws, bs, ys);
+  REQUIRE(plan.has_value());
+  CHECK(plan->first == 1);
+  CHECK(plan->strides.weights == out * in);
+  CHECK(plan->strides.biases == out);
+  CHECK(plan->strides.outputs == rows * out);
+  Tensor grads = flat.clone();
+  gqa_views g = gqa_views_of(grads);
+  const std::vector<const Tensor*> dys = {&q, &k, &v};
+  const auto back = linear_same_x_backward_plan(x, ws, dys, pointers<Tensor>(g.w), pointers<Tensor>(g.b));
+  REQUIRE(back.has_value());
+  CHECK(back->first == 1);
+  CHECK(back->strides.weights == out * in);
+  // v's output before k's in memory: nothing batches; nor does a pair
+  // whose first differs (the rule leaves out the first of three or more).
+  Tensor k2 = kv.slice(rows, 2 * rows), v2 = kv.slice(0, rows);
+  CHECK_FALSE(linear_same_x_plan(x, ws, bs, std::vector<Tensor*>{&q, &k2, &v2}).has_value());
+  const std::vector<const Tensor*> kv_w = {ws[1], ws[2]}, q_k = {ws[0], ws[1]};
+  CHECK(linear_same_x_plan(x, kv_w, {}, std::vector<Tensor*>{&k, &v})->first == 0);
+  CHECK_FALSE(linear_same_x_plan(x, q_k, {}, std::vector<Tensor*>{&q, &k}).has_value());
+  // The MHA layout: all three, from the first.
+  laid_out m = views_of(random_tensor({lead + products * step}, r));
+  Tensor stack = Tensor::empty({products * rows, out});
+  std::vector<Tensor> mys = slices_of(stack);
+  CHECK(linear_same_x_plan(x, pointers<const Tensor>(m.w), pointers<const Tensor>(m.b), pointers<Tensor>(mys))
+            ->first == 0);
+}
+
+TEST_CASE("cuda: grouped-query attention's k and v as one batched product, q alone, match the cpu (f32, bf16)") {
+  REQUIRE_GPU_OR_SKIP();
+#ifdef COROLLA_HAVE_CUDA
+  const auto& cb = static_cast<const cuda::cuda_backend&>(gpu());
+  const auto batched = [&] { return cb.batched_products(); };
+#else
+  const auto batched = [] { return 0; };
+#endif
+  rng r(441);
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    const std::string type_name = dtype_name(t);
+    CAPTURE(type_name);
+    const Tensor flat = rounded(random_tensor({gqa_size}, r), t);
+    const Tensor x = rounded(random_tensor({rows, in}, r), t);
+    const Tensor dflat = up(flat, t), dxin = up(x, t);
+    gqa_views p = gqa_views_of(flat), dp = gqa_views_of(dflat);
+    const std::vector<const Tensor*> ws = pointers<const Tensor>(dp.w), bs = pointers<const Tensor>(dp.b);
+    Tensor q = gpu().empty({rows, gqa_q}, t), kv = gpu().empty({2 * rows, out}, t);
+    Tensor k = kv.slice(0, rows), v = kv.slice(rows, 2 * rows);
+    const int before = batched();
+    gpu().linear_same_x(dxin, ws, bs, std::vector<Tensor*>{&q, &k, &v});
+    CHECK(batched() == before + 1);
+    const Tensor* got[] = {&q, &k, &v};
+    for (std::size_t i = 0; i < 3; ++i) {
+      Tensor want = Tensor::empty({rows, p.w[i].dim(0)});
+      cpu().linear(x, p.w[i], &p.b[i], want);
+      expect_close(*got[i], want, out_rtol(t), out_atol(t), "y " + std::to_string(i));
+    }
+
+    // Backward into random flat gradients (a second micro-batch's).
+    const Tensor dq = rounded(random_tensor({rows, gqa_q}, r, -0.25f, 0.25f), t);
+    const Tensor dkv = rounded(random_tensor({2 * rows, out}, r, -0.25f, 0.25f), t);
+    const Tensor ddq = up(dq, t), ddkv = up(dkv, t);
+    const Tensor ddk = ddkv.slice(0, rows), ddv = ddkv.slice(rows, 2 * rows);
+    const Tensor dk = dkv.slice(0, rows), dv = dkv.slice(rows, 2 * rows);
+    const Tensor grads0 = rounded(random_tensor({gqa_size}, r), t);
+    Tensor grads_want = grads0.clone(), dgrads = up(grads0, t);
+    gqa_views g_want = gqa_views_of(grads_want), dg = gqa_views_of(dgrads);
+    Tensor dx_want = Tensor::empty({rows, in}), ddx = up(random_tensor({rows, in}, r), t);
+    const int before_backward = batched();
+    gpu().linear_same_x_backward(dxin, ws, std::vector<const Tensor*>{&ddq, &ddk, &ddv}, &ddx,
+                                 pointers<Tensor>(dg.w), pointers<Tensor>(dg.b));
+    CHECK(batched() == before_backward + 1);
+    const Tensor* dys[] = {&dq, &dk, &dv};
+    for (std::size_t i = 0; i < 3; ++i) {
+      cpu().linear_backward(x, p.w[i], *dys[i], i == 0 ? &dx_want : nullptr, g_want.w[i], &g_want.b[i]);
+      if (i > 0) cpu().gemm(*dys[i], false, p.w[i], false, dx_want, 1.0f, 1.0f);
+    }
+    expect_close(ddx, dx_want, out_rtol(t), t == dtype::f32 ? grad_atol : 5e-2, "dx");
+    expect_close(dgrads, grads_want, t == dtype::f32 ? grad_rtol : 1e-2, t == dtype::f32 ? grad_atol : 2e-2,
+                 "dw and db in the flat gradients");
+  }
 }
 
 TEST_CASE("cuda: linear_same_x and its backward as one batched product match the cpu per product (f32, bf16)") {
