@@ -68,6 +68,15 @@ std::vector<Tensor> slices_of(const Tensor& stack) {
   return s;
 }
 
+/// Batched products the CUDA backend has run so far (0 without it).
+int batched() {
+#ifdef COROLLA_HAVE_CUDA
+  return static_cast<const cuda::cuda_backend&>(gpu()).batched_products();
+#else
+  return 0;
+#endif
+}
+
 double out_rtol(dtype t) { return t == dtype::f32 ? red_rtol : 1e-2; }
 double out_atol(dtype t) { return t == dtype::f32 ? red_atol : 1e-2; }
 
@@ -227,12 +236,6 @@ TEST_CASE("grouped-query attention's q, k and v: k and v batch, q alone") {
 
 TEST_CASE("cuda: grouped-query attention's k and v as one batched product, q alone, match the cpu (f32, bf16)") {
   REQUIRE_GPU_OR_SKIP();
-#ifdef COROLLA_HAVE_CUDA
-  const auto& cb = static_cast<const cuda::cuda_backend&>(gpu());
-  const auto batched = [&] { return cb.batched_products(); };
-#else
-  const auto batched = [] { return 0; };
-#endif
   rng r(441);
   for (dtype t : {dtype::f32, dtype::bf16}) {
     const std::string type_name = dtype_name(t);
@@ -281,12 +284,6 @@ TEST_CASE("cuda: grouped-query attention's k and v as one batched product, q alo
 
 TEST_CASE("cuda: linear_same_x and its backward as one batched product match the cpu per product (f32, bf16)") {
   REQUIRE_GPU_OR_SKIP();
-#ifdef COROLLA_HAVE_CUDA
-  const auto& cb = static_cast<const cuda::cuda_backend&>(gpu());
-  const auto batched = [&] { return cb.batched_products(); };
-#else
-  const auto batched = [] { return 0; };
-#endif
   rng r(433);
   for (dtype t : {dtype::f32, dtype::bf16}) {
     const std::string type_name = dtype_name(t);
