@@ -58,9 +58,10 @@ __device__ __forceinline__ bool column_sums(std::int64_t rows, std::int64_t cols
   float s[N];
 #pragma unroll
   for (int n = 0; n < N; ++n) s[n] = 0.0f;
-  if (c < cols)
+  if (c < cols) {
 #pragma unroll 4
     for (std::int64_t r = r0 + y; r < r1; r += column_tile) value(r, c, s);
+  }
 #pragma unroll
   for (int n = 0; n < N; ++n) part[n][y][x] = s[n];
   __syncthreads();

@@ -64,6 +64,10 @@ void cuda_backend::linear_same_x(const Tensor& x, std::span<const Tensor* const>
   if (!batching_enabled() || !plan) return Backend::linear_same_x(x, ws, bs, ys);
   // Products [f, n) as one batch; those before it (GQA's q) one each.
   const std::size_t f = plan->first;
+  // The products before the batch first (their own checks before anything
+  // of the batch runs; should the batch decline, the default writes them
+  // again).
+  for (std::size_t i = 0; i < f; ++i) linear(x, *ws[i], bs.empty() ? nullptr : bs[i], *ys[i]);
   const auto bws = ws.subspan(f);
   const auto bbs = bs.empty() ? bs : bs.subspan(f);
   const auto bys = ys.subspan(f);
@@ -84,7 +88,6 @@ void cuda_backend::linear_same_x(const Tensor& x, std::span<const Tensor* const>
                  y.type(), out, e))
     return Backend::linear_same_x(x, ws, bs, ys);  // no batched algorithm: nothing was done
   ++batched_products_;
-  for (std::size_t i = 0; i < f; ++i) linear(x, *ws[i], bs.empty() ? nullptr : bs[i], *ys[i]);
 }
 
 void cuda_backend::linear_same_x_backward(const Tensor& x, std::span<const Tensor* const> ws,

@@ -1,7 +1,9 @@
 // kernels/cuda/loss_optim.cu — softmax cross-entropy (one block per row) and
-// the AdamW step (elementwise, four parameters a thread where aligned).
+// the AdamW step (elementwise, four parameters a thread from the first
+// 16-byte boundary on).
 // Formulas as in kernels/cpu/cpu_loss_optim.cpp.
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/device_math.cuh"
@@ -24,19 +26,30 @@ void cross_entropy(stream_t s, elem t, const void* logits, const std::int32_t* t
 
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+std::uintptr_t misalignment(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16; }
 
-/// adamw_vec4_kernel where params, grads, m and v are 16-byte aligned (the
-/// flat parameter, gradient and moment buffers are), else adamw_kernel.
+/// adamw_vec4_kernel where params, grads, m and v share one alignment
+/// modulo 16 bytes (the flat buffers, and a data-parallel rank's shard of
+/// them, which starts anywhere): the parameters before the first 16-byte
+/// boundary (at most three) by adamw_kernel, the rest four a thread.
+/// Otherwise adamw_kernel throughout. Either way the same bits.
 template <class CT>
 void launch_adamw(stream_t s, float* params, const float* grads, float* m, float* v, CT* copy,
                   const adamw_step_scalars& k, std::int64_t n) {
-  if (aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v)) {
-    adamw_vec4_kernel<CT><<<grid_for(n / 4), elementwise_threads, 0, s>>>(params, grads, m, v, copy, k, n);
-    COROLLA_CUDA_LAUNCH_CHECK("adamw_vec4_kernel");
-  } else {
-    adamw_kernel<CT><<<grid_for(n), elementwise_threads, 0, s>>>(params, grads, m, v, copy, k, n);
+  const std::uintptr_t off = misalignment(params);
+  const bool shared = off % 4 == 0 && misalignment(grads) == off && misalignment(m) == off && misalignment(v) == off;
+  std::int64_t head = shared ? static_cast<std::int64_t>((16 - off) % 16 / 4) : n;
+  if (head > n) head = n;
+  if (head > 0) {
+    adamw_kernel<CT><<<grid_for(head), elementwise_threads, 0, s>>>(params, grads, m, v, copy, k, head);
     COROLLA_CUDA_LAUNCH_CHECK("adamw_kernel");
+  }
+  if (n > head) {
+    CT* rest_copy = nullptr;
+    if constexpr (!std::is_same_v<CT, adamw_no_copy>) rest_copy = copy + head;
+    adamw_vec4_kernel<CT><<<grid_for((n - head) / 4), elementwise_threads, 0, s>>>(
+        params + head, grads + head, m + head, v + head, rest_copy, k, n - head);
+    COROLLA_CUDA_LAUNCH_CHECK("adamw_vec4_kernel");
   }
 }
 

@@ -490,10 +490,10 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
     it->second.algo = *it->second.first;
     it->second.first.reset();
     std::memcpy(&algo, it->second.algo.data(), sizeof algo);
-    if (choice >= 0) {
+    if (choice >= 0) {  // the heuristic's first, never timed here: out of the totals
       gemm_choice& c = lt_choices_[static_cast<std::size_t>(choice)];
       c.chosen = 0;
-      c.chosen_us = c.first_us;
+      c.first_us = c.chosen_us = std::numeric_limits<double>::quiet_NaN();
       c.from_file = false;
     }
     launched = call(algo);

@@ -138,6 +138,22 @@ TEST_CASE("emulated activation, add, scale, reduction and bias kernels match the
   }
 }
 
+TEST_CASE("column sums split rows into chunks of 256, more a chunk only past 65535 chunks") {
+  CHECK(cuda::column_chunk_rows_for(1) == 256);
+  CHECK(cuda::column_chunks(256, 256) == 1);
+  CHECK(cuda::column_chunks(257, 256) == 2);
+  CHECK(cuda::column_chunks(4096, 256) == 16);
+  CHECK(cuda::column_partials_bytes(256, 100, 2) == 0);  // one chunk: no partials
+  CHECK(cuda::column_partials_bytes(4096, 100, 2) == 16 * 2 * 100 * sizeof(float));
+  const std::int64_t most = std::int64_t{65535} * 256;
+  CHECK(cuda::column_chunk_rows_for(most) == 256);
+  CHECK(cuda::column_chunks(most, 256) == 65535);
+  CHECK(cuda::column_chunk_rows_for(most + 1) == 257);
+  CHECK(cuda::column_chunks(most + 1, 257) <= 65535);
+  const std::int64_t huge = std::int64_t{1} << 34;
+  CHECK(cuda::column_chunks(huge, cuda::column_chunk_rows_for(huge)) <= 65535);
+}
+
 TEST_CASE("emulated embedding, int8 quantisation and dtype conversion kernels match the cpu") {
   kernel_test::rng r(941);
   // Gather and scatter-add, with ids repeated so the atomics collide.

@@ -372,6 +372,10 @@ TEST_CASE("cuda: parameter gradients over many rows (chunked column sums) match 
       gpu().layernorm_backward(up(x, t), up(nw), up(mean), up(rstd), up(gn, t), gdx, gdw, gdb);
       expect_close(gdw, ndw, grad_rtol, grad_atol, "layernorm dw (accumulated)");
       expect_close(gdb, ndb, grad_rtol, grad_atol, "layernorm db (accumulated)");
+      Tensor gdw2 = up(ndw0), gdb2 = up(ndb0);  // again: the same bits
+      gpu().layernorm_backward(up(x, t), up(nw), up(mean), up(rstd), up(gn, t), gdx, gdw2, gdb2);
+      CHECK(same_values(down(gdw2), down(gdw)));
+      CHECK(same_values(down(gdb2), down(gdb)));
     }
   }
 }
@@ -595,8 +599,11 @@ TEST_CASE("cuda: adamw steps match the cpu") {
     CHECK(same_values(down(v3), down(dv)));
     CHECK(same_values(down(copy), down(want)));
   }
-  // Views one element in (4-byte aligned only) take the one-a-thread kernel:
-  // the same bits as the four-a-thread one on the aligned buffers.
+  // Views one element in (a data-parallel shard's start): three parameters
+  // one a thread, the rest four a thread from the 16-byte boundary; then
+  // gradients two elements in (no common alignment: one a thread
+  // throughout). The same bits as the four-a-thread kernel on the aligned
+  // buffers.
   Tensor wide_p = gpu().empty({n + 1}), wide_g = gpu().empty({n + 1}), wide_m = gpu().empty({n + 1}),
          wide_v = gpu().empty({n + 1});
   Tensor off_p = wide_p.slice(1, n + 1), off_g = wide_g.slice(1, n + 1), off_m = wide_m.slice(1, n + 1),
@@ -609,6 +616,18 @@ TEST_CASE("cuda: adamw steps match the cpu") {
   CHECK(same_values(down(off_p), down(dp)));
   CHECK(same_values(down(off_m), down(dm)));
   CHECK(same_values(down(off_v), down(dv)));
+  Tensor wide_g2 = gpu().empty({n + 2}), off_g2 = wide_g2.slice(2, n + 2);
+  gpu().copy(g, off_g2);
+  gpu().copy(p2, off_p);
+  gpu().copy(m2, off_m);
+  gpu().copy(v2, off_v);
+  Tensor off_copy = gpu().empty({n}, dtype::bf16), want_copy = gpu().empty({n}, dtype::bf16);
+  gpu().adamw_with_copy(off_p, off_g2, off_m, off_v, hp, 4, off_copy);
+  gpu().copy(dp, want_copy);
+  CHECK(same_values(down(off_p), down(dp)));
+  CHECK(same_values(down(off_m), down(dm)));
+  CHECK(same_values(down(off_v), down(dv)));
+  CHECK(same_values(down(off_copy), down(want_copy)));
   Tensor f32_copy = gpu().empty({n});
   CHECK_THROWS_AS(gpu().adamw_with_copy(p2, g, m2, v2, hp, 4, f32_copy), tensor_error);
 }
