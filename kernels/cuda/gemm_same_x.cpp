@@ -12,12 +12,13 @@
 // When (kernels/same_x_batch.hpp): the weights (forward) or the output
 // gradients and the weight gradients (backward) are each of one shape and
 // dtype and start at equal distances in memory; with grouped-query
-// attention (q wider than k and v) k and v batch, q runs alone. A block's q, k and v
-// weights are (they follow each other in its flat parameters, with a bias
-// between them in GPT-2, also equally spaced), and so are their gradients;
-// the model allocates q, k and v and their gradients as slices of one
-// buffer (model/block.cpp; with GQA k and v). Else, and for inference weights (bf16 with an
-// f32 x: the GEMV), a bias of another dtype than y's, empty products,
+// attention (q wider than k and v) k and v batch, q runs alone. A block's
+// q, k and v weights are (they follow each other in its flat parameters,
+// with a bias between them in GPT-2, also equally spaced), and so are their
+// gradients; the model allocates q, k and v and their gradients as slices
+// of one buffer (model/block.cpp; with GQA k and v). Else, and for
+// inference weights (bf16 with an f32 x: the GEMV), a bias of another
+// dtype than y's, empty products,
 // biases whose stride would misalign the later ones, a heuristic with no
 // batched algorithm (lt_matmul declines both), or
 // COROLLA_CUDA_BATCHED_LINEAR=0 (the A/B), the Backend default runs:
