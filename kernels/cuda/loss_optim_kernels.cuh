@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/adamw_scalars.hpp"
 #include "kernels/cuda/device_elem.cuh"
@@ -73,20 +72,25 @@ __device__ __forceinline__ float adamw_element(std::int64_t i, float* params, co
   return p;
 }
 
-/// What adamw_vec4_kernel writes besides params, m and v: nothing
+/// What the AdamW kernels write besides params, m and v: nothing
 /// (adamw_no_copy), or each updated parameter rounded once into the 16-bit
 /// compute copy (bf16 or f16), as the conversion kernel stores it.
 struct adamw_no_copy {};
+/// Parameter i into the copy, rounded once (store_f32); nothing without one.
+template <class CT>
+__device__ __forceinline__ void store_copy(CT* copy, std::int64_t i, float p) {
+  store_f32(copy, i, p);
+}
+__device__ __forceinline__ void store_copy(adamw_no_copy*, std::int64_t, float) {}
 
-/// The scalar form, for pointers not 16-byte aligned: one parameter per
-/// thread (grid-stride), the copy written when CT is not adamw_no_copy.
+/// One parameter per thread (grid-stride): where the pointers share no
+/// 16-byte alignment, and the few before their first 16-byte boundary.
 template <class CT>
 __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, CT* copy, adamw_step_scalars k,
                              std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
-    const float p = adamw_element(i, params, grads, m, v, k);
-    if constexpr (!std::is_same_v<CT, adamw_no_copy>) store_f32(copy, i, p);
+    store_copy(copy, i, adamw_element(i, params, grads, m, v, k));
   }
 }
 
@@ -114,17 +118,14 @@ __global__ void adamw_vec4_kernel(float* params, const float* grads, float* m, f
     reinterpret_cast<float4*>(params)[q] = p;
     reinterpret_cast<float4*>(m)[q] = mq;
     reinterpret_cast<float4*>(v)[q] = vq;
-    if constexpr (!std::is_same_v<CT, adamw_no_copy>) {
-      store_f32(copy, 4 * q, p.x);
-      store_f32(copy, 4 * q + 1, p.y);
-      store_f32(copy, 4 * q + 2, p.z);
-      store_f32(copy, 4 * q + 3, p.w);
-    }
+    store_copy(copy, 4 * q, p.x);
+    store_copy(copy, 4 * q + 1, p.y);
+    store_copy(copy, 4 * q + 2, p.z);
+    store_copy(copy, 4 * q + 3, p.w);
   }
   if (first < n - 4 * groups) {
     const std::int64_t i = 4 * groups + first;
-    const float p = adamw_element(i, params, grads, m, v, k);
-    if constexpr (!std::is_same_v<CT, adamw_no_copy>) store_f32(copy, i, p);
+    store_copy(copy, i, adamw_element(i, params, grads, m, v, k));
   }
 }
 
