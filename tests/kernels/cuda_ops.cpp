@@ -589,14 +589,18 @@ TEST_CASE("cuda: adamw steps match the cpu") {
   const Tensor g = up(random_tensor({n}, r));
   Tensor p2 = up(down(dp)), m2 = up(down(dm)), v2 = up(down(dv));
   gpu().adamw(dp, g, dm, dv, hp, 4);
+  // The state step 4 leaves (dp, dm, dv), bit for bit.
+  const auto expect_step4 = [&](const Tensor& p4, const Tensor& m4, const Tensor& v4) {
+    CHECK(same_values(down(p4), down(dp)));
+    CHECK(same_values(down(m4), down(dm)));
+    CHECK(same_values(down(v4), down(dv)));
+  };
   for (const dtype t : {dtype::bf16, dtype::f16}) {
     CAPTURE(dtype_name(t));
     Tensor p3 = up(down(p2)), m3 = up(down(m2)), v3 = up(down(v2)), copy = gpu().empty({n}, t), want = gpu().empty({n}, t);
     gpu().adamw_with_copy(p3, g, m3, v3, hp, 4, copy);
     gpu().copy(dp, want);
-    CHECK(same_values(down(p3), down(dp)));
-    CHECK(same_values(down(m3), down(dm)));
-    CHECK(same_values(down(v3), down(dv)));
+    expect_step4(p3, m3, v3);
     CHECK(same_values(down(copy), down(want)));
   }
   // Views one element in (a data-parallel shard's start): three parameters
@@ -604,29 +608,19 @@ TEST_CASE("cuda: adamw steps match the cpu") {
   // gradients two elements in (no common alignment: one a thread
   // throughout). The same bits as the four-a-thread kernel on the aligned
   // buffers.
-  Tensor wide_p = gpu().empty({n + 1}), wide_g = gpu().empty({n + 1}), wide_m = gpu().empty({n + 1}),
-         wide_v = gpu().empty({n + 1});
-  Tensor off_p = wide_p.slice(1, n + 1), off_g = wide_g.slice(1, n + 1), off_m = wide_m.slice(1, n + 1),
-         off_v = wide_v.slice(1, n + 1);
-  gpu().copy(p2, off_p);
-  gpu().copy(g, off_g);
-  gpu().copy(m2, off_m);
-  gpu().copy(v2, off_v);
-  gpu().adamw(off_p, off_g, off_m, off_v, hp, 4);
-  CHECK(same_values(down(off_p), down(dp)));
-  CHECK(same_values(down(off_m), down(dm)));
-  CHECK(same_values(down(off_v), down(dv)));
-  Tensor wide_g2 = gpu().empty({n + 2}), off_g2 = wide_g2.slice(2, n + 2);
-  gpu().copy(g, off_g2);
-  gpu().copy(p2, off_p);
-  gpu().copy(m2, off_m);
-  gpu().copy(v2, off_v);
+  const auto offset_copy = [&](const Tensor& src, std::int64_t offset) {  // src in a new buffer, `offset` in
+    Tensor view = gpu().empty({n + offset}).slice(offset, n + offset);
+    gpu().copy(src, view);
+    return view;
+  };
+  Tensor off_p = offset_copy(p2, 1), off_m = offset_copy(m2, 1), off_v = offset_copy(v2, 1);
+  gpu().adamw(off_p, offset_copy(g, 1), off_m, off_v, hp, 4);
+  expect_step4(off_p, off_m, off_v);
+  off_p = offset_copy(p2, 1), off_m = offset_copy(m2, 1), off_v = offset_copy(v2, 1);
   Tensor off_copy = gpu().empty({n}, dtype::bf16), want_copy = gpu().empty({n}, dtype::bf16);
-  gpu().adamw_with_copy(off_p, off_g2, off_m, off_v, hp, 4, off_copy);
+  gpu().adamw_with_copy(off_p, offset_copy(g, 2), off_m, off_v, hp, 4, off_copy);
   gpu().copy(dp, want_copy);
-  CHECK(same_values(down(off_p), down(dp)));
-  CHECK(same_values(down(off_m), down(dm)));
-  CHECK(same_values(down(off_v), down(dv)));
+  expect_step4(off_p, off_m, off_v);
   CHECK(same_values(down(off_copy), down(want_copy)));
   Tensor f32_copy = gpu().empty({n});
   CHECK_THROWS_AS(gpu().adamw_with_copy(p2, g, m2, v2, hp, 4, f32_copy), tensor_error);
