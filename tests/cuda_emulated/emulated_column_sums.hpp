@@ -23,11 +23,12 @@ void launch_column_sums(void (*kernel)(Params...), std::int64_t rows, std::int64
   cuda::column_out<N, A> out{};
   for (int n = 0; n < N; ++n) out.acc[n] = acc[n];
   out.partials = chunks > 1 ? partials.data() : nullptr;
-  corolla::emulated::launch(kernel, {cuda::column_tiles(cols), chunks, cuda::column_tile, 0, cuda::column_tile}, args...,
-                   chunk_rows, out);
+  corolla::emulated::launch(kernel, {cuda::column_tiles(cols), chunks, cuda::column_tile, 0, cuda::column_tile},
+                            args..., chunk_rows, out);
   if (chunks > 1)
     corolla::emulated::launch(&cuda::column_partials_kernel<N, A>,
-                     {cuda::column_partials_blocks(cols), 1, cuda::column_partials_threads, 0}, out, chunks, cols);
+                              {cuda::column_partials_blocks(cols), 1, cuda::column_partials_threads, 0}, out, chunks,
+                              cols);
 }
 
 }  // namespace emulated_test
