@@ -191,7 +191,7 @@ class Backend {
   /// inference; training keeps f32 weights").
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                Tensor& dw, Tensor* db) = 0;
-  /// Products of one x (a block's q, k and v): ys[i] = x @ ws[i]^T (+
+  /// Products of one x (a block's q, k and v; Llama's gate and up): ys[i] = x @ ws[i]^T (+
   /// *bs[i]); bs empty or one entry (or null) per w. This default runs
   /// `linear` for each; CUDA runs them as one strided batched product where
   /// the ws, the ys and the biases are each of one shape and dtype and

@@ -1,5 +1,6 @@
 #include "model/block.hpp"
 
+#include <initializer_list>
 #include <tuple>
 #include <utility>
 
@@ -9,25 +10,32 @@ namespace corolla {
 using namespace block_ops;
 namespace {
 
+/// Makes each of ts an [N, width] slice of one [ts.size() * N, width]
+/// tensor `stack` of dtype `act`, in order: products of one x into them are
+/// then equally spaced, and a backend may run them as one batched product
+/// (Backend::linear_same_x and its backward).
+void row_stack(Backend& be, Tensor& stack, std::initializer_list<Tensor*> ts, std::int64_t N, std::int64_t width,
+               dtype act) {
+  ensure_tensor(be, stack, {static_cast<std::int64_t>(ts.size()) * N, width}, act);
+  std::int64_t row = 0;
+  for (Tensor* t : ts) {
+    *t = stack.slice(row, row + N);
+    row += N;
+  }
+}
+
 /// Makes q, k and v [N, Q], [N, KV], [N, KV] of dtype `act`: when Q == KV,
-/// slices of one [3N, Q] tensor `stack`, so their products (of one x) are
-/// equally spaced and a backend may run them as one batched product
-/// (Backend::linear_same_x and its backward); else (grouped-query
+/// slices of one [3N, Q] tensor `stack` (row_stack); else (grouped-query
 /// attention) q its own and k and v slices of one [2N, KV] `stack`, so
 /// theirs may batch.
 void qkv_stack(Backend& be, Tensor& stack, Tensor& q, Tensor& k, Tensor& v, std::int64_t N, std::int64_t Q,
                std::int64_t KV, dtype act) {
   if (Q != KV) {
     ensure_tensor(be, q, {N, Q}, act);
-    ensure_tensor(be, stack, {2 * N, KV}, act);
-    k = stack.slice(0, N);
-    v = stack.slice(N, 2 * N);
-    return;
+    row_stack(be, stack, {&k, &v}, N, KV, act);
+  } else {
+    row_stack(be, stack, {&q, &k, &v}, N, Q, act);
   }
-  ensure_tensor(be, stack, {3 * N, Q}, act);
-  q = stack.slice(0, N);
-  k = stack.slice(N, 2 * N);
-  v = stack.slice(2 * N, 3 * N);
 }
 
 /// Sizes block_backward's scratch for N rows of activation dtype `act`.
@@ -47,8 +55,8 @@ void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dty
   }
   if (!cfg.is_moe()) {  // the experts' rows have their own scratch (moe_grad_scratch)
     ensure_tensor(be, s.dact, {N, F}, act);
-    ensure_tensor(be, s.dup, {N, F}, act);
-    if (is_llama(cfg)) ensure_tensor(be, s.dgate, {N, F}, act);
+    if (is_llama(cfg)) row_stack(be, s.dgate_up, {&s.dgate, &s.dup}, N, F, act);  // as gate and up (block_forward)
+    else ensure_tensor(be, s.dup, {N, F}, act);
   }
 }
 
@@ -396,9 +404,11 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   ensure_tensor(be, a.rstd2, {N});
   if (!llama) ensure_tensor(be, a.mean2, {N});
   const bool moe = cfg.is_moe();
-  if (llama && !moe) ensure_tensor(be, a.gate, {N, F}, act);
   if (!moe) {
-    ensure_tensor(be, a.up, {N, F}, act);
+    // Llama's gate and up: slices of one stack, so their products (of one
+    // x, weights adjacent in the parameters) may run as one batch.
+    if (llama) row_stack(be, a.gate_up, {&a.gate, &a.up}, N, F, act);
+    else ensure_tensor(be, a.up, {N, F}, act);
     ensure_tensor(be, a.act, {N, F}, act);
   }
 
@@ -431,8 +441,9 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   if (moe) {
     moe_forward(be, cfg, w, a.norm2, y, a.moe);
   } else if (llama) {
-    be.linear(a.norm2, w.gate_w, nullptr, a.gate);
-    be.linear(a.norm2, w.up_w, nullptr, a.up);
+    const Tensor* ws[] = {&w.gate_w, &w.up_w};
+    Tensor* ys[] = {&a.gate, &a.up};
+    be.linear_same_x(a.norm2, ws, {}, ys);
     be.swiglu(a.gate, a.up, a.act);
   } else if (!be.linear_gelu(a.norm2, w.up_w, opt(w.up_b), a.up, a.act)) {
     be.linear(a.norm2, w.up_w, opt(w.up_b), a.up);
@@ -469,9 +480,12 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
   } else if (llama) {
     be.linear_backward(a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
-    be.linear_backward(a.norm2, w.gate_w, s.dgate, &s.dnorm, g.gate_w, nullptr);
-    be.linear_backward(a.norm2, w.up_w, s.dup, nullptr, g.up_w, nullptr);
-    be.gemm(s.dup, false, w.up_w, false, s.dnorm, 1.0f, 1.0f);  // dnorm += dup @ W_up
+    // dnorm = dgate @ W_gate + dup @ W_up; the weight gradients as one batch
+    // where the backend has it.
+    const Tensor* ws[] = {&w.gate_w, &w.up_w};
+    const Tensor* dys[] = {&s.dgate, &s.dup};
+    Tensor* dws[] = {&g.gate_w, &g.up_w};
+    be.linear_same_x_backward(a.norm2, ws, dys, &s.dnorm, dws, {});
   } else {
     // dup = gelu_backward(up, dy @ W_down), in the product's epilogue where
     // the backend has it.

@@ -177,6 +177,7 @@ struct block_activations {
   Tensor h;                   ///< x + attention projection [N,D]
   Tensor norm2, mean2, rstd2; ///< second norm
   Tensor gate;                ///< Llama gate projection [N,F]
+  Tensor gate_up;             ///< Llama: gate and up sliced from it [2N,F] (row_stack)
   Tensor up;                  ///< Llama up projection / GPT-2 c_fc output before GELU [N,F]
   Tensor act;                 ///< swiglu(gate, up) or gelu(up) [N,F]
   moe_buffers moe;            ///< mixture-of-experts blocks: the routing and the experts' rows
@@ -189,6 +190,7 @@ struct block_grad_scratch {
   /// The q, k and v projections' output gradients (dq or dq_pre, dk or
   /// dk_pre, dv) as slices of it where their widths match (qkv_stack)
   Tensor dqkv;
+  Tensor dgate_up;        ///< Llama: dgate and dup as slices of it (as gate and up)
   moe_grad_scratch moe;   ///< mixture-of-experts blocks
 };
 

@@ -92,8 +92,8 @@ TEST_CASE("emulated device: training takes the products' epilogues on every laye
     const bool gpt2 = arch == architecture::gpt2;
     REQUIRE(mha == (ref.config().n_kv_heads == ref.config().n_heads));
     // The q, k and v products and their weight gradients (with GQA, k's and
-    // v's), a batch each a layer.
-    const int batches = 2 * layers;
+    // v's), a batch each a layer; Llama's gate and up the same.
+    const int batches = (gpt2 ? 2 : 4) * layers;
     // 2 x 16 rows: more than decode's 16, so the residual adds are fused too;
     // 1 x 12: only the GELU's (the adds stay with decode's forms).
     for (const auto [batch, seq] : {std::pair{2, 16}, std::pair{1, 12}}) {
@@ -139,11 +139,12 @@ TEST_CASE("emulated device: training takes the products' epilogues on every laye
   }
 }
 
-TEST_CASE("emulated device: Qwen2's biased and Qwen3's normed q, k and v batch a layer (GQA: k and v), with the cpu's gradients") {
+TEST_CASE("emulated device: Qwen2's biased and Qwen3's normed q, k and v (GQA: k and v) and their gate and up batch a layer, with the cpu's gradients") {
   // Qwen2: q, k and v with biases; Qwen3: the products before the per-head
   // q/k norms (q_pre, k_pre) and v. As many key/value heads as heads: one
   // batch for the products and one for their weight gradients a layer;
-  // with fewer (GQA), the same two batches of k and v, q alone.
+  // with fewer (GQA), the same two batches of k and v, q alone. Gate and
+  // up: two more.
   for (const auto [family, mha] : {std::pair{"Qwen2ForCausalLM", true}, std::pair{"Qwen3ForCausalLM", true},
                                    std::pair{"Qwen2ForCausalLM", false}, std::pair{"Qwen3ForCausalLM", false}}) {
     CAPTURE(std::string(family));
@@ -163,7 +164,7 @@ TEST_CASE("emulated device: Qwen2's biased and Qwen3's normed q, k and v batch a
     m.zero_grads();
     CHECK(m.forward_backward(ids, targets, 2, 16) == ref_loss);
     CHECK(same_grads(m, ref));
-    CHECK(dev.stats().batched_products == 2 * layers);
+    CHECK(dev.stats().batched_products == 4 * layers);  // q/k/v's two and gate/up's two
   }
 }
 

@@ -6,7 +6,8 @@
 // with outputs that are slices of one buffer run as one strided batched
 // cuBLASLt product, checked against the CPU per product, in f32 and bf16;
 // unequally spaced operands take the per-product path there and agree too;
-// grouped-query attention's k and v (q wider) batch without q. The layout
+// grouped-query attention's k and v (q wider) batch without q, and two
+// products without biases (Llama's gate and up) batch too. The layout
 // rule (kernels/same_x_batch.hpp) is checked on the CPU.
 // Without the CUDA backend or a visible device the GPU test says why in a
 // MESSAGE and returns.
@@ -338,5 +339,64 @@ TEST_CASE("cuda: linear_same_x and its backward as one batched product match the
     expect_close(ddx, dx_want, out_rtol(t), t == dtype::f32 ? grad_atol : 5e-2, "dx");
     expect_close(dgrads, grads_want, t == dtype::f32 ? grad_rtol : 1e-2, t == dtype::f32 ? grad_atol : 2e-2,
                  "dw and db in the flat gradients");
+  }
+}
+
+namespace {
+
+/// Llama's gate and up as a block's flat parameters have them: two weights
+/// of one shape, one after the other, no biases.
+constexpr std::int64_t pair_size = lead + 2 * out * in;
+std::vector<Tensor> pair_of(const Tensor& flat) {
+  return {flat.slice(lead, lead + out * in).view({out, in}), flat.slice(lead + out * in, pair_size).view({out, in})};
+}
+
+}  // namespace
+
+TEST_CASE("cuda: two products without biases (Llama's gate and up) as one batch, and their backward, match the cpu (f32, bf16)") {
+  REQUIRE_GPU_OR_SKIP();
+  rng r(443);
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    const std::string type_name = dtype_name(t);
+    CAPTURE(type_name);
+    const Tensor flat = rounded(random_tensor({pair_size}, r), t);
+    const Tensor x = rounded(random_tensor({rows, in}, r), t);
+    const Tensor dflat = up(flat, t), dxin = up(x, t);
+    std::vector<Tensor> p = pair_of(flat), dp = pair_of(dflat);
+    const std::vector<const Tensor*> ws = pointers<const Tensor>(dp);
+    Tensor stack = gpu().empty({2 * rows, out}, t);
+    Tensor gate = stack.slice(0, rows), upp = stack.slice(rows, 2 * rows);
+    const int before = batched();
+    gpu().linear_same_x(dxin, ws, {}, std::vector<Tensor*>{&gate, &upp});
+    CHECK(batched() == before + 1);
+    const Tensor* got[] = {&gate, &upp};
+    for (std::size_t i = 0; i < 2; ++i) {
+      Tensor want = Tensor::empty({rows, out});
+      cpu().linear(x, p[i], nullptr, want);
+      expect_close(*got[i], want, out_rtol(t), out_atol(t), "y " + std::to_string(i));
+    }
+
+    // Backward: dx overwritten, the weight gradients accumulated into the
+    // flat gradients, no bias gradients.
+    const Tensor dstack = rounded(random_tensor({2 * rows, out}, r, -0.25f, 0.25f), t);
+    const Tensor ddstack = up(dstack, t);
+    const Tensor dys[] = {dstack.slice(0, rows), dstack.slice(rows, 2 * rows)};
+    const Tensor ddys[] = {ddstack.slice(0, rows), ddstack.slice(rows, 2 * rows)};
+    const Tensor grads0 = rounded(random_tensor({pair_size}, r), t);
+    Tensor grads_want = grads0.clone(), dgrads = up(grads0, t);
+    std::vector<Tensor> g_want = pair_of(grads_want), dg = pair_of(dgrads);
+    Tensor dx_want = Tensor::empty({rows, in}), ddx = up(random_tensor({rows, in}, r), t);
+    const int before_backward = batched();
+    gpu().linear_same_x_backward(dxin, ws, std::vector<const Tensor*>{&ddys[0], &ddys[1]}, &ddx,
+                                 pointers<Tensor>(dg), {});
+    CHECK(batched() == before_backward + 1);
+    cpu().linear_backward(x, p[0], dys[0], &dx_want, g_want[0], nullptr);
+    cpu().linear_backward(x, p[1], dys[1], nullptr, g_want[1], nullptr);
+    cpu().gemm(dys[1], false, p[1], false, dx_want, 1.0f, 1.0f);
+    expect_close(ddx, dx_want, out_rtol(t), t == dtype::f32 ? grad_atol : 5e-2, "dx");
+    expect_close(dgrads, grads_want, t == dtype::f32 ? grad_rtol : 1e-2, t == dtype::f32 ? grad_atol : 2e-2,
+                 "dw in the flat gradients");
+    // The lead elements before the weights are untouched.
+    expect_close(dgrads.slice(0, lead), grads0.slice(0, lead), 0.0, 0.0, "elements before the weights");
   }
 }
