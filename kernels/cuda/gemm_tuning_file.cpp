@@ -47,6 +47,34 @@ std::optional<double> number(const std::string& text) {
   return v;
 }
 
+/// An algorithm's eight words as 128 hex digits, and back (nullopt unless
+/// exactly that).
+constexpr std::size_t algo_digits = 8 * 16;
+std::string hex_of(const std::array<std::uint64_t, 8>& words) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string text;
+  text.reserve(algo_digits);
+  for (const std::uint64_t w : words)
+    for (int shift = 60; shift >= 0; shift -= 4) text.push_back(digits[(w >> shift) & 0xf]);
+  return text;
+}
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+std::optional<std::array<std::uint64_t, 8>> words_of(const std::string& text) {
+  if (text.size() != algo_digits) return std::nullopt;
+  std::array<std::uint64_t, 8> words{};
+  for (std::size_t i = 0; i < algo_digits; ++i) {
+    const int v = hex_value(text[i]);
+    if (v < 0) return std::nullopt;
+    words[i / 16] = (words[i / 16] << 4) | static_cast<std::uint64_t>(v);
+  }
+  return words;
+}
+
 }  // namespace
 
 std::string gemm_tuning_file_path() {
@@ -67,18 +95,20 @@ gemm_tuning_file::gemm_tuning_file(std::string path, std::string platform)
   for (int number_of_line = 1; std::getline(in, line); ++number_of_line) {
     if (line.empty()) continue;
     const std::vector<std::string> f = split_tabs(line);
-    const auto chosen = f.size() == 6 ? whole(f[2]) : std::nullopt;
-    const auto candidates = f.size() == 6 ? whole(f[3]) : std::nullopt;
-    const auto first = f.size() == 6 ? number(f[4]) : std::nullopt;
-    const auto best = f.size() == 6 ? number(f[5]) : std::nullopt;
-    if (!chosen || !candidates || !first || !best || *chosen < 0 || *candidates <= *chosen ||
+    const bool seven = f.size() == 7;
+    const auto chosen = seven ? whole(f[2]) : std::nullopt;
+    const auto candidates = seven ? whole(f[3]) : std::nullopt;
+    const auto first = seven ? number(f[4]) : std::nullopt;
+    const auto best = seven ? number(f[5]) : std::nullopt;
+    const auto algo = seven ? words_of(f[6]) : std::nullopt;
+    if (!chosen || !candidates || !first || !best || !algo || *chosen < 0 || *candidates <= *chosen ||
         *candidates > max_candidates || !std::isfinite(*best) || f[1].empty())
       throw std::runtime_error("gemm tuning file " + path_ + ":" + std::to_string(number_of_line) +
                                ": expected 'platform<TAB>problem<TAB>chosen<TAB>candidates<TAB>first_us<TAB>"
-                               "chosen_us' with 0 <= chosen < candidates <= " + std::to_string(max_candidates) +
-                               " and a finite chosen_us");
+                               "chosen_us<TAB>algorithm' with 0 <= chosen < candidates <= " +
+                               std::to_string(max_candidates) + ", a finite chosen_us and 128 hex digits");
     if (f[0] != platform_) continue;  // another device or library: its choices are not ours
-    entries_[f[1]] = {static_cast<int>(*chosen), static_cast<int>(*candidates), *first, *best};
+    entries_[f[1]] = {static_cast<int>(*chosen), static_cast<int>(*candidates), *first, *best, *algo};
   }
   if (in.bad()) throw std::runtime_error("gemm tuning file " + path_ + ": read failed");
 }
@@ -94,7 +124,7 @@ void gemm_tuning_file::add(const std::string& problem, const gemm_tuning_entry& 
   std::ostringstream line;
   line.precision(17);
   line << platform_ << '\t' << problem << '\t' << e.chosen << '\t' << e.candidates << '\t' << e.first_us << '\t'
-       << e.chosen_us << '\n';
+       << e.chosen_us << '\t' << hex_of(e.algo) << '\n';
   const std::string text = line.str();
   const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("gemm tuning file " + path_ + ": cannot open it: " + std::strerror(errno));

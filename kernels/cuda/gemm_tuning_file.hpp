@@ -6,19 +6,26 @@
 // there; a problem timed now is appended. So a second run (a restarted
 // rank, a re-planned stage, the next job on the machine) skips the timing
 // and runs the same algorithms, bit for bit, as the first; ranks on one
-// machine may share the file. The candidate is recorded as its index in
-// the heuristic's answer, which the same library on the same device gives
-// in the same order: lines are kept per platform (device and cuBLASLt
-// version), and a line of another platform is left alone.
+// machine may share the file. The candidate is recorded as the algorithm
+// itself: a cublasLtMatmulAlgo_t's 64 bytes, which cuBLASLt documents as
+// serialisable for the same library version. A later process runs it only
+// if the heuristic names it again for the problem (at any position: the
+// answer's order may differ with its length); else the problem is timed
+// anew. Lines are kept per platform (device, SM count, cuBLASLt version
+// and workspace size), and a line of another platform is left alone.
 //
 // One line per problem, tab-separated:
-//   platform  problem  chosen  candidates  first_us  chosen_us
-// problem is the lt_key's numbers (lt_matmul.cpp's problem_key); a later
-// line of a problem overrides an earlier one. Lines are appended with one
-// write each (O_APPEND), so processes sharing the file interleave whole
-// lines.
+//   platform  problem  chosen  candidates  first_us  chosen_us  algorithm
+// problem is the lt_key's numbers (lt_matmul.cpp's problem_key); chosen
+// and candidates the chosen's index in the heuristic's answer and its
+// length when it was timed (for reading; the algorithm is what counts);
+// algorithm 128 hex digits (its eight 64-bit words). A later line of a
+// problem overrides an earlier one. Lines are appended with one write
+// each (O_APPEND), so processes sharing the file interleave whole lines.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -34,13 +41,14 @@ struct gemm_tuning_entry {
   int candidates = 0;   ///< how many the heuristic named when it was timed
   double first_us = 0;  ///< the heuristic's first, then
   double chosen_us = 0; ///< the chosen, then
+  std::array<std::uint64_t, 8> algo{};  ///< the chosen: a cublasLtMatmulAlgo_t's bytes
 };
 
 class gemm_tuning_file {
  public:
   /// Reads `path` (a missing file is empty), keeping the lines of
-  /// `platform`. A malformed line (or candidates above 64, or a chosen_us
-  /// that is not finite) throws std::runtime_error naming path:line; so
+  /// `platform`. A malformed line (or candidates above 64, a chosen_us
+  /// that is not finite, an algorithm not of 128 hex digits) throws std::runtime_error naming path:line; so
   /// does a file that cannot be read. lt_matmul then warns and goes on
   /// without the file, as it does when a line cannot be appended.
   gemm_tuning_file(std::string path, std::string platform);

@@ -34,8 +34,10 @@
 // past gemm_tune_max_problems, a problem with one candidate, a scratch
 // above gemm_tune_max_scratch_bytes or no memory for it. With
 // COROLLA_CUDA_GEMM_TUNE_FILE a problem recorded there runs the recorded
-// candidate, untimed (or, if its launch refuses it, the heuristic's first),
-// and one timed now is appended (gemm_tuning_file.hpp).
+// algorithm untimed where the heuristic names it again (or, if its launch
+// refuses it, the heuristic's first), and one timed now (the recorded
+// algorithm no longer among the candidates too) is appended
+// (gemm_tuning_file.hpp).
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -419,8 +421,17 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
       stored.choice = static_cast<int>(lt_choices_.size());
       lt_choices_.push_back(std::move(choice));
     };
-    if (known && known->candidates == found && known->chosen < found) {  // the same answer: its pick, untimed
-      pick = known->chosen;
+    // The recorded algorithm, where the heuristic names it again (at any
+    // position): run untimed.
+    const auto named = [&]() -> std::optional<int> {
+      if (!known) return std::nullopt;
+      for (int i = 0; i < found; ++i)
+        if (std::memcmp(&results[static_cast<std::size_t>(i)].algo, known->algo.data(), sizeof known->algo) == 0)
+          return i;
+      return std::nullopt;
+    }();
+    if (named) {
+      pick = *named;
       record(pick, known->first_us, known->chosen_us, true);
       if (pick != 0) {  // never run in this process: the heuristic's first stands by (below)
         stored.first.emplace();
@@ -463,7 +474,9 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
           record(pick, us[0], chosen_us, false);
           if (file) {
             try {  // the file is a cache: the product runs whether or not it can be written
-              file->add(problem, {pick, found, us[0], chosen_us});
+              gemm_tuning_entry e{pick, found, us[0], chosen_us, {}};
+              std::memcpy(e.algo.data(), &results[static_cast<std::size_t>(pick)].algo, sizeof e.algo);
+              file->add(problem, e);
             } catch (const std::exception& e) {
               spdlog::warn("{}; this process's choices are no longer written there", e.what());
               tuning_file_.reset();  // read_ stays true: no file from now on
@@ -519,9 +532,15 @@ gemm_tuning_file* cuda_backend::tuning_file() {
   if (!tuning_file_read_) {
     tuning_file_read_ = true;
     if (const std::string path = gemm_tuning_file_path(); !path.empty()) {
+      // The platform: what the heuristic's answer depends on besides the
+      // problem (a MIG slice has fewer SMs; the workspace bounds split-K).
+      int sms = 0;
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index_);
+      const std::string platform = device_description(index_) + ", " + std::to_string(sms) + " SMs; cuBLASLt " +
+                                   std::to_string(cublasLtGetVersion()) + ", workspace " +
+                                   std::to_string(lt_workspace_bytes_);
       try {  // a cache: without it, problems are timed as without the variable
-        tuning_file_ = std::make_unique<gemm_tuning_file>(
-            path, device_description(index_) + "; cuBLASLt " + std::to_string(cublasLtGetVersion()));
+        tuning_file_ = std::make_unique<gemm_tuning_file>(path, platform);
       } catch (const std::exception& e) {
         spdlog::warn("{}; COROLLA_CUDA_GEMM_TUNE_FILE is not used by this process", e.what());
       }

@@ -8,7 +8,9 @@
 // product too small is not timed, and with tuning off nothing is; and
 // training's fused products (the residual as C in and out of place,
 // GELU_AUX_BIAS, DGELU) and a batch of accumulated weight gradients give
-// the cpu's results on their first, timed, calls. Without
+// the cpu's results on their first, timed, calls; a second backend runs
+// the algorithm COROLLA_CUDA_GEMM_TUNE_FILE recorded, and a recorded
+// algorithm the heuristic no longer names is timed anew. Without
 // the CUDA backend or a visible device the GPU test says why in a MESSAGE
 // and returns.
 #include <doctest/doctest.h>
@@ -17,6 +19,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -345,5 +348,27 @@ TEST_CASE("cuda: cuBLASLt algorithms timed by one backend are read back by the n
   CHECK(read[0].candidates == timed[0].candidates);
   CHECK(read[0].chosen_us == timed[0].chosen_us);
   CHECK(to_double(y1) == to_double(y2));  // the same algorithm: the same bits
+
+  // A line naming an algorithm the heuristic no longer names (its 64 bytes
+  // zeroed): the problem is timed anew and a line of it appended.
+  std::string line;
+  {
+    std::ifstream in(path);
+    REQUIRE(std::getline(in, line));
+  }
+  const std::size_t tab = line.rfind('\t');
+  REQUIRE(tab != std::string::npos);
+  REQUIRE(line.size() - tab - 1 == 128);
+  std::ofstream(path, std::ios::trunc) << line.substr(0, tab + 1) << std::string(128, '0') << '\n';
+  std::unique_ptr<Backend> third = gpu().companion();
+  Tensor y3 = third->empty({1024, 1728}, dtype::f32);
+  const std::vector<cuda::gemm_choice> retimed = run(*third, y3);
+  REQUIRE(retimed.size() == 1);
+  CHECK_FALSE(retimed[0].from_file);
+  CHECK(std::isfinite(retimed[0].chosen_us));
+  std::ifstream in(path);
+  int lines = 0;
+  for (std::string l; std::getline(in, l);) ++lines;
+  CHECK(lines == 2);
 #endif
 }

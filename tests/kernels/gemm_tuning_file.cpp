@@ -1,13 +1,15 @@
 // tests/kernels/gemm_tuning_file.cpp — the GEMM tuner's results file
 // (kernels/cuda/gemm_tuning_file.hpp): what one process appends another
-// reads back, per platform; a later line of a problem overrides; lines of
-// other platforms are kept and ignored; malformed lines are errors naming
-// the file and line. CUDA-free: runs without a GPU (it needs the CUDA build
+// reads back, per platform, the chosen algorithm's 64 bytes included; a
+// later line of a problem overrides; lines of other platforms are kept and
+// ignored; malformed lines are errors naming the file and line. CUDA-free: runs without a GPU (it needs the CUDA build
 // only because the file lives in the CUDA backend).
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -23,8 +25,17 @@ using corolla::cuda::gemm_tuning_file;
 
 namespace {
 
-constexpr const char* h200 = "NVIDIA H200, 139 GiB, sm_90; cuBLASLt 130100";
-constexpr const char* h100 = "NVIDIA H100 80GB HBM3, 79 GiB, sm_90; cuBLASLt 130100";
+constexpr const char* h200 = "NVIDIA H200, 139 GiB, sm_90, 132 SMs; cuBLASLt 130100, workspace 33554432";
+constexpr const char* h100 = "NVIDIA H100 80GB HBM3, 79 GiB, sm_90, 132 SMs; cuBLASLt 130100, workspace 33554432";
+
+/// An algorithm's bytes, distinct per `seed`, with high and low bits set.
+std::array<std::uint64_t, 8> algo_of(std::uint64_t seed) {
+  std::array<std::uint64_t, 8> a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = (seed << 56) | (0x0123456789abcdefULL ^ (seed * 7 + i));
+  return a;
+}
+/// A valid line's algorithm field.
+const std::string algo_text(128, 'a');
 
 std::string read_all(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -51,13 +62,13 @@ TEST_CASE("the gemm tuning file: what one process appends the next reads back, p
     gemm_tuning_file f(path, h200);  // no file yet: nothing known
     CHECK(f.size() == 0);
     CHECK_FALSE(f.find("1,2,3").has_value());
-    f.add("1,2,3", {2, 8, 40.5, 35.25});
-    f.add("4,5,6", {0, 5, std::nan(""), 12.0});
+    f.add("1,2,3", {2, 8, 40.5, 35.25, algo_of(1)});
+    f.add("4,5,6", {0, 5, std::nan(""), 12.0, algo_of(2)});
     CHECK(f.find("1,2,3")->chosen == 2);
   }
   gemm_tuning_file other(path, h100);  // another device: nothing of the H200's
   CHECK(other.size() == 0);
-  other.add("1,2,3", {1, 8, 50.0, 45.0});
+  other.add("1,2,3", {1, 8, 50.0, 45.0, algo_of(3)});
 
   gemm_tuning_file again(path, h200);
   CHECK(again.size() == 2);
@@ -67,12 +78,15 @@ TEST_CASE("the gemm tuning file: what one process appends the next reads back, p
   CHECK(e->candidates == 8);
   CHECK(e->first_us == 40.5);
   CHECK(e->chosen_us == 35.25);
+  CHECK(e->algo == algo_of(1));  // every bit of every word, the top ones too
   CHECK(std::isnan(again.find("4,5,6")->first_us));  // the first refused: kept as nan
   CHECK(gemm_tuning_file(path, h100).find("1,2,3")->chosen == 1);
+  CHECK(gemm_tuning_file(path, h100).find("1,2,3")->algo == algo_of(3));
 
   // A later line of a problem overrides an earlier one; nothing is rewritten.
-  again.add("1,2,3", {3, 8, 40.0, 30.0});
+  again.add("1,2,3", {3, 8, 40.0, 30.0, algo_of(4)});
   CHECK(gemm_tuning_file(path, h200).find("1,2,3")->chosen == 3);
+  CHECK(gemm_tuning_file(path, h200).find("1,2,3")->algo == algo_of(4));
   const std::string text = read_all(path);
   CHECK(std::count(text.begin(), text.end(), '\n') == 4);
   CHECK(text.find(std::string(h100) + "\t1,2,3\t1\t8\t") != std::string::npos);
@@ -85,25 +99,32 @@ TEST_CASE("the gemm tuning file refuses malformed lines, naming the file and lin
     std::ofstream(path, std::ios::trunc) << text;
     return error_of([&] { gemm_tuning_file f(path, h200); });
   };
-  const std::string good = std::string(h200) + "\t1,2\t1\t4\t10\t9\n";
+  const std::string p = std::string(h200) + "\t";
+  const std::string a = "\t" + algo_text + "\n";
+  const std::string good = p + "1,2\t1\t4\t10\t9" + a;
   CHECK(with_lines(good + "\n" + good).empty());  // blank lines are skipped
+  CHECK(with_lines(good + p + "1,2\t1\t4\t10\t9\t" + std::string(128, 'F') + "\n").empty());  // either case
   const std::string expect = "gemm tuning file " + path + ":2: expected 'platform<TAB>problem<TAB>chosen";
-  CHECK(with_lines(good + std::string(h200) + "\t1,2\t1\t4\t10\n").find(expect) == 0);        // five fields
-  CHECK(with_lines(good + std::string(h200) + "\t1,2\tone\t4\t10\t9\n").find(expect) == 0);   // not a number
-  CHECK(with_lines(good + std::string(h200) + "\t1,2\t4\t4\t10\t9\n").find(expect) == 0);     // chosen past the answer
-  CHECK(with_lines(good + std::string(h200) + "\t1,2\t-1\t4\t10\t9\n").find(expect) == 0);    // negative
-  CHECK(with_lines(good + std::string(h200) + "\t\t1\t4\t10\t9\n").find(expect) == 0);        // no problem key
-  CHECK(with_lines(good + std::string(h200) + "\t1,2\t1\t4\t10\t9x\n").find(expect) == 0);    // trailing text
-  CHECK(with_lines(good + std::string(h200) + "\t1,2\t9\t4294967304\t10\t9\n").find(expect) == 0);  // > 64
-  CHECK(with_lines(good + std::string(h200) + "\t1,2\t1\t4\t10\tnan\n").find(expect) == 0);   // no time
+  CHECK(with_lines(good + p + "1,2\t1\t4\t10" + a).find(expect) == 0);        // six fields
+  CHECK(with_lines(good + p + "1,2\t1\t4\t10\t9\n").find(expect) == 0);     // no algorithm (the old form)
+  CHECK(with_lines(good + p + "1,2\tone\t4\t10\t9" + a).find(expect) == 0);  // not a number
+  CHECK(with_lines(good + p + "1,2\t4\t4\t10\t9" + a).find(expect) == 0);    // chosen past the answer
+  CHECK(with_lines(good + p + "1,2\t-1\t4\t10\t9" + a).find(expect) == 0);   // negative
+  CHECK(with_lines(good + p + "\t1\t4\t10\t9" + a).find(expect) == 0);       // no problem key
+  CHECK(with_lines(good + p + "1,2\t1\t4\t10\t9x" + a).find(expect) == 0);   // trailing text
+  CHECK(with_lines(good + p + "1,2\t9\t4294967304\t10\t9" + a).find(expect) == 0);  // > 64
+  CHECK(with_lines(good + p + "1,2\t1\t4\t10\tnan" + a).find(expect) == 0);  // no time
+  CHECK(with_lines(good + p + "1,2\t1\t4\t10\t9\t" + std::string(127, 'a') + "\n").find(expect) == 0);  // short
+  CHECK(with_lines(good + p + "1,2\t1\t4\t10\t9\t" + std::string(127, 'a') + "g\n").find(expect) == 0);  // not hex
+  CHECK(with_lines(good + p + "1,2\t1\t4\t10\t9" + a.substr(0, a.size() - 1) + "\tx\n").find(expect) == 0);
 
   std::ofstream(path, std::ios::trunc) << good;
   gemm_tuning_file f(path, h200);
-  CHECK(error_of([&] { f.add("a\tb", {0, 2, 1, 1}); }).find("tab or newline") != std::string::npos);
-  CHECK(error_of([&] { f.add("", {0, 2, 1, 1}); }).find("empty") != std::string::npos);
+  CHECK(error_of([&] { f.add("a\tb", {0, 2, 1, 1, {}}); }).find("tab or newline") != std::string::npos);
+  CHECK(error_of([&] { f.add("", {0, 2, 1, 1, {}}); }).find("empty") != std::string::npos);
   gemm_tuning_file unwritable((dir / "no-such-dir" / "choices.tsv").string(), h200);  // nothing to read: empty
   CHECK(unwritable.size() == 0);
-  CHECK(error_of([&] { unwritable.add("1,2", {0, 2, 1, 1}); }).find("cannot open it") != std::string::npos);
+  CHECK(error_of([&] { unwritable.add("1,2", {0, 2, 1, 1, {}}); }).find("cannot open it") != std::string::npos);
 }
 
 #endif  // COROLLA_HAVE_CUDA
