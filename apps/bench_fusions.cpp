@@ -20,10 +20,12 @@
 //   q, k, v backward        their backward, the weight gradients as one
 //                           batch (linear_same_x_backward) vs three
 //                           linear_backward and two gemm
+//   gate, up products       a Llama block's two MLP input products (MLP
+//   gate, up backward       wide, no biases), the same two ways
 //
 // A backend without a fused form runs the two ops for it ("fused": false in
-// the JSON, a ratio near 1; for the q, k, v rows "fused" says whether CUDA
-// ran them as one batch: cuda_backend::batched_products()). Activations
+// the JSON, a ratio near 1; for the q, k, v and gate, up rows "fused" says
+// whether CUDA ran them as one batch: cuda_backend::batched_products()). Activations
 // are --dtype (bf16 by default, as --compute bf16 trains); the norm's
 // weights and statistics are f32.
 #include <cstdio>
@@ -98,6 +100,10 @@ int run_fusions(const fusions_options& o) {
     const double ss = best_seconds(be, o.rounds, 1, separate);
     rows.push_back({op, taken, fs, ss});
   };
+  // The first timings of a run would otherwise also pay for waking the
+  // backend (the cpu's BLAS threads, first touches): a few untimed products.
+  for (int i = 0; i < 3; ++i) be.linear(x, w_o, &b_d, tmp);
+  be.synchronize();
   time_pair(
       "linear + add", [&] { return be.linear_fused(x, w_o, &b_d, linear_epilogue::add, &res, h); },
       [&] {
@@ -129,27 +135,6 @@ int run_fusions(const fusions_options& o) {
   // Only cuda_backend overrides the _add forms (its dx kernel adds dres).
   rows.back().fused = be.dev().kind == device_kind::cuda;
 
-  // q, k and v as a GPT-2 block holds them: each weight followed by its
-  // bias in the flat parameters (and gradients), the outputs (and their
-  // gradients) slices of one buffer. The separate form is the Backend's
-  // default, called past the override.
-  const std::int64_t step = D * D + D;
-  const Tensor flat = random_tensor_on(be, {3 * step}, t, 11), dstack = random_tensor_on(be, {3 * N, D}, t, 12);
-  Tensor grads = be.empty({3 * step}, t), stack = be.empty({3 * N, D}, t);
-  be.copy(Tensor::zeros({3 * step}), grads);  // accumulated into: start finite
-  std::vector<Tensor> w, b, y, dy, gw, gb;
-  for (std::int64_t i = 0; i < 3; ++i) {
-    w.push_back(flat.slice(i * step, i * step + D * D).view({D, D}));
-    b.push_back(flat.slice(i * step + D * D, (i + 1) * step));
-    gw.push_back(grads.slice(i * step, i * step + D * D).view({D, D}));
-    gb.push_back(grads.slice(i * step + D * D, (i + 1) * step));
-    y.push_back(stack.slice(i * N, (i + 1) * N));
-    dy.push_back(dstack.slice(i * N, (i + 1) * N));
-  }
-  const std::vector<const Tensor*> ws = {&w[0], &w[1], &w[2]}, bs = {&b[0], &b[1], &b[2]},
-                                   dys = {&dy[0], &dy[1], &dy[2]};
-  const std::vector<Tensor*> ys = {&y[0], &y[1], &y[2]}, gws = {&gw[0], &gw[1], &gw[2]},
-                             gbs = {&gb[0], &gb[1], &gb[2]};
   // How many calls the backend ran as one batch (CUDA's count; none elsewhere).
   const auto batched = [&be] {
 #ifdef COROLLA_HAVE_CUDA
@@ -157,24 +142,63 @@ int run_fusions(const fusions_options& o) {
 #endif
     return 0;
   };
-  int before = batched();
-  time_pair(
-      "q, k, v products",
-      [&] {
-        be.linear_same_x(x, ws, bs, ys);
-        return true;
-      },
-      [&] { be.Backend::linear_same_x(x, ws, bs, ys); });
-  rows.back().fused = batched() > before;
-  before = batched();
-  time_pair(
-      "q, k, v backward",
-      [&] {
-        be.linear_same_x_backward(x, ws, dys, &dx, gws, gbs);
-        return true;
-      },
-      [&] { be.Backend::linear_same_x_backward(x, ws, dys, &dx, gws, gbs); });
-  rows.back().fused = batched() > before;
+  // Products of x as a block holds them: `count` weights [out, D], each
+  // followed by a bias when `biased`, in one flat buffer (and gradients),
+  // the outputs (and their gradients) slices of one buffer. Times
+  // linear_same_x and its backward against the Backend's default (one
+  // product each), called past the override.
+  const auto time_same_x = [&](const char* forward, const char* backward, std::int64_t count, std::int64_t out,
+                               bool biased, std::uint64_t seed) {
+    const std::int64_t step = out * D + (biased ? out : 0);
+    const Tensor flat = random_tensor_on(be, {count * step}, t, seed);
+    const Tensor dstack = random_tensor_on(be, {count * N, out}, t, seed + 1);
+    Tensor grads = be.empty({count * step}, t), stack = be.empty({count * N, out}, t);
+    be.copy(Tensor::zeros({count * step}), grads);  // accumulated into: start finite
+    std::vector<Tensor> w, b, y, dy, gw, gb;
+    for (std::int64_t i = 0; i < count; ++i) {
+      w.push_back(flat.slice(i * step, i * step + out * D).view({out, D}));
+      gw.push_back(grads.slice(i * step, i * step + out * D).view({out, D}));
+      if (biased) {
+        b.push_back(flat.slice(i * step + out * D, (i + 1) * step));
+        gb.push_back(grads.slice(i * step + out * D, (i + 1) * step));
+      }
+      y.push_back(stack.slice(i * N, (i + 1) * N));
+      dy.push_back(dstack.slice(i * N, (i + 1) * N));
+    }
+    std::vector<const Tensor*> ws, bs, dys;
+    std::vector<Tensor*> ys, gws, gbs;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      ws.push_back(&w[k]);
+      dys.push_back(&dy[k]);
+      ys.push_back(&y[k]);
+      gws.push_back(&gw[k]);
+      if (biased) {
+        bs.push_back(&b[k]);
+        gbs.push_back(&gb[k]);
+      }
+    }
+    int before = batched();
+    time_pair(
+        forward,
+        [&] {
+          be.linear_same_x(x, ws, bs, ys);
+          return true;
+        },
+        [&] { be.Backend::linear_same_x(x, ws, bs, ys); });
+    rows.back().fused = batched() > before;
+    before = batched();
+    time_pair(
+        backward,
+        [&] {
+          be.linear_same_x_backward(x, ws, dys, &dx, gws, gbs);
+          return true;
+        },
+        [&] { be.Backend::linear_same_x_backward(x, ws, dys, &dx, gws, gbs); });
+    rows.back().fused = batched() > before;
+  };
+  time_same_x("q, k, v products", "q, k, v backward", 3, D, true, 11);  // GPT-2: each weight followed by its bias
+  time_same_x("gate, up products", "gate, up backward", 2, F, false, 13);  // Llama: adjacent, no biases
 
   nlohmann::json results = nlohmann::json::array();
   if (!o.json)
@@ -203,7 +227,7 @@ void register_bench_fusions(CLI::App* bench, action_fn& action) {
   static fusions_options o;
   auto* cmd = bench->add_subcommand(
       "fusions", "Training's fused ops (residual add, GELU and its backward in the products, the norm backward's "
-                 "add, q/k/v as one batched product) vs the ops each replaces, on one block's shapes");
+                 "add, q/k/v and gate/up as one batched product each) vs the ops each replaces, on one block's shapes");
   cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N")
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype_name, "Activations: f32, bf16 or f16 (16-bit on a GPU)")->capture_default_str();

@@ -33,10 +33,10 @@ TEST_CASE("bench fusions times each fused op against its two ops, and says which
   REQUIRE(r.exit_code == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["bench"] == "fusions");
-  REQUIRE(j["results"].size() == 6);
-  const char* ops[] = {"linear + add",             "linear + gelu",    "gemm + gelu_backward",
-                       "layernorm_backward + add", "q, k, v products", "q, k, v backward"};
-  for (std::size_t i = 0; i < 6; ++i) {
+  REQUIRE(j["results"].size() == 8);
+  const char* ops[] = {"linear + add",      "linear + gelu",     "gemm + gelu_backward", "layernorm_backward + add",
+                       "q, k, v products",  "q, k, v backward",  "gate, up products",    "gate, up backward"};
+  for (std::size_t i = 0; i < 8; ++i) {
     const auto& row = j["results"][i];
     CHECK(row["op"] == ops[i]);
     CHECK(row["fused"] == gpu);  // the cpu has none of them (and runs one product each)
