@@ -195,7 +195,7 @@ class Backend {
   /// *bs[i]); bs empty or one entry (or null) per w. This default runs
   /// `linear` for each; CUDA runs them as one strided batched product where
   /// the ws, the ys and the biases are each of one shape and dtype and
-  /// equally spaced in memory (one product's waves, not three tails).
+  /// equally spaced in memory (one product's waves, not a tail each).
   virtual void linear_same_x(const Tensor& x, std::span<const Tensor* const> ws, std::span<const Tensor* const> bs,
                              std::span<Tensor* const> ys);
   /// Their backward: dx = the sum of dys[i] @ ws[i] (if dx given,

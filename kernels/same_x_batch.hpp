@@ -2,7 +2,8 @@
 // products (and its backward's weight gradients) as one strided batched
 // product: the operands' layout the CUDA backend needs
 // (kernels/cuda/gemm_same_x.cpp), which the emulated device checks too
-// (tests/emulated_device: that the model lays its q, k and v out so).
+// (tests/emulated_device: that the model lays its q, k and v, and Llama's
+// gate and up, out so).
 #pragma once
 
 #include <cstddef>

@@ -3,7 +3,7 @@
 // libcublasLt is some 500 MB of code whose relocations alone cost every
 // process that links it about 0.1 s and 25,000 page faults at start, GPU
 // or not: the price of every `corolla` process (a rank re-planned after a
-// failure, a swarm server, each test). The backend calls 16 of its
+// failure, a swarm server, each test). The backend calls 17 of its
 // functions; they are defined here with cublasLt.h's own signatures and
 // forward to the library, which is dlopen()ed on the first call (by its
 // soname, so LD_LIBRARY_PATH and the binary's run path apply, then at the
@@ -91,6 +91,10 @@ COROLLA_LT_FORWARD(cublasLtMatmul,
                     const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t stream),
                    (handle, op, alpha, a, a_desc, b, b_desc, beta, c, c_desc, d, d_desc, algo, workspace,
                     workspace_bytes, stream))
+COROLLA_LT_FORWARD(cublasLtMatmulAlgoConfigGetAttribute,
+                   (const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr, void* buf,
+                    size_t size, size_t* written),
+                   (algo, attr, buf, size, written))
 
 // The two status texts answer without the library too (an error message
 // must not need what failed to load).

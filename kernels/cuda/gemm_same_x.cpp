@@ -1,6 +1,7 @@
 // kernels/cuda/gemm_same_x.cpp — Backend::linear_same_x and its backward
-// on CUDA: products of one input (a training block's q, k and v) as one
-// strided batched cuBLASLt product where their operands allow it.
+// on CUDA: products of one input (a training block's q, k and v; a Llama
+// block's gate and up) as one strided batched cuBLASLt product where their
+// operands allow it.
 //
 // Why: GPT-2-1.5B's q, k and v products at batch 4 are each [4096 x 1600]
 // by [1600 x 1600], some 26 us on an H100 or H200, and their weight

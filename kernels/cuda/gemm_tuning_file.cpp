@@ -2,6 +2,7 @@
 // (gemm_tuning_file.hpp).
 #include "kernels/cuda/gemm_tuning_file.hpp"
 
+#include <cublasLt.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -77,6 +78,30 @@ std::optional<std::array<std::uint64_t, 8>> words_of(const std::string& text) {
 
 }  // namespace
 
+std::optional<std::array<std::uint64_t, 9>> gemm_algorithm_config(const std::array<std::uint64_t, 8>& algo) {
+  static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof algo);
+  static_assert(CUBLASLT_ALGO_CONFIG_ID == 0 && CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID == 8);
+  cublasLtMatmulAlgo_t a;
+  std::memcpy(&a, algo.data(), sizeof a);
+  std::array<std::uint64_t, 9> config{};
+  for (std::size_t i = 0; i < config.size(); ++i) {
+    const auto attr = static_cast<cublasLtMatmulAlgoConfigAttributes_t>(CUBLASLT_ALGO_CONFIG_ID + i);
+    std::size_t size = 0, wrote = 0;  // the attribute's exact size, which the read must name
+    if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, nullptr, 0, &size) != CUBLAS_STATUS_SUCCESS || size == 0 ||
+        size > sizeof config[i] ||
+        cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &config[i], size, &wrote) != CUBLAS_STATUS_SUCCESS ||
+        wrote != size)
+      return std::nullopt;
+  }
+  return config;
+}
+
+bool same_gemm_algorithm(const std::array<std::uint64_t, 8>& a, const std::array<std::uint64_t, 8>& b) {
+  if (a == b) return true;
+  const auto ca = gemm_algorithm_config(a);
+  return ca && ca == gemm_algorithm_config(b);
+}
+
 std::string gemm_tuning_file_path() {
   const char* v = std::getenv("COROLLA_CUDA_GEMM_TUNE_FILE");
   return v ? v : "";
@@ -95,6 +120,9 @@ gemm_tuning_file::gemm_tuning_file(std::string path, std::string platform)
   for (int number_of_line = 1; std::getline(in, line); ++number_of_line) {
     if (line.empty()) continue;
     const std::vector<std::string> f = split_tabs(line);
+    // The earlier form (no algorithm: its sixth field is the chosen time):
+    // skipped, so its problems are timed anew and recorded in this form.
+    if (f.size() == 6 && number(f[5])) continue;
     const bool seven = f.size() == 7;
     const auto chosen = seven ? whole(f[2]) : std::nullopt;
     const auto candidates = seven ? whole(f[3]) : std::nullopt;

@@ -35,6 +35,19 @@ namespace corolla::cuda {
 /// PATH of COROLLA_CUDA_GEMM_TUNE_FILE, "" when unset or empty.
 std::string gemm_tuning_file_path();
 
+/// A cublasLtMatmulAlgo_t's (its eight words') configuration as cuBLASLt
+/// reads it back: the nine cublasLtMatmulAlgoConfigAttributes_t (its id,
+/// tile, split-K count, reduction scheme, swizzling, custom option,
+/// stages, inner and cluster shapes) in that enum's order, each widened to
+/// 64 bits; nullopt where cuBLASLt answers none (no library).
+std::optional<std::array<std::uint64_t, 9>> gemm_algorithm_config(const std::array<std::uint64_t, 8>& algo);
+
+/// Whether two algorithms are one: byte-equal, or of one configuration
+/// (gemm_algorithm_config). The second keeps a recorded algorithm
+/// recognisable should bytes cuBLASLt leaves unspecified differ between
+/// the process that wrote it and this one.
+bool same_gemm_algorithm(const std::array<std::uint64_t, 8>& a, const std::array<std::uint64_t, 8>& b);
+
 /// What a results file recorded for a problem.
 struct gemm_tuning_entry {
   int chosen = 0;       ///< index in the heuristic's answer

@@ -425,9 +425,11 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
     // position): run untimed.
     const auto named = [&]() -> std::optional<int> {
       if (!known) return std::nullopt;
-      for (int i = 0; i < found; ++i)
-        if (std::memcmp(&results[static_cast<std::size_t>(i)].algo, known->algo.data(), sizeof known->algo) == 0)
-          return i;
+      for (int i = 0; i < found; ++i) {
+        std::array<std::uint64_t, 8> candidate;
+        std::memcpy(candidate.data(), &results[static_cast<std::size_t>(i)].algo, sizeof candidate);
+        if (same_gemm_algorithm(candidate, known->algo)) return i;
+      }
       return std::nullopt;
     }();
     if (named) {
@@ -535,7 +537,7 @@ gemm_tuning_file* cuda_backend::tuning_file() {
       // The platform: what the heuristic's answer depends on besides the
       // problem (a MIG slice has fewer SMs; the workspace bounds split-K).
       int sms = 0;
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index_);
+      COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index_));
       const std::string platform = device_description(index_) + ", " + std::to_string(sms) + " SMs; cuBLASLt " +
                                    std::to_string(cublasLtGetVersion()) + ", workspace " +
                                    std::to_string(lt_workspace_bytes_);

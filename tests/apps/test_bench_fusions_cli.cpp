@@ -1,7 +1,7 @@
 // `corolla bench fusions`: training's fused ops against the two ops each
 // replaces. Argument errors everywhere; on the cpu (which has none of the
-// product fusions, nor a batched q/k/v) every op runs and reports itself
-// unfused; on a GPU the products must be fused and q/k/v batched.
+// product fusions, nor batched q/k/v or gate/up) every op runs and reports
+// itself unfused; on a GPU the products must be fused and those batched.
 #include <doctest/doctest.h>
 
 #include <string>

@@ -350,7 +350,8 @@ TEST_CASE("cuda: cuBLASLt algorithms timed by one backend are read back by the n
   CHECK(to_double(y1) == to_double(y2));  // the same algorithm: the same bits
 
   // A line naming an algorithm the heuristic no longer names (its 64 bytes
-  // zeroed): the problem is timed anew and a line of it appended.
+  // all ones: algorithm id -1, no configuration of any candidate): the
+  // problem is timed anew and a line of it appended.
   std::string line;
   {
     std::ifstream in(path);
@@ -359,7 +360,7 @@ TEST_CASE("cuda: cuBLASLt algorithms timed by one backend are read back by the n
   const std::size_t tab = line.rfind('\t');
   REQUIRE(tab != std::string::npos);
   REQUIRE(line.size() - tab - 1 == 128);
-  std::ofstream(path, std::ios::trunc) << line.substr(0, tab + 1) << std::string(128, '0') << '\n';
+  std::ofstream(path, std::ios::trunc) << line.substr(0, tab + 1) << std::string(128, 'f') << '\n';
   std::unique_ptr<Backend> third = gpu().companion();
   Tensor y3 = third->empty({1024, 1728}, dtype::f32);
   const std::vector<cuda::gemm_choice> retimed = run(*third, y3);

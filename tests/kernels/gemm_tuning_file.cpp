@@ -2,7 +2,9 @@
 // (kernels/cuda/gemm_tuning_file.hpp): what one process appends another
 // reads back, per platform, the chosen algorithm's 64 bytes included; a
 // later line of a problem overrides; lines of other platforms are kept and
-// ignored; malformed lines are errors naming the file and line. CUDA-free: runs without a GPU (it needs the CUDA build
+// ignored; lines of the earlier six-field form are skipped; malformed lines
+// are errors naming the file and line; a recorded algorithm is recognised
+// by its bytes or its configuration attributes. CUDA-free: runs without a GPU (it needs the CUDA build
 // only because the file lives in the CUDA backend).
 #include <doctest/doctest.h>
 
@@ -22,16 +24,19 @@
 
 using corolla::cuda::gemm_tuning_entry;
 using corolla::cuda::gemm_tuning_file;
+using corolla::cuda::gemm_algorithm_config;
+using corolla::cuda::same_gemm_algorithm;
 
 namespace {
 
 constexpr const char* h200 = "NVIDIA H200, 139 GiB, sm_90, 132 SMs; cuBLASLt 130100, workspace 33554432";
 constexpr const char* h100 = "NVIDIA H100 80GB HBM3, 79 GiB, sm_90, 132 SMs; cuBLASLt 130100, workspace 33554432";
 
-/// An algorithm's bytes, distinct per `seed`, with high and low bits set.
+/// An algorithm's bytes, distinct per `seed`, every word's top digit 0xf
+/// (bit 63 set) and its low bits varied.
 std::array<std::uint64_t, 8> algo_of(std::uint64_t seed) {
   std::array<std::uint64_t, 8> a{};
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = (seed << 56) | (0x0123456789abcdefULL ^ (seed * 7 + i));
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0xfedcba9876543210ULL ^ (seed << 48) ^ (seed * 7 + i);
   return a;
 }
 /// A valid line's algorithm field.
@@ -104,9 +109,17 @@ TEST_CASE("the gemm tuning file refuses malformed lines, naming the file and lin
   const std::string good = p + "1,2\t1\t4\t10\t9" + a;
   CHECK(with_lines(good + "\n" + good).empty());  // blank lines are skipped
   CHECK(with_lines(good + p + "1,2\t1\t4\t10\t9\t" + std::string(128, 'F') + "\n").empty());  // either case
+  std::array<std::uint64_t, 8> all_ones{};
+  all_ones.fill(~0ULL);
+  CHECK(gemm_tuning_file(path, h200).find("1,2")->algo == all_ones);
+  // A line of the earlier six-field form (no algorithm) is skipped, not an
+  // error: a file written before the algorithm was recorded stays usable.
+  CHECK(with_lines(good + p + "3,4\t1\t4\t10\t9\n").empty());
+  CHECK(gemm_tuning_file(path, h200).size() == 1);
+  CHECK_FALSE(gemm_tuning_file(path, h200).find("3,4").has_value());
   const std::string expect = "gemm tuning file " + path + ":2: expected 'platform<TAB>problem<TAB>chosen";
   CHECK(with_lines(good + p + "1,2\t1\t4\t10" + a).find(expect) == 0);        // six fields
-  CHECK(with_lines(good + p + "1,2\t1\t4\t10\t9\n").find(expect) == 0);     // no algorithm (the old form)
+  CHECK(with_lines(good + p + "1,2\t1\t4\t10\tx\n").find(expect) == 0);     // six, the last not a time
   CHECK(with_lines(good + p + "1,2\tone\t4\t10\t9" + a).find(expect) == 0);  // not a number
   CHECK(with_lines(good + p + "1,2\t4\t4\t10\t9" + a).find(expect) == 0);    // chosen past the answer
   CHECK(with_lines(good + p + "1,2\t-1\t4\t10\t9" + a).find(expect) == 0);   // negative
@@ -125,6 +138,38 @@ TEST_CASE("the gemm tuning file refuses malformed lines, naming the file and lin
   gemm_tuning_file unwritable((dir / "no-such-dir" / "choices.tsv").string(), h200);  // nothing to read: empty
   CHECK(unwritable.size() == 0);
   CHECK(error_of([&] { unwritable.add("1,2", {0, 2, 1, 1, {}}); }).find("cannot open it") != std::string::npos);
+}
+
+TEST_CASE("a recorded algorithm is recognised by its bytes or, where they differ, by its configuration") {
+  // cuBLASLt reads an algorithm's attributes from its bytes alone, without
+  // a device. Which bytes hold what is cuBLASLt's: found by setting one
+  // byte of a zeroed algorithm at a time and reading the attributes back.
+  using words = std::array<std::uint64_t, 8>;
+  const auto with_byte = [](words w, int byte, unsigned char v) {
+    reinterpret_cast<unsigned char*>(w.data())[byte] = v;
+    return w;
+  };
+  const auto zero = gemm_algorithm_config(words{});
+  REQUIRE(zero.has_value());
+  CHECK(*zero == std::array<std::uint64_t, 9>{});
+  int split_k = -1, unread = -1;  // a byte of the split-K count; a byte of nothing
+  for (int byte = 0; byte < 64; ++byte) {
+    const auto c = gemm_algorithm_config(with_byte({}, byte, 0x01));
+    REQUIRE(c.has_value());
+    if (*c == *zero && unread < 0) unread = byte;
+    if ((*c)[2] != 0 && split_k < 0) split_k = byte;  // CUBLASLT_ALGO_CONFIG_SPLITK_NUM
+  }
+  REQUIRE(split_k >= 0);
+  REQUIRE(unread >= 0);
+
+  const words w = with_byte({}, split_k, 0x04);
+  CHECK(same_gemm_algorithm(w, w));
+  CHECK_FALSE(same_gemm_algorithm(w, with_byte(w, split_k, 0x02)));  // another split-K: another algorithm
+  const words other = with_byte(w, unread, 0x5a);                   // a byte of nothing differs
+  CHECK(other != w);
+  CHECK(gemm_algorithm_config(other) == gemm_algorithm_config(w));
+  CHECK(same_gemm_algorithm(w, other));
+  CHECK(same_gemm_algorithm(other, w));
 }
 
 #endif  // COROLLA_HAVE_CUDA
