@@ -189,8 +189,8 @@ class emulated_device_backend final : public Backend {
   /// as a collective).
   void run_collective(const std::function<void()>& body);
 
-  class user;      ///< marks the calling thread as inside an op (emulated_device.cpp)
-  class operands;  ///< one op's operands on the host, 16-bit ones widened (emulated_device.cpp)
+  class user;      ///< marks the calling thread as inside an op (emulated_op.hpp)
+  class operands;  ///< one op's operands on the host, 16-bit ones widened (emulated_op.hpp)
   /// The four norm backwards: LayerNorm with a mean (and db), RMSNorm
   /// without; dres (the _add forms) added in f32 before the one rounding.
   void norm_backward(const Tensor& x, const Tensor& w, const Tensor* mean, const Tensor& rstd, const Tensor& dy,

@@ -3,7 +3,7 @@
 // nothing: the tables must say what the host arrays say through every
 // change of the sequence. The decode tests of this folder then generate the
 // cpu's tokens with the emulated device reading its pages only through
-// these tables (emulated_device.cpp's attention_cached).
+// these tables (emulated_ops.cpp's attention_cached).
 #include <doctest/doctest.h>
 
 #include <memory>
