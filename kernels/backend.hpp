@@ -28,9 +28,10 @@
 
 #include "kernels/adamw_scalars.hpp"
 #include "kernels/device_group.hpp"
+#include "kernels/kv_pages_view.hpp"
+#include "kernels/quantized_weight.hpp"  // the weights linear_q8 and linear_nf4 take, and ops on any format
 #include "kernels/rope_spec.hpp"
 #include "kernels/tensor.hpp"
-#include "kernels/weight_format.hpp"
 
 namespace corolla {
 
@@ -42,50 +43,6 @@ struct attention_shape {
   /// Softmax scale; 0 means 1/sqrt(head_dim).
   float scale = 0.0f;
 };
-
-/// A read-only view of one layer's paged key/value cache for one sequence.
-/// Page p holds tokens [p*page_tokens, (p+1)*page_tokens) as rows of
-/// Hkv*Dh elements of `type` (keys from k_pages[p], values from v_pages[p]).
-struct kv_pages_view {
-  std::span<const void* const> k_pages;
-  std::span<const void* const> v_pages;
-  std::int64_t page_tokens = 0;
-  std::int64_t length = 0;  ///< tokens valid in the cache
-  /// The pages' element type: f32, or bf16/f16 (half the cache memory; the
-  /// attention widens them and computes in f32).
-  dtype type = dtype::f32;
-  /// The same page pointers already in device memory (a kv_sequence on a
-  /// device keeps its tables there, written when it takes pages), so a
-  /// device backend's attention uploads nothing: key page p's pointer is
-  /// device_pages[key_entry + p * page_stride], its value page's the entry
-  /// after it. Null: the backend copies k_pages and v_pages itself.
-  const void* const* device_pages = nullptr;
-  std::int64_t page_stride = 0;
-  std::int64_t key_entry = 0;
-  /// The device whose memory holds device_pages.
-  device pages_device{};
-};
-
-/// Where the key and value rows of position `pos` of `cache` are (`width`
-/// elements of cache.type each), from its host arrays. Throws tensor_error
-/// naming `what` for a position the cache does not hold. Inline: backends
-/// link it without the device registry in backend.cpp.
-inline std::pair<void*, void*> kv_page_row(const kv_pages_view& cache, std::int64_t pos, std::int64_t width,
-                                           const char* what) {
-  if (cache.page_tokens <= 0 || pos < 0 || pos >= cache.length ||
-      pos / cache.page_tokens >= static_cast<std::int64_t>(std::min(cache.k_pages.size(), cache.v_pages.size())))
-    throw tensor_error(std::string(what) + ": position " + std::to_string(pos) + " is not held by a cache of " +
-                       std::to_string(cache.length) + " tokens in " + std::to_string(cache.k_pages.size()) +
-                       " pages of " + std::to_string(cache.page_tokens));
-  const auto page = static_cast<std::size_t>(pos / cache.page_tokens);
-  if (cache.k_pages[page] == nullptr || cache.v_pages[page] == nullptr)
-    throw tensor_error(std::string(what) + ": the page of position " + std::to_string(pos) + " is null");
-  const std::size_t offset = static_cast<std::size_t>(pos % cache.page_tokens * width) * dtype_size(cache.type);
-  auto at = [offset](const void* page_base) {
-    return static_cast<void*>(const_cast<std::byte*>(static_cast<const std::byte*>(page_base)) + offset);
-  };
-  return {at(cache.k_pages[page]), at(cache.v_pages[page])};
-}
 
 /// AdamW hyper-parameters (decoupled weight decay, bias-corrected moments).
 struct adamw_params {
@@ -578,27 +535,6 @@ class Backend {
 
 /// The process-wide CPU backend (OpenBLAS GEMM, OpenMP loops).
 Backend& cpu_backend();
-
-/// A quantised inference weight: int8 (Backend::linear_q8: q i8 [out, in],
-/// scale f32 [out], one per output channel) or NF4 (Backend::linear_nf4:
-/// q i8 [out, nf4_row_bytes(in)] of packed codes, scale f32
-/// [out, nf4_row_blocks(in)] the blocks' absmax). Rows are independent in
-/// both, so row slices of q and scale are weights of their own.
-struct quantized_weight {
-  Tensor q, scale;
-};
-/// `w` (f32 [out, in], on be's device) quantised as `f` (int8: per output
-/// channel, Backend::quantize_int8 with one block per row; nf4:
-/// Backend::quantize_nf4). Throws tensor_error for another format.
-quantized_weight quantize_rows(Backend& be, const Tensor& w, weight_format f = weight_format::int8);
-/// The inverse, for any format: w (f32 [out, in], on be's device) = the
-/// weight `q` of format `f` with its scales (undefined for f32 and bf16)
-/// widened: dequantised (int8, nf4) or converted (bf16), or copied (f32).
-void dequantize_rows(Backend& be, weight_format f, const Tensor& q, const Tensor& scale, Tensor& w);
-/// y = x @ w^T (+ bias) for a weight of format `f` with its scales (the
-/// undefined tensor for f32 and bf16): linear_q8, linear_nf4 or linear.
-void linear_as(Backend& be, weight_format f, const Tensor& x, const Tensor& w, const Tensor& scale,
-               const Tensor* bias, Tensor& y);
 
 /// Backends compiled into this binary ("cpu", "cuda").
 std::vector<std::string> compiled_backends();

@@ -7,7 +7,7 @@
 // f32). Memory comes in
 // pages of `page_tokens` tokens of ONE layer, laid out [K|V][token][Hkv*Dh],
 // so a layer's keys for a page are one contiguous block of rows (what
-// kv_pages_view in kernels/backend.hpp describes). A sequence takes pages
+// kv_pages_view in kernels/kv_pages_view.hpp describes). A sequence takes pages
 // only for the layers it uses: a swarm session over part of a server's span
 // costs that part's memory, not the whole span's.
 //

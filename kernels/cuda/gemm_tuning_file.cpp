@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -81,6 +82,7 @@ std::optional<std::array<std::uint64_t, 8>> words_of(const std::string& text) {
 std::optional<std::array<std::uint64_t, 9>> gemm_algorithm_config(const std::array<std::uint64_t, 8>& algo) {
   static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof algo);
   static_assert(CUBLASLT_ALGO_CONFIG_ID == 0 && CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID == 8);
+  static_assert(std::endian::native == std::endian::little);  // an attribute's bytes widen into the low ones
   cublasLtMatmulAlgo_t a;
   std::memcpy(&a, algo.data(), sizeof a);
   std::array<std::uint64_t, 9> config{};
@@ -96,10 +98,14 @@ std::optional<std::array<std::uint64_t, 9>> gemm_algorithm_config(const std::arr
   return config;
 }
 
-bool same_gemm_algorithm(const std::array<std::uint64_t, 8>& a, const std::array<std::uint64_t, 8>& b) {
-  if (a == b) return true;
-  const auto ca = gemm_algorithm_config(a);
-  return ca && ca == gemm_algorithm_config(b);
+std::optional<int> find_gemm_algorithm(std::span<const std::array<std::uint64_t, 8>> candidates,
+                                       const std::array<std::uint64_t, 8>& recorded) {
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (candidates[i] == recorded) return static_cast<int>(i);
+  const auto config = gemm_algorithm_config(recorded);
+  for (std::size_t i = 0; config && i < candidates.size(); ++i)
+    if (gemm_algorithm_config(candidates[i]) == config) return static_cast<int>(i);
+  return std::nullopt;
 }
 
 std::string gemm_tuning_file_path() {
@@ -122,7 +128,9 @@ gemm_tuning_file::gemm_tuning_file(std::string path, std::string platform)
     const std::vector<std::string> f = split_tabs(line);
     // The earlier form (no algorithm: its sixth field is the chosen time):
     // skipped, so its problems are timed anew and recorded in this form.
-    if (f.size() == 6 && number(f[5])) continue;
+    if (f.size() == 6 && whole(f[2]) && whole(f[3]) && number(f[4]) && number(f[5]) &&
+        f[5].size() != algo_digits)
+      continue;
     const bool seven = f.size() == 7;
     const auto chosen = seven ? whole(f[2]) : std::nullopt;
     const auto candidates = seven ? whole(f[3]) : std::nullopt;

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 
 namespace corolla::cuda {
@@ -42,11 +43,13 @@ std::string gemm_tuning_file_path();
 /// 64 bits; nullopt where cuBLASLt answers none (no library).
 std::optional<std::array<std::uint64_t, 9>> gemm_algorithm_config(const std::array<std::uint64_t, 8>& algo);
 
-/// Whether two algorithms are one: byte-equal, or of one configuration
-/// (gemm_algorithm_config). The second keeps a recorded algorithm
+/// Where the recorded algorithm is among the heuristic's `candidates`: the
+/// first of the same bytes (the same algorithm, bit for bit), else the
+/// first of the same configuration (gemm_algorithm_config), which keeps it
 /// recognisable should bytes cuBLASLt leaves unspecified differ between
-/// the process that wrote it and this one.
-bool same_gemm_algorithm(const std::array<std::uint64_t, 8>& a, const std::array<std::uint64_t, 8>& b);
+/// the process that wrote it and this one; nullopt if neither.
+std::optional<int> find_gemm_algorithm(std::span<const std::array<std::uint64_t, 8>> candidates,
+                                       const std::array<std::uint64_t, 8>& recorded);
 
 /// What a results file recorded for a problem.
 struct gemm_tuning_entry {

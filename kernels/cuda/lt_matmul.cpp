@@ -425,12 +425,11 @@ bool cuda_backend::lt_matmul(bool trans_a, bool trans_b, std::int64_t m, std::in
     // position): run untimed.
     const auto named = [&]() -> std::optional<int> {
       if (!known) return std::nullopt;
-      for (int i = 0; i < found; ++i) {
-        std::array<std::uint64_t, 8> candidate;
-        std::memcpy(candidate.data(), &results[static_cast<std::size_t>(i)].algo, sizeof candidate);
-        if (same_gemm_algorithm(candidate, known->algo)) return i;
-      }
-      return std::nullopt;
+      std::vector<std::array<std::uint64_t, 8>> candidates(static_cast<std::size_t>(found));
+      for (int i = 0; i < found; ++i)
+        std::memcpy(candidates[static_cast<std::size_t>(i)].data(), &results[static_cast<std::size_t>(i)].algo,
+                    sizeof candidates[0]);
+      return find_gemm_algorithm(candidates, known->algo);
     }();
     if (named) {
       pick = *named;
@@ -536,12 +535,12 @@ gemm_tuning_file* cuda_backend::tuning_file() {
     if (const std::string path = gemm_tuning_file_path(); !path.empty()) {
       // The platform: what the heuristic's answer depends on besides the
       // problem (a MIG slice has fewer SMs; the workspace bounds split-K).
-      int sms = 0;
-      COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index_));
-      const std::string platform = device_description(index_) + ", " + std::to_string(sms) + " SMs; cuBLASLt " +
-                                   std::to_string(cublasLtGetVersion()) + ", workspace " +
-                                   std::to_string(lt_workspace_bytes_);
       try {  // a cache: without it, problems are timed as without the variable
+        int sms = 0;
+        COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index_));
+        const std::string platform = device_description(index_) + ", " + std::to_string(sms) + " SMs; cuBLASLt " +
+                                     std::to_string(cublasLtGetVersion()) + ", workspace " +
+                                     std::to_string(lt_workspace_bytes_);
         tuning_file_ = std::make_unique<gemm_tuning_file>(path, platform);
       } catch (const std::exception& e) {
         spdlog::warn("{}; COROLLA_CUDA_GEMM_TUNE_FILE is not used by this process", e.what());

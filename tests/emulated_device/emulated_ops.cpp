@@ -4,6 +4,8 @@
 #include "emulated_device.hpp"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "emulated_op.hpp"
 #include "kernels/op_checks.hpp"

@@ -5,6 +5,8 @@
 #include "emulated_device.hpp"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "emulated_op.hpp"
 #include "kernels/op_checks.hpp"

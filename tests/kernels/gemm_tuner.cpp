@@ -9,12 +9,14 @@
 // training's fused products (the residual as C in and out of place,
 // GELU_AUX_BIAS, DGELU) and a batch of accumulated weight gradients give
 // the cpu's results on their first, timed, calls; a second backend runs
-// the algorithm COROLLA_CUDA_GEMM_TUNE_FILE recorded, and a recorded
-// algorithm the heuristic no longer names is timed anew. Without
+// the algorithm COROLLA_CUDA_GEMM_TUNE_FILE recorded (by its bytes, and by
+// its configuration where a byte no attribute reads differs), and a
+// recorded algorithm the heuristic no longer names is timed anew. Without
 // the CUDA backend or a visible device the GPU test says why in a MESSAGE
 // and returns.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
@@ -22,6 +24,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +39,7 @@
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/gemm_tuner.hpp"
+#include "kernels/cuda/gemm_tuning_file.hpp"
 #endif
 
 using namespace corolla;
@@ -349,14 +353,48 @@ TEST_CASE("cuda: cuBLASLt algorithms timed by one backend are read back by the n
   CHECK(read[0].chosen_us == timed[0].chosen_us);
   CHECK(to_double(y1) == to_double(y2));  // the same algorithm: the same bits
 
-  // A line naming an algorithm the heuristic no longer names (its 64 bytes
-  // all ones: algorithm id -1, no configuration of any candidate): the
-  // problem is timed anew and a line of it appended.
   std::string line;
   {
     std::ifstream in(path);
     REQUIRE(std::getline(in, line));
   }
+  // The recorded algorithm with a byte changed that no configuration
+  // attribute reads: recognised by its configuration, run untimed, the
+  // same bits.
+  {
+    const std::size_t p_end = line.find('\t'), k_end = line.find('\t', p_end + 1);
+    REQUIRE(k_end != std::string::npos);
+    const std::string platform = line.substr(0, p_end), problem = line.substr(p_end + 1, k_end - p_end - 1);
+    cuda::gemm_tuning_file file(path, platform);
+    const std::optional<cuda::gemm_tuning_entry> recorded = file.find(problem);
+    REQUIRE(recorded.has_value());
+    const auto config = cuda::gemm_algorithm_config(recorded->algo);
+    REQUIRE(config.has_value());
+    int unread = -1;
+    for (int byte = 0; byte < 64 && unread < 0; ++byte) {
+      std::array<std::uint64_t, 8> probe = recorded->algo;
+      reinterpret_cast<unsigned char*>(probe.data())[byte] ^= 0x5a;
+      if (cuda::gemm_algorithm_config(probe) == config) unread = byte;
+    }
+    if (unread < 0) {
+      MESSAGE("every byte of the algorithm is read by its configuration: nothing to change");
+    } else {
+      cuda::gemm_tuning_entry changed = *recorded;
+      reinterpret_cast<unsigned char*>(changed.algo.data())[unread] ^= 0x5a;
+      file.add(problem, changed);  // a later line overrides
+      std::unique_ptr<Backend> by_config = gpu().companion();
+      Tensor yc = by_config->empty({1024, 1728}, dtype::f32);
+      const std::vector<cuda::gemm_choice> read_by_config = run(*by_config, yc);
+      REQUIRE(read_by_config.size() == 1);
+      CHECK(read_by_config[0].from_file);
+      CHECK(read_by_config[0].chosen == timed[0].chosen);
+      CHECK(to_double(yc) == to_double(y1));
+    }
+  }
+
+  // A line naming an algorithm the heuristic no longer names (its 64 bytes
+  // all ones: neither the bytes nor the configuration of any candidate):
+  // the problem is timed anew and a line of it appended.
   const std::size_t tab = line.rfind('\t');
   REQUIRE(tab != std::string::npos);
   REQUIRE(line.size() - tab - 1 == 128);

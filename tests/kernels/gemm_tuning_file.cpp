@@ -4,8 +4,10 @@
 // later line of a problem overrides; lines of other platforms are kept and
 // ignored; lines of the earlier six-field form are skipped; malformed lines
 // are errors naming the file and line; a recorded algorithm is recognised
-// by its bytes or its configuration attributes. CUDA-free: runs without a GPU (it needs the CUDA build
-// only because the file lives in the CUDA backend).
+// by its bytes or its configuration attributes. Runs without a GPU: it
+// needs the CUDA build because the file lives in the CUDA backend, and
+// cuBLASLt's library (loaded on first use) to read an algorithm's
+// configuration.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/support/tiny_model.hpp"
 
@@ -25,7 +28,7 @@
 using corolla::cuda::gemm_tuning_entry;
 using corolla::cuda::gemm_tuning_file;
 using corolla::cuda::gemm_algorithm_config;
-using corolla::cuda::same_gemm_algorithm;
+using corolla::cuda::find_gemm_algorithm;
 
 namespace {
 
@@ -142,34 +145,43 @@ TEST_CASE("the gemm tuning file refuses malformed lines, naming the file and lin
 
 TEST_CASE("a recorded algorithm is recognised by its bytes or, where they differ, by its configuration") {
   // cuBLASLt reads an algorithm's attributes from its bytes alone, without
-  // a device. Which bytes hold what is cuBLASLt's: found by setting one
-  // byte of a zeroed algorithm at a time and reading the attributes back.
+  // a device (the library is loaded on first use). Which bytes hold what
+  // is cuBLASLt's own: found here by setting bytes and reading back.
   using words = std::array<std::uint64_t, 8>;
   const auto with_byte = [](words w, int byte, unsigned char v) {
     reinterpret_cast<unsigned char*>(w.data())[byte] = v;
     return w;
   };
-  const auto zero = gemm_algorithm_config(words{});
-  REQUIRE(zero.has_value());
-  CHECK(*zero == std::array<std::uint64_t, 9>{});
-  int split_k = -1, unread = -1;  // a byte of the split-K count; a byte of nothing
-  for (int byte = 0; byte < 64; ++byte) {
-    const auto c = gemm_algorithm_config(with_byte({}, byte, 0x01));
+  const auto config = [](const words& w) {
+    const auto c = gemm_algorithm_config(w);
+    INFO("cuBLASLt could not be loaded, or read no configuration from an algorithm's bytes");
     REQUIRE(c.has_value());
-    if (*c == *zero && unread < 0) unread = byte;
-    if ((*c)[2] != 0 && split_k < 0) split_k = byte;  // CUBLASLT_ALGO_CONFIG_SPLITK_NUM
-  }
+    return *c;
+  };
+  int split_k = -1;  // a byte of the split-K count (CUBLASLT_ALGO_CONFIG_SPLITK_NUM, the third)
+  for (int byte = 0; byte < 64 && split_k < 0; ++byte)
+    if (config(with_byte({}, byte, 0x04))[2] != config(with_byte({}, byte, 0x02))[2]) split_k = byte;
   REQUIRE(split_k >= 0);
-  REQUIRE(unread >= 0);
-
   const words w = with_byte({}, split_k, 0x04);
-  CHECK(same_gemm_algorithm(w, w));
-  CHECK_FALSE(same_gemm_algorithm(w, with_byte(w, split_k, 0x02)));  // another split-K: another algorithm
-  const words other = with_byte(w, unread, 0x5a);                   // a byte of nothing differs
-  CHECK(other != w);
-  CHECK(gemm_algorithm_config(other) == gemm_algorithm_config(w));
-  CHECK(same_gemm_algorithm(w, other));
-  CHECK(same_gemm_algorithm(other, w));
+  const words split_in_two = with_byte(w, split_k, 0x02);
+  REQUIRE(config(split_in_two) != config(w));
+  int unread = -1;  // a byte no attribute reads, whatever it holds
+  for (int byte = 0; byte < 64 && unread < 0; ++byte)
+    if (config(with_byte(w, byte, 0x5a)) == config(w) && config(with_byte(w, byte, 0xff)) == config(w)) unread = byte;
+  REQUIRE(unread >= 0);
+  const words other = with_byte(w, unread, 0x5a);  // other bytes, w's configuration
+  REQUIRE(other != w);
+
+  const auto find = [&](std::initializer_list<words> candidates, const words& recorded) {
+    const std::vector<words> c(candidates);
+    return find_gemm_algorithm(c, recorded);
+  };
+  CHECK(find({split_in_two, w}, w) == 1);                 // the same bytes
+  CHECK(find({split_in_two, other, w}, w) == 2);          // the same bytes before the same configuration
+  CHECK(find({split_in_two, other}, w) == 1);             // the same configuration, other bytes
+  CHECK(find({other, split_in_two}, split_in_two) == 1);  // another split-K is another algorithm
+  CHECK_FALSE(find({split_in_two}, w).has_value());
+  CHECK_FALSE(find({}, w).has_value());
 }
 
 #endif  // COROLLA_HAVE_CUDA
