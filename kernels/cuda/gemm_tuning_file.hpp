@@ -10,8 +10,10 @@
 // itself: a cublasLtMatmulAlgo_t's 64 bytes, which cuBLASLt documents as
 // serialisable for the same library version. A later process runs it only
 // if the heuristic names it again for the problem (at any position: the
-// answer's order may differ with its length); else the problem is timed
-// anew. Lines are kept per platform (device, SM count, cuBLASLt version
+// answer's order may differ with its length; the same bytes, or failing
+// those the same configuration: find_gemm_algorithm); else the problem is
+// timed anew. Lines of the earlier six-field form (no algorithm) are
+// skipped. Lines are kept per platform (device, SM count, cuBLASLt version
 // and workspace size), and a line of another platform is left alone.
 //
 // One line per problem, tab-separated:
