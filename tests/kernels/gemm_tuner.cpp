@@ -338,11 +338,8 @@ TEST_CASE("cuda: cuBLASLt algorithms timed by one backend are read back by the n
   std::unique_ptr<Backend> first = gpu().companion(), second = gpu().companion();
   Tensor y1 = first->empty({1024, 1728}, dtype::f32), y2 = second->empty({1024, 1728}, dtype::f32);
   const std::vector<cuda::gemm_choice> timed = run(*first, y1);
-  if (timed.empty()) {
-    MESSAGE("the heuristic named one algorithm: nothing timed, nothing written");
-    CHECK_FALSE(std::filesystem::exists(path));
-    return;
-  }
+  // Aligned operands of this size have several algorithms on any GPU with
+  // bf16 (as in the first test): one was timed and written.
   REQUIRE(timed.size() == 1);
   CHECK_FALSE(timed[0].from_file);
   const std::vector<cuda::gemm_choice> read = run(*second, y2);
