@@ -112,14 +112,15 @@ inline unsigned column_partials_blocks(std::int64_t cols) {
 
 #if defined(__CUDACC__)
 /// Launches kernel(args..., chunk_rows, out) over column_tiles(cols) x
-/// column_chunks blocks of 32 x 32 threads, then, with more than one chunk,
+/// column_chunks blocks of 32 x 32 threads (one chunk of all rows without
+/// column_chunking()), then, with more than one chunk,
 /// column_partials_kernel (out.partials: column_partials_bytes(rows, cols,
 /// N) of scratch, unused by anything else until it has run).
 template <int N, class A, class... Params, class... Args>
 void launch_column_sums(stream_t s, const char* name, void (*kernel)(Params...), std::int64_t rows,
                         std::int64_t cols, column_out<N, A> out, Args... args) {
   if (rows <= 0 || cols <= 0) return;
-  const std::int64_t chunk_rows = column_chunk_rows_for(rows);
+  const std::int64_t chunk_rows = column_chunk_rows_for(rows, column_chunking());
   const unsigned chunks = column_chunks(rows, chunk_rows);
   if (chunks > 1 && out.partials == nullptr)
     throw std::logic_error(std::string(name) + ": column sums over several chunks need their partials' scratch");

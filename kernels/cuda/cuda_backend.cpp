@@ -297,7 +297,7 @@ void* cuda_backend::scratch(int slot, std::size_t bytes) {
 }
 
 float* cuda_backend::column_partials(std::int64_t rows, std::int64_t cols, int sums) {
-  const std::size_t bytes = column_partials_bytes(rows, cols, sums);
+  const std::size_t bytes = column_partials_bytes(rows, cols, sums, column_chunking());
   return bytes ? static_cast<float*>(scratch(slot_reduce, bytes)) : nullptr;
 }
 

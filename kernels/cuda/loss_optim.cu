@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/device.hpp"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/loss_optim_kernels.cuh"
@@ -32,12 +33,15 @@ std::uintptr_t misalignment(const void* p) { return reinterpret_cast<std::uintpt
 /// modulo 16 bytes (the flat buffers, and a data-parallel rank's shard of
 /// them, which starts anywhere): the parameters before the first 16-byte
 /// boundary (at most three) by adamw_kernel, the rest four a thread.
-/// Otherwise adamw_kernel throughout. Either way the same bits.
+/// Otherwise, or with COROLLA_CUDA_ADAMW_VEC4=0 in the environment (the A/B
+/// and the fallback should the four-a-thread kernel fail on a GPU),
+/// adamw_kernel throughout. Either way the same bits.
 template <class CT>
 void launch_adamw(stream_t s, float* params, const float* grads, float* m, float* v, CT* copy,
                   const adamw_step_scalars& k, std::int64_t n) {
   const std::uintptr_t off = misalignment(params);
-  const bool shared = off % 4 == 0 && misalignment(grads) == off && misalignment(m) == off && misalignment(v) == off;
+  static const bool vec4 = env_switch("COROLLA_CUDA_ADAMW_VEC4", true);
+  const bool shared = vec4 && off % 4 == 0 && misalignment(grads) == off && misalignment(m) == off && misalignment(v) == off;
   std::int64_t head = shared ? static_cast<std::int64_t>((16 - off) % 16 / 4) : n;
   if (head > n) head = n;
   if (head > 0) {

@@ -17,17 +17,23 @@
 # printed as it happens and at most 8 files in $OUT: one log per step
 # (seven), summary.json (each step's exit status and seconds, and the final
 # JSON line of each benchmark); what `corolla info` says is printed. A run cut off still leaves what it finished.
+# What is new to the GPU falls back where it can: a failed chunked-column-sum
+# or four-a-thread AdamW test runs again with its switch off and, passing
+# so, the rest runs so; likewise the GEMM tuner (COROLLA_CUDA_GEMM_TUNE=0)
+# and the training epilogues (COROLLA_CUDA_LT_EPILOGUES=0).
 # profile: about 3 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
 # batch 8 unprofiled), batch 4 without cuBLASLt's training epilogues
 # (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train) and without
 # the q/k/v products as one batched product (COROLLA_CUDA_BATCHED_LINEAR=0)
-# and without timing cuBLASLt's algorithms (COROLLA_CUDA_GEMM_TUNE=0), its
+# and without timing cuBLASLt's algorithms (COROLLA_CUDA_GEMM_TUNE=0)
+# and without chunked column sums (COROLLA_CUDA_COLUMN_CHUNKS=0), its
 # GEMM shapes against cuBLASLt's heuristic's first (`bench gemm`, twice:
 # the second reads the choices the first wrote, COROLLA_CUDA_GEMM_TUNE_FILE), each fused
 # training op against its two ops (`bench fusions`), AdamW with
 # its bf16 copy against the two ops
-# (`bench update`), Nsight Compute's counters over the decode
+# (`bench update`, and again one parameter a thread:
+# COROLLA_CUDA_ADAMW_VEC4=0), Nsight Compute's counters over the decode
 # GEMVs, and PyTorch's figures on the same GPU (torch_reference.py).
 # gemv: about 2 minutes: the GEMV tests, then 7B bf16 decode five ways:
 # the tuner over its own variants or over all (COROLLA_GEMV=all), each with
@@ -166,6 +172,11 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     # batch 4's rows, the backend (tuned) against cuBLASLt's first.
     step train_no_gemm_tune 90 env COROLLA_CUDA_GEMM_TUNE=0 corolla bench train --preset gpt2-1.5b \
       --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
+    # Training with every column sum (bias and norm parameter gradients) in
+    # one chunk of all rows, the kernels before chunking: against lean's
+    # bench_train.
+    step train_no_column_chunks 90 env COROLLA_CUDA_COLUMN_CHUNKS=0 corolla bench train --preset gpt2-1.5b \
+      --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
     rm -f /tmp/corolla-gpu/gemm-choices.tsv  # timed afresh, then read back
     step bench_gemm_gpt2 60 env COROLLA_CUDA_GEMM_TUNE_FILE=/tmp/corolla-gpu/gemm-choices.tsv corolla bench gemm \
       --dtype bf16 --shapes gpt2-1.5b --rows 4096
@@ -183,6 +194,9 @@ PY
     step bench_fusions 30 corolla bench fusions --dtype bf16
     # AdamW writing the bf16 compute copy against AdamW, then the copy (a GPT-2-1.5B block).
     step bench_update 30 corolla bench update --groups 1 --compute-copy bf16
+    # The same with one parameter a thread (the kernel before the
+    # four-a-thread one): against the line above.
+    step bench_update_no_vec4 30 env COROLLA_CUDA_ADAMW_VEC4=0 corolla bench update --groups 1 --compute-copy bf16
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
     # The decode GEMVs after the tuner's launches: one of each shape of a layer.
     [ -n "$ncu" ] && step ncu_gemv 120 "$ncu" --clock-control none -k regex:linear_bf16 --launch-skip 3000 \
@@ -202,6 +216,21 @@ PY
   tuner_tests="cuda: cuBLASLt algo*,cuda: training's fused*"
   step cuda_kernels 180 env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*' \
     -tce="cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*,$tuner_tests"
+  # Chunked column sums (bias and norm parameter gradients) and AdamW four
+  # parameters a thread are new to the GPU and have switches back to the
+  # kernels before them: should their test fail, it runs again with the
+  # switch off (appended to the same log), and if it then passes, everything
+  # after runs with the switch off.
+  fallback() {  # test case, switch
+    grep -q "^TEST CASE: *$1" "$out/cuda_kernels.log" || return 0
+    env COROLLA_CUDA_SYNC=1 "$2=0" test_kernels -tc="$1*" >> "$out/cuda_kernels.log" 2>&1
+    local rc=$?
+    [ "$rc" -eq 0 ] && export "$2=0"
+    echo "[+$(($(date +%s) - start))s] \"$1\" failed; again with $2=0: exit $rc" \
+      "$([ "$rc" -eq 0 ] && echo "(the rest runs with $2=0)" || echo "(the switch does not help)")"
+  }
+  fallback "cuda: parameter gradients over many rows" COROLLA_CUDA_COLUMN_CHUNKS
+  fallback "cuda: adamw steps match the cpu" COROLLA_CUDA_ADAMW_VEC4
   step cuda_decode_launch 90 bash -c 'test_kernels \
     -tc="cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*"; d=$?
     test_kernels -tc="$1"; t=$?; echo "gemm tuner tests: exit $t"; exit $((d | t))' _ "$tuner_tests"

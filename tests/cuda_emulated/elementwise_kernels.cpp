@@ -138,7 +138,7 @@ TEST_CASE("emulated activation, add, scale, reduction and bias kernels match the
   }
 }
 
-TEST_CASE("column sums split rows into chunks of 256, more a chunk only past 65535 chunks") {
+TEST_CASE("column sums split rows into chunks of 256, more a chunk only past 65535 chunks, or keep all rows in one") {
   CHECK(cuda::column_chunk_rows_for(1) == 256);
   CHECK(cuda::column_chunks(256, 256) == 1);
   CHECK(cuda::column_chunks(257, 256) == 2);
@@ -152,6 +152,14 @@ TEST_CASE("column sums split rows into chunks of 256, more a chunk only past 655
   CHECK(cuda::column_chunks(most + 1, 257) <= 65535);
   const std::int64_t huge = std::int64_t{1} << 34;
   CHECK(cuda::column_chunks(huge, cuda::column_chunk_rows_for(huge)) <= 65535);
+  // Not chunked (COROLLA_CUDA_COLUMN_CHUNKS=0): one chunk of every row, no partials.
+  for (const std::int64_t rows : {std::int64_t{1}, std::int64_t{257}, std::int64_t{4096}, huge}) {
+    CAPTURE(rows);
+    CHECK(cuda::column_chunk_rows_for(rows, false) == rows);
+    CHECK(cuda::column_chunks(rows, cuda::column_chunk_rows_for(rows, false)) == 1);
+    CHECK(cuda::column_partials_bytes(rows, 100, 2, false) == 0);
+  }
+  CHECK(cuda::column_chunk_rows_for(0, false) == 1);
 }
 
 TEST_CASE("emulated embedding, int8 quantisation and dtype conversion kernels match the cpu") {
