@@ -222,7 +222,11 @@ PY
   # switch off (appended to the same log), and if it then passes, everything
   # after runs with the switch off.
   fallback() {  # test case, switch
-    grep -q "^TEST CASE: *$1" "$out/cuda_kernels.log" || return 0
+    # doctest's report of a case (also of a skip's MESSAGE) runs from one
+    # line of '=' to the next; it failed if it holds an ERROR line.
+    awk -v name="TEST CASE:  $1" '/^=====/ { if (hit && err) failed = 1; hit = err = 0; next }
+      index($0, name) == 1 { hit = 1 } / (FATAL )?ERROR: / { err = 1 }
+      END { if (hit && err) failed = 1; exit failed ? 0 : 1 }' "$out/cuda_kernels.log" || return 0
     env COROLLA_CUDA_SYNC=1 "$2=0" test_kernels -tc="$1*" >> "$out/cuda_kernels.log" 2>&1
     local rc=$?
     [ "$rc" -eq 0 ] && export "$2=0"
