@@ -63,4 +63,10 @@ nlohmann::json report_gemm_tuning(const Backend& be, bool json);
 /// `corolla bench decode` (apps/bench_decode.cpp).
 void register_bench_decode(CLI::App* bench, action_fn& action);
 
+/// `corolla bench train` without --cluster (apps/bench_train.cpp): B =
+/// `batch` sequences of `seq` tokens a step, `steps` timed steps after a
+/// warm-up; `micro_batch` sequences per forward and backward (gradient
+/// accumulation; 0 for the whole batch).
+int run_bench_train(const bench_common& o, int batch, int seq, int steps, int micro_batch);
+
 }  // namespace corolla::app

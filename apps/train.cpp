@@ -96,9 +96,9 @@ namespace {
 int run_train(const train_args& a) {
   if (!a.join.empty()) return run_train_join(a);
   if (wants_distributed(a)) return run_distributed_train(a);
-  if (!a.checkpoint_dir.empty() || a.checkpoint_every > 0 || a.resume || a.micro_batch > 0 || !a.link_profile.empty() ||
+  if (!a.checkpoint_dir.empty() || a.checkpoint_every > 0 || a.resume || !a.link_profile.empty() ||
       !a.coordinator.empty() || a.chunks != 1 || a.collectives != "host")
-    throw model_error("--checkpoint-dir, --checkpoint-every, --resume, --micro-batch, --chunks, --link-profile, "
+    throw model_error("--checkpoint-dir, --checkpoint-every, --resume, --chunks, --link-profile, "
                       "--collectives and --coordinator "
                       "are for pipeline x data-parallel training: add --pp, --dp or --cluster");
   apply_common_options(a.threads, "warn");
@@ -112,6 +112,7 @@ int run_train(const train_args& a) {
 
   train_options o;
   o.batch = a.batch;
+  o.micro_batch = a.micro_batch;  // gradient accumulation (0: the whole batch at once)
   o.seq = a.seq;
   o.steps = a.steps;
   o.optimizer.adamw = {.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps,
@@ -252,8 +253,9 @@ void register_train(CLI::App& app, action_fn& action) {
       ->capture_default_str()
       ->group(dist);
   cmd->add_option("--micro-batch", args->micro_batch,
-                  "Sequences per pipeline micro-batch (default: 1 with --pp > 1, else the replica's whole batch)")
-      ->group(dist);
+                  "Sequences per micro-batch, dividing the batch: a pipeline's unit (default: 1 with --pp > 1, else "
+                  "the replica's whole batch), or in one process the unit of gradient accumulation (default: the "
+                  "whole batch)");
   cmd->add_option("--rank", args->rank,
                   "Run only this rank of a multi-host job (also from SLURM_PROCID or RANK); rank 0 hosts the "
                   "coordinator at --coordinator")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <span>
 #include <string>
 
 #include "model/error.hpp"
@@ -23,6 +24,12 @@ const train_options& validated(const transformer& model, const token_dataset& da
                                const train_options& o) {
   if (o.batch < 1)
     throw model_error("batch size must be at least 1 (got " + std::to_string(o.batch) + ")");
+  if (o.micro_batch < 0)
+    throw model_error("micro-batch size must not be negative (got " + std::to_string(o.micro_batch) +
+                      "; 0 is the whole batch)");
+  if (o.micro_batch > 0 && o.batch % o.micro_batch != 0)
+    throw model_error("a micro-batch of " + std::to_string(o.micro_batch) +
+                      " sequences does not divide the batch of " + std::to_string(o.batch));
   if (o.seq < 1)
     throw model_error("sequence length must be at least 1 (got " + std::to_string(o.seq) + ")");
   if (o.steps < 0)
@@ -79,7 +86,16 @@ step_report trainer::step() {
   optimizer_.set_compute_copies(model_->compute_copies());
   step_report r;
   r.loss_scale = scaler_.scale();
-  r.loss = model_->forward_backward(ids_, targets_, B, T, r.loss_scale);
+  // Micro-batch j adds the gradients of its mean loss times scale / k: the
+  // batch mean's, since every micro-batch has M*T of the B*T positions.
+  const int M = options_.micro_batch > 0 ? options_.micro_batch : B, k = B / M;
+  const std::size_t rows = static_cast<std::size_t>(M) * static_cast<std::size_t>(T);
+  const std::span<const std::int32_t> ids(ids_), targets(targets_);
+  double loss = 0.0;
+  for (int j = 0; j < k; ++j)
+    loss += model_->forward_backward(ids.subspan(j * rows, rows), targets.subspan(j * rows, rows), M, T,
+                                     r.loss_scale / static_cast<float>(k));
+  r.loss = static_cast<float>(loss / k);
   if (scaler_.dynamic()) {
     r.grad_norm = optimizer_.step_unscaling(r.loss_scale);
     r.skipped = overflowed(r.grad_norm);

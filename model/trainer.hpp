@@ -2,7 +2,11 @@
 //
 // One step = zero the gradients, take the next B x T batch from the token
 // data (sequential, wrapping; see token_data.hpp), forward and backward
-// (mean cross-entropy over the B*T positions), one AdamW step. Steps are
+// (mean cross-entropy over the B*T positions), one AdamW step. With
+// micro-batches (gradient accumulation) the batch's forward and backward
+// run M sequences at a time, each adding its share of the batch mean's
+// gradients: the same step to f32 summation order, with the activations
+// of M sequences instead of B. Steps are
 // numbered from 1 to N, as llm.c and `corolla train` print them: the first
 // step reports the loss of the initial weights on the first batch.
 #pragma once
@@ -22,6 +26,9 @@ namespace corolla {
 /// What to train and how.
 struct train_options {
   int batch = 1;       ///< B sequences per step
+  /// M sequences per forward and backward (gradient accumulation): divides
+  /// B; 0 (the default) is B, the whole batch at once.
+  int micro_batch = 0;
   int seq = 0;         ///< T tokens per sequence; at most the model's context
   int steps = 0;       ///< N steps to run (0 = none: only save, if asked)
   optimizer_settings optimizer;
@@ -63,7 +70,8 @@ struct train_summary {
 class trainer {
  public:
   /// Validates the options against the model and the data; throws
-  /// model_error for batch < 1, seq < 1, steps < 0, log_every < 1, a
+  /// model_error for batch < 1, a micro-batch that is negative or does not
+  /// divide the batch, seq < 1, steps < 0, log_every < 1, a
   /// sequence longer than the model's context, data with fewer than B*T+1
   /// tokens, or a token id outside the model's vocabulary.
   trainer(transformer& model, token_dataset& data, const train_options& options);

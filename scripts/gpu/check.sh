@@ -23,7 +23,8 @@
 # and the training epilogues (COROLLA_CUDA_LT_EPILOGUES=0).
 # profile: about 3 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
-# batch 8 unprofiled), batch 4 without cuBLASLt's training epilogues
+# batch 8 unprofiled, and batch 16 in micro-batches of 4 against batch 4
+# alone), batch 4 without cuBLASLt's training epilogues
 # (COROLLA_CUDA_LT_EPILOGUES=0, against lean's bench_train) and without
 # the q/k/v products as one batched product (COROLLA_CUDA_BATCHED_LINEAR=0)
 # and without timing cuBLASLt's algorithms (COROLLA_CUDA_GEMM_TUNE=0)
@@ -158,6 +159,10 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
       --compute bf16 --profile
     step train_b8 90 corolla bench train --preset gpt2-1.5b --batch 8 --seq 1024 --steps 2 --matmul bf16 \
       --compute bf16
+    # Gradient accumulation: batch 16 in micro-batches of 4 (one AdamW pass
+    # per 16 sequences), against batch 4 alone (a pass per 4) in the same run.
+    step train_accum 120 corolla bench train --preset gpt2-1.5b --batch 16 --micro-batch 4 --seq 1024 --steps 2 \
+      --matmul bf16 --compute bf16
     # Training without cuBLASLt's epilogues (the forward's residual adds,
     # GELU and its backward as their own ops; the norm backward's add stays
     # fused): against lean's bench_train.

@@ -1,5 +1,6 @@
 // `corolla bench train|decode --profile`: after the measurement, one more
-// run with every op synchronised and timed; the JSON gets the per-op table.
+// run with every op synchronised and timed; the JSON gets the per-op table
+// (for training also with gradient accumulation over micro-batches).
 #include <doctest/doctest.h>
 
 #include <set>
@@ -77,6 +78,33 @@ TEST_CASE("bench train --profile breaks one step down by op, without it there is
     CAPTURE(op);
     CHECK(ops.count(op) == 1);
   }
+  CHECK(j["micro_batch"] == 2);  // the whole batch at once
+  CHECK_FALSE(j.contains("speedup_vs_micro_batch_alone"));
+
+  // Gradient accumulation: the step's forward and backward twice, one
+  // sequence each, and one optimiser step.
+  args.insert(args.end(), {"--micro-batch", "1"});
+  auto micro = run_corolla(args);
+  CAPTURE(micro.err);
+  REQUIRE(micro.exit_code == 0);
+  const auto mj = last_json_line(micro.out);
+  CHECK(mj["batch"] == 2);
+  CHECK(mj["micro_batch"] == 1);
+  // Against the micro-batch alone (batch 1, no accumulation), same run.
+  CHECK(mj["micro_batch_alone_tokens_per_s"].get<double>() > 0.0);
+  CHECK(mj["speedup_vs_micro_batch_alone"].get<double>() > 0.0);
+  const auto calls = [](const nlohmann::json& run, const std::string& op) {
+    for (const auto& row : run["profile"]["ops"])
+      if (row["op"] == op) return row["calls"].get<long long>();
+    return 0LL;
+  };
+  for (const char* op : {"cross_entropy", "embedding_backward", "attention_backward"}) {
+    CAPTURE(op);
+    CHECK(calls(mj, op) == 2 * calls(j, op));
+  }
+  CHECK(calls(mj, "adamw") == calls(j, "adamw"));
+  args.back() = "3";
+  corolla::testing::check_one_error(run_corolla(args), "a micro-batch of 3 sequences does not divide the batch of 2");
 }
 
 TEST_CASE("bench decode --profile breaks a generation down by op") {

@@ -63,10 +63,11 @@ std::vector<std::uint16_t> pattern_tokens(std::size_t n) {
 
 // The library's losses for the same run the CLI is asked to do.
 std::vector<float> library_losses(transformer model, const fs::path& data_file, int steps,
-                                  float lr, float wd) {
+                                  float lr, float wd, int batch = 2, int micro_batch = 0) {
   token_dataset data = token_dataset::open(data_file, nullptr, model.config().vocab_size);
   train_options o;
-  o.batch = 2;
+  o.batch = batch;
+  o.micro_batch = micro_batch;
   o.seq = 16;
   o.steps = steps;
   o.optimizer.adamw.lr = lr;
@@ -154,6 +155,26 @@ TEST_CASE("corolla train continues from a weights directory and saves a model ge
     ++count;
   }
   CHECK(count == 4);
+}
+
+TEST_CASE("corolla train --micro-batch accumulates gradients: the library's losses, and the whole batch's") {
+  temp_dir_guard tmp("cli-train-micro");
+  const fs::path model_dir = tmp / "gpt2";
+  write_tiny_model(model_dir, tiny_gpt2());
+  write_raw_u16(tmp / "tokens.bin", pattern_tokens(400));
+  const process_result r =
+      run_corolla({"train", "--model", model_dir, "--data", tmp / "tokens.bin", "--batch", "4", "--micro-batch", "2",
+                   "--seq", "16", "--steps", "4", "--lr", "3e-3"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<double> cli = step_losses(r);
+  check_same_losses(cli, library_losses(transformer::load(model_dir, cpu_backend()), tmp / "tokens.bin", 4, 3e-3f,
+                                        0.0f, 4, 2));
+  // The same steps as the whole batch at once, to f32 summation order.
+  const std::vector<float> whole =
+      library_losses(transformer::load(model_dir, cpu_backend()), tmp / "tokens.bin", 4, 3e-3f, 0.0f, 4);
+  REQUIRE(whole.size() == cli.size());
+  for (std::size_t i = 0; i < cli.size(); ++i) CHECK(std::abs(cli[i] - whole[i]) < 2e-5);
 }
 
 TEST_CASE("corolla train tokenises text data with the model directory's tokenizer") {
@@ -274,6 +295,9 @@ TEST_CASE("corolla train rejects bad input with one error line and exit code 1")
       {"text data without a tokenizer", args_for(model, tmp / "gpt2" / "config.json", "1", "8"),
        "tokenizer"},
   };
+  cases.push_back({"micro-batch not dividing the batch", args_for(model, data, "2", "8"),
+                   "a micro-batch of 3 sequences does not divide the batch of 2"});
+  cases.back().args.insert(cases.back().args.end(), {"--micro-batch", "3"});
   cases.push_back({"unknown device", args_for(model, data, "1", "8"), "tpu"});
   cases.back().args.insert(cases.back().args.end(), {"--device", "tpu"});
   cases.push_back({"unknown matmul precision", args_for(model, data, "1", "8"), "unknown matmul precision 'fp8'"});
