@@ -66,6 +66,7 @@ int run_bench_train(const bench_common& o, int batch, int seq, int steps, int mi
   const loss_scaling scaling = parse_loss_scaling(o.loss_scale, compute == dtype::f16);
   profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
   Backend& be = o.profile ? static_cast<Backend&>(prof) : device_be;
+  check_micro_batch(batch, micro_batch);  // before a large model is built
   transformer model = open_model(o, be);
   const auto& c = model.config();
   if (batch < 1 || seq < 2 || steps < 1 || seq > c.max_positions)
@@ -122,16 +123,20 @@ int run_bench_train(const bench_common& o, int batch, int seq, int steps, int mi
   // moments of its own while it runs.
   const bool accumulating = micro_batch > 0 && micro_batch < batch;
   double alone_seconds = 0.0;
+  int alone_skipped = 0;  // f16's overflowed steps: no AdamW, so faster
   if (accumulating) {
     train_options alone = opts;
     alone.batch = micro_batch;
     alone.micro_batch = 0;
     alone.steps = steps + 1;
-    trainer a(model, data, alone);
-    model.set_compute_dtype(compute);
+    trainer a(model, data, alone);  // the model computes in `compute` already (timed_steps)
     a.set_loss_scaling(scaling);
     a.step();
-    for (int i = 0; i < steps; ++i) alone_seconds += a.step().seconds;
+    for (int i = 0; i < steps; ++i) {
+      const step_report r = a.step();
+      alone_seconds += r.seconds;
+      if (r.skipped) ++alone_skipped;
+    }
   }
 
   double tokens_per_s = static_cast<double>(batch) * seq * steps / seconds;
@@ -217,12 +222,12 @@ int run_bench_train(const bench_common& o, int batch, int seq, int steps, int mi
     const double alone_tokens_per_s = static_cast<double>(micro_batch) * seq * steps / alone_seconds;
     j["micro_batch_alone_tokens_per_s"] = alone_tokens_per_s;
     j["speedup_vs_micro_batch_alone"] = tokens_per_s / alone_tokens_per_s;
+    if (t.scaler().dynamic()) j["micro_batch_alone_skipped_steps"] = alone_skipped;
     if (!o.json)
       std::printf("micro-batch alone       %8.1f tokens/s (batch %d, same run)  accumulated / alone %.2fx\n",
                   alone_tokens_per_s, micro_batch, tokens_per_s / alone_tokens_per_s);
   }
   if (o.profile) {
-    model.set_compute_dtype(compute);  // as the main steps (the baseline's trainer set it too)
     prof.enable(true);
     t.step();
     prof.enable(false);

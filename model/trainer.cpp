@@ -24,12 +24,7 @@ const train_options& validated(const transformer& model, const token_dataset& da
                                const train_options& o) {
   if (o.batch < 1)
     throw model_error("batch size must be at least 1 (got " + std::to_string(o.batch) + ")");
-  if (o.micro_batch < 0)
-    throw model_error("micro-batch size must not be negative (got " + std::to_string(o.micro_batch) +
-                      "; 0 is the whole batch)");
-  if (o.micro_batch > 0 && o.batch % o.micro_batch != 0)
-    throw model_error("a micro-batch of " + std::to_string(o.micro_batch) +
-                      " sequences does not divide the batch of " + std::to_string(o.batch));
+  check_micro_batch(o.batch, o.micro_batch);
   if (o.seq < 1)
     throw model_error("sequence length must be at least 1 (got " + std::to_string(o.seq) + ")");
   if (o.steps < 0)
@@ -68,6 +63,15 @@ trainer::trainer(transformer& model, token_dataset& data, const train_options& o
       options_(validated(model, data, options)),
       optimizer_(model.groups(), options.optimizer, model.backend()),
       scaler_(options.optimizer.loss_scale) {}
+
+void check_micro_batch(int batch, int micro_batch) {
+  if (micro_batch < 0)
+    throw model_error("micro-batch size must not be negative (got " + std::to_string(micro_batch) +
+                      "; 0 is the whole batch)");
+  if (micro_batch > 0 && batch % micro_batch != 0)
+    throw model_error("a micro-batch of " + std::to_string(micro_batch) + " sequences does not divide the batch of " +
+                      std::to_string(batch));
+}
 
 bool trainer::is_logged(int step, int total, int log_every) {
   return step == 1 || step == total || (log_every > 0 && step % log_every == 0);

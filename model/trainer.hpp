@@ -65,6 +65,11 @@ struct train_summary {
   double tokens_per_second = 0.0;  ///< tokens / seconds (0 without steps)
 };
 
+/// Throws model_error unless `micro_batch` sequences (0: the whole batch)
+/// divide a batch of `batch`: the trainer's rule, for callers that check
+/// before building a model.
+void check_micro_batch(int batch, int micro_batch);
+
 /// Trains `model` on `data`. Both are borrowed and must outlive the trainer;
 /// the trainer owns the optimiser (and so the AdamW moments).
 class trainer {

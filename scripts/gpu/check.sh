@@ -223,20 +223,35 @@ PY
     -tce="cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*,$tuner_tests"
   # Chunked column sums (bias and norm parameter gradients) and AdamW four
   # parameters a thread are new to the GPU and have switches back to the
-  # kernels before them: should their test fail, it runs again with the
-  # switch off (appended to the same log), and if it then passes, everything
-  # after runs with the switch off.
+  # kernels before them: should their test fail, it runs again alone (an
+  # earlier case may have broken the process's CUDA context), and if it
+  # fails again, with the switch off; passing so, everything after runs
+  # with the switch off. Both reruns go to the same log, the outcome to
+  # summary.json (as a step "fallback_SWITCH").
   fallback() {  # test case, switch
     # doctest's report of a case (also of a skip's MESSAGE) runs from one
     # line of '=' to the next; it failed if it holds an ERROR line.
     awk -v name="TEST CASE:  $1" '/^=====/ { if (hit && err) failed = 1; hit = err = 0; next }
       index($0, name) == 1 { hit = 1 } / (FATAL )?ERROR: / { err = 1 }
       END { if (hit && err) failed = 1; exit failed ? 0 : 1 }' "$out/cuda_kernels.log" || return 0
-    env COROLLA_CUDA_SYNC=1 "$2=0" test_kernels -tc="$1*" >> "$out/cuda_kernels.log" 2>&1
-    local rc=$?
-    [ "$rc" -eq 0 ] && export "$2=0"
-    echo "[+$(($(date +%s) - start))s] \"$1\" failed; again with $2=0: exit $rc" \
-      "$([ "$rc" -eq 0 ] && echo "(the rest runs with $2=0)" || echo "(the switch does not help)")"
+    local t0; t0=$(date +%s)
+    timeout -k 10 60 env COROLLA_CUDA_SYNC=1 test_kernels -tc="$1*" >> "$out/cuda_kernels.log" 2>&1
+    local alone=$? rc=-1 verdict
+    if [ "$alone" -eq 0 ]; then
+      verdict="passes alone (an earlier case's fault?): the switch stays on"
+    else
+      timeout -k 10 60 env COROLLA_CUDA_SYNC=1 "$2=0" test_kernels -tc="$1*" >> "$out/cuda_kernels.log" 2>&1
+      rc=$?
+      if [ "$rc" -eq 0 ]; then
+        export "$2=0"
+        verdict="fails alone, passes with $2=0: the rest runs with $2=0"
+      else
+        verdict="fails alone and with $2=0 (exit $rc): the switch does not help"
+      fi
+    fi
+    echo "[+$(($(date +%s) - start))s] \"$1\" failed in cuda_kernels; $verdict"
+    steps+=("{\"name\":\"fallback_$2\",\"exit\":$alone,\"seconds\":$(($(date +%s) - t0)),\"result\":{\"alone_exit\":$alone,\"switched_exit\":$rc,\"switched_off\":$([ "$rc" -eq 0 ] && echo true || echo false)}}")
+    summary
   }
   fallback "cuda: parameter gradients over many rows" COROLLA_CUDA_COLUMN_CHUNKS
   fallback "cuda: adamw steps match the cpu" COROLLA_CUDA_ADAMW_VEC4

@@ -17,7 +17,7 @@
 // product with RoPE and the cache append as its epilogue
 // (linear_bf16_rope_kv_kernel) equal the plain GEMV followed by
 // rope_store_kv_kernel, in every cache type, with and without rotation.
-// tests/kernels/linear_bf16.cpp and cuda_ops.cpp check it on a GPU.
+// tests/kernels/linear_bf16.cpp and cuda_products.cpp check it on a GPU.
 #include <doctest/doctest.h>
 
 #include <cstring>

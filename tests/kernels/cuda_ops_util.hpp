@@ -1,6 +1,7 @@
 // tests/kernels/cuda_ops_util.hpp — what the tests of the CUDA backend's
-// ops against the CPU reference share (cuda_ops.cpp, cuda_attention.cpp,
-// cuda_devices.cpp): the comparison tolerances and small helpers.
+// ops against the CPU reference share (cuda_products.cpp, cuda_ops.cpp,
+// cuda_attention.cpp, cuda_devices.cpp): the comparison tolerances and
+// small helpers.
 //
 // Tolerances (|got - want| <= atol + rtol * max(|got|, |want|)):
 //  * f32 elementwise ops (device expf/tanhf differ from glibc by a few ulp):

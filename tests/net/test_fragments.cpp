@@ -2,7 +2,10 @@
 // the reassembler (also against hostile fragments), and a transport pair
 // whose small messages pass a large one on a shaped link.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <thread>
 
@@ -434,26 +437,55 @@ TEST_CASE("on a slow shaped link fragments shrink to about 8.5 ms of transmissio
 }
 
 TEST_CASE("a receiver that stops taking fragments in stops the sender after its credit window") {
+  // Message 99 holds b's I/O thread, as a receiver too busy to read would
+  // be (ZeroMQ itself goes on reading from TCP meanwhile), until the test
+  // lets it go: not for a fixed time, which a loaded machine could use up
+  // before the count below is read (the sender then goes on, credited).
+  std::atomic<bool> stalled{false}, release{false};
   transport_recorder ra, rb;
   auto a = start_transport(loopback_options("credit-a"), ra);
   auto b = start_transport(loopback_options("credit-b"), rb);
+  struct let_go {  // on every exit, before the transports stop
+    std::atomic<bool>& release;
+    ~let_go() { release = true; }
+  } guard{release};
   const connection_id to_b = a->connect(b->endpoint());
-  // Message 99 holds b's I/O thread for 1.5 s, as a receiver too busy to
-  // read would be; ZeroMQ itself goes on reading from TCP meanwhile.
-  rb.on_message_hook = [](connection_id, const message& m) {
-    if (m.correlation_id == 99) std::this_thread::sleep_for(1500ms);
+  rb.on_message_hook = [&](connection_id, const message& m) {
+    if (m.correlation_id != 99) return;
+    stalled = true;
+    for (const auto until = std::chrono::steady_clock::now() + 60s;
+         !release && std::chrono::steady_clock::now() < until;)
+      std::this_thread::sleep_for(5ms);
+  };
+  const auto wait_until = [](const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+    for (const auto until = std::chrono::steady_clock::now() + timeout; !done();) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(10ms);
+    }
+    return true;
   };
   REQUIRE(a->send(to_b, make_message(message_kind::oneway, 99)));
+  REQUIRE_MESSAGE(wait_until([&] { return stalled.load(); }, 20s), "message 99 did not reach b's handler");
   message big = tensor_message(100, std::int64_t{16} << 20, 3.0f);  // 64 MiB and its envelope: 65 fragments
   big.kind = message_kind::oneway;
   const auto expected = big.tensors[0].to_vector();
   REQUIRE(a->send(to_b, big));
   big = message();
-  std::this_thread::sleep_for(1000ms);
-  const auto held = a->stats().fragments_sent;
+  // The sender goes on until its credit is spent, then stops: at least a
+  // few fragments, then no new one for half a second.
+  REQUIRE_MESSAGE(wait_until([&] { return a->stats().fragments_sent >= 4; }, 20s), "the sender sent nothing");
+  auto held = a->stats().fragments_sent;
+  auto since = std::chrono::steady_clock::now();
+  REQUIRE(wait_until(
+      [&] {
+        const auto now_sent = a->stats().fragments_sent;
+        if (now_sent != held) held = now_sent, since = std::chrono::steady_clock::now();
+        return std::chrono::steady_clock::now() - since > 500ms;
+      },
+      30s));
   MESSAGE("fragments sent while the receiver was stalled: " << held << " of 65");
-  CHECK(held >= 4);
   CHECK(held <= 17);  // 16 MiB of credit, and the one that filled it
+  release = true;
   REQUIRE_MESSAGE(rb.wait_messages(2, 20s), "the large message did not arrive");
   std::lock_guard<std::mutex> lock(rb.mu);
   CHECK(rb.messages[1].msg.tensors.at(0).to_vector() == expected);
