@@ -41,7 +41,8 @@ void launch_adamw(stream_t s, float* params, const float* grads, float* m, float
                   const adamw_step_scalars& k, std::int64_t n) {
   const std::uintptr_t off = misalignment(params);
   static const bool vec4 = env_switch("COROLLA_CUDA_ADAMW_VEC4", true);
-  const bool shared = vec4 && off % 4 == 0 && misalignment(grads) == off && misalignment(m) == off && misalignment(v) == off;
+  const bool shared =
+      vec4 && off % 4 == 0 && misalignment(grads) == off && misalignment(m) == off && misalignment(v) == off;
   std::int64_t head = shared ? static_cast<std::int64_t>((16 - off) % 16 / 4) : n;
   if (head > n) head = n;
   if (head > 0) {
