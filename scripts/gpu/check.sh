@@ -18,10 +18,11 @@
 # (seven), summary.json (each step's exit status and seconds, and the final
 # JSON line of each benchmark); what `corolla info` says is printed. A run cut off still leaves what it finished.
 # What is new to the GPU falls back where it can: a failed chunked-column-sum
-# or four-a-thread AdamW test runs again with its switch off and, passing
-# so, the rest runs so; likewise the GEMM tuner (COROLLA_CUDA_GEMM_TUNE=0)
-# and the training epilogues (COROLLA_CUDA_LT_EPILOGUES=0).
-# profile: about 3 minutes of where-the-time-goes for the two targets:
+# or four-a-thread AdamW test runs again alone, then with its switch off
+# and, passing so, the rest runs so; likewise the GEMM tuner
+# (COROLLA_CUDA_GEMM_TUNE=0) and the training epilogues
+# (COROLLA_CUDA_LT_EPILOGUES=0).
+# profile: about 4 minutes of where-the-time-goes for the two targets:
 # `--profile` of bf16 decode and of GPT-2-1.5B bf16 training (batch 4, and
 # batch 8 unprofiled, and batch 16 in micro-batches of 4 against batch 4
 # alone), batch 4 without cuBLASLt's training epilogues
