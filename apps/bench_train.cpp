@@ -101,18 +101,23 @@ int run_bench_train(const bench_common& o, int batch, int seq, int steps, int mi
   // over the gradients, the norm (unscaling rides in AdamW's pass); a timed
   // step skipped for overflow runs no AdamW, so those are counted and
   // reported.
+  // One warm-up step of `tr`, then the timed ones: their seconds, and in
+  // `skips` (if given) how many were skipped for overflow.
+  const auto time_steps = [&](trainer& tr, int* skips) {
+    tr.step();
+    double total = 0;
+    for (int i = 0; i < steps; ++i) {
+      const step_report r = tr.step();
+      total += r.seconds;
+      if (skips != nullptr && r.skipped) ++*skips;
+    }
+    return total;
+  };
   int skipped = 0;
   auto timed_steps = [&](dtype in, const loss_scaling& s, bool main) {
     model.set_compute_dtype(in);
     t.set_loss_scaling(s);
-    t.step();
-    double total = 0;
-    for (int i = 0; i < steps; ++i) {
-      const step_report r = t.step();
-      total += r.seconds;
-      if (main && r.skipped) ++skipped;
-    }
-    return total;
+    return time_steps(t, main ? &skipped : nullptr);
   };
   const double base_seconds =
       compute_baseline || scaling_baseline ? timed_steps(dtype::f32, loss_scaling{}, false) : 0.0;
@@ -131,12 +136,7 @@ int run_bench_train(const bench_common& o, int batch, int seq, int steps, int mi
     alone.steps = steps + 1;
     trainer a(model, data, alone);  // the model computes in `compute` already (timed_steps)
     a.set_loss_scaling(scaling);
-    a.step();
-    for (int i = 0; i < steps; ++i) {
-      const step_report r = a.step();
-      alone_seconds += r.seconds;
-      if (r.skipped) ++alone_skipped;
-    }
+    alone_seconds = time_steps(a, &alone_skipped);
   }
 
   double tokens_per_s = static_cast<double>(batch) * seq * steps / seconds;
