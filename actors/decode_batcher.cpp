@@ -427,6 +427,8 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
         // its steps is queued.)
         if (!st.engine->session_length(session)) return to_caf(st.engine->session_length(session).error());
         st.queue.forget(session);  // no batch waits for a generation that ended
+        // A queue that waited only for it runs now, not when its wait runs out.
+        if (st.queue.complete()) run_batch(self);
         st.prompts.erase(session);
         if (st.retain_limit > 0) {
           // Kept for a later prompt that starts the same way.

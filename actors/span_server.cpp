@@ -433,6 +433,8 @@ caf::behavior span_server(span_server_actor* self, node* runtime, std::shared_pt
       },
       [self, expire_every](expire_atom) {
         expire_idle(self->state);
+        // A queue that waited only for expired sessions runs now.
+        if (self->state.queue.complete()) run_batch(self);
         self->delayed_send(self, expire_every, expire_atom::value);
       },
   };

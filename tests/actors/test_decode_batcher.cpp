@@ -334,6 +334,7 @@ TEST_CASE("a generation whose prompt another is still computing waits for it, th
   held_generation x(b, {1, 2, 3});
   auto [a, c] = first_and_waiting(b, first, second);
   CHECK(b.stats().sessions_opened == 2);
+  const auto released = std::chrono::steady_clock::now();
   x.release();
   const batched_generation ra = a.get(), rc = c.get();
   CHECK(ra.cached_prompt_tokens == 0);
@@ -341,6 +342,10 @@ TEST_CASE("a generation whose prompt another is still computing waits for it, th
   CHECK(rc.cached_prompt_tokens == 40);
   CHECK(rc.result.tokens == second_alone);
   x.run.get();
+  // x's last steps, queued while the other two were still expected back,
+  // run when those close, not when the patient gathering's minute runs out
+  // (they did).
+  CHECK(std::chrono::steady_clock::now() - released < std::chrono::seconds(30));
   const decode_batcher_stats s = b.stats();
   CHECK(s.shared_sessions == 1);
   CHECK(s.prefill_tokens == 3 + 41 + 2);
