@@ -13,7 +13,7 @@ packages=(
   libopenblas-dev doctest-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   libsentencepiece-dev libtomlplusplus-dev libicu-dev
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev
-  libibverbs-dev libopendht-dev libcpp-httplib-dev libxxhash-dev
+  libibverbs-dev libopendht-dev libcpp-httplib-dev libxxhash-dev libboost-context-dev
   clang libclang-rt-14-dev
   chromium nodejs
 )

@@ -1,14 +1,28 @@
 // tests/cuda_emulated/cuda_emulation.hpp — just enough of CUDA, as host C++,
-// to run kernel source on the CPU: every thread of a block is a std::thread,
-// blocks run one after another, and what the kernels use is defined here.
+// to run kernel source on the CPU: every thread of a block is a fiber
+// (Boost.Context, with its own stack) on the launching thread, the block's fibers
+// are scheduled cooperatively (each runs until it waits at a barrier or
+// returns), blocks run one after another, and what the kernels use is
+// defined here. The scheduler makes passes over the block, seeded by the
+// block index (a run repeats): some resume every thread once in a shuffled
+// order, others run warp after warp, in a shuffled order, as far as each
+// goes alone. A read of what another thread writes, or a write over what
+// another still reads, without the barrier that orders them comes out
+// wrong in some pass (shared memory starts as NaN). Threads, barriers and
+// shuffles are in emulated_threads.hpp, mma.sync, ldmatrix and WMMA in
+// emulated_tensor_cores.hpp; a kernel test includes this header only.
 //
 // What is emulated, and how strictly:
-//  * threadIdx, blockIdx, gridDim, blockDim: per thread; 1-D or 2-D blocks
-//    of any whole number of warps (launch_config), warps formed from the
-//    linear thread index (x fastest), as on the GPU.
-//  * __syncthreads, __syncwarp: barriers of the block and of the warp;
+//  * threadIdx, blockIdx, gridDim, blockDim: per thread (the scheduler sets
+//    them before it resumes a fiber); 1-D or 2-D blocks of any whole number
+//    of warps (launch_config), warps formed from the linear thread index (x
+//    fastest), as on the GPU.
+//  * __syncthreads, __syncwarp: barriers of the block and of the warp (the
+//    last thread to arrive goes on; the others wait to be resumed);
 //    __shfl_xor_sync and __shfl_sync (float, double): through a per-warp
-//    array between two warp barriers. Full masks only.
+//    array between two warp barriers. Full masks only. A barrier some
+//    threads never reach (they returned, or wait at another) aborts with
+//    what each barrier is missing, instead of hanging.
 //  * Dynamic shared memory (COROLLA_BLOCK_SMEM): a fresh buffer of exactly
 //    the launch's size per block, filled with NaN bytes, so a read of
 //    anything not written shows up in the results. Static __shared__
@@ -57,29 +71,26 @@
 //    shared memory.
 // A broken precondition aborts with a message naming it.
 //
-// What it cannot see: a __syncthreads reached by only some threads hangs
-// (until ctest's timeout) instead of failing; WMMA arguments that differ
-// between lanes are not detected (each lane uses its own); a missing
-// __syncwarp shows only when the timing exposes it (shared memory starts as
-// NaN) or under ThreadSanitizer; a cp.async issued into a buffer before the
+// What it cannot see: WMMA arguments that differ between lanes (each lane
+// uses its own); a missing __syncwarp or __syncthreads only when no
+// shuffled order makes a thread read before the write it needs (shared
+// memory starts as NaN); a race within one thread's stretch between
+// barriers, since fibers do not interleave there; a cp.async issued into a buffer before the
 // barrier that frees it, while another warp still reads it, goes unseen (the
 // copy lands only at the issuer's wait, never mid-read as it could on the
 // GPU); and nothing about speed or the hardware's own rounding order.
 #pragma once
 
-#include <array>
 #include <atomic>
-#include <barrier>
-#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 
 #define __global__
 #define __device__
@@ -99,119 +110,7 @@
     std::abort();                                                                \
   } while (0)
 
-struct emulated_dim3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-inline thread_local emulated_dim3 threadIdx, blockIdx, gridDim, blockDim;
-
-namespace corolla::emulated {
-
-/// What one lane hands to a warp-collective instruction (mma_16816,
-/// ldmatrix_x4): its operand registers, or its row address.
-struct lane_slot {
-  std::uint32_t r[6] = {};
-  const unsigned char* addr = nullptr;
-};
-
-/// The barriers, shuffle buffers and shared memory of the block running now.
-struct block_state {
-  explicit block_state(unsigned threads) : block(threads), warps(threads / 32), shuffle(threads), lanes(threads) {
-    for (auto& w : warps) w = std::make_unique<std::barrier<>>(32);
-  }
-  std::barrier<> block;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<double> shuffle;  ///< one slot per thread (a float or a double)
-  /// Per thread, two sets of collective slots used in turn: a lane may run
-  /// one collective ahead of its warp (each has one barrier), never two.
-  std::vector<std::array<lane_slot, 2>> lanes;
-  unsigned char* smem = nullptr;
-  std::size_t smem_bytes = 0;
-};
-inline block_state* current = nullptr;
-
-inline unsigned char* block_smem() { return current->smem; }
-
-/// Aborts unless bytes [p, p + bytes) lie in the block's shared memory.
-inline void check_in_smem(const void* p, std::size_t bytes, const char* what) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p), base = reinterpret_cast<std::uintptr_t>(current->smem);
-  if (a < base || a + bytes > base + current->smem_bytes)
-    COROLLA_EMULATION_FAIL("%s: %zu bytes at shared-memory offset %lld, outside the block's %zu bytes", what, bytes,
-                           static_cast<long long>(a - base), current->smem_bytes);
-}
-
-/// The launch configuration: grid (x, y), threads per block along x,
-/// dynamic shared memory, threads per block along y (x * y a multiple of 32).
-struct launch_config {
-  unsigned grid_x = 1, grid_y = 1, threads = 128;
-  std::size_t smem_bytes = 0;
-  unsigned block_y = 1;
-};
-
-/// The calling thread's index in its block, x fastest.
-inline unsigned linear_thread() { return threadIdx.x + threadIdx.y * blockDim.x; }
-
-/// Runs kernel(args...) over the grid, one block at a time, each block's
-/// threads as std::threads.
-template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), const launch_config& cfg, const Args&... args) {
-  const unsigned block_threads = cfg.threads * cfg.block_y;
-  if (block_threads == 0 || block_threads % 32 != 0)
-    COROLLA_EMULATION_FAIL("blocks of %u threads: the emulation runs whole warps", block_threads);
-  for (unsigned by = 0; by < cfg.grid_y; ++by)
-    for (unsigned bx = 0; bx < cfg.grid_x; ++bx) {
-      std::vector<unsigned char> smem(cfg.smem_bytes + 128, 0xff);  // 0xffffffff: a NaN
-      block_state state(block_threads);
-      state.smem = smem.data() + (128 - reinterpret_cast<std::uintptr_t>(smem.data()) % 128) % 128;
-      state.smem_bytes = cfg.smem_bytes;
-      current = &state;
-      std::vector<std::thread> threads;
-      threads.reserve(block_threads);
-      for (unsigned t = 0; t < block_threads; ++t)
-        threads.emplace_back([=, &args...] {
-          threadIdx = {t % cfg.threads, t / cfg.threads, 0};
-          blockIdx = {bx, by, 0};
-          gridDim = {cfg.grid_x, cfg.grid_y, 1};
-          blockDim = {cfg.threads, cfg.block_y, 1};
-          kernel(args...);
-        });
-      for (auto& t : threads) t.join();
-      current = nullptr;
-    }
-}
-
-}  // namespace corolla::emulated
-
-inline void __syncthreads() { corolla::emulated::current->block.arrive_and_wait(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("__syncwarp with mask %x: only full warps", mask);
-  corolla::emulated::current->warps[corolla::emulated::linear_thread() >> 5]->arrive_and_wait();
-}
-namespace corolla::emulated {
-/// What lane source(lane) of the calling warp passed as `v`.
-template <class T, class Source>
-T shuffle(unsigned mask, T v, Source source, const char* what) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "the emulation shuffles floats and doubles");
-  if (mask != 0xffffffffu) COROLLA_EMULATION_FAIL("%s with mask %x: only full warps", what, mask);
-  auto& s = *current;
-  const unsigned me = linear_thread(), w = me >> 5, lane = me & 31;
-  s.shuffle[me] = v;
-  s.warps[w]->arrive_and_wait();
-  const T r = static_cast<T>(s.shuffle[w * 32 + (source(lane) & 31u)]);
-  s.warps[w]->arrive_and_wait();
-  return r;
-}
-}  // namespace corolla::emulated
-
-template <class T>
-T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
-  return corolla::emulated::shuffle(
-      mask, v, [=](unsigned lane) { return lane ^ static_cast<unsigned>(lane_mask); }, "__shfl_xor_sync");
-}
-template <class T>
-T __shfl_sync(unsigned mask, T v, int src_lane) {
-  return corolla::emulated::shuffle(
-      mask, v, [=](unsigned) { return static_cast<unsigned>(src_lane); }, "__shfl_sync");
-}
+#include "tests/cuda_emulated/emulated_threads.hpp"
 
 // ---- vector types and bf16 -------------------------------------------------------
 
@@ -248,9 +147,8 @@ struct produced_range {
   std::size_t bytes = 0;
 };
 inline std::vector<produced_range> produced;
-inline thread_local bool producers_awaited = false;  ///< each emulated thread is a fresh std::thread
 inline void check_not_produced(const void* p, std::size_t bytes, const char* what) {
-  if (producers_awaited) return;
+  if (!running || running->producers_awaited) return;
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   for (const produced_range& r : produced) {
     const auto b = reinterpret_cast<std::uintptr_t>(r.begin);
@@ -263,20 +161,9 @@ inline void check_not_produced(const void* p, std::size_t bytes, const char* wha
 #define COROLLA_CUDA_EMULATION 1
 namespace corolla::cuda {
 inline void allow_dependents() {}
-inline void await_producers() { corolla::emulated::producers_awaited = true; }
+inline void await_producers() { corolla::emulated::running->producers_awaited = true; }
 inline void prefetch_l2(const void*) {}
 }  // namespace corolla::cuda
-
-namespace corolla::emulated {
-/// The calling thread's cp.async copies: committed groups, oldest first,
-/// and the copies issued since the last commit.
-struct async_copy {
-  void* dst;
-  const void* src;
-};
-inline thread_local std::vector<std::vector<async_copy>> async_groups;
-inline thread_local std::vector<async_copy> async_open;
-}  // namespace corolla::emulated
 
 namespace corolla::cuda {
 inline void async_copy16(void* dst, const void* src) {
@@ -284,15 +171,16 @@ inline void async_copy16(void* dst, const void* src) {
     COROLLA_EMULATION_FAIL("async_copy16 from %p to %p: not 16-byte aligned", src, dst);
   corolla::emulated::check_in_smem(dst, 16, "async_copy16");
   corolla::emulated::check_not_produced(src, 16, "async_copy16");
-  corolla::emulated::async_open.push_back({dst, src});
+  corolla::emulated::running->async_open.push_back({dst, src});
 }
 inline void async_commit() {
-  corolla::emulated::async_groups.push_back(std::move(corolla::emulated::async_open));
-  corolla::emulated::async_open.clear();
+  auto& t = *corolla::emulated::running;
+  t.async_groups.push_back(std::move(t.async_open));
+  t.async_open.clear();
 }
 template <int N>
 void async_wait() {
-  auto& groups = corolla::emulated::async_groups;
+  auto& groups = corolla::emulated::running->async_groups;
   while (groups.size() > static_cast<std::size_t>(N)) {
     for (const auto& c : groups.front()) std::memcpy(c.dst, c.src, 16);
     groups.erase(groups.begin());
@@ -456,137 +344,7 @@ inline float __fadd_rn(float a, float b) {
   return corolla::emulated::opaque(corolla::emulated::opaque(a) + corolla::emulated::opaque(b));
 }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-/// A real atomic add: the block's threads run concurrently.
+/// An atomic add (the block's fibers do not interleave within it).
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 
-// ---- mma.sync and ldmatrix (kernels/cuda/mma_sync.cuh) ---------------------------------
-
-namespace corolla::emulated {
-inline thread_local unsigned collective_set = 0;  ///< which of the two slot sets this thread's next collective uses
-
-/// Publishes `mine` as the calling lane's slot, waits for the warp, and
-/// returns the warp's 32 slots of this collective (valid until the lane's
-/// next collective but one).
-inline const lane_slot* warp_collective(const lane_slot& mine) {
-  auto& s = *current;
-  const unsigned me = linear_thread(), w = me >> 5, set = collective_set;
-  s.lanes[me][set] = mine;
-  s.warps[w]->arrive_and_wait();
-  collective_set ^= 1u;
-  thread_local lane_slot warp[32];
-  for (unsigned l = 0; l < 32; ++l) warp[l] = s.lanes[w * 32 + l][set];
-  return warp;
-}
-
-/// The 16-bit half `half` of register u as f32 (M = __nv_bfloat16 or __half).
-template <class M>
-float half_of(std::uint32_t u, int half) {
-  return to_float(M{static_cast<std::uint16_t>(half ? u >> 16 : u & 0xffffu)});
-}
-
-template <bool Trans>
-void ldmatrix(std::uint32_t (&r)[4], const void* row) {
-  if (reinterpret_cast<std::uintptr_t>(row) % 16)
-    COROLLA_EMULATION_FAIL("ldmatrix: row address %p is not 16-byte aligned", row);
-  check_in_smem(row, 16, "ldmatrix");
-  lane_slot mine;
-  mine.addr = static_cast<const unsigned char*>(row);
-  const lane_slot* warp = warp_collective(mine);
-  const unsigned lane = linear_thread() & 31, g = lane >> 2, c = lane & 3;
-  for (unsigned i = 0; i < 4; ++i) {
-    if (!Trans) {
-      std::memcpy(&r[i], warp[8 * i + g].addr + 4 * c, 4);  // row g, columns 2c and 2c + 1
-    } else {
-      std::uint16_t lo, hi;  // rows 2c and 2c + 1, column g
-      std::memcpy(&lo, warp[8 * i + 2 * c].addr + 2 * g, 2);
-      std::memcpy(&hi, warp[8 * i + 2 * c + 1].addr + 2 * g, 2);
-      r[i] = std::uint32_t{lo} | std::uint32_t{hi} << 16;
-    }
-  }
-}
-}  // namespace corolla::emulated
-
-namespace corolla::cuda {
-template <class M>
-void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
-  static_assert(std::is_same_v<M, __nv_bfloat16> || std::is_same_v<M, __half>, "bf16 or f16 operands");
-  using corolla::emulated::half_of;
-  corolla::emulated::lane_slot mine;
-  for (int i = 0; i < 4; ++i) mine.r[i] = a[i];
-  mine.r[4] = b[0], mine.r[5] = b[1];
-  const corolla::emulated::lane_slot* warp = corolla::emulated::warp_collective(mine);
-  // A(i, k): register (i >= 8) + 2 (k >= 8) of lane 4 (i % 8) + (k % 8) / 2,
-  // half k % 2; B(k, j): register 4 + (k >= 8) of lane 4 j + (k % 8) / 2.
-  const auto A = [&](int i, int k) { return half_of<M>(warp[4 * (i % 8) + (k % 8) / 2].r[(i >= 8) + 2 * (k >= 8)], k % 2); };
-  const auto B = [&](int k, int j) { return half_of<M>(warp[4 * j + (k % 8) / 2].r[4 + (k >= 8)], k % 2); };
-  const int lane = static_cast<int>(corolla::emulated::linear_thread() & 31), g = lane >> 2, c = lane & 3;
-  for (int e = 0; e < 4; ++e) {
-    const int i = g + 8 * (e >> 1), j = 2 * c + (e & 1);
-    float sum = 0.0f;
-    for (int k = 0; k < 16; ++k) sum += A(i, k) * B(k, j);  // 16-bit x 16-bit is exact in f32
-    d[e] = sum + d[e];
-  }
-}
-inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) { corolla::emulated::ldmatrix<false>(r, row); }
-inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) { corolla::emulated::ldmatrix<true>(r, row); }
-}  // namespace corolla::cuda
-
-// ---- WMMA ---------------------------------------------------------------------------
-
-namespace nvcuda::wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <class Use, int M, int N, int K, class T, class Layout = void>
-struct fragment {
-  static_assert(M == 16 && N == 16 && K == 16, "the emulation has 16x16x16 fragments only");
-  float m[16][16];  ///< the logical matrix (A: M x K, B: K x N, accumulator: M x N)
-};
-
-template <class Use, class T, class Layout>
-void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, float v) {
-  for (auto& row : f.m)
-    for (float& x : row) x = v;
-}
-
-template <class Use, class E, class Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, E, Layout>& f, const E* p, unsigned ldm) {
-  static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
-  static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "bf16 or f16 operands");
-  if (reinterpret_cast<std::uintptr_t>(p) % 32) COROLLA_EMULATION_FAIL("load_matrix_sync: pointer not 32-byte aligned");
-  if (ldm % 8) COROLLA_EMULATION_FAIL("load_matrix_sync: 16-bit ldm %u is not a multiple of 8", ldm);
-  corolla::emulated::check_in_smem(p, (15 * std::size_t{ldm} + 16) * 2, "load_matrix_sync");
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c)
-      f.m[r][c] = corolla::emulated::to_float(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r]);
-}
-
-template <class E, class TA, class TB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, E, TA>& a,
-              const fragment<matrix_b, 16, 16, 16, E, TB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
-  static_assert(std::is_same_v<E, __nv_bfloat16> || std::is_same_v<E, __half>, "bf16 or f16 operands");
-  float t[16][16];
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) {
-      float s = 0.0f;
-      for (int k = 0; k < 16; ++k) s += a.m[i][k] * b.m[k][j];  // 16-bit x 16-bit is exact in f32
-      t[i][j] = s + c.m[i][j];
-    }
-  std::memcpy(d.m, t, sizeof t);
-}
-
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
-                              layout_t layout) {
-  if (reinterpret_cast<std::uintptr_t>(p) % 32) COROLLA_EMULATION_FAIL("store_matrix_sync: pointer not 32-byte aligned");
-  if (ldm % 4) COROLLA_EMULATION_FAIL("store_matrix_sync: f32 ldm %u is not a multiple of 4", ldm);
-  corolla::emulated::check_in_smem(p, (15 * std::size_t{ldm} + 16) * 4, "store_matrix_sync");
-  for (unsigned e = corolla::emulated::linear_thread() & 31; e < 256; e += 32) {
-    const unsigned r = e / 16, c = e % 16;
-    (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.m[r][c];
-  }
-}
-}  // namespace nvcuda::wmma
+#include "tests/cuda_emulated/emulated_tensor_cores.hpp"

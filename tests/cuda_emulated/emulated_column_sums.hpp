@@ -3,7 +3,7 @@
 // the GPU: column_tiles x chunks blocks of 32 x 32 threads, then, with more
 // than one chunk, column_partials_kernel over partials that start as NaN (a
 // partial never written shows up in the sums). The tests choose the rows per
-// chunk: few, since every block is 1024 std::threads here. Include after
+// chunk: few, since every block is 1024 emulated threads here. Include after
 // the kernel headers.
 #pragma once
 
