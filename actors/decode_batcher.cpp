@@ -427,20 +427,24 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
         // its steps is queued.)
         if (!st.engine->session_length(session)) return to_caf(st.engine->session_length(session).error());
         st.queue.forget(session);  // no batch waits for a generation that ended
-        // A queue that waited only for it runs now, not when its wait runs out.
-        if (st.queue.complete()) run_batch(self);
         st.prompts.erase(session);
+        // Then a queue that waited only for it runs now, not when its wait
+        // runs out: after its pages are retained (evictable) or freed.
+        const auto after_close = [self] {
+          if (self->state.queue.complete()) run_batch(self);
+          resolve_waiting(self);
+        };
         if (st.retain_limit > 0) {
           // Kept for a later prompt that starts the same way.
           st.retained.push_front(session);
           while (st.retained.size() > st.retain_limit) evict_oldest(st);
-          resolve_waiting(self);
+          after_close();
           return true;
         }
         st.cached.erase(session);
         auto r = st.engine->close_session(session);
         if (r) ++st.stats.sessions_closed;
-        resolve_waiting(self);
+        after_close();
         if (!r) return to_caf(r.error());
         return true;
       },

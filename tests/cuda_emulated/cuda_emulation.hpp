@@ -21,11 +21,13 @@
 //    last thread to arrive goes on; the others wait to be resumed);
 //    __shfl_xor_sync and __shfl_sync (float, double): through a per-warp
 //    array between two warp barriers. Full masks only. A barrier some
-//    threads never reach (they returned, or wait at another) aborts with
-//    what each barrier is missing, instead of hanging.
+//    threads never reach (they returned, or wait at another) aborts,
+//    counting the threads at __syncthreads, at a warp barrier and returned,
+//    instead of hanging.
 //  * Dynamic shared memory (COROLLA_BLOCK_SMEM): a fresh buffer of exactly
 //    the launch's size per block, filled with NaN bytes, so a read of
-//    anything not written shows up in the results. Static __shared__
+//    anything not written shows up in the results. Plain reads and writes
+//    of it are not bounds-checked (cp.async, ldmatrix and WMMA are). Static __shared__
 //    arrays become function-local statics, which the threads of a block
 //    share (blocks run one after another); they keep what the previous
 //    block left instead of starting as NaN.
@@ -65,7 +67,7 @@
 //    reads row_major or col_major exactly as CUDA documents them;
 //    store_matrix_sync has lane l write the elements e with e % 32 == l, so
 //    a lane reading what another lane stored needs a __syncwarp in between
-//    (ThreadSanitizer sees the race otherwise). Every load and store checks
+//    (a shuffled order reads the NaN otherwise). Every load and store checks
 //    CUDA's preconditions: a 32-byte aligned pointer, ldm a multiple of 8
 //    (16-bit elements) or 4 (f32), and a footprint inside the block's
 //    shared memory.

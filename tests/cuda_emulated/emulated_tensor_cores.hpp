@@ -13,7 +13,7 @@
 namespace corolla::emulated {
 /// Publishes `mine` as the calling lane's slot, waits for the warp, and
 /// returns the warp's 32 slots of this collective (valid until the lane's
-/// next collective but one).
+/// next collective).
 inline const lane_slot* warp_collective(const lane_slot& mine) {
   auto& s = *current;
   emulated_thread& t = *running;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <boost/context/fiber.hpp>
 #include <boost/context/stack_context.hpp>
@@ -126,11 +127,11 @@ struct fiber_stack_pool {
   boost::context::stack_context allocate() {
     auto& free = free_stacks();
     if (free.empty()) {
-      const std::size_t page = 4096;
+      const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
       void* p = mmap(nullptr, bytes + page, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
       if (p == MAP_FAILED) COROLLA_EMULATION_FAIL("no memory for a fiber stack");
-      mprotect(p, page, PROT_NONE);
+      if (mprotect(p, page, PROT_NONE) != 0) COROLLA_EMULATION_FAIL("no guard page for a fiber stack");
       free.push_back(static_cast<unsigned char*>(p) + page);
     }
     boost::context::stack_context sc;

@@ -10,11 +10,13 @@
 // hanging (run in a forked child).
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -115,23 +117,31 @@ int nan_count(const std::vector<float>& v) {
   return n;
 }
 
-/// How a forked child running `kernel` on one block of 64 threads ended:
-/// the signal that ended it (0 when it returned) and what it wrote to
-/// stderr. The child has a minute before SIGALRM ends it.
-std::pair<int, std::string> run_in_child(void (*kernel)(float*)) {
+/// How a forked child running `kernel` on one block of 64 threads (and a
+/// float of shared memory each) ended: the signal that ended it (0 when it
+/// exited), its exit status, and what it wrote to stderr. The child has a
+/// minute before SIGALRM ends it, and writes no core file.
+struct child_end {
+  int signal = 0, status = -1;
+  std::string err;
+};
+child_end run_in_child(void (*kernel)(float*)) {
   int pipe_fds[2];
   REQUIRE(pipe(pipe_fds) == 0);
+  std::fflush(nullptr);  // nothing buffered is written twice
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     // The child dies by the signal, unreported: doctest's handlers are the parent's.
-    for (const int sig : {SIGABRT, SIGSEGV, SIGALRM}) std::signal(sig, SIG_DFL);
+    for (const int sig : {SIGABRT, SIGSEGV, SIGALRM, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, SIG_DFL);
+    const rlimit no_core{0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
     dup2(pipe_fds[1], STDERR_FILENO);
     if (FILE* null = std::freopen("/dev/null", "w", stdout); !null) _exit(2);
     close(pipe_fds[0]);
     alarm(60);
     std::vector<float> out(64);
-    emulated::launch(kernel, {1, 1, 64, 0}, out.data());
+    emulated::launch(kernel, {1, 1, 64, 64 * sizeof(float)}, out.data());
     _exit(0);
   }
   close(pipe_fds[1]);
@@ -141,7 +151,7 @@ std::pair<int, std::string> run_in_child(void (*kernel)(float*)) {
   close(pipe_fds[0]);
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
-  return {WIFSIGNALED(status) ? WTERMSIG(status) : 0, err};
+  return {WIFSIGNALED(status) ? WTERMSIG(status) : 0, WIFEXITED(status) ? WEXITSTATUS(status) : -1, err};
 }
 
 }  // namespace
@@ -197,14 +207,16 @@ TEST_CASE("emulation: shuffles and barriers sum a block of up to 1024 threads") 
 }
 
 TEST_CASE("emulation: a barrier some threads never reach aborts, naming what waits, instead of hanging") {
-  const auto [early_signal, early] = run_in_child(&early_return_kernel);
-  CHECK(early_signal == SIGABRT);
-  CHECK(early.find("block (0, 0) of 64 threads cannot go on: 63 wait at __syncthreads, 0 at a warp barrier") !=
+  const child_end early = run_in_child(&early_return_kernel);
+  CHECK(early.signal == SIGABRT);
+  CHECK(early.err.find("block (0, 0) of 64 threads cannot go on: 63 wait at __syncthreads, 0 at a warp barrier") !=
         std::string::npos);
-  CHECK(early.find("1 returned") != std::string::npos);
-  const auto [split_signal, split] = run_in_child(&split_barriers_kernel);
-  CHECK(split_signal == SIGABRT);
-  CHECK(split.find("48 wait at __syncthreads, 16 at a warp barrier") != std::string::npos);
+  CHECK(early.err.find("1 returned") != std::string::npos);
+  const child_end split = run_in_child(&split_barriers_kernel);
+  CHECK(split.signal == SIGABRT);
+  CHECK(split.err.find("48 wait at __syncthreads, 16 at a warp barrier") != std::string::npos);
   // and a block whose barriers every thread reaches ends normally
-  CHECK(run_in_child(&neighbour_kernel<false>).first == 0);
+  const child_end fine = run_in_child(&neighbour_kernel<true>);
+  CHECK(fine.signal == 0);
+  CHECK(fine.status == 0);
 }
