@@ -67,22 +67,31 @@
 # with the GPU visible (multi-process tests included), a comparison with
 # HuggingFace transformers when python3 has it, and the benchmarks of
 # docs/benchmarks.md.
+#
+# For its own test (tests/scripts/gpu_check_lean.sh, stub binaries, no GPU):
+# COROLLA_GPU_DIR is where the pack is unpacked (default /tmp/corolla-gpu),
+# and a set COROLLA_GPU_LIBDIRS replaces the search for CUDA's libraries.
 set -uo pipefail
 pack=$1
 mode=${2:-full}
 out=${OUT:-$PWD/gpu-logs}
-mkdir -p "$out" /tmp/corolla-gpu
-tar -C /tmp/corolla-gpu -xzf "$pack"
-libdirs=/tmp/corolla-gpu/lib
-for l in libcudart.so.13 libcublasLt.so.13 libnccl.so.2; do
-  p=$(ls /usr/local/cuda/lib64/$l 2>/dev/null | head -1)
-  [ -z "$p" ] && p=$(timeout 30 find / -xdev -name "$l" -not -path '/proc/*' 2>/dev/null | head -1)
-  [ -n "$p" ] && libdirs="$libdirs:$(dirname "$p")"
-done
-export LD_LIBRARY_PATH=$libdirs PATH=/tmp/corolla-gpu/bin:$PATH
+dir=${COROLLA_GPU_DIR:-/tmp/corolla-gpu}
+mkdir -p "$out" "$dir"
+tar -C "$dir" -xzf "$pack"
+libdirs=$dir/lib
+if [ -n "${COROLLA_GPU_LIBDIRS+set}" ]; then
+  libdirs="$libdirs:$COROLLA_GPU_LIBDIRS"
+else
+  for l in libcudart.so.13 libcublasLt.so.13 libnccl.so.2; do
+    p=$(ls /usr/local/cuda/lib64/$l 2>/dev/null | head -1)
+    [ -z "$p" ] && p=$(timeout 30 find / -xdev -name "$l" -not -path '/proc/*' 2>/dev/null | head -1)
+    [ -n "$p" ] && libdirs="$libdirs:$(dirname "$p")"
+  done
+fi
+export LD_LIBRARY_PATH=$libdirs PATH=$dir/bin:$PATH
 # The multi-process tests start the corolla binary by its build path.
-bin_path=$(strings /tmp/corolla-gpu/bin/test_apps_mp 2>/dev/null | grep -m1 '/apps/corolla$' || true)
-[ -n "$bin_path" ] && mkdir -p "$(dirname "$bin_path")" && ln -sf /tmp/corolla-gpu/bin/corolla "$bin_path"
+bin_path=$(strings "$dir/bin/test_apps_mp" 2>/dev/null | grep -m1 '/apps/corolla$' || true)
+[ -n "$bin_path" ] && mkdir -p "$(dirname "$bin_path")" && ln -sf "$dir/bin/corolla" "$bin_path"
 
 run() {  # name, command...: runs, logs to $out/name.log, prints the verdict
   local name=$1; shift
@@ -183,14 +192,14 @@ if [ "$mode" = lean ] || [ "$mode" = serve ] || [ "$mode" = profile ] || [ "$mod
     # bench_train.
     step train_no_column_chunks 90 env COROLLA_CUDA_COLUMN_CHUNKS=0 corolla bench train --preset gpt2-1.5b \
       --batch 4 --seq 1024 --steps 3 --matmul bf16 --compute bf16
-    rm -f /tmp/corolla-gpu/gemm-choices.tsv  # timed afresh, then read back
-    step bench_gemm_gpt2 60 env COROLLA_CUDA_GEMM_TUNE_FILE=/tmp/corolla-gpu/gemm-choices.tsv corolla bench gemm \
+    rm -f "$dir/gemm-choices.tsv"  # timed afresh, then read back
+    step bench_gemm_gpt2 60 env COROLLA_CUDA_GEMM_TUNE_FILE="$dir/gemm-choices.tsv" corolla bench gemm \
       --dtype bf16 --shapes gpt2-1.5b --rows 4096
     # The same again: every problem's choice read back from the file the run
     # above wrote (from_file in its JSON), none timed.
-    step bench_gemm_gpt2_file 60 env COROLLA_CUDA_GEMM_TUNE_FILE=/tmp/corolla-gpu/gemm-choices.tsv corolla bench \
+    step bench_gemm_gpt2_file 60 env COROLLA_CUDA_GEMM_TUNE_FILE="$dir/gemm-choices.tsv" corolla bench \
       gemm --dtype bf16 --shapes gpt2-1.5b --rows 4096
-    cp /tmp/corolla-gpu/gemm-choices.tsv "$out/" 2>/dev/null
+    cp "$dir/gemm-choices.tsv" "$out/" 2>/dev/null
     python3 - "$out/bench_gemm_gpt2_file.log" <<'PY' 2>/dev/null || echo "tuning file: no gemm_tuning in the second run's JSON"
 import json, sys
 t = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])["gemm_tuning"]
@@ -330,7 +339,7 @@ sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanit
   -tc='*tensor cores*'
 for t in test_kernels test_model test_apps test_apps_mp test_actors_mp; do run "$t" "$t"; done
 if python3 -c 'import transformers' 2>/dev/null; then
-  run hf_reference python3 scripts/gpu/hf_reference.py /tmp/corolla-gpu/hf
+  run hf_reference python3 scripts/gpu/hf_reference.py "$dir/hf"
 fi
 run bench_gemm corolla bench gemm --dtype bf16 --shapes llama7b
 run bench_decode corolla bench decode --preset llama7b --weights bf16 --repeats 3 --profile
