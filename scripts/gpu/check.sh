@@ -80,7 +80,7 @@ mkdir -p "$out" "$dir"
 tar -C "$dir" -xzf "$pack"
 libdirs=$dir/lib
 if [ -n "${COROLLA_GPU_LIBDIRS+set}" ]; then
-  libdirs="$libdirs:$COROLLA_GPU_LIBDIRS"
+  libdirs="$libdirs${COROLLA_GPU_LIBDIRS:+:$COROLLA_GPU_LIBDIRS}"
 else
   for l in libcudart.so.13 libcublasLt.so.13 libnccl.so.2; do
     p=$(ls /usr/local/cuda/lib64/$l 2>/dev/null | head -1)

@@ -4,10 +4,9 @@
 // without the barrier between them reads the shared memory's NaN in some
 // pass, a warp that runs ahead overwrites what another warp has not read
 // yet when no barrier holds it back, and the same launch repeats bit for
-// bit; barriers, shuffles and
-// warp collectives work in blocks of up to 1024 threads and 2-D blocks; a
-// barrier some threads never reach aborts with what is missing instead of
-// hanging (run in a forked child).
+// bit; barriers and shuffles work in blocks of up to 1024 threads and in
+// 2-D blocks; a barrier some threads never reach aborts, counting who
+// waits where, instead of hanging (run in a forked child).
 #include <doctest/doctest.h>
 
 #include <sys/resource.h>
