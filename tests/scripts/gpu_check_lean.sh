@@ -6,7 +6,8 @@
 # every decision lean takes by itself: the steps and their order in
 # summary.json, at most 8 files in $OUT, the chunked-column-sum and AdamW
 # fallbacks (a failure alone, then with the switch off; a skip's MESSAGE is
-# no failure; a case that passes alone keeps its switch on), the GEMM
+# no failure; a case that passes alone keeps its switch on), the reruns
+# after a case crashes the kernel tests, the GEMM
 # tuner's switch, the WMMA attention fallback and bench_train's second run
 # without cuBLASLt's epilogues; each switch must reach the later steps'
 # environment, and no other. Exits 77 (skipped) without python3, which
@@ -19,6 +20,8 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/pack/bin" "$work/pack/lib"
 
 # The stubs. STUB_FAIL (a space-separated list) says what fails:
+#   crash          a case crashes the cuda_kernels batch (before AdamW's)
+#   crash_twice    ... and another one the rerun without it
 #   adamw          the AdamW case fails in the cuda_kernels batch
 #   adamw_alone    ... and alone, unless COROLLA_CUDA_ADAMW_VEC4=0
 #   tuner          the GEMM tuner's three cases: 2 of 3 pass
@@ -40,6 +43,16 @@ args="$*"
 echo "test_kernels $args"
 case "$args" in
   "-tc=cuda*,device names*"*)
+    # a crash ends the binary: the cases after it do not run
+    if has crash && [[ "$args" != *"cuda: tensor-core attention*"* ]]; then
+      report "cuda: tensor-core attention, register kernels, head size 64" \
+        "tests/kernels/stub.cpp:4: FATAL ERROR: test case CRASHED: SIGSEGV - Segmentation violation signal"
+      exit 139
+    fi
+    if has crash_twice && [[ "$args" != *"cuda: paged attention*"* ]]; then
+      report "cuda: paged attention" "tests/kernels/stub.cpp:5: FATAL ERROR: test case CRASHED: SIGABRT - Abort"
+      exit 134
+    fi
     # a skip's MESSAGE (no failure), and AdamW's failure where asked
     report "cuda: parameter gradients over many rows in chunks" "tests/kernels/stub.cpp:2: MESSAGE: skipped: stub"
     if has adamw; then
@@ -181,10 +194,30 @@ expect "step('bench_decode')['result']['env']['attention']" "unset"
 grep -q "COROLLA_CUDA_GEMM_TUNE=0" "$work/stdout-switches" || fail "the tuner's switch is not announced"
 grep -q "COROLLA_ATTENTION_KERNELS=wmma" "$work/stdout-switches" || fail "the attention fallback is not announced"
 
+# A case crashes the batch, before AdamW's, which fails: every other case
+# runs again, AdamW's failure there starts its fallback, and the rest runs
+# with its switch off.
+run_lean "crash adamw adamw_alone" crash
+expect "names" "['cuda_kernels', 'cuda_kernels_rest_1', 'fallback_COROLLA_CUDA_ADAMW_VEC4', 'cuda_decode_launch', \
+'cuda_model', 'bench_decode', 'bench_decode_gpt2', 'bench_attention', 'bench_train']"
+expect "step('cuda_kernels')['exit']" "139"
+expect "step('cuda_kernels_rest_1')['result']" "{'crashed': 'cuda: tensor-core attention, register kernels, head size 64'}"
+expect "step('cuda_kernels_rest_1')['exit']" "1"
+expect "step('bench_train')['result']['env']['adamw_vec4']" "0"
+grep -q -- "-tce=.*,cuda: tensor-core attention\*$" "$out/cuda_kernels.log" || fail "the rerun does not exclude the crashed case"
+
+# The rerun crashes on another case: a second rerun without both; then
+# the same crash is not rerun a third time.
+run_lean "crash crash_twice" crash-twice
+expect "names" "['cuda_kernels', 'cuda_kernels_rest_1', 'cuda_kernels_rest_2', 'cuda_decode_launch', 'cuda_model', \
+'bench_decode', 'bench_decode_gpt2', 'bench_attention', 'bench_train']"
+expect "[step('cuda_kernels_rest_1')['exit'], step('cuda_kernels_rest_2')['exit']]" "[134, 0]"
+expect "step('cuda_kernels_rest_2')['result']['crashed']" "cuda: paged attention"
+
 if [ "$failures" -ne 0 ]; then
   echo "--- stdout of the last scenario ($scenario):"
   cat "$work/stdout-$scenario"
   echo "$failures check(s) failed"
   exit 1
 fi
-echo "check.sh lean: 4 scenarios on stub binaries, every check passed"
+echo "check.sh lean: 6 scenarios on stub binaries, every check passed"
