@@ -19,8 +19,8 @@
 # JSON line of each benchmark); what `corolla info` says is printed. A run cut off still leaves what it finished.
 # What is new to the GPU falls back where it can: a failed chunked-column-sum
 # or four-a-thread AdamW test runs again alone, then with its switch off
-# and, passing so, the rest runs so; a kernel test that crashes the binary
-# has the others run again without it; likewise the GEMM tuner
+# and, passing so, the rest runs so; a kernel or model test that crashes
+# its binary has the others run again without it; likewise the GEMM tuner
 # (COROLLA_CUDA_GEMM_TUNE=0) and the training epilogues
 # (COROLLA_CUDA_LT_EPILOGUES=0).
 # profile: about 4 minutes of where-the-time-goes for the two targets:
@@ -232,28 +232,32 @@ PY
   tuner_tests="cuda: cuBLASLt algo*,cuda: training's fused*"
   kernels_excluded="cuda: every batch-1*,cuda: linear_fused*,cuda: linear_rope*,cuda: early launch*,$tuner_tests"
   step cuda_kernels 180 env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*' -tce="$kernels_excluded"
-  # A case that crashes the binary (a signal, not a failed check) ends it:
+  # A case that crashes its binary (a signal, not a failed check) ends it:
   # the cases after it never ran. Every case but the crashed one then runs
   # again (excluded by its name up to the first comma: doctest splits its
   # filters at commas), at most twice, appended to the same log, each a step
-  # "cuda_kernels_rest_N" in summary.json naming the case.
-  for attempt in 1 2; do
-    crashed=$(awk '/^TEST CASE:  / { name = substr($0, 13) } /test case CRASHED/ { c = name } END { print c }' \
-      "$out/cuda_kernels.log")
-    [ -z "$crashed" ] && break
-    prefix=${crashed%%,*}
-    case ",$kernels_excluded," in *",$prefix*,"*) break ;; esac  # excluded already: it crashed the rerun's end
-    kernels_excluded="$kernels_excluded,$prefix*"
-    echo "[+$(($(date +%s) - start))s] \"$crashed\" crashed test_kernels: every other case runs again"
-    t0=$(date +%s)
-    echo "=== the rest without \"$prefix*\" ===" >> "$out/cuda_kernels.log"
-    timeout -k 10 120 env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*' -tce="$kernels_excluded" \
-      >> "$out/cuda_kernels.log" 2>&1
-    rc=$?
-    echo "[+$(($(date +%s) - start))s] cuda_kernels without it: exit $rc"
-    steps+=("{\"name\":\"cuda_kernels_rest_$attempt\",\"exit\":$rc,\"seconds\":$(($(date +%s) - t0)),\"result\":{\"crashed\":\"$(printf '%s' "$crashed" | tr -d '"\\')\"}}")
-    summary
-  done
+  # "<step>_rest_N" in summary.json naming the case.
+  rerun_after_crash() {  # step name, time limit, filters already excluded ('' for none), command...
+    local name=$1 limit=$2 excluded=$3; shift 3
+    local attempt crashed prefix t0 rc
+    for attempt in 1 2; do
+      crashed=$(awk '/^TEST CASE:  / { name = substr($0, 13) } /test case CRASHED/ { c = name } END { print c }' \
+        "$out/$name.log")
+      [ -z "$crashed" ] && return 0
+      prefix=${crashed%%,*}
+      case ",$excluded," in *",$prefix*,"*) return 0 ;; esac  # excluded already: it crashed an earlier run
+      excluded="${excluded:+$excluded,}$prefix*"
+      echo "[+$(($(date +%s) - start))s] \"$crashed\" crashed $name: every other case runs again"
+      t0=$(date +%s)
+      echo "=== the rest without \"$prefix*\" ===" >> "$out/$name.log"
+      timeout -k 10 "$limit" "$@" -tce="$excluded" >> "$out/$name.log" 2>&1
+      rc=$?
+      echo "[+$(($(date +%s) - start))s] $name without it: exit $rc"
+      steps+=("{\"name\":\"${name}_rest_$attempt\",\"exit\":$rc,\"seconds\":$(($(date +%s) - t0)),\"result\":{\"crashed\":\"$(printf '%s' "$crashed" | tr -d '"\\')\"}}")
+      summary
+    done
+  }
+  rerun_after_crash cuda_kernels 120 "$kernels_excluded" env COROLLA_CUDA_SYNC=1 test_kernels -tc='cuda*,device names*'
   # Chunked column sums (bias and norm parameter gradients) and AdamW four
   # parameters a thread are new to the GPU and have switches back to the
   # kernels before them: should their test fail, it runs again alone (an
@@ -310,6 +314,7 @@ PY
       "runs with COROLLA_CUDA_GEMM_TUNE=0"
   fi
   step cuda_model 120 test_model -tc='cuda*'
+  rerun_after_crash cuda_model 90 "" test_model -tc='cuda*'
   # 2. The targets, each against its bound measured in the same run, and
   # the training attention's two kernel families (the register kernels,
   # which training takes by default, against the WMMA ones) on GPT-2-1.5B's

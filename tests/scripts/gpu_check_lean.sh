@@ -7,7 +7,7 @@
 # summary.json, at most 8 files in $OUT, the chunked-column-sum and AdamW
 # fallbacks (a failure alone, then with the switch off; a skip's MESSAGE is
 # no failure; a case that passes alone keeps its switch on), the reruns
-# after a case crashes the kernel tests, the GEMM
+# after a case crashes the kernel or model tests, the GEMM
 # tuner's switch, the WMMA attention fallback and bench_train's second run
 # without cuBLASLt's epilogues; each switch must reach the later steps'
 # environment, and no other. Exits 77 (skipped) without python3, which
@@ -22,6 +22,7 @@ mkdir -p "$work/pack/bin" "$work/pack/lib"
 # The stubs. STUB_FAIL (a space-separated list) says what fails:
 #   crash          a case crashes the cuda_kernels batch (before AdamW's)
 #   crash_twice    ... and another one the rerun without it
+#   model_crash    a case crashes the model tests
 #   adamw          the AdamW case fails in the cuda_kernels batch
 #   adamw_alone    ... and alone, unless COROLLA_CUDA_ADAMW_VEC4=0
 #   tuner          the GEMM tuner's three cases: 2 of 3 pass
@@ -83,6 +84,14 @@ esac
 EOF
 cat > "$work/pack/bin/test_model" << 'EOF'
 #!/usr/bin/env bash
+echo "test_model $*"
+if [[ " ${STUB_FAIL:-} " == *" model_crash "* && "$*" != *"-tce=cuda: a model on the gpu*"* ]]; then
+  echo "==============================================================================="
+  echo "TEST CASE:  cuda: a model on the gpu, step graphs"
+  echo
+  echo "tests/model/stub.cpp:1: FATAL ERROR: test case CRASHED: SIGSEGV - Segmentation violation signal"
+  exit 139
+fi
 echo "[doctest] test cases: 9 | 9 passed | 0 failed | 0 skipped"
 EOF
 cat > "$work/pack/bin/corolla" << 'EOF'
@@ -196,10 +205,14 @@ grep -q "COROLLA_ATTENTION_KERNELS=wmma" "$work/stdout-switches" || fail "the at
 
 # A case crashes the batch, before AdamW's, which fails: every other case
 # runs again, AdamW's failure there starts its fallback, and the rest runs
-# with its switch off.
-run_lean "crash adamw adamw_alone" crash
+# with its switch off. A model test crashes too: the others run again.
+run_lean "crash adamw adamw_alone model_crash" crash
 expect "names" "['cuda_kernels', 'cuda_kernels_rest_1', 'fallback_COROLLA_CUDA_ADAMW_VEC4', 'cuda_decode_launch', \
-'cuda_model', 'bench_decode', 'bench_decode_gpt2', 'bench_attention', 'bench_train']"
+'cuda_model', 'cuda_model_rest_1', 'bench_decode', 'bench_decode_gpt2', 'bench_attention', 'bench_train']"
+expect "[step('cuda_model')['exit'], step('cuda_model_rest_1')['exit']]" "[139, 0]"
+expect "step('cuda_model_rest_1')['result']['crashed']" "cuda: a model on the gpu, step graphs"
+grep -q -- "^test_model -tc=cuda\* -tce=cuda: a model on the gpu\*$" "$out/cuda_model.log" ||
+  fail "the model tests' rerun does not exclude the crashed case"
 expect "step('cuda_kernels')['exit']" "139"
 expect "step('cuda_kernels_rest_1')['result']" "{'crashed': 'cuda: tensor-core attention, register kernels, head size 64'}"
 expect "step('cuda_kernels_rest_1')['exit']" "1"
