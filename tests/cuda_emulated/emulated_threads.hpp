@@ -153,7 +153,8 @@ inline boost::context::fiber fiber_main(boost::context::fiber&& scheduler) {
 }
 
 /// What a block's threads wait for when none can run: names the barriers.
-[[noreturn]] inline void deadlock(const block_state& state, const std::vector<emulated_thread>& threads, unsigned n) {
+[[noreturn]] inline void deadlock(const block_state& state, const std::vector<emulated_thread>& threads) {
+  const auto n = static_cast<unsigned>(threads.size());
   unsigned finished = 0, at_block = 0, at_warp = 0;
   for (unsigned t = 0; t < n; ++t) {
     finished += threads[t].finished;
@@ -191,14 +192,14 @@ inline bool resume_if_runnable(emulated_thread& th) {
   return true;
 }
 
-/// Runs one block's n threads as fibers until every one has returned, in
+/// Runs one block's threads as fibers until every one has returned, in
 /// passes of two kinds, chosen at random: every thread that can run once,
 /// in a shuffled order (a lane reading before its warp's barrier is caught
 /// here); or warp by warp in a shuffled order, each run as far as it goes
 /// alone (to a __syncthreads or its end: a warp overwriting what another
 /// still reads before a block barrier is caught there).
-inline void run_block(std::vector<emulated_thread>& threads, unsigned n, const launch_config& cfg, unsigned bx,
-                      unsigned by) {
+inline void run_block(std::vector<emulated_thread>& threads, const launch_config& cfg, unsigned bx, unsigned by) {
+  const auto n = static_cast<unsigned>(threads.size());
   for (unsigned t = 0; t < n; ++t) {
     emulated_thread& th = threads[t];
     th.index = {t % cfg.threads, t / cfg.threads, 0};
@@ -238,7 +239,7 @@ inline void run_block(std::vector<emulated_thread>& threads, unsigned n, const l
     bool left = false;
     for (unsigned t = 0; t < n && !left; ++t) left = !threads[t].finished;
     if (!left) return;
-    if (!resumed) deadlock(*current, threads, n);
+    if (!resumed) deadlock(*current, threads);
   }
 }
 
@@ -262,7 +263,7 @@ void launch(void (*kernel)(Params...), const launch_config& cfg, const Args&... 
       state.smem = smem.data() + (128 - reinterpret_cast<std::uintptr_t>(smem.data()) % 128) % 128;
       state.smem_bytes = cfg.smem_bytes;
       current = &state;
-      run_block(threads, block_threads, cfg, bx, by);
+      run_block(threads, cfg, bx, by);
       current = nullptr;
     }
   kernel_body = nullptr;
