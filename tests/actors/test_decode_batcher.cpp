@@ -21,6 +21,7 @@
 #include "model/error.hpp"
 #include "model/generator.hpp"
 #include "model/transformer.hpp"
+#include "tests/support/batcher_start.hpp"
 #include "tests/support/tiny_model.hpp"
 
 namespace corolla {
@@ -102,8 +103,10 @@ TEST_CASE("concurrent generations through the batcher equal a generator's, their
     // generations forgotten (closed), so nothing waits for them.
     for (int round = 0; round < 2; ++round) {
       std::vector<std::future<generation_result>> runs;
+      // The round's four generations decode together (max_batch below).
+      const token_callback hold = testing::hold_until_opened(b, 4 * (round + 1));
       for (const auto& p : kPrompts)
-        runs.push_back(std::async(std::launch::async, [&b, &p] { return b.generate(p, greedy(kNew)).result; }));
+        runs.push_back(std::async(std::launch::async, [&b, &p, hold] { return b.generate(p, greedy(kNew), hold).result; }));
       for (std::size_t i = 0; i < runs.size(); ++i) {
         CAPTURE(i);
         const generation_result r = runs[i].get();

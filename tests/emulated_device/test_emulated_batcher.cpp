@@ -23,6 +23,7 @@
 #include "model/transformer.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
+#include "tests/support/batcher_start.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -58,8 +59,11 @@ TEST_CASE("emulated device: concurrent generations through the decode batcher ge
   patient.max_wait = std::chrono::seconds(5);
   decode_batcher b(system, span_engine(on_dev.decoding_stage(), 4 * 96, o), std::move(h), {patient});
   std::vector<std::future<std::vector<std::int32_t>>> runs;
+  // All four decode together (max_batch below), however late a thread starts.
+  const token_callback hold = testing::hold_until_opened(b, prompts.size());
   for (const auto& prompt : prompts)
-    runs.push_back(std::async(std::launch::async, [&b, &prompt, &p] { return b.generate(prompt, p).result.tokens; }));
+    runs.push_back(
+        std::async(std::launch::async, [&b, &prompt, &p, hold] { return b.generate(prompt, p, hold).result.tokens; }));
   for (std::size_t i = 0; i < runs.size(); ++i) {
     CAPTURE(i);
     CHECK(runs[i].get() == want[i]);
