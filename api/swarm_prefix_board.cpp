@@ -22,10 +22,14 @@ swarm_prefix swarm_prefix_board::enter(const std::string& id, const std::vector<
     // its pages come soon, and computing them twice is what this avoids.
     const auto wait = schedule::prompt_to_wait_for(prompt, prompts_, cached_, plan.tokens, min_tokens_);
     if (!wait || timed_out) break;
+    if (!waited) ++stats_.waiting;
     waited = true;
     timed_out = changed_.wait_until(lock, deadline) == std::cv_status::timeout;  // then plans once more
   }
-  if (waited) ++stats_.waits;
+  if (waited) {
+    ++stats_.waits;
+    --stats_.waiting;
+  }
   swarm_prefix start;
   if (plan.kind != how::compute) {
     start = held_.at(plan.session);

@@ -31,6 +31,7 @@ struct prefix_board_stats {
   std::uint64_t shared_sessions = 0;  ///< generations started on another's pages
   std::uint64_t shared_tokens = 0;    ///< prompt tokens they were offered
   std::uint64_t waits = 0;            ///< generations that waited for another's prompt
+  std::uint64_t waiting = 0;          ///< generations waiting for another's prompt now
   std::uint64_t kept = 0;             ///< finished generations whose sessions were parked
   std::uint64_t dropped = 0;          ///< parked sessions let go (too many kept, superseded, or gone)
 };

@@ -81,7 +81,7 @@ TEST_CASE("servers announce themselves in the DHT and a client finds them throug
   for (const auto& [id, ms] : rtts) {
     MESSAGE("s-a -> " << id << ": " << ms << " ms");
     CHECK(ms > 0.0);
-    CHECK(ms < 1000.0);
+    CHECK(ms < 5000.0);  // loopback (the first heartbeat, taken while five processes start, may be slow)
   }
   // span.info announces the same RTTs, and a client routes on them between
   // consecutive servers (which push to each other).

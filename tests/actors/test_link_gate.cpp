@@ -26,12 +26,6 @@ std::vector<std::uint8_t> encode_index(std::uint32_t i) {
   return b;
 }
 
-std::uint32_t decode_index(const std::vector<std::uint8_t>& b) {
-  std::uint32_t i = 0;
-  if (b.size() == 4) std::memcpy(&i, b.data(), 4);
-  return i;
-}
-
 /// Records the index in every message's body, with who sent it; answers
 /// requests with "ok", and a "report" request with every index recorded so
 /// far (4 bytes each) and the senders it saw, joined by '\n', as its type.

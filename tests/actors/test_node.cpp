@@ -261,11 +261,11 @@ TEST_CASE("a message larger than the peer announced it accepts is refused by the
   big.type = "echo";
   big.tensors.push_back(Tensor::zeros({(1 << 20) / 4 + 16}));  // just over 1 MiB
   const auto t0 = std::chrono::steady_clock::now();
-  auto sent = a->request(*peer, "echo", big, 5s);
+  auto sent = a->request(*peer, "echo", big, 60s);
   REQUIRE_FALSE(sent);
   CHECK(error_code(sent.error()) == "send_failed");
   CHECK(error_message(sent.error()).find("1048576-byte messages peer") != std::string::npos);
-  CHECK(std::chrono::steady_clock::now() - t0 < 1s);  // refused here, not timed out
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);  // refused here, not timed out (60 s)
   MESSAGE(error_message(sent.error()));
   // The same bytes as int8 fit (a quarter of the size), and small messages
   // still pass.

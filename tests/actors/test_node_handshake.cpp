@@ -71,7 +71,7 @@ TEST_CASE("connect to an endpoint nobody answers fails within its timeout") {
   const auto waited = std::chrono::steady_clock::now() - t0;
   REQUIRE_FALSE(peer);
   CHECK(error_code(peer.error()) == "handshake_timeout");
-  CHECK(waited < 2s);
+  CHECK(waited < 4s);  // not the default 5 s (a loaded machine may be late)
 }
 
 TEST_CASE("a key outside the peer's CurveZMQ allow-list fails connect at once with auth_refused") {
@@ -93,7 +93,7 @@ TEST_CASE("a key outside the peer's CurveZMQ allow-list fails connect at once wi
   auto stranger = start_with("stranger");
   connect_options to_server;
   to_server.server_key = server_keys.public_key;
-  to_server.timeout = 10s;
+  to_server.timeout = 60s;
   auto ok = friend_node->connect(server->endpoint(), to_server);
   REQUIRE_MESSAGE(ok, error_message(ok.error()));
   const auto t0 = std::chrono::steady_clock::now();
@@ -102,7 +102,7 @@ TEST_CASE("a key outside the peer's CurveZMQ allow-list fails connect at once wi
   REQUIRE_FALSE(refused);
   CHECK(error_code(refused.error()) == "auth_refused");
   CHECK(error_message(refused.error()).find("refused the CurveZMQ handshake") != std::string::npos);
-  CHECK(took < 3s);  // not the 10 s connect timeout
+  CHECK(took < 20s);  // not the 60 s connect timeout
   MESSAGE(error_message(refused.error()));
 }
 

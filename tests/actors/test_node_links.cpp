@@ -23,12 +23,12 @@ using namespace node_test;
 using testing::doubler;
 
 TEST_CASE("heartbeats measure the round-trip time of a link") {
-  auto a = start_node(fast_options());
-  auto b = start_node(fast_options());
+  auto a = start_node(frequent_heartbeats());
+  auto b = start_node(frequent_heartbeats());
   auto peer = a->connect(b->endpoint());
   REQUIRE(peer);
   link_stats s;
-  const auto deadline = std::chrono::steady_clock::now() + 3s;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
   do {
     std::this_thread::sleep_for(50ms);
     auto st = a->stats(*peer);
@@ -38,7 +38,7 @@ TEST_CASE("heartbeats measure the round-trip time of a link") {
   MESSAGE("rtt " << s.rtt_us << " us (last " << s.rtt_last_us << " us) over " << s.rtt_samples << " heartbeats");
   CHECK(s.rtt_samples >= 3);
   CHECK(s.rtt_us > 0);
-  CHECK(s.rtt_us < 100000);  // loopback: far below 100 ms
+  CHECK(s.rtt_us < 2000000);  // loopback: far below 2 s even when the machine is busy
   CHECK(s.up);
   CHECK(s.outgoing);
   CHECK(s.peer == b->id());
@@ -56,7 +56,7 @@ TEST_CASE("heartbeats measure the round-trip time of a link") {
 
 TEST_CASE("nodes with RDMA ports of one class move their link to RDMA and fall back to TCP when it fails") {
   auto fabric = net::rdma::fake_fabric::create();  // in-process queue pairs: no RDMA hardware here
-  node_options oa = fast_options(), ob = fast_options();
+  node_options oa = frequent_heartbeats(), ob = frequent_heartbeats();
   oa.rdma_device = fabric->open_device();
   ob.rdma_device = fabric->open_device();
   auto a = start_node(oa);

@@ -116,7 +116,7 @@ TEST_CASE("a node without a listening socket serves requests through a relay, te
   REQUIRE_FALSE(unknown);
   CHECK(error_code(unknown.error()) == "unknown_actor");
   // Heartbeats measure the round trip through the relay.
-  for (int i = 0; i < 100 && t.client->stats(t.server->id())->rtt_samples == 0; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 1000 && t.client->stats(t.server->id())->rtt_samples == 0; ++i) std::this_thread::sleep_for(10ms);
   CHECK(t.client->stats(t.server->id())->rtt_samples > 0);
 }
 
@@ -163,11 +163,13 @@ TEST_CASE("what cannot be relayed fails connect_via at once with the reason") {
     REQUIRE(t.client->connect(plain->endpoint()));
     REQUIRE(wait_up(*plain, t.server->id()));
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = t.client->connect_via(plain->id(), t.server->id());
+    connect_options patient;
+    patient.timeout = 60s;
+    auto r = t.client->connect_via(plain->id(), t.server->id(), patient);
     REQUIRE_FALSE(r);
     CHECK(error_code(r.error()) == "not_connected");
     CHECK(error_message(r.error()).find("does not relay") != std::string::npos);
-    CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // refused, not timed out (5 s)
+    CHECK(std::chrono::steady_clock::now() - t0 < 20s);  // refused, not timed out (60 s)
     CHECK(plain->relayed_messages() == 0);
   }
   SUBCASE("a target the relay has no connection to") {
@@ -305,7 +307,7 @@ TEST_CASE("a peer that is not the node's relay cannot bring it relayed links: it
   // check above can fail.
   natted->accept_relayed_from("n-hostile");
   hostile.transport().send(conn, forged());
-  for (int i = 0; i < 100 && !natted->peer_is_up("n-victim"); ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 1000 && !natted->peer_is_up("n-victim"); ++i) std::this_thread::sleep_for(10ms);
   CHECK(natted->peer_is_up("n-victim"));
 }
 

@@ -189,7 +189,7 @@ TEST_CASE("a push from an unexpected node is dropped, a missing push times out, 
   REQUIRE(sb);
   {
     caf::expected<remote_message> r{make_error(errc::peer_down, "no answer")};
-    std::thread waiter([&] { r = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 0, 1, 400))); });
+    std::thread waiter([&] { r = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 0, 1, 2000))); });
     f.wait_awaiting(1);
     auto target = stranger->remote_actor(*sb, "span");
     REQUIRE(target);
@@ -257,7 +257,7 @@ TEST_CASE("a wait for a push from a server that goes down ends at once, not afte
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   REQUIRE_FALSE(waiting);
   CHECK(error_code(waiting.error()) == "push_source_down");
-  CHECK(took < 5.0);
+  CHECK(took < 15.0);  // not the 20 s wait
   // The client then carries the step itself.
   const Tensor x = testing::random_rows(1, f.D, 5);
   auto direct = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 0, .step_id = 1}), {x});
@@ -461,7 +461,7 @@ TEST_CASE("a push computed for another node's step never feeds it") {
     const std::uint64_t step_id = posted ? 2 : 1;
     caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
     std::thread waiter([&] {
-      span_step w = f.awaiting("s", 0, step_id, 600);
+      span_step w = f.awaiting("s", 0, step_id, 2000);
       w.trail = posted;
       waiting = f.call(f.b_id, span_request::step, encode_body(w));
     });
@@ -480,7 +480,7 @@ TEST_CASE("a push computed for another node's step never feeds it") {
   }
   // A failure notice for the stranger's step does not end the owner's wait either.
   caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
-  std::thread waiter([&] { waiting = f.call(f.b_id, span_request::step, encode_body(trailing(f.awaiting("s", 0, 3, 600)))); });
+  std::thread waiter([&] { waiting = f.call(f.b_id, span_request::step, encode_body(trailing(f.awaiting("s", 0, 3, 2000)))); });
   f.wait_awaiting(1);
   span_step bad = trailing(f.pushing("s", 7, 3));
   bad.session_id = "mine";

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "api/swarm_prefix_board.hpp"
@@ -30,6 +31,15 @@ swarm_prefix held(const std::string& session, std::int64_t tokens) {
   p.tokens = tokens;
   p.hops.push_back({swarm::route_hop{}, session, {}});
   return p;
+}
+
+/// Whether one generation is waiting on `board` within 30 s.
+bool waiting_soon(const swarm_prefix_board& board) {
+  for (int i = 0; i < 3000; ++i) {
+    if (board.stats().waiting == 1) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
 }
 
 }  // namespace
@@ -74,6 +84,7 @@ TEST_CASE("a prompt waits for a running one still computing a page more of it, u
   CHECK(board.enter("a", p).empty());
   // b begins as a does for 48 tokens, which a is computing: b waits.
   auto b = std::async(std::launch::async, [&] { return board.enter("b", prompt_of(48, 2, 2)); });
+  REQUIRE(waiting_soon(board));  // (however late b's thread starts)
   CHECK(b.wait_for(100ms) == std::future_status::timeout);
   board.computed("a", held("a.0", 52));
   REQUIRE(b.wait_for(30s) == std::future_status::ready);
@@ -85,11 +96,13 @@ TEST_CASE("a prompt waits for a running one still computing a page more of it, u
   const auto q = prompt_of(20, 30, 3, 5000);
   CHECK(board.enter("x", q).empty());
   auto y = std::async(std::launch::async, [&] { return board.enter("y", q); });
+  REQUIRE(waiting_soon(board));
   CHECK(y.wait_for(100ms) == std::future_status::timeout);
   board.computed("x", {});
   REQUIRE(y.wait_for(30s) == std::future_status::ready);
   CHECK(y.get().empty());
   CHECK(board.stats().waits == 2);
+  CHECK(board.stats().waiting == 0);
 
   // A wait ends when the board's time is up.
   swarm_prefix_board quick(16, 100ms);

@@ -166,9 +166,17 @@ TEST_CASE("emulated device groups: a member that is gone is given up on, not wai
     emulated_device_backend a(0), b(1);
     const device_group_id id = a.new_group_id();
     std::unique_ptr<device_group> second;
+    // Rank 1 is "down" once it has joined (not 100 ms after this line: its
+    // thread may start later than that on a busy machine).
+    std::atomic<bool> member_joined{false};
+    const group_give_up once_joined([&]() -> std::optional<std::string> {
+      if (!member_joined) return std::nullopt;
+      return "rank 1 is down";
+    });
     std::thread member([&] { second = b.join_group(id, 1, 2, {}); });  // joins, then calls nothing
-    std::unique_ptr<device_group> first = a.join_group(id, 0, 2, after_100ms());
+    std::unique_ptr<device_group> first = a.join_group(id, 0, 2, once_joined);
     member.join();
+    member_joined = true;
     Tensor in = a.empty({4}), out = a.empty({2});
     CHECK_THROWS_WITH_AS(first->reduce_scatter(a, in, out), doctest::Contains("gave up: rank 1 is down"),
                          std::runtime_error);

@@ -429,8 +429,20 @@ TEST_CASE("transport: behind a stalled RDMA path, messages past its backlog wait
       REQUIRE(std::chrono::steady_clock::now() < deadline);
       std::this_thread::sleep_for(1ms);
     }
-  std::this_thread::sleep_for(300ms);
-  const std::uint64_t handed = p.t2->stats().messages_sent - sent_before;
+  // The transport's thread hands messages to the path until its backlog is
+  // full: wait until the count stops growing (however slowly that thread
+  // runs on a busy machine), at most 20 s.
+  std::uint64_t handed = 0;
+  {
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    int unchanged = 0;
+    while (unchanged < 20 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(25ms);
+      const std::uint64_t now_handed = p.t2->stats().messages_sent - sent_before;
+      unchanged = now_handed == handed && handed >= 1024 ? unchanged + 1 : 0;
+      handed = now_handed;
+    }
+  }
   MESSAGE("handed to the stalled path: " << handed << " of " << n);
   CHECK(handed < static_cast<std::uint64_t>(n));  // the backlog bound held the rest back
   CHECK(handed >= 1024);

@@ -399,10 +399,11 @@ TEST_CASE("a shaped link meets the bandwidth and latency of its profile") {
   MESSAGE("1 MiB one-way: unshaped " << baseline_ms << " ms, shaped " << shaped_ms << " ms, added " << added_ms
                                      << " ms, profile " << expected_ms << " ms (10 ms + " << tx_ms << " ms transmission)");
   // Never faster than the link; no slower than the link plus what the
-  // unshaped path itself costs (a busy machine inflates that baseline, so
-  // it bounds from above only).
+  // unshaped path itself costs, give or take a late timer (a busy machine
+  // inflates that baseline, so it bounds from above only; 5 ms is half the
+  // latency, which a shaper counting it twice would add).
   CHECK(shaped_ms >= expected_ms - 1.0);
-  CHECK(shaped_ms <= expected_ms + baseline_ms + 1.0);
+  CHECK(shaped_ms <= expected_ms + baseline_ms + 5.0);
 
   // Back-to-back messages: the link's bandwidth between first and last arrival.
   constexpr int burst = 10;
@@ -411,13 +412,20 @@ TEST_CASE("a shaped link meets the bandwidth and latency of its profile") {
     std::lock_guard<std::mutex> lock(rb.mu);
     before = rb.messages.size();
   }
+  // Measured from the first send() to the last arrival, less the latency:
+  // a late sender or receiver only ever makes the burst look slower, so
+  // the upper bound is tight and the floor loose. (Between the first and
+  // the last arrival instead, a late first arrival would make it look
+  // faster.)
+  const auto t0 = shaping_clock::now();
   for (int i = 0; i < burst; ++i) REQUIRE(a->send(to_b, m));
-  REQUIRE_MESSAGE(rb.wait_messages(before + burst, 10s), "the burst did not arrive");
+  REQUIRE_MESSAGE(rb.wait_messages(before + burst, 30s), "the burst did not arrive");
   std::lock_guard<std::mutex> lock(rb.mu);
-  const double span_s = ms(rb.messages[before + burst - 1].at - rb.messages[before].at) / 1e3;
-  const double achieved_bps = (burst - 1) * bytes * 8 / span_s;
+  const double span_s = ms(rb.messages[before + burst - 1].at - t0) / 1e3 - profile.latency_s;
+  const double achieved_bps = burst * bytes * 8 / span_s;
   MESSAGE("burst of " << burst << " x 1 MiB: " << achieved_bps / 1e6 << " Mbit/s (profile 200 Mbit/s)");
-  CHECK(achieved_bps == doctest::Approx(profile.bandwidth_bps).epsilon(0.10));
+  CHECK(achieved_bps <= 1.03 * profile.bandwidth_bps);
+  CHECK(achieved_bps >= 0.6 * profile.bandwidth_bps);
 }
 
 TEST_CASE("a transport that cannot bind, has bad keys or a busy-poll time out of range does not start") {
