@@ -12,6 +12,7 @@
 
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
+#include <caf/expected.hpp>
 
 namespace corolla {
 
@@ -52,6 +53,12 @@ std::string error_code(const caf::error& e);
 /// One line for humans: the message of a corolla error, or a rendering of
 /// any other error ("request_timeout"); "" for no error.
 std::string error_message(const caf::error& e);
+/// The same for the error an expected holds; "" when it holds a value (safe
+/// where the text is built either way, as a test framework's message).
+template <class T>
+std::string error_message(const caf::expected<T>& e) {
+  return e ? std::string() : error_message(e.error());
+}
 
 /// Renders corolla errors for caf::actor_system::render (registered by the
 /// node on its actor system).

@@ -87,5 +87,10 @@ caf::error check_hello(const hello_info& peer);
 /// decode_hello() or check_hello() ("tensor 1: header says 4096 bytes, frame
 /// has 4000"); caf::to_string(e) for errors of other origins, "" for none.
 std::string error_text(const caf::error& e);
+/// The same for the error an expected holds; "" when it holds a value.
+template <class T>
+std::string error_text(const caf::expected<T>& e) {
+  return e ? std::string() : error_text(e.error());
+}
 
 }  // namespace corolla::net

@@ -57,7 +57,7 @@ std::unique_ptr<node> start_local_node(const std::string& link_profile = "none")
   node_options o;  // the defaults: 200 ms heartbeats, down after 1200 ms
   o.link_profile = link_profile;
   auto n = node::start(o);
-  REQUIRE_MESSAGE(n, error_message(n.error()));
+  REQUIRE_MESSAGE(n, error_message(n));
   return std::move(*n);
 }
 
@@ -121,7 +121,7 @@ remote_message echo_request(float value) {
 /// Sends an echo request to `peer` and checks that the tensor comes back.
 void check_echo(node& n, const std::string& peer, float value) {
   auto reply = n.request(peer, "echo", echo_request(value), 5s);
-  REQUIRE_MESSAGE(reply, "echo to " << peer << " failed: " << error_message(reply.error()));
+  REQUIRE_MESSAGE(reply, "echo to " << peer << " failed: " << error_message(reply));
   REQUIRE(reply->tensors.size() == 1);
   CHECK(reply->tensors[0].to_vector() == std::vector<float>(256, value));
 }
@@ -167,7 +167,7 @@ struct watched_link {
   }
   static std::string connected(node& n, const std::string& endpoint) {
     auto p = n.connect(endpoint);
-    REQUIRE_MESSAGE(p, "connect to " << endpoint << ": " << error_message(p.error()));
+    REQUIRE_MESSAGE(p, "connect to " << endpoint << ": " << error_message(p));
     return *p;
   }
 };

@@ -17,7 +17,7 @@ using namespace std::chrono_literals;
 
 inline std::unique_ptr<node> start_node(node_options o = {}) {
   auto n = node::start(std::move(o));
-  REQUIRE_MESSAGE(n, error_message(n.error()));
+  REQUIRE_MESSAGE(n, error_message(n));
   return std::move(*n);
 }
 

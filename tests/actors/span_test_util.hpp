@@ -19,7 +19,7 @@ namespace corolla::testing {
 /// A node with default options (listening on a free loopback port).
 inline std::unique_ptr<node> start_node() {
   auto n = node::start({});
-  REQUIRE_MESSAGE(n, error_message(n.error()));
+  REQUIRE_MESSAGE(n, error_message(n));
   return std::move(*n);
 }
 

@@ -103,7 +103,7 @@ inline std::unique_ptr<node> client_node() {
   node_options o;
   o.listen = "";
   auto n = node::start(o);
-  REQUIRE_MESSAGE(n, error_message(n.error()));
+  REQUIRE_MESSAGE(n, error_message(n));
   return std::move(*n);
 }
 

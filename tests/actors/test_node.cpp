@@ -47,7 +47,7 @@ TEST_CASE("a remote request carries tensors both ways and is answered bit-exact"
   REQUIRE_FALSE(b->publish("doubler", b->system().spawn(doubler)));
 
   auto peer = a->connect(b->endpoint());
-  REQUIRE_MESSAGE(peer, error_message(peer.error()));
+  REQUIRE_MESSAGE(peer, error_message(peer));
   CHECK(*peer == b->id());
 
   std::vector<float> values(1000);
@@ -57,7 +57,7 @@ TEST_CASE("a remote request carries tensors both ways and is answered bit-exact"
   m.type = "double";
   m.tensors = {Tensor::from_f32(values, {10, 100}), Tensor::from_i32(ids, {2, 2})};
   auto reply = a->request(b->id(), "doubler", m, 5s);
-  REQUIRE_MESSAGE(reply, error_message(reply.error()));
+  REQUIRE_MESSAGE(reply, error_message(reply));
   CHECK(reply->type == "doubled");
   CHECK(reply->from_node == b->id());
   CHECK(std::string(reply->body.begin(), reply->body.end()) == a->id());  // the doubler saw who asked
@@ -102,7 +102,7 @@ TEST_CASE("a request to an actor the peer does not have gets an unknown_actor er
   // The link keeps serving afterwards.
   m.type = "echo";
   auto echoed = a->request(*peer, "echo", m, 5s);
-  CHECK_MESSAGE(echoed, error_message(echoed.error()));
+  CHECK_MESSAGE(echoed, error_message(echoed));
 }
 
 TEST_CASE("errors of a remote actor keep their code across the wire") {
@@ -246,7 +246,7 @@ TEST_CASE("a tensor that cannot travel is a clear error on both sides and the li
   ok.type = "echo";
   ok.tensors.push_back(Tensor::zeros({4}));
   auto echoed = a->request(*peer, "echo", ok, 2s);
-  REQUIRE_MESSAGE(echoed, error_message(echoed.error()));
+  REQUIRE_MESSAGE(echoed, error_message(echoed));
   CHECK(echoed->tensors.size() == 1);
 }
 
@@ -271,7 +271,7 @@ TEST_CASE("a message larger than the peer announced it accepts is refused by the
   // still pass.
   big.encodings = {net::tensor_encoding::int8_block};
   auto compressed = a->request(*peer, "echo", big, 5s);
-  REQUIRE_MESSAGE(compressed, error_message(compressed.error()));
+  REQUIRE_MESSAGE(compressed, error_message(compressed));
   remote_message ok;
   ok.type = "echo";
   ok.tensors.push_back(Tensor::zeros({4}));

@@ -59,7 +59,7 @@ TEST_CASE("a peer that goes silent is reported down after the peer timeout and u
   auto peer = n->connect(raw.transport().endpoint());
   const auto t1 = std::chrono::steady_clock::now();
   answer.join();
-  REQUIRE_MESSAGE(peer, error_message(peer.error()));
+  REQUIRE_MESSAGE(peer, error_message(peer));
   CHECK(*peer == "n-quiet");
   // Its link came up (told to the watcher first) ...
   bool came_up = false;

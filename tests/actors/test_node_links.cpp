@@ -63,7 +63,7 @@ TEST_CASE("nodes with RDMA ports of one class move their link to RDMA and fall b
   auto b = start_node(ob);
   REQUIRE_FALSE(b->publish("doubler", b->system().spawn(doubler)));
   auto peer = a->connect(b->endpoint());
-  REQUIRE_MESSAGE(peer, error_message(peer.error()));
+  REQUIRE_MESSAGE(peer, error_message(peer));
   auto transport_of = [](node& n, const std::string& id) {
     auto s = n.stats(id);
     return s ? s->transport : std::string("?");
@@ -80,7 +80,7 @@ TEST_CASE("nodes with RDMA ports of one class move their link to RDMA and fall b
   m.type = "double";
   m.tensors = {Tensor::from_f32(values, {1 << 20})};
   auto reply = a->request(b->id(), "doubler", m, 5s);
-  REQUIRE_MESSAGE(reply, error_message(reply.error()));
+  REQUIRE_MESSAGE(reply, error_message(reply));
   const float* got = reply->tensors.at(0).data<float>();
   for (std::size_t i = 0; i < values.size(); ++i) REQUIRE(got[i] == 2 * values[i]);
   CHECK(fabric->stats().reads >= 2);  // the request's and the reply's tensor
@@ -107,7 +107,7 @@ TEST_CASE("nodes with RDMA ports of one class move their link to RDMA and fall b
     if (reply) break;
     std::this_thread::sleep_for(50ms);
   }
-  REQUIRE_MESSAGE(reply, error_message(reply.error()));
+  REQUIRE_MESSAGE(reply, error_message(reply));
   CHECK(reply->tensors.at(0).data<float>()[12345] == 2 * values[12345]);
 }
 

@@ -19,7 +19,7 @@ namespace {
 
 std::unique_ptr<node> start_node(node_options o) {
   auto n = node::start(std::move(o));
-  REQUIRE_MESSAGE(n, error_message(n.error()));
+  REQUIRE_MESSAGE(n, error_message(n));
   return std::move(*n);
 }
 
@@ -63,7 +63,7 @@ remote_message doubling_request(std::int64_t n) {
 }
 
 void check_doubled(const caf::expected<remote_message>& r, const remote_message& sent, const std::string& from) {
-  REQUIRE_MESSAGE(r, error_message(r.error()));
+  REQUIRE_MESSAGE(r, error_message(r));
   CHECK(std::string(r->body.begin(), r->body.end()) == from);
   REQUIRE(r->tensors.size() == 1);
   const Tensor& in = sent.tensors[0];
@@ -93,7 +93,7 @@ struct relayed_trio {
 TEST_CASE("a node without a listening socket serves requests through a relay, tensors bit-exact both ways") {
   relayed_trio t;
   auto peer = t.client->connect_via(t.relay->id(), t.server->id());
-  REQUIRE_MESSAGE(peer, error_message(peer.error()));
+  REQUIRE_MESSAGE(peer, error_message(peer));
   CHECK(*peer == t.server->id());
   CHECK(t.client->peer_is_up(t.server->id()));
   auto st = t.client->stats(t.server->id());
@@ -217,7 +217,7 @@ TEST_CASE("a relayed peer is reported down when the relay or the peer dies, and 
   REQUIRE(wait_up(*second, t.server->id()));
   REQUIRE(wait_up(*second, t.client->id()));
   auto again = t.client->connect_via(second->id(), t.server->id());
-  REQUIRE_MESSAGE(again, error_message(again.error()));
+  REQUIRE_MESSAGE(again, error_message(again));
   auto sent = doubling_request(16);
   check_doubled(t.client->request(t.server->id(), "doubler", sent, 5s), sent, t.client->id());
   CHECK(second->relayed_messages() > 0);
@@ -244,12 +244,12 @@ TEST_CASE("a relay dials a peer back: it reaches a listening node, not a wrong e
   CHECK(yes->reached);
   CHECK(yes->reason.empty());
   auto closed = request_dialback(*listening, relay->id(), "tcp://127.0.0.1:1");
-  REQUIRE_MESSAGE(closed, error_message(closed.error()));
+  REQUIRE_MESSAGE(closed, error_message(closed));
   CHECK_FALSE(closed->reached);
   CHECK(closed->reason.find("no hello from tcp://127.0.0.1:1") != std::string::npos);
   // Another node's endpoint answers, but not as the asker.
   auto someone_else = request_dialback(*listening, relay->id(), other->endpoint());
-  REQUIRE_MESSAGE(someone_else, error_message(someone_else.error()));
+  REQUIRE_MESSAGE(someone_else, error_message(someone_else));
   CHECK_FALSE(someone_else->reached);
   CHECK(someone_else->reason.find("node " + other->id() + " answered") != std::string::npos);
   auto nonsense = request_dialback(*listening, relay->id(), "udp://x");
@@ -281,7 +281,7 @@ TEST_CASE("a peer that is not the node's relay cannot bring it relayed links: it
   });
   auto peer = natted->connect(hostile.transport().endpoint());
   answer.join();
-  REQUIRE_MESSAGE(peer, error_message(peer.error()));
+  REQUIRE_MESSAGE(peer, error_message(peer));
   REQUIRE(wait_up(*natted, "n-hostile"));
   const auto conn = [&] {
     // The connection the node's hello came in on: where the hostile peer answers.

@@ -74,7 +74,7 @@ struct batching_fixture {
   void step(const std::string& id, std::int64_t start, std::uint32_t seed) {
     const Tensor row = random_rows(1, cfg.hidden_size, seed);
     auto got = call(span_request::step, encode_body(span_step{id, start}), {row});
-    REQUIRE_MESSAGE(got, error_message(got.error()));
+    REQUIRE_MESSAGE(got, error_message(got));
     // The reference engine is not thread-safe: step_both's two threads take turns.
     std::unique_lock lock(reference_mu);
     auto want = reference->inference_step(id, row, start);

@@ -54,7 +54,7 @@ TEST_CASE("a span server that moves keeps its open sessions on the old blocks an
   REQUIRE(reference.open_session("old", 16));
   const Tensor prompt = random_rows(3, D, 1);
   auto first = call(span_request::step, encode_body(span_step{"old", 0}), {prompt});
-  REQUIRE_MESSAGE(first, error_message(first.error()));
+  REQUIRE_MESSAGE(first, error_message(first));
   auto want_first = reference.inference_step("old", prompt, 0);
   REQUIRE(want_first);
   CHECK(same_bits(first->tensors.at(0), *want_first));
@@ -72,7 +72,7 @@ TEST_CASE("a span server that moves keeps its open sessions on the old blocks an
   for (int t = 3; t < 6; ++t) {
     const Tensor row = random_rows(1, D, 10 + static_cast<std::uint32_t>(t));
     auto got = call(span_request::step, encode_body(span_step{"old", t}), {row});
-    REQUIRE_MESSAGE(got, error_message(got.error()));
+    REQUIRE_MESSAGE(got, error_message(got));
     auto want = reference.inference_step("old", row, t);
     REQUIRE(want);
     CHECK(same_bits(got->tensors.at(0), *want));
@@ -83,7 +83,7 @@ TEST_CASE("a span server that moves keeps its open sessions on the old blocks an
   REQUIRE(new_reference.open_session("new", 16));
   const Tensor x = random_rows(2, D, 99);
   auto got = call(span_request::step, encode_body(span_step{"new", 0}), {x});
-  REQUIRE_MESSAGE(got, error_message(got.error()));
+  REQUIRE_MESSAGE(got, error_message(got));
   auto want = new_reference.inference_step("new", x, 0);
   REQUIRE(want);
   CHECK(same_bits(got->tensors.at(0), *want));

@@ -131,7 +131,7 @@ TEST_CASE("a server pushes its output to the next server, which answers the clie
   // the client carries that step to b itself.
   const Tensor x0 = random_rows(3, f.D, 1);
   auto first = f.call(f.a_id, span_request::step, encode_body(f.pushing("s", 0, 1)), {x0});
-  REQUIRE_MESSAGE(first, error_message(first.error()));
+  REQUIRE_MESSAGE(first, error_message(first));
   auto done = decode_span_step_done(first->body);
   REQUIRE(done);
   CHECK_FALSE(done->pushed);
@@ -153,8 +153,8 @@ TEST_CASE("a server pushes its output to the next server, which answers the clie
     const Tensor row = random_rows(1, f.D, 10 + static_cast<std::uint32_t>(t));
     const auto step_id = static_cast<std::uint64_t>(t);
     auto [from_a, from_b] = pushed_step(f, "s", row, t, step_id);
-    REQUIRE_MESSAGE(from_a, error_message(from_a.error()));
-    REQUIRE_MESSAGE(from_b, error_message(from_b.error()));
+    REQUIRE_MESSAGE(from_a, error_message(from_a));
+    REQUIRE_MESSAGE(from_b, error_message(from_b));
     auto d = decode_span_step_done(from_a->body);
     REQUIRE(d);
     CHECK_MESSAGE(d->pushed, d->push_problem);
@@ -172,7 +172,7 @@ TEST_CASE("a server pushes its output to the next server, which answers the clie
   REQUIRE(early);
   std::this_thread::sleep_for(100ms);
   auto late = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 6, 6)));
-  REQUIRE_MESSAGE(late, error_message(late.error()));
+  REQUIRE_MESSAGE(late, error_message(late));
   auto rb = f.ref_b->inference_step("s", *f.ref_a->inference_step("s", row, 6, 6), 6, 6);
   REQUIRE(rb);
   CHECK(same_bits(late->tensors.at(0), *rb));
@@ -210,7 +210,7 @@ TEST_CASE("a push from an unexpected node is dropped, a missing push times out, 
     f.wait_awaiting(1);
     auto direct = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 0, .step_id = 2}), {x});
     waiter.join();
-    REQUIRE_MESSAGE(direct, error_message(direct.error()));
+    REQUIRE_MESSAGE(direct, error_message(direct));
     auto want = f.ref_b->inference_step("s", x, 0, 2);
     REQUIRE(want);
     CHECK(same_bits(direct->tensors.at(0), *want));
@@ -228,7 +228,7 @@ TEST_CASE("a push from an unexpected node is dropped, a missing push times out, 
   CHECK(error_code(nobody.error()) == "bad_message");
   auto more = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 2, .step_id = 5}),
                      {random_rows(1, f.D, 4)});
-  CHECK_MESSAGE(more, error_message(more.error()));
+  CHECK_MESSAGE(more, error_message(more));
   // Closing the session ends a wait on it at once.
   caf::expected<remote_message> waiting{make_error(errc::peer_down, "no answer")};
   std::thread waiter([&] { waiting = f.call(f.b_id, span_request::step, encode_body(f.awaiting("s", 3, 6, 8000))); });
@@ -261,7 +261,7 @@ TEST_CASE("a wait for a push from a server that goes down ends at once, not afte
   // The client then carries the step itself.
   const Tensor x = testing::random_rows(1, f.D, 5);
   auto direct = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 0, .step_id = 1}), {x});
-  REQUIRE_MESSAGE(direct, error_message(direct.error()));
+  REQUIRE_MESSAGE(direct, error_message(direct));
   auto want = f.ref_b->inference_step("s", x, 0, 1);
   REQUIRE(want);
   CHECK(same_bits(direct->tensors.at(0), *want));
@@ -296,7 +296,7 @@ TEST_CASE("a newer step of a session ends its older wait, and a late push for th
     caf::anon_send(*to_b, std::move(push));
   }
   second.join();
-  REQUIRE_MESSAGE(new_wait, error_message(new_wait.error()));
+  REQUIRE_MESSAGE(new_wait, error_message(new_wait));
   auto want = f.ref_b->inference_step("s", rows, 0, 2);
   REQUIRE(want);
   CHECK(same_bits(new_wait->tensors.at(0), *want));
@@ -336,7 +336,7 @@ TEST_CASE("a session belongs to the node that opened it: another node's step and
   REQUIRE(i);
   CHECK(i->sessions == 1);
   auto mine = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "owned", .start = 0, .step_id = 1}), {x});
-  REQUIRE_MESSAGE(mine, error_message(mine.error()));
+  REQUIRE_MESSAGE(mine, error_message(mine));
   auto want = f.ref_b->inference_step("owned", x, 0, 1);
   REQUIRE(want);
   CHECK(same_bits(mine->tensors.at(0), *want));
@@ -392,7 +392,7 @@ TEST_CASE("a posted route: a answers nothing, b answers its output and its input
       post_to_a(f, "s", row, t, step_id);
       waiter.join();
     }
-    REQUIRE_MESSAGE(from_b, error_message(from_b.error()));
+    REQUIRE_MESSAGE(from_b, error_message(from_b));
     auto ra = f.ref_a->inference_step("s", row, t, step_id);
     REQUIRE(ra);
     auto rb = f.ref_b->inference_step("s", *ra, t, step_id);
@@ -405,7 +405,7 @@ TEST_CASE("a posted route: a answers nothing, b answers its output and its input
     if (t == 3) {
       auto again = f.call(f.a_id, span_request::step, encode_body(span_step{.session_id = "s", .start = t, .step_id = step_id}),
                           {row});
-      REQUIRE_MESSAGE(again, error_message(again.error()));
+      REQUIRE_MESSAGE(again, error_message(again));
       REQUIRE(again->tensors.size() == 1);
       CHECK(same_bits(again->tensors[0], *ra));
     }
@@ -433,7 +433,7 @@ TEST_CASE("a step that fails upstream on a posted route fails the next hop's wai
   // The session at b is untouched: the client carries the step.
   const Tensor x = random_rows(1, f.D, 4);
   auto direct = f.call(f.b_id, span_request::step, encode_body(span_step{.session_id = "s", .start = 0, .step_id = 1}), {x});
-  REQUIRE_MESSAGE(direct, error_message(direct.error()));
+  REQUIRE_MESSAGE(direct, error_message(direct));
   auto want = f.ref_b->inference_step("s", x, 0, 1);
   REQUIRE(want);
   CHECK(same_bits(direct->tensors.at(0), *want));
@@ -470,7 +470,7 @@ TEST_CASE("a push computed for another node's step never feeds it") {
     st.session_id = "mine";
     st.trail = posted;
     auto pushed = stranger_call(span_request::step, encode_body(st), {random_rows(1, f.D, 9)});
-    REQUIRE_MESSAGE(pushed, error_message(pushed.error()));
+    REQUIRE_MESSAGE(pushed, error_message(pushed));
     auto d = decode_span_step_done(pushed->body);
     REQUIRE(d);
     CHECK(d->pushed);  // a pushed it, for the stranger's step ...

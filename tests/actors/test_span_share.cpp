@@ -81,14 +81,14 @@ struct share_fixture {
     o.share_from = share_from;
     o.share_tokens = tokens;
     auto r = call(from, span_request::open, encode_body(o));
-    REQUIRE_MESSAGE(r, error_message(r.error()));
+    REQUIRE_MESSAGE(r, error_message(r));
     auto info = decode_span_info(r->body);
     REQUIRE(info);
     return info->shared_tokens;
   }
   Tensor step(node& from, const std::string& session, const Tensor& x, std::int64_t start, std::uint64_t id) {
     auto r = call(from, span_request::step, encode_body(span_step{.session_id = session, .start = start, .step_id = id}), {x});
-    REQUIRE_MESSAGE(r, error_message(r.error()));
+    REQUIRE_MESSAGE(r, error_message(r));
     return r->tensors.at(0);
   }
   caf::expected<remote_message> close(const std::string& session, bool keep) {

@@ -26,7 +26,7 @@ std::unique_ptr<node> start_local_node() {
   n.scheduler_threads = 1;
   n.publish_echo = false;
   auto started = node::start(std::move(n));
-  REQUIRE_MESSAGE(started, error_message(started.error()));
+  REQUIRE_MESSAGE(started, error_message(started));
   return std::move(*started);
 }
 

@@ -29,7 +29,7 @@ std::unique_ptr<node> start_local_node() {
   n.publish_echo = false;
   n.peer_timeout = std::chrono::seconds(30);
   auto started = node::start(std::move(n));
-  REQUIRE_MESSAGE(started, error_message(started.error()));
+  REQUIRE_MESSAGE(started, error_message(started));
   return std::move(*started);
 }
 

@@ -90,7 +90,7 @@ struct dht_swarm {
   membership& add() {
     auto m = std::make_unique<membership>();
     auto ep = m->start(options());
-    REQUIRE_MESSAGE(ep, "membership node " << nodes.size() << " did not start: " << caf::to_string(ep.error()));
+    REQUIRE_MESSAGE(ep, "membership node " << nodes.size() << " did not start: " << (ep ? std::string() : caf::to_string(ep.error())));
     CHECK(ep->rfind("127.0.0.1:", 0) == 0);
     nodes.push_back(std::move(m));
     return *nodes.back();

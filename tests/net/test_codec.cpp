@@ -127,7 +127,7 @@ TEST_CASE("codec round trip keeps every field and every dtype bit-exact") {
     REQUIRE(frames.size() == 1 + m.tensors.size());
     auto in = as_received(frames);
     auto r = decode(in);
-    REQUIRE_MESSAGE(r, error_text(r.error()));
+    REQUIRE_MESSAGE(r, error_text(r));
     CHECK(r->kind == message_kind::error);
     CHECK(r->sender_node == "node-a");
     CHECK(r->sender_actor == "trainer");
@@ -190,7 +190,7 @@ TEST_CASE("int8_block encoding quantises f32 tensors within half a step per bloc
   CHECK(frames[1].size == static_cast<std::size_t>(blocks * 4 + n));  // ~4x smaller than f32
 
   auto r = decode(as_received(frames));
-  REQUIRE_MESSAGE(r, error_text(r.error()));
+  REQUIRE_MESSAGE(r, error_text(r));
   REQUIRE(r->encodings.size() == 4);
   CHECK(r->encodings[0] == tensor_encoding::int8_block);
   CHECK(r->encodings[1] == tensor_encoding::raw);
@@ -271,7 +271,7 @@ TEST_CASE("decode adopts aligned frames without copying and copies misaligned on
       CAPTURE(shift);
       shifted_frames odd(frames, shift, true);
       auto r = decode(odd.frames);
-      REQUIRE_MESSAGE(r, error_text(r.error()));
+      REQUIRE_MESSAGE(r, error_text(r));
       for (std::size_t i = 0; i < 2; ++i) {
         const bool element_aligned = shift % dtype_size(m.tensors[i].type()) == 0;
         CHECK((r->tensors[i].raw() == odd.frames[i + 1].data) == element_aligned);
@@ -423,7 +423,7 @@ TEST_CASE("decode rejects bad tensor headers and sizes with the reason") {
     e.env().getTensors()[0].setBlockSize(4);
     e.add_payload(22);
     auto r = decode(e.finish());
-    REQUIRE_MESSAGE(r, error_text(r.error()));
+    REQUIRE_MESSAGE(r, error_text(r));
     CHECK(r->tensors[0].to_vector() == std::vector<float>(10, 0.0f));
   }
   SUBCASE("oversize strings") {
@@ -465,7 +465,7 @@ TEST_CASE("hello round trip and version refusal") {
   auto body = encode_hello(h);
   CHECK(body.size() % 8 == 0);
   auto r = decode_hello(body);
-  REQUIRE_MESSAGE(r, error_text(r.error()));
+  REQUIRE_MESSAGE(r, error_text(r));
   CHECK(r->protocol_version == protocol_version);
   CHECK(r->node_id == "node-7");
   CHECK(r->listen_endpoint == "tcp://127.0.0.1:5555");

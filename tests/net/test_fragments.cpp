@@ -240,11 +240,11 @@ TEST_CASE("fragments of interleaved messages reassemble bit-exact into aligned f
     auto frames = received(*f);
     REQUIRE(is_fragment_header(frames[0].data, frames[0].size));
     auto r = in.add(frames);
-    REQUIRE_MESSAGE(r, error_text(r.error()));
+    REQUIRE_MESSAGE(r, error_text(r));
     if (!*r) continue;
     for (const auto& fr : **r) CHECK(reinterpret_cast<std::uintptr_t>(fr.data) % 64 == 0);
     auto m = decode(**r);
-    REQUIRE_MESSAGE(m, error_text(m.error()));
+    REQUIRE_MESSAGE(m, error_text(m));
     done.push_back(std::move(*m));
   }
   CHECK(fragments > 30);

@@ -89,7 +89,7 @@ struct transport_recorder {
 /// Starts a transport or fails the test with the reason.
 inline std::unique_ptr<zmq_transport> start_transport(transport_options o, transport_recorder& r) {
   auto t = zmq_transport::start(std::move(o), r.events());
-  REQUIRE_MESSAGE(t, "transport did not start: " << error_text(t.error()));
+  REQUIRE_MESSAGE(t, "transport did not start: " << error_text(t));
   return std::move(*t);
 }
 

@@ -24,7 +24,7 @@ server_record srv(std::string id, int start, int end, double throughput,
 
 block_span choose(const swarm_state& s, int k, double t = 1.0) {
   auto c = choose_blocks(s, k, t);
-  REQUIRE_MESSAGE(c.ok(), c.error().message);
+  REQUIRE_MESSAGE(c.ok(), (c.ok() ? std::string() : c.error().message));
   return c.value().span;
 }
 

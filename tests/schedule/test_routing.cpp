@@ -29,7 +29,7 @@ std::vector<route_hop> hops(std::initializer_list<route_hop> h) { return h; }
 
 route routed(const swarm_state& s, const route_request& req, const routing_params& p = {}) {
   auto r = min_latency_route(s, req, p);
-  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
   return r.value();
 }
 
