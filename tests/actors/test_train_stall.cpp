@@ -77,7 +77,8 @@ TEST_CASE("the stall check asks every rank at once: three ranks that do not answ
   CHECK(stalled);
   // 0.2 s quiet, two samples of one 3 s window each (the second at once:
   // the first took longer than the gap), 0.5 s for a late report. One rank
-  // after another would take 3 x 3 s per sample (18 s or more).
+  // after another would take 3 x 3 s per sample (18 s or more). (Two
+  // waves, about 12 s, would pass: a busy machine needs the room.)
   CHECK(took >= 6.0);
   CHECK(took < 17.0);
   for (auto& n : ranks) n->stop();
