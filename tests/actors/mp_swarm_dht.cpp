@@ -27,6 +27,7 @@
 #include "tests/support/child_process.hpp"
 #include "tests/support/process.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace std::chrono_literals;
@@ -62,13 +63,13 @@ TEST_CASE("servers announce themselves in the DHT and a client finds them throug
   REQUIRE(reader.start(mo));
   const std::string model = m.dir.path().filename().string();
   std::map<std::string, double> rtts;
-  const auto deadline = std::chrono::steady_clock::now() + 15s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    for (const auto& r : reader.get_span(model, 0, 1))
-      if (r.node_id == "s-a") rtts = r.rtt_ms;
-    if (rtts.count("s-b") && rtts.count("s-c")) break;
-    std::this_thread::sleep_for(200ms);
-  }
+  testing::eventually(
+      [&] {
+        for (const auto& r : reader.get_span(model, 0, 1))
+          if (r.node_id == "s-a") rtts = r.rtt_ms;
+        return rtts.count("s-b") && rtts.count("s-c");
+      },
+      15s, 200ms);
   CHECK(rtts.count("s-b") == 1);
   CHECK(rtts.count("s-c") == 1);
   bool found_d = false;

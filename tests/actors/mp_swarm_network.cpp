@@ -12,6 +12,7 @@
 
 #include "net/membership.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/process.hpp"
 
 namespace corolla {
@@ -40,12 +41,12 @@ TEST_CASE("a server that cannot read its link speed measures it against the next
   const std::regex measured(R"(serve: measured ([0-9.]+) Mbit/s to s-b)");
   std::smatch match;
   std::string err;
-  const auto deadline = std::chrono::steady_clock::now() + 40s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    err = a.err();
-    if (std::regex_search(err, match, measured) && err.find("serve: link ") != std::string::npos) break;
-    std::this_thread::sleep_for(100ms);
-  }
+  testing::eventually(
+      [&] {
+        err = a.err();
+        return std::regex_search(err, match, measured) && err.find("serve: link ") != std::string::npos;
+      },
+      40s, 100ms);
   REQUIRE_MESSAGE(!match.empty(), "s-a never measured its link; its log:\n" << err);
   const double mbit = std::stod(match[1].str());
   MESSAGE("s-a measured " << mbit << " Mbit/s on its 20 Mbit/s link");
@@ -64,13 +65,13 @@ TEST_CASE("a server that cannot read its link speed measures it against the next
   REQUIRE(reader.start(mo));
   const std::string model = m.dir.path().filename().string();
   double throughput = -1;
-  const auto until = std::chrono::steady_clock::now() + 15s;
-  while (std::chrono::steady_clock::now() < until) {
-    for (const auto& r : reader.get_span(model, 0, 1))
-      if (r.node_id == "s-a") throughput = r.throughput;
-    if (throughput > 0 && throughput <= bound) break;
-    std::this_thread::sleep_for(200ms);
-  }
+  testing::eventually(
+      [&] {
+        for (const auto& r : reader.get_span(model, 0, 1))
+          if (r.node_id == "s-a") throughput = r.throughput;
+        return throughput > 0 && throughput <= bound;
+      },
+      15s, 200ms);
   CHECK(throughput > 0);
   CHECK(throughput <= bound);
 }

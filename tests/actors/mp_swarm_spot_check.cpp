@@ -19,6 +19,7 @@
 #include "model/safetensors.hpp"
 #include "net/membership.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
+#include "tests/support/eventually.hpp"
 
 namespace corolla {
 using namespace swarm_test;
@@ -101,11 +102,12 @@ TEST_CASE("a server that starts answering wrong mid-generation is caught, routed
   net::membership reader;
   REQUIRE(reader.start(mo));
   std::vector<net::wrong_output_report> reports;
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (reports.empty() && std::chrono::steady_clock::now() < deadline) {
-    reports = reader.wrong_output_reports(model);
-    if (reports.empty()) std::this_thread::sleep_for(100ms);
-  }
+  testing::eventually(
+      [&] {
+        reports = reader.wrong_output_reports(model);
+        return !reports.empty();
+      },
+      10s, 100ms);
   REQUIRE(reports.size() == 1);
   CHECK(reports[0].server == corrupted);
   CHECK(reports[0].reporter == n->id());

@@ -15,6 +15,7 @@
 #include "net/zmq_transport.hpp"
 #include "tests/actors/doubler.hpp"
 #include "tests/actors/node_test_util.hpp"
+#include "tests/support/eventually.hpp"
 
 using namespace std::chrono_literals;
 
@@ -191,8 +192,7 @@ TEST_CASE("one-way messages sent before a node stops all arrive before its goodb
       caf::anon_send(*target, std::move(m));
     }
     a->stop();  // the proxy hands all 500 to the link before the goodbye
-    const auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (received < n && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    testing::eventually([&] { return received >= n; }, 20s, 5ms);
     CHECK(received == n);
   }
   caf::anon_send_exit(counter, caf::exit_reason::user_shutdown);

@@ -14,6 +14,7 @@
 #include "net/zmq_transport.hpp"
 #include "tests/actors/doubler.hpp"
 #include "tests/actors/node_test_util.hpp"
+#include "tests/support/eventually.hpp"
 
 using namespace std::chrono_literals;
 
@@ -97,8 +98,7 @@ TEST_CASE("nodes with RDMA ports of one class move their link to RDMA and fall b
     return s && s->up && s->transport == "tcp" &&
            s->transport_reason.find("transport retry counter exceeded") != std::string::npos;
   };
-  for (int i = 0; i < 250 && !up_on_tcp(); ++i) std::this_thread::sleep_for(20ms);
-  REQUIRE(up_on_tcp());
+  REQUIRE(testing::eventually(up_on_tcp, 20s, 20ms));
   // (The stats can be read between the path's failure and the reconnect
   // the transport reports after it, so a request may still meet the brief
   // down state once.)

@@ -11,6 +11,7 @@
 #include "actors/dialback.hpp"
 #include "tests/actors/doubler.hpp"
 #include "tests/actors/raw_peer.hpp"
+#include "tests/support/eventually.hpp"
 
 using namespace std::chrono_literals;
 
@@ -50,8 +51,7 @@ using testing::doubler;
 
 /// Waits (bounded) until `n` sees `peer` up.
 bool wait_up(node& n, const std::string& peer) {
-  for (int i = 0; i < 200 && !n.peer_is_up(peer); ++i) std::this_thread::sleep_for(10ms);
-  return n.peer_is_up(peer);
+  return testing::eventually([&] { return n.peer_is_up(peer); }, 20s);
 }
 
 remote_message doubling_request(std::int64_t n) {
@@ -116,8 +116,7 @@ TEST_CASE("a node without a listening socket serves requests through a relay, te
   REQUIRE_FALSE(unknown);
   CHECK(error_code(unknown.error()) == "unknown_actor");
   // Heartbeats measure the round trip through the relay.
-  for (int i = 0; i < 1000 && t.client->stats(t.server->id())->rtt_samples == 0; ++i) std::this_thread::sleep_for(10ms);
-  CHECK(t.client->stats(t.server->id())->rtt_samples > 0);
+  CHECK(testing::eventually([&] { return t.client->stats(t.server->id())->rtt_samples > 0; }, 20s));
 }
 
 TEST_CASE("a relay passes on at most its rate from each peer: what goes over is refused with the reason") {
@@ -258,9 +257,8 @@ TEST_CASE("a relay dials a peer back: it reaches a listening node, not a wrong e
   // A node without relay service offers no dial-backs. (First the relay's
   // dial-back link to it closes: a connect racing that close could be
   // handed the closing link.)
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (relay->peer_is_up(other->id()) && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  testing::eventually([&] { return !relay->peer_is_up(other->id()); }, std::chrono::seconds(10),
+                      std::chrono::milliseconds(5));
   REQUIRE(relay->connect(other->endpoint()));
   auto none = request_dialback(*relay, other->id(), relay->endpoint());
   REQUIRE_FALSE(none);
@@ -307,8 +305,7 @@ TEST_CASE("a peer that is not the node's relay cannot bring it relayed links: it
   // check above can fail.
   natted->accept_relayed_from("n-hostile");
   hostile.transport().send(conn, forged());
-  for (int i = 0; i < 1000 && !natted->peer_is_up("n-victim"); ++i) std::this_thread::sleep_for(10ms);
-  CHECK(natted->peer_is_up("n-victim"));
+  CHECK(testing::eventually([&] { return natted->peer_is_up("n-victim"); }, std::chrono::seconds(20)));
 }
 
 }  // namespace corolla

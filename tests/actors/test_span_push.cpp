@@ -19,6 +19,7 @@
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
 #include "tests/actors/span_test_util.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace std::chrono_literals;
@@ -147,8 +148,7 @@ TEST_CASE("a server pushes its output to the next server, which answers the clie
   CHECK(same_bits(carried->tensors.at(0), *want_b));
 
   // Once a's link to b is up, the steps go a -> b directly, bit-exact.
-  for (int tries = 0; tries < 100 && !f.a->peer_is_up(f.b->id()); ++tries) std::this_thread::sleep_for(20ms);
-  REQUIRE(f.a->peer_is_up(f.b->id()));
+  REQUIRE(testing::eventually([&] { return f.a->peer_is_up(f.b->id()); }, 20s));
   for (std::int64_t t = 3; t < 6; ++t) {
     const Tensor row = random_rows(1, f.D, 10 + static_cast<std::uint32_t>(t));
     const auto step_id = static_cast<std::uint64_t>(t);

@@ -17,9 +17,11 @@
 #include "actors/train_comm.hpp"
 #include "actors/train_watchdog.hpp"
 #include "actors/train_wire.hpp"
+#include "tests/support/eventually.hpp"
 
 using namespace corolla;
 using namespace std::chrono_literals;
+using corolla::testing::eventually;
 
 namespace {
 
@@ -42,15 +44,6 @@ struct hang_log {
     return calls;
   }
 };
-
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds within) {
-  const auto deadline = std::chrono::steady_clock::now() + within;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return done();
-}
 
 }  // namespace
 

@@ -24,6 +24,7 @@
 #include "model/safetensors.hpp"
 #include "tests/api/api_test_util.hpp"
 #include "tests/api/prometheus_text.hpp"
+#include "tests/support/eventually.hpp"
 
 using namespace corolla;
 using namespace corolla::api;
@@ -476,9 +477,8 @@ TEST_CASE("a client that goes away mid-stream ends its generation and frees its 
     CHECK(chunks == 2);
   }
   // The server notices at its next write and stops generating.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (metric(s.port(), "corolla_api_client_disconnects_total") < 1 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  testing::eventually([&] { return metric(s.port(), "corolla_api_client_disconnects_total") >= 1; },
+                      std::chrono::seconds(20), std::chrono::milliseconds(50));
   CHECK(metric(s.port(), "corolla_api_client_disconnects_total") == 1);
   CHECK(metric(s.port(), "corolla_api_requests_in_flight") == 0);
   CHECK(s.engine().busy() == 0);

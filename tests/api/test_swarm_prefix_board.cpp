@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "api/swarm_prefix_board.hpp"
+#include "tests/support/eventually.hpp"
 
 using namespace std::chrono_literals;
 
@@ -35,11 +36,7 @@ swarm_prefix held(const std::string& session, std::int64_t tokens) {
 
 /// Whether one generation is waiting on `board` within 30 s.
 bool waiting_soon(const swarm_prefix_board& board) {
-  for (int i = 0; i < 3000; ++i) {
-    if (board.stats().waiting == 1) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return false;
+  return testing::eventually([&] { return board.stats().waiting == 1; }, std::chrono::seconds(30));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "tests/apps/train_test_util.hpp"
 #include "tests/support/child_process.hpp"
 #include "tests/support/cli_expect.hpp"
+#include "tests/support/eventually.hpp"
 
 using namespace corolla;
 using namespace corolla::testing;
@@ -355,17 +356,14 @@ TEST_CASE("faultlab: interrupted with SIGINT, a run leaves no process of its own
                                               "--report", report});
   // Its servers load the built-in model from the report directory: wait
   // until they run.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (processes_mentioning(report + "/builtin-llama") == 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  corolla::testing::eventually([&] { return processes_mentioning(report + "/builtin-llama") > 0; },
+                               std::chrono::seconds(60), std::chrono::milliseconds(20));
   REQUIRE_MESSAGE(processes_mentioning(report + "/builtin-llama") > 0, "no server started; stderr:\n" << run.err());
   run.signal(SIGINT);
   REQUIRE(run.wait(std::chrono::seconds(20)));
   // Its servers die with it (they are its children, with a parent-death signal).
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (processes_mentioning(report + "/builtin-llama") > 0 && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  CHECK(processes_mentioning(report + "/builtin-llama") == 0);
+  CHECK(corolla::testing::eventually([&] { return processes_mentioning(report + "/builtin-llama") == 0; },
+                                     std::chrono::seconds(10), std::chrono::milliseconds(50)));
 }
 
 TEST_CASE("faultlab: killing the only server of some blocks fails the scenario with the reason and the seed") {

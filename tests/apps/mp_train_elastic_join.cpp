@@ -31,6 +31,7 @@
 #include "tests/apps/train_test_util.hpp"
 #include "tests/support/child_process.hpp"
 #include "tests/support/cli_expect.hpp"
+#include "tests/support/eventually.hpp"
 
 namespace {
 
@@ -217,9 +218,7 @@ TEST_CASE("--elastic: a worker that hangs after joining the pool never starts it
   child_process worker = start_worker(lobby);
   // Stopped once it is in the pool: it is still there at the next check (the
   // peer timeout is 10 s), so the job grows onto a worker that never acts.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (launcher.err().find("worker w1") == std::string::npos && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  eventually([&] { return launcher.err().find("worker w1") != std::string::npos; }, std::chrono::seconds(60));
   ::kill(worker.pid(), SIGSTOP);
   const int status = finish(launcher);
   ::kill(worker.pid(), SIGKILL);

@@ -31,6 +31,7 @@
 #include "tests/apps/train_test_util.hpp"
 #include "tests/support/child_process.hpp"
 #include "tests/support/cli_expect.hpp"
+#include "tests/support/eventually.hpp"
 
 namespace {
 
@@ -51,11 +52,8 @@ bool alive(pid_t pid) {
 /// Whether every one of `pids` is gone within 10 s (a killed process
 /// closes its files a moment before it is gone).
 bool all_gone(const std::vector<pid_t>& pids) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  auto any_alive = [&] { return std::any_of(pids.begin(), pids.end(), alive); };
-  while (any_alive() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  return !any_alive();
+  return eventually([&] { return std::none_of(pids.begin(), pids.end(), alive); }, std::chrono::seconds(10),
+                    std::chrono::milliseconds(20));
 }
 
 /// The pid of the launcher that took over, from its "takeover" event.

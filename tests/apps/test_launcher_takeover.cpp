@@ -19,6 +19,7 @@
 #include "apps/launcher_takeover.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_job_file.hpp"
+#include "tests/support/eventually.hpp"
 
 using namespace corolla;
 using namespace corolla::app;
@@ -172,8 +173,7 @@ TEST_CASE("processes that are not this one's children: alive until they end, rea
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) ::_exit(0);
-  for (int i = 0; i < 500 && process_alive(child); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  CHECK_FALSE(process_alive(child));
+  CHECK(testing::eventually([&] { return !process_alive(child); }, std::chrono::seconds(20), std::chrono::milliseconds(2)));
   std::vector<pid_t> mine{child};
   CHECK(reap_all(mine, std::chrono::seconds(5)));
   CHECK(mine[0] == -1);
@@ -208,6 +208,5 @@ TEST_CASE("processes that are not this one's children: alive until they end, rea
   CHECK(theirs[0] == orphan);
   terminate_all(theirs, std::chrono::milliseconds(200));  // SIGTERM ends it; nobody here can reap it
   CHECK(theirs[0] == -1);
-  for (int i = 0; i < 500 && process_alive(orphan); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  CHECK_FALSE(process_alive(orphan));
+  CHECK(testing::eventually([&] { return !process_alive(orphan); }, std::chrono::seconds(20), std::chrono::milliseconds(2)));
 }

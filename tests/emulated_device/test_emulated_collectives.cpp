@@ -26,6 +26,7 @@
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
 #include "tests/support/tiny_model.hpp"
+#include "tests/support/eventually.hpp"
 
 using namespace corolla;
 using namespace corolla::testing;
@@ -129,10 +130,7 @@ TEST_CASE("emulated device groups: misuse is a clear error, as NCCL's rules woul
     };
     std::thread t0([&] { join(a, 0); });
     std::thread t1([&] { join(same, 1); });
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (refused < 0 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    REQUIRE(refused >= 0);
+    REQUIRE(eventually([&] { return refused >= 0; }, std::chrono::seconds(30), std::chrono::milliseconds(1)));
     CHECK(refusal.find("two members on cuda:0") != std::string::npos);
     CHECK(other.join_group(id, refused, 2, {})->size() == 2);
     t0.join();

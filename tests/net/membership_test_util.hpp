@@ -15,6 +15,7 @@
 
 #include "net/membership.hpp"
 #include "net/server_record.hpp"
+#include "tests/support/eventually.hpp"
 
 #include <doctest/doctest.h>
 
@@ -49,16 +50,7 @@ inline std::uint32_t random_network_id() {
   return d(rd);
 }
 
-/// Polls `cond` until it holds or `timeout` passes; true when it held.
-inline bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout,
-                std::chrono::milliseconds poll = 20ms) {
-  const auto deadline = steady::now() + timeout;
-  while (true) {
-    if (cond()) return true;
-    if (steady::now() >= deadline) return false;
-    std::this_thread::sleep_for(poll);
-  }
-}
+using testing::eventually;
 
 inline const server_record* find_node(const std::vector<server_record>& records, const std::string& node) {
   for (const auto& r : records)

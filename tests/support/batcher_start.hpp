@@ -5,10 +5,10 @@
 
 #include <chrono>
 #include <cstdint>
-#include <thread>
 
 #include "actors/decode_batcher.hpp"
 #include "model/generator.hpp"
+#include "tests/support/eventually.hpp"
 
 namespace corolla::testing {
 
@@ -23,9 +23,7 @@ inline token_callback hold_until_opened(decode_batcher& b, std::uint64_t n,
   return [&b, n, limit, held = false](std::int32_t) mutable {
     if (held) return;
     held = true;
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (b.stats().sessions_opened < n && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    eventually([&] { return b.stats().sessions_opened >= n; }, limit, std::chrono::milliseconds(1));
   };
 }
 
