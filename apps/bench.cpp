@@ -155,7 +155,7 @@ model_config moe_config() {
 
 }  // namespace
 
-void add_common(CLI::App* cmd, bench_common& o) {
+void add_common(CLI::App* cmd, bench_common& o, bool with_profile) {
   cmd->add_option("--model", o.model_dir,
                   "HuggingFace model directory (default: a random ~100M-parameter Llama-shaped "
                   "model: dim 1024, 8 layers, vocab 4096)");
@@ -168,9 +168,10 @@ void add_common(CLI::App* cmd, bench_common& o) {
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->add_option("--seed", o.seed, "Seed of the random default model")->capture_default_str();
-  cmd->add_flag("--profile", o.profile,
-                "After the measurement, run once more with every op synchronised and timed, and print "
-                "where the time goes per op (kernels/profiling_backend.hpp)");
+  if (with_profile)
+    cmd->add_flag("--profile", o.profile,
+                  "After the measurement, run once more with every op synchronised and timed, and print "
+                  "where the time goes per op (kernels/profiling_backend.hpp)");
 }
 
 /// (bench_common.hpp)

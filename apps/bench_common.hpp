@@ -29,8 +29,9 @@ struct bench_common {
   std::uint64_t seed = 0;
 };
 
-/// --model, --preset, --device, --threads, --json, --seed, --profile.
-void add_common(CLI::App* cmd, bench_common& o);
+/// --model, --preset, --device, --threads, --json, --seed, and --profile
+/// where `with_profile` (bench decode and bench train).
+void add_common(CLI::App* cmd, bench_common& o, bool with_profile = true);
 /// Prints the profile of the run `what` (and puts it in the JSON).
 void report_profile(const profiling_backend& prof, const std::string& what, bool json_only, nlohmann::json& j);
 /// The model of --model, else the random model of --preset.

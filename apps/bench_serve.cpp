@@ -254,7 +254,6 @@ double run_server(const std::vector<node*>& clients, node& server_node, const ca
 
 int run_serve_bench(serve_bench_options o) {
   apply_common_options(o.common.threads, "warn");
-  if (o.common.profile) throw std::invalid_argument("bench serve: --profile is for bench decode and bench train");
   const weight_format weights = parse_weights_flag(o.weights);
   const dtype kv = parse_kv_dtype_flag(o.kv_dtype);
   if (o.sessions.empty() || *std::min_element(o.sessions.begin(), o.sessions.end()) < 1 ||
@@ -451,7 +450,7 @@ void register_bench_serve(CLI::App* bench, action_fn& action) {
   static serve_bench_options o;
   auto* cmd = bench->add_subcommand(
       "serve", "A swarm server's decode with concurrent sessions vs one session (and vs its engine without the wire)");
-  add_common(cmd, o.common);
+  add_common(cmd, o.common, false);  // no --profile: the op profile is bench decode's and bench train's
   cmd->add_option("--sessions", o.sessions, "Concurrent sessions, one run each (one session is always measured)")
       ->delimiter(',')
       ->capture_default_str();
