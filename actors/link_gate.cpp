@@ -3,13 +3,12 @@
 #include "actors/link_gate.hpp"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include <caf/send.hpp>
 
 #include "actors/errors.hpp"
 #include "actors/node_context.hpp"
+#include "kernels/env_switch.hpp"
 
 namespace corolla {
 
@@ -78,13 +77,10 @@ net::message wire_message(net::message_kind kind, remote_message& rm) {
 
 namespace {
 
-/// COROLLA_LINK_GATE=0 keeps every message with the link actors (to measure
-/// what the gates save, or to rule them out).
+/// COROLLA_LINK_GATE=0 (or off, false, no) keeps every message with the
+/// link actors (to measure what the gates save, or to rule them out).
 bool gates_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("COROLLA_LINK_GATE");
-    return !(v && std::string_view(v) == "0");
-  }();
+  static const bool enabled = env_switch("COROLLA_LINK_GATE", true);
   return enabled;
 }
 

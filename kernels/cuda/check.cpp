@@ -1,9 +1,9 @@
 // kernels/cuda/check.cpp — the error paths of check.hpp's macros.
 #include "kernels/cuda/check.hpp"
 
-#include <cstdlib>
-#include <cstring>
 #include <stdexcept>
+
+#include "kernels/env_switch.hpp"
 
 namespace corolla::cuda {
 
@@ -23,10 +23,7 @@ void throw_cublas_error(cublasStatus_t status, const char* call, const char* fil
 }
 
 bool sync_after_launch() {
-  static const bool on = [] {
-    const char* v = std::getenv("COROLLA_CUDA_SYNC");
-    return v && *v && std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = env_switch("COROLLA_CUDA_SYNC", false);
   return on;
 }
 

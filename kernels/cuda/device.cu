@@ -4,8 +4,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -76,16 +74,6 @@ void allow_smem_for(const void* kernel, std::size_t bytes) {
 }
 
 // ---- early launch (device.hpp) -----------------------------------------------------
-
-bool env_switch(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return fallback;
-  for (const char* on : {"1", "on", "true", "yes"})
-    if (std::strcmp(v, on) == 0) return true;
-  for (const char* off : {"0", "off", "false", "no"})
-    if (std::strcmp(v, off) == 0) return false;
-  return fallback;
-}
 
 namespace {
 std::atomic<bool>& early_launch_flag() {

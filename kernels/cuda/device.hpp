@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "kernels/env_switch.hpp"  // env_switch: the COROLLA_CUDA_* switches
+
 namespace corolla::cuda {
 
 /// Number of visible CUDA devices; 0 when the driver or a GPU is missing.
@@ -32,11 +34,6 @@ inline std::uint32_t alignment_of(const void* p) {
   while (a < 256 && (v & (2 * a - 1)) == 0) a *= 2;
   return a;
 }
-
-/// The switch `name` in the environment (COROLLA_CUDA_EARLY_LAUNCH,
-/// COROLLA_CUDA_GRAPHS): true for 1, on, true or yes; false for 0, off,
-/// false or no; `fallback` when it is unset or says anything else.
-bool env_switch(const char* name, bool fallback);
 
 /// Programmatic dependent launch ("early launch", kernels/cuda/
 /// grid_dependency.cuh): kernels that support it (the bf16-weight GEMV) are
