@@ -8,6 +8,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/errors.hpp"
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
@@ -140,13 +141,18 @@ std::string dp_group::reduce(int slot, std::int64_t step, std::int64_t adam_step
   }
 }
 
-double dp_group::reduced_sum_squares() {
-  double sum = 0;
-  for (grad_bucket& b : buckets_) {
-    const Tensor g = reduced_shard(b);
-    sum += (g.dev().kind == device_kind::cpu ? cpu_backend() : *s_.math).sum_squares(g);
+caf::expected<double> dp_group::reduced_sum_squares(std::int64_t step) {
+  try {
+    double sum = 0;
+    for (grad_bucket& b : buckets_) {
+      const Tensor g = reduced_shard(b);
+      sum += (g.dev().kind == device_kind::cpu ? cpu_backend() : *s_.math).sum_squares(g);
+    }
+    return sum;
+  } catch (const std::exception& e) {
+    return make_error(errc::remote_error,
+                      s_.label + " failed computing its gradient norm of step " + std::to_string(step) + ": " + e.what());
   }
-  return sum;
 }
 
 void dp_group::update_shard(grad_bucket& b, std::int64_t step, std::int64_t adam_step, float grad_scale) {
@@ -295,9 +301,11 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
           std::string error = g->reduce(slot, step, adam_step, std::move(ready));
           self->send(caf::actor_cast<caf::actor>(self->current_sender()), reduced_atom::value, slot, std::move(error));
         },
-        [g, busy](norm_atom, std::int64_t) {
+        [g, busy](norm_atom, std::int64_t step) -> caf::result<double> {
           beacon_mark w(*busy, "gradient norm");
-          return g->reduced_sum_squares();
+          caf::expected<double> sum = g->reduced_sum_squares(step);
+          if (!sum) return std::move(sum.error());
+          return *sum;
         },
         [g, busy](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
           beacon_mark w(*busy, "optimizer update");

@@ -37,6 +37,7 @@
 #include <caf/actor.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
+#include <caf/expected.hpp>
 
 #include "actors/train_watchdog.hpp"
 #include "kernels/backend.hpp"
@@ -152,8 +153,10 @@ class dp_group {
   /// Reduce-scatters bucket `slot`; without the global norm also updates
   /// and all-gathers it.
   std::string reduce(int slot, std::int64_t step, std::int64_t adam_step, std::shared_ptr<queue_marker> grads_ready);
-  /// The squared norm of this rank's reduced gradient shards (every bucket).
-  double reduced_sum_squares();
+  /// The squared norm of this rank's reduced gradient shards (every bucket),
+  /// or the error that stopped it (a device fault), naming this rank and
+  /// the step.
+  caf::expected<double> reduced_sum_squares(std::int64_t step);
   /// AdamW on every bucket's shard with the gradients times `coef`, then
   /// the all-gathers.
   std::string update(std::int64_t step, std::int64_t adam_step, double coef);

@@ -139,7 +139,7 @@ class rank_runtime {
     std::string failure;
     stage_self_->request(dp_actor_, caf::infinite, xs...)
         .receive([&](Result& x) { r = std::move(x); },
-                 [&](caf::error& e) { failure = "the data-parallel group failed: " + to_string(e); });
+                 [&](caf::error& e) { failure = "the data-parallel group failed: " + error_message(e); });
     if (!failure.empty()) throw train_error(failure);
     return r;
   }

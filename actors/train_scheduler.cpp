@@ -294,7 +294,13 @@ struct scheduler_state {
                  std::to_string(setup.min_ranks);
         return d;
       }
-      const schedule::plan p = setup.planner(*machines);
+      schedule::plan p;
+      try {
+        p = setup.planner(*machines);  // the planner checks the setup against what is left, and may refuse it
+      } catch (const std::exception& x) {
+        d.stop = reason + "; cannot plan on the workers left: " + x.what();
+        return d;
+      }
       if (!p.feasible) {
         d.stop = reason + "; no feasible plan on the workers left: " + p.reason;
         return d;
