@@ -35,14 +35,14 @@ caf::expected<remote_message> swarm_span_runner::call(const hop_state& h, const 
 }
 
 void swarm_span_runner::give_up(const hop_state& h, const char* what, const caf::error& e, int attempts) const {
-  throw std::runtime_error(std::string(what) + " of blocks " + swarm::to_string(h.hop.span()) + " failed" +
+  throw std::runtime_error(std::string(what) + " of blocks " + to_string(h.hop.span()) + " failed" +
                            (attempts > 1 ? " after " + std::to_string(attempts) + " attempts" : std::string()) + ": " +
                            error_message(e));
 }
 
 std::size_t swarm_span_runner::replace(std::size_t i, const caf::error& cause, int attempt) {
   const swarm::route_hop lost = hops_[i].hop;
-  client_.event("fine-tuning: server " + lost.server + " failed on blocks " + swarm::to_string(lost.span()) + ": " +
+  client_.event("fine-tuning: server " + lost.server + " failed on blocks " + to_string(lost.span()) + ": " +
                 error_message(cause));
   std::set<std::string> excluded{lost.server};
   if (attempt > 0) {
@@ -57,7 +57,7 @@ std::size_t swarm_span_runner::replace(std::size_t i, const caf::error& cause, i
   hops_.erase(hops_.begin() + static_cast<std::ptrdiff_t>(i));
   hops_.insert(hops_.begin() + static_cast<std::ptrdiff_t>(i), fresh.begin(), fresh.end());
   ++failovers_;
-  client_.event("fine-tuning: blocks " + swarm::to_string(lost.span()) + " now via " + swarm::to_string(*r));
+  client_.event("fine-tuning: blocks " + to_string(lost.span()) + " now via " + swarm::to_string(*r));
   return fresh.size();
 }
 

@@ -7,7 +7,6 @@
 
 namespace corolla {
 
-using net::block_range;
 using net::member_state;
 using net::server_record;
 

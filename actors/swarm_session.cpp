@@ -175,7 +175,7 @@ caf::error swarm_session::recover(std::size_t i, const caf::error& cause, std::s
   const swarm::route_hop lost = hops_[i].hop;
   excluded.insert(lost.server);
   client_.on_probation(lost.server);
-  client_.event("server " + lost.server + " failed on blocks " + swarm::to_string(lost.span()) + ": " +
+  client_.event("server " + lost.server + " failed on blocks " + to_string(lost.span()) + ": " +
                 error_message(cause));
   if (attempt > 0) {
     if (auto e = client_.back_off(attempt - 1)) return e;
@@ -207,7 +207,7 @@ caf::error swarm_session::recover(std::size_t i, const caf::error& cause, std::s
   hops_[i].inputs = std::move(old.inputs);
   hops_[i].rows = old.rows;
   ++failovers_;
-  client_.event("replacing " + lost.server + " on " + swarm::to_string(lost.span()) + " with " +
+  client_.event("replacing " + lost.server + " on " + to_string(lost.span()) + " with " +
                 swarm::to_string(*r) + "; replaying " + std::to_string(hops_[i].rows) + " stored rows");
   if (client_.runtime().peer_is_up(lost.server))  // e.g. a full cache: free what it holds
     (void)client_.runtime().request(lost.server, "span", request_of(span_request::close, encode_close_body(old.session)),
@@ -238,7 +238,7 @@ caf::expected<Tensor> swarm_session::pass(std::size_t i, const Tensor& x, std::i
   // A replacement: its cache is rebuilt from the span's stored inputs and
   // this step's rows in one prefill from position 0.
   if (h.rows < start)
-    return make_error(errc::invalid_argument, "cannot replay span " + swarm::to_string(h.hop.span()) +
+    return make_error(errc::invalid_argument, "cannot replay span " + to_string(h.hop.span()) +
                                                   ": the client holds " + std::to_string(std::max<std::int64_t>(h.rows, 0)) +
                                                   " of its " + std::to_string(start) + " rows");
   Tensor all = Tensor::empty({start + n, D});
@@ -425,7 +425,7 @@ caf::error swarm_session::run_hops(std::size_t from, const Tensor& x, std::int64
       }
       if (!is_recoverable(out.error())) return out.error();
       if (attempt + 1 >= client_.options().max_failovers)
-        return make_error(errc::peer_down, "gave up on blocks " + swarm::to_string(hops_[i].hop.span()) + " after " +
+        return make_error(errc::peer_down, "gave up on blocks " + to_string(hops_[i].hop.span()) + " after " +
                                                std::to_string(attempt + 1) + " attempts: " + error_message(out.error()));
       if (auto err = recover(i, out.error(), excluded, attempt); err && !is_recoverable(err)) return err;
       outs.resize(hops_.size());  // a replacement may be several hops

@@ -111,7 +111,7 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
     auto z = ask(s->node_id);
     if (!z || z->rows.shape() != answer.shape() || z->rows.type() != dtype::f32 ||
         (!z->margins.empty() && z->margins.size() != rows)) {
-      spdlog::debug("swarm: spot check of {} on {} could not use {}: {}", hop.server, swarm::to_string(hop.span()),
+      spdlog::debug("swarm: spot check of {} on {} could not use {}: {}", hop.server, to_string(hop.span()),
                     s->node_id, z ? "an answer of another shape" : error_message(z.error()));
       continue;
     }
@@ -152,14 +152,14 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
   ++spot_stats_.checks;
   if (excused > 0) {
     spot_stats_.excused_rows += excused;
-    event("spot check of blocks " + swarm::to_string(hop.span()) + ": " + std::to_string(excused) + " row(s) of " +
+    event("spot check of blocks " + to_string(hop.span()) + ": " + std::to_string(excused) + " row(s) of " +
           hop.server + "'s answer differ beyond the tolerance where a checker's expert routing nearly tied (margin " +
           "below " + percent(tie) + "): not counted against it");
   }
   if (!verdict.decided || !verdict.wrong.empty()) ++spot_stats_.disagreements;
   if (!verdict.decided) {
     ++spot_stats_.undecided;
-    event("spot check of blocks " + swarm::to_string(hop.span()) + ": " + hop.server + " and " + who[1] +
+    event("spot check of blocks " + to_string(hop.span()) + ": " + hop.server + " and " + who[1] +
           " disagree by " + percent(distance(answers[1], answers[0])) + " (tolerance " + percent(tol) +
           ") and no other server decides; both stay in use");
     return true;
@@ -186,7 +186,7 @@ bool swarm_client::spot_check(const swarm::route_hop& hop, const Tensor& answer,
     spot_stats_.wrong.push_back(rep);
     std::string majority;
     for (const auto& m : rep.majority) majority += (majority.empty() ? "" : ", ") + m;
-    event("spot check: " + rep.server + " answered blocks " + swarm::to_string(hop.span()) + " wrong (off by " +
+    event("spot check: " + rep.server + " answered blocks " + to_string(hop.span()) + " wrong (off by " +
           percent(rep.difference) + ", tolerance " + percent(tol) + "; " + majority + " agree): it is not used again");
     if (options_.on_wrong_server) options_.on_wrong_server(rep);
   }

@@ -36,7 +36,7 @@ std::string lower_state(net::member_state s) {
   return t;
 }
 
-std::string span_text(const net::block_range& b) {
+std::string span_text(const block_range& b) {
   return "blocks [" + std::to_string(b.start) + ", " + std::to_string(b.end) + ")";
 }
 

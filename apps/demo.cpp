@@ -300,7 +300,7 @@ int run_swarm_stage(const demo_options& o, const fs::path& out, const fs::path& 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string final_route;
   for (const auto& hop : g.route)
-    final_route += (final_route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " via " + hop.server;
+    final_route += (final_route.empty() ? "" : " -> ") + to_string(hop.span()) + " via " + hop.server;
   std::printf("\n%s\n\n", text_of(tok, prompt, g.result.tokens).c_str());
   std::printf("(%zu tokens through the swarm in %.1f s, %d failover(s), %llu hop input(s) pushed server to server; "
               "route at the end: %s)\n",

@@ -112,7 +112,7 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   swarm_generation g = swarm_generate(client, h, prompt, p, on_token, deep_prompts);
   std::string route;
   for (const auto& hop : g.route)
-    route += (route.empty() ? "" : " -> ") + swarm::to_string(hop.span()) + " on " + hop.server;
+    route += (route.empty() ? "" : " -> ") + to_string(hop.span()) + " on " + hop.server;
   spdlog::info("swarm route: {}; {} failover(s); {} hop input(s) pushed server to server, {} step(s) posted", route,
                g.failovers, g.pushed_hops, g.posted_steps);
   const spot_check_stats& sc = g.spot_checks;

@@ -202,7 +202,7 @@ std::pair<int, int> choose_span(net::membership& members, const std::string& mod
   if (!c) throw std::runtime_error("cannot choose blocks: " + c.error().message);
   spdlog::info("serve: {} record(s) of {} in the DHT; the weakest window of {} block(s) is {} (swarm throughput {} -> "
                "more once this server is online)",
-               records.size(), model, num_blocks, swarm::to_string(c.value().span), c.value().throughput_before);
+               records.size(), model, num_blocks, to_string(c.value().span), c.value().throughput_before);
   return {c.value().span.start, c.value().span.end};
 }
 
@@ -429,7 +429,7 @@ int run_serve(serve_args a) {
     const auto d = swarm::should_move(to_swarm_state(cfg.n_layers, records), n.id());
     spdlog::debug("serve: rebalancing check: {} ({})", swarm::to_string(d.reason), d.explanation);
     if (!d.move) continue;
-    spdlog::info("serve: moving from {} to {}: {}", swarm::to_string(d.current), swarm::to_string(d.target),
+    spdlog::info("serve: moving from {} to {}: {}", to_string(d.current), to_string(d.target),
                  d.explanation);
     // Load the new blocks while the old ones still serve, switch, then tell
     // the swarm: the old blocks have other servers (should_move never opens
@@ -447,13 +447,13 @@ int run_serve(serve_args a) {
           checkpoint::open(a.model), cfg, d.target.start, d.target.end, be,
           cache_tokens_for(memory_flags, memory, d.target.length(), engine_options.page_tokens), move_options));
     } catch (const std::exception& e) {
-      spdlog::error("serve: loading {} to move there failed, staying on {}: {}", swarm::to_string(d.target),
-                    swarm::to_string(d.current), e.what());
+      spdlog::error("serve: loading {} to move there failed, staying on {}: {}", to_string(d.target),
+                    to_string(d.current), e.what());
       continue;
     }
     const double next_step_s = measure_step_s(*next);
     if (auto err = swap_span_engine(n.system(), *server, next)) {
-      spdlog::error("serve: switching to {} failed: {}", swarm::to_string(d.target), error_message(err));
+      spdlog::error("serve: switching to {} failed: {}", to_string(d.target), error_message(err));
       continue;
     }
     engine = next;
@@ -461,7 +461,7 @@ int run_serve(serve_args a) {
     record.span = {d.target.start, d.target.end};
     set_speed(record, next_step_s, d.target.length(), bps, static_cast<int>(cfg.hidden_size));
     record.cache_tokens_left = engine->cache_tokens_left();
-    if (auto err = members->announce(record)) spdlog::error("serve: announcing {} failed: {}", swarm::to_string(d.target), error_message(err));
+    if (auto err = members->announce(record)) spdlog::error("serve: announcing {} failed: {}", to_string(d.target), error_message(err));
     std::printf("corolla serve %s moved to blocks [%d, %d)\n", n.id().c_str(), d.target.start, d.target.end);
     std::fflush(stdout);
   }

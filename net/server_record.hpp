@@ -17,22 +17,9 @@
 #include <caf/expected.hpp>
 #include <caf/sec.hpp>
 
+#include "model/block_range.hpp"
 
 namespace corolla::net {
-
-/// A half-open range of transformer blocks [start, end).
-struct block_range {
-  int start = 0;  ///< first block
-  int end = 0;    ///< one past the last block
-
-  /// Number of blocks (0 when empty or inverted).
-  int length() const { return end > start ? end - start : 0; }
-  /// True when block `b` lies in [start, end).
-  bool contains(int b) const { return start <= b && b < end; }
-  /// True when the two ranges share at least one block.
-  bool overlaps(const block_range& o) const { return start < o.end && o.start < end; }
-  friend bool operator==(const block_range&, const block_range&) = default;
-};
 
 /// A server's life cycle as announced (Petals: JOINING counts for balancing,
 /// clients route only through ONLINE; OFFLINE = leaving, route elsewhere now).

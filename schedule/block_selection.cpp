@@ -37,15 +37,15 @@ struct capacity {
   explicit capacity(const swarm_state& s) : tp(block_throughputs(s)), cover(block_coverage(s)) {}
 
   int n() const { return static_cast<int>(tp.size()); }
-  void add(block_span span, double t) {
+  void add(block_range span, double t) {
     for (int b = span.start; b < span.end; ++b) tp[b] += t, ++cover[b];
   }
-  void remove(block_span span, double t) {
+  void remove(block_range span, double t) {
     for (int b = span.start; b < span.end; ++b) tp[b] -= t, --cover[b];
   }
   // A gap ranks below every covered block, whatever its throughput.
   double key(int b) const { return cover[b] == 0 ? -1.0 : std::max(tp[b], 0.0); }
-  std::vector<double> sorted_keys(block_span span) const {
+  std::vector<double> sorted_keys(block_range span) const {
     std::vector<double> k;
     k.reserve(span.length());
     for (int b = span.start; b < span.end; ++b) k.push_back(key(b));
@@ -60,7 +60,7 @@ struct capacity {
   }
   int gaps() const { return static_cast<int>(std::count(cover.begin(), cover.end(), 0)); }
   // The first block of `span` nobody else holds (-1 when none).
-  int first_gap_in(block_span span) const {
+  int first_gap_in(block_range span) const {
     for (int b = span.start; b < span.end; ++b)
       if (cover[b] == 0) return b;
     return -1;
@@ -86,7 +86,7 @@ int best_start(const capacity& cap, int k, int prefer = -1) {
 // simulation: leave (unless that opens a gap), take the best window, and keep
 // the new place only if the swarm became strictly better. Returns whether it
 // moved; `span` is updated.
-bool rechoose(capacity& cap, block_span& span, double t) {
+bool rechoose(capacity& cap, block_range& span, double t) {
   const auto before = cap.potential();
   cap.remove(span, t);
   const int k = span.length();
@@ -229,7 +229,7 @@ rebalance_decision should_move(const swarm_state& swarm, const server_id& self, 
   // 2. Best window, current one on ties.
   const int s = best_start(cap, k, me.span.start);
   if (s == me.span.start) return stay(rebalance_reason::already_best, "already on the weakest window " + to_string(me.span));
-  const block_span target{s, s + k};
+  const block_range target{s, s + k};
 
   // 3. The move alone must make the swarm strictly better: the sorted block
   //    throughputs are a potential that grows with every move, so moves
@@ -245,7 +245,7 @@ rebalance_decision should_move(const swarm_state& swarm, const server_id& self, 
   //    greedily, in id order, under the same rules.
   struct mover {
     const server_record* rec;
-    block_span span;
+    block_range span;
   };
   std::vector<mover> others;
   for (const auto& r : swarm.servers)
@@ -297,8 +297,8 @@ const char* to_string(move_phase p) {
 namespace {
 
 // The parts of `a` outside `b`: zero, one or two spans.
-std::vector<block_span> minus(block_span a, block_span b) {
-  std::vector<block_span> out;
+std::vector<block_range> minus(block_range a, block_range b) {
+  std::vector<block_range> out;
   if (b.empty() || b.end <= a.start || a.end <= b.start) {
     if (!a.empty()) out.push_back(a);
     return out;
@@ -310,7 +310,7 @@ std::vector<block_span> minus(block_span a, block_span b) {
 
 }  // namespace
 
-result<std::vector<move_step>> plan_move(const swarm_state& swarm, const server_id& self, block_span target) {
+result<std::vector<move_step>> plan_move(const swarm_state& swarm, const server_id& self, block_range target) {
   if (auto e = validate(swarm)) return *e;
   if (target.empty() || target.start < 0 || target.end > swarm.n_blocks)
     return bad_argument("move target " + to_string(target) + " is not a non-empty part of [0, " +
@@ -327,7 +327,7 @@ result<std::vector<move_step>> plan_move(const swarm_state& swarm, const server_
   swarm_state others{swarm.n_blocks, {}};
   for (const auto& r : swarm.servers)
     if (r.id != self) others.servers.push_back(r);
-  auto record = [&](block_span span, server_state state) {
+  auto record = [&](block_range span, server_state state) {
     server_record r = me;
     r.span = span;
     r.state = state;
@@ -360,7 +360,7 @@ result<std::vector<move_step>> plan_move(const swarm_state& swarm, const server_
   return plan;
 }
 
-move_check check_move(const swarm_state& swarm, const server_id& self, block_span target) {
+move_check check_move(const swarm_state& swarm, const server_id& self, block_range target) {
   move_check c;
   auto plan = plan_move(swarm, self, target);
   if (!plan) {

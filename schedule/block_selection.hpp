@@ -35,7 +35,7 @@ namespace corolla::swarm {
 
 /// Where a joining server should go, and what it changes.
 struct block_choice {
-  block_span span;                ///< the blocks to load
+  block_range span;                ///< the blocks to load
   double throughput_before = 0;   ///< swarm_throughput() without this server
   double throughput_after = 0;    ///< swarm_throughput() once it serves `span`
 };
@@ -118,8 +118,8 @@ const char* to_string(rebalance_reason r);
 struct rebalance_decision {
   bool move = false;               ///< true: go to `target` (with plan_move)
   rebalance_reason reason = rebalance_reason::already_best;
-  block_span current;              ///< the span served now
-  block_span target;               ///< the span to serve (== current when !move)
+  block_range current;              ///< the span served now
+  block_range target;               ///< the span to serve (== current when !move)
   double throughput_now = 0;       ///< swarm throughput today
   double throughput_immediate = 0; ///< once this server moved, nobody else
   double throughput_simulated = 0; ///< once the others also re-chose (local search)
@@ -166,7 +166,7 @@ struct move_step {
 /// pings. Errors: invalid swarm, unknown server, several records (a move in
 /// progress), target empty or outside [0, n_blocks).
 result<std::vector<move_step>> plan_move(const swarm_state& swarm, const server_id& self,
-                                         block_span target);
+                                         block_range target);
 
 /// Whether a planned move keeps clients served.
 struct move_check {
@@ -180,6 +180,6 @@ struct move_check {
 /// server today keeps at least one in every phase. (Blocks that already have
 /// none stay out of the check: a move may fill a gap, never open one.)
 /// Unsafe with a message when the plan itself is an error.
-move_check check_move(const swarm_state& swarm, const server_id& self, block_span target);
+move_check check_move(const swarm_state& swarm, const server_id& self, block_range target);
 
 }  // namespace corolla::swarm

@@ -28,16 +28,16 @@ schedule_error bad_argument(std::string message) {
 }
 
 // The range a request names, checked against the model.
-result<block_span> checked_range(const swarm_state& swarm, int start, int end) {
+result<block_range> checked_range(const swarm_state& swarm, int start, int end) {
   if (auto e = validate(swarm)) return *e;
-  const block_span r{start, end < 0 ? swarm.n_blocks : end};
+  const block_range r{start, end < 0 ? swarm.n_blocks : end};
   if (r.start < 0 || r.end > swarm.n_blocks || r.start > r.end)
     return bad_argument("route range " + to_string(r) + " is not inside [0, " + std::to_string(swarm.n_blocks) + ")");
   return r;
 }
 
 // The error for block b that no usable server holds, saying why.
-schedule_error no_server(const swarm_state& swarm, int b, block_span range, const std::set<server_id>& excluded,
+schedule_error no_server(const swarm_state& swarm, int b, block_range range, const std::set<server_id>& excluded,
                          const std::function<bool(const server_record&)>& lacks_cache) {
   int online = 0, by_caller = 0, by_cache = 0;
   for (const auto& r : swarm.servers) {
@@ -136,7 +136,7 @@ void append_block(std::vector<route_hop>& hops, const server_id& id, int b, bool
 result<route> min_latency_route(const swarm_state& swarm, const route_request& req, const routing_params& p) {
   auto range_or = checked_range(swarm, req.start, req.end);
   if (!range_or) return range_or.error();
-  const block_span range = range_or.value();
+  const block_range range = range_or.value();
   if (req.session_tokens < 0)
     return bad_argument("session needs " + std::to_string(req.session_tokens) + " cache tokens; must be >= 0");
   if (range.empty()) return route{};
@@ -245,7 +245,7 @@ result<double> predicted_latency(const swarm_state& swarm, const std::vector<rou
                                  const route_request& req, const routing_params& p) {
   auto range_or = checked_range(swarm, req.start, req.end);
   if (!range_or) return range_or.error();
-  const block_span range = range_or.value();
+  const block_range range = range_or.value();
   if (range.empty()) {
     if (hops.empty()) return 0.0;
     return bad_argument("hops given for the empty range " + to_string(range));
@@ -279,7 +279,7 @@ result<route> max_throughput_route(const swarm_state& swarm, const throughput_ro
                                    std::mt19937_64& rng) {
   auto range_or = checked_range(swarm, req.start, req.end);
   if (!range_or) return range_or.error();
-  const block_span range = range_or.value();
+  const block_range range = range_or.value();
 
   std::vector<const server_record*> recs;
   for (const auto& r : swarm.servers)

@@ -49,7 +49,7 @@ struct route_hop {
   bool cache_ok = true;
 
   /// The blocks of this hop.
-  block_span span() const { return {start, end}; }
+  block_range span() const { return {start, end}; }
   friend bool operator==(const route_hop&, const route_hop&) = default;
 };
 

@@ -7,17 +7,6 @@
 
 namespace corolla::swarm {
 
-std::string to_string(const block_span& s) {
-  // Appending to a named string (not "[" + temporary) also avoids GCC 12's
-  // false -Wrestrict warning on operator+(const char*, string&&).
-  std::string out = "[";
-  out += std::to_string(s.start);
-  out += ", ";
-  out += std::to_string(s.end);
-  out += ")";
-  return out;
-}
-
 const char* to_string(server_state s) {
   switch (s) {
     case server_state::joining: return "JOINING";
@@ -131,7 +120,7 @@ double announced_throughput(double compute_tokens_per_s, int n_blocks, double ne
   return network_tokens_per_s > 0 ? std::min(compute, network_tokens_per_s) : compute;
 }
 
-swarm_state with_server_moved(const swarm_state& swarm, const server_id& id, block_span span) {
+swarm_state with_server_moved(const swarm_state& swarm, const server_id& id, block_range span) {
   swarm_state out;
   out.n_blocks = swarm.n_blocks;
   bool placed = false;

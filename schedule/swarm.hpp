@@ -27,28 +27,13 @@
 #include <variant>
 #include <vector>
 
+#include "model/block_range.hpp"
+
 namespace corolla::swarm {
 
 /// A server's identity in the swarm (its peer id or listen address). The
 /// algorithms only compare ids; they never parse them.
 using server_id = std::string;
-
-/// A half-open range of blocks [start, end).
-struct block_span {
-  int start = 0;  ///< first block
-  int end = 0;    ///< one past the last block
-
-  /// Number of blocks (0 for an empty or inverted span).
-  int length() const { return end > start ? end - start : 0; }
-  /// True when block `b` lies in [start, end).
-  bool contains(int b) const { return start <= b && b < end; }
-  /// True when the span holds no block.
-  bool empty() const { return end <= start; }
-  friend bool operator==(const block_span&, const block_span&) = default;
-};
-
-/// "[3, 7)": how spans appear in messages and logs.
-std::string to_string(const block_span& s);
 
 /// A server's life cycle as announced in the membership records.
 enum class server_state {
@@ -63,7 +48,7 @@ const char* to_string(server_state s);
 /// One server record: a span of blocks held by one server.
 struct server_record {
   server_id id;
-  block_span span;
+  block_range span;
   server_state state = server_state::online;
   /// Tokens per second this server can push through its whole span: the
   /// smaller of its compute rate (tokens/s through one block divided by the
@@ -196,6 +181,6 @@ double announced_throughput(double compute_tokens_per_s, int n_blocks,
 /// `span` (keeping the first record's throughput, cache, step time and
 /// pings): what the swarm looks like once a move has completed. Unknown ids
 /// leave the swarm unchanged.
-swarm_state with_server_moved(const swarm_state& swarm, const server_id& id, block_span span);
+swarm_state with_server_moved(const swarm_state& swarm, const server_id& id, block_range span);
 
 }  // namespace corolla::swarm

@@ -111,7 +111,7 @@ TEST_CASE("a server that starts answering wrong mid-generation is caught, routed
   REQUIRE(reports.size() == 1);
   CHECK(reports[0].server == corrupted);
   CHECK(reports[0].reporter == n->id());
-  CHECK(reports[0].span == net::block_range{0, 4});
+  CHECK(reports[0].span == block_range{0, 4});
   CHECK(reader.wrong_output_reports("another-model").empty());
 }
 

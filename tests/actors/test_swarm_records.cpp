@@ -44,14 +44,14 @@ TEST_CASE("membership records convert to the swarm description of schedule/") {
   REQUIRE(s.servers.size() == 2);
   const auto& sa = s.servers[0];
   CHECK(sa.id == "a");
-  CHECK(sa.span == swarm::block_span{0, 4});
+  CHECK(sa.span == block_range{0, 4});
   CHECK(sa.state == swarm::server_state::online);
   CHECK(sa.throughput == doctest::Approx(120.5));
   CHECK(sa.cache_tokens_left == 4096);
   CHECK(sa.step_s_per_block == doctest::Approx(0.002));
   CHECK(sa.rtt_s.at("next-b") == doctest::Approx(0.01225));
   CHECK(s.servers[1].id == "b");
-  CHECK(s.servers[1].span == swarm::block_span{4, 8});
+  CHECK(s.servers[1].span == block_range{4, 8});
   CHECK(s.servers[1].state == swarm::server_state::joining);
 }
 

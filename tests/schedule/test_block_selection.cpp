@@ -9,6 +9,7 @@
 #include "schedule/block_selection.hpp"
 
 using namespace corolla::swarm;
+using corolla::block_range;
 
 namespace {
 
@@ -22,7 +23,7 @@ server_record srv(std::string id, int start, int end, double throughput,
   return r;
 }
 
-block_span choose(const swarm_state& s, int k, double t = 1.0) {
+block_range choose(const swarm_state& s, int k, double t = 1.0) {
   auto c = choose_blocks(s, k, t);
   REQUIRE_MESSAGE(c.ok(), (c.ok() ? std::string() : c.error().message));
   return c.value().span;
@@ -72,30 +73,30 @@ TEST_CASE("a server joining an empty swarm starts at block 0") {
   const swarm_state empty{8, {}};
   auto c = choose_blocks(empty, 3, 5.0);
   REQUIRE(c.ok());
-  CHECK(c.value().span == block_span{0, 3});
+  CHECK(c.value().span == block_range{0, 3});
   CHECK(c.value().throughput_before == 0.0);
   CHECK(c.value().throughput_after == 0.0);  // blocks 3..7 are still missing
 
   // Never beyond the model: asking for more blocks than exist takes them all.
   auto all = choose_blocks(empty, 20, 5.0);
   REQUIRE(all.ok());
-  CHECK(all.value().span == block_span{0, 8});
+  CHECK(all.value().span == block_range{0, 8});
   CHECK(all.value().throughput_after == 5.0);
 }
 
 TEST_CASE("a joining server fills a gap first") {
   // [4, 8) is uncovered.
   swarm_state s{12, {srv("a", 0, 4, 5), srv("b", 8, 12, 5)}};
-  CHECK(choose(s, 4) == block_span{4, 8});
+  CHECK(choose(s, 4) == block_range{4, 8});
   // A window longer than the gap covers it, leftmost among equal windows.
-  CHECK(choose(s, 6) == block_span{2, 8});
+  CHECK(choose(s, 6) == block_range{2, 8});
   // A partial gap [6, 8): every window with both gap blocks ties; leftmost wins.
   s = {12, {srv("a", 0, 6, 5), srv("b", 8, 12, 5)}};
-  CHECK(choose(s, 4) == block_span{4, 8});
+  CHECK(choose(s, 4) == block_range{4, 8});
   // A server announcing throughput 0 still closes a gap: an uncovered block
   // ranks below a covered one of throughput 0.
   s = {6, {srv("zero", 0, 3, 0.0)}};
-  CHECK(choose(s, 3) == block_span{3, 6});
+  CHECK(choose(s, 3) == block_range{3, 6});
 }
 
 TEST_CASE("a redundant server goes to the weakest window") {
@@ -103,22 +104,22 @@ TEST_CASE("a redundant server goes to the weakest window") {
   swarm_state s{8, {srv("a", 0, 8, 10), srv("b", 0, 4, 10)}};
   auto c = choose_blocks(s, 4, 10.0);
   REQUIRE(c.ok());
-  CHECK(c.value().span == block_span{4, 8});
+  CHECK(c.value().span == block_range{4, 8});
   CHECK(c.value().throughput_before == 10.0);
   CHECK(c.value().throughput_after == 20.0);
 
   // Lexicographic beyond the minimum: [2, 4) holds two blocks at the minimum.
   s = {6, {srv("a", 0, 6, 1), srv("b", 0, 2, 1), srv("c", 4, 6, 0.5)}};  // 2 2 1 1 1.5 1.5
-  CHECK(choose(s, 2) == block_span{2, 4});
+  CHECK(choose(s, 2) == block_range{2, 4});
   // Equal windows at both ends: the leftmost.
   s = {8, {srv("a", 0, 8, 3), srv("b", 2, 6, 1)}};  // 3 3 4 4 4 4 3 3
-  CHECK(choose(s, 2) == block_span{0, 2});
-  CHECK(choose(s, 3) == block_span{0, 3});
+  CHECK(choose(s, 2) == block_range{0, 2});
+  CHECK(choose(s, 3) == block_range{0, 3});
 }
 
 TEST_CASE("block selection counts JOINING servers and ignores OFFLINE ones and the server itself") {
   swarm_state s{8, {srv("a", 0, 4, 5, server_state::joining), srv("b", 4, 8, 5, server_state::offline)}};
-  CHECK(choose(s, 4) == block_span{4, 8});
+  CHECK(choose(s, 4) == block_range{4, 8});
   CHECK(block_throughputs(s) == std::vector<double>{5, 5, 5, 5, 0, 0, 0, 0});
   CHECK(online_coverage(s) == std::vector<int>(8, 0));
   CHECK(uncovered_blocks(s) == std::vector<int>{4, 5, 6, 7});
@@ -127,7 +128,7 @@ TEST_CASE("block selection counts JOINING servers and ignores OFFLINE ones and t
   s = {8, {srv("a", 0, 4, 5), srv("me", 4, 8, 5)}};
   auto c = choose_blocks(s, 4, 5.0, "me");
   REQUIRE(c.ok());
-  CHECK(c.value().span == block_span{4, 8});
+  CHECK(c.value().span == block_range{4, 8});
   CHECK(c.value().throughput_before == 0.0);
 }
 
@@ -193,7 +194,7 @@ TEST_CASE("the number of blocks follows from memory") {
   swarm_state s{12, {srv("a", 0, 6, 5)}};
   auto c = choose_blocks_for_memory(s, m, 5.0);
   REQUIRE(c.ok());
-  CHECK(c.value().span == block_span{6, 12});
+  CHECK(c.value().span == block_range{6, 12});
   CHECK(c.value().throughput_after == 5.0);
 }
 
@@ -224,8 +225,8 @@ TEST_CASE("after a departure a redundant server moves to cover the hole") {
   const auto d = should_move(s, "c");
   CHECK(d.move);
   CHECK(d.reason == rebalance_reason::move_fills_gap);
-  CHECK(d.current == block_span{0, 4});
-  CHECK(d.target == block_span{4, 8});
+  CHECK(d.current == block_range{0, 4});
+  CHECK(d.target == block_range{4, 8});
   CHECK(d.throughput_now == 0.0);
   CHECK(d.throughput_simulated == 1.0);
   CHECK(check_move(s, "c", d.target).safe);
@@ -252,7 +253,7 @@ TEST_CASE("a server moves only when the bottleneck improves beyond the threshold
   auto d = should_move(s, "c");
   CHECK(d.move);
   CHECK(d.reason == rebalance_reason::move_improves);
-  CHECK(d.target == block_span{2, 4});
+  CHECK(d.target == block_range{2, 4});
   CHECK(d.throughput_now == doctest::Approx(1.0));
   CHECK(d.throughput_simulated == doctest::Approx(2.0));
 
@@ -269,7 +270,7 @@ TEST_CASE("a server moves only when the bottleneck improves beyond the threshold
   eager.min_improvement = 0.05;
   d = should_move(w, "c", eager);
   CHECK(d.move);
-  CHECK(d.target == block_span{2, 4});
+  CHECK(d.target == block_range{2, 4});
 }
 
 TEST_CASE("the local search credits moves that need other servers to follow") {
@@ -278,7 +279,7 @@ TEST_CASE("the local search credits moves that need other servers to follow") {
   swarm_state s{6, {srv("a", 0, 3, 1), srv("b", 3, 6, 1), srv("c", 1, 4, 1), srv("d", 1, 4, 1)}};
   auto d = should_move(s, "c");
   CHECK(d.move);
-  CHECK(d.target == block_span{3, 6});
+  CHECK(d.target == block_range{3, 6});
   CHECK(d.throughput_immediate == doctest::Approx(1.0));  // blocks 0 still at 1 ...
   CHECK(d.throughput_simulated == doctest::Approx(2.0));  // ... until d moves to [0, 3)
   auto out = run_rebalancing(s, 10);
@@ -370,9 +371,9 @@ TEST_CASE("a planned move never leaves a block without a server") {
   const auto& joining = plan.value()[0];
   CHECK(joining.phase == move_phase::joining);
   REQUIRE(joining.records.size() == 2);
-  CHECK(joining.records[0].span == block_span{0, 4});
+  CHECK(joining.records[0].span == block_range{0, 4});
   CHECK(joining.records[0].state == server_state::online);
-  CHECK(joining.records[1].span == block_span{4, 6});
+  CHECK(joining.records[1].span == block_range{4, 6});
   CHECK(joining.records[1].state == server_state::joining);
   const auto& both = plan.value()[1];
   CHECK(both.phase == move_phase::serving_both);
@@ -380,8 +381,8 @@ TEST_CASE("a planned move never leaves a block without a server") {
   const auto& left = plan.value()[2];
   CHECK(left.phase == move_phase::left_old);
   REQUIRE(left.records.size() == 2);
-  CHECK(left.records[0].span == block_span{2, 6});
-  CHECK(left.records[1].span == block_span{0, 2});
+  CHECK(left.records[0].span == block_range{2, 6});
+  CHECK(left.records[1].span == block_range{0, 2});
   CHECK(left.records[1].state == server_state::offline);
   CHECK(check_move(s, "c", {2, 6}).safe);
   CHECK(check_move(s, "c", {4, 8}).safe);
