@@ -231,7 +231,7 @@ swarm::swarm_state swarm_client::state() const {
     swarm::server_record r;
     r.id = s.node_id;
     r.span = {s.info.first, s.info.last};
-    r.state = swarm::server_state::online;
+    r.state = server_state::online;
     r.cache_tokens_left = s.info.cache_tokens_left;
     r.step_s_per_block = s.info.step_s_per_block;
     r.relayed = s.relayed;

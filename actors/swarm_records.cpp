@@ -7,7 +7,6 @@
 
 namespace corolla {
 
-using net::member_state;
 using net::server_record;
 
 swarm::swarm_state to_swarm_state(int n_blocks, const std::vector<server_record>& records) {
@@ -17,7 +16,7 @@ swarm::swarm_state to_swarm_state(int n_blocks, const std::vector<server_record>
   // same server is the one dropped.
   std::vector<const server_record*> order;
   for (const auto& r : records)
-    if (r.state != member_state::offline) order.push_back(&r);
+    if (r.state != server_state::offline) order.push_back(&r);
   std::sort(order.begin(), order.end(), [](const server_record* a, const server_record* b) {
     if (a->node_id != b->node_id) return a->node_id < b->node_id;
     return net::is_newer(*a, *b);
@@ -32,8 +31,8 @@ swarm::swarm_state to_swarm_state(int n_blocks, const std::vector<server_record>
     taken.push_back(span);
     swarm::server_record out;
     out.id = r->node_id;
-    out.span = {span.start, span.end};
-    out.state = r->state == member_state::online ? swarm::server_state::online : swarm::server_state::joining;
+    out.span = span;
+    out.state = r->state == server_state::online ? server_state::online : server_state::joining;
     out.throughput = r->throughput;
     out.cache_tokens_left = r->cache_tokens_left;
     out.step_s_per_block = r->step_s_per_block;

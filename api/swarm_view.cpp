@@ -30,8 +30,8 @@ std::vector<net::server_record> distinct(const std::vector<net::server_record>& 
   return out;
 }
 
-std::string lower_state(net::member_state s) {
-  std::string t = net::to_string(s);
+std::string lower_state(server_state s) {
+  std::string t = to_string(s);
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return t;
 }
@@ -65,7 +65,7 @@ json swarm_view_json(const std::string& model, int n_blocks, const std::vector<n
                     {"relay_service", r.relay_service},
                     {"age_ms", std::max<std::int64_t>(0, now_ms - r.timestamp_ms)},
                     {"public_key", r.public_key}});
-    if (r.state == net::member_state::online) online.push_back(r);
+    if (r.state == server_state::online) online.push_back(r);
   }
   const swarm::swarm_state state = to_swarm_state(n_blocks, online);
   const std::vector<int> coverage = swarm::online_coverage(state);
@@ -126,15 +126,15 @@ void swarm_watch::refresh() {
   std::lock_guard lock(mutex_);
   // A server's state is the best of its records' (a server moving its span
   // has two for a moment).
-  std::map<std::string, std::pair<net::member_state, std::string>> seen;
+  std::map<std::string, std::pair<server_state, std::string>> seen;
   for (const auto& r : records) {
     auto it = seen.find(r.node_id);
-    if (it == seen.end() || r.state == net::member_state::online) seen[r.node_id] = {r.state, span_text(r.span)};
+    if (it == seen.end() || r.state == server_state::online) seen[r.node_id] = {r.state, span_text(r.span)};
   }
   for (const auto& [id, st] : seen) {
     const auto before = last_state_.find(id);
     if (before == last_state_.end())
-      add_event({now, st.first == net::member_state::online ? "online" : "joined", id, st.second});
+      add_event({now, st.first == server_state::online ? "online" : "joined", id, st.second});
     else if (before->second != st.first)
       add_event({now, lower_state(st.first), id, st.second});
   }

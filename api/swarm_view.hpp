@@ -78,7 +78,7 @@ class swarm_watch {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::deque<swarm_event> events_;  ///< newest first
-  std::map<std::string, net::member_state> last_state_;  ///< by node id, as last seen
+  std::map<std::string, server_state> last_state_;  ///< by node id, as last seen
   std::vector<net::server_record> records_;
   std::thread thread_;
 };

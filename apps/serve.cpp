@@ -277,7 +277,7 @@ int run_serve(serve_args a) {
   record.node_id = n.id();
   record.endpoint = a.announce_endpoint.empty() ? n.endpoint() : a.announce_endpoint;
   record.span = {first, last};
-  record.state = net::member_state::joining;
+  record.state = server_state::joining;
   record.protocol_version = net::protocol_version;
   record.public_key = n.public_key();
   record.weights = weight_format_name(weights);
@@ -319,7 +319,7 @@ int run_serve(serve_args a) {
   const double step_s = measure_step_s(*engine);
   auto server = start_span_server(n, engine, so);
   if (!server) throw std::runtime_error(error_message(server.error()));
-  record.state = net::member_state::online;
+  record.state = server_state::online;
   double bps = link_bps(a);
   if (bps <= 0 && members) bps = measure_network_bps(n, *members, record, cfg.n_layers);
   set_speed(record, step_s, last - first, bps, static_cast<int>(cfg.hidden_size));

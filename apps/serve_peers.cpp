@@ -18,7 +18,7 @@ namespace corolla::app {
 double measure_network_bps(node& n, net::membership& members, const net::server_record& self, int n_blocks) {
   int tried = 0;
   for (const net::server_record& r : members.get_span(self.model, 0, n_blocks)) {
-    if (r.node_id == n.id() || r.state != net::member_state::online || r.endpoint.empty() || !r.relay.empty())
+    if (r.node_id == n.id() || r.state != server_state::online || r.endpoint.empty() || !r.relay.empty())
       continue;
     if (++tried > 3) break;
     connect_options co;
@@ -55,7 +55,7 @@ std::map<std::string, double> next_server_rtts(node& n, net::membership& members
   if (next >= n_blocks) return rtts;
   for (const net::server_record& r : members.get_span(self.model, next, next + 1)) {
     if (rtts.size() >= net::max_rtt_entries) break;
-    if (r.node_id == n.id() || r.state != net::member_state::online || r.endpoint.empty() || !r.relay.empty())
+    if (r.node_id == n.id() || r.state != server_state::online || r.endpoint.empty() || !r.relay.empty())
       continue;
     if (!n.peer_is_up(r.node_id)) {
       // Dialled without waiting (the serve loop must keep answering stop

@@ -20,7 +20,7 @@ bool reachable_from_swarm(node& n, net::membership& members, const std::string& 
   int asked = 0;
   for (const auto& r : members.get_span(model, 0, n_blocks)) {
     if (!r.relay_service || !r.relay.empty() || r.endpoint.empty() || r.node_id == n.id() ||
-        r.state != net::member_state::online)
+        r.state != server_state::online)
       continue;
     if (++asked > 3) break;
     connect_options co;
@@ -69,9 +69,9 @@ relay_keeper::offers relay_keeper::candidates() const {
     std::vector<candidate> offered;
     for (const auto& r : members_->get_span(model_, 0, n_blocks_)) {
       // A relay passes on every step of every server behind it.
-      if (!r.relay.empty() && r.node_id != n_.id() && r.state != net::member_state::offline) ++o.carried[r.relay];
+      if (!r.relay.empty() && r.node_id != n_.id() && r.state != server_state::offline) ++o.carried[r.relay];
       if (r.relay_service && r.relay.empty() && !r.endpoint.empty() && r.node_id != n_.id() &&
-          r.state == net::member_state::online &&
+          r.state == server_state::online &&
           std::none_of(offered.begin(), offered.end(), [&](const candidate& c) { return c.id == r.node_id; }))
         offered.push_back({r.endpoint, r.public_key, r.node_id});
     }

@@ -65,7 +65,7 @@ swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_di
     c.options.discover = [members = c.members.get(), model_id, n_blocks] {
       std::vector<std::string> endpoints;
       for (const auto& r : members->get_span(model_id, 0, n_blocks))
-        if (r.state == net::member_state::online) endpoints.push_back(server_entry(r));
+        if (r.state == server_state::online) endpoints.push_back(server_entry(r));
       return endpoints;
     };
     c.options.reported = [members = c.members.get(), model_id] {

@@ -19,8 +19,9 @@ std::optional<bool> parse_switch(std::string_view text);
 
 /// The switch `name` in the environment: `fallback` when it is unset or
 /// empty, else parse_switch of its value; anything else is `fallback` too,
-/// after an error on stderr (spdlog) naming the variable, its value, the
-/// accepted words and the setting used.
+/// after an error through spdlog's default logger (stderr in the corolla
+/// binary) naming the variable, its value, the accepted words and the
+/// setting used.
 bool env_switch(const char* name, bool fallback);
 
 }  // namespace corolla

@@ -335,7 +335,7 @@ std::size_t membership::impl::withdraw(Match match) {
           ++it;
           continue;
         }
-        it->record.state = member_state::offline;
+        it->record.state = server_state::offline;
         auto p = build_puts(*it);
         puts.insert(puts.end(), p.begin(), p.end());
         it = active_.erase(it);

@@ -107,8 +107,8 @@ bool read_field(const std::string& key, const msgpack::object& v, server_record&
   if (key == "b1") return read_index(v, r.span.end);
   if (key == "st") {
     std::uint64_t s = 0;
-    if (!read_uint(v, s) || s > static_cast<std::uint64_t>(member_state::offline)) return false;
-    r.state = static_cast<member_state>(s);
+    if (!read_uint(v, s) || s > static_cast<std::uint64_t>(server_state::offline)) return false;
+    r.state = static_cast<server_state>(s);
     return true;
   }
   if (key == "tp") return read_double(v, r.throughput);
@@ -134,15 +134,6 @@ bool read_field(const std::string& key, const msgpack::object& v, server_record&
 }
 
 }  // namespace
-
-const char* to_string(member_state s) {
-  switch (s) {
-    case member_state::joining: return "JOINING";
-    case member_state::online: return "ONLINE";
-    case member_state::offline: return "OFFLINE";
-  }
-  return "UNKNOWN";
-}
 
 std::string check_record_fields(const server_record& r) {
   for (auto [s, field, required] : {std::tuple{&r.model, "model", true},

@@ -18,19 +18,9 @@
 #include <caf/sec.hpp>
 
 #include "model/block_range.hpp"
+#include "model/server_state.hpp"
 
 namespace corolla::net {
-
-/// A server's life cycle as announced (Petals: JOINING counts for balancing,
-/// clients route only through ONLINE; OFFLINE = leaving, route elsewhere now).
-enum class member_state : std::uint8_t {
-  joining = 0,  ///< announced, loading its blocks
-  online = 1,   ///< serving
-  offline = 2,  ///< left gracefully (or is leaving); never route to it
-};
-
-/// "JOINING", "ONLINE", "OFFLINE".
-const char* to_string(member_state s);
 
 /// One server's announcement for one span of one model. The same record is
 /// stored under the DHT key of every block of its span.
@@ -42,7 +32,7 @@ struct server_record {
   std::string node_id;   ///< the server's node id (the actor runtime's id; swarm::server_id)
   std::string endpoint;  ///< where clients connect, e.g. "tcp://10.0.0.5:7000"
   block_range span;      ///< the blocks this record covers
-  member_state state = member_state::joining;
+  server_state state = server_state::joining;
   /// Tokens per second through the whole span (the unit of
   /// swarm::server_record::throughput: additive over servers of a block). >= 0.
   double throughput = 0.0;

@@ -7,15 +7,6 @@
 
 namespace corolla::swarm {
 
-const char* to_string(server_state s) {
-  switch (s) {
-    case server_state::joining: return "JOINING";
-    case server_state::online: return "ONLINE";
-    case server_state::offline: return "OFFLINE";
-  }
-  return "UNKNOWN";
-}
-
 std::vector<const server_record*> swarm_state::records_of(const server_id& id) const {
   std::vector<const server_record*> out;
   for (const auto& r : servers)

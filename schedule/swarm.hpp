@@ -28,22 +28,13 @@
 #include <vector>
 
 #include "model/block_range.hpp"
+#include "model/server_state.hpp"
 
 namespace corolla::swarm {
 
 /// A server's identity in the swarm (its peer id or listen address). The
 /// algorithms only compare ids; they never parse them.
 using server_id = std::string;
-
-/// A server's life cycle as announced in the membership records.
-enum class server_state {
-  joining,  ///< announced, loading its blocks: counts for balancing, not for routing
-  online,   ///< serving: counts for balancing and routing
-  offline,  ///< leaving or gone: ignored by every algorithm
-};
-
-/// "JOINING", "ONLINE", "OFFLINE".
-const char* to_string(server_state s);
 
 /// One server record: a span of blocks held by one server.
 struct server_record {

@@ -24,7 +24,7 @@ namespace {
 std::vector<std::string> discovered(net::membership& members, const std::string& model, int n_blocks) {
   std::vector<std::string> out;
   for (const auto& r : members.get_span(model, 0, n_blocks))
-    if (r.state == net::member_state::online) out.push_back(server_entry(r));
+    if (r.state == server_state::online) out.push_back(server_entry(r));
   return out;
 }
 

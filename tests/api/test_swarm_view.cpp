@@ -25,7 +25,7 @@ using json = nlohmann::json;
 namespace {
 
 net::server_record record(const std::string& id, int start, int end, double throughput,
-                          net::member_state state = net::member_state::online, std::uint64_t seq = 1) {
+                          server_state state = server_state::online, std::uint64_t seq = 1) {
   net::server_record r;
   r.model = "tiny";
   r.node_id = id;
@@ -56,7 +56,7 @@ const json& server_named(const json& view, const std::string& id) {
 TEST_CASE("the swarm view counts online servers per block and finds the bottleneck") {
   std::vector<net::server_record> records = {
       record("a", 0, 3, 100), record("b", 3, 6, 40), record("c", 0, 6, 25),
-      record("d", 2, 4, 1000, net::member_state::joining),  // not routable: no coverage, no throughput
+      record("d", 2, 4, 1000, server_state::joining),  // not routable: no coverage, no throughput
   };
   records[0].relay_service = true;
   records[1].relay = "a";
@@ -93,9 +93,9 @@ TEST_CASE("the swarm view counts online servers per block and finds the bottlene
 }
 
 TEST_CASE("the swarm view keeps the newest record of a server and span") {
-  const json v = swarm_view_json("tiny", 4, {record("a", 0, 4, 10, net::member_state::online, 1),
-                                             record("a", 0, 4, 30, net::member_state::online, 5),
-                                             record("a", 0, 4, 20, net::member_state::online, 3)},
+  const json v = swarm_view_json("tiny", 4, {record("a", 0, 4, 10, server_state::online, 1),
+                                             record("a", 0, 4, 30, server_state::online, 5),
+                                             record("a", 0, 4, 20, server_state::online, 3)},
                                  wall_ms(), {});
   REQUIRE(v["servers"].size() == 1u);
   CHECK(v["servers"][0]["throughput"] == 30.0);
@@ -118,7 +118,7 @@ TEST_CASE("the watch logs servers going online, offline and vanishing, and the A
   CHECK(kinds() == std::vector<std::string>{"online b", "online a"});
   {
     std::lock_guard lock(mu);
-    now = {record("a", 0, 2, 10, net::member_state::offline, 2), record("c", 0, 4, 5, net::member_state::joining)};
+    now = {record("a", 0, 2, 10, server_state::offline, 2), record("c", 0, 4, 5, server_state::joining)};
   }
   watch.refresh();
   const auto k = kinds();

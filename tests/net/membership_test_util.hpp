@@ -28,7 +28,7 @@ using steady = std::chrono::steady_clock;
 inline double ms_since(steady::time_point t) { return std::chrono::duration<double, std::milli>(steady::now() - t).count(); }
 
 inline server_record make_record(const std::string& model, const std::string& node, block_range span,
-                          member_state state = member_state::online) {
+                          server_state state = server_state::online) {
   server_record r;
   r.model = model;
   r.node_id = node;
@@ -50,7 +50,7 @@ inline std::uint32_t random_network_id() {
   return d(rd);
 }
 
-using testing::eventually;
+using corolla::testing::eventually;  // (corolla::net::testing is another namespace)
 
 inline const server_record* find_node(const std::vector<server_record>& records, const std::string& node) {
   for (const auto& r : records)

@@ -72,7 +72,7 @@ TEST_CASE("membership start rejects bad options and an unreachable bootstrap nod
 
 TEST_CASE("a server's record appears on other DHT nodes for every block of its span") {
   dht_swarm swarm(3000ms);
-  auto r = make_record("tiny", "server-b", {2, 5}, member_state::online);
+  auto r = make_record("tiny", "server-b", {2, 5}, server_state::online);
   const auto t0 = steady::now();
   REQUIRE_MESSAGE(!swarm[1].announce(r), "announce failed");
   const double appear_ms = wait_seen(swarm[2], "tiny", 2, "server-b", any_record);
@@ -83,7 +83,7 @@ TEST_CASE("a server's record appears on other DHT nodes for every block of its s
     REQUIRE_MESSAGE(rs.size() == 1, "block " << b << " has " << rs.size() << " records");
     CHECK(rs[0].node_id == "server-b");
     CHECK(rs[0].span == block_range{2, 5});
-    CHECK(rs[0].state == member_state::online);
+    CHECK(rs[0].state == server_state::online);
     CHECK(rs[0].endpoint == r.endpoint);
     CHECK(rs[0].throughput == doctest::Approx(120.5));
     CHECK(rs[0].rtt_ms == r.rtt_ms);
@@ -101,19 +101,19 @@ TEST_CASE("a server's record appears on other DHT nodes for every block of its s
 
 TEST_CASE("an update replaces the record everywhere: the newest sequence number wins") {
   dht_swarm swarm(3000ms);
-  auto r = make_record("tiny", "server-b", {0, 2}, member_state::joining);
+  auto r = make_record("tiny", "server-b", {0, 2}, server_state::joining);
   REQUIRE(!swarm[1].announce(r));
-  wait_seen(swarm[2], "tiny", 0, "server-b", [](const server_record& x) { return x.state == member_state::joining; });
+  wait_seen(swarm[2], "tiny", 0, "server-b", [](const server_record& x) { return x.state == server_state::joining; });
   const auto first_seq = swarm[2].get_block("tiny", 0).at(0).seq;
 
-  r.state = member_state::online;
+  r.state = server_state::online;
   r.throughput = 300;
   r.cache_tokens_left = 100;
   const auto t0 = steady::now();
   REQUIRE(!swarm[1].update(r));
   for (int b : {0, 1})
     wait_seen(swarm[2], "tiny", b, "server-b", [](const server_record& x) {
-      return x.state == member_state::online && x.throughput == 300 && x.cache_tokens_left == 100;
+      return x.state == server_state::online && x.throughput == 300 && x.cache_tokens_left == 100;
     });
   MESSAGE("update visible on another node after " << ms_since(t0) << " ms");
   auto rs = swarm[0].get_block("tiny", 1);

@@ -27,7 +27,7 @@ using namespace std::chrono_literals;
 
 TEST_CASE("withdraw_offline is seen as OFFLINE at once and then expires") {
   dht_swarm swarm(2000ms);
-  auto r = make_record("tiny", "server-b", {0, 3}, member_state::online);
+  auto r = make_record("tiny", "server-b", {0, 3}, server_state::online);
   REQUIRE(!swarm[1].announce(r));
   wait_seen(swarm[2], "tiny", 0, "server-b", any_record);
 
@@ -36,7 +36,7 @@ TEST_CASE("withdraw_offline is seen as OFFLINE at once and then expires") {
   const double withdraw_ms = ms_since(t0);
   CHECK(acked >= 3);  // every block stored by at least one other node
   for (int b = 0; b < 3; ++b)
-    wait_seen(swarm[2], "tiny", b, "server-b", [](const server_record& x) { return x.state == member_state::offline; },
+    wait_seen(swarm[2], "tiny", b, "server-b", [](const server_record& x) { return x.state == server_state::offline; },
               1000ms);
   MESSAGE("withdraw_offline returned after " << withdraw_ms << " ms; OFFLINE visible on another node after "
           << ms_since(t0) << " ms");
@@ -112,17 +112,17 @@ TEST_CASE("listen reports a joining server, its update and its disappearance aft
     return cv.wait_for(lk, bound, [&] { return std::count_if(events.begin(), events.end(), match) >= static_cast<std::ptrdiff_t>(n); });
   };
 
-  auto r = make_record("tiny", "server-b", {0, 2}, member_state::joining);
+  auto r = make_record("tiny", "server-b", {0, 2}, server_state::joining);
   auto t0 = steady::now();
   REQUIRE(!swarm[1].announce(r));
-  REQUIRE_MESSAGE(wait_events([](const membership_event& e) { return !e.removed && e.record.state == member_state::joining; }, 2, 3000ms),
+  REQUIRE_MESSAGE(wait_events([](const membership_event& e) { return !e.removed && e.record.state == server_state::joining; }, 2, 3000ms),
                   "no JOINING event for both blocks");
   MESSAGE("listen: JOINING reported after " << ms_since(t0) << " ms");
 
-  r.state = member_state::online;
+  r.state = server_state::online;
   t0 = steady::now();
   REQUIRE(!swarm[1].update(r));
-  REQUIRE_MESSAGE(wait_events([](const membership_event& e) { return !e.removed && e.record.state == member_state::online; }, 2, 3000ms),
+  REQUIRE_MESSAGE(wait_events([](const membership_event& e) { return !e.removed && e.record.state == server_state::online; }, 2, 3000ms),
                   "no ONLINE event for both blocks");
   MESSAGE("listen: ONLINE reported after " << ms_since(t0) << " ms");
   {

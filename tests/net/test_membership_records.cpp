@@ -70,7 +70,7 @@ std::vector<std::uint8_t> with_field(const std::string& key, const std::function
 // ---- records (pure) ----------------------------------------------------------
 
 TEST_CASE("a membership record survives encoding and decoding unchanged") {
-  auto r = stamped(make_record("llama-tiny", "node-7", {3, 9}, member_state::joining), 1234567, unix_ms_now());
+  auto r = stamped(make_record("llama-tiny", "node-7", {3, 9}, server_state::joining), 1234567, unix_ms_now());
   r.public_key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
   r.cache_tokens_left = -1;
   r.weights = "bf16";
@@ -79,7 +79,7 @@ TEST_CASE("a membership record survives encoding and decoding unchanged") {
   auto back = decode_record(bytes_of(bytes));
   REQUIRE_MESSAGE(back, (back ? std::string() : caf::to_string(back.error())));
   CHECK(*back == r);
-  CHECK(std::string(to_string(member_state::offline)) == "OFFLINE");
+  CHECK(std::string(to_string(server_state::offline)) == "OFFLINE");
 }
 
 TEST_CASE("malformed membership values are rejected with a reason and never crash") {
@@ -151,18 +151,18 @@ TEST_CASE("a record is fresh only within its ttl and a bounded clock skew") {
 }
 
 TEST_CASE("the newest record per server wins, and spans merge one record per server and span") {
-  auto a1 = stamped(make_record("m", "a", {0, 4}, member_state::joining), 10, 1000);
-  auto a2 = stamped(make_record("m", "a", {0, 4}, member_state::online), 11, 900);  // seq decides, not clock
+  auto a1 = stamped(make_record("m", "a", {0, 4}, server_state::joining), 10, 1000);
+  auto a2 = stamped(make_record("m", "a", {0, 4}, server_state::online), 11, 900);  // seq decides, not clock
   auto b1 = stamped(make_record("m", "b", {2, 6}), 5, 1000);
   auto newest = newest_per_server({a1, b1, a2});
   REQUIRE(newest.size() == 2);
   CHECK(newest[0].node_id == "a");
   CHECK(newest[0].seq == 11);
-  CHECK(newest[0].state == member_state::online);
+  CHECK(newest[0].state == server_state::online);
   CHECK(newest[1].node_id == "b");
 
   // Block 2 has seen a's refresh, block 0 not yet: one record per span.
-  auto a_moved = stamped(make_record("m", "a", {4, 8}, member_state::joining), 12, 1000);
+  auto a_moved = stamped(make_record("m", "a", {4, 8}, server_state::joining), 12, 1000);
   auto merged = merge_spans({{a1, b1}, {a2, b1}, {a_moved}});
   REQUIRE(merged.size() == 3);
   CHECK(merged[0].node_id == "a");

@@ -10,6 +10,7 @@
 
 using namespace corolla::swarm;
 using corolla::block_range;
+using corolla::server_state;
 
 namespace {
 

@@ -11,6 +11,7 @@
 #include "schedule/routing.hpp"
 
 using namespace corolla::swarm;
+using corolla::server_state;
 
 namespace {
 
