@@ -2,12 +2,11 @@
 
 #include <chrono>
 #include <ctime>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "model/error.hpp"
+#include "model/whole_file.hpp"
 
 namespace corolla::api {
 namespace {
@@ -21,14 +20,6 @@ std::string trimmed(std::string_view s) {
   if (b == std::string_view::npos) return {};
   const auto e = s.find_last_not_of(ws);
   return std::string(s.substr(b, e - b + 1));
-}
-
-std::string read_text(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw model_error("cannot read " + file.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 /// A special-token entry of tokenizer_config.json: a string, or an
@@ -132,7 +123,7 @@ chat_template chat_template::for_model(const std::filesystem::path& dir, const s
   nlohmann::json config = nlohmann::json::object();
   if (std::filesystem::exists(config_file)) {
     try {
-      config = nlohmann::json::parse(read_text(config_file));
+      config = nlohmann::json::parse(read_whole_file(config_file));
     } catch (const nlohmann::json::exception& e) {
       throw model_error(config_file.string() + " is not valid JSON: " + e.what());
     }
@@ -147,7 +138,7 @@ chat_template chat_template::for_model(const std::filesystem::path& dir, const s
       if (!std::filesystem::is_regular_file(override_spec))
         throw model_error("--chat-template '" + override_spec + "' is neither a known template (" +
                           known_chat_templates() + ") nor a readable file");
-      t = recognise(read_text(override_spec), override_spec);
+      t = recognise(read_whole_file(override_spec, "chat template"), override_spec);
     }
   } else {
     const nlohmann::json* source = nullptr;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/train_job.hpp"
+#include "apps/cluster_file.hpp"
 #include "apps/commands.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/scratch_dir.hpp"
@@ -109,7 +110,7 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
   if (a.timed_steps < 1)
     throw std::invalid_argument("bench train --cluster: need --steps >= 1 (timed steps after a warm-up)");
   const int steps = a.timed_steps + 1;
-  const sc::cluster_description cluster = sc::load_cluster(a.cluster);
+  const sc::cluster_description cluster = load_cluster_file(a.cluster);
 
   // The model: a directory, or the bench config written to a scratch one
   // (ranks start from a fresh initialisation; values do not matter here).

@@ -29,6 +29,7 @@
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
 #include "actors/swarm_generate.hpp"
+#include "apps/cluster_file.hpp"
 #include "apps/commands.hpp"
 #include "apps/demo_corpus.hpp"
 #include "apps/local_swarm.hpp"
@@ -375,7 +376,7 @@ int run_demo(const demo_options& o) {
     std::ofstream f(cluster_file, std::ios::trunc);
     f << demo_cluster_toml;
   }
-  const schedule::cluster_description cluster = schedule::load_cluster(cluster_file);
+  const schedule::cluster_description cluster = load_cluster_file(cluster_file);
   schedule::training_setup setup;
   setup.set_precision(schedule::precision::fp32);
   setup.global_batch = demo_batch;

@@ -25,6 +25,7 @@
 #include "apps/commands.hpp"
 #include "apps/faultlab.hpp"
 #include "model/config.hpp"
+#include "model/whole_file.hpp"
 
 namespace corolla::app {
 namespace {
@@ -324,7 +325,7 @@ void register_faultlab(CLI::App& app, action_fn& action) {
   run->callback([a, &action] {
     action = [a] {
       apply_common_options(1, "warn");
-      return run_scenario(fl::load_scenario(a->scenario), *a);
+      return run_scenario(fl::parse_scenario(read_whole_file(a->scenario, "scenario"), a->scenario), *a);
     };
   });
   random->callback([a, &action] {

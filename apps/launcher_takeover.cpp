@@ -12,13 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 
 #include <caf/all.hpp>
@@ -29,6 +26,7 @@
 #include "actors/node.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_job_file.hpp"
+#include "model/whole_file.hpp"
 #include "net/wire.capnp.h"
 
 namespace corolla::app {
@@ -53,8 +51,7 @@ constexpr auto orphan_limit = std::chrono::seconds(60);
 /// This process's command line, without argv[0] and without any
 /// "--take-over FILE" (the next takeover writes its own file).
 std::vector<std::string> own_args() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string all = read_whole_file("/proc/self/cmdline");
   std::vector<std::string> args;
   for (std::size_t at = 0; at < all.size();) {
     const std::size_t end = all.find('\0', at);
@@ -430,12 +427,10 @@ void start_successor(node& n, const std::string& token, pid_t launcher) {
 }
 
 takeover_state read_takeover_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot read the takeover file " + path);
+  const std::string bytes = read_whole_file(path, "takeover file");
   remote_message m;
   m.type = successor_type;
-  m.body.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  in.close();
+  m.body.assign(bytes.begin(), bytes.end());
   std::error_code ec;
   fs::remove(path, ec);
   auto s = decode_takeover(m);

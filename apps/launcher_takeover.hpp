@@ -148,7 +148,8 @@ class launcher_replicas {
 void start_successor(node& n, const std::string& token, pid_t launcher);
 
 /// The state a successor wrote for `corolla train ... --take-over FILE`
-/// (the file is removed). Throws std::invalid_argument.
+/// (the file is removed). Throws model_error for a missing or unreadable
+/// file, std::invalid_argument for a malformed one.
 takeover_state read_takeover_file(const std::string& path);
 
 }  // namespace corolla::app

@@ -11,6 +11,7 @@
 #include <fmt/printf.h>
 #include <nlohmann/json.hpp>
 
+#include "apps/cluster_file.hpp"
 #include "apps/commands.hpp"
 #include "apps/plan_print.hpp"
 #include "model/config.hpp"
@@ -198,7 +199,7 @@ void print_plan(std::FILE* out, const sc::cluster_description& c, const sc::plan
 namespace {
 
 int run_plan(const plan_args& a) {
-  sc::cluster_description cluster = sc::load_cluster(a.cluster);
+  sc::cluster_description cluster = load_cluster_file(a.cluster);
   model_config cfg = load_config(a.model);
   sc::training_setup setup;
   if (a.precision == "bf16") setup.set_precision(sc::precision::bf16_mixed);

@@ -21,6 +21,7 @@
 #include "actors/train_job.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
+#include "apps/cluster_file.hpp"
 #include "apps/commands.hpp"
 #include "apps/control_token_env.hpp"
 #include "apps/plan_print.hpp"
@@ -296,7 +297,7 @@ struct planned_cluster {
 };
 
 planned_cluster plan_cluster(const train_args& a, const model_config& cfg) {
-  planned_cluster p{schedule::load_cluster(a.cluster), {}, {}};
+  planned_cluster p{load_cluster_file(a.cluster), {}, {}};
   const schedule::cluster_members members(p.cluster, {a.standby.begin(), a.standby.end()});
   p.present = members.present();
   p.plan = plan_on(a, cfg, p.present, a.pp, a.dp);

@@ -4,14 +4,13 @@
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "model/stage.hpp"
+#include "model/whole_file.hpp"
 
 namespace corolla::app {
 
@@ -47,11 +46,7 @@ nlohmann::json job_to_json(const dist_train_options& o) {
 }
 
 dist_train_options job_from_json(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) throw std::invalid_argument("cannot read job file " + file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return job_from_json_text(text.str(), "job file " + file);
+  return job_from_json_text(read_whole_file(file, "job file"), "job file " + file);
 }
 
 dist_train_options job_from_json_text(const std::string& text, const std::string& what) {

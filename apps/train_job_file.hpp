@@ -14,8 +14,8 @@ namespace corolla::app {
 
 /// `o` as the job file's JSON.
 nlohmann::json job_to_json(const dist_train_options& o);
-/// Reads a job file; throws std::invalid_argument naming the file for an
-/// unreadable or malformed one.
+/// Reads a job file; throws model_error naming the file for a missing or
+/// unreadable one, std::invalid_argument for a malformed one.
 dist_train_options job_from_json(const std::string& file);
 /// The same from the text itself; `what` names it in errors ("job file X").
 dist_train_options job_from_json_text(const std::string& text, const std::string& what);

@@ -11,8 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <tuple>
 #include <utility>
 #include <stdexcept>
@@ -31,6 +29,7 @@
 #include "apps/rank_processes.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
+#include "model/whole_file.hpp"
 #include "net/wire.capnp.h"
 
 namespace corolla::app {
@@ -60,21 +59,18 @@ remote_message offer_message(const std::string& name, const std::string& machine
 
 
 /// --join-machine FILE: its text, and the worker it describes
-/// ("<name>/0"). Throws std::invalid_argument for a file that cannot be
-/// read, is no TOML or has no node name (the launcher checks the rest
-/// against its cluster file).
+/// ("<name>/0"). Throws model_error for a file that is missing or cannot
+/// be read, std::invalid_argument for one that is no TOML or has no node
+/// name (the launcher checks the rest against its cluster file).
 std::pair<std::string, std::string> read_machine(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("--join-machine: cannot read " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (text.str().size() > max_machine_bytes)
+  std::string text = read_whole_file(path, "--join-machine");
+  if (text.size() > max_machine_bytes)
     throw std::invalid_argument("--join-machine " + path + ": a machine is described in at most 16 KiB");
   try {
-    const toml::table t = toml::parse(text.str(), path);
+    const toml::table t = toml::parse(text, path);
     const auto name = t["name"].value<std::string>();
     if (!name || name->empty()) throw std::invalid_argument("--join-machine " + path + ": no node 'name'");
-    return {text.str(), *name + "/0"};
+    return {std::move(text), *name + "/0"};
   } catch (const toml::parse_error& e) {
     throw std::invalid_argument("--join-machine " + path + ":" + std::to_string(e.source().begin.line) +
                                 ": invalid TOML: " + std::string(e.description()));

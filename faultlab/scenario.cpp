@@ -1,7 +1,7 @@
 #include "faultlab/scenario.hpp"
 
+#include <charconv>
 #include <cmath>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -306,11 +306,15 @@ moment parse_moment(const std::string& text) {
 }
 
 std::string to_string(const moment& m) {
-  std::ostringstream o;
-  if (m.k == moment::kind::token) o << "token " << m.value;
-  else if (m.k == moment::kind::step) o << "step " << m.value;
-  else o << m.value << "s";
-  return o.str();
+  // The shortest digits that read back as the same double, never in
+  // exponent form: "token 1000000", not the stream's "token 1e+06" that
+  // parse_moment refuses. 512 bytes hold any finite double written out.
+  char digits[512];
+  const auto written = std::to_chars(digits, digits + sizeof digits, m.value, std::chars_format::fixed);
+  const std::string value = written.ec == std::errc() ? std::string(digits, written.ptr) : "?";
+  if (m.k == moment::kind::token) return "token " + value;
+  if (m.k == moment::kind::step) return "step " + value;
+  return value + "s";
 }
 
 action parse_action(const std::string& text) {
@@ -392,14 +396,6 @@ scenario parse_scenario(const std::string& text, const std::string& origin) {
                                 std::string(e.description()));
   }
   return reader(root, origin).read();
-}
-
-scenario load_scenario(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot read scenario " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_scenario(text.str(), path);
 }
 
 }  // namespace corolla::faultlab

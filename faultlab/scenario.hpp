@@ -14,13 +14,14 @@ namespace corolla::faultlab {
 
 /// When a fault fires.
 struct moment {
+  /// What `value` counts: generated tokens (swarm), training steps, or seconds.
   enum class kind { token, step, seconds } k = kind::seconds;
   double value = 0;  ///< the token or step number, or seconds after the start
 };
 
 /// "token N" | "step N" | "2.5s". Throws std::invalid_argument naming the text.
 moment parse_moment(const std::string& text);
-/// "token 10", "step 3", "2.5s".
+/// "token 10", "step 3", "2.5s": text parse_moment() reads back as `m`.
 std::string to_string(const moment& m);
 
 /// throttle: the target's sends are shaped with the fault's profile from
@@ -39,6 +40,7 @@ std::string to_string(const moment& m);
 enum class action { kill, stop, resume, restart, join, throttle, heal, partition, corrupt, hang, lose };
 /// "kill" ...; throws std::invalid_argument listing the known actions.
 action parse_action(const std::string& text);
+/// The action's name as a scenario writes it ("kill" ...).
 const char* to_string(action a);
 
 /// Whom a fault hits.
@@ -51,12 +53,14 @@ struct target {
 /// "server K" | "rank K" | "route.hop K" | "random server" | "random rank" |
 /// "relay K" | "launcher".
 target parse_target(const std::string& text);
+/// The text parse_target() reads ("" for kind none).
 std::string to_string(const target& t);
 
+/// One [[fault]]: when, what, whom, and the keys of its action.
 struct fault {
-  moment at;
-  action what = action::kill;
-  target whom;
+  moment at;  ///< when it fires
+  action what = action::kill;  ///< what it does
+  target whom;  ///< whom it hits (kind none for a join)
   std::string blocks;   ///< join: the new server's blocks, "A:B"
   std::string profile;  ///< throttle: the link profile (net/shaping.hpp syntax)
   /// join (training): the worker's --join-name ("" = j1, j2, ...); joining
@@ -65,16 +69,17 @@ struct fault {
   std::string message;  ///< lose: the training message type dropped ("train.act" by default, or "any")
 };
 
+/// [swarm]: servers on this machine and a client generating through them.
 struct swarm_job {
-  std::string model;                ///< a HuggingFace directory
+  std::string model;                ///< a HuggingFace directory, or builtin:llama / builtin:gpt2
   std::vector<std::pair<int, int>> servers;  ///< each server's blocks [first, last)
-  std::vector<std::int32_t> prompt_ids;
-  int new_tokens = 32;
+  std::vector<std::int32_t> prompt_ids;  ///< the client's prompt (default 1, 2, 3)
+  int new_tokens = 32;  ///< tokens the client generates
   /// The client's spot checks: the fraction of steps per hop recomputed by
   /// another server, and the checks a new server must pass first
   /// (schedule/spot_check.hpp).
   double spot_checks = 0.05;
-  int spot_check_probation = 4;
+  int spot_check_probation = 4;  ///< checks a new server must pass first
   /// The shaping of every link, servers' and client's (net/shaping.hpp
   /// syntax; "" = none): what a heal goes back to.
   std::string link;
@@ -83,19 +88,21 @@ struct swarm_job {
   /// with no listening socket and every relay, in order, as their --relay
   /// list; the client reaches them through the first relay alive.
   int relays = 0;
-  std::vector<int> nat;
+  std::vector<int> nat;  ///< the servers behind NAT, indices into `servers`
 };
 
+/// [train]: a `corolla train` job, run as a child process.
 struct train_job {
-  std::string model, data;
+  std::string model, data;  ///< its --model and --data
   std::string args;    ///< extra `corolla train` flags, e.g. "--batch 4 --seq 32 --steps 24 --lr 0.001"
   std::string layout;  ///< "--pp 2 --dp 2" (or "--cluster FILE")
-  bool elastic = true;
+  bool elastic = true;  ///< runs with --elastic (joins and launcher kills need it)
   /// Checkpoints every this many steps (0 = none: a lost rank restarts the
   /// job from step 1), in a directory of each run's own.
   int checkpoint_every = 5;
 };
 
+/// [expect]: what the faulted run must show; what is unset is not checked.
 struct expectations {
   bool same_output_as_reference = false;  ///< swarm: greedy ids equal the failure-free run's
   bool same_losses_as_reference = false;  ///< train: every step's loss within 1e-5 relative
@@ -105,13 +112,14 @@ struct expectations {
   bool wrong_servers_caught = false;
 };
 
+/// A checked scenario: exactly one of `swarm` and `train` is set.
 struct scenario {
-  std::string name;
-  std::uint64_t seed = 1;
-  std::optional<swarm_job> swarm;
-  std::optional<train_job> train;
+  std::string name;  ///< for reports ("unnamed scenario" by default)
+  std::uint64_t seed = 1;  ///< seeds the random choices; faultlab's --seed overrides it
+  std::optional<swarm_job> swarm;  ///< [swarm] (or `train`)
+  std::optional<train_job> train;  ///< [train] (or `swarm`)
   std::vector<fault> faults;  ///< in the file's order
-  expectations expect;
+  expectations expect;  ///< [expect]
 };
 
 /// Parses and checks a scenario; `origin` (a file name) starts every error.
@@ -120,8 +128,6 @@ struct scenario {
 /// (tokens for a swarm, steps for training), a target of the wrong kind or
 /// out of range, a join without blocks, an unknown key.
 scenario parse_scenario(const std::string& text, const std::string& origin);
-/// Reads and parses a file (errors as parse_scenario, or the file unreadable).
-scenario load_scenario(const std::string& path);
 
 /// "0:3" -> {0, 3}; throws std::invalid_argument for anything else.
 std::pair<int, int> parse_blocks(const std::string& text);

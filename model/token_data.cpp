@@ -2,30 +2,16 @@
 #include "model/token_data.hpp"
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include "model/error.hpp"
 #include "model/tokenizer.hpp"
+#include "model/whole_file.hpp"
 
 namespace corolla {
 namespace {
 
 constexpr std::size_t kShardHeaderBytes = 256 * sizeof(std::int32_t);
-
-std::string read_file(const std::filesystem::path& file) {
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec))
-    throw model_error("data file " + file.string() + " does not exist");
-  if (std::filesystem::is_directory(file, ec))
-    throw model_error("data file " + file.string() + " is a directory");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw model_error("cannot read data file " + file.string());
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw model_error("cannot read data file " + file.string());
-  return bytes;
-}
 
 std::int32_t header_word(const std::string& bytes, int i) {
   std::int32_t v;
@@ -97,7 +83,7 @@ bool looks_like_shard(const std::string& bytes) {
 token_dataset token_dataset::open(const std::filesystem::path& file, const tokenizer* tok,
                                   int vocab_size) {
   const std::string where = file.string();
-  const std::string bytes = read_file(file);
+  const std::string bytes = read_whole_file(file, "data file");
   const std::string ext = file.extension().string();
   const bool has_magic = bytes.size() >= 4 && header_word(bytes, 0) == llmc_shard_magic;
 

@@ -40,15 +40,25 @@
 namespace corolla::net::rdma {
 
 /// Protocol constants both ends use.
+/// Receives each side keeps posted: a sender starts with this many credits.
 inline constexpr int recv_slots = 64;
+/// Bytes of one receive or send slot: the largest eager SEND (header, size
+/// table and frames).
 inline constexpr std::uint32_t slot_bytes = 64 * 1024;
+/// Registered send slots: SENDs (eager, rendezvous, FIN, credit) in flight at once.
 inline constexpr int send_slots = 64;
 /// Work requests in flight on the send queue (SENDs and READs).
 inline constexpr int max_outstanding = 192;
+/// The largest READ a receiver posts: rendezvous frames are pulled in pieces of this.
 inline constexpr std::uint32_t read_chunk_bytes = 8u << 20;
 
+/// Corolla messages over one RC queue pair (the protocol in the file
+/// comment). Owns the queue pair, its slots and what it has registered.
 class channel {
  public:
+  /// Totals so far: messages sent and received and their bytes, eager and
+  /// rendezvous sends, received messages refused (bad_messages), and
+  /// messages dropped unsent because their frame table does not fit a slot.
   struct counters {
     std::uint64_t messages_sent = 0, messages_received = 0, eager_sent = 0, rendezvous_sent = 0,
                   bytes_sent = 0, bytes_received = 0, bad_messages = 0, dropped = 0;
@@ -57,10 +67,12 @@ class channel {
   /// Registers and posts the receive slots. Throws std::runtime_error from
   /// the device.
   channel(std::unique_ptr<queue_pair> qp, decode_limits limits, bool send_checksums);
+  /// Destroys the queue pair first, which takes every registration with it.
   ~channel();
   channel(const channel&) = delete;
   channel& operator=(const channel&) = delete;
 
+  /// This side's queue pair address, for the peer.
   qp_address local_address() const { return qp_->local_address(); }
   /// Connects the queue pair to the peer's address. Throws.
   void connect(const qp_address& remote);
@@ -79,11 +91,15 @@ class channel {
   bool progress(const std::function<void(message&&)>& on_message,
                 const std::function<void(const std::string&)>& on_bad);
 
+  /// The queue pair's completion descriptor, to poll (readable once armed).
   int event_fd() const { return qp_->event_fd(); }
   /// Re-arms the event descriptor; call progress() after it.
   void arm() { qp_->arm(); }
 
+  /// Whether the channel failed: a work request failed, a post or a
+  /// registration threw in progress(), or a completion matched nothing.
   bool failed() const { return !failure_.empty(); }
+  /// Why it failed (the first failure); "" while it works.
   const std::string& failure() const { return failure_; }
   /// Nothing queued, in flight or held for ordering.
   bool idle() const;
@@ -92,6 +108,7 @@ class channel {
   /// Bytes of rendezvous messages the peer has not finished reading (their
   /// memory stays registered and alive until its FIN).
   std::uint64_t rendezvous_bytes_out() const;
+  /// The counters so far.
   counters stats() const { return stats_; }
 
  private:

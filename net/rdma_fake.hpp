@@ -23,15 +23,19 @@
 
 namespace corolla::net::rdma {
 
+/// An in-process fabric: devices opened on it reach each other's queue pairs.
+/// Thread-safe (one lock per fabric).
 class fake_fabric {
  public:
+  /// A new fabric, with no device yet.
   static std::shared_ptr<fake_fabric> create();
   virtual ~fake_fabric() = default;
   /// A device on this fabric, announcing itself as a NIC of `kind`
   /// (infiniband or roce) named "fake<N>:1".
   virtual std::shared_ptr<device> open_device(nic_kind kind = nic_kind::infiniband) = 0;
-  /// From now on every work request posted on the fabric completes with
-  /// `reason` as its error (a broken link); "" heals it.
+  /// From now on every work request the fabric carries out completes with
+  /// `reason` as its error (a broken link), also one posted before the call
+  /// and not yet run; "" heals it.
   virtual void fail_all(const std::string& reason) = 0;
   /// While stalled, posted work requests wait (in post order) instead of
   /// running at the next poll, as on a congested link; unstalling wakes
@@ -41,6 +45,7 @@ class fake_fabric {
   struct counters {
     std::uint64_t sends = 0, reads = 0, send_bytes = 0, read_bytes = 0;
   };
+  /// The counters so far (transfers that succeeded).
   virtual counters stats() const = 0;
 };
 

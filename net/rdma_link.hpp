@@ -36,8 +36,13 @@ namespace corolla::net::rdma {
 
 class channel;
 
+/// The RDMA path of one transport connection (see the file comment): sets it
+/// up with the peer, sends this side's messages over it and delivers the
+/// peer's in order.
 class link {
  public:
+  /// What the link needs of its connection; called from inside the link's own
+  /// calls. All but `admit` must be set.
   struct hooks {
     /// Sends a control message over the connection's ZeroMQ path.
     std::function<void(message&&)> send_control;
@@ -83,6 +88,7 @@ class link {
   bool take_failure();
   /// Descriptor to poll for completions (-1 without a queue pair), and its re-arm.
   int event_fd() const;
+  /// Re-arms the descriptor (nothing without a queue pair); call progress() after it.
   void arm();
   /// Drops the queue pair (the TCP connection is gone, the peer may be
   /// dead), reporting changed(false) if a path was set up or on its way; a
@@ -90,6 +96,7 @@ class link {
   void reset();
   /// RDMA messages sent and received so far on this connection.
   std::uint64_t messages_sent() const;
+  /// RDMA messages received, over every queue pair it had (held ones included).
   std::uint64_t messages_received() const;
 
  private:

@@ -42,6 +42,8 @@ struct qp_address {
   std::uint8_t max_dest_reads = 0;
   std::uint8_t roce = 0;                ///< 1: RoCE (Ethernet link layer), 0: InfiniBand
 
+  /// The 36-byte body decode() reads: the fields in order, in host byte
+  /// order (little-endian hosts only).
   std::vector<std::uint8_t> encode() const;
   /// Throws std::invalid_argument for a body that is not 36 bytes.
   static qp_address decode(const std::uint8_t* data, std::size_t size);
@@ -55,16 +57,17 @@ enum access : unsigned {
 
 /// Keys of one registered memory range.
 struct memory_keys {
-  std::uint32_t lkey = 0;
-  std::uint32_t rkey = 0;
+  std::uint32_t lkey = 0;  ///< names the range in this side's work requests
+  std::uint32_t rkey = 0;  ///< what the peer's READs of the range present
 };
 
 /// One work completion.
 struct completion {
+  /// The kind of work request.
   enum class op : std::uint8_t { send, recv, read };
-  std::uint64_t wr_id = 0;
-  op what = op::send;
-  bool ok = true;
+  std::uint64_t wr_id = 0;  ///< as the work request was posted
+  op what = op::send;  ///< unreliable when !ok (verbs leaves it undefined): use wr_id
+  bool ok = true;  ///< false: the request failed (`error`)
   std::uint32_t bytes = 0;  ///< recv: bytes received
   std::string error;        ///< !ok: ibv_wc_status_str or the fake's reason
 };
@@ -86,8 +89,15 @@ class queue_pair {
   virtual memory_keys register_memory(void* data, std::size_t size, unsigned access) = 0;
   /// Releases a registration made by register_memory.
   virtual void deregister(const memory_keys& keys) = 0;
+  /// Posts a receive of up to `size` bytes into `buffer` (registered with
+  /// `lkey`, local write); a SEND from the peer completes it.
   virtual void post_recv(std::uint64_t wr_id, void* buffer, std::uint32_t size, std::uint32_t lkey) = 0;
+  /// Posts a signaled SEND of [data, data + size) (registered with `lkey`);
+  /// it lands in the peer's oldest posted receive.
   virtual void post_send(std::uint64_t wr_id, const void* data, std::uint32_t size, std::uint32_t lkey) = 0;
+  /// Posts a signaled RDMA READ of `size` bytes at the peer's `remote_addr`
+  /// (registered there with `rkey`, remote read) into `local` (`lkey`, local
+  /// write).
   virtual void post_read(std::uint64_t wr_id, void* local, std::uint32_t size, std::uint32_t lkey,
                          std::uint64_t remote_addr, std::uint32_t rkey) = 0;
   /// Takes up to `max` completions without blocking; returns how many.
@@ -105,6 +115,8 @@ class queue_pair {
 class device {
  public:
   virtual ~device() = default;
+  /// A new queue pair on this port taking up to `depth` sends and `depth`
+  /// receives at once (the fake ignores it). Throws std::runtime_error.
   virtual std::unique_ptr<queue_pair> create_queue_pair(int depth) = 0;
   /// "mlx5_0:1" (or "fake0:1").
   virtual std::string name() const = 0;

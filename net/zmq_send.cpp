@@ -108,6 +108,8 @@ void zmq_transport::impl::flush(connection& c, clock_type::time_point now) {
     if (fragment) --c.pending_fragments;
     c.pending.pop_front();
     if (err == EHOSTUNREACH) return peer_gone(c, "unreachable");
+    if (err != 0)  // ETERM, ENOTSOCK...: the socket refused the message for good
+      spdlog::error("zmq transport: connection {}: {}; message lost", c.id, zmq_strerror(err));
     if (fragment || c.pending.empty()) pump(c, now);  // room for the next fragment
   }
 }

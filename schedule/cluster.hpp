@@ -8,7 +8,6 @@
 // it to know which NIC class (and so which transport) a group shares.
 #pragma once
 
-#include <filesystem>
 #include <map>
 #include <string>
 #include <string_view>
@@ -147,9 +146,6 @@ cluster_description parse_cluster(std::string_view toml_text, const std::string&
 /// `origin`) for TOML or a description that does not fit the file.
 cluster_description with_machine(const cluster_description& file, std::string_view machine_toml,
                                  const std::string& origin);
-/// Reads and parses a cluster TOML file. Throws model_error as parse_cluster,
-/// or when the file cannot be read.
-cluster_description load_cluster(const std::filesystem::path& file);
 
 /// A single cluster of `nodes` identical nodes with `workers_per_node`
 /// workers each, all on NIC class `nic` (a built-in class name) with its

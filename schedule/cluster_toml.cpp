@@ -5,7 +5,7 @@
 // errors too, so a typo ("bandwith_gbps") never silently becomes a default.
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <filesystem>
 #include <initializer_list>
 #include <map>
 #include <sstream>
@@ -434,17 +434,6 @@ cluster_description with_machine(const cluster_description& file, std::string_vi
                                  const std::string& origin) {
   const toml::table root = parse_toml(machine_toml, origin);
   return cluster_parser(root, origin).add_machine(file);
-}
-
-cluster_description load_cluster(const std::filesystem::path& file) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(file, ec))
-    throw model_error("cluster file " + file.string() + " does not exist");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw model_error("cannot read cluster file " + file.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_cluster(text.str(), file.string());
 }
 
 }  // namespace corolla::schedule

@@ -590,7 +590,8 @@ TEST_CASE("faultlab: bad scenarios and flags are one error line") {
   temp_dir_guard tmp("faultlab-bad");
   std::ofstream(tmp / "bad.toml") << "[swarm]\nmodel = 'm'\nservers = ['0:2']\n[[fault]]\nat = 'step 2'\ndo = 'kill'\n";
   check_one_error(run_corolla({"faultlab", "run", (tmp / "bad.toml").string()}), "a swarm counts tokens, not steps");
-  check_one_error(run_corolla({"faultlab", "run", (tmp / "missing.toml").string()}), "cannot read scenario");
+  const std::string missing = (tmp / "missing.toml").string();
+  check_one_error(run_corolla({"faultlab", "run", missing}), "scenario " + missing + " does not exist");
   check_one_error(run_corolla({"faultlab", "random", "--model", tmp.path().string()}), "exactly one of --swarm and --train");
   std::ofstream(tmp / "builtin.toml") << "[swarm]\nmodel = 'builtin:falcon'\nservers = ['0:2']\n";
   check_one_error(run_corolla({"faultlab", "run", (tmp / "builtin.toml").string(), "--report", (tmp / "r").string()}),

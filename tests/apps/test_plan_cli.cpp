@@ -81,5 +81,9 @@ name = "tiny"
   auto bad = run_corolla({"plan", "--cluster", (dir / "missing.toml").string(), "--model",
                           example("models/llama2-7b.json")});
   CHECK(bad.exit_code == 1);
-  CHECK(bad.err.find("does not exist") != std::string::npos);
+  CHECK(bad.err.find("corolla: error: cluster file " + (dir / "missing.toml").string() + " does not exist\n") == 0);
+
+  auto folder = run_corolla({"plan", "--cluster", dir.path().string(), "--model", example("models/llama2-7b.json")});
+  CHECK(folder.exit_code == 1);
+  CHECK(folder.err.find("corolla: error: cluster file " + dir.path().string() + " is a directory\n") == 0);
 }

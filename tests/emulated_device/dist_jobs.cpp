@@ -5,22 +5,15 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
-#include <fstream>
-#include <iterator>
 #include <thread>
 
 #include "actors/errors.hpp"
 #include "kernels/backend.hpp"
 #include "model/token_data.hpp"
 #include "model/transformer.hpp"
+#include "model/whole_file.hpp"
 
 namespace corolla::testing {
-
-std::string file_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  REQUIRE_MESSAGE(in, "cannot read " << p);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 std::unique_ptr<node> start_local_node() {
   node_options n;
@@ -118,7 +111,7 @@ void check_resume_matches(dist_train_options o, const model_config& cfg, const s
   const job_result resumed = run_job(o, cfg, tokens, true);
   REQUIRE(resumed.steps.size() == static_cast<std::size_t>(steps - steps / 2));
   CHECK(resumed.steps.back().loss == straight.steps.back().loss);
-  CHECK(file_bytes(dir / "resumed" / "model.safetensors") == file_bytes(dir / "straight" / "model.safetensors"));
+  CHECK(read_whole_file(dir / "resumed" / "model.safetensors") == read_whole_file(dir / "straight" / "model.safetensors"));
 }
 
 dist_train_options job(const model_config& cfg, int pp, int dp, int steps) {

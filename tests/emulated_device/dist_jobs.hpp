@@ -17,9 +17,6 @@
 
 namespace corolla::testing {
 
-/// The bytes of file `p` (REQUIREs that it can be read).
-std::string file_bytes(const std::filesystem::path& p);
-
 /// What a job run in-process gives back.
 struct job_result {
   std::vector<dist_step_report> steps;

@@ -27,6 +27,7 @@
 #include "tests/model/cached_logits.hpp"
 #include "tests/support/tiny_model.hpp"
 #include "tests/support/eventually.hpp"
+#include "model/whole_file.hpp"
 
 using namespace corolla;
 using namespace corolla::testing;
@@ -250,7 +251,7 @@ TEST_CASE("emulated device: ranks whose groups reduce on their devices train as 
     const bool exact = largest <= 2;
     if (exact) {
       check_same_steps(host, dev);
-      CHECK(file_bytes(dir / "device" / "model.safetensors") == file_bytes(dir / "host" / "model.safetensors"));
+      CHECK(read_whole_file(dir / "device" / "model.safetensors") == read_whole_file(dir / "host" / "model.safetensors"));
     } else {
       check_close_steps(host, dev, 1e-5);
     }

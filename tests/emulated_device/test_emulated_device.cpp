@@ -28,6 +28,7 @@
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
+#include "model/whole_file.hpp"
 #include "tests/emulated_device/dist_jobs.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
@@ -200,7 +201,7 @@ TEST_CASE("emulated device: pipeline x data-parallel ranks on devices train exac
     std::filesystem::remove_all(o.save_dir);
     const job_result dev = run_job(o, cfg, tokens, true);
     check_same_steps(cpu, dev);
-    CHECK(file_bytes(dir / "dev" / "model.safetensors") == file_bytes(dir / "cpu" / "model.safetensors"));
+    CHECK(read_whole_file(dir / "dev" / "model.safetensors") == read_whole_file(dir / "cpu" / "model.safetensors"));
 
     for (int r = 0; r < o.layout.world(); ++r) {
       const auto& s = dev.devices[static_cast<std::size_t>(r)]->stats();
@@ -233,7 +234,7 @@ TEST_CASE("emulated device: pipeline x data-parallel ranks of a mixture-of-exper
   const job_result dev = run_job(o, cfg, tokens, true);
   REQUIRE(cpu.steps.size() == 3u);
   check_same_steps(cpu, dev);
-  CHECK(file_bytes(dir / "dev" / "model.safetensors") == file_bytes(dir / "cpu" / "model.safetensors"));
+  CHECK(read_whole_file(dir / "dev" / "model.safetensors") == read_whole_file(dir / "cpu" / "model.safetensors"));
   // The router and the experts were trained and saved under Mixtral's names:
   // each moved away from the ranks' initial model (seed 7).
   transformer::init(cfg, 7, cpu_backend()).save(dir / "init");

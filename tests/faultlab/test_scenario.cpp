@@ -230,6 +230,12 @@ TEST_CASE("moments, actions, targets and blocks in their text form") {
   CHECK(to_string(parse_moment("token 12")) == "token 12");
   CHECK(to_string(parse_moment("step 3")) == "step 3");
   CHECK(parse_moment("0.5s").value == 0.5);
+  // Every moment reads back from its text, large and fractional ones too.
+  for (const char* text : {"token 1000000", "step 123456789", "0.1s", "2.5s", "1234567.125s", "0s"}) {
+    CAPTURE(text);
+    CHECK(to_string(parse_moment(text)) == text);
+  }
+  CHECK(parse_moment(to_string(moment{moment::kind::seconds, 1.0 / 3})).value == 1.0 / 3);
   CHECK_THROWS_AS(parse_moment("token -1"), std::invalid_argument);
   CHECK_THROWS_AS(parse_moment("token 1.5"), std::invalid_argument);
   CHECK(std::string(to_string(parse_action("restart"))) == "restart");

@@ -16,10 +16,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "model/whole_file.hpp"
 #include "tests/support/tiny_model.hpp"
 
 #ifdef COROLLA_HAVE_CUDA
@@ -44,13 +44,6 @@ std::array<std::uint64_t, 8> algo_of(std::uint64_t seed) {
 }
 /// A valid line's algorithm field.
 const std::string algo_text(128, 'a');
-
-std::string read_all(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string error_of(const auto& f) {
   try {
@@ -95,7 +88,7 @@ TEST_CASE("the gemm tuning file: what one process appends the next reads back, p
   again.add("1,2,3", {3, 8, 40.0, 30.0, algo_of(4)});
   CHECK(gemm_tuning_file(path, h200).find("1,2,3")->chosen == 3);
   CHECK(gemm_tuning_file(path, h200).find("1,2,3")->algo == algo_of(4));
-  const std::string text = read_all(path);
+  const std::string text = corolla::read_whole_file(path);
   CHECK(std::count(text.begin(), text.end(), '\n') == 4);
   CHECK(text.find(std::string(h100) + "\t1,2,3\t1\t8\t") != std::string::npos);
 }

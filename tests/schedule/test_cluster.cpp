@@ -3,21 +3,19 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "model/error.hpp"
+#include "tests/schedule/example_clusters.hpp"
 #include "schedule/cluster.hpp"
-#include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
 using namespace corolla::schedule;
 
 namespace {
 
-std::filesystem::path example(const std::string& name) {
-  return std::filesystem::path(COROLLA_SOURCE_DIR) / "docs" / "clusters" / name;
-}
+using corolla::schedule::testing::example;
+using corolla::schedule::testing::example_cluster;
 
 /// The message parse_cluster throws for `text`, or "" when it parses.
 std::string error_of(const std::string& text) {
@@ -44,7 +42,7 @@ name = "a"
 }  // namespace
 
 TEST_CASE("the example cluster files parse into clusters, nodes and ranked workers") {
-  cluster_description c = load_cluster(example("ib_roce.toml"));
+  cluster_description c = example_cluster("ib_roce.toml");
   CHECK(c.name == "ib-roce");
   REQUIRE(c.clusters.size() == 2);
   CHECK(c.clusters[0].name == "ib-pod");
@@ -67,9 +65,9 @@ TEST_CASE("the example cluster files parse into clusters, nodes and ranked worke
 
   for (const char* f : {"ib_ethernet.toml", "three_clusters.toml", "unequal_gpus.toml", "memory_tight.toml"}) {
     CAPTURE(f);
-    CHECK_NOTHROW(load_cluster(example(f)));
+    CHECK_NOTHROW(example_cluster(f));
   }
-  cluster_description three = load_cluster(example("three_clusters.toml"));
+  cluster_description three = example_cluster("three_clusters.toml");
   CHECK(three.clusters.size() == 3);
   CHECK(three.size() == 48);
   CHECK(three.nodes[0].name == "h0");  // from a `names` list
@@ -87,13 +85,13 @@ TEST_CASE("NIC classes have the documented defaults and can be overridden or mea
   CHECK(nic("ethernet").latency == doctest::Approx(30e-6));
 
   // three_clusters.toml overrides RoCE's numbers.
-  cluster_description three = load_cluster(example("three_clusters.toml"));
+  cluster_description three = example_cluster("three_clusters.toml");
   const link_spec& roce = three.nics.at(three.find_nic("roce")).link;
   CHECK(roce.bandwidth == doctest::Approx(100e9 / 8));
   CHECK(roce.latency == doctest::Approx(4e-6));
 
   // memory_tight.toml has measured nodes: one class shared by both nodes.
-  cluster_description tight = load_cluster(example("memory_tight.toml"));
+  cluster_description tight = example_cluster("memory_tight.toml");
   int ws0 = tight.nodes.at(4).nic, ws1 = tight.nodes.at(5).nic;
   CHECK(ws0 == ws1);
   CHECK(tight.nics[ws0].name == "measured 50 Gbit/s, 8 us");
@@ -120,7 +118,7 @@ name = "a"
 }
 
 TEST_CASE("the link between two workers follows node, class and cluster") {
-  cluster_description c = load_cluster(example("three_clusters.toml"));
+  cluster_description c = example_cluster("three_clusters.toml");
   // Ranks: h0 0-7, h1 8-15 (ib), a0 16-23, a1 24-31 (roce), v0 32-39, v1 40-47 (ethernet).
   CHECK(std::isinf(c.link_between(3, 3).bandwidth));
   CHECK(c.link_between(0, 1).bandwidth == doctest::Approx(2400e9 / 8));  // NVLink
@@ -246,19 +244,10 @@ TEST_CASE("cluster validation errors name the file, the line, the place and the 
   }
 }
 
-TEST_CASE("a missing cluster file is reported by name") {
-  std::string msg;
-  try {
-    load_cluster("/nonexistent/cluster.toml");
-  } catch (const model_error& e) {
-    msg = e.what();
-  }
-  CHECK(msg == "cluster file /nonexistent/cluster.toml does not exist");
-
-  testing::temp_dir_guard dir("cluster");
-  std::ofstream(dir / "c.toml") << kOneNode;
-  cluster_description c = load_cluster(dir / "c.toml");
+TEST_CASE("a cluster without a name is named after its file") {
+  cluster_description c = parse_cluster(kOneNode, "/some/where/c.toml");
   CHECK(c.name == "c");  // no `name`: the file stem
+  CHECK(c.origin == "/some/where/c.toml");
   CHECK(c.size() == 2);
 }
 

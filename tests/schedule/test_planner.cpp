@@ -8,6 +8,7 @@
 #include <string>
 
 #include "model/error.hpp"
+#include "tests/schedule/example_clusters.hpp"
 #include "schedule/partition.hpp"
 #include "schedule/planner.hpp"
 
@@ -16,9 +17,8 @@ using namespace corolla::schedule;
 
 namespace {
 
-std::filesystem::path example(const std::string& name) {
-  return std::filesystem::path(COROLLA_SOURCE_DIR) / "docs" / "clusters" / name;
-}
+using corolla::schedule::testing::example;
+using corolla::schedule::testing::example_cluster;
 
 model_config llama_7b() { return load_config(example("models/llama2-7b.json")); }
 model_config gpt_7_5b() { return load_config(example("models/gpt-7.5b.json")); }
@@ -90,7 +90,7 @@ TEST_CASE("the planner keeps every DP group in one NIC class and cluster and nev
     CAPTURE(j.file);
     CAPTURE(j.cfg.n_layers);
     CAPTURE(j.batch);
-    cluster_description c = load_cluster(example(j.file));
+    cluster_description c = example_cluster(j.file);
     plan_report r = make_plan(c, j.cfg, setup_for(j.batch));
     check_plan(c, j.cfg, r.best);
     CHECK(r.best.micro_batches * r.best.dp == j.batch);
@@ -118,7 +118,7 @@ TEST_CASE("the planner beats the Holmes rule on clusters with unequal GPUs and t
         CAPTURE(f);
         CAPTURE(cfg.n_layers);
         CAPTURE(batch);
-        cluster_description c = load_cluster(example(f));
+        cluster_description c = example_cluster(f);
         plan_report r = make_plan(c, cfg, setup_for(batch));
         REQUIRE(r.best.feasible);
         REQUIRE(r.holmes.feasible);
@@ -136,7 +136,7 @@ TEST_CASE("the planner beats the Holmes rule on clusters with unequal GPUs and t
 
 TEST_CASE("slow inter-cluster links are crossed once: clusters form contiguous runs of stages") {
   for (int batch : {32, 512}) {
-    cluster_description c = load_cluster(example("three_clusters.toml"));
+    cluster_description c = example_cluster("three_clusters.toml");
     plan_report r = make_plan(c, llama_7b(), setup_for(batch));
     REQUIRE(r.best.feasible);
     std::set<int> finished;
@@ -181,7 +181,7 @@ name = "dc"
 }
 
 TEST_CASE("baselines: naive file order with even layers, Holmes NIC order with proportional layers") {
-  cluster_description c = load_cluster(example("unequal_gpus.toml"));
+  cluster_description c = example_cluster("unequal_gpus.toml");
   model_config cfg = llama_7b();
   training_setup s = setup_for(32);
   plan naive = naive_plan(c, cfg, s, 4, 8);
@@ -197,7 +197,7 @@ TEST_CASE("baselines: naive file order with even layers, Holmes NIC order with p
   for (const auto& st : holmes.stages) sizes.push_back(st.last_layer - st.first_layer);
   CHECK(sizes == std::vector<int>{4, 12, 4, 12});
   // Holmes sorts by NIC class, fastest first: IB before RoCE before Ethernet.
-  cluster_description three = load_cluster(example("three_clusters.toml"));
+  cluster_description three = example_cluster("three_clusters.toml");
   plan h3 = holmes_plan(three, cfg, s, 6, 8);
   REQUIRE(h3.stages.size() == 6);
   CHECK(three.nics[h3.stages[0].nic].name == "ib");
@@ -284,7 +284,7 @@ TEST_CASE("the layer partition minimises the slowest stage under memory limits (
 }
 
 TEST_CASE("a memory-tight cluster gets a plan that fits where the naive split does not") {
-  cluster_description c = load_cluster(example("memory_tight.toml"));
+  cluster_description c = example_cluster("memory_tight.toml");
   model_config cfg = llama_7b();
   plan_report r = make_plan(c, cfg, setup_for(32));
   check_plan(c, cfg, r.best);
@@ -316,7 +316,7 @@ TEST_CASE("a job that fits nowhere is rejected with the reason") {
 }
 
 TEST_CASE("forced pipeline depth and DP width are respected") {
-  cluster_description c = load_cluster(example("ib_roce.toml"));
+  cluster_description c = example_cluster("ib_roce.toml");
   model_config cfg = llama_7b();
   training_setup s = setup_for(64);
   s.pp = 4;
