@@ -216,8 +216,8 @@ class coordinator {
           r.loss += rep->loss;
           sum_squares += rep->sum_squares;
           r.compute_s[static_cast<std::size_t>(rank)] = rep->compute_s;
-          for (const train_link_rate& l : rep->links)
-            if (l.peer > rank && l.peer < world_) r.links.push_back({rank, l.peer, l.bytes_per_s});
+          for (const schedule::link_measurement& l : rep->links)
+            if (l.to > rank && l.to < world_) r.links.push_back({rank, l.to, l.bandwidth});
         }
         // Ranks take the verdict on overflow from this norm of the scaled
         // gradients; the coordinator's scaler follows theirs step by step.

@@ -38,6 +38,7 @@
 #include "model/config.hpp"
 #include "model/params.hpp"
 #include "model/optimizer.hpp"
+#include "schedule/cluster.hpp"
 
 namespace corolla {
 
@@ -276,11 +277,7 @@ struct dist_step_report {
   double seconds = 0;    ///< wall time since the previous report
   /// On probe steps (dist_train_options::probe_every): each link a rank
   /// measured, from the lower rank to the higher.
-  struct link_rate {
-    int from = 0, to = 0;
-    double bytes_per_s = 0;  ///< both ways averaged; 0 = too fast to tell
-  };
-  std::vector<link_rate> links;
+  std::vector<schedule::link_measurement> links;
   /// Each rank's seconds inside its stage's forward and backward this
   /// step (0 = not measured: device ranks).
   std::vector<double> compute_s;

@@ -309,8 +309,8 @@ void rank_runtime::optimizer_step(int step, double loss) {
   if (o_.saves_at(step, last_step_)) tell_dp(dp_msg::save_atom::value, step);
 }
 
-std::vector<train_link_rate> rank_runtime::probe_links() {
-  std::vector<train_link_rate> out;
+std::vector<schedule::link_measurement> rank_runtime::probe_links() {
+  std::vector<schedule::link_measurement> out;
   for (int q : neighbours_of(o_.layout, rank_, rings_)) {
     if (q <= rank_) continue;
     link_probe_options po;
@@ -321,16 +321,16 @@ std::vector<train_link_rate> rank_runtime::probe_links() {
     po.timeout = std::min(o_.timeout, std::chrono::milliseconds(10000));
     auto m = probe_link(node_, comm_->peer_id(q), po);
     if (m) {
-      out.push_back({q, m->bps / 8});
+      out.push_back({rank_, q, m->bps / 8});
     } else if (m.error().category() == error_category &&
                m.error().code() == static_cast<std::uint8_t>(errc::invalid_argument)) {
-      out.push_back({q, 0});
+      out.push_back({rank_, q, 0});
     } else {
       spdlog::warn("{}: cannot probe the link to {}: {}", o_.layout.label(rank_), o_.layout.label(q),
                    error_message(m.error()));
       continue;
     }
-    probe_rates_[q] = out.back().bytes_per_s;
+    probe_rates_[q] = out.back().bandwidth;
   }
   return out;
 }

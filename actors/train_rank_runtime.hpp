@@ -159,7 +159,7 @@ class rank_runtime {
   /// The payload is 64 KiB, or about 25 ms at the rate last measured on a
   /// slower link (at least 8 KiB): a probe of a throttled link costs tens
   /// of milliseconds, not seconds.
-  std::vector<train_link_rate> probe_links();
+  std::vector<schedule::link_measurement> probe_links();
 
   /// At a probe step: the coordinator's verdict on the measurements (a
   /// train.drain naming this step; value 1 = the layout changes, stop after

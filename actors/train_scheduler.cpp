@@ -117,7 +117,7 @@ struct scheduler_state {
     };
     std::vector<schedule::link_measurement> seen;
     for (const auto& l : r.links)
-      if (const int x = worker_of(l.from), y = worker_of(l.to); x >= 0 && y >= 0) seen.push_back({x, y, l.bytes_per_s});
+      if (const int x = worker_of(l.from), y = worker_of(l.to); x >= 0 && y >= 0) seen.push_back({x, y, l.bandwidth});
     std::vector<std::string> link_changes, speed_changes;
     machines = schedule::with_measurements(*machines, watch.sustained(*machines, seen), {}, &link_changes);
     // Compute per step, against the cost model's figure for the same work,

@@ -68,8 +68,8 @@ std::vector<std::uint8_t> encode_body(const train_report& v) {
   r.setComputeS(v.compute_s);
   auto links = r.initLinks(static_cast<unsigned>(v.links.size()));
   for (std::size_t i = 0; i < v.links.size(); ++i) {
-    links[static_cast<unsigned>(i)].setPeer(v.links[i].peer);
-    links[static_cast<unsigned>(i)].setBytesPerS(v.links[i].bytes_per_s);
+    links[static_cast<unsigned>(i)].setPeer(v.links[i].to);
+    links[static_cast<unsigned>(i)].setBytesPerS(v.links[i].bandwidth);
   }
   return flat(b);
 }
@@ -128,7 +128,7 @@ caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>&
     for (auto l : links) {
       const double rate = l.getBytesPerS();
       if (!std::isfinite(rate) || rate < 0) throw std::invalid_argument("a link rate of " + std::to_string(rate));
-      out.links.push_back({l.getPeer(), rate});
+      out.links.push_back({out.rank, l.getPeer(), rate});
     }
     out.compute_s = r.getComputeS();
     if (!std::isfinite(out.compute_s) || out.compute_s < 0)

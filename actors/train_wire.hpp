@@ -11,6 +11,7 @@
 
 #include <caf/expected.hpp>
 
+#include "schedule/cluster.hpp"
 #include "schedule/wait_graph.hpp"
 
 namespace corolla {
@@ -56,19 +57,14 @@ struct train_packet {
   std::uint64_t job = 0;  ///< the run's id (train_comm stamps it)
 };
 
-/// A link's rate as a rank measured it (wire::TrainReport.LinkRate).
-struct train_link_rate {
-  int peer = 0;             ///< the neighbour's rank
-  double bytes_per_s = 0;   ///< both ways averaged; 0 = too fast to tell
-};
-
 /// wire::TrainReport.
 struct train_report {
   int rank = 0;
   std::int64_t step = 0;
   double loss = 0, sum_squares = 0;
   std::uint64_t job = 0;
-  std::vector<train_link_rate> links{};  ///< probe steps only
+  /// Probe steps only: from = `rank`, to = the neighbour (wire::TrainReport.LinkRate).
+  std::vector<schedule::link_measurement> links{};
   double compute_s = 0;  ///< seconds in the stage's forward and backward this step (0 = not measured)
 };
 

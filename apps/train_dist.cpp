@@ -119,7 +119,7 @@ void print_step(const train_args& a, const dist_train_options& o, const dist_ste
     if (scaled) add_loss_scale(line, r.loss_scale, r.skipped);
     if (!r.links.empty()) {  // --probe-every: what the ranks measured
       nlohmann::json links = nlohmann::json::array();
-      for (const auto& l : r.links) links.push_back({{"from", l.from}, {"to", l.to}, {"bytes_per_s", l.bytes_per_s}});
+      for (const auto& l : r.links) links.push_back({{"from", l.from}, {"to", l.to}, {"bytes_per_s", l.bandwidth}});
       line["links"] = links;
       line["compute_s"] = r.compute_s;  // each rank's seconds in forward and backward
     }

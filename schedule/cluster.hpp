@@ -25,6 +25,18 @@ struct link_spec {
   double time(double bytes) const;
 };
 
+/// One probe of the link between two workers: what a training rank measured
+/// and reports (train.report), the coordinator gathers per step, and the
+/// elastic scheduler folds into the description (schedule/replan.hpp).
+struct link_measurement {
+  /// The prober and its peer: job ranks in a rank's report and the step
+  /// report, worker ranks of the description in schedule/replan.hpp.
+  int from = 0, to = 0;
+  /// Bytes per second both ways averaged; 0 = too fast to tell with the
+  /// probe's payload (at least as fast as anything the probe can see).
+  double bandwidth = 0;
+};
+
 /// Gbit/s -> bytes/s.
 constexpr double gbit_per_s(double gbit) { return gbit * 1e9 / 8.0; }
 /// Microseconds -> seconds.

@@ -16,14 +16,6 @@
 
 namespace corolla::schedule {
 
-/// One probe of the link between two workers (by rank in the description).
-struct link_measurement {
-  int from = 0, to = 0;  ///< worker ranks: the prober and its peer
-  /// Bytes per second both ways averaged; 0 = too fast to tell with the
-  /// probe's payload (at least as fast as anything the probe can see).
-  double bandwidth = 0;
-};
-
 /// One worker's measured compute over some steps, next to what the cost
 /// model predicts for the same work at the worker's file (nominal) speed.
 struct compute_measurement {

@@ -47,20 +47,22 @@ TEST_CASE("training message bodies round-trip and malformed ones are bad_message
   CHECK(r->links.empty());
   CHECK(r->compute_s == 0);
   // A probe step's report: measured links (0 = too fast to tell) and compute seconds.
-  train_report probed{2, 10, 1.25, 0, 99, {{3, 125e3}, {5, 0}}, 0.0125};
+  train_report probed{2, 10, 1.25, 0, 99, {{2, 3, 125e3}, {2, 5, 0}}, 0.0125};
   auto pr = decode_train_report(encode_body(probed));
   REQUIRE(pr);
   REQUIRE(pr->links.size() == 2u);
-  CHECK(pr->links[0].peer == 3);
-  CHECK(pr->links[0].bytes_per_s == 125e3);
-  CHECK(pr->links[1].bytes_per_s == 0);
+  CHECK(pr->links[0].from == 2);  // the reporting rank: the wire carries only the peer
+  CHECK(pr->links[0].to == 3);
+  CHECK(pr->links[0].bandwidth == 125e3);
+  CHECK(pr->links[1].to == 5);
+  CHECK(pr->links[1].bandwidth == 0);
   CHECK(pr->compute_s == 0.0125);
   // Rates and times that cannot be are refused, not passed on to the scheduler.
-  probed.links[0].bytes_per_s = -1;
+  probed.links[0].bandwidth = -1;
   CHECK_FALSE(decode_train_report(encode_body(probed)));
-  probed.links[0].bytes_per_s = std::numeric_limits<double>::quiet_NaN();
+  probed.links[0].bandwidth = std::numeric_limits<double>::quiet_NaN();
   CHECK_FALSE(decode_train_report(encode_body(probed)));
-  probed.links[0].bytes_per_s = 1;
+  probed.links[0].bandwidth = 1;
   probed.compute_s = -0.5;
   CHECK_FALSE(decode_train_report(encode_body(probed)));
   probed.compute_s = std::numeric_limits<double>::infinity();
