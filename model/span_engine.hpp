@@ -52,6 +52,7 @@
 #include "model/block.hpp"
 #include "model/config.hpp"
 #include "model/kv_cache.hpp"
+#include "model/outcome.hpp"
 #include "model/safetensors.hpp"
 #include "model/stage.hpp"
 #include "model/workspace.hpp"
@@ -79,49 +80,10 @@ struct span_error {
   std::string message;
 };
 
-/// A value or a span_error (an expected-like type; model/ does not depend
-/// on CAF). Test it with `if (r)` before calling value().
+/// A value or a span_error (model/outcome.hpp). Test it with `if (r)`
+/// before calling value().
 template <class T>
-class span_expected {
- public:
-  /// A successful result.
-  span_expected(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
-  /// A failed result.
-  span_expected(span_error e) : v_(std::move(e)) {}  // NOLINT
-  /// True when a value is held.
-  bool has_value() const { return v_.index() == 0; }
-  explicit operator bool() const { return has_value(); }
-  /// The value; throws std::bad_variant_access when an error is held.
-  T& value() { return std::get<0>(v_); }
-  const T& value() const { return std::get<0>(v_); }
-  T& operator*() { return value(); }
-  const T& operator*() const { return value(); }
-  T* operator->() { return &value(); }
-  const T* operator->() const { return &value(); }
-  /// The error; throws std::bad_variant_access when a value is held.
-  const span_error& error() const { return std::get<1>(v_); }
-
- private:
-  std::variant<T, span_error> v_;
-};
-
-/// Success or a span_error, for requests without a result value.
-template <>
-class span_expected<void> {
- public:
-  /// Success.
-  span_expected() = default;
-  /// Failure.
-  span_expected(span_error e) : error_(std::move(e)), ok_(false) {}  // NOLINT
-  bool has_value() const { return ok_; }
-  explicit operator bool() const { return ok_; }
-  /// The error (meaningless when has_value()).
-  const span_error& error() const { return error_; }
-
- private:
-  span_error error_;
-  bool ok_ = true;
-};
+using span_expected = outcome<T, span_error>;
 
 /// How a span_engine is set up (beyond its blocks and token budget).
 struct span_engine_options {

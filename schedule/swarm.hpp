@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "model/block_range.hpp"
+#include "model/outcome.hpp"
 #include "model/server_state.hpp"
 
 namespace corolla::swarm {
@@ -92,40 +93,10 @@ struct schedule_error {
   std::string message;  ///< complete, names the values involved
 };
 
-/// A value or a schedule_error: errors are values inside the runtime, so the
-/// actors that call the scheduler never catch exceptions.
+/// A value or a schedule_error (model/outcome.hpp): errors are values inside
+/// the runtime, so the actors that call the scheduler never catch exceptions.
 template <class T>
-class result {
- public:
-  /// A successful result holding `value`.
-  result(T value) : v_(std::move(value)) {}
-  /// A failed result holding `error`.
-  result(schedule_error error) : v_(std::move(error)) {}
-
-  /// True when a value is held.
-  bool ok() const { return v_.index() == 0; }
-  /// Same as ok().
-  explicit operator bool() const { return ok(); }
-  /// The value. Calling it on a failed result is a programming error and
-  /// throws std::logic_error carrying the error's message.
-  const T& value() const& {
-    if (!ok()) throw std::logic_error("schedule result holds an error: " + error().message);
-    return std::get<0>(v_);
-  }
-  /// The value (mutable). Same contract as the const overload.
-  T& value() & {
-    if (!ok()) throw std::logic_error("schedule result holds an error: " + error().message);
-    return std::get<0>(v_);
-  }
-  /// The error. Calling it on a successful result throws std::logic_error.
-  const schedule_error& error() const {
-    if (ok()) throw std::logic_error("schedule result holds a value, not an error");
-    return std::get<1>(v_);
-  }
-
- private:
-  std::variant<T, schedule_error> v_;
-};
+using result = outcome<T, schedule_error>;
 
 /// Checks the description: n_blocks > 0; every id non-empty; every span
 /// non-empty and inside [0, n_blocks); throughput finite and >= 0;
