@@ -1,8 +1,11 @@
 // read_whole_file: every loader's way to read a file the user named.
 #include <doctest/doctest.h>
 
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -12,21 +15,6 @@
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
-
-namespace {
-
-/// The model_error `f` throws, or "" when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const model_error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
 
 TEST_CASE("a whole file is read byte for byte, binary as text") {
   testing::temp_dir_guard dir("whole-file");
@@ -42,16 +30,30 @@ TEST_CASE("a whole file is read byte for byte, binary as text") {
 TEST_CASE("a missing file, a directory and an unreadable file are named in the error") {
   testing::temp_dir_guard dir("whole-file");
   const std::string missing = (dir / "absent.toml").string();
-  CHECK(error_of([&] { read_whole_file(missing, "cluster file"); }) == "cluster file " + missing + " does not exist");
-  CHECK(error_of([&] { read_whole_file(missing); }) == missing + " does not exist");
-  CHECK(error_of([&] { read_whole_file(dir.path(), "job file"); }) ==
-        "job file " + dir.path().string() + " is a directory");
+  CHECK_THROWS_WITH_AS(read_whole_file(missing, "cluster file"), ("cluster file " + missing + " does not exist").c_str(),
+                       model_error);
+  CHECK_THROWS_WITH_AS(read_whole_file(missing), (missing + " does not exist").c_str(), model_error);
+  CHECK_THROWS_WITH_AS(read_whole_file(dir.path(), "job file"),
+                       ("job file " + dir.path().string() + " is a directory").c_str(), model_error);
+
+  // A socket exists and is no directory, but no stream can read it (also as root).
+  const auto socket_path = dir / "s.sock";
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, socket_path.c_str(), sizeof address.sun_path - 1);
+  REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+  CHECK_THROWS_WITH_AS(read_whole_file(socket_path, "chat template"),
+                       ("cannot read chat template " + socket_path.string()).c_str(), model_error);
+  ::close(fd);
 
   // Permission bits do not stop root, so this part only runs as a user.
   if (::geteuid() != 0) {
     const auto locked = dir / "locked.toml";
     std::ofstream(locked) << "x = 1\n";
     std::filesystem::permissions(locked, std::filesystem::perms::none);
-    CHECK(error_of([&] { read_whole_file(locked, "scenario"); }) == "cannot read scenario " + locked.string());
+    CHECK_THROWS_WITH_AS(read_whole_file(locked, "scenario"), ("cannot read scenario " + locked.string()).c_str(),
+                         model_error);
   }
 }
