@@ -63,9 +63,8 @@ remote_message offer_message(const std::string& name, const std::string& machine
 /// be read, std::invalid_argument for one that is no TOML or has no node
 /// name (the launcher checks the rest against its cluster file).
 std::pair<std::string, std::string> read_machine(const std::string& path) {
-  std::string text = read_whole_file(path, "--join-machine");
-  if (text.size() > max_machine_bytes)
-    throw std::invalid_argument("--join-machine " + path + ": a machine is described in at most 16 KiB");
+  // A machine is described in at most 16 KiB (the launcher refuses more).
+  std::string text = read_whole_file(path, "--join-machine", max_machine_bytes);
   try {
     const toml::table t = toml::parse(text, path);
     const auto name = t["name"].value<std::string>();

@@ -1,6 +1,6 @@
 // model/outcome.hpp — a value or an error value, for the layers below the
 // actors (model/, schedule/), which do not depend on CAF. Errors are values
-// there as in the actors (STYLE.md): a span server's bad input or a
+// there as in the actors: a span server's bad input or a
 // scheduling failure is normal, and the actor that called turns the error
 // into a caf::error at its boundary. Each layer names its own error type
 // (span_error, schedule_error); the holder is this one template.
@@ -41,8 +41,11 @@ class outcome {
     if (!ok()) throw std::logic_error("a result holds an error: " + std::get<1>(v_).message);
     return std::get<0>(v_);
   }
+  /// The value moved out of a temporary (`f().value()`); same contract.
+  T&& value() && { return std::move(value()); }
   const T& operator*() const& { return value(); }
   T& operator*() & { return value(); }
+  T&& operator*() && { return std::move(value()); }
   const T* operator->() const { return &value(); }
   T* operator->() { return &value(); }
 

@@ -1,24 +1,54 @@
 // model/whole_file.cpp — see whole_file.hpp.
 #include "model/whole_file.hpp"
 
-#include <fstream>
-#include <iterator>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "model/error.hpp"
 
 namespace corolla {
+namespace {
 
-std::string read_whole_file(const std::filesystem::path& file, std::string_view what) {
+/// Closes a descriptor when the read ends, also by an exception.
+struct descriptor {
+  int fd = -1;
+  ~descriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+std::string read_whole_file(const std::filesystem::path& file, std::string_view what, std::size_t max_bytes) {
   const std::string named = what.empty() ? file.string() : std::string(what) + " " + file.string();
   std::error_code ec;
   const auto status = std::filesystem::status(file, ec);
   if (status.type() == std::filesystem::file_type::not_found) throw model_error(named + " does not exist");
   if (status.type() == std::filesystem::file_type::directory) throw model_error(named + " is a directory");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw model_error("cannot read " + named);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw model_error("cannot read " + named);
-  return bytes;
+  // POSIX reads, not a stream: libstdc++'s streams turn a failed read into
+  // an ios_base::failure that names no file; here errno says why.
+  // O_NONBLOCK: opening a FIFO without a writer must not hang the loader.
+  descriptor d{::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
+  if (d.fd < 0) throw model_error("cannot read " + named + ": " + std::strerror(errno));
+  if (const int flags = ::fcntl(d.fd, F_GETFL); flags >= 0) ::fcntl(d.fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::string bytes;
+  char chunk[1 << 16];
+  for (;;) {
+    // One byte past the limit is enough to know the file is over it.
+    const std::size_t left = max_bytes - bytes.size();  // bytes.size() <= max_bytes here
+    const std::size_t room = left >= sizeof chunk ? sizeof chunk : left + 1;
+    const ssize_t n = ::read(d.fd, chunk, room);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw model_error("cannot read " + named + ": " + std::strerror(errno));
+    if (n == 0) return bytes;
+    bytes.append(chunk, static_cast<std::size_t>(n));
+    if (bytes.size() > max_bytes)
+      throw model_error(named + " is larger than " + std::to_string(max_bytes) + " bytes");
+  }
 }
 
 }  // namespace corolla

@@ -86,7 +86,7 @@ class link {
   /// (a failed work request, the peer's rdma.down, a repeated offer): the
   /// transport then reports the connection down and up.
   bool take_failure();
-  /// Descriptor to poll for completions (-1 without a queue pair), and its re-arm.
+  /// Descriptor to poll for completions (-1 without a queue pair).
   int event_fd() const;
   /// Re-arms the descriptor (nothing without a queue pair); call progress() after it.
   void arm();
@@ -94,7 +94,7 @@ class link {
   /// dead), reporting changed(false) if a path was set up or on its way; a
   /// later offer may set the path up again, even after a failure.
   void reset();
-  /// RDMA messages sent and received so far on this connection.
+  /// RDMA messages sent so far on this connection.
   std::uint64_t messages_sent() const;
   /// RDMA messages received, over every queue pair it had (held ones included).
   std::uint64_t messages_received() const;

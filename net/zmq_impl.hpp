@@ -121,7 +121,7 @@ struct connection {
   std::size_t credit_window = 0;  ///< how many may be uncredited (at least min_credit_window)
   reassembler in;                     ///< fragmented messages arriving
   std::shared_ptr<conn_shared> shared;  ///< what callers share about it (registry_)
-  log_limiter bad_log;  ///< "dropped a bad message" lines from this connection
+  log_limiter bad_log;  ///< "dropped a bad message" and "message lost" lines from this connection
   /// The RDMA path (created by an offer either way); null until then.
   std::unique_ptr<rdma::link> rdma;
 };
@@ -296,8 +296,8 @@ struct zmq_transport::impl {
   /// Sends one unit over the RDMA path (when it is sending and the unit is not
   /// tcp_only) or ZeroMQ. 0 once sent (or lost part-way, logged); else the
   /// first frame's error: EAGAIN (high-water mark), EHOSTUNREACH (ROUTER peer
-  /// gone), EBUSY (RDMA backlog full), or another error for which flush()
-  /// drops the message and logs it.
+  /// gone), EBUSY (RDMA backlog full), EINTR (flush() tries again later), or
+  /// another error for which flush() drops the message and logs it.
   int transmit(connection& c, const out_message& m);
   /// An incoming connection's peer is unreachable: drops what waits for `c`,
   /// marks its peer gone (send() refuses) and reports it down.
@@ -362,7 +362,7 @@ struct zmq_transport::impl {
   std::unique_ptr<detail::zap_handler> zap_;  ///< CurveZMQ's ZAP handler (null without CurveZMQ)
   std::unordered_map<connection_id, std::unique_ptr<connection>> conns_;  ///< every open connection, by id
   std::unordered_map<std::string, connection_id> by_routing_id_;  ///< incoming connections by routing id
-  std::unordered_map<int, connection_id> by_fd_;  ///< incoming connections by the fd of their last message
+  std::unordered_map<int, connection_id> by_fd_;  ///< incoming connections by the fd of their current TCP connection
   std::map<std::string, std::set<int>> suffixes_;  ///< endpoint -> routing-id suffixes in use
   std::vector<connection*> with_pending_;  ///< with something in `out` or `pending` (connection::listed)
   std::vector<connection_id> closing_;  ///< closing gracefully (connection::close_at)

@@ -95,7 +95,7 @@ void zmq_transport::impl::flush(connection& c, clock_type::time_point now) {
   pump(c, now);
   while (!c.pending.empty() && c.pending.front().due <= now) {
     const int err = transmit(c, c.pending.front());
-    if (err == EAGAIN) {
+    if (err == EAGAIN || err == EINTR) {  // EINTR: a signal came first; the next flush tries again
       c.blocked = true;
       return;
     }
@@ -108,8 +108,8 @@ void zmq_transport::impl::flush(connection& c, clock_type::time_point now) {
     if (fragment) --c.pending_fragments;
     c.pending.pop_front();
     if (err == EHOSTUNREACH) return peer_gone(c, "unreachable");
-    if (err != 0)  // ETERM, ENOTSOCK...: the socket refused the message for good
-      spdlog::error("zmq transport: connection {}: {}; message lost", c.id, zmq_strerror(err));
+    if (err != 0 && c.bad_log.allow())  // ETERM, ENOTSOCK...: the socket refused the message for good
+      spdlog::error("zmq transport: connection {}: {}; message lost{}", c.id, zmq_strerror(err), c.bad_log.note());
     if (fragment || c.pending.empty()) pump(c, now);  // room for the next fragment
   }
 }

@@ -25,6 +25,14 @@ TEST_CASE("a whole file is read byte for byte, binary as text") {
 
   std::ofstream(dir / "empty.txt", std::ios::binary).flush();
   CHECK(read_whole_file(dir / "empty.txt", "scenario").empty());
+
+  // A limit: exactly that many bytes pass; one more, and a device that never
+  // ends, are refused without reading on.
+  CHECK(read_whole_file(dir / "f.bin", "machine", bytes.size()) == bytes);
+  CHECK_THROWS_WITH_AS(read_whole_file(dir / "f.bin", "machine", bytes.size() - 1),
+                       ("machine " + (dir / "f.bin").string() + " is larger than 22 bytes").c_str(), model_error);
+  CHECK_THROWS_WITH_AS(read_whole_file("/dev/zero", "--join-machine", 16 << 10),
+                       "--join-machine /dev/zero is larger than 16384 bytes", model_error);
 }
 
 TEST_CASE("a missing file, a directory and an unreadable file are named in the error") {
@@ -38,6 +46,7 @@ TEST_CASE("a missing file, a directory and an unreadable file are named in the e
 
   // A socket exists and is no directory, but no stream can read it (also as root).
   const auto socket_path = dir / "s.sock";
+  REQUIRE(socket_path.native().size() < sizeof(sockaddr_un::sun_path));  // a longer TMPDIR would bind elsewhere
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_un address{};
@@ -45,15 +54,19 @@ TEST_CASE("a missing file, a directory and an unreadable file are named in the e
   std::strncpy(address.sun_path, socket_path.c_str(), sizeof address.sun_path - 1);
   REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
   CHECK_THROWS_WITH_AS(read_whole_file(socket_path, "chat template"),
-                       ("cannot read chat template " + socket_path.string()).c_str(), model_error);
+                       ("cannot read chat template " + socket_path.string() + ": No such device or address").c_str(), model_error);
   ::close(fd);
+
+  // A file that opens but fails to read (EIO at offset 0): named with the reason, not an ios_base::failure.
+  CHECK_THROWS_WITH_AS(read_whole_file("/proc/self/mem", "data file"),
+                       "cannot read data file /proc/self/mem: Input/output error", model_error);
 
   // Permission bits do not stop root, so this part only runs as a user.
   if (::geteuid() != 0) {
     const auto locked = dir / "locked.toml";
     std::ofstream(locked) << "x = 1\n";
     std::filesystem::permissions(locked, std::filesystem::perms::none);
-    CHECK_THROWS_WITH_AS(read_whole_file(locked, "scenario"), ("cannot read scenario " + locked.string()).c_str(),
+    CHECK_THROWS_WITH_AS(read_whole_file(locked, "scenario"), ("cannot read scenario " + locked.string() + ": Permission denied").c_str(),
                          model_error);
   }
 }
