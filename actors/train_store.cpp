@@ -117,12 +117,21 @@ void commit_checkpoint(const fs::path& dir, int step, int world, const std::stri
 }
 
 int latest_checkpoint_step(const fs::path& dir) {
+  std::error_code ec;
   std::ifstream in(dir / "latest");
   std::string name;
-  if (!(in >> name)) return 0;
-  const int s = step_of(name);
-  if (s == 0 || !fs::exists(checkpoint_step_dir(dir, s) / "manifest.json")) return 0;
-  return s;
+  if (in >> name)
+    if (const int s = step_of(name); s > 0 && fs::exists(checkpoint_step_dir(dir, s) / "manifest.json", ec)) return s;
+  // `latest` gone, garbage or naming a step that is not there (removed or
+  // damaged by hand): the newest step with a manifest is complete, since
+  // commit_checkpoint writes the manifest after every shard. Returning 0
+  // here would let a fresh job write over those checkpoints.
+  int newest = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int s = step_of(e.path().filename().string());
+    if (s > newest && fs::exists(e.path() / "manifest.json", ec)) newest = s;
+  }
+  return newest;
 }
 
 namespace {

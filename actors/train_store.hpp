@@ -71,7 +71,9 @@ void write_shard(const std::filesystem::path& dir, int step, int rank,
 /// train_error when the disk refuses.
 void commit_checkpoint(const std::filesystem::path& dir, int step, int world, const std::string& job,
                        const std::string& layout = "", const loss_scale_state* scale = nullptr);
-/// The step of `dir`'s latest complete checkpoint, or 0 when there is none.
+/// The step of `dir`'s latest complete checkpoint, or 0 when there is none:
+/// the one `latest` names, or, when `latest` is missing, unreadable or names
+/// no complete step, the newest step directory with a manifest.
 int latest_checkpoint_step(const std::filesystem::path& dir);
 /// Throws train_error unless step `step`'s manifest names job `job`.
 void check_manifest(const std::filesystem::path& dir, int step, const std::string& job);

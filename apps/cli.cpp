@@ -1,6 +1,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -32,8 +33,14 @@ std::string model_id_of(const std::string& dir) {
 }
 
 void apply_common_options(int threads, const std::string& log_level) {
+  if (threads < 0) throw std::invalid_argument("--threads must be >= 0 (0 = the default), got " + std::to_string(threads));
+  // spdlog reads any word it does not know as "off": a typo would silence every line.
+  const spdlog::level::level_enum level = spdlog::level::from_str(log_level);
+  if (level == spdlog::level::off && log_level != "off")
+    throw std::invalid_argument("--log-level must be trace, debug, info, warn, error, critical or off, got '" +
+                                log_level + "'");
   if (threads > 0) set_cpu_threads(threads);
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_level(level);
 }
 
 weight_format parse_weights_flag(const std::string& text) {

@@ -39,6 +39,7 @@
 #include "model/config.hpp"
 #include "model/error.hpp"
 #include "model/generator.hpp"
+#include "model/sampler.hpp"
 #include "model/head.hpp"
 #include "model/safetensors.hpp"
 #include "model/token_data.hpp"
@@ -324,6 +325,8 @@ int run_swarm_stage(const demo_options& o, const fs::path& out, const fs::path& 
 
 int run_demo(const demo_options& o) {
   apply_common_options(o.threads, "warn");
+  // The sampling flags are checked before training, not after it wrote the model.
+  check_sampling_params({.temperature = o.temperature, .top_k = o.top_k});
   Backend& be = cpu_backend();
   fs::path out = o.out;
   fs::path model_dir = out / "model";

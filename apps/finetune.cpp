@@ -3,6 +3,7 @@
 // max-throughput routes), or locally with --local (the reference the swarm
 // run must equal). The client loads only the head; the prompts and their
 // AdamW state live here (model/prompt_tuning.hpp, actors/swarm_finetune.hpp).
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -16,7 +17,9 @@
 #include "apps/swarm_flags.hpp"
 #include "apps/train_args.hpp"
 #include "model/config.hpp"
+#include "model/error.hpp"
 #include "model/head.hpp"
+#include "model/optimizer.hpp"
 #include "model/prompt_tuning.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
@@ -48,6 +51,7 @@ int run_finetune(const finetune_options& o) {
   apply_common_options(o.threads, o.log_level);
   if (o.local == o.swarm.given())
     throw std::invalid_argument("give exactly one of --swarm/--swarm-dht (blocks on the swarm) or --local");
+  if (const std::string why = adamw_problem({.lr = o.lr}); !why.empty()) throw std::invalid_argument(why);
   if (o.tuning != "deep" && o.tuning != "shallow")
     throw std::invalid_argument("--tuning must be deep or shallow, got '" + o.tuning + "'");
   // auto with a swarm: the servers compute, nothing here needs a device
@@ -92,7 +96,13 @@ int run_finetune(const finetune_options& o) {
     if (!o.json) std::printf("step %d/%d loss %.6f\n", s, o.steps, static_cast<double>(loss));
     std::fflush(stdout);
   }
-  if (!o.save.empty()) tuner.save(o.save);
+  if (!o.save.empty()) {
+    // Diverged prompts are not saved over what the file holds.
+    if (!losses.empty() && !std::isfinite(losses.back().get<double>()))
+      throw model_error("the loss of step " + std::to_string(o.steps) + " is not finite: the prompts diverged and "
+                        "are not saved (" + o.save + " is unchanged)");
+    tuner.save(o.save);
+  }
   if (remote) {
     spdlog::info("finetune: last route {}; {} failover(s)", swarm::to_string(swarm::route{remote->route()}),
                  remote->failovers());

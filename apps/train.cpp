@@ -17,6 +17,7 @@
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
+#include "model/optimizer.hpp"
 #include "model/token_data.hpp"
 #include "model/tokenizer.hpp"
 #include "model/trainer.hpp"
@@ -94,6 +95,12 @@ lr_schedule schedule_of(const train_args& a) {
 namespace {
 
 int run_train(const train_args& a) {
+  // Before anything trains: a NaN learning rate would train to NaN and, saved, overwrite a good model.
+  if (const std::string why = adamw_problem({.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps,
+                                             .weight_decay = a.weight_decay},
+                                            a.grad_clip);
+      !why.empty())
+    throw std::invalid_argument(why);
   if (!a.join.empty()) return run_train_join(a);
   if (wants_distributed(a)) return run_distributed_train(a);
   if (!a.checkpoint_dir.empty() || a.checkpoint_every > 0 || a.resume || !a.link_profile.empty() ||

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -34,6 +35,22 @@ float scheduled_lr(float lr, const lr_schedule& s, int step, int total) {
     f = s.final_ratio + (1.0 - s.final_ratio) * 0.5 * (1.0 + std::cos(M_PI * progress));
   }
   return static_cast<float>(lr * f);
+}
+
+std::string adamw_problem(const adamw_params& p, float max_grad_norm) {
+  auto bad = [](const char* flag, const char* rule, float v) {
+    char value[32];
+    std::snprintf(value, sizeof value, "%g", static_cast<double>(v));
+    return std::string(flag) + " must be " + rule + ", got " + value;
+  };
+  if (!std::isfinite(p.lr) || p.lr < 0) return bad("--lr", "a finite number >= 0", p.lr);
+  if (!(p.beta1 >= 0 && p.beta1 < 1)) return bad("--beta1", "in [0, 1)", p.beta1);
+  if (!(p.beta2 >= 0 && p.beta2 < 1)) return bad("--beta2", "in [0, 1)", p.beta2);
+  if (!std::isfinite(p.eps) || p.eps <= 0) return bad("--eps", "a finite number > 0", p.eps);
+  if (!std::isfinite(p.weight_decay) || p.weight_decay < 0)
+    return bad("--weight-decay", "a finite number >= 0", p.weight_decay);
+  if (!std::isfinite(max_grad_norm)) return bad("--grad-clip", "a finite number (0 = no clipping)", max_grad_norm);
+  return {};
 }
 
 adamw_optimizer::adamw_optimizer(std::vector<param_group> groups,

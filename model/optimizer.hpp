@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -59,6 +60,14 @@ struct optimizer_settings {
 /// and the unscaled norm `scaled_norm / loss_scale` exceeds max_grad_norm.
 /// `scaled_norm` is the global L2 norm of the gradients as they are.
 double grad_coefficient(double scaled_norm, float loss_scale, float max_grad_norm);
+
+/// Why `adamw` (and clipping at `max_grad_norm`) cannot train, naming the
+/// command-line flag and the value ("--lr must be a finite number >= 0, got
+/// nan"); empty when they can: lr finite and >= 0; --beta1 and --beta2 in
+/// [0, 1); --eps finite and > 0; --weight-decay finite and >= 0; --grad-clip
+/// finite (<= 0 turns clipping off). A NaN here would train to NaN and,
+/// saved, overwrite a good model.
+std::string adamw_problem(const adamw_params& adamw, float max_grad_norm = 0.0f);
 
 /// AdamW with bias correction over a fixed list of parameter groups.
 ///

@@ -16,8 +16,7 @@ std::int32_t argmax(std::span<const float> values) {
   return static_cast<std::int32_t>(best);
 }
 
-sampler::sampler(const sampling_params& params, int vocab_size)
-    : params_(params), vocab_(vocab_size), rng_(params.seed) {
+void check_sampling_params(const sampling_params& params) {
   if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature))
     throw model_error("temperature must be a finite number >= 0, got " +
                       std::to_string(params.temperature));
@@ -25,6 +24,11 @@ sampler::sampler(const sampling_params& params, int vocab_size)
     throw model_error("top-k must be >= 0 (0 = off), got " + std::to_string(params.top_k));
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f))
     throw model_error("top-p must be in (0, 1], got " + std::to_string(params.top_p));
+}
+
+sampler::sampler(const sampling_params& params, int vocab_size)
+    : params_(params), vocab_(vocab_size), rng_(params.seed) {
+  check_sampling_params(params);
   if (vocab_size <= 0) throw model_error("sampler needs a positive vocabulary size");
   order_.resize(static_cast<std::size_t>(vocab_size));
   probs_.resize(static_cast<std::size_t>(vocab_size));

@@ -27,6 +27,11 @@ struct sampling_params {
   std::uint64_t seed = 0;
 };
 
+/// Throws model_error naming the setting when `params` cannot sample:
+/// temperature not finite or < 0, top-k < 0, top-p outside (0, 1]. The
+/// sampler checks this too; a command checks it before long work.
+void check_sampling_params(const sampling_params& params);
+
 /// Picks tokens from logits by sampling_params; owns its random stream.
 /// Not thread-safe: one sampler per generation.
 class sampler {

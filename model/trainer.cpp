@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <span>
 #include <string>
@@ -142,7 +143,13 @@ train_summary trainer::run(const std::function<void(const step_report&)>& on_log
   s.seconds = seconds_since(start);
   s.tokens_per_second = s.seconds > 0.0 ? static_cast<double>(s.tokens) / s.seconds : 0.0;
   bar.finish();
-  if (!options_.save_dir.empty()) model_->save(options_.save_dir);
+  if (!options_.save_dir.empty()) {
+    // A diverged model is not saved over what the directory holds.
+    if (!s.losses.empty() && !std::isfinite(s.losses.back()))
+      throw model_error("the loss of step " + std::to_string(steps_done()) + " is not finite: the model diverged "
+                        "and is not saved (" + options_.save_dir.string() + " is unchanged)");
+    model_->save(options_.save_dir);
+  }
   return s;
 }
 

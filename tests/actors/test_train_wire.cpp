@@ -189,9 +189,17 @@ TEST_CASE("a checkpoint becomes the latest only once committed, and other jobs c
   CHECK(latest_checkpoint_step(dir) == 15);
   CHECK(fs::exists(dir / "step-10"));  // the one before stays
   CHECK_FALSE(fs::exists(dir / "step-5"));
-  // A half-written pointer never names a missing checkpoint.
+  // A pointer that names a missing checkpoint, is garbage or is gone
+  // never hides the complete ones: a fresh job must not write over them,
+  // and --resume finds the newest (its manifest is written last).
   std::ofstream(dir / "latest") << "step-99\n";
-  CHECK(latest_checkpoint_step(dir) == 0);
+  CHECK(latest_checkpoint_step(dir) == 15);
+  std::ofstream(dir / "latest") << "\x01garbage";
+  CHECK(latest_checkpoint_step(dir) == 15);
+  fs::remove(dir / "latest");
+  CHECK(latest_checkpoint_step(dir) == 15);
+  write_shard(dir, 20, 0, {{"m.head", t}});  // shards of a step never committed
+  CHECK(latest_checkpoint_step(dir) == 15);
 }
 
 TEST_CASE("optimizer state is read across shard boundaries, and shards that overlap or leave a gap are refused") {

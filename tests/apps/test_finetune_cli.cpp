@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "model/whole_file.hpp"
 #include "tests/support/cli_expect.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/tiny_model.hpp"
@@ -33,4 +34,32 @@ TEST_CASE("finetune: a device for a swarm run, or one this build cannot use, is 
                            "--device cuda places --local's blocks; with a swarm the servers compute");
   testing::check_one_error(run({"--local", "--device", "tpu"}), "unknown device 'tpu'");
   testing::check_one_error(run({"--local", "--device", "cuda:7"}), "cuda:7");
+  testing::check_one_error(run({"--local", "--lr", "nan"}), "--lr must be a finite number >= 0, got nan");
+  testing::check_one_error(run({"--local", "--lr", "-1"}), "--lr must be a finite number >= 0, got -1");
+}
+
+TEST_CASE("finetune: prompts that diverge are not saved over the file") {
+  testing::temp_dir_guard dir("cli-finetune-diverge");
+  const std::string model = (dir / "model").string();
+  testing::write_tiny_model(model, {});
+  const std::string data = (dir / "data.bin").string();
+  {
+    std::ofstream out(data, std::ios::binary);
+    for (std::uint16_t i = 0; i < 4096; ++i) {
+      const std::uint16_t id = static_cast<std::uint16_t>(i % 60);
+      out.write(reinterpret_cast<const char*>(&id), sizeof id);
+    }
+  }
+  const std::string prompts = (dir / "prompts.safetensors").string();
+  std::ofstream(prompts) << "the user's earlier prompts";
+  // A finite rate so large that the prompts overflow to inf and the loss to NaN.
+  const auto r = testing::run_corolla({"finetune", "--model", model, "--data", data, "--steps", "3", "--seq", "16", "--local", "--lr",
+                                       "3e38", "--save", prompts},
+                                      std::chrono::seconds(60));
+  INFO("stdout: " << r.out << "stderr: " << r.err);
+  CHECK(r.exit_code == 1);
+  REQUIRE_FALSE(r.err_lines().empty());
+  CHECK(r.err_lines().back() == "corolla: error: the loss of step 3 is not finite: the prompts diverged and are not "
+                                "saved (" + prompts + " is unchanged)");
+  CHECK(read_whole_file(prompts) == "the user's earlier prompts");
 }

@@ -3,6 +3,7 @@
 // tiny models and data.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "model/tokenizer.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
+#include "model/whole_file.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -319,6 +321,18 @@ TEST_CASE("corolla train rejects bad input with one error line and exit code 1")
   cases.back().args.insert(cases.back().args.end(), {"--loss-scale", "static"});
   cases.push_back({"unknown loss scaling, distributed", args_for(model, data, "2", "8"), "--loss-scale must be"});
   cases.back().args.insert(cases.back().args.end(), {"--loss-scale", "2", "--pp", "2"});
+  // Optimiser settings that would train to NaN are refused before anything trains.
+  for (const auto& [flag, value, rule] : std::vector<std::array<std::string, 3>>{
+           {"--beta1", "nan", "--beta1 must be in [0, 1), got nan"},
+           {"--beta2", "1", "--beta2 must be in [0, 1), got 1"},
+           {"--eps", "0", "--eps must be a finite number > 0, got 0"},
+           {"--weight-decay", "-1", "--weight-decay must be a finite number >= 0, got -1"},
+           {"--grad-clip", "inf", "--grad-clip must be a finite number (0 = no clipping), got inf"}}) {
+    cases.push_back({flag + " " + value, args_for(model, data, "1", "8"), rule});
+    cases.back().args.insert(cases.back().args.end(), {flag, value});
+    cases.push_back({flag + " " + value + ", distributed", args_for(model, data, "2", "8"), rule});
+    cases.back().args.insert(cases.back().args.end(), {flag, value, "--pp", "2"});
+  }
   for (const bad_case& c : cases) {
     std::vector<std::string> args = {"train", "--steps", "2", "--lr", "1e-3"};
     args.insert(args.end(), c.args.begin(), c.args.end());
@@ -331,4 +345,30 @@ TEST_CASE("corolla train rejects bad input with one error line and exit code 1")
     CHECK(err[0].rfind("corolla: error: ", 0) == 0);
     CHECK(err[0].find(c.mentions) != std::string::npos);
   }
+}
+
+TEST_CASE("a learning rate that cannot train is refused, and a run that diverges saves nothing over the model") {
+  temp_dir_guard tmp("cli-train-diverge");
+  write_tiny_model(tmp / "gpt2", tiny_gpt2());
+  write_raw_u16(tmp / "tokens.bin", pattern_tokens(300));
+  auto train = [&](const std::string& lr) {
+    return run_corolla({"train", "--model", tmp / "gpt2", "--data", tmp / "tokens.bin", "--batch", "2", "--seq", "16",
+                        "--steps", "3", "--lr", lr, "--save", tmp / "gpt2"});
+  };
+  const std::string before = read_whole_file(tmp / "gpt2" / "model.safetensors");
+
+  const process_result nan_lr = train("nan");
+  CHECK(nan_lr.exit_code == 1);
+  CHECK(nan_lr.err == "corolla: error: --lr must be a finite number >= 0, got nan\n");
+
+  // A finite rate so large that the weights overflow: the run ends with an
+  // error instead of overwriting the model it started from.
+  const process_result diverged = train("1e30");
+  INFO("stderr: " << diverged.err);
+  CHECK(diverged.exit_code == 1);
+  REQUIRE_FALSE(diverged.err_lines().empty());
+  CHECK(diverged.err_lines().back() ==
+        "corolla: error: the loss of step 3 is not finite: the model diverged and is not saved (" +
+            (tmp / "gpt2").string() + " is unchanged)");
+  CHECK(read_whole_file(tmp / "gpt2" / "model.safetensors") == before);
 }
