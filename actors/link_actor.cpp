@@ -15,6 +15,7 @@
 
 #include "actors/errors.hpp"
 #include "actors/link_state.hpp"
+#include "net/endpoint.hpp"
 #include "net/log_limit.hpp"
 #include "net/rdma.hpp"
 
@@ -456,8 +457,8 @@ caf::actor spawn_link(const std::shared_ptr<node_context>& ctx, link_args args) 
 
 caf::expected<caf::actor> dial_link(const std::shared_ptr<node_context>& ctx, const std::string& endpoint,
                                     const std::string& server_key, link_args args) {
-  if (endpoint.rfind("tcp://", 0) != 0 || endpoint.find(':', 6) == std::string::npos)
-    return make_error(errc::invalid_argument, "invalid endpoint '" + endpoint + "' (expected tcp://HOST:PORT)");
+  if (const std::string why = net::tcp_endpoint_problem(endpoint); !why.empty())
+    return make_error(errc::invalid_argument, why);
   if (!args.profile.empty()) {
     try {
       net::parse_link_profile(args.profile);

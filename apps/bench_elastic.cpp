@@ -63,6 +63,7 @@
 #include "apps/scratch_dir.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
+#include "net/shaping.hpp"
 
 namespace corolla::app {
 
@@ -437,6 +438,11 @@ int run_bench_elastic(const elastic_bench_options& o) {
   if (o.join) return run_bench_elastic_join(o);
   if (o.steps < o.throttle_step + 10)
     throw std::invalid_argument("--steps must leave at least 10 steps after --throttle-step");
+  try {  // a bad profile would throttle nothing and report a meaningless speed-up
+    net::parse_link_profile(o.profile);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("--profile '" + o.profile + "': " + e.what());
+  }
   const scratch_dir scratch_holder("corolla-bench-elastic");
   const fs::path& scratch = scratch_holder.path();
   write_bench_job(scratch);

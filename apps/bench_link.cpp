@@ -14,6 +14,7 @@
 // (e.g. through the actor layer) is one more subclass in paths().
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -384,7 +385,7 @@ double percentile(const std::vector<double>& sorted, double q) {
 
 int run_link(const link_options& o) {
   const auto sizes = parse_sizes(o.sizes);
-  if (o.count < 1 || o.seconds <= 0) throw std::invalid_argument("bench link: need --count >= 1 and --seconds > 0");
+  if (o.count < 1 || !(o.seconds > 0) || !std::isfinite(o.seconds)) throw std::invalid_argument("bench link: need --count >= 1 and --seconds > 0");
   if (o.rounds < 1) throw std::invalid_argument("bench link: need --rounds >= 1");
   const net::link_profile profile = net::parse_link_profile(o.profile);
   const bool checksums = !o.no_checksums;

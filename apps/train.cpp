@@ -237,8 +237,11 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--pp", args->pp,
                   "Pipeline stages: with --dp, trains on P x D processes on this machine (one per rank, "
                   "launched here) unless --rank says this process is one rank of a larger job")
+      ->check(CLI::Range(0, 4096))  // 0: not given
       ->group(dist);
-  cmd->add_option("--dp", args->dp, "Data-parallel replicas of each stage (--batch splits over them)")->group(dist);
+  cmd->add_option("--dp", args->dp, "Data-parallel replicas of each stage (--batch splits over them)")
+      ->check(CLI::Range(0, 4096))  // 0: not given
+      ->group(dist);
   cmd->add_option("--cluster", args->cluster,
                   "Cluster TOML (docs/planner.md): train on the planner's layout for it, one local process per "
                   "worker the plan uses, each link shaped as the file says those workers are linked; prints the "

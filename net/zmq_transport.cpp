@@ -31,6 +31,7 @@
 
 #include <caf/sec.hpp>
 
+#include "net/endpoint.hpp"
 #include "net/zmq_impl.hpp"
 
 namespace corolla::net {
@@ -143,6 +144,7 @@ std::string zmq_transport::impl::setup() {
     zmq_setsockopt(router_, ZMQ_ZAP_DOMAIN, "corolla", 7);
   }
   if (auto err = attach_monitor(router_, "router", router_monitor_); !err.empty()) return err;
+  if (const std::string why = tcp_endpoint_problem(opts_.listen); !why.empty()) return "cannot listen: " + why;
   if (zmq_bind(router_, opts_.listen.c_str()) != 0) return zmq_error_text("cannot listen on " + opts_.listen);
   char bound[256];
   std::size_t len = sizeof bound;

@@ -125,6 +125,9 @@ TEST_CASE("generate --prompts prints the library's generation after the trained 
       testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--prompts", wrong.string(), "--swarm",
                                                       "127.0.0.1:1"})),
       "the model needs");
+  // spdlog would read an unknown level as "off" and silence every line.
+  testing::check_one_error(testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--log-level", "loud"})),
+                           "--log-level must be trace, debug, info, warn, error, critical or off, got 'loud'");
 }
 
 TEST_CASE("generate --kv-dtype bf16 prints the library's generation on a bf16 KV cache") {

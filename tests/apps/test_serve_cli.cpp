@@ -76,6 +76,12 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
     testing::check_one_error(serve(model, {"--blocks", "0:1", "--kv-dtype", "i8"}),
                              "--kv-dtype must be f32, bf16 or f16, got 'i8'");
   }
+  SUBCASE("endpoints ZeroMQ would take for another port, or dial for 30 s") {
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--listen", "tcp://127.0.0.1:99999"}),
+                             "invalid endpoint 'tcp://127.0.0.1:99999': the port must be in [0, 65535]");
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--no-dht", "--no-listen", "--relay", "garbage"}),
+                             "--relay garbage: invalid endpoint 'tcp://garbage' (expected tcp://HOST:PORT)");
+  }
   SUBCASE("a missing model directory") {
     testing::check_one_error(serve((dir / "nowhere").string(), {"--blocks", "0:1"}), "nowhere");
   }

@@ -357,6 +357,12 @@ TEST_CASE("a learning rate that cannot train is refused, and a run that diverges
   };
   const std::string before = read_whole_file(tmp / "gpt2" / "model.safetensors");
 
+  const process_result negative_pp =
+      run_corolla({"train", "--model", tmp / "gpt2", "--data", tmp / "tokens.bin", "--batch", "2", "--seq", "16",
+                   "--steps", "3", "--lr", "1e-3", "--pp", "-1"});
+  CHECK(negative_pp.exit_code == 105);  // CLI11's validation error
+  CHECK(negative_pp.err.find("--pp: Value -1 not in range 0 to 4096") != std::string::npos);
+
   const process_result nan_lr = train("nan");
   CHECK(nan_lr.exit_code == 1);
   CHECK(nan_lr.err == "corolla: error: --lr must be a finite number >= 0, got nan\n");

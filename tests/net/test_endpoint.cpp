@@ -1,0 +1,27 @@
+// tcp_endpoint_problem: what --listen, --relay and a dial accept.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "net/endpoint.hpp"
+
+using corolla::net::tcp_endpoint_problem;
+
+TEST_CASE("a TCP endpoint needs a host and a port in [0, 65535]") {
+  for (const char* good : {"tcp://127.0.0.1:0", "tcp://127.0.0.1:65535", "tcp://*:7000", "tcp://host.example:80",
+                           "tcp://[::1]:9000", "tcp://127.0.0.1:*"}) {
+    CAPTURE(good);
+    CHECK(tcp_endpoint_problem(good).empty());
+  }
+  // ZeroMQ would bind port 99999 as 34463 (modulo 65536) and -5 as 65531.
+  CHECK(tcp_endpoint_problem("tcp://127.0.0.1:99999") ==
+        "invalid endpoint 'tcp://127.0.0.1:99999': the port must be in [0, 65535]");
+  CHECK(tcp_endpoint_problem("tcp://127.0.0.1:-5") ==
+        "invalid endpoint 'tcp://127.0.0.1:-5': the port must be in [0, 65535]");
+  CHECK(tcp_endpoint_problem("tcp://127.0.0.1:") == "invalid endpoint 'tcp://127.0.0.1:': the port must be in [0, 65535]");
+  CHECK(tcp_endpoint_problem("tcp://127.0.0.1:123456") ==
+        "invalid endpoint 'tcp://127.0.0.1:123456': the port must be in [0, 65535]");
+  CHECK(tcp_endpoint_problem("tcp://:5555") == "invalid endpoint 'tcp://:5555': no host");
+  CHECK(tcp_endpoint_problem("tcp://garbage") == "invalid endpoint 'tcp://garbage' (expected tcp://HOST:PORT)");
+  CHECK(tcp_endpoint_problem("127.0.0.1:5555") == "invalid endpoint '127.0.0.1:5555' (expected tcp://HOST:PORT)");
+}
