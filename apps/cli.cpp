@@ -3,6 +3,7 @@
 #include <exception>
 #include <stdexcept>
 #include <filesystem>
+#include <new>
 #include <sstream>
 #include <string>
 
@@ -146,6 +147,10 @@ int run_cli(int argc, char** argv) {
   }
   try {
     return action ? action() : 0;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "corolla: error: out of memory (is a size or count on the command line too large?)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "corolla: error: %s\n", e.what());

@@ -75,7 +75,7 @@ const char* wait_for_stop_signal(const sigset_t& signals) {
   return sig == SIGINT ? "SIGINT" : "SIGTERM";
 }
 
-std::pair<std::string, int> parse_http_listen(const std::string& text) {
+std::pair<std::string, int> parse_http_listen(const std::string& text, const std::string& flag) {
   const auto colon = text.rfind(':');
   int port = -1;
   if (colon != std::string::npos && colon > 0) {
@@ -88,7 +88,7 @@ std::pair<std::string, int> parse_http_listen(const std::string& text) {
     }
   }
   if (port < 0 || port > 65535)
-    throw std::invalid_argument("--listen must be HOST:PORT with a port in [0, 65535], got '" + text + "'");
+    throw std::invalid_argument(flag + " must be HOST:PORT with a port in [0, 65535], got '" + text + "'");
   return {text.substr(0, colon), port};
 }
 

@@ -44,8 +44,8 @@ const char* wait_for_stop_signal(const sigset_t& signals);
 /// The same, waiting at most `timeout`: nullptr when none arrived.
 const char* wait_for_stop_signal(const sigset_t& signals, std::chrono::milliseconds timeout);
 
-/// "HOST:PORT" of an HTTP --listen flag (port 0 = any free port). Throws
-/// std::invalid_argument naming the text when it is not that.
-std::pair<std::string, int> parse_http_listen(const std::string& text);
+/// "HOST:PORT" of an HTTP listen flag (port 0 = any free port). Throws
+/// std::invalid_argument naming `flag` and the text when it is not that.
+std::pair<std::string, int> parse_http_listen(const std::string& text, const std::string& flag = "--listen");
 
 }  // namespace corolla::app

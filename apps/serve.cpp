@@ -231,7 +231,7 @@ int run_serve(serve_args a) {
     a.max_memory = "auto";
     spdlog::info("serve: no --blocks, --num-blocks or --max-memory: serving what --max-memory auto holds");
   }
-  if (!a.metrics_listen.empty()) parse_http_listen(a.metrics_listen);  // a bad address fails before the model loads
+  if (!a.metrics_listen.empty()) parse_http_listen(a.metrics_listen, "--metrics-listen");  // a bad address fails before the model loads
   const swarm::gathering_policy gathering = parse_batch_wait(a.batch_wait, a.batch_wait_max_ms);
   if ((a.num_blocks != 0 || !a.max_memory.empty()) && a.no_dht)
     throw std::invalid_argument(std::string(a.num_blocks != 0 ? "--num-blocks" : "--max-memory") +
@@ -351,7 +351,7 @@ int run_serve(serve_args a) {
   // for at every scrape (api/server_metrics.hpp).
   std::unique_ptr<api::metrics_server> metrics;
   if (!a.metrics_listen.empty()) {
-    const auto [mhost, mport] = parse_http_listen(a.metrics_listen);
+    const auto [mhost, mport] = parse_http_listen(a.metrics_listen, "--metrics-listen");
     metrics = std::make_unique<api::metrics_server>(
         [&n, actor = *server, history = api::link_history()]() mutable {
           auto stats = span_server_stats_of(n.system(), actor);

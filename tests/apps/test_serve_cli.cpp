@@ -81,6 +81,8 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
                              "invalid endpoint 'tcp://127.0.0.1:99999': the port must be in [0, 65535]");
     testing::check_one_error(serve(model, {"--blocks", "0:1", "--no-dht", "--no-listen", "--relay", "garbage"}),
                              "--relay garbage: invalid endpoint 'tcp://garbage' (expected tcp://HOST:PORT)");
+    testing::check_one_error(serve(model, {"--blocks", "0:1", "--metrics-listen", "garbage"}),
+                             "--metrics-listen must be HOST:PORT with a port in [0, 65535], got 'garbage'");
   }
   SUBCASE("a missing model directory") {
     testing::check_one_error(serve((dir / "nowhere").string(), {"--blocks", "0:1"}), "nowhere");
