@@ -1,10 +1,10 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
-#include <stdexcept>
 #include <filesystem>
 #include <new>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include <CLI/CLI.hpp>

@@ -2,6 +2,7 @@
 // status 1 (the runs themselves are in tests/actors/mp_swarm_finetune.cpp).
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -13,18 +14,25 @@
 
 using namespace corolla;
 
+namespace {
+
+/// A tiny model in `model` and 4096 raw uint16 tokens of it in `data`.
+void write_model_and_data(const std::string& model, const std::string& data) {
+  testing::write_tiny_model(model, {});
+  std::ofstream out(data, std::ios::binary);
+  for (std::uint16_t i = 0; i < 4096; ++i) {
+    const std::uint16_t id = static_cast<std::uint16_t>(i % 60);  // the tiny vocabulary has 64 ids
+    out.write(reinterpret_cast<const char*>(&id), sizeof id);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("finetune: a device for a swarm run, or one this build cannot use, is one clear error") {
   testing::temp_dir_guard dir("cli-finetune");
   const std::string model = (dir / "model").string();
-  testing::write_tiny_model(model, {});
   const std::string data = (dir / "data.bin").string();
-  {
-    std::ofstream out(data, std::ios::binary);
-    for (std::uint16_t i = 0; i < 4096; ++i) {
-      const std::uint16_t id = static_cast<std::uint16_t>(i % 60);  // the tiny vocabulary has 64 ids
-      out.write(reinterpret_cast<const char*>(&id), sizeof id);
-    }
-  }
+  write_model_and_data(model, data);
   auto run = [&](std::vector<std::string> extra) {
     std::vector<std::string> args{"finetune", "--model", model, "--data", data, "--steps", "1"};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -41,15 +49,8 @@ TEST_CASE("finetune: a device for a swarm run, or one this build cannot use, is 
 TEST_CASE("finetune: prompts that diverge are not saved over the file") {
   testing::temp_dir_guard dir("cli-finetune-diverge");
   const std::string model = (dir / "model").string();
-  testing::write_tiny_model(model, {});
   const std::string data = (dir / "data.bin").string();
-  {
-    std::ofstream out(data, std::ios::binary);
-    for (std::uint16_t i = 0; i < 4096; ++i) {
-      const std::uint16_t id = static_cast<std::uint16_t>(i % 60);
-      out.write(reinterpret_cast<const char*>(&id), sizeof id);
-    }
-  }
+  write_model_and_data(model, data);
   const std::string prompts = (dir / "prompts.safetensors").string();
   std::ofstream(prompts) << "the user's earlier prompts";
   // A finite rate so large that the prompts overflow to inf and the loss to NaN.
