@@ -163,7 +163,9 @@ void register_api(CLI::App& app, action_fn& action) {
                   "later requests' sessions opened on the first one's route); off makes each compute its own")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")->capture_default_str();
+  cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cmd->add_option("--device", a->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")
       ->capture_default_str();
   cmd->add_option("--weights", a->weights, "Linear weights decode reads: f32, bf16, int8 or nf4 (with --swarm: the LM head, int8 for nf4)")

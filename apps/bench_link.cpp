@@ -33,6 +33,7 @@
 #include <zmq.h>
 
 #include "apps/commands.hpp"
+#include "apps/number_checks.hpp"
 #include "net/codec.hpp"
 #include "net/rdma_fake.hpp"
 #include "net/rdma_verbs.hpp"
@@ -543,7 +544,7 @@ void register_bench_link(CLI::App* bench, action_fn& action) {
   link->add_option("--rounds", o.rounds,
                    "Times the two paths take turns per size (latency pooled, throughput median)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(finite_above(0));
   link->add_option("--rdma", o.rdma,
                    "Also measure the RDMA path: 'fake' (in-process fabric: protocol cost only), 'auto' (first "
                    "active verbs port) or a verbs device name");

@@ -33,6 +33,7 @@
 #include "apps/commands.hpp"
 #include "apps/demo_corpus.hpp"
 #include "apps/local_swarm.hpp"
+#include "apps/number_checks.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/train_args.hpp"
 #include "kernels/backend.hpp"
@@ -487,7 +488,7 @@ void register_demo(CLI::App& app, action_fn& action) {
   cmd->add_option("--out", o.out, "Directory for the corpus copy and the trained model")
       ->capture_default_str();
   cmd->add_option("--seconds", o.seconds, "Training time budget")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(finite_above(0));
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--prompt", o.prompt, "Prompt for the generation at the end")->capture_default_str();
   cmd->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate")->capture_default_str();

@@ -19,6 +19,7 @@
 #include "actors/corolla.hpp"
 #include "apps/commands.hpp"
 #include "apps/node_flags.hpp"
+#include "apps/number_checks.hpp"
 
 namespace corolla::app {
 namespace {
@@ -66,7 +67,7 @@ void register_node(CLI::App& app, action_fn& action) {
   cmd->add_option("--relay-rate", a->relay_rate_mbit,
                   "With --relay-service: Mbit/s each peer may send through this relay on average, in bursts of 8 s "
                   "of it; what goes over is refused (0 = no limit)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(finite_at_least(0))
       ->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();

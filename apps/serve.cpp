@@ -29,6 +29,7 @@
 #include "api/server_metrics.hpp"
 #include "apps/commands.hpp"
 #include "apps/node_flags.hpp"
+#include "apps/number_checks.hpp"
 #include "apps/serve_peers.hpp"
 #include "apps/serve_memory.hpp"
 #include "apps/serve_relay.hpp"
@@ -560,7 +561,7 @@ void register_serve(CLI::App& app, action_fn& action) {
   cmd->add_option("--rebalance-period-s", a->rebalance_period_s,
                   "Mean seconds between checks whether moving to other blocks would strengthen the swarm "
                   "(randomised by +-1/3; 0 = never move)")
-      ->check(CLI::Range(0.0, 86400.0))
+      ->check(finite_between(0, 86400))
       ->capture_default_str();
   cmd->add_flag("--no-listen", a->no_listen,
                "Open no listening socket (a machine behind NAT): keep a connection to a relay instead, chosen "
@@ -576,7 +577,7 @@ void register_serve(CLI::App& app, action_fn& action) {
   cmd->add_option("--relay-rate", a->relay_rate_mbit,
                   "Mbit/s each peer may send through this server as a relay, on average, in bursts of 8 s of it; "
                   "what goes over is refused (0 = no limit)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(finite_at_least(0))
       ->capture_default_str();
   cmd->add_option("--threads", a->threads,
                   "CPU threads (0 = every core but one, so the machine stays usable while it serves)")

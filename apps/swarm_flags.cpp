@@ -6,6 +6,7 @@
 
 #include "actors/swarm_records.hpp"
 #include "apps/commands.hpp"
+#include "apps/number_checks.hpp"
 
 namespace corolla::app {
 
@@ -30,7 +31,7 @@ void add_swarm_flags(CLI::App* cmd, swarm_flags& f) {
   cmd->add_option("--spot-checks", f.spot_checks,
                   "Fraction of steps of each hop that another server holding the same blocks recomputes, to catch "
                   "servers that answer wrong (0 = only a new server's first steps)")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(finite_between(0, 1))
       ->capture_default_str();
   cmd->add_option("--spot-check-probation", f.spot_check_probation,
                   "Every step of a server is checked until it passed this many checks (0 with --spot-checks 0 = "

@@ -285,6 +285,7 @@ void register_train(CLI::App& app, action_fn& action) {
                   "Write sharded checkpoints here (one file per rank per checkpoint; see --resume)")
       ->group(dist);
   cmd->add_option("--checkpoint-every", args->checkpoint_every, "Checkpoint every K steps (0 = never)")
+      ->check(CLI::Range(0, 100000000))
       ->capture_default_str()
       ->group(dist);
   cmd->add_flag("--resume", args->resume,
@@ -332,6 +333,7 @@ void register_train(CLI::App& app, action_fn& action) {
                   "With --elastic (--pp/--dp, or --cluster with --standby): every K steps the job stops at a step "
                   "boundary to grow onto joined workers when a larger grid fits (--cluster: when the planner's plan "
                   "with them pays off) (0 = never)")
+      ->check(CLI::Range(0, 100000000))
       ->capture_default_str()
       ->group(dist);
   cmd->add_option("--probe-every", args->probe_every,

@@ -81,6 +81,14 @@ TEST_CASE("serve reports bad input with one error line and status 1") {
                              "invalid endpoint 'tcp://127.0.0.1:99999': the port must be in [0, 65535]");
     testing::check_one_error(serve(model, {"--blocks", "0:1", "--no-dht", "--no-listen", "--relay", "garbage"}),
                              "--relay garbage: invalid endpoint 'tcp://garbage' (expected tcp://HOST:PORT)");
+    // CLI11's own ranges let NaN through; these flags refuse it (a usage error, status 105).
+    const auto nan_rate = serve(model, {"--blocks", "0:1", "--relay-rate", "nan"});
+    CHECK(nan_rate.exit_code == 105);
+    CHECK(nan_rate.err.find("--relay-rate: must be a finite number >= 0, got 'nan'") != std::string::npos);
+    const auto nan_period = serve(model, {"--blocks", "0:1", "--rebalance-period-s", "nan"});
+    CHECK(nan_period.exit_code == 105);
+    CHECK(nan_period.err.find("--rebalance-period-s: must be a finite number in [0, 86400], got 'nan'") !=
+          std::string::npos);
     testing::check_one_error(serve(model, {"--blocks", "0:1", "--metrics-listen", "garbage"}),
                              "--metrics-listen must be HOST:PORT with a port in [0, 65535], got 'garbage'");
   }
