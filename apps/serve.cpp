@@ -247,6 +247,9 @@ int run_serve(serve_args a) {
   std::optional<memory_plan> memory;
   if (!a.max_memory.empty()) memory = plan_memory(memory_flags, cfg, weights, engine_options.kv_dtype);
   const int num_blocks = memory ? memory->blocks : a.num_blocks;
+  if (a.num_blocks > cfg.n_layers)
+    throw std::invalid_argument("--num-blocks " + std::to_string(a.num_blocks) + " is more than the model's " +
+                                std::to_string(cfg.n_layers) + " blocks");
   Backend& be = backend_for(parse_device(a.device));
 
   for (const std::string& relay : split_list(a.relays)) {  // not after 30 s of dialling it

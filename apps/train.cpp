@@ -103,11 +103,17 @@ int run_train(const train_args& a) {
     throw std::invalid_argument(why);
   if (!a.join.empty()) return run_train_join(a);
   if (wants_distributed(a)) return run_distributed_train(a);
-  if (!a.checkpoint_dir.empty() || a.checkpoint_every > 0 || a.resume || !a.link_profile.empty() ||
-      !a.coordinator.empty() || a.chunks != 1 || a.collectives != "host")
-    throw model_error("--checkpoint-dir, --checkpoint-every, --resume, --chunks, --link-profile, "
-                      "--collectives and --coordinator "
-                      "are for pipeline x data-parallel training: add --pp, --dp or --cluster");
+  // Name the flags given, not every flag that needs ranks.
+  std::string distributed_only;
+  for (const auto& [given, flag] : {std::pair{!a.checkpoint_dir.empty(), "--checkpoint-dir"},
+                                    std::pair{a.checkpoint_every > 0, "--checkpoint-every"},
+                                    std::pair{a.resume, "--resume"}, std::pair{a.chunks != 1, "--chunks"},
+                                    std::pair{!a.link_profile.empty(), "--link-profile"},
+                                    std::pair{a.collectives != "host", "--collectives"},
+                                    std::pair{!a.coordinator.empty(), "--coordinator"}})
+    if (given) distributed_only += (distributed_only.empty() ? "" : ", ") + std::string(flag);
+  if (!distributed_only.empty())
+    throw model_error(distributed_only + ": for pipeline x data-parallel training only; add --pp, --dp or --cluster");
   apply_common_options(a.threads, "warn");
   set_matmul_precision(parse_matmul_precision(a.matmul));
   const dtype compute = compute_dtype_of(a);

@@ -519,6 +519,7 @@ TEST_CASE("bad distributed training input is one clear error") {
                     "--collectives device needs a GPU per rank: the job has 4 ranks");
   // Distributed-only flags on a single-process run are refused, not ignored.
   check_one_error(run_corolla(train_args(j, {"--checkpoint-dir", tmp / "ck", "--resume"})),
-                  "are for pipeline x data-parallel training");
-  check_one_error(run_corolla(train_args(j, {"--collectives", "device"})), "are for pipeline x data-parallel training");
+                  "--checkpoint-dir, --resume: for pipeline x data-parallel training only; add --pp, --dp or --cluster");
+  check_one_error(run_corolla(train_args(j, {"--collectives", "device"})),
+                  "--collectives: for pipeline x data-parallel training only");
 }
