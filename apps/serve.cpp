@@ -40,7 +40,6 @@
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
 #include "net/codec.hpp"
-#include "net/endpoint.hpp"
 #include "net/membership.hpp"
 #include "net/nic.hpp"
 #include "net/shaping.hpp"
@@ -252,12 +251,7 @@ int run_serve(serve_args a) {
                                 std::to_string(cfg.n_layers) + " blocks");
   Backend& be = backend_for(parse_device(a.device));
 
-  for (const std::string& relay : split_list(a.relays)) {  // not after 30 s of dialling it
-    std::string endpoint = relay.substr(0, relay.find('#'));
-    if (endpoint.find("://") == std::string::npos) endpoint = "tcp://" + endpoint;
-    if (const std::string why = net::tcp_endpoint_problem(endpoint); !why.empty())
-      throw std::invalid_argument("--relay " + relay + ": " + why);
-  }
+  for (const std::string& relay : split_list(a.relays)) given_relay(relay);  // not after 30 s of dialling it
   if (a.no_listen && a.no_dht && a.relays.empty())
     throw std::invalid_argument("--no-listen needs a relay: give --relay HOST:PORT, or drop --no-dht to find one "
                                 "in the swarm's DHT");

@@ -5,12 +5,14 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <stdexcept>
 
 #include <spdlog/spdlog.h>
 
 #include "actors/corolla.hpp"
 #include "actors/dialback.hpp"
 #include "actors/link_probe.hpp"
+#include "net/endpoint.hpp"
 #include "net/membership.hpp"
 
 namespace corolla::app {
@@ -52,6 +54,15 @@ bool reachable_from_swarm(node& n, net::membership& members, const std::string& 
   return true;
 }
 
+std::pair<std::string, std::string> given_relay(const std::string& entry) {
+  const auto hash = entry.find('#');
+  std::string endpoint = entry.substr(0, hash);
+  if (endpoint.find("://") == std::string::npos) endpoint = "tcp://" + endpoint;
+  if (const std::string why = net::tcp_endpoint_problem(endpoint); !why.empty())
+    throw std::invalid_argument("--relay " + entry + ": " + why);
+  return {endpoint, hash == std::string::npos ? "" : entry.substr(hash + 1)};
+}
+
 relay_keeper::relay_keeper(node& n, std::vector<std::string> relays, net::membership* members, std::string model,
                            int n_blocks)
     : n_(n), given_(std::move(relays)), members_(members), model_(std::move(model)), n_blocks_(n_blocks) {}
@@ -59,11 +70,9 @@ relay_keeper::relay_keeper(node& n, std::vector<std::string> relays, net::member
 relay_keeper::offers relay_keeper::candidates() const {
   offers o;
   std::vector<candidate>& out = o.relays;
-  for (const auto& g : given_) {
-    const auto hash = g.find('#');
-    std::string endpoint = g.substr(0, hash);
-    if (endpoint.find("://") == std::string::npos) endpoint = "tcp://" + endpoint;
-    out.push_back({endpoint, hash == std::string::npos ? "" : g.substr(hash + 1), ""});
+  for (const auto& g : given_) {  // serve checked them (given_relay) before it started
+    auto [endpoint, key] = given_relay(g);
+    out.push_back({std::move(endpoint), std::move(key), ""});
   }
   if (members_) {
     std::vector<candidate> offered;

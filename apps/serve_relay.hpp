@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "net/server_record.hpp"
@@ -28,6 +29,13 @@ namespace corolla::app {
 /// swarm), with the outcome logged.
 bool reachable_from_swarm(node& n, net::membership& members, const std::string& model, int n_blocks,
                           const std::string& endpoint);
+
+/// A --relay entry "HOST:PORT[#KEY]" (a tcp:// prefix may be given) as the
+/// endpoint to dial ("tcp://HOST:PORT") and the relay's CurveZMQ key (""
+/// without one). Throws std::invalid_argument naming the entry when the
+/// endpoint is malformed (net/endpoint.hpp), so serve refuses it before
+/// dialling it for 30 s.
+std::pair<std::string, std::string> given_relay(const std::string& entry);
 
 class relay_keeper {
  public:

@@ -21,6 +21,7 @@
 
 #include "kernels/half.hpp"
 #include "model/error.hpp"
+#include "model/fd_guard.hpp"
 #include "model/json_file.hpp"
 
 namespace corolla {
@@ -54,14 +55,6 @@ const char* safetensors_dtype(dtype t) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
-
-/// Closes a descriptor on every path out of open().
-struct fd_guard {
-  int fd = -1;
-  ~fd_guard() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 /// Converts a stored F32/F16/BF16 tensor to f32 into `dst` (numel elements).
 void convert_to_f32(const Tensor& src, float* dst, const std::string& name,

@@ -9,19 +9,9 @@
 #include <cstring>
 
 #include "model/error.hpp"
+#include "model/fd_guard.hpp"
 
 namespace corolla {
-namespace {
-
-/// Closes a descriptor when the read ends, also by an exception.
-struct descriptor {
-  int fd = -1;
-  ~descriptor() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-}  // namespace
 
 std::string read_whole_file(const std::filesystem::path& file, std::string_view what, std::size_t max_bytes) {
   const std::string named = what.empty() ? file.string() : std::string(what) + " " + file.string();
@@ -32,7 +22,7 @@ std::string read_whole_file(const std::filesystem::path& file, std::string_view 
   // POSIX reads, not a stream: libstdc++'s streams turn a failed read into
   // an ios_base::failure that names no file; here errno says why.
   // O_NONBLOCK: opening a FIFO without a writer must not hang the loader.
-  descriptor d{::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
+  fd_guard d{::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (d.fd < 0) throw model_error("cannot read " + named + ": " + std::strerror(errno));
   if (const int flags = ::fcntl(d.fd, F_GETFL); flags >= 0) ::fcntl(d.fd, F_SETFL, flags & ~O_NONBLOCK);
   std::string bytes;
