@@ -18,6 +18,7 @@
 #include "api/http_api.hpp"
 #include "api/swarm_view.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/model_load.hpp"
 #include "apps/node_flags.hpp"
 #include "apps/swarm_flags.hpp"
@@ -51,7 +52,6 @@ int run_api(const api_args& a) {
   apply_common_options(a.threads, a.log_level);
   if (a.local == a.swarm.given())
     throw std::invalid_argument("give exactly one of --local (the model in this process) or --swarm / --swarm-dht");
-  if (a.parallel < 1) throw std::invalid_argument("--parallel must be at least 1");
   if (!a.local && a.batching != "on")
     throw std::invalid_argument("--batching off is for --local (a swarm's servers batch their sessions' steps)");
   if (a.prefix_sharing != "on" && a.local && a.batching != "on")
@@ -150,7 +150,9 @@ void register_api(CLI::App& app, action_fn& action) {
                   "Chat template: " + api::known_chat_templates() +
                       ", or a Jinja file of one of those families (default: tokenizer_config.json's)");
   cmd->add_option("--parallel", a->parallel,
-                  "Requests generated at once (with --local batched together unless --batching off; with --swarm each its own session); more wait")
+                  "Requests generated at once, 1 to 4096 (with --local batched together unless --batching off; with "
+                  "--swarm each its own session); more wait")
+      ->check(integer_between(1, 4096))
       ->capture_default_str();
   cmd->add_option("--batching", a->batching,
                   "With --local: on runs the requests' decode steps together (one pass over the weights for all), "
@@ -173,7 +175,12 @@ void register_api(CLI::App& app, action_fn& action) {
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache elements with --local: f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
-  cmd->callback([a, &action] { action = [a] { return run_api(*a); }; });
+  cmd->callback([a, cmd, &action] {
+    action = [a, cmd] {
+      refuse_swarm_only_flags(*cmd, a->swarm);
+      return run_api(*a);
+    };
+  });
 }
 
 }  // namespace corolla::app

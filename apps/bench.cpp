@@ -18,6 +18,7 @@
 
 #include "apps/bench_common.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/membw.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/profiling_backend.hpp"
@@ -167,7 +168,9 @@ void add_common(CLI::App* cmd, bench_common& o, bool with_profile) {
   cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
-  cmd->add_option("--seed", o.seed, "Seed of the random default model")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the random default model")
+      ->check(unsigned_integer())
+      ->capture_default_str();
   if (with_profile)
     cmd->add_flag("--profile", o.profile,
                   "After the measurement, run once more with every op synchronised and timed, and print "

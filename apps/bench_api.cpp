@@ -39,8 +39,9 @@
 #include "api/http_api.hpp"
 #include "api/openai_request.hpp"
 #include "apps/bench_api_load.hpp"
-#include "apps/commands.hpp"
 #include "apps/bench_model.hpp"
+#include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/local_swarm.hpp"
 #include "kernels/backend.hpp"
 #include "model/safetensors.hpp"
@@ -363,7 +364,9 @@ void register_bench_api(CLI::App* bench, action_fn& action) {
   cmd->add_option("--model", o.model_dir,
                   "HuggingFace model directory with a tokenizer (default: the random ~100M-parameter bench model "
                   "with a byte-level BPE tokenizer, written to a temporary directory)");
-  cmd->add_option("--seed", o.seed, "Seed of the random default model and the prompts")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the random default model and the prompts")
+      ->check(unsigned_integer())
+      ->capture_default_str();
   cmd->add_option("--servers", o.servers, "Servers in the chain (the blocks split evenly)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();

@@ -21,6 +21,7 @@
 
 #include "apps/bench_common.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/cpu_isa.hpp"
 #include "model/block.hpp"
@@ -270,9 +271,15 @@ void register_bench_decode(CLI::App* bench, action_fn& action) {
   static int prompt_tokens = 128, new_tokens = 64, repeats = 5;
   auto* decode = bench->add_subcommand("decode", "Batch-1 decode and prefill tokens/s vs memory bandwidth");
   add_common(decode, decode_opts);
-  decode->add_option("--prompt-tokens", prompt_tokens, "Prompt length (prefill)")->capture_default_str();
-  decode->add_option("--new-tokens", new_tokens, "Tokens generated per run")->capture_default_str();
-  decode->add_option("--repeats", repeats, "Runs; the best is reported")->capture_default_str();
+  decode->add_option("--prompt-tokens", prompt_tokens, "Prompt length (prefill)")
+      ->check(integer_between(1, 1 << 20))
+      ->capture_default_str();
+  decode->add_option("--new-tokens", new_tokens, "Tokens generated per run")
+      ->check(integer_between(1, 1 << 20))
+      ->capture_default_str();
+  decode->add_option("--repeats", repeats, "Runs; the best is reported")
+      ->check(integer_between(1, 1000))
+      ->capture_default_str();
   static std::string weights = "f32";
   decode->add_option("--weights", weights,
                      "Linear weights decode reads: f32, bf16, int8 or nf4 (then f32 is measured too, in the same run, "

@@ -27,6 +27,7 @@
 
 #include "apps/bench_common.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/vendor_gemm.hpp"
 
@@ -242,9 +243,11 @@ void register_bench_gemm(CLI::App* bench, action_fn& action) {
                   "Row counts M to run each shape with (default: 1 and 2048; tiny: 1 and 16)")
       ->delimiter(',');
   cmd->add_option("--rounds", o.rounds, "Timed rounds per shape and side; the best counts")
+      ->check(integer_between(1, 1000))
       ->capture_default_str();
   cmd->add_option("--round-ms", o.round_ms,
                   "Target length of a round (sets the products per round, 1..1000)")
+      ->check(finite_between(0.01, 10000))
       ->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "net/codec.hpp"
 #include "net/zmq_transport.hpp"
 
@@ -216,7 +217,9 @@ void register_bench_interleave(CLI::App* bench, action_fn& action) {
   static interleave_options o;
   auto* cmd = bench->add_subcommand(
       "interleave", "Small requests during a large transfer on one link: fragments vs one FIFO (loopback)");
-  cmd->add_option("--bulk-mib", o.bulk_mib, "Size of the large message in MiB (at most 1024)")->capture_default_str();
+  cmd->add_option("--bulk-mib", o.bulk_mib, "Size of the large message in MiB (at most 1024)")
+      ->check(finite_between(0.001, 1024))
+      ->capture_default_str();
   cmd->add_option("--link-profile", o.profile,
                   "Shaping of the client's link: none, ib, roce, ethernet, wan, consumer or \"bw=100Mbit,lat=20ms,...\"")
       ->capture_default_str();

@@ -33,7 +33,7 @@
 #include <zmq.h>
 
 #include "apps/commands.hpp"
-#include "apps/number_checks.hpp"
+#include "apps/flag_checks.hpp"
 #include "net/codec.hpp"
 #include "net/rdma_fake.hpp"
 #include "net/rdma_verbs.hpp"

@@ -33,16 +33,17 @@
 
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
-#include "actors/swarm_generate.hpp"
 #include "actors/swarm_finetune.hpp"
-#include "apps/commands.hpp"
+#include "actors/swarm_generate.hpp"
 #include "apps/bench_model.hpp"
+#include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/local_swarm.hpp"
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
 #include "model/prompt_tuning.hpp"
-#include "model/span_engine.hpp"
 #include "model/safetensors.hpp"
+#include "model/span_engine.hpp"
 #include "model/transformer.hpp"
 #include "net/shaping.hpp"
 
@@ -486,7 +487,9 @@ void register_bench_swarm(CLI::App* bench, action_fn& action) {
   cmd->add_option("--model", o.model_dir,
                   "HuggingFace model directory (default: the random ~100M-parameter bench model, written to a "
                   "temporary directory)");
-  cmd->add_option("--seed", o.seed, "Seed of the random default model and the prompt")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the random default model and the prompt")
+      ->check(unsigned_integer())
+      ->capture_default_str();
   cmd->add_option("--servers", o.servers, "Servers in the chain (the blocks split evenly)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();

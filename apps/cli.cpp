@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -34,7 +35,9 @@ std::string model_id_of(const std::string& dir) {
 }
 
 void apply_common_options(int threads, const std::string& log_level) {
-  if (threads < 0) throw std::invalid_argument("--threads must be >= 0 (0 = the default), got " + std::to_string(threads));
+  if (threads < 0 || threads > max_cpu_threads)
+    throw std::invalid_argument("--threads must be in [0, " + std::to_string(max_cpu_threads) +
+                                "] (0 = the default), got " + std::to_string(threads));
   // spdlog reads any word it does not know as "off": a typo would silence every line.
   const spdlog::level::level_enum level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off")
@@ -116,6 +119,34 @@ dtype parse_compute_flag(const std::string& text, device where) {
   return t;
 }
 
+namespace {
+
+/// "corolla frobnicate" or "corolla bench frobnicate": the unknown command
+/// and the ones there are, which CLI11 would only call a missing one.
+/// Empty when the command words (the leading ones that are not flags) name
+/// known commands.
+std::string unknown_command(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* at = &app;
+  std::string path = "corolla";
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    const auto commands = at->get_subcommands([](const CLI::App*) { return true; });
+    if (commands.empty()) break;
+    const std::string word = argv[i];
+    const auto named = std::find_if(commands.begin(), commands.end(),
+                                    [&](const CLI::App* c) { return c->get_name() == word; });
+    if (named == commands.end()) {
+      std::string known;
+      for (const CLI::App* c : commands) known += (known.empty() ? "" : ", ") + c->get_name();
+      return "unknown command '" + path + " " + word + "'; the commands are " + known + " (" + path + " --help)";
+    }
+    at = *named;
+    path += " " + word;
+  }
+  return {};
+}
+
+}  // namespace
+
 int run_cli(int argc, char** argv) {
   CLI::App app{"corolla: train, fine-tune and serve LLMs across heterogeneous clusters and swarms"};
   app.set_version_flag("--version", std::string("corolla ") + COROLLA_VERSION);
@@ -140,6 +171,10 @@ int run_cli(int argc, char** argv) {
   register_faultlab(app, action);
   register_plan(app, action);
 
+  if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
+    std::fprintf(stderr, "corolla: error: %s\n", unknown.c_str());
+    return static_cast<int>(CLI::ExitCodes::ExtrasError);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -121,7 +121,12 @@ std::vector<std::string> split_list(const std::string& text);
 /// Servers announce it and clients look it up, so both must derive it alike.
 std::string model_id_of(const std::string& dir);
 
+/// The most --threads any command takes.
+inline constexpr int max_cpu_threads = 4096;
+
 /// Applies --threads (0 = all cores) and --log-level to the process.
+/// Throws std::invalid_argument for --threads outside [0, max_cpu_threads]
+/// and a level spdlog does not know.
 void apply_common_options(int threads, const std::string& log_level);
 
 /// The dtype a --weights flag names: "f32" or "bf16" (the linear weights

@@ -15,6 +15,7 @@
 #include "api/dashboard.hpp"
 #include "api/swarm_view.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/node_flags.hpp"
 #include "apps/swarm_flags.hpp"
 #include "model/config.hpp"
@@ -69,7 +70,8 @@ void register_dashboard(CLI::App& app, action_fn& action) {
   cmd->add_option("--swarm-dht", a->swarm_dht, "DHT nodes of the swarm, HOST:PORT[,HOST:PORT...]")->required();
   cmd->add_option("--model", a->model, "HuggingFace model directory (its name is the model id; config.json gives the blocks)");
   cmd->add_option("--swarm-model", a->swarm_model, "The model id the servers announce (instead of --model)");
-  cmd->add_option("--blocks", a->blocks, "The model's blocks (with --swarm-model)");
+  cmd->add_option("--blocks", a->blocks, "The model's blocks (with --swarm-model)")
+      ->check(integer_between(1, 1000000));
   cmd->add_option("--listen", a->listen, "HOST:PORT to serve HTTP on (port 0 = any)")->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([a, &action] { action = [a] { return run_dashboard(*a); }; });

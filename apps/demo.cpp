@@ -32,17 +32,17 @@
 #include "apps/cluster_file.hpp"
 #include "apps/commands.hpp"
 #include "apps/demo_corpus.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/local_swarm.hpp"
-#include "apps/number_checks.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/train_args.hpp"
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
 #include "model/generator.hpp"
-#include "model/sampler.hpp"
 #include "model/head.hpp"
 #include "model/safetensors.hpp"
+#include "model/sampler.hpp"
 #include "model/token_data.hpp"
 #include "model/tokenizer.hpp"
 #include "model/trainer.hpp"
@@ -486,6 +486,7 @@ void register_demo(CLI::App& app, action_fn& action) {
       "demo", "Train a small GPT on the built-in corpus for about a minute, save it, generate, "
       "then generate through a local swarm while a server is killed");
   cmd->add_option("--out", o.out, "Directory for the corpus copy and the trained model")
+      ->check(non_empty())
       ->capture_default_str();
   cmd->add_option("--seconds", o.seconds, "Training time budget")->capture_default_str()
       ->check(finite_above(0));
@@ -495,8 +496,14 @@ void register_demo(CLI::App& app, action_fn& action) {
   cmd->add_option("--temperature", o.temperature, "Sampling temperature (0 = greedy)")
       ->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Top-k sampling (0 = off)")->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed for initialisation and sampling")->capture_default_str();
-  cmd->add_option("--vocab", o.vocab, "Tokenizer vocabulary size")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed for initialisation and sampling")
+      ->check(unsigned_integer())
+      ->capture_default_str();
+  // The built-in corpus has 61 distinct characters and about 3700 BPE
+  // merges in it: SentencePiece refuses sizes outside that.
+  cmd->add_option("--vocab", o.vocab, "Tokenizer vocabulary size (128 to 3000: the built-in corpus holds no more)")
+      ->check(integer_between(128, 3000))
+      ->capture_default_str();
   cmd->add_flag("--no-swarm", o.no_swarm,
                 "Skip the last stage (local corolla serve processes, one killed mid-generation)");
   cmd->callback([&action] { action = [] { return run_demo(o); }; });

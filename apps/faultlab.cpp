@@ -24,6 +24,7 @@
 
 #include "apps/commands.hpp"
 #include "apps/faultlab.hpp"
+#include "apps/flag_checks.hpp"
 #include "model/config.hpp"
 #include "model/whole_file.hpp"
 
@@ -118,6 +119,9 @@ int run_scenario(fl::scenario s, const faultlab_args& a) {
   fs::path dir = a.report.empty() ? fs::temp_directory_path() / ("corolla-faultlab-" + std::to_string(::getpid()))
                                   : fs::path(a.report);
   fs::create_directories(dir);
+  // An earlier run's report and logs go: what stays in DIR is this run's
+  // (a log of a server the new scenario does not have would mislead).
+  for (const char* old : {"report.json", "timeline.svg", "reference", "faults"}) fs::remove_all(dir / old);
   materialize_builtins(s, dir);
   const std::uint64_t seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed) : s.seed;
   std::mt19937_64 rng(seed);
@@ -316,11 +320,15 @@ void register_faultlab(CLI::App& app, action_fn& action) {
   random->add_flag("--train", a->train, "A training campaign (needs --model and --data)");
   random->add_option("--model", a->model, "HuggingFace model directory")->required();
   random->add_option("--data", a->data, "Training tokens (with --train)");
-  random->add_option("--faults", a->faults, "Faults to inject")->capture_default_str();
+  random->add_option("--faults", a->faults, "Faults to inject (at most 10: a campaign is 24 steps or tokens)")
+      ->check(integer_between(0, 10))
+      ->capture_default_str();
   for (CLI::App* c : {run, random}) {
     c->add_flag("--json", a->json_out, "One JSON report on stdout");
-    c->add_option("--report", a->report, "Write report.json and every process's log here");
-    c->add_option("--seed", a->seed, "Seed of random targets (default: the scenario's; random: the time)");
+    c->add_option("--report", a->report, "Write report.json and every process's log here")
+        ->check(non_empty());
+    c->add_option("--seed", a->seed, "Seed of random targets (default: the scenario's; random: the time)")
+        ->check(unsigned_integer());
   }
   run->callback([a, &action] {
     action = [a] {

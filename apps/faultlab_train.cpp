@@ -30,8 +30,8 @@
 #include "actors/corolla.hpp"
 #include "actors/node_control.hpp"
 #include "apps/control_token_env.hpp"
-#include "apps/faultlab_harness.hpp"
 #include "apps/faultlab.hpp"
+#include "apps/faultlab_harness.hpp"
 #include "apps/self_process.hpp"
 
 namespace corolla::app {
@@ -378,9 +378,15 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
     run.error = "the launcher was killed and no launcher that took over finished the job (no summary line)";
   } else if (!run.completed) {
     std::ifstream err(err_log);
-    std::string line, lastline;
-    while (std::getline(err, line))
+    // The last error line; else (CLI11's usage errors say no "error") the
+    // last line with something in it, but not CLI11's pointer to --help.
+    std::string line, lastline, lastany;
+    while (std::getline(err, line)) {
       if (line.find("error") != std::string::npos) lastline = line;
+      if (line.find_first_not_of(" \t") != std::string::npos && line != "Run with --help for more information.")
+        lastany = line;
+    }
+    if (lastline.empty()) lastline = lastany;
     run.error = "corolla train ended with " +
                 (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
                                    : "signal " + std::to_string(WTERMSIG(status))) +

@@ -14,6 +14,7 @@
 
 #include "actors/swarm_finetune.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/swarm_flags.hpp"
 #include "apps/train_args.hpp"
 #include "model/config.hpp"
@@ -143,15 +144,23 @@ void register_finetune(CLI::App& app, action_fn& action) {
   cmd->add_option("--tuning", o->tuning, "deep (a prompt per block) or shallow (the input prefix only)")
       ->capture_default_str();
   cmd->add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the prompts' initialisation and of route choices")->capture_default_str();
-  cmd->add_option("--save", o->save, "Write the trained prompts here (safetensors, 'deep_prompts' [blocks, P, D])");
+  cmd->add_option("--seed", o->seed, "Seed of the prompts' initialisation and of route choices")
+      ->check(unsigned_integer())
+      ->capture_default_str();
+  cmd->add_option("--save", o->save, "Write the trained prompts here (safetensors, 'deep_prompts' [blocks, P, D])")
+      ->check(non_empty());
   cmd->add_flag("--json", o->json, "Print one JSON line with every step's loss instead of one line per step");
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores; 1 with a swarm)")->capture_default_str();
   cmd->add_option("--device", o->device,
                   "Where --local's blocks run: auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N (the head and the prompts stay on the cpu)")
       ->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
-  cmd->callback([o, &action] { action = [o] { return run_finetune(*o); }; });
+  cmd->callback([o, cmd, &action] {
+    action = [o, cmd] {
+      refuse_swarm_only_flags(*cmd, o->swarm);
+      return run_finetune(*o);
+    };
+  });
 }
 
 }  // namespace corolla::app

@@ -19,12 +19,13 @@
 #include "actors/corolla.hpp"
 #include "actors/swarm_client.hpp"
 #include "actors/swarm_generate.hpp"
-#include "apps/swarm_flags.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/model_load.hpp"
+#include "apps/swarm_flags.hpp"
 #include "kernels/backend.hpp"
-#include "model/error.hpp"
 #include "model/config.hpp"
+#include "model/error.hpp"
 #include "model/generator.hpp"
 #include "model/prompt_tuning.hpp"
 #include "model/safetensors.hpp"
@@ -232,7 +233,9 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = all)")
       ->capture_default_str();
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Sampling seed")
+      ->check(unsigned_integer())
+      ->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
   cmd->add_flag("--print-ids", o->print_ids,
                 "End stdout with a line of the generated ids (space-separated)");
@@ -261,10 +264,13 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
-  cmd->callback([o, prompt, ids, &action] {
+  cmd->callback([o, cmd, prompt, ids, &action] {
     o->has_prompt = prompt->count() > 0;
     o->has_prompt_ids = ids->count() > 0;
-    action = [o] { return run_generate(*o); };
+    action = [o, cmd] {
+      refuse_swarm_only_flags(*cmd, o->swarm, {"--compression", "--no-server-push"});
+      return run_generate(*o);
+    };
   });
 }
 

@@ -18,8 +18,8 @@
 
 #include "actors/corolla.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/node_flags.hpp"
-#include "apps/number_checks.hpp"
 
 namespace corolla::app {
 namespace {

@@ -29,7 +29,8 @@ void node_flags::add_to(CLI::App* cmd, const std::string& who) {
       ->check(CLI::Range(2, 3600000))
       ->capture_default_str();
   cmd->add_option("--nic-class", nic_class,
-                  "NIC class announced to peers: ib, roce, ethernet (default: this host's fastest active class)");
+                  "NIC class announced to peers: ib, roce, ethernet (default: this host's fastest active class)")
+      ->check(CLI::IsMember({"ib", "roce", "ethernet"}));
   cmd->add_flag("--no-rdma", no_rdma,
                 "Keep every link on ZeroMQ/TCP even where both ends have RDMA ports of one class");
 }

@@ -20,8 +20,10 @@
 
 #include "actors/corolla.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "net/codec.hpp"
 #include "net/wire.capnp.h"
+#include "net/zmq_transport.hpp"
 
 namespace corolla::app {
 namespace {
@@ -121,6 +123,12 @@ int run_ping(const ping_args& a) {
   if (a.size < 1) throw std::runtime_error("--size must be at least 1 byte");
   if (!a.curve_keys.empty() && a.server_key.empty())
     throw std::runtime_error("--curve-keys needs --server-key (the node's public key, printed in its readiness line)");
+  if (!a.server_key.empty() && a.curve_keys.empty())
+    throw std::runtime_error("--server-key needs --curve-keys (this client's key directory: CurveZMQ authenticates "
+                             "both ends)");
+  if (!a.server_key.empty() && !net::is_curve_key(a.server_key))
+    throw std::runtime_error("--server-key must be the node's CurveZMQ public key (40 Z85 characters, as its "
+                             "readiness line prints it), got '" + a.server_key + "'");
 
   node_options o;
   o.listen = "";  // a client: the node answers over our connection
@@ -242,7 +250,9 @@ void register_ping(CLI::App& app, action_fn& action) {
   auto* cmd = app.add_subcommand("ping", "Echo tensors off a node, check them bit-exact, print RTT and throughput");
   cmd->add_option("--peer", a->peer, "Endpoint of the node, e.g. tcp://127.0.0.1:41234")->required();
   cmd->add_option("--count", a->count, "Number of echo requests")->check(CLI::Range(1, 100000000))->capture_default_str();
-  cmd->add_option("--size", a->size, "Bytes of the tensor in each request")->capture_default_str();
+  cmd->add_option("--size", a->size, "Bytes of the tensor in each request (at most 1023 MiB: a message is at most 1 GiB)")
+      ->check(integer_between(1, (1 << 30) - (1 << 20)))
+      ->capture_default_str();
   cmd->add_option("--link-profile", a->link_profile,
                   "Shape this link (both directions): none, ib, roce, ethernet, wan, consumer, or "
                   "bw=200Mbit,lat=5ms,...");

@@ -1,5 +1,6 @@
 #include "apps/self_process.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -48,10 +49,38 @@ static_assert(std::atomic<pid_t>::is_always_lock_free, "the stop-signal handler 
 char removable_path[4096];
 std::atomic<bool> removable{false};
 
+// The directory tree a stop signal removes: as removable_path.
+char removable_tree[4096];
+std::atomic<bool> tree_removable{false};
+
+/// Removes `name` in directory `parent` with everything in it, with
+/// async-signal-safe calls only (a stop signal's handler runs it): no
+/// allocation, a 4 KiB buffer per level, at most 16 levels. A pass that
+/// leaves entries (the directory changed while read) is repeated twice.
+void remove_tree_at(int parent, const char* name, int depth) {
+  if (::unlinkat(parent, name, 0) == 0 || (errno != EISDIR && errno != EPERM) || depth > 16) return;
+  const int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  for (int pass = 0; pass < 3; ++pass) {
+    alignas(8) char buf[4096];
+    ssize_t n = 0;
+    while ((n = ::getdents64(fd, buf, sizeof buf)) > 0)
+      for (ssize_t at = 0; at < n;) {
+        const auto* d = reinterpret_cast<const struct dirent64*>(buf + at);
+        at += d->d_reclen;
+        if (std::strcmp(d->d_name, ".") != 0 && std::strcmp(d->d_name, "..") != 0) remove_tree_at(fd, d->d_name, depth + 1);
+      }
+    if (::unlinkat(parent, name, AT_REMOVEDIR) == 0 || errno != ENOTEMPTY) break;
+    ::lseek(fd, 0, SEEK_SET);
+  }
+  ::close(fd);
+}
+
 void end_guarded(int sig) {
   for (auto& p : guarded)
     if (const pid_t pid = p.load(); pid > 0) ::kill(pid, SIGKILL);
   if (removable.load()) ::unlink(removable_path);
+  if (tree_removable.load()) remove_tree_at(AT_FDCWD, removable_tree, 0);
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   ::sigemptyset(&dfl.sa_mask);
@@ -185,6 +214,13 @@ void remove_on_stop_signal(const std::string& path) {
   if (path.empty() || path.size() >= sizeof removable_path) return;
   std::memcpy(removable_path, path.c_str(), path.size() + 1);
   removable = true;
+}
+
+void remove_tree_on_stop_signal(const std::string& path) {
+  tree_removable = false;
+  if (path.empty() || path.size() >= sizeof removable_tree) return;
+  std::memcpy(removable_tree, path.c_str(), path.size() + 1);
+  tree_removable = true;
 }
 
 void forget_on_stop_signal(pid_t pid) {

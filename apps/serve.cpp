@@ -28,10 +28,10 @@
 #include "actors/swarm_wire.hpp"
 #include "api/server_metrics.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/node_flags.hpp"
-#include "apps/number_checks.hpp"
-#include "apps/serve_peers.hpp"
 #include "apps/serve_memory.hpp"
+#include "apps/serve_peers.hpp"
 #include "apps/serve_relay.hpp"
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
@@ -40,10 +40,11 @@
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
 #include "net/codec.hpp"
+#include "net/endpoint.hpp"
 #include "net/membership.hpp"
 #include "net/nic.hpp"
-#include "net/shaping.hpp"
 #include "net/server_record.hpp"
+#include "net/shaping.hpp"
 #include "schedule/block_selection.hpp"
 
 namespace corolla::app {
@@ -100,6 +101,18 @@ std::pair<int, int> parse_blocks(const std::string& text, int n_blocks) {
     throw std::invalid_argument("--blocks " + text + " is not a non-empty part of the model's " +
                                 std::to_string(n_blocks) + " blocks [0, " + std::to_string(n_blocks) + ")");
   return {a, b};
+}
+
+/// An --announce-endpoint peers can dial: tcp://HOST:PORT with a real host
+/// and port (not the wildcard or port 0 that a bind may take).
+void check_announced_endpoint(const std::string& endpoint) {
+  if (const std::string problem = net::tcp_endpoint_problem(endpoint); !problem.empty())
+    throw std::invalid_argument("--announce-endpoint: " + problem);
+  const std::string rest = endpoint.substr(endpoint.find("://") + 3);
+  const std::string host = rest.substr(0, rest.rfind(':')), port = rest.substr(rest.rfind(':') + 1);
+  if (host == "*" || host == "0.0.0.0" || host == "[::]" || port == "*" || std::stoi(port) == 0)
+    throw std::invalid_argument("--announce-endpoint " + endpoint +
+                                " is not an address peers can dial: give the host and port they reach this server at");
 }
 
 /// Seconds one decode step (one row) takes through the whole span, measured
@@ -251,6 +264,13 @@ int run_serve(serve_args a) {
                                 std::to_string(cfg.n_layers) + " blocks");
   Backend& be = backend_for(parse_device(a.device));
 
+  if (!memory) {
+    const int span_blocks = num_blocks > 0 ? num_blocks : [&] {
+      const auto [a_first, a_last] = parse_blocks(a.blocks, cfg.n_layers);
+      return a_last - a_first;
+    }();
+    check_cache_tokens(memory_flags, cfg, span_blocks, engine_options.kv_dtype);
+  }
   for (const std::string& relay : split_list(a.relays)) given_relay(relay);  // not after 30 s of dialling it
   if (a.no_listen && a.no_dht && a.relays.empty())
     throw std::invalid_argument("--no-listen needs a relay: give --relay HOST:PORT, or drop --no-dht to find one "
@@ -258,6 +278,7 @@ int run_serve(serve_args a) {
   node_options node_opts = a.node.options();
   if (a.no_listen && !a.announce_endpoint.empty())
     throw std::invalid_argument("--announce-endpoint is for servers that listen (drop --no-listen)");
+  if (!a.announce_endpoint.empty()) check_announced_endpoint(a.announce_endpoint);
   if (a.no_listen) node_opts.listen = "";  // behind NAT: nobody can dial in
   node_opts.relay_service = !a.no_listen && !a.no_relay_service;
   node_opts.relay_rate = a.relay_rate_mbit * 1e6 / 8;

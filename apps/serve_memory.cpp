@@ -7,6 +7,7 @@
 
 #include "apps/commands.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/memory_available.hpp"
 #include "model/block.hpp"
 #include "model/span_engine.hpp"
 
@@ -47,6 +48,24 @@ memory_plan plan_memory(const serve_memory_flags& f, const model_config& cfg, we
                f.max_memory, p.blocks, cfg.n_layers, mib(p.budget.bytes_per_block), weight_format_name(weights),
                f.cache_tokens, mib(p.budget.cache_bytes_per_block), aside);
   return p;
+}
+
+void check_cache_tokens(const serve_memory_flags& f, const model_config& cfg, int blocks, dtype kv) {
+  const std::uint64_t per_block = span_engine::kv_bytes_per_token(cfg, 1, kv);
+  const device where = parse_device(f.device);
+  memory_available m;
+  try {
+    m = available_memory(where);
+  } catch (const std::exception&) {
+    return;  // nothing to compare with (no such device): the allocation says why
+  }
+  const auto mib = [](double b) { return b / (1 << 20); };
+  const double bytes = static_cast<double>(per_block) * static_cast<double>(f.cache_tokens) * blocks;
+  if (m.total_bytes > 0 && bytes > static_cast<double>(m.total_bytes))
+    throw std::invalid_argument(fmt::format(
+        "--cache-tokens {} needs {:.0f} MiB of {} KV cache for {} block(s), more than the {:.0f} MiB {} has in all: "
+        "give fewer tokens, or --max-memory to size the cache by memory",
+        f.cache_tokens, mib(bytes), dtype_name(kv), blocks, mib(static_cast<double>(m.total_bytes)), where.str()));
 }
 
 std::int64_t cache_tokens_for(const serve_memory_flags& f, const std::optional<memory_plan>& plan, int blocks,

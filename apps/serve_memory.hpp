@@ -50,6 +50,12 @@ swarm::memory_budget served_memory_budget(std::uint64_t available, const model_c
 /// what one needs.
 memory_plan plan_memory(const serve_memory_flags& flags, const model_config& cfg, weight_format weights, dtype kv);
 
+/// Without --max-memory: throws std::invalid_argument, naming --cache-tokens,
+/// when the KV cache it asks for `blocks` blocks is more than the device's
+/// whole memory (it could never be allocated; better said before the
+/// server announces itself than by the allocator after).
+void check_cache_tokens(const serve_memory_flags& flags, const model_config& cfg, int blocks, dtype kv);
+
 /// The KV cache tokens a span of `blocks` blocks gets: with a plan, all the
 /// budget leaves after their weights (at least --cache-tokens, in whole
 /// pages of `page_tokens`); else --cache-tokens.

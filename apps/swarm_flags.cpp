@@ -6,7 +6,9 @@
 
 #include "actors/swarm_records.hpp"
 #include "apps/commands.hpp"
-#include "apps/number_checks.hpp"
+#include "apps/flag_checks.hpp"
+#include "net/endpoint.hpp"
+#include "net/zmq_transport.hpp"
 
 namespace corolla::app {
 
@@ -40,6 +42,35 @@ void add_swarm_flags(CLI::App* cmd, swarm_flags& f) {
       ->capture_default_str();
 }
 
+void check_swarm_entries(const std::vector<std::string>& entries) {
+  for (const std::string& entry : entries) {
+    const auto hash = entry.find('#');
+    std::string where = entry.substr(0, hash);
+    if (const auto at = where.find('@'); at != std::string::npos) where = where.substr(at + 1);
+    if (where.find("://") == std::string::npos) where = "tcp://" + where;
+    if (const std::string problem = net::tcp_endpoint_problem(where); !problem.empty())
+      throw std::invalid_argument("--swarm entry '" + entry + "': " + problem);
+    if (hash != std::string::npos && !net::is_curve_key(entry.substr(hash + 1)))
+      throw std::invalid_argument("--swarm entry '" + entry +
+                                  "': the key after '#' must be the server's CurveZMQ public key (40 Z85 characters, "
+                                  "as its readiness line prints it)");
+  }
+}
+
+void refuse_swarm_only_flags(const CLI::App& cmd, const swarm_flags& f, const std::vector<std::string>& more) {
+  if (f.given()) return;
+  std::vector<std::string> flags{"--swarm-model", "--curve-keys",  "--swarm-timeout-ms",
+                                 "--swarm-weights", "--spot-checks", "--spot-check-probation"};
+  flags.insert(flags.end(), more.begin(), more.end());
+  std::string given;
+  for (const std::string& flag : flags)
+    if (cmd.count(flag) > 0) given += (given.empty() ? "" : ", ") + flag;
+  if (!given.empty())
+    throw std::invalid_argument(given + " only shape" + (given.find(',') == std::string::npos ? "s" : "") +
+                                " a swarm: give --swarm or --swarm-dht too, or leave " +
+                                (given.find(',') == std::string::npos ? "it" : "them") + " out");
+}
+
 swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_dir, int n_blocks) {
   if (!f.weights.empty()) try {
       parse_weights_flag(f.weights);
@@ -54,6 +85,7 @@ swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_di
   if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
   c.runtime = std::move(*n);
   c.options.servers = split_list(f.swarm);
+  check_swarm_entries(c.options.servers);
   // With --swarm-dht the servers come from their DHT records (read again at
   // every refresh, so servers that joined since are found too).
   if (!f.swarm_dht.empty()) {

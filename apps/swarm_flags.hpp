@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -31,6 +32,19 @@ struct swarm_flags {
 
 /// Adds the flags above to `cmd`.
 void add_swarm_flags(CLI::App* cmd, swarm_flags& f);
+
+/// Checks each --swarm entry (HOST:PORT, NODE_ID@RELAY_HOST:PORT, either
+/// with #KEY): a malformed endpoint or a key that is not 40 Z85 characters
+/// throws std::invalid_argument naming the entry, before any server is
+/// dialled (a bad key would otherwise show only as a failed handshake).
+void check_swarm_entries(const std::vector<std::string>& entries);
+
+/// Without a swarm (neither --swarm nor --swarm-dht), the flags above that
+/// only shape one (--swarm-model, --curve-keys, --swarm-timeout-ms,
+/// --swarm-weights, --spot-checks, --spot-check-probation) and the
+/// command's own in `more` (generate's --compression) would do nothing:
+/// throws std::invalid_argument naming those `cmd` was given.
+void refuse_swarm_only_flags(const CLI::App& cmd, const swarm_flags& f, const std::vector<std::string>& more = {});
 
 /// A client's node, its DHT membership (with --swarm-dht) and the
 /// swarm_client options the flags describe. Keep it alive while the

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_lobby.hpp"
 #include "kernels/backend.hpp"
@@ -110,7 +111,13 @@ int run_train(const train_args& a) {
                                     std::pair{a.resume, "--resume"}, std::pair{a.chunks != 1, "--chunks"},
                                     std::pair{!a.link_profile.empty(), "--link-profile"},
                                     std::pair{a.collectives != "host", "--collectives"},
-                                    std::pair{!a.coordinator.empty(), "--coordinator"}})
+                                    std::pair{!a.coordinator.empty(), "--coordinator"},
+                                    std::pair{a.external_coordinator, "--external-coordinator"},
+                                    std::pair{a.elastic, "--elastic"}, std::pair{a.min_ranks != 1, "--min-ranks"},
+                                    std::pair{!a.snapshot_every.empty(), "--snapshot-every"},
+                                    std::pair{!a.standby.empty(), "--standby"},
+                                    std::pair{a.probe_every != 0, "--probe-every"},
+                                    std::pair{!a.take_over.empty(), "--take-over"}})
     if (given) distributed_only += (distributed_only.empty() ? "" : ", ") + std::string(flag);
   if (!distributed_only.empty())
     throw model_error(distributed_only + ": for pipeline x data-parallel training only; add --pp, --dp or --cluster");
@@ -219,8 +226,10 @@ void register_train(CLI::App& app, action_fn& action) {
                   "Print every K-th step (the first and last step are always printed)")
       ->capture_default_str();
   cmd->add_option("--save", args->save,
-                  "Write the trained model here (HuggingFace layout, loadable by generate)");
+                  "Write the trained model here (HuggingFace layout, loadable by generate)")
+      ->check(non_empty());
   cmd->add_option("--seed", args->seed, "Seed of the fresh initialisation (config-only --model)")
+      ->check(unsigned_integer())
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all cores)")
       ->capture_default_str();
@@ -289,6 +298,7 @@ void register_train(CLI::App& app, action_fn& action) {
       ->group(dist);
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
                   "Write sharded checkpoints here (one file per rank per checkpoint; see --resume)")
+      ->check(non_empty())
       ->group(dist);
   cmd->add_option("--checkpoint-every", args->checkpoint_every, "Checkpoint every K steps (0 = never)")
       ->check(CLI::Range(0, 100000000))

@@ -8,9 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <thread>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -24,13 +27,13 @@
 #include "apps/cluster_file.hpp"
 #include "apps/commands.hpp"
 #include "apps/control_token_env.hpp"
-#include "apps/plan_print.hpp"
 #include "apps/launcher_takeover.hpp"
+#include "apps/plan_print.hpp"
 #include "apps/rank_hold.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_job_file.hpp"
-#include "model/stage.hpp"
 #include "model/config.hpp"
+#include "model/stage.hpp"
 #include "model/trainer.hpp"
 #include "net/shaping.hpp"
 #include "schedule/cluster.hpp"
@@ -305,6 +308,20 @@ planned_cluster plan_cluster(const train_args& a, const model_config& cfg) {
   return p;
 }
 
+/// A --checkpoint-dir the ranks can write into, made when missing: a file,
+/// a folder that cannot be made or one this process may not write into is
+/// refused before any rank starts (else every rank would fail on it).
+void check_checkpoint_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw std::invalid_argument("--checkpoint-dir " + dir + " is a file, not a directory");
+  if (!fs::is_directory(dir, ec) && !fs::create_directories(dir, ec) && ec)
+    throw std::invalid_argument("--checkpoint-dir " + dir + " cannot be made: " + ec.message());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw std::invalid_argument("--checkpoint-dir " + dir + ": cannot write into it: " + std::strerror(errno));
+}
+
 /// A link of the cost model as a shaping profile ("" for an unbounded one).
 std::string profile_of(const schedule::link_spec& l) {
   if (!std::isfinite(l.bandwidth)) return "";
@@ -378,6 +395,10 @@ int run_distributed_train(train_args a) {
   if (!a.job_file.empty()) {
     if (a.rank < 0) throw std::invalid_argument("--job-file is for ranks started by the local launcher (with --rank)");
     const dist_train_options job = job_from_json(a.job_file);
+    if (is_worker_job_file(a.job_file)) {
+      std::error_code ec;
+      std::filesystem::remove(a.job_file, ec);  // read once; see worker_job_file_prefix
+    }
     check_layout(job.layout, cfg.n_layers);
     return run_rank(a, job, cfg);
   }
@@ -452,6 +473,7 @@ int run_distributed_train(train_args a) {
   o.micro_batches();  // checks the batch split (and interleaving's multiple of --pp)
   if ((a.checkpoint_every > 0 || a.resume) && a.checkpoint_dir.empty())
     throw std::invalid_argument("--checkpoint-every and --resume need --checkpoint-dir");
+  if (!a.checkpoint_dir.empty()) check_checkpoint_dir(a.checkpoint_dir);
   if (!(a.timeout_s > 0)) throw std::invalid_argument("--timeout-s must be positive");
   if (!(a.hang_s >= 0)) throw std::invalid_argument("--hang-s must be >= 0 (0: never)");
   // A fresh run would write its shards over the checkpoint `latest` names
@@ -478,6 +500,17 @@ int run_distributed_train(train_args a) {
                                 "on other machines join it with corolla train --join ENDPOINT --listen "
                                 "tcp://THEIR_ADDRESS:0 (ENDPOINT: the launcher's --join-listen)");
   if (a.min_ranks < 1) throw std::invalid_argument("--min-ranks must be at least 1");
+  if (a.min_ranks != 1 && !a.elastic)
+    throw std::invalid_argument("--min-ranks is the fewest ranks an --elastic job goes on with: add --elastic");
+  if (a.min_ranks > o.layout.world())
+    throw std::invalid_argument("--min-ranks " + std::to_string(a.min_ranks) + " is more than the job's " +
+                                std::to_string(o.layout.world()) + " ranks (" + o.layout.describe() +
+                                "): it could not start");
+  if (!a.take_over.empty() && !a.elastic)
+    throw std::invalid_argument("--take-over carries on an --elastic job (it is added by a rank process, with the "
+                                "launcher's own flags): add --elastic");
+  if (a.external_coordinator && a.rank < 0)
+    throw std::invalid_argument("--external-coordinator is for a rank (--rank) whose coordinator runs elsewhere");
   if (a.rank >= o.layout.world())
     throw std::invalid_argument("--rank " + std::to_string(a.rank) + " is outside a job of " +
                                 std::to_string(o.layout.world()) + " ranks");

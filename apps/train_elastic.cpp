@@ -48,9 +48,9 @@
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "apps/launcher_takeover.hpp"
-#include "apps/self_process.hpp"
 #include "apps/plan_print.hpp"
 #include "apps/scratch_dir.hpp"
+#include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_job_file.hpp"
 #include "apps/train_lobby.hpp"
@@ -176,6 +176,16 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     if (a.json)
       std::printf("%s\n", nlohmann::json{{"event", "lobby"}, {"endpoint", lobby->endpoint()}}.dump().c_str());
     std::fflush(stdout);
+  }
+
+  // Stopped on purpose (SIGINT, SIGTERM, SIGHUP), the job is over and its
+  // private directory goes too (it would stay in /tmp, snapshots and all).
+  struct forget_drains {
+    ~forget_drains() { remove_tree_on_stop_signal({}); }
+  } forget_on_exit;
+  if (drains) {
+    end_on_stop_signals();
+    remove_tree_on_stop_signal(drains->path().string());
   }
 
   // The launcher's state lives on in the rank processes, and one of them

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -106,6 +107,13 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
   } catch (const std::logic_error& e) {  // stoi, stoull
     throw std::invalid_argument("malformed " + what + ": " + e.what());
   }
+}
+
+bool is_worker_job_file(const std::string& path) {
+  const std::filesystem::path p(path);
+  std::error_code ec;
+  return p.filename().string().rfind(worker_job_file_prefix, 0) == 0 &&
+         std::filesystem::equivalent(p.parent_path(), std::filesystem::temp_directory_path(), ec);
 }
 
 }  // namespace corolla::app

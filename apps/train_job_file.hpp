@@ -20,4 +20,12 @@ dist_train_options job_from_json(const std::string& file);
 /// The same from the text itself; `what` names it in errors ("job file X").
 dist_train_options job_from_json_text(const std::string& text, const std::string& what);
 
+/// The name a worker (`corolla train --join`, apps/train_lobby.cpp) gives
+/// the job file of a rank it runs, in the temporary directory: the rank
+/// removes it once read, so a worker killed while its rank runs leaves no
+/// copy of the job behind.
+inline constexpr const char* worker_job_file_prefix = "corolla-joined-";
+/// Whether `path` is such a file (by its name and directory).
+bool is_worker_job_file(const std::string& path);
+
 }  // namespace corolla::app

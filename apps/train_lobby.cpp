@@ -29,6 +29,7 @@
 #include "apps/rank_processes.hpp"
 #include "apps/self_process.hpp"
 #include "apps/train_args.hpp"
+#include "apps/train_job_file.hpp"
 #include "model/whole_file.hpp"
 #include "net/wire.capnp.h"
 
@@ -287,7 +288,7 @@ int run_train_join(const train_args& a) {
       spdlog::warn("ignoring an assignment that is not a training rank");
       continue;
     }
-    std::string path = (fs::temp_directory_path() / "corolla-joined-XXXXXX").string();
+    std::string path = (fs::temp_directory_path() / (std::string(worker_job_file_prefix) + "XXXXXX")).string();
     const int fd = ::mkstemp(path.data());
     if (fd < 0) throw std::runtime_error("cannot create a job file: " + std::string(std::strerror(errno)));
     const bool written = ::write(fd, work->job.data(), work->job.size()) == static_cast<ssize_t>(work->job.size());

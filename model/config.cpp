@@ -343,6 +343,16 @@ void model_config::validate() const {
                       ") belongs to a Qwen2MoeForCausalLM mixture of experts");
   if (n_experts > 0 && hf_architecture == "MixtralForCausalLM" && !norm_topk_prob)
     throw model_error(describe(*this) + ": Mixtral always renormalises its top-k routing weights (norm_topk_prob)");
+  // A prompt's BOS is embedded, and generation stops at an EOS: an id
+  // outside the vocabulary could be neither.
+  const auto in_vocabulary = [&](int id, const char* what) {
+    if (id >= vocab_size)
+      throw model_error(describe(*this) + ": " + what + " " + std::to_string(id) +
+                        " is not a token of the vocabulary (vocab_size " + std::to_string(vocab_size) + ")");
+  };
+  in_vocabulary(bos_token_id, "bos_token_id");
+  in_vocabulary(eos_token_id, "eos_token_id");
+  for (int id : eos_token_ids) in_vocabulary(id, "eos_token_id");
   if (n_heads % n_kv_heads != 0)
     throw model_error(describe(*this) + ": number of attention heads (" + std::to_string(n_heads) +
                       ") is not divisible by the number of key/value heads (" +
@@ -446,6 +456,11 @@ model_config load_config(const std::filesystem::path& path) {
       if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
         c.eos_token_ids.push_back(id);
     if (c.eos_token_id < 0 && !c.eos_token_ids.empty()) c.eos_token_id = c.eos_token_ids.front();
+    try {
+      c.validate();  // the ids it added
+    } catch (const model_error& e) {
+      throw model_error(std::string(e.what()) + " (in " + gen.string() + ")");
+    }
   }
   return c;
 }

@@ -182,6 +182,8 @@ curve_options load_curve_dir(const std::string& dir_text) {
   return c;
 }
 
+bool is_curve_key(const std::string& text) { return detail::is_z85_key(text); }
+
 // ---- ZAP handler --------------------------------------------------------------
 
 namespace detail {

@@ -50,6 +50,10 @@ struct curve_options {
 /// file named for unreadable or malformed files.
 curve_options load_curve_dir(const std::string& dir);
 
+/// Whether `text` is a CurveZMQ public key as peers are given one: 40 Z85
+/// characters that decode to 32 bytes.
+bool is_curve_key(const std::string& text);
+
 struct transport_options {
   /// Endpoint to bind, e.g. "tcp://127.0.0.1:0" (port 0 = any free port;
   /// endpoint() reports the chosen one). Empty = connect-only.

@@ -170,7 +170,11 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   testing::check_one_error(error_of({"--local", "--swarm", "127.0.0.1:1"}), "give exactly one of --local");
   testing::check_one_error(error_of({"--local", "--listen", "nowhere"}), "--listen must be HOST:PORT");
   testing::check_one_error(error_of({"--local", "--chat-template", "vicuna"}), "'vicuna' is neither a known template");
-  testing::check_one_error(error_of({"--local", "--parallel", "0"}), "--parallel must be at least 1");
+  {
+    const testing::process_result r = error_of({"--local", "--parallel", "0"});  // CLI11's usage error
+    CHECK(r.exit_code == 105);
+    CHECK(r.err.find("--parallel: must be a whole number in [1, 4096], got '0'") != std::string::npos);
+  }
   testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--batching", "off"}), "--batching off is for --local");
   testing::check_one_error(error_of({"--local", "--batching", "off", "--prefix-sharing", "off"}),
                            "--prefix-sharing off is for --local with batching on");

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -393,6 +394,14 @@ same_output_as_reference = true
   CHECK(text.exit_code == 1);
   CHECK(text.out.find("FAIL  faulted run completed") != std::string::npos);
   CHECK(text.out.find("replay: corolla faultlab run <scenario> --seed 11") != std::string::npos);
+  // Without --report the report goes to a temporary folder it names, which
+  // stays for the user to read (and goes here, not to pile up in /tmp).
+  const std::string named = "report and logs in ";
+  const auto at = text.out.find(named);
+  REQUIRE(at != std::string::npos);
+  const std::filesystem::path dir = text.out.substr(at + named.size(), text.out.find('\n', at) - at - named.size());
+  CHECK(std::filesystem::exists(dir / "report.json"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("faultlab: an elastic training job loses a rank and keeps the reference's losses, a random campaign passes") {

@@ -4,6 +4,7 @@
 // themselves; every step printed once, the single-process losses.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <sched.h>
 #include <sys/resource.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -75,19 +77,25 @@ child_process start_standby_job(const temp_dir_guard& tmp, job& j, int steps, st
 }
 
 /// A worker named w1 joining at `lobby` (its ranks listening on `listen`'s host).
-child_process start_worker(const std::string& lobby, const std::string& listen = "") {
+/// With `tmpdir`, the worker's temporary directory (TMPDIR, where it
+/// writes its rank's job file).
+child_process start_worker(const std::string& lobby, const std::string& listen = "",
+                           const std::filesystem::path& tmpdir = {}) {
   std::vector<std::string> args = {"train", "--join", lobby, "--join-name", "w1"};
   if (!listen.empty()) args.insert(args.end(), {"--listen", listen});
-  return child_process::corolla(args);
+  if (tmpdir.empty()) return child_process::corolla(args);
+  std::filesystem::create_directories(tmpdir);
+  args.insert(args.begin(), {"TMPDIR=" + tmpdir.string(), COROLLA_BINARY});
+  return child_process("/usr/bin/env", args);
 }
 
 /// A 1x2 job of `j` (start_joinable) grown to 1x3 onto a worker that
 /// joined after step 4: the launcher and the worker.
-std::pair<child_process, child_process> grown_onto_worker(const job& j) {
+std::pair<child_process, child_process> grown_onto_worker(const job& j, const std::filesystem::path& worker_tmpdir = {}) {
   std::string lobby;
   child_process launcher = start_joinable(j, 60, lobby);
   REQUIRE(launcher.wait_line(std::regex(R"("step":4\b)"), std::chrono::seconds(60)));
-  child_process worker = start_worker(lobby);
+  child_process worker = start_worker(lobby, "", worker_tmpdir);
   REQUIRE(launcher.wait_line(std::regex(R"("reason":"workers joined")"), std::chrono::seconds(60)));
   return {std::move(launcher), std::move(worker)};
 }
@@ -138,9 +146,14 @@ TEST_CASE("--elastic: a joined worker killed while it runs a rank is a lost rank
   temp_dir_guard tmp("mp-train-elastic-join-kill");
   const job j = slow_job(tmp, 80);
   const std::vector<float> want = reference_losses(j, fresh_gpt2(j));
-  auto [launcher, worker] = grown_onto_worker(j);
+  auto [launcher, worker] = grown_onto_worker(j, tmp / "worker-tmp");
+  // A step of the grown grid: the worker's rank runs (it read its job file).
+  REQUIRE(launcher.wait_line(std::regex(R"("step":)"), std::chrono::seconds(60)));
   ::kill(worker.pid(), SIGKILL);  // its rank (a child of the worker) dies with it
   const auto events = finished_replans(launcher, want);
+  // The rank removed its job file once read: the worker killed leaves none.
+  for (const auto& e : std::filesystem::directory_iterator(tmp / "worker-tmp"))
+    CHECK(e.path().filename().string().rfind("corolla-joined-", 0) != 0);
   REQUIRE(events.size() == 2u);
   CHECK(events[0]["to"] == "1x3 [0,4)");
   CHECK(events[1]["from"] == "1x3 [0,4)");

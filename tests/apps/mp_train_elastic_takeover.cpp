@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -39,6 +40,7 @@ using namespace corolla;
 using namespace corolla::testing;
 using namespace corolla::testing::train_test;
 using namespace corolla::testing::elastic_test;
+namespace fs = std::filesystem;
 
 /// Whether process `pid` exists and has not ended (a zombie has).
 bool alive(pid_t pid) {
@@ -47,6 +49,24 @@ bool alive(pid_t pid) {
   if (!std::getline(stat, line)) return false;
   const auto close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+}
+
+/// The launcher for `args`, with its own temporary directory `tmpdir`
+/// (TMPDIR: where its private checkpoint directory goes, and the ranks'
+/// and a successor's, who inherit it).
+child_process launcher_in(const fs::path& tmpdir, const std::vector<std::string>& args) {
+  fs::create_directories(tmpdir);
+  std::vector<std::string> a{"TMPDIR=" + tmpdir.string(), COROLLA_BINARY};
+  a.insert(a.end(), args.begin(), args.end());
+  return child_process("/usr/bin/env", a);
+}
+
+/// The entries of `dir` whose names start with `prefix`.
+std::vector<std::string> entries_named(const fs::path& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().filename().string());
+  return out;
 }
 
 /// Whether every one of `pids` is gone within 10 s (a killed process
@@ -130,9 +150,10 @@ TEST_CASE("--elastic: a launcher stopped on purpose (SIGTERM) ends its ranks, wh
           "themselves, and nobody takes over") {
   temp_dir_guard tmp("mp-train-elastic-sigterm");
   const job j = slow_job(tmp, 40);
-  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  child_process launcher = launcher_in(tmp / "tmp", elastic_args(j, {}));
   REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
   const std::set<pid_t> ranks = grid_pids(launcher.lines()).front();
+  REQUIRE(entries_named(tmp / "tmp", "corolla-elastic-").size() == 1);  // the job's private directory
   launcher.signal(SIGTERM);
   REQUIRE(launcher.wait(std::chrono::seconds(10)) == -SIGTERM);
   // stdout closes: no rank and no new launcher holds it.
@@ -140,18 +161,22 @@ TEST_CASE("--elastic: a launcher stopped on purpose (SIGTERM) ends its ranks, wh
   CHECK(all_gone({ranks.begin(), ranks.end()}));
   CHECK(launcher.err().find("carries the job on") == std::string::npos);
   for (const std::string& l : launcher.lines()) CHECK(l.find(R"("step":40)") == std::string::npos);
+  // Its private checkpoint directory went with it (the signal's handler
+  // removed it: no destructor runs).
+  CHECK(entries_named(tmp / "tmp", "corolla-elastic-").empty());
 }
 
 TEST_CASE("--elastic: a launcher that took over, stopped on purpose (SIGTERM), ends the processes it took over, and "
           "nobody takes over from it") {
   temp_dir_guard tmp("mp-train-elastic-takeover-sigterm");
   const job j = slow_job(tmp, 60);
-  child_process launcher = child_process::corolla(elastic_args(j, {}));
+  child_process launcher = launcher_in(tmp / "tmp", elastic_args(j, {}));
   REQUIRE(launcher.wait_line(std::regex(R"("step":3\b)"), std::chrono::seconds(60)));
   const std::set<pid_t> ranks = grid_pids(launcher.lines()).front();
   launcher.signal(SIGKILL);
   const pid_t second = taken_over_by(launcher);
   REQUIRE(launcher.wait_line(std::regex(R"("step":6\b)"), std::chrono::seconds(60)));
+  REQUIRE(entries_named(tmp / "tmp", "corolla-elastic-").size() == 1);  // adopted, not a second one
   ::kill(second, SIGTERM);
   // stdout closes: no rank and no third launcher holds it.
   launcher.wait_line(std::regex("^$a"), std::chrono::seconds(30));
@@ -163,4 +188,6 @@ TEST_CASE("--elastic: a launcher that took over, stopped on purpose (SIGTERM), e
   // One takeover only, and the job did not finish.
   CHECK(err.find("carries the job on") == err.rfind("carries the job on"));
   for (const std::string& l : launcher.lines()) CHECK(l.find(R"("step":60)") == std::string::npos);
+  // The private checkpoint directory the successor adopted went with it.
+  CHECK(entries_named(tmp / "tmp", "corolla-elastic-").empty());
 }

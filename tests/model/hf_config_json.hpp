@@ -22,7 +22,7 @@ inline json llama_json() {
     "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
     "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
     "tie_word_embeddings": false, "hidden_act": "silu", "rope_scaling": null,
-    "bos_token_id": 128000, "eos_token_id": [128001, 128009], "torch_dtype": "bfloat16"})");
+    "bos_token_id": 1, "eos_token_id": [2, 31999], "torch_dtype": "bfloat16"})");
 }
 
 inline json gpt2_json() {

@@ -32,8 +32,8 @@ TEST_CASE("llama config.json parses every field with HF defaults") {
   CHECK(c.norm_eps == doctest::Approx(1e-5));
   CHECK(c.rope.theta == doctest::Approx(500000.0));
   CHECK_FALSE(c.tie_embeddings);
-  CHECK(c.bos_token_id == 128000);
-  CHECK(c.eos_token_id == 128001);  // first of the list
+  CHECK(c.bos_token_id == 1);
+  CHECK(c.eos_token_id == 2);  // first of the list
 
   json j = llama_json();
   j.erase("num_key_value_heads");

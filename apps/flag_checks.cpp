@@ -1,9 +1,12 @@
-// apps/number_checks.cpp — see number_checks.hpp.
-#include "apps/number_checks.hpp"
+// apps/flag_checks.cpp — see flag_checks.hpp.
+#include "apps/flag_checks.hpp"
 
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace corolla::app {
@@ -35,7 +38,42 @@ CLI::Validator finite_number(const std::string& rule, const std::string& help, s
       help);
 }
 
+/// `text` read whole as a T; nothing when it is not one (or out of T's range).
+template <typename T>
+std::optional<T> whole(const std::string& text) {
+  T v{};
+  const char* end = text.data() + text.size();
+  const auto r = std::from_chars(text.data(), end, v);
+  if (text.empty() || r.ec != std::errc() || r.ptr != end) return std::nullopt;
+  return v;
+}
+
 }  // namespace
+
+CLI::Validator integer_between(long long low, long long high) {
+  const std::string range = "[" + std::to_string(low) + ", " + std::to_string(high) + "]";
+  return CLI::Validator(
+      [low, high, range](std::string& text) -> std::string {
+        const auto v = whole<long long>(text);
+        if (!v || *v < low || *v > high) return "must be a whole number in " + range + ", got '" + text + "'";
+        return {};
+      },
+      "INT in " + range);
+}
+
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (!whole<std::uint64_t>(text)) return "must be a whole number from 0 to 18446744073709551615, got '" + text + "'";
+        return {};
+      },
+      "UINT");
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string { return text.empty() ? "must not be empty" : std::string(); }, "");
+}
 
 CLI::Validator finite_at_least(double low) {
   return finite_number("a finite number >= " + plain(low), "NUMBER >= " + plain(low),
