@@ -487,6 +487,12 @@ int run_distributed_train(train_args a) {
     const int latest = latest_checkpoint_step(o.checkpoint_dir);
     if (latest == 0) throw std::invalid_argument("no complete checkpoint in " + a.checkpoint_dir + " to resume from");
     check_manifest(o.checkpoint_dir, latest, checkpoint_key(o, cfg));
+    // Every shard's header, its tensors' extents and the moments' tiling,
+    // here and not once per rank after they start (the files are mapped,
+    // not read).
+    if (a.rank < 0) {
+      const checkpoint_shards readable(o.checkpoint_dir, latest);
+    }
     if (a.rank < 0 && a.take_over.empty()) {
       const std::string from = checkpoint_layout(o.checkpoint_dir, latest);
       std::fprintf(stderr, "resuming from step %d of %s%s\n", latest, a.checkpoint_dir.c_str(),

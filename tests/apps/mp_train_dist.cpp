@@ -363,6 +363,13 @@ TEST_CASE("a resumed run continues with the losses of an uninterrupted one, and 
   job other_batch = j;
   other_batch.batch = 4;
   check_one_error(run_layout(other_batch, 2, 2, {"--checkpoint-dir", ck, "--resume"}), "is of another job");
+  // A shard cut short (a disk that filled up) is found by the launcher,
+  // before any rank starts: one error line, not one per rank.
+  const fs::path cut = tmp / "ck-cut";
+  fs::copy(ck, cut, fs::copy_options::recursive);
+  const fs::path shard = cut / "step-6" / shard_file_name(3);
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  check_one_error(run_layout(j, 2, 2, {"--checkpoint-dir", cut, "--resume"}), "truncated");
 }
 
 TEST_CASE("a checkpoint written by 2x2 resumes on 1x4 and on 3x1 with the single-process losses") {
