@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -42,6 +43,18 @@ std::int32_t sampler::sample(std::span<const float> logits) {
   if (static_cast<int>(logits.size()) != vocab_)
     throw model_error("sampler: " + std::to_string(logits.size()) + " logits for a vocabulary of " +
                       std::to_string(vocab_));
+  // NaN (or +inf) logits come from NaN weights or an overflow in reduced
+  // precision: every token would be "chosen" as the lowest id, silently.
+  // (-inf is a masked token and fine.)
+  bool broken = false;
+  for (const float v : logits) broken |= std::isnan(v) || v == std::numeric_limits<float>::infinity();
+  if (broken) {
+    std::size_t nan = 0;
+    for (const float v : logits) nan += std::isnan(v) ? 1 : 0;
+    throw model_error("the model's logits are not finite (" + std::to_string(nan) + " of " + std::to_string(vocab_) +
+                      " NaN, the rest +inf or finite): its weights hold NaN or Inf, or a reduced-precision compute "
+                      "overflowed");
+  }
   if (params_.temperature == 0.0f) return argmax(logits);
 
   const float* l = logits.data();

@@ -42,7 +42,8 @@ class sampler {
   sampler(const sampling_params& params, int vocab_size);
 
   /// The next token for `logits` (vocab_size values). Greedy ties go to the
-  /// lowest id.
+  /// lowest id. Throws model_error when a logit is NaN or +inf (NaN
+  /// weights, an overflow): no token can be chosen from them.
   std::int32_t sample(std::span<const float> logits);
 
   /// Restarts the random stream from `seed`.

@@ -282,6 +282,14 @@ TEST_CASE("generate reports bad input with one error line and status 1") {
     testing::check_one_error(testing::run_corolla(generate_args(model, ok_prompt)),
                     "model.layers.0.self_attn.k_proj.weight");
   }
+  SUBCASE("a NaN in the weights: an error, not a stream of token 0") {
+    fresh();
+    rewrite_weights(model, [](auto& tensors) {
+      for (auto& [name, t] : tensors)
+        if (name == "model.layers.1.mlp.down_proj.weight") t.template data<float>()[3] = std::nanf("");
+    });
+    testing::check_one_error(testing::run_corolla(generate_args(model, ok_prompt)), "logits are not finite");
+  }
   SUBCASE("unknown architecture in config.json") {
     fresh();
     nlohmann::json j;

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
@@ -110,4 +111,17 @@ TEST_CASE("invalid sampling parameters are clear errors") {
   CHECK_THROWS_AS(sampler({1.0f, -2, 1.0f, 0}, 10), model_error);
   CHECK_THROWS_AS(sampler({1.0f, 0, 0.0f, 0}, 10), model_error);
   CHECK_THROWS_AS(sampler({1.0f, 0, 1.5f, 0}, 10), model_error);
+}
+
+TEST_CASE("NaN or +inf logits are an error, greedy or sampled; -inf is a masked token") {
+  for (float temperature : {0.0f, 0.8f}) {
+    CAPTURE(temperature);
+    sampler s(sampling_params{.temperature = temperature, .top_k = 0, .top_p = 1.0f, .seed = 1}, 4);
+    std::vector<float> logits{0.5f, std::nanf(""), 1.0f, 0.0f};
+    CHECK_THROWS_WITH_AS(s.sample(logits), doctest::Contains("logits are not finite (1 of 4 NaN"), model_error);
+    logits[1] = std::numeric_limits<float>::infinity();
+    CHECK_THROWS_AS(s.sample(logits), model_error);
+    logits[1] = -std::numeric_limits<float>::infinity();
+    CHECK(s.sample(logits) != 1);  // never the masked token
+  }
 }
