@@ -116,6 +116,7 @@ TEST_CASE("flag checks: flags that do nothing in the way they were combined are 
             "--announce-endpoint: invalid endpoint 'garbage' (expected tcp://HOST:PORT)"},
            {{"serve", "--model", model, "--no-dht", "--blocks", "0:1", "--announce-endpoint", "tcp://0.0.0.0:7000"},
             "--announce-endpoint tcp://0.0.0.0:7000 is not an address peers can dial"},
+           {{"serve", "--model", model, "--num-blocks", "5"}, "--num-blocks 5 is more than the model's 2 blocks"},
            {{"serve", "--model", model, "--no-dht", "--blocks", "0:2", "--cache-tokens", "200000000000"},
             "--cache-tokens 200000000000 needs "},
            {with(train, {"--elastic"}), "--elastic: for pipeline x data-parallel training only"},
