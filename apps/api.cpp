@@ -173,7 +173,9 @@ void register_api(CLI::App& app, action_fn& action) {
   cmd->add_option("--weights", a->weights, "Linear weights decode reads: f32, bf16, int8 or nf4 (with --swarm: the LM head, int8 for nf4)")
       ->capture_default_str();
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache elements with --local: f32, bf16 or f16")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")
+      ->check(integer_between(0, max_cpu_threads))
+      ->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([a, cmd, &action] {
     action = [a, cmd] {

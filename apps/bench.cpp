@@ -166,7 +166,9 @@ void add_common(CLI::App* cmd, bench_common& o, bool with_profile) {
                   "llama7b (Llama-2-7B, 27 GB in f32) or gpt2-1.5b (GPT-2 XL)")
       ->capture_default_str();
   cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
+      ->check(integer_between(0, max_cpu_threads))
+      ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->add_option("--seed", o.seed, "Seed of the random default model")
       ->check(unsigned_integer())

@@ -28,6 +28,7 @@
 
 #include "apps/bench_timing.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "kernels/backend.hpp"
 
 namespace corolla::app {
@@ -235,7 +236,9 @@ void register_bench_attention(CLI::App* bench, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")->capture_default_str();
   cmd->add_option("--calls", o.calls, "Calls per round")->capture_default_str();
-  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
+      ->check(integer_between(0, max_cpu_threads))
+      ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_attention(o); }; });
 }

@@ -249,7 +249,9 @@ void register_bench_gemm(CLI::App* bench, action_fn& action) {
                   "Target length of a round (sets the products per round, 1..1000)")
       ->check(finite_between(0.01, 10000))
       ->capture_default_str();
-  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
+      ->check(integer_between(0, max_cpu_threads))
+      ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_gemm(o); }; });
 }

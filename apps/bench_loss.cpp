@@ -14,6 +14,7 @@
 
 #include "apps/bench_timing.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/head.hpp"
@@ -106,7 +107,9 @@ void register_bench_loss(CLI::App* bench, action_fn& action) {
   cmd->add_option("--chunk-rows", o.chunk_rows, "Rows per chunk (0 = the head's 256 MiB budget rule)")
       ->capture_default_str();
   cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")->capture_default_str();
-  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
+      ->check(integer_between(0, max_cpu_threads))
+      ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_loss(o); }; });
 }

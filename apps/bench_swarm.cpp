@@ -503,6 +503,7 @@ void register_bench_swarm(CLI::App* bench, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--server-threads", o.server_threads,
                   "CPU threads of each server process (0 = every core: a chain's servers compute one at a time)")
+      ->check(integer_between(0, max_cpu_threads))
       ->capture_default_str();
   cmd->add_option("--tune-steps", o.tune_steps, "Timed prompt-tuning steps (after one warm-up step)")
       ->check(CLI::Range(1, 1000))

@@ -30,6 +30,7 @@
 
 #include "apps/bench_timing.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "kernels/backend.hpp"
 
 namespace corolla::app {
@@ -186,7 +187,9 @@ void register_bench_update(CLI::App* bench, action_fn& action) {
                   "Also time AdamW writing a bf16 or f16 compute copy against AdamW then the copy (none: not)")
       ->capture_default_str();
   cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")->capture_default_str();
-  cmd->add_option("--threads", o.threads, "CPU threads of the host AdamW (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads of the host AdamW (0 = all cores)")
+      ->check(integer_between(0, max_cpu_threads))
+      ->capture_default_str();
   cmd->add_flag("--json", o.json, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return run_update(o); }; });
 }

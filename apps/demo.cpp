@@ -490,7 +490,9 @@ void register_demo(CLI::App& app, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--seconds", o.seconds, "Training time budget")->capture_default_str()
       ->check(finite_above(0));
-  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
+      ->check(integer_between(0, max_cpu_threads))
+      ->capture_default_str();
   cmd->add_option("--prompt", o.prompt, "Prompt for the generation at the end")->capture_default_str();
   cmd->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", o.temperature, "Sampling temperature (0 = greedy)")

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <algorithm>
 #include <numeric>
@@ -121,7 +122,10 @@ int run_scenario(fl::scenario s, const faultlab_args& a) {
   fs::create_directories(dir);
   // An earlier run's report and logs go: what stays in DIR is this run's
   // (a log of a server the new scenario does not have would mislead).
-  for (const char* old : {"report.json", "timeline.svg", "reference", "faults"}) fs::remove_all(dir / old);
+  // Only where a report says they are faultlab's: --report . in a folder
+  // of the user's own "reference/" keeps it.
+  if (fs::is_regular_file(dir / "report.json"))
+    for (const char* old : {"report.json", "timeline.svg", "reference", "faults"}) fs::remove_all(dir / old);
   materialize_builtins(s, dir);
   const std::uint64_t seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed) : s.seed;
   std::mt19937_64 rng(seed);
@@ -321,14 +325,14 @@ void register_faultlab(CLI::App& app, action_fn& action) {
   random->add_option("--model", a->model, "HuggingFace model directory")->required();
   random->add_option("--data", a->data, "Training tokens (with --train)");
   random->add_option("--faults", a->faults, "Faults to inject (at most 10: a campaign is 24 steps or tokens)")
-      ->check(integer_between(0, 10))
+      ->check(integer_between(1, 10))
       ->capture_default_str();
   for (CLI::App* c : {run, random}) {
     c->add_flag("--json", a->json_out, "One JSON report on stdout");
     c->add_option("--report", a->report, "Write report.json and every process's log here")
         ->check(non_empty());
     c->add_option("--seed", a->seed, "Seed of random targets (default: the scenario's; random: the time)")
-        ->check(unsigned_integer());
+        ->check(integer_between(0, std::numeric_limits<long long>::max()));
   }
   run->callback([a, &action] {
     action = [a] {

@@ -150,7 +150,9 @@ void register_finetune(CLI::App& app, action_fn& action) {
   cmd->add_option("--save", o->save, "Write the trained prompts here (safetensors, 'deep_prompts' [blocks, P, D])")
       ->check(non_empty());
   cmd->add_flag("--json", o->json, "Print one JSON line with every step's loss instead of one line per step");
-  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores; 1 with a swarm)")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores; 1 with a swarm)")
+      ->check(integer_between(0, max_cpu_threads))
+      ->capture_default_str();
   cmd->add_option("--device", o->device,
                   "Where --local's blocks run: auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N (the head and the prompts stay on the cpu)")
       ->capture_default_str();

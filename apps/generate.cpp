@@ -261,7 +261,9 @@ void register_generate(CLI::App& app, action_fn& action) {
                   "of 64, int8 LM head: about an eighth); norms, biases and embeddings stay f32. With --swarm: "
                   "the LM head held here")
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")
+      ->check(integer_between(0, max_cpu_threads))
+      ->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
   cmd->callback([o, cmd, prompt, ids, &action] {

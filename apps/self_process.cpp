@@ -195,7 +195,10 @@ void end_on_stop_signals() {
     if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;  // nohup, a background job
     struct sigaction now {};
     now.sa_handler = end_guarded;
+    // One stop at a time: a second signal waits for the first's handler
+    // (which may be removing a directory tree) instead of nesting in it.
     ::sigemptyset(&now.sa_mask);
+    for (int other : {SIGINT, SIGTERM, SIGHUP}) ::sigaddset(&now.sa_mask, other);
     now.sa_flags = SA_RESTART;
     ::sigaction(sig, &now, nullptr);
   }

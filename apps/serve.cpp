@@ -599,6 +599,7 @@ void register_serve(CLI::App& app, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--threads", a->threads,
                   "CPU threads (0 = every core but one, so the machine stays usable while it serves)")
+      ->check(integer_between(0, max_cpu_threads))
       ->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([&action, a] { action = [a] { return run_serve(*a); }; });

@@ -77,6 +77,8 @@ swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_di
     } catch (const std::invalid_argument&) {
       throw std::invalid_argument("--swarm-weights must be f32, bf16, int8 or nf4, got '" + f.weights + "'");
     }
+  // Before the node starts (and --curve-keys writes a key pair).
+  check_swarm_entries(split_list(f.swarm));
   swarm_connection c;
   node_options no;
   no.listen = "";  // a client only dials out
@@ -85,7 +87,6 @@ swarm_connection connect_swarm(const swarm_flags& f, const std::string& model_di
   if (!n) throw std::runtime_error("cannot start the client node: " + error_message(n.error()));
   c.runtime = std::move(*n);
   c.options.servers = split_list(f.swarm);
-  check_swarm_entries(c.options.servers);
   // With --swarm-dht the servers come from their DHT records (read again at
   // every refresh, so servers that joined since are found too).
   if (!f.swarm_dht.empty()) {

@@ -232,6 +232,7 @@ void register_train(CLI::App& app, action_fn& action) {
       ->check(unsigned_integer())
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all cores)")
+      ->check(integer_between(0, max_cpu_threads))
       ->capture_default_str();
   cmd->add_option("--matmul", args->matmul,
                   "Products of f32 tensors on a GPU: f32 (exact), tf32 or bf16 (tensor cores, f32 accumulation)")

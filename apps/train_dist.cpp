@@ -471,11 +471,27 @@ int run_distributed_train(train_args a) {
                                 std::to_string(cfg.max_positions) + ")");
   if (a.steps < 0 || a.log_every < 1) throw std::invalid_argument("--steps must be >= 0 and --log-every >= 1");
   o.micro_batches();  // checks the batch split (and interleaving's multiple of --pp)
+  if (a.elastic && (a.rank >= 0 || id.world > 0))
+    throw std::invalid_argument("--elastic is for the local launcher (--pp/--dp or --cluster without --rank): ranks "
+                                "on other machines join it with corolla train --join ENDPOINT --listen "
+                                "tcp://THEIR_ADDRESS:0 (ENDPOINT: the launcher's --join-listen)");
+  if (a.min_ranks < 1) throw std::invalid_argument("--min-ranks must be at least 1");
+  if (a.min_ranks != 1 && !a.elastic)
+    throw std::invalid_argument("--min-ranks is the fewest ranks an --elastic job goes on with: add --elastic");
+  if (!a.take_over.empty() && !a.elastic)
+    throw std::invalid_argument("--take-over carries on an --elastic job (it is added by a rank process, with the "
+                                "launcher's own flags): add --elastic");
+  if (a.external_coordinator && a.rank < 0)
+    throw std::invalid_argument("--external-coordinator is for a rank (--rank) whose coordinator runs elsewhere");
+  if (a.rank >= o.layout.world())
+    throw std::invalid_argument("--rank " + std::to_string(a.rank) + " is outside a job of " +
+                                std::to_string(o.layout.world()) + " ranks");
   if ((a.checkpoint_every > 0 || a.resume) && a.checkpoint_dir.empty())
     throw std::invalid_argument("--checkpoint-every and --resume need --checkpoint-dir");
-  if (!a.checkpoint_dir.empty()) check_checkpoint_dir(a.checkpoint_dir);
   if (!(a.timeout_s > 0)) throw std::invalid_argument("--timeout-s must be positive");
   if (!(a.hang_s >= 0)) throw std::invalid_argument("--hang-s must be >= 0 (0: never)");
+  // The file system last: a command line refused above leaves nothing behind.
+  if (!a.checkpoint_dir.empty()) check_checkpoint_dir(a.checkpoint_dir);
   // A fresh run would write its shards over the checkpoint `latest` names
   // (a launcher taking over continues the job that wrote it).
   if (!a.resume && a.checkpoint_every > 0 && a.rank <= 0 && a.take_over.empty()) {
@@ -501,25 +517,6 @@ int run_distributed_train(train_args a) {
                        : (" (written by layout " + from + ", re-sharded to " + o.layout.describe() + ")").c_str());
     }
   }
-  if (a.elastic && (a.rank >= 0 || id.world > 0))
-    throw std::invalid_argument("--elastic is for the local launcher (--pp/--dp or --cluster without --rank): ranks "
-                                "on other machines join it with corolla train --join ENDPOINT --listen "
-                                "tcp://THEIR_ADDRESS:0 (ENDPOINT: the launcher's --join-listen)");
-  if (a.min_ranks < 1) throw std::invalid_argument("--min-ranks must be at least 1");
-  if (a.min_ranks != 1 && !a.elastic)
-    throw std::invalid_argument("--min-ranks is the fewest ranks an --elastic job goes on with: add --elastic");
-  if (a.min_ranks > o.layout.world())
-    throw std::invalid_argument("--min-ranks " + std::to_string(a.min_ranks) + " is more than the job's " +
-                                std::to_string(o.layout.world()) + " ranks (" + o.layout.describe() +
-                                "): it could not start");
-  if (!a.take_over.empty() && !a.elastic)
-    throw std::invalid_argument("--take-over carries on an --elastic job (it is added by a rank process, with the "
-                                "launcher's own flags): add --elastic");
-  if (a.external_coordinator && a.rank < 0)
-    throw std::invalid_argument("--external-coordinator is for a rank (--rank) whose coordinator runs elsewhere");
-  if (a.rank >= o.layout.world())
-    throw std::invalid_argument("--rank " + std::to_string(a.rank) + " is outside a job of " +
-                                std::to_string(o.layout.world()) + " ranks");
   if (a.rank >= 0) {
     if (a.coordinator.empty())
       throw std::invalid_argument("a rank needs --coordinator HOST:PORT (or MASTER_ADDR and MASTER_PORT)");

@@ -4,6 +4,7 @@
 // signal (its parent sees -SIGTERM, as a shell would).
 #include <doctest/doctest.h>
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,12 +23,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Ends `pid` (a child of this process) and returns its wait status.
+/// The wait status of child `pid` once it ends, at most 30 s from now;
+/// past that it is killed (and the check on its status fails, not hangs).
 int reap(pid_t pid) {
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL_CHECK("the child did not end within 30 s");
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return status;
+}
+
+/// Reads a pid from `fd`, waiting at most 30 s (-1 past that or at EOF).
+pid_t read_pid(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  pid_t pid = -1;
+  if (::poll(&p, 1, 30000) != 1 || ::read(fd, &pid, sizeof pid) != static_cast<ssize_t>(sizeof pid)) return -1;
+  return pid;
 }
 
 }  // namespace
@@ -38,9 +56,10 @@ TEST_CASE("stop signals: SIGTERM kills the registered processes, removes the fil
   const fs::path tree = tmp.path() / "corolla-elastic-test";
   const fs::path file = tmp.path() / "job.json";
   // A tree as a job leaves it: nested steps, shards, an empty folder, a
-  // symlink out of it (removed, not followed).
-  const fs::path outside = tmp.path() / "outside.txt";
-  std::ofstream(outside) << "stays";
+  // symlink out of it to a folder with a file (removed, not followed).
+  const fs::path outside = tmp.path() / "outside";
+  fs::create_directories(outside);
+  std::ofstream(outside / "file.txt") << "stays";
   for (int step = 1; step <= 40; ++step) {
     const fs::path d = tree / ("step-" + std::to_string(step)) / "shards";
     fs::create_directories(d);
@@ -58,9 +77,12 @@ TEST_CASE("stop signals: SIGTERM kills the registered processes, removes the fil
     // A process the signal must take down with it (a rank).
     const pid_t rank = ::fork();
     if (rank == 0) {
+      ::close(pipe_fds[0]);
+      ::close(pipe_fds[1]);
       ::pause();
       ::_exit(0);
     }
+    ::close(pipe_fds[0]);
     app::end_on_stop_signals();
     app::end_on_stop_signal(rank);
     app::remove_on_stop_signal(file.string());
@@ -70,16 +92,17 @@ TEST_CASE("stop signals: SIGTERM kills the registered processes, removes the fil
     for (;;) ::pause();
   }
   ::close(pipe_fds[1]);
-  pid_t rank = -1;
-  REQUIRE(::read(pipe_fds[0], &rank, sizeof rank) == static_cast<ssize_t>(sizeof rank));
+  const pid_t rank = read_pid(pipe_fds[0]);
   ::close(pipe_fds[0]);
+  if (rank <= 0) ::kill(child, SIGKILL);
+  REQUIRE(rank > 0);
   REQUIRE(::kill(child, SIGTERM) == 0);
   const int status = reap(child);
   CHECK(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGTERM);
   CHECK_FALSE(fs::exists(tree));
   CHECK_FALSE(fs::exists(file));
-  CHECK(fs::exists(outside));  // the symlink went, not what it pointed to
+  CHECK(fs::exists(outside / "file.txt"));  // the symlink went, not what it pointed to
   // The rank was killed (it is the child's child: gone, or a zombie reaped by init).
   bool gone = false;
   for (int i = 0; i < 400 && !gone; ++i) {
