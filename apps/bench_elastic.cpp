@@ -60,6 +60,7 @@
 #include "apps/bench_elastic.hpp"
 #include "apps/commands.hpp"
 #include "apps/faultlab.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/scratch_dir.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
@@ -541,9 +542,12 @@ void register_bench_elastic(CLI::App* bench, action_fn& action) {
   cmd->add_flag("--launcher", o.launcher,
                 "The launcher (coordinator and scheduler) of a 2x2 job killed: a rank process takes over vs every "
                 "rank dying with it and the job restarted from its last checkpoint");
-  cmd->add_option("--hang-s", o.hang_s, "With --hang, --lose or --stop: the first run's --hang-s")->capture_default_str();
+  cmd->add_option("--hang-s", o.hang_s, "With --hang, --lose or --stop: the first run's --hang-s")
+      ->check(finite_between(0, 604800))
+      ->capture_default_str();
   cmd->add_option("--baseline-timeout-s", o.baseline_timeout_s,
                   "With --hang, --lose or --stop: the --timeout-s of the run with --hang-s 0")
+      ->check(finite_between(0.001, 604800))
       ->capture_default_str();
   cmd->add_option("--kill-step", o.kill_step,
                   "With --kill, --hang, --lose, --stop or --launcher: the step after which rank 3 is killed, hangs, "

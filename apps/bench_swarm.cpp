@@ -39,6 +39,7 @@
 #include "apps/commands.hpp"
 #include "apps/flag_checks.hpp"
 #include "apps/local_swarm.hpp"
+#include "apps/scratch_dir.hpp"
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
 #include "model/prompt_tuning.hpp"
@@ -153,14 +154,8 @@ constexpr int hop_rounds = 15;
 
 hop_overhead measure_hop_overhead(std::uint64_t seed) {
   const model_config c = tiny_random_config(architecture::llama, 2);
-  const fs::path dir = fs::temp_directory_path() / ("corolla-bench-hop-" + std::to_string(::getpid()));
-  struct remove_after {
-    fs::path p;
-    ~remove_after() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
-    }
-  } cleanup{dir};
+  const scratch_dir scratch("corolla-bench-hop");
+  const fs::path& dir = scratch.path();
   transformer::init(c, seed, cpu_backend()).save(dir);
   std::vector<std::int32_t> prompt;
   for (int i = 0; i < 8; ++i) prompt.push_back(static_cast<std::int32_t>((i * 37 + 11) % c.vocab_size));

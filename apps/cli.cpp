@@ -1,12 +1,16 @@
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -45,6 +49,29 @@ void apply_common_options(int threads, const std::string& log_level) {
                                 log_level + "'");
   if (threads > 0) set_cpu_threads(threads);
   spdlog::set_level(level);
+}
+
+void check_output_dir(const std::string& dir, const std::string& flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw std::invalid_argument(flag + " " + dir + " is a file, not a directory");
+  if (!fs::is_directory(dir, ec) && !fs::create_directories(dir, ec) && ec)
+    throw std::invalid_argument(flag + " " + dir + " cannot be made: " + ec.message());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw std::invalid_argument(flag + " " + dir + ": cannot write into it: " + std::strerror(errno));
+}
+
+void check_output_file(const std::string& file, const std::string& flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) throw std::invalid_argument(flag + " " + file + " is a directory: give a file name");
+  const fs::path folder = fs::path(file).parent_path().empty() ? fs::path(".") : fs::path(file).parent_path();
+  if (!fs::is_directory(folder, ec))
+    throw std::invalid_argument(flag + " " + file + ": its folder " + folder.string() + " does not exist");
+  if (::access(folder.c_str(), W_OK | X_OK) != 0)
+    throw std::invalid_argument(flag + " " + file + ": cannot write into " + folder.string() + ": " +
+                                std::strerror(errno));
 }
 
 weight_format parse_weights_flag(const std::string& text) {

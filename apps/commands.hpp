@@ -121,6 +121,16 @@ std::vector<std::string> split_list(const std::string& text);
 /// Servers announce it and clients look it up, so both must derive it alike.
 std::string model_id_of(const std::string& dir);
 
+/// An output directory a command writes at its end (--save, --checkpoint-dir),
+/// checked before the work: made when missing; a file, a folder that cannot
+/// be made, or one this process may not write into throws
+/// std::invalid_argument naming `flag` (so hours of training are not lost
+/// to a typo found only when they end).
+void check_output_dir(const std::string& dir, const std::string& flag);
+/// The same for an output file (finetune --save): not a directory, in a
+/// folder that exists and can be written into.
+void check_output_file(const std::string& file, const std::string& flag);
+
 /// The most --threads any command takes.
 inline constexpr int max_cpu_threads = 4096;
 

@@ -50,6 +50,7 @@ struct finetune_options {
 
 int run_finetune(const finetune_options& o) {
   apply_common_options(o.threads, o.log_level);
+  if (!o.save.empty()) check_output_file(o.save, "--save");
   if (o.local == o.swarm.given())
     throw std::invalid_argument("give exactly one of --swarm/--swarm-dht (blocks on the swarm) or --local");
   if (const std::string why = adamw_problem({.lr = o.lr}); !why.empty()) throw std::invalid_argument(why);

@@ -49,9 +49,15 @@ static_assert(std::atomic<pid_t>::is_always_lock_free, "the stop-signal handler 
 char removable_path[4096];
 std::atomic<bool> removable{false};
 
-// The directory tree a stop signal removes: as removable_path.
-char removable_tree[4096];
-std::atomic<bool> tree_removable{false};
+// The directory trees a stop signal removes: a fixed table, each slot
+// claimed (taken) before its path is written and armed after.
+struct removable_tree {
+  char path[4096];
+  std::atomic<bool> taken{false};
+  std::atomic<bool> armed{false};
+};
+constexpr std::size_t max_trees = 8;
+std::array<removable_tree, max_trees> trees;
 
 /// Removes `name` in directory `parent` with everything in it, with
 /// async-signal-safe calls only (a stop signal's handler runs it): no
@@ -80,7 +86,8 @@ void end_guarded(int sig) {
   for (auto& p : guarded)
     if (const pid_t pid = p.load(); pid > 0) ::kill(pid, SIGKILL);
   if (removable.load()) ::unlink(removable_path);
-  if (tree_removable.load()) remove_tree_at(AT_FDCWD, removable_tree, 0);
+  for (removable_tree& t : trees)
+    if (t.armed.load()) remove_tree_at(AT_FDCWD, t.path, 0);
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   ::sigemptyset(&dfl.sa_mask);
@@ -220,10 +227,23 @@ void remove_on_stop_signal(const std::string& path) {
 }
 
 void remove_tree_on_stop_signal(const std::string& path) {
-  tree_removable = false;
-  if (path.empty() || path.size() >= sizeof removable_tree) return;
-  std::memcpy(removable_tree, path.c_str(), path.size() + 1);
-  tree_removable = true;
+  if (path.empty() || path.size() >= sizeof trees[0].path) return;
+  for (removable_tree& t : trees) {
+    bool free = false;
+    if (!t.taken.compare_exchange_strong(free, true)) continue;
+    std::memcpy(t.path, path.c_str(), path.size() + 1);
+    t.armed = true;
+    return;
+  }
+}
+
+void forget_tree_on_stop_signal(const std::string& path) {
+  for (removable_tree& t : trees)
+    if (t.armed.load() && path == t.path) {
+      t.armed = false;
+      t.taken = false;
+      return;
+    }
 }
 
 void forget_on_stop_signal(pid_t pid) {

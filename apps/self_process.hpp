@@ -57,11 +57,14 @@ void forget_on_stop_signal(pid_t pid);
 /// A stop signal also removes the file at `path` ("" = none; one at a
 /// time): a launcher's job file, which holds its job's takeover token.
 void remove_on_stop_signal(const std::string& path);
-/// A stop signal also removes the directory tree at `path` ("" = none; one
-/// at a time): an elastic launcher's private checkpoint directory, which
-/// nobody could resume from once the job is stopped. Ranks the signal kills
-/// first could still be inside a write that lands after the removal.
+/// A stop signal also removes the directory tree at `path` (at most 8 at
+/// once; more are not removed): a scratch directory (apps/scratch_dir.hpp)
+/// such as an elastic launcher's private checkpoints, which nobody could
+/// resume from once the job is stopped. Ranks the signal kills first could
+/// still be inside a write that lands after the removal.
 void remove_tree_on_stop_signal(const std::string& path);
+/// Unregisters `path` (its owner removes it, or keeps it).
+void forget_tree_on_stop_signal(const std::string& path);
 
 /// Reaps the children among `pids` (> 0) that exit within `timeout`,
 /// setting each reaped one to -1 (a process that is not this one's child:

@@ -60,6 +60,10 @@ bool is_text_data(const std::filesystem::path& file) {
 // keeps config-only directories without one usable on token files.
 token_dataset open_data(const std::filesystem::path& file, const std::filesystem::path& model_dir, int vocab) {
   if (!fs::exists(file)) throw model_error("data file " + file.string() + " does not exist");
+  if (fs::is_directory(file)) throw model_error("data file " + file.string() + " is a directory");
+  // Sniffing the format opens it: a pipe without a writer would hang that.
+  if (!fs::is_regular_file(file))
+    throw model_error("data file " + file.string() + " is not a regular file (a device, a pipe or a socket)");
   std::unique_ptr<tokenizer> tok;
   if (is_text_data(file)) tok = load_tokenizer(model_dir);
   return token_dataset::open(file, tok.get(), vocab);
@@ -122,6 +126,7 @@ int run_train(const train_args& a) {
   if (!distributed_only.empty())
     throw model_error(distributed_only + ": for pipeline x data-parallel training only; add --pp, --dp or --cluster");
   apply_common_options(a.threads, "warn");
+  if (!a.save.empty()) check_output_dir(a.save, "--save");
   set_matmul_precision(parse_matmul_precision(a.matmul));
   const dtype compute = compute_dtype_of(a);
   Backend& be = backend_for(parse_device(a.device));
@@ -365,13 +370,16 @@ void register_train(CLI::App& app, action_fn& action) {
                   "Internal: carry on an elastic job whose launcher died, from the state a rank process kept")
       ->group(dist);
   cmd->add_option("--timeout-s", args->timeout_s,
-                  "Longest wait for any one message between ranks (a dead rank is reported sooner)")
+                  "Longest wait for any one message between ranks (a dead rank is reported sooner); at most a week")
+      ->check(finite_between(0.001, 604800))
       ->capture_default_str()
       ->group(dist);
   cmd->add_option("--hang-s", args->hang_s,
                   "A rank whose stage has been inside one forward or backward for longer than this (and ten times "
                   "its longest so far) is hung: it reports itself and ends (0 = never); with --elastic the job "
-                  "re-plans without it. A local rank process stopped (SIGSTOP) for min(this, 2 s) is hung too")
+                  "re-plans without it. A local rank process stopped (SIGSTOP) for min(this, 2 s) is hung too; at "
+                  "most a week")
+      ->check(finite_between(0, 604800))
       ->capture_default_str()
       ->group(dist);
   cmd->callback([&action, args, needed] {

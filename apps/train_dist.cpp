@@ -13,8 +13,6 @@
 #include <stdexcept>
 #include <thread>
 
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -308,20 +306,6 @@ planned_cluster plan_cluster(const train_args& a, const model_config& cfg) {
   return p;
 }
 
-/// A --checkpoint-dir the ranks can write into, made when missing: a file,
-/// a folder that cannot be made or one this process may not write into is
-/// refused before any rank starts (else every rank would fail on it).
-void check_checkpoint_dir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-    throw std::invalid_argument("--checkpoint-dir " + dir + " is a file, not a directory");
-  if (!fs::is_directory(dir, ec) && !fs::create_directories(dir, ec) && ec)
-    throw std::invalid_argument("--checkpoint-dir " + dir + " cannot be made: " + ec.message());
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    throw std::invalid_argument("--checkpoint-dir " + dir + ": cannot write into it: " + std::strerror(errno));
-}
-
 /// A link of the cost model as a shaping profile ("" for an unbounded one).
 std::string profile_of(const schedule::link_spec& l) {
   if (!std::isfinite(l.bandwidth)) return "";
@@ -491,7 +475,8 @@ int run_distributed_train(train_args a) {
   if (!(a.timeout_s > 0)) throw std::invalid_argument("--timeout-s must be positive");
   if (!(a.hang_s >= 0)) throw std::invalid_argument("--hang-s must be >= 0 (0: never)");
   // The file system last: a command line refused above leaves nothing behind.
-  if (!a.checkpoint_dir.empty()) check_checkpoint_dir(a.checkpoint_dir);
+  if (!a.checkpoint_dir.empty()) check_output_dir(a.checkpoint_dir, "--checkpoint-dir");
+  if (!a.save.empty() && a.rank <= 0) check_output_dir(a.save, "--save");
   // A fresh run would write its shards over the checkpoint `latest` names
   // (a launcher taking over continues the job that wrote it).
   if (!a.resume && a.checkpoint_every > 0 && a.rank <= 0 && a.take_over.empty()) {

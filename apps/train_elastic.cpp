@@ -178,16 +178,6 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     std::fflush(stdout);
   }
 
-  // Stopped on purpose (SIGINT, SIGTERM, SIGHUP), the job is over and its
-  // private directory goes too (it would stay in /tmp, snapshots and all).
-  struct forget_drains {
-    ~forget_drains() { remove_tree_on_stop_signal({}); }
-  } forget_on_exit;
-  if (drains) {
-    end_on_stop_signals();
-    remove_tree_on_stop_signal(drains->path().string());
-  }
-
   // The launcher's state lives on in the rank processes, and one of them
   // carries the job on if this process dies (apps/launcher_takeover.hpp):
   // for grids whose ranks all run here and hold snapshots.

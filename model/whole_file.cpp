@@ -19,6 +19,11 @@ std::string read_whole_file(const std::filesystem::path& file, std::string_view 
   const auto status = std::filesystem::status(file, ec);
   if (status.type() == std::filesystem::file_type::not_found) throw model_error(named + " does not exist");
   if (status.type() == std::filesystem::file_type::directory) throw model_error(named + " is a directory");
+  // A device never ends (/dev/zero) or answers nothing a loader could
+  // use; a socket cannot be opened. A FIFO is read to its end (<(cmd)).
+  if (status.type() == std::filesystem::file_type::character || status.type() == std::filesystem::file_type::block ||
+      status.type() == std::filesystem::file_type::socket)
+    throw model_error(named + " is not a regular file (a device or a socket)");
   // POSIX reads, not a stream: libstdc++'s streams turn a failed read into
   // an ios_base::failure that names no file; here errno says why.
   // O_NONBLOCK: opening a FIFO without a writer must not hang the loader.

@@ -17,6 +17,8 @@ namespace corolla {
 /// translated). `what` names the file in errors ("cluster file"; empty:
 /// the path alone). Throws model_error with one complete line:
 /// "<what> <path> does not exist", "<what> <path> is a directory",
+/// "<what> <path> is not a regular file (a device or a socket)" (a FIFO is
+/// read to its end),
 /// "cannot read <what> <path>: <reason>" (no permission, an I/O error), or
 /// "<what> <path> is larger than <max_bytes> bytes" — reading stops there,
 /// so a device or a pipe that never ends is refused too.

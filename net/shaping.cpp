@@ -84,12 +84,22 @@ double parse_duration(std::string_view value, std::string_view part) {
   std::string_view unit;
   const double v = leading_number(value, part, unit);
   const std::string u = lower(unit);
-  if (u == "ns") return v * 1e-9;
-  if (u == "us") return v * 1e-6;
-  if (u == "ms") return v * 1e-3;
-  if (u == "s") return v;
-  bad(part, unit.empty() ? "a time needs a unit (us, ms, s)"
-                         : "unknown time unit '" + std::string(unit) + "' (use us, ms, s)");
+  double s = 0;
+  if (u == "ns")
+    s = v * 1e-9;
+  else if (u == "us")
+    s = v * 1e-6;
+  else if (u == "ms")
+    s = v * 1e-3;
+  else if (u == "s")
+    s = v;
+  else
+    bad(part, unit.empty() ? "a time needs a unit (us, ms, s)"
+                           : "unknown time unit '" + std::string(unit) + "' (use us, ms, s)");
+  // Delays are scheduled as integer nanoseconds: past this they would wrap
+  // and mean nothing (no link waits an hour for a message anyway).
+  if (s > 3600) bad(part, "a time of at most 1 hour (3600s)");
+  return s;
 }
 
 double parse_loss(std::string_view value, std::string_view part) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "apps/scratch_dir.hpp"
 #include "apps/self_process.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -112,7 +113,7 @@ TEST_CASE("stop signals: SIGTERM kills the registered processes, removes the fil
   CHECK(gone);
 }
 
-TEST_CASE("stop signals: unregistering the tree keeps it") {
+TEST_CASE("stop signals: a tree unregistered is kept, another registered still goes") {
   testing::temp_dir_guard tmp("stop-signals-keep");
   const fs::path tree = tmp.path() / "kept";
   fs::create_directories(tree / "a");
@@ -120,12 +121,34 @@ TEST_CASE("stop signals: unregistering the tree keeps it") {
   REQUIRE(child >= 0);
   if (child == 0) {
     app::end_on_stop_signals();
+    const fs::path other = tree.parent_path() / "gone";
+    fs::create_directories(other);
     app::remove_tree_on_stop_signal(tree.string());
-    app::remove_tree_on_stop_signal({});
+    app::remove_tree_on_stop_signal(other.string());
+    app::forget_tree_on_stop_signal(tree.string());
     ::raise(SIGTERM);
     ::_exit(0);
   }
   const int status = reap(child);
   CHECK(WIFSIGNALED(status));
   CHECK(fs::exists(tree / "a"));
+  CHECK_FALSE(fs::exists(tmp.path() / "gone"));
+}
+
+TEST_CASE("stop signals: a scratch directory (a bench's model, a launcher's checkpoints) goes on SIGINT too") {
+  testing::temp_dir_guard tmp("stop-signals-scratch");
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::setenv("TMPDIR", tmp.path().c_str(), 1);
+    const app::scratch_dir scratch("corolla-bench-test");
+    fs::create_directories(scratch.path() / "model");
+    std::ofstream(scratch.path() / "model" / "model.safetensors") << std::string(4096, 'w');
+    ::raise(SIGINT);
+    ::_exit(0);  // not reached
+  }
+  const int status = reap(child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGINT);
+  CHECK(fs::is_empty(tmp.path()));
 }

@@ -113,7 +113,7 @@ TEST_CASE("invalid sampling parameters are clear errors") {
   CHECK_THROWS_AS(sampler({1.0f, 0, 1.5f, 0}, 10), model_error);
 }
 
-TEST_CASE("NaN or +inf logits are an error, greedy or sampled; -inf is a masked token") {
+TEST_CASE("NaN or +inf logits are an error, greedy or sampled, and -inf is a masked token") {
   for (float temperature : {0.0f, 0.8f}) {
     CAPTURE(temperature);
     sampler s(sampling_params{.temperature = temperature, .top_k = 0, .top_p = 1.0f, .seed = 1}, 4);

@@ -32,7 +32,9 @@ TEST_CASE("a whole file is read byte for byte, binary as text") {
   CHECK_THROWS_WITH_AS(read_whole_file(dir / "f.bin", "machine", bytes.size() - 1),
                        ("machine " + (dir / "f.bin").string() + " is larger than 22 bytes").c_str(), model_error);
   CHECK_THROWS_WITH_AS(read_whole_file("/dev/zero", "--join-machine", 16 << 10),
-                       "--join-machine /dev/zero is larger than 16384 bytes", model_error);
+                       "--join-machine /dev/zero is not a regular file (a device or a socket)", model_error);
+  CHECK_THROWS_WITH_AS(read_whole_file("/dev/zero", "cluster file"),
+                       "cluster file /dev/zero is not a regular file (a device or a socket)", model_error);
 }
 
 TEST_CASE("a missing file, a directory and an unreadable file are named in the error") {
@@ -54,7 +56,8 @@ TEST_CASE("a missing file, a directory and an unreadable file are named in the e
   std::strncpy(address.sun_path, socket_path.c_str(), sizeof address.sun_path - 1);
   REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
   CHECK_THROWS_WITH_AS(read_whole_file(socket_path, "chat template"),
-                       ("cannot read chat template " + socket_path.string() + ": No such device or address").c_str(), model_error);
+                       ("chat template " + socket_path.string() + " is not a regular file (a device or a socket)").c_str(),
+                       model_error);
   ::close(fd);
 
   // A file that opens but fails to read (EIO at offset 0): named with the reason, not an ios_base::failure.
