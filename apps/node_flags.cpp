@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <stdexcept>
@@ -15,7 +17,19 @@ namespace corolla::app {
 
 void node_flags::add_to(CLI::App* cmd, const std::string& who) {
   cmd->add_option("--listen", listen, "Endpoint to listen on (port 0 = any free port)")->capture_default_str();
-  cmd->add_option("--node-id", node_id, "Node id (default: generated n-<8 hex>)");
+  cmd->add_option("--node-id", node_id, "Node id (default: generated n-<8 hex>): 1 to 64 letters, digits, '.', '_', '-'")
+      ->check(CLI::Validator(
+          [](std::string& id) -> std::string {
+            // It is a word of readiness lines and logs, and relay entries
+            // read ID@HOST:PORT#KEY: nothing that would split or confuse them.
+            const bool plain = std::all_of(id.begin(), id.end(), [](char c) {
+              return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+            });
+            if (id.empty() || id.size() > 64 || !plain)
+              return "must be 1 to 64 letters, digits, '.', '_' or '-', got '" + id + "'";
+            return {};
+          },
+          "ID"));
   cmd->add_option("--link-profile", link_profile,
                   "Shaping of what this " + who +
                       " sends: none, ib, roce, ethernet, wan, consumer, or bw=100Mbit,lat=20ms,jitter=2ms,loss=0.1%")

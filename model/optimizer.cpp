@@ -49,7 +49,9 @@ std::string adamw_problem(const adamw_params& p, float max_grad_norm) {
   if (!std::isfinite(p.eps) || p.eps <= 0) return bad("--eps", "a finite number > 0", p.eps);
   if (!std::isfinite(p.weight_decay) || p.weight_decay < 0)
     return bad("--weight-decay", "a finite number >= 0", p.weight_decay);
-  if (!std::isfinite(max_grad_norm)) return bad("--grad-clip", "a finite number (0 = no clipping)", max_grad_norm);
+  // A negative norm would read as "no clipping" without a word.
+  if (!std::isfinite(max_grad_norm) || max_grad_norm < 0)
+    return bad("--grad-clip", "a finite number >= 0 (0 = no clipping)", max_grad_norm);
   return {};
 }
 

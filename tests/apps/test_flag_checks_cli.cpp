@@ -64,6 +64,8 @@ TEST_CASE("flag checks: out-of-range and malformed values are usage errors that 
             "--faults: must be a whole number in [1, 10], got '1000'"},
            {{"dashboard", "--swarm-dht", "127.0.0.1:1", "--swarm-model", "m", "--blocks", "0"},
             "--blocks: must be a whole number in [1, 1000000], got '0'"},
+           {{"node", "--node-id", "a b"}, "--node-id: must be 1 to 64 letters, digits, '.', '_' or '-', got 'a b'"},
+           {{"serve", "--model", model, "--node-id", "relay@x"}, "--node-id: must be 1 to 64 letters"},
            {{"demo", "--vocab", "10"}, "--vocab: must be a whole number in [128, 3000], got '10'"},
            {{"train", "--model", model, "--data", "x", "--batch", "2", "--seq", "4", "--lr", "0.1", "--pp", "2",
              "--hang-s", "1e300"},

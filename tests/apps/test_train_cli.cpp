@@ -327,7 +327,8 @@ TEST_CASE("corolla train rejects bad input with one error line and exit code 1")
            {"--beta2", "1", "--beta2 must be in [0, 1), got 1"},
            {"--eps", "0", "--eps must be a finite number > 0, got 0"},
            {"--weight-decay", "-1", "--weight-decay must be a finite number >= 0, got -1"},
-           {"--grad-clip", "inf", "--grad-clip must be a finite number (0 = no clipping), got inf"}}) {
+           {"--grad-clip", "inf", "--grad-clip must be a finite number >= 0 (0 = no clipping), got inf"},
+           {"--grad-clip", "-1", "--grad-clip must be a finite number >= 0 (0 = no clipping), got -1"}}) {
     cases.push_back({flag + " " + value, args_for(model, data, "1", "8"), rule});
     cases.back().args.insert(cases.back().args.end(), {flag, value});
     cases.push_back({flag + " " + value + ", distributed", args_for(model, data, "2", "8"), rule});
