@@ -8,6 +8,7 @@
 // it to know which NIC class (and so which transport) a group shares.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <string_view>
@@ -89,6 +90,13 @@ struct cluster_spec {
   std::string name;        ///< unique in the file
   std::vector<int> nodes;  ///< indices into cluster_description::nodes
 };
+
+/// The most workers a cluster description may have (the planner searches
+/// layouts over them; a file describing more is refused as it is read).
+inline constexpr int max_cluster_workers = 65536;
+/// The most workers one node may have (a machine's GPUs or CPU workers;
+/// the planner's work grows with the square of a node's workers).
+inline constexpr std::size_t max_node_workers = 1024;
 
 /// The whole description: clusters, nodes, workers, NIC classes and the
 /// links between clusters. Indices are stable; workers are in file order.

@@ -71,7 +71,7 @@ class reader {
     const toml::node* n = t.get(key);
     if (!n) return 1;
     if (!n->is_integer() || n->as_integer()->get() < 1 || n->as_integer()->get() > 1000000)
-      fail(n, where, "'" + std::string(key) + "' must be a positive integer");
+      fail(n, where, "'" + std::string(key) + "' must be an integer from 1 to 1000000");
     return static_cast<int>(n->as_integer()->get());
   }
 
@@ -247,6 +247,9 @@ class cluster_parser {
       spec.flops = r_.positive(w, "tflops", wwhere, "effective TFLOP/s") * 1e12;
       spec.memory = gib(r_.positive(w, "memory_gib", wwhere, "GiB"));
       int n = r_.count(w, "count", wwhere);
+      if (out.size() + static_cast<std::size_t>(n) > max_node_workers)
+        r_.fail(&w, wwhere, "a node of more than " + std::to_string(max_node_workers) +
+                                " workers (describe the machine as several nodes)");
       for (int k = 0; k < n; ++k) out.push_back(spec);
     }
     return out;
@@ -277,6 +280,12 @@ class cluster_parser {
     g.nic = node_nic(t, where);
     g.intra = node_intra(t, where);
     g.workers = node_workers(t, where);
+    // Before the workers are made: a file of a million nodes of a million
+    // workers each would be allocated, not refused.
+    if (static_cast<double>(c_.workers.size()) + static_cast<double>(g.names.size()) * g.workers.size() >
+        max_cluster_workers)
+      r_.fail(&t, where, "the file describes more than " + std::to_string(max_cluster_workers) +
+                             " workers (the planner's limit)");
     return g;
   }
 

@@ -212,7 +212,13 @@ TEST_CASE("cluster validation errors name the file, the line, the place and the 
       {"unknown worker kind",
        node_head + "  nic = \"ib\"\n    [[cluster.node.worker]]\n    kind = \"tpu\"\n    tflops = 1\n    memory_gib = 1\n",
        {"bad.toml:7:", "'kind' is 'tpu'; expected gpu or cpu"}},
-      {"zero count", node_head + "  count = 0\n  nic = \"ib\"\n", {"bad.toml:5:", "'count' must be a positive integer"}},
+      {"zero count", node_head + "  count = 0\n  nic = \"ib\"\n", {"bad.toml:5:", "'count' must be an integer from 1 to 1000000"}},
+      {"a node of a million workers", node_head + "  nic = \"ib\"\n    [[cluster.node.worker]]\n"
+                                                   "    tflops = 1\n    memory_gib = 1\n    count = 1000000\n",
+       {"bad.toml:6:", "a node of more than 1024 workers"}},
+      {"a million nodes of a thousand workers", node_head + "  count = 1000000\n  nic = \"ib\"\n    [[cluster.node.worker]]\n"
+                                                             "    tflops = 1\n    memory_gib = 1\n    count = 1000\n",
+       {"bad.toml:3:", "more than 65536 workers"}},
       {"names and name", "[[cluster]]\nname = \"a\"\n  [[cluster.node]]\n  name = \"n\"\n  names = [\"x\"]\n  nic = \"ib\"\n",
        {"bad.toml:5:", "either 'name'", "not both"}},
       {"duplicate node names",
