@@ -5,7 +5,6 @@
 #include <cstdio>
 
 #include "apps/commands.hpp"
-#include "apps/self_process.hpp"
 #include "kernels/backend.hpp"
 #include "model/transformer.hpp"
 
@@ -19,28 +18,13 @@ bench_model_dir::bench_model_dir(const std::string& given, const std::string& ta
   }
   path_ = std::filesystem::temp_directory_path() / ("corolla-bench-" + tag + "-" + std::to_string(::getpid()));
   std::filesystem::create_directories(path_);
-  temporary_ = true;
-  // Ctrl-C in the minutes a bench runs must not leave hundreds of MB here.
-  end_on_stop_signals();
-  remove_tree_on_stop_signal(path_.string());
+  // From here it goes with this object, also when the constructor throws
+  // below (a constructed member is destroyed), and with a stop signal
+  // (Ctrl-C in the minutes a bench runs must not leave hundreds of MB).
+  scratch_.emplace(scratch_dir::existing_t{}, path_);
   std::fprintf(stderr, "bench %s: writing the random bench model to %s ...\n", tag.c_str(), path_.c_str());
-  try {
-    transformer::init(bench_llama_config(), seed, cpu_backend()).save(path_);
-    if (add_files) add_files(path_);
-  } catch (...) {
-    // No destructor runs for an object whose constructor threw.
-    forget_tree_on_stop_signal(path_.string());
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-    throw;
-  }
-}
-
-bench_model_dir::~bench_model_dir() {
-  if (!temporary_) return;
-  forget_tree_on_stop_signal(path_.string());
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  transformer::init(bench_llama_config(), seed, cpu_backend()).save(path_);
+  if (add_files) add_files(path_);
 }
 
 }  // namespace corolla::app

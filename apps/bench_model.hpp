@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
+
+#include "apps/scratch_dir.hpp"
 
 namespace corolla::app {
 
@@ -18,14 +21,13 @@ class bench_model_dir {
   /// on it (e.g. a tokenizer), saying so on stderr as "bench <tag>: ...".
   bench_model_dir(const std::string& given, const std::string& tag, std::uint64_t seed,
                   const std::function<void(const std::filesystem::path&)>& add_files = {});
-  ~bench_model_dir();
   bench_model_dir(const bench_model_dir&) = delete;
   bench_model_dir& operator=(const bench_model_dir&) = delete;
   const std::filesystem::path& path() const { return path_; }
 
  private:
   std::filesystem::path path_;
-  bool temporary_ = false;
+  std::optional<scratch_dir> scratch_;  ///< the written model's directory (none: the user's --model)
 };
 
 }  // namespace corolla::app
