@@ -344,7 +344,6 @@ void register_faultlab(CLI::App& app, action_fn& action) {
     action = [a] {
       apply_common_options(1, "warn");
       if (a->swarm == a->train) throw std::invalid_argument("give exactly one of --swarm and --train");
-      if (a->faults < 1) throw std::invalid_argument("--faults must be at least 1");
       const std::uint64_t seed =
           a->seed >= 0 ? static_cast<std::uint64_t>(a->seed)
                        : static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);

@@ -120,7 +120,6 @@ int run_ping(const ping_args& a) {
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   apply_common_options(0, a.log_level);
   if (a.count < 1) throw std::runtime_error("--count must be at least 1");
-  if (a.size < 1) throw std::runtime_error("--size must be at least 1 byte");
   if (!a.curve_keys.empty() && a.server_key.empty())
     throw std::runtime_error("--curve-keys needs --server-key (the node's public key, printed in its readiness line)");
   if (!a.server_key.empty() && a.curve_keys.empty())
