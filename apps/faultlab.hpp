@@ -21,11 +21,21 @@ struct fault_timeline {
   std::string at, what, target;  ///< as the scenario says ("token 10", "kill", "route.hop 1")
   std::string hit;               ///< whom it hit ("s1", "j0"; "" when skipped or not known)
   std::string outcome;           ///< the harness's line ("kill route.hop 1 (s1)")
+  bool landed = false;           ///< it fired and found its target (not skipped, not refused)
   double injected_at_s = -1;     ///< seconds after the run's start; -1 = never fired
   double detected_at_s = -1;     ///< the job noticed (a failover, a spot check, a re-plan); -1 = never
   double recovered_at_s = -1;    ///< the first token / step after that; -1 = never
   std::string detected_by;       ///< who noticed, and the line that says so
 };
+
+/// What firing a fault did: the harness's line, and whether it found its
+/// target (false: skipped, its target gone or never there, or refused).
+struct fault_outcome {
+  std::string line;
+  bool landed = false;
+};
+inline fault_outcome landed(std::string line) { return {std::move(line), true}; }
+inline fault_outcome missed(std::string line) { return {std::move(line), false}; }
 
 /// What one run observed.
 struct faultlab_run {

@@ -154,7 +154,7 @@ struct swarm_state {
   }
 };
 
-std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness, const route_tracker& route,
+fault_outcome fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness, const route_tracker& route,
                  std::mt19937_64& rng, std::string& hit) {
   using tk = fl::target::kind;
   if (f.what == fl::action::join) {
@@ -162,7 +162,7 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
     const std::string id = "j" + std::to_string(st.joined++);
     st.start(id, a, b);
     hit = id;
-    return "join " + id + " on blocks [" + std::to_string(a) + ", " + std::to_string(b) + ")";
+    return landed("join " + id + " on blocks [" + std::to_string(a) + ", " + std::to_string(b) + ")");
   }
   std::string id;
   switch (f.whom.k) {
@@ -180,11 +180,11 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
     default: break;
   }
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
-  if (id.empty()) return what + ": no server to hit (skipped)";
+  if (id.empty()) return missed(what + ": no server to hit (skipped)");
   hit = id;
   switch (f.what) {
     case fl::action::kill:
-      if (st.dead.count(id)) return what + ": " + id + " is dead already (skipped)";
+      if (st.dead.count(id)) return missed(what + ": " + id + " is dead already (skipped)");
       st.procs.signal(id, SIGKILL);
       {
         std::lock_guard lock(st.mu);
@@ -192,19 +192,19 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
         st.stopped.erase(id);
         st.dead.insert(id);
       }
-      return what + " (" + id + ")";
+      return landed(what + " (" + id + ")");
     case fl::action::stop:
-      if (!st.running.count(id)) return what + ": " + id + " is not running (skipped)";
+      if (!st.running.count(id)) return missed(what + ": " + id + " is not running (skipped)");
       st.procs.signal(id, SIGSTOP);
       st.running.erase(id);
       st.stopped.insert(id);
-      return what + " (" + id + ")";
+      return landed(what + " (" + id + ")");
     case fl::action::resume:
-      if (!st.stopped.count(id)) return what + ": " + id + " is not stopped (skipped)";
+      if (!st.stopped.count(id)) return missed(what + ": " + id + " is not stopped (skipped)");
       st.procs.signal(id, SIGCONT);
       st.stopped.erase(id);
       st.running.insert(id);
-      return what + " (" + id + ")";
+      return landed(what + " (" + id + ")");
     case fl::action::restart: {
       if (!st.dead.count(id)) {  // a running (or stopped) server dies first
         st.procs.signal(id, SIGKILL);
@@ -214,18 +214,18 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
       const auto [a, b] = st.blocks.at(id);
       st.start(id, a, b);
       st.corrupted.erase(id);  // a new process answers right
-      return what + " (" + id + ", a new process)";
+      return landed(what + " (" + id + ", a new process)");
     }
     case fl::action::throttle:
     case fl::action::partition:
     case fl::action::heal: {
-      if (st.dead.count(id)) return what + ": " + id + " is dead (skipped)";
+      if (st.dead.count(id)) return missed(what + ": " + id + " is dead (skipped)");
       const std::string endpoint = st.address_of(id);
-      if (endpoint.empty()) return what + ": " + id + " is behind NAT and no relay runs (skipped)";
+      if (endpoint.empty()) return missed(what + ": " + id + " is behind NAT and no relay runs (skipped)");
       const std::string err = f.what == fl::action::heal        ? harness.heal(endpoint)
                               : f.what == fl::action::partition ? harness.partition(endpoint, true)
                                                                 : harness.reshape(endpoint, f.profile);
-      if (!err.empty()) return what + " (" + id + "): failed: " + err;
+      if (!err.empty()) return missed(what + " (" + id + "): failed: " + err);
       if (f.what != fl::action::throttle) {  // the client's discovery reads it
         std::lock_guard lock(st.mu);
         if (f.what == fl::action::heal)
@@ -233,24 +233,24 @@ std::string fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness,
         else
           st.partitioned.insert(id);
       }
-      if (f.what == fl::action::heal) return what + " (" + id + ", back to its own shaping, no partition)";
-      if (f.what == fl::action::partition) return what + " (" + id + ", traffic with every peer dropped)";
-      return what + " (" + id + ", sends shaped " + f.profile + ")";
+      if (f.what == fl::action::heal) return landed(what + " (" + id + ", back to its own shaping, no partition)");
+      if (f.what == fl::action::partition) return landed(what + " (" + id + ", traffic with every peer dropped)");
+      return landed(what + " (" + id + ", sends shaped " + f.profile + ")");
     }
     case fl::action::corrupt: {
-      if (st.dead.count(id)) return what + ": " + id + " is dead (skipped)";
+      if (st.dead.count(id)) return missed(what + ": " + id + " is dead (skipped)");
       const std::string address = st.address_of(id);
-      if (address.empty()) return what + ": " + id + " is behind NAT and no relay runs (skipped)";
+      if (address.empty()) return missed(what + ": " + id + " is behind NAT and no relay runs (skipped)");
       if (const std::string err = harness.corrupt(address); !err.empty())
-        return what + " (" + id + "): failed: " + err;
+        return missed(what + " (" + id + "): failed: " + err);
       st.corrupted.insert(id);
-      return what + " (" + id + ", wrong outputs from now on)";
+      return landed(what + " (" + id + ", wrong outputs from now on)");
     }
     case fl::action::join:
     case fl::action::hang:
     case fl::action::lose: break;  // not a swarm's (the scenario refuses them)
   }
-  return what;
+  return missed(what + ": not a swarm's fault (skipped)");
 }
 
 }  // namespace
@@ -332,7 +332,9 @@ faultlab_run run_swarm_scenario(const fl::scenario& s, bool inject, std::mt19937
         fired[i] = true;
         fault_timeline& t = run.faults[i];
         t.injected_at_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-        t.outcome = fire(f, st, harness, route, rng, t.hit);
+        fault_outcome o = fire(f, st, harness, route, rng, t.hit);
+        t.outcome = std::move(o.line);
+        t.landed = o.landed;
         run.events.push_back("token " + std::to_string(count) + ": " + t.outcome);
       }
       // Waiting for a joined or restarted server to load is the harness's

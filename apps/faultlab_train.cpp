@@ -103,19 +103,19 @@ int pick(const fl::fault& f, const Map& candidates, std::mt19937_64& rng) {
   return std::next(candidates.begin(), static_cast<std::ptrdiff_t>(d(rng)))->first;
 }
 
-std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, std::mt19937_64& rng,
+fault_outcome fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, std::mt19937_64& rng,
                  rank_control& control) {
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
   if (f.whom.k == fl::target::kind::launcher) {
     // Its coordinator and scheduler with it; an elastic job's ranks carry on.
-    if (!process_alive(control.launcher)) return what + ": no launcher now (skipped)";
+    if (!process_alive(control.launcher)) return missed(what + ": no launcher now (skipped)");
     const pid_t pid = control.launcher;
     ::kill(pid, SIGKILL);
     control.launcher_killed = true;
-    return what + " (pid " + std::to_string(pid) + ")";
+    return landed(what + " (pid " + std::to_string(pid) + ")");
   }
   if (f.what == fl::action::join) {
-    if (control.lobby.empty()) return "join: the job takes no workers (no lobby; skipped)";
+    if (control.lobby.empty()) return missed("join: the job takes no workers (no lobby; skipped)");
     const std::string name = f.as.empty() ? "j" + std::to_string(control.workers.size() + 1) : f.as;
     std::string file = name;  // "n1/0" -> worker-n1_0.log
     std::replace(file.begin(), file.end(), '/', '_');
@@ -123,27 +123,27 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
       control.workers.push_back(spawn_self({"train", "--join", control.lobby, "--join-name", name}, -1,
                                            (control.logs / ("worker-" + file + ".log")).string()));
     } catch (const std::exception& e) {
-      return "join: cannot start a worker (" + std::string(e.what()) + ")";
+      return missed("join: cannot start a worker (" + std::string(e.what()) + ")");
     }
-    return "join (worker " + name + ", pid " + std::to_string(control.workers.back()) + ")";
+    return landed("join (worker " + name + ", pid " + std::to_string(control.workers.back()) + ")");
   }
   if (f.what == fl::action::hang) {
     std::map<int, bool> candidates;
     for (const auto& [r, endpoint] : control.endpoints)
       if (!control.hung.count(r)) candidates[r] = true;
     const int r = pick(f, candidates, rng);
-    if (r < 0) return what + ": no such rank now (skipped)";
+    if (r < 0) return missed(what + ": no such rank now (skipped)");
     if (const std::string err = control.harness->stall(control.endpoints.at(r)); !err.empty())
-      return what + ": rank " + std::to_string(r) + " refused (" + err + ")";
+      return missed(what + ": rank " + std::to_string(r) + " refused (" + err + ")");
     control.hung.insert(r);
-    return what + " (rank " + std::to_string(r) + ", its stage stalls inside its next compute call)";
+    return landed(what + " (rank " + std::to_string(r) + ", its stage stalls inside its next compute call)");
   }
   if (f.what == fl::action::lose) {
     std::map<int, bool> candidates;
     for (const auto& [r, endpoint] : control.endpoints)
       if (!control.hung.count(r)) candidates[r] = true;
     const int r = pick(f, candidates, rng);
-    if (r < 0) return what + ": no such rank now (skipped)";
+    if (r < 0) return missed(what + ": no such rank now (skipped)");
     std::string type = f.message;
     if (type == "any") {
       // What rank r receives in this grid: activations unless it is a
@@ -155,12 +155,12 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
         if (stage < control.pp - 1) receives.push_back("train.grad");
         if (control.dp > 1) receives.push_back("train.rs");
       }
-      if (receives.empty()) return what + ": rank " + std::to_string(r) + " receives no message of a rank now (skipped)";
+      if (receives.empty()) return missed(what + ": rank " + std::to_string(r) + " receives no message of a rank now (skipped)");
       type = receives[std::uniform_int_distribution<std::size_t>(0, receives.size() - 1)(rng)];
     }
     if (const std::string err = control.harness->lose(control.endpoints.at(r), type); !err.empty())
-      return what + ": rank " + std::to_string(r) + " refused (" + err + ")";
-    return what + " (rank " + std::to_string(r) + " loses its next " + type + " message)";
+      return missed(what + ": rank " + std::to_string(r) + " refused (" + err + ")");
+    return landed(what + " (rank " + std::to_string(r) + " loses its next " + type + " message)");
   }
   if (f.what == fl::action::throttle || f.what == fl::action::partition || f.what == fl::action::heal) {
     const bool heal = f.what == fl::action::heal;
@@ -171,24 +171,24 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
         candidates[r] = true;
     }
     const int r = pick(f, candidates, rng);
-    if (r < 0) return what + ": no such rank " + (heal ? "throttled or partitioned " : "") + "now (skipped)";
+    if (r < 0) return missed(what + ": no such rank " + (heal ? "throttled or partitioned " : "") + "now (skipped)");
     const std::string& endpoint = control.endpoints.at(r);
     const std::string err = heal ? control.harness->heal(endpoint)
                             : f.what == fl::action::partition ? control.harness->partition(endpoint, true)
                                                               : control.harness->reshape(endpoint, f.profile);
-    if (!err.empty()) return what + ": rank " + std::to_string(r) + " refused (" + err + ")";
+    if (!err.empty()) return missed(what + ": rank " + std::to_string(r) + " refused (" + err + ")");
     const std::string rank = "rank " + std::to_string(r);
     if (heal) {
       control.throttled.erase(r);
       control.partitioned.erase(r);
-      return what + " (" + rank + ", back to its own shaping, no partition)";
+      return landed(what + " (" + rank + ", back to its own shaping, no partition)");
     }
     if (f.what == fl::action::partition) {
       control.partitioned.insert(r);
-      return what + " (" + rank + ", traffic with every peer dropped)";
+      return landed(what + " (" + rank + ", traffic with every peer dropped)");
     }
     control.throttled.insert(r);
-    return what + " (" + rank + ", sends shaped " + f.profile + ")";
+    return landed(what + " (" + rank + ", sends shaped " + f.profile + ")");
   }
   // The current grid's rank processes (its "ranks" event), not the
   // survivors of an earlier grid that still hold their snapshots with the
@@ -207,13 +207,13 @@ std::string fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, s
     if (f.what == fl::action::resume ? is_stopped : !is_stopped) candidates[r] = pid;
   }
   const int r = pick(f, candidates, rng);
-  if (r < 0) return what + ": no such rank process now (skipped)";
+  if (r < 0) return missed(what + ": no such rank process now (skipped)");
   const pid_t pid = candidates.at(r);
   const int sig = f.what == fl::action::kill ? SIGKILL : f.what == fl::action::stop ? SIGSTOP : SIGCONT;
   ::kill(pid, sig);
   if (f.what == fl::action::stop) stopped.insert(pid);
   if (f.what == fl::action::resume) stopped.erase(pid);
-  return what + " (rank " + std::to_string(r) + ", pid " + std::to_string(pid) + ")";
+  return landed(what + " (rank " + std::to_string(r) + ", pid " + std::to_string(pid) + ")");
 }
 
 }  // namespace
@@ -354,7 +354,9 @@ faultlab_run run_train_scenario(const fl::scenario& s, bool inject, std::mt19937
       fired[i] = true;
       fault_timeline& t = run.faults[i];
       t.injected_at_s = elapsed;
-      t.outcome = fire(f, pid, stopped, rng, control);
+      fault_outcome o = fire(f, pid, stopped, rng, control);
+      t.outcome = std::move(o.line);
+      t.landed = o.landed;
       run.events.push_back("step " + std::to_string(step) + ": " + t.outcome);
     }
   }

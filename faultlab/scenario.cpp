@@ -1,5 +1,6 @@
 #include "faultlab/scenario.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -20,12 +21,34 @@ namespace {
   throw std::invalid_argument(loc + ": " + what);
 }
 
+/// The latest moment in seconds a fault may name: a week, as
+/// `train --timeout-s` allows.
+constexpr double max_moment_s = 7 * 24 * 3600.0;
+
 /// A non-negative whole number in `text` after `prefix`, or -1.
 long whole_after(const std::string& text, const std::string& prefix) {
   if (text.rfind(prefix, 0) != 0) return -1;
   const std::string rest = text.substr(prefix.size());
   if (rest.empty() || rest.find_first_not_of("0123456789") != std::string::npos || rest.size() > 9) return -1;
   return std::stol(rest);
+}
+
+/// The value of `flag` in command-line words ("--steps 24" or
+/// "--steps=24"), -1 when not given or not a whole number.
+long flag_value(const std::string& words, const std::string& flag) {
+  std::istringstream in(words);
+  for (std::string w; in >> w;) {
+    std::string value;
+    if (w == flag) {
+      if (!(in >> value)) return -1;
+    } else if (w.rfind(flag + "=", 0) == 0) {
+      value = w.substr(flag.size() + 1);
+    } else {
+      continue;
+    }
+    return whole_after(value, "");
+  }
+  return -1;
 }
 
 class reader {
@@ -49,13 +72,17 @@ class reader {
         if (!f) fail(origin_, faults->get(i), "each [[fault]] must be a table");
         s.faults.push_back(read_fault(*f, "fault[" + std::to_string(i) + "].", s));
       }
+      for (std::size_t i = 0; i < faults->size(); ++i)
+        check_reach(s, s.faults[i], *faults->get(i)->as_table(), "fault[" + std::to_string(i) + "].");
     }
     if (const toml::table* t = table(root_, "expect", "")) {
-      only(*t, "expect.", {"same_output_as_reference", "same_losses_as_reference", "max_stall_s", "wrong_servers_caught"});
+      only(*t, "expect.", {"same_output_as_reference", "same_losses_as_reference", "max_stall_s", "wrong_servers_caught",
+                             "every_fault_hits"});
       s.expect.same_output_as_reference = boolean(*t, "same_output_as_reference", "expect.", false);
       s.expect.same_losses_as_reference = boolean(*t, "same_losses_as_reference", "expect.", false);
       s.expect.max_stall_s = number(*t, "max_stall_s", "expect.", 0);
       s.expect.wrong_servers_caught = boolean(*t, "wrong_servers_caught", "expect.", false);
+      s.expect.every_fault_hits = boolean(*t, "every_fault_hits", "expect.", true);
       if (s.expect.wrong_servers_caught && !s.swarm)
         fail(origin_, t, "expect.wrong_servers_caught is for [swarm] scenarios (their client runs the spot checks)");
       if (s.expect.same_output_as_reference && !s.swarm)
@@ -244,6 +271,40 @@ class reader {
     return f;
   }
 
+  /// A fault the job can never reach: a moment after its end, or a target
+  /// it never has. What only the run can tell (a rank gone after a
+  /// re-plan, the route's length) is the verdict's every_fault_hits.
+  void check_reach(const scenario& s, const fault& f, const toml::table& t, const std::string& where) {
+    const auto joins = std::count_if(s.faults.begin(), s.faults.end(),
+                                     [](const fault& g) { return g.what == action::join; });
+    if (s.swarm) {
+      const swarm_job& j = *s.swarm;
+      if (f.at.k == moment::kind::token && f.at.value > j.new_tokens)
+        fail(origin_, t.get("at"), where + "at: " + to_string(f.at) + " is never reached: the client generates " +
+                                       std::to_string(j.new_tokens) + " tokens (swarm.client.new_tokens)");
+      // A route has at most one hop a server; joined servers add theirs.
+      const auto servers = static_cast<long>(j.servers.size()) + joins;
+      if (f.whom.k == target::kind::route_hop && f.whom.index >= servers)
+        fail(origin_, t.get("target"), where + "target: " + to_string(f.whom) + " is never on a route: the swarm has " +
+                                           std::to_string(servers) + " server" + (servers == 1 ? "" : "s") +
+                                           " at most (hops count from 0)");
+      return;
+    }
+    const train_job& j = *s.train;
+    const std::string words = j.args + " " + j.layout;
+    if (const long steps = flag_value(words, "--steps"); steps >= 0 && f.at.k == moment::kind::step && f.at.value > steps)
+      fail(origin_, t.get("at"), where + "at: " + to_string(f.at) + " is never reached: the job runs " +
+                                     std::to_string(steps) + " steps (--steps in train.args)");
+    if (f.whom.k != target::kind::rank || words.find("--cluster") != std::string::npos) return;
+    // The launcher's own ranks: a joined worker's are its children, which
+    // "rank K" does not reach (docs/faultlab.md).
+    const long pp = std::max(1L, flag_value(words, "--pp")), dp = std::max(1L, flag_value(words, "--dp"));
+    if (f.whom.index >= pp * dp)
+      fail(origin_, t.get("target"), where + "target: " + to_string(f.whom) + " does not exist: the layout has " +
+                                         std::to_string(pp * dp) + " rank" + (pp * dp == 1 ? "" : "s") +
+                                         " (from 0)");
+  }
+
   void only(const toml::table& t, const std::string& where, std::set<std::string> keys) {
     for (const auto& [k, v] : t)
       if (!keys.count(std::string(k.str())))
@@ -298,7 +359,11 @@ moment parse_moment(const std::string& text) {
     try {
       std::size_t used = 0;
       const double s = std::stod(text.substr(0, text.size() - 1), &used);
-      if (used == text.size() - 1 && std::isfinite(s) && s >= 0) return {moment::kind::seconds, s};
+      if (used == text.size() - 1 && std::isfinite(s) && s >= 0) {
+        if (s > max_moment_s)
+          throw std::invalid_argument("at: '" + text + "' is more than a week (604800s) after the start");
+        return {moment::kind::seconds, s};
+      }
     } catch (const std::exception&) {
     }
   }
@@ -385,6 +450,34 @@ std::pair<int, int> parse_blocks(const std::string& text) {
   const long b = colon == std::string::npos ? -1 : whole_after(text.substr(colon + 1), "");
   if (a < 0 || b <= a) throw std::invalid_argument("'" + text + "' is not blocks \"A:B\" with A < B");
   return {int(a), int(b)};
+}
+
+void check_against_model(const scenario& s, int n_layers, int vocab_size, const std::string& origin) {
+  if (!s.swarm) return;
+  const swarm_job& j = *s.swarm;
+  const auto blocks = [](std::pair<int, int> b) {
+    return "\"" + std::to_string(b.first) + ":" + std::to_string(b.second) + "\"";
+  };
+  std::vector<bool> held(static_cast<std::size_t>(n_layers), false);
+  for (const auto& b : j.servers) {
+    if (b.second > n_layers)
+      throw std::invalid_argument(origin + ": swarm.servers: " + blocks(b) + " runs past the model's " +
+                                  std::to_string(n_layers) + " blocks");
+    for (int k = b.first; k < b.second; ++k) held[static_cast<std::size_t>(k)] = true;
+  }
+  for (int k = 0; k < n_layers; ++k)
+    if (!held[static_cast<std::size_t>(k)])
+      throw std::invalid_argument(origin + ": swarm.servers: no server holds block " + std::to_string(k) +
+                                  " of the model's " + std::to_string(n_layers) + " (the client could not generate)");
+  for (std::size_t i = 0; i < s.faults.size(); ++i)
+    if (const fault& f = s.faults[i]; f.what == action::join && parse_blocks(f.blocks).second > n_layers)
+      throw std::invalid_argument(origin + ": fault[" + std::to_string(i) + "].blocks: " +
+                                  blocks(parse_blocks(f.blocks)) + " runs past the model's " +
+                                  std::to_string(n_layers) + " blocks");
+  for (std::int32_t id : j.prompt_ids)
+    if (id >= vocab_size)
+      throw std::invalid_argument(origin + ": swarm.client.prompt_ids: " + std::to_string(id) +
+                                  " is not a token of the model (vocab_size " + std::to_string(vocab_size) + ")");
 }
 
 scenario parse_scenario(const std::string& text, const std::string& origin) {

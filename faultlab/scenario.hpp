@@ -19,7 +19,8 @@ struct moment {
   double value = 0;  ///< the token or step number, or seconds after the start
 };
 
-/// "token N" | "step N" | "2.5s". Throws std::invalid_argument naming the text.
+/// "token N" | "step N" | "2.5s" (at most a week: 604800s). Throws
+/// std::invalid_argument naming the text.
 moment parse_moment(const std::string& text);
 /// "token 10", "step 3", "2.5s": text parse_moment() reads back as `m`.
 std::string to_string(const moment& m);
@@ -110,6 +111,12 @@ struct expectations {
   /// swarm: every corrupted server was found wrong by the client's spot
   /// checks (and nobody else was).
   bool wrong_servers_caught = false;
+  /// Every fault fired on a target that existed at its moment (true by
+  /// default: a kill of "rank 3" after the job shrank to three ranks, or a
+  /// heal of a server killed before, did nothing, and the run tested less
+  /// than the scenario says). A fault whose moment the run never reached
+  /// always fails the scenario.
+  bool every_fault_hits = true;
 };
 
 /// A checked scenario: exactly one of `swarm` and `train` is set.
@@ -125,9 +132,19 @@ struct scenario {
 /// Parses and checks a scenario; `origin` (a file name) starts every error.
 /// Throws std::invalid_argument naming the key and what is wrong: neither or
 /// both of [swarm] and [train], a fault whose moment does not fit the job
-/// (tokens for a swarm, steps for training), a target of the wrong kind or
-/// out of range, a join without blocks, an unknown key.
+/// (tokens for a swarm, steps for training) or lies past its end (a token
+/// after the client's last, a step after `--steps` in train.args), a
+/// target of the wrong kind or out of range (a server, relay or route hop
+/// the swarm can never have, a rank past a `--pp P --dp D` layout's P x
+/// D), a join without blocks, an unknown key.
 scenario parse_scenario(const std::string& text, const std::string& origin);
+
+/// What a swarm scenario asks of its model, once the model is known (a
+/// model of `n_layers` blocks and `vocab_size` ids): every server's and
+/// joined server's blocks inside the model, every block held by a server
+/// at the start, the prompt's ids in the vocabulary. Throws
+/// std::invalid_argument starting with `origin` and naming the key.
+void check_against_model(const scenario& s, int n_layers, int vocab_size, const std::string& origin);
 
 /// "0:3" -> {0, 3}; throws std::invalid_argument for anything else.
 std::pair<int, int> parse_blocks(const std::string& text);

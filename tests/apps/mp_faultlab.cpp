@@ -393,7 +393,7 @@ same_output_as_reference = true
                                           std::chrono::seconds(120));
   CHECK(text.exit_code == 1);
   CHECK(text.out.find("FAIL  faulted run completed") != std::string::npos);
-  CHECK(text.out.find("replay: corolla faultlab run <scenario> --seed 11") != std::string::npos);
+  CHECK(text.out.find("replay: corolla faultlab run " + (tmp / "s.toml").string() + " --seed 11") != std::string::npos);
   // Without --report the report goes to a temporary folder it names, which
   // stays for the user to read (and goes here, not to pile up in /tmp).
   const std::string named = "report and logs in ";
@@ -605,4 +605,25 @@ TEST_CASE("faultlab: bad scenarios and flags are one error line") {
   std::ofstream(tmp / "builtin.toml") << "[swarm]\nmodel = 'builtin:falcon'\nservers = ['0:2']\n";
   check_one_error(run_corolla({"faultlab", "run", (tmp / "builtin.toml").string(), "--report", (tmp / "r").string()}),
                   "'builtin:falcon' is not a built-in model (builtin:llama, builtin:gpt2)");
+  // What the scenario asks of its model: one error naming the key, before
+  // any process starts (the built-in llama has 4 blocks).
+  const std::string file = (tmp / "model.toml").string();
+  for (const auto& [text, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"[swarm]\nmodel = '" + (tmp / "none").string() + "'\nservers = ['0:2']\n",
+            file + ": swarm.model: model directory " + (tmp / "none").string() + " does not exist"},
+           {"[swarm]\nmodel = 'builtin:llama'\nservers = ['0:2', '3:4']\n",
+            file + ": swarm.servers: no server holds block 2 of the model's 4 (the client could not generate)"},
+           {"[swarm]\nmodel = 'builtin:llama'\nservers = ['0:6']\n",
+            file + ": swarm.servers: \"0:6\" runs past the model's 4 blocks"},
+           {"[swarm]\nmodel = 'builtin:llama'\nservers = ['0:4']\n[swarm.client]\nprompt_ids = [1, 999999]\n",
+            file + ": swarm.client.prompt_ids: 999999 is not a token of the model"},
+           {"[swarm]\nmodel = 'builtin:llama'\nservers = ['0:4']\n[[fault]]\nat = 'token 2'\ndo = 'join'\nblocks = '2:5'\n",
+            file + ": fault[0].blocks: \"2:5\" runs past the model's 4 blocks"},
+           {"[train]\nmodel = 'builtin:gpt2'\ndata = '" + (tmp / "none.bin").string() + "'\n",
+            file + ": train.data: " + (tmp / "none.bin").string() + " is not a file"},
+       }) {
+    CAPTURE(expected);
+    std::ofstream(file) << text;
+    check_one_error(run_corolla({"faultlab", "run", file, "--report", (tmp / "r").string()}), expected);
+  }
 }

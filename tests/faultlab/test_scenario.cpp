@@ -167,6 +167,40 @@ TEST_CASE("scenario mistakes are one error naming the key") {
   CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n\n[[fault]]\nat='token 3'\ndo='kill'\ntarget='server 4'\n").rfind("s.toml:5:", 0) == 0);
 }
 
+TEST_CASE("a fault the job can never reach is an error: past its last token or step, or a target it never has") {
+  const std::string swarm = "[swarm]\nmodel='m'\nservers=['0:2', '2:4']\n[swarm.client]\nnew_tokens=8\n";
+  // The client's last token is the last moment (the default is 32).
+  CHECK(error_of(swarm + "[[fault]]\nat='token 8'\ndo='kill'\n") == "(accepted)");
+  CHECK(error_of(swarm + "[[fault]]\nat='token 9'\ndo='kill'\n") ==
+        "s.toml:7: fault[0].at: token 9 is never reached: the client generates 8 tokens (swarm.client.new_tokens)");
+  CHECK(error_of("[swarm]\nmodel='m'\nservers=['0:2']\n[[fault]]\nat='token 33'\ndo='kill'\n")
+            .find("the client generates 32 tokens") != std::string::npos);
+  // A route has a hop a server at most; a joined server adds one.
+  CHECK(error_of(swarm + "[[fault]]\nat='token 3'\ndo='kill'\ntarget='route.hop 1'\n") == "(accepted)");
+  CHECK(error_of(swarm + "[[fault]]\nat='token 3'\ndo='kill'\ntarget='route.hop 2'\n") ==
+        "s.toml:9: fault[0].target: route.hop 2 is never on a route: the swarm has 2 servers at most (hops count from 0)");
+  CHECK(error_of(swarm + "[[fault]]\nat='token 1'\ndo='join'\nblocks='0:1'\n[[fault]]\nat='token 3'\ndo='kill'\n"
+                         "target='route.hop 2'\n") == "(accepted)");
+  // Training: the steps train.args gives, and the ranks of a --pp/--dp layout.
+  const std::string train = "[train]\nmodel='m'\ndata='d'\nargs='--batch 4 --steps=12'\nlayout='--pp 2 --dp 2'\n";
+  CHECK(error_of(train + "[[fault]]\nat='step 12'\ndo='kill'\ntarget='rank 3'\n") == "(accepted)");
+  CHECK(error_of(train + "[[fault]]\nat='step 13'\ndo='kill'\n") ==
+        "s.toml:7: fault[0].at: step 13 is never reached: the job runs 12 steps (--steps in train.args)");
+  CHECK(error_of(train + "[[fault]]\nat='step 3'\ndo='kill'\ntarget='rank 4'\n") ==
+        "s.toml:9: fault[0].target: rank 4 does not exist: the layout has 4 ranks (from 0)");
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nargs='--steps 6'\nlayout='--pp 3'\n[[fault]]\nat='step 7'\n"
+                 "do='kill'\n").find("the job runs 6 steps") != std::string::npos);
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--pp 3'\n[[fault]]\nat='step 2'\ndo='kill'\ntarget='rank 3'\n")
+            .find("the layout has 3 ranks") != std::string::npos);
+  // What only the run can tell is left to it: a --cluster layout's ranks,
+  // steps train.args does not give.
+  CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--cluster c.toml'\n[[fault]]\nat='step 99'\ndo='kill'\n"
+                 "target='rank 9'\n") == "(accepted)");
+  // every_fault_hits: true unless the scenario says otherwise.
+  CHECK(parse_scenario(swarm, "s.toml").expect.every_fault_hits);
+  CHECK_FALSE(parse_scenario(swarm + "[expect]\nevery_fault_hits=false\n", "s.toml").expect.every_fault_hits);
+}
+
 TEST_CASE("servers behind NAT and their relays: parsed, and their mistakes named") {
   const scenario s = parse_scenario(
       "[swarm]\nmodel='m'\nservers=['0:2', '2:4']\nrelays=2\nnat=[1]\n[[fault]]\nat='token 3'\ndo='kill'\n"
@@ -231,13 +265,19 @@ TEST_CASE("moments, actions, targets and blocks in their text form") {
   CHECK(to_string(parse_moment("step 3")) == "step 3");
   CHECK(parse_moment("0.5s").value == 0.5);
   // Every moment reads back from its text, large and fractional ones too.
-  for (const char* text : {"token 1000000", "step 123456789", "0.1s", "2.5s", "1234567.125s", "0s"}) {
+  for (const char* text : {"token 1000000", "step 123456789", "0.1s", "2.5s", "604799.125s", "0s"}) {
     CAPTURE(text);
     CHECK(to_string(parse_moment(text)) == text);
   }
   CHECK(parse_moment(to_string(moment{moment::kind::seconds, 1.0 / 3})).value == 1.0 / 3);
   CHECK_THROWS_AS(parse_moment("token -1"), std::invalid_argument);
   CHECK_THROWS_AS(parse_moment("token 1.5"), std::invalid_argument);
+  // Seconds: at most a week, and a finite number.
+  CHECK(parse_moment("604800s").value == 604800);
+  for (const char* text : {"604800.5s", "1e300s", "infs", "nans", "-1s"}) {
+    CAPTURE(text);
+    CHECK_THROWS_AS(parse_moment(text), std::invalid_argument);
+  }
   CHECK(std::string(to_string(parse_action("restart"))) == "restart");
   CHECK(std::string(to_string(parse_action("hang"))) == "hang");
   CHECK(std::string(to_string(parse_action("lose"))) == "lose");
