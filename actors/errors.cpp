@@ -76,11 +76,16 @@ std::string error_message(const caf::error& e) {
     if (context_strings(e.context(), code, text)) return text.empty() ? code : text;
     return errc_name(static_cast<errc>(e.code()));
   }
+  const bool timeout =
+      e.category() == caf::atom("system") && static_cast<caf::sec>(e.code()) == caf::sec::request_timeout;
+  // A system error that carries its own sentence ("cannot listen: ...")
+  // is that sentence: the code's name in front (cannot_open_port) and the
+  // sentence in quotes tell a user nothing more.
+  if (!timeout && e.category() == caf::atom("system") && e.context().match_elements<std::string>() &&
+      !e.context().get_as<std::string>(0).empty())
+    return e.context().get_as<std::string>(0);
   std::string out = error_code(e);
-  if (e.category() == caf::atom("system") &&
-      static_cast<caf::sec>(e.code()) == caf::sec::request_timeout) {
-    out = "request timed out";
-  }
+  if (timeout) out = "request timed out";
   if (!e.context().empty()) {
     out.push_back(' ');
     out.append(caf::to_string(e.context()));

@@ -330,9 +330,14 @@ void register_bench(CLI::App& app, action_fn& action) {
       "planner's layout vs the Holmes rule, all-Ethernet and all-IB");
   add_common(train, train_opts);
   train->add_option("--batch", batch, "Sequences per step (global batch with --cluster; default there 16)")
+      ->check(integer_between(1, 1 << 20))
       ->capture_default_str();
-  train->add_option("--seq", seq, "Tokens per sequence (default with --cluster: 128)")->capture_default_str();
-  train->add_option("--steps", steps, "Timed steps (after one warm-up step)")->capture_default_str();
+  train->add_option("--seq", seq, "Tokens per sequence (default with --cluster: 128)")
+      ->check(integer_between(2, 1 << 24))
+      ->capture_default_str();
+  train->add_option("--steps", steps, "Timed steps (after one warm-up step)")
+      ->check(integer_between(1, 1000000))
+      ->capture_default_str();
   train->add_option("--matmul", train_opts.matmul,
                     "Products of f32 tensors on a GPU: f32, tf32 or bf16 (tensor cores, f32 accumulation)")
       ->capture_default_str();

@@ -148,9 +148,6 @@ load_result run_chats(api::completion_engine& engine, const tokenizer& tok,
 }
 
 int run_bench_api(const api_bench_options& o) {
-  if (o.servers < 1) throw std::invalid_argument("--servers must be at least 1");
-  for (int c : o.clients)
-    if (c < 1) throw std::invalid_argument("--clients must be positive");
   const bench_model_dir on_disk(o.model_dir, "api", o.seed, [](const fs::path& d) {
     write_bench_tokenizer(d, bench_llama_config().vocab_size);
   });
@@ -367,11 +364,12 @@ void register_bench_api(CLI::App* bench, action_fn& action) {
   cmd->add_option("--seed", o.seed, "Seed of the random default model and the prompts")
       ->check(unsigned_integer())
       ->capture_default_str();
-  cmd->add_option("--servers", o.servers, "Servers in the chain (the blocks split evenly)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  cmd->add_option("--clients", o.clients, "Concurrent streaming clients, one run each")
+  auto* servers = cmd->add_option("--servers", o.servers, "Servers in the chain (the blocks split evenly)")
+                      ->check(CLI::Range(1, 64))
+                      ->capture_default_str();
+  cmd->add_option("--clients", o.clients, "Concurrent streaming clients, one run each (each level at most 1024)")
       ->delimiter(',')
+      ->check(integer_between(1, 1024))
       ->capture_default_str();
   cmd->add_option("--prompt-tokens", o.prompt_tokens, "Prompt length")->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--new-tokens", o.new_tokens, "Tokens generated per request")
@@ -380,20 +378,25 @@ void register_bench_api(CLI::App* bench, action_fn& action) {
   cmd->add_option("--rounds", o.rounds, "Runs of each path per level, alternating which goes first")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
-  cmd->add_flag("--local", o.local,
-                "The API over the model in this process instead: its decode steps batched vs a generator per request");
-  cmd->add_option("--device", o.device, "With --local: auto, cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--weights", o.weights, "With --local: f32, bf16, int8 or nf4")->capture_default_str();
+  auto* local = cmd->add_flag("--local", o.local,
+                              "The API over the model in this process instead: its decode steps batched vs a "
+                              "generator per request");
+  // Flags of one path only, refused with the other (a swarm's servers
+  // and conversations; the local engine's device and weights).
+  servers->excludes(local);
+  cmd->add_option("--device", o.device, "With --local: auto, cpu, cuda or cuda:N")->needs(local)->capture_default_str();
+  cmd->add_option("--weights", o.weights, "With --local: f32, bf16, int8 or nf4")->needs(local)->capture_default_str();
   cmd->add_option("--shared-prefix", o.shared_prefix,
                   "Tokens every prompt starts with (a system prompt), before its own --prompt-tokens; also "
                   "measures the engine without shared prompt pages")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
-  cmd->add_option("--turns", o.turns,
+  auto* turns = cmd->add_option("--turns", o.turns,
                   "Swarm: after each level, that many concurrent conversations of this many turns (each turn's "
                   "prompt the conversation so far and --prompt-tokens new ids) with kept sessions and without")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  turns->excludes(local);
   cmd->add_flag("--json", o.json_only, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return o.local ? run_bench_api_local(o) : run_bench_api(o); }; });
 }

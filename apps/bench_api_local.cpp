@@ -67,14 +67,13 @@ class bench_server {
 }  // namespace
 
 int run_bench_api_local(const api_bench_options& o) {
-  for (int c : o.clients)
-    if (c < 1) throw std::invalid_argument("--clients must be positive");
+  // The flags first: the default model is 425 MB to write.
+  const weight_format weights = parse_weights_flag(o.weights);
+  Backend& be = backend_for(parse_device(o.device));
   const bench_model_dir on_disk(o.model_dir, "api", o.seed, [](const std::filesystem::path& d) {
     write_bench_tokenizer(d, bench_llama_config().vocab_size);
   });
   const std::filesystem::path& dir = on_disk.path();
-  const weight_format weights = parse_weights_flag(o.weights);
-  Backend& be = backend_for(parse_device(o.device));
   const model_config cfg = load_config(dir);
   if (o.shared_prefix + o.prompt_tokens + o.new_tokens > cfg.max_positions)
     throw std::invalid_argument("--shared-prefix + --prompt-tokens + --new-tokens (" +

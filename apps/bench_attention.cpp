@@ -227,7 +227,8 @@ void register_bench_attention(CLI::App* bench, action_fn& action) {
                   "gpt2-1.5b (B 4, T 1024, 25 heads of 64) | llama7b (B 1, T 4096, 32 heads of 128) | tiny")
       ->capture_default_str();
   cmd->add_option("--precisions", o.precisions,
-                  "Comma-separated matmul precisions to run (f32, tf32, bf16); default f32,bf16 on a GPU, f32 on cpu");
+                  "Comma-separated matmul precisions to run (f32, tf32, bf16); default f32,bf16 on a GPU, f32 on cpu")
+      ->check(non_empty());
   cmd->add_option("--storage", o.storage,
                   "Comma-separated tensor dtypes to run (f32, bf16, f16; 16-bit on cuda only), each at every precision")
       ->capture_default_str();

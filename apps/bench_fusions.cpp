@@ -51,7 +51,7 @@ namespace {
 
 struct fusions_options {
   std::string device = "auto";
-  std::string dtype_name = "bf16";
+  std::string dtype_name = "auto";  ///< bf16 on a GPU, f32 on the cpu
   long long rows = 4096, hidden = 1600, mlp = 6400;
   int rounds = 3;
   int threads = 0;
@@ -63,10 +63,14 @@ int run_fusions(const fusions_options& o) {
   if (o.rounds < 1) throw std::invalid_argument("bench fusions: need --rounds >= 1");
   if (o.rows < 1 || o.hidden < 1 || o.mlp < 1)
     throw std::invalid_argument("bench fusions: --rows, --hidden and --mlp must be positive");
-  if (o.dtype_name != "f32" && o.dtype_name != "bf16" && o.dtype_name != "f16")
-    throw std::invalid_argument("bench fusions: --dtype is f32, bf16 or f16, not '" + o.dtype_name + "'");
-  const dtype t = o.dtype_name == "f32" ? dtype::f32 : o.dtype_name == "f16" ? dtype::f16 : dtype::bf16;
+  if (o.dtype_name != "auto" && o.dtype_name != "f32" && o.dtype_name != "bf16" && o.dtype_name != "f16")
+    throw std::invalid_argument("bench fusions: --dtype is auto, f32, bf16 or f16, not '" + o.dtype_name + "'");
   Backend& be = backend_for(parse_device(o.device));
+  const bool on_cpu = be.dev().kind == device_kind::cpu;
+  const dtype t = o.dtype_name == "auto" ? (on_cpu ? dtype::f32 : dtype::bf16)
+                  : o.dtype_name == "f32" ? dtype::f32
+                  : o.dtype_name == "f16" ? dtype::f16
+                                          : dtype::bf16;
   if (t != dtype::f32 && be.dev().kind == device_kind::cpu)
     throw std::invalid_argument("bench fusions: the cpu computes in f32 only: use --dtype f32 there");
   const std::int64_t N = o.rows, D = o.hidden, F = o.mlp;
@@ -231,7 +235,7 @@ void register_bench_fusions(CLI::App* bench, action_fn& action) {
                  "add, q/k/v and gate/up as one batched product each) vs the ops each replaces, on one block's shapes");
   cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N")
       ->capture_default_str();
-  cmd->add_option("--dtype", o.dtype_name, "Activations: f32, bf16 or f16 (16-bit on a GPU)")->capture_default_str();
+  cmd->add_option("--dtype", o.dtype_name, "Activations: auto (bf16 on a GPU, f32 on the cpu), f32, bf16 or f16 (16-bit on a GPU)")->capture_default_str();
   cmd->add_option("--rows", o.rows, "Rows (batch x sequence)")->capture_default_str();
   cmd->add_option("--hidden", o.hidden, "Hidden size")->capture_default_str();
   cmd->add_option("--mlp", o.mlp, "MLP width")->capture_default_str();

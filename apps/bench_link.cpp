@@ -536,11 +536,11 @@ void register_bench_link(CLI::App* bench, action_fn& action) {
           [](std::string& v) {
             std::size_t n = 0;
             const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-            if (ec != std::errc() || end != v.data() + v.size() || (n != 0 && n < 4))
-              return std::string("must be 0 or a whole number of at least 4");
+            if (ec != std::errc() || end != v.data() + v.size() || (n != 0 && (n < 4 || n > 1048576)))
+              return std::string("must be 0 or a whole number from 4 to 1048576 (1 GiB), got '" + v + "'");
             return std::string();
           },
-          "0 or >= 4"));
+          "0 or 4 to 1048576"));
   link->add_option("--rounds", o.rounds,
                    "Times the two paths take turns per size (latency pooled, throughput median)")
       ->capture_default_str()

@@ -36,9 +36,6 @@ struct loss_options {
 
 int run_loss(const loss_options& o) {
   apply_common_options(o.threads, "warn");
-  if (o.rows < 1 || o.vocab < 2 || o.hidden < 1 || o.chunk_rows < 0 || o.rounds < 1)
-    throw std::invalid_argument("bench loss: need --rows >= 1, --vocab >= 2, --hidden >= 1, --chunk-rows >= 0 and "
-                                "--rounds >= 1");
   Backend& be = backend_for(parse_device(o.device));
   model_config cfg;
   cfg.arch = architecture::llama;
@@ -101,12 +98,19 @@ void register_bench_loss(CLI::App* bench, action_fn& action) {
       "loss", "The head's training loss with the logits in chunks of rows vs all rows at once (time and memory)");
   cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")
       ->capture_default_str();
-  cmd->add_option("--rows", o.rows, "Rows (B x T positions)")->capture_default_str();
-  cmd->add_option("--vocab", o.vocab, "Vocabulary size (default GPT-2's)")->capture_default_str();
-  cmd->add_option("--hidden", o.hidden, "Hidden size")->capture_default_str();
-  cmd->add_option("--chunk-rows", o.chunk_rows, "Rows per chunk (0 = the head's 256 MiB budget rule)")
+  cmd->add_option("--rows", o.rows, "Rows (B x T positions)")
+      ->check(integer_between(1, 1 << 30))
       ->capture_default_str();
-  cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")->capture_default_str();
+  cmd->add_option("--vocab", o.vocab, "Vocabulary size (default GPT-2's)")
+      ->check(integer_between(2, 1 << 24))
+      ->capture_default_str();
+  cmd->add_option("--hidden", o.hidden, "Hidden size")->check(integer_between(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--chunk-rows", o.chunk_rows, "Rows per chunk (0 = the head's 256 MiB budget rule)")
+      ->check(integer_between(0, 1 << 30))
+      ->capture_default_str();
+  cmd->add_option("--rounds", o.rounds, "Timed rounds; the best counts")
+      ->check(integer_between(1, 1000))
+      ->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads (0 = all cores)")
       ->check(integer_between(0, max_cpu_threads))
       ->capture_default_str();

@@ -495,6 +495,7 @@ void register_bench_swarm(CLI::App* bench, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--wan-profiles", o.wan_profiles, "Link profiles of the WAN runs (net/shaping.hpp syntax)")
       ->delimiter(';')
+      ->check(link_profile())
       ->capture_default_str();
   cmd->add_option("--server-threads", o.server_threads,
                   "CPU threads of each server process (0 = every core: a chain's servers compute one at a time)")

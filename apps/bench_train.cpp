@@ -60,8 +60,13 @@ long long block_matrix_params(transformer& m) {
 
 int run_bench_train(const bench_common& o, int batch, int seq, int steps, int micro_batch) {
   apply_common_options(o.threads, "warn");
-  set_matmul_precision(parse_matmul_precision(o.matmul));
+  const matmul_precision matmul = parse_matmul_precision(o.matmul);
+  set_matmul_precision(matmul);
   Backend& device_be = backend_for(parse_device(o.device));
+  // The report names the precision: a CPU run computes f32 products whatever --matmul says.
+  if (device_be.dev().kind == device_kind::cpu && matmul != matmul_precision::f32)
+    throw std::invalid_argument(std::string("bench train: the CPU backend computes in f32; --matmul ") +
+                                matmul_precision_name(matmul) + " is for GPUs (use --matmul f32)");
   const dtype compute = parse_compute_flag(o.compute, device_be.dev());
   const loss_scaling scaling = parse_loss_scaling(o.loss_scale, compute == dtype::f16);
   profiling_backend prof(device_be);  // forwards only, until enabled after the measurement
@@ -69,9 +74,9 @@ int run_bench_train(const bench_common& o, int batch, int seq, int steps, int mi
   check_micro_batch(batch, micro_batch);  // before a large model is built
   transformer model = open_model(o, be);
   const auto& c = model.config();
-  if (batch < 1 || seq < 2 || steps < 1 || seq > c.max_positions)
-    throw std::invalid_argument("bench train: need --batch >= 1, --steps >= 1 and 2 <= --seq <= " +
-                                std::to_string(c.max_positions));
+  if (seq > c.max_positions)
+    throw std::invalid_argument("bench train: --seq " + std::to_string(seq) + " exceeds the model's context of " +
+                                std::to_string(c.max_positions) + " tokens");
   if (!o.json)
     std::fprintf(stderr, "bench train: %s, %.1fM parameters, B=%d%s, T=%d, %d threads; measuring...\n",
                  c.hf_architecture.c_str(), static_cast<double>(c.parameter_count()) / 1e6, batch,

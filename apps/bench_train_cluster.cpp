@@ -65,6 +65,9 @@ sc::cluster_description all_on(const sc::cluster_description& c, const std::stri
   return r;
 }
 
+/// The longest run the bench starts, by the cost model's prediction.
+constexpr double max_cluster_bench_s = 3600;
+
 struct variant {
   std::string name;
   sc::cluster_description cluster;
@@ -147,6 +150,17 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
     sc::plan_report r = sc::make_plan(c, cfg, setup);
     if (r.best.feasible) variants.push_back({std::string("all ").append(nic), c, r.best});
   }
+
+  // The ranks sleep each stage's predicted compute: a cluster of slow
+  // workers (tflops = 1e-12) would start a run of centuries.
+  double predicted_s = 0;
+  for (const variant& v : variants) predicted_s += steps * v.plan.estimate.step_s;
+  if (!(predicted_s <= max_cluster_bench_s))
+    throw std::invalid_argument("bench train --cluster: the cost model predicts " + duration_text(predicted_s) + " for " +
+                                std::to_string(steps) + " steps of " + std::to_string(variants.size()) +
+                                " layouts (the ranks sleep each stage's predicted compute); this bench runs at most " +
+                                duration_text(max_cluster_bench_s) + ": give faster workers (tflops), a smaller "
+                                "--model or fewer --steps");
 
   train_args base;
   base.model = model_dir.string();

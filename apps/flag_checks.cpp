@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
+
+#include "net/shaping.hpp"
 
 namespace corolla::app {
 namespace {
@@ -89,6 +92,19 @@ CLI::Validator finite_between(double low, double high) {
   return finite_number("a finite number in [" + plain(low) + ", " + plain(high) + "]",
                        "NUMBER in [" + plain(low) + " - " + plain(high) + "]",
                        [low, high](double v) { return v >= low && v <= high; });
+}
+
+CLI::Validator link_profile() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          net::parse_link_profile(text);
+        } catch (const std::invalid_argument& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "PROFILE");
 }
 
 }  // namespace corolla::app

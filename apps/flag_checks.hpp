@@ -25,5 +25,9 @@ CLI::Validator unsigned_integer();
 /// A non-empty value: `--save ""` would otherwise read as no --save, and
 /// the work would not be written anywhere.
 CLI::Validator non_empty();
+/// A link profile (net/shaping.hpp syntax), checked when the flag is read:
+/// "--wan-profiles: link profile: 'bogus': unknown profile ...", not after
+/// the runs before the one that uses it.
+CLI::Validator link_profile();
 
 }  // namespace corolla::app

@@ -169,7 +169,10 @@ int run_generate(const generate_options& o) {
   } else {
     try {
       tok = load_tokenizer(o.model);
-    } catch (const model_error&) {
+    } catch (const model_error& e) {
+      // No tokenizer: ids only, as asked. A broken one is said.
+      if (has_tokenizer_files(o.model))
+        std::fprintf(stderr, "generate: %s; the output is shown as ids only\n", e.what());
       tok.reset();
     }
   }
@@ -228,11 +231,17 @@ void register_generate(CLI::App& app, action_fn& action) {
   prompt->excludes(ids);
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate at most")
       ->capture_default_str();
+  // Checked on the text given: a float would hold 1e-300 as 0, and the
+  // sampler's own message would then say "got 0.000000".
   cmd->add_option("--temperature", o->temperature, "Sampling temperature (0 = greedy)")
+      ->check(finite_between(0, 1e6))
       ->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = all)")
+      ->check(integer_between(0, 1 << 30))
       ->capture_default_str();
-  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass (1 = off; above 0)")
+      ->check(finite_between(1e-30, 1))
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampling seed")
       ->check(unsigned_integer())
       ->capture_default_str();

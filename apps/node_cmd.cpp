@@ -61,13 +61,14 @@ void register_node(CLI::App& app, action_fn& action) {
   auto a = std::make_shared<node_args>();
   auto* cmd = app.add_subcommand("node", "Run a node that answers echo/ping until SIGINT/SIGTERM");
   a->node.add_to(cmd, "node");
-  cmd->add_flag("--relay-service", a->relay_service,
+  auto* service = cmd->add_flag("--relay-service", a->relay_service,
                 "Relay for servers behind NAT (serve --no-listen --relay THIS_ENDPOINT) and dial peers back to "
                 "check they can be reached");
   cmd->add_option("--relay-rate", a->relay_rate_mbit,
                   "With --relay-service: Mbit/s each peer may send through this relay on average, in bursts of 8 s "
                   "of it; what goes over is refused (0 = no limit)")
       ->check(finite_at_least(0))
+      ->needs(service)
       ->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();

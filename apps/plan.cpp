@@ -13,6 +13,7 @@
 
 #include "apps/cluster_file.hpp"
 #include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
 #include "apps/plan_print.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
@@ -46,13 +47,6 @@ std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
-}
-
-/// Seconds in a readable unit.
-std::string seconds(double s) {
-  if (s >= 1.0) return fmt("%.3f s", s);
-  if (s >= 1e-3) return fmt("%.1f ms", s * 1e3);
-  return fmt("%.1f us", s * 1e6);
 }
 
 std::string gib(double bytes) { return fmt("%.1f", bytes / sc::gib(1)); }
@@ -105,7 +99,7 @@ void print_baseline(const char* label, const sc::plan& base, const sc::plan& bes
   std::string split;
   for (const auto& s : base.stages) split += (split.empty() ? "" : "/") + std::to_string(s.last_layer - s.first_layer);
   std::printf("  %-46s PP %d x DP %d: step %s (layers %s), planner %.2fx faster\n", label, base.pp, base.dp,
-              seconds(base.estimate.step_s).c_str(), split.c_str(), base.estimate.step_s / best.estimate.step_s);
+              duration_text(base.estimate.step_s).c_str(), split.c_str(), base.estimate.step_s / best.estimate.step_s);
 }
 
 json memory_json(const sc::stage_estimate& s) {
@@ -162,6 +156,16 @@ json plan_json(const sc::cluster_description& c, const sc::plan& p) {
 
 }  // namespace
 
+std::string duration_text(double s) {
+  if (!std::isfinite(s)) return "forever";
+  if (s >= 365.25 * 86400) return fmt("%.3g years", s / (365.25 * 86400));
+  if (s >= 86400) return fmt("%.1f days", s / 86400);
+  if (s >= 3600) return fmt("%.1f h", s / 3600);
+  if (s >= 1.0) return fmt("%.3f s", s);
+  if (s >= 1e-3) return fmt("%.1f ms", s * 1e3);
+  return fmt("%.1f us", s * 1e6);
+}
+
 std::string plan_text(const sc::cluster_description& c, const sc::plan& p) {
   const auto& e = p.estimate;
   std::string text;
@@ -177,16 +181,16 @@ std::string plan_text(const sc::cluster_description& c, const sc::plan& p) {
     if (nic.size() > 10) nic = nic.substr(0, 7) + "...";
     if (workers.size() > 28) workers = workers.substr(0, 25) + "...";
     std::string mem = gib(s.cost.memory.total()) + "/" + gib(s.cost.capacity);
-    std::string reduce = seconds(s.cost.reduce_s) + " (" + seconds(s.cost.exposed_reduce_s) + ")";
+    std::string reduce = duration_text(s.cost.reduce_s) + " (" + duration_text(s.cost.exposed_reduce_s) + ")";
     text += fmt::sprintf("  %-5d %-16s %-28s %-12s %-10s %7.3g %15s %11s %9s %22s\n", s.index, layers_of(s).c_str(),
                 workers.c_str(), cluster_name(c, s.cluster).c_str(), nic.c_str(),
-                s.cost.flops_per_s / 1e12, mem.c_str(), seconds(s.cost.forward_s + s.cost.backward_s).c_str(),
-                s.head ? "-" : seconds(s.cost.send_s).c_str(), reduce.c_str());
+                s.cost.flops_per_s / 1e12, mem.c_str(), duration_text(s.cost.forward_s + s.cost.backward_s).c_str(),
+                s.head ? "-" : duration_text(s.cost.send_s).c_str(), reduce.c_str());
   }
   if (!p.idle.empty()) text += fmt::sprintf("  idle: %s\n", sc::describe_workers(c, p.idle).c_str());
   text += fmt::sprintf("predicted step: %s = pipeline %s (steady %s + fill/drain %s) + DP tail %s; bubble %.1f%%\n",
-              seconds(e.step_s).c_str(), seconds(e.pipeline_s).c_str(), seconds(e.steady_s).c_str(),
-              seconds(e.fill_drain_s).c_str(), seconds(e.dp_tail_s).c_str(), 100 * e.bubble_fraction);
+              duration_text(e.step_s).c_str(), duration_text(e.pipeline_s).c_str(), duration_text(e.steady_s).c_str(),
+              duration_text(e.fill_drain_s).c_str(), duration_text(e.dp_tail_s).c_str(), 100 * e.bubble_fraction);
   text += fmt::sprintf("throughput: %.2f samples/s, %.0f tokens/s, %.1f model TFLOP/s per worker\n", e.samples_per_s,
               e.tokens_per_s, e.flops_per_worker / 1e12);
   return text;
@@ -272,18 +276,27 @@ void register_plan(CLI::App& app, action_fn& action) {
   cmd->add_option("--cluster", args->cluster, "Cluster description (TOML, see docs/planner.md)")->required();
   cmd->add_option("--model", args->model, "Model directory with config.json, or the config.json itself")
       ->required();
-  cmd->add_option("--global-batch", args->global_batch, "Sequences per optimizer step")->capture_default_str();
-  cmd->add_option("--micro-batch", args->micro_batch, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--seq", args->seq, "Tokens per sequence (default: the model's context)");
-  cmd->add_option("--pp", args->pp, "Force this pipeline depth (default: search)");
-  cmd->add_option("--dp", args->dp, "Force this data-parallel width (default: search)");
+  cmd->add_option("--global-batch", args->global_batch, "Sequences per optimizer step")
+      ->check(integer_between(1, 1 << 30))
+      ->capture_default_str();
+  cmd->add_option("--micro-batch", args->micro_batch, "Sequences per micro-batch")
+      ->check(integer_between(1, 1 << 30))
+      ->capture_default_str();
+  cmd->add_option("--seq", args->seq, "Tokens per sequence (0, the default: the model's context)")
+      ->check(integer_between(0, 1 << 30));
+  cmd->add_option("--pp", args->pp, "Force this pipeline depth (0, the default: search)")
+      ->check(integer_between(0, 65536));
+  cmd->add_option("--dp", args->dp, "Force this data-parallel width (0, the default: search)")
+      ->check(integer_between(0, 65536));
   cmd->add_option("--precision", args->precision, "bf16 (mixed, fp32 AdamW states) or fp32")
       ->capture_default_str();
   cmd->add_flag("--no-zero1", args->no_zero1, "Replicate optimizer states instead of sharding them over DP");
   cmd->add_option("--dp-overlap", args->dp_overlap,
                   "Share of the DP reduction that may overlap the last backward (0..1)")
+      ->check(finite_between(0, 1))
       ->capture_default_str();
   cmd->add_option("--memory-headroom", args->headroom, "Fraction of each worker's memory left free (0..1)")
+      ->check(finite_between(0, 0.99))
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object instead of the tables");
   cmd->callback([&action, args] { action = [args] { return run_plan(*args); }; });

@@ -10,6 +10,11 @@
 
 namespace corolla::app {
 
+/// Seconds in a readable unit ("12.345 s", "3.2 ms", "4.1 h", "2.5 days",
+/// "1.2e+03 years"; "forever" when not finite): a slow cluster's step can
+/// take years, and is not printed as a hundred digits of seconds.
+std::string duration_text(double seconds);
+
 /// The plan's stages (layers, workers, cluster, NIC, speed, memory, times),
 /// its predicted step and throughput, as lines of text.
 std::string plan_text(const schedule::cluster_description& c, const schedule::plan& p);

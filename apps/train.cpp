@@ -36,7 +36,7 @@ bool has_weights(const std::filesystem::path& dir) {
 
 transformer open_model(const std::filesystem::path& dir, std::uint64_t seed, Backend& be, bool& fresh) {
   if (!fs::is_directory(dir))
-    throw model_error("model directory " + dir.string() + " does not exist");
+    throw no_model_directory(dir);
   fresh = !has_weights(dir);
   if (fresh) return transformer::init(load_config(dir), seed, be);
   return transformer::load(dir, be);

@@ -1,6 +1,8 @@
 #include "model/prompt_tuning.hpp"
 
+#include <cmath>
 #include <random>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
@@ -137,7 +139,15 @@ Tensor load_deep_prompts(const std::filesystem::path& file, const model_config& 
   if (s.size() != 3 || s[0] != cfg.n_layers || s[1] < 1 || s[2] != cfg.hidden_size)
     throw model_error(file.string() + ": deep_prompts is " + shape_str(s) + ", the model needs [" +
                       std::to_string(cfg.n_layers) + ", P, " + std::to_string(cfg.hidden_size) + "]");
-  return f->view("deep_prompts").to(dtype::f32).clone();  // owned: the mapping goes with `f`
+  Tensor prompts = f->view("deep_prompts").to(dtype::f32).clone();  // owned: the mapping goes with `f`
+  // A NaN here would surface as the model's logits going bad, blamed on
+  // its weights; name the file instead.
+  const float* v = prompts.data<float>();
+  for (std::int64_t i = 0; i < prompts.numel(); ++i)
+    if (!std::isfinite(v[i]))
+      throw model_error(file.string() + ": deep_prompts holds a non-finite value (" + std::to_string(v[i]) +
+                        " at element " + std::to_string(i) + ")");
+  return prompts;
 }
 
 }  // namespace corolla

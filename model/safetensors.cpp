@@ -259,7 +259,7 @@ checkpoint checkpoint::open(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw model_error("model directory " + dir.string() + " does not exist");
+    throw no_model_directory(dir);
   checkpoint c;
   c.dir_ = dir;
 

@@ -14,9 +14,14 @@ class sentencepiece_tokenizer final : public tokenizer {
     if (!std::filesystem::is_regular_file(file, ec))
       throw model_error("SentencePiece model " + file.string() + " does not exist");
     auto st = sp_.Load(file.string());
-    if (!st.ok())
-      throw model_error("cannot load SentencePiece model " + file.string() + ": " +
-                        st.ToString());
+    if (!st.ok()) {
+      // A file that is not a model protobuf fails inside SentencePiece's
+      // parser, whose status names its own source line.
+      const std::string why = st.ToString().find("ParseFromArray") != std::string::npos
+                                  ? "the file is not a SentencePiece model (it does not parse as one)"
+                                  : st.ToString();
+      throw model_error("cannot load SentencePiece model " + file.string() + ": " + why);
+    }
     vocab_ = sp_.GetPieceSize();
     bos_ = bos >= 0 ? bos : sp_.bos_id();
     eos_ = eos >= 0 ? eos : sp_.eos_id();

@@ -108,11 +108,18 @@ void config_token_ids(const std::filesystem::path& dir, int& bos, int& eos) {
 
 }  // namespace
 
+bool has_tokenizer_files(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const char* name : {"tokenizer.model", "tokenizer.json", "vocab.json", "merges.txt"})
+    if (std::filesystem::exists(dir / name, ec)) return true;
+  return false;
+}
+
 std::unique_ptr<tokenizer> load_tokenizer(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw model_error("model directory " + dir.string() + " does not exist");
+    throw no_model_directory(dir);
   int bos = -1, eos = -1;
   config_token_ids(dir, bos, eos);
   if (fs::exists(dir / "tokenizer.model", ec))

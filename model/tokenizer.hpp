@@ -73,6 +73,9 @@ class stream_decoder {
 /// uses), else the tokenizer's own. Throws model_error listing the three
 /// files it looked for when there is none.
 std::unique_ptr<tokenizer> load_tokenizer(const std::filesystem::path& dir);
+/// Whether `dir` holds any of the files load_tokenizer() reads (a broken
+/// one is then an error to report, not the absence of a tokenizer).
+bool has_tokenizer_files(const std::filesystem::path& dir);
 
 /// A SentencePiece model file. `bos_id`/`eos_id` override the model's own
 /// when >= 0. Throws model_error naming the file.

@@ -1,8 +1,12 @@
 // net/endpoint.cpp — see endpoint.hpp.
 #include "net/endpoint.hpp"
 
+#include <arpa/inet.h>
+#include <net/if.h>
+
 #include <algorithm>
 #include <cctype>
+#include <string>
 
 namespace corolla::net {
 
@@ -20,6 +24,21 @@ std::string tcp_endpoint_problem(std::string_view endpoint) {
                       std::all_of(port.begin(), port.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
   if (!digits || std::stoi(std::string(port)) > 65535) return named + ": the port must be in [0, 65535]";
   return {};
+}
+
+std::string tcp_listen_problem(std::string_view endpoint) {
+  if (std::string why = tcp_endpoint_problem(endpoint); !why.empty()) return why;
+  const std::string_view rest = endpoint.substr(std::string_view("tcp://").size());
+  std::string host(rest.substr(0, rest.rfind(':')));
+  if (host == "*") return {};
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  unsigned char address[16];
+  if (inet_pton(AF_INET, host.c_str(), address) == 1 || inet_pton(AF_INET6, host.c_str(), address) == 1) return {};
+  if (if_nametoindex(host.c_str()) != 0) return {};
+  return "invalid endpoint '" + std::string(endpoint) + "' to listen on: '" + host +
+         "' is not an IP address or a network interface of this machine (ZeroMQ binds no host names: use, e.g., "
+         "tcp://127.0.0.1:" + std::string(rest.substr(rest.rfind(':') + 1)) + " or tcp://*:" +
+         std::string(rest.substr(rest.rfind(':') + 1)) + ")";
 }
 
 }  // namespace corolla::net

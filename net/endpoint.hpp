@@ -15,4 +15,11 @@ namespace corolla::net {
 /// empty when it is one.
 std::string tcp_endpoint_problem(std::string_view endpoint);
 
+/// tcp_endpoint_problem(), and for a socket to bind: a host that is "*",
+/// an IP address ("127.0.0.1", "[::1]") or a network interface of this
+/// machine ("lo"). ZeroMQ binds no host names: "tcp://localhost:0" would
+/// fail inside it with an errno of no help ("Resource temporarily
+/// unavailable").
+std::string tcp_listen_problem(std::string_view endpoint);
+
 }  // namespace corolla::net

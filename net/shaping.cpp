@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace corolla::net {
 
@@ -155,6 +156,7 @@ link_profile parse_link_profile(std::string_view text) {
   link_profile p;
   if (text.empty()) return p;  // "none"
   bool named = false, overridden = false;
+  std::vector<std::string> given;  ///< the settings seen so far
   std::size_t start = 0;
   for (int index = 0; start <= text.size(); ++index) {
     std::size_t comma = text.find(',', start);
@@ -180,6 +182,11 @@ link_profile parse_link_profile(std::string_view text) {
     }
     const std::string key = lower(trim(part.substr(0, eq)));
     const std::string_view value = part.substr(eq + 1);
+    // One value a setting: "lat=10ms,lat=20ms" is a mistake, not a choice.
+    const std::string setting = key == "bandwidth" ? "bw" : key == "latency" ? "lat" : key;
+    if (std::find(given.begin(), given.end(), setting) != given.end())
+      bad(part, "'" + setting + "' is given twice");
+    given.push_back(setting);
     if (key == "bw" || key == "bandwidth") {
       p.bandwidth_bps = parse_bandwidth(value, part);
     } else if (key == "lat" || key == "latency") {

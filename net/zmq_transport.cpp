@@ -144,7 +144,7 @@ std::string zmq_transport::impl::setup() {
     zmq_setsockopt(router_, ZMQ_ZAP_DOMAIN, "corolla", 7);
   }
   if (auto err = attach_monitor(router_, "router", router_monitor_); !err.empty()) return err;
-  if (const std::string why = tcp_endpoint_problem(opts_.listen); !why.empty()) return "cannot listen: " + why;
+  if (const std::string why = tcp_listen_problem(opts_.listen); !why.empty()) return "cannot listen: " + why;
   if (zmq_bind(router_, opts_.listen.c_str()) != 0) return zmq_error_text("cannot listen on " + opts_.listen);
   char bound[256];
   std::size_t len = sizeof bound;

@@ -5,9 +5,11 @@
 // errors too, so a typo ("bandwith_gbps") never silently becomes a default.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <initializer_list>
 #include <map>
+#include <limits>
 #include <sstream>
 
 #include <toml++/toml.h>
@@ -59,8 +61,9 @@ class reader {
 
   /// A positive number (integer or float); `unit` explains it in errors.
   double positive(const toml::table& t, const char* key, const std::string& where,
-                  const char* unit, const double* fallback = nullptr) const {
-    return number(t, key, where, unit, fallback, false);
+                  const char* unit, const double* fallback = nullptr,
+                  double most = std::numeric_limits<double>::max()) const {
+    return number(t, key, where, unit, fallback, false, most);
   }
   double non_negative(const toml::table& t, const char* key, const std::string& where,
                       const char* unit, const double* fallback = nullptr) const {
@@ -107,7 +110,8 @@ class reader {
 
  private:
   double number(const toml::table& t, const char* key, const std::string& where, const char* unit,
-                const double* fallback, bool zero_ok) const {
+                const double* fallback, bool zero_ok,
+                double most = std::numeric_limits<double>::max()) const {
     const toml::node* n = t.get(key);
     if (!n) {
       if (fallback) return *fallback;
@@ -122,6 +126,12 @@ class reader {
       got << v;
       fail(n, where, "'" + std::string(key) + "' must be a " + (zero_ok ? "non-negative" : "positive") +
                          " number (" + unit + "), got " + got.str());
+    }
+    if (v > most) {
+      char limit[32], got[32];
+      std::snprintf(limit, sizeof limit, "%.15g", most);
+      std::snprintf(got, sizeof got, "%.15g", v);
+      fail(n, where, "'" + std::string(key) + "' must be at most " + limit + " (" + unit + "), got " + got);
     }
     return v;
   }
@@ -244,8 +254,10 @@ class cluster_parser {
       else if (kind == "cpu") spec.kind = worker_kind::cpu;
       else r_.fail(w.get("kind"), wwhere, "'kind' is '" + kind + "'; expected gpu or cpu");
       spec.model = r_.string(w, "model", wwhere, &kind);
-      spec.flops = r_.positive(w, "tflops", wwhere, "effective TFLOP/s") * 1e12;
-      spec.memory = gib(r_.positive(w, "memory_gib", wwhere, "GiB"));
+      // Bounds far past any device: what lies beyond them is a typo, and
+      // 1e300 GiB would overflow to infinite bytes.
+      spec.flops = r_.positive(w, "tflops", wwhere, "effective TFLOP/s", nullptr, 1e6) * 1e12;
+      spec.memory = gib(r_.positive(w, "memory_gib", wwhere, "GiB", nullptr, 1048576));
       int n = r_.count(w, "count", wwhere);
       if (out.size() + static_cast<std::size_t>(n) > max_node_workers)
         r_.fail(&w, wwhere, "a node of more than " + std::to_string(max_node_workers) +

@@ -69,6 +69,11 @@ void training_setup::validate(const model_config& cfg) const {
     fail("the memory headroom must be in [0, 1), got " + std::to_string(memory_headroom));
   if (!(bucket_bytes > 0)) fail("the gradient bucket size must be positive");
   if (pp < 0 || dp < 0) fail("a forced pipeline depth or DP width must be positive");
+  // The partition's dynamic program is O(stages x layers^2) for each
+  // layout it prices; the deepest published models have under 200 layers.
+  if (cfg.n_layers > max_planned_layers)
+    fail("the planner splits models of at most " + std::to_string(max_planned_layers) + " layers; this one has " +
+         std::to_string(cfg.n_layers));
   if (pp > cfg.n_layers)
     fail("a pipeline of " + std::to_string(pp) + " stages needs at least as many layers; the model has " +
          std::to_string(cfg.n_layers));

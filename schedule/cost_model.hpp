@@ -21,6 +21,10 @@ enum class precision {
   fp32,        ///< everything fp32 (the CPU reference runtime); AdamW moments only
 };
 
+/// The most layers the planner splits: its dynamic program is O(stages x
+/// layers^2) per layout priced (a million layers would take hours).
+constexpr int max_planned_layers = 1024;
+
 /// The job being planned, besides the model and the cluster.
 struct training_setup {
   int global_batch = 32;  ///< sequences per optimizer step (over all replicas)
@@ -50,7 +54,8 @@ struct training_setup {
   /// `seq` resolved against the model (0 -> cfg.max_positions).
   int sequence_length(const model_config& cfg) const;
   /// Throws model_error naming the bad value (non-positive sizes, seq above
-  /// the model's context, overlap outside [0, 1], ...).
+  /// the model's context, overlap outside [0, 1], a model of more than
+  /// max_planned_layers layers, ...).
   void validate(const model_config& cfg) const;
 };
 

@@ -19,20 +19,22 @@ TEST_CASE("bench fusions refuses bad sizes, dtypes and 16 bits on the cpu with o
   check_one_error(run_corolla({"bench", "fusions", "--device", "cpu", "--rows", "0"}),
                   "--rows, --hidden and --mlp must be positive");
   check_one_error(run_corolla({"bench", "fusions", "--device", "cpu", "--dtype", "f64"}),
-                  "--dtype is f32, bf16 or f16, not 'f64'");
-  check_one_error(run_corolla({"bench", "fusions", "--device", "cpu"}), "use --dtype f32 there");
+                  "--dtype is auto, f32, bf16 or f16, not 'f64'");
+  check_one_error(run_corolla({"bench", "fusions", "--device", "cpu", "--dtype", "bf16"}), "use --dtype f32 there");
   check_one_error(run_corolla({"bench", "fusions", "--device", "cpu", "--dtype", "f32", "--rounds", "0"}),
                   "need --rounds >= 1");
 }
 
 TEST_CASE("bench fusions times each fused op against its two ops, and says which the backend fused") {
   const bool gpu = corolla::cuda_device_count() > 0;
-  auto r = run_corolla({"bench", "fusions", "--device", gpu ? "cuda" : "cpu", "--dtype", gpu ? "bf16" : "f32",
-                        "--rows", "40", "--hidden", "32", "--mlp", "64", "--rounds", "1", "--json"});
+  // The default dtype, auto: bf16 on a GPU, f32 on the cpu.
+  auto r = run_corolla({"bench", "fusions", "--device", gpu ? "cuda" : "cpu", "--rows", "40", "--hidden", "32",
+                        "--mlp", "64", "--rounds", "1", "--json"});
   CAPTURE(r.err);
   REQUIRE(r.exit_code == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["bench"] == "fusions");
+  CHECK(j["dtype"] == (gpu ? "bf16" : "f32"));
   REQUIRE(j["results"].size() == 8);
   const char* ops[] = {"linear + add",      "linear + gelu",     "gemm + gelu_backward", "layernorm_backward + add",
                        "q, k, v products",  "q, k, v backward",  "gate, up products",    "gate, up backward"};

@@ -3,13 +3,14 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "tests/support/cli_expect.hpp"
 #include "tests/support/process.hpp"
 
-using corolla::testing::check_one_error;
 using corolla::testing::run_corolla;
 
 TEST_CASE("bench loss times chunked and whole logits and reports their memory") {
@@ -32,7 +33,18 @@ TEST_CASE("bench loss times chunked and whole logits and reports their memory") 
   CHECK(nlohmann::json::parse(rule.out)["chunk_rows"] == 40);
 }
 
-TEST_CASE("bench loss refuses bad sizes with one clear error") {
-  check_one_error(run_corolla({"bench", "loss", "--device", "cpu", "--rows", "0"}), "need --rows >= 1");
-  check_one_error(run_corolla({"bench", "loss", "--device", "cpu", "--chunk-rows", "-2"}), "--chunk-rows >= 0");
+TEST_CASE("bench loss refuses bad sizes as usage errors naming the flag") {
+  for (const auto& [args, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--rows", "0"}, "--rows: must be a whole number in [1, 1073741824], got '0'"},
+           {{"--chunk-rows", "-2"}, "--chunk-rows: must be a whole number in [0, 1073741824], got '-2'"},
+           {{"--hidden", "99999999999"}, "--hidden: must be a whole number in [1, 1048576], got '99999999999'"},
+           {{"--rounds", "0"}, "--rounds: must be a whole number in [1, 1000], got '0'"}}) {
+    std::vector<std::string> argv{"bench", "loss", "--device", "cpu"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto r = run_corolla(argv);
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exited());
+    CHECK(r.exit_code == 105);  // CLI11's validation error
+    CHECK(r.err.find(expected) != std::string::npos);
+  }
 }

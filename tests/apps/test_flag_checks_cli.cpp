@@ -193,3 +193,110 @@ TEST_CASE("flag checks: a bos or eos id outside the vocabulary is refused at loa
       testing::run_corolla({"generate", "--model", dir.path().string(), "--prompt-ids", "1", "--max-new-tokens", "2"});
   CHECK(ok.exit_code == 0);
 }
+
+TEST_CASE("flag checks: the second audit's leftovers, each refused at once with the flag or the file named") {
+  testing::temp_dir_guard dir("flag-leftovers");
+  testing::write_tiny_model(dir.path(), {});
+  const std::string model = dir.path().string();
+  const std::string file = model + "/config.json";
+  // CLI11's own: a value out of range (105), a flag that needs another
+  // (107), flags that exclude each other (108).
+  struct usage {
+    std::vector<std::string> args;
+    int status;
+    std::string expected;
+  };
+  for (const usage& u : std::vector<usage>{
+           {{"generate", "--model", model, "--prompt-ids", "1", "--top-p", "1e-300"},
+            105,
+            "--top-p: must be a finite number in [1e-30, 1], got '1e-300'"},
+           {{"generate", "--model", model, "--prompt-ids", "1", "--top-k", "-1"}, 105, "--top-k: must be a whole number"},
+           {{"plan", "--cluster", "/dev/null", "--model", model, "--global-batch", "0"},
+            105,
+            "--global-batch: must be a whole number in [1, 1073741824], got '0'"},
+           {{"plan", "--cluster", "/dev/null", "--model", model, "--memory-headroom", "1"},
+            105,
+            "--memory-headroom: must be a finite number in [0, 0.99], got '1'"},
+           {{"bench", "api", "--local", "--servers", "3"}, 108, "--servers excludes --local"},
+           {{"bench", "api", "--turns", "2", "--local"}, 108, "--local excludes --turns"},
+           {{"bench", "swarm", "--wan-profiles", "bw=1Gbit;bogus"},
+            105,
+            "--wan-profiles: link profile: 'bogus': unknown profile"},
+           {{"bench", "api", "--device", "cuda"}, 107, "--device requires --local"},
+           {{"bench", "api", "--clients", "1,100000"}, 105, "--clients: must be a whole number in [1, 1024], got '100000'"},
+           {{"node", "--relay-rate", "5"}, 107, "--relay-rate requires --relay-service"},
+           {{"bench", "attention", "--precisions", ""}, 105, "--precisions: must not be empty"},
+           {{"bench", "link", "--fragment-kib", "99999999999"},
+            105,
+            "--fragment-kib: must be 0 or a whole number from 4 to 1048576 (1 GiB), got '99999999999'"},
+           {{"bench", "train", "--seq", "1"}, 105, "--seq: must be a whole number in [2, "},
+           {{"bench", "loss", "--vocab", "99999999999"}, 105, "--vocab: must be a whole number in [2, 16777216]"},
+       }) {
+    CAPTURE(u.expected);
+    const testing::process_result r = testing::run_corolla(u.args);
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exited());
+    CHECK(r.exit_code == u.status);
+    CHECK(r.err.find(u.expected) != std::string::npos);
+  }
+
+  // A cluster file with a worker of absurd memory, and one of a worker so
+  // slow that the emulated bench would sleep for centuries.
+  const auto cluster = [&](const std::string& name, const std::string& worker) {
+    const fs::path path = dir.path() / name;
+    std::ofstream(path) << "[[cluster]]\nname = \"c\"\n  [[cluster.node]]\n  name = \"n\"\n  count = 2\n  nic = \"ib\"\n"
+                           "    [[cluster.node.worker]]\n" << worker;
+    return path.string();
+  };
+  const std::string huge = cluster("huge.toml", "    tflops = 10\n    memory_gib = 1e300\n");
+  const std::string slow = cluster("slow.toml", "    tflops = 1e-12\n    memory_gib = 8\n");
+  // A Llama config deeper than the planner splits.
+  const fs::path deep = dir.path() / "deep";
+  fs::create_directories(deep);
+  {
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(file));
+    cfg["num_hidden_layers"] = 2000;
+    std::ofstream(deep / "config.json") << cfg.dump();
+  }
+  // A tokenizer.model that is not one.
+  const fs::path garbled = dir.path() / "garbled";
+  fs::create_directories(garbled);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(dir.path() / f, garbled / f);
+  std::ofstream(garbled / "tokenizer.model") << "not a protobuf at all";
+  const std::string scenario = (dir.path() / "s.toml").string();
+  std::ofstream(scenario) << "[swarm]\nmodel = \"builtin:llama\"\nservers = [\"0:2\"]\n";
+
+  for (const auto& [args, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"plan", "--cluster", huge, "--model", model},
+            "'memory_gib' must be at most 1048576 (GiB), got 1e+300"},
+           {{"plan", "--cluster", slow, "--model", deep.string()}, "the planner splits models of at most 1024 layers; "
+                                                                    "this one has 2000"},
+           {{"bench", "train", "--cluster", slow, "--steps", "1"}, "bench train --cluster: the cost model predicts "},
+           {{"bench", "train", "--device", "cpu", "--matmul", "bf16"},
+            "bench train: the CPU backend computes in f32; --matmul bf16 is for GPUs"},
+           {{"faultlab", "random", "--swarm", "--model", model, "--data", file},
+            "--data is for --train campaigns"},
+           {{"faultlab", "run", scenario, "--report", file}, "--report " + file + " is a file, not a directory"},
+           {{"generate", "--model", file, "--prompt-ids", "1"},
+            file + " is a file, not a model directory (give the folder that holds config.json and the weights)"},
+           {{"generate", "--model", garbled.string(), "--prompt", "hi"},
+            "tokenizer.model: the file is not a SentencePiece model (it does not parse as one)"},
+           {{"train", "--model", model, "--data", "x", "--batch", "2", "--seq", "4", "--lr", "0.1", "--steps", "1",
+             "--pp", "2", "--link-profile", "lat=1ms,latency=2ms"},
+            "'lat' is given twice"},
+           // ZeroMQ binds no host names: said so, without its errno or CAF's code name.
+           {{"node", "--listen", "tcp://localhost:0"},
+            "cannot start the transport on 'tcp://localhost:0': cannot listen: invalid endpoint 'tcp://localhost:0' to "
+            "listen on: 'localhost' is not an IP address or a network interface of this machine"},
+       }) {
+    CAPTURE(expected);
+    testing::check_one_error(testing::run_corolla(args), expected);
+  }
+  // With ids, a broken tokenizer only costs the text: said once, ids shown.
+  const testing::process_result ids = testing::run_corolla(
+      {"generate", "--model", garbled.string(), "--prompt-ids", "1", "--max-new-tokens", "2", "--print-ids"});
+  INFO("stderr: " << ids.err);
+  CHECK(ids.exit_code == 0);
+  CHECK(ids.err.find("generate: cannot load SentencePiece model") != std::string::npos);
+  CHECK(ids.err.find("the output is shown as ids only") != std::string::npos);
+}

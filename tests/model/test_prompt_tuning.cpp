@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -157,6 +158,21 @@ TEST_CASE("bad prompt-tuning batches are clear errors") {
   bad[3] = m.cfg.vocab_size;  // outside the embedding table
   CHECK_THROWS(tuner.step(bad, bad, 2, 4));
   CHECK(tuner.steps() == 0);
+}
+
+TEST_CASE("a deep-prompts file holding NaN or inf is refused at load, naming the file and the element") {
+  tuning_model m(architecture::llama);
+  const auto file = m.dir.path() / "bad-prompts.safetensors";
+  Tensor prompts = testing::random_tensor({m.cfg.n_layers, 2, m.cfg.hidden_size}, 3, 0.5f);
+  write_safetensors(file, {{"deep_prompts", prompts}});
+  CHECK(load_deep_prompts(file, m.cfg).to_vector() == prompts.to_vector());
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    prompts.data<float>()[5] = bad;
+    write_safetensors(file, {{"deep_prompts", prompts}});
+    const std::string named = file.string() + ": deep_prompts holds a non-finite value";
+    CHECK_THROWS_WITH_AS(load_deep_prompts(file, m.cfg), doctest::Contains(named.c_str()), model_error);
+    CHECK_THROWS_WITH_AS(load_deep_prompts(file, m.cfg), doctest::Contains("at element 5)"), model_error);
+  }
 }
 
 TEST_CASE("generation after deep prompts equals greedy decoding by full forwards through the prompt-tuning path") {

@@ -108,6 +108,12 @@ TEST_CASE("bad link profiles are refused naming the bad part") {
   CHECK(parse_error("lat=1ms,wan").find("'wan': a named profile can only come first") !=
         std::string::npos);
   CHECK(parse_error("wan,,lat=1ms").find("empty item") != std::string::npos);
+  // One value a setting (its long name counts as the same setting); a
+  // named profile's own value may be overridden once.
+  CHECK(parse_error("lat=1ms,lat=2ms") == "link profile: 'lat=2ms': 'lat' is given twice");
+  CHECK(parse_error("bw=1Gbit,bandwidth=2Gbit").find("'bw' is given twice") != std::string::npos);
+  CHECK(parse_error("wan,loss=1%,loss=2%").find("'loss' is given twice") != std::string::npos);
+  CHECK(parse_link_profile("wan,lat=1ms").latency_s == 0.001);
 }
 
 TEST_CASE("shaper delays by transmission time at the link bandwidth plus latency") {
