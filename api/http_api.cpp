@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <random>
 #include <stdexcept>
@@ -28,6 +29,13 @@ double seconds_since(clock_type::time_point t0) {
 const char* endpoint_label(endpoint e) { return e == endpoint::completions ? "completions" : "chat_completions"; }
 
 /// Names of the API's metrics.
+/// Text longer than this many bytes a token of the context cannot fit it
+/// whatever it encodes to (no tokenizer's piece is this long).
+constexpr std::size_t kMaxBytesPerToken = 256;
+/// The largest request body read: 413 beyond it (prompts are bounded by
+/// the context long before this).
+constexpr std::size_t kMaxBodyBytes = 16u << 20;
+
 constexpr const char* kRequests = "corolla_api_requests_total";
 constexpr const char* kDuration = "corolla_api_request_duration_seconds";
 constexpr const char* kFirstToken = "corolla_api_time_to_first_token_seconds";
@@ -126,15 +134,19 @@ struct http_api::impl {
 
   void authorize(const httplib::Request& req) const {
     if (config.api_key.empty()) return;
-    const std::string expected = "Bearer " + config.api_key;
-    const std::string given = req.get_header_value("Authorization");
+    const std::string& expected = config.api_key;
+    const std::string header = req.get_header_value("Authorization");
+    // The scheme's case does not matter (RFC 9110, 11.1): "bearer KEY" too.
+    std::string scheme = header.substr(0, 7);
+    std::transform(scheme.begin(), scheme.end(), scheme.begin(), [](unsigned char c) { return std::tolower(c); });
+    const std::string given = scheme == "bearer " ? header.substr(7) : std::string();
     // Compared in constant time: the key is a secret.
     unsigned diff = given.size() ^ expected.size();
     for (std::size_t i = 0; i < expected.size(); ++i) diff |= static_cast<unsigned char>(expected[i]) ^
                                                               static_cast<unsigned char>(i < given.size() ? given[i] : 0);
-    if (diff != 0)
+    if (diff != 0 || scheme != "bearer ")
       throw api_error(401, "invalid_request_error",
-                      given.empty() ? "You didn't provide an API key: send it as 'Authorization: Bearer KEY'."
+                      header.empty() ? "You didn't provide an API key: send it as 'Authorization: Bearer KEY'."
                                     : "Incorrect API key provided.",
                       {}, "invalid_api_key");
   }
@@ -240,8 +252,32 @@ struct http_api::impl {
                       "The model '" + r.model + "' does not exist; this server serves '" + config.model_id + "'.",
                       "model", "model_not_found");
     const model_config& cfg = engine.config();
+    // Text is encoded whole before its tokens are counted: text that cannot
+    // fit the context however it encodes is refused before that work (a
+    // 10 MB prompt took 22 s and 0.9 GB to find too long).
+    {
+      std::size_t bytes = r.prompt.size();
+      for (const chat_message& m : r.messages) bytes += m.content.size();
+      const std::size_t most = kMaxBytesPerToken * static_cast<std::size_t>(cfg.max_positions);
+      // Every message renders to at least one token (its role's markers).
+      if (r.messages.size() > static_cast<std::size_t>(cfg.max_positions))
+        throw invalid_request("This model's maximum context length is " + std::to_string(cfg.max_positions) +
+                                  " tokens; " + std::to_string(r.messages.size()) + " messages cannot fit.",
+                              "messages", "context_length_exceeded");
+      if (bytes > most)
+        throw invalid_request("This model's maximum context length is " + std::to_string(cfg.max_positions) +
+                                  " tokens; the prompt's " + std::to_string(bytes) + " bytes of text cannot fit (at most " +
+                                  std::to_string(most) + ").",
+                              to == endpoint::chat_completions ? "messages" : "prompt", "context_length_exceeded");
+    }
     if (to == endpoint::chat_completions) {
-      if (!chat) throw invalid_request(chat_error, "messages");
+      // The reason (chat_error, in the server's log) names the model's
+      // directory on the server: not for clients.
+      if (!chat)
+        throw invalid_request("The model '" + config.model_id +
+                                  "' has no chat template, so this server answers no chat requests (its operator can "
+                                  "give one with --chat-template); /v1/completions works.",
+                              "messages");
       job->prompt = chat->encode(r.messages, tok);
       if (auto end = single_token_id(tok, chat->end_of_turn())) job->end_ids.push_back(*end);
     } else if (!r.prompt_ids.empty()) {
@@ -414,6 +450,25 @@ http_api::http_api(completion_engine& engine, const tokenizer& tok, std::optiona
   impl_->server.set_tcp_nodelay(true);
   // A streamed answer can pause for as long as a swarm failover takes.
   impl_->server.set_write_timeout(60, 0);
+  impl_->server.set_payload_max_length(kMaxBodyBytes);
+  // The key is checked on the headers, before a body is read: without
+  // it, nobody makes the server read (and hold) hundreds of megabytes.
+  impl_->server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    try {
+      impl_->authorize(req);
+    } catch (const api_error& e) {
+      impl::send_error(res, e);
+      // The body it sent is not read: the connection cannot carry another request.
+      res.set_header("Connection", "close");
+      const char* label = req.path == "/v1/completions"        ? "completions"
+                          : req.path == "/v1/chat/completions" ? "chat_completions"
+                                                               : "models";
+      impl_->metrics.add(kRequests, {{"endpoint", label}, {"status", std::to_string(e.status())}});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
 }
 
 http_api::~http_api() { stop(); }

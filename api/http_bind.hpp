@@ -15,6 +15,13 @@ namespace corolla::api {
 /// Binds `server` to `host`:`port` (0 = any free port) and returns the port.
 /// Throws std::runtime_error when it cannot.
 inline int bind_http(httplib::Server& server, const std::string& host, int port) {
+  // httplib's default sets SO_REUSEPORT, so a second server on a port in
+  // use would bind too and the kernel would split connections between
+  // them. SO_REUSEADDR alone still rebinds a port in TIME_WAIT.
+  server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   const int bound = port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
   if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
   return bound;

@@ -9,6 +9,10 @@ namespace {
 
 using json = nlohmann::json;
 
+/// How deep a request body may nest arrays and objects (a chat request
+/// needs 5: messages, a message, its content parts, a part).
+constexpr int kMaxJsonDepth = 64;
+
 std::string type_name(const json& v) {
   if (v.is_null()) return "null";
   if (v.is_boolean()) return "a boolean";
@@ -64,8 +68,12 @@ void refuse_unsupported(const json& j, endpoint to) {
     throw invalid_request("logprobs is not supported by corolla", "logprobs");
   if (j.contains("logit_bias") && !j.at("logit_bias").is_null() && !j.at("logit_bias").empty())
     throw invalid_request("logit_bias is not supported by corolla", "logit_bias");
+  const auto given = [&](const char* key) { return j.contains(key) && !j.at(key).is_null(); };
+  if (given("top_logprobs") && !(j.at("top_logprobs").is_number() && j.at("top_logprobs").get<double>() == 0.0))
+    throw invalid_request("top_logprobs is not supported by corolla (it needs logprobs)", "top_logprobs");
   if (to == endpoint::completions) {
-    if (j.contains("echo") && j.at("echo") == true) throw invalid_request("echo is not supported by corolla", "echo");
+    if (given("echo") && !j.at("echo").is_boolean()) throw invalid_request("echo must be a boolean", "echo");
+    if (given("echo") && j.at("echo") == true) throw invalid_request("echo is not supported by corolla", "echo");
     if (j.contains("suffix") && !j.at("suffix").is_null())
       throw invalid_request("suffix is not supported by corolla", "suffix");
     integer(j, "best_of", 1, 1);  // throws for anything but 1
@@ -73,9 +81,21 @@ void refuse_unsupported(const json& j, endpoint to) {
     for (const char* key : {"tools", "functions"})
       if (j.contains(key) && !j.at(key).is_null() && !j.at(key).empty())
         throw invalid_request(std::string(key) + " are not supported by corolla", key);
-    if (j.contains("response_format") && j.at("response_format").is_object() &&
-        j.at("response_format").value("type", "text") != "text")
-      throw invalid_request("response_format other than text is not supported by corolla", "response_format");
+    if (given("response_format")) {
+      const json& f = j.at("response_format");
+      if (!f.is_object() || (f.contains("type") && !f.at("type").is_string()))
+        throw invalid_request("response_format must be an object with a string type, got " + type_name(f),
+                              "response_format");
+      if (f.value("type", "text") != "text")
+        throw invalid_request("response_format other than text is not supported by corolla", "response_format");
+    }
+    // Tool calls and audio: without tools, "none" is the only choice there is.
+    for (const char* key : {"tool_choice", "function_call"})
+      if (given(key) && j.at(key) != "none")
+        throw invalid_request(std::string(key) + " is not supported by corolla (no tools)", key);
+    if (given("modalities") && j.at("modalities") != json::array({"text"}))
+      throw invalid_request("modalities other than [\"text\"] are not supported by corolla", "modalities");
+    if (given("audio")) throw invalid_request("audio output is not supported by corolla", "audio");
   }
 }
 
@@ -120,12 +140,14 @@ void parse_messages(const json& j, completion_request& r) {
     if (msg.role == "developer") msg.role = "system";
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant")
       throw invalid_request(where + ".role '" + msg.role + "' is not supported (system, user, assistant)", where + ".role");
-    const json content = m.contains("content") ? m.at("content") : json();
+    static const json none;
+    const json& content = m.contains("content") ? m.at("content") : none;  // not copied: it may be large
     if (content.is_string()) {
       msg.content = content.get<std::string>();
     } else if (content.is_array()) {
       for (const auto& part : content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part.at("text").is_string())
+        if (!part.is_object() || !part.contains("type") || part.at("type") != "text" || !part.contains("text") ||
+            !part.at("text").is_string())
           throw invalid_request(where + ".content: only text parts are supported", where + ".content");
         msg.content += part.at("text").get<std::string>();
       }
@@ -160,9 +182,22 @@ api_error invalid_request(std::string message, std::string param, std::string co
 completion_request parse_request(const std::string& body, endpoint to) {
   json j;
   try {
-    j = json::parse(body);
+    // A bound on nesting, checked as the parser goes: the parser keeps its
+    // own stack, but a copy or a dump of a value nested 100,000 deep
+    // recurses once a level and overflows the thread's stack.
+    j = json::parse(body, [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth)
+        throw invalid_request("the body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) +
+                              " levels");
+      return true;
+    });
   } catch (const json::exception& e) {
-    throw invalid_request(std::string("the body is not valid JSON: ") + e.what());
+    // nlohmann's "[json.exception.parse_error.101] parse error at ...": the
+    // bracketed id says nothing to a client.
+    std::string what = e.what();
+    if (const auto end = what.find("] "); what.rfind("[json.exception.", 0) == 0 && end != std::string::npos)
+      what = what.substr(end + 2);
+    throw invalid_request("the body is not valid JSON: " + what);
   }
   if (!j.is_object()) throw invalid_request("the body must be a JSON object");
   completion_request r;
@@ -181,7 +216,11 @@ completion_request parse_request(const std::string& body, endpoint to) {
   if (max_tokens) r.max_tokens = static_cast<int>(*max_tokens);
   if (auto t = number(j, "temperature", 0.0, 2.0)) r.temperature = static_cast<float>(*t);
   if (auto p = number(j, "top_p", 0.0, 1.0)) {
-    if (*p == 0.0) throw invalid_request("top_p must be in (0, 1], got 0", "top_p");
+    // What the sampler gets is a float: 1e-300 would be 0 there.
+    if (static_cast<float>(*p) == 0.0f)
+      throw invalid_request("top_p must be in (0, 1], got " + j.at("top_p").dump() +
+                                (*p == 0.0 ? "" : " (0 as the sampler's 32-bit float)"),
+                            "top_p");
     r.top_p = static_cast<float>(*p);
   }
   if (auto n = integer(j, "n", 1, std::numeric_limits<std::int64_t>::max()); n && *n != 1)

@@ -5,6 +5,11 @@
 #include <doctest/doctest.h>
 
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <future>
@@ -18,6 +23,7 @@
 
 #include "actors/corolla.hpp"
 #include "api/completion_engine.hpp"
+#include "api/http_bind.hpp"
 #include "api/openai_request.hpp"
 #include "model/error.hpp"
 #include "model/generator.hpp"
@@ -413,6 +419,75 @@ TEST_CASE("every error is an OpenAI error object with its status") {
   CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"404\"}") == 1);
 }
 
+TEST_CASE("the key is checked before the body is read, bodies and prompt text are bounded, and a port is one server's") {
+  testing::temp_dir_guard dir("api-hostile");
+  write_chat_model(dir.path(), 32);
+  local_api_server s(dir.path(), "sekrit");
+  auto c = client_for(s.port());
+  const json ok = {{"model", "tiny"}, {"prompt", "the"}, {"max_tokens", 2}};
+  // The scheme's case does not matter; the key's does.
+  post(c, "/v1/completions", ok, 200, {{"Authorization", "bearer sekrit"}});
+  post(c, "/v1/completions", ok, 401, {{"Authorization", "Bearer SEKRIT"}});
+  post(c, "/v1/completions", ok, 401, {{"Authorization", "sekrit"}});
+  const httplib::Headers auth = {{"Authorization", "Bearer sekrit"}};
+  // Without the key, the answer comes on the headers alone: a client that
+  // announces 17 MiB and sends none of it gets its 401 (the server waits
+  // for no body it would not use).
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<std::uint16_t>(s.port()));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
+    const timeval limit{20, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                             "Content-Length: " + std::to_string(17u << 20) + "\r\n\r\n";
+    REQUIRE(::send(fd, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size()));
+    char answer[512] = {};
+    const ssize_t got = ::recv(fd, answer, sizeof answer - 1, 0);
+    ::close(fd);
+    REQUIRE(got > 0);
+    CHECK(std::string(answer).rfind("HTTP/1.1 401", 0) == 0);
+  }
+  // With it, past 16 MiB is a 413.
+  const std::string huge(17u << 20, ' ');
+  {
+    auto c2 = client_for(s.port());
+    auto r = c2.Post("/v1/completions", auth, huge, "application/json");
+    REQUIRE(r);
+    CHECK(r->status == 413);
+  }
+  // Text that cannot fit the 32-token context however it encodes is
+  // refused before it is encoded.
+  json long_text = ok;
+  long_text["prompt"] = std::string(256 * 32 + 1, 'a');
+  const json refused = post(c, "/v1/completions", long_text, 400, auth);
+  CHECK(refused["error"]["code"] == "context_length_exceeded");
+  CHECK(refused["error"]["message"] ==
+        "This model's maximum context length is 32 tokens; the prompt's 8193 bytes of text cannot fit (at most 8192).");
+  json long_chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", std::string(9000, 'a')}}}}};
+  CHECK(post(c, "/v1/chat/completions", long_chat, 400, auth)["error"]["param"] == "messages");
+  json many = {{"model", "tiny"}, {"messages", json::array()}};
+  for (int i = 0; i < 40; ++i) many["messages"].push_back({{"role", "user"}, {"content", "a"}});
+  CHECK(post(c, "/v1/chat/completions", many, 400, auth)["error"]["message"] ==
+        "This model's maximum context length is 32 tokens; 40 messages cannot fit.");
+  // A body nested 100,000 deep is a 400, and the server goes on.
+  const std::string deep = R"({"model": "tiny", "prompt": [1, )" + std::string(100000, '[') + std::string(100000, ']') + "]}";
+  auto nested = c.Post("/v1/completions", auth, deep, "application/json");
+  REQUIRE(nested);
+  CHECK(nested->status == 400);
+  post(c, "/v1/completions", ok, 200, auth);
+  // The refusals were counted.
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"401\"}") == 3);
+  // A second server on the same address fails to bind instead of sharing
+  // the port (httplib's default SO_REUSEPORT would let it).
+  httplib::Server second;
+  CHECK_THROWS_AS(bind_http(second, "127.0.0.1", s.port()), std::runtime_error);
+}
+
 TEST_CASE("an engine failure is a 500 with an error object, before and during a stream") {
   testing::temp_dir_guard dir("api-500");
   write_chat_model(dir.path());
@@ -448,10 +523,13 @@ TEST_CASE("a swarm with no server covering the blocks answers 503") {
   auto c = client_for(port);
   const json e = post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the"}}, 503);
   CHECK(e["error"]["code"] == "swarm_unavailable");
-  // No chat template: chat requests are refused with the reason.
+  // No chat template: chat requests are refused, naming the model (the
+  // reason given to the server, which names its directory, stays there).
   const json chat = post(c, "/v1/chat/completions",
                          {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}}, 400);
-  CHECK(chat["error"]["message"] == "this model has no chat template");
+  CHECK(chat["error"]["message"] ==
+        "The model 'tiny' has no chat template, so this server answers no chat requests (its operator can give one "
+        "with --chat-template); /v1/completions works.");
   server.stop();
   serving.join();
 }

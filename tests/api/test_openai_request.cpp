@@ -136,6 +136,80 @@ TEST_CASE("invalid requests are refused with a 400 naming the parameter") {
   CHECK(refusal(tools, endpoint::chat_completions).param() == "tools");
 }
 
+TEST_CASE("a hostile audit's requests: deep nesting, odd types and unsupported fields are 400s naming them") {
+  // Nested 100,000 deep: a copy or a dump of it would overflow the stack.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const std::string& body :
+       {R"({"model": "m", "prompt": [1, )" + deep + "]}",
+        R"({"model": "m", "messages": [{"role": "user", "content": )" + deep + "}]}"}) {
+    for (endpoint to : {endpoint::completions, endpoint::chat_completions}) {
+      try {
+        parse_request(body, to);
+        FAIL("accepted a body nested 100,000 deep");
+      } catch (const api_error& e) {
+        CHECK(e.status() == 400);
+        CHECK(std::string(e.what()) == "the body nests arrays and objects deeper than 64 levels");
+      }
+    }
+  }
+  // 64 levels are fine (and refused for what they are).
+  const std::string nested_64 = std::string(62, '[') + std::string(62, ']');
+  CHECK(refusal(json::parse(R"({"model": "m", "prompt": [1, )" + nested_64 + "]}")).param() == "prompt");
+  // JSON errors without nlohmann's exception ids.
+  try {
+    parse_request("{\"model\": x}", endpoint::completions);
+    FAIL("accepted broken JSON");
+  } catch (const api_error& e) {
+    CHECK(std::string(e.what()).rfind("the body is not valid JSON: parse error at line 1", 0) == 0);
+    CHECK(std::string(e.what()).find("[json.exception") == std::string::npos);
+  }
+  const json base = {{"model", "tiny"}, {"prompt", "x"}};
+  const json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}};
+  const auto with = [](json j, const char* key, json v) {
+    j[key] = std::move(v);
+    return j;
+  };
+  struct refusal_case {
+    json body;
+    endpoint to;
+    std::string param, message_part;
+  };
+  const auto c = endpoint::completions, ch = endpoint::chat_completions;
+  for (const auto& r : std::vector<refusal_case>{
+           // A 500 with the JSON library's text before.
+           {with(chat, "messages", {{{"role", "user"}, {"content", {{{"type", 5}, {"text", "x"}}}}}}), ch,
+            "messages[0].content", "only text parts"},
+           {with(chat, "response_format", {{"type", 5}}), ch, "response_format", "must be an object with a string type"},
+           // Ignored before.
+           {with(chat, "response_format", "json_object"), ch, "response_format", "got a string"},
+           {with(chat, "response_format", json::array()), ch, "response_format", "got an array"},
+           {with(base, "echo", 1), c, "echo", "echo must be a boolean"},
+           {with(base, "echo", "true"), c, "echo", "echo must be a boolean"},
+           {with(base, "top_logprobs", 2), c, "top_logprobs", "not supported"},
+           {with(chat, "tool_choice", "required"), ch, "tool_choice", "not supported by corolla (no tools)"},
+           {with(chat, "function_call", "auto"), ch, "function_call", "not supported"},
+           {with(chat, "modalities", {"text", "audio"}), ch, "modalities", "not supported"},
+           {with(chat, "audio", {{"voice", "alloy"}}), ch, "audio", "not supported"},
+           // 0 as the sampler's float.
+           {with(base, "top_p", 1e-300), c, "top_p", "(0 as the sampler's 32-bit float)"},
+       }) {
+    CAPTURE(r.body.dump());
+    const api_error e = refusal(r.body, r.to);
+    CHECK(e.status() == 400);
+    CHECK(e.param() == r.param);
+    CHECK(std::string(e.what()).find(r.message_part) != std::string::npos);
+  }
+  // What is allowed stays allowed: the defaults written out.
+  json fine = chat;
+  fine["tool_choice"] = "none";
+  fine["modalities"] = {"text"};
+  fine["response_format"] = {{"type", "text"}};
+  fine["top_logprobs"] = 0;
+  CHECK(parse_request(fine.dump(), ch).messages.size() == 1);
+  CHECK(parse_request(with(base, "echo", false).dump(), c).prompt == "x");
+  CHECK(parse_request(with(base, "top_p", 1e-30).dump(), c).top_p > 0.0f);
+}
+
 TEST_CASE("responses and stream chunks have the OpenAI shapes") {
   const response_header c{"cmpl-1", 1700000000, "tiny", endpoint::completions};
   const json r = response_json(c, "hello", "length", {3, 2});
