@@ -84,7 +84,8 @@ void refuse_unsupported(const json& j, endpoint to) {
     if (given("response_format")) {
       const json& f = j.at("response_format");
       if (!f.is_object() || (f.contains("type") && !f.at("type").is_string()))
-        throw invalid_request("response_format must be an object with a string type, got " + type_name(f),
+        throw invalid_request("response_format must be an object with a string type, got " +
+                                  (f.is_object() ? "a type of " + type_name(f.at("type")) : type_name(f)),
                               "response_format");
       if (f.value("type", "text") != "text")
         throw invalid_request("response_format other than text is not supported by corolla", "response_format");

@@ -235,7 +235,9 @@ void register_bench_fusions(CLI::App* bench, action_fn& action) {
                  "add, q/k/v and gate/up as one batched product each) vs the ops each replaces, on one block's shapes");
   cmd->add_option("--device", o.device, "auto (cuda:0 when a GPU is visible), cpu, cuda or cuda:N")
       ->capture_default_str();
-  cmd->add_option("--dtype", o.dtype_name, "Activations: auto (bf16 on a GPU, f32 on the cpu), f32, bf16 or f16 (16-bit on a GPU)")->capture_default_str();
+  cmd->add_option("--dtype", o.dtype_name,
+                  "Activations: auto (bf16 on a GPU, f32 on the cpu), f32, bf16 or f16 (16-bit on a GPU)")
+      ->capture_default_str();
   cmd->add_option("--rows", o.rows, "Rows (batch x sequence)")->capture_default_str();
   cmd->add_option("--hidden", o.hidden, "Hidden size")->capture_default_str();
   cmd->add_option("--mlp", o.mlp, "MLP width")->capture_default_str();

@@ -155,7 +155,7 @@ struct swarm_state {
 };
 
 fault_outcome fire(const fl::fault& f, swarm_state& st, faultlab_harness& harness, const route_tracker& route,
-                 std::mt19937_64& rng, std::string& hit) {
+                   std::mt19937_64& rng, std::string& hit) {
   using tk = fl::target::kind;
   if (f.what == fl::action::join) {
     const auto [a, b] = fl::parse_blocks(f.blocks);

@@ -104,7 +104,7 @@ int pick(const fl::fault& f, const Map& candidates, std::mt19937_64& rng) {
 }
 
 fault_outcome fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped, std::mt19937_64& rng,
-                 rank_control& control) {
+                   rank_control& control) {
   const std::string what = std::string(fl::to_string(f.what)) + " " + fl::to_string(f.whom);
   if (f.whom.k == fl::target::kind::launcher) {
     // Its coordinator and scheduler with it; an elastic job's ranks carry on.

@@ -179,7 +179,8 @@ TEST_CASE("a hostile audit's requests: deep nesting, odd types and unsupported f
            // A 500 with the JSON library's text before.
            {with(chat, "messages", {{{"role", "user"}, {"content", {{{"type", 5}, {"text", "x"}}}}}}), ch,
             "messages[0].content", "only text parts"},
-           {with(chat, "response_format", {{"type", 5}}), ch, "response_format", "must be an object with a string type"},
+           {with(chat, "response_format", {{"type", 5}}), ch, "response_format",
+            "must be an object with a string type, got a type of a number"},
            // Ignored before.
            {with(chat, "response_format", "json_object"), ch, "response_format", "got a string"},
            {with(chat, "response_format", json::array()), ch, "response_format", "got an array"},
