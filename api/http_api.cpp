@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <memory>
 #include <chrono>
 #include <random>
 #include <stdexcept>
@@ -28,7 +29,6 @@ double seconds_since(clock_type::time_point t0) {
 
 const char* endpoint_label(endpoint e) { return e == endpoint::completions ? "completions" : "chat_completions"; }
 
-/// Names of the API's metrics.
 /// Text longer than this many bytes a token of the context cannot fit it
 /// whatever it encodes to (no tokenizer's piece is this long).
 constexpr std::size_t kMaxBytesPerToken = 256;
@@ -36,6 +36,7 @@ constexpr std::size_t kMaxBytesPerToken = 256;
 /// the context long before this).
 constexpr std::size_t kMaxBodyBytes = 16u << 20;
 
+/// Names of the API's metrics.
 constexpr const char* kRequests = "corolla_api_requests_total";
 constexpr const char* kDuration = "corolla_api_request_duration_seconds";
 constexpr const char* kFirstToken = "corolla_api_time_to_first_token_seconds";
@@ -132,6 +133,39 @@ struct http_api::impl {
     res.set_content(to_body(e.body()), "application/json");
   }
 
+  /// `e`, then the connection is closed: the request's body is unread, and
+  /// httplib (0.11) would read it as the next request. A content provider
+  /// that returns false after writing ends the connection; a response's
+  /// "Connection: close" alone does not.
+  static void send_error_and_close(httplib::Response& res, const api_error& e) {
+    res.status = e.status();
+    auto body = std::make_shared<const std::string>(to_body(e.body()));
+    res.set_header("Connection", "close");
+    res.set_content_provider(body->size(), "application/json",
+                             [body](std::size_t offset, std::size_t length, httplib::DataSink& sink) {
+                               sink.write(body->data() + offset, length);
+                               return false;
+                             });
+  }
+
+  /// The key on the headers of a /v1/ request, before its body is read:
+  /// false (and the 401 in `res`, the connection to be closed) when wrong.
+  bool authorized_before_body(const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) != 0) return true;
+    try {
+      authorize(req);
+      return true;
+    } catch (const api_error& e) {
+      send_error_and_close(res, e);
+      const char* label = req.path == "/v1/completions"        ? "completions"
+                          : req.path == "/v1/chat/completions" ? "chat_completions"
+                          : req.path.rfind("/v1/models", 0) == 0 ? "models"
+                                                                 : "other";
+      metrics.add(kRequests, {{"endpoint", label}, {"status", std::to_string(e.status())}});
+      return false;
+    }
+  }
+
   void authorize(const httplib::Request& req) const {
     if (config.api_key.empty()) return;
     const std::string& expected = config.api_key;
@@ -204,7 +238,8 @@ struct http_api::impl {
     });
     // Unknown routes and methods get an error object too.
     server.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      // An answer of our own: a body, or one that a content provider writes.
+      if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Unhandled;
       const int status = res.status;
       send_error(res, api_error(status, "invalid_request_error",
                                 status == 404 ? "Unknown route " + req.method + " " + req.path
@@ -454,20 +489,13 @@ http_api::http_api(completion_engine& engine, const tokenizer& tok, std::optiona
   // The key is checked on the headers, before a body is read: without
   // it, nobody makes the server read (and hold) hundreds of megabytes.
   impl_->server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    try {
-      impl_->authorize(req);
-    } catch (const api_error& e) {
-      impl::send_error(res, e);
-      // The body it sent is not read: the connection cannot carry another request.
-      res.set_header("Connection", "close");
-      const char* label = req.path == "/v1/completions"        ? "completions"
-                          : req.path == "/v1/chat/completions" ? "chat_completions"
-                                                               : "models";
-      impl_->metrics.add(kRequests, {{"endpoint", label}, {"status", std::to_string(e.status())}});
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return impl_->authorized_before_body(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                                   : httplib::Server::HandlerResponse::Handled;
+  });
+  // A client that asks before sending its body (Expect: 100-continue, as
+  // curl does for large bodies) is told no the same way.
+  impl_->server.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return impl_->authorized_before_body(req, res) ? 100 : res.status;
   });
 }
 

@@ -186,8 +186,11 @@ completion_request parse_request(const std::string& body, endpoint to) {
     // A bound on nesting, checked as the parser goes: the parser keeps its
     // own stack, but a copy or a dump of a value nested 100,000 deep
     // recurses once a level and overflows the thread's stack.
-    j = json::parse(body, [](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxJsonDepth)
+    // `depth` is how many containers enclose the one an array or object
+    // starts: the 65th nested one starts at depth 64.
+    j = json::parse(body, [](int depth, json::parse_event_t event, json&) {
+      const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+      if (opens && depth >= kMaxJsonDepth)
         throw invalid_request("the body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) +
                               " levels");
       return true;

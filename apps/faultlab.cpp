@@ -168,7 +168,7 @@ int run_scenario(fl::scenario s, const faultlab_args& a) {
   } catch (const std::exception& e) {
     throw std::invalid_argument(origin + ": " + (s.swarm ? "swarm" : "train") + ".model: " + e.what());
   }
-  fl::check_against_model(s, cfg.n_layers, cfg.vocab_size, origin);
+  fl::check_against_model(s, cfg.n_layers, cfg.vocab_size, cfg.max_positions, origin);
   if (std::error_code ec; s.train && !fs::is_regular_file(s.train->data, ec))
     throw std::invalid_argument(origin + ": train.data: " + s.train->data + " is not a file");
   const std::uint64_t seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed) : s.seed;
@@ -191,7 +191,7 @@ int run_scenario(fl::scenario s, const faultlab_args& a) {
   const auto seconds = [](double t) { return t < 0 ? json(nullptr) : json(t); };
   for (const fault_timeline& f : hit.faults)
     report["faults"].push_back({{"at", f.at}, {"do", f.what}, {"target", f.target}, {"hit", f.hit},
-                                {"outcome", f.outcome}, {"injected_at_s", seconds(f.injected_at_s)},
+                                {"outcome", f.outcome}, {"landed", f.landed}, {"injected_at_s", seconds(f.injected_at_s)},
                                 {"detected_at_s", seconds(f.detected_at_s)}, {"recovered_at_s", seconds(f.recovered_at_s)},
                                 {"detected_by", f.detected_by}});
   report["report_dir"] = dir.string();

@@ -88,6 +88,7 @@ struct swarm_state {
   std::vector<std::string> relays;   ///< the relays' ids, "r0", ...: in every NAT server's --relay order
   std::set<std::string> behind_nat;  ///< the servers started with --no-listen
   std::set<std::string> partitioned; ///< cut off by a partition and not healed since
+  std::set<std::string> throttled;   ///< sends reshaped by a throttle and not healed since
   bool is_relay(const std::string& id) const { return std::find(relays.begin(), relays.end(), id) != relays.end(); }
   /// Where server `id` listens (its latest process), "" when it never started.
   std::string endpoint_of(const std::string& id) const {
@@ -123,6 +124,7 @@ struct swarm_state {
     dead.erase(id);
     stopped.erase(id);
     partitioned.erase(id);  // a new process
+    throttled.erase(id);
   }
   void start_relay(const std::string& id) {
     std::vector<std::string> flags{"--log-level", "warn"};
@@ -222,16 +224,22 @@ fault_outcome fire(const fl::fault& f, swarm_state& st, faultlab_harness& harnes
       if (st.dead.count(id)) return missed(what + ": " + id + " is dead (skipped)");
       const std::string endpoint = st.address_of(id);
       if (endpoint.empty()) return missed(what + ": " + id + " is behind NAT and no relay runs (skipped)");
+      if (f.what == fl::action::heal && !st.partitioned.count(id) && !st.throttled.count(id))
+        return missed(what + ": " + id + " is neither throttled nor partitioned (skipped)");
       const std::string err = f.what == fl::action::heal        ? harness.heal(endpoint)
                               : f.what == fl::action::partition ? harness.partition(endpoint, true)
                                                                 : harness.reshape(endpoint, f.profile);
       if (!err.empty()) return missed(what + " (" + id + "): failed: " + err);
-      if (f.what != fl::action::throttle) {  // the client's discovery reads it
-        std::lock_guard lock(st.mu);
-        if (f.what == fl::action::heal)
+      {
+        std::lock_guard lock(st.mu);  // the client's discovery reads `partitioned`
+        if (f.what == fl::action::heal) {
           st.partitioned.erase(id);
-        else
+          st.throttled.erase(id);
+        } else if (f.what == fl::action::partition) {
           st.partitioned.insert(id);
+        } else {
+          st.throttled.insert(id);
+        }
       }
       if (f.what == fl::action::heal) return landed(what + " (" + id + ", back to its own shaping, no partition)");
       if (f.what == fl::action::partition) return landed(what + " (" + id + ", traffic with every peer dropped)");

@@ -296,8 +296,12 @@ class reader {
       fail(origin_, t.get("at"), where + "at: " + to_string(f.at) + " is never reached: the job runs " +
                                      std::to_string(steps) + " steps (--steps in train.args)");
     if (f.whom.k != target::kind::rank || words.find("--cluster") != std::string::npos) return;
-    // The launcher's own ranks: a joined worker's are its children, which
-    // "rank K" does not reach (docs/faultlab.md).
+    // A kill, stop or resume reaches only the launcher's own rank processes
+    // (a joined worker's are its children); the faults sent to a rank's
+    // control actor reach a joined worker's ranks too, whose numbers only
+    // the run knows.
+    const bool signal = f.what == action::kill || f.what == action::stop || f.what == action::resume;
+    if (!signal && joins > 0) return;
     const long pp = std::max(1L, flag_value(words, "--pp")), dp = std::max(1L, flag_value(words, "--dp"));
     if (f.whom.index >= pp * dp)
       fail(origin_, t.get("target"), where + "target: " + to_string(f.whom) + " does not exist: the layout has " +
@@ -452,7 +456,8 @@ std::pair<int, int> parse_blocks(const std::string& text) {
   return {int(a), int(b)};
 }
 
-void check_against_model(const scenario& s, int n_layers, int vocab_size, const std::string& origin) {
+void check_against_model(const scenario& s, int n_layers, int vocab_size, int max_positions,
+                         const std::string& origin) {
   if (!s.swarm) return;
   const swarm_job& j = *s.swarm;
   const auto blocks = [](std::pair<int, int> b) {
@@ -478,6 +483,10 @@ void check_against_model(const scenario& s, int n_layers, int vocab_size, const 
     if (id >= vocab_size)
       throw std::invalid_argument(origin + ": swarm.client.prompt_ids: " + std::to_string(id) +
                                   " is not a token of the model (vocab_size " + std::to_string(vocab_size) + ")");
+  if (const long long n = static_cast<long long>(j.prompt_ids.size()) + j.new_tokens; n > max_positions)
+    throw std::invalid_argument(origin + ": swarm.client.new_tokens: the prompt's " +
+                                std::to_string(j.prompt_ids.size()) + " ids and " + std::to_string(j.new_tokens) +
+                                " new tokens pass the model's context of " + std::to_string(max_positions));
 }
 
 scenario parse_scenario(const std::string& text, const std::string& origin) {

@@ -140,11 +140,14 @@ struct scenario {
 scenario parse_scenario(const std::string& text, const std::string& origin);
 
 /// What a swarm scenario asks of its model, once the model is known (a
-/// model of `n_layers` blocks and `vocab_size` ids): every server's and
-/// joined server's blocks inside the model, every block held by a server
-/// at the start, the prompt's ids in the vocabulary. Throws
+/// model of `n_layers` blocks, `vocab_size` ids and a context of
+/// `max_positions`): every server's and joined server's blocks inside the
+/// model, every block held by a server at the start, the prompt's ids in
+/// the vocabulary, the prompt and the new tokens inside the context (else
+/// generation ends early and later faults are never reached). Throws
 /// std::invalid_argument starting with `origin` and naming the key.
-void check_against_model(const scenario& s, int n_layers, int vocab_size, const std::string& origin);
+void check_against_model(const scenario& s, int n_layers, int vocab_size, int max_positions,
+                         const std::string& origin);
 
 /// "0:3" -> {0, 3}; throws std::invalid_argument for anything else.
 std::pair<int, int> parse_blocks(const std::string& text);

@@ -430,10 +430,10 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
   post(c, "/v1/completions", ok, 401, {{"Authorization", "Bearer SEKRIT"}});
   post(c, "/v1/completions", ok, 401, {{"Authorization", "sekrit"}});
   const httplib::Headers auth = {{"Authorization", "Bearer sekrit"}};
-  // Without the key, the answer comes on the headers alone: a client that
-  // announces 17 MiB and sends none of it gets its 401 (the server waits
-  // for no body it would not use).
-  {
+  // Without the key, the answer comes on the headers alone, and the
+  // connection ends (its body is never read): `request` written on a
+  // keep-alive connection, everything read until the server closes it.
+  const auto exchange = [&](const std::string& request) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     REQUIRE(fd >= 0);
     sockaddr_in to{};
@@ -443,15 +443,30 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
     REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
     const timeval limit{20, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                             "Content-Length: " + std::to_string(17u << 20) + "\r\n\r\n";
-    REQUIRE(::send(fd, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size()));
-    char answer[512] = {};
-    const ssize_t got = ::recv(fd, answer, sizeof answer - 1, 0);
+    REQUIRE(::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size()));
+    std::string answer;
+    char buf[4096];
+    ssize_t got = 0;
+    while ((got = ::recv(fd, buf, sizeof buf, 0)) > 0) answer.append(buf, static_cast<std::size_t>(got));
     ::close(fd);
-    REQUIRE(got > 0);
-    CHECK(std::string(answer).rfind("HTTP/1.1 401", 0) == 0);
-  }
+    CHECK(got == 0);  // closed by the server, not a timeout
+    return answer;
+  };
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n"
+                           "Content-Type: application/json\r\n";
+  // 17 MiB announced, none sent.
+  const std::string announced = exchange(head + "Content-Length: " + std::to_string(17u << 20) + "\r\n\r\n");
+  CHECK(announced.rfind("HTTP/1.1 401", 0) == 0);
+  // A body that would read as a request of its own: one answer, then the end.
+  const std::string smuggled = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string one = exchange(head + "Content-Length: " + std::to_string(smuggled.size()) + "\r\n\r\n" + smuggled);
+  CHECK(one.rfind("HTTP/1.1 401", 0) == 0);
+  CHECK(one.find("HTTP/1.1", 1) == std::string::npos);
+  CHECK(one.find("invalid_api_key") != std::string::npos);
+  // Asked first (Expect: 100-continue): a 401, not a 100.
+  const std::string asked =
+      exchange(head + "Expect: 100-continue\r\nContent-Length: " + std::to_string(17u << 20) + "\r\n\r\n");
+  CHECK(asked.rfind("HTTP/1.1 401", 0) == 0);
   // With it, past 16 MiB is a 413.
   const std::string huge(17u << 20, ' ');
   {
@@ -481,7 +496,7 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
   CHECK(nested->status == 400);
   post(c, "/v1/completions", ok, 200, auth);
   // The refusals were counted.
-  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"401\"}") == 3);
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"401\"}") == 5);
   // A second server on the same address fails to bind instead of sharing
   // the port (httplib's default SO_REUSEPORT would let it).
   httplib::Server second;

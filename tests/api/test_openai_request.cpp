@@ -152,9 +152,17 @@ TEST_CASE("a hostile audit's requests: deep nesting, odd types and unsupported f
       }
     }
   }
-  // 64 levels are fine (and refused for what they are).
-  const std::string nested_64 = std::string(62, '[') + std::string(62, ']');
-  CHECK(refusal(json::parse(R"({"model": "m", "prompt": [1, )" + nested_64 + "]}")).param() == "prompt");
+  // 64 levels are fine (and refused for what they are), 65 are not.
+  const auto nested = [](int n) {  // the body object, the prompt array and n more
+    return R"({"model": "m", "prompt": [1, )" + std::string(n, '[') + "7" + std::string(n, ']') + "]}";
+  };
+  CHECK(refusal(json::parse(nested(62))).param() == "prompt");
+  try {
+    parse_request(nested(63), endpoint::completions);
+    FAIL("accepted a body nested 65 deep");
+  } catch (const api_error& e) {
+    CHECK(std::string(e.what()) == "the body nests arrays and objects deeper than 64 levels");
+  }
   // JSON errors without nlohmann's exception ids.
   try {
     parse_request("{\"model\": x}", endpoint::completions);

@@ -188,6 +188,13 @@ TEST_CASE("a fault the job can never reach is an error: past its last token or s
         "s.toml:7: fault[0].at: step 13 is never reached: the job runs 12 steps (--steps in train.args)");
   CHECK(error_of(train + "[[fault]]\nat='step 3'\ndo='kill'\ntarget='rank 4'\n") ==
         "s.toml:9: fault[0].target: rank 4 does not exist: the layout has 4 ranks (from 0)");
+  // A joined worker's ranks take the faults sent to a rank's control actor
+  // (their numbers only the run knows), never a kill, stop or resume.
+  const std::string join = "[[fault]]\nat='step 2'\ndo='join'\n";
+  CHECK(error_of(train + join + "[[fault]]\nat='step 3'\ndo='throttle'\ntarget='rank 4'\nprofile='lat=1ms'\n") ==
+        "(accepted)");
+  CHECK(error_of(train + join + "[[fault]]\nat='step 3'\ndo='stop'\ntarget='rank 4'\n")
+            .find("rank 4 does not exist: the layout has 4 ranks") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nargs='--steps 6'\nlayout='--pp 3'\n[[fault]]\nat='step 7'\n"
                  "do='kill'\n").find("the job runs 6 steps") != std::string::npos);
   CHECK(error_of("[train]\nmodel='m'\ndata='d'\nlayout='--pp 3'\n[[fault]]\nat='step 2'\ndo='kill'\ntarget='rank 3'\n")
@@ -199,6 +206,32 @@ TEST_CASE("a fault the job can never reach is an error: past its last token or s
   // every_fault_hits: true unless the scenario says otherwise.
   CHECK(parse_scenario(swarm, "s.toml").expect.every_fault_hits);
   CHECK_FALSE(parse_scenario(swarm + "[expect]\nevery_fault_hits=false\n", "s.toml").expect.every_fault_hits);
+}
+
+TEST_CASE("what a swarm scenario asks of its model is checked once the model is known") {
+  const auto error_with = [](const std::string& text, int layers, int vocab, int context) {
+    try {
+      check_against_model(parse_scenario(text, "s.toml"), layers, vocab, context, "s.toml");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string swarm = "[swarm]\nmodel='m'\nservers=['0:2', '2:4']\n";
+  CHECK(error_with(swarm, 4, 100, 64) == "(accepted)");
+  CHECK(error_with(swarm, 3, 100, 64) == "s.toml: swarm.servers: \"2:4\" runs past the model's 3 blocks");
+  CHECK(error_with(swarm, 5, 100, 64) ==
+        "s.toml: swarm.servers: no server holds block 4 of the model's 5 (the client could not generate)");
+  CHECK(error_with(swarm + "[swarm.client]\nprompt_ids=[1, 100]\n", 4, 100, 64) ==
+        "s.toml: swarm.client.prompt_ids: 100 is not a token of the model (vocab_size 100)");
+  // The default prompt (3 ids) and 32 new tokens need a context of 35.
+  CHECK(error_with(swarm, 4, 100, 35) == "(accepted)");
+  CHECK(error_with(swarm, 4, 100, 34) ==
+        "s.toml: swarm.client.new_tokens: the prompt's 3 ids and 32 new tokens pass the model's context of 34");
+  CHECK(error_with(swarm + "[[fault]]\nat='token 2'\ndo='join'\nblocks='1:5'\n", 4, 100, 64) ==
+        "s.toml: fault[0].blocks: \"1:5\" runs past the model's 4 blocks");
+  // A training scenario's model is the training job's to check.
+  CHECK(error_with("[train]\nmodel='m'\ndata='d'\n", 1, 2, 3) == "(accepted)");
 }
 
 TEST_CASE("servers behind NAT and their relays: parsed, and their mistakes named") {
