@@ -166,6 +166,7 @@ struct http_api::impl {
     }
   }
 
+  /// Throws the 401 when --api-key is set and the request does not carry it.
   void authorize(const httplib::Request& req) const {
     if (config.api_key.empty()) return;
     const std::string& expected = config.api_key;
@@ -190,15 +191,14 @@ struct http_api::impl {
   }
 
   void routes() {
-    server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    // Every /v1/ route's key was checked before routing (authorized_before_body).
+    server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       guarded(res, "models", [&] {
-        authorize(req);
         res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
       });
     });
     server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, "models", [&] {
-        authorize(req);
         if (req.matches[1] != config.model_id)
           throw api_error(404, "invalid_request_error", "The model '" + req.matches[1].str() + "' does not exist.",
                           "model", "model_not_found");
@@ -277,7 +277,6 @@ struct http_api::impl {
 
   /// Validates a request into a job (throws api_error / model_error).
   std::shared_ptr<completion_job> prepare(const httplib::Request& req, endpoint to) {
-    authorize(req);
     auto job = std::make_shared<completion_job>();
     job->arrived = clock_type::now();
     job->request = parse_request(req.body, to);

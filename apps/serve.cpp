@@ -108,9 +108,8 @@ std::pair<int, int> parse_blocks(const std::string& text, int n_blocks) {
 void check_announced_endpoint(const std::string& endpoint) {
   if (const std::string problem = net::tcp_endpoint_problem(endpoint); !problem.empty())
     throw std::invalid_argument("--announce-endpoint: " + problem);
-  const std::string rest = endpoint.substr(endpoint.find("://") + 3);
-  const std::string host = rest.substr(0, rest.rfind(':')), port = rest.substr(rest.rfind(':') + 1);
-  if (host == "*" || host == "0.0.0.0" || host == "[::]" || port == "*" || std::stoi(port) == 0)
+  const std::string host = net::tcp_endpoint_host(endpoint), port = endpoint.substr(endpoint.rfind(':') + 1);
+  if (host == "*" || host == "0.0.0.0" || host == "::" || port == "*" || std::stoi(port) == 0)
     throw std::invalid_argument("--announce-endpoint " + endpoint +
                                 " is not an address peers can dial: give the host and port they reach this server at");
 }

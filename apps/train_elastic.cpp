@@ -54,6 +54,7 @@
 #include "apps/train_args.hpp"
 #include "apps/train_job_file.hpp"
 #include "apps/train_lobby.hpp"
+#include "net/endpoint.hpp"
 #include "apps/train_replan_event.hpp"
 #include "schedule/cluster.hpp"
 
@@ -164,11 +165,11 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     launcher_listen(a);  // a wildcard --join-listen is refused before anything starts
     // Workers on other machines: their ranks' snapshots and checkpoints
     // must reach this launcher, through a file system they all share.
-    if (!a.join_listen.empty() && !is_loopback_host(endpoint_host(a.join_listen)) && a.checkpoint_dir.empty())
+    if (!a.join_listen.empty() && !is_loopback_host(net::tcp_endpoint_host(a.join_listen)) && a.checkpoint_dir.empty())
       throw std::invalid_argument("--join-listen " + a.join_listen +
                                   " takes workers from other machines: give --checkpoint-dir on a file system every "
                                   "machine shares (the ranks' snapshots and checkpoints meet there)");
-    remote_machines = !a.join_listen.empty() && !is_loopback_host(endpoint_host(a.join_listen));
+    remote_machines = !a.join_listen.empty() && !is_loopback_host(net::tcp_endpoint_host(a.join_listen));
     lobby.emplace(a.join_listen.empty() ? "tcp://127.0.0.1:0" : a.join_listen);
     o.drain_every = a.join_check_every;
     if (o.checkpoint_dir.empty()) o.checkpoint_dir = drains.emplace("corolla-elastic").path();

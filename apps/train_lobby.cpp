@@ -1,4 +1,5 @@
 #include "apps/train_lobby.hpp"
+#include "net/endpoint.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -184,21 +185,13 @@ std::string any_port_on(const std::string& host) {
 
 }  // namespace
 
-std::string endpoint_host(const std::string& endpoint) {
-  std::string rest = endpoint.rfind("tcp://", 0) == 0 ? endpoint.substr(6) : endpoint;
-  const auto colon = rest.rfind(':');
-  if (colon != std::string::npos) rest = rest.substr(0, colon);
-  if (rest.size() >= 2 && rest.front() == '[' && rest.back() == ']') rest = rest.substr(1, rest.size() - 2);
-  return rest;
-}
-
 bool is_loopback_host(const std::string& host) {
   return host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1";
 }
 
 std::string launcher_listen(const train_args& a) {
   if (a.join_listen.empty()) return "tcp://127.0.0.1:0";
-  const std::string host = endpoint_host(a.join_listen);
+  const std::string host = net::tcp_endpoint_host(a.join_listen);
   if (host.empty() || host == "*" || host == "0.0.0.0" || host == "::")
     throw std::invalid_argument("--join-listen " + a.join_listen +
                                 ": give the address other machines reach this one at (the coordinator and the "
@@ -257,7 +250,7 @@ int run_train_join(const train_args& a) {
   caf::anon_send(*target, offer_message(name, machine));
   std::fprintf(stderr, "joined the pool of %s as %s; waiting for a rank\n", lobby_ep.c_str(), name.c_str());
   std::fflush(stderr);
-  const std::string listen_host = endpoint_host(a.listen);  // where the ranks it runs listen
+  const std::string listen_host = net::tcp_endpoint_host(a.listen);  // where the ranks it runs listen
   int status = 1;
   for (;;) {
     remote_message m;

@@ -70,9 +70,6 @@ class train_lobby {
   caf::actor actor_;
 };
 
-/// The host of a ZeroMQ tcp endpoint ("tcp://10.0.0.5:7000" -> "10.0.0.5").
-std::string endpoint_host(const std::string& endpoint);
-
 /// Where an elastic launcher's coordinator and local ranks listen:
 /// "tcp://HOST:0" on the host of --join-listen (the address the other
 /// machines reach this one at), else on 127.0.0.1. Throws

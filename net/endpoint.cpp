@@ -26,12 +26,20 @@ std::string tcp_endpoint_problem(std::string_view endpoint) {
   return {};
 }
 
+std::string tcp_endpoint_host(std::string_view endpoint) {
+  constexpr std::string_view scheme = "tcp://";
+  if (endpoint.substr(0, scheme.size()) == scheme) endpoint.remove_prefix(scheme.size());
+  if (const auto colon = endpoint.rfind(':'); colon != std::string_view::npos) endpoint = endpoint.substr(0, colon);
+  if (endpoint.size() >= 2 && endpoint.front() == '[' && endpoint.back() == ']')
+    endpoint = endpoint.substr(1, endpoint.size() - 2);
+  return std::string(endpoint);
+}
+
 std::string tcp_listen_problem(std::string_view endpoint) {
   if (std::string why = tcp_endpoint_problem(endpoint); !why.empty()) return why;
   const std::string_view rest = endpoint.substr(std::string_view("tcp://").size());
-  std::string host(rest.substr(0, rest.rfind(':')));
+  const std::string host = tcp_endpoint_host(endpoint);
   if (host == "*") return {};
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   unsigned char address[16];
   if (inet_pton(AF_INET, host.c_str(), address) == 1 || inet_pton(AF_INET6, host.c_str(), address) == 1) return {};
   if (if_nametoindex(host.c_str()) != 0) return {};

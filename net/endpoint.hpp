@@ -15,6 +15,11 @@ namespace corolla::net {
 /// empty when it is one.
 std::string tcp_endpoint_problem(std::string_view endpoint);
 
+/// The host of a ZeroMQ TCP endpoint, without its port or IPv6 brackets
+/// ("tcp://10.0.0.5:7000" -> "10.0.0.5", "tcp://[::1]:9" -> "::1"; the
+/// "tcp://" may be left out).
+std::string tcp_endpoint_host(std::string_view endpoint);
+
 /// tcp_endpoint_problem(), and for a socket to bind: a host that is "*",
 /// an IP address ("127.0.0.1", "[::1]") or a network interface of this
 /// machine ("lo"). ZeroMQ binds no host names: "tcp://localhost:0" would

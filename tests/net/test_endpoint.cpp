@@ -42,3 +42,12 @@ TEST_CASE("a TCP endpoint to listen on needs '*', an IP address or an interface:
   CHECK(tcp_listen_problem("tcp://127.0.0.1:99999") ==
         "invalid endpoint 'tcp://127.0.0.1:99999': the port must be in [0, 65535]");
 }
+
+TEST_CASE("the host of a TCP endpoint, without its port or IPv6 brackets") {
+  using corolla::net::tcp_endpoint_host;
+  CHECK(tcp_endpoint_host("tcp://10.0.0.5:7000") == "10.0.0.5");
+  CHECK(tcp_endpoint_host("tcp://[::1]:9000") == "::1");
+  CHECK(tcp_endpoint_host("tcp://*:0") == "*");
+  CHECK(tcp_endpoint_host("host.example:80") == "host.example");  // "tcp://" may be left out
+  CHECK(tcp_endpoint_host("tcp://lo") == "lo");                   // no port: the whole rest
+}
