@@ -627,3 +627,48 @@ TEST_CASE("faultlab: bad scenarios and flags are one error line") {
     check_one_error(run_corolla({"faultlab", "run", file, "--report", (tmp / "r").string()}), expected);
   }
 }
+
+TEST_CASE("faultlab: a fault that finds no target fails the scenario, unless every_fault_hits = false allows it") {
+  temp_dir_guard tmp("faultlab-missed");
+  // Server 0 is never stopped, so resuming it does nothing; a heal of a
+  // server never throttled or partitioned does nothing either.
+  const std::string body = R"(name = "faults that miss"
+[swarm]
+model = "builtin:llama"
+servers = ["0:2", "2:4"]
+[swarm.client]
+new_tokens = 6
+[[fault]]
+at = "token 2"
+do = "resume"
+target = "server 0"
+[[fault]]
+at = "token 3"
+do = "heal"
+target = "server 1"
+[expect]
+same_output_as_reference = true
+)";
+  std::ofstream(tmp / "s.toml") << body;
+  const auto [strict, status] = faultlab(tmp / "s.toml", tmp / "report");
+  CHECK(status == 1);
+  CHECK(strict["pass"] == false);
+  bool found = false;
+  for (const json& c : strict["checks"])
+    if (c["name"] == "every fault fired on its target") {
+      found = true;
+      CHECK(c["ok"] == false);
+      CHECK(c["detail"].get<std::string>().find("fault[0]: resume server 0: s0 is not stopped (skipped)") !=
+            std::string::npos);
+      CHECK(c["detail"].get<std::string>().find("fault[1]: heal server 1: s1 is neither throttled nor partitioned") !=
+            std::string::npos);
+    }
+  CHECK(found);
+  REQUIRE(strict["faults"].size() == 2);
+  CHECK(strict["faults"][0]["landed"] == false);
+  // Allowed: the same run passes.
+  std::ofstream(tmp / "s.toml") << body << "every_fault_hits = false\n";
+  const auto [lenient, lenient_status] = faultlab(tmp / "s.toml", tmp / "report");
+  CHECK(lenient_status == 0);
+  CHECK(lenient["pass"] == true);
+}
