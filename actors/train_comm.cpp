@@ -1,5 +1,7 @@
 #include "actors/train_comm.hpp"
 
+#include <algorithm>
+
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
@@ -21,6 +23,8 @@ bool is_vague_failure(const std::string& reason) {
 // ---- inbox ----------------------------------------------------------------------
 
 void train_inbox::put(const std::string& key, remote_message m) {
+  caf::actor to;
+  std::uint64_t token = 0;
   {
     std::lock_guard lock(mu_);
     if (auto lose = to_lose_.find(m.type); lose != to_lose_.end() && lose->second > 0) {
@@ -28,9 +32,50 @@ void train_inbox::put(const std::string& key, remote_message m) {
       spdlog::warn("losing training message {} on purpose (faultlab's lose)", key);
       return;
     }
-    filed_[key].push_back(std::move(m));
+    // An actor awaits this key: the message goes straight to it.
+    auto p = std::find_if(parked_.begin(), parked_.end(), [&](const parked_take& t) { return t.key == key; });
+    if (p == parked_.end()) {
+      filed_[key].push_back(std::move(m));
+    } else {
+      to = std::move(p->who);
+      token = p->token;
+      waiting_.erase(p->id);
+      parked_.erase(p);
+      ++taken_;
+    }
+  }
+  if (to) {
+    caf::anon_send(to, inbox_delivery_atom::value, token, std::move(m));
+    return;
   }
   cv_.notify_all();
+}
+
+std::optional<remote_message> train_inbox::await(const std::string& key, const std::string& what, int from,
+                                                 caf::actor who, std::uint64_t token) {
+  std::lock_guard lock(mu_);
+  if (failure_) throw train_error(*failure_);
+  if (auto it = filed_.find(key); it != filed_.end() && !it->second.empty()) {
+    remote_message m = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) filed_.erase(it);
+    ++taken_;
+    return m;
+  }
+  const std::uint64_t id = ++takes_;
+  waiting_.emplace(id, pending_take{what, from, std::chrono::steady_clock::now()});
+  parked_.push_back({key, std::move(who), token, id});
+  return std::nullopt;
+}
+
+bool train_inbox::cancel(const caf::actor& who, std::uint64_t token) {
+  std::lock_guard lock(mu_);
+  auto p = std::find_if(parked_.begin(), parked_.end(),
+                        [&](const parked_take& t) { return t.token == token && t.who == who; });
+  if (p == parked_.end()) return false;
+  waiting_.erase(p->id);
+  parked_.erase(p);
+  return true;
 }
 
 std::optional<remote_message> train_inbox::try_take(const std::string& key, std::chrono::milliseconds timeout,
@@ -103,6 +148,7 @@ void train_inbox::lose(const std::string& type, int count) {
 }
 
 void train_inbox::fail(const std::string& reason) {
+  std::deque<parked_take> answer;
   {
     std::lock_guard lock(mu_);
     if (closing_) return;
@@ -110,8 +156,11 @@ void train_inbox::fail(const std::string& reason) {
     // whose own reason may come a moment later: that one is kept instead.
     if (failure_ && !(is_vague_failure(*failure_) && !is_vague_failure(reason))) return;
     failure_ = reason;
+    answer.swap(parked_);
+    for (const parked_take& p : answer) waiting_.erase(p.id);
   }
   cv_.notify_all();
+  for (parked_take& p : answer) caf::anon_send(p.who, inbox_failure_atom::value, p.token, reason);
 }
 
 std::optional<std::string> train_inbox::failure() const {
@@ -331,7 +380,10 @@ void train_comm::send_coordinator(const char* type, std::vector<std::uint8_t> bo
 
 Tensor train_comm::receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel,
                            const std::string& what, int from) {
-  remote_message m = inbox_->take(train_key(type, job_, step, index, hop), timeout_, what, from);
+  return tensor_of(inbox_->take(key(type, step, index, hop), timeout_, what, from), numel, what);
+}
+
+Tensor train_comm::tensor_of(const remote_message& m, std::int64_t numel, const std::string& what) {
   if (m.tensors.size() != 1)
     throw train_error(what + " came with " + std::to_string(m.tensors.size()) + " tensors (expected 1)");
   const Tensor& t = m.tensors[0];

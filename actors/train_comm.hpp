@@ -6,10 +6,13 @@
 // Every training message is a one-way send to the mailbox actor published
 // as "train" on the receiving rank's node (the coordinator's is
 // "train-coord"). The mailbox files it under (type, step, index, hop)
-// (train_key); the stage and DP-group actors block on inbox::take for the
-// exact message they need next, so arrival order never matters. A peer
-// reported down, or an abort from the coordinator, fails the inbox: every
-// waiting and later take throws train_error naming the rank that died.
+// (train_key); the actors ask the inbox for the exact message they need
+// next, so arrival order never matters. The stage actor never blocks: it
+// asks with await() and the message reaches it as an actor message once
+// filed. The DP-group actor's ring collectives and the coordinator still
+// block on take(). A peer reported down, or an abort from the coordinator,
+// fails the inbox: every waiting and later take throws train_error naming
+// the rank that died, and every await is answered with the reason.
 #pragma once
 
 #include <chrono>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include <caf/actor.hpp>
+#include <caf/atom.hpp>
 #include <caf/expected.hpp>
 
 #include "actors/messages.hpp"
@@ -69,6 +73,12 @@ std::string train_key(const std::string& type, std::uint64_t job, std::int64_t s
 /// failure whose own, more specific reason may come a moment later.
 bool is_vague_failure(const std::string& reason);
 
+/// An await()'s answers: (inbox_delivery_atom, token, remote_message) once
+/// the message is filed, or (inbox_failure_atom, token, reason) when the
+/// inbox fails first.
+using inbox_delivery_atom = caf::atom_constant<caf::atom("tindeliv")>;
+using inbox_failure_atom = caf::atom_constant<caf::atom("tinfail")>;
+
 /// Messages received and not yet taken, by key. Thread-safe. It also
 /// knows what its takers wait for right now (waits()), for the
 /// coordinator's question when a job stops making progress
@@ -87,6 +97,18 @@ class train_inbox {
   /// As take, but nothing (instead of an error) at the timeout.
   std::optional<remote_message> try_take(const std::string& key, std::chrono::milliseconds timeout,
                                          const std::string& what, int from = schedule::from_unknown);
+  /// The non-blocking take, for an actor: the oldest message filed under
+  /// `key` at once if there is one; otherwise nothing, and the message is
+  /// sent to `who` as (inbox_delivery_atom, `token`, message) when it is
+  /// filed (or the failure as (inbox_failure_atom, `token`, reason)). The
+  /// wait counts in waits() until then. Throws train_error when the inbox
+  /// has failed already. `token` is the caller's, unique among its awaits.
+  std::optional<remote_message> await(const std::string& key, const std::string& what, int from, caf::actor who,
+                                      std::uint64_t token);
+  /// Gives up `who`'s await `token` (its deadline passed): true when it was
+  /// still waiting; false when its answer was sent already (it is on its
+  /// way to the actor) or there was no such await.
+  bool cancel(const caf::actor& who, std::uint64_t token);
   /// What takers wait for now, with how long they have waited.
   std::vector<schedule::party_wait> waits() const;
   /// Messages taken so far.
@@ -133,8 +155,17 @@ class train_inbox {
     std::chrono::steady_clock::time_point since;
   };
 
+  /// An await() not answered yet.
+  struct parked_take {
+    std::string key;
+    caf::actor who;
+    std::uint64_t token = 0;
+    std::uint64_t id = 0;  ///< its entry in waiting_
+  };
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::deque<parked_take> parked_;  ///< oldest first
   std::map<std::string, std::deque<remote_message>> filed_;
   std::map<std::uint64_t, pending_take> waiting_;  ///< by take number
   std::uint64_t takes_ = 0, taken_ = 0;
@@ -191,6 +222,13 @@ class train_comm : public ring_channel {
   /// the message).
   Tensor receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel, const std::string& what,
                  int from);
+  /// The key message `type` for (step, index, hop) of this run is filed under.
+  std::string key(const char* type, std::int64_t step, int index, int hop = 0) const {
+    return train_key(type, job_, step, index, hop);
+  }
+  /// The one tensor of `m`, checked to hold `numel` f32 values. Throws
+  /// train_error (what = for the message).
+  static Tensor tensor_of(const remote_message& m, std::int64_t numel, const std::string& what);
 
   /// A ring chunk as train.rs / train.ag to rank `to`'s mailbox.
   void send_chunk(int to, ring_phase phase, std::int64_t step, int bucket, int hop, Tensor chunk) override;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -90,17 +91,103 @@ class rank_runtime {
   /// launcher assembles the newest complete step from every survivor's.
   void flush_snapshots();
 
-  // ---- the step ----------------------------------------------------------------------
+  // ---- the stage actor (train_stage.cpp) -------------------------------------------
+  //
+  // The stage actor is event-based (detached: its handlers compute) and
+  // never blocks: it runs a step's program as far as it can and returns;
+  // whatever it needs next (a neighbour's activations or gradient, the DP
+  // group's answers, the coordinator's norm or verdict) reaches it as a
+  // message, and the handler for that message goes on from there. At most
+  // one such wait is open at a time; every wait but a DP request ends in
+  // a train_error after o_.timeout.
 
-  /// Runs the steps on the stage actor (a detached actor of its own) with
-  /// the DP-group actor beside it.
+  /// Runs the steps on the stage actor with the DP-group actor beside it;
+  /// returns after the coordinator's end of the job, or throws what
+  /// stopped them.
   void run_actors();
 
   // The DP-group actor's buckets point into this runtime's stages: it must
   // be gone before the runtime is (it may still be inside a handler).
   void stop_dp_actor();
 
-  void run_step(const std::vector<schedule::instruction>& program, int step);
+  caf::behavior stage_behavior();
+  /// Runs `f` as a handler of the stage actor: an exception ends the stage
+  /// with it (run_actors throws it).
+  template <class F>
+  void guard(F&& f);
+  /// The stage is over: run_actors returns (`failure` null) or throws it.
+  void end_stage(std::exception_ptr failure);
+
+  /// Starts step `step`, or ends the stage after the last one.
+  void begin_step(int step);
+  /// Runs the step's program from where it stands until an instruction has
+  /// to wait for a message (its handler calls advance again) or the
+  /// program is done (the next step starts with a message to itself, so a
+  /// long run does not nest).
+  void advance();
+
+  using delivery = std::function<void(remote_message)>;
+  /// The message filed under `key`: returned at once when it is there;
+  /// otherwise nothing, and `later` runs with it when it comes (after
+  /// o_.timeout the stage fails with "no <what> within ..."). `what` and
+  /// `from` are for waits() (the coordinator's stall check).
+  std::optional<remote_message> await(const std::string& key, std::string what, int from, delivery later);
+  /// The open wait has a deadline o_.timeout from now; one timer message
+  /// at a time stands for it.
+  void arm_deadline();
+  /// The timer came: the open wait failed if its deadline passed.
+  void on_deadline();
+
+  /// Received tensor `t` (activations, or with `grad` a gradient) for
+  /// (micro-batch, chunk) `key`, where the stages compute.
+  void land(std::pair<int, int> key, bool grad, const Tensor& t);
+
+  /// A request to the DP group, its answer (a `Result`) to `then`. A DP
+  /// group that failed ends the stage.
+  template <class Result, class... Ts>
+  void ask_dp(std::function<void(Result)> then, Ts... xs);
+  /// A request answered with an error string ("" = done): an error ends
+  /// the stage, else `then` runs.
+  template <class... Ts>
+  void tell_dp(std::function<void()> then, Ts... xs);
+
+  /// Hands bucket `id` to the DP group: its last backward of the step is
+  /// queued. The schedules keep this invariant, which the download and the
+  /// marker-less upload rely on: no op queued after a bucket's final
+  /// backward reads or writes its parameters or gradients before the DP
+  /// group answered (recomputation or split weight-gradient schedules would
+  /// have to mark later).
+  void enqueue(int id, std::int64_t step);
+  /// `then` runs once the DP group answered for every bucket handed over
+  /// this step (each answer may take o_.timeout); the first error ends the
+  /// stage instead.
+  void wait_reductions(std::function<void()> then);
+  /// wait_reductions' check, on each answer.
+  void check_reductions();
+
+  // The optimizer step, in phases; each may wait for a message, and the
+  // last goes on with the program (advance).
+  /// Waits for the reductions; the snapshot without a global norm; the norm.
+  void optimizer_step();
+  /// The report to the coordinator (with link probes at a probe step), then its norm.
+  void report_step(double sum_squares);
+  /// The coordinator's norm: the update (or a skipped overflowed step).
+  void apply_norm(const remote_message& m);
+  /// After the update: 16-bit copies, the snapshot with a global norm, the verdict.
+  void after_update(bool skip);
+  /// The coordinator's verdict at a verdict step (a train.drain naming
+  /// this step; value 1 = the layout changes, stop after it, 0 = go on).
+  /// Waiting here keeps every rank at this step boundary while the
+  /// scheduler decides, so a stop can never come too late.
+  void take_verdict();
+  void apply_verdict(const remote_message& m);
+  /// A checkpoint at a save step, then the rest of the program.
+  void save_step();
+  /// After the last step: --save's parameters go to the coordinator, then finish.
+  void end_steps();
+  /// This rank is done (train.done); the stage ends with the coordinator's
+  /// end of the job (train.finish).
+  void finish();
 
   /// A received (host) tensor where the stages compute.
   Tensor to_compute(Tensor host);
@@ -119,39 +206,6 @@ class rank_runtime {
   /// a single process's adamw_optimizer); the schedule counts steps.
   std::int64_t adam_step(std::int64_t step) const { return step - scaler_.state().skipped; }
 
-  /// Hands bucket `id` to the DP group: its last backward of the step is
-  /// queued. The schedules keep this invariant, which the download and the
-  /// marker-less upload rely on: no op queued after a bucket's final
-  /// backward reads or writes its parameters or gradients before the DP
-  /// group answered (recomputation or split weight-gradient schedules would
-  /// have to mark later).
-  void enqueue(int id, std::int64_t step);
-
-  /// Waits for the DP group's answer to every bucket handed over this step.
-  void wait_reductions(int step);
-
-  /// A request to the DP group, answered with a `Result` (an error string
-  /// for most: "" = done; the norm's double). Throws train_error when the
-  /// DP group itself failed.
-  template <class Result, class... Ts>
-  Result ask_dp(Ts... xs) {
-    Result r{};
-    std::string failure;
-    stage_self_->request(dp_actor_, caf::infinite, xs...)
-        .receive([&](Result& x) { r = std::move(x); },
-                 [&](caf::error& e) { failure = "the data-parallel group failed: " + error_message(e); });
-    if (!failure.empty()) throw train_error(failure);
-    return r;
-  }
-
-  /// Asks the DP group to do `xs`; throws its error.
-  template <class... Ts>
-  void tell_dp(Ts... xs) {
-    if (std::string e = ask_dp<std::string>(xs...); !e.empty()) throw train_error(e);
-  }
-
-  void optimizer_step(int step, double loss);
-
   /// The rates of the links to this rank's neighbours of higher rank (each
   /// link is probed from one end), with echoes over the running links. A
   /// link too fast for the payload to tell reports 0; a probe that fails
@@ -160,16 +214,6 @@ class rank_runtime {
   /// slower link (at least 8 KiB): a probe of a throttled link costs tens
   /// of milliseconds, not seconds.
   std::vector<schedule::link_measurement> probe_links();
-
-  /// At a probe step: the coordinator's verdict on the measurements (a
-  /// train.drain naming this step; value 1 = the layout changes, stop after
-  /// it, 0 = go on). Waiting here keeps every rank at this step boundary
-  /// while the scheduler decides, so a stop can never come too late.
-  void take_verdict(int step);
-
-  // ---- the end ------------------------------------------------------------------
-
-  void finish();
 
   node& node_;
   const dist_train_options& o_;
@@ -216,7 +260,30 @@ class rank_runtime {
   std::map<int, int> slot_of_;  ///< bucket id -> slot in the DP group
   int dp_size_ = 0;             ///< buckets in the DP group
   int handed_ = 0;              ///< buckets handed to the DP group this step
-  caf::blocking_actor* stage_self_ = nullptr;  ///< the stage actor, while it runs
+  // The stage actor's state; only its handlers touch it.
+  struct step_state {
+    int step = 0;
+    std::size_t pc = 0;                               ///< the next instruction of the program
+    std::map<std::pair<int, int>, in_flight> flight;  ///< by (micro-batch, chunk)
+    std::vector<int> backwards;                       ///< backwards run, per chunk
+    double loss = 0;
+    bool head_enqueued = false;
+    bool snapshot = false;  ///< this step's snapshot goes to the keeper
+  };
+  std::vector<schedule::instruction> program_;  ///< this stage's part of the pipeline schedule
+  step_state st_;
+  caf::event_based_actor* stage_self_ = nullptr;  ///< the stage actor, while it runs
+  std::shared_ptr<std::promise<void>> stage_done_;
+  bool stage_over_ = false;
+  std::uint64_t tokens_ = 0;        ///< awaits made (their tokens)
+  std::uint64_t parked_token_ = 0;  ///< the inbox await open now (0: none)
+  std::string parked_what_;
+  delivery on_delivery_;
+  int reduced_ = 0;  ///< the DP group's answers this step
+  std::string reduce_error_;
+  std::function<void()> on_reduced_;  ///< set while the reductions are waited for
+  std::chrono::steady_clock::time_point deadline_;  ///< of the open wait
+  bool timer_armed_ = false;
   /// be_'s companion for the DP actor (device backends only). Late, so it
   /// is destroyed early: its stream is drained before the buffers its
   /// queued work may still use (after a failed step) go back.

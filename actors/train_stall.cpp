@@ -45,6 +45,10 @@ void stall_watch::step_took(int step, int first, double seconds) {
 
 double stall_watch::threshold_s() const { return hang_threshold_s(hang_s_, longest_step_s_); }
 
+std::chrono::milliseconds report_grace(std::chrono::milliseconds timeout) {
+  return std::min(timeout / 4, std::chrono::milliseconds(10000));
+}
+
 remote_message stall_watch::take(train_inbox& inbox, const char* type, std::int64_t step, int rank,
                                  const std::string& what, std::chrono::milliseconds timeout, bool judge) {
   return take_from(inbox, type, step, rank, rank, what, timeout, judge);
@@ -54,7 +58,13 @@ remote_message stall_watch::take_from(train_inbox& inbox, const char* type, std:
                                       const std::string& what, std::chrono::milliseconds timeout, bool judge) {
   const std::string key = train_key(type, run_, step, slot);
   const std::string full = what + " from " + layout_.label(rank);
-  const auto deadline = clock_type::now() + timeout;
+  // The ranks wait for each other's messages with the same timeout, most
+  // of them since about when this wait began or later: a grace past it
+  // lets the rank that waits on what is missing report its own, more
+  // precise timeout ("no activations of micro-batch 4 from rank 0") before
+  // this one names a victim ("no report of step 4 from rank 1").
+  const auto limit = timeout + report_grace(timeout);
+  const auto deadline = clock_type::now() + limit;
   for (;;) {
     const auto now = clock_type::now();
     auto until = deadline;
@@ -70,7 +80,7 @@ remote_message stall_watch::take_from(train_inbox& inbox, const char* type, std:
       return std::move(*m);
     }
     if (clock_type::now() >= deadline)
-      throw train_error("no " + full + " within " + std::to_string(timeout.count()) + " ms");
+      throw train_error("no " + full + " within " + std::to_string(limit.count()) + " ms");
     if (checks && clock_type::now() >= next_check) check(inbox, step, rank, full);
   }
 }

@@ -31,6 +31,10 @@ namespace corolla {
 class node;
 struct train_layout;
 
+/// How long past --timeout-s the coordinator waits for its ranks'
+/// messages: a quarter of it, at most 10 s (take's comment says why).
+std::chrono::milliseconds report_grace(std::chrono::milliseconds timeout);
+
 class stall_watch {
  public:
   using clock_type = std::chrono::steady_clock;
@@ -47,8 +51,8 @@ class stall_watch {
   double threshold_s() const;
 
   /// The message of `type` for (step, rank) from `inbox`, within
-  /// `timeout`; `what` names it ("report of step 5"). Throws train_error
-  /// at the timeout or on the inbox's failure, train_stall when the job is
+  /// `timeout` and its report_grace; `what` names it ("report of step 5").
+  /// Throws train_error at the timeout or on the inbox's failure, train_stall when the job is
   /// stuck (schedule/wait_graph.hpp; only when `judge`).
   remote_message take(train_inbox& inbox, const char* type, std::int64_t step, int rank, const std::string& what,
                       std::chrono::milliseconds timeout, bool judge = true);

@@ -94,14 +94,17 @@ std::pair<nlohmann::json, double> elastic_fault(const temp_dir_guard& tmp, const
   return {events[0], after};
 }
 
-/// A 2x1 job without --elastic (--hang-s 2, --timeout-s 120) whose rank 1
-/// gets `inject` after `step`: it must fail. Its stderr, and seconds from
-/// the fault to its end.
-std::pair<std::string, double> failing_fault(const temp_dir_guard& tmp, int step, const fault_at& inject) {
+/// A 2x1 job without --elastic (`limits`: by default --hang-s 2,
+/// --timeout-s 120) whose rank 1 gets `inject` after `step`: it must fail.
+/// Its stderr, and seconds from the fault to its end.
+std::pair<std::string, double> failing_fault(const temp_dir_guard& tmp, int step, const fault_at& inject,
+                                             const std::vector<std::string>& limits = {"--timeout-s", "120",
+                                                                                       "--hang-s", "2"}) {
   const job j = slow_job(tmp, 40);
   const std::string token = "fault-" + std::to_string(::getpid());
-  child_process launcher = start_with_token(
-      token, train_args(j, {"--pp", "2", "--dp", "1", "--link-profile", "lat=4ms", "--timeout-s", "120", "--hang-s", "2"}));
+  std::vector<std::string> flags{"--pp", "2", "--dp", "1", "--link-profile", "lat=4ms"};
+  flags.insert(flags.end(), limits.begin(), limits.end());
+  child_process launcher = start_with_token(token, train_args(j, flags));
   const std::string endpoint = endpoint_at_step(launcher, 1, step);
   const auto t0 = std::chrono::steady_clock::now();
   inject(endpoint, token);
@@ -153,6 +156,22 @@ TEST_CASE("--hang-s without --elastic: a lost activation leaves two stages waiti
   CHECK(err.find("a message on that cycle was lost or never sent") != std::string::npos);
   MESSAGE("lost to failed: " << took << " s");
   CHECK(took < 40);  // --timeout-s is 120
+}
+
+TEST_CASE("without --hang-s: a lost activation ends the job after --timeout-s, a waiting stage naming what it "
+          "waited for") {
+  // The stage actors' own deadline (an open await, answered by nothing):
+  // no stall check runs without --hang-s.
+  temp_dir_guard tmp("mp-train-lost-timeout");
+  const auto [err, took] = failing_fault(tmp, 3, lose_act, {"--timeout-s", "8"});
+  INFO("stderr: " << err);
+  CHECK(err.find("within 8000 ms") != std::string::npos);
+  CHECK((err.find("no activations of micro-batch") != std::string::npos ||
+         err.find("no gradient of micro-batch") != std::string::npos));
+  CHECK(err.find("deadlocked") == std::string::npos);
+  MESSAGE("lost to failed: " << took << " s");
+  CHECK(took >= 7.5);  // not before the deadline
+  CHECK(took < 60);
 }
 
 TEST_CASE("--hang-s without --elastic: an activation lost as the job starts (its ranks setting up, the first step) "
