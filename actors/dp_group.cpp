@@ -104,41 +104,40 @@ Tensor dp_group::reduced_shard(grad_bucket& b) {
   return b.coll ? b.shard.slice(0, b.hi - b.lo) : b.comm_grads().slice(b.lo, b.hi);
 }
 
-std::string dp_group::reduce(int slot, std::int64_t step, std::int64_t adam_step,
-                             std::shared_ptr<queue_marker> grads_ready) {
-  try {
-    grad_bucket& b = buckets_.at(static_cast<std::size_t>(slot));
-    Backend& be = *s_.compute;
-    Backend& math = *s_.math;
-    b.grads_ready = std::move(grads_ready);
-    if (b.coll) {
-      // The companion queues after the bucket's backward (a host wait: its
-      // queue is not ordered with the stage's).
-      be.wait(b.grads_ready.get());
-      device_reduce_scatter(*b.coll, math, *b.group, b.grads->flat(), coll_scratch_, b.shard);
-    } else {
-      // After the backward that produced them, on the device's transfer
-      // queue: the layers whose backward was queued since keep running.
-      if (b.staged()) be.copy_after(b.grads_ready.get(), b.grads->flat(), b.host_grads);
-      ring_reduce_scatter(*s_.comm, *b.group, b.comm_grads(), step, b.id);
-      // Unstaged, what reads the gradients next runs on the companion and
-      // must see what the backward wrote on the device.
-      if (b.device && !b.staged()) be.wait(b.grads_ready.get());
-    }
-    if (!s_.global_norm) {
-      update_shard(b, step, adam_step, 1.0f);
-      gather_params(b, step);
-    }
-    // The stage goes on once the companion's collectives are done.
-    if (b.coll) b.coll->synchronize(math);
-    return {};
-  } catch (const std::exception& e) {
-    // Fail the whole rank at once (the stage's next wait throws and the
-    // coordinator hears this reason), not one bucket per timeout.
-    std::string why = s_.label + " failed reducing gradients: " + e.what();
-    s_.inbox->fail(why);
-    return why;
+dp_step dp_group::reduce(int slot, std::int64_t step, std::int64_t adam_step,
+                         std::shared_ptr<queue_marker> grads_ready) {
+  grad_bucket& b = buckets_.at(static_cast<std::size_t>(slot));
+  Backend& be = *s_.compute;
+  b.grads_ready = std::move(grads_ready);
+  if (b.coll) {
+    // The companion queues after the bucket's backward (a host wait: its
+    // queue is not ordered with the stage's).
+    be.wait(b.grads_ready.get());
+    device_reduce_scatter(*b.coll, *s_.math, *b.group, b.grads->flat(), coll_scratch_, b.shard);
+    return after_reduce(b, step, adam_step);
   }
+  // After the backward that produced them, on the device's transfer
+  // queue: the layers whose backward was queued since keep running.
+  if (b.staged()) be.copy_after(b.grads_ready.get(), b.grads->flat(), b.host_grads);
+  dp_step ring{ring_pass(ring_phase::reduce_scatter, *b.group, b.comm_grads()), step, b.id, {}};
+  ring.then = [this, &b, step, adam_step] {
+    // Unstaged, what reads the gradients next runs on the companion and
+    // must see what the backward wrote on the device.
+    if (b.device && !b.staged()) s_.compute->wait(b.grads_ready.get());
+    return after_reduce(b, step, adam_step);
+  };
+  return ring;
+}
+
+dp_step dp_group::after_reduce(grad_bucket& b, std::int64_t step, std::int64_t adam_step) {
+  // The stage goes on once the companion's collectives are done.
+  auto synchronized = [this, &b] {
+    if (b.coll) b.coll->synchronize(*s_.math);
+    return dp_step{};
+  };
+  if (s_.global_norm) return synchronized();
+  update_shard(b, step, adam_step, 1.0f);
+  return gather_params(b, step, synchronized);
 }
 
 caf::expected<double> dp_group::reduced_sum_squares(std::int64_t step) {
@@ -180,16 +179,24 @@ void dp_group::update_shard(grad_bucket& b, std::int64_t step, std::int64_t adam
   if (b.device && &on != s_.compute && !b.coll) on.synchronize();
 }
 
-void dp_group::gather_params(grad_bucket& b, std::int64_t step) {
+dp_step dp_group::gather_params(grad_bucket& b, std::int64_t step, std::function<dp_step()> then) {
   // Staged, the other ranks' shards go back up on the transfer queue with
   // nothing to wait for: the bucket's backward finished before its
   // download, and its next forward is queued only after the stage had the
   // answer. With device collectives, queued on the companion.
-  if (b.coll) return device_all_gather(*b.coll, *s_.math, *b.group, b.params->flat(), coll_scratch_, b.shard);
-  ring_all_gather(*s_.comm, *b.group, b.comm_params(), step, b.id);
-  if (!b.staged()) return;
-  upload_params(b, nullptr, 0, b.lo);
-  upload_params(b, nullptr, b.hi, b.params->size());
+  if (b.coll) {
+    device_all_gather(*b.coll, *s_.math, *b.group, b.params->flat(), coll_scratch_, b.shard);
+    return then();
+  }
+  dp_step ring{ring_pass(ring_phase::all_gather, *b.group, b.comm_params()), step, b.id, {}};
+  ring.then = [this, &b, then = std::move(then)] {
+    if (b.staged()) {
+      upload_params(b, nullptr, 0, b.lo);
+      upload_params(b, nullptr, b.hi, b.params->size());
+    }
+    return then();
+  };
+  return ring;
 }
 
 void dp_group::upload_params(grad_bucket& b, const queue_marker* after, std::int64_t lo, std::int64_t hi) {
@@ -199,21 +206,20 @@ void dp_group::upload_params(grad_bucket& b, const queue_marker* after, std::int
   s_.compute->copy_after(after, b.host_params.slice(lo, hi), dst);
 }
 
-std::string dp_group::update(std::int64_t step, std::int64_t adam_step, double coef) {
-  try {
-    for (grad_bucket& b : buckets_) {
-      update_shard(b, step, adam_step, static_cast<float>(coef));
-      gather_params(b, step);
-      // The gathers wait on the other members: a dead one is noticed here,
-      // not in whatever waits on this queue next.
-      if (b.coll) b.coll->synchronize(*s_.math);
-    }
-    return {};
-  } catch (const std::exception& e) {
-    std::string why = s_.label + " failed updating its shards: " + e.what();
-    s_.inbox->fail(why);
-    return why;
-  }
+dp_step dp_group::update(std::int64_t step, std::int64_t adam_step, double coef) {
+  return update_from(0, step, adam_step, coef);
+}
+
+dp_step dp_group::update_from(std::size_t i, std::int64_t step, std::int64_t adam_step, double coef) {
+  if (i == buckets_.size()) return {};
+  grad_bucket& b = buckets_[i];
+  update_shard(b, step, adam_step, static_cast<float>(coef));
+  return gather_params(b, step, [this, &b, i, step, adam_step, coef] {
+    // The gathers wait on the other members: a dead one is noticed here,
+    // not in whatever waits on this queue next.
+    if (b.coll) b.coll->synchronize(*s_.math);
+    return update_from(i + 1, step, adam_step, coef);
+  });
 }
 
 std::string dp_group::save_checkpoint(int step) {
@@ -290,41 +296,6 @@ std::string dp_group::snapshot(int step, const std::string& loss_scale) {
   } catch (const std::exception& e) {
     return s_.label + " failed taking its snapshot of step " + std::to_string(step) + ": " + e.what();
   }
-}
-
-caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<stage_beacon> busy) {
-  using namespace dp_msg;
-  return n.system().spawn<caf::detached>([g, busy](caf::event_based_actor* self) -> caf::behavior {
-    return {
-        [self, g](reduce_atom, int slot, std::int64_t step, std::int64_t adam_step,
-                  std::shared_ptr<queue_marker>& ready) {
-          std::string error = g->reduce(slot, step, adam_step, std::move(ready));
-          self->send(caf::actor_cast<caf::actor>(self->current_sender()), reduced_atom::value, slot, std::move(error));
-        },
-        [g, busy](norm_atom, std::int64_t step) -> caf::result<double> {
-          beacon_mark w(*busy, "gradient norm");
-          caf::expected<double> sum = g->reduced_sum_squares(step);
-          if (!sum) return std::move(sum.error());
-          return *sum;
-        },
-        [g, busy](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
-          beacon_mark w(*busy, "optimizer update");
-          return g->update(step, adam_step, coef);
-        },
-        [g, busy](save_atom, int step) {
-          beacon_mark w(*busy, "checkpoint save");
-          return g->save_checkpoint(step);
-        },
-        [g, busy](publish_atom, int steps) {
-          beacon_mark w(*busy, "parameter publish");
-          return g->publish_params(steps);
-        },
-        [g, busy](snapshot_atom, int step, std::string& loss_scale) {
-          beacon_mark w(*busy, "snapshot");
-          return g->snapshot(step, loss_scale);
-        },
-    };
-  });
 }
 
 }  // namespace corolla

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -101,6 +102,17 @@ struct grad_bucket {
   const Tensor& comm_params() const { return staged() ? host_params : params->flat(); }
 };
 
+/// What a DP-group handler has left to do: with `pass`, run that ring
+/// collective to its end (its chunks keyed by `step` and `bucket`), then
+/// `then`, which returns what is left after that; without, it is done.
+/// Whatever throws ends the handler with that error.
+struct dp_step {
+  std::optional<ring_pass> pass;
+  std::int64_t step = 0;
+  int bucket = 0;
+  std::function<dp_step()> then;
+};
+
 /// What the DP group works with; every pointer outlives the actor.
 struct dp_group_setup {
   const dist_train_options* options = nullptr;
@@ -135,6 +147,10 @@ class dp_group {
   /// stage's parameter and gradient sets, `group` the ring it is reduced
   /// over, `coll` its device group (null: host rings, or a group of one).
   void add_bucket(int id, param_set* p, param_set* g, const ring* group, device_group* coll);
+  /// The rank's label, its sends and its inbox (the actor's waits).
+  const std::string& label() const { return s_.label; }
+  train_comm& comm() const { return *s_.comm; }
+  const std::shared_ptr<train_inbox>& inbox() const { return s_.inbox; }
   /// Bucket id -> slot (the reduce message's index).
   const std::map<int, int>& slots() const { return slot_of_; }
   int size() const { return static_cast<int>(buckets_.size()); }
@@ -149,17 +165,20 @@ class dp_group {
   };
   std::vector<wanted_shard> wanted() const;
 
-  // The handlers; each returns its error as a value ("" = done).
+  // The handlers. reduce and update wait on other ranks (the host rings):
+  // they return a dp_step, which the actor runs without blocking, and
+  // throw what fails before their first wait. The others return their
+  // error as a value ("" = done).
   /// Reduce-scatters bucket `slot`; without the global norm also updates
   /// and all-gathers it.
-  std::string reduce(int slot, std::int64_t step, std::int64_t adam_step, std::shared_ptr<queue_marker> grads_ready);
+  dp_step reduce(int slot, std::int64_t step, std::int64_t adam_step, std::shared_ptr<queue_marker> grads_ready);
   /// The squared norm of this rank's reduced gradient shards (every bucket),
   /// or the error that stopped it (a device fault), naming this rank and
   /// the step.
   caf::expected<double> reduced_sum_squares(std::int64_t step);
   /// AdamW on every bucket's shard with the gradients times `coef`, then
   /// the all-gathers.
-  std::string update(std::int64_t step, std::int64_t adam_step, double coef);
+  dp_step update(std::int64_t step, std::int64_t adam_step, double coef);
   /// Writes this rank's checkpoint shard of step `step` and tells the coordinator.
   std::string save_checkpoint(int step);
   /// Sends the parameters this rank keeps to the coordinator (--save).
@@ -174,7 +193,12 @@ class dp_group {
   bool keeps_params(const grad_bucket& b) const;
   Tensor reduced_shard(grad_bucket& b);
   void update_shard(grad_bucket& b, std::int64_t step, std::int64_t adam_step, float grad_scale);
-  void gather_params(grad_bucket& b, std::int64_t step);
+  /// The rest of reduce once bucket `b` is reduce-scattered.
+  dp_step after_reduce(grad_bucket& b, std::int64_t step, std::int64_t adam_step);
+  /// All-gathers bucket `b`'s parameters, then `then`.
+  dp_step gather_params(grad_bucket& b, std::int64_t step, std::function<dp_step()> then);
+  /// update from bucket `i` on.
+  dp_step update_from(std::size_t i, std::int64_t step, std::int64_t adam_step, double coef);
   void upload_params(grad_bucket& b, const queue_marker* after, std::int64_t lo = 0, std::int64_t hi = -1);
   Tensor to_host(const Tensor& t);
 
@@ -187,13 +211,17 @@ class dp_group {
   caf::actor buddy_keeper_;  ///< the buddy's keeper, once looked up
 };
 
-/// Spawns the DP-group actor (detached: its collectives block) over
-/// `group`, which only the actor uses from now on (the caller may hold a
-/// reference to choose when it is released, never to use it). Its work
-/// that waits for no message (updates, norms, saves, snapshots) is marked
-/// on `busy`, so that a coordinator asking what the rank does sees work,
-/// not a rank stuck (actors/train_watchdog.hpp); the ring reductions show
-/// as waits and messages taken instead.
+/// Spawns the DP-group actor (actors/dp_actor.cpp; detached: its handlers
+/// compute) over `group`, which only the actor uses from now on (the
+/// caller may hold a reference to choose when it is released, never to use
+/// it). The actor never blocks on another rank: the host rings' chunks
+/// reach it as actor messages (actors/inbox_waiter.hpp), each within
+/// --timeout-s, and it takes requests one at a time, in order, a request
+/// that comes while one waits queued behind it. Its work that waits for
+/// no message (updates, norms, saves, snapshots) is marked on `busy`, so
+/// that a coordinator asking what the rank does sees work, not a rank
+/// stuck (actors/train_watchdog.hpp); the ring reductions show as waits
+/// and messages taken instead.
 caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> group, std::shared_ptr<stage_beacon> busy);
 
 }  // namespace corolla

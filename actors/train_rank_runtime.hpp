@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -19,6 +20,7 @@
 #include <spdlog/spdlog.h>
 #include "actors/dp_group.hpp"
 #include "actors/errors.hpp"
+#include "actors/inbox_waiter.hpp"
 #include "actors/link_probe.hpp"
 #include "actors/node.hpp"
 #include "actors/stage_compute.hpp"
@@ -26,6 +28,7 @@
 #include "actors/train_job.hpp"
 #include "actors/train_roster.hpp"
 #include "actors/train_snapshots.hpp"
+#include "actors/train_stall.hpp"
 #include "actors/train_store.hpp"
 #include "actors/train_watchdog.hpp"
 #include "model/error.hpp"
@@ -126,17 +129,21 @@ class rank_runtime {
   /// long run does not nest).
   void advance();
 
-  using delivery = std::function<void(remote_message)>;
   /// The message filed under `key`: returned at once when it is there;
   /// otherwise nothing, and `later` runs with it when it comes (after
-  /// o_.timeout the stage fails with "no <what> within ..."). `what` and
-  /// `from` are for waits() (the coordinator's stall check).
-  std::optional<remote_message> await(const std::string& key, std::string what, int from, delivery later);
-  /// The open wait has a deadline o_.timeout from now; one timer message
-  /// at a time stands for it.
-  void arm_deadline();
-  /// The timer came: the open wait failed if its deadline passed.
-  void on_deadline();
+  /// o_.timeout the stage fails with "no <what> within ...";
+  /// actors/inbox_waiter.hpp). `what` and `from` are for waits() (the
+  /// coordinator's stall check).
+  std::optional<remote_message> await(const std::string& key, std::string what, int from,
+                                      inbox_waiter::delivery later,
+                                      std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    return waiter_->await(key, std::move(what), from, std::move(later), timeout);
+  }
+  /// How long a rank waits for the coordinator's norm, verdict or end: past
+  /// the coordinator's own wait for a silent rank's report (its grace), so
+  /// that the coordinator, not a healthy rank waiting on it, names the
+  /// silent one.
+  std::chrono::milliseconds coordinator_timeout() const { return o_.timeout + 2 * report_grace(o_.timeout); }
 
   /// Received tensor `t` (activations, or with `grad` a gradient) for
   /// (micro-batch, chunk) `key`, where the stages compute.
@@ -275,15 +282,13 @@ class rank_runtime {
   caf::event_based_actor* stage_self_ = nullptr;  ///< the stage actor, while it runs
   std::shared_ptr<std::promise<void>> stage_done_;
   bool stage_over_ = false;
-  std::uint64_t tokens_ = 0;        ///< awaits made (their tokens)
-  std::uint64_t parked_token_ = 0;  ///< the inbox await open now (0: none)
-  std::string parked_what_;
-  delivery on_delivery_;
+  /// Whether stage_done_ has its outcome: from end_stage, or from the
+  /// actor's cleanup when it ended any other way.
+  std::shared_ptr<std::atomic<bool>> stage_settled_;
+  std::unique_ptr<inbox_waiter> waiter_;  ///< the stage actor's waits
   int reduced_ = 0;  ///< the DP group's answers this step
   std::string reduce_error_;
   std::function<void()> on_reduced_;  ///< set while the reductions are waited for
-  std::chrono::steady_clock::time_point deadline_;  ///< of the open wait
-  bool timer_armed_ = false;
   /// be_'s companion for the DP actor (device backends only). Late, so it
   /// is destroyed early: its stream is drained before the buffers its
   /// queued work may still use (after a failed step) go back.

@@ -12,11 +12,7 @@ namespace {
 namespace stage_msg {
 /// Starts step N (or ends the stage after the last).
 using step_atom = caf::atom_constant<caf::atom("stgstep")>;
-/// The open wait's timer.
-using deadline_atom = caf::atom_constant<caf::atom("stgdeadl")>;
 }  // namespace stage_msg
-
-std::string ms_text(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
 
 }  // namespace
 
@@ -59,11 +55,29 @@ void rank_runtime::run_actors() {
   dp_size_ = buckets_->size();
   slot_of_ = buckets_->slots();
   dp_actor_ = spawn_dp_group(node_, buckets_, dp_beacon_);
+  waiter_ = std::make_unique<inbox_waiter>(inbox_, o_.timeout);
   stage_done_ = std::make_shared<std::promise<void>>();
+  stage_settled_ = std::make_shared<std::atomic<bool>>(false);
   auto finished = stage_done_->get_future();
   auto* self = this;
   caf::actor stage = node_.system().spawn<caf::detached>([self](caf::event_based_actor* stage_self) -> caf::behavior {
     self->stage_self_ = stage_self;
+    self->waiter_->bind(stage_self);
+    // Ended by anything but end_stage (an exit message): run_actors must
+    // not wait for ever.
+    stage_self->attach_functor([done = self->stage_done_, settled = self->stage_settled_](const caf::error& reason) {
+      if (!settled->exchange(true))
+        done->set_exception(std::make_exception_ptr(train_error("the stage actor ended: " + error_message(reason))));
+    });
+    // The DP-group actor ending first (it outlives the stage otherwise)
+    // would leave a request to it unanswered.
+    stage_self->monitor(self->dp_actor_);
+    stage_self->set_down_handler([self](caf::down_msg& d) {
+      self->guard([&] {
+        throw train_error("the data-parallel group stopped: " +
+                          (d.reason ? error_message(d.reason) : std::string("it finished")));
+      });
+    });
     stage_self->send(stage_self, stage_msg::step_atom::value, self->steps_done_ + 1);
     return self->stage_behavior();
   });
@@ -96,20 +110,12 @@ caf::behavior rank_runtime::stage_behavior() {
   return {
       [this](stage_msg::step_atom, int step) { guard([&] { begin_step(step); }); },
       [this](inbox_delivery_atom, std::uint64_t token, remote_message& m) {
-        guard([&] {
-          if (token != parked_token_) return;  // not possible: one await at a time, cancelled ones never answered
-          parked_token_ = 0;
-          delivery next = std::move(on_delivery_);
-          on_delivery_ = nullptr;
-          next(std::move(m));
-        });
+        guard([&] { waiter_->on_delivery(token, std::move(m)); });
       },
       [this](inbox_failure_atom, std::uint64_t token, std::string& reason) {
-        guard([&] {
-          if (token == parked_token_) throw train_error(reason);
-        });
+        guard([&] { waiter_->on_failure(token, reason); });
       },
-      [this](stage_msg::deadline_atom) { guard([&] { on_deadline(); }); },
+      [this](inbox_deadline_atom, std::uint64_t timer) { guard([&] { waiter_->on_deadline(timer); }); },
       [this](dp_msg::reduced_atom, int, std::string& error) {
         guard([&] {
           ++reduced_;
@@ -123,53 +129,13 @@ caf::behavior rank_runtime::stage_behavior() {
 void rank_runtime::end_stage(std::exception_ptr failure) {
   if (stage_over_) return;
   stage_over_ = true;
+  if (!stage_settled_->exchange(true)) {
+    if (failure)
+      stage_done_->set_exception(failure);
+    else
+      stage_done_->set_value();
+  }
   stage_self_->quit();
-  if (failure)
-    stage_done_->set_exception(failure);
-  else
-    stage_done_->set_value();
-}
-
-// ---- waits ------------------------------------------------------------------------
-
-std::optional<remote_message> rank_runtime::await(const std::string& key, std::string what, int from,
-                                                  delivery later) {
-  const std::uint64_t token = ++tokens_;
-  auto m = inbox_->await(key, what, from, caf::actor_cast<caf::actor>(stage_self_), token);
-  if (m) return m;
-  parked_token_ = token;
-  parked_what_ = std::move(what);
-  on_delivery_ = std::move(later);
-  arm_deadline();
-  return std::nullopt;
-}
-
-void rank_runtime::arm_deadline() {
-  deadline_ = std::chrono::steady_clock::now() + o_.timeout;
-  if (timer_armed_) return;  // it comes earlier and sets itself again
-  timer_armed_ = true;
-  stage_self_->delayed_send(caf::actor_cast<caf::actor>(stage_self_), o_.timeout, stage_msg::deadline_atom::value);
-}
-
-void rank_runtime::on_deadline() {
-  timer_armed_ = false;
-  if (!parked_token_ && !on_reduced_) return;  // nothing waits now
-  const auto now = std::chrono::steady_clock::now();
-  if (now < deadline_) {
-    timer_armed_ = true;
-    stage_self_->delayed_send(caf::actor_cast<caf::actor>(stage_self_),
-                              std::chrono::ceil<std::chrono::milliseconds>(deadline_ - now),
-                              stage_msg::deadline_atom::value);
-    return;
-  }
-  if (parked_token_) {
-    // Not cancelled: the message was handed over on the deadline and is on
-    // its way to this actor.
-    if (!inbox_->cancel(caf::actor_cast<caf::actor>(stage_self_), parked_token_)) return;
-    throw train_error("no " + parked_what_ + " within " + ms_text(o_.timeout));
-  }
-  throw train_error("the data-parallel group did not reduce the buckets of step " + std::to_string(st_.step) +
-                    " within " + ms_text(o_.timeout));
 }
 
 // ---- the program ------------------------------------------------------------------
@@ -290,7 +256,7 @@ void rank_runtime::finish() {
     end_stage(nullptr);
   };
   if (await(comm_->key(train_msg::finish, last_step_, 0), "the coordinator's end of the job",
-            schedule::from_coordinator, [over](remote_message) { over(); }))
+            schedule::from_coordinator, [over](remote_message) { over(); }, coordinator_timeout()))
     over();
 }
 
@@ -307,15 +273,17 @@ void rank_runtime::wait_reductions(std::function<void()> then) {
     throw train_error("internal: " + std::to_string(handed_) + " of " + std::to_string(dp_size_) +
                       " buckets handed to the DP group in step " + std::to_string(st_.step));
   on_reduced_ = std::move(then);
-  arm_deadline();
+  waiter_->expect("the data-parallel group did not reduce the buckets of step " + std::to_string(st_.step) +
+                  " within " + std::to_string(o_.timeout.count()) + " ms");
   check_reductions();
 }
 
 void rank_runtime::check_reductions() {
   if (reduced_ < handed_) {
-    deadline_ = std::chrono::steady_clock::now() + o_.timeout;  // each answer may take the timeout
+    waiter_->progress();  // each answer may take the timeout
     return;
   }
+  waiter_->settle();
   std::function<void()> next = std::move(on_reduced_);
   on_reduced_ = nullptr;
   if (!reduce_error_.empty()) throw train_error(reduce_error_);
@@ -356,7 +324,7 @@ void rank_runtime::report_step(double sum_squares) {
   comm_->send_coordinator(train_msg::report, encode_body(report));
   if (!needs_global_norm()) return after_update(false);
   auto m = await(comm_->key(train_msg::norm, step, 0), "gradient norm of step " + std::to_string(step) + " from the coordinator",
-                 schedule::from_coordinator, [this](remote_message m) { apply_norm(m); });
+                 schedule::from_coordinator, [this](remote_message m) { apply_norm(m); }, coordinator_timeout());
   if (m) apply_norm(*m);
 }
 
@@ -399,7 +367,8 @@ void rank_runtime::take_verdict() {
                  [this](remote_message m) {
                    apply_verdict(m);
                    save_step();
-                 });
+                 },
+                 coordinator_timeout());
   if (!m) return;
   apply_verdict(*m);
   save_step();

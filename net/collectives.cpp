@@ -25,29 +25,54 @@ int mod(int a, int g) { return ((a % g) + g) % g; }
 
 }  // namespace
 
-void ring_reduce_scatter(ring_channel& ch, const ring& r, Tensor& flat, std::int64_t step, int bucket) {
-  const int g = r.size();
-  for (int hop = 0; hop < g - 1; ++hop) {
-    // The chunk sent is final for this member (no later hop adds into it),
-    // but it is cloned anyway: the wire may still hold it when the next
-    // step zeroes the gradients.
-    Tensor out = chunk_of(flat, g, mod(r.position - hop, g)).clone();
-    ch.send_chunk(r.next(), ring_phase::reduce_scatter, step, bucket, hop, std::move(out));
-    Tensor dst = chunk_of(flat, g, mod(r.position - hop - 1, g));
-    Tensor in = ch.receive_chunk(r.prev(), ring_phase::reduce_scatter, step, bucket, hop, dst.numel());
+ring_pass::ring_pass(ring_phase phase, const ring& r, Tensor flat) : phase_(phase), r_(r), flat_(std::move(flat)) {}
+
+Tensor ring_pass::outgoing() const {
+  const int g = r_.size();
+  const int c = phase_ == ring_phase::reduce_scatter ? mod(r_.position - hop_, g) : mod(r_.position + 1 - hop_, g);
+  return chunk_of(flat_, g, c).clone();
+}
+
+Tensor ring_pass::target() const {
+  const int g = r_.size();
+  const int c = phase_ == ring_phase::reduce_scatter ? mod(r_.position - hop_ - 1, g) : mod(r_.position - hop_, g);
+  return chunk_of(flat_, g, c);
+}
+
+std::int64_t ring_pass::incoming_numel() const { return target().numel(); }
+
+void ring_pass::apply(const Tensor& in) {
+  if (done()) throw tensor_error("ring_pass: a chunk after the last hop");
+  Tensor dst = target();
+  if (in.numel() != dst.numel())
+    throw tensor_error("ring_pass: hop " + std::to_string(hop_) + " expects " + std::to_string(dst.numel()) +
+                       " values, got " + std::to_string(in.numel()));
+  if (phase_ == ring_phase::reduce_scatter)
     cpu_backend().add(dst, in, dst);
+  else
+    dst.copy_from(in);
+  ++hop_;
+}
+
+namespace {
+
+/// Runs `pass` to its end over `ch`, blocking on each chunk.
+void run_blocking(ring_channel& ch, ring_pass pass, std::int64_t step, int bucket) {
+  const ring& r = pass.members();
+  while (!pass.done()) {
+    ch.send_chunk(r.next(), pass.phase(), step, bucket, pass.hop(), pass.outgoing());
+    pass.apply(ch.receive_chunk(r.prev(), pass.phase(), step, bucket, pass.hop(), pass.incoming_numel()));
   }
 }
 
+}  // namespace
+
+void ring_reduce_scatter(ring_channel& ch, const ring& r, Tensor& flat, std::int64_t step, int bucket) {
+  run_blocking(ch, ring_pass(ring_phase::reduce_scatter, r, flat), step, bucket);
+}
+
 void ring_all_gather(ring_channel& ch, const ring& r, Tensor& flat, std::int64_t step, int bucket) {
-  const int g = r.size();
-  for (int hop = 0; hop < g - 1; ++hop) {
-    Tensor out = chunk_of(flat, g, mod(r.position + 1 - hop, g)).clone();
-    ch.send_chunk(r.next(), ring_phase::all_gather, step, bucket, hop, std::move(out));
-    Tensor dst = chunk_of(flat, g, mod(r.position - hop, g));
-    Tensor in = ch.receive_chunk(r.prev(), ring_phase::all_gather, step, bucket, hop, dst.numel());
-    dst.copy_from(in);
-  }
+  run_blocking(ch, ring_pass(ring_phase::all_gather, r, flat), step, bucket);
 }
 
 // ---- device collectives ---------------------------------------------------------

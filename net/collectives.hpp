@@ -58,6 +58,40 @@ class ring_channel {
                                std::int64_t numel) = 0;
 };
 
+/// One ring collective of `flat` (f32 [n], host), hop by hop, for a caller
+/// that cannot block (the DP-group actor): at each hop it sends outgoing()
+/// to r.next(), and once the chunk r.prev() sent for that hop came, apply()
+/// adds it in (reduce-scatter) or copies it (all-gather) and moves to the
+/// next hop. After g - 1 hops done() is true and `flat` holds what
+/// ring_reduce_scatter or ring_all_gather leave; those two run a ring_pass
+/// over a channel. `flat` is shared, not copied: it must outlive the pass.
+class ring_pass {
+ public:
+  ring_pass(ring_phase phase, const ring& r, Tensor flat);
+  ring_phase phase() const { return phase_; }
+  const ring& members() const { return r_; }
+  int hop() const { return hop_; }
+  bool done() const { return hop_ >= r_.size() - 1; }
+  /// This hop's chunk for r.next(): a copy, since the wire may still hold
+  /// it when the buffer changes (the next step zeroes the gradients).
+  Tensor outgoing() const;
+  /// How many values the chunk from r.prev() for this hop holds.
+  std::int64_t incoming_numel() const;
+  /// This hop's chunk from r.prev(), checked to hold incoming_numel()
+  /// values: added or copied in; then the next hop. Throws tensor_error
+  /// when done() or on a chunk of the wrong size.
+  void apply(const Tensor& in);
+
+ private:
+  /// Where this hop's incoming chunk goes.
+  Tensor target() const;
+
+  ring_phase phase_;
+  ring r_;
+  Tensor flat_;
+  int hop_ = 0;
+};
+
 /// Ring reduce-scatter of `flat` (f32 [n], host) summed over the ring: g-1
 /// hops, each sending one chunk to the next member and adding the one
 /// received from the previous. Afterwards chunk owned_chunk(r) of `flat`

@@ -1,14 +1,22 @@
-// The inbox's non-blocking take (train_inbox::await), which the stage actor
-// waits with: a message already filed comes back at once; a later one, or
-// the inbox's failure, reaches the actor as a message; a cancelled await
-// gets nothing and leaves the message filed; waits() counts open awaits.
+// The inbox's non-blocking take (train_inbox::await), which the stage and
+// DP-group actors wait with: a message already filed comes back at once; a
+// later one, or the inbox's failure, reaches the actor as a message; a
+// cancelled await gets nothing and leaves the message filed; waits()
+// counts open awaits. And inbox_waiter, the deadline of an actor's waits.
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <functional>
+#include <thread>
 
 #include <caf/all.hpp>
 
+#include "actors/inbox_waiter.hpp"
 #include "actors/messages.hpp"
 #include "actors/train_comm.hpp"
 #include "schedule/wait_graph.hpp"
@@ -35,6 +43,78 @@ std::string next_answer(caf::scoped_actor& self, std::chrono::milliseconds wait)
                 },
                 caf::after(wait) >> [] {});
   return out;
+}
+
+using go_atom = caf::atom_constant<caf::atom("go")>;
+
+/// An actor that waits for each (key, timeout) of `script` in turn through
+/// an inbox_waiter, and tells `to` how each ended: "at once T", "message
+/// T" (T: the message's type) or "error <what>".
+caf::behavior script_actor(caf::event_based_actor* self, std::shared_ptr<train_inbox> inbox, caf::actor to,
+                           std::vector<std::pair<std::string, std::chrono::milliseconds>> script) {
+  struct state {
+    inbox_waiter waiter;
+    std::vector<std::pair<std::string, std::chrono::milliseconds>> script;
+    std::size_t at = 0;
+  };
+  auto st = std::make_shared<state>(state{inbox_waiter(inbox, 10s), std::move(script)});
+  st->waiter.bind(self);
+  auto report = [self, to](std::string s) { self->send(to, std::move(s)); };
+  auto start = std::make_shared<std::function<void()>>();
+  auto guarded = [st, report, start](auto&& f) {
+    try {
+      f();
+    } catch (const train_error& e) {
+      report(std::string("error ") + e.what());
+      ++st->at;
+      (*start)();
+    }
+  };
+  *start = [st, report, start, guarded] {
+    if (st->at == st->script.size()) return;
+    guarded([&] {
+      const auto& [key, timeout] = st->script[st->at];
+      auto m = st->waiter.await(
+          key, key, 0,
+          [st, report, start](remote_message m) {
+            report("message " + m.type);
+            ++st->at;
+            (*start)();
+          },
+          timeout);
+      if (!m) return;
+      report("at once " + m->type);
+      ++st->at;
+      (*start)();
+    });
+  };
+  return {
+      [start](go_atom) { (*start)(); },
+      [st, guarded](inbox_delivery_atom, std::uint64_t token, remote_message& m) {
+        guarded([&] { st->waiter.on_delivery(token, std::move(m)); });
+      },
+      [st, guarded](inbox_failure_atom, std::uint64_t token, std::string& reason) {
+        guarded([&] { st->waiter.on_failure(token, reason); });
+      },
+      [st, guarded](inbox_deadline_atom, std::uint64_t timer) { guarded([&] { st->waiter.on_deadline(timer); }); },
+  };
+}
+
+/// The next line `self` was told, or "nothing" within `wait`.
+std::string next_line(caf::scoped_actor& self, std::chrono::milliseconds wait) {
+  std::string out = "nothing";
+  self->receive([&](std::string& s) { out = std::move(s); }, caf::after(wait) >> [] {});
+  return out;
+}
+
+/// Waits until `inbox` shows a wait for `what`.
+void until_waiting(const train_inbox& inbox, const std::string& what) {
+  for (int i = 0; i < 2000; ++i) {
+    for (const auto& w : inbox.waits())
+      if (w.what == what) return;
+    std::this_thread::sleep_for(5ms);
+  }
+  FAIL("no wait for " << what);
 }
 
 }  // namespace
@@ -105,4 +185,40 @@ TEST_CASE("an actor's await gets a filed message at once, a later one and a fail
   CHECK(inbox.waits().empty());
   CHECK_THROWS_WITH_AS(inbox.await("act/1/4/0/0", "activations", 0, me, 9),
                        "rank 1 (stage 1) is down: connection lost", train_error);
+}
+
+TEST_CASE("an actor's waits end at their own deadline, a short one after a long one too, and with the inbox's failure") {
+  caf::actor_system_config cfg;
+  caf::actor_system system{cfg};
+  caf::scoped_actor self{system};
+  auto inbox = std::make_shared<train_inbox>();
+  inbox->put("filed", typed("filed"));
+  auto actor = system.spawn(script_actor, inbox, caf::actor_cast<caf::actor>(self),
+                            std::vector<std::pair<std::string, std::chrono::milliseconds>>{
+                                {"filed", 10s}, {"lost", 300ms}, {"later", 10s}, {"long", 8s}, {"short", 200ms},
+                                {"failed", 10s}, {"after", 10s}});
+  const auto t0 = std::chrono::steady_clock::now();
+  caf::anon_send(actor, go_atom::value);
+  CHECK(next_line(self, 10s) == "at once filed");
+  CHECK(next_line(self, 10s) == "error no lost within 300 ms");
+  CHECK(std::chrono::steady_clock::now() - t0 >= 300ms);
+  until_waiting(*inbox, "later");
+  inbox->put("later", typed("later"));
+  CHECK(next_line(self, 10s) == "message later");
+  // The long wait's timer (8 s) stands when the short one opens: the short
+  // one still ends at its own deadline, not the long one's.
+  until_waiting(*inbox, "long");
+  inbox->put("long", typed("long"));
+  CHECK(next_line(self, 10s) == "message long");
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK(next_line(self, 10s) == "error no short within 200 ms");
+  const double short_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  CHECK(short_s >= 0.15);
+  CHECK(short_s < 6.0);  // far below the long wait's 8 s, even on a busy machine
+  until_waiting(*inbox, "failed");
+  inbox->fail("rank 1 (stage 1) is down: connection lost");
+  CHECK(next_line(self, 10s) == "error rank 1 (stage 1) is down: connection lost");
+  CHECK(next_line(self, 10s) == "error rank 1 (stage 1) is down: connection lost");  // "after": at once
+  CHECK(inbox->waits().empty());
+  caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
 }

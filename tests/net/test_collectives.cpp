@@ -171,3 +171,62 @@ TEST_CASE("a ring collective whose neighbour is gone fails instead of waiting") 
   memory_channel ch(hub, 0);
   CHECK_THROWS_WITH_AS(ring_reduce_scatter(ch, ring_at(ids, 0), flat, 1, 0), "member 2 is gone", std::runtime_error);
 }
+
+TEST_CASE("ring passes stepped by hand in one thread, as an actor runs them, leave what the blocking rings leave") {
+  // No channel, no threads: each hop every member's outgoing chunk is
+  // handed to its next member, in reverse order of members (arrival order
+  // must not matter within a hop), until every pass is done.
+  for (int g : {1, 2, 3, 5})
+    for (std::int64_t n : {std::int64_t{2}, std::int64_t{1001}}) {
+      CAPTURE(g);
+      CAPTURE(n);
+      std::vector<int> ids;
+      for (int p = 0; p < g; ++p) ids.push_back(p);
+      std::vector<Tensor> flats;
+      for (int p = 0; p < g; ++p) {
+        flats.push_back(Tensor::zeros({n}));
+        for (std::int64_t i = 0; i < n; ++i) flats.back().data<float>()[i] = value_of(p, i);
+      }
+      auto run = [&](ring_phase phase) {
+        std::vector<ring_pass> passes;
+        for (int p = 0; p < g; ++p) passes.emplace_back(phase, ring_at(ids, p), flats[static_cast<std::size_t>(p)]);
+        for (int hop = 0; hop < g - 1; ++hop) {
+          std::vector<Tensor> out;
+          for (ring_pass& pass : passes) {
+            REQUIRE_FALSE(pass.done());
+            CHECK(pass.hop() == hop);
+            out.push_back(pass.outgoing());
+          }
+          for (int p = g - 1; p >= 0; --p) {
+            const int from = (p + g - 1) % g;
+            ring_pass& pass = passes[static_cast<std::size_t>(p)];
+            CHECK(pass.incoming_numel() == out[static_cast<std::size_t>(from)].numel());
+            pass.apply(out[static_cast<std::size_t>(from)]);
+          }
+        }
+        for (ring_pass& pass : passes) {
+          CHECK(pass.done());
+          CHECK_THROWS_AS(pass.apply(Tensor::zeros({1})), tensor_error);  // nothing after the last hop
+        }
+      };
+      run(ring_phase::reduce_scatter);
+      for (int p = 0; p < g; ++p) {
+        const auto [lo, hi] = chunk_range(n, g, owned_chunk(ring_at(ids, p)));
+        for (std::int64_t i = lo; i < hi; ++i) {
+          float sum = 0;
+          for (int q = 0; q < g; ++q) sum += value_of(q, i);
+          REQUIRE(flats[static_cast<std::size_t>(p)].data<float>()[i] == sum);
+          flats[static_cast<std::size_t>(p)].data<float>()[i] = -static_cast<float>(i);
+        }
+      }
+      run(ring_phase::all_gather);
+      for (int p = 0; p < g; ++p)
+        for (std::int64_t i = 0; i < n; ++i) REQUIRE(flats[static_cast<std::size_t>(p)].data<float>()[i] == -static_cast<float>(i));
+    }
+  // A chunk of the wrong size is refused, and the pass stays at its hop.
+  std::vector<int> two{0, 1};
+  ring_pass pass(ring_phase::reduce_scatter, ring_at(two, 0), Tensor::zeros({10}));
+  CHECK_THROWS_WITH_AS(pass.apply(Tensor::zeros({4})), "ring_pass: hop 0 expects 5 values, got 4", tensor_error);
+  CHECK(pass.hop() == 0);
+  CHECK(pass.outgoing().numel() == 5);
+}
