@@ -184,10 +184,12 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
         [self, g, run, label](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
           auto rp = self->make_response_promise();
           run->submit({[g, step, adam_step, coef] { return g->update(step, adam_step, coef); },
-                       [rp](std::string e) mutable { rp.deliver(std::move(e)); }, label + " failed updating its shards: ",
-                       true, "optimizer update"});
+                       [rp](std::string e) mutable { rp.deliver(std::move(e)); },
+                       label + " failed updating its shards: ", true, "optimizer update"});
         },
-        [g, answer_with](save_atom, int step) { answer_with("checkpoint save", [g, step] { return g->save_checkpoint(step); }); },
+        [g, answer_with](save_atom, int step) {
+          answer_with("checkpoint save", [g, step] { return g->save_checkpoint(step); });
+        },
         [g, answer_with](publish_atom, int steps) {
           answer_with("parameter publish", [g, steps] { return g->publish_params(steps); });
         },

@@ -186,11 +186,12 @@ void rank_runtime::advance() {
         const std::string what = (grad ? "gradient" : "activations") + std::string(" of micro-batch ") +
                                  std::to_string(k) + " from " + l.label(from);
         const char* type = grad ? train_msg::grad : train_msg::act;
-        auto m = await(comm_->key(type, step, index(k, v)), what, from, [this, key, grad, what, numel](remote_message m) {
+        auto later = [this, key, grad, what, numel](remote_message m) {
           land(key, grad, train_comm::tensor_of(m, numel, what));
           ++st_.pc;
           advance();
-        });
+        };
+        auto m = await(comm_->key(type, step, index(k, v)), what, from, later);
         if (!m) return;  // its handler goes on
         land(key, grad, train_comm::tensor_of(*m, numel, what));
         break;
@@ -323,8 +324,9 @@ void rank_runtime::report_step(double sum_squares) {
   }
   comm_->send_coordinator(train_msg::report, encode_body(report));
   if (!needs_global_norm()) return after_update(false);
-  auto m = await(comm_->key(train_msg::norm, step, 0), "gradient norm of step " + std::to_string(step) + " from the coordinator",
-                 schedule::from_coordinator, [this](remote_message m) { apply_norm(m); }, coordinator_timeout());
+  auto m = await(comm_->key(train_msg::norm, step, 0),
+                 "gradient norm of step " + std::to_string(step) + " from the coordinator", schedule::from_coordinator,
+                 [this](remote_message m) { apply_norm(m); }, coordinator_timeout());
   if (m) apply_norm(*m);
 }
 

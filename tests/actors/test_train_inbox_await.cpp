@@ -119,7 +119,8 @@ void until_waiting(const train_inbox& inbox, const std::string& what) {
 
 }  // namespace
 
-TEST_CASE("an actor's await gets a filed message at once, a later one and a failure as messages, and nothing once cancelled") {
+TEST_CASE("an actor's await gets a filed message at once, a later one and a failure as messages, and nothing once "
+          "cancelled") {
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
   caf::scoped_actor self{system};
@@ -187,7 +188,8 @@ TEST_CASE("an actor's await gets a filed message at once, a later one and a fail
                        "rank 1 (stage 1) is down: connection lost", train_error);
 }
 
-TEST_CASE("an actor's waits end at their own deadline, a short one after a long one too, and with the inbox's failure") {
+TEST_CASE("an actor's waits end at their own deadline, a short one after a long one too, and with the inbox's "
+          "failure") {
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
   caf::scoped_actor self{system};
