@@ -89,12 +89,10 @@ class dp_runner {
         continue;
       }
       const ring& r = pass.members();
-      const bool rs = pass.phase() == ring_phase::reduce_scatter;
-      g_->comm().send_chunk(r.next(), pass.phase(), step_.step, step_.bucket, pass.hop(), pass.outgoing());
-      std::string what = std::string(rs ? "gradient" : "parameter") + " chunk of bucket " +
-                         std::to_string(step_.bucket) + " (hop " + std::to_string(pass.hop()) + ") from rank " +
-                         std::to_string(r.prev());
-      const std::string key = g_->comm().key(rs ? train_msg::rs : train_msg::ag, step_.step, step_.bucket, pass.hop());
+      train_comm& comm = g_->comm();
+      comm.send_chunk(r.next(), pass.phase(), step_.step, step_.bucket, pass.hop(), pass.outgoing());
+      std::string what = train_comm::chunk_what(pass.phase(), step_.bucket, pass.hop(), r.prev());
+      const std::string key = comm.chunk_key(pass.phase(), step_.step, step_.bucket, pass.hop());
       auto m = waiter_.await(key, what, r.prev(), [this, what](remote_message m) {
         guard([&] {
           apply(m, what);
@@ -136,12 +134,6 @@ class dp_runner {
   dp_step step_;
 };
 
-/// A job with nothing to wait for: `f` returns its error.
-dp_step at_once(std::string& result, const std::function<std::string()>& f) {
-  result = f();
-  return {};
-}
-
 }  // namespace
 
 caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<stage_beacon> busy) {
@@ -149,12 +141,15 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
   return n.system().spawn<caf::detached>([g, busy](caf::event_based_actor* self) -> caf::behavior {
     auto run = std::make_shared<dp_runner>(self, g, busy);
     const std::string label = g->label();
-    // A request answered with an error string, whose work waits for nothing.
+    // A request answered with an error string, whose work waits for
+    // nothing: its error ends the job with that answer.
     auto answer_with = [self, run](const char* work, std::function<std::string()> f) {
       auto rp = self->make_response_promise();
-      auto result = std::make_shared<std::string>();
-      run->submit({[result, f] { return at_once(*result, f); },
-                   [rp, result](std::string e) mutable { rp.deliver(e.empty() ? *result : e); }, "", false, work});
+      run->submit({[f] {
+                     if (std::string e = f(); !e.empty()) throw train_error(e);
+                     return dp_step{};
+                   },
+                   [rp](std::string e) mutable { rp.deliver(std::move(e)); }, "", false, work});
     };
     return {
         [self, g, run, label](reduce_atom, int slot, std::int64_t step, std::int64_t adam_step,

@@ -51,17 +51,21 @@ void train_inbox::put(const std::string& key, remote_message m) {
   cv_.notify_all();
 }
 
+std::optional<remote_message> train_inbox::take_filed(const std::string& key) {
+  auto it = filed_.find(key);
+  if (it == filed_.end() || it->second.empty()) return std::nullopt;
+  remote_message m = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) filed_.erase(it);
+  ++taken_;
+  return m;
+}
+
 std::optional<remote_message> train_inbox::await(const std::string& key, const std::string& what, int from,
                                                  caf::actor who, std::uint64_t token) {
   std::lock_guard lock(mu_);
   if (failure_) throw train_error(*failure_);
-  if (auto it = filed_.find(key); it != filed_.end() && !it->second.empty()) {
-    remote_message m = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) filed_.erase(it);
-    ++taken_;
-    return m;
-  }
+  if (auto m = take_filed(key)) return m;
   const std::uint64_t id = ++takes_;
   waiting_.emplace(id, pending_take{what, from, std::chrono::steady_clock::now()});
   parked_.push_back({key, std::move(who), token, id});
@@ -93,14 +97,7 @@ std::optional<remote_message> train_inbox::try_take(const std::string& key, std:
   } done{waiting_, id};
   for (;;) {
     if (failure_) throw train_error(*failure_);
-    auto it = filed_.find(key);
-    if (it != filed_.end() && !it->second.empty()) {
-      remote_message m = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) filed_.erase(it);
-      ++taken_;
-      return m;
-    }
+    if (auto m = take_filed(key)) return m;
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       if (failure_) throw train_error(*failure_);
       // One last look: a put may have come with the deadline.
@@ -378,11 +375,6 @@ void train_comm::send_coordinator(const char* type, std::vector<std::uint8_t> bo
   caf::anon_send(target, std::move(m));
 }
 
-Tensor train_comm::receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel,
-                           const std::string& what, int from) {
-  return tensor_of(inbox_->take(key(type, step, index, hop), timeout_, what, from), numel, what);
-}
-
 Tensor train_comm::tensor_of(const remote_message& m, std::int64_t numel, const std::string& what) {
   if (m.tensors.size() != 1)
     throw train_error(what + " came with " + std::to_string(m.tensors.size()) + " tensors (expected 1)");
@@ -397,13 +389,13 @@ void train_comm::send_chunk(int to, ring_phase phase, std::int64_t step, int buc
   send(to, phase == ring_phase::reduce_scatter ? train_msg::rs : train_msg::ag, {step, bucket, hop, rank_}, chunk);
 }
 
-Tensor train_comm::receive_chunk(int from, ring_phase phase, std::int64_t step, int bucket, int hop,
-                                 std::int64_t numel) {
-  const bool rs = phase == ring_phase::reduce_scatter;
-  return receive(rs ? train_msg::rs : train_msg::ag, step, bucket, hop, numel,
-                 std::string(rs ? "gradient" : "parameter") + " chunk of bucket " + std::to_string(bucket) + " (hop " +
-                     std::to_string(hop) + ") from rank " + std::to_string(from),
-                 from);
+std::string train_comm::chunk_key(ring_phase phase, std::int64_t step, int bucket, int hop) const {
+  return key(phase == ring_phase::reduce_scatter ? train_msg::rs : train_msg::ag, step, bucket, hop);
+}
+
+std::string train_comm::chunk_what(ring_phase phase, int bucket, int hop, int from) {
+  return std::string(phase == ring_phase::reduce_scatter ? "gradient" : "parameter") + " chunk of bucket " +
+         std::to_string(bucket) + " (hop " + std::to_string(hop) + ") from rank " + std::to_string(from);
 }
 
 }  // namespace corolla

@@ -7,10 +7,11 @@
 // as "train" on the receiving rank's node (the coordinator's is
 // "train-coord"). The mailbox files it under (type, step, index, hop)
 // (train_key); the actors ask the inbox for the exact message they need
-// next, so arrival order never matters. The stage actor never blocks: it
-// asks with await() and the message reaches it as an actor message once
-// filed. The DP-group actor's ring collectives and the coordinator still
-// block on take(). A peer reported down, or an abort from the coordinator,
+// next, so arrival order never matters. A rank's stage and DP-group actors
+// never block: they ask with await() and the message reaches them as an
+// actor message once filed (actors/inbox_waiter.hpp). The coordinator and
+// a rank's join still block on take(). A peer reported down, or an abort
+// from the coordinator,
 // fails the inbox: every waiting and later take throws train_error naming
 // the rank that died, and every await is answered with the reason.
 #pragma once
@@ -155,6 +156,9 @@ class train_inbox {
     std::chrono::steady_clock::time_point since;
   };
 
+  /// The oldest message filed under `key`, taken (mu_ held).
+  std::optional<remote_message> take_filed(const std::string& key);
+
   /// An await() not answered yet.
   struct parked_take {
     std::string key;
@@ -190,9 +194,10 @@ caf::expected<caf::actor> start_train_mailbox(node& n, std::shared_ptr<train_inb
                                               bool joins_only_from_strangers = false);
 
 /// One rank's view of the job's links: where every other rank's mailbox is,
-/// and the channel its data-parallel rings (net/collectives.hpp) run over.
-/// Thread-safe (the stage and the DP-group actor send concurrently).
-class train_comm : public ring_channel {
+/// and how its data-parallel rings' chunks (net/collectives.hpp, ring_pass)
+/// are sent and filed. Thread-safe (the stage and the DP-group actor send
+/// concurrently).
+class train_comm {
  public:
   /// `peers[r]` = node id of rank r. `timeout` bounds every wait.
   train_comm(node& n, std::shared_ptr<train_inbox> inbox, int rank, std::vector<std::string> peers,
@@ -217,11 +222,6 @@ class train_comm : public ring_channel {
   caf::actor actor_of(int to, const std::string& name);
   /// Sends a body to the coordinator's mailbox.
   void send_coordinator(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors = {});
-  /// The tensor of message `type` for (step, index, hop) from rank `from`,
-  /// checked to hold `numel` f32 values. Throws train_error (what = for
-  /// the message).
-  Tensor receive(const char* type, std::int64_t step, int index, int hop, std::int64_t numel, const std::string& what,
-                 int from);
   /// The key message `type` for (step, index, hop) of this run is filed under.
   std::string key(const char* type, std::int64_t step, int index, int hop = 0) const {
     return train_key(type, job_, step, index, hop);
@@ -231,10 +231,12 @@ class train_comm : public ring_channel {
   static Tensor tensor_of(const remote_message& m, std::int64_t numel, const std::string& what);
 
   /// A ring chunk as train.rs / train.ag to rank `to`'s mailbox.
-  void send_chunk(int to, ring_phase phase, std::int64_t step, int bucket, int hop, Tensor chunk) override;
-  /// The ring chunk rank `from` sent. Throws train_error.
-  Tensor receive_chunk(int from, ring_phase phase, std::int64_t step, int bucket, int hop,
-                       std::int64_t numel) override;
+  void send_chunk(int to, ring_phase phase, std::int64_t step, int bucket, int hop, Tensor chunk);
+  /// The key the ring chunk of (phase, step, bucket, hop) is filed under.
+  std::string chunk_key(ring_phase phase, std::int64_t step, int bucket, int hop) const;
+  /// "gradient chunk of bucket 3 (hop 1) from rank 2": the chunk in
+  /// errors and waits().
+  static std::string chunk_what(ring_phase phase, int bucket, int hop, int from);
 
  private:
   caf::actor mailbox_of(int rank);

@@ -281,9 +281,8 @@ class rank_runtime {
   step_state st_;
   caf::event_based_actor* stage_self_ = nullptr;  ///< the stage actor, while it runs
   std::shared_ptr<std::promise<void>> stage_done_;
-  bool stage_over_ = false;
-  /// Whether stage_done_ has its outcome: from end_stage, or from the
-  /// actor's cleanup when it ended any other way.
+  /// Whether the stage is over (stage_done_ has its outcome): set by
+  /// end_stage, or by the actor's cleanup when it ended any other way.
   std::shared_ptr<std::atomic<bool>> stage_settled_;
   std::unique_ptr<inbox_waiter> waiter_;  ///< the stage actor's waits
   int reduced_ = 0;  ///< the DP group's answers this step

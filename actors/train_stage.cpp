@@ -20,7 +20,7 @@ using step_atom = caf::atom_constant<caf::atom("stgstep")>;
 
 template <class F>
 void rank_runtime::guard(F&& f) {
-  if (stage_over_) return;
+  if (*stage_settled_) return;
   try {
     f();
   } catch (...) {
@@ -127,14 +127,11 @@ caf::behavior rank_runtime::stage_behavior() {
 }
 
 void rank_runtime::end_stage(std::exception_ptr failure) {
-  if (stage_over_) return;
-  stage_over_ = true;
-  if (!stage_settled_->exchange(true)) {
-    if (failure)
-      stage_done_->set_exception(failure);
-    else
-      stage_done_->set_value();
-  }
+  if (stage_settled_->exchange(true)) return;
+  if (failure)
+    stage_done_->set_exception(failure);
+  else
+    stage_done_->set_value();
   stage_self_->quit();
 }
 

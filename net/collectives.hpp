@@ -1,7 +1,9 @@
 // net/collectives.hpp — the collectives of a data-parallel group: ring
-// reduce-scatter and all-gather of a flat f32 buffer in host memory, over
-// whatever moves chunks between the ring's members (a ring_channel: the
-// training runtime's links), and the same two over a device group
+// reduce-scatter and all-gather of a flat f32 buffer in host memory, either
+// stepped hop by hop by a caller that cannot block (ring_pass: the training
+// runtime's DP-group actor) or run to the end over whatever moves chunks
+// between the ring's members (a ring_channel), and the same two over a
+// device group
 // (kernels/device_group.hpp: NCCL behind the Backend), with the same shard
 // ownership so checkpoints do not depend on which ran.
 //
@@ -41,8 +43,9 @@ int owned_chunk(const ring& r);
 /// Which collective a chunk belongs to.
 enum class ring_phase { reduce_scatter, all_gather };
 
-/// How the ring collectives move chunks between members: implemented by
-/// the runtime that owns the links. A chunk is addressed by (phase, step,
+/// How the blocking ring collectives move chunks between members, for a
+/// caller that can block in them (the tests' in-memory channel; the
+/// training runtime steps ring_pass instead). A chunk is addressed by (phase, step,
 /// bucket, hop), so a receive takes exactly the chunk it needs whatever
 /// order chunks arrive in. Both calls may block; a failure (a member gone,
 /// a timeout, a malformed chunk) is thrown by the channel and leaves the
