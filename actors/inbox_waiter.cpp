@@ -42,6 +42,13 @@ void inbox_waiter::send_timer(std::chrono::milliseconds after) {
   self_->delayed_send(caf::actor_cast<caf::actor>(self_), after, inbox_deadline_atom::value, ++timer_);
 }
 
+void inbox_waiter::cancel() {
+  if (token_) inbox_->cancel(caf::actor_cast<caf::actor>(self_), token_);
+  token_ = 0;
+  later_ = nullptr;
+  expected_.reset();
+}
+
 void inbox_waiter::on_delivery(std::uint64_t token, remote_message m) {
   if (token != token_) return;  // not possible: one await at a time, a cancelled one is never answered
   token_ = 0;

@@ -1,5 +1,6 @@
-// actors/inbox_waiter.hpp — how an event-based actor of a training rank
-// (the stage actor, the DP-group actor) waits without blocking: for a
+// actors/inbox_waiter.hpp — how an event-based actor of a training job
+// (a rank's stage actor and DP-group actor, the coordinator through its
+// stall_watch) waits without blocking: for a
 // message of its rank's inbox (train_inbox::await: the message comes to
 // the actor as an actor message once filed), or for answers of another
 // actor, with a deadline either way. One wait is open at a time; one timer
@@ -57,6 +58,10 @@ class inbox_waiter {
   void progress();
   /// All of it came: the wait is over.
   void settle() { expected_.reset(); }
+
+  /// Gives the open wait up (the actor's work failed otherwise): the
+  /// inbox forgets it, and nothing of it comes any more.
+  void cancel();
 
   /// Whether a wait is open.
   bool waiting() const { return token_ != 0 || expected_.has_value(); }

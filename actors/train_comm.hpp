@@ -8,11 +8,10 @@
 // "train-coord"). The mailbox files it under (type, step, index, hop)
 // (train_key); the actors ask the inbox for the exact message they need
 // next, so arrival order never matters. A rank's stage and DP-group actors
-// never block: they ask with await() and the message reaches them as an
-// actor message once filed (actors/inbox_waiter.hpp). The coordinator and
-// a rank's join still block on take(). A peer reported down, or an abort
-// from the coordinator,
-// fails the inbox: every waiting and later take throws train_error naming
+// and the coordinator never block: they ask with await() and the message
+// reaches them as an actor message once filed (actors/inbox_waiter.hpp).
+// A rank's join still blocks on take(). A peer reported down, or an abort
+// from the coordinator, fails the inbox: every waiting and later take throws train_error naming
 // the rank that died, and every await is answered with the reason.
 #pragma once
 

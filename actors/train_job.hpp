@@ -336,7 +336,8 @@ int run_train_rank(node& n, const dist_train_options& o, int rank, const std::st
 
 /// Gathers the job's ranks on node `n` (published as "train-coord"), hands
 /// them the roster, then per step sums their reports and calls `on_step`
-/// (from the trainer actor's own thread, a detached actor on `n`);
+/// (from the coordinator actor's own thread: a detached, event-based
+/// actor on `n`, actors/train_coordinator.cpp; the caller's thread waits);
 /// commits checkpoints; saves the model when asked (`cfg` shapes it).
 /// Returns when every rank is done. On a failure (a rank died, a wrong
 /// job) it tells every rank to abort and throws train_error.
@@ -347,7 +348,7 @@ void run_train_coordinator(node& n, const dist_train_options& o, const model_con
                            std::shared_ptr<train_inbox> inbox = nullptr);
 
 /// What a launcher hears from the coordinator, and how it asks for a drain.
-/// Every callback runs on the coordinator's trainer thread.
+/// Every callback runs on the coordinator actor's thread.
 struct coordinator_hooks {
   std::function<void(const dist_step_report&)> on_step;
   /// Once every rank joined: who they are (rank, node id, endpoint), and

@@ -3,11 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <future>
-#include <memory>
-#include <optional>
 #include <utility>
-#include <thread>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -25,12 +21,34 @@ namespace {
 /// two samples (a rank whose progress counter moved in between moves).
 constexpr std::chrono::seconds answer_within{3};
 constexpr std::chrono::milliseconds sample_gap{1000};
+/// How long a verdict of silence waits for the silent rank's own report.
+constexpr std::chrono::milliseconds late_report{500};
+
+/// The phases of a check (stall_check_atom's third element).
+enum check_phase : int { check_due = 0, first_answers = 1, second_sample = 2, second_answers = 3, verdict_due = 4 };
 
 double seconds_between(stall_watch::clock_type::time_point a, stall_watch::clock_type::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+stall_watch::clock_type::duration seconds(double s) {
+  return std::chrono::duration_cast<stall_watch::clock_type::duration>(std::chrono::duration<double>(s));
+}
+
 }  // namespace
+
+std::chrono::milliseconds report_grace(std::chrono::milliseconds timeout) {
+  return std::min(timeout / 4, std::chrono::milliseconds(10000));
+}
+
+stall_watch::stall_watch(node& n, const train_layout& layout, double hang_s, std::shared_ptr<train_inbox> inbox,
+                         std::chrono::milliseconds timeout)
+    : node_(n), layout_(layout), hang_s_(hang_s), inbox_(inbox), timeout_(timeout), waiter_(std::move(inbox), timeout) {}
+
+void stall_watch::bind(caf::event_based_actor* self) {
+  self_ = self;
+  waiter_.bind(self);
+}
 
 void stall_watch::set_run(std::uint64_t run, std::map<int, std::string> ids) {
   run_ = run;
@@ -45,128 +63,151 @@ void stall_watch::step_took(int step, int first, double seconds) {
 
 double stall_watch::threshold_s() const { return hang_threshold_s(hang_s_, longest_step_s_); }
 
-std::chrono::milliseconds report_grace(std::chrono::milliseconds timeout) {
-  return std::min(timeout / 4, std::chrono::milliseconds(10000));
-}
-
-remote_message stall_watch::take(train_inbox& inbox, const char* type, std::int64_t step, int rank,
-                                 const std::string& what, std::chrono::milliseconds timeout, bool judge) {
-  return take_from(inbox, type, step, rank, rank, what, timeout, judge);
-}
-
-remote_message stall_watch::take_from(train_inbox& inbox, const char* type, std::int64_t step, int slot, int rank,
-                                      const std::string& what, std::chrono::milliseconds timeout, bool judge) {
-  const std::string key = train_key(type, run_, step, slot);
-  const std::string full = what + " from " + layout_.label(rank);
+std::optional<remote_message> stall_watch::await(const char* type, std::int64_t step, int slot, int from,
+                                                  const std::string& what, delivery later, bool judge) {
+  const std::string full = what + " from " + layout_.label(from);
+  ++wait_;  // a check of an earlier wait stops here
+  verdict_.reset();
+  judged_ = false;
+  auto took = [this, later = std::move(later)](remote_message m) {
+    ++wait_;
+    judged_ = false;
+    last_progress_ = clock_type::now();
+    later(std::move(m));
+  };
   // The ranks wait for each other's messages with the same timeout, most
   // of them since about when this wait began or later: a grace past it
   // lets the rank that waits on what is missing report its own, more
   // precise timeout ("no activations of micro-batch 4 from rank 0") before
   // this one names a victim ("no report of step 4 from rank 1").
-  const auto limit = timeout + report_grace(timeout);
-  const auto deadline = clock_type::now() + limit;
-  for (;;) {
-    const auto now = clock_type::now();
-    auto until = deadline;
-    const bool checks = judge && hang_s_ > 0;
-    const double t = threshold_s();
-    const auto next_check =
-        std::max(last_progress_ + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(t)),
-                 last_check_ + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(t / 2)));
-    if (checks) until = std::min(until, std::max(next_check, now + std::chrono::milliseconds(20)));
-    const auto wait = std::chrono::ceil<std::chrono::milliseconds>(until - now);
-    if (auto m = inbox.try_take(key, std::max(wait, std::chrono::milliseconds(1)), full, rank)) {
-      last_progress_ = clock_type::now();
-      return std::move(*m);
+  auto m = waiter_.await(train_key(type, run_, step, slot), full, from, std::move(took),
+                         timeout_ + report_grace(timeout_));
+  if (m) {
+    last_progress_ = clock_type::now();
+    return m;
+  }
+  judged_ = judge && hang_s_ > 0;
+  step_ = step;
+  from_ = from;
+  what_ = full;
+  schedule_check();
+  return std::nullopt;
+}
+
+void stall_watch::schedule_check() {
+  if (!judged_) return;
+  const double t = threshold_s();
+  const auto now = clock_type::now();
+  const auto due = std::max(last_progress_ + seconds(t), last_check_ + seconds(t / 2));
+  const auto after = std::max(std::chrono::ceil<std::chrono::milliseconds>(due - now), std::chrono::milliseconds(20));
+  self_->delayed_send(caf::actor_cast<caf::actor>(self_), after, stall_check_atom::value, wait_, int{check_due});
+}
+
+void stall_watch::on_check(std::uint64_t wait, int phase) {
+  if (wait != wait_ || !judged_ || !waiter_.waiting()) return;  // that wait is over
+  switch (phase) {
+    case check_due:
+      // A rank that reported its own failure meanwhile is the root cause.
+      if (auto failure = inbox_->failure()) throw train_error(*failure);
+      last_check_ = asked_ = clock_type::now();
+      sample(first_answers);
+      return;
+    case first_answers: {
+      before_ = std::move(answers_);
+      // The second sample comes sample_gap after the first was asked for
+      // (at once when a silent rank already took that long).
+      const auto gap = std::chrono::ceil<std::chrono::milliseconds>(asked_ + sample_gap - clock_type::now());
+      self_->delayed_send(caf::actor_cast<caf::actor>(self_), std::max(gap, std::chrono::milliseconds(0)),
+                          stall_check_atom::value, wait, int{second_sample});
+      return;
     }
-    if (clock_type::now() >= deadline)
-      throw train_error("no " + full + " within " + std::to_string(limit.count()) + " ms");
-    if (checks && clock_type::now() >= next_check) check(inbox, step, rank, full);
+    case second_sample:
+      sample(second_answers);
+      return;
+    case second_answers:
+      judge(answers_);
+      return;
+    case verdict_due:
+      if (verdict_) throw_verdict();
+      return;
+    default:
+      return;
   }
 }
 
-std::vector<schedule::rank_activity> stall_watch::sample(train_inbox& inbox, std::int64_t step) {
-  // A rank that reported its own failure meanwhile is the root cause.
-  if (auto failure = inbox.failure()) throw train_error(*failure);
-  // Every rank is asked at once, by an actor of its own, and answers
-  // within one answer_within: a host whose ranks all stopped costs one
-  // wait, not one per rank. This thread meanwhile watches the inbox: a
-  // failure reported while a silent rank is waited for (the launcher
-  // found it stopped, a link went down) ends the sample at once.
-  struct collected {
-    std::vector<schedule::rank_activity> out;
-    std::size_t pending = 0;
-    std::promise<void> done;
-  };
-  auto c = std::make_shared<collected>();
+void stall_watch::sample(int answered) {
+  // Every rank is asked at once and answers within one answer_within: a
+  // host whose ranks all stopped costs one wait, not one per rank. The
+  // wait stays open meanwhile: the message coming, or a failure reported
+  // while a silent rank is waited for (the launcher found it stopped, a
+  // link went down), ends the check at once. The last answer is announced
+  // to the actor as a message, so that what follows runs in its handlers.
+  answers_.clear();
   std::vector<std::pair<std::size_t, caf::actor>> targets;
   for (const auto& [rank, id] : ids_) {
     schedule::rank_activity a;
     a.rank = rank;  // unanswered: answered false
-    c->out.push_back(std::move(a));
-    if (auto target = node_.remote_actor(id, "train-watch")) targets.emplace_back(c->out.size() - 1, *target);
+    answers_.push_back(std::move(a));
+    if (auto target = node_.remote_actor(id, "train-watch")) targets.emplace_back(answers_.size() - 1, *target);
   }
-  if (targets.empty()) return c->out;
-  c->pending = targets.size();
-  auto answered = c->done.get_future();
-  const std::vector<std::uint8_t> question = encode_body(train_step_note{step, 0, 0, run_});
-  node_.system().spawn([c, targets, question](caf::event_based_actor* self) {
-    // Its handlers run one at a time; the actor ends with its last answer.
-    auto one_less = [c] {
-      if (--c->pending == 0) c->done.set_value();
-    };
-    for (const auto& [i, target] : targets) {
-      remote_message q;
-      q.type = train_msg::waits_query;
-      q.body = question;
-      self->request(target, answer_within, std::move(q))
-          .then(
-              [c, one_less, i = i](remote_message& m) {
-                if (m.type == train_msg::waits)
-                  if (auto d = decode_rank_activity(m.body); d && d->rank == c->out[i].rank) c->out[i] = std::move(*d);
-                one_less();
-              },
-              [one_less](caf::error&) { one_less(); });
-    }
-  });
-  while (answered.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready)
-    if (auto failure = inbox.failure()) throw train_error(*failure);
-  return c->out;
+  const caf::actor me = caf::actor_cast<caf::actor>(self_);
+  const std::uint64_t wait = wait_;
+  auto pending = std::make_shared<std::size_t>(targets.size());
+  auto one_less = [this, me, wait, answered, pending] {
+    if (--*pending == 0 && wait == wait_) self_->send(me, stall_check_atom::value, wait, answered);
+  };
+  if (targets.empty()) {
+    self_->send(me, stall_check_atom::value, wait, answered);
+    return;
+  }
+  const std::vector<std::uint8_t> question = encode_body(train_step_note{step_, 0, 0, run_});
+  for (const auto& [i, target] : targets) {
+    remote_message q;
+    q.type = train_msg::waits_query;
+    q.body = question;
+    self_->request(target, answer_within, std::move(q))
+        .then(
+            [this, one_less, wait, i = i](remote_message& m) {
+              if (wait == wait_ && m.type == train_msg::waits)
+                if (auto d = decode_rank_activity(m.body); d && d->rank == answers_[i].rank) answers_[i] = std::move(*d);
+              one_less();
+            },
+            [one_less](caf::error&) { one_less(); });
+  }
 }
 
-void stall_watch::check(train_inbox& inbox, std::int64_t step, int rank, const std::string& what) {
-  last_check_ = clock_type::now();
+void stall_watch::judge(const std::vector<schedule::rank_activity>& after) {
   const double quiet = seconds_between(last_progress_, last_check_);
   // What the coordinator waits for: this message (a victim's, maybe: the
   // graph follows the waits from its sender).
-  const std::vector<schedule::party_wait> mine{{what, rank, quiet}};
-  const auto asked = clock_type::now();
-  const std::vector<schedule::rank_activity> before = sample(inbox, step);
-  // The second sample comes sample_gap after the first was asked for (at
-  // once when a silent rank already took that long).
-  for (auto until = asked + sample_gap; clock_type::now() < until;) {
-    if (auto failure = inbox.failure()) throw train_error(*failure);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  const std::vector<schedule::rank_activity> after = sample(inbox, step);
+  const std::vector<schedule::party_wait> mine{{what_, from_, quiet}};
   const schedule::stall_verdict v =
-      schedule::diagnose_stall(before, after, mine, [this](int r) { return layout_.label(r); });
+      schedule::diagnose_stall(before_, after, mine, [this](int r) { return layout_.label(r); });
   if (!v.stuck()) {
-    spdlog::info("training: the coordinator waited {:.1f} s for {}, but the job still moves", quiet, what);
+    spdlog::info("training: the coordinator waited {:.1f} s for {}, but the job still moves", quiet, what_);
+    schedule_check();
     return;
   }
+  std::vector<int> blamed;
+  if (v.what != schedule::stall_verdict::kind::deadlock) blamed = v.ranks;
+  verdict_ = pending_verdict{v.reason, std::move(blamed)};
   // A rank that reports its own failure (its watchdog found its stage
   // hung, and stopped answering while it tells) is the root cause: its
   // abort wins over what the samples suggest.
-  if (v.what == schedule::stall_verdict::kind::silent) std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  if (auto failure = inbox.failure()) throw train_error(*failure);
+  if (v.what != schedule::stall_verdict::kind::silent) throw_verdict();
+  self_->delayed_send(caf::actor_cast<caf::actor>(self_), late_report, stall_check_atom::value, wait_,
+                      int{verdict_due});
+}
+
+void stall_watch::throw_verdict() {
+  if (auto failure = inbox_->failure()) throw train_error(*failure);
+  pending_verdict v = std::move(*verdict_);
+  verdict_.reset();
   char tail[160];
   std::snprintf(tail, sizeof tail, " (nothing came for %.1f s; the threshold is max(--hang-s %g, 10 x the longest step "
                 "%.3g s))", seconds_between(last_progress_, clock_type::now()), hang_s_, longest_step_s_);
   spdlog::error("training: {}{}", v.reason, tail);
-  std::vector<int> blamed;
-  if (v.what != schedule::stall_verdict::kind::deadlock) blamed = v.ranks;
-  throw train_stall(v.reason + tail, std::move(blamed));
+  throw train_stall(v.reason + tail, std::move(v.blamed));
 }
 
 }  // namespace corolla
