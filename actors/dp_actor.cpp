@@ -1,12 +1,16 @@
 // The DP-group actor of a training rank (actors/dp_group.hpp): requests
-// taken one at a time, in order; a request's ring collectives run hop by
-// hop as their chunks arrive (inbox_waiter), so the actor never blocks on
-// another rank.
+// taken in order; a request's ring collectives run hop by hop as their
+// chunks arrive (inbox_waiter), so the actor never blocks on another rank.
+// Reductions of buckets reduced by host rings run side by side, up to
+// --rings-at-once of them (one lane and one waiter each); anything else
+// runs alone, once the requests before it are done.
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include <caf/all.hpp>
 
@@ -15,17 +19,24 @@
 #include "actors/inbox_waiter.hpp"
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
+#include "actors/train_job.hpp"
 
 namespace corolla {
 
 namespace {
 
-/// The actor's state: the queue of requests and the one being run.
+/// The actor's state: the queue of requests and the lanes running them.
 class dp_runner {
  public:
   dp_runner(caf::event_based_actor* self, std::shared_ptr<dp_group> g, std::shared_ptr<stage_beacon> busy)
-      : g_(std::move(g)), busy_(std::move(busy)), waiter_(g_->inbox(), g_->comm().timeout()) {
-    waiter_.bind(self);
+      : g_(std::move(g)), busy_(std::move(busy)) {
+    const int lanes = std::max(1, g_->options().rings_at_once);
+    for (int i = 0; i < lanes; ++i) {
+      lanes_.emplace_back();
+      lanes_.back().waiter =
+          std::make_unique<inbox_waiter>(g_->inbox(), g_->comm().timeout(), static_cast<std::uint16_t>(i));
+      lanes_.back().waiter->bind(self);
+    }
   }
 
   /// A request: `start` runs it as far as it can without waiting; `finish`
@@ -33,12 +44,15 @@ class dp_runner {
   /// with `fails_rank`, fails the rank's inbox at once (the stage's next
   /// wait ends, and the coordinator hears this reason), not one bucket per
   /// timeout. `work` names its compute for the busy beacon ("" = none).
+  /// `side_by_side`: it may run beside others of its kind (a reduction
+  /// over host rings).
   struct job {
     std::function<dp_step()> start;
     std::function<void(std::string)> finish;
     std::string failing;
     bool fails_rank = false;
     const char* work = "";
+    bool side_by_side = false;
   };
 
   void submit(job j) {
@@ -46,72 +60,105 @@ class dp_runner {
     next();
   }
 
-  /// Runs `f` (a handler's work for the current job); what it throws ends the job.
+  /// Runs `f` (a handler's work for lane `lane`'s job); what it throws ends that job.
   template <class F>
-  void guard(F&& f) {
+  void guard(std::size_t lane, F&& f) {
     try {
       f();
     } catch (const std::exception& e) {
-      fail(e.what());
+      fail(lane, e.what());
     } catch (...) {
-      fail("unknown error");
+      fail(lane, "unknown error");
     }
   }
 
-  inbox_waiter& waiter() { return waiter_; }
+  /// The lane whose waiter made `token_or_timer`, if any.
+  std::optional<std::size_t> lane_of(std::uint64_t token_or_timer) const {
+    const std::size_t i = inbox_waiter::lane_of(token_or_timer);
+    if (i >= lanes_.size()) return std::nullopt;
+    return i;
+  }
+  inbox_waiter& waiter(std::size_t lane) { return *lanes_[lane].waiter; }
 
  private:
+  /// One request being run: the job, what it has left, its waits.
+  struct lane {
+    std::optional<job> current;
+    dp_step step;
+    std::unique_ptr<inbox_waiter> waiter;
+  };
+
+  /// Starts queued jobs while they may run: into a free lane, beside the
+  /// running ones only when it and they all run side by side.
   void next() {
-    if (current_ || queue_.empty()) return;
-    current_ = std::move(queue_.front());
-    queue_.pop_front();
-    guard([&] {
-      step_ = marked([&] { return current_->start(); });
-      drive();
-    });
+    while (!queue_.empty()) {
+      std::size_t running = 0;
+      bool all_side_by_side = true;
+      std::optional<std::size_t> free;
+      for (std::size_t i = 0; i < lanes_.size(); ++i) {
+        if (lanes_[i].current) {
+          ++running;
+          all_side_by_side = all_side_by_side && lanes_[i].current->side_by_side;
+        } else if (!free) {
+          free = i;
+        }
+      }
+      if (!free) return;
+      if (running > 0 && !(all_side_by_side && queue_.front().side_by_side)) return;
+      lane& l = lanes_[*free];
+      l.current = std::move(queue_.front());
+      queue_.pop_front();
+      const std::size_t i = *free;
+      guard(i, [&] {
+        lanes_[i].step = marked(i, [&] { return lanes_[i].current->start(); });
+        drive(i);
+      });
+    }
   }
 
-  /// `f` with the job's compute marked on the beacon.
-  dp_step marked(const std::function<dp_step()>& f) {
-    if (!*current_->work) return f();
-    beacon_mark w(*busy_, current_->work);
+  /// `f` with lane `i`'s job's compute marked on the beacon.
+  dp_step marked(std::size_t i, const std::function<dp_step()>& f) {
+    if (!*lanes_[i].current->work) return f();
+    beacon_mark w(*busy_, lanes_[i].current->work);
     return f();
   }
 
-  /// Runs the current job's step until it waits for a chunk or is done.
-  void drive() {
+  /// Runs lane `i`'s job until it waits for a chunk or is done.
+  void drive(std::size_t i) {
+    lane& l = lanes_[i];
     for (;;) {
-      if (!step_.pass) return done({});
-      ring_pass& pass = *step_.pass;
+      if (!l.step.pass) return done(i, {});
+      ring_pass& pass = *l.step.pass;
       if (pass.done()) {
-        std::function<dp_step()> then = std::move(step_.then);
-        step_ = then ? marked(then) : dp_step{};
+        std::function<dp_step()> then = std::move(l.step.then);
+        l.step = then ? marked(i, then) : dp_step{};
         continue;
       }
       const ring& r = pass.members();
       train_comm& comm = g_->comm();
-      comm.send_chunk(r.next(), pass.phase(), step_.step, step_.bucket, pass.hop(), pass.outgoing());
-      std::string what = train_comm::chunk_what(pass.phase(), step_.bucket, pass.hop(), r.prev());
-      const std::string key = comm.chunk_key(pass.phase(), step_.step, step_.bucket, pass.hop());
-      auto m = waiter_.await(key, what, r.prev(), [this, what](remote_message m) {
-        guard([&] {
-          apply(m, what);
-          drive();
+      comm.send_chunk(r.next(), pass.phase(), l.step.step, l.step.bucket, pass.hop(), pass.outgoing());
+      std::string what = train_comm::chunk_what(pass.phase(), l.step.bucket, pass.hop(), r.prev());
+      const std::string key = comm.chunk_key(pass.phase(), l.step.step, l.step.bucket, pass.hop());
+      auto m = l.waiter->await(key, what, r.prev(), [this, i, what](remote_message m) {
+        guard(i, [&] {
+          apply(i, m, what);
+          drive(i);
         });
       });
       if (!m) return;  // its delivery goes on
-      apply(*m, what);
+      apply(i, *m, what);
     }
   }
 
-  void apply(const remote_message& m, const std::string& what) {
-    step_.pass->apply(train_comm::tensor_of(m, step_.pass->incoming_numel(), what));
+  void apply(std::size_t i, const remote_message& m, const std::string& what) {
+    ring_pass& pass = *lanes_[i].step.pass;
+    pass.apply(train_comm::tensor_of(m, pass.incoming_numel(), what));
   }
 
-  void done(std::string error) {
-    job j = std::move(*current_);
-    current_.reset();
-    step_ = {};
+  void done(std::size_t i, std::string error) {
+    job j = std::move(*lanes_[i].current);
+    lanes_[i].current.reset();
+    lanes_[i].step = {};
     try {
       j.finish(std::move(error));
     } catch (...) {  // an answer that cannot be sent must not stall the queue
@@ -119,19 +166,18 @@ class dp_runner {
     next();
   }
 
-  void fail(const std::string& what) {
-    if (!current_) return;
-    std::string why = current_->failing + what;
-    if (current_->fails_rank) g_->inbox()->fail(why);
-    done(std::move(why));
+  void fail(std::size_t i, const std::string& what) {
+    if (!lanes_[i].current) return;
+    lanes_[i].waiter->cancel();
+    std::string why = lanes_[i].current->failing + what;
+    if (lanes_[i].current->fails_rank) g_->inbox()->fail(why);
+    done(i, std::move(why));
   }
 
   std::shared_ptr<dp_group> g_;
   std::shared_ptr<stage_beacon> busy_;
-  inbox_waiter waiter_;
+  std::vector<lane> lanes_;
   std::deque<job> queue_;
-  std::optional<job> current_;
-  dp_step step_;
 };
 
 }  // namespace
@@ -149,7 +195,7 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
                      if (std::string e = f(); !e.empty()) throw train_error(e);
                      return dp_step{};
                    },
-                   [rp](std::string e) mutable { rp.deliver(std::move(e)); }, "", false, work});
+                   [rp](std::string e) mutable { rp.deliver(std::move(e)); }, "", false, work, false});
     };
     return {
         [self, g, run, label](reduce_atom, int slot, std::int64_t step, std::int64_t adam_step,
@@ -157,7 +203,7 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
           auto to = caf::actor_cast<caf::actor>(self->current_sender());
           run->submit({[g, slot, step, adam_step, ready] { return g->reduce(slot, step, adam_step, ready); },
                        [self, to, slot](std::string e) { self->send(to, reduced_atom::value, slot, std::move(e)); },
-                       label + " failed reducing gradients: ", true, ""});
+                       label + " failed reducing gradients: ", true, "", g->rings_on_host(slot)});
         },
         [self, g, run](norm_atom, std::int64_t step) {
           auto rp = self->make_response_promise();
@@ -174,13 +220,13 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
                          else
                            rp.deliver(std::move(sum->error()));
                        },
-                       "", false, "gradient norm"});
+                       "", false, "gradient norm", false});
         },
         [self, g, run, label](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
           auto rp = self->make_response_promise();
           run->submit({[g, step, adam_step, coef] { return g->update(step, adam_step, coef); },
                        [rp](std::string e) mutable { rp.deliver(std::move(e)); },
-                       label + " failed updating its shards: ", true, "optimizer update"});
+                       label + " failed updating its shards: ", true, "optimizer update", false});
         },
         [g, answer_with](save_atom, int step) {
           answer_with("checkpoint save", [g, step] { return g->save_checkpoint(step); });
@@ -191,13 +237,16 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
         [g, answer_with](snapshot_atom, int step, std::string& loss_scale) {
           answer_with("snapshot", [g, step, loss_scale] { return g->snapshot(step, loss_scale); });
         },
+        // Each lane's waiter's messages, to that lane.
         [run](inbox_delivery_atom, std::uint64_t token, remote_message& m) {
-          run->guard([&] { run->waiter().on_delivery(token, std::move(m)); });
+          if (auto i = run->lane_of(token)) run->guard(*i, [&] { run->waiter(*i).on_delivery(token, std::move(m)); });
         },
         [run](inbox_failure_atom, std::uint64_t token, std::string& reason) {
-          run->guard([&] { run->waiter().on_failure(token, reason); });
+          if (auto i = run->lane_of(token)) run->guard(*i, [&] { run->waiter(*i).on_failure(token, reason); });
         },
-        [run](inbox_deadline_atom, std::uint64_t timer) { run->guard([&] { run->waiter().on_deadline(timer); }); },
+        [run](inbox_deadline_atom, std::uint64_t timer) {
+          if (auto i = run->lane_of(timer)) run->guard(*i, [&] { run->waiter(*i).on_deadline(timer); });
+        },
     };
   });
 }

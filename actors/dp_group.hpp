@@ -154,6 +154,11 @@ class dp_group {
   /// Bucket id -> slot (the reduce message's index).
   const std::map<int, int>& slots() const { return slot_of_; }
   int size() const { return static_cast<int>(buckets_.size()); }
+  /// Whether bucket `slot` is reduced by host rings (not by a device
+  /// group, whose collectives every member must queue in the same order).
+  bool rings_on_host(int slot) const { return buckets_.at(static_cast<std::size_t>(slot)).coll == nullptr; }
+  /// The job's options.
+  const dist_train_options& options() const { return *s_.options; }
 
   /// Parameters and moment shards from a checkpoint (any layout wrote it).
   void restore(const state_shards& shards);

@@ -36,9 +36,19 @@ class inbox_waiter {
  public:
   using delivery = std::function<void(remote_message)>;
 
-  /// Waits on `inbox`, each wait for at most `timeout`.
-  inbox_waiter(std::shared_ptr<train_inbox> inbox, std::chrono::milliseconds timeout)
-      : inbox_(std::move(inbox)), timeout_(timeout) {}
+  /// Waits on `inbox`, each wait for at most `timeout`. `lane` tells
+  /// several waiters of one actor apart (one open wait each): their
+  /// tokens and timers carry it (lane_of), for the actor to route them.
+  inbox_waiter(std::shared_ptr<train_inbox> inbox, std::chrono::milliseconds timeout, std::uint16_t lane = 0)
+      : inbox_(std::move(inbox)),
+        timeout_(timeout),
+        tokens_(std::uint64_t{lane} << lane_shift),
+        timer_(std::uint64_t{lane} << lane_shift) {}
+
+  /// The lane of a token or timer this class made.
+  static std::uint16_t lane_of(std::uint64_t token_or_timer) {
+    return static_cast<std::uint16_t>(token_or_timer >> lane_shift);
+  }
 
   /// The actor that waits; before its first wait.
   void bind(caf::event_based_actor* self) { self_ = self; }
@@ -73,13 +83,15 @@ class inbox_waiter {
   void on_deadline(std::uint64_t timer);
 
  private:
+  static constexpr int lane_shift = 48;
+
   void arm(std::chrono::milliseconds timeout);
   void send_timer(std::chrono::milliseconds after);
 
   std::shared_ptr<train_inbox> inbox_;
   std::chrono::milliseconds timeout_;
   caf::event_based_actor* self_ = nullptr;
-  std::uint64_t tokens_ = 0;  ///< awaits made (their tokens)
+  std::uint64_t tokens_;      ///< awaits made (their tokens), after the lane
   std::uint64_t token_ = 0;   ///< the inbox await open now (0: none)
   std::string what_;
   delivery later_;
@@ -87,7 +99,7 @@ class inbox_waiter {
   std::chrono::milliseconds wait_timeout_{0};  ///< the open wait's
   std::chrono::steady_clock::time_point deadline_;
   bool timer_armed_ = false;
-  std::uint64_t timer_ = 0;  ///< the timer standing (older ones are ignored)
+  std::uint64_t timer_;  ///< the timer standing (older ones are ignored), after the lane
   std::chrono::steady_clock::time_point timer_due_;
 };
 

@@ -144,6 +144,12 @@ struct dist_train_options {
   dtype compute = dtype::f32;
   /// The data-parallel groups' collectives (every rank must agree).
   dp_collectives collectives = dp_collectives::host;
+  /// How many buckets' host ring collectives a DP-group actor runs at once
+  /// (--rings-at-once; 1: one bucket after another): the reductions the
+  /// backward hands over while a ring waits on its neighbours start
+  /// instead of queueing. A rank's own choice: ranks that differ agree on
+  /// every result.
+  int rings_at_once = 4;
   /// Sharded checkpoints: every `checkpoint_every` steps (0 = never) each
   /// rank writes its shard under checkpoint_dir/step-N/, and the coordinator
   /// commits the step (manifest.json, then the `latest` pointer) once every

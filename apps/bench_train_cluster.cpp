@@ -74,6 +74,8 @@ struct variant {
   sc::plan plan;
   double measured_step_s = 0;
   double samples_per_s = 0;
+  /// The DP groups' rings at once (dist_train_options::rings_at_once).
+  int rings_at_once = dist_train_options{}.rings_at_once;
 };
 
 std::string split_of(const sc::plan& p) {
@@ -92,6 +94,7 @@ double run_variant(variant& v, const train_args& base, const model_config& cfg, 
   o.seq = base.seq;
   o.steps = steps;
   o.optimizer.adamw.lr = 1e-3f;
+  o.rings_at_once = v.rings_at_once;
   for (const auto& st : v.plan.estimate.stages) {
     o.synthetic.forward_s.push_back(st.forward_s);
     o.synthetic.backward_s.push_back(st.backward_s);
@@ -151,13 +154,23 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
     if (r.best.feasible) variants.push_back({std::string("all ").append(nic), c, r.best});
   }
 
+  // The baseline of the DP actor's overlapping rings, measured in the same
+  // run: the planner's layout and all-IB's with one bucket's ring at a time.
+  std::vector<variant> one_ring;
+  for (const variant& v : variants)
+    if ((v.name == "planner" || v.name == "all ib") && v.plan.dp > 1 && v.rings_at_once > 1) {
+      one_ring.push_back(v);
+      one_ring.back().rings_at_once = 1;
+    }
+
   // The ranks sleep each stage's predicted compute: a cluster of slow
   // workers (tflops = 1e-12) would start a run of centuries.
   double predicted_s = 0;
   for (const variant& v : variants) predicted_s += steps * v.plan.estimate.step_s;
+  for (const variant& v : one_ring) predicted_s += steps * v.plan.estimate.step_s;
   if (!(predicted_s <= max_cluster_bench_s))
     throw std::invalid_argument("bench train --cluster: the cost model predicts " + duration_text(predicted_s) + " for " +
-                                std::to_string(steps) + " steps of " + std::to_string(variants.size()) +
+                                std::to_string(steps) + " steps of " + std::to_string(variants.size() + one_ring.size()) +
                                 " layouts (the ranks sleep each stage's predicted compute); this bench runs at most " +
                                 duration_text(max_cluster_bench_s) + ": give faster workers (tflops), a smaller "
                                 "--model or fewer --steps");
@@ -180,6 +193,18 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
                    split_of(v.plan).c_str());
     run_variant(v, base, cfg, steps);
   }
+  for (variant& v : one_ring) {
+    if (!a.json)
+      std::fprintf(stderr, "  running %-12s PP %d x DP %d with one bucket's ring at a time...\n", v.name.c_str(),
+                   v.plan.pp, v.plan.dp);
+    run_variant(v, base, cfg, steps);
+  }
+  // The same layout with its rings side by side, against one at a time.
+  auto overlapped = [&](const variant& one) -> const variant& {
+    for (const auto& v : variants)
+      if (v.name == one.name) return v;
+    return one;
+  };
 
   const variant* ib = nullptr;
   const variant* holmes = nullptr;
@@ -198,6 +223,12 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
     nlohmann::json j = {{"bench", "train-cluster"}, {"cluster", cluster.name}, {"parameters", cfg.parameter_count()},
                         {"batch", a.batch}, {"seq", a.seq}, {"steps", steps}, {"layouts", rows}};
     if (holmes) j["planner_vs_holmes"] = planner.samples_per_s / holmes->samples_per_s;
+    j["rings_at_once"] = planner.rings_at_once;
+    nlohmann::json singles = nlohmann::json::array();
+    for (const auto& v : one_ring)
+      singles.push_back({{"layout", v.name}, {"measured_step_s", v.measured_step_s}, {"samples_per_s", v.samples_per_s},
+                         {"rings_at_once_vs_one", overlapped(v).samples_per_s / v.samples_per_s}});
+    j["one_ring_at_a_time"] = singles;
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -212,6 +243,9 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
                 v.measured_step_s / v.plan.estimate.step_s, v.samples_per_s, ratio);
   }
   if (holmes) std::printf("planner vs Holmes rule: %.2fx the samples/s\n", planner.samples_per_s / holmes->samples_per_s);
+  for (const auto& v : one_ring)
+    std::printf("%s with %d rings at once vs one at a time (%.1f ms): %.2fx the samples/s\n", v.name.c_str(),
+                overlapped(v).rings_at_once, v.measured_step_s * 1e3, overlapped(v).samples_per_s / v.samples_per_s);
   return 0;
 }
 

@@ -115,6 +115,7 @@ int run_train(const train_args& a) {
                                     std::pair{a.resume, "--resume"}, std::pair{a.chunks != 1, "--chunks"},
                                     std::pair{!a.link_profile.empty(), "--link-profile"},
                                     std::pair{a.collectives != "host", "--collectives"},
+                                    std::pair{a.rings_at_once != 4, "--rings-at-once"},
                                     std::pair{!a.coordinator.empty(), "--coordinator"},
                                     std::pair{a.external_coordinator, "--external-coordinator"},
                                     std::pair{a.elastic, "--elastic"}, std::pair{a.min_ranks != 1, "--min-ranks"},
@@ -372,6 +373,11 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--timeout-s", args->timeout_s,
                   "Longest wait for any one message between ranks (a dead rank is reported sooner); at most a week")
       ->check(finite_between(0.001, 604800))
+      ->capture_default_str()
+      ->group(dist);
+  cmd->add_option("--rings-at-once", args->rings_at_once,
+                  "How many parameter buckets' data-parallel ring collectives a rank runs at once (host "
+                  "collectives; 1: one bucket after another)")
       ->capture_default_str()
       ->group(dist);
   cmd->add_option("--hang-s", args->hang_s,

@@ -428,6 +428,8 @@ int run_distributed_train(train_args a) {
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_every = a.checkpoint_every;
   if (a.probe_every < 0) throw std::invalid_argument("--probe-every must be >= 0");
+  if (a.rings_at_once < 1 || a.rings_at_once > 64)
+    throw std::invalid_argument("--rings-at-once must be between 1 and 64, not " + std::to_string(a.rings_at_once));
   o.probe_every = a.probe_every;
   int snapshot_every = 1;  // the default with --elastic
   o.snapshot_auto = a.snapshot_every == "auto";
@@ -450,6 +452,7 @@ int run_distributed_train(train_args a) {
   o.save_dir = a.save;
   o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000));
   o.hang_s = a.hang_s;
+  o.rings_at_once = a.rings_at_once;
   if (a.seq > cfg.max_positions)
     throw std::invalid_argument("--seq " + std::to_string(a.seq) + " is longer than the model's context (" +
                                 std::to_string(cfg.max_positions) + ")");

@@ -34,7 +34,7 @@ nlohmann::json job_to_json(const dist_train_options& o) {
             {"final_ratio", o.optimizer.schedule.final_ratio}}},
           {"checkpoint_dir", o.checkpoint_dir.string()},
           {"checkpoint_every", o.checkpoint_every}, {"probe_every", o.probe_every}, {"snapshot_every", o.snapshot_every}, {"snapshot_auto", o.snapshot_auto}, {"drain_every", o.drain_every}, {"resume", o.resume}, {"save_dir", o.save_dir.string()},
-          {"timeout_ms", o.timeout.count()}, {"hang_s", o.hang_s}, {"link_profiles", o.link_profiles},
+          {"timeout_ms", o.timeout.count()}, {"hang_s", o.hang_s}, {"rings_at_once", o.rings_at_once}, {"link_profiles", o.link_profiles},
           {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s},
           {"hold_snapshots", o.hold_snapshots},
           {"drain_to_memory", o.drain_to_memory},
@@ -85,6 +85,8 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
     o.save_dir = j.at("save_dir").get<std::string>();
     o.timeout = std::chrono::milliseconds(j.at("timeout_ms").get<std::int64_t>());
     o.hang_s = j.value("hang_s", o.hang_s);
+    o.rings_at_once = j.value("rings_at_once", o.rings_at_once);
+    if (o.rings_at_once < 1) throw std::invalid_argument("rings_at_once must be at least 1");
     o.link_profiles = j.at("link_profiles").get<std::vector<std::string>>();
     o.synthetic.forward_s = j.at("synthetic_forward_s").get<std::vector<double>>();
     o.synthetic.backward_s = j.at("synthetic_backward_s").get<std::vector<double>>();

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -222,5 +223,85 @@ TEST_CASE("an actor's waits end at their own deadline, a short one after a long 
   CHECK(next_line(self, 10s) == "error rank 1 (stage 1) is down: connection lost");
   CHECK(next_line(self, 10s) == "error rank 1 (stage 1) is down: connection lost");  // "after": at once
   CHECK(inbox->waits().empty());
+  caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+
+/// Three waiters of one actor, in lanes 0, 1 and 2 (the DP-group actor's
+/// rings side by side): each waits for its key ("a", "b", "c"; "b" for
+/// 300 ms only) and tells `to` "lane N message T" or "lane N error <what>".
+/// cancel_atom gives lane 2's wait up.
+caf::behavior lanes_actor(caf::event_based_actor* self, std::shared_ptr<train_inbox> inbox, caf::actor to) {
+  auto waiters = std::make_shared<std::vector<std::unique_ptr<inbox_waiter>>>();
+  for (std::uint16_t lane = 0; lane < 3; ++lane) {
+    waiters->push_back(std::make_unique<inbox_waiter>(inbox, 10s, lane));
+    waiters->back()->bind(self);
+  }
+  auto report = [self, to](std::size_t lane, std::string s) {
+    self->send(to, "lane " + std::to_string(lane) + " " + std::move(s));
+  };
+  auto guarded = [report](std::size_t lane, auto&& f) {
+    try {
+      f();
+    } catch (const train_error& e) {
+      report(lane, std::string("error ") + e.what());
+    }
+  };
+  const char* keys[] = {"a", "b", "c"};
+  for (std::size_t lane = 0; lane < 3; ++lane)
+    guarded(lane, [&] {
+      auto m = (*waiters)[lane]->await(
+          keys[lane], keys[lane], 0, [report, lane](remote_message m) { report(lane, "message " + m.type); },
+          lane == 1 ? std::optional<std::chrono::milliseconds>(300ms) : std::nullopt);
+      if (m) report(lane, "at once " + m->type);
+    });
+  auto route = [waiters](std::uint64_t token) -> inbox_waiter* {
+    const std::size_t lane = inbox_waiter::lane_of(token);
+    return lane < waiters->size() ? (*waiters)[lane].get() : nullptr;
+  };
+  return {
+      [waiters](cancel_atom) { (*waiters)[2]->cancel(); },
+      [route, guarded](inbox_delivery_atom, std::uint64_t token, remote_message& m) {
+        if (auto* w = route(token)) guarded(inbox_waiter::lane_of(token), [&] { w->on_delivery(token, std::move(m)); });
+      },
+      [route, guarded](inbox_failure_atom, std::uint64_t token, std::string& reason) {
+        if (auto* w = route(token)) guarded(inbox_waiter::lane_of(token), [&] { w->on_failure(token, reason); });
+      },
+      [route, guarded](inbox_deadline_atom, std::uint64_t timer) {
+        if (auto* w = route(timer)) guarded(inbox_waiter::lane_of(timer), [&] { w->on_deadline(timer); });
+      },
+  };
+}
+
+}  // namespace
+
+TEST_CASE("waiters in lanes of one actor each hold a wait of their own: their messages, deadlines and cancels reach "
+          "only their lane") {
+  caf::actor_system_config cfg;
+  caf::actor_system system{cfg};
+  caf::scoped_actor self{system};
+  auto inbox = std::make_shared<train_inbox>();
+  auto actor = system.spawn(lanes_actor, inbox, caf::actor_cast<caf::actor>(self));
+  until_waiting(*inbox, "a");
+  until_waiting(*inbox, "c");
+  // Lane 1's short wait ends alone: lanes 0 and 2 still wait.
+  CHECK(next_line(self, 10s) == "lane 1 error no b within 300 ms");
+  CHECK(inbox->waits().size() == 2);
+  // Lane 2 gives its wait up: its message stays filed, nothing comes.
+  caf::anon_send(actor, cancel_atom::value);
+  for (int i = 0; i < 2000 && inbox->waits().size() != 1; ++i) std::this_thread::sleep_for(5ms);
+  REQUIRE(inbox->waits().size() == 1);
+  CHECK(inbox->waits()[0].what == "a");
+  inbox->put("c", typed("c"));
+  inbox->put("a", typed("a"));
+  CHECK(next_line(self, 10s) == "lane 0 message a");
+  CHECK(next_line(self, 300ms) == "nothing");
+  CHECK(inbox->take("c", 10ms, "c").type == "c");
+  // Tokens and timers carry their lane.
+  CHECK(inbox_waiter::lane_of(std::uint64_t{2} << 48 | 7) == 2);
+  CHECK(inbox_waiter::lane_of(7) == 0);
   caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
 }

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <fstream>
 #include <regex>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -70,6 +71,12 @@ TEST_CASE("every pipeline x data-parallel layout gives the single-process losses
     REQUIRE(r.exit_code == 0);
     check_close(json_steps(r.out_lines()), want, 1e-5);
   }
+  // The layouts above reduce their buckets' rings side by side (the
+  // default --rings-at-once 4); one bucket after another gives the same.
+  const process_result one = run_layout(j, 2, 2, {"--seed", "0", "--rings-at-once", "1"});
+  INFO("stderr: " << one.err);
+  REQUIRE(one.exit_code == 0);
+  check_close(json_steps(one.out_lines()), want, 1e-5);
 }
 
 TEST_CASE("ranks computing on the GPU give the single-process losses (stages and buckets staged through host memory)") {
@@ -500,6 +507,49 @@ TEST_CASE("bench train --cluster runs all four layouts with synthetic compute an
   }
   CHECK(layouts == std::vector<std::string>{"planner", "holmes rule", "all ethernet", "all ib"});
   CHECK(j.contains("planner_vs_holmes"));
+  // The baseline of the rings side by side: the planner's and all-IB's
+  // layouts, where they have data-parallel groups, with one bucket's ring
+  // at a time, in the same run.
+  CHECK(j["rings_at_once"] == 4);
+  std::vector<std::string> want_baselines, baselines;
+  for (const auto& row : j["layouts"])
+    if ((row["layout"] == "planner" || row["layout"] == "all ib") && row["dp"].get<int>() > 1)
+      want_baselines.push_back(row["layout"]);
+  for (const auto& row : j["one_ring_at_a_time"]) {
+    baselines.push_back(row["layout"]);
+    CHECK(row["rings_at_once_vs_one"].get<double>() > 0);
+  }
+  CHECK(baselines == want_baselines);  // none here: every layout is a pipeline (below: some)
+}
+
+TEST_CASE("bench train --cluster measures the rings side by side against one at a time where a layout has "
+          "data-parallel groups") {
+  // The documentation's cluster: with 16 sequences its all-IB layout is
+  // 4 x 2 (a few seconds of synthetic compute in all).
+  const process_result r =
+      run_corolla({"bench", "train", "--cluster", std::string(COROLLA_SOURCE_DIR) + "/docs/clusters/emulated_ib_roce.toml",
+                   "--batch", "16", "--seq", "16", "--steps", "1", "--json"},
+                  std::chrono::seconds(180));
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE_FALSE(r.out_lines().empty());
+  const auto j = nlohmann::json::parse(r.out_lines().back());
+  std::map<std::string, nlohmann::json> by_layout;
+  for (const auto& row : j["layouts"]) by_layout[row["layout"]] = row;
+  REQUIRE(by_layout.count("all ib"));
+  REQUIRE(by_layout["all ib"]["dp"].get<int>() > 1);
+  bool all_ib = false;
+  for (const auto& row : j["one_ring_at_a_time"]) {
+    const std::string layout = row["layout"];
+    INFO(layout);
+    CHECK(by_layout[layout]["dp"].get<int>() > 1);
+    CHECK(row["measured_step_s"].get<double>() > 0);
+    // The ratio is of the same layout's two runs.
+    CHECK(row["rings_at_once_vs_one"].get<double>() ==
+          doctest::Approx(by_layout[layout]["samples_per_s"].get<double>() / row["samples_per_s"].get<double>()));
+    all_ib = all_ib || layout == "all ib";
+  }
+  CHECK(all_ib);
 }
 
 TEST_CASE("bad distributed training input is one clear error") {
@@ -515,6 +565,7 @@ TEST_CASE("bad distributed training input is one clear error") {
   check_one_error(run_layout(j, 2, 1, {"--probe-every", "-1"}), "--probe-every must be >= 0");
   check_one_error(run_corolla(train_args(j, {"--cluster", tmp / "missing.toml"})), "missing.toml");
   check_one_error(run_layout(j, 1, 2, {"--collectives", "nccl"}), "--collectives must be host or device, got 'nccl'");
+  check_one_error(run_layout(j, 1, 2, {"--rings-at-once", "0"}), "--rings-at-once must be between 1 and 64, not 0");
   check_one_error(run_layout(j, 1, 2, {"--collectives", "device", "--device", "cpu"}),
                   "--collectives device needs every rank on a GPU of its own, but --device cpu is the cpu here");
   check_one_error(run_layout(j, 1, 2, {"--collectives", "device", "--device", "cuda", "--link-profile", "ethernet"}),
@@ -529,4 +580,6 @@ TEST_CASE("bad distributed training input is one clear error") {
                   "--checkpoint-dir, --resume: for pipeline x data-parallel training only; add --pp, --dp or --cluster");
   check_one_error(run_corolla(train_args(j, {"--collectives", "device"})),
                   "--collectives: for pipeline x data-parallel training only");
+  check_one_error(run_corolla(train_args(j, {"--rings-at-once", "2"})),
+                  "--rings-at-once: for pipeline x data-parallel training only");
 }
