@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/dp_group.hpp"
 #include "actors/errors.hpp"
@@ -30,7 +31,7 @@ class dp_runner {
  public:
   dp_runner(caf::event_based_actor* self, std::shared_ptr<dp_group> g, std::shared_ptr<stage_beacon> busy)
       : g_(std::move(g)), busy_(std::move(busy)) {
-    const int lanes = std::max(1, g_->options().rings_at_once);
+    const int lanes = std::clamp(g_->options().rings_at_once, 1, max_rings_at_once);
     for (int i = 0; i < lanes; ++i) {
       lanes_.emplace_back();
       lanes_.back().waiter =
@@ -40,19 +41,22 @@ class dp_runner {
   }
 
   /// A request: `start` runs it as far as it can without waiting; `finish`
-  /// gets its error ("" = done). A failure is prefixed with `failing` and,
+  /// gets its error ("" = done) and, for a job on a ring, how many such
+  /// jobs ran side by side when it started (itself included; else 0). A failure is prefixed with `failing` and,
   /// with `fails_rank`, fails the rank's inbox at once (the stage's next
   /// wait ends, and the coordinator hears this reason), not one bucket per
   /// timeout. `work` names its compute for the busy beacon ("" = none).
   /// `side_by_side`: it may run beside others of its kind (a reduction
-  /// over host rings).
+  /// over host rings). `on_a_ring`: it reduces over a ring with other
+  /// members (what the side-by-side count counts).
   struct job {
     std::function<dp_step()> start;
-    std::function<void(std::string)> finish;
+    std::function<void(std::string, int)> finish;
     std::string failing;
     bool fails_rank = false;
     const char* work = "";
     bool side_by_side = false;
+    bool on_a_ring = false;
   };
 
   void submit(job j) {
@@ -80,10 +84,17 @@ class dp_runner {
   }
   inbox_waiter& waiter(std::size_t lane) { return *lanes_[lane].waiter; }
 
+  /// A message for a lane this actor does not have: its waits never made it.
+  void stray(std::uint64_t token_or_timer) const {
+    spdlog::error("{}: a message of DP-group lane {} it does not have (internal error)", g_->label(),
+                  inbox_waiter::lane_of(token_or_timer));
+  }
+
  private:
   /// One request being run: the job, what it has left, its waits.
   struct lane {
     std::optional<job> current;
+    int side_by_side = 0;  ///< jobs on a ring running when it started, itself included (0: not on a ring)
     dp_step step;
     std::unique_ptr<inbox_waiter> waiter;
   };
@@ -109,6 +120,12 @@ class dp_runner {
       l.current = std::move(queue_.front());
       queue_.pop_front();
       const std::size_t i = *free;
+      l.side_by_side = 0;
+      if (l.current->on_a_ring) {
+        l.side_by_side = 1;
+        for (const lane& other : lanes_)
+          if (&other != &l && other.current && other.current->on_a_ring) ++l.side_by_side;
+      }
       guard(i, [&] {
         lanes_[i].step = marked(i, [&] { return lanes_[i].current->start(); });
         drive(i);
@@ -160,7 +177,7 @@ class dp_runner {
     lanes_[i].current.reset();
     lanes_[i].step = {};
     try {
-      j.finish(std::move(error));
+      j.finish(std::move(error), lanes_[i].side_by_side);
     } catch (...) {  // an answer that cannot be sent must not stall the queue
     }
     next();
@@ -169,7 +186,10 @@ class dp_runner {
   void fail(std::size_t i, const std::string& what) {
     if (!lanes_[i].current) return;
     lanes_[i].waiter->cancel();
-    std::string why = lanes_[i].current->failing + what;
+    // A lane ending with the failure of another (the inbox's reason) has
+    // the prefix already.
+    const std::string& failing = lanes_[i].current->failing;
+    std::string why = what.rfind(failing, 0) == 0 ? what : failing + what;
     if (lanes_[i].current->fails_rank) g_->inbox()->fail(why);
     done(i, std::move(why));
   }
@@ -195,15 +215,18 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
                      if (std::string e = f(); !e.empty()) throw train_error(e);
                      return dp_step{};
                    },
-                   [rp](std::string e) mutable { rp.deliver(std::move(e)); }, "", false, work, false});
+                   [rp](std::string e, int) mutable { rp.deliver(std::move(e)); }, "", false, work, false, false});
     };
     return {
         [self, g, run, label](reduce_atom, int slot, std::int64_t step, std::int64_t adam_step,
                               std::shared_ptr<queue_marker>& ready) {
           auto to = caf::actor_cast<caf::actor>(self->current_sender());
           run->submit({[g, slot, step, adam_step, ready] { return g->reduce(slot, step, adam_step, ready); },
-                       [self, to, slot](std::string e) { self->send(to, reduced_atom::value, slot, std::move(e)); },
-                       label + " failed reducing gradients: ", true, "", g->rings_on_host(slot)});
+                       [self, to, slot](std::string e, int side_by_side) {
+                         self->send(to, reduced_atom::value, slot, std::move(e), side_by_side);
+                       },
+                       label + " failed reducing gradients: ", true, "", g->rings_on_host(slot),
+                       g->rings_on_host(slot) && g->has_ring(slot)});
         },
         [self, g, run](norm_atom, std::int64_t step) {
           auto rp = self->make_response_promise();
@@ -212,7 +235,7 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
                          *sum = g->reduced_sum_squares(step);
                          return dp_step{};
                        },
-                       [rp, sum](std::string e) mutable {
+                       [rp, sum](std::string e, int) mutable {
                          if (!e.empty())
                            rp.deliver(make_error(errc::remote_error, e));
                          else if (*sum)
@@ -220,13 +243,13 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
                          else
                            rp.deliver(std::move(sum->error()));
                        },
-                       "", false, "gradient norm", false});
+                       "", false, "gradient norm", false, false});
         },
         [self, g, run, label](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
           auto rp = self->make_response_promise();
           run->submit({[g, step, adam_step, coef] { return g->update(step, adam_step, coef); },
-                       [rp](std::string e) mutable { rp.deliver(std::move(e)); },
-                       label + " failed updating its shards: ", true, "optimizer update", false});
+                       [rp](std::string e, int) mutable { rp.deliver(std::move(e)); },
+                       label + " failed updating its shards: ", true, "optimizer update", false, false});
         },
         [g, answer_with](save_atom, int step) {
           answer_with("checkpoint save", [g, step] { return g->save_checkpoint(step); });
@@ -239,13 +262,22 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
         },
         // Each lane's waiter's messages, to that lane.
         [run](inbox_delivery_atom, std::uint64_t token, remote_message& m) {
-          if (auto i = run->lane_of(token)) run->guard(*i, [&] { run->waiter(*i).on_delivery(token, std::move(m)); });
+          if (auto i = run->lane_of(token))
+            run->guard(*i, [&] { run->waiter(*i).on_delivery(token, std::move(m)); });
+          else
+            run->stray(token);
         },
         [run](inbox_failure_atom, std::uint64_t token, std::string& reason) {
-          if (auto i = run->lane_of(token)) run->guard(*i, [&] { run->waiter(*i).on_failure(token, reason); });
+          if (auto i = run->lane_of(token))
+            run->guard(*i, [&] { run->waiter(*i).on_failure(token, reason); });
+          else
+            run->stray(token);
         },
         [run](inbox_deadline_atom, std::uint64_t timer) {
-          if (auto i = run->lane_of(timer)) run->guard(*i, [&] { run->waiter(*i).on_deadline(timer); });
+          if (auto i = run->lane_of(timer))
+            run->guard(*i, [&] { run->waiter(*i).on_deadline(timer); });
+          else
+            run->stray(timer);
         },
     };
   });

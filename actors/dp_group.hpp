@@ -14,9 +14,11 @@
 // Failures come back as values (an error string, empty when fine); a failed
 // reduction also fails the rank's inbox so the stage's next wait throws.
 //
-// Protocol (all handled in order on one detached actor):
+// Protocol (handled in order on one detached actor; the reductions of
+// buckets reduced by host rings run side by side, up to --rings-at-once):
 //   stage -> dp   reduce_atom, slot, step, adam_step, grads_ready
-//   dp -> stage   reduced_atom, slot, error
+//   dp -> stage   reduced_atom, slot, error, side_by_side (reductions
+//                 running when it started, itself included)
 //   stage -> dp   request norm_atom, step                 -> double
 //   stage -> dp   request update_atom, step, adam_step, coef -> error
 //   stage -> dp   request save_atom, step                 -> error
@@ -156,7 +158,18 @@ class dp_group {
   int size() const { return static_cast<int>(buckets_.size()); }
   /// Whether bucket `slot` is reduced by host rings (not by a device
   /// group, whose collectives every member must queue in the same order).
-  bool rings_on_host(int slot) const { return buckets_.at(static_cast<std::size_t>(slot)).coll == nullptr; }
+  /// (false for a slot it does not have: reduce reports that).
+  bool rings_on_host(int slot) const {
+    return slot >= 0 && static_cast<std::size_t>(slot) < buckets_.size() &&
+           buckets_[static_cast<std::size_t>(slot)].coll == nullptr;
+  }
+  /// Whether bucket `slot`'s ring has other members (a group of one
+  /// reduces nothing; false for a slot it does not have).
+  bool has_ring(int slot) const {
+    if (slot < 0 || static_cast<std::size_t>(slot) >= buckets_.size()) return false;
+    const ring* r = buckets_[static_cast<std::size_t>(slot)].group;
+    return r && r->size() > 1;
+  }
   /// The job's options.
   const dist_train_options& options() const { return *s_.options; }
 
@@ -221,8 +234,10 @@ class dp_group {
 /// caller may hold a reference to choose when it is released, never to use
 /// it). The actor never blocks on another rank: the host rings' chunks
 /// reach it as actor messages (actors/inbox_waiter.hpp), each within
-/// --timeout-s, and it takes requests one at a time, in order, a request
-/// that comes while one waits queued behind it. Its work that waits for
+/// --timeout-s. It takes requests in order: up to
+/// dist_train_options::rings_at_once reductions over host rings run side
+/// by side, each in a lane of its own; any other request, or a reduction
+/// beyond that, waits queued until those before it are done. Its work that waits for
 /// no message (updates, norms, saves, snapshots) is marked on `busy`, so
 /// that a coordinator asking what the rank does sees work, not a rank
 /// stuck (actors/train_watchdog.hpp); the ring reductions show as waits

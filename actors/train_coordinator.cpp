@@ -78,13 +78,14 @@ class coordinator {
       stall_.bind(self);
       // Ended by anything but settle (an exit message): run must not wait
       // for ever.
-      // run() waits for the promise: this object is alive here. A failure
-      // being reported says more than the exit that cut it short.
-      self->attach_functor([this](const caf::error& reason) {
-        if (settled_->exchange(true)) return;
-        done_->set_exception(failure_ ? failure_
-                                      : std::make_exception_ptr(
-                                            train_error("the coordinator ended: " + error_message(reason))));
+      // A failure being reported says more than the exit that cut it
+      // short. (Only shared state here: run() may already be past its
+      // wait for the actor, and this object gone, when this runs.)
+      self->attach_functor([done = done_, settled = settled_, failure = failure_](const caf::error& reason) {
+        if (settled->exchange(true)) return;
+        done->set_exception(*failure ? *failure
+                                     : std::make_exception_ptr(
+                                           train_error("the coordinator ended: " + error_message(reason))));
       });
       self->send(self, coord_msg::start_atom::value);
       return behavior();
@@ -127,7 +128,7 @@ class coordinator {
   /// Runs a step of the job; what it throws fails the job.
   template <class F>
   void guard(F&& f) {
-    if (failure_ || *settled_) return;
+    if (*failure_ || *settled_) return;
     try {
       f();
     } catch (...) {
@@ -141,7 +142,7 @@ class coordinator {
   /// their nodes say goodbye; a vague reason gets a moment for the root
   /// cause to arrive.
   void fail(std::exception_ptr e) {
-    failure_ = e;
+    *failure_ = e;
     stall_.waiter().cancel();  // the inbox forgets this actor's wait
     try {
       std::rethrow_exception(e);
@@ -176,7 +177,7 @@ class coordinator {
       // The job's own failure is what run() reports.
       spdlog::warn("training job {}: telling the ranks the job failed: {}", o_.layout.describe(), e.what());
     }
-    settle(reason != reason_ ? std::make_exception_ptr(train_error(reason)) : failure_, 0);
+    settle(reason != reason_ ? std::make_exception_ptr(train_error(reason)) : *failure_, 0);
   }
 
   /// The job's end, either way; the actor quits. Nothing may use this
@@ -329,6 +330,7 @@ class coordinator {
     r_.loss += rep->loss;
     sum_squares_ += rep->sum_squares;
     r_.compute_s[static_cast<std::size_t>(rank)] = rep->compute_s;
+    r_.rings_side_by_side = std::max(r_.rings_side_by_side, rep->rings_side_by_side);
     for (const schedule::link_measurement& l : rep->links)
       if (l.to > rank && l.to < world_) r_.links.push_back({rank, l.to, l.bandwidth});
   }
@@ -513,8 +515,9 @@ class coordinator {
   bool adapts_snapshots_ = o_.snapshot_auto && (o_.probe_every > 0 || o_.drain_every > 0);
   /// The model being gathered for --save.
   std::unique_ptr<transformer> model_;
-  /// The failure being reported (set once), and its text.
-  std::exception_ptr failure_;
+  /// The failure being reported (set once; shared with the actor's exit
+  /// handler), and its text.
+  std::shared_ptr<std::exception_ptr> failure_ = std::make_shared<std::exception_ptr>();
   std::string reason_;
   /// run()'s answer, kept once.
   std::shared_ptr<std::promise<int>> done_ = std::make_shared<std::promise<int>>();

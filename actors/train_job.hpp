@@ -131,6 +131,9 @@ struct memory_restore {
 };
 
 /// Everything every rank and the coordinator must agree on.
+/// The most buckets' rings a DP-group actor runs side by side.
+inline constexpr int max_rings_at_once = 64;
+
 struct dist_train_options {
   train_layout layout;
   int batch = 1;        ///< global batch: sequences per step over all replicas
@@ -145,10 +148,10 @@ struct dist_train_options {
   /// The data-parallel groups' collectives (every rank must agree).
   dp_collectives collectives = dp_collectives::host;
   /// How many buckets' host ring collectives a DP-group actor runs at once
-  /// (--rings-at-once; 1: one bucket after another): the reductions the
-  /// backward hands over while a ring waits on its neighbours start
-  /// instead of queueing. A rank's own choice: ranks that differ agree on
-  /// every result.
+  /// (--rings-at-once, 1 to max_rings_at_once; 1: one bucket after
+  /// another): the reductions the backward hands over while a ring waits
+  /// on its neighbours start instead of queueing. Every value gives the
+  /// same results (ranks started by hand may even differ).
   int rings_at_once = 4;
   /// Sharded checkpoints: every `checkpoint_every` steps (0 = never) each
   /// rank writes its shard under checkpoint_dir/step-N/, and the coordinator
@@ -287,6 +290,10 @@ struct dist_step_report {
   /// Each rank's seconds inside its stage's forward and backward this
   /// step (0 = not measured: device ranks).
   std::vector<double> compute_s;
+  /// The most bucket reductions over host rings of two or more ranks any
+  /// rank's DP group ran side by side this step
+  /// (dist_train_options::rings_at_once; 0: none).
+  int rings_side_by_side = 0;
   /// The in-memory snapshot interval in force after this step: with
   /// snapshot_auto, what the coordinator chose at this verdict step.
   int snapshot_every = 0;

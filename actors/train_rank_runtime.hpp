@@ -286,6 +286,9 @@ class rank_runtime {
   std::shared_ptr<std::atomic<bool>> stage_settled_;
   std::unique_ptr<inbox_waiter> waiter_;  ///< the stage actor's waits
   int reduced_ = 0;  ///< the DP group's answers this step
+  /// The most of this step's reductions the DP group ran side by side
+  /// (its answers say; the step's report carries it).
+  int rings_side_by_side_ = 0;
   std::string reduce_error_;
   std::function<void()> on_reduced_;  ///< set while the reductions are waited for
   /// be_'s companion for the DP actor (device backends only). Late, so it

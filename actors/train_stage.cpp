@@ -116,9 +116,10 @@ caf::behavior rank_runtime::stage_behavior() {
         guard([&] { waiter_->on_failure(token, reason); });
       },
       [this](inbox_deadline_atom, std::uint64_t timer) { guard([&] { waiter_->on_deadline(timer); }); },
-      [this](dp_msg::reduced_atom, int, std::string& error) {
+      [this](dp_msg::reduced_atom, int, std::string& error, int side_by_side) {
         guard([&] {
           ++reduced_;
+          rings_side_by_side_ = std::max(rings_side_by_side_, side_by_side);
           if (!error.empty() && reduce_error_.empty()) reduce_error_ = std::move(error);
           if (on_reduced_) check_reductions();
         });
@@ -147,6 +148,7 @@ void rank_runtime::begin_step(int step) {
   st_.backwards.assign(static_cast<std::size_t>(o_.layout.chunks), 0);
   handed_ = 0;
   reduced_ = 0;
+  rings_side_by_side_ = 0;
   reduce_error_.clear();
   compute_s_ = 0;
   data_.next_batch(o_.batch, o_.seq, ids_, targets_);
@@ -313,6 +315,7 @@ void rank_runtime::report_step(double sum_squares) {
   train_report report{rank_, step, st_.loss, sum_squares, comm_->job()};
   // A device queues its work: the host's time in the calls says nothing.
   report.compute_s = on_device_ ? 0.0 : compute_s_;
+  report.rings_side_by_side = rings_side_by_side_;
   if (o_.probes_at(step)) {
     // Work, not a wait, for the coordinator's stall check; not a compute
     // call for the watchdog (a slow link's probe is no hang).

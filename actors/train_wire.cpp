@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "actors/capnp_body.hpp"
+#include "actors/train_job.hpp"
 #include "net/wire.capnp.h"
 
 namespace corolla {
@@ -66,6 +67,7 @@ std::vector<std::uint8_t> encode_body(const train_report& v) {
   r.setSumSquares(v.sum_squares);
   r.setJob(v.job);
   r.setComputeS(v.compute_s);
+  r.setRingsSideBySide(v.rings_side_by_side);
   auto links = r.initLinks(static_cast<unsigned>(v.links.size()));
   for (std::size_t i = 0; i < v.links.size(); ++i) {
     links[static_cast<unsigned>(i)].setPeer(v.links[i].to);
@@ -133,6 +135,9 @@ caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>&
     out.compute_s = r.getComputeS();
     if (!std::isfinite(out.compute_s) || out.compute_s < 0)
       throw std::invalid_argument("compute seconds of " + std::to_string(out.compute_s));
+    out.rings_side_by_side = r.getRingsSideBySide();
+    if (out.rings_side_by_side < 0 || out.rings_side_by_side > max_rings_at_once)
+      throw std::invalid_argument(std::to_string(out.rings_side_by_side) + " rings side by side");
     return out;
   });
 }

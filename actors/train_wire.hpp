@@ -66,6 +66,9 @@ struct train_report {
   /// Probe steps only: from = `rank`, to = the neighbour (wire::TrainReport.LinkRate).
   std::vector<schedule::link_measurement> links{};
   double compute_s = 0;  ///< seconds in the stage's forward and backward this step (0 = not measured)
+  /// The most of this step's bucket reductions over host rings of two or
+  /// more ranks the rank's DP group ran at once (--rings-at-once; 0: none).
+  int rings_side_by_side = 0;
 };
 
 /// wire::TrainStep (norm, saved, done, finish, drain).

@@ -8,6 +8,7 @@
 #include <new>
 #include <sstream>
 #include <stdexcept>
+#include <cstdlib>
 #include <string>
 
 #include <unistd.h>
@@ -182,6 +183,17 @@ int run_cli(int argc, char** argv) {
   if (!spdlog::get("corolla-stderr")) spdlog::set_default_logger(spdlog::stderr_color_mt("corolla-stderr"));
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_level(spdlog::level::warn);
+  // Every process of a command, the ranks a launcher starts included
+  // (they inherit it); a command's own --log-level still wins.
+  if (const char* level = std::getenv("COROLLA_LOG_LEVEL"); level && *level) {
+    const spdlog::level::level_enum l = spdlog::level::from_str(level);
+    if (l == spdlog::level::off && std::string(level) != "off") {
+      std::fprintf(stderr, "corolla: error: COROLLA_LOG_LEVEL must be trace, debug, info, warn, error, critical or off, "
+                   "got '%s'\n", level);
+      return 1;
+    }
+    spdlog::set_level(l);
+  }
 
   action_fn action;
   register_info(app, action);

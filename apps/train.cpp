@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "actors/train_job.hpp"
 #include "apps/commands.hpp"
 #include "apps/flag_checks.hpp"
 #include "apps/train_args.hpp"
@@ -115,7 +116,7 @@ int run_train(const train_args& a) {
                                     std::pair{a.resume, "--resume"}, std::pair{a.chunks != 1, "--chunks"},
                                     std::pair{!a.link_profile.empty(), "--link-profile"},
                                     std::pair{a.collectives != "host", "--collectives"},
-                                    std::pair{a.rings_at_once != 4, "--rings-at-once"},
+                                    std::pair{a.rings_at_once != dist_train_options{}.rings_at_once, "--rings-at-once"},
                                     std::pair{!a.coordinator.empty(), "--coordinator"},
                                     std::pair{a.external_coordinator, "--external-coordinator"},
                                     std::pair{a.elastic, "--elastic"}, std::pair{a.min_ranks != 1, "--min-ranks"},

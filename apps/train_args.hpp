@@ -102,7 +102,7 @@ struct train_args {
   int probe_every = 0;   ///< --probe-every: measure the ranks' links every K steps (--elastic --cluster re-plans on them)
   double timeout_s = 300;
   double hang_s = 60;
-  int rings_at_once = 4;  ///< --rings-at-once (dist_train_options::rings_at_once)
+  int rings_at_once = dist_train_options{}.rings_at_once;  ///< --rings-at-once
   std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file
   std::string link_profile;  ///< one shaping profile for every link between ranks
   std::string job_file;      ///< internal: the job as the local launcher wrote it (JSON)

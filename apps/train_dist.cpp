@@ -118,6 +118,8 @@ void print_step(const train_args& a, const dist_train_options& o, const dist_ste
     const bool scaled = o.optimizer.loss_scale.dynamic;
     if (a.grad_clip > 0.0f || scaled) line["grad_norm"] = r.grad_norm;
     if (scaled) add_loss_scale(line, r.loss_scale, r.skipped);
+    // Data-parallel groups' reductions that ran side by side (--rings-at-once).
+    if (r.rings_side_by_side > 0) line["rings_side_by_side"] = r.rings_side_by_side;
     if (!r.links.empty()) {  // --probe-every: what the ranks measured
       nlohmann::json links = nlohmann::json::array();
       for (const auto& l : r.links) links.push_back({{"from", l.from}, {"to", l.to}, {"bytes_per_s", l.bandwidth}});
@@ -428,8 +430,9 @@ int run_distributed_train(train_args a) {
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_every = a.checkpoint_every;
   if (a.probe_every < 0) throw std::invalid_argument("--probe-every must be >= 0");
-  if (a.rings_at_once < 1 || a.rings_at_once > 64)
-    throw std::invalid_argument("--rings-at-once must be between 1 and 64, not " + std::to_string(a.rings_at_once));
+  if (a.rings_at_once < 1 || a.rings_at_once > max_rings_at_once)
+    throw std::invalid_argument("--rings-at-once must be between 1 and " + std::to_string(max_rings_at_once) +
+                                ", not " + std::to_string(a.rings_at_once));
   o.probe_every = a.probe_every;
   int snapshot_every = 1;  // the default with --elastic
   o.snapshot_auto = a.snapshot_every == "auto";

@@ -86,7 +86,8 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
     o.timeout = std::chrono::milliseconds(j.at("timeout_ms").get<std::int64_t>());
     o.hang_s = j.value("hang_s", o.hang_s);
     o.rings_at_once = j.value("rings_at_once", o.rings_at_once);
-    if (o.rings_at_once < 1) throw std::invalid_argument("rings_at_once must be at least 1");
+    if (o.rings_at_once < 1 || o.rings_at_once > max_rings_at_once)
+      throw std::invalid_argument("rings_at_once must be between 1 and " + std::to_string(max_rings_at_once));
     o.link_profiles = j.at("link_profiles").get<std::vector<std::string>>();
     o.synthetic.forward_s = j.at("synthetic_forward_s").get<std::vector<double>>();
     o.synthetic.backward_s = j.at("synthetic_backward_s").get<std::vector<double>>();

@@ -224,6 +224,7 @@ struct TrainReport {
   job @4 :UInt64;
   links @5 :List(LinkRate); # on probe steps (--probe-every): the rank's links to its higher neighbours
   computeS @6 :Float64;     # seconds of this step inside the stage's forward and backward (0 = not measured: device ranks)
+  ringsSideBySide @7 :Int32; # the most of this step's bucket reductions over host rings of 2+ ranks its DP group ran at once (0: none)
   struct LinkRate {
     peer @0 :Int32;         # the neighbour's rank
     bytesPerS @1 :Float64;  # measured with echoes, both ways averaged; 0 = too fast to tell

@@ -5,6 +5,7 @@
 // counts open awaits. And inbox_waiter, the deadline of an actor's waits.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -230,13 +231,13 @@ namespace {
 
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 
-/// Three waiters of one actor, in lanes 0, 1 and 2 (the DP-group actor's
-/// rings side by side): each waits for its key ("a", "b", "c"; "b" for
-/// 300 ms only) and tells `to` "lane N message T" or "lane N error <what>".
-/// cancel_atom gives lane 2's wait up.
+/// Five waiters of one actor, in lanes 0 to 4 (the DP-group actor's rings
+/// side by side): each waits for its key ("a" to "e"; "b" for 300 ms only)
+/// and tells `to` "lane N message T" or "lane N error <what>". cancel_atom
+/// gives lane 2's wait up.
 caf::behavior lanes_actor(caf::event_based_actor* self, std::shared_ptr<train_inbox> inbox, caf::actor to) {
   auto waiters = std::make_shared<std::vector<std::unique_ptr<inbox_waiter>>>();
-  for (std::uint16_t lane = 0; lane < 3; ++lane) {
+  for (std::uint16_t lane = 0; lane < 5; ++lane) {
     waiters->push_back(std::make_unique<inbox_waiter>(inbox, 10s, lane));
     waiters->back()->bind(self);
   }
@@ -250,8 +251,8 @@ caf::behavior lanes_actor(caf::event_based_actor* self, std::shared_ptr<train_in
       report(lane, std::string("error ") + e.what());
     }
   };
-  const char* keys[] = {"a", "b", "c"};
-  for (std::size_t lane = 0; lane < 3; ++lane)
+  const char* keys[] = {"a", "b", "c", "d", "e"};
+  for (std::size_t lane = 0; lane < 5; ++lane)
     guarded(lane, [&] {
       auto m = (*waiters)[lane]->await(
           keys[lane], keys[lane], 0, [report, lane](remote_message m) { report(lane, "message " + m.type); },
@@ -285,21 +286,26 @@ TEST_CASE("waiters in lanes of one actor each hold a wait of their own: their me
   caf::scoped_actor self{system};
   auto inbox = std::make_shared<train_inbox>();
   auto actor = system.spawn(lanes_actor, inbox, caf::actor_cast<caf::actor>(self));
-  until_waiting(*inbox, "a");
-  until_waiting(*inbox, "c");
-  // Lane 1's short wait ends alone: lanes 0 and 2 still wait.
+  for (const char* key : {"a", "c", "d", "e"}) until_waiting(*inbox, key);
+  // Lane 1's short wait ends alone: the other lanes still wait.
   CHECK(next_line(self, 10s) == "lane 1 error no b within 300 ms");
-  CHECK(inbox->waits().size() == 2);
+  CHECK(inbox->waits().size() == 4);
   // Lane 2 gives its wait up: its message stays filed, nothing comes.
   caf::anon_send(actor, cancel_atom::value);
-  for (int i = 0; i < 2000 && inbox->waits().size() != 1; ++i) std::this_thread::sleep_for(5ms);
-  REQUIRE(inbox->waits().size() == 1);
-  CHECK(inbox->waits()[0].what == "a");
+  for (int i = 0; i < 2000 && inbox->waits().size() != 3; ++i) std::this_thread::sleep_for(5ms);
+  REQUIRE(inbox->waits().size() == 3);
   inbox->put("c", typed("c"));
   inbox->put("a", typed("a"));
   CHECK(next_line(self, 10s) == "lane 0 message a");
   CHECK(next_line(self, 300ms) == "nothing");
   CHECK(inbox->take("c", 10ms, "c").type == "c");
+  // The inbox failing ends every lane's wait, each with the reason.
+  inbox->fail("rank 1 (stage 0, replica 1) is down: connection lost");
+  std::vector<std::string> ends{next_line(self, 10s), next_line(self, 10s)};
+  std::sort(ends.begin(), ends.end());
+  CHECK(ends == std::vector<std::string>{"lane 3 error rank 1 (stage 0, replica 1) is down: connection lost",
+                                         "lane 4 error rank 1 (stage 0, replica 1) is down: connection lost"});
+  CHECK(inbox->waits().empty());
   // Tokens and timers carry their lane.
   CHECK(inbox_waiter::lane_of(std::uint64_t{2} << 48 | 7) == 2);
   CHECK(inbox_waiter::lane_of(7) == 0);

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -128,6 +129,11 @@ TEST_CASE("generate --prompts prints the library's generation after the trained 
   // spdlog would read an unknown level as "off" and silence every line.
   testing::check_one_error(testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1", "--log-level", "loud"})),
                            "--log-level must be trace, debug, info, warn, error, critical or off, got 'loud'");
+  // The same for the environment's level, which every process reads.
+  ::setenv("COROLLA_LOG_LEVEL", "loud", 1);
+  const testing::process_result env = testing::run_corolla(generate_args(dir.path(), {"--prompt-ids", "1"}));
+  ::unsetenv("COROLLA_LOG_LEVEL");
+  testing::check_one_error(env, "COROLLA_LOG_LEVEL must be trace, debug, info, warn, error, critical or off, got 'loud'");
 }
 
 TEST_CASE("generate --kv-dtype bf16 prints the library's generation on a bf16 KV cache") {
