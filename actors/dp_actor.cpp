@@ -76,18 +76,17 @@ class dp_runner {
     }
   }
 
-  /// The lane whose waiter made `token_or_timer`, if any.
-  std::optional<std::size_t> lane_of(std::uint64_t token_or_timer) const {
+  /// A waiter's message (a delivery, a failure, a deadline) to the lane
+  /// whose waiter made `token_or_timer`: `f(waiter)` runs in that lane's
+  /// guard. A lane this actor does not have never made it: logged.
+  template <class F>
+  void to_lane(std::uint64_t token_or_timer, F&& f) {
     const std::size_t i = inbox_waiter::lane_of(token_or_timer);
-    if (i >= lanes_.size()) return std::nullopt;
-    return i;
-  }
-  inbox_waiter& waiter(std::size_t lane) { return *lanes_[lane].waiter; }
-
-  /// A message for a lane this actor does not have: its waits never made it.
-  void stray(std::uint64_t token_or_timer) const {
-    spdlog::error("{}: a message of DP-group lane {} it does not have (internal error)", g_->label(),
-                  inbox_waiter::lane_of(token_or_timer));
+    if (i >= lanes_.size()) {
+      spdlog::error("{}: a message of DP-group lane {} it does not have (internal error)", g_->label(), i);
+      return;
+    }
+    guard(i, [&] { f(*lanes_[i].waiter); });
   }
 
  private:
@@ -262,22 +261,13 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
         },
         // Each lane's waiter's messages, to that lane.
         [run](inbox_delivery_atom, std::uint64_t token, remote_message& m) {
-          if (auto i = run->lane_of(token))
-            run->guard(*i, [&] { run->waiter(*i).on_delivery(token, std::move(m)); });
-          else
-            run->stray(token);
+          run->to_lane(token, [&](inbox_waiter& w) { w.on_delivery(token, std::move(m)); });
         },
         [run](inbox_failure_atom, std::uint64_t token, std::string& reason) {
-          if (auto i = run->lane_of(token))
-            run->guard(*i, [&] { run->waiter(*i).on_failure(token, reason); });
-          else
-            run->stray(token);
+          run->to_lane(token, [&](inbox_waiter& w) { w.on_failure(token, reason); });
         },
         [run](inbox_deadline_atom, std::uint64_t timer) {
-          if (auto i = run->lane_of(timer))
-            run->guard(*i, [&] { run->waiter(*i).on_deadline(timer); });
-          else
-            run->stray(timer);
+          run->to_lane(timer, [&](inbox_waiter& w) { w.on_deadline(timer); });
         },
     };
   });
