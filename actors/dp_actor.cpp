@@ -1,9 +1,9 @@
 // The DP-group actor of a training rank (actors/dp_group.hpp): requests
 // taken in order; a request's ring collectives run hop by hop as their
 // chunks arrive (inbox_waiter), so the actor never blocks on another rank.
-// Reductions of buckets reduced by host rings run side by side, up to
-// --rings-at-once of them (one lane and one waiter each); anything else
-// runs alone, once the requests before it are done.
+// Reductions and updates of buckets reduced by host rings run side by
+// side, up to --rings-at-once of them (one lane and one waiter each);
+// anything else runs alone, once the requests before it are done.
 #include <algorithm>
 #include <deque>
 #include <exception>
@@ -245,10 +245,27 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
                        "", false, "gradient norm", false, false});
         },
         [self, g, run, label](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
-          auto rp = self->make_response_promise();
-          run->submit({[g, step, adam_step, coef] { return g->update(step, adam_step, coef); },
-                       [rp](std::string e, int) mutable { rp.deliver(std::move(e)); },
-                       label + " failed updating its shards: ", true, "optimizer update", false, false});
+          // One job per bucket, in bucket order on every member (so the
+          // lane cap cannot deadlock a group, as for reductions); the
+          // answer, the first error or "", once the last is done.
+          struct updates {
+            caf::response_promise rp;
+            int left = 0;
+            std::string error;
+          };
+          auto all = std::make_shared<updates>(updates{self->make_response_promise(), g->size(), {}});
+          if (all->left == 0) {
+            all->rp.deliver(std::string());
+            return;
+          }
+          for (int slot = 0; slot < g->size(); ++slot)
+            run->submit({[g, slot, step, adam_step, coef] { return g->update(slot, step, adam_step, coef); },
+                         [all](std::string e, int) {
+                           if (all->error.empty()) all->error = std::move(e);
+                           if (--all->left == 0) all->rp.deliver(std::move(all->error));
+                         },
+                         label + " failed updating its shards: ", true, "optimizer update", g->rings_on_host(slot),
+                         g->rings_on_host(slot) && g->has_ring(slot)});
         },
         [g, answer_with](save_atom, int step) {
           answer_with("checkpoint save", [g, step] { return g->save_checkpoint(step); });

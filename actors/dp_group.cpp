@@ -206,19 +206,14 @@ void dp_group::upload_params(grad_bucket& b, const queue_marker* after, std::int
   s_.compute->copy_after(after, b.host_params.slice(lo, hi), dst);
 }
 
-dp_step dp_group::update(std::int64_t step, std::int64_t adam_step, double coef) {
-  return update_from(0, step, adam_step, coef);
-}
-
-dp_step dp_group::update_from(std::size_t i, std::int64_t step, std::int64_t adam_step, double coef) {
-  if (i == buckets_.size()) return {};
-  grad_bucket& b = buckets_[i];
+dp_step dp_group::update(int slot, std::int64_t step, std::int64_t adam_step, double coef) {
+  grad_bucket& b = buckets_.at(static_cast<std::size_t>(slot));
   update_shard(b, step, adam_step, static_cast<float>(coef));
-  return gather_params(b, step, [this, &b, i, step, adam_step, coef] {
+  return gather_params(b, step, [this, &b] {
     // The gathers wait on the other members: a dead one is noticed here,
     // not in whatever waits on this queue next.
     if (b.coll) b.coll->synchronize(*s_.math);
-    return update_from(i + 1, step, adam_step, coef);
+    return dp_step{};
   });
 }
 

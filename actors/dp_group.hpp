@@ -14,13 +14,15 @@
 // Failures come back as values (an error string, empty when fine); a failed
 // reduction also fails the rank's inbox so the stage's next wait throws.
 //
-// Protocol (handled in order on one detached actor; the reductions of
-// buckets reduced by host rings run side by side, up to --rings-at-once):
+// Protocol (handled in order on one detached actor; the reductions and
+// updates of buckets reduced by host rings run side by side, up to
+// --rings-at-once):
 //   stage -> dp   reduce_atom, slot, step, adam_step, grads_ready
 //   dp -> stage   reduced_atom, slot, error, side_by_side (reductions
 //                 running when it started, itself included)
 //   stage -> dp   request norm_atom, step                 -> double
 //   stage -> dp   request update_atom, step, adam_step, coef -> error
+//                 (one job per bucket; those over host rings side by side)
 //   stage -> dp   request save_atom, step                 -> error
 //   stage -> dp   request publish_atom, steps             -> error
 //   stage -> dp   request snapshot_atom, step, loss_scale -> error
@@ -194,9 +196,10 @@ class dp_group {
   /// or the error that stopped it (a device fault), naming this rank and
   /// the step.
   caf::expected<double> reduced_sum_squares(std::int64_t step);
-  /// AdamW on every bucket's shard with the gradients times `coef`, then
-  /// the all-gathers.
-  dp_step update(std::int64_t step, std::int64_t adam_step, double coef);
+  /// AdamW on bucket `slot`'s shard with the gradients times `coef`, then
+  /// its all-gather (the actor runs one per bucket: those over host rings
+  /// side by side, as reductions).
+  dp_step update(int slot, std::int64_t step, std::int64_t adam_step, double coef);
   /// Writes this rank's checkpoint shard of step `step` and tells the coordinator.
   std::string save_checkpoint(int step);
   /// Sends the parameters this rank keeps to the coordinator (--save).
@@ -215,8 +218,6 @@ class dp_group {
   dp_step after_reduce(grad_bucket& b, std::int64_t step, std::int64_t adam_step);
   /// All-gathers bucket `b`'s parameters, then `then`.
   dp_step gather_params(grad_bucket& b, std::int64_t step, std::function<dp_step()> then);
-  /// update from bucket `i` on.
-  dp_step update_from(std::size_t i, std::int64_t step, std::int64_t adam_step, double coef);
   void upload_params(grad_bucket& b, const queue_marker* after, std::int64_t lo = 0, std::int64_t hi = -1);
   Tensor to_host(const Tensor& t);
 

@@ -323,6 +323,7 @@ void register_bench(CLI::App& app, action_fn& action) {
 
   static bench_common train_opts;
   static int batch = 4, seq = 64, steps = 3, micro_batch = 1;
+  static double grad_clip = 0;
   static std::string cluster;
   auto* train = bench->add_subcommand(
       "train",
@@ -355,7 +356,18 @@ void register_bench(CLI::App& app, action_fn& action) {
   train->add_option("--micro-batch", micro_batch,
                     "Sequences per micro-batch, dividing --batch: in one process gradient accumulation (default: "
                     "the whole batch at once); with --cluster the pipeline's unit (default 1)");
+  train->add_option("--grad-clip", grad_clip,
+                    "With --cluster: clip gradients to this global L2 norm (0 = none), so every step waits for the "
+                    "coordinator's norm and the parameter all-gathers run in the update")
+      ->check(finite_at_least(0))
+      ->capture_default_str();
   train->callback([&action, train] {
+    if (cluster.empty() && train->count("--grad-clip") > 0) {
+      action = [] () -> int {
+        throw std::invalid_argument("bench train: --grad-clip applies to --cluster only");
+      };
+      return;
+    }
     if (!cluster.empty()) {
       if (train->count("--compute") > 0 || train->count("--loss-scale") > 0) {
         action = [] () -> int {
@@ -371,6 +383,7 @@ void register_bench(CLI::App& app, action_fn& action) {
       if (train->count("--seq") > 0) c.seq = seq;
       if (train->count("--steps") > 0) c.timed_steps = steps;
       c.micro_batch = micro_batch;
+      c.grad_clip = grad_clip;
       c.json = train_opts.json;
       action = [c] { return run_bench_train_cluster(c); };
       return;

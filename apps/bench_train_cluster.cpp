@@ -87,8 +87,9 @@ std::string split_of(const sc::plan& p) {
   return s;
 }
 
-double run_variant(variant& v, const train_args& base, const model_config& cfg, int steps) {
+double run_variant(variant& v, const train_args& base, const model_config& cfg, int steps, double grad_clip) {
   dist_train_options o;
+  o.optimizer.max_grad_norm = static_cast<float>(grad_clip);
   use_plan(v.cluster, v.plan, o);
   o.batch = base.batch;
   o.seq = base.seq;
@@ -183,22 +184,23 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
   base.threads = 1;
   if (!a.json) {
     std::fprintf(stderr, "bench train --cluster %s: %s, %.1fM parameters, global batch %d x %d tokens; %d steps each "
-                         "(first is warm-up), synthetic compute, real bytes on shaped links\n",
-                 a.cluster.c_str(), cfg.hf_architecture.c_str(), cfg.parameter_count() / 1e6, a.batch, a.seq, steps);
+                         "(first is warm-up), synthetic compute, real bytes on shaped links%s\n",
+                 a.cluster.c_str(), cfg.hf_architecture.c_str(), cfg.parameter_count() / 1e6, a.batch, a.seq, steps,
+                 a.grad_clip > 0 ? ("; gradients clipped to norm " + std::to_string(a.grad_clip)).c_str() : "");
     print_plan(stderr, cluster, report.best);
   }
   for (variant& v : variants) {
     if (!a.json)
       std::fprintf(stderr, "  running %-12s PP %d x DP %d (layers %s)...\n", v.name.c_str(), v.plan.pp, v.plan.dp,
                    split_of(v.plan).c_str());
-    run_variant(v, base, cfg, steps);
+    run_variant(v, base, cfg, steps, a.grad_clip);
     // Its baseline right after it: a drift of the machine's load hits both.
     for (variant& one : one_ring) {
       if (one.name != v.name) continue;
       if (!a.json)
         std::fprintf(stderr, "  running %-12s PP %d x DP %d with one bucket's ring at a time...\n", one.name.c_str(),
                      one.plan.pp, one.plan.dp);
-      run_variant(one, base, cfg, steps);
+      run_variant(one, base, cfg, steps, a.grad_clip);
     }
   }
   // The same layout with its rings side by side, against one at a time.
@@ -223,7 +225,8 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
                       {"samples_per_s", v.samples_per_s},
                       {"vs_all_ib", ib ? nlohmann::json(v.samples_per_s / ib->samples_per_s) : nlohmann::json(nullptr)}});
     nlohmann::json j = {{"bench", "train-cluster"}, {"cluster", cluster.name}, {"parameters", cfg.parameter_count()},
-                        {"batch", a.batch}, {"seq", a.seq}, {"steps", steps}, {"layouts", rows}};
+                        {"batch", a.batch}, {"seq", a.seq}, {"steps", steps}, {"grad_clip", a.grad_clip},
+                        {"layouts", rows}};
     if (holmes) j["planner_vs_holmes"] = planner.samples_per_s / holmes->samples_per_s;
     j["rings_at_once"] = planner.rings_at_once;
     nlohmann::json singles = nlohmann::json::array();

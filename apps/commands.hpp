@@ -88,6 +88,9 @@ struct cluster_bench_options {
   int seq = 128;
   int micro_batch = 1;
   int timed_steps = 5;  ///< measured steps of each layout, after one warm-up step
+  /// Clip to this global norm (0: none): every step then waits for the
+  /// coordinator's norm, and the all-gathers run in the update request.
+  double grad_clip = 0;
   bool json = false;
 };
 /// An emulated heterogeneous cluster: the planner's layout vs the Holmes

@@ -76,6 +76,8 @@ TEST_CASE("flag checks: out-of-range and malformed values are usage errors that 
            {{"bench", "decode", "--repeats", "0"}, "--repeats: must be a whole number in [1, 1000], got '0'"},
            {{"bench", "gemm", "--round-ms", "nan"}, "--round-ms: must be a finite number in [0.01, 10000], got 'nan'"},
            {{"bench", "interleave", "--bulk-mib", "nan"}, "--bulk-mib: must be a finite number in [0.001, 1024]"},
+           {{"bench", "train", "--cluster", "x.toml", "--grad-clip", "nan"},
+            "--grad-clip: must be a finite number >= 0, got 'nan'"},
        }) {
     CAPTURE(b.expected);
     check_usage_error(testing::run_corolla(b.args), b.expected);
