@@ -3,10 +3,10 @@
 // sums their reports step by step, hands out norms and verdicts, commits
 // checkpoints and saves the model. It never blocks on its ranks: each
 // message it needs next comes to it as an actor message (stall_watch's
-// awaits, with the stall check). What it calls may take time: the
-// launcher's hooks (on_roster, on_step, drain: the elastic scheduler's
-// verdict), a checkpoint's commit, the model's save; the actor is
-// detached for them.
+// awaits, with the stall check); at a verdict step it asks the elastic
+// scheduler actor and goes on with the answer. What it calls may take
+// time: the launcher's hooks (on_roster, on_step), a checkpoint's commit,
+// the model's save; the actor is detached for them.
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -27,6 +27,7 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_scheduler.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_stall.hpp"
 #include "actors/train_store.hpp"
@@ -384,18 +385,41 @@ class coordinator {
     if (verdict && adapts_snapshots_) choose_snapshot_interval(r_);
     r_.snapshot_every = snapshot_every_;
     if (hooks_.on_step) hooks_.on_step(r_);
-    if (verdict) {
-      // Every rank waits at this step boundary for the verdict (and,
-      // with --snapshot-every auto, takes the interval from it).
-      const bool stop = hooks_.drain && !o_.checkpoint_dir.empty() && hooks_.drain(r_);
-      train_step_note note{step, 0, stop ? 1.0 : 0.0, run_};
-      note.snapshot_every = o_.snapshot_auto ? snapshot_every_ : 0;
-      for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::drain, encode_body(note));
-      if (stop) {
-        last_ = step;
-        spdlog::info("training job {}: drained after step {}", o_.layout.describe(), last_);
-      }
+    if (!verdict) return after_verdict();
+    // Every rank waits at this step boundary for the verdict (and, with
+    // --snapshot-every auto, takes the interval from it).
+    if (!hooks_.scheduler || o_.checkpoint_dir.empty()) return give_verdict(false);
+    drain_query q;
+    q.report = r_;
+    self_->request(hooks_.scheduler, caf::infinite, sched_msg::verdict_atom::value, std::move(q))
+        .then(
+            [this](drain_verdict& v) {
+              guard([&] {
+                if (hooks_.on_verdict_notes) hooks_.on_verdict_notes(v.notes);
+                give_verdict(v.drain);
+              });
+            },
+            [this](caf::error& e) {
+              guard([&] { throw train_error("the training scheduler failed: " + error_message(e)); });
+            });
+  }
+
+  /// The verdict of this step to every rank: go on, or (`stop`) stop here.
+  void give_verdict(bool stop) {
+    const int step = r_.step;
+    train_step_note note{step, 0, stop ? 1.0 : 0.0, run_};
+    note.snapshot_every = o_.snapshot_auto ? snapshot_every_ : 0;
+    for (int rank = 0; rank < world_; ++rank) send(rank, train_msg::drain, encode_body(note));
+    if (stop) {
+      last_ = step;
+      spdlog::info("training job {}: drained after step {}", o_.layout.describe(), last_);
     }
+    after_verdict();
+  }
+
+  /// The step's checkpoint, if due, then the next step.
+  void after_verdict() {
+    const int step = r_.step;
     if (!o_.saves_at(step, last_)) {
       next_step();
       return;

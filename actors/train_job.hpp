@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
+
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/params.hpp"
@@ -360,18 +362,25 @@ void run_train_coordinator(node& n, const dist_train_options& o, const model_con
                            const std::function<void(const dist_step_report&)>& on_step,
                            std::shared_ptr<train_inbox> inbox = nullptr);
 
-/// What a launcher hears from the coordinator, and how it asks for a drain.
-/// Every callback runs on the coordinator actor's thread.
+/// What a launcher hears from the coordinator, and whom the coordinator
+/// asks for a drain. Every callback runs on the coordinator actor's thread.
 struct coordinator_hooks {
   std::function<void(const dist_step_report&)> on_step;
   /// Once every rank joined: who they are (rank, node id, endpoint), and
   /// the run's id (what the ranks' snapshot keepers answer to).
   std::function<void(const std::vector<train_peer>&, std::uint64_t run)> on_roster;
-  /// After on_step of a probe step (o.probe_every; not the last step),
-  /// while every rank waits at that step boundary for the verdict: true
-  /// stops the job after this step, with a checkpoint written and
-  /// committed there. Needs o.checkpoint_dir (else never asked).
-  std::function<bool(const dist_step_report&)> drain;
+  /// The elastic scheduler actor (actors/train_scheduler.hpp). After
+  /// on_step of a verdict step (o.verdict_at; not the last step), while
+  /// every rank waits at that step boundary, the coordinator asks it
+  /// (request sched_msg::verdict_atom, drain_query -> drain_verdict) and
+  /// goes on with its answer, never blocking: a verdict to drain stops the
+  /// job after this step, with a checkpoint written and committed there (or
+  /// the step held in memory). Needs o.checkpoint_dir (else never asked).
+  /// A scheduler that fails to answer fails the job. Null: no verdicts.
+  caf::actor scheduler;
+  /// A verdict's notes (lines for stderr, in order), before the
+  /// coordinator acts on it.
+  std::function<void(const std::vector<std::string>&)> on_verdict_notes;
 };
 
 /// As above, with hooks; returns the last step run: o.steps, or the step a

@@ -41,6 +41,9 @@ std::string printf_line(const char* fmt, ...) {
   return buf;
 }
 
+/// How long a verdict waits for the lobby's pool.
+constexpr std::chrono::seconds lobby_answer_timeout{10};
+
 /// The scheduler's state: the running grid or plan, the membership, the
 /// measurements, and the switch a drain verdict chose.
 struct scheduler_state {
@@ -358,7 +361,28 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
         s.computed_steps = 0;
       },
       [self](sched_msg::step_atom, const dist_step_report& r) { self->state.on_step(r); },
-      [self](sched_msg::verdict_atom, const drain_query& q) { return self->state.verdict(q); },
+      [self](sched_msg::verdict_atom, drain_query& q) -> caf::result<drain_verdict> {
+        const caf::actor pool = self->state.setup.pool;
+        if (!self->state.setup.joins || !pool) return self->state.verdict(q);
+        // Who is pooled now: asked of the lobby without blocking (other
+        // messages, a step's report, are taken meanwhile).
+        auto rp = self->make_response_promise<drain_verdict>();
+        self->request(pool, lobby_answer_timeout, sched_msg::pool_atom::value)
+            .then(
+                [self, rp, q](std::vector<std::string>& flat) mutable {
+                  q.pool = pool_of_flat(flat);
+                  q.pool_ok = true;
+                  rp.deliver(self->state.verdict(q));
+                },
+                [self, rp, q](caf::error& e) mutable {
+                  q.pool.clear();
+                  q.pool_ok = false;  // nobody can join now
+                  drain_verdict v = self->state.verdict(q);
+                  v.notes.insert(v.notes.begin(), "the lobby did not answer: " + self->system().render(e));
+                  rp.deliver(std::move(v));
+                });
+        return rp;
+      },
       [self](sched_msg::drained_atom, int last) { return self->state.drained(last); },
       [self](sched_msg::failed_atom, const std::vector<int>& lost, const std::string& reason) {
         return self->state.failed(lost, reason);
@@ -367,6 +391,22 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
 }
 
 }  // namespace
+
+std::vector<std::string> flat_pool(const std::vector<schedule::machine_offer>& pool) {
+  std::vector<std::string> flat;
+  for (const schedule::machine_offer& w : pool) {
+    flat.push_back(w.node_id);
+    flat.push_back(w.name);
+    flat.push_back(w.machine);
+  }
+  return flat;
+}
+
+std::vector<schedule::machine_offer> pool_of_flat(const std::vector<std::string>& flat) {
+  std::vector<schedule::machine_offer> pool;
+  for (std::size_t i = 0; i + 2 < flat.size(); i += 3) pool.push_back({flat[i], flat[i + 1], flat[i + 2]});
+  return pool;
+}
 
 const schedule::machine_offer* rank_machines::of(const train_layout& l, int rank) const {
   if (by_worker) {
@@ -382,7 +422,10 @@ train_scheduler::train_scheduler(scheduler_setup setup) {
   config_ = std::make_unique<caf::actor_system_config>();
   config_->set("scheduler.max-threads", static_cast<std::int64_t>(1));
   system_ = std::make_unique<caf::actor_system>(*config_);
-  actor_ = system_->spawn(scheduler_actor, std::move(setup));
+  // Detached: actors of other systems (the coordinator's node, the lobby's)
+  // send to it, and a detached receiver is woken on its own thread, never
+  // scheduled on the sender's system.
+  actor_ = system_->spawn<caf::detached>(scheduler_actor, std::move(setup));
 }
 
 train_scheduler::~train_scheduler() {

@@ -9,7 +9,11 @@
 //   coord    -> sched   step_atom, dist_step_report         every step's report
 //   coord    -> sched   request verdict_atom, drain_query   -> drain_verdict
 //                       (a drain step: do links, speeds or joined machines
-//                       make another plan pay? then the job stops there)
+//                       make another plan pay? then the job stops there;
+//                       the coordinator actor asks and goes on with the
+//                       answer, never blocking)
+//   sched    -> lobby   request pool_atom -> vector<string> (with joins: who
+//                       is pooled, asked at each verdict; flat_pool)
 //   launcher -> sched   request drained_atom, last          -> grid_decision
 //   launcher -> sched   request failed_atom, lost, reason   -> grid_decision
 //
@@ -53,7 +57,14 @@ using step_atom = caf::atom_constant<caf::atom("schstep")>;
 using verdict_atom = caf::atom_constant<caf::atom("schverdict")>;
 using drained_atom = caf::atom_constant<caf::atom("schdrained")>;
 using failed_atom = caf::atom_constant<caf::atom("schfailed")>;
+/// To the lobby: the machines pooled now, as flat_pool writes them.
+using pool_atom = caf::atom_constant<caf::atom("lobbypool")>;
 }  // namespace sched_msg
+
+/// A pool as a pool_atom answer: node id, name and machine of each, in order.
+std::vector<std::string> flat_pool(const std::vector<schedule::machine_offer>& pool);
+/// The pool of a pool_atom answer (a trailing partial triple is ignored).
+std::vector<schedule::machine_offer> pool_of_flat(const std::vector<std::string>& flat);
 
 /// What the scheduler starts from.
 struct scheduler_setup {
@@ -71,6 +82,10 @@ struct scheduler_setup {
   std::function<schedule::plan(const schedule::cluster_description&)> planner;
   bool probing = false;  ///< --cluster --probe-every: re-plan on measured links and speeds
   bool joins = false;    ///< a lobby is open: machines may join
+  /// With joins: the lobby actor (answers pool_atom; detached, since it
+  /// lives in another actor system), asked for the pool at each verdict.
+  /// Null: a verdict takes the drain_query's pool as given.
+  caf::actor pool;
 };
 
 /// Which machine runs each rank of a grid: the launcher's own processes,
@@ -91,6 +106,8 @@ struct rank_machines {
 
 /// A drain step's question: its report and, with a lobby, who is pooled
 /// (`pool_ok` false when the lobby did not answer: nobody can join now).
+/// A scheduler with a pool actor (scheduler_setup::pool) fills the pool in
+/// itself.
 struct drain_query {
   dist_step_report report;
   bool pool_ok = false;
@@ -138,7 +155,8 @@ class train_scheduler {
   void started(const train_layout& l);
   /// Every step's report (asynchronous).
   void step(const dist_step_report& r);
-  /// At a drain step: whether the job stops there for another plan.
+  /// At a drain step: whether the job stops there for another plan (the
+  /// coordinator asks the actor itself; this is the blocking form).
   drain_verdict verdict(const drain_query& q);
   /// The job drained after step `last`: the plan the verdict chose.
   grid_decision drained(int last);

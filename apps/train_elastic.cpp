@@ -225,6 +225,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   }
   setup.probing = probing;
   setup.joins = lobby.has_value();
+  if (lobby) setup.pool = lobby->actor();
   train_scheduler scheduler(std::move(setup));
 
   const bool uniform_links = !o.link_profiles.empty();
@@ -296,23 +297,12 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     print_step(a, o, r);
   };
   // The verdicts at drain steps: a measured change that makes another plan
-  // pay (--probe-every), machines that joined.
-  if (probing || lobby)
-    hooks.drain = [&](const dist_step_report& r) {
-      drain_query q;
-      q.report = r;
-      if (lobby) {
-        try {
-          q.pool = lobby->pool();
-          q.pool_ok = true;
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "elastic: %s\n", e.what());
-        }
-      }
-      const drain_verdict v = scheduler.verdict(q);
-      print_notes(v.notes);
-      return v.drain;
-    };
+  // pay (--probe-every), machines that joined (the scheduler asks the
+  // lobby). The coordinator asks the scheduler actor; the notes come here.
+  if (probing || lobby) {
+    hooks.scheduler = scheduler.actor();
+    hooks.on_verdict_notes = print_notes;
+  }
   remote_ranks remote;
   remote.is_remote = [&](int rank) { return where.of(o.layout, rank) != nullptr; };
   remote.assign = [&](int rank, const std::vector<std::string>& args, const std::string& job) {

@@ -23,6 +23,7 @@
 
 #include "actors/capnp_body.hpp"
 #include "actors/errors.hpp"
+#include "actors/train_scheduler.hpp"
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "apps/commands.hpp"
@@ -43,7 +44,6 @@ namespace fs = std::filesystem;
 constexpr const char* offer_type = "train.offer";
 constexpr const char* assign_type = "train.assign";
 constexpr const char* release_type = "train.release";
-using pool_atom = caf::atom_constant<caf::atom("lobbypool")>;
 
 /// A machine's description is a few lines of TOML.
 constexpr std::size_t max_machine_bytes = 16 << 10;
@@ -109,15 +109,7 @@ caf::behavior lobby_actor(caf::event_based_actor*, std::shared_ptr<lobby_state> 
           }
       },
       [](const peer_up&) {},
-      [st](pool_atom) {
-        std::vector<std::string> flat;
-        for (const lobby_worker& w : st->pool) {
-          flat.push_back(w.node_id);
-          flat.push_back(w.name);
-          flat.push_back(w.machine);
-        }
-        return flat;
-      },
+      [st](sched_msg::pool_atom) { return flat_pool(st->pool); },
   };
 }
 
@@ -127,7 +119,10 @@ caf::behavior lobby_actor(caf::event_based_actor*, std::shared_ptr<lobby_state> 
 
 train_lobby::train_lobby(const std::string& endpoint) {
   node_ = start_node(rank_node_options(endpoint), "lobby");
-  actor_ = node_->system().spawn(lobby_actor, std::make_shared<lobby_state>());
+  // Detached: the elastic scheduler, in an actor system of its own, asks it
+  // for the pool (a detached receiver runs on its own thread, never on the
+  // sender's system).
+  actor_ = node_->system().spawn<caf::detached>(lobby_actor, std::make_shared<lobby_state>());
   if (auto err = node_->publish("train-lobby", actor_)) {
     caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
     throw std::runtime_error("cannot publish the lobby: " + error_message(err));
@@ -150,11 +145,8 @@ std::vector<lobby_worker> train_lobby::pool() {
   std::vector<lobby_worker> out;
   std::string failed;
   caf::scoped_actor self{node_->system()};
-  self->request(actor_, std::chrono::seconds(10), pool_atom::value)
-      .receive(
-          [&](std::vector<std::string>& flat) {
-            for (std::size_t i = 0; i + 2 < flat.size(); i += 3) out.push_back({flat[i], flat[i + 1], flat[i + 2]});
-          },
+  self->request(actor_, std::chrono::seconds(10), sched_msg::pool_atom::value)
+      .receive([&](std::vector<std::string>& flat) { out = pool_of_flat(flat); },
           [&](caf::error& e) { failed = to_string(e); });
   if (!failed.empty()) throw std::runtime_error("the lobby did not answer: " + failed);
   return out;

@@ -55,6 +55,9 @@ class train_lobby {
 
   /// Where workers join ("tcp://127.0.0.1:PORT").
   std::string endpoint() const;
+  /// The lobby actor (answers sched_msg::pool_atom: the elastic
+  /// scheduler asks it at each verdict).
+  caf::actor actor() const { return actor_; }
   /// The workers that offered themselves and are still connected, in the
   /// order they came. Throws std::runtime_error when the lobby does not answer.
   std::vector<lobby_worker> pool();

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <caf/all.hpp>
+
 #include "actors/train_scheduler.hpp"
 #include "model/config.hpp"
 #include "schedule/membership.hpp"
@@ -139,6 +141,54 @@ TEST_CASE("the scheduler grows a --pp/--dp grid onto pooled machines when the sa
   CHECK(e.layout.world() == 3);
   REQUIRE(e.where.of(e.layout, 2) != nullptr);
   CHECK(e.where.of(e.layout, 2)->node_id == "n-bbbb");
+}
+
+TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a lobby that cannot answer is a note") {
+  // The lobby in an actor system of its own, as the launcher's is.
+  caf::actor_system_config cfg;
+  caf::actor_system lobby_system{cfg};
+  const std::vector<schedule::machine_offer> pooled = {{"n-aaaa", "w-a"}, {"n-bbbb", "w-b"}};
+  auto lobby = lobby_system.spawn<caf::detached>([pooled](caf::event_based_actor*) -> caf::behavior {
+    return {[pooled](sched_msg::pool_atom) { return flat_pool(pooled); }};
+  });
+  CHECK(pool_of_flat(flat_pool(pooled)).size() == 2);
+  SUBCASE("answered: the pooled machines join") {
+    scheduler_setup s = grid_setup(1, 2);
+    s.pool = lobby;
+    train_scheduler sched(std::move(s));
+    sched.started(even_layout(4, 1, 2));
+    sched.step(report(1, 0.5));
+    drain_query q;  // no pool given: the scheduler asks the lobby
+    q.report = report(2, 0.5);
+    const drain_verdict v = sched.verdict(q);
+    CHECK(v.drain);
+    CHECK(has_note(v.notes, "worker(s) w-a, w-b joined: growing 1x2 [0,4) to "));
+    const grid_decision d = sched.drained(2);
+    REQUIRE_MESSAGE(d.stop.empty(), d.stop);
+    REQUIRE(d.where.of(d.layout, 3) != nullptr);
+    CHECK(d.where.of(d.layout, 3)->node_id == "n-bbbb");
+  }
+  SUBCASE("a lobby gone: nobody joins, and the note says why") {
+    caf::anon_send_exit(lobby, caf::exit_reason::kill);
+    {
+      caf::scoped_actor self{lobby_system};
+      self->wait_for(lobby);
+    }
+    scheduler_setup s = grid_setup(1, 2);
+    s.pool = lobby;
+    train_scheduler sched(std::move(s));
+    sched.started(even_layout(4, 1, 2));
+    sched.step(report(1, 0.5));
+    drain_query q;
+    q.report = report(2, 0.5);
+    q.pool = pooled;  // what the caller says is ignored: the lobby is asked
+    q.pool_ok = true;
+    const drain_verdict v = sched.verdict(q);
+    CHECK_FALSE(v.drain);
+    REQUIRE_FALSE(v.notes.empty());
+    CHECK(v.notes.front().rfind("the lobby did not answer: ", 0) == 0);
+  }
+  caf::anon_send_exit(lobby, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a pooled machine waits when the steps left cannot pay for the switch") {
