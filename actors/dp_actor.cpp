@@ -46,9 +46,9 @@ class dp_runner {
   /// with `fails_rank`, fails the rank's inbox at once (the stage's next
   /// wait ends, and the coordinator hears this reason), not one bucket per
   /// timeout. `work` names its compute for the busy beacon ("" = none).
-  /// `side_by_side`: it may run beside others of its kind (a reduction
-  /// over host rings). `on_a_ring`: it reduces over a ring with other
-  /// members (what the side-by-side count counts).
+  /// `side_by_side`: it may run beside others of its kind (a bucket's
+  /// reduction or update over host rings). `on_a_ring`: its bucket's ring
+  /// has other members (what the side-by-side count counts).
   struct job {
     std::function<dp_step()> start;
     std::function<void(std::string, int)> finish;
@@ -259,7 +259,11 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
             return;
           }
           for (int slot = 0; slot < g->size(); ++slot)
-            run->submit({[g, slot, step, adam_step, coef] { return g->update(slot, step, adam_step, coef); },
+            run->submit({[g, all, slot, step, adam_step, coef] {
+                           // After a bucket failed, the rest do not start (the answer is that failure).
+                           if (!all->error.empty()) throw train_error(all->error);
+                           return g->update(slot, step, adam_step, coef);
+                         },
                          [all](std::string e, int) {
                            if (all->error.empty()) all->error = std::move(e);
                            if (--all->left == 0) all->rp.deliver(std::move(all->error));

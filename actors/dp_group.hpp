@@ -236,10 +236,11 @@ class dp_group {
 /// it). The actor never blocks on another rank: the host rings' chunks
 /// reach it as actor messages (actors/inbox_waiter.hpp), each within
 /// --timeout-s. It takes requests in order: up to
-/// dist_train_options::rings_at_once reductions over host rings run side
-/// by side, each in a lane of its own; any other request, or a reduction
-/// beyond that, waits queued until those before it are done. Its work that waits for
-/// no message (updates, norms, saves, snapshots) is marked on `busy`, so
+/// dist_train_options::rings_at_once jobs over host rings (a bucket's
+/// reduction, or its update and all-gather: an update request is one job
+/// per bucket) run side by side, each in a lane of its own; any other
+/// request, or a job beyond that, waits queued until those before it are
+/// done. Its compute (the AdamW updates, norms, saves, snapshots) is marked on `busy`, so
 /// that a coordinator asking what the rank does sees work, not a rank
 /// stuck (actors/train_watchdog.hpp); the ring reductions show as waits
 /// and messages taken instead.

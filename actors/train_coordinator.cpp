@@ -391,7 +391,9 @@ class coordinator {
     if (!hooks_.scheduler || o_.checkpoint_dir.empty()) return give_verdict(false);
     drain_query q;
     q.report = r_;
-    self_->request(hooks_.scheduler, caf::infinite, sched_msg::verdict_atom::value, std::move(q))
+    // Bounded as every wait of the job is, plus the scheduler's own wait
+    // for the lobby: a scheduler that never answers fails the job.
+    self_->request(hooks_.scheduler, o_.timeout + lobby_answer_timeout, sched_msg::verdict_atom::value, std::move(q))
         .then(
             [this](drain_verdict& v) {
               guard([&] {

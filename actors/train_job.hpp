@@ -376,7 +376,8 @@ struct coordinator_hooks {
   /// goes on with its answer, never blocking: a verdict to drain stops the
   /// job after this step, with a checkpoint written and committed there (or
   /// the step held in memory). Needs o.checkpoint_dir (else never asked).
-  /// A scheduler that fails to answer fails the job. Null: no verdicts.
+  /// A scheduler that answers with an error, or not within o.timeout (plus
+  /// its own wait for the lobby), fails the job. Null: no verdicts.
   caf::actor scheduler;
   /// A verdict's notes (lines for stderr, in order), before the
   /// coordinator acts on it.

@@ -13,6 +13,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include "actors/errors.hpp"
 #include "schedule/regrid.hpp"
 #include "schedule/replan.hpp"
 
@@ -41,9 +42,6 @@ std::string printf_line(const char* fmt, ...) {
   return buf;
 }
 
-/// How long a verdict waits for the lobby's pool.
-constexpr std::chrono::seconds lobby_answer_timeout{10};
-
 /// The scheduler's state: the running grid or plan, the membership, the
 /// measurements, and the switch a drain verdict chose.
 struct scheduler_state {
@@ -70,6 +68,9 @@ struct scheduler_state {
   /// (--cluster) the machines that join with it.
   std::optional<grid_decision> planned;
   std::vector<schedule::machine_offer> joiners;
+  /// Counts grids started, drained or failed: a verdict waiting for the
+  /// lobby's answer knows whether the grid it was asked for still runs.
+  std::uint64_t grids = 0;
 
   rank_machines where() const {
     rank_machines w;
@@ -341,6 +342,26 @@ struct scheduler_state {
   }
 };
 
+/// A drain step's verdict, or what stopped it (the planner, a measurement
+/// that does not fit) as an error value: the scheduler stays up, and the
+/// coordinator that asked fails the job with it.
+caf::expected<drain_verdict> decide(scheduler_state& s, const drain_query& q) {
+  try {
+    return s.verdict(q);
+  } catch (const std::exception& e) {
+    return make_error(errc::remote_error, std::string("the verdict of step ") + std::to_string(q.report.step) +
+                                              " failed: " + e.what());
+  }
+}
+
+template <class Promise>
+void deliver(Promise& rp, caf::expected<drain_verdict> v) {
+  if (v)
+    rp.deliver(std::move(*v));
+  else
+    rp.deliver(std::move(v.error()));
+}
+
 caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, scheduler_setup setup) {
   auto& st = self->state;
   st.layout = setup.layout;
@@ -354,6 +375,7 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
   return {
       [self](sched_msg::started_atom, const train_layout& l, std::int64_t started_ns) {
         auto& s = self->state;
+        ++s.grids;
         s.layout = l;
         s.grid_started = clock_type::time_point(std::chrono::nanoseconds(started_ns));
         s.grid_stepped = false;
@@ -363,28 +385,47 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
       [self](sched_msg::step_atom, const dist_step_report& r) { self->state.on_step(r); },
       [self](sched_msg::verdict_atom, drain_query& q) -> caf::result<drain_verdict> {
         const caf::actor pool = self->state.setup.pool;
-        if (!self->state.setup.joins || !pool) return self->state.verdict(q);
+        if (!self->state.setup.joins || !pool) {
+          caf::expected<drain_verdict> v = decide(self->state, q);
+          if (!v) return std::move(v.error());
+          return std::move(*v);
+        }
         // Who is pooled now: asked of the lobby without blocking (other
-        // messages, a step's report, are taken meanwhile).
+        // messages, a step's report, are taken meanwhile). An answer that
+        // comes after the grid changed (the job failed meanwhile) decides
+        // nothing: whoever asked is gone.
         auto rp = self->make_response_promise<drain_verdict>();
+        const std::uint64_t grid = self->state.grids;
         self->request(pool, lobby_answer_timeout, sched_msg::pool_atom::value)
             .then(
-                [self, rp, q](std::vector<std::string>& flat) mutable {
+                [self, rp, q, grid](std::vector<std::string>& flat) mutable {
+                  if (self->state.grids != grid) {
+                    rp.deliver(drain_verdict{});
+                    return;
+                  }
                   q.pool = pool_of_flat(flat);
                   q.pool_ok = true;
-                  rp.deliver(self->state.verdict(q));
+                  deliver(rp, decide(self->state, q));
                 },
-                [self, rp, q](caf::error& e) mutable {
+                [self, rp, q, grid](caf::error& e) mutable {
+                  if (self->state.grids != grid) {
+                    rp.deliver(drain_verdict{});
+                    return;
+                  }
                   q.pool.clear();
                   q.pool_ok = false;  // nobody can join now
-                  drain_verdict v = self->state.verdict(q);
-                  v.notes.insert(v.notes.begin(), "the lobby did not answer: " + self->system().render(e));
-                  rp.deliver(std::move(v));
+                  caf::expected<drain_verdict> v = decide(self->state, q);
+                  if (v) v->notes.insert(v->notes.begin(), "the lobby did not answer: " + self->system().render(e));
+                  deliver(rp, std::move(v));
                 });
         return rp;
       },
-      [self](sched_msg::drained_atom, int last) { return self->state.drained(last); },
+      [self](sched_msg::drained_atom, int last) {
+        ++self->state.grids;
+        return self->state.drained(last);
+      },
       [self](sched_msg::failed_atom, const std::vector<int>& lost, const std::string& reason) {
+        ++self->state.grids;
         return self->state.failed(lost, reason);
       },
   };

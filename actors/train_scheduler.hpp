@@ -61,6 +61,9 @@ using failed_atom = caf::atom_constant<caf::atom("schfailed")>;
 using pool_atom = caf::atom_constant<caf::atom("lobbypool")>;
 }  // namespace sched_msg
 
+/// How long a verdict waits for the lobby's pool.
+inline constexpr std::chrono::seconds lobby_answer_timeout{10};
+
 /// A pool as a pool_atom answer: node id, name and machine of each, in order.
 std::vector<std::string> flat_pool(const std::vector<schedule::machine_offer>& pool);
 /// The pool of a pool_atom answer (a trailing partial triple is ignored).

@@ -87,6 +87,13 @@ std::string split_of(const sc::plan& p) {
   return s;
 }
 
+/// `x` as printf's %g writes it ("1", "0.5").
+std::string format_g(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
 double run_variant(variant& v, const train_args& base, const model_config& cfg, int steps, double grad_clip) {
   dist_train_options o;
   o.optimizer.max_grad_norm = static_cast<float>(grad_clip);
@@ -186,7 +193,7 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
     std::fprintf(stderr, "bench train --cluster %s: %s, %.1fM parameters, global batch %d x %d tokens; %d steps each "
                          "(first is warm-up), synthetic compute, real bytes on shaped links%s\n",
                  a.cluster.c_str(), cfg.hf_architecture.c_str(), cfg.parameter_count() / 1e6, a.batch, a.seq, steps,
-                 a.grad_clip > 0 ? ("; gradients clipped to norm " + std::to_string(a.grad_clip)).c_str() : "");
+                 a.grad_clip > 0 ? ("; gradients clipped to norm " + format_g(a.grad_clip)).c_str() : "");
     print_plan(stderr, cluster, report.best);
   }
   for (variant& v : variants) {

@@ -73,8 +73,7 @@ std::string take_over(const train_args& a, const takeover_state& t, const dist_t
                       const model_config& cfg, node& n, launcher_replicas* replicas, held_snapshots& held,
                       std::vector<int>& lost) {
   // The dead launcher's job file (its ranks read it long ago; it holds the token).
-  if (const fs::path f = t.job_file; !f.empty() && f.parent_path() == fs::temp_directory_path() &&
-                                     f.filename().string().rfind("corolla-job-", 0) == 0) {
+  if (const fs::path f = t.job_file; !f.empty() && is_job_file(f.string(), launcher_job_file_prefix)) {
     std::error_code ec;
     fs::remove(f, ec);
   }

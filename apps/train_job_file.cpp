@@ -2,7 +2,15 @@
 // dist_train_options as JSON (apps/train_job_file.hpp).
 #include "apps/train_job_file.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <limits>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -112,11 +120,62 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
   }
 }
 
-bool is_worker_job_file(const std::string& path) {
+bool is_job_file(const std::string& path, const char* prefix) {
   const std::filesystem::path p(path);
   std::error_code ec;
-  return p.filename().string().rfind(worker_job_file_prefix, 0) == 0 &&
+  return p.filename().string().rfind(prefix, 0) == 0 &&
          std::filesystem::equivalent(p.parent_path(), std::filesystem::temp_directory_path(), ec);
+}
+
+std::filesystem::path write_job_file(const char* prefix, const std::string& text) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path();
+  std::string name = (dir / (std::string(prefix) + std::to_string(::getpid()) + "-XXXXXX")).string();
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) throw std::runtime_error("cannot create a job file in " + dir.string() + ": " + std::strerror(errno));
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!ok) {
+    std::error_code ec;
+    std::filesystem::remove(name, ec);
+    throw std::runtime_error("cannot write " + name);
+  }
+  return name;
+}
+
+namespace {
+
+/// The writer's process id in a job file's name ("corolla-job-1234-aB3xYz"), or 0.
+pid_t writer_of(const std::string& name) {
+  for (const char* prefix : {launcher_job_file_prefix, worker_job_file_prefix}) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::size_t from = std::strlen(prefix), dash = name.find('-', from);
+    if (dash == std::string::npos || dash == from || dash - from > 10) return 0;
+    long long pid = 0;
+    for (std::size_t i = from; i < dash; ++i) {
+      if (name[i] < '0' || name[i] > '9') return 0;
+      pid = pid * 10 + (name[i] - '0');
+    }
+    return pid > 0 && pid <= std::numeric_limits<pid_t>::max() ? static_cast<pid_t>(pid) : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int sweep_stale_job_files(const std::filesystem::path& dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const pid_t pid = writer_of(name);
+    if (pid <= 0) continue;
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to signal: EPERM)
+    std::error_code rm;
+    if (std::filesystem::remove(it->path(), rm)) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace corolla::app

@@ -4,6 +4,7 @@
 // elastic re-plan changed its layout).
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -20,12 +21,32 @@ dist_train_options job_from_json(const std::string& file);
 /// The same from the text itself; `what` names it in errors ("job file X").
 dist_train_options job_from_json_text(const std::string& text, const std::string& what);
 
+/// The name the local launcher gives its job file (it holds the job's
+/// takeover token), in the temporary directory; removed when the launcher
+/// ends, on its stop signals, or by a launcher taking over from it.
+inline constexpr const char* launcher_job_file_prefix = "corolla-job-";
 /// The name a worker (`corolla train --join`, apps/train_lobby.cpp) gives
 /// the job file of a rank it runs, in the temporary directory: the rank
 /// removes it once read, so a worker killed while its rank runs leaves no
 /// copy of the job behind.
 inline constexpr const char* worker_job_file_prefix = "corolla-joined-";
-/// Whether `path` is such a file (by its name and directory).
-bool is_worker_job_file(const std::string& path);
+/// Whether `path` is a job file named `prefix`... in the temporary
+/// directory (by its name and directory).
+bool is_job_file(const std::string& path, const char* prefix);
+/// Whether `path` is a worker's job file.
+inline bool is_worker_job_file(const std::string& path) { return is_job_file(path, worker_job_file_prefix); }
+
+/// A fresh job file in the temporary directory, named `prefix`, this
+/// process's id, '-' and six random characters (mkstemp: mode 0600, never
+/// an existing path or link), holding `text`. Throws std::runtime_error
+/// when it cannot be made or written (nothing is left behind then).
+std::filesystem::path write_job_file(const char* prefix, const std::string& text);
+
+/// Removes the job files in `dir` (both prefixes) that this user owns and
+/// whose writer, the process id in the name, is gone: what a launcher or a
+/// worker killed by SIGKILL leaves (nothing of it runs its stop handler).
+/// A file whose id is alive, or reused by another process, stays, as do
+/// names without an id (an older build's). Returns how many it removed.
+int sweep_stale_job_files(const std::filesystem::path& dir);
 
 }  // namespace corolla::app

@@ -273,13 +273,10 @@ int run_train_join(const train_args& a) {
       spdlog::warn("ignoring an assignment that is not a training rank");
       continue;
     }
-    std::string path = (fs::temp_directory_path() / (std::string(worker_job_file_prefix) + "XXXXXX")).string();
-    const int fd = ::mkstemp(path.data());
-    if (fd < 0) throw std::runtime_error("cannot create a job file: " + std::string(std::strerror(errno)));
-    const bool written = ::write(fd, work->job.data(), work->job.size()) == static_cast<ssize_t>(work->job.size());
-    ::close(fd);
-    if (!written) throw std::runtime_error("cannot write " + path);
-    *(at + 1) = path;
+    if (const int swept = sweep_stale_job_files(fs::temp_directory_path()); swept > 0)
+      spdlog::info("removed {} job file(s) of launchers or workers that are gone", swept);
+    const fs::path path = write_job_file(worker_job_file_prefix, work->job);
+    *(at + 1) = path.string();
     const std::string rank = arg_after(work->args, "--rank");
     // The rank listens on this worker's address (--listen), where the
     // launcher's ranks and coordinator reach it.

@@ -172,23 +172,12 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   auto n = start_node(rank_node_options(launcher_listen(a)), "coordinator");
   const std::string endpoint = n->endpoint();
   spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
+  // Files of launchers and workers killed before they could remove theirs.
+  if (const int swept = sweep_stale_job_files(fs::temp_directory_path()); swept > 0)
+    spdlog::info("removed {} job file(s) of launchers or workers that are gone", swept);
   // A fresh private file (mkstemp: 0600, never an existing path or link).
-  std::string name = (fs::temp_directory_path() / "corolla-job-XXXXXX").string();
-  const int fd = ::mkstemp(name.data());
-  if (fd < 0) throw std::runtime_error("cannot create a job file in " + fs::temp_directory_path().string() + ": " +
-                                       std::strerror(errno));
-  const fs::path job_file = name;
   const std::string job_text = job_to_json(o).dump() + "\n";
-  {
-    const std::string& text = job_text;
-    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    ::close(fd);
-    if (!ok) {
-      std::error_code ec;
-      fs::remove(job_file, ec);
-      throw std::runtime_error("cannot write " + job_file.string());
-    }
-  }
+  const fs::path job_file = write_job_file(launcher_job_file_prefix, job_text);
   struct remove_file {
     fs::path p;
     ~remove_file() {

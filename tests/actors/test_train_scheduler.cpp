@@ -191,6 +191,40 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
   caf::anon_send_exit(lobby, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a verdict that cannot be made is an error answer, and the scheduler goes on answering") {
+  scheduler_setup s;
+  s.cfg = llama_7b();
+  s.steps = 100;
+  s.batch = 32;
+  s.training.global_batch = 32;
+  s.file = schedule::testing::two_sites();
+  s.probing = true;
+  s.plan = schedule::make_plan(*s.file, s.cfg, s.training).best;
+  REQUIRE(s.plan->feasible);
+  train_layout running;
+  running.pp = s.plan->pp;
+  running.dp = s.plan->dp;
+  for (const auto& st : s.plan->stages)
+    for (int w : st.workers) running.worker_names.push_back(s.file->workers[static_cast<std::size_t>(w)].name);
+  s.layout = running;
+  train_scheduler sched(std::move(s));
+  sched.started(running);
+  // A probe naming a rank the grid does not have.
+  drain_query q;
+  q.report = report(6, 1.0);
+  q.report.links.push_back({0, 99, 1e9});
+  try {
+    sched.verdict(q);
+    FAIL("a verdict on a rank the grid lacks");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()).find("the verdict of step 6 failed: ") != std::string::npos);
+  }
+  // Still up: the next question is answered.
+  drain_query fine;
+  fine.report = report(8, 1.0);
+  CHECK_FALSE(sched.verdict(fine).drain);
+}
+
 TEST_CASE("a pooled machine waits when the steps left cannot pay for the switch") {
   train_scheduler sched(grid_setup(1, 2));
   sched.started(even_layout(4, 1, 2));

@@ -92,6 +92,15 @@ TEST_CASE("every pipeline x data-parallel layout gives the single-process losses
   REQUIRE(lanes.exit_code == 0);
   check_close(json_steps(lanes.out_lines()), want, 1e-5);
   CHECK(most_side_by_side(lanes) >= 2);
+  // Clipped, the all-gathers run after the coordinator's norm, in the
+  // update request: one job per bucket, side by side over the same links.
+  job clipped = j;
+  clipped.clip = 0.5f;
+  const process_result clipped_lanes = run_layout(clipped, 1, 2, {"--seed", "0", "--link-profile", "lat=4ms"});
+  INFO("stderr: " << clipped_lanes.err);
+  REQUIRE(clipped_lanes.exit_code == 0);
+  check_close(json_steps(clipped_lanes.out_lines()), reference_losses(clipped, fresh_gpt2(clipped)), 1e-5);
+  CHECK(most_side_by_side(clipped_lanes) >= 2);
 }
 
 TEST_CASE("ranks computing on the GPU give the single-process losses (stages and buckets staged through host memory)") {
@@ -453,6 +462,41 @@ TEST_CASE("a rank killed mid-run fails the job naming its stage and rank, and th
   INFO("resume stderr: " << resumed.err);
   REQUIRE(resumed.exit_code == 0);
   CHECK(json_steps(resumed.out_lines()).size() == 2u);
+}
+
+TEST_CASE("a launcher killed by SIGKILL leaves its job file, and the next launcher in that directory removes it") {
+  temp_dir_guard tmp("mp-train-stale-job");
+  job j = fresh_gpt2_job(tmp);
+  const fs::path scratch = tmp / "tmp";
+  fs::create_directories(scratch);
+  auto in_scratch = [&](const job& jj, std::vector<std::string> extra) {
+    std::vector<std::string> a = {"TMPDIR=" + scratch.string(), COROLLA_BINARY};
+    for (auto& x : train_args(jj, std::move(extra))) a.push_back(x);
+    return a;
+  };
+  auto job_files = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(scratch))
+      if (e.path().filename().string().rfind("corolla-job-", 0) == 0) names.push_back(e.path().filename().string());
+    return names;
+  };
+  j.steps = 1000000;
+  child_process first("/usr/bin/env", in_scratch(j, {"--pp", "2", "--timeout-s", "60"}));
+  REQUIRE(first.wait_line(std::regex(R"("step":2\b)"), std::chrono::seconds(60)));
+  const pid_t killed = first.pid();  // env execs corolla: the same process
+  first.signal(SIGKILL);             // no stop handler runs
+  REQUIRE(first.wait(std::chrono::seconds(5)));  // reaped: a zombie's id is still alive
+  const auto left = job_files();
+  REQUIRE(left.size() == 1u);
+  CHECK(left[0].rfind("corolla-job-" + std::to_string(killed) + "-", 0) == 0);
+  // The next launcher there sweeps it, and removes its own when it ends.
+  j.steps = 2;
+  child_process second("/usr/bin/env", in_scratch(j, {"--pp", "2"}));
+  const auto status = second.wait(std::chrono::seconds(120));
+  INFO("stderr: " << second.err());
+  REQUIRE(status.has_value());
+  CHECK(*status == 0);
+  CHECK(job_files().empty());
 }
 
 TEST_CASE("ranks started by a torchrun-style environment form the job, rank 0 hosting the coordinator") {
