@@ -54,6 +54,28 @@ scheduler_setup grid_setup(int pp, int dp) {
   return s;
 }
 
+/// A --cluster job of Llama-2-7B on two_sites (a0/0 a0/1 a1/0 a1/1 | b/0
+/// b/1): 100 steps of batch 32, no plan yet.
+scheduler_setup cluster_setup() {
+  scheduler_setup s;
+  s.cfg = llama_7b();
+  s.steps = 100;
+  s.batch = 32;
+  s.training.global_batch = 32;
+  s.file = schedule::testing::two_sites();
+  return s;
+}
+
+/// The grid as the launcher lays plan `p` on `c` out: one worker name per rank.
+train_layout laid_out(const schedule::plan& p, const schedule::cluster_description& c) {
+  train_layout l;
+  l.pp = p.pp;
+  l.dp = p.dp;
+  for (const auto& st : p.stages)
+    for (int w : st.workers) l.worker_names.push_back(c.workers[static_cast<std::size_t>(w)].name);
+  return l;
+}
+
 dist_step_report report(int step, double seconds) {
   dist_step_report r;
   r.step = step;
@@ -192,20 +214,11 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
 }
 
 TEST_CASE("a verdict that cannot be made is an error answer, and the scheduler goes on answering") {
-  scheduler_setup s;
-  s.cfg = llama_7b();
-  s.steps = 100;
-  s.batch = 32;
-  s.training.global_batch = 32;
-  s.file = schedule::testing::two_sites();
+  scheduler_setup s = cluster_setup();
   s.probing = true;
   s.plan = schedule::make_plan(*s.file, s.cfg, s.training).best;
   REQUIRE(s.plan->feasible);
-  train_layout running;
-  running.pp = s.plan->pp;
-  running.dp = s.plan->dp;
-  for (const auto& st : s.plan->stages)
-    for (int w : st.workers) running.worker_names.push_back(s.file->workers[static_cast<std::size_t>(w)].name);
+  const train_layout running = laid_out(*s.plan, *s.file);
   s.layout = running;
   train_scheduler sched(std::move(s));
   sched.started(running);
@@ -241,12 +254,7 @@ TEST_CASE("a pooled machine waits when the steps left cannot pay for the switch"
 }
 
 TEST_CASE("the scheduler re-plans a --cluster job on the workers left, and takes a machine back as an absent worker") {
-  scheduler_setup s;
-  s.cfg = llama_7b();
-  s.steps = 100;
-  s.batch = 32;
-  s.training.global_batch = 32;
-  s.file = schedule::testing::two_sites();  // a0/0 a0/1 a1/0 a1/1 | b/0 b/1
+  scheduler_setup s = cluster_setup();
   s.standby = {"b/1"};
   s.joins = true;
   int planned = 0;
@@ -257,12 +265,7 @@ TEST_CASE("the scheduler re-plans a --cluster job on the workers left, and takes
   const schedule::cluster_description present = schedule::present_workers(*s.file, s.standby);
   s.plan = schedule::make_plan(present, s.cfg, s.training).best;
   REQUIRE(s.plan->feasible);
-  // The grid as the launcher lays the plan out: one worker name per rank.
-  train_layout running;
-  running.pp = s.plan->pp;
-  running.dp = s.plan->dp;
-  for (const auto& st : s.plan->stages)
-    for (int w : st.workers) running.worker_names.push_back(present.workers[static_cast<std::size_t>(w)].name);
+  const train_layout running = laid_out(*s.plan, present);
   s.layout = running;
   scheduler_setup copy = s;
   train_scheduler sched(std::move(copy));
