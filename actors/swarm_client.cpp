@@ -31,10 +31,16 @@ std::string with_scheme(const std::string& endpoint) {
   return endpoint.find("://") == std::string::npos ? "tcp://" + endpoint : endpoint;
 }
 
-/// "HOST:PORT#KEY" -> the server with its endpoint and CurveZMQ key;
-/// "NODE_ID@HOST:PORT#KEY" -> server NODE_ID behind the relay at HOST:PORT
-/// (with the relay's key).
-known_server server_from(const std::string& entry) {
+/// The same server: by endpoint, or for a relayed one by its id (several
+/// share their relay's endpoint, and it may move to another relay).
+bool same_server(const known_server& a, const known_server& b) {
+  if (a.relayed != b.relayed) return false;
+  return a.relayed ? a.node_id == b.node_id : a.endpoint == b.endpoint;
+}
+
+}  // namespace
+
+known_server server_from_entry(const std::string& entry) {
   known_server s;
   const auto hash = entry.find('#');
   std::string where = entry.substr(0, hash);
@@ -47,15 +53,6 @@ known_server server_from(const std::string& entry) {
   if (hash != std::string::npos) s.public_key = entry.substr(hash + 1);
   return s;
 }
-
-/// The same server: by endpoint, or for a relayed one by its id (several
-/// share their relay's endpoint, and it may move to another relay).
-bool same_server(const known_server& a, const known_server& b) {
-  if (a.relayed != b.relayed) return false;
-  return a.relayed ? a.node_id == b.node_id : a.endpoint == b.endpoint;
-}
-
-}  // namespace
 
 remote_message swarm_detail::request_of(const char* type, std::vector<std::uint8_t> body, std::vector<Tensor> tensors) {
   remote_message m;
@@ -73,7 +70,7 @@ swarm_client::swarm_client(node& n, swarm_client_options options)
       spot_rng_(options_.spot_check_seed ? options_.spot_check_seed : std::random_device{}()),
       n_blocks_(options_.n_blocks),
       hidden_size_(options_.hidden_size) {
-  for (const auto& e : options_.servers) servers_.push_back(server_from(e));
+  for (const auto& e : options_.servers) servers_.push_back(server_from_entry(e));
 }
 
 void swarm_client::event(const std::string& line) const {
@@ -86,7 +83,7 @@ caf::error swarm_client::refresh() {
   last_refresh_ = std::chrono::steady_clock::now();
   if (options_.discover)
     for (const auto& e : options_.discover()) {
-      known_server found = server_from(e);
+      known_server found = server_from_entry(e);
       auto known = std::find_if(servers_.begin(), servers_.end(),
                                 [&](const known_server& s) { return same_server(s, found); });
       if (known == servers_.end()) {

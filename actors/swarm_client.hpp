@@ -175,6 +175,12 @@ struct known_server {
   bool reachable = false;
 };
 
+/// A `servers` entry: "HOST:PORT#KEY" is the server with its endpoint and
+/// CurveZMQ key; "NODE_ID@HOST:PORT#KEY" is server NODE_ID behind the relay
+/// at HOST:PORT (with the relay's key). The scheme defaults to tcp://.
+/// Nothing is checked here (apps/swarm_flags.hpp checks the flag's entries).
+known_server server_from_entry(const std::string& entry);
+
 class swarm_session;
 
 /// What a session's servers hold that another session of the same client

@@ -44,13 +44,10 @@ void add_swarm_flags(CLI::App* cmd, swarm_flags& f) {
 
 void check_swarm_entries(const std::vector<std::string>& entries) {
   for (const std::string& entry : entries) {
-    const auto hash = entry.find('#');
-    std::string where = entry.substr(0, hash);
-    if (const auto at = where.find('@'); at != std::string::npos) where = where.substr(at + 1);
-    if (where.find("://") == std::string::npos) where = "tcp://" + where;
-    if (const std::string problem = net::tcp_endpoint_problem(where); !problem.empty())
+    const known_server s = server_from_entry(entry);
+    if (const std::string problem = net::tcp_endpoint_problem(s.endpoint); !problem.empty())
       throw std::invalid_argument("--swarm entry '" + entry + "': " + problem);
-    if (hash != std::string::npos && !net::is_curve_key(entry.substr(hash + 1)))
+    if (entry.find('#') != std::string::npos && !net::is_curve_key(s.public_key))
       throw std::invalid_argument("--swarm entry '" + entry +
                                   "': the key after '#' must be the server's CurveZMQ public key (40 Z85 characters, "
                                   "as its readiness line prints it)");
