@@ -6,6 +6,8 @@
 #include <memory>
 #include <chrono>
 #include <random>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 
 #include <httplib.h>
@@ -151,19 +153,46 @@ struct http_api::impl {
   /// The key on the headers of a /v1/ request, before its body is read:
   /// false (and the 401 in `res`, the connection to be closed) when wrong.
   bool authorized_before_body(const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) != 0) return true;
     try {
-      authorize(req);
+      check_framing(req);
+      if (req.path.rfind("/v1/", 0) == 0) authorize(req);
       return true;
     } catch (const api_error& e) {
       send_error_and_close(res, e);
       const char* label = req.path == "/v1/completions"        ? "completions"
                           : req.path == "/v1/chat/completions" ? "chat_completions"
                           : req.path.rfind("/v1/models", 0) == 0 ? "models"
+                          : req.path == "/health"                ? "health"
+                          : req.path == "/metrics"               ? "metrics"
                                                                  : "other";
       metrics.add(kRequests, {{"endpoint", label}, {"status", std::to_string(e.status())}});
       return false;
     }
+  }
+
+  /// Throws a 400 for a request whose body's length is ambiguous: several
+  /// Content-Length values that differ (cpp-httplib would take the first),
+  /// or a Content-Length beside a Transfer-Encoding (RFC 9112, 6.1 and
+  /// 6.3: what a proxy in front and this server read as the body could
+  /// differ, and the rest would pass as a request of its own). The
+  /// connection is then closed.
+  static void check_framing(const httplib::Request& req) {
+    std::set<std::string> lengths;
+    const std::size_t fields = req.get_header_value_count("Content-Length");
+    for (std::size_t i = 0; i < fields; ++i) {
+      std::stringstream values(req.get_header_value("Content-Length", i));
+      for (std::string v; std::getline(values, v, ',');) {
+        const auto first = v.find_first_not_of(" \t"), last = v.find_last_not_of(" \t");
+        lengths.insert(first == std::string::npos ? std::string() : v.substr(first, last - first + 1));
+      }
+    }
+    if (lengths.size() > 1)
+      throw api_error(400, "invalid_request_error",
+                      "The request's Content-Length is given as " + std::to_string(lengths.size()) +
+                          " different values; its body's length is ambiguous.");
+    if (fields > 0 && req.has_header("Transfer-Encoding"))
+      throw api_error(400, "invalid_request_error",
+                      "The request gives both Content-Length and Transfer-Encoding; its body's length is ambiguous.");
   }
 
   /// Throws the 401 when --api-key is set and the request does not carry it.

@@ -463,6 +463,28 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
   CHECK(one.rfind("HTTP/1.1 401", 0) == 0);
   CHECK(one.find("HTTP/1.1", 1) == std::string::npos);
   CHECK(one.find("invalid_api_key") != std::string::npos);
+  // A body whose length is ambiguous (two different Content-Lengths, or one
+  // beside a Transfer-Encoding) is a 400 on the headers, key or not, and
+  // the connection ends: nothing after it is read as a request.
+  const std::string keyed = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n"
+                            "Authorization: Bearer sekrit\r\nContent-Type: application/json\r\n";
+  for (const std::string& framing : {std::string("Content-Length: 2\r\nContent-Length: 36\r\n"),
+                                     std::string("Content-Length: 2, 36\r\n"),
+                                     std::string("Content-Length: 2\r\nTransfer-Encoding: chunked\r\n")}) {
+    CAPTURE(framing);
+    const std::string ambiguous = exchange(keyed + framing + "\r\n{}" + smuggled);
+    CHECK(ambiguous.rfind("HTTP/1.1 400", 0) == 0);
+    CHECK(ambiguous.find("ambiguous") != std::string::npos);
+    CHECK(ambiguous.find("HTTP/1.1", 1) == std::string::npos);
+  }
+  // The same length twice is no ambiguity.
+  {
+    const std::string body = ok.dump();
+    const std::string twice = "Content-Length: " + std::to_string(body.size()) + "\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\nConnection: close\r\n";
+    const std::string answered = exchange(keyed + twice + "\r\n" + body);
+    CHECK(answered.rfind("HTTP/1.1 200", 0) == 0);
+  }
   // Asked first (Expect: 100-continue): a 401, not a 100.
   const std::string asked =
       exchange(head + "Expect: 100-continue\r\nContent-Length: " + std::to_string(17u << 20) + "\r\n\r\n");
@@ -497,6 +519,7 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
   post(c, "/v1/completions", ok, 200, auth);
   // The refusals were counted.
   CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"401\"}") == 5);
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"400\"}") >= 3);
   // A second server on the same address fails to bind instead of sharing
   // the port (httplib's default SO_REUSEPORT would let it).
   httplib::Server second;
