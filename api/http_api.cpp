@@ -159,15 +159,19 @@ struct http_api::impl {
       return true;
     } catch (const api_error& e) {
       send_error_and_close(res, e);
-      const char* label = req.path == "/v1/completions"        ? "completions"
-                          : req.path == "/v1/chat/completions" ? "chat_completions"
-                          : req.path.rfind("/v1/models", 0) == 0 ? "models"
-                          : req.path == "/health"                ? "health"
-                          : req.path == "/metrics"               ? "metrics"
-                                                                 : "other";
-      metrics.add(kRequests, {{"endpoint", label}, {"status", std::to_string(e.status())}});
+      metrics.add(kRequests, {{"endpoint", path_label(req.path)}, {"status", std::to_string(e.status())}});
       return false;
     }
+  }
+
+  /// The request counter's `endpoint` label of a request for `path`.
+  static const char* path_label(const std::string& path) {
+    return path == "/v1/completions"        ? "completions"
+           : path == "/v1/chat/completions" ? "chat_completions"
+           : path.rfind("/v1/models", 0) == 0 ? "models"
+           : path == "/health"                ? "health"
+           : path == "/metrics"               ? "metrics"
+                                              : "other";
   }
 
   /// Throws a 400 for a request whose body's length is ambiguous: several
@@ -266,10 +270,14 @@ struct http_api::impl {
                       "application/json");
     });
     // Unknown routes and methods get an error object too.
-    server.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    server.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                         httplib::Response& res) {
       // An answer of our own: a body, or one that a content provider writes.
       if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Unhandled;
       const int status = res.status;
+      // The server's own refusals (413 past the body limit, 404, a
+      // malformed request) count as requests too.
+      metrics.add(kRequests, {{"endpoint", path_label(req.path)}, {"status", std::to_string(status)}});
       send_error(res, api_error(status, "invalid_request_error",
                                 status == 404 ? "Unknown route " + req.method + " " + req.path
                                               : "The request failed with HTTP status " + std::to_string(status)));

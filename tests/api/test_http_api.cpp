@@ -520,6 +520,7 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
   // The refusals were counted.
   CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"401\"}") == 5);
   CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"400\"}") >= 3);
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"413\"}") == 1);
   // A second server on the same address fails to bind instead of sharing
   // the port (httplib's default SO_REUSEPORT would let it).
   httplib::Server second;
