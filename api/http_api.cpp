@@ -32,8 +32,23 @@ double seconds_since(clock_type::time_point t0) {
 const char* endpoint_label(endpoint e) { return e == endpoint::completions ? "completions" : "chat_completions"; }
 
 /// Text longer than this many bytes a token of the context cannot fit it
-/// whatever it encodes to (no tokenizer's piece is this long).
+/// whatever it encodes to, unless the tokenizer has a longer piece
+/// (bytes_per_token_bound).
 constexpr std::size_t kMaxBytesPerToken = 256;
+
+/// The most bytes of text one token of `tok` can stand for: its longest
+/// piece, plus the space a piece may gain in context (SentencePiece's
+/// marker), and at least kMaxBytesPerToken.
+std::size_t bytes_per_token_bound(const tokenizer& tok) {
+  std::size_t longest = 0;
+  for (std::int32_t id = 0; id < tok.vocab_size(); ++id) {
+    try {
+      longest = std::max(longest, tok.decode(std::span<const std::int32_t>(&id, 1)).size());
+    } catch (const std::exception&) {  // an id without a piece stands for nothing
+    }
+  }
+  return std::max(kMaxBytesPerToken, longest + 1);
+}
 /// The largest request body read: 413 beyond it (prompts are bounded by
 /// the context long before this).
 constexpr std::size_t kMaxBodyBytes = 16u << 20;
@@ -119,6 +134,8 @@ struct http_api::impl {
   metrics_registry metrics;
   httplib::Server server;
   http_listener listener{server};
+  /// Text of more than this many bytes per token of the context is refused unencoded.
+  std::size_t bytes_per_token = bytes_per_token_bound(tok);
   std::int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
@@ -329,7 +346,7 @@ struct http_api::impl {
     {
       std::size_t bytes = r.prompt.size();
       for (const chat_message& m : r.messages) bytes += m.content.size();
-      const std::size_t most = kMaxBytesPerToken * static_cast<std::size_t>(cfg.max_positions);
+      const std::size_t most = bytes_per_token * static_cast<std::size_t>(cfg.max_positions);
       // Every message renders to at least one token (its role's markers).
       if (r.messages.size() > static_cast<std::size_t>(cfg.max_positions))
         throw invalid_request("This model's maximum context length is " + std::to_string(cfg.max_positions) +

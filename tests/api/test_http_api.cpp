@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <stdexcept>
 #include <string>
@@ -525,6 +526,39 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
   // the port (httplib's default SO_REUSEPORT would let it).
   httplib::Server second;
   CHECK_THROWS_AS(bind_http(second, "127.0.0.1", s.port()), std::runtime_error);
+}
+
+TEST_CASE("prompt text is bounded by the tokenizer's longest piece where it is longer than 256 bytes") {
+  testing::temp_dir_guard dir("api-long-piece");
+  testing::tiny_model_options o;
+  o.vocab = 260;
+  o.max_positions = 32;
+  testing::write_tiny_model(dir.path(), o);
+  // Byte tokens, and one added token of 300 bytes (id 259, not special:
+  // text holding it encodes to it).
+  write_chatml_bpe(dir.path());
+  const std::string piece(300, 'x');
+  {
+    std::ifstream in(dir / "tokenizer.json");
+    json tok = json::parse(in);
+    tok["added_tokens"].push_back({{"id", 259}, {"content", piece}, {"special", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"single_word", false}});
+    tok["model"]["vocab"][piece] = 259;
+    std::ofstream(dir / "tokenizer.json") << tok.dump();
+    std::ofstream(dir / "tokenizer_config.json") << json{{"chat_template", "<|im_start|>"}}.dump();
+  }
+  local_api_server s(dir.path());
+  auto c = client_for(s.port());
+  // 30 tokens of 9000 bytes: past 256 bytes a token of the 32, and it fits.
+  std::string prompt;
+  for (int i = 0; i < 30; ++i) prompt += piece;
+  const json fits = post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 1}}, 200);
+  CHECK(fits["usage"]["prompt_tokens"] == 30);
+  // Past the longest piece a token, it is refused unencoded.
+  const json refused = post(c, "/v1/completions",
+                            {{"model", "tiny"}, {"prompt", std::string(301 * 32 + 1, 'x')}, {"max_tokens", 1}}, 400);
+  CHECK(refused["error"]["code"] == "context_length_exceeded");
+  CHECK(refused["error"]["message"].get<std::string>().find("at most 9632") != std::string::npos);
 }
 
 TEST_CASE("an engine failure is a 500 with an error object, before and during a stream") {
