@@ -191,29 +191,46 @@ struct http_api::impl {
                                               : "other";
   }
 
-  /// Throws a 400 for a request whose body's length is ambiguous: several
-  /// Content-Length values that differ (cpp-httplib would take the first),
-  /// or a Content-Length beside a Transfer-Encoding (RFC 9112, 6.1 and
-  /// 6.3: what a proxy in front and this server read as the body could
-  /// differ, and the rest would pass as a request of its own). The
-  /// connection is then closed.
+  /// Throws a 400 for a request whose body's length is ambiguous or
+  /// invalid (RFC 9112, 6.1 and 6.3), where what a proxy in front and this
+  /// server read as the body could differ and the rest pass as a request
+  /// of its own: Content-Length values that differ (cpp-httplib would take
+  /// the first) or are not a number, a Content-Length beside a
+  /// Transfer-Encoding, a Transfer-Encoding other than one "chunked", and a
+  /// body on a method cpp-httplib reads none for (GET, HEAD, ...: it would
+  /// read the body as the next request). The connection is then closed.
   static void check_framing(const httplib::Request& req) {
+    const auto refuse = [](const std::string& why) {
+      throw api_error(400, "invalid_request_error", "The request's framing is invalid: " + why + ".");
+    };
     std::set<std::string> lengths;
     const std::size_t fields = req.get_header_value_count("Content-Length");
     for (std::size_t i = 0; i < fields; ++i) {
       std::stringstream values(req.get_header_value("Content-Length", i));
       for (std::string v; std::getline(values, v, ',');) {
         const auto first = v.find_first_not_of(" \t"), last = v.find_last_not_of(" \t");
-        lengths.insert(first == std::string::npos ? std::string() : v.substr(first, last - first + 1));
+        if (first == std::string::npos) continue;  // an empty list item
+        v = v.substr(first, last - first + 1);
+        if (v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
+          refuse("Content-Length '" + v.substr(0, 32) + "' is not a length");
+        lengths.insert(v.substr(std::min(v.find_first_not_of('0'), v.size() - 1)));  // "007" is 7
       }
     }
+    if (fields > 0 && lengths.empty()) refuse("Content-Length is empty");
     if (lengths.size() > 1)
-      throw api_error(400, "invalid_request_error",
-                      "The request's Content-Length is given as " + std::to_string(lengths.size()) +
-                          " different values; its body's length is ambiguous.");
-    if (fields > 0 && req.has_header("Transfer-Encoding"))
-      throw api_error(400, "invalid_request_error",
-                      "The request gives both Content-Length and Transfer-Encoding; its body's length is ambiguous.");
+      refuse("Content-Length is given as " + std::to_string(lengths.size()) + " different values");
+    const std::size_t codings = req.get_header_value_count("Transfer-Encoding");
+    if (codings > 0 && fields > 0) refuse("both Content-Length and Transfer-Encoding are given");
+    if (codings > 1) refuse("Transfer-Encoding is given " + std::to_string(codings) + " times");
+    if (codings == 1) {
+      std::string te = req.get_header_value("Transfer-Encoding");
+      std::transform(te.begin(), te.end(), te.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (te != "chunked") refuse("Transfer-Encoding '" + te.substr(0, 32) + "' is not 'chunked'");
+    }
+    const bool reads_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                            req.method == "DELETE" || req.method == "PRI";
+    if (!reads_body && (codings > 0 || (!lengths.empty() && *lengths.begin() != "0")))
+      refuse("a " + req.method + " request carries a body");
   }
 
   /// Throws the 401 when --api-key is set and the request does not carry it.

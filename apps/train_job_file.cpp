@@ -3,7 +3,7 @@
 #include "apps/train_job_file.hpp"
 
 #include <fcntl.h>
-#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -127,19 +127,25 @@ bool is_job_file(const std::string& path, const char* prefix) {
          std::filesystem::equivalent(p.parent_path(), std::filesystem::temp_directory_path(), ec);
 }
 
-std::filesystem::path write_job_file(const char* prefix, const std::string& text) {
+held_job_file::~held_job_file() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::unique_ptr<held_job_file> write_job_file(const char* prefix, const std::string& text) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path();
   std::string name = (dir / (std::string(prefix) + std::to_string(::getpid()) + "-XXXXXX")).string();
-  const int fd = ::mkstemp(name.data());
+  const int fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("cannot create a job file in " + dir.string() + ": " + std::strerror(errno));
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::close(fd);
+  auto held = std::make_unique<held_job_file>(name, fd);
+  // Locked before anything is written: a sweep never sees it unheld.
+  const bool ok = ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+                  ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   if (!ok) {
     std::error_code ec;
     std::filesystem::remove(name, ec);
     throw std::runtime_error("cannot write " + name);
   }
-  return name;
+  return held;
 }
 
 namespace {
@@ -171,9 +177,16 @@ int sweep_stale_job_files(const std::filesystem::path& dir) {
     if (pid <= 0) continue;
     struct stat st {};
     if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
-    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to signal: EPERM)
-    std::error_code rm;
-    if (std::filesystem::remove(it->path(), rm)) ++removed;
+    // Held by its writer (or being written): its lock is taken.
+    const int fd = ::open(it->path().c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) continue;
+    struct stat opened {};
+    const bool same = ::fstat(fd, &opened) == 0 && opened.st_ino == st.st_ino && opened.st_dev == st.st_dev;
+    if (same && ::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      std::error_code rm;
+      if (std::filesystem::remove(it->path(), rm)) ++removed;
+    }
+    ::close(fd);
   }
   return removed;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -36,17 +37,36 @@ bool is_job_file(const std::string& path, const char* prefix);
 /// Whether `path` is a worker's job file.
 inline bool is_worker_job_file(const std::string& path) { return is_job_file(path, worker_job_file_prefix); }
 
-/// A fresh job file in the temporary directory, named `prefix`, this
-/// process's id, '-' and six random characters (mkstemp: mode 0600, never
-/// an existing path or link), holding `text`. Throws std::runtime_error
-/// when it cannot be made or written (nothing is left behind then).
-std::filesystem::path write_job_file(const char* prefix, const std::string& text);
+/// A job file this process wrote and holds: it keeps the file open with an
+/// exclusive flock(2) for as long as it lives (the lock goes when the
+/// process does, however it ends; exec'd children do not inherit it). The
+/// file itself is the caller's to remove.
+class held_job_file {
+ public:
+  held_job_file(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~held_job_file();
+  held_job_file(const held_job_file&) = delete;
+  held_job_file& operator=(const held_job_file&) = delete;
+  const std::filesystem::path& path() const { return path_; }
 
-/// Removes the job files in `dir` (both prefixes) that this user owns and
-/// whose writer, the process id in the name, is gone: what a launcher or a
-/// worker killed by SIGKILL leaves (nothing of it runs its stop handler).
-/// A file whose id is alive, or reused by another process, stays, as do
-/// names without an id (an older build's). Returns how many it removed.
+ private:
+  std::filesystem::path path_;
+  int fd_;
+};
+
+/// A fresh job file in the temporary directory, named `prefix`, this
+/// process's id, '-' and six random characters (mkostemp: mode 0600, never
+/// an existing path or link), holding `text`, and held (locked) by this
+/// process. Throws std::runtime_error when it cannot be made or written
+/// (nothing is left behind then).
+std::unique_ptr<held_job_file> write_job_file(const char* prefix, const std::string& text);
+
+/// Removes the job files in `dir` (both prefixes, with a writer's id in the
+/// name) that this user owns and that no process holds: what a launcher or
+/// a worker killed by SIGKILL leaves (nothing of it runs its stop handler).
+/// Whether the writer lives is its lock, not its id, so a reused id or
+/// another pid namespace sharing the directory changes nothing. Names
+/// without an id (an older build's) are left. Returns how many it removed.
 int sweep_stale_job_files(const std::filesystem::path& dir);
 
 }  // namespace corolla::app

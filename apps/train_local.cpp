@@ -177,7 +177,9 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
     spdlog::info("removed {} job file(s) of launchers or workers that are gone", swept);
   // A fresh private file (mkstemp: 0600, never an existing path or link).
   const std::string job_text = job_to_json(o).dump() + "\n";
-  const fs::path job_file = write_job_file(launcher_job_file_prefix, job_text);
+  // Held (locked) while this launcher lives: a sweep leaves it alone.
+  const std::unique_ptr<held_job_file> held_file = write_job_file(launcher_job_file_prefix, job_text);
+  const fs::path job_file = held_file->path();
   struct remove_file {
     fs::path p;
     ~remove_file() {

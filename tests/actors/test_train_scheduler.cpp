@@ -210,6 +210,35 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
     REQUIRE_FALSE(v.notes.empty());
     CHECK(v.notes.front().rfind("the lobby did not answer: ", 0) == 0);
   }
+  SUBCASE("an answer that comes after the grid failed decides nothing") {
+    // A lobby that takes 300 ms to answer.
+    auto slow = lobby_system.spawn<caf::detached>([pooled](caf::event_based_actor*) -> caf::behavior {
+      return {[pooled](sched_msg::pool_atom) {
+        std::this_thread::sleep_for(300ms);
+        return flat_pool(pooled);
+      }};
+    });
+    scheduler_setup s = grid_setup(1, 2);
+    s.pool = slow;
+    train_scheduler sched(std::move(s));
+    sched.started(even_layout(4, 1, 2));
+    sched.step(report(1, 0.5));
+    caf::scoped_actor self{lobby_system};
+    drain_query q;
+    q.report = report(2, 0.5);
+    auto pending = self->request(sched.actor(), caf::infinite, sched_msg::verdict_atom::value, q);
+    // While the scheduler waits for the lobby, a rank fails: another grid.
+    const grid_decision d = sched.failed({1}, "rank 1 is down");
+    REQUIRE_MESSAGE(d.stop.empty(), d.stop);
+    CHECK(d.layout.world() == 1);
+    bool drains = true;
+    pending.receive([&](drain_verdict& v) { drains = v.drain; },
+                    [&](caf::error& e) { FAIL("the verdict failed: " << lobby_system.render(e)); });
+    CHECK_FALSE(drains);
+    // Nothing was planned on the old grid's behalf.
+    CHECK(sched.drained(2).stop == "the job stopped after step 2 of 40 without a re-plan");
+    caf::anon_send_exit(slow, caf::exit_reason::user_shutdown);
+  }
   caf::anon_send_exit(lobby, caf::exit_reason::user_shutdown);
 }
 

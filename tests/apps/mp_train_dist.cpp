@@ -93,7 +93,9 @@ TEST_CASE("every pipeline x data-parallel layout gives the single-process losses
   check_close(json_steps(lanes.out_lines()), want, 1e-5);
   CHECK(most_side_by_side(lanes) >= 2);
   // Clipped, the all-gathers run after the coordinator's norm, in the
-  // update request: one job per bucket, side by side over the same links.
+  // update request's jobs (one per bucket, in the reductions' lanes): the
+  // losses check that path on real compute over the same links. (The
+  // count is of the reductions; the update jobs' overlap is not reported.)
   job clipped = j;
   clipped.clip = 0.5f;
   const process_result clipped_lanes = run_layout(clipped, 1, 2, {"--seed", "0", "--link-profile", "lat=4ms"});
@@ -485,7 +487,7 @@ TEST_CASE("a launcher killed by SIGKILL leaves its job file, and the next launch
   REQUIRE(first.wait_line(std::regex(R"("step":2\b)"), std::chrono::seconds(60)));
   const pid_t killed = first.pid();  // env execs corolla: the same process
   first.signal(SIGKILL);             // no stop handler runs
-  REQUIRE(first.wait(std::chrono::seconds(5)));  // reaped: a zombie's id is still alive
+  REQUIRE(first.wait(std::chrono::seconds(5)));
   const auto left = job_files();
   REQUIRE(left.size() == 1u);
   CHECK(left[0].rfind("corolla-job-" + std::to_string(killed) + "-", 0) == 0);

@@ -1,11 +1,12 @@
 // apps/train_job_file.hpp: the job files launchers and workers write carry
-// their writer's process id, and a sweep removes only those of writers that
-// are gone (a launcher or worker killed by SIGKILL) which this user owns.
+// their writer's process id and are held (locked) while it lives, and a
+// sweep removes only those nobody holds (a launcher or worker killed by
+// SIGKILL) which this user owns.
 #include <doctest/doctest.h>
 
-#include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,25 +24,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// The id of a process that has ended (and was reaped).
-pid_t dead_pid() {
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) ::_exit(0);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  REQUIRE(::kill(pid, 0) == -1);  // ESRCH until the id is reused
-  REQUIRE(errno == ESRCH);
-  return pid;
-}
-
 void touch(const fs::path& p) { std::ofstream(p) << "{}"; }
+
+/// Whether another open file description can take `p`'s lock now.
+bool lock_free(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);
+  return free;
+}
 
 }  // namespace
 
-TEST_CASE("a job file names its writer, and the sweep removes only files of writers that are gone") {
-  const fs::path written = write_job_file(launcher_job_file_prefix, "{\"pp\": 1}\n");
+TEST_CASE("a job file names its writer and is held while the writer lives") {
+  fs::path written;
   {
+    const auto held = write_job_file(launcher_job_file_prefix, "{\"pp\": 1}\n");
+    written = held->path();
     const std::string name = written.filename().string();
     CHECK(name.rfind(std::string(launcher_job_file_prefix) + std::to_string(::getpid()) + "-", 0) == 0);
     CHECK(is_job_file(written.string(), launcher_job_file_prefix));
@@ -52,31 +52,44 @@ TEST_CASE("a job file names its writer, and the sweep removes only files of writ
     std::ostringstream text;
     text << std::ifstream(written).rdbuf();
     CHECK(text.str() == "{\"pp\": 1}\n");
-    fs::remove(written);
+    CHECK_FALSE(lock_free(written));
   }
+  // Let go (as when its writer ends, however): the file stays, unheld.
+  CHECK(fs::exists(written));
+  CHECK(lock_free(written));
+  fs::remove(written);
+}
 
+TEST_CASE("the sweep removes this user's job files that nobody holds, and nothing else") {
   testing::temp_dir_guard dir("job-files");
-  const std::string dead = std::to_string(dead_pid());
   const std::string self = std::to_string(::getpid());
-  touch(dir / ("corolla-job-" + dead + "-aB3xYz"));      // a launcher killed: removed
-  touch(dir / ("corolla-joined-" + dead + "-Qw3rTy"));   // a worker killed: removed
-  touch(dir / ("corolla-job-" + self + "-aB3xYz"));      // alive: kept
-  touch(dir / "corolla-job-aB3xYz");                     // an older build's name, no id: kept
-  touch(dir / ("corolla-job-x" + dead + "-aB3xYz"));     // not an id: kept
-  touch(dir / ("other-" + dead + "-aB3xYz"));            // not a job file: kept
-  fs::create_directory(dir / ("corolla-job-" + dead + "-dir0"));  // not a file: kept
-  fs::create_symlink(dir / "corolla-job-aB3xYz", dir / ("corolla-joined-" + dead + "-link00"));  // a link: kept
+  touch(dir / "corolla-job-4242-aB3xYz");         // a launcher killed: removed
+  touch(dir / "corolla-joined-4242-Qw3rTy");      // a worker killed: removed
+  touch(dir / "corolla-job-1-aB3xYz");            // an id alive, but nobody holds it: removed
+  touch(dir / ("corolla-job-" + self + "-held00"));  // held: kept
+  const int holder = ::open((dir / ("corolla-job-" + self + "-held00")).c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(holder >= 0);
+  REQUIRE(::flock(holder, LOCK_EX | LOCK_NB) == 0);
+  touch(dir / "corolla-job-aB3xYz");                   // an older build's name, no id: kept
+  touch(dir / "corolla-job-x4242-aB3xYz");             // not an id: kept
+  touch(dir / "other-4242-aB3xYz");                    // not a job file: kept
+  fs::create_directory(dir / "corolla-job-4242-dir0");  // not a file: kept
+  fs::create_symlink(dir / "corolla-job-aB3xYz", dir / "corolla-joined-4242-link00");  // a link: kept
 
-  CHECK(sweep_stale_job_files(dir.path()) == 2);
-  CHECK_FALSE(fs::exists(dir / ("corolla-job-" + dead + "-aB3xYz")));
-  CHECK_FALSE(fs::exists(dir / ("corolla-joined-" + dead + "-Qw3rTy")));
-  CHECK(fs::exists(dir / ("corolla-job-" + self + "-aB3xYz")));
+  CHECK(sweep_stale_job_files(dir.path()) == 3);
+  CHECK_FALSE(fs::exists(dir / "corolla-job-4242-aB3xYz"));
+  CHECK_FALSE(fs::exists(dir / "corolla-joined-4242-Qw3rTy"));
+  CHECK_FALSE(fs::exists(dir / "corolla-job-1-aB3xYz"));
+  CHECK(fs::exists(dir / ("corolla-job-" + self + "-held00")));
   CHECK(fs::exists(dir / "corolla-job-aB3xYz"));
-  CHECK(fs::exists(dir / ("corolla-job-x" + dead + "-aB3xYz")));
-  CHECK(fs::exists(dir / ("other-" + dead + "-aB3xYz")));
-  CHECK(fs::is_directory(dir / ("corolla-job-" + dead + "-dir0")));
-  CHECK(fs::is_symlink(dir / ("corolla-joined-" + dead + "-link00")));
-  // Nothing left to remove; a directory that is not there is no error.
+  CHECK(fs::exists(dir / "corolla-job-x4242-aB3xYz"));
+  CHECK(fs::exists(dir / "other-4242-aB3xYz"));
+  CHECK(fs::is_directory(dir / "corolla-job-4242-dir0"));
+  CHECK(fs::is_symlink(dir / "corolla-joined-4242-link00"));
+  // Let go, the held one goes at the next sweep; a directory that is not
+  // there is no error.
+  ::close(holder);
+  CHECK(sweep_stale_job_files(dir.path()) == 1);
   CHECK(sweep_stale_job_files(dir.path()) == 0);
   CHECK(sweep_stale_job_files(dir / "missing") == 0);
 }
