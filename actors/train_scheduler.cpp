@@ -396,27 +396,27 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
         // nothing: whoever asked is gone.
         auto rp = self->make_response_promise<drain_verdict>();
         const std::uint64_t grid = self->state.grids;
+        // The verdict on `asked` (with `note` first among its notes).
+        auto answer = [self, rp, grid](drain_query asked, std::string note) mutable {
+          if (self->state.grids != grid) {
+            rp.deliver(drain_verdict{});
+            return;
+          }
+          caf::expected<drain_verdict> v = decide(self->state, asked);
+          if (v && !note.empty()) v->notes.insert(v->notes.begin(), std::move(note));
+          deliver(rp, std::move(v));
+        };
         self->request(pool, lobby_answer_timeout, sched_msg::pool_atom::value)
             .then(
-                [self, rp, q, grid](std::vector<std::string>& flat) mutable {
-                  if (self->state.grids != grid) {
-                    rp.deliver(drain_verdict{});
-                    return;
-                  }
+                [answer, q](std::vector<std::string>& flat) mutable {
                   q.pool = pool_of_flat(flat);
                   q.pool_ok = true;
-                  deliver(rp, decide(self->state, q));
+                  answer(std::move(q), {});
                 },
-                [self, rp, q, grid](caf::error& e) mutable {
-                  if (self->state.grids != grid) {
-                    rp.deliver(drain_verdict{});
-                    return;
-                  }
+                [self, answer, q](caf::error& e) mutable {
                   q.pool.clear();
                   q.pool_ok = false;  // nobody can join now
-                  caf::expected<drain_verdict> v = decide(self->state, q);
-                  if (v) v->notes.insert(v->notes.begin(), "the lobby did not answer: " + self->system().render(e));
-                  deliver(rp, std::move(v));
+                  answer(std::move(q), "the lobby did not answer: " + self->system().render(e));
                 });
         return rp;
       },

@@ -7,16 +7,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <limits>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 #include "model/stage.hpp"
 #include "model/whole_file.hpp"
@@ -133,6 +135,9 @@ held_job_file::~held_job_file() {
 
 std::unique_ptr<held_job_file> write_job_file(const char* prefix, const std::string& text) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path();
+  // Files of launchers and workers killed before they could remove theirs.
+  if (const int swept = sweep_stale_job_files(dir); swept > 0)
+    spdlog::info("removed {} job file(s) of launchers or workers that are gone", swept);
   std::string name = (dir / (std::string(prefix) + std::to_string(::getpid()) + "-XXXXXX")).string();
   const int fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("cannot create a job file in " + dir.string() + ": " + std::strerror(errno));
@@ -150,20 +155,18 @@ std::unique_ptr<held_job_file> write_job_file(const char* prefix, const std::str
 
 namespace {
 
-/// The writer's process id in a job file's name ("corolla-job-1234-aB3xYz"), or 0.
-pid_t writer_of(const std::string& name) {
+/// Whether `name` is a job file's as write_job_file names it: a prefix,
+/// a writer's process id, '-' ("corolla-job-1234-aB3xYz"). Whether that
+/// writer lives is the file's lock, not the id.
+bool names_a_writer(const std::string& name) {
   for (const char* prefix : {launcher_job_file_prefix, worker_job_file_prefix}) {
     if (name.rfind(prefix, 0) != 0) continue;
     const std::size_t from = std::strlen(prefix), dash = name.find('-', from);
-    if (dash == std::string::npos || dash == from || dash - from > 10) return 0;
-    long long pid = 0;
-    for (std::size_t i = from; i < dash; ++i) {
-      if (name[i] < '0' || name[i] > '9') return 0;
-      pid = pid * 10 + (name[i] - '0');
-    }
-    return pid > 0 && pid <= std::numeric_limits<pid_t>::max() ? static_cast<pid_t>(pid) : 0;
+    return dash != std::string::npos && dash > from && dash - from <= 10 &&
+           std::all_of(name.begin() + static_cast<std::ptrdiff_t>(from), name.begin() + static_cast<std::ptrdiff_t>(dash),
+                       [](char c) { return c >= '0' && c <= '9'; });
   }
-  return 0;
+  return false;
 }
 
 }  // namespace
@@ -172,9 +175,7 @@ int sweep_stale_job_files(const std::filesystem::path& dir) {
   int removed = 0;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const pid_t pid = writer_of(name);
-    if (pid <= 0) continue;
+    if (!names_a_writer(it->path().filename().string())) continue;
     struct stat st {};
     if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
     // Held by its writer (or being written): its lock is taken.

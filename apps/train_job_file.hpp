@@ -57,7 +57,8 @@ class held_job_file {
 /// A fresh job file in the temporary directory, named `prefix`, this
 /// process's id, '-' and six random characters (mkostemp: mode 0600, never
 /// an existing path or link), holding `text`, and held (locked) by this
-/// process. Throws std::runtime_error when it cannot be made or written
+/// process. First the directory's stale job files go
+/// (sweep_stale_job_files). Throws std::runtime_error when it cannot be made or written
 /// (nothing is left behind then).
 std::unique_ptr<held_job_file> write_job_file(const char* prefix, const std::string& text);
 

@@ -273,8 +273,6 @@ int run_train_join(const train_args& a) {
       spdlog::warn("ignoring an assignment that is not a training rank");
       continue;
     }
-    if (const int swept = sweep_stale_job_files(fs::temp_directory_path()); swept > 0)
-      spdlog::info("removed {} job file(s) of launchers or workers that are gone", swept);
     const std::unique_ptr<held_job_file> held = write_job_file(worker_job_file_prefix, work->job);
     const fs::path path = held->path();
     *(at + 1) = path.string();

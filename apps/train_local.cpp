@@ -172,10 +172,7 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
   auto n = start_node(rank_node_options(launcher_listen(a)), "coordinator");
   const std::string endpoint = n->endpoint();
   spdlog::info("training {} on {} local ranks, coordinator at {}", o.layout.describe(), o.layout.world(), endpoint);
-  // Files of launchers and workers killed before they could remove theirs.
-  if (const int swept = sweep_stale_job_files(fs::temp_directory_path()); swept > 0)
-    spdlog::info("removed {} job file(s) of launchers or workers that are gone", swept);
-  // A fresh private file (mkstemp: 0600, never an existing path or link).
+  // A fresh private file (write_job_file: 0600, never an existing path or link).
   const std::string job_text = job_to_json(o).dump() + "\n";
   // Held (locked) while this launcher lives: a sweep leaves it alone.
   const std::unique_ptr<held_job_file> held_file = write_job_file(launcher_job_file_prefix, job_text);
