@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include "api/http_bind.hpp"
+#include "api/http_framing.hpp"
 
 namespace corolla::api {
 
@@ -31,6 +32,7 @@ struct dashboard_server::impl {
 dashboard_server::dashboard_server(const swarm_watch& watch, std::string model_id, int n_blocks)
     : impl_(std::make_unique<impl>(watch, std::move(model_id), n_blocks)) {
   auto* p = impl_.get();
+  serve_pages_only(p->server);
   p->server.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(dashboard_html(), "text/html; charset=utf-8");
   });

@@ -6,8 +6,6 @@
 #include <memory>
 #include <chrono>
 #include <random>
-#include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include <httplib.h>
@@ -15,6 +13,7 @@
 
 #include "api/dashboard.hpp"
 #include "api/http_bind.hpp"
+#include "api/http_framing.hpp"
 #include "api/openai_request.hpp"
 #include "api/stop_text.hpp"
 #include "model/error.hpp"
@@ -152,26 +151,17 @@ struct http_api::impl {
     res.set_content(to_body(e.body()), "application/json");
   }
 
-  /// `e`, then the connection is closed: the request's body is unread, and
-  /// httplib (0.11) would read it as the next request. A content provider
-  /// that returns false after writing ends the connection; a response's
-  /// "Connection: close" alone does not.
+  /// `e`, then the connection is closed (a refusal on the headers).
   static void send_error_and_close(httplib::Response& res, const api_error& e) {
-    res.status = e.status();
-    auto body = std::make_shared<const std::string>(to_body(e.body()));
-    res.set_header("Connection", "close");
-    res.set_content_provider(body->size(), "application/json",
-                             [body](std::size_t offset, std::size_t length, httplib::DataSink& sink) {
-                               sink.write(body->data() + offset, length);
-                               return false;
-                             });
+    answer_and_close(res, e.status(), to_body(e.body()), "application/json");
   }
 
   /// The key on the headers of a /v1/ request, before its body is read:
   /// false (and the 401 in `res`, the connection to be closed) when wrong.
   bool authorized_before_body(const httplib::Request& req, httplib::Response& res) {
     try {
-      check_framing(req);
+      if (const auto why = framing_error(req))
+        throw api_error(400, "invalid_request_error", "The request's framing is invalid: " + *why + ".");
       if (req.path.rfind("/v1/", 0) == 0) authorize(req);
       return true;
     } catch (const api_error& e) {
@@ -189,48 +179,6 @@ struct http_api::impl {
            : path == "/health"                ? "health"
            : path == "/metrics"               ? "metrics"
                                               : "other";
-  }
-
-  /// Throws a 400 for a request whose body's length is ambiguous or
-  /// invalid (RFC 9112, 6.1 and 6.3), where what a proxy in front and this
-  /// server read as the body could differ and the rest pass as a request
-  /// of its own: Content-Length values that differ (cpp-httplib would take
-  /// the first) or are not a number, a Content-Length beside a
-  /// Transfer-Encoding, a Transfer-Encoding other than one "chunked", and a
-  /// body on a method cpp-httplib reads none for (GET, HEAD, ...: it would
-  /// read the body as the next request). The connection is then closed.
-  static void check_framing(const httplib::Request& req) {
-    const auto refuse = [](const std::string& why) {
-      throw api_error(400, "invalid_request_error", "The request's framing is invalid: " + why + ".");
-    };
-    std::set<std::string> lengths;
-    const std::size_t fields = req.get_header_value_count("Content-Length");
-    for (std::size_t i = 0; i < fields; ++i) {
-      std::stringstream values(req.get_header_value("Content-Length", i));
-      for (std::string v; std::getline(values, v, ',');) {
-        const auto first = v.find_first_not_of(" \t"), last = v.find_last_not_of(" \t");
-        if (first == std::string::npos) continue;  // an empty list item
-        v = v.substr(first, last - first + 1);
-        if (v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos)
-          refuse("Content-Length '" + v.substr(0, 32) + "' is not a length");
-        lengths.insert(v.substr(std::min(v.find_first_not_of('0'), v.size() - 1)));  // "007" is 7
-      }
-    }
-    if (fields > 0 && lengths.empty()) refuse("Content-Length is empty");
-    if (lengths.size() > 1)
-      refuse("Content-Length is given as " + std::to_string(lengths.size()) + " different values");
-    const std::size_t codings = req.get_header_value_count("Transfer-Encoding");
-    if (codings > 0 && fields > 0) refuse("both Content-Length and Transfer-Encoding are given");
-    if (codings > 1) refuse("Transfer-Encoding is given " + std::to_string(codings) + " times");
-    if (codings == 1) {
-      std::string te = req.get_header_value("Transfer-Encoding");
-      std::transform(te.begin(), te.end(), te.begin(), [](unsigned char c) { return std::tolower(c); });
-      if (te != "chunked") refuse("Transfer-Encoding '" + te.substr(0, 32) + "' is not 'chunked'");
-    }
-    const bool reads_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
-                            req.method == "DELETE" || req.method == "PRI";
-    if (!reads_body && (codings > 0 || (!lengths.empty() && *lengths.begin() != "0")))
-      refuse("a " + req.method + " request carries a body");
   }
 
   /// Throws the 401 when --api-key is set and the request does not carry it.

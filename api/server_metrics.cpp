@@ -10,6 +10,7 @@
 #include <httplib.h>
 
 #include "api/http_bind.hpp"
+#include "api/http_framing.hpp"
 #include "api/metrics.hpp"
 
 namespace corolla::api {
@@ -243,6 +244,7 @@ struct metrics_server::impl {
 metrics_server::metrics_server(std::function<std::string()> scrape) : impl_(std::make_unique<impl>()) {
   impl_->scrape = std::move(scrape);
   auto* p = impl_.get();
+  serve_pages_only(p->server);
   p->server.Get("/metrics", [p](const httplib::Request&, httplib::Response& res) {
     try {
       std::lock_guard lock(p->scraping);

@@ -5,11 +5,6 @@
 #include <doctest/doctest.h>
 
 #include <httplib.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -31,6 +26,7 @@
 #include "model/safetensors.hpp"
 #include "tests/api/api_test_util.hpp"
 #include "tests/api/prometheus_text.hpp"
+#include "tests/api/raw_http.hpp"
 #include "tests/support/eventually.hpp"
 
 using namespace corolla;
@@ -434,25 +430,7 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
   // Without the key, the answer comes on the headers alone, and the
   // connection ends (its body is never read): `request` written on a
   // keep-alive connection, everything read until the server closes it.
-  const auto exchange = [&](const std::string& request) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(static_cast<std::uint16_t>(s.port()));
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
-    const timeval limit{20, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-    REQUIRE(::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size()));
-    std::string answer;
-    char buf[4096];
-    ssize_t got = 0;
-    while ((got = ::recv(fd, buf, sizeof buf, 0)) > 0) answer.append(buf, static_cast<std::size_t>(got));
-    ::close(fd);
-    CHECK(got == 0);  // closed by the server, not a timeout
-    return answer;
-  };
+  const auto exchange = [&](const std::string& request) { return raw_exchange(s.port(), request); };
   const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n"
                            "Content-Type: application/json\r\n";
   // 17 MiB announced, none sent.

@@ -1,7 +1,8 @@
 // api/server_metrics: `corolla serve --metrics-listen`'s text from a span
 // server's counters and its links (parsed strictly), link counters that
-// survive their link closing, and the HTTP listener every api/ server
-// shares stopping in any order.
+// survive their link closing, the HTTP listener every api/ server shares
+// stopping in any order, and the page servers (metrics, dashboard)
+// refusing bodies and ambiguous framing before reading them.
 #include <doctest/doctest.h>
 
 #include <httplib.h>
@@ -10,9 +11,11 @@
 #include <string>
 #include <thread>
 
+#include "api/dashboard.hpp"
 #include "api/http_bind.hpp"
 #include "api/server_metrics.hpp"
 #include "tests/api/prometheus_text.hpp"
+#include "tests/api/raw_http.hpp"
 
 using namespace corolla;
 using namespace corolla::api;
@@ -168,4 +171,48 @@ TEST_CASE("an HTTP listener stopped before it runs, or while it starts, never se
     }
     CHECK_FALSE(server.is_running());
   }
+}
+
+TEST_CASE("the metrics and dashboard servers refuse bodies and ambiguous framing on the headers, and close") {
+  metrics_server metrics([] { return std::string("# HELP x x\n# TYPE x counter\nx 1\n"); });
+  const int metrics_port = metrics.start("127.0.0.1", 0);
+  swarm_watch watch("tiny", 4, [] { return std::vector<net::server_record>{}; }, std::chrono::milliseconds(50));
+  dashboard_server dashboard(watch, "tiny", 4);
+  const int dashboard_port = dashboard.bind("127.0.0.1", 0);
+  std::thread serving([&] { dashboard.run(); });
+  const std::string smuggled = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  for (const auto& [port, page] : {std::pair{metrics_port, std::string("/metrics")},
+                                   std::pair{dashboard_port, std::string("/swarm.json")}}) {
+    CAPTURE(page);
+    const std::string get = std::string("GET ") + page + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n";
+    const std::string post = std::string("POST ") + page + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n";
+    // A body the server would not read (a GET's) or an ambiguous length:
+    // a 400 naming why, and the rest is never read as a request.
+    const std::vector<std::pair<std::string, std::string>> framings = {
+        {get + "Content-Length: " + std::to_string(smuggled.size()) + "\r\n\r\n" + smuggled,
+         "a GET request carries a body"},
+        {get + "Content-Length: 0\r\nContent-Length: 5\r\n\r\n" + smuggled, "2 different values"},
+        {get + "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, "a GET request carries a body"}};
+    for (const auto& [request, why] : framings) {
+      CAPTURE(request);
+      const std::string answer = raw_exchange(port, request);
+      CHECK(answer.rfind("HTTP/1.1 400", 0) == 0);
+      CHECK(answer.find(why) != std::string::npos);
+      CHECK(answer.find("HTTP/1.1", 1) == std::string::npos);
+    }
+    // Another method is a 405 on the headers: 17 MiB announced, none sent,
+    // and none asked for after an Expect: 100-continue.
+    for (const std::string& expect : {std::string(), std::string("Expect: 100-continue\r\n")}) {
+      const std::string answer =
+          raw_exchange(port, post + expect + "Content-Length: " + std::to_string(17u << 20) + "\r\n\r\n");
+      CHECK(answer.rfind("HTTP/1.1 405", 0) == 0);
+      CHECK(answer.find("Allow: GET, HEAD") != std::string::npos);
+    }
+    // A plain GET is served, and so is one with an empty body.
+    const std::string last = std::string("GET ") + page + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+    CHECK(raw_exchange(port, last + "\r\n").rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(raw_exchange(port, last + "Content-Length: 0\r\n\r\n").rfind("HTTP/1.1 200", 0) == 0);
+  }
+  dashboard.stop();
+  serving.join();
 }

@@ -1,0 +1,35 @@
+// api/http_framing.hpp — refusing requests whose body length is ambiguous
+// before their body is read (internal to api/: the API, the dashboard and
+// the server metrics share it).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <httplib.h>
+
+namespace corolla::api {
+
+/// Why the request's body length is ambiguous or invalid (RFC 9112, 6.1
+/// and 6.3), or nothing. Where what a proxy in front and this server read
+/// as the body could differ, the rest would pass as a request of its own:
+/// Content-Length values that differ (cpp-httplib would take the first) or
+/// are not a number, a Content-Length beside a Transfer-Encoding, a
+/// Transfer-Encoding other than one "chunked", and a body on a method
+/// cpp-httplib reads none for (GET, HEAD, ...: it would read the body as
+/// the next request).
+std::optional<std::string> framing_error(const httplib::Request& req);
+
+/// Answers `status` with `body` and closes the connection. For a refusal
+/// on the headers: the request's body is unread, and httplib (0.11) would
+/// read it as the next request. A content provider that returns false
+/// after writing ends the connection; "Connection: close" alone does not.
+void answer_and_close(httplib::Response& res, int status, std::string body, const std::string& content_type);
+
+/// For a server that serves GET pages only (the dashboard, a server's
+/// metrics): a request with invalid framing is a 400, and one of another
+/// method (which httplib would read a body for, of any length) a 405,
+/// both on the headers, before any body is read, and the connection ends.
+void serve_pages_only(httplib::Server& server);
+
+}  // namespace corolla::api
