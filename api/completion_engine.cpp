@@ -171,24 +171,24 @@ std::unique_ptr<caf::actor_system_config> batcher_system_config() {
 /// The batcher of `slots` slots: as many finished requests' caches kept
 /// for prompts that start the same way (a chat's system prompt and earlier
 /// turns), within the same KV budget (let go whenever running requests need
-/// the pages).
-decode_batcher_options batcher_options(int slots, bool share_prefixes) {
+/// the pages), unless the requests are isolated.
+decode_batcher_options batcher_options(int slots, local_decoding decoding) {
   decode_batcher_options o;
-  o.retained_sessions = slots;
-  o.share_prefixes = share_prefixes;
+  o.retained_sessions = decoding == local_decoding::batched_isolated ? 0 : slots;
+  o.share_prefixes = decoding == local_decoding::batched;
   return o;
 }
 
 /// The model in this process, its slots' decode steps batched.
 class batched_local_engine final : public completion_engine {
  public:
-  batched_local_engine(transformer& model, int slots, weight_format weights, dtype kv, bool share_prefixes)
+  batched_local_engine(transformer& model, int slots, weight_format weights, dtype kv, local_decoding decoding)
       : cfg_(model.config()),
         pool_(slots),
         system_config_(batcher_system_config()),
         system_(*system_config_),
         batcher_(system_, local_span_engine(model, pool_.size(), weights, kv), local_head(model, weights),
-                 batcher_options(pool_.size(), share_prefixes)) {}
+                 batcher_options(pool_.size(), decoding)) {}
   const model_config& config() const override { return cfg_; }
   void check_ready() override {}
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
@@ -332,7 +332,7 @@ class swarm_engine final : public completion_engine {
 std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, weight_format weights, dtype kv,
                                                      local_decoding decoding) {
   if (decoding != local_decoding::per_request)
-    return std::make_unique<batched_local_engine>(model, slots, weights, kv, decoding == local_decoding::batched);
+    return std::make_unique<batched_local_engine>(model, slots, weights, kv, decoding);
   return std::make_unique<local_engine>(model, slots, weights, kv);
 }
 

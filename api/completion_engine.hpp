@@ -95,6 +95,11 @@ enum class local_decoding {
   /// finished request's cache: no KV pages shared between requests
   /// (decode_batcher_options::share_prefixes off)
   batched_unshared,
+  /// batched, and no request starts on another's cache, running or
+  /// finished (none kept, no pages shared): `cached_tokens` is always 0,
+  /// and neither it nor the time to the first token tells a client
+  /// anything of another's prompt (`corolla api --isolate-requests`)
+  batched_isolated,
   per_request,  ///< a generator per slot, each on its own HTTP thread
 };
 

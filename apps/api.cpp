@@ -40,6 +40,7 @@ struct api_args {
   int parallel = 4;
   std::string batching = "on";
   std::string prefix_sharing = "on";
+  bool isolate_requests = false;
   int http_threads = 64;
   std::string device = "auto";
   std::string weights = "f32";
@@ -93,7 +94,8 @@ int run_api(const api_args& a) {
     Backend& be = backend_for(parse_device(a.device));
     model.emplace(load_for_decoding(a.model, be, weights, "api"));
     engine = api::make_local_engine(*model, a.parallel, weights, parse_kv_dtype_flag(a.kv_dtype),
-                                    a.batching != "on"           ? api::local_decoding::per_request
+                                    a.batching != "on"          ? api::local_decoding::per_request
+                                    : a.isolate_requests        ? api::local_decoding::batched_isolated
                                     : a.prefix_sharing == "on" ? api::local_decoding::batched
                                                                : api::local_decoding::batched_unshared);
   } else {
@@ -110,7 +112,7 @@ int run_api(const api_args& a) {
     if (a.threads == 0) set_cpu_threads(1);
     head h = head::load(checkpoint::open(a.model), cfg, be);
     engine = api::make_swarm_engine(*swarm.runtime, swarm.options, std::move(h), a.parallel, weights,
-                                    a.prefix_sharing == "on");
+                                    a.prefix_sharing == "on" && !a.isolate_requests);
     // The dashboard reads the servers' DHT records (with a list of servers
     // and no DHT it shows only the failovers).
     watch.emplace(model_id_of_swarm(a.swarm, a.model), cfg.n_layers,
@@ -159,12 +161,17 @@ void register_api(CLI::App& app, action_fn& action) {
                   "off gives each request a generator of its own")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  cmd->add_option("--prefix-sharing", a->prefix_sharing,
+  auto* sharing = cmd->add_option("--prefix-sharing", a->prefix_sharing,
                   "With --local and batching, or --swarm: on lets requests whose prompts begin alike (a system "
                   "prompt) hold the same KV pages for it and compute it once (with --swarm: on each server, the "
                   "later requests' sessions opened on the first one's route); off makes each compute its own")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  cmd->add_flag("--isolate-requests", a->isolate_requests,
+                "No request starts on another's cache, running or finished (no pages shared, none kept): "
+                "cached_tokens and the time to the first token tell a client nothing of another's prompt; "
+                "for clients that must not learn each other's prompts")
+      ->excludes(sharing);
   cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();

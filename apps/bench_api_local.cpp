@@ -4,7 +4,8 @@
 // batched by one actor (actors/decode_batcher.hpp, the default) and a
 // generator per request (--batching off, what the API did before); with
 // --shared-prefix a third, the batcher without shared prompt pages
-// (--prefix-sharing off):
+// (--prefix-sharing off), and a fourth, the batcher with no request
+// starting on another's cache (--isolate-requests: the cost of isolation):
 //  * requests/s and generated tokens/s of each, and their ratio;
 //  * time to first text, median and worst;
 //  * the batcher's mean batch at each level, and the prompt tokens other
@@ -106,16 +107,22 @@ int run_bench_api_local(const api_bench_options& o) {
   bench_server batched_server(*batched, *tok, model_id, slots);
   bench_server per_request_server(*per_request, *tok, model_id, slots);
   // With a shared prefix, also the batcher without shared pages (each
-  // request computes its prompt unless it continues a finished one's cache).
+  // request computes its prompt unless it continues a finished one's
+  // cache), and isolated (each computes its whole prompt).
   const bool unshared_too = o.shared_prefix > 0;
-  std::unique_ptr<api::completion_engine> unshared;
-  std::unique_ptr<bench_server> unshared_server;
+  std::unique_ptr<api::completion_engine> unshared, isolated;
+  std::unique_ptr<bench_server> unshared_server, isolated_server;
   if (unshared_too) {
     unshared = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::batched_unshared);
     unshared_server = std::make_unique<bench_server>(*unshared, *tok, model_id, slots);
+    isolated = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::batched_isolated);
+    isolated_server = std::make_unique<bench_server>(*isolated, *tok, model_id, slots);
   }
   std::vector<int> ports{batched_server.port(), per_request_server.port()};
-  if (unshared_too) ports.push_back(unshared_server->port());
+  if (unshared_too) {
+    ports.push_back(unshared_server->port());
+    ports.push_back(isolated_server->port());
+  }
 
   // Warm-up: the first connection, buffers, the inference copies.
   for (int port : ports) run_http(port, model_id, fresh_prompts(1), 1, 2);
@@ -168,7 +175,10 @@ int run_bench_api_local(const api_bench_options& o) {
       char mb[32];
       std::snprintf(mb, sizeof mb, "%.2f", mean_batch);
       row("batched", b, mb);
-      if (unshared_too) row("unshared", pooled[2], "");
+      if (unshared_too) {
+        row("unshared", pooled[2], "");
+        row("isolated", pooled[3], "");
+      }
       row("per-request", p, "");
       std::printf("%8s  batched / per-request tokens/s: %.2fx; prompt tokens from other requests' caches: %llu of %d "
                   "(%llu on shared pages; %llu requests waited for a prefix)\n",
@@ -187,16 +197,24 @@ int run_bench_api_local(const api_bench_options& o) {
                   {"batched_to_per_request_tokens_per_s", ratio},
                   {"same_text", same}};
     if (unshared_too) {
-      const load_result& u = pooled[2];
-      const way_ratios w = compare_ways(b, u);
+      const load_result &u = pooled[2], &i = pooled[3];
+      const way_ratios w = compare_ways(b, u), wi = compare_ways(b, i);
       level["unshared"] = u.to_json(c * o.rounds);
       level["batched_to_unshared_tokens_per_s"] = w.tokens_per_s;
       level["unshared_to_batched_first_text_p50"] = w.first_text_p50;
       level["unshared_to_batched_first_text_max"] = w.first_text_max;
-      if (!o.json_only)
+      level["isolated"] = i.to_json(c * o.rounds);
+      level["batched_to_isolated_tokens_per_s"] = wi.tokens_per_s;
+      level["isolated_to_batched_first_text_p50"] = wi.first_text_p50;
+      level["isolated_to_batched_first_text_max"] = wi.first_text_max;
+      if (!o.json_only) {
         std::printf("%8s  shared prompt pages against none: %.2fx tokens/s; time to first text %.2fx shorter (p50), "
                     "%.2fx (worst)\n",
                     "", w.tokens_per_s, w.first_text_p50, w.first_text_max);
+        std::printf("%8s  shared caches against isolated requests: %.2fx tokens/s; time to first text %.2fx shorter "
+                    "(p50), %.2fx (worst)\n",
+                    "", wi.tokens_per_s, wi.first_text_p50, wi.first_text_max);
+      }
     }
     levels.push_back(level);
   }

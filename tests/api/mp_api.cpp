@@ -147,17 +147,23 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   testing::temp_dir_guard dir("api-cli");
   api::write_chat_model(dir.path());
   const std::string model = dir.path().string();
-  auto [api, port] = start_api(model, {"--local", "--api-key", "k"});
+  // Isolated: the same chat twice, and the second continues no cache (it
+  // would continue the first's otherwise: tests/api/test_http_api.cpp).
+  auto [api, port] = start_api(model, {"--local", "--api-key", "k", "--isolate-requests"});
   httplib::Client c("127.0.0.1", port);
-  auto res = c.Post("/v1/chat/completions", {{"Authorization", "Bearer k"}},
-                    json{{"model", dir.path().filename().string()},
-                         {"messages", {{{"role", "user"}, {"content", "the cat"}}}},
-                         {"max_tokens", 4}}
-                        .dump(),
-                    "application/json");
-  REQUIRE(res);
-  CHECK(res->status == 200);
-  CHECK(json::parse(res->body)["choices"][0]["message"]["role"] == "assistant");
+  for (int turn = 0; turn < 2; ++turn) {
+    auto res = c.Post("/v1/chat/completions", {{"Authorization", "Bearer k"}},
+                      json{{"model", dir.path().filename().string()},
+                           {"messages", {{{"role", "user"}, {"content", "the cat"}}}},
+                           {"max_tokens", 4}}
+                          .dump(),
+                      "application/json");
+    REQUIRE(res);
+    CHECK(res->status == 200);
+    const json r = json::parse(res->body);
+    CHECK(r["choices"][0]["message"]["role"] == "assistant");
+    CHECK(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+  }
   api.signal(SIGTERM);
   CHECK(api.wait(10s) == 0);
 
@@ -178,6 +184,11 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--batching", "off"}), "--batching off is for --local");
   testing::check_one_error(error_of({"--local", "--batching", "off", "--prefix-sharing", "off"}),
                            "--prefix-sharing off is for --local with batching on");
+  {
+    const testing::process_result r = error_of({"--local", "--isolate-requests", "--prefix-sharing", "on"});
+    CHECK(r.exit_code == 108);  // CLI11's usage error
+    CHECK(r.err.find("--prefix-sharing excludes --isolate-requests") != std::string::npos);
+  }
 }
 
 TEST_CASE("corolla api --local --weights int8 holds only the int8 blocks and answers as corolla generate does") {
@@ -242,6 +253,10 @@ TEST_CASE("corolla bench api --local compares batched decoding with a generator 
     CHECK(level["unshared"]["failed"] == 0);
     CHECK(level["batched_to_unshared_tokens_per_s"].get<double>() > 0);
     CHECK(level["unshared_to_batched_first_text_p50"].get<double>() > 0);
+    // And isolated: no prompt token from another request's cache.
+    CHECK(level["isolated"]["failed"] == 0);
+    CHECK(level["batched_to_isolated_tokens_per_s"].get<double>() > 0);
+    CHECK(level["isolated_to_batched_first_text_p50"].get<double>() > 0);
   }
   CHECK(j["levels"][0]["batched"]["mean_batch"].get<double>() == 1.0);  // one client: batches of one
   // The second round's prompt continues from the first's cache: at least

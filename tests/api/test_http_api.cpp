@@ -352,6 +352,56 @@ TEST_CASE("concurrent requests each get the answer they would get alone") {
   }
 }
 
+TEST_CASE("isolated requests start on no other's cache, running or finished") {
+  testing::temp_dir_guard dir("api-isolated");
+  write_chat_model(dir.path());
+  // The default (a finished request's cache continued, pages shared) as
+  // the control, then --isolate-requests.
+  local_decoding decoding = local_decoding::batched;
+  SUBCASE("shared") {}
+  SUBCASE("isolated") { decoding = local_decoding::batched_isolated; }
+  const bool isolated = decoding == local_decoding::batched_isolated;
+  local_api_server s(dir.path(), {}, 4, {}, decoding);
+  auto c = client_for(s.port());
+  const std::string system = "the cat and the dog went to the park, and once upon a time we the people";
+  const auto ids = s.tok().encode(system, s.tok().prepends_bos());
+  REQUIRE(ids.size() > 32);  // two whole pages in common
+  const auto ask = [&](httplib::Client& client, const std::string& prompt) {
+    return post(client, "/v1/completions", {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}});
+  };
+  const json first = ask(c, system);
+  CHECK(first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+  // The same prompt again: continued from the first one's cache, unless isolated.
+  const json again = ask(c, system);
+  CHECK(again["choices"][0]["text"] == first["choices"][0]["text"]);
+  CHECK(again["usage"]["prompt_tokens_details"]["cached_tokens"] == (isolated ? 0 : ids.size() - 1));
+  // Prompts that begin alike, at once: each the text it gets alone.
+  const std::vector<std::string> tails = {" said", " ran home", " and then", " went"};
+  std::vector<std::future<json>> answers;
+  for (const auto& t : tails)
+    answers.push_back(std::async(std::launch::async, [&, t] {
+      auto own = client_for(s.port());
+      return ask(own, system + t);
+    }));
+  double cached = 0;
+  for (std::size_t i = 0; i < tails.size(); ++i) {
+    const json r = answers[i].get();
+    CAPTURE(tails[i]);
+    CHECK(r["choices"][0]["text"] ==
+          greedy(s.model(), s.tok(), s.tok().encode(system + tails[i], s.tok().prepends_bos()), 6).text);
+    cached += r["usage"]["prompt_tokens_details"]["cached_tokens"].get<double>();
+  }
+  if (isolated) {
+    CHECK(cached == 0);
+    CHECK(metric(s.port(), "corolla_api_prompt_tokens_cached_total") == 0);
+    // Nothing is kept once every request is done.
+    CHECK(metric(s.port(), "corolla_api_kv_pages") == 0);
+  } else {
+    CHECK(cached >= 32 * tails.size());
+    CHECK(metric(s.port(), "corolla_api_kv_pages") > 0);
+  }
+}
+
 TEST_CASE("a local engine refuses weights its model does not hold, and a KV cache of no float type") {
   testing::temp_dir_guard dir("api-engine-refusals");
   write_chat_model(dir.path());
