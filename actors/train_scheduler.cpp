@@ -68,9 +68,29 @@ struct scheduler_state {
   /// (--cluster) the machines that join with it.
   std::optional<grid_decision> planned;
   std::vector<schedule::machine_offer> joiners;
-  /// Counts grids started, drained or failed: a verdict waiting for the
-  /// lobby's answer knows whether the grid it was asked for still runs.
-  std::uint64_t grids = 0;
+  /// Verdicts waiting for the lobby's answer, by ask, with who asked. A
+  /// grid started, drained or failed, or its coordinator withdrawing,
+  /// answers them at once (no drain): whoever asked is gone, and the
+  /// answer, not the lobby's, releases it (a promise holds its asker).
+  struct unanswered_verdict {
+    caf::strong_actor_ptr asker;
+    caf::typed_response_promise<drain_verdict> rp;
+  };
+  std::map<std::uint64_t, unanswered_verdict> unanswered;
+  std::uint64_t asks = 0;
+
+  /// Answers every unanswered verdict (of `asker` only, when given) with
+  /// no drain.
+  void answer_moot(const caf::strong_actor_ptr* asker = nullptr) {
+    for (auto it = unanswered.begin(); it != unanswered.end();) {
+      if (asker && it->second.asker != *asker) {
+        ++it;
+        continue;
+      }
+      it->second.rp.deliver(drain_verdict{});
+      it = unanswered.erase(it);
+    }
+  }
 
   rank_machines where() const {
     rank_machines w;
@@ -375,7 +395,7 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
   return {
       [self](sched_msg::started_atom, const train_layout& l, std::int64_t started_ns) {
         auto& s = self->state;
-        ++s.grids;
+        s.answer_moot();
         s.layout = l;
         s.grid_started = clock_type::time_point(std::chrono::nanoseconds(started_ns));
         s.grid_stepped = false;
@@ -392,19 +412,23 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
         }
         // Who is pooled now: asked of the lobby without blocking (other
         // messages, a step's report, are taken meanwhile). An answer that
-        // comes after the grid changed (the job failed meanwhile) decides
-        // nothing: whoever asked is gone.
+        // comes after the verdict was answered moot (the grid changed, or
+        // its coordinator withdrew) decides nothing.
+        auto& s = self->state;
+        const std::uint64_t ask = ++s.asks;
+        // (Who asked, before the promise takes the sender from the message.)
+        caf::strong_actor_ptr asker = self->current_sender();
         auto rp = self->make_response_promise<drain_verdict>();
-        const std::uint64_t grid = self->state.grids;
+        s.unanswered.emplace(ask, scheduler_state::unanswered_verdict{std::move(asker), rp});
         // The verdict on `asked` (with `note` first among its notes).
-        auto answer = [self, rp, grid](drain_query asked, std::string note) mutable {
-          if (self->state.grids != grid) {
-            rp.deliver(drain_verdict{});
-            return;
-          }
+        auto answer = [self, ask](drain_query asked, std::string note) {
+          auto it = self->state.unanswered.find(ask);
+          if (it == self->state.unanswered.end()) return;
+          auto waiting = std::move(it->second.rp);
+          self->state.unanswered.erase(it);
           caf::expected<drain_verdict> v = decide(self->state, asked);
           if (v && !note.empty()) v->notes.insert(v->notes.begin(), std::move(note));
-          deliver(rp, std::move(v));
+          deliver(waiting, std::move(v));
         };
         self->request(pool, lobby_answer_timeout, sched_msg::pool_atom::value)
             .then(
@@ -420,12 +444,16 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
                 });
         return rp;
       },
+      [self](sched_msg::withdraw_atom) {
+        const caf::strong_actor_ptr asker = self->current_sender();
+        if (asker) self->state.answer_moot(&asker);
+      },
       [self](sched_msg::drained_atom, int last) {
-        ++self->state.grids;
+        self->state.answer_moot();
         return self->state.drained(last);
       },
       [self](sched_msg::failed_atom, const std::vector<int>& lost, const std::string& reason) {
-        ++self->state.grids;
+        self->state.answer_moot();
         return self->state.failed(lost, reason);
       },
   };

@@ -4,8 +4,10 @@
 // tests/apps/mp_train_elastic.cpp).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -238,6 +240,48 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
     // Nothing was planned on the old grid's behalf.
     CHECK(sched.drained(2).stop == "the job stopped after step 2 of 40 without a re-plan");
     caf::anon_send_exit(slow, caf::exit_reason::user_shutdown);
+  }
+  SUBCASE("a verdict whose asker ended is withdrawn: the pending answer holds the asker's system no longer") {
+    // A lobby that never answers (the scheduler's ask times out after 10 s).
+    std::atomic<int> asked{0};
+    auto silent = lobby_system.spawn<caf::detached>([&asked](caf::event_based_actor* lobby) -> caf::behavior {
+      return {[lobby, &asked](sched_msg::pool_atom) {
+        auto never = lobby->make_response_promise<std::vector<std::string>>();
+        ++asked;
+        return never;
+      }};
+    });
+    scheduler_setup s = grid_setup(1, 2);
+    s.pool = silent;
+    train_scheduler sched(std::move(s));
+    sched.started(even_layout(4, 1, 2));
+    sched.step(report(1, 0.5));
+    const caf::actor scheduler = sched.actor();
+    drain_query q;
+    q.report = report(2, 0.5);
+    // The coordinator's side: an actor of another system asks, as the
+    // coordinator does (a bounded request); then the job fails: it
+    // withdraws and quits, and its system shuts down.
+    caf::actor_system_config asker_cfg;
+    std::optional<caf::actor_system> asker_system{std::in_place, asker_cfg};
+    auto asker = asker_system->spawn<caf::detached>([scheduler, q](caf::event_based_actor* a) -> caf::behavior {
+      a->request(scheduler, 60s, sched_msg::verdict_atom::value, q).then([](drain_verdict&) {}, [](caf::error&) {});
+      return {[a, scheduler](sched_msg::withdraw_atom) {
+        a->send(scheduler, sched_msg::withdraw_atom::value);
+        a->quit();
+      }};
+    });
+    for (int i = 0; i < 2000 && asked == 0; ++i) std::this_thread::sleep_for(5ms);
+    REQUIRE(asked == 1);
+    caf::anon_send(asker, sched_msg::withdraw_atom::value);
+    asker = caf::actor{};
+    const auto t0 = std::chrono::steady_clock::now();
+    asker_system.reset();  // waits for the asker's thread, which lives while anyone holds the actor
+    const auto shutdown = std::chrono::steady_clock::now() - t0;
+    CHECK(shutdown < 5s);  // not the lobby's 10 s
+    // The scheduler goes on: nothing was planned for the withdrawn verdict.
+    CHECK(sched.drained(2).stop == "the job stopped after step 2 of 40 without a re-plan");
+    caf::anon_send_exit(silent, caf::exit_reason::user_shutdown);
   }
   caf::anon_send_exit(lobby, caf::exit_reason::user_shutdown);
 }
