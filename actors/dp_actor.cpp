@@ -247,15 +247,17 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
         [self, g, run, label](update_atom, std::int64_t step, std::int64_t adam_step, double coef) {
           // One job per bucket, in bucket order on every member (so the
           // lane cap cannot deadlock a group, as for reductions); the
-          // answer, the first error or "", once the last is done.
+          // answer, once the last is done: the first error or "", and the
+          // most jobs on rings that ran at once (as a reduction's).
           struct updates {
             caf::response_promise rp;
             int left = 0;
             std::string error;
+            int side_by_side = 0;
           };
-          auto all = std::make_shared<updates>(updates{self->make_response_promise(), g->size(), {}});
+          auto all = std::make_shared<updates>(updates{self->make_response_promise(), g->size(), {}, 0});
           if (all->left == 0) {
-            all->rp.deliver(std::string());
+            all->rp.deliver(std::string(), 0);
             return;
           }
           for (int slot = 0; slot < g->size(); ++slot)
@@ -264,9 +266,10 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
                            if (!all->error.empty()) throw train_error(all->error);
                            return g->update(slot, step, adam_step, coef);
                          },
-                         [all](std::string e, int) {
+                         [all](std::string e, int side_by_side) {
                            if (all->error.empty()) all->error = std::move(e);
-                           if (--all->left == 0) all->rp.deliver(std::move(all->error));
+                           all->side_by_side = std::max(all->side_by_side, side_by_side);
+                           if (--all->left == 0) all->rp.deliver(std::move(all->error), all->side_by_side);
                          },
                          label + " failed updating its shards: ", true, "optimizer update", g->rings_on_host(slot),
                          g->rings_on_host(slot) && g->has_ring(slot)});

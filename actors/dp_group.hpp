@@ -21,8 +21,10 @@
 //   dp -> stage   reduced_atom, slot, error, side_by_side (reductions
 //                 running when it started, itself included)
 //   stage -> dp   request norm_atom, step                 -> double
-//   stage -> dp   request update_atom, step, adam_step, coef -> error
-//                 (one job per bucket; those over host rings side by side)
+//   stage -> dp   request update_atom, step, adam_step, coef
+//                                               -> error, side_by_side
+//                 (one job per bucket; those over host rings side by side;
+//                 side_by_side: the most that ran at once, as reduced_atom's)
 //   stage -> dp   request save_atom, step                 -> error
 //   stage -> dp   request publish_atom, steps             -> error
 //   stage -> dp   request snapshot_atom, step, loss_scale -> error

@@ -336,6 +336,7 @@ class coordinator {
     sum_squares_ += rep->sum_squares;
     r_.compute_s[static_cast<std::size_t>(rank)] = rep->compute_s;
     r_.rings_side_by_side = std::max(r_.rings_side_by_side, rep->rings_side_by_side);
+    r_.updates_side_by_side = std::max(r_.updates_side_by_side, rep->updates_side_by_side);
     for (const schedule::link_measurement& l : rep->links)
       if (l.to > rank && l.to < world_) r_.links.push_back({rank, l.to, l.bandwidth});
   }

@@ -296,6 +296,10 @@ struct dist_step_report {
   /// rank's DP group ran side by side this step
   /// (dist_train_options::rings_at_once; 0: none).
   int rings_side_by_side = 0;
+  /// The same of the step before's update jobs (with clipping or loss
+  /// scaling the update is one job per bucket, after the coordinator's
+  /// norm, so after this report left; 0: none).
+  int updates_side_by_side = 0;
   /// The in-memory snapshot interval in force after this step: with
   /// snapshot_auto, what the coordinator chose at this verdict step.
   int snapshot_every = 0;

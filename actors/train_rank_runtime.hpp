@@ -157,6 +157,8 @@ class rank_runtime {
   /// the stage, else `then` runs.
   template <class... Ts>
   void tell_dp(std::function<void()> then, Ts... xs);
+  /// A request to the DP group that failed (no answer): ends the stage.
+  [[noreturn]] void dp_failed(const caf::error& e);
 
   /// Hands bucket `id` to the DP group: its last backward of the step is
   /// queued. The schedules keep this invariant, which the download and the
@@ -289,6 +291,10 @@ class rank_runtime {
   /// The most of this step's reductions the DP group ran side by side
   /// (its answers say; the step's report carries it).
   int rings_side_by_side_ = 0;
+  /// The most of the last update's jobs (clipping or loss scaling: one per
+  /// bucket) the DP group ran side by side; the next step's report carries
+  /// it, since a step's report leaves before its update.
+  int updates_side_by_side_ = 0;
   std::string reduce_error_;
   std::function<void()> on_reduced_;  ///< set while the reductions are waited for
   /// be_'s companion for the DP actor (device backends only). Late, so it

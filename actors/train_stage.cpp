@@ -32,9 +32,11 @@ template <class Result, class... Ts>
 void rank_runtime::ask_dp(std::function<void(Result)> then, Ts... xs) {
   stage_self_->request(dp_actor_, caf::infinite, xs...)
       .then([this, then](Result& r) { guard([&] { then(std::move(r)); }); },
-            [this](caf::error& e) {
-              guard([&] { throw train_error("the data-parallel group failed: " + error_message(e)); });
-            });
+            [this](caf::error& e) { guard([&] { dp_failed(e); }); });
+}
+
+void rank_runtime::dp_failed(const caf::error& e) {
+  throw train_error("the data-parallel group failed: " + error_message(e));
 }
 
 template <class... Ts>
@@ -316,6 +318,8 @@ void rank_runtime::report_step(double sum_squares) {
   // A device queues its work: the host's time in the calls says nothing.
   report.compute_s = on_device_ ? 0.0 : compute_s_;
   report.rings_side_by_side = rings_side_by_side_;
+  report.updates_side_by_side = updates_side_by_side_;  // the step before's
+  updates_side_by_side_ = 0;
   if (o_.probes_at(step)) {
     // Work, not a wait, for the coordinator's stall check; not a compute
     // call for the watchdog (a slow link's probe is no hang).
@@ -341,12 +345,18 @@ void rank_runtime::apply_norm(const remote_message& m) {
     return after_update(true);
   }
   const double coef = grad_coefficient(note->value, scaler_.scale(), o_.optimizer.max_grad_norm);
-  tell_dp(
-      [this] {
-        scaler_.update(false);
-        after_update(false);
-      },
-      dp_msg::update_atom::value, std::int64_t{st_.step}, adam_step(st_.step), coef);
+  stage_self_->request(dp_actor_, caf::infinite, dp_msg::update_atom::value, std::int64_t{st_.step},
+                       adam_step(st_.step), coef)
+      .then(
+          [this](std::string& error, int side_by_side) {
+            guard([&] {
+              if (!error.empty()) throw train_error(error);
+              updates_side_by_side_ = side_by_side;  // in the next step's report
+              scaler_.update(false);
+              after_update(false);
+            });
+          },
+          [this](caf::error& e) { guard([&] { dp_failed(e); }); });
 }
 
 void rank_runtime::after_update(bool skip) {

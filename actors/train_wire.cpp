@@ -68,6 +68,7 @@ std::vector<std::uint8_t> encode_body(const train_report& v) {
   r.setJob(v.job);
   r.setComputeS(v.compute_s);
   r.setRingsSideBySide(v.rings_side_by_side);
+  r.setUpdatesSideBySide(v.updates_side_by_side);
   auto links = r.initLinks(static_cast<unsigned>(v.links.size()));
   for (std::size_t i = 0; i < v.links.size(); ++i) {
     links[static_cast<unsigned>(i)].setPeer(v.links[i].to);
@@ -138,6 +139,9 @@ caf::expected<train_report> decode_train_report(const std::vector<std::uint8_t>&
     out.rings_side_by_side = r.getRingsSideBySide();
     if (out.rings_side_by_side < 0 || out.rings_side_by_side > max_rings_at_once)
       throw std::invalid_argument(std::to_string(out.rings_side_by_side) + " rings side by side");
+    out.updates_side_by_side = r.getUpdatesSideBySide();
+    if (out.updates_side_by_side < 0 || out.updates_side_by_side > max_rings_at_once)
+      throw std::invalid_argument(std::to_string(out.updates_side_by_side) + " updates side by side");
     return out;
   });
 }

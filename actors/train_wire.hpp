@@ -69,6 +69,10 @@ struct train_report {
   /// The most of this step's bucket reductions over host rings of two or
   /// more ranks the rank's DP group ran at once (--rings-at-once; 0: none).
   int rings_side_by_side = 0;
+  /// The same of the step before's update jobs (clipping or loss scaling:
+  /// one per bucket, after the coordinator's norm; a step's report leaves
+  /// before its update) (0: none).
+  int updates_side_by_side = 0;
 };
 
 /// wire::TrainStep (norm, saved, done, finish, drain).

@@ -120,6 +120,7 @@ void print_step(const train_args& a, const dist_train_options& o, const dist_ste
     if (scaled) add_loss_scale(line, r.loss_scale, r.skipped);
     // Data-parallel groups' reductions that ran side by side (--rings-at-once).
     if (r.rings_side_by_side > 0) line["rings_side_by_side"] = r.rings_side_by_side;
+    if (r.updates_side_by_side > 0) line["updates_side_by_side"] = r.updates_side_by_side;
     if (!r.links.empty()) {  // --probe-every: what the ranks measured
       nlohmann::json links = nlohmann::json::array();
       for (const auto& l : r.links) links.push_back({{"from", l.from}, {"to", l.to}, {"bytes_per_s", l.bandwidth}});

@@ -225,6 +225,7 @@ struct TrainReport {
   links @5 :List(LinkRate); # on probe steps (--probe-every): the rank's links to its higher neighbours
   computeS @6 :Float64;     # seconds of this step inside the stage's forward and backward (0 = not measured: device ranks)
   ringsSideBySide @7 :Int32; # the most of this step's bucket reductions over host rings of 2+ ranks its DP group ran at once (0: none)
+  updatesSideBySide @8 :Int32; # the same of the step before's bucket updates (clipping or loss scaling: run after the norm, so after that step's report) (0: none)
   struct LinkRate {
     peer @0 :Int32;         # the neighbour's rank
     bytesPerS @1 :Float64;  # measured with echoes, both ways averaged; 0 = too fast to tell

@@ -67,6 +67,22 @@ TEST_CASE("training message bodies round-trip and malformed ones are bad_message
   CHECK_FALSE(decode_train_report(encode_body(probed)));
   probed.compute_s = std::numeric_limits<double>::infinity();
   CHECK_FALSE(decode_train_report(encode_body(probed)));
+  probed.compute_s = 0;
+  // Lanes: reductions and (the step before's) updates side by side, up to 64.
+  probed.rings_side_by_side = 3;
+  probed.updates_side_by_side = 4;
+  auto lanes = decode_train_report(encode_body(probed));
+  REQUIRE(lanes);
+  CHECK(lanes->rings_side_by_side == 3);
+  CHECK(lanes->updates_side_by_side == 4);
+  for (int bad : {-1, 65}) {
+    probed.updates_side_by_side = bad;
+    CHECK_FALSE(decode_train_report(encode_body(probed)));
+    probed.updates_side_by_side = 0;
+    probed.rings_side_by_side = bad;
+    CHECK_FALSE(decode_train_report(encode_body(probed)));
+    probed.rings_side_by_side = 0;
+  }
 
   auto s = decode_train_step(encode_body(train_step_note{4, 1, 3.0}));
   REQUIRE(s);

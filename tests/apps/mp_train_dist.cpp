@@ -72,12 +72,14 @@ TEST_CASE("every pipeline x data-parallel layout gives the single-process losses
   }
   // The layouts above reduce their buckets' rings side by side (the
   // default --rings-at-once 4); one bucket after another gives the same.
-  // Each --json step line says the most that ran at once on any rank.
-  auto most_side_by_side = [](const process_result& r) {
+  // Each --json step line says the most that ran at once on any rank
+  // (`key`: rings_side_by_side of the reductions, updates_side_by_side of
+  // the step before's update jobs).
+  auto most_side_by_side = [](const process_result& r, const char* key = "rings_side_by_side") {
     int most = 0;
     for (const std::string& l : r.out_lines())
-      if (auto j = nlohmann::json::parse(l, nullptr, false); j.is_object() && j.contains("rings_side_by_side"))
-        most = std::max(most, j["rings_side_by_side"].get<int>());
+      if (auto j = nlohmann::json::parse(l, nullptr, false); j.is_object() && j.contains(key))
+        most = std::max(most, j[key].get<int>());
     return most;
   };
   const process_result one = run_layout(j, 2, 2, {"--seed", "0", "--rings-at-once", "1"});
@@ -94,8 +96,8 @@ TEST_CASE("every pipeline x data-parallel layout gives the single-process losses
   CHECK(most_side_by_side(lanes) >= 2);
   // Clipped, the all-gathers run after the coordinator's norm, in the
   // update request's jobs (one per bucket, in the reductions' lanes): the
-  // losses check that path on real compute over the same links. (The
-  // count is of the reductions; the update jobs' overlap is not reported.)
+  // losses check that path on real compute over the same links, and the
+  // next step's line says how many of those jobs ran at once.
   job clipped = j;
   clipped.clip = 0.5f;
   const process_result clipped_lanes = run_layout(clipped, 1, 2, {"--seed", "0", "--link-profile", "lat=4ms"});
@@ -103,6 +105,9 @@ TEST_CASE("every pipeline x data-parallel layout gives the single-process losses
   REQUIRE(clipped_lanes.exit_code == 0);
   check_close(json_steps(clipped_lanes.out_lines()), reference_losses(clipped, fresh_gpt2(clipped)), 1e-5);
   CHECK(most_side_by_side(clipped_lanes) >= 2);
+  CHECK(most_side_by_side(clipped_lanes, "updates_side_by_side") >= 2);
+  CHECK(most_side_by_side(lanes, "updates_side_by_side") == 0);  // unclipped: the updates ride the reductions
+  CHECK(most_side_by_side(one, "updates_side_by_side") == 0);
 }
 
 TEST_CASE("ranks computing on the GPU give the single-process losses (stages and buckets staged through host memory)") {
