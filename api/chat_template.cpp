@@ -70,14 +70,17 @@ std::string today() {
   return buf;
 }
 
-void require_alternation(const std::vector<chat_message>& turns, std::string_view family) {
+/// `turns` (the messages after a first system message, `first` of them)
+/// alternate user and assistant, starting with the user; at least one.
+void require_alternation(const std::vector<chat_message>& turns, std::string_view family, std::size_t first) {
+  const std::string needs = "the " + std::string(family) +
+                            " chat template needs user and assistant messages that alternate, starting with the user "
+                            "(after an optional first system message)";
+  if (turns.empty()) throw model_error(needs + "; there is no user message");
   for (std::size_t i = 0; i < turns.size(); ++i) {
     const bool user_turn = i % 2 == 0;
     if ((turns[i].role == "user") != user_turn || (!user_turn && turns[i].role != "assistant"))
-      throw model_error("the " + std::string(family) +
-                        " chat template needs user and assistant messages that alternate, starting with the user "
-                        "(after an optional first system message); message " +
-                        std::to_string(i) + " has role '" + turns[i].role + "'");
+      throw model_error(needs + "; message " + std::to_string(first + i) + " has role '" + turns[i].role + "'");
   }
 }
 
@@ -207,7 +210,7 @@ std::vector<prompt_piece> chat_template::render(const std::vector<chat_message>&
       text("<|im_start|>assistant\n");
       break;
     case chat_family::mistral:
-      require_alternation(turns, "mistral");
+      require_alternation(turns, "mistral", leading_system ? 1 : 0);
       bos();
       for (std::size_t i = 0; i < turns.size(); ++i) {
         if (turns[i].role == "user") {
@@ -221,7 +224,7 @@ std::vector<prompt_piece> chat_template::render(const std::vector<chat_message>&
       }
       break;
     case chat_family::llama2:
-      require_alternation(turns, "llama2");
+      require_alternation(turns, "llama2", leading_system ? 1 : 0);
       for (std::size_t i = 0; i < turns.size(); ++i) {
         std::string content = turns[i].content;
         if (i == 0 && leading_system)

@@ -331,7 +331,11 @@ struct http_api::impl {
                                   "' has no chat template, so this server answers no chat requests (its operator can "
                                   "give one with --chat-template); /v1/completions works.",
                               "messages");
-      job->prompt = chat->encode(r.messages, tok);
+      try {
+        job->prompt = chat->encode(r.messages, tok);
+      } catch (const model_error& e) {  // a conversation the template cannot render
+        throw invalid_request(e.what(), "messages");
+      }
       if (auto end = single_token_id(tok, chat->end_of_turn())) job->end_ids.push_back(*end);
     } else if (!r.prompt_ids.empty()) {
       job->prompt = r.prompt_ids;
@@ -370,7 +374,7 @@ struct http_api::impl {
     job->header = {random_id(to == endpoint::completions ? "cmpl-" : "chatcmpl-"),
                    std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
                        .count(),
-                   config.model_id, to};
+                   config.model_id, to, job->request.include_usage};
     return job;
   }
 

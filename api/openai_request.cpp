@@ -321,6 +321,7 @@ json chunk_json(const response_header& h, const std::string& text, const std::st
     if (!text.empty() || (first && finish_reason.empty())) delta["content"] = text;
     r["choices"] = one_choice("delta", std::move(delta), finish_reason);
   }
+  if (h.include_usage) r["usage"] = nullptr;
   return r;
 }
 

@@ -88,6 +88,9 @@ struct response_header {
   std::int64_t created = 0;  ///< Unix seconds
   std::string model;
   endpoint to = endpoint::completions;
+  /// stream_options.include_usage: every chunk carries "usage": null, the
+  /// last one (usage_chunk_json) the counts, as OpenAI's do.
+  bool include_usage = false;
 };
 
 nlohmann::json usage_json(const usage& u);
@@ -95,7 +98,7 @@ nlohmann::json usage_json(const usage& u);
 nlohmann::json response_json(const response_header& h, const std::string& text, const std::string& finish_reason,
                              const usage& u);
 /// One stream chunk carrying `text`; `first` adds the chat delta's role;
-/// `finish_reason` "" is null.
+/// `finish_reason` "" is null; "usage": null with h.include_usage.
 nlohmann::json chunk_json(const response_header& h, const std::string& text, const std::string& finish_reason,
                           bool first);
 /// The last chunk of a stream with stream_options.include_usage: no

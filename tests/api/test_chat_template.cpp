@@ -183,6 +183,15 @@ TEST_CASE("conversations a template cannot render are refused with the reason") 
             .find("alternate") != std::string::npos);
   CHECK(error_of([&] { chat_template(chat_family::chatml).render({{"tool", "x"}}); })
             .find("role 'tool'") != std::string::npos);
+  // Messages are counted as the request gives them, a first system one included.
+  CHECK(error_of([&] { mistral.render({{"system", "s"}, {"user", "a"}, {"user", "b"}}); })
+            .find("message 2 has role 'user'") != std::string::npos);
+  CHECK(error_of([&] { mistral.render({{"system", "s"}, {"assistant", "a"}}); })
+            .find("message 1 has role 'assistant'") != std::string::npos);
+  // A system message alone renders no turn: said so, not an empty prompt.
+  for (const chat_family f : {chat_family::llama2, chat_family::mistral})
+    CHECK(error_of([&] { chat_template(f).render({{"system", "s"}}); }).find("there is no user message") !=
+          std::string::npos);
 }
 
 TEST_CASE("encoding a conversation puts BOS and EOS as the tokenizer's ids and special tokens as one id") {

@@ -251,11 +251,21 @@ TEST_CASE("chat completions apply the model's template and equal local generatio
   CHECK(usage == r["usage"]);
   CHECK(metric(s.port(), "corolla_api_prompt_tokens_cached_total") == ids.size() - 1);
   for (const auto& e : events) CHECK(e["id"] == events.front()["id"]);
+  // Asked for usage, every chunk before the last says "usage": null.
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    REQUIRE(events[i].contains("usage"));
+    CHECK(events[i]["usage"].is_null());
+  }
 
   // A conversation the template cannot render is a 400, not a dropped connection.
   const json bad = post(c, "/v1/chat/completions",
                         {{"model", "tiny"}, {"messages", {{{"role", "assistant"}, {"content", "x"}}}}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("alternate") != std::string::npos);
+  CHECK(bad["error"]["param"] == "messages");
+  const json system_only = post(c, "/v1/chat/completions",
+                                {{"model", "tiny"}, {"messages", {{{"role", "system"}, {"content", "be short."}}}}}, 400);
+  CHECK(system_only["error"]["message"].get<std::string>().find("there is no user message") != std::string::npos);
+  CHECK(system_only["error"]["param"] == "messages");
 }
 
 TEST_CASE("streaming equals non-streaming, and stop sequences cut both alike") {

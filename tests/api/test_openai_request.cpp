@@ -244,6 +244,13 @@ TEST_CASE("responses and stream chunks have the OpenAI shapes") {
   const json u = usage_chunk_json(h, {4, 6});
   CHECK(u["choices"].empty());
   CHECK(u["usage"]["completion_tokens"] == 6);
+  // Without include_usage chunks have no usage; with it, null until the last.
+  CHECK_FALSE(first.contains("usage"));
+  response_header counted = h;
+  counted.include_usage = true;
+  const json before_last = chunk_json(counted, "x", "", false);
+  REQUIRE(before_last.contains("usage"));
+  CHECK(before_last["usage"].is_null());
   CHECK(sse_event(json{{"a", 1}}) == "data: {\"a\":1}\n\n");
   CHECK(sse_done() == "data: [DONE]\n\n");
   // Bytes a model sampled that form no UTF-8 character become U+FFFD
