@@ -187,10 +187,6 @@ class coordinator {
     if (settled_->exchange(true)) return;
     release();
     auto* self = self_;
-    // A verdict still unanswered (the scheduler waits for its lobby):
-    // withdrawn, or the scheduler's pending answer would hold this actor,
-    // and its node's shutdown, until the lobby answered or timed out.
-    if (verdict_asked_) self->send(hooks_.scheduler, sched_msg::withdraw_atom::value);
     auto done = done_;
     self->quit();
     if (failure)
@@ -398,18 +394,15 @@ class coordinator {
     q.report = r_;
     // Bounded as every wait of the job is, plus the scheduler's own wait
     // for the lobby: a scheduler that never answers fails the job.
-    verdict_asked_ = true;
     self_->request(hooks_.scheduler, o_.timeout + lobby_answer_timeout, sched_msg::verdict_atom::value, std::move(q))
         .then(
             [this](drain_verdict& v) {
-              verdict_asked_ = false;
               guard([&] {
                 if (hooks_.on_verdict_notes) hooks_.on_verdict_notes(v.notes);
                 give_verdict(v.drain);
               });
             },
             [this](caf::error& e) {
-              verdict_asked_ = false;
               guard([&] { throw train_error("the training scheduler failed: " + error_message(e)); });
             });
   }
@@ -547,8 +540,6 @@ class coordinator {
   /// --snapshot-every auto with verdict steps to change it at (without
   /// them nothing is measured: the interval stays).
   bool adapts_snapshots_ = o_.snapshot_auto && (o_.probe_every > 0 || o_.drain_every > 0);
-  /// A verdict asked of the scheduler and not yet answered.
-  bool verdict_asked_ = false;
   /// The model being gathered for --save.
   std::unique_ptr<transformer> model_;
   /// The failure being reported (set once; shared with the actor's exit

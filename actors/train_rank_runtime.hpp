@@ -149,16 +149,14 @@ class rank_runtime {
   /// (micro-batch, chunk) `key`, where the stages compute.
   void land(std::pair<int, int> key, bool grad, const Tensor& t);
 
-  /// A request to the DP group, its answer (a `Result`) to `then`. A DP
-  /// group that failed ends the stage.
-  template <class Result, class... Ts>
-  void ask_dp(std::function<void(Result)> then, Ts... xs);
+  /// A request to the DP group, its answer (`Results`, given explicitly) to
+  /// `then`. A DP group that failed ends the stage.
+  template <class... Results, class Then, class... Ts>
+  void ask_dp(Then then, Ts... xs);
   /// A request answered with an error string ("" = done): an error ends
   /// the stage, else `then` runs.
   template <class... Ts>
   void tell_dp(std::function<void()> then, Ts... xs);
-  /// A request to the DP group that failed (no answer): ends the stage.
-  [[noreturn]] void dp_failed(const caf::error& e);
 
   /// Hands bucket `id` to the DP group: its last backward of the step is
   /// queued. The schedules keep this invariant, which the download and the

@@ -69,9 +69,10 @@ struct scheduler_state {
   std::optional<grid_decision> planned;
   std::vector<schedule::machine_offer> joiners;
   /// Verdicts waiting for the lobby's answer, by ask, with who asked. A
-  /// grid started, drained or failed, or its coordinator withdrawing,
-  /// answers them at once (no drain): whoever asked is gone, and the
-  /// answer, not the lobby's, releases it (a promise holds its asker).
+  /// grid started, drained or failed, or the asker ending (it is
+  /// monitored), answers them at once (no drain): whoever asked is gone,
+  /// and the answer, not the lobby's, releases it (a promise holds its
+  /// asker, and a detached actor's thread lives while it is held).
   struct unanswered_verdict {
     caf::strong_actor_ptr asker;
     caf::typed_response_promise<drain_verdict> rp;
@@ -81,9 +82,9 @@ struct scheduler_state {
 
   /// Answers every unanswered verdict (of `asker` only, when given) with
   /// no drain.
-  void answer_moot(const caf::strong_actor_ptr* asker = nullptr) {
+  void answer_moot(const caf::actor_addr* asker = nullptr) {
     for (auto it = unanswered.begin(); it != unanswered.end();) {
-      if (asker && it->second.asker != *asker) {
+      if (asker && caf::actor_cast<caf::actor_addr>(it->second.asker) != *asker) {
         ++it;
         continue;
       }
@@ -392,6 +393,7 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
   }
   if (setup.file && setup.plan) st.running = setup.plan;
   st.setup = std::move(setup);
+  self->set_down_handler([self](caf::down_msg& dm) { self->state.answer_moot(&dm.source); });
   return {
       [self](sched_msg::started_atom, const train_layout& l, std::int64_t started_ns) {
         auto& s = self->state;
@@ -416,8 +418,10 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
         // its coordinator withdrew) decides nothing.
         auto& s = self->state;
         const std::uint64_t ask = ++s.asks;
-        // (Who asked, before the promise takes the sender from the message.)
+        // (Who asked, before the promise takes the sender from the message;
+        // monitored: an asker that ends has its verdict answered at once.)
         caf::strong_actor_ptr asker = self->current_sender();
+        if (asker) self->monitor(asker);
         auto rp = self->make_response_promise<drain_verdict>();
         s.unanswered.emplace(ask, scheduler_state::unanswered_verdict{std::move(asker), rp});
         // The verdict on `asked` (with `note` first among its notes).
@@ -443,10 +447,6 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
                   answer(std::move(q), "the lobby did not answer: " + self->system().render(e));
                 });
         return rp;
-      },
-      [self](sched_msg::withdraw_atom) {
-        const caf::strong_actor_ptr asker = self->current_sender();
-        if (asker) self->state.answer_moot(&asker);
       },
       [self](sched_msg::drained_atom, int last) {
         self->state.answer_moot();

@@ -14,10 +14,10 @@
 //                       answer, never blocking)
 //   sched    -> lobby   request pool_atom -> vector<string> (with joins: who
 //                       is pooled, asked at each verdict; flat_pool)
-//   coord    -> sched   withdraw_atom                       (the coordinator
-//                       ended with its verdict unanswered: answered at once,
-//                       so the pending answer holds the ended actor, and its
-//                       node's shutdown, no longer)
+//                       (the scheduler monitors who asked: a verdict whose
+//                       asker ended, or whose grid changed, is answered at
+//                       once with no drain, so the pending answer holds the
+//                       ended actor, and its node's shutdown, no longer)
 //   launcher -> sched   request drained_atom, last          -> grid_decision
 //   launcher -> sched   request failed_atom, lost, reason   -> grid_decision
 //
@@ -61,7 +61,6 @@ using step_atom = caf::atom_constant<caf::atom("schstep")>;
 using verdict_atom = caf::atom_constant<caf::atom("schverdict")>;
 using drained_atom = caf::atom_constant<caf::atom("schdrained")>;
 using failed_atom = caf::atom_constant<caf::atom("schfailed")>;
-using withdraw_atom = caf::atom_constant<caf::atom("schwithdr")>;
 /// To the lobby: the machines pooled now, as flat_pool writes them.
 using pool_atom = caf::atom_constant<caf::atom("lobbypool")>;
 }  // namespace sched_msg

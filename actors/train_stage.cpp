@@ -28,15 +28,13 @@ void rank_runtime::guard(F&& f) {
   }
 }
 
-template <class Result, class... Ts>
-void rank_runtime::ask_dp(std::function<void(Result)> then, Ts... xs) {
+template <class... Results, class Then, class... Ts>
+void rank_runtime::ask_dp(Then then, Ts... xs) {
   stage_self_->request(dp_actor_, caf::infinite, xs...)
-      .then([this, then](Result& r) { guard([&] { then(std::move(r)); }); },
-            [this](caf::error& e) { guard([&] { dp_failed(e); }); });
-}
-
-void rank_runtime::dp_failed(const caf::error& e) {
-  throw train_error("the data-parallel group failed: " + error_message(e));
+      .then([this, then](Results&... r) { guard([&] { then(std::move(r)...); }); },
+            [this](caf::error& e) {
+              guard([&] { throw train_error("the data-parallel group failed: " + error_message(e)); });
+            });
 }
 
 template <class... Ts>
@@ -345,18 +343,14 @@ void rank_runtime::apply_norm(const remote_message& m) {
     return after_update(true);
   }
   const double coef = grad_coefficient(note->value, scaler_.scale(), o_.optimizer.max_grad_norm);
-  stage_self_->request(dp_actor_, caf::infinite, dp_msg::update_atom::value, std::int64_t{st_.step},
-                       adam_step(st_.step), coef)
-      .then(
-          [this](std::string& error, int side_by_side) {
-            guard([&] {
-              if (!error.empty()) throw train_error(error);
-              updates_side_by_side_ = side_by_side;  // in the next step's report
-              scaler_.update(false);
-              after_update(false);
-            });
-          },
-          [this](caf::error& e) { guard([&] { dp_failed(e); }); });
+  ask_dp<std::string, int>(
+      [this](std::string error, int side_by_side) {
+        if (!error.empty()) throw train_error(error);
+        updates_side_by_side_ = side_by_side;  // in the next step's report
+        scaler_.update(false);
+        after_update(false);
+      },
+      dp_msg::update_atom::value, std::int64_t{st_.step}, adam_step(st_.step), coef);
 }
 
 void rank_runtime::after_update(bool skip) {

@@ -160,8 +160,7 @@ struct http_api::impl {
   /// false (and the 401 in `res`, the connection to be closed) when wrong.
   bool authorized_before_body(const httplib::Request& req, httplib::Response& res) {
     try {
-      if (const auto why = framing_error(req))
-        throw api_error(400, "invalid_request_error", "The request's framing is invalid: " + *why + ".");
+      if (const auto why = framing_error(req)) throw api_error(400, "invalid_request_error", *why);
       if (req.path.rfind("/v1/", 0) == 0) authorize(req);
       return true;
     } catch (const api_error& e) {
@@ -201,6 +200,19 @@ struct http_api::impl {
                       {}, "invalid_api_key");
   }
 
+  /// The metrics' text, the engine's gauges read now.
+  std::string metrics_text() {
+    metrics.set(kSlotsBusy, {}, engine.busy());
+    if (const auto b = engine.batching()) {
+      metrics.set_total(kBatches, {}, static_cast<double>(b->batches));
+      metrics.set_total(kBatchedSteps, {}, static_cast<double>(b->steps));
+      metrics.set(kBatchMax, {}, static_cast<double>(b->max_batch));
+      metrics.set(kKvPages, {}, static_cast<double>(b->kv_pages_in_use));
+      metrics.set(kKvSharedPages, {}, static_cast<double>(b->kv_pages_shared));
+    }
+    return metrics.render();
+  }
+
   json model_object() const {
     return {{"id", config.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "corolla"}};
   }
@@ -227,15 +239,7 @@ struct http_api::impl {
       complete(req, res, endpoint::chat_completions);
     });
     server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      metrics.set(kSlotsBusy, {}, engine.busy());
-      if (const auto b = engine.batching()) {
-        metrics.set_total(kBatches, {}, static_cast<double>(b->batches));
-        metrics.set_total(kBatchedSteps, {}, static_cast<double>(b->steps));
-        metrics.set(kBatchMax, {}, static_cast<double>(b->max_batch));
-        metrics.set(kKvPages, {}, static_cast<double>(b->kv_pages_in_use));
-        metrics.set(kKvSharedPages, {}, static_cast<double>(b->kv_pages_shared));
-      }
-      res.set_content(metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
+      res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
     });
     // The dashboard (api/dashboard.hpp): public like /metrics, since the
     // swarm's records are public in its DHT anyway.
@@ -510,14 +514,10 @@ http_api::http_api(completion_engine& engine, const tokenizer& tok, std::optiona
   impl_->server.set_payload_max_length(kMaxBodyBytes);
   // The key is checked on the headers, before a body is read: without
   // it, nobody makes the server read (and hold) hundreds of megabytes.
-  impl_->server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    return impl_->authorized_before_body(req, res) ? httplib::Server::HandlerResponse::Unhandled
-                                                   : httplib::Server::HandlerResponse::Handled;
-  });
   // A client that asks before sending its body (Expect: 100-continue, as
   // curl does for large bodies) is told no the same way.
-  impl_->server.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
-    return impl_->authorized_before_body(req, res) ? 100 : res.status;
+  check_on_headers(impl_->server, [this](const httplib::Request& req, httplib::Response& res) {
+    return impl_->authorized_before_body(req, res);
   });
 }
 
@@ -535,5 +535,7 @@ void http_api::stop() {
 }
 
 metrics_registry& http_api::metrics() { return impl_->metrics; }
+
+std::string http_api::metrics_text() { return impl_->metrics_text(); }
 
 }  // namespace corolla::api

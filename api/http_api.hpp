@@ -55,6 +55,10 @@ class http_api {
 
   /// The server's metrics (also GET /metrics).
   metrics_registry& metrics();
+  /// What GET /metrics answers (Prometheus text), the engine's gauges read
+  /// now; thread-safe (also for a metrics_server of its own: `corolla api
+  /// --metrics-listen`).
+  std::string metrics_text();
 
  private:
   struct impl;

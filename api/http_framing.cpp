@@ -8,7 +8,9 @@
 
 namespace corolla::api {
 
-std::optional<std::string> framing_error(const httplib::Request& req) {
+namespace {
+
+std::optional<std::string> why_framing_is_invalid(const httplib::Request& req) {
   std::set<std::string> lengths;
   const std::size_t fields = req.get_header_value_count("Content-Length");
   for (std::size_t i = 0; i < fields; ++i) {
@@ -39,6 +41,13 @@ std::optional<std::string> framing_error(const httplib::Request& req) {
   return std::nullopt;
 }
 
+}  // namespace
+
+std::optional<std::string> framing_error(const httplib::Request& req) {
+  if (auto why = why_framing_is_invalid(req)) return "The request's framing is invalid: " + *why + ".";
+  return std::nullopt;
+}
+
 void answer_and_close(httplib::Response& res, int status, std::string body, const std::string& content_type) {
   res.status = status;
   auto shared = std::make_shared<const std::string>(std::move(body));
@@ -50,27 +59,30 @@ void answer_and_close(httplib::Response& res, int status, std::string body, cons
                            });
 }
 
-void serve_pages_only(httplib::Server& server) {
-  // False (and the refusal in `res`) for a request not to be read further.
-  const auto admitted = [](const httplib::Request& req, httplib::Response& res) {
-    if (const auto why = framing_error(req)) {
-      answer_and_close(res, 400, "The request's framing is invalid: " + *why + ".\n", "text/plain");
-      return false;
-    }
-    if (req.method != "GET" && req.method != "HEAD") {
-      res.set_header("Allow", "GET, HEAD");
-      answer_and_close(res, 405, "This server answers GET only, not " + req.method.substr(0, 16) + ".\n",
-                       "text/plain");
-      return false;
-    }
-    return true;
-  };
+void check_on_headers(httplib::Server& server,
+                      std::function<bool(const httplib::Request&, httplib::Response&)> admitted) {
   server.set_pre_routing_handler([admitted](const httplib::Request& req, httplib::Response& res) {
     return admitted(req, res) ? httplib::Server::HandlerResponse::Unhandled
                               : httplib::Server::HandlerResponse::Handled;
   });
   server.set_expect_100_continue_handler([admitted](const httplib::Request& req, httplib::Response& res) {
     return admitted(req, res) ? 100 : res.status;
+  });
+}
+
+void serve_pages_only(httplib::Server& server) {
+  check_on_headers(server, [](const httplib::Request& req, httplib::Response& res) {
+    if (const auto why = framing_error(req)) {
+      answer_and_close(res, 400, *why + "\n", "text/plain");
+      return false;
+    }
+    if (req.method != "GET" && req.method != "HEAD") {
+      res.set_header("Allow", "GET, HEAD");
+      answer_and_close(res, 405, "This server answers GET and HEAD only, not " + req.method.substr(0, 16) + ".\n",
+                       "text/plain");
+      return false;
+    }
+    return true;
   });
 }
 

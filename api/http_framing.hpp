@@ -3,6 +3,7 @@
 // the server metrics share it).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -10,7 +11,8 @@
 
 namespace corolla::api {
 
-/// Why the request's body length is ambiguous or invalid (RFC 9112, 6.1
+/// Why the request's body length is ambiguous or invalid, as a sentence
+/// for the client ("The request's framing is invalid: ..."; RFC 9112, 6.1
 /// and 6.3), or nothing. Where what a proxy in front and this server read
 /// as the body could differ, the rest would pass as a request of its own:
 /// Content-Length values that differ (cpp-httplib would take the first) or
@@ -25,6 +27,12 @@ std::optional<std::string> framing_error(const httplib::Request& req);
 /// read it as the next request. A content provider that returns false
 /// after writing ends the connection; "Connection: close" alone does not.
 void answer_and_close(httplib::Response& res, int status, std::string body, const std::string& content_type);
+
+/// Runs `admitted` on every request's headers, before its body is read
+/// (also when the client asks first, Expect: 100-continue): false, with
+/// the refusal in the response, ends the request there.
+void check_on_headers(httplib::Server& server,
+                      std::function<bool(const httplib::Request&, httplib::Response&)> admitted);
 
 /// For a server that serves GET pages only (the dashboard, a server's
 /// metrics): a request with invalid framing is a 400, and one of another

@@ -16,6 +16,7 @@
 #include "api/chat_template.hpp"
 #include "api/completion_engine.hpp"
 #include "api/http_api.hpp"
+#include "api/server_metrics.hpp"
 #include "api/swarm_view.hpp"
 #include "apps/commands.hpp"
 #include "apps/flag_checks.hpp"
@@ -35,6 +36,7 @@ struct api_args {
   bool local = false;
   swarm_flags swarm;
   std::string listen = "127.0.0.1:8000";
+  std::string metrics_listen;  ///< --metrics-listen HOST:PORT: /metrics and /health on threads of their own
   std::string api_key;
   std::string chat_template;
   int parallel = 4;
@@ -59,6 +61,7 @@ int run_api(const api_args& a) {
     throw std::invalid_argument("--prefix-sharing off is for --local with batching on (the batcher shares the pages) "
                                 "or --swarm (the servers share them)");
   const auto [host, port] = parse_http_listen(a.listen);
+  if (!a.metrics_listen.empty()) parse_http_listen(a.metrics_listen, "--metrics-listen");  // before the model loads
   const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
@@ -128,7 +131,16 @@ int run_api(const api_args& a) {
   config.swarm = watch ? &*watch : nullptr;
   api::http_api server(*engine, *tok, std::move(chat), chat_error, config);
   const int bound = server.bind(host, port);
-  std::printf("corolla api %s listening on http://%s:%d\n", config.model_id.c_str(), host.c_str(), bound);
+  std::string line = "corolla api " + config.model_id + " listening on http://" + host + ":" + std::to_string(bound);
+  // The same /metrics (and /health) on a listener of its own, answered
+  // even while every HTTP thread of the API is busy generating.
+  std::unique_ptr<api::metrics_server> metrics;
+  if (!a.metrics_listen.empty()) {
+    const auto [mhost, mport] = parse_http_listen(a.metrics_listen, "--metrics-listen");
+    metrics = std::make_unique<api::metrics_server>([&server] { return server.metrics_text(); });
+    line += " metrics http://" + mhost + ":" + std::to_string(metrics->start(mhost, mport));
+  }
+  std::printf("%s\n", line.c_str());
   std::fflush(stdout);
   std::thread serving([&] { server.run(); });
   const char* sig = wait_for_stop_signal(stop_signals);
@@ -172,6 +184,9 @@ void register_api(CLI::App& app, action_fn& action) {
                 "cached_tokens and the time to the first token tell a client nothing of another's prompt; "
                 "for clients that must not learn each other's prompts")
       ->excludes(sharing);
+  cmd->add_option("--metrics-listen", a->metrics_listen,
+                  "HOST:PORT to serve GET /metrics and /health on as well, on threads of their own (answered while "
+                  "every HTTP thread is busy; port 0 = any)");
   cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();

@@ -71,7 +71,8 @@ using engine_wrapper = std::function<std::unique_ptr<completion_engine>(completi
 class local_api_server {
  public:
   explicit local_api_server(const std::filesystem::path& model_dir, std::string api_key = {}, int slots = 4,
-                            const engine_wrapper& wrap = {}, local_decoding decoding = local_decoding::batched)
+                            const engine_wrapper& wrap = {}, local_decoding decoding = local_decoding::batched,
+                            int http_threads = 16)
       : model_(transformer::load(model_dir, cpu_backend())),
         tok_(load_tokenizer(model_dir)),
         local_(make_local_engine(model_, slots, weight_format::f32, dtype::f32, decoding)) {
@@ -79,7 +80,7 @@ class local_api_server {
     api_config c;
     c.model_id = "tiny";
     c.api_key = std::move(api_key);
-    c.http_threads = 16;
+    c.http_threads = http_threads;
     server_ = std::make_unique<http_api>(engine(), *tok_, chat_template::for_model(model_dir), "", c);
     port_ = server_->bind("127.0.0.1", 0);
     thread_ = std::thread([this] { server_->run(); });

@@ -149,7 +149,14 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   const std::string model = dir.path().string();
   // Isolated: the same chat twice, and the second continues no cache (it
   // would continue the first's otherwise: tests/api/test_http_api.cpp).
-  auto [api, port] = start_api(model, {"--local", "--api-key", "k", "--isolate-requests"});
+  // The metrics also on a listener of their own, named on the line.
+  auto [api, port] = start_api(model, {"--local", "--api-key", "k", "--isolate-requests", "--metrics-listen",
+                                       "127.0.0.1:0"});
+  std::string ready;  // the readiness line
+  for (const std::string& l : api.lines())
+    if (l.find(" listening on ") != std::string::npos) ready = l;
+  std::smatch metrics_at;
+  REQUIRE_MESSAGE(std::regex_search(ready, metrics_at, std::regex(R"( metrics http://127\.0\.0\.1:(\d+))")), ready);
   httplib::Client c("127.0.0.1", port);
   for (int turn = 0; turn < 2; ++turn) {
     auto res = c.Post("/v1/chat/completions", {{"Authorization", "Bearer k"}},
@@ -164,6 +171,12 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
     CHECK(r["choices"][0]["message"]["role"] == "assistant");
     CHECK(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
   }
+  httplib::Client m("127.0.0.1", std::stoi(metrics_at[1].str()));
+  auto scraped = m.Get("/metrics");
+  REQUIRE(scraped);
+  CHECK(scraped->status == 200);
+  CHECK(scraped->body.find("corolla_api_requests_total{endpoint=\"chat_completions\",status=\"200\"} 2") !=
+        std::string::npos);
   api.signal(SIGTERM);
   CHECK(api.wait(10s) == 0);
 
@@ -257,6 +270,7 @@ TEST_CASE("corolla bench api --local compares batched decoding with a generator 
     CHECK(level["isolated"]["failed"] == 0);
     CHECK(level["batched_to_isolated_tokens_per_s"].get<double>() > 0);
     CHECK(level["isolated_to_batched_first_text_p50"].get<double>() > 0);
+    CHECK(level["isolated"]["cached_prompt_tokens"] == 0);
   }
   CHECK(j["levels"][0]["batched"]["mean_batch"].get<double>() == 1.0);  // one client: batches of one
   // The second round's prompt continues from the first's cache: at least

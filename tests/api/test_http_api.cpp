@@ -6,6 +6,7 @@
 
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <future>
@@ -21,6 +22,7 @@
 #include "api/completion_engine.hpp"
 #include "api/http_bind.hpp"
 #include "api/openai_request.hpp"
+#include "api/server_metrics.hpp"
 #include "model/error.hpp"
 #include "model/generator.hpp"
 #include "model/safetensors.hpp"
@@ -144,6 +146,29 @@ class slow_engine final : public completion_engine {
  private:
   completion_engine& inner_;
   std::chrono::milliseconds per_token_;
+};
+
+/// The local engine, each generation held until the test releases them
+/// all (`entered` counts those waiting).
+class held_engine final : public completion_engine {
+ public:
+  held_engine(completion_engine& inner, std::shared_future<void> released, std::atomic<int>& entered)
+      : inner_(inner), released_(std::move(released)), entered_(entered) {}
+  const model_config& config() const override { return inner_.config(); }
+  void check_ready() override { inner_.check_ready(); }
+  engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
+                         const token_callback& on_token) override {
+    ++entered_;
+    released_.wait();
+    return inner_.generate(prompt, p, on_token);
+  }
+  int busy() const override { return inner_.busy(); }
+  int slots() const override { return inner_.slots(); }
+
+ private:
+  completion_engine& inner_;
+  std::shared_future<void> released_;
+  std::atomic<int>& entered_;
 };
 
 /// An engine that fails the way a bug would (500).
@@ -515,7 +540,9 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
       {keyed + "Content-Length: +2\r\n", "'+2' is not a length"},
       {keyed + "Transfer-Encoding: gzip, chunked\r\n", "'gzip, chunked' is not 'chunked'"},
       {"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\nContent-Length: 2\r\n",
-       "a GET request carries a body"}};
+       "a GET request carries a body"},
+      {"HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\nContent-Length: 2\r\n",
+       ""}};  // (a HEAD's answer has no body to say why)
   for (const auto& [framing, why] : framings) {
     CAPTURE(framing);
     const std::string ambiguous = exchange(framing + "\r\n{}" + smuggled);
@@ -524,7 +551,7 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
     CHECK(ambiguous.find("HTTP/1.1", 1) == std::string::npos);
   }
   CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"400\"}") == 5);
-  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"health\",status=\"400\"}") == 1);
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"health\",status=\"400\"}") == 2);
   // The same length twice, or with an empty item, is no ambiguity.
   for (const std::string& extra : {std::string("Content-Length: {n}\r\n"), std::string("Content-Length: {n},\r\n")}) {
     const std::string body = ok.dump();
@@ -683,6 +710,59 @@ TEST_CASE("a client that goes away mid-stream ends its generation and frees its 
   // The one slot serves the next request.
   auto c = client_for(s.port());
   post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "the"}, {"max_tokens", 2}});
+}
+
+TEST_CASE("/metrics on a listener of its own answers while every HTTP thread is busy") {
+  testing::temp_dir_guard dir("api-metrics-listen");
+  write_chat_model(dir.path());
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> entered{0};
+  // Released on the way out too, so that a failed check ends the test
+  // instead of holding the server's threads.
+  struct releaser {
+    std::promise<void>& p;
+    bool done = false;
+    void now() {
+      if (!std::exchange(done, true)) p.set_value();
+    }
+    ~releaser() { now(); }
+  };
+  // Two HTTP threads (the least), both held by a generation.
+  local_api_server s(
+      dir.path(), {}, 4,
+      [&](completion_engine& local) { return std::make_unique<held_engine>(local, released, entered); },
+      local_decoding::batched, 2);
+  metrics_server own([&s] { return s.server().metrics_text(); });
+  const int port = own.start("127.0.0.1", 0);
+  releaser go{release};
+  std::vector<std::future<int>> held;
+  for (int i = 0; i < 2; ++i)
+    held.push_back(std::async(std::launch::async, [&] {
+      auto c = client_for(s.port());
+      auto r = c.Post("/v1/completions", json{{"model", "tiny"}, {"prompt", "the"}, {"max_tokens", 2}}.dump(),
+                      "application/json");
+      return r ? r->status : -1;
+    }));
+  CHECK(testing::eventually([&] { return entered == 2; }, std::chrono::seconds(20)));
+  // The API's threads are both taken; its metrics still answer here.
+  httplib::Client m("127.0.0.1", port);
+  m.set_read_timeout(20, 0);
+  auto scraped = m.Get("/metrics");
+  REQUIRE(scraped);
+  CHECK(scraped->status == 200);
+  CHECK(parse_prometheus_text(scraped->body).at("corolla_api_requests_in_flight") == 2);
+  auto health = m.Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+  go.now();
+  for (auto& h : held) CHECK(h.get() == 200);
+  CHECK(testing::eventually(
+      [&] {
+        auto r = m.Get("/metrics");
+        return r && parse_prometheus_text(r->body).at("corolla_api_requests_in_flight") == 0;
+      },
+      std::chrono::seconds(20)));
 }
 
 TEST_CASE("/metrics counts requests, tokens and latencies") {
