@@ -415,7 +415,7 @@ caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, schedu
         // Who is pooled now: asked of the lobby without blocking (other
         // messages, a step's report, are taken meanwhile). An answer that
         // comes after the verdict was answered moot (the grid changed, or
-        // its coordinator withdrew) decides nothing.
+        // whoever asked ended) decides nothing.
         auto& s = self->state;
         const std::uint64_t ask = ++s.asks;
         // (Who asked, before the promise takes the sender from the message;

@@ -11,13 +11,13 @@
 //                       (a drain step: do links, speeds or joined machines
 //                       make another plan pay? then the job stops there;
 //                       the coordinator actor asks and goes on with the
-//                       answer, never blocking)
+//                       answer, never blocking; the scheduler monitors who
+//                       asked: a verdict whose asker ended, or whose grid
+//                       changed, is answered at once with no drain, so the
+//                       pending answer holds the ended actor, and its node's
+//                       shutdown, no longer)
 //   sched    -> lobby   request pool_atom -> vector<string> (with joins: who
 //                       is pooled, asked at each verdict; flat_pool)
-//                       (the scheduler monitors who asked: a verdict whose
-//                       asker ended, or whose grid changed, is answered at
-//                       once with no drain, so the pending answer holds the
-//                       ended actor, and its node's shutdown, no longer)
 //   launcher -> sched   request drained_atom, last          -> grid_decision
 //   launcher -> sched   request failed_atom, lost, reason   -> grid_decision
 //

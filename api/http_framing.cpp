@@ -71,6 +71,11 @@ void check_on_headers(httplib::Server& server,
 }
 
 void serve_pages_only(httplib::Server& server) {
+  // One request a connection: a refusal's provider, which closes the
+  // connection, never runs for a HEAD (no body is written), and httplib
+  // would wait for the next request on it. Pages are polled a few times a
+  // minute: a new connection each costs nothing that matters.
+  server.set_keep_alive_max_count(1);
   check_on_headers(server, [](const httplib::Request& req, httplib::Response& res) {
     if (const auto why = framing_error(req)) {
       answer_and_close(res, 400, *why + "\n", "text/plain");

@@ -26,6 +26,7 @@ std::optional<std::string> framing_error(const httplib::Request& req);
 /// on the headers: the request's body is unread, and httplib (0.11) would
 /// read it as the next request. A content provider that returns false
 /// after writing ends the connection; "Connection: close" alone does not.
+/// A HEAD's answer writes no body, so its connection stays open.
 void answer_and_close(httplib::Response& res, int status, std::string body, const std::string& content_type);
 
 /// Runs `admitted` on every request's headers, before its body is read
@@ -37,7 +38,8 @@ void check_on_headers(httplib::Server& server,
 /// For a server that serves GET pages only (the dashboard, a server's
 /// metrics): a request with invalid framing is a 400, and one of another
 /// method (which httplib would read a body for, of any length) a 405,
-/// both on the headers, before any body is read, and the connection ends.
+/// both on the headers, before any body is read; every connection ends
+/// after one request (also a HEAD's, whose refusal writes no body).
 void serve_pages_only(httplib::Server& server);
 
 }  // namespace corolla::api

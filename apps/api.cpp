@@ -20,6 +20,7 @@
 #include "api/swarm_view.hpp"
 #include "apps/commands.hpp"
 #include "apps/flag_checks.hpp"
+#include "apps/http_serving.hpp"
 #include "apps/model_load.hpp"
 #include "apps/node_flags.hpp"
 #include "apps/swarm_flags.hpp"
@@ -44,6 +45,7 @@ struct api_args {
   std::string prefix_sharing = "on";
   bool isolate_requests = false;
   int http_threads = 64;
+  int shutdown_grace_s = 30;
   std::string device = "auto";
   std::string weights = "f32";
   std::string kv_dtype = "f32";
@@ -142,11 +144,8 @@ int run_api(const api_args& a) {
   }
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
-  std::thread serving([&] { server.run(); });
-  const char* sig = wait_for_stop_signal(stop_signals);
-  spdlog::info("api: {}: stopping", sig);
-  server.stop();
-  serving.join();
+  serve_until_stop_signal("api", stop_signals, std::chrono::seconds(a.shutdown_grace_s), [&] { server.run(); },
+                          [&] { server.stop(); });
   return 0;
 }
 
@@ -189,6 +188,11 @@ void register_api(CLI::App& app, action_fn& action) {
                   "every HTTP thread is busy; port 0 = any)");
   cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")
       ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace-s", a->shutdown_grace_s,
+                  "After SIGINT/SIGTERM, how long open connections (generations running, slow clients) may take "
+                  "before the process exits without them, 0 to 86400")
+      ->check(integer_between(0, 86400))
       ->capture_default_str();
   cmd->add_option("--device", a->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")
       ->capture_default_str();

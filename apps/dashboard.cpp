@@ -16,6 +16,7 @@
 #include "api/swarm_view.hpp"
 #include "apps/commands.hpp"
 #include "apps/flag_checks.hpp"
+#include "apps/http_serving.hpp"
 #include "apps/node_flags.hpp"
 #include "apps/swarm_flags.hpp"
 #include "model/config.hpp"
@@ -31,6 +32,7 @@ struct dashboard_args {
   int blocks = 0;           ///< ... and its block count
   std::string listen = "127.0.0.1:8080";
   std::string log_level = "warn";
+  int shutdown_grace_s = 30;
 };
 
 int run_dashboard(const dashboard_args& a) {
@@ -54,11 +56,8 @@ int run_dashboard(const dashboard_args& a) {
   const int bound = server.bind(host, port);
   std::printf("corolla dashboard %s listening on http://%s:%d\n", model_id.c_str(), host.c_str(), bound);
   std::fflush(stdout);
-  std::thread serving([&] { server.run(); });
-  const char* sig = wait_for_stop_signal(stop_signals);
-  spdlog::info("dashboard: {}: stopping", sig);
-  server.stop();
-  serving.join();
+  serve_until_stop_signal("dashboard", stop_signals, std::chrono::seconds(a.shutdown_grace_s),
+                          [&] { server.run(); }, [&] { server.stop(); });
   return 0;
 }
 
@@ -73,6 +72,11 @@ void register_dashboard(CLI::App& app, action_fn& action) {
   cmd->add_option("--blocks", a->blocks, "The model's blocks (with --swarm-model)")
       ->check(integer_between(1, 1000000));
   cmd->add_option("--listen", a->listen, "HOST:PORT to serve HTTP on (port 0 = any)")->capture_default_str();
+  cmd->add_option("--shutdown-grace-s", a->shutdown_grace_s,
+                  "After SIGINT/SIGTERM, how long open connections may take before the process exits without "
+                  "them, 0 to 86400")
+      ->check(integer_between(0, 86400))
+      ->capture_default_str();
   cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   cmd->callback([a, &action] { action = [a] { return run_dashboard(*a); }; });
 }

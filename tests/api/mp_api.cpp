@@ -7,13 +7,17 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "tests/actors/swarm_fixtures.hpp"
 #include "tests/api/api_test_util.hpp"
+#include "tests/api/raw_http.hpp"
 #include "tests/api/prometheus_text.hpp"
 #include "tests/support/cli_expect.hpp"
 
@@ -202,6 +206,33 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
     CHECK(r.exit_code == 108);  // CLI11's usage error
     CHECK(r.err.find("--prefix-sharing excludes --isolate-requests") != std::string::npos);
   }
+}
+
+TEST_CASE("corolla api exits within --shutdown-grace-s while a client trickles its headers") {
+  testing::temp_dir_guard dir("api-grace");
+  api::write_chat_model(dir.path());
+  auto [api, port] = start_api(dir.path().string(), {"--local", "--shutdown-grace-s", "1"});
+  // A request whose headers never end: a line every 500 ms, each of which
+  // restarts the server's 5 s read timeout, so it holds an HTTP thread.
+  const int fd = api::raw_connect(port);
+  const std::string start = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  REQUIRE(::send(fd, start.data(), start.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(start.size()));
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    for (int i = 0; i < 240 && !done; ++i) {
+      std::this_thread::sleep_for(500ms);
+      if (::send(fd, "X-Slow: 1\r\n", 11, MSG_NOSIGNAL) < 0) break;  // the server went away
+    }
+  });
+  std::this_thread::sleep_for(1s);
+  api.signal(SIGTERM);
+  const auto status = api.wait(60s);  // the trickle would hold it for 120 s
+  done = true;
+  trickle.join();
+  ::close(fd);
+  REQUIRE(status);
+  CHECK(*status == 0);
+  CHECK(api.err().find("connections still open 1 s after SIGTERM; exiting without them") != std::string::npos);
 }
 
 TEST_CASE("corolla api --local --weights int8 holds only the int8 blocks and answers as corolla generate does") {

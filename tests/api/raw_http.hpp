@@ -16,10 +16,9 @@
 
 namespace corolla::api {
 
-/// Writes `request` on a new loopback connection to `port` and returns
-/// everything read until the server closes it (a check fails when the
-/// server leaves it open for 20 s instead).
-inline std::string raw_exchange(int port, const std::string& request) {
+/// A new loopback TCP connection to `port` (its descriptor; the caller
+/// closes it).
+inline int raw_connect(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_in to{};
@@ -27,6 +26,14 @@ inline std::string raw_exchange(int port, const std::string& request) {
   to.sin_port = htons(static_cast<std::uint16_t>(port));
   to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
+  return fd;
+}
+
+/// Writes `request` on a new loopback connection to `port` and returns
+/// everything read until the server closes it (a check fails when the
+/// server leaves it open for 20 s instead).
+inline std::string raw_exchange(int port, const std::string& request) {
+  const int fd = raw_connect(port);
   const timeval limit{20, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
   REQUIRE(::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size()));
