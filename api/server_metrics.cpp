@@ -1,6 +1,7 @@
 #include "api/server_metrics.hpp"
 
 #include <algorithm>
+#include <future>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -8,6 +9,7 @@
 #include <utility>
 
 #include <httplib.h>
+#include <spdlog/spdlog.h>
 
 #include "api/http_bind.hpp"
 #include "api/http_framing.hpp"
@@ -236,9 +238,11 @@ node_traffic link_history::totals(const node_traffic& now) {
 struct metrics_server::impl {
   std::mutex scraping;  ///< one scrape at a time: `scrape` need not be thread-safe
   std::function<std::string()> scrape;
+  bool stopped = false;  ///< (under `scraping`) the owner is gone: `scrape` must not run
   httplib::Server server;
   http_listener listener{server};
   std::thread thread;
+  std::promise<void> ended;  ///< kept when the listener's thread returns
 };
 
 metrics_server::metrics_server(std::function<std::string()> scrape) : impl_(std::make_unique<impl>()) {
@@ -248,6 +252,11 @@ metrics_server::metrics_server(std::function<std::string()> scrape) : impl_(std:
   p->server.Get("/metrics", [p](const httplib::Request&, httplib::Response& res) {
     try {
       std::lock_guard lock(p->scraping);
+      if (p->stopped) {
+        res.status = 503;
+        res.set_content("stopping\n", "text/plain");
+        return;
+      }
       res.set_content(p->scrape(), "text/plain; version=0.0.4; charset=utf-8");
     } catch (const std::exception& e) {
       res.status = 500;
@@ -260,13 +269,30 @@ metrics_server::metrics_server(std::function<std::string()> scrape) : impl_(std:
 }
 
 metrics_server::~metrics_server() {
+  {
+    std::lock_guard lock(impl_->scraping);
+    impl_->stopped = true;  // what `scrape` reads may go once this returns
+  }
   impl_->listener.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (!impl_->thread.joinable()) return;
+  // A connection that sends a header line every few seconds holds the
+  // listener's thread as long as it likes (cpp-httplib 0.11): past a bound
+  // the thread, and the server it serves, are left to the process's end.
+  if (impl_->ended.get_future().wait_for(kStopGrace) == std::future_status::ready) {
+    impl_->thread.join();
+    return;
+  }
+  spdlog::warn("metrics: connections still open {} s after the stop; leaving them", kStopGrace.count());
+  impl_->thread.detach();
+  (void)impl_.release();
 }
 
 int metrics_server::start(const std::string& host, int port) {
   const int bound = bind_http(impl_->server, host, port);
-  impl_->thread = std::thread([p = impl_.get()] { p->listener.run(); });
+  impl_->thread = std::thread([p = impl_.get()] {
+    p->listener.run();
+    p->ended.set_value();
+  });
   return bound;
 }
 

@@ -5,6 +5,7 @@
 // HTTP server that answers it.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -60,6 +61,10 @@ class link_history {
 /// /health.
 class metrics_server {
  public:
+  /// How long destruction waits for open connections; past it the
+  /// listener's thread is left running (and `scrape` never called again).
+  static constexpr std::chrono::seconds kStopGrace{5};
+
   explicit metrics_server(std::function<std::string()> scrape);
   ~metrics_server();
   metrics_server(const metrics_server&) = delete;

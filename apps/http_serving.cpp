@@ -22,6 +22,11 @@ void serve_until_stop_signal(const char* what, const sigset_t& stop_signals, std
   const char* sig = wait_for_stop_signal(stop_signals);
   spdlog::info("{}: {}: stopping", what, sig);
   stop();
+  if (grace.count() == 0) {  // at once, whatever is open
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(0);
+  }
   if (done.wait_for(grace) != std::future_status::ready) {
     // The serving thread and whatever its connections use are left as they
     // are: no destructor runs.

@@ -14,8 +14,9 @@ namespace corolla::app {
 /// `stop` and waits for `run` to return, at most `grace`. Past it (a
 /// connection still open: a long generation, or a client that sends a
 /// header line every few seconds and so never times out), it says so on
-/// stderr and ends the process at once with status 0. `what` names the
-/// command ("api", "dashboard").
+/// stderr and ends the process at once with status 0 (with a `grace` of 0
+/// at once, saying nothing). `what` names the command ("api",
+/// "dashboard").
 void serve_until_stop_signal(const char* what, const sigset_t& stop_signals, std::chrono::seconds grace,
                              const std::function<void()>& run, const std::function<void()>& stop);
 
