@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -83,6 +84,17 @@ dist_step_report report(int step, double seconds) {
   r.step = step;
   r.seconds = seconds;
   return r;
+}
+
+/// A 1x2 grid's scheduler whose verdicts ask `pool` (a lobby actor), its
+/// grid started and one step reported.
+std::unique_ptr<train_scheduler> stepped_with_pool(caf::actor pool) {
+  scheduler_setup s = grid_setup(1, 2);
+  s.pool = std::move(pool);
+  auto sched = std::make_unique<train_scheduler>(std::move(s));
+  sched->started(even_layout(4, 1, 2));
+  sched->step(report(1, 0.5));
+  return sched;
 }
 
 }  // namespace
@@ -177,17 +189,13 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
   });
   CHECK(pool_of_flat(flat_pool(pooled)).size() == 2);
   SUBCASE("answered: the pooled machines join") {
-    scheduler_setup s = grid_setup(1, 2);
-    s.pool = lobby;
-    train_scheduler sched(std::move(s));
-    sched.started(even_layout(4, 1, 2));
-    sched.step(report(1, 0.5));
+    auto sched = stepped_with_pool(lobby);
     drain_query q;  // no pool given: the scheduler asks the lobby
     q.report = report(2, 0.5);
-    const drain_verdict v = sched.verdict(q);
+    const drain_verdict v = sched->verdict(q);
     CHECK(v.drain);
     CHECK(has_note(v.notes, "worker(s) w-a, w-b joined: growing 1x2 [0,4) to "));
-    const grid_decision d = sched.drained(2);
+    const grid_decision d = sched->drained(2);
     REQUIRE_MESSAGE(d.stop.empty(), d.stop);
     REQUIRE(d.where.of(d.layout, 3) != nullptr);
     CHECK(d.where.of(d.layout, 3)->node_id == "n-bbbb");
@@ -198,16 +206,12 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
       caf::scoped_actor self{lobby_system};
       self->wait_for(lobby);
     }
-    scheduler_setup s = grid_setup(1, 2);
-    s.pool = lobby;
-    train_scheduler sched(std::move(s));
-    sched.started(even_layout(4, 1, 2));
-    sched.step(report(1, 0.5));
+    auto sched = stepped_with_pool(lobby);
     drain_query q;
     q.report = report(2, 0.5);
     q.pool = pooled;  // what the caller says is ignored: the lobby is asked
     q.pool_ok = true;
-    const drain_verdict v = sched.verdict(q);
+    const drain_verdict v = sched->verdict(q);
     CHECK_FALSE(v.drain);
     REQUIRE_FALSE(v.notes.empty());
     CHECK(v.notes.front().rfind("the lobby did not answer: ", 0) == 0);
@@ -224,17 +228,13 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
         return rp;
       }};
     });
-    scheduler_setup s = grid_setup(1, 2);
-    s.pool = slow;
-    train_scheduler sched(std::move(s));
-    sched.started(even_layout(4, 1, 2));
-    sched.step(report(1, 0.5));
+    auto sched = stepped_with_pool(slow);
     caf::scoped_actor self{lobby_system};
     drain_query q;
     q.report = report(2, 0.5);
-    auto pending = self->request(sched.actor(), caf::infinite, sched_msg::verdict_atom::value, q);
+    auto pending = self->request(sched->actor(), caf::infinite, sched_msg::verdict_atom::value, q);
     // While the scheduler waits for the lobby, a rank fails: another grid.
-    const grid_decision d = sched.failed({1}, "rank 1 is down");
+    const grid_decision d = sched->failed({1}, "rank 1 is down");
     REQUIRE_MESSAGE(d.stop.empty(), d.stop);
     CHECK(d.layout.world() == 1);
     bool drains = true;
@@ -245,7 +245,7 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
     // came (it is in the scheduler's mailbox before the next request).
     for (int i = 0; i < 2000 && !answered; ++i) std::this_thread::sleep_for(5ms);
     REQUIRE(answered);
-    CHECK(sched.drained(2).stop == "the job stopped after step 2 of 40 without a re-plan");
+    CHECK(sched->drained(2).stop == "the job stopped after step 2 of 40 without a re-plan");
     caf::anon_send_exit(slow, caf::exit_reason::user_shutdown);
   }
   SUBCASE("a verdict whose asker ended is answered at once: the pending answer holds the asker's system no longer") {
@@ -258,12 +258,8 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
         return never;
       }};
     });
-    scheduler_setup s = grid_setup(1, 2);
-    s.pool = silent;
-    train_scheduler sched(std::move(s));
-    sched.started(even_layout(4, 1, 2));
-    sched.step(report(1, 0.5));
-    const caf::actor scheduler = sched.actor();
+    auto sched = stepped_with_pool(silent);
+    const caf::actor scheduler = sched->actor();
     drain_query q;
     q.report = report(2, 0.5);
     // The coordinator's side: an actor of another system asks, as the
@@ -285,7 +281,7 @@ TEST_CASE("at a verdict the scheduler asks its lobby actor who is pooled, and a 
     const auto shutdown = std::chrono::steady_clock::now() - t0;
     CHECK(shutdown < 5s);  // not the lobby's 10 s
     // The scheduler goes on answering.
-    CHECK(sched.drained(2).stop == "the job stopped after step 2 of 40 without a re-plan");
+    CHECK(sched->drained(2).stop == "the job stopped after step 2 of 40 without a re-plan");
     caf::anon_send_exit(silent, caf::exit_reason::user_shutdown);
   }
   caf::anon_send_exit(lobby, caf::exit_reason::user_shutdown);

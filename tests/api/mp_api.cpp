@@ -7,7 +7,6 @@
 #include <httplib.h>
 #include <signal.h>
 
-#include <atomic>
 #include <chrono>
 #include <regex>
 #include <string>
@@ -212,24 +211,11 @@ TEST_CASE("corolla api exits within --shutdown-grace-s while a client trickles i
   testing::temp_dir_guard dir("api-grace");
   api::write_chat_model(dir.path());
   auto [api, port] = start_api(dir.path().string(), {"--local", "--shutdown-grace-s", "1"});
-  // A request whose headers never end: a line every 500 ms, each of which
-  // restarts the server's 5 s read timeout, so it holds an HTTP thread.
-  const int fd = api::raw_connect(port);
-  const std::string start = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n";
-  REQUIRE(::send(fd, start.data(), start.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(start.size()));
-  std::atomic<bool> done{false};
-  std::thread trickle([&] {
-    for (int i = 0; i < 240 && !done; ++i) {
-      std::this_thread::sleep_for(500ms);
-      if (::send(fd, "X-Slow: 1\r\n", 11, MSG_NOSIGNAL) < 0) break;  // the server went away
-    }
-  });
+  api::header_trickle trickle(port, "/health");  // holds an HTTP thread
   std::this_thread::sleep_for(1s);
   api.signal(SIGTERM);
   const auto status = api.wait(60s);  // the trickle would hold it for 120 s
-  done = true;
-  trickle.join();
-  ::close(fd);
+  trickle.stop();
   REQUIRE(status);
   CHECK(*status == 0);
   CHECK(api.err().find("connections still open 1 s after SIGTERM; exiting without them") != std::string::npos);

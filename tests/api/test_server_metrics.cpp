@@ -236,25 +236,14 @@ TEST_CASE("a metrics server whose connection trickles its headers is destroyed w
     return std::string("# HELP x x\n# TYPE x counter\nx 1\n");
   });
   const int port = server->start("127.0.0.1", 0);
-  // A request whose headers never end: a line every 500 ms, each of which
-  // restarts the server's 5 s read timeout.
-  const int fd = raw_connect(port);
-  const std::string start = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n";
-  REQUIRE(::send(fd, start.data(), start.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(start.size()));
-  std::atomic<bool> done{false};
-  std::thread trickle([&] {
-    for (int i = 0; i < 240 && !done; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      if (::send(fd, "X-Slow: 1\r\n", 11, MSG_NOSIGNAL) < 0) break;
-    }
-  });
+  header_trickle trickle(port, "/metrics");
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const auto t0 = std::chrono::steady_clock::now();
   server.reset();  // the trickle would hold it 120 s
   const auto took = std::chrono::steady_clock::now() - t0;
   destroyed = true;
-  done = true;
-  trickle.join();
+  trickle.stop();
+  const int fd = trickle.fd();
   CHECK(took >= metrics_server::kStopGrace - std::chrono::milliseconds(100));
   CHECK(took < std::chrono::seconds(60));
   // The request's headers end now: the server is gone for its owner, so
@@ -264,7 +253,6 @@ TEST_CASE("a metrics server whose connection trickles its headers is destroyed w
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
   char buf[512];
   const ssize_t got = ::recv(fd, buf, sizeof buf, 0);
-  ::close(fd);
   REQUIRE(got > 0);
   CHECK(std::string(buf, static_cast<std::size_t>(got)).rfind("HTTP/1.1 503", 0) == 0);
   CHECK_FALSE(scraped_after);
