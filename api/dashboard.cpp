@@ -25,7 +25,7 @@ struct dashboard_server::impl {
   const swarm_watch& watch;
   std::string model_id;
   int n_blocks;
-  httplib::Server server;
+  http_server server{kPageReadLimit};
   http_listener listener{server};
 };
 

@@ -14,6 +14,7 @@
 #include "api/dashboard.hpp"
 #include "api/http_bind.hpp"
 #include "api/http_framing.hpp"
+#include "api/http_server.hpp"
 #include "api/openai_request.hpp"
 #include "api/stop_text.hpp"
 #include "model/error.hpp"
@@ -131,7 +132,7 @@ struct http_api::impl {
   std::string chat_error;
   api_config config;
   metrics_registry metrics;
-  httplib::Server server;
+  http_server server{config.request_read_limit};
   http_listener listener{server};
   /// Text of more than this many bytes per token of the context is refused unencoded.
   std::size_t bytes_per_token = bytes_per_token_bound(tok);
@@ -260,6 +261,13 @@ struct http_api::impl {
                                                                          httplib::Response& res) {
       // An answer of our own: a body, or one that a content provider writes.
       if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Unhandled;
+      if (http_server::read_limit_passed()) {
+        res.set_header("Connection", "close");
+        send_error(res, api_error(408, "invalid_request_error",
+                                  "The request did not arrive within " + server.read_limit_text() + "."));
+        metrics.add(kRequests, {{"endpoint", path_label(req.path)}, {"status", "408"}});
+        return httplib::Server::HandlerResponse::Handled;
+      }
       const int status = res.status;
       // The server's own refusals (413 past the body limit, 404, a
       // malformed request) count as requests too.

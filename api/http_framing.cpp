@@ -50,13 +50,9 @@ std::optional<std::string> framing_error(const httplib::Request& req) {
 
 void answer_and_close(httplib::Response& res, int status, std::string body, const std::string& content_type) {
   res.status = status;
-  auto shared = std::make_shared<const std::string>(std::move(body));
   res.set_header("Connection", "close");
-  res.set_content_provider(shared->size(), content_type.c_str(),
-                           [shared](std::size_t offset, std::size_t length, httplib::DataSink& sink) {
-                             sink.write(shared->data() + offset, length);
-                             return false;
-                           });
+  res.set_content(std::move(body), content_type);
+  http_server::close_after_answer();
 }
 
 void check_on_headers(httplib::Server& server,
@@ -70,12 +66,7 @@ void check_on_headers(httplib::Server& server,
   });
 }
 
-void serve_pages_only(httplib::Server& server) {
-  // One request a connection: a refusal's provider, which closes the
-  // connection, never runs for a HEAD (no body is written), and httplib
-  // would wait for the next request on it. Pages are polled a few times a
-  // minute: a new connection each costs nothing that matters.
-  server.set_keep_alive_max_count(1);
+void serve_pages_only(http_server& server) {
   check_on_headers(server, [](const httplib::Request& req, httplib::Response& res) {
     if (const auto why = framing_error(req)) {
       answer_and_close(res, 400, *why + "\n", "text/plain");
@@ -89,6 +80,15 @@ void serve_pages_only(httplib::Server& server) {
     }
     return true;
   });
+  // A request that did not arrive in time (httplib says 400) is a 408.
+  server.set_error_handler(httplib::Server::HandlerWithResponse([&server](const httplib::Request&,
+                                                                          httplib::Response& res) {
+    if (!http_server::read_limit_passed()) return httplib::Server::HandlerResponse::Unhandled;
+    res.status = 408;
+    res.set_header("Connection", "close");
+    res.set_content("The request did not arrive within " + server.read_limit_text() + ".\n", "text/plain");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
 }
 
 }  // namespace corolla::api

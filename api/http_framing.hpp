@@ -9,6 +9,8 @@
 
 #include <httplib.h>
 
+#include "api/http_server.hpp"
+
 namespace corolla::api {
 
 /// Why the request's body length is ambiguous or invalid, as a sentence
@@ -22,11 +24,10 @@ namespace corolla::api {
 /// the next request).
 std::optional<std::string> framing_error(const httplib::Request& req);
 
-/// Answers `status` with `body` and closes the connection. For a refusal
-/// on the headers: the request's body is unread, and httplib (0.11) would
-/// read it as the next request. A content provider that returns false
-/// after writing ends the connection; "Connection: close" alone does not.
-/// A HEAD's answer writes no body, so its connection stays open.
+/// Answers `status` with `body` and closes the connection after the answer
+/// (http_server::close_after_answer; on an http_server's thread). For a
+/// refusal on the headers: the request's body is unread, and httplib would
+/// read it as the next request.
 void answer_and_close(httplib::Response& res, int status, std::string body, const std::string& content_type);
 
 /// Runs `admitted` on every request's headers, before its body is read
@@ -35,11 +36,14 @@ void answer_and_close(httplib::Response& res, int status, std::string body, cons
 void check_on_headers(httplib::Server& server,
                       std::function<bool(const httplib::Request&, httplib::Response&)> admitted);
 
+/// How long a page request may take to arrive (http_server's read limit).
+inline constexpr std::chrono::seconds kPageReadLimit{30};
+
 /// For a server that serves GET pages only (the dashboard, a server's
 /// metrics): a request with invalid framing is a 400, and one of another
 /// method (which httplib would read a body for, of any length) a 405,
-/// both on the headers, before any body is read; every connection ends
-/// after one request (also a HEAD's, whose refusal writes no body).
-void serve_pages_only(httplib::Server& server);
+/// both on the headers, before any body is read; a request not read
+/// within the server's read limit a 408; each refusal ends its connection.
+void serve_pages_only(http_server& server);
 
 }  // namespace corolla::api

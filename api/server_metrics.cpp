@@ -239,7 +239,7 @@ struct metrics_server::impl {
   std::mutex scraping;  ///< one scrape at a time: `scrape` need not be thread-safe
   std::function<std::string()> scrape;
   bool stopped = false;  ///< (under `scraping`) the owner is gone: `scrape` must not run
-  httplib::Server server;
+  http_server server{kPageReadLimit};
   http_listener listener{server};
   std::thread thread;
   std::promise<void> ended;  ///< kept when the listener's thread returns
@@ -276,7 +276,8 @@ metrics_server::~metrics_server() {
   impl_->listener.stop();
   if (!impl_->thread.joinable()) return;
   // A connection that sends a header line every few seconds holds the
-  // listener's thread as long as it likes (cpp-httplib 0.11): past a bound
+  // listener's thread up to its read limit (30 s, api/http_server.hpp),
+  // longer than a stop should wait: past a bound
   // the thread, and the server it serves, are left to the process's end.
   if (impl_->ended.get_future().wait_for(kStopGrace) == std::future_status::ready) {
     impl_->thread.join();

@@ -46,6 +46,7 @@ struct api_args {
   bool isolate_requests = false;
   int http_threads = 64;
   int shutdown_grace_s = 30;
+  int request_read_timeout_s = 60;
   std::string device = "auto";
   std::string weights = "f32";
   std::string kv_dtype = "f32";
@@ -130,6 +131,7 @@ int run_api(const api_args& a) {
   config.model_id = model_id_of(a.model);
   config.api_key = a.api_key;
   config.http_threads = std::max(a.http_threads, a.parallel + 2);
+  config.request_read_limit = std::chrono::seconds(a.request_read_timeout_s);
   config.swarm = watch ? &*watch : nullptr;
   api::http_api server(*engine, *tok, std::move(chat), chat_error, config);
   const int bound = server.bind(host, port);
@@ -188,6 +190,11 @@ void register_api(CLI::App& app, action_fn& action) {
                   "every HTTP thread is busy; port 0 = any)");
   cmd->add_option("--http-threads", a->http_threads, "HTTP connections served at once")
       ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--request-read-timeout-s", a->request_read_timeout_s,
+                  "How long a request may take to arrive, from its first byte to the end of its body (a slow client "
+                  "holds an HTTP thread that long at most; past it, 408), 0 (no bound) to 86400")
+      ->check(integer_between(0, 86400))
       ->capture_default_str();
   cmd->add_option("--shutdown-grace-s", a->shutdown_grace_s,
                   "After SIGINT/SIGTERM, how long open connections (generations running, slow clients) may take "

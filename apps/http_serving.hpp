@@ -12,8 +12,8 @@ namespace corolla::app {
 /// Runs `run` (a server's blocking loop) on a thread until SIGINT or
 /// SIGTERM (`stop_signals`, blocked by block_stop_signals), then calls
 /// `stop` and waits for `run` to return, at most `grace`. Past it (a
-/// connection still open: a long generation, or a client that sends a
-/// header line every few seconds and so never times out), it says so on
+/// connection still open: a long generation, or a slow client within its
+/// request's read limit, api/http_server.hpp), it says so on
 /// stderr and ends the process at once with status 0 (with a `grace` of 0
 /// at once, saying nothing). `what` names the command ("api",
 /// "dashboard").

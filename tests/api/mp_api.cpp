@@ -197,6 +197,11 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
     CHECK(r.exit_code == 105);
     CHECK(r.err.find("--parallel: must be a whole number in [1, 4096], got '0'") != std::string::npos);
   }
+  {
+    const testing::process_result r = error_of({"--local", "--request-read-timeout-s", "86401"});
+    CHECK(r.exit_code == 105);
+    CHECK(r.err.find("--request-read-timeout-s") != std::string::npos);
+  }
   testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--batching", "off"}), "--batching off is for --local");
   testing::check_one_error(error_of({"--local", "--batching", "off", "--prefix-sharing", "off"}),
                            "--prefix-sharing off is for --local with batching on");
@@ -219,6 +224,33 @@ TEST_CASE("corolla api exits within --shutdown-grace-s while a client trickles i
   REQUIRE(status);
   CHECK(*status == 0);
   CHECK(api.err().find("connections still open 1 s after SIGTERM; exiting without them") != std::string::npos);
+}
+
+TEST_CASE("corolla api --request-read-timeout-s: a request still arriving past it gets a 408 error object, counted") {
+  testing::temp_dir_guard dir("api-read-limit");
+  api::write_chat_model(dir.path());
+  auto [api, port] = start_api(dir.path().string(), {"--local", "--request-read-timeout-s", "1"});
+  const auto started = std::chrono::steady_clock::now();
+  api::header_trickle trickle(port, "/v1/models");  // a header line every 500 ms
+  const timeval limit{20, 0};
+  ::setsockopt(trickle.fd(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  std::string answer;
+  char buf[4096];
+  ssize_t got = 0;
+  while ((got = ::recv(trickle.fd(), buf, sizeof buf, 0)) > 0) answer.append(buf, static_cast<std::size_t>(got));
+  CHECK(std::chrono::steady_clock::now() - started >= 1s);
+  CHECK(answer.rfind("HTTP/1.1 408 ", 0) == 0);
+  const auto body = answer.find("\r\n\r\n");
+  REQUIRE(body != std::string::npos);
+  const json error = json::parse(answer.substr(body + 4));
+  CHECK(error["error"]["message"] == "The request did not arrive within 1 s.");
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(20, 0);
+  const auto scraped = c.Get("/metrics");
+  REQUIRE(scraped);
+  CHECK(scraped->body.find("corolla_api_requests_total{endpoint=\"models\",status=\"408\"} 1") != std::string::npos);
+  api.signal(SIGTERM);
+  CHECK(api.wait(10s) == 0);
 }
 
 TEST_CASE("corolla api --local --weights int8 holds only the int8 blocks and answers as corolla generate does") {

@@ -540,7 +540,9 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
       {keyed + "Content-Length: +2\r\n", "'+2' is not a length"},
       {keyed + "Transfer-Encoding: gzip, chunked\r\n", "'gzip, chunked' is not 'chunked'"},
       {"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\nContent-Length: 2\r\n",
-       "a GET request carries a body"}};
+       "a GET request carries a body"},
+      // A HEAD's refusal has no body to say why, and ends its connection too.
+      {"HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\nContent-Length: 2\r\n", ""}};
   for (const auto& [framing, why] : framings) {
     CAPTURE(framing);
     const std::string ambiguous = exchange(framing + "\r\n{}" + smuggled);
@@ -549,7 +551,7 @@ TEST_CASE("the key is checked before the body is read, bodies and prompt text ar
     CHECK(ambiguous.find("HTTP/1.1", 1) == std::string::npos);
   }
   CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"completions\",status=\"400\"}") == 5);
-  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"health\",status=\"400\"}") == 1);
+  CHECK(metric(s.port(), "corolla_api_requests_total{endpoint=\"health\",status=\"400\"}") == 2);
   // The same length twice, or with an empty item, is no ambiguity.
   for (const std::string& extra : {std::string("Content-Length: {n}\r\n"), std::string("Content-Length: {n},\r\n")}) {
     const std::string body = ok.dump();
