@@ -261,11 +261,17 @@ struct http_api::impl {
                                                                          httplib::Response& res) {
       // An answer of our own: a body, or one that a content provider writes.
       if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Unhandled;
-      if (http_server::read_limit_passed()) {
+      // Reads cut off by the server (httplib says 400).
+      if (http_server::read_limit_passed() || http_server::request_too_large()) {
         res.set_header("Connection", "close");
-        send_error(res, api_error(408, "invalid_request_error",
-                                  "The request did not arrive within " + server.read_limit_text() + "."));
-        metrics.add(kRequests, {{"endpoint", path_label(req.path)}, {"status", "408"}});
+        const api_error e = http_server::read_limit_passed()
+                                ? api_error(408, "invalid_request_error",
+                                            "The request did not arrive within " + server.read_limit_text() + ".")
+                                : api_error(413, "invalid_request_error",
+                                            "The request is larger than " + std::to_string(kMaxBodyBytes >> 20) +
+                                                " MiB (its body, sent chunked, or its headers).");
+        send_error(res, e);
+        metrics.add(kRequests, {{"endpoint", path_label(req.path)}, {"status", std::to_string(e.status())}});
         return httplib::Server::HandlerResponse::Handled;
       }
       const int status = res.status;

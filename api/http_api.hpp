@@ -31,8 +31,9 @@ struct api_config {
   std::string model_id;  ///< the id of /v1/models (the model directory's name)
   std::string api_key;   ///< "" = no key required
   int http_threads = 64; ///< connections served at once (requests beyond the engine's slots wait)
-  /// How long a request may take to arrive, from its first byte to the end
-  /// of its body (api/http_server.hpp; zero: no bound): past it, 408.
+  /// How long a request may take to arrive, from when the server starts
+  /// reading it to the end of its body (api/http_server.hpp; zero: no
+  /// bound): past it, 408.
   std::chrono::milliseconds request_read_limit{std::chrono::seconds(60)};
   /// The swarm the dashboard shows (GET /, GET /swarm.json); null for a
   /// local engine. Borrowed: it must outlive the server.

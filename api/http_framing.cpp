@@ -55,7 +55,7 @@ void answer_and_close(httplib::Response& res, int status, std::string body, cons
   http_server::close_after_answer();
 }
 
-void check_on_headers(httplib::Server& server,
+void check_on_headers(http_server& server,
                       std::function<bool(const httplib::Request&, httplib::Response&)> admitted) {
   server.set_pre_routing_handler([admitted](const httplib::Request& req, httplib::Response& res) {
     return admitted(req, res) ? httplib::Server::HandlerResponse::Unhandled
@@ -67,6 +67,12 @@ void check_on_headers(httplib::Server& server,
 }
 
 void serve_pages_only(http_server& server) {
+  // One request a connection: pages are polled a few times a minute, and
+  // an idle keep-alive client would hold one of the few HTTP threads for
+  // httplib's 5 s keep-alive wait. No body is ever read (below): 1 KiB
+  // bounds what a request may hold besides its headers.
+  server.set_keep_alive_max_count(1);
+  server.set_payload_max_length(1024);
   check_on_headers(server, [](const httplib::Request& req, httplib::Response& res) {
     if (const auto why = framing_error(req)) {
       answer_and_close(res, 400, *why + "\n", "text/plain");
@@ -80,13 +86,20 @@ void serve_pages_only(http_server& server) {
     }
     return true;
   });
-  // A request that did not arrive in time (httplib says 400) is a 408.
+  // A request that did not arrive in time, or too large (headers without
+  // end; httplib says 400), is a 408 or a 413.
   server.set_error_handler(httplib::Server::HandlerWithResponse([&server](const httplib::Request&,
                                                                           httplib::Response& res) {
-    if (!http_server::read_limit_passed()) return httplib::Server::HandlerResponse::Unhandled;
-    res.status = 408;
+    if (http_server::read_limit_passed()) {
+      res.status = 408;
+      res.set_content("The request did not arrive within " + server.read_limit_text() + ".\n", "text/plain");
+    } else if (http_server::request_too_large()) {
+      res.status = 413;
+      res.set_content("The request's headers are too large.\n", "text/plain");
+    } else {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
     res.set_header("Connection", "close");
-    res.set_content("The request did not arrive within " + server.read_limit_text() + ".\n", "text/plain");
     return httplib::Server::HandlerResponse::Handled;
   }));
 }

@@ -33,7 +33,7 @@ void answer_and_close(httplib::Response& res, int status, std::string body, cons
 /// Runs `admitted` on every request's headers, before its body is read
 /// (also when the client asks first, Expect: 100-continue): false, with
 /// the refusal in the response, ends the request there.
-void check_on_headers(httplib::Server& server,
+void check_on_headers(http_server& server,
                       std::function<bool(const httplib::Request&, httplib::Response&)> admitted);
 
 /// How long a page request may take to arrive (http_server's read limit).

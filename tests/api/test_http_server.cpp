@@ -25,8 +25,8 @@ namespace {
 
 /// An http_server with `threads` HTTP threads on a loopback port, serving
 /// on a thread of its own until destroyed: GET /ping answers "pong", POST
-/// /echo its body, GET /slow "done" after 1.5 s, GET /stream four chunks
-/// 400 ms apart.
+/// /echo its body (64 KiB at most), GET /slow "done" after 1.5 s, GET
+/// /stream four chunks 400 ms apart.
 struct test_server {
   http_server server;
   http_listener listener{server};
@@ -52,10 +52,17 @@ struct test_server {
         return true;
       });
     });
+    server.set_payload_max_length(64 << 10);
     server.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
-      if (!http_server::read_limit_passed()) return httplib::Server::HandlerResponse::Unhandled;
-      res.status = 408;
-      res.set_content("late", "text/plain");
+      if (http_server::read_limit_passed()) {
+        res.status = 408;
+        res.set_content("late", "text/plain");
+      } else if (http_server::request_too_large()) {
+        res.status = 413;
+        res.set_content("big", "text/plain");
+      } else {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
       return httplib::Server::HandlerResponse::Handled;
     }));
     port = bind_http(server, "127.0.0.1", 0);
@@ -188,4 +195,54 @@ TEST_CASE("without a read limit a request is bounded by httplib's per-read timeo
   const std::string answer = read_to_end(trickle.fd());
   CHECK(answer.rfind("HTTP/1.1 200 ", 0) == 0);
   CHECK(answer.find("pong") != std::string::npos);
+}
+
+/// How many answers `answer` holds (status lines).
+std::size_t answers_in(const std::string& answer) {
+  std::size_t n = 0;
+  for (std::size_t at = answer.find("HTTP/1.1 "); at != std::string::npos; at = answer.find("HTTP/1.1 ", at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE("a request httplib refuses itself ends its connection: what is left of it is never read as a request") {
+  test_server s(10s, 2);
+  const std::string smuggled = "GET /ping HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string length = "Content-Length: " + std::to_string(smuggled.size()) + "\r\n";
+  // An unknown method, a header line past httplib's 8 KiB, a version it
+  // does not speak, a malformed chunk: one answer each, then the end.
+  const std::vector<std::string> refused = {
+      "PROPFIND /ping HTTP/1.1\r\nHost: x\r\n" + length + "\r\n" + smuggled,
+      "POST /echo HTTP/1.1\r\nHost: x\r\nX-Long: " + std::string(9000, 'a') + "\r\n" + length + "\r\n" + smuggled,
+      "GET /ping HTTP/2.0\r\nHost: x\r\n\r\n" + smuggled,
+      "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n" + smuggled};
+  for (const std::string& request : refused) {
+    CAPTURE(request.substr(0, 40));
+    const std::string answer = raw_exchange(s.port, request);
+    CHECK(answer.rfind("HTTP/1.1 4", 0) == 0);
+    CHECK(answers_in(answer) == 1);
+  }
+  // An empty line after a body (RFC 9112, 2.2: ignored) is no request.
+  const std::string answer = raw_exchange(
+      s.port, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\necho\r\n" +
+                  std::string("GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  CHECK(answers_in(answer) == 2);
+  CHECK(answer.find("HTTP/1.1 400") == std::string::npos);
+  CHECK(answer.find("pong") != std::string::npos);
+}
+
+TEST_CASE("a body sent chunked is bounded by the payload limit, as one with a length is") {
+  test_server s(10s, 2);
+  const auto chunked = [&](std::size_t bytes) {
+    std::string request = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n"
+                          "Connection: close\r\n\r\n";
+    for (std::size_t sent = 0; sent < bytes; sent += 4096) request += "1000\r\n" + std::string(4096, 'c') + "\r\n";
+    return raw_exchange(s.port, request + "0\r\n\r\n");
+  };
+  const std::string small = chunked(32 << 10);
+  CHECK(small.rfind("HTTP/1.1 200 ", 0) == 0);
+  CHECK(small.find(std::string(4096, 'c')) != std::string::npos);
+  // httplib 0.11 reads a chunked body into memory whatever its size.
+  const std::string large = chunked(2 << 20);
+  CHECK(large.rfind("HTTP/1.1 413 ", 0) == 0);
+  CHECK(large.find("big") != std::string::npos);
 }
