@@ -44,6 +44,7 @@ struct step_logits {
 struct open_request {
   std::string session;
   std::vector<std::int32_t> prompt;
+  std::string domain;  ///< its cache domain: it starts on, or waits for, sessions of the same only
 };
 
 /// The session the generation runs on (its own, or a retained one whose
@@ -106,6 +107,9 @@ struct batcher_state {
   std::vector<waiting_open> waiting;
   /// Finished generations kept for their caches, the most recent first.
   std::list<std::string> retained;
+  /// The cache domain of each open session (retained ones included) whose
+  /// domain is not "" (decode_batcher::generate's cache_domain).
+  std::unordered_map<std::string, std::string> domains;
   std::size_t retain_limit = 0;
   bool share_prefixes = true;  ///< decode_batcher_options::share_prefixes
   decode_batcher_stats stats;
@@ -179,6 +183,7 @@ void evict_oldest(batcher_state& st) {
   const std::string id = st.retained.back();
   st.retained.pop_back();
   st.cached.erase(id);
+  st.domains.erase(id);
   st.queue.forget(id);
   (void)st.engine->close_session(id);
   ++st.stats.sessions_closed;
@@ -219,10 +224,17 @@ void forget_ids_from(batcher_state& st, const std::string& session, std::int64_t
 void open_generation(batcher_actor* self, open_request r, caf::response_promise rp, bool may_wait) {
   auto& st = self->state;
   using how = schedule::prompt_start::how;
-  const schedule::prompt_start plan = schedule::plan_prompt_start(r.prompt, st.retained, st.cached, st.share_prefixes);
+  // Only sessions of its own cache domain: none of another's spares it
+  // anything (or tells it anything of their prompts).
+  const schedule::session_filter same_domain = [&st, &domain = r.domain](const std::string& session) {
+    const auto it = st.domains.find(session);
+    return (it == st.domains.end() ? std::string() : it->second) == domain;
+  };
+  const schedule::prompt_start plan =
+      schedule::plan_prompt_start(r.prompt, st.retained, st.cached, st.share_prefixes, same_domain);
   if (may_wait && st.share_prefixes)
     if (auto w = schedule::prompt_to_wait_for(r.prompt, st.prompts, st.cached, plan.tokens,
-                                              st.engine->pool().page_tokens())) {
+                                              st.engine->pool().page_tokens(), same_domain)) {
       ++st.stats.prefix_waits;
       st.waiting.push_back({std::move(r), std::move(rp), std::move(w->session), w->tokens});
       return;
@@ -244,6 +256,7 @@ void open_generation(batcher_actor* self, open_request r, caf::response_promise 
     return;
   }
   ++st.stats.sessions_opened;
+  if (!r.domain.empty()) st.domains[r.session] = r.domain;
   std::vector<std::int32_t>& held = st.cached[r.session];
   held.clear();
   std::int64_t cached = 0;
@@ -442,6 +455,7 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
           return true;
         }
         st.cached.erase(session);
+        st.domains.erase(session);
         auto r = st.engine->close_session(session);
         if (r) ++st.stats.sessions_closed;
         after_close();
@@ -495,7 +509,7 @@ decode_batcher::~decode_batcher() { stop(); }
 void decode_batcher::stop() { caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown); }
 
 batched_generation decode_batcher::generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                                            const token_callback& on_token) {
+                                            const token_callback& on_token, const std::string& cache_domain) {
   // The session opens with the first step (after generate_tokens has
   // checked the request) and closes however generation ends.
   caf::scoped_actor self{system_};
@@ -521,7 +535,8 @@ batched_generation decode_batcher::generate(std::span<const std::int32_t> prompt
       cfg_, prompt, pieces,
       [&](std::span<const std::int32_t> ids, std::int64_t start) {
         if (guard.id.empty()) {
-          open_request o{"g" + std::to_string(next_session_.fetch_add(1)), {prompt.begin(), prompt.end()}};
+          open_request o{"g" + std::to_string(next_session_.fetch_add(1)), {prompt.begin(), prompt.end()},
+                         cache_domain};
           const open_reply r = ask<open_reply>(self, actor_, "open a session", open_atom::value, std::move(o));
           guard.id = r.session;
           cached = r.cached;

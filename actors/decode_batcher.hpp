@@ -140,8 +140,12 @@ class decode_batcher {
   /// Throws model_error for a bad request or a full KV cache ("KV cache
   /// full: ..."); std::runtime_error when the computation fails or the
   /// batcher has stopped.
+  /// `cache_domain`: the generation starts on, or waits for, the caches of
+  /// generations of the same domain only (the API's `cache_salt`: clients
+  /// of one domain learn nothing of another's prompts from `cached_tokens`
+  /// or timing). "" is a domain too, the default one.
   batched_generation generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                              const token_callback& on_token = {});
+                              const token_callback& on_token = {}, const std::string& cache_domain = {});
 
   /// The counters now (asks the actor; waits for the batch it is running).
   decode_batcher_stats stats() const;

@@ -97,7 +97,8 @@ class local_engine final : public completion_engine {
   const model_config& config() const override { return cfg_; }
   void check_ready() override {}
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token) override {
+                         const token_callback& on_token, const std::string& /*cache_domain*/) override {
+    // (A generator per request shares no cache: every domain is apart.)
     slot_lease slot(pool_);
     generator& g = *generators_[slot.index()];
     if (!take_turns_) return {g.generate(prompt, p, on_token), 0};
@@ -192,9 +193,9 @@ class batched_local_engine final : public completion_engine {
   const model_config& config() const override { return cfg_; }
   void check_ready() override {}
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token) override {
+                         const token_callback& on_token, const std::string& cache_domain) override {
     slot_lease slot(pool_);
-    batched_generation g = batcher_.generate(prompt, p, on_token);
+    batched_generation g = batcher_.generate(prompt, p, on_token, cache_domain);
     return {std::move(g.result), 0, g.cached_prompt_tokens};
   }
   int busy() const override { return pool_.busy(); }
@@ -258,7 +259,7 @@ class swarm_engine final : public completion_engine {
   }
 
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token) override {
+                         const token_callback& on_token, const std::string& cache_domain) override {
     slot_lease lease(pool_);
     slot& s = *slots_[lease.index()];
     // The slots' sessions are one node's: a prompt may start on the pages
@@ -279,7 +280,7 @@ class swarm_engine final : public completion_engine {
       }
     } on_end{*this, id, {}};
     if (share_prefixes_) {
-      sharing.start = board_.enter(id, {prompt.begin(), prompt.end()});
+      sharing.start = board_.enter(id, {prompt.begin(), prompt.end()}, cache_domain);
       sharing.on_prompt = [this, &id, &on_end](swarm_prefix held) {
         // A kept session this one continued whole (a chat's last turn) is
         // of no more use: this one holds all of it.

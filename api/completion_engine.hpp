@@ -74,9 +74,13 @@ class completion_engine {
   virtual void check_ready() = 0;
   /// Generates after `prompt` (waiting for a free slot first). Throws
   /// model_error for a bad request (400), api_error 503 when the swarm fails
-  /// for good.
+  /// for good. The prompt starts on, or waits for, the caches of requests of
+  /// the same `cache_domain` only (the request's `cache_salt`; "" for
+  /// none): requests of different domains share nothing, so `cached_tokens`
+  /// and the time to the first token tell neither anything of the other's
+  /// prompt.
   virtual engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                                 const token_callback& on_token) = 0;
+                                 const token_callback& on_token, const std::string& cache_domain) = 0;
   /// Requests holding a slot now, and the number of slots.
   virtual int busy() const = 0;
   virtual int slots() const = 0;

@@ -419,7 +419,7 @@ struct http_api::impl {
       const std::string piece = stops.push(text.push(id));
       if (!piece.empty()) emit(piece);
     };
-    engine_result r = engine.generate(job.prompt, p, on_token);
+    engine_result r = engine.generate(job.prompt, p, on_token, job.request.cache_salt);
     if (!disconnected) {
       std::string tail = stops.push(text.flush());
       tail += stops.finish();

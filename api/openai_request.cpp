@@ -258,6 +258,18 @@ completion_request parse_request(const std::string& body, endpoint to) {
     if (!j.at("ignore_eos").is_boolean()) throw invalid_request("ignore_eos must be a boolean", "ignore_eos");
     r.ignore_eos = j.at("ignore_eos").get<bool>();
   }
+  if (j.contains("cache_salt") && !j.at("cache_salt").is_null()) {
+    const auto& salt = j.at("cache_salt");
+    if (!salt.is_string() || salt.get_ref<const std::string&>().empty())
+      throw invalid_request("cache_salt must be a non-empty string, got " +
+                                (salt.is_string() ? std::string("an empty one") : type_name(salt)),
+                            "cache_salt");
+    if (salt.get_ref<const std::string&>().size() > kMaxCacheSaltBytes)
+      throw invalid_request("cache_salt holds at most " + std::to_string(kMaxCacheSaltBytes) + " bytes, got " +
+                                std::to_string(salt.get_ref<const std::string&>().size()),
+                            "cache_salt");
+    r.cache_salt = salt.get<std::string>();
+  }
   if (j.contains("stream_options") && !j.at("stream_options").is_null()) {
     const auto& so = j.at("stream_options");
     if (!so.is_object()) throw invalid_request("stream_options must be an object", "stream_options");

@@ -66,7 +66,16 @@ struct completion_request {
   /// Extension (vLLM's name): keep generating past the end-of-sequence and
   /// end-of-turn tokens, up to max_tokens (for benchmarks).
   bool ignore_eos = false;
+  /// Extension (vLLM's name): the request's cache domain. Its prompt starts
+  /// on, or waits for, the caches of requests with the same salt only (none:
+  /// those without one), so that `cached_tokens` and the time to the first
+  /// token tell no client of another salt anything of their prompts. At most
+  /// kMaxCacheSaltBytes; "" = none.
+  std::string cache_salt;
 };
+
+/// The longest cache_salt accepted, in bytes.
+inline constexpr std::size_t kMaxCacheSaltBytes = 1024;
 
 /// Parses and validates a request body. Throws api_error (400, naming the
 /// parameter) for invalid JSON, a missing or mistyped field, a value out of

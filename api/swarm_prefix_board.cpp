@@ -7,20 +7,26 @@ namespace corolla::api {
 swarm_prefix_board::swarm_prefix_board(std::int64_t min_tokens, std::chrono::milliseconds max_wait, std::size_t keep)
     : min_tokens_(std::max<std::int64_t>(min_tokens, 1)), max_wait_(max_wait), keep_(keep) {}
 
-swarm_prefix swarm_prefix_board::enter(const std::string& id, const std::vector<std::int32_t>& prompt) {
+swarm_prefix swarm_prefix_board::enter(const std::string& id, const std::vector<std::int32_t>& prompt,
+                                       const std::string& cache_domain) {
   using how = schedule::prompt_start::how;
   std::unique_lock lock(mutex_);
+  // Only sessions of the request's own cache domain.
+  const schedule::session_filter same_domain = [this, &cache_domain](const std::string& session) {
+    const auto it = domains_.find(session);
+    return (it == domains_.end() ? std::string() : it->second) == cache_domain;
+  };
   const auto deadline = std::chrono::steady_clock::now() + max_wait_;
   schedule::prompt_start plan;
   bool waited = false, timed_out = false;
   for (;;) {
     // Any session on the board, running or kept, may be started on; a kept
     // one the prompt wholly begins with is continued (a chat's next turn).
-    plan = schedule::plan_prompt_start(prompt, {kept_.begin(), kept_.end()}, cached_, true);
+    plan = schedule::plan_prompt_start(prompt, {kept_.begin(), kept_.end()}, cached_, true, same_domain);
     if (plan.tokens < min_tokens_ || !held_.count(plan.session)) plan = {};
     // Someone computing a page more of this prompt than any session holds:
     // its pages come soon, and computing them twice is what this avoids.
-    const auto wait = schedule::prompt_to_wait_for(prompt, prompts_, cached_, plan.tokens, min_tokens_);
+    const auto wait = schedule::prompt_to_wait_for(prompt, prompts_, cached_, plan.tokens, min_tokens_, same_domain);
     if (!wait || timed_out) break;
     if (!waited) ++stats_.waiting;
     waited = true;
@@ -39,6 +45,7 @@ swarm_prefix swarm_prefix_board::enter(const std::string& id, const std::vector<
     starts_[id] = {plan.session, plan.kind == how::continue_retained};
   }
   prompts_[id] = prompt;
+  if (!cache_domain.empty()) domains_[id] = cache_domain;
   return start;
 }
 
@@ -76,12 +83,15 @@ swarm_prefix_board::finish swarm_prefix_board::finished(const std::string& id, s
     if (const auto s = starts_.find(id); s != starts_.end() && start_missed &&
                                          std::find(kept_.begin(), kept_.end(), s->second.from) != kept_.end())
       drop_kept(s->second.from, out.close);
+    const auto domain = domains_.find(id);
+    std::string cache_domain = domain == domains_.end() ? std::string() : std::move(domain->second);
     forget(id);
     if (keep_ > 0 && !held.empty() && static_cast<std::int64_t>(ids.size()) >= min_tokens_) {
       held.tokens = std::min<std::int64_t>(held.tokens, static_cast<std::int64_t>(ids.size()));
       ids.resize(static_cast<std::size_t>(held.tokens));
       cached_[id] = std::move(ids);
       held_[id] = std::move(held);
+      if (!cache_domain.empty()) domains_[id] = std::move(cache_domain);
       kept_.push_front(id);
       ++stats_.kept;
       out.keep = true;
@@ -113,6 +123,7 @@ void swarm_prefix_board::drop_kept(const std::string& id, std::vector<swarm_pref
   if (const auto h = held_.find(id); h != held_.end()) close.push_back(std::move(h->second));
   held_.erase(id);
   cached_.erase(id);
+  domains_.erase(id);
   ++stats_.dropped;
 }
 
@@ -121,6 +132,7 @@ void swarm_prefix_board::forget(const std::string& id) {
   cached_.erase(id);
   held_.erase(id);
   starts_.erase(id);
+  domains_.erase(id);
 }
 
 prefix_board_stats swarm_prefix_board::stats() const {

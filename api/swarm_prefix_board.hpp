@@ -49,8 +49,11 @@ class swarm_prefix_board {
   /// session, running or kept, holding the most of the prompt, its tokens
   /// cut to what they have in common; empty = compute it all), after
   /// waiting while a running generation computes at least a page more of
-  /// it. `id` is then running until finished() or leave().
-  swarm_prefix enter(const std::string& id, const std::vector<std::int32_t>& prompt);
+  /// it. `id` is then running until finished() or leave(). Only sessions
+  /// of requests of the same `cache_domain` are started on or waited for
+  /// (schedule::session_filter; "" is the default domain).
+  swarm_prefix enter(const std::string& id, const std::vector<std::int32_t>& prompt,
+                     const std::string& cache_domain = {});
   /// Request `id`'s session now holds its prompt: `held` (empty: nothing to
   /// offer; nobody waits for it). Returns the kept session it continued
   /// (its prompt began with all that one held: a chat's next turn), now
@@ -89,6 +92,7 @@ class swarm_prefix_board {
   schedule::session_ids prompts_;  ///< running requests' prompts
   schedule::session_ids cached_;   ///< the ids each session on the board holds (running and kept)
   std::map<std::string, swarm_prefix> held_;
+  std::map<std::string, std::string> domains_;  ///< the cache domain of each session on the board, when not ""
   std::list<std::string> kept_;    ///< finished requests' parked sessions, the most recent first
   /// What each running request started on: the session, and whether it
   /// continues that (kept) session whole.

@@ -75,9 +75,10 @@ load_result run_direct(api::completion_engine& engine, const tokenizer& tok,
       // character shows nothing until the next one.
       stream_decoder text(tok);
       try {
-        const auto out = engine.generate(prompts[u % prompts.size()], p, [&](std::int32_t id) {
+        const auto on_token = [&](std::int32_t id) {
           if (first && !text.push(id).empty()) r.first_token_s[u] = seconds_between(start, clock_type::now()), first = false;
-        });
+        };
+        const auto out = engine.generate(prompts[u % prompts.size()], p, on_token, {});
         // As the API writes text: bytes that form no UTF-8 character as U+FFFD.
         r.texts[u] = json::parse(api::to_body(json(tok.decode(out.result.tokens)))).get<std::string>();
         counts[u] = static_cast<int>(out.result.tokens.size());
@@ -124,12 +125,13 @@ load_result run_chats(api::completion_engine& engine, const tokenizer& tok,
           bool first = true;
           stream_decoder text(tok);
           const auto slot = u * static_cast<std::size_t>(turns - 1) + static_cast<std::size_t>(turn - 1);
-          const auto out = engine.generate(conversation, p, [&](std::int32_t id) {
+          const auto on_token = [&](std::int32_t id) {
             if (first && !text.push(id).empty()) {
               if (turn > 0) r.first_token_s[slot] = seconds_between(start, clock_type::now());
               first = false;
             }
-          });
+          };
+          const auto out = engine.generate(conversation, p, on_token, {});
           if (turn > 0) r.request_s[slot] = seconds_between(start, clock_type::now());
           conversation.insert(conversation.end(), out.result.tokens.begin(), out.result.tokens.end());
           texts[u] += tok.decode(out.result.tokens);

@@ -82,8 +82,9 @@ std::vector<std::vector<std::int32_t>> prompts_after(const std::vector<std::int3
 
 /// `clients` streaming greedy requests at once through the HTTP API on
 /// 127.0.0.1:`port` (request i gets prompts[i % size], `new_tokens` tokens,
-/// end of sequence ignored).
+/// end of sequence ignored). With a `salt_prefix`, client i sends the
+/// cache_salt `salt_prefix` + i (its caches apart from the others').
 load_result run_http(int port, const std::string& model_id, const std::vector<std::vector<std::int32_t>>& prompts,
-                     int clients, int new_tokens);
+                     int clients, int new_tokens, const std::string& salt_prefix = {});
 
 }  // namespace corolla::app

@@ -108,21 +108,27 @@ int run_bench_api_local(const api_bench_options& o) {
   bench_server per_request_server(*per_request, *tok, model_id, slots);
   // With a shared prefix, also the batcher without shared pages (each
   // request computes its prompt unless it continues a finished one's
-  // cache), and isolated (each computes its whole prompt).
+  // cache), isolated (each computes its whole prompt), and salted (each
+  // client's requests send a cache_salt of their own: they share its own
+  // earlier requests' caches only).
   const bool unshared_too = o.shared_prefix > 0;
-  std::unique_ptr<api::completion_engine> unshared, isolated;
-  std::unique_ptr<bench_server> unshared_server, isolated_server;
+  std::unique_ptr<api::completion_engine> unshared, isolated, salted;
+  std::unique_ptr<bench_server> unshared_server, isolated_server, salted_server;
   if (unshared_too) {
     unshared = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::batched_unshared);
     unshared_server = std::make_unique<bench_server>(*unshared, *tok, model_id, slots);
     isolated = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::batched_isolated);
     isolated_server = std::make_unique<bench_server>(*isolated, *tok, model_id, slots);
+    salted = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::batched);
+    salted_server = std::make_unique<bench_server>(*salted, *tok, model_id, slots);
   }
   std::vector<int> ports{batched_server.port(), per_request_server.port()};
   if (unshared_too) {
     ports.push_back(unshared_server->port());
     ports.push_back(isolated_server->port());
+    ports.push_back(salted_server->port());
   }
+  constexpr std::size_t kSaltedWay = 4;
 
   // Warm-up: the first connection, buffers, the inference copies.
   for (int port : ports) run_http(port, model_id, fresh_prompts(1), 1, 2);
@@ -142,13 +148,14 @@ int run_bench_api_local(const api_bench_options& o) {
     shared = random_ids(o.shared_prefix);
     const decode_batcher_stats before = *batched->batching();
     const decode_batcher_stats isolated_before = unshared_too ? *isolated->batching() : decode_batcher_stats{};
+    const decode_batcher_stats salted_before = unshared_too ? *salted->batching() : decode_batcher_stats{};
     for (int round = 0; round < o.rounds; ++round) {
       const auto prompts = fresh_prompts(c);
       // Each round another way goes first.
       std::vector<load_result> got(ports.size());
       for (std::size_t k = 0; k < ports.size(); ++k) {
         const std::size_t way = (k + static_cast<std::size_t>(round)) % ports.size();
-        got[way] = run_http(ports[way], model_id, prompts, c, o.new_tokens);
+        got[way] = run_http(ports[way], model_id, prompts, c, o.new_tokens, way == kSaltedWay ? "client-" : "");
       }
       for (std::size_t way = 0; way < ports.size(); ++way) {
         same = same && got[way].texts == got[0].texts;
@@ -158,6 +165,7 @@ int run_bench_api_local(const api_bench_options& o) {
     }
     const decode_batcher_stats after = *batched->batching();
     const decode_batcher_stats isolated_after = unshared_too ? *isolated->batching() : decode_batcher_stats{};
+    const decode_batcher_stats salted_after = unshared_too ? *salted->batching() : decode_batcher_stats{};
     const auto batches = after.batches - before.batches;
     const double mean_batch =
         batches == 0 ? 0.0 : static_cast<double>(after.steps - before.steps) / static_cast<double>(batches);
@@ -180,6 +188,7 @@ int run_bench_api_local(const api_bench_options& o) {
       if (unshared_too) {
         row("unshared", pooled[2], "");
         row("isolated", pooled[3], "");
+        row("salted", pooled[kSaltedWay], "");
       }
       row("per-request", p, "");
       std::printf("%8s  batched / per-request tokens/s: %.2fx; prompt tokens from other requests' caches: %llu of %d "
@@ -212,9 +221,20 @@ int run_bench_api_local(const api_bench_options& o) {
       };
       against("unshared", pooled[2], "shared prompt pages against none");
       against("isolated", pooled[3], "shared caches against isolated requests");
+      against("salted", pooled[kSaltedWay], "shared caches against a salt per client");
       // Isolated: no prompt token from another request's cache, ever.
       level["isolated"]["cached_prompt_tokens"] = (isolated_after.reused_tokens + isolated_after.shared_tokens) -
                                                   (isolated_before.reused_tokens + isolated_before.shared_tokens);
+      // Salted: only from the same client's earlier requests.
+      level["salted"]["cached_prompt_tokens"] = (salted_after.reused_tokens + salted_after.shared_tokens) -
+                                                (salted_before.reused_tokens + salted_before.shared_tokens);
+      const way_ratios s = compare_ways(pooled[kSaltedWay], pooled[3]);
+      level["salted_to_isolated_tokens_per_s"] = s.tokens_per_s;
+      level["isolated_to_salted_first_text_p50"] = s.first_text_p50;
+      if (!o.json_only)
+        std::printf("%8s  a salt per client against isolated requests: %.2fx tokens/s; time to first text %.2fx "
+                    "shorter (p50)\n",
+                    "", s.tokens_per_s, s.first_text_p50);
     }
     levels.push_back(level);
   }

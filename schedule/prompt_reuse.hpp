@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <optional>
 #include <string>
@@ -20,6 +21,13 @@ namespace corolla::schedule {
 
 /// Token ids by session: what each cache holds, or each generation's prompt.
 using session_ids = std::unordered_map<std::string, std::vector<std::int32_t>>;
+
+/// Which sessions a new generation may start on or wait for (false: as if
+/// it were not there). Empty: every one. A server keeps requests of
+/// different cache domains (`cache_salt`) apart with it: none starts on,
+/// or waits for, another's cache, so neither `cached_tokens` nor its time
+/// to the first token tells it anything of the other's prompt.
+using session_filter = std::function<bool(const std::string& session)>;
 
 /// How a new generation's prompt starts.
 struct prompt_start {
@@ -44,8 +52,9 @@ std::size_t reusable_tokens(const std::vector<std::int32_t>& prompt);
 /// session holds the most of it (that cache stays as it is: a system
 /// prompt serves every request after it). Without, the retained cache
 /// holding the most of the prompt is continued, cut back to what they share.
+/// Sessions `usable` refuses are left out.
 prompt_start plan_prompt_start(const std::vector<std::int32_t>& prompt, const std::list<std::string>& retained,
-                               const session_ids& cached, bool share);
+                               const session_ids& cached, bool share, const session_filter& usable = {});
 
 /// A running generation to wait for: its session, and the prompt tokens
 /// starting on its pages will spare once its cache holds them.
@@ -59,8 +68,10 @@ struct prompt_wait {
 /// `now` a cache spares already, and whose cache (`cached`) does not hold
 /// them yet: waiting for it spares computing them twice (requests after one
 /// system prompt arriving together). The one sparing the most; none when
-/// less than a page would be gained (not worth the wait).
+/// less than a page would be gained (not worth the wait). Sessions `usable`
+/// refuses are left out.
 std::optional<prompt_wait> prompt_to_wait_for(const std::vector<std::int32_t>& prompt, const session_ids& prompts,
-                                              const session_ids& cached, std::int64_t now, std::int64_t page_tokens);
+                                              const session_ids& cached, std::int64_t now, std::int64_t page_tokens,
+                                              const session_filter& usable = {});
 
 }  // namespace corolla::schedule

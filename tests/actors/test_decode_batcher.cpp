@@ -211,6 +211,46 @@ TEST_CASE("a prompt that starts as a finished generation did continues from its 
   CHECK(s.sessions_closed == 4);
 }
 
+TEST_CASE("generations of different cache domains never start on each other's caches, running or retained") {
+  batcher_fixture f;
+  decode_batcher_options o;
+  o.retained_sessions = 4;
+  decode_batcher b(f.system, f.engine(4 * 64), f.model_head(), o);
+  generator gen(f.model);
+  const std::vector<std::int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  const auto want = gen.generate(a, greedy(6)).tokens;
+  const batched_generation alice = b.generate(a, greedy(6), {}, "alice");
+  CHECK(alice.cached_prompt_tokens == 0);
+  // The same prompt in another domain, and in the default one: computed
+  // whole (alice's retained cache holds all of it), with the same text.
+  const batched_generation mallory = b.generate(a, greedy(6), {}, "mallory");
+  CHECK(mallory.cached_prompt_tokens == 0);
+  CHECK(mallory.result.tokens == want);
+  const batched_generation plain = b.generate(a, greedy(6));
+  CHECK(plain.cached_prompt_tokens == 0);
+  // In its own domain, a later request starts on the domain's cache.
+  const batched_generation again = b.generate(a, greedy(6), {}, "alice");
+  CHECK(again.cached_prompt_tokens == 19);
+  CHECK(again.result.tokens == want);
+  CHECK(b.generate(a, greedy(6), {}, "mallory").cached_prompt_tokens == 19);
+  CHECK(b.generate(a, greedy(6)).cached_prompt_tokens == 19);
+  // And while another domain's generation runs: a prompt held at its first
+  // token starts on nothing of it.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> holding{false};
+  auto held = std::async(std::launch::async, [&] {
+    return b.generate(a, greedy(3), [&](std::int32_t) {
+      if (!holding.exchange(true)) released.wait();
+    }, "carol");
+  });
+  while (!holding) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(b.generate(a, greedy(3), {}, "dave").cached_prompt_tokens == 0);
+  release.set_value();
+  CHECK(held.get().result.tokens == gen.generate(a, greedy(3)).tokens);
+  CHECK(b.generate(a, greedy(3), {}, "carol").cached_prompt_tokens == 19);
+}
+
 /// `prefix` followed by `own`.
 std::vector<std::int32_t> after(std::vector<std::int32_t> prefix, const std::vector<std::int32_t>& own) {
   prefix.insert(prefix.end(), own.begin(), own.end());

@@ -320,11 +320,17 @@ TEST_CASE("corolla bench api --local compares batched decoding with a generator 
     CHECK(level["batched_to_isolated_tokens_per_s"].get<double>() > 0);
     CHECK(level["isolated_to_batched_first_text_p50"].get<double>() > 0);
     CHECK(level["isolated"]["cached_prompt_tokens"] == 0);
+    // And a cache_salt per client.
+    CHECK(level["salted"]["failed"] == 0);
+    CHECK(level["batched_to_salted_tokens_per_s"].get<double>() > 0);
+    CHECK(level["salted_to_isolated_tokens_per_s"].get<double>() > 0);
   }
   CHECK(j["levels"][0]["batched"]["mean_batch"].get<double>() == 1.0);  // one client: batches of one
   // The second round's prompt continues from the first's cache: at least
   // the 8 shared tokens were not computed again.
   CHECK(j["levels"][0]["batched"]["cached_prompt_tokens"].get<int>() >= 8);
+  // So does a client's under its own salt.
+  CHECK(j["levels"][0]["salted"]["cached_prompt_tokens"].get<int>() >= 8);
   CHECK(j["shared_prefix"] == 8);
 }
 

@@ -53,9 +53,9 @@ TEST_CASE("swarm requests arriving during another with the same system prompt st
       held = true;
       std::vector<std::future<api::engine_result>> running;
       for (std::size_t r = 1; r < 4; ++r)
-        running.push_back(std::async(std::launch::async, [&, r] { return engine->generate(prompts[r], m.params, {}); }));
+        running.push_back(std::async(std::launch::async, [&, r] { return engine->generate(prompts[r], m.params, {}, {}); }));
       for (std::size_t r = 0; r < 3; ++r) later[r] = running[r].get();
-    });
+    }, {});
     CHECK(first.result.tokens == want[0]);
     CHECK(first.cached_tokens == 0);
     for (std::size_t r = 0; r < 3; ++r) {
@@ -95,11 +95,11 @@ TEST_CASE("a chat's next turn over a swarm starts on the last turn's parked sess
   swarm_client_options o;
   o.servers = sw.list();
   auto engine = api::make_swarm_engine(*n, o, load_head(m), 2);
-  const api::engine_result first = engine->generate(turn1, p, {});
+  const api::engine_result first = engine->generate(turn1, p, {}, {});
   CHECK(first.result.tokens == reply1);
   CHECK(first.cached_tokens == 0);
   // Turn 1's sessions hold its prompt and 11 of its 12 tokens.
-  const api::engine_result second = engine->generate(turn2, p, {});
+  const api::engine_result second = engine->generate(turn2, p, {}, {});
   CHECK(second.result.tokens == reply2);
   CHECK(second.cached_tokens == 20 + 11);
   const auto stats = engine->prompt_sharing();

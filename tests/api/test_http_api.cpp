@@ -135,11 +135,14 @@ class slow_engine final : public completion_engine {
   const model_config& config() const override { return inner_.config(); }
   void check_ready() override { inner_.check_ready(); }
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token) override {
-    return inner_.generate(prompt, p, [&](std::int32_t id) {
-      std::this_thread::sleep_for(per_token_);
-      on_token(id);
-    });
+                         const token_callback& on_token, const std::string& cache_domain) override {
+    return inner_.generate(
+        prompt, p,
+        [&](std::int32_t id) {
+          std::this_thread::sleep_for(per_token_);
+          on_token(id);
+        },
+        cache_domain);
   }
   int busy() const override { return inner_.busy(); }
   int slots() const override { return inner_.slots(); }
@@ -158,10 +161,10 @@ class held_engine final : public completion_engine {
   const model_config& config() const override { return inner_.config(); }
   void check_ready() override { inner_.check_ready(); }
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token) override {
+                         const token_callback& on_token, const std::string& cache_domain) override {
     ++entered_;
     released_.wait();
-    return inner_.generate(prompt, p, on_token);
+    return inner_.generate(prompt, p, on_token, cache_domain);
   }
   int busy() const override { return inner_.busy(); }
   int slots() const override { return inner_.slots(); }
@@ -178,7 +181,8 @@ class broken_engine final : public completion_engine {
   explicit broken_engine(completion_engine& inner) : inner_(inner) {}
   const model_config& config() const override { return inner_.config(); }
   void check_ready() override {}
-  engine_result generate(std::span<const std::int32_t>, const generation_params&, const token_callback&) override {
+  engine_result generate(std::span<const std::int32_t>, const generation_params&, const token_callback&,
+                         const std::string&) override {
     throw std::logic_error("something impossible happened");
   }
   int busy() const override { return 0; }
@@ -436,6 +440,41 @@ TEST_CASE("isolated requests start on no other's cache, running or finished") {
     CHECK(cached >= 32 * tails.size());
     CHECK(metric(s.port(), "corolla_api_kv_pages") > 0);
   }
+}
+
+TEST_CASE("requests of different cache_salt values never start on each other's caches, and those of one do") {
+  testing::temp_dir_guard dir("api-salted");
+  write_chat_model(dir.path());
+  local_api_server s(dir.path());
+  auto c = client_for(s.port());
+  const std::string system = "the cat and the dog went to the park, and once upon a time we the people";
+  const auto ids = s.tok().encode(system, s.tok().prepends_bos());
+  REQUIRE(ids.size() > 32);
+  const auto ask = [&](const std::string& prompt, const json& salt) {
+    json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}};
+    if (!salt.is_null()) body["cache_salt"] = salt;
+    return post(c, "/v1/completions", body);
+  };
+  const auto cached = [](const json& r) { return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(); };
+  const json alice = ask(system, "alice-3f9c");
+  CHECK(cached(alice) == 0);
+  // The same prompt under another salt, and under none: computed whole,
+  // the same text.
+  const json mallory = ask(system, "mallory-77a1");
+  CHECK(cached(mallory) == 0);
+  CHECK(mallory["choices"][0]["text"] == alice["choices"][0]["text"]);
+  CHECK(cached(ask(system, nullptr)) == 0);
+  // Under its own salt, a later request (a longer prompt too) starts on the salt's cache.
+  CHECK(cached(ask(system, "alice-3f9c")) == static_cast<int>(ids.size()) - 1);
+  CHECK(cached(ask(system + " said", "mallory-77a1")) >= 32);
+  CHECK(cached(ask(system, nullptr)) == static_cast<int>(ids.size()) - 1);
+  // Chat completions take it too.
+  const json chat = post(c, "/v1/chat/completions",
+                         {{"model", "tiny"},
+                          {"messages", {{{"role", "user"}, {"content", system}}}},
+                          {"max_tokens", 4},
+                          {"cache_salt", "carol"}});
+  CHECK(cached(chat) == 0);
 }
 
 TEST_CASE("a local engine refuses weights its model does not hold, and a KV cache of no float type") {

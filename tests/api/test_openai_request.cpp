@@ -101,6 +101,9 @@ TEST_CASE("invalid requests are refused with a 400 naming the parameter") {
       {with("presence_penalty", 0.5), "presence_penalty", "not supported"},
       {with("echo", true), "echo", "not supported"},
       {with("best_of", 3), "best_of", "best_of"},
+      {with("cache_salt", ""), "cache_salt", "non-empty string, got an empty one"},
+      {with("cache_salt", 42), "cache_salt", "non-empty string, got a number"},
+      {with("cache_salt", std::string(1025, 's')), "cache_salt", "at most 1024 bytes, got 1025"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.body.dump());
@@ -123,6 +126,12 @@ TEST_CASE("invalid requests are refused with a 400 naming the parameter") {
     CHECK(e.body()["error"]["param"].is_null());
   }
   CHECK(refusal(json::array({1})).status() == 400);
+  // A salt is kept as given; null is none.
+  json salted = base;
+  salted["cache_salt"] = std::string(1024, 's');
+  CHECK(parse_request(salted.dump(), endpoint::completions).cache_salt == std::string(1024, 's'));
+  salted["cache_salt"] = nullptr;
+  CHECK(parse_request(salted.dump(), endpoint::completions).cache_salt.empty());
   // Chat-specific refusals.
   const auto chat = [](json messages) { return json{{"model", "tiny"}, {"messages", std::move(messages)}}; };
   CHECK(refusal(chat(json::array()), endpoint::chat_completions).param() == "messages");

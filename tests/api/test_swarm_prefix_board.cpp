@@ -162,4 +162,37 @@ TEST_CASE("finished generations are kept up to a count, a chat's next turn conti
   CHECK(s.dropped == 4);
 }
 
+TEST_CASE("the prefix board keeps cache domains apart: no start on, or wait for, another salt's session, running or kept") {
+  swarm_prefix_board board(16, 20s, 2);
+  const auto a = prompt_of(32, 8, 1);
+  CHECK(board.enter("a", a, "alice").empty());
+  // Another domain's request with the same system prompt, while a's is
+  // still being computed: no wait (it would have waited up to 20 s).
+  const auto started = std::chrono::steady_clock::now();
+  CHECK(board.enter("m", prompt_of(32, 6, 2), "mallory").empty());
+  CHECK(std::chrono::steady_clock::now() - started < 10s);
+  CHECK(board.stats().waits == 0);
+  board.computed("a", held("a.0", 40));
+  board.computed("m", held("m.0", 38));
+  // Running: each domain starts on its own, the default one on neither.
+  CHECK(board.enter("a2", prompt_of(32, 6, 3), "alice").hops.at(0).session == "a.0");
+  CHECK(board.enter("m2", prompt_of(32, 6, 4), "mallory").hops.at(0).session == "m.0");
+  CHECK(board.enter("n", prompt_of(32, 6, 5)).empty());
+  board.leave("a2");
+  board.leave("m2");
+  board.leave("n");
+  // Kept after finishing: still only for its own domain.
+  std::vector<std::int32_t> ids = a;
+  ids.push_back(77);
+  CHECK(board.finished("a", held("a.0", 41), ids, false).keep);
+  board.leave("m");
+  std::vector<std::int32_t> next = ids;
+  next.push_back(78);
+  CHECK(board.enter("x", next, "mallory").empty());
+  board.leave("x");
+  const swarm_prefix own = board.enter("y", next, "alice");
+  CHECK(own.tokens == 41);
+  CHECK(own.hops.at(0).session == "a.0");
+}
+
 }  // namespace corolla::api

@@ -99,7 +99,7 @@ TEST_CASE("emulated device: a generator per request takes turns on the device an
   std::atomic<int> streamed{0};
   for (const auto& prompt : prompts)
     runs.push_back(std::async(std::launch::async, [&, prompt] {
-      return engine->generate(prompt, p, [&](std::int32_t) { ++streamed; }).result.tokens;
+      return engine->generate(prompt, p, [&](std::int32_t) { ++streamed; }, {}).result.tokens;
     }));
   for (std::size_t i = 0; i < runs.size(); ++i) {
     CAPTURE(i);

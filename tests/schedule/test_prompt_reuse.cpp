@@ -91,3 +91,31 @@ TEST_CASE("a prompt waits for a running generation still computing at least a pa
   CHECK(w->session == "b");
   CHECK(w->tokens == 42);
 }
+
+TEST_CASE("a prompt never starts on, or waits for, a session its filter refuses (another cache domain)") {
+  using how = prompt_start::how;
+  const auto prompt = ids({1, 2, 3, 4, 5, 6, 7, 8});
+  const session_ids cached{{"mine", ids({1, 2})}, {"theirs", ids({1, 2, 3, 4, 5, 6, 7})}};
+  const session_filter only_mine = [](const std::string& s) { return s == "mine"; };
+  // Unfiltered, the other domain's cache holds the most and would be taken.
+  CHECK(plan_prompt_start(prompt, {"theirs"}, cached, true).session == "theirs");
+  // Filtered: continued or shared only from one's own, whatever the others hold.
+  prompt_start s = plan_prompt_start(prompt, {"theirs", "mine"}, cached, true, only_mine);
+  CHECK(s.kind == how::continue_retained);
+  CHECK(s.session == "mine");
+  CHECK(s.tokens == 2);
+  s = plan_prompt_start(prompt, {"theirs", "mine"}, cached, false, only_mine);
+  CHECK(s.session == "mine");
+  const session_filter none = [](const std::string&) { return false; };
+  CHECK(plan_prompt_start(prompt, {"theirs", "mine"}, cached, true, none).kind == how::compute);
+  CHECK(plan_prompt_start(prompt, {"theirs", "mine"}, cached, false, none).kind == how::compute);
+
+  // Nor waits for another domain's running prompt, however much it holds.
+  std::vector<std::int32_t> sys;
+  for (std::int32_t i = 0; i < 40; ++i) sys.push_back(i);
+  auto long_prompt = sys;
+  long_prompt.push_back(100);
+  const session_ids prompts{{"theirs", sys}};
+  CHECK(prompt_to_wait_for(long_prompt, prompts, {{"theirs", {}}}, 0, 16));
+  CHECK_FALSE(prompt_to_wait_for(long_prompt, prompts, {{"theirs", {}}}, 0, 16, only_mine));
+}
