@@ -107,8 +107,9 @@ struct batcher_state {
   std::vector<waiting_open> waiting;
   /// Finished generations kept for their caches, the most recent first.
   std::list<std::string> retained;
-  /// The cache domain of each open session (retained ones included) whose
-  /// domain is not "" (decode_batcher::generate's cache_domain).
+  /// The cache domain of each open session, retained ones included
+  /// (decode_batcher::generate's cache_domain; "" too). A session without
+  /// one is started on by nobody.
   std::unordered_map<std::string, std::string> domains;
   std::size_t retain_limit = 0;
   bool share_prefixes = true;  ///< decode_batcher_options::share_prefixes
@@ -228,7 +229,7 @@ void open_generation(batcher_actor* self, open_request r, caf::response_promise 
   // anything (or tells it anything of their prompts).
   const schedule::session_filter same_domain = [&st, &domain = r.domain](const std::string& session) {
     const auto it = st.domains.find(session);
-    return (it == st.domains.end() ? std::string() : it->second) == domain;
+    return it != st.domains.end() && it->second == domain;
   };
   const schedule::prompt_start plan =
       schedule::plan_prompt_start(r.prompt, st.retained, st.cached, st.share_prefixes, same_domain);
@@ -256,7 +257,7 @@ void open_generation(batcher_actor* self, open_request r, caf::response_promise 
     return;
   }
   ++st.stats.sessions_opened;
-  if (!r.domain.empty()) st.domains[r.session] = r.domain;
+  st.domains[r.session] = r.domain;
   std::vector<std::int32_t>& held = st.cached[r.session];
   held.clear();
   std::int64_t cached = 0;

@@ -105,7 +105,17 @@ struct completion_job {
   generation_params params;
   std::vector<std::int32_t> end_ids;  ///< ids that end generation; never shown as text
   clock_type::time_point arrived;
+  /// Whose caches its prompt may start on: its key's tenant and its
+  /// cache_salt (completion_engine::generate).
+  std::string cache_domain;
 };
+
+/// The cache domain of a request of `tenant` with `salt`: the same for
+/// the same pair only (the tenant's length first, so that no tenant and
+/// salt run together into another's).
+std::string cache_domain_of(const std::string& tenant, const std::string& salt) {
+  return std::to_string(tenant.size()) + ":" + tenant + salt;
+}
 
 /// The outcome of running a job.
 struct completion_outcome {
@@ -181,24 +191,24 @@ struct http_api::impl {
                                               : "other";
   }
 
-  /// Throws the 401 when --api-key is set and the request does not carry it.
-  void authorize(const httplib::Request& req) const {
-    if (config.api_key.empty()) return;
-    const std::string& expected = config.api_key;
+  /// The tenant of the key the request carries ("" when no key is
+  /// required). Throws the 401 when keys are required and it carries none
+  /// of them.
+  std::string authorize(const httplib::Request& req) const {
+    if (!config.keys.required()) return {};
     const std::string header = req.get_header_value("Authorization");
     // The scheme's case does not matter (RFC 9110, 11.1): "bearer KEY" too.
     std::string scheme = header.substr(0, 7);
     std::transform(scheme.begin(), scheme.end(), scheme.begin(), [](unsigned char c) { return std::tolower(c); });
     const std::string given = scheme == "bearer " ? header.substr(7) : std::string();
-    // Compared in constant time: the key is a secret.
-    unsigned diff = given.size() ^ expected.size();
-    for (std::size_t i = 0; i < expected.size(); ++i) diff |= static_cast<unsigned char>(expected[i]) ^
-                                                              static_cast<unsigned char>(i < given.size() ? given[i] : 0);
-    if (diff != 0 || scheme != "bearer ")
+    // Compared in constant time: keys are secrets.
+    const auto tenant = config.keys.tenant_of(given);
+    if (!tenant || scheme != "bearer ")
       throw api_error(401, "invalid_request_error",
                       header.empty() ? "You didn't provide an API key: send it as 'Authorization: Bearer KEY'."
                                     : "Incorrect API key provided.",
                       {}, "invalid_api_key");
+    return *tenant;
   }
 
   /// The metrics' text, the engine's gauges read now.
@@ -318,6 +328,8 @@ struct http_api::impl {
     job->arrived = clock_type::now();
     job->request = parse_request(req.body, to);
     const completion_request& r = job->request;
+    // (The key was checked on the headers already: this only names its tenant.)
+    job->cache_domain = cache_domain_of(authorize(req), r.cache_salt);
     if (r.model != config.model_id)
       throw api_error(404, "invalid_request_error",
                       "The model '" + r.model + "' does not exist; this server serves '" + config.model_id + "'.",
@@ -419,7 +431,7 @@ struct http_api::impl {
       const std::string piece = stops.push(text.push(id));
       if (!piece.empty()) emit(piece);
     };
-    engine_result r = engine.generate(job.prompt, p, on_token, job.request.cache_salt);
+    engine_result r = engine.generate(job.prompt, p, on_token, job.cache_domain);
     if (!disconnected) {
       std::string tail = stops.push(text.flush());
       tail += stops.finish();

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 
+#include "api/api_keys.hpp"
 #include "api/chat_template.hpp"
 #include "api/completion_engine.hpp"
 #include "api/metrics.hpp"
@@ -29,7 +30,9 @@ namespace corolla::api {
 /// How the server presents itself.
 struct api_config {
   std::string model_id;  ///< the id of /v1/models (the model directory's name)
-  std::string api_key;   ///< "" = no key required
+  /// The keys /v1/ requests must carry, each a tenant's (none: no key
+  /// required). Tenants never share caches.
+  api_keys keys;
   int http_threads = 64; ///< connections served at once (requests beyond the engine's slots wait)
   /// How long a request may take to arrive, from when the server starts
   /// reading it to the end of its body (api/http_server.hpp; zero: no

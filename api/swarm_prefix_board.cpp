@@ -14,7 +14,7 @@ swarm_prefix swarm_prefix_board::enter(const std::string& id, const std::vector<
   // Only sessions of the request's own cache domain.
   const schedule::session_filter same_domain = [this, &cache_domain](const std::string& session) {
     const auto it = domains_.find(session);
-    return (it == domains_.end() ? std::string() : it->second) == cache_domain;
+    return it != domains_.end() && it->second == cache_domain;
   };
   const auto deadline = std::chrono::steady_clock::now() + max_wait_;
   schedule::prompt_start plan;
@@ -45,7 +45,7 @@ swarm_prefix swarm_prefix_board::enter(const std::string& id, const std::vector<
     starts_[id] = {plan.session, plan.kind == how::continue_retained};
   }
   prompts_[id] = prompt;
-  if (!cache_domain.empty()) domains_[id] = cache_domain;
+  domains_[id] = cache_domain;
   return start;
 }
 
@@ -83,19 +83,18 @@ swarm_prefix_board::finish swarm_prefix_board::finished(const std::string& id, s
     if (const auto s = starts_.find(id); s != starts_.end() && start_missed &&
                                          std::find(kept_.begin(), kept_.end(), s->second.from) != kept_.end())
       drop_kept(s->second.from, out.close);
-    const auto domain = domains_.find(id);
-    std::string cache_domain = domain == domains_.end() ? std::string() : std::move(domain->second);
     forget(id);
     if (keep_ > 0 && !held.empty() && static_cast<std::int64_t>(ids.size()) >= min_tokens_) {
       held.tokens = std::min<std::int64_t>(held.tokens, static_cast<std::int64_t>(ids.size()));
       ids.resize(static_cast<std::size_t>(held.tokens));
       cached_[id] = std::move(ids);
       held_[id] = std::move(held);
-      if (!cache_domain.empty()) domains_[id] = std::move(cache_domain);
       kept_.push_front(id);
       ++stats_.kept;
       out.keep = true;
       while (kept_.size() > keep_) drop_kept(kept_.back(), out.close);
+    } else {
+      domains_.erase(id);
     }
   }
   changed_.notify_all();
@@ -107,6 +106,7 @@ void swarm_prefix_board::leave(const std::string& id) {
     std::lock_guard lock(mutex_);
     if (std::find(kept_.begin(), kept_.end(), id) != kept_.end()) return;
     forget(id);
+    domains_.erase(id);
   }
   changed_.notify_all();
 }
@@ -132,7 +132,6 @@ void swarm_prefix_board::forget(const std::string& id) {
   cached_.erase(id);
   held_.erase(id);
   starts_.erase(id);
-  domains_.erase(id);
 }
 
 prefix_board_stats swarm_prefix_board::stats() const {

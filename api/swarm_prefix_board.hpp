@@ -92,7 +92,11 @@ class swarm_prefix_board {
   schedule::session_ids prompts_;  ///< running requests' prompts
   schedule::session_ids cached_;   ///< the ids each session on the board holds (running and kept)
   std::map<std::string, swarm_prefix> held_;
-  std::map<std::string, std::string> domains_;  ///< the cache domain of each session on the board, when not ""
+  /// The cache domain of each request from enter() until it leaves the
+  /// board (left, finished unkept, or its kept session dropped): also
+  /// while it offers nothing (computed() with nothing held). A session
+  /// without one is started on by nobody.
+  std::map<std::string, std::string> domains_;
   std::list<std::string> kept_;    ///< finished requests' parked sessions, the most recent first
   /// What each running request started on: the session, and whether it
   /// continues that (kept) session whole.

@@ -27,6 +27,7 @@
 #include "kernels/backend.hpp"
 #include "model/error.hpp"
 #include "model/safetensors.hpp"
+#include "model/whole_file.hpp"
 #include "model/tokenizer.hpp"
 
 namespace corolla::app {
@@ -39,6 +40,7 @@ struct api_args {
   std::string listen = "127.0.0.1:8000";
   std::string metrics_listen;  ///< --metrics-listen HOST:PORT: /metrics and /health on threads of their own
   std::string api_key;
+  std::string api_key_file;  ///< --api-key-file: keys of tenants, one a line
   std::string chat_template;
   int parallel = 4;
   std::string batching = "on";
@@ -54,6 +56,14 @@ struct api_args {
   std::string log_level = "warn";
 };
 
+/// The keys --api-key or --api-key-file give (none: no key required).
+api::api_keys keys_of(const api_args& a) {
+  if (!a.api_key_file.empty())
+    return api::api_keys::parse(read_whole_file(a.api_key_file, "API key file", 1 << 20), a.api_key_file);
+  if (!a.api_key.empty()) return api::api_keys::single(a.api_key);
+  return {};
+}
+
 int run_api(const api_args& a) {
   apply_common_options(a.threads, a.log_level);
   if (a.local == a.swarm.given())
@@ -65,6 +75,7 @@ int run_api(const api_args& a) {
                                 "or --swarm (the servers share them)");
   const auto [host, port] = parse_http_listen(a.listen);
   if (!a.metrics_listen.empty()) parse_http_listen(a.metrics_listen, "--metrics-listen");  // before the model loads
+  api::api_keys keys = keys_of(a);
   const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
@@ -129,7 +140,7 @@ int run_api(const api_args& a) {
 
   api::api_config config;
   config.model_id = model_id_of(a.model);
-  config.api_key = a.api_key;
+  config.keys = std::move(keys);
   config.http_threads = std::max(a.http_threads, a.parallel + 2);
   config.request_read_limit = std::chrono::seconds(a.request_read_timeout_s);
   config.swarm = watch ? &*watch : nullptr;
@@ -160,7 +171,13 @@ void register_api(CLI::App& app, action_fn& action) {
   cmd->add_flag("--local", a->local, "Compute in this process (no swarm)");
   add_swarm_flags(cmd, a->swarm);
   cmd->add_option("--listen", a->listen, "HOST:PORT to serve HTTP on (port 0 = any)")->capture_default_str();
-  cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 requests");
+  auto* key = cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 requests")
+                  ->check(non_empty());
+  cmd->add_option("--api-key-file", a->api_key_file,
+                  "Keys of tenants, one 'TENANT KEY' a line: /v1 requests must carry one of them, and tenants never "
+                  "share caches")
+      ->excludes(key)
+      ->check(non_empty());
   cmd->add_option("--chat-template", a->chat_template,
                   "Chat template: " + api::known_chat_templates() +
                       ", or a Jinja file of one of those families (default: tokenizer_config.json's)");

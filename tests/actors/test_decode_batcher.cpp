@@ -22,6 +22,7 @@
 #include "model/generator.hpp"
 #include "model/transformer.hpp"
 #include "tests/support/batcher_start.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/tiny_model.hpp"
 
 namespace corolla {
@@ -239,14 +240,24 @@ TEST_CASE("generations of different cache domains never start on each other's ca
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::atomic<bool> holding{false};
-  auto held = std::async(std::launch::async, [&] {
+  std::future<batched_generation> held;  // destroyed after let_go: waits for a released generation
+  // Released however the checks end (a failed REQUIRE throws).
+  struct releaser {
+    std::promise<void>& p;
+    bool done = false;
+    void now() {
+      if (!done) p.set_value(), done = true;
+    }
+    ~releaser() { now(); }
+  } let_go{release};
+  held = std::async(std::launch::async, [&] {
     return b.generate(a, greedy(3), [&](std::int32_t) {
       if (!holding.exchange(true)) released.wait();
     }, "carol");
   });
-  while (!holding) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(testing::eventually([&] { return holding.load(); }, std::chrono::seconds(60)));
   CHECK(b.generate(a, greedy(3), {}, "dave").cached_prompt_tokens == 0);
-  release.set_value();
+  let_go.now();
   CHECK(held.get().result.tokens == gen.generate(a, greedy(3)).tokens);
   CHECK(b.generate(a, greedy(3), {}, "carol").cached_prompt_tokens == 19);
 }

@@ -72,14 +72,15 @@ class local_api_server {
  public:
   explicit local_api_server(const std::filesystem::path& model_dir, std::string api_key = {}, int slots = 4,
                             const engine_wrapper& wrap = {}, local_decoding decoding = local_decoding::batched,
-                            int http_threads = 16)
+                            int http_threads = 16, const std::function<void(api_config&)>& configure = {})
       : model_(transformer::load(model_dir, cpu_backend())),
         tok_(load_tokenizer(model_dir)),
         local_(make_local_engine(model_, slots, weight_format::f32, dtype::f32, decoding)) {
     if (wrap) wrapped_ = wrap(*local_);
     api_config c;
     c.model_id = "tiny";
-    c.api_key = std::move(api_key);
+    if (!api_key.empty()) c.keys = api_keys::single(std::move(api_key));
+    if (configure) configure(c);
     c.http_threads = http_threads;
     server_ = std::make_unique<http_api>(engine(), *tok_, chat_template::for_model(model_dir), "", c);
     port_ = server_->bind("127.0.0.1", 0);

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <fstream>
 #include <regex>
 #include <string>
 #include <thread>
@@ -197,6 +198,16 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
     CHECK(r.exit_code == 105);
     CHECK(r.err.find("--parallel: must be a whole number in [1, 4096], got '0'") != std::string::npos);
   }
+  std::ofstream(dir.path() / "keys.txt") << "acme sk-1\nglobex\n";
+  testing::check_one_error(error_of({"--local", "--api-key-file", (dir.path() / "keys.txt").string()}),
+                           "keys.txt:2: expected a tenant and a key, got 1 field");
+  testing::check_one_error(error_of({"--local", "--api-key-file", (dir.path() / "none.txt").string()}),
+                           "API key file " + (dir.path() / "none.txt").string() + " does not exist");
+  {
+    const testing::process_result r = error_of({"--local", "--api-key", "k", "--api-key-file", "f"});
+    CHECK(r.exit_code == 108);  // CLI11's usage error
+    CHECK(r.err.find("--api-key excludes --api-key-file") != std::string::npos);
+  }
   {
     const testing::process_result r = error_of({"--local", "--request-read-timeout-s", "86401"});
     CHECK(r.exit_code == 105);
@@ -210,6 +221,26 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
     CHECK(r.exit_code == 108);  // CLI11's usage error
     CHECK(r.err.find("--prefix-sharing excludes --isolate-requests") != std::string::npos);
   }
+}
+
+TEST_CASE("corolla api --api-key-file: each tenant's keys are admitted, others refused") {
+  testing::temp_dir_guard dir("api-keys");
+  api::write_chat_model(dir.path());
+  std::ofstream(dir.path() / "keys.txt") << "# tenant key\nacme sk-acme\nglobex sk-globex\n";
+  auto [api, port] = start_api(dir.path().string(), {"--local", "--api-key-file", (dir.path() / "keys.txt").string()});
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  for (const auto& [key, status] : {std::pair{std::string("sk-acme"), 200}, std::pair{std::string("sk-globex"), 200},
+                                    std::pair{std::string("sk-other"), 401}, std::pair{std::string(), 401}}) {
+    CAPTURE(key);
+    httplib::Headers h;
+    if (!key.empty()) h.emplace("Authorization", "Bearer " + key);
+    auto res = c.Get("/v1/models", h);
+    REQUIRE(res);
+    CHECK(res->status == status);
+  }
+  api.signal(SIGTERM);
+  CHECK(api.wait(10s) == 0);
 }
 
 TEST_CASE("corolla api exits within --shutdown-grace-s while a client trickles its headers") {

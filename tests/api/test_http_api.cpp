@@ -477,6 +477,35 @@ TEST_CASE("requests of different cache_salt values never start on each other's c
   CHECK(cached(chat) == 0);
 }
 
+TEST_CASE("each API key is a tenant's: tenants never share caches, a tenant's keys do, and a wrong key is a 401") {
+  testing::temp_dir_guard dir("api-tenants");
+  write_chat_model(dir.path());
+  local_api_server s(dir.path(), {}, 4, {}, local_decoding::batched, 16, [](api_config& c) {
+    c.keys = api_keys::parse("acme sk-acme-1\nacme sk-acme-2\nglobex sk-globex\n", "keys");
+  });
+  auto c = client_for(s.port());
+  const std::string system = "the cat and the dog went to the park, and once upon a time we the people";
+  const auto ids = s.tok().encode(system, s.tok().prepends_bos());
+  const auto ask = [&](const std::string& key, const json& salt, int status = 200) {
+    json body = {{"model", "tiny"}, {"prompt", system}, {"max_tokens", 4}, {"temperature", 0}};
+    if (!salt.is_null()) body["cache_salt"] = salt;
+    return post(c, "/v1/completions", body, status, {{"Authorization", "Bearer " + key}});
+  };
+  const auto cached = [](const json& r) { return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(); };
+  CHECK(cached(ask("sk-acme-1", nullptr)) == 0);
+  // Another tenant, with no salt or with the same salt as another tenant: nothing cached.
+  CHECK(cached(ask("sk-globex", nullptr)) == 0);
+  CHECK(cached(ask("sk-globex", "shared-salt")) == 0);
+  CHECK(cached(ask("sk-acme-1", "shared-salt")) == 0);
+  // The same tenant, through its other key: its cache.
+  CHECK(cached(ask("sk-acme-2", nullptr)) == static_cast<int>(ids.size()) - 1);
+  CHECK(cached(ask("sk-globex", "shared-salt")) == static_cast<int>(ids.size()) - 1);
+  const json refused = ask("sk-acme-3", nullptr, 401);
+  CHECK(refused["error"]["code"] == "invalid_api_key");
+  // /health and /metrics stay open.
+  CHECK(c.Get("/health")->status == 200);
+}
+
 TEST_CASE("a local engine refuses weights its model does not hold, and a KV cache of no float type") {
   testing::temp_dir_guard dir("api-engine-refusals");
   write_chat_model(dir.path());

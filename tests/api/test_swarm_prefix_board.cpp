@@ -193,6 +193,17 @@ TEST_CASE("the prefix board keeps cache domains apart: no start on, or wait for,
   const swarm_prefix own = board.enter("y", next, "alice");
   CHECK(own.tokens == 41);
   CHECK(own.hops.at(0).session == "a.0");
+  board.leave("y");
+
+  // A request whose prompt offered nothing while it ran (computed() with
+  // nothing held), kept when it finished: still its own domain's.
+  const auto z = prompt_of(32, 8, 9, 5000);
+  CHECK(board.enter("z", z, "zed").empty());
+  board.computed("z", {});
+  CHECK(board.finished("z", held("z.0", 40), z, false).keep);
+  CHECK(board.enter("u", z).empty());
+  board.leave("u");
+  CHECK(board.enter("w", z, "zed").hops.at(0).session == "z.0");
 }
 
 }  // namespace corolla::api

@@ -1,0 +1,55 @@
+// The keys corolla api accepts, each a tenant's (api/api_keys.hpp).
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "api/api_keys.hpp"
+
+using namespace corolla::api;
+
+TEST_CASE("an API key file names each key's tenant, and a tenant may hold several keys") {
+  const api_keys keys = api_keys::parse(
+      "# tenant  key\n"
+      "acme   sk-acme-1\n"
+      "\n"
+      "  acme\tsk-acme-rotated\r\n"
+      "globex sk-globex.7_e-01\n"
+      "   # an indented comment\n",
+      "keys.txt");
+  CHECK(keys.required());
+  CHECK(keys.size() == 3);
+  CHECK(keys.tenant_of("sk-acme-1") == "acme");
+  CHECK(keys.tenant_of("sk-acme-rotated") == "acme");
+  CHECK(keys.tenant_of("sk-globex.7_e-01") == "globex");
+  // A key is matched whole: a prefix, an extension or another case is none.
+  CHECK_FALSE(keys.tenant_of("sk-acme-"));
+  CHECK_FALSE(keys.tenant_of("sk-acme-11"));
+  CHECK_FALSE(keys.tenant_of("SK-ACME-1"));
+  CHECK_FALSE(keys.tenant_of(""));
+  CHECK_FALSE(api_keys().required());
+  const api_keys one = api_keys::single("sekrit");
+  CHECK(one.tenant_of("sekrit") == "");
+  CHECK_FALSE(one.tenant_of("sekri"));
+  CHECK_THROWS_AS(api_keys::single(""), std::invalid_argument);
+}
+
+TEST_CASE("a malformed API key file is refused naming its line") {
+  const auto refusal = [](const std::string& text) {
+    try {
+      (void)api_keys::parse(text, "keys.txt");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(refusal("acme\n") == "keys.txt:1: expected a tenant and a key, got 1 field");
+  CHECK(refusal("# c\nacme k1 extra\n") == "keys.txt:2: expected a tenant and a key, got 3 fields");
+  CHECK(refusal("ac/me k1\n") == "keys.txt:1: a tenant is 1 to 64 of A-Z a-z 0-9 . _ -");
+  CHECK(refusal(std::string(65, 't') + " k1\n").find("keys.txt:1: a tenant is") == 0);
+  CHECK(refusal("acme k\x01y\n") == "keys.txt:1: a key is 1 to 512 printable ASCII characters without spaces");
+  CHECK(refusal("acme " + std::string(513, 'k') + "\n").find("keys.txt:1: a key is") == 0);
+  CHECK(refusal("acme k1\nglobex k1\n") == "keys.txt:2: this key was given before (of tenant 'acme')");
+  CHECK(refusal("") == "keys.txt holds no key (lines of a tenant and a key)");
+  CHECK(refusal("# only comments\n\n") == "keys.txt holds no key (lines of a tenant and a key)");
+}
