@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <vector>
 
+#include <caf/actor_cast.hpp>
+#include <caf/scoped_actor.hpp>
 #include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"
+#include "actors/messages.hpp"
 #include "actors/node.hpp"
 #include "actors/train_wire.hpp"
 
@@ -74,6 +76,34 @@ remote_message join_until_roster(node& n, const dist_train_options& o, const mod
   }
 }
 
+/// Waits until every peer of `lower` (rank, node id: the lower neighbours,
+/// which connect to this rank) has a link up, as peer_up messages to
+/// `watcher` (subscribed to them before this rank's own connects). Throws
+/// train_error when the inbox fails (its reason; checked every 50 ms) or at
+/// `timeout`, naming the first rank that did not connect.
+void await_links_from(node& n, caf::scoped_actor& watcher, const std::vector<std::pair<int, std::string>>& lower,
+                      train_inbox& inbox, const train_layout& l, std::chrono::milliseconds timeout) {
+  std::vector<std::pair<int, std::string>> waiting;
+  for (const auto& p : lower)
+    if (!n.peer_is_up(p.second)) waiting.push_back(p);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!waiting.empty()) {
+    if (auto f = inbox.failure()) throw train_error(*f);
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() < 0)
+      throw train_error(l.label(waiting.front().first) + " did not connect within " +
+                        std::to_string(timeout.count()) + " ms");
+    watcher->receive(
+        [&](const peer_up& up) {
+          waiting.erase(std::remove_if(waiting.begin(), waiting.end(), [&](const auto& p) { return p.second == up.peer; }),
+                        waiting.end());
+        },
+        [](const peer_down&) {},  // it may come back; the deadline decides
+        caf::after(std::min(left, std::chrono::milliseconds(50))) >> [] {});
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<train_comm> join_train_job(node& n, const dist_train_options& o, const model_config& cfg, int rank,
@@ -97,27 +127,35 @@ std::unique_ptr<train_comm> join_train_job(node& n, const dist_train_options& o,
     inbox->name_peer(p.node_id, l.label(p.rank));
   }
   // Links: the lower rank of each pair connects, the higher one waits for
-  // it, so no pair ever has two connections.
-  for (int q : neighbours_of(l, rank, rings)) {
-    const auto qi = static_cast<std::size_t>(q);
-    if (q > rank) {
-      connect_options co;
-      const auto world_size = static_cast<std::size_t>(world);
-      if (!o.link_profiles.empty()) co.link_profile = o.link_profiles.at(static_cast<std::size_t>(rank) * world_size + qi);
-      if (co.link_profile.empty()) co.link_profile = "none";
-      auto c = n.connect(endpoints[qi], co);
-      if (!c)
-        throw train_error("cannot connect to " + l.label(q) + " at " + endpoints[qi] + ": " + error_message(c.error()));
-    } else {
-      const auto deadline = std::chrono::steady_clock::now() + o.timeout;
-      while (!n.peer_is_up(ids[qi])) {
-        if (auto f = inbox->failure()) throw train_error(*f);
-        if (std::chrono::steady_clock::now() > deadline)
-          throw train_error(l.label(q) + " did not connect within " + std::to_string(o.timeout.count()) + " ms");
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
+  // it, so no pair ever has two connections. The lower neighbours' links
+  // are watched before any connect of this rank's (none is missed), and
+  // waited for after them.
+  std::vector<std::pair<int, std::string>> lower;
+  for (int q : neighbours_of(l, rank, rings))
+    if (q < rank) lower.emplace_back(q, ids[static_cast<std::size_t>(q)]);
+  caf::scoped_actor watcher{n.system()};
+  const caf::actor watching = caf::actor_cast<caf::actor>(watcher);
+  for (const auto& [q, id] : lower) n.monitor_peer(id, watching);
+  struct unwatch {
+    node& n;
+    const std::vector<std::pair<int, std::string>>& peers;
+    const caf::actor who;
+    ~unwatch() {
+      for (const auto& [q, id] : peers) n.demonitor_peer(id, who);
     }
+  } on_exit{n, lower, watching};
+  for (int q : neighbours_of(l, rank, rings)) {
+    if (q < rank) continue;
+    const auto qi = static_cast<std::size_t>(q);
+    connect_options co;
+    const auto world_size = static_cast<std::size_t>(world);
+    if (!o.link_profiles.empty()) co.link_profile = o.link_profiles.at(static_cast<std::size_t>(rank) * world_size + qi);
+    if (co.link_profile.empty()) co.link_profile = "none";
+    auto c = n.connect(endpoints[qi], co);
+    if (!c)
+      throw train_error("cannot connect to " + l.label(q) + " at " + endpoints[qi] + ": " + error_message(c.error()));
   }
+  await_links_from(n, watcher, lower, *inbox, l, o.timeout);
   auto comm = std::make_unique<train_comm>(n, inbox, rank, ids, coordinator, o.timeout);
   comm->set_job(roster->job);
   inbox->set_job(roster->job);
