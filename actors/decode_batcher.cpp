@@ -227,10 +227,7 @@ void open_generation(batcher_actor* self, open_request r, caf::response_promise 
   using how = schedule::prompt_start::how;
   // Only sessions of its own cache domain: none of another's spares it
   // anything (or tells it anything of their prompts).
-  const schedule::session_filter same_domain = [&st, &domain = r.domain](const std::string& session) {
-    const auto it = st.domains.find(session);
-    return it != st.domains.end() && it->second == domain;
-  };
+  const schedule::session_filter same_domain = schedule::same_domain(st.domains, r.domain);
   const schedule::prompt_start plan =
       schedule::plan_prompt_start(r.prompt, st.retained, st.cached, st.share_prefixes, same_domain);
   if (may_wait && st.share_prefixes)

@@ -203,7 +203,7 @@ http_server::http_server(std::chrono::milliseconds read_limit) : read_limit_ms_(
 }
 
 std::string http_server::read_limit_text() const {
-  const std::int64_t ms = read_limit_ms_.load();
+  const std::int64_t ms = read_limit_ms_;
   return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
 }
 
@@ -229,10 +229,8 @@ bool http_server::process_and_close_socket(socket_t sock) {
   bool ok = false;
   for (std::size_t left = keep_alive_max_count_;
        left > 0 && stream.next_request(to_ms(keep_alive_timeout_sec_, 0), stopped); --left) {
-    const std::int64_t limit = read_limit_ms_.load();
-    stream.start_request(limit > 0 ? std::optional(clock_type::now() + std::chrono::milliseconds(limit))
-                                   : std::nullopt,
-                         max_bytes);
+    const auto deadline = clock_type::now() + std::chrono::milliseconds(read_limit_ms_);
+    stream.start_request(read_limit_ms_ > 0 ? std::optional(deadline) : std::nullopt, max_bytes);
     bool closed = false;
     ok = process_request(stream, left == 1, closed, nullptr);
     // An error answer may leave the rest of its request unread (httplib's

@@ -25,7 +25,6 @@
 // reset.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -36,13 +35,12 @@ namespace corolla::api {
 
 class http_server : public httplib::Server {
  public:
-  /// `read_limit`: how long a request may take to arrive, from its first
-  /// byte to the end of its body (zero: no bound but httplib's per read).
+  /// `read_limit`: how long a request may take to arrive, from when the
+  /// server starts reading it to the end of its body (zero: no bound but
+  /// httplib's per read).
   explicit http_server(std::chrono::milliseconds read_limit);
 
-  /// Changes the bound for requests that start from now on.
-  void set_read_limit(std::chrono::milliseconds read_limit) { read_limit_ms_ = read_limit.count(); }
-  std::chrono::milliseconds read_limit() const { return std::chrono::milliseconds(read_limit_ms_.load()); }
+  std::chrono::milliseconds read_limit() const { return std::chrono::milliseconds(read_limit_ms_); }
   /// The bound for messages: "60 s", "1500 ms".
   std::string read_limit_text() const;
 
@@ -69,7 +67,7 @@ class http_server : public httplib::Server {
  private:
   bool process_and_close_socket(socket_t sock) override;
 
-  std::atomic<std::int64_t> read_limit_ms_;
+  const std::int64_t read_limit_ms_;
 };
 
 }  // namespace corolla::api

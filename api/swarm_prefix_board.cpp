@@ -12,10 +12,7 @@ swarm_prefix swarm_prefix_board::enter(const std::string& id, const std::vector<
   using how = schedule::prompt_start::how;
   std::unique_lock lock(mutex_);
   // Only sessions of the request's own cache domain.
-  const schedule::session_filter same_domain = [this, &cache_domain](const std::string& session) {
-    const auto it = domains_.find(session);
-    return it != domains_.end() && it->second == cache_domain;
-  };
+  const schedule::session_filter same_domain = schedule::same_domain(domains_, cache_domain);
   const auto deadline = std::chrono::steady_clock::now() + max_wait_;
   schedule::prompt_start plan;
   bool waited = false, timed_out = false;

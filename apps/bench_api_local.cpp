@@ -170,8 +170,11 @@ int run_bench_api_local(const api_bench_options& o) {
     const double mean_batch =
         batches == 0 ? 0.0 : static_cast<double>(after.steps - before.steps) / static_cast<double>(batches);
     // Prompt tokens not computed: continued retained caches and shared pages.
-    const auto cached_tokens =
-        (after.reused_tokens + after.shared_tokens) - (before.reused_tokens + before.shared_tokens);
+    // Prompt tokens a batcher did not compute between two of its counters.
+    const auto spared = [](const decode_batcher_stats& from, const decode_batcher_stats& to) {
+      return (to.reused_tokens + to.shared_tokens) - (from.reused_tokens + from.shared_tokens);
+    };
+    const auto cached_tokens = spared(before, after);
     const auto shared_tokens = after.shared_tokens - before.shared_tokens;
     const auto prefix_waits = after.prefix_waits - before.prefix_waits;
     equal = equal && same;
@@ -223,11 +226,9 @@ int run_bench_api_local(const api_bench_options& o) {
       against("isolated", pooled[3], "shared caches against isolated requests");
       against("salted", pooled[kSaltedWay], "shared caches against a salt per client");
       // Isolated: no prompt token from another request's cache, ever.
-      level["isolated"]["cached_prompt_tokens"] = (isolated_after.reused_tokens + isolated_after.shared_tokens) -
-                                                  (isolated_before.reused_tokens + isolated_before.shared_tokens);
+      level["isolated"]["cached_prompt_tokens"] = spared(isolated_before, isolated_after);
       // Salted: only from the same client's earlier requests.
-      level["salted"]["cached_prompt_tokens"] = (salted_after.reused_tokens + salted_after.shared_tokens) -
-                                                (salted_before.reused_tokens + salted_before.shared_tokens);
+      level["salted"]["cached_prompt_tokens"] = spared(salted_before, salted_after);
       const way_ratios s = compare_ways(pooled[kSaltedWay], pooled[3]);
       level["salted_to_isolated_tokens_per_s"] = s.tokens_per_s;
       level["isolated_to_salted_first_text_p50"] = s.first_text_p50;

@@ -29,6 +29,18 @@ using session_ids = std::unordered_map<std::string, std::vector<std::int32_t>>;
 /// to the first token tells it anything of the other's prompt.
 using session_filter = std::function<bool(const std::string& session)>;
 
+/// The filter of a generation of cache domain `domain`, given each
+/// session's (`domains`: session -> domain, a map or an unordered map,
+/// borrowed): sessions of the same domain only; one without an entry is
+/// usable by nobody.
+template <class Domains>
+session_filter same_domain(const Domains& domains, const std::string& domain) {
+  return [&domains, &domain](const std::string& session) {
+    const auto it = domains.find(session);
+    return it != domains.end() && it->second == domain;
+  };
+}
+
 /// How a new generation's prompt starts.
 struct prompt_start {
   enum class how {

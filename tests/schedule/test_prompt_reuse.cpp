@@ -4,6 +4,9 @@
 // a running generation's prompt instead.
 #include <doctest/doctest.h>
 
+#include <map>
+#include <string>
+
 #include "schedule/prompt_reuse.hpp"
 
 using namespace corolla::schedule;
@@ -106,6 +109,15 @@ TEST_CASE("a prompt never starts on, or waits for, a session its filter refuses 
   CHECK(s.tokens == 2);
   s = plan_prompt_start(prompt, {"theirs", "mine"}, cached, false, only_mine);
   CHECK(s.session == "mine");
+  // The helper the batcher and the swarm board use: a session without a
+  // domain entry is nobody's.
+  const std::map<std::string, std::string> domains{{"mine", "alice"}, {"theirs", "mallory"}};
+  const std::string alice = "alice";
+  const session_filter alices = same_domain(domains, alice);
+  CHECK(alices("mine"));
+  CHECK_FALSE(alices("theirs"));
+  CHECK_FALSE(alices("unknown"));
+  CHECK(plan_prompt_start(prompt, {"theirs", "mine"}, cached, true, alices).session == "mine");
   const session_filter none = [](const std::string&) { return false; };
   CHECK(plan_prompt_start(prompt, {"theirs", "mine"}, cached, true, none).kind == how::compute);
   CHECK(plan_prompt_start(prompt, {"theirs", "mine"}, cached, false, none).kind == how::compute);
