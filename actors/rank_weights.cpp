@@ -1,9 +1,14 @@
 // Where a training rank gets its parameters (actors/train_job.hpp: rank_weights).
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
+#include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_store.hpp"
 #include "model/config.hpp"
+#include "model/initialisation.hpp"
 #include "model/safetensors.hpp"
 #include "model/head.hpp"
 #include "model/stage.hpp"
@@ -19,6 +24,36 @@ rank_weights weights_of(transformer& model) {
     return std::vector<param_set>(model.blocks().begin() + first, model.blocks().begin() + last);
   };
   w.head = [&model] { return model.head(); };
+  return w;
+}
+
+rank_weights weights_from_seed(const model_config& cfg, std::uint64_t seed, Backend& be, const train_layout& l,
+                              int rank) {
+  // Only this rank's groups are kept: the blocks of every chunk of its
+  // stage, and the head on the first and the last stage.
+  const std::set<std::string> own = param_buckets(l, rank);
+  initial_groups keep;
+  keep.head = own.count(bucket_name(head_bucket)) > 0;
+  keep.block = [&own](int i) { return own.count(bucket_name(i)) > 0; };
+  auto drawn = std::make_shared<initial_params>(draw_initial_params(cfg, seed, keep, be));
+  rank_weights w;
+  w.cfg = cfg;
+  w.be = &be;
+  w.blocks = [drawn, rank](int first, int last) {
+    std::vector<param_set> out;
+    for (int i = first; i < last; ++i) {
+      auto it = drawn->blocks.find(i);
+      if (it == drawn->blocks.end())
+        throw train_error("block " + std::to_string(i) + " is not rank " + std::to_string(rank) +
+                          "'s: its initialisation was not kept");
+      out.push_back(it->second);
+    }
+    return out;
+  };
+  w.head = [drawn, rank] {
+    if (!drawn->head) throw train_error("the head is not rank " + std::to_string(rank) + "'s: its initialisation was not kept");
+    return *drawn->head;
+  };
   return w;
 }
 

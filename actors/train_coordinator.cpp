@@ -472,7 +472,7 @@ class coordinator {
   // Replica 0 of every stage sends its blocks (rank 0 the head), watched
   // as the steps are: a rank that stops sending is named.
   void save_model() {
-    model_ = std::make_unique<transformer>(transformer::init(cfg_, 0, cpu_backend()));
+    model_ = std::make_unique<transformer>(transformer::zeroed(cfg_, cpu_backend()));
     auto ws = std::make_shared<std::vector<wanted>>();
     auto add = [&](int id, int rank) {
       ws->push_back({train_msg::params, o_.steps, id, rank, "parameters of " + bucket_name(id), true});

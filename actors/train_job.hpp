@@ -323,9 +323,15 @@ struct rank_weights {
   std::function<param_set()> head;
 };
 
-/// Weights from a whole model in memory (shared, not copied): a fresh
-/// initialisation, which must cover the whole model to be deterministic.
+/// Weights from a whole model in memory (shared, not copied).
 rank_weights weights_of(transformer& model);
+/// A fresh initialisation for `seed` (transformer::init's values), of which
+/// only rank `rank`'s groups in `l` are kept (param_buckets): the others
+/// are drawn and dropped, so every rank holds the values the whole model
+/// has without holding the whole model. Asking for another group throws
+/// train_error.
+rank_weights weights_from_seed(const model_config& cfg, std::uint64_t seed, Backend& be, const train_layout& l,
+                               int rank);
 /// Weights read from `dir`'s checkpoint on demand (model/stage.hpp's and
 /// model/head.hpp's loaders: only the tensors asked for are read).
 rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& be);

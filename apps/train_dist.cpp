@@ -216,16 +216,10 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
       if (!compute) compute = &backend_for(multi_host_rank_device(a));
       token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
       // Weights: only this rank's tensors are read from a checkpoint; a fresh
-      // start initialises the whole model (the same values on every rank and
-      // in single-process training) and keeps its part.
-      std::optional<transformer> whole;
-      rank_weights weights;
-      if (has_weights(a.model)) {
-        weights = weights_from_checkpoint(a.model, cpu_backend());
-      } else {
-        whole.emplace(transformer::init(cfg, a.seed, cpu_backend()));
-        weights = weights_of(*whole);
-      }
+      // start draws the whole model's initialisation (the same values on
+      // every rank and in single-process training) and keeps only its part.
+      const rank_weights weights = has_weights(a.model) ? weights_from_checkpoint(a.model, cpu_backend())
+                                                        : weights_from_seed(cfg, a.seed, cpu_backend(), job.layout, rank);
       last = run_train_rank(*n, job, rank, coordinator, weights, data, compute);
     } catch (const std::exception& e) {
       // The coordinator this process hosts fails with it (and tells the

@@ -3,10 +3,8 @@
 #include "model/transformer.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +12,7 @@
 #include "model/error.hpp"
 #include "model/head.hpp"
 #include "model/hf_names.hpp"
+#include "model/initialisation.hpp"
 #include "model/safetensors.hpp"
 #include "model/stage.hpp"
 
@@ -117,51 +116,25 @@ transformer transformer::load_inference(const std::filesystem::path& dir, Backen
 
 transformer transformer::init_with(const model_config& cfg, std::uint64_t seed, Backend& be,
                                    bool tiled) {
+  // Each group is drawn on the host, then placed on the backend's device.
+  initial_params drawn = draw_initial_params(cfg, seed, initial_groups::all(), be, tiled);
+  std::vector<param_set> blocks;
+  blocks.reserve(drawn.blocks.size());
+  for (auto& [index, p] : drawn.blocks) blocks.push_back(std::move(p));
+  class head h(cfg, std::move(*drawn.head), be);
+  class stage s(cfg, 0, std::move(blocks), be);
+  return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
+}
+
+transformer transformer::zeroed(const model_config& cfg, Backend& be) {
   cfg.validate();
-  // One generator drawn in a fixed order (head in layout order, then each
-  // block in layout order), so a seed names exactly one model.
-  std::mt19937_64 rng(seed);
-  const float std_dev = 0.02f;
-  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layers));
-  constexpr std::int64_t tile = 65536;
-  std::vector<float> drawn;
-  auto fill = [&](param_set& set) {
-    for (const auto& e : set.entries()) {
-      Tensor t = set.get(e.name);
-      float* p = t.data<float>();
-      const bool is_bias = e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
-      const bool is_norm = e.name.find("norm") != std::string::npos;
-      if (is_bias) {
-        std::fill(p, p + e.numel, 0.0f);
-      } else if (is_norm) {
-        std::fill(p, p + e.numel, 1.0f);
-      } else {
-        // The projections that write into the residual stream get the
-        // GPT-2 scaled init so the stream's variance does not grow with depth.
-        const bool residual = e.name == "o.weight" || e.name.ends_with("down.weight");  // experts' too
-        std::normal_distribution<float> normal(0.0f, residual ? residual_std : std_dev);
-        if (!tiled || e.numel <= tile) {
-          for (std::int64_t i = 0; i < e.numel; ++i) p[i] = normal(rng);
-        } else {
-          drawn.resize(static_cast<std::size_t>(tile));
-          for (auto& v : drawn) v = normal(rng);
-          for (std::int64_t i = 0; i < e.numel; i += tile)
-            std::copy_n(drawn.data(), std::min(tile, e.numel - i), p + i);
-        }
-      }
-    }
-  };
-  // Each group is filled on the host, then placed on the backend's device.
   param_set head_params(head_layout(cfg));
-  fill(head_params);
   place_params(head_params, be);
   std::vector<param_set> blocks;
   const auto layout = block_layout(cfg);
   for (int i = 0; i < cfg.n_layers; ++i) {
-    param_set p(layout);
-    fill(p);
-    place_params(p, be);
-    blocks.push_back(std::move(p));
+    blocks.emplace_back(layout);
+    place_params(blocks.back(), be);
   }
   class head h(cfg, std::move(head_params), be);
   class stage s(cfg, 0, std::move(blocks), be);
