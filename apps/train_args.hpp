@@ -237,9 +237,6 @@ void choose_held_step(node& n, const dist_train_options& o, const model_config& 
 int run_local_job(const train_args& a, const dist_train_options& o, const model_config& cfg,
                   const coordinator_hooks& hooks, std::vector<int>* lost = nullptr,
                   const remote_ranks* remote = nullptr, held_snapshots* held = nullptr);
-/// A step's line on stdout (text, or JSON with --json), for the steps
-/// --log-every shows.
-void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r);
 /// The local launcher's last words: the --json summary line (with `extra`'s
 /// keys) and "trained N steps on LAYOUT" on stderr. `o` is the final layout.
 void print_local_summary(const train_args& a, const dist_train_options& o, int steps_run, double last_loss,

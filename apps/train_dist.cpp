@@ -30,6 +30,7 @@
 #include "apps/rank_hold.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_job_file.hpp"
+#include "apps/train_step_lines.hpp"
 #include "model/config.hpp"
 #include "model/stage.hpp"
 #include "model/trainer.hpp"
@@ -111,29 +112,6 @@ bool any_gpu(const std::string& device) {
   return (device == "cuda" || device == "auto") && cuda_device_count() > 0;
 }
 
-void print_step(const train_args& a, const dist_train_options& o, const dist_step_report& r) {
-  if (!trainer::is_logged(r.step, a.steps, a.log_every)) return;
-  if (a.json) {
-    nlohmann::json line = {{"step", r.step}, {"loss", r.loss}, {"seconds", r.seconds}};
-    const bool scaled = o.optimizer.loss_scale.dynamic;
-    if (a.grad_clip > 0.0f || scaled) line["grad_norm"] = r.grad_norm;
-    if (scaled) add_loss_scale(line, r.loss_scale, r.skipped);
-    // Data-parallel groups' reductions that ran side by side (--rings-at-once).
-    if (r.rings_side_by_side > 0) line["rings_side_by_side"] = r.rings_side_by_side;
-    if (r.updates_side_by_side > 0) line["updates_side_by_side"] = r.updates_side_by_side;
-    if (!r.links.empty()) {  // --probe-every: what the ranks measured
-      nlohmann::json links = nlohmann::json::array();
-      for (const auto& l : r.links) links.push_back({{"from", l.from}, {"to", l.to}, {"bytes_per_s", l.bandwidth}});
-      line["links"] = links;
-      line["compute_s"] = r.compute_s;  // each rank's seconds in forward and backward
-    }
-    std::printf("%s\n", line.dump().c_str());
-  } else {
-    std::printf("step %d loss %.6f%s\n", r.step, r.loss, skipped_note(r.skipped, r.loss_scale).c_str());
-  }
-  std::fflush(stdout);
-}
-
 void print_local_summary(const train_args& a, const dist_train_options& o, int steps_run, double last_loss,
                          std::chrono::steady_clock::duration took, nlohmann::json extra) {
   if (a.json) {
@@ -185,11 +163,12 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
   std::thread coord_thread;
   std::exception_ptr coord_error;
   auto coord_inbox = std::make_shared<train_inbox>();
+  step_lines lines(a);
   if (a.rank == 0 && !a.external_coordinator) {
     coord_node = start_node(rank_node_options(tcp_endpoint(a.coordinator)), "coordinator");
     coord_thread = std::thread([&] {
       try {
-        run_train_coordinator(*coord_node, o, cfg, [&](const dist_step_report& r) { print_step(a, o, r); }, coord_inbox);
+        run_train_coordinator(*coord_node, o, cfg, [&](const dist_step_report& r) { lines.step(o, r); }, coord_inbox);
       } catch (...) {
         coord_error = std::current_exception();
       }
@@ -249,6 +228,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     coordinator = std::move(next.coordinator);
   }
   join_coordinator();
+  lines.finish();
   if (coord_node) {
     // The coordinator's last messages (train.finish) go through proxy
     // actors, its node's goodbye straight to the links: let the ranks leave
@@ -277,11 +257,13 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
   const auto start = std::chrono::steady_clock::now();
   int steps_run = 0;
   double last_loss = 0;
+  step_lines lines(a);
   run_local_job(a, o, cfg, [&](const dist_step_report& r) {
     ++steps_run;
     last_loss = r.loss;
-    print_step(a, o, r);
+    lines.step(o, r);
   });
+  lines.finish();
   print_local_summary(a, o, steps_run, last_loss, std::chrono::steady_clock::now() - start);
   return 0;
 }

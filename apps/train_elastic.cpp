@@ -56,6 +56,7 @@
 #include "apps/train_lobby.hpp"
 #include "net/endpoint.hpp"
 #include "apps/train_replan_event.hpp"
+#include "apps/train_step_lines.hpp"
 #include "schedule/cluster.hpp"
 
 namespace corolla::app {
@@ -263,9 +264,13 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   where.local = o.layout.world();
   where.by_worker = cluster != nullptr;
 
+  // The bar goes before any other line: the elastic launcher's own
+  // (snapshots, re-plans) are written between steps.
+  step_lines lines(a);
   coordinator_hooks hooks;
   hooks.on_step = [&](const dist_step_report& r) {
     scheduler.step(r);
+    if (r.snapshot_median_copy_s > 0 || pending) lines.clear();
     if (r.snapshot_median_copy_s > 0) {
       snapshot_every = r.snapshot_every;
       std::fprintf(stderr,
@@ -293,7 +298,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     last_loss = r.loss;
     // A successor knows the step was printed before it is.
     if (replicas) replicas->publish(printed, ledger());
-    print_step(a, o, r);
+    lines.step(o, r);
   };
   // The verdicts at drain steps: a measured change that makes another plan
   // pay (--probe-every), machines that joined (the scheduler asks the
@@ -418,6 +423,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       }
       const int last = run_local_job(a, o, cfg, hooks, &lost, where.any() ? &remote : nullptr, &held);
       if (last >= o.steps) break;
+      lines.clear();
       // Drained after `last` for a better plan: it continues from there.
       const grid_decision d = scheduler.drained(last);
       if (!d.stop.empty()) throw train_error(d.stop);
@@ -456,6 +462,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       }
       pending = std::move(ev);
     } catch (const train_error& e) {
+      lines.clear();
       const auto failed_at = clock_type::now();
       if (pending) {
         pending->print(a, false);
@@ -542,6 +549,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
       pending = std::move(ev);
     }
   }
+  lines.finish();
   print_local_summary(a, o, steps_run, last_loss, clock_type::now() - start, {{"replans", replans}});
   return 0;
 }

@@ -110,6 +110,62 @@ TEST_CASE("every pipeline x data-parallel layout gives the single-process losses
   CHECK(most_side_by_side(one, "updates_side_by_side") == 0);
 }
 
+TEST_CASE("a distributed job draws a progress bar on a terminal and says each step's tokens per second") {
+  temp_dir_guard tmp("mp-train-lines");
+  job j = fresh_gpt2_job(tmp);
+  j.steps = 6;
+  // --json: each step line carries its tokens per second, the global
+  // batch over the step's seconds, and no bar is drawn (stderr is a pipe
+  // here anyway).
+  const process_result r = run_layout(j, 2, 1, {"--seed", "0"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  int lines = 0;
+  for (const std::string& l : r.out_lines()) {
+    const auto s = nlohmann::json::parse(l);
+    if (!s.contains("step") || s.contains("tokens")) continue;  // the summary
+    ++lines;
+    const double seconds = s["seconds"].get<double>();
+    REQUIRE(seconds > 0);
+    CHECK(s["tokens_per_s"].get<double>() == doctest::Approx(j.batch * j.seq / seconds));
+  }
+  CHECK(lines == j.steps);
+  CHECK(r.err.find("train [") == std::string::npos);
+  // On a terminal (script(1) gives the launcher a pseudo-terminal): the
+  // text lines, each on a line of its own, and the bar redrawn after
+  // every step, ending at 6/6 with the last loss and a rate.
+  std::string command = std::string("'") + COROLLA_BINARY + "'";
+  for (const std::string& arg : std::vector<std::string>{"train", "--model", j.model, "--data", j.data, "--batch",
+                                                         std::to_string(j.batch), "--seq", std::to_string(j.seq),
+                                                         "--steps", std::to_string(j.steps), "--lr", "0.003",
+                                                         "--threads", "1", "--seed", "0", "--pp", "2", "--log-every",
+                                                         "2"})
+    command += " '" + arg + "'";
+  const process_result t = run_process("/usr/bin/script", {"-qefc", command, "/dev/null"}, std::chrono::seconds(120));
+  INFO("terminal: " << t.out);
+  REQUIRE(t.exit_code == 0);
+  int bars = 0;
+  for (auto at = t.out.find("train ["); at != std::string::npos; at = t.out.find("train [", at + 1)) ++bars;
+  CHECK(bars == j.steps);
+  CHECK(t.out.find("] 6/6  loss ") != std::string::npos);
+  CHECK(t.out.find(" tok/s") != std::string::npos);
+  // Every logged step's line starts a line of its own: the bar was
+  // cleared ("\r\033[K") before it was written.
+  for (const char* line : {"step 1 loss", "step 2 loss", "step 4 loss", "step 6 loss"}) {
+    CAPTURE(line);
+    const auto at = t.out.find(line);
+    REQUIRE(at != std::string::npos);
+    if (at == 0) continue;  // the first output of all
+    const std::string before = t.out.substr(at >= 3 ? at - 3 : 0, at >= 3 ? 3 : at);
+    CHECK((before == "\033[K" || before.back() == '\n'));
+  }
+  CHECK(t.out.find("step 3 loss") == std::string::npos);  // --log-every 2
+  // The bar's last state stays on its line: the summary starts a new one.
+  const auto summary = t.out.find("trained 6 steps on 2x1");
+  REQUIRE(summary != std::string::npos);
+  CHECK(t.out.rfind("\n", summary) > t.out.rfind("] 6/6", summary));
+}
+
 TEST_CASE("ranks computing on the GPU give the single-process losses (stages and buckets staged through host memory)") {
   if (cuda_device_count() == 0) {
     MESSAGE("skipped: no CUDA device visible");
