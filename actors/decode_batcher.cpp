@@ -22,6 +22,7 @@
 #include "actors/step_queue.hpp"
 #include "model/error.hpp"
 #include "model/workspace.hpp"
+#include "schedule/cache_retention.hpp"
 #include "schedule/prompt_reuse.hpp"
 
 namespace corolla {
@@ -179,10 +180,19 @@ span_expected<Tensor> compute_batch(batcher_state& st, std::span<const batch_ste
   return to_host(be, out);
 }
 
-/// Closes the least recently finished retained session.
-void evict_oldest(batcher_state& st) {
-  const std::string id = st.retained.back();
-  st.retained.pop_back();
+/// Closes a retained session, for `limit` (the count of retained sessions,
+/// or KV room): the least recently finished of the cache domain holding
+/// the most of it (schedule/cache_retention.hpp), so one client's burst
+/// does not flush the others' caches.
+void let_one_go(batcher_state& st, schedule::retention_limit limit) {
+  const std::string id = schedule::next_to_let_go(
+      st.retained, st.cached,
+      [&st](const std::string& s) {
+        const auto it = st.domains.find(s);
+        return it == st.domains.end() ? nullptr : &it->second;
+      },
+      limit);
+  st.retained.remove(id);
   st.cached.erase(id);
   st.domains.erase(id);
   st.queue.forget(id);
@@ -195,7 +205,7 @@ void evict_oldest(batcher_state& st) {
 /// of `steps` steps (each may start a page: counted whole) or none is left.
 void make_room(batcher_state& st, std::int64_t rows, std::size_t steps) {
   const std::int64_t need = rows + static_cast<std::int64_t>(steps) * st.engine->pool().page_tokens();
-  while (!st.retained.empty() && st.engine->cache_tokens_left() < need) evict_oldest(st);
+  while (!st.retained.empty() && st.engine->cache_tokens_left() < need) let_one_go(st, schedule::retention_limit::room);
 }
 
 /// The cache of `session` now holds its ids up to `start`, then `ids`.
@@ -448,7 +458,7 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
         if (st.retain_limit > 0) {
           // Kept for a later prompt that starts the same way.
           st.retained.push_front(session);
-          while (st.retained.size() > st.retain_limit) evict_oldest(st);
+          while (st.retained.size() > st.retain_limit) let_one_go(st, schedule::retention_limit::count);
           after_close();
           return true;
         }

@@ -68,8 +68,11 @@ struct decode_batcher_options {
   /// Finished generations whose KV cache is kept for reuse (0: none). A new
   /// prompt that starts with the tokens one of them holds continues from it
   /// (the shared prefix is not computed again: a chat's system prompt and
-  /// earlier turns); the least recently finished go first, and they are let
-  /// go whenever a batch needs their pages.
+  /// earlier turns). When one must go (one too many, or a batch needs their
+  /// pages), the cache domain holding the most of what ran out (kept
+  /// caches, or kept tokens) lets its least recently finished one go, never
+  /// the most recently finished while another is kept
+  /// (schedule/cache_retention.hpp).
   int retained_sessions = 0;
   /// Generations whose prompts begin alike hold the same KV pages for what
   /// they share (a running or retained generation's; the page it ends

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "schedule/cache_retention.hpp"
+
 namespace corolla::api {
 
 swarm_prefix_board::swarm_prefix_board(std::int64_t min_tokens, std::chrono::milliseconds max_wait, std::size_t keep)
@@ -89,7 +91,17 @@ swarm_prefix_board::finish swarm_prefix_board::finished(const std::string& id, s
       kept_.push_front(id);
       ++stats_.kept;
       out.keep = true;
-      while (kept_.size() > keep_) drop_kept(kept_.back(), out.close);
+      // The domain holding the most kept sessions lets its least recently
+      // finished one go (schedule/cache_retention.hpp).
+      while (kept_.size() > keep_)
+        drop_kept(schedule::next_to_let_go(
+                      kept_, cached_,
+                      [this](const std::string& s) {
+                        const auto it = domains_.find(s);
+                        return it == domains_.end() ? nullptr : &it->second;
+                      },
+                      schedule::retention_limit::count),
+                  out.close);
     } else {
       domains_.erase(id);
     }
@@ -111,7 +123,10 @@ void swarm_prefix_board::leave(const std::string& id) {
 std::vector<swarm_prefix> swarm_prefix_board::drop_all_kept() {
   std::vector<swarm_prefix> close;
   std::lock_guard lock(mutex_);
-  while (!kept_.empty()) drop_kept(kept_.back(), close);
+  while (!kept_.empty()) {
+    const std::string id = kept_.back();  // drop_kept removes it from kept_: not a reference into it
+    drop_kept(id, close);
+  }
   return close;
 }
 

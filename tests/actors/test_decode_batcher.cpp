@@ -262,6 +262,32 @@ TEST_CASE("generations of different cache domains never start on each other's ca
   CHECK(b.generate(a, greedy(3), {}, "carol").cached_prompt_tokens == 19);
 }
 
+TEST_CASE("a burst of one cache domain's generations lets its own retained caches go, not another domain's") {
+  batcher_fixture f;
+  decode_batcher_options o;
+  o.retained_sessions = 3;
+  decode_batcher b(f.system, f.engine(4 * 64), f.model_head(), o);
+  generator gen(f.model);
+  const std::vector<std::int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  CHECK(b.generate(a, greedy(6), {}, "alice").cached_prompt_tokens == 0);
+  // Mallory's burst: three generations of their own after Alice's, one
+  // more than the batcher keeps. Least-recently-finished would let
+  // Alice's cache go; Mallory's domain holds the most and gives up its own.
+  for (std::int32_t first : {30, 40, 50}) {
+    std::vector<std::int32_t> prompt;
+    for (std::int32_t i = 0; i < 20; ++i) prompt.push_back(first + i % 9);
+    CHECK(b.generate(prompt, greedy(6), {}, "mallory").cached_prompt_tokens == 0);
+  }
+  CHECK(b.stats().evicted_sessions == 1);
+  const batched_generation again = b.generate(a, greedy(6), {}, "alice");
+  CHECK(again.cached_prompt_tokens == 19);
+  CHECK(again.result.tokens == gen.generate(a, greedy(6)).tokens);
+  // Mallory's first prompt was the one let go: computed again.
+  std::vector<std::int32_t> first_prompt;
+  for (std::int32_t i = 0; i < 20; ++i) first_prompt.push_back(30 + i % 9);
+  CHECK(b.generate(first_prompt, greedy(6), {}, "mallory").cached_prompt_tokens == 0);
+}
+
 /// `prefix` followed by `own`.
 std::vector<std::int32_t> after(std::vector<std::int32_t> prefix, const std::vector<std::int32_t>& own) {
   prefix.insert(prefix.end(), own.begin(), own.end());

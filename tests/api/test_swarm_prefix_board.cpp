@@ -206,4 +206,30 @@ TEST_CASE("the prefix board keeps cache domains apart: no start on, or wait for,
   CHECK(board.enter("w", z, "zed").hops.at(0).session == "z.0");
 }
 
+TEST_CASE("the prefix board lets a flooding domain's kept sessions go before another domain's") {
+  swarm_prefix_board board(16, 20s, 3);
+  // Finished with ids as the request's prompt and reply: kept.
+  auto finish = [&board](const std::string& id, const std::vector<std::int32_t>& prompt, const std::string& domain) {
+    CHECK(board.enter(id, prompt, domain).empty());
+    board.computed(id, held(id + ".0", static_cast<std::int64_t>(prompt.size())));
+    return board.finished(id, held(id + ".0", static_cast<std::int64_t>(prompt.size())), prompt, false);
+  };
+  const auto a = prompt_of(32, 8, 1);
+  CHECK(finish("a", a, "alice").keep);
+  // Mallory's burst after it: three of her own, one more than the board
+  // keeps. The first that overflows lets Mallory's oldest go, not Alice's.
+  CHECK(finish("m1", prompt_of(32, 8, 2, 2000), "mallory").close.empty());
+  CHECK(finish("m2", prompt_of(32, 8, 3, 3000), "mallory").close.empty());
+  const auto m3 = finish("m3", prompt_of(32, 8, 4, 4000), "mallory");
+  CHECK(m3.keep);
+  REQUIRE(m3.close.size() == 1u);
+  CHECK(m3.close[0].hops.at(0).session == "m1.0");
+  // Alice's next turn still continues her kept session.
+  std::vector<std::int32_t> next = a;
+  next.push_back(99);
+  const swarm_prefix own = board.enter("a2", next, "alice");
+  CHECK(own.hops.at(0).session == "a.0");
+  board.leave("a2");
+}
+
 }  // namespace corolla::api
