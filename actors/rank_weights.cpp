@@ -7,6 +7,7 @@
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
 #include "actors/train_store.hpp"
+#include "model/block.hpp"
 #include "model/config.hpp"
 #include "model/initialisation.hpp"
 #include "model/safetensors.hpp"
@@ -53,6 +54,27 @@ rank_weights weights_from_seed(const model_config& cfg, std::uint64_t seed, Back
   w.head = [drawn, rank] {
     if (!drawn->head) throw train_error("the head is not rank " + std::to_string(rank) + "'s: its initialisation was not kept");
     return *drawn->head;
+  };
+  return w;
+}
+
+rank_weights weights_to_restore(const model_config& cfg, Backend& be) {
+  rank_weights w;
+  w.cfg = cfg;
+  w.be = &be;
+  w.blocks = [cfg, &be](int first, int last) {
+    std::vector<param_set> out;
+    const auto layout = block_layout(cfg);
+    for (int i = first; i < last; ++i) {
+      out.emplace_back(layout);
+      place_params(out.back(), be);
+    }
+    return out;
+  };
+  w.head = [cfg, &be] {
+    param_set h(head_layout(cfg));
+    place_params(h, be);
+    return h;
   };
   return w;
 }

@@ -31,7 +31,9 @@
 #include "actors/train_snapshots.hpp"
 #include "actors/train_stall.hpp"
 #include "actors/train_store.hpp"
-#include "model/transformer.hpp"
+#include "model/block.hpp"
+#include "model/head.hpp"
+#include "model/model_writer.hpp"
 #include "schedule/snapshot_interval.hpp"
 
 namespace corolla {
@@ -472,7 +474,9 @@ class coordinator {
   // Replica 0 of every stage sends its blocks (rank 0 the head), watched
   // as the steps are: a rank that stops sending is named.
   void save_model() {
-    model_ = std::make_unique<transformer>(transformer::zeroed(cfg_, cpu_backend()));
+    // Each group goes to the file as it comes (the coordinator holds one
+    // at a time, not the model); the file takes its name once all came.
+    saving_ = std::make_unique<model_writer>(o_.save_dir, cfg_);
     auto ws = std::make_shared<std::vector<wanted>>();
     auto add = [&](int id, int rank) {
       ws->push_back({train_msg::params, o_.steps, id, rank, "parameters of " + bucket_name(id), true});
@@ -485,15 +489,20 @@ class coordinator {
         ws, 0,
         [this, ws](std::size_t i, remote_message m) {
           const wanted& w = (*ws)[i];
-          param_set& dst = w.slot == head_bucket ? model_->head() : model_->blocks()[static_cast<std::size_t>(w.slot)];
-          if (m.tensors.size() != 1 || m.tensors[0].numel() != dst.size() || m.tensors[0].type() != dtype::f32)
+          param_set group(w.slot == head_bucket ? head_layout(cfg_) : block_layout(cfg_));
+          if (m.tensors.size() != 1 || m.tensors[0].numel() != group.size() || m.tensors[0].type() != dtype::f32)
             throw train_error("parameters of " + bucket_name(w.slot) + " from " + o_.layout.label(w.from) +
                               " have the wrong size");
-          dst.flat().copy_from(m.tensors[0]);
+          group.flat().copy_from(m.tensors[0]);
+          if (w.slot == head_bucket) {
+            saving_->write_head(group);
+          } else {
+            saving_->write_block(w.slot, group);
+          }
         },
         [this] {
-          model_->save(o_.save_dir);
-          model_.reset();
+          saving_->commit();
+          saving_.reset();
           all_done();
         });
   }
@@ -540,8 +549,9 @@ class coordinator {
   /// --snapshot-every auto with verdict steps to change it at (without
   /// them nothing is measured: the interval stays).
   bool adapts_snapshots_ = o_.snapshot_auto && (o_.probe_every > 0 || o_.drain_every > 0);
-  /// The model being gathered for --save.
-  std::unique_ptr<transformer> model_;
+  /// The model file being written for --save (group by group, as the
+  /// ranks' parameters come); removed unless every group came.
+  std::unique_ptr<model_writer> saving_;
   /// The failure being reported (set once; shared with the actor's exit
   /// handler), and its text.
   std::shared_ptr<std::exception_ptr> failure_ = std::make_shared<std::exception_ptr>();

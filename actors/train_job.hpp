@@ -332,6 +332,11 @@ rank_weights weights_of(transformer& model);
 /// train_error.
 rank_weights weights_from_seed(const model_config& cfg, std::uint64_t seed, Backend& be, const train_layout& l,
                                int rank);
+/// Zeroed parameters of the shapes asked for, for a rank that restores
+/// every one of them before its first step (a resume from a checkpoint or
+/// from in-memory snapshots: dp_group::restore writes every bucket whole),
+/// so nothing is drawn or read that would be overwritten.
+rank_weights weights_to_restore(const model_config& cfg, Backend& be);
 /// Weights read from `dir`'s checkpoint on demand (model/stage.hpp's and
 /// model/head.hpp's loaders: only the tensors asked for are read).
 rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& be);

@@ -196,9 +196,13 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
       token_dataset data = open_data(a.data, a.model, cfg.vocab_size);
       // Weights: only this rank's tensors are read from a checkpoint; a fresh
       // start draws the whole model's initialisation (the same values on
-      // every rank and in single-process training) and keeps only its part.
-      const rank_weights weights = has_weights(a.model) ? weights_from_checkpoint(a.model, cpu_backend())
-                                                        : weights_from_seed(cfg, a.seed, cpu_backend(), job.layout, rank);
+      // every rank and in single-process training) and keeps only its part;
+      // a resume (from a checkpoint, or a grid after a failure or a drain
+      // from the snapshots in memory) overwrites every parameter, so it
+      // neither draws nor reads them.
+      const rank_weights weights = job.resume                ? weights_to_restore(cfg, cpu_backend())
+                                   : has_weights(a.model) ? weights_from_checkpoint(a.model, cpu_backend())
+                                                          : weights_from_seed(cfg, a.seed, cpu_backend(), job.layout, rank);
       last = run_train_rank(*n, job, rank, coordinator, weights, data, compute);
     } catch (const std::exception& e) {
       // The coordinator this process hosts fails with it (and tells the
@@ -222,6 +226,7 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
     if (held_because.empty() && last < job.steps && job.drains_to_memory() && !coord_node)
       held_because = "drained after step " + std::to_string(last);
     if (held_because.empty()) break;
+    lines.clear();  // its lines say where the rank goes next
     next_rank next = hold_for_next_rank(*n, compute, job.layout.label(rank), held_because);
     job = std::move(next.job);
     rank = next.rank;

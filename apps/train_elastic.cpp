@@ -305,7 +305,10 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   // lobby). The coordinator asks the scheduler actor; the notes come here.
   if (probing || lobby) {
     hooks.scheduler = scheduler.actor();
-    hooks.on_verdict_notes = print_notes;
+    hooks.on_verdict_notes = [&lines](const std::vector<std::string>& notes) {
+      if (!notes.empty()) lines.clear();
+      print_notes(notes);
+    };
   }
   remote_ranks remote;
   remote.is_remote = [&](int rank) { return where.of(o.layout, rank) != nullptr; };

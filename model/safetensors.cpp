@@ -25,6 +25,18 @@
 #include "model/json_file.hpp"
 
 namespace corolla {
+
+const char* safetensors_dtype_name(dtype t) {
+  switch (t) {
+    case dtype::f32: return "F32";
+    case dtype::f16: return "F16";
+    case dtype::bf16: return "BF16";
+    case dtype::i32: return "I32";
+    case dtype::i8: return "I8";
+  }
+  return "?";
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -43,17 +55,6 @@ bool parse_dtype(const std::string& s, dtype& out) {
   return true;
 }
 
-const char* safetensors_dtype(dtype t) {
-  switch (t) {
-    case dtype::f32: return "F32";
-    case dtype::f16: return "F16";
-    case dtype::bf16: return "BF16";
-    case dtype::i32: return "I32";
-    case dtype::i8: return "I8";
-  }
-  return "?";
-}
-
 std::string errno_text() { return std::strerror(errno); }
 
 /// Converts a stored F32/F16/BF16 tensor to f32 into `dst` (numel elements).
@@ -66,7 +67,7 @@ void convert_to_f32(const Tensor& src, float* dst, const std::string& name,
     case dtype::f16: f16_to_f32(static_cast<const std::uint16_t*>(src.raw()), dst, n); return;
     default:
       throw model_error("tensor " + name + " in " + file.string() + " has dtype " +
-                        safetensors_dtype(src.type()) +
+                        safetensors_dtype_name(src.type()) +
                         ", which cannot be loaded as floating-point weights");
   }
 }
@@ -192,66 +193,6 @@ Tensor safetensors_file::view(const std::string& name) const {
 }
 
 // ---- writing ------------------------------------------------------------------
-
-void write_safetensors(const std::filesystem::path& path,
-                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  std::set<std::string> seen;
-  std::uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    if (name == "__metadata__" || !seen.insert(name).second)
-      throw tensor_error("write_safetensors: duplicate or reserved tensor name '" + name + "'");
-    if (!t.defined()) throw tensor_error("write_safetensors: tensor '" + name + "' is undefined");
-    if (t.dev().kind != device_kind::cpu)
-      throw tensor_error("write_safetensors: tensor '" + name + "' is not on the host");
-    json entry;
-    entry["dtype"] = safetensors_dtype(t.type());
-    entry["shape"] = t.shape();
-    entry["data_offsets"] = {offset, offset + t.nbytes()};
-    header[name] = std::move(entry);
-    offset += t.nbytes();
-  }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-
-  std::string text = header.dump();
-  // Pad with spaces so the data section starts 8-byte aligned.
-  text.append((8 - text.size() % 8) % 8, ' ');
-
-  // Write next to the target and rename, so a crash never leaves a
-  // half-written checkpoint under the real name.
-  std::filesystem::path tmp = path;
-  tmp += ".tmp." + std::to_string(::getpid());
-  {
-    std::FILE* out = std::fopen(tmp.c_str(), "wb");
-    if (!out) throw model_error("cannot create " + tmp.string() + ": " + errno_text());
-    bool ok = true;
-    unsigned char len[8];
-    std::uint64_t n = text.size();
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    ok = ok && std::fwrite(len, 1, 8, out) == 8;
-    ok = ok && std::fwrite(text.data(), 1, text.size(), out) == text.size();
-    for (const auto& [name, t] : tensors) {
-      if (!ok) break;
-      ok = std::fwrite(t.raw(), 1, t.nbytes(), out) == t.nbytes();
-    }
-    std::string err = ok ? std::string() : errno_text();
-    if (std::fclose(out) != 0 && ok) {
-      ok = false;
-      err = errno_text();
-    }
-    if (!ok) {
-      std::remove(tmp.c_str());
-      throw model_error("cannot write " + path.string() + ": " + err);
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw model_error("cannot write " + path.string() + ": " + ec.message());
-  }
-}
 
 // ---- checkpoint -----------------------------------------------------------------
 

@@ -51,7 +51,11 @@ class safetensors_file : public std::enable_shared_from_this<safetensors_file> {
   std::size_t data_offset_ = 0;
 };
 
-/// Writes `tensors` (any host dtype, in the given order) to `path`.
+/// The header's name of `t` ("F32", "BF16", ...).
+const char* safetensors_dtype_name(dtype t);
+
+/// Writes `tensors` (any host dtype, in the given order) to `path`, through
+/// a temporary file synced and renamed (model/safetensors_writer.hpp).
 void write_safetensors(const std::filesystem::path& path,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

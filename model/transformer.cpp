@@ -4,15 +4,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "model/error.hpp"
 #include "model/head.hpp"
-#include "model/hf_names.hpp"
 #include "model/initialisation.hpp"
+#include "model/model_writer.hpp"
 #include "model/safetensors.hpp"
 #include "model/stage.hpp"
 
@@ -122,21 +119,6 @@ transformer transformer::init_with(const model_config& cfg, std::uint64_t seed, 
   blocks.reserve(drawn.blocks.size());
   for (auto& [index, p] : drawn.blocks) blocks.push_back(std::move(p));
   class head h(cfg, std::move(*drawn.head), be);
-  class stage s(cfg, 0, std::move(blocks), be);
-  return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
-}
-
-transformer transformer::zeroed(const model_config& cfg, Backend& be) {
-  cfg.validate();
-  param_set head_params(head_layout(cfg));
-  place_params(head_params, be);
-  std::vector<param_set> blocks;
-  const auto layout = block_layout(cfg);
-  for (int i = 0; i < cfg.n_layers; ++i) {
-    blocks.emplace_back(layout);
-    place_params(blocks.back(), be);
-  }
-  class head h(cfg, std::move(head_params), be);
   class stage s(cfg, 0, std::move(blocks), be);
   return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
 }
@@ -252,32 +234,11 @@ Tensor transformer::forward_logits(std::span<const std::int32_t> ids) {
 
 void transformer::save(const std::filesystem::path& dir) const {
   require_block_parameters("save");  // a checkpoint holds the f32 parameters
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw model_error("cannot create " + dir.string() + ": " + ec.message());
-
-  // Parameters on a device are written from host copies.
-  auto on_host = [](param_set p) {
-    if (p.flat().defined() && p.flat().dev().kind != device_kind::cpu) {
-      Tensor h = Tensor::empty({p.size()});
-      h.copy_from(p.flat());
-      p.flat() = std::move(h);
-    }
-    return p;
-  };
-  std::vector<std::pair<std::string, Tensor>> tensors = hf_head_tensors(impl_->cfg, on_host(impl_->head_part.params()));
+  model_writer w(dir, impl_->cfg);
+  w.write_head(impl_->head_part.params());
   const auto& blocks = impl_->block_span.params();
-  for (int i = 0; i < static_cast<int>(blocks.size()); ++i)
-    for (auto& t : hf_block_tensors(impl_->cfg, i, on_host(blocks[static_cast<std::size_t>(i)])))
-      tensors.push_back(std::move(t));
-  write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
-
-  const fs::path config = dir / "config.json";
-  std::ofstream out(config, std::ios::binary | std::ios::trunc);
-  if (!out) throw model_error("cannot write " + config.string());
-  out << to_hf_json(impl_->cfg).dump(2) << '\n';
-  if (!out) throw model_error("cannot write " + config.string());
+  for (int i = 0; i < static_cast<int>(blocks.size()); ++i) w.write_block(i, blocks[static_cast<std::size_t>(i)]);
+  w.commit();
 }
 
 }  // namespace corolla

@@ -76,10 +76,6 @@ class transformer {
   /// where init's sequential draws take minutes; deterministic for `seed`,
   /// and a different model than init(cfg, seed).
   static transformer init_tiled(const model_config& cfg, std::uint64_t seed, Backend& be);
-  /// A model of `cfg` whose parameters are all zero, norms included: storage
-  /// to be filled (the coordinator gathering the ranks' parameters for a
-  /// save), without init's draws (seconds to minutes on large models).
-  static transformer zeroed(const model_config& cfg, Backend& be);
 
   transformer(transformer&&) noexcept;
   transformer& operator=(transformer&&) noexcept;

@@ -58,3 +58,27 @@ TEST_CASE("rank weights: a fresh start keeps only the rank's blocks and head, wi
     }
   }
 }
+
+TEST_CASE("rank weights: a rank that restores gets zeroed parameters of its groups' shapes, drawn from nothing") {
+  testing::tiny_model_options mo;
+  mo.layers = 4;
+  const model_config cfg = testing::tiny_config(mo);
+  transformer whole = transformer::init(cfg, 7, cpu_backend());
+  const rank_weights w = weights_to_restore(cfg, cpu_backend());
+  auto zero_like = [](const param_set& got, const param_set& want) {
+    REQUIRE(got.size() == want.size());
+    REQUIRE(got.entries().size() == want.entries().size());
+    for (std::size_t i = 0; i < got.entries().size(); ++i) {
+      CHECK(got.entries()[i].name == want.entries()[i].name);
+      CHECK(got.entries()[i].shape == want.entries()[i].shape);
+    }
+    const float* v = got.flat().data<float>();
+    for (std::int64_t i = 0; i < got.size(); ++i)
+      if (v[i] != 0.0f) FAIL("a restored rank's parameter is not zero at " << i);
+  };
+  const auto blocks = w.blocks(1, 3);
+  REQUIRE(blocks.size() == 2);
+  zero_like(blocks[0], whole.blocks()[1]);
+  zero_like(blocks[1], whole.blocks()[2]);
+  zero_like(w.head(), whole.head());
+}

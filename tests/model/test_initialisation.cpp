@@ -1,6 +1,6 @@
 // The initialisation drawn group by group (model/initialisation.hpp): a part
 // holds exactly the whole model's values for its groups, for every family
-// and in tiled mode, and transformer::zeroed allocates without drawing.
+// and in tiled mode.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -105,25 +105,4 @@ TEST_CASE("initialisation: a seed names one model, the same as before it was dra
   // Another seed, another model.
   transformer c = transformer::init(cfgs[0], 43, cpu_backend());
   CHECK(fingerprint(c) != init[0]);
-}
-
-TEST_CASE("initialisation: transformer::zeroed has init's shapes and only zeros") {
-  for (const model_config& cfg : configs()) {
-    transformer drawn = transformer::init(cfg, 1, cpu_backend());
-    transformer z = transformer::zeroed(cfg, cpu_backend());
-    REQUIRE(z.blocks().size() == drawn.blocks().size());
-    auto all_zero = [](const param_set& p) {
-      const float* v = p.flat().data<float>();
-      for (std::int64_t i = 0; i < p.size(); ++i)
-        if (v[i] != 0.0f) return false;
-      return true;
-    };
-    CHECK(z.head().size() == drawn.head().size());
-    CHECK(all_zero(z.head()));
-    for (std::size_t i = 0; i < z.blocks().size(); ++i) {
-      CHECK(z.blocks()[i].size() == drawn.blocks()[i].size());
-      CHECK(z.blocks()[i].entries().size() == drawn.blocks()[i].entries().size());
-      CHECK(all_zero(z.blocks()[i]));
-    }
-  }
 }
