@@ -40,20 +40,26 @@ rank_weights weights_from_seed(const model_config& cfg, std::uint64_t seed, Back
   rank_weights w;
   w.cfg = cfg;
   w.be = &be;
+  // Each group is handed over, not shared: what the rank places on a
+  // device leaves no host copy behind here for the rest of the run.
   w.blocks = [drawn, rank](int first, int last) {
     std::vector<param_set> out;
     for (int i = first; i < last; ++i) {
       auto it = drawn->blocks.find(i);
       if (it == drawn->blocks.end())
         throw train_error("block " + std::to_string(i) + " is not rank " + std::to_string(rank) +
-                          "'s: its initialisation was not kept");
-      out.push_back(it->second);
+                          "'s, or was handed over already");
+      out.push_back(std::move(it->second));
+      drawn->blocks.erase(it);
     }
     return out;
   };
   w.head = [drawn, rank] {
-    if (!drawn->head) throw train_error("the head is not rank " + std::to_string(rank) + "'s: its initialisation was not kept");
-    return *drawn->head;
+    if (!drawn->head)
+      throw train_error("the head is not rank " + std::to_string(rank) + "'s, or was handed over already");
+    param_set h = std::move(*drawn->head);
+    drawn->head.reset();
+    return h;
   };
   return w;
 }

@@ -474,8 +474,9 @@ class coordinator {
   // Replica 0 of every stage sends its blocks (rank 0 the head), watched
   // as the steps are: a rank that stops sending is named.
   void save_model() {
-    // Each group goes to the file as it comes (the coordinator holds one
-    // at a time, not the model); the file takes its name once all came.
+    // Each group goes to the file as it comes (converted one at a time,
+    // the model never gathered; the ranks' messages wait in the inbox
+    // until taken); the file takes its name once all came.
     saving_ = std::make_unique<model_writer>(o_.save_dir, cfg_);
     auto ws = std::make_shared<std::vector<wanted>>();
     auto add = [&](int id, int rank) {

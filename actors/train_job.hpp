@@ -328,8 +328,9 @@ rank_weights weights_of(transformer& model);
 /// A fresh initialisation for `seed` (transformer::init's values), of which
 /// only rank `rank`'s groups in `l` are kept (param_buckets): the others
 /// are drawn and dropped, so every rank holds the values the whole model
-/// has without holding the whole model. Asking for another group throws
-/// train_error.
+/// has without holding the whole model. Each group is handed over once
+/// (moved out, so no host copy stays behind a group placed on a device);
+/// asking for another group, or for one again, throws train_error.
 rank_weights weights_from_seed(const model_config& cfg, std::uint64_t seed, Backend& be, const train_layout& l,
                                int rank);
 /// Zeroed parameters of the shapes asked for, for a rank that restores

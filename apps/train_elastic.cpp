@@ -264,8 +264,8 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   where.local = o.layout.world();
   where.by_worker = cluster != nullptr;
 
-  // The bar goes before any other line: the elastic launcher's own
-  // (snapshots, re-plans) are written between steps.
+  // The progress bar is cleared before any other line: the elastic
+  // launcher writes its own (snapshots, notes, re-plans) between steps.
   step_lines lines(a);
   coordinator_hooks hooks;
   hooks.on_step = [&](const dist_step_report& r) {

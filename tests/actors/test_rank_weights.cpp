@@ -1,6 +1,7 @@
 // Where a training rank gets a fresh initialisation (actors/rank_weights.cpp,
 // weights_from_seed): each rank holds exactly its own groups, with the
-// values of the whole model drawn from the same seed, and nothing else.
+// values of the whole model drawn from the same seed, and nothing else;
+// each group is handed over once.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -47,11 +48,14 @@ TEST_CASE("rank weights: a fresh start keeps only the rank's blocks and head, wi
           CHECK(same_bits(blocks[static_cast<std::size_t>(i - first)], whole.blocks()[static_cast<std::size_t>(i)]));
           own.insert(i);
         }
+        // Handed over, not shared: a second ask is refused.
+        CHECK_THROWS_AS(w.blocks(first, first + 1), train_error);
       }
       for (int i = 0; i < cfg.n_layers; ++i)
         if (!own.count(i)) CHECK_THROWS_AS(w.blocks(i, i + 1), train_error);
       if (stage == 0 || stage == l.pp - 1) {
         CHECK(same_bits(w.head(), whole.head()));
+        CHECK_THROWS_AS(w.head(), train_error);
       } else {
         CHECK_THROWS_AS(w.head(), train_error);
       }
