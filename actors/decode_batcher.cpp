@@ -185,13 +185,7 @@ span_expected<Tensor> compute_batch(batcher_state& st, std::span<const batch_ste
 /// the most of it (schedule/cache_retention.hpp), so one client's burst
 /// does not flush the others' caches.
 void let_one_go(batcher_state& st, schedule::retention_limit limit) {
-  const std::string id = schedule::next_to_let_go(
-      st.retained, st.cached,
-      [&st](const std::string& s) {
-        const auto it = st.domains.find(s);
-        return it == st.domains.end() ? nullptr : &it->second;
-      },
-      limit);
+  const std::string id = schedule::next_to_let_go(st.retained, st.cached, schedule::domain_in(st.domains), limit);
   st.retained.remove(id);
   st.cached.erase(id);
   st.domains.erase(id);

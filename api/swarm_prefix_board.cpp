@@ -94,13 +94,8 @@ swarm_prefix_board::finish swarm_prefix_board::finished(const std::string& id, s
       // The domain holding the most kept sessions lets its least recently
       // finished one go (schedule/cache_retention.hpp).
       while (kept_.size() > keep_)
-        drop_kept(schedule::next_to_let_go(
-                      kept_, cached_,
-                      [this](const std::string& s) {
-                        const auto it = domains_.find(s);
-                        return it == domains_.end() ? nullptr : &it->second;
-                      },
-                      schedule::retention_limit::count),
+        drop_kept(schedule::next_to_let_go(kept_, cached_, schedule::domain_in(domains_),
+                                           schedule::retention_limit::count),
                   out.close);
     } else {
       domains_.erase(id);

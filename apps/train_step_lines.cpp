@@ -11,9 +11,15 @@
 
 namespace corolla::app {
 
+namespace {
+
+/// Tokens a second of a step of `batch` x `seq` tokens that took `seconds`
+/// (0 when it took no measurable time).
 double step_tokens_per_s(int batch, int seq, double seconds) {
   return seconds > 0 ? static_cast<double>(batch) * seq / seconds : 0.0;
 }
+
+}  // namespace
 
 step_lines::step_lines(const train_args& a) : a_(a), bar_(!a.json) {}
 
@@ -44,9 +50,7 @@ void step_lines::step(const dist_train_options& o, const dist_step_report& r) {
     }
     std::fflush(stdout);
   }
-  char detail[64];
-  std::snprintf(detail, sizeof detail, "loss %.4f  %.0f tok/s", r.loss, tokens_per_s);
-  bar_.draw("train", r.step, a_.steps, detail);
+  bar_.draw_step(r.step, a_.steps, r.loss, tokens_per_s);
 }
 
 void step_lines::clear() {

@@ -33,8 +33,4 @@ class step_lines {
   progress_bar bar_;
 };
 
-/// Tokens a second of a step of `batch` x `seq` tokens that took `seconds`
-/// (0 when it took no measurable time).
-double step_tokens_per_s(int batch, int seq, double seconds);
-
 }  // namespace corolla::app

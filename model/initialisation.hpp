@@ -3,8 +3,8 @@
 // drawn in one fixed order, the head first, then each block in turn, so a
 // seed names exactly one model. A caller that holds only part of the model
 // (a training rank's stage) keeps only its groups: the others are drawn
-// and dropped, so it gets exactly the values the whole model has while
-// holding one group beyond its own at most.
+// into nothing, so it gets exactly the values the whole model has while
+// never holding more than its part.
 #pragma once
 
 #include <cstdint>

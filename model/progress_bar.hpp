@@ -37,6 +37,13 @@ class progress_bar {
     std::fflush(stderr);
     drawn_ = true;
   }
+  /// A training step's bar: "train [#####.....] 12/100  loss 5.4312  1830 tok/s".
+  void draw_step(long step, long total, double loss, double tokens_per_s) {
+    if (!on_) return;
+    char detail[64];
+    std::snprintf(detail, sizeof detail, "loss %.4f  %.0f tok/s", loss, tokens_per_s);
+    draw("train", step, total, detail);
+  }
   /// Clears the bar so a line written to the same terminal is not garbled.
   void clear() {
     if (!on_ || !drawn_) return;

@@ -126,7 +126,6 @@ step_report trainer::step() {
 train_summary trainer::run(const std::function<void(const step_report&)>& on_log) {
   train_summary s;
   progress_bar bar(options_.progress);
-  char detail[64];
   const auto start = clock_type::now();
   while (steps_done() < options_.steps) {
     step_report r = step();
@@ -137,8 +136,7 @@ train_summary trainer::run(const std::function<void(const step_report&)>& on_log
       bar.clear();
       on_log(r);
     }
-    std::snprintf(detail, sizeof detail, "loss %.4f  %.0f tok/s", r.loss, r.tokens_per_second);
-    bar.draw("train", r.step, r.total_steps, detail);
+    bar.draw_step(r.step, r.total_steps, r.loss, r.tokens_per_second);
   }
   s.seconds = seconds_since(start);
   s.tokens_per_second = s.seconds > 0.0 ? static_cast<double>(s.tokens) / s.seconds : 0.0;

@@ -13,6 +13,7 @@ namespace corolla::schedule {
 std::string next_to_let_go(const std::list<std::string>& kept, const session_ids& cached,
                            const session_domain& domain_of, retention_limit limit) {
   if (kept.empty()) throw std::invalid_argument("next_to_let_go: nothing is kept");
+  if (kept.size() == 1) return kept.front();
   struct holding {
     std::int64_t tokens = 0;
     std::int64_t sessions = 0;
@@ -23,7 +24,6 @@ std::string next_to_let_go(const std::list<std::string>& kept, const session_ids
   // no domain key starts with here, so it never joins a named domain.
   std::map<std::string, holding> by_domain;
   std::int64_t rank = 0;
-  if (kept.size() == 1) return kept.front();
   // Least recently finished first. The most recent counts in its domain's
   // share but is no candidate.
   const auto newest = std::prev(kept.rend());

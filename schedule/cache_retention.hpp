@@ -25,6 +25,16 @@ namespace corolla::schedule {
 /// domain of its own).
 using session_domain = std::function<const std::string*(const std::string& id)>;
 
+/// Each session's domain from `domains` (session -> domain, a map or an
+/// unordered map, borrowed); a session without an entry has none.
+template <class Domains>
+session_domain domain_in(const Domains& domains) {
+  return [&domains](const std::string& id) -> const std::string* {
+    const auto it = domains.find(id);
+    return it == domains.end() ? nullptr : &it->second;
+  };
+}
+
 /// What ran out, and so what a domain's share is counted in.
 enum class retention_limit {
   count,  ///< the number of kept caches: a domain's kept sessions (ties: its tokens)

@@ -18,12 +18,8 @@ namespace {
 /// `n` token ids.
 std::vector<std::int32_t> ids(int n) { return std::vector<std::int32_t>(static_cast<std::size_t>(n), 7); }
 
-session_domain from(const std::map<std::string, std::string>& domains) {
-  return [&domains](const std::string& id) -> const std::string* {
-    const auto it = domains.find(id);
-    return it == domains.end() ? nullptr : &it->second;
-  };
-}
+/// Each session's domain, as the batcher and the prefix board look it up.
+session_domain from(const std::map<std::string, std::string>& domains) { return domain_in(domains); }
 
 constexpr auto by_count = retention_limit::count;
 constexpr auto by_room = retention_limit::room;
