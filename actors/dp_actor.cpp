@@ -277,8 +277,8 @@ caf::actor spawn_dp_group(node& n, std::shared_ptr<dp_group> g, std::shared_ptr<
         [g, answer_with](save_atom, int step) {
           answer_with("checkpoint save", [g, step] { return g->save_checkpoint(step); });
         },
-        [g, answer_with](publish_atom, int steps) {
-          answer_with("parameter publish", [g, steps] { return g->publish_params(steps); });
+        [g, answer_with](publish_atom, int steps, int id, int ask, std::int64_t lo, std::int64_t hi) {
+          answer_with("parameter publish", [g, steps, id, ask, lo, hi] { return g->publish_params(steps, id, ask, lo, hi); });
         },
         [g, answer_with](snapshot_atom, int step, std::string& loss_scale) {
           answer_with("snapshot", [g, step, loss_scale] { return g->snapshot(step, loss_scale); });

@@ -1,6 +1,7 @@
 // The DP-group actor of a training rank (actors/dp_group.hpp).
 #include "actors/dp_group.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <map>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_snapshot_wire.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "model/optimizer.hpp"
@@ -236,22 +238,37 @@ std::string dp_group::save_checkpoint(int step) {
   }
 }
 
-std::string dp_group::publish_params(int steps) {
+std::int64_t dp_group::kept_param_values() const {
+  std::int64_t n = 0;
+  for (const grad_bucket& b : buckets_)
+    if (keeps_params(b)) n += b.params->size();
+  return n;
+}
+
+std::string dp_group::publish_params(int steps, int id, int ask, std::int64_t lo, std::int64_t hi) {
+  const std::string what = "the parameters of " + bucket_name(id);
   try {
-    for (const grad_bucket& b : buckets_) {
-      if (!keeps_params(b)) continue;
-      // One message per bucket: a bucket beyond a node's largest message
-      // (1 GiB by default) would be refused on the way; say so here.
-      if (static_cast<std::int64_t>(b.comm_params().nbytes()) >= node_options{}.max_message_bytes)
-        return "--save: the parameters of " + bucket_name(b.id) + " (" + std::to_string(b.comm_params().nbytes()) +
-               " bytes) exceed one message; saving a model this large is not supported yet (use --checkpoint-dir)";
-      const Tensor& p = b.comm_params();
-      s_.comm->send_coordinator(train_msg::params, encode_body(train_packet{steps, b.id, 0, s_.rank, s_.comm->job()}),
-                                {p.dev().kind == device_kind::cpu ? p.clone() : to_host(p)});
-    }
+    auto it = std::find_if(buckets_.begin(), buckets_.end(), [id](const grad_bucket& b) { return b.id == id; });
+    if (it == buckets_.end() || !keeps_params(*it)) return s_.label + " was asked for " + what + ", which it does not keep";
+    const grad_bucket& b = *it;
+    std::int64_t& sent = published_[id];
+    if (lo != sent || hi <= lo || hi > b.params->size())
+      return s_.label + " was asked for values [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of " + what +
+             " (" + std::to_string(b.params->size()) + " values), but " + std::to_string(sent) +
+             " went already: asks take each bucket's values in order";
+    // A piece beyond a node's largest message (1 GiB by default) would be
+    // refused on the way; say so here.
+    const auto bytes = static_cast<std::int64_t>(sizeof(float)) * (hi - lo);
+    if (bytes >= node_options{}.max_message_bytes)
+      return "--save: the coordinator asked for " + std::to_string(bytes) + " bytes of " + what +
+             " in one piece, more than one message takes";
+    const Tensor piece = b.comm_params().slice(lo, hi);
+    s_.comm->send_coordinator(train_msg::params, encode_body(train_packet{steps, b.id, ask, s_.rank, s_.comm->job()}),
+                              {piece.dev().kind == device_kind::cpu ? piece.clone() : to_host(piece)});
+    sent = hi;
     return {};
   } catch (const std::exception& e) {
-    return s_.label + " failed sending its parameters: " + e.what();
+    return s_.label + " failed sending " + what + ": " + e.what();
   }
 }
 
@@ -274,16 +291,13 @@ std::string dp_group::snapshot(int step, const std::string& loss_scale) {
     caf::anon_send(s_.keeper, encode_snapshot(snap));
     if (s_.buddy < 0) return {};
     // The buddy on the same stage holds the parameters already.
+    // In parts of bounded size: a stage's moments are often larger than
+    // the most one message may carry.
     const rank_snapshot for_buddy = s_.buddy_params ? snap : snap.without_params();
-    const std::size_t bytes = for_buddy.bytes();
-    if (static_cast<std::int64_t>(bytes) >= node_options{}.max_message_bytes) {
-      spdlog::warn("{}: its snapshot of step {} ({} bytes) exceeds one message: its buddy keeps no copy", s_.label,
-                   step, bytes);
-      return {};
-    }
     try {
       if (!buddy_keeper_) buddy_keeper_ = s_.comm->actor_of(s_.buddy, snapshot_keeper_name(s_.comm->job()));
-      caf::anon_send(buddy_keeper_, encode_snapshot(for_buddy));
+      for (remote_message& part : encode_snapshot_parts(for_buddy, s_.options->message_piece_bytes))
+        caf::anon_send(buddy_keeper_, std::move(part));
     } catch (const train_error& e) {
       spdlog::warn("{}: no copy of its snapshot of step {} at its buddy: {}", s_.label, step, e.what());
     }

@@ -26,7 +26,10 @@
 //                 (one job per bucket; those over host rings side by side;
 //                 side_by_side: the most that ran at once, as reduced_atom's)
 //   stage -> dp   request save_atom, step                 -> error
-//   stage -> dp   request publish_atom, steps             -> error
+//   stage -> dp   request publish_atom, steps, bucket id, ask, lo, hi
+//                                               -> error
+//                 (--save: values [lo, hi) of one bucket, as the
+//                 coordinator asks for them)
 //   stage -> dp   request snapshot_atom, step, loss_scale -> error
 // Without clipping and loss scaling (no global norm), reduce also updates
 // the bucket's shard and all-gathers it, so the update overlaps the rest of
@@ -204,8 +207,14 @@ class dp_group {
   dp_step update(int slot, std::int64_t step, std::int64_t adam_step, double coef);
   /// Writes this rank's checkpoint shard of step `step` and tells the coordinator.
   std::string save_checkpoint(int step);
-  /// Sends the parameters this rank keeps to the coordinator (--save).
-  std::string publish_params(int steps);
+  /// How many parameter values this rank keeps (and sends for --save):
+  /// the sizes of its kept buckets.
+  std::int64_t kept_param_values() const;
+  /// Sends values [lo, hi) of bucket `id`'s parameters to the coordinator
+  /// as the answer to its ask number `ask` (--save: the coordinator asks
+  /// for one piece at a time, each bucket's in order). A bucket this rank
+  /// does not keep, or a range other than the next unsent one, is an error.
+  std::string publish_params(int steps, int id, int ask, std::int64_t lo, std::int64_t hi);
   /// Copies this rank's state after step `step` (what its checkpoint shard
   /// would hold, with every bucket's parameters, and `loss_scale`) to host
   /// memory and sends it to this rank's keeper and its buddy's. A buddy
@@ -225,6 +234,8 @@ class dp_group {
 
   dp_group_setup s_;
   std::vector<grad_bucket> buckets_;
+  /// Per bucket, how many of its values went to the coordinator (--save).
+  std::map<int, std::int64_t> published_;
   std::map<int, int> slot_of_;
   /// The padded layout of the device collectives (--collectives device):
   /// size * pad of the largest bucket, on the device.

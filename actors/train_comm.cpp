@@ -241,6 +241,13 @@ caf::expected<std::string> key_of(const remote_message& m) {
     if (!p) return p.error();
     return train_key(t, p->job, p->step, p->index, p->hop);
   }
+  if (t == train_msg::params_ask) {
+    // Filed by the ask's number (hop) at this rank, which is what the rank
+    // awaits: it cannot know which bucket comes next.
+    auto p = decode_train_packet(m.body);
+    if (!p) return p.error();
+    return train_key(t, p->job, p->step, 0, p->hop);
+  }
   if (t == train_msg::join) {
     auto j = decode_train_join(m.body);
     if (!j) return j.error();

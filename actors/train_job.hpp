@@ -136,6 +136,10 @@ struct memory_restore {
 /// The most buckets' rings a DP-group actor runs side by side.
 inline constexpr int max_rings_at_once = 64;
 
+/// The largest dist_train_options::message_piece_bytes (half of a node's
+/// default largest message).
+inline constexpr std::int64_t max_message_piece_bytes = std::int64_t{512} << 20;
+
 struct dist_train_options {
   train_layout layout;
   int batch = 1;        ///< global batch: sequences per step over all replicas
@@ -211,6 +215,12 @@ struct dist_train_options {
   /// When set, the trained model is written here (HuggingFace layout) by
   /// the coordinator after the last step.
   std::filesystem::path save_dir;
+  /// The most bytes of tensor values one message of --save's parameters,
+  /// of a buddy's in-memory snapshot or of a snapshot fetch carries (a
+  /// node refuses messages over 1 GiB by default, and a real model's
+  /// groups and stages are larger): larger ones go in pieces. From 64
+  /// bytes to 512 MiB (fetch_snapshot's default is the same 256 MiB).
+  std::int64_t message_piece_bytes = std::int64_t{256} << 20;
   /// Shaping of the link between ranks a and b at [a * world + b] (a net
   /// link profile such as "bw=10Gbit,lat=5us"; "" = unshaped). Empty = no
   /// shaping anywhere. The lower rank of a pair connects with this profile

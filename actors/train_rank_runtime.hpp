@@ -192,6 +192,10 @@ class rank_runtime {
   void save_step();
   /// After the last step: --save's parameters go to the coordinator, then finish.
   void end_steps();
+  /// --save: waits for the coordinator's `n`th ask for a piece of a
+  /// bucket's parameters and has the DP group send it; once every value
+  /// this rank keeps went, finish.
+  void answer_params_ask(int n);
   /// This rank is done (train.done); the stage ends with the coordinator's
   /// end of the job (train.finish).
   void finish();
@@ -266,6 +270,7 @@ class rank_runtime {
   std::shared_ptr<dp_group> buckets_;
   std::map<int, int> slot_of_;  ///< bucket id -> slot in the DP group
   int dp_size_ = 0;             ///< buckets in the DP group
+  std::int64_t params_left_ = 0;  ///< --save: parameter values this rank keeps and has yet to send
   int handed_ = 0;              ///< buckets handed to the DP group this step
   // The stage actor's state; only its handlers touch it.
   struct step_state {

@@ -152,7 +152,8 @@ void rank_runtime::restore_from_memory() {
   std::size_t bytes = 0, here_bytes = 0;
   for (const auto& [from_where, names] : fetches) {
     const auto& [holder, owner] = from_where;
-    auto s = fetch_snapshot(node_, holder, from.run, owner, from.step, names, std::chrono::seconds(300));
+    auto s = fetch_snapshot(node_, holder, from.run, owner, from.step, names, std::chrono::seconds(300),
+                            o_.message_piece_bytes);
     if (!s) throw train_error("cannot fetch rank " + std::to_string(owner) + "'s snapshot of step " +
                               std::to_string(from.step) + " from " + holder + ": " + error_message(s.error()));
     // Only the ranges of the buckets whose moments came.

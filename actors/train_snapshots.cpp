@@ -12,6 +12,7 @@
 #include "actors/capnp_body.hpp"
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
+#include "actors/train_snapshot_wire.hpp"
 #include "actors/train_job.hpp"
 #include "actors/train_wire.hpp"
 #include "model/error.hpp"
@@ -23,15 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Snapshots of more tensors than this are refused (three per bucket).
-constexpr unsigned max_snapshot_tensors = 3 * 4096;
 /// How many steps a keeper holds per owner: the newest may not have reached
 /// every holder when the job fails.
 constexpr std::size_t kept_steps = 2;
-
-bool valid_name(const std::string& n) {
-  return n.rfind("params.", 0) == 0 || n.rfind("m.", 0) == 0 || n.rfind("v.", 0) == 0;
-}
 
 }  // namespace
 
@@ -77,85 +72,6 @@ rank_snapshot rank_snapshot::without_params() const {
   return s;
 }
 
-namespace {
-
-/// The header every TrainSnapshot form has: whose, which step, which run.
-void set_header(wire::TrainSnapshot::Builder r, int owner, std::int64_t step, std::uint64_t job) {
-  r.setOwner(owner);
-  r.setStep(step);
-  r.setJob(job);
-}
-
-void set_ranges(wire::TrainSnapshot::Builder r, const std::map<std::string, shard_range>& ranges) {
-  auto out = r.initRanges(static_cast<unsigned>(ranges.size()));
-  unsigned i = 0;
-  for (const auto& [bucket, range] : ranges) {
-    out[i].setBucket(bucket);
-    out[i].setLo(range.lo);
-    out[i].setHi(range.hi);
-    out[i].setN(range.n);
-    ++i;
-  }
-}
-
-std::map<std::string, shard_range> get_ranges(wire::TrainSnapshot::Reader r) {
-  std::map<std::string, shard_range> out;
-  for (auto x : r.getRanges()) {
-    shard_range range{x.getLo(), x.getHi(), x.getN()};
-    if (range.lo < 0 || range.hi < range.lo || range.n < range.hi)
-      throw std::invalid_argument("a moment range " + std::to_string(range.lo) + ".." + std::to_string(range.hi) +
-                                  " of " + std::to_string(range.n));
-    out[capnp_body::text(x.getBucket(), "bucket")] = range;
-  }
-  return out;
-}
-
-}  // namespace
-
-remote_message encode_snapshot(const rank_snapshot& s) {
-  capnp::MallocMessageBuilder b;
-  auto r = b.initRoot<wire::TrainSnapshot>();
-  set_header(r, s.owner, s.step, s.job);
-  auto names = r.initNames(static_cast<unsigned>(s.tensors.size()));
-  remote_message m;
-  m.type = train_msg::snap;
-  for (unsigned i = 0; i < s.tensors.size(); ++i) {
-    names.set(i, s.tensors[i].first);
-    m.tensors.push_back(s.tensors[i].second);
-  }
-  set_ranges(r, s.ranges);
-  r.setLossScale(s.loss_scale);
-  m.body = capnp_body::flat(b);
-  return m;
-}
-
-caf::expected<rank_snapshot> decode_snapshot(const remote_message& m) {
-  using capnp_body::text;
-  auto head = capnp_body::decode<wire::TrainSnapshot>(m.body, "TrainSnapshot", [&](wire::TrainSnapshot::Reader r) {
-    rank_snapshot s;
-    s.owner = r.getOwner();
-    s.step = r.getStep();
-    s.job = r.getJob();
-    if (s.owner < 0 || s.step < 1) throw std::invalid_argument("owner " + std::to_string(s.owner) + ", step " + std::to_string(s.step));
-    auto names = r.getNames();
-    if (names.size() > max_snapshot_tensors || names.size() != m.tensors.size())
-      throw std::invalid_argument(std::to_string(names.size()) + " names for " + std::to_string(m.tensors.size()) +
-                                  " tensors");
-    for (unsigned i = 0; i < names.size(); ++i) {
-      std::string name = text(names[i], "tensor name");
-      const Tensor& t = m.tensors[i];
-      if (!valid_name(name)) throw std::invalid_argument("tensor name '" + name + "'");
-      if (t.type() != dtype::f32 || t.dev().kind != device_kind::cpu)
-        throw std::invalid_argument(name + " is not an f32 host tensor");
-      s.tensors.emplace_back(std::move(name), t);
-    }
-    s.ranges = get_ranges(r);
-    s.loss_scale = text(r.getLossScale(), "loss scale");
-    return s;
-  });
-  return head;
-}
-
 // ---- what a keeper holds, and fetching from it ------------------------------------------------
 
 std::size_t snapshot_listing::bytes() const {
@@ -164,105 +80,9 @@ std::size_t snapshot_listing::bytes() const {
   return n;
 }
 
-namespace {
-
-/// A train.snapget request: which tensors of whose snapshot of which step.
-struct snapshot_wanted {
-  int owner = 0;
-  std::int64_t step = 0;
-  std::uint64_t job = 0;
-  std::vector<std::string> names;
-};
-
-remote_message encode_wanted(const snapshot_wanted& w) {
-  capnp::MallocMessageBuilder b;
-  auto r = b.initRoot<wire::TrainSnapshot>();
-  set_header(r, w.owner, w.step, w.job);
-  auto names = r.initNames(static_cast<unsigned>(w.names.size()));
-  for (unsigned i = 0; i < w.names.size(); ++i) names.set(i, w.names[i]);
-  remote_message m;
-  m.type = train_msg::snap_get;
-  m.body = capnp_body::flat(b);
-  return m;
-}
-
-caf::expected<snapshot_wanted> decode_wanted(const remote_message& m) {
-  return capnp_body::decode<wire::TrainSnapshot>(m.body, "TrainSnapshot", [](wire::TrainSnapshot::Reader r) {
-    snapshot_wanted w;
-    w.owner = r.getOwner();
-    w.step = r.getStep();
-    w.job = r.getJob();
-    if (r.getNames().size() > max_snapshot_tensors) throw std::invalid_argument("too many names");
-    for (auto n : r.getNames()) {
-      std::string name = capnp_body::text(n, "tensor name");
-      if (!valid_name(name)) throw std::invalid_argument("tensor name '" + name + "'");
-      w.names.push_back(std::move(name));
-    }
-    return w;
-  });
-}
-
-}  // namespace
-
-remote_message encode_snapshot_index(const snapshot_index& x) {
-  capnp::MallocMessageBuilder b;
-  auto r = b.initRoot<wire::TrainSnapshotIndex>();
-  r.setHolder(x.holder);
-  auto list = r.initSnapshots(static_cast<unsigned>(x.snapshots.size()));
-  for (unsigned i = 0; i < x.snapshots.size(); ++i) {
-    const snapshot_listing& l = x.snapshots[i];
-    auto e = list[i];
-    set_header(e, l.owner, l.step, l.job);
-    auto names = e.initNames(static_cast<unsigned>(l.tensors.size()));
-    auto sizes = e.initSizes(static_cast<unsigned>(l.tensors.size()));
-    for (unsigned t = 0; t < l.tensors.size(); ++t) {
-      names.set(t, l.tensors[t].first);
-      sizes.set(t, l.tensors[t].second);
-    }
-    set_ranges(e, l.ranges);
-    e.setLossScale(l.loss_scale);
-  }
-  remote_message m;
-  m.type = train_msg::snaps;
-  m.body = capnp_body::flat(b);
-  return m;
-}
-
 std::string snapshot_keeper_name(std::uint64_t job) { return "train-snap/" + std::to_string(job); }
 
 bool is_snapshot_keeper_name(const std::string& name) { return name.rfind("train-snap/", 0) == 0; }
-
-caf::expected<snapshot_index> decode_snapshot_index(const remote_message& m) {
-  if (m.type != train_msg::snaps)
-    return make_error(errc::bad_message, "expected " + std::string(train_msg::snaps) + ", got '" + m.type + "'");
-  return capnp_body::decode<wire::TrainSnapshotIndex>(
-      m.body, "TrainSnapshotIndex", [](wire::TrainSnapshotIndex::Reader r) {
-        snapshot_index x;
-        x.holder = r.getHolder();
-        for (auto e : r.getSnapshots()) {
-          snapshot_listing l;
-          l.owner = e.getOwner();
-          l.step = e.getStep();
-          l.job = e.getJob();
-          if (l.owner < 0 || l.step < 1) throw std::invalid_argument("owner " + std::to_string(l.owner) + ", step " +
-                                                                     std::to_string(l.step));
-          auto names = e.getNames();
-          auto sizes = e.getSizes();
-          if (names.size() > max_snapshot_tensors || names.size() != sizes.size())
-            throw std::invalid_argument(std::to_string(names.size()) + " names for " + std::to_string(sizes.size()) +
-                                        " sizes");
-          for (unsigned t = 0; t < names.size(); ++t) {
-            std::string name = capnp_body::text(names[t], "tensor name");
-            if (!valid_name(name) || sizes[t] < 0) throw std::invalid_argument("tensor '" + name + "'");
-            l.tensors.emplace_back(std::move(name), sizes[t]);
-          }
-          l.ranges = get_ranges(e);
-          l.loss_scale = capnp_body::text(e.getLossScale(), "loss scale");
-          x.snapshots.push_back(std::move(l));
-        }
-        return x;
-      });
-}
 
 caf::expected<snapshot_index> fetch_snapshot_index(node& n, const std::string& peer, std::uint64_t job,
                                                    std::chrono::milliseconds timeout) {
@@ -276,17 +96,89 @@ caf::expected<snapshot_index> fetch_snapshot_index(node& n, const std::string& p
 
 caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, std::uint64_t job, int owner,
                                             std::int64_t step, const std::vector<std::string>& names,
-                                            std::chrono::milliseconds timeout) {
-  auto r = n.request(peer, snapshot_keeper_name(job), encode_wanted({owner, step, job, names}), timeout);
-  if (!r) return r.error();
-  if (r->type != train_msg::snap)
-    return make_error(errc::bad_message, "the keeper of " + peer + " answered '" + r->type + "'");
-  auto s = decode_snapshot(*r);
-  if (!s) return s.error();
-  if (s->owner != owner || s->step != step || s->job != job)
-    return make_error(errc::bad_message, "the keeper of " + peer + " answered with rank " + std::to_string(s->owner) +
-                                             "'s snapshot of step " + std::to_string(s->step) + ", not the one asked for");
-  return s;
+                                            std::chrono::milliseconds timeout, std::int64_t max_bytes) {
+  for (const std::string& name : names)
+    if (!valid_snapshot_tensor_name(name)) return make_error(errc::bad_message, "tensor name '" + name + "'");
+  // The sizes first: what the keeper holds.
+  auto x = fetch_snapshot_index(n, peer, job, timeout);
+  if (!x) return x.error();
+  const auto listing = std::find_if(x->snapshots.begin(), x->snapshots.end(),
+                                    [&](const snapshot_listing& l) { return l.owner == owner && l.step == step; });
+  if (listing == x->snapshots.end())
+    return make_error(errc::unknown_actor, "rank " + std::to_string(x->holder) + " holds no snapshot of rank " +
+                                               std::to_string(owner) + " of step " + std::to_string(step));
+  std::vector<std::pair<std::string, std::int64_t>> wanted;  // name, values
+  if (names.empty()) wanted = listing->tensors;
+  for (const std::string& name : names) {
+    const auto t = std::find_if(listing->tensors.begin(), listing->tensors.end(),
+                                [&](const auto& l) { return l.first == name; });
+    if (t == listing->tensors.end())
+      return make_error(errc::invalid_argument, "rank " + std::to_string(owner) + "'s snapshot of step " +
+                                                    std::to_string(step) + " has no " + name);
+    wanted.push_back(*t);
+  }
+  // Requests of at most max_bytes of values each: whole tensors while they
+  // fit, a larger one in ranges.
+  const std::int64_t room_values = std::max<std::int64_t>(1, max_bytes / static_cast<std::int64_t>(sizeof(float)));
+  std::vector<snapshot_wanted> requests(1, snapshot_wanted{owner, step, job, {}, {}});
+  std::int64_t room = room_values;
+  for (const auto& [name, total] : wanted) {
+    std::int64_t at = 0;
+    do {
+      if (room == 0) {
+        requests.push_back({owner, step, job, {}, {}});
+        room = room_values;
+      }
+      const std::int64_t take = std::min(room, total - at);
+      requests.back().names.push_back(name);
+      requests.back().ranges.emplace_back(at, take);
+      at += take;
+      room -= take;
+    } while (at < total);
+  }
+  rank_snapshot out;
+  out.owner = owner;
+  out.step = step;
+  out.job = job;
+  out.ranges = listing->ranges;
+  out.loss_scale = listing->loss_scale;
+  for (const snapshot_wanted& w : requests) {
+    if (w.names.empty()) continue;
+    auto r = n.request(peer, snapshot_keeper_name(job), encode_wanted(w), timeout);
+    if (!r) return r.error();
+    if (r->type != train_msg::snap)
+      return make_error(errc::bad_message, "the keeper of " + peer + " answered '" + r->type + "'");
+    auto part = decode_snapshot_part(*r);
+    if (!part) return part.error();
+    const rank_snapshot& h = part->header;
+    if (h.owner != owner || h.step != step || h.job != job)
+      return make_error(errc::bad_message, "the keeper of " + peer + " answered with rank " + std::to_string(h.owner) +
+                                               "'s snapshot of step " + std::to_string(h.step) + ", not the one asked for");
+    if (part->pieces.size() != w.names.size())
+      return make_error(errc::bad_message, "the keeper of " + peer + " answered " +
+                                               std::to_string(part->pieces.size()) + " tensors for " +
+                                               std::to_string(w.names.size()) + " asked for");
+    for (std::size_t i = 0; i < w.names.size(); ++i) {
+      snapshot_piece& p = part->pieces[i];
+      const auto [lo, count] = w.ranges[i];
+      if (p.name != w.names[i] || p.offset != lo || p.values.numel() != count)
+        return make_error(errc::bad_message, "the keeper of " + peer + " answered " + p.name + " values " +
+                                                 std::to_string(p.offset) + "+" + std::to_string(p.values.numel()) +
+                                                 " for " + w.names[i] + " values " + std::to_string(lo) + "+" +
+                                                 std::to_string(count));
+      if (p.whole()) {
+        out.tensors.emplace_back(std::move(p.name), std::move(p.values));
+        continue;
+      }
+      if (lo == 0) out.tensors.emplace_back(p.name, Tensor::empty({p.total}));
+      Tensor& t = out.tensors.back().second;
+      if (out.tensors.back().first != p.name || t.numel() != p.total)
+        return make_error(errc::bad_message, "the keeper of " + peer + " answered " + p.name + " of " +
+                                                 std::to_string(p.total) + " values");
+      t.slice(lo, lo + count).copy_from(p.values);
+    }
+  }
+  return out;
 }
 
 // ---- snapshots read as a checkpoint ------------------------------------------------------
@@ -328,12 +220,21 @@ std::string snapshot_shards::shard_label(std::size_t shard) const {
 
 namespace {
 
+/// A snapshot coming in parts: what came so far.
+struct snapshot_assembly {
+  rank_snapshot s;                       ///< its tensors made whole as pieces come
+  int parts = 0, came = 0;
+  std::int64_t values = 0, want = 0;     ///< values placed; the tensors' whole sizes
+};
+
 struct keeper_state {
   snapshot_keeper_setup setup;
   node* n = nullptr;
   std::uint64_t job = 0;
   /// owner -> step -> snapshot (at most kept_steps steps per owner)
   std::map<int, std::map<std::int64_t, rank_snapshot>> held;
+  /// (owner, step) -> a snapshot whose parts are still coming
+  std::map<std::pair<int, std::int64_t>, snapshot_assembly> assembling;
 };
 
 /// Writes every snapshot held; "" or the first error.
@@ -395,16 +296,91 @@ caf::result<remote_message> answer_get(const keeper_state& st, const remote_mess
     return make_error(errc::unknown_actor, "rank " + std::to_string(st.setup.holder) + " holds no snapshot of rank " +
                                                std::to_string(w->owner) + " of step " + std::to_string(w->step));
   const rank_snapshot& s = *held;
-  rank_snapshot out = s.header();
-  for (const std::string& name : w->names) {
+  if (w->names.empty()) return encode_snapshot(s);
+  std::vector<snapshot_piece> pieces;
+  for (std::size_t i = 0; i < w->names.size(); ++i) {
+    const std::string& name = w->names[i];
     const auto t = std::find_if(s.tensors.begin(), s.tensors.end(), [&](const auto& x) { return x.first == name; });
     if (t == s.tensors.end())
       return make_error(errc::invalid_argument, "rank " + std::to_string(w->owner) + "'s snapshot of step " +
                                                     std::to_string(w->step) + " has no " + name);
-    out.tensors.push_back(*t);
+    const Tensor flat = t->second.view({t->second.numel()});
+    const std::int64_t total = flat.numel();
+    const auto [lo, n] = w->ranges.empty() ? std::pair<std::int64_t, std::int64_t>{0, total} : w->ranges[i];
+    if (lo > total - n)
+      return make_error(errc::invalid_argument, "values " + std::to_string(lo) + ".." + std::to_string(lo + n) +
+                                                    " of " + name + ", which has " + std::to_string(total));
+    pieces.push_back({name, lo, total, flat.slice(lo, lo + n)});
   }
-  if (w->names.empty()) out.tensors = s.tensors;
-  return encode_snapshot(out);
+  return encode_snapshot_pieces(s.header(), pieces);
+}
+
+/// Places a part of a snapshot coming in parts; the snapshot once its
+/// last part came (nothing before, or when the parts disagree: logged and
+/// dropped).
+std::optional<rank_snapshot> assemble(keeper_state& st, snapshot_part part) {
+  const int owner = part.header.owner;
+  const std::int64_t step = part.header.step;
+  auto [it, fresh] = st.assembling.try_emplace({owner, step});
+  snapshot_assembly& a = it->second;
+  auto drop = [&](const std::string& why) {
+    spdlog::warn("rank {}: dropping rank {}'s snapshot of step {}: {}", st.setup.holder, owner, step, why);
+    st.assembling.erase(it);
+    return std::nullopt;
+  };
+  if (fresh) {
+    a.s = part.header;
+    a.parts = part.parts;
+    // At most kept_steps snapshots of an owner in the making: the oldest
+    // other one (whose parts stopped coming) goes.
+    const auto first = st.assembling.lower_bound({owner, 0});
+    std::size_t of_owner = 0;
+    for (auto x = first; x != st.assembling.end() && x->first.first == owner; ++x) ++of_owner;
+    if (of_owner > kept_steps) st.assembling.erase(first != it ? first : std::next(first));
+  } else if (a.parts != part.parts) {
+    return drop("its parts say " + std::to_string(a.parts) + " and " + std::to_string(part.parts) + " parts");
+  }
+  for (snapshot_piece& p : part.pieces) {
+    auto t = std::find_if(a.s.tensors.begin(), a.s.tensors.end(), [&](const auto& x) { return x.first == p.name; });
+    if (t == a.s.tensors.end()) {
+      a.s.tensors.emplace_back(p.name, Tensor::empty({p.total}));
+      a.want += p.total;
+      t = std::prev(a.s.tensors.end());
+    } else if (t->second.numel() != p.total) {
+      return drop(p.name + " of " + std::to_string(t->second.numel()) + " and of " + std::to_string(p.total) +
+                  " values");
+    }
+    t->second.slice(p.offset, p.offset + p.values.numel()).copy_from(p.values);
+    a.values += p.values.numel();
+  }
+  if (++a.came < a.parts) return std::nullopt;
+  if (a.values != a.want)
+    return drop(std::to_string(a.values) + " values came in its " + std::to_string(a.parts) + " parts, for tensors of " +
+                std::to_string(a.want));
+  rank_snapshot whole = std::move(a.s);
+  st.assembling.erase(it);
+  return whole;
+}
+
+/// Holds `s` (the newest kept_steps steps of its owner); a buddy's copy
+/// is told to the coordinator, which prints the step once every rank's is in.
+void keep(keeper_state& st, rank_snapshot s, bool local) {
+  auto& steps = st.held[s.owner];
+  const std::int64_t step = s.step;
+  const int owner = s.owner;
+  steps[step] = std::move(s);
+  while (steps.size() > kept_steps) steps.erase(steps.begin());
+  if (local || st.setup.coordinator.empty()) return;
+  auto coord = st.n->remote_actor(st.setup.coordinator, "train-coord");
+  if (!coord) {
+    spdlog::warn("rank {}: cannot tell the coordinator of rank {}'s snapshot of step {}: {}", st.setup.holder, owner,
+                 step, error_message(coord.error()));
+    return;
+  }
+  remote_message note;
+  note.type = train_msg::kept;
+  note.body = encode_body(train_step_note{step, owner, static_cast<double>(st.setup.holder), st.job});
+  caf::anon_send(*coord, std::move(note));
 }
 
 caf::behavior snapshot_keeper(caf::event_based_actor* self, std::shared_ptr<keeper_state> st) {
@@ -428,34 +404,23 @@ caf::behavior snapshot_keeper(caf::event_based_actor* self, std::shared_ptr<keep
           spdlog::warn("dropping a snapshot from node {}, which is not part of this job", m.from_node);
           return remote_message{};
         }
-        auto s = decode_snapshot(m);
-        if (!s) {
-          spdlog::warn("dropping a snapshot from {}: {}", st->setup.inbox->label_of(m.from_node), error_message(s.error()));
+        auto part = decode_snapshot_part(m);
+        if (!part) {
+          spdlog::warn("dropping a snapshot from {}: {}", st->setup.inbox->label_of(m.from_node),
+                       error_message(part.error()));
           return remote_message{};
         }
+        const rank_snapshot& h = part->header;
         const bool local = m.from_node.empty();
-        if (s->job != st->job || !st->setup.owners.count(s->owner) || local != (s->owner == st->setup.holder)) {
-          spdlog::warn("dropping a snapshot of rank {} (step {}) from {}: not one this rank keeps", s->owner, s->step,
+        if (h.job != st->job || !st->setup.owners.count(h.owner) || local != (h.owner == st->setup.holder)) {
+          spdlog::warn("dropping a snapshot of rank {} (step {}) from {}: not one this rank keeps", h.owner, h.step,
                        local ? std::string("this rank") : st->setup.inbox->label_of(m.from_node));
           return remote_message{};
         }
-        auto& steps = st->held[s->owner];
-        const std::int64_t step = s->step;
-        const int owner = s->owner;
-        steps[step] = std::move(*s);
-        while (steps.size() > kept_steps) steps.erase(steps.begin());
-        // A buddy's copy: the coordinator prints the step once every rank's is in.
-        if (!local && !st->setup.coordinator.empty()) {
-          auto coord = st->n->remote_actor(st->setup.coordinator, "train-coord");
-          if (!coord) {
-            spdlog::warn("rank {}: cannot tell the coordinator of rank {}'s snapshot of step {}: {}", st->setup.holder,
-                         owner, step, error_message(coord.error()));
-            return remote_message{};
-          }
-          remote_message note;
-          note.type = train_msg::kept;
-          note.body = encode_body(train_step_note{step, owner, static_cast<double>(st->setup.holder), st->job});
-          caf::anon_send(*coord, std::move(note));
+        if (part->whole()) {
+          keep(*st, std::move(*part).snapshot(), local);
+        } else if (auto s = assemble(*st, std::move(*part))) {
+          keep(*st, std::move(*s), local);
         }
         return remote_message{};
       },

@@ -10,6 +10,8 @@
 //    which holds the same parameters, so only the moments travel; with one
 //    replica the first replica of the next stage, and the parameters travel
 //    too).
+// A snapshot larger than one message travels in parts (actors/
+// train_snapshot_wire.hpp), and fetches of large tensors in ranges.
 // The keeper is an actor published as "train-snap/<run>" on every rank's
 // node (snapshot_keeper_name: a process that runs the grids of several
 // runs, holding one's snapshots while it runs the next, has one per run). It
@@ -146,11 +148,6 @@ struct snapshot_index {
   std::vector<snapshot_listing> snapshots;
 };
 
-/// `x` as a train.snaps message (wire::TrainSnapshotIndex).
-remote_message encode_snapshot_index(const snapshot_index& x);
-/// A train.snaps message back; bad_message for a malformed one.
-caf::expected<snapshot_index> decode_snapshot_index(const remote_message& m);
-
 /// Asks the keeper ("train-snap") on node `peer` what it holds of run
 /// `job` (a run's id is what lets one in: another run's, or a stranger's,
 /// question is refused with auth_refused).
@@ -158,15 +155,14 @@ caf::expected<snapshot_index> fetch_snapshot_index(node& n, const std::string& p
                                                    std::chrono::milliseconds timeout);
 /// Tensors `names` (none = all) of rank `owner`'s snapshot of `step` of run
 /// `job` from the keeper on node `peer`: memory to memory, the way a rank
-/// of a new layout gets the state it takes over.
+/// of a new layout gets the state it takes over. It asks the keeper what
+/// it holds first (the tensors' sizes), then for the tensors in requests
+/// whose answers carry at most `max_bytes` of values each (a larger tensor
+/// in ranges), one after another; `timeout` is each request's.
 caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, std::uint64_t job, int owner,
                                             std::int64_t step, const std::vector<std::string>& names,
-                                            std::chrono::milliseconds timeout);
-
-/// `s` as a train.snap message (wire::TrainSnapshot; tensor i is entry i).
-remote_message encode_snapshot(const rank_snapshot& s);
-/// A train.snap message back; a bad_message error for a malformed one.
-caf::expected<rank_snapshot> decode_snapshot(const remote_message& m);
+                                            std::chrono::milliseconds timeout,
+                                            std::int64_t max_bytes = std::int64_t{256} << 20);
 
 /// What a keeper needs.
 struct snapshot_keeper_setup {

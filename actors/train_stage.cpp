@@ -54,6 +54,7 @@ void rank_runtime::run_actors() {
   // From here on only the DP-group actor touches the buckets.
   dp_size_ = buckets_->size();
   slot_of_ = buckets_->slots();
+  params_left_ = buckets_->kept_param_values();
   dp_actor_ = spawn_dp_group(node_, buckets_, dp_beacon_);
   waiter_ = std::make_unique<inbox_waiter>(inbox_, o_.timeout);
   stage_done_ = std::make_shared<std::promise<void>>();
@@ -238,12 +239,35 @@ void rank_runtime::advance() {
 }
 
 void rank_runtime::end_steps() {
-  // --save: the parameters this rank keeps go to the coordinator.
+  // --save: the coordinator asks for the parameters this rank keeps, one
+  // bucket at a time; then finish.
   if (!o_.save_dir.empty() && last_step_ == o_.steps) {
-    tell_dp([this] { finish(); }, dp_msg::publish_atom::value, o_.steps);
+    inbox_->drain(coordinator_id_);  // its peers may finish and leave now
+    answer_params_ask(0);
     return;
   }
   finish();
+}
+
+void rank_runtime::answer_params_ask(int n) {
+  if (params_left_ == 0) {
+    finish();
+    return;
+  }
+  auto on_ask = [this, n](remote_message m) {
+    auto p = decode_train_packet(m.body);
+    if (!p) throw train_error("a malformed ask for parameters from the coordinator: " + error_message(p.error()));
+    tell_dp(
+        [this, n, sent = p->hi - p->lo] {
+          // The DP group refused any range but the next unsent one.
+          params_left_ -= sent;
+          answer_params_ask(n + 1);
+        },
+        dp_msg::publish_atom::value, o_.steps, p->index, n, p->lo, p->hi);
+  };
+  if (auto m = await(comm_->key(train_msg::params_ask, o_.steps, 0, n), "the coordinator's ask for parameters",
+                     schedule::from_coordinator, on_ask, coordinator_timeout()))
+    on_ask(std::move(*m));
 }
 
 void rank_runtime::finish() {

@@ -64,7 +64,7 @@ void stall_watch::step_took(int step, int first, double seconds) {
 double stall_watch::threshold_s() const { return hang_threshold_s(hang_s_, longest_step_s_); }
 
 std::optional<remote_message> stall_watch::await(const char* type, std::int64_t step, int slot, int from,
-                                                  const std::string& what, delivery later, bool judge) {
+                                                  const std::string& what, delivery later, bool judge, int hop) {
   const std::string full = what + " from " + layout_.label(from);
   ++wait_;  // a check of an earlier wait stops here
   verdict_.reset();
@@ -80,7 +80,7 @@ std::optional<remote_message> stall_watch::await(const char* type, std::int64_t 
   // lets the rank that waits on what is missing report its own, more
   // precise timeout ("no activations of micro-batch 4 from rank 0") before
   // this one names a victim ("no report of step 4 from rank 1").
-  auto m = waiter_.await(train_key(type, run_, step, slot), full, from, std::move(took),
+  auto m = waiter_.await(train_key(type, run_, step, slot, hop), full, from, std::move(took),
                          timeout_ + report_grace(timeout_));
   if (m) {
     last_progress_ = clock_type::now();

@@ -80,15 +80,15 @@ class stall_watch {
   /// Nothing taken for this long is suspicious.
   double threshold_s() const;
 
-  /// The message of `type` for (`step`, `slot`) from rank `from` (slot is
-  /// the rank but for messages filed elsewhere: the parameters of bucket
-  /// `slot`); `what` names it ("report of step 5"). Returned at once when
+  /// The message of `type` for (`step`, `slot`, `hop`) from rank `from`
+  /// (slot is the rank but for messages filed elsewhere: the parameters of
+  /// bucket `slot`, `hop` the ask they answer); `what` names it ("report of step 5"). Returned at once when
   /// it is filed; otherwise nothing, and `later` runs with it once it
   /// comes. The wait ends with train_error at the timeout and its grace or
   /// on the inbox's failure, with train_stall when the job is stuck (only
   /// when `judge`).
   std::optional<remote_message> await(const char* type, std::int64_t step, int slot, int from, const std::string& what,
-                                      delivery later, bool judge = true);
+                                      delivery later, bool judge = true, int hop = 0);
 
   /// A check's next phase is due (see the routing above).
   void on_check(std::uint64_t wait, int phase);

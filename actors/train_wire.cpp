@@ -55,6 +55,8 @@ std::vector<std::uint8_t> encode_body(const train_packet& v) {
   r.setHop(v.hop);
   r.setFrom(v.from);
   r.setJob(v.job);
+  r.setLo(v.lo);
+  r.setHi(v.hi);
   return flat(b);
 }
 
@@ -119,7 +121,10 @@ caf::expected<train_roster> decode_train_roster(const std::vector<std::uint8_t>&
 
 caf::expected<train_packet> decode_train_packet(const std::vector<std::uint8_t>& body) {
   return decode<wire::TrainPacket>(body, "TrainPacket", [](wire::TrainPacket::Reader r) {
-    return train_packet{r.getStep(), r.getIndex(), r.getHop(), r.getFrom(), r.getJob()};
+    train_packet p{r.getStep(), r.getIndex(), r.getHop(), r.getFrom(), r.getJob(), r.getLo(), r.getHi()};
+    if (p.lo < 0 || p.hi < p.lo)
+      throw std::invalid_argument("a range of values [" + std::to_string(p.lo) + ", " + std::to_string(p.hi) + ")");
+    return p;
   });
 }
 

@@ -26,6 +26,7 @@ inline constexpr const char* rs = "train.rs";          ///< ring reduce-scatter 
 inline constexpr const char* ag = "train.ag";          ///< ring all-gather chunk
 inline constexpr const char* group = "train.group";    ///< a device group's id, along its ring
 inline constexpr const char* params = "train.params";  ///< a bucket's parameters for the final save
+inline constexpr const char* params_ask = "train.paramsask";  ///< coordinator -> a rank: send one bucket's parameters (--save)
 inline constexpr const char* report = "train.report";  ///< rank -> coordinator, per step
 inline constexpr const char* norm = "train.norm";      ///< coordinator -> ranks, per step
 inline constexpr const char* saved = "train.saved";    ///< rank -> coordinator, checkpoint shard written
@@ -55,6 +56,8 @@ struct train_packet {
   std::int64_t step = 0;
   int index = 0, hop = 0, from = 0;
   std::uint64_t job = 0;  ///< the run's id (train_comm stamps it)
+  /// train.paramsask: the bucket's flat values [lo, hi) wanted.
+  std::int64_t lo = 0, hi = 0;
 };
 
 /// wire::TrainReport.

@@ -117,6 +117,8 @@ int run_train(const train_args& a) {
                                     std::pair{!a.link_profile.empty(), "--link-profile"},
                                     std::pair{a.collectives != "host", "--collectives"},
                                     std::pair{a.rings_at_once != dist_train_options{}.rings_at_once, "--rings-at-once"},
+                                    std::pair{a.message_piece_bytes != dist_train_options{}.message_piece_bytes,
+                                              "--message-piece-bytes"},
                                     std::pair{!a.coordinator.empty(), "--coordinator"},
                                     std::pair{a.external_coordinator, "--external-coordinator"},
                                     std::pair{a.elastic, "--elastic"}, std::pair{a.min_ranks != 1, "--min-ranks"},
@@ -379,6 +381,13 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--rings-at-once", args->rings_at_once,
                   "How many parameter buckets' data-parallel ring collectives a rank runs at once (host "
                   "collectives; 1: one bucket after another)")
+      ->capture_default_str()
+      ->group(dist);
+  cmd->add_option("--message-piece-bytes", args->message_piece_bytes,
+                  "The most bytes of tensor values one message carries of --save's parameters, of an in-memory "
+                  "snapshot sent to a buddy, or of a snapshot fetched by the next grid; larger ones go in pieces "
+                  "(64 to 536870912)")
+      ->check(CLI::Range(std::int64_t{64}, max_message_piece_bytes))
       ->capture_default_str()
       ->group(dist);
   cmd->add_option("--hang-s", args->hang_s,

@@ -102,6 +102,9 @@ struct train_args {
   int probe_every = 0;   ///< --probe-every: measure the ranks' links every K steps (--elastic --cluster re-plans on them)
   double timeout_s = 300;
   double hang_s = 60;
+  /// --message-piece-bytes: the most bytes of values in one message of
+  /// --save's parameters or of an in-memory snapshot
+  std::int64_t message_piece_bytes = dist_train_options{}.message_piece_bytes;
   int rings_at_once = dist_train_options{}.rings_at_once;  ///< --rings-at-once
   std::string cluster;       ///< cluster TOML: the planner's layout, links shaped per the file
   std::string link_profile;  ///< one shaping profile for every link between ranks

@@ -416,6 +416,7 @@ int run_distributed_train(train_args a) {
     throw std::invalid_argument("--rings-at-once must be between 1 and " + std::to_string(max_rings_at_once) +
                                 ", not " + std::to_string(a.rings_at_once));
   o.probe_every = a.probe_every;
+  o.message_piece_bytes = a.message_piece_bytes;
   int snapshot_every = 1;  // the default with --elastic
   o.snapshot_auto = a.snapshot_every == "auto";
   if (!a.snapshot_every.empty() && !o.snapshot_auto) {

@@ -44,7 +44,7 @@ nlohmann::json job_to_json(const dist_train_options& o) {
             {"final_ratio", o.optimizer.schedule.final_ratio}}},
           {"checkpoint_dir", o.checkpoint_dir.string()},
           {"checkpoint_every", o.checkpoint_every}, {"probe_every", o.probe_every}, {"snapshot_every", o.snapshot_every}, {"snapshot_auto", o.snapshot_auto}, {"drain_every", o.drain_every}, {"resume", o.resume}, {"save_dir", o.save_dir.string()},
-          {"timeout_ms", o.timeout.count()}, {"hang_s", o.hang_s}, {"rings_at_once", o.rings_at_once}, {"link_profiles", o.link_profiles},
+          {"timeout_ms", o.timeout.count()}, {"hang_s", o.hang_s}, {"rings_at_once", o.rings_at_once}, {"message_piece_bytes", o.message_piece_bytes}, {"link_profiles", o.link_profiles},
           {"synthetic_forward_s", o.synthetic.forward_s}, {"synthetic_backward_s", o.synthetic.backward_s},
           {"hold_snapshots", o.hold_snapshots},
           {"drain_to_memory", o.drain_to_memory},
@@ -96,6 +96,10 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
     o.timeout = std::chrono::milliseconds(j.at("timeout_ms").get<std::int64_t>());
     o.hang_s = j.value("hang_s", o.hang_s);
     o.rings_at_once = j.value("rings_at_once", o.rings_at_once);
+    o.message_piece_bytes = j.value("message_piece_bytes", o.message_piece_bytes);
+    if (o.message_piece_bytes < 64 || o.message_piece_bytes > max_message_piece_bytes)
+      throw std::invalid_argument("message_piece_bytes must be between 64 and " +
+                                  std::to_string(max_message_piece_bytes));
     if (o.rings_at_once < 1 || o.rings_at_once > max_rings_at_once)
       throw std::invalid_argument("rings_at_once must be between 1 and " + std::to_string(max_rings_at_once));
     o.link_profiles = j.at("link_profiles").get<std::vector<std::string>>();

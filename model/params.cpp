@@ -4,14 +4,39 @@
 
 namespace corolla {
 
-param_set::param_set(const std::vector<std::pair<std::string, shape_t>>& layout) {
+namespace {
+
+/// Each tensor of `layout` at its offset, every one on a 16-element
+/// boundary; returns the whole size.
+std::int64_t lay_out(const std::vector<std::pair<std::string, shape_t>>& layout, std::vector<param_entry>& entries) {
   std::int64_t offset = 0;
   for (const auto& [name, shape] : layout) {
     param_entry e{name, shape, offset, shape_numel(shape)};
     offset += (e.numel + 15) / 16 * 16;
-    entries_.push_back(std::move(e));
+    entries.push_back(std::move(e));
   }
-  flat_ = Tensor::zeros({offset});
+  return offset;
+}
+
+}  // namespace
+
+param_set::param_set(const std::vector<std::pair<std::string, shape_t>>& layout) {
+  flat_ = Tensor::zeros({lay_out(layout, entries_)});
+}
+
+param_set::param_set(const std::vector<std::pair<std::string, shape_t>>& layout, Tensor flat) {
+  const std::int64_t size = lay_out(layout, entries_);
+  if (!flat.defined() || flat.type() != dtype::f32 || flat.shape().size() != 1 || flat.numel() != size)
+    throw tensor_error("a parameter set of " + std::to_string(size) + " f32 values cannot sit over a buffer of " +
+                       (flat.defined() ? std::to_string(flat.numel()) + " " + dtype_name(flat.type()) + " values in " +
+                                             std::to_string(flat.shape().size()) + " dimension(s)"
+                                       : std::string("nothing")));
+  flat_ = std::move(flat);
+}
+
+std::int64_t param_set::size_of(const std::vector<std::pair<std::string, shape_t>>& layout) {
+  std::vector<param_entry> entries;
+  return lay_out(layout, entries);
 }
 
 param_set param_set::like() const {

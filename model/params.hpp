@@ -31,6 +31,12 @@ class param_set {
   param_set() = default;
   /// Lays the tensors out in order, each starting on a 16-element boundary.
   explicit param_set(const std::vector<std::pair<std::string, shape_t>>& layout);
+  /// The same layout over `flat` instead of fresh storage (a received
+  /// buffer read in place): `flat` must be one-dimensional f32 of exactly
+  /// the layout's size; throws tensor_error otherwise.
+  param_set(const std::vector<std::pair<std::string, shape_t>>& layout, Tensor flat);
+  /// The size() of a set of `layout`, without making one.
+  static std::int64_t size_of(const std::vector<std::pair<std::string, shape_t>>& layout);
 
   /// Same layout, fresh zeroed storage on the same device (for gradients and
   /// optimiser moments).

@@ -206,13 +206,17 @@ struct TrainRoster {
 # "train.act" (tensor 0: activations [rows, D]), "train.grad" (tensor 0:
 # their gradient), "train.rs" / "train.ag" (tensor 0: one ring chunk of a
 # bucket's gradients / parameters), "train.params" (tensor 0: a bucket's
-# whole parameters, for the final save).
+# parameters or a piece of them, for the final save: `hop` is the ask's),
+# "train.paramsask" (no tensor: the coordinator asks for values [lo, hi)
+# of bucket `index`; `hop` numbers the asks to a rank from 0).
 struct TrainPacket {
   step @0 :Int64;
   index @1 :Int32;         # micro-batch (act, grad) or bucket (rs, ag, params; -1 = the head)
   hop @2 :Int32;           # ring hop (rs, ag); 0 otherwise
   from @3 :Int32;          # the sender's rank
   job @4 :UInt64;          # the run's id from the roster (messages of another run are never taken)
+  lo @5 :Int64;            # train.paramsask: the first of the bucket's flat values wanted
+  hi @6 :Int64;            # train.paramsask: one past the last (the answer carries values [lo, hi))
 }
 
 # "train.report" rank -> coordinator after the step's gradients are reduced.
@@ -250,7 +254,9 @@ struct TrainStep {
 # --snapshot-every'th step of an elastic job (actors/train_snapshots.hpp):
 # what the owner's checkpoint shard of that step would hold, kept in the
 # buddy's memory so that the owner's death loses no step. Tensor i is
-# names[i] ("params.block.3", "m.block.3", "v.head", ...).
+# names[i] ("params.block.3", "m.block.3", "v.head", ...), or a piece of it
+# (offsets, totals) when the snapshot travels in `parts` messages of
+# bounded size (actors/train_snapshot_wire.hpp).
 struct TrainSnapshot {
   owner @0 :Int32;         # the rank whose state this is
   step @1 :Int64;          # taken after this step's update
@@ -264,15 +270,21 @@ struct TrainSnapshot {
     hi @2 :Int64;
     n @3 :Int64;
   }
-  sizes @6 :List(Int64);   # in a TrainSnapshotIndex: each named tensor's values (no tensors travel)
+  sizes @6 :List(Int64);   # in a TrainSnapshotIndex: each named tensor's values (no tensors travel);
+                           # in a train.snapget: the values wanted from offsets[i] (empty: whole tensors)
+  offsets @7 :List(Int64); # train.snap: where each named tensor's values start in the whole tensor;
+                           # train.snapget: where the wanted values start (empty: whole tensors)
+  totals @8 :List(Int64);  # train.snap: each named tensor's whole size (empty: whole tensors)
+  parts @9 :Int32;         # train.snap: how many messages carry this snapshot (0: one)
 }
 
 # "train.snaps" a "train-snap" keeper -> whoever asked "train.snaps?" (a
 # request whose TrainStep names the run, `job`): every snapshot it holds of
 # that run, without tensors (names, sizes, ranges, loss scale). A
 # "train.snapget" request (a TrainSnapshot naming the run, the owner, the
-# step and the tensors wanted, none = all) is answered with a "train.snap"
-# of those tensors.
+# step and the tensors wanted, none = all, with offsets and sizes when
+# only ranges of them are) is answered with a "train.snap" of those
+# tensors (of those ranges, with offsets and totals).
 struct TrainSnapshotIndex {
   holder @0 :Int32;
   snapshots @1 :List(TrainSnapshot);

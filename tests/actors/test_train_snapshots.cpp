@@ -14,6 +14,7 @@
 #include "actors/corolla.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_snapshot_wire.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_store.hpp"
 #include "model/safetensors.hpp"
@@ -124,6 +125,66 @@ TEST_CASE("a snapshot round-trips as a train.snap message, and malformed ones ar
   CHECK_FALSE(decode_snapshot(garbage));
 }
 
+TEST_CASE("a snapshot larger than a message goes in parts of bounded size, tensors split where a part's room ends, "
+          "and parts that lie about their pieces are bad_message") {
+  rank_snapshot s = snapshot_of(0, 9, 42, 3);  // 4 + 2 + 2 values per bucket, 16 in all
+  s.loss_scale = "1024 0 0";
+  // 12 bytes: three values a part, so params.block.0 (4 values) spans two.
+  const auto parts = encode_snapshot_parts(s, 12);
+  REQUIRE(parts.size() == 6u);
+  std::map<std::string, std::vector<float>> rebuilt;
+  for (const remote_message& m : parts) {
+    std::int64_t in_part = 0;
+    auto p = decode_snapshot_part(m);
+    REQUIRE(p);
+    CHECK(p->parts == 6);
+    CHECK_FALSE(p->whole());
+    CHECK(p->header.owner == 0);
+    CHECK(p->header.step == 9);
+    CHECK(p->header.loss_scale == "1024 0 0");
+    CHECK(p->header.ranges.at("head").hi == 2);
+    for (const snapshot_piece& piece : p->pieces) {
+      auto& t = rebuilt[piece.name];
+      t.resize(static_cast<std::size_t>(piece.total));
+      const auto v = piece.values.to_vector();
+      std::copy(v.begin(), v.end(), t.begin() + piece.offset);
+      in_part += piece.values.numel();
+    }
+    CHECK(in_part <= 3);
+    CHECK_FALSE(decode_snapshot(m));  // a part is not a snapshot
+  }
+  REQUIRE(rebuilt.size() == s.tensors.size());
+  for (const auto& [name, t] : s.tensors) CHECK(rebuilt.at(name) == t.to_vector());
+  // Room for everything: one message, a whole snapshot.
+  const auto one = encode_snapshot_parts(s, 1 << 20);
+  REQUIRE(one.size() == 1u);
+  auto whole = decode_snapshot(one[0]);
+  REQUIRE(whole);
+  CHECK(whole->tensors.size() == s.tensors.size());
+
+  // A piece past its tensor's end, and offsets without totals, are refused.
+  auto piece_message = [&](std::int64_t offset, std::int64_t total, bool totals) {
+    capnp::MallocMessageBuilder b;
+    auto r = b.initRoot<wire::TrainSnapshot>();
+    r.setOwner(0);
+    r.setStep(9);
+    r.setJob(42);
+    r.initNames(1).set(0, "m.head");
+    r.initOffsets(1).set(0, offset);
+    if (totals) r.initTotals(1).set(0, total);
+    r.setParts(2);
+    remote_message m;
+    m.type = train_msg::snap;
+    m.body = capnp_body::flat(b);
+    m.tensors.push_back(values({1, 2}));
+    return m;
+  };
+  CHECK(decode_snapshot_part(piece_message(2, 4, true)));
+  CHECK_FALSE(decode_snapshot_part(piece_message(3, 4, true)));
+  CHECK_FALSE(decode_snapshot_part(piece_message(-1, 4, true)));
+  CHECK_FALSE(decode_snapshot_part(piece_message(0, 4, false)));
+}
+
 TEST_CASE("a keeper's index round-trips as a train.snaps message, and malformed ones are bad_message") {
   snapshot_index x;
   x.holder = 2;
@@ -223,6 +284,82 @@ TEST_CASE("a keeper holds the two newest snapshots of the owners it keeps, only 
   auto f = safetensors_file::open(checkpoint_step_dir(h, 3) / shard_file_name(0));
   CHECK(f->metadata().at("range.head") == "0 2 4");
   CHECK(f->metadata().at("holder") == "1");
+  holder->unpublish(snapshot_keeper_name(42));
+  caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a keeper holds a snapshot that came in parts once its last part came, and serves it in ranges: a fetch "
+          "of small pieces equals the snapshot") {
+  auto holder = start_test_node();
+  auto peer = start_test_node();
+  auto keeper = start_rank1_keeper(*holder, *peer, {});
+  REQUIRE(peer->connect(holder->endpoint()));
+  auto remote = peer->remote_actor(holder->id(), snapshot_keeper_name(42));
+  REQUIRE(remote);
+  const auto timeout = std::chrono::seconds(30);
+  auto index_of = [&] {
+    auto x = fetch_snapshot_index(*peer, holder->id(), 42, timeout);
+    REQUIRE(x);
+    return *x;
+  };
+  const rank_snapshot s = snapshot_of(0, 5, 42, 7);
+  auto parts = encode_snapshot_parts(s, 12);  // six parts
+  REQUIRE(parts.size() == 6u);
+  // All but the last: not held yet (the peer's messages arrive in order,
+  // so an index asked after a later whole snapshot saw them).
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) caf::anon_send(*remote, parts[i]);
+  caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 4, 42, 1)));
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (index_of().snapshots.empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(index_of().snapshots.size() == 1u);
+  CHECK(index_of().snapshots[0].step == 4);
+  caf::anon_send(*remote, parts.back());
+  deadline = std::chrono::steady_clock::now() + timeout;
+  while (index_of().snapshots.size() < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const snapshot_index x = index_of();
+  REQUIRE(x.snapshots.size() == 2u);
+  CHECK(x.snapshots[1].step == 5);
+  CHECK(x.snapshots[1].bytes() == s.bytes());
+
+  // Fetched in requests of 8 bytes (two values): the same tensors.
+  auto fetched = fetch_snapshot(*peer, holder->id(), 42, 0, 5, {}, timeout, 8);
+  REQUIRE(fetched);
+  REQUIRE(fetched->tensors.size() == s.tensors.size());
+  for (std::size_t i = 0; i < s.tensors.size(); ++i) {
+    CHECK(fetched->tensors[i].first == s.tensors[i].first);
+    CHECK(fetched->tensors[i].second.to_vector() == s.tensors[i].second.to_vector());
+  }
+  CHECK(fetched->ranges.at("head").hi == 2);
+  auto one = fetch_snapshot(*peer, holder->id(), 42, 0, 5, {"params.head"}, timeout, 12);
+  REQUIRE(one);
+  REQUIRE(one->tensors.size() == 1u);
+  CHECK(one->tensors[0].second.to_vector() == std::vector<float>{7, 8, 9, 10});
+  // A ranged request past a tensor's end is refused by the keeper.
+  snapshot_wanted past{0, 5, 42, {"params.head"}, {{2, 3}}};
+  auto refused = peer->request(holder->id(), snapshot_keeper_name(42), encode_wanted(past), timeout);
+  REQUIRE_FALSE(refused);
+  CHECK(error_message(refused.error()).find("of params.head, which has 4") != std::string::npos);
+
+  // Parts that disagree on how many there are: dropped, nothing held.
+  auto six = encode_snapshot_parts(snapshot_of(0, 6, 42, 2), 12);
+  auto two = encode_snapshot_parts(snapshot_of(0, 6, 42, 2), 32);
+  REQUIRE(two.size() == 2u);
+  caf::anon_send(*remote, six[0]);
+  caf::anon_send(*remote, two[1]);
+  for (std::size_t i = 1; i < six.size(); ++i) caf::anon_send(*remote, six[i]);
+  caf::anon_send(*remote, two[0]);
+  caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 7, 42, 1)));  // seen once these were
+  deadline = std::chrono::steady_clock::now() + timeout;
+  auto steps_held = [&] {
+    std::set<std::int64_t> out;
+    for (const snapshot_listing& l : index_of().snapshots) out.insert(l.step);
+    return out;
+  };
+  while (!steps_held().count(7) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(steps_held() == std::set<std::int64_t>{5, 7});
   holder->unpublish(snapshot_keeper_name(42));
   caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown);
 }

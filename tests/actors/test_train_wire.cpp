@@ -39,6 +39,16 @@ TEST_CASE("training message bodies round-trip and malformed ones are bad_message
   CHECK(p->hop == 2);
   CHECK(p->from == 5);
   CHECK(p->job == 99u);
+  CHECK(p->lo == 0);
+  CHECK(p->hi == 0);
+  // An ask for a piece of parameters (train.paramsask) carries its range;
+  // a range that ends before it starts, or starts below 0, is malformed.
+  auto ask = decode_train_packet(encode_body(train_packet{7, 3, 1, -1, 99, 4096, 8192}));
+  REQUIRE(ask);
+  CHECK(ask->lo == 4096);
+  CHECK(ask->hi == 8192);
+  CHECK_FALSE(decode_train_packet(encode_body(train_packet{7, 3, 1, -1, 99, 8192, 4096})));
+  CHECK_FALSE(decode_train_packet(encode_body(train_packet{7, 3, 1, -1, 99, -1, 4096})));
 
   auto r = decode_train_report(encode_body(train_report{2, 9, 1.5, 0.25}));
   REQUIRE(r);

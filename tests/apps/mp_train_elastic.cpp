@@ -185,6 +185,28 @@ TEST_CASE("--elastic, one replica per stage: the dead stage's parameters and mom
   CHECK(events[0]["resume_from"].get<int>() >= 3);
 }
 
+TEST_CASE("--elastic --message-piece-bytes: a stage's snapshot reaches its buddy in parts and the next grid fetches "
+          "it in ranges, so a stage larger than one message is recovered from memory with the single-process losses") {
+  // 4 KiB pieces: every block's parameters and moments (about 13,000
+  // values each here) travel in several messages, as a real model's
+  // stage does in 256 MiB pieces.
+  temp_dir_guard tmp("mp-train-elastic-pieces");
+  const job j = slow_job(tmp, 16);
+  const auto [events, err] = faulted_run(
+      train_args(j, {"--pp", "2", "--dp", "1", "--elastic", "--link-profile", "lat=4ms", "--timeout-s", "60",
+                     "--message-piece-bytes", "4096"}),
+      4, {0}, SIGKILL, reference_losses(j, fresh_gpt2(j)));
+  REQUIRE(events.size() == 1u);
+  CHECK(events[0]["to"] == "1x1 [0,4)");
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+  CHECK(events[0]["bytes"].get<double>() > 10 * 4096);
+  // No part refused or disagreeing on the way (the killed rank's own
+  // messages are dropped, as ever).
+  CHECK(err.find("dropping a snapshot") == std::string::npos);
+  CHECK(err.find("dropping rank") == std::string::npos);
+}
+
 TEST_CASE("--elastic on 1x4 and 3x2: a rank killed, recovered from memory, the single-process losses") {
   for (const auto& [pp, dp, victim] : std::vector<std::tuple<int, int, int>>{{1, 4, 2}, {3, 2, 3}}) {
     CAPTURE(pp);

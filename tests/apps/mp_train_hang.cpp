@@ -198,3 +198,22 @@ TEST_CASE("--elastic --hang-s: after a lost activation the deadlocked grid start
   MESSAGE("lost to re-planned: " << replanned_after << " s");
   CHECK(replanned_after < 40);  // --timeout-s is 60
 }
+
+TEST_CASE("--save --hang-s: the coordinator asks a rank for one group at a time, so a lost ask leaves the two "
+          "waiting on each other, named as a cycle, and no model file is left") {
+  // Were the groups pushed unasked, losing an ask would change nothing.
+  temp_dir_guard tmp("mp-train-lost-ask");
+  const fs::path out = tmp.path() / "saved";
+  const auto [err, took] = failing_fault(tmp, 0, [](const std::string& endpoint, const std::string& token) {
+    lose_message(endpoint, token, "train.paramsask");
+  }, {"--timeout-s", "120", "--hang-s", "2", "--save", out.string()});
+  INFO("stderr: " << err);
+  CHECK(err.find("the job is deadlocked") != std::string::npos);
+  CHECK(err.find("rank 1 (stage 1, replica 0, blocks 2..3) waits for the coordinator's ask for parameters") !=
+        std::string::npos);
+  CHECK(err.find("parameters of block.2") != std::string::npos);
+  CHECK_FALSE(fs::exists(out / "model.safetensors"));
+  CHECK_FALSE(fs::exists(out / "config.json"));
+  MESSAGE("lost to failed: " << took << " s");
+  CHECK(took < 90);  // 40 steps, then the save; --timeout-s is 120
+}

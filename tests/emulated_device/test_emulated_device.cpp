@@ -23,8 +23,10 @@
 #include "actors/node.hpp"
 #include "actors/train_job.hpp"
 #include "kernels/backend.hpp"
+#include "model/block.hpp"
 #include "model/generator.hpp"
 #include "model/head.hpp"
+#include "model/params.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
@@ -215,6 +217,42 @@ TEST_CASE("emulated device: pipeline x data-parallel ranks on devices train exac
       if (v.dp == 1 && v.clip == 0.0f) CHECK(s.waits > 0);
     }
   }
+}
+
+TEST_CASE("emulated device: --save asked for in pieces (several to every block and to the head, one at a time) "
+          "writes the bytes whole groups write, from device ranks and cpu ranks") {
+  testing::tiny_model_options tiny = options_for(architecture::gpt2);  // tied: rank 0 sends the head
+  testing::temp_dir_guard dir("emulated-save-pieces");
+  testing::write_tiny_model(dir / "model", tiny);
+  const model_config cfg = load_config(dir / "model");
+  const auto tokens = some_ids(2000, cfg.vocab_size, 31);
+  const std::int64_t block_values = param_set::size_of(block_layout(cfg));
+  const std::int64_t head_values = param_set::size_of(head_layout(cfg));
+
+  dist_train_options o = job(cfg, 2, 2, 2);
+  o.save_dir = dir / "whole";
+  run_job(o, cfg, tokens, false);
+  // 1000 bytes: 250 values, which no tensor's 16-value alignment divides.
+  o.message_piece_bytes = 1000;
+  REQUIRE(block_values > 3 * 250);
+  REQUIRE(head_values > 3 * 250);
+  REQUIRE(block_values % 250 != 0);
+  o.save_dir = dir / "pieces-dev";
+  run_job(o, cfg, tokens, true);
+  o.save_dir = dir / "pieces-cpu";
+  run_job(o, cfg, tokens, false);
+  const auto whole = read_whole_file(dir / "whole" / "model.safetensors");
+  CHECK(read_whole_file(dir / "pieces-dev" / "model.safetensors") == whole);
+  CHECK(read_whole_file(dir / "pieces-cpu" / "model.safetensors") == whole);
+
+  // The coordinator refuses a piece no message takes, or a silly one, before anything starts.
+  auto n = start_local_node();
+  for (const std::int64_t bytes : {std::int64_t{63}, (std::int64_t{512} << 20) + 1}) {
+    o.message_piece_bytes = bytes;
+    CHECK_THROWS_WITH_AS(run_train_coordinator(*n, o, cfg, [](const dist_step_report&) {}),
+                         doctest::Contains("from 64 bytes to 512 MiB"), std::invalid_argument);
+  }
+  n->stop();
 }
 
 TEST_CASE("emulated device: pipeline x data-parallel ranks of a mixture-of-experts model train exactly as ranks on the cpu") {
