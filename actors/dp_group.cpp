@@ -290,9 +290,9 @@ std::string dp_group::snapshot(int step, const std::string& loss_scale) {
     }
     caf::anon_send(s_.keeper, encode_snapshot(snap));
     if (s_.buddy < 0) return {};
-    // The buddy on the same stage holds the parameters already.
-    // In parts of bounded size: a stage's moments are often larger than
-    // the most one message may carry.
+    // The buddy on the same stage holds the parameters already. The copy
+    // goes in parts of bounded size: a stage's moments are often larger
+    // than the most one message may carry.
     const rank_snapshot for_buddy = s_.buddy_params ? snap : snap.without_params();
     try {
       if (!buddy_keeper_) buddy_keeper_ = s_.comm->actor_of(s_.buddy, snapshot_keeper_name(s_.comm->job()));

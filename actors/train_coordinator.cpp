@@ -27,6 +27,7 @@
 #include "actors/node.hpp"
 #include "actors/train_comm.hpp"
 #include "actors/train_job.hpp"
+#include "actors/train_save.hpp"
 #include "actors/train_scheduler.hpp"
 #include "actors/train_snapshots.hpp"
 #include "actors/train_stall.hpp"
@@ -473,64 +474,36 @@ class coordinator {
   }
 
   // Replica 0 of every stage sends its blocks (rank 0 the head), one
-  // piece at a time as asked, watched as the steps are: a rank that stops
-  // sending is named.
+  // piece at a time as asked (actors/train_save.hpp), watched as the steps
+  // are: a rank that stops sending is named.
   void save_model() {
     // Each group goes to the file once its pieces came (a group of one
     // piece read in place from its message; the model never gathered);
     // the file takes its name once all came. The next piece is asked for
-    // as one comes, so one travels while the last is written: the
-    // coordinator holds at most a group and a piece, a rank one piece.
+    // as one comes, so it travels while the last is written: the
+    // coordinator holds at most a group and two pieces, a rank one piece.
     saving_ = std::make_unique<model_writer>(o_.save_dir, cfg_);
-    const std::int64_t piece = o_.message_piece_bytes / static_cast<std::int64_t>(sizeof(float));
+    auto asks = std::make_shared<const std::vector<param_ask>>(plan_param_asks(o_.layout, cfg_, o_.message_piece_bytes));
     auto ws = std::make_shared<std::vector<wanted>>();
-    auto asks = std::make_shared<std::vector<train_packet>>();
-    std::map<int, int> asked;  // rank -> asks so far (the next ask's number at that rank)
-    auto add = [&](int id, int rank) {
-      const std::int64_t size = param_set::size_of(layout_of(id));
-      for (std::int64_t lo = 0; lo < size; lo += piece) {
-        const std::int64_t hi = std::min(size, lo + piece);
-        const int n = asked[rank]++;
-        std::string what = "parameters of " + bucket_name(id);
-        if (hi - lo < size) what += " (values " + std::to_string(lo) + ".." + std::to_string(hi - 1) + ")";
-        ws->push_back({train_msg::params, o_.steps, id, rank, std::move(what), true, n});
-        asks->push_back({o_.steps, id, n, -1, run_, lo, hi});
-      }
-    };
-    add(head_bucket, 0);
-    for (int v = 0; v < o_.layout.virtual_stages(); ++v)
-      for (int b = o_.layout.boundaries[static_cast<std::size_t>(v)]; b < o_.layout.boundaries[static_cast<std::size_t>(v + 1)]; ++b)
-        add(b, o_.layout.rank_of(v % o_.layout.pp, 0));
-    auto ask = [this, ws, asks](std::size_t i) {
-      if (i < ws->size()) send((*ws)[i].from, train_msg::params_ask, encode_body((*asks)[i]));
+    for (const param_ask& a : *asks) ws->push_back({train_msg::params, o_.steps, a.bucket, a.rank, a.what(), true, a.n});
+    auto ask = [this, asks](std::size_t i) {
+      if (i >= asks->size()) return;
+      const param_ask& a = (*asks)[i];
+      send(a.rank, train_msg::params_ask, encode_body(train_packet{o_.steps, a.bucket, a.n, -1, run_, a.lo, a.hi}));
     };
     ask(0);
-    auto group = std::make_shared<Tensor>();  // a group of several pieces, as they come
+    auto groups = std::make_shared<param_group_builder>(cfg_);
     take_each(
         ws, 0,
-        [this, ws, asks, ask, group](std::size_t i, remote_message m) {
+        [this, asks, ask, groups](std::size_t i, remote_message m) {
           ask(i + 1);
-          const wanted& w = (*ws)[i];
-          const train_packet& a = (*asks)[i];
-          const std::string what = "the " + w.what + " from " + o_.layout.label(w.from);
-          if (m.tensors.size() != 1 || m.tensors[0].type() != dtype::f32 || m.tensors[0].shape().size() != 1 ||
-              m.tensors[0].numel() != a.hi - a.lo)
-            throw train_error(what + " are not " + std::to_string(a.hi - a.lo) + " f32 values");
-          const auto layout = layout_of(w.slot);
-          const std::int64_t size = param_set::size_of(layout);
-          Tensor values = std::move(m.tensors[0]);
-          if (a.hi - a.lo < size) {
-            if (a.lo == 0) *group = Tensor::empty({size});
-            group->slice(a.lo, a.hi).copy_from(values);
-            if (a.hi < size) return;
-            values = std::move(*group);
-            *group = Tensor();
-          }
-          const param_set params(layout, std::move(values));
-          if (w.slot == head_bucket) {
-            saving_->write_head(params);
+          const param_ask& a = (*asks)[i];
+          const std::optional<param_set> group = groups->add(a, std::move(m.tensors), o_.layout.label(a.rank));
+          if (!group) return;
+          if (a.bucket == head_bucket) {
+            saving_->write_head(*group);
           } else {
-            saving_->write_block(w.slot, params);
+            saving_->write_block(a.bucket, *group);
           }
         },
         [this] {
@@ -538,11 +511,6 @@ class coordinator {
           saving_.reset();
           all_done();
         });
-  }
-
-  /// The parameter layout of bucket `id`.
-  std::vector<std::pair<std::string, shape_t>> layout_of(int id) const {
-    return id == head_bucket ? head_layout(cfg_) : block_layout(cfg_);
   }
 
   void all_done() {
@@ -612,9 +580,9 @@ void run_train_coordinator(node& n, const dist_train_options& o, const model_con
 int run_train_coordinator(node& n, const dist_train_options& o, const model_config& cfg, const coordinator_hooks& hooks,
                           std::shared_ptr<train_inbox> inbox) {
   check_layout(o.layout, cfg.n_layers);
-  if (o.message_piece_bytes < 64 || o.message_piece_bytes > max_message_piece_bytes)
+  if (o.message_piece_bytes < min_message_piece_bytes || o.message_piece_bytes > max_message_piece_bytes)
     throw std::invalid_argument("message_piece_bytes of " + std::to_string(o.message_piece_bytes) +
-                                ": a piece of a message takes from 64 bytes to 512 MiB");
+                                ": a piece of a message takes from 4 KiB to 512 MiB");
   coordinator c(n, o, cfg, hooks, std::move(inbox));
   return c.run();
 }

@@ -136,8 +136,10 @@ struct memory_restore {
 /// The most buckets' rings a DP-group actor runs side by side.
 inline constexpr int max_rings_at_once = 64;
 
-/// The largest dist_train_options::message_piece_bytes (half of a node's
-/// default largest message).
+/// The smallest and largest dist_train_options::message_piece_bytes (the
+/// largest half of a node's default largest message; the smallest keeps a
+/// save's asks and a snapshot's parts to a number a run can afford).
+inline constexpr std::int64_t min_message_piece_bytes = 4096;
 inline constexpr std::int64_t max_message_piece_bytes = std::int64_t{512} << 20;
 
 struct dist_train_options {
@@ -218,8 +220,8 @@ struct dist_train_options {
   /// The most bytes of tensor values one message of --save's parameters,
   /// of a buddy's in-memory snapshot or of a snapshot fetch carries (a
   /// node refuses messages over 1 GiB by default, and a real model's
-  /// groups and stages are larger): larger ones go in pieces. From 64
-  /// bytes to 512 MiB (fetch_snapshot's default is the same 256 MiB).
+  /// groups and stages are larger): larger ones go in pieces. From 4 KiB
+  /// to 512 MiB (fetch_snapshot's default is the same 256 MiB).
   std::int64_t message_piece_bytes = std::int64_t{256} << 20;
   /// Shaping of the link between ranks a and b at [a * world + b] (a net
   /// link profile such as "bw=10Gbit,lat=5us"; "" = unshaped). Empty = no

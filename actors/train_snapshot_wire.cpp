@@ -6,17 +6,17 @@
 #include <stdexcept>
 
 #include "actors/capnp_body.hpp"
+#include "net/codec.hpp"
 #include "net/wire.capnp.h"
 
 namespace corolla {
 
 namespace {
 
-/// Snapshots (and parts, and requests) of more tensors than this are
-/// refused (three per bucket).
-constexpr unsigned max_snapshot_tensors = 3 * 4096;
 /// A snapshot in more parts than this is refused.
 constexpr int max_snapshot_parts = 1 << 20;
+static_assert(max_snapshot_message_tensors == net::decode_limits{}.max_tensors,
+              "a snapshot message carries as many tensors as a node takes");
 /// A piece of a tensor larger than this (values) is refused: its keeper
 /// would make room for the whole tensor.
 constexpr std::int64_t max_tensor_values = std::int64_t{1} << 40;
@@ -113,7 +113,13 @@ remote_message encode_snapshot(const rank_snapshot& s) {
 }
 
 std::vector<remote_message> encode_snapshot_parts(const rank_snapshot& s, std::int64_t max_bytes) {
-  const std::int64_t room_values = std::max<std::int64_t>(1, max_bytes / static_cast<std::int64_t>(sizeof(float)));
+  // A part's room, grown where the snapshot would need more parts than a
+  // keeper takes.
+  std::int64_t values = 0;
+  for (const auto& [name, t] : s.tensors) values += t.numel();
+  const std::int64_t room_values =
+      std::max({std::int64_t{1}, max_bytes / static_cast<std::int64_t>(sizeof(float)),
+                (values + max_snapshot_parts / 2 - 1) / (max_snapshot_parts / 2)});
   std::vector<std::vector<snapshot_piece>> parts(1);
   std::int64_t room = room_values;
   for (const auto& [name, t] : s.tensors) {
@@ -121,7 +127,7 @@ std::vector<remote_message> encode_snapshot_parts(const rank_snapshot& s, std::i
     const std::int64_t n = t.numel();
     std::int64_t at = 0;
     do {
-      if (room == 0 || parts.back().size() >= max_snapshot_tensors) {
+      if (room == 0 || parts.back().size() >= max_snapshot_message_tensors) {
         parts.emplace_back();
         room = room_values;
       }

@@ -25,6 +25,13 @@
 
 namespace corolla {
 
+/// Snapshots (and requests, and listings) of more tensors than this are
+/// refused (three per bucket).
+inline constexpr unsigned max_snapshot_tensors = 3 * 4096;
+/// The most tensors (or pieces) one train.snap message carries: what a
+/// node takes in one message (net::decode_limits).
+inline constexpr std::size_t max_snapshot_message_tensors = 64;
+
 /// Values [offset, offset + values.numel()) of a snapshot's tensor `name`,
 /// which has `total` values.
 struct snapshot_piece {
@@ -51,9 +58,10 @@ struct snapshot_part {
 /// (to a rank's own keeper) and keepers' answers use it.
 remote_message encode_snapshot(const rank_snapshot& s);
 /// `s` as train.snap messages of at most `max_bytes` of values each (at
-/// least one value each): tensors in order, one split where the room of a
-/// message ends. One message when it fits. The pieces are views of `s`'s
-/// tensors.
+/// least one value each; more where the snapshot would need over 2^19
+/// parts) and max_snapshot_message_tensors pieces: tensors in order, one
+/// split where the room of a message ends. One message when it fits. The
+/// pieces are views of `s`'s tensors.
 std::vector<remote_message> encode_snapshot_parts(const rank_snapshot& s, std::int64_t max_bytes);
 /// `pieces` of the snapshot `header` names as one train.snap message, one
 /// of `parts` (a keeper's answer to a ranged train.snapget is one part of

@@ -125,7 +125,7 @@ caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, st
   for (const auto& [name, total] : wanted) {
     std::int64_t at = 0;
     do {
-      if (room == 0) {
+      if (room == 0 || requests.back().names.size() >= max_snapshot_message_tensors) {
         requests.push_back({owner, step, job, {}, {}});
         room = room_values;
       }
@@ -161,7 +161,11 @@ caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, st
     for (std::size_t i = 0; i < w.names.size(); ++i) {
       snapshot_piece& p = part->pieces[i];
       const auto [lo, count] = w.ranges[i];
-      if (p.name != w.names[i] || p.offset != lo || p.values.numel() != count)
+      const auto listed = std::find_if(wanted.begin(), wanted.end(), [&](const auto& x) { return x.first == p.name; });
+      // The ranges asked for tile each tensor in order: checked piece by
+      // piece, every value of the result was written.
+      if (p.name != w.names[i] || p.offset != lo || p.values.numel() != count || listed == wanted.end() ||
+          p.total != listed->second)
         return make_error(errc::bad_message, "the keeper of " + peer + " answered " + p.name + " values " +
                                                  std::to_string(p.offset) + "+" + std::to_string(p.values.numel()) +
                                                  " for " + w.names[i] + " values " + std::to_string(lo) + "+" +
@@ -222,9 +226,9 @@ namespace {
 
 /// A snapshot coming in parts: what came so far.
 struct snapshot_assembly {
-  rank_snapshot s;                       ///< its tensors made whole as pieces come
+  rank_snapshot s;                    ///< its tensors made whole as pieces come
   int parts = 0, came = 0;
-  std::int64_t values = 0, want = 0;     ///< values placed; the tensors' whole sizes
+  std::vector<std::int64_t> filled;   ///< per tensor of s, its values written so far (in order)
 };
 
 struct keeper_state {
@@ -296,6 +300,10 @@ caf::result<remote_message> answer_get(const keeper_state& st, const remote_mess
     return make_error(errc::unknown_actor, "rank " + std::to_string(st.setup.holder) + " holds no snapshot of rank " +
                                                std::to_string(w->owner) + " of step " + std::to_string(w->step));
   const rank_snapshot& s = *held;
+  const std::size_t asked = w->names.empty() ? s.tensors.size() : w->names.size();
+  if (asked > max_snapshot_message_tensors)
+    return make_error(errc::invalid_argument, "an answer of " + std::to_string(asked) + " tensors: ask for at most " +
+                                                  std::to_string(max_snapshot_message_tensors) + " at a time");
   if (w->names.empty()) return encode_snapshot(s);
   std::vector<snapshot_piece> pieces;
   for (std::size_t i = 0; i < w->names.size(); ++i) {
@@ -317,48 +325,66 @@ caf::result<remote_message> answer_get(const keeper_state& st, const remote_mess
 
 /// Places a part of a snapshot coming in parts; the snapshot once its
 /// last part came (nothing before, or when the parts disagree: logged and
-/// dropped).
+/// dropped). Each tensor's pieces must come in order, so a snapshot kept
+/// has every value written.
 std::optional<rank_snapshot> assemble(keeper_state& st, snapshot_part part) {
   const int owner = part.header.owner;
   const std::int64_t step = part.header.step;
-  auto [it, fresh] = st.assembling.try_emplace({owner, step});
-  snapshot_assembly& a = it->second;
-  auto drop = [&](const std::string& why) {
+  const auto key = std::make_pair(owner, step);
+  auto drop = [&st, owner, step, key](const std::string& why) {
     spdlog::warn("rank {}: dropping rank {}'s snapshot of step {}: {}", st.setup.holder, owner, step, why);
-    st.assembling.erase(it);
+    st.assembling.erase(key);
     return std::nullopt;
   };
-  if (fresh) {
-    a.s = part.header;
-    a.parts = part.parts;
+  auto found = st.assembling.find(key);
+  if (found == st.assembling.end()) {
     // At most kept_steps snapshots of an owner in the making: the oldest
-    // other one (whose parts stopped coming) goes.
+    // (whose parts stopped coming) goes; a stale part of it starts nothing.
     const auto first = st.assembling.lower_bound({owner, 0});
     std::size_t of_owner = 0;
     for (auto x = first; x != st.assembling.end() && x->first.first == owner; ++x) ++of_owner;
-    if (of_owner > kept_steps) st.assembling.erase(first != it ? first : std::next(first));
-  } else if (a.parts != part.parts) {
-    return drop("its parts say " + std::to_string(a.parts) + " and " + std::to_string(part.parts) + " parts");
-  }
-  for (snapshot_piece& p : part.pieces) {
-    auto t = std::find_if(a.s.tensors.begin(), a.s.tensors.end(), [&](const auto& x) { return x.first == p.name; });
-    if (t == a.s.tensors.end()) {
-      a.s.tensors.emplace_back(p.name, Tensor::empty({p.total}));
-      a.want += p.total;
-      t = std::prev(a.s.tensors.end());
-    } else if (t->second.numel() != p.total) {
-      return drop(p.name + " of " + std::to_string(t->second.numel()) + " and of " + std::to_string(p.total) +
-                  " values");
+    if (of_owner >= kept_steps) {
+      if (first->first.second > step) {
+        spdlog::warn("rank {}: dropping a part of rank {}'s snapshot of step {}: newer ones are coming",
+                     st.setup.holder, owner, step);
+        return std::nullopt;
+      }
+      st.assembling.erase(first);
     }
-    t->second.slice(p.offset, p.offset + p.values.numel()).copy_from(p.values);
-    a.values += p.values.numel();
+    found = st.assembling.emplace(key, snapshot_assembly{part.header, part.parts, 0, {}}).first;
+  }
+  snapshot_assembly& a = found->second;
+  if (a.parts != part.parts)
+    return drop("its parts say " + std::to_string(a.parts) + " and " + std::to_string(part.parts) + " parts");
+  try {
+    for (snapshot_piece& p : part.pieces) {
+      auto t = std::find_if(a.s.tensors.begin(), a.s.tensors.end(), [&](const auto& x) { return x.first == p.name; });
+      if (t == a.s.tensors.end()) {
+        if (p.offset != 0) return drop(p.name + " starts at value " + std::to_string(p.offset));
+        if (a.s.tensors.size() >= max_snapshot_tensors)
+          return drop("more than " + std::to_string(max_snapshot_tensors) + " tensors");
+        a.s.tensors.emplace_back(p.name, Tensor::empty({p.total}));
+        a.filled.push_back(0);
+        t = std::prev(a.s.tensors.end());
+      }
+      const auto i = static_cast<std::size_t>(t - a.s.tensors.begin());
+      if (t->second.numel() != p.total || a.filled[i] != p.offset)
+        return drop(p.name + " values " + std::to_string(p.offset) + ".." +
+                    std::to_string(p.offset + p.values.numel()) + " of " + std::to_string(p.total) + " after " +
+                    std::to_string(a.filled[i]) + " of " + std::to_string(t->second.numel()));
+      t->second.slice(p.offset, p.offset + p.values.numel()).copy_from(p.values);
+      a.filled[i] += p.values.numel();
+    }
+  } catch (const std::exception& e) {  // room for a tensor refused
+    return drop(e.what());
   }
   if (++a.came < a.parts) return std::nullopt;
-  if (a.values != a.want)
-    return drop(std::to_string(a.values) + " values came in its " + std::to_string(a.parts) + " parts, for tensors of " +
-                std::to_string(a.want));
+  for (std::size_t i = 0; i < a.s.tensors.size(); ++i)
+    if (a.filled[i] != a.s.tensors[i].second.numel())
+      return drop("its " + std::to_string(a.parts) + " parts left " + a.s.tensors[i].first + " at value " +
+                  std::to_string(a.filled[i]) + " of " + std::to_string(a.s.tensors[i].second.numel()));
   rank_snapshot whole = std::move(a.s);
-  st.assembling.erase(it);
+  st.assembling.erase(found);
   return whole;
 }
 

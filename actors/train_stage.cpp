@@ -240,7 +240,7 @@ void rank_runtime::advance() {
 
 void rank_runtime::end_steps() {
   // --save: the coordinator asks for the parameters this rank keeps, one
-  // bucket at a time; then finish.
+  // piece at a time; then finish.
   if (!o_.save_dir.empty() && last_step_ == o_.steps) {
     inbox_->drain(coordinator_id_);  // its peers may finish and leave now
     answer_params_ask(0);

@@ -386,8 +386,8 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--message-piece-bytes", args->message_piece_bytes,
                   "The most bytes of tensor values one message carries of --save's parameters, of an in-memory "
                   "snapshot sent to a buddy, or of a snapshot fetched by the next grid; larger ones go in pieces "
-                  "(64 to 536870912)")
-      ->check(CLI::Range(std::int64_t{64}, max_message_piece_bytes))
+                  "(4096 to 536870912)")
+      ->check(CLI::Range(min_message_piece_bytes, max_message_piece_bytes))
       ->capture_default_str()
       ->group(dist);
   cmd->add_option("--hang-s", args->hang_s,

@@ -212,7 +212,7 @@ struct TrainRoster {
 struct TrainPacket {
   step @0 :Int64;
   index @1 :Int32;         # micro-batch (act, grad) or bucket (rs, ag, params; -1 = the head)
-  hop @2 :Int32;           # ring hop (rs, ag); 0 otherwise
+  hop @2 :Int32;           # ring hop (rs, ag); the ask's number at the rank (paramsask, params); 0 otherwise
   from @3 :Int32;          # the sender's rank
   job @4 :UInt64;          # the run's id from the roster (messages of another run are never taken)
   lo @5 :Int64;            # train.paramsask: the first of the bucket's flat values wanted

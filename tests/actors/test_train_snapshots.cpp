@@ -350,6 +350,11 @@ TEST_CASE("a keeper holds a snapshot that came in parts once its last part came,
   caf::anon_send(*remote, two[1]);
   for (std::size_t i = 1; i < six.size(); ++i) caf::anon_send(*remote, six[i]);
   caf::anon_send(*remote, two[0]);
+  // Two parts whose pieces overlap (m.head's values 0..1 twice, 2..3
+  // never): as many values as the tensor has, but not all of them; dropped.
+  rank_snapshot head8 = snapshot_of(0, 8, 42, 1).header();
+  caf::anon_send(*remote, encode_snapshot_pieces(head8, {{"m.head", 0, 4, values({1, 2})}}, 2));
+  caf::anon_send(*remote, encode_snapshot_pieces(head8, {{"m.head", 0, 4, values({1, 2})}}, 2));
   caf::anon_send(*remote, encode_snapshot(snapshot_of(0, 7, 42, 1)));  // seen once these were
   deadline = std::chrono::steady_clock::now() + timeout;
   auto steps_held = [&] {

@@ -232,11 +232,11 @@ TEST_CASE("emulated device: --save asked for in pieces (several to every block a
   dist_train_options o = job(cfg, 2, 2, 2);
   o.save_dir = dir / "whole";
   run_job(o, cfg, tokens, false);
-  // 1000 bytes: 250 values, which no tensor's 16-value alignment divides.
-  o.message_piece_bytes = 1000;
-  REQUIRE(block_values > 3 * 250);
-  REQUIRE(head_values > 3 * 250);
-  REQUIRE(block_values % 250 != 0);
+  // 4100 bytes: 1025 values, which no tensor's 16-value alignment divides.
+  o.message_piece_bytes = 4100;
+  REQUIRE(block_values > 3 * 1025);
+  REQUIRE(head_values > 3 * 1025);
+  REQUIRE(block_values % 1025 != 0);
   o.save_dir = dir / "pieces-dev";
   run_job(o, cfg, tokens, true);
   o.save_dir = dir / "pieces-cpu";
@@ -247,10 +247,10 @@ TEST_CASE("emulated device: --save asked for in pieces (several to every block a
 
   // The coordinator refuses a piece no message takes, or a silly one, before anything starts.
   auto n = start_local_node();
-  for (const std::int64_t bytes : {std::int64_t{63}, (std::int64_t{512} << 20) + 1}) {
+  for (const std::int64_t bytes : {std::int64_t{4095}, (std::int64_t{512} << 20) + 1}) {
     o.message_piece_bytes = bytes;
     CHECK_THROWS_WITH_AS(run_train_coordinator(*n, o, cfg, [](const dist_step_report&) {}),
-                         doctest::Contains("from 64 bytes to 512 MiB"), std::invalid_argument);
+                         doctest::Contains("from 4 KiB to 512 MiB"), std::invalid_argument);
   }
   n->stop();
 }
