@@ -239,6 +239,9 @@ struct keeper_state {
   std::map<int, std::map<std::int64_t, rank_snapshot>> held;
   /// (owner, step) -> a snapshot whose parts are still coming
   std::map<std::pair<int, std::int64_t>, snapshot_assembly> assembling;
+  /// owner -> the newest step whose parts began to come: a part of it or
+  /// of an older step that finds no assembly (dropped, or stale) starts none.
+  std::map<int, std::int64_t> begun;
 };
 
 /// Writes every snapshot held; "" or the first error.
@@ -338,19 +341,21 @@ std::optional<rank_snapshot> assemble(keeper_state& st, snapshot_part part) {
   };
   auto found = st.assembling.find(key);
   if (found == st.assembling.end()) {
+    // Parts of one owner come in order, step after step: a part that finds
+    // no assembly of a step already begun belongs to a dropped snapshot
+    // (its rest follows) or a stale one.
+    if (auto b = st.begun.find(owner); b != st.begun.end() && step <= b->second) {
+      spdlog::debug("rank {}: ignoring a part of rank {}'s snapshot of step {} (dropped or stale)", st.setup.holder,
+                    owner, step);
+      return std::nullopt;
+    }
+    st.begun[owner] = step;
     // At most kept_steps snapshots of an owner in the making: the oldest
-    // (whose parts stopped coming) goes; a stale part of it starts nothing.
+    // (whose parts stopped coming) goes.
     const auto first = st.assembling.lower_bound({owner, 0});
     std::size_t of_owner = 0;
     for (auto x = first; x != st.assembling.end() && x->first.first == owner; ++x) ++of_owner;
-    if (of_owner >= kept_steps) {
-      if (first->first.second > step) {
-        spdlog::warn("rank {}: dropping a part of rank {}'s snapshot of step {}: newer ones are coming",
-                     st.setup.holder, owner, step);
-        return std::nullopt;
-      }
-      st.assembling.erase(first);
-    }
+    if (of_owner >= kept_steps) st.assembling.erase(first);
     found = st.assembling.emplace(key, snapshot_assembly{part.header, part.parts, 0, {}}).first;
   }
   snapshot_assembly& a = found->second;
