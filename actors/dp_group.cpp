@@ -1,7 +1,6 @@
 // The DP-group actor of a training rank (actors/dp_group.hpp).
 #include "actors/dp_group.hpp"
 
-#include <algorithm>
 #include <exception>
 #include <map>
 #include <utility>
@@ -248,9 +247,10 @@ std::int64_t dp_group::kept_param_values() const {
 std::string dp_group::publish_params(int steps, int id, int ask, std::int64_t lo, std::int64_t hi) {
   const std::string what = "the parameters of " + bucket_name(id);
   try {
-    auto it = std::find_if(buckets_.begin(), buckets_.end(), [id](const grad_bucket& b) { return b.id == id; });
-    if (it == buckets_.end() || !keeps_params(*it)) return s_.label + " was asked for " + what + ", which it does not keep";
-    const grad_bucket& b = *it;
+    const auto slot = slot_of_.find(id);
+    if (slot == slot_of_.end() || !keeps_params(buckets_[static_cast<std::size_t>(slot->second)]))
+      return s_.label + " was asked for " + what + ", which it does not keep";
+    const grad_bucket& b = buckets_[static_cast<std::size_t>(slot->second)];
     std::int64_t& sent = published_[id];
     if (lo != sent || hi <= lo || hi > b.params->size())
       return s_.label + " was asked for values [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of " + what +

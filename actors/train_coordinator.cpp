@@ -580,9 +580,7 @@ void run_train_coordinator(node& n, const dist_train_options& o, const model_con
 int run_train_coordinator(node& n, const dist_train_options& o, const model_config& cfg, const coordinator_hooks& hooks,
                           std::shared_ptr<train_inbox> inbox) {
   check_layout(o.layout, cfg.n_layers);
-  if (o.message_piece_bytes < min_message_piece_bytes || o.message_piece_bytes > max_message_piece_bytes)
-    throw std::invalid_argument("message_piece_bytes of " + std::to_string(o.message_piece_bytes) +
-                                ": a piece of a message takes from 4 KiB to 512 MiB");
+  check_message_piece_bytes(o.message_piece_bytes);
   coordinator c(n, o, cfg, hooks, std::move(inbox));
   return c.run();
 }

@@ -115,6 +115,12 @@ std::set<std::string> param_buckets(const train_layout& l, int rank) {
   return out;
 }
 
+void check_message_piece_bytes(std::int64_t bytes) {
+  if (bytes < min_message_piece_bytes || bytes > max_message_piece_bytes)
+    throw std::invalid_argument("message_piece_bytes of " + std::to_string(bytes) +
+                                ": a piece of a message takes from 4 KiB to 512 MiB");
+}
+
 std::string join_key(const dist_train_options& o, const model_config& cfg) {
   const auto& w = o.optimizer.adamw;
   char opt[256];

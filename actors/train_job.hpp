@@ -141,6 +141,8 @@ inline constexpr int max_rings_at_once = 64;
 /// save's asks and a snapshot's parts to a number a run can afford).
 inline constexpr std::int64_t min_message_piece_bytes = 4096;
 inline constexpr std::int64_t max_message_piece_bytes = std::int64_t{512} << 20;
+/// Throws std::invalid_argument when `bytes` is outside those bounds.
+void check_message_piece_bytes(std::int64_t bytes);
 
 struct dist_train_options {
   train_layout layout;

@@ -112,34 +112,49 @@ remote_message encode_snapshot(const rank_snapshot& s) {
   return encode_snapshot_pieces(s, pieces);
 }
 
-std::vector<remote_message> encode_snapshot_parts(const rank_snapshot& s, std::int64_t max_bytes) {
-  // A part's room, grown where the snapshot would need more parts than a
-  // keeper takes.
-  std::int64_t values = 0;
-  for (const auto& [name, t] : s.tensors) values += t.numel();
-  const std::int64_t room_values =
-      std::max({std::int64_t{1}, max_bytes / static_cast<std::int64_t>(sizeof(float)),
-                (values + max_snapshot_parts / 2 - 1) / (max_snapshot_parts / 2)});
-  std::vector<std::vector<snapshot_piece>> parts(1);
-  std::int64_t room = room_values;
-  for (const auto& [name, t] : s.tensors) {
-    const Tensor flat = t.view({t.numel()});
-    const std::int64_t n = t.numel();
+std::vector<std::vector<value_range>> pack_values(const std::vector<std::int64_t>& sizes, std::int64_t room,
+                                                  std::size_t max_ranges) {
+  room = std::max<std::int64_t>(1, room);
+  std::vector<std::vector<value_range>> out(1);
+  std::int64_t left = room;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
     std::int64_t at = 0;
     do {
-      if (room == 0 || parts.back().size() >= max_snapshot_message_tensors) {
-        parts.emplace_back();
-        room = room_values;
+      if (left == 0 || out.back().size() >= max_ranges) {
+        out.emplace_back();
+        left = room;
       }
-      const std::int64_t take = std::min(room, n - at);
-      parts.back().push_back({name, at, n, flat.slice(at, at + take)});
+      const std::int64_t take = std::min(left, sizes[t] - at);
+      out.back().push_back({t, at, take});
       at += take;
-      room -= take;
-    } while (at < n);
+      left -= take;
+    } while (at < sizes[t]);
   }
+  return out;
+}
+
+std::vector<remote_message> encode_snapshot_parts(const rank_snapshot& s, std::int64_t max_bytes) {
+  std::vector<std::int64_t> sizes;
+  std::int64_t values = 0;
+  for (const auto& [name, t] : s.tensors) {
+    sizes.push_back(t.numel());
+    values += t.numel();
+  }
+  // A part's room, grown where the snapshot would need more parts than a
+  // keeper takes.
+  const std::int64_t room = std::max(max_bytes / static_cast<std::int64_t>(sizeof(float)),
+                                     (values + max_snapshot_parts / 2 - 1) / (max_snapshot_parts / 2));
+  const auto parts = pack_values(sizes, room, max_snapshot_message_tensors);
   const rank_snapshot header = s.header();
   std::vector<remote_message> out;
-  for (const auto& pieces : parts) out.push_back(encode_snapshot_pieces(header, pieces, static_cast<int>(parts.size())));
+  for (const auto& ranges : parts) {
+    std::vector<snapshot_piece> pieces;
+    for (const value_range& r : ranges) {
+      const auto& [name, t] = s.tensors[r.tensor];
+      pieces.push_back({name, r.offset, t.numel(), t.view({t.numel()}).slice(r.offset, r.offset + r.count)});
+    }
+    out.push_back(encode_snapshot_pieces(header, pieces, static_cast<int>(parts.size())));
+  }
   return out;
 }
 

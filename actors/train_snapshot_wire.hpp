@@ -54,6 +54,18 @@ struct snapshot_part {
   rank_snapshot snapshot() &&;
 };
 
+/// Values [offset, offset + count) of the tensor at index `tensor` of a list.
+struct value_range {
+  std::size_t tensor = 0;
+  std::int64_t offset = 0, count = 0;
+};
+/// Tensors of `sizes` values, in order, packed into messages of at most
+/// `room` values (at least one) and `max_ranges` ranges each: a tensor
+/// split where a message's room ends. One message, empty, for no tensors.
+/// A snapshot's parts and a fetch's requests are planned by it.
+std::vector<std::vector<value_range>> pack_values(const std::vector<std::int64_t>& sizes, std::int64_t room,
+                                                  std::size_t max_ranges);
+
 /// `s` as one train.snap message (tensor i is entry i). In-process sends
 /// (to a rank's own keeper) and keepers' answers use it.
 remote_message encode_snapshot(const rank_snapshot& s);

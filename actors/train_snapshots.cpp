@@ -119,31 +119,23 @@ caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, st
   }
   // Requests of at most max_bytes of values each: whole tensors while they
   // fit, a larger one in ranges.
-  const std::int64_t room_values = std::max<std::int64_t>(1, max_bytes / static_cast<std::int64_t>(sizeof(float)));
-  std::vector<snapshot_wanted> requests(1, snapshot_wanted{owner, step, job, {}, {}});
-  std::int64_t room = room_values;
-  for (const auto& [name, total] : wanted) {
-    std::int64_t at = 0;
-    do {
-      if (room == 0 || requests.back().names.size() >= max_snapshot_message_tensors) {
-        requests.push_back({owner, step, job, {}, {}});
-        room = room_values;
-      }
-      const std::int64_t take = std::min(room, total - at);
-      requests.back().names.push_back(name);
-      requests.back().ranges.emplace_back(at, take);
-      at += take;
-      room -= take;
-    } while (at < total);
-  }
+  std::vector<std::int64_t> sizes;
+  for (const auto& [name, total] : wanted) sizes.push_back(total);
+  const auto requests =
+      pack_values(sizes, max_bytes / static_cast<std::int64_t>(sizeof(float)), max_snapshot_message_tensors);
   rank_snapshot out;
   out.owner = owner;
   out.step = step;
   out.job = job;
   out.ranges = listing->ranges;
   out.loss_scale = listing->loss_scale;
-  for (const snapshot_wanted& w : requests) {
-    if (w.names.empty()) continue;
+  for (const std::vector<value_range>& ranges : requests) {
+    if (ranges.empty()) continue;
+    snapshot_wanted w{owner, step, job, {}, {}};
+    for (const value_range& r : ranges) {
+      w.names.push_back(wanted[r.tensor].first);
+      w.ranges.emplace_back(r.offset, r.count);
+    }
     auto r = n.request(peer, snapshot_keeper_name(job), encode_wanted(w), timeout);
     if (!r) return r.error();
     if (r->type != train_msg::snap)
@@ -161,11 +153,10 @@ caf::expected<rank_snapshot> fetch_snapshot(node& n, const std::string& peer, st
     for (std::size_t i = 0; i < w.names.size(); ++i) {
       snapshot_piece& p = part->pieces[i];
       const auto [lo, count] = w.ranges[i];
-      const auto listed = std::find_if(wanted.begin(), wanted.end(), [&](const auto& x) { return x.first == p.name; });
       // The ranges asked for tile each tensor in order: checked piece by
       // piece, every value of the result was written.
-      if (p.name != w.names[i] || p.offset != lo || p.values.numel() != count || listed == wanted.end() ||
-          p.total != listed->second)
+      if (p.name != w.names[i] || p.offset != lo || p.values.numel() != count ||
+          p.total != wanted[ranges[i].tensor].second)
         return make_error(errc::bad_message, "the keeper of " + peer + " answered " + p.name + " values " +
                                                  std::to_string(p.offset) + "+" + std::to_string(p.values.numel()) +
                                                  " for " + w.names[i] + " values " + std::to_string(lo) + "+" +

@@ -97,10 +97,7 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
     o.hang_s = j.value("hang_s", o.hang_s);
     o.rings_at_once = j.value("rings_at_once", o.rings_at_once);
     o.message_piece_bytes = j.value("message_piece_bytes", o.message_piece_bytes);
-    if (o.message_piece_bytes < min_message_piece_bytes || o.message_piece_bytes > max_message_piece_bytes)
-      throw std::invalid_argument("message_piece_bytes must be between " + std::to_string(min_message_piece_bytes) +
-                                  " and " +
-                                  std::to_string(max_message_piece_bytes));
+    check_message_piece_bytes(o.message_piece_bytes);
     if (o.rings_at_once < 1 || o.rings_at_once > max_rings_at_once)
       throw std::invalid_argument("rings_at_once must be between 1 and " + std::to_string(max_rings_at_once));
     o.link_profiles = j.at("link_profiles").get<std::vector<std::string>>();

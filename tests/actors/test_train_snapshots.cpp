@@ -162,6 +162,25 @@ TEST_CASE("a snapshot larger than a message goes in parts of bounded size, tenso
   REQUIRE(whole);
   CHECK(whole->tensors.size() == s.tensors.size());
 
+  // The packing itself: a message's room in values and its count of
+  // ranges both end a message; nothing to pack is one empty message.
+  const auto packed = pack_values({5, 0, 2}, 3, 64);
+  REQUIRE(packed.size() == 3u);
+  CHECK(packed[0].size() == 1u);
+  CHECK(packed[0][0].count == 3);
+  CHECK(packed[1].size() == 3u);  // 5's last two, the empty tensor, 2's first
+  CHECK(packed[1][0].offset == 3);
+  CHECK(packed[1][1].count == 0);
+  CHECK(packed[1][2].tensor == 2u);
+  CHECK(packed[2][0].offset == 1);
+  const auto many = pack_values(std::vector<std::int64_t>(70, 1), 1 << 20, 64);
+  REQUIRE(many.size() == 2u);
+  CHECK(many[0].size() == 64u);
+  CHECK(many[1].size() == 6u);
+  const auto none = pack_values({}, 3, 64);
+  REQUIRE(none.size() == 1u);
+  CHECK(none[0].empty());
+
   // A piece past its tensor's end, and offsets without totals, are refused.
   auto piece_message = [&](std::int64_t offset, std::int64_t total, bool totals) {
     capnp::MallocMessageBuilder b;
