@@ -52,6 +52,7 @@ struct api_args {
   std::string device = "auto";
   std::string weights = "f32";
   std::string kv_dtype = "f32";
+  std::string adapter;  ///< --adapter: a LoRA adapter merged as the weights load (--local)
   int threads = 0;
   std::string log_level = "warn";
 };
@@ -70,6 +71,8 @@ int run_api(const api_args& a) {
     throw std::invalid_argument("give exactly one of --local (the model in this process) or --swarm / --swarm-dht");
   if (!a.local && a.batching != "on")
     throw std::invalid_argument("--batching off is for --local (a swarm's servers batch their sessions' steps)");
+  if (!a.local && !a.adapter.empty())
+    throw std::invalid_argument("--adapter is for --local (a swarm's servers serve the base model's weights)");
   if (a.prefix_sharing != "on" && a.local && a.batching != "on")
     throw std::invalid_argument("--prefix-sharing off is for --local with batching on (the batcher shares the pages) "
                                 "or --swarm (the servers share them)");
@@ -109,7 +112,7 @@ int run_api(const api_args& a) {
   std::optional<api::swarm_watch> watch;
   if (a.local) {
     Backend& be = backend_for(parse_device(a.device));
-    model.emplace(load_for_decoding(a.model, be, weights, "api"));
+    model.emplace(load_for_decoding(a.model, be, weights, "api", a.adapter));
     engine = api::make_local_engine(*model, a.parallel, weights, parse_kv_dtype_flag(a.kv_dtype),
                                     a.batching != "on"          ? api::local_decoding::per_request
                                     : a.isolate_requests        ? api::local_decoding::batched_isolated
@@ -223,6 +226,8 @@ void register_api(CLI::App& app, action_fn& action) {
   cmd->add_option("--weights", a->weights, "Linear weights decode reads: f32, bf16, int8 or nf4 (with --swarm: the LM head, int8 for nf4)")
       ->capture_default_str();
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache elements with --local: f32, bf16 or f16")->capture_default_str();
+  cmd->add_option("--adapter", a->adapter,
+                  "With --local: a LoRA adapter (a PEFT directory) merged into the weights as they load");
   cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")
       ->check(integer_between(0, max_cpu_threads))
       ->capture_default_str();

@@ -54,6 +54,7 @@ struct generate_options {
   bool stats = false;
   std::string device = "auto";
   std::string weights = "f32";  ///< --weights: dtype of the linear weights decode reads
+  std::string adapter;          ///< --adapter: a LoRA adapter merged as the weights load
   std::string kv_dtype = "f32";  ///< --kv-dtype: element type of the local KV cache
   std::string prompts;          ///< --prompts: trained deep prompts (corolla finetune --save)
   int threads = 0;
@@ -135,6 +136,9 @@ int run_generate(const generate_options& o) {
   // With --swarm the servers compute the blocks and the head stays on the
   // cpu (its hidden states come from and go to the wire): auto means cpu.
   const device where = o.device == "auto" && o.swarm.given() ? device{} : parse_device(o.device);
+  if (!o.adapter.empty() && o.swarm.given())
+    throw std::invalid_argument("--adapter " + o.adapter + ": with --swarm the servers hold the blocks, and they "
+                                "serve the base model's weights; merge the adapter locally (drop --swarm)");
   if (where.kind != device_kind::cpu && o.swarm.given())
     throw std::invalid_argument("--device " + o.device +
                                 ": with --swarm the client's head runs on the cpu; the servers' --device places the blocks");
@@ -147,7 +151,7 @@ int run_generate(const generate_options& o) {
   if (!o.swarm.given()) {
     // bf16, int8 or nf4: only those weights are kept (block by block), not
     // the f32 parameters beside them.
-    model.emplace(load_for_decoding(o.model, be, weights, "generate"));
+    model.emplace(load_for_decoding(o.model, be, weights, "generate", o.adapter));
   } else {
     // With --swarm, --weights covers the LM head held here; the servers'
     // blocks follow their own --weights.
@@ -260,6 +264,9 @@ void register_generate(CLI::App& app, action_fn& action) {
   cmd->add_option("--device", o->device, "auto (cuda:0 when a GPU is visible, else cpu), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--prompts", o->prompts,
                   "Trained deep prompts to generate after (the safetensors corolla finetune --save writes)");
+  cmd->add_option("--adapter", o->adapter,
+                  "A LoRA adapter (a PEFT directory, such as corolla train --lora-rank --save writes) merged into "
+                  "the weights as they load; not with --swarm");
   cmd->add_option("--kv-dtype", o->kv_dtype,
                   "Element type of the KV cache: f32, or bf16/f16 (half its memory; keys and values rounded once "
                   "as stored). With --swarm the servers' own --kv-dtype applies")

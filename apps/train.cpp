@@ -19,6 +19,7 @@
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
+#include "model/lora.hpp"
 #include "model/optimizer.hpp"
 #include "model/token_data.hpp"
 #include "model/tokenizer.hpp"
@@ -100,6 +101,12 @@ lr_schedule schedule_of(const train_args& a) {
 
 namespace {
 
+std::string targets_text(const lora_config& c) {
+  std::string s;
+  for (const auto& t : c.targets) s += (s.empty() ? "" : ", ") + t;
+  return s;
+}
+
 int run_train(const train_args& a) {
   // Before anything trains: a NaN learning rate would train to NaN and, saved, overwrite a good model.
   if (const std::string why = adamw_problem({.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps,
@@ -107,6 +114,14 @@ int run_train(const train_args& a) {
                                             a.grad_clip);
       !why.empty())
     throw std::invalid_argument(why);
+  const bool lora = a.lora_rank != 0 || !a.adapter.empty();
+  if (!lora && (a.lora_alpha != 0.0f || !a.lora_targets.empty() || a.lora_rslora))
+    throw std::invalid_argument("--lora-alpha, --lora-targets and --lora-rslora shape an adapter: add --lora-rank R");
+  if (lora && (!a.join.empty() || wants_distributed(a)))
+    throw model_error("--lora-rank and --adapter: adapters train in a single process only; drop --pp, --dp, "
+                      "--cluster, --rank and --join");
+  if (a.lora_rank != 0 && !a.adapter.empty())
+    throw std::invalid_argument("--lora-rank makes a new adapter and --adapter trains on a saved one: give one of them");
   if (!a.join.empty()) return run_train_join(a);
   if (wants_distributed(a)) return run_distributed_train(a);
   // Name the flags given, not every flag that needs ranks.
@@ -136,8 +151,22 @@ int run_train(const train_args& a) {
   Backend& be = backend_for(parse_device(a.device));
   bool fresh = false;
   transformer model = open_model(a.model, a.seed, be, fresh);
+  if (lora && fresh)
+    throw model_error(a.model + " holds no weights: an adapter of freshly drawn weights that are never saved "
+                      "would be of no use (train the whole model, or give a model with weights)");
   model.set_compute_dtype(compute);
   token_dataset data = open_data(a.data, a.model, model.config().vocab_size);
+  std::unique_ptr<lora_adapter> adapter;
+  if (!a.adapter.empty()) {
+    adapter = std::make_unique<lora_adapter>(lora_adapter::load(a.adapter, model.config(), be));
+  } else if (lora) {
+    lora_config c;
+    c.rank = a.lora_rank;
+    c.alpha = a.lora_alpha != 0.0f ? a.lora_alpha : static_cast<float>(a.lora_rank);
+    c.rslora = a.lora_rslora;
+    c.targets = a.lora_targets;
+    adapter = std::make_unique<lora_adapter>(lora_adapter::init(model.config(), c, a.seed, be));
+  }
 
   train_options o;
   o.batch = a.batch;
@@ -152,7 +181,14 @@ int run_train(const train_args& a) {
   o.log_every = a.log_every;
   o.progress = !a.json;
   o.save_dir = a.save;
+  o.adapter = adapter.get();
+  o.adapter_base = fs::absolute(a.model).lexically_normal().string();
   trainer train(model, data, o);
+  if (adapter && !a.json)
+    std::fprintf(stderr, "training a LoRA adapter: r %d, alpha %g, %s; %lld parameters (%.3f%% of the model's)\n",
+                 adapter->config().rank, static_cast<double>(adapter->config().alpha),
+                 targets_text(adapter->config()).c_str(), static_cast<long long>(adapter->numel()),
+                 100.0 * static_cast<double>(adapter->numel()) / static_cast<double>(model.config().parameter_count()));
 
   const train_summary s = train.run([&](const step_report& r) {
     if (a.json) {
@@ -182,13 +218,20 @@ int run_train(const train_args& a) {
       summary["loss_scale"] = train.scaler().scale();
     }
     if (!a.save.empty()) summary["saved"] = a.save;
+    if (adapter)
+      summary["adapter"] = {{"rank", adapter->config().rank},
+                            {"alpha", adapter->config().alpha},
+                            {"rslora", adapter->config().rslora},
+                            {"targets", adapter->config().targets},
+                            {"parameters", adapter->numel()}};
     std::printf("%s\n", summary.dump().c_str());
   } else {
     // Only `step` lines go to stdout; the summary is for people.
     std::fprintf(stderr, "trained %d steps (%lld tokens) in %.2f s: %.0f tokens/s on %s\n",
                  a.steps, static_cast<long long>(s.tokens), s.seconds, s.tokens_per_second,
                  be.name().c_str());
-    if (!a.save.empty()) std::fprintf(stderr, "saved to %s\n", a.save.c_str());
+    if (!a.save.empty())
+      std::fprintf(stderr, "saved %s to %s\n", adapter ? "the adapter (PEFT layout)" : "the model", a.save.c_str());
   }
   return 0;
 }
@@ -237,7 +280,21 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--save", args->save,
                   "Write the trained model here (HuggingFace layout, loadable by generate)")
       ->check(non_empty());
-  cmd->add_option("--seed", args->seed, "Seed of the fresh initialisation (config-only --model)")
+  cmd->add_option("--lora-rank", args->lora_rank,
+                  "Train a LoRA adapter of rank R instead of the whole model (single-process; the model's "
+                  "weights stay as they are, --save writes the adapter in PEFT's layout)")
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--lora-alpha", args->lora_alpha,
+                  "The adapter's alpha: its update is scaled by alpha / R (default: R, a scale of 1)")
+      ->check(CLI::Range(1e-6, 1e6));
+  cmd->add_option("--lora-targets", args->lora_targets,
+                  "Modules to adapt, comma-separated, by their HuggingFace names (q_proj, v_proj, ...; "
+                  "GPT-2: c_attn, c_proj, c_fc) or all-linear (default: q_proj,v_proj; GPT-2: c_attn)")
+      ->delimiter(',');
+  cmd->add_flag("--lora-rslora", args->lora_rslora, "Scale the adapter's update by alpha / sqrt(R) (rsLoRA)");
+  cmd->add_option("--adapter", args->adapter,
+                  "Train on from the LoRA adapter in DIR (a PEFT directory: its rank, alpha and targets)");
+  cmd->add_option("--seed", args->seed, "Seed of the fresh initialisation (config-only --model), or of a new LoRA adapter (--lora-rank)")
       ->check(unsigned_integer())
       ->capture_default_str();
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all cores)")

@@ -56,6 +56,12 @@ struct train_args {
   int log_every = 1;
   std::string save;
   std::uint64_t seed = 0;
+  // A LoRA adapter instead of the whole model (single-process; model/lora.hpp).
+  int lora_rank = 0;                ///< r; 0 = train the whole model
+  float lora_alpha = 0.0f;          ///< 0 = the rank (s = 1)
+  std::vector<std::string> lora_targets;  ///< empty: the family's default
+  bool lora_rslora = false;
+  std::string adapter;              ///< an adapter to train on from (its r, alpha, targets)
   int threads = 0;
   std::string device = "auto";
   std::string matmul = "f32";  ///< --matmul: precision of f32 products on a GPU (set_matmul_precision)

@@ -168,12 +168,13 @@ void load_gpt2_head(const checkpoint& ck, param_set& dst) {
 void load_block_params(const checkpoint& ck, const model_config& cfg, int layer, param_set& dst) {
   if (cfg.arch == architecture::gpt2) {
     load_gpt2_block(ck, cfg, layer, dst);
-    return;
+  } else {
+    for (const auto& e : dst.entries()) {
+      Tensor t = dst.get(e.name);
+      ck.load_into(llama_block_name(cfg, layer, e.name), t);
+    }
   }
-  for (const auto& e : dst.entries()) {
-    Tensor t = dst.get(e.name);
-    ck.load_into(llama_block_name(cfg, layer, e.name), t);
-  }
+  if (const block_patch* p = ck.patch()) p->apply(cfg, layer, dst);
 }
 
 void load_head_params(const checkpoint& ck, const model_config& cfg, param_set& dst) {

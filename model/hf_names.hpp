@@ -27,10 +27,21 @@
 
 namespace corolla {
 
+/// What changes a block's parameters as they load (a LoRA adapter merged
+/// into its base weights, model/lora.hpp): set on a checkpoint
+/// (checkpoint::set_patch), applied by load_block_params.
+class block_patch {
+ public:
+  virtual ~block_patch() = default;
+  /// Changes `block` (laid out by block_layout(cfg), f32 on the host), the
+  /// parameters of block `layer`.
+  virtual void apply(const model_config& cfg, int layer, param_set& block) const = 0;
+};
+
 /// Fills `dst` (laid out by block_layout(cfg)) with block `layer` of `ck`,
 /// converting names, layouts (GPT-2 Conv1D transposes, c_attn split) and
-/// dtypes. Throws model_error naming the tensor and file for a missing
-/// tensor or a wrong shape.
+/// dtypes, then applies the checkpoint's patch, if any. Throws model_error
+/// naming the tensor and file for a missing tensor or a wrong shape.
 void load_block_params(const checkpoint& ck, const model_config& cfg, int layer, param_set& dst);
 
 /// Fills `dst` (laid out by head_layout(cfg)) with the embeddings, final

@@ -14,6 +14,8 @@
 
 namespace corolla {
 
+class block_patch;
+
 /// One tensor's entry in a safetensors header.
 struct tensor_info {
   std::string name;
@@ -78,9 +80,14 @@ class checkpoint {
   void load_into(const std::string& name, Tensor& dst) const;
   std::vector<std::string> names() const;
   const std::filesystem::path& dir() const { return dir_; }
+  /// What load_block_params applies to each block it reads from here (a
+  /// LoRA adapter merged into the weights: model/lora.hpp); null: nothing.
+  void set_patch(std::shared_ptr<const block_patch> p) { patch_ = std::move(p); }
+  const block_patch* patch() const { return patch_.get(); }
 
  private:
   std::filesystem::path dir_;
+  std::shared_ptr<const block_patch> patch_;
   std::map<std::string, std::shared_ptr<safetensors_file>> by_name_;
 };
 

@@ -62,7 +62,8 @@ trainer::trainer(transformer& model, token_dataset& data, const train_options& o
     : model_(&model),
       data_(&data),
       options_(validated(model, data, options)),
-      optimizer_(model.groups(), options.optimizer, model.backend()),
+      lora_(options.adapter ? std::make_unique<lora_tuning>(model, *options.adapter) : nullptr),
+      optimizer_(lora_ ? lora_->groups() : model.groups(), options.optimizer, model.backend()),
       scaler_(options.optimizer.loss_scale) {}
 
 void check_micro_batch(int batch, int micro_batch) {
@@ -88,7 +89,7 @@ step_report trainer::step() {
   // With a 16-bit compute dtype, AdamW writes the blocks' compute weights
   // in its own pass (asked each step: the dtype may be set after this
   // trainer was made).
-  optimizer_.set_compute_copies(model_->compute_copies());
+  if (!lora_) optimizer_.set_compute_copies(model_->compute_copies());
   step_report r;
   r.loss_scale = scaler_.scale();
   // Micro-batch j adds the gradients of its mean loss times scale / k: the
@@ -101,6 +102,7 @@ step_report trainer::step() {
     loss += model_->forward_backward(ids.subspan(j * rows, rows), targets.subspan(j * rows, rows), M, T,
                                      r.loss_scale / static_cast<float>(k));
   r.loss = static_cast<float>(loss / k);
+  if (lora_) lora_->project();
   if (scaler_.dynamic()) {
     r.grad_norm = optimizer_.step_unscaling(r.loss_scale);
     r.skipped = overflowed(r.grad_norm);
@@ -109,7 +111,9 @@ step_report trainer::step() {
     r.grad_norm = optimizer_.step();
   }
   if (!r.skipped) {
-    if (optimizer_.writes_compute_copies())
+    if (lora_)
+      lora_->merge();
+    else if (optimizer_.writes_compute_copies())
       model_->compute_copies_written();
     else
       model_->params_changed();
@@ -146,7 +150,10 @@ train_summary trainer::run(const std::function<void(const step_report&)>& on_log
     if (!s.losses.empty() && !std::isfinite(s.losses.back()))
       throw model_error("the loss of step " + std::to_string(steps_done()) + " is not finite: the model diverged "
                         "and is not saved (" + options_.save_dir.string() + " is unchanged)");
-    model_->save(options_.save_dir);
+    if (options_.adapter)
+      options_.adapter->save(options_.save_dir, options_.adapter_base);
+    else
+      model_->save(options_.save_dir);
   }
   return s;
 }

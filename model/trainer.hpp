@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <vector>
 
+#include "model/lora.hpp"
 #include "model/loss_scale.hpp"
 #include "model/optimizer.hpp"
 #include "model/token_data.hpp"
@@ -38,8 +40,16 @@ struct train_options {
   /// piped or captured output never sees it.
   bool progress = false;
   /// When not empty, run() saves the trained model here (HuggingFace layout,
-  /// transformer::save) after the last step.
+  /// transformer::save) after the last step; with an adapter, the adapter
+  /// (PEFT layout, lora_adapter::save).
   std::filesystem::path save_dir;
+  /// When set, only this LoRA adapter trains (model/lora.hpp): the model's
+  /// own weights stay as they were, AdamW keeps moments of the adapter
+  /// alone, and clipping and the gradient norm are over its gradients.
+  /// Borrowed: it must outlive the trainer.
+  lora_adapter* adapter = nullptr;
+  /// With an adapter: base_model_name_or_path in the saved adapter_config.json.
+  std::string adapter_base;
 };
 
 /// The outcome of one step.
@@ -70,8 +80,9 @@ struct train_summary {
 /// before building a model.
 void check_micro_batch(int batch, int micro_batch);
 
-/// Trains `model` on `data`. Both are borrowed and must outlive the trainer;
-/// the trainer owns the optimiser (and so the AdamW moments).
+/// Trains `model` (or an adapter of it: train_options::adapter) on `data`.
+/// Both are borrowed and must outlive the trainer; the trainer owns the
+/// optimiser (and so the AdamW moments).
 class trainer {
  public:
   /// Validates the options against the model and the data; throws
@@ -113,6 +124,7 @@ class trainer {
   transformer* model_;
   token_dataset* data_;
   train_options options_;
+  std::unique_ptr<lora_tuning> lora_;  ///< with an adapter: before optimizer_, which takes its groups
   adamw_optimizer optimizer_;
   loss_scaler scaler_;
   int steps_done_ = 0;

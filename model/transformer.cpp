@@ -91,9 +91,11 @@ transformer& transformer::operator=(transformer&&) noexcept = default;
 transformer::~transformer() = default;
 
 transformer transformer::load(const std::filesystem::path& dir, Backend& be,
-                              const std::function<void(int done, int total)>& on_block) {
+                              const std::function<void(int done, int total)>& on_block,
+                              std::shared_ptr<const block_patch> patch) {
   model_config cfg = load_config(dir);
   checkpoint ck = checkpoint::open(dir);
+  ck.set_patch(std::move(patch));
   // Both place their parameters on the backend's device.
   class head h = head::load(ck, cfg, be);
   class stage s = stage::load(ck, cfg, 0, cfg.n_layers, be, on_block);
@@ -101,11 +103,13 @@ transformer transformer::load(const std::filesystem::path& dir, Backend& be,
 }
 
 transformer transformer::load_inference(const std::filesystem::path& dir, Backend& be, weight_format f,
-                                       const std::function<void(int done, int total)>& on_block) {
+                                       const std::function<void(int done, int total)>& on_block,
+                                       std::shared_ptr<const block_patch> patch) {
   if (f == weight_format::f32)
     throw tensor_error("transformer::load_inference: f32 weights are the parameters (use transformer::load)");
   model_config cfg = load_config(dir);
   checkpoint ck = checkpoint::open(dir);
+  ck.set_patch(std::move(patch));
   class head h = head::load(ck, cfg, be);
   class stage s = stage::load_inference(ck, cfg, 0, cfg.n_layers, be, f, on_block);
   return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));

@@ -34,6 +34,8 @@
 
 namespace corolla {
 
+class block_patch;
+
 /// A parameter set together with its gradient buffer (same layout).
 struct param_group {
   param_set* params = nullptr;
@@ -46,9 +48,12 @@ class transformer {
   /// Throws model_error for missing files, tensors or wrong shapes. With a
   /// device backend the parameters are read on the host, then copied to the
   /// backend's device (the host holds the whole model meanwhile).
-  /// `on_block(done, total)` after each block (a progress bar).
+  /// `on_block(done, total)` after each block (a progress bar). `patch`
+  /// changes each block as it loads (a LoRA adapter merged into the
+  /// weights, model/lora.hpp).
   static transformer load(const std::filesystem::path& dir, Backend& be,
-                          const std::function<void(int done, int total)>& on_block = {});
+                          const std::function<void(int done, int total)>& on_block = {},
+                          std::shared_ptr<const block_patch> patch = nullptr);
   /// Loads `dir` for inference only, its blocks' linear weights in format
   /// `f` (bf16, int8 or nf4): each block's f32 parameters are read, turned
   /// into `f` weights on the backend and let go before the next block is
@@ -60,9 +65,11 @@ class transformer {
   /// Such a model decodes (generator, in format `f` only) but does not
   /// train or save: blocks(), groups(), save() and the training passes
   /// throw tensor_error.
-  /// Throws tensor_error for f32 (use load), model_error as load.
+  /// `patch` as load's, applied to the f32 parameters before they are
+  /// turned into `f`. Throws tensor_error for f32 (use load), model_error as load.
   static transformer load_inference(const std::filesystem::path& dir, Backend& be, weight_format f,
-                                    const std::function<void(int done, int total)>& on_block = {});
+                                    const std::function<void(int done, int total)>& on_block = {},
+                                    std::shared_ptr<const block_patch> patch = nullptr);
   /// A model with parameters set to the GPT-2 initialisation
   /// (weights ~ N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
   /// norms 1, biases 0), deterministic for `seed`. Parameters live where

@@ -1,0 +1,377 @@
+// LoRA adapters (model/lora.hpp).
+#include "model/lora.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <set>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "model/block.hpp"
+#include "model/block_ops.hpp"
+#include "model/error.hpp"
+#include "model/json_file.hpp"
+#include "model/safetensors.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla {
+
+namespace {
+
+using json = nlohmann::json;
+using block_ops::is_llama;
+using block_ops::kv_width;
+using block_ops::q_width;
+
+const char* const config_file = "adapter_config.json";
+const char* const weights_file = "adapter_model.safetensors";
+
+/// "model.layers.3." / "transformer.h.3.": where a layer's modules live.
+std::string layer_prefix(const model_config& cfg, int layer) {
+  return (is_llama(cfg) ? "model.layers." : "transformer.h.") + std::to_string(layer) + ".";
+}
+
+/// PEFT's key of one adapter tensor: which = "lora_A" or "lora_B".
+std::string peft_key(const model_config& cfg, int layer, const std::string& module, const char* which) {
+  return "base_model.model." + layer_prefix(cfg, layer) + module + "." + which + ".weight";
+}
+
+std::vector<std::string> default_targets(const model_config& cfg) {
+  if (is_llama(cfg)) return {"q_proj", "v_proj"};
+  return {"c_attn"};
+}
+
+/// Whether target `t` names module `path` (its whole path or its last parts).
+bool names(const std::string& t, const std::string& path) {
+  return t == path || (path.size() > t.size() && path.ends_with(t) && path[path.size() - t.size() - 1] == '.');
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+shape_t a_shape(const lora_module& m, int r) { return {r, m.in}; }
+shape_t b_shape(const lora_module& m, int r) { return {m.out, r}; }
+
+void check_config(const lora_config& c) {
+  if (c.rank < 1) throw model_error("a LoRA adapter's rank must be at least 1 (got " + std::to_string(c.rank) + ")");
+  if (!std::isfinite(c.alpha) || c.alpha <= 0.0f)
+    throw model_error("a LoRA adapter's alpha must be a finite number > 0 (got " + std::to_string(c.alpha) + ")");
+}
+
+/// Writes `text` to `file` through a temporary file and a rename.
+void write_text(const std::filesystem::path& file, const std::string& text) {
+  const std::filesystem::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) throw model_error("cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, file, ec);
+  if (ec) throw model_error("cannot rename " + tmp.string() + " to " + file.string() + ": " + ec.message());
+}
+
+}  // namespace
+
+float lora_config::scaling() const {
+  return rslora ? alpha / std::sqrt(static_cast<float>(rank)) : alpha / static_cast<float>(rank);
+}
+
+std::vector<lora_module> lora_modules(const model_config& cfg) {
+  const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
+  const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
+  if (!is_llama(cfg))
+    return {{"attn.c_attn", D, Q + 2 * KV, {{"q.weight", Q}, {"k.weight", KV}, {"v.weight", KV}}},
+            {"attn.c_proj", Q, D, {{"o.weight", D}}},
+            {"mlp.c_fc", D, F, {{"up.weight", F}}},
+            {"mlp.c_proj", F, D, {{"down.weight", D}}}};
+  std::vector<lora_module> m = {{"self_attn.q_proj", D, Q, {{"q.weight", Q}}},
+                                {"self_attn.k_proj", D, KV, {{"k.weight", KV}}},
+                                {"self_attn.v_proj", D, KV, {{"v.weight", KV}}},
+                                {"self_attn.o_proj", Q, D, {{"o.weight", D}}}};
+  if (!cfg.is_moe())
+    m.insert(m.end(), {{"mlp.gate_proj", D, F, {{"gate.weight", F}}},
+                       {"mlp.up_proj", D, F, {{"up.weight", F}}},
+                       {"mlp.down_proj", F, D, {{"down.weight", D}}}});
+  return m;
+}
+
+std::vector<lora_module> lora_targets(const model_config& cfg, const std::vector<std::string>& targets) {
+  const std::vector<lora_module> all = lora_modules(cfg);
+  const std::vector<std::string> wanted = targets.empty() ? default_targets(cfg) : targets;
+  std::set<std::string> chosen;
+  for (const std::string& t : wanted) {
+    bool matched = false;
+    for (const lora_module& m : all)
+      if (t == "all-linear" || names(t, m.path)) {
+        chosen.insert(m.path);
+        matched = true;
+      }
+    if (!matched) {
+      std::vector<std::string> paths;
+      for (const lora_module& m : all) paths.push_back(m.path);
+      throw model_error("LoRA target '" + t + "' names no module of this " + cfg.hf_architecture +
+                        (cfg.is_moe() ? " (a mixture of experts' MLP is not adapted)" : "") + "; there are " +
+                        joined(paths) + ", and all-linear");
+    }
+  }
+  std::vector<lora_module> out;
+  for (const lora_module& m : all)
+    if (chosen.count(m.path)) out.push_back(m);
+  return out;
+}
+
+lora_adapter::lora_adapter(const model_config& cfg, lora_config c, std::vector<lora_module> modules, Backend& be)
+    : cfg_(cfg), config_(std::move(c)), modules_(std::move(modules)) {
+  std::vector<std::pair<std::string, shape_t>> layout;
+  for (const lora_module& m : modules_) {
+    layout.emplace_back(m.path + ".lora_A", a_shape(m, config_.rank));
+    layout.emplace_back(m.path + ".lora_B", b_shape(m, config_.rank));
+  }
+  blocks_.reserve(static_cast<std::size_t>(cfg.n_layers));
+  for (int i = 0; i < cfg.n_layers; ++i) {
+    blocks_.emplace_back(layout);
+    place_params(blocks_.back(), be);
+  }
+}
+
+lora_adapter lora_adapter::init(const model_config& cfg, lora_config c, std::uint64_t seed, Backend& be) {
+  check_config(c);
+  std::vector<lora_module> modules = lora_targets(cfg, c.targets);
+  c.targets.clear();
+  for (const lora_module& m : modules) c.targets.push_back(m.path);
+  lora_adapter a(cfg, std::move(c), std::move(modules), cpu_backend());
+  std::mt19937_64 rng(seed);
+  for (param_set& p : a.blocks_)
+    for (const lora_module& m : a.modules_) {
+      // B stays zero (the set is zeroed): the adapted model starts as the base.
+      Tensor A = p.get(m.path + ".lora_A");
+      std::uniform_real_distribution<float> u(-1.0f / std::sqrt(static_cast<float>(m.in)),
+                                              1.0f / std::sqrt(static_cast<float>(m.in)));
+      float* v = A.data<float>();
+      for (std::int64_t i = 0; i < A.numel(); ++i) v[i] = u(rng);
+    }
+  for (param_set& p : a.blocks_) place_params(p, be);
+  return a;
+}
+
+lora_adapter lora_adapter::load(const std::filesystem::path& dir, const model_config& cfg, Backend& be) {
+  const std::filesystem::path cfg_path = dir / config_file, w_path = dir / weights_file;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw model_error("LoRA adapter directory " + dir.string() + " does not exist");
+  const json j = read_json_file(cfg_path);
+  const auto refuse = [&](const std::string& why) { throw model_error(cfg_path.string() + ": " + why); };
+  if (!j.is_object()) refuse("not a JSON object");
+  if (j.value("peft_type", std::string()) != "LORA")
+    refuse("peft_type is " + (j.contains("peft_type") ? j["peft_type"].dump() : std::string("missing")) +
+           ", not \"LORA\"");
+  lora_config c;
+  try {
+    c.rank = j.at("r").get<int>();
+    c.alpha = j.value("lora_alpha", static_cast<float>(c.rank));
+    c.rslora = j.value("use_rslora", false);
+    const json& t = j.at("target_modules");
+    if (t.is_string()) {
+      if (t.get<std::string>() != "all-linear")
+        refuse("target_modules as a regular expression is not supported (give a list of module names)");
+      c.targets = {"all-linear"};
+    } else {
+      c.targets = t.get<std::vector<std::string>>();
+    }
+  } catch (const json::exception& e) {
+    refuse(std::string("malformed: ") + e.what());
+  }
+  const auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  const auto nonempty = [&](const char* key) { return present(key) && !j[key].empty(); };
+  if (j.value("use_dora", false)) refuse("DoRA adapters (use_dora) are not supported");
+  if (nonempty("rank_pattern") || nonempty("alpha_pattern"))
+    refuse("per-module ranks or alphas (rank_pattern, alpha_pattern) are not supported");
+  if (present("layers_to_transform")) refuse("layers_to_transform is not supported: every layer is adapted");
+  if (nonempty("modules_to_save")) refuse("modules_to_save (fully trained modules) is not supported");
+  if (j.value("bias", std::string("none")) != "none") refuse("trained biases (bias != \"none\") are not supported");
+  try {
+    check_config(c);
+  } catch (const model_error& e) {
+    refuse(e.what());
+  }
+  std::vector<lora_module> modules = lora_targets(cfg, c.targets);
+  lora_adapter a(cfg, c, modules, cpu_backend());
+  auto file = safetensors_file::open(w_path);
+  std::set<std::string> expected;
+  for (int layer = 0; layer < cfg.n_layers; ++layer)
+    for (const lora_module& m : a.modules_)
+      for (const char* which : {"lora_A", "lora_B"}) {
+        const std::string key = peft_key(cfg, layer, m.path, which);
+        expected.insert(key);
+        const tensor_info* ti = file->find(key);
+        if (!ti) throw model_error("tensor " + key + " missing from " + w_path.string());
+        Tensor dst = a.blocks_[static_cast<std::size_t>(layer)].get(m.path + "." + which);
+        if (ti->shape != dst.shape())
+          throw model_error("tensor " + key + " in " + w_path.string() + " has shape " + shape_str(ti->shape) +
+                            ", expected " + shape_str(dst.shape()) + " (r = " + std::to_string(c.rank) + ")");
+        const Tensor src = file->view(key);
+        if (src.type() == dtype::f32)
+          dst.copy_from(src);
+        else if (src.type() == dtype::bf16 || src.type() == dtype::f16)
+          dst.copy_from(src.to(dtype::f32));
+        else
+          throw model_error("tensor " + key + " in " + w_path.string() + " is " + dtype_name(src.type()) +
+                            ", not a float type");
+      }
+  for (const auto& [name, info] : file->tensors())
+    if (!expected.count(name))
+      throw model_error(w_path.string() + " holds " + name +
+                        ", which adapts no module this adapter's targets name in this model (" +
+                        std::to_string(cfg.n_layers) + " layers)");
+  for (param_set& p : a.blocks_) place_params(p, be);
+  return a;
+}
+
+void lora_adapter::save(const std::filesystem::path& dir, const std::string& base_model) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw model_error("cannot create " + dir.string() + ": " + ec.message());
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (int layer = 0; layer < n_layers(); ++layer)
+    for (const lora_module& m : modules_)
+      for (const char* which : {"lora_A", "lora_B"}) {
+        const Tensor t = block(layer).get(m.path + "." + which);
+        Tensor host = Tensor::empty(t.shape());
+        host.copy_from(t);
+        tensors.emplace_back(peft_key(cfg_, layer, m.path, which), std::move(host));
+      }
+  write_safetensors(dir / weights_file, tensors, {{"format", "pt"}});
+  std::vector<std::string> short_names;
+  for (const lora_module& m : modules_) short_names.push_back(m.path.substr(m.path.rfind('.') + 1));
+  // GPT-2's attn.c_proj and mlp.c_proj share a last name: full paths then.
+  std::set<std::string> distinct(short_names.begin(), short_names.end());
+  if (distinct.size() != short_names.size()) {
+    short_names.clear();
+    for (const lora_module& m : modules_) short_names.push_back(m.path);
+  }
+  const json j = {{"peft_type", "LORA"},
+                  {"task_type", "CAUSAL_LM"},
+                  {"base_model_name_or_path", base_model},
+                  {"r", config_.rank},
+                  {"lora_alpha", config_.alpha},
+                  {"use_rslora", config_.rslora},
+                  {"target_modules", short_names},
+                  {"lora_dropout", 0.0},
+                  {"bias", "none"},
+                  {"fan_in_fan_out", !is_llama(cfg_)},
+                  {"use_dora", false},
+                  {"inference_mode", true},
+                  {"modules_to_save", nullptr},
+                  {"layers_to_transform", nullptr},
+                  {"init_lora_weights", true}};
+  write_text(dir / config_file, j.dump(2) + "\n");
+}
+
+std::int64_t lora_adapter::numel() const {
+  std::int64_t n = 0;
+  for (const param_set& p : blocks_)
+    for (const param_entry& e : p.entries()) n += e.numel;
+  return n;
+}
+
+std::vector<param_group> lora_adapter::groups() {
+  if (grads_.empty())
+    for (const param_set& p : blocks_) grads_.push_back(p.like());
+  std::vector<param_group> g;
+  for (std::size_t i = 0; i < blocks_.size(); ++i) g.push_back({&blocks_[i], &grads_[i]});
+  return g;
+}
+
+void lora_adapter::merge(Backend& be, int layer, param_set& w) const {
+  const float s = config_.scaling();
+  const param_set& p = block(layer);
+  for (const lora_module& m : modules_) {
+    const Tensor A = p.get(m.path + ".lora_A"), B = p.get(m.path + ".lora_B");
+    std::int64_t row = 0;
+    for (const auto& [name, rows] : m.parts) {
+      Tensor W = w.get(name);
+      be.gemm(B.slice(row, row + rows), false, A, false, W, s, 1.0f);
+      row += rows;
+    }
+  }
+}
+
+void lora_adapter::apply(const model_config& cfg, int layer, param_set& w) const {
+  if (cfg.n_layers != n_layers() || cfg.hidden_size != cfg_.hidden_size)
+    throw model_error("this LoRA adapter was made for a model of " + std::to_string(n_layers()) + " layers of width " +
+                      std::to_string(cfg_.hidden_size));
+  if (w.flat().dev().kind != device_kind::cpu || block(layer).flat().dev().kind != device_kind::cpu)
+    throw tensor_error("lora_adapter::apply merges on the host: load the adapter on the CPU backend");
+  merge(cpu_backend(), layer, w);
+}
+
+void lora_adapter::project_grads(Backend& be, int layer, const param_set& dw) {
+  if (grads_.empty()) groups();
+  const float s = config_.scaling();
+  const param_set& p = block(layer);
+  param_set& g = grads_.at(static_cast<std::size_t>(layer));
+  for (const lora_module& m : modules_) {
+    const Tensor A = p.get(m.path + ".lora_A"), B = p.get(m.path + ".lora_B");
+    Tensor dA = g.get(m.path + ".lora_A"), dB = g.get(m.path + ".lora_B");
+    std::int64_t row = 0;
+    bool first = true;
+    for (const auto& [name, rows] : m.parts) {
+      const Tensor dW = dw.get(name);
+      Tensor dBp = dB.slice(row, row + rows);
+      be.gemm(dW, false, A, true, dBp, s, 0.0f);                             // [rows, r]
+      be.gemm(B.slice(row, row + rows), true, dW, false, dA, s, first ? 0.0f : 1.0f);  // [r, in]
+      first = false;
+      row += rows;
+    }
+  }
+}
+
+// ---- training ----------------------------------------------------------------
+
+lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&model), adapter_(&adapter) {
+  if (model.inference_only())
+    throw model_error("a LoRA adapter trains on a model loaded with f32 parameters, not on inference weights");
+  const model_config& cfg = model.config();
+  if (adapter.n_layers() != cfg.n_layers)
+    throw model_error("the LoRA adapter has " + std::to_string(adapter.n_layers()) + " layers, the model " +
+                      std::to_string(cfg.n_layers));
+  model.groups();  // the gradient buffers project() reads
+  std::vector<param_set>& blocks = model.blocks();
+  base_.resize(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    for (const lora_module& m : adapter.modules())
+      for (const auto& [name, rows] : m.parts) base_[i].push_back(blocks[i].get(name).clone());
+  merge();
+}
+
+void lora_tuning::project() {
+  std::vector<param_group> g = model_->groups();
+  // groups(): the head first, then the blocks.
+  const std::size_t first_block = g.size() - model_->blocks().size();
+  for (int i = 0; i < adapter_->n_layers(); ++i)
+    adapter_->project_grads(model_->backend(), i, *g[first_block + static_cast<std::size_t>(i)].grads);
+}
+
+void lora_tuning::merge() {
+  Backend& be = model_->backend();
+  std::vector<param_set>& blocks = model_->blocks();
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    std::size_t k = 0;
+    for (const lora_module& m : adapter_->modules())
+      for (const auto& [name, rows] : m.parts) {
+        Tensor w = blocks[i].get(name);
+        be.copy(base_[i][k++], w);
+      }
+    adapter_->merge(be, static_cast<int>(i), blocks[i]);
+  }
+  model_->params_changed();
+}
+
+}  // namespace corolla

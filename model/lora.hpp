@@ -1,0 +1,158 @@
+// model/lora.hpp — LoRA adapters (Hu et al., 2021) in PEFT's on-disk form.
+//
+// An adapter adds to chosen linear weights W [out, in] of every block a
+// low-rank update: W' = W + s * B A, with A [r, in], B [out, r] and
+// s = alpha / r (alpha / sqrt(r) with rsLoRA). Training changes A and B only;
+// the base model stays as it is on disk.
+//
+// Modules are named as HuggingFace and PEFT name them inside a layer:
+//   Llama family: self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj (dense
+//                 MLPs only: a mixture of experts' MLP is not adapted)
+//   GPT-2:        attn.c_attn (q, k and v stacked: one A, B's rows split
+//                 q | k | v), attn.c_proj, mlp.c_fc, mlp.c_proj
+// A target name matches a module when it is the module's path or its last
+// parts ("q_proj", "c_proj" = both GPT-2 c_proj modules, as PEFT matches);
+// "all-linear" is every module above.
+//
+// On disk (PEFT's save_pretrained layout, which peft.PeftModel loads):
+//   DIR/adapter_config.json       {"peft_type": "LORA", "r", "lora_alpha",
+//                                 "target_modules", "use_rslora", ...}
+//   DIR/adapter_model.safetensors base_model.model.<layer prefix><module>
+//                                 .lora_A.weight [r, in] and .lora_B.weight
+//                                 [out, r] (nn.Linear orientation, GPT-2's
+//                                 Conv1D modules too: PEFT's fan_in_fan_out)
+//
+// Two uses: merged into a model's weights as they load (generation, the
+// local API: lora_adapter::merge, through the checkpoint's block patch), and
+// trained (lora_tuning): the model's blocks hold W0 + s B A, a forward and
+// backward gives dL/dW', and the adapter's gradients follow exactly from
+// it, dA = s B^T dW', dB = s dW' A^T (summed over the parts of a stacked
+// module). That costs the full weight gradient's compute and memory, but
+// AdamW keeps moments of the adapter only.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/hf_names.hpp"
+#include "model/params.hpp"
+
+namespace corolla {
+
+class transformer;
+struct param_group;
+
+/// What an adapter adapts and how strongly.
+struct lora_config {
+  int rank = 8;        ///< r
+  float alpha = 16.0f;  ///< lora_alpha
+  bool rslora = false;  ///< s = alpha / sqrt(r) instead of alpha / r
+  /// Target names (see above); empty: the family's default (PEFT's):
+  /// q_proj and v_proj for the Llama family, c_attn for GPT-2.
+  std::vector<std::string> targets;
+
+  /// s.
+  float scaling() const;
+};
+
+/// One adaptable linear module of a block.
+struct lora_module {
+  std::string path;     ///< inside a layer: "self_attn.q_proj", "attn.c_attn"
+  std::int64_t in = 0;  ///< A's columns
+  std::int64_t out = 0; ///< B's rows
+  /// The canonical block weights it updates (block_layout names) and the
+  /// rows of B each takes, in order: {"q.weight", Q} (GPT-2's c_attn: q, k
+  /// and v).
+  std::vector<std::pair<std::string, std::int64_t>> parts;
+};
+
+/// Every module an adapter of `cfg` may adapt, in block order.
+std::vector<lora_module> lora_modules(const model_config& cfg);
+
+/// The modules `targets` name (empty: the family's default). Throws
+/// model_error for a name that matches no module, listing the ones there are.
+std::vector<lora_module> lora_targets(const model_config& cfg, const std::vector<std::string>& targets);
+
+/// A LoRA adapter of one model's blocks: per block a param_set holding
+/// "<module>.lora_A" [r, in] and "<module>.lora_B" [out, r] of each target.
+class lora_adapter final : public block_patch {
+ public:
+  /// A fresh adapter as PEFT starts one: A uniform in +-1/sqrt(in) (its
+  /// kaiming_uniform(a = sqrt(5))), deterministic for `seed`; B zero, so
+  /// the adapted model equals the base. Throws model_error for rank < 1, a
+  /// non-finite or non-positive alpha, or a bad target.
+  static lora_adapter init(const model_config& cfg, lora_config c, std::uint64_t seed, Backend& be);
+  /// Reads a PEFT directory written for a model of `cfg`. Throws
+  /// model_error naming the file for what this cannot apply exactly: another
+  /// peft_type, DoRA, per-module ranks or alphas, layers_to_transform,
+  /// modules_to_save, trained biases, a missing or misshapen tensor, or a
+  /// tensor for a module or layer the model does not have.
+  static lora_adapter load(const std::filesystem::path& dir, const model_config& cfg, Backend& be);
+  /// Writes `dir` (created if missing): adapter_config.json and
+  /// adapter_model.safetensors, each through a temporary file and a rename.
+  /// `base_model` goes into base_model_name_or_path.
+  void save(const std::filesystem::path& dir, const std::string& base_model = "") const;
+
+  const lora_config& config() const { return config_; }
+  const std::vector<lora_module>& modules() const { return modules_; }
+  /// The adapter's tensors of block `layer`.
+  param_set& block(int layer) { return blocks_.at(static_cast<std::size_t>(layer)); }
+  const param_set& block(int layer) const { return blocks_.at(static_cast<std::size_t>(layer)); }
+  int n_layers() const { return static_cast<int>(blocks_.size()); }
+  /// Adapter values in all (A and B of every block).
+  std::int64_t numel() const;
+  /// The blocks' tensors with gradient buffers (allocated on first call), for
+  /// an optimiser.
+  std::vector<param_group> groups();
+
+  /// W += s B A for each target of block `layer` in `block` (laid out by
+  /// block_layout; on `be`'s device, as this adapter is).
+  void merge(Backend& be, int layer, param_set& block) const;
+  /// block_patch: merge on the host as a checkpoint's block loads.
+  void apply(const model_config& cfg, int layer, param_set& block) const override;
+  /// The adapter's gradients of block `layer` from the gradients `dw` of the
+  /// adapted weights (block_layout): dA = s sum_parts B_part^T dW_part,
+  /// dB_part = s dW_part A^T (written, not added).
+  void project_grads(Backend& be, int layer, const param_set& dw);
+
+ private:
+  lora_adapter(const model_config& cfg, lora_config c, std::vector<lora_module> modules, Backend& be);
+
+  model_config cfg_;
+  lora_config config_;
+  std::vector<lora_module> modules_;
+  std::vector<param_set> blocks_;
+  std::vector<param_set> grads_;  ///< empty until groups()
+};
+
+/// Training an adapter on a model: the targeted weights of `model`'s blocks
+/// are kept as they were (W0, a copy on the model's device) and hold
+/// W0 + s B A for every forward. Both are borrowed and must outlive this.
+class lora_tuning {
+ public:
+  /// Copies W0 and merges the adapter's present values. Throws model_error
+  /// when `model` is inference-only or the adapter is of another shape.
+  lora_tuning(transformer& model, lora_adapter& adapter);
+  /// After a backward: the adapter's gradients from the model's.
+  void project();
+  /// After an update of the adapter: the model's weights = W0 + s B A again
+  /// (params_changed: 16-bit compute copies follow).
+  void merge();
+  /// The adapter's parameters and gradients, for the optimiser.
+  std::vector<param_group> groups() { return adapter_->groups(); }
+  lora_adapter& adapter() { return *adapter_; }
+
+ private:
+  transformer* model_;
+  lora_adapter* adapter_;
+  /// Per block, per target part: W0 (a clone of the weight before merging).
+  std::vector<std::vector<Tensor>> base_;
+};
+
+}  // namespace corolla
