@@ -72,6 +72,9 @@ void register_bench_fusions(CLI::App* bench, action_fn& action);
 /// `corolla bench loss`: the head's training loss with the logits in chunks
 /// of rows vs all rows at once (apps/bench_loss.cpp).
 void register_bench_loss(CLI::App* bench, action_fn& action);
+/// corolla bench lora: a LoRA adapter's training step vs the whole model's
+/// (apps/bench_lora.cpp).
+void register_bench_lora(CLI::App* bench, action_fn& action);
 /// A tensor of `shape` and dtype `t` on `be`'s device holding pseudo-random
 /// values in [-1, 1) (drawn in f32 on the host from `seed`, converted by the
 /// backend's copy), for the benches (apps/bench_gemm.cpp).

@@ -1,0 +1,152 @@
+// corolla bench lora — a training step of a LoRA adapter (model/lora.hpp)
+// against a step of the whole model (the baseline, measured in the same run
+// on the same model and batches): the time of each, what each trains, and
+// the bytes of training state each holds beside the model's weights
+// (gradients, AdamW moments, the adapter's own).
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "apps/bench_common.hpp"
+#include "apps/commands.hpp"
+#include "apps/flag_checks.hpp"
+#include "kernels/backend.hpp"
+#include "model/lora.hpp"
+#include "model/token_data.hpp"
+#include "model/trainer.hpp"
+#include "model/transformer.hpp"
+
+namespace corolla::app {
+
+namespace {
+
+struct lora_bench_options {
+  bench_common common;
+  int batch = 4, seq = 64, steps = 3;
+  int rank = 8;
+  std::vector<std::string> targets;
+};
+
+/// Seconds of `steps` steps of `t` after one warm-up step.
+double timed(trainer& t, int steps) {
+  t.step();
+  double total = 0;
+  for (int i = 0; i < steps; ++i) total += t.step().seconds;
+  return total / steps;
+}
+
+double gb(double bytes) { return bytes / 1e9; }
+
+int run_lora(const lora_bench_options& o) {
+  apply_common_options(o.common.threads, "warn");
+  Backend& be = backend_for(parse_device(o.common.device));
+  transformer model = open_model(o.common, be);
+  const model_config& c = model.config();
+  if (o.seq > c.max_positions)
+    throw std::invalid_argument("bench lora: --seq " + std::to_string(o.seq) + " exceeds the model's context of " +
+                                std::to_string(c.max_positions) + " tokens");
+  lora_config lc;
+  lc.rank = o.rank;
+  lc.alpha = static_cast<float>(o.rank);
+  lc.targets = o.targets;
+  lora_adapter adapter = lora_adapter::init(c, lc, o.common.seed + 3, be);
+  if (!o.common.json)
+    std::fprintf(stderr, "bench lora: %s, %.1fM parameters, B=%d, T=%d, r=%d (%s), %d threads; measuring...\n",
+                 c.hf_architecture.c_str(), static_cast<double>(c.parameter_count()) / 1e6, o.batch, o.seq, o.rank,
+                 nlohmann::json(adapter.config().targets).dump().c_str(), cpu_threads());
+
+  std::mt19937_64 rng(o.common.seed + 2);
+  std::uniform_int_distribution<int> pick(0, c.vocab_size - 1);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(o.batch) * o.seq * (o.steps + 2) + 1);
+  for (auto& t : tokens) t = pick(rng);
+  token_dataset data = token_dataset::from_tokens(tokens, c.vocab_size, "bench tokens");
+  token_dataset lora_data = token_dataset::from_tokens(std::move(tokens), c.vocab_size, "bench tokens");
+  train_options opts;
+  opts.batch = o.batch;
+  opts.seq = o.seq;
+  opts.steps = o.steps + 1;
+  opts.optimizer.adamw.lr = 1e-4f;
+
+  // The adapter first: the whole model's run changes the weights it starts from.
+  std::int64_t adapter_moments = 0;
+  double lora_s = 0;
+  {
+    train_options lo = opts;
+    lo.adapter = &adapter;
+    trainer t(model, lora_data, lo);
+    adapter_moments = 2 * t.optimizer().size();
+    lora_s = timed(t, o.steps);
+  }
+  double full_s = 0;
+  std::int64_t full_moments = 0;
+  {
+    trainer t(model, data, opts);
+    full_moments = 2 * t.optimizer().size();
+    full_s = timed(t, o.steps);
+  }
+  const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
+  std::int64_t grads = 0, adapted = 0;
+  for (const param_group& g : model.groups()) grads += g.grads->size();
+  for (const lora_module& m : adapter.modules()) adapted += m.in * m.out;
+  adapted *= c.n_layers;
+  // Beside the weights: the gradients of every weight (both runs form them;
+  // the adapter's are projected from them), the moments, and for the
+  // adapter its own values and gradients and the adapted weights' W0.
+  const double full_state = 4.0 * static_cast<double>(grads + full_moments);
+  const double lora_state =
+      4.0 * static_cast<double>(grads + adapter_moments + 2 * adapter.numel() + adapted);
+  if (!o.common.json) {
+    std::printf("LoRA r=%d on %s, %.1fM parameters, B x T = %d x %d on %s\n", o.rank, c.hf_architecture.c_str(),
+                static_cast<double>(c.parameter_count()) / 1e6, o.batch, o.seq, be.name().c_str());
+    std::printf("whole model   %9.1f ms/step  %9.0f tokens/s  trains %12lld values  state %7.3f GB\n", full_s * 1e3,
+                tokens_per_step / full_s, static_cast<long long>(full_moments / 2), gb(full_state));
+    std::printf("adapter       %9.1f ms/step  %9.0f tokens/s  trains %12lld values  state %7.3f GB"
+                "  (time %.3fx, state %.3fx)\n",
+                lora_s * 1e3, tokens_per_step / lora_s, static_cast<long long>(adapter.numel()), gb(lora_state),
+                lora_s / full_s, lora_state / full_state);
+  }
+  const nlohmann::json j = {{"bench", "lora"},
+                            {"device", be.name()},
+                            {"threads", cpu_threads()},
+                            {"model", c.hf_architecture},
+                            {"parameters", c.parameter_count()},
+                            {"batch", o.batch},
+                            {"seq", o.seq},
+                            {"rank", o.rank},
+                            {"targets", adapter.config().targets},
+                            {"adapter_values", adapter.numel()},
+                            {"full_ms", full_s * 1e3},
+                            {"lora_ms", lora_s * 1e3},
+                            {"time_vs_full", lora_s / full_s},
+                            {"full_state_bytes", full_state},
+                            {"lora_state_bytes", lora_state},
+                            {"state_vs_full", lora_state / full_state}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_lora(CLI::App* bench, action_fn& action) {
+  static lora_bench_options o;
+  auto* cmd = bench->add_subcommand(
+      "lora", "A LoRA adapter's training step vs the whole model's (time, and training state beside the weights)");
+  add_common(cmd, o.common, false);
+  cmd->add_option("--batch", o.batch, "Sequences per step")->check(integer_between(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--seq", o.seq, "Tokens per sequence")->check(integer_between(2, 1 << 24))->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Timed steps of each (after one warm-up step)")
+      ->check(integer_between(1, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--rank", o.rank, "The adapter's rank r")->check(integer_between(1, 65536))->capture_default_str();
+  cmd->add_option("--targets", o.targets,
+                  "Modules to adapt, comma-separated (default: q_proj,v_proj; GPT-2: c_attn; or all-linear)")
+      ->delimiter(',');
+  cmd->callback([&action] { action = [] { return run_lora(o); }; });
+}
+
+}  // namespace corolla::app
