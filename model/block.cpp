@@ -73,6 +73,40 @@ std::pair<Tensor*, Tensor*> qk_projection_grads(Backend& be, const model_config&
   return {&s.dq_pre, &s.dk_pre};
 }
 
+/// linear_backward where the weight may be frozen (an undefined dw, as
+/// stage::set_trained_linear_weights leaves it): then only dx = dy @ w, as
+/// block_backward_input forms it.
+void linear_backward_or_frozen(Backend& be, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+                               Tensor& dw, Tensor* db) {
+  if (dw.defined()) {
+    be.linear_backward(x, w, dy, dx, dw, db);
+    return;
+  }
+  if (db) throw tensor_error("block_backward: a bias gradient wanted for a frozen weight");
+  if (dx) be.gemm(dy, false, w, false, *dx);
+}
+
+/// linear_same_x_backward where some weights may be frozen (undefined dws):
+/// dx from every product, the weight gradients of the others only.
+void same_x_backward_or_frozen(Backend& be, const Tensor& x, std::span<const Tensor* const> ws,
+                               std::span<const Tensor* const> dys, Tensor* dx, std::span<Tensor* const> dws,
+                               std::span<Tensor* const> dbs) {
+  bool all = true;
+  for (Tensor* d : dws) all = all && d->defined();
+  if (all) {
+    be.linear_same_x_backward(x, ws, dys, dx, dws, dbs);
+    return;
+  }
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    if (dx) be.gemm(*dys[i], false, *ws[i], false, *dx, 1.0f, i == 0 ? 0.0f : 1.0f);
+    Tensor* db = dbs.empty() ? nullptr : dbs[i];
+    if (dws[i]->defined())
+      be.linear_backward(x, *ws[i], *dys[i], nullptr, *dws[i], db);
+    else if (db)
+      throw tensor_error("block_backward: a bias gradient wanted for a frozen weight");
+  }
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, shape_t>> block_layout(const model_config& cfg) {
@@ -478,27 +512,27 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
   if (cfg.is_moe()) {
     moe_backward(be, cfg, w, a.moe, a.norm2, dy, s.dnorm, &g, s.moe);
   } else if (llama) {
-    be.linear_backward(a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
+    linear_backward_or_frozen(be, a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
     // dnorm = dgate @ W_gate + dup @ W_up; the weight gradients as one batch
     // where the backend has it.
     const Tensor* ws[] = {&w.gate_w, &w.up_w};
     const Tensor* dys[] = {&s.dgate, &s.dup};
     Tensor* dws[] = {&g.gate_w, &g.up_w};
-    be.linear_same_x_backward(a.norm2, ws, dys, &s.dnorm, dws, {});
+    same_x_backward_or_frozen(be, a.norm2, ws, dys, &s.dnorm, dws, {});
   } else {
     // dup = gelu_backward(up, dy @ W_down), in the product's epilogue where
     // the backend has it.
     const bool fused = be.gemm_gelu_backward(dy, w.down_w, a.up, s.dup);
-    be.linear_backward(a.act, w.down_w, dy, fused ? nullptr : &s.dact, g.down_w, opt(g.down_b));
+    linear_backward_or_frozen(be, a.act, w.down_w, dy, fused ? nullptr : &s.dact, g.down_w, opt(g.down_b));
     if (!fused) be.gelu_backward(a.up, s.dact, s.dup);
-    be.linear_backward(a.norm2, w.up_w, s.dup, &s.dnorm, g.up_w, opt(g.up_b));
+    linear_backward_or_frozen(be, a.norm2, w.up_w, s.dup, &s.dnorm, g.up_w, opt(g.up_b));
   }
   // dh = the norm's input gradient + dy, which the residual carries straight through
   norm_backward_add(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, dy, s.dh, g.mlp_norm_w, g.mlp_norm_b);
 
   // Attention half: h = x + o(attn(q, k, v)).
-  be.linear_backward(a.attn, w.o_w, s.dh, &s.dattn, g.o_w, opt(g.o_b));
+  linear_backward_or_frozen(be, a.attn, w.o_w, s.dh, &s.dattn, g.o_w, opt(g.o_b));
   be.attention_backward(a.q, a.k, a.v, a.attn, a.lse, s.dattn, a.batch, a.seq,
                         block_attention_shape(cfg), s.dq, s.dk, s.dv);
   if (llama) {
@@ -515,7 +549,7 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     const Tensor* dys[] = {&dq, &dk, &s.dv};
     Tensor* dws[] = {&g.q_w, &g.k_w, &g.v_w};
     Tensor* dbs[] = {opt(g.q_b), opt(g.k_b), opt(g.v_b)};
-    be.linear_same_x_backward(a.norm1, ws, dys, &s.dnorm, dws, dbs);
+    same_x_backward_or_frozen(be, a.norm1, ws, dys, &s.dnorm, dws, dbs);
   }
   norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, g.attn_norm_w, g.attn_norm_b);
 }

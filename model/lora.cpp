@@ -345,11 +345,18 @@ lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&mo
   model.groups();  // the gradient buffers project() reads
   std::vector<param_set>& blocks = model.blocks();
   base_.resize(blocks.size());
+  std::set<std::string> adapted;
   for (std::size_t i = 0; i < blocks.size(); ++i)
     for (const lora_module& m : adapter.modules())
-      for (const auto& [name, rows] : m.parts) base_[i].push_back(blocks[i].get(name).clone());
+      for (const auto& [name, rows] : m.parts) {
+        base_[i].push_back(blocks[i].get(name).clone());
+        adapted.insert(name);
+      }
+  model.set_trained_weights(std::move(adapted));
   merge();
 }
+
+lora_tuning::~lora_tuning() { model_->set_trained_weights(std::nullopt); }
 
 void lora_tuning::project() {
   std::vector<param_group> g = model_->groups();

@@ -27,8 +27,9 @@
 // trained (lora_tuning): the model's blocks hold W0 + s B A, a forward and
 // backward gives dL/dW', and the adapter's gradients follow exactly from
 // it, dA = s B^T dW', dB = s dW' A^T (summed over the parts of a stacked
-// module). That costs the full weight gradient's compute and memory, but
-// AdamW keeps moments of the adapter only.
+// module). Only the adapted weights' gradients are formed (the head's and
+// the other weights' products are skipped), and AdamW keeps moments of the
+// adapter only; the model's gradient buffers are still allocated whole.
 #pragma once
 
 #include <cstdint>
@@ -136,9 +137,16 @@ class lora_adapter final : public block_patch {
 /// W0 + s B A for every forward. Both are borrowed and must outlive this.
 class lora_tuning {
  public:
-  /// Copies W0 and merges the adapter's present values. Throws model_error
-  /// when `model` is inference-only or the adapter is of another shape.
+  /// Copies W0, merges the adapter's present values, and has the model
+  /// form gradients of the adapted weights only (transformer::
+  /// set_trained_weights: the head's and the other weights' products are
+  /// skipped). Throws model_error when `model` is inference-only or the
+  /// adapter is of another shape.
   lora_tuning(transformer& model, lora_adapter& adapter);
+  /// The model forms every gradient again (its weights keep W0 + s B A).
+  ~lora_tuning();
+  lora_tuning(const lora_tuning&) = delete;
+  lora_tuning& operator=(const lora_tuning&) = delete;
   /// After a backward: the adapter's gradients from the model's.
   void project();
   /// After an update of the adapter: the model's weights = W0 + s B A again

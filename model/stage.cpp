@@ -156,10 +156,39 @@ std::vector<param_set>& stage::grads() {
   require_parameters("grads");
   if (grads_.empty()) {
     for (const auto& p : params_) grads_.push_back(p.like());
-    grad_views_.clear();
-    for (const auto& g : grads_) grad_views_.push_back(block_tensors::of(cfg_, g));
+    resolve_grad_views();
   }
   return grads_;
+}
+
+void stage::set_trained_linear_weights(std::optional<std::set<std::string>> names) {
+  trained_linear_ = std::move(names);
+  resolve_grad_views();
+}
+
+void stage::resolve_grad_views() {
+  grad_views_.clear();
+  for (const auto& g : grads_) {
+    block_tensors v = block_tensors::of(cfg_, g);
+    if (trained_linear_) {
+      // A frozen weight's gradient (and its bias's) is left undefined:
+      // block_backward then forms only the input's gradient through it.
+      const std::pair<const char*, std::pair<Tensor block_tensors::*, Tensor block_tensors::*>> linear[] = {
+          {"q.weight", {&block_tensors::q_w, &block_tensors::q_b}},
+          {"k.weight", {&block_tensors::k_w, &block_tensors::k_b}},
+          {"v.weight", {&block_tensors::v_w, &block_tensors::v_b}},
+          {"o.weight", {&block_tensors::o_w, &block_tensors::o_b}},
+          {"gate.weight", {&block_tensors::gate_w, nullptr}},
+          {"up.weight", {&block_tensors::up_w, &block_tensors::up_b}},
+          {"down.weight", {&block_tensors::down_w, &block_tensors::down_b}}};
+      for (const auto& [name, roles] : linear)
+        if (!trained_linear_->count(name)) {
+          v.*roles.first = Tensor();
+          if (roles.second) v.*roles.second = Tensor();
+        }
+    }
+    grad_views_.push_back(std::move(v));
+  }
 }
 
 void stage::zero_grads() {

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -126,6 +128,13 @@ class stage {
   std::vector<param_set>& grads();
   /// Whether grads() has been allocated.
   bool has_grads() const { return !grads_.empty(); }
+  /// Which linear weights get gradients in backward(): every one (nullopt,
+  /// the default), or only those named (block_layout names, "q.weight"):
+  /// the others are frozen (LoRA training, model/lora.hpp), their weight
+  /// and bias gradient products are skipped and their buffers keep what
+  /// they hold. Norm weights, and a mixture of experts' router and experts,
+  /// always get theirs.
+  void set_trained_linear_weights(std::optional<std::set<std::string>> names);
   /// Sets every gradient to zero (nothing when none are allocated). Also
   /// params_changed() (a step's parameter updates come before the next
   /// step's zero_grads), unless compute_copies_written() was said since
@@ -239,6 +248,8 @@ class stage {
   }
 
   void resolve_views();
+  /// grad_views_ over grads_, the frozen linear weights' left undefined.
+  void resolve_grad_views();
   const Tensor& train_positions(int batch, int seq);
   /// The weights training reads for block first()+i: the parameters, or
   /// their compute copies (converted first when params_changed()).
@@ -257,6 +268,7 @@ class stage {
   std::vector<param_set> grads_;
   std::vector<block_tensors> weights_;
   std::vector<block_tensors> grad_views_;
+  std::optional<std::set<std::string>> trained_linear_;  ///< set_trained_linear_weights
   std::vector<block_tensors> inference_weights_;  ///< bf16, int8 or nf4 linear weights, or empty (use weights_)
   block_tensors widened_;          ///< frozen_weights' scratch on an inference-only stage
   expert_tensors widened_expert_;  ///< its experts' scratch (block_tensors::expert_scratch)

@@ -26,6 +26,7 @@ struct transformer::impl {
   Tensor x, y, dy, dx;
   stage_activations acts;
   head_activations head_acts;
+  bool frozen_head = false;  ///< set_trained_weights: no head gradients formed
 
   impl(model_config c, class head h, class stage s, Backend& b)
       : cfg(std::move(c)), be(&b), head_part(std::move(h)), block_span(std::move(s)) {}
@@ -176,6 +177,12 @@ std::vector<param_group> transformer::groups() {
   return out;
 }
 
+void transformer::set_trained_weights(std::optional<std::set<std::string>> block_linear) {
+  require_block_parameters("set_trained_weights");
+  impl_->frozen_head = block_linear.has_value();
+  impl_->block_span.set_trained_linear_weights(std::move(block_linear));
+}
+
 void transformer::zero_grads() {
   impl_->head_part.zero_grads();
   impl_->block_span.zero_grads();
@@ -209,9 +216,9 @@ float transformer::forward_backward(std::span<const std::int32_t> ids,
   const std::int64_t N = static_cast<std::int64_t>(batch) * seq;
   ensure_tensor(*m.be, m.dy, {N, m.cfg.hidden_size});
   ensure_tensor(*m.be, m.dx, {N, m.cfg.hidden_size});
-  float loss = m.head_part.loss(m.y, m.targets, &m.dy, grad_scale, m.head_acts);
+  float loss = m.head_part.loss(m.y, m.targets, &m.dy, grad_scale, m.head_acts, !m.frozen_head);
   m.block_span.backward(m.acts, m.dy, m.dx);
-  m.head_part.embed_backward(m.ids, m.positions, m.dx);
+  if (!m.frozen_head) m.head_part.embed_backward(m.ids, m.positions, m.dx);
   return loss;
 }
 

@@ -25,6 +25,9 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <set>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -108,6 +111,14 @@ class transformer {
   bool inference_only() const;
   /// Every parameter set with its gradient buffer (allocated on first call).
   std::vector<param_group> groups();
+  /// Which parameters forward_backward forms gradients of: all (nullopt,
+  /// the default), or (LoRA training, model/lora.hpp) only the blocks'
+  /// linear weights named (block_layout names, "q.weight", with their
+  /// biases): the head and the other linear weights and biases are frozen,
+  /// their gradient products skipped and their buffers left as they are
+  /// (zero after zero_grads). Norm weights still get theirs
+  /// (stage::set_trained_linear_weights).
+  void set_trained_weights(std::optional<std::set<std::string>> block_linear);
   /// Zeroes every gradient buffer (and, as stage::zero_grads, says the
   /// parameters may have changed since the last forward, unless
   /// compute_copies_written() was said since the last params_changed():
