@@ -1,14 +1,17 @@
-// model/block_ops.hpp — the small steps model/block.cpp (training forward
-// and backward) and model/block_cached.cpp (the cached inference forwards)
-// share: family checks, widths, the norms of each family, Qwen3's per-head
-// q/k norm and RoPE of q and k. Internal to model/.
+// model/block_ops.hpp — the small steps model/block.cpp (training forward),
+// model/block_backward.cpp and model/block_cached.cpp (the cached inference
+// forwards) share: family checks, widths, the row stacks batched products
+// write into, the norms of each family, Qwen3's per-head q/k norm and RoPE
+// of q and k. Internal to model/.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
 #include "model/config.hpp"
+#include "model/workspace.hpp"
 
 namespace corolla::block_ops {
 
@@ -19,6 +22,34 @@ inline std::int64_t q_width(const model_config& cfg) {
 }
 inline std::int64_t kv_width(const model_config& cfg) {
   return static_cast<std::int64_t>(cfg.n_kv_heads) * cfg.head_dim;
+}
+
+/// Makes each of ts an [N, width] slice of one [ts.size() * N, width]
+/// tensor `stack` of dtype `act`, in order: products of one x into them are
+/// then equally spaced, and a backend may run them as one batched product
+/// (Backend::linear_same_x and its backward).
+inline void row_stack(Backend& be, Tensor& stack, std::initializer_list<Tensor*> ts, std::int64_t N, std::int64_t width,
+               dtype act) {
+  ensure_tensor(be, stack, {static_cast<std::int64_t>(ts.size()) * N, width}, act);
+  std::int64_t row = 0;
+  for (Tensor* t : ts) {
+    *t = stack.slice(row, row + N);
+    row += N;
+  }
+}
+
+/// Makes q, k and v [N, Q], [N, KV], [N, KV] of dtype `act`: when Q == KV,
+/// slices of one [3N, Q] tensor `stack` (row_stack); else (grouped-query
+/// attention) q its own and k and v slices of one [2N, KV] `stack`, so
+/// theirs may batch.
+inline void qkv_stack(Backend& be, Tensor& stack, Tensor& q, Tensor& k, Tensor& v, std::int64_t N, std::int64_t Q,
+               std::int64_t KV, dtype act) {
+  if (Q != KV) {
+    ensure_tensor(be, q, {N, Q}, act);
+    row_stack(be, stack, {&k, &v}, N, KV, act);
+  } else {
+    row_stack(be, stack, {&q, &k, &v}, N, Q, act);
+  }
 }
 
 /// Pointer to an optional tensor: null when the family has no such tensor.
