@@ -246,13 +246,30 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
                    const Tensor& positions, int batch, int seq, Tensor& y,
                    block_activations& saved);
 
+/// Gradients of frozen linear weights formed otherwise than dW (a LoRA
+/// adapter's low-rank factors, model/lora.hpp): block_backward calls add()
+/// for each frozen weight (an undefined view in its `grads`) with the
+/// weight's input rows `x` [N, in] and the gradient `dy` [N, out] of its
+/// output, both in the activations' dtype, where it would have added
+/// dy^T x to dW.
+class frozen_weight_grads {
+ public:
+  virtual ~frozen_weight_grads() = default;
+  /// `weight`: the block_layout name ("q.weight") of block `layer`.
+  virtual void add(Backend& be, int layer, const std::string& weight, const Tensor& x, const Tensor& dy) = 0;
+};
+
 /// Backward of block_forward: dx [N,D] overwritten from dy [N,D]; parameter
 /// gradients added into `grads` (block_tensors of the gradient param_set,
 /// f32 whatever the activations' dtype). dy and dx have the activations'
-/// dtype; dx must not alias dy.
+/// dtype; dx must not alias dy. A linear weight whose view in `grads` is
+/// undefined is frozen: only the input's gradient goes through it (its
+/// bias's view must be undefined too), and `frozen`, when given, hears of
+/// it as block `layer`'s.
 void block_backward(Backend& be, const model_config& cfg, const block_tensors& w,
                     const block_activations& saved, const Tensor& positions, const Tensor& dy,
-                    Tensor& dx, block_tensors& grads, block_grad_scratch& scratch);
+                    Tensor& dx, block_tensors& grads, block_grad_scratch& scratch,
+                    frozen_weight_grads* frozen = nullptr, int layer = 0);
 
 /// Inference forward of x [Tq, D] at positions start_pos .. start_pos+Tq-1
 /// (`positions`, i32 [Tq], holds them): appends this block's keys and values

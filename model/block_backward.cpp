@@ -48,24 +48,37 @@ std::pair<Tensor*, Tensor*> qk_projection_grads(Backend& be, const model_config&
   return {&s.dq_pre, &s.dk_pre};
 }
 
+/// Where a frozen weight's gradient goes: block_backward's `frozen` hook
+/// and layer, nothing without a hook.
+struct frozen_sink {
+  frozen_weight_grads* hook;
+  int layer;
+  void add(Backend& be, const char* weight, const Tensor& x, const Tensor& dy) const {
+    if (hook) hook->add(be, layer, weight, x, dy);
+  }
+};
+
 /// linear_backward where the weight may be frozen (an undefined dw, as
-/// stage::set_trained_linear_weights leaves it): then only dx = dy @ w, as
-/// block_backward_input forms it.
+/// stage::set_trained_linear_weights leaves it): then dx = dy @ w, as
+/// block_backward_input forms it, and the sink gets x and dy.
 void linear_backward_or_frozen(Backend& be, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
-                               Tensor& dw, Tensor* db) {
+                               Tensor& dw, Tensor* db, const frozen_sink& sink, const char* name) {
   if (dw.defined()) {
     be.linear_backward(x, w, dy, dx, dw, db);
     return;
   }
   if (db) throw tensor_error("block_backward: a bias gradient wanted for a frozen weight");
   if (dx) be.gemm(dy, false, w, false, *dx);
+  sink.add(be, name, x, dy);
 }
 
 /// linear_same_x_backward where some weights may be frozen (undefined dws):
-/// dx from every product, the weight gradients of the others only.
+/// dx from every product, the weight gradients of the others, the sink's
+/// for the frozen ones.
 void same_x_backward_or_frozen(Backend& be, const Tensor& x, std::span<const Tensor* const> ws,
                                std::span<const Tensor* const> dys, Tensor* dx, std::span<Tensor* const> dws,
-                               std::span<Tensor* const> dbs) {
+                               std::span<Tensor* const> dbs, const frozen_sink& sink,
+                               std::span<const char* const> names) {
   bool all = true;
   for (Tensor* d : dws) all = all && d->defined();
   if (all) {
@@ -75,10 +88,12 @@ void same_x_backward_or_frozen(Backend& be, const Tensor& x, std::span<const Ten
   for (std::size_t i = 0; i < ws.size(); ++i) {
     if (dx) be.gemm(*dys[i], false, *ws[i], false, *dx, 1.0f, i == 0 ? 0.0f : 1.0f);
     Tensor* db = dbs.empty() ? nullptr : dbs[i];
-    if (dws[i]->defined())
+    if (dws[i]->defined()) {
       be.linear_backward(x, *ws[i], *dys[i], nullptr, *dws[i], db);
-    else if (db)
-      throw tensor_error("block_backward: a bias gradient wanted for a frozen weight");
+    } else {
+      if (db) throw tensor_error("block_backward: a bias gradient wanted for a frozen weight");
+      sink.add(be, names[i], x, *dys[i]);
+    }
   }
 }
 
@@ -88,9 +103,10 @@ void same_x_backward_or_frozen(Backend& be, const Tensor& x, std::span<const Ten
 
 void block_backward(Backend& be, const model_config& cfg, const block_tensors& w,
                     const block_activations& a, const Tensor& positions, const Tensor& dy,
-                    Tensor& dx, block_tensors& g, block_grad_scratch& s) {
+                    Tensor& dx, block_tensors& g, block_grad_scratch& s, frozen_weight_grads* frozen, int layer) {
   const std::int64_t N = static_cast<std::int64_t>(a.batch) * a.seq;
   const std::int64_t D = cfg.hidden_size;
+  const frozen_sink sink{frozen, layer};
   expect_shape(dy, {N, D}, "block_backward dy");
   expect_shape(dx, {N, D}, "block_backward dx");
   const bool llama = is_llama(cfg);
@@ -105,27 +121,29 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
   if (cfg.is_moe()) {
     moe_backward(be, cfg, w, a.moe, a.norm2, dy, s.dnorm, &g, s.moe);
   } else if (llama) {
-    linear_backward_or_frozen(be, a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b));
+    linear_backward_or_frozen(be, a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b), sink, "down.weight");
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
     // dnorm = dgate @ W_gate + dup @ W_up; the weight gradients as one batch
     // where the backend has it.
     const Tensor* ws[] = {&w.gate_w, &w.up_w};
     const Tensor* dys[] = {&s.dgate, &s.dup};
     Tensor* dws[] = {&g.gate_w, &g.up_w};
-    same_x_backward_or_frozen(be, a.norm2, ws, dys, &s.dnorm, dws, {});
+    const char* const names[] = {"gate.weight", "up.weight"};
+    same_x_backward_or_frozen(be, a.norm2, ws, dys, &s.dnorm, dws, {}, sink, names);
   } else {
     // dup = gelu_backward(up, dy @ W_down), in the product's epilogue where
     // the backend has it.
     const bool fused = be.gemm_gelu_backward(dy, w.down_w, a.up, s.dup);
-    linear_backward_or_frozen(be, a.act, w.down_w, dy, fused ? nullptr : &s.dact, g.down_w, opt(g.down_b));
+    linear_backward_or_frozen(be, a.act, w.down_w, dy, fused ? nullptr : &s.dact, g.down_w, opt(g.down_b), sink,
+                              "down.weight");
     if (!fused) be.gelu_backward(a.up, s.dact, s.dup);
-    linear_backward_or_frozen(be, a.norm2, w.up_w, s.dup, &s.dnorm, g.up_w, opt(g.up_b));
+    linear_backward_or_frozen(be, a.norm2, w.up_w, s.dup, &s.dnorm, g.up_w, opt(g.up_b), sink, "up.weight");
   }
   // dh = the norm's input gradient + dy, which the residual carries straight through
   norm_backward_add(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, dy, s.dh, g.mlp_norm_w, g.mlp_norm_b);
 
   // Attention half: h = x + o(attn(q, k, v)).
-  linear_backward_or_frozen(be, a.attn, w.o_w, s.dh, &s.dattn, g.o_w, opt(g.o_b));
+  linear_backward_or_frozen(be, a.attn, w.o_w, s.dh, &s.dattn, g.o_w, opt(g.o_b), sink, "o.weight");
   be.attention_backward(a.q, a.k, a.v, a.attn, a.lse, s.dattn, a.batch, a.seq,
                         block_attention_shape(cfg), s.dq, s.dk, s.dv);
   if (llama) {
@@ -142,7 +160,8 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     const Tensor* dys[] = {&dq, &dk, &s.dv};
     Tensor* dws[] = {&g.q_w, &g.k_w, &g.v_w};
     Tensor* dbs[] = {opt(g.q_b), opt(g.k_b), opt(g.v_b)};
-    same_x_backward_or_frozen(be, a.norm1, ws, dys, &s.dnorm, dws, dbs);
+    const char* const names[] = {"q.weight", "k.weight", "v.weight"};
+    same_x_backward_or_frozen(be, a.norm1, ws, dys, &s.dnorm, dws, dbs, sink, names);
   }
   norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, g.attn_norm_w, g.attn_norm_b);
 }

@@ -16,6 +16,7 @@
 #include "model/json_file.hpp"
 #include "model/safetensors.hpp"
 #include "model/transformer.hpp"
+#include "model/workspace.hpp"
 
 namespace corolla {
 
@@ -130,6 +131,13 @@ std::vector<lora_module> lora_targets(const model_config& cfg, const std::vector
 lora_adapter::lora_adapter(const model_config& cfg, lora_config c, std::vector<lora_module> modules, Backend& be)
     : cfg_(cfg), config_(std::move(c)), modules_(std::move(modules)) {
   std::vector<std::pair<std::string, shape_t>> layout;
+  for (std::size_t i = 0; i < modules_.size(); ++i) {
+    std::int64_t row = 0;
+    for (const auto& [name, rows] : modules_[i].parts) {
+      parts_[name] = {i, row, rows};
+      row += rows;
+    }
+  }
   for (const lora_module& m : modules_) {
     layout.emplace_back(m.path + ".lora_A", a_shape(m, config_.rank));
     layout.emplace_back(m.path + ".lora_B", b_shape(m, config_.rank));
@@ -312,25 +320,44 @@ void lora_adapter::apply(const model_config& cfg, int layer, param_set& w) const
   merge(cpu_backend(), layer, w);
 }
 
-void lora_adapter::project_grads(Backend& be, int layer, const param_set& dw) {
+namespace {
+
+/// `t` in dtype `act`: `t` itself, or converted into `buffer`.
+const Tensor& in_dtype(Backend& be, const Tensor& t, dtype act, Tensor& buffer) {
+  if (t.type() == act) return t;
+  ensure_tensor(be, buffer, t.shape(), act);
+  be.copy(t, buffer);
+  return buffer;
+}
+
+}  // namespace
+
+void lora_adapter::add(Backend& be, int layer, const std::string& weight, const Tensor& x, const Tensor& dy) {
+  const auto it = parts_.find(weight);
+  if (it == parts_.end()) return;  // frozen, and not adapted
   if (grads_.empty()) groups();
+  const part& pt = it->second;
+  const lora_module& m = modules_[pt.module];
   const float s = config_.scaling();
   const param_set& p = block(layer);
   param_set& g = grads_.at(static_cast<std::size_t>(layer));
-  for (const lora_module& m : modules_) {
-    const Tensor A = p.get(m.path + ".lora_A"), B = p.get(m.path + ".lora_B");
-    Tensor dA = g.get(m.path + ".lora_A"), dB = g.get(m.path + ".lora_B");
-    std::int64_t row = 0;
-    bool first = true;
-    for (const auto& [name, rows] : m.parts) {
-      const Tensor dW = dw.get(name);
-      Tensor dBp = dB.slice(row, row + rows);
-      be.gemm(dW, false, A, true, dBp, s, 0.0f);                             // [rows, r]
-      be.gemm(B.slice(row, row + rows), true, dW, false, dA, s, first ? 0.0f : 1.0f);  // [r, in]
-      first = false;
-      row += rows;
-    }
-  }
+  const Tensor A = p.get(m.path + ".lora_A"), B = p.get(m.path + ".lora_B").slice(pt.row, pt.row + pt.rows);
+  Tensor dA = g.get(m.path + ".lora_A"), dB = g.get(m.path + ".lora_B").slice(pt.row, pt.row + pt.rows);
+  const dtype act = x.type();
+  const std::int64_t N = x.dim(0);
+  ensure_tensor(be, t_, {N, config_.rank}, act);
+  ensure_tensor(be, u_, {N, config_.rank}, act);
+  const Tensor& a = in_dtype(be, A, act, a_act_);
+  be.gemm(x, false, a, true, t_);            // x A^T  [N, r]
+  be.gemm(dy, true, t_, false, dB, s, 1.0f);  // dB += s dy^T (x A^T)  [rows, r]
+  const Tensor& b = in_dtype(be, B, act, b_act_);
+  be.gemm(dy, false, b, false, u_);          // dy B  [N, r]
+  be.gemm(u_, true, x, false, dA, s, 1.0f);   // dA += s (dy B)^T x  [r, in]
+}
+
+void lora_adapter::zero_grads() {
+  if (grads_.empty()) groups();
+  for (param_set& g : grads_) g.flat().zero();
 }
 
 // ---- training ----------------------------------------------------------------
@@ -342,29 +369,20 @@ lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&mo
   if (adapter.n_layers() != cfg.n_layers)
     throw model_error("the LoRA adapter has " + std::to_string(adapter.n_layers()) + " layers, the model " +
                       std::to_string(cfg.n_layers));
-  model.groups();  // the gradient buffers project() reads
+  model.groups();  // the gradient buffers the backward writes (the norm weights')
   std::vector<param_set>& blocks = model.blocks();
   base_.resize(blocks.size());
-  std::set<std::string> adapted;
   for (std::size_t i = 0; i < blocks.size(); ++i)
     for (const lora_module& m : adapter.modules())
-      for (const auto& [name, rows] : m.parts) {
-        base_[i].push_back(blocks[i].get(name).clone());
-        adapted.insert(name);
-      }
-  model.set_trained_weights(std::move(adapted));
+      for (const auto& [name, rows] : m.parts) base_[i].push_back(blocks[i].get(name).clone());
+  // No weight of the model trains: the adapted ones hand their inputs and
+  // output gradients to the adapter instead.
+  adapter.zero_grads();
+  model.set_trained_weights(std::set<std::string>{}, &adapter);
   merge();
 }
 
 lora_tuning::~lora_tuning() { model_->set_trained_weights(std::nullopt); }
-
-void lora_tuning::project() {
-  std::vector<param_group> g = model_->groups();
-  // groups(): the head first, then the blocks.
-  const std::size_t first_block = g.size() - model_->blocks().size();
-  for (int i = 0; i < adapter_->n_layers(); ++i)
-    adapter_->project_grads(model_->backend(), i, *g[first_block + static_cast<std::size_t>(i)].grads);
-}
 
 void lora_tuning::merge() {
   Backend& be = model_->backend();

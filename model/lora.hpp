@@ -24,22 +24,26 @@
 //
 // Two uses: merged into a model's weights as they load (generation, the
 // local API: lora_adapter::merge, through the checkpoint's block patch), and
-// trained (lora_tuning): the model's blocks hold W0 + s B A, a forward and
-// backward gives dL/dW', and the adapter's gradients follow exactly from
-// it, dA = s B^T dW', dB = s dW' A^T (summed over the parts of a stacked
-// module). Only the adapted weights' gradients are formed (the head's and
-// the other weights' products are skipped), and AdamW keeps moments of the
-// adapter only; the model's gradient buffers are still allocated whole.
+// trained (lora_tuning): the model's blocks hold W0 + s B A for the forward;
+// in the backward every weight of the model is frozen (no dW is formed, the
+// head's gradients neither), and each adapted weight hands its input x and
+// output gradient dy to the adapter, which adds its low-rank gradients,
+// dB += s dy^T (x A^T) and dA += s (dy B)^T x (= s B^T dW' and s dW' A^T,
+// without forming dW'; summed over the parts of a stacked module). AdamW
+// keeps moments of the adapter only. The model's gradient buffers are
+// still allocated whole (only its norm weights' are written).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "model/block.hpp"
 #include "model/config.hpp"
 #include "model/hf_names.hpp"
 #include "model/params.hpp"
@@ -82,7 +86,7 @@ std::vector<lora_module> lora_targets(const model_config& cfg, const std::vector
 
 /// A LoRA adapter of one model's blocks: per block a param_set holding
 /// "<module>.lora_A" [r, in] and "<module>.lora_B" [out, r] of each target.
-class lora_adapter final : public block_patch {
+class lora_adapter final : public block_patch, public frozen_weight_grads {
  public:
   /// A fresh adapter as PEFT starts one: A uniform in +-1/sqrt(in) (its
   /// kaiming_uniform(a = sqrt(5))), deterministic for `seed`; B zero, so
@@ -117,19 +121,31 @@ class lora_adapter final : public block_patch {
   void merge(Backend& be, int layer, param_set& block) const;
   /// block_patch: merge on the host as a checkpoint's block loads.
   void apply(const model_config& cfg, int layer, param_set& block) const override;
-  /// The adapter's gradients of block `layer` from the gradients `dw` of the
-  /// adapted weights (block_layout): dA = s sum_parts B_part^T dW_part,
-  /// dB_part = s dW_part A^T (written, not added).
-  void project_grads(Backend& be, int layer, const param_set& dw);
+  /// frozen_weight_grads: adds the low-rank gradients of the adapted weight
+  /// `weight` of block `layer` from its input x [N, in] and output gradient
+  /// dy [N, out] (in the activations' dtype; A and B are converted to it):
+  /// dB_part += s dy^T (x A^T), dA += s (dy B_part)^T x. Nothing for a
+  /// weight the adapter does not adapt.
+  void add(Backend& be, int layer, const std::string& weight, const Tensor& x, const Tensor& dy) override;
+  /// Zeroes the adapter's gradients (allocating them on first call).
+  void zero_grads();
 
  private:
   lora_adapter(const model_config& cfg, lora_config c, std::vector<lora_module> modules, Backend& be);
 
+  /// Where one adapted weight lies: its module and rows of B.
+  struct part {
+    std::size_t module = 0;
+    std::int64_t row = 0, rows = 0;
+  };
+
   model_config cfg_;
   lora_config config_;
   std::vector<lora_module> modules_;
+  std::map<std::string, part> parts_;  ///< by block_layout name
   std::vector<param_set> blocks_;
   std::vector<param_set> grads_;  ///< empty until groups()
+  Tensor t_, u_, a_act_, b_act_;  ///< add()'s scratch: x A^T, dy B, A and B in the activations' dtype
 };
 
 /// Training an adapter on a model: the targeted weights of `model`'s blocks
@@ -147,8 +163,9 @@ class lora_tuning {
   ~lora_tuning();
   lora_tuning(const lora_tuning&) = delete;
   lora_tuning& operator=(const lora_tuning&) = delete;
-  /// After a backward: the adapter's gradients from the model's.
-  void project();
+  /// Before a step's first forward and backward: the adapter's gradients
+  /// to zero (the backward adds to them).
+  void zero_grads() { adapter_->zero_grads(); }
   /// After an update of the adapter: the model's weights = W0 + s B A again
   /// (params_changed: 16-bit compute copies follow).
   void merge();

@@ -161,8 +161,9 @@ std::vector<param_set>& stage::grads() {
   return grads_;
 }
 
-void stage::set_trained_linear_weights(std::optional<std::set<std::string>> names) {
+void stage::set_trained_linear_weights(std::optional<std::set<std::string>> names, frozen_weight_grads* frozen) {
   trained_linear_ = std::move(names);
+  frozen_grads_ = trained_linear_ ? frozen : nullptr;
   resolve_grad_views();
 }
 
@@ -317,7 +318,7 @@ void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& d
     const auto b = static_cast<std::size_t>(i);
     Tensor* g_in = (i == 0) ? first_in : (i % 2 == 0 ? &ping_ : &pong_);
     block_backward(*be_, cfg_, train_weights(i), saved.blocks[b], pos, *g_out, *g_in, grad_views_[b],
-                   grad_scratch_);
+                   grad_scratch_, frozen_grads_, first_ + i);
     g_out = g_in;
     if (on_block_done) on_block_done(i);
   }

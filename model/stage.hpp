@@ -133,8 +133,10 @@ class stage {
   /// the others are frozen (LoRA training, model/lora.hpp), their weight
   /// and bias gradient products are skipped and their buffers keep what
   /// they hold. Norm weights, and a mixture of experts' router and experts,
-  /// always get theirs.
-  void set_trained_linear_weights(std::optional<std::set<std::string>> names);
+  /// always get theirs. `frozen` (borrowed; may be null) hears of each
+  /// frozen weight's input and output gradient (block_backward).
+  void set_trained_linear_weights(std::optional<std::set<std::string>> names,
+                                  frozen_weight_grads* frozen = nullptr);
   /// Sets every gradient to zero (nothing when none are allocated). Also
   /// params_changed() (a step's parameter updates come before the next
   /// step's zero_grads), unless compute_copies_written() was said since
@@ -269,6 +271,7 @@ class stage {
   std::vector<block_tensors> weights_;
   std::vector<block_tensors> grad_views_;
   std::optional<std::set<std::string>> trained_linear_;  ///< set_trained_linear_weights
+  frozen_weight_grads* frozen_grads_ = nullptr;          ///< its hook
   std::vector<block_tensors> inference_weights_;  ///< bf16, int8 or nf4 linear weights, or empty (use weights_)
   block_tensors widened_;          ///< frozen_weights' scratch on an inference-only stage
   expert_tensors widened_expert_;  ///< its experts' scratch (block_tensors::expert_scratch)

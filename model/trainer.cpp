@@ -83,6 +83,7 @@ step_report trainer::step() {
   const auto start = clock_type::now();
   const int B = options_.batch, T = options_.seq;
   model_->zero_grads();
+  if (lora_) lora_->zero_grads();
   optimizer_.set_lr(scheduled_lr(options_.optimizer.adamw.lr, options_.optimizer.schedule, steps_done() + 1,
                                  std::max(options_.steps, steps_done() + 1)));
   data_->next_batch(B, T, ids_, targets_);
@@ -102,7 +103,6 @@ step_report trainer::step() {
     loss += model_->forward_backward(ids.subspan(j * rows, rows), targets.subspan(j * rows, rows), M, T,
                                      r.loss_scale / static_cast<float>(k));
   r.loss = static_cast<float>(loss / k);
-  if (lora_) lora_->project();
   if (scaler_.dynamic()) {
     r.grad_norm = optimizer_.step_unscaling(r.loss_scale);
     r.skipped = overflowed(r.grad_norm);

@@ -177,10 +177,11 @@ std::vector<param_group> transformer::groups() {
   return out;
 }
 
-void transformer::set_trained_weights(std::optional<std::set<std::string>> block_linear) {
+void transformer::set_trained_weights(std::optional<std::set<std::string>> block_linear,
+                                      frozen_weight_grads* frozen) {
   require_block_parameters("set_trained_weights");
   impl_->frozen_head = block_linear.has_value();
-  impl_->block_span.set_trained_linear_weights(std::move(block_linear));
+  impl_->block_span.set_trained_linear_weights(std::move(block_linear), frozen);
 }
 
 void transformer::zero_grads() {

@@ -38,6 +38,7 @@
 namespace corolla {
 
 class block_patch;
+class frozen_weight_grads;
 
 /// A parameter set together with its gradient buffer (same layout).
 struct param_group {
@@ -116,9 +117,11 @@ class transformer {
   /// linear weights named (block_layout names, "q.weight", with their
   /// biases): the head and the other linear weights and biases are frozen,
   /// their gradient products skipped and their buffers left as they are
-  /// (zero after zero_grads). Norm weights still get theirs
-  /// (stage::set_trained_linear_weights).
-  void set_trained_weights(std::optional<std::set<std::string>> block_linear);
+  /// (zero after zero_grads). Norm weights still get theirs. `frozen`
+  /// (borrowed, may be null) hears of each frozen linear weight's input and
+  /// output gradient (stage::set_trained_linear_weights).
+  void set_trained_weights(std::optional<std::set<std::string>> block_linear,
+                           frozen_weight_grads* frozen = nullptr);
   /// Zeroes every gradient buffer (and, as stage::zero_grads, says the
   /// parameters may have changed since the last forward, unless
   /// compute_copies_written() was said since the last params_changed():
