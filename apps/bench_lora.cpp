@@ -94,9 +94,10 @@ int run_lora(const lora_bench_options& o) {
   for (const param_group& g : model.groups()) grads += g.grads->size();
   for (const lora_module& m : adapter.modules()) adapted += m.in * m.out;
   adapted *= c.n_layers;
-  // Beside the weights: the gradients of every weight (both runs form them;
-  // the adapter's are projected from them), the moments, and for the
-  // adapter its own values and gradients and the adapted weights' W0.
+  // Beside the weights: the model's gradient buffers (allocated whole in
+  // both runs; the adapter's run writes only the norm weights'), the
+  // moments, and for the adapter its own values and gradients and the
+  // adapted weights' W0.
   const double full_state = 4.0 * static_cast<double>(grads + full_moments);
   const double lora_state =
       4.0 * static_cast<double>(grads + adapter_moments + 2 * adapter.numel() + adapted);

@@ -122,6 +122,9 @@ int run_train(const train_args& a) {
                       "--cluster, --rank and --join");
   if (a.lora_rank != 0 && !a.adapter.empty())
     throw std::invalid_argument("--lora-rank makes a new adapter and --adapter trains on a saved one: give one of them");
+  if (!a.adapter.empty() && (a.lora_alpha != 0.0f || !a.lora_targets.empty() || a.lora_rslora))
+    throw std::invalid_argument("--adapter trains on with the saved adapter's own alpha and targets: drop "
+                                "--lora-alpha, --lora-targets and --lora-rslora");
   if (!a.join.empty()) return run_train_join(a);
   if (wants_distributed(a)) return run_distributed_train(a);
   // Name the flags given, not every flag that needs ranks.

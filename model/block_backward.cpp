@@ -119,7 +119,8 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
 
   // MLP half: y = h + down(act(n2)) (or the experts' mixture of n2).
   if (cfg.is_moe()) {
-    moe_backward(be, cfg, w, a.moe, a.norm2, dy, s.dnorm, &g, s.moe);
+    // A frozen mixture (no router gradient view): its input gradient only.
+    moe_backward(be, cfg, w, a.moe, a.norm2, dy, s.dnorm, g.router_w.defined() ? &g : nullptr, s.moe);
   } else if (llama) {
     linear_backward_or_frozen(be, a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b), sink, "down.weight");
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);

@@ -3,10 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 #include <random>
 #include <set>
 #include <system_error>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -65,17 +69,29 @@ void check_config(const lora_config& c) {
     throw model_error("a LoRA adapter's alpha must be a finite number > 0 (got " + std::to_string(c.alpha) + ")");
 }
 
-/// Writes `text` to `file` through a temporary file and a rename.
+/// Writes `text` to `file` through a temporary file of this process,
+/// synced, and a rename.
 void write_text(const std::filesystem::path& file, const std::string& text) {
-  const std::filesystem::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw model_error("cannot write " + tmp.string());
+  const std::filesystem::path tmp = file.string() + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) throw model_error("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  std::size_t done = 0;
+  bool ok = true;
+  while (ok && done < text.size()) {
+    const ::ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) done += static_cast<std::size_t>(n);
   }
+  ok = ok && ::fsync(fd) == 0;
+  const std::string why = ok ? "" : std::strerror(errno);
+  ::close(fd);
   std::error_code ec;
-  std::filesystem::rename(tmp, file, ec);
-  if (ec) throw model_error("cannot rename " + tmp.string() + " to " + file.string() + ": " + ec.message());
+  if (ok) std::filesystem::rename(tmp, file, ec);
+  if (!ok || ec) {
+    std::filesystem::remove(tmp, ec);
+    throw model_error("cannot write " + file.string() + ": " + (ok ? ec.message() : why));
+  }
 }
 
 }  // namespace
@@ -177,13 +193,13 @@ lora_adapter lora_adapter::load(const std::filesystem::path& dir, const model_co
   const json j = read_json_file(cfg_path);
   const auto refuse = [&](const std::string& why) { throw model_error(cfg_path.string() + ": " + why); };
   if (!j.is_object()) refuse("not a JSON object");
-  if (j.value("peft_type", std::string()) != "LORA")
-    refuse("peft_type is " + (j.contains("peft_type") ? j["peft_type"].dump() : std::string("missing")) +
-           ", not \"LORA\"");
   lora_config c;
   try {
+    if (j.value("peft_type", std::string()) != "LORA")
+      refuse("peft_type is " + (j.contains("peft_type") ? j["peft_type"].dump() : std::string("missing")) +
+             ", not \"LORA\"");
     c.rank = j.at("r").get<int>();
-    c.alpha = j.value("lora_alpha", static_cast<float>(c.rank));
+    c.alpha = j.value("lora_alpha", 8.0f);  // PEFT's default
     c.rslora = j.value("use_rslora", false);
     const json& t = j.at("target_modules");
     if (t.is_string()) {
@@ -193,23 +209,26 @@ lora_adapter lora_adapter::load(const std::filesystem::path& dir, const model_co
     } else {
       c.targets = t.get<std::vector<std::string>>();
     }
+    const auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
+    const auto nonempty = [&](const char* key) { return present(key) && !j[key].empty(); };
+    if (present("use_dora") && j["use_dora"].get<bool>()) refuse("DoRA adapters (use_dora) are not supported");
+    if (nonempty("rank_pattern") || nonempty("alpha_pattern"))
+      refuse("per-module ranks or alphas (rank_pattern, alpha_pattern) are not supported");
+    if (present("layers_to_transform")) refuse("layers_to_transform is not supported: every layer is adapted");
+    if (nonempty("modules_to_save")) refuse("modules_to_save (fully trained modules) is not supported");
+    if (present("bias") && j["bias"].get<std::string>() != "none")
+      refuse("trained biases (bias != \"none\") are not supported");
   } catch (const json::exception& e) {
     refuse(std::string("malformed: ") + e.what());
   }
-  const auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
-  const auto nonempty = [&](const char* key) { return present(key) && !j[key].empty(); };
-  if (j.value("use_dora", false)) refuse("DoRA adapters (use_dora) are not supported");
-  if (nonempty("rank_pattern") || nonempty("alpha_pattern"))
-    refuse("per-module ranks or alphas (rank_pattern, alpha_pattern) are not supported");
-  if (present("layers_to_transform")) refuse("layers_to_transform is not supported: every layer is adapted");
-  if (nonempty("modules_to_save")) refuse("modules_to_save (fully trained modules) is not supported");
-  if (j.value("bias", std::string("none")) != "none") refuse("trained biases (bias != \"none\") are not supported");
   try {
     check_config(c);
   } catch (const model_error& e) {
     refuse(e.what());
   }
   std::vector<lora_module> modules = lora_targets(cfg, c.targets);
+  c.targets.clear();  // by their paths, as init names them
+  for (const lora_module& m : modules) c.targets.push_back(m.path);
   lora_adapter a(cfg, c, modules, cpu_backend());
   auto file = safetensors_file::open(w_path);
   std::set<std::string> expected;
@@ -256,13 +275,14 @@ void lora_adapter::save(const std::filesystem::path& dir, const std::string& bas
         tensors.emplace_back(peft_key(cfg_, layer, m.path, which), std::move(host));
       }
   write_safetensors(dir / weights_file, tensors, {{"format", "pt"}});
+  // A module by its last name where that names it alone among the model's
+  // (PEFT matches the last parts): GPT-2's two c_proj by their paths.
+  const std::vector<lora_module> all = lora_modules(cfg_);
   std::vector<std::string> short_names;
-  for (const lora_module& m : modules_) short_names.push_back(m.path.substr(m.path.rfind('.') + 1));
-  // GPT-2's attn.c_proj and mlp.c_proj share a last name: full paths then.
-  std::set<std::string> distinct(short_names.begin(), short_names.end());
-  if (distinct.size() != short_names.size()) {
-    short_names.clear();
-    for (const lora_module& m : modules_) short_names.push_back(m.path);
+  for (const lora_module& m : modules_) {
+    const std::string last = m.path.substr(m.path.rfind('.') + 1);
+    const auto same_last = std::count_if(all.begin(), all.end(), [&](const lora_module& o) { return names(last, o.path); });
+    short_names.push_back(same_last == 1 ? last : m.path);
   }
   const json j = {{"peft_type", "LORA"},
                   {"task_type", "CAUSAL_LM"},
@@ -312,9 +332,9 @@ void lora_adapter::merge(Backend& be, int layer, param_set& w) const {
 }
 
 void lora_adapter::apply(const model_config& cfg, int layer, param_set& w) const {
-  if (cfg.n_layers != n_layers() || cfg.hidden_size != cfg_.hidden_size)
-    throw model_error("this LoRA adapter was made for a model of " + std::to_string(n_layers()) + " layers of width " +
-                      std::to_string(cfg_.hidden_size));
+  if (!fits(cfg))
+    throw model_error("this LoRA adapter was made for another model (" + std::to_string(n_layers()) +
+                      " layers of width " + std::to_string(cfg_.hidden_size) + ")");
   if (w.flat().dev().kind != device_kind::cpu || block(layer).flat().dev().kind != device_kind::cpu)
     throw tensor_error("lora_adapter::apply merges on the host: load the adapter on the CPU backend");
   merge(cpu_backend(), layer, w);
@@ -322,12 +342,21 @@ void lora_adapter::apply(const model_config& cfg, int layer, param_set& w) const
 
 namespace {
 
-/// `t` in dtype `act`: `t` itself, or converted into `buffer`.
-const Tensor& in_dtype(Backend& be, const Tensor& t, dtype act, Tensor& buffer) {
+/// A [shape] view of dtype `act` at the start of `buffer`, which grows (and
+/// only grows) to hold it: add()'s scratch, whose shapes change from one
+/// module to the next.
+Tensor scratch(Backend& be, Tensor& buffer, const shape_t& shape, dtype act) {
+  const std::int64_t n = shape_numel(shape);
+  if (!buffer.defined() || buffer.type() != act || buffer.numel() < n) buffer = be.empty({n}, act);
+  return buffer.slice(0, n).view(shape);
+}
+
+/// `t` in dtype `act`: `t` itself, or converted into scratch of `buffer`.
+Tensor in_dtype(Backend& be, const Tensor& t, dtype act, Tensor& buffer) {
   if (t.type() == act) return t;
-  ensure_tensor(be, buffer, t.shape(), act);
-  be.copy(t, buffer);
-  return buffer;
+  Tensor out = scratch(be, buffer, t.shape(), act);
+  be.copy(t, out);
+  return out;
 }
 
 }  // namespace
@@ -345,14 +374,21 @@ void lora_adapter::add(Backend& be, int layer, const std::string& weight, const 
   Tensor dA = g.get(m.path + ".lora_A"), dB = g.get(m.path + ".lora_B").slice(pt.row, pt.row + pt.rows);
   const dtype act = x.type();
   const std::int64_t N = x.dim(0);
-  ensure_tensor(be, t_, {N, config_.rank}, act);
-  ensure_tensor(be, u_, {N, config_.rank}, act);
-  const Tensor& a = in_dtype(be, A, act, a_act_);
-  be.gemm(x, false, a, true, t_);            // x A^T  [N, r]
-  be.gemm(dy, true, t_, false, dB, s, 1.0f);  // dB += s dy^T (x A^T)  [rows, r]
-  const Tensor& b = in_dtype(be, B, act, b_act_);
-  be.gemm(dy, false, b, false, u_);          // dy B  [N, r]
-  be.gemm(u_, true, x, false, dA, s, 1.0f);   // dA += s (dy B)^T x  [r, in]
+  Tensor t = scratch(be, t_, {N, config_.rank}, act), u = scratch(be, u_, {N, config_.rank}, act);
+  be.gemm(x, false, in_dtype(be, A, act, a_act_), true, t);  // x A^T  [N, r]
+  be.gemm(dy, true, t, false, dB, s, 1.0f);                   // dB += s dy^T (x A^T)  [rows, r]
+  be.gemm(dy, false, in_dtype(be, B, act, b_act_), false, u);  // dy B  [N, r]
+  be.gemm(u, true, x, false, dA, s, 1.0f);                    // dA += s (dy B)^T x  [r, in]
+}
+
+bool lora_adapter::fits(const model_config& cfg) const {
+  if (cfg.n_layers != n_layers()) return false;
+  const std::vector<lora_module> all = lora_modules(cfg);
+  for (const lora_module& m : modules_) {
+    const auto same = std::find_if(all.begin(), all.end(), [&](const lora_module& o) { return o.path == m.path; });
+    if (same == all.end() || same->in != m.in || same->out != m.out) return false;
+  }
+  return true;
 }
 
 void lora_adapter::zero_grads() {
@@ -365,10 +401,9 @@ void lora_adapter::zero_grads() {
 lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&model), adapter_(&adapter) {
   if (model.inference_only())
     throw model_error("a LoRA adapter trains on a model loaded with f32 parameters, not on inference weights");
-  const model_config& cfg = model.config();
-  if (adapter.n_layers() != cfg.n_layers)
-    throw model_error("the LoRA adapter has " + std::to_string(adapter.n_layers()) + " layers, the model " +
-                      std::to_string(cfg.n_layers));
+  if (!adapter.fits(model.config()))
+    throw model_error("the LoRA adapter was made for another model than this " + model.config().hf_architecture +
+                      " of " + std::to_string(model.config().n_layers) + " layers");
   model.groups();  // the gradient buffers the backward writes (the norm weights')
   std::vector<param_set>& blocks = model.blocks();
   base_.resize(blocks.size());
@@ -379,7 +414,12 @@ lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&mo
   // output gradients to the adapter instead.
   adapter.zero_grads();
   model.set_trained_weights(std::set<std::string>{}, &adapter);
-  merge();
+  try {
+    merge();
+  } catch (...) {
+    model.set_trained_weights(std::nullopt);  // no hook left pointing at the adapter
+    throw;
+  }
 }
 
 lora_tuning::~lora_tuning() { model_->set_trained_weights(std::nullopt); }

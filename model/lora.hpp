@@ -110,6 +110,9 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   param_set& block(int layer) { return blocks_.at(static_cast<std::size_t>(layer)); }
   const param_set& block(int layer) const { return blocks_.at(static_cast<std::size_t>(layer)); }
   int n_layers() const { return static_cast<int>(blocks_.size()); }
+  /// Whether this adapter's modules are those of a model of `cfg` (depth
+  /// and widths).
+  bool fits(const model_config& cfg) const;
   /// Adapter values in all (A and B of every block).
   std::int64_t numel() const;
   /// The blocks' tensors with gradient buffers (allocated on first call), for
@@ -145,7 +148,7 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   std::map<std::string, part> parts_;  ///< by block_layout name
   std::vector<param_set> blocks_;
   std::vector<param_set> grads_;  ///< empty until groups()
-  Tensor t_, u_, a_act_, b_act_;  ///< add()'s scratch: x A^T, dy B, A and B in the activations' dtype
+  Tensor t_, u_, a_act_, b_act_;  ///< add()'s flat scratch: x A^T, dy B, A and B in the activations' dtype
 };
 
 /// Training an adapter on a model: the targeted weights of `model`'s blocks

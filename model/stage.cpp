@@ -187,6 +187,11 @@ void stage::resolve_grad_views() {
           v.*roles.first = Tensor();
           if (roles.second) v.*roles.second = Tensor();
         }
+      // A mixture of experts' MLP (router, experts, shared expert) is
+      // frozen whole: block_backward then forms only its input gradient.
+      v.router_w = Tensor();
+      v.shared_gate_w = Tensor();
+      v.experts.clear();
     }
     grad_views_.push_back(std::move(v));
   }

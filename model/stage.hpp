@@ -132,9 +132,10 @@ class stage {
   /// the default), or only those named (block_layout names, "q.weight"):
   /// the others are frozen (LoRA training, model/lora.hpp), their weight
   /// and bias gradient products are skipped and their buffers keep what
-  /// they hold. Norm weights, and a mixture of experts' router and experts,
-  /// always get theirs. `frozen` (borrowed; may be null) hears of each
-  /// frozen weight's input and output gradient (block_backward).
+  /// they hold; so is a mixture of experts' whole MLP (router, experts,
+  /// shared expert). Norm weights always get theirs. `frozen` (borrowed;
+  /// may be null) hears of each frozen linear weight's input and output
+  /// gradient (block_backward; not of the experts').
   void set_trained_linear_weights(std::optional<std::set<std::string>> names,
                                   frozen_weight_grads* frozen = nullptr);
   /// Sets every gradient to zero (nothing when none are allocated). Also

@@ -115,7 +115,8 @@ class transformer {
   /// Which parameters forward_backward forms gradients of: all (nullopt,
   /// the default), or (LoRA training, model/lora.hpp) only the blocks'
   /// linear weights named (block_layout names, "q.weight", with their
-  /// biases): the head and the other linear weights and biases are frozen,
+  /// biases): the head, the other linear weights and biases and a mixture
+  /// of experts' MLP are frozen,
   /// their gradient products skipped and their buffers left as they are
   /// (zero after zero_grads). Norm weights still get theirs. `frozen`
   /// (borrowed, may be null) hears of each frozen linear weight's input and

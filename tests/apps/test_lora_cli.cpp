@@ -164,6 +164,7 @@ TEST_CASE("corolla train and generate refuse adapter flags that cannot apply, wi
       {train_args(base, data, {"--lora-alpha", "8"}), "add --lora-rank R"},
       {train_args(base, data, {"--lora-rank", "4", "--pp", "2"}), "single process only"},
       {train_args(base, data, {"--lora-rank", "4", "--adapter", tmp / "a"}), "give one of them"},
+      {train_args(base, data, {"--adapter", tmp / "a", "--lora-alpha", "4"}), "the saved adapter's own alpha"},
       {train_args(tmp / "config-only", data, {"--lora-rank", "4"}), "holds no weights"},
       {train_args(base, data, {"--lora-rank", "4", "--lora-targets", "q_proj"}), "names no module"},
       {train_args(base, data, {"--adapter", tmp / "absent"}), "does not exist"},

@@ -50,11 +50,12 @@ TEST_CASE("emulated device: a LoRA adapter trains to the cpu's losses, and with 
       return trainer(m, d, o).run().losses;
     };
     const std::vector<float> cpu = run(cpu_backend(), dtype::f32);
-    REQUIRE(cpu.back() < cpu.front() - 0.1f);  // the adapter's updates matter
+    REQUIRE(cpu.back() < 0.5f * cpu.front());  // the adapter's updates matter
     emulated_device_backend dev;
     CHECK(run(dev, dtype::f32) == cpu);
     const std::vector<float> bf16 = run(dev, dtype::bf16);
     REQUIRE(bf16.size() == cpu.size());
+    CHECK(bf16.back() < 0.5f * bf16.front());  // the compute copies followed the merges
     for (std::size_t s = 0; s < cpu.size(); ++s) {
       CAPTURE(s);
       // bf16's rounding, as the mixed-precision tests allow; an adapter

@@ -50,12 +50,13 @@ void write_pattern(const fs::path& file) {
   write_raw_u16(file, tokens);
 }
 
-/// B drawn N(0, 0.05) in every block, so that both gradients are non-zero.
+/// B drawn N(0, 0.2) in every block, so that both gradients are non-zero
+/// and of a size central differences tell apart.
 void randomise_b(lora_adapter& a, std::uint64_t seed) {
   for (int l = 0; l < a.n_layers(); ++l)
     for (const lora_module& m : a.modules()) {
       Tensor B = a.block(l).get(m.path + ".lora_B");
-      B.copy_from(random_tensor(B.shape(), seed++, 0.05f));
+      B.copy_from(random_tensor(B.shape(), seed++, 0.2f));
     }
 }
 
@@ -102,9 +103,10 @@ TEST_CASE("lora: the adapter's gradients equal central differences of the loss (
 }
 
 TEST_CASE("frozen weights: the trained weights' gradients equal the full backward's, the frozen ones are not formed") {
-  tiny_model_options qwen2;
+  tiny_model_options qwen2, mixtral;
   qwen2.family = "Qwen2ForCausalLM";  // biases on q, k and v
-  for (const tiny_model_options& o : {tiny_model_options{}, qwen2, tiny_options_for(architecture::gpt2)}) {
+  mixtral.family = "MixtralForCausalLM";  // its router and experts frozen whole
+  for (const tiny_model_options& o : {tiny_model_options{}, qwen2, mixtral, tiny_options_for(architecture::gpt2)}) {
     CAPTURE(o.family);
     const model_config cfg = tiny_config(o);
     transformer model = transformer::init(cfg, 12, cpu_backend());
@@ -240,24 +242,43 @@ TEST_CASE("lora: a fresh adapter is the base model, training moves the adapter o
   CHECK(again.forward_loss(ids, targets, 1, 16) == tuned_loss);
 }
 
-TEST_CASE("lora: GPT-2's two c_proj modules are saved by their paths and load back") {
+TEST_CASE("lora: GPT-2's c_proj modules are saved by their paths where their last name is shared, and load back") {
   temp_dir_guard tmp("lora-gpt2");
   const model_config cfg = tiny_config(tiny_options_for(architecture::gpt2));
-  lora_config c;
-  c.targets = {"c_proj"};  // PEFT's suffix match: attention's and the MLP's
-  lora_adapter a = lora_adapter::init(cfg, c, 2, cpu_backend());
-  CHECK(a.config().targets == std::vector<std::string>{"attn.c_proj", "mlp.c_proj"});
-  randomise_b(a, 40);
-  a.save(tmp / "a");
-  const nlohmann::json j = nlohmann::json::parse(std::ifstream(tmp / "a" / "adapter_config.json"));
-  CHECK(j["target_modules"] == nlohmann::json::array({"attn.c_proj", "mlp.c_proj"}));
-  CHECK(j["fan_in_fan_out"] == true);
-  auto file = safetensors_file::open(tmp / "a" / "adapter_model.safetensors");
+  struct named_case {
+    std::vector<std::string> targets, paths;
+    nlohmann::json saved;
+  };
+  const std::vector<named_case> cases = {
+      // PEFT's suffix match takes attention's c_proj and the MLP's.
+      {{"c_proj"}, {"attn.c_proj", "mlp.c_proj"}, {"attn.c_proj", "mlp.c_proj"}},
+      // One of them alone keeps its path: "c_proj" would name both.
+      {{"mlp.c_proj"}, {"mlp.c_proj"}, {"mlp.c_proj"}},
+      {{"c_attn", "mlp.c_proj"}, {"attn.c_attn", "mlp.c_proj"}, {"c_attn", "mlp.c_proj"}},
+      {{"all-linear"}, {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}, {"c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"}},
+  };
+  int n = 0;
+  for (const named_case& k : cases) {
+    CAPTURE(k.saved.dump());
+    lora_config c;
+    c.targets = k.targets;
+    lora_adapter a = lora_adapter::init(cfg, c, 2, cpu_backend());
+    CHECK(a.config().targets == k.paths);
+    randomise_b(a, 40);
+    const fs::path dir = tmp / std::to_string(n++);
+    a.save(dir);
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir / "adapter_config.json"));
+    CHECK(j["target_modules"] == k.saved);
+    CHECK(j["fan_in_fan_out"] == true);
+    lora_adapter back = lora_adapter::load(dir, cfg, cpu_backend());
+    CHECK(back.config().targets == k.paths);  // by their paths, as init names them
+    for (int l = 0; l < cfg.n_layers; ++l) CHECK(same_bits(back.block(l).flat(), a.block(l).flat()));
+  }
+  auto file = safetensors_file::open(tmp / "1" / "adapter_model.safetensors");
   const tensor_info* b = file->find("base_model.model.transformer.h.0.mlp.c_proj.lora_B.weight");
   REQUIRE(b);
   CHECK(b->shape == shape_t{32, 8});
-  lora_adapter back = lora_adapter::load(tmp / "a", cfg, cpu_backend());
-  for (int l = 0; l < cfg.n_layers; ++l) CHECK(same_bits(back.block(l).flat(), a.block(l).flat()));
+  CHECK(file->tensors().size() == 4u);  // 2 layers x (A, B) of mlp.c_proj only
 }
 
 TEST_CASE("lora: what cannot be applied exactly is refused, naming the file") {
@@ -293,6 +314,7 @@ TEST_CASE("lora: what cannot be applied exactly is refused, naming the file") {
   refused(variant("layers", [](nlohmann::json& j) { j["layers_to_transform"] = {0}; }), "layers_to_transform");
   refused(variant("save", [](nlohmann::json& j) { j["modules_to_save"] = {"lm_head"}; }), "modules_to_save");
   refused(variant("bias", [](nlohmann::json& j) { j["bias"] = "all"; }), "biases");
+  refused(variant("typed", [](nlohmann::json& j) { j["use_dora"] = "no"; }), "malformed");
   refused(variant("regex", [](nlohmann::json& j) { j["target_modules"] = ".*proj"; }), "regular expression");
   refused(variant("rank", [](nlohmann::json& j) { j["r"] = 3; }), "has shape [2, 32], expected [3, 32]");
   refused(variant("more", [](nlohmann::json& j) { j["target_modules"] = {"q_proj", "v_proj", "o_proj"}; }),
