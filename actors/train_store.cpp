@@ -16,6 +16,7 @@
 #include "actors/train_job.hpp"
 #include "model/error.hpp"
 #include "model/safetensors.hpp"
+#include "model/whole_file.hpp"
 #include "schedule/snapshot_choice.hpp"
 
 namespace corolla {
@@ -44,19 +45,13 @@ void sync_path(const fs::path& p) {
   if (r != 0) throw train_error("cannot sync " + p.string() + ": " + std::strerror(err));
 }
 
+/// The manifest and `latest`: written whole or not at all (write_whole_file).
 void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw train_error("cannot write " + tmp.string());
+  try {
+    write_whole_file(path, text);
+  } catch (const model_error& e) {
+    throw train_error(e.what());
   }
-  sync_path(tmp);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw train_error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
-  sync_path(path.parent_path());
 }
 
 int step_of(const std::string& name) {

@@ -14,10 +14,8 @@ transformer load_for_decoding(const std::string& dir, Backend& be, weight_format
   if (!adapter.empty()) {
     // Merged on the host as each block is read (lora_adapter::apply).
     auto a = std::make_shared<lora_adapter>(lora_adapter::load(adapter, load_config(dir), cpu_backend()));
-    std::string targets;
-    for (const auto& t : a->config().targets) targets += (targets.empty() ? "" : ", ") + t;
     spdlog::info("{}: merging the LoRA adapter {} (r {}, alpha {}, {}) into the weights", who, adapter,
-                 a->config().rank, a->config().alpha, targets);
+                 a->config().rank, a->config().alpha, a->config().targets_text());
     patch = std::move(a);
   }
   progress_bar bar(true);

@@ -101,12 +101,6 @@ lr_schedule schedule_of(const train_args& a) {
 
 namespace {
 
-std::string targets_text(const lora_config& c) {
-  std::string s;
-  for (const auto& t : c.targets) s += (s.empty() ? "" : ", ") + t;
-  return s;
-}
-
 int run_train(const train_args& a) {
   // Before anything trains: a NaN learning rate would train to NaN and, saved, overwrite a good model.
   if (const std::string why = adamw_problem({.lr = a.lr, .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps,
@@ -190,7 +184,7 @@ int run_train(const train_args& a) {
   if (adapter && !a.json)
     std::fprintf(stderr, "training a LoRA adapter: r %d, alpha %g, %s; %lld parameters (%.3f%% of the model's)\n",
                  adapter->config().rank, static_cast<double>(adapter->config().alpha),
-                 targets_text(adapter->config()).c_str(), static_cast<long long>(adapter->numel()),
+                 adapter->config().targets_text().c_str(), static_cast<long long>(adapter->numel()),
                  100.0 * static_cast<double>(adapter->numel()) / static_cast<double>(model.config().parameter_count()));
 
   const train_summary s = train.run([&](const step_report& r) {

@@ -3,14 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cerrno>
-#include <cstring>
 #include <random>
 #include <set>
 #include <system_error>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +15,7 @@
 #include "model/json_file.hpp"
 #include "model/safetensors.hpp"
 #include "model/transformer.hpp"
+#include "model/whole_file.hpp"
 #include "model/workspace.hpp"
 
 namespace corolla {
@@ -69,32 +65,9 @@ void check_config(const lora_config& c) {
     throw model_error("a LoRA adapter's alpha must be a finite number > 0 (got " + std::to_string(c.alpha) + ")");
 }
 
-/// Writes `text` to `file` through a temporary file of this process,
-/// synced, and a rename.
-void write_text(const std::filesystem::path& file, const std::string& text) {
-  const std::filesystem::path tmp = file.string() + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) throw model_error("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  std::size_t done = 0;
-  bool ok = true;
-  while (ok && done < text.size()) {
-    const ::ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) done += static_cast<std::size_t>(n);
-  }
-  ok = ok && ::fsync(fd) == 0;
-  const std::string why = ok ? "" : std::strerror(errno);
-  ::close(fd);
-  std::error_code ec;
-  if (ok) std::filesystem::rename(tmp, file, ec);
-  if (!ok || ec) {
-    std::filesystem::remove(tmp, ec);
-    throw model_error("cannot write " + file.string() + ": " + (ok ? ec.message() : why));
-  }
-}
-
 }  // namespace
+
+std::string lora_config::targets_text() const { return joined(targets); }
 
 float lora_config::scaling() const {
   return rslora ? alpha / std::sqrt(static_cast<float>(rank)) : alpha / static_cast<float>(rank);
@@ -144,8 +117,10 @@ std::vector<lora_module> lora_targets(const model_config& cfg, const std::vector
   return out;
 }
 
-lora_adapter::lora_adapter(const model_config& cfg, lora_config c, std::vector<lora_module> modules, Backend& be)
+lora_adapter::lora_adapter(const model_config& cfg, lora_config c, std::vector<lora_module> modules)
     : cfg_(cfg), config_(std::move(c)), modules_(std::move(modules)) {
+  config_.targets.clear();  // by their paths, however they were named
+  for (const lora_module& m : modules_) config_.targets.push_back(m.path);
   std::vector<std::pair<std::string, shape_t>> layout;
   for (std::size_t i = 0; i < modules_.size(); ++i) {
     std::int64_t row = 0;
@@ -159,18 +134,13 @@ lora_adapter::lora_adapter(const model_config& cfg, lora_config c, std::vector<l
     layout.emplace_back(m.path + ".lora_B", b_shape(m, config_.rank));
   }
   blocks_.reserve(static_cast<std::size_t>(cfg.n_layers));
-  for (int i = 0; i < cfg.n_layers; ++i) {
-    blocks_.emplace_back(layout);
-    place_params(blocks_.back(), be);
-  }
+  for (int i = 0; i < cfg.n_layers; ++i) blocks_.emplace_back(layout);  // zeroed, on the host
 }
 
 lora_adapter lora_adapter::init(const model_config& cfg, lora_config c, std::uint64_t seed, Backend& be) {
   check_config(c);
   std::vector<lora_module> modules = lora_targets(cfg, c.targets);
-  c.targets.clear();
-  for (const lora_module& m : modules) c.targets.push_back(m.path);
-  lora_adapter a(cfg, std::move(c), std::move(modules), cpu_backend());
+  lora_adapter a(cfg, std::move(c), std::move(modules));
   std::mt19937_64 rng(seed);
   for (param_set& p : a.blocks_)
     for (const lora_module& m : a.modules_) {
@@ -226,10 +196,7 @@ lora_adapter lora_adapter::load(const std::filesystem::path& dir, const model_co
   } catch (const model_error& e) {
     refuse(e.what());
   }
-  std::vector<lora_module> modules = lora_targets(cfg, c.targets);
-  c.targets.clear();  // by their paths, as init names them
-  for (const lora_module& m : modules) c.targets.push_back(m.path);
-  lora_adapter a(cfg, c, modules, cpu_backend());
+  lora_adapter a(cfg, c, lora_targets(cfg, c.targets));
   auto file = safetensors_file::open(w_path);
   std::set<std::string> expected;
   for (int layer = 0; layer < cfg.n_layers; ++layer)
@@ -299,7 +266,7 @@ void lora_adapter::save(const std::filesystem::path& dir, const std::string& bas
                   {"modules_to_save", nullptr},
                   {"layers_to_transform", nullptr},
                   {"init_lora_weights", true}};
-  write_text(dir / config_file, j.dump(2) + "\n");
+  write_whole_file(dir / config_file, j.dump(2) + "\n");
 }
 
 std::int64_t lora_adapter::numel() const {

@@ -64,6 +64,9 @@ struct lora_config {
 
   /// s.
   float scaling() const;
+  /// The targets comma-separated ("self_attn.q_proj, self_attn.v_proj"),
+  /// for people.
+  std::string targets_text() const;
 };
 
 /// One adaptable linear module of a block.
@@ -134,7 +137,8 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   void zero_grads();
 
  private:
-  lora_adapter(const model_config& cfg, lora_config c, std::vector<lora_module> modules, Backend& be);
+  /// Zeroed host tensors for `modules`; `c`'s targets become their paths.
+  lora_adapter(const model_config& cfg, lora_config c, std::vector<lora_module> modules);
 
   /// Where one adapted weight lies: its module and rows of B.
   struct part {

@@ -46,4 +46,33 @@ std::string read_whole_file(const std::filesystem::path& file, std::string_view 
   }
 }
 
+void write_whole_file(const std::filesystem::path& file, std::string_view bytes) {
+  const std::filesystem::path tmp = file.string() + ".tmp." + std::to_string(::getpid());
+  const auto fail = [&](const std::string& why) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw model_error("cannot write " + file.string() + ": " + why);
+  };
+  {
+    fd_guard d{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)};
+    if (d.fd < 0) fail(std::strerror(errno));
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+      const ::ssize_t n = ::write(d.fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail(std::strerror(errno));
+      done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(d.fd) != 0) fail(std::strerror(errno));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, file, ec);
+  if (ec) fail(ec.message());
+  // The rename reaches the disk with the directory's entries.
+  const std::filesystem::path parent = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  fd_guard dir{::open(parent.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (dir.fd < 0 || ::fsync(dir.fd) != 0)
+    throw model_error("cannot write " + file.string() + ": syncing " + parent.string() + ": " + std::strerror(errno));
+}
+
 }  // namespace corolla

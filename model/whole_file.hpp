@@ -25,4 +25,10 @@ namespace corolla {
 std::string read_whole_file(const std::filesystem::path& file, std::string_view what = {},
                             std::size_t max_bytes = std::numeric_limits<std::size_t>::max());
 
+/// Writes `bytes` to `file` so that a reader sees the old file or the new
+/// one, never part of it, even after a crash: through `<file>.tmp.<pid>`,
+/// synced, renamed over `file`, then the directory synced. Throws
+/// model_error "cannot write <file>: <reason>" (the temporary file removed).
+void write_whole_file(const std::filesystem::path& file, std::string_view bytes);
+
 }  // namespace corolla

@@ -73,3 +73,22 @@ TEST_CASE("a missing file, a directory and an unreadable file are named in the e
                          model_error);
   }
 }
+
+TEST_CASE("a whole file is written in one piece over the old one, and a failed write leaves no temporary file") {
+  testing::temp_dir_guard dir("write-whole");
+  const std::filesystem::path file = dir / "latest";
+  write_whole_file(file, "step-1\n");
+  CHECK(read_whole_file(file) == "step-1\n");
+  const std::string binary("a\0b\nc", 5);
+  write_whole_file(file, binary);  // replaces it
+  CHECK(read_whole_file(file) == binary);
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    (void)e;
+    ++entries;
+  }
+  CHECK(entries == 1);  // no temporary file left beside it
+  const std::string want = "cannot write " + (dir / "absent" / "x.json").string();
+  CHECK_THROWS_WITH_AS(write_whole_file(dir / "absent" / "x.json", "{}"), doctest::Contains(want.c_str()), model_error);
+  CHECK_FALSE(std::filesystem::exists(dir / "absent"));
+}
