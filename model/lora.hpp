@@ -47,11 +47,9 @@
 #include "model/config.hpp"
 #include "model/hf_names.hpp"
 #include "model/params.hpp"
+#include "model/transformer.hpp"
 
 namespace corolla {
-
-class transformer;
-struct param_group;
 
 /// What an adapter adapts and how strongly.
 struct lora_config {

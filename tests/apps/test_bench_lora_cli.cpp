@@ -1,0 +1,47 @@
+// `corolla bench lora`: a LoRA adapter's training step against the whole
+// model's, on a tiny model directory, in the same run.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/backend.hpp"
+#include "model/config.hpp"
+#include "model/lora.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/tiny_model.hpp"
+
+using namespace corolla;
+using corolla::testing::run_corolla;
+
+TEST_CASE("bench lora times an adapter's step and the whole model's and reports what each trains and holds") {
+  testing::temp_dir_guard dir("bench-lora");
+  const testing::tiny_model_options o;  // 2-layer GQA Llama
+  testing::write_tiny_model(dir / "m", o);
+  const auto r = run_corolla({"bench", "lora", "--model", (dir / "m").string(), "--device", "cpu", "--batch", "2",
+                              "--seq", "16", "--steps", "1", "--rank", "4", "--targets", "q_proj,down_proj",
+                              "--threads", "1", "--json"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["bench"] == "lora");
+  CHECK(j["rank"] == 4);
+  CHECK(j["targets"] == nlohmann::json::array({"self_attn.q_proj", "mlp.down_proj"}));
+  lora_config c;
+  c.rank = 4;
+  c.targets = {"q_proj", "down_proj"};
+  const model_config cfg = testing::tiny_config(o);
+  CHECK(j["adapter_values"] == lora_adapter::init(cfg, c, 0, cpu_backend()).numel());
+  CHECK(j["parameters"] == cfg.parameter_count());
+  CHECK(j["full_ms"].get<double>() > 0);
+  CHECK(j["lora_ms"].get<double>() > 0);
+  CHECK(j["time_vs_full"].get<double>() == doctest::Approx(j["lora_ms"].get<double>() / j["full_ms"].get<double>()));
+  // Moments of the adapter only: less state than the whole model's moments.
+  CHECK(j["lora_state_bytes"].get<double>() < j["full_state_bytes"].get<double>());
+  const auto bad = run_corolla({"bench", "lora", "--model", (dir / "m").string(), "--device", "cpu", "--seq", "16",
+                                "--targets", "c_attn"});
+  CHECK(bad.exit_code == 1);
+  CHECK(bad.err.find("names no module") != std::string::npos);
+}
