@@ -40,6 +40,7 @@
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/kv_cache.hpp"
+#include "model/lora_factors.hpp"
 #include "model/moe.hpp"
 #include "model/params.hpp"
 #include "model/workspace.hpp"
@@ -204,10 +205,13 @@ struct block_input_grad_scratch {
 /// One sequence's share of a batched cached forward: the next `rows` rows of
 /// the batch are that sequence's tokens at positions start_pos ..
 /// start_pos+rows-1, written to `kv` (which must have capacity for them).
+/// With `lora`, those rows take that adapter's factors (block `layer`'s of
+/// it in block_forward_cached_batch) beside the frozen weights.
 struct cached_rows {
   kv_sequence* kv = nullptr;
   std::int64_t start_pos = 0;
   std::int64_t rows = 0;
+  const span_lora* lora = nullptr;
 };
 
 /// Preallocated buffers of block_forward_cached for up to capacity() rows.
@@ -229,6 +233,7 @@ class block_decode_workspace {
   row_buffer norm_, mean_, rstd_, q_, k_, v_, attn_, tmp_, h_, gate_, up_, act_;
   row_buffer qkv_, gate_up_;  ///< single-row outputs of the stacked products
   row_buffer qn_, kn_;        ///< Qwen3: q and k after their per-head norms
+  Tensor lora_t_;             ///< flat scratch of the LoRA terms' x A^T (grows only)
   /// Mixture-of-experts blocks: sized to each call's rows (a change of row
   /// count reallocates, so MoE decode is not allocation-free).
   moe_buffers moe_;
@@ -275,10 +280,12 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
 /// (`positions`, i32 [Tq], holds them): appends this block's keys and values
 /// to layer `layer` of `kv` (which must have capacity, see
 /// kv_sequence::reserve) and attends over everything cached. y [Tq, D] may
-/// alias x.
+/// alias x. With `lora`, each adapted linear's output gets its low-rank term
+/// (model/lora_factors.hpp; the fused single-row paths then run unfused).
 void block_forward_cached(Backend& be, const model_config& cfg, const block_tensors& w,
                           const Tensor& x, const Tensor& positions, kv_sequence& kv, int layer,
-                          std::int64_t start_pos, block_decode_workspace& ws, Tensor& y);
+                          std::int64_t start_pos, block_decode_workspace& ws, Tensor& y,
+                          const block_lora* lora = nullptr);
 
 /// Block_forward_cached for several sequences at once: x [R, D] stacks each
 /// entry of `seqs` in order (entry i owns the next seqs[i].rows rows),
@@ -287,7 +294,8 @@ void block_forward_cached(Backend& be, const model_config& cfg, const block_tens
 /// sequence's keys and values go to layer `layer` of its own cache and its
 /// rows attend only to that cache. Row for row the result equals
 /// block_forward_cached run per sequence (up to GEMM rounding). The rows
-/// must sum to R; y [R, D] may alias x.
+/// must sum to R; y [R, D] may alias x. A sequence with an adapter
+/// (cached_rows::lora) gets its terms on its own rows only.
 void block_forward_cached_batch(Backend& be, const model_config& cfg, const block_tensors& w,
                                 const Tensor& x, const Tensor& positions,
                                 std::span<const cached_rows> seqs, int layer,

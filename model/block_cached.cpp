@@ -46,6 +46,23 @@ bool fused(Backend& be, weight_format f, const Tensor& x, const Tensor& w, const
   return !is_quantized(f) && be.linear_fused(x, w, bias, e, residual, y);
 }
 
+/// The LoRA terms of one linear weight (`role` of each segment's block_lora)
+/// added to its output y from its input x, segment by segment:
+/// y[rows] += s (x[rows] A^T) B^T. `scratch` holds x A^T (grows only).
+void add_lora(Backend& be, std::span<const lora_segment> segments, lora_factors block_lora::*role, const Tensor& x,
+              Tensor& y, Tensor& scratch) {
+  for (const lora_segment& seg : segments) {
+    const lora_factors& f = seg.lora->*role;
+    if (!f.defined() || seg.rows == 0) continue;
+    const std::int64_t n = seg.rows * f.a.dim(0);
+    if (!scratch.defined() || scratch.numel() < n) scratch = be.empty({n});
+    Tensor t = scratch.slice(0, n).view({seg.rows, f.a.dim(0)});
+    be.gemm(x.slice(seg.row, seg.row + seg.rows), false, f.a, true, t);  // x A^T [rows, r]
+    Tensor out = y.slice(seg.row, seg.row + seg.rows);
+    be.gemm(t, false, f.b, true, out, f.scale, 1.0f);  // += s t B^T
+  }
+}
+
 }  // namespace
 
 /// The cached forward of stacked rows, shared by one sequence and by a batch
@@ -57,7 +74,9 @@ bool fused(Backend& be, weight_format f, const Tensor& x, const Tensor& w, const
 /// `store_qkv(norm, q)` may first run the q/k/v product, RoPE and the
 /// cache append as one op (Backend::linear_rope_store_kv) and says whether
 /// it did: attend then finds q rotated and the cache row written
-/// (`stored`), and only attends.
+/// (`stored`), and only attends. `lora` adds adapters' terms to the rows
+/// they cover; with any, the fused paths (store_qkv, the fused epilogues)
+/// are skipped, since the terms go between a product and the op after it.
 struct cached_forward {
   /// The workspace's views of q, k, v (gate, up) in the single-row outputs of
   /// the stacked products; made again only when those buffers are (so a
@@ -82,8 +101,17 @@ struct cached_forward {
 
   template <class StoreQkv, class Attend>
   static void run(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
-                  const Tensor& positions, block_decode_workspace& ws, Tensor& y, StoreQkv&& store_qkv,
-                  Attend&& attend) {
+                  const Tensor& positions, block_decode_workspace& ws, Tensor& y,
+                  std::span<const lora_segment> lora, StoreQkv&& store_qkv, Attend&& attend) {
+    const bool plain = lora.empty();
+    const auto adapt = [&](lora_factors block_lora::*role, const Tensor& in, Tensor& out) {
+      if (!plain) add_lora(be, lora, role, in, out, ws.lora_t_);
+    };
+    // Backend::linear_fused where no adapter's term must go in between.
+    const auto fuse = [&](const Tensor& in, const Tensor& wt, const Tensor* bias, linear_epilogue e,
+                          const Tensor* residual, Tensor& out) {
+      return plain && fused(be, w.format, in, wt, bias, e, residual, out);
+    };
     const std::int64_t R = x.dim(0);
     const bool llama = is_llama(cfg);
     // One row with stacked (inference) weights: one product per stack, and
@@ -104,13 +132,16 @@ struct cached_forward {
     norm_forward(be, cfg, x, w.attn_norm_w, w.attn_norm_b, norm, &mean, &rstd);
     bool stored = false;
     if (stacked) {
-      stored = !cfg.qk_norm && !is_quantized(w.format) && store_qkv(norm, q);
+      stored = plain && !cfg.qk_norm && !is_quantized(w.format) && store_qkv(norm, q);
       if (!stored) linear_as(be, w.format, norm, w.qkv_w, w.qkv_s, opt(w.qkv_b), ws.qkv_.rows(be, 1));
     } else {
       linear_as(be, w.format, norm, w.q_w, w.q_s, opt(w.q_b), q);
       linear_as(be, w.format, norm, w.k_w, w.k_s, opt(w.k_b), k);
       linear_as(be, w.format, norm, w.v_w, w.v_s, opt(w.v_b), v);
     }
+    adapt(&block_lora::q, norm, q);
+    adapt(&block_lora::k, norm, k);
+    adapt(&block_lora::v, norm, v);
     if (cfg.qk_norm) {
       // Qwen3: q and k normed per head before RoPE, into their own rows.
       Tensor& qn = ws.qn_.rows(be, R);
@@ -125,10 +156,12 @@ struct cached_forward {
     // them (Backend::linear_fused: CUDA's bf16-weight GEMV), else as two.
     if (llama) {
       linear_as(be, w.format, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
+      adapt(&block_lora::o, attn, tmp);
       be.add_rmsnorm(x, tmp, h, w.mlp_norm_w, cfg.norm_eps, norm);
     } else {
-      if (!fused(be, w.format, attn, w.o_w, opt(w.o_b), linear_epilogue::add, &x, h)) {
+      if (!fuse(attn, w.o_w, opt(w.o_b), linear_epilogue::add, &x, h)) {
         linear_as(be, w.format, attn, w.o_w, w.o_s, opt(w.o_b), tmp);
+        adapt(&block_lora::o, attn, tmp);
         be.add(x, tmp, h);
       }
       norm_forward(be, cfg, h, w.mlp_norm_w, w.mlp_norm_b, norm, &mean, &rstd);
@@ -142,21 +175,27 @@ struct cached_forward {
     Tensor& up = ws.up_.rows(be, R);
     Tensor& act = ws.act_.rows(be, R);
     if (llama && stacked) {
-      if (!fused(be, w.format, norm, w.gate_up_w, nullptr, linear_epilogue::swiglu, nullptr, act)) {
+      if (!fuse(norm, w.gate_up_w, nullptr, linear_epilogue::swiglu, nullptr, act)) {
         linear_as(be, w.format, norm, w.gate_up_w, w.gate_up_s, nullptr, ws.gate_up_.rows(be, 1));
+        adapt(&block_lora::gate, norm, ws.gate1_);
+        adapt(&block_lora::up, norm, ws.up1_);
         be.swiglu(ws.gate1_, ws.up1_, act);
       }
     } else if (llama) {
       Tensor& gate = ws.gate_.rows(be, R);
       linear_as(be, w.format, norm, w.gate_w, w.gate_s, nullptr, gate);
       linear_as(be, w.format, norm, w.up_w, w.up_s, nullptr, up);
+      adapt(&block_lora::gate, norm, gate);
+      adapt(&block_lora::up, norm, up);
       be.swiglu(gate, up, act);
-    } else if (!fused(be, w.format, norm, w.up_w, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
+    } else if (!fuse(norm, w.up_w, opt(w.up_b), linear_epilogue::gelu, nullptr, act)) {
       linear_as(be, w.format, norm, w.up_w, w.up_s, opt(w.up_b), up);
+      adapt(&block_lora::up, norm, up);
       be.gelu(up, act);
     }
-    if (!fused(be, w.format, act, w.down_w, opt(w.down_b), linear_epilogue::add, &h, y)) {
+    if (!fuse(act, w.down_w, opt(w.down_b), linear_epilogue::add, &h, y)) {
       linear_as(be, w.format, act, w.down_w, w.down_s, opt(w.down_b), tmp);
+      adapt(&block_lora::down, act, tmp);
       be.add(h, tmp, y);
     }
   }
@@ -164,7 +203,8 @@ struct cached_forward {
 
 void block_forward_cached(Backend& be, const model_config& cfg, const block_tensors& w,
                           const Tensor& x, const Tensor& positions, kv_sequence& kv, int layer,
-                          std::int64_t start_pos, block_decode_workspace& ws, Tensor& y) {
+                          std::int64_t start_pos, block_decode_workspace& ws, Tensor& y,
+                          const block_lora* lora) {
   // One sequence: whole buffers, no slices (the decode hot path allocates nothing).
   const bool llama = is_llama(cfg);
   // A decode step's cache row, claimed once: by store_qkv, or by the
@@ -175,7 +215,9 @@ void block_forward_cached(Backend& be, const model_config& cfg, const block_tens
     return be.linear_rope_store_kv(norm, w.qkv_w, opt(w.qkv_b), positions, cfg.n_heads, cfg.n_kv_heads,
                                    cfg.head_dim, cfg.rope, llama, q, row.first, row.second, kv.pool().type());
   };
-  cached_forward::run(be, cfg, w, x, positions, ws, y, store_qkv,
+  const lora_segment whole{0, x.dim(0), lora};
+  cached_forward::run(be, cfg, w, x, positions, ws, y,
+                      lora ? std::span<const lora_segment>(&whole, 1) : std::span<const lora_segment>(), store_qkv,
                       [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn, bool stored) {
     if (stored) {
       // q rotated and the cache row written by the product's epilogue.
@@ -209,7 +251,14 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
                                    cfg.head_dim, cfg.rope, is_llama(cfg), q, k_row, v_row,
                                    seqs[0].kv->pool().type());
   };
-  cached_forward::run(be, cfg, w, x, positions, ws, y, store_qkv,
+  // The rows of sessions with an adapter, each with block `layer` of it.
+  std::vector<lora_segment> lora;
+  std::int64_t first_row = 0;
+  for (const cached_rows& s : seqs) {
+    if (s.lora) lora.push_back({first_row, s.rows, &s.lora->blocks.at(static_cast<std::size_t>(layer))});
+    first_row += s.rows;
+  }
+  cached_forward::run(be, cfg, w, x, positions, ws, y, lora, store_qkv,
                       [&](Tensor& q, Tensor& k, Tensor& v, Tensor& attn, bool stored) {
     const attention_shape shape = block_attention_shape(cfg);
     if (stored) {

@@ -298,6 +298,63 @@ void lora_adapter::merge(Backend& be, int layer, param_set& w) const {
   }
 }
 
+namespace {
+
+/// The role of block_lora that block_layout weight `name` is.
+lora_factors block_lora::*lora_role(const std::string& name) {
+  static const std::map<std::string, lora_factors block_lora::*> roles = {
+      {"q.weight", &block_lora::q},       {"k.weight", &block_lora::k},   {"v.weight", &block_lora::v},
+      {"o.weight", &block_lora::o},       {"gate.weight", &block_lora::gate},
+      {"up.weight", &block_lora::up},     {"down.weight", &block_lora::down}};
+  const auto it = roles.find(name);
+  if (it == roles.end()) throw model_error("LoRA: no linear role for block weight " + name);
+  return it->second;
+}
+
+/// `host` copied to be's device.
+Tensor on_device(Backend& be, const Tensor& host) {
+  Tensor t = be.empty(host.shape());
+  be.copy(host, t);
+  return t;
+}
+
+}  // namespace
+
+span_lora lora_adapter::factors(Backend& be, int first, int n) const {
+  if (first < 0 || n < 0 || first + n > n_layers())
+    throw model_error("LoRA: blocks [" + std::to_string(first) + ", " + std::to_string(first + n) +
+                      ") are not blocks of an adapter of " + std::to_string(n_layers()));
+  const float s = config_.scaling();
+  span_lora out;
+  out.blocks.resize(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const param_set& p = block(first + i);
+    for (const lora_module& m : modules_) {
+      const Tensor A = on_device(be, p.get(m.path + ".lora_A")), B = on_device(be, p.get(m.path + ".lora_B"));
+      std::int64_t row = 0;
+      for (const auto& [name, rows] : m.parts) {
+        out.blocks[static_cast<std::size_t>(i)].*lora_role(name) = {A, B.slice(row, row + rows), s};
+        row += rows;
+      }
+    }
+  }
+  return out;
+}
+
+std::int64_t span_lora::bytes() const {
+  std::set<const void*> seen;
+  std::int64_t total = 0;
+  const auto count = [&](const Tensor& t) {
+    if (t.defined() && seen.insert(t.raw()).second) total += static_cast<std::int64_t>(t.nbytes());
+  };
+  for (const block_lora& b : blocks)
+    for (const lora_factors* f : {&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down}) {
+      count(f->a);
+      count(f->b);
+    }
+  return total;
+}
+
 void lora_adapter::apply(const model_config& cfg, int layer, param_set& w) const {
   if (!fits(cfg))
     throw model_error("this LoRA adapter was made for another model (" + std::to_string(n_layers()) +

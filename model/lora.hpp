@@ -46,6 +46,7 @@
 #include "model/block.hpp"
 #include "model/config.hpp"
 #include "model/hf_names.hpp"
+#include "model/lora_factors.hpp"
 #include "model/params.hpp"
 #include "model/transformer.hpp"
 
@@ -123,6 +124,12 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   /// W += s B A for each target of block `layer` in `block` (laid out by
   /// block_layout; on `be`'s device, as this adapter is).
   void merge(Backend& be, int layer, param_set& block) const;
+  /// The factors of blocks [first, first + n) for cached forwards beside
+  /// the frozen weights (model/lora_factors.hpp: a server's per-session
+  /// adapters), copied to be's device; block first+i at index i, A shared
+  /// by the parts of a stacked module. Throws model_error for blocks
+  /// outside the adapter.
+  span_lora factors(Backend& be, int first, int n) const;
   /// block_patch: merge on the host as a checkpoint's block loads.
   void apply(const model_config& cfg, int layer, param_set& block) const override;
   /// frozen_weight_grads: adds the low-rank gradients of the adapted weight

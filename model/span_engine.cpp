@@ -3,6 +3,8 @@
 // forward/backward for fine-tuning clients is in span_engine_finetune.cpp.
 #include "model/span_engine.hpp"
 
+#include "model/lora.hpp"
+
 #include <algorithm>
 #include <exception>
 #include <stdexcept>
@@ -38,6 +40,10 @@ struct span_session {
   /// Deep prompts [to - from, P, D] on the stage's device, or undefined.
   Tensor prompts;
   std::int64_t prefix() const { return prompts.defined() ? prompts.dim(1) : 0; }
+  /// The adapter its steps take (its name, and the engine's factors for the
+  /// whole stage), or none.
+  std::string adapter;
+  std::shared_ptr<const span_lora> lora;
 
   /// Tokens cached: every layer the session runs holds the same number (the
   /// layers of blocks outside its range stay empty).
@@ -63,6 +69,7 @@ const char* span_errc_name(span_errc e) {
     case span_errc::cache_full: return "cache_full";
     case span_errc::internal: return "internal";
     case span_errc::wrong_span: return "wrong_span";
+    case span_errc::unknown_adapter: return "unknown_adapter";
   }
   return "internal";
 }
@@ -142,7 +149,7 @@ std::vector<span_session_info> span_engine::sessions() const {
   std::vector<span_session_info> out;
   out.reserve(sessions_.size());
   for (const auto& [id, s] : sessions_)
-    out.push_back({id, s->length(), s->max_length, s->kv.capacity(), s->prefix()});
+    out.push_back({id, s->length(), s->max_length, s->kv.capacity(), s->prefix(), s->adapter});
   return out;
 }
 
@@ -171,8 +178,10 @@ span_expected<std::pair<int, int>> span_engine::local_blocks(int first_block, in
 }
 
 span_expected<void> span_engine::open_session(const std::string& id, std::int64_t max_length, int first_block,
-                                              int last_block, const Tensor& prompts) {
+                                              int last_block, const Tensor& prompts, const std::string& adapter) {
   if (id.empty()) return error(span_errc::invalid_argument, "a session id must not be empty");
+  auto lora = find_adapter(adapter);
+  if (!lora) return lora.error();
   if (max_length <= 0)
     return error(span_errc::invalid_argument,
                  "max length must be positive, got " + std::to_string(max_length));
@@ -202,6 +211,8 @@ span_expected<void> span_engine::open_session(const std::string& id, std::int64_
     s->prompts = be.empty(got);
     be.copy(prompts, s->prompts);
   }
+  s->adapter = adapter;
+  s->lora = std::move(lora.value());
   sessions_.emplace(id, std::move(s));
   return {};
 }
@@ -222,9 +233,9 @@ span_expected<std::int64_t> span_engine::share_prefix(const std::string& to, con
   if (t->length() != 0 || t->kv.pages() != 0)
     return error(span_errc::invalid_argument,
                  "session " + in_quotes(to) + " already holds " + std::to_string(t->length()) + " tokens");
-  if (t->from != f->from || t->to != f->to || t->prefix() != 0 || f->prefix() != 0)
+  if (t->from != f->from || t->to != f->to || t->prefix() != 0 || f->prefix() != 0 || t->adapter != f->adapter)
     return error(span_errc::invalid_argument, "sessions " + in_quotes(to) + " and " + in_quotes(from) +
-                                                  " run other blocks or deep prompts: their caches differ");
+                                                  " run other blocks, deep prompts or adapters: their caches differ");
   return t->kv.share_prefix(f->kv, std::min(tokens, t->max_length));
 }
 
@@ -336,7 +347,7 @@ span_expected<Tensor> span_engine::inference_step(const std::string& id, const T
     // the rollback needs no separate truncation before the compute.
     const std::int64_t in_prefix = std::min(n, s->prefix() - start);
     if (in_prefix <= 0) {
-      stage_.forward_cached(x, s->kv, start, x, s->from, s->to);
+      stage_.forward_cached(x, s->kv, start, x, s->from, s->to, s->lora.get());
     } else {
       // Rows of prefix positions get prompt i at the input of block i.
       Backend& be = stage_.backend();
@@ -345,7 +356,7 @@ span_expected<Tensor> span_engine::inference_step(const std::string& id, const T
       for (int b = s->from; b < s->to; ++b) {
         const Tensor prompt = s->prompts.slice(b - s->from, b - s->from + 1).view({s->prefix(), D});
         be.add(rows, prompt.slice(start, start + in_prefix), rows);
-        stage_.forward_cached(x, s->kv, start, x, b, b + 1);
+        stage_.forward_cached(x, s->kv, start, x, b, b + 1, s->lora.get());
       }
     }
     Tensor out = download(x);
@@ -379,6 +390,7 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
   std::vector<cached_rows> segments;
   std::unordered_set<const span_session*> seen;
   std::int64_t total_rows = 0;
+  bool adapted = false;  // a session with an adapter: its rows take extra products
 
   // Validate and reserve everything first: an item's error is its own.
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -409,7 +421,8 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
       continue;
     }
     pending.push_back({i, s, item.start_position, n, total_rows, item.step_id});
-    segments.push_back({&s->kv, item.start_position, n});
+    segments.push_back({&s->kv, item.start_position, n, s->lora.get()});
+    adapted = adapted || s->lora != nullptr;
     total_rows += n;
     results.emplace_back(Tensor());  // filled below
   }
@@ -428,8 +441,11 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
       for (const pending_step& p : pending) staged.slice(p.row, p.row + p.rows).copy_from(items[p.index].hidden);
       // A batch of decode steps (one row each) is the same ops every time:
       // a step graph per batch size (Backend::run_step; repeatable, the
-      // rows copied up again first). The outputs come down after it.
-      const bool decode_steps = total_rows == static_cast<std::int64_t>(pending.size()) && stage_.steps_recordable();
+      // rows copied up again first). The outputs come down after it. A
+      // graph is kept per size only, so batches with adapters (whose
+      // products depend on which rows take which) run unrecorded.
+      const bool decode_steps =
+          total_rows == static_cast<std::int64_t>(pending.size()) && stage_.steps_recordable() && !adapted;
       auto ops = [&] {
         be.copy(staged, x);
         stage_.forward_cached_batch(x, segments, x);
@@ -462,6 +478,34 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
   return results;
 }
 
+// ---- adapters ---------------------------------------------------------------------------
+
+span_expected<void> span_engine::add_adapter(const std::string& name, const lora_adapter& a) {
+  if (name.empty()) return error(span_errc::invalid_argument, "an adapter needs a name");
+  if (adapters_.count(name)) return error(span_errc::invalid_argument, "adapter " + in_quotes(name) + " is held already");
+  if (!a.fits(config()))
+    return error(span_errc::invalid_argument, "adapter " + in_quotes(name) + " was made for another model (" +
+                                                  std::to_string(a.n_layers()) + " layers)");
+  adapters_.emplace(name, std::make_shared<const span_lora>(a.factors(stage_.backend(), first(), size())));
+  return {};
+}
+
+span_expected<std::shared_ptr<const span_lora>> span_engine::find_adapter(const std::string& name) const {
+  if (name.empty()) return std::shared_ptr<const span_lora>();
+  const auto it = adapters_.find(name);
+  if (it != adapters_.end()) return it->second;
+  std::string held;
+  for (const auto& [n, f] : adapters_) held += (held.empty() ? "" : ", ") + n;
+  return error(span_errc::unknown_adapter, "this server holds no adapter " + in_quotes(name) +
+                                               (held.empty() ? " (it holds none)" : " (it holds " + held + ")"));
+}
+
+std::vector<std::string> span_engine::adapters() const {
+  std::vector<std::string> names;
+  for (const auto& [name, f] : adapters_) names.push_back(name);
+  return names;
+}
+
 // ---- device-resident batches -------------------------------------------------------
 
 std::vector<span_expected<void>> span_engine::prepare_steps(std::span<const batch_step> steps) {
@@ -475,11 +519,11 @@ std::vector<span_expected<void>> span_engine::prepare_steps(std::span<const batc
       continue;
     }
     span_session* s = *member;
-    if (s->from != 0 || s->to != size() || s->prefix() > 0) {
+    if (s->from != 0 || s->to != size() || s->prefix() > 0 || s->lora) {
       results.emplace_back(error(span_errc::invalid_argument,
                                  "session " + in_quotes(s->id) +
-                                     " holds part of the span or deep prompts: a device-resident batch takes "
-                                     "sessions of the whole span without them"));
+                                     " holds part of the span, deep prompts or an adapter: a device-resident batch "
+                                     "takes sessions of the whole span without them"));
       continue;
     }
     if (step.rows < 1) {

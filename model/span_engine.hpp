@@ -15,6 +15,12 @@
 //    output back instead of being recomputed. Decode steps of many sessions
 //    run together (decode_batch): one GEMM per projection over all rows.
 //
+//  * Adapters. A server may hold LoRA adapters by name (add_adapter; Petals'
+//    servers' --adapters). A session opened with one runs its steps with the
+//    adapter's low-rank terms beside the frozen weights (model/
+//    lora_factors.hpp), so sessions of different adapters and of none share
+//    one copy of the weights and one decode batch.
+//
 //  * Fine-tuning clients (stateless). forward / backward of B sequences of T
 //    tokens through the span, optionally with deep prompts: P trainable
 //    vectors per block, ADDED to the hidden states of each sequence's first
@@ -35,6 +41,7 @@
 // This file knows nothing of networking or CAF: the server actor wraps it.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -69,6 +76,7 @@ enum class span_errc : std::uint8_t {
   cache_full,         ///< the KV budget cannot hold the step's tokens
   internal,           ///< the computation itself failed (a bug or out of memory)
   wrong_span,         ///< blocks this server does not hold (it moved, or the client's view is stale)
+  unknown_adapter,    ///< open_session with an adapter this server does not hold
 };
 
 /// "unknown_session", "cache_full", ...
@@ -145,9 +153,11 @@ struct span_session_info {
   std::int64_t max_length = 0;  ///< as opened
   std::int64_t held_tokens = 0; ///< tokens its pages can hold (>= length, whole pages)
   std::int64_t prompt_positions = 0;  ///< deep prompts' positions (a prefix), 0 = none
+  std::string adapter;                ///< the adapter its steps take, "" = none
 };
 
 struct span_session;
+class lora_adapter;
 
 /// The compute engine of one server: a stage over [first, last), a KV pool
 /// sized by a token budget, the open sessions. See the file comment for the
@@ -226,8 +236,13 @@ class span_engine {
   /// the client sends zero rows for them). Steps that cover prefix
   /// positions run outside the decode batch. Errors (invalid_argument): a
   /// wrong dtype or shape, P < 1, or P >= max_length.
+  ///
+  /// `adapter` (optional): the name of an adapter this engine holds
+  /// (add_adapter); every step of the session takes it. An adapter it does
+  /// not hold is unknown_adapter.
   span_expected<void> open_session(const std::string& id, std::int64_t max_length, int first_block = -1,
-                                   int last_block = -1, const Tensor& prompts = {});
+                                   int last_block = -1, const Tensor& prompts = {},
+                                   const std::string& adapter = "");
   /// Closes session `id` and returns its pages to the pool; unknown_session
   /// when it is not open.
   span_expected<void> close_session(const std::string& id);
@@ -239,7 +254,7 @@ class span_engine {
   /// starts there; fewer when the pool has no page for the copy). Errors:
   /// either session unknown (unknown_session); `to`
   /// holding tokens, `to` == `from`, or the two over other blocks or with
-  /// deep prompts (invalid_argument).
+  /// deep prompts or adapters (invalid_argument).
   span_expected<std::int64_t> share_prefix(const std::string& to, const std::string& from, std::int64_t tokens);
 
   /// Runs hidden [n, D] (f32, bf16 or f16 on the host) for positions
@@ -267,7 +282,8 @@ class span_engine {
 
   // ---- device-resident batches (the in-process decode batcher) -----------------
   /// The first half of a batch whose rows never leave the device: validates
-  /// each step (an open session of the whole span without deep prompts, once
+  /// each step (an open session of the whole span without deep prompts or
+  /// an adapter, once
   /// per call, rows >= 1, positions as inference_step checks them) and
   /// reserves its KV pages. An item's error is its own; nothing is computed.
   std::vector<span_expected<void>> prepare_steps(std::span<const batch_step> steps);
@@ -284,6 +300,16 @@ class span_engine {
                                    const std::function<void(Tensor&)>& fill,
                                    const std::function<void(const Tensor&)>& use);
 
+  // ---- adapters -------------------------------------------------------------------
+  /// Holds LoRA adapter `a` as `name` for sessions that open with it: its
+  /// factors for this span's blocks are copied to the stage's device
+  /// (lora_adapter::factors; the rest of the adapter is not kept). Errors
+  /// (invalid_argument): an empty name or one held already, an adapter made
+  /// for another model.
+  span_expected<void> add_adapter(const std::string& name, const lora_adapter& a);
+  /// The names of the adapters held, sorted.
+  std::vector<std::string> adapters() const;
+
   // ---- stateless forward / backward (fine-tuning clients) -------------------------
   /// Forward of `batch` sequences of `seq` tokens (hidden [B*T, D], float,
   /// host; row b*T + t is token t of sequence b at position t) through
@@ -296,20 +322,25 @@ class span_engine {
   /// outside the span. With `routing_margins`, it is set to one value per
   /// row: of a mixture-of-experts model the smallest routing_margin of the
   /// row over the blocks run (how near its routing came to a tie, which
-  /// spot checks excuse), of a dense model +inf.
+  /// spot checks excuse), of a dense model +inf. With `adapter` (one this
+  /// engine holds, else unknown_adapter) the blocks compute with it
+  /// merged: each block's adapted weights W + s B A in scratch for the
+  /// length of the call.
   span_expected<Tensor> forward(const Tensor& hidden, int batch, int seq,
                                 const Tensor& deep_prompts = Tensor(), int first_block = -1,
-                                int last_block = -1, std::vector<float>* routing_margins = nullptr);
+                                int last_block = -1, std::vector<float>* routing_margins = nullptr,
+                                const std::string& adapter = "");
   /// Backward of forward() for the same inputs: given grad_output [B*T, D]
   /// (the gradient of the client's loss with respect to the span's output),
   /// recomputes the forward and returns the gradient with respect to hidden
   /// and, with deep prompts, with respect to each block's prompts (summed
-  /// over the batch). The blocks' weights get no gradients. Errors as
-  /// forward, plus a grad_output of another shape.
+  /// over the batch). The blocks' weights get no gradients, nor does the
+  /// adapter (the input gradient goes through it). Errors as forward, plus
+  /// a grad_output of another shape.
   span_expected<span_gradients> backward(const Tensor& hidden, const Tensor& grad_output,
                                          int batch, int seq,
                                          const Tensor& deep_prompts = Tensor(), int first_block = -1,
-                                         int last_block = -1);
+                                         int last_block = -1, const std::string& adapter = "");
 
  private:
   span_session* find(const std::string& id);
@@ -335,19 +366,36 @@ class span_engine {
   Tensor download(const Tensor& device_rows);
   const Tensor& train_positions(int batch, int seq);
   void add_prompts(Tensor& x, int batch, int seq, const Tensor& prompts, int block);
+  /// The adapter held as `name` ("": none, null), or unknown_adapter.
+  span_expected<std::shared_ptr<const span_lora>> find_adapter(const std::string& name) const;
+  /// The f32 weights a stateless request computes block first()+i with:
+  /// stage::frozen_weights, or with `lora` those with the adapted weights
+  /// replaced by merged copies in adapted_ (valid until the next call).
+  const block_tensors& request_weights(int i, const span_lora* lora);
+  /// Frees what a stateless request held (the stage's widened weights, the
+  /// merged copies).
+  void release_request_weights();
   Tensor run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts, std::pair<int, int> blocks,
-                     std::vector<block_activations>* saved, std::vector<float>* routing_margins = nullptr);
+                     std::vector<block_activations>* saved, std::vector<float>* routing_margins = nullptr,
+                     const span_lora* lora = nullptr);
 
   stage stage_;
   span_engine_options options_;
   std::shared_ptr<kv_pool> pool_;
   std::unordered_map<std::string, std::unique_ptr<span_session>> sessions_;
+  /// Adapters by name; a session holds its own reference.
+  std::map<std::string, std::shared_ptr<const span_lora>> adapters_;
 
   row_buffer step_rows_;   ///< device rows of inference steps and batches
   /// decode_batch's step graphs (Backend::run_step), one per batch size.
   std::map<std::size_t, std::unique_ptr<step_recording>> batch_recordings_;
   Tensor train_positions_; ///< i32 [B*T] for the stateless paths
   int train_batch_ = 0, train_seq_ = 0;
+  /// request_weights' block: the frozen weights with the adapted roles
+  /// replaced by merged_ (q, k, v, o, gate, up, down).
+  block_tensors adapted_;
+  std::array<Tensor, 7> merged_;
+  struct request_scope;
 };
 
 }  // namespace corolla

@@ -8,6 +8,8 @@
 // so d prompt_i = sum over sequences of dL/du_i at those positions, and
 // dL/dx_i = dL/du_i (the addition passes the gradient through).
 #include <algorithm>
+#include <iterator>
+#include <tuple>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -61,14 +63,48 @@ span_expected<void> span_engine::check_forward(const Tensor& hidden, int batch, 
 
 namespace {
 
-/// Frees the stage's widened weights (inference-only stages) when a
-/// stateless request is done, however it ends.
-struct frozen_scope {
-  stage& s;
-  ~frozen_scope() { s.release_frozen_weights(); }
+}  // namespace
+
+/// Frees what a stateless request held (the stage's widened weights on an
+/// inference-only stage, an adapter's merged copies) when it is done,
+/// however it ends.
+struct span_engine::request_scope {
+  span_engine& e;
+  ~request_scope() { e.release_request_weights(); }
 };
 
-}  // namespace
+const block_tensors& span_engine::request_weights(int i, const span_lora* lora) {
+  const block_tensors& w = stage_.frozen_weights(i);
+  if (!lora) return w;
+  // W + s B A for each adapted role, into copies this request owns (the
+  // frozen weights are the stage's parameters, or its scratch).
+  Backend& be = stage_.backend();
+  const block_lora& l = lora->blocks.at(static_cast<std::size_t>(i));
+  block_tensors merged = w;
+  const std::pair<Tensor block_tensors::*, const lora_factors*> roles[] = {
+      {&block_tensors::q_w, &l.q},       {&block_tensors::k_w, &l.k},   {&block_tensors::v_w, &l.v},
+      {&block_tensors::o_w, &l.o},       {&block_tensors::gate_w, &l.gate},
+      {&block_tensors::up_w, &l.up},     {&block_tensors::down_w, &l.down}};
+  static_assert(std::size(roles) == std::tuple_size_v<decltype(merged_)>);
+  for (std::size_t k = 0; k < std::size(roles); ++k) {
+    const auto [role, f] = roles[k];
+    if (!f->defined()) continue;
+    const Tensor& from = w.*role;
+    Tensor& to = merged_[k];
+    if (!to.defined() || to.shape() != from.shape()) to = be.empty(from.shape());
+    be.copy(from, to);
+    be.gemm(f->b, false, f->a, false, to, f->scale, 1.0f);  // W + s B A
+    merged.*role = to;
+  }
+  adapted_ = std::move(merged);
+  return adapted_;
+}
+
+void span_engine::release_request_weights() {
+  stage_.release_frozen_weights();
+  adapted_ = block_tensors{};
+  merged_ = {};
+}
 
 const Tensor& span_engine::train_positions(int batch, int seq) {
   if (!train_positions_.defined() || train_batch_ != batch || train_seq_ != seq) {
@@ -95,7 +131,7 @@ void span_engine::add_prompts(Tensor& x, int batch, int seq, const Tensor& promp
 
 Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts,
                                 std::pair<int, int> blocks, std::vector<block_activations>* saved,
-                                std::vector<float>* routing_margins) {
+                                std::vector<float>* routing_margins, const span_lora* lora) {
   Backend& be = stage_.backend();
   const Tensor& pos = train_positions(batch, seq);
   const shape_t shape = x.shape();
@@ -108,7 +144,7 @@ Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tenso
     block_activations& a = saved ? (*saved)[static_cast<std::size_t>(i - blocks.first)] : scratch;
     // With `saved`, a.x keeps `in` alive for the backward; `out` becomes the
     // next block's input and is never referenced by this block's activations.
-    block_forward(be, config(), stage_.frozen_weights(i), in, pos, batch, seq, out, a);
+    block_forward(be, config(), request_weights(i, lora), in, pos, batch, seq, out, a);
     if (routing_margins && config().is_moe())
       for (std::int64_t r = 0; r < a.moe.route.rows; ++r) {
         float& m = (*routing_margins)[static_cast<std::size_t>(r)];
@@ -121,13 +157,15 @@ Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tenso
 
 span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int seq,
                                            const Tensor& deep_prompts, int first_block, int last_block,
-                                           std::vector<float>* routing_margins) {
+                                           std::vector<float>* routing_margins, const std::string& adapter) {
   auto blocks = local_blocks(first_block, last_block);
   if (!blocks) return blocks.error();
+  const auto lora = find_adapter(adapter);
+  if (!lora) return lora.error();
   if (auto ok = check_forward(hidden, batch, seq, deep_prompts, blocks.value().second - blocks.value().first); !ok)
     return ok.error();
   Backend& be = stage_.backend();
-  const frozen_scope frozen{stage_};
+  const request_scope scope{*this};
   try {
     Tensor x = be.empty(hidden.shape());
     be.copy(hidden, x);
@@ -136,7 +174,7 @@ span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int 
       prompts = be.empty(deep_prompts.shape());
       be.copy(deep_prompts, prompts);
     }
-    return download(run_forward(x, batch, seq, prompts, blocks.value(), nullptr, routing_margins));
+    return download(run_forward(x, batch, seq, prompts, blocks.value(), nullptr, routing_margins, lora.value().get()));
   } catch (const std::exception& e) {
     return span_error{span_errc::internal, std::string("span forward failed: ") + e.what()};
   }
@@ -145,9 +183,11 @@ span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int 
 span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
                                                     const Tensor& grad_output, int batch, int seq,
                                                     const Tensor& deep_prompts, int first_block,
-                                                    int last_block) {
+                                                    int last_block, const std::string& adapter) {
   auto blocks = local_blocks(first_block, last_block);
   if (!blocks) return blocks.error();
+  const auto lora = find_adapter(adapter);
+  if (!lora) return lora.error();
   const auto [from, to] = blocks.value();
   if (auto ok = check_forward(hidden, batch, seq, deep_prompts, to - from); !ok) return ok.error();
   if (auto ok = check_hidden(grad_output, "output gradients"); !ok) return ok.error();
@@ -155,7 +195,7 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     return invalid("output gradients are " + shape_str(grad_output.shape()) +
                    ", the hidden states " + shape_str(hidden.shape()));
   Backend& be = stage_.backend();
-  const frozen_scope frozen{stage_};
+  const request_scope scope{*this};
   try {
     Tensor x = be.empty(hidden.shape());
     be.copy(hidden, x);
@@ -167,7 +207,7 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     // Recompute the forward, keeping every block's activations (only for
     // the length of this call).
     std::vector<block_activations> saved(static_cast<std::size_t>(to - from));
-    run_forward(x, batch, seq, prompts, blocks.value(), &saved);
+    run_forward(x, batch, seq, prompts, blocks.value(), &saved, nullptr, lora.value().get());
 
     const Tensor& pos = train_positions(batch, seq);
     Tensor g = be.empty(hidden.shape());
@@ -182,8 +222,8 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     for (int i = to - from - 1; i >= 0; --i) {
       const auto b = static_cast<std::size_t>(i);
       Tensor g_in = be.empty(hidden.shape());
-      block_backward_input(be, config(), stage_.frozen_weights(static_cast<int>(b) + from), saved[b], pos, g, g_in,
-                           scratch);
+      block_backward_input(be, config(), request_weights(static_cast<int>(b) + from, lora.value().get()), saved[b], pos,
+                           g, g_in, scratch);
       saved[b] = block_activations{};  // free this block's activations early
       if (prompts.defined()) {
         // d prompt_i = sum over sequences of the gradient at positions [0, P).

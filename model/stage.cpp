@@ -336,7 +336,7 @@ void stage::reserve_rows(std::int64_t rows) {
 }
 
 void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y, int from,
-                           int to) {
+                           int to, const span_lora* lora) {
   const std::int64_t T = x.dim(0);
   expect_rows(x, T, cfg_.hidden_size, "stage::forward_cached x");
   expect_rows(y, T, cfg_.hidden_size, "stage::forward_cached y");
@@ -351,6 +351,9 @@ void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_
   if (from < 0 || from > to || to > size())
     throw tensor_error("stage::forward_cached: blocks [" + std::to_string(from) + ", " + std::to_string(to) +
                        ") are not a range of this stage's " + std::to_string(size()));
+  if (lora && lora->blocks.size() != static_cast<std::size_t>(size()))
+    throw tensor_error("stage::forward_cached: an adapter of " + std::to_string(lora->blocks.size()) +
+                       " blocks for a stage of " + std::to_string(size()));
   if (from == to) {
     if (&x != &y) be_->copy(x, y);
     return;
@@ -359,8 +362,8 @@ void stage::forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_
   fill_positions(pos, start_pos);
   const Tensor* in = &x;
   for (int i = from; i < to; ++i) {
-    block_forward_cached(*be_, cfg_, cached_weights(i), *in, pos, kv, i,
-                         start_pos, decode_ws_, y);
+    block_forward_cached(*be_, cfg_, cached_weights(i), *in, pos, kv, i, start_pos, decode_ws_, y,
+                         lora ? &lora->blocks[static_cast<std::size_t>(i)] : nullptr);
     in = &y;
   }
 }
@@ -382,6 +385,9 @@ void stage::forward_cached_batch(const Tensor& x, std::span<const cached_rows> s
       throw tensor_error("stage::forward_cached_batch: a KV cache of " +
                          std::to_string(s.kv->n_layers()) + " layers for a stage of " +
                          std::to_string(size()) + " blocks");
+    if (s.lora && s.lora->blocks.size() != static_cast<std::size_t>(size()))
+      throw tensor_error("stage::forward_cached_batch: an adapter of " + std::to_string(s.lora->blocks.size()) +
+                         " blocks for a stage of " + std::to_string(size()));
     if (s.start_pos + s.rows > s.kv->capacity())
       throw tensor_error("stage::forward_cached_batch: positions up to " +
                          std::to_string(s.start_pos + s.rows) + " exceed the KV capacity of " +

@@ -203,16 +203,19 @@ class stage {
   /// (kv_sequence::reserve). y [Tq, D] may alias x. With `from`/`to`
   /// (indices into this stage, to = -1: the end) only blocks [from, to) run,
   /// against their own layers of kv; a sequence must always run the same
-  /// range (the other layers of its cache stay empty).
+  /// range (the other layers of its cache stay empty). With `lora` (an
+  /// adapter's factors for this stage's blocks, indexed as they are) each
+  /// block adds its terms (model/lora_factors.hpp).
   void forward_cached(const Tensor& x, kv_sequence& kv, std::int64_t start_pos, Tensor& y, int from = 0,
-                      int to = -1);
+                      int to = -1, const span_lora* lora = nullptr);
   /// Cached forward of several sequences' new rows at once through every
   /// block (a server's batched decode): x [R, D] stacks the rows of each
   /// entry of `seqs` in order, each at its own positions start_pos.. and
   /// against its own kv_sequence (each with size() layers and capacity for
   /// its rows). The projections run once over all R rows per block; the
   /// result equals forward_cached per sequence up to GEMM rounding. y [R, D]
-  /// may alias x.
+  /// may alias x A sequence's adapter (cached_rows::lora) covers this
+  /// stage's blocks, indexed as they are.
   void forward_cached_batch(const Tensor& x, std::span<const cached_rows> seqs, Tensor& y);
   /// Makes forward_cached and forward_cached_batch read every block's
   /// linear weights stored as `f` (inference_weights in model/block.hpp):

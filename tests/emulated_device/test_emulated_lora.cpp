@@ -2,7 +2,8 @@
 // of the frozen weights' backward (input gradients only, by products with the
 // weights) and of the adapter's merge and projected gradients gives the
 // cpu's losses exactly in f32, and tracks them with bf16 compute copies that
-// follow each merge.
+// follow each merge. A server's sessions with adapters (the terms beside the
+// unmerged weights, model/lora_factors.hpp) give the cpu engine's outputs.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,11 +12,14 @@
 
 #include "kernels/backend.hpp"
 #include "model/lora.hpp"
+#include "model/safetensors.hpp"
+#include "model/span_engine.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
+#include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -62,5 +66,64 @@ TEST_CASE("emulated device: a LoRA adapter trains to the cpu's losses, and with 
       // whose merges the compute copies missed would stay at the base's loss.
       CHECK(std::abs(bf16[s] - cpu[s]) <= 5e-2f * std::max(1.0f, std::abs(cpu[s])));
     }
+  }
+}
+
+namespace {
+
+/// Every output equal (the emulated device's arithmetic is the cpu's).
+bool same_output(const span_expected<Tensor>& a, const span_expected<Tensor>& b) {
+  if (!a) FAIL(a.error().message);
+  if (!b) FAIL(b.error().message);
+  return a->shape() == b->shape() && a->to_vector() == b->to_vector();
+}
+
+}  // namespace
+
+TEST_CASE("emulated device: a server's sessions with adapters, batched with base sessions, give the cpu's outputs") {
+  for (const weight_format f : {weight_format::f32, weight_format::bf16}) {
+    CAPTURE(weight_format_name(f));
+    testing::tiny_model_options o = testing::tiny_options_for(architecture::llama, 64);
+    o.layers = 3;
+    testing::temp_dir_guard dir("emulated-lora-span");
+    testing::write_tiny_model(dir.path(), o);
+    const model_config cfg = load_config(dir.path());
+    const checkpoint ck = checkpoint::open(dir.path());
+    lora_config c;
+    c.rank = 3;
+    c.targets = {"all-linear"};
+    lora_adapter a = lora_adapter::init(cfg, c, 5, cpu_backend());
+    for (int l = 0; l < a.n_layers(); ++l)
+      for (const lora_module& m : a.modules()) {
+        Tensor B = a.block(l).get(m.path + ".lora_B");
+        B.copy_from(testing::random_tensor(B.shape(), 50 + static_cast<std::uint64_t>(l), 0.2f));
+      }
+    emulated_device_backend dev;
+    span_engine_options opts;
+    opts.weights = f;
+    opts.keep_parameters = f == weight_format::f32;
+    span_engine on_cpu = span_engine::load(ck, cfg, 1, 3, cpu_backend(), 256, opts);
+    span_engine on_dev = span_engine::load(ck, cfg, 1, 3, dev, 256, opts);
+    const std::int64_t D = cfg.hidden_size;
+    for (span_engine* e : {&on_cpu, &on_dev}) {
+      REQUIRE(e->add_adapter("a", a));
+      REQUIRE(e->open_session("adapted", 32, -1, -1, {}, "a"));
+      REQUIRE(e->open_session("base", 32));
+    }
+    const Tensor prompt = testing::random_tensor({5, D}, 1);
+    CHECK(same_output(on_dev.inference_step("adapted", prompt, 0), on_cpu.inference_step("adapted", prompt, 0)));
+    CHECK(same_output(on_dev.inference_step("base", prompt, 0), on_cpu.inference_step("base", prompt, 0)));
+    for (int t = 0; t < 3; ++t) {
+      const Tensor x = testing::random_tensor({1, D}, 10 + static_cast<std::uint64_t>(t));
+      const std::vector<decode_item> items = {{"adapted", x, 5 + t, 0}, {"base", x, 5 + t, 0}};
+      auto got = on_dev.decode_batch(items), want = on_cpu.decode_batch(items);
+      REQUIRE((got.size() == 2u && want.size() == 2u));
+      CHECK(same_output(got[0], want[0]));
+      CHECK(same_output(got[1], want[1]));
+    }
+    const Tensor x = testing::random_tensor({1, D}, 40);  // the single-row path alone
+    CHECK(same_output(on_dev.inference_step("adapted", x, 8), on_cpu.inference_step("adapted", x, 8)));
+    const Tensor h = testing::random_tensor({8, D}, 41);
+    CHECK(same_output(on_dev.forward(h, 2, 4, {}, -1, -1, nullptr, "a"), on_cpu.forward(h, 2, 4, {}, -1, -1, nullptr, "a")));
   }
 }
