@@ -299,7 +299,7 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
   if (!backward) {
     std::vector<float> margins;
     auto out = st.engine->forward(m.tensors[0], b->batch, b->seq, prompts, b->first, b->last,
-                                  b->with_margins ? &margins : nullptr);
+                                  b->with_margins ? &margins : nullptr, b->adapter);
     ++st.stats.forward_passes;
     st.stats.forward_seconds.observe(took());
     if (!out) {
@@ -311,7 +311,7 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
     if (b->with_margins) tensors.push_back(Tensor::from_f32(margins, {static_cast<std::int64_t>(margins.size())}));
     return rp.deliver(answer(span_request::forward, {}, std::move(tensors)));
   }
-  auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts, b->first, b->last);
+  auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts, b->first, b->last, b->adapter);
   ++st.stats.backward_passes;
   st.stats.backward_seconds.observe(took());
   if (!g) {

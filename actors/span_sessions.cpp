@@ -108,6 +108,7 @@ span_info info_of(const span_server_state& st) {
   i.draining = st.draining;
   i.awaiting_pushes = static_cast<std::uint32_t>(st.awaited.size());
   i.weights = weight_format_name(st.engine->blocks().inference_format());
+  i.adapters = e.adapters();
   return i;
 }
 
@@ -194,7 +195,7 @@ void on_open(span_server_state& st, remote_message& m, caf::response_promise& rp
   if (st.retiring && st.retiring->session_length(o->session_id))
     return rp.deliver(error_from_wire("duplicate_session", "session '" + o->session_id + "' is already open"));
   const Tensor prompts = o->deep_prompts ? m.tensors[0] : Tensor();
-  if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last, prompts); !r)
+  if (auto r = st.engine->open_session(o->session_id, o->max_length, o->first, o->last, prompts, o->adapter); !r)
     return rp.deliver(to_caf(r.error()));
   st.last_used[o->session_id] = clock_type::now();
   st.owners[o->session_id] = m.from_node;

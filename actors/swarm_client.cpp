@@ -162,6 +162,14 @@ caf::error swarm_client::refresh() {
                " weights, not " + options_.weights);
       continue;
     }
+    if (!options_.adapter.empty() &&
+        std::find(info->adapters.begin(), info->adapters.end(), options_.adapter) == info->adapters.end()) {
+      std::string held;
+      for (std::size_t i = 0; i < info->adapters.size() && i < 4; ++i) held += (i ? ", " : "") + info->adapters[i];
+      if (info->adapters.size() > 4) held += ", ...";
+      unusable("holds no adapter '" + options_.adapter + "' (" + (held.empty() ? "it holds none" : "it holds " + held) + ")");
+      continue;
+    }
     if (n_blocks_ == 0 && options_.n_blocks == 0) {
       n_blocks_ = info->n_blocks;  // the first answer defines the model's shape
       hidden_size_ = info->hidden_size;

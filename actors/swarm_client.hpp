@@ -82,6 +82,10 @@ struct swarm_client_options {
   /// The dtype of the linear weights servers must decode from ("f32",
   /// "bf16", "i8"; "" = accept any): quantised weights change the output.
   std::string weights;
+  /// The LoRA adapter every session and request computes with (a name
+  /// servers announce in span.info: `serve --adapter NAME=DIR`); servers
+  /// that do not hold it are left out. "" = the base model.
+  std::string adapter;
   /// The model's blocks and hidden size, when the client knows them (0 =
   /// take them from the first server that answers); servers of another
   /// shape are left out.

@@ -26,7 +26,8 @@ caf::expected<remote_message> swarm_span_runner::call(const hop_state& h, const 
                                   .with_prompts = true,
                                   .first = h.hop.start,
                                   .last = h.hop.end,
-                                  .with_margins = margins});
+                                  .with_margins = margins,
+                                  .adapter = client_.options().adapter});
   tensors.push_back(prompts_.slice(h.hop.start, h.hop.end));
   m.tensors = std::move(tensors);
   // A backward recomputes the forward: both grow with the rows.

@@ -202,7 +202,8 @@ caf::expected<spot_opinion> swarm_session::recompute(const std::string& server, 
                                   .with_prompts = deep_prompts_.defined(),
                                   .first = hop.start,
                                   .last = hop.end,
-                                  .with_margins = true});
+                                  .with_margins = true,
+                                  .adapter = client_.options().adapter});
   m.tensors.push_back(inputs);
   if (deep_prompts_.defined()) m.tensors.push_back(deep_prompts_.slice(hop.start, hop.end).clone());
   const auto timeout = client_.options().request_timeout * (1 + inputs.dim(0) / 256);

@@ -30,6 +30,8 @@ std::vector<std::uint8_t> encode_body(const span_info& v) {
   r.setAwaitingPushes(v.awaiting_pushes);
   r.setWeights(v.weights);
   r.setSharedTokens(v.shared_tokens);
+  auto names = r.initAdapters(static_cast<unsigned>(std::min(v.adapters.size(), max_span_adapters)));
+  for (unsigned i = 0; i < names.size(); ++i) names.set(i, v.adapters[i]);
   auto rtts = r.initRtts(static_cast<unsigned>(std::min(v.rtt_ms.size(), net::max_rtt_entries)));
   unsigned i = 0;
   for (const auto& [node, ms] : v.rtt_ms) {
@@ -50,6 +52,7 @@ std::vector<std::uint8_t> encode_body(const span_open& v) {
   r.setDeepPrompts(v.deep_prompts);
   r.setShareFrom(v.share_from);
   r.setShareTokens(v.share_tokens);
+  r.setAdapter(v.adapter);
   return flat(b);
 }
 
@@ -101,6 +104,7 @@ std::vector<std::uint8_t> encode_body(const span_batch& v) {
   r.setFirst(v.first);
   r.setLast(v.last);
   r.setWithMargins(v.with_margins);
+  r.setAdapter(v.adapter);
   return flat(b);
 }
 
@@ -122,6 +126,10 @@ caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body)
     v.weights = text(r.getWeights(), "weights");
     v.shared_tokens = r.getSharedTokens();
     if (v.shared_tokens < 0) throw std::invalid_argument("shared tokens " + std::to_string(v.shared_tokens));
+    if (r.getAdapters().size() > max_span_adapters)
+      throw std::invalid_argument(std::to_string(r.getAdapters().size()) + " adapters (at most " +
+                                  std::to_string(max_span_adapters) + ")");
+    for (auto name : r.getAdapters()) v.adapters.push_back(text(name, "adapter name"));
     if (r.getRtts().size() > net::max_rtt_entries)
       throw std::invalid_argument(std::to_string(r.getRtts().size()) + " RTT entries (at most " +
                                   std::to_string(net::max_rtt_entries) + ")");
@@ -137,7 +145,8 @@ caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body)
 caf::expected<span_open> decode_span_open(const std::vector<std::uint8_t>& body) {
   return decode<wire::SpanOpen>(body, "span.open", [](wire::SpanOpen::Reader r) {
     span_open v{text(r.getSessionId(), "session id"), r.getMaxLength(), r.getFirst(), r.getLast(),
-                r.getDeepPrompts(), text(r.getShareFrom(), "shared session id"), r.getShareTokens()};
+                r.getDeepPrompts(), text(r.getShareFrom(), "shared session id"), r.getShareTokens(),
+                text(r.getAdapter(), "adapter name")};
     if (v.share_tokens < 0 || (v.share_tokens > 0 && v.share_from.empty()))
       throw std::invalid_argument("shareTokens " + std::to_string(v.share_tokens) + " without a session to share from");
     return v;
@@ -181,7 +190,8 @@ caf::expected<span_close> decode_span_close(const std::vector<std::uint8_t>& bod
 
 caf::expected<span_batch> decode_span_batch(const std::vector<std::uint8_t>& body) {
   return decode<wire::SpanBatch>(body, "span.forward/backward", [](wire::SpanBatch::Reader r) {
-    return span_batch{r.getBatch(), r.getSeq(), r.getWithPrompts(), r.getFirst(), r.getLast(), r.getWithMargins()};
+    return span_batch{r.getBatch(), r.getSeq(), r.getWithPrompts(), r.getFirst(), r.getLast(), r.getWithMargins(),
+                      text(r.getAdapter(), "adapter name")};
   });
 }
 

@@ -48,7 +48,13 @@ struct span_info {
   /// In the answer to a span.open with share_from: the tokens the new
   /// session holds already (0 otherwise, and from older servers).
   std::int64_t shared_tokens = 0;
+  /// The LoRA adapters it serves by name (span_open::adapter; at most
+  /// max_span_adapters, each a name of up to 256 bytes), sorted.
+  std::vector<std::string> adapters{};
 };
+
+/// The most adapter names a span.info may carry.
+inline constexpr std::size_t max_span_adapters = 64;
 
 /// wire::SpanOpen.
 struct span_open {
@@ -61,6 +67,8 @@ struct span_open {
   /// session starts holding them (span_engine::share_prefix). "" = none.
   std::string share_from{};
   std::int64_t share_tokens = 0;
+  /// The LoRA adapter (one of span_info::adapters) every step takes; "" = none.
+  std::string adapter{};
 };
 
 /// wire::PushTarget: the next hop a server pushes its output to.
@@ -111,6 +119,8 @@ struct span_batch {
   /// span.forward: a second tensor answers each row's routing margin (f32
   /// [B*T]: span_engine::forward's routing_margins; +inf for a dense model).
   bool with_margins = false;
+  /// Compute with this LoRA adapter (one of span_info::adapters); "" = none.
+  std::string adapter{};
 };
 
 std::vector<std::uint8_t> encode_body(const span_info& v);

@@ -71,8 +71,6 @@ int run_api(const api_args& a) {
     throw std::invalid_argument("give exactly one of --local (the model in this process) or --swarm / --swarm-dht");
   if (!a.local && a.batching != "on")
     throw std::invalid_argument("--batching off is for --local (a swarm's servers batch their sessions' steps)");
-  if (!a.local && !a.adapter.empty())
-    throw std::invalid_argument("--adapter is for --local (a swarm's servers serve the base model's weights)");
   if (a.prefix_sharing != "on" && a.local && a.batching != "on")
     throw std::invalid_argument("--prefix-sharing off is for --local with batching on (the batcher shares the pages) "
                                 "or --swarm (the servers share them)");
@@ -125,6 +123,7 @@ int run_api(const api_args& a) {
                                   ": with --swarm the API's head runs on the cpu; the servers' --device places the blocks");
     Backend& be = backend_for(where);
     swarm = connect_swarm(a.swarm, a.model, cfg.n_layers);
+    swarm.options.adapter = a.adapter;  // a name the servers announce (serve --adapter NAME=DIR)
     // The API only embeds and samples: one thread each, unless told
     // otherwise (as generate --swarm): every request runs on its own HTTP
     // thread, and a team of OpenMP threads per HTTP thread would crowd out
@@ -227,7 +226,9 @@ void register_api(CLI::App& app, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache elements with --local: f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--adapter", a->adapter,
-                  "With --local: a LoRA adapter (a PEFT directory) merged into the weights as they load");
+                  "With --local: a LoRA adapter (a PEFT directory) merged into the weights as they load. With "
+                  "--swarm: the NAME of an adapter servers hold (serve --adapter NAME=DIR), which every request's "
+                  "sessions take");
   cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")
       ->check(integer_between(0, max_cpu_threads))
       ->capture_default_str();

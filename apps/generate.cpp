@@ -106,6 +106,7 @@ generation_result generate_through_swarm(const generate_options& o, head& h, std
   if (o.threads == 0) set_cpu_threads(1);
   swarm_client_options& so = c.options;
   so.server_push = !o.no_server_push;
+  so.adapter = o.adapter;  // a name the servers announce (serve --adapter NAME=DIR)
   if (o.compression == "int8")
     so.compress = true;
   else if (o.compression != "none")
@@ -136,9 +137,6 @@ int run_generate(const generate_options& o) {
   // With --swarm the servers compute the blocks and the head stays on the
   // cpu (its hidden states come from and go to the wire): auto means cpu.
   const device where = o.device == "auto" && o.swarm.given() ? device{} : parse_device(o.device);
-  if (!o.adapter.empty() && o.swarm.given())
-    throw std::invalid_argument("--adapter " + o.adapter + ": with --swarm the servers hold the blocks, and they "
-                                "serve the base model's weights; merge the adapter locally (drop --swarm)");
   if (where.kind != device_kind::cpu && o.swarm.given())
     throw std::invalid_argument("--device " + o.device +
                                 ": with --swarm the client's head runs on the cpu; the servers' --device places the blocks");
@@ -266,7 +264,8 @@ void register_generate(CLI::App& app, action_fn& action) {
                   "Trained deep prompts to generate after (the safetensors corolla finetune --save writes)");
   cmd->add_option("--adapter", o->adapter,
                   "A LoRA adapter (a PEFT directory, such as corolla train --lora-rank --save writes) merged into "
-                  "the weights as they load; not with --swarm");
+                  "the weights as they load. With --swarm: the NAME of an adapter servers hold (serve --adapter "
+                  "NAME=DIR); the route takes only servers that announce it");
   cmd->add_option("--kv-dtype", o->kv_dtype,
                   "Element type of the KV cache: f32, or bf16/f16 (half its memory; keys and values rounded once "
                   "as stored). With --swarm the servers' own --kv-dtype applies")

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -32,6 +33,7 @@
 #include "apps/node_flags.hpp"
 #include "apps/serve_memory.hpp"
 #include "apps/serve_peers.hpp"
+#include "apps/serve_adapters.hpp"
 #include "apps/serve_relay.hpp"
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
@@ -81,6 +83,7 @@ struct serve_args {
   bool no_relay_service = false;   ///< --no-relay-service: do not relay for servers behind NAT
   double relay_rate_mbit = 256;    ///< --relay-rate: what each peer may send through this server as a relay
   std::string announce_endpoint;   ///< --announce-endpoint: what the record says instead of the bound one
+  std::vector<std::string> adapters;  ///< --adapter NAME=DIR: LoRA adapters sessions may ask for
 };
 
 /// "A:B" -> [A, B) within [0, n_blocks).
@@ -250,6 +253,7 @@ int run_serve(serve_args a) {
                                 " chooses blocks from the swarm's DHT: it needs the DHT (drop --no-dht)");
   if (a.cache_tokens < 1) throw std::invalid_argument("--cache-tokens must be at least 1");
   const weight_format weights = parse_weights_flag(a.weights);
+  const std::vector<served_adapter> adapters = load_served_adapters(a.adapters, cfg);
   span_engine_options engine_options;
   engine_options.kv_dtype = parse_kv_dtype_flag(a.kv_dtype);
   engine_options.weights = weights;
@@ -338,6 +342,7 @@ int run_serve(serve_args a) {
       span_engine::load(checkpoint::open(a.model), cfg, first, last, be,
                         cache_tokens_for(memory_flags, memory, last - first, engine_options.page_tokens), engine_options));
   engine_options.on_block_loaded = nullptr;  // later loads (moves) run while serving
+  hold_adapters(*engine, adapters);
   bar.finish();
   spdlog::info("serve: loaded blocks [{}, {}) in {:.1f} s on {} thread(s)", first, last,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(), threads);
@@ -471,6 +476,7 @@ int run_serve(serve_args a) {
       next = std::make_shared<span_engine>(span_engine::load(
           checkpoint::open(a.model), cfg, d.target.start, d.target.end, be,
           cache_tokens_for(memory_flags, memory, d.target.length(), engine_options.page_tokens), move_options));
+      hold_adapters(*next, adapters);
     } catch (const std::exception& e) {
       spdlog::error("serve: loading {} to move there failed, staying on {}: {}", to_string(d.target),
                     to_string(d.current), e.what());
@@ -532,6 +538,11 @@ void register_serve(CLI::App& app, action_fn& action) {
                   "freed, so the server holds these copies only; fine-tuning requests compute with them, widened "
                   "one block at a time")
       ->capture_default_str();
+  cmd->add_option("--adapter", a->adapters,
+                  "A LoRA adapter (PEFT directory, as `corolla train --lora-rank` saves) that sessions may ask for "
+                  "by NAME (`generate --swarm --adapter NAME`): NAME=DIR, or DIR named by its last component. "
+                  "Repeatable; sessions of different adapters and of none share the weights and the decode batch")
+      ->type_name("NAME=DIR");
   cmd->add_flag("--keep-f32-weights", a->keep_f32,
                 "With --weights other than f32: also keep the f32 parameters (fine-tuning requests then compute "
                 "with the exact f32 weights; the blocks take that much more memory)");

@@ -99,6 +99,7 @@ struct SpanInfo {
   weights @13 :Text;         # dtype of the linear weights its decode reads ("f32", "bf16", "i8"); "" from older servers
   sharedTokens @14 :Int64;   # answer to span.open with shareFrom: the tokens the new session
                              # starts with (0: nothing shared; its first step starts there)
+  adapters @15 :List(Text);  # names of the LoRA adapters it serves (SpanOpen.adapter); at most 64
 }
 
 # One measured round-trip time to another node.
@@ -119,6 +120,8 @@ struct SpanOpen {
   shareTokens @6 :Int64;     # first shareTokens positions had the very inputs this one's
                              # will have: the new session starts on its KV pages (answered:
                              # SpanInfo.sharedTokens, fewer or 0 when it cannot)
+  adapter @7 :Text;          # a LoRA adapter of SpanInfo.adapters every step takes ("" = none;
+                             # another: the error unknown_adapter)
 }
 
 # "span.step": tensor 0 = hidden [n, D] for positions [start, start + n) of
@@ -177,6 +180,7 @@ struct SpanBatch {
   last @4 :Int32 = -1;       # (-1 = the span's own bound); prompts cover exactly these
   withMargins @5 :Bool;      # span.forward: also answer each row's routing margin
                              # (f32 [B*T], a second tensor; spot checks of mixtures of experts)
+  adapter @6 :Text;          # compute with this LoRA adapter of SpanInfo.adapters merged ("" = none)
 }
 
 # ---- pipeline x data-parallel training (actors/train_*.hpp, docs/protocol.md) ----

@@ -149,7 +149,7 @@ TEST_CASE("corolla train --lora-rank trains an adapter, the library's losses, an
   CHECK(cli2.front() < cli.front() - 1e-3);  // it starts where the first run left off
 }
 
-TEST_CASE("corolla train and generate refuse adapter flags that cannot apply, with one error line") {
+TEST_CASE("corolla train, generate and serve refuse adapter flags that cannot apply, with one error line") {
   temp_dir_guard tmp("cli-lora-bad");
   const fs::path base = tmp / "gpt2", data = tmp / "tokens.bin";
   write_tiny_model(base, tiny_gpt2());
@@ -170,9 +170,12 @@ TEST_CASE("corolla train and generate refuse adapter flags that cannot apply, wi
       {train_args(base, data, {"--adapter", tmp / "absent"}), "does not exist"},
       {{"generate", "--model", base.string(), "--adapter", (tmp / "absent").string(), "--prompt-ids", "1"},
        "does not exist"},
-      {{"generate", "--model", base.string(), "--adapter", (tmp / "a").string(), "--prompt-ids", "1", "--swarm",
-        "127.0.0.1:1"},
-       "with --swarm the servers hold the blocks"},
+      {{"serve", "--model", base.string(), "--blocks", "0:1", "--no-dht", "--adapter", (tmp / "absent").string()},
+       "does not exist"},
+      {{"serve", "--model", base.string(), "--blocks", "0:1", "--no-dht", "--adapter", "=" + (tmp / "a").string()},
+       "the adapter needs a name"},
+      {{"serve", "--model", base.string(), "--blocks", "0:1", "--no-dht", "--adapter", "my lora=" + (tmp / "a").string()},
+       "has a space"},
   };
   for (const bad_case& c : cases) {
     const process_result r = run_corolla(c.args);
