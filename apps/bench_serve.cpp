@@ -38,6 +38,7 @@
 #include "actors/span_server.hpp"
 #include "actors/swarm_client.hpp"
 #include "apps/bench_common.hpp"
+#include "apps/bench_engine.hpp"
 #include "apps/commands.hpp"
 #include "apps/serve_memory.hpp"
 #include "kernels/backend.hpp"
@@ -70,15 +71,6 @@ struct serve_bench_options {
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-/// Rows [n, D] of pseudo-random hidden states in [-1, 1) on the host.
-Tensor random_rows(std::int64_t n, std::int64_t d, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(n * d));
-  for (float& x : v) x = u(rng);
-  return Tensor::from_f32(v, {n, d});
 }
 
 /// The value at fraction q of `v` (sorted copy).
@@ -147,36 +139,6 @@ struct level_result {
   std::uint64_t waits = 0;                   ///< batches that waited for late sessions (same steps)
 };
 
-/// `sessions` sessions straight on the engine: prefill, two warm-up steps,
-/// then `new_tokens` decode_batch calls over all of them. Tokens/s.
-double run_engine(span_engine& e, int sessions, const Tensor& prompt, const Tensor& row, int new_tokens, int round) {
-  const std::int64_t P = prompt.dim(0);
-  std::vector<decode_item> items;
-  for (int s = 0; s < sessions; ++s) {
-    const std::string id = "direct-" + std::to_string(round) + "-" + std::to_string(s);
-    if (auto r = e.open_session(id, P + new_tokens + 2); !r) throw std::runtime_error(r.error().message);
-    if (auto r = e.inference_step(id, prompt, 0); !r) throw std::runtime_error(r.error().message);
-    items.push_back({id, row, P, 0});
-  }
-  // As the server does: one session alone takes the single-sequence path.
-  auto batch = [&] {
-    if (items.size() == 1) {
-      if (auto r = e.inference_step(items[0].session_id, row, items[0].start_position); !r)
-        throw std::runtime_error("bench serve: engine step: " + r.error().message);
-    } else {
-      for (const auto& r : e.decode_batch(items))
-        if (!r) throw std::runtime_error("bench serve: engine step: " + r.error().message);
-    }
-    for (auto& it : items) ++it.start_position;
-  };
-  batch();
-  batch();
-  const auto t0 = clock_type::now();
-  for (int t = 0; t < new_tokens; ++t) batch();
-  const double wall = seconds_since(t0);
-  for (const auto& it : items) (void)e.close_session(it.session_id);
-  return sessions * new_tokens / wall;
-}
 
 /// `sessions` client threads through `server` on `server_node`: each opens a
 /// session (session s on clients[s % clients.size()]), prefills, takes two
@@ -311,7 +273,7 @@ int run_serve_bench(serve_bench_options o) {
   for (int round = 0; round < o.rounds; ++round)
     for (level_result& l : levels)
       l.engine_tokens_per_s =
-          std::max(l.engine_tokens_per_s, run_engine(*engine, l.sessions, prompt, row, o.new_tokens, round));
+          std::max(l.engine_tokens_per_s, engine_decode_tokens_per_s(*engine, l.sessions, prompt, row, o.new_tokens, std::to_string(round)));
 
   // Over an emulated link every session has a node, so a link, of its own
   // (a volunteer's client on its own machine); the server shapes its

@@ -75,6 +75,9 @@ void register_bench_loss(CLI::App* bench, action_fn& action);
 /// corolla bench lora: a LoRA adapter's training step vs the whole model's
 /// (apps/bench_lora.cpp).
 void register_bench_lora(CLI::App* bench, action_fn& action);
+/// corolla bench lora-serve: a server's decode with LoRA adapters per
+/// session vs the base model's (apps/bench_lora_serve.cpp).
+void register_bench_lora_serve(CLI::App* bench, action_fn& action);
 /// A tensor of `shape` and dtype `t` on `be`'s device holding pseudo-random
 /// values in [-1, 1) (drawn in f32 on the host from `seed`, converted by the
 /// backend's copy), for the benches (apps/bench_gemm.cpp).

@@ -1,5 +1,6 @@
 // `corolla bench lora`: a LoRA adapter's training step against the whole
-// model's, on a tiny model directory, in the same run.
+// model's, on a tiny model directory, in the same run; `corolla bench
+// lora-serve`: a server's decode with adapters per session against the base.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -44,4 +45,34 @@ TEST_CASE("bench lora times an adapter's step and the whole model's and reports 
                                 "--targets", "c_attn"});
   CHECK(bad.exit_code == 1);
   CHECK(bad.err.find("names no module") != std::string::npos);
+}
+
+TEST_CASE("bench lora-serve decodes base sessions, one adapter's and each its own, and reports the ratios") {
+  testing::temp_dir_guard dir("bench-lora-serve");
+  const testing::tiny_model_options o;  // 2-layer GQA Llama
+  testing::write_tiny_model(dir / "m", o);
+  const auto r = run_corolla({"bench", "lora-serve", "--model", (dir / "m").string(), "--device", "cpu",
+                              "--sessions", "3", "--prompt-tokens", "4", "--new-tokens", "3", "--rounds", "1",
+                              "--rank", "2", "--targets", "all-linear", "--weights", "int8", "--threads", "1", "--json"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["bench"] == "lora-serve");
+  CHECK(j["weights"] == "i8");
+  CHECK(j["rank"] == 2);
+  CHECK(j["targets"].size() == 7u);
+  const auto& levels = j["levels"];
+  REQUIRE(levels.size() == 2u);  // one session, and three
+  CHECK(levels[0]["sessions"] == 1);
+  CHECK(levels[1]["sessions"] == 3);
+  for (const auto& l : levels) {
+    CHECK(l["base_tokens_per_s"].get<double>() > 0);
+    CHECK(l["own_adapters_tokens_per_s"].get<double>() > 0);
+    CHECK(l["one_adapter_vs_base"].get<double>() ==
+          doctest::Approx(l["one_adapter_tokens_per_s"].get<double>() / l["base_tokens_per_s"].get<double>()));
+  }
+  const auto bad = run_corolla({"bench", "lora-serve", "--model", (dir / "m").string(), "--device", "cpu",
+                                "--weights", "int3"});
+  CHECK(bad.exit_code == 1);
+  CHECK(bad.err.find("int3") != std::string::npos);
 }
