@@ -109,6 +109,7 @@ span_info info_of(const span_server_state& st) {
   i.awaiting_pushes = static_cast<std::uint32_t>(st.awaited.size());
   i.weights = weight_format_name(st.engine->blocks().inference_format());
   i.adapters = e.adapters();
+  i.adapter_digests = e.adapter_digests();
   return i;
 }
 

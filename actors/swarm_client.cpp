@@ -6,6 +6,7 @@
 #include "actors/swarm_hop_state.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <random>
 #include <thread>
 
@@ -71,6 +72,11 @@ swarm_client::swarm_client(node& n, swarm_client_options options)
       n_blocks_(options_.n_blocks),
       hidden_size_(options_.hidden_size) {
   for (const auto& e : options_.servers) servers_.push_back(server_from_entry(e));
+  const auto at = options_.adapter.rfind('@');
+  adapter_name_ = at == std::string::npos ? options_.adapter : options_.adapter.substr(0, at);
+  if (at != std::string::npos) adapter_digest_ = options_.adapter.substr(at + 1);
+  if (!options_.adapter.empty() && (adapter_name_.empty() || (at != std::string::npos && adapter_digest_.empty())))
+    throw std::invalid_argument("adapter '" + options_.adapter + "': give NAME or NAME@DIGEST");
 }
 
 void swarm_client::event(const std::string& line) const {
@@ -162,13 +168,25 @@ caf::error swarm_client::refresh() {
                " weights, not " + options_.weights);
       continue;
     }
-    if (!options_.adapter.empty() &&
-        std::find(info->adapters.begin(), info->adapters.end(), options_.adapter) == info->adapters.end()) {
-      std::string held;
-      for (std::size_t i = 0; i < info->adapters.size() && i < 4; ++i) held += (i ? ", " : "") + info->adapters[i];
-      if (info->adapters.size() > 4) held += ", ...";
-      unusable("holds no adapter '" + options_.adapter + "' (" + (held.empty() ? "it holds none" : "it holds " + held) + ")");
-      continue;
+    if (!adapter_name_.empty()) {
+      const auto it = std::find(info->adapters.begin(), info->adapters.end(), adapter_name_);
+      if (it == info->adapters.end()) {
+        std::string held;
+        for (std::size_t i = 0; i < info->adapters.size() && i < 4; ++i) held += (i ? ", " : "") + info->adapters[i];
+        if (info->adapters.size() > 4) held += ", ...";
+        unusable("holds no adapter '" + adapter_name_ + "' (" + (held.empty() ? "it holds none" : "it holds " + held) +
+                 ")");
+        continue;
+      }
+      const std::string& digest = info->adapter_digests[static_cast<std::size_t>(it - info->adapters.begin())];
+      if (adapter_digest_.empty()) {
+        adapter_digest_ = digest;  // the first server's, kept: one adapter per client
+        spdlog::info("swarm: adapter '{}' is {}@{} (from {})", adapter_name_, adapter_name_, digest, s.endpoint);
+      } else if (digest != adapter_digest_) {
+        unusable("holds another adapter named '" + adapter_name_ + "' (" + adapter_name_ + "@" + digest + ", not @" +
+                 adapter_digest_ + ")");
+        continue;
+      }
     }
     if (n_blocks_ == 0 && options_.n_blocks == 0) {
       n_blocks_ = info->n_blocks;  // the first answer defines the model's shape

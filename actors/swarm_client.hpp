@@ -82,9 +82,12 @@ struct swarm_client_options {
   /// The dtype of the linear weights servers must decode from ("f32",
   /// "bf16", "i8"; "" = accept any): quantised weights change the output.
   std::string weights;
-  /// The LoRA adapter every session and request computes with (a name
-  /// servers announce in span.info: `serve --adapter NAME=DIR`); servers
-  /// that do not hold it are left out. "" = the base model.
+  /// The LoRA adapter every session and request computes with: NAME (as
+  /// servers announce it in span.info: `serve --adapter NAME=DIR`) or
+  /// NAME@DIGEST (its fingerprint, lora_adapter::digest, as serve logs
+  /// it). Servers that do not hold it are left out, and so are servers
+  /// holding an adapter of that name with another digest: the one asked
+  /// for, or without one the first a refresh met. "" = the base model.
   std::string adapter;
   /// The model's blocks and hidden size, when the client knows them (0 =
   /// take them from the first server that answers); servers of another
@@ -260,6 +263,9 @@ class swarm_client {
 
   node& runtime() { return node_; }
   const swarm_client_options& options() const { return options_; }
+  /// The adapter's name (options().adapter without @DIGEST), what requests
+  /// name; "" = the base model.
+  const std::string& adapter_name() const { return adapter_name_; }
   void event(const std::string& line) const;
 
   /// Spot checks so far (all sessions of this client).
@@ -306,6 +312,9 @@ class swarm_client {
   spot_check_stats spot_stats_;
   std::mt19937_64 spot_rng_;
   int n_blocks_ = 0, hidden_size_ = 0;
+  /// options_.adapter split; adapter_digest_ is the one asked for, else the
+  /// first a server announced for that name (then kept).
+  std::string adapter_name_, adapter_digest_;
   bool refreshed_ = false;
   std::chrono::steady_clock::time_point last_refresh_{};
 };

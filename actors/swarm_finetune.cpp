@@ -27,7 +27,7 @@ caf::expected<remote_message> swarm_span_runner::call(const hop_state& h, const 
                                   .first = h.hop.start,
                                   .last = h.hop.end,
                                   .with_margins = margins,
-                                  .adapter = client_.options().adapter});
+                                  .adapter = client_.adapter_name()});
   tensors.push_back(prompts_.slice(h.hop.start, h.hop.end));
   m.tensors = std::move(tensors);
   // A backward recomputes the forward: both grow with the rows.

@@ -103,7 +103,7 @@ caf::error swarm_session::open_hops(std::vector<swarm::route_hop> hops, std::siz
     h.session = id_ + "." + std::to_string(next_session_++);
     span_open o{h.session, max_length_, h.hop.start, h.hop.end, deep_prompts_.defined()};
     if (share) o.share_from = share->hops[j].session, o.share_tokens = share->tokens;
-    o.adapter = client_.options().adapter;
+    o.adapter = client_.adapter_name();
     remote_message open = request_of(span_request::open, encode_body(o));
     if (deep_prompts_.defined()) open.tensors.push_back(deep_prompts_.slice(h.hop.start, h.hop.end).clone());
     auto r = client_.runtime().request(h.hop.server, "span", std::move(open), client_.options().request_timeout);

@@ -203,7 +203,7 @@ caf::expected<spot_opinion> swarm_session::recompute(const std::string& server, 
                                   .first = hop.start,
                                   .last = hop.end,
                                   .with_margins = true,
-                                  .adapter = client_.options().adapter});
+                                  .adapter = client_.adapter_name()});
   m.tensors.push_back(inputs);
   if (deep_prompts_.defined()) m.tensors.push_back(deep_prompts_.slice(hop.start, hop.end).clone());
   const auto timeout = client_.options().request_timeout * (1 + inputs.dim(0) / 256);

@@ -32,6 +32,8 @@ std::vector<std::uint8_t> encode_body(const span_info& v) {
   r.setSharedTokens(v.shared_tokens);
   auto names = r.initAdapters(static_cast<unsigned>(std::min(v.adapters.size(), max_span_adapters)));
   for (unsigned i = 0; i < names.size(); ++i) names.set(i, v.adapters[i]);
+  auto digests = r.initAdapterDigests(static_cast<unsigned>(std::min(v.adapter_digests.size(), max_span_adapters)));
+  for (unsigned i = 0; i < digests.size(); ++i) digests.set(i, v.adapter_digests[i]);
   auto rtts = r.initRtts(static_cast<unsigned>(std::min(v.rtt_ms.size(), net::max_rtt_entries)));
   unsigned i = 0;
   for (const auto& [node, ms] : v.rtt_ms) {
@@ -130,6 +132,10 @@ caf::expected<span_info> decode_span_info(const std::vector<std::uint8_t>& body)
       throw std::invalid_argument(std::to_string(r.getAdapters().size()) + " adapters (at most " +
                                   std::to_string(max_span_adapters) + ")");
     for (auto name : r.getAdapters()) v.adapters.push_back(text(name, "adapter name"));
+    for (auto d : r.getAdapterDigests()) v.adapter_digests.push_back(text(d, "adapter digest"));
+    if (v.adapter_digests.size() != v.adapters.size())
+      throw std::invalid_argument(std::to_string(v.adapters.size()) + " adapters with " +
+                                  std::to_string(v.adapter_digests.size()) + " digests");
     if (r.getRtts().size() > net::max_rtt_entries)
       throw std::invalid_argument(std::to_string(r.getRtts().size()) + " RTT entries (at most " +
                                   std::to_string(net::max_rtt_entries) + ")");

@@ -51,6 +51,8 @@ struct span_info {
   /// The LoRA adapters it serves by name (span_open::adapter; at most
   /// max_span_adapters, each a name of up to 256 bytes), sorted.
   std::vector<std::string> adapters{};
+  /// Their fingerprints (lora_adapter::digest), in the same order.
+  std::vector<std::string> adapter_digests{};
 };
 
 /// The most adapter names a span.info may carry.

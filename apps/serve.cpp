@@ -34,6 +34,7 @@
 #include "apps/serve_memory.hpp"
 #include "apps/serve_peers.hpp"
 #include "apps/serve_adapters.hpp"
+#include "apps/serve_drain.hpp"
 #include "apps/serve_relay.hpp"
 #include "kernels/backend.hpp"
 #include "model/block.hpp"
@@ -176,37 +177,6 @@ std::unique_ptr<net::membership> join_dht(const serve_args& a, std::string& endp
   if (!ep) throw std::runtime_error("cannot join the swarm's DHT: " + error_message(ep.error()));
   endpoint = *ep;
   return members;
-}
-
-/// A graceful shutdown: new sessions are refused while the open ones go on,
-/// until none is left, `timeout` has passed, or another stop signal comes.
-void drain(node& n, const caf::actor& server, const sigset_t& stop_signals, std::chrono::seconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool announced = false;
-  for (;;) {
-    auto open = drain_span_server(n.system(), server);
-    if (!open) {
-      spdlog::warn("serve: draining: {}", error_message(open.error()));
-      return;
-    }
-    if (*open == 0) {
-      if (announced) spdlog::info("serve: every session has ended");
-      return;
-    }
-    if (!announced) {
-      spdlog::info("serve: draining {} open session(s) for at most {} s (signal again to stop now)", *open,
-                   timeout.count());
-      announced = true;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      spdlog::warn("serve: stopping with {} session(s) still open after {} s of draining", *open, timeout.count());
-      return;
-    }
-    if (const char* again = wait_for_stop_signal(stop_signals, std::chrono::milliseconds(100))) {
-      spdlog::warn("serve: {} while draining: stopping with {} session(s) open", again, *open);
-      return;
-    }
-  }
 }
 
 /// --num-blocks: the weakest window of the swarm as the DHT shows it

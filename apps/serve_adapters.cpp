@@ -68,8 +68,8 @@ void hold_adapters(span_engine& engine, const std::vector<served_adapter>& adapt
     if (auto ok = engine.add_adapter(a.name, *a.adapter); !ok)
       throw std::runtime_error("adapter " + a.name + " (" + a.dir + "): " + ok.error().message);
     const lora_config& c = a.adapter->config();
-    spdlog::info("serve: holding adapter {} from {} (rank {}, alpha {}, {}) for blocks [{}, {})", a.name, a.dir,
-                 c.rank, c.alpha, c.targets_text(), engine.first(), engine.last());
+    spdlog::info("serve: holding adapter {}@{} from {} (rank {}, alpha {}, {}) for blocks [{}, {})", a.name,
+                 a.adapter->digest(), a.dir, c.rank, c.alpha, c.targets_text(), engine.first(), engine.last());
   }
 }
 

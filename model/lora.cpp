@@ -2,6 +2,7 @@
 #include "model/lora.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <random>
 #include <set>
@@ -302,13 +303,13 @@ namespace {
 
 /// The role of block_lora that block_layout weight `name` is.
 lora_factors block_lora::*lora_role(const std::string& name) {
-  static const std::map<std::string, lora_factors block_lora::*> roles = {
-      {"q.weight", &block_lora::q},       {"k.weight", &block_lora::k},   {"v.weight", &block_lora::v},
-      {"o.weight", &block_lora::o},       {"gate.weight", &block_lora::gate},
-      {"up.weight", &block_lora::up},     {"down.weight", &block_lora::down}};
-  const auto it = roles.find(name);
-  if (it == roles.end()) throw model_error("LoRA: no linear role for block weight " + name);
-  return it->second;
+  // block_layout's names of lora_roles, in their order.
+  static const char* const names[] = {"q.weight", "k.weight", "v.weight", "o.weight",
+                                      "gate.weight", "up.weight", "down.weight"};
+  static_assert(std::size(names) == std::size(lora_roles));
+  for (std::size_t i = 0; i < std::size(names); ++i)
+    if (name == names[i]) return lora_roles[i];
+  throw model_error("LoRA: no linear role for block weight " + name);
 }
 
 /// `host` copied to be's device.
@@ -341,6 +342,24 @@ span_lora lora_adapter::factors(Backend& be, int first, int n) const {
   return out;
 }
 
+std::string lora_adapter::digest() const {
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a 64
+  const auto mix = [&](const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  mix(&config_.rank, sizeof config_.rank);
+  mix(&config_.alpha, sizeof config_.alpha);
+  const unsigned char rs = config_.rslora ? 1 : 0;
+  mix(&rs, 1);
+  for (const lora_module& m : modules_) mix(m.path.data(), m.path.size() + 1);
+  for (const param_set& p : blocks_) mix(p.flat().raw(), p.flat().nbytes());
+  static const char* const hex = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<std::size_t>(i)] = hex[h & 15];
+  return out;
+}
+
 std::int64_t span_lora::bytes() const {
   std::set<const void*> seen;
   std::int64_t total = 0;
@@ -348,9 +367,9 @@ std::int64_t span_lora::bytes() const {
     if (t.defined() && seen.insert(t.raw()).second) total += static_cast<std::int64_t>(t.nbytes());
   };
   for (const block_lora& b : blocks)
-    for (const lora_factors* f : {&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down}) {
-      count(f->a);
-      count(f->b);
+    for (lora_factors block_lora::*role : lora_roles) {
+      count((b.*role).a);
+      count((b.*role).b);
     }
   return total;
 }

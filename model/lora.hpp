@@ -117,6 +117,11 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   bool fits(const model_config& cfg) const;
   /// Adapter values in all (A and B of every block).
   std::int64_t numel() const;
+  /// A fingerprint of the adapter (16 hex digits: FNV-1a, 64 bits, over its
+  /// rank, alpha, rsLoRA flag, target paths and every value of A and B):
+  /// servers holding the same adapter announce the same one, so a client
+  /// tells apart adapters that share a name. Not a cryptographic hash.
+  std::string digest() const;
   /// The blocks' tensors with gradient buffers (allocated on first call), for
   /// an optimiser.
   std::vector<param_group> groups();

@@ -38,6 +38,11 @@ struct block_lora {
   lora_factors q, k, v, o, gate, up, down;
 };
 
+/// block_lora's roles in block order (q, k, v, o, gate, up, down).
+inline constexpr lora_factors block_lora::*lora_roles[] = {&block_lora::q,  &block_lora::k,    &block_lora::v,
+                                                           &block_lora::o,  &block_lora::gate, &block_lora::up,
+                                                           &block_lora::down};
+
 /// An adapter's factors for a run of consecutive blocks, indexed as the
 /// stage serving them indexes its blocks (0 = its first block).
 struct span_lora {

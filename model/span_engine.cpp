@@ -441,9 +441,10 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
       for (const pending_step& p : pending) staged.slice(p.row, p.row + p.rows).copy_from(items[p.index].hidden);
       // A batch of decode steps (one row each) is the same ops every time:
       // a step graph per batch size (Backend::run_step; repeatable, the
-      // rows copied up again first). The outputs come down after it. A
-      // graph is kept per size only, so batches with adapters (whose
-      // products depend on which rows take which) run unrecorded.
+      // rows copied up again first). The outputs come down after it.
+      // Batches with adapters run unrecorded: their terms' scratch
+      // (block_decode_workspace) grows with the rows and ranks they see,
+      // and a recording must not allocate.
       const bool decode_steps =
           total_rows == static_cast<std::int64_t>(pending.size()) && stage_.steps_recordable() && !adapted;
       auto ops = [&] {
@@ -483,17 +484,21 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
 span_expected<void> span_engine::add_adapter(const std::string& name, const lora_adapter& a) {
   if (name.empty()) return error(span_errc::invalid_argument, "an adapter needs a name");
   if (adapters_.count(name)) return error(span_errc::invalid_argument, "adapter " + in_quotes(name) + " is held already");
+  if (adapters_.size() >= max_adapters)
+    return error(span_errc::invalid_argument,
+                 "a server holds at most " + std::to_string(max_adapters) + " adapters (span.info lists them all)");
   if (!a.fits(config()))
     return error(span_errc::invalid_argument, "adapter " + in_quotes(name) + " was made for another model (" +
                                                   std::to_string(a.n_layers()) + " layers)");
-  adapters_.emplace(name, std::make_shared<const span_lora>(a.factors(stage_.backend(), first(), size())));
+  adapters_.emplace(name, held_adapter{std::make_shared<const span_lora>(a.factors(stage_.backend(), first(), size())),
+                                       a.digest()});
   return {};
 }
 
 span_expected<std::shared_ptr<const span_lora>> span_engine::find_adapter(const std::string& name) const {
   if (name.empty()) return std::shared_ptr<const span_lora>();
   const auto it = adapters_.find(name);
-  if (it != adapters_.end()) return it->second;
+  if (it != adapters_.end()) return it->second.factors;
   std::string held;
   for (const auto& [n, f] : adapters_) held += (held.empty() ? "" : ", ") + n;
   return error(span_errc::unknown_adapter, "this server holds no adapter " + in_quotes(name) +
@@ -504,6 +509,12 @@ std::vector<std::string> span_engine::adapters() const {
   std::vector<std::string> names;
   for (const auto& [name, f] : adapters_) names.push_back(name);
   return names;
+}
+
+std::vector<std::string> span_engine::adapter_digests() const {
+  std::vector<std::string> digests;
+  for (const auto& [name, held] : adapters_) digests.push_back(held.digest);
+  return digests;
 }
 
 // ---- device-resident batches -------------------------------------------------------
@@ -546,7 +557,7 @@ span_expected<void> span_engine::run_prepared(std::span<const batch_step> steps,
     span_session* s = find(step.session_id);
     if (!s) return error(span_errc::unknown_session, "unknown session " + in_quotes(step.session_id));
     sessions.push_back(s);
-    segments.push_back({&s->kv, step.start_position, step.rows});
+    segments.push_back({&s->kv, step.start_position, step.rows, s->lora.get()});  // none: prepare_steps refused them
     total_rows += step.rows;
   }
   if (steps.empty()) return {};

@@ -305,10 +305,14 @@ class span_engine {
   /// factors for this span's blocks are copied to the stage's device
   /// (lora_adapter::factors; the rest of the adapter is not kept). Errors
   /// (invalid_argument): an empty name or one held already, an adapter made
-  /// for another model.
+  /// for another model, more than max_adapters.
   span_expected<void> add_adapter(const std::string& name, const lora_adapter& a);
   /// The names of the adapters held, sorted.
   std::vector<std::string> adapters() const;
+  /// Their fingerprints (lora_adapter::digest), in the order of adapters().
+  std::vector<std::string> adapter_digests() const;
+  /// The most adapters one engine holds (what span.info may list).
+  static constexpr std::size_t max_adapters = 64;
 
   // ---- stateless forward / backward (fine-tuning clients) -------------------------
   /// Forward of `batch` sequences of `seq` tokens (hidden [B*T, D], float,
@@ -383,8 +387,13 @@ class span_engine {
   span_engine_options options_;
   std::shared_ptr<kv_pool> pool_;
   std::unordered_map<std::string, std::unique_ptr<span_session>> sessions_;
-  /// Adapters by name; a session holds its own reference.
-  std::map<std::string, std::shared_ptr<const span_lora>> adapters_;
+  /// Adapters by name: their factors (a session holds its own reference)
+  /// and fingerprints.
+  struct held_adapter {
+    std::shared_ptr<const span_lora> factors;
+    std::string digest;
+  };
+  std::map<std::string, held_adapter> adapters_;
 
   row_buffer step_rows_;   ///< device rows of inference steps and batches
   /// decode_batch's step graphs (Backend::run_step), one per batch size.

@@ -61,10 +61,6 @@ span_expected<void> span_engine::check_forward(const Tensor& hidden, int batch, 
   return {};
 }
 
-namespace {
-
-}  // namespace
-
 /// Frees what a stateless request held (the stage's widened weights on an
 /// inference-only stage, an adapter's merged copies) when it is done,
 /// however it ends.
@@ -81,13 +77,15 @@ const block_tensors& span_engine::request_weights(int i, const span_lora* lora) 
   Backend& be = stage_.backend();
   const block_lora& l = lora->blocks.at(static_cast<std::size_t>(i));
   block_tensors merged = w;
-  const std::pair<Tensor block_tensors::*, const lora_factors*> roles[] = {
-      {&block_tensors::q_w, &l.q},       {&block_tensors::k_w, &l.k},   {&block_tensors::v_w, &l.v},
-      {&block_tensors::o_w, &l.o},       {&block_tensors::gate_w, &l.gate},
-      {&block_tensors::up_w, &l.up},     {&block_tensors::down_w, &l.down}};
-  static_assert(std::size(roles) == std::tuple_size_v<decltype(merged_)>);
-  for (std::size_t k = 0; k < std::size(roles); ++k) {
-    const auto [role, f] = roles[k];
+  // block_tensors' weight of each of lora_roles, in their order.
+  static constexpr Tensor block_tensors::*weights[] = {&block_tensors::q_w,    &block_tensors::k_w,
+                                                       &block_tensors::v_w,    &block_tensors::o_w,
+                                                       &block_tensors::gate_w, &block_tensors::up_w,
+                                                       &block_tensors::down_w};
+  static_assert(std::size(weights) == std::size(lora_roles) && std::size(weights) == std::tuple_size_v<decltype(merged_)>);
+  for (std::size_t k = 0; k < std::size(weights); ++k) {
+    Tensor block_tensors::*role = weights[k];
+    const lora_factors* f = &(l.*lora_roles[k]);
     if (!f->defined()) continue;
     const Tensor& from = w.*role;
     Tensor& to = merged_[k];

@@ -100,6 +100,7 @@ struct SpanInfo {
   sharedTokens @14 :Int64;   # answer to span.open with shareFrom: the tokens the new session
                              # starts with (0: nothing shared; its first step starts there)
   adapters @15 :List(Text);  # names of the LoRA adapters it serves (SpanOpen.adapter); at most 64
+  adapterDigests @16 :List(Text); # their fingerprints (16 hex digits), in the same order
 }
 
 # One measured round-trip time to another node.

@@ -17,6 +17,7 @@
 #include "actors/swarm_client.hpp"
 #include "actors/swarm_generate.hpp"
 #include "model/generator.hpp"
+#include "model/lora.hpp"
 #include "model/transformer.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
 #include "tests/support/process.hpp"
@@ -81,9 +82,15 @@ TEST_CASE("servers holding an adapter generate what the merged model does, acros
 
 TEST_CASE("corolla generate --swarm --adapter NAME prints what corolla generate --adapter DIR prints locally") {
   swarm_model m(architecture::gpt2);
-  const auto dir = m.dir.path() / "style";
+  const auto dir = m.dir.path() / "style", impostor = m.dir.path() / "impostor";
   save_random_adapter(m, dir);
+  testing::random_lora(m.cfg, 8, 0.3f).save(impostor);
+  const std::string digest = lora_adapter::load(dir, m.cfg, cpu_backend()).digest();
+  CHECK(digest != lora_adapter::load(impostor, m.cfg, cpu_backend()).digest());
   swarm_processes sw;
+  // A server holding another adapter under the same name, and the
+  // adapter's own servers: NAME@DIGEST routes around the first.
+  sw.start(m, "s-0-impostor", 0, 4, {"--adapter", "style=" + impostor.string()});
   sw.start(m, "s-a", 0, 3, {"--adapter", "style=" + dir.string()});
   sw.start(m, "s-b", 3, 4, {"--adapter", "style=" + dir.string()});
   std::string list;
@@ -91,7 +98,7 @@ TEST_CASE("corolla generate --swarm --adapter NAME prints what corolla generate 
   const std::vector<std::int32_t> local = printed_ids(generate_cli(m, {"--adapter", dir.string()}));
   REQUIRE(local.size() == static_cast<std::size_t>(m.params.max_new_tokens));
   CHECK(local != m.expected);
-  CHECK(printed_ids(generate_cli(m, {"--swarm", list, "--adapter", "style"})) == local);
+  CHECK(printed_ids(generate_cli(m, {"--swarm", list, "--adapter", "style@" + digest})) == local);
   const auto r = generate_cli(m, {"--swarm", list, "--adapter", "other"});
   CHECK(r.exit_code == 1);
   CHECK(r.err.find("holds no adapter 'other'") != std::string::npos);

@@ -23,7 +23,7 @@
 #include "model/safetensors.hpp"
 #include "model/transformer.hpp"
 #include "tests/support/child_process.hpp"
-#include "tests/support/numeric_checks.hpp"
+#include "tests/support/random_lora.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -135,18 +135,7 @@ inline std::vector<std::int32_t> printed_ids(const testing::process_result& r) {
 /// A PEFT directory `dir` holding a LoRA adapter of every linear module of
 /// m's model, B drawn N(0, 0.3) so that it changes the greedy tokens.
 inline void save_random_adapter(const swarm_model& m, const std::filesystem::path& dir) {
-  lora_config c;
-  c.rank = 4;
-  c.alpha = 8.0f;
-  c.targets = {"all-linear"};
-  lora_adapter a = lora_adapter::init(m.cfg, c, 7, cpu_backend());
-  std::uint64_t seed = 70;
-  for (int l = 0; l < a.n_layers(); ++l)
-    for (const lora_module& mod : a.modules()) {
-      Tensor B = a.block(l).get(mod.path + ".lora_B");
-      B.copy_from(testing::random_tensor(B.shape(), seed++, 0.3f));
-    }
-  a.save(dir, m.dir.path().string());
+  testing::random_lora(m.cfg, 7, 0.3f).save(dir, m.dir.path().string());
 }
 
 /// Local greedy generation of m.prompt with the adapter in `dir` merged as

@@ -19,7 +19,7 @@
 #include "model/transformer.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
-#include "tests/support/numeric_checks.hpp"
+#include "tests/support/random_lora.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -89,15 +89,7 @@ TEST_CASE("emulated device: a server's sessions with adapters, batched with base
     testing::write_tiny_model(dir.path(), o);
     const model_config cfg = load_config(dir.path());
     const checkpoint ck = checkpoint::open(dir.path());
-    lora_config c;
-    c.rank = 3;
-    c.targets = {"all-linear"};
-    lora_adapter a = lora_adapter::init(cfg, c, 5, cpu_backend());
-    for (int l = 0; l < a.n_layers(); ++l)
-      for (const lora_module& m : a.modules()) {
-        Tensor B = a.block(l).get(m.path + ".lora_B");
-        B.copy_from(testing::random_tensor(B.shape(), 50 + static_cast<std::uint64_t>(l), 0.2f));
-      }
+    const lora_adapter a = testing::random_lora(cfg, 5, 0.2f, 3);
     emulated_device_backend dev;
     span_engine_options opts;
     opts.weights = f;
@@ -111,8 +103,11 @@ TEST_CASE("emulated device: a server's sessions with adapters, batched with base
       REQUIRE(e->open_session("base", 32));
     }
     const Tensor prompt = testing::random_tensor({5, D}, 1);
-    CHECK(same_output(on_dev.inference_step("adapted", prompt, 0), on_cpu.inference_step("adapted", prompt, 0)));
-    CHECK(same_output(on_dev.inference_step("base", prompt, 0), on_cpu.inference_step("base", prompt, 0)));
+    const auto adapted = on_dev.inference_step("adapted", prompt, 0), base = on_dev.inference_step("base", prompt, 0);
+    CHECK(same_output(adapted, on_cpu.inference_step("adapted", prompt, 0)));
+    CHECK(same_output(base, on_cpu.inference_step("base", prompt, 0)));
+    REQUIRE((adapted && base));
+    CHECK(adapted->to_vector() != base->to_vector());  // the adapter's terms were added
     for (int t = 0; t < 3; ++t) {
       const Tensor x = testing::random_tensor({1, D}, 10 + static_cast<std::uint64_t>(t));
       const std::vector<decode_item> items = {{"adapted", x, 5 + t, 0}, {"base", x, 5 + t, 0}};

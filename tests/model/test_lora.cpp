@@ -28,6 +28,7 @@
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
 #include "tests/support/numeric_checks.hpp"
+#include "tests/support/random_lora.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -48,16 +49,6 @@ void write_pattern(const fs::path& file) {
   for (int i = 0; i < 64; ++i)
     for (std::uint16_t t : {3, 17, 5, 42, 9, 23, 31, 8}) tokens.push_back(t);
   write_raw_u16(file, tokens);
-}
-
-/// B drawn N(0, 0.2) in every block, so that both gradients are non-zero
-/// and of a size central differences tell apart.
-void randomise_b(lora_adapter& a, std::uint64_t seed) {
-  for (int l = 0; l < a.n_layers(); ++l)
-    for (const lora_module& m : a.modules()) {
-      Tensor B = a.block(l).get(m.path + ".lora_B");
-      B.copy_from(random_tensor(B.shape(), seed++, 0.2f));
-    }
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
