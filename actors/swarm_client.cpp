@@ -6,8 +6,8 @@
 #include "actors/swarm_hop_state.hpp"
 
 #include <algorithm>
-#include <stdexcept>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include <spdlog/spdlog.h>

@@ -24,9 +24,11 @@ void check_name(const std::string& name, const std::string& flag) {
     throw std::invalid_argument("--adapter " + flag + ": a name of " + std::to_string(name.size()) +
                                 " bytes (at most " + std::to_string(max_name_bytes) + ")");
   for (const char c : name)
-    if (static_cast<unsigned char>(c) <= ' ' || c == '=' || c == ',' || c == 0x7f)
+    if (static_cast<unsigned char>(c) <= ' ' || c == '=' || c == ',' || c == '@' || c == 0x7f)
       throw std::invalid_argument("--adapter " + flag + ": the name '" + name +
-                                  "' has a space, control character, '=' or ','");
+                                  "' has a space, control character, '=', ',' or '@' (clients write NAME@DIGEST)");
+  if (name == "." || name == "..")
+    throw std::invalid_argument("--adapter " + flag + ": '" + name + "' is no name: give NAME=DIR");
 }
 
 }  // namespace

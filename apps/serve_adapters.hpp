@@ -27,8 +27,8 @@ struct served_adapter {
 
 /// Each `--adapter NAME=DIR` (or DIR: named by its last path component)
 /// loaded for a model of `cfg`. Throws std::invalid_argument naming the
-/// flag for a bad name (empty, over 128 bytes, with a space, control
-/// character, '=' or ','), a name given twice, more than 64, or an adapter
+/// flag for a bad name (empty, "." or "..", over 128 bytes, with a space,
+/// control character, '=', ',' or '@'), a name given twice, more than 64, or an adapter
 /// that cannot be loaded or was made for another model.
 std::vector<served_adapter> load_served_adapters(const std::vector<std::string>& flags, const model_config& cfg);
 

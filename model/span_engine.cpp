@@ -3,13 +3,13 @@
 // forward/backward for fine-tuning clients is in span_engine_finetune.cpp.
 #include "model/span_engine.hpp"
 
-#include "model/lora.hpp"
-
 #include <algorithm>
 #include <exception>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
+
+#include "model/lora.hpp"
 
 
 namespace corolla {

@@ -8,9 +8,9 @@
 // so d prompt_i = sum over sequences of dL/du_i at those positions, and
 // dL/dx_i = dL/du_i (the addition passes the gradient through).
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <tuple>
-#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>

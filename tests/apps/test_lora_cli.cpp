@@ -176,6 +176,9 @@ TEST_CASE("corolla train, generate and serve refuse adapter flags that cannot ap
        "the adapter needs a name"},
       {{"serve", "--model", base.string(), "--blocks", "0:1", "--no-dht", "--adapter", "my lora=" + (tmp / "a").string()},
        "has a space"},
+      {{"serve", "--model", base.string(), "--blocks", "0:1", "--no-dht", "--adapter", "a@b=" + (tmp / "a").string()},
+       "'@' (clients write NAME@DIGEST)"},
+      {{"serve", "--model", base.string(), "--blocks", "0:1", "--no-dht", "--adapter", "."}, "is no name"},
   };
   for (const bad_case& c : cases) {
     const process_result r = run_corolla(c.args);
