@@ -7,6 +7,14 @@
 
 namespace corolla::app {
 
+stage served_blocks(std::optional<transformer>& model, weight_format weights, Backend& be) {
+  const model_config cfg = model->config();
+  stage blocks = weights == weight_format::f32 ? stage(cfg, 0, model->blocks(), be)
+                                               : stage::inference_of(cfg, 0, model->blocks(), be, weights);
+  if (weights != weight_format::f32) model.reset();
+  return blocks;
+}
+
 Tensor random_rows(std::int64_t n, std::int64_t d, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);

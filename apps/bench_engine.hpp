@@ -5,12 +5,20 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/span_engine.hpp"
+#include "model/stage.hpp"
+#include "model/transformer.hpp"
 
 namespace corolla::app {
+
+/// Every block of `model` as a server of `weights` holds it (`serve
+/// --weights`): the f32 parameters for f32, else their inference copies
+/// alone, `model` then released (its f32 parameters go with it).
+stage served_blocks(std::optional<transformer>& model, weight_format weights, Backend& be);
 
 /// Rows [n, d] of pseudo-random hidden states in [-1, 1) on the host.
 Tensor random_rows(std::int64_t n, std::int64_t d, std::uint64_t seed);

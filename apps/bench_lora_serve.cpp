@@ -9,7 +9,6 @@
 // JSON line.
 #include <algorithm>
 #include <cstdio>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,9 +68,7 @@ int run_lora_serve(const lora_serve_options& o) {
                  static_cast<double>(cfg.parameter_count()) / 1e6, cfg.n_layers, be.name().c_str(),
                  weight_format_name(weights), o.sessions, o.rank, adapters.front().config().targets_text().c_str());
 
-  stage blocks = weights == weight_format::f32 ? stage(cfg, 0, model->blocks(), be)
-                                               : stage::inference_of(cfg, 0, model->blocks(), be, weights);
-  if (weights != weight_format::f32) model.reset();
+  stage blocks = served_blocks(model, weights, be);
   span_engine_options eo;
   eo.weights = weights;
   // Each session holds whole pages of its tokens.

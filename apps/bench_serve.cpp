@@ -252,9 +252,7 @@ int run_serve_bench(serve_bench_options o) {
                  static_cast<long long>(cache.tokens));
   // The server holds what `serve --weights` holds: with other than f32, the
   // inference weights alone (the model's f32 parameters go with it).
-  stage blocks = weights == weight_format::f32 ? stage(cfg, 0, model->blocks(), be)
-                                               : stage::inference_of(cfg, 0, model->blocks(), be, weights);
-  if (weights != weight_format::f32) model.reset();
+  stage blocks = served_blocks(model, weights, be);
   const auto alloc_t0 = clock_type::now();
   auto engine = std::make_shared<span_engine>(std::move(blocks), cache.tokens, eo);
   const double alloc_s = seconds_since(alloc_t0);

@@ -2,8 +2,8 @@
 #include "model/lora.hpp"
 
 #include <algorithm>
-#include <iterator>
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <set>
 #include <system_error>
@@ -358,20 +358,6 @@ std::string lora_adapter::digest() const {
   std::string out(16, '0');
   for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<std::size_t>(i)] = hex[h & 15];
   return out;
-}
-
-std::int64_t span_lora::bytes() const {
-  std::set<const void*> seen;
-  std::int64_t total = 0;
-  const auto count = [&](const Tensor& t) {
-    if (t.defined() && seen.insert(t.raw()).second) total += static_cast<std::int64_t>(t.nbytes());
-  };
-  for (const block_lora& b : blocks)
-    for (lora_factors block_lora::*role : lora_roles) {
-      count((b.*role).a);
-      count((b.*role).b);
-    }
-  return total;
 }
 
 void lora_adapter::apply(const model_config& cfg, int layer, param_set& w) const {

@@ -47,8 +47,6 @@ inline constexpr lora_factors block_lora::*lora_roles[] = {&block_lora::q,  &blo
 /// stage serving them indexes its blocks (0 = its first block).
 struct span_lora {
   std::vector<block_lora> blocks;
-  /// Bytes the factors hold (each tensor once: a shared A counts once).
-  std::int64_t bytes() const;
 };
 
 /// Rows [row, row + rows) of a cached forward's input that take `lora`
