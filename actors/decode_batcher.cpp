@@ -45,7 +45,10 @@ struct step_logits {
 struct open_request {
   std::string session;
   std::vector<std::int32_t> prompt;
-  std::string domain;  ///< its cache domain: it starts on, or waits for, sessions of the same only
+  /// Its cache domain and adapter, as schedule::adapter_domain joins them:
+  /// it starts on, or waits for, sessions of the same only.
+  std::string domain;
+  std::string adapter;  ///< the LoRA adapter its steps take ("": none)
 };
 
 /// The session the generation runs on (its own, or a retained one whose
@@ -253,7 +256,7 @@ void open_generation(batcher_actor* self, open_request r, caf::response_promise 
   }
   // Every session may grow to the whole context: a retained one then
   // serves any later prompt (pages are taken as it grows, whatever the bound).
-  if (auto o = st.engine->open_session(r.session, st.engine->config().max_positions); !o) {
+  if (auto o = st.engine->open_session(r.session, st.engine->config().max_positions, -1, -1, {}, r.adapter); !o) {
     rp.deliver(to_caf(o.error()));
     return;
   }
@@ -485,7 +488,8 @@ Reply ask(caf::scoped_actor& self, const caf::actor& actor, const char* what, Ts
   if (reply) return std::move(*reply);
   const std::string code = error_code(err), message = error_message(err);
   // What the request got wrong is the client's (400); the rest is ours.
-  if (code == "invalid_argument" || code == "bad_position" || code == "cache_full") throw model_error(message);
+  if (code == "invalid_argument" || code == "bad_position" || code == "cache_full" || code == "unknown_adapter")
+    throw model_error(message);
   throw std::runtime_error(std::string("the decode batcher failed to ") + what + ": " + message);
 }
 
@@ -502,6 +506,7 @@ decode_batcher::decode_batcher(caf::actor_system& system, span_engine engine, he
       hc.max_positions != cfg_.max_positions || &h.backend() != &engine.blocks().backend())
     throw std::invalid_argument("decode_batcher: the head is of another model or on another backend than the blocks");
   prefill_chunk_ = std::max(options.prefill_chunk, 1);
+  adapters_ = engine.adapters();
   actor_ = system_.spawn<caf::detached>(batcher, std::make_shared<span_engine>(std::move(engine)),
                                         std::make_shared<head>(std::move(h)), options);
 }
@@ -511,7 +516,14 @@ decode_batcher::~decode_batcher() { stop(); }
 void decode_batcher::stop() { caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown); }
 
 batched_generation decode_batcher::generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                                            const token_callback& on_token, const std::string& cache_domain) {
+                                            const token_callback& on_token, const std::string& cache_domain,
+                                            const std::string& adapter) {
+  if (!adapter.empty() && !std::binary_search(adapters_.begin(), adapters_.end(), adapter)) {
+    std::string held;
+    for (const auto& a : adapters_) held += (held.empty() ? "" : ", ") + a;
+    throw model_error("no adapter '" + adapter + "' is served here" +
+                      (held.empty() ? " (none is)" : " (these are: " + held + ")"));
+  }
   // The session opens with the first step (after generate_tokens has
   // checked the request) and closes however generation ends.
   caf::scoped_actor self{system_};
@@ -538,7 +550,7 @@ batched_generation decode_batcher::generate(std::span<const std::int32_t> prompt
       [&](std::span<const std::int32_t> ids, std::int64_t start) {
         if (guard.id.empty()) {
           open_request o{"g" + std::to_string(next_session_.fetch_add(1)), {prompt.begin(), prompt.end()},
-                         cache_domain};
+                         schedule::adapter_domain(cache_domain, adapter), adapter};
           const open_reply r = ask<open_reply>(self, actor_, "open a session", open_atom::value, std::move(o));
           guard.id = r.session;
           cached = r.cached;

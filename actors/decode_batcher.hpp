@@ -42,6 +42,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
@@ -147,8 +149,16 @@ class decode_batcher {
   /// generations of the same domain only (the API's `cache_salt`: clients
   /// of one domain learn nothing of another's prompts from `cached_tokens`
   /// or timing). "" is a domain too, the default one.
+  /// `adapter`: the name of a LoRA adapter the engine holds
+  /// (span_engine::add_adapter) that every step of the generation takes,
+  /// its terms beside the frozen weights in the same batches as the others'
+  /// ("": none). Caches never cross adapters (schedule::adapter_domain). An
+  /// adapter the engine does not hold: model_error naming those it holds.
   batched_generation generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                              const token_callback& on_token = {}, const std::string& cache_domain = {});
+                              const token_callback& on_token = {}, const std::string& cache_domain = {},
+                              const std::string& adapter = {});
+  /// The adapters the engine holds (span_engine::adapters), sorted.
+  const std::vector<std::string>& adapters() const { return adapters_; }
 
   /// The counters now (asks the actor; waits for the batch it is running).
   decode_batcher_stats stats() const;
@@ -161,6 +171,7 @@ class decode_batcher {
   caf::actor_system& system_;
   caf::actor actor_;
   model_config cfg_;
+  std::vector<std::string> adapters_;
   int prefill_chunk_ = 512;
   std::atomic<std::uint64_t> next_session_{0};
 };

@@ -266,6 +266,9 @@ class swarm_client {
   /// The adapter's name (options().adapter without @DIGEST), what requests
   /// name; "" = the base model.
   const std::string& adapter_name() const { return adapter_name_; }
+  /// Its digest: the one asked for (NAME@DIGEST), else the first server's
+  /// that refresh() met holding it ("" before).
+  const std::string& adapter_digest() const { return adapter_digest_; }
   void event(const std::string& line) const;
 
   /// Spot checks so far (all sessions of this client).

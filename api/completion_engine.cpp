@@ -1,15 +1,19 @@
 #include "api/completion_engine.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <optional>
 #include <stdexcept>
 
 #include <caf/actor_system_config.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/errors.hpp"
 #include "api/openai_request.hpp"
 #include "model/error.hpp"
+#include "schedule/prompt_reuse.hpp"
 
 namespace corolla::api {
 
@@ -97,7 +101,9 @@ class local_engine final : public completion_engine {
   const model_config& config() const override { return cfg_; }
   void check_ready() override {}
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token, const std::string& /*cache_domain*/) override {
+                         const token_callback& on_token, const std::string& /*cache_domain*/,
+                         const std::string& adapter) override {
+    if (!adapter.empty()) throw model_error("no adapter '" + adapter + "' is served here (none is)");
     // (A generator per request shares no cache: every domain is apart.)
     slot_lease slot(pool_);
     generator& g = *generators_[slot.index()];
@@ -140,8 +146,10 @@ std::int64_t contexts_of(const model_config& cfg, int slots, int page_tokens) {
 }
 
 /// The blocks of `model` with `slots` contexts of KV cache (taken as
-/// sessions grow), reading `weights`.
-span_engine local_span_engine(transformer& model, int slots, weight_format weights, dtype kv) {
+/// sessions grow), reading `weights`, holding `adapters` for the sessions
+/// that ask for them.
+span_engine local_span_engine(transformer& model, int slots, weight_format weights, dtype kv,
+                              const std::vector<named_adapter>& adapters) {
   if (!is_float_dtype(kv))
     throw model_error(std::string("the KV cache is f32, bf16 or f16, not ") + dtype_name(kv));
   model.require_decoding_format(weights);
@@ -150,7 +158,10 @@ span_engine local_span_engine(transformer& model, int slots, weight_format weigh
   o.kv_dtype = kv;
   o.cache_allocation = kv_allocation::lazy;
   o.weights = weights;
-  return span_engine(std::move(blocks), contexts_of(model.config(), slots, o.page_tokens), o);
+  span_engine e(std::move(blocks), contexts_of(model.config(), slots, o.page_tokens), o);
+  for (const named_adapter& a : adapters)
+    if (auto ok = e.add_adapter(a.name, *a.adapter); !ok) throw model_error(ok.error().message);
+  return e;
 }
 
 /// The head of `model` reading `weights` (its LM head's inference copy).
@@ -183,21 +194,24 @@ decode_batcher_options batcher_options(int slots, local_decoding decoding) {
 /// The model in this process, its slots' decode steps batched.
 class batched_local_engine final : public completion_engine {
  public:
-  batched_local_engine(transformer& model, int slots, weight_format weights, dtype kv, local_decoding decoding)
+  batched_local_engine(transformer& model, int slots, weight_format weights, dtype kv, local_decoding decoding,
+                       const std::vector<named_adapter>& adapters)
       : cfg_(model.config()),
         pool_(slots),
         system_config_(batcher_system_config()),
         system_(*system_config_),
-        batcher_(system_, local_span_engine(model, pool_.size(), weights, kv), local_head(model, weights),
+        batcher_(system_, local_span_engine(model, pool_.size(), weights, kv, adapters), local_head(model, weights),
                  batcher_options(pool_.size(), decoding)) {}
   const model_config& config() const override { return cfg_; }
   void check_ready() override {}
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token, const std::string& cache_domain) override {
+                         const token_callback& on_token, const std::string& cache_domain,
+                         const std::string& adapter) override {
     slot_lease slot(pool_);
-    batched_generation g = batcher_.generate(prompt, p, on_token, cache_domain);
+    batched_generation g = batcher_.generate(prompt, p, on_token, cache_domain, adapter);
     return {std::move(g.result), 0, g.cached_prompt_tokens};
   }
+  std::vector<std::string> adapters() const override { return batcher_.adapters(); }
   int busy() const override { return pool_.busy(); }
   int slots() const override { return pool_.size(); }
   std::optional<decode_batcher_stats> batching() const override { return batcher_.stats(); }
@@ -213,18 +227,32 @@ class batched_local_engine final : public completion_engine {
 class swarm_engine final : public completion_engine {
  public:
   swarm_engine(node& runtime, swarm_client_options options, head client_head, int slots, weight_format weights,
-               bool share_prefixes)
+               bool share_prefixes, const std::vector<std::string>& adapters)
       : cfg_(client_head.config()),
         pool_(slots),
         shared_head_(std::move(client_head)),
-        probe_(runtime, options),
+        options_(std::move(options)),
+        probe_(runtime, options_),
         runtime_(runtime),
         share_prefixes_(share_prefixes),
         board_(16, std::chrono::seconds(30), share_prefixes ? static_cast<std::size_t>(pool_.size()) : 0) {
+    if (!options_.adapter.empty())
+      throw std::invalid_argument("the swarm engine's requests name their adapters: give '" + options_.adapter +
+                                  "' among the engine's adapters, not as the client's");
+    for (const std::string& spec : adapters) {
+      const auto at = spec.rfind('@');
+      const std::string name = spec.substr(0, at);
+      if (name.empty() || (at != std::string::npos && at + 1 == spec.size()))
+        throw std::invalid_argument("adapter '" + spec + "': give NAME or NAME@DIGEST");
+      if (!adapter_specs_.emplace(name, spec).second)
+        throw std::invalid_argument("adapter '" + name + "' is given twice");
+      adapter_names_.push_back(name);
+    }
+    std::sort(adapter_names_.begin(), adapter_names_.end());
     probe_.expect_shape(cfg_.n_layers, static_cast<int>(cfg_.hidden_size));
     for (int i = 0; i < pool_.size(); ++i) {
-      slots_.push_back(std::make_unique<slot>(slot{head(cfg_, shared_head_.params(), shared_head_.backend()),
-                                                   swarm_client(runtime, options)}));
+      slots_.push_back(std::make_unique<slot>(slot{head(cfg_, shared_head_.params(), shared_head_.backend()), {}}));
+      slots_.back()->clients.emplace("", std::make_unique<swarm_client>(runtime, options_));
       slots_.back()->h.use_inference_weights(weights);
     }
   }
@@ -259,9 +287,17 @@ class swarm_engine final : public completion_engine {
   }
 
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token, const std::string& cache_domain) override {
+                         const token_callback& on_token, const std::string& cache_domain,
+                         const std::string& adapter) override {
+    if (!adapter.empty() && !std::binary_search(adapter_names_.begin(), adapter_names_.end(), adapter)) {
+      std::string held;
+      for (const auto& a : adapter_names_) held += (held.empty() ? "" : ", ") + a;
+      throw model_error("no adapter '" + adapter + "' is served here" +
+                        (held.empty() ? " (none is)" : " (these are: " + held + ")"));
+    }
     slot_lease lease(pool_);
     slot& s = *slots_[lease.index()];
+    swarm_client& client = client_for(s, adapter);
     // The slots' sessions are one node's: a prompt may start on the pages
     // of another running request's session (api/swarm_prefix_board.hpp).
     const std::string id = std::to_string(next_request_++);
@@ -280,7 +316,8 @@ class swarm_engine final : public completion_engine {
       }
     } on_end{*this, id, {}};
     if (share_prefixes_) {
-      sharing.start = board_.enter(id, {prompt.begin(), prompt.end()}, cache_domain);
+      // Pages computed with another adapter (or none) are of no use.
+      sharing.start = board_.enter(id, {prompt.begin(), prompt.end()}, schedule::adapter_domain(cache_domain, adapter));
       sharing.on_prompt = [this, &id, &on_end](swarm_prefix held) {
         // A kept session this one continued whole (a chat's last turn) is
         // of no more use: this one holds all of it.
@@ -296,7 +333,7 @@ class swarm_engine final : public completion_engine {
       };
     }
     try {
-      swarm_generation g = swarm_generate(s.client, s.h, prompt, p, on_token, {}, share_prefixes_ ? &sharing : nullptr);
+      swarm_generation g = swarm_generate(client, s.h, prompt, p, on_token, {}, share_prefixes_ ? &sharing : nullptr);
       return {std::move(g.result), g.failovers, static_cast<int>(g.shared_prompt_tokens)};
     } catch (const model_error&) {
       throw;
@@ -309,15 +346,50 @@ class swarm_engine final : public completion_engine {
   std::optional<prefix_board_stats> prompt_sharing() const override {
     return share_prefixes_ ? std::optional(board_.stats()) : std::nullopt;
   }
+  std::vector<std::string> adapters() const override { return adapter_names_; }
 
  private:
+  /// A slot's head, and its clients by adapter ("": the base model's),
+  /// each made the first time a request of the slot names its adapter
+  /// (routes of one adapter never mix with another's).
   struct slot {
     head h;
-    swarm_client client;
+    std::map<std::string, std::unique_ptr<swarm_client>> clients;
   };
+
+  /// Slot `s`'s client for `adapter` (one of adapter_specs_, or ""). A
+  /// name given without a digest is pinned, for every slot, to the digest
+  /// the first client meets (refreshed here, under the lock), so that all
+  /// requests naming it compute with the same adapter.
+  swarm_client& client_for(slot& s, const std::string& adapter) {
+    if (auto it = s.clients.find(adapter); it != s.clients.end()) return *it->second;
+    swarm_client_options o = options_;
+    std::unique_lock pin(pin_mutex_);
+    o.adapter = adapter_specs_.at(adapter);
+    auto c = std::make_unique<swarm_client>(runtime_, o);
+    if (o.adapter.find('@') == std::string::npos) {
+      // (Not kept when no server answers with it: the next request tries again.)
+      if (auto err = c->refresh())
+        throw api_error(503, "service_unavailable",
+                        "the swarm cannot serve adapter '" + adapter + "' now: " + error_message(err), {},
+                        "swarm_unavailable");
+      if (!c->adapter_digest().empty()) {
+        adapter_specs_[adapter] = adapter + "@" + c->adapter_digest();
+        spdlog::info("api: adapter '{}' is {}", adapter, adapter_specs_[adapter]);
+      }
+    } else {
+      pin.unlock();
+    }
+    return *s.clients.emplace(adapter, std::move(c)).first->second;
+  }
+
   model_config cfg_;
   slot_pool pool_;
   head shared_head_;
+  swarm_client_options options_;
+  std::vector<std::string> adapter_names_;  ///< sorted
+  std::mutex pin_mutex_;
+  std::map<std::string, std::string> adapter_specs_;  ///< name -> NAME or NAME@DIGEST; guarded by pin_mutex_ once serving
   std::mutex probe_mutex_;
   swarm_client probe_;  ///< answers check_ready(), guarded by probe_mutex_
   std::chrono::steady_clock::time_point last_ready_{};  ///< the last route found, guarded by probe_mutex_
@@ -331,16 +403,20 @@ class swarm_engine final : public completion_engine {
 }  // namespace
 
 std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, weight_format weights, dtype kv,
-                                                     local_decoding decoding) {
+                                                     local_decoding decoding, const std::vector<named_adapter>& adapters) {
   if (decoding != local_decoding::per_request)
-    return std::make_unique<batched_local_engine>(model, slots, weights, kv, decoding);
+    return std::make_unique<batched_local_engine>(model, slots, weights, kv, decoding, adapters);
+  if (!adapters.empty())
+    throw model_error("adapters are served by batched decoding (their terms beside the weights in the batcher's "
+                      "batches): drop --batching off, or merge one adapter into the weights (--merge-adapter)");
   return std::make_unique<local_engine>(model, slots, weights, kv);
 }
 
 std::unique_ptr<completion_engine> make_swarm_engine(node& runtime, swarm_client_options options, head client_head,
-                                                     int slots, weight_format weights, bool share_prefixes) {
+                                                     int slots, weight_format weights, bool share_prefixes,
+                                                     const std::vector<std::string>& adapters) {
   return std::make_unique<swarm_engine>(runtime, std::move(options), std::move(client_head), slots, weights,
-                                        share_prefixes);
+                                        share_prefixes, adapters);
 }
 
 }  // namespace corolla::api

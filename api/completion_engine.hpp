@@ -37,6 +37,10 @@
 #include "model/head.hpp"
 #include "model/transformer.hpp"
 
+namespace corolla {
+class lora_adapter;
+}
+
 namespace corolla::api {
 
 /// What one generation reports besides the tokens.
@@ -79,8 +83,15 @@ class completion_engine {
   /// none): requests of different domains share nothing, so `cached_tokens`
   /// and the time to the first token tell neither anything of the other's
   /// prompt.
+  /// `adapter`: one of adapters() that every step computes with, its
+  /// low-rank terms beside the frozen weights ("": the base model);
+  /// requests of different adapters share no cache.
   virtual engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                                 const token_callback& on_token, const std::string& cache_domain) = 0;
+                                 const token_callback& on_token, const std::string& cache_domain,
+                                 const std::string& adapter = {}) = 0;
+  /// The LoRA adapters a request may name (its `model`), sorted; none by
+  /// default.
+  virtual std::vector<std::string> adapters() const { return {}; }
   /// Requests holding a slot now, and the number of slots.
   virtual int busy() const = 0;
   virtual int slots() const = 0;
@@ -107,13 +118,25 @@ enum class local_decoding {
   per_request,  ///< a generator per slot, each on its own HTTP thread
 };
 
+/// A LoRA adapter a local engine serves by name (`corolla api --adapter
+/// NAME=DIR`): requests whose `model` is the name compute with it.
+struct named_adapter {
+  std::string name;
+  std::shared_ptr<const lora_adapter> adapter;  ///< on the host
+};
+
 /// The model in this process (borrowed; it must outlive the engine), with
 /// `weights` / `kv` as generator's and a KV budget of `slots` whole
-/// contexts. Throws model_error for a KV dtype other than f32/bf16/f16, and
-/// as generator's constructor.
+/// contexts. `adapters`: served beside the base model, unmerged (their
+/// terms beside the frozen weights, in the same batches as the base
+/// model's requests: span_engine::add_adapter); batched decoding only.
+/// Throws model_error for a KV dtype other than f32/bf16/f16, adapters with
+/// per-request decoding or refused by the engine (a repeated name, another
+/// model's), and as generator's constructor.
 std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slots, weight_format weights = weight_format::f32,
                                                      dtype kv = dtype::f32,
-                                                     local_decoding decoding = local_decoding::batched);
+                                                     local_decoding decoding = local_decoding::batched,
+                                                     const std::vector<named_adapter>& adapters = {});
 
 /// Through the swarm `options` describe, over `runtime` (borrowed; it and
 /// whatever options.discover reads must outlive the engine). `client_head`
@@ -122,8 +145,16 @@ std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slo
 /// `share_prefixes`, a request's prompt starts on the servers' pages of a
 /// running request's session holding the most of it, or waits for one still
 /// computing a page more of it (api/swarm_prefix_board.hpp).
+/// `adapters`: LoRA adapters the servers hold (`serve --adapter NAME=DIR`)
+/// that requests may name, each NAME or NAME@DIGEST (as
+/// swarm_client_options::adapter); a request's sessions open with its
+/// adapter on servers holding it only. A name without a digest is pinned to
+/// the digest the first server holding it announces, for every later request.
+/// Throws std::invalid_argument for options.adapter set (name adapters
+/// here: requests choose them), a malformed or repeated name.
 std::unique_ptr<completion_engine> make_swarm_engine(node& runtime, swarm_client_options options, head client_head,
                                                      int slots, weight_format weights = weight_format::f32,
-                                                     bool share_prefixes = true);
+                                                     bool share_prefixes = true,
+                                                     const std::vector<std::string>& adapters = {});
 
 }  // namespace corolla::api

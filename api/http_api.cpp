@@ -108,6 +108,8 @@ struct completion_job {
   /// Whose caches its prompt may start on: its key's tenant and its
   /// cache_salt (completion_engine::generate).
   std::string cache_domain;
+  /// The LoRA adapter the request's `model` names ("": the base model).
+  std::string adapter;
 };
 
 /// The cache domain of a request of `tenant` with `salt`: the same for
@@ -224,23 +226,47 @@ struct http_api::impl {
     return metrics.render();
   }
 
-  json model_object() const {
-    return {{"id", config.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "corolla"}};
+  /// The model (`id` the base's), or a LoRA adapter over it (vLLM's shape:
+  /// `parent` names the base).
+  json model_object(const std::string& id) const {
+    json o = {{"id", id}, {"object", "model"}, {"created", created}, {"owned_by", "corolla"}};
+    if (id != config.model_id) o["parent"] = config.model_id;
+    return o;
+  }
+
+  /// The adapter a request's `model` names: "" for the base model, else one
+  /// of the engine's adapters; anything else is 404 naming what is served.
+  std::string adapter_of(const std::string& model) const {
+    if (model == config.model_id) return {};
+    const std::vector<std::string> held = engine.adapters();
+    if (std::binary_search(held.begin(), held.end(), model)) return model;
+    std::string served = "'" + config.model_id + "'";
+    for (std::size_t i = 0; i < held.size() && i < 8; ++i) served += ", '" + held[i] + "'";
+    if (held.size() > 8) served += " and " + std::to_string(held.size() - 8) + " more adapters";
+    throw api_error(404, "invalid_request_error",
+                    "The model '" + model + "' does not exist; this server serves " + served + " (GET /v1/models).",
+                    "model", "model_not_found");
   }
 
   void routes() {
     // Every /v1/ route's key was checked before routing (authorized_before_body).
     server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       guarded(res, "models", [&] {
-        res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
+        json data = json::array({model_object(config.model_id)});
+        for (const auto& a : engine.adapters()) data.push_back(model_object(a));
+        res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
       });
     });
     server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, "models", [&] {
-        if (req.matches[1] != config.model_id)
-          throw api_error(404, "invalid_request_error", "The model '" + req.matches[1].str() + "' does not exist.",
-                          "model", "model_not_found");
-        res.set_content(model_object().dump(), "application/json");
+        const std::string id = req.matches[1].str();
+        if (id != config.model_id) {
+          const std::vector<std::string> held = engine.adapters();
+          if (!std::binary_search(held.begin(), held.end(), id))
+            throw api_error(404, "invalid_request_error", "The model '" + id + "' does not exist.", "model",
+                            "model_not_found");
+        }
+        res.set_content(model_object(id).dump(), "application/json");
       });
     });
     server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
@@ -330,10 +356,7 @@ struct http_api::impl {
     const completion_request& r = job->request;
     // (The key was checked on the headers already: this only names its tenant.)
     job->cache_domain = cache_domain_of(authorize(req), r.cache_salt);
-    if (r.model != config.model_id)
-      throw api_error(404, "invalid_request_error",
-                      "The model '" + r.model + "' does not exist; this server serves '" + config.model_id + "'.",
-                      "model", "model_not_found");
+    job->adapter = adapter_of(r.model);
     const model_config& cfg = engine.config();
     // Text is encoded whole before its tokens are counted: text that cannot
     // fit the context however it encodes is refused before that work (a
@@ -404,7 +427,7 @@ struct http_api::impl {
     job->header = {random_id(to == endpoint::completions ? "cmpl-" : "chatcmpl-"),
                    std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
                        .count(),
-                   config.model_id, to, job->request.include_usage};
+                   r.model, to, job->request.include_usage};
     return job;
   }
 
@@ -431,7 +454,7 @@ struct http_api::impl {
       const std::string piece = stops.push(text.push(id));
       if (!piece.empty()) emit(piece);
     };
-    engine_result r = engine.generate(job.prompt, p, on_token, job.cache_domain);
+    engine_result r = engine.generate(job.prompt, p, on_token, job.cache_domain, job.adapter);
     if (!disconnected) {
       std::string tail = stops.push(text.flush());
       tail += stops.finish();

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -23,9 +25,11 @@
 #include "apps/http_serving.hpp"
 #include "apps/model_load.hpp"
 #include "apps/node_flags.hpp"
+#include "apps/serve_adapters.hpp"
 #include "apps/swarm_flags.hpp"
 #include "kernels/backend.hpp"
 #include "model/error.hpp"
+#include "model/lora.hpp"
 #include "model/safetensors.hpp"
 #include "model/whole_file.hpp"
 #include "model/tokenizer.hpp"
@@ -52,7 +56,11 @@ struct api_args {
   std::string device = "auto";
   std::string weights = "f32";
   std::string kv_dtype = "f32";
-  std::string adapter;  ///< --adapter: a LoRA adapter merged as the weights load (--local)
+  /// --adapter (repeatable): LoRA adapters requests name as their model:
+  /// NAME=DIR (or DIR) loaded here with --local, NAME[@DIGEST] the servers
+  /// hold with --swarm.
+  std::vector<std::string> adapters;
+  std::string merge_adapter;  ///< --merge-adapter DIR: merged into the weights as they load (--local)
   int threads = 0;
   std::string log_level = "warn";
 };
@@ -108,22 +116,46 @@ int run_api(const api_args& a) {
   swarm_connection swarm;
   std::unique_ptr<api::completion_engine> engine;
   std::optional<api::swarm_watch> watch;
+  const std::string model_id = model_id_of(a.model);
   if (a.local) {
+    if (!a.adapters.empty() && a.batching != "on")
+      throw std::invalid_argument("--adapter serves adapters beside the base model in the batcher's batches: drop "
+                                  "--batching off, or merge one into the weights (--merge-adapter DIR)");
+    // Loaded (and checked) before the model: a bad flag costs no load.
+    std::vector<api::named_adapter> served;
+    for (served_adapter& s : load_served_adapters(a.adapters, cfg)) {
+      if (s.name == model_id)
+        throw std::invalid_argument("--adapter " + s.name + "=" + s.dir + ": the name is the model's own id (requests " +
+                                    "naming it get the base model): give the adapter another name");
+      spdlog::info("api: serving adapter {}@{} from {}", s.name, s.adapter->digest(), s.dir);
+      served.push_back({s.name, s.adapter});
+    }
     Backend& be = backend_for(parse_device(a.device));
-    model.emplace(load_for_decoding(a.model, be, weights, "api", a.adapter));
+    model.emplace(load_for_decoding(a.model, be, weights, "api", a.merge_adapter));
     engine = api::make_local_engine(*model, a.parallel, weights, parse_kv_dtype_flag(a.kv_dtype),
                                     a.batching != "on"          ? api::local_decoding::per_request
                                     : a.isolate_requests        ? api::local_decoding::batched_isolated
                                     : a.prefix_sharing == "on" ? api::local_decoding::batched
-                                                               : api::local_decoding::batched_unshared);
+                                                               : api::local_decoding::batched_unshared,
+                                    served);
   } else {
+    if (!a.merge_adapter.empty())
+      throw std::invalid_argument("--merge-adapter is for --local: with --swarm the servers hold the weights (name "
+                                  "an adapter they hold with --adapter NAME)");
+    for (const std::string& spec : a.adapters)
+      if (spec.find('=') != std::string::npos || spec.find('/') != std::string::npos)
+        throw std::invalid_argument("--adapter " + spec +
+                                    ": with --swarm give the NAME (or NAME@DIGEST) of an adapter the servers hold "
+                                    "(serve --adapter NAME=DIR), not a directory");
+      else if (spec.substr(0, spec.rfind('@')) == model_id)
+        throw std::invalid_argument("--adapter " + spec + ": the name is the model's own id (requests naming it get "
+                                    "the base model)");
     const device where = a.device == "auto" ? device{} : parse_device(a.device);
     if (where.kind != device_kind::cpu)
       throw std::invalid_argument("--device " + a.device +
                                   ": with --swarm the API's head runs on the cpu; the servers' --device places the blocks");
     Backend& be = backend_for(where);
     swarm = connect_swarm(a.swarm, a.model, cfg.n_layers);
-    swarm.options.adapter = a.adapter;  // a name the servers announce (serve --adapter NAME=DIR)
     // The API only embeds and samples: one thread each, unless told
     // otherwise (as generate --swarm): every request runs on its own HTTP
     // thread, and a team of OpenMP threads per HTTP thread would crowd out
@@ -131,7 +163,7 @@ int run_api(const api_args& a) {
     if (a.threads == 0) set_cpu_threads(1);
     head h = head::load(checkpoint::open(a.model), cfg, be);
     engine = api::make_swarm_engine(*swarm.runtime, swarm.options, std::move(h), a.parallel, weights,
-                                    a.prefix_sharing == "on" && !a.isolate_requests);
+                                    a.prefix_sharing == "on" && !a.isolate_requests, a.adapters);
     // The dashboard reads the servers' DHT records (with a list of servers
     // and no DHT it shows only the failovers).
     watch.emplace(model_id_of_swarm(a.swarm, a.model), cfg.n_layers,
@@ -141,7 +173,7 @@ int run_api(const api_args& a) {
   }
 
   api::api_config config;
-  config.model_id = model_id_of(a.model);
+  config.model_id = model_id;
   config.keys = std::move(keys);
   config.http_threads = std::max(a.http_threads, a.parallel + 2);
   config.request_read_limit = std::chrono::seconds(a.request_read_timeout_s);
@@ -225,10 +257,15 @@ void register_api(CLI::App& app, action_fn& action) {
   cmd->add_option("--weights", a->weights, "Linear weights decode reads: f32, bf16, int8 or nf4 (with --swarm: the LM head, int8 for nf4)")
       ->capture_default_str();
   cmd->add_option("--kv-dtype", a->kv_dtype, "KV cache elements with --local: f32, bf16 or f16")->capture_default_str();
-  cmd->add_option("--adapter", a->adapter,
-                  "With --local: a LoRA adapter (a PEFT directory) merged into the weights as they load. With "
-                  "--swarm: the NAME of an adapter servers hold (serve --adapter NAME=DIR), which every request's "
-                  "sessions take");
+  cmd->add_option("--adapter", a->adapters,
+                  "A LoRA adapter served beside the base model, repeatable: requests whose model is its NAME compute "
+                  "with it (GET /v1/models lists them). With --local: NAME=DIR (a PEFT directory; DIR alone is named "
+                  "by its last component), its terms beside the frozen weights, unmerged, in the same batches as "
+                  "other requests. With --swarm: NAME or NAME@DIGEST of an adapter servers hold (serve --adapter "
+                  "NAME=DIR)");
+  cmd->add_option("--merge-adapter", a->merge_adapter,
+                  "With --local: a LoRA adapter (a PEFT directory) merged into the weights as they load: every "
+                  "request computes with it, at no cost per token");
   cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")
       ->check(integer_between(0, max_cpu_threads))
       ->capture_default_str();

@@ -1,7 +1,8 @@
 // apps/serve_adapters.hpp — the LoRA adapters `corolla serve --adapter`
 // holds for its sessions (Petals' servers' --adapters): parsed and loaded
 // before the server joins the swarm, then handed to each engine it serves
-// with (the first, and the one a move loads).
+// with (the first, and the one a move loads). `corolla api --local
+// --adapter` loads its adapters with the same rules.
 #pragma once
 
 #include <memory>

@@ -530,10 +530,10 @@ std::vector<span_expected<void>> span_engine::prepare_steps(std::span<const batc
       continue;
     }
     span_session* s = *member;
-    if (s->from != 0 || s->to != size() || s->prefix() > 0 || s->lora) {
+    if (s->from != 0 || s->to != size() || s->prefix() > 0) {
       results.emplace_back(error(span_errc::invalid_argument,
                                  "session " + in_quotes(s->id) +
-                                     " holds part of the span, deep prompts or an adapter: a device-resident batch "
+                                     " holds part of the span or deep prompts: a device-resident batch "
                                      "takes sessions of the whole span without them"));
       continue;
     }
@@ -553,25 +553,34 @@ span_expected<void> span_engine::run_prepared(std::span<const batch_step> steps,
   std::vector<span_session*> sessions;
   std::vector<cached_rows> segments;
   std::int64_t total_rows = 0;
+  bool adapted = false;
   for (const batch_step& step : steps) {
     span_session* s = find(step.session_id);
     if (!s) return error(span_errc::unknown_session, "unknown session " + in_quotes(step.session_id));
     sessions.push_back(s);
-    segments.push_back({&s->kv, step.start_position, step.rows, s->lora.get()});  // none: prepare_steps refused them
+    segments.push_back({&s->kv, step.start_position, step.rows, s->lora.get()});
+    adapted = adapted || s->lora;
     total_rows += step.rows;
   }
   if (steps.empty()) return {};
   Backend& be = stage_.backend();
   try {
     Tensor& x = step_rows_.rows(be, total_rows);
-    be.run_step(rec, [&] {
+    auto ops = [&] {
       fill(x);
       if (segments.size() == 1)
-        stage_.forward_cached(x, *segments[0].kv, segments[0].start_pos, x);
+        stage_.forward_cached(x, *segments[0].kv, segments[0].start_pos, x, 0, -1, segments[0].lora);
       else
         stage_.forward_cached_batch(x, segments, x);
       use(x);
-    });
+    };
+    // A batch with an adapter runs unrecorded, as in decode_batch: the
+    // terms' scratch grows with the rows and ranks it sees, and a
+    // recording must not allocate.
+    if (adapted)
+      ops();
+    else
+      be.run_step(rec, ops);
   } catch (const std::exception& e) {
     for (std::size_t i = 0; i < steps.size(); ++i) fail_step(*sessions[i], steps[i].start_position);
     return error(span_errc::internal, std::string("span computation failed: ") + e.what());

@@ -282,9 +282,8 @@ class span_engine {
 
   // ---- device-resident batches (the in-process decode batcher) -----------------
   /// The first half of a batch whose rows never leave the device: validates
-  /// each step (an open session of the whole span without deep prompts or
-  /// an adapter, once
-  /// per call, rows >= 1, positions as inference_step checks them) and
+  /// each step (an open session of the whole span without deep prompts,
+  /// once per call, rows >= 1, positions as inference_step checks them) and
   /// reserves its KV pages. An item's error is its own; nothing is computed.
   std::vector<span_expected<void>> prepare_steps(std::span<const batch_step> steps);
   /// The second half, for steps prepare_steps accepted (nothing in between):
@@ -294,7 +293,9 @@ class span_engine {
   /// them in place (one step alone: the single-sequence path), and `use(x)`
   /// queues what reads the outputs (an LM head). Neither may read back to
   /// the host, and both must be repeatable (run_step may run them twice).
-  /// No output is kept for retries. On failure every step's cache is cut
+  /// A session's adapter adds its terms to its own rows; a batch holding
+  /// one runs unrecorded (as decode_batch's). No output is kept for
+  /// retries. On failure every step's cache is cut
   /// back to its start and the error (internal) is returned.
   span_expected<void> run_prepared(std::span<const batch_step> steps, std::unique_ptr<step_recording>& rec,
                                    const std::function<void(Tensor&)>& fill,

@@ -41,6 +41,15 @@ session_filter same_domain(const Domains& domains, const std::string& domain) {
   };
 }
 
+/// The domain whose caches a generation of cache domain `domain` computing
+/// with LoRA adapter `adapter` ("": none) may start on: the same salt and
+/// the same adapter (keys and values an adapter computed are of no use to
+/// another, and a server refuses to share them: span_engine::share_prefix).
+/// Length-prefixed, so no salt spells another adapter's domain.
+inline std::string adapter_domain(const std::string& domain, const std::string& adapter) {
+  return std::to_string(adapter.size()) + ":" + adapter + domain;
+}
+
 /// How a new generation's prompt starts.
 struct prompt_start {
   enum class how {

@@ -20,6 +20,7 @@
 #include "tests/api/raw_http.hpp"
 #include "tests/api/prometheus_text.hpp"
 #include "tests/support/cli_expect.hpp"
+#include "tests/support/random_lora.hpp"
 
 using namespace corolla;
 using namespace corolla::swarm_test;
@@ -154,8 +155,11 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   // Isolated: the same chat twice, and the second continues no cache (it
   // would continue the first's otherwise: tests/api/test_http_api.cpp).
   // The metrics also on a listener of their own, named on the line.
+  // And a LoRA adapter served beside the base model (--adapter NAME=DIR).
+  const auto style = dir.path() / "style";
+  testing::random_lora(transformer::load(dir.path(), cpu_backend()).config(), 3, 0.4f).save(style, model);
   auto [api, port] = start_api(model, {"--local", "--api-key", "k", "--isolate-requests", "--metrics-listen",
-                                       "127.0.0.1:0"});
+                                       "127.0.0.1:0", "--adapter", "style=" + style.string()});
   std::string ready;  // the readiness line
   for (const std::string& l : api.lines())
     if (l.find(" listening on ") != std::string::npos) ready = l;
@@ -174,6 +178,19 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
     const json r = json::parse(res->body);
     CHECK(r["choices"][0]["message"]["role"] == "assistant");
     CHECK(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+  }
+  {
+    auto listed = c.Get("/v1/models", {{"Authorization", "Bearer k"}});
+    REQUIRE(listed);
+    const json data = json::parse(listed->body)["data"];
+    REQUIRE(data.size() == 2u);
+    CHECK(data[1]["id"] == "style");
+    CHECK(data[1]["parent"] == dir.path().filename().string());
+    auto res = c.Post("/v1/completions", {{"Authorization", "Bearer k"}},
+                      json{{"model", "style"}, {"prompt", "the cat"}, {"max_tokens", 4}}.dump(), "application/json");
+    REQUIRE(res);
+    CHECK(res->status == 200);
+    CHECK(json::parse(res->body)["model"] == "style");
   }
   httplib::Client m("127.0.0.1", std::stoi(metrics_at[1].str()));
   auto scraped = m.Get("/metrics");
@@ -214,6 +231,15 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
     CHECK(r.err.find("--request-read-timeout-s") != std::string::npos);
   }
   testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--batching", "off"}), "--batching off is for --local");
+  testing::check_one_error(error_of({"--local", "--batching", "off", "--adapter", style.string()}),
+                           "--adapter serves adapters beside the base model in the batcher's batches");
+  testing::check_one_error(error_of({"--local", "--adapter", dir.path().filename().string() + "=" + style.string()}),
+                           "the name is the model's own id");
+  testing::check_one_error(error_of({"--local", "--adapter", "x=" + (dir.path() / "none").string()}), "--adapter x=");
+  testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--adapter", "style=" + style.string()}),
+                           "with --swarm give the NAME (or NAME@DIGEST) of an adapter the servers hold");
+  testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--merge-adapter", style.string()}),
+                           "--merge-adapter is for --local");
   testing::check_one_error(error_of({"--local", "--batching", "off", "--prefix-sharing", "off"}),
                            "--prefix-sharing off is for --local with batching on");
   {

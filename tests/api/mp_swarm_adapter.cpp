@@ -1,37 +1,71 @@
-// The API's swarm engine with a LoRA adapter the servers hold (`corolla api
-// --swarm --adapter NAME`), over real `corolla serve` processes on
-// 127.0.0.1: concurrent requests, sharing their prompt's pages among
-// themselves, answer what local generation with the adapter merged answers.
+// The API's swarm engine with LoRA adapters the servers hold (`corolla api
+// --swarm --adapter NAME ...`), over real `corolla serve` processes on
+// 127.0.0.1: concurrent requests of two adapters and of the base model,
+// those of one adapter sharing their prompt's pages among themselves, each
+// answer what local generation with its adapter merged answers.
 #include <doctest/doctest.h>
 
 #include <future>
+#include <string>
 #include <vector>
 
 #include "actors/corolla.hpp"
 #include "api/completion_engine.hpp"
+#include "api/openai_request.hpp"
+#include "model/error.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
+#include "tests/support/random_lora.hpp"
 
 namespace corolla {
 using namespace swarm_test;
 
-TEST_CASE("swarm API requests with an adapter answer what local generation with it merged answers") {
+TEST_CASE("swarm API requests name their adapters, and each answers what local generation with it merged answers") {
   swarm_model m(architecture::llama);
-  const auto dir = m.dir.path() / "style";
-  save_random_adapter(m, dir);
-  const std::vector<std::int32_t> want = merged_tokens(m, dir);
-  REQUIRE(want != m.expected);
+  const auto style = m.dir.path() / "style", other = m.dir.path() / "other";
+  save_random_adapter(m, style);
+  testing::random_lora(m.cfg, 8, 0.3f).save(other, m.dir.path().string());
+  const std::vector<std::int32_t> want_style = merged_tokens(m, style), want_other = merged_tokens(m, other);
+  REQUIRE(want_style != m.expected);
+  REQUIRE(want_other != m.expected);
+  REQUIRE(want_style != want_other);
   swarm_processes sw;
-  sw.start(m, "s-a", 0, 2, {"--adapter", "style=" + dir.string()});
-  sw.start(m, "s-b", 2, 4, {"--adapter", "style=" + dir.string()});
+  for (const auto& [name, first, last] : {std::tuple{"s-a", 0, 2}, std::tuple{"s-b", 2, 4}})
+    sw.start(m, name, first, last, {"--adapter", "style=" + style.string(), "--adapter", "other=" + other.string()});
   auto n = client_node();
   swarm_client_options o;
   o.servers = sw.list();
-  o.adapter = "style";
-  auto engine = api::make_swarm_engine(*n, o, load_head(m), 3, weight_format::f32, true);
+  auto engine = api::make_swarm_engine(*n, o, load_head(m), 4, weight_format::f32, true, {"style", "other"});
+  CHECK(engine->adapters() == std::vector<std::string>{"other", "style"});
+  const std::vector<std::string> which = {"style", "", "other", "style"};
   std::vector<std::future<api::engine_result>> running;
-  for (int r = 0; r < 3; ++r)
-    running.push_back(std::async(std::launch::async, [&] { return engine->generate(m.prompt, m.params, {}, {}); }));
-  for (auto& f : running) CHECK(f.get().result.tokens == want);
+  for (const auto& adapter : which)
+    running.push_back(std::async(std::launch::async, [&, adapter] {
+      return engine->generate(m.prompt, m.params, {}, {}, adapter);
+    }));
+  for (std::size_t i = 0; i < which.size(); ++i) {
+    CAPTURE(which[i]);
+    CHECK(running[i].get().result.tokens ==
+          (which[i] == "style" ? want_style : which[i] == "other" ? want_other : m.expected));
+  }
+  // Again, one at a time: a request may start on a finished one's pages of
+  // its own adapter only.
+  for (const std::string adapter : {"other", "", "style"})
+    CHECK(engine->generate(m.prompt, m.params, {}, {}, adapter).result.tokens ==
+          (adapter == "style" ? want_style : adapter == "other" ? want_other : m.expected));
+  CHECK_THROWS_WITH_AS(engine->generate(m.prompt, m.params, {}, {}, "absent"),
+                       "no adapter 'absent' is served here (these are: other, style)", model_error);
+
+  // An adapter no server holds: the request fails naming it (503 over HTTP).
+  auto missing = api::make_swarm_engine(*n, o, load_head(m), 1, weight_format::f32, true, {"absent"});
+  CHECK_THROWS_WITH_AS(missing->generate(m.prompt, m.params, {}, {}, "absent"),
+                       doctest::Contains("holds no adapter 'absent'"), api::api_error);
+  // The engine's requests choose adapters: none set on the client.
+  swarm_client_options fixed = o;
+  fixed.adapter = "style";
+  CHECK_THROWS_AS(api::make_swarm_engine(*n, fixed, load_head(m), 1, weight_format::f32, true),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(api::make_swarm_engine(*n, o, load_head(m), 1, weight_format::f32, true, {"style", "style@0"}),
+                  std::invalid_argument);
 }
 
 }  // namespace corolla

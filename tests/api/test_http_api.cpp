@@ -135,14 +135,15 @@ class slow_engine final : public completion_engine {
   const model_config& config() const override { return inner_.config(); }
   void check_ready() override { inner_.check_ready(); }
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token, const std::string& cache_domain) override {
+                         const token_callback& on_token, const std::string& cache_domain,
+                         const std::string& adapter) override {
     return inner_.generate(
         prompt, p,
         [&](std::int32_t id) {
           std::this_thread::sleep_for(per_token_);
           on_token(id);
         },
-        cache_domain);
+        cache_domain, adapter);
   }
   int busy() const override { return inner_.busy(); }
   int slots() const override { return inner_.slots(); }
@@ -161,10 +162,11 @@ class held_engine final : public completion_engine {
   const model_config& config() const override { return inner_.config(); }
   void check_ready() override { inner_.check_ready(); }
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
-                         const token_callback& on_token, const std::string& cache_domain) override {
+                         const token_callback& on_token, const std::string& cache_domain,
+                         const std::string& adapter) override {
     ++entered_;
     released_.wait();
-    return inner_.generate(prompt, p, on_token, cache_domain);
+    return inner_.generate(prompt, p, on_token, cache_domain, adapter);
   }
   int busy() const override { return inner_.busy(); }
   int slots() const override { return inner_.slots(); }
@@ -182,7 +184,7 @@ class broken_engine final : public completion_engine {
   const model_config& config() const override { return inner_.config(); }
   void check_ready() override {}
   engine_result generate(std::span<const std::int32_t>, const generation_params&, const token_callback&,
-                         const std::string&) override {
+                         const std::string&, const std::string&) override {
     throw std::logic_error("something impossible happened");
   }
   int busy() const override { return 0; }

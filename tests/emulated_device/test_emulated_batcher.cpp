@@ -11,6 +11,8 @@
 
 #include <atomic>
 #include <future>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -20,10 +22,12 @@
 #include "api/completion_engine.hpp"
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
+#include "model/lora.hpp"
 #include "model/transformer.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
 #include "tests/support/batcher_start.hpp"
+#include "tests/support/random_lora.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -75,6 +79,56 @@ TEST_CASE("emulated device: concurrent generations through the decode batcher ge
   // Batches of decode steps ran as recorded steps, none failed (a host read
   // inside would have).
   CHECK(dev.stats().recorded_steps.load() > 0);
+  CHECK(dev.stats().failed_steps.load() == 0);
+}
+
+TEST_CASE("emulated device: the decode batcher's adapted generations beside base ones generate the cpu's merged tokens") {
+  // Adapted sessions in the device-resident batches (their terms on their
+  // own rows; such batches run unrecorded).
+  testing::temp_dir_guard dir("emulated-batcher-lora");
+  testing::write_tiny_model(dir.path(), testing::tiny_options_for(architecture::llama, 96));
+  emulated_device_backend dev;
+  transformer on_cpu = transformer::load(dir.path(), cpu_backend());
+  auto adapter = std::make_shared<const lora_adapter>(testing::random_lora(on_cpu.config(), 9, 0.4f));
+  transformer merged = transformer::load(dir.path(), cpu_backend(), {}, adapter);
+  transformer on_dev = transformer::load(dir.path(), dev);
+  const int vocab = on_cpu.config().vocab_size;
+  generation_params p;
+  p.max_new_tokens = 12;
+  p.ignore_eos = true;
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<std::vector<std::int32_t>> want;
+  const std::vector<std::string> which = {"a", "", "a", ""};
+  generator base_gen(on_cpu), adapted_gen(merged);
+  for (std::size_t i = 0; i < which.size(); ++i) {
+    prompts.push_back(some_ids(4 + static_cast<int>(i) * 2, vocab, 20 + i));
+    want.push_back((which[i].empty() ? base_gen : adapted_gen).generate(prompts.back(), p).tokens);
+  }
+  CHECK(want[0] != base_gen.generate(prompts[0], p).tokens);
+  caf::actor_system_config config;
+  caf::actor_system system{config};
+  span_engine_options o;
+  o.cache_allocation = kv_allocation::lazy;
+  span_engine e(on_dev.decoding_stage(), 4 * 96, o);
+  REQUIRE(e.add_adapter("a", *adapter));
+  swarm::gathering_policy patient;
+  patient.wait_fraction = 1e6;
+  patient.max_wait = std::chrono::seconds(5);
+  decode_batcher b(system, std::move(e), head(on_dev.config(), on_dev.head(), dev), {patient});
+  CHECK(b.adapters() == std::vector<std::string>{"a"});
+  std::vector<std::future<std::vector<std::int32_t>>> runs;
+  const token_callback hold = testing::hold_until_opened(b, prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    runs.push_back(std::async(std::launch::async, [&, i, hold] {
+      return b.generate(prompts[i], p, hold, {}, which[i]).result.tokens;
+    }));
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(runs[i].get() == want[i]);
+  }
+  const decode_batcher_stats s = b.stats();
+  CHECK(s.max_batch == 4);
+  CHECK(s.step_errors == 0);
   CHECK(dev.stats().failed_steps.load() == 0);
 }
 

@@ -249,9 +249,62 @@ TEST_CASE("adapters a server does not hold, or that cannot mix, are clear errors
   auto shared = e.share_prefix("adapted-too", "adapted", 4);
   REQUIRE(shared);
   CHECK(*shared == 4);
-  // A device-resident batch takes no adapter's session.
-  const batch_step step{"adapted", 4, 1};
-  auto prepared = e.prepare_steps(std::span<const batch_step>(&step, 1));
-  REQUIRE(prepared.size() == 1u);
-  CHECK(error_of(prepared[0]).find("an adapter") != std::string::npos);
+}
+
+TEST_CASE("device-resident batches (the in-process batcher's) take adapted sessions beside base ones") {
+  // prepare_steps / run_prepared, as actors/decode_batcher.cpp runs them:
+  // one session alone (the single-sequence path) and three together, of
+  // two adapters and none, prompts and decode steps in one batch, each
+  // equal to the merged model's own steps.
+  for (const weight_format f : {weight_format::f32, weight_format::bf16}) {
+    CAPTURE(std::string(weight_format_name(f)));
+    model_dir m(llama_opts(2));
+    const std::int64_t D = m.cfg.hidden_size;
+    auto a = random_adapter(m.cfg, 5), b = random_adapter(m.cfg, 6);
+    span_engine_options opts;
+    opts.weights = f;
+    span_engine e = m.engine(0, 2, 4096, opts);
+    REQUIRE(e.add_adapter("a", *a));
+    REQUIRE(e.add_adapter("b", *b));
+    span_engine ref_a = served_reference(m, f, a.get(), 0, 2), ref_b = served_reference(m, f, b.get(), 0, 2),
+                ref_base = served_reference(m, f, nullptr, 0, 2);
+    REQUIRE(e.open_session("sa", 64, -1, -1, {}, "a"));
+    REQUIRE(e.open_session("sb", 64, -1, -1, {}, "b"));
+    REQUIRE(e.open_session("base", 64));
+    for (span_engine* r : {&ref_a, &ref_b, &ref_base}) REQUIRE(r->open_session("s", 64));
+    Backend& be = cpu_backend();
+    std::unique_ptr<step_recording> rec;
+
+    // "sa" alone: a prompt of 3.
+    const Tensor pa = random_tensor({3, D}, 21);
+    const std::vector<batch_step> alone = {{"sa", 0, 3}};
+    for (const auto& r : e.prepare_steps(alone)) REQUIRE(r);
+    Tensor out_a = Tensor::empty({3, D});
+    REQUIRE(e.run_prepared(alone, rec, [&](Tensor& x) { be.copy(pa, x); }, [&](const Tensor& x) { be.copy(x, out_a); }));
+    const Tensor want_a = *ref_a.inference_step("s", pa, 0);
+    CHECK(max_rel_diff(out_a, want_a) < 1e-4);
+    CHECK(max_rel_diff(out_a, *ref_base.inference_step("s", pa, 0)) > 1e-2);  // the adapter tells
+    REQUIRE(ref_base.close_session("s"));
+    REQUIRE(ref_base.open_session("s", 64));
+
+    // Together: "sa" decodes a row, "sb" a prompt of 2, "base" a prompt of 4.
+    const Tensor xa = random_tensor({1, D}, 22), pb = random_tensor({2, D}, 23), pc = random_tensor({4, D}, 24);
+    const std::vector<batch_step> three = {{"sa", 3, 1}, {"sb", 0, 2}, {"base", 0, 4}};
+    for (const auto& r : e.prepare_steps(three)) REQUIRE(r);
+    Tensor out = Tensor::empty({7, D});
+    REQUIRE(e.run_prepared(
+        three, rec,
+        [&](Tensor& x) {
+          Tensor r0 = x.slice(0, 1), r1 = x.slice(1, 3), r2 = x.slice(3, 7);
+          be.copy(xa, r0);
+          be.copy(pb, r1);
+          be.copy(pc, r2);
+        },
+        [&](const Tensor& x) { be.copy(x, out); }));
+    CHECK(max_rel_diff(out.slice(0, 1), *ref_a.inference_step("s", xa, 3)) < 1e-4);
+    CHECK(max_rel_diff(out.slice(1, 3), *ref_b.inference_step("s", pb, 0)) < 1e-4);
+    CHECK(max_rel_diff(out.slice(3, 7), *ref_base.inference_step("s", pc, 0)) < 1e-4);
+    CHECK(*e.session_length("sa") == 4);
+    CHECK(*e.session_length("sb") == 2);
+  }
 }

@@ -1,0 +1,199 @@
+// LoRA adapters served per request by the local engine (`corolla api --local
+// --adapter NAME=DIR`, vLLM's --lora-modules): requests of the base model
+// and of two adapters generate together in the batcher's batches and each
+// equals local generation with its adapter merged; caches never cross
+// adapters; a request's `model` names its adapter over HTTP, and
+// /v1/models lists them.
+#include <doctest/doctest.h>
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/completion_engine.hpp"
+#include "api/http_api.hpp"
+#include "kernels/backend.hpp"
+#include "model/error.hpp"
+#include "model/generator.hpp"
+#include "model/lora.hpp"
+#include "tests/api/api_test_util.hpp"
+#include "tests/support/random_lora.hpp"
+
+using namespace corolla;
+using namespace corolla::api;
+using json = nlohmann::json;
+
+namespace {
+
+/// A tiny chat model and two adapters of it, with the greedy tokens each
+/// (and the base) generates after `prompt` in this process.
+struct adapted_model {
+  testing::temp_dir_guard dir{"api-adapters"};
+  testing::tiny_model_options opts = write_chat_model(dir.path());
+  transformer model = transformer::load(dir.path(), cpu_backend());
+  std::shared_ptr<const lora_adapter> a = std::make_shared<lora_adapter>(testing::random_lora(model.config(), 3, 0.4f));
+  std::shared_ptr<const lora_adapter> b = std::make_shared<lora_adapter>(testing::random_lora(model.config(), 4, 0.4f));
+  std::vector<std::int32_t> prompt{5, 17, 9, 33, 2, 40, 11};
+  generation_params params = [] {
+    generation_params p;
+    p.max_new_tokens = 8;
+    p.ignore_eos = true;
+    return p;
+  }();
+
+  /// Greedy tokens with `adapter` (null: none) merged as the model loads.
+  std::vector<std::int32_t> merged(const std::shared_ptr<const lora_adapter>& adapter) const {
+    transformer m = transformer::load(dir.path(), cpu_backend(), {}, adapter);
+    generator g(m);
+    return g.generate(prompt, params).tokens;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a local engine's requests of two adapters and of none, batched together, equal each merged model") {
+  adapted_model m;
+  const auto want_base = m.merged(nullptr), want_a = m.merged(m.a), want_b = m.merged(m.b);
+  REQUIRE(want_a != want_base);
+  REQUIRE(want_b != want_base);
+  REQUIRE(want_a != want_b);
+  auto engine = make_local_engine(m.model, 4, weight_format::f32, dtype::f32, local_decoding::batched,
+                                  {{"b", m.b}, {"a", m.a}});
+  CHECK(engine->adapters() == std::vector<std::string>{"a", "b"});
+
+  // Together (two of "a": their pages shared within the adapter only).
+  const std::vector<std::string> which = {"a", "", "b", "a"};
+  std::vector<std::future<engine_result>> running;
+  for (const auto& adapter : which)
+    running.push_back(std::async(std::launch::async, [&, adapter] {
+      return engine->generate(m.prompt, m.params, {}, {}, adapter);
+    }));
+  for (std::size_t i = 0; i < which.size(); ++i) {
+    CAPTURE(which[i]);
+    CHECK(running[i].get().result.tokens == (which[i] == "a" ? want_a : which[i] == "b" ? want_b : want_base));
+  }
+  const auto stats = engine->batching();
+  REQUIRE(stats);
+  CHECK(stats->max_batch >= 2);  // some steps of different adapters ran in one batch
+}
+
+TEST_CASE("a local engine's caches never cross adapters") {
+  adapted_model m;
+  const auto want_base = m.merged(nullptr), want_a = m.merged(m.a), want_b = m.merged(m.b);
+  auto engine = make_local_engine(m.model, 3, weight_format::f32, dtype::f32, local_decoding::batched,
+                                  {{"a", m.a}, {"b", m.b}});
+  // One after another: each finished request's cache is kept (three, one
+  // per slot) for a later prompt that starts the same way, of its own
+  // adapter only.
+  engine_result r = engine->generate(m.prompt, m.params, {}, {}, "a");
+  CHECK(r.result.tokens == want_a);
+  CHECK(r.cached_tokens == 0);
+  r = engine->generate(m.prompt, m.params, {}, {}, "b");
+  CHECK(r.result.tokens == want_b);
+  CHECK(r.cached_tokens == 0);
+  r = engine->generate(m.prompt, m.params, {}, {}, "");
+  CHECK(r.result.tokens == want_base);
+  CHECK(r.cached_tokens == 0);
+  r = engine->generate(m.prompt, m.params, {}, {}, "a");
+  CHECK(r.result.tokens == want_a);
+  CHECK(r.cached_tokens == static_cast<int>(m.prompt.size()) - 1);
+  r = engine->generate(m.prompt, m.params, {}, {}, "b");
+  CHECK(r.result.tokens == want_b);
+  CHECK(r.cached_tokens == static_cast<int>(m.prompt.size()) - 1);
+
+  // Refusals: an adapter not served; adapters with a generator per
+  // request; an adapter of another model; a name given twice.
+  CHECK_THROWS_WITH_AS(engine->generate(m.prompt, m.params, {}, {}, "c"),
+                       "no adapter 'c' is served here (these are: a, b)", model_error);
+  CHECK_THROWS_WITH_AS(
+      make_local_engine(m.model, 2, weight_format::f32, dtype::f32, local_decoding::per_request, {{"a", m.a}}),
+      doctest::Contains("adapters are served by batched decoding"), model_error);
+  testing::tiny_model_options deeper = m.opts;
+  deeper.layers = m.opts.layers + 1;
+  testing::temp_dir_guard other("api-adapters-other");
+  testing::write_tiny_model(other.path(), deeper);
+  const model_config other_cfg = transformer::load(other.path(), cpu_backend()).config();
+  auto wrong = std::make_shared<const lora_adapter>(testing::random_lora(other_cfg, 5));
+  CHECK_THROWS_WITH_AS(make_local_engine(m.model, 2, weight_format::f32, dtype::f32, local_decoding::batched,
+                                         {{"w", wrong}}),
+                       doctest::Contains("was made for another model"), model_error);
+  CHECK_THROWS_WITH_AS(make_local_engine(m.model, 2, weight_format::f32, dtype::f32, local_decoding::batched,
+                                         {{"a", m.a}, {"a", m.b}}),
+                       doctest::Contains("held already"), model_error);
+}
+
+TEST_CASE("over HTTP a request's model names its adapter, and /v1/models lists the adapters under the base") {
+  adapted_model m;
+  const auto want_base = m.merged(nullptr), want_a = m.merged(m.a);
+  auto engine =
+      make_local_engine(m.model, 2, weight_format::f32, dtype::f32, local_decoding::batched, {{"style", m.a}});
+  auto tok = load_tokenizer(m.dir.path());
+  api_config c;
+  c.model_id = "tiny";
+  http_api server(*engine, *tok, chat_template::for_model(m.dir.path()), "", c);
+  const int port = server.bind("127.0.0.1", 0);
+  std::thread serving([&] { server.run(); });
+  struct stop_at_end {
+    http_api& s;
+    std::thread& t;
+    ~stop_at_end() {
+      s.stop();
+      t.join();
+    }
+  } stopper{server, serving};
+  httplib::Client h("127.0.0.1", port);
+  h.set_read_timeout(60, 0);
+
+  auto models = h.Get("/v1/models");
+  REQUIRE(models);
+  const json listed = json::parse(models->body)["data"];
+  REQUIRE(listed.size() == 2u);
+  CHECK(listed[0]["id"] == "tiny");
+  CHECK_FALSE(listed[0].contains("parent"));
+  CHECK(listed[1]["id"] == "style");
+  CHECK(listed[1]["parent"] == "tiny");
+  auto one = h.Get("/v1/models/style");
+  REQUIRE(one);
+  CHECK(one->status == 200);
+  CHECK(json::parse(one->body)["parent"] == "tiny");
+  CHECK(h.Get("/v1/models/styles")->status == 404);
+
+  const auto complete = [&](const std::string& model) {
+    auto res = h.Post("/v1/completions", json{{"model", model}, {"prompt", m.prompt}, {"max_tokens", 8},
+                                              {"temperature", 0}, {"ignore_eos", true}}
+                                             .dump(),
+                      "application/json");
+    REQUIRE(res);
+    return std::make_pair(res->status, json::parse(res->body));
+  };
+  // The text leaves out end-of-sequence ids (generation goes on past them).
+  const auto text_of = [&](std::vector<std::int32_t> ids) {
+    const model_config& cfg = m.model.config();
+    std::erase_if(ids, [&](std::int32_t id) {
+      return id == cfg.eos_token_id || id == tok->eos_id() ||
+             std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), id) != cfg.eos_token_ids.end();
+    });
+    return tok->decode(ids);
+  };
+  const auto [status_a, body_a] = complete("style");
+  CHECK(status_a == 200);
+  CHECK(body_a["model"] == "style");
+  CHECK(body_a["choices"][0]["text"] == text_of(want_a));
+  const auto [status_base, body_base] = complete("tiny");
+  CHECK(status_base == 200);
+  CHECK(body_base["model"] == "tiny");
+  CHECK(body_base["choices"][0]["text"] == text_of(want_base));
+  CHECK(text_of(want_a) != text_of(want_base));
+  const auto [status_none, body_none] = complete("nope");
+  CHECK(status_none == 404);
+  CHECK(body_none["error"]["code"] == "model_not_found");
+  CHECK(body_none["error"]["message"] ==
+        "The model 'nope' does not exist; this server serves 'tiny', 'style' (GET /v1/models).");
+}
