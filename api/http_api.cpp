@@ -71,6 +71,8 @@ constexpr const char* kBatchMax = "corolla_api_batch_max";
 constexpr const char* kKvPages = "corolla_api_kv_pages";
 constexpr const char* kKvSharedPages = "corolla_api_kv_shared_pages";
 constexpr const char* kCachedPromptTokens = "corolla_api_prompt_tokens_cached_total";
+constexpr const char* kAdapterRequests = "corolla_api_adapter_requests_total";
+constexpr const char* kAdapterTokens = "corolla_api_adapter_completion_tokens_total";
 
 void declare_metrics(metrics_registry& m) {
   using k = metrics_registry::kind;
@@ -85,6 +87,8 @@ void declare_metrics(metrics_registry& m) {
   m.declare(kCachedPromptTokens, k::counter,
             "Prompt tokens another request's cache held (continued or shared; not computed again).");
   m.declare(kCompletionTokens, k::counter, "Tokens generated.");
+  m.declare(kAdapterRequests, k::counter, "Completion requests run with a LoRA adapter (their model), by adapter.");
+  m.declare(kAdapterTokens, k::counter, "Tokens generated with a LoRA adapter, by adapter.");
   m.declare(kInFlight, k::gauge, "Completion requests being answered (running or waiting for a slot).");
   m.declare(kSlotsBusy, k::gauge, "Engine slots generating now.");
   m.declare(kSlots, k::gauge, "Engine slots (requests generated at once).");
@@ -468,6 +472,10 @@ struct http_api::impl {
     metrics.add(kPromptTokens, {}, out.counts.prompt_tokens);
     metrics.add(kCachedPromptTokens, {}, out.counts.cached_tokens);
     metrics.add(kCompletionTokens, {}, out.counts.completion_tokens);
+    if (!job.adapter.empty()) {  // (at most 64 adapters: the label's values are bounded)
+      metrics.add(kAdapterRequests, {{"adapter", job.adapter}});
+      metrics.add(kAdapterTokens, {{"adapter", job.adapter}}, out.counts.completion_tokens);
+    }
     if (r.failovers > 0) {
       metrics.add(kFailovers, {}, r.failovers);
       if (config.swarm)

@@ -79,19 +79,29 @@ TEST_CASE("corolla api over a swarm answers as corolla generate does, through a 
   REQUIRE(local.out.size() > 1);
   const std::string want = local.out.substr(0, local.out.size() - 1);  // generate ends the text with a newline
 
+  // A LoRA adapter every server holds, and what local generation with it
+  // merged prints.
+  const auto style = m.dir.path() / "style";
+  testing::random_lora(load_config(m.dir.path()), 3, 0.4f).save(style, model);
+  const auto local_style = testing::run_corolla({"generate", "--model", model, "--prompt", prompt, "--max-new-tokens",
+                                                 std::to_string(max_tokens), "--adapter", style.string()},
+                                                60s);
+  REQUIRE_MESSAGE(local_style.exit_code == 0, local_style.err);
+  REQUIRE(local_style.out != local.out);
+
   // Each span held twice; every server's messages take 30 ms, so a
   // generation lasts long enough to lose a server in the middle of it.
   swarm_processes sw;
   for (const auto& [id, a, b] : std::vector<std::tuple<std::string, int, int>>{
            {"s-a", 0, 2}, {"s-c", 0, 2}, {"s-b", 2, 4}, {"s-d", 2, 4}})
-    sw.start(m, id, a, b, {"--link-profile", "lat=30ms"});
+    sw.start(m, id, a, b, {"--link-profile", "lat=30ms", "--adapter", "style=" + style.string()});
   const auto through_swarm = testing::run_corolla({"generate", "--model", model, "--prompt", prompt, "--max-new-tokens",
                                                    std::to_string(max_tokens), "--swarm", join(sw.list())},
                                                   60s);
   REQUIRE_MESSAGE(through_swarm.exit_code == 0, through_swarm.err);
   CHECK(through_swarm.out == local.out);
 
-  auto [api, port] = start_api(model, {"--swarm", join(sw.list())});
+  auto [api, port] = start_api(model, {"--swarm", join(sw.list()), "--adapter", "style"});
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
   const json body = {{"model", m.dir.path().filename().string()},
@@ -143,6 +153,16 @@ TEST_CASE("corolla api over a swarm answers as corolla generate does, through a 
   CHECK(samples.at("corolla_api_failovers_total") >= 1);
   MESSAGE("killed " << victim << " at chunk 3 of " << chunks << "; failovers "
                     << samples.at("corolla_api_failovers_total"));
+
+  // A request naming the adapter (api --swarm --adapter style), through the
+  // servers left: what generate --adapter prints locally.
+  json adapted = body;
+  adapted["model"] = "style";
+  auto styled = c.Post("/v1/completions", adapted.dump(), "application/json");
+  REQUIRE(styled);
+  REQUIRE_MESSAGE(styled->status == 200, styled->body);
+  CHECK(json::parse(styled->body)["model"] == "style");
+  CHECK(json::parse(styled->body)["choices"][0]["text"] == local_style.out.substr(0, local_style.out.size() - 1));
 
   api.signal(SIGTERM);
   CHECK(api.wait(10s) == 0);

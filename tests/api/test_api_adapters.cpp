@@ -191,6 +191,9 @@ TEST_CASE("over HTTP a request's model names its adapter, and /v1/models lists t
   CHECK(body_base["model"] == "tiny");
   CHECK(body_base["choices"][0]["text"] == text_of(want_base));
   CHECK(text_of(want_a) != text_of(want_base));
+  const std::string scraped = server.metrics_text();
+  CHECK(scraped.find("corolla_api_adapter_requests_total{adapter=\"style\"} 1") != std::string::npos);
+  CHECK(scraped.find("corolla_api_adapter_completion_tokens_total{adapter=\"style\"} 8") != std::string::npos);
   const auto [status_none, body_none] = complete("nope");
   CHECK(status_none == 404);
   CHECK(body_none["error"]["code"] == "model_not_found");
