@@ -399,6 +399,16 @@ void register_bench_api(CLI::App* bench, action_fn& action) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   turns->excludes(local);
+  cmd->add_option("--adapters", o.adapters,
+                  "With --local: also the batcher serving this many LoRA adapters (api --adapter), the clients' "
+                  "requests naming them in turn, against the base model's requests")
+      ->needs(local)
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  cmd->add_option("--adapter-rank", o.adapter_rank, "With --adapters: their rank (every linear weight adapted)")
+      ->needs(local)
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   cmd->add_flag("--json", o.json_only, "Print only the JSON result line");
   cmd->callback([&action] { action = [] { return o.local ? run_bench_api_local(o) : run_bench_api(o); }; });
 }

@@ -107,7 +107,8 @@ void pool(load_result& into, const load_result& r) {
 
 /// `clients` streaming requests at once through the HTTP API.
 load_result run_http(int port, const std::string& model_id, const std::vector<std::vector<std::int32_t>>& prompts,
-                     int clients, int new_tokens, const std::string& salt_prefix) {
+                     int clients, int new_tokens, const std::string& salt_prefix,
+                     const std::vector<std::string>& models) {
   load_result r = load_result::for_clients(clients);
   std::vector<int> counts(static_cast<std::size_t>(clients));
   const auto t0 = bench_clock::now();
@@ -118,7 +119,8 @@ load_result run_http(int port, const std::string& model_id, const std::vector<st
       httplib::Client c("127.0.0.1", port);
       c.set_read_timeout(300, 0);
       c.set_tcp_nodelay(true);  // the body must not wait for the ACK of the headers
-      json body = {{"model", model_id},         {"prompt", prompts[u % prompts.size()]},
+      json body = {{"model", models.empty() ? model_id : models[u % models.size()]},
+                   {"prompt", prompts[u % prompts.size()]},
                    {"max_tokens", new_tokens},  {"temperature", 0},
                    {"ignore_eos", true},        {"stream", true},
                    {"stream_options", {{"include_usage", true}}}};

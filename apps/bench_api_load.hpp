@@ -30,6 +30,10 @@ struct api_bench_options {
   std::string weights = "f32";  ///< with local
   int shared_prefix = 0;        ///< tokens every prompt starts with (then: also without shared pages)
   int turns = 1;                ///< swarm: > 1 adds conversations of that many turns per level
+  /// local: > 0 adds the batcher serving that many LoRA adapters, the
+  /// clients' requests naming them in turn
+  int adapters = 0;
+  int adapter_rank = 8;         ///< their rank (all linear weights adapted)
   bool json_only = false;
 };
 
@@ -83,8 +87,11 @@ std::vector<std::vector<std::int32_t>> prompts_after(const std::vector<std::int3
 /// `clients` streaming greedy requests at once through the HTTP API on
 /// 127.0.0.1:`port` (request i gets prompts[i % size], `new_tokens` tokens,
 /// end of sequence ignored). With a `salt_prefix`, client i sends the
-/// cache_salt `salt_prefix` + i (its caches apart from the others').
+/// cache_salt `salt_prefix` + i (its caches apart from the others'). With
+/// `models`, client i names models[i % size] instead of `model_id` (LoRA
+/// adapters served beside it).
 load_result run_http(int port, const std::string& model_id, const std::vector<std::vector<std::int32_t>>& prompts,
-                     int clients, int new_tokens, const std::string& salt_prefix = {});
+                     int clients, int new_tokens, const std::string& salt_prefix = {},
+                     const std::vector<std::string>& models = {});
 
 }  // namespace corolla::app

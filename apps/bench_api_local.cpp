@@ -12,11 +12,16 @@
 //    requests' caches spared (retained caches continued, or pages shared;
 //    every prompt is its own after --shared-prefix tokens they all share:
 //    a system prompt);
-//  * greedy text must be the same every way.
+//  * greedy text must be the same every way;
+//  * with --adapters N, also the batcher holding N LoRA adapters (api
+//    --adapter; B zero, so their terms cost what any adapter's do and
+//    change no text) whose clients name them in turn: the cost of serving
+//    adapters unmerged beside the base model.
 // Rounds rotate which engine goes first; all serve from the same weights
 // (one model in memory).
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -32,6 +37,7 @@
 #include "apps/commands.hpp"
 #include "apps/model_load.hpp"
 #include "kernels/backend.hpp"
+#include "model/lora.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
 
@@ -122,6 +128,26 @@ int run_bench_api_local(const api_bench_options& o) {
     salted = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::batched);
     salted_server = std::make_unique<bench_server>(*salted, *tok, model_id, slots);
   }
+  // With --adapters, the batcher holding them (a fresh adapter's B is
+  // zero: its terms cost what any adapter's do, and the text stays the
+  // base model's).
+  std::unique_ptr<api::completion_engine> adapted;
+  std::unique_ptr<bench_server> adapted_server;
+  std::vector<std::string> adapter_names;
+  if (o.adapters > 0) {
+    lora_config lc;
+    lc.rank = o.adapter_rank;
+    lc.alpha = 2.0f * static_cast<float>(o.adapter_rank);
+    lc.targets = {"all-linear"};
+    std::vector<api::named_adapter> held;
+    for (int i = 0; i < o.adapters; ++i) {
+      adapter_names.push_back("adapter-" + std::to_string(i));
+      held.push_back({adapter_names.back(), std::make_shared<const lora_adapter>(lora_adapter::init(
+                                                  cfg, lc, o.seed + 100 + static_cast<std::uint64_t>(i), cpu_backend()))});
+    }
+    adapted = api::make_local_engine(model, slots, weights, dtype::f32, api::local_decoding::batched, held);
+    adapted_server = std::make_unique<bench_server>(*adapted, *tok, model_id, slots);
+  }
   std::vector<int> ports{batched_server.port(), per_request_server.port()};
   if (unshared_too) {
     ports.push_back(unshared_server->port());
@@ -129,9 +155,13 @@ int run_bench_api_local(const api_bench_options& o) {
     ports.push_back(salted_server->port());
   }
   constexpr std::size_t kSaltedWay = 4;
+  const std::size_t adapted_way = ports.size();
+  if (adapted) ports.push_back(adapted_server->port());
 
   // Warm-up: the first connection, buffers, the inference copies.
-  for (int port : ports) run_http(port, model_id, fresh_prompts(1), 1, 2);
+  for (std::size_t way = 0; way < ports.size(); ++way)
+    run_http(ports[way], model_id, fresh_prompts(1), 1, 2, {},
+             way == adapted_way ? adapter_names : std::vector<std::string>{});
 
   json levels = json::array();
   bool equal = true;
@@ -155,7 +185,8 @@ int run_bench_api_local(const api_bench_options& o) {
       std::vector<load_result> got(ports.size());
       for (std::size_t k = 0; k < ports.size(); ++k) {
         const std::size_t way = (k + static_cast<std::size_t>(round)) % ports.size();
-        got[way] = run_http(ports[way], model_id, prompts, c, o.new_tokens, way == kSaltedWay ? "client-" : "");
+        got[way] = run_http(ports[way], model_id, prompts, c, o.new_tokens, way == kSaltedWay ? "client-" : "",
+                            way == adapted_way ? adapter_names : std::vector<std::string>{});
       }
       for (std::size_t way = 0; way < ports.size(); ++way) {
         same = same && got[way].texts == got[0].texts;
@@ -193,6 +224,7 @@ int run_bench_api_local(const api_bench_options& o) {
         row("isolated", pooled[3], "");
         row("salted", pooled[kSaltedWay], "");
       }
+      if (adapted) row("adapters", pooled[adapted_way], "");
       row("per-request", p, "");
       std::printf("%8s  batched / per-request tokens/s: %.2fx; prompt tokens from other requests' caches: %llu of %d "
                   "(%llu on shared pages; %llu requests waited for a prefix)\n",
@@ -237,6 +269,15 @@ int run_bench_api_local(const api_bench_options& o) {
                     "shorter (p50)\n",
                     "", s.tokens_per_s, s.first_text_p50);
     }
+    if (adapted) {
+      // The requests naming adapters against the base model's, batched both.
+      const way_ratios w = compare_ways(pooled[adapted_way], b);
+      level["adapters"] = pooled[adapted_way].to_json(c * o.rounds);
+      level["adapters_to_batched_tokens_per_s"] = w.tokens_per_s;
+      if (!o.json_only)
+        std::printf("%8s  %d adapter(s) of rank %d against the base model, batched both: %.2fx tokens/s\n", "",
+                    o.adapters, o.adapter_rank, w.tokens_per_s);
+    }
     levels.push_back(level);
   }
   const json out = {{"bench", "api_local"},
@@ -248,6 +289,8 @@ int run_bench_api_local(const api_bench_options& o) {
                     {"shared_prefix", o.shared_prefix},
                     {"new_tokens", o.new_tokens},
                     {"rounds", o.rounds},
+                    {"adapters", o.adapters},
+                    {"adapter_rank", o.adapter_rank},
                     {"levels", levels},
                     {"same_text", equal},
                     {"step_graph_counts", step_graph_report()}};

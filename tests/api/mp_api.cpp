@@ -373,7 +373,7 @@ TEST_CASE("corolla bench api --local compares batched decoding with a generator 
   api::write_chat_model(dir.path());
   const auto r = testing::run_corolla({"bench", "api", "--local", "--model", dir.path().string(), "--clients", "1,3",
                                        "--new-tokens", "6", "--rounds", "2", "--device", "cpu", "--shared-prefix", "8",
-                                       "--json"},
+                                       "--adapters", "2", "--adapter-rank", "4", "--json"},
                                       120s);
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   const json j = testing::last_json_line(r.out);
@@ -401,7 +401,11 @@ TEST_CASE("corolla bench api --local compares batched decoding with a generator 
     CHECK(level["salted"]["failed"] == 0);
     CHECK(level["batched_to_salted_tokens_per_s"].get<double>() > 0);
     CHECK(level["salted_to_isolated_tokens_per_s"].get<double>() > 0);
+    // And two adapters (zero B: the same text, same_text above).
+    CHECK(level["adapters"]["failed"] == 0);
+    CHECK(level["adapters_to_batched_tokens_per_s"].get<double>() > 0);
   }
+  CHECK(j["adapters"] == 2);
   CHECK(j["levels"][0]["batched"]["mean_batch"].get<double>() == 1.0);  // one client: batches of one
   // The second round's prompt continues from the first's cache: at least
   // the 8 shared tokens were not computed again.
