@@ -111,10 +111,14 @@ struct batcher_state {
   std::vector<waiting_open> waiting;
   /// Finished generations kept for their caches, the most recent first.
   std::list<std::string> retained;
-  /// The cache domain of each open session, retained ones included
-  /// (decode_batcher::generate's cache_domain; "" too). A session without
-  /// one is started on by nobody.
+  /// The cache domain of each open session, retained ones included: its
+  /// generation's cache_domain ("" too) and adapter, joined by
+  /// schedule::adapter_domain. A session without one is started on by
+  /// nobody.
   std::unordered_map<std::string, std::string> domains;
+  /// The engine holds adapters: a batch's steps are ordered by domain, so
+  /// the rows of one adapter lie side by side (one pair of products each).
+  bool adapters = false;
   std::size_t retain_limit = 0;
   bool share_prefixes = true;  ///< decode_batcher_options::share_prefixes
   decode_batcher_stats stats;
@@ -307,6 +311,17 @@ void run_batch(batcher_actor* self) {
   std::vector<std::string> sessions;
   std::vector<queued_step> batch = st.queue.take(sessions);
   st.queued_rows = 0;
+  // Domains begin with their adapter's name (length-prefixed): in their
+  // order, each adapter's steps are adjacent.
+  if (st.adapters) {
+    const auto domain_of = [&st](const queued_step& q) -> const std::string& {
+      static const std::string none;
+      const auto it = st.domains.find(q.step.session);
+      return it == st.domains.end() ? none : it->second;
+    };
+    std::stable_sort(batch.begin(), batch.end(),
+                     [&](const queued_step& a, const queued_step& b) { return domain_of(a) < domain_of(b); });
+  }
   const auto t0 = clock_type::now();
   std::int64_t rows = 0;
   std::vector<batch_step> steps;
@@ -415,6 +430,7 @@ caf::behavior batcher(batcher_actor* self, std::shared_ptr<span_engine> engine, 
   st.max_rows = std::max<std::int64_t>(options.max_batch_rows, 1);
   st.retain_limit = static_cast<std::size_t>(std::max(options.retained_sessions, 0));
   st.share_prefixes = options.share_prefixes;
+  st.adapters = !st.engine->adapters().empty();
   st.rows = row_buffer(st.engine->config().hidden_size);
   st.logits = row_buffer(st.engine->config().vocab_size);
   // Whatever ends the actor, no generation waits for ever on a queued step

@@ -72,11 +72,19 @@ swarm_client::swarm_client(node& n, swarm_client_options options)
       n_blocks_(options_.n_blocks),
       hidden_size_(options_.hidden_size) {
   for (const auto& e : options_.servers) servers_.push_back(server_from_entry(e));
-  const auto at = options_.adapter.rfind('@');
-  adapter_name_ = at == std::string::npos ? options_.adapter : options_.adapter.substr(0, at);
-  if (at != std::string::npos) adapter_digest_ = options_.adapter.substr(at + 1);
-  if (!options_.adapter.empty() && (adapter_name_.empty() || (at != std::string::npos && adapter_digest_.empty())))
-    throw std::invalid_argument("adapter '" + options_.adapter + "': give NAME or NAME@DIGEST");
+  if (!options_.adapter.empty()) {
+    adapter_ref a = adapter_ref::parse(options_.adapter);
+    adapter_name_ = std::move(a.name);
+    adapter_digest_ = std::move(a.digest);
+  }
+}
+
+adapter_ref adapter_ref::parse(const std::string& spec) {
+  const auto at = spec.rfind('@');
+  adapter_ref a{spec.substr(0, at), at == std::string::npos ? std::string() : spec.substr(at + 1)};
+  if (a.name.empty() || (at != std::string::npos && a.digest.empty()))
+    throw std::invalid_argument("adapter '" + spec + "': give NAME or NAME@DIGEST");
+  return a;
 }
 
 void swarm_client::event(const std::string& line) const {
@@ -168,6 +176,7 @@ caf::error swarm_client::refresh() {
                " weights, not " + options_.weights);
       continue;
     }
+    std::string pin;  // the adapter's digest this server would fix, once it passed every check
     if (!adapter_name_.empty()) {
       const auto it = std::find(info->adapters.begin(), info->adapters.end(), adapter_name_);
       if (it == info->adapters.end()) {
@@ -180,8 +189,7 @@ caf::error swarm_client::refresh() {
       }
       const std::string& digest = info->adapter_digests[static_cast<std::size_t>(it - info->adapters.begin())];
       if (adapter_digest_.empty()) {
-        adapter_digest_ = digest;  // the first server's, kept: one adapter per client
-        spdlog::info("swarm: adapter '{}' is {}@{} (from {})", adapter_name_, adapter_name_, digest, s.endpoint);
+        pin = digest;  // the first usable server's, kept (below): one adapter per client
       } else if (digest != adapter_digest_) {
         unusable("holds another adapter named '" + adapter_name_ + "' (" + adapter_name_ + "@" + digest + ", not @" +
                  adapter_digest_ + ")");
@@ -206,6 +214,10 @@ caf::error swarm_client::refresh() {
       unusable("announces blocks [" + std::to_string(info->first) + ", " + std::to_string(info->last) + ") of " +
                std::to_string(info->n_blocks));
       continue;
+    }
+    if (!pin.empty()) {
+      adapter_digest_ = pin;
+      spdlog::info("swarm: adapter '{}' is {}@{} (from {})", adapter_name_, adapter_name_, pin, s.endpoint);
     }
     s.info = *info;
     s.reachable = true;

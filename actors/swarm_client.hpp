@@ -66,6 +66,16 @@ struct wrong_server_report {
 };
 
 /// How a swarm client finds and uses servers.
+/// A LoRA adapter as a client names it: NAME, or NAME@DIGEST (its
+/// fingerprint, lora_adapter::digest, as `serve` logs it).
+struct adapter_ref {
+  std::string name;
+  std::string digest;  ///< "" = not given (the first server's is pinned)
+  /// Splits `spec` at its last '@'. Throws std::invalid_argument for an
+  /// empty name, or an '@' with no digest after it.
+  static adapter_ref parse(const std::string& spec);
+};
+
 struct swarm_client_options {
   /// Servers to use, as "tcp://HOST:PORT" (or "HOST:PORT"). A server that
   /// requires CurveZMQ is given with its public key: "HOST:PORT#KEY" (the

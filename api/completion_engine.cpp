@@ -240,10 +240,7 @@ class swarm_engine final : public completion_engine {
       throw std::invalid_argument("the swarm engine's requests name their adapters: give '" + options_.adapter +
                                   "' among the engine's adapters, not as the client's");
     for (const std::string& spec : adapters) {
-      const auto at = spec.rfind('@');
-      const std::string name = spec.substr(0, at);
-      if (name.empty() || (at != std::string::npos && at + 1 == spec.size()))
-        throw std::invalid_argument("adapter '" + spec + "': give NAME or NAME@DIGEST");
+      const std::string name = adapter_ref::parse(spec).name;
       if (!adapter_specs_.emplace(name, spec).second)
         throw std::invalid_argument("adapter '" + name + "' is given twice");
       adapter_names_.push_back(name);
@@ -359,26 +356,34 @@ class swarm_engine final : public completion_engine {
 
   /// Slot `s`'s client for `adapter` (one of adapter_specs_, or ""). A
   /// name given without a digest is pinned, for every slot, to the digest
-  /// the first client meets (refreshed here, under the lock), so that all
-  /// requests naming it compute with the same adapter.
+  /// the first client meets, so that all requests naming it compute with
+  /// the same adapter (the refresh that finds it runs outside the lock: it
+  /// asks every server).
   swarm_client& client_for(slot& s, const std::string& adapter) {
     if (auto it = s.clients.find(adapter); it != s.clients.end()) return *it->second;
     swarm_client_options o = options_;
-    std::unique_lock pin(pin_mutex_);
-    o.adapter = adapter_specs_.at(adapter);
+    {
+      std::lock_guard pin(pin_mutex_);
+      o.adapter = adapter_specs_.at(adapter);
+    }
     auto c = std::make_unique<swarm_client>(runtime_, o);
-    if (o.adapter.find('@') == std::string::npos) {
-      // (Not kept when no server answers with it: the next request tries again.)
-      if (auto err = c->refresh())
+    if (!adapter.empty() && c->adapter_digest().empty()) {
+      // (Not kept when no server answers with it: the next request tries
+      // again. The servers' answers stay in the log, not in the response.)
+      if (auto err = c->refresh()) {
+        spdlog::warn("api: no server holds adapter '{}' now: {}", adapter, error_message(err));
         throw api_error(503, "service_unavailable",
-                        "the swarm cannot serve adapter '" + adapter + "' now: " + error_message(err), {},
-                        "swarm_unavailable");
-      if (!c->adapter_digest().empty()) {
-        adapter_specs_[adapter] = adapter + "@" + c->adapter_digest();
-        spdlog::info("api: adapter '{}' is {}", adapter, adapter_specs_[adapter]);
+                        "no server of the swarm serves adapter '" + adapter + "' now", {}, "swarm_unavailable");
       }
-    } else {
-      pin.unlock();
+      std::lock_guard pin(pin_mutex_);
+      std::string& spec = adapter_specs_.at(adapter);
+      if (adapter_ref::parse(spec).digest.empty()) {
+        spec = adapter + "@" + c->adapter_digest();
+        spdlog::info("api: adapter '{}' is {}", adapter, spec);
+      } else if (spec != adapter + "@" + c->adapter_digest()) {
+        o.adapter = spec;  // another slot pinned it meanwhile, to another server's: that one
+        c = std::make_unique<swarm_client>(runtime_, o);
+      }
     }
     return *s.clients.emplace(adapter, std::move(c)).first->second;
   }
@@ -389,7 +394,7 @@ class swarm_engine final : public completion_engine {
   swarm_client_options options_;
   std::vector<std::string> adapter_names_;  ///< sorted
   std::mutex pin_mutex_;
-  std::map<std::string, std::string> adapter_specs_;  ///< name -> NAME or NAME@DIGEST; guarded by pin_mutex_ once serving
+  std::map<std::string, std::string> adapter_specs_;  ///< name -> NAME or NAME@DIGEST; guarded by pin_mutex_
   std::mutex probe_mutex_;
   swarm_client probe_;  ///< answers check_ready(), guarded by probe_mutex_
   std::chrono::steady_clock::time_point last_ready_{};  ///< the last route found, guarded by probe_mutex_

@@ -158,6 +158,10 @@ struct http_api::impl {
 
   impl(completion_engine& e, const tokenizer& t, std::optional<chat_template> c, std::string ce, api_config cfg)
       : engine(e), tok(t), chat(std::move(c)), chat_error(std::move(ce)), config(std::move(cfg)) {
+    for (const auto& a : engine.adapters())
+      if (a == config.model_id)
+        throw std::invalid_argument("an adapter is named '" + a + "', the model's own id: requests naming it would "
+                                    "get the base model");
     declare_metrics(metrics);
     metrics.set(kSlots, {}, engine.slots());
     routes();
@@ -264,12 +268,7 @@ struct http_api::impl {
     server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, "models", [&] {
         const std::string id = req.matches[1].str();
-        if (id != config.model_id) {
-          const std::vector<std::string> held = engine.adapters();
-          if (!std::binary_search(held.begin(), held.end(), id))
-            throw api_error(404, "invalid_request_error", "The model '" + id + "' does not exist.", "model",
-                            "model_not_found");
-        }
+        adapter_of(id);  // 404 unless served
         res.set_content(model_object(id).dump(), "application/json");
       });
     });

@@ -15,6 +15,8 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/swarm_client.hpp"
+#include "actors/swarm_wire.hpp"
 #include "api/chat_template.hpp"
 #include "api/completion_engine.hpp"
 #include "api/http_api.hpp"
@@ -142,14 +144,20 @@ int run_api(const api_args& a) {
     if (!a.merge_adapter.empty())
       throw std::invalid_argument("--merge-adapter is for --local: with --swarm the servers hold the weights (name "
                                   "an adapter they hold with --adapter NAME)");
-    for (const std::string& spec : a.adapters)
-      if (spec.find('=') != std::string::npos || spec.find('/') != std::string::npos)
+    if (a.adapters.size() > max_span_adapters)
+      throw std::invalid_argument("--adapter given " + std::to_string(a.adapters.size()) +
+                                  " times: a server holds at most " + std::to_string(max_span_adapters));
+    for (const std::string& spec : a.adapters) {
+      if (spec.find('=') != std::string::npos)
         throw std::invalid_argument("--adapter " + spec +
                                     ": with --swarm give the NAME (or NAME@DIGEST) of an adapter the servers hold "
                                     "(serve --adapter NAME=DIR), not a directory");
-      else if (spec.substr(0, spec.rfind('@')) == model_id)
+      const adapter_ref ref = adapter_ref::parse(spec);
+      check_adapter_name(ref.name, spec);
+      if (ref.name == model_id)
         throw std::invalid_argument("--adapter " + spec + ": the name is the model's own id (requests naming it get "
                                     "the base model)");
+    }
     const device where = a.device == "auto" ? device{} : parse_device(a.device);
     if (where.kind != device_kind::cpu)
       throw std::invalid_argument("--device " + a.device +
@@ -181,6 +189,12 @@ int run_api(const api_args& a) {
   api::http_api server(*engine, *tok, std::move(chat), chat_error, config);
   const int bound = server.bind(host, port);
   std::string line = "corolla api " + config.model_id + " listening on http://" + host + ":" + std::to_string(bound);
+  // (Requests name an adapter as their model: say which, where the
+  // operator looks first.)
+  if (const auto held = engine->adapters(); !held.empty()) {
+    line += " adapters";
+    for (std::size_t i = 0; i < held.size(); ++i) line += (i ? "," : " ") + held[i];
+  }
   // The same /metrics (and /health) on a listener of its own, answered
   // even while every HTTP thread of the API is busy generating.
   std::unique_ptr<api::metrics_server> metrics;

@@ -18,7 +18,9 @@ namespace {
 
 constexpr std::size_t max_name_bytes = 128;
 
-void check_name(const std::string& name, const std::string& flag) {
+}  // namespace
+
+void check_adapter_name(const std::string& name, const std::string& flag) {
   if (name.empty()) throw std::invalid_argument("--adapter " + flag + ": the adapter needs a name (NAME=DIR)");
   if (name.size() > max_name_bytes)
     throw std::invalid_argument("--adapter " + flag + ": a name of " + std::to_string(name.size()) +
@@ -30,8 +32,6 @@ void check_name(const std::string& name, const std::string& flag) {
   if (name == "." || name == "..")
     throw std::invalid_argument("--adapter " + flag + ": '" + name + "' is no name: give NAME=DIR");
 }
-
-}  // namespace
 
 std::vector<served_adapter> load_served_adapters(const std::vector<std::string>& flags, const model_config& cfg) {
   if (flags.size() > max_span_adapters)
@@ -47,7 +47,7 @@ std::vector<served_adapter> load_served_adapters(const std::vector<std::string>&
                                      : flag.substr(0, eq);
     if (a.name.empty() && eq == std::string::npos)  // "dir/" normalises to an empty last component
       a.name = std::filesystem::path(a.dir).lexically_normal().parent_path().filename().string();
-    check_name(a.name, flag);
+    check_adapter_name(a.name, flag);
     if (a.dir.empty()) throw std::invalid_argument("--adapter " + flag + ": no directory after '='");
     if (!names.insert(a.name).second)
       throw std::invalid_argument("--adapter " + flag + ": the name '" + a.name + "' is given twice");

@@ -33,6 +33,10 @@ struct served_adapter {
 /// that cannot be loaded or was made for another model.
 std::vector<served_adapter> load_served_adapters(const std::vector<std::string>& flags, const model_config& cfg);
 
+/// Throws std::invalid_argument naming `--adapter flag` unless `name` is an
+/// adapter name as above (what clients may send as a model or NAME@DIGEST).
+void check_adapter_name(const std::string& name, const std::string& flag);
+
 /// Gives every adapter to `engine` (span_engine::add_adapter). Throws
 /// std::runtime_error when one is refused.
 void hold_adapters(span_engine& engine, const std::vector<served_adapter>& adapters);

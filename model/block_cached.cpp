@@ -251,11 +251,19 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
                                    cfg.head_dim, cfg.rope, is_llama(cfg), q, k_row, v_row,
                                    seqs[0].kv->pool().type());
   };
-  // The rows of sessions with an adapter, each with block `layer` of it.
+  // The rows of sessions with an adapter, each with block `layer` of it;
+  // adjacent sessions of the same adapter are one segment (one pair of
+  // products for all their rows).
   std::vector<lora_segment> lora;
   std::int64_t first_row = 0;
   for (const cached_rows& s : seqs) {
-    if (s.lora) lora.push_back({first_row, s.rows, &s.lora->blocks.at(static_cast<std::size_t>(layer))});
+    if (s.lora) {
+      const block_lora* b = &s.lora->blocks.at(static_cast<std::size_t>(layer));
+      if (!lora.empty() && lora.back().lora == b && lora.back().row + lora.back().rows == first_row)
+        lora.back().rows += s.rows;
+      else
+        lora.push_back({first_row, s.rows, b});
+    }
     first_row += s.rows;
   }
   cached_forward::run(be, cfg, w, x, positions, ws, y, lora, store_qkv,

@@ -1,8 +1,8 @@
 // The API's swarm engine with LoRA adapters the servers hold (`corolla api
 // --swarm --adapter NAME ...`), over real `corolla serve` processes on
-// 127.0.0.1: concurrent requests of two adapters and of the base model,
-// those of one adapter sharing their prompt's pages among themselves, each
-// answer what local generation with its adapter merged answers.
+// 127.0.0.1: concurrent requests of two adapters and of the base model each
+// answer what local generation with its adapter merged answers, and a
+// request starts on a finished request's pages of its own adapter only.
 #include <doctest/doctest.h>
 
 #include <future>
@@ -47,18 +47,28 @@ TEST_CASE("swarm API requests name their adapters, and each answers what local g
     CHECK(running[i].get().result.tokens ==
           (which[i] == "style" ? want_style : which[i] == "other" ? want_other : m.expected));
   }
-  // Again, one at a time: a request may start on a finished one's pages of
-  // its own adapter only.
-  for (const std::string adapter : {"other", "", "style"})
-    CHECK(engine->generate(m.prompt, m.params, {}, {}, adapter).result.tokens ==
-          (adapter == "style" ? want_style : adapter == "other" ? want_other : m.expected));
+  // One at a time, a prompt none of those began with: a request starts on
+  // a finished one's pages of its own adapter only (the board's domains
+  // keep them apart, before any server would refuse to share them).
+  // (36 tokens: two whole pages of 16 to share.)
+  std::vector<std::int32_t> fresh;
+  for (int i = 0; i < 36; ++i) fresh.push_back(static_cast<std::int32_t>((7 * i + 2) % m.cfg.vocab_size));
+  const api::engine_result first_style = engine->generate(fresh, m.params, {}, {}, "style");
+  CHECK(first_style.cached_tokens == 0);
+  const api::engine_result first_other = engine->generate(fresh, m.params, {}, {}, "other");
+  CHECK(first_other.cached_tokens == 0);
+  CHECK(first_other.result.tokens != first_style.result.tokens);
+  const api::engine_result again = engine->generate(fresh, m.params, {}, {}, "style");
+  CHECK(again.cached_tokens > 0);
+  CHECK(again.result.tokens == first_style.result.tokens);
+  CHECK(engine->generate(fresh, m.params, {}, {}, "").cached_tokens == 0);
   CHECK_THROWS_WITH_AS(engine->generate(m.prompt, m.params, {}, {}, "absent"),
                        "no adapter 'absent' is served here (these are: other, style)", model_error);
 
   // An adapter no server holds: the request fails naming it (503 over HTTP).
   auto missing = api::make_swarm_engine(*n, o, load_head(m), 1, weight_format::f32, true, {"absent"});
   CHECK_THROWS_WITH_AS(missing->generate(m.prompt, m.params, {}, {}, "absent"),
-                       doctest::Contains("holds no adapter 'absent'"), api::api_error);
+                       "no server of the swarm serves adapter 'absent' now", api::api_error);
   // The engine's requests choose adapters: none set on the client.
   swarm_client_options fixed = o;
   fixed.adapter = "style";

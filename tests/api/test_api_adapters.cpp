@@ -136,6 +136,9 @@ TEST_CASE("over HTTP a request's model names its adapter, and /v1/models lists t
       make_local_engine(m.model, 2, weight_format::f32, dtype::f32, local_decoding::batched, {{"style", m.a}});
   auto tok = load_tokenizer(m.dir.path());
   api_config c;
+  c.model_id = "style";  // an adapter may not take the model's id
+  CHECK_THROWS_WITH_AS(http_api(*engine, *tok, std::nullopt, "", c), doctest::Contains("the model's own id"),
+                       std::invalid_argument);
   c.model_id = "tiny";
   http_api server(*engine, *tok, chat_template::for_model(m.dir.path()), "", c);
   const int port = server.bind("127.0.0.1", 0);
@@ -164,6 +167,8 @@ TEST_CASE("over HTTP a request's model names its adapter, and /v1/models lists t
   CHECK(one->status == 200);
   CHECK(json::parse(one->body)["parent"] == "tiny");
   CHECK(h.Get("/v1/models/styles")->status == 404);
+  CHECK(json::parse(h.Get("/v1/models/styles")->body)["error"]["message"] ==
+        "The model 'styles' does not exist; this server serves 'tiny', 'style' (GET /v1/models).");
 
   const auto complete = [&](const std::string& model) {
     auto res = h.Post("/v1/completions", json{{"model", model}, {"prompt", m.prompt}, {"max_tokens", 8},

@@ -145,6 +145,7 @@ class slow_engine final : public completion_engine {
         },
         cache_domain, adapter);
   }
+  std::vector<std::string> adapters() const override { return inner_.adapters(); }
   int busy() const override { return inner_.busy(); }
   int slots() const override { return inner_.slots(); }
 
@@ -168,6 +169,7 @@ class held_engine final : public completion_engine {
     released_.wait();
     return inner_.generate(prompt, p, on_token, cache_domain, adapter);
   }
+  std::vector<std::string> adapters() const override { return inner_.adapters(); }
   int busy() const override { return inner_.busy(); }
   int slots() const override { return inner_.slots(); }
 

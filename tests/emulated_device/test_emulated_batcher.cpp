@@ -130,6 +130,14 @@ TEST_CASE("emulated device: the decode batcher's adapted generations beside base
   CHECK(s.max_batch == 4);
   CHECK(s.step_errors == 0);
   CHECK(dev.stats().failed_steps.load() == 0);
+  // Alone, an adapted generation's decode steps run unrecorded (the terms'
+  // scratch may grow), a base one's as recorded steps.
+  const auto recorded = [&] { return dev.stats().recorded_steps.load(); };
+  const auto before = recorded();
+  CHECK(b.generate(prompts[0], p, {}, {}, "a").result.tokens == want[0]);
+  CHECK(recorded() == before);
+  CHECK(b.generate(prompts[1], p).result.tokens == want[1]);
+  CHECK(recorded() > before);
 }
 
 TEST_CASE("emulated device: a generator per request takes turns on the device and generates the cpu's tokens") {

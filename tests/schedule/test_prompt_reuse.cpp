@@ -5,7 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "schedule/prompt_reuse.hpp"
 
@@ -130,4 +133,22 @@ TEST_CASE("a prompt never starts on, or waits for, a session its filter refuses 
   const session_ids prompts{{"theirs", sys}};
   CHECK(prompt_to_wait_for(long_prompt, prompts, {{"theirs", {}}}, 0, 16));
   CHECK_FALSE(prompt_to_wait_for(long_prompt, prompts, {{"theirs", {}}}, 0, 16, only_mine));
+}
+
+TEST_CASE("adapter domains: one per pair of cache domain and adapter, none spelt by a salt") {
+  // Every pair below differs, and so must its domain: a salt that reads
+  // like an adapter's prefix, an adapter name that ends like a salt, the
+  // base model ("") beside an adapter.
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"", ""},         {"", "a"},          {"a", ""},           {"1:a", ""},   {"", "1:a"},
+      {"x", "a"},       {"ax", ""},         {"", "ax"},          {"1:ax", ""},  {"0:", ""},
+      {"", "a1:"},      {"1:", "a"},        {"b", "a"},          {"", "ab"},    {std::string("\0", 1), "a"},
+      {"salt", "style"}, {"5:style", ""},    {"style", "salt"}};
+  std::set<std::string> seen;
+  for (const auto& [domain, adapter] : pairs) {
+    CAPTURE(domain);
+    CAPTURE(adapter);
+    CHECK(seen.insert(adapter_domain(domain, adapter)).second);
+  }
+  CHECK(adapter_domain("salt", "style") == adapter_domain("salt", "style"));
 }
