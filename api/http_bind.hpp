@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -12,18 +13,29 @@
 
 namespace corolla::api {
 
+/// Connections the kernel completes for a server before it accepts them.
+inline constexpr int http_listen_backlog = 1024;
+
 /// Binds `server` to `host`:`port` (0 = any free port) and returns the port.
 /// Throws std::runtime_error when it cannot.
 inline int bind_http(httplib::Server& server, const std::string& host, int port) {
   // httplib's default sets SO_REUSEPORT, so a second server on a port in
   // use would bind too and the kernel would split connections between
   // them. SO_REUSEADDR alone still rebinds a port in TIME_WAIT.
-  server.set_socket_options([](socket_t sock) {
+  // The socket that binds is the last one these options see.
+  auto last = std::make_shared<socket_t>(INVALID_SOCKET);
+  server.set_socket_options([last](socket_t sock) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    *last = sock;
   });
   const int bound = port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
   if (bound < 0) throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
+  // Debian's libcpp-httplib listens with a backlog of 5 (compiled in): a
+  // burst of more clients connecting at once than the acceptor has taken
+  // overflows the accept queue, the kernel drops their handshakes and they
+  // retry a second later. Listening again only sets the backlog.
+  if (*last != INVALID_SOCKET) ::listen(*last, http_listen_backlog);
   return bound;
 }
 
