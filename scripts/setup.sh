@@ -40,8 +40,9 @@ fi
 
 # Node tools the tests drive, from npm (tests/web/package-lock.json pins
 # them): playwright-core for the dashboard's browser test (Debian's
-# chromium) and HF's tokenizers, the reference the tokenizer.json tests
-# compare with. Debian's nodejs comes without npm; NodeSource's includes it.
+# chromium), HF's tokenizers, the reference the tokenizer.json tests
+# compare with, and the official openai SDK, a client of `corolla api`.
+# Debian's nodejs comes without npm; NodeSource's includes it.
 if ! command -v npm >/dev/null; then
   sudo_cmd=()
   [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
@@ -49,9 +50,10 @@ if ! command -v npm >/dev/null; then
     || { echo "setup: apt-get install failed for: npm" >&2; exit 1; }
 fi
 if [[ ! -d $root/tests/web/node_modules/playwright-core ]] || [[ ! -d $root/tests/web/node_modules/tokenizers ]] ||
+   [[ ! -d $root/tests/web/node_modules/openai ]] ||
    [[ $root/tests/web/package-lock.json -nt $root/tests/web/node_modules/.package-lock.json ]]; then
   (cd "$root/tests/web" && npm ci --no-audit --no-fund --silent) \
-    || { echo "setup: npm ci in tests/web failed (playwright-core, tokenizers for the tests)" >&2; exit 1; }
+    || { echo "setup: npm ci in tests/web failed (playwright-core, tokenizers, openai for the tests)" >&2; exit 1; }
 fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
