@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <future>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "api/completion_engine.hpp"
 #include "api/openai_request.hpp"
 #include "model/error.hpp"
+#include "model/lora.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
 #include "tests/support/random_lora.hpp"
 
@@ -76,6 +78,42 @@ TEST_CASE("swarm API requests name their adapters, and each answers what local g
                   std::invalid_argument);
   CHECK_THROWS_AS(api::make_swarm_engine(*n, o, load_head(m), 1, weight_format::f32, true, {"style", "style@0"}),
                   std::invalid_argument);
+}
+
+}  // namespace corolla
+
+namespace corolla {
+using namespace swarm_test;
+
+TEST_CASE("the swarm API engine keeps an adapter's requests on servers holding the adapter it names, digest and all") {
+  // Two servers of the whole model, each holding an adapter named "style",
+  // but not the same one: named with its digest, every request computes
+  // with that one (past the server listed first); named alone, with the
+  // first server's, for every slot.
+  swarm_model m(architecture::llama);
+  const auto one = m.dir.path() / "one", two = m.dir.path() / "two";
+  save_random_adapter(m, one);
+  testing::random_lora(m.cfg, 21, 0.3f).save(two, m.dir.path().string());
+  const std::vector<std::int32_t> want_one = merged_tokens(m, one), want_two = merged_tokens(m, two);
+  REQUIRE(want_one != want_two);
+  const std::string digest_two = lora_adapter::load(two, m.cfg, cpu_backend()).digest();
+  swarm_processes sw;
+  sw.start(m, "s-one", 0, 4, {"--adapter", "style=" + one.string()});
+  sw.start(m, "s-two", 0, 4, {"--adapter", "style=" + two.string()});
+  auto n = client_node();
+  swarm_client_options o;
+  o.servers = sw.list();
+  for (const auto& [spec, want] : {std::pair{"style@" + digest_two, want_two}, std::pair{std::string("style"), want_one}}) {
+    CAPTURE(spec);
+    auto engine = api::make_swarm_engine(*n, o, load_head(m), 3, weight_format::f32, true, {spec});
+    CHECK(engine->adapters() == std::vector<std::string>{"style"});
+    std::vector<std::future<api::engine_result>> running;
+    for (int r = 0; r < 3; ++r)
+      running.push_back(std::async(std::launch::async, [&] {
+        return engine->generate(m.prompt, m.params, {}, {}, "style");
+      }));
+    for (auto& f : running) CHECK(f.get().result.tokens == want);
+  }
 }
 
 }  // namespace corolla
