@@ -65,7 +65,6 @@ struct wrong_server_report {
   std::vector<std::string> majority;  ///< node ids of the servers that agreed
 };
 
-/// How a swarm client finds and uses servers.
 /// A LoRA adapter as a client names it: NAME, or NAME@DIGEST (its
 /// fingerprint, lora_adapter::digest, as `serve` logs it).
 struct adapter_ref {
@@ -76,6 +75,7 @@ struct adapter_ref {
   static adapter_ref parse(const std::string& spec);
 };
 
+/// How a swarm client finds and uses servers.
 struct swarm_client_options {
   /// Servers to use, as "tcp://HOST:PORT" (or "HOST:PORT"). A server that
   /// requires CurveZMQ is given with its public key: "HOST:PORT#KEY" (the
