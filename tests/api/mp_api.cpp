@@ -207,10 +207,31 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
     CHECK(data[1]["id"] == "style");
     CHECK(data[1]["parent"] == dir.path().filename().string());
     auto res = c.Post("/v1/completions", {{"Authorization", "Bearer k"}},
-                      json{{"model", "style"}, {"prompt", "the cat"}, {"max_tokens", 4}}.dump(), "application/json");
+                      json{{"model", "style"}, {"prompt", "the cat"}, {"max_tokens", 4}, {"temperature", 0}}.dump(),
+                      "application/json");
     REQUIRE(res);
     CHECK(res->status == 200);
     CHECK(json::parse(res->body)["model"] == "style");
+    // What generate --adapter prints (merged as the weights load), and what
+    // another api with the adapter merged (--merge-adapter) answers for the
+    // model id.
+    const auto local = testing::run_corolla(
+        {"generate", "--model", model, "--prompt", "the cat", "--max-new-tokens", "4", "--adapter", style.string()}, 60s);
+    REQUIRE_MESSAGE(local.exit_code == 0, local.err);
+    const std::string want = local.out.substr(0, local.out.size() - 1);  // its newline
+    CHECK(json::parse(res->body)["choices"][0]["text"] == want);
+    auto [merged, merged_port] = start_api(model, {"--local", "--merge-adapter", style.string()});
+    httplib::Client mc("127.0.0.1", merged_port);
+    auto mres = mc.Post("/v1/completions",
+                        json{{"model", dir.path().filename().string()}, {"prompt", "the cat"}, {"max_tokens", 4},
+                             {"temperature", 0}}
+                            .dump(),
+                        "application/json");
+    REQUIRE(mres);
+    CHECK(mres->status == 200);
+    CHECK(json::parse(mres->body)["choices"][0]["text"] == want);
+    merged.signal(SIGTERM);
+    CHECK(merged.wait(10s) == 0);
   }
   httplib::Client m("127.0.0.1", std::stoi(metrics_at[1].str()));
   auto scraped = m.Get("/metrics");
