@@ -421,27 +421,23 @@ std::vector<span_expected<Tensor>> span_engine::decode_batch(std::span<const dec
       results.emplace_back(ok.error());
       continue;
     }
-    pending.push_back({i, s, item.start_position, n, total_rows, item.step_id});
-    segments.push_back({&s->kv, item.start_position, n, s->lora.get()});
+    pending.push_back({i, s, item.start_position, n, 0, item.step_id});
     adapted = adapted || s->lora != nullptr;
-    total_rows += n;
     results.emplace_back(Tensor());  // filled below
   }
   if (pending.empty()) return results;
-  if (adapted && pending.size() > 1) {
-    // The sessions of one adapter side by side: each adapter's terms are
-    // then one pair of products over all its rows (block_forward_cached_batch
-    // joins adjacent rows of the same adapter), not a pair per session.
+  // The sessions of one adapter side by side: each adapter's terms are
+  // then one pair of products over all its rows (block_forward_cached_batch
+  // joins adjacent rows of the same adapter), not a pair per session.
+  if (adapted)
     std::stable_sort(pending.begin(), pending.end(), [](const pending_step& a, const pending_step& b) {
       return std::less<const span_lora*>()(a.session->lora.get(), b.session->lora.get());
     });
-    segments.clear();
-    total_rows = 0;
-    for (pending_step& p : pending) {
-      p.row = total_rows;
-      segments.push_back({&p.session->kv, p.start, p.rows, p.session->lora.get()});
-      total_rows += p.rows;
-    }
+  // The batch's rows in that order.
+  for (pending_step& p : pending) {
+    p.row = total_rows;
+    segments.push_back({&p.session->kv, p.start, p.rows, p.session->lora.get()});
+    total_rows += p.rows;
   }
 
   Backend& be = stage_.backend();
