@@ -30,6 +30,14 @@ bool same_secret(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+bool api_keys::valid_tenant(std::string_view name) {
+  return !name.empty() && name.size() <= kMaxTenant && std::all_of(name.begin(), name.end(), tenant_char);
+}
+
+bool api_keys::has_tenant(std::string_view tenant) const {
+  return std::any_of(keys_.begin(), keys_.end(), [&](const entry& e) { return e.tenant == tenant; });
+}
+
 api_keys api_keys::single(std::string key) {
   if (key.empty()) throw std::invalid_argument("an API key must not be empty");
   api_keys k;
@@ -60,7 +68,7 @@ api_keys api_keys::parse(std::string_view text, const std::string& source) {
       throw std::invalid_argument(where() + "expected a tenant and a key, got " + std::to_string(fields.size()) +
                                   " field" + (fields.size() == 1 ? "" : "s"));
     const std::string_view tenant = fields[0], key = fields[1];
-    if (tenant.size() > kMaxTenant || !std::all_of(tenant.begin(), tenant.end(), tenant_char))
+    if (!valid_tenant(tenant))
       throw std::invalid_argument(where() + "a tenant is 1 to 64 of A-Z a-z 0-9 . _ -");
     if (key.size() > kMaxKey || !std::all_of(key.begin(), key.end(), key_char))
       throw std::invalid_argument(where() + "a key is 1 to 512 printable ASCII characters without spaces");

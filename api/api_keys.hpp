@@ -35,6 +35,12 @@ class api_keys {
   /// no key at all.
   static api_keys parse(std::string_view text, const std::string& source);
 
+  /// Whether `name` is a tenant name as a key file gives them (1 to 64 of
+  /// A-Z a-z 0-9 . _ -).
+  static bool valid_tenant(std::string_view name);
+  /// Whether some key is `tenant`'s.
+  bool has_tenant(std::string_view tenant) const;
+
   /// Whether any key is required.
   bool required() const { return !keys_.empty(); }
   /// How many keys there are.

@@ -162,6 +162,7 @@ struct http_api::impl {
       if (a == config.model_id)
         throw std::invalid_argument("an adapter is named '" + a + "', the model's own id: requests naming it would "
                                     "get the base model");
+    config.adapters.check(engine.adapters(), config.keys);
     declare_metrics(metrics);
     metrics.set(kSlots, {}, engine.slots());
     routes();
@@ -222,7 +223,7 @@ struct http_api::impl {
   }
 
   /// The metrics' text, the engine's gauges read now.
-  std::string metrics_text() {
+  std::string metrics_text(bool public_port = false) {
     metrics.set(kSlotsBusy, {}, engine.busy());
     if (const auto b = engine.batching()) {
       metrics.set_total(kBatches, {}, static_cast<double>(b->batches));
@@ -231,7 +232,13 @@ struct http_api::impl {
       metrics.set(kKvPages, {}, static_cast<double>(b->kv_pages_in_use));
       metrics.set(kKvSharedPages, {}, static_cast<double>(b->kv_pages_shared));
     }
-    return metrics.render();
+    if (!public_port || !config.adapters.any()) return metrics.render();
+    // The API port's /metrics is open to anyone: no private adapter's name.
+    return metrics.render([this](const metric_labels& labels) {
+      for (const auto& [k, v] : labels)
+        if (k == "adapter" && config.adapters.is_private(v)) return true;
+      return false;
+    });
   }
 
   /// The model (`id` the base's), or a LoRA adapter over it (vLLM's shape:
@@ -242,11 +249,13 @@ struct http_api::impl {
     return o;
   }
 
-  /// The adapter a request's `model` names: "" for the base model, else one
-  /// of the engine's adapters; anything else is 404 naming what is served.
-  std::string adapter_of(const std::string& model) const {
+  /// The adapter a request of `tenant` names as its `model`: "" for the
+  /// base model, else one of the engine's adapters the tenant may use;
+  /// anything else (another tenant's private adapter too) is the same 404,
+  /// naming what the tenant may use.
+  std::string adapter_of(const std::string& model, const std::string& tenant) const {
     if (model == config.model_id) return {};
-    const std::vector<std::string> held = engine.adapters();
+    const std::vector<std::string> held = config.adapters.visible(engine.adapters(), tenant);
     if (std::binary_search(held.begin(), held.end(), model)) return model;
     std::string served = "'" + config.model_id + "'";
     for (std::size_t i = 0; i < held.size() && i < 8; ++i) served += ", '" + held[i] + "'";
@@ -258,17 +267,18 @@ struct http_api::impl {
 
   void routes() {
     // Every /v1/ route's key was checked before routing (authorized_before_body).
-    server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, "models", [&] {
         json data = json::array({model_object(config.model_id)});
-        for (const auto& a : engine.adapters()) data.push_back(model_object(a));
+        for (const auto& a : config.adapters.visible(engine.adapters(), authorize(req)))
+          data.push_back(model_object(a));
         res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
       });
     });
     server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, "models", [&] {
         const std::string id = req.matches[1].str();
-        adapter_of(id);  // 404 unless served
+        adapter_of(id, authorize(req));  // 404 unless served to this tenant
         res.set_content(model_object(id).dump(), "application/json");
       });
     });
@@ -279,7 +289,7 @@ struct http_api::impl {
       complete(req, res, endpoint::chat_completions);
     });
     server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
+      res.set_content(metrics_text(true), "text/plain; version=0.0.4; charset=utf-8");
     });
     // The dashboard (api/dashboard.hpp): public like /metrics, since the
     // swarm's records are public in its DHT anyway.
@@ -358,8 +368,9 @@ struct http_api::impl {
     job->request = parse_request(req.body, to);
     const completion_request& r = job->request;
     // (The key was checked on the headers already: this only names its tenant.)
-    job->cache_domain = cache_domain_of(authorize(req), r.cache_salt);
-    job->adapter = adapter_of(r.model);
+    const std::string tenant = authorize(req);
+    job->cache_domain = cache_domain_of(tenant, r.cache_salt);
+    job->adapter = adapter_of(r.model, tenant);
     const model_config& cfg = engine.config();
     // Text is encoded whole before its tokens are counted: text that cannot
     // fit the context however it encodes is refused before that work (a

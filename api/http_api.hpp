@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 
+#include "api/adapter_access.hpp"
 #include "api/api_keys.hpp"
 #include "api/chat_template.hpp"
 #include "api/completion_engine.hpp"
@@ -33,6 +34,9 @@ struct api_config {
   /// The keys /v1/ requests must carry, each a tenant's (none: no key
   /// required). Tenants never share caches.
   api_keys keys;
+  /// Which tenants may use which adapters (api/adapter_access.hpp; checked
+  /// against the engine's adapters and `keys` as the server is made).
+  adapter_access adapters;
   int http_threads = 64; ///< connections served at once (requests beyond the engine's slots wait)
   /// How long a request may take to arrive, from when the server starts
   /// reading it to the end of its body (api/http_server.hpp; zero: no
@@ -63,9 +67,10 @@ class http_api {
 
   /// The server's metrics (also GET /metrics).
   metrics_registry& metrics();
-  /// What GET /metrics answers (Prometheus text), the engine's gauges read
-  /// now; thread-safe (also for a metrics_server of its own: `corolla api
-  /// --metrics-listen`).
+  /// GET /metrics's text (Prometheus), the engine's gauges read now, with
+  /// every series (the API port's own /metrics leaves out private
+  /// adapters'); thread-safe (for a metrics_server of its own: `corolla
+  /// api --metrics-listen`).
   std::string metrics_text();
 
  private:

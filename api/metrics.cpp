@@ -127,7 +127,10 @@ double metrics_registry::value(const std::string& name, const metric_labels& lab
   return it->second.k == kind::histogram ? s->second.count : s->second.value;
 }
 
-std::string metrics_registry::render() const {
+std::string metrics_registry::render() const { return render({}); }
+
+std::string metrics_registry::render(const std::function<bool(const metric_labels&)>& hidden) const {
+  const auto shown = [&](const metric_labels& labels) { return !hidden || !hidden(labels); };
   std::lock_guard lock(mutex_);
   std::string out;
   for (const auto& [name, f] : families_) {
@@ -138,10 +141,12 @@ std::string metrics_registry::render() const {
     if (f.k != kind::histogram) {
       // A family without series still shows its zero, so dashboards see it.
       if (f.series_by_labels.empty()) out += name + " 0\n";
-      for (const auto& [labels, s] : f.series_by_labels) out += name + label_text(labels) + " " + number(s.value) + "\n";
+      for (const auto& [labels, s] : f.series_by_labels)
+        if (shown(labels)) out += name + label_text(labels) + " " + number(s.value) + "\n";
       continue;
     }
     for (const auto& [labels, s] : f.series_by_labels) {
+      if (!shown(labels)) continue;
       double cumulative = 0;
       for (std::size_t b = 0; b < f.buckets.size(); ++b) {
         cumulative += s.bucket_counts[b];

@@ -6,6 +6,7 @@
 // while a scrape renders it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -54,6 +55,9 @@ class metrics_registry {
   /// Every family in the text format: # HELP, # TYPE, then one line per
   /// series (histograms: _bucket{le=...} cumulative, _sum, _count).
   std::string render() const;
+  /// The same without the series `hidden` is true of (a family whose every
+  /// series is hidden shows its # HELP and # TYPE only).
+  std::string render(const std::function<bool(const metric_labels&)>& hidden) const;
 
  private:
   struct series {

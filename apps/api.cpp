@@ -63,6 +63,9 @@ struct api_args {
   /// hold with --swarm.
   std::vector<std::string> adapters;
   std::string merge_adapter;  ///< --merge-adapter DIR: merged into the weights as they load (--local)
+  /// --adapter-tenants NAME=TENANT,... (repeatable): adapters private to
+  /// those tenants of --api-key-file.
+  std::vector<std::string> adapter_tenants;
   int threads = 0;
   std::string log_level = "warn";
 };
@@ -87,6 +90,10 @@ int run_api(const api_args& a) {
   const auto [host, port] = parse_http_listen(a.listen);
   if (!a.metrics_listen.empty()) parse_http_listen(a.metrics_listen, "--metrics-listen");  // before the model loads
   api::api_keys keys = keys_of(a);
+  api::adapter_access access = api::adapter_access::parse(a.adapter_tenants);
+  // The adapters' names, as soon as each branch knows them: a rule naming
+  // none of them, or a tenant without a key, costs no load.
+  std::vector<std::string> adapter_names;
   const sigset_t stop_signals = block_stop_signals();
 
   const model_config cfg = load_config(a.model);
@@ -131,7 +138,9 @@ int run_api(const api_args& a) {
                                     "naming it get the base model): give the adapter another name");
       spdlog::info("api: serving adapter {}@{} from {}", s.name, s.adapter->digest(), s.dir);
       served.push_back({s.name, s.adapter});
+      adapter_names.push_back(s.name);
     }
+    access.check(adapter_names, keys);
     Backend& be = backend_for(parse_device(a.device));
     model.emplace(load_for_decoding(a.model, be, weights, "api", a.merge_adapter));
     engine = api::make_local_engine(*model, a.parallel, weights, parse_kv_dtype_flag(a.kv_dtype),
@@ -157,7 +166,9 @@ int run_api(const api_args& a) {
       if (ref.name == model_id)
         throw std::invalid_argument("--adapter " + spec + ": the name is the model's own id (requests naming it get "
                                     "the base model)");
+      adapter_names.push_back(ref.name);
     }
+    access.check(adapter_names, keys);
     const device where = a.device == "auto" ? device{} : parse_device(a.device);
     if (where.kind != device_kind::cpu)
       throw std::invalid_argument("--device " + a.device +
@@ -183,6 +194,7 @@ int run_api(const api_args& a) {
   api::api_config config;
   config.model_id = model_id;
   config.keys = std::move(keys);
+  config.adapters = std::move(access);
   config.http_threads = std::max(a.http_threads, a.parallel + 2);
   config.request_read_limit = std::chrono::seconds(a.request_read_timeout_s);
   config.swarm = watch ? &*watch : nullptr;
@@ -277,6 +289,11 @@ void register_api(CLI::App& app, action_fn& action) {
                   "by its last component), its terms beside the frozen weights, unmerged, in the same batches as "
                   "other requests. With --swarm: NAME or NAME@DIGEST of an adapter servers hold (serve --adapter "
                   "NAME=DIR)");
+  cmd->add_option("--adapter-tenants", a->adapter_tenants,
+                  "NAME=TENANT[,TENANT...], repeatable: the adapter NAME is private to those tenants of "
+                  "--api-key-file; to any other it does not exist (not listed, 404 model_not_found) and the API "
+                  "port's /metrics leaves out its series (--metrics-listen shows them). Adapters no rule names are "
+                  "every tenant's");
   cmd->add_option("--merge-adapter", a->merge_adapter,
                   "With --local: a LoRA adapter (a PEFT directory) merged into the weights as they load: every "
                   "request computes with it, at no cost per token");

@@ -290,11 +290,32 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   }
 }
 
-TEST_CASE("corolla api --api-key-file: each tenant's keys are admitted, others refused") {
+TEST_CASE("corolla api --api-key-file: each tenant's keys are admitted, others refused; --adapter-tenants") {
   testing::temp_dir_guard dir("api-keys");
   api::write_chat_model(dir.path());
   std::ofstream(dir.path() / "keys.txt") << "# tenant key\nacme sk-acme\nglobex sk-globex\n";
-  auto [api, port] = start_api(dir.path().string(), {"--local", "--api-key-file", (dir.path() / "keys.txt").string()});
+  const std::string keys = (dir.path() / "keys.txt").string();
+  // An adapter private to acme: globex neither sees nor uses it.
+  const auto style = dir.path() / "style";
+  testing::random_lora(transformer::load(dir.path(), cpu_backend()).config(), 3, 0.4f).save(style, dir.path().string());
+  const auto error_of = [&](std::vector<std::string> args) {
+    std::vector<std::string> all{"api", "--model", dir.path().string(), "--local"};
+    all.insert(all.end(), args.begin(), args.end());
+    return testing::run_corolla(all, 30s);
+  };
+  testing::check_one_error(
+      error_of({"--api-key", "k", "--adapter", "style=" + style.string(), "--adapter-tenants", "style=acme"}),
+      "--adapter-tenants needs tenants: give --api-key-file");
+  testing::check_one_error(
+      error_of({"--api-key-file", keys, "--adapter", "style=" + style.string(), "--adapter-tenants", "styles=acme"}),
+      "--adapter-tenants styles=...: no adapter 'styles' is served (these are: style)");
+  testing::check_one_error(
+      error_of({"--api-key-file", keys, "--adapter", "style=" + style.string(), "--adapter-tenants", "style=initech"}),
+      "the tenant 'initech' holds no key in the --api-key-file");
+  testing::check_one_error(error_of({"--api-key-file", keys, "--adapter-tenants", "style"}),
+                           "--adapter-tenants style: expected NAME=TENANT[,TENANT...]");
+  auto [api, port] = start_api(dir.path().string(), {"--local", "--api-key-file", keys, "--adapter",
+                                                     "style=" + style.string(), "--adapter-tenants", "style=acme"});
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
   for (const auto& [key, status] : {std::pair{std::string("sk-acme"), 200}, std::pair{std::string("sk-globex"), 200},
@@ -306,6 +327,21 @@ TEST_CASE("corolla api --api-key-file: each tenant's keys are admitted, others r
     REQUIRE(res);
     CHECK(res->status == status);
   }
+  const auto complete = [&](const std::string& key) {
+    auto res = c.Post("/v1/completions", {{"Authorization", "Bearer " + key}},
+                      json{{"model", "style"}, {"prompt", "the cat"}, {"max_tokens", 2}}.dump(), "application/json");
+    REQUIRE(res);
+    return res->status;
+  };
+  const auto listed = [&](const std::string& key) {
+    auto res = c.Get("/v1/models", {{"Authorization", "Bearer " + key}});
+    REQUIRE(res);
+    return json::parse(res->body)["data"].size();
+  };
+  CHECK(listed("sk-acme") == 2u);
+  CHECK(complete("sk-acme") == 200);
+  CHECK(listed("sk-globex") == 1u);
+  CHECK(complete("sk-globex") == 404);
   api.signal(SIGTERM);
   CHECK(api.wait(10s) == 0);
 }

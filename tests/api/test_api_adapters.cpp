@@ -205,3 +205,104 @@ TEST_CASE("over HTTP a request's model names its adapter, and /v1/models lists t
   CHECK(body_none["error"]["message"] ==
         "The model 'nope' does not exist; this server serves 'tiny', 'style' (GET /v1/models).");
 }
+
+TEST_CASE("an adapter private to a tenant exists for that tenant only: listing, requests, 404s and /metrics") {
+  adapted_model m;
+  const auto want_a = m.merged(m.a), want_b = m.merged(m.b);
+  auto engine = make_local_engine(m.model, 2, weight_format::f32, dtype::f32, local_decoding::batched,
+                                  {{"acme-style", m.a}, {"open", m.b}});
+  auto tok = load_tokenizer(m.dir.path());
+  api_config c;
+  c.model_id = "tiny";
+  // Rules are checked against what is served and the keys' tenants.
+  c.keys = api_keys::parse("acme sk-acme\nglobex sk-globex\n", "keys");
+  c.adapters = adapter_access::parse({"acme-styles=acme"});
+  CHECK_THROWS_WITH_AS(http_api(*engine, *tok, std::nullopt, "", c),
+                       doctest::Contains("no adapter 'acme-styles' is served (these are: acme-style, open)"),
+                       std::invalid_argument);
+  c.adapters = adapter_access::parse({"acme-style=acme,initech"});
+  CHECK_THROWS_WITH_AS(http_api(*engine, *tok, std::nullopt, "", c),
+                       doctest::Contains("the tenant 'initech' holds no key"), std::invalid_argument);
+  c.keys = api_keys::single("sk-one");
+  c.adapters = adapter_access::parse({"acme-style=acme"});
+  CHECK_THROWS_WITH_AS(http_api(*engine, *tok, std::nullopt, "", c), doctest::Contains("give --api-key-file"),
+                       std::invalid_argument);
+  c.keys = api_keys::parse("acme sk-acme\nglobex sk-globex\n", "keys");
+  http_api server(*engine, *tok, std::nullopt, "no chat", c);
+  const int port = server.bind("127.0.0.1", 0);
+  std::thread serving([&] { server.run(); });
+  struct stop_at_end {
+    http_api& s;
+    std::thread& t;
+    ~stop_at_end() {
+      s.stop();
+      t.join();
+    }
+  } stopper{server, serving};
+  httplib::Client h("127.0.0.1", port);
+  h.set_read_timeout(60, 0);
+  const auto as = [](const std::string& key) { return httplib::Headers{{"Authorization", "Bearer " + key}}; };
+  const auto listed = [&](const std::string& key) {
+    auto res = h.Get("/v1/models", as(key));
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    std::vector<std::string> ids;
+    const json body = json::parse(res->body);
+    for (const json& o : body["data"]) ids.push_back(o["id"]);
+    return ids;
+  };
+  CHECK(listed("sk-acme") == std::vector<std::string>{"tiny", "acme-style", "open"});
+  CHECK(listed("sk-globex") == std::vector<std::string>{"tiny", "open"});
+  CHECK(h.Get("/v1/models/acme-style", as("sk-acme"))->status == 200);
+  auto hidden = h.Get("/v1/models/acme-style", as("sk-globex"));
+  REQUIRE(hidden);
+  CHECK(hidden->status == 404);
+  // The same answer as for a name nobody serves: nothing tells globex it exists.
+  const std::string not_served = "The model '%' does not exist; this server serves 'tiny', 'open' (GET /v1/models).";
+  const auto message_for = [&](const std::string& model) {
+    std::string s = not_served;
+    return s.replace(s.find('%'), 1, model);
+  };
+  CHECK(json::parse(hidden->body)["error"]["message"] == message_for("acme-style"));
+  CHECK(json::parse(h.Get("/v1/models/acme-styles", as("sk-globex"))->body)["error"]["message"] ==
+        message_for("acme-styles"));
+
+  const auto complete = [&](const std::string& key, const std::string& model) {
+    auto res = h.Post("/v1/completions", as(key),
+                      json{{"model", model}, {"prompt", m.prompt}, {"max_tokens", 8}, {"temperature", 0},
+                           {"ignore_eos", true}}
+                          .dump(),
+                      "application/json");
+    REQUIRE(res);
+    return std::make_pair(res->status, json::parse(res->body));
+  };
+  const auto text_of = [&](std::vector<std::int32_t> ids) {
+    const model_config& cfg = m.model.config();
+    std::erase_if(ids, [&](std::int32_t id) {
+      return id == cfg.eos_token_id || id == tok->eos_id() ||
+             std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), id) != cfg.eos_token_ids.end();
+    });
+    return tok->decode(ids);
+  };
+  const auto [acme_status, acme_body] = complete("sk-acme", "acme-style");
+  CHECK(acme_status == 200);
+  CHECK(acme_body["choices"][0]["text"] == text_of(want_a));
+  const auto [open_status, open_body] = complete("sk-globex", "open");
+  CHECK(open_status == 200);
+  CHECK(open_body["choices"][0]["text"] == text_of(want_b));
+  const auto [globex_status, globex_body] = complete("sk-globex", "acme-style");
+  CHECK(globex_status == 404);
+  CHECK(globex_body["error"]["code"] == "model_not_found");
+  CHECK(globex_body["error"]["message"] == message_for("acme-style"));
+
+  // The API port's /metrics is open to all: the private adapter's series
+  // are left out there, not from the operator's (--metrics-listen's) text.
+  auto scraped = h.Get("/metrics");
+  REQUIRE(scraped);
+  CHECK(scraped->body.find("acme-style") == std::string::npos);
+  CHECK(scraped->body.find("corolla_api_adapter_requests_total{adapter=\"open\"} 1") != std::string::npos);
+  const std::string operator_text = server.metrics_text();
+  CHECK(operator_text.find("corolla_api_adapter_requests_total{adapter=\"acme-style\"} 1") != std::string::npos);
+  CHECK(operator_text.find("corolla_api_adapter_completion_tokens_total{adapter=\"acme-style\"} 8") !=
+        std::string::npos);
+}

@@ -3,7 +3,9 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "api/adapter_access.hpp"
 #include "api/api_keys.hpp"
 
 using namespace corolla::api;
@@ -52,4 +54,43 @@ TEST_CASE("a malformed API key file is refused naming its line") {
   CHECK(refusal("acme k1\nglobex k1\n") == "keys.txt:2: this key was given before (of tenant 'acme')");
   CHECK(refusal("") == "keys.txt holds no key (lines of a tenant and a key)");
   CHECK(refusal("# only comments\n\n") == "keys.txt holds no key (lines of a tenant and a key)");
+}
+
+TEST_CASE("adapter rules: NAME=TENANT,... makes an adapter private to those tenants, others stay everyone's") {
+  const adapter_access none;
+  CHECK_FALSE(none.any());
+  CHECK(none.allows("style", "acme"));
+  const adapter_access access = adapter_access::parse({"legal=acme,globex", "style=acme", "style=initech"});
+  CHECK(access.any());
+  CHECK(access.allows("legal", "globex"));
+  CHECK_FALSE(access.allows("legal", "initech"));
+  CHECK_FALSE(access.allows("legal", ""));  // --api-key's tenant is no one's name
+  CHECK(access.allows("style", "initech"));  // a name given twice: the union
+  CHECK(access.allows("open", "anyone"));
+  CHECK(access.is_private("style"));
+  CHECK_FALSE(access.is_private("open"));
+  CHECK(access.visible({"legal", "open", "style"}, "globex") == std::vector<std::string>{"legal", "open"});
+  CHECK(access.visible({"legal", "open", "style"}, "acme") == std::vector<std::string>{"legal", "open", "style"});
+
+  CHECK_THROWS_WITH_AS(adapter_access::parse({"legal"}), "--adapter-tenants legal: expected NAME=TENANT[,TENANT...]",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(adapter_access::parse({"=acme"}), "--adapter-tenants =acme: the adapter's name is empty",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(adapter_access::parse({"legal="}), doctest::Contains("no tenant is named"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(adapter_access::parse({"legal=acme,,globex"}), doctest::Contains("'' is not a tenant's name"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(adapter_access::parse({"legal=ac me"}), doctest::Contains("'ac me' is not a tenant's name"),
+                       std::invalid_argument);
+
+  const api_keys keys = api_keys::parse("acme k1\nglobex k2\n", "keys");
+  CHECK_NOTHROW(access.check({"legal", "style"}, api_keys::parse("acme k1\nglobex k2\ninitech k3\n", "keys")));
+  CHECK_THROWS_WITH_AS(access.check({"legal", "style"}, keys), doctest::Contains("the tenant 'initech' holds no key"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(access.check({"legal"}, keys), doctest::Contains("no adapter 'style' is served (these are: legal)"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(adapter_access::parse({"legal=acme"}).check({"legal"}, api_keys{}),
+                       doctest::Contains("give --api-key-file"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(adapter_access::parse({"legal=acme"}).check({"legal"}, api_keys::single("k")),
+                       doctest::Contains("give --api-key-file"), std::invalid_argument);
 }

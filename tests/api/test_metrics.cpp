@@ -2,6 +2,7 @@
 // line against the format's grammar) and its values move with updates.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -80,4 +81,24 @@ TEST_CASE("updates from many threads all count") {
   for (auto& t : threads) t.join();
   CHECK(m.value("n_total") == 4000);
   CHECK(parse_prometheus_text(m.render()).at("h_bucket{le=\"1\"}") == 4000);
+}
+
+TEST_CASE("a render can leave out series, histograms too, and stays valid text format") {
+  metrics_registry m;
+  m.declare("by_adapter_total", metrics_registry::kind::counter, "By adapter.");
+  m.declare("latency_seconds", metrics_registry::kind::histogram, "Latency.", {1});
+  m.add("by_adapter_total", {{"adapter", "open"}});
+  m.add("by_adapter_total", {{"adapter", "secret"}}, 4);
+  m.observe("latency_seconds", {{"adapter", "secret"}}, 0.5);
+  const auto hide_secret = [](const metric_labels& labels) {
+    return std::find(labels.begin(), labels.end(), std::pair<std::string, std::string>{"adapter", "secret"}) !=
+           labels.end();
+  };
+  const std::string text = m.render(hide_secret);
+  CHECK(text.find("secret") == std::string::npos);
+  const auto samples = parse_prometheus_text(text);
+  CHECK(samples.at("by_adapter_total{adapter=\"open\"}") == 1);
+  CHECK(samples.size() == 1u);  // the histogram's every series hidden: no sample, no fake zero
+  CHECK(text.find("# TYPE latency_seconds histogram") != std::string::npos);
+  CHECK(parse_prometheus_text(m.render()).at("by_adapter_total{adapter=\"secret\"}") == 4);
 }
