@@ -87,6 +87,18 @@ adapter_ref adapter_ref::parse(const std::string& spec) {
   return a;
 }
 
+std::string adapter_ref::name_problem(const std::string& name) {
+  if (name.empty()) return "the adapter needs a name";
+  if (name.size() > max_adapter_name_bytes)
+    return "a name of " + std::to_string(name.size()) + " bytes (at most " + std::to_string(max_adapter_name_bytes) +
+           ")";
+  for (const char c : name)
+    if (static_cast<unsigned char>(c) <= ' ' || c == '=' || c == ',' || c == '@' || c == 0x7f)
+      return "the name '" + name + "' has a space, control character, '=', ',' or '@' (clients write NAME@DIGEST)";
+  if (name == "." || name == "..") return "'" + name + "' is no name";
+  return {};
+}
+
 void swarm_client::event(const std::string& line) const {
   spdlog::info("swarm: {}", line);
   if (options_.on_event) options_.on_event(line);
@@ -274,6 +286,26 @@ swarm::swarm_state swarm_client::state() const {
     st.servers.push_back(std::move(r));
   }
   return st;
+}
+
+std::vector<adapter_ref> swarm_client::complete_adapters() const {
+  // Per NAME@DIGEST, the blocks its holders cover.
+  std::map<std::pair<std::string, std::string>, std::vector<bool>> covered;
+  for (const auto& s : servers_) {
+    if (!s.reachable || distrusted(s.node_id)) continue;
+    const span_info& i = s.info;
+    for (std::size_t k = 0; k < i.adapters.size() && k < i.adapter_digests.size(); ++k) {
+      if (!adapter_ref::name_problem(i.adapters[k]).empty()) continue;
+      auto& blocks = covered[{i.adapters[k], i.adapter_digests[k]}];
+      blocks.resize(static_cast<std::size_t>(n_blocks_), false);
+      for (int b = std::max(i.first, 0); b < std::min(i.last, n_blocks_); ++b) blocks[static_cast<std::size_t>(b)] = true;
+    }
+  }
+  std::vector<adapter_ref> out;
+  for (const auto& [ref, blocks] : covered)
+    if (n_blocks_ > 0 && std::all_of(blocks.begin(), blocks.end(), [](bool b) { return b; }))
+      out.push_back({ref.first, ref.second});
+  return out;
 }
 
 caf::expected<swarm::route> swarm_client::route(int start, int end, const std::set<std::string>& excluded,

@@ -73,7 +73,16 @@ struct adapter_ref {
   /// Splits `spec` at its last '@'. Throws std::invalid_argument for an
   /// empty name, or an '@' with no digest after it.
   static adapter_ref parse(const std::string& spec);
+  /// "" when `name` is an adapter name as servers take them (`serve
+  /// --adapter NAME=DIR`) and clients send them (a request's model,
+  /// NAME@DIGEST); else why not: empty, "." or "..", over
+  /// max_adapter_name_bytes, or with a space, control character, '=', ','
+  /// or '@'.
+  static std::string name_problem(const std::string& name);
 };
+
+/// The longest adapter name (bytes).
+inline constexpr std::size_t max_adapter_name_bytes = 128;
 
 /// How a swarm client finds and uses servers.
 struct swarm_client_options {
@@ -247,6 +256,11 @@ class swarm_client {
   const known_server* server(const std::string& node_id) const;
   /// The swarm as routing sees it: reachable servers, ONLINE.
   swarm::swarm_state state() const;
+  /// The adapters the reachable servers (as the last refresh() found them)
+  /// hold over the whole model: each NAME@DIGEST whose holders' spans
+  /// cover every block, sorted; names failing adapter_ref::name_problem
+  /// are left out.
+  std::vector<adapter_ref> complete_adapters() const;
   /// The lowest-latency route over [start, end) avoiding `excluded`.
   caf::expected<swarm::route> route(int start, int end, const std::set<std::string>& excluded,
                                     std::int64_t session_tokens) const;

@@ -1,6 +1,8 @@
 // Which tenants may use which adapters (api/adapter_access.hpp).
 #include "api/adapter_access.hpp"
 
+#include "actors/swarm_client.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -44,9 +46,11 @@ std::vector<std::string> adapter_access::visible(const std::vector<std::string>&
   return out;
 }
 
-void adapter_access::check(const std::vector<std::string>& adapters, const api_keys& keys) const {
+void adapter_access::check(const std::vector<std::string>& adapters, const api_keys& keys, bool names_known) const {
   for (const auto& [name, tenants] : tenants_) {
-    if (std::find(adapters.begin(), adapters.end(), name) == adapters.end()) {
+    if (const std::string why = adapter_ref::name_problem(name); !why.empty())
+      throw std::invalid_argument("--adapter-tenants " + name + "=...: " + why);
+    if (names_known && std::find(adapters.begin(), adapters.end(), name) == adapters.end()) {
       std::string served;
       for (const std::string& a : adapters) served += (served.empty() ? "" : ", ") + a;
       throw std::invalid_argument("--adapter-tenants " + name + "=...: no adapter '" + name + "' is served (" +

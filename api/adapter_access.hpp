@@ -40,9 +40,11 @@ class adapter_access {
   std::vector<std::string> visible(const std::vector<std::string>& adapters, const std::string& tenant) const;
 
   /// Checks the rules against what is served: every name one of
-  /// `adapters`, every tenant one of `keys`' (so a typo does not leave an
-  /// adapter open or closed to all). Throws std::invalid_argument.
-  void check(const std::vector<std::string>& adapters, const api_keys& keys) const;
+  /// `adapters` (unless `names_known` is false: the adapters are found
+  /// later, a swarm's; then each must only be an adapter name), every
+  /// tenant one of `keys`' (so a typo does not leave an adapter open or
+  /// closed to all). Throws std::invalid_argument.
+  void check(const std::vector<std::string>& adapters, const api_keys& keys, bool names_known = true) const;
 
  private:
   std::map<std::string, std::set<std::string>> tenants_;  ///< private adapter -> its tenants

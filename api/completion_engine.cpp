@@ -240,6 +240,10 @@ class swarm_engine final : public completion_engine {
       throw std::invalid_argument("the swarm engine's requests name their adapters: give '" + options_.adapter +
                                   "' among the engine's adapters, not as the client's");
     for (const std::string& spec : adapters) {
+      if (spec == "*") {
+        discover_ = true;
+        continue;
+      }
       const std::string name = adapter_ref::parse(spec).name;
       if (!adapter_specs_.emplace(name, spec).second)
         throw std::invalid_argument("adapter '" + name + "' is given twice");
@@ -286,9 +290,10 @@ class swarm_engine final : public completion_engine {
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
                          const token_callback& on_token, const std::string& cache_domain,
                          const std::string& adapter) override {
-    if (!adapter.empty() && !std::binary_search(adapter_names_.begin(), adapter_names_.end(), adapter)) {
+    if (!adapter.empty() && !std::binary_search(adapter_names_.begin(), adapter_names_.end(), adapter) &&
+        !(discover_ && discovered_now(adapter))) {
       std::string held;
-      for (const auto& a : adapter_names_) held += (held.empty() ? "" : ", ") + a;
+      for (const auto& a : adapters()) held += (held.empty() ? "" : ", ") + a;
       throw model_error("no adapter '" + adapter + "' is served here" +
                         (held.empty() ? " (none is)" : " (these are: " + held + ")"));
     }
@@ -343,9 +348,61 @@ class swarm_engine final : public completion_engine {
   std::optional<prefix_board_stats> prompt_sharing() const override {
     return share_prefixes_ ? std::optional(board_.stats()) : std::nullopt;
   }
-  std::vector<std::string> adapters() const override { return adapter_names_; }
+  std::vector<std::string> adapters() const override {
+    if (!discover_) return adapter_names_;
+    std::vector<std::string> all = discovered();
+    all.insert(all.end(), adapter_names_.begin(), adapter_names_.end());
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    return all;
+  }
+  bool discovers_adapters() const override { return discover_; }
 
  private:
+  /// The adapters the swarm holds over the whole model (names), asked of
+  /// the servers when the last answer is older than
+  /// adapter_discovery_interval. Each name is admitted once and for good
+  /// while fewer than max_discovered_adapters are; its digest is pinned as
+  /// a name given alone is (client_for).
+  std::vector<std::string> discovered() const {
+    std::lock_guard lock(discovery_mutex_);
+    const auto now = std::chrono::steady_clock::now();
+    if (discovered_at_ && now - *discovered_at_ < adapter_discovery_interval) return discovered_;
+    discovered_at_ = now;
+    std::vector<adapter_ref> held;
+    {
+      std::lock_guard probe(probe_mutex_);
+      if (auto err = probe_.refresh()) {  // (the last list stands: requests naming one meet the failure)
+        spdlog::info("api: asking the swarm for its adapters: {}", error_message(err));
+        return discovered_;
+      }
+      held = probe_.complete_adapters();
+    }
+    std::vector<std::string> names;
+    for (const adapter_ref& a : held) {
+      if (!admitted_.count(a.name)) {
+        if (admitted_.size() >= max_discovered_adapters) {
+          if (!warned_full_)
+            spdlog::warn("api: the swarm holds more than {} adapters: '{}' and later ones are not served",
+                         max_discovered_adapters, a.name);
+          warned_full_ = true;
+          continue;
+        }
+        admitted_.insert(a.name);
+        spdlog::info("api: serving the swarm's adapter '{}'", a.name);
+      }
+      names.push_back(a.name);
+    }
+    names.erase(std::unique(names.begin(), names.end()), names.end());  // (held is sorted: a name's digests adjacent)
+    discovered_ = std::move(names);
+    return discovered_;
+  }
+  /// Whether the swarm holds `adapter` over the whole model now.
+  bool discovered_now(const std::string& adapter) const {
+    const auto names = discovered();
+    return std::binary_search(names.begin(), names.end(), adapter);
+  }
+
   /// A slot's head, and its clients by adapter ("": the base model's),
   /// each made the first time a request of the slot names its adapter
   /// (routes of one adapter never mix with another's).
@@ -364,7 +421,7 @@ class swarm_engine final : public completion_engine {
     swarm_client_options o = options_;
     {
       std::lock_guard pin(pin_mutex_);
-      o.adapter = adapter_specs_.at(adapter);
+      o.adapter = adapter_specs_.try_emplace(adapter, adapter).first->second;  // (a discovered one: its name)
     }
     auto c = std::make_unique<swarm_client>(runtime_, o);
     if (!adapter.empty() && c->adapter_digest().empty()) {
@@ -392,11 +449,18 @@ class swarm_engine final : public completion_engine {
   slot_pool pool_;
   head shared_head_;
   swarm_client_options options_;
-  std::vector<std::string> adapter_names_;  ///< sorted
+  std::vector<std::string> adapter_names_;  ///< sorted, "*" left out
+  bool discover_ = false;                   ///< "*" given: adapters the swarm holds too
+  mutable std::mutex discovery_mutex_;      ///< taken before probe_mutex_
+  mutable std::optional<std::chrono::steady_clock::time_point> discovered_at_;  ///< guarded by discovery_mutex_
+  mutable std::vector<std::string> discovered_;  ///< sorted names; guarded by discovery_mutex_
+  mutable std::set<std::string> admitted_;       ///< every name ever served; guarded by discovery_mutex_
+  mutable bool warned_full_ = false;             ///< guarded by discovery_mutex_
   std::mutex pin_mutex_;
   std::map<std::string, std::string> adapter_specs_;  ///< name -> NAME or NAME@DIGEST; guarded by pin_mutex_
-  std::mutex probe_mutex_;
-  swarm_client probe_;  ///< answers check_ready(), guarded by probe_mutex_
+  mutable std::mutex probe_mutex_;
+  /// Answers check_ready() and discovered(), guarded by probe_mutex_.
+  mutable swarm_client probe_;
   std::chrono::steady_clock::time_point last_ready_{};  ///< the last route found, guarded by probe_mutex_
   std::vector<std::unique_ptr<slot>> slots_;
   node& runtime_;

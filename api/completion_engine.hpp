@@ -19,6 +19,7 @@
 // string, a client that went away) closes its session and frees its cache.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -92,6 +93,9 @@ class completion_engine {
   /// The LoRA adapters a request may name (its `model`), sorted; none by
   /// default.
   virtual std::vector<std::string> adapters() const { return {}; }
+  /// Whether adapters() follows what the engine finds (a swarm's servers)
+  /// rather than a list fixed when it was made.
+  virtual bool discovers_adapters() const { return false; }
   /// Requests holding a slot now, and the number of slots.
   virtual int busy() const = 0;
   virtual int slots() const = 0;
@@ -150,8 +154,19 @@ std::unique_ptr<completion_engine> make_local_engine(transformer& model, int slo
 /// swarm_client_options::adapter); a request's sessions open with its
 /// adapter on servers holding it only. A name without a digest is pinned to
 /// the digest the first server holding it announces, for every later request.
+/// "*" among them: requests may also name any adapter the swarm's servers
+/// hold over the whole model now (swarm_client::complete_adapters, asked at
+/// most every adapter_discovery_interval; the first
+/// max_discovered_adapters names met are taken, later ones ignored, so
+/// that a swarm cannot grow the engine's clients and metric series
+/// without bound).
 /// Throws std::invalid_argument for options.adapter set (name adapters
 /// here: requests choose them), a malformed or repeated name.
+/// How old a swarm engine's list of discovered adapters may grow.
+inline constexpr std::chrono::seconds adapter_discovery_interval{5};
+/// The most adapter names a swarm engine discovers (ever).
+inline constexpr std::size_t max_discovered_adapters = 64;
+
 std::unique_ptr<completion_engine> make_swarm_engine(node& runtime, swarm_client_options options, head client_head,
                                                      int slots, weight_format weights = weight_format::f32,
                                                      bool share_prefixes = true,

@@ -158,11 +158,14 @@ struct http_api::impl {
 
   impl(completion_engine& e, const tokenizer& t, std::optional<chat_template> c, std::string ce, api_config cfg)
       : engine(e), tok(t), chat(std::move(c)), chat_error(std::move(ce)), config(std::move(cfg)) {
-    for (const auto& a : engine.adapters())
+    // (Adapters a swarm engine finds later are checked as they come: one
+    // named like the model is never served, see served_adapters.)
+    const bool discovering = engine.discovers_adapters();
+    for (const auto& a : discovering ? std::vector<std::string>() : engine.adapters())
       if (a == config.model_id)
         throw std::invalid_argument("an adapter is named '" + a + "', the model's own id: requests naming it would "
                                     "get the base model");
-    config.adapters.check(engine.adapters(), config.keys);
+    config.adapters.check(discovering ? std::vector<std::string>() : engine.adapters(), config.keys, !discovering);
     declare_metrics(metrics);
     metrics.set(kSlots, {}, engine.slots());
     routes();
@@ -249,13 +252,21 @@ struct http_api::impl {
     return o;
   }
 
+  /// The adapters `tenant` may name, sorted (not one named as the model:
+  /// its name means the base model).
+  std::vector<std::string> served_adapters(const std::string& tenant) const {
+    std::vector<std::string> out = config.adapters.visible(engine.adapters(), tenant);
+    std::erase(out, config.model_id);
+    return out;
+  }
+
   /// The adapter a request of `tenant` names as its `model`: "" for the
   /// base model, else one of the engine's adapters the tenant may use;
   /// anything else (another tenant's private adapter too) is the same 404,
   /// naming what the tenant may use.
   std::string adapter_of(const std::string& model, const std::string& tenant) const {
     if (model == config.model_id) return {};
-    const std::vector<std::string> held = config.adapters.visible(engine.adapters(), tenant);
+    const std::vector<std::string> held = served_adapters(tenant);
     if (std::binary_search(held.begin(), held.end(), model)) return model;
     std::string served = "'" + config.model_id + "'";
     for (std::size_t i = 0; i < held.size() && i < 8; ++i) served += ", '" + held[i] + "'";
@@ -270,8 +281,7 @@ struct http_api::impl {
     server.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, "models", [&] {
         json data = json::array({model_object(config.model_id)});
-        for (const auto& a : config.adapters.visible(engine.adapters(), authorize(req)))
-          data.push_back(model_object(a));
+        for (const auto& a : served_adapters(authorize(req))) data.push_back(model_object(a));
         res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
       });
     });

@@ -5,6 +5,7 @@
 // the address:
 //   corolla api tiny listening on http://127.0.0.1:8000
 // and serves until SIGINT or SIGTERM.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -130,6 +131,9 @@ int run_api(const api_args& a) {
     if (!a.adapters.empty() && a.batching != "on")
       throw std::invalid_argument("--adapter serves adapters beside the base model in the batcher's batches: drop "
                                   "--batching off, or merge one into the weights (--merge-adapter DIR)");
+    if (std::find(a.adapters.begin(), a.adapters.end(), "*") != a.adapters.end())
+      throw std::invalid_argument("--adapter '*' (any adapter the swarm's servers hold) is for --swarm: with --local "
+                                  "give NAME=DIR");
     // Loaded (and checked) before the model: a bad flag costs no load.
     std::vector<api::named_adapter> served;
     for (served_adapter& s : load_served_adapters(a.adapters, cfg)) {
@@ -156,7 +160,12 @@ int run_api(const api_args& a) {
     if (a.adapters.size() > max_span_adapters)
       throw std::invalid_argument("--adapter given " + std::to_string(a.adapters.size()) +
                                   " times: a server holds at most " + std::to_string(max_span_adapters));
+    bool discover = false;
     for (const std::string& spec : a.adapters) {
+      if (spec == "*") {  // and whatever adapters the swarm holds
+        discover = true;
+        continue;
+      }
       if (spec.find('=') != std::string::npos)
         throw std::invalid_argument("--adapter " + spec +
                                     ": with --swarm give the NAME (or NAME@DIGEST) of an adapter the servers hold "
@@ -168,7 +177,7 @@ int run_api(const api_args& a) {
                                     "the base model)");
       adapter_names.push_back(ref.name);
     }
-    access.check(adapter_names, keys);
+    access.check(adapter_names, keys, !discover);
     const device where = a.device == "auto" ? device{} : parse_device(a.device);
     if (where.kind != device_kind::cpu)
       throw std::invalid_argument("--device " + a.device +
@@ -203,7 +212,9 @@ int run_api(const api_args& a) {
   std::string line = "corolla api " + config.model_id + " listening on http://" + host + ":" + std::to_string(bound);
   // (Requests name an adapter as their model: say which, where the
   // operator looks first.)
-  if (const auto held = engine->adapters(); !held.empty()) {
+  // (With --adapter '*', "*" first, then those the swarm holds now.)
+  if (auto held = engine->adapters(); !held.empty() || engine->discovers_adapters()) {
+    if (engine->discovers_adapters()) held.insert(held.begin(), "*");
     line += " adapters";
     for (std::size_t i = 0; i < held.size(); ++i) line += (i ? "," : " ") + held[i];
   }
@@ -288,7 +299,7 @@ void register_api(CLI::App& app, action_fn& action) {
                   "with it (GET /v1/models lists them). With --local: NAME=DIR (a PEFT directory; DIR alone is named "
                   "by its last component), its terms beside the frozen weights, unmerged, in the same batches as "
                   "other requests. With --swarm: NAME or NAME@DIGEST of an adapter servers hold (serve --adapter "
-                  "NAME=DIR)");
+                  "NAME=DIR), or '*': any adapter the servers hold over the whole model (asked every 5 s)");
   cmd->add_option("--adapter-tenants", a->adapter_tenants,
                   "NAME=TENANT[,TENANT...], repeatable: the adapter NAME is private to those tenants of "
                   "--api-key-file; to any other it does not exist (not listed, 404 model_not_found) and the API "

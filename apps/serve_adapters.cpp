@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "actors/swarm_client.hpp"
 #include "actors/swarm_wire.hpp"
 #include "kernels/backend.hpp"
 #include "model/lora.hpp"
@@ -14,23 +15,10 @@
 
 namespace corolla::app {
 
-namespace {
-
-constexpr std::size_t max_name_bytes = 128;
-
-}  // namespace
-
 void check_adapter_name(const std::string& name, const std::string& flag) {
-  if (name.empty()) throw std::invalid_argument("--adapter " + flag + ": the adapter needs a name (NAME=DIR)");
-  if (name.size() > max_name_bytes)
-    throw std::invalid_argument("--adapter " + flag + ": a name of " + std::to_string(name.size()) +
-                                " bytes (at most " + std::to_string(max_name_bytes) + ")");
-  for (const char c : name)
-    if (static_cast<unsigned char>(c) <= ' ' || c == '=' || c == ',' || c == '@' || c == 0x7f)
-      throw std::invalid_argument("--adapter " + flag + ": the name '" + name +
-                                  "' has a space, control character, '=', ',' or '@' (clients write NAME@DIGEST)");
-  if (name == "." || name == "..")
-    throw std::invalid_argument("--adapter " + flag + ": '" + name + "' is no name: give NAME=DIR");
+  if (const std::string why = adapter_ref::name_problem(name); !why.empty())
+    throw std::invalid_argument("--adapter " + flag + ": " + why +
+                                (name.empty() || name == "." || name == ".." ? " (give NAME=DIR)" : ""));
 }
 
 std::vector<served_adapter> load_served_adapters(const std::vector<std::string>& flags, const model_config& cfg) {

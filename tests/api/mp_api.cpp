@@ -101,7 +101,14 @@ TEST_CASE("corolla api over a swarm answers as corolla generate does, through a 
   REQUIRE_MESSAGE(through_swarm.exit_code == 0, through_swarm.err);
   CHECK(through_swarm.out == local.out);
 
-  auto [api, port] = start_api(model, {"--swarm", join(sw.list()), "--adapter", "style"});
+  // --adapter '*': the adapters the servers hold, found by asking them.
+  auto [api, port] = start_api(model, {"--swarm", join(sw.list()), "--adapter", "*"});
+  {
+    std::string ready;
+    for (const std::string& l : api.lines())
+      if (l.find(" listening on ") != std::string::npos) ready = l;
+    CHECK_MESSAGE(ready.ends_with(" adapters *,style"), ready);
+  }
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
   const json body = {{"model", m.dir.path().filename().string()},
@@ -154,8 +161,8 @@ TEST_CASE("corolla api over a swarm answers as corolla generate does, through a 
   MESSAGE("killed " << victim << " at chunk 3 of " << chunks << "; failovers "
                     << samples.at("corolla_api_failovers_total"));
 
-  // A request naming the adapter (api --swarm --adapter style), through the
-  // servers left: what generate --adapter prints locally.
+  // A request naming the adapter the swarm holds (api --swarm --adapter
+  // '*'), through the servers left: what generate --adapter prints locally.
   json adapted = body;
   adapted["model"] = "style";
   auto styled = c.Post("/v1/completions", adapted.dump(), "application/json");
@@ -279,6 +286,8 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   testing::check_one_error(error_of({"--local", "--adapter", "x=" + (dir.path() / "none").string()}), "--adapter x=");
   testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--adapter", "style=" + style.string()}),
                            "with --swarm give the NAME (or NAME@DIGEST) of an adapter the servers hold");
+  testing::check_one_error(error_of({"--local", "--adapter", "*"}), "--adapter '*' (any adapter the swarm's servers "
+                                                                    "hold) is for --swarm");
   testing::check_one_error(error_of({"--swarm", "127.0.0.1:1", "--merge-adapter", style.string()}),
                            "--merge-adapter is for --local");
   testing::check_one_error(error_of({"--local", "--batching", "off", "--prefix-sharing", "off"}),
@@ -290,7 +299,7 @@ TEST_CASE("corolla api --local serves, and bad flags are one error line") {
   }
 }
 
-TEST_CASE("corolla api --api-key-file: each tenant's keys are admitted, others refused; --adapter-tenants") {
+TEST_CASE("corolla api --api-key-file admits each tenant's keys, refuses others, and --adapter-tenants hides an adapter from the others") {
   testing::temp_dir_guard dir("api-keys");
   api::write_chat_model(dir.path());
   std::ofstream(dir.path() / "keys.txt") << "# tenant key\nacme sk-acme\nglobex sk-globex\n";

@@ -30,9 +30,15 @@ TEST_CASE("swarm API requests name their adapters, and each answers what local g
   REQUIRE(want_style != m.expected);
   REQUIRE(want_other != m.expected);
   REQUIRE(want_style != want_other);
+  // "half" is held by the first server only: no route of it covers the model.
+  const auto half = m.dir.path() / "half";
+  testing::random_lora(m.cfg, 9, 0.3f).save(half, m.dir.path().string());
   swarm_processes sw;
-  for (const auto& [name, first, last] : {std::tuple{"s-a", 0, 2}, std::tuple{"s-b", 2, 4}})
-    sw.start(m, name, first, last, {"--adapter", "style=" + style.string(), "--adapter", "other=" + other.string()});
+  for (const auto& [name, first, last] : {std::tuple{"s-a", 0, 2}, std::tuple{"s-b", 2, 4}}) {
+    std::vector<std::string> held{"--adapter", "style=" + style.string(), "--adapter", "other=" + other.string()};
+    if (first == 0) held.insert(held.end(), {"--adapter", "half=" + half.string()});
+    sw.start(m, name, first, last, held);
+  }
   auto n = client_node();
   swarm_client_options o;
   o.servers = sw.list();
@@ -66,6 +72,18 @@ TEST_CASE("swarm API requests name their adapters, and each answers what local g
   CHECK(engine->generate(fresh, m.params, {}, {}, "").cached_tokens == 0);
   CHECK_THROWS_WITH_AS(engine->generate(m.prompt, m.params, {}, {}, "absent"),
                        "no adapter 'absent' is served here (these are: other, style)", model_error);
+
+  // "*": any adapter the swarm holds over the whole model (not "half"),
+  // each the same as when named.
+  auto discovering = api::make_swarm_engine(*n, o, load_head(m), 2, weight_format::f32, true, {"*"});
+  CHECK(discovering->discovers_adapters());
+  CHECK_FALSE(engine->discovers_adapters());
+  CHECK(discovering->adapters() == std::vector<std::string>{"other", "style"});
+  CHECK(discovering->generate(m.prompt, m.params, {}, {}, "other").result.tokens == want_other);
+  CHECK(discovering->generate(m.prompt, m.params, {}, {}, "style").result.tokens == want_style);
+  CHECK(discovering->generate(m.prompt, m.params, {}, {}, "").result.tokens == m.expected);
+  CHECK_THROWS_WITH_AS(discovering->generate(m.prompt, m.params, {}, {}, "half"),
+                       "no adapter 'half' is served here (these are: other, style)", model_error);
 
   // An adapter no server holds: the request fails naming it (503 over HTTP).
   auto missing = api::make_swarm_engine(*n, o, load_head(m), 1, weight_format::f32, true, {"absent"});
@@ -114,6 +132,11 @@ TEST_CASE("the swarm API engine keeps an adapter's requests on servers holding t
       }));
     for (auto& f : running) CHECK(f.get().result.tokens == want);
   }
+  // Found by asking ('*'): one name for both digests, pinned to the first
+  // server's as a name given alone is.
+  auto discovering = api::make_swarm_engine(*n, o, load_head(m), 1, weight_format::f32, true, {"*"});
+  CHECK(discovering->adapters() == std::vector<std::string>{"style"});
+  CHECK(discovering->generate(m.prompt, m.params, {}, {}, "style").result.tokens == want_one);
 }
 
 }  // namespace corolla

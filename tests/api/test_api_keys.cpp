@@ -89,6 +89,12 @@ TEST_CASE("adapter rules: NAME=TENANT,... makes an adapter private to those tena
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(access.check({"legal"}, keys), doctest::Contains("no adapter 'style' is served (these are: legal)"),
                        std::invalid_argument);
+  // Adapters found later (a swarm's, --adapter '*'): any adapter name may be ruled.
+  CHECK_NOTHROW(access.check({}, api_keys::parse("acme k1\nglobex k2\ninitech k3\n", "keys"), false));
+  CHECK_THROWS_WITH_AS(adapter_access::parse({"a@b=acme"}).check({}, keys, false),
+                       doctest::Contains("--adapter-tenants a@b=...: the name 'a@b' has a space"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(access.check({}, keys, false), doctest::Contains("the tenant 'initech' holds no key"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(adapter_access::parse({"legal=acme"}).check({"legal"}, api_keys{}),
                        doctest::Contains("give --api-key-file"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(adapter_access::parse({"legal=acme"}).check({"legal"}, api_keys::single("k")),
