@@ -5,11 +5,16 @@
 // with an adapter of its own (the sessions of one decode batch then take
 // different factors), with one session and with S. The adapters' terms are
 // added beside the unmerged weights, so the ratios are the price of
-// sharing one copy of the weights among adapters. Prints a table and one
-// JSON line.
+// sharing one copy of the weights among adapters. Then a fine-tuning
+// client's request (span.forward and span.backward of one sequence of
+// --prompt-tokens rows, as prompt tuning on top of an adapter sends them)
+// with the adapter and without: the terms beside the frozen weights
+// against the base's products alone. Prints a table and one JSON line.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,6 +43,18 @@ struct lora_serve_options {
   std::vector<std::string> targets;
   std::string weights = "f32";
 };
+
+/// Seconds of one fine-tuning request through every block: the stateless
+/// forward and backward of `h` (one sequence) with `adapter` ("" = none).
+double finetune_request_s(span_engine& e, const Tensor& h, const Tensor& g, const std::string& adapter) {
+  const auto start = std::chrono::steady_clock::now();
+  const int seq = static_cast<int>(h.dim(0));
+  auto f = e.forward(h, 1, seq, {}, -1, -1, nullptr, adapter);
+  if (!f) throw std::runtime_error("bench lora-serve: forward: " + f.error().message);
+  auto b = e.backward(h, g, 1, seq, {}, -1, -1, adapter);
+  if (!b) throw std::runtime_error("bench lora-serve: backward: " + b.error().message);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 /// Decode tokens/s of each way, at one level of sessions.
 struct level {
@@ -100,6 +117,15 @@ int run_lora_serve(const lora_serve_options& o) {
     }
     levels.push_back(l);
   }
+  // A fine-tuning request of --prompt-tokens rows, with the adapter and
+  // without (interleaved, the best of each; a first call of each warms).
+  const Tensor grad = random_rows(o.prompt_tokens, D, o.common.seed + 13);
+  double tune_base = finetune_request_s(engine, prompt, grad, ""), tune_adapter =
+                                                                      finetune_request_s(engine, prompt, grad, "a0");
+  for (int r = 0; r < o.rounds; ++r) {
+    tune_base = std::min(tune_base, finetune_request_s(engine, prompt, grad, ""));
+    tune_adapter = std::min(tune_adapter, finetune_request_s(engine, prompt, grad, "a0"));
+  }
 
   nlohmann::json jl = nlohmann::json::array();
   if (!o.common.json) {
@@ -129,7 +155,14 @@ int run_lora_serve(const lora_serve_options& o) {
                             {"targets", adapters.front().config().targets},
                             {"adapter_values", per_adapter_values},
                             {"new_tokens", o.new_tokens},
-                            {"levels", jl}};
+                            {"levels", jl},
+                            {"finetune_rows", o.prompt_tokens},
+                            {"finetune_base_ms", tune_base * 1e3},
+                            {"finetune_adapter_ms", tune_adapter * 1e3},
+                            {"finetune_adapter_vs_base", tune_base / tune_adapter}};
+  if (!o.common.json)
+    std::printf("fine-tuning request (forward + backward, %d rows): base %.1f ms, adapter %.1f ms (%.3fx)\n",
+                o.prompt_tokens, tune_base * 1e3, tune_adapter * 1e3, tune_base / tune_adapter);
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -304,7 +304,7 @@ block_tensors block_tensors::of(const model_config& cfg, const param_set& p) {
 
 void block_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
                    const Tensor& positions, int batch, int seq, Tensor& y,
-                   block_activations& a) {
+                   block_activations& a, const block_lora* lora) {
   const std::int64_t N = static_cast<std::int64_t>(batch) * seq;
   const std::int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
   const std::int64_t Q = q_width(cfg), KV = kv_width(cfg);
@@ -316,6 +316,15 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   // stage::set_compute_dtype); norm statistics and lse stay f32.
   const dtype act = x.type();
   expect_dtype(y, act, "block_forward y");
+  if (lora && act != dtype::f32)
+    throw tensor_error(std::string("block_forward: a LoRA adapter's terms beside the weights need f32 activations, got ") +
+                       dtype_name(act));
+  // An adapted linear's product runs unfused, its term added before the
+  // epilogue's op.
+  const auto adapted = [&](lora_factors block_lora::*role) { return lora && (lora->*role).defined(); };
+  const auto term = [&](lora_factors block_lora::*role, const Tensor& in, Tensor& out) {
+    add_lora_term(be, lora_of(lora, role), in, out, a.lora_t);
+  };
   a.batch = batch;
   a.seq = seq;
   a.x = x;
@@ -353,6 +362,9 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
     const Tensor* bs[] = {opt(w.q_b), opt(w.k_b), opt(w.v_b)};
     Tensor* ys[] = {cfg.qk_norm ? &a.q_pre : &a.q, cfg.qk_norm ? &a.k_pre : &a.k, &a.v};
     be.linear_same_x(a.norm1, ws, bs, ys);
+    term(&block_lora::q, a.norm1, *ys[0]);
+    term(&block_lora::k, a.norm1, *ys[1]);
+    term(&block_lora::v, a.norm1, *ys[2]);
   }
   if (cfg.qk_norm) {
     head_rmsnorm(be, cfg, a.q_pre, w.q_norm_w, a.q, &a.rstd_q);
@@ -365,8 +377,9 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   be.attention(a.q, a.k, a.v, batch, seq, block_attention_shape(cfg), a.attn, &a.lse);
   // The residual adds and GPT-2's GELU go into the products' epilogues
   // where the backend has them (CUDA: cuBLASLt's); else two ops each.
-  if (!be.linear_fused(a.attn, w.o_w, opt(w.o_b), linear_epilogue::add, &x, a.h)) {
+  if (adapted(&block_lora::o) || !be.linear_fused(a.attn, w.o_w, opt(w.o_b), linear_epilogue::add, &x, a.h)) {
     be.linear(a.attn, w.o_w, opt(w.o_b), y);
+    term(&block_lora::o, a.attn, y);
     be.add(x, y, a.h);
   }
 
@@ -378,15 +391,20 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
     const Tensor* ws[] = {&w.gate_w, &w.up_w};
     Tensor* ys[] = {&a.gate, &a.up};
     be.linear_same_x(a.norm2, ws, {}, ys);
+    term(&block_lora::gate, a.norm2, a.gate);
+    term(&block_lora::up, a.norm2, a.up);
     be.swiglu(a.gate, a.up, a.act);
-  } else if (!be.linear_gelu(a.norm2, w.up_w, opt(w.up_b), a.up, a.act)) {
+  } else if (adapted(&block_lora::up) || !be.linear_gelu(a.norm2, w.up_w, opt(w.up_b), a.up, a.act)) {
     be.linear(a.norm2, w.up_w, opt(w.up_b), a.up);
+    term(&block_lora::up, a.norm2, a.up);
     be.gelu(a.up, a.act);
   }
   if (moe) {
     be.add(a.h, y, y);
-  } else if (!be.linear_fused(a.act, w.down_w, opt(w.down_b), linear_epilogue::add, &a.h, y)) {
+  } else if (adapted(&block_lora::down) ||
+             !be.linear_fused(a.act, w.down_w, opt(w.down_b), linear_epilogue::add, &a.h, y)) {
     be.linear(a.act, w.down_w, opt(w.down_b), y);
+    term(&block_lora::down, a.act, y);
     be.add(a.h, y, y);
   }
 }

@@ -181,6 +181,7 @@ struct block_activations {
   Tensor gate_up;             ///< Llama: gate and up sliced from it [2N,F] (row_stack)
   Tensor up;                  ///< Llama up projection / GPT-2 c_fc output before GELU [N,F]
   Tensor act;                 ///< swiglu(gate, up) or gelu(up) [N,F]
+  Tensor lora_t;              ///< scratch of a LoRA term's x A^T (block_forward with an adapter; grows only)
   moe_buffers moe;            ///< mixture-of-experts blocks: the routing and the experts' rows
 };
 
@@ -192,6 +193,7 @@ struct block_grad_scratch {
   /// dk_pre, dv) as slices of it where their widths match (qkv_stack)
   Tensor dqkv;
   Tensor dgate_up;        ///< Llama: dgate and dup as slices of it (as gate and up)
+  Tensor lora_t;          ///< a LoRA term's dy B (with an adapter; grows only)
   moe_grad_scratch moe;   ///< mixture-of-experts blocks
 };
 
@@ -247,9 +249,13 @@ class block_decode_workspace {
 /// Fills `saved` for block_backward; y must not alias x. The activations
 /// take x's dtype (y's must equal it): f32, or bf16/f16 with linear weights
 /// of that dtype (compute_weights_like) on a backend that computes in it.
+/// With `lora`, each adapted linear's output gets its low-rank term beside
+/// the frozen weight (model/lora_factors.hpp; f32 activations only; that
+/// product then runs without its fused epilogue); pass the same `lora` to
+/// the backward.
 void block_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
                    const Tensor& positions, int batch, int seq, Tensor& y,
-                   block_activations& saved);
+                   block_activations& saved, const block_lora* lora = nullptr);
 
 /// Gradients of frozen linear weights formed otherwise than dW (a LoRA
 /// adapter's low-rank factors, model/lora.hpp): block_backward calls add()
@@ -270,11 +276,12 @@ class frozen_weight_grads {
 /// dtype; dx must not alias dy. A linear weight whose view in `grads` is
 /// undefined is frozen: only the input's gradient goes through it (its
 /// bias's view must be undefined too), and `frozen`, when given, hears of
-/// it as block `layer`'s.
+/// it as block `layer`'s. `lora`: the forward's; each adapted weight's
+/// input gradient gets its term's, s (dy B) A.
 void block_backward(Backend& be, const model_config& cfg, const block_tensors& w,
                     const block_activations& saved, const Tensor& positions, const Tensor& dy,
                     Tensor& dx, block_tensors& grads, block_grad_scratch& scratch,
-                    frozen_weight_grads* frozen = nullptr, int layer = 0);
+                    frozen_weight_grads* frozen = nullptr, int layer = 0, const block_lora* lora = nullptr);
 
 /// Inference forward of x [Tq, D] at positions start_pos .. start_pos+Tq-1
 /// (`positions`, i32 [Tq], holds them): appends this block's keys and values
@@ -305,9 +312,11 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
 /// [N,D] overwritten from dy [N,D], given the activations `saved`. Skips the
 /// weight-gradient GEMMs (two thirds of a full backward's work) and needs no
 /// gradient buffers, so a server with frozen weights can serve backward
-/// requests without doubling its memory. dx must not alias dy.
+/// requests without doubling its memory. dx must not alias dy. `lora`: the
+/// forward's (its terms' input gradients, s (dy B) A, are added).
 void block_backward_input(Backend& be, const model_config& cfg, const block_tensors& w,
                           const block_activations& saved, const Tensor& positions,
-                          const Tensor& dy, Tensor& dx, block_input_grad_scratch& scratch);
+                          const Tensor& dy, Tensor& dx, block_input_grad_scratch& scratch,
+                          const block_lora* lora = nullptr);
 
 }  // namespace corolla

@@ -103,7 +103,8 @@ void same_x_backward_or_frozen(Backend& be, const Tensor& x, std::span<const Ten
 
 void block_backward(Backend& be, const model_config& cfg, const block_tensors& w,
                     const block_activations& a, const Tensor& positions, const Tensor& dy,
-                    Tensor& dx, block_tensors& g, block_grad_scratch& s, frozen_weight_grads* frozen, int layer) {
+                    Tensor& dx, block_tensors& g, block_grad_scratch& s, frozen_weight_grads* frozen, int layer,
+                    const block_lora* lora) {
   const std::int64_t N = static_cast<std::int64_t>(a.batch) * a.seq;
   const std::int64_t D = cfg.hidden_size;
   const frozen_sink sink{frozen, layer};
@@ -116,6 +117,10 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
   expect_dtype(dy, act, "block_backward dy");
   expect_dtype(dx, act, "block_backward dx");
   grow_grad_scratch(be, cfg, N, act, s);
+  // An adapter's terms (block_forward's lora): their input gradients.
+  const auto term = [&](lora_factors block_lora::*role, const Tensor& d_out, Tensor& d_in) {
+    add_lora_input_grad(be, lora_of(lora, role), d_out, d_in, s.lora_t);
+  };
 
   // MLP half: y = h + down(act(n2)) (or the experts' mixture of n2).
   if (cfg.is_moe()) {
@@ -123,6 +128,7 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     moe_backward(be, cfg, w, a.moe, a.norm2, dy, s.dnorm, g.router_w.defined() ? &g : nullptr, s.moe);
   } else if (llama) {
     linear_backward_or_frozen(be, a.act, w.down_w, dy, &s.dact, g.down_w, opt(g.down_b), sink, "down.weight");
+    term(&block_lora::down, dy, s.dact);
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
     // dnorm = dgate @ W_gate + dup @ W_up; the weight gradients as one batch
     // where the backend has it.
@@ -131,20 +137,27 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     Tensor* dws[] = {&g.gate_w, &g.up_w};
     const char* const names[] = {"gate.weight", "up.weight"};
     same_x_backward_or_frozen(be, a.norm2, ws, dys, &s.dnorm, dws, {}, sink, names);
+    term(&block_lora::gate, s.dgate, s.dnorm);
+    term(&block_lora::up, s.dup, s.dnorm);
   } else {
     // dup = gelu_backward(up, dy @ W_down), in the product's epilogue where
-    // the backend has it.
-    const bool fused = be.gemm_gelu_backward(dy, w.down_w, a.up, s.dup);
+    // the backend has it (not with an adapted W_down: its term goes first).
+    const bool fused = !(lora && lora->down.defined()) && be.gemm_gelu_backward(dy, w.down_w, a.up, s.dup);
     linear_backward_or_frozen(be, a.act, w.down_w, dy, fused ? nullptr : &s.dact, g.down_w, opt(g.down_b), sink,
                               "down.weight");
-    if (!fused) be.gelu_backward(a.up, s.dact, s.dup);
+    if (!fused) {
+      term(&block_lora::down, dy, s.dact);
+      be.gelu_backward(a.up, s.dact, s.dup);
+    }
     linear_backward_or_frozen(be, a.norm2, w.up_w, s.dup, &s.dnorm, g.up_w, opt(g.up_b), sink, "up.weight");
+    term(&block_lora::up, s.dup, s.dnorm);
   }
   // dh = the norm's input gradient + dy, which the residual carries straight through
   norm_backward_add(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, dy, s.dh, g.mlp_norm_w, g.mlp_norm_b);
 
   // Attention half: h = x + o(attn(q, k, v)).
   linear_backward_or_frozen(be, a.attn, w.o_w, s.dh, &s.dattn, g.o_w, opt(g.o_b), sink, "o.weight");
+  term(&block_lora::o, s.dh, s.dattn);
   be.attention_backward(a.q, a.k, a.v, a.attn, a.lse, s.dattn, a.batch, a.seq,
                         block_attention_shape(cfg), s.dq, s.dk, s.dv);
   if (llama) {
@@ -163,6 +176,9 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     Tensor* dbs[] = {opt(g.q_b), opt(g.k_b), opt(g.v_b)};
     const char* const names[] = {"q.weight", "k.weight", "v.weight"};
     same_x_backward_or_frozen(be, a.norm1, ws, dys, &s.dnorm, dws, dbs, sink, names);
+    term(&block_lora::q, dq, s.dnorm);
+    term(&block_lora::k, dk, s.dnorm);
+    term(&block_lora::v, s.dv, s.dnorm);
   }
   norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, g.attn_norm_w, g.attn_norm_b);
 }
@@ -171,7 +187,7 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
 
 void block_backward_input(Backend& be, const model_config& cfg, const block_tensors& w,
                           const block_activations& a, const Tensor& positions, const Tensor& dy,
-                          Tensor& dx, block_input_grad_scratch& scratch) {
+                          Tensor& dx, block_input_grad_scratch& scratch, const block_lora* lora) {
   const std::int64_t N = static_cast<std::int64_t>(a.batch) * a.seq;
   const std::int64_t D = cfg.hidden_size;
   expect_shape(dy, {N, D}, "block_backward_input dy");
@@ -183,6 +199,9 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
   expect_dtype(dy, act, "block_backward_input dy");
   expect_dtype(dx, act, "block_backward_input dx");
   grow_grad_scratch(be, cfg, N, act, s);
+  const auto term = [&](lora_factors block_lora::*role, const Tensor& d_out, Tensor& d_in) {
+    add_lora_input_grad(be, lora_of(lora, role), d_out, d_in, s.lora_t);
+  };
   // The norm kernels accumulate their weight gradients; the sums are thrown
   // away, but zeroing them each call keeps them finite forever.
   for (auto [t, n] : {std::pair{&scratch.norm_dw, D}, {&scratch.norm_db, D},
@@ -200,21 +219,28 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
     moe_backward(be, cfg, w, a.moe, a.norm2, dy, s.dnorm, nullptr, s.moe);
   } else if (llama) {
     be.gemm(dy, false, w.down_w, false, s.dact);
+    term(&block_lora::down, dy, s.dact);
     be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
     be.gemm(s.dgate, false, w.gate_w, false, s.dnorm);
     be.gemm(s.dup, false, w.up_w, false, s.dnorm, 1.0f, 1.0f);
+    term(&block_lora::gate, s.dgate, s.dnorm);
+    term(&block_lora::up, s.dup, s.dnorm);
   } else {
-    if (!be.gemm_gelu_backward(dy, w.down_w, a.up, s.dup)) {
+    const bool down_adapted = lora && lora->down.defined();
+    if (down_adapted || !be.gemm_gelu_backward(dy, w.down_w, a.up, s.dup)) {
       be.gemm(dy, false, w.down_w, false, s.dact);
+      term(&block_lora::down, dy, s.dact);
       be.gelu_backward(a.up, s.dact, s.dup);
     }
     be.gemm(s.dup, false, w.up_w, false, s.dnorm);
+    term(&block_lora::up, s.dup, s.dnorm);
   }
   norm_backward_add(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, dy, s.dh, scratch.norm_dw,
                     scratch.norm_db);
 
   // Attention half: h = x + o(attn(q, k, v)).
   be.gemm(s.dh, false, w.o_w, false, s.dattn);
+  term(&block_lora::o, s.dh, s.dattn);
   be.attention_backward(a.q, a.k, a.v, a.attn, a.lse, s.dattn, a.batch, a.seq,
                         block_attention_shape(cfg), s.dq, s.dk, s.dv);
   if (llama) {
@@ -227,6 +253,9 @@ void block_backward_input(Backend& be, const model_config& cfg, const block_tens
   be.gemm(dq, false, w.q_w, false, s.dnorm);
   be.gemm(dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
   be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);
+  term(&block_lora::q, dq, s.dnorm);
+  term(&block_lora::k, dk, s.dnorm);
+  term(&block_lora::v, s.dv, s.dnorm);
   norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, scratch.norm_dw,
                     scratch.norm_db);
 }

@@ -52,14 +52,9 @@ bool fused(Backend& be, weight_format f, const Tensor& x, const Tensor& w, const
 void add_lora(Backend& be, std::span<const lora_segment> segments, lora_factors block_lora::*role, const Tensor& x,
               Tensor& y, Tensor& scratch) {
   for (const lora_segment& seg : segments) {
-    const lora_factors& f = seg.lora->*role;
-    if (!f.defined() || seg.rows == 0) continue;
-    const std::int64_t n = seg.rows * f.a.dim(0);
-    if (!scratch.defined() || scratch.numel() < n) scratch = be.empty({n});
-    Tensor t = scratch.slice(0, n).view({seg.rows, f.a.dim(0)});
-    be.gemm(x.slice(seg.row, seg.row + seg.rows), false, f.a, true, t);  // x A^T [rows, r]
+    if (seg.rows == 0) continue;
     Tensor out = y.slice(seg.row, seg.row + seg.rows);
-    be.gemm(t, false, f.b, true, out, f.scale, 1.0f);  // += s t B^T
+    add_lora_term(be, &(seg.lora->*role), x.slice(seg.row, seg.row + seg.rows), out, scratch);
   }
 }
 

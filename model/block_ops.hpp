@@ -106,4 +106,32 @@ inline void norm_backward_add(Backend& be, const model_config& cfg, const Tensor
     be.layernorm_backward_add(x, w, mean, rstd, dy, dres, dx, dw, db);
 }
 
+/// A LoRA term beside a frozen linear weight (model/lora_factors.hpp):
+/// y += s (x A^T) B^T for f (nothing when f is null or undefined); x [N,
+/// in], y [N, out]. `scratch` holds x A^T (grows only).
+inline void add_lora_term(Backend& be, const lora_factors* f, const Tensor& x, Tensor& y, Tensor& scratch) {
+  if (!f || !f->defined() || x.dim(0) == 0) return;
+  const std::int64_t N = x.dim(0), r = f->a.dim(0);
+  if (!scratch.defined() || scratch.numel() < N * r) scratch = be.empty({N * r}, f->a.type());
+  Tensor t = scratch.slice(0, N * r).view({N, r});
+  be.gemm(x, false, f->a, true, t);                  // x A^T [N, r]
+  be.gemm(t, false, f->b, true, y, f->scale, 1.0f);  // += s t B^T
+}
+
+/// The input gradient of add_lora_term's term: dx += s (dy B) A (nothing
+/// when f is null or undefined); dy [N, out], dx [N, in].
+inline void add_lora_input_grad(Backend& be, const lora_factors* f, const Tensor& dy, Tensor& dx, Tensor& scratch) {
+  if (!f || !f->defined() || dy.dim(0) == 0) return;
+  const std::int64_t N = dy.dim(0), r = f->a.dim(0);
+  if (!scratch.defined() || scratch.numel() < N * r) scratch = be.empty({N * r}, f->a.type());
+  Tensor t = scratch.slice(0, N * r).view({N, r});
+  be.gemm(dy, false, f->b, false, t);                 // dy B [N, r]
+  be.gemm(t, false, f->a, false, dx, f->scale, 1.0f);  // += s t A
+}
+
+/// The factors of `role` in `lora`, or null without an adapter.
+inline const lora_factors* lora_of(const block_lora* lora, lora_factors block_lora::*role) {
+  return lora ? &(lora->*role) : nullptr;
+}
+
 }  // namespace corolla::block_ops

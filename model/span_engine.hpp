@@ -41,7 +41,6 @@
 // This file knows nothing of networking or CAF: the server actor wraps it.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -328,9 +327,9 @@ class span_engine {
   /// row: of a mixture-of-experts model the smallest routing_margin of the
   /// row over the blocks run (how near its routing came to a tie, which
   /// spot checks excuse), of a dense model +inf. With `adapter` (one this
-  /// engine holds, else unknown_adapter) the blocks compute with it
-  /// merged: each block's adapted weights W + s B A in scratch for the
-  /// length of the call.
+  /// engine holds, else unknown_adapter) each adapted weight's output gets
+  /// the adapter's low-rank term beside the frozen weight (block_forward's
+  /// lora: two rank-r products, no merged copy of the weight).
   span_expected<Tensor> forward(const Tensor& hidden, int batch, int seq,
                                 const Tensor& deep_prompts = Tensor(), int first_block = -1,
                                 int last_block = -1, std::vector<float>* routing_margins = nullptr,
@@ -373,12 +372,7 @@ class span_engine {
   void add_prompts(Tensor& x, int batch, int seq, const Tensor& prompts, int block);
   /// The adapter held as `name` ("": none, null), or unknown_adapter.
   span_expected<std::shared_ptr<const span_lora>> find_adapter(const std::string& name) const;
-  /// The f32 weights a stateless request computes block first()+i with:
-  /// stage::frozen_weights, or with `lora` those with the adapted weights
-  /// replaced by merged copies in adapted_ (valid until the next call).
-  const block_tensors& request_weights(int i, const span_lora* lora);
-  /// Frees what a stateless request held (the stage's widened weights, the
-  /// merged copies).
+  /// Frees what a stateless request held (the stage's widened weights).
   void release_request_weights();
   Tensor run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts, std::pair<int, int> blocks,
                      std::vector<block_activations>* saved, std::vector<float>* routing_margins = nullptr,
@@ -401,10 +395,6 @@ class span_engine {
   std::map<std::size_t, std::unique_ptr<step_recording>> batch_recordings_;
   Tensor train_positions_; ///< i32 [B*T] for the stateless paths
   int train_batch_ = 0, train_seq_ = 0;
-  /// request_weights' block: the frozen weights with the adapted roles
-  /// replaced by merged_ (q, k, v, o, gate, up, down).
-  block_tensors adapted_;
-  std::array<Tensor, 7> merged_;
   struct request_scope;
 };
 

@@ -9,8 +9,6 @@
 // dL/dx_i = dL/du_i (the addition passes the gradient through).
 #include <algorithm>
 #include <cmath>
-#include <iterator>
-#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,47 +60,13 @@ span_expected<void> span_engine::check_forward(const Tensor& hidden, int batch, 
 }
 
 /// Frees what a stateless request held (the stage's widened weights on an
-/// inference-only stage, an adapter's merged copies) when it is done,
-/// however it ends.
+/// inference-only stage) when it is done, however it ends.
 struct span_engine::request_scope {
   span_engine& e;
   ~request_scope() { e.release_request_weights(); }
 };
 
-const block_tensors& span_engine::request_weights(int i, const span_lora* lora) {
-  const block_tensors& w = stage_.frozen_weights(i);
-  if (!lora) return w;
-  // W + s B A for each adapted role, into copies this request owns (the
-  // frozen weights are the stage's parameters, or its scratch).
-  Backend& be = stage_.backend();
-  const block_lora& l = lora->blocks.at(static_cast<std::size_t>(i));
-  block_tensors merged = w;
-  // block_tensors' weight of each of lora_roles, in their order.
-  static constexpr Tensor block_tensors::*weights[] = {&block_tensors::q_w,    &block_tensors::k_w,
-                                                       &block_tensors::v_w,    &block_tensors::o_w,
-                                                       &block_tensors::gate_w, &block_tensors::up_w,
-                                                       &block_tensors::down_w};
-  static_assert(std::size(weights) == std::size(lora_roles) && std::size(weights) == std::tuple_size_v<decltype(merged_)>);
-  for (std::size_t k = 0; k < std::size(weights); ++k) {
-    Tensor block_tensors::*role = weights[k];
-    const lora_factors* f = &(l.*lora_roles[k]);
-    if (!f->defined()) continue;
-    const Tensor& from = w.*role;
-    Tensor& to = merged_[k];
-    if (!to.defined() || to.shape() != from.shape()) to = be.empty(from.shape());
-    be.copy(from, to);
-    be.gemm(f->b, false, f->a, false, to, f->scale, 1.0f);  // W + s B A
-    merged.*role = to;
-  }
-  adapted_ = std::move(merged);
-  return adapted_;
-}
-
-void span_engine::release_request_weights() {
-  stage_.release_frozen_weights();
-  adapted_ = block_tensors{};
-  merged_ = {};
-}
+void span_engine::release_request_weights() { stage_.release_frozen_weights(); }
 
 const Tensor& span_engine::train_positions(int batch, int seq) {
   if (!train_positions_.defined() || train_batch_ != batch || train_seq_ != seq) {
@@ -142,7 +106,9 @@ Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tenso
     block_activations& a = saved ? (*saved)[static_cast<std::size_t>(i - blocks.first)] : scratch;
     // With `saved`, a.x keeps `in` alive for the backward; `out` becomes the
     // next block's input and is never referenced by this block's activations.
-    block_forward(be, config(), request_weights(i, lora), in, pos, batch, seq, out, a);
+    // An adapter's terms run beside the frozen weights (no merged copy).
+    block_forward(be, config(), stage_.frozen_weights(i), in, pos, batch, seq, out, a,
+                  lora ? &lora->blocks.at(static_cast<std::size_t>(i)) : nullptr);
     if (routing_margins && config().is_moe())
       for (std::int64_t r = 0; r < a.moe.route.rows; ++r) {
         float& m = (*routing_margins)[static_cast<std::size_t>(r)];
@@ -220,8 +186,9 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     for (int i = to - from - 1; i >= 0; --i) {
       const auto b = static_cast<std::size_t>(i);
       Tensor g_in = be.empty(hidden.shape());
-      block_backward_input(be, config(), request_weights(static_cast<int>(b) + from, lora.value().get()), saved[b], pos,
-                           g, g_in, scratch);
+      const span_lora* l = lora.value().get();
+      block_backward_input(be, config(), stage_.frozen_weights(static_cast<int>(b) + from), saved[b], pos, g, g_in,
+                           scratch, l ? &l->blocks.at(b + static_cast<std::size_t>(from)) : nullptr);
       saved[b] = block_activations{};  // free this block's activations early
       if (prompts.defined()) {
         // d prompt_i = sum over sequences of the gradient at positions [0, P).

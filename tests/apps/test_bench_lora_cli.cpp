@@ -47,7 +47,7 @@ TEST_CASE("bench lora times an adapter's step and the whole model's and reports 
   CHECK(bad.err.find("names no module") != std::string::npos);
 }
 
-TEST_CASE("bench lora-serve decodes base sessions, one adapter's and each its own, and reports the ratios") {
+TEST_CASE("bench lora-serve decodes base sessions, one adapter's and each its own, times a fine-tuning request, and reports the ratios") {
   testing::temp_dir_guard dir("bench-lora-serve");
   const testing::tiny_model_options o;  // 2-layer GQA Llama
   testing::write_tiny_model(dir / "m", o);
@@ -71,6 +71,11 @@ TEST_CASE("bench lora-serve decodes base sessions, one adapter's and each its ow
     CHECK(l["one_adapter_vs_base"].get<double>() ==
           doctest::Approx(l["one_adapter_tokens_per_s"].get<double>() / l["base_tokens_per_s"].get<double>()));
   }
+  // A fine-tuning request (forward and backward of 4 rows) with the adapter and without.
+  CHECK(j["finetune_rows"] == 4);
+  CHECK(j["finetune_base_ms"].get<double>() > 0);
+  CHECK(j["finetune_adapter_vs_base"].get<double>() ==
+        doctest::Approx(j["finetune_base_ms"].get<double>() / j["finetune_adapter_ms"].get<double>()));
   const auto bad = run_corolla({"bench", "lora-serve", "--model", (dir / "m").string(), "--device", "cpu",
                                 "--weights", "int3"});
   CHECK(bad.exit_code == 1);

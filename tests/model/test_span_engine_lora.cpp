@@ -184,9 +184,11 @@ TEST_CASE("a session with an adapter over part of the span, and after a rollback
 }
 
 TEST_CASE("stateless forward and backward with an adapter equal the merged model's, on inference-only weights too") {
-  for (const auto& o : {llama_opts(2), gpt2_opts(2)}) {
+  // (Qwen3: q and k normed per head after the adapted products.)
+  for (const auto& o : {llama_opts(2), gpt2_opts(2), family("Qwen3ForCausalLM", 2)}) {
     for (const bool keep : {true, false}) {
       CAPTURE(o.arch == architecture::llama);
+      CAPTURE(o.family);
       CAPTURE(keep);
       model_dir m(o);
       const std::int64_t D = m.cfg.hidden_size;
@@ -209,8 +211,10 @@ TEST_CASE("stateless forward and backward with an adapter equal the merged model
       CHECK(max_rel_diff(*fr, *fb) > 0.5);  // the adapter changes the outputs
       auto gr = e.backward(h, g, B, T, prompts, -1, -1, "a"), gm = ref.backward(h, g, B, T, prompts);
       REQUIRE((gr && gm));
-      CHECK(max_rel_diff(gr->grad_input, gm->grad_input) < 1e-4);
-      CHECK(max_rel_diff(gr->grad_prompts, gm->grad_prompts) < 1e-4);
+      // (The terms beside the weights round otherwise than the merged
+      // weights: normwise, as f32 backward passes through attention agree.)
+      CHECK(testing::relative_error(gr->grad_input.to_vector(), gm->grad_input.to_vector()) < 1e-5);
+      CHECK(testing::relative_error(gr->grad_prompts.to_vector(), gm->grad_prompts.to_vector()) < 1e-5);
       // Nothing of the request stays behind: the base model again.
       auto again = e.forward(h, B, T, prompts);
       REQUIRE(again);
