@@ -90,17 +90,14 @@ int run_lora(const lora_bench_options& o) {
     full_s = timed(t, o.steps);
   }
   const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
-  std::int64_t grads = 0, adapted = 0;
+  std::int64_t grads = 0;
   for (const param_group& g : model.groups()) grads += g.grads->size();
-  for (const lora_module& m : adapter.modules()) adapted += m.in * m.out;
-  adapted *= c.n_layers;
   // Beside the weights: the model's gradient buffers (allocated whole in
   // both runs; the adapter's run writes only the norm weights'), the
-  // moments, and for the adapter its own values and gradients and the
-  // adapted weights' W0.
+  // moments, and for the adapter its own values and gradients (its terms
+  // run beside the frozen weights: no W0 copy, no merged one).
   const double full_state = 4.0 * static_cast<double>(grads + full_moments);
-  const double lora_state =
-      4.0 * static_cast<double>(grads + adapter_moments + 2 * adapter.numel() + adapted);
+  const double lora_state = 4.0 * static_cast<double>(grads + adapter_moments + 2 * adapter.numel());
   if (!o.common.json) {
     std::printf("LoRA r=%d on %s, %.1fM parameters, B x T = %d x %d on %s\n", o.rank, c.hf_architecture.c_str(),
                 static_cast<double>(c.parameter_count()) / 1e6, o.batch, o.seq, be.name().c_str());

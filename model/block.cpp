@@ -316,9 +316,11 @@ void block_forward(Backend& be, const model_config& cfg, const block_tensors& w,
   // stage::set_compute_dtype); norm statistics and lse stay f32.
   const dtype act = x.type();
   expect_dtype(y, act, "block_forward y");
-  if (lora && act != dtype::f32)
-    throw tensor_error(std::string("block_forward: a LoRA adapter's terms beside the weights need f32 activations, got ") +
-                       dtype_name(act));
+  if (lora)
+    for (const auto role : lora_roles)
+      if ((lora->*role).defined() && (lora->*role).a.type() != act)
+        throw tensor_error(std::string("block_forward: a LoRA adapter's factors are ") +
+                           dtype_name((lora->*role).a.type()) + ", the activations " + dtype_name(act));
   // An adapted linear's product runs unfused, its term added before the
   // epilogue's op.
   const auto adapted = [&](lora_factors block_lora::*role) { return lora && (lora->*role).defined(); };

@@ -250,9 +250,9 @@ class block_decode_workspace {
 /// take x's dtype (y's must equal it): f32, or bf16/f16 with linear weights
 /// of that dtype (compute_weights_like) on a backend that computes in it.
 /// With `lora`, each adapted linear's output gets its low-rank term beside
-/// the frozen weight (model/lora_factors.hpp; f32 activations only; that
-/// product then runs without its fused epilogue); pass the same `lora` to
-/// the backward.
+/// the frozen weight (model/lora_factors.hpp; factors of the activations'
+/// dtype; that product then runs without its fused epilogue); pass the
+/// same `lora` to the backward.
 void block_forward(Backend& be, const model_config& cfg, const block_tensors& w, const Tensor& x,
                    const Tensor& positions, int batch, int seq, Tensor& y,
                    block_activations& saved, const block_lora* lora = nullptr);

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "model/block.hpp"
 #include "model/block_ops.hpp"
@@ -342,6 +343,30 @@ span_lora lora_adapter::factors(Backend& be, int first, int n) const {
   return out;
 }
 
+span_lora lora_adapter::training_factors(Backend& be, dtype t) const {
+  const float s = config_.scaling();
+  const auto as = [&](const Tensor& x) {
+    if (x.type() == t) return x;
+    Tensor out = be.empty(x.shape(), t);
+    be.copy(x, out);
+    return out;
+  };
+  span_lora out;
+  out.blocks.resize(static_cast<std::size_t>(n_layers()));
+  for (int i = 0; i < n_layers(); ++i) {
+    const param_set& p = block(i);
+    for (const lora_module& m : modules_) {
+      const Tensor A = as(p.get(m.path + ".lora_A")), B = as(p.get(m.path + ".lora_B"));
+      std::int64_t row = 0;
+      for (const auto& [name, rows] : m.parts) {
+        out.blocks[static_cast<std::size_t>(i)].*lora_role(name) = {A, B.slice(row, row + rows), s};
+        row += rows;
+      }
+    }
+  }
+  return out;
+}
+
 std::string lora_adapter::digest() const {
   std::uint64_t h = 14695981039346656037ull;  // FNV-1a 64
   const auto mix = [&](const void* data, std::size_t n) {
@@ -434,38 +459,38 @@ lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&mo
     throw model_error("the LoRA adapter was made for another model than this " + model.config().hf_architecture +
                       " of " + std::to_string(model.config().n_layers) + " layers");
   model.groups();  // the gradient buffers the backward writes (the norm weights')
-  std::vector<param_set>& blocks = model.blocks();
-  base_.resize(blocks.size());
-  for (std::size_t i = 0; i < blocks.size(); ++i)
-    for (const lora_module& m : adapter.modules())
-      for (const auto& [name, rows] : m.parts) base_[i].push_back(blocks[i].get(name).clone());
-  // No weight of the model trains: the adapted ones hand their inputs and
-  // output gradients to the adapter instead.
   adapter.zero_grads();
-  model.set_trained_weights(std::set<std::string>{}, &adapter);
+  make_factors();
+  // No weight of the model trains: the adapted ones hand their inputs and
+  // output gradients to the adapter instead, and compute with its terms.
+  model.set_trained_weights(std::set<std::string>{}, &adapter, &factors_);
+}
+
+lora_tuning::~lora_tuning() {
+  model_->set_trained_weights(std::nullopt);
+  // The trained model: the adapter merged into the weights it trained beside.
   try {
-    merge();
-  } catch (...) {
-    model.set_trained_weights(std::nullopt);  // no hook left pointing at the adapter
-    throw;
+    Backend& be = model_->backend();
+    std::vector<param_set>& blocks = model_->blocks();
+    for (std::size_t i = 0; i < blocks.size(); ++i) adapter_->merge(be, static_cast<int>(i), blocks[i]);
+    model_->params_changed();
+  } catch (const std::exception& e) {
+    spdlog::error("LoRA: the trained adapter could not be merged into the model's weights: {}", e.what());
   }
 }
 
-lora_tuning::~lora_tuning() { model_->set_trained_weights(std::nullopt); }
+void lora_tuning::make_factors() {
+  factors_dtype_ = model_->compute_dtype();
+  factors_ = adapter_->training_factors(model_->backend(), factors_dtype_);
+}
 
-void lora_tuning::merge() {
-  Backend& be = model_->backend();
-  std::vector<param_set>& blocks = model_->blocks();
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    std::size_t k = 0;
-    for (const lora_module& m : adapter_->modules())
-      for (const auto& [name, rows] : m.parts) {
-        Tensor w = blocks[i].get(name);
-        be.copy(base_[i][k++], w);
-      }
-    adapter_->merge(be, static_cast<int>(i), blocks[i]);
-  }
-  model_->params_changed();
+void lora_tuning::zero_grads() {
+  adapter_->zero_grads();
+  if (model_->compute_dtype() != factors_dtype_) make_factors();
+}
+
+void lora_tuning::refresh() {
+  if (factors_dtype_ != dtype::f32 || model_->compute_dtype() != factors_dtype_) make_factors();
 }
 
 }  // namespace corolla

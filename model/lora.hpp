@@ -24,10 +24,13 @@
 //
 // Two uses: merged into a model's weights as they load (generation, the
 // local API: lora_adapter::merge, through the checkpoint's block patch), and
-// trained (lora_tuning): the model's blocks hold W0 + s B A for the forward;
-// in the backward every weight of the model is frozen (no dW is formed, the
-// head's gradients neither), and each adapted weight hands its input x and
-// output gradient dy to the adapter, which adds its low-rank gradients,
+// trained (lora_tuning): the model's blocks keep the frozen W0 and the
+// forward adds each adapted product's term s (x A^T) B^T beside it
+// (block_forward's factors, model/lora_factors.hpp; no merged copy, no
+// copy of W0); in the backward every weight of the model is frozen (no dW
+// is formed, the head's gradients neither), each adapted weight's input
+// gradient gets its term's, s (dy B) A, and hands its input x and output
+// gradient dy to the adapter, which adds its low-rank gradients,
 // dB += s dy^T (x A^T) and dA += s (dy B)^T x (= s B^T dW' and s dW' A^T,
 // without forming dW'; summed over the parts of a stacked module). AdamW
 // keeps moments of the adapter only. The model's gradient buffers are
@@ -135,6 +138,10 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   /// by the parts of a stacked module. Throws model_error for blocks
   /// outside the adapter.
   span_lora factors(Backend& be, int first, int n) const;
+  /// The factors of every block in dtype `t` for training beside the
+  /// frozen weights (lora_tuning): with f32, views of this adapter's own
+  /// tensors (an update is seen at once); else copies converted on `be`.
+  span_lora training_factors(Backend& be, dtype t) const;
   /// block_patch: merge on the host as a checkpoint's block loads.
   void apply(const model_config& cfg, int layer, param_set& block) const override;
   /// frozen_weight_grads: adds the low-rank gradients of the adapted weight
@@ -165,36 +172,44 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   Tensor t_, u_, a_act_, b_act_;  ///< add()'s flat scratch: x A^T, dy B, A and B in the activations' dtype
 };
 
-/// Training an adapter on a model: the targeted weights of `model`'s blocks
-/// are kept as they were (W0, a copy on the model's device) and hold
-/// W0 + s B A for every forward. Both are borrowed and must outlive this.
+/// Training an adapter on a model: while this lives, `model`'s forward and
+/// backward add the adapter's terms beside its frozen weights (transformer::
+/// set_trained_weights' factors: the adapter's own A and B with f32
+/// compute, copies in a 16-bit compute dtype). Both are borrowed and must
+/// outlive this.
 class lora_tuning {
  public:
-  /// Copies W0, merges the adapter's present values, and has the model
-  /// form gradients of the adapted weights only (transformer::
-  /// set_trained_weights: the head's and the other weights' products are
-  /// skipped). Throws model_error when `model` is inference-only or the
+  /// Has the model compute with the adapter's terms and form no weight
+  /// gradient (the head's and the linear weights' products are skipped;
+  /// the adapted ones hand their inputs and output gradients to the
+  /// adapter). Throws model_error when `model` is inference-only or the
   /// adapter is of another shape.
   lora_tuning(transformer& model, lora_adapter& adapter);
-  /// The model forms every gradient again (its weights keep W0 + s B A).
+  /// The model forms every gradient again, and its weights take the
+  /// adapter merged (W0 + s B A, once): the trained model.
   ~lora_tuning();
   lora_tuning(const lora_tuning&) = delete;
   lora_tuning& operator=(const lora_tuning&) = delete;
   /// Before a step's first forward and backward: the adapter's gradients
-  /// to zero (the backward adds to them).
-  void zero_grads() { adapter_->zero_grads(); }
-  /// After an update of the adapter: the model's weights = W0 + s B A again
-  /// (params_changed: 16-bit compute copies follow).
-  void merge();
+  /// to zero (the backward adds to them), and the factors in the model's
+  /// compute dtype (it may have changed since).
+  void zero_grads();
+  /// After an update of the adapter: 16-bit copies of its factors follow
+  /// (with f32 compute the model reads the adapter's own).
+  void refresh();
   /// The adapter's parameters and gradients, for the optimiser.
   std::vector<param_group> groups() { return adapter_->groups(); }
   lora_adapter& adapter() { return *adapter_; }
 
  private:
+  /// The factors the model reads: the adapter's own tensors (f32 compute)
+  /// or copies in the compute dtype, made for `factors_dtype_`.
+  void make_factors();
+
   transformer* model_;
   lora_adapter* adapter_;
-  /// Per block, per target part: W0 (a clone of the weight before merging).
-  std::vector<std::vector<Tensor>> base_;
+  span_lora factors_;
+  dtype factors_dtype_ = dtype::f32;
 };
 
 }  // namespace corolla

@@ -161,9 +161,14 @@ std::vector<param_set>& stage::grads() {
   return grads_;
 }
 
-void stage::set_trained_linear_weights(std::optional<std::set<std::string>> names, frozen_weight_grads* frozen) {
+void stage::set_trained_linear_weights(std::optional<std::set<std::string>> names, frozen_weight_grads* frozen,
+                                       const span_lora* lora) {
+  if (lora && static_cast<int>(lora->blocks.size()) != size())
+    throw tensor_error("stage: LoRA factors of " + std::to_string(lora->blocks.size()) + " blocks for a stage of " +
+                       std::to_string(size()));
   trained_linear_ = std::move(names);
   frozen_grads_ = trained_linear_ ? frozen : nullptr;
+  train_lora_ = trained_linear_ ? lora : nullptr;
   resolve_grad_views();
 }
 
@@ -280,7 +285,7 @@ void stage::forward(const Tensor& x, int batch, int seq, Tensor& y, stage_activa
       const auto b = static_cast<std::size_t>(i);
       Tensor* out = last_out;
       if (i + 1 < size()) out = &ensure_tensor(*be_, saved->inputs[b + 1], {N, D}, act);
-      block_forward(*be_, cfg_, train_weights(i), *in, pos, batch, seq, *out, saved->blocks[b]);
+      block_forward(*be_, cfg_, train_weights(i), *in, pos, batch, seq, *out, saved->blocks[b], train_lora(i));
       in = out;
     }
   } else {
@@ -289,7 +294,7 @@ void stage::forward(const Tensor& x, int batch, int seq, Tensor& y, stage_activa
     ensure_tensor(*be_, pong_, {N, D}, act);
     for (int i = 0; i < size(); ++i) {
       Tensor* out = (i + 1 == size()) ? last_out : (i % 2 == 0 ? &ping_ : &pong_);
-      block_forward(*be_, cfg_, train_weights(i), *in, pos, batch, seq, *out, scratch_acts_);
+      block_forward(*be_, cfg_, train_weights(i), *in, pos, batch, seq, *out, scratch_acts_, train_lora(i));
       in = out;
     }
   }
@@ -323,7 +328,7 @@ void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& d
     const auto b = static_cast<std::size_t>(i);
     Tensor* g_in = (i == 0) ? first_in : (i % 2 == 0 ? &ping_ : &pong_);
     block_backward(*be_, cfg_, train_weights(i), saved.blocks[b], pos, *g_out, *g_in, grad_views_[b],
-                   grad_scratch_, frozen_grads_, first_ + i);
+                   grad_scratch_, frozen_grads_, first_ + i, train_lora(i));
     g_out = g_in;
     if (on_block_done) on_block_done(i);
   }

@@ -135,9 +135,12 @@ class stage {
   /// they hold; so is a mixture of experts' whole MLP (router, experts,
   /// shared expert). Norm weights always get theirs. `frozen` (borrowed;
   /// may be null) hears of each frozen linear weight's input and output
-  /// gradient (block_backward; not of the experts').
+  /// gradient (block_backward; not of the experts'). `lora` (borrowed; may
+  /// be null): factors beside the frozen weights, block first()+i's at
+  /// index i, of the compute dtype, whose terms forward() and backward()
+  /// add (block_forward's lora: LoRA training without merging).
   void set_trained_linear_weights(std::optional<std::set<std::string>> names,
-                                  frozen_weight_grads* frozen = nullptr);
+                                  frozen_weight_grads* frozen = nullptr, const span_lora* lora = nullptr);
   /// Sets every gradient to zero (nothing when none are allocated). Also
   /// params_changed() (a step's parameter updates come before the next
   /// step's zero_grads), unless compute_copies_written() was said since
@@ -260,6 +263,10 @@ class stage {
   /// The weights training reads for block first()+i: the parameters, or
   /// their compute copies (converted first when params_changed()).
   const block_tensors& train_weights(int i);
+  /// Block first()+i's factors beside the weights (set_trained_linear_weights), or null.
+  const block_lora* train_lora(int i) const {
+    return train_lora_ ? &train_lora_->blocks[static_cast<std::size_t>(i)] : nullptr;
+  }
   /// `t` in the compute dtype: `t` itself, or converted into `buffer`.
   const Tensor& in_compute_dtype(const Tensor& t, Tensor& buffer);
 
@@ -276,6 +283,7 @@ class stage {
   std::vector<block_tensors> grad_views_;
   std::optional<std::set<std::string>> trained_linear_;  ///< set_trained_linear_weights
   frozen_weight_grads* frozen_grads_ = nullptr;          ///< its hook
+  const span_lora* train_lora_ = nullptr;                ///< its factors beside the weights
   std::vector<block_tensors> inference_weights_;  ///< bf16, int8 or nf4 linear weights, or empty (use weights_)
   block_tensors widened_;          ///< frozen_weights' scratch on an inference-only stage
   expert_tensors widened_expert_;  ///< its experts' scratch (block_tensors::expert_scratch)

@@ -112,7 +112,7 @@ step_report trainer::step() {
   }
   if (!r.skipped) {
     if (lora_)
-      lora_->merge();
+      lora_->refresh();
     else if (optimizer_.writes_compute_copies())
       model_->compute_copies_written();
     else

@@ -178,10 +178,10 @@ std::vector<param_group> transformer::groups() {
 }
 
 void transformer::set_trained_weights(std::optional<std::set<std::string>> block_linear,
-                                      frozen_weight_grads* frozen) {
+                                      frozen_weight_grads* frozen, const span_lora* lora) {
   require_block_parameters("set_trained_weights");
   impl_->frozen_head = block_linear.has_value();
-  impl_->block_span.set_trained_linear_weights(std::move(block_linear), frozen);
+  impl_->block_span.set_trained_linear_weights(std::move(block_linear), frozen, lora);
 }
 
 void transformer::zero_grads() {

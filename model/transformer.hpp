@@ -39,6 +39,7 @@ namespace corolla {
 
 class block_patch;
 class frozen_weight_grads;
+struct span_lora;
 
 /// A parameter set together with its gradient buffer (same layout).
 struct param_group {
@@ -120,9 +121,11 @@ class transformer {
   /// their gradient products skipped and their buffers left as they are
   /// (zero after zero_grads). Norm weights still get theirs. `frozen`
   /// (borrowed, may be null) hears of each frozen linear weight's input and
-  /// output gradient (stage::set_trained_linear_weights).
+  /// output gradient (stage::set_trained_linear_weights), and `lora`
+  /// (borrowed, may be null; block i's factors at index i, of the compute
+  /// dtype) adds its terms beside the frozen weights in forward and backward.
   void set_trained_weights(std::optional<std::set<std::string>> block_linear,
-                           frozen_weight_grads* frozen = nullptr);
+                           frozen_weight_grads* frozen = nullptr, const span_lora* lora = nullptr);
   /// Zeroes every gradient buffer (and, as stage::zero_grads, says the
   /// parameters may have changed since the last forward, unless
   /// compute_copies_written() was said since the last params_changed():
