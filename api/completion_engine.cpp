@@ -290,12 +290,19 @@ class swarm_engine final : public completion_engine {
   engine_result generate(std::span<const std::int32_t> prompt, const generation_params& p,
                          const token_callback& on_token, const std::string& cache_domain,
                          const std::string& adapter) override {
-    if (!adapter.empty() && !std::binary_search(adapter_names_.begin(), adapter_names_.end(), adapter) &&
-        !(discover_ && discovered_now(adapter))) {
-      std::string held;
-      for (const auto& a : adapters()) held += (held.empty() ? "" : ", ") + a;
-      throw model_error("no adapter '" + adapter + "' is served here" +
-                        (held.empty() ? " (none is)" : " (these are: " + held + ")"));
+    if (!adapter.empty() && !std::binary_search(adapter_names_.begin(), adapter_names_.end(), adapter)) {
+      // A name the swarm held when the request was checked and holds no
+      // more: 404 naming nothing else (the list would hold names private
+      // to other tenants; api/adapter_access.hpp).
+      if (discover_ && !discovered_now(adapter))
+        throw api_error(404, "invalid_request_error", "The model '" + adapter + "' is not served now (GET /v1/models).",
+                        "model", "model_not_found");
+      if (!discover_) {
+        std::string held;
+        for (const auto& a : adapter_names_) held += (held.empty() ? "" : ", ") + a;
+        throw model_error("no adapter '" + adapter + "' is served here" +
+                          (held.empty() ? " (none is)" : " (these are: " + held + ")"));
+      }
     }
     slot_lease lease(pool_);
     slot& s = *slots_[lease.index()];
@@ -361,23 +368,35 @@ class swarm_engine final : public completion_engine {
  private:
   /// The adapters the swarm holds over the whole model (names), asked of
   /// the servers when the last answer is older than
-  /// adapter_discovery_interval. Each name is admitted once and for good
-  /// while fewer than max_discovered_adapters are; its digest is pinned as
-  /// a name given alone is (client_for).
+  /// adapter_discovery_interval (by one caller; the others meanwhile get
+  /// the last list, so no request waits on the servers' answers but the
+  /// one that asks). Each name is admitted once and for good while fewer
+  /// than max_discovered_adapters are; its digest is pinned as a name
+  /// given alone is (client_for).
   std::vector<std::string> discovered() const {
-    std::lock_guard lock(discovery_mutex_);
-    const auto now = std::chrono::steady_clock::now();
-    if (discovered_at_ && now - *discovered_at_ < adapter_discovery_interval) return discovered_;
-    discovered_at_ = now;
+    {
+      std::lock_guard lock(discovery_mutex_);
+      if (discovered_at_ && std::chrono::steady_clock::now() - *discovered_at_ < adapter_discovery_interval)
+        return discovered_;
+    }
+    std::unique_lock asking(discovery_refresh_mutex_, std::try_to_lock);
+    if (!asking) {
+      std::lock_guard lock(discovery_mutex_);
+      return discovered_;
+    }
     std::vector<adapter_ref> held;
     {
       std::lock_guard probe(probe_mutex_);
       if (auto err = probe_.refresh()) {  // (the last list stands: requests naming one meet the failure)
         spdlog::info("api: asking the swarm for its adapters: {}", error_message(err));
+        std::lock_guard lock(discovery_mutex_);
+        discovered_at_ = std::chrono::steady_clock::now();
         return discovered_;
       }
       held = probe_.complete_adapters();
     }
+    std::lock_guard lock(discovery_mutex_);
+    discovered_at_ = std::chrono::steady_clock::now();
     std::vector<std::string> names;
     for (const adapter_ref& a : held) {
       if (!admitted_.count(a.name)) {
@@ -451,7 +470,8 @@ class swarm_engine final : public completion_engine {
   swarm_client_options options_;
   std::vector<std::string> adapter_names_;  ///< sorted, "*" left out
   bool discover_ = false;                   ///< "*" given: adapters the swarm holds too
-  mutable std::mutex discovery_mutex_;      ///< taken before probe_mutex_
+  mutable std::mutex discovery_refresh_mutex_;  ///< held by the one caller asking the servers; before probe_mutex_
+  mutable std::mutex discovery_mutex_;          ///< guards the list; never held while asking
   mutable std::optional<std::chrono::steady_clock::time_point> discovered_at_;  ///< guarded by discovery_mutex_
   mutable std::vector<std::string> discovered_;  ///< sorted names; guarded by discovery_mutex_
   mutable std::set<std::string> admitted_;       ///< every name ever served; guarded by discovery_mutex_

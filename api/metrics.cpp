@@ -139,10 +139,16 @@ std::string metrics_registry::render(const std::function<bool(const metric_label
     out += "\n# TYPE " + name + " " +
            (f.k == kind::counter ? "counter" : f.k == kind::gauge ? "gauge" : "histogram") + "\n";
     if (f.k != kind::histogram) {
-      // A family without series still shows its zero, so dashboards see it.
-      if (f.series_by_labels.empty()) out += name + " 0\n";
+      // A family without series (or none shown) shows its zero, so
+      // dashboards see it, and a hidden series' first count changes
+      // nothing a scraper sees.
+      bool any = false;
       for (const auto& [labels, s] : f.series_by_labels)
-        if (shown(labels)) out += name + label_text(labels) + " " + number(s.value) + "\n";
+        if (shown(labels)) {
+          out += name + label_text(labels) + " " + number(s.value) + "\n";
+          any = true;
+        }
+      if (!any) out += name + " 0\n";
       continue;
     }
     for (const auto& [labels, s] : f.series_by_labels) {

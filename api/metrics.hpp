@@ -55,8 +55,8 @@ class metrics_registry {
   /// Every family in the text format: # HELP, # TYPE, then one line per
   /// series (histograms: _bucket{le=...} cumulative, _sum, _count).
   std::string render() const;
-  /// The same without the series `hidden` is true of (a family whose every
-  /// series is hidden shows its # HELP and # TYPE only).
+  /// The same without the series `hidden` is true of (a counter or gauge
+  /// whose every series is hidden shows its zero, as one without series).
   std::string render(const std::function<bool(const metric_labels&)>& hidden) const;
 
  private:

@@ -44,9 +44,11 @@ struct train_options {
   /// (PEFT layout, lora_adapter::save).
   std::filesystem::path save_dir;
   /// When set, only this LoRA adapter trains (model/lora.hpp): the model's
-  /// own weights stay as they were, AdamW keeps moments of the adapter
-  /// alone, and clipping and the gradient norm are over its gradients.
-  /// Borrowed: it must outlive the trainer.
+  /// own weights stay as they were while the trainer lives (the adapter's
+  /// terms run beside them) and take the adapter merged when it is
+  /// destroyed; AdamW keeps moments of the adapter alone, and clipping and
+  /// the gradient norm are over its gradients. Borrowed: it must outlive
+  /// the trainer.
   lora_adapter* adapter = nullptr;
   /// With an adapter: base_model_name_or_path in the saved adapter_config.json.
   std::string adapter_base;

@@ -82,8 +82,10 @@ TEST_CASE("swarm API requests name their adapters, and each answers what local g
   CHECK(discovering->generate(m.prompt, m.params, {}, {}, "other").result.tokens == want_other);
   CHECK(discovering->generate(m.prompt, m.params, {}, {}, "style").result.tokens == want_style);
   CHECK(discovering->generate(m.prompt, m.params, {}, {}, "").result.tokens == m.expected);
+  // (A name not held over the whole model: 404 naming nothing else, since
+  // the list may hold names private to other tenants.)
   CHECK_THROWS_WITH_AS(discovering->generate(m.prompt, m.params, {}, {}, "half"),
-                       "no adapter 'half' is served here (these are: other, style)", model_error);
+                       "The model 'half' is not served now (GET /v1/models).", api::api_error);
 
   // An adapter no server holds: the request fails naming it (503 over HTTP).
   auto missing = api::make_swarm_engine(*n, o, load_head(m), 1, weight_format::f32, true, {"absent"});

@@ -98,7 +98,15 @@ TEST_CASE("a render can leave out series, histograms too, and stays valid text f
   CHECK(text.find("secret") == std::string::npos);
   const auto samples = parse_prometheus_text(text);
   CHECK(samples.at("by_adapter_total{adapter=\"open\"}") == 1);
-  CHECK(samples.size() == 1u);  // the histogram's every series hidden: no sample, no fake zero
+  CHECK(samples.size() == 1u);  // the histogram's every series hidden: no sample
   CHECK(text.find("# TYPE latency_seconds histogram") != std::string::npos);
+  // A counter whose every series is hidden shows its zero, as before its
+  // first count: a scraper cannot tell a hidden series appeared.
+  metrics_registry only_hidden;
+  only_hidden.declare("by_adapter_total", metrics_registry::kind::counter, "By adapter.");
+  const std::string before = only_hidden.render(hide_secret);
+  only_hidden.add("by_adapter_total", {{"adapter", "secret"}});
+  CHECK(only_hidden.render(hide_secret) == before);
+  CHECK(parse_prometheus_text(before).at("by_adapter_total") == 0);
   CHECK(parse_prometheus_text(m.render()).at("by_adapter_total{adapter=\"secret\"}") == 4);
 }

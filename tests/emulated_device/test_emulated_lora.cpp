@@ -1,9 +1,11 @@
 // A LoRA adapter (model/lora.hpp) training on a device: the device code path
 // of the frozen weights' backward (input gradients only, by products with the
-// weights) and of the adapter's merge and projected gradients gives the
-// cpu's losses exactly in f32, and tracks them with bf16 compute copies that
-// follow each merge. A server's sessions with adapters (the terms beside the
-// unmerged weights, model/lora_factors.hpp) give the cpu engine's outputs.
+// weights), of the adapter's terms beside them (the fused epilogues skipped
+// for the adapted products) and of its gradients gives the cpu's losses
+// exactly in f32, and tracks them with bf16 compute, whose copies of the
+// factors follow each update. A server's sessions with adapters (the terms
+// beside the unmerged weights, model/lora_factors.hpp) give the cpu engine's
+// outputs, and so do its stateless forward and backward.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -59,11 +61,11 @@ TEST_CASE("emulated device: a LoRA adapter trains to the cpu's losses, and with 
     CHECK(run(dev, dtype::f32) == cpu);
     const std::vector<float> bf16 = run(dev, dtype::bf16);
     REQUIRE(bf16.size() == cpu.size());
-    CHECK(bf16.back() < 0.5f * bf16.front());  // the compute copies followed the merges
+    CHECK(bf16.back() < 0.5f * bf16.front());  // the factors' bf16 copies followed the updates
     for (std::size_t s = 0; s < cpu.size(); ++s) {
       CAPTURE(s);
-      // bf16's rounding, as the mixed-precision tests allow; an adapter
-      // whose merges the compute copies missed would stay at the base's loss.
+      // bf16's rounding, as the mixed-precision tests allow; factors whose
+      // copies missed the updates would stay at the base's loss.
       CHECK(std::abs(bf16[s] - cpu[s]) <= 5e-2f * std::max(1.0f, std::abs(cpu[s])));
     }
   }
@@ -120,5 +122,33 @@ TEST_CASE("emulated device: a server's sessions with adapters, batched with base
     CHECK(same_output(on_dev.inference_step("adapted", x, 8), on_cpu.inference_step("adapted", x, 8)));
     const Tensor h = testing::random_tensor({8, D}, 41);
     CHECK(same_output(on_dev.forward(h, 2, 4, {}, -1, -1, nullptr, "a"), on_cpu.forward(h, 2, 4, {}, -1, -1, nullptr, "a")));
+  }
+}
+
+TEST_CASE("emulated device: a server's stateless forward and backward with an adapter on every linear weight give the cpu's") {
+  // 24 rows: enough that the device fuses its epilogues (the residual adds,
+  // GPT-2's GELU and its backward), which the adapted products must skip.
+  for (const architecture arch : {architecture::gpt2, architecture::llama}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::tiny_model_options o = testing::tiny_options_for(arch, 64);
+    o.layers = 2;
+    testing::temp_dir_guard dir("emulated-lora-stateless");
+    testing::write_tiny_model(dir.path(), o);
+    const model_config cfg = load_config(dir.path());
+    const checkpoint ck = checkpoint::open(dir.path());
+    const lora_adapter a = testing::random_lora(cfg, 7, 0.2f, 3);
+    emulated_device_backend dev;
+    span_engine on_cpu = span_engine::load(ck, cfg, 0, 2, cpu_backend(), 256);
+    span_engine on_dev = span_engine::load(ck, cfg, 0, 2, dev, 256);
+    REQUIRE(on_cpu.add_adapter("a", a));
+    REQUIRE(on_dev.add_adapter("a", a));
+    const std::int64_t D = cfg.hidden_size;
+    const Tensor h = testing::random_tensor({24, D}, 50), g = testing::random_tensor({24, D}, 51);
+    CHECK(same_output(on_dev.forward(h, 3, 8, {}, -1, -1, nullptr, "a"), on_cpu.forward(h, 3, 8, {}, -1, -1, nullptr, "a")));
+    const auto got = on_dev.backward(h, g, 3, 8, {}, -1, -1, "a"), want = on_cpu.backward(h, g, 3, 8, {}, -1, -1, "a"),
+               base = on_cpu.backward(h, g, 3, 8);
+    REQUIRE((got && want && base));
+    CHECK(got->grad_input.to_vector() == want->grad_input.to_vector());
+    CHECK(want->grad_input.to_vector() != base->grad_input.to_vector());  // the adapter's terms count
   }
 }
