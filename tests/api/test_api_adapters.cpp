@@ -56,6 +56,27 @@ struct adapted_model {
   }
 };
 
+/// An http_api serving on a thread of its own, stopped and joined when this ends.
+struct running_api {
+  http_api& server;
+  int port = server.bind("127.0.0.1", 0);
+  std::thread thread{[this] { server.run(); }};
+  ~running_api() {
+    server.stop();
+    thread.join();
+  }
+};
+
+/// The text a completion of `ids` shows: end-of-sequence ids left out
+/// (generation goes on past them).
+std::string completion_text(const model_config& cfg, const tokenizer& tok, std::vector<std::int32_t> ids) {
+  std::erase_if(ids, [&](std::int32_t id) {
+    return id == cfg.eos_token_id || id == tok.eos_id() ||
+           std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), id) != cfg.eos_token_ids.end();
+  });
+  return tok.decode(ids);
+}
+
 }  // namespace
 
 TEST_CASE("a local engine's requests of two adapters and of none, batched together, equal each merged model") {
@@ -141,17 +162,8 @@ TEST_CASE("over HTTP a request's model names its adapter, and /v1/models lists t
                        std::invalid_argument);
   c.model_id = "tiny";
   http_api server(*engine, *tok, chat_template::for_model(m.dir.path()), "", c);
-  const int port = server.bind("127.0.0.1", 0);
-  std::thread serving([&] { server.run(); });
-  struct stop_at_end {
-    http_api& s;
-    std::thread& t;
-    ~stop_at_end() {
-      s.stop();
-      t.join();
-    }
-  } stopper{server, serving};
-  httplib::Client h("127.0.0.1", port);
+  const running_api running{server};
+  httplib::Client h("127.0.0.1", running.port);
   h.set_read_timeout(60, 0);
 
   auto models = h.Get("/v1/models");
@@ -178,15 +190,7 @@ TEST_CASE("over HTTP a request's model names its adapter, and /v1/models lists t
     REQUIRE(res);
     return std::make_pair(res->status, json::parse(res->body));
   };
-  // The text leaves out end-of-sequence ids (generation goes on past them).
-  const auto text_of = [&](std::vector<std::int32_t> ids) {
-    const model_config& cfg = m.model.config();
-    std::erase_if(ids, [&](std::int32_t id) {
-      return id == cfg.eos_token_id || id == tok->eos_id() ||
-             std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), id) != cfg.eos_token_ids.end();
-    });
-    return tok->decode(ids);
-  };
+  const auto text_of = [&](const std::vector<std::int32_t>& ids) { return completion_text(m.model.config(), *tok, ids); };
   const auto [status_a, body_a] = complete("style");
   CHECK(status_a == 200);
   CHECK(body_a["model"] == "style");
@@ -229,17 +233,8 @@ TEST_CASE("an adapter private to a tenant exists for that tenant only: listing, 
                        std::invalid_argument);
   c.keys = api_keys::parse("acme sk-acme\nglobex sk-globex\n", "keys");
   http_api server(*engine, *tok, std::nullopt, "no chat", c);
-  const int port = server.bind("127.0.0.1", 0);
-  std::thread serving([&] { server.run(); });
-  struct stop_at_end {
-    http_api& s;
-    std::thread& t;
-    ~stop_at_end() {
-      s.stop();
-      t.join();
-    }
-  } stopper{server, serving};
-  httplib::Client h("127.0.0.1", port);
+  const running_api running{server};
+  httplib::Client h("127.0.0.1", running.port);
   h.set_read_timeout(60, 0);
   const auto as = [](const std::string& key) { return httplib::Headers{{"Authorization", "Bearer " + key}}; };
   const auto listed = [&](const std::string& key) {
@@ -276,14 +271,7 @@ TEST_CASE("an adapter private to a tenant exists for that tenant only: listing, 
     REQUIRE(res);
     return std::make_pair(res->status, json::parse(res->body));
   };
-  const auto text_of = [&](std::vector<std::int32_t> ids) {
-    const model_config& cfg = m.model.config();
-    std::erase_if(ids, [&](std::int32_t id) {
-      return id == cfg.eos_token_id || id == tok->eos_id() ||
-             std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), id) != cfg.eos_token_ids.end();
-    });
-    return tok->decode(ids);
-  };
+  const auto text_of = [&](const std::vector<std::int32_t>& ids) { return completion_text(m.model.config(), *tok, ids); };
   const auto [acme_status, acme_body] = complete("sk-acme", "acme-style");
   CHECK(acme_status == 200);
   CHECK(acme_body["choices"][0]["text"] == text_of(want_a));
