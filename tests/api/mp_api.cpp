@@ -170,9 +170,40 @@ TEST_CASE("corolla api over a swarm answers as corolla generate does, through a 
   REQUIRE_MESSAGE(styled->status == 200, styled->body);
   CHECK(json::parse(styled->body)["model"] == "style");
   CHECK(json::parse(styled->body)["choices"][0]["text"] == local_style.out.substr(0, local_style.out.size() - 1));
-
   api.signal(SIGTERM);
   CHECK(api.wait(10s) == 0);
+
+  // The swarm's adapter made private to one tenant (--adapter-tenants with
+  // '*': the rule names an adapter found later): the other tenant neither
+  // sees nor uses it.
+  std::ofstream(m.dir.path() / "keys.txt") << "acme sk-acme\nglobex sk-globex\n";
+  auto [keyed, keyed_port] =
+      start_api(model, {"--swarm", join(sw.list()), "--adapter", "*", "--api-key-file",
+                        (m.dir.path() / "keys.txt").string(), "--adapter-tenants", "style=acme"});
+  httplib::Client k("127.0.0.1", keyed_port);
+  k.set_read_timeout(60, 0);
+  const auto listed_for = [&](const std::string& key) {
+    auto res = k.Get("/v1/models", {{"Authorization", "Bearer " + key}});
+    REQUIRE(res);
+    std::vector<std::string> ids;
+    const json listing = json::parse(res->body);
+    for (const json& e : listing["data"]) ids.push_back(e["id"]);
+    return ids;
+  };
+  CHECK(listed_for("sk-acme") == std::vector<std::string>{m.dir.path().filename().string(), "style"});
+  CHECK(listed_for("sk-globex") == std::vector<std::string>{m.dir.path().filename().string()});
+  auto refused = k.Post("/v1/completions", {{"Authorization", "Bearer sk-globex"}}, adapted.dump(), "application/json");
+  REQUIRE(refused);
+  CHECK(refused->status == 404);
+  // The 404 of a name nobody serves, listing what globex may use.
+  CHECK(json::parse(refused->body)["error"]["message"] == "The model 'style' does not exist; this server serves '" +
+                                                               m.dir.path().filename().string() + "' (GET /v1/models).");
+  auto allowed = k.Post("/v1/completions", {{"Authorization", "Bearer sk-acme"}}, adapted.dump(), "application/json");
+  REQUIRE(allowed);
+  REQUIRE_MESSAGE(allowed->status == 200, allowed->body);
+  CHECK(json::parse(allowed->body)["choices"][0]["text"] == local_style.out.substr(0, local_style.out.size() - 1));
+  keyed.signal(SIGTERM);
+  CHECK(keyed.wait(10s) == 0);
 }
 
 TEST_CASE("corolla api --local serves, and bad flags are one error line") {
