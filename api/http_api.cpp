@@ -161,11 +161,12 @@ struct http_api::impl {
     // (Adapters a swarm engine finds later are checked as they come: one
     // named like the model is never served, see served_adapters.)
     const bool discovering = engine.discovers_adapters();
-    for (const auto& a : discovering ? std::vector<std::string>() : engine.adapters())
+    const std::vector<std::string> fixed = discovering ? std::vector<std::string>() : engine.adapters();
+    for (const auto& a : fixed)
       if (a == config.model_id)
         throw std::invalid_argument("an adapter is named '" + a + "', the model's own id: requests naming it would "
                                     "get the base model");
-    config.adapters.check(discovering ? std::vector<std::string>() : engine.adapters(), config.keys, !discovering);
+    config.adapters.check(fixed, config.keys, !discovering);
     declare_metrics(metrics);
     metrics.set(kSlots, {}, engine.slots());
     routes();

@@ -253,7 +253,7 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
   std::int64_t first_row = 0;
   for (const cached_rows& s : seqs) {
     if (s.lora) {
-      const block_lora* b = &s.lora->blocks.at(static_cast<std::size_t>(layer));
+      const block_lora* b = block_lora_of(s.lora, static_cast<std::size_t>(layer));
       if (!lora.empty() && lora.back().lora == b && lora.back().row + lora.back().rows == first_row)
         lora.back().rows += s.rows;
       else

@@ -106,28 +106,31 @@ inline void norm_backward_add(Backend& be, const model_config& cfg, const Tensor
     be.layernorm_backward_add(x, w, mean, rstd, dy, dres, dx, dw, db);
 }
 
+/// An [N, r] view of `scratch` in f's dtype for a LoRA term's rank-r
+/// product (grows only; made again when the factors' dtype changes).
+inline Tensor lora_rank_rows(Backend& be, const lora_factors& f, std::int64_t N, Tensor& scratch) {
+  const std::int64_t r = f.a.dim(0);
+  if (!scratch.defined() || scratch.type() != f.a.type() || scratch.numel() < N * r)
+    scratch = be.empty({N * r}, f.a.type());
+  return scratch.slice(0, N * r).view({N, r});
+}
+
 /// A LoRA term beside a frozen linear weight (model/lora_factors.hpp):
 /// y += s (x A^T) B^T for f (nothing when f is null or undefined); x [N,
-/// in], y [N, out]. `scratch` holds x A^T (grows only; made again in the
-/// factors' dtype when theirs changes).
+/// in], y [N, out]. `scratch` holds x A^T (lora_rank_rows).
 inline void add_lora_term(Backend& be, const lora_factors* f, const Tensor& x, Tensor& y, Tensor& scratch) {
   if (!f || !f->defined() || x.dim(0) == 0) return;
-  const std::int64_t N = x.dim(0), r = f->a.dim(0);
-  if (!scratch.defined() || scratch.type() != f->a.type() || scratch.numel() < N * r)
-    scratch = be.empty({N * r}, f->a.type());
-  Tensor t = scratch.slice(0, N * r).view({N, r});
+  Tensor t = lora_rank_rows(be, *f, x.dim(0), scratch);
   be.gemm(x, false, f->a, true, t);                  // x A^T [N, r]
   be.gemm(t, false, f->b, true, y, f->scale, 1.0f);  // += s t B^T
 }
 
 /// The input gradient of add_lora_term's term: dx += s (dy B) A (nothing
-/// when f is null or undefined); dy [N, out], dx [N, in].
+/// when f is null or undefined); dy [N, out], dx [N, in]. `scratch` holds
+/// dy B (lora_rank_rows).
 inline void add_lora_input_grad(Backend& be, const lora_factors* f, const Tensor& dy, Tensor& dx, Tensor& scratch) {
   if (!f || !f->defined() || dy.dim(0) == 0) return;
-  const std::int64_t N = dy.dim(0), r = f->a.dim(0);
-  if (!scratch.defined() || scratch.type() != f->a.type() || scratch.numel() < N * r)
-    scratch = be.empty({N * r}, f->a.type());
-  Tensor t = scratch.slice(0, N * r).view({N, r});
+  Tensor t = lora_rank_rows(be, *f, dy.dim(0), scratch);
   be.gemm(dy, false, f->b, false, t);                 // dy B [N, r]
   be.gemm(t, false, f->a, false, dx, f->scale, 1.0f);  // += s t A
 }

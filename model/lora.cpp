@@ -320,19 +320,18 @@ Tensor on_device(Backend& be, const Tensor& host) {
   return t;
 }
 
-}  // namespace
-
-span_lora lora_adapter::factors(Backend& be, int first, int n) const {
-  if (first < 0 || n < 0 || first + n > n_layers())
-    throw model_error("LoRA: blocks [" + std::to_string(first) + ", " + std::to_string(first + n) +
-                      ") are not blocks of an adapter of " + std::to_string(n_layers()));
-  const float s = config_.scaling();
+/// Blocks [first, first + n) of `a` as factors beside frozen weights, block
+/// first+i at index i, each A and B as `place` gives it (A shared by the
+/// parts of a stacked module, B's rows split among them).
+template <class Place>
+span_lora factors_of(const lora_adapter& a, int first, int n, Place&& place) {
+  const float s = a.config().scaling();
   span_lora out;
   out.blocks.resize(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
-    const param_set& p = block(first + i);
-    for (const lora_module& m : modules_) {
-      const Tensor A = on_device(be, p.get(m.path + ".lora_A")), B = on_device(be, p.get(m.path + ".lora_B"));
+    const param_set& p = a.block(first + i);
+    for (const lora_module& m : a.modules()) {
+      const Tensor A = place(p.get(m.path + ".lora_A")), B = place(p.get(m.path + ".lora_B"));
       std::int64_t row = 0;
       for (const auto& [name, rows] : m.parts) {
         out.blocks[static_cast<std::size_t>(i)].*lora_role(name) = {A, B.slice(row, row + rows), s};
@@ -343,28 +342,22 @@ span_lora lora_adapter::factors(Backend& be, int first, int n) const {
   return out;
 }
 
+}  // namespace
+
+span_lora lora_adapter::factors(Backend& be, int first, int n) const {
+  if (first < 0 || n < 0 || first + n > n_layers())
+    throw model_error("LoRA: blocks [" + std::to_string(first) + ", " + std::to_string(first + n) +
+                      ") are not blocks of an adapter of " + std::to_string(n_layers()));
+  return factors_of(*this, first, n, [&](const Tensor& host) { return on_device(be, host); });
+}
+
 span_lora lora_adapter::training_factors(Backend& be, dtype t) const {
-  const float s = config_.scaling();
-  const auto as = [&](const Tensor& x) {
+  return factors_of(*this, 0, n_layers(), [&](const Tensor& x) {
     if (x.type() == t) return x;
     Tensor out = be.empty(x.shape(), t);
     be.copy(x, out);
     return out;
-  };
-  span_lora out;
-  out.blocks.resize(static_cast<std::size_t>(n_layers()));
-  for (int i = 0; i < n_layers(); ++i) {
-    const param_set& p = block(i);
-    for (const lora_module& m : modules_) {
-      const Tensor A = as(p.get(m.path + ".lora_A")), B = as(p.get(m.path + ".lora_B"));
-      std::int64_t row = 0;
-      for (const auto& [name, rows] : m.parts) {
-        out.blocks[static_cast<std::size_t>(i)].*lora_role(name) = {A, B.slice(row, row + rows), s};
-        row += rows;
-      }
-    }
-  }
-  return out;
+  });
 }
 
 std::string lora_adapter::digest() const {

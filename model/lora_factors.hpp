@@ -49,6 +49,11 @@ struct span_lora {
   std::vector<block_lora> blocks;
 };
 
+/// Block i's factors of `lora` (bounds checked), or null without an adapter.
+inline const block_lora* block_lora_of(const span_lora* lora, std::size_t i) {
+  return lora ? &lora->blocks.at(i) : nullptr;
+}
+
 /// Rows [row, row + rows) of a cached forward's input that take `lora`
 /// (one session's rows in a batch); rows no segment covers take none.
 struct lora_segment {

@@ -108,7 +108,7 @@ Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tenso
     // next block's input and is never referenced by this block's activations.
     // An adapter's terms run beside the frozen weights (no merged copy).
     block_forward(be, config(), stage_.frozen_weights(i), in, pos, batch, seq, out, a,
-                  lora ? &lora->blocks.at(static_cast<std::size_t>(i)) : nullptr);
+                  block_lora_of(lora, static_cast<std::size_t>(i)));
     if (routing_margins && config().is_moe())
       for (std::int64_t r = 0; r < a.moe.route.rows; ++r) {
         float& m = (*routing_margins)[static_cast<std::size_t>(r)];
@@ -186,9 +186,8 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     for (int i = to - from - 1; i >= 0; --i) {
       const auto b = static_cast<std::size_t>(i);
       Tensor g_in = be.empty(hidden.shape());
-      const span_lora* l = lora.value().get();
       block_backward_input(be, config(), stage_.frozen_weights(static_cast<int>(b) + from), saved[b], pos, g, g_in,
-                           scratch, l ? &l->blocks.at(b + static_cast<std::size_t>(from)) : nullptr);
+                           scratch, block_lora_of(lora.value().get(), b + static_cast<std::size_t>(from)));
       saved[b] = block_activations{};  // free this block's activations early
       if (prompts.defined()) {
         // d prompt_i = sum over sequences of the gradient at positions [0, P).

@@ -265,7 +265,7 @@ class stage {
   const block_tensors& train_weights(int i);
   /// Block first()+i's factors beside the weights (set_trained_linear_weights), or null.
   const block_lora* train_lora(int i) const {
-    return train_lora_ ? &train_lora_->blocks[static_cast<std::size_t>(i)] : nullptr;
+    return block_lora_of(train_lora_, static_cast<std::size_t>(i));
   }
   /// `t` in the compute dtype: `t` itself, or converted into `buffer`.
   const Tensor& in_compute_dtype(const Tensor& t, Tensor& buffer);
