@@ -73,7 +73,7 @@ int run_lora(const lora_bench_options& o) {
   opts.optimizer.adamw.lr = 1e-4f;
 
   // The adapter first: the whole model's run changes the weights it starts from.
-  std::int64_t adapter_moments = 0;
+  std::int64_t adapter_moments = 0, lora_grads = 0;
   double lora_s = 0;
   {
     train_options lo = opts;
@@ -81,6 +81,7 @@ int run_lora(const lora_bench_options& o) {
     trainer t(model, lora_data, lo);
     adapter_moments = 2 * t.optimizer().size();
     lora_s = timed(t, o.steps);
+    lora_grads = model.gradient_values();  // the model's own, made by the adapter's run (none)
   }
   double full_s = 0;
   std::int64_t full_moments = 0;
@@ -90,14 +91,14 @@ int run_lora(const lora_bench_options& o) {
     full_s = timed(t, o.steps);
   }
   const double tokens_per_step = static_cast<double>(o.batch) * o.seq;
-  std::int64_t grads = 0;
-  for (const param_group& g : model.groups()) grads += g.grads->size();
-  // Beside the weights: the model's gradient buffers (allocated whole in
-  // both runs; the adapter's run writes only the norm weights'), the
-  // moments, and for the adapter its own values and gradients (its terms
-  // run beside the frozen weights: no W0 copy, no merged one).
-  const double full_state = 4.0 * static_cast<double>(grads + full_moments);
-  const double lora_state = 4.0 * static_cast<double>(grads + adapter_moments + 2 * adapter.numel());
+  const std::int64_t full_grads = model.gradient_values();
+  // Beside the weights: the gradient buffers each run made (the whole
+  // model's; none of the model's for the adapter, which forms no weight
+  // gradient), the moments, and for the adapter its own values and
+  // gradients (its terms run beside the frozen weights: no W0 copy, no
+  // merged one).
+  const double full_state = 4.0 * static_cast<double>(full_grads + full_moments);
+  const double lora_state = 4.0 * static_cast<double>(lora_grads + adapter_moments + 2 * adapter.numel());
   if (!o.common.json) {
     std::printf("LoRA r=%d on %s, %.1fM parameters, B x T = %d x %d on %s\n", o.rank, c.hf_architecture.c_str(),
                 static_cast<double>(c.parameter_count()) / 1e6, o.batch, o.seq, be.name().c_str());
@@ -122,6 +123,7 @@ int run_lora(const lora_bench_options& o) {
                             {"lora_ms", lora_s * 1e3},
                             {"time_vs_full", lora_s / full_s},
                             {"full_state_bytes", full_state},
+                            {"lora_model_grad_bytes", 4.0 * static_cast<double>(lora_grads)},
                             {"lora_state_bytes", lora_state},
                             {"state_vs_full", lora_state / full_state}};
   std::printf("%s\n", j.dump().c_str());

@@ -195,12 +195,8 @@ struct block_grad_scratch {
   Tensor dgate_up;        ///< Llama: dgate and dup as slices of it (as gate and up)
   Tensor lora_t;          ///< a LoRA term's dy B (with an adapter; grows only)
   moe_grad_scratch moe;   ///< mixture-of-experts blocks
-};
-
-/// Scratch of block_backward_input: block_grad_scratch plus the [D] buffers
-/// the norm backward kernels insist on accumulating into (never read).
-struct block_input_grad_scratch {
-  block_grad_scratch s;
+  /// Where the norm backward kernels accumulate the weight gradients of
+  /// frozen norms (never read; zeroed each call): [D], [D], [head_dim].
   Tensor norm_dw, norm_db, head_norm_dw;
 };
 
@@ -276,8 +272,11 @@ class frozen_weight_grads {
 /// dtype; dx must not alias dy. A linear weight whose view in `grads` is
 /// undefined is frozen: only the input's gradient goes through it (its
 /// bias's view must be undefined too), and `frozen`, when given, hears of
-/// it as block `layer`'s. `lora`: the forward's; each adapted weight's
-/// input gradient gets its term's, s (dy B) A.
+/// it as block `layer`'s. A norm whose weight view is undefined is frozen
+/// too (its bias's view must then be undefined): its gradient is formed
+/// into scratch and dropped. With every view undefined no parameter
+/// gradient is formed (block_backward_input). `lora`: the forward's; each
+/// adapted weight's input gradient gets its term's, s (dy B) A.
 void block_backward(Backend& be, const model_config& cfg, const block_tensors& w,
                     const block_activations& saved, const Tensor& positions, const Tensor& dy,
                     Tensor& dx, block_tensors& grads, block_grad_scratch& scratch,
@@ -309,14 +308,15 @@ void block_forward_cached_batch(Backend& be, const model_config& cfg, const bloc
                                 block_decode_workspace& ws, Tensor& y);
 
 /// The input gradient of block_forward without parameter gradients: dx
-/// [N,D] overwritten from dy [N,D], given the activations `saved`. Skips the
+/// [N,D] overwritten from dy [N,D], given the activations `saved`
+/// (block_backward with every gradient view undefined). Skips the
 /// weight-gradient GEMMs (two thirds of a full backward's work) and needs no
 /// gradient buffers, so a server with frozen weights can serve backward
 /// requests without doubling its memory. dx must not alias dy. `lora`: the
 /// forward's (its terms' input gradients, s (dy B) A, are added).
 void block_backward_input(Backend& be, const model_config& cfg, const block_tensors& w,
                           const block_activations& saved, const Tensor& positions,
-                          const Tensor& dy, Tensor& dx, block_input_grad_scratch& scratch,
+                          const Tensor& dy, Tensor& dx, block_grad_scratch& scratch,
                           const block_lora* lora = nullptr);
 
 }  // namespace corolla

@@ -1,8 +1,8 @@
 // model/block_backward.cpp — a block's backward (declared in
 // model/block.hpp): block_backward, with parameter gradients accumulated and
-// frozen weights' products skipped (stage::set_trained_linear_weights), and
+// frozen weights' products skipped (stage::set_trained_weights), and
 // block_backward_input, the input gradient alone for a server's frozen
-// blocks.
+// blocks (block_backward with nothing trained).
 #include <span>
 #include <utility>
 
@@ -40,11 +40,11 @@ void grow_grad_scratch(Backend& be, const model_config& cfg, std::int64_t N, dty
 /// norm weights' gradients accumulated into dwq and dwk), else s.dq and
 /// s.dk themselves.
 std::pair<Tensor*, Tensor*> qk_projection_grads(Backend& be, const model_config& cfg, const block_tensors& w,
-                                                const block_activations& a, block_grad_scratch& s, Tensor& dwq,
-                                                Tensor& dwk) {
+                                                const block_activations& a, block_grad_scratch& s, Tensor* dwq,
+                                                Tensor* dwk) {
   if (!cfg.qk_norm) return {&s.dq, &s.dk};
-  head_rmsnorm_backward(be, cfg, a.q_pre, w.q_norm_w, a.rstd_q, s.dq, s.dq_pre, dwq);
-  head_rmsnorm_backward(be, cfg, a.k_pre, w.k_norm_w, a.rstd_k, s.dk, s.dk_pre, dwk);
+  head_rmsnorm_backward(be, cfg, a.q_pre, w.q_norm_w, a.rstd_q, s.dq, s.dq_pre, *dwq);
+  head_rmsnorm_backward(be, cfg, a.k_pre, w.k_norm_w, a.rstd_k, s.dk, s.dk_pre, *dwk);
   return {&s.dq_pre, &s.dk_pre};
 }
 
@@ -59,7 +59,7 @@ struct frozen_sink {
 };
 
 /// linear_backward where the weight may be frozen (an undefined dw, as
-/// stage::set_trained_linear_weights leaves it): then dx = dy @ w, as
+/// stage::set_trained_weights leaves it): then dx = dy @ w, as
 /// block_backward_input forms it, and the sink gets x and dy.
 void linear_backward_or_frozen(Backend& be, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
                                Tensor& dw, Tensor* db, const frozen_sink& sink, const char* name) {
@@ -95,6 +95,28 @@ void same_x_backward_or_frozen(Backend& be, const Tensor& x, std::span<const Ten
       sink.add(be, names[i], x, *dys[i]);
     }
   }
+}
+
+/// Where a norm's weight (and bias) gradients go: its views dw and db, or
+/// for a frozen norm (an undefined dw) the scratch sinks (`sink_b` null for
+/// a norm without a bias), which the norm kernels accumulate into and
+/// nobody reads: zeroed here each call, so they stay finite however many
+/// calls add to them.
+std::pair<Tensor*, Tensor*> norm_grads(Backend& be, Tensor& dw, Tensor& db, Tensor& sink_w, Tensor* sink_b,
+                                       std::int64_t n) {
+  if (dw.defined()) return {&dw, &db};
+  if (db.defined()) throw tensor_error("block_backward: a norm's bias gradient wanted for its frozen weight");
+  const auto zeroed = [&](Tensor& t) {
+    if (!t.defined() || t.numel() != n) {
+      t = be.empty({n});
+      be.copy(Tensor::zeros({n}), t);  // scaling garbage by 0 could leave NaN
+    }
+    be.scale(t, 0.0f);
+  };
+  zeroed(sink_w);
+  if (!sink_b) return {&sink_w, &db};
+  zeroed(*sink_b);
+  return {&sink_w, sink_b};
 }
 
 }  // namespace
@@ -153,7 +175,11 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     term(&block_lora::up, s.dup, s.dnorm);
   }
   // dh = the norm's input gradient + dy, which the residual carries straight through
-  norm_backward_add(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, dy, s.dh, g.mlp_norm_w, g.mlp_norm_b);
+  Tensor* norm_sink_b = llama ? nullptr : &s.norm_db;  // LayerNorm's bias
+  {
+    const auto [dw, db] = norm_grads(be, g.mlp_norm_w, g.mlp_norm_b, s.norm_dw, norm_sink_b, D);
+    norm_backward_add(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, dy, s.dh, *dw, *db);
+  }
 
   // Attention half: h = x + o(attn(q, k, v)).
   linear_backward_or_frozen(be, a.attn, w.o_w, s.dh, &s.dattn, g.o_w, opt(g.o_b), sink, "o.weight");
@@ -166,7 +192,11 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope, true);
   }
   // Gradients of the projections' outputs (before Qwen3's q/k norms).
-  const auto [dq_p, dk_p] = qk_projection_grads(be, cfg, w, a, s, g.q_norm_w, g.k_norm_w);
+  Tensor no_bias;
+  const std::int64_t hd = cfg.head_dim;
+  Tensor* dwq = cfg.qk_norm ? norm_grads(be, g.q_norm_w, no_bias, s.head_norm_dw, nullptr, hd).first : nullptr;
+  Tensor* dwk = cfg.qk_norm ? norm_grads(be, g.k_norm_w, no_bias, s.head_norm_dw, nullptr, hd).first : nullptr;
+  const auto [dq_p, dk_p] = qk_projection_grads(be, cfg, w, a, s, dwq, dwk);
   Tensor& dq = *dq_p;
   Tensor& dk = *dk_p;
   {
@@ -180,84 +210,20 @@ void block_backward(Backend& be, const model_config& cfg, const block_tensors& w
     term(&block_lora::k, dk, s.dnorm);
     term(&block_lora::v, s.dv, s.dnorm);
   }
-  norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, g.attn_norm_w, g.attn_norm_b);
+  const auto [dw, db] = norm_grads(be, g.attn_norm_w, g.attn_norm_b, s.norm_dw, norm_sink_b, D);
+  norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, *dw, *db);
 }
 
 // ---- input-only backward (frozen weights) ------------------------------------------
 
 void block_backward_input(Backend& be, const model_config& cfg, const block_tensors& w,
                           const block_activations& a, const Tensor& positions, const Tensor& dy,
-                          Tensor& dx, block_input_grad_scratch& scratch, const block_lora* lora) {
-  const std::int64_t N = static_cast<std::int64_t>(a.batch) * a.seq;
-  const std::int64_t D = cfg.hidden_size;
-  expect_shape(dy, {N, D}, "block_backward_input dy");
-  expect_shape(dx, {N, D}, "block_backward_input dx");
-  const bool llama = is_llama(cfg);
-  block_grad_scratch& s = scratch.s;
-
-  const dtype act = a.x.type();
-  expect_dtype(dy, act, "block_backward_input dy");
-  expect_dtype(dx, act, "block_backward_input dx");
-  grow_grad_scratch(be, cfg, N, act, s);
-  const auto term = [&](lora_factors block_lora::*role, const Tensor& d_out, Tensor& d_in) {
-    add_lora_input_grad(be, lora_of(lora, role), d_out, d_in, s.lora_t);
-  };
-  // The norm kernels accumulate their weight gradients; the sums are thrown
-  // away, but zeroing them each call keeps them finite forever.
-  for (auto [t, n] : {std::pair{&scratch.norm_dw, D}, {&scratch.norm_db, D},
-                      {&scratch.head_norm_dw, std::int64_t{cfg.head_dim}}}) {
-    if (!t->defined() || t->numel() != n) {
-      *t = be.empty({n});
-      be.copy(Tensor::zeros({n}), *t);
-    }
-    be.scale(*t, 0.0f);
-  }
-
-  // MLP half: y = h + down(act(n2)). Activation gradients are plain GEMMs
-  // with the weights: d(in) = d(out) @ W for W [out, in].
-  if (cfg.is_moe()) {
-    moe_backward(be, cfg, w, a.moe, a.norm2, dy, s.dnorm, nullptr, s.moe);
-  } else if (llama) {
-    be.gemm(dy, false, w.down_w, false, s.dact);
-    term(&block_lora::down, dy, s.dact);
-    be.swiglu_backward(a.gate, a.up, s.dact, s.dgate, s.dup);
-    be.gemm(s.dgate, false, w.gate_w, false, s.dnorm);
-    be.gemm(s.dup, false, w.up_w, false, s.dnorm, 1.0f, 1.0f);
-    term(&block_lora::gate, s.dgate, s.dnorm);
-    term(&block_lora::up, s.dup, s.dnorm);
-  } else {
-    const bool down_adapted = lora && lora->down.defined();
-    if (down_adapted || !be.gemm_gelu_backward(dy, w.down_w, a.up, s.dup)) {
-      be.gemm(dy, false, w.down_w, false, s.dact);
-      term(&block_lora::down, dy, s.dact);
-      be.gelu_backward(a.up, s.dact, s.dup);
-    }
-    be.gemm(s.dup, false, w.up_w, false, s.dnorm);
-    term(&block_lora::up, s.dup, s.dnorm);
-  }
-  norm_backward_add(be, cfg, a.h, w.mlp_norm_w, a.mean2, a.rstd2, s.dnorm, dy, s.dh, scratch.norm_dw,
-                    scratch.norm_db);
-
-  // Attention half: h = x + o(attn(q, k, v)).
-  be.gemm(s.dh, false, w.o_w, false, s.dattn);
-  term(&block_lora::o, s.dh, s.dattn);
-  be.attention_backward(a.q, a.k, a.v, a.attn, a.lse, s.dattn, a.batch, a.seq,
-                        block_attention_shape(cfg), s.dq, s.dk, s.dv);
-  if (llama) {
-    be.rope(s.dq, positions, cfg.n_heads, cfg.head_dim, cfg.rope, true);
-    be.rope(s.dk, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope, true);
-  }
-  const auto [dq_p, dk_p] = qk_projection_grads(be, cfg, w, a, s, scratch.head_norm_dw, scratch.head_norm_dw);
-  Tensor& dq = *dq_p;
-  Tensor& dk = *dk_p;
-  be.gemm(dq, false, w.q_w, false, s.dnorm);
-  be.gemm(dk, false, w.k_w, false, s.dnorm, 1.0f, 1.0f);
-  be.gemm(s.dv, false, w.v_w, false, s.dnorm, 1.0f, 1.0f);
-  term(&block_lora::q, dq, s.dnorm);
-  term(&block_lora::k, dk, s.dnorm);
-  term(&block_lora::v, s.dv, s.dnorm);
-  norm_backward_add(be, cfg, a.x, w.attn_norm_w, a.mean1, a.rstd1, s.dnorm, s.dh, dx, scratch.norm_dw,
-                    scratch.norm_db);
+                          Tensor& dx, block_grad_scratch& scratch, const block_lora* lora) {
+  // Every gradient view undefined: each product forms its input's gradient
+  // alone (a plain GEMM with the weight), each norm's weight gradient goes
+  // to scratch, and a mixture of experts gives its input's gradient only.
+  block_tensors none;
+  block_backward(be, cfg, w, a, positions, dy, dx, none, scratch, nullptr, 0, lora);
 }
 
 }  // namespace corolla

@@ -451,11 +451,11 @@ lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&mo
   if (!adapter.fits(model.config()))
     throw model_error("the LoRA adapter was made for another model than this " + model.config().hf_architecture +
                       " of " + std::to_string(model.config().n_layers) + " layers");
-  model.groups();  // the gradient buffers the backward writes (the norm weights')
   adapter.zero_grads();
   make_factors();
-  // No weight of the model trains: the adapted ones hand their inputs and
-  // output gradients to the adapter instead, and compute with its terms.
+  // No weight of the model trains (nor gets a gradient buffer): the adapted
+  // ones hand their inputs and output gradients to the adapter instead, and
+  // compute with its terms.
   model.set_trained_weights(std::set<std::string>{}, &adapter, &factors_);
 }
 

@@ -180,9 +180,9 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
 class lora_tuning {
  public:
   /// Has the model compute with the adapter's terms and form no weight
-  /// gradient (the head's and the linear weights' products are skipped;
-  /// the adapted ones hand their inputs and output gradients to the
-  /// adapter). Throws model_error when `model` is inference-only or the
+  /// gradient (the head's, the linear weights' and the norms' products are
+  /// skipped, and the model makes no gradient buffer for them; the adapted
+  /// weights hand their inputs and output gradients to the adapter). Throws model_error when `model` is inference-only or the
   /// adapter is of another shape.
   lora_tuning(transformer& model, lora_adapter& adapter);
   /// The model forms every gradient again, and its weights take the

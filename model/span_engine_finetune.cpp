@@ -182,7 +182,7 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
       grad_prompts = be.empty(prompts.shape());
       P = prompts.dim(1);
     }
-    block_input_grad_scratch scratch;
+    block_grad_scratch scratch;
     for (int i = to - from - 1; i >= 0; --i) {
       const auto b = static_cast<std::size_t>(i);
       Tensor g_in = be.empty(hidden.shape());

@@ -1,5 +1,7 @@
 #include "model/stage.hpp"
 
+#include <algorithm>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -161,36 +163,59 @@ std::vector<param_set>& stage::grads() {
   return grads_;
 }
 
-void stage::set_trained_linear_weights(std::optional<std::set<std::string>> names, frozen_weight_grads* frozen,
-                                       const span_lora* lora) {
+namespace {
+
+/// The weights stage::set_trained_weights may name, with the block_tensors
+/// roles of each one's weight and bias (null: none).
+struct trainable_role {
+  const char* name;
+  Tensor block_tensors::*weight;
+  Tensor block_tensors::*bias;
+};
+constexpr trainable_role trainable_roles[] = {
+    {"attn_norm.weight", &block_tensors::attn_norm_w, &block_tensors::attn_norm_b},
+    {"q.weight", &block_tensors::q_w, &block_tensors::q_b},
+    {"k.weight", &block_tensors::k_w, &block_tensors::k_b},
+    {"v.weight", &block_tensors::v_w, &block_tensors::v_b},
+    {"q_norm.weight", &block_tensors::q_norm_w, nullptr},
+    {"k_norm.weight", &block_tensors::k_norm_w, nullptr},
+    {"o.weight", &block_tensors::o_w, &block_tensors::o_b},
+    {"mlp_norm.weight", &block_tensors::mlp_norm_w, &block_tensors::mlp_norm_b},
+    {"gate.weight", &block_tensors::gate_w, nullptr},
+    {"up.weight", &block_tensors::up_w, &block_tensors::up_b},
+    {"down.weight", &block_tensors::down_w, &block_tensors::down_b}};
+
+}  // namespace
+
+void stage::set_trained_weights(std::optional<std::set<std::string>> names, frozen_weight_grads* frozen,
+                                const span_lora* lora) {
   if (lora && static_cast<int>(lora->blocks.size()) != size())
     throw tensor_error("stage: LoRA factors of " + std::to_string(lora->blocks.size()) + " blocks for a stage of " +
                        std::to_string(size()));
-  trained_linear_ = std::move(names);
-  frozen_grads_ = trained_linear_ ? frozen : nullptr;
-  train_lora_ = trained_linear_ ? lora : nullptr;
+  if (names)
+    for (const std::string& n : *names)
+      if (std::none_of(std::begin(trainable_roles), std::end(trainable_roles),
+                       [&](const trainable_role& r) { return n == r.name; }))
+        throw tensor_error("stage: '" + n + "' is not a block weight that trains alone (a linear or norm weight)");
+  trained_ = std::move(names);
+  frozen_grads_ = trained_ ? frozen : nullptr;
+  train_lora_ = trained_ ? lora : nullptr;
   resolve_grad_views();
 }
+
+bool stage::forms_parameter_grads() const { return !trained_ || !trained_->empty(); }
 
 void stage::resolve_grad_views() {
   grad_views_.clear();
   for (const auto& g : grads_) {
     block_tensors v = block_tensors::of(cfg_, g);
-    if (trained_linear_) {
+    if (trained_) {
       // A frozen weight's gradient (and its bias's) is left undefined:
       // block_backward then forms only the input's gradient through it.
-      const std::pair<const char*, std::pair<Tensor block_tensors::*, Tensor block_tensors::*>> linear[] = {
-          {"q.weight", {&block_tensors::q_w, &block_tensors::q_b}},
-          {"k.weight", {&block_tensors::k_w, &block_tensors::k_b}},
-          {"v.weight", {&block_tensors::v_w, &block_tensors::v_b}},
-          {"o.weight", {&block_tensors::o_w, &block_tensors::o_b}},
-          {"gate.weight", {&block_tensors::gate_w, nullptr}},
-          {"up.weight", {&block_tensors::up_w, &block_tensors::up_b}},
-          {"down.weight", {&block_tensors::down_w, &block_tensors::down_b}}};
-      for (const auto& [name, roles] : linear)
-        if (!trained_linear_->count(name)) {
-          v.*roles.first = Tensor();
-          if (roles.second) v.*roles.second = Tensor();
+      for (const trainable_role& r : trainable_roles)
+        if (!trained_->count(r.name)) {
+          v.*r.weight = Tensor();
+          if (r.bias) v.*r.bias = Tensor();
         }
       // A mixture of experts' MLP (router, experts, shared expert) is
       // frozen whole: block_backward then forms only its input gradient.
@@ -311,7 +336,11 @@ void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& d
     be_->copy(dy, dx);
     return;
   }
-  grads();
+  // With nothing trained (LoRA) no gradient buffer is made: every view is
+  // undefined and block_backward forms input gradients only.
+  const bool forms = forms_parameter_grads();
+  if (forms) grads();
+  block_tensors none;
   const int batch = saved.blocks[0].batch, seq = saved.blocks[0].seq;
   const std::int64_t N = static_cast<std::int64_t>(batch) * seq;
   const Tensor& pos = train_positions(batch, seq);
@@ -327,7 +356,7 @@ void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& d
   for (int i = size() - 1; i >= 0; --i) {
     const auto b = static_cast<std::size_t>(i);
     Tensor* g_in = (i == 0) ? first_in : (i % 2 == 0 ? &ping_ : &pong_);
-    block_backward(*be_, cfg_, train_weights(i), saved.blocks[b], pos, *g_out, *g_in, grad_views_[b],
+    block_backward(*be_, cfg_, train_weights(i), saved.blocks[b], pos, *g_out, *g_in, forms ? grad_views_[b] : none,
                    grad_scratch_, frozen_grads_, first_ + i, train_lora(i));
     g_out = g_in;
     if (on_block_done) on_block_done(i);

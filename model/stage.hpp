@@ -128,19 +128,24 @@ class stage {
   std::vector<param_set>& grads();
   /// Whether grads() has been allocated.
   bool has_grads() const { return !grads_.empty(); }
-  /// Which linear weights get gradients in backward(): every one (nullopt,
-  /// the default), or only those named (block_layout names, "q.weight"):
-  /// the others are frozen (LoRA training, model/lora.hpp), their weight
-  /// and bias gradient products are skipped and their buffers keep what
-  /// they hold; so is a mixture of experts' whole MLP (router, experts,
-  /// shared expert). Norm weights always get theirs. `frozen` (borrowed;
-  /// may be null) hears of each frozen linear weight's input and output
-  /// gradient (block_backward; not of the experts'). `lora` (borrowed; may
-  /// be null): factors beside the frozen weights, block first()+i's at
-  /// index i, of the compute dtype, whose terms forward() and backward()
-  /// add (block_forward's lora: LoRA training without merging).
-  void set_trained_linear_weights(std::optional<std::set<std::string>> names,
-                                  frozen_weight_grads* frozen = nullptr, const span_lora* lora = nullptr);
+  /// Which weights get gradients in backward(): every one (nullopt, the
+  /// default), or only those named (block_layout names of linear and norm
+  /// weights, "q.weight", "attn_norm.weight"; a bias follows its weight):
+  /// the others are frozen, their gradient products are skipped and their
+  /// buffers keep what they hold; so is a mixture of experts' whole MLP
+  /// (router, experts, shared expert). With none named (LoRA training,
+  /// model/lora.hpp) backward() forms input gradients only and makes no
+  /// gradient buffer. Throws tensor_error for another name. `frozen`
+  /// (borrowed; may be null) hears of each frozen linear weight's input and
+  /// output gradient (block_backward; not of the experts'). `lora`
+  /// (borrowed; may be null): factors beside the frozen weights, block
+  /// first()+i's at index i, of the compute dtype, whose terms forward()
+  /// and backward() add (block_forward's lora: LoRA training without
+  /// merging).
+  void set_trained_weights(std::optional<std::set<std::string>> names, frozen_weight_grads* frozen = nullptr,
+                           const span_lora* lora = nullptr);
+  /// Whether backward() forms any parameter gradient (and so needs grads()).
+  bool forms_parameter_grads() const;
   /// Sets every gradient to zero (nothing when none are allocated). Also
   /// params_changed() (a step's parameter updates come before the next
   /// step's zero_grads), unless compute_copies_written() was said since
@@ -263,7 +268,7 @@ class stage {
   /// The weights training reads for block first()+i: the parameters, or
   /// their compute copies (converted first when params_changed()).
   const block_tensors& train_weights(int i);
-  /// Block first()+i's factors beside the weights (set_trained_linear_weights), or null.
+  /// Block first()+i's factors beside the weights (set_trained_weights), or null.
   const block_lora* train_lora(int i) const {
     return block_lora_of(train_lora_, static_cast<std::size_t>(i));
   }
@@ -281,7 +286,7 @@ class stage {
   std::vector<param_set> grads_;
   std::vector<block_tensors> weights_;
   std::vector<block_tensors> grad_views_;
-  std::optional<std::set<std::string>> trained_linear_;  ///< set_trained_linear_weights
+  std::optional<std::set<std::string>> trained_;  ///< set_trained_weights
   frozen_weight_grads* frozen_grads_ = nullptr;          ///< its hook
   const span_lora* train_lora_ = nullptr;                ///< its factors beside the weights
   std::vector<block_tensors> inference_weights_;  ///< bf16, int8 or nf4 linear weights, or empty (use weights_)

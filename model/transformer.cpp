@@ -177,11 +177,18 @@ std::vector<param_group> transformer::groups() {
   return out;
 }
 
-void transformer::set_trained_weights(std::optional<std::set<std::string>> block_linear,
+std::int64_t transformer::gradient_values() const {
+  std::int64_t n = impl_->head_part.has_grads() ? impl_->head_part.params().size() : 0;
+  if (impl_->block_span.has_grads())
+    for (const param_set& p : impl_->block_span.params()) n += p.size();
+  return n;
+}
+
+void transformer::set_trained_weights(std::optional<std::set<std::string>> block_weights,
                                       frozen_weight_grads* frozen, const span_lora* lora) {
   require_block_parameters("set_trained_weights");
-  impl_->frozen_head = block_linear.has_value();
-  impl_->block_span.set_trained_linear_weights(std::move(block_linear), frozen, lora);
+  impl_->block_span.set_trained_weights(block_weights, frozen, lora);  // checks the names first
+  impl_->frozen_head = block_weights.has_value();
 }
 
 void transformer::zero_grads() {

@@ -113,18 +113,23 @@ class transformer {
   bool inference_only() const;
   /// Every parameter set with its gradient buffer (allocated on first call).
   std::vector<param_group> groups();
+  /// Values the gradient buffers made so far hold (the head's and the
+  /// blocks': groups() makes them all, a backward those it writes; none in
+  /// LoRA training).
+  std::int64_t gradient_values() const;
   /// Which parameters forward_backward forms gradients of: all (nullopt,
-  /// the default), or (LoRA training, model/lora.hpp) only the blocks'
-  /// linear weights named (block_layout names, "q.weight", with their
-  /// biases): the head, the other linear weights and biases and a mixture
-  /// of experts' MLP are frozen,
-  /// their gradient products skipped and their buffers left as they are
-  /// (zero after zero_grads). Norm weights still get theirs. `frozen`
-  /// (borrowed, may be null) hears of each frozen linear weight's input and
-  /// output gradient (stage::set_trained_linear_weights), and `lora`
-  /// (borrowed, may be null; block i's factors at index i, of the compute
-  /// dtype) adds its terms beside the frozen weights in forward and backward.
-  void set_trained_weights(std::optional<std::set<std::string>> block_linear,
+  /// the default), or only the blocks' weights named (block_layout names of
+  /// linear and norm weights, "q.weight", "mlp_norm.weight", with their
+  /// biases): the head, the other weights and biases and a mixture of
+  /// experts' MLP are frozen, their gradient products skipped and their
+  /// buffers left as they are (zero after zero_grads). With none named
+  /// (LoRA training, model/lora.hpp) no gradient buffer is made. Throws
+  /// tensor_error for another name. `frozen` (borrowed, may be null) hears
+  /// of each frozen linear weight's input and output gradient
+  /// (stage::set_trained_weights), and `lora` (borrowed, may be null; block
+  /// i's factors at index i, of the compute dtype) adds its terms beside
+  /// the frozen weights in forward and backward.
+  void set_trained_weights(std::optional<std::set<std::string>> block_weights,
                            frozen_weight_grads* frozen = nullptr, const span_lora* lora = nullptr);
   /// Zeroes every gradient buffer (and, as stage::zero_grads, says the
   /// parameters may have changed since the last forward, unless

@@ -39,8 +39,12 @@ TEST_CASE("bench lora times an adapter's step and the whole model's and reports 
   CHECK(j["full_ms"].get<double>() > 0);
   CHECK(j["lora_ms"].get<double>() > 0);
   CHECK(j["time_vs_full"].get<double>() == doctest::Approx(j["lora_ms"].get<double>() / j["full_ms"].get<double>()));
-  // Moments of the adapter only: less state than the whole model's moments.
-  CHECK(j["lora_state_bytes"].get<double>() < j["full_state_bytes"].get<double>());
+  // The adapter's run makes no gradient buffer of the model: its state is
+  // the adapter's values, gradients and two moments, 4 bytes each.
+  CHECK(j["lora_model_grad_bytes"].get<double>() == 0.0);
+  CHECK(j["lora_state_bytes"].get<double>() == 16.0 * j["adapter_values"].get<double>());
+  // The whole model's: a gradient and two moments per parameter.
+  CHECK(j["full_state_bytes"].get<double>() == 12.0 * j["parameters"].get<double>());
   const auto bad = run_corolla({"bench", "lora", "--model", (dir / "m").string(), "--device", "cpu", "--seq", "16",
                                 "--targets", "c_attn"});
   CHECK(bad.exit_code == 1);

@@ -128,7 +128,7 @@ void check_block_backward(const model_config& cfg) {
   // The input-only backward (frozen weights: swarm fine-tuning) gives the same dx.
   {
     Tensor dx_only = Tensor::empty({N, D});
-    block_input_grad_scratch input_scratch;
+    block_grad_scratch input_scratch;
     block_backward_input(be, cfg, w, acts, pos, r, dx_only, input_scratch);
     const std::vector<float> want = dx.to_vector(), got = dx_only.to_vector();
     double worst = 0;

@@ -76,6 +76,7 @@ TEST_CASE("lora: the adapter's gradients equal central differences of the loss (
     model.zero_grads();
     tuning.zero_grads();
     model.forward_backward(ids, targets, 2, 8);
+    CHECK(model.gradient_values() == 0);  // the model made no gradient buffer of its own
     std::vector<param_group> g = adapter.groups();
     const auto loss = [&] {
       tuning.refresh();
@@ -94,10 +95,12 @@ TEST_CASE("lora: the adapter's gradients equal central differences of the loss (
 }
 
 TEST_CASE("frozen weights: the trained weights' gradients equal the full backward's, the frozen ones are not formed") {
-  tiny_model_options qwen2, mixtral;
+  tiny_model_options qwen2, qwen3, mixtral;
   qwen2.family = "Qwen2ForCausalLM";  // biases on q, k and v
+  qwen3.family = "Qwen3ForCausalLM";  // per-head q/k norms, frozen
   mixtral.family = "MixtralForCausalLM";  // its router and experts frozen whole
-  for (const tiny_model_options& o : {tiny_model_options{}, qwen2, mixtral, tiny_options_for(architecture::gpt2)}) {
+  for (const tiny_model_options& o :
+       {tiny_model_options{}, qwen2, qwen3, mixtral, tiny_options_for(architecture::gpt2)}) {
     CAPTURE(o.family);
     const model_config cfg = tiny_config(o);
     transformer model = transformer::init(cfg, 12, cpu_backend());
@@ -108,8 +111,10 @@ TEST_CASE("frozen weights: the trained weights' gradients equal the full backwar
     std::vector<Tensor> full;
     for (const param_group& p : g) full.push_back(p.grads->flat().clone());
     // q and v trained, k between them frozen: the batched q/k/v backward
-    // runs product by product.
-    const std::set<std::string> trained = {"q.weight", "v.weight", "down.weight"};
+    // runs product by product; the MLP's norm trained, the attention's
+    // (and Qwen3's q/k norms) not.
+    const std::set<std::string> trained = {"q.weight", "v.weight", "down.weight", "mlp_norm.weight"};
+    CHECK_THROWS_AS(model.set_trained_weights(std::set<std::string>{"q.weight", "router.weight"}), tensor_error);
     model.set_trained_weights(trained);
     model.zero_grads();
     CHECK(model.forward_backward(ids, targets, 2, 8) == full_loss);
@@ -122,7 +127,7 @@ TEST_CASE("frozen weights: the trained weights' gradients equal the full backwar
         CAPTURE(e.name);
         const Tensor got = g[b].grads->get(e.name);
         const std::string stem = e.name.substr(0, e.name.find('.'));
-        if (stem.find("norm") != std::string::npos || trained.count(stem + ".weight"))
+        if (trained.count(stem + ".weight"))
           CHECK(max_rel_diff(got, want.get(e.name)) < 1e-5);  // formed, as the full backward forms it
         else
           CHECK(dot(got, got) == 0.0);  // never formed

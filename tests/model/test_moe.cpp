@@ -277,7 +277,7 @@ void check_moe_block_backward(const model_config& cfg) {
   // The input-only backward (frozen weights) gives the same dx.
   {
     Tensor dx_only = Tensor::empty({N, D});
-    block_input_grad_scratch input_scratch;
+    block_grad_scratch input_scratch;
     block_backward_input(be, cfg, w, acts, pos, r, dx_only, input_scratch);
     CHECK(testing::max_abs_diff(dx_only.to_vector(), dx.to_vector()) < 1e-5);
   }
