@@ -2,7 +2,9 @@
 // against a step of the whole model (the baseline, measured in the same run
 // on the same model and batches): the time of each, what each trains, and
 // the bytes of training state each holds beside the model's weights
-// (gradients, AdamW moments, the adapter's own).
+// (gradients, AdamW moments, the adapter's own); with --weights, also the
+// adapter's step beside the weights in that format (QLoRA) against its
+// step beside the f32 weights, and the bytes of each model's weights.
 #include <cstdio>
 #include <random>
 #include <stdexcept>
@@ -16,6 +18,7 @@
 #include "apps/commands.hpp"
 #include "apps/flag_checks.hpp"
 #include "kernels/backend.hpp"
+#include "model/block.hpp"
 #include "model/lora.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
@@ -30,6 +33,7 @@ struct lora_bench_options {
   int batch = 4, seq = 64, steps = 3;
   int rank = 8;
   std::vector<std::string> targets;
+  std::string weights = "f32";  ///< --weights: also train beside the weights in this format
 };
 
 /// Seconds of `steps` steps of `t` after one warm-up step.
@@ -65,14 +69,28 @@ int run_lora(const lora_bench_options& o) {
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(o.batch) * o.seq * (o.steps + 2) + 1);
   for (auto& t : tokens) t = pick(rng);
   token_dataset data = token_dataset::from_tokens(tokens, c.vocab_size, "bench tokens");
-  token_dataset lora_data = token_dataset::from_tokens(std::move(tokens), c.vocab_size, "bench tokens");
+  token_dataset lora_data = token_dataset::from_tokens(tokens, c.vocab_size, "bench tokens");
   train_options opts;
   opts.batch = o.batch;
   opts.seq = o.seq;
   opts.steps = o.steps + 1;
   opts.optimizer.adamw.lr = 1e-4f;
 
-  // The adapter first: the whole model's run changes the weights it starts from.
+  // The adapters first: the whole model's run changes the weights they start from.
+  const weight_format quantised = parse_weights_flag(o.weights);
+  double quantised_s = 0, weight_bytes = 4.0 * static_cast<double>(model.head().size()), quantised_bytes = 0;
+  for (const param_set& b : model.blocks()) weight_bytes += 4.0 * static_cast<double>(b.size());
+  if (quantised != weight_format::f32) {
+    transformer q = transformer::inference_of(model, quantised);
+    quantised_bytes = 4.0 * static_cast<double>(q.head().size()) +
+                      static_cast<double>(served_block_bytes(c, quantised, false)) * c.n_layers;
+    lora_adapter same = lora_adapter::init(c, lc, o.common.seed + 3, be);
+    token_dataset q_data = token_dataset::from_tokens(tokens, c.vocab_size, "bench tokens");
+    train_options qo = opts;
+    qo.adapter = &same;
+    trainer t(q, q_data, qo);
+    quantised_s = timed(t, o.steps);
+  }
   std::int64_t adapter_moments = 0, lora_grads = 0;
   double lora_s = 0;
   {
@@ -108,8 +126,13 @@ int run_lora(const lora_bench_options& o) {
                 "  (time %.3fx, state %.3fx)\n",
                 lora_s * 1e3, tokens_per_step / lora_s, static_cast<long long>(adapter.numel()), gb(lora_state),
                 lora_s / full_s, lora_state / full_state);
+    if (quantised != weight_format::f32)
+      std::printf("adapter beside %s weights %7.1f ms/step  %9.0f tokens/s  weights %7.3f GB vs %7.3f GB f32"
+                  "  (time %.3fx the adapter's beside f32)\n",
+                  o.weights.c_str(), quantised_s * 1e3, tokens_per_step / quantised_s, gb(quantised_bytes),
+                  gb(weight_bytes), quantised_s / lora_s);
   }
-  const nlohmann::json j = {{"bench", "lora"},
+  nlohmann::json j = {{"bench", "lora"},
                             {"device", be.name()},
                             {"threads", cpu_threads()},
                             {"model", c.hf_architecture},
@@ -125,7 +148,14 @@ int run_lora(const lora_bench_options& o) {
                             {"full_state_bytes", full_state},
                             {"lora_model_grad_bytes", 4.0 * static_cast<double>(lora_grads)},
                             {"lora_state_bytes", lora_state},
-                            {"state_vs_full", lora_state / full_state}};
+                            {"state_vs_full", lora_state / full_state},
+                            {"weight_bytes", weight_bytes}};
+  if (quantised != weight_format::f32) {
+    j["base_weights"] = o.weights;  // as the flag names it (int8, not the wire's i8)
+    j["quantised_ms"] = quantised_s * 1e3;
+    j["quantised_vs_lora"] = quantised_s / lora_s;
+    j["quantised_weight_bytes"] = quantised_bytes;
+  }
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -146,6 +176,10 @@ void register_bench_lora(CLI::App* bench, action_fn& action) {
   cmd->add_option("--targets", o.targets,
                   "Modules to adapt, comma-separated (default: q_proj,v_proj; GPT-2: c_attn; or all-linear)")
       ->delimiter(',');
+  cmd->add_option("--weights", o.weights,
+                  "Also train the adapter beside the model's linear weights as bf16, int8 or nf4 (QLoRA) and time "
+                  "it against the adapter beside f32")
+      ->capture_default_str();
   cmd->callback([&action] { action = [] { return run_lora(o); }; });
 }
 

@@ -14,6 +14,7 @@
 #include "actors/train_job.hpp"
 #include "apps/commands.hpp"
 #include "apps/flag_checks.hpp"
+#include "apps/model_load.hpp"
 #include "apps/train_args.hpp"
 #include "apps/train_lobby.hpp"
 #include "kernels/backend.hpp"
@@ -116,6 +117,15 @@ int run_train(const train_args& a) {
                       "--cluster, --rank and --join");
   if (a.lora_rank != 0 && !a.adapter.empty())
     throw std::invalid_argument("--lora-rank makes a new adapter and --adapter trains on a saved one: give one of them");
+  const weight_format base_weights = parse_weights_flag(a.weights);
+  if (!lora && base_weights != weight_format::f32)
+    throw std::invalid_argument("--weights " + a.weights +
+                                ": the model trains its f32 parameters; frozen weights in another format carry an "
+                                "adapter (add --lora-rank R or --adapter DIR)");
+  if (base_weights != weight_format::f32 && a.compute != "f32")
+    throw std::invalid_argument("--weights " + a.weights + " --compute " + a.compute +
+                                ": an adapter beside " + a.weights +
+                                " weights computes in f32 (each block's weights widened for its turn)");
   if (!a.adapter.empty() && (a.lora_alpha != 0.0f || !a.lora_targets.empty() || a.lora_rslora))
     throw std::invalid_argument("--adapter trains on with the saved adapter's own alpha and targets: drop "
                                 "--lora-alpha, --lora-targets and --lora-rslora");
@@ -147,7 +157,11 @@ int run_train(const train_args& a) {
   const dtype compute = compute_dtype_of(a);
   Backend& be = backend_for(parse_device(a.device));
   bool fresh = false;
-  transformer model = open_model(a.model, a.seed, be, fresh);
+  transformer model = [&] {
+    if (base_weights == weight_format::f32) return open_model(a.model, a.seed, be, fresh);
+    if (!has_weights(a.model)) return open_model(a.model, a.seed, be, fresh);  // fresh: refused below
+    return app::load_for_decoding(a.model, be, base_weights, "train", "");  // the frozen base (QLoRA)
+  }();
   if (lora && fresh)
     throw model_error(a.model + " holds no weights: an adapter of freshly drawn weights that are never saved "
                       "would be of no use (train the whole model, or give a model with weights)");
@@ -182,10 +196,11 @@ int run_train(const train_args& a) {
   o.adapter_base = fs::absolute(a.model).lexically_normal().string();
   trainer train(model, data, o);
   if (adapter && !a.json)
-    std::fprintf(stderr, "training a LoRA adapter: r %d, alpha %g, %s; %lld parameters (%.3f%% of the model's)\n",
+    std::fprintf(stderr, "training a LoRA adapter: r %d, alpha %g, %s; %lld parameters (%.3f%% of the model's)%s\n",
                  adapter->config().rank, static_cast<double>(adapter->config().alpha),
                  adapter->config().targets_text().c_str(), static_cast<long long>(adapter->numel()),
-                 100.0 * static_cast<double>(adapter->numel()) / static_cast<double>(model.config().parameter_count()));
+                 100.0 * static_cast<double>(adapter->numel()) / static_cast<double>(model.config().parameter_count()),
+                 base_weights == weight_format::f32 ? "" : (std::string(" beside ") + a.weights + " weights").c_str());
 
   const train_summary s = train.run([&](const step_report& r) {
     if (a.json) {
@@ -220,7 +235,8 @@ int run_train(const train_args& a) {
                             {"alpha", adapter->config().alpha},
                             {"rslora", adapter->config().rslora},
                             {"targets", adapter->config().targets},
-                            {"parameters", adapter->numel()}};
+                            {"parameters", adapter->numel()},
+                            {"base_weights", a.weights}};  // as the flag names it
     std::printf("%s\n", summary.dump().c_str());
   } else {
     // Only `step` lines go to stdout; the summary is for people.
@@ -291,6 +307,11 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_flag("--lora-rslora", args->lora_rslora, "Scale the adapter's update by alpha / sqrt(R) (rsLoRA)");
   cmd->add_option("--adapter", args->adapter,
                   "Train on from the LoRA adapter in DIR (a PEFT directory: its rank, alpha and targets)");
+  cmd->add_option("--weights", args->weights,
+                  "With --lora-rank or --adapter: hold the frozen model's linear weights as f32, bf16, int8 or nf4 "
+                  "(QLoRA: an eighth of the bytes; each block is widened to f32 for its turn in the forward and "
+                  "backward, and the adapter trains in f32)")
+      ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed of the fresh initialisation (config-only --model), or of a new LoRA adapter (--lora-rank)")
       ->check(unsigned_integer())
       ->capture_default_str();

@@ -62,6 +62,9 @@ struct train_args {
   std::vector<std::string> lora_targets;  ///< empty: the family's default
   bool lora_rslora = false;
   std::string adapter;              ///< an adapter to train on from (its r, alpha, targets)
+  /// --weights: with an adapter, the frozen base's linear weights as
+  /// loaded (f32, or bf16/int8/nf4: QLoRA, transformer::load_inference)
+  std::string weights = "f32";
   int threads = 0;
   std::string device = "auto";
   std::string matmul = "f32";  ///< --matmul: precision of f32 products on a GPU (set_matmul_precision)

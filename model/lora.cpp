@@ -446,8 +446,6 @@ void lora_adapter::zero_grads() {
 // ---- training ----------------------------------------------------------------
 
 lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&model), adapter_(&adapter) {
-  if (model.inference_only())
-    throw model_error("a LoRA adapter trains on a model loaded with f32 parameters, not on inference weights");
   if (!adapter.fits(model.config()))
     throw model_error("the LoRA adapter was made for another model than this " + model.config().hf_architecture +
                       " of " + std::to_string(model.config().n_layers) + " layers");
@@ -461,6 +459,8 @@ lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&mo
 
 lora_tuning::~lora_tuning() {
   model_->set_trained_weights(std::nullopt);
+  // Inference weights (QLoRA) stay as they are: the adapter is the result.
+  if (model_->inference_only()) return;
   // The trained model: the adapter merged into the weights it trained beside.
   try {
     Backend& be = model_->backend();

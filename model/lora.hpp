@@ -176,17 +176,22 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
 /// backward add the adapter's terms beside its frozen weights (transformer::
 /// set_trained_weights' factors: the adapter's own A and B with f32
 /// compute, copies in a 16-bit compute dtype). Both are borrowed and must
-/// outlive this.
+/// outlive this. The model may be inference-only (transformer::
+/// load_inference: bf16, int8 or nf4 weights, QLoRA): its forward and
+/// backward then widen one block's frozen weights to f32 at a time, and
+/// compute in f32.
 class lora_tuning {
  public:
   /// Has the model compute with the adapter's terms and form no weight
   /// gradient (the head's, the linear weights' and the norms' products are
   /// skipped, and the model makes no gradient buffer for them; the adapted
-  /// weights hand their inputs and output gradients to the adapter). Throws model_error when `model` is inference-only or the
-  /// adapter is of another shape.
+  /// weights hand their inputs and output gradients to the adapter). Throws
+  /// model_error when the adapter is of another shape.
   lora_tuning(transformer& model, lora_adapter& adapter);
-  /// The model forms every gradient again, and its weights take the
-  /// adapter merged (W0 + s B A, once): the trained model.
+  /// The model forms every gradient again, and its f32 weights take the
+  /// adapter merged (W0 + s B A, once): the trained model. An
+  /// inference-only model's weights stay as they were (the adapter is what
+  /// was trained; serve it beside them, or merge it as a checkpoint loads).
   ~lora_tuning();
   lora_tuning(const lora_tuning&) = delete;
   lora_tuning& operator=(const lora_tuning&) = delete;

@@ -192,6 +192,7 @@ void stage::set_trained_weights(std::optional<std::set<std::string>> names, froz
   if (lora && static_cast<int>(lora->blocks.size()) != size())
     throw tensor_error("stage: LoRA factors of " + std::to_string(lora->blocks.size()) + " blocks for a stage of " +
                        std::to_string(size()));
+  if (names && !names->empty()) require_parameters("set_trained_weights (an inference stage's weights stay frozen)");
   if (names)
     for (const std::string& n : *names)
       if (std::none_of(std::begin(trainable_roles), std::end(trainable_roles),
@@ -236,9 +237,15 @@ void stage::zero_grads() {
 }
 
 void stage::set_compute_dtype(dtype t) {
-  require_parameters("set_compute_dtype");
   if (!is_float_dtype(t))
     throw tensor_error(std::string("stage: the compute dtype is f32, bf16 or f16, not ") + dtype_name(t));
+  if (inference_only()) {
+    // Its frozen weights are widened to f32 for training passes (train_weights).
+    if (t != dtype::f32)
+      throw tensor_error(std::string("stage: a stage of ") + weight_format_name(inference_format_) +
+                         " inference weights trains (an adapter beside them) in f32, not " + dtype_name(t));
+    return;
+  }
   if (t != dtype::f32 && be_->dev().kind == device_kind::cpu)
     throw tensor_error(std::string("stage: the cpu backend computes in f32; a ") + dtype_name(t) +
                        " compute dtype needs a device backend");
@@ -256,6 +263,7 @@ void stage::set_compute_dtype(dtype t) {
 }
 
 const block_tensors& stage::train_weights(int i) {
+  if (inference_only()) return frozen_weights(i);  // widened, one block at a time
   if (compute_weights_.empty()) return weights_[static_cast<std::size_t>(i)];
   if (compute_stale_) {
     for (std::size_t b = 0; b < weights_.size(); ++b) be_->copy(params_[b].flat(), compute_copies_[b]);
@@ -291,7 +299,6 @@ void stage::forward(const Tensor& x, int batch, int seq, Tensor& y, stage_activa
   const std::int64_t D = cfg_.hidden_size;
   expect_shape(x, {N, D}, "stage::forward x");
   expect_shape(y, {N, D}, "stage::forward y");
-  require_parameters("forward");
   if (size() == 0) {
     be_->copy(x, y);
     return;
@@ -331,14 +338,16 @@ void stage::backward(const stage_activations& saved, const Tensor& dy, Tensor& d
   if (static_cast<int>(saved.blocks.size()) != size())
     throw tensor_error("stage::backward: activations of " + std::to_string(saved.blocks.size()) +
                        " blocks for a stage of " + std::to_string(size()));
-  require_parameters("backward");
+  // Inference weights (no parameters) train nothing of their own: an
+  // adapter beside them (set_trained_weights with none named) can.
+  const bool forms = forms_parameter_grads();
+  if (forms) require_parameters("backward (with weights trained: set_trained_weights names none to train beside them)");
   if (size() == 0) {
     be_->copy(dy, dx);
     return;
   }
   // With nothing trained (LoRA) no gradient buffer is made: every view is
   // undefined and block_backward forms input gradients only.
-  const bool forms = forms_parameter_grads();
   if (forms) grads();
   block_tensors none;
   const int batch = saved.blocks[0].batch, seq = saved.blocks[0].seq;

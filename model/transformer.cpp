@@ -116,6 +116,18 @@ transformer transformer::load_inference(const std::filesystem::path& dir, Backen
   return transformer(std::make_unique<impl>(cfg, std::move(h), std::move(s), be));
 }
 
+transformer transformer::inference_of(transformer& model, weight_format f) {
+  if (f == weight_format::f32)
+    throw tensor_error("transformer::inference_of: f32 weights are the parameters (use the model itself)");
+  const model_config& cfg = model.config();
+  Backend& be = model.backend();
+  param_set h = model.head().like();
+  be.copy(model.head().flat(), h.flat());
+  class head hd(cfg, std::move(h), be);
+  class stage s = stage::inference_of(cfg, 0, model.blocks(), be, f);
+  return transformer(std::make_unique<impl>(cfg, std::move(hd), std::move(s), be));
+}
+
 transformer transformer::init_with(const model_config& cfg, std::uint64_t seed, Backend& be,
                                    bool tiled) {
   // Each group is drawn on the host, then placed on the backend's device.
@@ -186,8 +198,8 @@ std::int64_t transformer::gradient_values() const {
 
 void transformer::set_trained_weights(std::optional<std::set<std::string>> block_weights,
                                       frozen_weight_grads* frozen, const span_lora* lora) {
-  require_block_parameters("set_trained_weights");
-  impl_->block_span.set_trained_weights(block_weights, frozen, lora);  // checks the names first
+  // The stage checks the names first (and that inference weights train none).
+  impl_->block_span.set_trained_weights(block_weights, frozen, lora);
   impl_->frozen_head = block_weights.has_value();
 }
 
@@ -219,6 +231,7 @@ float transformer::forward_backward(std::span<const std::int32_t> ids,
                                     float grad_scale) {
   impl& m = *impl_;
   if (targets.empty()) throw model_error("forward_backward needs targets");
+  if (!m.frozen_head) require_block_parameters("forward_backward (an adapter trains beside them: lora_tuning)");
   m.prepare(ids, targets, batch, seq);
   m.forward(batch, seq, true);
   const std::int64_t N = static_cast<std::int64_t>(batch) * seq;

@@ -67,14 +67,22 @@ class transformer {
   /// head) in f32, and the load peaks at that plus one block of f32: a 13B
   /// model in bf16 takes 26 GB, not the 52 GB of its f32 parameters beside
   /// the copies. `on_block(done, total)` after each block (a progress bar).
-  /// Such a model decodes (generator, in format `f` only) but does not
-  /// train or save: blocks(), groups(), save() and the training passes
-  /// throw tensor_error.
+  /// Such a model decodes (generator, in format `f` only), computes losses
+  /// and logits, and trains an adapter beside its frozen weights
+  /// (lora_tuning, QLoRA: each block's weights widened to f32 for its turn
+  /// in the forward and the backward, compute in f32), but trains none of
+  /// its own and does not save: blocks(), groups(), save() and
+  /// forward_backward without an adapter throw tensor_error.
   /// `patch` as load's, applied to the f32 parameters before they are
   /// turned into `f`. Throws tensor_error for f32 (use load), model_error as load.
   static transformer load_inference(const std::filesystem::path& dir, Backend& be, weight_format f,
                                     const std::function<void(int done, int total)>& on_block = {},
                                     std::shared_ptr<const block_patch> patch = nullptr);
+  /// An inference-only model (as load_inference makes) of `model`'s
+  /// weights: its blocks' linear weights as `f` (stage::inference_of), its
+  /// head's parameters copied. `model` is left as it was. Throws as
+  /// load_inference, and tensor_error for an inference-only `model`.
+  static transformer inference_of(transformer& model, weight_format f);
   /// A model with parameters set to the GPT-2 initialisation
   /// (weights ~ N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
   /// norms 1, biases 0), deterministic for `seed`. Parameters live where

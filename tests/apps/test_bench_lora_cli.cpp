@@ -23,11 +23,17 @@ TEST_CASE("bench lora times an adapter's step and the whole model's and reports 
   testing::write_tiny_model(dir / "m", o);
   const auto r = run_corolla({"bench", "lora", "--model", (dir / "m").string(), "--device", "cpu", "--batch", "2",
                               "--seq", "16", "--steps", "1", "--rank", "4", "--targets", "q_proj,down_proj",
-                              "--threads", "1", "--json"});
+                              "--threads", "1", "--weights", "nf4", "--json"});
   CAPTURE(r.err);
   REQUIRE(r.exit_code == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["bench"] == "lora");
+  // --weights nf4: the adapter's step beside nf4 weights too, and their bytes.
+  CHECK(j["base_weights"] == "nf4");
+  CHECK(j["quantised_ms"].get<double>() > 0);
+  CHECK(j["quantised_vs_lora"].get<double>() == doctest::Approx(j["quantised_ms"].get<double>() / j["lora_ms"].get<double>()));
+  CHECK(j["weight_bytes"].get<double>() >= 4.0 * j["parameters"].get<double>());
+  CHECK(j["quantised_weight_bytes"].get<double>() < 0.6 * j["weight_bytes"].get<double>());
   CHECK(j["rank"] == 4);
   CHECK(j["targets"] == nlohmann::json::array({"self_attn.q_proj", "mlp.down_proj"}));
   lora_config c;

@@ -57,9 +57,12 @@ std::vector<double> json_losses(const process_result& r, nlohmann::json& summary
 }
 
 /// The library's run of what the CLI is asked: an adapter (new, or `from`)
-/// trained 20 steps of 2 x 16 at lr 3e-2, seed 4. Returns its losses.
-std::vector<float> library_losses(const fs::path& model_dir, const fs::path& data_file, lora_adapter& a) {
-  transformer model = transformer::load(model_dir, cpu_backend());
+/// trained 20 steps of 2 x 16 at lr 3e-2, seed 4, beside the model's
+/// weights loaded as `f`. Returns its losses.
+std::vector<float> library_losses(const fs::path& model_dir, const fs::path& data_file, lora_adapter& a,
+                                  weight_format f = weight_format::f32) {
+  transformer model = f == weight_format::f32 ? transformer::load(model_dir, cpu_backend())
+                                              : transformer::load_inference(model_dir, cpu_backend(), f);
   token_dataset data = token_dataset::open(data_file, nullptr, model.config().vocab_size);
   train_options o;
   o.batch = 2;
@@ -149,6 +152,36 @@ TEST_CASE("corolla train --lora-rank trains an adapter, the library's losses, an
   CHECK(cli2.front() < cli.front() - 1e-3);  // it starts where the first run left off
 }
 
+TEST_CASE("corolla train --lora-rank --weights nf4 trains the adapter beside nf4 weights (QLoRA), the library's losses") {
+  temp_dir_guard tmp("cli-qlora");
+  const fs::path base = tmp / "gpt2", data = tmp / "tokens.bin", saved = tmp / "adapter";
+  write_tiny_model(base, tiny_gpt2());
+  write_pattern(data);
+  const process_result r = run_corolla(
+      train_args(base, data, {"--lora-rank", "4", "--lora-targets", "c_attn,c_fc", "--weights", "nf4", "--save", saved}));
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  nlohmann::json summary;
+  const std::vector<double> cli = json_losses(r, summary);
+  CHECK(summary["adapter"]["base_weights"] == "nf4");
+  lora_config c;
+  c.rank = 4;
+  c.alpha = 4.0f;
+  c.targets = {"c_attn", "c_fc"};
+  const model_config cfg = load_config(base);
+  lora_adapter mine = lora_adapter::init(cfg, c, 4, cpu_backend());
+  const std::vector<float> lib = library_losses(base, data, mine, weight_format::nf4);
+  REQUIRE(cli.size() == lib.size());
+  for (std::size_t i = 0; i < cli.size(); ++i) CHECK(std::abs(cli[i] - lib[i]) < 5e-6);
+  CHECK(cli.back() < cli.front());
+  // Not the f32 base's run: the nf4 weights are what it trained beside.
+  lora_adapter on_f32 = lora_adapter::init(cfg, c, 4, cpu_backend());
+  CHECK(std::abs(library_losses(base, data, on_f32).front() - cli.front()) > 1e-4);
+  REQUIRE(fs::exists(saved / "adapter_model.safetensors"));
+  const lora_adapter back = lora_adapter::load(saved, cfg, cpu_backend());
+  CHECK(back.digest() == mine.digest());  // the library's adapter, saved
+}
+
 TEST_CASE("corolla train, generate and serve refuse adapter flags that cannot apply, with one error line") {
   temp_dir_guard tmp("cli-lora-bad");
   const fs::path base = tmp / "gpt2", data = tmp / "tokens.bin";
@@ -163,6 +196,9 @@ TEST_CASE("corolla train, generate and serve refuse adapter flags that cannot ap
   const std::vector<bad_case> cases = {
       {train_args(base, data, {"--lora-alpha", "8"}), "add --lora-rank R"},
       {train_args(base, data, {"--lora-rank", "4", "--pp", "2"}), "single process only"},
+      {train_args(base, data, {"--weights", "nf4"}), "carry an adapter"},
+      {train_args(base, data, {"--lora-rank", "4", "--weights", "int8", "--compute", "bf16"}), "computes in f32"},
+      {train_args(base, data, {"--lora-rank", "4", "--weights", "int4"}), "int4"},
       {train_args(base, data, {"--lora-rank", "4", "--adapter", tmp / "a"}), "give one of them"},
       {train_args(base, data, {"--adapter", tmp / "a", "--lora-alpha", "4"}), "the saved adapter's own alpha"},
       {train_args(tmp / "config-only", data, {"--lora-rank", "4"}), "holds no weights"},

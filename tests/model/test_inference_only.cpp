@@ -7,7 +7,9 @@
 // counts no f32 linear weights.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -176,25 +178,37 @@ TEST_CASE("a frozen mixture-of-experts block widens only the experts rows are ro
   }
 }
 
-TEST_CASE("an inference-only stage refuses training and other weight formats") {
+TEST_CASE("an inference-only stage trains none of its weights and refuses other weight formats") {
   model_dir m(llama_opts());
   Backend& be = cpu_backend();
   stage s = stage::load_inference(m.ck, m.cfg, 0, 2, be, weight_format::int8);
   CHECK(s.inference_only());
   CHECK(s.size() == 2);
   const std::int64_t D = m.cfg.hidden_size;
-  Tensor x = random_tensor({4, D}, 1), y = Tensor::empty({4, D});
-  CHECK_THROWS_AS(s.forward(x, 1, 4, y, nullptr), tensor_error);
+  Tensor x = random_tensor({4, D}, 1), y = Tensor::empty({4, D}), dx = Tensor::empty({4, D});
+  // The training forward runs over its weights widened a block at a time
+  // (an adapter trains beside them: test_qlora.cpp) ...
+  stage_activations acts;
+  s.forward(x, 1, 4, y, &acts);
+  CHECK(std::isfinite(y.to_vector()[0]));
+  // ... but a backward that would train them is refused.
+  CHECK_THROWS_AS(s.backward(acts, y, dx), tensor_error);
   CHECK_THROWS_AS(s.grads(), tensor_error);
-  CHECK_THROWS_AS(s.set_compute_dtype(dtype::f32), tensor_error);
+  CHECK_THROWS_AS(s.set_trained_weights(std::set<std::string>{"q.weight"}), tensor_error);
+  s.set_compute_dtype(dtype::f32);  // widened weights are f32
+  CHECK_THROWS_AS(s.set_compute_dtype(dtype::bf16), tensor_error);
   CHECK_THROWS_AS(s.use_inference_weights(weight_format::bf16), tensor_error);
   s.use_inference_weights(weight_format::int8);  // its own format: nothing to do
   CHECK_THROWS_AS(stage::load_inference(m.ck, m.cfg, 0, 2, be, weight_format::f32), tensor_error);
   try {
-    s.forward(x, 1, 4, y, nullptr);
+    s.backward(acts, y, dx);
   } catch (const tensor_error& e) {
     CHECK(std::string(e.what()).find("inference weights only") != std::string::npos);
   }
+  // Nothing of its own trained, the backward forms the input gradient only.
+  s.set_trained_weights(std::set<std::string>{});
+  s.backward(acts, y, dx);
+  CHECK_FALSE(s.has_grads());
 }
 
 TEST_CASE("served block bytes without the f32 parameters count the inference weights, norms and router") {
