@@ -3,7 +3,7 @@
 // weights), of the adapter's terms beside them (the fused epilogues skipped
 // for the adapted products) and of its gradients gives the cpu's losses
 // exactly in f32, and tracks them with bf16 compute, whose copies of the
-// factors follow each update. A server's sessions with adapters (the terms
+// factors follow each update; beside nf4 weights (QLoRA) too. A server's sessions with adapters (the terms
 // beside the unmerged weights, model/lora_factors.hpp) give the cpu engine's
 // outputs, and so do its stateless forward and backward.
 #include <doctest/doctest.h>
@@ -41,8 +41,9 @@ TEST_CASE("emulated device: a LoRA adapter trains to the cpu's losses, and with 
     opts.seq = 16;
     opts.steps = 6;
     opts.optimizer.adamw.lr = 2e-2f;
-    const auto run = [&](Backend& be, dtype compute) {
-      transformer m = transformer::load(dir.path(), be);
+    const auto run = [&](Backend& be, dtype compute, weight_format base = weight_format::f32) {
+      transformer m = base == weight_format::f32 ? transformer::load(dir.path(), be)
+                                                 : transformer::load_inference(dir.path(), be, base);
       m.set_compute_dtype(compute);
       lora_adapter a = lora_adapter::init(m.config(), c, 8, be);
       const int vocab = m.config().vocab_size;
@@ -68,6 +69,12 @@ TEST_CASE("emulated device: a LoRA adapter trains to the cpu's losses, and with 
       // copies missed the updates would stay at the base's loss.
       CHECK(std::abs(bf16[s] - cpu[s]) <= 5e-2f * std::max(1.0f, std::abs(cpu[s])));
     }
+    // Beside nf4 weights (QLoRA): each block widened on the device for its
+    // turn, the cpu's losses exactly; not the f32 base's.
+    const std::vector<float> nf4 = run(cpu_backend(), dtype::f32, weight_format::nf4);
+    CHECK(nf4.back() < 0.5f * nf4.front());
+    CHECK(nf4.front() != cpu.front());
+    CHECK(run(dev, dtype::f32, weight_format::nf4) == nf4);
   }
 }
 
