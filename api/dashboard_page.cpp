@@ -52,7 +52,7 @@ const std::string& dashboard_html() {
   <section><h2>Spans over the model's blocks</h2><svg id="spans" width="100%" height="60" role="img" aria-label="server spans"></svg></section>
   <section><h2>Servers</h2>
     <table><thead><tr><th>server</th><th>state</th><th>blocks</th><th>throughput</th><th>cache left</th>
-      <th>step / block</th><th>RTT to next</th><th>weights</th><th>activations</th><th>link</th><th>record age</th><th>endpoint</th></tr></thead>
+      <th>step / block</th><th>RTT to next</th><th>weights</th><th>adapters</th><th>activations</th><th>link</th><th>record age</th><th>endpoint</th></tr></thead>
       <tbody id="servers"></tbody></table>
   </section>
   <section><h2>Recent changes</h2><ul id="events"></ul></section>
@@ -139,6 +139,9 @@ function render(v) {
     const rtts = Object.entries(s.rtt_ms).map(([k, ms]) => `${k} ${fmt(ms, 1)} ms`);
     cell(row, rtts.length ? rtts.join(", ") : "–");
     cell(row, s.weights || "–");
+    const held = Object.entries(s.adapters || {});
+    const ad = cell(row, held.length ? held.map(([name]) => name).join(", ") : "–", "adapters");
+    ad.title = held.map(([name, digest]) => name + "@" + digest).join("\n");
     cell(row, s.dtype);
     cell(row, s.relayed ? "through " + s.relay : (s.relay_service ? "direct, relays" : "direct"));
     cell(row, fmt(s.age_ms / 1000, 1) + " s");

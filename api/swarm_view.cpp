@@ -63,6 +63,7 @@ json swarm_view_json(const std::string& model, int n_blocks, const std::vector<n
                     {"relayed", !r.relay.empty()},
                     {"relay", r.relay},
                     {"relay_service", r.relay_service},
+                    {"adapters", r.adapters},
                     {"age_ms", std::max<std::int64_t>(0, now_ms - r.timestamp_ms)},
                     {"public_key", r.public_key}});
     if (r.state == server_state::online) online.push_back(r);

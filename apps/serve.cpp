@@ -280,6 +280,7 @@ int run_serve(serve_args a) {
   record.protocol_version = net::protocol_version;
   record.public_key = n.public_key();
   record.weights = weight_format_name(weights);
+  record.adapters = announced_adapters(adapters);
   // Behind NAT (--no-listen, or nobody could dial us back): a relay first,
   // so that the record says how to reach us.
   const bool relayed =

@@ -12,6 +12,7 @@
 #include "kernels/backend.hpp"
 #include "model/lora.hpp"
 #include "model/span_engine.hpp"
+#include "net/server_record.hpp"
 
 namespace corolla::app {
 
@@ -61,6 +62,17 @@ void hold_adapters(span_engine& engine, const std::vector<served_adapter>& adapt
     spdlog::info("serve: holding adapter {}@{} from {} (rank {}, alpha {}, {}) for blocks [{}, {})", a.name,
                  a.adapter->digest(), a.dir, c.rank, c.alpha, c.targets_text(), engine.first(), engine.last());
   }
+}
+
+std::map<std::string, std::string> announced_adapters(const std::vector<served_adapter>& adapters) {
+  std::map<std::string, std::string> all, out;
+  for (const served_adapter& a : adapters) all.emplace(a.name, a.adapter->digest());
+  for (const auto& [name, digest] : all)
+    if (out.size() < net::max_record_adapters) out.emplace(name, digest);
+  if (all.size() > out.size())
+    spdlog::info("serve: the DHT record names the first {} of the {} adapters held (clients find them all)",
+                 out.size(), all.size());
+  return out;
 }
 
 }  // namespace corolla::app

@@ -5,6 +5,7 @@
 // --adapter` loads its adapters with the same rules.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,5 +41,10 @@ void check_adapter_name(const std::string& name, const std::string& flag);
 /// Gives every adapter to `engine` (span_engine::add_adapter). Throws
 /// std::runtime_error when one is refused.
 void hold_adapters(span_engine& engine, const std::vector<served_adapter>& adapters);
+
+/// What the server's DHT record says it holds (net::server_record::
+/// adapters): each one's digest by name, the first
+/// net::max_record_adapters in name order (logged when there are more).
+std::map<std::string, std::string> announced_adapters(const std::vector<served_adapter>& adapters);
 
 }  // namespace corolla::app

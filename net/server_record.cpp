@@ -95,6 +95,18 @@ bool read_rtts(const msgpack::object& o, std::map<std::string, double>& out) {
   return true;
 }
 
+bool read_adapters(const msgpack::object& o, std::map<std::string, std::string>& out) {
+  if (o.type != msgpack::type::MAP || o.via.map.size > max_record_adapters) return false;
+  out.clear();
+  for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
+    std::string name, digest;
+    if (!read_string(o.via.map.ptr[i].key, name) || name.empty()) return false;
+    if (!read_string(o.via.map.ptr[i].val, digest) || digest.empty()) return false;
+    if (!out.emplace(std::move(name), std::move(digest)).second) return false;  // a name twice
+  }
+  return true;
+}
+
 /// Reads one field by key; false = wrong type or range for that key.
 /// Unknown keys are accepted and skipped (forward compatibility).
 bool read_field(const std::string& key, const msgpack::object& v, server_record& r,
@@ -130,6 +142,7 @@ bool read_field(const std::string& key, const msgpack::object& v, server_record&
     r.relay_service = b == 1;
     return true;
   }
+  if (key == "ad") return read_adapters(v, r.adapters);
   return true;
 }
 
@@ -160,13 +173,19 @@ std::string check_record_fields(const server_record& r) {
     if (auto e = check_string(id, "RTT node id", true); !e.empty()) return e;
     if (!finite_non_negative(ms)) return "RTT to '" + id + "' is not a finite number >= 0";
   }
+  if (r.adapters.size() > max_record_adapters)
+    return std::to_string(r.adapters.size()) + " adapters (at most " + std::to_string(max_record_adapters) + ")";
+  for (const auto& [name, digest] : r.adapters) {
+    if (auto e = check_string(name, "adapter name", true); !e.empty()) return e;
+    if (auto e = check_string(digest, "adapter digest", true); !e.empty()) return e;
+  }
   return {};
 }
 
 std::vector<std::uint8_t> encode_record(const server_record& r) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_map(19 + (r.relay.empty() ? 0 : 1) + (r.relay_service ? 1 : 0));
+  pk.pack_map(19 + (r.relay.empty() ? 0 : 1) + (r.relay_service ? 1 : 0) + (r.adapters.empty() ? 0 : 1));
   pk.pack(std::string_view("v")), pk.pack(record_format_version);
   pk.pack(std::string_view("m")), pk.pack(r.model);
   pk.pack(std::string_view("n")), pk.pack(r.node_id);
@@ -190,6 +209,11 @@ std::vector<std::uint8_t> encode_record(const server_record& r) {
   pk.pack(std::string_view("pk")), pk.pack(r.public_key);
   if (!r.relay.empty()) pk.pack(std::string_view("rl")), pk.pack(r.relay);
   if (r.relay_service) pk.pack(std::string_view("rs")), pk.pack(std::uint32_t{1});
+  if (!r.adapters.empty()) {
+    pk.pack(std::string_view("ad"));
+    pk.pack_map(static_cast<std::uint32_t>(r.adapters.size()));
+    for (const auto& [name, digest] : r.adapters) pk.pack(name), pk.pack(digest);
+  }
   const auto* p = reinterpret_cast<const std::uint8_t*>(buf.data());
   return std::vector<std::uint8_t>(p, p + buf.size());
 }
@@ -199,7 +223,9 @@ caf::expected<server_record> decode_record(std::span<const std::uint8_t> bytes) 
   if (bytes.size() > max_record_bytes)
     return fail(std::to_string(bytes.size()) + " bytes (at most " + std::to_string(max_record_bytes) + ")");
   // Limits bound what the unpacker allocates before we look at anything:
-  // a record has ~20 keys, one nested map of RTTs, short strings.
+  // a record has ~20 keys, nested maps of RTTs and adapters, short strings
+  // (no arrays: a reader of this version skips an unknown key whose value
+  // is a map or a scalar, but refuses a record holding any array).
   const msgpack::unpack_limit limits(/*array*/ 0, /*map*/ std::max<std::size_t>(32, max_rtt_entries),
                                      /*str*/ max_record_string_bytes, /*bin*/ 0, /*ext*/ 0,
                                      /*depth*/ 3);

@@ -67,6 +67,13 @@ struct server_record {
   /// The server passes messages on for servers behind NAT (it started its
   /// node with relay_service and listens).
   bool relay_service = false;
+  /// The LoRA adapters the server applies per session over its span, by
+  /// name: each one's digest (lora_adapter::digest); at most
+  /// max_record_adapters. Shown to people (the dashboard, as Petals'
+  /// ServerInfo.adapters); clients route by what a server answers
+  /// (span.info), not by this. Encoded as a map, which readers that do not
+  /// know the key skip (their unpack limits admit no arrays).
+  std::map<std::string, std::string> adapters;
 
   friend bool operator==(const server_record&, const server_record&) = default;
 };
@@ -75,6 +82,7 @@ struct server_record {
 inline constexpr std::size_t max_record_bytes = 8192;      ///< encoded size
 inline constexpr std::size_t max_record_string_bytes = 256; ///< each id/endpoint/dtype/key
 inline constexpr std::size_t max_rtt_entries = 64;
+inline constexpr std::size_t max_record_adapters = 16;
 inline constexpr int max_block_index = 1 << 20;             ///< span.end <= this
 inline constexpr std::uint32_t min_record_ttl_ms = 100;
 inline constexpr std::uint32_t max_record_ttl_ms = 300'000;
@@ -88,7 +96,8 @@ inline constexpr std::uint32_t record_format_version = 1;
 /// enforces them): non-empty model and node id, every string within
 /// max_record_string_bytes, span non-empty inside [0, max_block_index],
 /// throughput and step time finite and >= 0, cache >= -1, at most
-/// max_rtt_entries RTTs, each finite and >= 0. Returns "" or the first
+/// max_rtt_entries RTTs, each finite and >= 0, at most max_record_adapters
+/// adapters, each name and digest non-empty. Returns "" or the first
 /// problem as one sentence. Stamped fields (seq, ttl...) are not checked.
 std::string check_record_fields(const server_record& r);
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/actors/swarm_fixtures.hpp"
+#include "tests/support/random_lora.hpp"
 #include "tests/support/process.hpp"
 
 using namespace corolla;
@@ -46,13 +47,19 @@ TEST_CASE("the dashboard page in headless chromium shows every server's span and
     FAIL("the browser test needs " << missing << " (or set COROLLA_SKIP_BROWSER_TESTS=1)");
   }
   swarm_model m(architecture::llama);
+  // gamma holds two adapters: its record names them, and its row shows them.
+  testing::temp_dir_guard adapters("dashboard-adapters");
+  testing::random_lora(m.cfg, 8, 0.3f).save(adapters / "style", m.dir.path().string());
+  testing::random_lora(m.cfg, 9, 0.3f).save(adapters / "other", m.dir.path().string());
   swarm_processes s;
   // Records live 2 s without a refresh, so a killed server's expires soon.
   s.start(m, "alpha", 0, 2, {"--dht", "--dht-ttl-s", "2"});
   const std::string dht = s.dht["alpha"];
   REQUIRE(!dht.empty());
   s.start(m, "beta", 2, 4, {"--initial-peers", dht, "--dht-ttl-s", "2"});
-  s.start(m, "gamma", 0, 4, {"--initial-peers", dht, "--dht-ttl-s", "2"});
+  s.start(m, "gamma", 0, 4,
+          {"--initial-peers", dht, "--dht-ttl-s", "2", "--adapter", "style=" + (adapters / "style").string(),
+           "--adapter", "other=" + (adapters / "other").string()});
 
   child_process dash = child_process::corolla(
       {"dashboard", "--swarm-dht", dht, "--model", m.dir.path().string(), "--listen", "127.0.0.1:0"});
@@ -80,6 +87,8 @@ TEST_CASE("the dashboard page in headless chromium shows every server's span and
   CHECK(rendered["rows"].size() == 3u);
   CHECK(rendered["coverage"] == json::array({2, 2, 2, 2}));
   CHECK(rendered["status"] == "every block served");
+  CHECK(rendered["adapters"]["gamma"] == "other, style");  // in name order, without their digests
+  CHECK(rendered["adapters"]["alpha"] == "–");
   CHECK(after["servers"].size() == 2u);
   for (const json& sv : after["servers"]) CHECK(sv["node"] != "beta");
   CHECK(after["coverage"] == json::array({2, 2, 1, 1}));

@@ -60,6 +60,7 @@ TEST_CASE("the swarm view counts online servers per block and finds the bottlene
   };
   records[0].relay_service = true;
   records[1].relay = "a";
+  records[2].adapters = {{"other", "0123456789abcdef"}, {"style", "fedcba9876543210"}};
   const json v = swarm_view_json("tiny", 6, records, wall_ms(), {});
   CHECK(v["model"] == "tiny");
   CHECK(v["blocks"] == 6);
@@ -82,6 +83,8 @@ TEST_CASE("the swarm view counts online servers per block and finds the bottlene
   CHECK(b["relayed"] == true);
   CHECK(b["relay"] == "a");
   CHECK(a["weights"] == "bf16");
+  CHECK(a["adapters"] == json::object());
+  CHECK(server_named(v, "c")["adapters"] == json{{"other", "0123456789abcdef"}, {"style", "fedcba9876543210"}});
   CHECK(a["age_ms"].get<std::int64_t>() >= 500);
   CHECK(server_named(v, "d")["state"] == "joining");
 

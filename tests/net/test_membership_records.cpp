@@ -49,8 +49,9 @@ std::vector<std::uint8_t> packed(std::uint32_t entries, F fill) {
 
 /// Re-encodes a valid record with one key's value replaced by `bad` (packed
 /// by the callback), to check each field's type and range checks.
-std::vector<std::uint8_t> with_field(const std::string& key, const std::function<void(msgpack::packer<msgpack::sbuffer>&)>& bad) {
-  auto good = encode_record(stamped(make_record("m", "n", {0, 2}), 1, unix_ms_now()));
+std::vector<std::uint8_t> with_field(const std::string& key, const std::function<void(msgpack::packer<msgpack::sbuffer>&)>& bad,
+                                     server_record base = make_record("m", "n", {0, 2})) {
+  auto good = encode_record(stamped(std::move(base), 1, unix_ms_now()));
   auto h = msgpack::unpack(reinterpret_cast<const char*>(good.data()), good.size());
   const auto& map = h.get().via.map;
   return packed(map.size, [&](auto& pk) {
@@ -74,6 +75,7 @@ TEST_CASE("a membership record survives encoding and decoding unchanged") {
   r.public_key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
   r.cache_tokens_left = -1;
   r.weights = "bf16";
+  r.adapters = {{"other", "0123456789abcdef"}, {"style", "fedcba9876543210"}};
   auto bytes = encode_record(r);
   CHECK(bytes.size() < 400);  // compact: well under one UDP packet
   auto back = decode_record(bytes_of(bytes));
@@ -134,6 +136,38 @@ TEST_CASE("malformed membership values are rejected with a reason and never cras
   CHECK(reason(with_field("ttl", [](auto& pk) { pk.pack(std::uint64_t{1} << 40); })) != "accepted");
   CHECK(reason(with_field("r", [](auto& pk) { pk.pack_map(1); pk.pack(std::string("peer")); pk.pack(std::string("fast")); })).find("'r'") != std::string::npos);
   CHECK(reason(with_field("r", [](auto& pk) { pk.pack_map(1); pk.pack(std::string("peer")); pk.pack_double(INFINITY); })).find("RTT") != std::string::npos);
+  // Adapters: a map of at most max_record_adapters non-empty names to
+  // non-empty digests.
+  server_record held = make_record("m", "n", {0, 2});
+  held.adapters = {{"style", "0123456789abcdef"}};
+  const auto adapters = [](std::vector<std::pair<std::string, std::string>> entries) {
+    return [entries](auto& pk) {
+      pk.pack_map(static_cast<std::uint32_t>(entries.size()));
+      for (const auto& [k, v] : entries) pk.pack(k), pk.pack(v);
+    };
+  };
+  REQUIRE(decode_record(bytes_of(with_field("ad", adapters({{"a", "1"}, {"b", "2"}}), held))));
+  CHECK(reason(with_field("ad", str, held)).find("'ad'") != std::string::npos);
+  CHECK(reason(with_field("ad", adapters({{"a", "1"}, {"", "2"}}), held)).find("'ad'") != std::string::npos);
+  CHECK(reason(with_field("ad", adapters({{"a", ""}}), held)).find("'ad'") != std::string::npos);
+  CHECK(reason(with_field("ad", adapters({{"a", "1"}, {"a", "2"}}), held)) != "accepted");
+  CHECK(reason(with_field("ad", [](auto& pk) { pk.pack_map(1); pk.pack(std::string("a")); pk.pack(7); }, held)).find("'ad'") != std::string::npos);
+  std::vector<std::pair<std::string, std::string>> many;
+  for (std::size_t i = 0; i <= max_record_adapters; ++i) many.emplace_back("a" + std::to_string(i), "1");
+  CHECK(reason(with_field("ad", adapters(many), held)).find("'ad'") != std::string::npos);
+  CHECK(reason(with_field("ad", adapters({{std::string(300, 'a'), "1"}}), held)) != "accepted");
+  for (std::size_t i = 0; i <= max_record_adapters; ++i) held.adapters["x" + std::to_string(i)] = "1";
+  CHECK(check_record_fields(held).find("adapters (at most") != std::string::npos);
+  // A reader of the format before adapters (no arrays admitted, unknown
+  // keys skipped) still reads a record naming some: they are a map.
+  {
+    server_record r = stamped(make_record("m", "n", {0, 2}), 1, unix_ms_now());
+    r.adapters = {{"style", "0123456789abcdef"}};
+    const auto b = encode_record(r);
+    std::size_t off = 0;
+    const msgpack::unpack_limit old_reader(0, 64, max_record_string_bytes, 0, 0, 3);
+    CHECK_NOTHROW(msgpack::unpack(reinterpret_cast<const char*>(b.data()), b.size(), off, nullptr, nullptr, old_reader));
+  }
   // Unknown keys are skipped (newer writers may add fields).
   CHECK(decode_record(bytes_of(with_field("pk", [](auto& pk) { pk.pack(std::string("key")); }))));
 }

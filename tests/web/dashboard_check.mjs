@@ -45,9 +45,12 @@ try {
     if (s.span !== span) fail(`server ${node} is drawn over ${s.span}, expected ${span}`);
   }
   const rows = await page.$$eval("#servers tr", (trs) => trs.map((tr) => tr.dataset.node));
+  // Each row's adapters cell, by server.
+  const adapters = await page.$$eval("#servers tr", (trs) =>
+    Object.fromEntries(trs.map((tr) => [tr.dataset.node, tr.querySelector("td.adapters")?.textContent ?? null])));
   const coverage = await page.$$eval("svg rect.block", (rs) => rs.map((r) => Number(r.dataset.online)));
   const status = await page.textContent("#status");
-  console.log(JSON.stringify({ phase: "rendered", servers: drawn, rows, coverage, status }));
+  console.log(JSON.stringify({ phase: "rendered", servers: drawn, rows, adapters, coverage, status }));
   if (screenshot) await page.screenshot({ path: screenshot, fullPage: true });
 
   // Kill one; its record expires (the servers' short TTL) and the page
