@@ -28,6 +28,7 @@
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
 #include "tests/support/numeric_checks.hpp"
+#include "tests/support/pattern_tokens.hpp"
 #include "tests/support/random_lora.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -36,20 +37,6 @@ using namespace corolla::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<std::int32_t> pattern_ids(int n, int offset) {
-  static const int p[] = {3, 17, 5, 42, 9, 23, 31, 8};
-  std::vector<std::int32_t> v;
-  for (int i = 0; i < n; ++i) v.push_back(p[(i + offset) % 8]);
-  return v;
-}
-
-void write_pattern(const fs::path& file) {
-  std::vector<std::uint16_t> tokens;
-  for (int i = 0; i < 64; ++i)
-    for (std::uint16_t t : {3, 17, 5, 42, 9, 23, 31, 8}) tokens.push_back(t);
-  write_raw_u16(file, tokens);
-}
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;

@@ -21,6 +21,7 @@
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
 #include "tests/support/numeric_checks.hpp"
+#include "tests/support/pattern_tokens.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -28,13 +29,6 @@ using namespace corolla::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<std::int32_t> pattern_ids(int n, int offset) {
-  static const int p[] = {3, 17, 5, 42, 9, 23, 31, 8};
-  std::vector<std::int32_t> v;
-  for (int i = 0; i < n; ++i) v.push_back(p[(i + offset) % 8]);
-  return v;
-}
 
 /// `model`'s linear weights replaced by those of format `f` widened back
 /// to f32: the weights a model loaded with load_inference(f) computes with.
@@ -55,12 +49,7 @@ void round_trip_linear_weights(transformer& model, weight_format f) {
 
 TEST_CASE("qlora: an adapter trained beside inference weights steps as f32 LoRA over the widened weights, and the weights stay as loaded") {
   temp_dir_guard tmp("qlora");
-  write_raw_u16(tmp / "pattern.bin", [] {
-    std::vector<std::uint16_t> t;
-    for (int i = 0; i < 64; ++i)
-      for (std::uint16_t v : {3, 17, 5, 42, 9, 23, 31, 8}) t.push_back(v);
-    return t;
-  }());
+  write_pattern(tmp / "pattern.bin");
   tiny_model_options gpt2 = tiny_options_for(architecture::gpt2);
   struct run_case {
     tiny_model_options o;
