@@ -139,7 +139,7 @@ function render(v) {
     const rtts = Object.entries(s.rtt_ms).map(([k, ms]) => `${k} ${fmt(ms, 1)} ms`);
     cell(row, rtts.length ? rtts.join(", ") : "–");
     cell(row, s.weights || "–");
-    const held = Object.entries(s.adapters || {});
+    const held = Object.entries(s.adapters || {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
     const ad = cell(row, held.length ? held.map(([name]) => name).join(", ") : "–", "adapters");
     ad.title = held.map(([name, digest]) => name + "@" + digest).join("\n");
     cell(row, s.dtype);

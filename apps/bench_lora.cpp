@@ -48,6 +48,7 @@ double gb(double bytes) { return bytes / 1e9; }
 
 int run_lora(const lora_bench_options& o) {
   apply_common_options(o.common.threads, "warn");
+  const weight_format quantised = parse_weights_flag(o.weights);  // before a large model is drawn
   Backend& be = backend_for(parse_device(o.common.device));
   transformer model = open_model(o.common, be);
   const model_config& c = model.config();
@@ -77,7 +78,6 @@ int run_lora(const lora_bench_options& o) {
   opts.optimizer.adamw.lr = 1e-4f;
 
   // The adapters first: the whole model's run changes the weights they start from.
-  const weight_format quantised = parse_weights_flag(o.weights);
   double quantised_s = 0, weight_bytes = 4.0 * static_cast<double>(model.head().size()), quantised_bytes = 0;
   for (const param_set& b : model.blocks()) weight_bytes += 4.0 * static_cast<double>(b.size());
   if (quantised != weight_format::f32) {

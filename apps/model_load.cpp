@@ -9,7 +9,7 @@
 namespace corolla::app {
 
 transformer load_for_decoding(const std::string& dir, Backend& be, weight_format f, const std::string& who,
-                              const std::string& adapter) {
+                              const std::string& adapter, bool progress) {
   std::shared_ptr<const lora_adapter> patch;
   if (!adapter.empty()) {
     // Merged on the host as each block is read (lora_adapter::apply).
@@ -18,7 +18,7 @@ transformer load_for_decoding(const std::string& dir, Backend& be, weight_format
                  a->config().rank, a->config().alpha, a->config().targets_text());
     patch = std::move(a);
   }
-  progress_bar bar(true);
+  progress_bar bar(progress);
   const std::string label = who + ": loading blocks as " + weight_format_name(f);
   const auto on_block = [&](int done, int total) { bar.draw(label, done, total); };
   if (f == weight_format::f32) {

@@ -18,9 +18,10 @@ namespace corolla::app {
 /// (no f32 block parameters kept). `who` names the command in the bar's
 /// label ("generate"). With `adapter` (a PEFT LoRA directory, model/lora.hpp)
 /// each block's weights are merged with it as they load, before any
-/// conversion to `f`. Throws as those, and model_error for an adapter that
+/// conversion to `f`. The bar is drawn on a terminal unless `progress` is
+/// false (--json). Throws as those, and model_error for an adapter that
 /// does not fit the model.
 transformer load_for_decoding(const std::string& dir, Backend& be, weight_format f, const std::string& who,
-                              const std::string& adapter = "");
+                              const std::string& adapter = "", bool progress = true);
 
 }  // namespace corolla::app

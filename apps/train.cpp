@@ -22,6 +22,7 @@
 #include "model/error.hpp"
 #include "model/lora.hpp"
 #include "model/optimizer.hpp"
+#include "model/stage.hpp"
 #include "model/token_data.hpp"
 #include "model/tokenizer.hpp"
 #include "model/trainer.hpp"
@@ -121,8 +122,8 @@ int run_train(const train_args& a) {
   if (!lora && base_weights != weight_format::f32)
     throw std::invalid_argument("--weights " + a.weights +
                                 ": the model trains its f32 parameters; frozen weights in another format carry an "
-                                "adapter (add --lora-rank R or --adapter DIR)");
-  if (base_weights != weight_format::f32 && a.compute != "f32")
+                                "adapter, which trains in a single process (add --lora-rank R or --adapter DIR)");
+  if (base_weights != weight_format::f32 && parse_compute_dtype(a.compute) != dtype::f32)
     throw std::invalid_argument("--weights " + a.weights + " --compute " + a.compute +
                                 ": an adapter beside " + a.weights +
                                 " weights computes in f32 (each block's weights widened for its turn)");
@@ -160,7 +161,7 @@ int run_train(const train_args& a) {
   transformer model = [&] {
     if (base_weights == weight_format::f32) return open_model(a.model, a.seed, be, fresh);
     if (!has_weights(a.model)) return open_model(a.model, a.seed, be, fresh);  // fresh: refused below
-    return app::load_for_decoding(a.model, be, base_weights, "train", "");  // the frozen base (QLoRA)
+    return load_for_decoding(a.model, be, base_weights, "train", "", !a.json);  // the frozen base (QLoRA)
   }();
   if (lora && fresh)
     throw model_error(a.model + " holds no weights: an adapter of freshly drawn weights that are never saved "

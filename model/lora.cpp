@@ -459,8 +459,12 @@ lora_tuning::lora_tuning(transformer& model, lora_adapter& adapter) : model_(&mo
 
 lora_tuning::~lora_tuning() {
   model_->set_trained_weights(std::nullopt);
-  // Inference weights (QLoRA) stay as they are: the adapter is the result.
-  if (model_->inference_only()) return;
+  // Inference weights (QLoRA) stay as they are: the adapter is the result;
+  // the block of f32 its passes widened into goes.
+  if (model_->inference_only()) {
+    model_->release_frozen_weights();
+    return;
+  }
   // The trained model: the adapter merged into the weights it trained beside.
   try {
     Backend& be = model_->backend();

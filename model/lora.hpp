@@ -33,8 +33,9 @@
 // gradient dy to the adapter, which adds its low-rank gradients,
 // dB += s dy^T (x A^T) and dA += s (dy B)^T x (= s B^T dW' and s dW' A^T,
 // without forming dW'; summed over the parts of a stacked module). AdamW
-// keeps moments of the adapter only. The model's gradient buffers are
-// still allocated whole (only its norm weights' are written).
+// keeps moments of the adapter only, and the model makes no gradient buffer
+// (its norms are frozen too). The model may hold inference weights (bf16,
+// int8, nf4: QLoRA), widened one block at a time for the passes.
 #pragma once
 
 #include <cstdint>

@@ -193,11 +193,16 @@ void stage::set_trained_weights(std::optional<std::set<std::string>> names, froz
     throw tensor_error("stage: LoRA factors of " + std::to_string(lora->blocks.size()) + " blocks for a stage of " +
                        std::to_string(size()));
   if (names && !names->empty()) require_parameters("set_trained_weights (an inference stage's weights stay frozen)");
-  if (names)
-    for (const std::string& n : *names)
+  if (names) {
+    const auto layout = block_layout(cfg_);
+    for (const std::string& n : *names) {
       if (std::none_of(std::begin(trainable_roles), std::end(trainable_roles),
                        [&](const trainable_role& r) { return n == r.name; }))
         throw tensor_error("stage: '" + n + "' is not a block weight that trains alone (a linear or norm weight)");
+      if (std::none_of(layout.begin(), layout.end(), [&](const auto& e) { return e.first == n; }))
+        throw tensor_error("stage: this " + cfg_.hf_architecture + " has no '" + n + "' in its blocks");
+    }
+  }
   trained_ = std::move(names);
   frozen_grads_ = trained_ ? frozen : nullptr;
   train_lora_ = trained_ ? lora : nullptr;

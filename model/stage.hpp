@@ -63,9 +63,11 @@ class stage {
   /// (bf16, int8 or nf4; inference_weights in model/block.hpp) and freed
   /// before the next block is read, so the stage holds (and its load peaks
   /// at) the `f` weights plus one block of f32. Such a stage has no params()
-  /// or grads(); its training forward and backward throw; frozen_weights()
-  /// widens one block at a time for frozen-weight passes (a server's
-  /// fine-tuning requests). Throws tensor_error for f32.
+  /// or grads(); frozen_weights() widens one block at a time for
+  /// frozen-weight passes (a server's fine-tuning requests), and so do its
+  /// training forward and backward (an adapter beside the weights, QLoRA;
+  /// a backward that would train its own weights throws). Throws
+  /// tensor_error for f32.
   static stage load_inference(const checkpoint& ck, const model_config& cfg, int first, int last, Backend& be,
                               weight_format f, const std::function<void(int done, int total)>& on_block = {});
   /// An inference-only stage, as load_inference makes, of blocks
@@ -262,11 +264,13 @@ class stage {
   }
 
   void resolve_views();
-  /// grad_views_ over grads_, the frozen linear weights' left undefined.
+  /// grad_views_ over grads_, the frozen weights' (linear and norm) left undefined.
   void resolve_grad_views();
   const Tensor& train_positions(int batch, int seq);
   /// The weights training reads for block first()+i: the parameters, or
-  /// their compute copies (converted first when params_changed()).
+  /// their compute copies (converted first when params_changed()), or on
+  /// an inference-only stage its inference weights widened to f32
+  /// (frozen_weights: valid until the next call).
   const block_tensors& train_weights(int i);
   /// Block first()+i's factors beside the weights (set_trained_weights), or null.
   const block_lora* train_lora(int i) const {

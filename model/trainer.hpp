@@ -46,7 +46,8 @@ struct train_options {
   /// When set, only this LoRA adapter trains (model/lora.hpp): the model's
   /// own weights stay as they were while the trainer lives (the adapter's
   /// terms run beside them) and take the adapter merged when it is
-  /// destroyed; AdamW keeps moments of the adapter alone, and clipping and
+  /// destroyed (f32 weights; inference weights, QLoRA, stay as loaded);
+  /// AdamW keeps moments of the adapter alone, and clipping and
   /// the gradient norm are over its gradients. Borrowed: it must outlive
   /// the trainer.
   lora_adapter* adapter = nullptr;

@@ -121,10 +121,10 @@ transformer transformer::inference_of(transformer& model, weight_format f) {
     throw tensor_error("transformer::inference_of: f32 weights are the parameters (use the model itself)");
   const model_config& cfg = model.config();
   Backend& be = model.backend();
+  class stage s = stage::inference_of(cfg, 0, model.blocks(), be, f);  // throws for an inference-only model
   param_set h = model.head().like();
   be.copy(model.head().flat(), h.flat());
   class head hd(cfg, std::move(h), be);
-  class stage s = stage::inference_of(cfg, 0, model.blocks(), be, f);
   return transformer(std::make_unique<impl>(cfg, std::move(hd), std::move(s), be));
 }
 
@@ -195,6 +195,8 @@ std::int64_t transformer::gradient_values() const {
     for (const param_set& p : impl_->block_span.params()) n += p.size();
   return n;
 }
+
+void transformer::release_frozen_weights() { impl_->block_span.release_frozen_weights(); }
 
 void transformer::set_trained_weights(std::optional<std::set<std::string>> block_weights,
                                       frozen_weight_grads* frozen, const span_lora* lora) {

@@ -125,6 +125,10 @@ class transformer {
   /// blocks': groups() makes them all, a backward those it writes; none in
   /// LoRA training).
   std::int64_t gradient_values() const;
+  /// Frees the one block of f32 weights an inference-only model's training
+  /// passes widen into (stage::release_frozen_weights): lora_tuning calls it
+  /// when it ends.
+  void release_frozen_weights();
   /// Which parameters forward_backward forms gradients of: all (nullopt,
   /// the default), or only the blocks' weights named (block_layout names of
   /// linear and norm weights, "q.weight", "mlp_norm.weight", with their

@@ -142,7 +142,12 @@ bool read_field(const std::string& key, const msgpack::object& v, server_record&
     r.relay_service = b == 1;
     return true;
   }
-  if (key == "ad") return read_adapters(v, r.adapters);
+  if (key == "ad") {
+    // Shown to people only: an "ad" this version cannot take (more
+    // entries, other types: a later writer's) is dropped, not the record.
+    if (!read_adapters(v, r.adapters)) r.adapters.clear();
+    return true;
+  }
   return true;
 }
 

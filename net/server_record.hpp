@@ -72,7 +72,9 @@ struct server_record {
   /// max_record_adapters. Shown to people (the dashboard, as Petals'
   /// ServerInfo.adapters); clients route by what a server answers
   /// (span.info), not by this. Encoded as a map, which readers that do not
-  /// know the key skip (their unpack limits admit no arrays).
+  /// know the key skip (their unpack limits admit no arrays); a reader
+  /// drops an adapter map it cannot take (over max_record_adapters entries,
+  /// a non-string or empty name or digest) and keeps the record.
   std::map<std::string, std::string> adapters;
 
   friend bool operator==(const server_record&, const server_record&) = default;

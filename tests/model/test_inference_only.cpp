@@ -202,6 +202,7 @@ TEST_CASE("an inference-only stage trains none of its weights and refuses other 
   CHECK_THROWS_AS(stage::load_inference(m.ck, m.cfg, 0, 2, be, weight_format::f32), tensor_error);
   try {
     s.backward(acts, y, dx);
+    FAIL("a backward trained inference weights");
   } catch (const tensor_error& e) {
     CHECK(std::string(e.what()).find("inference weights only") != std::string::npos);
   }

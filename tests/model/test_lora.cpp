@@ -100,8 +100,12 @@ TEST_CASE("frozen weights: the trained weights' gradients equal the full backwar
     // q and v trained, k between them frozen: the batched q/k/v backward
     // runs product by product; the MLP's norm trained, the attention's
     // (and Qwen3's q/k norms) not.
-    const std::set<std::string> trained = {"q.weight", "v.weight", "down.weight", "mlp_norm.weight"};
+    std::set<std::string> trained = {"q.weight", "v.weight", "mlp_norm.weight"};
+    if (!cfg.is_moe()) trained.insert("down.weight");
     CHECK_THROWS_AS(model.set_trained_weights(std::set<std::string>{"q.weight", "router.weight"}), tensor_error);
+    // A weight of another family's blocks: refused, not trained silently as nothing.
+    if (!cfg.qk_norm)
+      CHECK_THROWS_AS(model.set_trained_weights(std::set<std::string>{"q_norm.weight"}), tensor_error);
     model.set_trained_weights(trained);
     model.zero_grads();
     CHECK(model.forward_backward(ids, targets, 2, 8) == full_loss);

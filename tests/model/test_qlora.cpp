@@ -17,6 +17,7 @@
 #include "model/block.hpp"
 #include "model/error.hpp"
 #include "model/lora.hpp"
+#include "model/moe.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
@@ -42,6 +43,10 @@ void round_trip_linear_weights(transformer& model, weight_format f) {
                                         &block_tensors::o_w, &block_tensors::gate_w, &block_tensors::up_w,
                                         &block_tensors::down_w})
       if ((w.*role).defined()) be.copy(wide.*role, w.*role);
+    // A mixture of experts' experts, widened whole here (experts = true).
+    for (std::size_t e = 0; e < w.experts.size(); ++e)
+      for (Tensor expert_tensors::*role : {&expert_tensors::gate_w, &expert_tensors::up_w, &expert_tensors::down_w})
+        be.copy(wide.experts[e].*role, w.experts[e].*role);
   }
 }
 
@@ -50,12 +55,15 @@ void round_trip_linear_weights(transformer& model, weight_format f) {
 TEST_CASE("qlora: an adapter trained beside inference weights steps as f32 LoRA over the widened weights, and the weights stay as loaded") {
   temp_dir_guard tmp("qlora");
   write_pattern(tmp / "pattern.bin");
-  tiny_model_options gpt2 = tiny_options_for(architecture::gpt2);
+  tiny_model_options gpt2 = tiny_options_for(architecture::gpt2), qwen3, mixtral;
+  qwen3.family = "Qwen3ForCausalLM";      // per-head q/k norms, frozen
+  mixtral.family = "MixtralForCausalLM";  // experts widened one at a time in the backward too
   struct run_case {
     tiny_model_options o;
     weight_format f;
   };
-  for (const run_case& rc : {run_case{tiny_model_options{}, weight_format::nf4}, run_case{gpt2, weight_format::int8}}) {
+  for (const run_case& rc : {run_case{tiny_model_options{}, weight_format::nf4}, run_case{gpt2, weight_format::int8},
+                             run_case{qwen3, weight_format::nf4}, run_case{mixtral, weight_format::bf16}}) {
     CAPTURE(rc.o.family);
     CAPTURE(weight_format_name(rc.f));
     tiny_model_options o = rc.o;
@@ -101,7 +109,8 @@ TEST_CASE("qlora: an adapter trained beside inference weights steps as f32 LoRA 
       CAPTURE(s);
       CHECK(losses_q[s] == doctest::Approx(losses_r[s]).epsilon(1e-5));
     }
-    CHECK(losses_q.back() < 0.8f * losses_q.front());  // it learns
+    // It learns (a mixture of experts' adapter holds its attention only: slower).
+    CHECK(losses_q.back() < (o.family == mixtral.family ? 0.99f : 0.8f) * losses_q.front());
     for (int l = 0; l < quantised.config().n_layers; ++l)
       CHECK(max_rel_diff(on_quantised.block(l).flat(), on_reference.block(l).flat()) < 1e-4);
     // The trainer gone, the inference weights are as loaded (nothing merged
