@@ -83,28 +83,30 @@ bool read_u32(const msgpack::object& o, T& out) {
   return true;
 }
 
-bool read_rtts(const msgpack::object& o, std::map<std::string, double>& out) {
-  if (o.type != msgpack::type::MAP || o.via.map.size > max_rtt_entries) return false;
+/// A map of at most `limit` entries whose keys are non-empty strings, each
+/// once, and whose values `read_value` takes (false for a value it refuses).
+template <class V, class Read>
+bool read_keyed(const msgpack::object& o, std::size_t limit, std::map<std::string, V>& out, Read read_value) {
+  if (o.type != msgpack::type::MAP || o.via.map.size > limit) return false;
+  out.clear();
   for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
-    std::string id;
-    double ms = 0;
-    if (!read_string(o.via.map.ptr[i].key, id) || id.empty()) return false;
-    if (!read_double(o.via.map.ptr[i].val, ms)) return false;
-    if (!out.emplace(std::move(id), ms).second) return false;  // duplicate id
+    std::string key;
+    V value{};
+    if (!read_string(o.via.map.ptr[i].key, key) || key.empty()) return false;
+    if (!read_value(o.via.map.ptr[i].val, value)) return false;
+    if (!out.emplace(std::move(key), std::move(value)).second) return false;  // a key twice
   }
   return true;
 }
 
+bool read_rtts(const msgpack::object& o, std::map<std::string, double>& out) {
+  return read_keyed(o, max_rtt_entries, out, read_double);
+}
+
 bool read_adapters(const msgpack::object& o, std::map<std::string, std::string>& out) {
-  if (o.type != msgpack::type::MAP || o.via.map.size > max_record_adapters) return false;
-  out.clear();
-  for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
-    std::string name, digest;
-    if (!read_string(o.via.map.ptr[i].key, name) || name.empty()) return false;
-    if (!read_string(o.via.map.ptr[i].val, digest) || digest.empty()) return false;
-    if (!out.emplace(std::move(name), std::move(digest)).second) return false;  // a name twice
-  }
-  return true;
+  return read_keyed(o, max_record_adapters, out, [](const msgpack::object& v, std::string& digest) {
+    return read_string(v, digest) && !digest.empty();
+  });
 }
 
 /// Reads one field by key; false = wrong type or range for that key.
