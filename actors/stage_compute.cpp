@@ -29,8 +29,14 @@ class model_stage_compute : public stage_compute {
   }
 
   void begin_step(const std::vector<std::int32_t>& ids, const std::vector<std::int32_t>& targets) override {
-    for (stage& part : model_.parts) part.zero_grads();
-    if (model_.head_part) model_.head_part->zero_grads();
+    if (model_.adapter) {
+      // Nothing of the model has gradients (nor are its frozen weights'
+      // compute copies converted again).
+      model_.adapter->zero_grads();
+    } else {
+      for (stage& part : model_.parts) part.zero_grads();
+      if (model_.head_part) model_.head_part->zero_grads();
+    }
     ids_ = &ids;
     targets_ = &targets;
   }
@@ -51,14 +57,15 @@ class model_stage_compute : public stage_compute {
     if (v == o_.layout.virtual_stages() - 1) {
       f.dy = be_.empty({rows_, hidden_});
       const float scale = static_cast<float>(mb_) / static_cast<float>(o_.batch) * loss_scale;
-      const float lk = model_.head_part->loss(f.y, tokens(*targets_, k), &f.dy, scale, head_acts_);
+      const float lk =
+          model_.head_part->loss(f.y, tokens(*targets_, k), &f.dy, scale, head_acts_, !model_.adapter);
       loss = static_cast<double>(lk) * mb_ / o_.batch;
     }
     f.dx = be_.empty({rows_, hidden_});
     std::function<void(int)> each_block;
     if (final) each_block = [&on_block, &part](int i) { on_block(part.first() + i); };
     part.backward(f.acts, f.dy, f.dx, each_block);
-    if (v == 0) model_.head_part->embed_backward(tokens(*ids_, k), positions_, f.dx);
+    if (v == 0 && !model_.adapter) model_.head_part->embed_backward(tokens(*ids_, k), positions_, f.dx);
     f.acts = {};
     f.x = f.y = f.dy = Tensor{};
     return loss;
@@ -128,6 +135,16 @@ class timed_stage_compute : public stage_compute {
 };
 
 }  // namespace
+
+void stage_model::refresh_factors() {
+  if (!adapter) return;
+  for (std::size_t c = 0; c < parts.size(); ++c) {
+    const stage& p = parts[c];
+    // In place: the part points at factors[c].
+    if (p.compute_dtype() != dtype::f32)
+      factors[c] = adapter->training_factors(p.backend(), p.compute_dtype(), p.first(), p.size());
+  }
+}
 
 std::unique_ptr<stage_compute> make_stage_compute(const dist_train_options& o, stage_model& model, Backend& be,
                                                   int stage, int replica) {

@@ -14,6 +14,7 @@
 
 #include "kernels/tensor.hpp"
 #include "model/head.hpp"
+#include "model/lora.hpp"
 #include "model/stage.hpp"
 
 namespace corolla {
@@ -32,6 +33,16 @@ struct in_flight {
 struct stage_model {
   std::vector<stage> parts;
   std::optional<head> head_part;
+  /// LoRA (dist_train_options::lora): the adapter this rank trains beside
+  /// its frozen blocks and head (the parts hand it their adapted weights'
+  /// inputs and output gradients), and each part's factors, which the
+  /// parts point at (one per part, never reallocated).
+  std::unique_ptr<lora_adapter> adapter;
+  std::vector<span_lora> factors;
+
+  /// After an update of the adapter: factors in a 16-bit compute dtype are
+  /// converted again (f32 ones are views of the adapter's own tensors).
+  void refresh_factors();
 };
 
 /// The forward and backward of one rank's stage.

@@ -482,8 +482,15 @@ class coordinator {
     // the file takes its name once all came. The next piece is asked for
     // as one comes, so it travels while the last is written: the
     // coordinator holds at most a group and two pieces, a rank one piece.
-    saving_ = std::make_unique<model_writer>(o_.save_dir, cfg_);
-    auto asks = std::make_shared<const std::vector<param_ask>>(plan_param_asks(o_.layout, cfg_, o_.message_piece_bytes));
+    // A LoRA job's is the adapter (a few MB: gathered whole, then written
+    // in PEFT's layout, lora_adapter::save).
+    const lora_config* lora = o_.lora ? &o_.lora->config : nullptr;
+    if (lora)
+      saving_adapter_ = std::make_unique<lora_adapter>(lora_adapter::zeros(cfg_, *lora));
+    else
+      saving_ = std::make_unique<model_writer>(o_.save_dir, cfg_);
+    auto asks =
+        std::make_shared<const std::vector<param_ask>>(plan_param_asks(o_.layout, cfg_, o_.message_piece_bytes, lora));
     auto ws = std::make_shared<std::vector<wanted>>();
     for (const param_ask& a : *asks) ws->push_back({train_msg::params, o_.steps, a.bucket, a.rank, a.what(), true, a.n});
     auto ask = [this, asks](std::size_t i) {
@@ -492,7 +499,8 @@ class coordinator {
       send(a.rank, train_msg::params_ask, encode_body(train_packet{o_.steps, a.bucket, a.n, -1, run_, a.lo, a.hi}));
     };
     ask(0);
-    auto groups = std::make_shared<param_group_builder>(cfg_);
+    auto groups =
+        std::make_shared<param_group_builder>(cfg_, lora ? std::optional<lora_config>(*lora) : std::nullopt);
     take_each(
         ws, 0,
         [this, asks, ask, groups](std::size_t i, remote_message m) {
@@ -500,15 +508,22 @@ class coordinator {
           const param_ask& a = (*asks)[i];
           const std::optional<param_set> group = groups->add(a, std::move(m.tensors), o_.layout.label(a.rank));
           if (!group) return;
-          if (a.bucket == head_bucket) {
+          if (saving_adapter_) {
+            saving_adapter_->block(a.bucket).flat().copy_from(group->flat());
+          } else if (a.bucket == head_bucket) {
             saving_->write_head(*group);
           } else {
             saving_->write_block(a.bucket, *group);
           }
         },
         [this] {
-          saving_->commit();
-          saving_.reset();
+          if (saving_adapter_) {
+            saving_adapter_->save(o_.save_dir, o_.lora->base_model);
+            saving_adapter_.reset();
+          } else {
+            saving_->commit();
+            saving_.reset();
+          }
           all_done();
         });
   }
@@ -558,6 +573,8 @@ class coordinator {
   /// The model file being written for --save (group by group, as the
   /// ranks' parameters come); removed unless every group came.
   std::unique_ptr<model_writer> saving_;
+  /// A LoRA job's adapter for --save, its blocks filled as they come.
+  std::unique_ptr<lora_adapter> saving_adapter_;
   /// The failure being reported (set once; shared with the actor's exit
   /// handler), and its text.
   std::shared_ptr<std::exception_ptr> failure_ = std::make_shared<std::exception_ptr>();

@@ -139,6 +139,14 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
                   " compute=" + dtype_name(o.compute) + " collectives=" + dp_collectives_name(o.collectives);
+  if (o.lora) {
+    // Ranks must draw (or read) the same adapter: its shape, seed and source.
+    const lora_config& c = o.lora->config;
+    char lora[96];
+    std::snprintf(lora, sizeof lora, " lora: r=%d alpha=%.9g rslora=%d seed=%llu", c.rank, static_cast<double>(c.alpha),
+                  c.rslora ? 1 : 0, static_cast<unsigned long long>(o.lora->seed));
+    k += lora + std::string(" targets=") + c.targets_text() + " from=" + o.lora->from.string();
+  }
   const loss_scaling& ls = o.optimizer.loss_scale;
   k += std::string(" loss_scale=") + loss_scaling_name(ls);
   if (ls.dynamic)

@@ -31,6 +31,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@
 
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
+#include "model/lora.hpp"
 #include "model/params.hpp"
 #include "model/optimizer.hpp"
 #include "schedule/cluster.hpp"
@@ -144,8 +146,27 @@ inline constexpr std::int64_t max_message_piece_bytes = std::int64_t{512} << 20;
 /// Throws std::invalid_argument when `bytes` is outside those bounds.
 void check_message_piece_bytes(std::int64_t bytes);
 
+/// LoRA fine-tuning across the ranks (model/lora.hpp): every rank holds the
+/// adapter (small: a few MB for a 7B model), trains the factors of its own
+/// blocks beside its frozen blocks and head, and the DP groups reduce and
+/// update the adapter's block buckets instead of the model's; no head
+/// bucket, no gradient buffer of the model. --save writes the adapter in
+/// PEFT's layout.
+struct dist_lora {
+  /// A new adapter (lora_adapter::init with `seed`: the same A on every rank
+  /// and in single-process training), unless `from` names a saved one to
+  /// train on (its own config then).
+  lora_config config;
+  std::uint64_t seed = 0;
+  std::filesystem::path from;
+  /// base_model_name_or_path in the saved adapter_config.json.
+  std::string base_model;
+};
+
 struct dist_train_options {
   train_layout layout;
+  /// Set: the ranks train this LoRA adapter, not the model's weights.
+  std::optional<dist_lora> lora;
   int batch = 1;        ///< global batch: sequences per step over all replicas
   int seq = 0;          ///< tokens per sequence
   int micro_batch = 0;  ///< sequences per micro-batch; 0 = 1 when pp > 1, else batch / dp

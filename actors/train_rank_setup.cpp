@@ -10,6 +10,16 @@
 namespace corolla::train_detail {
 
 void rank_runtime::build_model() {
+  // LoRA: the whole adapter (the same on every rank: drawn from the job's
+  // seed, or read from its directory); this rank trains its blocks' factors.
+  const bool lora = o_.lora.has_value();
+  if (lora) {
+    const dist_lora& l = *o_.lora;
+    model_.adapter = std::make_unique<lora_adapter>(l.from.empty() ? lora_adapter::init(cfg_, l.config, l.seed, be_)
+                                                                   : lora_adapter::load(l.from, cfg_, be_));
+    model_.adapter->zero_grads();
+    model_.factors.reserve(static_cast<std::size_t>(o_.layout.chunks));
+  }
   // One part per chunk (one without interleaving): virtual stage
   // c * pp + stage runs blocks [boundaries[v], boundaries[v+1]).
   model_.parts.reserve(static_cast<std::size_t>(o_.layout.chunks));
@@ -23,14 +33,22 @@ void rank_runtime::build_model() {
                         std::to_string(first) + ".." + std::to_string(last - 1));
     for (param_set& b : blocks) place_params(b, be_);  // no-op where they already are
     model_.parts.emplace_back(cfg_, first, std::move(blocks), be_);
-    model_.parts.back().grads();
-    model_.parts.back().set_compute_dtype(o_.compute);
+    stage& part = model_.parts.back();
+    part.set_compute_dtype(o_.compute);
+    if (lora) {
+      // Every weight of the part frozen (no gradient buffer), the adapter's
+      // terms beside them.
+      model_.factors.push_back(model_.adapter->training_factors(be_, o_.compute, first, last - first));
+      part.set_trained_weights(std::set<std::string>{}, model_.adapter.get(), &model_.factors.back());
+    } else {
+      part.grads();
+    }
   }
   if (first_ || last_) {
     param_set h = weights_.head();
     place_params(h, be_);
     model_.head_part.emplace(cfg_, std::move(h), be_);
-    model_.head_part->grads();
+    if (!lora) model_.head_part->grads();  // a LoRA job's head is frozen
   }
   compute_ = make_stage_compute(o_, model_, be_, stage_, replica_);
   // The DP group owns the buckets from here on: every block's, and the head's.
@@ -53,6 +71,16 @@ void rank_runtime::build_model() {
   s.buddy_params = buddy_needs_params(o_.layout, rank_);
   buckets_ = std::make_shared<dp_group>(std::move(s));
   const bool device_coll = o_.collectives == dp_collectives::device;
+  if (lora) {
+    // The adapter's blocks are the buckets: its factors are what the DP
+    // groups reduce and update; the head has none.
+    const std::vector<param_group> groups = model_.adapter->groups();
+    for (const stage& part : model_.parts)
+      for (int i = part.first(); i < part.first() + part.size(); ++i)
+        buckets_->add_bucket(i, groups[static_cast<std::size_t>(i)].params, groups[static_cast<std::size_t>(i)].grads,
+                             &rings_.dp, device_coll ? group_of(rings_.dp) : nullptr);
+    return;
+  }
   for (stage& part : model_.parts)
     for (int i = 0; i < part.size(); ++i)
       buckets_->add_bucket(part.first() + i, &part.params()[static_cast<std::size_t>(i)],

@@ -19,20 +19,25 @@ std::string param_ask::what() const {
   return w;
 }
 
-std::vector<std::pair<std::string, shape_t>> bucket_layout(const model_config& cfg, int id) {
+std::vector<std::pair<std::string, shape_t>> bucket_layout(const model_config& cfg, int id, const lora_config* lora) {
+  if (lora) {
+    if (id == head_bucket) throw train_error("a LoRA job's head has no parameters that train");
+    return lora_block_layout(cfg, *lora);
+  }
   return id == head_bucket ? head_layout(cfg) : block_layout(cfg);
 }
 
-std::vector<param_ask> plan_param_asks(const train_layout& l, const model_config& cfg, std::int64_t piece_bytes) {
+std::vector<param_ask> plan_param_asks(const train_layout& l, const model_config& cfg, std::int64_t piece_bytes,
+                                       const lora_config* lora) {
   const std::int64_t piece = std::max<std::int64_t>(1, piece_bytes / static_cast<std::int64_t>(sizeof(float)));
   std::vector<param_ask> out;
   std::map<int, int> asked;  // rank -> asks so far
   auto add = [&](int id, int rank) {
-    const std::int64_t size = param_set::size_of(bucket_layout(cfg, id));
+    const std::int64_t size = param_set::size_of(bucket_layout(cfg, id, lora));
     for (std::int64_t lo = 0; lo < size; lo += piece)
       out.push_back({id, rank, asked[rank]++, lo, std::min(size, lo + piece), size});
   };
-  add(head_bucket, 0);
+  if (!lora) add(head_bucket, 0);
   for (int v = 0; v < l.virtual_stages(); ++v)
     for (int b = l.boundaries[static_cast<std::size_t>(v)]; b < l.boundaries[static_cast<std::size_t>(v + 1)]; ++b)
       add(b, l.rank_of(v % l.pp, 0));
@@ -59,7 +64,7 @@ std::optional<param_set> param_group_builder::add(const param_ask& a, std::vecto
     values = std::move(group_);
     group_ = Tensor();
   }
-  return param_set(bucket_layout(cfg_, a.bucket), std::move(values));
+  return param_set(bucket_layout(cfg_, a.bucket, lora_ ? &*lora_ : nullptr), std::move(values));
 }
 
 }  // namespace corolla

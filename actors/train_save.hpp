@@ -14,6 +14,7 @@
 
 #include "kernels/tensor.hpp"
 #include "model/config.hpp"
+#include "model/lora.hpp"
 #include "model/params.hpp"
 
 namespace corolla {
@@ -32,16 +33,21 @@ struct param_ask {
 
 /// Every ask of a save, in the order the model file takes them: the head
 /// (rank 0), then every block from replica 0 of its stage, each group in
-/// pieces of at most `piece_bytes` of values.
-std::vector<param_ask> plan_param_asks(const train_layout& l, const model_config& cfg, std::int64_t piece_bytes);
+/// pieces of at most `piece_bytes` of values. With `lora` (a LoRA job) the
+/// blocks' adapter factors only: the head has none.
+std::vector<param_ask> plan_param_asks(const train_layout& l, const model_config& cfg, std::int64_t piece_bytes,
+                                       const lora_config* lora = nullptr);
 
-/// The parameter layout of bucket `id` (head_bucket or a block).
-std::vector<std::pair<std::string, shape_t>> bucket_layout(const model_config& cfg, int id);
+/// The parameter layout of bucket `id` (head_bucket or a block); with
+/// `lora`, the adapter's block (lora_block_layout).
+std::vector<std::pair<std::string, shape_t>> bucket_layout(const model_config& cfg, int id,
+                                                           const lora_config* lora = nullptr);
 
 /// Groups made whole from the answers to their asks, taken in order.
 class param_group_builder {
  public:
-  explicit param_group_builder(const model_config& cfg) : cfg_(cfg) {}
+  explicit param_group_builder(const model_config& cfg, std::optional<lora_config> lora = std::nullopt)
+      : cfg_(cfg), lora_(std::move(lora)) {}
   /// The answer to `a` from the rank `from` names: the group once its last
   /// piece came (a group of one piece over the answer's own buffer),
   /// nothing before. Throws train_error for an answer that is not
@@ -50,6 +56,7 @@ class param_group_builder {
 
  private:
   model_config cfg_;
+  std::optional<lora_config> lora_;  ///< a LoRA job's: its groups are adapter blocks
   Tensor group_;               ///< a group of several pieces, as they come
   std::int64_t filled_ = 0;    ///< its values so far
 };

@@ -222,7 +222,7 @@ void rank_runtime::advance() {
         st_.flight.erase(key);
         break;
       case pipeline_op::reduce_grads:
-        if (model_.head_part && !st_.head_enqueued) {
+        if (model_.head_part && !model_.adapter && !st_.head_enqueued) {  // a LoRA job's head has no bucket
           enqueue(head_bucket, step);
           st_.head_enqueued = true;
         }
@@ -380,7 +380,9 @@ void rank_runtime::apply_norm(const remote_message& m) {
 void rank_runtime::after_update(bool skip) {
   // Every bucket's update is in (waited for, or just made): 16-bit compute
   // copies are converted again before the next forward.
-  if (!skip)
+  if (!skip && model_.adapter)
+    model_.refresh_factors();  // the model's own weights are frozen
+  else if (!skip)
     for (stage& part : model_.parts) part.params_changed();
   // Before the verdict: the coordinator waits for the buddies' copies
   // before it decides (train.kept).

@@ -101,6 +101,47 @@ lr_schedule schedule_of(const train_args& a) {
   return s;
 }
 
+lora_config lora_config_of(const train_args& a) {
+  lora_config c;
+  c.rank = a.lora_rank;
+  c.alpha = a.lora_alpha != 0.0f ? a.lora_alpha : static_cast<float>(a.lora_rank);
+  c.rslora = a.lora_rslora;
+  c.targets = a.lora_targets;
+  return c;
+}
+
+std::optional<dist_lora> dist_lora_of(const train_args& a, const model_config& cfg) {
+  if (a.lora_rank == 0 && a.adapter.empty()) return std::nullopt;
+  // Name the flags given.
+  std::string refused;
+  for (const auto& [given, flag] : {std::pair{a.elastic, "--elastic"},
+                                    std::pair{!a.checkpoint_dir.empty(), "--checkpoint-dir"},
+                                    std::pair{a.checkpoint_every > 0, "--checkpoint-every"},
+                                    std::pair{a.resume, "--resume"}, std::pair{!a.take_over.empty(), "--take-over"}})
+    if (given) refused += (refused.empty() ? "" : ", ") + std::string(flag);
+  if (!refused.empty())
+    throw std::invalid_argument(refused + ": a distributed LoRA job keeps no checkpoints and does not recover (yet); "
+                                "drop them, or train the adapter in one process");
+  if (!has_weights(a.model))
+    throw model_error(a.model + " holds no weights: an adapter of freshly drawn weights that are never saved "
+                      "would be of no use (train the whole model, or give a model with weights)");
+  dist_lora l;
+  l.seed = a.seed;
+  l.base_model = fs::absolute(a.model).lexically_normal().string();
+  if (!a.adapter.empty()) {
+    // Read once here: a bad directory is one error, not one per rank; and
+    // the coordinator learns the adapter's own shape.
+    l.from = fs::absolute(a.adapter).lexically_normal();
+    l.config = lora_adapter::load(l.from, cfg, cpu_backend()).config();
+  } else {
+    l.config = lora_config_of(a);
+    // By the modules' paths, as a made adapter names them (its summary and
+    // saved config); a bad rank, alpha or target before any rank starts.
+    l.config.targets = lora_adapter::zeros(cfg, l.config).config().targets;
+  }
+  return l;
+}
+
 namespace {
 
 int run_train(const train_args& a) {
@@ -113,16 +154,20 @@ int run_train(const train_args& a) {
   const bool lora = a.lora_rank != 0 || !a.adapter.empty();
   if (!lora && (a.lora_alpha != 0.0f || !a.lora_targets.empty() || a.lora_rslora))
     throw std::invalid_argument("--lora-alpha, --lora-targets and --lora-rslora shape an adapter: add --lora-rank R");
-  if (lora && (!a.join.empty() || wants_distributed(a)))
-    throw model_error("--lora-rank and --adapter: adapters train in a single process only; drop --pp, --dp, "
-                      "--cluster, --rank and --join");
+  if (lora && !a.join.empty())
+    throw model_error("--lora-rank and --adapter: a worker joins an --elastic job, and adapters do not train in "
+                      "elastic jobs (yet): drop --join");
   if (a.lora_rank != 0 && !a.adapter.empty())
     throw std::invalid_argument("--lora-rank makes a new adapter and --adapter trains on a saved one: give one of them");
   const weight_format base_weights = parse_weights_flag(a.weights);
   if (!lora && base_weights != weight_format::f32)
     throw std::invalid_argument("--weights " + a.weights +
                                 ": the model trains its f32 parameters; frozen weights in another format carry an "
-                                "adapter, which trains in a single process (add --lora-rank R or --adapter DIR)");
+                                "adapter (add --lora-rank R or --adapter DIR)");
+  if (base_weights != weight_format::f32 && wants_distributed(a))
+    throw std::invalid_argument("--weights " + a.weights +
+                                ": an adapter beside frozen weights in another format than f32 (QLoRA) trains in a "
+                                "single process; drop --pp, --dp and --cluster, or --weights");
   if (base_weights != weight_format::f32 && parse_compute_dtype(a.compute) != dtype::f32)
     throw std::invalid_argument("--weights " + a.weights + " --compute " + a.compute +
                                 ": an adapter beside " + a.weights +
@@ -172,12 +217,7 @@ int run_train(const train_args& a) {
   if (!a.adapter.empty()) {
     adapter = std::make_unique<lora_adapter>(lora_adapter::load(a.adapter, model.config(), be));
   } else if (lora) {
-    lora_config c;
-    c.rank = a.lora_rank;
-    c.alpha = a.lora_alpha != 0.0f ? a.lora_alpha : static_cast<float>(a.lora_rank);
-    c.rslora = a.lora_rslora;
-    c.targets = a.lora_targets;
-    adapter = std::make_unique<lora_adapter>(lora_adapter::init(model.config(), c, a.seed, be));
+    adapter = std::make_unique<lora_adapter>(lora_adapter::init(model.config(), lora_config_of(a), a.seed, be));
   }
 
   train_options o;

@@ -143,6 +143,15 @@ lr_schedule schedule_of(const train_args& a);
 /// or for bf16/f16 with --device cpu (or auto without a GPU): the cpu
 /// backend computes in f32.
 dtype compute_dtype_of(const train_args& a);
+/// The new adapter --lora-rank, --lora-alpha (default: the rank),
+/// --lora-targets and --lora-rslora describe.
+lora_config lora_config_of(const train_args& a);
+/// A distributed job's LoRA (--lora-rank or --adapter; nothing without):
+/// a saved adapter is read once here (its config, and any problem before a
+/// rank starts), a new one's targets checked against `cfg`. Throws for
+/// what a distributed LoRA job cannot do (checkpoints, --elastic, frozen
+/// weights in another format than f32) and for a model without weights.
+std::optional<dist_lora> dist_lora_of(const train_args& a, const model_config& cfg);
 /// --loss-scale for a run computing in `compute`; throws
 /// std::invalid_argument for an unknown value.
 loss_scaling loss_scaling_of(const train_args& a, dtype compute);

@@ -126,7 +126,8 @@ void print_local_summary(const train_args& a, const dist_train_options& o, int s
     std::printf("%s\n", summary.dump().c_str());
   }
   std::fprintf(stderr, "trained %d steps on %s (%d ranks)%s\n", a.steps, o.layout.describe().c_str(),
-               o.layout.world(), a.save.empty() ? "" : ("; saved to " + a.save).c_str());
+               o.layout.world(),
+               a.save.empty() ? "" : ((o.lora ? "; saved the adapter (PEFT layout) to " : "; saved to ") + a.save).c_str());
 }
 
 node_options rank_node_options(const std::string& listen) {
@@ -259,6 +260,16 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
   // Bad data is one error here, not one per rank.
   open_data(a.data, a.model, cfg.vocab_size);
   if (a.elastic) return launch_local_elastic(a, o, cfg, cluster, plan);
+  std::int64_t adapter_values = 0;
+  if (o.lora) {
+    for (const auto& [name, shape] : lora_block_layout(cfg, o.lora->config)) adapter_values += shape_numel(shape);
+    adapter_values *= cfg.n_layers;
+    if (!a.json)
+      std::fprintf(stderr, "training a LoRA adapter on %d ranks: r %d, alpha %g, %s; %lld parameters (%.3f%% of the model's)\n",
+                   o.layout.world(), o.lora->config.rank, static_cast<double>(o.lora->config.alpha),
+                   o.lora->config.targets_text().c_str(), static_cast<long long>(adapter_values),
+                   100.0 * static_cast<double>(adapter_values) / static_cast<double>(cfg.parameter_count()));
+  }
   const auto start = std::chrono::steady_clock::now();
   int steps_run = 0;
   double last_loss = 0;
@@ -269,7 +280,12 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
     lines.step(o, r);
   });
   lines.finish();
-  print_local_summary(a, o, steps_run, last_loss, std::chrono::steady_clock::now() - start);
+  nlohmann::json extra;
+  if (o.lora)
+    extra["adapter"] = {{"rank", o.lora->config.rank},     {"alpha", o.lora->config.alpha},
+                        {"rslora", o.lora->config.rslora}, {"targets", o.lora->config.targets},
+                        {"parameters", adapter_values}};
+  print_local_summary(a, o, steps_run, last_loss, std::chrono::steady_clock::now() - start, extra);
   return 0;
 }
 
@@ -439,6 +455,7 @@ int run_distributed_train(train_args a) {
   o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000));
   o.hang_s = a.hang_s;
   o.rings_at_once = a.rings_at_once;
+  o.lora = dist_lora_of(a, cfg);
   if (a.seq > cfg.max_positions)
     throw std::invalid_argument("--seq " + std::to_string(a.seq) + " is longer than the model's context (" +
                                 std::to_string(cfg.max_positions) + ")");

@@ -29,7 +29,14 @@ nlohmann::json job_to_json(const dist_train_options& o) {
   const auto& w = o.optimizer.adamw;
   nlohmann::json holders = nlohmann::json::object();  // JSON keys are text: owner ranks as strings
   for (const auto& [owner, node_id] : o.from_memory.holder_of) holders[std::to_string(owner)] = node_id;
-  return {{"pp", o.layout.pp}, {"dp", o.layout.dp}, {"chunks", o.layout.chunks}, {"boundaries", o.layout.boundaries},
+  nlohmann::json lora = nullptr;
+  if (o.lora)
+    lora = {{"rank", o.lora->config.rank},       {"alpha", o.lora->config.alpha},
+            {"rslora", o.lora->config.rslora},   {"targets", o.lora->config.targets},
+            {"seed", std::to_string(o.lora->seed)}, {"from", o.lora->from.string()},
+            {"base_model", o.lora->base_model}};
+  return {{"lora", lora},
+          {"pp", o.layout.pp}, {"dp", o.layout.dp}, {"chunks", o.layout.chunks}, {"boundaries", o.layout.boundaries},
           {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
           {"micro_batch", o.micro_batch}, {"steps", o.steps},
           {"adamw", {{"lr", w.lr}, {"beta1", w.beta1}, {"beta2", w.beta2}, {"eps", w.eps}, {"weight_decay", w.weight_decay}}},
@@ -107,6 +114,17 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
     o.drain_to_memory = j.value("drain_to_memory", false);
     o.takeover_token = j.value("takeover_token", std::string());
     o.launcher_pid = j.value("launcher_pid", 0);
+    if (const auto l = j.find("lora"); l != j.end() && !l->is_null()) {
+      dist_lora d;
+      d.config.rank = l->at("rank");
+      d.config.alpha = l->at("alpha");
+      d.config.rslora = l->at("rslora");
+      d.config.targets = l->at("targets").get<std::vector<std::string>>();
+      d.seed = std::stoull(l->at("seed").get<std::string>());
+      d.from = l->at("from").get<std::string>();
+      d.base_model = l->at("base_model").get<std::string>();
+      o.lora = std::move(d);
+    }
     if (j.contains("from_memory")) {
       const auto& m = j.at("from_memory");
       o.from_memory.step = m.at("step");

@@ -61,6 +61,16 @@ std::string joined(const std::vector<std::string>& v) {
 shape_t a_shape(const lora_module& m, int r) { return {r, m.in}; }
 shape_t b_shape(const lora_module& m, int r) { return {m.out, r}; }
 
+/// The tensors of one block of an adapter of `modules` and rank `r`.
+std::vector<std::pair<std::string, shape_t>> block_layout_of(const std::vector<lora_module>& modules, int r) {
+  std::vector<std::pair<std::string, shape_t>> layout;
+  for (const lora_module& m : modules) {
+    layout.emplace_back(m.path + ".lora_A", a_shape(m, r));
+    layout.emplace_back(m.path + ".lora_B", b_shape(m, r));
+  }
+  return layout;
+}
+
 void check_config(const lora_config& c) {
   if (c.rank < 1) throw model_error("a LoRA adapter's rank must be at least 1 (got " + std::to_string(c.rank) + ")");
   if (!std::isfinite(c.alpha) || c.alpha <= 0.0f)
@@ -131,12 +141,20 @@ lora_adapter::lora_adapter(const model_config& cfg, lora_config c, std::vector<l
       row += rows;
     }
   }
-  for (const lora_module& m : modules_) {
-    layout.emplace_back(m.path + ".lora_A", a_shape(m, config_.rank));
-    layout.emplace_back(m.path + ".lora_B", b_shape(m, config_.rank));
-  }
+  layout = block_layout_of(modules_, config_.rank);
   blocks_.reserve(static_cast<std::size_t>(cfg.n_layers));
   for (int i = 0; i < cfg.n_layers; ++i) blocks_.emplace_back(layout);  // zeroed, on the host
+}
+
+std::vector<std::pair<std::string, shape_t>> lora_block_layout(const model_config& cfg, const lora_config& c) {
+  check_config(c);
+  return block_layout_of(lora_targets(cfg, c.targets), c.rank);
+}
+
+lora_adapter lora_adapter::zeros(const model_config& cfg, lora_config c) {
+  check_config(c);
+  std::vector<lora_module> modules = lora_targets(cfg, c.targets);
+  return lora_adapter(cfg, std::move(c), std::move(modules));
 }
 
 lora_adapter lora_adapter::init(const model_config& cfg, lora_config c, std::uint64_t seed, Backend& be) {
@@ -342,17 +360,22 @@ span_lora factors_of(const lora_adapter& a, int first, int n, Place&& place) {
   return out;
 }
 
+void check_blocks(int first, int n, int layers) {
+  if (first < 0 || n < 0 || first + n > layers)
+    throw model_error("LoRA: blocks [" + std::to_string(first) + ", " + std::to_string(first + n) +
+                      ") are not blocks of an adapter of " + std::to_string(layers));
+}
+
 }  // namespace
 
 span_lora lora_adapter::factors(Backend& be, int first, int n) const {
-  if (first < 0 || n < 0 || first + n > n_layers())
-    throw model_error("LoRA: blocks [" + std::to_string(first) + ", " + std::to_string(first + n) +
-                      ") are not blocks of an adapter of " + std::to_string(n_layers()));
+  check_blocks(first, n, n_layers());
   return factors_of(*this, first, n, [&](const Tensor& host) { return on_device(be, host); });
 }
 
-span_lora lora_adapter::training_factors(Backend& be, dtype t) const {
-  return factors_of(*this, 0, n_layers(), [&](const Tensor& x) {
+span_lora lora_adapter::training_factors(Backend& be, dtype t, int first, int n) const {
+  check_blocks(first, n, n_layers());
+  return factors_of(*this, first, n, [&](const Tensor& x) {
     if (x.type() == t) return x;
     Tensor out = be.empty(x.shape(), t);
     be.copy(x, out);

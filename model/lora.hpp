@@ -90,6 +90,11 @@ std::vector<lora_module> lora_modules(const model_config& cfg);
 /// model_error for a name that matches no module, listing the ones there are.
 std::vector<lora_module> lora_targets(const model_config& cfg, const std::vector<std::string>& targets);
 
+/// The tensors of one block of an adapter `c` of a model of `cfg`, in
+/// order: "<module>.lora_A" [r, in] and "<module>.lora_B" [out, r] of each
+/// target (lora_adapter::block's layout). Throws as lora_adapter::init.
+std::vector<std::pair<std::string, shape_t>> lora_block_layout(const model_config& cfg, const lora_config& c);
+
 /// A LoRA adapter of one model's blocks: per block a param_set holding
 /// "<module>.lora_A" [r, in] and "<module>.lora_B" [out, r] of each target.
 class lora_adapter final : public block_patch, public frozen_weight_grads {
@@ -99,6 +104,10 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   /// the adapted model equals the base. Throws model_error for rank < 1, a
   /// non-finite or non-positive alpha, or a bad target.
   static lora_adapter init(const model_config& cfg, lora_config c, std::uint64_t seed, Backend& be);
+  /// An adapter whose factors are all zero, on the host: blocks to be
+  /// filled (a distributed job's --save gathers its ranks' blocks into one).
+  /// Throws as init.
+  static lora_adapter zeros(const model_config& cfg, lora_config c);
   /// Reads a PEFT directory written for a model of `cfg`. Throws
   /// model_error naming the file for what this cannot apply exactly: another
   /// peft_type, DoRA, per-module ranks or alphas, layers_to_transform,
@@ -142,7 +151,10 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   /// The factors of every block in dtype `t` for training beside the
   /// frozen weights (lora_tuning): with f32, views of this adapter's own
   /// tensors (an update is seen at once); else copies converted on `be`.
-  span_lora training_factors(Backend& be, dtype t) const;
+  span_lora training_factors(Backend& be, dtype t) const { return training_factors(be, t, 0, n_layers()); }
+  /// The same for blocks [first, first + n) (a pipeline stage's; block
+  /// first+i at index i). Throws model_error for blocks outside the adapter.
+  span_lora training_factors(Backend& be, dtype t, int first, int n) const;
   /// block_patch: merge on the host as a checkpoint's block loads.
   void apply(const model_config& cfg, int layer, param_set& block) const override;
   /// frozen_weight_grads: adds the low-rank gradients of the adapted weight

@@ -10,6 +10,7 @@
 #include "actors/train_job.hpp"
 #include "actors/train_save.hpp"
 #include "actors/train_store.hpp"
+#include "model/lora.hpp"
 #include "tests/support/tiny_model.hpp"
 
 using namespace corolla;
@@ -91,4 +92,39 @@ TEST_CASE("a group is made whole from its pieces in order, and a piece of the wr
   param_group_builder skipping(cfg);  // the second piece first
   CHECK_THROWS_WITH_AS(skipping.add(of_block0[1], piece(of_block0[1]), "rank 0"), doctest::Contains("out of order"),
                        train_error);
+}
+
+TEST_CASE("a LoRA job's save asks for every block's adapter factors from replica 0 of its stage, and no head") {
+  testing::tiny_model_options tiny;
+  tiny.layers = 4;
+  const model_config cfg = testing::tiny_config(tiny);
+  lora_config c;
+  c.rank = 4;
+  c.targets = {"q_proj", "v_proj"};
+  const train_layout l = even_layout(4, 2, 2);
+  const std::int64_t block = param_set::size_of(bucket_layout(cfg, 0, &c));
+  CHECK(block == lora_adapter::zeros(cfg, c).block(0).size());
+  CHECK(block < param_set::size_of(bucket_layout(cfg, 0)));
+  CHECK_THROWS_AS(bucket_layout(cfg, head_bucket, &c), train_error);
+
+  const auto asks = plan_param_asks(l, cfg, std::int64_t{256} << 20, &c);
+  REQUIRE(asks.size() == 4u);
+  const std::vector<int> rank_of_block{0, 0, 2, 2};
+  for (int b = 0; b < 4; ++b) {
+    const param_ask& a = asks[static_cast<std::size_t>(b)];
+    CHECK(a.bucket == b);
+    CHECK(a.rank == rank_of_block[static_cast<std::size_t>(b)]);
+    CHECK(a.hi == block);
+  }
+  CHECK(asks[0].n == 0);  // rank 0's first ask: no head before it
+
+  // The group made whole is the adapter block's layout.
+  param_group_builder groups(cfg, c);
+  Tensor values = Tensor::empty({block});
+  for (std::int64_t i = 0; i < block; ++i) values.data<float>()[i] = static_cast<float>(i);
+  const std::optional<param_set> g = groups.add(asks[1], {values}, "rank 0");
+  REQUIRE(g);
+  CHECK(g->has("self_attn.q_proj.lora_A"));
+  CHECK(g->has("self_attn.v_proj.lora_B"));
+  CHECK_FALSE(g->has("q.weight"));
 }

@@ -93,3 +93,42 @@ TEST_CASE("the sweep removes this user's job files that nobody holds, and nothin
   CHECK(sweep_stale_job_files(dir.path()) == 0);
   CHECK(sweep_stale_job_files(dir / "missing") == 0);
 }
+
+TEST_CASE("a LoRA job's adapter travels in the job file, and ranks that would draw another adapter do not join") {
+  dist_train_options o;
+  o.layout = even_layout(4, 2, 1);
+  o.batch = 2;
+  o.seq = 8;
+  o.steps = 3;
+  CHECK_FALSE(job_from_json_text(job_to_json(o).dump(), "job").lora);
+  dist_lora l;
+  l.config.rank = 8;
+  l.config.alpha = 16.0f;
+  l.config.rslora = true;
+  l.config.targets = {"self_attn.q_proj", "mlp.down_proj"};
+  l.seed = 18446744073709551557ull;  // above 2^63: carried as text
+  l.from = "/models/adapter";
+  l.base_model = "/models/base";
+  o.lora = l;
+  const dist_train_options back = job_from_json_text(job_to_json(o).dump(), "job");
+  REQUIRE(back.lora);
+  CHECK(back.lora->config.rank == 8);
+  CHECK(back.lora->config.alpha == 16.0f);
+  CHECK(back.lora->config.rslora);
+  CHECK(back.lora->config.targets == l.config.targets);
+  CHECK(back.lora->seed == l.seed);
+  CHECK(back.lora->from == l.from);
+  CHECK(back.lora->base_model == l.base_model);
+
+  const model_config cfg = testing::tiny_config({});
+  const std::string key = join_key(o, cfg);
+  CHECK(key == join_key(back, cfg));
+  dist_train_options other = o;
+  other.lora->seed = 1;
+  CHECK(join_key(other, cfg) != key);
+  other = o;
+  other.lora->config.targets = {"self_attn.q_proj"};
+  CHECK(join_key(other, cfg) != key);
+  other.lora.reset();
+  CHECK(join_key(other, cfg) != key);
+}
