@@ -324,6 +324,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   static bench_common train_opts;
   static int batch = 4, seq = 64, steps = 3, micro_batch = 1;
   static double grad_clip = 0;
+  static int lora_rank = 0;
   static std::string cluster;
   auto* train = bench->add_subcommand(
       "train",
@@ -361,13 +362,20 @@ void register_bench(CLI::App& app, action_fn& action) {
                     "coordinator's norm and the parameter all-gathers run in the update")
       ->check(finite_at_least(0))
       ->capture_default_str();
+  train->add_option("--lora-rank", lora_rank,
+                    "With --cluster: also train a LoRA adapter of this rank (q and v) on each layout, its blocks "
+                    "the DP buckets, on the same links and modelled compute, and print its step against the whole "
+                    "model's (0 = not)")
+      ->check(integer_between(0, 65536))
+      ->capture_default_str();
   train->callback([&action, train] {
-    if (cluster.empty() && train->count("--grad-clip") > 0) {
-      action = [] () -> int {
-        throw std::invalid_argument("bench train: --grad-clip applies to --cluster only");
-      };
-      return;
-    }
+    for (const char* flag : {"--grad-clip", "--lora-rank"})
+      if (cluster.empty() && train->count(flag) > 0) {
+        action = [flag]() -> int {
+          throw std::invalid_argument(std::string("bench train: ") + flag + " applies to --cluster only");
+        };
+        return;
+      }
     if (!cluster.empty()) {
       if (train->count("--compute") > 0 || train->count("--loss-scale") > 0) {
         action = [] () -> int {
@@ -384,6 +392,7 @@ void register_bench(CLI::App& app, action_fn& action) {
       if (train->count("--steps") > 0) c.timed_steps = steps;
       c.micro_batch = micro_batch;
       c.grad_clip = grad_clip;
+      c.lora_rank = lora_rank;
       c.json = train_opts.json;
       action = [c] { return run_bench_train_cluster(c); };
       return;

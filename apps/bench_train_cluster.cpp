@@ -5,13 +5,16 @@
 // activations, gradients and the DP reductions of the real parameter
 // buffers cross the shaped links with their real bytes. Four layouts run
 // in the same invocation: the planner's, the Holmes rule's, and the
-// planner's on the same cluster with every NIC made Ethernet, and made IB.
+// planner's on the same cluster with every NIC made Ethernet, and made IB;
+// with --lora-rank each also trains a LoRA adapter (its blocks the DP
+// buckets) on the same links and modelled compute.
 #include <cmath>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,7 @@
 #include "apps/train_args.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
+#include "model/lora.hpp"
 #include "schedule/cluster.hpp"
 #include "schedule/planner.hpp"
 
@@ -76,6 +80,8 @@ struct variant {
   double samples_per_s = 0;
   /// The DP groups' rings at once (dist_train_options::rings_at_once).
   int rings_at_once = dist_train_options{}.rings_at_once;
+  /// With --lora-rank: the same layout training an adapter (0: not run).
+  double lora_step_s = 0, lora_samples_per_s = 0;
 };
 
 std::string split_of(const sc::plan& p) {
@@ -94,8 +100,12 @@ std::string format_g(double x) {
   return buf;
 }
 
-double run_variant(variant& v, const train_args& base, const model_config& cfg, int steps, double grad_clip) {
+/// Runs `v`'s layout for `steps` steps (the first a warm-up); with `lora`,
+/// training that adapter. Returns the mean of the timed steps' seconds.
+double run_layout(const variant& v, const train_args& base, const model_config& cfg, int steps, double grad_clip,
+                  const std::optional<dist_lora>& lora) {
   dist_train_options o;
+  o.lora = lora;
   o.optimizer.max_grad_norm = static_cast<float>(grad_clip);
   use_plan(v.cluster, v.plan, o);
   o.batch = base.batch;
@@ -112,9 +122,12 @@ double run_variant(variant& v, const train_args& base, const model_config& cfg, 
   // Step 1 also pays for the ranks' first connections: it is the warm-up.
   double sum = 0;
   for (std::size_t i = 1; i < seconds.size(); ++i) sum += seconds[i];
-  v.measured_step_s = sum / static_cast<double>(seconds.size() - 1);
+  return sum / static_cast<double>(seconds.size() - 1);
+}
+
+void run_variant(variant& v, const train_args& base, const model_config& cfg, int steps, double grad_clip) {
+  v.measured_step_s = run_layout(v, base, cfg, steps, grad_clip, std::nullopt);
   v.samples_per_s = base.batch / v.measured_step_s;
-  return v.measured_step_s;
 }
 
 }  // namespace
@@ -176,12 +189,27 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
   double predicted_s = 0;
   for (const variant& v : variants) predicted_s += steps * v.plan.estimate.step_s;
   for (const variant& v : one_ring) predicted_s += steps * v.plan.estimate.step_s;
+  if (a.lora_rank > 0)
+    for (const variant& v : variants) predicted_s += steps * v.plan.estimate.step_s;
   if (!(predicted_s <= max_cluster_bench_s))
     throw std::invalid_argument("bench train --cluster: the cost model predicts " + duration_text(predicted_s) + " for " +
                                 std::to_string(steps) + " steps of " + std::to_string(variants.size() + one_ring.size()) +
                                 " layouts (the ranks sleep each stage's predicted compute); this bench runs at most " +
                                 duration_text(max_cluster_bench_s) + ": give faster workers (tflops), a smaller "
                                 "--model or fewer --steps");
+
+  // --lora-rank: an adapter of q and v (the default targets), alpha = r.
+  std::optional<dist_lora> lora;
+  std::int64_t adapter_values = 0;
+  if (a.lora_rank > 0) {
+    dist_lora l;
+    l.config.rank = a.lora_rank;
+    l.config.alpha = static_cast<float>(a.lora_rank);
+    const lora_adapter shape = lora_adapter::zeros(cfg, l.config);
+    l.config.targets = shape.config().targets;
+    adapter_values = shape.numel();
+    lora = l;
+  }
 
   train_args base;
   base.model = model_dir.string();
@@ -209,6 +237,13 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
                      one.plan.pp, one.plan.dp);
       run_variant(one, base, cfg, steps, a.grad_clip);
     }
+    if (lora) {
+      if (!a.json)
+        std::fprintf(stderr, "  running %-12s PP %d x DP %d training a LoRA adapter (r %d)...\n", v.name.c_str(),
+                     v.plan.pp, v.plan.dp, a.lora_rank);
+      v.lora_step_s = run_layout(v, base, cfg, steps, a.grad_clip, lora);
+      v.lora_samples_per_s = base.batch / v.lora_step_s;
+    }
   }
   // The same layout with its rings side by side, against one at a time.
   auto overlapped = [&](const variant& one) -> const variant& {
@@ -235,6 +270,15 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
                         {"batch", a.batch}, {"seq", a.seq}, {"steps", steps}, {"grad_clip", a.grad_clip},
                         {"layouts", rows}};
     if (holmes) j["planner_vs_holmes"] = planner.samples_per_s / holmes->samples_per_s;
+    if (lora) {
+      j["lora_rank"] = a.lora_rank;
+      j["lora_targets"] = lora->config.targets;
+      j["lora_adapter_values"] = adapter_values;
+      for (std::size_t i = 0; i < variants.size(); ++i) {
+        j["layouts"][i]["lora_measured_step_s"] = variants[i].lora_step_s;
+        j["layouts"][i]["lora_vs_full"] = variants[i].lora_samples_per_s / variants[i].samples_per_s;
+      }
+    }
     j["rings_at_once"] = planner.rings_at_once;
     nlohmann::json singles = nlohmann::json::array();
     for (const auto& v : one_ring)
@@ -255,6 +299,13 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
                 v.measured_step_s / v.plan.estimate.step_s, v.samples_per_s, ratio);
   }
   if (holmes) std::printf("planner vs Holmes rule: %.2fx the samples/s\n", planner.samples_per_s / holmes->samples_per_s);
+  if (lora)
+    for (const auto& v : variants)
+      std::printf("%s training a LoRA adapter (r %d, %s, %lld values) vs the whole model: %.1f ms vs %.1f ms a step, "
+                  "%.2fx the samples/s\n",
+                  v.name.c_str(), a.lora_rank, lora->config.targets_text().c_str(),
+                  static_cast<long long>(adapter_values), v.lora_step_s * 1e3, v.measured_step_s * 1e3,
+                  v.lora_samples_per_s / v.samples_per_s);
   for (const auto& v : one_ring)
     std::printf("%s with %d rings at once vs one at a time (%.1f ms): %.2fx the samples/s\n", v.name.c_str(),
                 overlapped(v).rings_at_once, v.measured_step_s * 1e3, overlapped(v).samples_per_s / v.samples_per_s);

@@ -97,6 +97,11 @@ struct cluster_bench_options {
   /// Clip to this global norm (0: none): every step then waits for the
   /// coordinator's norm, and the all-gathers run in the update request.
   double grad_clip = 0;
+  /// Not 0: each layout also trains a LoRA adapter of this rank (q and v,
+  /// the default targets) right after its whole-model run, on the same
+  /// links and the same modelled compute: what the adapter's buckets
+  /// instead of the model's save on the links.
+  int lora_rank = 0;
   bool json = false;
 };
 /// An emulated heterogeneous cluster: the planner's layout vs the Holmes

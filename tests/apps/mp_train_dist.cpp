@@ -611,8 +611,9 @@ TEST_CASE("bench train --cluster runs all four layouts with synthetic compute an
   for (const char* slow : {"tflops = 0.2", "tflops = 0.1"})
     toml.replace(toml.find(slow), std::strlen(slow), "tflops = 5");
   std::ofstream(tmp / "fast.toml") << toml;
+  // --lora-rank: each layout trains an adapter too, right after.
   const process_result r = run_corolla({"bench", "train", "--cluster", tmp / "fast.toml", "--batch", "4", "--seq",
-                                        "16", "--steps", "1", "--json"},
+                                        "16", "--steps", "1", "--lora-rank", "4", "--json"},
                                        std::chrono::seconds(120));
   INFO("stderr: " << r.err);
   REQUIRE(r.exit_code == 0);
@@ -626,8 +627,15 @@ TEST_CASE("bench train --cluster runs all four layouts with synthetic compute an
     CHECK(row["predicted_step_s"].get<double>() > 0);
     CHECK(row["measured_step_s"].get<double>() > 0);
     CHECK(row["samples_per_s"].get<double>() > 0);
+    CHECK(row["lora_measured_step_s"].get<double>() > 0);
+    CHECK(row["lora_vs_full"].get<double>() ==
+          doctest::Approx(row["measured_step_s"].get<double>() / row["lora_measured_step_s"].get<double>()));
   }
   CHECK(layouts == std::vector<std::string>{"planner", "holmes rule", "all ethernet", "all ib"});
+  CHECK(j["lora_rank"] == 4);
+  CHECK(j["lora_targets"] == nlohmann::json::array({"self_attn.q_proj", "self_attn.v_proj"}));
+  // The bench model: 8 blocks of width 128, q and v 128 wide: A [4, 128] and B [128, 4] each.
+  CHECK(j["lora_adapter_values"] == 8 * 2 * (4 * 128 + 128 * 4));
   CHECK(j.contains("planner_vs_holmes"));
   // The baseline of the rings side by side: the planner's and all-IB's
   // layouts, where they have data-parallel groups, with one bucket's ring
@@ -676,6 +684,7 @@ TEST_CASE("bench train --cluster measures the rings side by side against one at 
   }
   CHECK(all_ib);
   check_one_error(run_corolla({"bench", "train", "--grad-clip", "1"}), "bench train: --grad-clip applies to --cluster only");
+  check_one_error(run_corolla({"bench", "train", "--lora-rank", "8"}), "bench train: --lora-rank applies to --cluster only");
 }
 
 TEST_CASE("bad distributed training input is one clear error") {
