@@ -17,6 +17,7 @@
 #include "apps/plan_print.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
+#include "model/lora.hpp"
 #include "schedule/cluster.hpp"
 #include "schedule/cost_model.hpp"
 #include "schedule/planner.hpp"
@@ -40,6 +41,8 @@ struct plan_args {
   bool no_zero1 = false;
   double dp_overlap = 0.5;
   double headroom = 0.1;
+  int lora_rank = 0;                      ///< a LoRA job of this rank (0: the whole model trains)
+  std::vector<std::string> lora_targets;  ///< its modules (empty: the family's default)
   bool json = false;
 };
 
@@ -217,6 +220,19 @@ int run_plan(const plan_args& a) {
   setup.zero1 = !a.no_zero1;
   setup.dp_overlap = a.dp_overlap;
   setup.memory_headroom = a.headroom;
+  std::int64_t adapter_values = 0;
+  std::vector<std::string> targets;
+  if (a.lora_rank > 0) {
+    lora_config c;
+    c.rank = a.lora_rank;
+    c.targets = a.lora_targets;
+    const lora_adapter shape = lora_adapter::zeros(cfg, c);  // a bad target is one error here
+    adapter_values = shape.numel();
+    targets = shape.config().targets;
+    setup.lora_block_params = static_cast<double>(adapter_values) / cfg.n_layers;
+  } else if (!a.lora_targets.empty()) {
+    throw std::invalid_argument("--lora-targets names the modules of a LoRA job: add --lora-rank R");
+  }
 
   sc::plan_report r = sc::make_plan(cluster, cfg, setup);
   if (!r.best.feasible) throw model_error("no feasible plan: " + r.best.reason);
@@ -235,7 +251,9 @@ int run_plan(const plan_args& a) {
            {"setup",
             {{"global_batch", setup.global_batch}, {"micro_batch", setup.micro_batch},
              {"seq", setup.sequence_length(cfg)}, {"precision", a.precision}, {"zero1", setup.zero1},
-             {"dp_overlap", setup.dp_overlap}, {"memory_headroom", setup.memory_headroom}}},
+             {"dp_overlap", setup.dp_overlap}, {"memory_headroom", setup.memory_headroom},
+             {"lora", a.lora_rank > 0 ? json{{"rank", a.lora_rank}, {"targets", targets}, {"values", adapter_values}}
+                                      : json(nullptr)}}},
            {"plan", plan_json(cluster, best)},
            {"baselines",
             {{"naive", plan_json(cluster, r.naive)},
@@ -253,9 +271,17 @@ int run_plan(const plan_args& a) {
   print_cluster(cluster);
   std::printf("model: %s, %d layers, hidden %d, %.2fB parameters\n", cfg.hf_architecture.c_str(), cfg.n_layers,
               cfg.hidden_size, cfg.parameter_count() / 1e9);
-  std::printf("job: global batch %d sequences of %d tokens, micro-batch %d, %s, AdamW%s\n\n", setup.global_batch,
+  std::printf("job: global batch %d sequences of %d tokens, micro-batch %d, %s, AdamW%s\n", setup.global_batch,
               setup.sequence_length(cfg), setup.micro_batch,
               a.precision == "bf16" ? "bf16 mixed precision" : "fp32", setup.zero1 ? " (ZeRO-1)" : "");
+  if (a.lora_rank > 0) {
+    std::string t;
+    for (const std::string& x : targets) t += (t.empty() ? "" : ", ") + x;
+    std::printf("LoRA: an adapter of rank %d on %s (%lld values) trains beside the frozen model: its gradients, "
+                "moments and DP traffic only\n",
+                a.lora_rank, t.c_str(), static_cast<long long>(adapter_values));
+  }
+  std::printf("\n");
   print_plan(stdout, cluster, best);
   std::printf("\nbaselines on the same cost model (%d layouts priced):\n", r.layouts_priced);
   print_baseline("Holmes rule (NIC-sorted, layers by TFLOP/s)", r.holmes, best);
@@ -298,6 +324,14 @@ void register_plan(CLI::App& app, action_fn& action) {
   cmd->add_option("--memory-headroom", args->headroom, "Fraction of each worker's memory left free (0..1)")
       ->check(finite_between(0, 0.99))
       ->capture_default_str();
+  cmd->add_option("--lora-rank", args->lora_rank,
+                  "Plan a LoRA job: an adapter of this rank trains beside the frozen model (its gradients, "
+                  "moments and DP traffic only; no weight gradients in the backward). 0, the default: the whole "
+                  "model trains")
+      ->check(integer_between(0, 65536));
+  cmd->add_option("--lora-targets", args->lora_targets,
+                  "The adapted modules, as train --lora-targets names them (default: q_proj,v_proj; GPT-2: c_attn)")
+      ->delimiter(',');
   cmd->add_flag("--json", args->json, "Print one JSON object instead of the tables");
   cmd->callback([&action, args] { action = [args] { return run_plan(*args); }; });
 }

@@ -68,6 +68,8 @@ void training_setup::validate(const model_config& cfg) const {
   if (!(memory_headroom >= 0 && memory_headroom < 1))
     fail("the memory headroom must be in [0, 1), got " + std::to_string(memory_headroom));
   if (!(bucket_bytes > 0)) fail("the gradient bucket size must be positive");
+  if (!(lora_block_params >= 0) || !std::isfinite(lora_block_params))
+    fail("the adapter's values per block must be >= 0 (0: the whole model trains)");
   if (pp < 0 || dp < 0) fail("a forced pipeline depth or DP width must be positive");
   // The partition's dynamic program is O(stages x layers^2) for each
   // layout it prices; the deepest published models have under 200 layers.
@@ -179,21 +181,27 @@ model_costs compute_costs(const model_config& cfg, const training_setup& setup) 
   block.forward_flops = block_forward_flops(cfg, s, b);
   // Backward computes the input gradient and the weight gradient of every
   // matmul (and attention's two products): twice the forward.
-  block.backward_flops = 2 * block.forward_flops;
+  // With a LoRA adapter the weights are frozen: input gradients only (the
+  // adapter's low-rank products are small against them).
+  const bool lora = setup.lora_block_params > 0;
+  block.backward_flops = (lora ? 1 : 2) * block.forward_flops;
   block.params = block_params(cfg);
+  if (lora) block.trained_params = setup.lora_block_params;
   block.activation_bytes = block_activation_bytes(cfg, s, b, setup.activation_bytes);
   c.blocks.assign(cfg.n_layers, block);
 
   // Embeddings: a table lookup (no FLOPs to speak of) but V*D parameters
   // (+ learned positions for GPT-2) to store, update and reduce.
   c.embedding.params = V * D + (cfg.arch == architecture::gpt2 ? double(cfg.max_positions) * D : 0.0);
+  if (lora) c.embedding.trained_params = 0;
 
   // Head: final norm + LM head matmul (2 FLOPs per weight per token, x2
   // backward) + loss. It keeps the final norm's input and output.
   double final_norm = cfg.arch == architecture::gpt2 ? 2 * D : D;
   c.head.forward_flops = 2 * tokens * D * V;
-  c.head.backward_flops = 2 * c.head.forward_flops;
+  c.head.backward_flops = (lora ? 1 : 2) * c.head.forward_flops;  // frozen: the input gradient only
   c.head.params = final_norm + (cfg.tie_embeddings ? 0.0 : V * D);
+  if (lora) c.head.trained_params = 0;
   c.head.activation_bytes = 2 * tokens * D * setup.activation_bytes;
   c.tied_copy_params = cfg.tie_embeddings ? V * D : 0.0;
 
@@ -272,11 +280,12 @@ double exposed_reduction(double reduce_s, double backward_s, double overlap) {
 }
 
 memory_breakdown stage_memory(double params, double activation_bytes, int in_flight,
-                              double transient_bytes, int dp, const training_setup& setup) {
+                              double transient_bytes, int dp, const training_setup& setup, double trained) {
+  if (trained < 0) trained = params;
   memory_breakdown m;
   m.weights = params * setup.weight_bytes;
-  m.grads = params * setup.grad_bytes;
-  m.optimizer = params * setup.optimizer_bytes / (setup.zero1 ? std::max(1, dp) : 1);
+  m.grads = trained * setup.grad_bytes;
+  m.optimizer = trained * setup.optimizer_bytes / (setup.zero1 ? std::max(1, dp) : 1);
   m.activations = in_flight * activation_bytes + transient_bytes;
   return m;
 }
@@ -346,12 +355,13 @@ step_estimate estimate_step(const cluster_description& cluster, const model_cost
       st.flops_per_s = std::min(st.flops_per_s, cluster.workers[r].flops);
       st.capacity = std::min(st.capacity, cluster.workers[r].memory * (1.0 - setup.memory_headroom));
     }
-    double fwd = 0, bwd = 0, act = 0;
+    double fwd = 0, bwd = 0, act = 0, trained = 0;
     for (int l = sl.first_layer; l < sl.last_layer; ++l) {
       fwd += costs.blocks[l].forward_flops;
       bwd += costs.blocks[l].backward_flops;
       act += costs.blocks[l].activation_bytes;
       st.params += costs.blocks[l].params;
+      trained += costs.blocks[l].trained();
     }
     double transient = 0;
     if (i == 0) {
@@ -359,12 +369,14 @@ step_estimate estimate_step(const cluster_description& cluster, const model_cost
       bwd += costs.embedding.backward_flops;
       act += costs.embedding.activation_bytes;
       st.params += costs.embedding.params;
+      trained += costs.embedding.trained();
     }
     if (i == p - 1) {
       fwd += costs.head.forward_flops;
       bwd += costs.head.backward_flops;
       act += costs.head.activation_bytes;
       st.params += costs.head.params + (p > 1 ? costs.tied_copy_params : 0.0);
+      trained += costs.head.trained() + (p > 1 && costs.head.trained() > 0 ? costs.tied_copy_params : 0.0);
       transient = costs.head_transient_bytes;
     }
     st.forward_s = fwd / st.flops_per_s;
@@ -372,7 +384,7 @@ step_estimate estimate_step(const cluster_description& cluster, const model_cost
     stage_s[i] = st.forward_s + st.backward_s;
 
     st.in_flight = in_flight_micro_batches(i, p, m);
-    st.memory = stage_memory(st.params, act, st.in_flight, transient, d, setup);
+    st.memory = stage_memory(st.params, act, st.in_flight, transient, d, setup, trained);
     st.fits = st.memory.total() <= st.capacity;
 
     if (i + 1 < p) {
@@ -388,9 +400,10 @@ step_estimate estimate_step(const cluster_description& cluster, const model_cost
     std::vector<std::pair<int, int>> ring;
     for (int r = 0; d > 1 && r < d; ++r) ring.emplace_back(sl.workers[r], sl.workers[(r + 1) % d]);
     st.dp_link = cluster.concurrent_link(ring);
-    double grad_total = st.params * setup.grad_bytes;
+    // What the DP group reduces and gathers: the trained parameters.
+    double grad_total = trained * setup.grad_bytes;
     st.grad_buckets = std::max(1, static_cast<int>(std::ceil(grad_total / setup.bucket_bytes)));
-    st.reduce_s = setup.zero1 ? zero1_reduction_time(d, grad_total, st.params * setup.weight_bytes,
+    st.reduce_s = setup.zero1 ? zero1_reduction_time(d, grad_total, trained * setup.weight_bytes,
                                                      st.dp_link, st.grad_buckets)
                               : ring_allreduce_time(d, grad_total, st.dp_link, st.grad_buckets);
     st.exposed_reduce_s = exposed_reduction(st.reduce_s, st.backward_s, setup.dp_overlap);
@@ -412,7 +425,7 @@ step_estimate estimate_step(const cluster_description& cluster, const model_cost
   // Tied embeddings: the head copy's gradient is all-reduced with stage 0
   // (per replica) once stage 0 finishes; stage 0's embedding shard cannot
   // be reduced over DP before that.
-  if (p > 1 && costs.tied_copy_params > 0) {
+  if (p > 1 && costs.tied_copy_params > 0 && costs.head.trained() > 0) {
     std::vector<std::pair<int, int>> pairs;
     for (int r = 0; r < d; ++r) pairs.emplace_back(layout.stages[0].workers[r], layout.stages[p - 1].workers[r]);
     e.embedding_sync_s = ring_allreduce_time(2, costs.tied_copy_params * setup.grad_bytes,

@@ -43,6 +43,14 @@ struct training_setup {
   double memory_headroom = 0.1;  ///< fraction of each worker's memory left free (allocator, workspace)
   double bucket_bytes = 25.0 * 1024 * 1024;  ///< gradient bytes per reduction bucket
 
+  /// LoRA fine-tuning: the adapter's values per block (0: the whole model
+  /// trains). The model's weights then stay frozen: only the adapter has
+  /// gradients, AdamW moments and DP traffic, the head and the embeddings
+  /// train nothing (no reduction, no tied-embedding sync), and the
+  /// backward forms input gradients only (1 x the forward's products,
+  /// not 2 x).
+  double lora_block_params = 0;
+
   int pp = 0;  ///< force this pipeline depth (0 = let the planner choose)
   int dp = 0;  ///< force this data-parallel width (0 = let the planner choose)
 
@@ -66,6 +74,10 @@ struct layer_cost {
   double backward_flops = 0;    ///< input and weight gradients: 2 x forward for matmuls
   double params = 0;
   double activation_bytes = 0;  ///< kept from forward until backward, per micro-batch
+  /// Parameters that train (gradients, moments, DP traffic); -1: all of
+  /// `params` (training_setup::lora_block_params sets fewer).
+  double trained_params = -1;
+  double trained() const { return trained_params < 0 ? params : trained_params; }
 };
 
 /// The cost of every piece of a model for one training setup.
@@ -133,9 +145,10 @@ struct memory_breakdown {
   double total() const { return weights + grads + optimizer + activations; }
 };
 /// Memory of a worker holding `params` parameters and `in_flight` x
-/// `activation_bytes` of activations (+ `transient_bytes`), in a DP group of `dp`.
+/// `activation_bytes` of activations (+ `transient_bytes`), in a DP group
+/// of `dp`; gradients and moments of `trained` of them (-1: all).
 memory_breakdown stage_memory(double params, double activation_bytes, int in_flight,
-                              double transient_bytes, int dp, const training_setup& setup);
+                              double transient_bytes, int dp, const training_setup& setup, double trained = -1);
 
 /// One stage of a layout: blocks [first_layer, last_layer) run by `workers`
 /// (replica r of the stage on workers[r]; every stage has the same count).

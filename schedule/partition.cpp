@@ -42,15 +42,19 @@ namespace {
 
 /// Prefix sums over the blocks so that any span costs O(1).
 struct prefix_sums {
-  std::vector<double> flops, params, activations;
+  std::vector<double> flops, backward, params, trained, activations;
   explicit prefix_sums(const model_costs& c) {
     const std::size_t L = c.blocks.size();
     flops.assign(L + 1, 0.0);
+    backward.assign(L + 1, 0.0);
     params.assign(L + 1, 0.0);
+    trained.assign(L + 1, 0.0);
     activations.assign(L + 1, 0.0);
     for (std::size_t l = 0; l < L; ++l) {
       flops[l + 1] = flops[l] + c.blocks[l].forward_flops + c.blocks[l].backward_flops;
+      backward[l + 1] = backward[l] + c.blocks[l].backward_flops;
       params[l + 1] = params[l] + c.blocks[l].params;
+      trained[l + 1] = trained[l] + c.blocks[l].trained();
       activations[l + 1] = activations[l] + c.blocks[l].activation_bytes;
     }
   }
@@ -75,24 +79,37 @@ struct span_pricer {
     if (s.last) n += costs.head.params + (p > 1 ? costs.tied_copy_params : 0.0);
     return n;
   }
+  /// Of those, the ones that train (all but a LoRA job's frozen weights).
+  double trained(const stage_slot& s, int a, int b) const {
+    double n = sums.trained[b] - sums.trained[a];
+    if (s.first) n += costs.embedding.trained();
+    if (s.last) n += costs.head.trained() + (p > 1 && costs.head.trained() > 0 ? costs.tied_copy_params : 0.0);
+    return n;
+  }
+  double backward_flops(const stage_slot& s, int a, int b) const {
+    double f = sums.backward[b] - sums.backward[a];
+    if (s.first) f += costs.embedding.backward_flops;
+    if (s.last) f += costs.head.backward_flops;
+    return f;
+  }
   bool fits(const stage_slot& s, int a, int b) const {
     double act = sums.activations[b] - sums.activations[a];
     if (s.first) act += costs.embedding.activation_bytes;
     if (s.last) act += costs.head.activation_bytes;
     memory_breakdown mem = stage_memory(params(s, a, b), act, s.in_flight,
-                                        s.last ? costs.head_transient_bytes : 0.0, s.dp, setup);
+                                        s.last ? costs.head_transient_bytes : 0.0, s.dp, setup, trained(s, a, b));
     return mem.total() <= s.capacity;
   }
   /// Forward + backward seconds per micro-batch.
   double time(const stage_slot& s, int a, int b) const { return flops(s, a, b) / s.flops_per_s; }
   /// The stage's exposed DP reduction (see estimate_step).
   double exposed(const stage_slot& s, int a, int b) const {
-    double n = params(s, a, b);
+    double n = trained(s, a, b);
     double grads = n * setup.grad_bytes;
     int buckets = std::max(1, static_cast<int>(std::ceil(grads / setup.bucket_bytes)));
     double reduce = setup.zero1 ? zero1_reduction_time(s.dp, grads, n * setup.weight_bytes, s.dp_link, buckets)
                                 : ring_allreduce_time(s.dp, grads, s.dp_link, buckets);
-    double backward = time(s, a, b) * 2.0 / 3.0;  // backward = 2 x forward
+    double backward = backward_flops(s, a, b) / s.flops_per_s;
     return exposed_reduction(reduce, backward, setup.dp_overlap);
   }
 };

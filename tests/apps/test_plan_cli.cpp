@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -86,4 +87,36 @@ name = "tiny"
   auto folder = run_corolla({"plan", "--cluster", dir.path().string(), "--model", example("models/llama2-7b.json")});
   CHECK(folder.exit_code == 1);
   CHECK(folder.err.find("corolla: error: cluster file " + dir.path().string() + " is a directory\n") == 0);
+}
+
+TEST_CASE("corolla plan --lora-rank prices a LoRA job: a faster step than the whole model's, the adapter named") {
+  const std::vector<std::string> base{"plan", "--cluster", example("ib_ethernet.toml"), "--model",
+                                      example("models/llama2-7b.json"), "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_corolla(a);
+  };
+  const auto whole = with({});
+  const auto lora = with({"--lora-rank", "8", "--lora-targets", "q_proj,v_proj,o_proj"});
+  CAPTURE(lora.err);
+  REQUIRE(whole.exit_code == 0);
+  REQUIRE(lora.exit_code == 0);
+  const auto w = nlohmann::json::parse(whole.out), l = nlohmann::json::parse(lora.out);
+  CHECK(w["setup"]["lora"].is_null());
+  CHECK(l["setup"]["lora"]["rank"] == 8);
+  CHECK(l["setup"]["lora"]["targets"] ==
+        nlohmann::json::array({"self_attn.q_proj", "self_attn.v_proj", "self_attn.o_proj"}));
+  CHECK(l["setup"]["lora"]["values"] == 32 * 3 * 2 * 8 * 4096);  // 32 blocks, 3 modules of 4096 x 4096
+  CHECK(l["plan"]["step_s"].get<double>() < w["plan"]["step_s"].get<double>());
+
+  const auto text = run_corolla({"plan", "--cluster", example("ib_ethernet.toml"), "--model",
+                                 example("models/llama2-7b.json"), "--lora-rank", "8"});
+  REQUIRE(text.exit_code == 0);
+  CHECK(text.out.find("LoRA: an adapter of rank 8 on self_attn.q_proj, self_attn.v_proj (4194304 values)") !=
+        std::string::npos);
+  const auto bad = run_corolla({"plan", "--cluster", example("ib_ethernet.toml"), "--model",
+                                example("models/llama2-7b.json"), "--lora-targets", "q_proj"});
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.err.find("add --lora-rank R") != std::string::npos);
 }

@@ -272,3 +272,47 @@ TEST_CASE("malformed layouts are rejected") {
   bad({{{{0, 1}, 0, 1}, {{2}, 1, 2}}}, "has 1 replicas, stage 0 has 2");
   bad({{{{0, 1, 2}, 0, 2}}}, "not divisible by DP width 3");
 }
+
+TEST_CASE("a LoRA job is priced as the adapter training beside frozen weights: input gradients only, the adapter's "
+          "gradients, moments and reduction, no tied-embedding sync") {
+  model_config c = tiny_llama();
+  training_setup full = tiny_setup(4, 1, 4);
+  training_setup lora = full;
+  lora.lora_block_params = 64;  // the adapter's values per block
+  const model_costs mf = compute_costs(c, full), ml = compute_costs(c, lora);
+  CHECK(ml.blocks[0].backward_flops == doctest::Approx(ml.blocks[0].forward_flops));  // no weight gradients
+  CHECK(mf.blocks[0].backward_flops == doctest::Approx(2 * mf.blocks[0].forward_flops));
+  CHECK(ml.head.backward_flops == doctest::Approx(ml.head.forward_flops));
+  CHECK(ml.blocks[0].trained() == 64);
+  CHECK(ml.blocks[0].params == mf.blocks[0].params);  // the frozen weights are still held
+  CHECK(ml.embedding.trained() == 0);
+  CHECK(ml.head.trained() == 0);
+  CHECK(mf.head.trained() == mf.head.params);
+
+  // One stage, two replicas: weights whole, gradients and sharded moments
+  // of the adapter only, and the ZeRO-1 reduction of 2 x 64 values.
+  cluster_description one_node = uniform_cluster(1, 2, "ib", 1e-6, 1.0);
+  const step_estimate e = estimate_step(one_node, ml, lora, {{{{0, 1}, 0, 2}}});
+  const double params = static_cast<double>(c.parameter_count());
+  CHECK(e.stages[0].memory.weights == doctest::Approx(params * lora.weight_bytes));
+  CHECK(e.stages[0].memory.grads == doctest::Approx(128 * lora.grad_bytes));
+  CHECK(e.stages[0].memory.optimizer == doctest::Approx(128 * lora.optimizer_bytes / 2));
+  CHECK(e.stages[0].reduce_s ==
+        doctest::Approx(zero1_reduction_time(2, 128 * lora.grad_bytes, 128 * lora.weight_bytes,
+                                             one_node.link_between(0, 1), 1)));
+  const step_estimate ef = estimate_step(one_node, mf, full, {{{{0, 1}, 0, 2}}});
+  CHECK(e.step_s < ef.step_s);
+  CHECK(stage_memory(100, 10, 3, 5, 4, full, 20).grads == 20 * full.grad_bytes);
+
+  // GPT-2's tied head trains nothing: no sync between the first and last stage.
+  model_config g = tiny_gpt2();
+  const model_costs mg = compute_costs(g, lora);
+  cluster_description two = uniform_cluster(2, 1, "ethernet", 1.0, 1.0);
+  const step_estimate eg = estimate_step(two, mg, lora, {{{{0}, 0, 2}, {{1}, 2, 3}}});
+  CHECK(eg.embedding_sync_s == 0);
+  CHECK(eg.stages[1].params == doctest::Approx(block_params(g) + 2 * 8 + 80));  // the copy is still held
+
+  training_setup bad = full;
+  bad.lora_block_params = -1;
+  CHECK_THROWS_WITH_AS(bad.validate(c), doctest::Contains("adapter's values per block"), model_error);
+}

@@ -339,3 +339,31 @@ TEST_CASE("forced pipeline depth and DP width are respected") {
   CHECK(lr.best.pp == 2);
   CHECK(lr.best.micro_batches == 4);
 }
+
+TEST_CASE("a LoRA job's plan prices the adapter's gradients, moments and DP traffic: it is faster than the whole "
+          "model's on every example cluster, and fits where the whole model needs more stages") {
+  const model_config cfg = llama_7b();
+  training_setup lora = setup_for(32);
+  lora.lora_block_params = 2.0 * (8 * 4096 + 4096 * 8);  // rank 8 on q and v
+  for (const char* file : {"ib_roce.toml", "ib_ethernet.toml", "three_clusters.toml", "unequal_gpus.toml",
+                           "memory_tight.toml"}) {
+    CAPTURE(file);
+    const cluster_description c = example_cluster(file);
+    const plan_report whole = make_plan(c, cfg, setup_for(32));
+    const plan_report r = make_plan(c, cfg, lora);
+    check_plan(c, cfg, r.best);
+    REQUIRE(whole.best.feasible);
+    CHECK(r.best.estimate.step_s < whole.best.estimate.step_s);
+    for (const stage_plan& s : r.best.stages) {
+      // Gradients of the adapter's blocks only: a few MB, not GBs.
+      CHECK(s.cost.memory.grads <= (s.last_layer - s.first_layer) * lora.lora_block_params * lora.grad_bytes + 1);
+      CHECK(s.cost.memory.weights > 0);
+    }
+  }
+  // Frozen weights need no gradients or moments: the 24 GiB cards of the
+  // memory-tight cluster hold the model in fewer stages.
+  const cluster_description tight = example_cluster("memory_tight.toml");
+  training_setup forced = lora;
+  forced.pp = make_plan(tight, cfg, setup_for(32)).best.pp - 1;
+  if (forced.pp >= 1) CHECK(make_plan(tight, cfg, forced).best.feasible);
+}
