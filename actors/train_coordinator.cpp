@@ -34,7 +34,6 @@
 #include "actors/train_store.hpp"
 #include "model/block.hpp"
 #include "model/head.hpp"
-#include "model/model_writer.hpp"
 #include "schedule/snapshot_interval.hpp"
 
 namespace corolla {
@@ -482,13 +481,9 @@ class coordinator {
     // the file takes its name once all came. The next piece is asked for
     // as one comes, so it travels while the last is written: the
     // coordinator holds at most a group and two pieces, a rank one piece.
-    // A LoRA job's is the adapter (a few MB: gathered whole, then written
-    // in PEFT's layout, lora_adapter::save).
+    // (A LoRA job's save is its adapter: save_writer.)
     const lora_config* lora = o_.lora ? &o_.lora->config : nullptr;
-    if (lora)
-      saving_adapter_ = std::make_unique<lora_adapter>(lora_adapter::zeros(cfg_, *lora));
-    else
-      saving_ = std::make_unique<model_writer>(o_.save_dir, cfg_);
+    saving_ = std::make_unique<save_writer>(o_, cfg_);
     auto asks =
         std::make_shared<const std::vector<param_ask>>(plan_param_asks(o_.layout, cfg_, o_.message_piece_bytes, lora));
     auto ws = std::make_shared<std::vector<wanted>>();
@@ -507,23 +502,11 @@ class coordinator {
           ask(i + 1);
           const param_ask& a = (*asks)[i];
           const std::optional<param_set> group = groups->add(a, std::move(m.tensors), o_.layout.label(a.rank));
-          if (!group) return;
-          if (saving_adapter_) {
-            saving_adapter_->block(a.bucket).flat().copy_from(group->flat());
-          } else if (a.bucket == head_bucket) {
-            saving_->write_head(*group);
-          } else {
-            saving_->write_block(a.bucket, *group);
-          }
+          if (group) saving_->write(a.bucket, *group);
         },
         [this] {
-          if (saving_adapter_) {
-            saving_adapter_->save(o_.save_dir, o_.lora->base_model);
-            saving_adapter_.reset();
-          } else {
-            saving_->commit();
-            saving_.reset();
-          }
+          saving_->commit();
+          saving_.reset();
           all_done();
         });
   }
@@ -570,11 +553,9 @@ class coordinator {
   /// --snapshot-every auto with verdict steps to change it at (without
   /// them nothing is measured: the interval stays).
   bool adapts_snapshots_ = o_.snapshot_auto && (o_.probe_every > 0 || o_.drain_every > 0);
-  /// The model file being written for --save (group by group, as the
-  /// ranks' parameters come); removed unless every group came.
-  std::unique_ptr<model_writer> saving_;
-  /// A LoRA job's adapter for --save, its blocks filled as they come.
-  std::unique_ptr<lora_adapter> saving_adapter_;
+  /// What --save writes (group by group, as the ranks' parameters come);
+  /// nothing stays unless every group came.
+  std::unique_ptr<save_writer> saving_;
   /// The failure being reported (set once; shared with the actor's exit
   /// handler), and its text.
   std::shared_ptr<std::exception_ptr> failure_ = std::make_shared<std::exception_ptr>();

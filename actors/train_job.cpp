@@ -91,9 +91,19 @@ int dist_train_options::micro_batches() const {
 }
 
 std::string checkpoint_key(const dist_train_options& o, const model_config& cfg) {
-  return "layers=" + std::to_string(cfg.n_layers) + " hidden=" + std::to_string(cfg.hidden_size) +
-         " vocab=" + std::to_string(cfg.vocab_size) + " batch=" + std::to_string(o.batch) +
-         " seq=" + std::to_string(o.seq);
+  std::string k = "layers=" + std::to_string(cfg.n_layers) + " hidden=" + std::to_string(cfg.hidden_size) +
+                  " vocab=" + std::to_string(cfg.vocab_size) + " batch=" + std::to_string(o.batch) +
+                  " seq=" + std::to_string(o.seq);
+  if (o.lora) {
+    // A LoRA job's checkpoint holds the adapter, not the model: only a job
+    // training an adapter of the same shape and scale resumes it.
+    const lora_config& c = o.lora->config;
+    char lora[64];
+    std::snprintf(lora, sizeof lora, " lora: r=%d alpha=%.9g rslora=%d", c.rank, static_cast<double>(c.alpha),
+                  c.rslora ? 1 : 0);
+    k += lora + std::string(" targets=") + c.targets_text() + " base=" + o.lora->base_digest;
+  }
+  return k;
 }
 
 const char* dp_collectives_name(dp_collectives c) { return c == dp_collectives::device ? "device" : "host"; }
@@ -112,6 +122,19 @@ std::set<std::string> param_buckets(const train_layout& l, int rank) {
     for (int b = l.boundaries.at(v); b < l.boundaries.at(v + 1); ++b) out.insert(bucket_name(b));
   }
   if (stage == 0 || stage == l.pp - 1) out.insert(bucket_name(head_bucket));
+  return out;
+}
+
+std::vector<std::string> job_buckets(const dist_train_options& o, int n_layers) {
+  std::vector<std::string> out;
+  if (!o.lora) out.push_back(bucket_name(head_bucket));
+  for (int b = 0; b < n_layers; ++b) out.push_back(bucket_name(b));
+  return out;
+}
+
+std::set<std::string> trained_buckets(const dist_train_options& o, int rank) {
+  std::set<std::string> out = param_buckets(o.layout, rank);
+  if (o.lora) out.erase(bucket_name(head_bucket));
   return out;
 }
 
@@ -139,14 +162,8 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
                   " resume=" + (o.resume ? "1" : "0") + " save=" + (o.save_dir.empty() ? "0" : "1") +
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
                   " compute=" + dtype_name(o.compute) + " collectives=" + dp_collectives_name(o.collectives);
-  if (o.lora) {
-    // Ranks must draw (or read) the same adapter: its shape, seed and source.
-    const lora_config& c = o.lora->config;
-    char lora[96];
-    std::snprintf(lora, sizeof lora, " lora: r=%d alpha=%.9g rslora=%d seed=%llu", c.rank, static_cast<double>(c.alpha),
-                  c.rslora ? 1 : 0, static_cast<unsigned long long>(o.lora->seed));
-    k += lora + std::string(" targets=") + c.targets_text() + " from=" + o.lora->from.string();
-  }
+  if (o.lora)  // ranks must draw (or read) the same adapter: beside its shape (above), its seed and source
+    k += " lora_seed=" + std::to_string(o.lora->seed) + " lora_from=" + o.lora->from_digest;
   const loss_scaling& ls = o.optimizer.loss_scale;
   k += std::string(" loss_scale=") + loss_scaling_name(ls);
   if (ls.dynamic)

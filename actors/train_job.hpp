@@ -159,8 +159,17 @@ struct dist_lora {
   lora_config config;
   std::uint64_t seed = 0;
   std::filesystem::path from;
+  /// With `from`: the saved adapter's digest (lora_adapter::digest): every
+  /// rank's copy must be it (the path may differ between machines).
+  std::string from_digest;
   /// base_model_name_or_path in the saved adapter_config.json.
   std::string base_model;
+  /// A fingerprint of the frozen model's weight files (the launcher's):
+  /// every rank's model must have it, and so must a resumed job's, since
+  /// an adapter's checkpoint means nothing beside other weights. Empty: no
+  /// frozen weights are read, the ranks draw the model from their --seed
+  /// (bench train --cluster's synthetic compute).
+  std::string base_digest;
 };
 
 struct dist_train_options {
@@ -298,6 +307,15 @@ struct dist_train_options {
   /// with chunks > 1 unless it is a multiple of pp (interleaved 1F1B).
   int micro_batches() const;
 };
+
+/// Every bucket of a job of `n_layers` blocks: "head" (not in a LoRA
+/// job, whose head trains nothing), then each "block.<i>" (the model's
+/// block, or in a LoRA job the adapter's): what a complete step's
+/// checkpoint or snapshots hold.
+std::vector<std::string> job_buckets(const dist_train_options& o, int n_layers);
+/// The buckets rank `rank` of `o` trains: param_buckets, less the head in
+/// a LoRA job.
+std::set<std::string> trained_buckets(const dist_train_options& o, int rank);
 
 /// A string that differs between jobs whose checkpoints are not
 /// interchangeable (model shape, global batch, sequence length): checkpoints

@@ -62,7 +62,12 @@ void rank_runtime::run(const std::string& coordinator) {
       build_model();
       if (o_.resume) {
         restore();
-        for (stage& part : model_.parts) part.params_changed();  // 16-bit compute copies follow the restored weights
+        // 16-bit compute copies follow the restored weights (a LoRA job's:
+        // the adapter's factors; its frozen weights were not restored).
+        if (model_.adapter)
+          model_.refresh_factors();
+        else
+          for (stage& part : model_.parts) part.params_changed();
       }
     }
     run_actors();

@@ -15,8 +15,18 @@ void rank_runtime::build_model() {
   const bool lora = o_.lora.has_value();
   if (lora) {
     const dist_lora& l = *o_.lora;
-    model_.adapter = std::make_unique<lora_adapter>(l.from.empty() ? lora_adapter::init(cfg_, l.config, l.seed, be_)
-                                                                   : lora_adapter::load(l.from, cfg_, be_));
+    if (o_.resume) {
+      // restore() writes every value: nothing to draw or read.
+      model_.adapter = std::make_unique<lora_adapter>(lora_adapter::zeros(cfg_, l.config));
+      for (int i = 0; i < model_.adapter->n_layers(); ++i) place_params(model_.adapter->block(i), be_);
+    } else if (l.from.empty()) {
+      model_.adapter = std::make_unique<lora_adapter>(lora_adapter::init(cfg_, l.config, l.seed, be_));
+    } else {
+      model_.adapter = std::make_unique<lora_adapter>(lora_adapter::load(l.from, cfg_, be_));
+      if (model_.adapter->digest() != l.from_digest)
+        throw train_error("the adapter in " + l.from.string() + " on this machine (digest " +
+                          model_.adapter->digest() + ") is not the one the job trains on (" + l.from_digest + ")");
+    }
     model_.adapter->zero_grads();
     model_.factors.reserve(static_cast<std::size_t>(o_.layout.chunks));
   }
@@ -99,7 +109,9 @@ void rank_runtime::join_device_groups() {
     throw train_error("--collectives device: the " + be_.name() + " backend of " + me +
                       " has no device collectives (corolla was built without NCCL)");
   dp_coll_ = join_device_group(be_, *comm_, inbox_, o_, rings_.dp, 0);
-  if (rings_.head.ranks != rings_.dp.ranks) head_coll_ = join_device_group(be_, *comm_, inbox_, o_, rings_.head, 1);
+  // A LoRA job's head has no bucket, so no group either.
+  if (rings_.head.ranks != rings_.dp.ranks && !o_.lora)
+    head_coll_ = join_device_group(be_, *comm_, inbox_, o_, rings_.head, 1);
 }
 
 device_group* rank_runtime::group_of(const ring& r) const {

@@ -10,6 +10,7 @@
 #include "actors/train_store.hpp"
 #include "model/block.hpp"
 #include "model/head.hpp"
+#include "model/model_writer.hpp"
 
 namespace corolla {
 
@@ -42,6 +43,33 @@ std::vector<param_ask> plan_param_asks(const train_layout& l, const model_config
     for (int b = l.boundaries[static_cast<std::size_t>(v)]; b < l.boundaries[static_cast<std::size_t>(v + 1)]; ++b)
       add(b, l.rank_of(v % l.pp, 0));
   return out;
+}
+
+save_writer::save_writer(const dist_train_options& o, const model_config& cfg) : dir_(o.save_dir) {
+  if (o.lora) {
+    adapter_ = std::make_unique<lora_adapter>(lora_adapter::zeros(cfg, o.lora->config));
+    base_model_ = o.lora->base_model;
+  } else {
+    model_ = std::make_unique<model_writer>(o.save_dir, cfg);
+  }
+}
+
+save_writer::~save_writer() = default;
+
+void save_writer::write(int bucket, const param_set& group) {
+  if (adapter_)
+    adapter_->block(bucket).flat().copy_from(group.flat());
+  else if (bucket == head_bucket)
+    model_->write_head(group);
+  else
+    model_->write_block(bucket, group);
+}
+
+void save_writer::commit() {
+  if (adapter_)
+    adapter_->save(dir_, base_model_);
+  else
+    model_->commit();
 }
 
 std::optional<param_set> param_group_builder::add(const param_ask& a, std::vector<Tensor> tensors,

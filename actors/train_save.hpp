@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -20,6 +22,8 @@
 namespace corolla {
 
 struct train_layout;
+struct dist_train_options;
+class model_writer;
 
 /// One ask: values [lo, hi) of bucket `bucket` (of `size` values) from
 /// rank `rank`, the ask's number `n` there (a rank answers its asks in
@@ -42,6 +46,28 @@ std::vector<param_ask> plan_param_asks(const train_layout& l, const model_config
 /// `lora`, the adapter's block (lora_block_layout).
 std::vector<std::pair<std::string, shape_t>> bucket_layout(const model_config& cfg, int id,
                                                            const lora_config* lora = nullptr);
+
+/// Where a distributed --save's groups go: the model's files, each group
+/// as it comes (model_writer: the model is never gathered), or in a LoRA
+/// job the adapter's blocks, gathered into one adapter (a few MB) and
+/// written in PEFT's layout at the end (lora_adapter::save).
+class save_writer {
+ public:
+  /// Throws model_error when the model's directory or file cannot be made.
+  save_writer(const dist_train_options& o, const model_config& cfg);
+  ~save_writer();
+  /// Group `bucket` (head_bucket or a block) made whole.
+  void write(int bucket, const param_set& group);
+  /// Every group written: the files take their names. Throws model_error
+  /// naming a group not given (the model's), or what the disk refused.
+  void commit();
+
+ private:
+  std::filesystem::path dir_;
+  std::string base_model_;
+  std::unique_ptr<model_writer> model_;
+  std::unique_ptr<lora_adapter> adapter_;
+};
 
 /// Groups made whole from the answers to their asks, taken in order.
 class param_group_builder {

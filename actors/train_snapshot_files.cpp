@@ -46,8 +46,8 @@ bool snapshots_flushed(const fs::path& checkpoint_dir, int holder) {
   return fs::exists(memory_snapshot_dir(checkpoint_dir) / ("h" + std::to_string(holder)) / "flushed", ec);
 }
 
-memory_recovery commit_memory_snapshots(const fs::path& checkpoint_dir, int world, int n_layers, const std::string& job,
-                                        const std::string& layout, int newest) {
+memory_recovery commit_memory_snapshots(const fs::path& checkpoint_dir, int world, const std::vector<std::string>& buckets,
+                                        const std::string& job, const std::string& layout, int newest) {
   memory_recovery out;
   const fs::path mem = memory_snapshot_dir(checkpoint_dir);
   struct remover {
@@ -106,8 +106,6 @@ memory_recovery commit_memory_snapshots(const fs::path& checkpoint_dir, int worl
       }
     }
   }
-  std::vector<std::string> buckets{bucket_name(head_bucket)};
-  for (int b = 0; b < n_layers; ++b) buckets.push_back(bucket_name(b));
   const schedule::snapshot_choice choice =
       schedule::choose_snapshot_step(held, world, buckets, newest, latest_checkpoint_step(checkpoint_dir));
   if (!choice.found()) {

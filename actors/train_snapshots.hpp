@@ -205,16 +205,18 @@ struct memory_recovery {
   std::string why_not;           ///< when step = 0: why no step could be used
 };
 
-/// After a failed grid of `world` ranks running `n_layers` blocks: the
-/// newest step whose flushed snapshots (memory_snapshot_dir) hold every
-/// rank's shard and every bucket's parameters, assembled into
+/// After a failed grid of `world` ranks whose job has `buckets`
+/// (job_buckets): the newest step whose flushed snapshots
+/// (memory_snapshot_dir) hold every rank's shard and every bucket's
+/// parameters, assembled into
 /// checkpoint_dir/step-N and committed (manifest with `job`, `layout`, the
 /// snapshots' loss scale; then `latest`) when it is newer than the latest
 /// checkpoint there. With `newest` >= 0 only steps up to it count: the
 /// last step the job printed, since a later step's loss was never shown
 /// and the next grid starts after the step committed. The flushed files
 /// are removed either way. Throws train_error only when the disk refuses.
-memory_recovery commit_memory_snapshots(const std::filesystem::path& checkpoint_dir, int world, int n_layers,
+memory_recovery commit_memory_snapshots(const std::filesystem::path& checkpoint_dir, int world,
+                                        const std::vector<std::string>& buckets,
                                         const std::string& job, const std::string& layout, int newest = -1);
 
 }  // namespace corolla

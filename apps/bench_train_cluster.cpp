@@ -189,11 +189,11 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
   double predicted_s = 0;
   for (const variant& v : variants) predicted_s += steps * v.plan.estimate.step_s;
   for (const variant& v : one_ring) predicted_s += steps * v.plan.estimate.step_s;
-  if (a.lora_rank > 0)
-    for (const variant& v : variants) predicted_s += steps * v.plan.estimate.step_s;
+  const std::size_t lora_runs = a.lora_rank > 0 ? variants.size() : 0;
+  for (std::size_t i = 0; i < lora_runs; ++i) predicted_s += steps * variants[i].plan.estimate.step_s;
   if (!(predicted_s <= max_cluster_bench_s))
     throw std::invalid_argument("bench train --cluster: the cost model predicts " + duration_text(predicted_s) + " for " +
-                                std::to_string(steps) + " steps of " + std::to_string(variants.size() + one_ring.size()) +
+                                std::to_string(steps) + " steps of " + std::to_string(variants.size() + one_ring.size() + lora_runs) +
                                 " layouts (the ranks sleep each stage's predicted compute); this bench runs at most " +
                                 duration_text(max_cluster_bench_s) + ": give faster workers (tflops), a smaller "
                                 "--model or fewer --steps");
@@ -202,13 +202,11 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
   std::optional<dist_lora> lora;
   std::int64_t adapter_values = 0;
   if (a.lora_rank > 0) {
-    dist_lora l;
-    l.config.rank = a.lora_rank;
-    l.config.alpha = static_cast<float>(a.lora_rank);
-    const lora_adapter shape = lora_adapter::zeros(cfg, l.config);
-    l.config.targets = shape.config().targets;
-    adapter_values = shape.numel();
-    lora = l;
+    lora_config c;
+    c.rank = a.lora_rank;
+    c.alpha = static_cast<float>(a.lora_rank);
+    lora = new_dist_lora(cfg, c, 0);
+    adapter_values = lora_adapter::zeros(cfg, lora->config).numel();
   }
 
   train_args base;

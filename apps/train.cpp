@@ -1,5 +1,6 @@
 // corolla train — single-process training of a HuggingFace-layout model on a
 // token file, printing `step <i> loss <value>` per logged step.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -110,35 +111,96 @@ lora_config lora_config_of(const train_args& a) {
   return c;
 }
 
+dist_lora new_dist_lora(const model_config& cfg, lora_config c, std::uint64_t seed) {
+  dist_lora l;
+  l.seed = seed;
+  // By the modules' paths, as a made adapter names them (its summary and
+  // saved config); a bad rank, alpha or target throws here.
+  c.targets = lora_adapter::zeros(cfg, c).config().targets;
+  l.config = std::move(c);
+  return l;
+}
+
+std::string frozen_model_digest(const fs::path& dir) {
+  // FNV-1a 64 over each weight file's name and size, its safetensors
+  // header (names, shapes, offsets) and 16 spans of 4 KiB spread over its
+  // values: models of one shape differ there (a fine-tune, another seed).
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".safetensors" && it->is_regular_file(ec)) files.push_back(it->path());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw model_error(dir.string() + " holds no weights (no .safetensors file)");
+  std::uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](const char* p, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ull;
+  };
+  std::vector<char> buf(4096);
+  for (const fs::path& f : files) {
+    const std::string name = f.filename().string();
+    const std::uint64_t size = fs::file_size(f);
+    mix(name.c_str(), name.size() + 1);
+    mix(reinterpret_cast<const char*>(&size), sizeof size);
+    std::ifstream in(f, std::ios::binary);
+    std::uint64_t header = 0;
+    in.read(reinterpret_cast<char*>(&header), sizeof header);
+    if (!in || header > size - sizeof header) throw model_error(f.string() + " is not a safetensors file");
+    std::vector<char> text(static_cast<std::size_t>(std::min<std::uint64_t>(header, 1 << 24)));
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    mix(text.data(), static_cast<std::size_t>(in.gcount()));
+    const std::uint64_t values = sizeof header + header, span = size - values;
+    for (int k = 0; k < 16 && span > 0; ++k) {
+      in.clear();
+      in.seekg(static_cast<std::streamoff>(values + span * static_cast<std::uint64_t>(k) / 16));
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      mix(buf.data(), static_cast<std::size_t>(in.gcount()));
+    }
+  }
+  static const char* const hex = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<std::size_t>(i)] = hex[h & 15];
+  return out;
+}
+
+void check_frozen_model(const fs::path& dir, const dist_lora& l) {
+  if (!has_weights(dir))
+    throw model_error("this LoRA job trains beside the frozen model's weights, which are not in " + dir.string() +
+                      " on this machine");
+  if (const std::string here = frozen_model_digest(dir); here != l.base_digest)
+    throw model_error("the model in " + dir.string() + " (fingerprint " + here +
+                      ") is not the frozen model this LoRA job trains beside (" + l.base_digest + ")");
+}
+
+double lora_block_values(const train_args& a, const model_config& cfg) {
+  lora_config c;
+  if (!a.adapter.empty())
+    c = lora_adapter::load(a.adapter, cfg, cpu_backend()).config();
+  else if (a.lora_rank > 0)
+    c = lora_config_of(a);
+  else
+    return 0;
+  return static_cast<double>(lora_adapter::zeros(cfg, c).numel()) / cfg.n_layers;
+}
+
 std::optional<dist_lora> dist_lora_of(const train_args& a, const model_config& cfg) {
   if (a.lora_rank == 0 && a.adapter.empty()) return std::nullopt;
-  // Name the flags given.
-  std::string refused;
-  for (const auto& [given, flag] : {std::pair{a.elastic, "--elastic"},
-                                    std::pair{!a.checkpoint_dir.empty(), "--checkpoint-dir"},
-                                    std::pair{a.checkpoint_every > 0, "--checkpoint-every"},
-                                    std::pair{a.resume, "--resume"}, std::pair{!a.take_over.empty(), "--take-over"}})
-    if (given) refused += (refused.empty() ? "" : ", ") + std::string(flag);
-  if (!refused.empty())
-    throw std::invalid_argument(refused + ": a distributed LoRA job keeps no checkpoints and does not recover (yet); "
-                                "drop them, or train the adapter in one process");
   if (!has_weights(a.model))
     throw model_error(a.model + " holds no weights: an adapter of freshly drawn weights that are never saved "
                       "would be of no use (train the whole model, or give a model with weights)");
   dist_lora l;
-  l.seed = a.seed;
-  l.base_model = fs::absolute(a.model).lexically_normal().string();
   if (!a.adapter.empty()) {
     // Read once here: a bad directory is one error, not one per rank; and
     // the coordinator learns the adapter's own shape.
     l.from = fs::absolute(a.adapter).lexically_normal();
-    l.config = lora_adapter::load(l.from, cfg, cpu_backend()).config();
+    const lora_adapter saved = lora_adapter::load(l.from, cfg, cpu_backend());
+    l.config = saved.config();
+    l.from_digest = saved.digest();
+    l.seed = a.seed;
   } else {
-    l.config = lora_config_of(a);
-    // By the modules' paths, as a made adapter names them (its summary and
-    // saved config); a bad rank, alpha or target before any rank starts.
-    l.config.targets = lora_adapter::zeros(cfg, l.config).config().targets;
+    l = new_dist_lora(cfg, lora_config_of(a), a.seed);
   }
+  l.base_model = fs::absolute(a.model).lexically_normal().string();
+  l.base_digest = frozen_model_digest(a.model);
   return l;
 }
 
@@ -155,8 +217,8 @@ int run_train(const train_args& a) {
   if (!lora && (a.lora_alpha != 0.0f || !a.lora_targets.empty() || a.lora_rslora))
     throw std::invalid_argument("--lora-alpha, --lora-targets and --lora-rslora shape an adapter: add --lora-rank R");
   if (lora && !a.join.empty())
-    throw model_error("--lora-rank and --adapter: a worker joins an --elastic job, and adapters do not train in "
-                      "elastic jobs (yet): drop --join");
+    throw model_error("--lora-rank and --adapter: a worker that joins takes the adapter its job trains (the "
+                      "launcher's flags say which); drop them beside --join");
   if (a.lora_rank != 0 && !a.adapter.empty())
     throw std::invalid_argument("--lora-rank makes a new adapter and --adapter trains on a saved one: give one of them");
   const weight_format base_weights = parse_weights_flag(a.weights);

@@ -56,7 +56,8 @@ struct train_args {
   int log_every = 1;
   std::string save;
   std::uint64_t seed = 0;
-  // A LoRA adapter instead of the whole model (single-process; model/lora.hpp).
+  // A LoRA adapter instead of the whole model (model/lora.hpp; in one
+  // process, or across ranks: dist_train_options::lora).
   int lora_rank = 0;                ///< r; 0 = train the whole model
   float lora_alpha = 0.0f;          ///< 0 = the rank (s = 1)
   std::vector<std::string> lora_targets;  ///< empty: the family's default
@@ -148,10 +149,23 @@ dtype compute_dtype_of(const train_args& a);
 lora_config lora_config_of(const train_args& a);
 /// A distributed job's LoRA (--lora-rank or --adapter; nothing without):
 /// a saved adapter is read once here (its config, and any problem before a
-/// rank starts), a new one's targets checked against `cfg`. Throws for
-/// what a distributed LoRA job cannot do (checkpoints, --elastic, frozen
-/// weights in another format than f32) and for a model without weights.
+/// rank starts), a new one's targets checked against `cfg`. Throws for a
+/// model without weights.
 std::optional<dist_lora> dist_lora_of(const train_args& a, const model_config& cfg);
+/// The values per block of the adapter --lora-rank or --adapter describe
+/// (0 without: the whole model trains), for the planner
+/// (schedule::training_setup::lora_block_params).
+double lora_block_values(const train_args& a, const model_config& cfg);
+/// A distributed job's new adapter `c` (targets by their module paths;
+/// throws for a bad rank, alpha or target), drawn from `seed`.
+dist_lora new_dist_lora(const model_config& cfg, lora_config c, std::uint64_t seed);
+/// A fingerprint of the weights in model directory `dir` (16 hex digits
+/// over each .safetensors file's name, size, header and 16 spans of its
+/// values: accidents, not forgery). Throws model_error without weights.
+std::string frozen_model_digest(const std::filesystem::path& dir);
+/// Throws model_error when `dir` holds no weights, or other weights than
+/// the frozen model LoRA job `l` trains beside (dist_lora::base_digest).
+void check_frozen_model(const std::filesystem::path& dir, const dist_lora& l);
 /// --loss-scale for a run computing in `compute`; throws
 /// std::invalid_argument for an unknown value.
 loss_scaling loss_scaling_of(const train_args& a, dtype compute);
@@ -259,9 +273,10 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
                   const coordinator_hooks& hooks, std::vector<int>* lost = nullptr,
                   const remote_ranks* remote = nullptr, held_snapshots* held = nullptr);
 /// The local launcher's last words: the --json summary line (with `extra`'s
-/// keys) and "trained N steps on LAYOUT" on stderr. `o` is the final layout.
-void print_local_summary(const train_args& a, const dist_train_options& o, int steps_run, double last_loss,
-                         std::chrono::steady_clock::duration took, nlohmann::json extra = {});
+/// keys; a LoRA job's `adapter`) and "trained N steps on LAYOUT" on stderr.
+/// `o` is the final layout.
+void print_local_summary(const train_args& a, const dist_train_options& o, const model_config& cfg, int steps_run,
+                         double last_loss, std::chrono::steady_clock::duration took, nlohmann::json extra = {});
 /// The local launcher with --elastic (apps/train_elastic.cpp): runs `o`,
 /// and whenever ranks die or hang, re-plans the grid on the ranks left
 /// (schedule::regrid), continues from the latest committed checkpoint

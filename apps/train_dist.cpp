@@ -112,8 +112,23 @@ bool any_gpu(const std::string& device) {
   return (device == "cuda" || device == "auto") && cuda_device_count() > 0;
 }
 
-void print_local_summary(const train_args& a, const dist_train_options& o, int steps_run, double last_loss,
-                         std::chrono::steady_clock::duration took, nlohmann::json extra) {
+namespace {
+
+/// A LoRA job's adapter as the summary says it (null without one).
+nlohmann::json adapter_summary(const dist_train_options& o, const model_config& cfg) {
+  if (!o.lora) return nullptr;
+  const lora_config& c = o.lora->config;
+  return {{"rank", c.rank},
+          {"alpha", c.alpha},
+          {"rslora", c.rslora},
+          {"targets", c.targets},
+          {"parameters", lora_adapter::zeros(cfg, c).numel()}};
+}
+
+}  // namespace
+
+void print_local_summary(const train_args& a, const dist_train_options& o, const model_config& cfg, int steps_run,
+                         double last_loss, std::chrono::steady_clock::duration took, nlohmann::json extra) {
   if (a.json) {
     const double seconds = std::chrono::duration<double>(took).count();
     const double tokens = static_cast<double>(steps_run) * a.batch * a.seq;
@@ -122,6 +137,7 @@ void print_local_summary(const train_args& a, const dist_train_options& o, int s
                               {"ranks", o.layout.world()}, {"device", parse_device(a.device).str()}};
     if (steps_run > 0) summary["final_loss"] = last_loss;
     if (!a.save.empty()) summary["saved"] = a.save;
+    if (o.lora) summary["adapter"] = adapter_summary(o, cfg);
     if (extra.is_object()) summary.update(extra);
     std::printf("%s\n", summary.dump().c_str());
   }
@@ -200,8 +216,12 @@ int run_rank(const train_args& a, const dist_train_options& o, const model_confi
       // every rank and in single-process training) and keeps only its part;
       // a resume (from a checkpoint, or a grid after a failure or a drain
       // from the snapshots in memory) overwrites every parameter, so it
-      // neither draws nor reads them.
-      const rank_weights weights = job.resume                ? weights_to_restore(cfg, cpu_backend())
+      // neither draws nor reads them; but a LoRA job's restores the
+      // adapter only, and reads the frozen model.
+      // This machine's model must be the launcher's (a joined worker's
+      // --model is its own path).
+      if (job.lora && !job.lora->base_digest.empty()) check_frozen_model(a.model, *job.lora);
+      const rank_weights weights = job.resume && !job.lora   ? weights_to_restore(cfg, cpu_backend())
                                    : has_weights(a.model) ? weights_from_checkpoint(a.model, cpu_backend())
                                                           : weights_from_seed(cfg, a.seed, cpu_backend(), job.layout, rank);
       last = run_train_rank(*n, job, rank, coordinator, weights, data, compute);
@@ -259,17 +279,14 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
   apply_common_options(1, "warn");
   // Bad data is one error here, not one per rank.
   open_data(a.data, a.model, cfg.vocab_size);
-  if (a.elastic) return launch_local_elastic(a, o, cfg, cluster, plan);
-  std::int64_t adapter_values = 0;
-  if (o.lora) {
-    for (const auto& [name, shape] : lora_block_layout(cfg, o.lora->config)) adapter_values += shape_numel(shape);
-    adapter_values *= cfg.n_layers;
-    if (!a.json)
-      std::fprintf(stderr, "training a LoRA adapter on %d ranks: r %d, alpha %g, %s; %lld parameters (%.3f%% of the model's)\n",
-                   o.layout.world(), o.lora->config.rank, static_cast<double>(o.lora->config.alpha),
-                   o.lora->config.targets_text().c_str(), static_cast<long long>(adapter_values),
-                   100.0 * static_cast<double>(adapter_values) / static_cast<double>(cfg.parameter_count()));
+  if (o.lora && !a.json) {
+    const std::int64_t values = adapter_summary(o, cfg)["parameters"];
+    std::fprintf(stderr, "training a LoRA adapter on %d ranks: r %d, alpha %g, %s; %lld parameters (%.3f%% of the model's)\n",
+                 o.layout.world(), o.lora->config.rank, static_cast<double>(o.lora->config.alpha),
+                 o.lora->config.targets_text().c_str(), static_cast<long long>(values),
+                 100.0 * static_cast<double>(values) / static_cast<double>(cfg.parameter_count()));
   }
+  if (a.elastic) return launch_local_elastic(a, o, cfg, cluster, plan);
   const auto start = std::chrono::steady_clock::now();
   int steps_run = 0;
   double last_loss = 0;
@@ -280,12 +297,7 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
     lines.step(o, r);
   });
   lines.finish();
-  nlohmann::json extra;
-  if (o.lora)
-    extra["adapter"] = {{"rank", o.lora->config.rank},     {"alpha", o.lora->config.alpha},
-                        {"rslora", o.lora->config.rslora}, {"targets", o.lora->config.targets},
-                        {"parameters", adapter_values}};
-  print_local_summary(a, o, steps_run, last_loss, std::chrono::steady_clock::now() - start, extra);
+  print_local_summary(a, o, cfg, steps_run, last_loss, std::chrono::steady_clock::now() - start);
   return 0;
 }
 
@@ -330,6 +342,7 @@ schedule::plan plan_on(const train_args& a, const model_config& cfg, const sched
   schedule::training_setup setup = training_setup_of(a);
   setup.pp = pp;
   setup.dp = dp;
+  setup.lora_block_params = lora_block_values(a, cfg);  // a LoRA job trains (and reduces) its adapter only
   setup.validate(cfg);
   return schedule::make_plan(cluster, cfg, setup).best;
 }

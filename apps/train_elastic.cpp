@@ -216,6 +216,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   setup.micro_batch = o.micro_batch;
   setup.cfg = cfg;
   setup.training = training_setup_of(a);
+  setup.training.lora_block_params = o.lora ? lora_block_values(a, cfg) : 0;  // re-plans price the adapter only
   setup.min_ranks = a.min_ranks;
   if (cluster) {
     setup.file = *cluster;
@@ -511,7 +512,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
         end_holders.now();
         // Up to the last step printed: a later one's loss was never shown.
         const memory_recovery rec =
-            commit_memory_snapshots(o.checkpoint_dir, o.layout.world(), cfg.n_layers, checkpoint_key(o, cfg),
+            commit_memory_snapshots(o.checkpoint_dir, o.layout.world(), job_buckets(o, cfg.n_layers), checkpoint_key(o, cfg),
                                     o.layout.describe(), printed);
         flushed = rec.step > 0;
         if (flushed)
@@ -553,7 +554,7 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
     }
   }
   lines.finish();
-  print_local_summary(a, o, steps_run, last_loss, clock_type::now() - start, {{"replans", replans}});
+  print_local_summary(a, o, cfg, steps_run, last_loss, clock_type::now() - start, {{"replans", replans}});
   return 0;
 }
 

@@ -34,7 +34,8 @@ nlohmann::json job_to_json(const dist_train_options& o) {
     lora = {{"rank", o.lora->config.rank},       {"alpha", o.lora->config.alpha},
             {"rslora", o.lora->config.rslora},   {"targets", o.lora->config.targets},
             {"seed", std::to_string(o.lora->seed)}, {"from", o.lora->from.string()},
-            {"base_model", o.lora->base_model}};
+            {"from_digest", o.lora->from_digest}, {"base_model", o.lora->base_model},
+            {"base_digest", o.lora->base_digest}};
   return {{"lora", lora},
           {"pp", o.layout.pp}, {"dp", o.layout.dp}, {"chunks", o.layout.chunks}, {"boundaries", o.layout.boundaries},
           {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
@@ -122,7 +123,9 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
       d.config.targets = l->at("targets").get<std::vector<std::string>>();
       d.seed = std::stoull(l->at("seed").get<std::string>());
       d.from = l->at("from").get<std::string>();
+      d.from_digest = l->at("from_digest").get<std::string>();
       d.base_model = l->at("base_model").get<std::string>();
+      d.base_digest = l->at("base_digest").get<std::string>();
       o.lora = std::move(d);
     }
     if (j.contains("from_memory")) {

@@ -103,8 +103,7 @@ void choose_held_step(node& n, const dist_train_options& o, const model_config& 
       listings[{x->holder, l.owner, l.step}] = l;
     }
   }
-  std::vector<std::string> buckets{bucket_name(head_bucket)};
-  for (int b = 0; b < cfg.n_layers; ++b) buckets.push_back(bucket_name(b));
+  const std::vector<std::string> buckets = job_buckets(o, cfg.n_layers);
   const int latest = o.checkpoint_dir.empty() ? 0 : latest_checkpoint_step(o.checkpoint_dir);
   const schedule::snapshot_choice choice =
       schedule::choose_snapshot_step(copies, world, buckets, held.newest ? *held.newest : -1, latest);
@@ -200,7 +199,7 @@ int run_local_job(const train_args& a, const dist_train_options& o, const model_
     for (int r = 0; r < o.layout.world(); ++r)
       if (!(remote && remote->is_remote(r))) {
         local.push_back(r);
-        needs.push_back(param_buckets(o.layout, r));
+        needs.push_back(trained_buckets(o, r));
       }
     schedule::bucket_bytes bytes;  // so that the match weighs what would cross a link
     for (const holder_process& h : *held->reusable) {

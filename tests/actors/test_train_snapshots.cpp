@@ -405,7 +405,7 @@ TEST_CASE("the launcher commits the newest step every rank's snapshot survived, 
   flushed(0, 0, 4, true, "1024 5 2");
   flushed(0, 0, 5, true);
   flushed(0, 1, 4, false);
-  const memory_recovery rec = commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)");
+  const memory_recovery rec = commit_memory_snapshots(ck, 2, {"head", "block.0"}, "job-key", "1x2 [0,1)");
   CHECK(rec.step == 4);
   CHECK(rec.holders == 1);
   CHECK(rec.bytes > 0);
@@ -429,7 +429,7 @@ TEST_CASE("the launcher commits the newest step every rank's snapshot survived, 
 
   // Both copies of rank 1 lost: nothing newer than the checkpoint is complete.
   flushed(0, 0, 6, true);
-  const memory_recovery none = commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)");
+  const memory_recovery none = commit_memory_snapshots(ck, 2, {"head", "block.0"}, "job-key", "1x2 [0,1)");
   CHECK(none.step == 0);
   CHECK(none.why_not.find("step 6: no snapshot of rank(s) 1") != std::string::npos);
   CHECK(latest_checkpoint_step(ck) == 4);
@@ -440,7 +440,7 @@ TEST_CASE("the launcher commits the newest step every rank's snapshot survived, 
     s.tensors.emplace_back("params.block.0", values({1, 2, 3, 4}));
     write_shard(mem / "h0", 7, 0, s.tensors, s.ranges);
   }
-  const memory_recovery partial = commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)");
+  const memory_recovery partial = commit_memory_snapshots(ck, 2, {"head", "block.0"}, "job-key", "1x2 [0,1)");
   CHECK(partial.step == 0);
   CHECK(partial.why_not.find("parameters of head") != std::string::npos);
   CHECK(latest_checkpoint_step(ck) == 4);
@@ -450,11 +450,11 @@ TEST_CASE("the launcher commits the newest step every rank's snapshot survived, 
     flushed(0, 0, step, true);
     flushed(0, 1, step, false);
   }
-  const memory_recovery printed = commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)", 9);
+  const memory_recovery printed = commit_memory_snapshots(ck, 2, {"head", "block.0"}, "job-key", "1x2 [0,1)", 9);
   CHECK(printed.step == 9);
   CHECK(latest_checkpoint_step(ck) == 9);
   // No snapshots at all.
-  CHECK(commit_memory_snapshots(ck, 2, 1, "job-key", "1x2 [0,1)").why_not == "no rank flushed a snapshot");
+  CHECK(commit_memory_snapshots(ck, 2, {"head", "block.0"}, "job-key", "1x2 [0,1)").why_not == "no rank flushed a snapshot");
 }
 
 TEST_CASE("in-memory snapshots of one step read as that step's checkpoint would, by a rank of any layout") {

@@ -406,3 +406,24 @@ TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left, 
   const std::string plan2 = err.substr(again, err.find("throughput:", again) - again);
   CHECK(plan2.find("eth1/0") == std::string::npos);
 }
+
+TEST_CASE("--elastic with a LoRA adapter: a rank killed, the adapter's blocks and moments come back from the "
+          "survivors' memory, the single-process LoRA losses") {
+  temp_dir_guard tmp("mp-train-elastic-lora");
+  job j = slow_job(tmp, 16);
+  j.model = tmp / "model";  // with weights: an adapter of drawn, unsaved weights is refused
+  write_tiny_model(j.model, tiny(architecture::gpt2));
+  j.lr = 1e-2f;
+  lora_config c;
+  c.rank = 4;
+  c.alpha = 8.0f;
+  c.targets = {"all-linear"};
+  lora_adapter adapter = lora_adapter::init(load_config(j.model), c, 4, cpu_backend());
+  const auto [events, err] = faulted_run(
+      elastic_args(j, {"--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "all-linear", "--seed", "4"}), 5, {2},
+      SIGKILL, lora_reference_losses(j, adapter));
+  REQUIRE(events.size() == 1u);
+  CHECK(events[0]["lost_ranks"] == nlohmann::json::array({2}));
+  CHECK(events[0]["from_memory"] == true);
+  CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+}

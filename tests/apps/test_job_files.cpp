@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "apps/train_job_file.hpp"
 #include "tests/support/tiny_model.hpp"
@@ -108,7 +110,9 @@ TEST_CASE("a LoRA job's adapter travels in the job file, and ranks that would dr
   l.config.targets = {"self_attn.q_proj", "mlp.down_proj"};
   l.seed = 18446744073709551557ull;  // above 2^63: carried as text
   l.from = "/models/adapter";
+  l.from_digest = "0123456789abcdef";
   l.base_model = "/models/base";
+  l.base_digest = "fedcba9876543210";
   o.lora = l;
   const dist_train_options back = job_from_json_text(job_to_json(o).dump(), "job");
   REQUIRE(back.lora);
@@ -119,6 +123,8 @@ TEST_CASE("a LoRA job's adapter travels in the job file, and ranks that would dr
   CHECK(back.lora->seed == l.seed);
   CHECK(back.lora->from == l.from);
   CHECK(back.lora->base_model == l.base_model);
+  CHECK(back.lora->from_digest == l.from_digest);
+  CHECK(back.lora->base_digest == l.base_digest);
 
   const model_config cfg = testing::tiny_config({});
   const std::string key = join_key(o, cfg);
@@ -131,4 +137,27 @@ TEST_CASE("a LoRA job's adapter travels in the job file, and ranks that would dr
   CHECK(join_key(other, cfg) != key);
   other.lora.reset();
   CHECK(join_key(other, cfg) != key);
+
+  // Its checkpoints hold the adapter's blocks, and no head: another job
+  // (the whole model, another adapter shape) does not resume them, the
+  // same adapter from another seed or directory does.
+  CHECK(checkpoint_key(other, cfg) != checkpoint_key(o, cfg));
+  dist_train_options reseeded = o;
+  reseeded.lora->seed = 7;
+  reseeded.lora->from.clear();
+  CHECK(checkpoint_key(reseeded, cfg) == checkpoint_key(o, cfg));
+  reseeded.lora->config.alpha = 8.0f;
+  CHECK(checkpoint_key(reseeded, cfg) != checkpoint_key(o, cfg));
+  reseeded = o;
+  reseeded.lora->base_digest = "0000000000000000";  // beside other frozen weights
+  CHECK(checkpoint_key(reseeded, cfg) != checkpoint_key(o, cfg));
+  reseeded = o;
+  reseeded.lora->from = "/elsewhere/adapter";  // the same adapter at another path joins
+  CHECK(join_key(reseeded, cfg) == key);
+  reseeded.lora->from_digest = "1111111111111111";
+  CHECK(join_key(reseeded, cfg) != key);
+  CHECK(job_buckets(o, 2) == std::vector<std::string>{"block.0", "block.1"});
+  CHECK(job_buckets(other, 2) == std::vector<std::string>{"head", "block.0", "block.1"});
+  CHECK(trained_buckets(o, 0) == std::set<std::string>{"block.0", "block.1"});
+  CHECK(trained_buckets(other, 0) == std::set<std::string>{"block.0", "block.1", "head"});
 }

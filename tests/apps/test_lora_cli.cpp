@@ -197,10 +197,7 @@ TEST_CASE("corolla train, generate and serve refuse adapter flags that cannot ap
       {train_args(base, data, {"--lora-alpha", "8"}), "add --lora-rank R"},
       // Distributed LoRA jobs (tests/apps/mp_train_lora.cpp) refuse these
       // before any rank starts.
-      {train_args(base, data, {"--lora-rank", "4", "--join", "127.0.0.1:5555"}), "drop --join"},
-      {train_args(base, data, {"--lora-rank", "4", "--pp", "2", "--checkpoint-dir", tmp / "ck", "--checkpoint-every", "2"}),
-       "--checkpoint-dir, --checkpoint-every: a distributed LoRA job keeps no checkpoints"},
-      {train_args(base, data, {"--lora-rank", "4", "--pp", "2", "--elastic"}), "--elastic: a distributed LoRA job"},
+      {train_args(base, data, {"--lora-rank", "4", "--join", "127.0.0.1:5555"}), "drop them beside --join"},
       {train_args(base, data, {"--lora-rank", "4", "--pp", "2", "--weights", "nf4"}), "(QLoRA) trains in a single process"},
       {train_args(base, data, {"--lora-rank", "4", "--pp", "2", "--lora-targets", "q_proj"}), "names no module"},
       {train_args(tmp / "config-only", data, {"--lora-rank", "4", "--dp", "2"}), "holds no weights"},
@@ -234,5 +231,4 @@ TEST_CASE("corolla train, generate and serve refuse adapter flags that cannot ap
     CHECK(err[0].rfind("corolla: error: ", 0) == 0);
     CHECK(err[0].find(c.mentions) != std::string::npos);
   }
-  CHECK_FALSE(fs::exists(tmp / "ck"));  // refused before anything was made
 }

@@ -21,6 +21,7 @@
 
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
+#include "model/lora.hpp"
 #include "model/token_data.hpp"
 #include "model/trainer.hpp"
 #include "model/transformer.hpp"
@@ -105,6 +106,23 @@ inline std::vector<float> reference_losses(const job& j, transformer model, std:
     if (norms) norms->push_back(r.grad_norm);
   }
   return losses;
+}
+
+/// The library's single-process LoRA training of `a` on `j`'s model (with
+/// weights) and data: the losses; `a` holds the trained adapter after.
+inline std::vector<float> lora_reference_losses(const job& j, lora_adapter& a) {
+  transformer model = transformer::load(j.model, cpu_backend());
+  token_dataset data = token_dataset::open(j.data, nullptr, model.config().vocab_size);
+  train_options o;
+  o.batch = j.batch;
+  o.seq = j.seq;
+  o.steps = j.steps;
+  o.optimizer.adamw.lr = j.lr;
+  o.optimizer.max_grad_norm = j.clip;
+  o.optimizer.schedule = {j.warmup, j.cosine, 0.1f};
+  o.adapter = &a;
+  trainer t(model, data, o);
+  return t.run().losses;
 }
 
 inline void check_close(const std::vector<step_line>& got, const std::vector<float>& want, double rel, int first_step = 1) {
