@@ -88,9 +88,8 @@ inline std::vector<step_line> json_steps(const std::vector<std::string>& lines) 
   return out;
 }
 
-/// The library's single-process run of `j` (the reference).
-inline std::vector<float> reference_losses(const job& j, transformer model, std::vector<double>* norms = nullptr) {
-  token_dataset data = token_dataset::open(j.data, nullptr, model.config().vocab_size);
+/// The single-process trainer's options for `j`.
+inline train_options options_of(const job& j) {
   train_options o;
   o.batch = j.batch;
   o.seq = j.seq;
@@ -98,7 +97,13 @@ inline std::vector<float> reference_losses(const job& j, transformer model, std:
   o.optimizer.adamw.lr = j.lr;
   o.optimizer.max_grad_norm = j.clip;
   o.optimizer.schedule = {j.warmup, j.cosine, 0.1f};
-  trainer t(model, data, o);
+  return o;
+}
+
+/// The library's single-process run of `j` (the reference).
+inline std::vector<float> reference_losses(const job& j, transformer model, std::vector<double>* norms = nullptr) {
+  token_dataset data = token_dataset::open(j.data, nullptr, model.config().vocab_size);
+  trainer t(model, data, options_of(j));
   std::vector<float> losses;
   while (t.steps_done() < j.steps) {
     step_report r = t.step();
@@ -113,13 +118,7 @@ inline std::vector<float> reference_losses(const job& j, transformer model, std:
 inline std::vector<float> lora_reference_losses(const job& j, lora_adapter& a) {
   transformer model = transformer::load(j.model, cpu_backend());
   token_dataset data = token_dataset::open(j.data, nullptr, model.config().vocab_size);
-  train_options o;
-  o.batch = j.batch;
-  o.seq = j.seq;
-  o.steps = j.steps;
-  o.optimizer.adamw.lr = j.lr;
-  o.optimizer.max_grad_norm = j.clip;
-  o.optimizer.schedule = {j.warmup, j.cosine, 0.1f};
+  train_options o = options_of(j);
   o.adapter = &a;
   trainer t(model, data, o);
   return t.run().losses;
