@@ -184,20 +184,6 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
       one_ring.back().rings_at_once = 1;
     }
 
-  // The ranks sleep each stage's predicted compute: a cluster of slow
-  // workers (tflops = 1e-12) would start a run of centuries.
-  double predicted_s = 0;
-  for (const variant& v : variants) predicted_s += steps * v.plan.estimate.step_s;
-  for (const variant& v : one_ring) predicted_s += steps * v.plan.estimate.step_s;
-  const std::size_t lora_runs = a.lora_rank > 0 ? variants.size() : 0;
-  for (std::size_t i = 0; i < lora_runs; ++i) predicted_s += steps * variants[i].plan.estimate.step_s;
-  if (!(predicted_s <= max_cluster_bench_s))
-    throw std::invalid_argument("bench train --cluster: the cost model predicts " + duration_text(predicted_s) + " for " +
-                                std::to_string(steps) + " steps of " + std::to_string(variants.size() + one_ring.size() + lora_runs) +
-                                " layouts (the ranks sleep each stage's predicted compute); this bench runs at most " +
-                                duration_text(max_cluster_bench_s) + ": give faster workers (tflops), a smaller "
-                                "--model or fewer --steps");
-
   // --lora-rank: an adapter of q and v (the default targets), alpha = r.
   std::optional<dist_lora> lora;
   std::int64_t adapter_values = 0;
@@ -208,6 +194,32 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
     lora = new_dist_lora(cfg, c, 0);
     adapter_values = lora_adapter::zeros(cfg, lora->config).numel();
   }
+
+  // And the planner's own plan for the adapter (the cost model prices its
+  // frozen weights, input-gradient-only backward and small DP traffic),
+  // its ranks sleeping that plan's compute.
+  std::optional<variant> lora_plan;
+  if (lora) {
+    sc::training_setup s = setup;
+    s.lora_block_params = static_cast<double>(adapter_values) / cfg.n_layers;
+    const sc::plan_report r = sc::make_plan(cluster, cfg, s);
+    if (r.best.feasible) lora_plan = variant{"planner (LoRA)", cluster, r.best};
+  }
+
+  // The ranks sleep each stage's predicted compute: a cluster of slow
+  // workers (tflops = 1e-12) would start a run of centuries.
+  double predicted_s = 0;
+  for (const variant& v : variants) predicted_s += steps * v.plan.estimate.step_s;
+  for (const variant& v : one_ring) predicted_s += steps * v.plan.estimate.step_s;
+  const std::size_t lora_runs = a.lora_rank > 0 ? variants.size() : 0;
+  for (std::size_t i = 0; i < lora_runs; ++i) predicted_s += steps * variants[i].plan.estimate.step_s;
+  if (lora_plan) predicted_s += steps * lora_plan->plan.estimate.step_s;
+  if (!(predicted_s <= max_cluster_bench_s))
+    throw std::invalid_argument("bench train --cluster: the cost model predicts " + duration_text(predicted_s) + " for " +
+                                std::to_string(steps) + " steps of " + std::to_string(variants.size() + one_ring.size() + lora_runs + (lora_plan ? 1 : 0)) +
+                                " layouts (the ranks sleep each stage's predicted compute); this bench runs at most " +
+                                duration_text(max_cluster_bench_s) + ": give faster workers (tflops), a smaller "
+                                "--model or fewer --steps");
 
   train_args base;
   base.model = model_dir.string();
@@ -243,6 +255,13 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
       v.lora_samples_per_s = base.batch / v.lora_step_s;
     }
   }
+  if (lora_plan) {
+    if (!a.json)
+      std::fprintf(stderr, "  running the planner's plan for the adapter, PP %d x DP %d (layers %s)...\n",
+                   lora_plan->plan.pp, lora_plan->plan.dp, split_of(lora_plan->plan).c_str());
+    lora_plan->measured_step_s = run_layout(*lora_plan, base, cfg, steps, a.grad_clip, lora);
+    lora_plan->samples_per_s = base.batch / lora_plan->measured_step_s;
+  }
   // The same layout with its rings side by side, against one at a time.
   auto overlapped = [&](const variant& one) -> const variant& {
     for (const auto& v : variants)
@@ -276,6 +295,13 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
         j["layouts"][i]["lora_measured_step_s"] = variants[i].lora_step_s;
         j["layouts"][i]["lora_vs_full"] = variants[i].lora_samples_per_s / variants[i].samples_per_s;
       }
+      if (lora_plan)
+        j["lora_plan"] = {{"pp", lora_plan->plan.pp},
+                          {"dp", lora_plan->plan.dp},
+                          {"layers", split_of(lora_plan->plan)},
+                          {"predicted_step_s", lora_plan->plan.estimate.step_s},
+                          {"measured_step_s", lora_plan->measured_step_s},
+                          {"vs_planner_full", lora_plan->samples_per_s / planner.samples_per_s}};
     }
     j["rings_at_once"] = planner.rings_at_once;
     nlohmann::json singles = nlohmann::json::array();
@@ -304,6 +330,12 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
                   v.name.c_str(), a.lora_rank, lora->config.targets_text().c_str(),
                   static_cast<long long>(adapter_values), v.lora_step_s * 1e3, v.measured_step_s * 1e3,
                   v.lora_samples_per_s / v.samples_per_s);
+  if (lora_plan)
+    std::printf("the planner's plan for the adapter: PP %d x DP %d (layers %s), predicted %.1f ms, measured %.1f ms a "
+                "step, %.2fx the whole model's planner layout's samples/s\n",
+                lora_plan->plan.pp, lora_plan->plan.dp, split_of(lora_plan->plan).c_str(),
+                lora_plan->plan.estimate.step_s * 1e3, lora_plan->measured_step_s * 1e3,
+                lora_plan->samples_per_s / planner.samples_per_s);
   for (const auto& v : one_ring)
     std::printf("%s with %d rings at once vs one at a time (%.1f ms): %.2fx the samples/s\n", v.name.c_str(),
                 overlapped(v).rings_at_once, v.measured_step_s * 1e3, overlapped(v).samples_per_s / v.samples_per_s);

@@ -636,6 +636,12 @@ TEST_CASE("bench train --cluster runs all four layouts with synthetic compute an
   CHECK(j["lora_targets"] == nlohmann::json::array({"self_attn.q_proj", "self_attn.v_proj"}));
   // The bench model: 8 blocks of width 128, q and v 128 wide: A [4, 128] and B [128, 4] each.
   CHECK(j["lora_adapter_values"] == 8 * 2 * (4 * 128 + 128 * 4));
+  // The planner's own plan for the adapter, run with its modelled compute.
+  REQUIRE(j["lora_plan"].is_object());
+  CHECK(j["lora_plan"]["pp"].get<int>() * j["lora_plan"]["dp"].get<int>() >= 1);
+  CHECK(j["lora_plan"]["predicted_step_s"].get<double>() > 0);
+  CHECK(j["lora_plan"]["measured_step_s"].get<double>() > 0);
+  CHECK(j["lora_plan"]["vs_planner_full"].get<double>() > 0);
   CHECK(j.contains("planner_vs_holmes"));
   // The baseline of the rings side by side: the planner's and all-IB's
   // layouts, where they have data-parallel groups, with one bucket's ring
