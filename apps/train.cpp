@@ -21,6 +21,7 @@
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
+#include "model/fingerprint.hpp"
 #include "model/lora.hpp"
 #include "model/optimizer.hpp"
 #include "model/stage.hpp"
@@ -131,35 +132,29 @@ std::string frozen_model_digest(const fs::path& dir) {
     if (it->path().extension() == ".safetensors" && it->is_regular_file(ec)) files.push_back(it->path());
   std::sort(files.begin(), files.end());
   if (files.empty()) throw model_error(dir.string() + " holds no weights (no .safetensors file)");
-  std::uint64_t h = 14695981039346656037ull;
-  auto mix = [&h](const char* p, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ull;
-  };
+  fingerprint h;
   std::vector<char> buf(4096);
   for (const fs::path& f : files) {
     const std::string name = f.filename().string();
     const std::uint64_t size = fs::file_size(f);
-    mix(name.c_str(), name.size() + 1);
-    mix(reinterpret_cast<const char*>(&size), sizeof size);
+    h.mix(name.c_str(), name.size() + 1);
+    h.mix(&size, sizeof size);
     std::ifstream in(f, std::ios::binary);
     std::uint64_t header = 0;
     in.read(reinterpret_cast<char*>(&header), sizeof header);
     if (!in || header > size - sizeof header) throw model_error(f.string() + " is not a safetensors file");
     std::vector<char> text(static_cast<std::size_t>(std::min<std::uint64_t>(header, 1 << 24)));
     in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    mix(text.data(), static_cast<std::size_t>(in.gcount()));
+    h.mix(text.data(), static_cast<std::size_t>(in.gcount()));
     const std::uint64_t values = sizeof header + header, span = size - values;
     for (int k = 0; k < 16 && span > 0; ++k) {
       in.clear();
       in.seekg(static_cast<std::streamoff>(values + span * static_cast<std::uint64_t>(k) / 16));
       in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      mix(buf.data(), static_cast<std::size_t>(in.gcount()));
+      h.mix(buf.data(), static_cast<std::size_t>(in.gcount()));
     }
   }
-  static const char* const hex = "0123456789abcdef";
-  std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<std::size_t>(i)] = hex[h & 15];
-  return out;
+  return h.hex();
 }
 
 void check_frozen_model(const fs::path& dir, const dist_lora& l) {
@@ -171,15 +166,9 @@ void check_frozen_model(const fs::path& dir, const dist_lora& l) {
                       ") is not the frozen model this LoRA job trains beside (" + l.base_digest + ")");
 }
 
-double lora_block_values(const train_args& a, const model_config& cfg) {
-  lora_config c;
-  if (!a.adapter.empty())
-    c = lora_adapter::load(a.adapter, cfg, cpu_backend()).config();
-  else if (a.lora_rank > 0)
-    c = lora_config_of(a);
-  else
-    return 0;
-  return static_cast<double>(lora_adapter::zeros(cfg, c).numel()) / cfg.n_layers;
+double lora_block_values(const model_config& cfg, const std::optional<dist_lora>& lora) {
+  if (!lora) return 0;
+  return static_cast<double>(lora_adapter::zeros(cfg, lora->config).numel()) / cfg.n_layers;
 }
 
 std::optional<dist_lora> dist_lora_of(const train_args& a, const model_config& cfg) {

@@ -309,11 +309,11 @@ struct planned_cluster {
   schedule::plan plan;
 };
 
-planned_cluster plan_cluster(const train_args& a, const model_config& cfg) {
+planned_cluster plan_cluster(const train_args& a, const model_config& cfg, double lora_block_params) {
   planned_cluster p{load_cluster_file(a.cluster), {}, {}};
   const schedule::cluster_members members(p.cluster, {a.standby.begin(), a.standby.end()});
   p.present = members.present();
-  p.plan = plan_on(a, cfg, p.present, a.pp, a.dp);
+  p.plan = plan_on(a, cfg, p.present, a.pp, a.dp, lora_block_params);
   if (!p.plan.feasible) throw std::invalid_argument("no feasible plan on " + a.cluster + ": " + p.plan.reason);
   return p;
 }
@@ -338,11 +338,11 @@ schedule::training_setup training_setup_of(const train_args& a) {
 }
 
 schedule::plan plan_on(const train_args& a, const model_config& cfg, const schedule::cluster_description& cluster,
-                       int pp, int dp) {
+                       int pp, int dp, double lora_block_params) {
   schedule::training_setup setup = training_setup_of(a);
   setup.pp = pp;
   setup.dp = dp;
-  setup.lora_block_params = lora_block_values(a, cfg);  // a LoRA job trains (and reduces) its adapter only
+  setup.lora_block_params = lora_block_params;  // a LoRA job trains (and reduces) its adapter only
   setup.validate(cfg);
   return schedule::make_plan(cluster, cfg, setup).best;
 }
@@ -400,6 +400,7 @@ int run_distributed_train(train_args a) {
     return run_rank(a, job, cfg);
   }
   dist_train_options o;
+  o.lora = dist_lora_of(a, cfg);  // before planning: a LoRA job is priced as one
   std::optional<planned_cluster> planned;
   if (!a.standby.empty() && a.cluster.empty())
     throw std::invalid_argument("--standby names workers of a --cluster file: add --cluster");
@@ -407,7 +408,7 @@ int run_distributed_train(train_args a) {
     if (a.chunks != 1) throw std::invalid_argument("--chunks is not planned for a --cluster yet: use --pp/--dp");
     if (!a.standby.empty() && !a.elastic)
       throw std::invalid_argument("--standby names workers that join an --elastic job later: add --elastic");
-    planned = plan_cluster(a, cfg);
+    planned = plan_cluster(a, cfg, lora_block_values(cfg, o.lora));
     use_plan(planned->present, planned->plan, o, a.link_profile);
   } else {
     const int pp = a.pp > 0 ? a.pp : 1;
@@ -468,7 +469,6 @@ int run_distributed_train(train_args a) {
   o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000));
   o.hang_s = a.hang_s;
   o.rings_at_once = a.rings_at_once;
-  o.lora = dist_lora_of(a, cfg);
   if (a.seq > cfg.max_positions)
     throw std::invalid_argument("--seq " + std::to_string(a.seq) + " is longer than the model's context (" +
                                 std::to_string(cfg.max_positions) + ")");

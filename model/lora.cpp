@@ -14,6 +14,7 @@
 #include "model/block.hpp"
 #include "model/block_ops.hpp"
 #include "model/error.hpp"
+#include "model/fingerprint.hpp"
 #include "model/json_file.hpp"
 #include "model/safetensors.hpp"
 #include "model/transformer.hpp"
@@ -384,21 +385,14 @@ span_lora lora_adapter::training_factors(Backend& be, dtype t, int first, int n)
 }
 
 std::string lora_adapter::digest() const {
-  std::uint64_t h = 14695981039346656037ull;  // FNV-1a 64
-  const auto mix = [&](const void* data, std::size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  };
-  mix(&config_.rank, sizeof config_.rank);
-  mix(&config_.alpha, sizeof config_.alpha);
+  fingerprint f;
+  f.mix(&config_.rank, sizeof config_.rank);
+  f.mix(&config_.alpha, sizeof config_.alpha);
   const unsigned char rs = config_.rslora ? 1 : 0;
-  mix(&rs, 1);
-  for (const lora_module& m : modules_) mix(m.path.data(), m.path.size() + 1);
-  for (const param_set& p : blocks_) mix(p.flat().raw(), p.flat().nbytes());
-  static const char* const hex = "0123456789abcdef";
-  std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<std::size_t>(i)] = hex[h & 15];
-  return out;
+  f.mix(&rs, 1);
+  for (const lora_module& m : modules_) f.mix(m.path.data(), m.path.size() + 1);
+  for (const param_set& p : blocks_) f.mix(p.flat().raw(), p.flat().nbytes());
+  return f.hex();
 }
 
 void lora_adapter::apply(const model_config& cfg, int layer, param_set& w) const {
