@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -288,18 +289,24 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
   auto& st = self->state;
   auto b = decode_span_batch(m.body);
   if (!b) return rp.deliver(b.error());
-  const std::size_t want = (backward ? 2 : 1) + (b->with_prompts ? 1 : 0);
+  // hidden (and for a backward the output gradient), the prompts, then a
+  // carried adapter's values (the engine checks them against its blocks).
+  const std::size_t want = (backward ? 2 : 1) + (b->with_prompts ? 1 : 0) + (b->lora ? 1 : 0);
   if (m.tensors.size() != want)
     return rp.deliver(make_error(errc::bad_message, std::string(backward ? "span.backward" : "span.forward") +
                                                         " expects " + std::to_string(want) + " tensors, got " +
                                                         std::to_string(m.tensors.size())));
-  const Tensor prompts = b->with_prompts ? m.tensors.back() : Tensor();
+  const std::size_t prompts_at = backward ? 2 : 1;
+  const Tensor prompts = b->with_prompts ? m.tensors[prompts_at] : Tensor();
+  std::optional<lora_span_values> carried;
+  if (b->lora) carried = lora_span_values{*b->lora, m.tensors.back()};
+  const lora_span_values* lora = carried ? &*carried : nullptr;
   const auto t0 = clock_type::now();
   auto took = [&] { return std::chrono::duration<double>(clock_type::now() - t0).count(); };
   if (!backward) {
     std::vector<float> margins;
     auto out = st.engine->forward(m.tensors[0], b->batch, b->seq, prompts, b->first, b->last,
-                                  b->with_margins ? &margins : nullptr, b->adapter);
+                                  b->with_margins ? &margins : nullptr, b->adapter, lora);
     ++st.stats.forward_passes;
     st.stats.forward_seconds.observe(took());
     if (!out) {
@@ -311,7 +318,8 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
     if (b->with_margins) tensors.push_back(Tensor::from_f32(margins, {static_cast<std::int64_t>(margins.size())}));
     return rp.deliver(answer(span_request::forward, {}, std::move(tensors)));
   }
-  auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts, b->first, b->last, b->adapter);
+  auto g = st.engine->backward(m.tensors[0], m.tensors[1], b->batch, b->seq, prompts, b->first, b->last, b->adapter,
+                               lora);
   ++st.stats.backward_passes;
   st.stats.backward_seconds.observe(took());
   if (!g) {
@@ -319,15 +327,18 @@ void on_stateless(span_server_actor* self, remote_message& m, caf::response_prom
     return rp.deliver(to_caf(g.error()));
   }
   if (st.corrupt) {  // wrong gradients too (faultlab's corrupt)
+    const auto corrupt_rows = [&](Tensor& t) {
+      const shape_t shape = t.shape();
+      const std::int64_t width = shape.back();
+      t = corrupted_copy(t.view({t.numel() / width, width}), st.stats.backward_passes).view(shape);
+    };
     g->grad_input = corrupted_copy(g->grad_input, st.stats.backward_passes);
-    if (g->grad_prompts.defined()) {
-      const shape_t shape = g->grad_prompts.shape();
-      g->grad_prompts = corrupted_copy(g->grad_prompts.view({shape[0] * shape[1], shape[2]}), st.stats.backward_passes)
-                            .view(shape);
-    }
+    if (g->grad_prompts.defined()) corrupt_rows(g->grad_prompts);
+    if (g->grad_lora.defined()) corrupt_rows(g->grad_lora);
   }
   std::vector<Tensor> tensors{std::move(g->grad_input)};
   if (g->grad_prompts.defined()) tensors.push_back(std::move(g->grad_prompts));
+  if (g->grad_lora.defined()) tensors.push_back(std::move(g->grad_lora));
   rp.deliver(answer(span_request::backward, {}, std::move(tensors)));
 }
 

@@ -21,14 +21,20 @@ caf::expected<remote_message> swarm_span_runner::call(const hop_state& h, const 
                                                       bool margins) {
   remote_message m;
   m.type = type;
-  m.body = encode_body(span_batch{.batch = batch_,
-                                  .seq = seq_,
-                                  .with_prompts = true,
-                                  .first = h.hop.start,
-                                  .last = h.hop.end,
-                                  .with_margins = margins,
-                                  .adapter = client_.adapter_name()});
-  tensors.push_back(prompts_.slice(h.hop.start, h.hop.end));
+  span_batch b{.batch = batch_,
+               .seq = seq_,
+               .with_prompts = prompts_.defined(),
+               .first = h.hop.start,
+               .last = h.hop.end,
+               .with_margins = margins,
+               .adapter = client_.adapter_name()};
+  if (prompts_.defined()) tensors.push_back(prompts_.slice(h.hop.start, h.hop.end));
+  if (adapter_) {
+    // The client's adapter goes with every request: the servers keep nothing.
+    b.lora = adapter_->config();
+    tensors.push_back(adapter_->span_values(h.hop.start, h.hop.end - h.hop.start));
+  }
+  m.body = encode_body(b);
   m.tensors = std::move(tensors);
   // A backward recomputes the forward: both grow with the rows.
   const auto timeout = client_.options().request_timeout * (1 + h.input.dim(0) / 256);
@@ -64,17 +70,16 @@ std::size_t swarm_span_runner::replace(std::size_t i, const caf::error& cause, i
 
 namespace {
 
-/// A backward's answer as one [rows, D] tensor for a spot check: the input
-/// gradient's rows, then the prompt gradients' [blocks * P] rows.
-caf::expected<Tensor> backward_rows(caf::expected<remote_message> r, const Tensor& g, std::int64_t prompt_rows) {
-  if (!r) return r.error();
-  if (r->tensors.size() != 2 || r->tensors[0].shape() != g.shape() ||
-      r->tensors[1].numel() != prompt_rows * g.dim(1))
-    return make_error(errc::bad_message, "a backward answered with tensors of other shapes");
-  Tensor rows = Tensor::empty({g.dim(0) + prompt_rows, g.dim(1)});
-  rows.slice(0, g.dim(0)).copy_from(r->tensors[0]);
-  rows.slice(g.dim(0), g.dim(0) + prompt_rows).copy_from(r->tensors[1].view({prompt_rows, g.dim(1)}));
-  return rows;
+/// Whether a backward's answer holds what was asked of hop [start, end): the
+/// input gradient of g's shape, the prompts' [blocks, P, D] gradient when
+/// `prompts` is defined, and `lora` gradient values of the adapter (0: none).
+bool backward_fits(const remote_message& r, const Tensor& g, const Tensor& prompts, int start, int end,
+                   std::int64_t lora) {
+  const std::size_t want = 1 + (prompts.defined() ? 1 : 0) + (lora > 0 ? 1 : 0);
+  if (r.tensors.size() != want || r.tensors[0].shape() != g.shape()) return false;
+  if (prompts.defined() && r.tensors[1].shape() != shape_t{end - start, prompts.dim(1), prompts.dim(2)}) return false;
+  if (lora > 0 && r.tensors.back().shape() != shape_t{lora}) return false;
+  return std::all_of(r.tensors.begin(), r.tensors.end(), [](const Tensor& t) { return t.type() == dtype::f32; });
 }
 
 caf::error wrong_output() {
@@ -119,14 +124,17 @@ std::pair<std::size_t, Tensor> swarm_span_runner::run_forward(std::size_t from, 
   return {to, std::move(x)};
 }
 
-Tensor swarm_span_runner::forward(const Tensor& hidden, int batch, int seq, const Tensor& deep_prompts) {
-  const int n_blocks = static_cast<int>(deep_prompts.dim(0));
+Tensor swarm_span_runner::forward(const Tensor& hidden, int batch, int seq, const Tensor& deep_prompts,
+                                  lora_adapter* adapter) {
+  if (!deep_prompts.defined() && !adapter) throw std::invalid_argument("a forward needs prompts or an adapter to tune");
+  const int n_blocks = deep_prompts.defined() ? static_cast<int>(deep_prompts.dim(0)) : adapter->n_layers();
   client_.expect_shape(n_blocks, static_cast<int>(hidden.dim(1)));
   if (!client_.refreshed())
     if (auto e = client_.refresh()) throw std::runtime_error(error_message(e));
   batch_ = batch;
   seq_ = seq;
   prompts_ = deep_prompts;
+  adapter_ = adapter;
   hops_.clear();
   auto r = client_.throughput_route(0, n_blocks, {}, rng_);
   if (!r) {  // servers that joined or came back since
@@ -141,30 +149,34 @@ Tensor swarm_span_runner::forward(const Tensor& hidden, int batch, int seq, cons
 span_gradients swarm_span_runner::backward(const Tensor& grad_output) {
   if (hops_.empty()) throw std::runtime_error("backward without a forward");
   span_gradients out;
-  out.grad_prompts = Tensor::empty(prompts_.shape());
+  if (prompts_.defined()) out.grad_prompts = Tensor::empty(prompts_.shape());
+  // The adapter's gradient values, block after block (lora_adapter::span_values).
+  const std::int64_t per_block = adapter_ ? adapter_->block_numel() : 0;
+  if (adapter_) out.grad_lora = Tensor::empty({per_block * adapter_->n_layers()});
   Tensor g = grad_output;
   for (std::size_t i = hops_.size(); i-- > 0;) {
     for (int attempt = 0;; ++attempt) {
       const hop_state& h = hops_[i];
+      const std::int64_t lora = per_block * (h.hop.end - h.hop.start);
+      const auto fits = [&](const caf::expected<remote_message>& r) {
+        return r && backward_fits(*r, g, prompts_, h.hop.start, h.hop.end, lora);
+      };
       auto r = call(h, span_request::backward, {h.input, g});
-      const std::int64_t blocks = h.hop.end - h.hop.start;
       caf::error e;
-      if (r && r->tensors.size() == 2 && r->tensors[0].shape() == g.shape() &&
-          r->tensors[1].shape() == shape_t{blocks, prompts_.dim(1), prompts_.dim(2)}) {
-        // Spot check: both gradients against another server's backward.
+      if (fits(r)) {
+        // Spot check: every gradient against another server's backward.
         bool right = true;
-        if (client_.should_spot_check(h.hop.server)) {
-          const std::int64_t prompt_rows = blocks * prompts_.dim(1);
-          auto mine = backward_rows(*r, g, prompt_rows);
-          right = !mine || client_.spot_check(h.hop, *mine, [&](const std::string& other) -> caf::expected<spot_opinion> {
+        if (client_.should_spot_check(h.hop.server))
+          right = client_.spot_check(h.hop, spot_check_rows(r->tensors), [&](const std::string& other) -> caf::expected<spot_opinion> {
             hop_state c{{other, h.hop.start, h.hop.end}, h.input};
-            auto rows = backward_rows(call(c, span_request::backward, {h.input, g}), g, prompt_rows);
-            if (!rows) return rows.error();
-            return spot_opinion{std::move(*rows), {}};  // gradients: no routing margins
+            auto z = call(c, span_request::backward, {h.input, g});
+            if (!z) return z.error();
+            if (!fits(z)) return make_error(errc::bad_message, "a backward answered with tensors of other shapes");
+            return spot_opinion{spot_check_rows(z->tensors), {}};  // gradients: no routing margins
           });
-        }
         if (right) {
-          out.grad_prompts.slice(h.hop.start, h.hop.end).copy_from(r->tensors[1]);
+          if (prompts_.defined()) out.grad_prompts.slice(h.hop.start, h.hop.end).copy_from(r->tensors[1]);
+          if (adapter_) out.grad_lora.slice(per_block * h.hop.start, per_block * h.hop.end).copy_from(r->tensors.back());
           g = std::move(r->tensors[0]);
           break;
         }
@@ -185,6 +197,19 @@ span_gradients swarm_span_runner::backward(const Tensor& grad_output) {
     }
   }
   out.grad_input = std::move(g);
+  return out;
+}
+
+Tensor spot_check_rows(const std::vector<Tensor>& answer) {
+  const std::int64_t D = answer.at(0).dim(1);
+  std::int64_t rows = 0;
+  for (const Tensor& t : answer) rows += (t.numel() + D - 1) / D;
+  Tensor out = Tensor::zeros({rows, D});
+  float* dst = out.data<float>();
+  for (const Tensor& t : answer) {  // f32 (backward_fits), contiguous
+    std::copy_n(t.data<float>(), t.numel(), dst);
+    dst += (t.numel() + D - 1) / D * D;  // the next starts a row of its own
+  }
   return out;
 }
 

@@ -3,10 +3,11 @@
 // fine-tuning client).
 //
 // forward() draws a route over [0, n_blocks) (a random server per span,
-// weighted by throughput) and sends each hop its input and its blocks'
-// slice of the deep prompts, keeping every hop's input; backward() walks
+// weighted by throughput) and sends each hop its input, its blocks' slice
+// of the deep prompts and its blocks' part of the client's LoRA adapter
+// (when tuned: SpanBatch.lora*), keeping every hop's input; backward() walks
 // the same hops in reverse with the loss gradient and collects the input
-// gradients and the prompts' gradients. Nothing is stored on the servers,
+// gradients and the prompts' and adapter's gradients. Nothing is stored on the servers,
 // so recovering from a failed hop is rerouting its blocks (the failed
 // server excluded for that attempt) and sending the same request again; a
 // hop that fails in backward is replaced and its new hops' inputs are
@@ -35,7 +36,8 @@ class swarm_span_runner final : public span_runner {
   /// `seed` drives the route choices.
   swarm_span_runner(swarm_client& client, std::uint64_t seed = 0);
 
-  Tensor forward(const Tensor& hidden, int batch, int seq, const Tensor& deep_prompts) override;
+  Tensor forward(const Tensor& hidden, int batch, int seq, const Tensor& deep_prompts,
+                 lora_adapter* adapter = nullptr) override;
   span_gradients backward(const Tensor& grad_output) override;
 
   /// The hops of the last forward (after any replacements).
@@ -64,8 +66,17 @@ class swarm_span_runner final : public span_runner {
   std::mt19937_64 rng_;
   std::vector<hop_state> hops_;
   Tensor prompts_;
+  lora_adapter* adapter_ = nullptr;  ///< the client's, sent with each request (its blocks' part)
   int batch_ = 0, seq_ = 0;
   int failovers_ = 0;
 };
+
+/// A backward's answer (f32 tensors, the first [rows, D]: the input
+/// gradient; then the prompts' and the adapter's gradients, any shape) as
+/// one [rows', D] tensor for a spot check's row-by-row comparison: each
+/// tensor's values in rows of D, each tensor starting a row of its own (its
+/// last row padded with zeros), so every gradient is compared, relative to
+/// values of its own.
+Tensor spot_check_rows(const std::vector<Tensor>& answer);
 
 }  // namespace corolla

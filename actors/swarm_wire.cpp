@@ -107,6 +107,13 @@ std::vector<std::uint8_t> encode_body(const span_batch& v) {
   r.setLast(v.last);
   r.setWithMargins(v.with_margins);
   r.setAdapter(v.adapter);
+  if (v.lora) {
+    r.setLoraRank(v.lora->rank);
+    r.setLoraAlpha(v.lora->alpha);
+    r.setLoraRslora(v.lora->rslora);
+    auto targets = r.initLoraTargets(static_cast<unsigned>(v.lora->targets.size()));
+    for (unsigned i = 0; i < targets.size(); ++i) targets.set(i, v.lora->targets[i]);
+  }
   return flat(b);
 }
 
@@ -196,8 +203,20 @@ caf::expected<span_close> decode_span_close(const std::vector<std::uint8_t>& bod
 
 caf::expected<span_batch> decode_span_batch(const std::vector<std::uint8_t>& body) {
   return decode<wire::SpanBatch>(body, "span.forward/backward", [](wire::SpanBatch::Reader r) {
-    return span_batch{r.getBatch(), r.getSeq(), r.getWithPrompts(), r.getFirst(), r.getLast(), r.getWithMargins(),
-                      text(r.getAdapter(), "adapter name")};
+    span_batch v{r.getBatch(), r.getSeq(), r.getWithPrompts(), r.getFirst(), r.getLast(), r.getWithMargins(),
+                 text(r.getAdapter(), "adapter name")};
+    if (r.getLoraRank() != 0) {
+      if (r.getLoraTargets().size() > max_carried_lora_targets)
+        throw std::invalid_argument(std::to_string(r.getLoraTargets().size()) + " LoRA targets (at most " +
+                                    std::to_string(max_carried_lora_targets) + ")");
+      lora_config c;
+      c.rank = r.getLoraRank();
+      c.alpha = r.getLoraAlpha();
+      c.rslora = r.getLoraRslora();
+      for (auto t : r.getLoraTargets()) c.targets.push_back(text(t, "LoRA target"));
+      v.lora = std::move(c);
+    }
+    return v;
   });
 }
 

@@ -6,10 +6,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <caf/expected.hpp>
+
+#include "model/lora.hpp"
 
 namespace corolla {
 
@@ -123,7 +126,13 @@ struct span_batch {
   bool with_margins = false;
   /// Compute with this LoRA adapter (one of span_info::adapters); "" = none.
   std::string adapter{};
+  /// The client's own adapter, carried (its tensors follow the request's
+  /// others: lora_span_values); not with `adapter`.
+  std::optional<lora_config> lora{};
 };
+
+/// Most target names a carried adapter's config may list on the wire.
+inline constexpr std::size_t max_carried_lora_targets = 8;
 
 std::vector<std::uint8_t> encode_body(const span_info& v);
 std::vector<std::uint8_t> encode_body(const span_open& v);

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -42,6 +43,7 @@
 #include "apps/scratch_dir.hpp"
 #include "kernels/backend.hpp"
 #include "model/generator.hpp"
+#include "model/lora.hpp"
 #include "model/prompt_tuning.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
@@ -284,11 +286,19 @@ int run_bench_swarm(const swarm_bench_options& o) {
   // Deep prompt tuning with local blocks, on the same cores as local decode.
   std::fprintf(stderr, "bench swarm: local prompt tuning...\n");
   const fs::path model_dir = dir;
-  auto tune_steps_per_s = [&](span_runner& runner) {
+  // With `lora`: a rank-8 LoRA adapter of q and v (c_attn) alone instead
+  // of the prompts, its factors carried by every request.
+  lora_config lc;
+  lc.rank = 8;
+  lc.alpha = 16.0f;
+  const std::int64_t lora_values = lora_adapter::zeros(cfg, lc).numel();
+  auto tune_steps_per_s = [&](span_runner& runner, bool lora = false) {
     head h = head::load(checkpoint::open(model_dir), cfg, cpu_backend());
     prompt_tuning_options to;
-    to.prompt_len = o.tune_prompt_len;
-    prompt_tuner tuner(h, runner, to);
+    to.prompt_len = lora ? 0 : o.tune_prompt_len;
+    std::optional<lora_adapter> adapter;
+    if (lora) adapter.emplace(lora_adapter::init(cfg, lc, o.seed, cpu_backend()));
+    prompt_tuner tuner(h, runner, to, adapter ? &*adapter : nullptr);
     std::vector<std::int32_t> ids(static_cast<std::size_t>(o.tune_batch) * o.tune_seq), targets(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
       ids[i] = static_cast<std::int32_t>(rng() % cfg.vocab_size);
@@ -299,11 +309,12 @@ int run_bench_swarm(const swarm_bench_options& o) {
     for (int s = 0; s < o.tune_steps; ++s) tuner.step(ids, targets, o.tune_batch, o.tune_seq);
     return o.tune_steps / std::chrono::duration<double>(clock_type::now() - t0).count();
   };
-  double local_tune_sps = 0;
+  double local_tune_sps = 0, local_lora_sps = 0;
   {
     span_engine blocks = span_engine::load(checkpoint::open(dir), cfg, 0, cfg.n_layers, cpu_backend(), 16);
     local_span_runner runner(blocks);
     local_tune_sps = tune_steps_per_s(runner);
+    local_lora_sps = tune_steps_per_s(runner, true);
   }
 
   // The servers share this machine, and in a chain one computes at a time:
@@ -338,7 +349,7 @@ int run_bench_swarm(const swarm_bench_options& o) {
     lan_carried_sps = steps_per_s(carried.result);
     equal = r.result.tokens == local_run.tokens && carried.result.tokens == local_run.tokens;
     // Prompt tuning through the same chain.
-    double swarm_tune_sps = 0;
+    double swarm_tune_sps = 0, swarm_lora_sps = 0;
     {
       node_options no;
       no.listen = "";
@@ -349,16 +360,29 @@ int run_bench_swarm(const swarm_bench_options& o) {
       swarm_client client(**n, so);
       swarm_span_runner runner(client, o.seed);
       swarm_tune_sps = tune_steps_per_s(runner);
+      swarm_lora_sps = tune_steps_per_s(runner, true);
     }
     j["finetune"] = {{"local_steps_per_s", local_tune_sps},
                      {"swarm_steps_per_s", swarm_tune_sps},
                      {"ratio_to_local", swarm_tune_sps / local_tune_sps},
                      {"batch", o.tune_batch},
                      {"seq", o.tune_seq},
-                     {"prompt_len", o.tune_prompt_len}};
-    tune_line = fmt::format("deep prompt tuning (B={}, T={}, P={}): local {:.2f} steps/s, chain {:.2f} steps/s, ratio {:.3f}",
+                     {"prompt_len", o.tune_prompt_len},
+                     {"lora",
+                      {{"rank", lc.rank},
+                       {"adapter_values", lora_values},
+                       // each step's requests carry the factors (forward, backward) and answer their gradients
+                       {"carried_bytes_per_step", 3 * 4 * lora_values},
+                       {"local_steps_per_s", local_lora_sps},
+                       {"swarm_steps_per_s", swarm_lora_sps},
+                       {"ratio_to_local", swarm_lora_sps / local_lora_sps},
+                       {"ratio_to_prompt_tuning", swarm_lora_sps / swarm_tune_sps}}}};
+    tune_line = fmt::format("deep prompt tuning (B={}, T={}, P={}): local {:.2f} steps/s, chain {:.2f} steps/s, ratio {:.3f}\n"
+                            "LoRA r {} of q, v ({} values carried each way): local {:.2f} steps/s, chain {:.2f} steps/s, "
+                            "ratio {:.3f} (to prompt tuning on the chain {:.3f})",
                             o.tune_batch, o.tune_seq, o.tune_prompt_len, local_tune_sps, swarm_tune_sps,
-                            swarm_tune_sps / local_tune_sps);
+                            swarm_tune_sps / local_tune_sps, lc.rank, lora_values, local_lora_sps, swarm_lora_sps,
+                            swarm_lora_sps / local_lora_sps, swarm_lora_sps / swarm_tune_sps);
     j["lan"] = {{"steps_per_s", lan_sps},
                 {"ratio_to_local", lan_sps / local_sps},
                 {"client_carried_steps_per_s", lan_carried_sps},

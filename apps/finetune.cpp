@@ -1,12 +1,17 @@
-// corolla finetune — prompt tuning (deep or shallow) of a frozen model whose
-// blocks run on a swarm (span.forward / span.backward through
-// max-throughput routes), or locally with --local (the reference the swarm
-// run must equal). The client loads only the head; the prompts and their
-// AdamW state live here (model/prompt_tuning.hpp, actors/swarm_finetune.hpp).
+// corolla finetune — prompt tuning (deep or shallow) and/or a LoRA adapter
+// of a frozen model whose blocks run on a swarm (span.forward /
+// span.backward through max-throughput routes), or locally with --local
+// (the reference the swarm run must equal). The client loads only the
+// head; the prompts, the adapter and their AdamW state live here, and each
+// request carries its blocks' part of the adapter (model/prompt_tuning.hpp,
+// actors/swarm_finetune.hpp).
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -20,6 +25,7 @@
 #include "model/config.hpp"
 #include "model/error.hpp"
 #include "model/head.hpp"
+#include "model/lora.hpp"
 #include "model/optimizer.hpp"
 #include "model/prompt_tuning.hpp"
 #include "model/safetensors.hpp"
@@ -38,7 +44,13 @@ struct finetune_options {
   int batch = 4;
   int seq = 64;
   int prompt_len = 16;
-  std::string tuning = "deep";
+  std::string tuning;  ///< deep, shallow or none; "" = deep, or none beside an adapter
+  int lora_rank = 0;
+  float lora_alpha = 0.0f;  ///< 0 = the rank
+  std::vector<std::string> lora_targets;
+  bool lora_rslora = false;
+  std::string adapter;       ///< train on from this PEFT directory
+  std::string save_adapter;  ///< write the trained adapter here
   float lr = 1e-2f;
   std::uint64_t seed = 0;
   std::string save;
@@ -48,14 +60,41 @@ struct finetune_options {
   std::string device = "auto";  ///< --device: where --local's blocks run
 };
 
+/// What trains: the prompts (`tuning`, with "" resolved) and/or an adapter;
+/// the flags' combinations checked before anything loads.
+std::string check_tuning(const finetune_options& o) {
+  const bool lora = o.lora_rank != 0 || !o.adapter.empty();
+  if (!lora && (o.lora_alpha != 0.0f || !o.lora_targets.empty() || o.lora_rslora))
+    throw std::invalid_argument("--lora-alpha, --lora-targets and --lora-rslora shape an adapter: add --lora-rank R");
+  if (o.lora_rank != 0 && !o.adapter.empty())
+    throw std::invalid_argument("--lora-rank makes a new adapter and --adapter trains on a saved one: give one of them");
+  if (!o.adapter.empty() && (o.lora_alpha != 0.0f || !o.lora_targets.empty() || o.lora_rslora))
+    throw std::invalid_argument("--adapter trains on with the saved adapter's own alpha and targets: drop "
+                                "--lora-alpha, --lora-targets and --lora-rslora");
+  if (o.lora_rank > max_carried_lora_rank)
+    throw std::invalid_argument("--lora-rank " + std::to_string(o.lora_rank) + ": servers take adapters of rank at most " +
+                                std::to_string(max_carried_lora_rank));
+  const std::string tuning = o.tuning.empty() ? (lora ? "none" : "deep") : o.tuning;
+  if (tuning != "deep" && tuning != "shallow" && tuning != "none")
+    throw std::invalid_argument("--tuning must be deep, shallow or none, got '" + o.tuning + "'");
+  if (tuning == "none" && !lora)
+    throw std::invalid_argument("--tuning none trains no prompts: add --lora-rank R or --adapter DIR to train an adapter");
+  if (!o.save_adapter.empty() && !lora)
+    throw std::invalid_argument("--save-adapter writes a trained LoRA adapter: add --lora-rank R or --adapter DIR");
+  if (!o.save.empty() && tuning == "none")
+    throw std::invalid_argument("--save writes trained prompts and none train (--tuning none): --save-adapter DIR "
+                                "writes the adapter");
+  return tuning;
+}
+
 int run_finetune(const finetune_options& o) {
   apply_common_options(o.threads, o.log_level);
+  const std::string tuning = check_tuning(o);
   if (!o.save.empty()) check_output_file(o.save, "--save");
+  if (!o.save_adapter.empty()) check_output_dir(o.save_adapter, "--save-adapter");
   if (o.local == o.swarm.given())
     throw std::invalid_argument("give exactly one of --swarm/--swarm-dht (blocks on the swarm) or --local");
   if (const std::string why = adamw_problem({.lr = o.lr}); !why.empty()) throw std::invalid_argument(why);
-  if (o.tuning != "deep" && o.tuning != "shallow")
-    throw std::invalid_argument("--tuning must be deep or shallow, got '" + o.tuning + "'");
   // auto with a swarm: the servers compute, nothing here needs a device
   const device where = o.device == "auto" && !o.local ? device{} : parse_device(o.device);
   if (where.kind != device_kind::cpu && !o.local)
@@ -64,6 +103,21 @@ int run_finetune(const finetune_options& o) {
   token_dataset data = open_data(o.data, o.model, cfg.vocab_size);
   const checkpoint ck = checkpoint::open(o.model);
   head h = head::load(ck, cfg, cpu_backend());
+  // The adapter lives here, on the host: the requests carry its factors.
+  std::optional<lora_adapter> adapter;
+  if (!o.adapter.empty()) {
+    adapter.emplace(lora_adapter::load(o.adapter, cfg, cpu_backend()));
+    if (adapter->config().rank > max_carried_lora_rank)
+      throw model_error(o.adapter + ": rank " + std::to_string(adapter->config().rank) +
+                        ", and servers take adapters of rank at most " + std::to_string(max_carried_lora_rank));
+  } else if (o.lora_rank != 0) {
+    lora_config c;
+    c.rank = o.lora_rank;
+    c.alpha = o.lora_alpha != 0.0f ? o.lora_alpha : static_cast<float>(o.lora_rank);
+    c.rslora = o.lora_rslora;
+    c.targets = o.lora_targets;
+    adapter.emplace(lora_adapter::init(cfg, c, o.seed, cpu_backend()));  // as corolla train --lora-rank draws it
+  }
 
   // The blocks: local (all of them, loaded here) or the swarm's.
   std::unique_ptr<span_engine> blocks;
@@ -84,11 +138,16 @@ int run_finetune(const finetune_options& o) {
   }
 
   prompt_tuning_options to;
-  to.prompt_len = o.prompt_len;
-  to.deep = o.tuning == "deep";
+  to.prompt_len = tuning == "none" ? 0 : o.prompt_len;
+  to.deep = tuning == "deep";
   to.optimizer.lr = o.lr;
   to.seed = o.seed;
-  prompt_tuner tuner(h, *runner, to);
+  prompt_tuner tuner(h, *runner, to, adapter ? &*adapter : nullptr);
+  if (adapter && !o.json)
+    std::fprintf(stderr, "training a LoRA adapter through the %s: r %d, alpha %g, %s; %lld parameters\n",
+                 o.local ? "local blocks" : "swarm", adapter->config().rank,
+                 static_cast<double>(adapter->config().alpha), adapter->config().targets_text().c_str(),
+                 static_cast<long long>(adapter->numel()));
   std::vector<std::int32_t> ids, targets;
   nlohmann::json losses = nlohmann::json::array();
   for (int s = 1; s <= o.steps; ++s) {
@@ -98,12 +157,14 @@ int run_finetune(const finetune_options& o) {
     if (!o.json) std::printf("step %d/%d loss %.6f\n", s, o.steps, static_cast<double>(loss));
     std::fflush(stdout);
   }
-  if (!o.save.empty()) {
-    // Diverged prompts are not saved over what the file holds.
+  if (!o.save.empty() || !o.save_adapter.empty()) {
+    // What diverged is not saved over what the files hold.
     if (!losses.empty() && !std::isfinite(losses.back().get<double>()))
-      throw model_error("the loss of step " + std::to_string(o.steps) + " is not finite: the prompts diverged and "
-                        "are not saved (" + o.save + " is unchanged)");
-    tuner.save(o.save);
+      throw model_error("the loss of step " + std::to_string(o.steps) + " is not finite: training diverged and "
+                        "nothing is saved (" + (o.save.empty() ? o.save_adapter : o.save) + " is unchanged)");
+    if (!o.save.empty()) tuner.save(o.save);
+    if (!o.save_adapter.empty())
+      adapter->save(o.save_adapter, std::filesystem::absolute(o.model).lexically_normal().string());
   }
   if (remote) {
     spdlog::info("finetune: last route {}; {} failover(s)", swarm::to_string(swarm::route{remote->route()}),
@@ -111,15 +172,24 @@ int run_finetune(const finetune_options& o) {
   }
   if (o.json) {
     nlohmann::json j{{"steps", o.steps},
-                     {"tuning", o.tuning},
-                     {"prompt_len", o.prompt_len},
+                     {"tuning", tuning},
+                     {"prompt_len", to.prompt_len},
                      {"blocks", o.local ? "local" : "swarm"},
                      {"losses", losses},
                      {"failovers", remote ? remote->failovers() : 0}};
     if (!o.save.empty()) j["saved"] = o.save;
+    if (adapter) {
+      j["adapter"] = {{"rank", adapter->config().rank},
+                      {"alpha", adapter->config().alpha},
+                      {"rslora", adapter->config().rslora},
+                      {"targets", adapter->config().targets},
+                      {"parameters", adapter->numel()}};
+      if (!o.save_adapter.empty()) j["adapter"]["saved"] = o.save_adapter;
+    }
     std::printf("%s\n", j.dump().c_str());
-  } else if (!o.save.empty()) {
-    std::printf("prompts saved to %s\n", o.save.c_str());
+  } else {
+    if (!o.save.empty()) std::printf("prompts saved to %s\n", o.save.c_str());
+    if (!o.save_adapter.empty()) std::printf("adapter saved to %s\n", o.save_adapter.c_str());
   }
   return 0;
 }
@@ -129,7 +199,8 @@ int run_finetune(const finetune_options& o) {
 void register_finetune(CLI::App& app, action_fn& action) {
   auto o = std::make_shared<finetune_options>();
   auto* cmd = app.add_subcommand(
-      "finetune", "Prompt-tune a frozen model whose blocks run on a swarm (or locally with --local)");
+      "finetune",
+      "Prompt-tune a frozen model, or train a LoRA adapter of it, with its blocks on a swarm (or locally with --local)");
   cmd->add_option("--model", o->model, "HuggingFace model directory (only the head is loaded with --swarm)")
       ->required();
   cmd->add_option("--data", o->data, "Training tokens: text, llm.c shard or raw uint16 .bin (as corolla train)")
@@ -142,10 +213,28 @@ void register_finetune(CLI::App& app, action_fn& action) {
   cmd->add_option("--prompt-len", o->prompt_len, "Trainable prefix positions per sequence")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--tuning", o->tuning, "deep (a prompt per block) or shallow (the input prefix only)")
-      ->capture_default_str();
+  cmd->add_option("--tuning", o->tuning,
+                  "deep (a prompt per block), shallow (the input prefix only) or none (no prompts: beside "
+                  "--lora-rank/--adapter; the default there)");
+  cmd->add_option("--lora-rank", o->lora_rank,
+                  "Train a LoRA adapter of rank R of the blocks too (the servers get its factors with each "
+                  "request and answer their gradients; the model stays frozen)")
+      ->check(CLI::Range(1, 65536));  // above the servers' limit: check_tuning says why
+  cmd->add_option("--lora-alpha", o->lora_alpha,
+                  "The adapter's alpha: its update is scaled by alpha / R (default: R, a scale of 1)")
+      ->check(CLI::Range(1e-6, 1e6));
+  cmd->add_option("--lora-targets", o->lora_targets,
+                  "Modules to adapt, comma-separated (q_proj, v_proj, ...; GPT-2: c_attn, c_proj, c_fc) or "
+                  "all-linear (default: q_proj,v_proj; GPT-2: c_attn)")
+      ->delimiter(',');
+  cmd->add_flag("--lora-rslora", o->lora_rslora, "Scale the adapter's update by alpha / sqrt(R) (rsLoRA)");
+  cmd->add_option("--adapter", o->adapter,
+                  "Train on from the LoRA adapter in DIR (a PEFT directory: its rank, alpha and targets)");
+  cmd->add_option("--save-adapter", o->save_adapter,
+                  "Write the trained adapter here (PEFT's layout: serve --adapter NAME=DIR serves it)")
+      ->check(non_empty());
   cmd->add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the prompts' initialisation and of route choices")
+  cmd->add_option("--seed", o->seed, "Seed of the prompts' and the new adapter's initialisation and of route choices")
       ->check(unsigned_integer())
       ->capture_default_str();
   cmd->add_option("--save", o->save, "Write the trained prompts here (safetensors, 'deep_prompts' [blocks, P, D])")

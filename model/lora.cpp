@@ -176,6 +176,32 @@ lora_adapter lora_adapter::init(const model_config& cfg, lora_config c, std::uin
   return a;
 }
 
+lora_adapter lora_adapter::of_span(const model_config& cfg, const lora_span_values& v, int n, Backend& be) {
+  check_config(v.config);
+  if (v.config.rank > max_carried_lora_rank)
+    throw model_error("a carried LoRA adapter's rank must be at most " + std::to_string(max_carried_lora_rank) +
+                      " (got " + std::to_string(v.config.rank) + ")");
+  if (n < 1) throw model_error("a carried LoRA adapter needs at least one block");
+  std::vector<lora_module> modules = lora_targets(cfg, v.config.targets);
+  // Checked before anything is allocated: the values bound what is made.
+  std::int64_t per_block = 0;
+  for (const auto& entry : block_layout_of(modules, v.config.rank)) per_block += shape_numel(entry.second);
+  const Tensor& t = v.values;
+  if (!t.defined() || t.type() != dtype::f32 || t.dev().kind != device_kind::cpu || t.shape().size() != 1 ||
+      t.numel() != per_block * n)
+    throw model_error("a carried LoRA adapter of rank " + std::to_string(v.config.rank) + " over " +
+                      std::to_string(n) + " blocks needs f32 [" + std::to_string(per_block * n) +
+                      "] on the host, got " +
+                      (t.defined() ? std::string(dtype_name(t.type())) + " " + shape_str(t.shape()) + " on " + t.dev().str()
+                                   : std::string("none")));
+  model_config span_cfg = cfg;
+  span_cfg.n_layers = n;
+  lora_adapter a(span_cfg, v.config, std::move(modules));
+  a.set_span_values(0, n, t);
+  for (param_set& p : a.blocks_) place_params(p, be);
+  return a;
+}
+
 lora_adapter lora_adapter::load(const std::filesystem::path& dir, const model_config& cfg, Backend& be) {
   const std::filesystem::path cfg_path = dir / config_file, w_path = dir / weights_file;
   std::error_code ec;
@@ -382,6 +408,48 @@ span_lora lora_adapter::training_factors(Backend& be, dtype t, int first, int n)
     be.copy(x, out);
     return out;
   });
+}
+
+std::int64_t lora_adapter::block_numel() const {
+  std::int64_t n = 0;
+  for (const auto& entry : block_layout_of(modules_, config_.rank)) n += shape_numel(entry.second);
+  return n;
+}
+
+Tensor lora_adapter::span_values(int first, int n, bool grads) {
+  check_blocks(first, n, n_layers());
+  if (grads && grads_.empty()) zero_grads();
+  const auto layout = block_layout_of(modules_, config_.rank);
+  Tensor out = Tensor::empty({block_numel() * n});
+  std::int64_t at = 0;
+  for (int i = first; i < first + n; ++i) {
+    const param_set& p = grads ? grads_.at(static_cast<std::size_t>(i)) : block(i);
+    for (const auto& entry : layout) {
+      const Tensor t = p.get(entry.first);
+      out.slice(at, at + t.numel()).view(t.shape()).copy_from(t);
+      at += t.numel();
+    }
+  }
+  return out;
+}
+
+void lora_adapter::set_span_values(int first, int n, const Tensor& flat, bool grads) {
+  check_blocks(first, n, n_layers());
+  if (flat.numel() != block_numel() * n)
+    throw model_error("LoRA: " + std::to_string(flat.numel()) + " values for " + std::to_string(n) +
+                      " blocks of " + std::to_string(block_numel()));
+  if (grads && grads_.empty()) zero_grads();
+  const auto layout = block_layout_of(modules_, config_.rank);
+  const Tensor src = flat.view({flat.numel()});
+  std::int64_t at = 0;
+  for (int i = first; i < first + n; ++i) {
+    param_set& p = grads ? grads_.at(static_cast<std::size_t>(i)) : block(i);
+    for (const auto& entry : layout) {
+      Tensor t = p.get(entry.first);
+      t.copy_from(src.slice(at, at + t.numel()).view(t.shape()));
+      at += t.numel();
+    }
+  }
 }
 
 std::string lora_adapter::digest() const {

@@ -95,6 +95,21 @@ std::vector<lora_module> lora_targets(const model_config& cfg, const std::vector
 /// target (lora_adapter::block's layout). Throws as lora_adapter::init.
 std::vector<std::pair<std::string, shape_t>> lora_block_layout(const model_config& cfg, const lora_config& c);
 
+/// Blocks of a client's own adapter carried by a stateless request (a
+/// fine-tuning client training it through a swarm's servers, Petals'
+/// client-side trainable parameters): its config, and one f32 host tensor
+/// [values] holding, block after block, the tensors lora_block_layout lists
+/// in its order (lora_adapter::span_values). One tensor whatever the
+/// blocks and targets: a message carries at most 64.
+struct lora_span_values {
+  lora_config config;
+  Tensor values;
+};
+
+/// The highest rank a server takes in a client's carried adapter: its
+/// factors for one 7B-wide block at all-linear are then ~40 MB.
+inline constexpr int max_carried_lora_rank = 128;
+
 /// A LoRA adapter of one model's blocks: per block a param_set holding
 /// "<module>.lora_A" [r, in] and "<module>.lora_B" [out, r] of each target.
 class lora_adapter final : public block_patch, public frozen_weight_grads {
@@ -108,6 +123,12 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   /// filled (a distributed job's --save gathers its ranks' blocks into one).
   /// Throws as init.
   static lora_adapter zeros(const model_config& cfg, lora_config c);
+  /// A server's copy of n consecutive blocks of a client's adapter (`v`,
+  /// lora_span_values), on be's device: the adapter has n layers. Throws
+  /// model_error naming what does not fit a model of `cfg`: the config (as
+  /// init, and a rank above max_carried_lora_rank) or the values (f32, on
+  /// the host, as many as the blocks' layout holds), before allocating.
+  static lora_adapter of_span(const model_config& cfg, const lora_span_values& v, int n, Backend& be);
   /// Reads a PEFT directory written for a model of `cfg`. Throws
   /// model_error naming the file for what this cannot apply exactly: another
   /// peft_type, DoRA, per-module ranks or alphas, layers_to_transform,
@@ -138,6 +159,18 @@ class lora_adapter final : public block_patch, public frozen_weight_grads {
   /// The blocks' tensors with gradient buffers (allocated on first call), for
   /// an optimiser.
   std::vector<param_group> groups();
+
+  /// Blocks [first, first + n)'s tensors in lora_block_layout's order,
+  /// block after block, copied into one f32 host tensor [values]: the
+  /// values, or with `grads` the gradients (zero before the first
+  /// backward). What a stateless request carries (lora_span_values) and
+  /// its answer.
+  Tensor span_values(int first, int n, bool grads = false);
+  /// The reverse of span_values: blocks [first, first + n)'s values (or
+  /// gradients) set from `flat`. Throws model_error for another count.
+  void set_span_values(int first, int n, const Tensor& flat, bool grads = false);
+  /// Values of one block (span_values(i, 1)'s numel).
+  std::int64_t block_numel() const;
 
   /// W += s B A for each target of block `layer` in `block` (laid out by
   /// block_layout; on `be`'s device, as this adapter is).

@@ -21,8 +21,12 @@ namespace {
 
 // ---- local_span_runner ------------------------------------------------------------
 
-Tensor local_span_runner::forward(const Tensor& hidden, int batch, int seq, const Tensor& deep_prompts) {
-  auto out = engine_.forward(hidden, batch, seq, deep_prompts);
+Tensor local_span_runner::forward(const Tensor& hidden, int batch, int seq, const Tensor& deep_prompts,
+                                  lora_adapter* adapter) {
+  // The adapter goes as a server gets it: its config and the blocks' tensors.
+  with_lora_ = adapter != nullptr;
+  if (adapter) lora_ = {adapter->config(), adapter->span_values(0, adapter->n_layers())};
+  auto out = engine_.forward(hidden, batch, seq, deep_prompts, -1, -1, nullptr, "", with_lora_ ? &lora_ : nullptr);
   if (!out) fail(out.error());
   hidden_ = hidden;
   prompts_ = deep_prompts;
@@ -33,20 +37,31 @@ Tensor local_span_runner::forward(const Tensor& hidden, int batch, int seq, cons
 
 span_gradients local_span_runner::backward(const Tensor& grad_output) {
   if (!hidden_.defined()) throw std::runtime_error("backward without a forward");
-  auto g = engine_.backward(hidden_, grad_output, batch_, seq_, prompts_);
+  auto g = engine_.backward(hidden_, grad_output, batch_, seq_, prompts_, -1, -1, "", with_lora_ ? &lora_ : nullptr);
   if (!g) fail(g.error());
   return std::move(g.value());
 }
 
 // ---- prompt_tuner -------------------------------------------------------------------
 
-prompt_tuner::prompt_tuner(head& h, span_runner& runner, prompt_tuning_options options)
-    : head_(h), runner_(runner), options_(options), cfg_(h.config()) {
+prompt_tuner::prompt_tuner(head& h, span_runner& runner, prompt_tuning_options options, lora_adapter* adapter)
+    : head_(h), runner_(runner), options_(options), cfg_(h.config()), adapter_(adapter) {
   const std::int64_t P = options_.prompt_len, D = cfg_.hidden_size;
-  if (P < 1 || P >= cfg_.max_positions)
-    throw model_error("prompt length " + std::to_string(P) + " must be in [1, " +
+  if (P < 0 || P >= cfg_.max_positions || (P == 0 && !adapter))
+    throw model_error("prompt length " + std::to_string(P) + " must be in [" + (adapter ? "0" : "1") + ", " +
                       std::to_string(cfg_.max_positions - 1) + "] (the context is " +
-                      std::to_string(cfg_.max_positions) + ")");
+                      std::to_string(cfg_.max_positions) + ")" +
+                      (P == 0 && !adapter ? "; 0 only beside a LoRA adapter, with nothing else to train" : ""));
+  if (adapter) {
+    if (!adapter->fits(cfg_))
+      throw model_error("the LoRA adapter was made for another model than this " + cfg_.hf_architecture + " of " +
+                        std::to_string(cfg_.n_layers) + " layers");
+    adapter->zero_grads();
+    optimizer_settings settings;
+    settings.adamw = options_.optimizer;
+    adapter_optimizer_ = std::make_unique<adamw_optimizer>(adapter->groups(), settings, cpu_backend());
+  }
+  if (P == 0) return;
   prompts_ = Tensor::zeros({cfg_.n_layers, P, D});
   std::mt19937_64 rng(options_.seed);
   std::normal_distribution<float> dist(0.0f, options_.init_std);
@@ -88,7 +103,7 @@ float prompt_tuner::run(std::span<const std::int32_t> ids, std::span<const std::
   if (S > cfg_.max_positions)
     throw model_error("prompt (" + std::to_string(P) + ") plus sequence (" + std::to_string(seq) +
                       ") is beyond the model's context of " + std::to_string(cfg_.max_positions));
-  const Tensor out = runner_.forward(input_rows(ids, batch, seq), batch, static_cast<int>(S), prompts_);
+  const Tensor out = runner_.forward(input_rows(ids, batch, seq), batch, static_cast<int>(S), prompts_, adapter_);
   // The head sees the token rows only.
   Tensor tokens = Tensor::empty({batch * static_cast<std::int64_t>(seq), D});
   for (int b = 0; b < batch; ++b) tokens.slice(b * seq, (b + 1) * seq).copy_from(out.slice(b * S + P, (b + 1) * S));
@@ -99,13 +114,24 @@ float prompt_tuner::run(std::span<const std::int32_t> ids, std::span<const std::
   Tensor d_out = Tensor::zeros(out.shape());
   for (int b = 0; b < batch; ++b) d_out.slice(b * S + P, (b + 1) * S).copy_from(d_tokens.slice(b * seq, (b + 1) * seq));
   span_gradients g = runner_.backward(d_out);
-  if (!g.grad_prompts.defined() || g.grad_prompts.shape() != prompts_.shape())
-    throw std::runtime_error("the blocks returned no prompt gradient of shape " + shape_str(prompts_.shape()));
-  grads_.copy_from(g.grad_prompts);
-  if (!options_.deep) grads_.slice(1, cfg_.n_layers).zero();  // only prompt 0 trains
+  if (P > 0) {
+    if (!g.grad_prompts.defined() || g.grad_prompts.shape() != prompts_.shape())
+      throw std::runtime_error("the blocks returned no prompt gradient of shape " + shape_str(prompts_.shape()));
+    grads_.copy_from(g.grad_prompts);
+    if (!options_.deep) grads_.slice(1, cfg_.n_layers).zero();  // only prompt 0 trains
+  }
+  if (adapter_) {
+    const std::int64_t want = adapter_->block_numel() * adapter_->n_layers();
+    if (!g.grad_lora.defined() || g.grad_lora.numel() != want)
+      throw std::runtime_error("the blocks returned " +
+                               std::to_string(g.grad_lora.defined() ? g.grad_lora.numel() : 0) +
+                               " adapter gradient values, expected " + std::to_string(want));
+    adapter_->set_span_values(0, adapter_->n_layers(), g.grad_lora, /*grads=*/true);
+  }
   if (what == pass::gradients) return loss;
   ++step_;
-  cpu_backend().adamw(prompts_, grads_, m_, v_, options_.optimizer, step_);
+  if (P > 0) cpu_backend().adamw(prompts_, grads_, m_, v_, options_.optimizer, step_);
+  if (adapter_) adapter_optimizer_->step();
   return loss;
 }
 
@@ -125,6 +151,7 @@ float prompt_tuner::loss(std::span<const std::int32_t> ids, std::span<const std:
 }
 
 void prompt_tuner::save(const std::filesystem::path& file) const {
+  if (!prompts_.defined()) throw model_error("no prompts were trained (prompt length 0): nothing to save as prompts");
   write_safetensors(file, {{"deep_prompts", prompts_}},
                     {{"corolla.tuning", options_.deep ? "deep_ptune" : "ptune"},
                      {"corolla.steps", std::to_string(step_)},

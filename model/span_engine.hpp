@@ -143,7 +143,12 @@ struct batch_step {
 struct span_gradients {
   Tensor grad_input;    ///< [B*T, D] f32, host
   Tensor grad_prompts;  ///< [blocks, P, D] f32, host; undefined without deep prompts
+  /// With a carried adapter (lora_span_values): the gradient of its values,
+  /// laid out as they are, f32 [values], host; undefined without one.
+  Tensor grad_lora;
 };
+
+struct lora_span_values;  // model/lora.hpp
 
 /// One open session as seen by accounting.
 struct span_session_info {
@@ -329,22 +334,29 @@ class span_engine {
   /// spot checks excuse), of a dense model +inf. With `adapter` (one this
   /// engine holds, else unknown_adapter) each adapted weight's output gets
   /// the adapter's low-rank term beside the frozen weight (block_forward's
-  /// lora: two rank-r products, no merged copy of the weight).
+  /// lora: two rank-r products, no merged copy of the weight). With
+  /// `carried` instead, the client's own adapter for these blocks (Petals'
+  /// client-side trainable parameters: a client training LoRA through the
+  /// swarm) computes the same way; it is checked against the blocks
+  /// (invalid_argument naming what does not fit, or a rank above
+  /// max_carried_lora_rank) and kept for this request only. Not both.
   span_expected<Tensor> forward(const Tensor& hidden, int batch, int seq,
                                 const Tensor& deep_prompts = Tensor(), int first_block = -1,
                                 int last_block = -1, std::vector<float>* routing_margins = nullptr,
-                                const std::string& adapter = "");
+                                const std::string& adapter = "", const lora_span_values* carried = nullptr);
   /// Backward of forward() for the same inputs: given grad_output [B*T, D]
   /// (the gradient of the client's loss with respect to the span's output),
   /// recomputes the forward and returns the gradient with respect to hidden
   /// and, with deep prompts, with respect to each block's prompts (summed
-  /// over the batch). The blocks' weights get no gradients, nor does the
-  /// adapter (the input gradient goes through it). Errors as forward, plus
-  /// a grad_output of another shape.
+  /// over the batch). The blocks' weights get no gradients, nor does a
+  /// held adapter (the input gradient goes through it); a `carried` one's
+  /// tensors get theirs (span_gradients::grad_lora). Errors as forward,
+  /// plus a grad_output of another shape.
   span_expected<span_gradients> backward(const Tensor& hidden, const Tensor& grad_output,
                                          int batch, int seq,
                                          const Tensor& deep_prompts = Tensor(), int first_block = -1,
-                                         int last_block = -1, const std::string& adapter = "");
+                                         int last_block = -1, const std::string& adapter = "",
+                                         const lora_span_values* carried = nullptr);
 
  private:
   span_session* find(const std::string& id);
@@ -372,6 +384,13 @@ class span_engine {
   void add_prompts(Tensor& x, int batch, int seq, const Tensor& prompts, int block);
   /// The adapter held as `name` ("": none, null), or unknown_adapter.
   span_expected<std::shared_ptr<const span_lora>> find_adapter(const std::string& name) const;
+  /// A stateless request's adapter over local blocks `blocks`: the held
+  /// one named `name`, or a client's `carried` one (made into `copy`, which
+  /// then gives its gradients), or none; invalid_argument for both or a
+  /// carried one that does not fit.
+  struct request_lora;
+  span_expected<std::unique_ptr<request_lora>> request_adapter(const std::string& name, const lora_span_values* carried,
+                                                               std::pair<int, int> blocks);
   /// Frees what a stateless request held (the stage's widened weights).
   void release_request_weights();
   Tensor run_forward(const Tensor& x, int batch, int seq, const Tensor& prompts, std::pair<int, int> blocks,

@@ -15,6 +15,11 @@
 
 #include "model/span_engine.hpp"
 
+#include <optional>
+
+#include "model/error.hpp"
+#include "model/lora.hpp"
+
 namespace corolla {
 namespace {
 
@@ -67,6 +72,40 @@ struct span_engine::request_scope {
 };
 
 void span_engine::release_request_weights() { stage_.release_frozen_weights(); }
+
+struct span_engine::request_lora {
+  std::shared_ptr<const span_lora> held;  ///< a held adapter's factors
+  std::optional<lora_adapter> carried;    ///< a client's, for the request's blocks only
+  span_lora carried_factors;              ///< its factors at the span's block indices
+  const span_lora* factors() const { return held ? held.get() : carried ? &carried_factors : nullptr; }
+};
+
+span_expected<std::unique_ptr<span_engine::request_lora>> span_engine::request_adapter(
+    const std::string& name, const lora_span_values* carried, std::pair<int, int> blocks) {
+  auto out = std::make_unique<request_lora>();
+  if (!carried) {
+    auto held = find_adapter(name);
+    if (!held) return held.error();
+    out->held = std::move(held.value());
+    return out;
+  }
+  if (!name.empty()) return invalid("a request computes with a held adapter or its own, not both");
+  const auto [from, to] = blocks;
+  try {
+    out->carried.emplace(lora_adapter::of_span(config(), *carried, to - from, stage_.backend()));
+  } catch (const model_error& e) {
+    return invalid(e.what());
+  } catch (const std::exception& e) {  // no room on the device for its copy
+    return span_error{span_errc::internal, std::string("the carried adapter could not be placed: ") + e.what()};
+  }
+  // Blocks before the request's take none (the factors are indexed as the
+  // span indexes its blocks); the carried ones are views of the copy, in f32
+  // like the stateless path's activations.
+  out->carried_factors.blocks.resize(static_cast<std::size_t>(from));
+  span_lora f = out->carried->training_factors(stage_.backend(), dtype::f32);
+  for (block_lora& b : f.blocks) out->carried_factors.blocks.push_back(std::move(b));
+  return out;
+}
 
 const Tensor& span_engine::train_positions(int batch, int seq) {
   if (!train_positions_.defined() || train_batch_ != batch || train_seq_ != seq) {
@@ -121,13 +160,14 @@ Tensor span_engine::run_forward(const Tensor& x, int batch, int seq, const Tenso
 
 span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int seq,
                                            const Tensor& deep_prompts, int first_block, int last_block,
-                                           std::vector<float>* routing_margins, const std::string& adapter) {
+                                           std::vector<float>* routing_margins, const std::string& adapter,
+                                           const lora_span_values* carried) {
   auto blocks = local_blocks(first_block, last_block);
   if (!blocks) return blocks.error();
-  const auto lora = find_adapter(adapter);
-  if (!lora) return lora.error();
   if (auto ok = check_forward(hidden, batch, seq, deep_prompts, blocks.value().second - blocks.value().first); !ok)
     return ok.error();
+  const auto lora = request_adapter(adapter, carried, blocks.value());
+  if (!lora) return lora.error();
   Backend& be = stage_.backend();
   const request_scope scope{*this};
   try {
@@ -138,7 +178,7 @@ span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int 
       prompts = be.empty(deep_prompts.shape());
       be.copy(deep_prompts, prompts);
     }
-    return download(run_forward(x, batch, seq, prompts, blocks.value(), nullptr, routing_margins, lora.value().get()));
+    return download(run_forward(x, batch, seq, prompts, blocks.value(), nullptr, routing_margins, lora.value()->factors()));
   } catch (const std::exception& e) {
     return span_error{span_errc::internal, std::string("span forward failed: ") + e.what()};
   }
@@ -147,17 +187,20 @@ span_expected<Tensor> span_engine::forward(const Tensor& hidden, int batch, int 
 span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
                                                     const Tensor& grad_output, int batch, int seq,
                                                     const Tensor& deep_prompts, int first_block,
-                                                    int last_block, const std::string& adapter) {
+                                                    int last_block, const std::string& adapter,
+                                                    const lora_span_values* carried) {
   auto blocks = local_blocks(first_block, last_block);
   if (!blocks) return blocks.error();
-  const auto lora = find_adapter(adapter);
-  if (!lora) return lora.error();
   const auto [from, to] = blocks.value();
   if (auto ok = check_forward(hidden, batch, seq, deep_prompts, to - from); !ok) return ok.error();
   if (auto ok = check_hidden(grad_output, "output gradients"); !ok) return ok.error();
   if (grad_output.shape() != hidden.shape())
     return invalid("output gradients are " + shape_str(grad_output.shape()) +
                    ", the hidden states " + shape_str(hidden.shape()));
+  const auto lora = request_adapter(adapter, carried, blocks.value());
+  if (!lora) return lora.error();
+  const span_lora* factors = lora.value()->factors();
+  lora_adapter* trained = lora.value()->carried ? &*lora.value()->carried : nullptr;
   Backend& be = stage_.backend();
   const request_scope scope{*this};
   try {
@@ -171,7 +214,7 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     // Recompute the forward, keeping every block's activations (only for
     // the length of this call).
     std::vector<block_activations> saved(static_cast<std::size_t>(to - from));
-    run_forward(x, batch, seq, prompts, blocks.value(), &saved, nullptr, lora.value().get());
+    run_forward(x, batch, seq, prompts, blocks.value(), &saved, nullptr, factors);
 
     const Tensor& pos = train_positions(batch, seq);
     Tensor g = be.empty(hidden.shape());
@@ -183,11 +226,16 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
       P = prompts.dim(1);
     }
     block_grad_scratch scratch;
+    if (trained) trained->zero_grads();
+    block_tensors frozen;  // every view undefined: no weight of the span trains
     for (int i = to - from - 1; i >= 0; --i) {
       const auto b = static_cast<std::size_t>(i);
       Tensor g_in = be.empty(hidden.shape());
-      block_backward_input(be, config(), stage_.frozen_weights(static_cast<int>(b) + from), saved[b], pos, g, g_in,
-                           scratch, block_lora_of(lora.value().get(), b + static_cast<std::size_t>(from)));
+      // A carried adapter hears each adapted weight's input and output
+      // gradient (its low-rank gradients); otherwise only the input's
+      // gradient is formed.
+      block_backward(be, config(), stage_.frozen_weights(static_cast<int>(b) + from), saved[b], pos, g, g_in, frozen,
+                     scratch, trained, i, block_lora_of(factors, b + static_cast<std::size_t>(from)));
       saved[b] = block_activations{};  // free this block's activations early
       if (prompts.defined()) {
         // d prompt_i = sum over sequences of the gradient at positions [0, P).
@@ -200,6 +248,7 @@ span_expected<span_gradients> span_engine::backward(const Tensor& hidden,
     span_gradients out;
     out.grad_input = download(g);
     if (prompts.defined()) out.grad_prompts = download(grad_prompts);
+    if (trained) out.grad_lora = trained->span_values(0, to - from, /*grads=*/true);
     return out;
   } catch (const std::exception& e) {
     return span_error{span_errc::internal, std::string("span backward failed: ") + e.what()};

@@ -182,6 +182,15 @@ struct SpanBatch {
   withMargins @5 :Bool;      # span.forward: also answer each row's routing margin
                              # (f32 [B*T], a second tensor; spot checks of mixtures of experts)
   adapter @6 :Text;          # compute with this LoRA adapter of SpanInfo.adapters merged ("" = none)
+  # The client's own LoRA adapter (a fine-tuning client training it through the
+  # swarm; not with `adapter`): loraRank > 0 says the request carries it. Its
+  # tensors follow the request's others (after the prompts): for each block of
+  # [first, last), A [r, in] then B [out, r] of each target, f32. A backward
+  # answers their gradients in the same order after its others.
+  loraRank @7 :Int32;        # 1 .. 128
+  loraAlpha @8 :Float32;
+  loraRslora @9 :Bool;       # scale alpha / sqrt(r) instead of alpha / r
+  loraTargets @10 :List(Text); # module paths ("self_attn.q_proj"), at most 8
 }
 
 # ---- pipeline x data-parallel training (actors/train_*.hpp, docs/protocol.md) ----

@@ -80,8 +80,8 @@ struct hooked_runner final : span_runner {
   swarm_span_runner& inner;
   std::function<void()> after_forward;
   hooked_runner(swarm_span_runner& r, std::function<void()> f) : inner(r), after_forward(std::move(f)) {}
-  Tensor forward(const Tensor& h, int b, int t, const Tensor& p) override {
-    Tensor out = inner.forward(h, b, t, p);
+  Tensor forward(const Tensor& h, int b, int t, const Tensor& p, lora_adapter* a) override {
+    Tensor out = inner.forward(h, b, t, p, a);
     after_forward();
     return out;
   }

@@ -1,7 +1,7 @@
 // The swarm wire's adapter fields (actors/swarm_wire.hpp): span.info's
 // adapters and their digests, span.open's and span.batch's adapter, each
-// through an encode and a decode; digests that do not pair with the names
-// are refused.
+// through an encode and a decode, and a client's carried adapter's config;
+// digests that do not pair with the names and too many targets are refused.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -46,4 +46,27 @@ TEST_CASE("swarm wire: adapters and their digests cross span.info, span.open and
   auto batch = decode_span_batch(encode_body(b));
   REQUIRE(batch);
   CHECK(batch->adapter == "style");
+}
+
+TEST_CASE("swarm wire: a client's carried adapter's config crosses span.forward intact, and too many targets are refused") {
+  CHECK_FALSE(decode_span_batch(encode_body(span_batch{.batch = 1, .seq = 4}))->lora);
+  span_batch b{.batch = 2, .seq = 4};
+  lora_config c;
+  c.rank = 8;
+  c.alpha = 12.5f;
+  c.rslora = true;
+  c.targets = {"self_attn.q_proj", "mlp.down_proj"};
+  b.lora = c;
+  auto got = decode_span_batch(encode_body(b));
+  REQUIRE(got);
+  REQUIRE(got->lora);
+  CHECK(got->lora->rank == 8);
+  CHECK(got->lora->alpha == 12.5f);
+  CHECK(got->lora->rslora);
+  CHECK(got->lora->targets == c.targets);
+
+  b.lora->targets.assign(max_carried_lora_targets + 1, "q_proj");
+  auto many = decode_span_batch(encode_body(b));
+  REQUIRE_FALSE(many);
+  CHECK(error_message(many.error()).find("9 LoRA targets (at most 8)") != std::string::npos);
 }

@@ -3,9 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "model/whole_file.hpp"
 #include "tests/support/cli_expect.hpp"
@@ -60,7 +63,56 @@ TEST_CASE("finetune: prompts that diverge are not saved over the file") {
   INFO("stdout: " << r.out << "stderr: " << r.err);
   CHECK(r.exit_code == 1);
   REQUIRE_FALSE(r.err_lines().empty());
-  CHECK(r.err_lines().back() == "corolla: error: the loss of step 3 is not finite: the prompts diverged and are not "
-                                "saved (" + prompts + " is unchanged)");
+  CHECK(r.err_lines().back() == "corolla: error: the loss of step 3 is not finite: training diverged and nothing "
+                                "is saved (" + prompts + " is unchanged)");
   CHECK(read_whole_file(prompts) == "the user's earlier prompts");
+
+  // An adapter that diverges leaves its directory as it was too.
+  const std::string adapter = (dir / "adapter").string();
+  const auto l = testing::run_corolla({"finetune", "--model", model, "--data", data, "--steps", "3", "--seq", "16",
+                                       "--local", "--lr", "3e38", "--lora-rank", "2", "--save-adapter", adapter},
+                                      std::chrono::seconds(60));
+  INFO("stdout: " << l.out << "stderr: " << l.err);
+  CHECK(l.exit_code == 1);
+  REQUIRE_FALSE(l.err_lines().empty());
+  CHECK(l.err_lines().back() == "corolla: error: the loss of step 3 is not finite: training diverged and nothing "
+                                "is saved (" + adapter + " is unchanged)");
+  CHECK_FALSE(std::filesystem::exists(std::filesystem::path(adapter) / "adapter_config.json"));
+  CHECK_FALSE(std::filesystem::exists(std::filesystem::path(adapter) / "adapter_model.safetensors"));
+}
+
+TEST_CASE("finetune: LoRA flags that do not go together are one clear error before anything loads") {
+  testing::temp_dir_guard dir("cli-finetune-lora");
+  const std::string model = (dir / "model").string();
+  const std::string data = (dir / "data.bin").string();
+  write_model_and_data(model, data);
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{"finetune", "--model", model, "--data", data, "--steps", "1", "--local"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return testing::run_corolla(args, std::chrono::seconds(60));
+  };
+  testing::check_one_error(run({"--tuning", "none"}),
+                           "--tuning none trains no prompts: add --lora-rank R or --adapter DIR to train an adapter");
+  testing::check_one_error(run({"--tuning", "wide"}), "--tuning must be deep, shallow or none, got 'wide'");
+  testing::check_one_error(run({"--lora-alpha", "8"}),
+                           "--lora-alpha, --lora-targets and --lora-rslora shape an adapter: add --lora-rank R");
+  testing::check_one_error(run({"--lora-rank", "4", "--adapter", model}),
+                           "--lora-rank makes a new adapter and --adapter trains on a saved one: give one of them");
+  testing::check_one_error(run({"--adapter", model, "--lora-rslora"}),
+                           "--adapter trains on with the saved adapter's own alpha and targets");
+  testing::check_one_error(run({"--lora-rank", "4", "--save", (dir / "p.safetensors").string()}),
+                           "--save writes trained prompts and none train (--tuning none): --save-adapter DIR");
+  testing::check_one_error(run({"--save-adapter", (dir / "x").string()}),
+                           "--save-adapter writes a trained LoRA adapter: add --lora-rank R or --adapter DIR");
+  testing::check_one_error(run({"--lora-rank", "129"}), "--lora-rank 129: servers take adapters of rank at most 128");
+  testing::check_one_error(run({"--lora-rank", "4", "--lora-targets", "nonesuch"}), "LoRA target 'nonesuch' names no module");
+  // A rank-2 adapter with deep prompts beside it trains, and --json says both.
+  const auto both = run({"--lora-rank", "2", "--tuning", "deep", "--prompt-len", "2", "--seq", "8", "--json"});
+  INFO("stderr: " << both.err);
+  REQUIRE(both.exit_code == 0);
+  const auto j = nlohmann::json::parse(both.out_lines().back());
+  CHECK(j["tuning"] == "deep");
+  CHECK(j["prompt_len"] == 2);
+  CHECK(j["adapter"]["rank"] == 2);
+  CHECK(j["adapter"]["parameters"].get<long long>() > 0);
 }

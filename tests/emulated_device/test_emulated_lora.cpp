@@ -5,7 +5,8 @@
 // exactly in f32, and tracks them with bf16 compute, whose copies of the
 // factors follow each update; beside nf4 weights (QLoRA) too. A server's sessions with adapters (the terms
 // beside the unmerged weights, model/lora_factors.hpp) give the cpu engine's
-// outputs, and so do its stateless forward and backward.
+// outputs, and so do its stateless forward and backward, also with a
+// client's own adapter carried by the request (its gradients too).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "model/transformer.hpp"
 #include "tests/emulated_device/emulated_device.hpp"
 #include "tests/model/cached_logits.hpp"
+#include "tests/support/numeric_checks.hpp"
 #include "tests/support/random_lora.hpp"
 #include "tests/support/tiny_model.hpp"
 
@@ -157,5 +159,37 @@ TEST_CASE("emulated device: a server's stateless forward and backward with an ad
     REQUIRE((got && want && base));
     CHECK(got->grad_input.to_vector() == want->grad_input.to_vector());
     CHECK(want->grad_input.to_vector() != base->grad_input.to_vector());  // the adapter's terms count
+  }
+}
+
+TEST_CASE("emulated device: a client's carried adapter gives the cpu's outputs and gradients on a server") {
+  // The server's per-request copy of the factors lives on the device, and
+  // so do its gradients until they are answered (lora_adapter::of_span).
+  for (const architecture arch : {architecture::gpt2, architecture::llama}) {
+    CAPTURE(static_cast<int>(arch));
+    testing::tiny_model_options o = testing::tiny_options_for(arch, 64);
+    o.layers = 3;
+    testing::temp_dir_guard dir("emulated-lora-carried");
+    testing::write_tiny_model(dir.path(), o);
+    const model_config cfg = load_config(dir.path());
+    const checkpoint ck = checkpoint::open(dir.path());
+    lora_adapter a = testing::random_lora(cfg, 9, 0.2f, 3);
+    emulated_device_backend dev;
+    span_engine on_cpu = span_engine::load(ck, cfg, 0, 3, cpu_backend(), 256);
+    span_engine on_dev = span_engine::load(ck, cfg, 0, 3, dev, 256);
+    // Blocks [1, 3) of the span: the factors of the adapter's blocks 1 and 2.
+    const lora_span_values carried{a.config(), a.span_values(1, 2)};
+    const std::int64_t D = cfg.hidden_size;
+    const Tensor h = testing::random_tensor({24, D}, 52), g = testing::random_tensor({24, D}, 53);
+    CHECK(same_output(on_dev.forward(h, 3, 8, {}, 1, 3, nullptr, "", &carried),
+                      on_cpu.forward(h, 3, 8, {}, 1, 3, nullptr, "", &carried)));
+    const auto got = on_dev.backward(h, g, 3, 8, {}, 1, 3, "", &carried),
+               want = on_cpu.backward(h, g, 3, 8, {}, 1, 3, "", &carried);
+    REQUIRE((got && want));
+    CHECK(got->grad_input.to_vector() == want->grad_input.to_vector());
+    REQUIRE(got->grad_lora.numel() == carried.values.numel());
+    REQUIRE(want->grad_lora.numel() == carried.values.numel());
+    CHECK(got->grad_lora.dev().kind == device_kind::cpu);
+    CHECK(testing::max_rel_diff(got->grad_lora, want->grad_lora) < 1e-5);
   }
 }
