@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +52,9 @@ struct finetune_options {
   bool lora_rslora = false;
   std::string adapter;       ///< train on from this PEFT directory
   std::string save_adapter;  ///< write the trained adapter here
+  std::string checkpoint_dir;  ///< the client's state (finetune_state.safetensors) goes here
+  int checkpoint_every = 0;    ///< also every K steps (0: after the last step only)
+  bool resume = false;         ///< go on from checkpoint_dir's state
   float lr = 1e-2f;
   std::uint64_t seed = 0;
   std::string save;
@@ -74,6 +78,9 @@ std::string check_tuning(const finetune_options& o) {
   if (o.lora_rank > max_carried_lora_rank)
     throw std::invalid_argument("--lora-rank " + std::to_string(o.lora_rank) + ": servers take adapters of rank at most " +
                                 std::to_string(max_carried_lora_rank));
+  if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every != 0))
+    throw std::invalid_argument(std::string(o.resume ? "--resume" : "--checkpoint-every") +
+                                " needs --checkpoint-dir DIR (where the client's state is kept)");
   const std::string tuning = o.tuning.empty() ? (lora ? "none" : "deep") : o.tuning;
   if (tuning != "deep" && tuning != "shallow" && tuning != "none")
     throw std::invalid_argument("--tuning must be deep, shallow or none, got '" + o.tuning + "'");
@@ -87,11 +94,66 @@ std::string check_tuning(const finetune_options& o) {
   return tuning;
 }
 
+const char* const data_position_key = "corolla.finetune.data_position";
+
+/// What a checkpoint must have been written by for this run to go on from
+/// it: the frozen model, what trains and how, the batches' shape and data.
+std::map<std::string, std::string> finetune_key(const finetune_options& o, const std::string& tuning, int prompt_len,
+                                                const lora_adapter* adapter, std::int64_t data_tokens) {
+  std::string lora = "none";
+  if (adapter) {
+    const lora_config& c = adapter->config();
+    lora = "r " + std::to_string(c.rank) + ", alpha " + std::to_string(c.alpha) + (c.rslora ? ", rsLoRA" : "") + ", " +
+           c.targets_text();
+  }
+  return {{"corolla.finetune.model", frozen_model_digest(o.model)},
+          {"corolla.finetune.tuning", tuning},
+          {"corolla.finetune.prompt_len", std::to_string(prompt_len)},
+          {"corolla.finetune.adapter", lora},
+          {"corolla.finetune.batch", std::to_string(o.batch)},
+          {"corolla.finetune.seq", std::to_string(o.seq)},
+          {"corolla.finetune.lr", std::to_string(o.lr)},
+          {"corolla.finetune.data_tokens", std::to_string(data_tokens)}};
+}
+
+/// Restores `file` into `tuner` and `data` after checking it was written by
+/// this run (`key`); returns the step it was written after.
+std::int64_t resume_state(prompt_tuner& tuner, const std::filesystem::path& file,
+                          const std::map<std::string, std::string>& key, token_dataset& data, int steps) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec))
+    throw model_error("--resume: " + file.string() + " does not exist (a run with --checkpoint-dir writes it)");
+  // The key first, from the header alone: a refused file changes nothing.
+  const auto meta = safetensors_file::open(file)->metadata();
+  for (const auto& [name, want] : key) {
+    const auto got = meta.find(name);
+    const std::string what = name.substr(name.rfind('.') + 1);
+    if (got == meta.end() || got->second != want)
+      throw model_error("--resume: " + file.string() + " was written by another run: its " + what + " is " +
+                        (got == meta.end() ? std::string("not recorded") : "'" + got->second + "'") +
+                        ", this run's '" + want + "'");
+  }
+  std::int64_t step = -1, position = -1;
+  try {
+    step = std::stoll(meta.at(tuning_state_step_key));
+    position = std::stoll(meta.at(data_position_key));
+  } catch (const std::exception&) {
+    throw model_error("--resume: " + file.string() + " records no step or data position");
+  }
+  if (step >= steps)
+    throw model_error("--resume: " + file.string() + " is at step " + std::to_string(step) + ", and --steps " +
+                      std::to_string(steps) + " leaves nothing to train (give more steps)");
+  data.set_position(position);
+  tuner.load_state(file);
+  return step;
+}
+
 int run_finetune(const finetune_options& o) {
   apply_common_options(o.threads, o.log_level);
   const std::string tuning = check_tuning(o);
   if (!o.save.empty()) check_output_file(o.save, "--save");
   if (!o.save_adapter.empty()) check_output_dir(o.save_adapter, "--save-adapter");
+  if (!o.checkpoint_dir.empty()) check_output_dir(o.checkpoint_dir, "--checkpoint-dir");
   if (o.local == o.swarm.given())
     throw std::invalid_argument("give exactly one of --swarm/--swarm-dht (blocks on the swarm) or --local");
   if (const std::string why = adamw_problem({.lr = o.lr}); !why.empty()) throw std::invalid_argument(why);
@@ -148,14 +210,31 @@ int run_finetune(const finetune_options& o) {
                  o.local ? "local blocks" : "swarm", adapter->config().rank,
                  static_cast<double>(adapter->config().alpha), adapter->config().targets_text().c_str(),
                  static_cast<long long>(adapter->numel()));
+  // The client's state: what trains, its optimiser, where the data is.
+  const std::filesystem::path state = o.checkpoint_dir.empty()
+                                          ? std::filesystem::path()
+                                          : std::filesystem::path(o.checkpoint_dir) / "finetune_state.safetensors";
+  const std::map<std::string, std::string> run_key = finetune_key(o, tuning, to.prompt_len, adapter ? &*adapter : nullptr,
+                                                                 data.size());
+  int first = 1;
+  if (o.resume) {
+    first = static_cast<int>(resume_state(tuner, state, run_key, data, o.steps)) + 1;
+    if (!o.json) std::fprintf(stderr, "resuming after step %d from %s\n", first - 1, state.c_str());
+  }
   std::vector<std::int32_t> ids, targets;
   nlohmann::json losses = nlohmann::json::array();
-  for (int s = 1; s <= o.steps; ++s) {
+  for (int s = first; s <= o.steps; ++s) {
     data.next_batch(o.batch, o.seq, ids, targets);
     const float loss = tuner.step(ids, targets, o.batch, o.seq);
     losses.push_back(loss);
     if (!o.json) std::printf("step %d/%d loss %.6f\n", s, o.steps, static_cast<double>(loss));
     std::fflush(stdout);
+    // A diverged state is not kept over a good one.
+    if (!state.empty() && std::isfinite(loss) && (s == o.steps || (o.checkpoint_every > 0 && s % o.checkpoint_every == 0))) {
+      std::map<std::string, std::string> meta = run_key;
+      meta[data_position_key] = std::to_string(data.position());
+      tuner.save_state(state, meta);
+    }
   }
   if (!o.save.empty() || !o.save_adapter.empty()) {
     // What diverged is not saved over what the files hold.
@@ -172,12 +251,14 @@ int run_finetune(const finetune_options& o) {
   }
   if (o.json) {
     nlohmann::json j{{"steps", o.steps},
+                     {"first_step", first},
                      {"tuning", tuning},
                      {"prompt_len", to.prompt_len},
                      {"blocks", o.local ? "local" : "swarm"},
                      {"losses", losses},
                      {"failovers", remote ? remote->failovers() : 0}};
     if (!o.save.empty()) j["saved"] = o.save;
+    if (!state.empty()) j["checkpoint"] = state.string();
     if (adapter) {
       j["adapter"] = {{"rank", adapter->config().rank},
                       {"alpha", adapter->config().alpha},
@@ -239,6 +320,16 @@ void register_finetune(CLI::App& app, action_fn& action) {
       ->capture_default_str();
   cmd->add_option("--save", o->save, "Write the trained prompts here (safetensors, 'deep_prompts' [blocks, P, D])")
       ->check(non_empty());
+  cmd->add_option("--checkpoint-dir", o->checkpoint_dir,
+                  "Keep the client's state here (finetune_state.safetensors: prompts, adapter, AdamW moments, step, "
+                  "data position), after the last step and every --checkpoint-every steps")
+      ->check(non_empty());
+  cmd->add_option("--checkpoint-every", o->checkpoint_every, "Also write the state every K steps (0: the last step only)")
+      ->check(CLI::Range(0, 100000000))
+      ->capture_default_str();
+  cmd->add_flag("--resume", o->resume,
+                "Go on from --checkpoint-dir's state (written by a run of the same model, tuning, adapter, batch, "
+                "seq, lr and data) up to --steps");
   cmd->add_flag("--json", o->json, "Print one JSON line with every step's loss instead of one line per step");
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores; 1 with a swarm)")
       ->check(integer_between(0, max_cpu_threads))

@@ -158,6 +158,65 @@ void prompt_tuner::save(const std::filesystem::path& file) const {
                      {"corolla.prompt_len", std::to_string(options_.prompt_len)}});
 }
 
+namespace {
+
+/// save_state's tensors of a tuner, by name: the prompts' and each adapter
+/// block's values and AdamW moments.
+std::vector<std::pair<std::string, Tensor>> state_tensors(const Tensor& prompts, const Tensor& m, const Tensor& v,
+                                                          lora_adapter* adapter, const adamw_optimizer* opt) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (prompts.defined()) out.insert(out.end(), {{"prompts", prompts}, {"prompts.m", m}, {"prompts.v", v}});
+  if (adapter)
+    for (int i = 0; i < adapter->n_layers(); ++i) {
+      const std::string name = "adapter." + std::to_string(i);
+      const auto g = static_cast<std::size_t>(i);
+      out.insert(out.end(), {{name, adapter->block(i).flat()},
+                             {name + ".m", opt->m(g).flat()},  // handles: a load writes through them
+                             {name + ".v", opt->v(g).flat()}});
+    }
+  return out;
+}
+
+}  // namespace
+
+void prompt_tuner::save_state(const std::filesystem::path& file, const std::map<std::string, std::string>& meta) const {
+  std::map<std::string, std::string> all = meta;
+  all[tuning_state_step_key] = std::to_string(step_);
+  write_safetensors(file, state_tensors(prompts_, m_, v_, adapter_, adapter_optimizer_.get()), all);
+}
+
+std::map<std::string, std::string> prompt_tuner::load_state(const std::filesystem::path& file) {
+  const auto f = safetensors_file::open(file);
+  const auto refuse = [&](const std::string& why) { throw model_error(file.string() + ": " + why); };
+  const auto tensors = state_tensors(prompts_, m_, v_, adapter_, adapter_optimizer_.get());
+  // Every tensor checked before any is copied: a refused file changes nothing.
+  for (const auto& [name, t] : tensors) {
+    const tensor_info* info = f->find(name);
+    if (!info) refuse("holds no '" + name + "': it was written by a tuner of other things (prompts, adapter)");
+    if (info->shape != t.shape() || info->type != dtype::f32)
+      refuse("'" + name + "' is " + dtype_name(info->type) + " " + shape_str(info->shape) + ", this run's is f32 " +
+             shape_str(t.shape()));
+  }
+  if (f->tensors().size() != tensors.size())
+    refuse("holds " + std::to_string(f->tensors().size()) + " tensors, this run's state " +
+           std::to_string(tensors.size()) + ": it was written by a tuner of other things (prompts, adapter)");
+  const auto meta = f->metadata();
+  const auto step = meta.find(tuning_state_step_key);
+  std::int64_t steps = -1;
+  try {
+    if (step != meta.end()) steps = std::stoll(step->second);
+  } catch (const std::exception&) {
+  }
+  if (steps < 0) refuse("no step count in its metadata (" + std::string(tuning_state_step_key) + ")");
+  for (const auto& [name, t] : tensors) {
+    Tensor dst = t;
+    dst.copy_from(f->view(name));
+  }
+  step_ = steps;
+  if (adapter_optimizer_) adapter_optimizer_->set_steps(steps);
+  return meta;
+}
+
 Tensor load_deep_prompts(const std::filesystem::path& file, const model_config& cfg) {
   const auto f = safetensors_file::open(file);
   const tensor_info* info = f->find("deep_prompts");

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -85,6 +86,9 @@ struct prompt_tuning_options {
 /// tensor, or a shape that does not fit `cfg`.
 Tensor load_deep_prompts(const std::filesystem::path& file, const model_config& cfg);
 
+/// The metadata key of prompt_tuner::save_state's step count.
+inline constexpr const char* tuning_state_step_key = "corolla.step";
+
 /// Tuning of a frozen model's prompts and/or a LoRA adapter of its blocks
 /// through a span_runner. Not thread-safe.
 class prompt_tuner {
@@ -124,6 +128,17 @@ class prompt_tuner {
   /// Writes the prompts as safetensors ("deep_prompts", f32 [n_blocks, P, D],
   /// with metadata: mode, steps). Throws model_error with P = 0.
   void save(const std::filesystem::path& file) const;
+
+  /// Writes what this tuner needs to go on as if it had never stopped (a
+  /// client's checkpoint): the prompts and their AdamW moments, the
+  /// adapter's blocks and theirs, and the step count, with `meta` (the
+  /// caller's account of the run) as the file's metadata; safetensors,
+  /// through a temporary file and a rename.
+  void save_state(const std::filesystem::path& file, const std::map<std::string, std::string>& meta) const;
+  /// Restores save_state's file into this tuner, which must train the same
+  /// things of the same shapes (model_error naming the file and what
+  /// differs otherwise, nothing changed then); returns the file's metadata.
+  std::map<std::string, std::string> load_state(const std::filesystem::path& file);
 
  private:
   Tensor input_rows(std::span<const std::int32_t> ids, int batch, int seq);

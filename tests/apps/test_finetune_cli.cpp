@@ -116,3 +116,48 @@ TEST_CASE("finetune: LoRA flags that do not go together are one clear error befo
   CHECK(j["adapter"]["rank"] == 2);
   CHECK(j["adapter"]["parameters"].get<long long>() > 0);
 }
+
+TEST_CASE("finetune: a run resumed from its checkpoint prints the uninterrupted run's losses; another run's is refused") {
+  testing::temp_dir_guard dir("cli-finetune-resume");
+  const std::string model = (dir / "model").string();
+  const std::string data = (dir / "data.bin").string();
+  write_model_and_data(model, data);
+  const std::string state = (dir / "state").string();
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{"finetune", "--model", model,  "--data",      data,  "--local", "--device", "cpu",
+                                  "--seq",    "8",     "--lr",   "0.03",        "--lora-rank", "2", "--tuning",
+                                  "deep",     "--prompt-len", "2", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return testing::run_corolla(args, std::chrono::seconds(60));
+  };
+  const auto json_of = [](const testing::process_result& r) {
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    return nlohmann::json::parse(r.out_lines().back());
+  };
+  const auto straight = json_of(run({"--steps", "6", "--save-adapter", (dir / "straight").string()}));
+  const auto first = json_of(run({"--steps", "3", "--checkpoint-dir", state}));
+  CHECK(first["checkpoint"] == (std::filesystem::path(state) / "finetune_state.safetensors").string());
+  const auto rest = json_of(run({"--steps", "6", "--checkpoint-dir", state, "--resume", "--save-adapter",
+                                 (dir / "resumed").string()}));
+  CHECK(rest["first_step"] == 4);
+  REQUIRE(straight["losses"].size() == 6u);
+  REQUIRE(first["losses"].size() == 3u);
+  REQUIRE(rest["losses"].size() == 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(first["losses"][i] == straight["losses"][i]);
+    CHECK(rest["losses"][i] == straight["losses"][i + 3]);
+  }
+  // The adapters they save hold the same values.
+  CHECK(read_whole_file(dir / "straight" / "adapter_model.safetensors") ==
+        read_whole_file(dir / "resumed" / "adapter_model.safetensors"));
+
+  // Another run's checkpoint: one clear error naming what differs.
+  testing::check_one_error(run({"--steps", "6", "--checkpoint-dir", state, "--resume", "--batch", "2"}),
+                           "was written by another run: its batch is '4', this run's '2'");
+  testing::check_one_error(run({"--steps", "3", "--checkpoint-dir", state, "--resume"}),
+                           "is at step 6, and --steps 3 leaves nothing to train");
+  testing::check_one_error(run({"--steps", "6", "--resume"}), "--resume needs --checkpoint-dir DIR");
+  testing::check_one_error(run({"--steps", "6", "--checkpoint-dir", (dir / "empty").string(), "--resume"}),
+                           "finetune_state.safetensors does not exist");
+}

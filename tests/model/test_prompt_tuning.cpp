@@ -12,6 +12,7 @@
 #include "model/error.hpp"
 #include "model/generator.hpp"
 #include "model/head.hpp"
+#include "model/lora.hpp"
 #include "model/prompt_tuning.hpp"
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
@@ -231,6 +232,55 @@ TEST_CASE("generation after deep prompts equals greedy decoding by full forwards
     CHECK_THROWS_WITH_AS(gen.set_deep_prompts(Tensor::zeros({m.cfg.n_layers + 1, P, D})),
                          doctest::Contains("deep prompts must be f32"), model_error);
   }
+}
+
+TEST_CASE("a tuner's saved state goes on as if it had never stopped, and another tuner's is refused unchanged") {
+  tuning_model m(architecture::llama);
+  lora_config c;
+  c.rank = 2;
+  c.targets = {"all-linear"};
+  prompt_tuning_options o;
+  o.prompt_len = 2;
+  o.optimizer.lr = 0.03f;
+  const int B = 2, T = 5, steps = 6;
+  const auto ids = some_ids(B * T, m.cfg.vocab_size, 3), targets = some_ids(B * T, m.cfg.vocab_size, 4);
+  // The uninterrupted run.
+  lora_adapter a = lora_adapter::init(m.cfg, c, 1, cpu_backend());
+  prompt_tuner straight(*m.h, *m.runner, o, &a);
+  std::vector<float> want;
+  for (int s = 0; s < steps; ++s) want.push_back(straight.step(ids, targets, B, T));
+  // Three steps, the state saved; a fresh tuner (another adapter draw,
+  // other prompts) restores it and takes the other three.
+  const auto file = m.dir.path() / "state.safetensors";
+  {
+    lora_adapter first = lora_adapter::init(m.cfg, c, 1, cpu_backend());
+    prompt_tuner t(*m.h, *m.runner, o, &first);
+    for (int s = 0; s < 3; ++s) CHECK(t.step(ids, targets, B, T) == want[static_cast<std::size_t>(s)]);
+    t.save_state(file, {{"mine", "yes"}});
+  }
+  lora_adapter second = lora_adapter::init(m.cfg, c, 99, cpu_backend());
+  prompt_tuning_options other_seed = o;
+  other_seed.seed = 5;
+  prompt_tuner resumed(*m.h, *m.runner, other_seed, &second);
+  const auto meta = resumed.load_state(file);
+  CHECK(meta.at("mine") == "yes");
+  CHECK(resumed.steps() == 3);
+  for (int s = 3; s < steps; ++s) CHECK(resumed.step(ids, targets, B, T) == want[static_cast<std::size_t>(s)]);
+  CHECK(testing::max_rel_diff(resumed.prompts(), straight.prompts()) == 0);
+  for (int i = 0; i < m.cfg.n_layers; ++i) CHECK(testing::max_rel_diff(second.block(i).flat(), a.block(i).flat()) == 0);
+
+  // Another prompt length, or no adapter: refused, nothing changed.
+  const Tensor before = resumed.prompts().clone();
+  prompt_tuning_options longer = o;
+  longer.prompt_len = 3;
+  lora_adapter third = lora_adapter::init(m.cfg, c, 1, cpu_backend());
+  prompt_tuner other(*m.h, *m.runner, longer, &third);
+  CHECK_THROWS_WITH_AS(other.load_state(file), doctest::Contains("'prompts' is f32 [3, 2, 16], this run's is f32 [3, 3, 16]"),
+                       model_error);
+  prompt_tuner prompts_only(*m.h, *m.runner, o);
+  CHECK_THROWS_WITH_AS(prompts_only.load_state(file), doctest::Contains("written by a tuner of other things"), model_error);
+  CHECK(prompts_only.steps() == 0);
+  CHECK(testing::max_rel_diff(resumed.prompts(), before) == 0);
 }
 
 }  // namespace corolla
