@@ -21,6 +21,7 @@
 #include "actors/swarm_finetune.hpp"
 #include "apps/commands.hpp"
 #include "apps/flag_checks.hpp"
+#include "apps/lora_flags.hpp"
 #include "apps/swarm_flags.hpp"
 #include "apps/train_args.hpp"
 #include "model/config.hpp"
@@ -46,11 +47,7 @@ struct finetune_options {
   int seq = 64;
   int prompt_len = 16;
   std::string tuning;  ///< deep, shallow or none; "" = deep, or none beside an adapter
-  int lora_rank = 0;
-  float lora_alpha = 0.0f;  ///< 0 = the rank
-  std::vector<std::string> lora_targets;
-  bool lora_rslora = false;
-  std::string adapter;       ///< train on from this PEFT directory
+  lora_flags lora;           ///< an adapter to train (none given: prompts only)
   std::string save_adapter;  ///< write the trained adapter here
   std::string checkpoint_dir;  ///< the client's state (finetune_state.safetensors) goes here
   int checkpoint_every = 0;    ///< also every K steps (0: after the last step only)
@@ -67,16 +64,10 @@ struct finetune_options {
 /// What trains: the prompts (`tuning`, with "" resolved) and/or an adapter;
 /// the flags' combinations checked before anything loads.
 std::string check_tuning(const finetune_options& o) {
-  const bool lora = o.lora_rank != 0 || !o.adapter.empty();
-  if (!lora && (o.lora_alpha != 0.0f || !o.lora_targets.empty() || o.lora_rslora))
-    throw std::invalid_argument("--lora-alpha, --lora-targets and --lora-rslora shape an adapter: add --lora-rank R");
-  if (o.lora_rank != 0 && !o.adapter.empty())
-    throw std::invalid_argument("--lora-rank makes a new adapter and --adapter trains on a saved one: give one of them");
-  if (!o.adapter.empty() && (o.lora_alpha != 0.0f || !o.lora_targets.empty() || o.lora_rslora))
-    throw std::invalid_argument("--adapter trains on with the saved adapter's own alpha and targets: drop "
-                                "--lora-alpha, --lora-targets and --lora-rslora");
-  if (o.lora_rank > max_carried_lora_rank)
-    throw std::invalid_argument("--lora-rank " + std::to_string(o.lora_rank) + ": servers take adapters of rank at most " +
+  const bool lora = o.lora.given();
+  if (const std::string why = o.lora.problem(); !why.empty()) throw std::invalid_argument(why);
+  if (o.lora.rank > max_carried_lora_rank)
+    throw std::invalid_argument("--lora-rank " + std::to_string(o.lora.rank) + ": servers take adapters of rank at most " +
                                 std::to_string(max_carried_lora_rank));
   if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every != 0))
     throw std::invalid_argument(std::string(o.resume ? "--resume" : "--checkpoint-every") +
@@ -167,18 +158,13 @@ int run_finetune(const finetune_options& o) {
   head h = head::load(ck, cfg, cpu_backend());
   // The adapter lives here, on the host: the requests carry its factors.
   std::optional<lora_adapter> adapter;
-  if (!o.adapter.empty()) {
-    adapter.emplace(lora_adapter::load(o.adapter, cfg, cpu_backend()));
+  if (!o.lora.adapter.empty()) {
+    adapter.emplace(lora_adapter::load(o.lora.adapter, cfg, cpu_backend()));
     if (adapter->config().rank > max_carried_lora_rank)
-      throw model_error(o.adapter + ": rank " + std::to_string(adapter->config().rank) +
+      throw model_error(o.lora.adapter + ": rank " + std::to_string(adapter->config().rank) +
                         ", and servers take adapters of rank at most " + std::to_string(max_carried_lora_rank));
-  } else if (o.lora_rank != 0) {
-    lora_config c;
-    c.rank = o.lora_rank;
-    c.alpha = o.lora_alpha != 0.0f ? o.lora_alpha : static_cast<float>(o.lora_rank);
-    c.rslora = o.lora_rslora;
-    c.targets = o.lora_targets;
-    adapter.emplace(lora_adapter::init(cfg, c, o.seed, cpu_backend()));  // as corolla train --lora-rank draws it
+  } else if (o.lora.rank != 0) {
+    adapter.emplace(lora_adapter::init(cfg, o.lora.config(), o.seed, cpu_backend()));  // as corolla train draws it
   }
 
   // The blocks: local (all of them, loaded here) or the swarm's.
@@ -297,20 +283,9 @@ void register_finetune(CLI::App& app, action_fn& action) {
   cmd->add_option("--tuning", o->tuning,
                   "deep (a prompt per block), shallow (the input prefix only) or none (no prompts: beside "
                   "--lora-rank/--adapter; the default there)");
-  cmd->add_option("--lora-rank", o->lora_rank,
-                  "Train a LoRA adapter of rank R of the blocks too (the servers get its factors with each "
-                  "request and answer their gradients; the model stays frozen)")
-      ->check(CLI::Range(1, 65536));  // above the servers' limit: check_tuning says why
-  cmd->add_option("--lora-alpha", o->lora_alpha,
-                  "The adapter's alpha: its update is scaled by alpha / R (default: R, a scale of 1)")
-      ->check(CLI::Range(1e-6, 1e6));
-  cmd->add_option("--lora-targets", o->lora_targets,
-                  "Modules to adapt, comma-separated (q_proj, v_proj, ...; GPT-2: c_attn, c_proj, c_fc) or "
-                  "all-linear (default: q_proj,v_proj; GPT-2: c_attn)")
-      ->delimiter(',');
-  cmd->add_flag("--lora-rslora", o->lora_rslora, "Scale the adapter's update by alpha / sqrt(R) (rsLoRA)");
-  cmd->add_option("--adapter", o->adapter,
-                  "Train on from the LoRA adapter in DIR (a PEFT directory: its rank, alpha and targets)");
+  add_lora_flags(cmd, o->lora,
+                 "Train a LoRA adapter of rank R of the blocks too (at most 128: the servers get its factors with "
+                 "each request and answer their gradients; the model stays frozen)");
   cmd->add_option("--save-adapter", o->save_adapter,
                   "Write the trained adapter here (PEFT's layout: serve --adapter NAME=DIR serves it)")
       ->check(non_empty());

@@ -103,15 +103,6 @@ lr_schedule schedule_of(const train_args& a) {
   return s;
 }
 
-lora_config lora_config_of(const train_args& a) {
-  lora_config c;
-  c.rank = a.lora_rank;
-  c.alpha = a.lora_alpha != 0.0f ? a.lora_alpha : static_cast<float>(a.lora_rank);
-  c.rslora = a.lora_rslora;
-  c.targets = a.lora_targets;
-  return c;
-}
-
 dist_lora new_dist_lora(const model_config& cfg, lora_config c, std::uint64_t seed) {
   dist_lora l;
   l.seed = seed;
@@ -172,21 +163,21 @@ double lora_block_values(const model_config& cfg, const std::optional<dist_lora>
 }
 
 std::optional<dist_lora> dist_lora_of(const train_args& a, const model_config& cfg) {
-  if (a.lora_rank == 0 && a.adapter.empty()) return std::nullopt;
+  if (a.lora.rank == 0 && a.lora.adapter.empty()) return std::nullopt;
   if (!has_weights(a.model))
     throw model_error(a.model + " holds no weights: an adapter of freshly drawn weights that are never saved "
                       "would be of no use (train the whole model, or give a model with weights)");
   dist_lora l;
-  if (!a.adapter.empty()) {
+  if (!a.lora.adapter.empty()) {
     // Read once here: a bad directory is one error, not one per rank; and
     // the coordinator learns the adapter's own shape.
-    l.from = fs::absolute(a.adapter).lexically_normal();
+    l.from = fs::absolute(a.lora.adapter).lexically_normal();
     const lora_adapter saved = lora_adapter::load(l.from, cfg, cpu_backend());
     l.config = saved.config();
     l.from_digest = saved.digest();
     l.seed = a.seed;
   } else {
-    l = new_dist_lora(cfg, lora_config_of(a), a.seed);
+    l = new_dist_lora(cfg, a.lora.config(), a.seed);
   }
   l.base_model = fs::absolute(a.model).lexically_normal().string();
   l.base_digest = frozen_model_digest(a.model);
@@ -202,14 +193,11 @@ int run_train(const train_args& a) {
                                             a.grad_clip);
       !why.empty())
     throw std::invalid_argument(why);
-  const bool lora = a.lora_rank != 0 || !a.adapter.empty();
-  if (!lora && (a.lora_alpha != 0.0f || !a.lora_targets.empty() || a.lora_rslora))
-    throw std::invalid_argument("--lora-alpha, --lora-targets and --lora-rslora shape an adapter: add --lora-rank R");
+  const bool lora = a.lora.given();
+  if (const std::string why = a.lora.problem(); !why.empty()) throw std::invalid_argument(why);
   if (lora && !a.join.empty())
     throw model_error("--lora-rank and --adapter: a worker that joins takes the adapter its job trains (the "
                       "launcher's flags say which); drop them beside --join");
-  if (a.lora_rank != 0 && !a.adapter.empty())
-    throw std::invalid_argument("--lora-rank makes a new adapter and --adapter trains on a saved one: give one of them");
   const weight_format base_weights = parse_weights_flag(a.weights);
   if (!lora && base_weights != weight_format::f32)
     throw std::invalid_argument("--weights " + a.weights +
@@ -223,9 +211,6 @@ int run_train(const train_args& a) {
     throw std::invalid_argument("--weights " + a.weights + " --compute " + a.compute +
                                 ": an adapter beside " + a.weights +
                                 " weights computes in f32 (each block's weights widened for its turn)");
-  if (!a.adapter.empty() && (a.lora_alpha != 0.0f || !a.lora_targets.empty() || a.lora_rslora))
-    throw std::invalid_argument("--adapter trains on with the saved adapter's own alpha and targets: drop "
-                                "--lora-alpha, --lora-targets and --lora-rslora");
   if (!a.join.empty()) return run_train_join(a);
   if (wants_distributed(a)) return run_distributed_train(a);
   // Name the flags given, not every flag that needs ranks.
@@ -265,10 +250,10 @@ int run_train(const train_args& a) {
   model.set_compute_dtype(compute);
   token_dataset data = open_data(a.data, a.model, model.config().vocab_size);
   std::unique_ptr<lora_adapter> adapter;
-  if (!a.adapter.empty()) {
-    adapter = std::make_unique<lora_adapter>(lora_adapter::load(a.adapter, model.config(), be));
+  if (!a.lora.adapter.empty()) {
+    adapter = std::make_unique<lora_adapter>(lora_adapter::load(a.lora.adapter, model.config(), be));
   } else if (lora) {
-    adapter = std::make_unique<lora_adapter>(lora_adapter::init(model.config(), lora_config_of(a), a.seed, be));
+    adapter = std::make_unique<lora_adapter>(lora_adapter::init(model.config(), a.lora.config(), a.seed, be));
   }
 
   train_options o;
@@ -385,20 +370,9 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--save", args->save,
                   "Write the trained model here (HuggingFace layout, loadable by generate)")
       ->check(non_empty());
-  cmd->add_option("--lora-rank", args->lora_rank,
-                  "Train a LoRA adapter of rank R instead of the whole model (single-process; the model's "
-                  "weights stay as they are, --save writes the adapter in PEFT's layout)")
-      ->check(CLI::Range(1, 65536));
-  cmd->add_option("--lora-alpha", args->lora_alpha,
-                  "The adapter's alpha: its update is scaled by alpha / R (default: R, a scale of 1)")
-      ->check(CLI::Range(1e-6, 1e6));
-  cmd->add_option("--lora-targets", args->lora_targets,
-                  "Modules to adapt, comma-separated, by their HuggingFace names (q_proj, v_proj, ...; "
-                  "GPT-2: c_attn, c_proj, c_fc) or all-linear (default: q_proj,v_proj; GPT-2: c_attn)")
-      ->delimiter(',');
-  cmd->add_flag("--lora-rslora", args->lora_rslora, "Scale the adapter's update by alpha / sqrt(R) (rsLoRA)");
-  cmd->add_option("--adapter", args->adapter,
-                  "Train on from the LoRA adapter in DIR (a PEFT directory: its rank, alpha and targets)");
+  add_lora_flags(cmd, args->lora,
+                 "Train a LoRA adapter of rank R instead of the whole model (the model's weights stay as they are, "
+                 "--save writes the adapter in PEFT's layout)");
   cmd->add_option("--weights", args->weights,
                   "With --lora-rank or --adapter: hold the frozen model's linear weights as f32, bf16, int8 or nf4 "
                   "(QLoRA: an eighth of the bytes; each block is widened to f32 for its turn in the forward and "

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/train_job.hpp"
+#include "apps/lora_flags.hpp"
 #include "kernels/backend.hpp"
 #include "model/token_data.hpp"
 #include "model/transformer.hpp"
@@ -58,11 +59,7 @@ struct train_args {
   std::uint64_t seed = 0;
   // A LoRA adapter instead of the whole model (model/lora.hpp; in one
   // process, or across ranks: dist_train_options::lora).
-  int lora_rank = 0;                ///< r; 0 = train the whole model
-  float lora_alpha = 0.0f;          ///< 0 = the rank (s = 1)
-  std::vector<std::string> lora_targets;  ///< empty: the family's default
-  bool lora_rslora = false;
-  std::string adapter;              ///< an adapter to train on from (its r, alpha, targets)
+  lora_flags lora;                  ///< none given: the whole model trains
   /// --weights: with an adapter, the frozen base's linear weights as
   /// loaded (f32, or bf16/int8/nf4: QLoRA, transformer::load_inference)
   std::string weights = "f32";
@@ -144,9 +141,6 @@ lr_schedule schedule_of(const train_args& a);
 /// or for bf16/f16 with --device cpu (or auto without a GPU): the cpu
 /// backend computes in f32.
 dtype compute_dtype_of(const train_args& a);
-/// The new adapter --lora-rank, --lora-alpha (default: the rank),
-/// --lora-targets and --lora-rslora describe.
-lora_config lora_config_of(const train_args& a);
 /// A distributed job's LoRA (--lora-rank or --adapter; nothing without):
 /// a saved adapter is read once here (its config, and any problem before a
 /// rank starts), a new one's targets checked against `cfg`. Throws for a

@@ -117,7 +117,7 @@ TEST_CASE("finetune: LoRA flags that do not go together are one clear error befo
   CHECK(j["adapter"]["parameters"].get<long long>() > 0);
 }
 
-TEST_CASE("finetune: a run resumed from its checkpoint prints the uninterrupted run's losses; another run's is refused") {
+TEST_CASE("finetune: a run resumed from its checkpoint prints the uninterrupted run's losses, and another run's is refused") {
   testing::temp_dir_guard dir("cli-finetune-resume");
   const std::string model = (dir / "model").string();
   const std::string data = (dir / "data.bin").string();
