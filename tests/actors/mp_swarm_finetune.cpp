@@ -18,6 +18,7 @@
 #include "actors/swarm_generate.hpp"
 #include "model/prompt_tuning.hpp"
 #include "model/span_engine.hpp"
+#include "tests/actors/finetune_fixtures.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
 #include "tests/support/numeric_checks.hpp"
 
@@ -27,20 +28,6 @@ using namespace swarm_test;
 namespace {
 
 constexpr int batch = 2, seq = 6, steps = 6;
-
-/// Seeded [B, T] batches of ids and next-token targets.
-struct batches {
-  std::vector<std::vector<std::int32_t>> ids, targets;
-  explicit batches(int vocab) {
-    std::mt19937_64 rng(42);
-    for (int s = 0; s < steps; ++s) {
-      std::vector<std::int32_t> row(batch * seq + 1);
-      for (auto& id : row) id = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab));
-      ids.emplace_back(row.begin(), row.end() - 1);
-      targets.emplace_back(row.begin() + 1, row.end());
-    }
-  }
-};
 
 prompt_tuning_options tuning() {
   prompt_tuning_options o;
@@ -52,7 +39,7 @@ prompt_tuning_options tuning() {
 
 /// Losses and final prompts of `steps` steps through `runner`;
 /// `before_step(s)` runs before step s.
-std::pair<std::vector<float>, Tensor> tune(const swarm_model& m, span_runner& runner, const batches& data,
+std::pair<std::vector<float>, Tensor> tune(const swarm_model& m, span_runner& runner, const tuning_batches& data,
                                            const std::function<void(int)>& before_step = {}) {
   head h = load_head(m);
   prompt_tuner tuner(h, runner, tuning());
@@ -74,25 +61,11 @@ void check_same_run(const std::pair<std::vector<float>, Tensor>& got,
   CHECK(testing::max_rel_diff(got.second, want.second) < 1e-4);
 }
 
-/// A swarm runner that calls `after_forward` after each forward (to kill or
-/// corrupt a server between a step's forward and its backward).
-struct hooked_runner final : span_runner {
-  swarm_span_runner& inner;
-  std::function<void()> after_forward;
-  hooked_runner(swarm_span_runner& r, std::function<void()> f) : inner(r), after_forward(std::move(f)) {}
-  Tensor forward(const Tensor& h, int b, int t, const Tensor& p, lora_adapter* a) override {
-    Tensor out = inner.forward(h, b, t, p, a);
-    after_forward();
-    return out;
-  }
-  span_gradients backward(const Tensor& g) override { return inner.backward(g); }
-};
-
 }  // namespace
 
 TEST_CASE("prompt tuning through the swarm equals prompt tuning with local blocks, also across a killed server") {
   swarm_model m(architecture::llama);
-  const batches data(m.cfg.vocab_size);
+  const tuning_batches data(m.cfg.vocab_size, steps, batch, seq, 42);
   span_engine local_blocks =
       span_engine::load(checkpoint::open(m.dir.path()), m.cfg, 0, m.cfg.n_layers, cpu_backend(), 16);
   local_span_runner local(local_blocks);
@@ -144,7 +117,7 @@ TEST_CASE("prompt tuning through the swarm equals prompt tuning with local block
 
 TEST_CASE("prompt tuning catches a server whose gradients turn wrong and equals prompt tuning with local blocks") {
   swarm_model m(architecture::llama);
-  const batches data(m.cfg.vocab_size);
+  const tuning_batches data(m.cfg.vocab_size, steps, batch, seq, 42);
   span_engine local_blocks =
       span_engine::load(checkpoint::open(m.dir.path()), m.cfg, 0, m.cfg.n_layers, cpu_backend(), 16);
   local_span_runner local(local_blocks);

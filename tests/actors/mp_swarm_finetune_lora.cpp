@@ -20,6 +20,7 @@
 #include "model/lora.hpp"
 #include "model/prompt_tuning.hpp"
 #include "model/span_engine.hpp"
+#include "tests/actors/finetune_fixtures.hpp"
 #include "tests/actors/swarm_fixtures.hpp"
 #include "tests/support/numeric_checks.hpp"
 
@@ -30,19 +31,6 @@ namespace {
 
 constexpr int batch = 2, seq = 6, steps = 6;
 
-struct batches {
-  std::vector<std::vector<std::int32_t>> ids, targets;
-  explicit batches(int vocab) {
-    std::mt19937_64 rng(43);
-    for (int s = 0; s < steps; ++s) {
-      std::vector<std::int32_t> row(batch * seq + 1);
-      for (auto& id : row) id = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab));
-      ids.emplace_back(row.begin(), row.end() - 1);
-      targets.emplace_back(row.begin() + 1, row.end());
-    }
-  }
-};
-
 struct lora_run {
   std::vector<float> losses;
   std::vector<Tensor> adapter;  ///< every block's values, after the last step
@@ -50,7 +38,7 @@ struct lora_run {
 
 /// `steps` steps of an all-linear rank-4 adapter through `runner`;
 /// `before_step(s)` runs before step s.
-lora_run tune(const swarm_model& m, span_runner& runner, const batches& data,
+lora_run tune(const swarm_model& m, span_runner& runner, const tuning_batches& data,
               const std::function<void(int)>& before_step = {}) {
   head h = load_head(m);
   lora_config c;
@@ -81,20 +69,7 @@ void check_same_run(const lora_run& got, const lora_run& want) {
     CHECK(testing::max_rel_diff(got.adapter[i], want.adapter[i]) < 1e-4);
 }
 
-/// A swarm runner that calls `after_forward` after each forward.
-struct hooked_runner final : span_runner {
-  swarm_span_runner& inner;
-  std::function<void()> after_forward;
-  hooked_runner(swarm_span_runner& r, std::function<void()> f) : inner(r), after_forward(std::move(f)) {}
-  Tensor forward(const Tensor& h, int b, int t, const Tensor& p, lora_adapter* a) override {
-    Tensor out = inner.forward(h, b, t, p, a);
-    after_forward();
-    return out;
-  }
-  span_gradients backward(const Tensor& g) override { return inner.backward(g); }
-};
-
-lora_run local_run(const swarm_model& m, const batches& data) {
+lora_run local_run(const swarm_model& m, const tuning_batches& data) {
   span_engine blocks = span_engine::load(checkpoint::open(m.dir.path()), m.cfg, 0, m.cfg.n_layers, cpu_backend(), 16);
   local_span_runner local(blocks);
   return tune(m, local, data);
@@ -104,7 +79,7 @@ lora_run local_run(const swarm_model& m, const batches& data) {
 
 TEST_CASE("a LoRA adapter trained through the swarm equals one trained with local blocks, also across a killed server") {
   swarm_model m(architecture::llama);
-  const batches data(m.cfg.vocab_size);
+  const tuning_batches data(m.cfg.vocab_size, steps, batch, seq, 43);
   const lora_run want = local_run(m, data);
   CHECK(want.losses.back() < want.losses.front());
 
@@ -146,7 +121,7 @@ TEST_CASE("a LoRA adapter trained through the swarm equals one trained with loca
 
 TEST_CASE("LoRA through the swarm catches a server whose adapter gradients turn wrong") {
   swarm_model m(architecture::gpt2);
-  const batches data(m.cfg.vocab_size);
+  const tuning_batches data(m.cfg.vocab_size, steps, batch, seq, 43);
   const lora_run want = local_run(m, data);
 
   ::setenv("COROLLA_CONTROL_TOKEN", "lora-spot-check", 1);

@@ -17,42 +17,12 @@
 #include "model/prompt_tuning.hpp"
 #include "model/span_engine.hpp"
 #include "model/transformer.hpp"
+#include "tests/model/tuning_model.hpp"
 #include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 namespace corolla {
 namespace {
-
-struct carried_model {
-  testing::temp_dir_guard dir;
-  model_config cfg;
-  std::unique_ptr<head> h;
-  std::unique_ptr<span_engine> blocks;
-  std::unique_ptr<local_span_runner> runner;
-
-  explicit carried_model(architecture arch) : dir("carried-lora") {
-    testing::tiny_model_options o;
-    o.arch = arch;
-    o.layers = 3;
-    o.hidden = 16;
-    o.intermediate = 24;
-    o.vocab = 32;
-    o.max_positions = 32;
-    testing::write_tiny_model(dir.path(), o);
-    cfg = load_config(dir.path());
-    const checkpoint ck = checkpoint::open(dir.path());
-    h = std::make_unique<head>(head::load(ck, cfg, cpu_backend()));
-    blocks = std::make_unique<span_engine>(span_engine::load(ck, cfg, 0, cfg.n_layers, cpu_backend(), 64));
-    runner = std::make_unique<local_span_runner>(*blocks);
-  }
-};
-
-std::vector<std::int32_t> some_ids(std::size_t n, int vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::int32_t> ids(n);
-  for (auto& id : ids) id = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab));
-  return ids;
-}
 
 double largest(const Tensor& t) {
   double m = 0;
@@ -83,14 +53,14 @@ lora_adapter trained_looking(const model_config& cfg, const lora_config& c, std:
 TEST_CASE("a carried adapter's gradients match finite differences of the loss") {
   for (architecture arch : {architecture::llama, architecture::gpt2}) {
     CAPTURE(static_cast<int>(arch));
-    carried_model m(arch);
+    testing::tuning_model m(arch);
     lora_adapter a = trained_looking(m.cfg, config_of(2, {"all-linear"}), 5);
     prompt_tuning_options o;
     o.prompt_len = 0;  // the adapter alone
     prompt_tuner tuner(*m.h, *m.runner, o, &a);
     const int B = 2, T = 5;
-    const auto ids = some_ids(B * T, m.cfg.vocab_size, 3);
-    auto targets = some_ids(B * T, m.cfg.vocab_size, 4);
+    const auto ids = testing::tuning_ids(B * T, m.cfg.vocab_size, 3);
+    auto targets = testing::tuning_ids(B * T, m.cfg.vocab_size, 4);
     targets[2] = -1;  // an ignored row
     tuner.gradients(ids, targets, B, T);
     std::vector<param_group> groups = a.groups();
@@ -115,15 +85,15 @@ TEST_CASE("tuning an adapter through local blocks equals single-process LoRA tra
                         kind{architecture::llama, {}, true}}) {
     CAPTURE(static_cast<int>(k.arch));
     CAPTURE(k.with_prompts);
-    carried_model m(k.arch);
+    testing::tuning_model m(k.arch);
     const lora_config c = config_of(4, k.targets);
     const int B = 2, T = 6, steps = 6;
     const float lr = 2e-2f;
     std::vector<std::vector<std::int32_t>> ids, targets;
     // Two batches in turn: the loss on them falls as the adapter learns.
     for (int s = 0; s < steps; ++s) {
-      ids.push_back(some_ids(B * T, m.cfg.vocab_size, 10 + static_cast<std::uint64_t>(s % 2)));
-      targets.push_back(some_ids(B * T, m.cfg.vocab_size, 50 + static_cast<std::uint64_t>(s % 2)));
+      ids.push_back(testing::tuning_ids(B * T, m.cfg.vocab_size, 10 + static_cast<std::uint64_t>(s % 2)));
+      targets.push_back(testing::tuning_ids(B * T, m.cfg.vocab_size, 50 + static_cast<std::uint64_t>(s % 2)));
     }
 
     // The client's way: the adapter on the host, the blocks behind a runner
@@ -170,7 +140,7 @@ TEST_CASE("tuning an adapter through local blocks equals single-process LoRA tra
 }
 
 TEST_CASE("a stateless request over some blocks carries and answers those blocks' part of the adapter") {
-  carried_model m(architecture::llama);
+  testing::tuning_model m(architecture::llama);
   lora_adapter a = trained_looking(m.cfg, config_of(3, {"q_proj", "down_proj"}), 7);
   const int B = 2, T = 4;
   const Tensor x = testing::random_tensor({B * T, m.cfg.hidden_size}, 3, 1.0f);
@@ -213,7 +183,7 @@ TEST_CASE("a stateless request over some blocks carries and answers those blocks
 }
 
 TEST_CASE("a carried adapter that does not fit its blocks is refused with what is wrong") {
-  carried_model m(architecture::llama);
+  testing::tuning_model m(architecture::llama);
   lora_adapter a = trained_looking(m.cfg, config_of(2, {}), 7);
   const int B = 1, T = 3;
   const Tensor x = testing::random_tensor({B * T, m.cfg.hidden_size}, 3, 1.0f);

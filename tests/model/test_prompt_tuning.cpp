@@ -17,60 +17,26 @@
 #include "model/safetensors.hpp"
 #include "model/span_engine.hpp"
 #include "model/transformer.hpp"
+#include "tests/model/tuning_model.hpp"
 #include "tests/support/numeric_checks.hpp"
 #include "tests/support/tiny_model.hpp"
 
 namespace corolla {
-namespace {
-
-/// A tiny model on disk, its head, and a span engine over all its blocks.
-struct tuning_model {
-  testing::temp_dir_guard dir;
-  model_config cfg;
-  std::unique_ptr<head> h;
-  std::unique_ptr<span_engine> blocks;
-  std::unique_ptr<local_span_runner> runner;
-
-  explicit tuning_model(architecture arch) : dir("prompt-tuning") {
-    testing::tiny_model_options o;
-    o.arch = arch;
-    o.layers = 3;
-    o.hidden = 16;
-    o.intermediate = 24;
-    o.vocab = 32;
-    o.max_positions = 32;
-    testing::write_tiny_model(dir.path(), o);
-    cfg = load_config(dir.path());
-    const checkpoint ck = checkpoint::open(dir.path());
-    h = std::make_unique<head>(head::load(ck, cfg, cpu_backend()));
-    blocks = std::make_unique<span_engine>(span_engine::load(ck, cfg, 0, cfg.n_layers, cpu_backend(), 64));
-    runner = std::make_unique<local_span_runner>(*blocks);
-  }
-};
-
-std::vector<std::int32_t> some_ids(std::size_t n, int vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::int32_t> ids(n);
-  for (auto& id : ids) id = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab));
-  return ids;
-}
-
-}  // namespace
 
 TEST_CASE("prompt gradients match finite differences of the loss, deep and shallow") {
   for (architecture arch : {architecture::llama, architecture::gpt2})
     for (bool deep : {true, false}) {
       CAPTURE(deep);
       CAPTURE(static_cast<int>(arch));
-      tuning_model m(arch);
+      testing::tuning_model m(arch);
       prompt_tuning_options o;
       o.prompt_len = 3;
       o.deep = deep;
       o.init_std = 0.5f;
       prompt_tuner tuner(*m.h, *m.runner, o);
       const int B = 2, T = 5;
-      const auto ids = some_ids(B * T, m.cfg.vocab_size, 3);
-      auto targets = some_ids(B * T, m.cfg.vocab_size, 4);
+      const auto ids = testing::tuning_ids(B * T, m.cfg.vocab_size, 3);
+      auto targets = testing::tuning_ids(B * T, m.cfg.vocab_size, 4);
       targets[2] = -1;  // an ignored row
       tuner.gradients(ids, targets, B, T);
       const Tensor grads = tuner.prompt_gradients().clone();
@@ -89,12 +55,12 @@ TEST_CASE("prompt gradients match finite differences of the loss, deep and shall
 
 TEST_CASE("a frozen head's backward gives the input gradient of the full backward and forms no parameter gradient") {
   for (architecture arch : {architecture::llama, architecture::gpt2}) {
-    tuning_model m(arch);
+    testing::tuning_model m(arch);
     const checkpoint ck = checkpoint::open(m.dir.path());
     head full = head::load(ck, m.cfg, cpu_backend()), frozen = head::load(ck, m.cfg, cpu_backend());
     const std::int64_t N = 6;
     const Tensor x = testing::random_tensor({N, m.cfg.hidden_size}, 21);
-    const auto t = some_ids(static_cast<std::size_t>(N), m.cfg.vocab_size, 22);
+    const auto t = testing::tuning_ids(static_cast<std::size_t>(N), m.cfg.vocab_size, 22);
     const Tensor targets = Tensor::from_i32(t, {N});
     head_activations a, b;
     Tensor dx_full = Tensor::empty({N, m.cfg.hidden_size}), dx_frozen = Tensor::empty({N, m.cfg.hidden_size});
@@ -108,7 +74,7 @@ TEST_CASE("a frozen head's backward gives the input gradient of the full backwar
 }
 
 TEST_CASE("prompt tuning lowers the loss on what it trains on, the shallow kind leaves later prompts at zero") {
-  tuning_model m(architecture::llama);
+  testing::tuning_model m(architecture::llama);
   for (bool deep : {true, false}) {
     CAPTURE(deep);
     prompt_tuning_options o;
@@ -117,8 +83,8 @@ TEST_CASE("prompt tuning lowers the loss on what it trains on, the shallow kind 
     o.optimizer.lr = 0.05f;
     prompt_tuner tuner(*m.h, *m.runner, o);
     const int B = 2, T = 8;
-    const auto ids = some_ids(B * T, m.cfg.vocab_size, 5);
-    const auto targets = some_ids(B * T, m.cfg.vocab_size, 6);
+    const auto ids = testing::tuning_ids(B * T, m.cfg.vocab_size, 5);
+    const auto targets = testing::tuning_ids(B * T, m.cfg.vocab_size, 6);
     const float before = tuner.loss(ids, targets, B, T);
     float first = 0;
     for (int s = 0; s < 30; ++s) {
@@ -144,25 +110,25 @@ TEST_CASE("prompt tuning lowers the loss on what it trains on, the shallow kind 
 }
 
 TEST_CASE("bad prompt-tuning batches are clear errors") {
-  tuning_model m(architecture::llama);
+  testing::tuning_model m(architecture::llama);
   prompt_tuning_options o;
   o.prompt_len = 0;
   CHECK_THROWS_WITH_AS(prompt_tuner(*m.h, *m.runner, o), doctest::Contains("prompt length 0"), model_error);
   o.prompt_len = 4;
   prompt_tuner tuner(*m.h, *m.runner, o);
-  const auto ids = some_ids(10, m.cfg.vocab_size, 1);
+  const auto ids = testing::tuning_ids(10, m.cfg.vocab_size, 1);
   CHECK_THROWS_WITH_AS(tuner.step(ids, ids, 2, 4), doctest::Contains("needs 8 ids"), model_error);
-  const auto long_ids = some_ids(30, m.cfg.vocab_size, 1);
+  const auto long_ids = testing::tuning_ids(30, m.cfg.vocab_size, 1);
   CHECK_THROWS_WITH_AS(tuner.step(long_ids, long_ids, 1, 30), doctest::Contains("beyond the model's context"),
                        model_error);
-  auto bad = some_ids(8, m.cfg.vocab_size, 1);
+  auto bad = testing::tuning_ids(8, m.cfg.vocab_size, 1);
   bad[3] = m.cfg.vocab_size;  // outside the embedding table
   CHECK_THROWS(tuner.step(bad, bad, 2, 4));
   CHECK(tuner.steps() == 0);
 }
 
 TEST_CASE("a deep-prompts file holding NaN or inf is refused at load, naming the file and the element") {
-  tuning_model m(architecture::llama);
+  testing::tuning_model m(architecture::llama);
   const auto file = m.dir.path() / "bad-prompts.safetensors";
   Tensor prompts = testing::random_tensor({m.cfg.n_layers, 2, m.cfg.hidden_size}, 3, 0.5f);
   write_safetensors(file, {{"deep_prompts", prompts}});
@@ -179,11 +145,11 @@ TEST_CASE("a deep-prompts file holding NaN or inf is refused at load, naming the
 TEST_CASE("generation after deep prompts equals greedy decoding by full forwards through the prompt-tuning path") {
   for (architecture arch : {architecture::llama, architecture::gpt2}) {
     CAPTURE(static_cast<int>(arch));
-    tuning_model m(arch);
+    testing::tuning_model m(arch);
     constexpr std::int64_t P = 4;
     const std::int64_t D = m.cfg.hidden_size;
     const Tensor prompts = testing::random_tensor({m.cfg.n_layers, P, D}, 7, 0.5f);
-    const std::vector<std::int32_t> prompt = some_ids(5, m.cfg.vocab_size, 3);
+    const std::vector<std::int32_t> prompt = testing::tuning_ids(5, m.cfg.vocab_size, 3);
     constexpr int new_tokens = 8;
 
     // Reference: the whole sequence (P prefix rows, then the tokens at
@@ -235,7 +201,7 @@ TEST_CASE("generation after deep prompts equals greedy decoding by full forwards
 }
 
 TEST_CASE("a tuner's saved state goes on as if it had never stopped, and another tuner's is refused unchanged") {
-  tuning_model m(architecture::llama);
+  testing::tuning_model m(architecture::llama);
   lora_config c;
   c.rank = 2;
   c.targets = {"all-linear"};
@@ -243,7 +209,7 @@ TEST_CASE("a tuner's saved state goes on as if it had never stopped, and another
   o.prompt_len = 2;
   o.optimizer.lr = 0.03f;
   const int B = 2, T = 5, steps = 6;
-  const auto ids = some_ids(B * T, m.cfg.vocab_size, 3), targets = some_ids(B * T, m.cfg.vocab_size, 4);
+  const auto ids = testing::tuning_ids(B * T, m.cfg.vocab_size, 3), targets = testing::tuning_ids(B * T, m.cfg.vocab_size, 4);
   // The uninterrupted run.
   lora_adapter a = lora_adapter::init(m.cfg, c, 1, cpu_backend());
   prompt_tuner straight(*m.h, *m.runner, o, &a);
