@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +19,7 @@
 
 #include "actors/swarm_finetune.hpp"
 #include "apps/commands.hpp"
+#include "apps/finetune_state.hpp"
 #include "apps/flag_checks.hpp"
 #include "apps/lora_flags.hpp"
 #include "apps/swarm_flags.hpp"
@@ -85,60 +85,6 @@ std::string check_tuning(const finetune_options& o) {
   return tuning;
 }
 
-const char* const data_position_key = "corolla.finetune.data_position";
-
-/// What a checkpoint must have been written by for this run to go on from
-/// it: the frozen model, what trains and how, the batches' shape and data.
-std::map<std::string, std::string> finetune_key(const finetune_options& o, const std::string& tuning, int prompt_len,
-                                                const lora_adapter* adapter, std::int64_t data_tokens) {
-  std::string lora = "none";
-  if (adapter) {
-    const lora_config& c = adapter->config();
-    lora = "r " + std::to_string(c.rank) + ", alpha " + std::to_string(c.alpha) + (c.rslora ? ", rsLoRA" : "") + ", " +
-           c.targets_text();
-  }
-  return {{"corolla.finetune.model", frozen_model_digest(o.model)},
-          {"corolla.finetune.tuning", tuning},
-          {"corolla.finetune.prompt_len", std::to_string(prompt_len)},
-          {"corolla.finetune.adapter", lora},
-          {"corolla.finetune.batch", std::to_string(o.batch)},
-          {"corolla.finetune.seq", std::to_string(o.seq)},
-          {"corolla.finetune.lr", std::to_string(o.lr)},
-          {"corolla.finetune.data_tokens", std::to_string(data_tokens)}};
-}
-
-/// Restores `file` into `tuner` and `data` after checking it was written by
-/// this run (`key`); returns the step it was written after.
-std::int64_t resume_state(prompt_tuner& tuner, const std::filesystem::path& file,
-                          const std::map<std::string, std::string>& key, token_dataset& data, int steps) {
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec))
-    throw model_error("--resume: " + file.string() + " does not exist (a run with --checkpoint-dir writes it)");
-  // The key first, from the header alone: a refused file changes nothing.
-  const auto meta = safetensors_file::open(file)->metadata();
-  for (const auto& [name, want] : key) {
-    const auto got = meta.find(name);
-    const std::string what = name.substr(name.rfind('.') + 1);
-    if (got == meta.end() || got->second != want)
-      throw model_error("--resume: " + file.string() + " was written by another run: its " + what + " is " +
-                        (got == meta.end() ? std::string("not recorded") : "'" + got->second + "'") +
-                        ", this run's '" + want + "'");
-  }
-  std::int64_t step = -1, position = -1;
-  try {
-    step = std::stoll(meta.at(tuning_state_step_key));
-    position = std::stoll(meta.at(data_position_key));
-  } catch (const std::exception&) {
-    throw model_error("--resume: " + file.string() + " records no step or data position");
-  }
-  if (step >= steps)
-    throw model_error("--resume: " + file.string() + " is at step " + std::to_string(step) + ", and --steps " +
-                      std::to_string(steps) + " leaves nothing to train (give more steps)");
-  data.set_position(position);
-  tuner.load_state(file);
-  return step;
-}
-
 int run_finetune(const finetune_options& o) {
   apply_common_options(o.threads, o.log_level);
   const std::string tuning = check_tuning(o);
@@ -197,30 +143,39 @@ int run_finetune(const finetune_options& o) {
                  static_cast<double>(adapter->config().alpha), adapter->config().targets_text().c_str(),
                  static_cast<long long>(adapter->numel()));
   // The client's state: what trains, its optimiser, where the data is.
-  const std::filesystem::path state = o.checkpoint_dir.empty()
-                                          ? std::filesystem::path()
-                                          : std::filesystem::path(o.checkpoint_dir) / "finetune_state.safetensors";
-  const std::map<std::string, std::string> run_key = finetune_key(o, tuning, to.prompt_len, adapter ? &*adapter : nullptr,
-                                                                 data.size());
+  std::optional<finetune_checkpoint> checkpoint;
+  if (!o.checkpoint_dir.empty())
+    checkpoint.emplace(o.checkpoint_dir,
+                       finetune_run{o.model, tuning, to.prompt_len, adapter ? &*adapter : nullptr, o.batch, o.seq, o.lr},
+                       data);
   int first = 1;
   if (o.resume) {
-    first = static_cast<int>(resume_state(tuner, state, run_key, data, o.steps)) + 1;
-    if (!o.json) std::fprintf(stderr, "resuming after step %d from %s\n", first - 1, state.c_str());
+    first = static_cast<int>(checkpoint->resume(tuner, data, o.steps)) + 1;
+    if (!o.json) std::fprintf(stderr, "resuming after step %d from %s\n", first - 1, checkpoint->file().c_str());
   }
+  const auto keep = [&](std::int64_t position) {
+    if (!checkpoint->write(tuner, position))
+      std::fprintf(stderr, "corolla: warning: the state after step %lld is not finite: %s is left as it was\n",
+                   static_cast<long long>(tuner.steps()), checkpoint->file().c_str());
+  };
   std::vector<std::int32_t> ids, targets;
   nlohmann::json losses = nlohmann::json::array();
   for (int s = first; s <= o.steps; ++s) {
+    const std::int64_t position = data.position();
     data.next_batch(o.batch, o.seq, ids, targets);
-    const float loss = tuner.step(ids, targets, o.batch, o.seq);
+    float loss = 0;
+    try {
+      loss = tuner.step(ids, targets, o.batch, o.seq);
+    } catch (const std::exception&) {
+      // A failed step changed nothing: the steps before it are kept, and
+      // --resume takes this batch again.
+      if (checkpoint && s > first) keep(position);
+      throw;
+    }
     losses.push_back(loss);
     if (!o.json) std::printf("step %d/%d loss %.6f\n", s, o.steps, static_cast<double>(loss));
     std::fflush(stdout);
-    // A diverged state is not kept over a good one.
-    if (!state.empty() && std::isfinite(loss) && (s == o.steps || (o.checkpoint_every > 0 && s % o.checkpoint_every == 0))) {
-      std::map<std::string, std::string> meta = run_key;
-      meta[data_position_key] = std::to_string(data.position());
-      tuner.save_state(state, meta);
-    }
+    if (checkpoint && (s == o.steps || (o.checkpoint_every > 0 && s % o.checkpoint_every == 0))) keep(data.position());
   }
   if (!o.save.empty() || !o.save_adapter.empty()) {
     // What diverged is not saved over what the files hold.
@@ -244,7 +199,8 @@ int run_finetune(const finetune_options& o) {
                      {"losses", losses},
                      {"failovers", remote ? remote->failovers() : 0}};
     if (!o.save.empty()) j["saved"] = o.save;
-    if (!state.empty()) j["checkpoint"] = state.string();
+    if (checkpoint && checkpoint->written_step() >= 0)
+      j["checkpoint"] = {{"file", checkpoint->file().string()}, {"step", checkpoint->written_step()}};
     if (adapter) {
       j["adapter"] = {{"rank", adapter->config().rank},
                       {"alpha", adapter->config().alpha},

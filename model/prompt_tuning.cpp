@@ -1,5 +1,6 @@
 #include "model/prompt_tuning.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -185,6 +186,21 @@ void prompt_tuner::save_state(const std::filesystem::path& file, const std::map<
   write_safetensors(file, state_tensors(prompts_, m_, v_, adapter_, adapter_optimizer_.get()), all);
 }
 
+namespace {
+
+bool all_finite(const Tensor& t) {
+  const std::vector<float> v = t.to(dtype::f32).to_vector();
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+}  // namespace
+
+bool prompt_tuner::state_is_finite() const {
+  for (const auto& [name, t] : state_tensors(prompts_, m_, v_, adapter_, adapter_optimizer_.get()))
+    if (!all_finite(t)) return false;
+  return true;
+}
+
 std::map<std::string, std::string> prompt_tuner::load_state(const std::filesystem::path& file) {
   const auto f = safetensors_file::open(file);
   const auto refuse = [&](const std::string& why) { throw model_error(file.string() + ": " + why); };
@@ -196,6 +212,7 @@ std::map<std::string, std::string> prompt_tuner::load_state(const std::filesyste
     if (info->shape != t.shape() || info->type != dtype::f32)
       refuse("'" + name + "' is " + dtype_name(info->type) + " " + shape_str(info->shape) + ", this run's is f32 " +
              shape_str(t.shape()));
+    if (!all_finite(f->view(name))) refuse("'" + name + "' holds a value that is not finite");
   }
   if (f->tensors().size() != tensors.size())
     refuse("holds " + std::to_string(f->tensors().size()) + " tensors, this run's state " +

@@ -135,9 +135,13 @@ class prompt_tuner {
   /// caller's account of the run) as the file's metadata; safetensors,
   /// through a temporary file and a rename.
   void save_state(const std::filesystem::path& file, const std::map<std::string, std::string>& meta) const;
+  /// Whether every value save_state would write is finite (a state that
+  /// diverged is not worth keeping over an older one).
+  bool state_is_finite() const;
   /// Restores save_state's file into this tuner, which must train the same
-  /// things of the same shapes (model_error naming the file and what
-  /// differs otherwise, nothing changed then); returns the file's metadata.
+  /// things of the same shapes and hold finite values (model_error naming
+  /// the file and what differs otherwise, nothing changed then); returns
+  /// the file's metadata.
   std::map<std::string, std::string> load_state(const std::filesystem::path& file);
 
  private:

@@ -123,9 +123,9 @@ TEST_CASE("finetune: a run resumed from its checkpoint prints the uninterrupted 
   const std::string data = (dir / "data.bin").string();
   write_model_and_data(model, data);
   const std::string state = (dir / "state").string();
-  auto run = [&](std::vector<std::string> extra) {
+  auto run = [&](std::vector<std::string> extra, const std::string& lr = "0.03") {
     std::vector<std::string> args{"finetune", "--model", model,  "--data",      data,  "--local", "--device", "cpu",
-                                  "--seq",    "8",     "--lr",   "0.03",        "--lora-rank", "2", "--tuning",
+                                  "--seq",    "8",     "--lr",   lr,            "--lora-rank", "2", "--tuning",
                                   "deep",     "--prompt-len", "2", "--json"};
     args.insert(args.end(), extra.begin(), extra.end());
     return testing::run_corolla(args, std::chrono::seconds(60));
@@ -137,7 +137,8 @@ TEST_CASE("finetune: a run resumed from its checkpoint prints the uninterrupted 
   };
   const auto straight = json_of(run({"--steps", "6", "--save-adapter", (dir / "straight").string()}));
   const auto first = json_of(run({"--steps", "3", "--checkpoint-dir", state}));
-  CHECK(first["checkpoint"] == (std::filesystem::path(state) / "finetune_state.safetensors").string());
+  CHECK(first["checkpoint"]["file"] == (std::filesystem::path(state) / "finetune_state.safetensors").string());
+  CHECK(first["checkpoint"]["step"] == 3);
   const auto rest = json_of(run({"--steps", "6", "--checkpoint-dir", state, "--resume", "--save-adapter",
                                  (dir / "resumed").string()}));
   CHECK(rest["first_step"] == 4);
@@ -160,4 +161,23 @@ TEST_CASE("finetune: a run resumed from its checkpoint prints the uninterrupted 
   testing::check_one_error(run({"--steps", "6", "--resume"}), "--resume needs --checkpoint-dir DIR");
   testing::check_one_error(run({"--steps", "6", "--checkpoint-dir", (dir / "empty").string(), "--resume"}),
                            "finetune_state.safetensors does not exist");
+  testing::check_one_error(run({"--steps", "6", "--checkpoint-dir", (dir / "model" / "state").string()}),
+                           "is inside the model directory");
+  testing::check_one_error(run({"--steps", "6", "--checkpoint-dir", state, "--resume"}, "0.0300001"),
+                           "its lr is '0.03', this run's '0.0300001'");
+
+  // A run that diverges (at this rate the state overflows after step 4)
+  // keeps its last finite state, which a resumed run takes up.
+  const std::string diverged = (dir / "diverged").string();
+  const auto d = run({"--steps", "5", "--checkpoint-dir", diverged, "--checkpoint-every", "1"}, "1e37");
+  INFO("stderr: " << d.err);
+  REQUIRE(d.exit_code == 0);
+  CHECK(d.err.find("is not finite: " + diverged + "/finetune_state.safetensors is left as it was") != std::string::npos);
+  const auto dj = nlohmann::json::parse(d.out_lines().back());
+  REQUIRE(dj.contains("checkpoint"));
+  const int kept = dj["checkpoint"]["step"].get<int>();
+  CHECK(kept >= 1);
+  CHECK(kept < 5);
+  const auto again = json_of(run({"--steps", "6", "--checkpoint-dir", diverged, "--resume"}, "1e37"));
+  CHECK(again["first_step"] == kept + 1);
 }

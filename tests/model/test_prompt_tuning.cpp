@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
@@ -236,17 +237,31 @@ TEST_CASE("a tuner's saved state goes on as if it had never stopped, and another
   for (int i = 0; i < m.cfg.n_layers; ++i) CHECK(testing::max_rel_diff(second.block(i).flat(), a.block(i).flat()) == 0);
 
   // Another prompt length, or no adapter: refused, nothing changed.
-  const Tensor before = resumed.prompts().clone();
   prompt_tuning_options longer = o;
   longer.prompt_len = 3;
   lora_adapter third = lora_adapter::init(m.cfg, c, 1, cpu_backend());
   prompt_tuner other(*m.h, *m.runner, longer, &third);
+  const Tensor other_before = other.prompts().clone(), third_before = third.block(0).flat().clone();
   CHECK_THROWS_WITH_AS(other.load_state(file), doctest::Contains("'prompts' is f32 [3, 2, 16], this run's is f32 [3, 3, 16]"),
                        model_error);
+  CHECK(testing::max_rel_diff(other.prompts(), other_before) == 0);
+  CHECK(testing::max_rel_diff(third.block(0).flat(), third_before) == 0);
+  CHECK(other.steps() == 0);
   prompt_tuner prompts_only(*m.h, *m.runner, o);
+  const Tensor only_before = prompts_only.prompts().clone();
   CHECK_THROWS_WITH_AS(prompts_only.load_state(file), doctest::Contains("written by a tuner of other things"), model_error);
+  CHECK(testing::max_rel_diff(prompts_only.prompts(), only_before) == 0);  // its prompts match the file's names
   CHECK(prompts_only.steps() == 0);
-  CHECK(testing::max_rel_diff(resumed.prompts(), before) == 0);
+
+  // A state that diverged says so, and a file holding one is refused.
+  CHECK(resumed.state_is_finite());
+  resumed.prompts().data<float>()[5] = NAN;
+  CHECK_FALSE(resumed.state_is_finite());
+  const auto bad = m.dir.path() / "nan.safetensors";
+  resumed.save_state(bad, {});
+  prompt_tuner again(*m.h, *m.runner, o, &third);
+  CHECK_THROWS_WITH_AS(again.load_state(bad), doctest::Contains("'prompts' holds a value that is not finite"),
+                       model_error);
 }
 
 }  // namespace corolla
