@@ -32,7 +32,8 @@ caf::expected<remote_message> swarm_span_runner::call(const hop_state& h, const 
   if (adapter_) {
     // The client's adapter goes with every request: the servers keep nothing.
     b.lora = adapter_->config();
-    tensors.push_back(adapter_->span_values(h.hop.start, h.hop.end - h.hop.start));
+    const std::int64_t per_block = adapter_->block_numel();
+    tensors.push_back(adapter_values_.slice(per_block * h.hop.start, per_block * h.hop.end));
   }
   m.body = encode_body(b);
   m.tensors = std::move(tensors);
@@ -135,6 +136,9 @@ Tensor swarm_span_runner::forward(const Tensor& hidden, int batch, int seq, cons
   seq_ = seq;
   prompts_ = deep_prompts;
   adapter_ = adapter;
+  // Laid out once a step: every request of it (retries and spot checks too)
+  // carries a slice.
+  adapter_values_ = adapter ? adapter->span_values(0, n_blocks) : Tensor();
   hops_.clear();
   auto r = client_.throughput_route(0, n_blocks, {}, rng_);
   if (!r) {  // servers that joined or came back since

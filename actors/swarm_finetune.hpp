@@ -67,6 +67,7 @@ class swarm_span_runner final : public span_runner {
   std::vector<hop_state> hops_;
   Tensor prompts_;
   lora_adapter* adapter_ = nullptr;  ///< the client's, sent with each request (its blocks' part)
+  Tensor adapter_values_;            ///< its values at this step's forward (lora_adapter::span_values)
   int batch_ = 0, seq_ = 0;
   int failovers_ = 0;
 };

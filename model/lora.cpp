@@ -72,6 +72,23 @@ std::vector<std::pair<std::string, shape_t>> block_layout_of(const std::vector<l
   return layout;
 }
 
+/// Values in one block of an adapter of `modules` and rank `r`.
+std::int64_t block_numel_of(const std::vector<lora_module>& modules, int r) {
+  std::int64_t n = 0;
+  for (const auto& entry : block_layout_of(modules, r)) n += shape_numel(entry.second);
+  return n;
+}
+
+/// Blocks [first, first + n) of `sets`' tensors in `layout`'s order, block
+/// after block (views): what span_values lays out flat.
+std::vector<Tensor> span_tensors(const std::vector<param_set>& sets, int first, int n,
+                                 const std::vector<std::pair<std::string, shape_t>>& layout) {
+  std::vector<Tensor> out;
+  for (int i = first; i < first + n; ++i)
+    for (const auto& entry : layout) out.push_back(sets.at(static_cast<std::size_t>(i)).get(entry.first));
+  return out;
+}
+
 void check_config(const lora_config& c) {
   if (c.rank < 1) throw model_error("a LoRA adapter's rank must be at least 1 (got " + std::to_string(c.rank) + ")");
   if (!std::isfinite(c.alpha) || c.alpha <= 0.0f)
@@ -184,8 +201,7 @@ lora_adapter lora_adapter::of_span(const model_config& cfg, const lora_span_valu
   if (n < 1) throw model_error("a carried LoRA adapter needs at least one block");
   std::vector<lora_module> modules = lora_targets(cfg, v.config.targets);
   // Checked before anything is allocated: the values bound what is made.
-  std::int64_t per_block = 0;
-  for (const auto& entry : block_layout_of(modules, v.config.rank)) per_block += shape_numel(entry.second);
+  const std::int64_t per_block = block_numel_of(modules, v.config.rank);
   const Tensor& t = v.values;
   if (!t.defined() || t.type() != dtype::f32 || t.dev().kind != device_kind::cpu || t.shape().size() != 1 ||
       t.numel() != per_block * n)
@@ -410,25 +426,16 @@ span_lora lora_adapter::training_factors(Backend& be, dtype t, int first, int n)
   });
 }
 
-std::int64_t lora_adapter::block_numel() const {
-  std::int64_t n = 0;
-  for (const auto& entry : block_layout_of(modules_, config_.rank)) n += shape_numel(entry.second);
-  return n;
-}
+std::int64_t lora_adapter::block_numel() const { return block_numel_of(modules_, config_.rank); }
 
 Tensor lora_adapter::span_values(int first, int n, bool grads) {
   check_blocks(first, n, n_layers());
   if (grads && grads_.empty()) zero_grads();
-  const auto layout = block_layout_of(modules_, config_.rank);
   Tensor out = Tensor::empty({block_numel() * n});
   std::int64_t at = 0;
-  for (int i = first; i < first + n; ++i) {
-    const param_set& p = grads ? grads_.at(static_cast<std::size_t>(i)) : block(i);
-    for (const auto& entry : layout) {
-      const Tensor t = p.get(entry.first);
-      out.slice(at, at + t.numel()).view(t.shape()).copy_from(t);
-      at += t.numel();
-    }
+  for (const Tensor& t : span_tensors(grads ? grads_ : blocks_, first, n, block_layout_of(modules_, config_.rank))) {
+    out.slice(at, at + t.numel()).view(t.shape()).copy_from(t);
+    at += t.numel();
   }
   return out;
 }
@@ -439,16 +446,11 @@ void lora_adapter::set_span_values(int first, int n, const Tensor& flat, bool gr
     throw model_error("LoRA: " + std::to_string(flat.numel()) + " values for " + std::to_string(n) +
                       " blocks of " + std::to_string(block_numel()));
   if (grads && grads_.empty()) zero_grads();
-  const auto layout = block_layout_of(modules_, config_.rank);
   const Tensor src = flat.view({flat.numel()});
   std::int64_t at = 0;
-  for (int i = first; i < first + n; ++i) {
-    param_set& p = grads ? grads_.at(static_cast<std::size_t>(i)) : block(i);
-    for (const auto& entry : layout) {
-      Tensor t = p.get(entry.first);
-      t.copy_from(src.slice(at, at + t.numel()).view(t.shape()));
-      at += t.numel();
-    }
+  for (Tensor& t : span_tensors(grads ? grads_ : blocks_, first, n, block_layout_of(modules_, config_.rank))) {
+    t.copy_from(src.slice(at, at + t.numel()).view(t.shape()));
+    at += t.numel();
   }
 }
 

@@ -188,9 +188,11 @@ void prompt_tuner::save_state(const std::filesystem::path& file, const std::map<
 
 namespace {
 
+/// Whether every value of an f32 host tensor (a state tensor, or a file's
+/// checked to be f32 first) is finite.
 bool all_finite(const Tensor& t) {
-  const std::vector<float> v = t.to(dtype::f32).to_vector();
-  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  const float* v = t.data<float>();
+  return std::all_of(v, v + t.numel(), [](float x) { return std::isfinite(x); });
 }
 
 }  // namespace
