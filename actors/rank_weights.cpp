@@ -94,6 +94,11 @@ rank_weights weights_from_checkpoint(const std::filesystem::path& dir, Backend& 
     return stage::load(*ck, cfg, first, last, be).params();
   };
   w.head = [ck, cfg = w.cfg, &be] { return head::load(*ck, cfg, be).params(); };
+  // One block's f32 at a time, on the rank's own backend (a device rank
+  // quantises there), never the stage's f32 parameters at once.
+  w.frozen_stage = [ck, cfg = w.cfg](int first, int last, Backend& on, weight_format f) {
+    return stage::load_inference(*ck, cfg, first, last, on, f);
+  };
   return w;
 }
 

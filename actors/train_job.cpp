@@ -163,7 +163,8 @@ std::string join_key(const dist_train_options& o, const model_config& cfg) {
                   " synthetic=" + (o.synthetic.enabled() ? "1" : "0") +
                   " compute=" + dtype_name(o.compute) + " collectives=" + dp_collectives_name(o.collectives);
   if (o.lora)  // ranks must draw (or read) the same adapter: beside its shape (above), its seed and source
-    k += " lora_seed=" + std::to_string(o.lora->seed) + " lora_from=" + o.lora->from_digest;
+    k += " lora_seed=" + std::to_string(o.lora->seed) + " lora_from=" + o.lora->from_digest +
+         " base_weights=" + weight_format_name(o.lora->base_weights);
   const loss_scaling& ls = o.optimizer.loss_scale;
   k += std::string(" loss_scale=") + loss_scaling_name(ls);
   if (ls.dynamic)

@@ -38,10 +38,12 @@
 #include <caf/actor.hpp>
 
 #include "kernels/backend.hpp"
+#include "kernels/weight_format.hpp"
 #include "model/config.hpp"
 #include "model/lora.hpp"
 #include "model/params.hpp"
 #include "model/optimizer.hpp"
+#include "model/stage.hpp"
 #include "schedule/cluster.hpp"
 
 namespace corolla {
@@ -170,6 +172,12 @@ struct dist_lora {
   /// frozen weights are read, the ranks draw the model from their --seed
   /// (bench train --cluster's synthetic compute).
   std::string base_digest;
+  /// The format the ranks hold the frozen model's linear weights in: f32,
+  /// or bf16/int8/nf4 (QLoRA: each rank loads its stage with
+  /// stage::load_inference and widens one block at a time for its turn in
+  /// the forward and the backward; the head stays f32). Not f32: the
+  /// blocks compute in f32 (dist_train_options::compute).
+  weight_format base_weights = weight_format::f32;
 };
 
 struct dist_train_options {
@@ -374,6 +382,11 @@ struct rank_weights {
   std::function<std::vector<param_set>(int first, int last)> blocks;
   /// The head's parameter set.
   std::function<param_set()> head;
+  /// Blocks [first, last) as an inference-only stage holding format `f`
+  /// (not f32) on `be` (stage::load_inference): a QLoRA job's frozen
+  /// blocks, read without holding the stage's f32 parameters at once.
+  /// Empty: stage::inference_of over blocks(first, last).
+  std::function<stage(int first, int last, Backend& be, weight_format f)> frozen_stage;
 };
 
 /// Weights from a whole model in memory (shared, not copied).

@@ -58,6 +58,11 @@ class rank_runtime {
   /// The stage's parts (one per chunk), the head on the first and last
   /// stage, and the DP group's buckets over their parameters.
   void build_model();
+  /// Blocks [first, last)'s parameters from the weights, on this rank's backend.
+  std::vector<param_set> stage_blocks(int first, int last);
+  /// Blocks [first, last) as an inference-only stage of format `f` (a
+  /// QLoRA job's frozen blocks: dist_lora::base_weights).
+  stage frozen_part(int first, int last, weight_format f);
 
   // ---- device collectives -------------------------------------------------------
 

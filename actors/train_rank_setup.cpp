@@ -13,6 +13,11 @@ void rank_runtime::build_model() {
   // LoRA: the whole adapter (the same on every rank: drawn from the job's
   // seed, or read from its directory); this rank trains its blocks' factors.
   const bool lora = o_.lora.has_value();
+  // QLoRA: the frozen blocks held as bf16/int8/nf4, widened a block at a time.
+  const weight_format frozen = lora ? o_.lora->base_weights : weight_format::f32;
+  if (frozen != weight_format::f32 && o_.compute != dtype::f32)
+    throw train_error(std::string("an adapter beside ") + weight_format_name(frozen) + " frozen weights computes in f32, "
+                      "not " + dtype_name(o_.compute) + " (each block's weights are widened for its turn)");
   if (lora) {
     const dist_lora& l = *o_.lora;
     if (o_.resume) {
@@ -37,12 +42,12 @@ void rank_runtime::build_model() {
     const auto v = static_cast<std::size_t>(o_.layout.virtual_stage(stage_, c));
     const int first = o_.layout.boundaries[v];
     const int last = o_.layout.boundaries[v + 1];
-    std::vector<param_set> blocks = weights_.blocks(first, last);
-    if (static_cast<int>(blocks.size()) != last - first)
-      throw train_error("the weights gave " + std::to_string(blocks.size()) + " blocks for blocks " +
-                        std::to_string(first) + ".." + std::to_string(last - 1));
-    for (param_set& b : blocks) place_params(b, be_);  // no-op where they already are
-    model_.parts.emplace_back(cfg_, first, std::move(blocks), be_);
+    if (frozen != weight_format::f32) {
+      model_.parts.push_back(frozen_part(first, last, frozen));
+    } else {
+      std::vector<param_set> blocks = stage_blocks(first, last);
+      model_.parts.emplace_back(cfg_, first, std::move(blocks), be_);
+    }
     stage& part = model_.parts.back();
     part.set_compute_dtype(o_.compute);
     if (lora) {
@@ -99,6 +104,28 @@ void rank_runtime::build_model() {
   if (model_.head_part)
     buckets_->add_bucket(head_bucket, &model_.head_part->params(), &model_.head_part->grads(), &rings_.head,
                          device_coll ? group_of(rings_.head) : nullptr);
+}
+
+std::vector<param_set> rank_runtime::stage_blocks(int first, int last) {
+  std::vector<param_set> blocks = weights_.blocks(first, last);
+  if (static_cast<int>(blocks.size()) != last - first)
+    throw train_error("the weights gave " + std::to_string(blocks.size()) + " blocks for blocks " +
+                      std::to_string(first) + ".." + std::to_string(last - 1));
+  for (param_set& b : blocks) place_params(b, be_);  // no-op where they already are
+  return blocks;
+}
+
+stage rank_runtime::frozen_part(int first, int last, weight_format f) {
+  if (weights_.frozen_stage) {
+    stage s = weights_.frozen_stage(first, last, be_, f);
+    if (s.first() != first || s.size() != last - first)
+      throw train_error("the weights gave blocks " + std::to_string(s.first()) + ".." +
+                        std::to_string(s.last() - 1) + " for blocks " + std::to_string(first) + ".." +
+                        std::to_string(last - 1));
+    return s;
+  }
+  // Made of the f32 parameters, which are dropped once it holds its own.
+  return stage::inference_of(cfg_, first, stage_blocks(first, last), be_, f);
 }
 
 void rank_runtime::join_device_groups() {

@@ -15,6 +15,7 @@
 #include "apps/commands.hpp"
 #include "apps/flag_checks.hpp"
 #include "apps/plan_print.hpp"
+#include "model/block.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
 #include "model/lora.hpp"
@@ -43,6 +44,7 @@ struct plan_args {
   double headroom = 0.1;
   int lora_rank = 0;                      ///< a LoRA job of this rank (0: the whole model trains)
   std::vector<std::string> lora_targets;  ///< its modules (empty: the family's default)
+  std::string weights = "f32";            ///< the frozen blocks' format beside the adapter (QLoRA: not f32)
   bool json = false;
 };
 
@@ -233,6 +235,14 @@ int run_plan(const plan_args& a) {
   } else if (!a.lora_targets.empty()) {
     throw std::invalid_argument("--lora-targets names the modules of a LoRA job: add --lora-rank R");
   }
+  const weight_format frozen = parse_weights_flag(a.weights);
+  if (frozen != weight_format::f32) {
+    if (a.lora_rank == 0)
+      throw std::invalid_argument("--weights " + a.weights + ": frozen weights in another format carry an adapter "
+                                  "(add --lora-rank R)");
+    // As an inference-only stage holds a block (train --weights): no f32 parameters.
+    setup.frozen_block_bytes = static_cast<double>(served_block_bytes(cfg, frozen, false));
+  }
 
   sc::plan_report r = sc::make_plan(cluster, cfg, setup);
   if (!r.best.feasible) throw model_error("no feasible plan: " + r.best.reason);
@@ -252,7 +262,11 @@ int run_plan(const plan_args& a) {
             {{"global_batch", setup.global_batch}, {"micro_batch", setup.micro_batch},
              {"seq", setup.sequence_length(cfg)}, {"precision", a.precision}, {"zero1", setup.zero1},
              {"dp_overlap", setup.dp_overlap}, {"memory_headroom", setup.memory_headroom},
-             {"lora", a.lora_rank > 0 ? json{{"rank", a.lora_rank}, {"targets", targets}, {"values", adapter_values}}
+             {"lora", a.lora_rank > 0 ? json{{"rank", a.lora_rank},
+                                             {"targets", targets},
+                                             {"values", adapter_values},
+                                             {"base_weights", weight_format_flag(frozen)},
+                                             {"frozen_block_bytes", setup.frozen_block_bytes}}
                                       : json(nullptr)}}},
            {"plan", plan_json(cluster, best)},
            {"baselines",
@@ -280,6 +294,11 @@ int run_plan(const plan_args& a) {
     std::printf("LoRA: an adapter of rank %d on %s (%lld values) trains beside the frozen model: its gradients, "
                 "moments and DP traffic only\n",
                 a.lora_rank, t.c_str(), static_cast<long long>(adapter_values));
+    if (frozen != weight_format::f32)
+      std::printf("QLoRA: the frozen blocks held as %s, %.1f MiB each (%.1f MiB in f32), one widened to f32 at a "
+                  "time\n",
+                  weight_format_flag(frozen), setup.frozen_block_bytes / (1 << 20),
+                  static_cast<double>(served_block_bytes(cfg, weight_format::f32, true)) / (1 << 20));
   }
   std::printf("\n");
   print_plan(stdout, cluster, best);
@@ -332,6 +351,10 @@ void register_plan(CLI::App& app, action_fn& action) {
   cmd->add_option("--lora-targets", args->lora_targets,
                   "The adapted modules, as train --lora-targets names them (default: q_proj,v_proj; GPT-2: c_attn)")
       ->delimiter(',');
+  cmd->add_option("--weights", args->weights,
+                  "With --lora-rank: the frozen blocks' linear weights as f32, bf16, int8 or nf4 (QLoRA, as train "
+                  "--weights holds them; the head and embeddings stay at --precision)")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object instead of the tables");
   cmd->callback([&action, args] { action = [args] { return run_plan(*args); }; });
 }

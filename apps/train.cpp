@@ -19,6 +19,7 @@
 #include "apps/train_args.hpp"
 #include "apps/train_lobby.hpp"
 #include "kernels/backend.hpp"
+#include "model/block.hpp"
 #include "model/config.hpp"
 #include "model/error.hpp"
 #include "model/fingerprint.hpp"
@@ -157,9 +158,11 @@ void check_frozen_model(const fs::path& dir, const dist_lora& l) {
                       ") is not the frozen model this LoRA job trains beside (" + l.base_digest + ")");
 }
 
-double lora_block_values(const model_config& cfg, const std::optional<dist_lora>& lora) {
-  if (!lora) return 0;
-  return static_cast<double>(lora_adapter::zeros(cfg, lora->config).numel()) / cfg.n_layers;
+void price_lora(schedule::training_setup& setup, const model_config& cfg, const std::optional<dist_lora>& lora) {
+  if (!lora) return;
+  setup.lora_block_params = static_cast<double>(lora_adapter::zeros(cfg, lora->config).numel()) / cfg.n_layers;
+  if (lora->base_weights != weight_format::f32)  // what load_inference keeps of a block: no f32 parameters
+    setup.frozen_block_bytes = static_cast<double>(served_block_bytes(cfg, lora->base_weights, false));
 }
 
 std::optional<dist_lora> dist_lora_of(const train_args& a, const model_config& cfg) {
@@ -181,6 +184,7 @@ std::optional<dist_lora> dist_lora_of(const train_args& a, const model_config& c
   }
   l.base_model = fs::absolute(a.model).lexically_normal().string();
   l.base_digest = frozen_model_digest(a.model);
+  l.base_weights = parse_weights_flag(a.weights);  // QLoRA beside bf16/int8/nf4
   return l;
 }
 
@@ -203,10 +207,6 @@ int run_train(const train_args& a) {
     throw std::invalid_argument("--weights " + a.weights +
                                 ": the model trains its f32 parameters; frozen weights in another format carry an "
                                 "adapter (add --lora-rank R or --adapter DIR)");
-  if (base_weights != weight_format::f32 && wants_distributed(a))
-    throw std::invalid_argument("--weights " + a.weights +
-                                ": an adapter beside frozen weights in another format than f32 (QLoRA) trains in a "
-                                "single process; drop --pp, --dp and --cluster, or --weights");
   if (base_weights != weight_format::f32 && parse_compute_dtype(a.compute) != dtype::f32)
     throw std::invalid_argument("--weights " + a.weights + " --compute " + a.compute +
                                 ": an adapter beside " + a.weights +
@@ -376,7 +376,8 @@ void register_train(CLI::App& app, action_fn& action) {
   cmd->add_option("--weights", args->weights,
                   "With --lora-rank or --adapter: hold the frozen model's linear weights as f32, bf16, int8 or nf4 "
                   "(QLoRA: an eighth of the bytes; each block is widened to f32 for its turn in the forward and "
-                  "backward, and the adapter trains in f32)")
+                  "backward, and the adapter trains in f32). With --pp/--dp/--cluster each rank holds its own "
+                  "stage's blocks so")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed of the fresh initialisation (config-only --model), or of a new LoRA adapter (--lora-rank)")
       ->check(unsigned_integer())

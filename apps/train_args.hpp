@@ -146,9 +146,11 @@ dtype compute_dtype_of(const train_args& a);
 /// rank starts), a new one's targets checked against `cfg`. Throws for a
 /// model without weights.
 std::optional<dist_lora> dist_lora_of(const train_args& a, const model_config& cfg);
-/// The values per block of a job's adapter (0 without one: the whole model
-/// trains), for the planner (schedule::training_setup::lora_block_params).
-double lora_block_values(const model_config& cfg, const std::optional<dist_lora>& lora);
+/// Prices a job's adapter for the planner: its values per block
+/// (training_setup::lora_block_params; nothing without one: the whole model
+/// trains) and, beside frozen weights in another format than f32 (QLoRA),
+/// the bytes one block's frozen weights take (frozen_block_bytes).
+void price_lora(schedule::training_setup& setup, const model_config& cfg, const std::optional<dist_lora>& lora);
 /// A distributed job's new adapter `c` (targets by their module paths;
 /// throws for a bad rank, alpha or target), drawn from `seed`.
 dist_lora new_dist_lora(const model_config& cfg, lora_config c, std::uint64_t seed);
@@ -290,9 +292,9 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
                          const schedule::plan* plan = nullptr);
 /// The planner's best plan for the flags' batch, micro-batch and sequence
 /// length on `cluster` (pp, dp: fixed depth and width; 0 = the planner's
-/// choice), priced as a LoRA job with `lora_block_params` > 0
-/// (lora_block_values). Check plan::feasible.
+/// choice), priced as `lora`'s LoRA job where one is given (price_lora).
+/// Check plan::feasible.
 schedule::plan plan_on(const train_args& a, const model_config& cfg, const schedule::cluster_description& cluster,
-                       int pp = 0, int dp = 0, double lora_block_params = 0);
+                       int pp = 0, int dp = 0, const std::optional<dist_lora>& lora = std::nullopt);
 
 }  // namespace corolla::app

@@ -122,7 +122,8 @@ nlohmann::json adapter_summary(const dist_train_options& o, const model_config& 
           {"alpha", c.alpha},
           {"rslora", c.rslora},
           {"targets", c.targets},
-          {"parameters", lora_adapter::zeros(cfg, c).numel()}};
+          {"parameters", lora_adapter::zeros(cfg, c).numel()},
+          {"base_weights", weight_format_flag(o.lora->base_weights)}};  // as the flag names it
 }
 
 }  // namespace
@@ -281,10 +282,13 @@ int launch_local(const train_args& a, const dist_train_options& o, const model_c
   open_data(a.data, a.model, cfg.vocab_size);
   if (o.lora && !a.json) {
     const std::int64_t values = adapter_summary(o, cfg)["parameters"];
-    std::fprintf(stderr, "training a LoRA adapter on %d ranks: r %d, alpha %g, %s; %lld parameters (%.3f%% of the model's)\n",
+    const weight_format f = o.lora->base_weights;
+    std::fprintf(stderr,
+                 "training a LoRA adapter on %d ranks: r %d, alpha %g, %s; %lld parameters (%.3f%% of the model's)%s\n",
                  o.layout.world(), o.lora->config.rank, static_cast<double>(o.lora->config.alpha),
                  o.lora->config.targets_text().c_str(), static_cast<long long>(values),
-                 100.0 * static_cast<double>(values) / static_cast<double>(cfg.parameter_count()));
+                 100.0 * static_cast<double>(values) / static_cast<double>(cfg.parameter_count()),
+                 f == weight_format::f32 ? "" : (std::string(" beside ") + weight_format_flag(f) + " weights").c_str());
   }
   if (a.elastic) return launch_local_elastic(a, o, cfg, cluster, plan);
   const auto start = std::chrono::steady_clock::now();
@@ -309,11 +313,11 @@ struct planned_cluster {
   schedule::plan plan;
 };
 
-planned_cluster plan_cluster(const train_args& a, const model_config& cfg, double lora_block_params) {
+planned_cluster plan_cluster(const train_args& a, const model_config& cfg, const std::optional<dist_lora>& lora) {
   planned_cluster p{load_cluster_file(a.cluster), {}, {}};
   const schedule::cluster_members members(p.cluster, {a.standby.begin(), a.standby.end()});
   p.present = members.present();
-  p.plan = plan_on(a, cfg, p.present, a.pp, a.dp, lora_block_params);
+  p.plan = plan_on(a, cfg, p.present, a.pp, a.dp, lora);
   if (!p.plan.feasible) throw std::invalid_argument("no feasible plan on " + a.cluster + ": " + p.plan.reason);
   return p;
 }
@@ -338,11 +342,11 @@ schedule::training_setup training_setup_of(const train_args& a) {
 }
 
 schedule::plan plan_on(const train_args& a, const model_config& cfg, const schedule::cluster_description& cluster,
-                       int pp, int dp, double lora_block_params) {
+                       int pp, int dp, const std::optional<dist_lora>& lora) {
   schedule::training_setup setup = training_setup_of(a);
   setup.pp = pp;
   setup.dp = dp;
-  setup.lora_block_params = lora_block_params;  // a LoRA job trains (and reduces) its adapter only
+  price_lora(setup, cfg, lora);  // a LoRA job trains (and reduces) its adapter only
   setup.validate(cfg);
   return schedule::make_plan(cluster, cfg, setup).best;
 }
@@ -408,7 +412,7 @@ int run_distributed_train(train_args a) {
     if (a.chunks != 1) throw std::invalid_argument("--chunks is not planned for a --cluster yet: use --pp/--dp");
     if (!a.standby.empty() && !a.elastic)
       throw std::invalid_argument("--standby names workers that join an --elastic job later: add --elastic");
-    planned = plan_cluster(a, cfg, lora_block_values(cfg, o.lora));
+    planned = plan_cluster(a, cfg, o.lora);
     use_plan(planned->present, planned->plan, o, a.link_profile);
   } else {
     const int pp = a.pp > 0 ? a.pp : 1;

@@ -216,13 +216,13 @@ int launch_local_elastic(const train_args& a, dist_train_options o, const model_
   setup.micro_batch = o.micro_batch;
   setup.cfg = cfg;
   setup.training = training_setup_of(a);
-  setup.training.lora_block_params = lora_block_values(cfg, o.lora);  // re-plans price the adapter only
+  price_lora(setup.training, cfg, o.lora);  // re-plans price the adapter only (and QLoRA's frozen blocks)
   setup.min_ranks = a.min_ranks;
   if (cluster) {
     setup.file = *cluster;
     setup.standby = took ? setup_standby_override : std::set<std::string>{a.standby.begin(), a.standby.end()};
     if (plan) setup.plan = *plan;
-    setup.planner = [&a, &cfg, lora = setup.training.lora_block_params](const schedule::cluster_description& c) {
+    setup.planner = [&a, &cfg, lora = o.lora](const schedule::cluster_description& c) {
       return plan_on(a, cfg, c, 0, 0, lora);
     };
   }

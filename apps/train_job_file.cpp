@@ -35,7 +35,8 @@ nlohmann::json job_to_json(const dist_train_options& o) {
             {"rslora", o.lora->config.rslora},   {"targets", o.lora->config.targets},
             {"seed", std::to_string(o.lora->seed)}, {"from", o.lora->from.string()},
             {"from_digest", o.lora->from_digest}, {"base_model", o.lora->base_model},
-            {"base_digest", o.lora->base_digest}};
+            {"base_digest", o.lora->base_digest},
+            {"base_weights", weight_format_name(o.lora->base_weights)}};
   return {{"lora", lora},
           {"pp", o.layout.pp}, {"dp", o.layout.dp}, {"chunks", o.layout.chunks}, {"boundaries", o.layout.boundaries},
           {"worker_names", o.layout.worker_names}, {"batch", o.batch}, {"seq", o.seq},
@@ -126,6 +127,10 @@ dist_train_options job_from_json_text(const std::string& text, const std::string
       d.from_digest = l->at("from_digest").get<std::string>();
       d.base_model = l->at("base_model").get<std::string>();
       d.base_digest = l->at("base_digest").get<std::string>();
+      const std::string base_weights = l->value("base_weights", std::string("f32"));
+      const std::optional<weight_format> f = weight_format_named(base_weights);
+      if (!f) throw std::invalid_argument("lora.base_weights '" + base_weights + "' is not f32, bf16, i8 or nf4");
+      d.base_weights = *f;
       o.lora = std::move(d);
     }
     if (j.contains("from_memory")) {

@@ -27,6 +27,11 @@ constexpr const char* weight_format_name(weight_format f) {
   return "?";
 }
 
+/// The name a --weights flag gives it: "int8" where the wire says "i8".
+constexpr const char* weight_format_flag(weight_format f) {
+  return f == weight_format::int8 ? "int8" : weight_format_name(f);
+}
+
 /// The format named `text`: a wire name above, or the flag's "int8".
 constexpr std::optional<weight_format> weight_format_named(std::string_view text) {
   if (text == "f32") return weight_format::f32;

@@ -70,6 +70,10 @@ void training_setup::validate(const model_config& cfg) const {
   if (!(bucket_bytes > 0)) fail("the gradient bucket size must be positive");
   if (!(lora_block_params >= 0) || !std::isfinite(lora_block_params))
     fail("the adapter's values per block must be >= 0 (0: the whole model trains)");
+  if (!(frozen_block_bytes >= 0) || !std::isfinite(frozen_block_bytes))
+    fail("the bytes of a block's frozen weights must be >= 0 (0: its parameters)");
+  if (frozen_block_bytes > 0 && lora_block_params == 0)
+    fail("frozen weights in another format (QLoRA) carry an adapter: the whole model trains only in its parameters");
   if (pp < 0 || dp < 0) fail("a forced pipeline depth or DP width must be positive");
   // The partition's dynamic program is O(stages x layers^2) for each
   // layout it prices; the deepest published models have under 200 layers.
@@ -187,6 +191,10 @@ model_costs compute_costs(const model_config& cfg, const training_setup& setup) 
   block.backward_flops = (lora ? 1 : 2) * block.forward_flops;
   block.params = block_params(cfg);
   if (lora) block.trained_params = setup.lora_block_params;
+  if (setup.frozen_block_bytes > 0) {
+    block.weight_bytes = setup.frozen_block_bytes;
+    c.widened_block_bytes = block.params * 4.0;
+  }
   block.activation_bytes = block_activation_bytes(cfg, s, b, setup.activation_bytes);
   c.blocks.assign(cfg.n_layers, block);
 
@@ -280,10 +288,11 @@ double exposed_reduction(double reduce_s, double backward_s, double overlap) {
 }
 
 memory_breakdown stage_memory(double params, double activation_bytes, int in_flight,
-                              double transient_bytes, int dp, const training_setup& setup, double trained) {
+                              double transient_bytes, int dp, const training_setup& setup, double trained,
+                              double weight_bytes) {
   if (trained < 0) trained = params;
   memory_breakdown m;
-  m.weights = params * setup.weight_bytes;
+  m.weights = weight_bytes < 0 ? params * setup.weight_bytes : weight_bytes;
   m.grads = trained * setup.grad_bytes;
   m.optimizer = trained * setup.optimizer_bytes / (setup.zero1 ? std::max(1, dp) : 1);
   m.activations = in_flight * activation_bytes + transient_bytes;
@@ -355,36 +364,40 @@ step_estimate estimate_step(const cluster_description& cluster, const model_cost
       st.flops_per_s = std::min(st.flops_per_s, cluster.workers[r].flops);
       st.capacity = std::min(st.capacity, cluster.workers[r].memory * (1.0 - setup.memory_headroom));
     }
-    double fwd = 0, bwd = 0, act = 0, trained = 0;
+    double fwd = 0, bwd = 0, act = 0, trained = 0, held = 0;
     for (int l = sl.first_layer; l < sl.last_layer; ++l) {
       fwd += costs.blocks[l].forward_flops;
       bwd += costs.blocks[l].backward_flops;
       act += costs.blocks[l].activation_bytes;
       st.params += costs.blocks[l].params;
       trained += costs.blocks[l].trained();
+      held += costs.blocks[l].held(setup);
     }
-    double transient = 0;
+    double transient = sl.last_layer > sl.first_layer ? costs.widened_block_bytes : 0.0;
     if (i == 0) {
       fwd += costs.embedding.forward_flops;
       bwd += costs.embedding.backward_flops;
       act += costs.embedding.activation_bytes;
       st.params += costs.embedding.params;
       trained += costs.embedding.trained();
+      held += costs.embedding.held(setup);
     }
     if (i == p - 1) {
       fwd += costs.head.forward_flops;
       bwd += costs.head.backward_flops;
       act += costs.head.activation_bytes;
-      st.params += costs.head.params + (p > 1 ? costs.tied_copy_params : 0.0);
+      const double tied = p > 1 ? costs.tied_copy_params : 0.0;
+      st.params += costs.head.params + tied;
       trained += costs.head.trained() + (p > 1 && costs.head.trained() > 0 ? costs.tied_copy_params : 0.0);
-      transient = costs.head_transient_bytes;
+      held += costs.head.held(setup) + tied * setup.weight_bytes;
+      transient += costs.head_transient_bytes;
     }
     st.forward_s = fwd / st.flops_per_s;
     st.backward_s = bwd / st.flops_per_s;
     stage_s[i] = st.forward_s + st.backward_s;
 
     st.in_flight = in_flight_micro_batches(i, p, m);
-    st.memory = stage_memory(st.params, act, st.in_flight, transient, d, setup, trained);
+    st.memory = stage_memory(st.params, act, st.in_flight, transient, d, setup, trained, held);
     st.fits = st.memory.total() <= st.capacity;
 
     if (i + 1 < p) {

@@ -50,6 +50,13 @@ struct training_setup {
   /// backward forms input gradients only (1 x the forward's products,
   /// not 2 x).
   double lora_block_params = 0;
+  /// QLoRA (beside lora_block_params): the bytes one block's frozen
+  /// weights take as held, bf16, int8 or nf4 linear weights with their
+  /// scales beside f32 norms (model/block.hpp's served_block_bytes without
+  /// parameters); a stage then also holds one block widened to f32 (4
+  /// bytes a parameter) while it computes. 0: the blocks' parameters at
+  /// weight_bytes.
+  double frozen_block_bytes = 0;
 
   int pp = 0;  ///< force this pipeline depth (0 = let the planner choose)
   int dp = 0;  ///< force this data-parallel width (0 = let the planner choose)
@@ -78,6 +85,10 @@ struct layer_cost {
   /// `params` (training_setup::lora_block_params sets fewer).
   double trained_params = -1;
   double trained() const { return trained_params < 0 ? params : trained_params; }
+  /// The bytes its weights take as held; -1: `params` at the setup's
+  /// weight_bytes (training_setup::frozen_block_bytes sets fewer).
+  double weight_bytes = -1;
+  double held(const training_setup& s) const { return weight_bytes < 0 ? params * s.weight_bytes : weight_bytes; }
 };
 
 /// The cost of every piece of a model for one training setup.
@@ -91,6 +102,9 @@ struct model_costs {
   double tied_copy_params = 0;
   double boundary_bytes = 0;        ///< activation (= gradient) bytes crossing a stage boundary per micro-batch: b*s*h*bytes
   double head_transient_bytes = 0;  ///< fp32 logits of one micro-batch, alive on the last stage between its forward and backward
+  /// QLoRA: one block's weights widened to f32 for its turn, alive on every
+  /// stage with blocks (training_setup::frozen_block_bytes); else 0.
+  double widened_block_bytes = 0;
   int micro_batch = 0;              ///< b
   int seq = 0;                      ///< s
 
@@ -146,9 +160,11 @@ struct memory_breakdown {
 };
 /// Memory of a worker holding `params` parameters and `in_flight` x
 /// `activation_bytes` of activations (+ `transient_bytes`), in a DP group
-/// of `dp`; gradients and moments of `trained` of them (-1: all).
+/// of `dp`; gradients and moments of `trained` of them (-1: all); their
+/// weights take `weight_bytes` as held (-1: `params` at setup.weight_bytes).
 memory_breakdown stage_memory(double params, double activation_bytes, int in_flight,
-                              double transient_bytes, int dp, const training_setup& setup, double trained = -1);
+                              double transient_bytes, int dp, const training_setup& setup, double trained = -1,
+                              double weight_bytes = -1);
 
 /// One stage of a layout: blocks [first_layer, last_layer) run by `workers`
 /// (replica r of the stage on workers[r]; every stage has the same count).

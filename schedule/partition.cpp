@@ -42,19 +42,21 @@ namespace {
 
 /// Prefix sums over the blocks so that any span costs O(1).
 struct prefix_sums {
-  std::vector<double> flops, backward, params, trained, activations;
-  explicit prefix_sums(const model_costs& c) {
+  std::vector<double> flops, backward, params, trained, held, activations;
+  prefix_sums(const model_costs& c, const training_setup& setup) {
     const std::size_t L = c.blocks.size();
     flops.assign(L + 1, 0.0);
     backward.assign(L + 1, 0.0);
     params.assign(L + 1, 0.0);
     trained.assign(L + 1, 0.0);
+    held.assign(L + 1, 0.0);
     activations.assign(L + 1, 0.0);
     for (std::size_t l = 0; l < L; ++l) {
       flops[l + 1] = flops[l] + c.blocks[l].forward_flops + c.blocks[l].backward_flops;
       backward[l + 1] = backward[l] + c.blocks[l].backward_flops;
       params[l + 1] = params[l] + c.blocks[l].params;
       trained[l + 1] = trained[l] + c.blocks[l].trained();
+      held[l + 1] = held[l] + c.blocks[l].held(setup);
       activations[l + 1] = activations[l] + c.blocks[l].activation_bytes;
     }
   }
@@ -79,6 +81,13 @@ struct span_pricer {
     if (s.last) n += costs.head.params + (p > 1 ? costs.tied_copy_params : 0.0);
     return n;
   }
+  /// Their weights' bytes as held (a QLoRA job's blocks in fewer).
+  double held(const stage_slot& s, int a, int b) const {
+    double n = sums.held[b] - sums.held[a];
+    if (s.first) n += costs.embedding.held(setup);
+    if (s.last) n += costs.head.held(setup) + (p > 1 ? costs.tied_copy_params * setup.weight_bytes : 0.0);
+    return n;
+  }
   /// Of those, the ones that train (all but a LoRA job's frozen weights).
   double trained(const stage_slot& s, int a, int b) const {
     double n = sums.trained[b] - sums.trained[a];
@@ -96,8 +105,9 @@ struct span_pricer {
     double act = sums.activations[b] - sums.activations[a];
     if (s.first) act += costs.embedding.activation_bytes;
     if (s.last) act += costs.head.activation_bytes;
-    memory_breakdown mem = stage_memory(params(s, a, b), act, s.in_flight,
-                                        s.last ? costs.head_transient_bytes : 0.0, s.dp, setup, trained(s, a, b));
+    const double transient = (b > a ? costs.widened_block_bytes : 0.0) + (s.last ? costs.head_transient_bytes : 0.0);
+    memory_breakdown mem = stage_memory(params(s, a, b), act, s.in_flight, transient, s.dp, setup, trained(s, a, b),
+                                        held(s, a, b));
     return mem.total() <= s.capacity;
   }
   /// Forward + backward seconds per micro-batch.
@@ -136,7 +146,7 @@ std::optional<std::vector<int>> partition_layers(const model_costs& costs, const
   const int p = static_cast<int>(slots.size());
   const int L = static_cast<int>(costs.blocks.size());
   if (p < 1 || p > L) return std::nullopt;
-  prefix_sums sums(costs);
+  prefix_sums sums(costs, setup);
   span_pricer price{costs, setup, sums, p};
 
   // best[i][l]: the best value of stages 0..i-1 covering blocks [0, l);

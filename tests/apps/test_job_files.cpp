@@ -113,6 +113,7 @@ TEST_CASE("a LoRA job's adapter travels in the job file, and ranks that would dr
   l.from_digest = "0123456789abcdef";
   l.base_model = "/models/base";
   l.base_digest = "fedcba9876543210";
+  l.base_weights = weight_format::int8;
   o.lora = l;
   const dist_train_options back = job_from_json_text(job_to_json(o).dump(), "job");
   REQUIRE(back.lora);
@@ -125,6 +126,13 @@ TEST_CASE("a LoRA job's adapter travels in the job file, and ranks that would dr
   CHECK(back.lora->base_model == l.base_model);
   CHECK(back.lora->from_digest == l.from_digest);
   CHECK(back.lora->base_digest == l.base_digest);
+  CHECK(back.lora->base_weights == weight_format::int8);
+  // A job file without the field (an older launcher's) trains beside f32.
+  nlohmann::json older = job_to_json(o);
+  older["lora"].erase("base_weights");
+  CHECK(job_from_json_text(older.dump(), "job").lora->base_weights == weight_format::f32);
+  older["lora"]["base_weights"] = "int4";
+  CHECK_THROWS_WITH(job_from_json_text(older.dump(), "job"), doctest::Contains("'int4' is not f32, bf16, i8 or nf4"));
 
   const model_config cfg = testing::tiny_config({});
   const std::string key = join_key(o, cfg);
@@ -132,6 +140,10 @@ TEST_CASE("a LoRA job's adapter travels in the job file, and ranks that would dr
   dist_train_options other = o;
   other.lora->seed = 1;
   CHECK(join_key(other, cfg) != key);
+  other = o;
+  other.lora->base_weights = weight_format::nf4;  // every rank holds the frozen blocks alike
+  CHECK(join_key(other, cfg) != key);
+  CHECK(checkpoint_key(other, cfg) == checkpoint_key(o, cfg));  // the adapter may go on beside another format
   other = o;
   other.lora->config.targets = {"self_attn.q_proj"};
   CHECK(join_key(other, cfg) != key);

@@ -198,7 +198,8 @@ TEST_CASE("corolla train, generate and serve refuse adapter flags that cannot ap
       // Distributed LoRA jobs (tests/apps/mp_train_lora.cpp) refuse these
       // before any rank starts.
       {train_args(base, data, {"--lora-rank", "4", "--join", "127.0.0.1:5555"}), "drop them beside --join"},
-      {train_args(base, data, {"--lora-rank", "4", "--pp", "2", "--weights", "nf4"}), "(QLoRA) trains in a single process"},
+      {train_args(base, data, {"--lora-rank", "4", "--pp", "2", "--weights", "nf4", "--compute", "bf16"}),
+       "computes in f32"},
       {train_args(base, data, {"--lora-rank", "4", "--pp", "2", "--lora-targets", "q_proj"}), "names no module"},
       {train_args(tmp / "config-only", data, {"--lora-rank", "4", "--dp", "2"}), "holds no weights"},
       {train_args(base, data, {"--adapter", tmp / "absent", "--pp", "2"}), "does not exist"},

@@ -120,3 +120,37 @@ TEST_CASE("corolla plan --lora-rank prices a LoRA job: a faster step than the wh
   CHECK(bad.exit_code != 0);
   CHECK(bad.err.find("add --lora-rank R") != std::string::npos);
 }
+
+TEST_CASE("corolla plan --lora-rank --weights nf4 prices a QLoRA job: smaller stages, the frozen bytes named, and "
+          "--weights refused without an adapter") {
+  const std::vector<std::string> base{"plan",          "--cluster", example("memory_tight.toml"), "--model",
+                                      example("models/llama2-7b.json"), "--lora-rank", "8", "--pp", "1", "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_corolla(a);
+  };
+  const auto f32 = with({}), nf4 = with({"--weights", "nf4"});
+  CAPTURE(nf4.err);
+  REQUIRE(f32.exit_code == 0);
+  REQUIRE(nf4.exit_code == 0);
+  const auto w = nlohmann::json::parse(f32.out), q = nlohmann::json::parse(nf4.out);
+  CHECK(w["setup"]["lora"]["base_weights"] == "f32");
+  CHECK(w["setup"]["lora"]["frozen_block_bytes"] == 0);
+  CHECK(q["setup"]["lora"]["base_weights"] == "nf4");
+  // A Llama-2-7B block: 202 M parameters, a little over half a byte each as nf4.
+  const double block = q["setup"]["lora"]["frozen_block_bytes"].get<double>();
+  CHECK(block > 0.5 * 202e6);
+  CHECK(block < 0.6 * 202e6);
+  CHECK(q["plan"]["stages"][0]["memory_gib"]["weights"].get<double>() <
+        w["plan"]["stages"][0]["memory_gib"]["weights"].get<double>() / 2);
+
+  const auto text = run_corolla({"plan", "--cluster", example("memory_tight.toml"), "--model",
+                                 example("models/llama2-7b.json"), "--lora-rank", "8", "--weights", "int8"});
+  REQUIRE(text.exit_code == 0);
+  CHECK(text.out.find("QLoRA: the frozen blocks held as int8") != std::string::npos);
+  const auto bad = run_corolla({"plan", "--cluster", example("memory_tight.toml"), "--model",
+                                example("models/llama2-7b.json"), "--weights", "nf4"});
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.err.find("carry an adapter (add --lora-rank R)") != std::string::npos);
+}

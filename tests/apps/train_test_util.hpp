@@ -114,9 +114,12 @@ inline std::vector<float> reference_losses(const job& j, transformer model, std:
 }
 
 /// The library's single-process LoRA training of `a` on `j`'s model (with
-/// weights) and data: the losses; `a` holds the trained adapter after.
-inline std::vector<float> lora_reference_losses(const job& j, lora_adapter& a) {
-  transformer model = transformer::load(j.model, cpu_backend());
+/// weights, held as `base`: not f32 is QLoRA) and data: the losses; `a`
+/// holds the trained adapter after.
+inline std::vector<float> lora_reference_losses(const job& j, lora_adapter& a,
+                                                weight_format base = weight_format::f32) {
+  transformer model = base == weight_format::f32 ? transformer::load(j.model, cpu_backend())
+                                                 : transformer::load_inference(j.model, cpu_backend(), base);
   token_dataset data = token_dataset::open(j.data, nullptr, model.config().vocab_size);
   train_options o = options_of(j);
   o.adapter = &a;

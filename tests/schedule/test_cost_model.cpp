@@ -316,3 +316,44 @@ TEST_CASE("a LoRA job is priced as the adapter training beside frozen weights: i
   bad.lora_block_params = -1;
   CHECK_THROWS_WITH_AS(bad.validate(c), doctest::Contains("adapter's values per block"), model_error);
 }
+
+TEST_CASE("a QLoRA job's stages hold their frozen blocks at the bytes given and one block widened to f32, and the rest "
+          "as a LoRA job") {
+  model_config c = tiny_llama();
+  training_setup lora = tiny_setup(4, 1, 4);
+  lora.lora_block_params = 64;
+  training_setup q = lora;
+  q.frozen_block_bytes = 100;  // a block's nf4 weights, say
+  const model_costs ml = compute_costs(c, lora), mq = compute_costs(c, q);
+  CHECK(mq.blocks[0].params == ml.blocks[0].params);
+  CHECK(mq.blocks[0].held(q) == 100);
+  CHECK(ml.blocks[0].held(lora) == doctest::Approx(ml.blocks[0].params * lora.weight_bytes));
+  CHECK(mq.widened_block_bytes == doctest::Approx(4 * block_params(c)));
+  CHECK(ml.widened_block_bytes == 0);
+  CHECK(mq.blocks[0].backward_flops == ml.blocks[0].backward_flops);
+
+  // Two stages: the first holds the embeddings and block 0, the second
+  // block 1 and the head; embeddings and head stay at weight_bytes.
+  cluster_description two = uniform_cluster(2, 1, "ethernet", 1.0, 1.0);
+  const pipeline_layout layout{{{{0}, 0, 1}, {{1}, 1, 2}}};
+  const step_estimate el = estimate_step(two, ml, lora, layout), eq = estimate_step(two, mq, q, layout);
+  CHECK(eq.stages[0].memory.weights == doctest::Approx(ml.embedding.params * q.weight_bytes + 100));
+  CHECK(eq.stages[1].memory.weights ==
+        doctest::Approx(ml.head.params * q.weight_bytes + 100 + ml.tied_copy_params * q.weight_bytes));
+  for (int i = 0; i < 2; ++i) {
+    CHECK(eq.stages[i].memory.weights < el.stages[i].memory.weights);
+    CHECK(eq.stages[i].memory.activations ==
+          doctest::Approx(el.stages[i].memory.activations + mq.widened_block_bytes));
+    CHECK(eq.stages[i].memory.grads == el.stages[i].memory.grads);
+    CHECK(eq.stages[i].memory.optimizer == el.stages[i].memory.optimizer);
+  }
+  CHECK(stage_memory(100, 10, 3, 5, 4, q, 20, 7).weights == 7);
+  CHECK(stage_memory(100, 10, 3, 5, 4, q, 20).weights == 100 * q.weight_bytes);
+
+  training_setup bad = q;
+  bad.frozen_block_bytes = -1;
+  CHECK_THROWS_WITH_AS(bad.validate(c), doctest::Contains("frozen weights must be >= 0"), model_error);
+  bad.frozen_block_bytes = 100;
+  bad.lora_block_params = 0;
+  CHECK_THROWS_WITH_AS(bad.validate(c), doctest::Contains("carry an adapter"), model_error);
+}

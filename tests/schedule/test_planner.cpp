@@ -367,3 +367,38 @@ TEST_CASE("a LoRA job's plan prices the adapter's gradients, moments and DP traf
   forced.pp = make_plan(tight, cfg, setup_for(32)).best.pp - 1;
   if (forced.pp >= 1) CHECK(make_plan(tight, cfg, forced).best.feasible);
 }
+
+TEST_CASE("a QLoRA job's plan holds the frozen blocks in fewer bytes: no stage priced above its worker's memory, "
+          "fewer stages than the f32 adapter's where memory bound it, and the partition's own figures agree") {
+  const model_config cfg = llama_7b();
+  training_setup lora = setup_for(32);
+  lora.lora_block_params = 2.0 * (8 * 4096 + 4096 * 8);
+  training_setup q = lora;
+  // A Llama-2-7B block as nf4: 202 M parameters at ~0.56 bytes, norms f32.
+  q.frozen_block_bytes = 0.5625 * 202375168.0;
+  for (const char* file : {"ib_roce.toml", "memory_tight.toml", "unequal_gpus.toml"}) {
+    CAPTURE(file);
+    const cluster_description c = example_cluster(file);
+    const plan_report r = make_plan(c, cfg, q);
+    REQUIRE(r.best.feasible);
+    check_plan(c, cfg, r.best);
+    for (const stage_plan& s : r.best.stages) {
+      CHECK(s.cost.memory.total() <= s.cost.capacity);
+      // The blocks at the frozen bytes, not at weight_bytes.
+      CHECK(s.cost.memory.weights < (s.last_layer - s.first_layer) * block_params(cfg) * q.weight_bytes);
+    }
+  }
+  // In one stage the f32 adapter's whole model (29 GiB with a 4096-token
+  // micro-batch) fits only the 48 GiB cards of the memory-tight cluster;
+  // its nf4 blocks fit the 24 GiB ones, twice as many.
+  const cluster_description tight = example_cluster("memory_tight.toml");
+  training_setup one = lora, one_q = q;
+  one.pp = one_q.pp = 1;
+  const plan_report f32_one = make_plan(tight, cfg, one), nf4_one = make_plan(tight, cfg, one_q);
+  REQUIRE(f32_one.best.feasible);
+  REQUIRE(nf4_one.best.feasible);
+  CHECK(f32_one.best.stages[0].cost.capacity > gib(24));
+  CHECK(nf4_one.best.stages[0].cost.capacity < gib(24));
+  CHECK(nf4_one.best.dp > f32_one.best.dp);
+  CHECK(nf4_one.best.estimate.step_s < f32_one.best.estimate.step_s);
+}
