@@ -161,6 +161,11 @@ int run_train_rank(node& n, const dist_train_options& o, int rank, const std::st
   if (o.synthetic.enabled() && (o.synthetic.forward_s.size() != static_cast<std::size_t>(o.layout.pp) ||
                                 o.synthetic.backward_s.size() != static_cast<std::size_t>(o.layout.pp)))
     throw std::invalid_argument("synthetic compute needs one forward and one backward time per stage");
+  // Before the rank joins anything: QLoRA's blocks are widened to f32 for their turn.
+  if (o.lora && o.lora->base_weights != weight_format::f32 && o.compute != dtype::f32)
+    throw std::invalid_argument(std::string("an adapter beside ") + weight_format_flag(o.lora->base_weights) +
+                                " frozen weights computes in f32, not " + dtype_name(o.compute) +
+                                " (each block's weights are widened for its turn)");
   train_detail::rank_runtime rt(n, o, rank, weights, data, compute);
   rt.run(coordinator);
   return rt.last_step();

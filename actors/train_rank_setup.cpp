@@ -13,11 +13,9 @@ void rank_runtime::build_model() {
   // LoRA: the whole adapter (the same on every rank: drawn from the job's
   // seed, or read from its directory); this rank trains its blocks' factors.
   const bool lora = o_.lora.has_value();
-  // QLoRA: the frozen blocks held as bf16/int8/nf4, widened a block at a time.
+  // QLoRA: the frozen blocks held as bf16/int8/nf4, widened a block at a
+  // time (f32 compute: run_train_rank checked).
   const weight_format frozen = lora ? o_.lora->base_weights : weight_format::f32;
-  if (frozen != weight_format::f32 && o_.compute != dtype::f32)
-    throw train_error(std::string("an adapter beside ") + weight_format_name(frozen) + " frozen weights computes in f32, "
-                      "not " + dtype_name(o_.compute) + " (each block's weights are widened for its turn)");
   if (lora) {
     const dist_lora& l = *o_.lora;
     if (o_.resume) {
@@ -124,7 +122,9 @@ stage rank_runtime::frozen_part(int first, int last, weight_format f) {
                         std::to_string(last - 1));
     return s;
   }
-  // Made of the f32 parameters, which are dropped once it holds its own.
+  // Made of the f32 parameters: dropped once it holds its own where the
+  // weights hand them over (weights_from_seed); a model in memory
+  // (weights_of) keeps its own.
   return stage::inference_of(cfg_, first, stage_blocks(first, last), be_, f);
 }
 

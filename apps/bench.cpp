@@ -413,6 +413,7 @@ void register_bench(CLI::App& app, action_fn& action) {
   register_bench_fusions(bench, action);
   register_bench_loss(bench, action);
   register_bench_lora(bench, action);
+  register_bench_lora_ranks(bench, action);
   register_bench_lora_serve(bench, action);
 }
 

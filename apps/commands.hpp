@@ -75,6 +75,10 @@ void register_bench_loss(CLI::App* bench, action_fn& action);
 /// corolla bench lora: a LoRA adapter's training step vs the whole model's
 /// (apps/bench_lora.cpp).
 void register_bench_lora(CLI::App* bench, action_fn& action);
+/// `corolla bench lora-ranks`: a LoRA adapter across rank processes beside
+/// f32 blocks vs quantised ones, their memory and speed
+/// (apps/bench_lora_ranks.cpp).
+void register_bench_lora_ranks(CLI::App* bench, action_fn& action);
 /// corolla bench lora-serve: a server's decode with LoRA adapters per
 /// session vs the base model's (apps/bench_lora_serve.cpp).
 void register_bench_lora_serve(CLI::App* bench, action_fn& action);

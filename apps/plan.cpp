@@ -38,7 +38,7 @@ struct plan_args {
   int seq = 0;
   int pp = 0;
   int dp = 0;
-  std::string precision = "bf16";
+  std::string precision;  ///< bf16 or fp32; empty: bf16, or fp32 beside --weights other than f32
   bool no_zero1 = false;
   double dp_overlap = 0.5;
   double headroom = 0.1;
@@ -211,9 +211,16 @@ int run_plan(const plan_args& a) {
   sc::cluster_description cluster = load_cluster_file(a.cluster);
   model_config cfg = load_config(a.model);
   sc::training_setup setup;
-  if (a.precision == "bf16") setup.set_precision(sc::precision::bf16_mixed);
-  else if (a.precision == "fp32") setup.set_precision(sc::precision::fp32);
-  else throw model_error("--precision must be bf16 or fp32, got '" + a.precision + "'");
+  const weight_format frozen = parse_weights_flag(a.weights);
+  // train computes an adapter beside quantised weights in f32 (each block widened for its turn).
+  const bool qlora = frozen != weight_format::f32;
+  const std::string precision = a.precision.empty() ? (qlora ? "fp32" : "bf16") : a.precision;
+  if (precision == "bf16") setup.set_precision(sc::precision::bf16_mixed);
+  else if (precision == "fp32") setup.set_precision(sc::precision::fp32);
+  else throw model_error("--precision must be bf16 or fp32, got '" + precision + "'");
+  if (qlora && precision != "fp32")
+    throw std::invalid_argument("--weights " + a.weights + " --precision " + precision + ": train computes an adapter "
+                                "beside " + a.weights + " weights in f32; drop --precision or give fp32");
   setup.global_batch = a.global_batch;
   setup.micro_batch = a.micro_batch;
   setup.seq = a.seq;
@@ -235,8 +242,7 @@ int run_plan(const plan_args& a) {
   } else if (!a.lora_targets.empty()) {
     throw std::invalid_argument("--lora-targets names the modules of a LoRA job: add --lora-rank R");
   }
-  const weight_format frozen = parse_weights_flag(a.weights);
-  if (frozen != weight_format::f32) {
+  if (qlora) {
     if (a.lora_rank == 0)
       throw std::invalid_argument("--weights " + a.weights + ": frozen weights in another format carry an adapter "
                                   "(add --lora-rank R)");
@@ -260,7 +266,7 @@ int run_plan(const plan_args& a) {
              {"parameters", cfg.parameter_count()}}},
            {"setup",
             {{"global_batch", setup.global_batch}, {"micro_batch", setup.micro_batch},
-             {"seq", setup.sequence_length(cfg)}, {"precision", a.precision}, {"zero1", setup.zero1},
+             {"seq", setup.sequence_length(cfg)}, {"precision", precision}, {"zero1", setup.zero1},
              {"dp_overlap", setup.dp_overlap}, {"memory_headroom", setup.memory_headroom},
              {"lora", a.lora_rank > 0 ? json{{"rank", a.lora_rank},
                                              {"targets", targets},
@@ -287,7 +293,7 @@ int run_plan(const plan_args& a) {
               cfg.hidden_size, cfg.parameter_count() / 1e9);
   std::printf("job: global batch %d sequences of %d tokens, micro-batch %d, %s, AdamW%s\n", setup.global_batch,
               setup.sequence_length(cfg), setup.micro_batch,
-              a.precision == "bf16" ? "bf16 mixed precision" : "fp32", setup.zero1 ? " (ZeRO-1)" : "");
+              precision == "bf16" ? "bf16 mixed precision" : "fp32", setup.zero1 ? " (ZeRO-1)" : "");
   if (a.lora_rank > 0) {
     std::string t;
     for (const std::string& x : targets) t += (t.empty() ? "" : ", ") + x;
@@ -333,8 +339,9 @@ void register_plan(CLI::App& app, action_fn& action) {
       ->check(integer_between(0, 65536));
   cmd->add_option("--dp", args->dp, "Force this data-parallel width (0, the default: search)")
       ->check(integer_between(0, 65536));
-  cmd->add_option("--precision", args->precision, "bf16 (mixed, fp32 AdamW states) or fp32")
-      ->capture_default_str();
+  cmd->add_option("--precision", args->precision,
+                  "bf16 (mixed, fp32 AdamW states) or fp32; default bf16, or fp32 beside --weights other than f32 "
+                  "(QLoRA computes in f32)");
   cmd->add_flag("--no-zero1", args->no_zero1, "Replicate optimizer states instead of sharding them over DP");
   cmd->add_option("--dp-overlap", args->dp_overlap,
                   "Share of the DP reduction that may overlap the last backward (0..1)")
@@ -352,8 +359,8 @@ void register_plan(CLI::App& app, action_fn& action) {
                   "The adapted modules, as train --lora-targets names them (default: q_proj,v_proj; GPT-2: c_attn)")
       ->delimiter(',');
   cmd->add_option("--weights", args->weights,
-                  "With --lora-rank: the frozen blocks' linear weights as f32, bf16, int8 or nf4 (QLoRA, as train "
-                  "--weights holds them; the head and embeddings stay at --precision)")
+                  "The frozen blocks' linear weights as f32, bf16, int8 or nf4 (QLoRA, as train --weights holds "
+                  "them; another format than f32 needs --lora-rank; the head and embeddings stay f32)")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object instead of the tables");
   cmd->callback([&action, args] { action = [args] { return run_plan(*args); }; });

@@ -203,6 +203,10 @@ int run_train(const train_args& a) {
     throw model_error("--lora-rank and --adapter: a worker that joins takes the adapter its job trains (the "
                       "launcher's flags say which); drop them beside --join");
   const weight_format base_weights = parse_weights_flag(a.weights);
+  if (!a.join.empty() && base_weights != weight_format::f32)
+    throw std::invalid_argument("--weights " + a.weights +
+                                ": a worker that joins holds the frozen weights as its job says (the launcher's "
+                                "--weights); drop it beside --join");
   if (!lora && base_weights != weight_format::f32)
     throw std::invalid_argument("--weights " + a.weights +
                                 ": the model trains its f32 parameters; frozen weights in another format carry an "
@@ -377,7 +381,7 @@ void register_train(CLI::App& app, action_fn& action) {
                   "With --lora-rank or --adapter: hold the frozen model's linear weights as f32, bf16, int8 or nf4 "
                   "(QLoRA: an eighth of the bytes; each block is widened to f32 for its turn in the forward and "
                   "backward, and the adapter trains in f32). With --pp/--dp/--cluster each rank holds its own "
-                  "stage's blocks so")
+                  "stage's blocks in that format")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seed of the fresh initialisation (config-only --model), or of a new LoRA adapter (--lora-rank)")
       ->check(unsigned_integer())

@@ -1,5 +1,9 @@
 #include "model/stage.hpp"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <iterator>
 #include <stdexcept>
@@ -96,6 +100,13 @@ stage stage::inference_stage(const model_config& cfg, int first, int n, Backend&
   }  // each block's parameters are let go here, before the next is read
   s.blocks_ = n;
   s.inference_format_ = f;
+#ifdef __GLIBC__
+  // glibc keeps the freed f32 blocks' pages in its heap (its mmap threshold
+  // rises past a block's size once one is freed): hand them back, or the
+  // process goes on holding close to the f32 bytes it loaded this way to
+  // save (a 2-stage QLoRA rank of a 100M model: 450 MB resident, not 300).
+  malloc_trim(0);
+#endif
   return s;
 }
 

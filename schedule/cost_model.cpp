@@ -193,7 +193,12 @@ model_costs compute_costs(const model_config& cfg, const training_setup& setup) 
   if (lora) block.trained_params = setup.lora_block_params;
   if (setup.frozen_block_bytes > 0) {
     block.weight_bytes = setup.frozen_block_bytes;
-    c.widened_block_bytes = block.params * 4.0;
+    // What stage::frozen_weights widens at once: all of the block but a
+    // mixture's experts, of which one (each is widened when rows are
+    // routed to it).
+    const double expert = (cfg.arch == architecture::llama ? 3.0 : 2.0) * D * cfg.intermediate_size;
+    const double other_experts = cfg.is_moe() ? (cfg.n_experts - 1) * expert : 0.0;
+    c.widened_block_bytes = (block.params - other_experts) * 4.0;
   }
   block.activation_bytes = block_activation_bytes(cfg, s, b, setup.activation_bytes);
   c.blocks.assign(cfg.n_layers, block);

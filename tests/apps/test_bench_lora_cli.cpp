@@ -3,6 +3,7 @@
 // lora-serve`: a server's decode with adapters per session against the base.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -90,4 +91,44 @@ TEST_CASE("bench lora-serve decodes base sessions, one adapter's and each its ow
                                 "--weights", "int3"});
   CHECK(bad.exit_code == 1);
   CHECK(bad.err.find("int3") != std::string::npos);
+}
+
+TEST_CASE("bench lora-ranks runs the adapter across rank processes beside f32 and beside nf4 blocks and reports each "
+          "rank's memory and the steps' speed") {
+  testing::temp_dir_guard dir("bench-lora-ranks");
+  const testing::tiny_model_options o;
+  testing::write_tiny_model(dir / "m", o);
+  const std::vector<std::string> base{"bench", "lora-ranks", "--model", (dir / "m").string(), "--pp", "2",
+                                      "--steps", "3", "--batch", "2", "--seq", "8", "--rank", "2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_corolla(a);
+  };
+  const auto r = with({"--json"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["bench"] == "lora-ranks");
+  CHECK(j["layout"] == "2x1");
+  CHECK(j["weights"] == "nf4");
+  CHECK(j["parameters"] == testing::tiny_config(o).parameter_count());
+  for (const char* run : {"f32", "quantised"}) {
+    CAPTURE(run);
+    REQUIRE(j[run]["rank_peak_mib"].size() == 2u);  // both ranks were sampled
+    for (const auto& m : j[run]["rank_peak_mib"]) CHECK(m.get<double>() > 1);
+    CHECK(j[run]["tokens_per_s"].get<double>() > 0);
+  }
+  auto largest = [&](const char* run) {
+    double m = 0;
+    for (const auto& x : j[run]["rank_peak_mib"]) m = std::max(m, x.get<double>());
+    return m;
+  };
+  CHECK(j["memory_ratio"].get<double>() == doctest::Approx(largest("quantised") / largest("f32")));
+  CHECK(j["speed_ratio"].get<double>() ==
+        doctest::Approx(j["quantised"]["tokens_per_s"].get<double>() / j["f32"]["tokens_per_s"].get<double>()));
+
+  const auto same = with({"--weights", "f32"});
+  CHECK(same.exit_code != 0);
+  CHECK(same.err.find("--weights f32 is the baseline") != std::string::npos);
 }

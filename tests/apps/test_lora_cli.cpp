@@ -198,6 +198,7 @@ TEST_CASE("corolla train, generate and serve refuse adapter flags that cannot ap
       // Distributed LoRA jobs (tests/apps/mp_train_lora.cpp) refuse these
       // before any rank starts.
       {train_args(base, data, {"--lora-rank", "4", "--join", "127.0.0.1:5555"}), "drop them beside --join"},
+      {train_args(base, data, {"--weights", "nf4", "--join", "127.0.0.1:5555"}), "drop it beside --join"},
       {train_args(base, data, {"--lora-rank", "4", "--pp", "2", "--weights", "nf4", "--compute", "bf16"}),
        "computes in f32"},
       {train_args(base, data, {"--lora-rank", "4", "--pp", "2", "--lora-targets", "q_proj"}), "names no module"},

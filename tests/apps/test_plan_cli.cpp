@@ -121,16 +121,16 @@ TEST_CASE("corolla plan --lora-rank prices a LoRA job: a faster step than the wh
   CHECK(bad.err.find("add --lora-rank R") != std::string::npos);
 }
 
-TEST_CASE("corolla plan --lora-rank --weights nf4 prices a QLoRA job: smaller stages, the frozen bytes named, and "
-          "--weights refused without an adapter") {
+TEST_CASE("corolla plan --lora-rank --weights nf4 prices a QLoRA job in f32: fewer stages, the frozen bytes named, "
+          "and --weights refused without an adapter or beside bf16") {
   const std::vector<std::string> base{"plan",          "--cluster", example("memory_tight.toml"), "--model",
-                                      example("models/llama2-7b.json"), "--lora-rank", "8", "--pp", "1", "--json"};
+                                      example("models/llama2-7b.json"), "--lora-rank", "8", "--json"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = base;
     a.insert(a.end(), extra.begin(), extra.end());
     return run_corolla(a);
   };
-  const auto f32 = with({}), nf4 = with({"--weights", "nf4"});
+  const auto f32 = with({"--precision", "fp32"}), nf4 = with({"--weights", "nf4"});
   CAPTURE(nf4.err);
   REQUIRE(f32.exit_code == 0);
   REQUIRE(nf4.exit_code == 0);
@@ -138,12 +138,14 @@ TEST_CASE("corolla plan --lora-rank --weights nf4 prices a QLoRA job: smaller st
   CHECK(w["setup"]["lora"]["base_weights"] == "f32");
   CHECK(w["setup"]["lora"]["frozen_block_bytes"] == 0);
   CHECK(q["setup"]["lora"]["base_weights"] == "nf4");
+  CHECK(q["setup"]["precision"] == "fp32");  // train computes QLoRA in f32
   // A Llama-2-7B block: 202 M parameters, a little over half a byte each as nf4.
   const double block = q["setup"]["lora"]["frozen_block_bytes"].get<double>();
   CHECK(block > 0.5 * 202e6);
   CHECK(block < 0.6 * 202e6);
-  CHECK(q["plan"]["stages"][0]["memory_gib"]["weights"].get<double>() <
-        w["plan"]["stages"][0]["memory_gib"]["weights"].get<double>() / 2);
+  // The 24 GiB cards hold more of the nf4 blocks: half the stages.
+  CHECK(q["plan"]["pp"].get<int>() * 2 <= w["plan"]["pp"].get<int>());
+  CHECK(q["plan"]["step_s"].get<double>() < w["plan"]["step_s"].get<double>());
 
   const auto text = run_corolla({"plan", "--cluster", example("memory_tight.toml"), "--model",
                                  example("models/llama2-7b.json"), "--lora-rank", "8", "--weights", "int8"});
@@ -153,4 +155,7 @@ TEST_CASE("corolla plan --lora-rank --weights nf4 prices a QLoRA job: smaller st
                                 example("models/llama2-7b.json"), "--weights", "nf4"});
   CHECK(bad.exit_code != 0);
   CHECK(bad.err.find("carry an adapter (add --lora-rank R)") != std::string::npos);
+  const auto bf16 = with({"--weights", "nf4", "--precision", "bf16"});
+  CHECK(bf16.exit_code != 0);
+  CHECK(bf16.err.find("computes an adapter beside nf4 weights in f32") != std::string::npos);
 }

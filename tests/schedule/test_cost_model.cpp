@@ -347,6 +347,14 @@ TEST_CASE("a QLoRA job's stages hold their frozen blocks at the bytes given and 
     CHECK(eq.stages[i].memory.grads == el.stages[i].memory.grads);
     CHECK(eq.stages[i].memory.optimizer == el.stages[i].memory.optimizer);
   }
+  // A mixture widens one expert at a time beside the rest of the block.
+  model_config moe = tiny_llama();
+  moe.hf_architecture = "MixtralForCausalLM";
+  moe.n_experts = 4;
+  moe.experts_per_token = 2;
+  REQUIRE(moe.is_moe());
+  const double expert = 3.0 * moe.hidden_size * moe.intermediate_size;
+  CHECK(compute_costs(moe, q).widened_block_bytes == doctest::Approx(4 * (block_params(moe) - 3 * expert)));
   CHECK(stage_memory(100, 10, 3, 5, 4, q, 20, 7).weights == 7);
   CHECK(stage_memory(100, 10, 3, 5, 4, q, 20).weights == 100 * q.weight_bytes);
 
