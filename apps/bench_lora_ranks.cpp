@@ -67,31 +67,6 @@ double anon_kib(pid_t pid) {
   return 0;
 }
 
-/// The --rank of each live child of `parent` that is a rank process.
-std::map<pid_t, int> rank_children(pid_t parent) {
-  std::map<pid_t, int> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string text;
-    std::getline(stat, text);
-    const auto close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(text.substr(close + 2));
-    char state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid != parent) continue;
-    std::ifstream cmd(e.path() / "cmdline");
-    std::vector<std::string> args;
-    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
-    for (std::size_t i = 0; i + 1 < args.size(); ++i)
-      if (args[i] == "--rank") out[static_cast<pid_t>(std::stol(name))] = std::stoi(args[i + 1]);
-  }
-  return out;
-}
-
 ranks_run run_ranks(const lora_ranks_options& o, const fs::path& model, const fs::path& data, const fs::path& dir,
                     const std::string& weights) {
   const fs::path out = dir / ("train-" + weights + ".json"), err = dir / ("train-" + weights + ".err");
@@ -109,7 +84,7 @@ ranks_run run_ranks(const lora_ranks_options& o, const fs::path& model, const fs
   std::map<int, double> peak;  // by --rank
   int status = 0;
   for (;;) {
-    for (const auto& [child, rank] : rank_children(pid)) peak[rank] = std::max(peak[rank], anon_kib(child) / 1024);
+    for (const auto& [rank, child] : rank_processes_of(pid)) peak[rank] = std::max(peak[rank], anon_kib(child) / 1024);
     const pid_t done = ::waitpid(pid, &status, WNOHANG);
     if (done == pid) break;
     if (done < 0) throw std::runtime_error("lost the train process");

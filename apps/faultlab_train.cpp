@@ -49,34 +49,6 @@ std::vector<std::string> words(const std::string& text) {
   return out;
 }
 
-/// The rank processes of launcher `parent` (rank, pid), from /proc: those
-/// of the current grid, and the survivors of an earlier one that still hold
-/// their snapshots, with their old rank.
-std::vector<std::pair<int, pid_t>> ranks_of(pid_t parent) {
-  std::vector<std::pair<int, pid_t>> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    char state = 0;
-    int ppid = 0;
-    rest >> state >> ppid;
-    if (ppid != parent) continue;
-    std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
-    std::vector<std::string> args;
-    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
-    for (std::size_t i = 0; i + 1 < args.size(); ++i)
-      if (args[i] == "--rank") out.emplace_back(std::stoi(args[i + 1]), static_cast<pid_t>(std::stoi(name)));
-  }
-  return out;
-}
-
 /// What throttle, partition, heal and hang need: the current grid's rank
 /// endpoints (from the job's "ranks" event), which of them are throttled,
 /// partitioned or hung, and faultlab's node that reaches their control actors.
@@ -196,7 +168,7 @@ fault_outcome fire(const fl::fault& f, pid_t launcher, std::set<pid_t>& stopped,
   // (After a takeover they are no launcher's children: the event's pids.)
   std::map<int, pid_t> ranks;
   if (control.pids.empty()) {
-    const std::vector<std::pair<int, pid_t>> running = ranks_of(launcher);
+    const std::vector<std::pair<int, pid_t>> running = rank_processes_of(launcher);
     ranks.insert(running.begin(), running.end());
   }
   for (const auto& [r, pid] : control.pids)

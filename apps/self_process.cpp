@@ -12,9 +12,11 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 namespace corolla::app {
 
@@ -295,6 +297,31 @@ void terminate_all(std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
     forget_on_stop_signal(p);
     p = -1;
   }
+}
+
+std::vector<std::pair<int, pid_t>> rank_processes_of(pid_t parent) {
+  std::vector<std::pair<int, pid_t>> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
+    std::vector<std::string> args;
+    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
+    for (std::size_t i = 0; i + 1 < args.size(); ++i)
+      if (args[i] == "--rank") out.emplace_back(std::stoi(args[i + 1]), static_cast<pid_t>(std::stoi(name)));
+  }
+  return out;
 }
 
 }  // namespace corolla::app

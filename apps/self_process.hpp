@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace corolla::app {
@@ -39,6 +40,11 @@ struct process_stat {
   bool running() const { return alive() && state != 'T' && state != 't'; }
 };
 process_stat read_process_stat(pid_t pid);
+
+/// The rank processes of launcher `parent` (rank, pid), from /proc: those
+/// of the current grid, and the survivors of an earlier one that still hold
+/// their snapshots, with their old rank.
+std::vector<std::pair<int, pid_t>> rank_processes_of(pid_t parent);
 
 /// read_process_stat(pid).alive().
 bool process_alive(pid_t pid);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -67,6 +68,21 @@ double relative_difference(const lora_adapter& got, const lora_adapter& want) {
   return scale > 0 ? diff / scale : diff;
 }
 
+/// Flags `a` followed by `more`.
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+/// Rank 4, alpha 8 on `targets` (empty: the family's default).
+lora_config rank4(std::vector<std::string> targets = {}) {
+  lora_config c;
+  c.rank = 4;
+  c.alpha = 8.0f;
+  c.targets = std::move(targets);
+  return c;
+}
+
 nlohmann::json summary_of(const process_result& r) {
   for (const std::string& l : r.out_lines())
     if (auto j = nlohmann::json::parse(l, nullptr, false); j.is_object() && j.contains("tokens")) return j;
@@ -80,10 +96,7 @@ TEST_CASE("a LoRA adapter trains across pipeline x data-parallel ranks with the 
   temp_dir_guard tmp("mp-train-lora");
   const job j = lora_job(tmp, architecture::llama);
   const model_config cfg = load_config(j.model);
-  lora_config c;
-  c.rank = 4;
-  c.alpha = 8.0f;
-  c.targets = {"all-linear"};
+  const lora_config c = rank4({"all-linear"});
   lora_adapter want = lora_adapter::init(cfg, c, kSeed, cpu_backend());
   const std::vector<float> losses = lora_reference_losses(j, want);
   REQUIRE(losses.back() < losses.front() - 0.05f);  // the adapter learns something worth comparing
@@ -155,17 +168,11 @@ TEST_CASE("a LoRA job's checkpoints hold the adapter and resume on another layou
   job j = lora_job(tmp, architecture::llama);
   j.steps = 8;
   const model_config cfg = load_config(j.model);
-  lora_config c;
-  c.rank = 4;
-  c.alpha = 8.0f;
+  const lora_config c = rank4();
   lora_adapter want = lora_adapter::init(cfg, c, kSeed, cpu_backend());
   const std::vector<float> losses = lora_reference_losses(j, want);
   const fs::path ck = tmp / "ck";
   const std::vector<std::string> adapter{"--lora-rank", "4", "--lora-alpha", "8", "--seed", "4"};
-  auto with = [&](std::vector<std::string> a, std::vector<std::string> more) {
-    a.insert(a.end(), more.begin(), more.end());
-    return a;
-  };
 
   // 2x2 for 4 of the 8 steps, a checkpoint every 2.
   job first = j;
@@ -214,16 +221,9 @@ TEST_CASE("QLoRA across ranks: an adapter beside nf4 and int8 frozen blocks trai
   job j = lora_job(tmp, architecture::llama);
   j.steps = 8;
   const model_config cfg = load_config(j.model);
-  lora_config c;
-  c.rank = 4;
-  c.alpha = 8.0f;
-  c.targets = {"all-linear"};
+  const lora_config c = rank4({"all-linear"});
   const std::vector<std::string> adapter{"--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "all-linear",
                                          "--seed", "4"};
-  auto with = [&](std::vector<std::string> a, std::vector<std::string> more) {
-    a.insert(a.end(), more.begin(), more.end());
-    return a;
-  };
   lora_adapter on_f32 = lora_adapter::init(cfg, c, kSeed, cpu_backend());
   const std::vector<float> f32_losses = lora_reference_losses(j, on_f32);
 
@@ -282,10 +282,7 @@ TEST_CASE("LoRA ranks on the GPU give the single-process losses in f32, and trac
   }
   temp_dir_guard tmp("mp-train-lora-cuda");
   const job j = lora_job(tmp, architecture::llama);
-  lora_config c;
-  c.rank = 4;
-  c.alpha = 8.0f;
-  lora_adapter want = lora_adapter::init(load_config(j.model), c, kSeed, cpu_backend());
+  lora_adapter want = lora_adapter::init(load_config(j.model), rank4(), kSeed, cpu_backend());
   const std::vector<float> losses = lora_reference_losses(j, want);
   const std::vector<std::string> adapter{"--lora-rank", "4", "--lora-alpha", "8", "--seed", "4", "--device", "cuda"};
   for (auto [pp, dp] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}, {2, 2}}) {

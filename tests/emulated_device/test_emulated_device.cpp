@@ -219,6 +219,38 @@ TEST_CASE("emulated device: pipeline x data-parallel ranks on devices train exac
   }
 }
 
+TEST_CASE("emulated device: QLoRA ranks (nf4 blocks made on each rank's device from the parameters it is handed) "
+          "train as QLoRA ranks on the cpu, and otherwise than beside f32 blocks") {
+  testing::tiny_model_options tiny = options_for(architecture::llama);
+  tiny.layers = 4;
+  const model_config cfg = testing::tiny_config(tiny);
+  const auto tokens = some_ids(2000, cfg.vocab_size, 29);
+  dist_train_options o = job(cfg, 2, 2, 3);
+  dist_lora l;
+  l.config.rank = 4;
+  l.config.alpha = 8.0f;
+  l.seed = 5;
+  l.base_weights = weight_format::nf4;  // no base_digest: the ranks' models are in memory (weights_of)
+  o.lora = l;
+  const job_result cpu = run_job(o, cfg, tokens, false);
+  const job_result dev = run_job(o, cfg, tokens, true);
+  check_same_steps(cpu, dev);
+  dist_train_options beside_f32 = o;
+  beside_f32.lora->base_weights = weight_format::f32;
+  const job_result plain = run_job(beside_f32, cfg, tokens, false);
+  REQUIRE(plain.steps.size() == cpu.steps.size());
+  CHECK(plain.steps[0].loss != cpu.steps[0].loss);
+  // 16-bit compute beside them is refused before the rank joins anything.
+  o.compute = dtype::bf16;
+  auto n = start_local_node();
+  transformer model = transformer::init(cfg, 7, cpu_backend());
+  token_dataset data = token_dataset::from_tokens(tokens, cfg.vocab_size);
+  emulated_device_backend device(0);
+  CHECK_THROWS_WITH(run_train_rank(*n, o, 0, "tcp://127.0.0.1:1", weights_of(model), data, &device),
+                    doctest::Contains("beside nf4 frozen weights computes in f32, not bf16"));
+  n->stop();
+}
+
 TEST_CASE("emulated device: --save asked for in pieces (several to every block and to the head, one at a time) "
           "writes the bytes whole groups write, from device ranks and cpu ranks") {
   testing::tiny_model_options tiny = options_for(architecture::gpt2);  // tied: rank 0 sends the head
