@@ -407,8 +407,8 @@ TEST_CASE("--elastic with --cluster: the planner re-plans on the machines left, 
   CHECK(plan2.find("eth1/0") == std::string::npos);
 }
 
-TEST_CASE("--elastic with a LoRA adapter: a rank killed, the adapter's blocks and moments come back from the "
-          "survivors' memory, the single-process LoRA losses") {
+TEST_CASE("--elastic with a LoRA adapter, beside f32 and beside nf4 blocks (QLoRA): a rank killed, the adapter's "
+          "blocks and moments come back from the survivors' memory, the single-process losses") {
   temp_dir_guard tmp("mp-train-elastic-lora");
   job j = slow_job(tmp, 16);
   j.model = tmp / "model";  // with weights: an adapter of drawn, unsaved weights is refused
@@ -418,12 +418,17 @@ TEST_CASE("--elastic with a LoRA adapter: a rank killed, the adapter's blocks an
   c.rank = 4;
   c.alpha = 8.0f;
   c.targets = {"all-linear"};
-  lora_adapter adapter = lora_adapter::init(load_config(j.model), c, 4, cpu_backend());
-  const auto [events, err] = faulted_run(
-      elastic_args(j, {"--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "all-linear", "--seed", "4"}), 5, {2},
-      SIGKILL, lora_reference_losses(j, adapter));
-  REQUIRE(events.size() == 1u);
-  CHECK(events[0]["lost_ranks"] == nlohmann::json::array({2}));
-  CHECK(events[0]["from_memory"] == true);
-  CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+  for (const weight_format f : {weight_format::f32, weight_format::nf4}) {
+    CAPTURE(weight_format_flag(f));
+    // Beside nf4 the next grid's ranks load their blocks as nf4 again from --model.
+    lora_adapter adapter = lora_adapter::init(load_config(j.model), c, 4, cpu_backend());
+    const auto [events, err] =
+        faulted_run(elastic_args(j, {"--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "all-linear", "--seed",
+                                     "4", "--weights", weight_format_flag(f)}),
+                    5, {2}, SIGKILL, lora_reference_losses(j, adapter, f));
+    REQUIRE(events.size() == 1u);
+    CHECK(events[0]["lost_ranks"] == nlohmann::json::array({2}));
+    CHECK(events[0]["from_memory"] == true);
+    CHECK(events[0]["replayed_steps"].get<int>() <= 1);
+  }
 }
