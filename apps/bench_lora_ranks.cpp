@@ -55,7 +55,6 @@ struct lora_ranks_options {
 struct ranks_run {
   std::vector<double> rank_peak_mib;  ///< per rank process, by its --rank
   double median_tokens_per_s = 0;     ///< over the steps after the first
-  double loss = 0;                    ///< the last step's
 };
 
 /// RssAnon of process `pid` in KiB (0: gone).
@@ -104,7 +103,6 @@ ranks_run run_ranks(const lora_ranks_options& o, const fs::path& model, const fs
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_object() || !j.contains("step") || j.contains("steps")) continue;
     if (j["step"].get<int>() > 1) rates.push_back(j.value("tokens_per_s", 0.0));
-    r.loss = j.value("loss", 0.0);
   }
   if (rates.empty()) throw std::runtime_error("corolla train --weights " + weights + " printed no timed step");
   std::sort(rates.begin(), rates.end());

@@ -201,7 +201,7 @@ int run_bench_train_cluster(const cluster_bench_options& a) {
   std::optional<variant> lora_plan;
   if (lora) {
     sc::training_setup s = setup;
-    s.lora_block_params = static_cast<double>(adapter_values) / cfg.n_layers;
+    price_lora(s, cfg, lora);
     const sc::plan_report r = sc::make_plan(cluster, cfg, s);
     if (r.best.feasible) lora_plan = variant{"planner (LoRA)", cluster, r.best};
   }

@@ -299,8 +299,8 @@ void terminate_all(std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
   }
 }
 
-std::vector<std::pair<int, pid_t>> rank_processes_of(pid_t parent) {
-  std::vector<std::pair<int, pid_t>> out;
+std::vector<process_command> children_of(pid_t parent) {
+  std::vector<process_command> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename();
@@ -316,11 +316,19 @@ std::vector<std::pair<int, pid_t>> rank_processes_of(pid_t parent) {
     rest >> state >> ppid;
     if (ppid != parent) continue;
     std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
-    std::vector<std::string> args;
-    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
-    for (std::size_t i = 0; i + 1 < args.size(); ++i)
-      if (args[i] == "--rank") out.emplace_back(std::stoi(args[i + 1]), static_cast<pid_t>(std::stoi(name)));
+    process_command c;
+    c.pid = static_cast<pid_t>(std::stol(name));
+    for (std::string a; std::getline(cmd, a, '\0');) c.args.push_back(a);
+    out.push_back(std::move(c));
   }
+  return out;
+}
+
+std::vector<std::pair<int, pid_t>> rank_processes_of(pid_t parent) {
+  std::vector<std::pair<int, pid_t>> out;
+  for (const process_command& c : children_of(parent))
+    for (std::size_t i = 0; i + 1 < c.args.size(); ++i)
+      if (c.args[i] == "--rank") out.emplace_back(std::stoi(c.args[i + 1]), c.pid);
   return out;
 }
 

@@ -41,6 +41,15 @@ struct process_stat {
 };
 process_stat read_process_stat(pid_t pid);
 
+/// A process and its command line, as /proc shows them.
+struct process_command {
+  pid_t pid = -1;
+  std::vector<std::string> args;  ///< argv, argv[0] first
+};
+/// The processes whose parent is `parent`, from /proc (a process that ends
+/// while it is read may still be listed, or be left out).
+std::vector<process_command> children_of(pid_t parent);
+
 /// The rank processes of launcher `parent` (rank, pid), from /proc: those
 /// of the current grid, and the survivors of an earlier one that still hold
 /// their snapshots, with their old rank.

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/self_process.hpp"
 #include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/lora.hpp"
@@ -159,25 +160,9 @@ inline transformer fresh_gpt2(const job& j) { return transformer::init(load_conf
 // holds `needle` as one argument.
 inline std::vector<pid_t> children_with_arg(pid_t parent, const std::vector<std::string>& needle) {
   std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    char state = 0;
-    int ppid = 0;
-    rest >> state >> ppid;
-    if (ppid != parent) continue;
-    std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
-    std::vector<std::string> args;
-    for (std::string a; std::getline(cmd, a, '\0');) args.push_back(a);
-    if (std::search(args.begin(), args.end(), needle.begin(), needle.end()) != args.end())
-      out.push_back(static_cast<pid_t>(std::stoi(name)));
-  }
+  for (const app::process_command& c : app::children_of(parent))
+    if (std::search(c.args.begin(), c.args.end(), needle.begin(), needle.end()) != c.args.end())
+      out.push_back(c.pid);
   return out;
 }
 
